@@ -1,0 +1,83 @@
+// fsdp/detail/hdf5.hpp: the only place that touches the HDF5 C API's handles.
+//
+// Move-only RAII owners of hid_t (HighFive's habit): destructors never throw. Every call is
+// checked with FSDP_CHECK_HDF5; HDF5's automatic error stack printing is switched off so a
+// failure surfaces as one fsdp::Error line. Error messages name the file and the object.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/core/error.hpp"
+
+namespace fsdp::h5 {
+
+// Owns one hid_t; closes it with the matching H5*close on destruction.
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(hid_t id) : id_(id) {}
+  Handle(Handle&& o) noexcept : id_(o.id_) { o.id_ = H5I_INVALID_HID; }
+  Handle& operator=(Handle&& o) noexcept;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle();
+  hid_t id() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+// An HDF5 file. Paths of objects are absolute ("/train/tokens") or relative to the root.
+class File {
+ public:
+  // Opens an existing file read-only; throws InputError naming `path` if missing/unreadable.
+  static File open_read(const std::string& path);
+  // Creates (truncates) a file for writing.
+  static File create(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  hid_t id() const { return h_.id(); }
+  bool exists(const std::string& object_path) const;  // group or dataset ("/a/b")
+  void create_group(const std::string& group_path);    // creates missing parents too
+
+  // 1-D datasets. `dims` of a dataset: its shape (throws InputError if missing).
+  std::vector<hsize_t> dims(const std::string& dataset) const;
+  // The dataset's stored element class: H5T_INTEGER or H5T_FLOAT, and size in bytes.
+  H5T_class_t type_class(const std::string& dataset) const;
+  std::size_t type_size(const std::string& dataset) const;
+
+  void write_f32(const std::string& dataset, const float* data, std::vector<hsize_t> shape);
+  void write_i64(const std::string& dataset, const int64_t* data, std::vector<hsize_t> shape);
+  void write_u8(const std::string& dataset, const uint8_t* data, std::vector<hsize_t> shape);
+  // Reads `count` elements starting at flat element `offset` of a 1-D dataset, converting
+  // to the requested type (HDF5 converts integer widths). Throws if out of range.
+  void read_f32(const std::string& dataset, float* out, hsize_t offset, hsize_t count) const;
+  void read_i32(const std::string& dataset, int32_t* out, hsize_t offset, hsize_t count) const;
+  void read_i64(const std::string& dataset, int64_t* out, hsize_t offset, hsize_t count) const;
+  std::vector<float> read_all_f32(const std::string& dataset) const;
+  std::vector<int64_t> read_all_i64(const std::string& dataset) const;
+
+  // Attributes on any object (group or dataset; "/" for the root).
+  bool has_attr(const std::string& object_path, const std::string& name) const;
+  void set_attr(const std::string& object_path, const std::string& name, int64_t value);
+  void set_attr(const std::string& object_path, const std::string& name, double value);
+  void set_attr(const std::string& object_path, const std::string& name, const std::string& value);
+  int64_t attr_i64(const std::string& object_path, const std::string& name) const;
+  double attr_f64(const std::string& object_path, const std::string& name) const;
+  std::string attr_str(const std::string& object_path, const std::string& name) const;
+
+  // Flushes and closes; further use is an error. Destructor closes silently.
+  void close();
+
+ private:
+  File(Handle h, std::string path) : h_(std::move(h)), path_(std::move(path)) {}
+  Handle h_;
+  std::string path_;
+};
+
+}  // namespace fsdp::h5

@@ -1,0 +1,55 @@
+// fsdp/fsdp/flat_param.hpp: the FlatParameter layout of one FSDP unit.
+//
+// As in PyTorch FSDP (torch.distributed.fsdp FlatParameter) and llm.c's ShardInfo: the
+// unit's parameters are packed, in declaration order, into one flat fp32 buffer, padded
+// at the end to a multiple of the number of shards; shard s owns the contiguous slice
+// [s * shard_numel, (s+1) * shard_numel). The layout is pure metadata: it is what a
+// checkpoint stores to rebuild full tensors without the training config.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+// How a parameter is initialised (GPT-2 initialisation, counter-based RNG).
+enum class InitKind : int { normal = 0, zeros = 1, ones = 2 };
+
+// One original parameter inside a FlatParameter.
+struct ParamSpec {
+  std::string name;              // Hugging Face-style, e.g. "h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;    // logical shape as the model uses it (row-major)
+  InitKind init = InitKind::normal;
+  float init_std = 0.02f;        // for InitKind::normal
+  bool weight_decay = true;      // AdamW decay applies (false: biases, LayerNorm, embeddings)
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+// A parameter placed in the flat buffer: elements [offset, offset + numel()).
+struct FlatEntry {
+  ParamSpec spec;
+  int64_t offset = 0;
+};
+
+struct FlatParamLayout {
+  std::string unit_name;         // e.g. "root", "h.0"
+  std::vector<FlatEntry> entries;
+  int64_t numel = 0;             // sum of entry numels (unpadded)
+  int64_t num_shards = 1;        // shard-group size this layout was built for
+  int64_t padded_numel = 0;      // numel rounded up to a multiple of num_shards
+  int64_t shard_numel = 0;       // padded_numel / num_shards
+
+  // Packs `params` in order and pads for `num_shards` shards.
+  static FlatParamLayout build(std::string unit_name, std::vector<ParamSpec> params,
+                               int64_t num_shards);
+  // [begin, end) of shard s in flat coordinates (may extend into the padding).
+  int64_t shard_begin(int64_t s) const { return s * shard_numel; }
+  int64_t shard_end(int64_t s) const { return (s + 1) * shard_numel; }
+};
+
+}  // namespace fsdp
