@@ -1,0 +1,106 @@
+// fsdp/config/config.hpp: the typed, validated run configuration.
+//
+// Loaded from a TOML file (toml++) with `--set section.key=value` overrides applied on top.
+// Every key is documented, with its default, in docs/config.md; names follow PyTorch FSDP /
+// Accelerate (fsdp.sharding_strategy, fsdp.auto_wrap_policy,
+// fsdp.transformer_layer_cls_to_wrap, ...) and Hugging Face GPT2Config (model.n_layer, ...).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
+const char* to_string(ShardingStrategy s);
+
+struct ModelConfig {
+  std::string type = "gpt2";          // only "gpt2" for now
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  int64_t n_positions = 256;          // max sequence length (learned position table rows)
+  int64_t vocab_size = 256;           // byte-level by default
+  double layer_norm_epsilon = 1e-5;
+};
+
+struct DataConfig {
+  std::string source = "hdf5";        // "hdf5" | "synthetic" (random tokens, benchmarks)
+  std::string path;                   // HDF5 token file; required when source == "hdf5"
+  int64_t seq_len = 128;              // tokens per sample (targets shifted by one)
+};
+
+struct TrainConfig {
+  int64_t global_batch_size = 32;     // sequences per step over all data-parallel ranks
+  int64_t max_steps = 1000;
+  uint64_t seed = 1234;
+  std::string run_dir = "runs/default";
+  int64_t log_every = 1;              // steps between log lines
+  int64_t num_threads = 0;            // CPU threads per rank; 0 = cores / local ranks
+};
+
+struct OptimConfig {
+  std::string name = "adamw";         // "adamw" | "sgd"
+  double lr = 1e-3;                   // peak learning rate
+  double min_lr = 1e-4;               // cosine floor
+  int64_t warmup_steps = 100;         // linear warmup from 0
+  int64_t decay_steps = 0;            // cosine length incl. warmup; 0 = train.max_steps
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;             // max global L2 norm; 0 disables clipping
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double momentum = 0.9;              // sgd only
+};
+
+struct FsdpConfig {
+  ShardingStrategy sharding_strategy = ShardingStrategy::FULL_SHARD;
+  std::string auto_wrap_policy = "TRANSFORMER_BASED_WRAP";  // | "NO_WRAP" (one root unit)
+  std::vector<std::string> transformer_layer_cls_to_wrap = {"GPT2Block"};
+  std::string backward_prefetch = "BACKWARD_PRE";           // | "BACKWARD_POST" | "NONE"
+  bool limit_all_gathers = true;
+};
+
+struct MeshConfig {
+  int64_t shard_size = 0;             // ranks per shard group; 0 = the ranks of one node
+};
+
+struct CheckpointConfig {
+  int64_t every = 0;                  // steps between checkpoints; 0 = only at the end
+};
+
+struct EvalConfig {
+  int64_t every = 100;                // steps between validation passes; 0 = only at the end
+  int64_t max_windows = 0;            // limit on validation windows; 0 = all
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  FsdpConfig fsdp;
+  MeshConfig mesh;
+  CheckpointConfig checkpoint;
+  EvalConfig eval;
+  std::string source_path;            // the TOML file it came from (for messages)
+};
+
+// Parses `toml_path`, applies `overrides` ("section.key=value", value parsed as a TOML value;
+// bare words are taken as strings), validates, and returns the config.
+// Throws fsdp::InputError (exit 2) with one line naming the file and key on: unreadable or
+// malformed TOML (with line:column), unknown section or key, wrong type, invalid value
+// (unknown strategy or optimizer name, non-positive sizes, n_embd % n_head != 0,
+// seq_len > n_positions, ...), malformed override.
+Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides);
+
+// Same from TOML text already in memory (`origin` names it in messages). For tests.
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides);
+
+// The resolved config as TOML text (every key, defaults included), for the rank-0 banner
+// and for checkpoints.
+std::string to_toml(const Config& config);
+
+}  // namespace fsdp
