@@ -1,1 +1,105 @@
-int main(){return 0;}
+// fsdp_train: the training executable.
+//
+//   mpirun -np N fsdp_train CONFIG.toml [--set section.key=value ...] [--resume] [--dry-run]
+//
+// MPI bootstraps the ranks (MPI_Init_thread). Every rank parses the command line and the
+// config; failures are agreed across ranks (collective_guard) so bad input prints one line
+// and exits with code 2 on every rank instead of hanging.
+#include <mpi.h>
+
+#include <boost/program_options.hpp>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/mpi_communicator.hpp"
+#include "fsdp/config/config.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/train/collective_guard.hpp"
+#include "fsdp/train/trainer.hpp"
+
+namespace po = boost::program_options;
+
+namespace {
+
+struct Cli {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool resume = false, dry_run = false, help = false, version = false;
+  std::string usage;
+};
+
+Cli parse_cli(int argc, char** argv) {
+  Cli cli;
+  po::options_description visible(
+      "Usage: mpirun -np N fsdp_train CONFIG.toml [options]\n"
+      "Trains a transformer with Fully Sharded Data Parallel. Keys: docs/config.md.\nOptions");
+  visible.add_options()
+      ("help,h", po::bool_switch(&cli.help), "print this help and exit")
+      ("version", po::bool_switch(&cli.version), "print the version and exit")
+      ("set,s", po::value(&cli.overrides)->composing(),
+       "override a config key: --set section.key=value (repeatable)")
+      ("resume", po::bool_switch(&cli.resume), "continue from train.run_dir/checkpoints/latest")
+      ("dry-run", po::bool_switch(&cli.dry_run),
+       "validate, build the mesh and FSDP units, print the per-rank memory plan, and exit");
+  po::options_description hidden;
+  hidden.add_options()("config", po::value(&cli.config_path), "config file");
+  po::options_description all;
+  all.add(visible).add(hidden);
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  std::ostringstream usage;
+  usage << visible;
+  cli.usage = usage.str();
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw fsdp::InputError(std::string("command line: ") + e.what() + " (see --help)");
+  }
+  if (!cli.help && !cli.version && cli.config_path.empty()) {
+    throw fsdp::InputError("command line: missing CONFIG.toml (see --help)");
+  }
+  return cli;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int code = 0;
+  try {
+    fsdp::MpiCommunicator world(MPI_COMM_WORLD);
+    Cli cli;
+    fsdp::Config config;
+    fsdp::collective_guard(world, [&] {
+      cli = parse_cli(argc, argv);
+      if (!cli.help && !cli.version) config = fsdp::load_config(cli.config_path, cli.overrides);
+    });
+    if (cli.help || cli.version) {
+      if (rank == 0) std::cout << (cli.help ? cli.usage : "fsdp_train " FSDP_VERSION "\n");
+    } else {
+      fsdp::TrainOptions options;
+      options.resume = cli.resume;
+      options.dry_run = cli.dry_run;
+      fsdp::train(config, MPI_COMM_WORLD, options, std::cout);
+    }
+  } catch (const fsdp::PeerFailed& e) {
+    code = e.exit_code();
+  } catch (const fsdp::AgreedFailure& e) {
+    std::cerr << "fsdp_train: " << e.what() << std::endl;
+    code = e.exit_code();
+  } catch (const std::exception& e) {
+    // Not agreed with the other ranks: they may wait in a collective, so abort them all.
+    const auto* fe = dynamic_cast<const fsdp::Error*>(&e);
+    std::cerr << "fsdp_train: rank " << rank << ": " << e.what() << std::endl;
+    MPI_Abort(MPI_COMM_WORLD, fe ? fe->exit_code() : fsdp::kExitRuntimeError);
+  }
+  MPI_Finalize();
+  return code;
+}

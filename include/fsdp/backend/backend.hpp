@@ -77,7 +77,7 @@ class Backend {
   // GELU, tanh approximation (GPT-2 "gelu_new"):
   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Writes out[n].
   virtual void gelu_forward(float* out, const float* x, int64_t n) = 0;
-  // Writes dx[n] = dout[n] * gelu'(x[n]).
+  // Writes dx[n] = dout[n] * gelu'(x[n]). dx may alias dout (elementwise).
   virtual void gelu_backward(float* dx, const float* x, const float* dout, int64_t n) = 0;
 
   // Causal multi-head self-attention core (no projections), GPT-2 layout.

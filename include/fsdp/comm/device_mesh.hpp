@@ -1,0 +1,48 @@
+// fsdp/comm/device_mesh.hpp: the 2-D process mesh, world = replicate x shard
+// (torch.distributed.device_mesh.DeviceMesh with mesh_dim_names ("replicate", "shard"),
+// as HYBRID_SHARD uses it).
+//
+// The shard group is the ranks of one node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)),
+// unless `shard_size` > 0 overrides it: then shard group g = world ranks
+// [g * shard_size, (g+1) * shard_size), which emulates several nodes on one machine. The
+// replicate group of a rank is the ranks with the same shard-group rank in every group.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "fsdp/comm/communicator.hpp"
+
+namespace fsdp {
+
+class DeviceMesh {
+ public:
+  // Collective over `world`. Throws InputError (key mesh.shard_size) if shard_size does not
+  // divide the world size, or if node-local groups have unequal sizes.
+  static DeviceMesh create(MPI_Comm world, int64_t shard_size);
+
+  int world_rank() const { return world_->rank(); }
+  int world_size() const { return world_->size(); }
+  int shard_rank() const { return shard_->rank(); }   // index within the shard group
+  int shard_size() const { return shard_->size(); }
+  int replicate_rank() const { return replicate_->rank(); }  // which shard group
+  int replicate_size() const { return replicate_->size(); }
+  int local_rank() const { return local_rank_; }      // rank among this node's ranks
+  int local_size() const { return local_size_; }      // ranks on this node
+
+  Communicator& world() const { return *world_; }
+  Communicator& shard_group() const { return *shard_; }
+  Communicator& replicate_group() const { return *replicate_; }
+  Communicator& self() const { return *self_; }        // a group of one
+
+  std::string describe() const;  // "world 4 = replicate 2 x shard 2"
+
+ private:
+  DeviceMesh() = default;
+  std::unique_ptr<Communicator> world_, shard_, replicate_, self_;
+  int local_rank_ = 0, local_size_ = 1;
+};
+
+}  // namespace fsdp

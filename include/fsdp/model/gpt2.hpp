@@ -1,0 +1,60 @@
+// fsdp/model/gpt2.hpp: GPT-2 decoder with the exact architecture of Hugging Face
+// GPT2LMHeadModel (Radford et al. 2019; transformers/models/gpt2/modeling_gpt2.py):
+// learned token + position embeddings, pre-LN blocks (ln_1 -> causal self-attention with a
+// fused qkv c_attn -> c_proj -> residual; ln_2 -> c_fc -> GELU(tanh) -> c_proj -> residual),
+// final ln_f, LM head tied to wte. No dropout (resid/embd/attn pdrop = 0).
+//
+// Explicit forward and backward per module, llm.c style, on fsdp::Backend kernels; no
+// general autograd. Linear weights are stored [out, in] (nn.Linear); fsdp_merge transposes
+// them to HF's Conv1D [in, out]. Initialisation is GPT-2's: N(0, 0.02) for weights and
+// embeddings, N(0, 0.02/sqrt(2*n_layer)) for the residual projections (attn.c_proj,
+// mlp.c_proj), zero biases, LayerNorm weight 1 and bias 0.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fsdp/backend/backend.hpp"
+#include "fsdp/config/config.hpp"
+#include "fsdp/fsdp/module.hpp"
+
+namespace fsdp {
+
+class Gpt2Model {
+ public:
+  Gpt2Model(const ModelConfig& config, Backend& backend);
+  ~Gpt2Model();
+  Gpt2Model(const Gpt2Model&) = delete;
+  Gpt2Model& operator=(const Gpt2Model&) = delete;
+
+  // Modules in forward order: "embeddings" (wte [V,C], wpe [P,C]), "h.0" .. "h.{L-1}"
+  // (class "GPT2Block"), "ln_f" (ln_f.weight, ln_f.bias [C]; also reads the tied wte).
+  const std::vector<ModuleDecl>& modules() const { return modules_; }
+
+  // One training micro-batch: forward, loss, backward. tokens, targets: [B,T] int32 host
+  // arrays. Returns the SUM over the B*T positions of the cross-entropy (nats); gradients
+  // accumulate into hooks.grad() scaled by `grad_scale` (pass 1/(B*T) for the local mean).
+  double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                          float grad_scale, ModuleHooks& hooks);
+  // Forward and loss only (evaluation); returns the summed cross-entropy over B*T positions.
+  double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                      ModuleHooks& hooks);
+
+  // Bytes of activations (saved for backward, and their gradients) for a [B,T] micro-batch.
+  static int64_t activation_bytes(const ModelConfig& config, int64_t B, int64_t T);
+
+ private:
+  struct Acts;
+  void ensure_buffers(int64_t B, int64_t T);
+  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                 ModuleHooks& hooks, bool backward, float grad_scale);
+  void backward(const int32_t* tokens, int64_t B, int64_t T, ModuleHooks& hooks);
+
+  ModelConfig cfg_;
+  Backend& be_;
+  std::vector<ModuleDecl> modules_;
+  int64_t params_per_block_ = 12;
+  Acts* acts_ = nullptr;
+};
+
+}  // namespace fsdp

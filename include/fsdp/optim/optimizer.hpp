@@ -1,0 +1,64 @@
+// fsdp/optim/optimizer.hpp: AdamW and SGD with momentum on flat shards, the learning-rate
+// schedule, and the optimizer-state layout that checkpoints store.
+//
+// Each FlatParameter shard is one "param group" split into segments that do or do not take
+// weight decay (none on biases, LayerNorm and embeddings, the usual GPT recipe). Updates are
+// elementwise, so sharding does not change them: shard updates equal the unsharded update.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/buffer.hpp"
+#include "fsdp/config/config.hpp"
+#include "fsdp/fsdp/flat_param.hpp"
+
+namespace fsdp {
+
+// A contiguous run [begin, end) of a shard (shard-local element indices) with one decay flag.
+struct DecaySegment {
+  int64_t begin = 0, end = 0;
+  bool decay = false;
+};
+
+// Segments of shard `shard` of `layout`: entries intersected with the shard range, adjacent
+// runs with the same flag merged; padding is a no-decay segment.
+std::vector<DecaySegment> decay_segments(const FlatParamLayout& layout, int64_t shard);
+
+// Learning rate at 1-based `step`: linear warmup 0 -> lr over warmup_steps, then cosine decay
+// to min_lr at decay_steps (0 = max_steps), then min_lr (nanoGPT / llm.c schedule).
+double learning_rate(const OptimConfig& optim, int64_t max_steps, int64_t step);
+
+class Optimizer {
+ public:
+  Optimizer(const OptimConfig& config, Backend& backend);
+  // Registers one shard of `n` floats (param and grad pointers stay owned by the caller).
+  // Allocates its state (MemCategory::optimizer_state), zero-initialised.
+  void add_shard(float* param, const float* grad, int64_t n, std::vector<DecaySegment> segments);
+  // One update of every registered shard with learning rate `lr`; `step` is 1-based.
+  void step(double lr, int64_t step);
+
+  const std::string& name() const { return cfg_.name; }
+  // State tensor names: {"exp_avg", "exp_avg_sq"} (adamw) or {"momentum_buffer"} (sgd),
+  // torch.optim's state-dict names.
+  std::vector<std::string> state_names() const;
+  // State tensor `name` of shard `index` ([n] floats, device memory).
+  float* state(int index, const std::string& name);
+  int num_shards() const { return static_cast<int>(shards_.size()); }
+
+ private:
+  struct Shard {
+    float* param;
+    const float* grad;
+    int64_t n;
+    std::vector<DecaySegment> segments;
+    DeviceBuffer s0, s1;
+  };
+  OptimConfig cfg_;
+  Backend& be_;
+  std::vector<Shard> shards_;
+};
+
+}  // namespace fsdp

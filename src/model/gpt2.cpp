@@ -1,0 +1,249 @@
+// GPT-2 forward and backward on Backend kernels (see fsdp/model/gpt2.hpp).
+// Shapes: B batch, T sequence, C = n_embd, H = n_head, V = vocab_size, BT = B*T rows.
+#include "fsdp/model/gpt2.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "fsdp/backend/buffer.hpp"
+#include "fsdp/core/error.hpp"
+
+namespace fsdp {
+namespace {
+
+// Parameter ids: embeddings 0 wte, 1 wpe; block l: 2 + 12 l + k; ln_f: 2 + 12 L + {0,1}.
+enum BlockParam {
+  kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB,
+  kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB, kBlockParams
+};
+constexpr int kWte = 0, kWpe = 1;
+
+ParamSpec weight(std::string name, std::vector<int64_t> shape, float std) {
+  return {std::move(name), std::move(shape), InitKind::normal, std, true};
+}
+ParamSpec bias(std::string name, int64_t n) { return {std::move(name), {n}, InitKind::zeros, 0.f, false}; }
+ParamSpec ln_weight(std::string name, int64_t n) {
+  return {std::move(name), {n}, InitKind::ones, 0.f, false};
+}
+
+}  // namespace
+
+// Saved activations for one [B,T] micro-batch (llm.c's ActivationTensors), plus scratch
+// for backward. All in MemCategory::activations.
+struct Gpt2Model::Acts {
+  int64_t B = 0, T = 0;  // capacity
+  std::vector<DeviceBuffer> res;  // L+1 residual streams [BT,C]: res[0] embeddings, res[l+1] block l out
+  struct Layer {
+    DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fc, gelu;
+  };
+  std::vector<Layer> layers;
+  DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;           // logits [BT,V] (dlogits after CE)
+  DeviceBuffer dres, dln, dqkv, dfc, datt;                 // backward scratch
+  DeviceBuffer targets_dev, tokens_dev;                    // [BT] int32 on the device
+};
+
+Gpt2Model::Gpt2Model(const ModelConfig& config, Backend& backend) : cfg_(config), be_(backend) {
+  const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, P = cfg_.n_positions, L = cfg_.n_layer;
+  const float std0 = 0.02f;
+  const float std_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
+  ModuleDecl emb{"embeddings", "GPT2Embeddings", {}};
+  emb.params.push_back({"wte.weight", {V, C}, InitKind::normal, std0, false});
+  emb.params.push_back({"wpe.weight", {P, C}, InitKind::normal, std0, false});
+  modules_.push_back(std::move(emb));
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    ModuleDecl blk{"h." + std::to_string(l), "GPT2Block", {}};
+    blk.params = {ln_weight(p + "ln_1.weight", C),           bias(p + "ln_1.bias", C),
+                  weight(p + "attn.c_attn.weight", {3 * C, C}, std0),
+                  bias(p + "attn.c_attn.bias", 3 * C),
+                  weight(p + "attn.c_proj.weight", {C, C}, std_proj),
+                  bias(p + "attn.c_proj.bias", C),
+                  ln_weight(p + "ln_2.weight", C),           bias(p + "ln_2.bias", C),
+                  weight(p + "mlp.c_fc.weight", {4 * C, C}, std0),
+                  bias(p + "mlp.c_fc.bias", 4 * C),
+                  weight(p + "mlp.c_proj.weight", {C, 4 * C}, std_proj),
+                  bias(p + "mlp.c_proj.bias", C)};
+    modules_.push_back(std::move(blk));
+  }
+  ModuleDecl lnf{"ln_f", "LayerNorm", {ln_weight("ln_f.weight", C), bias("ln_f.bias", C)}};
+  modules_.push_back(std::move(lnf));
+}
+
+Gpt2Model::~Gpt2Model() { delete acts_; }
+
+int64_t Gpt2Model::activation_bytes(const ModelConfig& c, int64_t B, int64_t T) {
+  const int64_t BT = B * T, C = c.n_embd, H = c.n_head, V = c.vocab_size, L = c.n_layer;
+  int64_t floats = (L + 1) * BT * C;                                     // residual streams
+  floats += L * (BT * (C + 3 * C + C + C + C + 4 * C + 4 * C) + 4 * BT + B * H * T * T);
+  floats += BT * C + 2 * BT + BT * V;                                    // ln_f, logits
+  floats += BT * C * 2 + BT * 3 * C + BT * 4 * C + B * H * T * T;        // backward scratch
+  floats += 2 * BT;                                                      // tokens, targets
+  return floats * 4;
+}
+
+// Buffers are sized for the largest [B,T] seen; a smaller batch uses their prefixes.
+void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
+  if (acts_ && B <= acts_->B && T <= acts_->T) return;
+  if (acts_) {
+    B = std::max(B, acts_->B);
+    T = std::max(T, acts_->T);
+  }
+  delete acts_;
+  acts_ = nullptr;
+  auto a = new Acts;
+  a->B = B;
+  a->T = T;
+  const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size;
+  const auto act = MemCategory::activations;
+  auto f = [&](int64_t n) { return DeviceBuffer::floats(be_, static_cast<std::size_t>(n), act); };
+  for (int64_t l = 0; l <= cfg_.n_layer; ++l) a->res.push_back(f(BT * C));
+  a->layers.resize(cfg_.n_layer);
+  for (auto& ly : a->layers) {
+    ly.ln1 = f(BT * C); ly.ln1_mean = f(BT); ly.ln1_rstd = f(BT);
+    ly.qkv = f(BT * 3 * C); ly.att = f(B * H * T * T); ly.atty = f(BT * C); ly.res2 = f(BT * C);
+    ly.ln2 = f(BT * C); ly.ln2_mean = f(BT); ly.ln2_rstd = f(BT);
+    ly.fc = f(BT * 4 * C); ly.gelu = f(BT * 4 * C);
+  }
+  a->lnf = f(BT * C); a->lnf_mean = f(BT); a->lnf_rstd = f(BT); a->logits = f(BT * V);
+  a->dres = f(BT * C); a->dln = f(BT * C); a->dqkv = f(BT * 3 * C); a->dfc = f(BT * 4 * C);
+  a->datt = f(B * H * T * T);
+  a->tokens_dev = f(BT);
+  a->targets_dev = f(BT);
+  acts_ = a;
+}
+
+double Gpt2Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
+                                   int64_t T, float grad_scale, ModuleHooks& hooks) {
+  const double loss = forward(tokens, targets, B, T, hooks, true, grad_scale);
+  backward(tokens, B, T, hooks);
+  return loss;
+}
+
+double Gpt2Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B,
+                               int64_t T, ModuleHooks& hooks) {
+  return forward(tokens, targets, B, T, hooks, false, 1.f);
+}
+
+double Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host, int64_t B,
+                          int64_t T, ModuleHooks& hooks, bool with_backward, float grad_scale) {
+  if (T > cfg_.n_positions) throw Error("GPT-2 forward: T exceeds n_positions");
+  ensure_buffers(B, T);
+  Acts& a = *acts_;
+  const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size;
+  const int64_t L = cfg_.n_layer;
+  const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
+  auto* tokens = static_cast<int32_t*>(a.tokens_dev.data());
+  auto* targets = static_cast<int32_t*>(a.targets_dev.data());
+  be_.copy_from_host(tokens, tokens_host, BT * sizeof(int32_t));
+  be_.copy_from_host(targets, targets_host, BT * sizeof(int32_t));
+
+  // embeddings: res[0] [B,T,C] = wte[tokens] + wpe[0:T]
+  hooks.pre_forward(0);
+  be_.embedding_forward(a.res[0].f32(), tokens, hooks.param(kWte), hooks.param(kWpe), B, T, C);
+  hooks.post_forward(0);
+
+  for (int64_t l = 0; l < L; ++l) {
+    const int m = static_cast<int>(1 + l);
+    const int p0 = static_cast<int>(2 + kBlockParams * l);
+    auto W = [&](int k) { return hooks.param(p0 + k); };
+    auto& ly = a.layers[l];
+    float* x = a.res[l].f32();  // [BT,C]
+    hooks.pre_forward(m);
+    be_.layernorm_forward(ly.ln1.f32(), ly.ln1_mean.f32(), ly.ln1_rstd.f32(), x, W(kLn1W),
+                          W(kLn1B), BT, C, eps);
+    // qkv [BT,3C] = ln1 [BT,C] @ c_attn.weight[3C,C]^T + bias
+    be_.gemm(false, true, BT, 3 * C, C, 1.f, ly.ln1.f32(), W(kAttnW), 0.f, ly.qkv.f32());
+    be_.add_bias(ly.qkv.f32(), W(kAttnB), BT, 3 * C);
+    be_.attention_forward(ly.atty.f32(), ly.att.f32(), ly.qkv.f32(), B, T, C, H);
+    // res2 [BT,C] = x + atty @ c_proj.weight[C,C]^T + bias
+    be_.gemm(false, true, BT, C, C, 1.f, ly.atty.f32(), W(kAttnProjW), 0.f, ly.res2.f32());
+    be_.add_bias(ly.res2.f32(), W(kAttnProjB), BT, C);
+    be_.add(ly.res2.f32(), ly.res2.f32(), x, BT * C);
+    be_.layernorm_forward(ly.ln2.f32(), ly.ln2_mean.f32(), ly.ln2_rstd.f32(), ly.res2.f32(),
+                          W(kLn2W), W(kLn2B), BT, C, eps);
+    // fc [BT,4C] = ln2 @ c_fc.weight[4C,C]^T + bias; gelu = GELU_tanh(fc)
+    be_.gemm(false, true, BT, 4 * C, C, 1.f, ly.ln2.f32(), W(kFcW), 0.f, ly.fc.f32());
+    be_.add_bias(ly.fc.f32(), W(kFcB), BT, 4 * C);
+    be_.gelu_forward(ly.gelu.f32(), ly.fc.f32(), BT * 4 * C);
+    // res[l+1] [BT,C] = res2 + gelu @ mlp.c_proj.weight[C,4C]^T + bias
+    float* y = a.res[l + 1].f32();
+    be_.gemm(false, true, BT, C, 4 * C, 1.f, ly.gelu.f32(), W(kMlpProjW), 0.f, y);
+    be_.add_bias(y, W(kMlpProjB), BT, C);
+    be_.add(y, y, ly.res2.f32(), BT * C);
+    hooks.post_forward(m);
+  }
+
+  // ln_f and the tied LM head: logits [BT,V] = ln_f(res[L]) @ wte[V,C]^T
+  const int mf = static_cast<int>(L + 1);
+  const int pf = static_cast<int>(2 + kBlockParams * L);
+  hooks.pre_forward(mf);
+  be_.layernorm_forward(a.lnf.f32(), a.lnf_mean.f32(), a.lnf_rstd.f32(), a.res[L].f32(),
+                        hooks.param(pf), hooks.param(pf + 1), BT, C, eps);
+  be_.gemm(false, true, BT, V, C, 1.f, a.lnf.f32(), hooks.param(kWte), 0.f, a.logits.f32());
+  double loss = with_backward
+                    ? be_.cross_entropy_forward_backward(a.logits.f32(), targets, BT, V, grad_scale)
+                    : be_.cross_entropy_forward(a.logits.f32(), targets, BT, V);
+  hooks.post_forward(mf);
+  return loss;
+}
+
+void Gpt2Model::backward(const int32_t* /*tokens_host*/, int64_t B, int64_t T,
+                         ModuleHooks& hooks) {
+  Acts& a = *acts_;
+  const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size;
+  const int64_t L = cfg_.n_layer;
+  const auto* tokens = static_cast<const int32_t*>(a.tokens_dev.data());
+  float* dres = a.dres.f32();  // gradient of the residual stream, [BT,C]
+  float* dln = a.dln.f32();    // [BT,C] scratch
+
+  // LM head and ln_f. a.logits holds dlogits [BT,V] after the fused cross-entropy.
+  const int mf = static_cast<int>(L + 1);
+  const int pf = static_cast<int>(2 + kBlockParams * L);
+  hooks.pre_backward(mf);
+  be_.gemm(true, false, V, C, BT, 1.f, a.logits.f32(), a.lnf.f32(), 1.f, hooks.grad(kWte));
+  be_.gemm(false, false, BT, C, V, 1.f, a.logits.f32(), hooks.param(kWte), 0.f, dln);
+  be_.fill_zero(dres, BT * C * sizeof(float));
+  be_.layernorm_backward(dres, hooks.grad(pf), hooks.grad(pf + 1), dln, a.res[L].f32(),
+                         hooks.param(pf), a.lnf_mean.f32(), a.lnf_rstd.f32(), BT, C);
+  hooks.post_backward(mf);
+
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const int m = static_cast<int>(1 + l);
+    const int p0 = static_cast<int>(2 + kBlockParams * l);
+    auto W = [&](int k) { return hooks.param(p0 + k); };
+    auto G = [&](int k) { return hooks.grad(p0 + k); };
+    auto& ly = a.layers[l];
+    float* dfc = a.dfc.f32();    // [BT,4C]
+    float* dqkv = a.dqkv.f32();  // [BT,3C]
+    hooks.pre_backward(m);
+    // dres = d res[l+1]. MLP c_proj: out = gelu @ W^T + b.
+    be_.gemm(true, false, C, 4 * C, BT, 1.f, dres, ly.gelu.f32(), 1.f, G(kMlpProjW));
+    be_.bias_backward(G(kMlpProjB), dres, BT, C);
+    be_.gemm(false, false, BT, 4 * C, C, 1.f, dres, W(kMlpProjW), 0.f, dfc);  // d gelu
+    be_.gelu_backward(dfc, ly.fc.f32(), dfc, BT * 4 * C);                     // d fc
+    be_.gemm(true, false, 4 * C, C, BT, 1.f, dfc, ly.ln2.f32(), 1.f, G(kFcW));
+    be_.bias_backward(G(kFcB), dfc, BT, 4 * C);
+    be_.gemm(false, false, BT, C, 4 * C, 1.f, dfc, W(kFcW), 0.f, dln);       // d ln2
+    // residual: dres (= d res2 after this) += LN2 backward
+    be_.layernorm_backward(dres, G(kLn2W), G(kLn2B), dln, ly.res2.f32(), W(kLn2W),
+                           ly.ln2_mean.f32(), ly.ln2_rstd.f32(), BT, C);
+    // attention c_proj: res2 = x + atty @ W^T + b
+    be_.gemm(true, false, C, C, BT, 1.f, dres, ly.atty.f32(), 1.f, G(kAttnProjW));
+    be_.bias_backward(G(kAttnProjB), dres, BT, C);
+    be_.gemm(false, false, BT, C, C, 1.f, dres, W(kAttnProjW), 0.f, dln);     // d atty
+    be_.attention_backward(dqkv, a.datt.f32(), dln, ly.qkv.f32(), ly.att.f32(), B, T, C, H);
+    be_.gemm(true, false, 3 * C, C, BT, 1.f, dqkv, ly.ln1.f32(), 1.f, G(kAttnW));
+    be_.bias_backward(G(kAttnB), dqkv, BT, 3 * C);
+    be_.gemm(false, false, BT, C, 3 * C, 1.f, dqkv, W(kAttnW), 0.f, dln);     // d ln1
+    be_.layernorm_backward(dres, G(kLn1W), G(kLn1B), dln, a.res[l].f32(), W(kLn1W),
+                           ly.ln1_mean.f32(), ly.ln1_rstd.f32(), BT, C);     // dres = d res[l]
+    hooks.post_backward(m);
+  }
+
+  hooks.pre_backward(0);
+  be_.embedding_backward(hooks.grad(kWte), hooks.grad(kWpe), dres, tokens, B, T, C);
+  hooks.post_backward(0);
+}
+
+}  // namespace fsdp
