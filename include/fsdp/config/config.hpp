@@ -13,7 +13,11 @@
 namespace fsdp {
 
 enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
+// "FULL_SHARD", "SHARD_GRAD_OP", ... (the torch.distributed.fsdp.ShardingStrategy names).
 const char* to_string(ShardingStrategy s);
+// Inverse of to_string (exact, case-sensitive). Throws fsdp::InputError (exit 2)
+// `fsdp.sharding_strategy: unknown value "X" (expected one of FULL_SHARD, ...)`.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
 
 struct ModelConfig {
   std::string type = "gpt2";          // only "gpt2" for now
@@ -23,12 +27,14 @@ struct ModelConfig {
   int64_t n_positions = 256;          // max sequence length (learned position table rows)
   int64_t vocab_size = 256;           // byte-level by default
   double layer_norm_epsilon = 1e-5;
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
 struct DataConfig {
   std::string source = "hdf5";        // "hdf5" | "synthetic" (random tokens, benchmarks)
   std::string path;                   // HDF5 token file; required when source == "hdf5"
   int64_t seq_len = 128;              // tokens per sample (targets shifted by one)
+  friend bool operator==(const DataConfig&, const DataConfig&) = default;
 };
 
 struct TrainConfig {
@@ -38,6 +44,7 @@ struct TrainConfig {
   std::string run_dir = "runs/default";
   int64_t log_every = 1;              // steps between log lines
   int64_t num_threads = 0;            // CPU threads per rank; 0 = cores / local ranks
+  friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 
 struct OptimConfig {
@@ -52,6 +59,7 @@ struct OptimConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double momentum = 0.9;              // sgd only
+  friend bool operator==(const OptimConfig&, const OptimConfig&) = default;
 };
 
 struct FsdpConfig {
@@ -60,19 +68,23 @@ struct FsdpConfig {
   std::vector<std::string> transformer_layer_cls_to_wrap = {"GPT2Block"};
   std::string backward_prefetch = "BACKWARD_PRE";           // | "BACKWARD_POST" | "NONE"
   bool limit_all_gathers = true;
+  friend bool operator==(const FsdpConfig&, const FsdpConfig&) = default;
 };
 
 struct MeshConfig {
   int64_t shard_size = 0;             // ranks per shard group; 0 = the ranks of one node
+  friend bool operator==(const MeshConfig&, const MeshConfig&) = default;
 };
 
 struct CheckpointConfig {
   int64_t every = 0;                  // steps between checkpoints; 0 = only at the end
+  friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
 };
 
 struct EvalConfig {
   int64_t every = 100;                // steps between validation passes; 0 = only at the end
   int64_t max_windows = 0;            // limit on validation windows; 0 = all
+  friend bool operator==(const EvalConfig&, const EvalConfig&) = default;
 };
 
 struct Config {
@@ -85,6 +97,8 @@ struct Config {
   CheckpointConfig checkpoint;
   EvalConfig eval;
   std::string source_path;            // the TOML file it came from (for messages)
+  // Field-by-field equality (source_path included).
+  friend bool operator==(const Config&, const Config&) = default;
 };
 
 // Parses `toml_path`, applies `overrides` ("section.key=value", value parsed as a TOML value;

@@ -1,0 +1,561 @@
+// src/config/config.cpp: loading, overriding, validating and printing the run configuration
+// (fsdp/config/config.hpp).
+//
+// One list of keys (visit_keys below) drives everything: which sections and keys exist, how
+// each TOML value is converted to its typed field, and the order of to_toml's output. So a
+// key added to the structs and to visit_keys is parsed, overridable with --set, rejected
+// when misspelled and printed, with no second list to keep in step (docs/config.md aside).
+//
+// Every failure is an fsdp::InputError (exit code 2) with one line that starts with where
+// the value came from (the TOML file, or the `--set ...` text that set it) and names the key.
+#include "fsdp/config/config.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <type_traits>
+
+#include "fsdp/core/error.hpp"
+
+namespace fsdp {
+namespace {
+
+constexpr ShardingStrategy kStrategies[] = {
+    ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD,
+    ShardingStrategy::HYBRID_SHARD, ShardingStrategy::HYBRID_SHARD_ZERO2};
+
+// Calls f(section, key, field) for every key of the config, sections in output order.
+// C is Config or const Config.
+template <class C, class F>
+void visit_keys(C& c, F&& f) {
+  f("model", "type", c.model.type);
+  f("model", "n_layer", c.model.n_layer);
+  f("model", "n_head", c.model.n_head);
+  f("model", "n_embd", c.model.n_embd);
+  f("model", "n_positions", c.model.n_positions);
+  f("model", "vocab_size", c.model.vocab_size);
+  f("model", "layer_norm_epsilon", c.model.layer_norm_epsilon);
+  f("data", "source", c.data.source);
+  f("data", "path", c.data.path);
+  f("data", "seq_len", c.data.seq_len);
+  f("train", "global_batch_size", c.train.global_batch_size);
+  f("train", "max_steps", c.train.max_steps);
+  f("train", "seed", c.train.seed);
+  f("train", "run_dir", c.train.run_dir);
+  f("train", "log_every", c.train.log_every);
+  f("train", "num_threads", c.train.num_threads);
+  f("optim", "name", c.optim.name);
+  f("optim", "lr", c.optim.lr);
+  f("optim", "min_lr", c.optim.min_lr);
+  f("optim", "warmup_steps", c.optim.warmup_steps);
+  f("optim", "decay_steps", c.optim.decay_steps);
+  f("optim", "weight_decay", c.optim.weight_decay);
+  f("optim", "grad_clip", c.optim.grad_clip);
+  f("optim", "beta1", c.optim.beta1);
+  f("optim", "beta2", c.optim.beta2);
+  f("optim", "eps", c.optim.eps);
+  f("optim", "momentum", c.optim.momentum);
+  f("fsdp", "sharding_strategy", c.fsdp.sharding_strategy);
+  f("fsdp", "auto_wrap_policy", c.fsdp.auto_wrap_policy);
+  f("fsdp", "transformer_layer_cls_to_wrap", c.fsdp.transformer_layer_cls_to_wrap);
+  f("fsdp", "backward_prefetch", c.fsdp.backward_prefetch);
+  f("fsdp", "limit_all_gathers", c.fsdp.limit_all_gathers);
+  f("mesh", "shard_size", c.mesh.shard_size);
+  f("checkpoint", "every", c.checkpoint.every);
+  f("eval", "every", c.eval.every);
+  f("eval", "max_windows", c.eval.max_windows);
+}
+
+// All "section.key" names, and the section names, in visit order.
+std::vector<std::string> all_keys() {
+  std::vector<std::string> keys;
+  const Config c;
+  visit_keys(c, [&](const char* s, const char* k, const auto&) {
+    keys.push_back(std::string(s) + "." + k);
+  });
+  return keys;
+}
+
+bool is_section(const std::string& name) {
+  bool found = false;
+  const Config c;
+  visit_keys(c, [&](const char* s, const char*, const auto&) { found = found || name == s; });
+  return found;
+}
+
+bool is_key(const std::string& full) {
+  const auto keys = all_keys();
+  return std::find(keys.begin(), keys.end(), full) != keys.end();
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1u : 0u)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// " (did you mean 'fsdp.sharding_strategy'?)" for a near miss, else "". A bare key written
+// outside any section is compared with the key part too ("seed" -> 'train.seed').
+std::string suggestion(const std::string& wrong) {
+  std::string best;
+  std::size_t best_d = std::max<std::size_t>(2, wrong.size() / 4) + 1;
+  for (const auto& full : all_keys()) {
+    std::size_t d = edit_distance(wrong, full);
+    if (wrong.find('.') == std::string::npos) {
+      d = std::min(d, edit_distance(wrong, full.substr(full.find('.') + 1)));
+    }
+    if (d < best_d) {
+      best_d = d;
+      best = full;
+    }
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+std::string type_name(toml::node_type t) {
+  switch (t) {
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    default: return "nothing";
+  }
+}
+
+std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+
+std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+std::vector<std::string> strategy_names() {
+  std::vector<std::string> names;
+  for (auto s : kStrategies) names.emplace_back(to_string(s));
+  return names;
+}
+
+bool lookup_strategy(const std::string& name, ShardingStrategy* out) {
+  for (auto s : kStrategies) {
+    if (name == to_string(s)) {
+      *out = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+// One `--set section.key=value`, its value parsed as the TOML snippet `k = <value>` (a bare
+// word that is not valid TOML is kept as a string).
+struct Override {
+  std::string text;   // the whole argument, for messages
+  std::string raw;    // the value text as given
+  toml::table value;  // {k = <value>}
+};
+
+Override parse_override(const std::string& text, std::string* full_key) {
+  const auto eq = text.find('=');
+  const std::string malformed = "--set " + text + ": expected section.key=value";
+  if (eq == std::string::npos) throw InputError(malformed);
+  const std::string key = trim(text.substr(0, eq));
+  const auto dot = key.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == key.size()) throw InputError(malformed);
+  if (!is_key(key)) {
+    throw InputError("--set " + text + ": unknown key '" + key + "'" + suggestion(key));
+  }
+  Override o;
+  o.text = text;
+  o.raw = trim(text.substr(eq + 1));
+  bool parsed = false;
+  try {
+    toml::table t = toml::parse("k = " + o.raw, std::string_view("--set"));
+    if (t.size() == 1 && t.contains("k")) {
+      o.value = std::move(t);
+      parsed = true;
+    }
+  } catch (const toml::parse_error& e) {
+    // A value that was meant as TOML (an array, a quoted string, a table) must parse.
+    if (!o.raw.empty() && std::string_view("[{\"'").find(o.raw.front()) != std::string::npos) {
+      std::string what(e.description());
+      std::replace(what.begin(), what.end(), '\n', ' ');
+      throw InputError("--set " + text + ": " + what);
+    }
+  }
+  if (!parsed) o.value.insert_or_assign("k", o.raw);
+  *full_key = key;
+  return o;
+}
+
+// Converts `node` into `field` (its C++ type picks the rule), or throws "<origin>: <key>:
+// expected ..., got ...". `raw` is the override text (null for file values): a string key
+// given a non-string override value takes the text as written.
+template <class T>
+void convert(const toml::node& node, const std::string& origin, const std::string& key,
+             const std::string* raw, T& field) {
+  auto wrong = [&](const char* expected) {
+    return InputError(origin + ": " + key + ": expected " + expected + ", got " +
+                      type_name(node.type()));
+  };
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (const auto* s = node.as_string()) {
+      field = s->get();
+    } else if (raw) {
+      field = *raw;
+    } else {
+      throw wrong("a string");
+    }
+  } else if constexpr (std::is_same_v<T, bool>) {
+    const auto* b = node.as_boolean();
+    if (!b) throw wrong("a boolean (true or false)");
+    field = b->get();
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    const auto* i = node.as_integer();
+    if (!i) throw wrong("an integer");
+    field = i->get();
+  } else if constexpr (std::is_same_v<T, uint64_t>) {
+    const auto* i = node.as_integer();
+    if (!i) throw wrong("a non-negative integer");
+    if (i->get() < 0) {
+      throw InputError(origin + ": " + key + ": " + std::to_string(i->get()) +
+                       " is negative (expected a non-negative integer)");
+    }
+    field = static_cast<uint64_t>(i->get());
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (const auto* f = node.as_floating_point()) {
+      field = f->get();
+    } else if (const auto* i = node.as_integer()) {
+      field = static_cast<double>(i->get());
+    } else {
+      throw wrong("a number");
+    }
+    if (!std::isfinite(field)) {
+      throw InputError(origin + ": " + key + ": expected a finite number, got " +
+                       (std::isnan(field) ? "nan" : "inf"));
+    }
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    // An array of strings; a single string is taken as a comma-separated list
+    // (Accelerate's fsdp_transformer_layer_cls_to_wrap = "GPT2Block,T5Block").
+    std::vector<std::string> out;
+    if (const auto* a = node.as_array()) {
+      for (const auto& e : *a) {
+        const auto* s = e.as_string();
+        if (!s) {
+          throw InputError(origin + ": " + key + ": expected an array of strings, got an " +
+                           type_name(e.type()) + " element");
+        }
+        out.push_back(s->get());
+      }
+    } else if (const auto* s = node.as_string()) {
+      std::stringstream ss(s->get());
+      for (std::string item; std::getline(ss, item, ',');) {
+        if (!trim(item).empty()) out.push_back(trim(item));
+      }
+    } else {
+      throw wrong("an array of strings");
+    }
+    field = std::move(out);
+  } else if constexpr (std::is_same_v<T, ShardingStrategy>) {
+    const auto* s = node.as_string();
+    if (!s) throw wrong("a string");
+    if (!lookup_strategy(s->get(), &field)) {
+      throw InputError(origin + ": " + key + ": unknown value " + quoted(s->get()) +
+                       " (expected one of " + join(strategy_names()) + ")");
+    }
+  } else {
+    static_assert(!sizeof(T), "visit_keys has a field type convert() does not handle");
+  }
+}
+
+// Checks the resolved config; `origin_of(key)` says where a key's value came from.
+template <class OriginOf>
+void validate(const Config& c, OriginOf&& origin_of) {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    return InputError(origin_of(key) + ": " + key + ": " + what);
+  };
+  auto at_least = [&](const std::string& key, int64_t v, int64_t lo) {
+    if (v < lo) {
+      throw fail(key, std::to_string(v) + " is out of range (expected an integer >= " +
+                          std::to_string(lo) + ")");
+    }
+  };
+  auto one_of = [&](const std::string& key, const std::string& v,
+                    const std::vector<std::string>& allowed) {
+    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      throw fail(key, "unknown value " + quoted(v) + " (expected one of " + join(allowed) + ")");
+    }
+  };
+  auto num = [](double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+
+  // model
+  one_of("model.type", c.model.type, {"gpt2"});
+  at_least("model.n_layer", c.model.n_layer, 1);
+  at_least("model.n_head", c.model.n_head, 1);
+  at_least("model.n_embd", c.model.n_embd, 1);
+  at_least("model.n_positions", c.model.n_positions, 1);
+  at_least("model.vocab_size", c.model.vocab_size, 1);
+  if (c.model.n_embd % c.model.n_head != 0) {
+    throw fail("model.n_embd", std::to_string(c.model.n_embd) +
+                                   " is not divisible by model.n_head = " +
+                                   std::to_string(c.model.n_head));
+  }
+  if (!(c.model.layer_norm_epsilon > 0)) {
+    throw fail("model.layer_norm_epsilon", num(c.model.layer_norm_epsilon) +
+                                               " is out of range (expected > 0)");
+  }
+
+  // data
+  one_of("data.source", c.data.source, {"hdf5", "synthetic"});
+  if (c.data.source == "hdf5" && c.data.path.empty()) {
+    throw fail("data.path", "required (path to an HDF5 token file, see docs/data.md)");
+  }
+  at_least("data.seq_len", c.data.seq_len, 1);
+  if (c.data.seq_len > c.model.n_positions) {
+    throw fail("data.seq_len", std::to_string(c.data.seq_len) + " exceeds model.n_positions = " +
+                                   std::to_string(c.model.n_positions) +
+                                   " (expected 1 <= seq_len <= n_positions)");
+  }
+
+  // train
+  at_least("train.global_batch_size", c.train.global_batch_size, 1);
+  at_least("train.max_steps", c.train.max_steps, 1);
+  if (c.train.run_dir.empty()) throw fail("train.run_dir", "must not be empty");
+  at_least("train.log_every", c.train.log_every, 1);
+  at_least("train.num_threads", c.train.num_threads, 0);
+
+  // optim
+  const auto& o = c.optim;
+  one_of("optim.name", o.name, {"adamw", "sgd"});
+  if (!(o.lr > 0)) throw fail("optim.lr", num(o.lr) + " is out of range (expected > 0)");
+  if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) {
+    throw fail("optim.min_lr",
+               num(o.min_lr) + " is out of range (expected 0 <= min_lr <= optim.lr = " +
+                   num(o.lr) + ")");
+  }
+  at_least("optim.warmup_steps", o.warmup_steps, 0);
+  at_least("optim.decay_steps", o.decay_steps, 0);
+  if (o.decay_steps != 0 && o.decay_steps < o.warmup_steps) {
+    throw fail("optim.decay_steps", std::to_string(o.decay_steps) +
+                                        " is less than optim.warmup_steps = " +
+                                        std::to_string(o.warmup_steps) +
+                                        " (expected 0 or >= warmup_steps)");
+  }
+  auto nonneg = [&](const std::string& key, double v) {
+    if (!(v >= 0)) throw fail(key, num(v) + " is out of range (expected >= 0)");
+  };
+  auto unit = [&](const std::string& key, double v) {
+    if (!(v >= 0 && v < 1)) throw fail(key, num(v) + " is out of range (expected 0 <= x < 1)");
+  };
+  nonneg("optim.weight_decay", o.weight_decay);
+  nonneg("optim.grad_clip", o.grad_clip);
+  unit("optim.beta1", o.beta1);
+  unit("optim.beta2", o.beta2);
+  if (!(o.eps > 0)) throw fail("optim.eps", num(o.eps) + " is out of range (expected > 0)");
+  unit("optim.momentum", o.momentum);
+
+  // fsdp (sharding_strategy was checked on conversion: it is an enum here)
+  one_of("fsdp.auto_wrap_policy", c.fsdp.auto_wrap_policy, {"TRANSFORMER_BASED_WRAP", "NO_WRAP"});
+  const std::vector<std::string> classes = {"GPT2Block"};  // model.type == "gpt2"
+  for (const auto& cls : c.fsdp.transformer_layer_cls_to_wrap) {
+    if (std::find(classes.begin(), classes.end(), cls) == classes.end()) {
+      throw fail("fsdp.transformer_layer_cls_to_wrap",
+                 "unknown module class " + quoted(cls) + " for model.type = " +
+                     quoted(c.model.type) + " (expected one of " + join(classes) + ")");
+    }
+  }
+  if (c.fsdp.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" &&
+      c.fsdp.transformer_layer_cls_to_wrap.empty()) {
+    throw fail("fsdp.transformer_layer_cls_to_wrap",
+               "empty with fsdp.auto_wrap_policy = \"TRANSFORMER_BASED_WRAP\" (expected e.g. "
+               "[\"GPT2Block\"], or auto_wrap_policy = \"NO_WRAP\")");
+  }
+  one_of("fsdp.backward_prefetch", c.fsdp.backward_prefetch,
+         {"BACKWARD_PRE", "BACKWARD_POST", "NONE"});
+
+  // mesh, checkpoint, eval
+  at_least("mesh.shard_size", c.mesh.shard_size, 0);
+  at_least("checkpoint.every", c.checkpoint.every, 0);
+  at_least("eval.every", c.eval.every, 0);
+  at_least("eval.max_windows", c.eval.max_windows, 0);
+}
+
+// TOML text of one value, read back exactly by toml++.
+std::string toml_value(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (ch < 0x20 || ch == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04X", ch);
+          out += buf;
+        } else {
+          out += static_cast<char>(ch);
+        }
+    }
+  }
+  return out + "\"";
+}
+std::string toml_value(int64_t v) { return std::to_string(v); }
+std::string toml_value(uint64_t v) { return std::to_string(v); }
+std::string toml_value(bool v) { return v ? "true" : "false"; }
+std::string toml_value(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
+  std::string s(buf, end);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
+  return s;
+}
+std::string toml_value(ShardingStrategy v) { return toml_value(std::string(to_string(v))); }
+std::string toml_value(const std::vector<std::string>& v) {
+  std::vector<std::string> items;
+  for (const auto& s : v) items.push_back(toml_value(s));
+  return "[" + join(items) + "]";
+}
+
+}  // namespace
+
+const char* to_string(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
+    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
+    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
+    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
+    case ShardingStrategy::HYBRID_SHARD_ZERO2: return "HYBRID_SHARD_ZERO2";
+  }
+  return "?";
+}
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  ShardingStrategy s{};
+  if (!lookup_strategy(name, &s)) {
+    throw InputError("fsdp.sharding_strategy: unknown value " + quoted(name) +
+                     " (expected one of " + join(strategy_names()) + ")");
+  }
+  return s;
+}
+
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  toml::table doc;
+  try {
+    doc = toml::parse(toml_text, std::string_view(origin));
+  } catch (const toml::parse_error& e) {
+    const auto& pos = e.source().begin;
+    std::string what(e.description());
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    throw InputError(origin + ":" + std::to_string(pos.line) + ":" + std::to_string(pos.column) +
+                     ": " + what);
+  }
+
+  // Unknown sections and keys in the file.
+  for (const auto& [sec_key, sec_node] : doc) {
+    const std::string sec(sec_key.str());
+    const auto* table = sec_node.as_table();
+    if (!is_section(sec)) {
+      // Name the first key inside, so the suggestion can be a full key.
+      std::string wrong = sec;
+      if (table && !table->empty()) wrong += "." + std::string(table->begin()->first.str());
+      throw InputError(origin + ": unknown key '" + wrong + "'" + suggestion(wrong));
+    }
+    if (!table) {
+      throw InputError(origin + ": " + sec + ": expected a table ([" + sec + "]), got " +
+                       type_name(sec_node.type()));
+    }
+    for (const auto& [key, node] : *table) {
+      const std::string full = sec + "." + std::string(key.str());
+      if (!is_key(full)) {
+        throw InputError(origin + ": unknown key '" + full + "'" + suggestion(full));
+      }
+    }
+  }
+
+  // Overrides, last one wins.
+  std::map<std::string, Override> set;
+  for (const auto& text : overrides) {
+    std::string key;
+    Override o = parse_override(text, &key);
+    set.insert_or_assign(key, std::move(o));
+  }
+
+  Config config;
+  config.source_path = origin;
+  std::map<std::string, std::string> origins;  // key -> "--set ..." for overridden keys
+  visit_keys(config, [&](const char* sec, const char* key, auto& field) {
+    const std::string full = std::string(sec) + "." + key;
+    if (auto it = set.find(full); it != set.end()) {
+      const std::string where = "--set " + it->second.text;
+      origins[full] = where;
+      convert(*it->second.value.get("k"), where, full, &it->second.raw, field);
+    } else if (const auto* t = doc.get_as<toml::table>(sec)) {
+      if (const auto* node = t->get(key)) convert(*node, origin, full, nullptr, field);
+    }
+  });
+
+  validate(config, [&](const std::string& key) {
+    auto it = origins.find(key);
+    return it == origins.end() ? origin : it->second;
+  });
+  return config;
+}
+
+Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  std::ifstream in;
+  if (!std::filesystem::is_directory(toml_path, ec)) in.open(toml_path, std::ios::binary);
+  std::ostringstream text;
+  if (in.is_open()) text << in.rdbuf();
+  if (!in.is_open() || in.bad()) throw InputError(toml_path + ": cannot read config file");
+  return parse_config(text.str(), toml_path, overrides);
+}
+
+std::string to_toml(const Config& config) {
+  std::string out;
+  std::string current;
+  visit_keys(config, [&](const char* sec, const char* key, const auto& field) {
+    if (current != sec) {
+      out += (current.empty() ? "[" : "\n[") + std::string(sec) + "]\n";
+      current = sec;
+    }
+    out += std::string(key) + " = " + toml_value(field) + "\n";
+  });
+  return out;
+}
+
+}  // namespace fsdp
