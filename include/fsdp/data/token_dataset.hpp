@@ -1,0 +1,66 @@
+// fsdp/data/token_dataset.hpp: one split of an HDF5 token file (schema in docs/data.md).
+//
+// The file holds 1-D integer datasets /train/tokens and /val/tokens (uint8, uint16 or
+// 32-bit; signed or unsigned) and root attributes vocab_size (int64) and tokenizer
+// (string, "bytes" for byte-level). Like nanoGPT's train.bin/val.bin, but self-describing.
+//
+// Splits of up to kInMemoryLimit tokens (256 MiB as int32) are read whole at open, and every
+// token is checked against vocab_size then; larger splits stay on disk and each read() is
+// one HDF5 hyperslab read whose tokens are checked as they arrive.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/data/token_source.hpp"
+
+namespace fsdp::h5 { class File; }
+
+namespace fsdp::data {
+
+class TokenDataset final : public TokenSource {
+ public:
+  static constexpr int64_t kInMemoryLimit = int64_t{1} << 26;
+
+  // Opens split `split` ("train" or "val", i.e. dataset /<split>/tokens) of `path`.
+  // If expect_vocab_size > 0 (the model's model.vocab_size), the file's vocab_size must not
+  // exceed it (a larger model vocabulary is allowed, as in nanoGPT's 50257 -> 50304 padding).
+  // If seq_len > 0 (data.seq_len), the split must hold at least seq_len + 1 tokens (one
+  // sample: seq_len inputs plus the shifted target).
+  // Throws fsdp::InputError (exit code 2) naming the file and dataset for: a missing or
+  // unreadable file, a missing dataset or vocab_size attribute, a dataset that is not 1-D
+  // integer of 1, 2 or 4 bytes, vocab_size outside [1, 2^31), a token < 0 or >= vocab_size;
+  // naming data.path and model.vocab_size for a vocabulary mismatch; naming data.seq_len for
+  // too few tokens. Splits of more than in_memory_limit tokens are read from disk on demand.
+  TokenDataset(const std::string& path, const std::string& split, int64_t expect_vocab_size = 0,
+               int64_t seq_len = 0, int64_t in_memory_limit = kInMemoryLimit);
+  ~TokenDataset() override;
+  TokenDataset(TokenDataset&&) noexcept;
+  TokenDataset& operator=(TokenDataset&&) noexcept;
+
+  int64_t num_tokens() const override { return num_tokens_; }
+  int64_t vocab_size() const override { return vocab_size_; }
+  // Tokens [offset, offset + count) as int32. Throws fsdp::Error if out of range, or
+  // fsdp::InputError if a token read from disk (large splits) is outside [0, vocab_size).
+  void read(int64_t offset, int64_t count, int32_t* out) const override;
+
+  const std::string& path() const { return path_; }
+  const std::string& split() const { return split_; }
+  const std::string& dataset() const { return dataset_; }  // "/train/tokens"
+  // The root attribute `tokenizer` ("bytes" for byte-level); "unknown" if absent.
+  const std::string& tokenizer() const { return tokenizer_; }
+  bool in_memory() const { return file_ == nullptr; }
+
+ private:
+  void check_tokens(const int32_t* t, int64_t n, int64_t offset) const;
+
+  std::string path_, split_, dataset_, tokenizer_;
+  int64_t num_tokens_ = 0;
+  int64_t vocab_size_ = 0;
+  std::vector<int32_t> tokens_;          // the whole split, when in memory
+  std::unique_ptr<h5::File> file_;       // kept open for on-disk reads otherwise
+};
+
+}  // namespace fsdp::data

@@ -1,0 +1,53 @@
+// Batches of shifted token windows for training and validation (see batch.hpp).
+#include "fsdp/data/batch.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "fsdp/core/error.hpp"
+
+namespace fsdp::data {
+
+Batch load_batch(const TokenSource& source, const std::vector<int64_t>& sample_indices, int64_t seq_len) {
+  if (seq_len < 1) throw InputError("data.seq_len: " + std::to_string(seq_len) + " (expected >= 1)");
+  Batch b;
+  b.B = static_cast<int64_t>(sample_indices.size());
+  b.L = seq_len;
+  b.inputs.resize(static_cast<std::size_t>(b.B * b.L));
+  b.targets.resize(static_cast<std::size_t>(b.B * b.L));
+  std::vector<int32_t> window(static_cast<std::size_t>(seq_len + 1));
+  for (int64_t r = 0; r < b.B; ++r) {
+    const int64_t i = sample_indices[static_cast<std::size_t>(r)];
+    if (i < 0 || i > (source.num_tokens() - 1) / seq_len - 1) {
+      throw Error("load_batch: sample " + std::to_string(i) + " of " + std::to_string(seq_len + 1) +
+                  " tokens lies outside the " + std::to_string(source.num_tokens()) + "-token source");
+    }
+    source.read(i * seq_len, seq_len + 1, window.data());
+    std::copy(window.begin(), window.end() - 1, b.inputs.begin() + r * seq_len);
+    std::copy(window.begin() + 1, window.end(), b.targets.begin() + r * seq_len);
+  }
+  return b;
+}
+
+int64_t num_val_windows(int64_t num_tokens, int64_t seq_len, int64_t max_windows) {
+  if (seq_len < 1) throw InputError("data.seq_len: " + std::to_string(seq_len) + " (expected >= 1)");
+  if (max_windows < 0) throw InputError("eval.max_windows: " + std::to_string(max_windows) + " (expected >= 0)");
+  const int64_t n = num_tokens < 1 ? 0 : (num_tokens - 1) / seq_len;
+  return max_windows > 0 ? std::min(n, max_windows) : n;
+}
+
+WindowRange rank_windows(int64_t num_windows, int dp_rank, int dp_size) {
+  if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
+    throw Error("rank_windows: data-parallel rank " + std::to_string(dp_rank) + " of " + std::to_string(dp_size));
+  }
+  return WindowRange{num_windows * dp_rank / dp_size, num_windows * (dp_rank + 1) / dp_size};
+}
+
+Batch load_windows(const TokenSource& source, WindowRange windows, int64_t seq_len) {
+  std::vector<int64_t> idx;
+  idx.reserve(static_cast<std::size_t>(std::max<int64_t>(0, windows.size())));
+  for (int64_t w = windows.begin; w < windows.end; ++w) idx.push_back(w);
+  return load_batch(source, idx, seq_len);
+}
+
+}  // namespace fsdp::data

@@ -1,0 +1,90 @@
+// TokenDataset: one split of an HDF5 token file, validated at open (see token_dataset.hpp).
+#include "fsdp/data/token_dataset.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/detail/hdf5.hpp"
+
+namespace fsdp::data {
+
+TokenDataset::TokenDataset(const std::string& path, const std::string& split, int64_t expect_vocab_size,
+                           int64_t seq_len, int64_t in_memory_limit)
+    : path_(path), split_(split), dataset_("/" + split + "/tokens") {
+  auto file = std::make_unique<h5::File>(h5::File::open_read(path));
+  const std::string where = path + ": " + dataset_;
+
+  if (!file->exists(dataset_)) {
+    throw InputError(where + ": dataset not found (expected a 1-D integer token dataset; "
+                     "make one with fsdp_prepare)");
+  }
+  const auto dims = file->dims(dataset_);
+  if (dims.size() != 1) {
+    throw InputError(where + ": dataset has " + std::to_string(dims.size()) + " dimensions (expected 1)");
+  }
+  const std::size_t tsize = file->type_size(dataset_);
+  if (file->type_class(dataset_) != H5T_INTEGER || (tsize != 1 && tsize != 2 && tsize != 4)) {
+    throw InputError(where + ": tokens are not 8-, 16- or 32-bit integers");
+  }
+  num_tokens_ = static_cast<int64_t>(dims[0]);
+
+  if (!file->has_attr("/", "vocab_size")) {
+    throw InputError(path + ": root attribute vocab_size not found (expected the tokenizer's vocabulary size)");
+  }
+  vocab_size_ = file->attr_i64("/", "vocab_size");
+  if (vocab_size_ < 1 || vocab_size_ > (int64_t{1} << 31) - 1) {
+    throw InputError(path + ": vocab_size = " + std::to_string(vocab_size_) + " (expected 1 .. 2^31-1)");
+  }
+  tokenizer_ = file->has_attr("/", "tokenizer") ? file->attr_str("/", "tokenizer") : "unknown";
+
+  if (expect_vocab_size > 0 && vocab_size_ > expect_vocab_size) {
+    throw InputError("data.path: " + path + " has vocab_size " + std::to_string(vocab_size_) +
+                     " (tokenizer \"" + tokenizer_ + "\") but model.vocab_size is " +
+                     std::to_string(expect_vocab_size) + " (expected model.vocab_size >= the file's vocab_size)");
+  }
+  if (seq_len > 0 && num_tokens_ < seq_len + 1) {
+    throw InputError("data.seq_len: " + std::to_string(seq_len) + " needs at least " + std::to_string(seq_len + 1) +
+                     " tokens per sample but " + where + " has " + std::to_string(num_tokens_));
+  }
+
+  if (num_tokens_ <= in_memory_limit) {
+    tokens_.resize(static_cast<std::size_t>(num_tokens_));
+    file->read_i32(dataset_, tokens_.data(), 0, static_cast<hsize_t>(num_tokens_));
+    check_tokens(tokens_.data(), num_tokens_, 0);
+  } else {
+    file_ = std::move(file);
+  }
+}
+
+TokenDataset::~TokenDataset() = default;
+TokenDataset::TokenDataset(TokenDataset&&) noexcept = default;
+TokenDataset& TokenDataset::operator=(TokenDataset&&) noexcept = default;
+
+void TokenDataset::check_tokens(const int32_t* t, int64_t n, int64_t offset) const {
+  const int32_t vocab = static_cast<int32_t>(vocab_size_);
+  for (int64_t i = 0; i < n; ++i) {
+    if (t[i] < 0 || t[i] >= vocab) {
+      // Note: uint32 tokens >= 2^31 arrive as INT32_MAX after HDF5's clipping conversion.
+      throw InputError(path_ + ": " + dataset_ + ": token " + std::to_string(t[i]) + " at position " +
+                       std::to_string(offset + i) + " is outside [0, vocab_size = " + std::to_string(vocab_size_) + ")");
+    }
+  }
+}
+
+void TokenDataset::read(int64_t offset, int64_t count, int32_t* out) const {
+  if (offset < 0 || count < 0 || offset > num_tokens_ - count) {
+    throw Error(path_ + ": " + dataset_ + ": read of [" + std::to_string(offset) + ", " +
+                std::to_string(offset + count) + ") is out of range (" + std::to_string(num_tokens_) + " tokens)");
+  }
+  if (count == 0) return;
+  if (file_) {
+    file_->read_i32(dataset_, out, static_cast<hsize_t>(offset), static_cast<hsize_t>(count));
+    check_tokens(out, count, offset);
+  } else {
+    std::memcpy(out, tokens_.data() + offset, static_cast<std::size_t>(count) * sizeof(int32_t));
+  }
+}
+
+}  // namespace fsdp::data

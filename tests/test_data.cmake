@@ -1,0 +1,1 @@
+fsdp_add_test(test_data SOURCES test_data.cpp LIBS fsdp::data NP 1)
