@@ -364,6 +364,7 @@ TrainResult train(const Config& cfg, MPI_Comm world_comm, const TrainOptions& op
     if (last || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
       save_checkpoint(job);
     }
+    if (opt.stop_after > 0 && job.step >= opt.stop_after) break;
   }
   result.final_step = job.step;
   if (opt.gather_params) result.params = job.engine->gather_full_params();

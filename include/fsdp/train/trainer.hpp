@@ -25,6 +25,8 @@ struct TrainOptions {
   bool dry_run = false;       // validate, build mesh and units, print the memory plan, stop
   bool gather_params = false; // fill TrainResult::params with the final full parameters
   bool quiet = false;         // no log lines on stdout (tests)
+  int64_t stop_after = 0;     // > 0: stop after this step as if killed (tests of resume);
+                              // the LR schedule still follows train.max_steps
 };
 
 struct TrainResult {
