@@ -64,6 +64,7 @@ int threads_per_rank(const Config& cfg, int local_size) {
 
 // Everything one job holds; built in guarded phases so a failure on any rank stops all.
 struct Job {
+  Job(const Config& c, const TrainOptions& o, std::ostream& s) : cfg(c), opt(o), out(s) {}
   const Config& cfg;
   const TrainOptions& opt;
   std::ostream& out;
@@ -221,15 +222,11 @@ void load_checkpoint(Job& job) {
     throw InputError("--resume: no checkpoint in " + ckpt::checkpoints_dir(run_dir) +
                      " (train.run_dir = \"" + run_dir + "\")");
   }
-  const std::string file =
-      (fs::path(*latest) / ckpt::shard_file_name(job.engine->shard_index(),
-                                                 job.engine->num_shards())).string();
-  const ckpt::ShardFile shard = ckpt::ShardFile::open(file);
   ckpt::CheckpointMeta expected = checkpoint_meta(job);
-  expected.step = shard.meta().step;
   std::vector<FlatParamLayout> layouts;
   for (int u = 0; u < job.engine->num_units(); ++u) layouts.push_back(job.engine->layout(u));
-  shard.check_compatible(expected, layouts);
+  // Opens this rank's shard file and checks mesh, optimizer and unit layouts against ours.
+  const ckpt::ShardFile shard = ckpt::open_for_resume(*latest, expected, layouts);
   for (int u = 0; u < job.engine->num_units(); ++u) {
     shard.read_unit(u, "param", job.engine->shard_param(u));
     for (const auto& name : job.optimizer->state_names()) {

@@ -1,0 +1,169 @@
+// fsdp/checkpoint/checkpoint.hpp: sharded checkpoints (one HDF5 file per shard).
+//
+// A checkpoint is a directory `run_dir/checkpoints/step_00000100/` holding one HDF5 file per
+// shard of the shard group, `shard_00000-of-00004.h5` ... (docs/checkpoint.md has the full
+// format). Each file holds the run metadata as root attributes and, per FSDP unit, this
+// shard's fp32 slice of the FlatParameter plus the optimizer state of the same slice, and the
+// unit's FlatParamLayout (names, shapes, offsets) so that full tensors can be rebuilt
+// (fsdp_merge) without the training config. Like PyTorch's SHARDED_STATE_DICT
+// (torch.distributed.checkpoint), each rank writes only what it owns; unlike it, the shards
+// are the flat FSDP slices, so saving and resuming at the same shard-group size is a plain
+// copy with no collective.
+//
+// Files are written atomically (temp name + rename); a step directory is committed by
+// renaming `step_N.tmp` to `step_N`, and `checkpoints/latest` names the newest complete step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/fsdp/flat_param.hpp"
+
+namespace fsdp::h5 {
+class File;
+}
+
+namespace fsdp::ckpt {
+
+inline constexpr const char* kFormatName = "fsdp_train.checkpoint";
+inline constexpr int64_t kFormatVersion = 1;
+
+// Run-level metadata stored as root attributes of every shard file.
+struct CheckpointMeta {
+  int64_t step = 0;                // optimizer steps completed when saved
+  int world_size = 1;              // ranks of the run that saved
+  int shard_size = 1;              // shards per unit = shard-group size (1 under NO_SHARD)
+  int replicate_size = 1;          // replicas (HYBRID_SHARD); world = replicate x shard
+  int shard_index = 0;             // which shard this file holds, in [0, shard_size)
+  std::string sharding_strategy;   // "FULL_SHARD", ... (informational)
+  std::string optimizer;           // "adamw" | "sgd"
+  std::string model_config_json;   // {"model_type":"gpt2","n_layer":..,"n_head":..,"n_embd":..,
+                                   //  "n_positions":..,"vocab_size":..,"layer_norm_epsilon":..}
+  std::string train_config_toml;   // resolved config (informational)
+  uint64_t seed = 0;               // stored as an int64 attribute with the same bits
+  int64_t sampler_epoch = 0;
+  int64_t sampler_position = 0;
+};
+
+// One unit's shard as the trainer holds it: `param` and every `state` buffer are
+// layout->shard_numel fp32 values (the slice [s*shard_numel, (s+1)*shard_numel) of the
+// padded flat buffer). `state` names are dataset names: "exp_avg", "exp_avg_sq" (AdamW,
+// torch.optim.AdamW's state keys) or "momentum_buffer" (SGD).
+struct UnitShardView {
+  const FlatParamLayout* layout = nullptr;
+  const float* param = nullptr;
+  std::vector<std::pair<std::string, const float*>> state;
+};
+
+// Writes one shard file: meta as root attributes, unit i as group /units/<i> (i = index in
+// `units`). Writes `path + ".tmp"`, fsyncs, then renames to `path`, so `path` is either
+// absent or complete. Throws fsdp::Error on I/O failure (the temp file is removed) and
+// fsdp::Error on invalid input (null pointers, layout whose num_shards != meta.shard_size,
+// state name that is empty, "param", or contains '/').
+void write_shard_file(const std::string& path, const CheckpointMeta& meta,
+                      const std::vector<UnitShardView>& units);
+
+// A shard file opened for reading. Opening validates the format attributes and the stored
+// layouts (InputError naming the file if not an fsdp_train checkpoint, another format
+// version, or inconsistent layout metadata).
+class ShardFile {
+ public:
+  static ShardFile open(const std::string& path);
+  ShardFile(ShardFile&&) noexcept;
+  ShardFile& operator=(ShardFile&&) noexcept;
+  ~ShardFile();
+
+  const std::string& path() const;
+  const CheckpointMeta& meta() const { return meta_; }
+  // The stored layouts, unit order; each entry's ParamSpec has name, shape and
+  // weight_decay (init fields are defaults: they are not stored).
+  const std::vector<FlatParamLayout>& layouts() const { return layouts_; }
+  int num_units() const { return static_cast<int>(layouts_.size()); }
+  // Optimizer-state dataset names stored for `unit` (e.g. {"exp_avg", "exp_avg_sq"}).
+  const std::vector<std::string>& state_names(int unit) const;
+  bool has_dataset(int unit, const std::string& dataset) const;
+
+  // Reads dataset "param" or a state name of `unit`: shard_numel floats into `out`.
+  // Throws InputError naming the file if the unit or dataset does not exist.
+  void read_unit(int unit, const std::string& dataset, float* out) const;
+  // Reads `count` floats starting at element `offset` of this shard's slice (a hyperslab).
+  void read_unit_range(int unit, const std::string& dataset, int64_t offset, int64_t count,
+                       float* out) const;
+
+  // Checks that this checkpoint can be resumed by a run with `expected` meta and layouts:
+  // world_size, shard_size, replicate_size, shard_index, optimizer, the number of units
+  // and each unit's name, numel, num_shards, padded_numel, shard_numel and entries
+  // (name, shape, offset). Throws InputError "<file>: incompatible checkpoint: <what>
+  // differs (checkpoint has X, run has Y)" on the first difference.
+  void check_compatible(const CheckpointMeta& expected,
+                        const std::vector<FlatParamLayout>& expected_layouts) const;
+
+ private:
+  ShardFile();
+  std::unique_ptr<h5::File> file_;  // the open file (HDF5 kept out of this header)
+  CheckpointMeta meta_;
+  std::vector<FlatParamLayout> layouts_;
+  std::vector<std::vector<std::string>> state_names_;
+};
+
+// All shard files of one step directory, checked complete and consistent: every
+// shard_i-of-N for i < N present (InputError naming the first missing file), each with the
+// same step, shard_size N, its own shard_index, and the same layouts as shard 0.
+class CheckpointSet {
+ public:
+  static CheckpointSet open(const std::string& step_dir);
+  const std::string& dir() const { return dir_; }
+  const CheckpointMeta& meta() const { return shards_.front().meta(); }  // shard 0's
+  const std::vector<FlatParamLayout>& layouts() const { return shards_.front().layouts(); }
+  int shard_size() const { return static_cast<int>(shards_.size()); }
+  const ShardFile& shard(int s) const { return shards_.at(s); }
+  // Reads flat elements [begin, begin + count) of `unit`'s unsharded FlatParameter
+  // ("param") or state dataset, gathering the pieces from each shard file that holds them
+  // (hyperslab reads). Range must lie within padded_numel.
+  void read_flat(int unit, const std::string& dataset, int64_t begin, int64_t count,
+                 float* out) const;
+
+ private:
+  std::string dir_;
+  std::vector<ShardFile> shards_;
+};
+
+// Opens this rank's shard file of `step_dir` for a resume and checks it against the run
+// (ShardFile::check_compatible). If the file shard_file_name(expected.shard_index,
+// expected.shard_size) is absent but the directory holds shard files of another shard
+// count, the InputError says "<step_dir>: incompatible checkpoint: shard_size differs
+// (checkpoint has N, run has M)" instead of naming a missing file.
+ShardFile open_for_resume(const std::string& step_dir, const CheckpointMeta& expected,
+                          const std::vector<FlatParamLayout>& expected_layouts);
+
+// ---- directory layout and the commit protocol ----
+// run_dir/checkpoints/
+//   step_00000100/shard_00000-of-00002.h5, shard_00001-of-00002.h5
+//   latest            text file: "step_00000100\n"
+// Trainer protocol: rank 0 prepare_tmp_step_dir; barrier; each shard-group rank of replica 0
+// write_shard_file(tmp/shard_file_name(...)); barrier; rank 0 commit_step_dir then
+// publish_latest.
+
+std::string checkpoints_dir(const std::string& run_dir);          // run_dir/checkpoints
+std::string step_dir_name(int64_t step);                          // "step_%08d": step_00000100
+std::string step_dir(const std::string& run_dir, int64_t step);   // checkpoints/step_00000100
+std::string tmp_step_dir(const std::string& run_dir, int64_t step);  // .../step_00000100.tmp
+std::string shard_file_name(int shard_index, int shard_size);     // shard_00001-of-00004.h5
+
+// Removes a stale `tmp` left by a crashed save, then creates it (and parents).
+void prepare_tmp_step_dir(const std::string& tmp);
+// Renames directory `tmp` to `final`. If `final` exists (saving the same step again), it
+// is renamed to `final + ".old"`, the new one renamed in, then the old one removed, so a
+// complete `final` exists at every moment except between two renames.
+void commit_step_dir(const std::string& tmp, const std::string& final_dir);
+// Writes run_dir/checkpoints/latest = step_dir_name(step) via temp file + rename.
+void publish_latest(const std::string& run_dir, int64_t step);
+// The step directory named by run_dir/checkpoints/latest, as a path; nullopt if there is
+// no `latest` file. InputError if it is empty or names a directory that does not exist.
+std::optional<std::string> find_latest(const std::string& run_dir);
+
+}  // namespace fsdp::ckpt

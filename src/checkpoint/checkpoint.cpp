@@ -1,0 +1,490 @@
+// Sharded checkpoint files and the step-directory protocol (see fsdp/checkpoint/checkpoint.hpp
+// and docs/checkpoint.md). All HDF5 access goes through fsdp::h5::File.
+#include "fsdp/checkpoint/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/detail/hdf5.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace fsdp::ckpt {
+
+namespace {
+
+// fsyncs a file or directory so a following rename publishes durable contents.
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw Error(path + ": cannot open for fsync: " + std::strerror(errno));
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw Error(path + ": fsync failed: " + std::strerror(errno));
+}
+
+void rename_or_throw(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  if (ec) throw Error(to + ": cannot rename from " + from + ": " + ec.message());
+}
+
+std::string parent_or_dot(const std::string& path) {
+  fs::path p = fs::path(path).parent_path();
+  return p.empty() ? std::string(".") : p.string();
+}
+
+std::string unit_group(int u) { return "/units/" + std::to_string(u); }
+
+json entries_json(const FlatParamLayout& l) {
+  json arr = json::array();
+  for (const FlatEntry& e : l.entries) {
+    arr.push_back({{"name", e.spec.name},
+                   {"shape", e.spec.shape},
+                   {"offset", e.offset},
+                   {"weight_decay", e.spec.weight_decay}});
+  }
+  return arr;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
+
+// Throws the standard incompatibility message.
+template <class A, class B>
+[[noreturn]] void incompatible(const std::string& file, const std::string& what, const A& has,
+                               const B& run) {
+  std::ostringstream os;
+  os << file << ": incompatible checkpoint: " << what << " differs (checkpoint has " << has
+     << ", run has " << run << ")";
+  throw InputError(os.str());
+}
+
+void check_layout_sane(const std::string& file, int u, const FlatParamLayout& l) {
+  const std::string where = file + ": unit " + std::to_string(u) + " (" + l.unit_name + "): ";
+  if (l.num_shards < 1 || l.shard_numel < 0 || l.padded_numel != l.shard_numel * l.num_shards ||
+      l.numel > l.padded_numel || l.numel < 0)
+    throw InputError(where + "inconsistent layout (numel " + std::to_string(l.numel) + ", padded_numel " +
+                     std::to_string(l.padded_numel) + ", num_shards " + std::to_string(l.num_shards) +
+                     ", shard_numel " + std::to_string(l.shard_numel) + ")");
+  for (const FlatEntry& e : l.entries) {
+    if (e.offset < 0 || e.offset + e.spec.numel() > l.numel)
+      throw InputError(where + "entry " + e.spec.name + " at offset " + std::to_string(e.offset) +
+                       " with " + std::to_string(e.spec.numel()) + " elements exceeds numel " +
+                       std::to_string(l.numel));
+  }
+}
+
+// The N of every shard_i-of-N.h5 file in `step_dir` (a directory that exists).
+std::set<int64_t> shard_counts(const std::string& step_dir) {
+  static const std::regex pat(R"(shard_(\d{5,})-of-(\d{5,})\.h5)");
+  std::set<int64_t> counts;
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(step_dir, ec)) {
+    std::smatch mt;
+    const std::string name = de.path().filename().string();
+    if (std::regex_match(name, mt, pat)) counts.insert(std::stoll(mt[2].str()));
+  }
+  return counts;
+}
+
+// The single shard count of `step_dir`'s files, 0 if none or ambiguous.
+int stored_shard_count(const std::string& step_dir) {
+  const auto c = shard_counts(step_dir);
+  return c.size() == 1 ? static_cast<int>(*c.begin()) : 0;
+}
+
+}  // namespace
+
+// ---- writing ----
+
+void write_shard_file(const std::string& path, const CheckpointMeta& meta,
+                      const std::vector<UnitShardView>& units) {
+  // Validate before touching the disk.
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const UnitShardView& v = units[u];
+    const std::string where = path + ": unit " + std::to_string(u) + ": ";
+    if (!v.layout || !v.param) throw Error(where + "null layout or param pointer");
+    if (v.layout->num_shards != meta.shard_size)
+      throw Error(where + "layout has num_shards " + std::to_string(v.layout->num_shards) +
+                  " but meta.shard_size is " + std::to_string(meta.shard_size));
+    for (const auto& [name, ptr] : v.state) {
+      if (name.empty() || name == "param" || name.find('/') != std::string::npos)
+        throw Error(where + "invalid optimizer-state name \"" + name + "\"");
+      if (!ptr) throw Error(where + "null pointer for state \"" + name + "\"");
+    }
+  }
+  if (meta.shard_index < 0 || meta.shard_index >= meta.shard_size)
+    throw Error(path + ": shard_index " + std::to_string(meta.shard_index) + " out of range [0, " +
+                std::to_string(meta.shard_size) + ")");
+
+  const std::string tmp = path + ".tmp";
+  try {
+    h5::File f = h5::File::create(tmp);
+    f.set_attr("/", "format", std::string(kFormatName));
+    f.set_attr("/", "format_version", kFormatVersion);
+    f.set_attr("/", "step", meta.step);
+    f.set_attr("/", "world_size", int64_t{meta.world_size});
+    f.set_attr("/", "shard_size", int64_t{meta.shard_size});
+    f.set_attr("/", "replicate_size", int64_t{meta.replicate_size});
+    f.set_attr("/", "shard_index", int64_t{meta.shard_index});
+    f.set_attr("/", "sharding_strategy", meta.sharding_strategy);
+    f.set_attr("/", "optimizer", meta.optimizer);
+    f.set_attr("/", "seed", static_cast<int64_t>(meta.seed));  // same bits
+    f.set_attr("/", "sampler_epoch", meta.sampler_epoch);
+    f.set_attr("/", "sampler_position", meta.sampler_position);
+    f.set_attr("/", "model_config", meta.model_config_json);
+    f.set_attr("/", "train_config", meta.train_config_toml);
+    f.set_attr("/", "num_units", static_cast<int64_t>(units.size()));
+    f.create_group("/units");
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      const UnitShardView& v = units[u];
+      const FlatParamLayout& l = *v.layout;
+      const std::string g = unit_group(static_cast<int>(u));
+      f.create_group(g);
+      f.set_attr(g, "unit_name", l.unit_name);
+      f.set_attr(g, "numel", l.numel);
+      f.set_attr(g, "padded_numel", l.padded_numel);
+      f.set_attr(g, "num_shards", l.num_shards);
+      f.set_attr(g, "shard_numel", l.shard_numel);
+      f.set_attr(g, "entries", entries_json(l).dump());
+      json names = json::array();
+      for (const auto& s : v.state) names.push_back(s.first);
+      f.set_attr(g, "state", names.dump());
+      const std::vector<hsize_t> shape{static_cast<hsize_t>(l.shard_numel)};
+      f.write_f32(g + "/param", v.param, shape);
+      for (const auto& [name, ptr] : v.state) f.write_f32(g + "/" + name, ptr, shape);
+    }
+    f.close();
+    fsync_path(tmp, false);
+    rename_or_throw(tmp, path);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+}
+
+// ---- reading ----
+
+ShardFile::ShardFile() = default;
+ShardFile::ShardFile(ShardFile&&) noexcept = default;
+ShardFile& ShardFile::operator=(ShardFile&&) noexcept = default;
+ShardFile::~ShardFile() = default;
+
+const std::string& ShardFile::path() const { return file_->path(); }
+
+ShardFile ShardFile::open(const std::string& path) {
+  ShardFile sf;
+  sf.file_ = std::make_unique<h5::File>(h5::File::open_read(path));
+  const h5::File& f = *sf.file_;
+  if (!f.has_attr("/", "format") || f.attr_str("/", "format") != kFormatName)
+    throw InputError(path + ": not an fsdp_train checkpoint (root attribute format != \"" +
+                     std::string(kFormatName) + "\")");
+  const int64_t version = f.attr_i64("/", "format_version");
+  if (version != kFormatVersion)
+    throw InputError(path + ": unsupported checkpoint format_version " + std::to_string(version) +
+                     " (expected " + std::to_string(kFormatVersion) + ")");
+  CheckpointMeta& m = sf.meta_;
+  m.step = f.attr_i64("/", "step");
+  m.world_size = static_cast<int>(f.attr_i64("/", "world_size"));
+  m.shard_size = static_cast<int>(f.attr_i64("/", "shard_size"));
+  m.replicate_size = static_cast<int>(f.attr_i64("/", "replicate_size"));
+  m.shard_index = static_cast<int>(f.attr_i64("/", "shard_index"));
+  m.sharding_strategy = f.attr_str("/", "sharding_strategy");
+  m.optimizer = f.attr_str("/", "optimizer");
+  m.seed = static_cast<uint64_t>(f.attr_i64("/", "seed"));
+  m.sampler_epoch = f.attr_i64("/", "sampler_epoch");
+  m.sampler_position = f.attr_i64("/", "sampler_position");
+  m.model_config_json = f.attr_str("/", "model_config");
+  m.train_config_toml = f.attr_str("/", "train_config");
+  const int64_t num_units = f.attr_i64("/", "num_units");
+  if (num_units < 0) throw InputError(path + ": negative num_units");
+  for (int u = 0; u < num_units; ++u) {
+    const std::string g = unit_group(u);
+    FlatParamLayout l;
+    l.unit_name = f.attr_str(g, "unit_name");
+    l.numel = f.attr_i64(g, "numel");
+    l.padded_numel = f.attr_i64(g, "padded_numel");
+    l.num_shards = f.attr_i64(g, "num_shards");
+    l.shard_numel = f.attr_i64(g, "shard_numel");
+    std::vector<std::string> state;
+    try {
+      for (const json& e : json::parse(f.attr_str(g, "entries"))) {
+        FlatEntry fe;
+        fe.spec.name = e.at("name").get<std::string>();
+        fe.spec.shape = e.at("shape").get<std::vector<int64_t>>();
+        fe.spec.weight_decay = e.value("weight_decay", true);
+        fe.offset = e.at("offset").get<int64_t>();
+        l.entries.push_back(std::move(fe));
+      }
+      state = json::parse(f.attr_str(g, "state")).get<std::vector<std::string>>();
+    } catch (const json::exception& e) {
+      throw InputError(path + ": " + g + ": malformed entries/state attribute: " + e.what());
+    }
+    check_layout_sane(path, u, l);
+    if (l.num_shards != m.shard_size)
+      throw InputError(path + ": unit " + std::to_string(u) + " has num_shards " +
+                       std::to_string(l.num_shards) + " but the file's shard_size is " +
+                       std::to_string(m.shard_size));
+    std::vector<std::string> datasets = state;
+    datasets.insert(datasets.begin(), "param");
+    for (const std::string& d : datasets) {
+      const auto dims = f.dims(g + "/" + d);
+      if (dims.size() != 1 || static_cast<int64_t>(dims[0]) != l.shard_numel)
+        throw InputError(path + ": " + g + "/" + d + " has the wrong size (expected " +
+                         std::to_string(l.shard_numel) + " elements)");
+    }
+    sf.layouts_.push_back(std::move(l));
+    sf.state_names_.push_back(std::move(state));
+  }
+  return sf;
+}
+
+const std::vector<std::string>& ShardFile::state_names(int unit) const {
+  if (unit < 0 || unit >= num_units())
+    throw InputError(path() + ": no unit " + std::to_string(unit) + " (checkpoint has " +
+                     std::to_string(num_units()) + ")");
+  return state_names_[unit];
+}
+
+bool ShardFile::has_dataset(int unit, const std::string& dataset) const {
+  if (unit < 0 || unit >= num_units()) return false;
+  if (dataset == "param") return true;
+  for (const auto& s : state_names_[unit])
+    if (s == dataset) return true;
+  return false;
+}
+
+void ShardFile::read_unit_range(int unit, const std::string& dataset, int64_t offset, int64_t count,
+                                float* out) const {
+  if (!has_dataset(unit, dataset))
+    throw InputError(path() + ": unit " + std::to_string(unit) + " has no dataset \"" + dataset + "\"");
+  file_->read_f32(unit_group(unit) + "/" + dataset, out, static_cast<hsize_t>(offset),
+                  static_cast<hsize_t>(count));
+}
+
+void ShardFile::read_unit(int unit, const std::string& dataset, float* out) const {
+  if (unit < 0 || unit >= num_units()) (void)state_names(unit);  // throws the message
+  read_unit_range(unit, dataset, 0, layouts_[unit].shard_numel, out);
+}
+
+void ShardFile::check_compatible(const CheckpointMeta& expected,
+                                 const std::vector<FlatParamLayout>& expected_layouts) const {
+  const std::string& p = path();
+  const CheckpointMeta& m = meta_;
+  if (m.world_size != expected.world_size) incompatible(p, "world_size", m.world_size, expected.world_size);
+  if (m.shard_size != expected.shard_size) incompatible(p, "shard_size", m.shard_size, expected.shard_size);
+  if (m.replicate_size != expected.replicate_size)
+    incompatible(p, "replicate_size", m.replicate_size, expected.replicate_size);
+  if (m.shard_index != expected.shard_index) incompatible(p, "shard_index", m.shard_index, expected.shard_index);
+  if (m.optimizer != expected.optimizer) incompatible(p, "optimizer", m.optimizer, expected.optimizer);
+  if (layouts_.size() != expected_layouts.size())
+    incompatible(p, "number of FSDP units", layouts_.size(), expected_layouts.size());
+  for (std::size_t u = 0; u < layouts_.size(); ++u) {
+    const FlatParamLayout& a = layouts_[u];
+    const FlatParamLayout& b = expected_layouts[u];
+    const std::string unit = "unit " + std::to_string(u) + " ";
+    if (a.unit_name != b.unit_name) incompatible(p, unit + "name", a.unit_name, b.unit_name);
+    const std::string un = "unit " + std::to_string(u) + " (" + a.unit_name + ") ";
+    if (a.numel != b.numel) incompatible(p, un + "numel", a.numel, b.numel);
+    if (a.num_shards != b.num_shards) incompatible(p, un + "num_shards", a.num_shards, b.num_shards);
+    if (a.padded_numel != b.padded_numel) incompatible(p, un + "padded_numel", a.padded_numel, b.padded_numel);
+    if (a.shard_numel != b.shard_numel) incompatible(p, un + "shard_numel", a.shard_numel, b.shard_numel);
+    if (a.entries.size() != b.entries.size())
+      incompatible(p, un + "number of parameters", a.entries.size(), b.entries.size());
+    for (std::size_t i = 0; i < a.entries.size(); ++i) {
+      const FlatEntry& ea = a.entries[i];
+      const FlatEntry& eb = b.entries[i];
+      const std::string en = un + "parameter " + std::to_string(i) + " ";
+      if (ea.spec.name != eb.spec.name) incompatible(p, en + "name", ea.spec.name, eb.spec.name);
+      if (ea.spec.shape != eb.spec.shape)
+        incompatible(p, un + ea.spec.name + " shape", shape_str(ea.spec.shape), shape_str(eb.spec.shape));
+      if (ea.offset != eb.offset) incompatible(p, un + ea.spec.name + " offset", ea.offset, eb.offset);
+    }
+  }
+}
+
+// ---- a whole step directory ----
+
+CheckpointSet CheckpointSet::open(const std::string& step_dir) {
+  CheckpointSet set;
+  set.dir_ = step_dir;
+  std::error_code ec;
+  if (!fs::is_directory(step_dir, ec))
+    throw InputError(step_dir + ": checkpoint directory not found");
+  const std::set<int64_t> counts = shard_counts(step_dir);
+  if (counts.empty())
+    throw InputError(step_dir + ": no shard files (expected " + shard_file_name(0, 1) + " or " +
+                     shard_file_name(0, 2) + ", ...)");
+  if (counts.size() > 1)
+    throw InputError(step_dir + ": shard files of different shard counts (" +
+                     std::to_string(*counts.begin()) + " and " + std::to_string(*counts.rbegin()) + ")");
+  const int n = static_cast<int>(*counts.begin());
+  if (n < 1) throw InputError(step_dir + ": shard files claim 0 shards");
+  for (int s = 0; s < n; ++s) {
+    const std::string p = (fs::path(step_dir) / shard_file_name(s, n)).string();
+    if (!fs::exists(p, ec))
+      throw InputError(p + ": missing shard file (the checkpoint has " + std::to_string(n) + " shards)");
+  }
+  for (int s = 0; s < n; ++s) {
+    const std::string p = (fs::path(step_dir) / shard_file_name(s, n)).string();
+    ShardFile sf = ShardFile::open(p);
+    const CheckpointMeta& m = sf.meta();
+    if (m.shard_size != n) incompatible(p, "shard_size (file name vs attribute)", m.shard_size, n);
+    if (m.shard_index != s) incompatible(p, "shard_index (file name vs attribute)", m.shard_index, s);
+    if (s > 0) {
+      const ShardFile& first = set.shards_.front();
+      if (m.step != first.meta().step)
+        throw InputError(p + ": step " + std::to_string(m.step) + " differs from " + first.path() +
+                         " (step " + std::to_string(first.meta().step) + ")");
+      CheckpointMeta expect = first.meta();
+      expect.shard_index = s;
+      try {
+        sf.check_compatible(expect, first.layouts());
+      } catch (const Error& e) {
+        throw InputError(std::string(e.what()) + " [compared with " + first.path() + "]");
+      }
+      if (m.model_config_json != first.meta().model_config_json)
+        throw InputError(p + ": model_config differs from " + first.path());
+      for (int u = 0; u < sf.num_units(); ++u)
+        if (sf.state_names(u) != first.state_names(u))
+          throw InputError(p + ": unit " + std::to_string(u) + " optimizer-state datasets differ from " +
+                           first.path());
+    }
+    set.shards_.push_back(std::move(sf));
+  }
+  return set;
+}
+
+void CheckpointSet::read_flat(int unit, const std::string& dataset, int64_t begin, int64_t count,
+                              float* out) const {
+  const auto& ls = layouts();
+  if (unit < 0 || unit >= static_cast<int>(ls.size()))
+    throw InputError(dir_ + ": no unit " + std::to_string(unit));
+  const FlatParamLayout& l = ls[unit];
+  if (begin < 0 || count < 0 || begin + count > l.padded_numel)
+    throw Error(dir_ + ": unit " + std::to_string(unit) + ": flat range [" + std::to_string(begin) + ", " +
+                std::to_string(begin + count) + ") outside padded_numel " + std::to_string(l.padded_numel));
+  if (count == 0 || l.shard_numel == 0) return;
+  const int64_t end = begin + count;
+  for (int64_t s = begin / l.shard_numel; s < l.num_shards && l.shard_begin(s) < end; ++s) {
+    const int64_t lo = std::max(begin, l.shard_begin(s));
+    const int64_t hi = std::min(end, l.shard_end(s));
+    if (lo >= hi) continue;
+    shards_.at(s).read_unit_range(unit, dataset, lo - l.shard_begin(s), hi - lo, out + (lo - begin));
+  }
+}
+
+ShardFile open_for_resume(const std::string& step_dir, const CheckpointMeta& expected,
+                          const std::vector<FlatParamLayout>& expected_layouts) {
+  const std::string file = (fs::path(step_dir) / shard_file_name(expected.shard_index, expected.shard_size)).string();
+  std::error_code ec;
+  if (!fs::exists(file, ec)) {
+    const int stored = stored_shard_count(step_dir);
+    if (stored > 0 && stored != expected.shard_size) incompatible(step_dir, "shard_size", stored, expected.shard_size);
+    throw InputError(file + ": missing shard file");
+  }
+  ShardFile sf = ShardFile::open(file);
+  sf.check_compatible(expected, expected_layouts);
+  return sf;
+}
+
+// ---- directories ----
+
+std::string checkpoints_dir(const std::string& run_dir) {
+  return (fs::path(run_dir) / "checkpoints").string();
+}
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string step_dir(const std::string& run_dir, int64_t step) {
+  return (fs::path(checkpoints_dir(run_dir)) / step_dir_name(step)).string();
+}
+
+std::string tmp_step_dir(const std::string& run_dir, int64_t step) {
+  return step_dir(run_dir, step) + ".tmp";
+}
+
+std::string shard_file_name(int shard_index, int shard_size) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "shard_%05d-of-%05d.h5", shard_index, shard_size);
+  return buf;
+}
+
+void prepare_tmp_step_dir(const std::string& tmp) {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (ec) throw Error(tmp + ": cannot remove stale temporary checkpoint: " + ec.message());
+  fs::create_directories(tmp, ec);
+  if (ec) throw Error(tmp + ": cannot create checkpoint directory: " + ec.message());
+}
+
+void commit_step_dir(const std::string& tmp, const std::string& final_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(tmp, ec)) throw Error(tmp + ": temporary checkpoint directory not found");
+  fsync_path(tmp, true);
+  if (fs::exists(final_dir, ec)) {
+    const std::string old = final_dir + ".old";
+    fs::remove_all(old, ec);
+    rename_or_throw(final_dir, old);
+    rename_or_throw(tmp, final_dir);
+    fs::remove_all(old, ec);
+    if (ec) throw Error(old + ": cannot remove the replaced checkpoint: " + ec.message());
+  } else {
+    rename_or_throw(tmp, final_dir);
+  }
+  fsync_path(parent_or_dot(final_dir), true);
+}
+
+void publish_latest(const std::string& run_dir, int64_t step) {
+  const std::string dir = checkpoints_dir(run_dir);
+  const std::string path = (fs::path(dir) / "latest").string();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw Error(tmp + ": cannot create file: " + std::strerror(errno));
+    out << step_dir_name(step) << "\n";
+    out.flush();
+    if (!out) throw Error(tmp + ": write failed");
+  }
+  fsync_path(tmp, false);
+  rename_or_throw(tmp, path);
+  fsync_path(dir, true);
+}
+
+std::optional<std::string> find_latest(const std::string& run_dir) {
+  const fs::path dir = checkpoints_dir(run_dir);
+  const std::string path = (dir / "latest").string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  std::ifstream in(path);
+  std::string name;
+  if (!in || !std::getline(in, name)) throw InputError(path + ": cannot read (expected a step directory name)");
+  while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw InputError(path + ": invalid content \"" + name + "\" (expected e.g. " + step_dir_name(100) + ")");
+  const std::string step = (dir / name).string();
+  if (!fs::is_directory(step, ec))
+    throw InputError(path + ": names " + name + " but " + step + " does not exist");
+  return step;
+}
+
+}  // namespace fsdp::ckpt

@@ -1,0 +1,559 @@
+// Tests of the checkpoint layer: shard files round-trip bit-exactly, incompatibilities are
+// reported as input errors naming the file, the step-directory protocol (latest, commit),
+// the safetensors writer/reader, and the merge of a tiny hand-built GPT-2 checkpoint into
+// Hugging Face names and layouts. Layouts are built by hand here (FlatParamLayout::build
+// lives in the fsdp layer, which this layer does not link).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/checkpoint/checkpoint.hpp"
+#include "fsdp/checkpoint/merge.hpp"
+#include "fsdp/checkpoint/safetensors.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/detail/hdf5.hpp"
+
+namespace fs = std::filesystem;
+using namespace fsdp;
+using namespace fsdp::ckpt;
+using nlohmann::json;
+
+namespace {
+
+// A fresh, empty scratch directory per test.
+class CheckpointTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("fsdp_test_checkpoint_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+// Packs params in order and pads to a multiple of num_shards (what FlatParamLayout::build does).
+FlatParamLayout make_layout(const std::string& unit, std::vector<ParamSpec> params, int64_t num_shards) {
+  FlatParamLayout l;
+  l.unit_name = unit;
+  for (auto& p : params) {
+    FlatEntry e;
+    e.offset = l.numel;
+    l.numel += p.numel();
+    e.spec = std::move(p);
+    l.entries.push_back(std::move(e));
+  }
+  l.num_shards = num_shards;
+  l.padded_numel = (l.numel + num_shards - 1) / num_shards * num_shards;
+  l.shard_numel = l.padded_numel / num_shards;
+  return l;
+}
+
+ParamSpec spec(const std::string& name, std::vector<int64_t> shape, bool decay = true) {
+  ParamSpec p;
+  p.name = name;
+  p.shape = std::move(shape);
+  p.weight_decay = decay;
+  return p;
+}
+
+// Distinct, non-trivial values: element i of buffer `tag`.
+std::vector<float> values(int64_t n, float tag) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = tag + 0.001f * static_cast<float>(i) + 1e-7f * static_cast<float>(i * i);
+  return v;
+}
+
+CheckpointMeta make_meta(int shard_size, int shard_index) {
+  CheckpointMeta m;
+  m.step = 1234;
+  m.world_size = shard_size;
+  m.shard_size = shard_size;
+  m.replicate_size = 1;
+  m.shard_index = shard_index;
+  m.sharding_strategy = "FULL_SHARD";
+  m.optimizer = "adamw";
+  m.model_config_json = R"({"model_type":"gpt2","n_layer":1})";
+  m.train_config_toml = "[train]\nseed = 42\n";
+  m.seed = 0xFEDCBA9876543210ull;  // does not fit int64: must survive the bit cast
+  m.sampler_epoch = 3;
+  m.sampler_position = 777;
+  return m;
+}
+
+// Writes the shard files of `layouts` whose full padded flat buffers are `full` (per unit,
+// per dataset) into `dir`, shard_size files.
+void write_checkpoint(const std::string& dir, const CheckpointMeta& base,
+                      const std::vector<FlatParamLayout>& layouts,
+                      const std::vector<std::map<std::string, std::vector<float>>>& full) {
+  fs::create_directories(dir);
+  for (int s = 0; s < base.shard_size; ++s) {
+    CheckpointMeta m = base;
+    m.shard_index = s;
+    std::vector<UnitShardView> views;
+    for (std::size_t u = 0; u < layouts.size(); ++u) {
+      UnitShardView v;
+      v.layout = &layouts[u];
+      const int64_t off = layouts[u].shard_begin(s);
+      for (const auto& [name, buf] : full[u]) {
+        if (name == "param") v.param = buf.data() + off;
+        else v.state.emplace_back(name, buf.data() + off);
+      }
+      views.push_back(std::move(v));
+    }
+    write_shard_file((fs::path(dir) / shard_file_name(s, base.shard_size)).string(), m, views);
+  }
+}
+
+// Runs `f`, expecting fsdp::Error with exit code 2 whose message contains every `needle`.
+template <class F>
+void expect_input_error(F&& f, std::vector<std::string> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "expected fsdp::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitInputError) << e.what();
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\n  lacks: " << n;
+  }
+}
+
+// Two units with padding: unit 0 numel 4*3+5 = 17, unit 1 numel 7, shard_size 2.
+std::vector<FlatParamLayout> two_units(int64_t shards) {
+  return {make_layout("root", {spec("wte.weight", {4, 3}, false), spec("ln_f.bias", {5}, false)}, shards),
+          make_layout("h.0", {spec("h.0.mlp.c_fc.bias", {7})}, shards)};
+}
+
+std::vector<std::map<std::string, std::vector<float>>> full_buffers(const std::vector<FlatParamLayout>& ls) {
+  std::vector<std::map<std::string, std::vector<float>>> full;
+  float tag = 1.0f;
+  for (const auto& l : ls) {
+    std::map<std::string, std::vector<float>> m;
+    for (const char* d : {"param", "exp_avg", "exp_avg_sq"}) {
+      m[d] = values(l.padded_numel, tag);
+      tag += 10.0f;
+    }
+    full.push_back(std::move(m));
+  }
+  return full;
+}
+
+}  // namespace
+
+TEST_F(CheckpointTest, ShardFilesRoundTripBitExactly) {
+  const auto layouts = two_units(2);
+  ASSERT_EQ(layouts[0].padded_numel, 18);  // 17 + 1 padding
+  ASSERT_EQ(layouts[1].padded_numel, 8);   // 7 + 1 padding
+  const auto full = full_buffers(layouts);
+  const std::string dir = path("step");
+  write_checkpoint(dir, make_meta(2, 0), layouts, full);
+
+  // Atomic writes leave no temporary files behind.
+  std::vector<std::string> names;
+  for (const auto& de : fs::directory_iterator(dir)) names.push_back(de.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"shard_00000-of-00002.h5", "shard_00001-of-00002.h5"}));
+
+  for (int s = 0; s < 2; ++s) {
+    const ShardFile f = ShardFile::open((fs::path(dir) / shard_file_name(s, 2)).string());
+    const CheckpointMeta& m = f.meta();
+    EXPECT_EQ(m.step, 1234);
+    EXPECT_EQ(m.world_size, 2);
+    EXPECT_EQ(m.shard_size, 2);
+    EXPECT_EQ(m.replicate_size, 1);
+    EXPECT_EQ(m.shard_index, s);
+    EXPECT_EQ(m.sharding_strategy, "FULL_SHARD");
+    EXPECT_EQ(m.optimizer, "adamw");
+    EXPECT_EQ(m.model_config_json, R"({"model_type":"gpt2","n_layer":1})");
+    EXPECT_EQ(m.train_config_toml, "[train]\nseed = 42\n");
+    EXPECT_EQ(m.seed, 0xFEDCBA9876543210ull);
+    EXPECT_EQ(m.sampler_epoch, 3);
+    EXPECT_EQ(m.sampler_position, 777);
+    ASSERT_EQ(f.num_units(), 2);
+    for (int u = 0; u < 2; ++u) {
+      const FlatParamLayout& a = f.layouts()[u];
+      const FlatParamLayout& b = layouts[u];
+      EXPECT_EQ(a.unit_name, b.unit_name);
+      EXPECT_EQ(a.numel, b.numel);
+      EXPECT_EQ(a.padded_numel, b.padded_numel);
+      EXPECT_EQ(a.num_shards, b.num_shards);
+      EXPECT_EQ(a.shard_numel, b.shard_numel);
+      ASSERT_EQ(a.entries.size(), b.entries.size());
+      for (std::size_t i = 0; i < a.entries.size(); ++i) {
+        EXPECT_EQ(a.entries[i].spec.name, b.entries[i].spec.name);
+        EXPECT_EQ(a.entries[i].spec.shape, b.entries[i].spec.shape);
+        EXPECT_EQ(a.entries[i].spec.weight_decay, b.entries[i].spec.weight_decay);
+        EXPECT_EQ(a.entries[i].offset, b.entries[i].offset);
+      }
+      EXPECT_EQ(f.state_names(u), (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
+      for (const char* d : {"param", "exp_avg", "exp_avg_sq"}) {
+        std::vector<float> got(b.shard_numel, -1.0f);
+        f.read_unit(u, d, got.data());
+        EXPECT_EQ(0, std::memcmp(got.data(), full[u].at(d).data() + b.shard_begin(s), got.size() * sizeof(float)))
+            << "unit " << u << " " << d << " shard " << s;
+      }
+    }
+    EXPECT_FALSE(f.has_dataset(0, "momentum_buffer"));
+    expect_input_error([&] { std::vector<float> x(9); f.read_unit(0, "momentum_buffer", x.data()); },
+                       {shard_file_name(s, 2), "momentum_buffer"});
+    // The file is compatible with the run that wrote it.
+    CheckpointMeta run = make_meta(2, s);
+    EXPECT_NO_THROW(f.check_compatible(run, layouts));
+  }
+
+  // Flat reads across the shard boundary gather from both files.
+  const CheckpointSet set = CheckpointSet::open(dir);
+  EXPECT_EQ(set.shard_size(), 2);
+  std::vector<float> got(12);
+  set.read_flat(0, "exp_avg", 4, 12, got.data());  // [4, 16) spans shard 0 [0,9) and 1 [9,18)
+  EXPECT_EQ(0, std::memcmp(got.data(), full[0].at("exp_avg").data() + 4, 12 * sizeof(float)));
+}
+
+TEST_F(CheckpointTest, IncompatibleRunIsAnInputErrorNamingTheFile) {
+  const auto layouts = two_units(2);
+  const std::string dir = path("step");
+  write_checkpoint(dir, make_meta(2, 0), layouts, full_buffers(layouts));
+  const std::string file = (fs::path(dir) / shard_file_name(0, 2)).string();
+  const ShardFile f = ShardFile::open(file);
+
+  CheckpointMeta run = make_meta(4, 0);
+  run.world_size = 2;
+  expect_input_error([&] { f.check_compatible(run, two_units(4)); },
+                     {file, "incompatible checkpoint", "shard_size", "checkpoint has 2, run has 4"});
+
+  run = make_meta(2, 0);
+  run.optimizer = "sgd";
+  expect_input_error([&] { f.check_compatible(run, layouts); }, {file, "optimizer", "checkpoint has adamw, run has sgd"});
+
+  auto other = layouts;  // a different model: wte has 5 rows
+  other[0] = make_layout("root", {spec("wte.weight", {5, 3}), spec("ln_f.bias", {5})}, 2);
+  expect_input_error([&] { f.check_compatible(make_meta(2, 0), other); }, {file, "incompatible checkpoint", "numel", "17", "20"});
+
+  other = layouts;  // same sizes, a parameter renamed
+  other[1].entries[0].spec.name = "h.0.mlp.c_proj.bias";
+  expect_input_error([&] { f.check_compatible(make_meta(2, 0), other); },
+                     {file, "name", "checkpoint has h.0.mlp.c_fc.bias, run has h.0.mlp.c_proj.bias"});
+
+  other = layouts;  // same numel, different shape
+  other[0].entries[0].spec.shape = {3, 4};
+  expect_input_error([&] { f.check_compatible(make_meta(2, 0), other); }, {file, "wte.weight shape", "[4,3]", "[3,4]"});
+
+  expect_input_error([&] { f.check_compatible(make_meta(2, 0), {layouts[0]}); }, {file, "number of FSDP units"});
+
+  // Resuming with another shard count: the file the run looks for does not exist, and the
+  // message says why.
+  CheckpointMeta four = make_meta(4, 3);
+  expect_input_error([&] { open_for_resume(dir, four, two_units(4)); },
+                     {dir, "incompatible checkpoint", "shard_size", "checkpoint has 2, run has 4"});
+  const ShardFile ok = open_for_resume(dir, make_meta(2, 1), layouts);
+  EXPECT_EQ(ok.meta().shard_index, 1);
+  expect_input_error([&] { open_for_resume(dir, run, layouts); }, {"optimizer"});
+}
+
+TEST_F(CheckpointTest, MissingOrForeignShardFilesAreInputErrors) {
+  const auto layouts = two_units(2);
+  const std::string dir = path("step");
+  write_checkpoint(dir, make_meta(2, 0), layouts, full_buffers(layouts));
+  const std::string missing = (fs::path(dir) / shard_file_name(1, 2)).string();
+  fs::remove(missing);
+  expect_input_error([&] { CheckpointSet::open(dir); }, {missing, "missing shard file"});
+  expect_input_error([&] { merge_to_hf(dir, path("out")); }, {missing});
+  EXPECT_FALSE(fs::exists(path("out/model.safetensors")));
+
+  expect_input_error([&] { CheckpointSet::open(path("nope")); }, {path("nope")});
+  fs::create_directories(path("empty"));
+  expect_input_error([&] { CheckpointSet::open(path("empty")); }, {path("empty"), "no shard files"});
+
+  // An HDF5 file that is not a checkpoint.
+  const std::string foreign = path("foreign.h5");
+  {
+    auto f = h5::File::create(foreign);
+    f.set_attr("/", "format", std::string("something.else"));
+    f.close();
+  }
+  expect_input_error([&] { ShardFile::open(foreign); }, {foreign, "not an fsdp_train checkpoint"});
+
+  // Shard files from different steps do not form a checkpoint.
+  const std::string mixed = path("mixed");
+  write_checkpoint(mixed, make_meta(2, 0), layouts, full_buffers(layouts));
+  CheckpointMeta later = make_meta(2, 1);
+  later.step = 99;
+  auto full = full_buffers(layouts);
+  write_shard_file((fs::path(mixed) / shard_file_name(1, 2)).string(), later,
+                   {{&layouts[0], full[0].at("param").data() + 9, {}}, {&layouts[1], full[1].at("param").data() + 4, {}}});
+  expect_input_error([&] { CheckpointSet::open(mixed); }, {shard_file_name(1, 2), "step 99"});
+}
+
+TEST_F(CheckpointTest, WriteRejectsMismatchedLayoutAndLeavesNoFile) {
+  const auto layouts = two_units(4);  // built for 4 shards
+  std::vector<float> buf(64, 0.0f);
+  CheckpointMeta m = make_meta(2, 0);
+  EXPECT_THROW(write_shard_file(path("x.h5"), m, {{&layouts[0], buf.data(), {}}}), Error);
+  EXPECT_FALSE(fs::exists(path("x.h5")));
+  EXPECT_FALSE(fs::exists(path("x.h5.tmp")));
+  // An unwritable destination: the temp file cannot be created, nothing is left.
+  m = make_meta(4, 0);
+  EXPECT_THROW(write_shard_file(path("no/such/dir/x.h5"), m, {{&layouts[0], buf.data(), {}}}), Error);
+}
+
+TEST_F(CheckpointTest, DirectoryNamesCommitAndLatest) {
+  EXPECT_EQ(step_dir_name(100), "step_00000100");
+  EXPECT_EQ(shard_file_name(3, 16), "shard_00003-of-00016.h5");
+  const std::string run = path("run");
+  EXPECT_EQ(step_dir(run, 7), (fs::path(run) / "checkpoints" / "step_00000007").string());
+  EXPECT_EQ(tmp_step_dir(run, 7), step_dir(run, 7) + ".tmp");
+
+  EXPECT_EQ(find_latest(run), std::nullopt);  // no checkpoints yet
+
+  // Save step 5: write into the tmp dir, commit, publish.
+  prepare_tmp_step_dir(tmp_step_dir(run, 5));
+  std::ofstream(tmp_step_dir(run, 5) + "/a") << "first";
+  commit_step_dir(tmp_step_dir(run, 5), step_dir(run, 5));
+  publish_latest(run, 5);
+  EXPECT_FALSE(fs::exists(tmp_step_dir(run, 5)));
+  EXPECT_EQ(find_latest(run), step_dir(run, 5));
+  std::ifstream latest(fs::path(run) / "checkpoints" / "latest");
+  std::string content;
+  std::getline(latest, content);
+  EXPECT_EQ(content, "step_00000005");
+  EXPECT_FALSE(fs::exists(fs::path(run) / "checkpoints" / "latest.tmp"));
+
+  // Saving step 5 again replaces the directory; a stale tmp dir is cleared first.
+  fs::create_directories(tmp_step_dir(run, 5) + "/stale");
+  prepare_tmp_step_dir(tmp_step_dir(run, 5));
+  EXPECT_TRUE(fs::is_empty(tmp_step_dir(run, 5)));
+  std::ofstream(tmp_step_dir(run, 5) + "/b") << "second";
+  commit_step_dir(tmp_step_dir(run, 5), step_dir(run, 5));
+  EXPECT_TRUE(fs::exists(step_dir(run, 5) + "/b"));
+  EXPECT_FALSE(fs::exists(step_dir(run, 5) + "/a"));
+  EXPECT_FALSE(fs::exists(step_dir(run, 5) + ".old"));
+
+  // latest naming a directory that is gone is an input error naming the file.
+  publish_latest(run, 9);
+  expect_input_error([&] { find_latest(run); }, {"latest", "step_00000009", "does not exist"});
+}
+
+TEST_F(CheckpointTest, SafetensorsRoundTrip) {
+  const std::string file = path("t.safetensors");
+  const std::vector<safetensors::TensorInfo> infos{{"b", {2, 3}}, {"a", {5}}, {"scalar", {}}, {"long.name.x", {1, 1, 3}}};
+  {
+    safetensors::Writer w(file, infos, {{"step", "12"}});
+    EXPECT_EQ(w.next_name(), "b");
+    EXPECT_THROW(w.write_next(values(5, 0).data(), 5), Error);  // b has 6 elements
+    w.write_next(values(6, 1).data(), 6);
+    w.write_next(values(5, 2).data(), 5);
+    w.write_next(values(1, 3).data(), 1);
+    EXPECT_FALSE(fs::exists(file));  // only the temp file until finish()
+    w.write_next(values(3, 4).data(), 3);
+    EXPECT_EQ(w.next_name(), "");
+    w.finish();
+  }
+  EXPECT_FALSE(fs::exists(file + ".tmp"));
+  const safetensors::Reader r(file);
+  EXPECT_EQ(r.header_size() % 8, 0u);
+  EXPECT_EQ(fs::file_size(file), 8 + r.header_size() + 4 * (6 + 5 + 1 + 3));
+  EXPECT_EQ(r.names(), (std::vector<std::string>{"b", "a", "scalar", "long.name.x"}));
+  EXPECT_EQ(r.metadata().at("format"), "pt");
+  EXPECT_EQ(r.metadata().at("step"), "12");
+  int64_t expect_begin = 0;
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    const auto& e = r.entry(infos[i].name);
+    EXPECT_EQ(e.dtype, "F32");
+    EXPECT_EQ(e.shape, infos[i].shape);
+    EXPECT_EQ(e.begin, expect_begin);  // contiguous, header order
+    EXPECT_EQ(e.end, e.begin + 4 * infos[i].numel());
+    expect_begin = e.end;
+    EXPECT_EQ(r.read_f32(infos[i].name), values(infos[i].numel(), static_cast<float>(i + 1)));
+  }
+  // The raw bytes: size prefix little-endian, JSON padded with spaces.
+  std::ifstream in(file, std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(in)), {});
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(raw[i]);
+  EXPECT_EQ(n, r.header_size());
+  const std::string header = raw.substr(8, n);
+  EXPECT_EQ(header.front(), '{');
+  EXPECT_EQ(header.find_last_not_of(' '), header.rfind('}'));
+  EXPECT_EQ(json::parse(header)["b"]["data_offsets"], json::array({0, 24}));
+
+  // Abandoned writer: no file, no temp file. Too few tensors: finish() throws.
+  {
+    safetensors::Writer w(path("u.safetensors"), infos);
+    w.write_next(values(6, 1).data(), 6);
+    EXPECT_THROW(w.finish(), Error);
+  }
+  EXPECT_FALSE(fs::exists(path("u.safetensors")));
+  EXPECT_FALSE(fs::exists(path("u.safetensors.tmp")));
+  EXPECT_THROW(safetensors::Writer(path("d.safetensors"), {{"a", {1}}, {"a", {2}}}), Error);
+  std::ofstream(path("bad.safetensors")) << "garbage!garbage";
+  expect_input_error([&] { safetensors::Reader(path("bad.safetensors")); }, {"bad.safetensors"});
+}
+
+TEST(HfMapping, Gpt2NamesAndTransposes) {
+  auto t = hf_gpt2_tensor("h.11.attn.c_attn.weight", {12, 4});
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->name, "transformer.h.11.attn.c_attn.weight");
+  EXPECT_EQ(t->shape, (std::vector<int64_t>{4, 12}));
+  EXPECT_TRUE(t->transpose);
+  for (const char* n : {"h.0.attn.c_proj.weight", "h.0.mlp.c_fc.weight", "h.0.mlp.c_proj.weight"})
+    EXPECT_TRUE(hf_gpt2_tensor(n, {2, 3})->transpose) << n;
+  for (const char* n : {"wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.attn.c_attn.bias", "ln_f.bias"}) {
+    auto u = hf_gpt2_tensor(n, {2, 3});
+    ASSERT_TRUE(u) << n;
+    EXPECT_FALSE(u->transpose) << n;
+    EXPECT_EQ(u->name, std::string("transformer.") + n);
+    EXPECT_EQ(u->shape, (std::vector<int64_t>{2, 3}));
+  }
+  EXPECT_FALSE(hf_gpt2_tensor("lm_head.weight", {8, 4}));
+  EXPECT_FALSE(hf_gpt2_tensor("h.x.ln_1.weight", {4}));
+  EXPECT_FALSE(hf_gpt2_tensor("h.0.ln_3.weight", {4}));
+}
+
+namespace {
+
+// The tiny GPT-2 of the merge tests: n_layer 1, C 4, V 8, P 4.
+constexpr int64_t C = 4, V = 8, P = 4;
+const char* kTinyConfig =
+    R"({"model_type":"gpt2","n_layer":1,"n_head":2,"n_embd":4,"n_positions":4,"vocab_size":8,"layer_norm_epsilon":1e-05})";
+
+std::vector<ParamSpec> root_specs() {
+  return {spec("wte.weight", {V, C}), spec("wpe.weight", {P, C}), spec("ln_f.weight", {C}), spec("ln_f.bias", {C})};
+}
+std::vector<ParamSpec> block_specs() {
+  const std::string h = "h.0.";
+  return {spec(h + "ln_1.weight", {C}),          spec(h + "ln_1.bias", {C}),
+          spec(h + "attn.c_attn.weight", {3 * C, C}), spec(h + "attn.c_attn.bias", {3 * C}),
+          spec(h + "attn.c_proj.weight", {C, C}),  spec(h + "attn.c_proj.bias", {C}),
+          spec(h + "ln_2.weight", {C}),          spec(h + "ln_2.bias", {C}),
+          spec(h + "mlp.c_fc.weight", {4 * C, C}),   spec(h + "mlp.c_fc.bias", {4 * C}),
+          spec(h + "mlp.c_proj.weight", {C, 4 * C}), spec(h + "mlp.c_proj.bias", {C})};
+}
+
+// Known full tensor of each parameter: a value unique to (parameter, element).
+std::map<std::string, std::vector<float>> known_tensors() {
+  std::map<std::string, std::vector<float>> t;
+  float tag = 1.0f;
+  for (const auto& specs : {root_specs(), block_specs()})
+    for (const auto& s : specs) {
+      t[s.name] = values(s.numel(), tag);
+      tag += 1.0f;
+    }
+  return t;
+}
+
+// Writes a checkpoint of the tiny model with `layouts` (any grouping of the parameters).
+void write_tiny(const std::string& dir, const std::vector<FlatParamLayout>& layouts, int shards) {
+  const auto known = known_tensors();
+  std::vector<std::map<std::string, std::vector<float>>> full;
+  for (const auto& l : layouts) {
+    std::vector<float> flat(l.padded_numel, 0.0f);
+    for (const auto& e : l.entries) std::copy(known.at(e.spec.name).begin(), known.at(e.spec.name).end(), flat.begin() + e.offset);
+    full.push_back({{"param", flat}, {"exp_avg", values(l.padded_numel, -5.0f)}});
+  }
+  CheckpointMeta m = make_meta(shards, 0);
+  m.model_config_json = kTinyConfig;
+  write_checkpoint(dir, m, layouts, full);
+}
+
+void expect_hf_output(const std::string& out) {
+  const auto known = known_tensors();
+  const safetensors::Reader r(out + "/model.safetensors");
+  std::vector<std::string> expect_names;
+  for (const auto& specs : {root_specs(), block_specs()})
+    for (const auto& s : specs) expect_names.push_back("transformer." + s.name);
+  std::vector<std::string> got_names = r.names();
+  std::sort(got_names.begin(), got_names.end());
+  std::sort(expect_names.begin(), expect_names.end());
+  EXPECT_EQ(got_names, expect_names);  // 16 tensors, no lm_head.weight
+  EXPECT_EQ(r.names().front(), "transformer.wte.weight");  // HF state-dict order
+  EXPECT_EQ(r.names().back(), "transformer.ln_f.bias");
+
+  // Untransposed tensors are copied exactly.
+  for (const char* n : {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "h.0.ln_1.bias",
+                        "h.0.attn.c_attn.bias", "h.0.mlp.c_fc.bias", "h.0.mlp.c_proj.bias"}) {
+    EXPECT_EQ(r.read_f32(std::string("transformer.") + n), known.at(n)) << n;
+  }
+  EXPECT_EQ(r.entry("transformer.wte.weight").shape, (std::vector<int64_t>{V, C}));
+  // Linear weights [out, in] become Conv1D [in, out]: hf[i][o] == ours[o][i].
+  const std::map<std::string, std::pair<int64_t, int64_t>> lin{{"h.0.attn.c_attn.weight", {3 * C, C}},
+                                                             {"h.0.attn.c_proj.weight", {C, C}},
+                                                             {"h.0.mlp.c_fc.weight", {4 * C, C}},
+                                                             {"h.0.mlp.c_proj.weight", {C, 4 * C}}};
+  for (const auto& [n, oi] : lin) {
+    const auto [o_dim, i_dim] = oi;
+    const std::string hn = "transformer." + n;
+    EXPECT_EQ(r.entry(hn).shape, (std::vector<int64_t>{i_dim, o_dim})) << n;
+    const auto hf = r.read_f32(hn);
+    const auto& ours = known.at(n);
+    for (int64_t o = 0; o < o_dim; ++o)
+      for (int64_t i = 0; i < i_dim; ++i) ASSERT_EQ(hf[i * o_dim + o], ours[o * i_dim + i]) << n << " " << o << "," << i;
+  }
+
+  std::ifstream in(out + "/config.json");
+  const json cfg = json::parse(in);
+  EXPECT_EQ(cfg["architectures"], json::array({"GPT2LMHeadModel"}));
+  EXPECT_EQ(cfg["model_type"], "gpt2");
+  EXPECT_EQ(cfg["vocab_size"], V);
+  EXPECT_EQ(cfg["n_positions"], P);
+  EXPECT_EQ(cfg["n_embd"], C);
+  EXPECT_EQ(cfg["n_layer"], 1);
+  EXPECT_EQ(cfg["n_head"], 2);
+  EXPECT_TRUE(cfg["n_inner"].is_null());
+  EXPECT_EQ(cfg["activation_function"], "gelu_new");
+  EXPECT_EQ(cfg["resid_pdrop"], 0.0);
+  EXPECT_EQ(cfg["embd_pdrop"], 0.0);
+  EXPECT_EQ(cfg["attn_pdrop"], 0.0);
+  EXPECT_DOUBLE_EQ(cfg["layer_norm_epsilon"].get<double>(), 1e-5);
+  EXPECT_DOUBLE_EQ(cfg["initializer_range"].get<double>(), 0.02);
+  EXPECT_EQ(cfg["bos_token_id"], V - 1);
+  EXPECT_EQ(cfg["eos_token_id"], V - 1);
+  EXPECT_EQ(cfg["tie_word_embeddings"], true);
+  EXPECT_EQ(cfg["torch_dtype"], "float32");
+  EXPECT_FALSE(fs::exists(out + "/config.json.tmp"));
+  EXPECT_FALSE(fs::exists(out + "/model.safetensors.tmp"));
+}
+
+}  // namespace
+
+TEST_F(CheckpointTest, MergeTinyGpt2IntoHuggingFaceLayout) {
+  const std::vector<FlatParamLayout> layouts{make_layout("root", root_specs(), 2), make_layout("h.0", block_specs(), 2)};
+  const std::string dir = path("run/checkpoints/step_00001234");
+  write_tiny(dir, layouts, 2);
+  const MergeStats st = merge_to_hf(dir, path("hf"));
+  EXPECT_EQ(st.num_tensors, 16);
+  EXPECT_EQ(st.num_elements, V * C + P * C + 2 * C + 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C);
+  expect_hf_output(path("hf"));
+
+  // Keep the checkpoint and its merge for the fsdp_merge command-line test
+  // (tests/check_merge.py, ctest fsdp_merge_cli), which compares against them.
+  const fs::path keep = fs::path(FSDP_BINARY_DIR) / "test_checkpoint_fixture";
+  fs::remove_all(keep);
+  fs::create_directories(keep);
+  fs::copy(dir, keep / "step_00001234", fs::copy_options::recursive);
+  fs::copy(path("hf"), keep / "hf_expected", fs::copy_options::recursive);
+}
+
+TEST_F(CheckpointTest, MergeFindsParametersByNameWhateverTheWrapping) {
+  // NO_WRAP-like: one unit holding everything, block first, 7 shards (300 elements + 1 padding).
+  auto all = block_specs();
+  for (auto& s : root_specs()) all.push_back(s);
+  const std::vector<FlatParamLayout> layouts{make_layout("root", all, 7)};
+  ASSERT_EQ(layouts[0].padded_numel, 301);
+  const std::string dir = path("step");
+  write_tiny(dir, layouts, 7);
+  merge_to_hf(dir, path("hf"));
+  expect_hf_output(path("hf"));
+
+  // A parameter missing from the checkpoint is named.
+  const std::vector<FlatParamLayout> partial{make_layout("root", root_specs(), 1)};
+  write_tiny(path("partial"), partial, 1);
+  expect_input_error([&] { merge_to_hf(path("partial"), path("hf2")); }, {"h.0.ln_1.weight", "missing"});
+}
