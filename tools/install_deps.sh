@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian package fsdp_train needs to build, test and run its main job.
+# Idempotent: packages already installed are left alone, and apt-get runs only if needed.
+#   tools/install_deps.sh          build + test + main-job packages
+#   tools/install_deps.sh --bench  also python3-torch for tools/bench_cpu.sh
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  openmpi-bin libopenmpi-dev            # MPI bootstrap and CPU collectives
+  libhdf5-dev                           # datasets and checkpoints (HDF5 C API)
+  libopenblas-dev                       # CPU GEMMs
+  libtomlplusplus-dev nlohmann-json3-dev libboost-program-options-dev
+  libgtest-dev                          # tests
+  fortunes                              # the main job's text corpus
+)
+if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch python3-numpy); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all packages present"
+  exit 0
+fi
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install_deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
