@@ -26,5 +26,5 @@ mpirun -np 4 --oversubscribe --bind-to none "$build/fsdp_train" inputs/gpt2_fort
   --set train.run_dir="$run_dir" "$@"
 end=$(date +%s)
 echo "run_main_job: training took $((end - start)) s"
-"$build/fsdp_merge" "$(cat "$run_dir/checkpoints/latest")" "$run_dir/hf"
+"$build/fsdp_merge" "$run_dir/checkpoints/$(cat "$run_dir/checkpoints/latest")" "$run_dir/hf"
 ls -l "$run_dir/hf"
