@@ -88,8 +88,9 @@ void open_data(Job& job) {
   const Config& cfg = job.cfg;
   const int64_t L = cfg.data.seq_len, V = cfg.model.vocab_size;
   if (cfg.data.source == "synthetic") {
-    // Enough random tokens for every step of the run without repeating an epoch.
-    const int64_t n = (cfg.train.max_steps + 1) * cfg.train.global_batch_size * L + 1;
+    // A fixed-length random stream (epochs of 1024 steps), independent of train.max_steps,
+    // so a run extended by --resume sees the same batches as an uninterrupted one.
+    const int64_t n = 1024 * cfg.train.global_batch_size * L + 1;
     job.train_src = std::make_unique<data::SyntheticTokens>(n, V, cfg.train.seed);
     job.val_src = std::make_unique<data::SyntheticTokens>(64 * L + 1, V, cfg.train.seed + 1);
   } else {

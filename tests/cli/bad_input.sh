@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# tests/cli/bad_input.sh: fsdp_train refuses bad input cleanly at 2 ranks.
+#
+#   bash tests/cli/bad_input.sh FSDP_TRAIN FSDP_PREPARE MPIEXEC CASE
+#
+# One CASE per ctest (tests/test_cli.cmake registers cli_bad_input_<CASE>). Every case runs
+# `mpirun -np 2 fsdp_train ...` on a wrong config, command line or data file and checks the
+# contract of docs/config.md "Errors" and docs/data.md: exit code 2 on every rank (mpirun
+# returns it), one `fsdp_train: <message>` line on stderr naming the key or file, no hang.
+# shellcheck source=tests/cli/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+# A valid byte-level token file (vocab 256) made by fsdp_prepare, for the data cases.
+make_token_file() {
+  make_text_dir "$WORK/text"
+  "$FSDP_PREPARE" -o "$WORK/tokens.h5" "$WORK/text" >/dev/null 2>&1 ||
+    { fail "fsdp_prepare could not make the token file"; finish; }
+}
+
+case "$CASE" in
+  malformed_toml)
+    # Line 3 has a key without a value: the parser reports bad.toml:3:<col>.
+    printf '[model]\nn_layer = 2\nn_head =\n' >bad.toml
+    run_train bad.toml
+    expect_input_error "bad.toml"
+    expect_error_matches '^fsdp_train: [^ ]*bad\.toml:3:[0-9]+: '
+    ;;
+  unknown_key)
+    tiny_config bad.toml
+    sed -i 's/^sharding_strategy = /shardin_strategy = /' bad.toml
+    run_train bad.toml
+    expect_input_error "bad.toml" "fsdp.shardin_strategy" "fsdp.sharding_strategy"
+    ;;
+  unknown_key_set)
+    tiny_config good.toml
+    run_train good.toml --set fsdp.shardin_strategy=FULL_SHARD
+    expect_input_error "--set fsdp.shardin_strategy=FULL_SHARD" "fsdp.shardin_strategy"
+    ;;
+  unknown_section)
+    tiny_config bad.toml '[modle]' 'n_layer = 2'
+    run_train bad.toml
+    expect_input_error "bad.toml" "modle"
+    ;;
+  wrong_type)
+    tiny_config bad.toml
+    sed -i 's/^n_layer = 2/n_layer = "four"/' bad.toml
+    run_train bad.toml
+    expect_input_error "bad.toml" "model.n_layer" "integer"
+    ;;
+  out_of_range_set)
+    tiny_config good.toml
+    run_train good.toml --set optim.lr=-1
+    expect_input_error "--set optim.lr=-1" "optim.lr"
+    ;;
+  bad_set_syntax)
+    tiny_config good.toml
+    run_train good.toml --set model.n_layer
+    expect_input_error "--set model.n_layer" "section.key=value"
+    ;;
+  missing_config)
+    run_train "$WORK/no_such_dir/missing.toml"
+    expect_input_error "missing.toml"
+    ;;
+  no_config_argument)
+    run_train
+    expect_input_error "CONFIG.toml"
+    ;;
+  unknown_option)
+    tiny_config good.toml
+    run_train good.toml --frobnicate
+    expect_input_error "frobnicate"
+    ;;
+  missing_data_path)
+    # data.source = "hdf5" without data.path.
+    tiny_config good.toml
+    run_train good.toml --set data.source=hdf5
+    expect_input_error "data.path"
+    ;;
+  missing_data_file)
+    tiny_config good.toml
+    run_train good.toml --set data.source=hdf5 --set data.path="$WORK/nonexistent.h5"
+    expect_input_error "nonexistent.h5"
+    if [ -e "$WORK/run/checkpoints" ]; then fail "a failed run created checkpoints"; fi
+    ;;
+  not_hdf5_file)
+    tiny_config good.toml
+    printf 'this is plain text, not an HDF5 file\n' >garbage.h5
+    run_train good.toml --set data.source=hdf5 --set data.path="$WORK/garbage.h5"
+    expect_input_error "garbage.h5"
+    ;;
+  truncated_hdf5)
+    # The first 3000 bytes of a valid token file: the superblock is there, the rest is not.
+    make_token_file
+    head -c 3000 tokens.h5 >truncated.h5
+    tiny_config good.toml
+    run_train good.toml --set data.source=hdf5 --set data.path="$WORK/truncated.h5"
+    expect_input_error "truncated.h5"
+    ;;
+  missing_val_dataset)
+    # Fixture: a valid token file with /train/tokens only (tests/data/cli/make_no_val_h5.c).
+    cp "$FIXTURES/no_val.h5" no_val.h5
+    tiny_config good.toml
+    run_train good.toml --set data.source=hdf5 --set data.path="$WORK/no_val.h5" \
+      --set data.seq_len=8
+    expect_input_error "no_val.h5" "/val/tokens"
+    ;;
+  vocab_mismatch)
+    make_token_file
+    tiny_config good.toml
+    run_train good.toml --set data.source=hdf5 --set data.path="$WORK/tokens.h5" \
+      --set model.vocab_size=128
+    expect_input_error "tokens.h5" "model.vocab_size"
+    ;;
+  seq_len_too_long)
+    # data.seq_len 64 > model.n_positions 32.
+    tiny_config good.toml
+    run_train good.toml --set data.seq_len=64
+    expect_input_error "data.seq_len"
+    ;;
+  seq_len_longer_than_data)
+    # 5000 bytes, 5% validation = 250 tokens: a validation split shorter than seq_len + 1.
+    make_token_file
+    tiny_config good.toml
+    run_train good.toml --set data.source=hdf5 --set data.path="$WORK/tokens.h5" \
+      --set model.n_positions=512 --set data.seq_len=300
+    expect_input_error "tokens.h5" "data.seq_len"
+    ;;
+  unknown_strategy)
+    tiny_config good.toml
+    run_train good.toml --set fsdp.sharding_strategy=FUL_SHARD
+    expect_input_error "fsdp.sharding_strategy" "FUL_SHARD"
+    ;;
+  n_embd_not_divisible)
+    tiny_config good.toml
+    run_train good.toml --set model.n_head=3
+    expect_input_error "model.n_embd" "model.n_head"
+    ;;
+  batch_not_divisible)
+    tiny_config good.toml
+    run_train good.toml --set train.global_batch_size=3
+    expect_input_error "train.global_batch_size"
+    ;;
+  shard_size_not_dividing)
+    tiny_config good.toml
+    run_train good.toml --set fsdp.sharding_strategy=HYBRID_SHARD --set mesh.shard_size=3
+    expect_input_error "mesh.shard_size"
+    ;;
+  shard_size_not_dividing_full_shard)
+    # The check is made at start-up whatever the strategy (docs/config.md [mesh]).
+    tiny_config good.toml
+    run_train good.toml --set mesh.shard_size=3
+    expect_input_error "mesh.shard_size"
+    ;;
+  resume_without_checkpoint)
+    tiny_config good.toml
+    run_train good.toml --resume
+    expect_input_error "--resume" "$WORK/run"
+    ;;
+  *)
+    echo "bad_input.sh: unknown case '$CASE'" >&2
+    exit 2
+    ;;
+esac
+finish

@@ -1,0 +1,26 @@
+# tests/test_cli.cmake: end-to-end tests of the executables (tests/cli/*.sh), registered
+# directly with add_test. Each runs fsdp_train under `mpirun -np 2` (or fsdp_prepare) in a
+# temporary directory and checks exit codes, the one-line error contract (docs/config.md
+# "Errors"), metrics.jsonl and the checkpoint layout. Included by tests/CMakeLists.txt.
+set(FSDP_CLI_ARGS $<TARGET_FILE:fsdp_train> $<TARGET_FILE:fsdp_prepare> ${MPIEXEC_EXECUTABLE})
+
+# fsdp_cli_tests(SCRIPT PREFIX NP CASE...): one ctest PREFIX_CASE per case of tests/cli/SCRIPT.sh.
+function(fsdp_cli_tests SCRIPT PREFIX NP)
+  foreach(case IN LISTS ARGN)
+    add_test(NAME ${PREFIX}_${case}
+             COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/${SCRIPT}.sh ${FSDP_CLI_ARGS} ${case})
+    set_tests_properties(${PREFIX}_${case} PROPERTIES ENVIRONMENT "${FSDP_TEST_ENV}"
+                         LABELS "cpu;cli" TIMEOUT 300 PROCESSORS ${NP})
+  endforeach()
+endfunction()
+
+fsdp_cli_tests(bad_input cli_bad_input 2
+  malformed_toml unknown_key unknown_key_set unknown_section wrong_type out_of_range_set
+  bad_set_syntax missing_config no_config_argument unknown_option missing_data_path
+  missing_data_file not_hdf5_file truncated_hdf5 missing_val_dataset vocab_mismatch seq_len_too_long
+  seq_len_longer_than_data unknown_strategy n_embd_not_divisible batch_not_divisible
+  shard_size_not_dividing shard_size_not_dividing_full_shard
+  resume_without_checkpoint)
+fsdp_cli_tests(smoke cli_smoke 2 train hdf5 dry_run help version)
+fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume)
+fsdp_cli_tests(prepare cli_prepare 1 ok errors)
