@@ -338,7 +338,7 @@ EngineMemoryPlan plan_memory(const std::vector<FlatParamLayout>& layouts,
     plan.unsharded_params = 4 * (zero3 ? root + std::min<int64_t>(2, blocks) * max_block
                                        : all_padded);
     // Full gradients: the root's lives through backward, plus the unit computing.
-    plan.grads += 4 * (root + max_block);
+    plan.unsharded_grads = 4 * (root + max_block);
   }
   return plan;
 }

@@ -123,8 +123,8 @@ void print_memory_plan(Job& job, const std::vector<FlatParamLayout>& layouts) {
   const EngineMemoryPlan p = plan_memory(layouts, cfg.fsdp.sharding_strategy, cfg.optim.name);
   const int64_t acts = Gpt2Model::activation_bytes(
       cfg.model, cfg.train.global_batch_size / job.world->size(), cfg.data.seq_len);
-  const int64_t total =
-      p.sharded_params + p.unsharded_params + p.grads + p.optimizer_state + acts + p.comm_buffers;
+  const int64_t total = p.sharded_params + p.unsharded_params + p.grads + p.unsharded_grads +
+                        p.optimizer_state + acts + p.comm_buffers;
   std::ostringstream os;
   auto row = [&](const char* name, int64_t v) {
     os << "  " << std::left << std::setw(18) << name << std::right << std::setw(14) << v
@@ -134,6 +134,7 @@ void print_memory_plan(Job& job, const std::vector<FlatParamLayout>& layouts) {
   row("sharded_params", p.sharded_params);
   row("unsharded_params", p.unsharded_params);
   row("grads", p.grads);
+  row("unsharded_grads", p.unsharded_grads);
   row("optimizer_state", p.optimizer_state);
   row("activations", acts);
   row("comm_buffers", p.comm_buffers);

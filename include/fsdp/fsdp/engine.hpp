@@ -47,9 +47,12 @@ int64_t shards_for(ShardingStrategy strategy, int world_size, int shard_group_si
 
 // Bytes per rank the engine will hold at its peak, by category (the --dry-run memory plan).
 // Computed from the layouts alone, so it can be printed for any model and world size.
+// sharded_params + grads + optimizer_state are the persistent model states (ZeRO's "model
+// states"), which shrink as 1/num_shards; unsharded_params and unsharded_grads are the
+// transient full units of the running (and prefetched) units.
 struct EngineMemoryPlan {
-  int64_t sharded_params = 0, unsharded_params = 0, grads = 0, optimizer_state = 0,
-          comm_buffers = 0;
+  int64_t sharded_params = 0, unsharded_params = 0, grads = 0, unsharded_grads = 0,
+          optimizer_state = 0, comm_buffers = 0;
 };
 EngineMemoryPlan plan_memory(const std::vector<FlatParamLayout>& layouts,
                              ShardingStrategy strategy, const std::string& optimizer);
