@@ -14,6 +14,9 @@
 #include <string>
 
 #include "fsdp/config/config.hpp"
+#include "fsdp/checkpoint/checkpoint.hpp"
+#include "fsdp/checkpoint/merge.hpp"
+#include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/data/prepare.hpp"
 #include "fsdp/train/trainer.hpp"
 
@@ -206,6 +209,46 @@ TEST(Resume, ContinuesBitIdentically) {
       EXPECT_EQ(second.params.at(pname), values) << tag << " " << pname;
     }
   }
+}
+
+TEST(Merge, SafetensorsEqualTheRunsFullParameters) {
+  // FULL_SHARD over the world, then fsdp_merge's library entry point on the final checkpoint:
+  // every tensor must equal the run's gathered parameter bit for bit (Conv1D weights
+  // transposed to HF's [in, out]).
+  Config c = small_config(fresh_dir("merge"));
+  const TrainResult got = run(c, MPI_COMM_WORLD);
+  const std::string out = c.train.run_dir + "/hf";
+  auto check = [&] {  // a lambda, so a failed ASSERT still reaches the barrier below
+    const auto latest = fsdp::ckpt::find_latest(c.train.run_dir);
+    ASSERT_TRUE(latest.has_value());
+    fsdp::ckpt::merge_to_hf(*latest, out);
+    const fsdp::safetensors::Reader st(out + "/model.safetensors");
+    EXPECT_EQ(st.names().size(), got.params.size());
+    for (const auto& [name, values] : got.params) {
+      // Hugging Face GPT-2 naming and layout, written out here independently of the library.
+      const std::string hf_name = "transformer." + name;
+      bool conv1d = false;
+      for (const char* w : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
+                            "mlp.c_proj.weight"}) {
+        conv1d = conv1d || name.find(w) != std::string::npos;
+      }
+      const auto& e = st.entry(hf_name);
+      EXPECT_EQ(e.dtype, "F32") << name;
+      const std::vector<float> merged = st.read_f32(hf_name);
+      ASSERT_EQ(merged.size(), values.size()) << name;
+      if (!conv1d) {
+        EXPECT_EQ(merged, values) << name;
+        continue;
+      }
+      ASSERT_EQ(e.shape.size(), 2u) << name;
+      const int64_t rows = e.shape[1], cols = e.shape[0];  // ours [out, in]; HF [in, out]
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < cols; ++k)
+          ASSERT_EQ(merged[k * rows + r], values[r * cols + k]) << name << " [" << r << "," << k << "]";
+    }
+  };
+  if (world_rank() == 0) check();
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace
