@@ -35,6 +35,7 @@ unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS || true
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${FSDP_BUILD_DIR:-$REPO/build}"
+"$REPO/tools/install_deps.sh" --bench   # python3-torch for the PyTorch side
 case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$PWD/$BUILD_DIR" ;; esac
 ROUNDS="${ROUNDS:-3}"
 OURS_STEPS="${OURS_STEPS:-30}"

@@ -11,10 +11,10 @@ packages=(
   libhdf5-dev                           # datasets and checkpoints (HDF5 C API)
   libopenblas-dev                       # CPU GEMMs
   libtomlplusplus-dev nlohmann-json3-dev libboost-program-options-dev
-  libgtest-dev                          # tests
+  libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
   fortunes                              # the main job's text corpus
 )
-if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch python3-numpy); fi
+if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch); fi
 
 missing=()
 for p in "${packages[@]}"; do
