@@ -71,7 +71,6 @@ FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig&
     : be_(backend),
       strategy_(config.sharding_strategy),
       backward_prefetch_(config.backward_prefetch),
-      limit_all_gathers_(config.limit_all_gathers),
       world_size_(mesh.world_size()) {
   switch (strategy_) {
     case ShardingStrategy::FULL_SHARD:

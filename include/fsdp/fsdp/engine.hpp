@@ -13,6 +13,8 @@
 // Gradients are averaged over the data-parallel world (all ranks). The root unit (modules
 // not wrapped, e.g. embeddings and ln_f) stays unsharded from its first forward use to the
 // end of backward, as PyTorch does for the root. Units are resharded after backward.
+// Prefetch runs one unit ahead (forward, and BACKWARD_PRE/POST in backward), so at most two
+// units besides the root are unsharded: fsdp.limit_all_gathers holds by construction.
 // The engine knows nothing about the model: it sees ModuleDecls.
 #pragma once
 
@@ -119,7 +121,6 @@ class FsdpEngine final : public ModuleHooks {
   Backend& be_;
   ShardingStrategy strategy_;
   std::string backward_prefetch_;
-  bool limit_all_gathers_;
   Communicator* shard_comm_;
   Communicator* replicate_comm_;
   int world_size_;
