@@ -102,17 +102,32 @@ void open_data(Job& job) {
                       cfg.train.seed);
 }
 
-void print_banner(Job& job) {
+std::vector<FlatParamLayout> unit_layouts(const FsdpEngine& engine) {
+  std::vector<FlatParamLayout> layouts;
+  for (int u = 0; u < engine.num_units(); ++u) layouts.push_back(engine.layout(u));
+  return layouts;
+}
+
+// Rank 0's banner: resolved config, mesh, parameter count (from the unit layouts) and, when
+// the data is open, its size. `list_units` adds one line per FSDP unit (--dry-run).
+void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool list_units) {
   const Config& cfg = job.cfg;
+  int64_t n = 0;
+  for (const auto& l : layouts) n += l.numel;
   std::ostringstream os;
-  os << "fsdp_train " << FSDP_VERSION << "\n# resolved config (" << cfg.source_path << ")\n"
-     << to_toml(cfg) << "\n"
+  os << "fsdp_train " << FSDP_VERSION << (job.opt.dry_run ? " (dry run)" : "")
+     << "\n# resolved config (" << cfg.source_path << ")\n" << to_toml(cfg) << "\n"
      << "mesh: " << job.mesh->describe() << "; " << to_string(cfg.fsdp.sharding_strategy)
-     << " shards each FlatParameter over " << job.engine->num_shards() << " rank(s)\n"
-     << "model: " << cfg.model.type << ", " << job.engine->num_params() << " parameters ("
-     << human_bytes(4.0 * job.engine->num_params()) << " fp32) in " << job.engine->num_units()
-     << " FSDP units\n"
-     << "data: " << job.train_src->num_tokens() << " train tokens, "
+     << " shards each FlatParameter over " << layouts.front().num_shards << " rank(s)\n"
+     << "model: " << cfg.model.type << ", " << n << " parameters (" << human_bytes(4.0 * n)
+     << " fp32) in " << layouts.size() << " FSDP units";
+  if (list_units) {
+    for (const auto& l : layouts) {
+      os << "\n  unit " << l.unit_name << ": " << l.entries.size() << " params, numel "
+         << l.numel << ", padded " << l.padded_numel << ", shard " << l.shard_numel;
+    }
+  }
+  os << "\ndata: " << job.train_src->num_tokens() << " train tokens, "
      << job.val_src->num_tokens() << " val tokens; " << job.sampler->steps_per_epoch()
      << " steps per epoch; " << job.sampler->local_batch() << " sequences per rank per step";
   job.log(os.str());
@@ -225,8 +240,7 @@ void load_checkpoint(Job& job) {
                      " (train.run_dir = \"" + run_dir + "\")");
   }
   ckpt::CheckpointMeta expected = checkpoint_meta(job);
-  std::vector<FlatParamLayout> layouts;
-  for (int u = 0; u < job.engine->num_units(); ++u) layouts.push_back(job.engine->layout(u));
+  const std::vector<FlatParamLayout> layouts = unit_layouts(*job.engine);
   // Opens this rank's shard file and checks mesh, optimizer and unit layouts against ours.
   const ckpt::ShardFile shard = ckpt::open_for_resume(*latest, expected, layouts);
   for (int u = 0; u < job.engine->num_units(); ++u) {
@@ -261,21 +275,9 @@ TrainResult train(const Config& cfg, MPI_Comm world_comm, const TrainOptions& op
       job.backend = make_cpu_backend(1);
       Gpt2Model model(cfg.model, *job.backend);
       const auto layouts = build_unit_layouts(model.modules(), cfg.fsdp, num_shards);
-      int64_t n = 0;
-      for (const auto& l : layouts) n += l.numel;
-      std::ostringstream os;
-      os << "fsdp_train " << FSDP_VERSION << " (dry run)\n# resolved config ("
-         << cfg.source_path << ")\n" << to_toml(cfg) << "\nmesh: " << job.mesh->describe()
-         << "; " << to_string(cfg.fsdp.sharding_strategy) << " shards each FlatParameter over "
-         << num_shards << " rank(s)\nmodel: " << cfg.model.type << ", " << n << " parameters ("
-         << human_bytes(4.0 * n) << " fp32) in " << layouts.size() << " FSDP units:";
-      for (const auto& l : layouts) {
-        os << "\n  unit " << l.unit_name << ": " << l.entries.size() << " params, numel "
-           << l.numel << ", padded " << l.padded_numel << ", shard " << l.shard_numel;
-      }
-      job.log(os.str());
+      print_banner(job, layouts, /*list_units=*/true);
       print_memory_plan(job, layouts);
-      result.num_params = n;
+      for (const auto& l : layouts) result.num_params += l.numel;
     });
     return result;
   }
@@ -298,7 +300,8 @@ TrainResult train(const Config& cfg, MPI_Comm world_comm, const TrainOptions& op
     }
   });
   result.num_params = job.engine->num_params();
-  print_banner(job);
+  const std::vector<FlatParamLayout> layouts = unit_layouts(*job.engine);
+  print_banner(job, layouts, /*list_units=*/false);
   if (opt.resume) {
     collective_guard(*job.world, [&] { load_checkpoint(job); });
     job.log("resumed from step " + std::to_string(job.step));
