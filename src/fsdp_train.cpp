@@ -2,21 +2,20 @@
 //
 //   mpirun -np N fsdp_train CONFIG.toml [--set section.key=value ...] [--resume] [--dry-run]
 //
-// MPI bootstraps the ranks (MPI_Init_thread). Every rank parses the command line and the
-// config; failures are agreed across ranks (collective_guard) so bad input prints one line
-// and exits with code 2 on every rank instead of hanging.
-#include <mpi.h>
-
+// The Runtime bootstraps the ranks (MPI_Init_thread). Every rank parses the command line
+// and the config; failures are agreed across ranks (collective_guard) so bad input prints
+// one line and exits with code 2 on every rank instead of hanging.
 #include <boost/program_options.hpp>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/train/collective_guard.hpp"
+#include "fsdp/train/runtime.hpp"
 #include "fsdp/train/trainer.hpp"
 
 namespace po = boost::program_options;
@@ -68,13 +67,17 @@ Cli parse_cli(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::unique_ptr<fsdp::Runtime> runtime;
+  try {
+    runtime = std::make_unique<fsdp::Runtime>(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp_train: " << e.what() << std::endl;
+    return fsdp::kExitRuntimeError;
+  }
+  const int rank = runtime->rank();
   int code = 0;
   try {
-    fsdp::MpiCommunicator world(MPI_COMM_WORLD);
+    fsdp::Communicator& world = runtime->world();
     Cli cli;
     fsdp::Config config;
     fsdp::collective_guard(world, [&] {
@@ -87,7 +90,7 @@ int main(int argc, char** argv) {
       fsdp::TrainOptions options;
       options.resume = cli.resume;
       options.dry_run = cli.dry_run;
-      fsdp::train(config, MPI_COMM_WORLD, options, std::cout);
+      fsdp::train(config, *runtime, world, options, std::cout);
     }
   } catch (const fsdp::PeerFailed& e) {
     code = e.exit_code();
@@ -98,8 +101,8 @@ int main(int argc, char** argv) {
     // Not agreed with the other ranks: they may wait in a collective, so abort them all.
     const auto* fe = dynamic_cast<const fsdp::Error*>(&e);
     std::cerr << "fsdp_train: rank " << rank << ": " << e.what() << std::endl;
-    MPI_Abort(MPI_COMM_WORLD, fe ? fe->exit_code() : fsdp::kExitRuntimeError);
+    runtime->abort(fe ? fe->exit_code() : fsdp::kExitRuntimeError);
   }
-  MPI_Finalize();
+  runtime.reset();  // MPI_Finalize
   return code;
 }

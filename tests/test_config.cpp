@@ -1,6 +1,6 @@
 // tests/test_config.cpp: the run configuration (fsdp/config/config.hpp): defaults, the
-// example inputs/*.toml, --set overrides of every value type, the one-line exit-code-2
-// errors for each kind of bad input, and to_toml round trips.
+// example inputs/*.toml, --set overrides of every value type (enums included), the one-line
+// exit-code-2 errors for each kind of bad input, and to_toml round trips.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fsdp/config/config.hpp"
+#include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {
@@ -49,9 +50,21 @@ TEST(Config, DefaultsMatchHeader) {
   EXPECT_EQ(c.train.global_batch_size, 32);
   EXPECT_EQ(c.train.seed, 1234u);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1e-3);
+  EXPECT_EQ(c.optim.name, OptimizerKind::adamw);
   EXPECT_EQ(c.fsdp.sharding_strategy, ShardingStrategy::FULL_SHARD);
+  EXPECT_EQ(c.fsdp.auto_wrap_policy, AutoWrapPolicy::TRANSFORMER_BASED_WRAP);
   EXPECT_EQ(c.fsdp.transformer_layer_cls_to_wrap, std::vector<std::string>{"GPT2Block"});
+  EXPECT_EQ(c.fsdp.backward_prefetch, BackwardPrefetch::BACKWARD_PRE);
+  EXPECT_FALSE(c.fsdp.forward_prefetch);  // PyTorch FSDP's default
   EXPECT_TRUE(c.fsdp.limit_all_gathers);
+  // MixedPrecision() with no dtypes is full fp32; GradScaler's defaults.
+  EXPECT_EQ(c.mixed_precision.param_dtype, DType::f32);
+  EXPECT_EQ(c.mixed_precision.reduce_dtype, DType::f32);
+  EXPECT_FALSE(c.mixed_precision.uses_fp16());
+  EXPECT_DOUBLE_EQ(c.mixed_precision.init_scale, 65536.0);
+  EXPECT_DOUBLE_EQ(c.mixed_precision.growth_factor, 2.0);
+  EXPECT_DOUBLE_EQ(c.mixed_precision.backoff_factor, 0.5);
+  EXPECT_EQ(c.mixed_precision.growth_interval, 2000);
 }
 
 TEST(Config, FortunesInput) {
@@ -68,15 +81,19 @@ TEST(Config, FortunesInput) {
   EXPECT_EQ(c.data.seq_len, 128);
   EXPECT_EQ(c.train.global_batch_size, 32);
   EXPECT_EQ(c.train.run_dir, "runs/fortunes");
-  EXPECT_EQ(c.optim.name, "adamw");
+  EXPECT_EQ(c.optim.name, OptimizerKind::adamw);
   EXPECT_DOUBLE_EQ(c.optim.lr, 3e-3);
   EXPECT_DOUBLE_EQ(c.optim.min_lr, 3e-4);
   EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.1);
   EXPECT_DOUBLE_EQ(c.optim.grad_clip, 1.0);
   EXPECT_DOUBLE_EQ(c.optim.beta2, 0.99);
   EXPECT_EQ(c.fsdp.sharding_strategy, ShardingStrategy::FULL_SHARD);
-  EXPECT_EQ(c.fsdp.auto_wrap_policy, "TRANSFORMER_BASED_WRAP");
+  EXPECT_EQ(c.fsdp.auto_wrap_policy, AutoWrapPolicy::TRANSFORMER_BASED_WRAP);
   EXPECT_EQ(c.fsdp.transformer_layer_cls_to_wrap, std::vector<std::string>{"GPT2Block"});
+  EXPECT_EQ(c.fsdp.backward_prefetch, BackwardPrefetch::BACKWARD_PRE);
+  EXPECT_TRUE(c.fsdp.forward_prefetch);
+  EXPECT_TRUE(c.fsdp.limit_all_gathers);
+  EXPECT_EQ(c.mixed_precision, MixedPrecisionConfig{});  // fp32
   EXPECT_EQ(c.eval.max_windows, 0);
 }
 
@@ -124,6 +141,87 @@ TEST(Config, OverridesOfEachType) {
   EXPECT_FALSE(c.fsdp.limit_all_gathers);
   EXPECT_EQ(c.train.seed, 99u);
   EXPECT_EQ(c.eval.every, 5);
+}
+
+TEST(Config, EnumAndMixedPrecisionKeysFromFile) {
+  const Config c = parse_config(
+      "[optim]\nname = \"sgd\"\n"
+      "[fsdp]\nauto_wrap_policy = \"NO_WRAP\"\nbackward_prefetch = \"BACKWARD_POST\"\n"
+      "forward_prefetch = true\n"
+      "[mixed_precision]\nparam_dtype = \"bf16\"\nreduce_dtype = \"fp32\"\n"
+      "init_scale = 1024\ngrowth_factor = 1.5\nbackoff_factor = 0.25\ngrowth_interval = 10\n",
+      "mp.toml", {"data.path=tokens.h5"});
+  EXPECT_EQ(c.optim.name, OptimizerKind::sgd);
+  EXPECT_EQ(c.fsdp.auto_wrap_policy, AutoWrapPolicy::NO_WRAP);
+  EXPECT_EQ(c.fsdp.backward_prefetch, BackwardPrefetch::BACKWARD_POST);
+  EXPECT_TRUE(c.fsdp.forward_prefetch);
+  EXPECT_EQ(c.mixed_precision.param_dtype, DType::bf16);
+  EXPECT_EQ(c.mixed_precision.reduce_dtype, DType::f32);
+  EXPECT_FALSE(c.mixed_precision.uses_fp16());
+  EXPECT_DOUBLE_EQ(c.mixed_precision.init_scale, 1024.0);  // an integer for a float key
+  EXPECT_DOUBLE_EQ(c.mixed_precision.growth_factor, 1.5);
+  EXPECT_DOUBLE_EQ(c.mixed_precision.backoff_factor, 0.25);
+  EXPECT_EQ(c.mixed_precision.growth_interval, 10);
+
+  const Config h = parse_config("[mixed_precision]\nreduce_dtype = \"fp16\"\n", "mp.toml",
+                                {"data.path=tokens.h5"});
+  EXPECT_EQ(h.mixed_precision.param_dtype, DType::f32);
+  EXPECT_EQ(h.mixed_precision.reduce_dtype, DType::f16);
+  EXPECT_TRUE(h.mixed_precision.uses_fp16());
+}
+
+TEST(Config, EnumAndMixedPrecisionOverrides) {
+  const Config c = parse_config(
+      kMinimal, "min.toml",
+      {"optim.name=sgd", "fsdp.auto_wrap_policy=NO_WRAP", "fsdp.backward_prefetch=NO_PREFETCH",
+       "fsdp.forward_prefetch=true", "mixed_precision.param_dtype=bf16",
+       "mixed_precision.reduce_dtype=\"fp16\"", "mixed_precision.init_scale=128.0",
+       "mixed_precision.growth_factor=4", "mixed_precision.backoff_factor=0.125",
+       "mixed_precision.growth_interval=1"});
+  EXPECT_EQ(c.optim.name, OptimizerKind::sgd);
+  EXPECT_EQ(c.fsdp.auto_wrap_policy, AutoWrapPolicy::NO_WRAP);
+  EXPECT_EQ(c.fsdp.backward_prefetch, BackwardPrefetch::NO_PREFETCH);
+  EXPECT_TRUE(c.fsdp.forward_prefetch);
+  EXPECT_EQ(c.mixed_precision.param_dtype, DType::bf16);
+  EXPECT_EQ(c.mixed_precision.reduce_dtype, DType::f16);
+  EXPECT_TRUE(c.mixed_precision.uses_fp16());
+  EXPECT_DOUBLE_EQ(c.mixed_precision.init_scale, 128.0);
+  EXPECT_DOUBLE_EQ(c.mixed_precision.growth_factor, 4.0);
+  EXPECT_DOUBLE_EQ(c.mixed_precision.backoff_factor, 0.125);
+  EXPECT_EQ(c.mixed_precision.growth_interval, 1);
+
+  // An override beats the file's value.
+  const Config f = load_config(kInputs + "gpt2_fortunes.toml",
+                               {"fsdp.forward_prefetch=false", "fsdp.backward_prefetch=BACKWARD_POST",
+                                "mixed_precision.param_dtype=fp16"});
+  EXPECT_FALSE(f.fsdp.forward_prefetch);
+  EXPECT_EQ(f.fsdp.backward_prefetch, BackwardPrefetch::BACKWARD_POST);
+  EXPECT_EQ(f.mixed_precision.param_dtype, DType::f16);
+}
+
+TEST(Config, EnumNames) {
+  EXPECT_STREQ(to_string(BackwardPrefetch::BACKWARD_PRE), "BACKWARD_PRE");
+  EXPECT_STREQ(to_string(BackwardPrefetch::BACKWARD_POST), "BACKWARD_POST");
+  EXPECT_STREQ(to_string(BackwardPrefetch::NO_PREFETCH), "NO_PREFETCH");
+  EXPECT_STREQ(to_string(AutoWrapPolicy::TRANSFORMER_BASED_WRAP), "TRANSFORMER_BASED_WRAP");
+  EXPECT_STREQ(to_string(AutoWrapPolicy::NO_WRAP), "NO_WRAP");
+  EXPECT_STREQ(to_string(OptimizerKind::adamw), "adamw");
+  EXPECT_STREQ(to_string(OptimizerKind::sgd), "sgd");
+  // Each name is read back as its value.
+  for (auto p : {BackwardPrefetch::BACKWARD_PRE, BackwardPrefetch::BACKWARD_POST,
+                 BackwardPrefetch::NO_PREFETCH}) {
+    const Config c = parse_config(kMinimal, "min.toml",
+                                  {std::string("fsdp.backward_prefetch=") + to_string(p)});
+    EXPECT_EQ(c.fsdp.backward_prefetch, p);
+  }
+  for (auto t : {DType::f32, DType::bf16, DType::f16}) {
+    const Config c = parse_config(
+        kMinimal, "min.toml",
+        {"mixed_precision.param_dtype=" + std::string(to_string(t)),
+         "mixed_precision.reduce_dtype=" + std::string(to_string(t))});
+    EXPECT_EQ(c.mixed_precision.param_dtype, t);
+    EXPECT_EQ(c.mixed_precision.reduce_dtype, t);
+  }
 }
 
 TEST(Config, OverrideBeatsFileAndLastOverrideWins) {
@@ -235,8 +333,57 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
        {"fsdp.transformer_layer_cls_to_wrap: unknown module class \"T5Block\"", "GPT2Block"}},
       {"[fsdp]\ntransformer_layer_cls_to_wrap = []\n", {},
        {"fsdp.transformer_layer_cls_to_wrap: empty"}},
+      {"[fsdp]\nauto_wrap_policy = \"no_wrap\"\n", {},
+       {"input.toml: fsdp.auto_wrap_policy: unknown value \"no_wrap\" (expected one of "
+        "TRANSFORMER_BASED_WRAP, NO_WRAP)"}},
+      {"[fsdp]\nauto_wrap_policy = 1\n", {},
+       {"fsdp.auto_wrap_policy: expected a string, got integer"}},
       {"[fsdp]\nbackward_prefetch = \"PRE\"\n", {},
        {"fsdp.backward_prefetch: unknown value \"PRE\"", "BACKWARD_POST"}},
+      {"[fsdp]\nbackward_prefetch = \"NONE\"\n", {},  // the old spelling of NO_PREFETCH
+       {"input.toml: fsdp.backward_prefetch: unknown value \"NONE\" (expected one of "
+        "BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH)"}},
+      {"[fsdp]\nforward_prefetch = \"yes\"\n", {},
+       {"input.toml: fsdp.forward_prefetch: expected a boolean (true or false), got string"}},
+      // mixed_precision
+      {"[mixed_precision]\nparam_dtype = \"fp8\"\n", {},
+       {"input.toml: mixed_precision.param_dtype: unknown value \"fp8\" (expected one of "
+        "fp32, bf16, fp16)"}},
+      {"[mixed_precision]\nparam_dtype = \"fp64\"\n", {},  // a DType, but not for FSDP
+       {"mixed_precision.param_dtype: unknown value \"fp64\" (expected one of fp32, bf16, "
+        "fp16)"}},
+      {"[mixed_precision]\nreduce_dtype = \"int32\"\n", {},
+       {"input.toml: mixed_precision.reduce_dtype: unknown value \"int32\" (expected one of "
+        "fp32, bf16, fp16)"}},
+      {"[mixed_precision]\nreduce_dtype = \"BF16\"\n", {},
+       {"mixed_precision.reduce_dtype: unknown value \"BF16\""}},
+      {"[mixed_precision]\nparam_dtype = 16\n", {},
+       {"mixed_precision.param_dtype: expected a string, got integer"}},
+      {"[mixed_precision]\ninit_scale = 0\n", {},
+       {"input.toml: mixed_precision.init_scale: 0 is out of range (expected > 0)"}},
+      {"[mixed_precision]\ninit_scale = -2\n", {}, {"mixed_precision.init_scale: -2"}},
+      {"[mixed_precision]\ninit_scale = inf\n", {},
+       {"mixed_precision.init_scale: expected a finite number, got inf"}},
+      {"[mixed_precision]\ngrowth_factor = 1\n", {},
+       {"input.toml: mixed_precision.growth_factor: 1 is out of range (expected > 1)"}},
+      {"[mixed_precision]\ngrowth_factor = 0.5\n", {}, {"mixed_precision.growth_factor: 0.5"}},
+      {"[mixed_precision]\nbackoff_factor = 1\n", {},
+       {"input.toml: mixed_precision.backoff_factor: 1 is out of range (expected 0 < x < 1)"}},
+      {"[mixed_precision]\nbackoff_factor = 0\n", {},
+       {"mixed_precision.backoff_factor: 0 is out of range (expected 0 < x < 1)"}},
+      {"[mixed_precision]\ngrowth_interval = 0\n", {},
+       {"input.toml: mixed_precision.growth_interval: 0 is out of range (expected an integer "
+        ">= 1)"}},
+      {"[mixed_precision]\ngrowth_interval = 1.5\n", {},
+       {"mixed_precision.growth_interval: expected an integer, got float"}},
+      {"[mixed_precision]\nparam_dtyp = \"bf16\"\n", {},
+       {"unknown key 'mixed_precision.param_dtyp'",
+        "did you mean 'mixed_precision.param_dtype'"}},
+      {"[mixed_precisions]\nparam_dtype = \"bf16\"\n", {},
+       {"unknown key 'mixed_precisions.param_dtype'",
+        "did you mean 'mixed_precision.param_dtype'"}},
+      {"mixed_precision = \"bf16\"\n", {},
+       {"input.toml: mixed_precision: expected a table"}},
       // mesh, checkpoint, eval
       {"[mesh]\nshard_size = -2\n", {}, {"mesh.shard_size: -2"}},
       {"[checkpoint]\nevery = -1\n", {}, {"checkpoint.every: -1"}},
@@ -257,6 +404,34 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
        {"--set fsdp.transformer_layer_cls_to_wrap=[\"GPT2Block\": "}},
       {"", {"model.n_head=3"}, {"model.n_embd: 128 is not divisible by model.n_head = 3"}},
       {"", {"optim.lr=-1"}, {"--set optim.lr=-1: optim.lr: -1 is out of range"}},
+      {"", {"optim.name=Adam"},
+       {"--set optim.name=Adam: optim.name: unknown value \"Adam\" (expected one of adamw, "
+        "sgd)"}},
+      {"", {"fsdp.backward_prefetch=NONE"},
+       {"--set fsdp.backward_prefetch=NONE: fsdp.backward_prefetch: unknown value \"NONE\" "
+        "(expected one of BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH)"}},
+      {"", {"fsdp.forward_prefetch=1"},
+       {"--set fsdp.forward_prefetch=1: fsdp.forward_prefetch: expected a boolean"}},
+      {"", {"mixed_precision.param_dtype=fp8"},
+       {"--set mixed_precision.param_dtype=fp8: mixed_precision.param_dtype: unknown value "
+        "\"fp8\" (expected one of fp32, bf16, fp16)"}},
+      {"", {"mixed_precision.reduce_dtype=float16"},
+       {"--set mixed_precision.reduce_dtype=float16: mixed_precision.reduce_dtype: unknown "
+        "value \"float16\" (expected one of fp32, bf16, fp16)"}},
+      {"", {"mixed_precision.init_scale=0"},
+       {"--set mixed_precision.init_scale=0: mixed_precision.init_scale: 0 is out of range"}},
+      {"", {"mixed_precision.growth_factor=1.0"},
+       {"--set mixed_precision.growth_factor=1.0: mixed_precision.growth_factor: 1 is out of "
+        "range (expected > 1)"}},
+      {"", {"mixed_precision.backoff_factor=1.5"},
+       {"--set mixed_precision.backoff_factor=1.5: mixed_precision.backoff_factor: 1.5 is out "
+        "of range (expected 0 < x < 1)"}},
+      {"", {"mixed_precision.growth_interval=-3"},
+       {"--set mixed_precision.growth_interval=-3: mixed_precision.growth_interval: -3 is out "
+        "of range"}},
+      {"", {"mixed_precision.growth_interval=often"},
+       {"--set mixed_precision.growth_interval=often: mixed_precision.growth_interval: "
+        "expected an integer, got string"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.text + (c.overrides.empty() ? "" : " --set " + c.overrides[0]));
@@ -329,9 +504,12 @@ TEST(Config, ToTomlRoundTrips) {
        "optim.weight_decay=0", "optim.grad_clip=0.3333333333333333", "optim.beta1=0.8",
        "optim.beta2=0.95", "optim.eps=1e-12", "optim.momentum=0",
        "fsdp.sharding_strategy=HYBRID_SHARD_ZERO2", "fsdp.auto_wrap_policy=NO_WRAP",
-       "fsdp.transformer_layer_cls_to_wrap=[]", "fsdp.backward_prefetch=NONE",
-       "fsdp.limit_all_gathers=false", "mesh.shard_size=4", "checkpoint.every=9",
-       "eval.every=0", "eval.max_windows=17"});
+       "fsdp.transformer_layer_cls_to_wrap=[]", "fsdp.backward_prefetch=NO_PREFETCH",
+       "fsdp.forward_prefetch=true", "fsdp.limit_all_gathers=false",
+       "mixed_precision.param_dtype=fp16", "mixed_precision.reduce_dtype=bf16",
+       "mixed_precision.init_scale=1e9", "mixed_precision.growth_factor=1.0000001",
+       "mixed_precision.backoff_factor=0.1", "mixed_precision.growth_interval=123456789",
+       "mesh.shard_size=4", "checkpoint.every=9", "eval.every=0", "eval.max_windows=17"});
   EXPECT_EQ(c.data.path, "a \"quoted\" path\\x.h5");
   Config defaults;
   defaults.source_path = "custom.toml";
@@ -342,22 +520,56 @@ TEST(Config, ToTomlRoundTrips) {
     EXPECT_NE(c.train, defaults.train);
     EXPECT_NE(c.optim, defaults.optim);
     EXPECT_NE(c.fsdp, defaults.fsdp);
+    EXPECT_NE(c.mixed_precision, defaults.mixed_precision);
     EXPECT_NE(c.mesh, defaults.mesh);
     EXPECT_NE(c.checkpoint, defaults.checkpoint);
     EXPECT_NE(c.eval, defaults.eval);
+  }
+  {
+    // Each key of those sections on its own, so no field is equal to its default by accident.
+    EXPECT_EQ(c.optim.name, OptimizerKind::sgd);
+    EXPECT_EQ(c.fsdp.auto_wrap_policy, AutoWrapPolicy::NO_WRAP);
+    EXPECT_EQ(c.fsdp.backward_prefetch, BackwardPrefetch::NO_PREFETCH);
+    EXPECT_NE(c.fsdp.forward_prefetch, defaults.fsdp.forward_prefetch);
+    const auto& mp = c.mixed_precision;
+    const auto& dmp = defaults.mixed_precision;
+    EXPECT_NE(mp.param_dtype, dmp.param_dtype);
+    EXPECT_NE(mp.reduce_dtype, dmp.reduce_dtype);
+    EXPECT_NE(mp.param_dtype, mp.reduce_dtype);
+    EXPECT_NE(mp.init_scale, dmp.init_scale);
+    EXPECT_NE(mp.growth_factor, dmp.growth_factor);
+    EXPECT_NE(mp.backoff_factor, dmp.backoff_factor);
+    EXPECT_NE(mp.growth_interval, dmp.growth_interval);
   }
   const std::string text = to_toml(c);
   const Config back = parse_config(text, "custom.toml", {});
   EXPECT_EQ(back, c) << text;
   EXPECT_EQ(to_toml(back), text);
+  EXPECT_THAT(text, HasSubstr("\n[optim]\nname = \"sgd\"\n"));
+  EXPECT_THAT(text, HasSubstr("auto_wrap_policy = \"NO_WRAP\"\n"));
+  EXPECT_THAT(text, HasSubstr("backward_prefetch = \"NO_PREFETCH\"\n"));
+  EXPECT_THAT(text, HasSubstr("forward_prefetch = true\n"));
+  EXPECT_THAT(text, HasSubstr("\n[mixed_precision]\nparam_dtype = \"fp16\"\n"
+                              "reduce_dtype = \"bf16\"\n"));
+  EXPECT_THAT(text, HasSubstr("growth_interval = 123456789\n"));
+
+  // The defaults print every key too, and read back equal.
+  Config d = parse_config(kMinimal, "min.toml", {});
+  const std::string dtext = to_toml(d);
+  EXPECT_EQ(parse_config(dtext, "min.toml", {}), d) << dtext;
+  EXPECT_THAT(dtext, HasSubstr("backward_prefetch = \"BACKWARD_PRE\"\nforward_prefetch = false\n"
+                               "limit_all_gathers = true\n"));
+  EXPECT_THAT(dtext, HasSubstr("[mixed_precision]\nparam_dtype = \"fp32\"\nreduce_dtype = "
+                               "\"fp32\"\ninit_scale = 65536.0\ngrowth_factor = 2.0\n"
+                               "backoff_factor = 0.5\ngrowth_interval = 2000\n"));
 
   // The fortunes input round-trips too, and the sections come in the documented order.
   const Config f = load_config(kInputs + "gpt2_fortunes.toml", {});
   const std::string ftext = to_toml(f);
   EXPECT_EQ(parse_config(ftext, f.source_path, {}), f) << ftext;
   std::size_t last = 0;
-  for (const char* sec : {"[model]", "[data]", "[train]", "[optim]", "[fsdp]", "[mesh]",
-                          "[checkpoint]", "[eval]"}) {
+  for (const char* sec : {"[model]", "[data]", "[train]", "[optim]", "[fsdp]",
+                          "[mixed_precision]", "[mesh]", "[checkpoint]", "[eval]"}) {
     const std::size_t at = ftext.find(sec);
     ASSERT_NE(at, std::string::npos) << sec;
     EXPECT_GE(at, last) << sec;
@@ -367,6 +579,7 @@ TEST(Config, ToTomlRoundTrips) {
   EXPECT_THAT(ftext, HasSubstr("transformer_layer_cls_to_wrap = [\"GPT2Block\"]\n"));
   EXPECT_THAT(ftext, HasSubstr("grad_clip = 1.0\n"));
   EXPECT_THAT(ftext, HasSubstr("lr = 0.003\n"));
+  EXPECT_THAT(ftext, HasSubstr("forward_prefetch = true\n"));
 }
 
 }  // namespace

@@ -18,104 +18,17 @@
 #include "fsdp/checkpoint/merge.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/data/prepare.hpp"
+#include "fsdp/train/runtime.hpp"
 #include "fsdp/train/trainer.hpp"
+#include "train_util.hpp"
 
 namespace fs = std::filesystem;
 using fsdp::Config;
 using fsdp::TrainOptions;
 using fsdp::TrainResult;
+using namespace test_util;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-// A fresh directory shared by all ranks (rank 0 creates it).
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = std::string(FSDP_BINARY_DIR) + "/test_runs/" + name + "_np" +
-                          std::to_string(world_size());
-  if (world_rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return dir;
-}
-
-// A learnable byte-level token file (a short text repeated), made once by rank 0.
-std::string text_dataset() {
-  static std::string path;
-  if (!path.empty()) return path;
-  path = fresh_dir("text_dataset") + "/text.h5";
-  if (world_rank() == 0) {
-    fsdp::data::ByteSplit split;
-    const std::string text = "Sharded data parallel training: all-gather, compute, reshard. ";
-    for (int i = 0; i < 60; ++i) split.bytes.insert(split.bytes.end(), text.begin(), text.end());
-    split.num_files = 1;
-    split.train_tokens = static_cast<int64_t>(split.bytes.size()) * 9 / 10;
-    fsdp::data::write_byte_token_file(path, split, "test_fsdp");
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return path;
-}
-
-Config small_config(const std::string& run_dir) {
-  // 2 blocks, C=16, vocab 256 (numel not a multiple of 4: padding appears), AdamW with decay.
-  Config c = fsdp::parse_config(R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 16
-n_positions = 16
-vocab_size = 256
-[data]
-seq_len = 12
-path = "unset"
-[train]
-global_batch_size = 8
-max_steps = 5
-seed = 7
-[optim]
-lr = 1e-2
-min_lr = 1e-3
-warmup_steps = 2
-weight_decay = 0.1
-grad_clip = 1.0
-[eval]
-every = 0
-max_windows = 4
-)", "test_fsdp", {});
-  c.train.run_dir = run_dir;
-  c.data.path = text_dataset();
-  return c;
-}
-
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
-
-TrainResult run(const Config& c, MPI_Comm comm, int64_t stop_after = 0, bool resume = false) {
-  TrainOptions o;
-  o.quiet = true;
-  o.gather_params = true;
-  o.stop_after = stop_after;
-  o.resume = resume;
-  std::ostringstream sink;
-  return fsdp::train(c, comm, o, sink);
-}
 
 // The 1-rank NO_SHARD reference, computed on every rank independently.
 const TrainResult& reference(const std::string& optimizer) {
@@ -124,9 +37,9 @@ const TrainResult& reference(const std::string& optimizer) {
   if (it != cache.end()) return it->second;
   const std::string dir = fresh_dir("reference_" + optimizer) + "/rank" + std::to_string(world_rank());
   Config c = small_config(dir);
-  c.optim.name = optimizer;
+  c.optim.name = optimizer == std::string("sgd") ? fsdp::OptimizerKind::sgd : fsdp::OptimizerKind::adamw;
   c.fsdp.sharding_strategy = fsdp::ShardingStrategy::NO_SHARD;
-  return cache[optimizer] = run(c, MPI_COMM_SELF);
+  return cache[optimizer] = run(c, On::self);
 }
 
 struct Case {
@@ -141,10 +54,10 @@ TEST_P(StrategyTest, MatchesOneRankNoShard) {
   const std::string name = std::string(fsdp::to_string(k.strategy)) + "_" + k.optimizer;
   Config c = small_config(fresh_dir(name));
   c.fsdp.sharding_strategy = k.strategy;
-  c.optim.name = k.optimizer;
+  c.optim.name = std::string(k.optimizer) == "sgd" ? fsdp::OptimizerKind::sgd : fsdp::OptimizerKind::adamw;
   // Hybrid: shard groups of 2 (4 ranks = 2 replicas x 2 shards); 1 rank: a group of one.
   c.mesh.shard_size = std::min(2, world_size());
-  const TrainResult got = run(c, MPI_COMM_WORLD);
+  const TrainResult got = run(c, On::world);
   const TrainResult& ref = reference(k.optimizer);
 
   ASSERT_EQ(got.losses.size(), 5u);
@@ -193,12 +106,12 @@ TEST(Resume, ContinuesBitIdentically) {
     c.mesh.shard_size = std::min(2, world_size());
     c.train.max_steps = 6;
     c.checkpoint.every = 3;
-    const TrainResult full = run(c, MPI_COMM_WORLD);
+    const TrainResult full = run(c, On::world);
 
     c.train.run_dir = fresh_dir("resume_part_" + tag);
-    const TrainResult first = run(c, MPI_COMM_WORLD, /*stop_after=*/3);
+    const TrainResult first = run(c, On::world, /*stop_after=*/3);
     ASSERT_EQ(first.losses.size(), 3u);
-    const TrainResult second = run(c, MPI_COMM_WORLD, 0, /*resume=*/true);
+    const TrainResult second = run(c, On::world, 0, /*resume=*/true);
     ASSERT_EQ(second.losses.size(), 3u);
     EXPECT_EQ(second.final_step, 6);
     for (int i = 0; i < 3; ++i) {
@@ -216,7 +129,7 @@ TEST(Merge, SafetensorsEqualTheRunsFullParameters) {
   // every tensor must equal the run's gathered parameter bit for bit (Conv1D weights
   // transposed to HF's [in, out]).
   Config c = small_config(fresh_dir("merge"));
-  const TrainResult got = run(c, MPI_COMM_WORLD);
+  const TrainResult got = run(c, On::world);
   const std::string out = c.train.run_dir + "/hf";
   auto check = [&] {  // a lambda, so a failed ASSERT still reaches the barrier below
     const auto latest = fsdp::ckpt::find_latest(c.train.run_dir);

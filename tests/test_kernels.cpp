@@ -1,29 +1,45 @@
 // tests/test_kernels.cpp: the CPU backend's kernels against naive double-precision
 // references, finite-difference gradient checks for every kernel with a backward, the
 // write-vs-accumulate contract of backend.hpp, optimizer steps against values produced by
-// torch.optim (1.13), memory tracking, and independence of results from the thread count.
+// torch.optim (1.13), and independence of results from the thread count; then the typed
+// interface: the "store bf16/fp16, compute fp32" contract for every kernel, casts and their
+// rounding against hand-computed bit patterns, the device-scalar reductions (squared norm,
+// clip coefficient, loss-scale unscaling), argument checks, and the stream-ordered caching
+// allocator (reuse, pending events, empty_cache, logical-byte accounting).
 //
 // Gradient checks: for an op out = f(inputs) we take L = sum(out * Rw) with fixed random Rw,
 // feed dout = Rw to the backward kernel and compare each analytic input gradient with
 // central differences of L (L summed in double, forward in fp32).
+//
+// Store contract: inputs are rounded to the 16-bit dtype, the kernel runs once on fp32
+// views of those values and once on 16-bit views of them, and every 16-bit output must be
+// round_to(dtype, fp32 output) exactly, element for element (fp32-only outputs and fp64
+// scalars must be equal).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "fsdp/backend/buffer.hpp"
 #include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/core/caching_allocator.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {
 namespace {
 
 using Vec = std::vector<float>;
+using Tokens = std::vector<int32_t>;
 
 Vec random_vec(std::size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> d(lo, hi);
@@ -64,6 +80,16 @@ std::vector<double> numeric_grad(Vec& x, const std::function<double()>& loss, fl
   return g;
 }
 
+// Views of host vectors (the CPU backend's memory is host memory).
+TensorView f32(const Vec& v) { return {v.data(), DType::f32, {static_cast<int64_t>(v.size())}}; }
+TensorView i32(const Tokens& v) {
+  return {v.data(), DType::i32, {static_cast<int64_t>(v.size())}};
+}
+TensorView f64(double& d) { return {&d, DType::f64, {1}}; }
+
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+uint64_t bits(double d) { return std::bit_cast<uint64_t>(d); }
+
 class Kernels : public ::testing::Test {
  protected:
   std::unique_ptr<Backend> be = make_cpu_backend(2);
@@ -80,13 +106,14 @@ TEST_F(Kernels, AllocateIsAlignedAndTracked) {
   void* c = be->allocate(0, MemCategory::other);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  ASSERT_NE(c, nullptr);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % 64, 0u);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b) % 64, 0u);
+  EXPECT_EQ(c, nullptr);  // bytes == 0
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % 256, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b) % 256, 0u);
   EXPECT_EQ(mem.current(MemCategory::activations), 100u);
   EXPECT_EQ(mem.current(MemCategory::grads), 1000u);
   EXPECT_EQ(mem.current_total(), 1100u);
-  be->fill_zero(b, 1000);
+  std::memset(b, 0xff, 1000);
+  be->fill_zero(TensorView(b, DType::u8, {1000}));
   EXPECT_EQ(static_cast<unsigned char*>(b)[999], 0);
   be->deallocate(a, 100, MemCategory::activations);
   EXPECT_EQ(mem.current(MemCategory::activations), 0u);
@@ -102,6 +129,7 @@ TEST_F(Kernels, AllocateIsAlignedAndTracked) {
 
 TEST_F(Kernels, HugeAllocationThrows) {
   EXPECT_THROW(be->allocate(std::size_t{1} << 62, MemCategory::other), Error);
+  EXPECT_THROW(be->allocate(std::numeric_limits<std::size_t>::max(), MemCategory::other), Error);
   EXPECT_EQ(be->memory().current_total(), 0u);
 }
 
@@ -109,12 +137,41 @@ TEST_F(Kernels, BadThreadCountThrows) { EXPECT_THROW(make_cpu_backend(0), Error)
 
 TEST_F(Kernels, CopyRoundTrip) {
   Vec src = random_vec(37, rng), mid(37), dst(37);
-  be->copy_from_host(mid.data(), src.data(), 37 * sizeof(float));
-  be->copy(dst.data(), mid.data(), 37 * sizeof(float));
+  be->copy_from_host(f32(mid), src.data());
+  be->copy(f32(dst), f32(mid));
   Vec host(37);
-  be->copy_to_host(host.data(), dst.data(), 37 * sizeof(float));
+  be->copy_to_host(host.data(), f32(dst));
   be->synchronize();
   EXPECT_EQ(host, src);
+  // 16-bit views copy their bytes
+  std::vector<uint16_t> h16 = {1, 2, 0x7FC0, 0x8000, 5}, d16(5);
+  be->copy(TensorView(d16.data(), DType::bf16, {5}), TensorView(h16.data(), DType::bf16, {5}));
+  EXPECT_EQ(d16, h16);
+}
+
+TEST_F(Kernels, StreamsAndEvents) {
+  EXPECT_EQ(be->compute_stream().device(), Device::cpu);
+  auto s = be->create_stream();
+  auto e = be->create_event();
+  ASSERT_TRUE(s && e);
+  e->record(*s);
+  EXPECT_TRUE(e->query());  // host work is complete once recorded
+  be->compute_stream().wait(*e);
+  e->synchronize();
+  s->synchronize();
+}
+
+TEST_F(Kernels, DeviceBufferViews) {
+  DeviceBuffer buf(*be, DType::bf16, 10, MemCategory::activations);
+  EXPECT_EQ(buf.bytes(), 20u);
+  EXPECT_EQ(be->memory().current(MemCategory::activations), 20u);
+  EXPECT_EQ(buf.view().dtype, DType::bf16);
+  EXPECT_EQ(buf.view({2, 5}).numel(), 10);
+  EXPECT_THROW(buf.view({3, 5}), Error);
+  be->fill_zero(buf.view());
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(static_cast<uint16_t*>(buf.data())[i], 0u);
+  buf.reset();
+  EXPECT_EQ(be->memory().current(MemCategory::activations), 0u);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -139,17 +196,17 @@ std::vector<double> naive_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K
 }
 
 TEST_F(Kernels, GemmAllTransposesAndSizes) {
-  struct Shape {
+  struct Dims {
     int64_t M, N, K;
   };
   // Small (single-threaded) and large enough to be split over rows / over columns.
-  for (Shape s : {Shape{7, 5, 3}, Shape{37, 53, 29}, Shape{301, 70, 200}, Shape{40, 290, 210}}) {
+  for (Dims s : {Dims{7, 5, 3}, Dims{37, 53, 29}, Dims{301, 70, 200}, Dims{40, 290, 210}}) {
     for (int ta = 0; ta < 2; ++ta) {
       for (int tb = 0; tb < 2; ++tb) {
         Vec A = random_vec(s.M * s.K, rng), B = random_vec(s.K * s.N, rng);
         Vec C = random_vec(s.M * s.N, rng);
         const auto ref = naive_gemm(ta, tb, s.M, s.N, s.K, 0.7f, A, B, 0.3f, C);
-        be->gemm(ta, tb, s.M, s.N, s.K, 0.7f, A.data(), B.data(), 0.3f, C.data());
+        be->gemm(ta, tb, s.M, s.N, s.K, 0.7f, f32(A), f32(B), 0.3f, f32(C));
         double max_err = 0.0;
         for (std::size_t i = 0; i < C.size(); ++i) {
           max_err = std::max(max_err, std::abs(C[i] - ref[i]));
@@ -166,12 +223,12 @@ TEST_F(Kernels, GemmBetaZeroOverwritesGarbage) {
   for (int64_t m : {int64_t{5}, M}) {
     Vec A = random_vec(m * K, rng), B = random_vec(K * N, rng);
     Vec C(m * N, std::numeric_limits<float>::quiet_NaN());
-    be->gemm(false, false, m, N, K, 1.0f, A.data(), B.data(), 0.0f, C.data());
+    be->gemm(false, false, m, N, K, 1.0f, f32(A), f32(B), 0.0f, f32(C));
     const auto ref = naive_gemm(false, false, m, N, K, 1.0f, A, B, 0.0f, Vec(m * N, 0.0f));
     for (std::size_t i = 0; i < C.size(); ++i) ASSERT_NEAR(C[i], ref[i], 1e-4);
   }
   Vec C(6, std::numeric_limits<float>::quiet_NaN());  // K = 0: C = beta * C, beta 0 -> zeros
-  be->gemm(false, false, 2, 3, 0, 1.0f, nullptr, nullptr, 0.0f, C.data());
+  be->gemm(false, false, 2, 3, 0, 1.0f, TensorView{}, TensorView{}, 0.0f, f32(C));
   for (float c : C) EXPECT_EQ(c, 0.0f);
 }
 
@@ -182,8 +239,8 @@ TEST_F(Kernels, LinearGradientCheck) {
   Vec x = random_vec(R * Cin, rng), W = random_vec(Cout * Cin, rng), b = random_vec(Cout, rng);
   const Vec Rw = random_vec(R * Cout, rng);
   auto forward = [&](Vec& y) {
-    be->gemm(false, true, R, Cout, Cin, 1.0f, x.data(), W.data(), 0.0f, y.data());
-    be->add_bias(y.data(), b.data(), R, Cout);
+    be->gemm(false, true, R, Cout, Cin, 1.0f, f32(x), f32(W), 0.0f, f32(y));
+    be->add_bias(f32(y), f32(b), R, Cout);
   };
   auto loss = [&] {
     Vec y(R * Cout);
@@ -195,12 +252,13 @@ TEST_F(Kernels, LinearGradientCheck) {
   // y against the reference
   const auto yref = naive_gemm(false, true, R, Cout, Cin, 1.0f, x, W, 0.0f, Vec(R * Cout, 0));
   for (int64_t r = 0; r < R; ++r) {
-    for (int64_t c = 0; c < Cout; ++c) EXPECT_NEAR(y[r * Cout + c], yref[r * Cout + c] + b[c], 1e-5);
+    for (int64_t c = 0; c < Cout; ++c)
+      EXPECT_NEAR(y[r * Cout + c], yref[r * Cout + c] + b[c], 1e-5);
   }
   Vec dx(R * Cin, 99.0f), dW(Cout * Cin, 0.5f), db(Cout, -0.25f);  // dW, db pre-filled
-  be->gemm(false, false, R, Cin, Cout, 1.0f, Rw.data(), W.data(), 0.0f, dx.data());
-  be->gemm(true, false, Cout, Cin, R, 1.0f, Rw.data(), x.data(), 1.0f, dW.data());
-  be->bias_backward(db.data(), Rw.data(), R, Cout);
+  be->gemm(false, false, R, Cin, Cout, 1.0f, f32(Rw), f32(W), 0.0f, f32(dx));
+  be->gemm(true, false, Cout, Cin, R, 1.0f, f32(Rw), f32(x), 1.0f, f32(dW));
+  be->bias_backward(f32(db), f32(Rw), R, Cout);
   for (auto& v : dW) v -= 0.5f;
   for (auto& v : db) v += 0.25f;
   EXPECT_LT(rel_err(dx, numeric_grad(x, loss, 1e-2f)), 5e-5);
@@ -212,7 +270,7 @@ TEST_F(Kernels, BiasBackwardLargeMatchesReference) {
   const int64_t R = 1000, C = 77;  // threaded column chunks, C not a multiple of 16
   Vec d = random_vec(R * C, rng);
   Vec db(C, 1.0f);
-  be->bias_backward(db.data(), d.data(), R, C);
+  be->bias_backward(f32(db), f32(d), R, C);
   for (int64_t c = 0; c < C; ++c) {
     double s = 1.0;
     for (int64_t r = 0; r < R; ++r) s += d[r * C + c];
@@ -223,20 +281,24 @@ TEST_F(Kernels, BiasBackwardLargeMatchesReference) {
 TEST_F(Kernels, ElementwiseOps) {
   const int64_t n = 70001;  // above the threading threshold, odd length
   Vec a = random_vec(n, rng), b = random_vec(n, rng), out(n);
-  be->add(out.data(), a.data(), b.data(), n);
+  be->add(f32(out), f32(a), f32(b));
   for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(out[i], a[i] + b[i]);
   Vec y = a;
-  be->axpy(y.data(), -0.5f, b.data(), n);
+  be->axpy(f32(y), -0.5f, f32(b));
   for (int64_t i = 0; i < n; i += 997) EXPECT_FLOAT_EQ(y[i], a[i] - 0.5f * b[i]);
   Vec z = a;
-  be->scale(z.data(), 3.0f, n);
+  be->scale(f32(z), 3.0f);
   for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(z[i], a[i] * 3.0f);
-  be->add(a.data(), a.data(), b.data(), 3);  // aliasing out == a
+  be->add(f32(a).slice(0, 3), f32(a), f32(b));  // aliasing out == a
   EXPECT_EQ(a[2], out[2]);
   double ref = 0.0;
   for (float v : b) ref += static_cast<double>(v) * v;
-  EXPECT_NEAR(be->squared_norm(b.data(), n), ref, 1e-9 * ref);
-  EXPECT_EQ(be->squared_norm(b.data(), 0), 0.0);
+  double acc = 0.0;
+  be->squared_norm(f64(acc), f32(b));
+  EXPECT_NEAR(acc, ref, 1e-9 * ref);
+  double zero = 0.0;
+  be->squared_norm(f64(zero), f32(b).slice(0, 0));
+  EXPECT_EQ(zero, 0.0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -244,11 +306,11 @@ TEST_F(Kernels, ElementwiseOps) {
 
 TEST_F(Kernels, EmbeddingForwardAndGradient) {
   const int64_t B = 2, T = 5, C = 8, V = 6, Tmax = 7;
-  const std::vector<int32_t> tokens = {3, 1, 3, 0, 5, 3, 3, 2, 1, 0};  // repeated tokens
+  const Tokens tokens = {3, 1, 3, 0, 5, 3, 3, 2, 1, 0};  // repeated tokens
   Vec wte = random_vec(V * C, rng), wpe = random_vec(Tmax * C, rng);
   const Vec Rw = random_vec(B * T * C, rng);
   Vec out(B * T * C);
-  be->embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  be->embedding_forward(f32(out), i32(tokens), f32(wte), f32(wpe), B, T, C);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t c = 0; c < C; ++c) {
@@ -258,11 +320,11 @@ TEST_F(Kernels, EmbeddingForwardAndGradient) {
   }
   auto loss = [&] {
     Vec o(B * T * C);
-    be->embedding_forward(o.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    be->embedding_forward(f32(o), i32(tokens), f32(wte), f32(wpe), B, T, C);
     return dot(o, Rw);
   };
   Vec dwte(V * C, 2.0f), dwpe(Tmax * C, -1.0f);  // pre-filled: backward accumulates
-  be->embedding_backward(dwte.data(), dwpe.data(), Rw.data(), tokens.data(), B, T, C);
+  be->embedding_backward(f32(dwte), f32(dwpe), f32(Rw), i32(tokens), B, T, C);
   for (auto& v : dwte) v -= 2.0f;
   for (auto& v : dwpe) v += 1.0f;
   EXPECT_LT(rel_err(dwte, numeric_grad(wte, loss, 1e-2f)), 2e-5);
@@ -276,11 +338,12 @@ TEST_F(Kernels, EmbeddingForwardAndGradient) {
   for (int64_t c = 0; c < C; ++c) EXPECT_EQ(dwpe[6 * C + c], 0.0f);  // position >= T
 }
 
-TEST_F(Kernels, EmbeddingRejectsNegativeToken) {
-  const std::vector<int32_t> tokens = {0, -1};
+TEST_F(Kernels, EmbeddingRejectsBadToken) {
   Vec wte(4 * 2), wpe(2 * 2), out(2 * 2);
-  EXPECT_THROW(be->embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), 1, 2, 2),
-               Error);
+  EXPECT_THROW(be->embedding_forward(f32(out), i32({0, -1}), f32(wte), f32(wpe), 1, 2, 2), Error);
+  // 4 rows in wte: token 4 is out of range (forward and backward)
+  EXPECT_THROW(be->embedding_forward(f32(out), i32({0, 4}), f32(wte), f32(wpe), 1, 2, 2), Error);
+  EXPECT_THROW(be->embedding_backward(f32(wte), f32(wpe), f32(out), i32({4, 0}), 1, 2, 2), Error);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -291,8 +354,7 @@ TEST_F(Kernels, LayerNormForwardMatchesFormula) {
   const float eps = 1e-5f;
   Vec x = random_vec(R * C, rng, -3.0f, 5.0f), w = random_vec(C, rng), b = random_vec(C, rng);
   Vec out(R * C), mean(R), rstd(R);
-  be->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), R,
-                        C, eps);
+  be->layernorm_forward(f32(out), f32(mean), f32(rstd), f32(x), f32(w), f32(b), R, C, eps);
   for (int64_t r = 0; r < R; ++r) {
     double mu = 0.0, var = 0.0;
     for (int64_t c = 0; c < C; ++c) mu += x[r * C + c];
@@ -315,17 +377,15 @@ TEST_F(Kernels, LayerNormGradientCheckAndAccumulation) {
   const Vec Rw = random_vec(R * C, rng);
   auto loss = [&] {
     Vec o(R * C), m(R), rs(R);
-    be->layernorm_forward(o.data(), m.data(), rs.data(), x.data(), w.data(), b.data(), R, C,
-                          eps);
+    be->layernorm_forward(f32(o), f32(m), f32(rs), f32(x), f32(w), f32(b), R, C, eps);
     return dot(o, Rw);
   };
   Vec out(R * C), mean(R), rstd(R);
-  be->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), R,
-                        C, eps);
+  be->layernorm_forward(f32(out), f32(mean), f32(rstd), f32(x), f32(w), f32(b), R, C, eps);
   const Vec prefill = random_vec(R * C, rng);
   Vec dx = prefill, dw(C, 1.0f), db(C, 3.0f);
-  be->layernorm_backward(dx.data(), dw.data(), db.data(), Rw.data(), x.data(), w.data(),
-                         mean.data(), rstd.data(), R, C);
+  be->layernorm_backward(f32(dx), f32(dw), f32(db), f32(Rw), f32(x), f32(w), f32(mean),
+                         f32(rstd), R, C);
   for (int64_t i = 0; i < R * C; ++i) dx[i] -= prefill[i];  // dx accumulated into prefill
   for (auto& v : dw) v -= 1.0f;
   for (auto& v : db) v -= 3.0f;
@@ -349,7 +409,7 @@ TEST_F(Kernels, GeluKnownValues) {
                                       0.345714009825,  0.841191990608,  2.99636260792,
                                       10.0,            50.0};
   Vec out(x.size());
-  be->gelu_forward(out.data(), x.data(), static_cast<int64_t>(x.size()));
+  be->gelu_forward(f32(out), f32(x));
   for (std::size_t i = 0; i < x.size(); ++i) {
     EXPECT_NEAR(out[i], expect[i], 2e-7 + 2e-7 * std::abs(expect[i])) << "x=" << x[i];
   }
@@ -358,12 +418,13 @@ TEST_F(Kernels, GeluKnownValues) {
 TEST_F(Kernels, GeluMatchesReferenceAndGradient) {
   const int64_t n = 1003;  // vector body + tail
   Vec x = random_vec(n, rng, -6.0f, 6.0f), out(n);
-  be->gelu_forward(out.data(), x.data(), n);
-  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(out[i], gelu_ref(x[i]), 1e-6 + 1e-6 * std::abs(out[i]));
+  be->gelu_forward(f32(out), f32(x));
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_NEAR(out[i], gelu_ref(x[i]), 1e-6 + 1e-6 * std::abs(out[i]));
   // analytic derivative against the double-precision derivative of the reference
   const Vec ones(n, 1.0f);
   Vec dx(n, std::numeric_limits<float>::quiet_NaN());  // written, not accumulated
-  be->gelu_backward(dx.data(), x.data(), ones.data(), n);
+  be->gelu_backward(f32(dx), f32(x), f32(ones));
   for (int64_t i = 0; i < n; ++i) {
     const double h = 1e-6;
     const double d = (gelu_ref(x[i] + h) - gelu_ref(x[i] - h)) / (2 * h);
@@ -375,17 +436,18 @@ TEST_F(Kernels, GeluMatchesReferenceAndGradient) {
   const Vec Rw = random_vec(m, rng);
   auto loss = [&] {
     Vec o(m);
-    be->gelu_forward(o.data(), xs.data(), m);
+    be->gelu_forward(f32(o), f32(xs));
     return dot(o, Rw);
   };
   Vec g(m);
-  be->gelu_backward(g.data(), xs.data(), Rw.data(), m);
+  be->gelu_backward(f32(g), f32(xs), f32(Rw));
   EXPECT_LT(rel_err(g, numeric_grad(xs, loss, 1e-2f)), 1e-4);
   // large threaded call agrees with the small path
   const int64_t big = 100003;
   Vec xb = random_vec(big, rng, -8.0f, 8.0f), ob(big);
-  be->gelu_forward(ob.data(), xb.data(), big);
-  for (int64_t i = 0; i < big; i += 101) ASSERT_NEAR(ob[i], gelu_ref(xb[i]), 1e-6 + 1e-6 * std::abs(ob[i]));
+  be->gelu_forward(f32(ob), f32(xb));
+  for (int64_t i = 0; i < big; i += 101)
+    ASSERT_NEAR(ob[i], gelu_ref(xb[i]), 1e-6 + 1e-6 * std::abs(ob[i]));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -430,7 +492,7 @@ void check_attention(Backend& be, std::mt19937& rng, int64_t B, int64_t T, int64
                      int64_t H, bool grad_check) {
   Vec qkv = random_vec(B * T * 3 * C, rng, -1.5f, 1.5f);
   Vec out(B * T * C), att(B * H * T * T, std::numeric_limits<float>::quiet_NaN());
-  be.attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
+  be.attention_forward(f32(out), f32(att), f32(qkv), B, T, C, H);
   std::vector<double> out_ref, att_ref;
   attention_ref(qkv, B, T, C, H, out_ref, att_ref);
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-6) << i;
@@ -446,13 +508,12 @@ void check_attention(Backend& be, std::mt19937& rng, int64_t B, int64_t T, int64
   auto single = make_cpu_backend(1);
   auto loss = [&] {
     Vec o(B * T * C), a(B * H * T * T);
-    single->attention_forward(o.data(), a.data(), qkv.data(), B, T, C, H);
+    single->attention_forward(f32(o), f32(a), f32(qkv), B, T, C, H);
     return dot(o, Rw);
   };
   Vec dqkv(B * T * 3 * C, std::numeric_limits<float>::quiet_NaN());  // written
   Vec scratch(B * H * T * T, std::numeric_limits<float>::quiet_NaN());
-  be.attention_backward(dqkv.data(), scratch.data(), Rw.data(), qkv.data(), att.data(), B, T,
-                        C, H);
+  be.attention_backward(f32(dqkv), f32(scratch), f32(Rw), f32(qkv), f32(att), B, T, C, H);
   const auto num = numeric_grad(qkv, loss, 1e-2f);
   EXPECT_LT(rel_err(dqkv, num), 5e-4) << "B=" << B << " T=" << T << " C=" << C << " H=" << H;
   // each of q, k, v gets a gradient (no section silently zero)
@@ -470,8 +531,8 @@ TEST_F(Kernels, AttentionAcrossRowBlocks) { check_attention(*be, rng, 1, 70, 8, 
 TEST_F(Kernels, AttentionLargerForward) { check_attention(*be, rng, 3, 131, 64, 4, false); }
 
 TEST_F(Kernels, AttentionRejectsBadHeads) {
-  Vec qkv(3 * 10), out(10), att(4);
-  EXPECT_THROW(be->attention_forward(out.data(), att.data(), qkv.data(), 1, 1, 10, 3), Error);
+  Vec qkv(3 * 10), out(10), att(9);
+  EXPECT_THROW(be->attention_forward(f32(out), f32(att), f32(qkv), 1, 1, 10, 3), Error);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -481,7 +542,7 @@ TEST_F(Kernels, CrossEntropyMatchesLogSumExpAndGradient) {
   const int64_t R = 10, V = 37;
   Vec logits = random_vec(R * V, rng, -4.0f, 4.0f);
   for (int64_t j = 0; j < V; ++j) logits[3 * V + j] += 1000.0f;  // needs max subtraction
-  std::vector<int32_t> targets(R);
+  Tokens targets(R);
   for (int64_t r = 0; r < R; ++r) targets[r] = static_cast<int32_t>((r * 7) % V);
   double ref = 0.0;
   std::vector<double> grad_ref(R * V);
@@ -497,11 +558,14 @@ TEST_F(Kernels, CrossEntropyMatchesLogSumExpAndGradient) {
     }
   }
   const Vec orig = logits;
-  const double loss = be->cross_entropy_forward(logits.data(), targets.data(), R, V);
+  double loss = 0.0;
+  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V);
   EXPECT_NEAR(loss, ref, 1e-5 * ref);
   EXPECT_EQ(logits, orig);  // forward-only leaves logits unchanged
-  const double loss2 = be->cross_entropy_forward_backward(logits.data(), targets.data(), R, V, gs);
+  double loss2 = 0.0;
+  be->cross_entropy_forward_backward(f64(loss2), f32(logits), i32(targets), R, V, gs);
   EXPECT_NEAR(loss2, ref, 1e-5 * ref);
+  EXPECT_EQ(bits(loss2), bits(loss));
   for (int64_t i = 0; i < R * V; ++i) ASSERT_NEAR(logits[i], grad_ref[i], 1e-7);
   // each row of the gradient sums to zero
   for (int64_t r = 0; r < R; ++r) {
@@ -509,24 +573,33 @@ TEST_F(Kernels, CrossEntropyMatchesLogSumExpAndGradient) {
     for (int64_t j = 0; j < V; ++j) s += logits[r * V + j];
     EXPECT_NEAR(s, 0.0, 1e-7);
   }
+  // the loss accumulates into the device scalar
+  double acc = 1.5;
+  be->cross_entropy_forward(f64(acc), f32(orig), i32(targets), R, V);
+  EXPECT_EQ(bits(acc), bits(1.5 + loss));
 }
 
 TEST_F(Kernels, CrossEntropyGradientCheck) {
   const int64_t R = 10, V = 11;
   Vec logits = random_vec(R * V, rng, -2.0f, 2.0f);
-  std::vector<int32_t> targets(R);
+  Tokens targets(R);
   for (int64_t r = 0; r < R; ++r) targets[r] = static_cast<int32_t>((r * 3 + 1) % V);
-  auto loss = [&] { return be->cross_entropy_forward(logits.data(), targets.data(), R, V); };
+  auto loss = [&] {
+    double l = 0.0;
+    be->cross_entropy_forward(f64(l), f32(logits), i32(targets), R, V);
+    return l;
+  };
   const auto num = numeric_grad(logits, loss, 1e-2f);
   Vec g = logits;
-  be->cross_entropy_forward_backward(g.data(), targets.data(), R, V, 1.0f);
+  double l = 0.0;
+  be->cross_entropy_forward_backward(f64(l), f32(g), i32(targets), R, V, 1.0f);
   EXPECT_LT(rel_err(g, num), 5e-5);
 }
 
 TEST_F(Kernels, CrossEntropyLargeVocabThreaded) {
   const int64_t R = 16, V = 50257;
   Vec logits = random_vec(R * V, rng, -10.0f, 10.0f);
-  std::vector<int32_t> targets(R);
+  Tokens targets(R);
   for (int64_t r = 0; r < R; ++r) targets[r] = static_cast<int32_t>((r * 4999) % V);
   double ref = 0.0;
   for (int64_t r = 0; r < R; ++r) {
@@ -535,15 +608,20 @@ TEST_F(Kernels, CrossEntropyLargeVocabThreaded) {
     for (int64_t j = 0; j < V; ++j) s += std::exp(logits[r * V + j] - mx);
     ref += mx + std::log(s) - logits[r * V + targets[r]];
   }
-  EXPECT_NEAR(be->cross_entropy_forward(logits.data(), targets.data(), R, V), ref, 1e-6 * ref);
+  double loss = 0.0;
+  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V);
+  EXPECT_NEAR(loss, ref, 1e-6 * ref);
 }
 
 TEST_F(Kernels, CrossEntropyRejectsBadTarget) {
   Vec logits(2 * 3, 0.0f);
-  const std::vector<int32_t> bad_hi = {0, 3}, bad_lo = {-100, 0};
-  EXPECT_THROW(be->cross_entropy_forward(logits.data(), bad_hi.data(), 2, 3), Error);
-  EXPECT_THROW(be->cross_entropy_forward_backward(logits.data(), bad_lo.data(), 2, 3, 1.0f),
-               Error);
+  const Tokens bad_hi = {0, 3}, bad_lo = {-100, 0};
+  double loss = 0.0;
+  EXPECT_THROW(be->cross_entropy_forward(f64(loss), f32(logits), i32(bad_hi), 2, 3), Error);
+  EXPECT_THROW(
+      be->cross_entropy_forward_backward(f64(loss), f32(logits), i32(bad_lo), 2, 3, 1.0f),
+      Error);
+  EXPECT_EQ(loss, 0.0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -575,14 +653,14 @@ TEST_F(Kernels, AdamWMatchesTorch) {
       {0.000299460255f, 0.000109890025f, 0.00400000112f, 0.0102310078f}};
   Vec p = kP0, m(4, 0.0f), v(4, 0.0f);
   for (int s = 0; s < 3; ++s) {
-    be->adamw_update(p.data(), kGrads[s].data(), m.data(), v.data(), 4, 0.1f, 0.9f, 0.999f,
-                     1e-8f, 0.01f, s + 1);
+    be->adamw_update(f32(p), f32(kGrads[s]), f32(m), f32(v), 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f,
+                     s + 1);
     expect_close(p, p_want[s], 2e-6, "param", s + 1);
     expect_close(m, m_want[s], 2e-6, "exp_avg", s + 1);
     expect_close(v, v_want[s], 2e-6, "exp_avg_sq", s + 1);
   }
-  EXPECT_THROW(be->adamw_update(p.data(), kGrads[0].data(), m.data(), v.data(), 4, 0.1f, 0.9f,
-                                0.999f, 1e-8f, 0.01f, 0),
+  EXPECT_THROW(be->adamw_update(f32(p), f32(kGrads[0]), f32(m), f32(v), 0.1f, 0.9f, 0.999f,
+                                1e-8f, 0.01f, 0),
                Error);
 }
 
@@ -590,9 +668,8 @@ TEST_F(Kernels, AdamWLargeThreadedMatchesSmall) {
   const int64_t n = 100000;
   Vec p = random_vec(n, rng), g = random_vec(n, rng), m(n, 0.0f), v(n, 0.0f);
   Vec p1(p.begin(), p.begin() + 5), m1(5, 0.0f), v1(5, 0.0f);
-  be->adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
-  be->adamw_update(p1.data(), g.data(), m1.data(), v1.data(), 5, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                   0.1f, 1);
+  be->adamw_update(f32(p), f32(g), f32(m), f32(v), 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+  be->adamw_update(f32(p1), f32(g), f32(m1), f32(v1), 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(p[i], p1[i]);
 }
 
@@ -606,17 +683,17 @@ TEST_F(Kernels, SgdMatchesTorch) {
                                      {0.350862503f, 0.275448889f, -1.99233556f, 2.07672691f}};
   Vec p = kP0, buf(4, 12345.0f);  // garbage: step 1 must set buf = g, not read it
   for (int s = 0; s < 3; ++s) {
-    be->sgd_update(p.data(), kGrads[s].data(), buf.data(), 4, 0.1f, 0.9f, 0.01f, s + 1);
+    be->sgd_update(f32(p), f32(kGrads[s]), f32(buf), 0.1f, 0.9f, 0.01f, s + 1);
     expect_close(p, p_want[s], 2e-6, "param", s + 1);
     expect_close(buf, buf_want[s], 2e-6, "momentum_buffer", s + 1);
   }
-  // momentum 0: plain SGD, buffer untouched (may be null)
+  // momentum 0: plain SGD, buffer untouched (may be an empty view)
   const std::vector<Vec> p0_want = {{0.949000001f, -0.489499986f, 0.249750003f, 1.69799995f},
                                     {0.968051016f, -0.519010484f, 0.249400258f, 1.79630196f},
                                     {0.957082987f, -0.528491497f, 0.44915086f, 1.74450564f}};
   Vec q = kP0;
   for (int s = 0; s < 3; ++s) {
-    be->sgd_update(q.data(), kGrads[s].data(), nullptr, 4, 0.1f, 0.0f, 0.01f, s + 1);
+    be->sgd_update(f32(q), f32(kGrads[s]), TensorView{}, 0.1f, 0.0f, 0.01f, s + 1);
     expect_close(q, p0_want[s], 2e-6, "param (momentum 0)", s + 1);
   }
 }
@@ -630,35 +707,869 @@ TEST_F(Kernels, ResultsIndependentOfThreadCount) {
   Vec x = random_vec(R * C, rng), w = random_vec(C, rng), b = random_vec(C, rng);
   Vec dout = random_vec(R * C, rng);
   Vec mean(R), rstd(R), out(R * C);
-  be->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), R,
-                        C, 1e-5f);
+  be->layernorm_forward(f32(out), f32(mean), f32(rstd), f32(x), f32(w), f32(b), R, C, 1e-5f);
   Vec dx1(R * C, 0.0f), dw1(C, 0.0f), db1(C, 0.0f), dx2 = dx1, dw2 = dw1, db2 = db1;
-  one->layernorm_backward(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(),
-                          mean.data(), rstd.data(), R, C);
-  be->layernorm_backward(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(),
-                         mean.data(), rstd.data(), R, C);
+  one->layernorm_backward(f32(dx1), f32(dw1), f32(db1), f32(dout), f32(x), f32(w), f32(mean),
+                          f32(rstd), R, C);
+  be->layernorm_backward(f32(dx2), f32(dw2), f32(db2), f32(dout), f32(x), f32(w), f32(mean),
+                         f32(rstd), R, C);
   EXPECT_EQ(dx1, dx2);
   EXPECT_EQ(dw1, dw2);
   EXPECT_EQ(db1, db2);
-  std::vector<int32_t> tokens(R);
+  Tokens tokens(R);
   for (int64_t i = 0; i < R; ++i) tokens[i] = static_cast<int32_t>((i * 13) % V);
   Vec e1(V * C, 0.0f), p1(T * C, 0.0f), e2 = e1, p2 = p1;
-  one->embedding_backward(e1.data(), p1.data(), dout.data(), tokens.data(), R / T, T, C);
-  be->embedding_backward(e2.data(), p2.data(), dout.data(), tokens.data(), R / T, T, C);
+  one->embedding_backward(f32(e1), f32(p1), f32(dout), i32(tokens), R / T, T, C);
+  be->embedding_backward(f32(e2), f32(p2), f32(dout), i32(tokens), R / T, T, C);
   EXPECT_EQ(e1, e2);
   EXPECT_EQ(p1, p2);
   Vec bb1(C, 0.0f), bb2(C, 0.0f);
-  one->bias_backward(bb1.data(), dout.data(), R, C);
-  be->bias_backward(bb2.data(), dout.data(), R, C);
+  one->bias_backward(f32(bb1), f32(dout), R, C);
+  be->bias_backward(f32(bb2), f32(dout), R, C);
   EXPECT_EQ(bb1, bb2);
-  EXPECT_EQ(one->squared_norm(dout.data(), R * C), be->squared_norm(dout.data(), R * C));
+  double n1 = 0.0, n2 = 0.0;
+  one->squared_norm(f64(n1), f32(dout));
+  be->squared_norm(f64(n2), f32(dout));
+  EXPECT_EQ(bits(n1), bits(n2));
   Vec l1 = dout, l2 = dout;
-  std::vector<int32_t> tg(R * C / V);
+  Tokens tg(R * C / V);
   for (std::size_t i = 0; i < tg.size(); ++i) tg[i] = static_cast<int32_t>(i % V);
   const int64_t rows = static_cast<int64_t>(tg.size());
-  EXPECT_EQ(one->cross_entropy_forward_backward(l1.data(), tg.data(), rows, V, 0.5f),
-            be->cross_entropy_forward_backward(l2.data(), tg.data(), rows, V, 0.5f));
+  double c1 = 0.0, c2 = 0.0;
+  one->cross_entropy_forward_backward(f64(c1), f32(l1), i32(tg), rows, V, 0.5f);
+  be->cross_entropy_forward_backward(f64(c2), f32(l2), i32(tg), rows, V, 0.5f);
+  EXPECT_EQ(bits(c1), bits(c2));
   EXPECT_EQ(l1, l2);
+}
+
+// ---------------------------------------------------------------------------------------
+// "store bf16/fp16, compute fp32": every kernel on 16-bit views equals the fp32 kernel on the
+// same (rounded) values, rounded to the storage dtype
+
+constexpr DType k16[] = {DType::bf16, DType::f16};
+
+Vec rounded(const Vec& v, DType t) {
+  Vec r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = round_to(t, v[i]);
+  return r;
+}
+
+// Host storage of float values in a storage dtype (fp32, bf16 or fp16 bit patterns).
+class Store {
+ public:
+  Store(DType t, const Vec& v) : t_(t), n_(static_cast<int64_t>(v.size())) {
+    if (t == DType::f32) {
+      f_ = v;
+    } else {
+      h_.resize(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        h_[i] = t == DType::bf16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+      }
+    }
+  }
+  TensorView view() {
+    return {t_ == DType::f32 ? static_cast<void*>(f_.data()) : h_.data(), t_, {n_}};
+  }
+  Vec values() const {
+    if (t_ == DType::f32) return f_;
+    Vec v(h_.size());
+    for (std::size_t i = 0; i < h_.size(); ++i) {
+      v[i] = t_ == DType::bf16 ? bf16_to_f32(h_[i]) : f16_to_f32(h_[i]);
+    }
+    return v;
+  }
+
+ private:
+  DType t_;
+  int64_t n_;
+  Vec f_;
+  std::vector<uint16_t> h_;
+};
+
+struct Outputs {
+  std::vector<Vec> stored;      // float outputs, in the storage dtype of the run
+  std::vector<Vec> fp32;        // fp32-only outputs (LayerNorm statistics)
+  std::vector<double> scalars;  // fp64 device scalars (losses, squared norms)
+};
+
+// got[i] == round_to(dt, ref[i]) bit for bit, for every element.
+void expect_rounded(DType dt, const Vec& ref, const Vec& got, const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (bits(round_to(dt, ref[i])) != bits(got[i]) && bad++ == 0) first = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << " (" << to_string(dt) << "): first mismatch at " << first
+                     << ": got " << got[first] << ", want round_to(" << ref[first]
+                     << ") = " << round_to(dt, ref[first]);
+}
+
+// Runs `run` with fp32 storage and with `dt` storage (of the same values, already rounded to
+// dt by the caller) and checks the store contract on every output.
+void expect_store_contract(DType dt, const std::function<Outputs(DType)>& run,
+                           const std::string& what) {
+  const Outputs ref = run(DType::f32), got = run(dt);
+  ASSERT_EQ(ref.stored.size(), got.stored.size());
+  for (std::size_t k = 0; k < ref.stored.size(); ++k) {
+    expect_rounded(dt, ref.stored[k], got.stored[k], what + " output " + std::to_string(k));
+  }
+  ASSERT_EQ(ref.fp32.size(), got.fp32.size());
+  for (std::size_t k = 0; k < ref.fp32.size(); ++k) {
+    EXPECT_EQ(ref.fp32[k], got.fp32[k])
+        << what << " fp32 output " << k << " (" << to_string(dt) << ")";
+  }
+  ASSERT_EQ(ref.scalars.size(), got.scalars.size());
+  for (std::size_t k = 0; k < ref.scalars.size(); ++k) {
+    EXPECT_EQ(bits(ref.scalars[k]), bits(got.scalars[k]))
+        << what << " scalar " << k << " (" << to_string(dt) << "): " << ref.scalars[k] << " vs "
+        << got.scalars[k];
+  }
+}
+
+TEST_F(Kernels, StoreContractGemm) {
+  struct Dims {
+    int64_t M, N, K;
+  };
+  for (DType dt : k16) {
+    for (Dims s : {Dims{7, 5, 3}, Dims{301, 70, 200}, Dims{40, 290, 210}}) {
+      for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+          for (float beta : {0.0f, 0.3f}) {
+            const Vec A = rounded(random_vec(s.M * s.K, rng), dt);
+            const Vec B = rounded(random_vec(s.K * s.N, rng), dt);
+            // beta == 0: C is garbage (NaN), which must be ignored, not loaded
+            const Vec C0 = beta == 0.0f ? Vec(s.M * s.N, std::numeric_limits<float>::quiet_NaN())
+                                        : rounded(random_vec(s.M * s.N, rng), dt);
+            expect_store_contract(
+                dt,
+                [&](DType st) {
+                  Store a(st, A), b(st, B), c(st, C0);
+                  be->gemm(ta, tb, s.M, s.N, s.K, 0.7f, a.view(), b.view(), beta, c.view());
+                  return Outputs{{c.values()}, {}, {}};
+                },
+                "gemm M=" + std::to_string(s.M) + " ta=" + std::to_string(ta) +
+                    " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Kernels, StoreContractMixedDtypes) {
+  // gemm with A bf16, B fp32, C fp16; axpy with y fp32 and x bf16, and y bf16 and x fp16.
+  const int64_t M = 33, N = 17, K = 45;
+  const Vec A = rounded(random_vec(M * K, rng), DType::bf16), B = random_vec(K * N, rng);
+  const Vec C0 = rounded(random_vec(M * N, rng), DType::f16);
+  Vec ref = C0;
+  be->gemm(false, false, M, N, K, 1.0f, f32(A), f32(B), 1.0f, f32(ref));
+  Store a(DType::bf16, A), c(DType::f16, C0);
+  be->gemm(false, false, M, N, K, 1.0f, a.view(), f32(B), 1.0f, c.view());
+  expect_rounded(DType::f16, ref, c.values(), "mixed gemm");
+
+  const int64_t n = 1001;
+  const Vec x = rounded(random_vec(n, rng), DType::bf16), y0 = random_vec(n, rng);
+  Vec y = y0, yref = y0;
+  Store xs(DType::bf16, x);
+  be->axpy(f32(y), 0.3f, xs.view());
+  be->axpy(f32(yref), 0.3f, f32(x));
+  EXPECT_EQ(y, yref);  // fp32 output: no rounding at all
+  const Vec y16 = rounded(y0, DType::bf16), x16 = rounded(x, DType::f16);
+  Store ys(DType::bf16, y16), xh(DType::f16, x16);
+  Vec r = y16;
+  be->axpy(ys.view(), -1.7f, xh.view());
+  be->axpy(f32(r), -1.7f, f32(x16));
+  expect_rounded(DType::bf16, r, ys.values(), "mixed axpy");
+}
+
+TEST_F(Kernels, StoreContractElementwise) {
+  for (DType dt : k16) {
+    for (int64_t n : {int64_t{13}, int64_t{70001}}) {  // tail only / threaded
+      const Vec a = rounded(random_vec(n, rng), dt), b = rounded(random_vec(n, rng), dt);
+      const Vec g = rounded(random_vec(n, rng, -6.0f, 6.0f), dt);
+      const std::string sz = " n=" + std::to_string(n);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store o(st, Vec(n, 7.0f)), sa(st, a), sb(st, b);
+            be->add(o.view(), sa.view(), sb.view());
+            be->add(sa.view(), sa.view(), sb.view());  // out aliases a
+            return Outputs{{o.values(), sa.values()}, {}, {}};
+          },
+          "add" + sz);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store y(st, a), x(st, b);
+            be->axpy(y.view(), -0.37f, x.view());
+            return Outputs{{y.values()}, {}, {}};
+          },
+          "axpy" + sz);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store x(st, a);
+            be->scale(x.view(), 1.3f);
+            return Outputs{{x.values()}, {}, {}};
+          },
+          "scale" + sz);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store x(st, a);
+            float coef = 0.71f;
+            be->scale_by(x.view(), f32(Vec{coef}));
+            return Outputs{{x.values()}, {}, {}};
+          },
+          "scale_by" + sz);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store x(st, a);
+            double acc = 0.25;
+            be->squared_norm(f64(acc), x.view());
+            return Outputs{{}, {}, {acc}};
+          },
+          "squared_norm" + sz);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store x(st, g), o(st, Vec(n, 0.0f)), d(st, b), dx(st, Vec(n, 0.0f)), d2(st, b);
+            be->gelu_forward(o.view(), x.view());
+            be->gelu_backward(dx.view(), x.view(), d.view());
+            be->gelu_backward(d2.view(), x.view(), d2.view());  // dx aliases dout
+            return Outputs{{o.values(), dx.values(), d2.values()}, {}, {}};
+          },
+          "gelu" + sz);
+    }
+    // bias: R=1000, C=77 takes the threaded column chunks
+    const int64_t R = 1000, C = 77;
+    const Vec out0 = rounded(random_vec(R * C, rng), dt), bias = rounded(random_vec(C, rng), dt);
+    const Vec dout = rounded(random_vec(R * C, rng), dt), db0 = rounded(random_vec(C, rng), dt);
+    expect_store_contract(
+        dt,
+        [&](DType st) {
+          Store o(st, out0), b(st, bias), d(st, dout), db(st, db0);
+          be->add_bias(o.view(), b.view(), R, C);
+          be->bias_backward(db.view(), d.view(), R, C);
+          return Outputs{{o.values(), db.values()}, {}, {}};
+        },
+        "add_bias/bias_backward");
+  }
+}
+
+TEST_F(Kernels, StoreContractEmbedding) {
+  const int64_t B = 4, T = 64, C = 96, V = 50, Tmax = 80;  // threaded column chunks
+  Tokens tokens(B * T);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 13) % V);
+  for (DType dt : k16) {
+    const Vec wte = rounded(random_vec(V * C, rng), dt),
+              wpe = rounded(random_vec(Tmax * C, rng), dt);
+    const Vec dout = rounded(random_vec(B * T * C, rng), dt);
+    const Vec dwte0 = rounded(random_vec(V * C, rng), dt),
+              dwpe0 = rounded(random_vec(Tmax * C, rng), dt);
+    expect_store_contract(
+        dt,
+        [&](DType st) {
+          Store e(st, wte), p(st, wpe), o(st, Vec(B * T * C, 0.0f)), d(st, dout), de(st, dwte0),
+              dp(st, dwpe0);
+          be->embedding_forward(o.view(), i32(tokens), e.view(), p.view(), B, T, C);
+          be->embedding_backward(de.view(), dp.view(), d.view(), i32(tokens), B, T, C);
+          return Outputs{{o.values(), de.values(), dp.values()}, {}, {}};
+        },
+        "embedding");
+  }
+}
+
+TEST_F(Kernels, StoreContractLayerNorm) {
+  const int64_t C = 96;
+  for (DType dt : k16) {
+    for (int64_t R : {int64_t{10}, int64_t{512}}) {
+      const Vec x = rounded(random_vec(R * C, rng, -3.0f, 5.0f), dt);
+      const Vec w = rounded(random_vec(C, rng), dt), b = rounded(random_vec(C, rng), dt);
+      const Vec dout = rounded(random_vec(R * C, rng), dt),
+                dx0 = rounded(random_vec(R * C, rng), dt);
+      const Vec dw0 = rounded(random_vec(C, rng), dt), db0 = rounded(random_vec(C, rng), dt);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store sx(st, x), sw(st, w), sb(st, b), o(st, Vec(R * C, 0.0f)), d(st, dout),
+                dx(st, dx0), dw(st, dw0), db(st, db0);
+            Vec mean(R), rstd(R);
+            be->layernorm_forward(o.view(), f32(mean), f32(rstd), sx.view(), sw.view(), sb.view(),
+                                  R, C, 1e-5f);
+            be->layernorm_backward(dx.view(), dw.view(), db.view(), d.view(), sx.view(), sw.view(),
+                                   f32(mean), f32(rstd), R, C);
+            return Outputs{{o.values(), dx.values(), dw.values(), db.values()}, {mean, rstd}, {}};
+          },
+          "layernorm R=" + std::to_string(R));
+    }
+  }
+}
+
+TEST_F(Kernels, StoreContractAttention) {
+  struct Dims {
+    int64_t B, T, C, H;
+  };
+  for (DType dt : k16) {
+    for (Dims s : {Dims{2, 5, 8, 2}, Dims{1, 70, 16, 2}}) {
+      const int64_t nqkv = s.B * s.T * 3 * s.C, natt = s.B * s.H * s.T * s.T;
+      const Vec qkv = rounded(random_vec(nqkv, rng, -1.5f, 1.5f), dt);
+      const Vec dout = rounded(random_vec(s.B * s.T * s.C, rng), dt);
+      // backward's att input: the forward probabilities, rounded to dt
+      Vec att(natt), out(s.B * s.T * s.C);
+      be->attention_forward(f32(out), f32(att), f32(qkv), s.B, s.T, s.C, s.H);
+      att = rounded(att, dt);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store q(st, qkv), o(st, Vec(s.B * s.T * s.C, 0.0f)), a(st, Vec(natt, 0.0f)),
+                d(st, dout), a_in(st, att), dq(st, Vec(nqkv, 0.0f));
+            Vec scratch(natt);
+            be->attention_forward(o.view(), a.view(), q.view(), s.B, s.T, s.C, s.H);
+            be->attention_backward(dq.view(), f32(scratch), d.view(), q.view(), a_in.view(), s.B,
+                                   s.T, s.C, s.H);
+            return Outputs{{o.values(), a.values(), dq.values()}, {}, {}};
+          },
+          "attention T=" + std::to_string(s.T));
+    }
+  }
+}
+
+TEST_F(Kernels, StoreContractCrossEntropy) {
+  for (DType dt : k16) {
+    for (int64_t V : {int64_t{37}, int64_t{5003}}) {  // single / threaded rows
+      const int64_t R = 16;
+      Vec lg = random_vec(R * V, rng, -8.0f, 8.0f);
+      for (int64_t j = 0; j < V; ++j) lg[3 * V + j] += 1000.0f;  // needs max subtraction
+      const Vec logits = rounded(lg, dt);
+      Tokens targets(R);
+      for (int64_t r = 0; r < R; ++r) targets[r] = static_cast<int32_t>((r * 4999) % V);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store x(st, logits), y(st, logits);
+            double l1 = 0.5, l2 = 0.0;
+            be->cross_entropy_forward_backward(f64(l1), x.view(), i32(targets), R, V, 0.25f);
+            be->cross_entropy_forward(f64(l2), y.view(), i32(targets), R, V);
+            return Outputs{{x.values(), y.values()}, {}, {l1, l2}};
+          },
+          "cross_entropy V=" + std::to_string(V));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// casts: bit patterns computed by hand
+
+// be->cast from an array of `From` bit patterns/values to `To`.
+template <class To, class From>
+std::vector<To> do_cast(Backend& be, DType to, DType from, const std::vector<From>& src) {
+  std::vector<To> dst(src.size());
+  const int64_t n = static_cast<int64_t>(src.size());
+  be.cast(TensorView(dst.data(), to, {n}), TensorView(src.data(), from, {n}));
+  return dst;
+}
+template <class T>
+std::vector<T> from_bits(const std::vector<uint32_t>& b) {
+  std::vector<T> v(b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) v[i] = std::bit_cast<float>(b[i]);
+  return v;
+}
+bool is_nan16(DType t, uint16_t h) {
+  return t == DType::bf16 ? ((h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0)
+                          : ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0);
+}
+
+TEST_F(Kernels, CastF32ToBf16Rounding) {
+  const std::vector<uint32_t> in = {0x3F800000,              // 1
+                                    0x3F808000,              // 1 + 2^-8: tie, even below -> 1
+                                    0x3F818000,              // 1 + 3*2^-8: tie, odd below -> up
+                                    0x3F808001,              // just above the tie -> up
+                                    0xBF808001,              // negative, just above the tie
+                                    0x7F7FFFFF,              // FLT_MAX rounds to inf
+                                    0x7F800000, 0xFF800000,  // +-inf
+                                    0x80000000,              // -0
+                                    0x00010000, 0x00008000,
+                                    0x00018000};  // subnormals: exact, tie to 0, tie to 2
+  const std::vector<uint16_t> want = {0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xBF81, 0x7F80,
+                                      0x7F80, 0xFF80, 0x8000, 0x0001, 0x0000, 0x0002};
+  EXPECT_EQ((do_cast<uint16_t>(*be, DType::bf16, DType::f32, from_bits<float>(in))), want);
+  // NaNs stay NaN (quiet, sign kept)
+  const auto nan = do_cast<uint16_t>(*be, DType::bf16, DType::f32,
+                                     from_bits<float>({0x7FC00000, 0x7F800001, 0xFFC00000}));
+  EXPECT_EQ(nan[0], 0x7FC0);
+  EXPECT_TRUE(is_nan16(DType::bf16, nan[1]));
+  EXPECT_EQ(nan[2], 0xFFC0);
+}
+
+TEST_F(Kernels, CastF32ToF16Rounding) {
+  const Vec in = {1.0f,
+                  -2.0f,
+                  0.5f,
+                  65504.0f,
+                  65519.0f,
+                  65520.0f,
+                  1e6f,
+                  -1e6f,  // max, below/at overflow bound
+                  std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(),
+                  std::bit_cast<float>(0x3F801000u),  // 1 + 2^-11: tie, even -> 1
+                  std::bit_cast<float>(0x3F803000u),  // 1 + 3*2^-11: tie, odd -> up
+                  std::ldexp(1.0f, -24),              // smallest subnormal
+                  std::ldexp(1.0f, -25),              // tie between 0 and 2^-24 -> 0
+                  std::ldexp(3.0f, -25),              // 1.5 * 2^-24: tie -> 2
+                  std::ldexp(3.0f, -26),              // 0.75 * 2^-24 -> 1
+                  std::ldexp(1.0f, -14),              // smallest normal
+                  std::ldexp(1023.0f, -24),           // largest subnormal
+                  std::ldexp(2047.0f, -25),           // 1023.5 * 2^-24: tie -> 1024 (normal)
+                  std::ldexp(2045.0f, -25),           // 1022.5 * 2^-24: tie -> 1022
+                  -std::ldexp(1.0f, -24),
+                  1e-10f,
+                  -0.0f};
+  const std::vector<uint16_t> want = {0x3C00, 0xC000, 0x3800, 0x7BFF, 0x7BFF, 0x7C00,
+                                      0x7C00, 0xFC00, 0x7C00, 0xFC00, 0x3C00, 0x3C02,
+                                      0x0001, 0x0000, 0x0002, 0x0001, 0x0400, 0x03FF,
+                                      0x0400, 0x03FE, 0x8001, 0x0000, 0x8000};
+  EXPECT_EQ((do_cast<uint16_t>(*be, DType::f16, DType::f32, in)), want);
+  const auto nan =
+      do_cast<uint16_t>(*be, DType::f16, DType::f32, Vec{std::numeric_limits<float>::quiet_NaN()});
+  EXPECT_TRUE(is_nan16(DType::f16, nan[0]));
+}
+
+TEST_F(Kernels, Cast16BitToWider) {
+  const std::vector<uint16_t> h = {0x0001, 0x03FF, 0x0400, 0x7BFF, 0x7C00,
+                                   0xFC00, 0x8000, 0x3C00, 0xC000};
+  const std::vector<uint32_t> want = {0x33800000, 0x387FC000, 0x38800000, 0x477FE000, 0x7F800000,
+                                      0xFF800000, 0x80000000, 0x3F800000, 0xC0000000};
+  const auto f = do_cast<float>(*be, DType::f32, DType::f16, h);
+  for (std::size_t i = 0; i < h.size(); ++i) EXPECT_EQ(bits(f[i]), want[i]) << i;
+  const auto d = do_cast<double>(*be, DType::f64, DType::f16, h);
+  for (std::size_t i = 0; i < h.size(); ++i) EXPECT_EQ(bits(d[i]), bits(static_cast<double>(f[i])));
+  EXPECT_TRUE(
+      std::isnan(do_cast<float>(*be, DType::f32, DType::f16, std::vector<uint16_t>{0x7E00})[0]));
+  const std::vector<uint16_t> b = {0x3F80, 0x0001, 0x7F80, 0xC2F7};
+  const auto fb = do_cast<float>(*be, DType::f32, DType::bf16, b);
+  EXPECT_EQ(bits(fb[0]), 0x3F800000u);
+  EXPECT_EQ(bits(fb[1]), 0x00010000u);
+  EXPECT_EQ(bits(fb[2]), 0x7F800000u);
+  EXPECT_EQ(fb[3], -123.5f);
+  EXPECT_TRUE(
+      std::isnan(do_cast<double>(*be, DType::f64, DType::bf16, std::vector<uint16_t>{0xFFC0})[0]));
+}
+
+TEST_F(Kernels, CastBetween16BitFormats) {
+  // bf16 -> fp16: 1 + 2^-7 exact; 99840 overflows; 2^-24 exact subnormal; 2^-25 ties to 0
+  EXPECT_EQ((do_cast<uint16_t>(*be, DType::f16, DType::bf16,
+                               std::vector<uint16_t>{0x3F81, 0x47C3, 0x3380, 0x3300, 0xFF80})),
+            (std::vector<uint16_t>{0x3C08, 0x7C00, 0x0001, 0x0000, 0xFC00}));
+  // fp16 -> bf16: 1 + 2^-10 down; 1 + 6*2^-10 up; 1 + 2^-8 ties to even; 65504 -> 65536
+  EXPECT_EQ((do_cast<uint16_t>(*be, DType::bf16, DType::f16,
+                               std::vector<uint16_t>{0x3C01, 0x3C06, 0x3C04, 0x7BFF, 0x0001})),
+            (std::vector<uint16_t>{0x3F80, 0x3F81, 0x3F80, 0x4780, 0x3380}));
+}
+
+TEST_F(Kernels, CastFromF64RoundsOnce) {
+  const double inf = std::numeric_limits<double>::infinity();
+  // fp64 -> fp32
+  const auto f = do_cast<float>(
+      *be, DType::f32, DType::f64,
+      std::vector<double>{1 + 0x1p-24, 1 + 0x1p-24 + 0x1p-50, 1e300, -1e300, 1e-50, -inf});
+  EXPECT_EQ(bits(f[0]), 0x3F800000u);  // tie -> even
+  EXPECT_EQ(bits(f[1]), 0x3F800001u);
+  EXPECT_EQ(bits(f[2]), 0x7F800000u);
+  EXPECT_EQ(bits(f[3]), 0xFF800000u);
+  EXPECT_EQ(bits(f[4]), 0u);
+  EXPECT_EQ(bits(f[5]), 0xFF800000u);
+  // fp64 -> bf16: 1 + 2^-8 + 2^-30 is above the tie: up (via fp32 it would tie to even, down)
+  EXPECT_EQ(
+      (do_cast<uint16_t>(*be, DType::bf16, DType::f64,
+                         std::vector<double>{1 + 0x1p-8 + 0x1p-30, 1 + 0x1p-8, 1 + 0x1p-7 + 0x1p-8,
+                                             1e300, 3.5e38, 1e-300, -1e-300, inf})),
+      (std::vector<uint16_t>{0x3F81, 0x3F80, 0x3F82, 0x7F80, 0x7F80, 0x0000, 0x8000, 0x7F80}));
+  // fp64 -> fp16: the same double-rounding traps, in the normal and subnormal ranges
+  EXPECT_EQ((do_cast<uint16_t>(*be, DType::f16, DType::f64,
+                               std::vector<double>{1 + 0x1p-11 + 0x1p-40, 1 + 0x1p-11, 65519.99,
+                                                   65520.0, 0x1p-25 + 0x1p-60, 0x1p-25, -inf})),
+            (std::vector<uint16_t>{0x3C01, 0x3C00, 0x7BFF, 0x7C00, 0x0001, 0x0000, 0xFC00}));
+  const auto nan = do_cast<uint16_t>(*be, DType::bf16, DType::f64,
+                                     std::vector<double>{std::numeric_limits<double>::quiet_NaN()});
+  EXPECT_TRUE(is_nan16(DType::bf16, nan[0]));
+}
+
+TEST_F(Kernels, CastRoundTrips) {
+  // Every 16-bit pattern survives 16 -> fp32 -> 16 and 16 -> fp64 -> 16 (NaNs stay NaN);
+  // 65536 elements also take the threaded path.
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  for (DType t : k16) {
+    for (DType wide : {DType::f32, DType::f64}) {
+      std::vector<uint16_t> back;
+      if (wide == DType::f32) {
+        back = do_cast<uint16_t>(*be, t, wide, do_cast<float>(*be, wide, t, all));
+      } else {
+        back = do_cast<uint16_t>(*be, t, wide, do_cast<double>(*be, wide, t, all));
+      }
+      int bad = 0;
+      for (uint32_t i = 0; i < all.size(); ++i) {
+        const bool ok = is_nan16(t, all[i]) ? is_nan16(t, back[i]) : back[i] == all[i];
+        if (!ok && bad++ < 3)
+          ADD_FAILURE() << to_string(t) << " via " << to_string(wide) << ": " << all[i] << " -> "
+                        << back[i];
+      }
+    }
+  }
+  // fp32 -> 16 -> fp32 is round_to; fp32 -> fp64 -> fp32 and same-dtype casts are exact
+  const Vec x = random_vec(40000, rng, -70000.0f, 70000.0f);
+  for (DType t : k16) {
+    const auto back = do_cast<float>(*be, DType::f32, t, do_cast<uint16_t>(*be, t, DType::f32, x));
+    for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(bits(back[i]), bits(round_to(t, x[i])));
+  }
+  EXPECT_EQ((do_cast<float>(*be, DType::f32, DType::f64,
+                            do_cast<double>(*be, DType::f64, DType::f32, x))),
+            x);
+  EXPECT_EQ((do_cast<float>(*be, DType::f32, DType::f32, x)), x);
+}
+
+// ---------------------------------------------------------------------------------------
+// device-scalar reductions, clipping and loss-scale unscaling
+
+TEST_F(Kernels, SquaredNormAccumulates) {
+  const Vec x = random_vec(100003, rng);  // several chunks, threaded
+  double first = 0.0;
+  be->squared_norm(f64(first), f32(x));
+  double ref = 0.0;
+  for (float v : x) ref += static_cast<double>(v) * v;
+  EXPECT_NEAR(first, ref, 1e-12 * ref);
+  double acc = 2.5;
+  be->squared_norm(f64(acc), f32(x));
+  EXPECT_EQ(bits(acc), bits(2.5 + first));         // acc += the same sum
+  be->squared_norm(f64(acc), f32(x).slice(0, 0));  // empty: unchanged
+  EXPECT_EQ(bits(acc), bits(2.5 + first));
+  auto one = make_cpu_backend(1);
+  double single = 0.0;
+  one->squared_norm(f64(single), f32(x));
+  EXPECT_EQ(bits(single), bits(first));
+}
+
+TEST_F(Kernels, ClipCoefficient) {
+  std::vector<double> parts = {3.0, 4.0, 9.0};  // total 16, norm 4
+  double norm = -1.0;
+  Vec coef = {-1.0f};
+  be->clip_coefficient(f64(norm), f32(coef), TensorView(parts.data(), DType::f64, {3}), 1.0);
+  EXPECT_EQ(norm, 4.0);
+  EXPECT_EQ(coef[0], static_cast<float>(1.0 / (4.0 + 1e-6)));  // clipping
+  for (double max_norm : {10.0, 4.0, 0.0, -1.0}) {             // no clipping: exactly 1
+    coef[0] = -1.0f;
+    be->clip_coefficient(f64(norm), f32(coef), TensorView(parts.data(), DType::f64, {3}), max_norm);
+    EXPECT_EQ(norm, 4.0);
+    EXPECT_EQ(bits(coef[0]), bits(1.0f)) << "max_norm " << max_norm;
+  }
+  // parts are summed in index order: (1e16 + 1) - 1e16 = 0 in double
+  parts = {1e16, 1.0, -1e16};
+  be->clip_coefficient(f64(norm), f32(coef), TensorView(parts.data(), DType::f64, {3}), 1.0);
+  EXPECT_EQ(norm, 0.0);
+  EXPECT_EQ(coef[0], 1.0f);
+  // scaling by a coefficient of exactly 1 leaves gradients bitwise unchanged, in any dtype
+  const Vec g = random_vec(1000, rng);
+  Vec h = g;
+  be->scale_by(f32(h), f32(coef));
+  EXPECT_EQ(h, g);
+  Store s(DType::bf16, rounded(g, DType::bf16));
+  be->scale_by(s.view(), f32(coef));
+  EXPECT_EQ(s.values(), rounded(g, DType::bf16));
+  coef[0] = 0.5f;
+  be->scale_by(f32(h), f32(coef));
+  for (std::size_t i = 0; i < g.size(); ++i) ASSERT_EQ(h[i], g[i] * 0.5f);
+}
+
+TEST_F(Kernels, UnscaleAndCheck) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // finite: unscaled, found_inf untouched (0 stays 0, 1 stays 1)
+  Vec x = {2.0f, -4.0f, 1e-3f};
+  double found = 0.0;
+  be->unscale_and_check(f32(x), 0.5f, f64(found));
+  EXPECT_EQ(x, (Vec{1.0f, -2.0f, 0.5e-3f}));
+  EXPECT_EQ(found, 0.0);
+  found = 1.0;
+  be->unscale_and_check(f32(x), 1.0f, f64(found));
+  EXPECT_EQ(found, 1.0);
+  // inf, -inf and NaN set it
+  for (float bad : {inf, -inf, nan}) {
+    Vec y = {1.0f, bad, 4.0f};
+    found = 0.0;
+    be->unscale_and_check(f32(y), 0.25f, f64(found));
+    EXPECT_EQ(found, 1.0) << bad;
+    EXPECT_EQ(y[0], 0.25f);
+    EXPECT_EQ(y[2], 1.0f);
+  }
+  // threaded, the bad element at the very end
+  Vec big = random_vec(100001, rng);
+  found = 0.0;
+  be->unscale_and_check(f32(big), 0.5f, f64(found));
+  EXPECT_EQ(found, 0.0);
+  big.back() = nan;
+  be->unscale_and_check(f32(big), 0.5f, f64(found));
+  EXPECT_EQ(found, 1.0);
+}
+
+// ---------------------------------------------------------------------------------------
+// argument checks
+
+// `f` throws fsdp::Error whose message names `kernel` and `arg`.
+void expect_arg_error(const std::function<void()>& f, const std::string& kernel,
+                      const std::string& arg) {
+  try {
+    f();
+    ADD_FAILURE() << kernel << ": no error for " << arg;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(kernel + ":"), std::string::npos) << m;
+    EXPECT_NE(m.find(" " + arg + " "), std::string::npos) << m;
+  }
+}
+
+TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
+  Vec a(64, 0.5f), b(64, 0.5f), c(64, 0.5f), d(64, 0.5f);
+  std::vector<uint16_t> h(64, 0);
+  const TensorView bf(h.data(), DType::bf16, {64});
+  const Tokens tok(8, 0);
+  double s = 0.0;
+  auto sv = [&] { return f64(s); };
+  expect_arg_error(
+      [&] { be->gemm(false, false, 5, 5, 5, 1.0f, f32(a), f32(b), 0.0f, f32(c).slice(0, 24)); },
+      "gemm", "C");
+  expect_arg_error([&] { be->gemm(false, false, 9, 8, 8, 1.0f, f32(a), f32(b), 0.0f, f32(c)); },
+                   "gemm", "A");
+  expect_arg_error([&] { be->gemm(false, false, -1, 2, 2, 1.0f, f32(a), f32(b), 0.0f, f32(c)); },
+                   "gemm", "M");
+  expect_arg_error([&] { be->gemm(false, false, 2, 2, 2, 1.0f, i32(tok), f32(b), 0.0f, f32(c)); },
+                   "gemm", "A");
+  expect_arg_error([&] { be->add_bias(f32(a), f32(b).slice(0, 7), 8, 8); }, "add_bias", "bias");
+  expect_arg_error([&] { be->add(f32(a), f32(b).slice(0, 10), f32(c)); }, "add", "a");
+  expect_arg_error([&] { be->axpy(f32(a), 1.0f, TensorView(d.data(), DType::f64, {8})); }, "axpy",
+                   "x");
+  expect_arg_error([&] { be->squared_norm(f32(a).slice(0, 1), f32(b)); }, "squared_norm", "acc");
+  expect_arg_error([&] { be->squared_norm(TensorView(&s, DType::f64, {0}), f32(b)); },
+                   "squared_norm", "acc");
+  expect_arg_error(
+      [&] {
+        be->layernorm_forward(f32(a), bf.slice(0, 8), f32(b), f32(c), f32(d), f32(d), 8, 8, 1e-5f);
+      },
+      "layernorm_forward", "mean");
+  expect_arg_error(
+      [&] {
+        be->layernorm_backward(f32(a), f32(b), f32(c), f32(d), f32(a), f32(b), f32(c), bf, 8, 8);
+      },
+      "layernorm_backward", "rstd");
+  expect_arg_error([&] { be->attention_backward(f32(a), bf, f32(b), f32(c), f32(d), 1, 2, 4, 2); },
+                   "attention_backward", "scratch");
+  expect_arg_error([&] { be->attention_forward(f32(a), f32(b).slice(0, 7), f32(c), 1, 2, 4, 2); },
+                   "attention_forward", "att");
+  expect_arg_error(
+      [&] { be->embedding_forward(f32(a), f32(b).slice(0, 8), f32(c), f32(d), 1, 8, 8); },
+      "embedding_forward", "tokens");
+  expect_arg_error(
+      [&] { be->embedding_forward(f32(a), i32(tok), f32(c), f32(d).slice(0, 63), 1, 8, 8); },
+      "embedding_forward", "wpe");
+  expect_arg_error([&] { be->cross_entropy_forward(f32(a).slice(0, 1), f32(b), i32(tok), 8, 8); },
+                   "cross_entropy_forward", "loss");
+  expect_arg_error([&] { be->cross_entropy_forward_backward(sv(), f32(b), i32(tok), 8, 9, 1.0f); },
+                   "cross_entropy_forward_backward", "logits");
+  expect_arg_error(
+      [&] { be->adamw_update(f32(a), bf, f32(c), f32(d), 0.1f, 0.9f, 0.99f, 1e-8f, 0.0f, 1); },
+      "adamw_update", "grad");
+  expect_arg_error(
+      [&] { be->adamw_update(bf, f32(b), f32(c), f32(d), 0.1f, 0.9f, 0.99f, 1e-8f, 0.0f, 1); },
+      "adamw_update", "param");
+  expect_arg_error(
+      [&] {
+        be->adamw_update(f32(a), f32(b), f32(c).slice(0, 63), f32(d), 0.1f, 0.9f, 0.99f, 1e-8f,
+                         0.0f, 1);
+      },
+      "adamw_update", "exp_avg");
+  expect_arg_error([&] { be->sgd_update(f32(a), f32(b), TensorView{}, 0.1f, 0.9f, 0.0f, 1); },
+                   "sgd_update", "momentum_buf");
+  expect_arg_error([&] { be->unscale_and_check(bf, 0.5f, sv()); }, "unscale_and_check", "x");
+  expect_arg_error([&] { be->unscale_and_check(f32(a), 0.5f, f32(b)); }, "unscale_and_check",
+                   "found_inf");
+  expect_arg_error([&] { be->scale_by(f32(a), TensorView(&s, DType::f64, {1})); }, "scale_by",
+                   "coef");
+  expect_arg_error([&] { be->clip_coefficient(sv(), f32(a), f32(b), 1.0); }, "clip_coefficient",
+                   "parts");
+  expect_arg_error([&] { be->clip_coefficient(sv(), bf, TensorView(&s, DType::f64, {1}), 1.0); },
+                   "clip_coefficient", "coef");
+  expect_arg_error([&] { be->copy(f32(a), bf); }, "copy", "dst");
+  expect_arg_error([&] { be->cast(f32(a), bf.slice(0, 8)); }, "cast", "dst");
+  expect_arg_error([&] { be->cast(f32(a).slice(0, 8), i32(tok)); }, "cast", "src");
+  // a 16-bit kernel that throws stores nothing (here C % H != 0, found by the fp32 kernel)
+  Store out(DType::bf16, Vec(10, 3.0f)), att(DType::f16, Vec(3, 3.0f)),
+      qkv(DType::bf16, Vec(30, 1.0f));
+  EXPECT_THROW(be->attention_forward(out.view(), att.view(), qkv.view(), 1, 1, 10, 3), Error);
+  EXPECT_EQ(out.values(), Vec(10, 3.0f));
+  EXPECT_EQ(att.values(), Vec(3, 3.0f));
+  Store logits(DType::f16, Vec(6, 3.0f));
+  double loss = 0.0;
+  EXPECT_THROW(
+      be->cross_entropy_forward_backward(f64(loss), logits.view(), i32({0, 5}), 2, 3, 1.0f), Error);
+  EXPECT_EQ(logits.values(), Vec(6, 3.0f));
+  EXPECT_EQ(loss, 0.0);
+}
+
+// ---------------------------------------------------------------------------------------
+// the stream-ordered caching allocator
+
+// An Event that stays pending until flipped, or until synchronize() (which completes it).
+class ManualEvent final : public Event {
+ public:
+  void record(Stream&) override {}
+  void synchronize() override {
+    ++syncs;
+    done = true;
+  }
+  bool query() override { return done; }
+  bool done = false;
+  int syncs = 0;
+};
+
+TEST_F(Kernels, AllocatorReusesFreedBlocks) {
+  const AllocatorStats& st = be->allocator_stats();
+  void* p = be->allocate(1000, MemCategory::activations);
+  const int64_t raw = st.raw_allocs, hits = st.cache_hits;
+  EXPECT_EQ(st.reserved_bytes, 1024);  // size class: 512-byte multiples
+  EXPECT_EQ(be->memory().current(MemCategory::activations), 1000u);  // logical bytes
+  be->deallocate(p, 1000, MemCategory::activations);
+  EXPECT_EQ(be->memory().current(MemCategory::activations), 0u);
+  void* q = be->allocate(1000, MemCategory::grads);
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(st.raw_allocs, raw);
+  EXPECT_EQ(st.cache_hits, hits + 1);
+  EXPECT_EQ(be->memory().current(MemCategory::grads), 1000u);
+  be->deallocate(q, 1000, MemCategory::grads);
+  void* r = be->allocate(600, MemCategory::other);  // same 1024-byte class
+  EXPECT_EQ(r, p);
+  EXPECT_EQ(be->memory().current(MemCategory::other), 600u);
+  void* s = be->allocate(600, MemCategory::other);  // class empty: a new raw block
+  EXPECT_NE(s, p);
+  EXPECT_EQ(st.raw_allocs, raw + 1);
+  EXPECT_EQ(st.reserved_bytes, 2048);
+  be->deallocate(r, 600, MemCategory::other);
+  be->deallocate(s, 600, MemCategory::other);
+  EXPECT_EQ(be->memory().current_total(), 0u);
+  EXPECT_EQ(st.raw_frees, 0);
+}
+
+TEST_F(Kernels, AllocatorWaitsForPendingEvent) {
+  const AllocatorStats& st = be->allocator_stats();
+  void* p = be->allocate(4096, MemCategory::comm_buffers);
+  void* q = be->allocate(4096, MemCategory::comm_buffers);
+  auto ev = std::make_shared<ManualEvent>();
+  be->deallocate(p, 4096, MemCategory::comm_buffers, ev);  // e.g. a reduce-scatter input
+  be->deallocate(q, 4096, MemCategory::comm_buffers);
+  // The ready block is preferred; the pending one is neither handed out nor waited on.
+  EXPECT_EQ(be->allocate(4096, MemCategory::comm_buffers), q);
+  EXPECT_EQ(ev->syncs, 0);
+  EXPECT_FALSE(ev->done);
+  // Only the pending block is left: the host stream waits on the event (synchronizes it)
+  // before the block is returned.
+  const int64_t raw = st.raw_allocs;
+  EXPECT_EQ(be->allocate(4096, MemCategory::comm_buffers), p);
+  EXPECT_EQ(ev->syncs, 1);
+  EXPECT_TRUE(ev->done);
+  EXPECT_EQ(st.raw_allocs, raw);
+  // An event that completed on its own is not waited on.
+  auto ev2 = std::make_shared<ManualEvent>();
+  be->deallocate(p, 4096, MemCategory::comm_buffers, ev2);
+  ev2->done = true;
+  EXPECT_EQ(be->allocate(4096, MemCategory::comm_buffers), p);
+  EXPECT_EQ(ev2->syncs, 0);
+  be->deallocate(p, 4096, MemCategory::comm_buffers);
+  be->deallocate(q, 4096, MemCategory::comm_buffers);
+  EXPECT_EQ(be->memory().current_total(), 0u);
+}
+
+// A CachingAllocator over a raw allocator with a byte budget, counting its calls.
+struct BudgetRaw {
+  explicit BudgetRaw(std::size_t bytes) : budget(bytes) {}
+  std::size_t budget, live = 0;
+  int allocs = 0, frees = 0;
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  void* alloc(std::size_t n) {
+    if (live + n > budget) return nullptr;
+    void* p = std::aligned_alloc(256, n);
+    live += n;
+    ++allocs;
+    blocks.emplace_back(p, n);
+    return p;
+  }
+  void free(void* p) {
+    for (auto it = blocks.begin(); it != blocks.end(); ++it) {
+      if (it->first == p) {
+        live -= it->second;
+        blocks.erase(it);
+        break;
+      }
+    }
+    ++frees;
+    std::free(p);
+  }
+};
+
+TEST(CachingAllocatorTest, EmptyCacheReleasesCompletedBlocks) {
+  BudgetRaw raw{1 << 20};
+  MemoryTracker mem;
+  HostStream stream;
+  {
+    CachingAllocator alloc([&](std::size_t n) { return raw.alloc(n); },
+                           [&](void* p) { raw.free(p); }, mem);
+    void* a = alloc.allocate(100, MemCategory::other, stream);
+    void* b = alloc.allocate(5000, MemCategory::other, stream);
+    void* c = alloc.allocate(20000, MemCategory::other, stream);
+    EXPECT_EQ(mem.current_total(), 25100u);  // logical bytes
+    EXPECT_EQ(alloc.stats().reserved_bytes, 512 + 5120 + 20480);
+    auto ev = std::make_shared<ManualEvent>();
+    alloc.deallocate(a, 100, MemCategory::other);
+    alloc.deallocate(b, 5000, MemCategory::other, ev);
+    EXPECT_EQ(mem.current_total(), 20000u);
+    alloc.empty_cache();  // a goes back; b waits for its event
+    EXPECT_EQ(raw.frees, 1);
+    EXPECT_EQ(alloc.stats().raw_frees, 1);
+    EXPECT_EQ(alloc.stats().reserved_bytes, 5120 + 20480);
+    EXPECT_EQ(ev->syncs, 0);
+    ev->done = true;
+    alloc.empty_cache();
+    EXPECT_EQ(raw.frees, 2);
+    EXPECT_EQ(alloc.stats().reserved_bytes, 20480);
+    // emptied: the next allocation of a's size is a raw one
+    void* a2 = alloc.allocate(100, MemCategory::other, stream);
+    EXPECT_EQ(raw.allocs, 4);
+    alloc.deallocate(a2, 100, MemCategory::other);
+    alloc.deallocate(c, 20000, MemCategory::other);
+    EXPECT_EQ(mem.current_total(), 0u);
+  }
+  EXPECT_EQ(raw.live, 0u);  // the destructor returned the cached blocks
+}
+
+TEST(CachingAllocatorTest, OutOfMemoryEmptiesCacheThenThrows) {
+  BudgetRaw raw{3072};
+  MemoryTracker mem;
+  HostStream stream;
+  CachingAllocator alloc([&](std::size_t n) { return raw.alloc(n); }, [&](void* p) { raw.free(p); },
+                         mem);
+  void* a = alloc.allocate(1024, MemCategory::other, stream);
+  alloc.deallocate(a, 1024, MemCategory::other);               // cached, still reserved
+  void* b = alloc.allocate(3072, MemCategory::grads, stream);  // fits only once a is released
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(raw.frees, 1);
+  try {
+    alloc.allocate(4096, MemCategory::activations, stream);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(mem.current_total(), 3072u);
+  alloc.deallocate(b, 3072, MemCategory::grads);
 }
 
 }  // namespace

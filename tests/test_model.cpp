@@ -8,8 +8,10 @@
 #include <cmath>
 #include <random>
 
+#include "fsdp/backend/buffer.hpp"
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/comm/device_mesh.hpp"
+#include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/gpt2.hpp"
 
@@ -27,14 +29,16 @@ fsdp::ModelConfig tiny_model() {
 
 struct Fixture {
   std::unique_ptr<fsdp::Backend> be = fsdp::make_cpu_backend(1);
-  fsdp::DeviceMesh mesh = fsdp::DeviceMesh::create(MPI_COMM_SELF, 0);
+  fsdp::MpiCommunicator self{MPI_COMM_SELF};
+  fsdp::DeviceMesh mesh = fsdp::DeviceMesh::create(self, 0);
   fsdp::Gpt2Model model{tiny_model(), *be};
   fsdp::FsdpEngine engine;
+  fsdp::DeviceBuffer loss_dev{*be, fsdp::DType::f64, 1, fsdp::MemCategory::other};
   std::vector<int32_t> tokens, targets;
   static constexpr int64_t B = 2, T = 6;
 
   explicit Fixture(const fsdp::FsdpConfig& fc = {})
-      : engine(model.modules(), fc, mesh, *be, 42) {
+      : engine(model.modules(), fc, fsdp::MixedPrecisionConfig{}, mesh, *be, 42) {
     std::mt19937 gen(3);
     for (int64_t i = 0; i < B * T; ++i) {
       tokens.push_back(static_cast<int32_t>(gen() % 11));
@@ -42,18 +46,26 @@ struct Fixture {
     }
   }
   // Mean cross-entropy, in double from the kernels' double sums.
-  double loss() {
-    engine.begin_step(false);
-    const double s = model.forward_loss(tokens.data(), targets.data(), B, T, engine);
-    engine.end_step();
+  double read_loss() {
+    double s = 0;
+    be->copy_to_host(&s, loss_dev.view());
     return s / (B * T);
   }
-  double loss_and_grads() {
-    engine.begin_step(true);
-    const double s = model.forward_backward(tokens.data(), targets.data(), B, T,
-                                             1.f / (B * T), engine);
+  double loss() {
+    be->fill_zero(loss_dev.view());
+    engine.begin_step(false);
+    model.forward_loss(tokens.data(), targets.data(), B, T, engine, loss_dev.view());
     engine.end_step();
-    return s / (B * T);
+    return read_loss();
+  }
+  double loss_and_grads() {
+    be->fill_zero(loss_dev.view());
+    engine.zero_grad();
+    engine.begin_step(true);
+    model.forward_backward(tokens.data(), targets.data(), B, T, 1.f / (B * T), engine,
+                           loss_dev.view());
+    engine.end_step();
+    return read_loss();
   }
 };
 
@@ -63,7 +75,7 @@ TEST(Gpt2, FiniteDifferenceGradientOfEveryParameter) {
   std::mt19937 gen(5);
   std::normal_distribution<float> nd(0.f, 0.3f);
   for (int u = 0; u < f.engine.num_units(); ++u) {
-    float* p = f.engine.shard_param(u);
+    float* p = f.engine.shard_param(u).f32();
     for (const auto& e : f.engine.layout(u).entries) {
       for (int64_t i = 0; i < e.spec.numel(); ++i) p[e.offset + i] += nd(gen);
     }
@@ -71,8 +83,8 @@ TEST(Gpt2, FiniteDifferenceGradientOfEveryParameter) {
   f.loss_and_grads();
   int checked = 0;
   for (int u = 0; u < f.engine.num_units(); ++u) {
-    float* p = f.engine.shard_param(u);
-    const float* g = f.engine.shard_grad(u);
+    float* p = f.engine.shard_param(u).f32();
+    const float* g = f.engine.shard_grad(u).f32();
     const std::vector<float> grad(g, g + f.engine.shard_numel(u));
     for (const auto& e : f.engine.layout(u).entries) {
       // Directional derivative along a random direction d over this tensor:
@@ -107,7 +119,7 @@ TEST(Gpt2, FiniteDifferenceGradientOfEveryParameter) {
 
 TEST(Gpt2, InitialisationFollowsGpt2) {
   fsdp::FsdpConfig fc;
-  fc.auto_wrap_policy = "NO_WRAP";
+  fc.auto_wrap_policy = fsdp::AutoWrapPolicy::NO_WRAP;
   Fixture f(fc);
   auto params = f.engine.gather_full_params();
   auto stdev = [](const std::vector<float>& v) {
@@ -129,9 +141,11 @@ TEST(Gpt2, InitialWeightsDoNotDependOnTheWorldSize) {
   Fixture single;
   const auto ref = single.engine.gather_full_params();
   auto be = fsdp::make_cpu_backend(1);
-  auto mesh = fsdp::DeviceMesh::create(MPI_COMM_WORLD, 0);
+  fsdp::MpiCommunicator world(MPI_COMM_WORLD);
+  auto mesh = fsdp::DeviceMesh::create(world, 0);
   fsdp::Gpt2Model model(tiny_model(), *be);
-  fsdp::FsdpEngine sharded(model.modules(), fsdp::FsdpConfig{}, mesh, *be, 42);
+  fsdp::FsdpEngine sharded(model.modules(), fsdp::FsdpConfig{}, fsdp::MixedPrecisionConfig{},
+                           mesh, *be, 42);
   EXPECT_EQ(sharded.gather_full_params(), ref);
 }
 

@@ -146,6 +146,9 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
     f.set_attr("/", "seed", static_cast<int64_t>(meta.seed));  // same bits
     f.set_attr("/", "sampler_epoch", meta.sampler_epoch);
     f.set_attr("/", "sampler_position", meta.sampler_position);
+    f.set_attr("/", "optimizer_updates", meta.optimizer_updates < 0 ? meta.step : meta.optimizer_updates);
+    f.set_attr("/", "loss_scale", meta.loss_scale);
+    f.set_attr("/", "loss_scale_good_steps", meta.loss_scale_good_steps);
     f.set_attr("/", "model_config", meta.model_config_json);
     f.set_attr("/", "train_config", meta.train_config_toml);
     f.set_attr("/", "num_units", static_cast<int64_t>(units.size()));
@@ -209,6 +212,10 @@ ShardFile ShardFile::open(const std::string& path) {
   m.seed = static_cast<uint64_t>(f.attr_i64("/", "seed"));
   m.sampler_epoch = f.attr_i64("/", "sampler_epoch");
   m.sampler_position = f.attr_i64("/", "sampler_position");
+  m.optimizer_updates = f.has_attr("/", "optimizer_updates") ? f.attr_i64("/", "optimizer_updates") : m.step;
+  m.loss_scale = f.has_attr("/", "loss_scale") ? f.attr_f64("/", "loss_scale") : 0.0;
+  m.loss_scale_good_steps =
+      f.has_attr("/", "loss_scale_good_steps") ? f.attr_i64("/", "loss_scale_good_steps") : 0;
   m.model_config_json = f.attr_str("/", "model_config");
   m.train_config_toml = f.attr_str("/", "train_config");
   const int64_t num_units = f.attr_i64("/", "num_units");

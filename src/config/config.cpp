@@ -26,9 +26,42 @@
 namespace fsdp {
 namespace {
 
-constexpr ShardingStrategy kStrategies[] = {
-    ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD,
-    ShardingStrategy::HYBRID_SHARD, ShardingStrategy::HYBRID_SHARD_ZERO2};
+// The values each enum-typed key accepts, in the order error messages list them. The TOML
+// spelling of a value is its to_string; conversion is exact and case-sensitive.
+template <class E>
+struct EnumValues;
+template <>
+struct EnumValues<ShardingStrategy> {
+  static constexpr ShardingStrategy values[] = {
+      ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD,
+      ShardingStrategy::HYBRID_SHARD, ShardingStrategy::HYBRID_SHARD_ZERO2};
+};
+template <>
+struct EnumValues<AutoWrapPolicy> {
+  static constexpr AutoWrapPolicy values[] = {AutoWrapPolicy::TRANSFORMER_BASED_WRAP,
+                                              AutoWrapPolicy::NO_WRAP};
+};
+template <>
+struct EnumValues<BackwardPrefetch> {
+  static constexpr BackwardPrefetch values[] = {
+      BackwardPrefetch::BACKWARD_PRE, BackwardPrefetch::BACKWARD_POST,
+      BackwardPrefetch::NO_PREFETCH};
+};
+template <>
+struct EnumValues<OptimizerKind> {
+  static constexpr OptimizerKind values[] = {OptimizerKind::adamw, OptimizerKind::sgd};
+};
+// DType keys (mixed_precision.*_dtype) take the floating types FSDP mixed precision uses.
+template <>
+struct EnumValues<DType> {
+  static constexpr DType values[] = {DType::f32, DType::bf16, DType::f16};
+};
+
+template <class T>
+constexpr bool kIsConfigEnum = false;
+template <class E>
+  requires requires { EnumValues<E>::values; }
+constexpr bool kIsConfigEnum<E> = true;
 
 // Calls f(section, key, field) for every key of the config, sections in output order.
 // C is Config or const Config.
@@ -65,7 +98,14 @@ void visit_keys(C& c, F&& f) {
   f("fsdp", "auto_wrap_policy", c.fsdp.auto_wrap_policy);
   f("fsdp", "transformer_layer_cls_to_wrap", c.fsdp.transformer_layer_cls_to_wrap);
   f("fsdp", "backward_prefetch", c.fsdp.backward_prefetch);
+  f("fsdp", "forward_prefetch", c.fsdp.forward_prefetch);
   f("fsdp", "limit_all_gathers", c.fsdp.limit_all_gathers);
+  f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype);
+  f("mixed_precision", "reduce_dtype", c.mixed_precision.reduce_dtype);
+  f("mixed_precision", "init_scale", c.mixed_precision.init_scale);
+  f("mixed_precision", "growth_factor", c.mixed_precision.growth_factor);
+  f("mixed_precision", "backoff_factor", c.mixed_precision.backoff_factor);
+  f("mixed_precision", "growth_interval", c.mixed_precision.growth_interval);
   f("mesh", "shard_size", c.mesh.shard_size);
   f("checkpoint", "every", c.checkpoint.every);
   f("eval", "every", c.eval.every);
@@ -157,20 +197,34 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-std::vector<std::string> strategy_names() {
+template <class E>
+std::string name_of(E v) {
+  return std::string(to_string(v));
+}
+
+template <class E>
+std::vector<std::string> enum_names() {
   std::vector<std::string> names;
-  for (auto s : kStrategies) names.emplace_back(to_string(s));
+  for (auto v : EnumValues<E>::values) names.push_back(name_of(v));
   return names;
 }
 
-bool lookup_strategy(const std::string& name, ShardingStrategy* out) {
-  for (auto s : kStrategies) {
-    if (name == to_string(s)) {
-      *out = s;
+template <class E>
+bool lookup_enum(const std::string& name, E* out) {
+  for (auto v : EnumValues<E>::values) {
+    if (name == name_of(v)) {
+      *out = v;
       return true;
     }
   }
   return false;
+}
+
+// "<key>: unknown value "X" (expected one of A, B, C)"
+template <class E>
+std::string unknown_value(const std::string& key, const std::string& name) {
+  return key + ": unknown value " + quoted(name) + " (expected one of " + join(enum_names<E>()) +
+         ")";
 }
 
 // One `--set section.key=value`, its value parsed as the TOML snippet `k = <value>` (a bare
@@ -282,12 +336,13 @@ void convert(const toml::node& node, const std::string& origin, const std::strin
       throw wrong("an array of strings");
     }
     field = std::move(out);
-  } else if constexpr (std::is_same_v<T, ShardingStrategy>) {
+  } else if constexpr (kIsConfigEnum<T>) {
+    // An enum (ShardingStrategy, AutoWrapPolicy, BackwardPrefetch, OptimizerKind, DType):
+    // a string spelled exactly as one of EnumValues<T>.
     const auto* s = node.as_string();
     if (!s) throw wrong("a string");
-    if (!lookup_strategy(s->get(), &field)) {
-      throw InputError(origin + ": " + key + ": unknown value " + quoted(s->get()) +
-                       " (expected one of " + join(strategy_names()) + ")");
+    if (!lookup_enum(s->get(), &field)) {
+      throw InputError(origin + ": " + unknown_value<T>(key, s->get()));
     }
   } else {
     static_assert(!sizeof(T), "visit_keys has a field type convert() does not handle");
@@ -356,7 +411,6 @@ void validate(const Config& c, OriginOf&& origin_of) {
 
   // optim
   const auto& o = c.optim;
-  one_of("optim.name", o.name, {"adamw", "sgd"});
   if (!(o.lr > 0)) throw fail("optim.lr", num(o.lr) + " is out of range (expected > 0)");
   if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) {
     throw fail("optim.min_lr",
@@ -384,8 +438,7 @@ void validate(const Config& c, OriginOf&& origin_of) {
   if (!(o.eps > 0)) throw fail("optim.eps", num(o.eps) + " is out of range (expected > 0)");
   unit("optim.momentum", o.momentum);
 
-  // fsdp (sharding_strategy was checked on conversion: it is an enum here)
-  one_of("fsdp.auto_wrap_policy", c.fsdp.auto_wrap_policy, {"TRANSFORMER_BASED_WRAP", "NO_WRAP"});
+  // fsdp (the enum keys were checked on conversion)
   const std::vector<std::string> classes = {"GPT2Block"};  // model.type == "gpt2"
   for (const auto& cls : c.fsdp.transformer_layer_cls_to_wrap) {
     if (std::find(classes.begin(), classes.end(), cls) == classes.end()) {
@@ -394,14 +447,29 @@ void validate(const Config& c, OriginOf&& origin_of) {
                      quoted(c.model.type) + " (expected one of " + join(classes) + ")");
     }
   }
-  if (c.fsdp.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" &&
+  if (c.fsdp.auto_wrap_policy == AutoWrapPolicy::TRANSFORMER_BASED_WRAP &&
       c.fsdp.transformer_layer_cls_to_wrap.empty()) {
     throw fail("fsdp.transformer_layer_cls_to_wrap",
                "empty with fsdp.auto_wrap_policy = \"TRANSFORMER_BASED_WRAP\" (expected e.g. "
                "[\"GPT2Block\"], or auto_wrap_policy = \"NO_WRAP\")");
   }
-  one_of("fsdp.backward_prefetch", c.fsdp.backward_prefetch,
-         {"BACKWARD_PRE", "BACKWARD_POST", "NONE"});
+
+  // mixed_precision (the dtypes were checked on conversion; the loss-scaling keys are checked
+  // whatever the dtypes, as torch.amp.GradScaler's constructor does)
+  const auto& mp = c.mixed_precision;
+  if (!(mp.init_scale > 0)) {
+    throw fail("mixed_precision.init_scale",
+               num(mp.init_scale) + " is out of range (expected > 0)");
+  }
+  if (!(mp.growth_factor > 1)) {
+    throw fail("mixed_precision.growth_factor",
+               num(mp.growth_factor) + " is out of range (expected > 1)");
+  }
+  if (!(mp.backoff_factor > 0 && mp.backoff_factor < 1)) {
+    throw fail("mixed_precision.backoff_factor",
+               num(mp.backoff_factor) + " is out of range (expected 0 < x < 1)");
+  }
+  at_least("mixed_precision.growth_interval", mp.growth_interval, 1);
 
   // mesh, checkpoint, eval
   at_least("mesh.shard_size", c.mesh.shard_size, 0);
@@ -442,7 +510,11 @@ std::string toml_value(double v) {
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
   return s;
 }
-std::string toml_value(ShardingStrategy v) { return toml_value(std::string(to_string(v))); }
+template <class E>
+  requires kIsConfigEnum<E>
+std::string toml_value(E v) {
+  return toml_value(name_of(v));
+}
 std::string toml_value(const std::vector<std::string>& v) {
   std::vector<std::string> items;
   for (const auto& s : v) items.push_back(toml_value(s));
@@ -464,11 +536,35 @@ const char* to_string(ShardingStrategy s) {
 
 ShardingStrategy parse_sharding_strategy(const std::string& name) {
   ShardingStrategy s{};
-  if (!lookup_strategy(name, &s)) {
-    throw InputError("fsdp.sharding_strategy: unknown value " + quoted(name) +
-                     " (expected one of " + join(strategy_names()) + ")");
+  if (!lookup_enum(name, &s)) {
+    throw InputError(unknown_value<ShardingStrategy>("fsdp.sharding_strategy", name));
   }
   return s;
+}
+
+const char* to_string(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::BACKWARD_PRE: return "BACKWARD_PRE";
+    case BackwardPrefetch::BACKWARD_POST: return "BACKWARD_POST";
+    case BackwardPrefetch::NO_PREFETCH: return "NO_PREFETCH";
+  }
+  return "?";
+}
+
+const char* to_string(AutoWrapPolicy p) {
+  switch (p) {
+    case AutoWrapPolicy::TRANSFORMER_BASED_WRAP: return "TRANSFORMER_BASED_WRAP";
+    case AutoWrapPolicy::NO_WRAP: return "NO_WRAP";
+  }
+  return "?";
+}
+
+const char* to_string(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::sgd: return "sgd";
+  }
+  return "?";
 }
 
 Config parse_config(const std::string& toml_text, const std::string& origin,

@@ -10,6 +10,7 @@ std::string_view to_string(MemCategory c) {
     case MemCategory::sharded_params: return "sharded_params";
     case MemCategory::unsharded_params: return "unsharded_params";
     case MemCategory::grads: return "grads";
+    case MemCategory::unsharded_grads: return "unsharded_grads";
     case MemCategory::optimizer_state: return "optimizer_state";
     case MemCategory::activations: return "activations";
     case MemCategory::comm_buffers: return "comm_buffers";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "fsdp/core/error.hpp"
@@ -14,26 +15,39 @@ namespace fsdp {
 struct FsdpEngine::Unit {
   FlatParamLayout layout;
   std::vector<int> modules;      // modules in this unit
-  DeviceBuffer shard_param;      // [shard_numel], MemCategory::sharded_params
-  DeviceBuffer shard_grad;       // [shard_numel], MemCategory::grads
-  DeviceBuffer full_param;       // [padded_numel] while unsharded (num_shards > 1)
-  DeviceBuffer full_grad;        // [padded_numel] during backward (num_shards > 1)
+  DeviceBuffer shard_param;      // fp32 [shard_numel], MemCategory::sharded_params
+  DeviceBuffer shard_grad;       // fp32 [shard_numel], MemCategory::grads
+  DeviceBuffer full_param;       // param_dtype [padded_numel] while unsharded (if needs_full)
+  DeviceBuffer full_grad;        // param_dtype [padded_numel] during backward (if needs_full)
   std::unique_ptr<Work> gather;  // pending all-gather into full_param
+  // Gradient reduction in flight (issued at the unit's post_backward, waited in end_step).
+  DeviceBuffer reduced;          // reduce_dtype [shard_numel] result, unless it is shard_grad
+  std::unique_ptr<Work> reduce_scatter, all_reduce;
+  bool reducing = false;         // a reduction was issued this step
+  bool has_grad = false;         // shard_grad holds gradients not yet zeroed
   bool unsharded = false;        // full_param is (being) filled
   bool grad_ready = false;       // gradient storage provided this step
   int fwd_done = 0;              // modules of this unit done in forward this step
   int bwd_done = 0;              // modules of this unit done in backward this step
-  float* params() { return full_param ? full_param.f32() : shard_param.f32(); }
-  float* grads() { return full_grad ? full_grad.f32() : shard_grad.f32(); }
 };
 
-int64_t shards_for(ShardingStrategy strategy, int world_size, int shard_group_size) {
+StrategyTraits strategy_traits(ShardingStrategy strategy) {
+  using S = StrategyTraits::ShardOver;
   switch (strategy) {
-    case ShardingStrategy::FULL_SHARD:
-    case ShardingStrategy::SHARD_GRAD_OP: return world_size;
-    case ShardingStrategy::NO_SHARD: return 1;
-    case ShardingStrategy::HYBRID_SHARD:
-    case ShardingStrategy::HYBRID_SHARD_ZERO2: return shard_group_size;
+    case ShardingStrategy::FULL_SHARD: return {S::world, true};
+    case ShardingStrategy::SHARD_GRAD_OP: return {S::world, false};
+    case ShardingStrategy::NO_SHARD: return {S::nobody, false};
+    case ShardingStrategy::HYBRID_SHARD: return {S::shard_group, true};
+    case ShardingStrategy::HYBRID_SHARD_ZERO2: return {S::shard_group, false};
+  }
+  throw Error("unknown sharding strategy");
+}
+
+int64_t shards_for(ShardingStrategy strategy, int world_size, int shard_group_size) {
+  switch (strategy_traits(strategy).shard_over) {
+    case StrategyTraits::ShardOver::world: return world_size;
+    case StrategyTraits::ShardOver::shard_group: return shard_group_size;
+    case StrategyTraits::ShardOver::nobody: return 1;
   }
   return 1;
 }
@@ -57,7 +71,7 @@ std::vector<FlatParamLayout> build_unit_layouts(const std::vector<ModuleDecl>& m
 
 std::vector<int> wrap_modules(const std::vector<ModuleDecl>& modules, const FsdpConfig& fsdp) {
   std::vector<int> unit_of(modules.size(), 0);
-  if (fsdp.auto_wrap_policy == "NO_WRAP") return unit_of;
+  if (fsdp.auto_wrap_policy == AutoWrapPolicy::NO_WRAP) return unit_of;
   int next = 1;
   for (std::size_t m = 0; m < modules.size(); ++m) {
     const auto& cls = fsdp.transformer_layer_cls_to_wrap;
@@ -66,40 +80,57 @@ std::vector<int> wrap_modules(const std::vector<ModuleDecl>& modules, const Fsdp
   return unit_of;
 }
 
-FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
-                       const DeviceMesh& mesh, Backend& backend, uint64_t seed)
-    : be_(backend),
-      strategy_(config.sharding_strategy),
-      backward_prefetch_(config.backward_prefetch),
-      world_size_(mesh.world_size()) {
-  switch (strategy_) {
-    case ShardingStrategy::FULL_SHARD:
-    case ShardingStrategy::SHARD_GRAD_OP:
-      shard_comm_ = &mesh.world();
-      replicate_comm_ = &mesh.self();
-      break;
-    case ShardingStrategy::NO_SHARD:
-      shard_comm_ = &mesh.self();
-      replicate_comm_ = &mesh.world();
-      break;
-    case ShardingStrategy::HYBRID_SHARD:
-    case ShardingStrategy::HYBRID_SHARD_ZERO2:
-      shard_comm_ = &mesh.shard_group();
-      replicate_comm_ = &mesh.replicate_group();
-      break;
+namespace {
+Communicator& shard_group_of(ShardingStrategy s, const DeviceMesh& mesh) {
+  switch (strategy_traits(s).shard_over) {
+    case StrategyTraits::ShardOver::world: return mesh.world();
+    case StrategyTraits::ShardOver::shard_group: return mesh.shard_group();
+    case StrategyTraits::ShardOver::nobody: return mesh.self();
   }
-  module_unit_ = wrap_modules(modules, config);
-  std::vector<FlatParamLayout> layouts =
-      build_unit_layouts(modules, config, shard_comm_->size());
+  return mesh.self();
+}
+Communicator& replicate_group_of(ShardingStrategy s, const DeviceMesh& mesh) {
+  switch (strategy_traits(s).shard_over) {
+    case StrategyTraits::ShardOver::world: return mesh.self();
+    case StrategyTraits::ShardOver::shard_group: return mesh.replicate_group();
+    case StrategyTraits::ShardOver::nobody: return mesh.world();
+  }
+  return mesh.self();
+}
+}  // namespace
+
+FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
+                       const MixedPrecisionConfig& mixed_precision, const DeviceMesh& mesh,
+                       Backend& backend, uint64_t seed)
+    : FsdpEngine(modules, config, mixed_precision,
+                 shard_group_of(config.sharding_strategy, mesh),
+                 replicate_group_of(config.sharding_strategy, mesh), backend, seed, true) {}
+
+FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
+                       const MixedPrecisionConfig& mixed_precision, Communicator& shard,
+                       Communicator& replicate, Backend& backend, uint64_t seed,
+                       bool initialise)
+    : be_(backend),
+      config_(config),
+      mp_(mixed_precision),
+      traits_(strategy_traits(config.sharding_strategy)),
+      shard_comm_(&shard),
+      replicate_comm_(&replicate) {
+  build(modules, seed, initialise);
+}
+
+void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise) {
+  module_unit_ = wrap_modules(modules, config_);
+  std::vector<FlatParamLayout> layouts = build_unit_layouts(modules, config_, shard_comm_->size());
   for (auto& layout : layouts) {
     auto unit = std::make_unique<Unit>();
     unit->layout = std::move(layout);
-    const auto n = static_cast<std::size_t>(unit->layout.shard_numel);
+    const int64_t n = unit->layout.shard_numel;
     unit->shard_param = DeviceBuffer::floats(be_, n, MemCategory::sharded_params);
     unit->shard_grad = DeviceBuffer::floats(be_, n, MemCategory::grads);
-    be_.fill_zero(unit->shard_grad.data(), n * sizeof(float));
+    if (initialise) be_.fill_zero(unit->shard_grad.view());
     units_.push_back(std::move(unit));
-    init_shard(num_units() - 1, seed);
+    if (initialise) init_shard(num_units() - 1, seed);
   }
   // Parameter ids run over modules in order; within a unit, entries follow the same order.
   std::vector<int> next_entry(units_.size(), 0);
@@ -107,20 +138,51 @@ FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig&
     const int u = module_unit_[m];
     units_[u]->modules.push_back(static_cast<int>(m));
     for (std::size_t i = 0; i < modules[m].params.size(); ++i) {
-      param_loc_.push_back({u, units_[u]->layout.entries[next_entry[u]++].offset});
+      const FlatEntry& e = units_[u]->layout.entries[next_entry[u]++];
+      Shape shape;
+      switch (e.spec.shape.size()) {
+        case 1: shape = {e.spec.shape[0]}; break;
+        case 2: shape = {e.spec.shape[0], e.spec.shape[1]}; break;
+        case 3: shape = {e.spec.shape[0], e.spec.shape[1], e.spec.shape[2]}; break;
+        default: shape = {e.spec.numel()}; break;
+      }
+      param_loc_.push_back({u, e.offset, shape});
     }
   }
+  // Prefetch targets (PyTorch FSDP's execution order): forward prefetches the unit whose
+  // forward starts next (units ordered by their first module); backward prefetches the unit
+  // whose forward ended just before this one's (ordered by last module: the root, holding
+  // ln_f, ends last, so its backward prefetches the last block).
+  std::vector<int> first(units_.size(), -1), last(units_.size(), -1);
+  for (std::size_t m = 0; m < modules.size(); ++m) {
+    const int u = module_unit_[m];
+    if (first[u] < 0) first[u] = static_cast<int>(m);
+    last[u] = static_cast<int>(m);
+  }
+  std::vector<int> by_first(units_.size()), by_last(units_.size());
+  std::iota(by_first.begin(), by_first.end(), 0);
+  std::iota(by_last.begin(), by_last.end(), 0);
+  std::sort(by_first.begin(), by_first.end(), [&](int a, int b) { return first[a] < first[b]; });
+  std::sort(by_last.begin(), by_last.end(), [&](int a, int b) { return last[a] < last[b]; });
+  fwd_next_.assign(units_.size(), -1);
+  bwd_next_.assign(units_.size(), -1);
+  for (std::size_t i = 0; i + 1 < units_.size(); ++i) fwd_next_[by_first[i]] = by_first[i + 1];
+  for (std::size_t i = 1; i < units_.size(); ++i) bwd_next_[by_last[i]] = by_last[i - 1];
+  norm_parts_ = DeviceBuffer(be_, DType::f64, 1 + shard_comm_->size(), MemCategory::other);
+  clip_coef_ = DeviceBuffer::floats(be_, 1, MemCategory::other);
 }
 
-FsdpEngine::~FsdpEngine() {
-  for (auto& u : units_)
-    if (u->gather) u->gather.reset();  // MpiWork's destructor completes the request
-}
+FsdpEngine::~FsdpEngine() = default;  // pending Work completes in its destructor
 
 const FlatParamLayout& FsdpEngine::layout(int unit) const { return units_[unit]->layout; }
+std::vector<FlatParamLayout> FsdpEngine::layouts() const {
+  std::vector<FlatParamLayout> out;
+  for (const auto& u : units_) out.push_back(u->layout);
+  return out;
+}
 int64_t FsdpEngine::shard_numel(int unit) const { return units_[unit]->layout.shard_numel; }
-float* FsdpEngine::shard_param(int unit) { return units_[unit]->shard_param.f32(); }
-float* FsdpEngine::shard_grad(int unit) { return units_[unit]->shard_grad.f32(); }
+TensorView FsdpEngine::shard_param(int unit) { return units_[unit]->shard_param.view(); }
+TensorView FsdpEngine::shard_grad(int unit) { return units_[unit]->shard_grad.view(); }
 
 int64_t FsdpEngine::num_params() const {
   int64_t n = 0;
@@ -152,22 +214,47 @@ void FsdpEngine::init_shard(int unit, uint64_t seed) {
       host[static_cast<std::size_t>(j - begin)] = v;
     }
   }
-  be_.copy_from_host(u.shard_param.data(), host.data(), host.size() * sizeof(float));
+  be_.copy_from_host(u.shard_param.view(), host.data());
+}
+
+// A full buffer is needed when the unit is sharded or computes in another dtype than fp32.
+bool FsdpEngine::needs_full(const Unit& u) const {
+  return u.layout.num_shards > 1 || mp_.param_dtype != DType::f32;
 }
 
 bool FsdpEngine::reshard_after_forward(int unit) const {
   if (!training_) return true;   // evaluation: nothing is kept for a backward
   if (unit == 0) return false;   // the root stays unsharded until the end of backward
-  return strategy_ == ShardingStrategy::FULL_SHARD || strategy_ == ShardingStrategy::HYBRID_SHARD;
+  return traits_.reshard_after_forward;
 }
 
+// Units besides the root whose full parameters are held and will be freed in this pass
+// (ZeRO-2 keeps every unit from forward to backward: PyTorch's limit does not apply there).
+int FsdpEngine::unsharded_blocks() const {
+  if (training_ && !traits_.reshard_after_forward) return 0;
+  int n = 0;
+  for (int i = 1; i < num_units(); ++i) n += units_[i]->unsharded ? 1 : 0;
+  return n;
+}
+
+// Casts this rank's fp32 shard to param_dtype into its slot of the full buffer, then
+// all-gathers in place (fp32: straight from the shard).
 void FsdpEngine::issue_unshard(int unit) {
   Unit& u = *units_[unit];
-  if (u.unsharded || shard_comm_->size() == 1) return;
-  u.full_param = DeviceBuffer::floats(be_, static_cast<std::size_t>(u.layout.padded_numel),
-                                      MemCategory::unsharded_params);
-  u.gather = shard_comm_->all_gather(u.shard_param.data(), u.full_param.data(),
-                                     static_cast<std::size_t>(u.layout.shard_numel), DType::f32);
+  if (u.unsharded || !needs_full(u)) return;
+  const int64_t n = u.layout.shard_numel;
+  u.full_param = DeviceBuffer(be_, mp_.param_dtype, u.layout.padded_numel,
+                              MemCategory::unsharded_params);
+  const TensorView slot = u.full_param.view().slice(shard_comm_->rank() * n, n);
+  const void* send = u.shard_param.data();
+  if (mp_.param_dtype != DType::f32) {
+    be_.cast(slot, u.shard_param.view());
+    send = slot.data;
+  }
+  if (u.layout.num_shards > 1) {
+    u.gather = shard_comm_->all_gather(send, u.full_param.data(), static_cast<std::size_t>(n),
+                                       mp_.param_dtype, be_.compute_stream());
+  }
   u.unsharded = true;
 }
 
@@ -190,17 +277,15 @@ void FsdpEngine::reshard(int unit) {
   u.unsharded = false;
 }
 
-// Forward prefetch: issue the next unit's all-gather before computing this one. With
-// limit_all_gathers at most two units (this and the next) are unsharded besides the root.
-void FsdpEngine::prefetch_forward(int unit) {
-  const int next = unit + 1;
-  if (next >= num_units() || unit == 0) return;
-  issue_unshard(next);
-}
-
-void FsdpEngine::prefetch_backward(int unit) {
-  const int prev = unit - 1;
-  if (prev >= 1) issue_unshard(prev);
+// Prefetch of `unit` for the pass in progress (backward: its backward has not run yet),
+// unless limit_all_gathers already has two units besides the root unsharded.
+void FsdpEngine::prefetch(int unit, bool backward) {
+  if (unit < 0 || units_[unit]->unsharded) return;
+  const Unit& u = *units_[unit];
+  const int done = backward ? u.bwd_done : u.fwd_done;
+  if (done > 0) return;
+  if (config_.limit_all_gathers && unsharded_blocks() >= 2) return;
+  issue_unshard(unit);
 }
 
 void FsdpEngine::begin_step(bool training) {
@@ -214,8 +299,9 @@ void FsdpEngine::begin_step(bool training) {
 
 void FsdpEngine::pre_forward(int module) {
   const int unit = module_unit_[module];
+  const bool first = units_[unit]->fwd_done == 0;
   wait_unshard(unit);
-  prefetch_forward(unit);
+  if (first && config_.forward_prefetch) prefetch(fwd_next_[unit], false);
 }
 
 void FsdpEngine::post_forward(int module) {
@@ -231,115 +317,174 @@ void FsdpEngine::pre_backward(int module) {
   Unit& u = *units_[unit];
   wait_unshard(unit);
   if (!u.grad_ready) {
-    if (shard_comm_->size() > 1) {
-      u.full_grad = DeviceBuffer::floats(be_, static_cast<std::size_t>(u.layout.padded_numel),
-                                         MemCategory::grads);
+    if (needs_full(u)) {
+      u.full_grad = DeviceBuffer(be_, mp_.param_dtype, u.layout.padded_numel,
+                                 MemCategory::unsharded_grads);
+      be_.fill_zero(u.full_grad.view());
     }
-    be_.fill_zero(u.grads(), static_cast<std::size_t>(u.layout.padded_numel) * sizeof(float));
     u.grad_ready = true;
+    if (config_.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch(bwd_next_[unit], true);
   }
-  if (backward_prefetch_ == "BACKWARD_PRE") prefetch_backward(unit);
 }
 
 void FsdpEngine::post_backward(int module) {
   const int unit = module_unit_[module];
   Unit& u = *units_[unit];
   if (++u.bwd_done < static_cast<int>(u.modules.size())) return;
-  if (backward_prefetch_ == "BACKWARD_POST") prefetch_backward(unit);
-  reduce_grads(unit);
+  if (config_.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch(bwd_next_[unit], true);
+  issue_reduction(unit);
   reshard(unit);
 }
 
-// Gradient of the unit: reduce-scatter (sum) over the shard group into this rank's shard,
-// all-reduce (sum) over the replicate group, then divide by the data-parallel world size.
-void FsdpEngine::reduce_grads(int unit) {
+// The unit's gradient: cast to reduce_dtype, reduce-scatter (avg) over the shard group into
+// this rank's shard (straight into the fp32 gradient shard when it holds nothing and
+// reduce_dtype is fp32), then, in end_step, all-reduce (avg) over the replicate group and
+// accumulate into the fp32 shard. The full gradient is freed now, with the reduce-scatter's
+// completion event: the allocator reuses it only after the collective has read it.
+void FsdpEngine::issue_reduction(int unit) {
   Unit& u = *units_[unit];
-  const auto n = static_cast<std::size_t>(u.layout.shard_numel);
-  if (u.full_grad) {
-    shard_comm_->reduce_scatter(u.full_grad.data(), u.shard_grad.data(), n, DType::f32,
-                                ReduceOp::sum)->wait();
-    u.full_grad.reset();
+  const int64_t n = u.layout.shard_numel;
+  const DType rd = mp_.reduce_dtype;
+  Stream& stream = be_.compute_stream();
+  u.reducing = true;
+  if (!needs_full(u)) {  // fp32, one shard: backward accumulated into shard_grad directly
+    u.has_grad = true;
+    if (replicate_comm_->size() > 1) {
+      u.all_reduce = replicate_comm_->all_reduce(u.shard_grad.data(), u.shard_grad.data(),
+                                                 static_cast<std::size_t>(n), DType::f32,
+                                                 ReduceOp::avg, stream);
+    }
+    return;
   }
-  replicate_comm_->all_reduce(u.shard_grad.data(), u.shard_grad.data(), n, DType::f32,
-                              ReduceOp::sum)->wait();
-  if (world_size_ > 1) be_.scale(u.shard_grad.f32(), 1.f / static_cast<float>(world_size_), static_cast<int64_t>(n));
+  DeviceBuffer src = std::move(u.full_grad);
+  if (rd != src.dtype()) {
+    DeviceBuffer cast(be_, rd, src.numel(), MemCategory::comm_buffers);
+    be_.cast(cast.view(), src.view());
+    src = std::move(cast);
+  }
+  if (u.layout.num_shards == 1) {  // mixed precision without sharding: the grad is the shard
+    u.reduced = std::move(src);
+  } else {
+    void* recv = nullptr;
+    if (rd == DType::f32 && !u.has_grad) {
+      recv = u.shard_grad.data();
+    } else {
+      u.reduced = DeviceBuffer(be_, rd, n, MemCategory::comm_buffers);
+      recv = u.reduced.data();
+    }
+    u.reduce_scatter = shard_comm_->reduce_scatter(src.data(), recv, static_cast<std::size_t>(n),
+                                                   rd, ReduceOp::avg, stream);
+    src.reset(u.reduce_scatter->done());
+  }
+  if (!u.reduce_scatter && replicate_comm_->size() > 1) {
+    u.all_reduce = replicate_comm_->all_reduce(u.reduced.data(), u.reduced.data(),
+                                               static_cast<std::size_t>(n), rd, ReduceOp::avg,
+                                               stream);
+  }
 }
 
 void FsdpEngine::end_step() {
+  Stream& stream = be_.compute_stream();
+  // 1. Reduce-scatters done -> replica all-reduces issued, in unit order on every rank.
+  for (auto& up : units_) {
+    Unit& u = *up;
+    if (!u.reduce_scatter) continue;
+    u.reduce_scatter->wait();
+    u.reduce_scatter.reset();
+    if (replicate_comm_->size() > 1) {
+      void* buf = u.reduced ? u.reduced.data() : u.shard_grad.data();
+      const DType dt = u.reduced ? u.reduced.dtype() : DType::f32;
+      u.all_reduce = replicate_comm_->all_reduce(buf, buf, static_cast<std::size_t>(u.layout.shard_numel),
+                                                 dt, ReduceOp::avg, stream);
+    }
+  }
+  // 2. All-reduces done -> accumulate into the fp32 gradient shards.
+  for (auto& up : units_) {
+    Unit& u = *up;
+    if (u.all_reduce) {
+      u.all_reduce->wait();
+      u.all_reduce.reset();
+    }
+    if (u.reduced) {
+      if (u.has_grad) {
+        be_.axpy(u.shard_grad.view(), 1.f, u.reduced.view());
+      } else {
+        be_.cast(u.shard_grad.view(), u.reduced.view());
+      }
+      u.reduced.reset();
+    }
+    if (u.reducing) u.has_grad = true;
+    u.reducing = false;
+  }
   for (int i = 0; i < num_units(); ++i) reshard(i);
+  for (auto& u : units_) u->full_grad.reset();  // a backward cut short (not in the contract)
   training_ = false;
 }
 
-double FsdpEngine::grad_norm() {
-  double local = 0.0;
-  for (auto& u : units_) local += be_.squared_norm(u->shard_grad.f32(), u->layout.shard_numel);
-  // Gather every shard's partial sum and add them in shard order, so the norm is bitwise
-  // identical on every rank (an all-reduce need not be).
-  std::vector<double> parts(static_cast<std::size_t>(shard_comm_->size()));
-  shard_comm_->all_gather(&local, parts.data(), sizeof(double), DType::u8)->wait();
-  double total = 0.0;
-  for (double p : parts) total += p;
-  return std::sqrt(total);
+void FsdpEngine::zero_grad() {
+  for (auto& u : units_) {
+    be_.fill_zero(u->shard_grad.view());
+    u->has_grad = false;
+  }
 }
 
-void FsdpEngine::scale_grads(float factor) {
-  for (auto& u : units_) be_.scale(u->shard_grad.f32(), factor, u->layout.shard_numel);
+void FsdpEngine::unscale_grads(float inv_scale, const TensorView& found_inf) {
+  for (auto& u : units_) be_.unscale_and_check(u->shard_grad.view(), inv_scale, found_inf);
 }
 
-float* FsdpEngine::param(int p) {
-  auto [unit, offset] = param_loc_[p];
-  Unit& u = *units_[unit];
-  if (!u.unsharded && shard_comm_->size() > 1) throw Error("FSDP: parameter read while its unit is sharded");
-  return u.params() + offset;
+void FsdpEngine::clip_grad_norm(double max_norm, const TensorView& norm) {
+  const int S = shard_comm_->size();
+  const TensorView local = norm_parts_.view().slice(0, 1);
+  const TensorView parts = norm_parts_.view().slice(1, S);
+  be_.fill_zero(local);
+  for (auto& u : units_) be_.squared_norm(local, u->shard_grad.view());
+  // Every shard's partial sum, added in shard order, so the norm is bitwise identical on
+  // every rank (an all-reduce need not be).
+  shard_comm_->all_gather(local.data, parts.data, 1, DType::f64, be_.compute_stream())->wait();
+  be_.clip_coefficient(norm, clip_coef_.view(), parts, max_norm);
+  if (max_norm > 0) {
+    for (auto& u : units_) be_.scale_by(u->shard_grad.view(), clip_coef_.view());
+  }
 }
 
-float* FsdpEngine::grad(int p) {
-  auto [unit, offset] = param_loc_[p];
-  Unit& u = *units_[unit];
+void FsdpEngine::inject_nonfinite_grad() {
+  const float inf = std::numeric_limits<float>::infinity();
+  Unit& u = *units_[0];
+  be_.copy_from_host(u.shard_grad.view().slice(0, 1), &inf);
+  u.has_grad = true;
+}
+
+TensorView FsdpEngine::param(int p) {
+  const ParamLoc& loc = param_loc_[p];
+  Unit& u = *units_[loc.unit];
+  if (!needs_full(u)) return u.shard_param.view().slice(loc.offset, loc.shape.numel()).reshape(loc.shape);
+  if (!u.unsharded) throw Error("FSDP: parameter read while its unit is sharded");
+  return u.full_param.view().slice(loc.offset, loc.shape.numel()).reshape(loc.shape);
+}
+
+TensorView FsdpEngine::grad(int p) {
+  const ParamLoc& loc = param_loc_[p];
+  Unit& u = *units_[loc.unit];
   if (!u.grad_ready) throw Error("FSDP: gradient requested outside the unit's backward");
-  return u.grads() + offset;
+  const DeviceBuffer& buf = needs_full(u) ? u.full_grad : u.shard_grad;
+  return buf.view().slice(loc.offset, loc.shape.numel()).reshape(loc.shape);
 }
 
 std::map<std::string, std::vector<float>> FsdpEngine::gather_full_params() {
   std::map<std::string, std::vector<float>> out;
   for (auto& up : units_) {
     Unit& u = *up;
-    std::vector<float> shard(static_cast<std::size_t>(u.layout.shard_numel));
-    be_.copy_to_host(shard.data(), u.shard_param.data(), shard.size() * sizeof(float));
-    std::vector<float> full(static_cast<std::size_t>(u.layout.padded_numel));
-    shard_comm_->all_gather(shard.data(), full.data(), shard.size(), DType::f32)->wait();
+    DeviceBuffer full = DeviceBuffer::floats(be_, u.layout.padded_numel, MemCategory::other);
+    shard_comm_->all_gather(u.shard_param.data(), full.data(),
+                            static_cast<std::size_t>(u.layout.shard_numel), DType::f32,
+                            be_.compute_stream())->wait();
+    std::vector<float> host(static_cast<std::size_t>(u.layout.padded_numel));
+    be_.copy_to_host(host.data(), full.view());
     for (const auto& e : u.layout.entries) {
-      out[e.spec.name].assign(full.begin() + e.offset, full.begin() + e.offset + e.spec.numel());
+      out[e.spec.name].assign(host.begin() + e.offset, host.begin() + e.offset + e.spec.numel());
     }
   }
   return out;
-}
-
-EngineMemoryPlan plan_memory(const std::vector<FlatParamLayout>& layouts,
-                             ShardingStrategy strategy, const std::string& optimizer) {
-  EngineMemoryPlan plan;
-  int64_t shard_sum = 0, max_block = 0, all_padded = 0;
-  for (std::size_t i = 0; i < layouts.size(); ++i) {
-    shard_sum += layouts[i].shard_numel;
-    all_padded += layouts[i].padded_numel;
-    if (i > 0) max_block = std::max(max_block, layouts[i].padded_numel);
-  }
-  const int64_t root = layouts[0].padded_numel;
-  const int64_t blocks = static_cast<int64_t>(layouts.size()) - 1;
-  plan.sharded_params = 4 * shard_sum;
-  plan.optimizer_state = 4 * shard_sum * (optimizer == "adamw" ? 2 : 1);
-  plan.grads = 4 * shard_sum;
-  if (layouts[0].num_shards > 1) {
-    const bool zero3 = strategy == ShardingStrategy::FULL_SHARD ||
-                       strategy == ShardingStrategy::HYBRID_SHARD;
-    // ZeRO-3: the root + the unit computing + one prefetched unit. ZeRO-2: every unit is
-    // unsharded at the end of forward.
-    plan.unsharded_params = 4 * (zero3 ? root + std::min<int64_t>(2, blocks) * max_block
-                                       : all_padded);
-    // Full gradients: the root's lives through backward, plus the unit computing.
-    plan.unsharded_grads = 4 * (root + max_block);
-  }
-  return plan;
 }
 
 }  // namespace fsdp

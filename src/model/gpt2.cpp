@@ -43,7 +43,8 @@ struct Gpt2Model::Acts {
   DeviceBuffer targets_dev, tokens_dev;                    // [BT] int32 on the device
 };
 
-Gpt2Model::Gpt2Model(const ModelConfig& config, Backend& backend) : cfg_(config), be_(backend) {
+Gpt2Model::Gpt2Model(const ModelConfig& config, Backend& backend, DType activation_dtype)
+    : cfg_(config), be_(backend), act_dtype_(activation_dtype) {
   const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, P = cfg_.n_positions, L = cfg_.n_layer;
   const float std0 = 0.02f;
   const float std_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
@@ -70,16 +71,31 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, Backend& backend) : cfg_(config)
   modules_.push_back(std::move(lnf));
 }
 
-Gpt2Model::~Gpt2Model() { delete acts_; }
+Gpt2Model::~Gpt2Model() = default;
 
-int64_t Gpt2Model::activation_bytes(const ModelConfig& c, int64_t B, int64_t T) {
+// Element counts of the buffers ensure_buffers allocates, by storage class: activations in
+// the activation dtype, LayerNorm statistics and the attention-backward scratch in fp32,
+// tokens and targets in int32. One table for the allocation and the memory plan.
+namespace {
+struct ActCounts {
+  int64_t act = 0, f32 = 0, i32 = 0;
+};
+ActCounts act_counts(const ModelConfig& c, int64_t B, int64_t T) {
   const int64_t BT = B * T, C = c.n_embd, H = c.n_head, V = c.vocab_size, L = c.n_layer;
-  int64_t floats = (L + 1) * BT * C;                                     // residual streams
-  floats += L * (BT * (C + 3 * C + C + C + C + 4 * C + 4 * C) + 4 * BT + B * H * T * T);
-  floats += BT * C + 2 * BT + BT * V;                                    // ln_f, logits
-  floats += BT * C * 2 + BT * 3 * C + BT * 4 * C + B * H * T * T;        // backward scratch
-  floats += 2 * BT;                                                      // tokens, targets
-  return floats * 4;
+  ActCounts n;
+  n.act = (L + 1) * BT * C                                               // residual streams
+          + L * (BT * (C + 3 * C + C + C + C + 4 * C + 4 * C) + B * H * T * T)
+          + BT * C + BT * V                                              // ln_f, logits
+          + BT * C * 2 + BT * 3 * C + BT * 4 * C;                        // backward scratch
+  n.f32 = L * 4 * BT + 2 * BT + B * H * T * T;  // LN mean/rstd, attention-backward scratch
+  n.i32 = 2 * BT;                                 // tokens, targets
+  return n;
+}
+}  // namespace
+
+int64_t Gpt2Model::activation_bytes(const ModelConfig& c, int64_t B, int64_t T, DType act) {
+  const ActCounts n = act_counts(c, B, T);
+  return n.act * static_cast<int64_t>(dtype_size(act)) + 4 * n.f32 + 4 * n.i32;
 }
 
 // Buffers are sized for the largest [B,T] seen; a smaller batch uses their prefixes.
@@ -89,58 +105,59 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
     B = std::max(B, acts_->B);
     T = std::max(T, acts_->T);
   }
-  delete acts_;
-  acts_ = nullptr;
-  auto a = new Acts;
+  acts_.reset();
+  auto a = std::make_unique<Acts>();
   a->B = B;
   a->T = T;
   const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size;
-  const auto act = MemCategory::activations;
-  auto f = [&](int64_t n) { return DeviceBuffer::floats(be_, static_cast<std::size_t>(n), act); };
+  const auto cat = MemCategory::activations;
+  auto f = [&](int64_t n) { return DeviceBuffer(be_, act_dtype_, n, cat); };
+  auto f32 = [&](int64_t n) { return DeviceBuffer(be_, DType::f32, n, cat); };
   for (int64_t l = 0; l <= cfg_.n_layer; ++l) a->res.push_back(f(BT * C));
   a->layers.resize(cfg_.n_layer);
   for (auto& ly : a->layers) {
-    ly.ln1 = f(BT * C); ly.ln1_mean = f(BT); ly.ln1_rstd = f(BT);
+    ly.ln1 = f(BT * C); ly.ln1_mean = f32(BT); ly.ln1_rstd = f32(BT);
     ly.qkv = f(BT * 3 * C); ly.att = f(B * H * T * T); ly.atty = f(BT * C); ly.res2 = f(BT * C);
-    ly.ln2 = f(BT * C); ly.ln2_mean = f(BT); ly.ln2_rstd = f(BT);
+    ly.ln2 = f(BT * C); ly.ln2_mean = f32(BT); ly.ln2_rstd = f32(BT);
     ly.fc = f(BT * 4 * C); ly.gelu = f(BT * 4 * C);
   }
-  a->lnf = f(BT * C); a->lnf_mean = f(BT); a->lnf_rstd = f(BT); a->logits = f(BT * V);
+  a->lnf = f(BT * C); a->lnf_mean = f32(BT); a->lnf_rstd = f32(BT); a->logits = f(BT * V);
   a->dres = f(BT * C); a->dln = f(BT * C); a->dqkv = f(BT * 3 * C); a->dfc = f(BT * 4 * C);
-  a->datt = f(B * H * T * T);
-  a->tokens_dev = f(BT);
-  a->targets_dev = f(BT);
-  acts_ = a;
+  a->datt = f32(B * H * T * T);
+  a->tokens_dev = DeviceBuffer(be_, DType::i32, BT, cat);
+  a->targets_dev = DeviceBuffer(be_, DType::i32, BT, cat);
+  acts_ = std::move(a);
 }
 
-double Gpt2Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
-                                   int64_t T, float grad_scale, ModuleHooks& hooks) {
-  const double loss = forward(tokens, targets, B, T, hooks, true, grad_scale);
-  backward(tokens, B, T, hooks);
-  return loss;
+void Gpt2Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
+                                 int64_t T, float grad_scale, ModuleHooks& hooks,
+                                 const TensorView& loss) {
+  forward(tokens, targets, B, T, hooks, true, grad_scale, loss);
+  backward(B, T, hooks);
 }
 
-double Gpt2Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B,
-                               int64_t T, ModuleHooks& hooks) {
-  return forward(tokens, targets, B, T, hooks, false, 1.f);
+void Gpt2Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                             ModuleHooks& hooks, const TensorView& loss) {
+  forward(tokens, targets, B, T, hooks, false, 1.f, loss);
 }
 
-double Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host, int64_t B,
-                          int64_t T, ModuleHooks& hooks, bool with_backward, float grad_scale) {
+void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host, int64_t B,
+                        int64_t T, ModuleHooks& hooks, bool with_backward, float grad_scale,
+                        const TensorView& loss) {
   if (T > cfg_.n_positions) throw Error("GPT-2 forward: T exceeds n_positions");
   ensure_buffers(B, T);
   Acts& a = *acts_;
   const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size;
   const int64_t L = cfg_.n_layer;
   const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
-  auto* tokens = static_cast<int32_t*>(a.tokens_dev.data());
-  auto* targets = static_cast<int32_t*>(a.targets_dev.data());
-  be_.copy_from_host(tokens, tokens_host, BT * sizeof(int32_t));
-  be_.copy_from_host(targets, targets_host, BT * sizeof(int32_t));
+  const TensorView tokens = a.tokens_dev.view({B, T}), targets = a.targets_dev.view({BT});
+  be_.copy_from_host(tokens, tokens_host);
+  be_.copy_from_host(targets, targets_host);
+  auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
 
   // embeddings: res[0] [B,T,C] = wte[tokens] + wpe[0:T]
   hooks.pre_forward(0);
-  be_.embedding_forward(a.res[0].f32(), tokens, hooks.param(kWte), hooks.param(kWpe), B, T, C);
+  be_.embedding_forward(rows(a.res[0], C), tokens, hooks.param(kWte), hooks.param(kWpe), B, T, C);
   hooks.post_forward(0);
 
   for (int64_t l = 0; l < L; ++l) {
@@ -148,64 +165,71 @@ double Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_hos
     const int p0 = static_cast<int>(2 + kBlockParams * l);
     auto W = [&](int k) { return hooks.param(p0 + k); };
     auto& ly = a.layers[l];
-    float* x = a.res[l].f32();  // [BT,C]
+    const TensorView x = rows(a.res[l], C);  // [BT,C]
+    const TensorView ln1 = rows(ly.ln1, C), qkv = rows(ly.qkv, 3 * C), atty = rows(ly.atty, C);
+    const TensorView res2 = rows(ly.res2, C), ln2 = rows(ly.ln2, C);
+    const TensorView fc = rows(ly.fc, 4 * C), gelu = rows(ly.gelu, 4 * C);
     hooks.pre_forward(m);
-    be_.layernorm_forward(ly.ln1.f32(), ly.ln1_mean.f32(), ly.ln1_rstd.f32(), x, W(kLn1W),
+    be_.layernorm_forward(ln1, ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), x, W(kLn1W),
                           W(kLn1B), BT, C, eps);
     // qkv [BT,3C] = ln1 [BT,C] @ c_attn.weight[3C,C]^T + bias
-    be_.gemm(false, true, BT, 3 * C, C, 1.f, ly.ln1.f32(), W(kAttnW), 0.f, ly.qkv.f32());
-    be_.add_bias(ly.qkv.f32(), W(kAttnB), BT, 3 * C);
-    be_.attention_forward(ly.atty.f32(), ly.att.f32(), ly.qkv.f32(), B, T, C, H);
+    be_.gemm(false, true, BT, 3 * C, C, 1.f, ln1, W(kAttnW), 0.f, qkv);
+    be_.add_bias(qkv, W(kAttnB), BT, 3 * C);
+    be_.attention_forward(atty, ly.att.view({B, H, T, T}), qkv, B, T, C, H);
     // res2 [BT,C] = x + atty @ c_proj.weight[C,C]^T + bias
-    be_.gemm(false, true, BT, C, C, 1.f, ly.atty.f32(), W(kAttnProjW), 0.f, ly.res2.f32());
-    be_.add_bias(ly.res2.f32(), W(kAttnProjB), BT, C);
-    be_.add(ly.res2.f32(), ly.res2.f32(), x, BT * C);
-    be_.layernorm_forward(ly.ln2.f32(), ly.ln2_mean.f32(), ly.ln2_rstd.f32(), ly.res2.f32(),
-                          W(kLn2W), W(kLn2B), BT, C, eps);
+    be_.gemm(false, true, BT, C, C, 1.f, atty, W(kAttnProjW), 0.f, res2);
+    be_.add_bias(res2, W(kAttnProjB), BT, C);
+    be_.add(res2, res2, x);
+    be_.layernorm_forward(ln2, ly.ln2_mean.view({BT}), ly.ln2_rstd.view({BT}), res2, W(kLn2W),
+                          W(kLn2B), BT, C, eps);
     // fc [BT,4C] = ln2 @ c_fc.weight[4C,C]^T + bias; gelu = GELU_tanh(fc)
-    be_.gemm(false, true, BT, 4 * C, C, 1.f, ly.ln2.f32(), W(kFcW), 0.f, ly.fc.f32());
-    be_.add_bias(ly.fc.f32(), W(kFcB), BT, 4 * C);
-    be_.gelu_forward(ly.gelu.f32(), ly.fc.f32(), BT * 4 * C);
+    be_.gemm(false, true, BT, 4 * C, C, 1.f, ln2, W(kFcW), 0.f, fc);
+    be_.add_bias(fc, W(kFcB), BT, 4 * C);
+    be_.gelu_forward(gelu, fc);
     // res[l+1] [BT,C] = res2 + gelu @ mlp.c_proj.weight[C,4C]^T + bias
-    float* y = a.res[l + 1].f32();
-    be_.gemm(false, true, BT, C, 4 * C, 1.f, ly.gelu.f32(), W(kMlpProjW), 0.f, y);
+    const TensorView y = rows(a.res[l + 1], C);
+    be_.gemm(false, true, BT, C, 4 * C, 1.f, gelu, W(kMlpProjW), 0.f, y);
     be_.add_bias(y, W(kMlpProjB), BT, C);
-    be_.add(y, y, ly.res2.f32(), BT * C);
+    be_.add(y, y, res2);
     hooks.post_forward(m);
   }
 
   // ln_f and the tied LM head: logits [BT,V] = ln_f(res[L]) @ wte[V,C]^T
   const int mf = static_cast<int>(L + 1);
   const int pf = static_cast<int>(2 + kBlockParams * L);
+  const TensorView lnf = rows(a.lnf, C), logits = rows(a.logits, V);
   hooks.pre_forward(mf);
-  be_.layernorm_forward(a.lnf.f32(), a.lnf_mean.f32(), a.lnf_rstd.f32(), a.res[L].f32(),
+  be_.layernorm_forward(lnf, a.lnf_mean.view({BT}), a.lnf_rstd.view({BT}), rows(a.res[L], C),
                         hooks.param(pf), hooks.param(pf + 1), BT, C, eps);
-  be_.gemm(false, true, BT, V, C, 1.f, a.lnf.f32(), hooks.param(kWte), 0.f, a.logits.f32());
-  double loss = with_backward
-                    ? be_.cross_entropy_forward_backward(a.logits.f32(), targets, BT, V, grad_scale)
-                    : be_.cross_entropy_forward(a.logits.f32(), targets, BT, V);
+  be_.gemm(false, true, BT, V, C, 1.f, lnf, hooks.param(kWte), 0.f, logits);
+  if (with_backward) {
+    be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, grad_scale);
+  } else {
+    be_.cross_entropy_forward(loss, logits, targets, BT, V);
+  }
   hooks.post_forward(mf);
-  return loss;
 }
 
-void Gpt2Model::backward(const int32_t* /*tokens_host*/, int64_t B, int64_t T,
-                         ModuleHooks& hooks) {
+void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
   Acts& a = *acts_;
   const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size;
   const int64_t L = cfg_.n_layer;
-  const auto* tokens = static_cast<const int32_t*>(a.tokens_dev.data());
-  float* dres = a.dres.f32();  // gradient of the residual stream, [BT,C]
-  float* dln = a.dln.f32();    // [BT,C] scratch
+  auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
+  const TensorView tokens = a.tokens_dev.view({B, T});
+  const TensorView dres = rows(a.dres, C);  // gradient of the residual stream, [BT,C]
+  const TensorView dln = rows(a.dln, C);    // [BT,C] scratch
+  const TensorView dfc = rows(a.dfc, 4 * C), dqkv = rows(a.dqkv, 3 * C);
 
   // LM head and ln_f. a.logits holds dlogits [BT,V] after the fused cross-entropy.
   const int mf = static_cast<int>(L + 1);
   const int pf = static_cast<int>(2 + kBlockParams * L);
+  const TensorView dlogits = rows(a.logits, V);
   hooks.pre_backward(mf);
-  be_.gemm(true, false, V, C, BT, 1.f, a.logits.f32(), a.lnf.f32(), 1.f, hooks.grad(kWte));
-  be_.gemm(false, false, BT, C, V, 1.f, a.logits.f32(), hooks.param(kWte), 0.f, dln);
-  be_.fill_zero(dres, BT * C * sizeof(float));
-  be_.layernorm_backward(dres, hooks.grad(pf), hooks.grad(pf + 1), dln, a.res[L].f32(),
-                         hooks.param(pf), a.lnf_mean.f32(), a.lnf_rstd.f32(), BT, C);
+  be_.gemm(true, false, V, C, BT, 1.f, dlogits, rows(a.lnf, C), 1.f, hooks.grad(kWte));
+  be_.gemm(false, false, BT, C, V, 1.f, dlogits, hooks.param(kWte), 0.f, dln);
+  be_.fill_zero(dres);
+  be_.layernorm_backward(dres, hooks.grad(pf), hooks.grad(pf + 1), dln, rows(a.res[L], C),
+                         hooks.param(pf), a.lnf_mean.view({BT}), a.lnf_rstd.view({BT}), BT, C);
   hooks.post_backward(mf);
 
   for (int64_t l = L - 1; l >= 0; --l) {
@@ -214,30 +238,29 @@ void Gpt2Model::backward(const int32_t* /*tokens_host*/, int64_t B, int64_t T,
     auto W = [&](int k) { return hooks.param(p0 + k); };
     auto G = [&](int k) { return hooks.grad(p0 + k); };
     auto& ly = a.layers[l];
-    float* dfc = a.dfc.f32();    // [BT,4C]
-    float* dqkv = a.dqkv.f32();  // [BT,3C]
     hooks.pre_backward(m);
     // dres = d res[l+1]. MLP c_proj: out = gelu @ W^T + b.
-    be_.gemm(true, false, C, 4 * C, BT, 1.f, dres, ly.gelu.f32(), 1.f, G(kMlpProjW));
+    be_.gemm(true, false, C, 4 * C, BT, 1.f, dres, rows(ly.gelu, 4 * C), 1.f, G(kMlpProjW));
     be_.bias_backward(G(kMlpProjB), dres, BT, C);
     be_.gemm(false, false, BT, 4 * C, C, 1.f, dres, W(kMlpProjW), 0.f, dfc);  // d gelu
-    be_.gelu_backward(dfc, ly.fc.f32(), dfc, BT * 4 * C);                     // d fc
-    be_.gemm(true, false, 4 * C, C, BT, 1.f, dfc, ly.ln2.f32(), 1.f, G(kFcW));
+    be_.gelu_backward(dfc, rows(ly.fc, 4 * C), dfc);                          // d fc
+    be_.gemm(true, false, 4 * C, C, BT, 1.f, dfc, rows(ly.ln2, C), 1.f, G(kFcW));
     be_.bias_backward(G(kFcB), dfc, BT, 4 * C);
     be_.gemm(false, false, BT, C, 4 * C, 1.f, dfc, W(kFcW), 0.f, dln);       // d ln2
     // residual: dres (= d res2 after this) += LN2 backward
-    be_.layernorm_backward(dres, G(kLn2W), G(kLn2B), dln, ly.res2.f32(), W(kLn2W),
-                           ly.ln2_mean.f32(), ly.ln2_rstd.f32(), BT, C);
+    be_.layernorm_backward(dres, G(kLn2W), G(kLn2B), dln, rows(ly.res2, C), W(kLn2W),
+                           ly.ln2_mean.view({BT}), ly.ln2_rstd.view({BT}), BT, C);
     // attention c_proj: res2 = x + atty @ W^T + b
-    be_.gemm(true, false, C, C, BT, 1.f, dres, ly.atty.f32(), 1.f, G(kAttnProjW));
+    be_.gemm(true, false, C, C, BT, 1.f, dres, rows(ly.atty, C), 1.f, G(kAttnProjW));
     be_.bias_backward(G(kAttnProjB), dres, BT, C);
     be_.gemm(false, false, BT, C, C, 1.f, dres, W(kAttnProjW), 0.f, dln);     // d atty
-    be_.attention_backward(dqkv, a.datt.f32(), dln, ly.qkv.f32(), ly.att.f32(), B, T, C, H);
-    be_.gemm(true, false, 3 * C, C, BT, 1.f, dqkv, ly.ln1.f32(), 1.f, G(kAttnW));
+    be_.attention_backward(dqkv, a.datt.view({B, H, T, T}), dln, rows(ly.qkv, 3 * C),
+                           ly.att.view({B, H, T, T}), B, T, C, H);
+    be_.gemm(true, false, 3 * C, C, BT, 1.f, dqkv, rows(ly.ln1, C), 1.f, G(kAttnW));
     be_.bias_backward(G(kAttnB), dqkv, BT, 3 * C);
     be_.gemm(false, false, BT, C, 3 * C, 1.f, dqkv, W(kAttnW), 0.f, dln);     // d ln1
-    be_.layernorm_backward(dres, G(kLn1W), G(kLn1B), dln, a.res[l].f32(), W(kLn1W),
-                           ly.ln1_mean.f32(), ly.ln1_rstd.f32(), BT, C);     // dres = d res[l]
+    be_.layernorm_backward(dres, G(kLn1W), G(kLn1B), dln, rows(a.res[l], C), W(kLn1W),
+                           ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), BT, C);  // dres = d res[l]
     hooks.post_backward(m);
   }
 

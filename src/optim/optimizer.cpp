@@ -38,52 +38,55 @@ double learning_rate(const OptimConfig& o, int64_t max_steps, int64_t step) {
   return o.min_lr + 0.5 * (1.0 + std::cos(pi * progress)) * (o.lr - o.min_lr);
 }
 
-Optimizer::Optimizer(const OptimConfig& config, Backend& backend) : cfg_(config), be_(backend) {
-  if (cfg_.name != "adamw" && cfg_.name != "sgd") {
-    throw InputError("optim.name: unknown optimizer \"" + cfg_.name + "\" (expected adamw or sgd)");
-  }
-}
+Optimizer::Optimizer(const OptimConfig& config, Backend& backend) : cfg_(config), be_(backend) {}
 
-void Optimizer::add_shard(float* param, const float* grad, int64_t n,
+void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
                           std::vector<DecaySegment> segments) {
-  Shard s{param, grad, n, std::move(segments), {}, {}};
-  const auto count = static_cast<std::size_t>(n);
-  s.s0 = DeviceBuffer::floats(be_, count, MemCategory::optimizer_state);
-  be_.fill_zero(s.s0.data(), count * sizeof(float));
-  if (cfg_.name == "adamw") {
-    s.s1 = DeviceBuffer::floats(be_, count, MemCategory::optimizer_state);
-    be_.fill_zero(s.s1.data(), count * sizeof(float));
+  if (param.dtype != DType::f32 || grad.dtype != DType::f32 || grad.numel() != param.numel()) {
+    throw Error("Optimizer::add_shard: param and grad must be fp32 views of equal size");
+  }
+  Shard s{param, grad, std::move(segments), {}, {}};
+  const int64_t n = param.numel();
+  s.s0 = DeviceBuffer::floats(be_, n, MemCategory::optimizer_state);
+  be_.fill_zero(s.s0.view());
+  if (cfg_.name == OptimizerKind::adamw) {
+    s.s1 = DeviceBuffer::floats(be_, n, MemCategory::optimizer_state);
+    be_.fill_zero(s.s1.view());
   }
   shards_.push_back(std::move(s));
 }
 
-void Optimizer::step(double lr, int64_t step) {
+void Optimizer::step(double lr) {
+  const int64_t step = ++updates_;
   const auto flr = static_cast<float>(lr);
   for (auto& s : shards_) {
     for (const auto& seg : s.segments) {
       const int64_t b = seg.begin, n = seg.end - seg.begin;
       const float wd = seg.decay ? static_cast<float>(cfg_.weight_decay) : 0.f;
-      if (cfg_.name == "adamw") {
-        be_.adamw_update(s.param + b, s.grad + b, s.s0.f32() + b, s.s1.f32() + b, n, flr,
-                         static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-                         static_cast<float>(cfg_.eps), wd, step);
-      } else {
-        be_.sgd_update(s.param + b, s.grad + b, s.s0.f32() + b, n, flr,
-                       static_cast<float>(cfg_.momentum), wd, step);
+      switch (cfg_.name) {
+        case OptimizerKind::adamw:
+          be_.adamw_update(s.param.slice(b, n), s.grad.slice(b, n), s.s0.view().slice(b, n),
+                           s.s1.view().slice(b, n), flr, static_cast<float>(cfg_.beta1),
+                           static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), wd, step);
+          break;
+        case OptimizerKind::sgd:
+          be_.sgd_update(s.param.slice(b, n), s.grad.slice(b, n), s.s0.view().slice(b, n), flr,
+                         static_cast<float>(cfg_.momentum), wd, step);
+          break;
       }
     }
   }
 }
 
 std::vector<std::string> Optimizer::state_names() const {
-  if (cfg_.name == "adamw") return {"exp_avg", "exp_avg_sq"};
+  if (cfg_.name == OptimizerKind::adamw) return {"exp_avg", "exp_avg_sq"};
   return {"momentum_buffer"};
 }
 
-float* Optimizer::state(int index, const std::string& name) {
+TensorView Optimizer::state(int index, const std::string& name) {
   auto& s = shards_.at(static_cast<std::size_t>(index));
-  if (name == "exp_avg" || name == "momentum_buffer") return s.s0.f32();
-  if (name == "exp_avg_sq" && s.s1) return s.s1.f32();
+  if (name == "exp_avg" || name == "momentum_buffer") return s.s0.view();
+  if (name == "exp_avg_sq" && s.s1) return s.s1.view();
   throw Error("optimizer has no state named " + name);
 }
 

@@ -12,14 +12,12 @@
 #include <optional>
 #include <ostream>
 #include <sstream>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
-#include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/backend/buffer.hpp"
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/comm/device_mesh.hpp"
-#include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/data/batch.hpp"
 #include "fsdp/data/sampler.hpp"
@@ -56,29 +54,28 @@ std::string model_config_json(const ModelConfig& m) {
   return j.dump();
 }
 
-int threads_per_rank(const Config& cfg, int local_size) {
-  if (cfg.train.num_threads > 0) return static_cast<int>(cfg.train.num_threads);
-  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, hw / std::max(1, local_size));
-}
-
 // Everything one job holds; built in guarded phases so a failure on any rank stops all.
 struct Job {
-  Job(const Config& c, const TrainOptions& o, std::ostream& s) : cfg(c), opt(o), out(s) {}
+  Job(const Config& c, const TrainOptions& o, std::ostream& s, Runtime& r, Communicator& h)
+      : cfg(c), opt(o), out(s), rt(r), host(h) {}
   const Config& cfg;
   const TrainOptions& opt;
   std::ostream& out;
-  std::unique_ptr<MpiCommunicator> world;
-  std::optional<DeviceMesh> mesh;
-  std::unique_ptr<Backend> backend;
+  Runtime& rt;
+  Communicator& host;                 // the job's ranks, host memory
+  const DeviceMesh* mesh = nullptr;   // the job's ranks, backend memory (from rt)
+  Backend* backend = nullptr;
   std::unique_ptr<data::TokenSource> train_src, val_src;
   std::optional<data::DistributedSampler> sampler;
   std::unique_ptr<Gpt2Model> model;
   std::unique_ptr<FsdpEngine> engine;
   std::unique_ptr<Optimizer> optimizer;
   std::ofstream metrics;
-  int64_t step = 0;  // optimizer steps completed
-  bool rank0() const { return world->rank() == 0; }
+  int64_t step = 0;  // training steps completed (fp16 skipped ones included)
+  // fp16 dynamic loss scaling (torch.amp.GradScaler): the scale and the steps since it changed.
+  double loss_scale = 1.0;
+  int64_t good_steps = 0;
+  bool rank0() const { return host.rank() == 0; }
   void log(const std::string& line) {
     if (rank0() && !opt.quiet) out << line << std::endl;
   }
@@ -98,14 +95,8 @@ void open_data(Job& job) {
     job.val_src = std::make_unique<data::TokenDataset>(cfg.data.path, "val", V, L);
   }
   job.sampler.emplace(data::num_samples_of(job.train_src->num_tokens(), L),
-                      cfg.train.global_batch_size, job.world->rank(), job.world->size(),
+                      cfg.train.global_batch_size, job.host.rank(), job.host.size(),
                       cfg.train.seed);
-}
-
-std::vector<FlatParamLayout> unit_layouts(const FsdpEngine& engine) {
-  std::vector<FlatParamLayout> layouts;
-  for (int u = 0; u < engine.num_units(); ++u) layouts.push_back(engine.layout(u));
-  return layouts;
 }
 
 // Rank 0's banner: resolved config, mesh, parameter count (from the unit layouts) and, when
@@ -118,7 +109,9 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
   os << "fsdp_train " << FSDP_VERSION << (job.opt.dry_run ? " (dry run)" : "")
      << "\n# resolved config (" << cfg.source_path << ")\n" << to_toml(cfg) << "\n"
      << "mesh: " << job.mesh->describe() << "; " << to_string(cfg.fsdp.sharding_strategy)
-     << " shards each FlatParameter over " << layouts.front().num_shards << " rank(s)\n"
+     << " shards each FlatParameter over " << layouts.front().num_shards << " rank(s); "
+     << "param_dtype " << to_string(cfg.mixed_precision.param_dtype) << ", reduce_dtype "
+     << to_string(cfg.mixed_precision.reduce_dtype) << "\n"
      << "model: " << cfg.model.type << ", " << n << " parameters (" << human_bytes(4.0 * n)
      << " fp32) in " << layouts.size() << " FSDP units";
   if (list_units) {
@@ -133,19 +126,13 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
   job.log(os.str());
 }
 
-void print_memory_plan(Job& job, const std::vector<FlatParamLayout>& layouts) {
-  const Config& cfg = job.cfg;
-  const EngineMemoryPlan p = plan_memory(layouts, cfg.fsdp.sharding_strategy, cfg.optim.name);
-  const int64_t acts = Gpt2Model::activation_bytes(
-      cfg.model, cfg.train.global_batch_size / job.world->size(), cfg.data.seq_len);
-  const int64_t total = p.sharded_params + p.unsharded_params + p.grads + p.unsharded_grads +
-                        p.optimizer_state + acts + p.comm_buffers;
+void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
   std::ostringstream os;
   auto row = [&](const char* name, int64_t v) {
     os << "  " << std::left << std::setw(18) << name << std::right << std::setw(14) << v
        << "  " << human_bytes(static_cast<double>(v)) << "\n";
   };
-  os << "memory plan per rank (bytes):\n";
+  os << "memory plan per rank (bytes; peaks of one training step):\n";
   row("sharded_params", p.sharded_params);
   row("unsharded_params", p.unsharded_params);
   row("grads", p.grads);
@@ -153,50 +140,59 @@ void print_memory_plan(Job& job, const std::vector<FlatParamLayout>& layouts) {
   row("optimizer_state", p.optimizer_state);
   row("activations", acts);
   row("comm_buffers", p.comm_buffers);
-  row("total", total);
+  row("total", p.total + acts);
   job.log(os.str());
 }
 
+// Mean validation loss (nats per token). The per-rank sum stays on the device until one
+// all-reduce and one copy at the end.
 double evaluate(Job& job) {
   const Config& cfg = job.cfg;
   const int64_t L = cfg.data.seq_len;
   const int64_t windows = data::num_val_windows(job.val_src->num_tokens(), L, cfg.eval.max_windows);
-  const data::WindowRange mine = data::rank_windows(windows, job.world->rank(), job.world->size());
+  const data::WindowRange mine = data::rank_windows(windows, job.host.rank(), job.host.size());
   const int64_t B = std::max<int64_t>(1, job.sampler->local_batch());
   // Every rank runs the same number of forward passes (they hold collectives); a rank with
   // no windows left runs window 0 and discards the result.
   int64_t chunks = (mine.size() + B - 1) / B;
-  job.world->all_reduce(&chunks, &chunks, 1, DType::i64, ReduceOp::max)->wait();
-  double sum = 0.0;
+  job.host.all_reduce(&chunks, &chunks, 1, DType::i64, ReduceOp::max)->wait();
+  DeviceBuffer sum(*job.backend, DType::f64, 1, MemCategory::other);
+  DeviceBuffer discard(*job.backend, DType::f64, 1, MemCategory::other);
+  job.backend->fill_zero(sum.view());
   for (int64_t c = 0; c < chunks; ++c) {
     data::WindowRange r{mine.begin + c * B, std::min(mine.end, mine.begin + (c + 1) * B)};
     const bool dummy = r.size() <= 0;
     if (dummy) r = {0, 1};
     const data::Batch batch = data::load_windows(*job.val_src, r, L);
     job.engine->begin_step(false);
-    const double s = job.model->forward_loss(batch.inputs.data(), batch.targets.data(), batch.B,
-                                             batch.L, *job.engine);
+    job.model->forward_loss(batch.inputs.data(), batch.targets.data(), batch.B, batch.L,
+                            *job.engine, dummy ? discard.view() : sum.view());
     job.engine->end_step();
-    if (!dummy) sum += s;
   }
-  job.world->all_reduce(&sum, &sum, 1, DType::f64, ReduceOp::sum)->wait();
-  return windows > 0 ? sum / static_cast<double>(windows * L) : std::nan("");
+  job.mesh->world().all_reduce(sum.data(), sum.data(), 1, DType::f64, ReduceOp::sum,
+                               job.backend->compute_stream())->wait();
+  double total = 0.0;
+  job.backend->copy_to_host(&total, sum.view());
+  return windows > 0 ? total / static_cast<double>(windows * L) : std::nan("");
 }
 
 ckpt::CheckpointMeta checkpoint_meta(Job& job) {
   ckpt::CheckpointMeta m;
   m.step = job.step;
-  m.world_size = job.world->size();
+  m.world_size = job.host.size();
   m.shard_size = job.engine->num_shards();
   m.replicate_size = job.engine->replicate_comm().size();
   m.shard_index = job.engine->shard_index();
   m.sharding_strategy = to_string(job.cfg.fsdp.sharding_strategy);
-  m.optimizer = job.cfg.optim.name;
+  m.optimizer = to_string(job.cfg.optim.name);
   m.model_config_json = model_config_json(job.cfg.model);
   m.train_config_toml = to_toml(job.cfg);
   m.seed = job.cfg.train.seed;
   m.sampler_epoch = job.sampler->epoch_of(job.step);
   m.sampler_position = job.sampler->position_in_epoch(job.step);
+  m.optimizer_updates = job.optimizer ? job.optimizer->num_updates() : job.step;
+  m.loss_scale = job.cfg.mixed_precision.uses_fp16() ? job.loss_scale : 0.0;
+  m.loss_scale_good_steps = job.good_steps;
   return m;
 }
 
@@ -206,17 +202,18 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
 void save_checkpoint(Job& job) {
   const std::string& run_dir = job.cfg.train.run_dir;
   const std::string tmp = ckpt::tmp_step_dir(run_dir, job.step);
-  collective_guard(*job.world, [&] {
+  collective_guard(job.host, [&] {
     if (job.rank0()) ckpt::prepare_tmp_step_dir(tmp);
   });
-  collective_guard(*job.world, [&] {
+  collective_guard(job.host, [&] {
     if (job.engine->replicate_comm().rank() != 0) return;  // replicas hold identical shards
     const auto meta = checkpoint_meta(job);
     std::vector<ckpt::UnitShardView> views;
     for (int u = 0; u < job.engine->num_units(); ++u) {
-      ckpt::UnitShardView v{&job.engine->layout(u), job.engine->shard_param(u), {}};
+      // Host pointers: the CPU backend's memory is host memory.
+      ckpt::UnitShardView v{&job.engine->layout(u), job.engine->shard_param(u).f32(), {}};
       for (const auto& name : job.optimizer->state_names()) {
-        v.state.push_back({name, job.optimizer->state(u, name)});
+        v.state.push_back({name, job.optimizer->state(u, name).f32()});
       }
       views.push_back(std::move(v));
     }
@@ -224,7 +221,7 @@ void save_checkpoint(Job& job) {
         (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string();
     ckpt::write_shard_file(file, meta, views);
   });
-  collective_guard(*job.world, [&] {
+  collective_guard(job.host, [&] {
     if (!job.rank0()) return;
     ckpt::commit_step_dir(tmp, ckpt::step_dir(run_dir, job.step));
     ckpt::publish_latest(run_dir, job.step);
@@ -240,57 +237,83 @@ void load_checkpoint(Job& job) {
                      " (train.run_dir = \"" + run_dir + "\")");
   }
   ckpt::CheckpointMeta expected = checkpoint_meta(job);
-  const std::vector<FlatParamLayout> layouts = unit_layouts(*job.engine);
+  const std::vector<FlatParamLayout> layouts = job.engine->layouts();
   // Opens this rank's shard file and checks mesh, optimizer and unit layouts against ours.
   const ckpt::ShardFile shard = ckpt::open_for_resume(*latest, expected, layouts);
   for (int u = 0; u < job.engine->num_units(); ++u) {
-    shard.read_unit(u, "param", job.engine->shard_param(u));
+    shard.read_unit(u, "param", job.engine->shard_param(u).f32());
     for (const auto& name : job.optimizer->state_names()) {
-      shard.read_unit(u, name, job.optimizer->state(u, name));
+      shard.read_unit(u, name, job.optimizer->state(u, name).f32());
     }
   }
-  job.step = shard.meta().step;
+  const ckpt::CheckpointMeta& m = shard.meta();
+  job.step = m.step;
+  job.optimizer->set_num_updates(m.optimizer_updates < 0 ? m.step : m.optimizer_updates);
+  if (job.cfg.mixed_precision.uses_fp16() && m.loss_scale > 0) {
+    job.loss_scale = m.loss_scale;
+    job.good_steps = m.loss_scale_good_steps;
+  }
+}
+
+// fp16 dynamic loss scaling after a step (torch.amp.GradScaler.update): back off on
+// overflow, grow after growth_interval clean steps.
+void update_loss_scale(Job& job, bool found_inf) {
+  const MixedPrecisionConfig& mp = job.cfg.mixed_precision;
+  if (found_inf) {
+    job.loss_scale *= mp.backoff_factor;
+    job.good_steps = 0;
+  } else if (++job.good_steps == mp.growth_interval) {
+    job.loss_scale *= mp.growth_factor;
+    job.good_steps = 0;
+  }
 }
 
 }  // namespace
 
-TrainResult train(const Config& cfg, MPI_Comm world_comm, const TrainOptions& opt,
+TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const TrainOptions& opt,
                   std::ostream& out) {
-  Job job{cfg, opt, out};
-  job.world = std::make_unique<MpiCommunicator>(world_comm);
+  Job job{cfg, opt, out, rt, group};
   TrainResult result;
+  const bool fp16 = cfg.mixed_precision.uses_fp16();
+  if (fp16) job.loss_scale = cfg.mixed_precision.init_scale;
 
-  collective_guard(*job.world, [&] { job.mesh.emplace(DeviceMesh::create(world_comm, cfg.mesh.shard_size)); });
-  const int num_shards = static_cast<int>(shards_for(cfg.fsdp.sharding_strategy, job.mesh->world_size(), job.mesh->shard_size()));
-  collective_guard(*job.world, [&] {
-    if (cfg.train.global_batch_size % job.world->size() != 0) {
+  collective_guard(group, [&] { rt.configure(group, cfg); });
+  job.mesh = &rt.mesh();
+  job.backend = &rt.backend();
+  const int world = group.size();
+  collective_guard(group, [&] {
+    if (cfg.train.global_batch_size % world != 0) {
       throw InputError("train.global_batch_size: " + std::to_string(cfg.train.global_batch_size) +
-                       " is not divisible by the world size " + std::to_string(job.world->size()));
+                       " is not divisible by the world size " + std::to_string(world));
     }
     open_data(job);
   });
+  const DType act_dtype = cfg.mixed_precision.param_dtype;
+  const int64_t act_bytes = Gpt2Model::activation_bytes(
+      cfg.model, cfg.train.global_batch_size / world, cfg.data.seq_len, act_dtype);
 
   if (opt.dry_run) {
-    collective_guard(*job.world, [&] {
-      job.backend = make_cpu_backend(1);
-      Gpt2Model model(cfg.model, *job.backend);
+    collective_guard(group, [&] {
+      Gpt2Model model(cfg.model, *job.backend, act_dtype);
+      const int num_shards = static_cast<int>(
+          shards_for(cfg.fsdp.sharding_strategy, world, job.mesh->shard_size()));
       const auto layouts = build_unit_layouts(model.modules(), cfg.fsdp, num_shards);
       print_banner(job, layouts, /*list_units=*/true);
-      print_memory_plan(job, layouts);
+      print_memory_plan(job, plan_memory(model.modules(), cfg, world, job.mesh->shard_size()),
+                        act_bytes);
       for (const auto& l : layouts) result.num_params += l.numel;
     });
     return result;
   }
 
-  collective_guard(*job.world, [&] {
-    job.backend = make_cpu_backend(threads_per_rank(cfg, job.mesh->local_size()));
-    job.model = std::make_unique<Gpt2Model>(cfg.model, *job.backend);
-    job.engine = std::make_unique<FsdpEngine>(job.model->modules(), cfg.fsdp, *job.mesh,
-                                              *job.backend, cfg.train.seed);
+  collective_guard(group, [&] {
+    job.model = std::make_unique<Gpt2Model>(cfg.model, *job.backend, act_dtype);
+    job.engine = std::make_unique<FsdpEngine>(job.model->modules(), cfg.fsdp,
+                                              cfg.mixed_precision, *job.mesh, *job.backend,
+                                              cfg.train.seed);
     job.optimizer = std::make_unique<Optimizer>(cfg.optim, *job.backend);
     for (int u = 0; u < job.engine->num_units(); ++u) {
       job.optimizer->add_shard(job.engine->shard_param(u), job.engine->shard_grad(u),
-                               job.engine->shard_numel(u),
                                decay_segments(job.engine->layout(u), job.engine->shard_index()));
     }
     if (!opt.resume && ckpt::find_latest(cfg.train.run_dir)) {
@@ -300,13 +323,14 @@ TrainResult train(const Config& cfg, MPI_Comm world_comm, const TrainOptions& op
     }
   });
   result.num_params = job.engine->num_params();
-  const std::vector<FlatParamLayout> layouts = unit_layouts(*job.engine);
-  print_banner(job, layouts, /*list_units=*/false);
+  result.plan = plan_memory(job.model->modules(), cfg, world, job.mesh->shard_size());
+  result.planned_activation_bytes = act_bytes;
+  print_banner(job, job.engine->layouts(), /*list_units=*/false);
   if (opt.resume) {
-    collective_guard(*job.world, [&] { load_checkpoint(job); });
+    collective_guard(group, [&] { load_checkpoint(job); });
     job.log("resumed from step " + std::to_string(job.step));
   }
-  collective_guard(*job.world, [&] {
+  collective_guard(group, [&] {
     if (!job.rank0()) return;
     fs::create_directories(cfg.train.run_dir);
     const std::string path = (fs::path(cfg.train.run_dir) / "metrics.jsonl").string();
@@ -314,36 +338,69 @@ TrainResult train(const Config& cfg, MPI_Comm world_comm, const TrainOptions& op
     if (!job.metrics) throw InputError("train.run_dir: cannot write " + path);
   });
 
+  Backend& be = *job.backend;
+  Stream& stream = be.compute_stream();
+  Communicator& dev_world = job.mesh->world();
+  // The step's device scalars: [0] loss sum, [1] grad norm, [2] found_inf (fp16).
+  DeviceBuffer stats(be, DType::f64, 3, MemCategory::other);
+  const TensorView loss_dev = stats.view().slice(0, 1), norm_dev = stats.view().slice(1, 1),
+                   inf_dev = stats.view().slice(2, 1);
   const int64_t T = cfg.data.seq_len;
   const int64_t B = job.sampler->local_batch();
   const double tokens_per_step = static_cast<double>(cfg.train.global_batch_size * T);
   while (job.step < cfg.train.max_steps) {
     const auto t0 = Clock::now();
+    const AllocatorStats a0 = be.allocator_stats();
     const data::Batch batch =
         data::load_batch(*job.train_src, job.sampler->sample_indices(job.step), T);
+    const int64_t step = job.step + 1;  // the step being run, 1-based
+    be.fill_zero(stats.view());
     job.engine->begin_step(true);
-    double loss = job.model->forward_backward(batch.inputs.data(), batch.targets.data(), B, T,
-                                              1.f / static_cast<float>(B * T), *job.engine);
+    const float grad_scale = static_cast<float>(job.loss_scale / static_cast<double>(B * T));
+    job.model->forward_backward(batch.inputs.data(), batch.targets.data(), B, T, grad_scale,
+                                *job.engine, loss_dev);
     job.engine->end_step();
-    job.world->all_reduce(&loss, &loss, 1, DType::f64, ReduceOp::sum)->wait();
-    loss /= tokens_per_step;
-    const double norm = job.engine->grad_norm();
-    if (cfg.optim.grad_clip > 0 && norm > cfg.optim.grad_clip) {
-      job.engine->scale_grads(static_cast<float>(cfg.optim.grad_clip / (norm + 1e-6)));
+    if (std::find(opt.inject_overflow_steps.begin(), opt.inject_overflow_steps.end(), step) !=
+            opt.inject_overflow_steps.end() &&
+        group.rank() == opt.inject_rank) {
+      job.engine->inject_nonfinite_grad();
     }
-    ++job.step;
+    if (fp16) {
+      // GradScaler.unscale_: unscale this rank's shards, then one found-inf all-reduce so
+      // every rank takes the same decision.
+      job.engine->unscale_grads(static_cast<float>(1.0 / job.loss_scale), inf_dev);
+      dev_world.all_reduce(inf_dev.data, inf_dev.data, 1, DType::f64, ReduceOp::max, stream)->wait();
+    }
+    dev_world.all_reduce(loss_dev.data, loss_dev.data, 1, DType::f64, ReduceOp::sum, stream)->wait();
+    job.engine->clip_grad_norm(cfg.optim.grad_clip, norm_dev);
+    double host_stats[3] = {0, 0, 0};
+    be.copy_to_host(host_stats, stats.view());  // the step's one wait for the device
+    const double loss = host_stats[0] / tokens_per_step;
+    const double norm = host_stats[1];
+    const bool skipped = fp16 && host_stats[2] != 0.0;
+    result.loss_scales.push_back(fp16 ? job.loss_scale : 1.0);
+    job.step = step;
     const double lr = learning_rate(cfg.optim, cfg.train.max_steps, job.step);
-    job.optimizer->step(lr, job.step);
-    job.backend->synchronize();
+    if (!skipped) job.optimizer->step(lr);
+    if (skipped) result.skipped_steps.push_back(step);
+    if (fp16) update_loss_scale(job, skipped);
+    job.engine->zero_grad();
+    be.synchronize();
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const AllocatorStats a1 = be.allocator_stats();
+    result.raw_allocs.push_back((a1.raw_allocs - a0.raw_allocs) + (a1.raw_frees - a0.raw_frees));
     result.losses.push_back(loss);
 
-    int64_t peak = static_cast<int64_t>(job.backend->memory().peak_total());
-    job.world->all_reduce(&peak, &peak, 1, DType::i64, ReduceOp::max)->wait();
+    int64_t peak = static_cast<int64_t>(be.memory().peak_total());
+    group.all_reduce(&peak, &peak, 1, DType::i64, ReduceOp::max)->wait();
     nlohmann::json line = {{"step", job.step},         {"loss", loss},
                            {"lr", lr},                 {"grad_norm", norm},
                            {"tokens_per_sec", tokens_per_step / seconds},
                            {"peak_mem_bytes", peak}};
+    if (fp16) {
+      line["loss_scale"] = result.loss_scales.back();
+      line["skipped"] = skipped;
+    }
     const bool last = job.step == cfg.train.max_steps;
     if (last || (cfg.eval.every > 0 && job.step % cfg.eval.every == 0)) {
       const double val = evaluate(job);
@@ -357,6 +414,7 @@ TrainResult train(const Config& cfg, MPI_Comm world_comm, const TrainOptions& op
          << lr << " | grad_norm " << std::fixed << std::setprecision(3) << norm << " | "
          << std::setprecision(0) << tokens_per_step / seconds << " tok/s | peak mem "
          << human_bytes(static_cast<double>(peak));
+      if (fp16) os << " | loss_scale " << result.loss_scales.back() << (skipped ? " (skipped)" : "");
       if (line.contains("val_loss")) {
         os << " | val_loss " << std::setprecision(4) << line["val_loss"].get<double>();
       }
@@ -369,6 +427,10 @@ TrainResult train(const Config& cfg, MPI_Comm world_comm, const TrainOptions& op
     if (opt.stop_after > 0 && job.step >= opt.stop_after) break;
   }
   result.final_step = job.step;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    result.peak_bytes[static_cast<std::size_t>(c)] =
+        static_cast<int64_t>(be.memory().peak(static_cast<MemCategory>(c)));
+  }
   if (opt.gather_params) result.params = job.engine->gather_full_params();
   return result;
 }

@@ -47,6 +47,10 @@ struct CheckpointMeta {
   uint64_t seed = 0;               // stored as an int64 attribute with the same bits
   int64_t sampler_epoch = 0;
   int64_t sampler_position = 0;
+  int64_t optimizer_updates = -1;  // optimizer updates applied (< step when fp16 steps were
+                                   // skipped); -1 when absent (older files): equals step
+  double loss_scale = 0;           // fp16 dynamic loss scale; 0 when not used / absent
+  int64_t loss_scale_good_steps = 0;  // steps since the last scale change (GradScaler tracker)
 };
 
 // One unit's shard as the trainer holds it: `param` and every `state` buffer are

@@ -2,14 +2,15 @@
 // (torch.distributed.device_mesh.DeviceMesh with mesh_dim_names ("replicate", "shard"),
 // as HYBRID_SHARD uses it).
 //
-// The shard group is the ranks of one node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)),
-// unless `shard_size` > 0 overrides it: then shard group g = world ranks
-// [g * shard_size, (g+1) * shard_size), which emulates several nodes on one machine. The
-// replicate group of a rank is the ranks with the same shard-group rank in every group.
+// The shard group is the ranks of one node (Communicator::split_node(), i.e.
+// MPI_COMM_TYPE_SHARED), unless `shard_size` > 0 overrides it: then shard group g = world
+// ranks [g * shard_size, (g+1) * shard_size), which emulates several nodes on one machine.
+// The replicate group of a rank is the ranks with the same shard-group rank in every group.
+// Every group is a new communicator split from the one passed to create(), so the mesh
+// works with any Communicator implementation (MPI today, NCCL later).
 #pragma once
 
-#include <mpi.h>
-
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -19,9 +20,11 @@ namespace fsdp {
 
 class DeviceMesh {
  public:
-  // Collective over `world`. Throws InputError (key mesh.shard_size) if shard_size does not
-  // divide the world size, or if node-local groups have unequal sizes.
-  static DeviceMesh create(MPI_Comm world, int64_t shard_size);
+  // Collective over `world` (only split_node(), split() and collectives on it; `world` is
+  // not kept: the mesh's world() is world.split(0, world.rank())). shard_size <= 0: shard
+  // group = node. Throws InputError (key mesh.shard_size, exit code 2, on every rank) if
+  // shard_size does not divide the world size, or if node-local groups have unequal sizes.
+  static DeviceMesh create(Communicator& world, int64_t shard_size);
 
   int world_rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/core/dtype.hpp"
+
 namespace fsdp {
 
 enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
@@ -18,6 +20,15 @@ const char* to_string(ShardingStrategy s);
 // Inverse of to_string (exact, case-sensitive). Throws fsdp::InputError (exit 2)
 // `fsdp.sharding_strategy: unknown value "X" (expected one of FULL_SHARD, ...)`.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
+
+// torch.distributed.fsdp.BackwardPrefetch; NO_PREFETCH is PyTorch's `None`.
+enum class BackwardPrefetch { BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH };
+const char* to_string(BackwardPrefetch p);
+// Accelerate's fsdp_auto_wrap_policy values fsdp_train implements.
+enum class AutoWrapPolicy { TRANSFORMER_BASED_WRAP, NO_WRAP };
+const char* to_string(AutoWrapPolicy p);
+enum class OptimizerKind { adamw, sgd };
+const char* to_string(OptimizerKind k);  // "adamw" | "sgd"
 
 struct ModelConfig {
   std::string type = "gpt2";          // only "gpt2" for now
@@ -48,7 +59,7 @@ struct TrainConfig {
 };
 
 struct OptimConfig {
-  std::string name = "adamw";         // "adamw" | "sgd"
+  OptimizerKind name = OptimizerKind::adamw;  // "adamw" | "sgd"
   double lr = 1e-3;                   // peak learning rate
   double min_lr = 1e-4;               // cosine floor
   int64_t warmup_steps = 100;         // linear warmup from 0
@@ -64,11 +75,26 @@ struct OptimConfig {
 
 struct FsdpConfig {
   ShardingStrategy sharding_strategy = ShardingStrategy::FULL_SHARD;
-  std::string auto_wrap_policy = "TRANSFORMER_BASED_WRAP";  // | "NO_WRAP" (one root unit)
+  AutoWrapPolicy auto_wrap_policy = AutoWrapPolicy::TRANSFORMER_BASED_WRAP;  // NO_WRAP: one root unit
   std::vector<std::string> transformer_layer_cls_to_wrap = {"GPT2Block"};
-  std::string backward_prefetch = "BACKWARD_PRE";           // | "BACKWARD_POST" | "NONE"
-  bool limit_all_gathers = true;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
+  bool forward_prefetch = false;      // all-gather the next unit before this unit's forward
+  bool limit_all_gathers = true;      // at most two units (besides the root) unsharded at once
   friend bool operator==(const FsdpConfig&, const FsdpConfig&) = default;
+};
+
+// torch.distributed.fsdp.MixedPrecision (param_dtype, reduce_dtype), and for fp16 the dynamic
+// loss scaling of torch.amp.GradScaler (same names and defaults). Shards, master weights and
+// optimizer state stay fp32 whatever the policy.
+struct MixedPrecisionConfig {
+  DType param_dtype = DType::f32;     // "fp32" | "bf16" | "fp16": unsharded params, compute
+  DType reduce_dtype = DType::f32;    // "fp32" | "bf16" | "fp16": gradient reduce-scatter
+  double init_scale = 65536.0;        // fp16 only: initial loss scale
+  double growth_factor = 2.0;         // fp16 only: scale *= this after growth_interval good steps
+  double backoff_factor = 0.5;        // fp16 only: scale *= this on a step with inf/NaN grads
+  int64_t growth_interval = 2000;     // fp16 only
+  bool uses_fp16() const { return param_dtype == DType::f16 || reduce_dtype == DType::f16; }
+  friend bool operator==(const MixedPrecisionConfig&, const MixedPrecisionConfig&) = default;
 };
 
 struct MeshConfig {
@@ -93,6 +119,7 @@ struct Config {
   TrainConfig train;
   OptimConfig optim;
   FsdpConfig fsdp;
+  MixedPrecisionConfig mixed_precision;
   MeshConfig mesh;
   CheckpointConfig checkpoint;
   EvalConfig eval;

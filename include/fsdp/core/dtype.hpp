@@ -1,8 +1,16 @@
-// fsdp/core/dtype.hpp: element types moved by collectives and stored in checkpoints.
+// fsdp/core/dtype.hpp: element types of tensors, collectives and checkpoints, and the
+// 16-bit float conversions every layer shares.
+//
+// bf16 is bfloat16 (8-bit exponent, 7-bit mantissa; torch.bfloat16), f16 is IEEE 754
+// binary16 (torch.float16). Conversions from f32 round to nearest even, as PyTorch's
+// `.to(dtype)` and CUDA's __float2bfloat16 / __float2half do; NaN stays NaN, values beyond
+// the f16 range (>= 65520 in magnitude) become infinities.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace fsdp {
 
@@ -21,6 +29,63 @@ constexpr std::size_t dtype_size(DType t) {
   return 0;
 }
 
+constexpr bool is_floating(DType t) {
+  return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16;
+}
+
+// "fp32", "fp64", "bf16", "fp16", "int32", "int64", "uint8" (the config spelling for floats).
+std::string_view to_string(DType t);
+
 enum class Device : int { cpu, cuda };
+
+// ---- 16-bit floats, stored as their bit patterns ----
+inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
+  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(x >> 16);
+}
+
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in f32
+    const float v = static_cast<float>(man) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+inline uint16_t f32_to_f16(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t a = x & 0x7fffffffu;
+  if (a >= 0x7f800000u) {  // inf or NaN (keep a quiet NaN payload bit)
+    return static_cast<uint16_t>(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0u));
+  }
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 -> inf
+  if (a < 0x38800000u) {  // below 2^-14: f16 subnormal m * 2^-24 (m = 1024 encodes 2^-14)
+    const float scaled = std::bit_cast<float>(a) * 16777216.0f;  // exact power-of-two scaling
+    // Round to nearest even by hand (independent of the FP rounding mode).
+    auto m = static_cast<uint32_t>(scaled);
+    const float rem = scaled - static_cast<float>(m);
+    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint32_t r = a - 0x38000000u;  // rebias exponent 127 -> 15
+  r += 0xfffu + ((r >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+// Rounds `f` to the nearest value representable in `t` (f32: unchanged). For tests and
+// for the CPU backend's "store in t, compute in f32" rule.
+inline float round_to(DType t, float f) {
+  if (t == DType::bf16) return bf16_to_f32(f32_to_bf16(f));
+  if (t == DType::f16) return f16_to_f32(f32_to_f16(f));
+  return f;
+}
 
 }  // namespace fsdp

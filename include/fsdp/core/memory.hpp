@@ -14,11 +14,12 @@ namespace fsdp {
 
 enum class MemCategory : int {
   sharded_params = 0,  // this rank's fp32 master shards (FlatParameter local shard)
-  unsharded_params,    // all-gathered full units (at most two at once)
-  grads,               // unsharded unit grads + sharded grads
+  unsharded_params,    // all-gathered full units, in param_dtype
+  grads,               // fp32 gradient shards
+  unsharded_grads,     // full unit gradients during backward, in param_dtype
   optimizer_state,     // AdamW exp_avg/exp_avg_sq or SGD momentum, on the shard
   activations,         // saved forward activations and their grads
-  comm_buffers,        // staging for collectives
+  comm_buffers,        // staging for collectives (reduce_dtype casts, reduction results)
   other,
   count_
 };

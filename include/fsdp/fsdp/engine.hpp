@@ -10,11 +10,29 @@
 //   HYBRID_SHARD        shard group           RS(shard) + AR(replicate) yes
 //   HYBRID_SHARD_ZERO2  shard group           RS(shard) + AR(replicate) no
 //
-// Gradients are averaged over the data-parallel world (all ranks). The root unit (modules
-// not wrapped, e.g. embeddings and ln_f) stays unsharded from its first forward use to the
-// end of backward, as PyTorch does for the root. Units are resharded after backward.
-// Prefetch runs one unit ahead (forward, and BACKWARD_PRE/POST in backward), so at most two
-// units besides the root are unsharded: fsdp.limit_all_gathers holds by construction.
+// (strategy_traits() below is that table, the only place the engine reads it from.)
+//
+// Mixed precision (torch.distributed.fsdp.MixedPrecision): shards, gradient shards and
+// optimizer state are fp32. A unit is unsharded by casting this rank's shard to param_dtype
+// into its slot of the full buffer and all-gathering in place; the model computes with
+// param_dtype parameters and writes param_dtype gradients; after the unit's backward those
+// are cast to reduce_dtype, reduce-scattered with ReduceOp::avg over the shard group
+// (all-reduced with avg over the replicate group) and accumulated into the fp32 gradient
+// shard. Gradients are averaged over the data-parallel world (all ranks).
+//
+// Streams: kernels run on the backend's compute stream, collectives are ordered after it
+// (Communicator). Each unit's reduction stays in flight (its Work is kept) until end_step;
+// its unsharded gradient goes back to the stream-ordered allocator with the collective's
+// completion event, so it is reused only once the reduce-scatter has read it.
+//
+// Unsharded units: the root unit (modules not wrapped, e.g. embeddings and ln_f) stays
+// unsharded from its first forward use to the end of backward, as PyTorch does for the root.
+// Prefetch follows PyTorch FSDP's execution order: forward_prefetch all-gathers the next
+// unit to run forward when a unit starts its forward (the root prefetches the first block);
+// BACKWARD_PRE all-gathers the next unit to run backward when a unit starts its backward,
+// BACKWARD_POST when it ends (before its gradient reduction), NO_PREFETCH never.
+// limit_all_gathers: under ZeRO-3 (and in evaluation) a prefetch is not issued while two
+// units besides the root are already unsharded.
 // The engine knows nothing about the model: it sees ModuleDecls.
 #pragma once
 
@@ -34,6 +52,13 @@
 
 namespace fsdp {
 
+// What a sharding strategy means to the engine (the table above).
+struct StrategyTraits {
+  enum class ShardOver { world, shard_group, nobody } shard_over;
+  bool reshard_after_forward;  // ZeRO-3 (true) or ZeRO-2 / DDP (false)
+};
+StrategyTraits strategy_traits(ShardingStrategy strategy);
+
 // Groups modules into units. TRANSFORMER_BASED_WRAP: every module whose class is listed in
 // `transformer_layer_cls_to_wrap` is a unit; all other modules form the root unit (index 0).
 // NO_WRAP: one root unit. Returns unit index per module. Units are numbered root first,
@@ -44,89 +69,123 @@ std::vector<int> wrap_modules(const std::vector<ModuleDecl>& modules, const Fsdp
 std::vector<FlatParamLayout> build_unit_layouts(const std::vector<ModuleDecl>& modules,
                                                 const FsdpConfig& fsdp, int64_t num_shards);
 
-// Number of shards each FlatParameter is split into under `strategy` on `mesh`.
+// Number of shards each FlatParameter is split into under `strategy`.
 int64_t shards_for(ShardingStrategy strategy, int world_size, int shard_group_size);
 
-// Bytes per rank the engine will hold at its peak, by category (the --dry-run memory plan).
-// Computed from the layouts alone, so it can be printed for any model and world size.
-// sharded_params + grads + optimizer_state are the persistent model states (ZeRO's "model
-// states"), which shrink as 1/num_shards; unsharded_params and unsharded_grads are the
-// transient full units of the running (and prefetched) units.
+// Peak bytes per rank by MemCategory of one training step (forward + backward + reduction +
+// optimizer state), the --dry-run memory plan. Computed by running the real engine and
+// optimizer on a backend that only counts allocations and on communicators that move
+// nothing, with the modules entered in declaration order and left in reverse (the
+// ModuleHooks contract), so it follows the strategy, the prefetch modes and the
+// mixed-precision policy exactly and costs no memory. Activations are the model's to add.
 struct EngineMemoryPlan {
-  int64_t sharded_params = 0, unsharded_params = 0, grads = 0, unsharded_grads = 0,
-          optimizer_state = 0, comm_buffers = 0;
+  int64_t sharded_params = 0;    // fp32 shards (model states shrink as 1/num_shards)
+  int64_t grads = 0;             // fp32 gradient shards
+  int64_t optimizer_state = 0;   // AdamW exp_avg/exp_avg_sq or SGD momentum, fp32 shards
+  int64_t unsharded_params = 0;  // peak of the all-gathered units (param_dtype)
+  int64_t unsharded_grads = 0;   // peak of the units' full gradients (param_dtype)
+  int64_t comm_buffers = 0;      // peak of reduce_dtype staging for reductions
+  int64_t total = 0;             // peak of all of the above together
 };
-EngineMemoryPlan plan_memory(const std::vector<FlatParamLayout>& layouts,
-                             ShardingStrategy strategy, const std::string& optimizer);
+EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Config& config,
+                             int world_size, int shard_group_size);
 
 class FsdpEngine final : public ModuleHooks {
  public:
-  // Builds the units and their layouts for `mesh` and the strategy, allocates this rank's
-  // shards and initialises them from `seed` (only this rank's slice is generated).
+  // Builds the units and their layouts for the strategy's groups of `mesh`, allocates this
+  // rank's shards and initialises them from `seed` (only this rank's slice is generated).
   FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
-             const DeviceMesh& mesh, Backend& backend, uint64_t seed);
+             const MixedPrecisionConfig& mixed_precision, const DeviceMesh& mesh,
+             Backend& backend, uint64_t seed);
+  // The same over explicit groups: params shard over `shard`, gradients are then averaged
+  // over `replicate`; world = shard x replicate. initialise = false leaves the shards
+  // uninitialised (the memory plan).
+  FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
+             const MixedPrecisionConfig& mixed_precision, Communicator& shard,
+             Communicator& replicate, Backend& backend, uint64_t seed, bool initialise);
   ~FsdpEngine() override;
 
   // ---- structure ----
   int num_units() const { return static_cast<int>(units_.size()); }
   const FlatParamLayout& layout(int unit) const;
+  std::vector<FlatParamLayout> layouts() const;
   int shard_index() const { return shard_comm_->rank(); }    // this rank's shard
   int num_shards() const { return shard_comm_->size(); }
   Communicator& shard_comm() const { return *shard_comm_; }  // group the params shard over
   Communicator& replicate_comm() const { return *replicate_comm_; }
-  ShardingStrategy strategy() const { return strategy_; }
   int64_t num_params() const;  // model parameters (unpadded)
 
-  // ---- this rank's shards: shard_numel(unit) floats each ----
+  // ---- this rank's shards: shard_numel(unit) fp32 elements each ----
   int64_t shard_numel(int unit) const;
-  float* shard_param(int unit);
-  float* shard_grad(int unit);
+  TensorView shard_param(int unit);
+  TensorView shard_grad(int unit);
 
   // ---- step ----
   // Starts a forward(+backward) pass. training = false: evaluation, units reshard after
   // forward and no gradients are produced.
   void begin_step(bool training);
-  // Waits for outstanding collectives and reshards every unit. After a training step the
-  // averaged gradient of this rank's shard is in shard_grad().
+  // Waits for every unit's gradient reduction (issued during backward), accumulates the
+  // averaged gradients into the fp32 shards (shard_grad), and reshards every unit.
   void end_step();
-  // Global L2 norm of the averaged gradient, identical (bitwise) on every rank.
-  double grad_norm();
-  // Multiplies every shard gradient by `factor` (clipping).
-  void scale_grads(float factor);
+  // Sets every gradient shard to zero (optimizer.zero_grad()); gradients of later steps
+  // accumulate until then.
+  void zero_grad();
+  // Dynamic loss scaling: shard grads *= inv_scale; found_inf[0] (fp64 [1] device scalar)
+  // = 1 if any element of this rank's shards is inf or NaN.
+  void unscale_grads(float inv_scale, const TensorView& found_inf);
+  // torch.nn.utils.clip_grad_norm_: the global L2 norm of the gradient (of this rank's
+  // shard group; replicas hold equal shards) is written to norm[0] (fp64 [1] device scalar),
+  // bitwise identical on every rank (per-shard partial sums are gathered and added in shard
+  // order, not all-reduced); if max_norm > 0 and the norm exceeds it, gradients are scaled by
+  // max_norm / (norm + 1e-6). Nothing waits for the device.
+  void clip_grad_norm(double max_norm, const TensorView& norm);
 
   // Full (unsharded) fp32 value of every parameter, gathered over the shard group; for
   // tests and fsdp_merge comparisons. Collective over the shard group.
   std::map<std::string, std::vector<float>> gather_full_params();
+
+  // Test hook: adds +inf to element 0 of this rank's gradient shard of unit 0 (an overflow).
+  void inject_nonfinite_grad();
 
   // ---- ModuleHooks ----
   void pre_forward(int module) override;
   void post_forward(int module) override;
   void pre_backward(int module) override;
   void post_backward(int module) override;
-  float* param(int param) override;
-  float* grad(int param) override;
+  TensorView param(int param) override;
+  TensorView grad(int param) override;
   bool training() const override { return training_; }
 
  private:
   struct Unit;
+  struct ParamLoc {
+    int unit;
+    int64_t offset;
+    Shape shape;
+  };
+  void build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise);
   void init_shard(int unit, uint64_t seed);
+  bool needs_full(const Unit& u) const;
   void issue_unshard(int unit);
   void wait_unshard(int unit);
   void reshard(int unit);
-  void reduce_grads(int unit);
+  void issue_reduction(int unit);
   bool reshard_after_forward(int unit) const;
-  void prefetch_forward(int unit);
-  void prefetch_backward(int unit);
+  void prefetch(int unit, bool backward);
+  int unsharded_blocks() const;  // units besides the root holding a full parameter buffer
 
   Backend& be_;
-  ShardingStrategy strategy_;
-  std::string backward_prefetch_;
+  FsdpConfig config_;
+  MixedPrecisionConfig mp_;
+  StrategyTraits traits_;
   Communicator* shard_comm_;
   Communicator* replicate_comm_;
-  int world_size_;
   std::vector<std::unique_ptr<Unit>> units_;
-  std::vector<int> module_unit_;            // module -> unit
-  std::vector<std::pair<int, int64_t>> param_loc_;  // param -> (unit, offset in flat)
+  std::vector<int> module_unit_;   // module -> unit
+  std::vector<ParamLoc> param_loc_;  // param -> (unit, offset in the flat buffer, shape)
+  std::vector<int> fwd_next_, bwd_next_;  // prefetch target per unit (-1: none)
+  DeviceBuffer norm_parts_;        // fp64 [1 + num_shards]: local sum, then gathered parts
+  DeviceBuffer clip_coef_;         // fp32 [1]
   bool training_ = false;
 };
 

@@ -4,12 +4,13 @@
 // parameters) in forward order; the wrap policy groups modules into FSDP units (one
 // FlatParameter each). While computing, the model brackets each module's forward and backward
 // with the hooks below (PyTorch FSDP's pre/post forward and backward hooks) and reads
-// parameter and gradient pointers through them.
+// parameter and gradient views through them.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "fsdp/core/tensor.hpp"
 #include "fsdp/fsdp/flat_param.hpp"
 
 namespace fsdp {
@@ -36,9 +37,11 @@ class ModuleHooks {
   virtual void pre_backward(int module) = 0;
   // After the unit's last module: reduce-scatter (and all-reduce) its gradient, reshard.
   virtual void post_backward(int module) = 0;
-  // Unsharded parameter / gradient (accumulate into it) of declared parameter `param`.
-  virtual float* param(int param) = 0;
-  virtual float* grad(int param) = 0;
+  // Unsharded parameter / gradient (accumulate into it) of declared parameter `param`: a
+  // view with the ParamSpec's shape in the mixed-precision param_dtype (fp32, bf16 or fp16).
+  // Throws fsdp::Error outside the unit's unshard window / backward.
+  virtual TensorView param(int param) = 0;
+  virtual TensorView grad(int param) = 0;
   // False during evaluation: no backward will follow (units reshard after forward).
   virtual bool training() const = 0;
 };

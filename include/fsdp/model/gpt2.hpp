@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "fsdp/backend/backend.hpp"
@@ -22,7 +23,9 @@ namespace fsdp {
 
 class Gpt2Model {
  public:
-  Gpt2Model(const ModelConfig& config, Backend& backend);
+  // activation_dtype: storage of activations and their gradients (the mixed-precision
+  // param_dtype); LayerNorm statistics stay fp32.
+  Gpt2Model(const ModelConfig& config, Backend& backend, DType activation_dtype = DType::f32);
   ~Gpt2Model();
   Gpt2Model(const Gpt2Model&) = delete;
   Gpt2Model& operator=(const Gpt2Model&) = delete;
@@ -32,29 +35,32 @@ class Gpt2Model {
   const std::vector<ModuleDecl>& modules() const { return modules_; }
 
   // One training micro-batch: forward, loss, backward. tokens, targets: [B,T] int32 host
-  // arrays. Returns the SUM over the B*T positions of the cross-entropy (nats); gradients
-  // accumulate into hooks.grad() scaled by `grad_scale` (pass 1/(B*T) for the local mean).
-  double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                          float grad_scale, ModuleHooks& hooks);
-  // Forward and loss only (evaluation); returns the summed cross-entropy over B*T positions.
-  double forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                      ModuleHooks& hooks);
+  // arrays. loss[0] (fp64 [1] device scalar) += the SUM over the B*T positions of the
+  // cross-entropy (nats); gradients accumulate into hooks.grad() scaled by `grad_scale`
+  // (pass 1/(B*T) for the local mean, times the loss scale under fp16).
+  void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                        float grad_scale, ModuleHooks& hooks, const TensorView& loss);
+  // Forward and loss only (evaluation): loss[0] += the summed cross-entropy over B*T positions.
+  void forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                    ModuleHooks& hooks, const TensorView& loss);
 
-  // Bytes of activations (saved for backward, and their gradients) for a [B,T] micro-batch.
-  static int64_t activation_bytes(const ModelConfig& config, int64_t B, int64_t T);
+  // Bytes of activations (saved for backward, and their gradients) for a [B,T] micro-batch
+  // with activations stored in `activation_dtype`; exactly what forward allocates.
+  static int64_t activation_bytes(const ModelConfig& config, int64_t B, int64_t T,
+                                  DType activation_dtype);
 
  private:
   struct Acts;
   void ensure_buffers(int64_t B, int64_t T);
-  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                 ModuleHooks& hooks, bool backward, float grad_scale);
-  void backward(const int32_t* tokens, int64_t B, int64_t T, ModuleHooks& hooks);
+  void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+               ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss);
+  void backward(int64_t B, int64_t T, ModuleHooks& hooks);
 
   ModelConfig cfg_;
   Backend& be_;
+  DType act_dtype_;
   std::vector<ModuleDecl> modules_;
-  int64_t params_per_block_ = 12;
-  Acts* acts_ = nullptr;
+  std::unique_ptr<Acts> acts_;
 };
 
 }  // namespace fsdp

@@ -34,31 +34,36 @@ double learning_rate(const OptimConfig& optim, int64_t max_steps, int64_t step);
 class Optimizer {
  public:
   Optimizer(const OptimConfig& config, Backend& backend);
-  // Registers one shard of `n` floats (param and grad pointers stay owned by the caller).
-  // Allocates its state (MemCategory::optimizer_state), zero-initialised.
-  void add_shard(float* param, const float* grad, int64_t n, std::vector<DecaySegment> segments);
-  // One update of every registered shard with learning rate `lr`; `step` is 1-based.
-  void step(double lr, int64_t step);
+  // Registers one fp32 shard (param and grad: [n] fp32 views; their memory stays owned by
+  // the caller). Allocates its state (MemCategory::optimizer_state), zero-initialised.
+  void add_shard(const TensorView& param, const TensorView& grad,
+                 std::vector<DecaySegment> segments);
+  // One update of every registered shard with learning rate `lr`; the update count
+  // (torch.optim's per-parameter `step`, used by AdamW's bias correction) advances by one.
+  // A step skipped for overflow (fp16 loss scaling) does not call this, as GradScaler.
+  void step(double lr);
+  // Updates applied so far (checkpointed; a resumed run sets it back).
+  int64_t num_updates() const { return updates_; }
+  void set_num_updates(int64_t n) { updates_ = n; }
 
-  const std::string& name() const { return cfg_.name; }
+  OptimizerKind kind() const { return cfg_.name; }
   // State tensor names: {"exp_avg", "exp_avg_sq"} (adamw) or {"momentum_buffer"} (sgd),
   // torch.optim's state-dict names.
   std::vector<std::string> state_names() const;
-  // State tensor `name` of shard `index` ([n] floats, device memory).
-  float* state(int index, const std::string& name);
+  // State tensor `name` of shard `index` ([n] fp32, device memory).
+  TensorView state(int index, const std::string& name);
   int num_shards() const { return static_cast<int>(shards_.size()); }
 
  private:
   struct Shard {
-    float* param;
-    const float* grad;
-    int64_t n;
+    TensorView param, grad;
     std::vector<DecaySegment> segments;
     DeviceBuffer s0, s1;
   };
   OptimConfig cfg_;
   Backend& be_;
   std::vector<Shard> shards_;
+  int64_t updates_ = 0;
 };
 
 }  // namespace fsdp

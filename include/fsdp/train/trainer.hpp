@@ -1,15 +1,14 @@
 // fsdp/train/trainer.hpp: the training loop of fsdp_train.
 //
-// One call runs a whole job on the ranks of `world`: builds the backend, the DeviceMesh, the
-// data pipeline, the model and the FSDP engine; optionally resumes from
+// One call runs a whole job on the ranks of `group`: has the Runtime build the DeviceMesh and
+// the backend, then builds the data pipeline, the model and the FSDP engine; optionally resumes from
 // run_dir/checkpoints/latest; trains train.max_steps steps (forward, backward with gradient
 // reduction, global-norm clipping, optimizer step on the shards, LR schedule); evaluates
 // every eval.every steps and at the end; checkpoints every checkpoint.every steps and at the
 // end; logs on rank 0 and to run_dir/metrics.jsonl.
 #pragma once
 
-#include <mpi.h>
-
+#include <array>
 #include <cstdint>
 #include <iosfwd>
 #include <map>
@@ -17,6 +16,9 @@
 #include <vector>
 
 #include "fsdp/config/config.hpp"
+#include "fsdp/core/memory.hpp"
+#include "fsdp/fsdp/engine.hpp"
+#include "fsdp/train/runtime.hpp"
 
 namespace fsdp {
 
@@ -27,6 +29,10 @@ struct TrainOptions {
   bool quiet = false;         // no log lines on stdout (tests)
   int64_t stop_after = 0;     // > 0: stop after this step as if killed (tests of resume);
                               // the LR schedule still follows train.max_steps
+  // Tests of fp16 loss scaling: at these (1-based) steps, rank `inject_rank` of the world
+  // adds +inf to its gradient shard after the reduction (an overflow on one rank only).
+  std::vector<int64_t> inject_overflow_steps;
+  int inject_rank = 0;
 };
 
 struct TrainResult {
@@ -35,12 +41,19 @@ struct TrainResult {
   std::map<std::string, std::vector<float>> params;    // name -> full fp32 values (if asked)
   int64_t final_step = 0;
   int64_t num_params = 0;
+  std::vector<int64_t> skipped_steps;      // steps whose update fp16 loss scaling skipped
+  std::vector<double> loss_scales;         // loss scale used at each step run (fp16; else 1)
+  std::vector<int64_t> raw_allocs;         // raw allocations + frees during each step run
+  std::array<int64_t, kNumMemCategories> peak_bytes{};  // this rank's measured peaks
+  EngineMemoryPlan plan;                   // the memory plan for this run (all categories)
+  int64_t planned_activation_bytes = 0;
 };
 
-// Runs the job. Collective over `world`. `out` receives rank 0's log lines.
+// Runs the job on the ranks of `group` (runtime.world(), or runtime.self() for a one-rank
+// job). Collective over `group`. `out` receives rank 0's log lines.
 // Throws fsdp::Error (exit code 2 for bad input, on every rank, via collective_guard) or
 // PeerFailed on ranks whose peer failed.
-TrainResult train(const Config& config, MPI_Comm world, const TrainOptions& options,
-                  std::ostream& out);
+TrainResult train(const Config& config, Runtime& runtime, Communicator& group,
+                  const TrainOptions& options, std::ostream& out);
 
 }  // namespace fsdp

@@ -1,790 +1,683 @@
-// src/backend/cpu/cpu_backend.cpp: the CPU backend (see fsdp/backend/cpu_backend.hpp).
+// src/backend/cpu/cpu_backend.cpp: the CPU backend (see fsdp/backend/cpu_backend.hpp), the
+// typed Backend interface over the fp32 kernels of cpu_kernels.cpp.
 //
-// fp32, row-major, synchronous. This is the numerical reference the CUDA backend is tested
-// against, and it is also what CPU training runs on, so it is written to be fast:
-//  - GEMMs go to OpenBLAS (cblas_sgemm). OpenBLAS is kept single-threaded and large GEMMs
-//    are split over the output rows (or columns) across OpenMP threads: one thread pool for
-//    the whole backend, no contention between OpenBLAS' pthreads and OpenMP's, and it
-//    measured ~25% faster than OpenBLAS' own threading on the GPT-2 shapes (4096x128x384..).
-//  - Attention runs one (batch, head) pair per OpenMP iteration with single-threaded sgemm
-//    calls on row blocks, so the causal upper triangle is mostly skipped, never exponentiated.
-//  - exp is a vectorisable polynomial (Cephes expf, ~1 ulp), so softmax, cross-entropy and
-//    GELU loops vectorise without -ffast-math.
-//  - Reductions whose result is a parameter gradient (bias, LayerNorm weight/bias, embedding
-//    tables) are split over columns and run over rows in order, so results do not depend on
-//    the thread count. Loss sums and squared norms are accumulated in double.
+// Storage dtypes: every kernel computes in fp32. An fp32 view is handed straight to the fp32
+// kernel (no copy), so fp32 results are exactly the kernel's. A bf16/fp16 argument is
+// converted to fp32 scratch before the kernel runs (F32In), and a bf16/fp16 result is
+// rounded to nearest even back into its view after the kernel returns (F32Out; its scratch
+// is first loaded with the view's values when the kernel reads them: accumulating outputs,
+// gemm with beta != 0, in-place updates). A 16-bit result is therefore
+// round_to(dtype, fp32 kernel on the same inputs), bit for bit, on any thread count.
+// Scratch is a per-backend stack of fp32 slots, one per converted argument of the kernel in
+// flight, kept and grown between calls (a training step's shapes repeat, so after the first
+// step no scratch is allocated). Scratch is host working memory outside the MemoryTracker.
+//
+// Memory comes from a stream-ordered CachingAllocator over aligned_alloc(256) (blocks cached
+// by size class; a block freed with a pending Event is reused only after it completes). The
+// compute stream is a HostStream: kernels run synchronously on the calling thread, so
+// synchronize() has nothing to wait for and device scalars are plain host doubles.
+//
+// Every kernel checks its arguments before touching memory: float arguments must be fp32,
+// bf16 or fp16, arguments marked fp32 in backend.hpp must be fp32, device scalars fp64 with
+// at least one element, token/target views int32, and each view must hold at least the
+// elements its dimensions require. Violations throw fsdp::Error naming the kernel and the
+// argument.
 #include "fsdp/backend/cpu_backend.hpp"
 
-#include <cblas.h>
-#include <omp.h>
-
 #include <algorithm>
-#include <bit>
-#include <charconv>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <memory>
 #include <string>
-#include <system_error>
 #include <vector>
 
+#include "cpu_kernels.hpp"
 #include "fsdp/core/error.hpp"
-
-// The 8-lane helpers below pass 32-byte vectors by value between inline functions; the ABI
-// note GCC prints for that in non-AVX builds does not concern us.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace fsdp {
 namespace {
 
-constexpr std::size_t kAlignment = 64;
-// Element counts below which an elementwise loop stays on the calling thread (the fork/join
-// of an OpenMP region costs a few microseconds).
-constexpr int64_t kParallelMinElems = 1 << 15;
-// GEMMs with fewer flops than this run on one thread.
-constexpr double kParallelMinGemmFlops = 4.0e6;
-// Row block of the causal attention GEMMs: only blocks on or below the diagonal are computed.
-constexpr int64_t kAttnBlock = 64;
+using cpu::CpuKernels;
 
-// 8-wide float vectors (GCC vector extensions: AVX2 in Release builds, two SSE registers
-// otherwise). Used where the auto-vectoriser gives up (loops around exp: GCC will not
-// if-convert the clamp without -ffast-math).
-using f8 = float __attribute__((vector_size(32)));
-using i8 = int32_t __attribute__((vector_size(32)));
-using f4 = float __attribute__((vector_size(16)));
-using d4 = double __attribute__((vector_size(32)));
+constexpr std::size_t kAlignment = 256;
 
-inline f8 load8(const float* p) {
-  f8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store8(float* p, f8 v) { std::memcpy(p, &v, sizeof v); }
-// First n (< 8) lanes from p, the rest `fill`.
-inline f8 load_partial(const float* p, int64_t n, float fill) {
-  f8 v = f8{} + fill;
-  std::memcpy(&v, p, static_cast<std::size_t>(n) * sizeof(float));
-  return v;
-}
-inline void store_partial(float* p, f8 v, int64_t n) {
-  std::memcpy(p, &v, static_cast<std::size_t>(n) * sizeof(float));
-}
-inline d4 widen_sum(f8 v) {  // lanes 0..3 + lanes 4..7, in double
-  const f4 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3);
-  const f4 hi = __builtin_shufflevector(v, v, 4, 5, 6, 7);
-  return __builtin_convertvector(lo, d4) + __builtin_convertvector(hi, d4);
-}
-inline float hsum(f8 v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
-inline double hsum(d4 v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+// ---------------------------------------------------------------------------------------
+// argument checks
 
-// exp(x), 8 lanes, no libm call: Cephes expf (~1 ulp). Range reduction x = n ln2 + r with
-// |r| <= ln2/2, a degree-6 polynomial for e^r, and 2^n built from its exponent bits. Inputs
-// are clamped to [ln(FLT_MIN), 88.376] so no denormal or inf is produced (exp of a very
-// negative number returns ~1.2e-38 instead of 0); NaN propagates.
-inline f8 vexp(f8 x) {
-  const f8 hi = f8{} + 88.3762626647949f;
-  const f8 lo = f8{} - 87.3365447504f;
-  x = x > hi ? hi : x;
-  x = x < lo ? lo : x;
-  const f8 magic = f8{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const f8 t = x * 1.44269504088896341f + magic;
-  const f8 n = t - magic;
-  f8 r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  f8 p = f8{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const i8 ni = std::bit_cast<i8>(t) - 0x4B400000;  // 0x4B400000: bits of magic
-  const i8 scale_bits = (ni + 127) << 23;
-  return p * std::bit_cast<f8>(scale_bits);
+[[noreturn]] void arg_error(const char* kernel, const char* arg, const std::string& what) {
+  throw Error("cpu backend: " + std::string(kernel) + ": " + arg + " " + what);
 }
 
-// x[j] = exp(x[j] - shift) for j < n; returns the sum of the new x[j] (accumulated in
-// double, 4 lanes, so the result does not depend on how rows are split among threads).
-inline double exp_shift_inplace(float* x, int64_t n, float shift) {
-  d4 acc{};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const f8 e = vexp(load8(x + j) - shift);
-    store8(x + j, e);
-    acc += widen_sum(e);
+std::string describe(const TensorView& v) {
+  return std::string(to_string(v.dtype)) + " " + v.shape.str();
+}
+
+// Dimensions passed explicitly must be >= 0.
+void check_dim(const char* kernel, const char* name, int64_t value) {
+  if (value < 0) arg_error(kernel, name, "= " + std::to_string(value) + " (expected >= 0)");
+}
+
+void check_size(const char* kernel, const char* arg, const TensorView& v, int64_t n) {
+  if (v.numel() < n) {
+    arg_error(kernel, arg,
+              "is " + describe(v) + " but needs at least " + std::to_string(n) + " elements");
   }
-  double s = hsum(acc);
-  if (j < n) {
-    const f8 e = vexp(load_partial(x + j, n - j, 0.0f) - shift);
-    store_partial(x + j, e, n - j);
-    for (int64_t l = 0; l < n - j; ++l) s += e[l];
+  if (n > 0 && v.data == nullptr) arg_error(kernel, arg, "is a null view");
+}
+
+// A "float" argument: fp32, bf16 or fp16 storage, at least n elements.
+void need_float(const char* kernel, const char* arg, const TensorView& v, int64_t n) {
+  if (v.dtype != DType::f32 && v.dtype != DType::bf16 && v.dtype != DType::f16) {
+    arg_error(kernel, arg, "is " + describe(v) + " (expected fp32, bf16 or fp16)");
   }
-  return s;
+  check_size(kernel, arg, v, n);
 }
-// Sum of exp(x[j] - shift) for j < n, in double; x unchanged.
-inline double exp_shift_sum(const float* x, int64_t n, float shift) {
-  d4 acc{};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) acc += widen_sum(vexp(load8(x + j) - shift));
-  double s = hsum(acc);
-  if (j < n) {
-    const f8 e = vexp(load_partial(x + j, n - j, 0.0f) - shift);
-    for (int64_t l = 0; l < n - j; ++l) s += e[l];
+
+// An argument of exactly dtype `t` (fp32 statistics and optimizer shards, int32 indices).
+void need_dtype(const char* kernel, const char* arg, const TensorView& v, DType t, int64_t n) {
+  if (v.dtype != t) {
+    arg_error(kernel, arg, "is " + describe(v) + " (expected " + std::string(to_string(t)) + ")");
   }
-  return s;
-}
-inline float row_max(const float* x, int64_t n) {
-  float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
-  return mx;
+  check_size(kernel, arg, v, n);
 }
 
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluA = 0.044715f;
+// A device scalar: fp64 with at least one element.
+double& scalar64(const char* kernel, const char* arg, const TensorView& v) {
+  need_dtype(kernel, arg, v, DType::f64, 1);
+  return *static_cast<double*>(v.data);
+}
 
-int to_blas_int(int64_t v, const char* what) {
-  if (v < 0 || v > INT_MAX) {
-    throw Error("cpu backend: gemm " + std::string(what) + " = " + std::to_string(v) +
-                " out of range for OpenBLAS (expected 0 <= " + what + " <= INT_MAX)");
+// ---------------------------------------------------------------------------------------
+// fp32 scratch for 16-bit arguments
+
+void* aligned_bytes(std::size_t bytes) {
+  const std::size_t rounded =
+      std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  return rounded < bytes ? nullptr : std::aligned_alloc(kAlignment, rounded);
+}
+
+// A stack of fp32 buffers: push(n) returns the next slot grown to >= n floats, pop() gives
+// the top one back. Slots keep their memory for the next kernel.
+class Scratch {
+ public:
+  float* push(int64_t n) {
+    if (depth_ == slots_.size()) slots_.emplace_back();
+    Slot& s = slots_[depth_];
+    if (s.capacity < n) {
+      s.data.reset();
+      s.capacity = 0;
+      void* p = aligned_bytes(static_cast<std::size_t>(n) * sizeof(float));
+      if (p == nullptr) {
+        throw Error("cpu backend: out of host memory for " + std::to_string(n) +
+                    " floats of fp32 scratch");
+      }
+      s.data.reset(static_cast<float*>(p));
+      s.capacity = n;
+    }
+    ++depth_;
+    return s.data.get();
   }
-  return static_cast<int>(v);
-}
+  void pop() noexcept { --depth_; }
 
-// Row-major sgemm on the calling thread; no-op shapes are handled by the caller.
-inline void sgemm1(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
-                   int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
-              N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
+ private:
+  struct Free {
+    void operator()(float* p) const noexcept { std::free(p); }
+  };
+  struct Slot {
+    std::unique_ptr<float, Free> data;
+    int64_t capacity = 0;
+  };
+  std::vector<Slot> slots_;
+  std::size_t depth_ = 0;
+};
 
-// [begin, end) of part `i` of `n` parts of [0, total), boundaries rounded to `grain`.
-inline void split_range(int64_t total, int i, int n, int64_t grain, int64_t& begin,
-                        int64_t& end) {
-  const int64_t chunks = (total + grain - 1) / grain;
-  begin = std::min(total, chunks * i / n * grain);
-  end = std::min(total, chunks * (i + 1) / n * grain);
-}
+// A float input [n] as const float*: the view's memory when fp32, else an fp32 copy in
+// scratch. Construct inputs before the outputs they may alias.
+class F32In {
+ public:
+  F32In(const CpuKernels& k, Scratch& s, const TensorView& v, int64_t n) {
+    if (v.dtype == DType::f32 || n == 0) {
+      p_ = static_cast<const float*>(v.data);
+      return;
+    }
+    float* buf = s.push(n);
+    try {
+      k.to_f32(buf, v.data, v.dtype, n);
+    } catch (...) {
+      s.pop();
+      throw;
+    }
+    p_ = buf;
+    s_ = &s;
+  }
+  ~F32In() {
+    if (s_) s_->pop();
+  }
+  F32In(const F32In&) = delete;
+  F32In& operator=(const F32In&) = delete;
+  operator const float*() const { return p_; }
+
+ private:
+  const float* p_ = nullptr;
+  Scratch* s_ = nullptr;
+};
+
+// A float output [n] as float*: the view's memory when fp32, else fp32 scratch rounded back
+// into the view when this goes out of scope, unless the kernel threw. `load`: the kernel
+// reads the output's values (accumulates into it, or updates it in place).
+class F32Out {
+ public:
+  F32Out(const CpuKernels& k, Scratch& s, const TensorView& v, int64_t n, bool load)
+      : k_(k), v_(v), n_(n) {
+    if (v.dtype == DType::f32 || n == 0) {
+      p_ = static_cast<float*>(v.data);
+      return;
+    }
+    p_ = s.push(n);
+    if (load) {
+      try {
+        k.to_f32(p_, v.data, v.dtype, n);
+      } catch (...) {
+        s.pop();
+        throw;
+      }
+    }
+    s_ = &s;
+    exceptions_ = std::uncaught_exceptions();
+  }
+  ~F32Out() {
+    if (!s_) return;
+    if (std::uncaught_exceptions() == exceptions_) k_.from_f32(v_.data, v_.dtype, p_, n_);
+    s_->pop();
+  }
+  F32Out(const F32Out&) = delete;
+  F32Out& operator=(const F32Out&) = delete;
+  operator float*() const { return p_; }
+
+ private:
+  const CpuKernels& k_;
+  TensorView v_;
+  int64_t n_;
+  float* p_ = nullptr;
+  Scratch* s_ = nullptr;
+  int exceptions_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int num_threads) : n_(num_threads) {
-    if (num_threads < 1) {
-      throw Error("cpu backend: num_threads = " + std::to_string(num_threads) +
-                  " (expected >= 1)");
-    }
-    // OpenBLAS runs inside our OpenMP regions (see the top of this file).
-    openblas_set_num_threads(1);
-  }
+  explicit CpuBackend(int num_threads)
+      : k_(num_threads),
+        alloc_([](std::size_t bytes) { return aligned_bytes(bytes); },
+               [](void* p) { std::free(p); }, memory_) {}
 
   Device device() const override { return Device::cpu; }
 
+  // ---- streams and events ----
+  Stream& compute_stream() override { return stream_; }
+  std::unique_ptr<Stream> create_stream() override { return std::make_unique<HostStream>(); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<HostEvent>(); }
+
   // ---- memory ----
   void* allocate(std::size_t bytes, MemCategory category) override {
-    const std::size_t rounded = std::max<std::size_t>(
-        kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
-    if (rounded < bytes) throw Error("cpu backend: allocation of " + std::to_string(bytes) +
-                                     " bytes overflows");
-    void* p = std::aligned_alloc(kAlignment, rounded);
-    if (p == nullptr) {
-      throw Error("cpu backend: out of host memory allocating " + std::to_string(bytes) +
-                  " bytes for " + std::string(to_string(category)) + " (" +
-                  std::to_string(memory_.current_total()) + " bytes already allocated)");
+    if (bytes > std::numeric_limits<std::size_t>::max() - 2 * kAlignment) {
+      throw Error("cpu backend: allocation of " + std::to_string(bytes) + " bytes for " +
+                  std::string(to_string(category)) + " overflows");
     }
-    memory_.on_alloc(category, bytes);
-    return p;
+    return alloc_.allocate(bytes, category, stream_);
   }
-  void deallocate(void* ptr, std::size_t bytes, MemCategory category) noexcept override {
-    if (ptr == nullptr) return;
-    std::free(ptr);
-    memory_.on_free(category, bytes);
+  void deallocate(void* ptr, std::size_t bytes, MemCategory category,
+                  std::shared_ptr<Event> pending) noexcept override {
+    alloc_.deallocate(ptr, bytes, category, std::move(pending));
   }
   MemoryTracker& memory() override { return memory_; }
-  void fill_zero(void* dst, std::size_t bytes) override {
-    if (bytes) std::memset(dst, 0, bytes);
-  }
-  void copy(void* dst, const void* src, std::size_t bytes) override {
-    if (bytes && dst != src) std::memmove(dst, src, bytes);
-  }
-  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
-    copy(host_dst, src, bytes);
-  }
-  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {
-    copy(dst, host_src, bytes);
-  }
+  const AllocatorStats& allocator_stats() const override { return alloc_.stats(); }
+  void fill_zero(const TensorView& dst) override;
+  void copy(const TensorView& dst, const TensorView& src) override;
+  void cast(const TensorView& dst, const TensorView& src) override;
+  void copy_to_host(void* host_dst, const TensorView& src) override;
+  void copy_from_host(const TensorView& dst, const void* host_src) override;
   void synchronize() override {}
 
   // ---- dense algebra ----
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-            const float* A, const float* B, float beta, float* C) override;
-  void add_bias(float* out, const float* bias, int64_t R, int64_t C) override;
-  void bias_backward(float* dbias, const float* dout, int64_t R, int64_t C) override;
-  void add(float* out, const float* a, const float* b, int64_t n) override;
-  void axpy(float* y, float alpha, const float* x, int64_t n) override;
-  void scale(float* x, float alpha, int64_t n) override;
-  double squared_norm(const float* x, int64_t n) override;
+            const TensorView& A, const TensorView& B, float beta, const TensorView& C) override;
+  void add_bias(const TensorView& out, const TensorView& bias, int64_t R, int64_t C) override;
+  void bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
+                     int64_t C) override;
+  void add(const TensorView& out, const TensorView& a, const TensorView& b) override;
+  void axpy(const TensorView& y, float alpha, const TensorView& x) override;
+  void scale(const TensorView& x, float alpha) override;
+
+  // ---- reductions into device scalars ----
+  void squared_norm(const TensorView& acc, const TensorView& x) override;
+  void clip_coefficient(const TensorView& norm, const TensorView& coef, const TensorView& parts,
+                        double max_norm) override;
+  void scale_by(const TensorView& x, const TensorView& coef) override;
+  void unscale_and_check(const TensorView& x, float inv_scale,
+                         const TensorView& found_inf) override;
 
   // ---- transformer pieces ----
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int64_t B, int64_t T, int64_t C) override;
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                          int64_t B, int64_t T, int64_t C) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* x,
-                         const float* weight, const float* bias, int64_t R, int64_t C,
-                         float eps) override;
-  void layernorm_backward(float* dx, float* dweight, float* dbias, const float* dout,
-                          const float* x, const float* weight, const float* mean,
-                          const float* rstd, int64_t R, int64_t C) override;
-  void gelu_forward(float* out, const float* x, int64_t n) override;
-  void gelu_backward(float* dx, const float* x, const float* dout, int64_t n) override;
-  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
-                         int64_t C, int64_t H) override;
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                          const float* att, int64_t B, int64_t T, int64_t C,
-                          int64_t H) override;
-  double cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t R,
-                                        int64_t V, float grad_scale) override;
-  double cross_entropy_forward(const float* logits, const int32_t* targets, int64_t R,
-                               int64_t V) override;
+  void embedding_forward(const TensorView& out, const TensorView& tokens, const TensorView& wte,
+                         const TensorView& wpe, int64_t B, int64_t T, int64_t C) override;
+  void embedding_backward(const TensorView& dwte, const TensorView& dwpe, const TensorView& dout,
+                          const TensorView& tokens, int64_t B, int64_t T, int64_t C) override;
+  void layernorm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
+                         const TensorView& x, const TensorView& weight, const TensorView& bias,
+                         int64_t R, int64_t C, float eps) override;
+  void layernorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dbias,
+                          const TensorView& dout, const TensorView& x, const TensorView& weight,
+                          const TensorView& mean, const TensorView& rstd, int64_t R,
+                          int64_t C) override;
+  void gelu_forward(const TensorView& out, const TensorView& x) override;
+  void gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
+  void attention_forward(const TensorView& out, const TensorView& att, const TensorView& qkv,
+                         int64_t B, int64_t T, int64_t C, int64_t H) override;
+  void attention_backward(const TensorView& dqkv, const TensorView& scratch, const TensorView& dout,
+                          const TensorView& qkv, const TensorView& att, int64_t B, int64_t T,
+                          int64_t C, int64_t H) override;
+  void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
+                                      const TensorView& targets, int64_t R, int64_t V,
+                                      float grad_scale) override;
+  void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
+                             const TensorView& targets, int64_t R, int64_t V) override;
 
   // ---- optimizers ----
-  void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                    int64_t n, float lr, float beta1, float beta2, float eps,
+  void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
+                    const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
                     float weight_decay, int64_t step) override;
-  void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
-                  float momentum, float weight_decay, int64_t step) override;
+  void sgd_update(const TensorView& param, const TensorView& grad, const TensorView& momentum_buf,
+                  float lr, float momentum, float weight_decay, int64_t step) override;
 
  private:
-  // Threads for a loop of `work` elements: all of them, or 1 below `min_work`.
-  int threads_for(int64_t work, int64_t min_work) const {
-    return work >= min_work ? n_ : 1;
-  }
-  // Runs body(c0, c1) over column chunks of [0, C) (multiples of 16 columns), one per thread.
-  template <typename Body>
-  void for_column_chunks(int64_t C, int64_t R, const Body& body) const {
-    const int nt = (C >= 32 && R * C >= kParallelMinElems) ? n_ : 1;
-    if (nt == 1) {
-      body(int64_t{0}, C);
-      return;
-    }
-#pragma omp parallel num_threads(nt)
-    {
-      int64_t c0 = 0, c1 = 0;
-      split_range(C, omp_get_thread_num(), omp_get_num_threads(), 16, c0, c1);
-      if (c0 < c1) body(c0, c1);
-    }
-  }
+  F32In in(const TensorView& v, int64_t n) { return F32In(k_, scratch_, v, n); }
+  F32Out out(const TensorView& v, int64_t n, bool load) { return F32Out(k_, scratch_, v, n, load); }
+  // tokens [n] int32 in [0, V) (no upper bound when V < 0).
+  void check_tokens(const char* kernel, const TensorView& tokens, int64_t n, int64_t V) const;
 
-  int n_;
-  MemoryTracker memory_;
+  CpuKernels k_;
+  MemoryTracker memory_;  // before alloc_, which reports to it
+  HostStream stream_;
+  CachingAllocator alloc_;
+  Scratch scratch_;
 };
+
+// ---------------------------------------------------------------------------------------
+// memory and casts
+
+void CpuBackend::fill_zero(const TensorView& dst) {
+  check_size("fill_zero", "dst", dst, dst.numel());
+  if (dst.bytes()) std::memset(dst.data, 0, dst.bytes());
+}
+
+void CpuBackend::copy(const TensorView& dst, const TensorView& src) {
+  if (dst.dtype != src.dtype || dst.numel() != src.numel()) {
+    arg_error("copy", "dst",
+              "is " + describe(dst) + " but src is " + describe(src) +
+                  " (expected the same dtype and numel)");
+  }
+  check_size("copy", "dst", dst, dst.numel());
+  check_size("copy", "src", src, src.numel());
+  if (dst.bytes() && dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
+}
+
+void CpuBackend::cast(const TensorView& dst, const TensorView& src) {
+  if (dst.numel() != src.numel()) {
+    arg_error(
+        "cast", "dst",
+        "is " + describe(dst) + " but src is " + describe(src) + " (expected the same numel)");
+  }
+  for (const auto& [name, v] : {std::pair{"dst", &dst}, std::pair{"src", &src}}) {
+    if (!is_floating(v->dtype)) {
+      arg_error("cast", name, "is " + describe(*v) + " (expected fp32, fp64, bf16 or fp16)");
+    }
+    check_size("cast", name, *v, v->numel());
+  }
+  k_.cast(dst.data, dst.dtype, src.data, src.dtype, dst.numel());
+}
+
+void CpuBackend::copy_to_host(void* host_dst, const TensorView& src) {
+  check_size("copy_to_host", "src", src, src.numel());
+  if (src.bytes() && host_dst != src.data) std::memmove(host_dst, src.data, src.bytes());
+}
+
+void CpuBackend::copy_from_host(const TensorView& dst, const void* host_src) {
+  check_size("copy_from_host", "dst", dst, dst.numel());
+  if (dst.bytes() && dst.data != host_src) std::memmove(dst.data, host_src, dst.bytes());
+}
 
 // ---------------------------------------------------------------------------------------
 // dense algebra
 
 void CpuBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                      const float* A, const float* B, float beta, float* C) {
-  const int m = to_blas_int(M, "M"), n = to_blas_int(N, "N"), k = to_blas_int(K, "K");
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // C = beta * C (BLAS semantics: beta == 0 overwrites, even NaN)
-    if (beta == 0.0f) {
-      std::fill(C, C + M * N, 0.0f);
-    } else {
-      scale(C, beta, M * N);
-    }
-    return;
-  }
-  const int lda = std::max(1, trans_a ? m : k);
-  const int ldb = std::max(1, trans_b ? k : n);
-  const double flops = 2.0 * static_cast<double>(M) * N * K;
-  if (n_ == 1 || flops < kParallelMinGemmFlops || std::max(M, N) < 32) {
-    sgemm1(trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb, beta, C, n);
-    return;
-  }
-  const bool split_rows = M >= N;
-#pragma omp parallel num_threads(n_)
-  {
-    int64_t b = 0, e = 0;
-    if (split_rows) {
-      split_range(M, omp_get_thread_num(), omp_get_num_threads(), 16, b, e);
-      if (b < e) {
-        const float* Ap = trans_a ? A + b : A + b * K;
-        sgemm1(trans_a, trans_b, static_cast<int>(e - b), n, k, alpha, Ap, lda, B, ldb, beta,
-               C + b * N, n);
-      }
-    } else {
-      split_range(N, omp_get_thread_num(), omp_get_num_threads(), 16, b, e);
-      if (b < e) {
-        const float* Bp = trans_b ? B + b * K : B + b;
-        sgemm1(trans_a, trans_b, m, static_cast<int>(e - b), k, alpha, A, lda, Bp, ldb, beta,
-               C + b, n);
-      }
-    }
-  }
+                      const TensorView& A, const TensorView& B, float beta, const TensorView& C) {
+  // A: [M,K] ([K,M] if trans_a), B: [K,N] ([N,K] if trans_b), C: [M,N].
+  check_dim("gemm", "M", M);
+  check_dim("gemm", "N", N);
+  check_dim("gemm", "K", K);
+  need_float("gemm", "A", A, M * K);
+  need_float("gemm", "B", B, K * N);
+  need_float("gemm", "C", C, M * N);
+  const F32In a = in(A, M * K), b = in(B, K * N);
+  const F32Out c = out(C, M * N, beta != 0.0f);
+  k_.gemm(trans_a, trans_b, M, N, K, alpha, a, b, beta, c);
 }
 
-void CpuBackend::add_bias(float* out, const float* bias, int64_t R, int64_t C) {
-#pragma omp parallel for num_threads(threads_for(R * C, kParallelMinElems)) schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    float* o = out + r * C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] += bias[c];
-  }
+void CpuBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_t R, int64_t C) {
+  // out: [R,C] += bias: [C]
+  check_dim("add_bias", "R", R);
+  check_dim("add_bias", "C", C);
+  need_float("add_bias", "out", out_, R * C);
+  need_float("add_bias", "bias", bias, C);
+  const F32In b = in(bias, C);
+  const F32Out o = out(out_, R * C, true);
+  k_.add_bias(o, b, R, C);
 }
 
-void CpuBackend::bias_backward(float* dbias, const float* dout, int64_t R, int64_t C) {
-  for_column_chunks(C, R, [&](int64_t c0, int64_t c1) {
-    std::vector<double> acc(static_cast<std::size_t>(c1 - c0), 0.0);
-    double* a = acc.data();
-    for (int64_t r = 0; r < R; ++r) {
-      const float* d = dout + r * C + c0;
-#pragma omp simd
-      for (int64_t c = 0; c < c1 - c0; ++c) a[c] += d[c];
-    }
-    for (int64_t c = c0; c < c1; ++c) dbias[c] += static_cast<float>(a[c - c0]);
-  });
+void CpuBackend::bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
+                               int64_t C) {
+  // dbias: [C] += colsum(dout: [R,C])
+  check_dim("bias_backward", "R", R);
+  check_dim("bias_backward", "C", C);
+  need_float("bias_backward", "dbias", dbias, C);
+  need_float("bias_backward", "dout", dout, R * C);
+  const F32In d = in(dout, R * C);
+  const F32Out db = out(dbias, C, true);
+  k_.bias_backward(db, d, R, C);
 }
 
-void CpuBackend::add(float* out, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for simd num_threads(threads_for(n, kParallelMinElems)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+void CpuBackend::add(const TensorView& out_, const TensorView& a, const TensorView& b) {
+  // out[n] = a[n] + b[n], n = out.numel()
+  const int64_t n = out_.numel();
+  need_float("add", "out", out_, n);
+  need_float("add", "a", a, n);
+  need_float("add", "b", b, n);
+  const F32In fa = in(a, n), fb = in(b, n);
+  const F32Out o = out(out_, n, false);
+  k_.add(o, fa, fb, n);
 }
 
-void CpuBackend::axpy(float* y, float alpha, const float* x, int64_t n) {
-#pragma omp parallel for simd num_threads(threads_for(n, kParallelMinElems)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+void CpuBackend::axpy(const TensorView& y, float alpha, const TensorView& x) {
+  // y[n] += alpha x[n], n = y.numel()
+  const int64_t n = y.numel();
+  need_float("axpy", "y", y, n);
+  need_float("axpy", "x", x, n);
+  const F32In fx = in(x, n);
+  const F32Out fy = out(y, n, true);
+  k_.axpy(fy, alpha, fx, n);
 }
 
-void CpuBackend::scale(float* x, float alpha, int64_t n) {
-#pragma omp parallel for simd num_threads(threads_for(n, kParallelMinElems)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+void CpuBackend::scale(const TensorView& x, float alpha) {
+  // x[n] *= alpha
+  const int64_t n = x.numel();
+  need_float("scale", "x", x, n);
+  const F32Out fx = out(x, n, true);
+  k_.scale(fx, alpha, n);
 }
 
-double CpuBackend::squared_norm(const float* x, int64_t n) {
-  // Fixed-size chunks summed in order: the result does not depend on the thread count.
-  constexpr int64_t kChunk = 8192;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(static_cast<std::size_t>(chunks), 0.0);
-#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const float* p = x + ch * kChunk;
-    const int64_t len = std::min(kChunk, n - ch * kChunk);
-    double s = 0.0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < len; ++i) s += static_cast<double>(p[i]) * p[i];
-    partial[static_cast<std::size_t>(ch)] = s;
-  }
+// ---------------------------------------------------------------------------------------
+// reductions into device scalars
+
+void CpuBackend::squared_norm(const TensorView& acc, const TensorView& x) {
+  // acc[0] (fp64) += sum x[n]^2
+  double& a = scalar64("squared_norm", "acc", acc);
+  const int64_t n = x.numel();
+  need_float("squared_norm", "x", x, n);
+  const F32In fx = in(x, n);
+  a += k_.squared_norm(fx, n);
+}
+
+void CpuBackend::clip_coefficient(const TensorView& norm, const TensorView& coef,
+                                  const TensorView& parts, double max_norm) {
+  // norm[0] (fp64) = sqrt(sum parts[n] (fp64)); coef[0] (fp32) = clip coefficient
+  double& nrm = scalar64("clip_coefficient", "norm", norm);
+  need_dtype("clip_coefficient", "coef", coef, DType::f32, 1);
+  need_dtype("clip_coefficient", "parts", parts, DType::f64, parts.numel());
+  const double* p = static_cast<const double*>(parts.data);
   double total = 0.0;
-  for (double s : partial) total += s;
-  return total;
+  for (int64_t i = 0; i < parts.numel(); ++i) total += p[i];
+  const double value = std::sqrt(total);
+  nrm = value;
+  *static_cast<float*>(coef.data) =
+      (max_norm > 0 && value > max_norm) ? static_cast<float>(max_norm / (value + 1e-6)) : 1.0f;
+}
+
+void CpuBackend::scale_by(const TensorView& x, const TensorView& coef) {
+  // x[n] *= coef[0] (fp32)
+  need_dtype("scale_by", "coef", coef, DType::f32, 1);
+  const int64_t n = x.numel();
+  need_float("scale_by", "x", x, n);
+  const float alpha = *static_cast<const float*>(coef.data);
+  const F32Out fx = out(x, n, true);
+  k_.scale(fx, alpha, n);
+}
+
+void CpuBackend::unscale_and_check(const TensorView& x, float inv_scale,
+                                   const TensorView& found_inf) {
+  // x[n] (fp32) *= inv_scale; found_inf[0] (fp64) = 1 if any x was inf or NaN
+  double& found = scalar64("unscale_and_check", "found_inf", found_inf);
+  need_dtype("unscale_and_check", "x", x, DType::f32, x.numel());
+  if (k_.unscale_and_check(static_cast<float*>(x.data), inv_scale, x.numel())) found = 1.0;
 }
 
 // ---------------------------------------------------------------------------------------
-// embedding
+// transformer pieces
 
-void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                                   const float* wpe, int64_t B, int64_t T, int64_t C) {
-  for (int64_t i = 0; i < B * T; ++i) {
-    if (tokens[i] < 0) {
-      throw Error("cpu backend: embedding_forward: token " + std::to_string(tokens[i]) +
-                  " at position " + std::to_string(i) + " (expected >= 0)");
+void CpuBackend::check_tokens(const char* kernel, const TensorView& tokens, int64_t n,
+                              int64_t V) const {
+  need_dtype(kernel, "tokens", tokens, DType::i32, n);
+  const int32_t* t = static_cast<const int32_t*>(tokens.data);
+  for (int64_t i = 0; i < n; ++i) {
+    if (t[i] < 0 || (V >= 0 && t[i] >= V)) {
+      arg_error(kernel, "tokens",
+                "holds " + std::to_string(t[i]) + " at position " + std::to_string(i) +
+                    " (expected 0 <= token < " + std::to_string(V) + ", the rows of wte)");
     }
-  }
-#pragma omp parallel for num_threads(threads_for(B * T * C, kParallelMinElems)) schedule(static)
-  for (int64_t i = 0; i < B * T; ++i) {
-    const float* e = wte + static_cast<int64_t>(tokens[i]) * C;
-    const float* p = wpe + (i % T) * C;
-    float* o = out + i * C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
   }
 }
 
-void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
-                                    const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
-  // Column chunks per thread, rows in order: repeated tokens accumulate without races and
-  // the result does not depend on the thread count.
-  for_column_chunks(C, B * T, [&](int64_t c0, int64_t c1) {
-    const int64_t w = c1 - c0;
-    for (int64_t i = 0; i < B * T; ++i) {
-      const float* d = dout + i * C + c0;
-      float* ge = dwte + static_cast<int64_t>(tokens[i]) * C + c0;
-      float* gp = dwpe + (i % T) * C + c0;
-#pragma omp simd
-      for (int64_t c = 0; c < w; ++c) {
-        ge[c] += d[c];
-        gp[c] += d[c];
-      }
-    }
-  });
+void CpuBackend::embedding_forward(const TensorView& out_, const TensorView& tokens,
+                                   const TensorView& wte, const TensorView& wpe, int64_t B,
+                                   int64_t T, int64_t C) {
+  // tokens: [B,T] int32; wte: [V,C]; wpe: [Tmax,C]; out: [B,T,C]. V = wte.numel() / C.
+  const char* k = "embedding_forward";
+  check_dim(k, "B", B);
+  check_dim(k, "T", T);
+  check_dim(k, "C", C);
+  need_float(k, "wte", wte, 0);
+  const int64_t V = C > 0 ? wte.numel() / C : -1;
+  check_tokens(k, tokens, B * T, V);
+  need_float(k, "wpe", wpe, T * C);
+  need_float(k, "out", out_, B * T * C);
+  const F32In e = in(wte, std::max<int64_t>(V, 0) * C), p = in(wpe, T * C);
+  const F32Out o = out(out_, B * T * C, false);
+  k_.embedding_forward(o, static_cast<const int32_t*>(tokens.data), e, p, B, T, C);
 }
 
-// ---------------------------------------------------------------------------------------
-// LayerNorm
+void CpuBackend::embedding_backward(const TensorView& dwte, const TensorView& dwpe,
+                                    const TensorView& dout, const TensorView& tokens, int64_t B,
+                                    int64_t T, int64_t C) {
+  // dwte: [V,C] += scatter of dout: [B,T,C] by tokens: [B,T]; dwpe: [Tmax,C] (rows < T) +=.
+  const char* k = "embedding_backward";
+  check_dim(k, "B", B);
+  check_dim(k, "T", T);
+  check_dim(k, "C", C);
+  need_float(k, "dwte", dwte, 0);
+  const int64_t V = C > 0 ? dwte.numel() / C : -1;
+  check_tokens(k, tokens, B * T, V);
+  need_float(k, "dwpe", dwpe, T * C);
+  need_float(k, "dout", dout, B * T * C);
+  const F32In d = in(dout, B * T * C);
+  const F32Out e = out(dwte, std::max<int64_t>(V, 0) * C, true), p = out(dwpe, T * C, true);
+  k_.embedding_backward(e, p, d, static_cast<const int32_t*>(tokens.data), B, T, C);
+}
 
-void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* x,
-                                   const float* weight, const float* bias, int64_t R,
+void CpuBackend::layernorm_forward(const TensorView& out_, const TensorView& mean,
+                                   const TensorView& rstd, const TensorView& x,
+                                   const TensorView& weight, const TensorView& bias, int64_t R,
                                    int64_t C, float eps) {
-#pragma omp parallel for num_threads(threads_for(R * C, kParallelMinElems)) schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    const float* xr = x + r * C;
-    double s = 0.0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; ++c) s += xr[c];
-    const double mu = s / static_cast<double>(C);
-    double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t c = 0; c < C; ++c) {
-      const double d = xr[c] - mu;
-      ss += d * d;
-    }
-    const double var = ss / static_cast<double>(C);
-    const float m = static_cast<float>(mu);
-    const float rs = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
-    float* o = out + r * C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] = (xr[c] - m) * rs * weight[c] + bias[c];
-    mean[r] = m;
-    rstd[r] = rs;
-  }
+  // x: [R,C]; weight, bias: [C]; out: [R,C]; mean, rstd: [R] fp32.
+  const char* k = "layernorm_forward";
+  check_dim(k, "R", R);
+  check_dim(k, "C", C);
+  need_float(k, "out", out_, R * C);
+  need_dtype(k, "mean", mean, DType::f32, R);
+  need_dtype(k, "rstd", rstd, DType::f32, R);
+  need_float(k, "x", x, R * C);
+  need_float(k, "weight", weight, C);
+  need_float(k, "bias", bias, C);
+  const F32In fx = in(x, R * C), w = in(weight, C), b = in(bias, C);
+  const F32Out o = out(out_, R * C, false);
+  k_.layernorm_forward(o, static_cast<float*>(mean.data), static_cast<float*>(rstd.data), fx, w, b,
+                       R, C, eps);
 }
 
-void CpuBackend::layernorm_backward(float* dx, float* dweight, float* dbias, const float* dout,
-                                    const float* x, const float* weight, const float* mean,
-                                    const float* rstd, int64_t R, int64_t C) {
-  // dx += rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dout * weight.
-#pragma omp parallel for num_threads(threads_for(R * C, kParallelMinElems)) schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    const float* xr = x + r * C;
-    const float* dr = dout + r * C;
-    const float m = mean[r], rs = rstd[r];
-    float s1 = 0.0f, s2 = 0.0f;
-#pragma omp simd reduction(+ : s1, s2)
-    for (int64_t c = 0; c < C; ++c) {
-      const float xhat = (xr[c] - m) * rs;
-      const float dxhat = dr[c] * weight[c];
-      s1 += dxhat;
-      s2 += dxhat * xhat;
-    }
-    const float m1 = s1 / static_cast<float>(C);
-    const float m2 = s2 / static_cast<float>(C);
-    float* g = dx + r * C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) {
-      const float xhat = (xr[c] - m) * rs;
-      const float dxhat = dr[c] * weight[c];
-      g[c] += rs * (dxhat - m1 - xhat * m2);
-    }
-  }
-  // dweight += sum_r dout * xhat, dbias += sum_r dout: column chunks, rows in order.
-  for_column_chunks(C, R, [&](int64_t c0, int64_t c1) {
-    const int64_t w = c1 - c0;
-    std::vector<double> acc(static_cast<std::size_t>(2 * w), 0.0);
-    double* aw = acc.data();
-    double* ab = acc.data() + w;
-    for (int64_t r = 0; r < R; ++r) {
-      const float* xr = x + r * C + c0;
-      const float* dr = dout + r * C + c0;
-      const float m = mean[r], rs = rstd[r];
-#pragma omp simd
-      for (int64_t c = 0; c < w; ++c) {
-        aw[c] += dr[c] * ((xr[c] - m) * rs);
-        ab[c] += dr[c];
-      }
-    }
-    for (int64_t c = 0; c < w; ++c) {
-      dweight[c0 + c] += static_cast<float>(aw[c]);
-      dbias[c0 + c] += static_cast<float>(ab[c]);
-    }
-  });
+void CpuBackend::layernorm_backward(const TensorView& dx, const TensorView& dweight,
+                                    const TensorView& dbias, const TensorView& dout,
+                                    const TensorView& x, const TensorView& weight,
+                                    const TensorView& mean, const TensorView& rstd, int64_t R,
+                                    int64_t C) {
+  // dx: [R,C] +=; dweight, dbias: [C] +=; dout, x: [R,C]; weight: [C]; mean, rstd: [R] fp32.
+  const char* k = "layernorm_backward";
+  check_dim(k, "R", R);
+  check_dim(k, "C", C);
+  need_float(k, "dx", dx, R * C);
+  need_float(k, "dweight", dweight, C);
+  need_float(k, "dbias", dbias, C);
+  need_float(k, "dout", dout, R * C);
+  need_float(k, "x", x, R * C);
+  need_float(k, "weight", weight, C);
+  need_dtype(k, "mean", mean, DType::f32, R);
+  need_dtype(k, "rstd", rstd, DType::f32, R);
+  const F32In d = in(dout, R * C), fx = in(x, R * C), w = in(weight, C);
+  const F32Out g = out(dx, R * C, true), gw = out(dweight, C, true), gb = out(dbias, C, true);
+  k_.layernorm_backward(g, gw, gb, d, fx, w, static_cast<const float*>(mean.data),
+                        static_cast<const float*>(rstd.data), R, C);
 }
 
-// ---------------------------------------------------------------------------------------
-// GELU (tanh approximation). 0.5 (1 + tanh(u)) = sigmoid(2u), so gelu(x) = x * sigmoid(2u)
-// with u = sqrt(2/pi) (x + 0.044715 x^3): one exp per element, no cancellation.
-
-namespace {
-// GELU and its derivative on 8 lanes.
-inline f8 gelu8(f8 x) {
-  const f8 u = kGeluC * (x + kGeluA * x * x * x);
-  return x / (1.0f + vexp(-2.0f * u));
-}
-// d/dx [x s] = s + x * 2 s (1 - s) du/dx, s = sigmoid(2u), du/dx = c (1 + 3a x^2).
-inline f8 gelu_grad8(f8 x, f8 dout) {
-  const f8 u = kGeluC * (x + kGeluA * x * x * x);
-  const f8 s = 1.0f / (1.0f + vexp(-2.0f * u));
-  const f8 du = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
-  return dout * (s + 2.0f * x * s * (1.0f - s) * du);
-}
-}  // namespace
-
-void CpuBackend::gelu_forward(float* out, const float* x, int64_t n) {
-  const int64_t nv = n / 8;
-#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
-  for (int64_t v = 0; v < nv; ++v) store8(out + 8 * v, gelu8(load8(x + 8 * v)));
-  if (const int64_t rem = n - 8 * nv; rem > 0) {
-    store_partial(out + 8 * nv, gelu8(load_partial(x + 8 * nv, rem, 0.0f)), rem);
-  }
+void CpuBackend::gelu_forward(const TensorView& out_, const TensorView& x) {
+  // out[n] = gelu(x[n]), n = out.numel()
+  const int64_t n = out_.numel();
+  need_float("gelu_forward", "out", out_, n);
+  need_float("gelu_forward", "x", x, n);
+  const F32In fx = in(x, n);
+  const F32Out o = out(out_, n, false);
+  k_.gelu_forward(o, fx, n);
 }
 
-void CpuBackend::gelu_backward(float* dx, const float* x, const float* dout, int64_t n) {
-  const int64_t nv = n / 8;
-#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
-  for (int64_t v = 0; v < nv; ++v) {
-    store8(dx + 8 * v, gelu_grad8(load8(x + 8 * v), load8(dout + 8 * v)));
-  }
-  if (const int64_t rem = n - 8 * nv; rem > 0) {
-    store_partial(dx + 8 * nv,
-                  gelu_grad8(load_partial(x + 8 * nv, rem, 0.0f),
-                             load_partial(dout + 8 * nv, rem, 0.0f)),
-                  rem);
-  }
+void CpuBackend::gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) {
+  // dx[n] = dout[n] gelu'(x[n]), n = dx.numel() (dx may alias dout)
+  const int64_t n = dx.numel();
+  need_float("gelu_backward", "dx", dx, n);
+  need_float("gelu_backward", "x", x, n);
+  need_float("gelu_backward", "dout", dout, n);
+  const F32In fx = in(x, n), d = in(dout, n);
+  const F32Out g = out(dx, n, false);
+  k_.gelu_backward(g, fx, d, n);
 }
 
-// ---------------------------------------------------------------------------------------
-// causal self-attention. Per (b, h): S = Q K^T / sqrt(hs) (lower triangle), P = softmax(S),
-// out = P V. Row blocks of kAttnBlock: block [i0, i1) needs only columns [0, i1).
-
-namespace {
-void check_attention_shapes(int64_t B, int64_t T, int64_t C, int64_t H) {
-  if (B < 0 || T < 0 || C <= 0 || H <= 0 || C % H != 0 || 3 * C > INT_MAX || T > INT_MAX) {
-    throw Error("cpu backend: attention: bad shape B=" + std::to_string(B) +
-                " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-                " H=" + std::to_string(H) + " (expected C divisible by H)");
-  }
-}
-}  // namespace
-
-void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int64_t B,
-                                   int64_t T, int64_t C, int64_t H) {
-  check_attention_shapes(B, T, C, H);
-  const int64_t hs = C / H, C3 = 3 * C;
-  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int nt = threads_for(B * H * T * T, 4096);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    const int64_t b = bh / H, h = bh % H;
-    const float* q = qkv + b * T * C3 + h * hs;  // q: [T, hs], row stride 3C
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* a = att + bh * T * T;  // a: [T, T]
-    float* o = out + b * T * C + h * hs;  // o: [T, hs], row stride C
-    for (int64_t i0 = 0; i0 < T; i0 += kAttnBlock) {
-      const int64_t i1 = std::min(T, i0 + kAttnBlock);
-      const int rows = static_cast<int>(i1 - i0);
-      // a[i0:i1, 0:i1] = scale * q[i0:i1] @ k[0:i1]^T
-      sgemm1(false, true, rows, static_cast<int>(i1), static_cast<int>(hs), sc, q + i0 * C3,
-             static_cast<int>(C3), k, static_cast<int>(C3), 0.0f, a + i0 * T,
-             static_cast<int>(T));
-      for (int64_t i = i0; i < i1; ++i) {
-        float* row = a + i * T;
-        const int64_t len = i + 1;
-        const float mx = row_max(row, len);
-        const float inv = static_cast<float>(1.0 / exp_shift_inplace(row, len, mx));
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) row[j] *= inv;
-        std::fill(row + len, row + T, 0.0f);
-      }
-      // o[i0:i1] = a[i0:i1, 0:i1] @ v[0:i1]
-      sgemm1(false, false, rows, static_cast<int>(hs), static_cast<int>(i1), 1.0f, a + i0 * T,
-             static_cast<int>(T), v, static_cast<int>(C3), 0.0f, o + i0 * C,
-             static_cast<int>(C));
-    }
-  }
+void CpuBackend::attention_forward(const TensorView& out_, const TensorView& att,
+                                   const TensorView& qkv, int64_t B, int64_t T, int64_t C,
+                                   int64_t H) {
+  // qkv: [B,T,3C]; out: [B,T,C]; att: [B,H,T,T]. The kernel checks C % H.
+  const char* k = "attention_forward";
+  check_dim(k, "B", B);
+  check_dim(k, "T", T);
+  check_dim(k, "C", C);
+  check_dim(k, "H", H);
+  need_float(k, "out", out_, B * T * C);
+  need_float(k, "att", att, B * H * T * T);
+  need_float(k, "qkv", qkv, B * T * 3 * C);
+  const F32In q = in(qkv, B * T * 3 * C);
+  const F32Out o = out(out_, B * T * C, false), a = out(att, B * H * T * T, false);
+  k_.attention_forward(o, a, q, B, T, C, H);
 }
 
-void CpuBackend::attention_backward(float* dqkv, float* scratch, const float* dout,
-                                    const float* qkv, const float* att, int64_t B, int64_t T,
-                                    int64_t C, int64_t H) {
-  // dV = P^T dO; dP = dO V^T; dS = P * (dP - rowsum(dP * P)); dQ = dS K * scale;
-  // dK = dS^T Q * scale. P and dS are zero above the diagonal, so the transposed products
-  // for rows [j0, j1) of dK/dV only read rows i >= j0.
-  check_attention_shapes(B, T, C, H);
-  const int64_t hs = C / H, C3 = 3 * C;
-  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int ihs = static_cast<int>(hs), iT = static_cast<int>(T), iC = static_cast<int>(C),
-            iC3 = static_cast<int>(C3);
-  const int nt = threads_for(B * H * T * T, 4096);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    const int64_t b = bh / H, h = bh % H;
-    const float* q = qkv + b * T * C3 + h * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* dq = dqkv + b * T * C3 + h * hs;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* dO = dout + b * T * C + h * hs;  // [T, hs], row stride C
-    const float* p = att + bh * T * T;
-    float* ds = scratch + bh * T * T;
-    for (int64_t i0 = 0; i0 < T; i0 += kAttnBlock) {
-      const int64_t i1 = std::min(T, i0 + kAttnBlock);
-      const int rows = static_cast<int>(i1 - i0);
-      // dP[i0:i1, 0:i1] = dO[i0:i1] @ V[0:i1]^T
-      sgemm1(false, true, rows, static_cast<int>(i1), ihs, 1.0f, dO + i0 * C, iC, v, iC3, 0.0f,
-             ds + i0 * T, iT);
-      for (int64_t i = i0; i < i1; ++i) {
-        float* dsr = ds + i * T;
-        const float* pr = p + i * T;
-        const int64_t len = i + 1;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < len; ++j) dot += dsr[j] * pr[j];
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) dsr[j] = pr[j] * (dsr[j] - dot);
-        std::fill(dsr + len, dsr + i1, 0.0f);
-      }
-      // dQ[i0:i1] = scale * dS[i0:i1, 0:i1] @ K[0:i1]
-      sgemm1(false, false, rows, ihs, static_cast<int>(i1), sc, ds + i0 * T, iT, k, iC3, 0.0f,
-             dq + i0 * C3, iC3);
-    }
-    for (int64_t j0 = 0; j0 < T; j0 += kAttnBlock) {
-      const int64_t j1 = std::min(T, j0 + kAttnBlock);
-      const int rows = static_cast<int>(j1 - j0);
-      const int kk = static_cast<int>(T - j0);
-      // dV[j0:j1] = P[j0:T, j0:j1]^T @ dO[j0:T]
-      sgemm1(true, false, rows, ihs, kk, 1.0f, p + j0 * T + j0, iT, dO + j0 * C, iC, 0.0f,
-             dv + j0 * C3, iC3);
-      // dK[j0:j1] = scale * dS[j0:T, j0:j1]^T @ Q[j0:T]
-      sgemm1(true, false, rows, ihs, kk, sc, ds + j0 * T + j0, iT, q + j0 * C3, iC3, 0.0f,
-             dk + j0 * C3, iC3);
-    }
-  }
+void CpuBackend::attention_backward(const TensorView& dqkv, const TensorView& scratch,
+                                    const TensorView& dout, const TensorView& qkv,
+                                    const TensorView& att, int64_t B, int64_t T, int64_t C,
+                                    int64_t H) {
+  // dqkv: [B,T,3C] written; scratch: [B,H,T,T] fp32; dout: [B,T,C]; qkv: [B,T,3C];
+  // att: [B,H,T,T].
+  const char* k = "attention_backward";
+  check_dim(k, "B", B);
+  check_dim(k, "T", T);
+  check_dim(k, "C", C);
+  check_dim(k, "H", H);
+  need_float(k, "dqkv", dqkv, B * T * 3 * C);
+  need_dtype(k, "scratch", scratch, DType::f32, B * H * T * T);
+  need_float(k, "dout", dout, B * T * C);
+  need_float(k, "qkv", qkv, B * T * 3 * C);
+  need_float(k, "att", att, B * H * T * T);
+  const F32In d = in(dout, B * T * C), q = in(qkv, B * T * 3 * C), a = in(att, B * H * T * T);
+  const F32Out g = out(dqkv, B * T * 3 * C, false);
+  k_.attention_backward(g, static_cast<float*>(scratch.data), d, q, a, B, T, C, H);
+}
+
+void CpuBackend::cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
+                                                const TensorView& targets, int64_t R, int64_t V,
+                                                float grad_scale) {
+  // loss[0] (fp64) += sum of row losses; logits: [R,V] -> dlogits in place; targets: [R] int32.
+  const char* k = "cross_entropy_forward_backward";
+  double& l = scalar64(k, "loss", loss);
+  check_dim(k, "R", R);
+  check_dim(k, "V", V);
+  need_float(k, "logits", logits, R * V);
+  need_dtype(k, "targets", targets, DType::i32, R);
+  const F32Out x = out(logits, R * V, true);
+  l += k_.cross_entropy_forward_backward(x, static_cast<const int32_t*>(targets.data), R, V,
+                                         grad_scale);
+}
+
+void CpuBackend::cross_entropy_forward(const TensorView& loss, const TensorView& logits,
+                                       const TensorView& targets, int64_t R, int64_t V) {
+  // loss[0] (fp64) += sum of row losses; logits: [R,V] unchanged; targets: [R] int32.
+  const char* k = "cross_entropy_forward";
+  double& l = scalar64(k, "loss", loss);
+  check_dim(k, "R", R);
+  check_dim(k, "V", V);
+  need_float(k, "logits", logits, R * V);
+  need_dtype(k, "targets", targets, DType::i32, R);
+  const F32In x = in(logits, R * V);
+  l += k_.cross_entropy_forward(x, static_cast<const int32_t*>(targets.data), R, V);
 }
 
 // ---------------------------------------------------------------------------------------
-// cross-entropy
+// optimizers (fp32 shards only: no conversions)
 
-namespace {
-void check_targets(const int32_t* targets, int64_t R, int64_t V) {
-  for (int64_t r = 0; r < R; ++r) {
-    if (targets[r] < 0 || targets[r] >= V) {
-      throw Error("cpu backend: cross_entropy: target " + std::to_string(targets[r]) +
-                  " at row " + std::to_string(r) + " (expected 0 <= target < " +
-                  std::to_string(V) + ")");
-    }
-  }
-}
-double sum_in_order(const std::vector<double>& v) {
-  double s = 0.0;
-  for (double x : v) s += x;
-  return s;
-}
-}  // namespace
-
-double CpuBackend::cross_entropy_forward_backward(float* logits, const int32_t* targets,
-                                                  int64_t R, int64_t V, float grad_scale) {
-  check_targets(targets, R, V);
-  std::vector<double> row_loss(static_cast<std::size_t>(R));
-#pragma omp parallel for num_threads(threads_for(R * V, kParallelMinElems)) schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    float* x = logits + r * V;
-    const int64_t t = targets[r];
-    const float xt = x[t];
-    const float mx = row_max(x, V);
-    const double sum = exp_shift_inplace(x, V, mx);
-    row_loss[static_cast<std::size_t>(r)] =
-        static_cast<double>(mx) + std::log(sum) - static_cast<double>(xt);
-    const float f = static_cast<float>(static_cast<double>(grad_scale) / sum);
-#pragma omp simd
-    for (int64_t j = 0; j < V; ++j) x[j] *= f;
-    x[t] -= grad_scale;
-  }
-  return sum_in_order(row_loss);
+void CpuBackend::adamw_update(const TensorView& param, const TensorView& grad,
+                              const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
+                              float beta1, float beta2, float eps, float weight_decay,
+                              int64_t step) {
+  // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel()
+  const char* k = "adamw_update";
+  const int64_t n = param.numel();
+  need_dtype(k, "param", param, DType::f32, n);
+  need_dtype(k, "grad", grad, DType::f32, n);
+  need_dtype(k, "exp_avg", exp_avg, DType::f32, n);
+  need_dtype(k, "exp_avg_sq", exp_avg_sq, DType::f32, n);
+  k_.adamw_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
+                  static_cast<float*>(exp_avg.data), static_cast<float*>(exp_avg_sq.data), n, lr,
+                  beta1, beta2, eps, weight_decay, step);
 }
 
-double CpuBackend::cross_entropy_forward(const float* logits, const int32_t* targets, int64_t R,
-                                         int64_t V) {
-  check_targets(targets, R, V);
-  std::vector<double> row_loss(static_cast<std::size_t>(R));
-#pragma omp parallel for num_threads(threads_for(R * V, kParallelMinElems)) schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    const float* x = logits + r * V;
-    const float mx = row_max(x, V);
-    const double sum = exp_shift_sum(x, V, mx);
-    row_loss[static_cast<std::size_t>(r)] =
-        static_cast<double>(mx) + std::log(sum) - static_cast<double>(x[targets[r]]);
-  }
-  return sum_in_order(row_loss);
-}
-
-// ---------------------------------------------------------------------------------------
-// optimizers: the element order of operations follows torch.optim (single-tensor path).
-
-namespace {
-// The decimal a float hyperparameter was most likely written as (the shortest decimal that
-// rounds to it, e.g. 0.999f -> 0.999), as a double. torch.optim computes 1 - beta2,
-// 1 - lr * wd and the bias corrections in double from the Python floats; doing the same from
-// the decimal value makes e.g. 1 - beta2 = 0.001 rather than 1 - 0.999f = 0.00099998713.
-// Never further from the float than half its ulp.
-double decimal_value(float f) {
-  char buf[32];
-  const auto res = std::to_chars(buf, buf + sizeof buf, f);
-  double d = static_cast<double>(f);
-  if (res.ec == std::errc()) std::from_chars(buf, res.ptr, d);
-  return d;
-}
-}  // namespace
-
-void CpuBackend::adamw_update(float* param, const float* grad, float* exp_avg,
-                              float* exp_avg_sq, int64_t n, float lr, float beta1, float beta2,
-                              float eps, float weight_decay, int64_t step) {
-  if (step < 1) {
-    throw Error("cpu backend: adamw_update: step = " + std::to_string(step) +
-                " (expected >= 1, 1-based)");
-  }
-  const double lr_d = decimal_value(lr), b1 = decimal_value(beta1), b2 = decimal_value(beta2);
-  const double wd = decimal_value(weight_decay);
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
-  // torch: p.mul_(1 - lr wd); m.mul_(b1).add_(g, alpha=1-b1); v.mul_(b2).addcmul_(g, g,
-  // value=1-b2); denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, -lr/bc1).
-  const float decay = static_cast<float>(1.0 - lr_d * wd);
-  const float neg_step_size = static_cast<float>(-lr_d / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float one_m_b1 = static_cast<float>(1.0 - b1);
-  const float one_m_b2 = static_cast<float>(1.0 - b2);
-#pragma omp parallel for simd num_threads(threads_for(n, kParallelMinElems)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
-    const float p = param[i] * decay;
-    const float m = exp_avg[i] * beta1 + one_m_b1 * g;
-    const float v = exp_avg_sq[i] * beta2 + one_m_b2 * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    const float denom = std::sqrt(v) / bc2_sqrt + eps;
-    param[i] = p + neg_step_size * m / denom;
-  }
-}
-
-void CpuBackend::sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n,
-                            float lr, float momentum, float weight_decay, int64_t step) {
-  if (step < 1) {
-    throw Error("cpu backend: sgd_update: step = " + std::to_string(step) +
-                " (expected >= 1, 1-based)");
-  }
-  const int nt = threads_for(n, kParallelMinElems);
-  if (momentum == 0.0f) {  // torch keeps no buffer; momentum_buf is not touched (may be null)
-#pragma omp parallel for simd num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = grad[i] + weight_decay * param[i];
-      param[i] -= lr * g;
-    }
-    return;
-  }
-  const bool first = step == 1;
-#pragma omp parallel for simd num_threads(nt) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] + weight_decay * param[i];
-    const float b = first ? g : momentum * momentum_buf[i] + g;
-    momentum_buf[i] = b;
-    param[i] -= lr * b;
-  }
+void CpuBackend::sgd_update(const TensorView& param, const TensorView& grad,
+                            const TensorView& momentum_buf, float lr, float momentum,
+                            float weight_decay, int64_t step) {
+  // param, grad, momentum_buf: [n] fp32, n = param.numel(); momentum_buf unused (may be
+  // empty) when momentum == 0.
+  const char* k = "sgd_update";
+  const int64_t n = param.numel();
+  need_dtype(k, "param", param, DType::f32, n);
+  need_dtype(k, "grad", grad, DType::f32, n);
+  if (momentum != 0.0f) need_dtype(k, "momentum_buf", momentum_buf, DType::f32, n);
+  k_.sgd_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
+                static_cast<float*>(momentum_buf.data), n, lr, momentum, weight_decay, step);
 }
 
 }  // namespace

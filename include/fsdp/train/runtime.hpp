@@ -1,0 +1,56 @@
+// fsdp/train/runtime.hpp: the process's distributed runtime: MPI initialisation, the world
+// communicator, and for each job its DeviceMesh and its Backend.
+//
+// One Runtime per process, passed down (never looked up): `fsdp_train`'s main builds it
+// first, and everything that talks to other ranks gets its communicators from it. It is the
+// only place that calls MPI_Init_thread / MPI_Finalize and the only place a backend is chosen,
+// so the trainer and engine headers need no <mpi.h>.
+//
+// Communicators: world() and self() carry host memory (failure agreement, counters, the
+// metrics' peak memory); the mesh's communicators carry backend memory (parameters,
+// gradients, the loss and norms), NCCL ones once the CUDA backend lands.
+#pragma once
+
+#include <memory>
+
+#include "fsdp/backend/backend.hpp"
+#include "fsdp/comm/communicator.hpp"
+#include "fsdp/comm/device_mesh.hpp"
+#include "fsdp/config/config.hpp"
+
+namespace fsdp {
+
+class Runtime {
+ public:
+  // Initialises MPI with MPI_Init_thread(MPI_THREAD_FUNNELED) (argc/argv may be null) and
+  // throws fsdp::Error naming the level if the library provides less. If MPI is already
+  // initialised (a test's main did it), adopts it and leaves MPI_Finalize to that owner.
+  Runtime(int* argc, char*** argv);
+  ~Runtime();  // frees the communicators, then MPI_Finalize if this object initialised MPI
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  Communicator& world();  // every rank (MPI_COMM_WORLD, duplicated once), host memory
+  Communicator& self();   // this rank alone, host memory
+  int rank();             // world().rank()
+
+  // Builds the job's DeviceMesh over `group` (world() or self(); mesh.shard_size from the
+  // config) and its Backend (CPU: train.num_threads, or this node's cores / ranks on the
+  // node), replacing any previous job's. Collective over `group`. Throws InputError for a
+  // bad mesh.shard_size.
+  void configure(Communicator& group, const Config& config);
+  const DeviceMesh& mesh() const;  // throws fsdp::Error before configure()
+  Backend& backend();
+
+  // Ends every rank of the world at once with `exit_code` (MPI_Abort): for errors that were
+  // not agreed (collective_guard), when peers may be waiting in a collective.
+  [[noreturn]] void abort(int exit_code) noexcept;
+
+ private:
+  bool owns_mpi_ = false;
+  std::unique_ptr<Communicator> world_, self_;
+  std::unique_ptr<DeviceMesh> mesh_;
+  std::unique_ptr<Backend> backend_;
+};
+
+}  // namespace fsdp

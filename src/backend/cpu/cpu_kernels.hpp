@@ -1,0 +1,94 @@
+// src/backend/cpu/cpu_kernels.hpp: the CPU backend's fp32 kernels on raw pointers (internal
+// to src/backend/cpu/).
+//
+// These are the tuned fp32 implementations (OpenBLAS GEMMs, OpenMP splits, vectorised exp;
+// see cpu_kernels.cpp). CpuBackend (cpu_backend.cpp) puts the typed Backend interface on
+// top: fp32 views go straight through to these functions, bf16/fp16 views are converted to
+// fp32 scratch around them ("store 16-bit, compute fp32"). Shapes and semantics are those of
+// the same-named Backend kernels (fsdp/backend/backend.hpp), with float* arguments, explicit
+// element counts, and the reductions returning their double sums.
+#pragma once
+
+#include <cstdint>
+
+#include "fsdp/core/dtype.hpp"
+
+namespace fsdp::cpu {
+
+// Element counts below which an elementwise loop stays on the calling thread (the fork/join
+// of an OpenMP region costs a few microseconds).
+inline constexpr int64_t kParallelMinElems = 1 << 15;
+
+class CpuKernels {
+ public:
+  // num_threads >= 1: threads of the OpenMP loops (OpenBLAS itself is set to one thread).
+  explicit CpuKernels(int num_threads);
+  int num_threads() const { return n_; }
+
+  // ---- dense algebra ----
+  // C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C.
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, const float* B, float beta, float* C) const;
+  void add_bias(float* out, const float* bias, int64_t R, int64_t C) const;  // out[R,C] += bias[C]
+  void bias_backward(float* dbias, const float* dout, int64_t R,
+                     int64_t C) const;  // dbias[C] += colsum
+  void add(float* out, const float* a, const float* b, int64_t n) const;
+  void axpy(float* y, float alpha, const float* x, int64_t n) const;
+  void scale(float* x, float alpha, int64_t n) const;
+  // sum of x[i]^2 over n elements in double (fixed chunks summed in order).
+  double squared_norm(const float* x, int64_t n) const;
+  // x[n] *= inv_scale; returns true if any x[i] was inf or NaN.
+  bool unscale_and_check(float* x, float inv_scale, int64_t n) const;
+
+  // ---- transformer pieces ----
+  // tokens [B,T] (forward throws on a negative one); wte [V,C]; wpe [Tmax,C]; out [B,T,C].
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                         int64_t B, int64_t T, int64_t C) const;
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                          int64_t B, int64_t T, int64_t C) const;
+  // x [R,C]; weight, bias [C]; out [R,C]; mean, rstd [R].
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* weight,
+                         const float* bias, int64_t R, int64_t C, float eps) const;
+  void layernorm_backward(float* dx, float* dweight, float* dbias, const float* dout,
+                          const float* x, const float* weight, const float* mean, const float* rstd,
+                          int64_t R, int64_t C) const;
+  void gelu_forward(float* out, const float* x, int64_t n) const;
+  void gelu_backward(float* dx, const float* x, const float* dout, int64_t n) const;
+  // qkv [B,T,3C]; out [B,T,C]; att [B,H,T,T]; scratch [B,H,T,T].
+  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                         int64_t H) const;
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                          const float* att, int64_t B, int64_t T, int64_t C, int64_t H) const;
+  // logits [R,V]; targets [R] (throw unless in [0,V)). Return the summed row losses.
+  double cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t R, int64_t V,
+                                        float grad_scale) const;
+  double cross_entropy_forward(const float* logits, const int32_t* targets, int64_t R,
+                               int64_t V) const;
+
+  // ---- optimizers (n elements each) ----
+  void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                    float lr, float beta1, float beta2, float eps, float weight_decay,
+                    int64_t step) const;
+  void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
+                  float momentum, float weight_decay, int64_t step) const;
+
+  // ---- conversions (n elements; 16-bit values are their bit patterns) ----
+  // dst (fp32) = src of dtype `from` (fp32, bf16 or fp16; exact).
+  void to_f32(float* dst, const void* src, DType from, int64_t n) const;
+  // dst of dtype `to` (fp32, bf16 or fp16) = src rounded to nearest even.
+  void from_f32(void* dst, DType to, const float* src, int64_t n) const;
+  // dst (dtype `to`) = src (dtype `from`), any of fp32, fp64, bf16, fp16; correctly rounded
+  // to nearest even (fp64 -> 16-bit rounds once, not through fp32 twice).
+  void cast(void* dst, DType to, const void* src, DType from, int64_t n) const;
+
+ private:
+  // Threads for a loop of `work` elements: all of them, or 1 below `min_work`.
+  int threads_for(int64_t work, int64_t min_work) const { return work >= min_work ? n_ : 1; }
+  // Runs body(c0, c1) over column chunks of [0, C) (multiples of 16 columns), one per thread.
+  template <typename Body>
+  void for_column_chunks(int64_t C, int64_t R, const Body& body) const;
+
+  int n_;
+};
+
+}  // namespace fsdp::cpu

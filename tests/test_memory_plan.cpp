@@ -1,0 +1,107 @@
+// The memory plan and the caching allocator, end to end (ctest, mpirun at 1, 2 and 4 ranks):
+//  - for every prefetch mode (forward_prefetch x backward_prefetch x limit_all_gathers), the
+//    ZeRO-3, ZeRO-2 and hybrid strategies, and fp32 / bf16 params, the plan --dry-run prints
+//    equals the peak bytes the run measured, category by category;
+//  - the plan follows the prefetch mode (NO_PREFETCH holds fewer unsharded units);
+//  - a steady-state training step makes no raw allocation or free (the caching allocator
+//    serves every unshard, gradient and staging buffer from step 2 on).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <string>
+
+#include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/model/gpt2.hpp"
+#include "train_util.hpp"
+
+using namespace test_util;
+using fsdp::MemCategory;
+
+namespace {
+
+int64_t measured(const TrainResult& r, MemCategory c) {
+  return r.peak_bytes[static_cast<std::size_t>(c)];
+}
+
+void expect_plan_equals_peak(const TrainResult& r, const std::string& what) {
+  EXPECT_EQ(r.plan.sharded_params, measured(r, MemCategory::sharded_params)) << what;
+  EXPECT_EQ(r.plan.grads, measured(r, MemCategory::grads)) << what;
+  EXPECT_EQ(r.plan.optimizer_state, measured(r, MemCategory::optimizer_state)) << what;
+  EXPECT_EQ(r.plan.unsharded_params, measured(r, MemCategory::unsharded_params)) << what;
+  EXPECT_EQ(r.plan.unsharded_grads, measured(r, MemCategory::unsharded_grads)) << what;
+  EXPECT_EQ(r.plan.comm_buffers, measured(r, MemCategory::comm_buffers)) << what;
+  EXPECT_EQ(r.planned_activation_bytes, measured(r, MemCategory::activations)) << what;
+}
+
+TEST(MemoryPlan, EqualsMeasuredPeakForEveryPrefetchMode) {
+  using BP = fsdp::BackwardPrefetch;
+  for (auto strategy : {fsdp::ShardingStrategy::FULL_SHARD, fsdp::ShardingStrategy::SHARD_GRAD_OP,
+                        fsdp::ShardingStrategy::HYBRID_SHARD}) {
+    for (auto param : {fsdp::DType::f32, fsdp::DType::bf16}) {
+      for (bool forward : {false, true}) {
+        for (BP backward : {BP::BACKWARD_PRE, BP::BACKWARD_POST, BP::NO_PREFETCH}) {
+          for (bool limit : {true, false}) {
+            const std::string what = std::string(fsdp::to_string(strategy)) + " " +
+                                     std::string(fsdp::to_string(param)) + " forward_prefetch=" +
+                                     std::to_string(forward) + " " + fsdp::to_string(backward) +
+                                     " limit_all_gathers=" + std::to_string(limit);
+            Config c = small_config(fresh_dir("plan"));
+            c.train.max_steps = 2;
+            c.model.n_layer = 4;  // enough blocks for prefetch to matter
+            c.fsdp.sharding_strategy = strategy;
+            c.mesh.shard_size = std::min(2, world_size());
+            c.mixed_precision.param_dtype = param;
+            c.fsdp.forward_prefetch = forward;
+            c.fsdp.backward_prefetch = backward;
+            c.fsdp.limit_all_gathers = limit;
+            expect_plan_equals_peak(run(c, On::world), what);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MemoryPlan, FollowsThePrefetchMode) {
+  // FULL_SHARD of 4 equal blocks over 4 ranks (the plan needs no ranks: it is computed for
+  // any world size): the root plus one block without any prefetch, plus a second block with
+  // backward (or forward) prefetch.
+  Config c = small_config("unused");
+  c.model.n_layer = 4;
+  auto be = fsdp::make_cpu_backend(1);
+  fsdp::Gpt2Model model(c.model, *be);
+  auto plan = [&](bool forward, fsdp::BackwardPrefetch backward) {
+    c.fsdp.forward_prefetch = forward;
+    c.fsdp.backward_prefetch = backward;
+    return fsdp::plan_memory(model.modules(), c, 4, 4).unsharded_params;
+  };
+  const auto layouts = fsdp::build_unit_layouts(model.modules(), c.fsdp, 4);
+  const int64_t root = 4 * layouts[0].padded_numel, block = 4 * layouts[1].padded_numel;
+  EXPECT_EQ(plan(false, fsdp::BackwardPrefetch::NO_PREFETCH), root + block);
+  EXPECT_EQ(plan(false, fsdp::BackwardPrefetch::BACKWARD_PRE), root + 2 * block);
+  EXPECT_EQ(plan(false, fsdp::BackwardPrefetch::BACKWARD_POST), root + 2 * block);
+  EXPECT_EQ(plan(true, fsdp::BackwardPrefetch::NO_PREFETCH), root + 2 * block);
+}
+
+TEST(CachingAllocator, SteadyStateStepsAllocateNothing) {
+  for (auto param : {fsdp::DType::f32, fsdp::DType::bf16}) {
+    for (auto strategy : {fsdp::ShardingStrategy::FULL_SHARD, fsdp::ShardingStrategy::HYBRID_SHARD,
+                          fsdp::ShardingStrategy::NO_SHARD}) {
+      const std::string what =
+          std::string(fsdp::to_string(strategy)) + " " + std::string(fsdp::to_string(param));
+      Config c = small_config(fresh_dir("alloc"));
+      c.train.max_steps = 4;
+      c.eval.every = 2;  // an evaluation between steps must not break the steady state
+      c.fsdp.sharding_strategy = strategy;
+      c.fsdp.forward_prefetch = true;
+      c.mesh.shard_size = std::min(2, world_size());
+      c.mixed_precision.param_dtype = param;
+      const TrainResult r = run(c, On::world);
+      ASSERT_EQ(r.raw_allocs.size(), 4u) << what;
+      EXPECT_GT(r.raw_allocs[0], 0) << what << ": step 1 fills the cache";
+      for (std::size_t i = 1; i < 4; ++i) EXPECT_EQ(r.raw_allocs[i], 0) << what << " step " << i + 1;
+    }
+  }
+}
+
+}  // namespace

@@ -1,0 +1,126 @@
+// tests/train_util.hpp: what the end-to-end training tests share: the process's Runtime,
+// rank helpers, fresh run directories, a small learnable dataset and config, a relative
+// difference, and a one-call training run. Header-only; each test binary includes it once.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fsdp/config/config.hpp"
+#include "fsdp/data/prepare.hpp"
+#include "fsdp/train/runtime.hpp"
+#include "fsdp/train/trainer.hpp"
+
+namespace test_util {
+
+namespace fs = std::filesystem;
+using fsdp::Config;
+using fsdp::TrainOptions;
+using fsdp::TrainResult;
+
+// The process's Runtime; MPI was initialised by tests/mpi_main.cpp, so it adopts it.
+inline fsdp::Runtime& runtime() {
+  static fsdp::Runtime rt(nullptr, nullptr);
+  return rt;
+}
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// A fresh directory shared by all ranks (rank 0 creates it).
+inline std::string fresh_dir(const std::string& name) {
+  const std::string dir = std::string(FSDP_BINARY_DIR) + "/test_runs/" + name + "_np" +
+                          std::to_string(world_size());
+  if (world_rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir;
+}
+
+// A learnable byte-level token file (a short text repeated), made once by rank 0.
+inline std::string text_dataset() {
+  static std::string path;
+  if (!path.empty()) return path;
+  path = fresh_dir("text_dataset") + "/text.h5";
+  if (world_rank() == 0) {
+    fsdp::data::ByteSplit split;
+    const std::string text = "Sharded data parallel training: all-gather, compute, reshard. ";
+    for (int i = 0; i < 60; ++i) split.bytes.insert(split.bytes.end(), text.begin(), text.end());
+    split.num_files = 1;
+    split.train_tokens = static_cast<int64_t>(split.bytes.size()) * 9 / 10;
+    fsdp::data::write_byte_token_file(path, split, "train_util");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
+inline Config small_config(const std::string& run_dir) {
+  // 2 blocks, C=16, vocab 256 (numel not a multiple of 4: padding appears), AdamW with decay.
+  Config c = fsdp::parse_config(R"(
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 16
+n_positions = 16
+vocab_size = 256
+[data]
+seq_len = 12
+path = "unset"
+[train]
+global_batch_size = 8
+max_steps = 5
+seed = 7
+[optim]
+lr = 1e-2
+min_lr = 1e-3
+warmup_steps = 2
+weight_decay = 0.1
+grad_clip = 1.0
+[eval]
+every = 0
+max_windows = 4
+)", "train_util", {});
+  c.train.run_dir = run_dir;
+  c.data.path = text_dataset();
+  return c;
+}
+
+inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+enum class On { world, self };
+
+inline TrainResult run(const Config& c, On on, int64_t stop_after = 0, bool resume = false,
+                TrainOptions o = {}) {
+  o.quiet = true;
+  o.gather_params = true;
+  o.stop_after = stop_after;
+  o.resume = resume;
+  std::ostringstream sink;
+  return fsdp::train(c, runtime(), on == On::world ? runtime().world() : runtime().self(), o,
+                     sink);
+}
+
+}  // namespace test_util
