@@ -178,4 +178,28 @@ TEST(MixedPrecision, Fp16OverflowSkipsTheSameStepOnEveryRank) {
   }
 }
 
+TEST(MixedPrecision, Fp16ResumeIsBitIdentical) {
+  // The loss scale, its growth tracker and AdamW's update count (one less than the step
+  // after a skipped step) are checkpointed: a resumed fp16 run continues bit for bit.
+  Config c = mp_config(fresh_dir("fp16_resume_full"), fsdp::DType::f16, fsdp::DType::f16);
+  c.mesh.shard_size = std::min(2, world_size());
+  c.train.max_steps = 6;
+  c.checkpoint.every = 3;
+  c.mixed_precision.init_scale = 1024.0;
+  c.mixed_precision.growth_interval = 2;
+  TrainOptions o;
+  o.inject_overflow_steps = {2};
+  const TrainResult full = run(c, On::world, 0, false, o);
+  ASSERT_EQ(full.skipped_steps, std::vector<int64_t>{2});
+  c.train.run_dir = fresh_dir("fp16_resume_part");
+  const TrainResult first = run(c, On::world, /*stop_after=*/3, false, o);
+  const TrainResult second = run(c, On::world, 0, /*resume=*/true, o);
+  ASSERT_EQ(second.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(second.losses[i], full.losses[i + 3]) << "step " << i + 4;
+    EXPECT_EQ(second.loss_scales[i], full.loss_scales[i + 3]) << "step " << i + 4;
+  }
+  for (const auto& [name, values] : full.params) EXPECT_EQ(second.params.at(name), values) << name;
+}
+
 }  // namespace

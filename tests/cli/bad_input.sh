@@ -130,6 +130,11 @@ case "$CASE" in
     run_train good.toml --set fsdp.sharding_strategy=FUL_SHARD
     expect_input_error "fsdp.sharding_strategy" "FUL_SHARD"
     ;;
+  unknown_dtype)
+    tiny_config good.toml
+    run_train good.toml --set mixed_precision.param_dtype=fp8
+    expect_input_error "mixed_precision.param_dtype" "fp8"
+    ;;
   n_embd_not_divisible)
     tiny_config good.toml
     run_train good.toml --set model.n_head=3

@@ -7,6 +7,9 @@
 #               loss, lr, grad_norm, tokens_per_sec, peak_mem_bytes; val_loss on the last) and
 #               the final sharded checkpoint checkpoints/step_00000005 plus `latest`.
 # CASE hdf5:    the same on a token file made by fsdp_prepare (data.source = "hdf5").
+# CASE mixed_precision: bf16 params + fp32 reduce, then fp16 with loss scaling, 3 steps each:
+#               finite losses near ln(256); fp16 lines carry loss_scale and skipped; the
+#               banner names the dtypes.
 # CASE dry_run: --dry-run prints the resolved config and memory plan, exits 0, writes nothing.
 # CASE help / version: exit 0, printed once (rank 0 only).
 # shellcheck source=tests/cli/lib.sh
@@ -89,6 +92,26 @@ assert all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in recs), recs
 assert "val_loss" in recs[-1] and math.isfinite(recs[-1]["val_loss"]), recs[-1]
 EOF
     check_checkpoint "$WORK/run" 3 2
+    ;;
+  mixed_precision)
+    tiny_config tiny.toml
+    run_train tiny.toml --set mixed_precision.param_dtype=bf16 --set train.max_steps=3
+    expect_rc 0
+    if ! grep -q "param_dtype bf16, reduce_dtype fp32" "$OUT"; then fail "banner lacks the dtypes"; fi
+    mv "$WORK/run" "$WORK/run_bf16"
+    run_train tiny.toml --set mixed_precision.param_dtype=fp16 \
+      --set mixed_precision.reduce_dtype=fp16 --set train.max_steps=3
+    expect_rc 0
+    python3 - "$WORK/run_bf16/metrics.jsonl" "$WORK/run/metrics.jsonl" <<'EOF' || fail "mixed-precision metrics check failed"
+import json, math, sys
+bf16 = [json.loads(l) for l in open(sys.argv[1]).read().splitlines()]
+fp16 = [json.loads(l) for l in open(sys.argv[2]).read().splitlines()]
+for recs in (bf16, fp16):
+    assert [r["step"] for r in recs] == [1, 2, 3], recs
+    assert all(math.isfinite(r["loss"]) and 4.5 < r["loss"] < 6.5 for r in recs), recs
+assert all("loss_scale" not in r for r in bf16), bf16[0]
+assert all(r["loss_scale"] == 65536.0 and r["skipped"] is False for r in fp16), fp16
+EOF
     ;;
   dry_run)
     tiny_config tiny.toml
