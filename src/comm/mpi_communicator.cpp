@@ -244,6 +244,22 @@ std::unique_ptr<Work> finished_work() {
   return std::make_unique<MpiWork>(std::move(p));
 }
 
+// The completion state of a reduction into recv[count]: keeps the user ops alive and, for
+// avg, divides recv by the group size once the request completes.
+std::shared_ptr<Pending> reduction_pending(const std::shared_ptr<detail::MpiReduceOps>& ops,
+                                           int size, void* recv, std::size_t count, DType dtype,
+                                           ReduceOp op) {
+  auto p = std::make_shared<Pending>();
+  p->ops = ops;
+  if (op == ReduceOp::avg) {
+    p->avg_buf = recv;
+    p->avg_count = count;
+    p->dtype = dtype;
+    p->avg_size = size;
+  }
+  return p;
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm)
@@ -306,14 +322,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_impl(const void* send, voi
     if (recv != send) std::memmove(recv, send, bytes);
     return finished_work();
   }
-  auto p = std::make_shared<Pending>();
-  p->ops = ops_;
-  if (op == ReduceOp::avg) {
-    p->avg_buf = recv;
-    p->avg_count = count;
-    p->dtype = dtype;
-    p->avg_size = size_;
-  }
+  auto p = reduction_pending(ops_, size_, recv, count, dtype, op);
   if (recv == mine) {
     // MPI_IN_PLACE: send[size * count] in, result in send[0 : count]; moved to recv on
     // completion (the other chunks of send are scratch).
@@ -341,14 +350,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_impl(const void* send, void* r
     if (send != recv) std::memmove(recv, send, count * dtype_size(dtype));
     return finished_work();
   }
-  auto p = std::make_shared<Pending>();
-  p->ops = ops_;
-  if (op == ReduceOp::avg) {
-    p->avg_buf = recv;
-    p->avg_count = count;
-    p->dtype = dtype;
-    p->avg_size = size_;
-  }
+  auto p = reduction_pending(ops_, size_, recv, count, dtype, op);
   FSDP_CHECK_MPI(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, mpi_type(dtype),
                                 ops_->get(dtype, op), comm_, &p->request));
   return std::make_unique<MpiWork>(std::move(p));
