@@ -48,6 +48,14 @@ struct EnumValues<BackwardPrefetch> {
       BackwardPrefetch::NO_PREFETCH};
 };
 template <>
+struct EnumValues<DeviceKind> {
+  static constexpr DeviceKind values[] = {DeviceKind::auto_, DeviceKind::cpu, DeviceKind::cuda};
+};
+template <>
+struct EnumValues<CommBackend> {
+  static constexpr CommBackend values[] = {CommBackend::auto_, CommBackend::nccl, CommBackend::mpi};
+};
+template <>
 struct EnumValues<OptimizerKind> {
   static constexpr OptimizerKind values[] = {OptimizerKind::adamw, OptimizerKind::sgd};
 };
@@ -83,6 +91,7 @@ void visit_keys(C& c, F&& f) {
   f("train", "run_dir", c.train.run_dir);
   f("train", "log_every", c.train.log_every);
   f("train", "num_threads", c.train.num_threads);
+  f("train", "device", c.train.device);
   f("optim", "name", c.optim.name);
   f("optim", "lr", c.optim.lr);
   f("optim", "min_lr", c.optim.min_lr);
@@ -107,6 +116,8 @@ void visit_keys(C& c, F&& f) {
   f("mixed_precision", "backoff_factor", c.mixed_precision.backoff_factor);
   f("mixed_precision", "growth_interval", c.mixed_precision.growth_interval);
   f("mesh", "shard_size", c.mesh.shard_size);
+  f("comm", "backend", c.comm.backend);
+  f("comm", "timeout_s", c.comm.timeout_s);
   f("checkpoint", "every", c.checkpoint.every);
   f("eval", "every", c.eval.every);
   f("eval", "max_windows", c.eval.max_windows);
@@ -473,6 +484,10 @@ void validate(const Config& c, OriginOf&& origin_of) {
 
   // mesh, checkpoint, eval
   at_least("mesh.shard_size", c.mesh.shard_size, 0);
+  if (!(c.comm.timeout_s > 0)) throw fail("comm.timeout_s", num(c.comm.timeout_s) + " is out of range (expected > 0)");
+  if (c.comm.backend == CommBackend::nccl && c.train.device == DeviceKind::cpu) {
+    throw fail("comm.backend", "\"nccl\" needs train.device = \"cuda\" or \"auto\"");
+  }
   at_least("checkpoint.every", c.checkpoint.every, 0);
   at_least("eval.every", c.eval.every, 0);
   at_least("eval.max_windows", c.eval.max_windows, 0);
@@ -555,6 +570,24 @@ const char* to_string(AutoWrapPolicy p) {
   switch (p) {
     case AutoWrapPolicy::TRANSFORMER_BASED_WRAP: return "TRANSFORMER_BASED_WRAP";
     case AutoWrapPolicy::NO_WRAP: return "NO_WRAP";
+  }
+  return "?";
+}
+
+const char* to_string(DeviceKind d) {
+  switch (d) {
+    case DeviceKind::auto_: return "auto";
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::cuda: return "cuda";
+  }
+  return "?";
+}
+
+const char* to_string(CommBackend b) {
+  switch (b) {
+    case CommBackend::auto_: return "auto";
+    case CommBackend::nccl: return "nccl";
+    case CommBackend::mpi: return "mpi";
   }
   return "?";
 }

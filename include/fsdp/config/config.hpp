@@ -27,6 +27,12 @@ const char* to_string(BackwardPrefetch p);
 // Accelerate's fsdp_auto_wrap_policy values fsdp_train implements.
 enum class AutoWrapPolicy { TRANSFORMER_BASED_WRAP, NO_WRAP };
 const char* to_string(AutoWrapPolicy p);
+// Where the model runs: "auto" = CUDA when fsdp_train was built with it and a GPU is visible.
+enum class DeviceKind { auto_, cpu, cuda };
+const char* to_string(DeviceKind d);  // "auto" | "cpu" | "cuda"
+// The communicator of the mesh: "auto" = NCCL when the CUDA backend runs, else MPI.
+enum class CommBackend { auto_, nccl, mpi };
+const char* to_string(CommBackend b);  // "auto" | "nccl" | "mpi"
 enum class OptimizerKind { adamw, sgd };
 const char* to_string(OptimizerKind k);  // "adamw" | "sgd"
 
@@ -55,6 +61,7 @@ struct TrainConfig {
   std::string run_dir = "runs/default";
   int64_t log_every = 1;              // steps between log lines
   int64_t num_threads = 0;            // CPU threads per rank; 0 = cores / local ranks
+  DeviceKind device = DeviceKind::auto_;  // "auto" | "cpu" | "cuda"
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 
@@ -102,6 +109,13 @@ struct MeshConfig {
   friend bool operator==(const MeshConfig&, const MeshConfig&) = default;
 };
 
+// torch.distributed's backend choice and init_process_group(timeout=...).
+struct CommConfig {
+  CommBackend backend = CommBackend::auto_;  // "auto" | "nccl" | "mpi"
+  double timeout_s = 600.0;           // a collective not done by then aborts the job (NCCL)
+  friend bool operator==(const CommConfig&, const CommConfig&) = default;
+};
+
 struct CheckpointConfig {
   int64_t every = 0;                  // steps between checkpoints; 0 = only at the end
   friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
@@ -121,6 +135,7 @@ struct Config {
   FsdpConfig fsdp;
   MixedPrecisionConfig mixed_precision;
   MeshConfig mesh;
+  CommConfig comm;
   CheckpointConfig checkpoint;
   EvalConfig eval;
   std::string source_path;            // the TOML file it came from (for messages)
