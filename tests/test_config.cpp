@@ -170,6 +170,44 @@ TEST(Config, EnumAndMixedPrecisionKeysFromFile) {
   EXPECT_TRUE(h.mixed_precision.uses_fp16());
 }
 
+TEST(Config, DeviceAndCommKeys) {
+  const Config d = parse_config("", "empty.toml", {"data.path=tokens.h5"});
+  EXPECT_EQ(d.train.device, DeviceKind::auto_);
+  EXPECT_EQ(d.comm.backend, CommBackend::auto_);
+  EXPECT_DOUBLE_EQ(d.comm.timeout_s, 600.0);
+  const Config c = parse_config("[train]\ndevice = \"cuda\"\n[comm]\nbackend = \"nccl\"\ntimeout_s = 30\n",
+                                "dev.toml", {"data.path=tokens.h5"});
+  EXPECT_EQ(c.train.device, DeviceKind::cuda);
+  EXPECT_EQ(c.comm.backend, CommBackend::nccl);
+  EXPECT_DOUBLE_EQ(c.comm.timeout_s, 30.0);
+  const Config o = parse_config("", "dev.toml",
+                                {"data.path=tokens.h5", "train.device=cpu", "comm.backend=mpi"});
+  EXPECT_EQ(o.train.device, DeviceKind::cpu);
+  EXPECT_EQ(o.comm.backend, CommBackend::mpi);
+  EXPECT_EQ(parse_config(to_toml(c), "again.toml", {}), [&] {
+    Config x = c;
+    x.source_path = "again.toml";
+    return x;
+  }());
+  auto message = [](const std::string& text) {
+    try {
+      parse_config(text, "dev.toml", {"data.path=tokens.h5"});
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.exit_code(), 2);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("[train]\ndevice = \"gpu\"\n"),
+            "dev.toml: train.device: unknown value \"gpu\" (expected one of auto, cpu, cuda)");
+  EXPECT_EQ(message("[comm]\nbackend = \"gloo\"\n"),
+            "dev.toml: comm.backend: unknown value \"gloo\" (expected one of auto, nccl, mpi)");
+  EXPECT_EQ(message("[comm]\ntimeout_s = 0\n"),
+            "dev.toml: comm.timeout_s: 0 is out of range (expected > 0)");
+  EXPECT_EQ(message("[train]\ndevice = \"cpu\"\n[comm]\nbackend = \"nccl\"\n"),
+            "dev.toml: comm.backend: \"nccl\" needs train.device = \"cuda\" or \"auto\"");
+}
+
 TEST(Config, EnumAndMixedPrecisionOverrides) {
   const Config c = parse_config(
       kMinimal, "min.toml",

@@ -6,11 +6,18 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/core/error.hpp"
+#ifdef FSDP_WITH_CUDA
+#include "fsdp/cuda/cuda_backend.hpp"
+#include "fsdp/cuda/device.hpp"
+#include "fsdp/cuda/nccl_communicator.hpp"
+#include "fsdp/cuda/staged_communicator.hpp"
+#endif
 
 namespace fsdp {
 namespace {
@@ -47,6 +54,7 @@ Runtime::Runtime(int* argc, char*** argv) {
 Runtime::~Runtime() {
   backend_.reset();
   mesh_.reset();
+  host_mesh_.reset();
   self_.reset();
   world_.reset();
   int finalized = 0;
@@ -61,13 +69,57 @@ int Runtime::rank() { return world_->rank(); }
 void Runtime::configure(Communicator& group, const Config& config) {
   backend_.reset();
   mesh_.reset();
-  mesh_ = std::make_unique<DeviceMesh>(DeviceMesh::create(group, config.mesh.shard_size));
-  int threads = static_cast<int>(config.train.num_threads);
-  if (threads <= 0) {
-    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    threads = std::max(1, hw / std::max(1, mesh_->local_size()));
+  host_mesh_.reset();
+  host_mesh_ = std::make_unique<DeviceMesh>(DeviceMesh::create(group, config.mesh.shard_size));
+  const DeviceMesh& hm = *host_mesh_;
+  bool use_cuda = false;
+#ifdef FSDP_WITH_CUDA
+  const int devices = cuda::visible_device_count();
+  use_cuda = config.train.device == DeviceKind::cuda ||
+             (config.train.device == DeviceKind::auto_ && devices > 0);
+  if (use_cuda && devices == 0) {
+    throw InputError("train.device: \"cuda\" but no CUDA device is visible on this node");
   }
-  backend_ = make_cpu_backend(threads);
+#else
+  if (config.train.device == DeviceKind::cuda) {
+    throw InputError("train.device: \"cuda\" but this fsdp_train was built without CUDA "
+                     "(configure with -DFSDP_CUDA=ON)");
+  }
+#endif
+  if (config.comm.backend == CommBackend::nccl && !use_cuda) {
+    throw InputError("comm.backend: \"nccl\" needs the CUDA backend (train.device)");
+  }
+  if (!use_cuda) {
+    int threads = static_cast<int>(config.train.num_threads);
+    if (threads <= 0) {
+      const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      threads = std::max(1, hw / std::max(1, hm.local_size()));
+    }
+    backend_ = make_cpu_backend(threads);
+    mesh_ = std::move(host_mesh_);  // host memory: the MPI groups are the mesh
+    device_description_ = "cpu (" + std::to_string(threads) + " threads per rank), mpi";
+    return;
+  }
+#ifdef FSDP_WITH_CUDA
+  const int device = cuda::select_device(hm.local_rank());
+  backend_ = cuda::make_cuda_backend(device);
+  // NCCL needs a GPU per rank: with more ranks on the node than GPUs, MPI with staging.
+  const bool own_gpu = hm.local_size() <= devices;
+  if (config.comm.backend == CommBackend::nccl && !own_gpu) {
+    throw InputError("comm.backend: \"nccl\" but " + std::to_string(hm.local_size()) +
+                     " ranks share " + std::to_string(devices) +
+                     " GPU(s) on this node (NCCL needs one GPU per rank; use \"mpi\")");
+  }
+  const bool nccl = config.comm.backend == CommBackend::nccl ||
+                    (config.comm.backend == CommBackend::auto_ && own_gpu);
+  const double timeout = config.comm.timeout_s;
+  mesh_ = std::make_unique<DeviceMesh>(hm.map([&](Communicator& host) -> std::unique_ptr<Communicator> {
+    if (nccl) return cuda::NcclCommunicator::create(host, device, timeout);
+    return std::make_unique<cuda::StagedCommunicator>(host);
+  }));
+  device_description_ = "cuda:" + std::to_string(device) + " " + cuda::device_name(device) +
+                        (nccl ? ", nccl" : ", mpi (staged through host memory)");
+#endif
 }
 
 const DeviceMesh& Runtime::mesh() const {

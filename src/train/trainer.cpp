@@ -108,6 +108,7 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
   std::ostringstream os;
   os << "fsdp_train " << FSDP_VERSION << (job.opt.dry_run ? " (dry run)" : "")
      << "\n# resolved config (" << cfg.source_path << ")\n" << to_toml(cfg) << "\n"
+     << "device: " << job.rt.device_description() << "\n"
      << "mesh: " << job.mesh->describe() << "; " << to_string(cfg.fsdp.sharding_strategy)
      << " shards each FlatParameter over " << layouts.front().num_shards << " rank(s); "
      << "param_dtype " << to_string(cfg.mixed_precision.param_dtype) << ", reduce_dtype "
@@ -208,12 +209,22 @@ void save_checkpoint(Job& job) {
   collective_guard(job.host, [&] {
     if (job.engine->replicate_comm().rank() != 0) return;  // replicas hold identical shards
     const auto meta = checkpoint_meta(job);
+    // Shard files are written from host memory: device shards are staged through host
+    // copies (the CPU backend's memory is host memory and is used in place).
+    std::vector<std::vector<float>> staged;
+    staged.reserve(static_cast<std::size_t>(job.engine->num_units()) *
+                   (1 + job.optimizer->state_names().size()));
+    auto host = [&](const TensorView& v) -> const float* {
+      if (job.backend->device() == Device::cpu) return v.f32();
+      staged.emplace_back(static_cast<std::size_t>(v.numel()));
+      job.backend->copy_to_host(staged.back().data(), v);
+      return staged.back().data();
+    };
     std::vector<ckpt::UnitShardView> views;
     for (int u = 0; u < job.engine->num_units(); ++u) {
-      // Host pointers: the CPU backend's memory is host memory.
-      ckpt::UnitShardView v{&job.engine->layout(u), job.engine->shard_param(u).f32(), {}};
+      ckpt::UnitShardView v{&job.engine->layout(u), host(job.engine->shard_param(u)), {}};
       for (const auto& name : job.optimizer->state_names()) {
-        v.state.push_back({name, job.optimizer->state(u, name).f32()});
+        v.state.push_back({name, host(job.optimizer->state(u, name))});
       }
       views.push_back(std::move(v));
     }
@@ -241,10 +252,15 @@ void load_checkpoint(Job& job) {
   // Opens this rank's shard file and checks mesh, optimizer and unit layouts against ours.
   const ckpt::ShardFile shard = ckpt::open_for_resume(*latest, expected, layouts);
   for (int u = 0; u < job.engine->num_units(); ++u) {
-    shard.read_unit(u, "param", job.engine->shard_param(u).f32());
-    for (const auto& name : job.optimizer->state_names()) {
-      shard.read_unit(u, name, job.optimizer->state(u, name).f32());
-    }
+    // Read into host memory, then into the backend's (in place on the CPU backend).
+    auto read = [&](const std::string& dataset, const TensorView& dst) {
+      if (job.backend->device() == Device::cpu) return shard.read_unit(u, dataset, dst.f32());
+      std::vector<float> host(static_cast<std::size_t>(dst.numel()));
+      shard.read_unit(u, dataset, host.data());
+      job.backend->copy_from_host(dst, host.data());
+    };
+    read("param", job.engine->shard_param(u));
+    for (const auto& name : job.optimizer->state_names()) read(name, job.optimizer->state(u, name));
   }
   const ckpt::CheckpointMeta& m = shard.meta();
   job.step = m.step;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "fsdp/backend/backend.hpp"
 #include "fsdp/comm/communicator.hpp"
@@ -35,12 +36,21 @@ class Runtime {
   int rank();             // world().rank()
 
   // Builds the job's DeviceMesh over `group` (world() or self(); mesh.shard_size from the
-  // config) and its Backend (CPU: train.num_threads, or this node's cores / ranks on the
-  // node), replacing any previous job's. Collective over `group`. Throws InputError for a
-  // bad mesh.shard_size.
+  // config) and its Backend, replacing any previous job's. Collective over `group`.
+  //  - train.device: "cuda" (or "auto" when built with CUDA and a GPU is visible) selects
+  //    the GPU node-local rank % visible devices and the CUDA backend; otherwise the CPU
+  //    backend with train.num_threads threads (0: this node's cores / ranks on the node).
+  //  - comm.backend: the mesh's communicators. "nccl" (or "auto" on the CUDA backend when
+  //    every rank of the node has its own GPU): NCCL, unique ids exchanged over the MPI
+  //    groups; on CUDA otherwise MPI with device buffers staged through pinned host memory;
+  //    on CPU the MPI communicators themselves.
+  // Throws InputError naming the key for a bad mesh.shard_size, train.device = "cuda"
+  // without CUDA or without a visible GPU, or comm.backend = "nccl" where it cannot run.
   void configure(Communicator& group, const Config& config);
   const DeviceMesh& mesh() const;  // throws fsdp::Error before configure()
   Backend& backend();
+  // "cpu (2 threads)", "cuda:0 NVIDIA H100 80GB HBM3, nccl" (for the banner).
+  const std::string& device_description() const { return device_description_; }
 
   // Ends every rank of the world at once with `exit_code` (MPI_Abort): for errors that were
   // not agreed (collective_guard), when peers may be waiting in a collective.
@@ -49,8 +59,10 @@ class Runtime {
  private:
   bool owns_mpi_ = false;
   std::unique_ptr<Communicator> world_, self_;
-  std::unique_ptr<DeviceMesh> mesh_;
+  std::unique_ptr<DeviceMesh> host_mesh_;  // MPI groups (bootstrap of device communicators)
+  std::unique_ptr<DeviceMesh> mesh_;       // the mesh the engine uses
   std::unique_ptr<Backend> backend_;
+  std::string device_description_;
 };
 
 }  // namespace fsdp

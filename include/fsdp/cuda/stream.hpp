@@ -1,0 +1,48 @@
+// fsdp/cuda/stream.hpp: CUDA streams and events behind the core Stream / Event interfaces
+// (fsdp/core/stream.hpp). Each owns its handle (cudaStreamCreateWithFlags non-blocking,
+// cudaEventCreateWithFlags with timing disabled) and destroys it in a destructor that never
+// throws. Only code under src/cuda/ includes this.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "fsdp/core/stream.hpp"
+
+namespace fsdp::cuda {
+
+class CudaStream final : public Stream {
+ public:
+  // A new non-blocking stream on the current device; `priority` as cudaStreamCreateWithPriority
+  // (lower is higher priority; communication streams use the highest).
+  explicit CudaStream(int priority = 0);
+  ~CudaStream() override;
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  Device device() const override { return Device::cuda; }
+  void wait(Event& event) override;  // cudaStreamWaitEvent (host events: synchronize)
+  void synchronize() override;       // cudaStreamSynchronize
+  cudaStream_t handle() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent();
+  ~CudaEvent() override;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  void record(Stream& stream) override;  // cudaEventRecord on a CudaStream (throws otherwise)
+  void synchronize() override;           // cudaEventSynchronize
+  bool query() override;                 // cudaEventQuery
+  cudaEvent_t handle() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// The CUDA stream behind `stream`; throws fsdp::Error if it is not a CudaStream.
+cudaStream_t native(Stream& stream);
+
+}  // namespace fsdp::cuda
