@@ -48,6 +48,34 @@ DeviceMesh DeviceMesh::create(Communicator& world, int64_t shard_size) {
   return mesh;
 }
 
+DeviceMesh DeviceMesh::map(const MakeCommunicator& make) const {
+  const char* names[] = {"world", "shard", "replicate", "self"};
+  Communicator* from[] = {world_.get(), shard_.get(), replicate_.get(), self_.get()};
+  std::unique_ptr<Communicator> to[4];
+  for (int g = 0; g < 4; ++g) {
+    to[g] = make(*from[g]);
+    if (!to[g] || to[g]->rank() != from[g]->rank() || to[g]->size() != from[g]->size()) {
+      std::ostringstream os;
+      os << "DeviceMesh::map: the communicator made for the " << names[g] << " group ";
+      if (!to[g]) {
+        os << "is null";
+      } else {
+        os << "has rank " << to[g]->rank() << " of " << to[g]->size() << ", expected rank "
+           << from[g]->rank() << " of " << from[g]->size();
+      }
+      throw Error(os.str());
+    }
+  }
+  DeviceMesh mesh;
+  mesh.world_ = std::move(to[0]);
+  mesh.shard_ = std::move(to[1]);
+  mesh.replicate_ = std::move(to[2]);
+  mesh.self_ = std::move(to[3]);
+  mesh.local_rank_ = local_rank_;
+  mesh.local_size_ = local_size_;
+  return mesh;
+}
+
 std::string DeviceMesh::describe() const {
   std::ostringstream os;
   os << "world " << world_size() << " = replicate " << replicate_size() << " x shard "

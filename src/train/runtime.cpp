@@ -115,7 +115,7 @@ void Runtime::configure(Communicator& group, const Config& config) {
   const double timeout = config.comm.timeout_s;
   mesh_ = std::make_unique<DeviceMesh>(hm.map([&](Communicator& host) -> std::unique_ptr<Communicator> {
     if (nccl) return cuda::NcclCommunicator::create(host, device, timeout);
-    return std::make_unique<cuda::StagedCommunicator>(host);
+    return cuda::StagedCommunicator::create(host);
   }));
   device_description_ = "cuda:" + std::to_string(device) + " " + cuda::device_name(device) +
                         (nccl ? ", nccl" : ", mpi (staged through host memory)");

@@ -8,9 +8,15 @@
 // The replicate group of a rank is the ranks with the same shard-group rank in every group.
 // Every group is a new communicator split from the one passed to create(), so the mesh
 // works with any Communicator implementation (MPI today, NCCL later).
+//
+// create() moves a few host values through `world` (the node leader, the node sizes), so it
+// needs a host-memory communicator; a device mesh (NCCL, or MPI staged through pinned host
+// memory) is then made from the host one with map(), which changes where buffers live and
+// nothing else.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,6 +31,15 @@ class DeviceMesh {
   // group = node. Throws InputError (key mesh.shard_size, exit code 2, on every rank) if
   // shard_size does not divide the world size, or if node-local groups have unequal sizes.
   static DeviceMesh create(Communicator& world, int64_t shard_size);
+
+  // A mesh over the same ranks (same world/shard/replicate/self groups, same local rank and
+  // local size) whose communicators are make(g) of this mesh's: e.g. an NCCL communicator
+  // bootstrapped over the host group g. Collective over world(): make is called on every
+  // rank in the same order (world, shard group, replicate group, self), and may keep a
+  // duplicate of g but not g itself (this mesh still owns it). Throws fsdp::Error if make
+  // returns nullptr or a communicator whose rank or size differs from g's.
+  using MakeCommunicator = std::function<std::unique_ptr<Communicator>(Communicator& group)>;
+  DeviceMesh map(const MakeCommunicator& make) const;
 
   int world_rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }

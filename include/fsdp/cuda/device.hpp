@@ -1,0 +1,23 @@
+// fsdp/cuda/device.hpp: which CUDA device a rank uses. One device per rank where there are
+// enough of them: rank `local_rank` of a node takes device local_rank % count, so ranks
+// share devices round-robin when a node runs more ranks than it has GPUs (then NCCL cannot
+// be used between the ranks that share one: see fsdp/cuda/staged_communicator.hpp).
+#pragma once
+
+#include <string>
+
+namespace fsdp::cuda {
+
+// CUDA devices visible to this process (after CUDA_VISIBLE_DEVICES); 0 when there is no
+// driver, no device or any other error. Never throws.
+int visible_device_count() noexcept;
+
+// cudaSetDevice(local_rank % visible_device_count()) on the calling thread; returns that
+// device. Throws fsdp::Error when no device is visible or local_rank < 0.
+int select_device(int local_rank);
+
+// The device's product name ("NVIDIA H100 80GB HBM3"), for the start-up banner. Throws
+// fsdp::Error for an invalid device.
+std::string device_name(int device);
+
+}  // namespace fsdp::cuda
