@@ -1,0 +1,889 @@
+// src/cuda/cuda_backend.cpp: the CUDA backend (see fsdp/cuda/cuda_backend.hpp), the typed
+// Backend interface over the kernels of kernels_*.cu and the GEMMs of kernels_gemm.cpp.
+//
+// This file is host C++20 (it includes backend.hpp, whose dtype.hpp needs C++20, while nvcc
+// compiles the .cu files as C++17): it checks arguments, maps DType to the kernels' storage
+// types, owns the stream, the allocator, the cuBLAS handles and the device error word, takes
+// per-call scratch from the allocator, and sequences the multi-kernel operations (attention,
+// mixed-type GEMMs).
+//
+// Every kernel checks its arguments before enqueuing anything, with the CPU backend's rules
+// and messages ("cuda backend: gemm: C is ..."): float arguments fp32, bf16 or fp16,
+// arguments marked fp32 in backend.hpp fp32, device scalars fp64 with at least one element,
+// token/target views int32, and each view large enough. Index values live on the device and
+// are checked there (see cuda_backend.hpp).
+//
+// Attention (GPT-2 layout, qkv [B,T,3C], heads interleaved in C): head h of batch b is a
+// strided [T, hs] matrix (row stride 3C) at qkv + b*T*3C + h*hs, so for each b one cuBLAS
+// strided-batched call over the H heads (batch stride hs) does each product without moving
+// data. Forward: S = Q K^T / sqrt(hs) in fp32 (into att itself when att is fp32, else into
+// fp32 scratch for a chunk of batches), causal softmax into att, O = P V into out (columns
+// h*hs of row b*T+t). Backward: dP = dO V^T into the fp32 scratch argument, softmax backward
+// in place leaving dS in att's storage type, then dQ = dS K, dK = dS^T Q (both scaled),
+// dV = P^T dO straight into dqkv. The full T x T products are computed (the masked half is
+// zero in P and dS); a fused flash-style kernel is the next step for speed.
+#include "fsdp/cuda/cuda_backend.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <system_error>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/cuda/check.hpp"
+#include "fsdp/cuda/stream.hpp"
+#include "kernels.hpp"
+
+namespace fsdp::cuda {
+namespace {
+
+namespace k = kernels;
+
+// fp32 scores of attention_forward for 16-bit att are computed for as many batches at a time
+// as fit in this much scratch (at least one).
+constexpr std::size_t kScoresScratchBytes = 64u << 20;
+
+// ---------------------------------------------------------------------------------------
+// argument checks (the CPU backend's, with this backend's name)
+
+[[noreturn]] void arg_error(const char* kernel, const char* arg, const std::string& what) {
+  throw Error("cuda backend: " + std::string(kernel) + ": " + arg + " " + what);
+}
+
+std::string describe(const TensorView& v) {
+  return std::string(to_string(v.dtype)) + " " + v.shape.str();
+}
+
+void check_dim(const char* kernel, const char* name, int64_t value) {
+  if (value < 0) arg_error(kernel, name, "= " + std::to_string(value) + " (expected >= 0)");
+}
+
+void check_size(const char* kernel, const char* arg, const TensorView& v, int64_t n) {
+  if (v.numel() < n) {
+    arg_error(kernel, arg,
+              "is " + describe(v) + " but needs at least " + std::to_string(n) + " elements");
+  }
+  if (n > 0 && v.data == nullptr) arg_error(kernel, arg, "is a null view");
+}
+
+void need_float(const char* kernel, const char* arg, const TensorView& v, int64_t n) {
+  if (v.dtype != DType::f32 && v.dtype != DType::bf16 && v.dtype != DType::f16) {
+    arg_error(kernel, arg, "is " + describe(v) + " (expected fp32, bf16 or fp16)");
+  }
+  check_size(kernel, arg, v, n);
+}
+
+void need_dtype(const char* kernel, const char* arg, const TensorView& v, DType t, int64_t n) {
+  if (v.dtype != t) {
+    arg_error(kernel, arg, "is " + describe(v) + " (expected " + std::string(to_string(t)) + ")");
+  }
+  check_size(kernel, arg, v, n);
+}
+
+double* scalar64(const char* kernel, const char* arg, const TensorView& v) {
+  need_dtype(kernel, arg, v, DType::f64, 1);
+  return static_cast<double*>(v.data);
+}
+
+void check_attention_shapes(const char* kernel, int64_t B, int64_t T, int64_t C, int64_t H) {
+  if (B < 0 || T < 0 || C <= 0 || H <= 0 || C % H != 0 || 3 * C > INT32_MAX || T > INT32_MAX) {
+    throw Error("cuda backend: " + std::string(kernel) + ": bad shape B=" + std::to_string(B) +
+                " T=" + std::to_string(T) + " C=" + std::to_string(C) + " H=" + std::to_string(H) +
+                " (expected C divisible by H)");
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// DType -> storage type, typed pointers
+
+k::ST st(DType t) {
+  switch (t) {
+    case DType::f32:
+      return k::ST::f32;
+    case DType::bf16:
+      return k::ST::bf16;
+    case DType::f16:
+      return k::ST::f16;
+    case DType::f64:
+      return k::ST::f64;
+    default:
+      break;
+  }
+  throw Error("cuda backend: dtype " + std::string(to_string(t)) + " is not a float type");
+}
+k::In in(const TensorView& v) { return {v.data, st(v.dtype)}; }
+k::Out out(const TensorView& v) { return {v.data, st(v.dtype)}; }
+
+// Element `i` of a view's memory (pointer arithmetic in the view's dtype).
+template <class P>
+P* at(P* base, DType t, int64_t i) {
+  using Byte = std::conditional_t<std::is_const_v<P>, const char, char>;
+  return reinterpret_cast<Byte*>(base) + i * static_cast<int64_t>(dtype_size(t));
+}
+
+// The decimal a float hyperparameter was most likely written as, as a double (as the CPU
+// backend and torch.optim compute 1 - beta2, 1 - lr wd and the bias corrections).
+double decimal_value(float f) {
+  char buf[32];
+  const auto res = std::to_chars(buf, buf + sizeof buf, f);
+  double d = static_cast<double>(f);
+  if (res.ec == std::errc()) std::from_chars(buf, res.ptr, d);
+  return d;
+}
+
+void* raw_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();  // out of memory is not sticky: clear it; the allocator reports
+    return nullptr;
+  }
+  return p;
+}
+void raw_free(void* p) { cudaFree(p); }
+
+int set_device(int ordinal) {
+  FSDP_CHECK_CUDA(cudaSetDevice(ordinal));
+  return ordinal;
+}
+
+// ---------------------------------------------------------------------------------------
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::cuda; }
+
+  // ---- streams and events ----
+  Stream& compute_stream() override { return stream_; }
+  std::unique_ptr<Stream> create_stream() override;
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(); }
+
+  // ---- memory ----
+  void* allocate(std::size_t bytes, MemCategory category) override;
+  void deallocate(void* ptr, std::size_t bytes, MemCategory category,
+                  std::shared_ptr<Event> pending) noexcept override {
+    alloc_.deallocate(ptr, bytes, category, std::move(pending));
+  }
+  MemoryTracker& memory() override { return memory_; }
+  const AllocatorStats& allocator_stats() const override { return alloc_.stats(); }
+  void fill_zero(const TensorView& dst) override;
+  void copy(const TensorView& dst, const TensorView& src) override;
+  void cast(const TensorView& dst, const TensorView& src) override;
+  void copy_to_host(void* host_dst, const TensorView& src) override;
+  void copy_from_host(const TensorView& dst, const void* host_src) override;
+  void synchronize() override;
+
+  // ---- dense algebra ----
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const TensorView& A, const TensorView& B, float beta, const TensorView& C) override;
+  void add_bias(const TensorView& out, const TensorView& bias, int64_t R, int64_t C) override;
+  void bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
+                     int64_t C) override;
+  void add(const TensorView& out, const TensorView& a, const TensorView& b) override;
+  void axpy(const TensorView& y, float alpha, const TensorView& x) override;
+  void scale(const TensorView& x, float alpha) override;
+
+  // ---- reductions into device scalars ----
+  void squared_norm(const TensorView& acc, const TensorView& x) override;
+  void clip_coefficient(const TensorView& norm, const TensorView& coef, const TensorView& parts,
+                        double max_norm) override;
+  void scale_by(const TensorView& x, const TensorView& coef) override;
+  void unscale_and_check(const TensorView& x, float inv_scale,
+                         const TensorView& found_inf) override;
+
+  // ---- transformer pieces ----
+  void embedding_forward(const TensorView& out, const TensorView& tokens, const TensorView& wte,
+                         const TensorView& wpe, int64_t B, int64_t T, int64_t C) override;
+  void embedding_backward(const TensorView& dwte, const TensorView& dwpe, const TensorView& dout,
+                          const TensorView& tokens, int64_t B, int64_t T, int64_t C) override;
+  void layernorm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
+                         const TensorView& x, const TensorView& weight, const TensorView& bias,
+                         int64_t R, int64_t C, float eps) override;
+  void layernorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dbias,
+                          const TensorView& dout, const TensorView& x, const TensorView& weight,
+                          const TensorView& mean, const TensorView& rstd, int64_t R,
+                          int64_t C) override;
+  void gelu_forward(const TensorView& out, const TensorView& x) override;
+  void gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
+  void attention_forward(const TensorView& out, const TensorView& att, const TensorView& qkv,
+                         int64_t B, int64_t T, int64_t C, int64_t H) override;
+  void attention_backward(const TensorView& dqkv, const TensorView& scratch, const TensorView& dout,
+                          const TensorView& qkv, const TensorView& att, int64_t B, int64_t T,
+                          int64_t C, int64_t H) override;
+  void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
+                                      const TensorView& targets, int64_t R, int64_t V,
+                                      float grad_scale) override;
+  void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
+                             const TensorView& targets, int64_t R, int64_t V) override;
+
+  // ---- optimizers ----
+  void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
+                    const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, int64_t step) override;
+  void sgd_update(const TensorView& param, const TensorView& grad, const TensorView& momentum_buf,
+                  float lr, float momentum, float weight_decay, int64_t step) override;
+
+ private:
+  // Device memory for the duration of one call (kernel scratch), from the caching allocator
+  // as activations. Returned without an event: everything that uses it is enqueued on the
+  // compute stream, and the allocator hands memory out for use on that stream.
+  class Scratch {
+   public:
+    Scratch(CudaBackend& be, std::size_t bytes)
+        : be_(be), bytes_(bytes), p_(be.allocate(bytes, MemCategory::activations)) {}
+    ~Scratch() { be_.deallocate(p_, bytes_, MemCategory::activations, nullptr); }
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    template <class T>
+    T* as() const {
+      return static_cast<T*>(p_);
+    }
+
+   private:
+    CudaBackend& be_;
+    std::size_t bytes_;
+    void* p_;
+  };
+  // A device copy of `v` converted to fp32 (scratch), for the mixed-type fallbacks.
+  struct F32Copy {
+    F32Copy(CudaBackend& be, const TensorView& v, int64_t n, bool load)
+        : mem(be, static_cast<std::size_t>(n) * sizeof(float)),
+          view(mem.as<float>(), DType::f32, {n}) {
+      if (load && n > 0) k::cast({view.data, k::ST::f32}, in(v), n, be.s());
+    }
+    Scratch mem;
+    TensorView view;
+  };
+
+  cudaStream_t s() const { return stream_.handle(); }
+  // tokens [n] int32 (values checked on the device against [0, V); no upper bound if V < 0).
+  void check_tokens(const char* kernel, const TensorView& tokens, int64_t n, int64_t V, int code);
+  // Enqueues the copy of the device error word; call before synchronising the stream.
+  void fetch_device_error();
+  // After the stream is synchronised: throws the recorded index error, if any (and resets it).
+  void raise_device_error();
+  void cross_entropy(const char* kernel, const TensorView& loss, const TensorView& logits,
+                     const TensorView& targets, int64_t R, int64_t V, float grad_scale,
+                     bool backward);
+  // attention_forward/backward with every float argument of one storage type.
+  void attention_forward_same(const TensorView& out, const TensorView& att, const TensorView& qkv,
+                              int64_t B, int64_t T, int64_t C, int64_t H);
+  void attention_backward_same(const TensorView& dqkv, float* scratch, const TensorView& dout,
+                               const TensorView& qkv, const TensorView& att, int64_t B, int64_t T,
+                               int64_t C, int64_t H);
+
+  int device_;
+  MemoryTracker memory_;  // before alloc_, which reports to it
+  CudaStream stream_;
+  CachingAllocator alloc_;
+  k::Blas blas_;
+  k::DeviceError* dev_error_ = nullptr;   // device memory
+  k::DeviceError* host_error_ = nullptr;  // pinned host mirror
+};
+
+CudaBackend::CudaBackend(int device)
+    : device_(set_device(device)),
+      stream_(0),
+      alloc_(raw_alloc, raw_free, memory_),
+      blas_(stream_.handle()) {
+  try {
+    FSDP_CHECK_CUDA(cudaMalloc(&dev_error_, sizeof(k::DeviceError)));
+    FSDP_CHECK_CUDA(cudaMallocHost(&host_error_, sizeof(k::DeviceError)));
+    *host_error_ = k::DeviceError{};
+    FSDP_CHECK_CUDA(cudaMemsetAsync(dev_error_, 0, sizeof(k::DeviceError), s()));
+    FSDP_CHECK_CUDA(cudaStreamSynchronize(s()));
+  } catch (...) {
+    if (host_error_) cudaFreeHost(host_error_);
+    if (dev_error_) cudaFree(dev_error_);
+    throw;
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(s());  // errors ignored: destructors never throw
+  cudaFreeHost(host_error_);
+  cudaFree(dev_error_);
+}
+
+std::unique_ptr<Stream> CudaBackend::create_stream() {
+  int least = 0, greatest = 0;
+  FSDP_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  return std::make_unique<CudaStream>(greatest);  // communication streams: highest priority
+}
+
+// ---------------------------------------------------------------------------------------
+// memory, copies, casts, device errors
+
+void* CudaBackend::allocate(std::size_t bytes, MemCategory category) {
+  if (bytes > std::numeric_limits<std::size_t>::max() - 1024) {
+    throw Error("cuda backend: allocation of " + std::to_string(bytes) + " bytes for " +
+                std::string(to_string(category)) + " overflows");
+  }
+  return alloc_.allocate(bytes, category, stream_);
+}
+
+void CudaBackend::fill_zero(const TensorView& dst) {
+  check_size("fill_zero", "dst", dst, dst.numel());
+  if (dst.bytes()) FSDP_CHECK_CUDA(cudaMemsetAsync(dst.data, 0, dst.bytes(), s()));
+}
+
+void CudaBackend::copy(const TensorView& dst, const TensorView& src) {
+  if (dst.dtype != src.dtype || dst.numel() != src.numel()) {
+    arg_error("copy", "dst",
+              "is " + describe(dst) + " but src is " + describe(src) +
+                  " (expected the same dtype and numel)");
+  }
+  check_size("copy", "dst", dst, dst.numel());
+  check_size("copy", "src", src, src.numel());
+  if (dst.bytes() && dst.data != src.data) {
+    FSDP_CHECK_CUDA(
+        cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, s()));
+  }
+}
+
+void CudaBackend::cast(const TensorView& dst, const TensorView& src) {
+  if (dst.numel() != src.numel()) {
+    arg_error(
+        "cast", "dst",
+        "is " + describe(dst) + " but src is " + describe(src) + " (expected the same numel)");
+  }
+  for (const auto& [name, v] : {std::pair{"dst", &dst}, std::pair{"src", &src}}) {
+    if (!is_floating(v->dtype)) {
+      arg_error("cast", name, "is " + describe(*v) + " (expected fp32, fp64, bf16 or fp16)");
+    }
+    check_size("cast", name, *v, v->numel());
+  }
+  k::cast(out(dst), in(src), dst.numel(), s());
+}
+
+void CudaBackend::copy_to_host(void* host_dst, const TensorView& src) {
+  check_size("copy_to_host", "src", src, src.numel());
+  if (src.bytes()) {
+    FSDP_CHECK_CUDA(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, s()));
+  }
+  fetch_device_error();
+  FSDP_CHECK_CUDA(cudaStreamSynchronize(s()));
+  raise_device_error();
+}
+
+void CudaBackend::copy_from_host(const TensorView& dst, const void* host_src) {
+  check_size("copy_from_host", "dst", dst, dst.numel());
+  if (!dst.bytes()) return;
+  FSDP_CHECK_CUDA(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice, s()));
+  FSDP_CHECK_CUDA(cudaStreamSynchronize(s()));  // blocking: host_src may be reused at once
+}
+
+void CudaBackend::synchronize() {
+  fetch_device_error();
+  stream_.synchronize();
+  raise_device_error();
+}
+
+void CudaBackend::fetch_device_error() {
+  FSDP_CHECK_CUDA(cudaMemcpyAsync(host_error_, dev_error_, sizeof(k::DeviceError),
+                                  cudaMemcpyDeviceToHost, s()));
+}
+
+void CudaBackend::raise_device_error() {
+  const k::DeviceError e = *host_error_;
+  if (e.code == k::kErrNone) return;
+  *host_error_ = k::DeviceError{};
+  FSDP_CHECK_CUDA(cudaMemsetAsync(dev_error_, 0, sizeof(k::DeviceError), s()));
+  FSDP_CHECK_CUDA(cudaStreamSynchronize(s()));
+  const std::string pos = std::to_string(e.position), val = std::to_string(e.value),
+                    bound = std::to_string(e.bound);
+  switch (e.code) {
+    case k::kErrEmbeddingForward:
+    case k::kErrEmbeddingBackward:
+      throw Error(std::string("cuda backend: ") +
+                  (e.code == k::kErrEmbeddingForward ? "embedding_forward" : "embedding_backward") +
+                  ": tokens holds " + val + " at position " + pos + " (expected 0 <= token < " +
+                  bound + ", the rows of wte)");
+    case k::kErrCrossEntropy:
+      throw Error("cuda backend: cross_entropy: target " + val + " at row " + pos +
+                  " (expected 0 <= target < " + bound + ")");
+    default:
+      throw Error("cuda backend: unknown device error code " + std::to_string(e.code));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// dense algebra
+
+void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const TensorView& A, const TensorView& B, float beta, const TensorView& C) {
+  // A: [M,K] ([K,M] if trans_a), B: [K,N] ([N,K] if trans_b), C: [M,N].
+  check_dim("gemm", "M", M);
+  check_dim("gemm", "N", N);
+  check_dim("gemm", "K", K);
+  need_float("gemm", "A", A, M * K);
+  need_float("gemm", "B", B, K * N);
+  need_float("gemm", "C", C, M * N);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // C = beta C (BLAS semantics: beta == 0 overwrites, even NaN)
+    if (beta == 0.0f) {
+      FSDP_CHECK_CUDA(
+          cudaMemsetAsync(C.data, 0, static_cast<std::size_t>(M * N) * dtype_size(C.dtype), s()));
+    } else {
+      k::scale(out(C), beta, M * N, s());
+    }
+    return;
+  }
+  const k::ST at = st(A.dtype), bt = st(B.dtype), ct = st(C.dtype);
+  if (at == bt && k::Blas::direct(at, ct)) {
+    blas_.gemm(trans_a, trans_b, M, N, K, alpha, A.data, B.data, at, beta, C.data, ct);
+    return;
+  }
+  // Types cuBLAS does not take together: A and B of different types run in fp32 (16-bit
+  // values are exact in fp32), and a C of another type than the inputs goes through an fp32
+  // copy, rounded once at the end, as the CPU backend does.
+  std::unique_ptr<F32Copy> a32, b32, c32;
+  const void* pa = A.data;
+  const void* pb = B.data;
+  k::ST ab = at;
+  if (at != bt) {
+    if (at != k::ST::f32) a32 = std::make_unique<F32Copy>(*this, A, M * K, true);
+    if (bt != k::ST::f32) b32 = std::make_unique<F32Copy>(*this, B, K * N, true);
+    if (a32) pa = a32->view.data;
+    if (b32) pb = b32->view.data;
+    ab = k::ST::f32;
+  }
+  if (k::Blas::direct(ab, ct)) {
+    blas_.gemm(trans_a, trans_b, M, N, K, alpha, pa, pb, ab, beta, C.data, ct);
+    return;
+  }
+  c32 = std::make_unique<F32Copy>(*this, C, M * N, beta != 0.0f);
+  blas_.gemm(trans_a, trans_b, M, N, K, alpha, pa, pb, ab, beta, c32->view.data, k::ST::f32);
+  k::cast(out(C), {c32->view.data, k::ST::f32}, M * N, s());
+}
+
+void CudaBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_t R, int64_t C) {
+  // out: [R,C] += bias: [C]
+  check_dim("add_bias", "R", R);
+  check_dim("add_bias", "C", C);
+  need_float("add_bias", "out", out_, R * C);
+  need_float("add_bias", "bias", bias, C);
+  k::add_bias(out(out_), in(bias), R, C, s());
+}
+
+void CudaBackend::bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
+                                int64_t C) {
+  // dbias: [C] += colsum(dout: [R,C])
+  check_dim("bias_backward", "R", R);
+  check_dim("bias_backward", "C", C);
+  need_float("bias_backward", "dbias", dbias, C);
+  need_float("bias_backward", "dout", dout, R * C);
+  if (R == 0 || C == 0) return;
+  Scratch partial(*this,
+                  static_cast<std::size_t>(k::bias_backward_scratch_floats(R, C)) * sizeof(float));
+  k::bias_backward(out(dbias), in(dout), R, C, partial.as<float>(), s());
+}
+
+void CudaBackend::add(const TensorView& out_, const TensorView& a, const TensorView& b) {
+  // out[n] = a[n] + b[n], n = out.numel()
+  const int64_t n = out_.numel();
+  need_float("add", "out", out_, n);
+  need_float("add", "a", a, n);
+  need_float("add", "b", b, n);
+  k::add(out(out_), in(a), in(b), n, s());
+}
+
+void CudaBackend::axpy(const TensorView& y, float alpha, const TensorView& x) {
+  // y[n] += alpha x[n], n = y.numel()
+  const int64_t n = y.numel();
+  need_float("axpy", "y", y, n);
+  need_float("axpy", "x", x, n);
+  k::axpy(out(y), alpha, in(x), n, s());
+}
+
+void CudaBackend::scale(const TensorView& x, float alpha) {
+  // x[n] *= alpha
+  const int64_t n = x.numel();
+  need_float("scale", "x", x, n);
+  k::scale(out(x), alpha, n, s());
+}
+
+// ---------------------------------------------------------------------------------------
+// reductions into device scalars
+
+void CudaBackend::squared_norm(const TensorView& acc, const TensorView& x) {
+  // acc[0] (fp64) += sum x[n]^2
+  double* a = scalar64("squared_norm", "acc", acc);
+  const int64_t n = x.numel();
+  need_float("squared_norm", "x", x, n);
+  if (n == 0) return;
+  Scratch partial(*this,
+                  static_cast<std::size_t>(k::squared_norm_scratch_doubles(n)) * sizeof(double));
+  k::squared_norm(a, in(x), n, partial.as<double>(), s());
+}
+
+void CudaBackend::clip_coefficient(const TensorView& norm, const TensorView& coef,
+                                   const TensorView& parts, double max_norm) {
+  // norm[0] (fp64) = sqrt(sum parts[n] (fp64)); coef[0] (fp32) = clip coefficient
+  double* nrm = scalar64("clip_coefficient", "norm", norm);
+  need_dtype("clip_coefficient", "coef", coef, DType::f32, 1);
+  need_dtype("clip_coefficient", "parts", parts, DType::f64, parts.numel());
+  k::clip_coefficient(nrm, static_cast<float*>(coef.data), static_cast<const double*>(parts.data),
+                      parts.numel(), max_norm, s());
+}
+
+void CudaBackend::scale_by(const TensorView& x, const TensorView& coef) {
+  // x[n] *= coef[0] (fp32)
+  need_dtype("scale_by", "coef", coef, DType::f32, 1);
+  const int64_t n = x.numel();
+  need_float("scale_by", "x", x, n);
+  k::scale_by(out(x), static_cast<const float*>(coef.data), n, s());
+}
+
+void CudaBackend::unscale_and_check(const TensorView& x, float inv_scale,
+                                    const TensorView& found_inf) {
+  // x[n] (fp32) *= inv_scale; found_inf[0] (fp64) = 1 if any x was inf or NaN
+  double* found = scalar64("unscale_and_check", "found_inf", found_inf);
+  need_dtype("unscale_and_check", "x", x, DType::f32, x.numel());
+  k::unscale_and_check(static_cast<float*>(x.data), inv_scale, x.numel(), found, s());
+}
+
+// ---------------------------------------------------------------------------------------
+// transformer pieces
+
+void CudaBackend::check_tokens(const char* kernel, const TensorView& tokens, int64_t n, int64_t V,
+                               int code) {
+  need_dtype(kernel, "tokens", tokens, DType::i32, n);
+  const int64_t bound = V >= 0 ? V : std::numeric_limits<int32_t>::max() + int64_t{1};
+  k::check_indices(static_cast<const int32_t*>(tokens.data), n, bound, code, dev_error_, s());
+}
+
+void CudaBackend::embedding_forward(const TensorView& out_, const TensorView& tokens,
+                                    const TensorView& wte, const TensorView& wpe, int64_t B,
+                                    int64_t T, int64_t C) {
+  // tokens: [B,T] int32; wte: [V,C]; wpe: [Tmax,C]; out: [B,T,C]. V = wte.numel() / C.
+  const char* kn = "embedding_forward";
+  check_dim(kn, "B", B);
+  check_dim(kn, "T", T);
+  check_dim(kn, "C", C);
+  need_float(kn, "wte", wte, 0);
+  const int64_t V = C > 0 ? wte.numel() / C : -1;
+  need_dtype(kn, "tokens", tokens, DType::i32, B * T);
+  need_float(kn, "wpe", wpe, T * C);
+  need_float(kn, "out", out_, B * T * C);
+  check_tokens(kn, tokens, B * T, V, k::kErrEmbeddingForward);
+  if (C == 0) return;
+  k::embedding_forward(out(out_), static_cast<const int32_t*>(tokens.data), in(wte), in(wpe), B, T,
+                       C, V, s());
+}
+
+void CudaBackend::embedding_backward(const TensorView& dwte, const TensorView& dwpe,
+                                     const TensorView& dout, const TensorView& tokens, int64_t B,
+                                     int64_t T, int64_t C) {
+  // dwte: [V,C] += scatter of dout: [B,T,C] by tokens: [B,T]; dwpe: [Tmax,C] (rows < T) +=.
+  const char* kn = "embedding_backward";
+  check_dim(kn, "B", B);
+  check_dim(kn, "T", T);
+  check_dim(kn, "C", C);
+  need_float(kn, "dwte", dwte, 0);
+  const int64_t V = C > 0 ? dwte.numel() / C : -1;
+  need_dtype(kn, "tokens", tokens, DType::i32, B * T);
+  need_float(kn, "dwpe", dwpe, T * C);
+  need_float(kn, "dout", dout, B * T * C);
+  check_tokens(kn, tokens, B * T, V, k::kErrEmbeddingBackward);
+  if (C == 0 || B * T == 0) return;
+  const k::EmbeddingScratch need = k::embedding_backward_scratch(st(dwte.dtype), B, T, C, V);
+  Scratch fs(*this, static_cast<std::size_t>(need.floats) * sizeof(float));
+  Scratch is(*this, static_cast<std::size_t>(need.ints) * sizeof(int32_t));
+  k::embedding_backward(out(dwte), out(dwpe), in(dout), static_cast<const int32_t*>(tokens.data), B,
+                        T, C, V, fs.as<float>(), is.as<int32_t>(), s());
+}
+
+void CudaBackend::layernorm_forward(const TensorView& out_, const TensorView& mean,
+                                    const TensorView& rstd, const TensorView& x,
+                                    const TensorView& weight, const TensorView& bias, int64_t R,
+                                    int64_t C, float eps) {
+  // x: [R,C]; weight, bias: [C]; out: [R,C]; mean, rstd: [R] fp32.
+  const char* kn = "layernorm_forward";
+  check_dim(kn, "R", R);
+  check_dim(kn, "C", C);
+  need_float(kn, "out", out_, R * C);
+  need_dtype(kn, "mean", mean, DType::f32, R);
+  need_dtype(kn, "rstd", rstd, DType::f32, R);
+  need_float(kn, "x", x, R * C);
+  need_float(kn, "weight", weight, C);
+  need_float(kn, "bias", bias, C);
+  k::layernorm_forward(out(out_), static_cast<float*>(mean.data), static_cast<float*>(rstd.data),
+                       in(x), in(weight), in(bias), R, C, eps, s());
+}
+
+void CudaBackend::layernorm_backward(const TensorView& dx, const TensorView& dweight,
+                                     const TensorView& dbias, const TensorView& dout,
+                                     const TensorView& x, const TensorView& weight,
+                                     const TensorView& mean, const TensorView& rstd, int64_t R,
+                                     int64_t C) {
+  // dx: [R,C] +=; dweight, dbias: [C] +=; dout, x: [R,C]; weight: [C]; mean, rstd: [R] fp32.
+  const char* kn = "layernorm_backward";
+  check_dim(kn, "R", R);
+  check_dim(kn, "C", C);
+  need_float(kn, "dx", dx, R * C);
+  need_float(kn, "dweight", dweight, C);
+  need_float(kn, "dbias", dbias, C);
+  need_float(kn, "dout", dout, R * C);
+  need_float(kn, "x", x, R * C);
+  need_float(kn, "weight", weight, C);
+  need_dtype(kn, "mean", mean, DType::f32, R);
+  need_dtype(kn, "rstd", rstd, DType::f32, R);
+  if (R == 0 || C == 0) return;
+  Scratch partial(
+      *this, static_cast<std::size_t>(k::layernorm_backward_scratch_floats(R, C)) * sizeof(float));
+  k::layernorm_backward(out(dx), out(dweight), out(dbias), in(dout), in(x), in(weight),
+                        static_cast<const float*>(mean.data), static_cast<const float*>(rstd.data),
+                        R, C, partial.as<float>(), s());
+}
+
+void CudaBackend::gelu_forward(const TensorView& out_, const TensorView& x) {
+  // out[n] = gelu(x[n]), n = out.numel()
+  const int64_t n = out_.numel();
+  need_float("gelu_forward", "out", out_, n);
+  need_float("gelu_forward", "x", x, n);
+  k::gelu_forward(out(out_), in(x), n, s());
+}
+
+void CudaBackend::gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) {
+  // dx[n] = dout[n] gelu'(x[n]), n = dx.numel() (dx may alias dout)
+  const int64_t n = dx.numel();
+  need_float("gelu_backward", "dx", dx, n);
+  need_float("gelu_backward", "x", x, n);
+  need_float("gelu_backward", "dout", dout, n);
+  k::gelu_backward(out(dx), in(x), in(dout), n, s());
+}
+
+void CudaBackend::attention_forward(const TensorView& out_, const TensorView& att,
+                                    const TensorView& qkv, int64_t B, int64_t T, int64_t C,
+                                    int64_t H) {
+  // qkv: [B,T,3C]; out: [B,T,C]; att: [B,H,T,T].
+  const char* kn = "attention_forward";
+  check_dim(kn, "B", B);
+  check_dim(kn, "T", T);
+  check_dim(kn, "C", C);
+  check_dim(kn, "H", H);
+  need_float(kn, "out", out_, B * T * C);
+  need_float(kn, "att", att, B * H * T * T);
+  need_float(kn, "qkv", qkv, B * T * 3 * C);
+  check_attention_shapes(kn, B, T, C, H);
+  if (B == 0 || T == 0) return;
+  if (out_.dtype == qkv.dtype && att.dtype == qkv.dtype) {
+    attention_forward_same(out_, att, qkv, B, T, C, H);
+    return;
+  }
+  // Mixed storage types: run in fp32 and round each output once.
+  const F32Copy q(*this, qkv, B * T * 3 * C, true);
+  const F32Copy o(*this, out_, B * T * C, false), a(*this, att, B * H * T * T, false);
+  attention_forward_same(o.view, a.view, q.view, B, T, C, H);
+  k::cast(out(out_), in(o.view), B * T * C, s());
+  k::cast(out(att), in(a.view), B * H * T * T, s());
+}
+
+void CudaBackend::attention_forward_same(const TensorView& out_, const TensorView& att,
+                                         const TensorView& qkv, int64_t B, int64_t T, int64_t C,
+                                         int64_t H) {
+  const DType dt = qkv.dtype;
+  const k::ST t = st(dt);
+  const int64_t hs = C / H, C3 = 3 * C, TT = T * T, per_batch = H * TT;
+  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
+  // Scores: att itself when it is fp32 (softmax in place), else fp32 scratch for `chunk`
+  // batches at a time.
+  const bool in_place = t == k::ST::f32;
+  int64_t chunk = B;
+  if (!in_place) {
+    const auto per = static_cast<std::size_t>(per_batch) * sizeof(float);
+    chunk = std::clamp<int64_t>(static_cast<int64_t>(kScoresScratchBytes / per), 1, B);
+  }
+  Scratch scores(*this, in_place ? 0 : static_cast<std::size_t>(chunk * per_batch) * sizeof(float));
+  for (int64_t b0 = 0; b0 < B; b0 += chunk) {
+    const int64_t nb = std::min(chunk, B - b0);
+    float* S = in_place ? static_cast<float*>(att.data) + b0 * per_batch : scores.as<float>();
+    for (int64_t b = b0; b < b0 + nb; ++b) {
+      const void* q = at(static_cast<const void*>(qkv.data), dt, b * T * C3);
+      const void* kk = at(q, dt, C);
+      // S[h] = sc * Q_h[T,hs] @ K_h[T,hs]^T, h < H (Q_h at q + h*hs, row stride 3C).
+      blas_.gemm_strided_batched(false, true, T, T, hs, sc, q, C3, hs, kk, C3, hs, t, 0.0f,
+                                 S + (b - b0) * per_batch, T, TT, k::ST::f32, H);
+    }
+    k::attention_softmax_forward({at(att.data, dt, b0 * per_batch), t}, S, nb * H * T, T, s());
+    for (int64_t b = b0; b < b0 + nb; ++b) {
+      const void* v = at(static_cast<const void*>(qkv.data), dt, b * T * C3 + 2 * C);
+      // O_h[T,hs] = P_h[T,T] @ V_h[T,hs] into out[b, :, h*hs : (h+1)*hs] (row stride C).
+      blas_.gemm_strided_batched(false, false, T, hs, T, 1.0f, at(att.data, dt, b * per_batch), T,
+                                 TT, v, C3, hs, t, 0.0f, at(out_.data, dt, b * T * C), C, hs, t, H);
+    }
+  }
+}
+
+void CudaBackend::attention_backward(const TensorView& dqkv, const TensorView& scratch,
+                                     const TensorView& dout, const TensorView& qkv,
+                                     const TensorView& att, int64_t B, int64_t T, int64_t C,
+                                     int64_t H) {
+  // dqkv: [B,T,3C] written; scratch: [B,H,T,T] fp32; dout: [B,T,C]; qkv: [B,T,3C];
+  // att: [B,H,T,T].
+  const char* kn = "attention_backward";
+  check_dim(kn, "B", B);
+  check_dim(kn, "T", T);
+  check_dim(kn, "C", C);
+  check_dim(kn, "H", H);
+  need_float(kn, "dqkv", dqkv, B * T * 3 * C);
+  need_dtype(kn, "scratch", scratch, DType::f32, B * H * T * T);
+  need_float(kn, "dout", dout, B * T * C);
+  need_float(kn, "qkv", qkv, B * T * 3 * C);
+  need_float(kn, "att", att, B * H * T * T);
+  check_attention_shapes(kn, B, T, C, H);
+  if (B == 0 || T == 0) return;
+  float* sp = static_cast<float*>(scratch.data);
+  if (dqkv.dtype == qkv.dtype && dout.dtype == qkv.dtype && att.dtype == qkv.dtype) {
+    attention_backward_same(dqkv, sp, dout, qkv, att, B, T, C, H);
+    return;
+  }
+  const F32Copy d(*this, dout, B * T * C, true), q(*this, qkv, B * T * 3 * C, true),
+      a(*this, att, B * H * T * T, true);
+  const F32Copy g(*this, dqkv, B * T * 3 * C, false);
+  attention_backward_same(g.view, sp, d.view, q.view, a.view, B, T, C, H);
+  k::cast(out(dqkv), in(g.view), B * T * 3 * C, s());
+}
+
+void CudaBackend::attention_backward_same(const TensorView& dqkv, float* dp, const TensorView& dout,
+                                          const TensorView& qkv, const TensorView& att, int64_t B,
+                                          int64_t T, int64_t C, int64_t H) {
+  const DType dt = qkv.dtype;
+  const k::ST t = st(dt);
+  const int64_t hs = C / H, C3 = 3 * C, TT = T * T, per_batch = H * TT;
+  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
+  const void* q0 = qkv.data;
+  // dP_h[T,T] = dO_h[T,hs] @ V_h[T,hs]^T (fp32, into scratch).
+  for (int64_t b = 0; b < B; ++b) {
+    const void* dO = at(static_cast<const void*>(dout.data), dt, b * T * C);
+    const void* v = at(q0, dt, b * T * C3 + 2 * C);
+    blas_.gemm_strided_batched(false, true, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, t, 0.0f,
+                               dp + b * per_batch, T, TT, k::ST::f32, H);
+  }
+  // dS = P * (dP - rowsum(dP * P)), left in att's type at the start of each fp32 row: a
+  // [B*H*T, T] matrix with row stride lds elements.
+  k::attention_softmax_backward(dp, in(att), t, B * H * T, T, s());
+  const int64_t lds = T * static_cast<int64_t>(sizeof(float) / dtype_size(dt));
+  const void* ds0 = dp;
+  for (int64_t b = 0; b < B; ++b) {
+    const void* ds = at(ds0, dt, b * H * T * lds);
+    const void* q = at(q0, dt, b * T * C3);
+    const void* kk = at(q, dt, C);
+    const void* dO = at(static_cast<const void*>(dout.data), dt, b * T * C);
+    void* dq = at(dqkv.data, dt, b * T * C3);
+    void* dk = at(dq, dt, C);
+    void* dv = at(dq, dt, 2 * C);
+    // dQ_h = sc * dS_h[T,T] @ K_h[T,hs]
+    blas_.gemm_strided_batched(false, false, T, hs, T, sc, ds, lds, T * lds, kk, C3, hs, t, 0.0f,
+                               dq, C3, hs, t, H);
+    // dK_h = sc * dS_h^T @ Q_h
+    blas_.gemm_strided_batched(true, false, T, hs, T, sc, ds, lds, T * lds, q, C3, hs, t, 0.0f, dk,
+                               C3, hs, t, H);
+    // dV_h = P_h^T @ dO_h
+    blas_.gemm_strided_batched(true, false, T, hs, T, 1.0f, at(att.data, dt, b * per_batch), T, TT,
+                               dO, C, hs, t, 0.0f, dv, C3, hs, t, H);
+  }
+}
+
+void CudaBackend::cross_entropy(const char* kernel, const TensorView& loss,
+                                const TensorView& logits, const TensorView& targets, int64_t R,
+                                int64_t V, float grad_scale, bool backward) {
+  // loss[0] (fp64) += sum of row losses; logits: [R,V] (-> dlogits in place if backward);
+  // targets: [R] int32.
+  double* l = scalar64(kernel, "loss", loss);
+  check_dim(kernel, "R", R);
+  check_dim(kernel, "V", V);
+  need_float(kernel, "logits", logits, R * V);
+  need_dtype(kernel, "targets", targets, DType::i32, R);
+  if (R == 0) return;
+  const auto* tg = static_cast<const int32_t*>(targets.data);
+  k::check_indices(tg, R, V, k::kErrCrossEntropy, dev_error_, s());
+  Scratch rows(*this, static_cast<std::size_t>(R) * sizeof(double));
+  k::cross_entropy(out(logits), tg, R, V, grad_scale, backward, rows.as<double>(), l, s());
+}
+
+void CudaBackend::cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
+                                                 const TensorView& targets, int64_t R, int64_t V,
+                                                 float grad_scale) {
+  cross_entropy("cross_entropy_forward_backward", loss, logits, targets, R, V, grad_scale, true);
+}
+
+void CudaBackend::cross_entropy_forward(const TensorView& loss, const TensorView& logits,
+                                        const TensorView& targets, int64_t R, int64_t V) {
+  cross_entropy("cross_entropy_forward", loss, logits, targets, R, V, 0.0f, false);
+}
+
+// ---------------------------------------------------------------------------------------
+// optimizers (fp32 shards only)
+
+void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
+                               const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
+                               float beta1, float beta2, float eps, float weight_decay,
+                               int64_t step) {
+  // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel()
+  const char* kn = "adamw_update";
+  const int64_t n = param.numel();
+  need_dtype(kn, "param", param, DType::f32, n);
+  need_dtype(kn, "grad", grad, DType::f32, n);
+  need_dtype(kn, "exp_avg", exp_avg, DType::f32, n);
+  need_dtype(kn, "exp_avg_sq", exp_avg_sq, DType::f32, n);
+  if (step < 1) {
+    throw Error("cuda backend: adamw_update: step = " + std::to_string(step) +
+                " (expected >= 1, 1-based)");
+  }
+  // torch: p.mul_(1 - lr wd); m.mul_(b1).add_(g, alpha=1-b1); v.mul_(b2).addcmul_(g, g,
+  // value=1-b2); denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, -lr/bc1).
+  const double lr_d = decimal_value(lr), b1 = decimal_value(beta1), b2 = decimal_value(beta2);
+  const double wd = decimal_value(weight_decay);
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
+  k::AdamWArgs a{};
+  a.decay = static_cast<float>(1.0 - lr_d * wd);
+  a.neg_step_size = static_cast<float>(-lr_d / bc1);
+  a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.one_m_b1 = static_cast<float>(1.0 - b1);
+  a.one_m_b2 = static_cast<float>(1.0 - b2);
+  a.eps = eps;
+  k::adamw_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
+                  static_cast<float*>(exp_avg.data), static_cast<float*>(exp_avg_sq.data), n, a,
+                  s());
+}
+
+void CudaBackend::sgd_update(const TensorView& param, const TensorView& grad,
+                             const TensorView& momentum_buf, float lr, float momentum,
+                             float weight_decay, int64_t step) {
+  // param, grad, momentum_buf: [n] fp32, n = param.numel(); momentum_buf unused (may be
+  // empty) when momentum == 0.
+  const char* kn = "sgd_update";
+  const int64_t n = param.numel();
+  need_dtype(kn, "param", param, DType::f32, n);
+  need_dtype(kn, "grad", grad, DType::f32, n);
+  if (momentum != 0.0f) need_dtype(kn, "momentum_buf", momentum_buf, DType::f32, n);
+  if (step < 1) {
+    throw Error("cuda backend: sgd_update: step = " + std::to_string(step) +
+                " (expected >= 1, 1-based)");
+  }
+  k::sgd_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
+                static_cast<float*>(momentum_buf.data), n, lr, momentum, weight_decay, step == 1,
+                s());
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device_ordinal) {
+  return std::make_unique<CudaBackend>(device_ordinal);
+}
+
+}  // namespace fsdp::cuda

@@ -1,0 +1,179 @@
+// src/cuda/kernels.hpp: the CUDA backend's kernel launchers and its cuBLAS/cuBLASLt GEMMs
+// (internal to src/cuda/).
+//
+// cuda_backend.cpp puts the typed Backend interface on top of these: it checks every
+// argument (dtype, size), maps fsdp::DType to the storage type `ST` below, takes kernel
+// scratch from the caching allocator, and calls these functions, which only enqueue work on
+// the given stream (a launch failure throws fsdp::Error through FSDP_CHECK_CUDA). Shapes and
+// semantics are those of the same-named Backend kernels (fsdp/backend/backend.hpp).
+//
+// This header is included by the .cu files, which nvcc compiles as C++17, so it includes
+// nothing of fsdp/core that needs C++20 (dtype.hpp does): storage types are spelled `ST`.
+//
+// "float" arguments (In/Out) are fp32, bf16 or fp16 storage; kernels load them, compute in
+// fp32 registers and store rounded to nearest even. When all float arguments of a call share
+// one storage type the kernel is the instantiation for that type (vectorised 16-byte loads
+// where the pointers allow); a call that mixes types runs the same kernel reading each
+// argument through a run-time type switch.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+namespace fsdp::cuda::kernels {
+
+// Storage types (fsdp::DType's f32, bf16, f16, f64).
+enum class ST : int { f32 = 0, bf16 = 1, f16 = 2, f64 = 3 };
+inline std::size_t st_size(ST t) { return t == ST::f64 ? 8 : t == ST::f32 ? 4 : 2; }
+const char* st_name(ST t);
+
+struct In {  // a device array read by a kernel
+  const void* p;
+  ST t;
+};
+struct Out {  // a device array written (or read and written) by a kernel
+  void* p;
+  ST t;
+};
+
+// ---- errors recorded on the device (see fsdp/cuda/cuda_backend.hpp) ----
+// The first out-of-range index a kernel meets; code 0 = none. Read by the host after a
+// stream synchronisation; reset to zeros by the host.
+enum ErrorCode : int {
+  kErrNone = 0,
+  kErrEmbeddingForward = 1,   // a token outside [0, V) in embedding_forward
+  kErrEmbeddingBackward = 2,  // ... in embedding_backward
+  kErrCrossEntropy = 3,       // a target outside [0, V) in cross_entropy_*
+};
+struct DeviceError {
+  int code;
+  int unused;
+  long long position;  // index into tokens / targets
+  long long value;     // the offending index
+  long long bound;     // V
+};
+// Records (code, position, value, bound) in *err for the first i < n with idx[i] outside
+// [0, bound), unless *err already holds an error.
+void check_indices(const int32_t* idx, int64_t n, int64_t bound, int code, DeviceError* err,
+                   cudaStream_t s);
+
+// ---- elementwise (kernels_elementwise.cu) ----
+void cast(Out dst, In src, int64_t n, cudaStream_t s);     // any of f32/f64/bf16/f16 to any
+void add(Out out, In a, In b, int64_t n, cudaStream_t s);  // out may alias a or b
+void axpy(Out y, float alpha, In x, int64_t n, cudaStream_t s);
+void scale(Out x, float alpha, int64_t n, cudaStream_t s);
+void scale_by(Out x, const float* coef, int64_t n, cudaStream_t s);  // coef: device fp32 [1]
+void gelu_forward(Out out, In x, int64_t n, cudaStream_t s);
+void gelu_backward(Out dx, In x, In dout, int64_t n, cudaStream_t s);  // dx may alias dout
+void add_bias(Out out, In bias, int64_t R, int64_t C, cudaStream_t s);
+// x (fp32) *= inv_scale; *found_inf = 1.0 if any x was inf or NaN (untouched otherwise).
+void unscale_and_check(float* x, float inv_scale, int64_t n, double* found_inf, cudaStream_t s);
+
+// ---- reductions (kernels_reduce.cu). Scratch sizes depend on the shapes only. ----
+int64_t bias_backward_scratch_floats(int64_t R, int64_t C);
+void bias_backward(Out dbias, In dout, int64_t R, int64_t C, float* scratch, cudaStream_t s);
+int64_t squared_norm_scratch_doubles(int64_t n);
+void squared_norm(double* acc, In x, int64_t n, double* scratch, cudaStream_t s);
+void clip_coefficient(double* norm, float* coef, const double* parts, int64_t n, double max_norm,
+                      cudaStream_t s);
+// *acc += sum of values[0..n) in a fixed order (one block).
+void sum_into(double* acc, const double* values, int64_t n, cudaStream_t s);
+
+// ---- LayerNorm (kernels_layernorm.cu) ----
+void layernorm_forward(Out out, float* mean, float* rstd, In x, In weight, In bias, int64_t R,
+                       int64_t C, float eps, cudaStream_t s);
+int64_t layernorm_backward_scratch_floats(int64_t R, int64_t C);
+void layernorm_backward(Out dx, Out dweight, Out dbias, In dout, In x, In weight, const float* mean,
+                        const float* rstd, int64_t R, int64_t C, float* scratch, cudaStream_t s);
+
+// ---- embeddings (kernels_embedding.cu); tokens are checked by check_indices first,
+// kernels skip (forward: write zeros for) out-of-range ones ----
+void embedding_forward(Out out, const int32_t* tokens, In wte, In wpe, int64_t B, int64_t T,
+                       int64_t C, int64_t V, cudaStream_t s);
+struct EmbeddingScratch {
+  int64_t floats = 0;  // fp32 accumulator rows for a 16-bit dwte
+  int64_t ints = 0;    // token flags and their compacted row numbers
+};
+EmbeddingScratch embedding_backward_scratch(ST dwte_type, int64_t B, int64_t T, int64_t C,
+                                            int64_t V);
+void embedding_backward(Out dwte, Out dwpe, In dout, const int32_t* tokens, int64_t B, int64_t T,
+                        int64_t C, int64_t V, float* fscratch, int32_t* iscratch, cudaStream_t s);
+
+// ---- attention pieces (kernels_attention.cu); the GEMMs are cuBLAS (Blas below) ----
+// rows of T scores (row r is query position r % T): att[r, j] = softmax over j <= r % T of
+// scores[r, j] (already scaled), 0 for j > r % T. scores: fp32 [rows, T]; may be att's
+// memory when att is fp32.
+void attention_softmax_forward(Out att, const float* scores, int64_t rows, int64_t T,
+                               cudaStream_t s);
+// In place on rows of T: dp (fp32, row stride T floats) holds dP = dO V^T; writes
+// dS = P * (dP - sum_j dP P) (0 above the diagonal) in storage type `ds_type` starting at
+// each row's first byte, so dS is a [rows, T] matrix of ds_type with row stride
+// T * 4 / st_size(ds_type) elements. att: P, [rows, T].
+void attention_softmax_backward(float* dp, In att, ST ds_type, int64_t rows, int64_t T,
+                                cudaStream_t s);
+
+// ---- cross-entropy (kernels_loss.cu); targets checked by check_indices first ----
+// Per row: row_loss[r] = logsumexp(logits[r]) - logits[r, target] (0 for a bad target);
+// with `backward`, logits[r] = (softmax - onehot) * grad_scale. Then *loss += sum of
+// row_loss in a fixed order. row_loss: device scratch [R].
+void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, float grad_scale,
+                   bool backward, double* row_loss, double* loss, cudaStream_t s);
+
+// ---- optimizers (kernels_optim.cu), fp32 flat shards ----
+struct AdamWArgs {      // precomputed as the CPU backend does (torch.optim semantics)
+  float decay;          // 1 - lr * wd
+  float neg_step_size;  // -lr / (1 - beta1^step)
+  float bc2_sqrt;       // sqrt(1 - beta2^step)
+  float beta1, beta2, one_m_b1, one_m_b2, eps;
+};
+void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                  const AdamWArgs& a, cudaStream_t s);
+void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
+                float momentum, float weight_decay, bool first_step, cudaStream_t s);
+
+// ---- GEMMs (kernels_gemm.cpp) ----
+// Row-major GEMMs through cuBLASLt (single) and cuBLAS (strided batched), fp32 compute
+// (CUBLAS_COMPUTE_32F: no TF32), on one stream. Owns both handles and a workspace; caches a
+// cuBLASLt plan (descriptors + heuristic algorithm) per shape, types and pointer alignment.
+class Blas {
+ public:
+  explicit Blas(cudaStream_t stream);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  // The combinations cuBLAS runs directly: A and B of one type, C of that type or fp32.
+  static bool direct(ST ab, ST c);
+  // C[M,N] = alpha op(A) op(B) + beta C (backend.hpp's gemm), M, N, K > 0, direct types.
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            const void* B, ST ab, float beta, void* C, ST c);
+  // For each i < batch: C_i = alpha op(A_i) op(B_i) + beta C_i with X_i = X + i * stride_x
+  // (elements), leading dims = stored row widths; direct types.
+  void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                            float alpha, const void* A, int64_t lda, int64_t stride_a,
+                            const void* B, int64_t ldb, int64_t stride_b, ST ab, float beta,
+                            void* C, int64_t ldc, int64_t stride_c, ST c, int64_t batch);
+
+ private:
+  struct Plan;
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int>;
+  Plan& plan(const Key& key);
+  void gemm_fallback(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const void* A, const void* B, ST ab, float beta, void* C, ST c);
+
+  cudaStream_t stream_;
+  cublasHandle_t blas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace fsdp::cuda::kernels

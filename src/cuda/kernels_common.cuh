@@ -1,0 +1,259 @@
+// src/cuda/kernels_common.cuh: device-side helpers shared by the kernels_*.cu files:
+// fp32 <-> storage conversions, typed and run-time-typed accessors, 16-byte packs,
+// deterministic warp/block reductions, and the host-side dispatch from ST to a template
+// argument.
+//
+// Storage types: float, __nv_bfloat16, __half, and `Dyn` (a marker: the type is read at run
+// time from the argument, for calls that mix storage types). Kernels are templates on one
+// storage type T; the launcher instantiates T = float / bf16 / fp16 when every float
+// argument has that type, and T = Dyn otherwise (see dispatch_uniform).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/cuda/check.hpp"
+#include "kernels.hpp"
+
+namespace fsdp::cuda::kernels {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+// Grid-stride kernels launch at most this many blocks (enough to fill an H100 many times).
+constexpr int64_t kMaxBlocks = 8192;
+
+// Enqueue check after every launch.
+#define FSDP_CHECK_LAUNCH() FSDP_CHECK_CUDA(cudaGetLastError())
+
+inline int blocks_for(int64_t work, int64_t per_block) {
+  int64_t b = (work + per_block - 1) / per_block;
+  if (b < 1) b = 1;
+  if (b > kMaxBlocks) b = kMaxBlocks;
+  return static_cast<int>(b);
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---------------------------------------------------------------------------------------
+// conversions
+
+struct Dyn {};  // run-time storage type
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+
+template <class T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// Loads element i of a run-time-typed array as fp32 / stores fp32 rounded to nearest even.
+__device__ __forceinline__ float dyn_load(const void* p, ST t, int64_t i) {
+  switch (t) {
+    case ST::bf16:
+      return to_f(static_cast<const __nv_bfloat16*>(p)[i]);
+    case ST::f16:
+      return to_f(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+__device__ __forceinline__ void dyn_store(void* p, ST t, int64_t i, float v) {
+  switch (t) {
+    case ST::bf16:
+      static_cast<__nv_bfloat16*>(p)[i] = from_f<__nv_bfloat16>(v);
+      break;
+    case ST::f16:
+      static_cast<__half*>(p)[i] = from_f<__half>(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// accessors: Rd<T>[i] loads element i as fp32; Wr<T>.get(i) / .set(i, v) read and store.
+
+template <class T>
+struct Rd {
+  const T* p;
+  __device__ __forceinline__ float operator[](int64_t i) const { return to_f(p[i]); }
+};
+template <>
+struct Rd<Dyn> {
+  const void* p;
+  ST t;
+  __device__ __forceinline__ float operator[](int64_t i) const { return dyn_load(p, t, i); }
+};
+template <class T>
+struct Wr {
+  T* p;
+  __device__ __forceinline__ float get(int64_t i) const { return to_f(p[i]); }
+  __device__ __forceinline__ void set(int64_t i, float v) const { p[i] = from_f<T>(v); }
+};
+template <>
+struct Wr<Dyn> {
+  void* p;
+  ST t;
+  __device__ __forceinline__ float get(int64_t i) const { return dyn_load(p, t, i); }
+  __device__ __forceinline__ void set(int64_t i, float v) const { dyn_store(p, t, i, v); }
+};
+
+// Host: the accessor of an argument for instantiation T (T = Dyn keeps the run-time type).
+template <class T>
+inline Rd<T> rd(In a) {
+  return {static_cast<const T*>(a.p)};
+}
+template <>
+inline Rd<Dyn> rd<Dyn>(In a) {
+  return {a.p, a.t};
+}
+template <class T>
+inline Wr<T> wr(Out a) {
+  return {static_cast<T*>(a.p)};
+}
+template <>
+inline Wr<Dyn> wr<Dyn>(Out a) {
+  return {a.p, a.t};
+}
+
+// ---------------------------------------------------------------------------------------
+// 16-byte packs: 8 elements of T loaded / stored with 16-byte vector accesses (1, 2 or 4 of
+// them). The pointer must be 16-byte aligned.
+
+template <class T>
+struct alignas(16) Pack8 {
+  T v[8];
+};
+template <class T>
+__device__ __forceinline__ Pack8<T> load8(const T* p) {
+  Pack8<T> r;
+  const int4* src = reinterpret_cast<const int4*>(p);
+  int4* dst = reinterpret_cast<int4*>(&r);
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(sizeof(Pack8<T>) / 16); ++k) dst[k] = src[k];
+  return r;
+}
+template <class T>
+__device__ __forceinline__ void store8(T* p, const Pack8<T>& r) {
+  int4* dst = reinterpret_cast<int4*>(p);
+  const int4* src = reinterpret_cast<const int4*>(&r);
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(sizeof(Pack8<T>) / 16); ++k) dst[k] = src[k];
+}
+
+// ---------------------------------------------------------------------------------------
+// reductions: fixed shuffle / tree order, so results are deterministic.
+
+template <class V>
+__device__ __forceinline__ V warp_sum(V v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// Sum over the block, returned to every thread. Every thread of the block must call it
+// (blockDim.x a multiple of 32, at most 1024).
+template <class V>
+__device__ V block_sum(V v) {
+  __shared__ V sh[32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // sh may still be read by a previous call
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = lane < nw ? sh[lane] : V(0);
+    v = warp_sum(v);
+    if (lane == 0) sh[0] = v;
+  }
+  __syncthreads();
+  return sh[0];
+}
+__device__ inline float block_max(float v) {
+  __shared__ float sh[32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = lane < nw ? sh[lane] : -INFINITY;
+    v = warp_max(v);
+    if (lane == 0) sh[0] = v;
+  }
+  __syncthreads();
+  return sh[0];
+}
+
+// ---------------------------------------------------------------------------------------
+// host dispatch
+
+template <class T>
+struct Tag {
+  using type = T;
+};
+
+[[noreturn]] inline void bad_type(const char* what, ST t) {
+  throw Error(std::string("cuda backend: ") + what + ": storage type " + st_name(t) +
+              " not supported here (expected fp32, bf16 or fp16)");
+}
+
+// f(Tag<float | __nv_bfloat16 | __half>) for a float storage type.
+template <class F>
+void dispatch_float(const char* what, ST t, F&& f) {
+  switch (t) {
+    case ST::f32:
+      f(Tag<float>{});
+      return;
+    case ST::bf16:
+      f(Tag<__nv_bfloat16>{});
+      return;
+    case ST::f16:
+      f(Tag<__half>{});
+      return;
+    default:
+      bad_type(what, t);
+  }
+}
+
+// f(Tag<T>) with T the common storage type of `types`, or Tag<Dyn> if they differ.
+template <class F>
+void dispatch_uniform(const char* what, std::initializer_list<ST> types, F&& f) {
+  const ST first = *types.begin();
+  bool same = true;
+  for (ST t : types) {
+    if (t == ST::f64) bad_type(what, t);
+    same = same && t == first;
+  }
+  if (same) {
+    dispatch_float(what, first, f);
+  } else {
+    f(Tag<Dyn>{});
+  }
+}
+
+}  // namespace fsdp::cuda::kernels

@@ -1,0 +1,350 @@
+// src/cuda/kernels_elementwise.cu: casts, add / axpy / scale, GELU, bias add, loss-scale
+// unscaling, and the device-side index check (see kernels.hpp).
+//
+// One grid-stride "map" kernel serves the elementwise ops: out[i] = op(a[i], b[i]) in fp32,
+// stored rounded to nearest even. When no argument is run-time typed and all pointers are
+// 16-byte aligned, each thread moves 8 elements per iteration with 16-byte accesses (the
+// tail, < 8 elements, element by element). Each element is read and written by one thread,
+// in that order, so `out` may alias an input.
+#include <climits>
+#include <type_traits>
+
+#include "kernels_common.cuh"
+
+namespace fsdp::cuda::kernels {
+
+const char* st_name(ST t) {
+  switch (t) {
+    case ST::f32:
+      return "fp32";
+    case ST::bf16:
+      return "bf16";
+    case ST::f16:
+      return "fp16";
+    case ST::f64:
+      return "fp64";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <class T>
+constexpr bool kIsDyn = std::is_same_v<T, Dyn>;
+
+// ---------------------------------------------------------------------------------------
+// fp32 operations. bind() runs once per thread (scale_by reads its device scalar there).
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluA = 0.044715f;
+
+// gelu(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), as the
+// CPU backend computes it (one exp, no cancellation).
+__device__ __forceinline__ float gelu(float x) {
+  const float u = kGeluC * (x + kGeluA * x * x * x);
+  return x / (1.0f + expf(-2.0f * u));
+}
+// d/dx [x s] = s + x 2 s (1 - s) du/dx, s = sigmoid(2u), du/dx = c (1 + 3 a x^2).
+__device__ __forceinline__ float gelu_grad(float x, float dout) {
+  const float u = kGeluC * (x + kGeluA * x * x * x);
+  const float s = 1.0f / (1.0f + expf(-2.0f * u));
+  const float du = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+  return dout * (s + 2.0f * x * s * (1.0f - s) * du);
+}
+
+struct AddOp {
+  __device__ AddOp bind() const { return *this; }
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct AxpyOp {  // a = y, b = x
+  float alpha;
+  __device__ AxpyOp bind() const { return *this; }
+  __device__ float operator()(float y, float x) const { return y + alpha * x; }
+};
+struct ScaleOp {
+  float alpha;
+  __device__ ScaleOp bind() const { return *this; }
+  __device__ float operator()(float x, float) const { return x * alpha; }
+};
+struct ScaleByOp {
+  const float* coef;
+  __device__ ScaleOp bind() const { return ScaleOp{*coef}; }
+};
+struct GeluOp {
+  __device__ GeluOp bind() const { return *this; }
+  __device__ float operator()(float x, float) const { return gelu(x); }
+};
+struct GeluGradOp {  // a = x, b = dout
+  __device__ GeluGradOp bind() const { return *this; }
+  __device__ float operator()(float x, float dout) const { return gelu_grad(x, dout); }
+};
+
+// out[i] = op(a[i], b[i]) for i < n (unary ops ignore b; pass b = a).
+template <class TO, class TA, class TB, class Op>
+__global__ void __launch_bounds__(kThreads)
+    map_kernel(Wr<TO> out, Rd<TA> a, Rd<TB> b, int64_t n, bool vec, Op op) {
+  const auto f = op.bind();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if constexpr (!kIsDyn<TO> && !kIsDyn<TA> && !kIsDyn<TB>) {
+    if (vec) {
+      const int64_t packs = n / 8;
+      for (int64_t v = first; v < packs; v += stride) {
+        const Pack8<TA> pa = load8(a.p + 8 * v);
+        const Pack8<TB> pb = load8(b.p + 8 * v);
+        Pack8<TO> po;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) po.v[k] = from_f<TO>(f(to_f(pa.v[k]), to_f(pb.v[k])));
+        store8(out.p + 8 * v, po);
+      }
+      done = packs * 8;
+    }
+  }
+  for (int64_t i = done + first; i < n; i += stride) out.set(i, f(a[i], b[i]));
+}
+
+template <class TO, class TA, class TB, class Op>
+void launch_map(Out out, In a, In b, int64_t n, Op op, cudaStream_t s) {
+  const bool vec = aligned16(out.p) && aligned16(a.p) && aligned16(b.p);
+  const int blocks = blocks_for(vec ? (n + 7) / 8 : n, kThreads);
+  map_kernel<TO, TA, TB, Op>
+      <<<blocks, kThreads, 0, s>>>(wr<TO>(out), rd<TA>(a), rd<TB>(b), n, vec, op);
+  FSDP_CHECK_LAUNCH();
+}
+
+// All arguments of one type: that instantiation; otherwise the run-time typed one.
+template <class Op>
+void map_uniform(const char* what, Out out, In a, In b, int64_t n, Op op, cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch_uniform(what, {out.t, a.t, b.t}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map<T, T, T>(out, a, b, n, op, s);
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// casts: exact conversions, or one rounding to nearest even. fp64 -> 16-bit goes through
+// fp32 rounded to odd (Boldo & Melquiond), which gives the correctly rounded result, as the
+// CPU backend does.
+
+__device__ __forceinline__ float f64_to_f32_odd(double d) {
+  const float f = __double2float_rz(d);  // truncated toward zero (FLT_MAX on overflow)
+  if (isnan(d)) return __double2float_rn(d);
+  if (static_cast<double>(f) == d) return f;
+  return __int_as_float(__float_as_int(f) | 1);
+}
+
+template <class D, class S>
+__device__ __forceinline__ D convert(S s) {
+  if constexpr (std::is_same_v<D, double>) {
+    if constexpr (std::is_same_v<S, double>) {
+      return s;
+    } else {
+      return static_cast<double>(to_f(s));
+    }
+  } else if constexpr (std::is_same_v<S, double>) {
+    if constexpr (std::is_same_v<D, float>) {
+      return __double2float_rn(s);
+    } else {
+      return from_f<D>(f64_to_f32_odd(s));
+    }
+  } else {
+    return from_f<D>(to_f(s));
+  }
+}
+
+template <class D, class S>
+__global__ void __launch_bounds__(kThreads) cast_kernel(D* dst, const S* src, int64_t n, bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t packs = n / 8;
+    for (int64_t v = first; v < packs; v += stride) {
+      const Pack8<S> ps = load8(src + 8 * v);
+      Pack8<D> pd;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) pd.v[k] = convert<D>(ps.v[k]);
+      store8(dst + 8 * v, pd);
+    }
+    done = packs * 8;
+  }
+  for (int64_t i = done + first; i < n; i += stride) dst[i] = convert<D>(src[i]);
+}
+
+template <class F>
+void dispatch_any(ST t, F&& f) {
+  if (t == ST::f64) {
+    f(Tag<double>{});
+  } else {
+    dispatch_float("cast", t, f);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// bias add: rows over blocks, columns over threads (8 per thread when C % 8 == 0 and the
+// pointers are aligned).
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    add_bias_kernel(Wr<T> out, Rd<T> bias, int64_t R, int64_t C, bool vec) {
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const int64_t base = r * C;
+    if constexpr (!kIsDyn<T>) {
+      if (vec) {
+        for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < C; c += 8 * blockDim.x) {
+          Pack8<T> po = load8(out.p + base + c);
+          const Pack8<T> pb = load8(bias.p + c);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) po.v[k] = from_f<T>(to_f(po.v[k]) + to_f(pb.v[k]));
+          store8(out.p + base + c, po);
+        }
+        continue;
+      }
+    }
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      out.set(base + c, out.get(base + c) + bias[c]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(kThreads)
+    unscale_kernel(float* x, float inv_scale, int64_t n, double* found_inf) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int bad = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float v = x[i];
+    bad |= !isfinite(v);
+    x[i] = v * inv_scale;
+  }
+  // Every thread that saw a non-finite value writes the same 1.0: the result is the same
+  // whichever write lands.
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1.0;
+}
+
+// One block: each thread finds the first out-of-range index of its stride class, the block
+// takes the smallest position, and thread 0 records it (unless an earlier kernel already
+// recorded an error: the first error in stream order is the one reported). Deterministic:
+// the reported position is the first bad one, as on the CPU.
+constexpr int kCheckThreads = 1024;
+__global__ void __launch_bounds__(kCheckThreads)
+    check_indices_kernel(const int32_t* idx, int64_t n, int64_t bound, int code, DeviceError* err) {
+  __shared__ long long first_bad[32];
+  long long pos = LLONG_MAX;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int32_t v = idx[i];
+    if (v < 0 || v >= bound) {
+      pos = i;
+      break;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) pos = min(pos, __shfl_xor_sync(kFullMask, pos, o));
+  if ((threadIdx.x & 31) == 0) first_bad[threadIdx.x >> 5] = pos;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) pos = min(pos, first_bad[w]);
+    if (pos != LLONG_MAX && err->code == kErrNone) {
+      err->code = code;
+      err->position = pos;
+      err->value = idx[pos];
+      err->bound = bound;
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// launchers
+
+void cast(Out dst, In src, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  if (dst.t == src.t) {
+    if (dst.p != src.p) {
+      FSDP_CHECK_CUDA(cudaMemcpyAsync(dst.p, src.p, static_cast<std::size_t>(n) * st_size(dst.t),
+                                      cudaMemcpyDeviceToDevice, s));
+    }
+    return;
+  }
+  dispatch_any(dst.t, [&](auto dtag) {
+    using D = typename decltype(dtag)::type;
+    dispatch_any(src.t, [&](auto stag) {
+      using S = typename decltype(stag)::type;
+      if constexpr (!std::is_same_v<D, S>) {
+        const bool vec = aligned16(dst.p) && aligned16(src.p);
+        const int blocks = blocks_for(vec ? (n + 7) / 8 : n, kThreads);
+        cast_kernel<D, S><<<blocks, kThreads, 0, s>>>(static_cast<D*>(dst.p),
+                                                      static_cast<const S*>(src.p), n, vec);
+        FSDP_CHECK_LAUNCH();
+      }
+    });
+  });
+}
+
+void add(Out out, In a, In b, int64_t n, cudaStream_t s) {
+  map_uniform("add", out, a, b, n, AddOp{}, s);
+}
+
+void axpy(Out y, float alpha, In x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  // Every (y, x) pair has its own instantiation: fp32 shards += 16-bit reduced gradients is
+  // a per-step path.
+  const In yin{y.p, y.t};
+  dispatch_float("axpy", y.t, [&](auto ytag) {
+    using TY = typename decltype(ytag)::type;
+    dispatch_float("axpy", x.t, [&](auto xtag) {
+      using TX = typename decltype(xtag)::type;
+      launch_map<TY, TY, TX>(y, yin, x, n, AxpyOp{alpha}, s);
+    });
+  });
+}
+
+void scale(Out x, float alpha, int64_t n, cudaStream_t s) {
+  const In xin{x.p, x.t};
+  map_uniform("scale", x, xin, xin, n, ScaleOp{alpha}, s);
+}
+
+void scale_by(Out x, const float* coef, int64_t n, cudaStream_t s) {
+  const In xin{x.p, x.t};
+  map_uniform("scale_by", x, xin, xin, n, ScaleByOp{coef}, s);
+}
+
+void gelu_forward(Out out, In x, int64_t n, cudaStream_t s) {
+  map_uniform("gelu_forward", out, x, x, n, GeluOp{}, s);
+}
+
+void gelu_backward(Out dx, In x, In dout, int64_t n, cudaStream_t s) {
+  map_uniform("gelu_backward", dx, x, dout, n, GeluGradOp{}, s);
+}
+
+void add_bias(Out out, In bias, int64_t R, int64_t C, cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  dispatch_uniform("add_bias", {out.t, bias.t}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const bool vec = C % 8 == 0 && aligned16(out.p) && aligned16(bias.p);
+    const int blocks = static_cast<int>(R < kMaxBlocks ? R : kMaxBlocks);
+    add_bias_kernel<T><<<blocks, kThreads, 0, s>>>(wr<T>(out), rd<T>(bias), R, C, vec);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void unscale_and_check(float* x, float inv_scale, int64_t n, double* found_inf, cudaStream_t s) {
+  if (n <= 0) return;
+  unscale_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, inv_scale, n, found_inf);
+  FSDP_CHECK_LAUNCH();
+}
+
+void check_indices(const int32_t* idx, int64_t n, int64_t bound, int code, DeviceError* err,
+                   cudaStream_t s) {
+  if (n <= 0) return;
+  check_indices_kernel<<<1, kCheckThreads, 0, s>>>(idx, n, bound, code, err);
+  FSDP_CHECK_LAUNCH();
+}
+
+}  // namespace fsdp::cuda::kernels

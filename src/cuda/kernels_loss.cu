@@ -1,0 +1,91 @@
+// src/cuda/kernels_loss.cu: softmax cross-entropy over V classes, fused with its gradient
+// (see kernels.hpp).
+//
+// One block per row. Pass 1 reads the row once with an online (max, sum of exp) per thread,
+// combined across the block in a fixed order: logsumexp without a second logits-sized
+// buffer. The row loss (fp64) goes to row_loss[r]; with the gradient, pass 2 overwrites the
+// row with (softmax - onehot) * grad_scale. Then one block adds the row losses in a fixed
+// order into the fp64 device scalar. All math in fp32 except the loss (fp64), as on the CPU.
+#include "kernels_common.cuh"
+
+namespace fsdp::cuda::kernels {
+namespace {
+
+constexpr int kThreads = 512;
+
+// (m, s) <- (m, s) + (m2, s2): sums of exp(x - m) rescaled to the larger max.
+__device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) {
+  const float mn = fmaxf(m, m2);
+  if (mn == -INFINITY) return;  // both empty
+  s = (m == -INFINITY ? 0.0f : s * expf(m - mn)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mn));
+  m = mn;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_kernel(Wr<T> logits, const int32_t* targets, int64_t R, int64_t V,
+                         float grad_scale, bool backward, double* row_loss) {
+  __shared__ float sh_m[kThreads / 32], sh_s[kThreads / 32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const int64_t base = r * V;
+    const int32_t t = targets[r];
+    const bool ok = t >= 0 && t < V;
+    // Read before the block synchronises: pass 2 overwrites the row.
+    const float xt = ok ? logits.get(base + t) : 0.0f;
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      const float x = logits.get(base + j);
+      if (x > m) {
+        s = (m == -INFINITY ? 0.0f : s * expf(m - x)) + 1.0f;
+        m = x;
+      } else if (x != -INFINITY) {
+        s += expf(x - m);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(kFullMask, m, o);
+      const float s2 = __shfl_xor_sync(kFullMask, s, o);
+      combine(m, s, m2, s2);
+    }
+    __syncthreads();  // sh_m / sh_s of the previous row have been read
+    if (lane == 0) {
+      sh_m[w] = m;
+      sh_s[w] = s;
+    }
+    __syncthreads();
+    m = sh_m[0];
+    s = sh_s[0];
+    for (int k = 1; k < kThreads / 32; ++k) combine(m, s, sh_m[k], sh_s[k]);
+    if (threadIdx.x == 0) {
+      row_loss[r] =
+          ok ? static_cast<double>(m) + log(static_cast<double>(s)) - static_cast<double>(xt) : 0.0;
+    }
+    if (backward && ok) {
+      const float f = static_cast<float>(static_cast<double>(grad_scale) / static_cast<double>(s));
+      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+        float g = expf(logits.get(base + j) - m) * f;
+        if (j == t) g -= grad_scale;
+        logits.set(base + j, g);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, float grad_scale,
+                   bool backward, double* row_loss, double* loss, cudaStream_t s) {
+  if (R <= 0) return;
+  if (V <= 0) return;
+  dispatch_float("cross_entropy", logits.t, [&](auto tag) {
+    using TT = typename decltype(tag)::type;
+    cross_entropy_kernel<TT><<<blocks_for(R, 1), kThreads, 0, s>>>(wr<TT>(logits), targets, R, V,
+                                                                   grad_scale, backward, row_loss);
+    FSDP_CHECK_LAUNCH();
+  });
+  sum_into(loss, row_loss, R, s);
+}
+
+}  // namespace fsdp::cuda::kernels

@@ -1,0 +1,95 @@
+// src/cuda/kernels_optim.cu: AdamW and SGD updates over fp32 flat shards, one launch each
+// (see kernels.hpp). The per-element operations are the CPU backend's, in the same order
+// (torch.optim's single-tensor path); the step-dependent scalars are computed on the host,
+// as there. Grid-stride loops, float4 accesses when every pointer is 16-byte aligned.
+#include "kernels_common.cuh"
+
+namespace fsdp::cuda::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct AdamW {
+  AdamWArgs a;
+  // p, m, v updated in place from g.
+  __device__ __forceinline__ void operator()(float& p, float g, float& m, float& v) const {
+    const float pd = p * a.decay;
+    m = m * a.beta1 + a.one_m_b1 * g;
+    v = v * a.beta2 + a.one_m_b2 * g * g;
+    const float denom = sqrtf(v) / a.bc2_sqrt + a.eps;
+    p = pd + a.neg_step_size * m / denom;
+  }
+};
+
+struct Sgd {
+  float lr, momentum, weight_decay;
+  bool first, use_buf;
+  __device__ __forceinline__ void operator()(float& p, float g, float& buf, float&) const {
+    g = g + weight_decay * p;
+    if (use_buf) {
+      buf = first ? g : momentum * buf + g;
+      g = buf;
+    }
+    p -= lr * g;
+  }
+};
+
+// op(p[i], g[i], s1[i], s2[i]) for i < n; s1 / s2 may be null when op does not use them
+// (then they are not dereferenced: `has1` / `has2`).
+template <class Op>
+__global__ void __launch_bounds__(kThreads)
+    update_kernel(float* p, const float* g, float* s1, float* s2, int64_t n, bool vec, bool has1,
+                  bool has2, Op op) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  float z1 = 0.0f, z2 = 0.0f;
+  if (vec) {
+    const int64_t quads = n / 4;
+    for (int64_t q = first; q < quads; q += stride) {
+      float4 pv = reinterpret_cast<float4*>(p)[q];
+      const float4 gv = reinterpret_cast<const float4*>(g)[q];
+      float4 av = has1 ? reinterpret_cast<float4*>(s1)[q] : make_float4(0, 0, 0, 0);
+      float4 bv = has2 ? reinterpret_cast<float4*>(s2)[q] : make_float4(0, 0, 0, 0);
+      op(pv.x, gv.x, av.x, bv.x);
+      op(pv.y, gv.y, av.y, bv.y);
+      op(pv.z, gv.z, av.z, bv.z);
+      op(pv.w, gv.w, av.w, bv.w);
+      reinterpret_cast<float4*>(p)[q] = pv;
+      if (has1) reinterpret_cast<float4*>(s1)[q] = av;
+      if (has2) reinterpret_cast<float4*>(s2)[q] = bv;
+    }
+    done = quads * 4;
+  }
+  for (int64_t i = done + first; i < n; i += stride) {
+    float& a = has1 ? s1[i] : z1;
+    float& b = has2 ? s2[i] : z2;
+    op(p[i], g[i], a, b);
+  }
+}
+
+}  // namespace
+
+void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                  const AdamWArgs& a, cudaStream_t s) {
+  if (n <= 0) return;
+  const bool vec =
+      aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
+  update_kernel<<<blocks_for(vec ? (n + 3) / 4 : n, kThreads), kThreads, 0, s>>>(
+      param, grad, exp_avg, exp_avg_sq, n, vec, true, true, AdamW{a});
+  FSDP_CHECK_LAUNCH();
+}
+
+void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
+                float momentum, float weight_decay, bool first_step, cudaStream_t s) {
+  if (n <= 0) return;
+  // torch keeps no buffer without momentum: momentum_buf is then not touched (may be null).
+  const bool use_buf = momentum != 0.0f;
+  const bool vec = aligned16(param) && aligned16(grad) && (!use_buf || aligned16(momentum_buf));
+  update_kernel<<<blocks_for(vec ? (n + 3) / 4 : n, kThreads), kThreads, 0, s>>>(
+      param, grad, use_buf ? momentum_buf : nullptr, nullptr, n, vec, use_buf, false,
+      Sgd{lr, momentum, weight_decay, first_step, use_buf});
+  FSDP_CHECK_LAUNCH();
+}
+
+}  // namespace fsdp::cuda::kernels

@@ -1,0 +1,976 @@
+// tests/test_cuda_kernels.cpp: every Backend kernel of the CUDA backend against its CPU twin
+// (make_cpu_backend(1), the numerical reference), plus what only the CUDA backend has: the
+// stream-ordered caching allocator over cudaMalloc, device-side index errors, bitwise
+// repeatability of the reductions. Runs only where a CUDA device is visible (gpu_main.cpp
+// exits 77, "not run", elsewhere).
+//
+// Method: each logical tensor is a Pair, one buffer per backend holding the same bytes (the
+// values are rounded to the storage dtype on the host first). Each kernel runs on both
+// backends with the same arguments; outputs are copied back and compared elementwise:
+//     |cuda - cpu| <= rel * |cpu| + abs * max(1, max |cpu|)
+// with a tolerance per kind of kernel and dtype (below). Shapes are deliberately odd (not
+// multiples of 8, 32 or 128) so the vectorised paths' tails and partial tiles run, and
+// outputs that accumulate are pre-filled with random values.
+//
+// Tolerances, and why:
+//  - Casts, copies, clip coefficient: exact (same IEEE roundings on both sides).
+//  - fp32 elementwise (add, axpy, scale, GELU, bias add): rel 1e-5. expf vs the CPU's
+//    polynomial exp, and FMA contraction, differ in the last bits only.
+//  - fp32 GEMM, attention, LayerNorm, reductions: rel 1e-4 (different summation orders).
+//  - bf16 storage: the CPU backend run in bf16 storage is the reference (it converts to
+//    fp32, computes, rounds once). Both sides round nearly equal fp32 values to bf16, which
+//    can land on adjacent bf16 values: one bf16 ulp is up to 2^-7 ~ 7.8e-3 relative, hence
+//    rel 1e-2. Attention also rounds P and dS to bf16 before its second GEMMs on the GPU
+//    (the CPU keeps them fp32), which adds ~2^-9 relative per term: rel 2e-2 there.
+//  - fp16 storage: the same reasoning with a 2^-10 ulp: rel 2e-3 (attention 1e-2).
+//  - Loss and squared-norm device scalars (fp64): rel 1e-5 / 1e-12 (fp32 math inside the
+//    loss; fp64 sums of the same squares for the norm).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fsdp/backend/buffer.hpp"
+#include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/core/caching_allocator.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/cuda/cuda_backend.hpp"
+
+namespace fsdp {
+namespace {
+
+using Vec = std::vector<float>;
+using Bytes = std::vector<unsigned char>;
+
+enum Side { kCpu = 0, kGpu = 1 };
+
+struct Tol {
+  double rel;
+  double abs;
+};
+constexpr Tol kExact{0.0, 0.0};
+constexpr Tol kElemF32{1e-5, 1e-6};
+constexpr Tol kOptimF32{1e-5, 1e-7};
+constexpr Tol kReduceF32{1e-4, 1e-5};
+constexpr Tol kBf16{1e-2, 2e-3};
+constexpr Tol kF16{2e-3, 5e-4};
+constexpr Tol kAttnBf16{2e-2, 1e-2};
+constexpr Tol kAttnF16{1e-2, 2e-3};
+
+// The tolerance for a kernel family: fp32 as given, 16-bit storage as above.
+Tol tol_for(DType t, Tol f32) {
+  if (t == DType::bf16) return kBf16;
+  if (t == DType::f16) return kF16;
+  return f32;
+}
+Tol attn_tol(DType t) {
+  if (t == DType::bf16) return kAttnBf16;
+  if (t == DType::f16) return kAttnF16;
+  return kReduceF32;
+}
+
+// ---------------------------------------------------------------------------------------
+// the two backends (created once; a cuBLAS handle is slow to create)
+
+class Backends {
+ public:
+  static Backend& get(Side s) {
+    static Backends b;
+    return s == kCpu ? *b.cpu_ : *b.gpu_;
+  }
+
+ private:
+  Backends() : cpu_(make_cpu_backend(1)), gpu_(cuda::make_cuda_backend(0)) {}
+  std::unique_ptr<Backend> cpu_, gpu_;
+};
+Backend& be(Side s) { return Backends::get(s); }
+Backend& cpu() { return be(kCpu); }
+Backend& gpu() { return be(kGpu); }
+
+// Runs f on the CPU backend, then on the CUDA backend.
+void both(const std::function<void(Backend&, Side)>& f) {
+  f(cpu(), kCpu);
+  f(gpu(), kGpu);
+}
+
+// ---------------------------------------------------------------------------------------
+// host encoding of values in a storage dtype
+
+Bytes encode(DType t, const Vec& v) {
+  Bytes b(v.size() * dtype_size(t));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    switch (t) {
+      case DType::f32:
+        std::memcpy(&b[4 * i], &v[i], 4);
+        break;
+      case DType::f64: {
+        const double d = v[i];
+        std::memcpy(&b[8 * i], &d, 8);
+        break;
+      }
+      case DType::bf16: {
+        const uint16_t h = f32_to_bf16(v[i]);
+        std::memcpy(&b[2 * i], &h, 2);
+        break;
+      }
+      case DType::f16: {
+        const uint16_t h = f32_to_f16(v[i]);
+        std::memcpy(&b[2 * i], &h, 2);
+        break;
+      }
+      default:
+        ADD_FAILURE() << "encode: unsupported dtype";
+    }
+  }
+  return b;
+}
+
+std::vector<double> decode(DType t, const Bytes& b) {
+  const std::size_t n = b.size() / dtype_size(t);
+  std::vector<double> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    switch (t) {
+      case DType::f32: {
+        float f;
+        std::memcpy(&f, &b[4 * i], 4);
+        v[i] = f;
+        break;
+      }
+      case DType::f64:
+        std::memcpy(&v[i], &b[8 * i], 8);
+        break;
+      case DType::bf16: {
+        uint16_t h;
+        std::memcpy(&h, &b[2 * i], 2);
+        v[i] = bf16_to_f32(h);
+        break;
+      }
+      case DType::f16: {
+        uint16_t h;
+        std::memcpy(&h, &b[2 * i], 2);
+        v[i] = f16_to_f32(h);
+        break;
+      }
+      case DType::i32: {
+        int32_t x;
+        std::memcpy(&x, &b[4 * i], 4);
+        v[i] = x;
+        break;
+      }
+      default:
+        ADD_FAILURE() << "decode: unsupported dtype";
+    }
+  }
+  return v;
+}
+
+Bytes read_bytes(Backend& b, const TensorView& v) {
+  Bytes out(v.bytes());
+  b.copy_to_host(out.data(), v);
+  return out;
+}
+std::vector<double> read(Backend& b, const TensorView& v) {
+  return decode(v.dtype, read_bytes(b, v));
+}
+
+// ---------------------------------------------------------------------------------------
+// Pair: one logical tensor, the same bytes on both backends
+
+struct Pair {
+  DeviceBuffer buf[2];
+  DType t = DType::f32;
+  int64_t n = 0;
+  TensorView v(Side s) const { return buf[s].view(); }
+  // Elements [off, off + len) (misaligned views for the scalar / unaligned-GEMM paths).
+  TensorView v(Side s, int64_t off, int64_t len) const { return buf[s].view().slice(off, len); }
+  void upload(const Bytes& b) {
+    cpu().copy_from_host(v(kCpu), b.data());
+    gpu().copy_from_host(v(kGpu), b.data());
+  }
+  // Makes the CUDA copy equal to the CPU copy (inputs computed by a CPU kernel).
+  void cpu_to_gpu() { gpu().copy_from_host(v(kGpu), read_bytes(cpu(), v(kCpu)).data()); }
+};
+
+Pair make_bytes(DType t, int64_t n, const Bytes& bytes) {
+  Pair p;
+  p.t = t;
+  p.n = n;
+  p.buf[kCpu] = DeviceBuffer(cpu(), t, n, MemCategory::other);
+  p.buf[kGpu] = DeviceBuffer(gpu(), t, n, MemCategory::other);
+  if (n > 0) p.upload(bytes);
+  return p;
+}
+Pair make(DType t, const Vec& values) {
+  return make_bytes(t, static_cast<int64_t>(values.size()), encode(t, values));
+}
+Pair make_f64(const std::vector<double>& values) {
+  Bytes b(values.size() * 8);
+  if (!values.empty()) std::memcpy(b.data(), values.data(), b.size());
+  return make_bytes(DType::f64, static_cast<int64_t>(values.size()), b);
+}
+Pair make_i32(const std::vector<int32_t>& values) {
+  Bytes b(values.size() * 4);
+  if (!values.empty()) std::memcpy(b.data(), values.data(), b.size());
+  return make_bytes(DType::i32, static_cast<int64_t>(values.size()), b);
+}
+
+Vec uniform(std::size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// |cuda - cpu| <= rel |cpu| + abs max(1, max |cpu|) for every element (NaN only with NaN).
+void expect_close(const std::vector<double>& ref, const std::vector<double>& got, Tol tol,
+                  const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  double scale = 1.0;
+  for (double r : ref) {
+    if (std::isfinite(r)) scale = std::max(scale, std::abs(r));
+  }
+  std::size_t bad = 0, worst = 0;
+  double worst_excess = -1.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double r = ref[i], g = got[i];
+    if (std::isnan(r) || std::isnan(g)) {
+      if (std::isnan(r) != std::isnan(g)) {
+        ++bad;
+        worst = i;
+        worst_excess = std::numeric_limits<double>::infinity();
+      }
+      continue;
+    }
+    if (r == g) continue;  // equal infinities included
+    const double limit = tol.rel * std::abs(r) + tol.abs * scale;
+    const double diff = std::abs(g - r);
+    if (!(diff <= limit)) {
+      ++bad;
+      if (diff - limit > worst_excess) {
+        worst_excess = diff - limit;
+        worst = i;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << ref.size()
+                     << " elements outside the tolerance (rel " << tol.rel << ", abs " << tol.abs
+                     << "); worst at " << worst << ": cpu " << (ref.empty() ? 0.0 : ref[worst])
+                     << ", cuda " << (got.empty() ? 0.0 : got[worst]);
+}
+
+// The CPU and CUDA contents of p agree within tol.
+void check(const Pair& p, Tol tol, const std::string& what) {
+  expect_close(read(cpu(), p.v(kCpu)), read(gpu(), p.v(kGpu)), tol, what);
+}
+
+// check(), then makes the CUDA copy equal to the CPU one, so that a kernel that reads p next
+// sees identical inputs on both sides (differences do not compound along a chain of ops).
+void check_sync(Pair& p, Tol tol, const std::string& what) {
+  check(p, tol, what);
+  p.cpu_to_gpu();
+}
+
+// The CUDA contents of p are bitwise equal to `bytes`.
+void expect_bytes(const Pair& p, const Bytes& bytes, const std::string& what) {
+  EXPECT_TRUE(read_bytes(gpu(), p.v(kGpu)) == bytes) << what << ": not bitwise repeatable";
+}
+
+const DType kFloatTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+std::string name(DType t) { return std::string(to_string(t)); }
+
+// ---------------------------------------------------------------------------------------
+// memory
+
+TEST(CudaBackend, DeviceAndStreams) {
+  EXPECT_EQ(gpu().device(), Device::cuda);
+  EXPECT_EQ(gpu().compute_stream().device(), Device::cuda);
+  auto s = gpu().create_stream();
+  auto e = gpu().create_event();
+  e->record(gpu().compute_stream());
+  s->wait(*e);
+  s->synchronize();
+  e->synchronize();
+  EXPECT_TRUE(e->query());
+}
+
+TEST(CudaBackend, CachingAllocatorReusesBlocks) {
+  Backend& g = gpu();
+  EXPECT_EQ(g.allocate(0, MemCategory::other), nullptr);
+  const AllocatorStats before = g.allocator_stats();
+  const std::size_t used = g.memory().current(MemCategory::other);
+  // A size no other test uses, so the first allocation is a raw one.
+  constexpr std::size_t kBytes = 3000011, kSameClass = 3000100;
+  void* p = g.allocate(kBytes, MemCategory::other);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u);
+  EXPECT_EQ(g.memory().current(MemCategory::other), used + kBytes);
+  EXPECT_EQ(g.allocator_stats().raw_allocs, before.raw_allocs + 1);
+  g.deallocate(p, kBytes, MemCategory::other);
+  EXPECT_EQ(g.memory().current(MemCategory::other), used);
+  // Same size class (both round up to the same multiple of 512): served from the cache.
+  ASSERT_EQ(CachingAllocator::round_size(kBytes), CachingAllocator::round_size(kSameClass));
+  void* q = g.allocate(kSameClass, MemCategory::other);
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(g.allocator_stats().raw_allocs, before.raw_allocs + 1);
+  EXPECT_EQ(g.allocator_stats().cache_hits, before.cache_hits + 1);
+  // A block freed with a pending event is reused after the stream waits on it.
+  auto ev = std::shared_ptr<Event>(g.create_event());
+  ev->record(g.compute_stream());
+  g.deallocate(q, kSameClass, MemCategory::other, ev);
+  void* r = g.allocate(kBytes, MemCategory::other);
+  EXPECT_EQ(r, p);
+  EXPECT_EQ(g.allocator_stats().raw_allocs, before.raw_allocs + 1);
+  g.deallocate(r, kBytes, MemCategory::other);
+}
+
+TEST(CudaBackend, KernelScratchComesFromTheCache) {
+  // Kernels with scratch (attention scores, reduction partials, 16-bit embedding gradient,
+  // row losses): after a first call, repeating them allocates nothing new.
+  std::mt19937 rng(7);
+  const int64_t B = 2, T = 17, C = 24, H = 3, V = 29, R = B * T;
+  Pair qkv = make(DType::bf16, uniform(B * T * 3 * C, rng));
+  Pair out = make(DType::bf16, Vec(B * T * C));
+  Pair att = make(DType::bf16, Vec(B * H * T * T));
+  Pair x = make(DType::bf16, uniform(R * C, rng)), w = make(DType::bf16, uniform(C, rng));
+  Pair mean = make(DType::f32, Vec(R)), rstd = make(DType::f32, Vec(R));
+  Pair dx = make(DType::bf16, Vec(R * C)), dw = make(DType::bf16, Vec(C)),
+       db = make(DType::bf16, Vec(C));
+  Pair wte = make(DType::bf16, Vec(V * C)), wpe = make(DType::bf16, Vec(T * C));
+  std::vector<int32_t> tok(B * T);
+  for (auto& t : tok) t = static_cast<int32_t>(rng() % V);
+  Pair tokens = make_i32(tok);
+  Pair logits = make(DType::bf16, uniform(R * V, rng));
+  Pair loss = make_f64({0.0});
+  Backend& g = gpu();
+  auto step = [&] {
+    g.attention_forward(out.v(kGpu), att.v(kGpu), qkv.v(kGpu), B, T, C, H);
+    g.layernorm_forward(x.v(kGpu), mean.v(kGpu), rstd.v(kGpu), x.v(kGpu), w.v(kGpu), w.v(kGpu), R,
+                        C, 1e-5f);
+    g.layernorm_backward(dx.v(kGpu), dw.v(kGpu), db.v(kGpu), x.v(kGpu), x.v(kGpu), w.v(kGpu),
+                         mean.v(kGpu), rstd.v(kGpu), R, C);
+    g.bias_backward(db.v(kGpu), x.v(kGpu), R, C);
+    g.embedding_backward(wte.v(kGpu), wpe.v(kGpu), x.v(kGpu), tokens.v(kGpu), B, T, C);
+    g.cross_entropy_forward_backward(loss.v(kGpu), logits.v(kGpu), tokens.v(kGpu), R, V, 1.0f);
+    g.squared_norm(loss.v(kGpu), x.v(kGpu));
+    g.synchronize();
+  };
+  step();
+  const int64_t raw = g.allocator_stats().raw_allocs;
+  const std::size_t act = g.memory().current(MemCategory::activations);
+  step();
+  step();
+  EXPECT_EQ(g.allocator_stats().raw_allocs, raw);
+  EXPECT_EQ(g.memory().current(MemCategory::activations), act);  // scratch returned
+}
+
+TEST(CudaBackend, FillZeroCopyAndHostRoundTrip) {
+  std::mt19937 rng(1);
+  for (DType t : kFloatTypes) {
+    SCOPED_TRACE(name(t));
+    const Vec v = uniform(1001, rng);
+    Pair a = make(t, v), b = make(t, Vec(1001, 5.0f));
+    EXPECT_TRUE(read_bytes(gpu(), a.v(kGpu)) == encode(t, v));
+    both([&](Backend& be, Side s) { be.copy(b.v(s), a.v(s)); });
+    check(b, kExact, "copy");
+    both([&](Backend& be, Side s) { be.fill_zero(a.v(s, 3, 995)); });
+    check(a, kExact, "fill_zero of a slice");
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// casts: every pair of fp32 / fp64 / bf16 / fp16, bit for bit (any NaN for a NaN)
+
+TEST(CudaBackend, CastEveryPairBitExact) {
+  std::mt19937 rng(2);
+  std::vector<double> vals = {0.0,
+                              -0.0,
+                              1.0,
+                              -1.0,
+                              65504.0,
+                              65519.0,
+                              65520.0,
+                              70000.0,
+                              1e-8,
+                              6e-8,
+                              3e-5,
+                              1e-40,
+                              3.0e38,
+                              1e300,
+                              -1e300,
+                              1e-300,
+                              std::numeric_limits<double>::infinity(),
+                              -std::numeric_limits<double>::infinity(),
+                              std::numeric_limits<double>::quiet_NaN(),
+                              1.0 + std::ldexp(1.0, -8),                         // bf16 tie
+                              1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40),  // just above
+                              1.0 + 3 * std::ldexp(1.0, -8),                     // tie, odd
+                              1.0 + std::ldexp(1.0, -11),                        // fp16 tie
+                              1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -45),
+                              1.0 + std::ldexp(1.0, -24) + std::ldexp(1.0, -50)};  // fp32
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (int i = 0; i < 1000; ++i) vals.push_back(nd(rng) * std::pow(10.0, i % 13 - 6));
+  const auto n = static_cast<int64_t>(vals.size());
+  Pair f64 = make_f64(vals);
+  const DType all[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
+  for (DType from : all) {
+    // The source values in `from`, rounded by the CPU backend, on both sides.
+    Pair src = make_bytes(from, n, Bytes(static_cast<std::size_t>(n) * dtype_size(from)));
+    cpu().cast(src.v(kCpu), f64.v(kCpu));
+    src.cpu_to_gpu();
+    for (DType to : all) {
+      SCOPED_TRACE(name(from) + " -> " + name(to));
+      Pair dst = make_bytes(to, n, Bytes(static_cast<std::size_t>(n) * dtype_size(to)));
+      // Bit-exact, except that a NaN may come back with another payload.
+      auto compare = [&](const char* what) {
+        const Bytes c = read_bytes(cpu(), dst.v(kCpu)), g = read_bytes(gpu(), dst.v(kGpu));
+        const std::vector<double> cd = decode(to, c), gd = decode(to, g);
+        const std::size_t w = dtype_size(to);
+        int bad = 0;
+        for (std::size_t i = 0; i < cd.size(); ++i) {
+          if (std::isnan(cd[i]) && std::isnan(gd[i])) continue;
+          if (std::memcmp(&c[i * w], &g[i * w], w) != 0 && bad++ < 3) {
+            ADD_FAILURE() << what << ": element " << i << " (" << vals[i] << "): cpu " << cd[i]
+                          << ", cuda " << gd[i];
+          }
+        }
+        EXPECT_EQ(bad, 0) << what;
+      };
+      both([&](Backend& be, Side s) { be.cast(dst.v(s), src.v(s)); });
+      compare("aligned");
+      // Views one element in: the element-by-element path.
+      both([&](Backend& be, Side s) { be.fill_zero(dst.v(s)); });
+      both([&](Backend& be, Side s) { be.cast(dst.v(s, 1, n - 2), src.v(s, 1, n - 2)); });
+      compare("unaligned");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMM
+
+struct GemmCase {
+  DType a, b, c;
+};
+
+void run_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+              GemmCase types, std::mt19937& rng, Tol tol, int64_t offset = 0) {
+  SCOPED_TRACE("gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+               " M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+               " beta=" + std::to_string(beta) + " types " + name(types.a) + "," + name(types.b) +
+               "," + name(types.c) + " offset " + std::to_string(offset));
+  Pair A = make(types.a, uniform(M * K + offset, rng)),
+       B = make(types.b, uniform(K * N + offset, rng));
+  Pair C = make(types.c, uniform(M * N + offset, rng));
+  if (beta == 0.0f) {  // C's contents must be ignored: NaN on the GPU, zeros on the CPU
+    gpu().copy_from_host(C.v(kGpu), encode(types.c, Vec(M * N + offset, std::nanf(""))).data());
+    cpu().fill_zero(C.v(kCpu));
+  }
+  both([&](Backend& be, Side s) {
+    be.gemm(ta, tb, M, N, K, alpha, A.v(s, offset, M * K), B.v(s, offset, K * N), beta,
+            C.v(s, offset, M * N));
+  });
+  expect_close(read(cpu(), C.v(kCpu, offset, M * N)), read(gpu(), C.v(kGpu, offset, M * N)), tol,
+               "C");
+}
+
+TEST(CudaBackend, GemmEveryTransposeAndType) {
+  std::mt19937 rng(3);
+  const GemmCase cases[] = {
+      {DType::f32, DType::f32, DType::f32},   {DType::bf16, DType::bf16, DType::bf16},
+      {DType::f16, DType::f16, DType::f16},   {DType::bf16, DType::bf16, DType::f32},
+      {DType::f16, DType::f16, DType::f32},   {DType::f32, DType::f32, DType::bf16},
+      {DType::bf16, DType::f16, DType::f32},  {DType::f32, DType::bf16, DType::bf16},
+      {DType::bf16, DType::bf16, DType::f16},
+  };
+  for (const GemmCase& tc : cases) {
+    // 16-bit C: one ulp of the output type; fp32 C with 16-bit inputs: fp32 accumulation
+    // of the same products.
+    const Tol tol = tc.c == DType::f32 ? kReduceF32 : tol_for(tc.c, kReduceF32);
+    for (int t = 0; t < 4; ++t) {
+      for (float beta : {0.0f, 0.5f, 1.0f}) {
+        run_gemm(t & 1, t & 2, 37, 53, 29, 0.75f, beta, tc, rng, tol);
+      }
+    }
+  }
+}
+
+TEST(CudaBackend, GemmShapesAndAlignment) {
+  std::mt19937 rng(4);
+  const int64_t shapes[][3] = {{1, 7, 5}, {64, 64, 64}, {128, 96, 257}, {256, 384, 768}, {3, 1, 1}};
+  for (DType t : kFloatTypes) {
+    const GemmCase tc{t, t, t};
+    for (const auto& s : shapes) {
+      for (int tr = 0; tr < 4; ++tr) {
+        run_gemm(tr & 1, tr & 2, s[0], s[1], s[2], 1.0f, 1.0f, tc, rng, tol_for(t, kReduceF32));
+      }
+    }
+    // Views that start one element into their buffers (2- or 4-byte aligned pointers).
+    run_gemm(false, true, 45, 67, 33, 1.0f, 0.0f, tc, rng, tol_for(t, kReduceF32), 1);
+    run_gemm(true, false, 45, 67, 33, 0.5f, 1.0f, tc, rng, tol_for(t, kReduceF32), 1);
+  }
+}
+
+TEST(CudaBackend, GemmDegenerateShapes) {
+  std::mt19937 rng(5);
+  Pair A = make(DType::f32, uniform(16, rng)), B = make(DType::f32, uniform(16, rng));
+  Pair C = make(DType::f32, uniform(12, rng));
+  // K = 0: C = beta C.
+  both([&](Backend& be, Side s) {
+    be.gemm(false, false, 3, 4, 0, 1.0f, A.v(s), B.v(s), 2.0f, C.v(s));
+  });
+  check(C, kExact, "K=0, beta=2");
+  gpu().copy_from_host(C.v(kGpu), encode(DType::f32, Vec(12, std::nanf(""))).data());
+  both([&](Backend& be, Side s) {
+    be.gemm(false, false, 3, 4, 0, 1.0f, A.v(s), B.v(s), 0.0f, C.v(s));
+  });
+  check(C, kExact, "K=0, beta=0 over NaN");
+  // M = 0: nothing happens.
+  both([&](Backend& be, Side s) {
+    be.gemm(false, false, 0, 4, 3, 1.0f, A.v(s), B.v(s), 0.0f, C.v(s));
+  });
+  check(C, kExact, "M=0");
+}
+
+// ---------------------------------------------------------------------------------------
+// elementwise
+
+TEST(CudaBackend, AddAxpyScaleScaleBy) {
+  std::mt19937 rng(6);
+  const int64_t n = 100003;  // odd: vector body + scalar tail
+  for (DType t : kFloatTypes) {
+    SCOPED_TRACE(name(t));
+    const Tol tol = tol_for(t, kElemF32);
+    Pair a = make(t, uniform(n, rng)), b = make(t, uniform(n, rng)), o = make(t, Vec(n));
+    both([&](Backend& be, Side s) { be.add(o.v(s), a.v(s), b.v(s)); });
+    check_sync(o, tol, "add");
+    both([&](Backend& be, Side s) { be.add(a.v(s), a.v(s), b.v(s)); });  // out aliases a
+    check_sync(a, tol, "add in place (a)");
+    both([&](Backend& be, Side s) { be.add(b.v(s), a.v(s), b.v(s)); });  // out aliases b
+    check_sync(b, tol, "add in place (b)");
+    both(
+        [&](Backend& be, Side s) { be.add(o.v(s, 1, n - 1), a.v(s, 0, n - 1), b.v(s, 1, n - 1)); });
+    check_sync(o, tol, "add, unaligned");
+    for (DType tx : kFloatTypes) {
+      SCOPED_TRACE("axpy x " + name(tx));
+      Pair x = make(tx, uniform(n, rng));
+      both([&](Backend& be, Side s) { be.axpy(o.v(s), -0.37f, x.v(s)); });
+      check_sync(o, tol, "axpy");
+    }
+    both([&](Backend& be, Side s) { be.scale(o.v(s), 1.7f); });
+    check_sync(o, tol, "scale");
+    Pair coef = make(DType::f32, {0.3f});
+    both([&](Backend& be, Side s) { be.scale_by(o.v(s), coef.v(s)); });
+    check_sync(o, tol, "scale_by");
+  }
+  // Mixed storage types in add (run-time typed kernel).
+  Pair a = make(DType::bf16, uniform(n, rng)), b = make(DType::f32, uniform(n, rng));
+  Pair o = make(DType::f16, Vec(n));
+  both([&](Backend& be, Side s) { be.add(o.v(s), a.v(s), b.v(s)); });
+  check_sync(o, kF16, "add bf16 + fp32 -> fp16");
+}
+
+TEST(CudaBackend, Gelu) {
+  std::mt19937 rng(8);
+  Vec xv = uniform(4099, rng, -6.0f, 6.0f);
+  xv[0] = -20.0f;
+  xv[1] = 20.0f;
+  xv[2] = 0.0f;
+  xv[3] = -100.0f;
+  for (DType t : kFloatTypes) {
+    SCOPED_TRACE(name(t));
+    const Tol tol = tol_for(t, kElemF32);
+    Pair x = make(t, xv), y = make(t, Vec(xv.size())), d = make(t, uniform(xv.size(), rng));
+    both([&](Backend& be, Side s) { be.gelu_forward(y.v(s), x.v(s)); });
+    check(y, tol, "gelu_forward");
+    both([&](Backend& be, Side s) { be.gelu_backward(y.v(s), x.v(s), d.v(s)); });
+    check(y, tol, "gelu_backward");
+    both([&](Backend& be, Side s) { be.gelu_backward(d.v(s), x.v(s), d.v(s)); });  // dx = dout
+    check(d, tol, "gelu_backward in place");
+  }
+  Pair x = make(DType::f32, xv), y = make(DType::bf16, Vec(xv.size()));
+  both([&](Backend& be, Side s) { be.gelu_forward(y.v(s), x.v(s)); });
+  check(y, kBf16, "gelu_forward fp32 -> bf16");
+}
+
+TEST(CudaBackend, BiasAddAndBackward) {
+  std::mt19937 rng(9);
+  const int64_t shapes[][2] = {{1, 1}, {13, 77}, {1000, 96}, {4099, 40}, {64, 3072}};
+  for (DType t : kFloatTypes) {
+    for (const auto& sh : shapes) {
+      const int64_t R = sh[0], C = sh[1];
+      SCOPED_TRACE(name(t) + " R=" + std::to_string(R) + " C=" + std::to_string(C));
+      Pair out = make(t, uniform(R * C, rng)), bias = make(t, uniform(C, rng));
+      both([&](Backend& be, Side s) { be.add_bias(out.v(s), bias.v(s), R, C); });
+      check_sync(out, tol_for(t, kElemF32), "add_bias");
+      both([&](Backend& be, Side s) { be.bias_backward(bias.v(s), out.v(s), R, C); });
+      check(bias, tol_for(t, kReduceF32), "bias_backward (accumulates)");
+    }
+  }
+  Pair out = make(DType::bf16, uniform(37 * 40, rng)), bias = make(DType::f32, uniform(40, rng));
+  both([&](Backend& be, Side s) { be.add_bias(out.v(s), bias.v(s), 37, 40); });
+  check_sync(out, kBf16, "add_bias bf16 += fp32");
+  both([&](Backend& be, Side s) { be.bias_backward(bias.v(s), out.v(s), 37, 40); });
+  check(bias, kReduceF32, "bias_backward fp32 += colsum(bf16)");
+}
+
+// ---------------------------------------------------------------------------------------
+// device scalars
+
+TEST(CudaBackend, SquaredNormClipCoefficientUnscale) {
+  std::mt19937 rng(10);
+  for (DType t : kFloatTypes) {
+    for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}, int64_t{3000017}}) {
+      SCOPED_TRACE(name(t) + " n=" + std::to_string(n));
+      Pair x = make(t, uniform(n, rng)), acc = make_f64({3.5});
+      both([&](Backend& be, Side s) { be.squared_norm(acc.v(s), x.v(s)); });
+      check(acc, {1e-12, 0.0}, "squared_norm (accumulates)");
+    }
+  }
+  Pair parts = make_f64({1.0, 2.0, 3.0, 0.25});
+  for (double max_norm : {1.0, 10.0, 0.0, 2.5}) {
+    SCOPED_TRACE("max_norm " + std::to_string(max_norm));
+    Pair norm = make_f64({-1.0}), coef = make(DType::f32, {-1.0f});
+    both([&](Backend& be, Side s) {
+      be.clip_coefficient(norm.v(s), coef.v(s), parts.v(s), max_norm);
+    });
+    check(norm, kExact, "norm");
+    check(coef, kExact, "coef");
+  }
+  // Loss-scale unscaling: found_inf is set to 1 by an inf or a NaN, left alone otherwise.
+  for (int kind = 0; kind < 3; ++kind) {
+    SCOPED_TRACE("kind " + std::to_string(kind));
+    Vec v = uniform(10007, rng);
+    if (kind == 1) v[5003] = std::numeric_limits<float>::infinity();
+    if (kind == 2) v[10006] = std::nanf("");
+    Pair x = make(DType::f32, v), found = make_f64({0.0});
+    both([&](Backend& be, Side s) { be.unscale_and_check(x.v(s), 0.125f, found.v(s)); });
+    check(x, kExact, "x * inv_scale");
+    check(found, kExact, "found_inf");
+    EXPECT_EQ(read(gpu(), found.v(kGpu))[0], kind == 0 ? 0.0 : 1.0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// embeddings
+
+void run_embedding(DType t, int64_t B, int64_t T, int64_t C, int64_t V, int64_t Tmax,
+                   std::mt19937& rng) {
+  SCOPED_TRACE(name(t) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+               " C=" + std::to_string(C) + " V=" + std::to_string(V));
+  std::vector<int32_t> tok(static_cast<std::size_t>(B * T));
+  for (auto& x : tok) x = static_cast<int32_t>(rng() % 4 == 0 ? 1 : rng() % V);  // repeats
+  Pair tokens = make_i32(tok);
+  Pair wte = make(t, uniform(V * C, rng)), wpe = make(t, uniform(Tmax * C, rng));
+  Pair out = make(t, Vec(B * T * C));
+  both([&](Backend& be, Side s) {
+    be.embedding_forward(out.v(s), tokens.v(s), wte.v(s), wpe.v(s), B, T, C);
+  });
+  check(out, tol_for(t, kExact), "embedding_forward");
+  Pair dout = make(t, uniform(B * T * C, rng));
+  both([&](Backend& be, Side s) {
+    be.embedding_backward(wte.v(s), wpe.v(s), dout.v(s), tokens.v(s), B, T, C);
+  });
+  // fp32: the same additions in the same order (rows in turn) as the CPU backend.
+  check(wte, tol_for(t, {1e-6, 1e-7}), "dwte (accumulates)");
+  check(wpe, tol_for(t, {1e-6, 1e-7}), "dwpe (accumulates)");
+}
+
+TEST(CudaBackend, Embedding) {
+  std::mt19937 rng(11);
+  for (DType t : kFloatTypes) {
+    run_embedding(t, 3, 7, 37, 11, 9, rng);
+    run_embedding(t, 4, 64, 768, 300, 64, rng);
+    run_embedding(t, 2, 50, 40, 5000, 64, rng);  // V > B*T: most rows untouched
+  }
+  // Mixed: bf16 activations, fp32 tables.
+  std::vector<int32_t> tok = {0, 3, 3, 1, 2, 3};
+  Pair tokens = make_i32(tok);
+  Pair wte = make(DType::f32, uniform(4 * 8, rng)), wpe = make(DType::f32, uniform(3 * 8, rng));
+  Pair out = make(DType::bf16, Vec(6 * 8));
+  both([&](Backend& be, Side s) {
+    be.embedding_forward(out.v(s), tokens.v(s), wte.v(s), wpe.v(s), 2, 3, 8);
+  });
+  check_sync(out, kBf16, "embedding_forward mixed");
+  both([&](Backend& be, Side s) {
+    be.embedding_backward(wte.v(s), wpe.v(s), out.v(s), tokens.v(s), 2, 3, 8);
+  });
+  check(wte, {1e-6, 1e-7}, "dwte mixed");
+}
+
+TEST(CudaBackend, OutOfRangeIndicesThrowAtTheNextSynchronisation) {
+  std::mt19937 rng(12);
+  Pair tokens = make_i32({0, 1, 11, 2, -3});  // V = 11: the first bad one is reported
+  Pair wte = make(DType::f32, uniform(11 * 8, rng)), wpe = make(DType::f32, uniform(5 * 8, rng));
+  Pair out = make(DType::f32, Vec(5 * 8));
+  Backend& g = gpu();
+  try {
+    g.embedding_forward(out.v(kGpu), tokens.v(kGpu), wte.v(kGpu), wpe.v(kGpu), 1, 5, 8);
+    g.synchronize();
+    ADD_FAILURE() << "no error for token 11 of 11";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("embedding_forward: tokens holds 11 at position 2"),
+              std::string::npos)
+        << e.what();
+  }
+  g.synchronize();  // reported once, then cleared
+  Pair logits = make(DType::f32, uniform(3 * 5, rng)), targets = make_i32({0, -1, 4});
+  Pair loss = make_f64({0.0});
+  EXPECT_THROW(
+      {
+        g.cross_entropy_forward(loss.v(kGpu), logits.v(kGpu), targets.v(kGpu), 3, 5);
+        Bytes b(8);
+        g.copy_to_host(b.data(), loss.v(kGpu));
+      },
+      Error);
+  g.synchronize();
+}
+
+// ---------------------------------------------------------------------------------------
+// LayerNorm
+
+TEST(CudaBackend, LayerNorm) {
+  std::mt19937 rng(13);
+  const int64_t shapes[][2] = {{1, 1}, {13, 77}, {64, 768}, {300, 40}, {5, 4100}};
+  for (DType t : kFloatTypes) {
+    for (const auto& sh : shapes) {
+      const int64_t R = sh[0], C = sh[1];
+      SCOPED_TRACE(name(t) + " R=" + std::to_string(R) + " C=" + std::to_string(C));
+      Vec xv = uniform(R * C, rng, -2.0f, 3.0f);
+      Pair x = make(t, xv), w = make(t, uniform(C, rng, 0.5f, 1.5f)), b = make(t, uniform(C, rng));
+      Pair out = make(t, Vec(R * C)), mean = make(DType::f32, Vec(R)),
+           rstd = make(DType::f32, Vec(R));
+      both([&](Backend& be, Side s) {
+        be.layernorm_forward(out.v(s), mean.v(s), rstd.v(s), x.v(s), w.v(s), b.v(s), R, C, 1e-5f);
+      });
+      check(out, tol_for(t, {1e-5, 1e-5}), "out");
+      check(mean, {1e-5, 1e-6}, "mean");
+      check(rstd, {1e-5, 0.0}, "rstd");
+      mean.cpu_to_gpu();  // backward on identical statistics
+      rstd.cpu_to_gpu();
+      Pair dout = make(t, uniform(R * C, rng)), dx = make(t, uniform(R * C, rng));
+      Pair dw = make(t, uniform(C, rng)), db = make(t, uniform(C, rng));
+      both([&](Backend& be, Side s) {
+        be.layernorm_backward(dx.v(s), dw.v(s), db.v(s), dout.v(s), x.v(s), w.v(s), mean.v(s),
+                              rstd.v(s), R, C);
+      });
+      check(dx, tol_for(t, kReduceF32), "dx (accumulates)");
+      check(dw, tol_for(t, kReduceF32), "dweight (accumulates)");
+      check(db, tol_for(t, kReduceF32), "dbias (accumulates)");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// attention
+
+void run_attention(DType t, int64_t B, int64_t T, int64_t C, int64_t H, std::mt19937& rng,
+                   DType out_t, DType att_t) {
+  SCOPED_TRACE("qkv " + name(t) + " out " + name(out_t) + " att " + name(att_t) +
+               " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+               " H=" + std::to_string(H));
+  const Tol tol = attn_tol(t == DType::f32 ? out_t : t);
+  Pair qkv = make(t, uniform(B * T * 3 * C, rng, -2.0f, 2.0f));
+  Pair out = make(out_t, uniform(B * T * C, rng));  // garbage: written
+  Pair att = make(att_t, uniform(B * H * T * T, rng));
+  both(
+      [&](Backend& be, Side s) { be.attention_forward(out.v(s), att.v(s), qkv.v(s), B, T, C, H); });
+  check(out, tol, "out");
+  check(att, tol, "att");
+  // att is exactly 0 above the diagonal.
+  const std::vector<double> a = read(gpu(), att.v(kGpu));
+  int nonzero = 0;
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    for (int64_t i = 0; i < T; ++i) {
+      for (int64_t j = i + 1; j < T; ++j) nonzero += a[(bh * T + i) * T + j] != 0.0;
+    }
+  }
+  EXPECT_EQ(nonzero, 0) << "att above the diagonal";
+  // Backward from identical saved P.
+  att.cpu_to_gpu();
+  Pair dout = make(out_t, uniform(B * T * C, rng));
+  Pair dqkv = make(t, uniform(B * T * 3 * C, rng));  // garbage: written
+  Pair scratch = make(DType::f32, uniform(B * H * T * T, rng));
+  both([&](Backend& be, Side s) {
+    be.attention_backward(dqkv.v(s), scratch.v(s), dout.v(s), qkv.v(s), att.v(s), B, T, C, H);
+  });
+  check(dqkv, tol, "dqkv");
+}
+
+TEST(CudaBackend, Attention) {
+  std::mt19937 rng(14);
+  for (DType t : kFloatTypes) {
+    run_attention(t, 2, 13, 24, 3, rng, t, t);
+    run_attention(t, 1, 64, 64, 4, rng, t, t);
+    run_attention(t, 3, 33, 96, 2, rng, t, t);
+    run_attention(t, 1, 1, 8, 1, rng, t, t);
+  }
+  run_attention(DType::f32, 2, 130, 128, 2, rng, DType::f32, DType::f32);  // T > a 128 tile
+  // Mixed storage types (fp32 fallback on the GPU).
+  run_attention(DType::bf16, 2, 9, 16, 2, rng, DType::f32, DType::f32);
+}
+
+// ---------------------------------------------------------------------------------------
+// cross-entropy
+
+TEST(CudaBackend, CrossEntropy) {
+  std::mt19937 rng(15);
+  const int64_t shapes[][2] = {{1, 1}, {5, 1001}, {64, 50257}, {300, 7}};
+  for (DType t : kFloatTypes) {
+    for (const auto& sh : shapes) {
+      const int64_t R = sh[0], V = sh[1];
+      SCOPED_TRACE(name(t) + " R=" + std::to_string(R) + " V=" + std::to_string(V));
+      Vec lv = uniform(R * V, rng, -4.0f, 4.0f);
+      lv[0] = 30.0f;  // a dominant logit
+      std::vector<int32_t> tg(static_cast<std::size_t>(R));
+      for (auto& x : tg) x = static_cast<int32_t>(rng() % V);
+      Pair targets = make_i32(tg);
+      Pair logits = make(t, lv), loss = make_f64({1.25});
+      const Bytes before = read_bytes(gpu(), logits.v(kGpu));
+      both([&](Backend& be, Side s) {
+        be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V);
+      });
+      check_sync(loss, {1e-5, 0.0}, "loss (forward, accumulates)");
+      expect_bytes(logits, before, "logits untouched by the forward");
+      const float gs = 1.0f / static_cast<float>(R);
+      both([&](Backend& be, Side s) {
+        be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, gs);
+      });
+      check(loss, {1e-5, 0.0}, "loss (forward_backward, accumulates)");
+      check(logits, tol_for(t, {1e-5, 1e-7}), "dlogits");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// optimizers
+
+TEST(CudaBackend, AdamWAndSgd) {
+  std::mt19937 rng(16);
+  for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{65539}}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    Pair p = make(DType::f32, uniform(n, rng)), m = make(DType::f32, Vec(n)),
+         v = make(DType::f32, Vec(n));
+    for (int64_t step = 1; step <= 3; ++step) {
+      Pair g = make(DType::f32, uniform(n, rng, -0.1f, 0.1f));
+      both([&](Backend& be, Side s) {
+        be.adamw_update(p.v(s), g.v(s), m.v(s), v.v(s), 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, step);
+      });
+      check_sync(p, kOptimF32, "adamw param");
+      check_sync(m, kOptimF32, "adamw exp_avg");
+      check_sync(v, kOptimF32, "adamw exp_avg_sq");
+    }
+    for (float momentum : {0.0f, 0.9f}) {
+      Pair buf = make(DType::f32, uniform(n, rng));  // garbage before step 1
+      for (int64_t step = 1; step <= 2; ++step) {
+        Pair g = make(DType::f32, uniform(n, rng));
+        both([&](Backend& be, Side s) {
+          const TensorView b = momentum == 0.0f ? TensorView() : buf.v(s);
+          be.sgd_update(p.v(s), g.v(s), b, 0.05f, momentum, 1e-2f, step);
+        });
+        check_sync(p, kOptimF32, "sgd param");
+        if (momentum != 0.0f) check_sync(buf, kOptimF32, "sgd momentum");
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// determinism: reductions give the same bits on every run
+
+TEST(CudaBackend, ReductionsAreBitwiseRepeatable) {
+  std::mt19937 rng(17);
+  const int64_t R = 1031, C = 200, B = 8, T = 128, V = 97;
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(name(t));
+    const Vec x0 = uniform(R * C, rng), w0 = uniform(C, rng);
+    Pair x = make(t, x0), w = make(t, w0), mean = make(DType::f32, Vec(R)),
+         rstd = make(DType::f32, Vec(R)), out = make(t, Vec(R * C));
+    both([&](Backend& be, Side s) {
+      be.layernorm_forward(out.v(s), mean.v(s), rstd.v(s), x.v(s), w.v(s), w.v(s), R, C, 1e-5f);
+    });
+    std::vector<int32_t> tg(static_cast<std::size_t>(B * T));
+    for (auto& v : tg) v = static_cast<int32_t>(rng() % V);
+    Pair tokens = make_i32(tg);
+    const Vec d0 = uniform(B * T * C, rng);
+    Bytes first[6];
+    for (int run = 0; run < 2; ++run) {
+      Pair dx = make(t, Vec(R * C)), dw = make(t, Vec(C)), db = make(t, Vec(C)),
+           bb = make(t, Vec(C)), acc = make_f64({0.0});
+      Pair dwte = make(t, Vec(V * C)), dwpe = make(t, Vec(T * C)), d = make(t, d0);
+      Backend& g = gpu();
+      g.layernorm_backward(dx.v(kGpu), dw.v(kGpu), db.v(kGpu), x.v(kGpu), x.v(kGpu), w.v(kGpu),
+                           mean.v(kGpu), rstd.v(kGpu), R, C);
+      g.bias_backward(bb.v(kGpu), x.v(kGpu), R, C);
+      g.squared_norm(acc.v(kGpu), x.v(kGpu));
+      g.embedding_backward(dwte.v(kGpu), dwpe.v(kGpu), d.v(kGpu), tokens.v(kGpu), B, T, C);
+      const Pair* outs[6] = {&dx, &dw, &db, &bb, &acc, &dwte};
+      for (int k = 0; k < 6; ++k) {
+        if (run == 0) {
+          first[k] = read_bytes(g, outs[k]->v(kGpu));
+        } else {
+          expect_bytes(*outs[k], first[k], "output " + std::to_string(k));
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// argument checks: the CPU backend's rules, "cuda backend: KERNEL: ARG ..."
+
+void expect_error(const std::function<void()>& f, const std::string& text) {
+  try {
+    f();
+    ADD_FAILURE() << "no fsdp::Error; expected one containing \"" << text << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaBackend, WrongDtypesAndSizesThrow) {
+  Backend& g = gpu();
+  DeviceBuffer f32(g, DType::f32, 64, MemCategory::other),
+      bf(g, DType::bf16, 64, MemCategory::other), i32(g, DType::i32, 64, MemCategory::other),
+      f64(g, DType::f64, 4, MemCategory::other);
+  const TensorView F = f32.view(), Hb = bf.view(), I = i32.view(), D = f64.view();
+  expect_error([&] { g.gemm(false, false, 4, 4, 4, 1.0f, I, F, 0.0f, F); },
+               "cuda backend: gemm: A is int32");
+  expect_error([&] { g.gemm(false, false, 8, 9, 8, 1.0f, F, F, 0.0f, F); },
+               "cuda backend: gemm: B is fp32 [64] but needs at least 72 elements");
+  expect_error([&] { g.gemm(false, false, -1, 4, 4, 1.0f, F, F, 0.0f, F); },
+               "cuda backend: gemm: M = -1");
+  expect_error([&] { g.add(F, F, D); }, "cuda backend: add: b is fp64");
+  expect_error([&] { g.layernorm_forward(F, Hb, F, F, F, F, 4, 4, 1e-5f); },
+               "cuda backend: layernorm_forward: mean is bf16");
+  expect_error([&] { g.adamw_update(Hb, Hb, Hb, Hb, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1); },
+               "cuda backend: adamw_update: param is bf16");
+  expect_error([&] { g.adamw_update(F, F, F, F, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0); },
+               "step = 0");
+  expect_error([&] { g.squared_norm(F, F); }, "cuda backend: squared_norm: acc is fp32");
+  expect_error([&] { g.unscale_and_check(Hb, 1.0f, D); },
+               "cuda backend: unscale_and_check: x is bf16");
+  expect_error([&] { g.embedding_forward(F, F, F, F, 2, 4, 8); },
+               "cuda backend: embedding_forward: tokens is fp32");
+  expect_error([&] { g.cross_entropy_forward(F, F, I, 4, 4); },
+               "cuda backend: cross_entropy_forward: loss is fp32");
+  expect_error([&] { g.attention_forward(F, F, F, 1, 2, 6, 4); },
+               "cuda backend: attention_forward: bad shape");
+  expect_error([&] { g.attention_backward(F, Hb, F, F, F, 1, 2, 4, 2); },
+               "cuda backend: attention_backward: scratch is bf16");
+  expect_error([&] { g.cast(F, I); }, "cuda backend: cast: src is int32");
+  expect_error([&] { g.copy(F, Hb); }, "cuda backend: copy: dst");
+  expect_error([&] { g.scale_by(F, D); }, "cuda backend: scale_by: coef is fp64");
+  g.synchronize();  // nothing was enqueued by the failed calls
+}
+
+}  // namespace
+}  // namespace fsdp
