@@ -233,13 +233,14 @@ class CudaBackend final : public Backend {
 
  private:
   // Device memory for the duration of one call (kernel scratch), from the caching allocator
-  // as activations. Returned without an event: everything that uses it is enqueued on the
+  // as MemCategory::other (kernel workspace: the plan's categories, activations included,
+  // stay exactly what the model and engine hold). Returned without an event: everything that uses it is enqueued on the
   // compute stream, and the allocator hands memory out for use on that stream.
   class Scratch {
    public:
     Scratch(CudaBackend& be, std::size_t bytes)
-        : be_(be), bytes_(bytes), p_(be.allocate(bytes, MemCategory::activations)) {}
-    ~Scratch() { be_.deallocate(p_, bytes_, MemCategory::activations, nullptr); }
+        : be_(be), bytes_(bytes), p_(be.allocate(bytes, MemCategory::other)) {}
+    ~Scratch() { be_.deallocate(p_, bytes_, MemCategory::other, nullptr); }
     Scratch(const Scratch&) = delete;
     Scratch& operator=(const Scratch&) = delete;
     template <class T>
