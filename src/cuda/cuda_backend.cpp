@@ -33,6 +33,7 @@
 #include <string>
 #include <system_error>
 
+#include "fsdp/backend/arg_checks.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/check.hpp"
 #include "fsdp/cuda/stream.hpp"
@@ -48,46 +49,12 @@ namespace k = kernels;
 constexpr std::size_t kScoresScratchBytes = 64u << 20;
 
 // ---------------------------------------------------------------------------------------
-// argument checks (the CPU backend's, with this backend's name)
+// argument checks: fsdp/backend/arg_checks.hpp, with this backend's name
 
-[[noreturn]] void arg_error(const char* kernel, const char* arg, const std::string& what) {
-  throw Error("cuda backend: " + std::string(kernel) + ": " + arg + " " + what);
-}
-
-std::string describe(const TensorView& v) {
-  return std::string(to_string(v.dtype)) + " " + v.shape.str();
-}
-
-void check_dim(const char* kernel, const char* name, int64_t value) {
-  if (value < 0) arg_error(kernel, name, "= " + std::to_string(value) + " (expected >= 0)");
-}
-
-void check_size(const char* kernel, const char* arg, const TensorView& v, int64_t n) {
-  if (v.numel() < n) {
-    arg_error(kernel, arg,
-              "is " + describe(v) + " but needs at least " + std::to_string(n) + " elements");
-  }
-  if (n > 0 && v.data == nullptr) arg_error(kernel, arg, "is a null view");
-}
-
-void need_float(const char* kernel, const char* arg, const TensorView& v, int64_t n) {
-  if (v.dtype != DType::f32 && v.dtype != DType::bf16 && v.dtype != DType::f16) {
-    arg_error(kernel, arg, "is " + describe(v) + " (expected fp32, bf16 or fp16)");
-  }
-  check_size(kernel, arg, v, n);
-}
-
-void need_dtype(const char* kernel, const char* arg, const TensorView& v, DType t, int64_t n) {
-  if (v.dtype != t) {
-    arg_error(kernel, arg, "is " + describe(v) + " (expected " + std::string(to_string(t)) + ")");
-  }
-  check_size(kernel, arg, v, n);
-}
-
-double* scalar64(const char* kernel, const char* arg, const TensorView& v) {
-  need_dtype(kernel, arg, v, DType::f64, 1);
-  return static_cast<double*>(v.data);
-}
+struct BackendName {
+  static constexpr const char* name = "cuda backend";
+};
+using Chk = ArgChecks<BackendName>;
 
 void check_attention_shapes(const char* kernel, int64_t B, int64_t T, int64_t C, int64_t H) {
   if (B < 0 || T < 0 || C <= 0 || H <= 0 || C % H != 0 || 3 * C > INT32_MAX || T > INT32_MAX) {
@@ -333,18 +300,18 @@ void* CudaBackend::allocate(std::size_t bytes, MemCategory category) {
 }
 
 void CudaBackend::fill_zero(const TensorView& dst) {
-  check_size("fill_zero", "dst", dst, dst.numel());
+  Chk::size("fill_zero", "dst", dst, dst.numel());
   if (dst.bytes()) FSDP_CHECK_CUDA(cudaMemsetAsync(dst.data, 0, dst.bytes(), s()));
 }
 
 void CudaBackend::copy(const TensorView& dst, const TensorView& src) {
   if (dst.dtype != src.dtype || dst.numel() != src.numel()) {
-    arg_error("copy", "dst",
-              "is " + describe(dst) + " but src is " + describe(src) +
+    Chk::error("copy", "dst",
+              "is " + Chk::describe(dst) + " but src is " + Chk::describe(src) +
                   " (expected the same dtype and numel)");
   }
-  check_size("copy", "dst", dst, dst.numel());
-  check_size("copy", "src", src, src.numel());
+  Chk::size("copy", "dst", dst, dst.numel());
+  Chk::size("copy", "src", src, src.numel());
   if (dst.bytes() && dst.data != src.data) {
     FSDP_CHECK_CUDA(
         cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, s()));
@@ -353,21 +320,21 @@ void CudaBackend::copy(const TensorView& dst, const TensorView& src) {
 
 void CudaBackend::cast(const TensorView& dst, const TensorView& src) {
   if (dst.numel() != src.numel()) {
-    arg_error(
+    Chk::error(
         "cast", "dst",
-        "is " + describe(dst) + " but src is " + describe(src) + " (expected the same numel)");
+        "is " + Chk::describe(dst) + " but src is " + Chk::describe(src) + " (expected the same numel)");
   }
   for (const auto& [name, v] : {std::pair{"dst", &dst}, std::pair{"src", &src}}) {
     if (!is_floating(v->dtype)) {
-      arg_error("cast", name, "is " + describe(*v) + " (expected fp32, fp64, bf16 or fp16)");
+      Chk::error("cast", name, "is " + Chk::describe(*v) + " (expected fp32, fp64, bf16 or fp16)");
     }
-    check_size("cast", name, *v, v->numel());
+    Chk::size("cast", name, *v, v->numel());
   }
   k::cast(out(dst), in(src), dst.numel(), s());
 }
 
 void CudaBackend::copy_to_host(void* host_dst, const TensorView& src) {
-  check_size("copy_to_host", "src", src, src.numel());
+  Chk::size("copy_to_host", "src", src, src.numel());
   if (src.bytes()) {
     FSDP_CHECK_CUDA(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, s()));
   }
@@ -377,7 +344,7 @@ void CudaBackend::copy_to_host(void* host_dst, const TensorView& src) {
 }
 
 void CudaBackend::copy_from_host(const TensorView& dst, const void* host_src) {
-  check_size("copy_from_host", "dst", dst, dst.numel());
+  Chk::size("copy_from_host", "dst", dst, dst.numel());
   if (!dst.bytes()) return;
   FSDP_CHECK_CUDA(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice, s()));
   FSDP_CHECK_CUDA(cudaStreamSynchronize(s()));  // blocking: host_src may be reused at once
@@ -423,12 +390,12 @@ void CudaBackend::raise_device_error() {
 void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const TensorView& A, const TensorView& B, float beta, const TensorView& C) {
   // A: [M,K] ([K,M] if trans_a), B: [K,N] ([N,K] if trans_b), C: [M,N].
-  check_dim("gemm", "M", M);
-  check_dim("gemm", "N", N);
-  check_dim("gemm", "K", K);
-  need_float("gemm", "A", A, M * K);
-  need_float("gemm", "B", B, K * N);
-  need_float("gemm", "C", C, M * N);
+  Chk::dim("gemm", "M", M);
+  Chk::dim("gemm", "N", N);
+  Chk::dim("gemm", "K", K);
+  Chk::need_float("gemm", "A", A, M * K);
+  Chk::need_float("gemm", "B", B, K * N);
+  Chk::need_float("gemm", "C", C, M * N);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // C = beta C (BLAS semantics: beta == 0 overwrites, even NaN)
     if (beta == 0.0f) {
@@ -469,20 +436,20 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 
 void CudaBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_t R, int64_t C) {
   // out: [R,C] += bias: [C]
-  check_dim("add_bias", "R", R);
-  check_dim("add_bias", "C", C);
-  need_float("add_bias", "out", out_, R * C);
-  need_float("add_bias", "bias", bias, C);
+  Chk::dim("add_bias", "R", R);
+  Chk::dim("add_bias", "C", C);
+  Chk::need_float("add_bias", "out", out_, R * C);
+  Chk::need_float("add_bias", "bias", bias, C);
   k::add_bias(out(out_), in(bias), R, C, s());
 }
 
 void CudaBackend::bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
                                 int64_t C) {
   // dbias: [C] += colsum(dout: [R,C])
-  check_dim("bias_backward", "R", R);
-  check_dim("bias_backward", "C", C);
-  need_float("bias_backward", "dbias", dbias, C);
-  need_float("bias_backward", "dout", dout, R * C);
+  Chk::dim("bias_backward", "R", R);
+  Chk::dim("bias_backward", "C", C);
+  Chk::need_float("bias_backward", "dbias", dbias, C);
+  Chk::need_float("bias_backward", "dout", dout, R * C);
   if (R == 0 || C == 0) return;
   Scratch partial(*this,
                   static_cast<std::size_t>(k::bias_backward_scratch_floats(R, C)) * sizeof(float));
@@ -492,24 +459,24 @@ void CudaBackend::bias_backward(const TensorView& dbias, const TensorView& dout,
 void CudaBackend::add(const TensorView& out_, const TensorView& a, const TensorView& b) {
   // out[n] = a[n] + b[n], n = out.numel()
   const int64_t n = out_.numel();
-  need_float("add", "out", out_, n);
-  need_float("add", "a", a, n);
-  need_float("add", "b", b, n);
+  Chk::need_float("add", "out", out_, n);
+  Chk::need_float("add", "a", a, n);
+  Chk::need_float("add", "b", b, n);
   k::add(out(out_), in(a), in(b), n, s());
 }
 
 void CudaBackend::axpy(const TensorView& y, float alpha, const TensorView& x) {
   // y[n] += alpha x[n], n = y.numel()
   const int64_t n = y.numel();
-  need_float("axpy", "y", y, n);
-  need_float("axpy", "x", x, n);
+  Chk::need_float("axpy", "y", y, n);
+  Chk::need_float("axpy", "x", x, n);
   k::axpy(out(y), alpha, in(x), n, s());
 }
 
 void CudaBackend::scale(const TensorView& x, float alpha) {
   // x[n] *= alpha
   const int64_t n = x.numel();
-  need_float("scale", "x", x, n);
+  Chk::need_float("scale", "x", x, n);
   k::scale(out(x), alpha, n, s());
 }
 
@@ -518,9 +485,9 @@ void CudaBackend::scale(const TensorView& x, float alpha) {
 
 void CudaBackend::squared_norm(const TensorView& acc, const TensorView& x) {
   // acc[0] (fp64) += sum x[n]^2
-  double* a = scalar64("squared_norm", "acc", acc);
+  double* a = Chk::scalar64("squared_norm", "acc", acc);
   const int64_t n = x.numel();
-  need_float("squared_norm", "x", x, n);
+  Chk::need_float("squared_norm", "x", x, n);
   if (n == 0) return;
   Scratch partial(*this,
                   static_cast<std::size_t>(k::squared_norm_scratch_doubles(n)) * sizeof(double));
@@ -530,26 +497,26 @@ void CudaBackend::squared_norm(const TensorView& acc, const TensorView& x) {
 void CudaBackend::clip_coefficient(const TensorView& norm, const TensorView& coef,
                                    const TensorView& parts, double max_norm) {
   // norm[0] (fp64) = sqrt(sum parts[n] (fp64)); coef[0] (fp32) = clip coefficient
-  double* nrm = scalar64("clip_coefficient", "norm", norm);
-  need_dtype("clip_coefficient", "coef", coef, DType::f32, 1);
-  need_dtype("clip_coefficient", "parts", parts, DType::f64, parts.numel());
+  double* nrm = Chk::scalar64("clip_coefficient", "norm", norm);
+  Chk::need_dtype("clip_coefficient", "coef", coef, DType::f32, 1);
+  Chk::need_dtype("clip_coefficient", "parts", parts, DType::f64, parts.numel());
   k::clip_coefficient(nrm, static_cast<float*>(coef.data), static_cast<const double*>(parts.data),
                       parts.numel(), max_norm, s());
 }
 
 void CudaBackend::scale_by(const TensorView& x, const TensorView& coef) {
   // x[n] *= coef[0] (fp32)
-  need_dtype("scale_by", "coef", coef, DType::f32, 1);
+  Chk::need_dtype("scale_by", "coef", coef, DType::f32, 1);
   const int64_t n = x.numel();
-  need_float("scale_by", "x", x, n);
+  Chk::need_float("scale_by", "x", x, n);
   k::scale_by(out(x), static_cast<const float*>(coef.data), n, s());
 }
 
 void CudaBackend::unscale_and_check(const TensorView& x, float inv_scale,
                                     const TensorView& found_inf) {
   // x[n] (fp32) *= inv_scale; found_inf[0] (fp64) = 1 if any x was inf or NaN
-  double* found = scalar64("unscale_and_check", "found_inf", found_inf);
-  need_dtype("unscale_and_check", "x", x, DType::f32, x.numel());
+  double* found = Chk::scalar64("unscale_and_check", "found_inf", found_inf);
+  Chk::need_dtype("unscale_and_check", "x", x, DType::f32, x.numel());
   k::unscale_and_check(static_cast<float*>(x.data), inv_scale, x.numel(), found, s());
 }
 
@@ -558,7 +525,7 @@ void CudaBackend::unscale_and_check(const TensorView& x, float inv_scale,
 
 void CudaBackend::check_tokens(const char* kernel, const TensorView& tokens, int64_t n, int64_t V,
                                int code) {
-  need_dtype(kernel, "tokens", tokens, DType::i32, n);
+  Chk::need_dtype(kernel, "tokens", tokens, DType::i32, n);
   const int64_t bound = V >= 0 ? V : std::numeric_limits<int32_t>::max() + int64_t{1};
   k::check_indices(static_cast<const int32_t*>(tokens.data), n, bound, code, dev_error_, s());
 }
@@ -568,14 +535,14 @@ void CudaBackend::embedding_forward(const TensorView& out_, const TensorView& to
                                     int64_t T, int64_t C) {
   // tokens: [B,T] int32; wte: [V,C]; wpe: [Tmax,C]; out: [B,T,C]. V = wte.numel() / C.
   const char* kn = "embedding_forward";
-  check_dim(kn, "B", B);
-  check_dim(kn, "T", T);
-  check_dim(kn, "C", C);
-  need_float(kn, "wte", wte, 0);
+  Chk::dim(kn, "B", B);
+  Chk::dim(kn, "T", T);
+  Chk::dim(kn, "C", C);
+  Chk::need_float(kn, "wte", wte, 0);
   const int64_t V = C > 0 ? wte.numel() / C : -1;
-  need_dtype(kn, "tokens", tokens, DType::i32, B * T);
-  need_float(kn, "wpe", wpe, T * C);
-  need_float(kn, "out", out_, B * T * C);
+  Chk::need_dtype(kn, "tokens", tokens, DType::i32, B * T);
+  Chk::need_float(kn, "wpe", wpe, T * C);
+  Chk::need_float(kn, "out", out_, B * T * C);
   check_tokens(kn, tokens, B * T, V, k::kErrEmbeddingForward);
   if (C == 0) return;
   k::embedding_forward(out(out_), static_cast<const int32_t*>(tokens.data), in(wte), in(wpe), B, T,
@@ -587,14 +554,14 @@ void CudaBackend::embedding_backward(const TensorView& dwte, const TensorView& d
                                      int64_t T, int64_t C) {
   // dwte: [V,C] += scatter of dout: [B,T,C] by tokens: [B,T]; dwpe: [Tmax,C] (rows < T) +=.
   const char* kn = "embedding_backward";
-  check_dim(kn, "B", B);
-  check_dim(kn, "T", T);
-  check_dim(kn, "C", C);
-  need_float(kn, "dwte", dwte, 0);
+  Chk::dim(kn, "B", B);
+  Chk::dim(kn, "T", T);
+  Chk::dim(kn, "C", C);
+  Chk::need_float(kn, "dwte", dwte, 0);
   const int64_t V = C > 0 ? dwte.numel() / C : -1;
-  need_dtype(kn, "tokens", tokens, DType::i32, B * T);
-  need_float(kn, "dwpe", dwpe, T * C);
-  need_float(kn, "dout", dout, B * T * C);
+  Chk::need_dtype(kn, "tokens", tokens, DType::i32, B * T);
+  Chk::need_float(kn, "dwpe", dwpe, T * C);
+  Chk::need_float(kn, "dout", dout, B * T * C);
   check_tokens(kn, tokens, B * T, V, k::kErrEmbeddingBackward);
   if (C == 0 || B * T == 0) return;
   const k::EmbeddingScratch need = k::embedding_backward_scratch(st(dwte.dtype), B, T, C, V);
@@ -610,14 +577,14 @@ void CudaBackend::layernorm_forward(const TensorView& out_, const TensorView& me
                                     int64_t C, float eps) {
   // x: [R,C]; weight, bias: [C]; out: [R,C]; mean, rstd: [R] fp32.
   const char* kn = "layernorm_forward";
-  check_dim(kn, "R", R);
-  check_dim(kn, "C", C);
-  need_float(kn, "out", out_, R * C);
-  need_dtype(kn, "mean", mean, DType::f32, R);
-  need_dtype(kn, "rstd", rstd, DType::f32, R);
-  need_float(kn, "x", x, R * C);
-  need_float(kn, "weight", weight, C);
-  need_float(kn, "bias", bias, C);
+  Chk::dim(kn, "R", R);
+  Chk::dim(kn, "C", C);
+  Chk::need_float(kn, "out", out_, R * C);
+  Chk::need_dtype(kn, "mean", mean, DType::f32, R);
+  Chk::need_dtype(kn, "rstd", rstd, DType::f32, R);
+  Chk::need_float(kn, "x", x, R * C);
+  Chk::need_float(kn, "weight", weight, C);
+  Chk::need_float(kn, "bias", bias, C);
   k::layernorm_forward(out(out_), static_cast<float*>(mean.data), static_cast<float*>(rstd.data),
                        in(x), in(weight), in(bias), R, C, eps, s());
 }
@@ -629,16 +596,16 @@ void CudaBackend::layernorm_backward(const TensorView& dx, const TensorView& dwe
                                      int64_t C) {
   // dx: [R,C] +=; dweight, dbias: [C] +=; dout, x: [R,C]; weight: [C]; mean, rstd: [R] fp32.
   const char* kn = "layernorm_backward";
-  check_dim(kn, "R", R);
-  check_dim(kn, "C", C);
-  need_float(kn, "dx", dx, R * C);
-  need_float(kn, "dweight", dweight, C);
-  need_float(kn, "dbias", dbias, C);
-  need_float(kn, "dout", dout, R * C);
-  need_float(kn, "x", x, R * C);
-  need_float(kn, "weight", weight, C);
-  need_dtype(kn, "mean", mean, DType::f32, R);
-  need_dtype(kn, "rstd", rstd, DType::f32, R);
+  Chk::dim(kn, "R", R);
+  Chk::dim(kn, "C", C);
+  Chk::need_float(kn, "dx", dx, R * C);
+  Chk::need_float(kn, "dweight", dweight, C);
+  Chk::need_float(kn, "dbias", dbias, C);
+  Chk::need_float(kn, "dout", dout, R * C);
+  Chk::need_float(kn, "x", x, R * C);
+  Chk::need_float(kn, "weight", weight, C);
+  Chk::need_dtype(kn, "mean", mean, DType::f32, R);
+  Chk::need_dtype(kn, "rstd", rstd, DType::f32, R);
   if (R == 0 || C == 0) return;
   Scratch partial(
       *this, static_cast<std::size_t>(k::layernorm_backward_scratch_floats(R, C)) * sizeof(float));
@@ -650,17 +617,17 @@ void CudaBackend::layernorm_backward(const TensorView& dx, const TensorView& dwe
 void CudaBackend::gelu_forward(const TensorView& out_, const TensorView& x) {
   // out[n] = gelu(x[n]), n = out.numel()
   const int64_t n = out_.numel();
-  need_float("gelu_forward", "out", out_, n);
-  need_float("gelu_forward", "x", x, n);
+  Chk::need_float("gelu_forward", "out", out_, n);
+  Chk::need_float("gelu_forward", "x", x, n);
   k::gelu_forward(out(out_), in(x), n, s());
 }
 
 void CudaBackend::gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) {
   // dx[n] = dout[n] gelu'(x[n]), n = dx.numel() (dx may alias dout)
   const int64_t n = dx.numel();
-  need_float("gelu_backward", "dx", dx, n);
-  need_float("gelu_backward", "x", x, n);
-  need_float("gelu_backward", "dout", dout, n);
+  Chk::need_float("gelu_backward", "dx", dx, n);
+  Chk::need_float("gelu_backward", "x", x, n);
+  Chk::need_float("gelu_backward", "dout", dout, n);
   k::gelu_backward(out(dx), in(x), in(dout), n, s());
 }
 
@@ -669,13 +636,13 @@ void CudaBackend::attention_forward(const TensorView& out_, const TensorView& at
                                     int64_t H) {
   // qkv: [B,T,3C]; out: [B,T,C]; att: [B,H,T,T].
   const char* kn = "attention_forward";
-  check_dim(kn, "B", B);
-  check_dim(kn, "T", T);
-  check_dim(kn, "C", C);
-  check_dim(kn, "H", H);
-  need_float(kn, "out", out_, B * T * C);
-  need_float(kn, "att", att, B * H * T * T);
-  need_float(kn, "qkv", qkv, B * T * 3 * C);
+  Chk::dim(kn, "B", B);
+  Chk::dim(kn, "T", T);
+  Chk::dim(kn, "C", C);
+  Chk::dim(kn, "H", H);
+  Chk::need_float(kn, "out", out_, B * T * C);
+  Chk::need_float(kn, "att", att, B * H * T * T);
+  Chk::need_float(kn, "qkv", qkv, B * T * 3 * C);
   check_attention_shapes(kn, B, T, C, H);
   if (B == 0 || T == 0) return;
   if (out_.dtype == qkv.dtype && att.dtype == qkv.dtype) {
@@ -733,15 +700,15 @@ void CudaBackend::attention_backward(const TensorView& dqkv, const TensorView& s
   // dqkv: [B,T,3C] written; scratch: [B,H,T,T] fp32; dout: [B,T,C]; qkv: [B,T,3C];
   // att: [B,H,T,T].
   const char* kn = "attention_backward";
-  check_dim(kn, "B", B);
-  check_dim(kn, "T", T);
-  check_dim(kn, "C", C);
-  check_dim(kn, "H", H);
-  need_float(kn, "dqkv", dqkv, B * T * 3 * C);
-  need_dtype(kn, "scratch", scratch, DType::f32, B * H * T * T);
-  need_float(kn, "dout", dout, B * T * C);
-  need_float(kn, "qkv", qkv, B * T * 3 * C);
-  need_float(kn, "att", att, B * H * T * T);
+  Chk::dim(kn, "B", B);
+  Chk::dim(kn, "T", T);
+  Chk::dim(kn, "C", C);
+  Chk::dim(kn, "H", H);
+  Chk::need_float(kn, "dqkv", dqkv, B * T * 3 * C);
+  Chk::need_dtype(kn, "scratch", scratch, DType::f32, B * H * T * T);
+  Chk::need_float(kn, "dout", dout, B * T * C);
+  Chk::need_float(kn, "qkv", qkv, B * T * 3 * C);
+  Chk::need_float(kn, "att", att, B * H * T * T);
   check_attention_shapes(kn, B, T, C, H);
   if (B == 0 || T == 0) return;
   float* sp = static_cast<float*>(scratch.data);
@@ -801,11 +768,11 @@ void CudaBackend::cross_entropy(const char* kernel, const TensorView& loss,
                                 int64_t V, float grad_scale, bool backward) {
   // loss[0] (fp64) += sum of row losses; logits: [R,V] (-> dlogits in place if backward);
   // targets: [R] int32.
-  double* l = scalar64(kernel, "loss", loss);
-  check_dim(kernel, "R", R);
-  check_dim(kernel, "V", V);
-  need_float(kernel, "logits", logits, R * V);
-  need_dtype(kernel, "targets", targets, DType::i32, R);
+  double* l = Chk::scalar64(kernel, "loss", loss);
+  Chk::dim(kernel, "R", R);
+  Chk::dim(kernel, "V", V);
+  Chk::need_float(kernel, "logits", logits, R * V);
+  Chk::need_dtype(kernel, "targets", targets, DType::i32, R);
   if (R == 0) return;
   const auto* tg = static_cast<const int32_t*>(targets.data);
   k::check_indices(tg, R, V, k::kErrCrossEntropy, dev_error_, s());
@@ -834,10 +801,10 @@ void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
   // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel()
   const char* kn = "adamw_update";
   const int64_t n = param.numel();
-  need_dtype(kn, "param", param, DType::f32, n);
-  need_dtype(kn, "grad", grad, DType::f32, n);
-  need_dtype(kn, "exp_avg", exp_avg, DType::f32, n);
-  need_dtype(kn, "exp_avg_sq", exp_avg_sq, DType::f32, n);
+  Chk::need_dtype(kn, "param", param, DType::f32, n);
+  Chk::need_dtype(kn, "grad", grad, DType::f32, n);
+  Chk::need_dtype(kn, "exp_avg", exp_avg, DType::f32, n);
+  Chk::need_dtype(kn, "exp_avg_sq", exp_avg_sq, DType::f32, n);
   if (step < 1) {
     throw Error("cuda backend: adamw_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
@@ -869,9 +836,9 @@ void CudaBackend::sgd_update(const TensorView& param, const TensorView& grad,
   // empty) when momentum == 0.
   const char* kn = "sgd_update";
   const int64_t n = param.numel();
-  need_dtype(kn, "param", param, DType::f32, n);
-  need_dtype(kn, "grad", grad, DType::f32, n);
-  if (momentum != 0.0f) need_dtype(kn, "momentum_buf", momentum_buf, DType::f32, n);
+  Chk::need_dtype(kn, "param", param, DType::f32, n);
+  Chk::need_dtype(kn, "grad", grad, DType::f32, n);
+  if (momentum != 0.0f) Chk::need_dtype(kn, "momentum_buf", momentum_buf, DType::f32, n);
   if (step < 1) {
     throw Error("cuda backend: sgd_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "cpu_kernels.hpp"
+#include "fsdp/backend/arg_checks.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {
@@ -48,47 +49,13 @@ constexpr std::size_t kAlignment = 256;
 // ---------------------------------------------------------------------------------------
 // argument checks
 
-[[noreturn]] void arg_error(const char* kernel, const char* arg, const std::string& what) {
-  throw Error("cpu backend: " + std::string(kernel) + ": " + arg + " " + what);
-}
-
-std::string describe(const TensorView& v) {
-  return std::string(to_string(v.dtype)) + " " + v.shape.str();
-}
-
-// Dimensions passed explicitly must be >= 0.
-void check_dim(const char* kernel, const char* name, int64_t value) {
-  if (value < 0) arg_error(kernel, name, "= " + std::to_string(value) + " (expected >= 0)");
-}
-
-void check_size(const char* kernel, const char* arg, const TensorView& v, int64_t n) {
-  if (v.numel() < n) {
-    arg_error(kernel, arg,
-              "is " + describe(v) + " but needs at least " + std::to_string(n) + " elements");
-  }
-  if (n > 0 && v.data == nullptr) arg_error(kernel, arg, "is a null view");
-}
-
-// A "float" argument: fp32, bf16 or fp16 storage, at least n elements.
-void need_float(const char* kernel, const char* arg, const TensorView& v, int64_t n) {
-  if (v.dtype != DType::f32 && v.dtype != DType::bf16 && v.dtype != DType::f16) {
-    arg_error(kernel, arg, "is " + describe(v) + " (expected fp32, bf16 or fp16)");
-  }
-  check_size(kernel, arg, v, n);
-}
-
-// An argument of exactly dtype `t` (fp32 statistics and optimizer shards, int32 indices).
-void need_dtype(const char* kernel, const char* arg, const TensorView& v, DType t, int64_t n) {
-  if (v.dtype != t) {
-    arg_error(kernel, arg, "is " + describe(v) + " (expected " + std::string(to_string(t)) + ")");
-  }
-  check_size(kernel, arg, v, n);
-}
-
-// A device scalar: fp64 with at least one element.
+struct BackendName {
+  static constexpr const char* name = "cpu backend";
+};
+using Chk = ArgChecks<BackendName>;
+// A device scalar (host memory on this backend) as a reference.
 double& scalar64(const char* kernel, const char* arg, const TensorView& v) {
-  need_dtype(kernel, arg, v, DType::f64, 1);
-  return *static_cast<double*>(v.data);
+  return *Chk::scalar64(kernel, arg, v);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -311,43 +278,43 @@ class CpuBackend final : public Backend {
 // memory and casts
 
 void CpuBackend::fill_zero(const TensorView& dst) {
-  check_size("fill_zero", "dst", dst, dst.numel());
+  Chk::size("fill_zero", "dst", dst, dst.numel());
   if (dst.bytes()) std::memset(dst.data, 0, dst.bytes());
 }
 
 void CpuBackend::copy(const TensorView& dst, const TensorView& src) {
   if (dst.dtype != src.dtype || dst.numel() != src.numel()) {
-    arg_error("copy", "dst",
-              "is " + describe(dst) + " but src is " + describe(src) +
+    Chk::error("copy", "dst",
+              "is " + Chk::describe(dst) + " but src is " + Chk::describe(src) +
                   " (expected the same dtype and numel)");
   }
-  check_size("copy", "dst", dst, dst.numel());
-  check_size("copy", "src", src, src.numel());
+  Chk::size("copy", "dst", dst, dst.numel());
+  Chk::size("copy", "src", src, src.numel());
   if (dst.bytes() && dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
 }
 
 void CpuBackend::cast(const TensorView& dst, const TensorView& src) {
   if (dst.numel() != src.numel()) {
-    arg_error(
+    Chk::error(
         "cast", "dst",
-        "is " + describe(dst) + " but src is " + describe(src) + " (expected the same numel)");
+        "is " + Chk::describe(dst) + " but src is " + Chk::describe(src) + " (expected the same numel)");
   }
   for (const auto& [name, v] : {std::pair{"dst", &dst}, std::pair{"src", &src}}) {
     if (!is_floating(v->dtype)) {
-      arg_error("cast", name, "is " + describe(*v) + " (expected fp32, fp64, bf16 or fp16)");
+      Chk::error("cast", name, "is " + Chk::describe(*v) + " (expected fp32, fp64, bf16 or fp16)");
     }
-    check_size("cast", name, *v, v->numel());
+    Chk::size("cast", name, *v, v->numel());
   }
   k_.cast(dst.data, dst.dtype, src.data, src.dtype, dst.numel());
 }
 
 void CpuBackend::copy_to_host(void* host_dst, const TensorView& src) {
-  check_size("copy_to_host", "src", src, src.numel());
+  Chk::size("copy_to_host", "src", src, src.numel());
   if (src.bytes() && host_dst != src.data) std::memmove(host_dst, src.data, src.bytes());
 }
 
 void CpuBackend::copy_from_host(const TensorView& dst, const void* host_src) {
-  check_size("copy_from_host", "dst", dst, dst.numel());
+  Chk::size("copy_from_host", "dst", dst, dst.numel());
   if (dst.bytes() && dst.data != host_src) std::memmove(dst.data, host_src, dst.bytes());
 }
 
@@ -357,12 +324,12 @@ void CpuBackend::copy_from_host(const TensorView& dst, const void* host_src) {
 void CpuBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const TensorView& A, const TensorView& B, float beta, const TensorView& C) {
   // A: [M,K] ([K,M] if trans_a), B: [K,N] ([N,K] if trans_b), C: [M,N].
-  check_dim("gemm", "M", M);
-  check_dim("gemm", "N", N);
-  check_dim("gemm", "K", K);
-  need_float("gemm", "A", A, M * K);
-  need_float("gemm", "B", B, K * N);
-  need_float("gemm", "C", C, M * N);
+  Chk::dim("gemm", "M", M);
+  Chk::dim("gemm", "N", N);
+  Chk::dim("gemm", "K", K);
+  Chk::need_float("gemm", "A", A, M * K);
+  Chk::need_float("gemm", "B", B, K * N);
+  Chk::need_float("gemm", "C", C, M * N);
   const F32In a = in(A, M * K), b = in(B, K * N);
   const F32Out c = out(C, M * N, beta != 0.0f);
   k_.gemm(trans_a, trans_b, M, N, K, alpha, a, b, beta, c);
@@ -370,10 +337,10 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
 
 void CpuBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_t R, int64_t C) {
   // out: [R,C] += bias: [C]
-  check_dim("add_bias", "R", R);
-  check_dim("add_bias", "C", C);
-  need_float("add_bias", "out", out_, R * C);
-  need_float("add_bias", "bias", bias, C);
+  Chk::dim("add_bias", "R", R);
+  Chk::dim("add_bias", "C", C);
+  Chk::need_float("add_bias", "out", out_, R * C);
+  Chk::need_float("add_bias", "bias", bias, C);
   const F32In b = in(bias, C);
   const F32Out o = out(out_, R * C, true);
   k_.add_bias(o, b, R, C);
@@ -382,10 +349,10 @@ void CpuBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_
 void CpuBackend::bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
                                int64_t C) {
   // dbias: [C] += colsum(dout: [R,C])
-  check_dim("bias_backward", "R", R);
-  check_dim("bias_backward", "C", C);
-  need_float("bias_backward", "dbias", dbias, C);
-  need_float("bias_backward", "dout", dout, R * C);
+  Chk::dim("bias_backward", "R", R);
+  Chk::dim("bias_backward", "C", C);
+  Chk::need_float("bias_backward", "dbias", dbias, C);
+  Chk::need_float("bias_backward", "dout", dout, R * C);
   const F32In d = in(dout, R * C);
   const F32Out db = out(dbias, C, true);
   k_.bias_backward(db, d, R, C);
@@ -394,9 +361,9 @@ void CpuBackend::bias_backward(const TensorView& dbias, const TensorView& dout, 
 void CpuBackend::add(const TensorView& out_, const TensorView& a, const TensorView& b) {
   // out[n] = a[n] + b[n], n = out.numel()
   const int64_t n = out_.numel();
-  need_float("add", "out", out_, n);
-  need_float("add", "a", a, n);
-  need_float("add", "b", b, n);
+  Chk::need_float("add", "out", out_, n);
+  Chk::need_float("add", "a", a, n);
+  Chk::need_float("add", "b", b, n);
   const F32In fa = in(a, n), fb = in(b, n);
   const F32Out o = out(out_, n, false);
   k_.add(o, fa, fb, n);
@@ -405,8 +372,8 @@ void CpuBackend::add(const TensorView& out_, const TensorView& a, const TensorVi
 void CpuBackend::axpy(const TensorView& y, float alpha, const TensorView& x) {
   // y[n] += alpha x[n], n = y.numel()
   const int64_t n = y.numel();
-  need_float("axpy", "y", y, n);
-  need_float("axpy", "x", x, n);
+  Chk::need_float("axpy", "y", y, n);
+  Chk::need_float("axpy", "x", x, n);
   const F32In fx = in(x, n);
   const F32Out fy = out(y, n, true);
   k_.axpy(fy, alpha, fx, n);
@@ -415,7 +382,7 @@ void CpuBackend::axpy(const TensorView& y, float alpha, const TensorView& x) {
 void CpuBackend::scale(const TensorView& x, float alpha) {
   // x[n] *= alpha
   const int64_t n = x.numel();
-  need_float("scale", "x", x, n);
+  Chk::need_float("scale", "x", x, n);
   const F32Out fx = out(x, n, true);
   k_.scale(fx, alpha, n);
 }
@@ -427,7 +394,7 @@ void CpuBackend::squared_norm(const TensorView& acc, const TensorView& x) {
   // acc[0] (fp64) += sum x[n]^2
   double& a = scalar64("squared_norm", "acc", acc);
   const int64_t n = x.numel();
-  need_float("squared_norm", "x", x, n);
+  Chk::need_float("squared_norm", "x", x, n);
   const F32In fx = in(x, n);
   a += k_.squared_norm(fx, n);
 }
@@ -436,8 +403,8 @@ void CpuBackend::clip_coefficient(const TensorView& norm, const TensorView& coef
                                   const TensorView& parts, double max_norm) {
   // norm[0] (fp64) = sqrt(sum parts[n] (fp64)); coef[0] (fp32) = clip coefficient
   double& nrm = scalar64("clip_coefficient", "norm", norm);
-  need_dtype("clip_coefficient", "coef", coef, DType::f32, 1);
-  need_dtype("clip_coefficient", "parts", parts, DType::f64, parts.numel());
+  Chk::need_dtype("clip_coefficient", "coef", coef, DType::f32, 1);
+  Chk::need_dtype("clip_coefficient", "parts", parts, DType::f64, parts.numel());
   const double* p = static_cast<const double*>(parts.data);
   double total = 0.0;
   for (int64_t i = 0; i < parts.numel(); ++i) total += p[i];
@@ -449,9 +416,9 @@ void CpuBackend::clip_coefficient(const TensorView& norm, const TensorView& coef
 
 void CpuBackend::scale_by(const TensorView& x, const TensorView& coef) {
   // x[n] *= coef[0] (fp32)
-  need_dtype("scale_by", "coef", coef, DType::f32, 1);
+  Chk::need_dtype("scale_by", "coef", coef, DType::f32, 1);
   const int64_t n = x.numel();
-  need_float("scale_by", "x", x, n);
+  Chk::need_float("scale_by", "x", x, n);
   const float alpha = *static_cast<const float*>(coef.data);
   const F32Out fx = out(x, n, true);
   k_.scale(fx, alpha, n);
@@ -461,7 +428,7 @@ void CpuBackend::unscale_and_check(const TensorView& x, float inv_scale,
                                    const TensorView& found_inf) {
   // x[n] (fp32) *= inv_scale; found_inf[0] (fp64) = 1 if any x was inf or NaN
   double& found = scalar64("unscale_and_check", "found_inf", found_inf);
-  need_dtype("unscale_and_check", "x", x, DType::f32, x.numel());
+  Chk::need_dtype("unscale_and_check", "x", x, DType::f32, x.numel());
   if (k_.unscale_and_check(static_cast<float*>(x.data), inv_scale, x.numel())) found = 1.0;
 }
 
@@ -470,11 +437,11 @@ void CpuBackend::unscale_and_check(const TensorView& x, float inv_scale,
 
 void CpuBackend::check_tokens(const char* kernel, const TensorView& tokens, int64_t n,
                               int64_t V) const {
-  need_dtype(kernel, "tokens", tokens, DType::i32, n);
+  Chk::need_dtype(kernel, "tokens", tokens, DType::i32, n);
   const int32_t* t = static_cast<const int32_t*>(tokens.data);
   for (int64_t i = 0; i < n; ++i) {
     if (t[i] < 0 || (V >= 0 && t[i] >= V)) {
-      arg_error(kernel, "tokens",
+      Chk::error(kernel, "tokens",
                 "holds " + std::to_string(t[i]) + " at position " + std::to_string(i) +
                     " (expected 0 <= token < " + std::to_string(V) + ", the rows of wte)");
     }
@@ -486,14 +453,14 @@ void CpuBackend::embedding_forward(const TensorView& out_, const TensorView& tok
                                    int64_t T, int64_t C) {
   // tokens: [B,T] int32; wte: [V,C]; wpe: [Tmax,C]; out: [B,T,C]. V = wte.numel() / C.
   const char* k = "embedding_forward";
-  check_dim(k, "B", B);
-  check_dim(k, "T", T);
-  check_dim(k, "C", C);
-  need_float(k, "wte", wte, 0);
+  Chk::dim(k, "B", B);
+  Chk::dim(k, "T", T);
+  Chk::dim(k, "C", C);
+  Chk::need_float(k, "wte", wte, 0);
   const int64_t V = C > 0 ? wte.numel() / C : -1;
   check_tokens(k, tokens, B * T, V);
-  need_float(k, "wpe", wpe, T * C);
-  need_float(k, "out", out_, B * T * C);
+  Chk::need_float(k, "wpe", wpe, T * C);
+  Chk::need_float(k, "out", out_, B * T * C);
   const F32In e = in(wte, std::max<int64_t>(V, 0) * C), p = in(wpe, T * C);
   const F32Out o = out(out_, B * T * C, false);
   k_.embedding_forward(o, static_cast<const int32_t*>(tokens.data), e, p, B, T, C);
@@ -504,14 +471,14 @@ void CpuBackend::embedding_backward(const TensorView& dwte, const TensorView& dw
                                     int64_t T, int64_t C) {
   // dwte: [V,C] += scatter of dout: [B,T,C] by tokens: [B,T]; dwpe: [Tmax,C] (rows < T) +=.
   const char* k = "embedding_backward";
-  check_dim(k, "B", B);
-  check_dim(k, "T", T);
-  check_dim(k, "C", C);
-  need_float(k, "dwte", dwte, 0);
+  Chk::dim(k, "B", B);
+  Chk::dim(k, "T", T);
+  Chk::dim(k, "C", C);
+  Chk::need_float(k, "dwte", dwte, 0);
   const int64_t V = C > 0 ? dwte.numel() / C : -1;
   check_tokens(k, tokens, B * T, V);
-  need_float(k, "dwpe", dwpe, T * C);
-  need_float(k, "dout", dout, B * T * C);
+  Chk::need_float(k, "dwpe", dwpe, T * C);
+  Chk::need_float(k, "dout", dout, B * T * C);
   const F32In d = in(dout, B * T * C);
   const F32Out e = out(dwte, std::max<int64_t>(V, 0) * C, true), p = out(dwpe, T * C, true);
   k_.embedding_backward(e, p, d, static_cast<const int32_t*>(tokens.data), B, T, C);
@@ -523,14 +490,14 @@ void CpuBackend::layernorm_forward(const TensorView& out_, const TensorView& mea
                                    int64_t C, float eps) {
   // x: [R,C]; weight, bias: [C]; out: [R,C]; mean, rstd: [R] fp32.
   const char* k = "layernorm_forward";
-  check_dim(k, "R", R);
-  check_dim(k, "C", C);
-  need_float(k, "out", out_, R * C);
-  need_dtype(k, "mean", mean, DType::f32, R);
-  need_dtype(k, "rstd", rstd, DType::f32, R);
-  need_float(k, "x", x, R * C);
-  need_float(k, "weight", weight, C);
-  need_float(k, "bias", bias, C);
+  Chk::dim(k, "R", R);
+  Chk::dim(k, "C", C);
+  Chk::need_float(k, "out", out_, R * C);
+  Chk::need_dtype(k, "mean", mean, DType::f32, R);
+  Chk::need_dtype(k, "rstd", rstd, DType::f32, R);
+  Chk::need_float(k, "x", x, R * C);
+  Chk::need_float(k, "weight", weight, C);
+  Chk::need_float(k, "bias", bias, C);
   const F32In fx = in(x, R * C), w = in(weight, C), b = in(bias, C);
   const F32Out o = out(out_, R * C, false);
   k_.layernorm_forward(o, static_cast<float*>(mean.data), static_cast<float*>(rstd.data), fx, w, b,
@@ -544,16 +511,16 @@ void CpuBackend::layernorm_backward(const TensorView& dx, const TensorView& dwei
                                     int64_t C) {
   // dx: [R,C] +=; dweight, dbias: [C] +=; dout, x: [R,C]; weight: [C]; mean, rstd: [R] fp32.
   const char* k = "layernorm_backward";
-  check_dim(k, "R", R);
-  check_dim(k, "C", C);
-  need_float(k, "dx", dx, R * C);
-  need_float(k, "dweight", dweight, C);
-  need_float(k, "dbias", dbias, C);
-  need_float(k, "dout", dout, R * C);
-  need_float(k, "x", x, R * C);
-  need_float(k, "weight", weight, C);
-  need_dtype(k, "mean", mean, DType::f32, R);
-  need_dtype(k, "rstd", rstd, DType::f32, R);
+  Chk::dim(k, "R", R);
+  Chk::dim(k, "C", C);
+  Chk::need_float(k, "dx", dx, R * C);
+  Chk::need_float(k, "dweight", dweight, C);
+  Chk::need_float(k, "dbias", dbias, C);
+  Chk::need_float(k, "dout", dout, R * C);
+  Chk::need_float(k, "x", x, R * C);
+  Chk::need_float(k, "weight", weight, C);
+  Chk::need_dtype(k, "mean", mean, DType::f32, R);
+  Chk::need_dtype(k, "rstd", rstd, DType::f32, R);
   const F32In d = in(dout, R * C), fx = in(x, R * C), w = in(weight, C);
   const F32Out g = out(dx, R * C, true), gw = out(dweight, C, true), gb = out(dbias, C, true);
   k_.layernorm_backward(g, gw, gb, d, fx, w, static_cast<const float*>(mean.data),
@@ -563,8 +530,8 @@ void CpuBackend::layernorm_backward(const TensorView& dx, const TensorView& dwei
 void CpuBackend::gelu_forward(const TensorView& out_, const TensorView& x) {
   // out[n] = gelu(x[n]), n = out.numel()
   const int64_t n = out_.numel();
-  need_float("gelu_forward", "out", out_, n);
-  need_float("gelu_forward", "x", x, n);
+  Chk::need_float("gelu_forward", "out", out_, n);
+  Chk::need_float("gelu_forward", "x", x, n);
   const F32In fx = in(x, n);
   const F32Out o = out(out_, n, false);
   k_.gelu_forward(o, fx, n);
@@ -573,9 +540,9 @@ void CpuBackend::gelu_forward(const TensorView& out_, const TensorView& x) {
 void CpuBackend::gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) {
   // dx[n] = dout[n] gelu'(x[n]), n = dx.numel() (dx may alias dout)
   const int64_t n = dx.numel();
-  need_float("gelu_backward", "dx", dx, n);
-  need_float("gelu_backward", "x", x, n);
-  need_float("gelu_backward", "dout", dout, n);
+  Chk::need_float("gelu_backward", "dx", dx, n);
+  Chk::need_float("gelu_backward", "x", x, n);
+  Chk::need_float("gelu_backward", "dout", dout, n);
   const F32In fx = in(x, n), d = in(dout, n);
   const F32Out g = out(dx, n, false);
   k_.gelu_backward(g, fx, d, n);
@@ -586,13 +553,13 @@ void CpuBackend::attention_forward(const TensorView& out_, const TensorView& att
                                    int64_t H) {
   // qkv: [B,T,3C]; out: [B,T,C]; att: [B,H,T,T]. The kernel checks C % H.
   const char* k = "attention_forward";
-  check_dim(k, "B", B);
-  check_dim(k, "T", T);
-  check_dim(k, "C", C);
-  check_dim(k, "H", H);
-  need_float(k, "out", out_, B * T * C);
-  need_float(k, "att", att, B * H * T * T);
-  need_float(k, "qkv", qkv, B * T * 3 * C);
+  Chk::dim(k, "B", B);
+  Chk::dim(k, "T", T);
+  Chk::dim(k, "C", C);
+  Chk::dim(k, "H", H);
+  Chk::need_float(k, "out", out_, B * T * C);
+  Chk::need_float(k, "att", att, B * H * T * T);
+  Chk::need_float(k, "qkv", qkv, B * T * 3 * C);
   const F32In q = in(qkv, B * T * 3 * C);
   const F32Out o = out(out_, B * T * C, false), a = out(att, B * H * T * T, false);
   k_.attention_forward(o, a, q, B, T, C, H);
@@ -605,15 +572,15 @@ void CpuBackend::attention_backward(const TensorView& dqkv, const TensorView& sc
   // dqkv: [B,T,3C] written; scratch: [B,H,T,T] fp32; dout: [B,T,C]; qkv: [B,T,3C];
   // att: [B,H,T,T].
   const char* k = "attention_backward";
-  check_dim(k, "B", B);
-  check_dim(k, "T", T);
-  check_dim(k, "C", C);
-  check_dim(k, "H", H);
-  need_float(k, "dqkv", dqkv, B * T * 3 * C);
-  need_dtype(k, "scratch", scratch, DType::f32, B * H * T * T);
-  need_float(k, "dout", dout, B * T * C);
-  need_float(k, "qkv", qkv, B * T * 3 * C);
-  need_float(k, "att", att, B * H * T * T);
+  Chk::dim(k, "B", B);
+  Chk::dim(k, "T", T);
+  Chk::dim(k, "C", C);
+  Chk::dim(k, "H", H);
+  Chk::need_float(k, "dqkv", dqkv, B * T * 3 * C);
+  Chk::need_dtype(k, "scratch", scratch, DType::f32, B * H * T * T);
+  Chk::need_float(k, "dout", dout, B * T * C);
+  Chk::need_float(k, "qkv", qkv, B * T * 3 * C);
+  Chk::need_float(k, "att", att, B * H * T * T);
   const F32In d = in(dout, B * T * C), q = in(qkv, B * T * 3 * C), a = in(att, B * H * T * T);
   const F32Out g = out(dqkv, B * T * 3 * C, false);
   k_.attention_backward(g, static_cast<float*>(scratch.data), d, q, a, B, T, C, H);
@@ -625,10 +592,10 @@ void CpuBackend::cross_entropy_forward_backward(const TensorView& loss, const Te
   // loss[0] (fp64) += sum of row losses; logits: [R,V] -> dlogits in place; targets: [R] int32.
   const char* k = "cross_entropy_forward_backward";
   double& l = scalar64(k, "loss", loss);
-  check_dim(k, "R", R);
-  check_dim(k, "V", V);
-  need_float(k, "logits", logits, R * V);
-  need_dtype(k, "targets", targets, DType::i32, R);
+  Chk::dim(k, "R", R);
+  Chk::dim(k, "V", V);
+  Chk::need_float(k, "logits", logits, R * V);
+  Chk::need_dtype(k, "targets", targets, DType::i32, R);
   const F32Out x = out(logits, R * V, true);
   l += k_.cross_entropy_forward_backward(x, static_cast<const int32_t*>(targets.data), R, V,
                                          grad_scale);
@@ -639,10 +606,10 @@ void CpuBackend::cross_entropy_forward(const TensorView& loss, const TensorView&
   // loss[0] (fp64) += sum of row losses; logits: [R,V] unchanged; targets: [R] int32.
   const char* k = "cross_entropy_forward";
   double& l = scalar64(k, "loss", loss);
-  check_dim(k, "R", R);
-  check_dim(k, "V", V);
-  need_float(k, "logits", logits, R * V);
-  need_dtype(k, "targets", targets, DType::i32, R);
+  Chk::dim(k, "R", R);
+  Chk::dim(k, "V", V);
+  Chk::need_float(k, "logits", logits, R * V);
+  Chk::need_dtype(k, "targets", targets, DType::i32, R);
   const F32In x = in(logits, R * V);
   l += k_.cross_entropy_forward(x, static_cast<const int32_t*>(targets.data), R, V);
 }
@@ -657,10 +624,10 @@ void CpuBackend::adamw_update(const TensorView& param, const TensorView& grad,
   // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel()
   const char* k = "adamw_update";
   const int64_t n = param.numel();
-  need_dtype(k, "param", param, DType::f32, n);
-  need_dtype(k, "grad", grad, DType::f32, n);
-  need_dtype(k, "exp_avg", exp_avg, DType::f32, n);
-  need_dtype(k, "exp_avg_sq", exp_avg_sq, DType::f32, n);
+  Chk::need_dtype(k, "param", param, DType::f32, n);
+  Chk::need_dtype(k, "grad", grad, DType::f32, n);
+  Chk::need_dtype(k, "exp_avg", exp_avg, DType::f32, n);
+  Chk::need_dtype(k, "exp_avg_sq", exp_avg_sq, DType::f32, n);
   k_.adamw_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
                   static_cast<float*>(exp_avg.data), static_cast<float*>(exp_avg_sq.data), n, lr,
                   beta1, beta2, eps, weight_decay, step);
@@ -673,9 +640,9 @@ void CpuBackend::sgd_update(const TensorView& param, const TensorView& grad,
   // empty) when momentum == 0.
   const char* k = "sgd_update";
   const int64_t n = param.numel();
-  need_dtype(k, "param", param, DType::f32, n);
-  need_dtype(k, "grad", grad, DType::f32, n);
-  if (momentum != 0.0f) need_dtype(k, "momentum_buf", momentum_buf, DType::f32, n);
+  Chk::need_dtype(k, "param", param, DType::f32, n);
+  Chk::need_dtype(k, "grad", grad, DType::f32, n);
+  if (momentum != 0.0f) Chk::need_dtype(k, "momentum_buf", momentum_buf, DType::f32, n);
   k_.sgd_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
                 static_cast<float*>(momentum_buf.data), n, lr, momentum, weight_decay, step);
 }
