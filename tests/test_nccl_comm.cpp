@@ -293,8 +293,8 @@ std::string host_name() {
 
 std::string timeout_message(const char* collective, const char* seconds) {
   return std::string("NCCL collective ") + collective + " did not finish within " + seconds +
-         " s on rank " + std::to_string(world_rank()) + " (host " + host_name() +
-         "); communicator aborted";
+         " s on rank " + std::to_string(world_rank()) + " on " + host_name() +
+         "; communicator aborted";
 }
 
 // A group of one per rank (works on a shared device), 1 s timeout.

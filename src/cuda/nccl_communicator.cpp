@@ -57,19 +57,9 @@ void check_op(DType dtype, ReduceOp op, const char* what) {
   }
 }
 
-// "rank R (host H)", R the MPI world rank; computed on the main thread (the watchdog makes
+// "rank R on HOST" (fsdp/cuda/check.hpp), computed on the main thread (the watchdog makes
 // no MPI call).
-std::string where_text() {
-  int initialised = 0, finalized = 0, rank = -1;
-  MPI_Initialized(&initialised);
-  MPI_Finalized(&finalized);
-  if (initialised && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  host[sizeof host - 1] = '\0';
-  return (rank >= 0 ? "rank " + std::to_string(rank) : std::string("rank ?")) + " (host " +
-         host + ")";
-}
+std::string where_text() { return detail::where(); }
 
 std::string seconds(double s) {
   std::ostringstream os;
@@ -111,7 +101,7 @@ struct NcclCommunicator::State {
   bool stop = false;
   int device = 0;
   double timeout_s = 0;
-  std::string where;  // "rank R (host H)"
+  std::string where;  // "rank R on HOST"
 
   std::string timeout_message(const std::string& what) const {
     return what + " did not finish within " + seconds(timeout_s) + " s on " + where +

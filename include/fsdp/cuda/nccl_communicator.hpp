@@ -44,7 +44,7 @@
 // the buffers) and the failure is kept: the host wait that saw it throws, and every later
 // call on the communicator or its Works (issue, wait, barrier, split) throws the same
 // fsdp::Error (exit code 1):
-//   NCCL collective all_reduce did not finish within 600 s on rank 3 (host gpu-node-2);
+//   NCCL collective all_reduce did not finish within 600 s on rank 3 on gpu-node-2;
 //   communicator aborted
 // (rank = MPI world rank). The watchdog also prints that line to stderr when it is the one
 // that detects the failure, since the main thread may be blocked elsewhere.
