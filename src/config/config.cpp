@@ -86,6 +86,7 @@ void visit_keys(C& c, F&& f) {
   f("data", "path", c.data.path);
   f("data", "seq_len", c.data.seq_len);
   f("train", "global_batch_size", c.train.global_batch_size);
+  f("train", "micro_batch_size", c.train.micro_batch_size);
   f("train", "max_steps", c.train.max_steps);
   f("train", "seed", c.train.seed);
   f("train", "run_dir", c.train.run_dir);
@@ -109,6 +110,7 @@ void visit_keys(C& c, F&& f) {
   f("fsdp", "backward_prefetch", c.fsdp.backward_prefetch);
   f("fsdp", "forward_prefetch", c.fsdp.forward_prefetch);
   f("fsdp", "limit_all_gathers", c.fsdp.limit_all_gathers);
+  f("fsdp", "activation_checkpointing", c.fsdp.activation_checkpointing);
   f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype);
   f("mixed_precision", "reduce_dtype", c.mixed_precision.reduce_dtype);
   f("mixed_precision", "init_scale", c.mixed_precision.init_scale);
@@ -484,6 +486,7 @@ void validate(const Config& c, OriginOf&& origin_of) {
 
   // mesh, checkpoint, eval
   at_least("mesh.shard_size", c.mesh.shard_size, 0);
+  at_least("train.micro_batch_size", c.train.micro_batch_size, 0);
   if (!(c.comm.timeout_s > 0)) throw fail("comm.timeout_s", num(c.comm.timeout_s) + " is out of range (expected > 0)");
   if (c.comm.backend == CommBackend::nccl && c.train.device == DeviceKind::cpu) {
     throw fail("comm.backend", "\"nccl\" needs train.device = \"cuda\" or \"auto\"");

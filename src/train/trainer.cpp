@@ -72,6 +72,7 @@ struct Job {
   std::unique_ptr<Optimizer> optimizer;
   std::ofstream metrics;
   int64_t step = 0;  // training steps completed (fp16 skipped ones included)
+  int64_t micro_batch = 1;  // sequences per forward/backward on this rank
   // fp16 dynamic loss scaling (torch.amp.GradScaler): the scale and the steps since it changed.
   double loss_scale = 1.0;
   int64_t good_steps = 0;
@@ -152,7 +153,7 @@ double evaluate(Job& job) {
   const int64_t L = cfg.data.seq_len;
   const int64_t windows = data::num_val_windows(job.val_src->num_tokens(), L, cfg.eval.max_windows);
   const data::WindowRange mine = data::rank_windows(windows, job.host.rank(), job.host.size());
-  const int64_t B = std::max<int64_t>(1, job.sampler->local_batch());
+  const int64_t B = std::max<int64_t>(1, job.micro_batch);  // windows per forward
   // Every rank runs the same number of forward passes (they hold collectives); a rank with
   // no windows left runs window 0 and discards the result.
   int64_t chunks = (mine.size() + B - 1) / B;
@@ -302,11 +303,21 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       throw InputError("train.global_batch_size: " + std::to_string(cfg.train.global_batch_size) +
                        " is not divisible by the world size " + std::to_string(world));
     }
+    const int64_t local = cfg.train.global_batch_size / world;
+    if (cfg.train.micro_batch_size > 0 && local % cfg.train.micro_batch_size != 0) {
+      throw InputError("train.micro_batch_size: " + std::to_string(cfg.train.micro_batch_size) +
+                       " does not divide the per-rank batch " + std::to_string(local) +
+                       " (train.global_batch_size / world size)");
+    }
     open_data(job);
   });
+  // Sequences per forward/backward on each rank (gradient accumulation splits the step).
+  const int64_t local_batch = cfg.train.global_batch_size / world;
+  const int64_t micro = cfg.train.micro_batch_size > 0 ? cfg.train.micro_batch_size : local_batch;
+  job.micro_batch = micro;
   const DType act_dtype = cfg.mixed_precision.param_dtype;
-  const int64_t act_bytes = Gpt2Model::activation_bytes(
-      cfg.model, cfg.train.global_batch_size / world, cfg.data.seq_len, act_dtype);
+  const int64_t act_bytes =
+      Gpt2Model::activation_bytes(cfg.model, micro, cfg.data.seq_len, act_dtype);
 
   if (opt.dry_run) {
     collective_guard(group, [&] {
@@ -371,11 +382,16 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
         data::load_batch(*job.train_src, job.sampler->sample_indices(job.step), T);
     const int64_t step = job.step + 1;  // the step being run, 1-based
     be.fill_zero(stats.view());
-    job.engine->begin_step(true);
+    // Gradient accumulation: each micro-batch's gradient is reduce-scattered into the fp32
+    // shards as its backward ends (no unsharded gradient is kept between micro-batches);
+    // scaling by 1/(B*T) for the whole per-rank batch makes the sum the step's mean.
     const float grad_scale = static_cast<float>(job.loss_scale / static_cast<double>(B * T));
-    job.model->forward_backward(batch.inputs.data(), batch.targets.data(), B, T, grad_scale,
-                                *job.engine, loss_dev);
-    job.engine->end_step();
+    for (int64_t m0 = 0; m0 < B; m0 += micro) {
+      job.engine->begin_step(true);
+      job.model->forward_backward(batch.inputs.data() + m0 * T, batch.targets.data() + m0 * T,
+                                  micro, T, grad_scale, *job.engine, loss_dev);
+      job.engine->end_step();
+    }
     if (std::find(opt.inject_overflow_steps.begin(), opt.inject_overflow_steps.end(), step) !=
             opt.inject_overflow_steps.end() &&
         group.rank() == opt.inject_rank) {

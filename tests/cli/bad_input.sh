@@ -130,6 +130,11 @@ case "$CASE" in
     run_train good.toml --set fsdp.sharding_strategy=FUL_SHARD
     expect_input_error "fsdp.sharding_strategy" "FUL_SHARD"
     ;;
+  micro_batch_not_dividing)
+    tiny_config good.toml
+    run_train good.toml --set train.micro_batch_size=3
+    expect_input_error "train.micro_batch_size" "3"
+    ;;
   unknown_dtype)
     tiny_config good.toml
     run_train good.toml --set mixed_precision.param_dtype=fp8

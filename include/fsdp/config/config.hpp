@@ -56,6 +56,7 @@ struct DataConfig {
 
 struct TrainConfig {
   int64_t global_batch_size = 32;     // sequences per step over all data-parallel ranks
+  int64_t micro_batch_size = 0;       // sequences per rank per forward/backward; 0 = all of them
   int64_t max_steps = 1000;
   uint64_t seed = 1234;
   std::string run_dir = "runs/default";
@@ -87,6 +88,7 @@ struct FsdpConfig {
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
   bool forward_prefetch = false;      // all-gather the next unit before this unit's forward
   bool limit_all_gathers = true;      // at most two units (besides the root) unsharded at once
+  bool activation_checkpointing = false;  // keep each wrapped block's input only; recompute
   friend bool operator==(const FsdpConfig&, const FsdpConfig&) = default;
 };
 
