@@ -208,6 +208,25 @@ TEST(Config, DeviceAndCommKeys) {
             "dev.toml: comm.backend: \"nccl\" needs train.device = \"cuda\" or \"auto\"");
 }
 
+TEST(Config, AccumulationAndCheckpointingKeys) {
+  const Config d = parse_config("", "acc.toml", {"data.path=tokens.h5"});
+  EXPECT_EQ(d.train.micro_batch_size, 0);
+  EXPECT_FALSE(d.fsdp.activation_checkpointing);
+  const Config c = parse_config("[train]\nmicro_batch_size = 2\n[fsdp]\nactivation_checkpointing = true\n",
+                                "acc.toml", {"data.path=tokens.h5"});
+  EXPECT_EQ(c.train.micro_batch_size, 2);
+  EXPECT_TRUE(c.fsdp.activation_checkpointing);
+  Config again = parse_config(to_toml(c), "acc.toml", {});
+  EXPECT_EQ(again, c);
+  try {
+    parse_config("", "acc.toml", {"data.path=tokens.h5", "train.micro_batch_size=-1"});
+    ADD_FAILURE() << "no error";
+  } catch (const fsdp::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("train.micro_batch_size: -1 is out of range"));
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+}
+
 TEST(Config, EnumAndMixedPrecisionOverrides) {
   const Config c = parse_config(
       kMinimal, "min.toml",
