@@ -3,6 +3,8 @@
 //    ZeRO-3, ZeRO-2 and hybrid strategies, and fp32 / bf16 params, the plan --dry-run prints
 //    equals the peak bytes the run measured, category by category;
 //  - the plan follows the prefetch mode (NO_PREFETCH holds fewer unsharded units);
+//  - activation checkpointing gives the same training, bit for bit, with a smaller planned
+//    and measured activation peak;
 //  - a steady-state training step makes no raw allocation or free (the caching allocator
 //    serves every unshard, gradient and staging buffer from step 2 on).
 #include <gtest/gtest.h>
@@ -81,6 +83,25 @@ TEST(MemoryPlan, FollowsThePrefetchMode) {
   EXPECT_EQ(plan(false, fsdp::BackwardPrefetch::BACKWARD_PRE), root + 2 * block);
   EXPECT_EQ(plan(false, fsdp::BackwardPrefetch::BACKWARD_POST), root + 2 * block);
   EXPECT_EQ(plan(true, fsdp::BackwardPrefetch::NO_PREFETCH), root + 2 * block);
+}
+
+TEST(MemoryPlan, ActivationCheckpointingShrinksPlanAndPeakAlike) {
+  // fsdp.activation_checkpointing end to end: the same losses and parameters bit for bit,
+  // and a smaller activation plan that the measured peak equals.
+  Config c = small_config(fresh_dir("ac_off"));
+  c.model.n_layer = 4;
+  c.mesh.shard_size = std::min(2, world_size());
+  c.fsdp.sharding_strategy = fsdp::ShardingStrategy::HYBRID_SHARD;
+  const TrainResult off = run(c, On::world);
+  c.train.run_dir = fresh_dir("ac_on");
+  c.fsdp.activation_checkpointing = true;
+  const TrainResult on = run(c, On::world);
+  EXPECT_EQ(on.losses, off.losses);
+  EXPECT_EQ(on.val_losses, off.val_losses);
+  for (const auto& [name, values] : off.params) EXPECT_EQ(on.params.at(name), values) << name;
+  EXPECT_LT(on.planned_activation_bytes, off.planned_activation_bytes);
+  expect_plan_equals_peak(on, "activation_checkpointing");
+  expect_plan_equals_peak(off, "no activation_checkpointing");
 }
 
 TEST(CachingAllocator, SteadyStateStepsAllocateNothing) {

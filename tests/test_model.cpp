@@ -1,12 +1,15 @@
 // GPT-2 model tests: finite-difference check of the whole model's backward (every
 // parameter tensor: embeddings, each block's LayerNorms, c_attn, c_proj, c_fc, mlp c_proj and
 // their biases, ln_f, and the tied LM head through wte), GPT-2 initialisation statistics,
-// and the independence of initial weights from the world size.
+// the independence of initial weights from the world size, and activation checkpointing
+// (bit-identical losses and gradients, and its activation memory: planned == measured).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/backend/cpu_backend.hpp"
@@ -27,22 +30,35 @@ fsdp::ModelConfig tiny_model() {
   return m;
 }
 
+// Model options of a Fixture: activations in mp.param_dtype, optional activation
+// checkpointing, and the communicator the engine shards over (MPI_COMM_SELF: one rank).
+struct ModelOptions {
+  fsdp::ModelConfig model = tiny_model();
+  fsdp::MixedPrecisionConfig mp{};
+  bool activation_checkpointing = false;
+  MPI_Comm comm = MPI_COMM_SELF;
+};
+
 struct Fixture {
   std::unique_ptr<fsdp::Backend> be = fsdp::make_cpu_backend(1);
-  fsdp::MpiCommunicator self{MPI_COMM_SELF};
-  fsdp::DeviceMesh mesh = fsdp::DeviceMesh::create(self, 0);
-  fsdp::Gpt2Model model{tiny_model(), *be};
+  fsdp::MpiCommunicator comm;
+  fsdp::DeviceMesh mesh;
+  fsdp::Gpt2Model model;
   fsdp::FsdpEngine engine;
   fsdp::DeviceBuffer loss_dev{*be, fsdp::DType::f64, 1, fsdp::MemCategory::other};
   std::vector<int32_t> tokens, targets;
   static constexpr int64_t B = 2, T = 6;
 
-  explicit Fixture(const fsdp::FsdpConfig& fc = {})
-      : engine(model.modules(), fc, fsdp::MixedPrecisionConfig{}, mesh, *be, 42) {
+  explicit Fixture(const fsdp::FsdpConfig& fc = {}, const ModelOptions& o = {})
+      : comm(o.comm),
+        mesh(fsdp::DeviceMesh::create(comm, 0)),
+        model(o.model, *be, o.mp.param_dtype, o.activation_checkpointing),
+        engine(model.modules(), fc, o.mp, mesh, *be, 42) {
     std::mt19937 gen(3);
+    const auto V = static_cast<uint32_t>(o.model.vocab_size);
     for (int64_t i = 0; i < B * T; ++i) {
-      tokens.push_back(static_cast<int32_t>(gen() % 11));
-      targets.push_back(static_cast<int32_t>(gen() % 11));
+      tokens.push_back(static_cast<int32_t>(gen() % V));
+      targets.push_back(static_cast<int32_t>(gen() % V));
     }
   }
   // Mean cross-entropy, in double from the kernels' double sums.
@@ -147,6 +163,101 @@ TEST(Gpt2, InitialWeightsDoNotDependOnTheWorldSize) {
   fsdp::FsdpEngine sharded(model.modules(), fsdp::FsdpConfig{}, fsdp::MixedPrecisionConfig{},
                            mesh, *be, 42);
   EXPECT_EQ(sharded.gather_full_params(), ref);
+}
+
+// Every element of this rank's fp32 parameter shards += N(0, 0.3), deterministic in the rank:
+// LN weights != 1 and biases != 0, so no gradient term vanishes. Two fixtures over the same
+// communicator perturbed alike hold the same parameters.
+void perturb_shards(Fixture& f) {
+  std::mt19937 gen(7 + static_cast<unsigned>(f.comm.rank()));
+  std::normal_distribution<float> nd(0.f, 0.3f);
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    float* p = f.engine.shard_param(u).f32();
+    for (int64_t i = 0; i < f.engine.shard_numel(u); ++i) p[i] += nd(gen);
+  }
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+TEST(Gpt2, ActivationCheckpointingIsBitIdentical) {
+  // Same kernels on the same inputs: with checkpointing, the loss, the eval loss and every
+  // gradient shard equal those without, bit for bit; fp32 and bf16 activations (param_dtype),
+  // on one rank and FULL_SHARD over the world (parameters re-gathered for backward).
+  fsdp::ModelConfig mc = tiny_model();
+  mc.n_layer = 3;
+  for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
+    for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
+      const std::string what = std::string(fsdp::to_string(dtype)) +
+                               (comm == MPI_COMM_SELF ? " one rank" : " world");
+      ModelOptions o;
+      o.model = mc;
+      o.mp.param_dtype = dtype;
+      o.comm = comm;
+      Fixture off({}, o);
+      o.activation_checkpointing = true;
+      Fixture on({}, o);
+      perturb_shards(off);
+      perturb_shards(on);
+      for (int step = 0; step < 2; ++step) {  // the second step reuses the buffers
+        const double loss_off = off.loss_and_grads(), loss_on = on.loss_and_grads();
+        EXPECT_TRUE(std::isfinite(loss_off)) << what;
+        EXPECT_TRUE(same_bits(loss_off, loss_on)) << what << ": " << loss_off << " vs " << loss_on;
+        ASSERT_EQ(off.engine.num_units(), on.engine.num_units());
+        double grad_norm2 = 0;
+        for (int u = 0; u < off.engine.num_units(); ++u) {
+          const int64_t n = off.engine.shard_numel(u);
+          ASSERT_EQ(n, on.engine.shard_numel(u));
+          const float* g_off = off.engine.shard_grad(u).f32();
+          const float* g_on = on.engine.shard_grad(u).f32();
+          EXPECT_EQ(std::memcmp(g_off, g_on, static_cast<std::size_t>(n) * sizeof(float)), 0)
+              << what << ": unit " << u << " step " << step;
+          for (int64_t i = 0; i < n; ++i) grad_norm2 += static_cast<double>(g_off[i]) * g_off[i];
+        }
+        double total = grad_norm2;
+        MPI_Allreduce(&grad_norm2, &total, 1, MPI_DOUBLE, MPI_SUM, comm);
+        EXPECT_GT(total, 0.0) << what << ": gradients vanished";
+        // Evaluation (forward only) runs every block through the one shared buffer set.
+        EXPECT_TRUE(same_bits(off.loss(), on.loss())) << what;
+      }
+    }
+  }
+}
+
+TEST(Gpt2, ActivationBytesWithCheckpointingArePlannedAndMeasured) {
+  const int64_t B = Fixture::B, T = Fixture::T;
+  for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
+    const std::string what(fsdp::to_string(dtype));
+    int64_t prev_on = 0;
+    for (int64_t L : {1, 2, 3, 4}) {
+      fsdp::ModelConfig mc = tiny_model();
+      mc.n_layer = L;
+      const int64_t off = fsdp::Gpt2Model::activation_bytes(mc, B, T, dtype, false);
+      const int64_t on = fsdp::Gpt2Model::activation_bytes(mc, B, T, dtype, true);
+      EXPECT_EQ(off, fsdp::Gpt2Model::activation_bytes(mc, B, T, dtype)) << "default is off";
+      if (L >= 2) {
+        EXPECT_LT(on, off) << what << " n_layer " << L;
+        // One more block costs one more saved residual stream [B*T, C], nothing else.
+        EXPECT_EQ(on - prev_on,
+                  B * T * mc.n_embd * static_cast<int64_t>(fsdp::dtype_size(dtype)))
+            << what << " n_layer " << L;
+      } else {
+        EXPECT_EQ(on, off) << what << ": one block, one buffer set either way";
+      }
+      prev_on = on;
+      // The plan equals what a training micro-batch allocates, with and without.
+      for (bool ckpt : {false, true}) {
+        ModelOptions o;
+        o.model = mc;
+        o.mp.param_dtype = dtype;
+        o.activation_checkpointing = ckpt;
+        Fixture f({}, o);
+        f.loss_and_grads();
+        EXPECT_EQ(static_cast<int64_t>(f.be->memory().peak(fsdp::MemCategory::activations)),
+                  ckpt ? on : off)
+            << what << " n_layer " << L << " checkpointing " << ckpt;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -37,14 +37,18 @@ struct Gpt2Model::Acts {
   struct Layer {
     DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fc, gelu;
   };
+  // One Layer per block, or (activation checkpointing) one shared by every block.
   std::vector<Layer> layers;
+  Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[l]; }
   DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;           // logits [BT,V] (dlogits after CE)
   DeviceBuffer dres, dln, dqkv, dfc, datt;                 // backward scratch
   DeviceBuffer targets_dev, tokens_dev;                    // [BT] int32 on the device
 };
 
-Gpt2Model::Gpt2Model(const ModelConfig& config, Backend& backend, DType activation_dtype)
-    : cfg_(config), be_(backend), act_dtype_(activation_dtype) {
+Gpt2Model::Gpt2Model(const ModelConfig& config, Backend& backend, DType activation_dtype,
+                     bool activation_checkpointing)
+    : cfg_(config), be_(backend), act_dtype_(activation_dtype),
+      checkpointing_(activation_checkpointing) {
   const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, P = cfg_.n_positions, L = cfg_.n_layer;
   const float std0 = 0.02f;
   const float std_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
@@ -80,21 +84,28 @@ namespace {
 struct ActCounts {
   int64_t act = 0, f32 = 0, i32 = 0;
 };
-ActCounts act_counts(const ModelConfig& c, int64_t B, int64_t T) {
+// Sets of per-block internals (Acts::Layer): one per block, or one shared by every block
+// under activation checkpointing.
+int64_t block_buffer_sets(const ModelConfig& c, bool checkpointing) {
+  return checkpointing ? std::min<int64_t>(c.n_layer, 1) : c.n_layer;
+}
+ActCounts act_counts(const ModelConfig& c, int64_t B, int64_t T, bool checkpointing) {
   const int64_t BT = B * T, C = c.n_embd, H = c.n_head, V = c.vocab_size, L = c.n_layer;
+  const int64_t S = block_buffer_sets(c, checkpointing);
   ActCounts n;
   n.act = (L + 1) * BT * C                                               // residual streams
-          + L * (BT * (C + 3 * C + C + C + C + 4 * C + 4 * C) + B * H * T * T)
+          + S * (BT * (C + 3 * C + C + C + C + 4 * C + 4 * C) + B * H * T * T)
           + BT * C + BT * V                                              // ln_f, logits
           + BT * C * 2 + BT * 3 * C + BT * 4 * C;                        // backward scratch
-  n.f32 = L * 4 * BT + 2 * BT + B * H * T * T;  // LN mean/rstd, attention-backward scratch
+  n.f32 = S * 4 * BT + 2 * BT + B * H * T * T;  // LN mean/rstd, attention-backward scratch
   n.i32 = 2 * BT;                                 // tokens, targets
   return n;
 }
 }  // namespace
 
-int64_t Gpt2Model::activation_bytes(const ModelConfig& c, int64_t B, int64_t T, DType act) {
-  const ActCounts n = act_counts(c, B, T);
+int64_t Gpt2Model::activation_bytes(const ModelConfig& c, int64_t B, int64_t T, DType act,
+                                    bool activation_checkpointing) {
+  const ActCounts n = act_counts(c, B, T, activation_checkpointing);
   return n.act * static_cast<int64_t>(dtype_size(act)) + 4 * n.f32 + 4 * n.i32;
 }
 
@@ -114,7 +125,7 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
   auto f = [&](int64_t n) { return DeviceBuffer(be_, act_dtype_, n, cat); };
   auto f32 = [&](int64_t n) { return DeviceBuffer(be_, DType::f32, n, cat); };
   for (int64_t l = 0; l <= cfg_.n_layer; ++l) a->res.push_back(f(BT * C));
-  a->layers.resize(cfg_.n_layer);
+  a->layers.resize(static_cast<std::size_t>(block_buffer_sets(cfg_, checkpointing_)));
   for (auto& ly : a->layers) {
     ly.ln1 = f(BT * C); ly.ln1_mean = f32(BT); ly.ln1_rstd = f32(BT);
     ly.qkv = f(BT * 3 * C); ly.att = f(B * H * T * T); ly.atty = f(BT * C); ly.res2 = f(BT * C);
@@ -147,7 +158,7 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
   if (T > cfg_.n_positions) throw Error("GPT-2 forward: T exceeds n_positions");
   ensure_buffers(B, T);
   Acts& a = *acts_;
-  const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size;
+  const int64_t BT = B * T, C = cfg_.n_embd, V = cfg_.vocab_size;
   const int64_t L = cfg_.n_layer;
   const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
   const TensorView tokens = a.tokens_dev.view({B, T}), targets = a.targets_dev.view({BT});
@@ -162,35 +173,8 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
 
   for (int64_t l = 0; l < L; ++l) {
     const int m = static_cast<int>(1 + l);
-    const int p0 = static_cast<int>(2 + kBlockParams * l);
-    auto W = [&](int k) { return hooks.param(p0 + k); };
-    auto& ly = a.layers[l];
-    const TensorView x = rows(a.res[l], C);  // [BT,C]
-    const TensorView ln1 = rows(ly.ln1, C), qkv = rows(ly.qkv, 3 * C), atty = rows(ly.atty, C);
-    const TensorView res2 = rows(ly.res2, C), ln2 = rows(ly.ln2, C);
-    const TensorView fc = rows(ly.fc, 4 * C), gelu = rows(ly.gelu, 4 * C);
     hooks.pre_forward(m);
-    be_.layernorm_forward(ln1, ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), x, W(kLn1W),
-                          W(kLn1B), BT, C, eps);
-    // qkv [BT,3C] = ln1 [BT,C] @ c_attn.weight[3C,C]^T + bias
-    be_.gemm(false, true, BT, 3 * C, C, 1.f, ln1, W(kAttnW), 0.f, qkv);
-    be_.add_bias(qkv, W(kAttnB), BT, 3 * C);
-    be_.attention_forward(atty, ly.att.view({B, H, T, T}), qkv, B, T, C, H);
-    // res2 [BT,C] = x + atty @ c_proj.weight[C,C]^T + bias
-    be_.gemm(false, true, BT, C, C, 1.f, atty, W(kAttnProjW), 0.f, res2);
-    be_.add_bias(res2, W(kAttnProjB), BT, C);
-    be_.add(res2, res2, x);
-    be_.layernorm_forward(ln2, ly.ln2_mean.view({BT}), ly.ln2_rstd.view({BT}), res2, W(kLn2W),
-                          W(kLn2B), BT, C, eps);
-    // fc [BT,4C] = ln2 @ c_fc.weight[4C,C]^T + bias; gelu = GELU_tanh(fc)
-    be_.gemm(false, true, BT, 4 * C, C, 1.f, ln2, W(kFcW), 0.f, fc);
-    be_.add_bias(fc, W(kFcB), BT, 4 * C);
-    be_.gelu_forward(gelu, fc);
-    // res[l+1] [BT,C] = res2 + gelu @ mlp.c_proj.weight[C,4C]^T + bias
-    const TensorView y = rows(a.res[l + 1], C);
-    be_.gemm(false, true, BT, C, 4 * C, 1.f, gelu, W(kMlpProjW), 0.f, y);
-    be_.add_bias(y, W(kMlpProjB), BT, C);
-    be_.add(y, y, res2);
+    block_forward(l, B, T, hooks, /*write_output=*/true);
     hooks.post_forward(m);
   }
 
@@ -208,6 +192,47 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
     be_.cross_entropy_forward(loss, logits, targets, BT, V);
   }
   hooks.post_forward(mf);
+}
+
+// Block l: res[l] [BT,C] -> res[l+1] = res2 + mlp(ln_2(res2)), res2 = res[l] + attn(ln_1(res[l])),
+// saving the internals backward reads into a.layer(l). The recompute under activation
+// checkpointing passes write_output = false: res[l+1] is already there, and backward does not
+// read it.
+void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                              bool write_output) {
+  Acts& a = *acts_;
+  const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head;
+  const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
+  auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
+  const int p0 = static_cast<int>(2 + kBlockParams * l);
+  auto W = [&](int k) { return hooks.param(p0 + k); };
+  auto& ly = a.layer(l);
+  const TensorView x = rows(a.res[l], C);  // [BT,C]
+  const TensorView ln1 = rows(ly.ln1, C), qkv = rows(ly.qkv, 3 * C), atty = rows(ly.atty, C);
+  const TensorView res2 = rows(ly.res2, C), ln2 = rows(ly.ln2, C);
+  const TensorView fc = rows(ly.fc, 4 * C), gelu = rows(ly.gelu, 4 * C);
+  be_.layernorm_forward(ln1, ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), x, W(kLn1W),
+                        W(kLn1B), BT, C, eps);
+  // qkv [BT,3C] = ln1 [BT,C] @ c_attn.weight[3C,C]^T + bias
+  be_.gemm(false, true, BT, 3 * C, C, 1.f, ln1, W(kAttnW), 0.f, qkv);
+  be_.add_bias(qkv, W(kAttnB), BT, 3 * C);
+  be_.attention_forward(atty, ly.att.view({B, H, T, T}), qkv, B, T, C, H);
+  // res2 [BT,C] = x + atty @ c_proj.weight[C,C]^T + bias
+  be_.gemm(false, true, BT, C, C, 1.f, atty, W(kAttnProjW), 0.f, res2);
+  be_.add_bias(res2, W(kAttnProjB), BT, C);
+  be_.add(res2, res2, x);
+  be_.layernorm_forward(ln2, ly.ln2_mean.view({BT}), ly.ln2_rstd.view({BT}), res2, W(kLn2W),
+                        W(kLn2B), BT, C, eps);
+  // fc [BT,4C] = ln2 @ c_fc.weight[4C,C]^T + bias; gelu = GELU_tanh(fc)
+  be_.gemm(false, true, BT, 4 * C, C, 1.f, ln2, W(kFcW), 0.f, fc);
+  be_.add_bias(fc, W(kFcB), BT, 4 * C);
+  be_.gelu_forward(gelu, fc);
+  if (!write_output) return;
+  // res[l+1] [BT,C] = res2 + gelu @ mlp.c_proj.weight[C,4C]^T + bias
+  const TensorView y = rows(a.res[l + 1], C);
+  be_.gemm(false, true, BT, C, 4 * C, 1.f, gelu, W(kMlpProjW), 0.f, y);
+  be_.add_bias(y, W(kMlpProjB), BT, C);
+  be_.add(y, y, res2);
 }
 
 void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
@@ -237,8 +262,11 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
     const int p0 = static_cast<int>(2 + kBlockParams * l);
     auto W = [&](int k) { return hooks.param(p0 + k); };
     auto G = [&](int k) { return hooks.grad(p0 + k); };
-    auto& ly = a.layers[l];
+    auto& ly = a.layer(l);
     hooks.pre_backward(m);
+    // Activation checkpointing: recompute this block's internals from res[l] with the
+    // parameters pre_backward has just gathered (no pre/post_forward: not a forward pass).
+    if (checkpointing_) block_forward(l, B, T, hooks, /*write_output=*/false);
     // dres = d res[l+1]. MLP c_proj: out = gelu @ W^T + b.
     be_.gemm(true, false, C, 4 * C, BT, 1.f, dres, rows(ly.gelu, 4 * C), 1.f, G(kMlpProjW));
     be_.bias_backward(G(kMlpProjB), dres, BT, C);

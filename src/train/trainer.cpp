@@ -317,11 +317,12 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   job.micro_batch = micro;
   const DType act_dtype = cfg.mixed_precision.param_dtype;
   const int64_t act_bytes =
-      Gpt2Model::activation_bytes(cfg.model, micro, cfg.data.seq_len, act_dtype);
+      Gpt2Model::activation_bytes(cfg.model, micro, cfg.data.seq_len, act_dtype,
+                                  cfg.fsdp.activation_checkpointing);
 
   if (opt.dry_run) {
     collective_guard(group, [&] {
-      Gpt2Model model(cfg.model, *job.backend, act_dtype);
+      Gpt2Model model(cfg.model, *job.backend, act_dtype, cfg.fsdp.activation_checkpointing);
       const int num_shards = static_cast<int>(
           shards_for(cfg.fsdp.sharding_strategy, world, job.mesh->shard_size()));
       const auto layouts = build_unit_layouts(model.modules(), cfg.fsdp, num_shards);
@@ -334,7 +335,8 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   }
 
   collective_guard(group, [&] {
-    job.model = std::make_unique<Gpt2Model>(cfg.model, *job.backend, act_dtype);
+    job.model = std::make_unique<Gpt2Model>(cfg.model, *job.backend, act_dtype,
+                                             cfg.fsdp.activation_checkpointing);
     job.engine = std::make_unique<FsdpEngine>(job.model->modules(), cfg.fsdp,
                                               cfg.mixed_precision, *job.mesh, *job.backend,
                                               cfg.train.seed);

@@ -25,7 +25,14 @@ class Gpt2Model {
  public:
   // activation_dtype: storage of activations and their gradients (the mixed-precision
   // param_dtype); LayerNorm statistics stay fp32.
-  Gpt2Model(const ModelConfig& config, Backend& backend, DType activation_dtype = DType::f32);
+  // activation_checkpointing (Accelerate's fsdp_activation_checkpointing, per GPT2Block):
+  // forward keeps only each block's input (the residual stream) plus ln_f and the logits;
+  // each block's internals (ln_1, qkv, attention, c_proj, ln_2, c_fc, GELU and the LN
+  // statistics) live in ONE shared set of buffers and are recomputed inside the block's
+  // backward, after the engine's pre_backward has all-gathered its parameters. Same kernels
+  // on the same inputs: results are bit-identical to activation_checkpointing = false.
+  Gpt2Model(const ModelConfig& config, Backend& backend, DType activation_dtype = DType::f32,
+            bool activation_checkpointing = false);
   ~Gpt2Model();
   Gpt2Model(const Gpt2Model&) = delete;
   Gpt2Model& operator=(const Gpt2Model&) = delete;
@@ -45,9 +52,10 @@ class Gpt2Model {
                     ModuleHooks& hooks, const TensorView& loss);
 
   // Bytes of activations (saved for backward, and their gradients) for a [B,T] micro-batch
-  // with activations stored in `activation_dtype`; exactly what forward allocates.
+  // with activations stored in `activation_dtype`, with or without activation
+  // checkpointing; exactly what forward allocates.
   static int64_t activation_bytes(const ModelConfig& config, int64_t B, int64_t T,
-                                  DType activation_dtype);
+                                  DType activation_dtype, bool activation_checkpointing = false);
 
  private:
   struct Acts;
@@ -55,10 +63,14 @@ class Gpt2Model {
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss);
   void backward(int64_t B, int64_t T, ModuleHooks& hooks);
+  // Block l's forward kernels (no hooks): res[l] -> its saved internals and, when
+  // `write_output`, res[l+1]. Used by forward and by the checkpointing recompute.
+  void block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks, bool write_output);
 
   ModelConfig cfg_;
   Backend& be_;
   DType act_dtype_;
+  bool checkpointing_;
   std::vector<ModuleDecl> modules_;
   std::unique_ptr<Acts> acts_;
 };
