@@ -97,7 +97,8 @@ void Runtime::configure(Communicator& group, const Config& config) {
     }
     backend_ = make_cpu_backend(threads);
     mesh_ = std::move(host_mesh_);  // host memory: the MPI groups are the mesh
-    device_description_ = "cpu (" + std::to_string(threads) + " threads per rank), mpi";
+    device_description_ = "cpu (" + std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
+                          " per rank), mpi";
     return;
   }
 #ifdef FSDP_WITH_CUDA
