@@ -37,73 +37,14 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 
 
-class Block(nn.Module):
-    """One pre-LN GPT-2 block. x: [B, T, C] -> [B, T, C]."""
+# The model and its AdamW parameter groups are the CPU benchmark's (same architecture; there
+# attention uses F.scaled_dot_product_attention whenever PyTorch has it).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_torch_gpt2 import GPT2, param_groups  # noqa: E402
 
-    def __init__(self, n_embd: int, n_head: int, eps: float):
-        super().__init__()
-        self.n_head = n_head
-        self.ln_1 = nn.LayerNorm(n_embd, eps=eps)
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-        self.c_proj = nn.Linear(n_embd, n_embd)
-        self.ln_2 = nn.LayerNorm(n_embd, eps=eps)
-        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
-        self.mlp_proj = nn.Linear(4 * n_embd, n_embd)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        hd = C // self.n_head
-        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
-        q = q.view(B, T, self.n_head, hd).transpose(1, 2)  # [B, H, T, hd]
-        k = k.view(B, T, self.n_head, hd).transpose(1, 2)
-        v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        h = F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")
-        return x + self.mlp_proj(h)
-
-
-class GPT2(nn.Module):
-    """GPT2LMHeadModel without dropout. idx: [B, T] int64 -> logits [B, T, V]."""
-
-    def __init__(self, vocab: int, n_layer: int, n_head: int, n_embd: int, n_positions: int,
-                 eps: float = 1e-5):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, n_embd)
-        self.wpe = nn.Embedding(n_positions, n_embd)
-        self.h = nn.ModuleList(Block(n_embd, n_head, eps) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd, eps=eps)
-        self.apply(self._init)
-
-    @staticmethod
-    def _init(m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, mean=0.0, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        B, T = idx.shape
-        pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.h:
-            x = block(x)
-        x = self.ln_f(x)
-        return x @ self.wte.weight.t()  # tied LM head
-
-
-def param_groups(model: nn.Module, weight_decay: float):
-    """nanoGPT/HF grouping: decay only the 2-D Linear weights (not biases, LN, embeddings)."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        is_linear_weight = p.dim() == 2 and not name.startswith(("wte", "wpe"))
-        (decay if is_linear_weight else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
 
 
 def free_port() -> int:

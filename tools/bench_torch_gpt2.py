@@ -39,8 +39,12 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(n_embd, eps=eps)
         self.c_fc = nn.Linear(n_embd, 4 * n_embd)
         self.mlp_proj = nn.Linear(4 * n_embd, n_embd)
-        mask = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool), diagonal=1)
-        self.register_buffer("causal_mask", mask, persistent=False)  # [T, T], True = hidden
+        # PyTorch >= 2.0: the fused causal attention (flash / memory-efficient on a GPU), as
+        # its users run it; torch 1.13 (Debian's, the CPU benchmark): matmul + mask + softmax.
+        self.use_sdpa = hasattr(F, "scaled_dot_product_attention")
+        if not self.use_sdpa:
+            mask = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool), diagonal=1)
+            self.register_buffer("causal_mask", mask, persistent=False)  # [T, T], True = hidden
 
     def attn(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -49,10 +53,13 @@ class Block(nn.Module):
         q = q.view(B, T, self.n_head, hd).transpose(1, 2)  # [B, H, T, hd]
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
         v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # [B, H, T, T]
-        att = att.masked_fill(self.causal_mask[:T, :T], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = att @ v  # [B, H, T, hd]
+        if self.use_sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, hd]
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # [B, H, T, T]
+            att = att.masked_fill(self.causal_mask[:T, :T], float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v  # [B, H, T, hd]
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
