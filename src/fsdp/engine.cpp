@@ -23,8 +23,7 @@ struct FsdpEngine::Unit {
   // Gradient reduction in flight (issued at the unit's post_backward, waited in end_step).
   DeviceBuffer reduced;          // reduce_dtype [shard_numel] result, unless it is shard_grad
   std::unique_ptr<Work> reduce_scatter, all_reduce;
-  bool reducing = false;         // a reduction was issued this step
-  bool has_grad = false;         // shard_grad holds gradients not yet zeroed
+  bool has_grad = false;         // shard_grad holds gradients not yet zeroed (else it is 0)
   bool unsharded = false;        // full_param is (being) filled
   bool grad_ready = false;       // gradient storage provided this step
   int fwd_done = 0;              // modules of this unit done in forward this step
@@ -346,9 +345,9 @@ void FsdpEngine::issue_reduction(int unit) {
   const int64_t n = u.layout.shard_numel;
   const DType rd = mp_.reduce_dtype;
   Stream& stream = be_.compute_stream();
-  u.reducing = true;
+  const bool shard_was_empty = !u.has_grad;
+  u.has_grad = true;
   if (!needs_full(u)) {  // fp32, one shard: backward accumulated into shard_grad directly
-    u.has_grad = true;
     if (replicate_comm_->size() > 1) {
       u.all_reduce = replicate_comm_->all_reduce(u.shard_grad.data(), u.shard_grad.data(),
                                                  static_cast<std::size_t>(n), DType::f32,
@@ -366,7 +365,7 @@ void FsdpEngine::issue_reduction(int unit) {
     u.reduced = std::move(src);
   } else {
     void* recv = nullptr;
-    if (rd == DType::f32 && !u.has_grad) {
+    if (rd == DType::f32 && shard_was_empty) {
       recv = u.shard_grad.data();
     } else {
       u.reduced = DeviceBuffer(be_, rd, n, MemCategory::comm_buffers);
@@ -405,16 +404,10 @@ void FsdpEngine::end_step() {
       u.all_reduce->wait();
       u.all_reduce.reset();
     }
-    if (u.reduced) {
-      if (u.has_grad) {
-        be_.axpy(u.shard_grad.view(), 1.f, u.reduced.view());
-      } else {
-        be_.cast(u.shard_grad.view(), u.reduced.view());
-      }
+    if (u.reduced) {  // shard_grad is 0 where it held nothing: the sum is then exact
+      be_.axpy(u.shard_grad.view(), 1.f, u.reduced.view());
       u.reduced.reset();
     }
-    if (u.reducing) u.has_grad = true;
-    u.reducing = false;
   }
   for (int i = 0; i < num_units(); ++i) reshard(i);
   for (auto& u : units_) u->full_grad.reset();  // a backward cut short (not in the contract)

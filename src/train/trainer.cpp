@@ -375,7 +375,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   const TensorView loss_dev = stats.view().slice(0, 1), norm_dev = stats.view().slice(1, 1),
                    inf_dev = stats.view().slice(2, 1);
   const int64_t T = cfg.data.seq_len;
-  const int64_t B = job.sampler->local_batch();
+  const int64_t B = local_batch;
   const double tokens_per_step = static_cast<double>(cfg.train.global_batch_size * T);
   while (job.step < cfg.train.max_steps) {
     const auto t0 = Clock::now();
@@ -415,8 +415,11 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     result.loss_scales.push_back(fp16 ? job.loss_scale : 1.0);
     job.step = step;
     const double lr = learning_rate(cfg.optim, cfg.train.max_steps, job.step);
-    if (!skipped) job.optimizer->step(lr);
-    if (skipped) result.skipped_steps.push_back(step);
+    if (skipped) {
+      result.skipped_steps.push_back(step);
+    } else {
+      job.optimizer->step(lr);
+    }
     if (fp16) update_loss_scale(job, skipped);
     job.engine->zero_grad();
     be.synchronize();
