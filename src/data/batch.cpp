@@ -8,11 +8,32 @@
 
 namespace fsdp::data {
 
+int64_t Batch::num_targets() const {
+  return static_cast<int64_t>(std::count_if(targets.begin(), targets.end(),
+                                            [](int32_t t) { return t != kIgnoreIndex; }));
+}
+
+Batch Batch::rows(int64_t begin, int64_t count) const {
+  if (begin < 0 || count < 0 || begin + count > B) {
+    throw Error("Batch::rows: rows [" + std::to_string(begin) + ", " +
+                std::to_string(begin + count) + ") outside a batch of " + std::to_string(B));
+  }
+  Batch out;
+  out.B = count;
+  out.L = L;
+  out.target_len = target_len;
+  out.inputs.assign(inputs.begin() + begin * L, inputs.begin() + (begin + count) * L);
+  out.targets.assign(targets.begin() + begin * target_len,
+                     targets.begin() + (begin + count) * target_len);
+  return out;
+}
+
 Batch load_batch(const TokenSource& source, const std::vector<int64_t>& sample_indices, int64_t seq_len) {
   if (seq_len < 1) throw InputError("data.seq_len: " + std::to_string(seq_len) + " (expected >= 1)");
   Batch b;
   b.B = static_cast<int64_t>(sample_indices.size());
   b.L = seq_len;
+  b.target_len = seq_len;
   b.inputs.resize(static_cast<std::size_t>(b.B * b.L));
   b.targets.resize(static_cast<std::size_t>(b.B * b.L));
   std::vector<int32_t> window(static_cast<std::size_t>(seq_len + 1));

@@ -1,7 +1,7 @@
 // fsdp/data/batch.hpp: token batches for training and validation.
 //
-// A Batch is B sequences of L tokens: inputs[b, t] and targets[b, t] = the next token, both
-// int32, row-major [B, L]. Sample (or validation window) i is the token window
+// A causal-LM Batch is B sequences of L tokens: inputs[b, t] and targets[b, t] = the next
+// token, both int32, row-major [B, L]. Sample (or validation window) i is the token window
 // [i*L, i*L + L + 1): inputs = its first L tokens, targets = its last L (the HF/nanoGPT
 // causal-LM convention, with the shift done here rather than in the loss).
 #pragma once
@@ -13,11 +13,31 @@
 
 namespace fsdp::data {
 
+// Token id of a target position that carries no loss (torch's ignore_index; equal to
+// fsdp::kIgnoreIndex of the backend).
+inline constexpr int32_t kIgnoreIndex = -100;
+
+// Row lengths of the batches of a config: L input tokens and target_len target tokens.
+struct BatchShape {
+  int64_t L = 0;
+  int64_t target_len = 0;
+};
+
+// B rows. causal_lm: inputs[b,t] and targets[b,t] (the next token), both [B,L], target_len
+// == L. seq2seq and span_corruption (T5): inputs [B,L] are the encoder ids, padded with the
+// pad id 0 (ByT5: pad 0, eos 1, unk 2, byte b -> b + 3), and targets [B,target_len] the
+// labels, padded with kIgnoreIndex; the model builds the decoder input (labels shifted
+// right, decoder_start_token_id = pad) and the encoder mask (input != pad).
 struct Batch {
-  int64_t B = 0;                 // sequences
-  int64_t L = 0;                 // tokens per sequence (seq_len)
+  int64_t B = 0;                 // rows
+  int64_t L = 0;                 // input tokens per row
+  int64_t target_len = 0;        // target tokens per row
   std::vector<int32_t> inputs;   // [B, L]
-  std::vector<int32_t> targets;  // [B, L]
+  std::vector<int32_t> targets;  // [B, target_len]
+  // Targets that carry loss (!= kIgnoreIndex).
+  int64_t num_targets() const;
+  // Rows [begin, begin + count) as a Batch (gradient accumulation's micro-batches).
+  Batch rows(int64_t begin, int64_t count) const;
 };
 
 // Loads samples `sample_indices` (each i with (i + 1) * seq_len + 1 <= num_tokens) as rows of

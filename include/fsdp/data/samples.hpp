@@ -1,0 +1,50 @@
+// fsdp/data/samples.hpp: a data split as numbered samples, for every data.objective.
+//
+// The trainer sees only this: a split has num_samples() samples; the DistributedSampler
+// picks indices; load(indices) returns them as one padded Batch (batch.hpp). The same
+// indices give the same rows on any rank and any world size (loading is a pure function of
+// the file, the config and the sample index), so N ranks see the 1-rank global batch.
+//
+//  causal_lm        sample i = stream window [i*L, i*L + L + 1) (L = data.seq_len);
+//  seq2seq          sample i = example i of the split's pairs (docs/data.md), inputs
+//                   truncated/padded to data.max_input_len, targets to data.max_target_len;
+//  span_corruption  sample i = stream window [i*L, (i+1)*L) corrupted as in the T5 paper,
+//                   with randomness a pure function of (train.seed, split, i).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/config/config.hpp"
+#include "fsdp/data/batch.hpp"
+
+namespace fsdp::data {
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual int64_t num_samples() const = 0;
+  // Tokens stored in the split (banner).
+  virtual int64_t num_tokens() const = 0;
+  // Rows of a batch of this source: every load() returns rows of this shape.
+  virtual BatchShape shape() const = 0;
+  // The samples `indices` (each in [0, num_samples())) as rows of one Batch, in order.
+  // Throws fsdp::Error on an index out of range.
+  virtual Batch load(const std::vector<int64_t>& indices) const = 0;
+  // Examples truncated to fit the row lengths so far (seq2seq; 0 otherwise).
+  virtual int64_t num_truncated() const { return 0; }
+};
+
+// The row lengths of config's batches (what activation memory is planned for).
+BatchShape batch_shape(const Config& config);
+
+// Opens split "train" or "val" of the config's data (data.source, data.path,
+// data.objective, ...). vocab_size: the model's; a token outside [0, vocab_size) in the file
+// is an InputError naming the file. Throws InputError (exit 2) naming the file and what is
+// wrong: missing file, missing split or dataset, wrong dtype or shape, inconsistent offsets.
+std::unique_ptr<SampleSource> open_samples(const Config& config, const std::string& split,
+                                           int64_t vocab_size);
+
+}  // namespace fsdp::data
