@@ -56,6 +56,11 @@ struct EnumValues<CommBackend> {
   static constexpr CommBackend values[] = {CommBackend::auto_, CommBackend::nccl, CommBackend::mpi};
 };
 template <>
+struct EnumValues<Objective> {
+  static constexpr Objective values[] = {Objective::causal_lm, Objective::seq2seq,
+                                         Objective::span_corruption};
+};
+template <>
 struct EnumValues<OptimizerKind> {
   static constexpr OptimizerKind values[] = {OptimizerKind::adamw, OptimizerKind::sgd};
 };
@@ -84,7 +89,12 @@ void visit_keys(C& c, F&& f) {
   f("model", "layer_norm_epsilon", c.model.layer_norm_epsilon);
   f("data", "source", c.data.source);
   f("data", "path", c.data.path);
+  f("data", "objective", c.data.objective);
   f("data", "seq_len", c.data.seq_len);
+  f("data", "max_input_len", c.data.max_input_len);
+  f("data", "max_target_len", c.data.max_target_len);
+  f("data", "noise_density", c.data.noise_density);
+  f("data", "mean_noise_span_length", c.data.mean_noise_span_length);
   f("train", "global_batch_size", c.train.global_batch_size);
   f("train", "micro_batch_size", c.train.micro_batch_size);
   f("train", "max_steps", c.train.max_steps);
@@ -409,6 +419,16 @@ void validate(const Config& c, OriginOf&& origin_of) {
     throw fail("data.path", "required (path to an HDF5 token file, see docs/data.md)");
   }
   at_least("data.seq_len", c.data.seq_len, 1);
+  at_least("data.max_input_len", c.data.max_input_len, 1);
+  at_least("data.max_target_len", c.data.max_target_len, 1);
+  if (!(c.data.noise_density > 0 && c.data.noise_density < 1)) {
+    throw fail("data.noise_density",
+               num(c.data.noise_density) + " is out of range (expected 0 < x < 1)");
+  }
+  if (!(c.data.mean_noise_span_length >= 1)) {
+    throw fail("data.mean_noise_span_length",
+               num(c.data.mean_noise_span_length) + " is out of range (expected >= 1)");
+  }
   if (c.data.seq_len > c.model.n_positions) {
     throw fail("data.seq_len", std::to_string(c.data.seq_len) + " exceeds model.n_positions = " +
                                    std::to_string(c.model.n_positions) +
@@ -591,6 +611,15 @@ const char* to_string(CommBackend b) {
     case CommBackend::auto_: return "auto";
     case CommBackend::nccl: return "nccl";
     case CommBackend::mpi: return "mpi";
+  }
+  return "?";
+}
+
+const char* to_string(Objective o) {
+  switch (o) {
+    case Objective::causal_lm: return "causal_lm";
+    case Objective::seq2seq: return "seq2seq";
+    case Objective::span_corruption: return "span_corruption";
   }
   return "?";
 }

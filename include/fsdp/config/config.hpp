@@ -47,10 +47,22 @@ struct ModelConfig {
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
+// What a sample is and what the loss is over (data.objective).
+//  causal_lm: next-token prediction over windows of a token stream (GPT-2);
+//  seq2seq: (input, target) example pairs (T5), loss over the target tokens;
+//  span_corruption: T5's pre-training objective over windows of a token stream.
+enum class Objective { causal_lm, seq2seq, span_corruption };
+const char* to_string(Objective o);  // "causal_lm" | "seq2seq" | "span_corruption"
+
 struct DataConfig {
   std::string source = "hdf5";        // "hdf5" | "synthetic" (random tokens, benchmarks)
   std::string path;                   // HDF5 token file; required when source == "hdf5"
-  int64_t seq_len = 128;              // tokens per sample (targets shifted by one)
+  Objective objective = Objective::causal_lm;
+  int64_t seq_len = 128;              // causal_lm / span_corruption: stream tokens per sample
+  int64_t max_input_len = 128;        // seq2seq: encoder tokens per row (longer ones truncated)
+  int64_t max_target_len = 32;        // seq2seq: target tokens per row (longer ones truncated)
+  double noise_density = 0.15;        // span_corruption: fraction of tokens masked
+  double mean_noise_span_length = 3.0;  // span_corruption: mean masked span length
   friend bool operator==(const DataConfig&, const DataConfig&) = default;
 };
 
