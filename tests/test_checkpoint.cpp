@@ -15,6 +15,7 @@
 
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/merge.hpp"
+#include "fsdp/model/model.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/detail/hdf5.hpp"
@@ -398,6 +399,11 @@ TEST_F(CheckpointTest, SafetensorsRoundTrip) {
 }
 
 TEST(HfMapping, Gpt2NamesAndTransposes) {
+  const fsdp::ModelFamily& gpt2 = fsdp::model_family("gpt2");
+  const fsdp::ModelConfig mc = fsdp::ModelConfig::defaults("gpt2");
+  auto hf_gpt2_tensor = [&](const std::string& n, const std::vector<int64_t>& shape) {
+    return gpt2.hf_tensor(mc, n, shape);
+  };
   auto t = hf_gpt2_tensor("h.11.attn.c_attn.weight", {12, 4});
   ASSERT_TRUE(t);
   EXPECT_EQ(t->name, "transformer.h.11.attn.c_attn.weight");

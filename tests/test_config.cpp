@@ -42,10 +42,11 @@ TEST(Config, DefaultsMatchHeader) {
   Config expected;
   expected.data.path = "tokens.h5";
   expected.source_path = "min.toml";
+  expected.fsdp.transformer_layer_cls_to_wrap = {"GPT2Block"};  // unset: the model's classes
   EXPECT_EQ(c, expected);
   EXPECT_EQ(c.model.type, "gpt2");
-  EXPECT_EQ(c.model.n_layer, 4);
-  EXPECT_EQ(c.model.n_embd, 128);
+  EXPECT_EQ(c.model.integer("n_layer"), 4);
+  EXPECT_EQ(c.model.integer("n_embd"), 128);
   EXPECT_EQ(c.data.seq_len, 128);
   EXPECT_EQ(c.train.global_batch_size, 32);
   EXPECT_EQ(c.train.seed, 1234u);
@@ -71,11 +72,11 @@ TEST(Config, FortunesInput) {
   const Config c = load_config(kInputs + "gpt2_fortunes.toml", {});
   EXPECT_EQ(c.source_path, kInputs + "gpt2_fortunes.toml");
   // Structure of the main job; its step counts are tuning and free to change.
-  EXPECT_EQ(c.model.n_layer, 4);
-  EXPECT_EQ(c.model.n_head, 4);
-  EXPECT_EQ(c.model.n_embd, 128);
-  EXPECT_EQ(c.model.n_positions, 256);
-  EXPECT_EQ(c.model.vocab_size, 256);
+  EXPECT_EQ(c.model.integer("n_layer"), 4);
+  EXPECT_EQ(c.model.integer("n_head"), 4);
+  EXPECT_EQ(c.model.integer("n_embd"), 128);
+  EXPECT_EQ(c.model.integer("n_positions"), 256);
+  EXPECT_EQ(c.model.integer("vocab_size"), 256);
   EXPECT_EQ(c.data.source, "hdf5");
   EXPECT_EQ(c.data.path, "data/fortunes.h5");
   EXPECT_EQ(c.data.seq_len, 128);
@@ -99,10 +100,10 @@ TEST(Config, FortunesInput) {
 
 TEST(Config, TinyInput) {
   const Config c = load_config(kInputs + "tiny.toml", {});
-  EXPECT_EQ(c.model.n_layer, 2);
-  EXPECT_EQ(c.model.n_head, 2);
-  EXPECT_EQ(c.model.n_embd, 16);
-  EXPECT_EQ(c.model.n_positions, 32);
+  EXPECT_EQ(c.model.integer("n_layer"), 2);
+  EXPECT_EQ(c.model.integer("n_head"), 2);
+  EXPECT_EQ(c.model.integer("n_embd"), 16);
+  EXPECT_EQ(c.model.integer("n_positions"), 32);
   EXPECT_EQ(c.data.source, "synthetic");
   EXPECT_TRUE(c.data.path.empty());
   EXPECT_EQ(c.data.seq_len, 16);
@@ -131,7 +132,7 @@ TEST(Config, OverridesOfEachType) {
        "fsdp.transformer_layer_cls_to_wrap=[\"GPT2Block\"]",  // array
        "fsdp.limit_all_gathers=false",                      // bool
        "train.seed=99", " eval.every = 5 "});               // spaces around
-  EXPECT_EQ(c.model.n_layer, 7);
+  EXPECT_EQ(c.model.integer("n_layer"), 7);
   EXPECT_DOUBLE_EQ(c.optim.lr, 3e-4);
   EXPECT_DOUBLE_EQ(c.optim.grad_clip, 2.0);
   EXPECT_EQ(c.fsdp.sharding_strategy, ShardingStrategy::NO_SHARD);
@@ -290,7 +291,7 @@ TEST(Config, OverrideBeatsFileAndLastOverrideWins) {
   EXPECT_DOUBLE_EQ(c.optim.min_lr, 0.0);
   EXPECT_EQ(c.train.run_dir, "123");  // a string key takes the text as written
   EXPECT_EQ(c.fsdp.transformer_layer_cls_to_wrap, std::vector<std::string>{"GPT2Block"});
-  EXPECT_EQ(c.model.n_layer, 4);  // untouched keys keep the file's values
+  EXPECT_EQ(c.model.integer("n_layer"), 4);  // untouched keys keep the file's values
 }
 
 TEST(Config, OverrideCanSupplyRequiredKey) {
@@ -544,7 +545,7 @@ TEST(Config, LoadAppliesOverridesAndReportsFileErrors) {
               path.string() + ": model.n_layer: expected an integer, got string");
   }
   const Config c = load_config(path.string(), {"model.n_layer=3"});
-  EXPECT_EQ(c.model.n_layer, 3);
+  EXPECT_EQ(c.model.integer("n_layer"), 3);
   std::filesystem::remove(path);
 }
 

@@ -87,7 +87,7 @@ class RecordingCommunicator final : public fsdp::Communicator {
 // pre_forward, "Bm" before its pre_backward and "/Bm" before its post_backward. Modules:
 // 0 embeddings (root), 1-3 blocks h0-h2, 4 ln_f (root).
 Log schedule(bool forward_prefetch, fsdp::BackwardPrefetch backward, int replicas = 1) {
-  fsdp::ModelConfig mc;
+  fsdp::Gpt2Config mc;
   mc.n_layer = 3;
   mc.n_head = 2;
   mc.n_embd = 8;
@@ -96,6 +96,7 @@ Log schedule(bool forward_prefetch, fsdp::BackwardPrefetch backward, int replica
   auto be = fsdp::make_cpu_backend(1);
   fsdp::Gpt2Model model(mc, *be);
   fsdp::FsdpConfig fc;
+  fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
   fc.sharding_strategy = replicas > 1 ? fsdp::ShardingStrategy::HYBRID_SHARD
                                       : fsdp::ShardingStrategy::FULL_SHARD;
   fc.forward_prefetch = forward_prefetch;

@@ -49,7 +49,7 @@ TEST(MemoryPlan, EqualsMeasuredPeakForEveryPrefetchMode) {
                                      " limit_all_gathers=" + std::to_string(limit);
             Config c = small_config(fresh_dir("plan"));
             c.train.max_steps = 2;
-            c.model.n_layer = 4;  // enough blocks for prefetch to matter
+            c.model.set("n_layer", int64_t{4});  // enough blocks for prefetch to matter
             c.fsdp.sharding_strategy = strategy;
             c.mesh.shard_size = std::min(2, world_size());
             c.mixed_precision.param_dtype = param;
@@ -69,9 +69,9 @@ TEST(MemoryPlan, FollowsThePrefetchMode) {
   // any world size): the root plus one block without any prefetch, plus a second block with
   // backward (or forward) prefetch.
   Config c = small_config("unused");
-  c.model.n_layer = 4;
+  c.model.set("n_layer", int64_t{4});
   auto be = fsdp::make_cpu_backend(1);
-  fsdp::Gpt2Model model(c.model, *be);
+  fsdp::Gpt2Model model(fsdp::Gpt2Config::from(c.model), *be);
   auto plan = [&](bool forward, fsdp::BackwardPrefetch backward) {
     c.fsdp.forward_prefetch = forward;
     c.fsdp.backward_prefetch = backward;
@@ -89,7 +89,7 @@ TEST(MemoryPlan, ActivationCheckpointingShrinksPlanAndPeakAlike) {
   // fsdp.activation_checkpointing end to end: the same losses and parameters bit for bit,
   // and a smaller activation plan that the measured peak equals.
   Config c = small_config(fresh_dir("ac_off"));
-  c.model.n_layer = 4;
+  c.model.set("n_layer", int64_t{4});
   c.mesh.shard_size = std::min(2, world_size());
   c.fsdp.sharding_strategy = fsdp::ShardingStrategy::HYBRID_SHARD;
   const TrainResult off = run(c, On::world);

@@ -20,8 +20,8 @@
 
 namespace {
 
-fsdp::ModelConfig tiny_model() {
-  fsdp::ModelConfig m;
+fsdp::Gpt2Config tiny_model() {
+  fsdp::Gpt2Config m;
   m.n_layer = 2;
   m.n_head = 2;
   m.n_embd = 8;
@@ -30,10 +30,17 @@ fsdp::ModelConfig tiny_model() {
   return m;
 }
 
+// GPT-2's default wrap policy: every GPT2Block its own FSDP unit.
+fsdp::FsdpConfig gpt2_wrap() {
+  fsdp::FsdpConfig fc;
+  fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
+  return fc;
+}
+
 // Model options of a Fixture: activations in mp.param_dtype, optional activation
 // checkpointing, and the communicator the engine shards over (MPI_COMM_SELF: one rank).
 struct ModelOptions {
-  fsdp::ModelConfig model = tiny_model();
+  fsdp::Gpt2Config model = tiny_model();
   fsdp::MixedPrecisionConfig mp{};
   bool activation_checkpointing = false;
   MPI_Comm comm = MPI_COMM_SELF;
@@ -49,7 +56,7 @@ struct Fixture {
   std::vector<int32_t> tokens, targets;
   static constexpr int64_t B = 2, T = 6;
 
-  explicit Fixture(const fsdp::FsdpConfig& fc = {}, const ModelOptions& o = {})
+  explicit Fixture(const fsdp::FsdpConfig& fc = gpt2_wrap(), const ModelOptions& o = {})
       : comm(o.comm),
         mesh(fsdp::DeviceMesh::create(comm, 0)),
         model(o.model, *be, o.mp.param_dtype, o.activation_checkpointing),
@@ -134,7 +141,7 @@ TEST(Gpt2, FiniteDifferenceGradientOfEveryParameter) {
 }
 
 TEST(Gpt2, InitialisationFollowsGpt2) {
-  fsdp::FsdpConfig fc;
+  fsdp::FsdpConfig fc = gpt2_wrap();
   fc.auto_wrap_policy = fsdp::AutoWrapPolicy::NO_WRAP;
   Fixture f(fc);
   auto params = f.engine.gather_full_params();
@@ -160,7 +167,7 @@ TEST(Gpt2, InitialWeightsDoNotDependOnTheWorldSize) {
   fsdp::MpiCommunicator world(MPI_COMM_WORLD);
   auto mesh = fsdp::DeviceMesh::create(world, 0);
   fsdp::Gpt2Model model(tiny_model(), *be);
-  fsdp::FsdpEngine sharded(model.modules(), fsdp::FsdpConfig{}, fsdp::MixedPrecisionConfig{},
+  fsdp::FsdpEngine sharded(model.modules(), gpt2_wrap(), fsdp::MixedPrecisionConfig{},
                            mesh, *be, 42);
   EXPECT_EQ(sharded.gather_full_params(), ref);
 }
@@ -183,7 +190,7 @@ TEST(Gpt2, ActivationCheckpointingIsBitIdentical) {
   // Same kernels on the same inputs: with checkpointing, the loss, the eval loss and every
   // gradient shard equal those without, bit for bit; fp32 and bf16 activations (param_dtype),
   // on one rank and FULL_SHARD over the world (parameters re-gathered for backward).
-  fsdp::ModelConfig mc = tiny_model();
+  fsdp::Gpt2Config mc = tiny_model();
   mc.n_layer = 3;
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
     for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
@@ -229,7 +236,7 @@ TEST(Gpt2, ActivationBytesWithCheckpointingArePlannedAndMeasured) {
     const std::string what(fsdp::to_string(dtype));
     int64_t prev_on = 0;
     for (int64_t L : {1, 2, 3, 4}) {
-      fsdp::ModelConfig mc = tiny_model();
+      fsdp::Gpt2Config mc = tiny_model();
       mc.n_layer = L;
       const int64_t off = fsdp::Gpt2Model::activation_bytes(mc, B, T, dtype, false);
       const int64_t on = fsdp::Gpt2Model::activation_bytes(mc, B, T, dtype, true);

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/model/model.hpp"
 
 namespace fsdp {
 namespace {
@@ -81,12 +82,10 @@ constexpr bool kIsConfigEnum<E> = true;
 template <class C, class F>
 void visit_keys(C& c, F&& f) {
   f("model", "type", c.model.type);
-  f("model", "n_layer", c.model.n_layer);
-  f("model", "n_head", c.model.n_head);
-  f("model", "n_embd", c.model.n_embd);
-  f("model", "n_positions", c.model.n_positions);
-  f("model", "vocab_size", c.model.vocab_size);
-  f("model", "layer_norm_epsilon", c.model.layer_norm_epsilon);
+  // The family's own keys, in its order, typed as their declared defaults.
+  for (const ModelKey& k : model_family(c.model.type).keys()) {
+    std::visit([&](auto& v) { f("model", k.name.c_str(), v); }, c.model.values.at(k.name));
+  }
   f("data", "source", c.data.source);
   f("data", "path", c.data.path);
   f("data", "objective", c.data.objective);
@@ -135,10 +134,17 @@ void visit_keys(C& c, F&& f) {
   f("eval", "max_windows", c.eval.max_windows);
 }
 
-// All "section.key" names, and the section names, in visit order.
-std::vector<std::string> all_keys() {
+// A default config of model type `type` (whose visit lists that family's [model] keys).
+Config config_of_type(const std::string& type) {
+  Config c;
+  c.model = ModelConfig::defaults(type);
+  return c;
+}
+
+// All "section.key" names for model.type `type`, in visit order.
+std::vector<std::string> all_keys(const std::string& type) {
   std::vector<std::string> keys;
-  const Config c;
+  const Config c = config_of_type(type);
   visit_keys(c, [&](const char* s, const char* k, const auto&) {
     keys.push_back(std::string(s) + "." + k);
   });
@@ -152,8 +158,8 @@ bool is_section(const std::string& name) {
   return found;
 }
 
-bool is_key(const std::string& full) {
-  const auto keys = all_keys();
+bool is_key(const std::string& full, const std::string& type) {
+  const auto keys = all_keys(type);
   return std::find(keys.begin(), keys.end(), full) != keys.end();
 }
 
@@ -174,10 +180,10 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 
 // " (did you mean 'fsdp.sharding_strategy'?)" for a near miss, else "". A bare key written
 // outside any section is compared with the key part too ("seed" -> 'train.seed').
-std::string suggestion(const std::string& wrong) {
+std::string suggestion(const std::string& wrong, const std::string& type) {
   std::string best;
   std::size_t best_d = std::max<std::size_t>(2, wrong.size() / 4) + 1;
-  for (const auto& full : all_keys()) {
+  for (const auto& full : all_keys(type)) {
     std::size_t d = edit_distance(wrong, full);
     if (wrong.find('.') == std::string::npos) {
       d = std::min(d, edit_distance(wrong, full.substr(full.find('.') + 1)));
@@ -265,9 +271,6 @@ Override parse_override(const std::string& text, std::string* full_key) {
   const std::string key = trim(text.substr(0, eq));
   const auto dot = key.find('.');
   if (dot == std::string::npos || dot == 0 || dot + 1 == key.size()) throw InputError(malformed);
-  if (!is_key(key)) {
-    throw InputError("--set " + text + ": unknown key '" + key + "'" + suggestion(key));
-  }
   Override o;
   o.text = text;
   o.raw = trim(text.substr(eq + 1));
@@ -396,21 +399,18 @@ void validate(const Config& c, OriginOf&& origin_of) {
     return os.str();
   };
 
-  // model
-  one_of("model.type", c.model.type, {"gpt2"});
-  at_least("model.n_layer", c.model.n_layer, 1);
-  at_least("model.n_head", c.model.n_head, 1);
-  at_least("model.n_embd", c.model.n_embd, 1);
-  at_least("model.n_positions", c.model.n_positions, 1);
-  at_least("model.vocab_size", c.model.vocab_size, 1);
-  if (c.model.n_embd % c.model.n_head != 0) {
-    throw fail("model.n_embd", std::to_string(c.model.n_embd) +
-                                   " is not divisible by model.n_head = " +
-                                   std::to_string(c.model.n_head));
-  }
-  if (!(c.model.layer_norm_epsilon > 0)) {
-    throw fail("model.layer_norm_epsilon", num(c.model.layer_norm_epsilon) +
-                                               " is out of range (expected > 0)");
+  // model: the family's own checks (keys, and their relation to the data lengths)
+  const ModelFamily& family = model_family(c.model.type);
+  family.validate(c, fail);
+  {
+    const auto objectives = family.objectives();
+    if (std::find(objectives.begin(), objectives.end(), c.data.objective) == objectives.end()) {
+      std::vector<std::string> names;
+      for (Objective o : objectives) names.push_back(quoted(to_string(o)));
+      throw fail("data.objective", quoted(to_string(c.data.objective)) +
+                                       " is not an objective of model.type = " +
+                                       quoted(c.model.type) + " (expected " + join(names, " or ") + ")");
+    }
   }
 
   // data
@@ -428,11 +428,6 @@ void validate(const Config& c, OriginOf&& origin_of) {
   if (!(c.data.mean_noise_span_length >= 1)) {
     throw fail("data.mean_noise_span_length",
                num(c.data.mean_noise_span_length) + " is out of range (expected >= 1)");
-  }
-  if (c.data.seq_len > c.model.n_positions) {
-    throw fail("data.seq_len", std::to_string(c.data.seq_len) + " exceeds model.n_positions = " +
-                                   std::to_string(c.model.n_positions) +
-                                   " (expected 1 <= seq_len <= n_positions)");
   }
 
   // train
@@ -472,7 +467,7 @@ void validate(const Config& c, OriginOf&& origin_of) {
   unit("optim.momentum", o.momentum);
 
   // fsdp (the enum keys were checked on conversion)
-  const std::vector<std::string> classes = {"GPT2Block"};  // model.type == "gpt2"
+  const std::vector<std::string> classes = family.wrap_classes();
   for (const auto& cls : c.fsdp.transformer_layer_cls_to_wrap) {
     if (std::find(classes.begin(), classes.end(), cls) == classes.end()) {
       throw fail("fsdp.transformer_layer_cls_to_wrap",
@@ -483,8 +478,8 @@ void validate(const Config& c, OriginOf&& origin_of) {
   if (c.fsdp.auto_wrap_policy == AutoWrapPolicy::TRANSFORMER_BASED_WRAP &&
       c.fsdp.transformer_layer_cls_to_wrap.empty()) {
     throw fail("fsdp.transformer_layer_cls_to_wrap",
-               "empty with fsdp.auto_wrap_policy = \"TRANSFORMER_BASED_WRAP\" (expected e.g. "
-               "[\"GPT2Block\"], or auto_wrap_policy = \"NO_WRAP\")");
+               "empty with fsdp.auto_wrap_policy = \"TRANSFORMER_BASED_WRAP\" (expected some of " +
+                   join(classes) + ", or auto_wrap_policy = \"NO_WRAP\")");
   }
 
   // mixed_precision (the dtypes were checked on conversion; the loss-scaling keys are checked
@@ -645,6 +640,35 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
                      ": " + what);
   }
 
+  // Overrides, last one wins (their keys are checked once model.type is known).
+  std::map<std::string, Override> set;
+  for (const auto& text : overrides) {
+    std::string key;
+    Override o = parse_override(text, &key);
+    set.insert_or_assign(key, std::move(o));
+  }
+
+  // model.type first: it decides which [model] keys exist.
+  std::string type = Config{}.model.type;
+  std::string type_origin = origin;
+  if (auto it = set.find("model.type"); it != set.end()) {
+    type_origin = "--set " + it->second.text;
+    convert(*it->second.value.get("k"), type_origin, "model.type", &it->second.raw, type);
+  } else if (const auto* t = doc.get_as<toml::table>("model")) {
+    if (const auto* node = t->get("type")) convert(*node, origin, "model.type", nullptr, type);
+  }
+  try {
+    model_family(type);
+  } catch (const Error& e) {
+    throw InputError(type_origin + ": " + e.what());
+  }
+  for (const auto& [key, o] : set) {
+    if (!is_key(key, type)) {
+      throw InputError("--set " + o.text + ": unknown key '" + key + "'" + suggestion(key, type) +
+                       (key.rfind("model.", 0) == 0 ? " for model.type = " + fsdp::quoted(type) : ""));
+    }
+  }
+
   // Unknown sections and keys in the file.
   for (const auto& [sec_key, sec_node] : doc) {
     const std::string sec(sec_key.str());
@@ -653,7 +677,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
       // Name the first key inside, so the suggestion can be a full key.
       std::string wrong = sec;
       if (table && !table->empty()) wrong += "." + std::string(table->begin()->first.str());
-      throw InputError(origin + ": unknown key '" + wrong + "'" + suggestion(wrong));
+      throw InputError(origin + ": unknown key '" + wrong + "'" + suggestion(wrong, type));
     }
     if (!table) {
       throw InputError(origin + ": " + sec + ": expected a table ([" + sec + "]), got " +
@@ -661,33 +685,33 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
     }
     for (const auto& [key, node] : *table) {
       const std::string full = sec + "." + std::string(key.str());
-      if (!is_key(full)) {
-        throw InputError(origin + ": unknown key '" + full + "'" + suggestion(full));
+      if (!is_key(full, type)) {
+        throw InputError(origin + ": unknown key '" + full + "'" + suggestion(full, type) +
+                         (sec == "model" ? " for model.type = " + fsdp::quoted(type) : ""));
       }
     }
   }
 
-  // Overrides, last one wins.
-  std::map<std::string, Override> set;
-  for (const auto& text : overrides) {
-    std::string key;
-    Override o = parse_override(text, &key);
-    set.insert_or_assign(key, std::move(o));
-  }
-
-  Config config;
+  Config config = config_of_type(type);
   config.source_path = origin;
   std::map<std::string, std::string> origins;  // key -> "--set ..." for overridden keys
+  bool wrap_given = false;
   visit_keys(config, [&](const char* sec, const char* key, auto& field) {
     const std::string full = std::string(sec) + "." + key;
     if (auto it = set.find(full); it != set.end()) {
       const std::string where = "--set " + it->second.text;
       origins[full] = where;
       convert(*it->second.value.get("k"), where, full, &it->second.raw, field);
+      wrap_given = wrap_given || full == "fsdp.transformer_layer_cls_to_wrap";
     } else if (const auto* t = doc.get_as<toml::table>(sec)) {
-      if (const auto* node = t->get(key)) convert(*node, origin, full, nullptr, field);
+      if (const auto* node = t->get(key)) {
+        convert(*node, origin, full, nullptr, field);
+        wrap_given = wrap_given || full == "fsdp.transformer_layer_cls_to_wrap";
+      }
     }
   });
+  // Unset, the wrap classes are the model's (Hugging Face's _no_split_modules).
+  if (!wrap_given) config.fsdp.transformer_layer_cls_to_wrap = model_family(type).wrap_classes();
 
   validate(config, [&](const std::string& key) {
     auto it = origins.find(key);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 #include <string>
 
 #include "fsdp/backend/buffer.hpp"
@@ -45,10 +46,13 @@ struct Gpt2Model::Acts {
   DeviceBuffer targets_dev, tokens_dev;                    // [BT] int32 on the device
 };
 
-Gpt2Model::Gpt2Model(const ModelConfig& config, Backend& backend, DType activation_dtype,
+Gpt2Model::Gpt2Model(const Gpt2Config& config, Backend& backend, DType activation_dtype,
                      bool activation_checkpointing)
     : cfg_(config), be_(backend), act_dtype_(activation_dtype),
-      checkpointing_(activation_checkpointing) {
+      checkpointing_(activation_checkpointing), modules_(gpt2_modules(config)) {}
+
+std::vector<ModuleDecl> gpt2_modules(const Gpt2Config& cfg_) {
+  std::vector<ModuleDecl> modules_;
   const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, P = cfg_.n_positions, L = cfg_.n_layer;
   const float std0 = 0.02f;
   const float std_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
@@ -73,6 +77,7 @@ Gpt2Model::Gpt2Model(const ModelConfig& config, Backend& backend, DType activati
   }
   ModuleDecl lnf{"ln_f", "LayerNorm", {ln_weight("ln_f.weight", C), bias("ln_f.bias", C)}};
   modules_.push_back(std::move(lnf));
+  return modules_;
 }
 
 Gpt2Model::~Gpt2Model() = default;
@@ -86,10 +91,10 @@ struct ActCounts {
 };
 // Sets of per-block internals (Acts::Layer): one per block, or one shared by every block
 // under activation checkpointing.
-int64_t block_buffer_sets(const ModelConfig& c, bool checkpointing) {
+int64_t block_buffer_sets(const Gpt2Config& c, bool checkpointing) {
   return checkpointing ? std::min<int64_t>(c.n_layer, 1) : c.n_layer;
 }
-ActCounts act_counts(const ModelConfig& c, int64_t B, int64_t T, bool checkpointing) {
+ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T, bool checkpointing) {
   const int64_t BT = B * T, C = c.n_embd, H = c.n_head, V = c.vocab_size, L = c.n_layer;
   const int64_t S = block_buffer_sets(c, checkpointing);
   ActCounts n;
@@ -103,7 +108,7 @@ ActCounts act_counts(const ModelConfig& c, int64_t B, int64_t T, bool checkpoint
 }
 }  // namespace
 
-int64_t Gpt2Model::activation_bytes(const ModelConfig& c, int64_t B, int64_t T, DType act,
+int64_t Gpt2Model::activation_bytes(const Gpt2Config& c, int64_t B, int64_t T, DType act,
                                     bool activation_checkpointing) {
   const ActCounts n = act_counts(c, B, T, activation_checkpointing);
   return n.act * static_cast<int64_t>(dtype_size(act)) + 4 * n.f32 + 4 * n.i32;
@@ -145,6 +150,18 @@ void Gpt2Model::forward_backward(const int32_t* tokens, const int32_t* targets, 
                                  const TensorView& loss) {
   forward(tokens, targets, B, T, hooks, true, grad_scale, loss);
   backward(B, T, hooks);
+}
+
+void Gpt2Model::forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
+                                 const TensorView& loss) {
+  if (batch.target_len != batch.L) throw Error("GPT-2: a causal-LM batch has target_len == L");
+  forward_backward(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, grad_scale, hooks,
+                   loss);
+}
+
+void Gpt2Model::forward_loss(const data::Batch& batch, ModuleHooks& hooks, const TensorView& loss) {
+  if (batch.target_len != batch.L) throw Error("GPT-2: a causal-LM batch has target_len == L");
+  forward_loss(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, hooks, loss);
 }
 
 void Gpt2Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
@@ -295,6 +312,174 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
   hooks.pre_backward(0);
   be_.embedding_backward(hooks.grad(kWte), hooks.grad(kWpe), dres, tokens, B, T, C);
   hooks.post_backward(0);
+}
+
+}  // namespace fsdp
+
+// ---- the "gpt2" model family (registry entry) ----
+namespace fsdp {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+class Gpt2Family final : public ModelFamily {
+ public:
+  std::string type() const override { return "gpt2"; }
+  std::vector<ModelKey> keys() const override {
+    const Gpt2Config d;
+    return {{"n_layer", d.n_layer},         {"n_head", d.n_head},
+            {"n_embd", d.n_embd},           {"n_positions", d.n_positions},
+            {"vocab_size", d.vocab_size},   {"layer_norm_epsilon", d.layer_norm_epsilon}};
+  }
+  std::vector<std::string> wrap_classes() const override { return {"GPT2Block"}; }
+  std::vector<Objective> objectives() const override { return {Objective::causal_lm}; }
+  void validate(const Config& c, const KeyFail& fail) const override {
+    const Gpt2Config g = Gpt2Config::from(c.model);
+    auto at_least = [&](const char* key, int64_t v, int64_t lo) {
+      if (v < lo) {
+        throw fail(std::string("model.") + key, std::to_string(v) +
+                   " is out of range (expected an integer >= " + std::to_string(lo) + ")");
+      }
+    };
+    at_least("n_layer", g.n_layer, 1);
+    at_least("n_head", g.n_head, 1);
+    at_least("n_embd", g.n_embd, 1);
+    at_least("n_positions", g.n_positions, 1);
+    at_least("vocab_size", g.vocab_size, 1);
+    if (g.n_embd % g.n_head != 0) {
+      throw fail("model.n_embd", std::to_string(g.n_embd) + " is not divisible by model.n_head = " +
+                                     std::to_string(g.n_head));
+    }
+    if (!(g.layer_norm_epsilon > 0)) {
+      std::ostringstream os;
+      os << g.layer_norm_epsilon;
+      throw fail("model.layer_norm_epsilon", os.str() + " is out of range (expected > 0)");
+    }
+    if (c.data.seq_len > g.n_positions) {
+      throw fail("data.seq_len", std::to_string(c.data.seq_len) + " exceeds model.n_positions = " +
+                                     std::to_string(g.n_positions) +
+                                     " (expected 1 <= seq_len <= n_positions)");
+    }
+  }
+  std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
+    return gpt2_modules(Gpt2Config::from(c));
+  }
+  std::unique_ptr<Model> create(const ModelConfig& c, Backend& backend, DType act,
+                                bool checkpointing) const override {
+    return std::make_unique<Gpt2Model>(Gpt2Config::from(c), backend, act, checkpointing);
+  }
+  int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
+                           DType act, bool checkpointing) const override {
+    return Gpt2Model::activation_bytes(Gpt2Config::from(c), rows, shape.L, act, checkpointing);
+  }
+  // GPT2LMHeadModel: every name gets the "transformer." prefix; the 2-D weights of
+  // attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj are transposed (HF's Conv1D stores
+  // [in, out]); wte/wpe, LayerNorms and biases are as they are. lm_head.weight is tied to wte
+  // (HF ties it on load), so it is not a parameter of ours.
+  std::optional<HfTensor> hf_tensor(const ModelConfig&, const std::string& name,
+                                    const std::vector<int64_t>& shape) const override {
+    static const char* kTopLevel[] = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"};
+    static const char* kBlock[] = {
+        "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+        "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+    HfTensor t{"transformer." + name, shape, false};
+    for (const char* n : kTopLevel) {
+      if (name == n) return t;
+    }
+    if (name.rfind("h.", 0) != 0) return std::nullopt;  // "h.<i>.<suffix>"
+    std::size_t i = 2;
+    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+    if (i == 2 || i >= name.size() || name[i] != '.') return std::nullopt;
+    const std::string suffix = name.substr(i + 1);
+    bool known = false;
+    for (const char* n : kBlock) known = known || suffix == n;
+    if (!known) return std::nullopt;
+    if (ends_with(suffix, ".weight") && suffix.rfind("ln_", 0) != 0 && shape.size() == 2) {
+      t.shape = {shape[1], shape[0]};
+      t.transpose = true;
+    }
+    return t;
+  }
+  // Checkpoints on the Hub (openai-community/gpt2) store the GPT2Model names without the
+  // "transformer." prefix.
+  std::vector<std::string> hf_aliases(const std::string& hf_name) const override {
+    const std::string prefix = "transformer.";
+    if (hf_name.rfind(prefix, 0) == 0) return {hf_name.substr(prefix.size())};
+    return {};
+  }
+  nlohmann::json hf_config(const ModelConfig& c) const override {
+    const Gpt2Config g = Gpt2Config::from(c);
+    nlohmann::json out = nlohmann::json::object();
+    out["architectures"] = {"GPT2LMHeadModel"};
+    out["model_type"] = "gpt2";
+    out["vocab_size"] = g.vocab_size;
+    out["n_positions"] = g.n_positions;
+    out["n_ctx"] = g.n_positions;
+    out["n_embd"] = g.n_embd;
+    out["n_layer"] = g.n_layer;
+    out["n_head"] = g.n_head;
+    out["n_inner"] = nullptr;
+    out["activation_function"] = "gelu_new";
+    out["resid_pdrop"] = 0.0;
+    out["embd_pdrop"] = 0.0;
+    out["attn_pdrop"] = 0.0;
+    out["layer_norm_epsilon"] = g.layer_norm_epsilon;
+    out["initializer_range"] = 0.02;
+    out["bos_token_id"] = g.vocab_size - 1;  // GPT-2 convention (<|endoftext|> = last id); byte
+    out["eos_token_id"] = g.vocab_size - 1;  // vocabularies have no special token: nominal
+    out["tie_word_embeddings"] = true;
+    out["torch_dtype"] = "float32";
+    return out;
+  }
+  ModelConfig from_hf_config(const nlohmann::json& hf, const std::string& origin) const override {
+    ModelConfig c = ModelConfig::defaults("gpt2");
+    auto integer = [&](const char* key) {
+      if (!hf.contains(key) || !hf[key].is_number_integer()) {
+        throw InputError(origin + ": \"" + key + "\" missing or not an integer");
+      }
+      c.set(key, hf[key].get<int64_t>());
+    };
+    if (hf.value("model_type", std::string()) != "gpt2") {
+      throw InputError(origin + ": \"model_type\" is not \"gpt2\"");
+    }
+    for (const char* k : {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"}) integer(k);
+    if (hf.contains("layer_norm_epsilon") && hf["layer_norm_epsilon"].is_number()) {
+      c.set("layer_norm_epsilon", hf["layer_norm_epsilon"].get<double>());
+    }
+    if (hf.contains("n_inner") && !hf["n_inner"].is_null()) {
+      throw InputError(origin + ": \"n_inner\" must be null (4 * n_embd)");
+    }
+    if (hf.contains("activation_function") && hf["activation_function"] != "gelu_new") {
+      throw InputError(origin + ": \"activation_function\" " + hf["activation_function"].dump() +
+                       " is not supported (expected \"gelu_new\")");
+    }
+    if (hf.contains("tie_word_embeddings") && hf["tie_word_embeddings"] == false) {
+      throw InputError(origin + ": \"tie_word_embeddings\" false is not supported for gpt2");
+    }
+    return c;
+  }
+};
+
+}  // namespace
+
+Gpt2Config Gpt2Config::from(const ModelConfig& c) {
+  Gpt2Config g;
+  g.n_layer = c.integer("n_layer");
+  g.n_head = c.integer("n_head");
+  g.n_embd = c.integer("n_embd");
+  g.n_positions = c.integer("n_positions");
+  g.vocab_size = c.integer("vocab_size");
+  g.layer_norm_epsilon = c.number("layer_norm_epsilon");
+  return g;
+}
+
+const ModelFamily& gpt2_family() {
+  static const Gpt2Family family;
+  return family;
 }
 
 }  // namespace fsdp

@@ -21,10 +21,9 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/data/batch.hpp"
 #include "fsdp/data/sampler.hpp"
-#include "fsdp/data/token_dataset.hpp"
-#include "fsdp/data/token_source.hpp"
+#include "fsdp/data/samples.hpp"
 #include "fsdp/fsdp/engine.hpp"
-#include "fsdp/model/gpt2.hpp"
+#include "fsdp/model/model.hpp"
 #include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/collective_guard.hpp"
 
@@ -46,28 +45,21 @@ std::string human_bytes(double b) {
   return os.str();
 }
 
-std::string model_config_json(const ModelConfig& m) {
-  nlohmann::json j = {{"model_type", m.type},          {"n_layer", m.n_layer},
-                      {"n_head", m.n_head},            {"n_embd", m.n_embd},
-                      {"n_positions", m.n_positions},  {"vocab_size", m.vocab_size},
-                      {"layer_norm_epsilon", m.layer_norm_epsilon}};
-  return j.dump();
-}
-
 // Everything one job holds; built in guarded phases so a failure on any rank stops all.
 struct Job {
   Job(const Config& c, const TrainOptions& o, std::ostream& s, Runtime& r, Communicator& h)
-      : cfg(c), opt(o), out(s), rt(r), host(h) {}
+      : cfg(c), opt(o), out(s), rt(r), host(h), family(model_family(c.model.type)) {}
   const Config& cfg;
   const TrainOptions& opt;
   std::ostream& out;
   Runtime& rt;
   Communicator& host;                 // the job's ranks, host memory
+  const ModelFamily& family;
   const DeviceMesh* mesh = nullptr;   // the job's ranks, backend memory (from rt)
   Backend* backend = nullptr;
-  std::unique_ptr<data::TokenSource> train_src, val_src;
+  std::unique_ptr<data::SampleSource> train_src, val_src;
   std::optional<data::DistributedSampler> sampler;
-  std::unique_ptr<Gpt2Model> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<FsdpEngine> engine;
   std::unique_ptr<Optimizer> optimizer;
   std::ofstream metrics;
@@ -84,20 +76,11 @@ struct Job {
 
 void open_data(Job& job) {
   const Config& cfg = job.cfg;
-  const int64_t L = cfg.data.seq_len, V = cfg.model.vocab_size;
-  if (cfg.data.source == "synthetic") {
-    // A fixed-length random stream (epochs of 1024 steps), independent of train.max_steps,
-    // so a run extended by --resume sees the same batches as an uninterrupted one.
-    const int64_t n = 1024 * cfg.train.global_batch_size * L + 1;
-    job.train_src = std::make_unique<data::SyntheticTokens>(n, V, cfg.train.seed);
-    job.val_src = std::make_unique<data::SyntheticTokens>(64 * L + 1, V, cfg.train.seed + 1);
-  } else {
-    job.train_src = std::make_unique<data::TokenDataset>(cfg.data.path, "train", V, L);
-    job.val_src = std::make_unique<data::TokenDataset>(cfg.data.path, "val", V, L);
-  }
-  job.sampler.emplace(data::num_samples_of(job.train_src->num_tokens(), L),
-                      cfg.train.global_batch_size, job.host.rank(), job.host.size(),
-                      cfg.train.seed);
+  const int64_t V = cfg.model.integer("vocab_size");
+  job.train_src = data::open_samples(cfg, "train", V);
+  job.val_src = data::open_samples(cfg, "val", V);
+  job.sampler.emplace(job.train_src->num_samples(), cfg.train.global_batch_size,
+                      job.host.rank(), job.host.size(), cfg.train.seed);
 }
 
 // Rank 0's banner: resolved config, mesh, parameter count (from the unit layouts) and, when
@@ -122,9 +105,14 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
          << l.numel << ", padded " << l.padded_numel << ", shard " << l.shard_numel;
     }
   }
-  os << "\ndata: " << job.train_src->num_tokens() << " train tokens, "
-     << job.val_src->num_tokens() << " val tokens; " << job.sampler->steps_per_epoch()
-     << " steps per epoch; " << job.sampler->local_batch() << " sequences per rank per step";
+  os << "\ndata: " << to_string(cfg.data.objective) << ", " << job.train_src->num_tokens()
+     << " train tokens, " << job.val_src->num_tokens() << " val tokens; "
+     << job.sampler->steps_per_epoch() << " steps per epoch; " << job.sampler->local_batch()
+     << " sequences per rank per step";
+  if (const int64_t n = job.train_src->num_truncated() + job.val_src->num_truncated(); n > 0) {
+    os << "\ndata: " << n << " examples longer than data.max_input_len / max_target_len "
+       << "are truncated";
+  }
   job.log(os.str());
 }
 
@@ -146,36 +134,39 @@ void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
   job.log(os.str());
 }
 
-// Mean validation loss (nats per token). The per-rank sum stays on the device until one
-// all-reduce and one copy at the end.
+// Mean validation loss: summed cross-entropy over every target token of the split's
+// samples (eval.max_windows caps them) divided by their number of target tokens. The
+// per-rank sum stays on the device until one all-reduce and one copy at the end.
 double evaluate(Job& job) {
-  const Config& cfg = job.cfg;
-  const int64_t L = cfg.data.seq_len;
-  const int64_t windows = data::num_val_windows(job.val_src->num_tokens(), L, cfg.eval.max_windows);
-  const data::WindowRange mine = data::rank_windows(windows, job.host.rank(), job.host.size());
-  const int64_t B = std::max<int64_t>(1, job.micro_batch);  // windows per forward
+  const int64_t samples = job.val_src->num_samples();
+  const data::WindowRange mine = data::rank_windows(samples, job.host.rank(), job.host.size());
+  const int64_t B = std::max<int64_t>(1, job.micro_batch);  // samples per forward
   // Every rank runs the same number of forward passes (they hold collectives); a rank with
-  // no windows left runs window 0 and discards the result.
+  // no samples left runs sample 0 and discards the result.
   int64_t chunks = (mine.size() + B - 1) / B;
   job.host.all_reduce(&chunks, &chunks, 1, DType::i64, ReduceOp::max)->wait();
   DeviceBuffer sum(*job.backend, DType::f64, 1, MemCategory::other);
   DeviceBuffer discard(*job.backend, DType::f64, 1, MemCategory::other);
   job.backend->fill_zero(sum.view());
+  int64_t targets = 0;
   for (int64_t c = 0; c < chunks; ++c) {
     data::WindowRange r{mine.begin + c * B, std::min(mine.end, mine.begin + (c + 1) * B)};
     const bool dummy = r.size() <= 0;
     if (dummy) r = {0, 1};
-    const data::Batch batch = data::load_windows(*job.val_src, r, L);
+    std::vector<int64_t> idx;
+    for (int64_t i = r.begin; i < r.end; ++i) idx.push_back(i);
+    const data::Batch batch = job.val_src->load(idx);
+    if (!dummy) targets += batch.num_targets();
     job.engine->begin_step(false);
-    job.model->forward_loss(batch.inputs.data(), batch.targets.data(), batch.B, batch.L,
-                            *job.engine, dummy ? discard.view() : sum.view());
+    job.model->forward_loss(batch, *job.engine, dummy ? discard.view() : sum.view());
     job.engine->end_step();
   }
   job.mesh->world().all_reduce(sum.data(), sum.data(), 1, DType::f64, ReduceOp::sum,
                                job.backend->compute_stream())->wait();
+  job.host.all_reduce(&targets, &targets, 1, DType::i64, ReduceOp::sum)->wait();
   double total = 0.0;
   job.backend->copy_to_host(&total, sum.view());
-  return windows > 0 ? total / static_cast<double>(windows * L) : std::nan("");
+  return targets > 0 ? total / static_cast<double>(targets) : std::nan("");
 }
 
 ckpt::CheckpointMeta checkpoint_meta(Job& job) {
@@ -187,7 +178,7 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
   m.shard_index = job.engine->shard_index();
   m.sharding_strategy = to_string(job.cfg.fsdp.sharding_strategy);
   m.optimizer = to_string(job.cfg.optim.name);
-  m.model_config_json = model_config_json(job.cfg.model);
+  m.model_config_json = model_config_json(job.cfg.model).dump();
   m.train_config_toml = to_toml(job.cfg);
   m.seed = job.cfg.train.seed;
   m.sampler_epoch = job.sampler->epoch_of(job.step);
@@ -316,18 +307,18 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   const int64_t micro = cfg.train.micro_batch_size > 0 ? cfg.train.micro_batch_size : local_batch;
   job.micro_batch = micro;
   const DType act_dtype = cfg.mixed_precision.param_dtype;
-  const int64_t act_bytes =
-      Gpt2Model::activation_bytes(cfg.model, micro, cfg.data.seq_len, act_dtype,
-                                  cfg.fsdp.activation_checkpointing);
+  const data::BatchShape shape = data::batch_shape(cfg);
+  const int64_t act_bytes = job.family.activation_bytes(cfg.model, micro, shape, act_dtype,
+                                                        cfg.fsdp.activation_checkpointing);
 
   if (opt.dry_run) {
     collective_guard(group, [&] {
-      Gpt2Model model(cfg.model, *job.backend, act_dtype, cfg.fsdp.activation_checkpointing);
+      const std::vector<ModuleDecl> modules = job.family.modules(cfg.model);
       const int num_shards = static_cast<int>(
           shards_for(cfg.fsdp.sharding_strategy, world, job.mesh->shard_size()));
-      const auto layouts = build_unit_layouts(model.modules(), cfg.fsdp, num_shards);
+      const auto layouts = build_unit_layouts(modules, cfg.fsdp, num_shards);
       print_banner(job, layouts, /*list_units=*/true);
-      print_memory_plan(job, plan_memory(model.modules(), cfg, world, job.mesh->shard_size()),
+      print_memory_plan(job, plan_memory(modules, cfg, world, job.mesh->shard_size()),
                         act_bytes);
       for (const auto& l : layouts) result.num_params += l.numel;
     });
@@ -335,8 +326,8 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   }
 
   collective_guard(group, [&] {
-    job.model = std::make_unique<Gpt2Model>(cfg.model, *job.backend, act_dtype,
-                                             cfg.fsdp.activation_checkpointing);
+    job.model = job.family.create(cfg.model, *job.backend, act_dtype,
+                                  cfg.fsdp.activation_checkpointing);
     job.engine = std::make_unique<FsdpEngine>(job.model->modules(), cfg.fsdp,
                                               cfg.mixed_precision, *job.mesh, *job.backend,
                                               cfg.train.seed);
@@ -374,24 +365,32 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   DeviceBuffer stats(be, DType::f64, 3, MemCategory::other);
   const TensorView loss_dev = stats.view().slice(0, 1), norm_dev = stats.view().slice(1, 1),
                    inf_dev = stats.view().slice(2, 1);
-  const int64_t T = cfg.data.seq_len;
   const int64_t B = local_batch;
-  const double tokens_per_step = static_cast<double>(cfg.train.global_batch_size * T);
+  // Tokens a step processes (throughput): inputs, plus the decoder's targets when the
+  // objective has a separate target sequence.
+  const double tokens_per_step = static_cast<double>(
+      cfg.train.global_batch_size *
+      (shape.L + (cfg.data.objective == Objective::causal_lm ? 0 : shape.target_len)));
   while (job.step < cfg.train.max_steps) {
     const auto t0 = Clock::now();
     const AllocatorStats a0 = be.allocator_stats();
-    const data::Batch batch =
-        data::load_batch(*job.train_src, job.sampler->sample_indices(job.step), T);
+    const data::Batch batch = job.train_src->load(job.sampler->sample_indices(job.step));
     const int64_t step = job.step + 1;  // the step being run, 1-based
     be.fill_zero(stats.view());
+    // The loss is the mean over the step's target tokens of all ranks (padding excluded).
+    int64_t global_targets = batch.num_targets();
+    group.all_reduce(&global_targets, &global_targets, 1, DType::i64, ReduceOp::sum)->wait();
     // Gradient accumulation: each micro-batch's gradient is reduce-scattered into the fp32
-    // shards as its backward ends (no unsharded gradient is kept between micro-batches);
-    // scaling by 1/(B*T) for the whole per-rank batch makes the sum the step's mean.
-    const float grad_scale = static_cast<float>(job.loss_scale / static_cast<double>(B * T));
+    // shards as its backward ends (no unsharded gradient is kept between micro-batches).
+    // The reduction averages over the world, so scaling each rank's summed loss by
+    // world / global_targets makes the reduced gradient the step's mean.
+    const float grad_scale = static_cast<float>(
+        job.loss_scale * static_cast<double>(world) /
+        static_cast<double>(std::max<int64_t>(1, global_targets)));
     for (int64_t m0 = 0; m0 < B; m0 += micro) {
       job.engine->begin_step(true);
-      job.model->forward_backward(batch.inputs.data() + m0 * T, batch.targets.data() + m0 * T,
-                                  micro, T, grad_scale, *job.engine, loss_dev);
+      job.model->forward_backward(micro == B ? batch : batch.rows(m0, micro), grad_scale,
+                                  *job.engine, loss_dev);
       job.engine->end_step();
     }
     if (std::find(opt.inject_overflow_steps.begin(), opt.inject_overflow_steps.end(), step) !=
@@ -409,7 +408,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     job.engine->clip_grad_norm(cfg.optim.grad_clip, norm_dev);
     double host_stats[3] = {0, 0, 0};
     be.copy_to_host(host_stats, stats.view());  // the step's one wait for the device
-    const double loss = host_stats[0] / tokens_per_step;
+    const double loss = host_stats[0] / static_cast<double>(std::max<int64_t>(1, global_targets));
     const double norm = host_stats[1];
     const bool skipped = fp16 && host_stats[2] != 0.0;
     result.loss_scales.push_back(fp16 ? job.loss_scale : 1.0);

@@ -3,11 +3,14 @@
 // Loaded from a TOML file (toml++) with `--set section.key=value` overrides applied on top.
 // Every key is documented, with its default, in docs/config.md; names follow PyTorch FSDP /
 // Accelerate (fsdp.sharding_strategy, fsdp.auto_wrap_policy,
-// fsdp.transformer_layer_cls_to_wrap, ...) and Hugging Face GPT2Config (model.n_layer, ...).
+// fsdp.transformer_layer_cls_to_wrap, ...); the [model] keys are the model family's own,
+// named as its Hugging Face config names them (GPT2Config's n_layer, T5Config's d_model, ...).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "fsdp/core/dtype.hpp"
@@ -36,14 +39,25 @@ const char* to_string(CommBackend b);  // "auto" | "nccl" | "mpi"
 enum class OptimizerKind { adamw, sgd };
 const char* to_string(OptimizerKind k);  // "adamw" | "sgd"
 
+// The [model] section: `type` picks a model family from the registry
+// (fsdp/model/model.hpp: "gpt2", "t5"); every other key belongs to that family, is named as
+// its Hugging Face config names it, and is declared with its default by the family alone
+// (ModelFamily::keys). A value keeps the type of the declared default.
+using ModelValue = std::variant<int64_t, double, bool, std::string>;
 struct ModelConfig {
-  std::string type = "gpt2";          // only "gpt2" for now
-  int64_t n_layer = 4;
-  int64_t n_head = 4;
-  int64_t n_embd = 128;
-  int64_t n_positions = 256;          // max sequence length (learned position table rows)
-  int64_t vocab_size = 256;           // byte-level by default
-  double layer_norm_epsilon = 1e-5;
+  std::string type;                            // a registered model.type
+  std::map<std::string, ModelValue> values;    // every key of the family (defaults filled in)
+
+  // The family's defaults for `type` (throws InputError naming model.type if unknown).
+  // Defined with the registry (src/model/registry.cpp).
+  static ModelConfig defaults(const std::string& type);
+  // Typed reads of a declared key; throw fsdp::Error if missing or of another type.
+  int64_t integer(const std::string& key) const;
+  double number(const std::string& key) const;
+  bool boolean(const std::string& key) const;
+  const std::string& string(const std::string& key) const;
+  // Sets a declared key; throws fsdp::Error if undeclared or of another type.
+  void set(const std::string& key, ModelValue value);
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
@@ -96,7 +110,7 @@ struct OptimConfig {
 struct FsdpConfig {
   ShardingStrategy sharding_strategy = ShardingStrategy::FULL_SHARD;
   AutoWrapPolicy auto_wrap_policy = AutoWrapPolicy::TRANSFORMER_BASED_WRAP;  // NO_WRAP: one root unit
-  std::vector<std::string> transformer_layer_cls_to_wrap = {"GPT2Block"};
+  std::vector<std::string> transformer_layer_cls_to_wrap;  // unset: the model's wrap classes
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
   bool forward_prefetch = false;      // all-gather the next unit before this unit's forward
   bool limit_all_gathers = true;      // at most two units (besides the root) unsharded at once
@@ -142,7 +156,7 @@ struct EvalConfig {
 };
 
 struct Config {
-  ModelConfig model;
+  ModelConfig model = ModelConfig::defaults("gpt2");
   DataConfig data;
   TrainConfig train;
   OptimConfig optim;
@@ -160,9 +174,9 @@ struct Config {
 // Parses `toml_path`, applies `overrides` ("section.key=value", value parsed as a TOML value;
 // bare words are taken as strings), validates, and returns the config.
 // Throws fsdp::InputError (exit 2) with one line naming the file and key on: unreadable or
-// malformed TOML (with line:column), unknown section or key, wrong type, invalid value
-// (unknown strategy or optimizer name, non-positive sizes, n_embd % n_head != 0,
-// seq_len > n_positions, ...), malformed override.
+// malformed TOML (with line:column), unknown section or key (model keys: those of the chosen
+// model.type), wrong type, invalid value (unknown strategy or optimizer name, non-positive
+// sizes, the model family's own checks such as n_embd % n_head != 0), malformed override.
 Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides);
 
 // Same from TOML text already in memory (`origin` names it in messages). For tests.

@@ -18,10 +18,30 @@
 #include "fsdp/backend/backend.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/fsdp/module.hpp"
+#include "fsdp/model/model.hpp"
 
 namespace fsdp {
 
-class Gpt2Model {
+// Hugging Face GPT2Config's keys ([model] with type = "gpt2"; defaults in gpt2_family()).
+struct Gpt2Config {
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  int64_t n_positions = 256;          // max sequence length (learned position table rows)
+  int64_t vocab_size = 256;           // byte-level by default
+  double layer_norm_epsilon = 1e-5;
+  // From the [model] section (type "gpt2"); throws fsdp::Error on a missing key.
+  static Gpt2Config from(const ModelConfig& config);
+};
+
+// The "gpt2" entry of the model registry (fsdp/model/model.hpp).
+const ModelFamily& gpt2_family();
+
+// Parameters in forward order: "embeddings" (wte [V,C], wpe [P,C]), "h.0" .. "h.{L-1}"
+// (class "GPT2Block", 12 tensors each), "ln_f" (ln_f.weight, ln_f.bias [C]).
+std::vector<ModuleDecl> gpt2_modules(const Gpt2Config& config);
+
+class Gpt2Model final : public Model {
  public:
   // activation_dtype: storage of activations and their gradients (the mixed-precision
   // param_dtype); LayerNorm statistics stay fp32.
@@ -31,15 +51,21 @@ class Gpt2Model {
   // statistics) live in ONE shared set of buffers and are recomputed inside the block's
   // backward, after the engine's pre_backward has all-gathered its parameters. Same kernels
   // on the same inputs: results are bit-identical to activation_checkpointing = false.
-  Gpt2Model(const ModelConfig& config, Backend& backend, DType activation_dtype = DType::f32,
+  Gpt2Model(const Gpt2Config& config, Backend& backend, DType activation_dtype = DType::f32,
             bool activation_checkpointing = false);
-  ~Gpt2Model();
+  ~Gpt2Model() override;
   Gpt2Model(const Gpt2Model&) = delete;
   Gpt2Model& operator=(const Gpt2Model&) = delete;
 
   // Modules in forward order: "embeddings" (wte [V,C], wpe [P,C]), "h.0" .. "h.{L-1}"
   // (class "GPT2Block"), "ln_f" (ln_f.weight, ln_f.bias [C]; also reads the tied wte).
-  const std::vector<ModuleDecl>& modules() const { return modules_; }
+  const std::vector<ModuleDecl>& modules() const override { return modules_; }
+
+  // Model interface: a causal-LM Batch (target_len == L); see the pointer forms below.
+  void forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
+                        const TensorView& loss) override;
+  void forward_loss(const data::Batch& batch, ModuleHooks& hooks,
+                    const TensorView& loss) override;
 
   // One training micro-batch: forward, loss, backward. tokens, targets: [B,T] int32 host
   // arrays. loss[0] (fp64 [1] device scalar) += the SUM over the B*T positions of the
@@ -54,7 +80,7 @@ class Gpt2Model {
   // Bytes of activations (saved for backward, and their gradients) for a [B,T] micro-batch
   // with activations stored in `activation_dtype`, with or without activation
   // checkpointing; exactly what forward allocates.
-  static int64_t activation_bytes(const ModelConfig& config, int64_t B, int64_t T,
+  static int64_t activation_bytes(const Gpt2Config& config, int64_t B, int64_t T,
                                   DType activation_dtype, bool activation_checkpointing = false);
 
  private:
@@ -67,7 +93,7 @@ class Gpt2Model {
   // `write_output`, res[l+1]. Used by forward and by the checkpointing recompute.
   void block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks, bool write_output);
 
-  ModelConfig cfg_;
+  Gpt2Config cfg_;
   Backend& be_;
   DType act_dtype_;
   bool checkpointing_;

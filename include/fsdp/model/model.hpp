@@ -1,11 +1,30 @@
-// fsdp/model/model.hpp: the Model interface: what the trainer runs on a data::Batch.
-// (The registry of model families, keyed by model.type, joins it in fsdp/model/model.hpp.)
+// fsdp/model/model.hpp: the Model interface and the registry of model families.
+//
+// Everything fsdp_train knows about one architecture lives in that model's own files and
+// reaches the rest of the program through a ModelFamily (one per `model.type`): its [model]
+// keys and their checks, its modules and wrap classes, its activation-memory table, its
+// Hugging Face names, layouts and config.json, and a factory for the Model that runs
+// forward/backward on a data::Batch. The trainer, config validation, engine, memory plan,
+// merge tool and init_from ask the family; none of them names GPT-2 or T5.
+//
+// Adding a model: write model/<name>.{hpp,cpp} with a ModelFamily and list it in
+// model_families() (src/model/registry.cpp).
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "fsdp/backend/backend.hpp"
+#include "fsdp/config/config.hpp"
+#include "fsdp/core/error.hpp"
 #include "fsdp/data/batch.hpp"
+#include "fsdp/fsdp/flat_param.hpp"
 #include "fsdp/fsdp/module.hpp"
 
 namespace fsdp {
@@ -26,5 +45,80 @@ class Model {
   virtual void forward_loss(const data::Batch& batch, ModuleHooks& hooks,
                             const TensorView& loss) = 0;
 };
+
+// A [model] key of a family: its name (the Hugging Face config name) and default, whose
+// variant alternative is the key's type (int64_t, double, bool or std::string).
+struct ModelKey {
+  std::string name;
+  ModelValue default_value;
+};
+
+// How one of our parameters appears in a Hugging Face checkpoint.
+struct HfTensor {
+  std::string name;            // e.g. "transformer.h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // HF shape, e.g. [C, 3C]
+  bool transpose = false;      // our [out, in] <-> HF Conv1D [in, out] (2-D only)
+};
+
+// Builds the one-line error for a key: fail("model.n_embd", "100 is not divisible ...")
+// returns an input Error (exit 2) prefixed with where that key's value came from.
+using KeyFail = std::function<Error(const std::string& key, const std::string& what)>;
+
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+  // The model.type value, e.g. "gpt2".
+  virtual std::string type() const = 0;
+  // The [model] keys beside `type`, in the order to_toml prints them.
+  virtual std::vector<ModelKey> keys() const = 0;
+  // Module classes transformer_layer_cls_to_wrap may name (the first ones are the default,
+  // like Hugging Face's _no_split_modules), e.g. {"GPT2Block"}.
+  virtual std::vector<std::string> wrap_classes() const = 0;
+  // data.objective values this model trains on.
+  virtual std::vector<Objective> objectives() const = 0;
+  // Checks the family's keys and their relation to the rest of the config (e.g. data
+  // lengths); throws fail(key, what).
+  virtual void validate(const Config& config, const KeyFail& fail) const = 0;
+
+  // The modules (names, wrap classes, parameter specs with their initialisation) of a model
+  // with this config, without building one. Parameter names are ours (nn.Linear layout).
+  virtual std::vector<ModuleDecl> modules(const ModelConfig& config) const = 0;
+  // A model on `backend`; activations stored in `activation_dtype` (the mixed-precision
+  // param_dtype); `activation_checkpointing` per fsdp.activation_checkpointing.
+  virtual std::unique_ptr<Model> create(const ModelConfig& config, Backend& backend,
+                                        DType activation_dtype,
+                                        bool activation_checkpointing) const = 0;
+  // Bytes of activations (saved for backward, their gradients and scratch) that create()'s
+  // model allocates for a micro-batch of `batch_rows` rows of `shape`; the same table the
+  // model allocates from.
+  virtual int64_t activation_bytes(const ModelConfig& config, int64_t batch_rows,
+                                   const data::BatchShape& shape, DType activation_dtype,
+                                   bool activation_checkpointing) const = 0;
+
+  // Hugging Face layout of our parameter `name` of shape `shape`, or nullopt if the name is
+  // not one of this family's parameters.
+  virtual std::optional<HfTensor> hf_tensor(const ModelConfig& config, const std::string& name,
+                                            const std::vector<int64_t>& shape) const = 0;
+  // Extra names a published checkpoint may hold for a tensor we read as `hf_name` (e.g. the
+  // "transformer." prefix GPT-2 checkpoints on the Hub omit). Default: none.
+  virtual std::vector<std::string> hf_aliases(const std::string& hf_name) const { return {}; }
+  // The Hugging Face config.json for `config` (architectures, model_type, sizes, ...).
+  virtual nlohmann::json hf_config(const ModelConfig& config) const = 0;
+  // Our ModelConfig from a Hugging Face config.json (init_from). Throws InputError naming
+  // `origin` and the field on a missing or unsupported field.
+  virtual ModelConfig from_hf_config(const nlohmann::json& hf, const std::string& origin) const = 0;
+};
+
+// Every registered family, in a fixed order.
+const std::vector<const ModelFamily*>& model_families();
+// The family of `type`; throws InputError `model.type: unknown value "x" (expected one of
+// gpt2, t5)`.
+const ModelFamily& model_family(const std::string& type);
+
+// The [model] section as checkpoints and merge carry it: {"model_type": type, key: value...}.
+nlohmann::json model_config_json(const ModelConfig& config);
+// Inverse of model_config_json; throws InputError naming `origin` on an unknown model_type,
+// a missing key or one of the wrong type.
+ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& origin);
 
 }  // namespace fsdp
