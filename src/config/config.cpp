@@ -82,6 +82,7 @@ constexpr bool kIsConfigEnum<E> = true;
 template <class C, class F>
 void visit_keys(C& c, F&& f) {
   f("model", "type", c.model.type);
+  f("model", "init_from", c.model.init_from);
   // The family's own keys, in its order, typed as their declared defaults.
   for (const ModelKey& k : model_family(c.model.type).keys()) {
     std::visit([&](auto& v) { f("model", k.name.c_str(), v); }, c.model.values.at(k.name));

@@ -47,6 +47,10 @@ using ModelValue = std::variant<int64_t, double, bool, std::string>;
 struct ModelConfig {
   std::string type;                            // a registered model.type
   std::map<std::string, ModelValue> values;    // every key of the family (defaults filled in)
+  // Fine-tuning start: a Hugging Face model directory (model.safetensors or a sharded
+  // model.safetensors.index.json, plus config.json) whose weights replace the initialisation;
+  // each rank reads only its own shard's byte ranges. "" = random initialisation.
+  std::string init_from;
 
   // The family's defaults for `type` (throws InputError naming model.type if unknown).
   // Defined with the registry (src/model/registry.cpp).
