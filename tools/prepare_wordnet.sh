@@ -55,7 +55,7 @@ LC_ALL=C awk -v counts="$tsv.counts" '
     if (gloss == "" || word == "") { empty++; next }
     n++
     pos[field[3]]++
-    printf "%d\t%s\t%s\n", (n * 2654435761) % 4294967296, gloss, word
+    printf "%.0f\t%s\t%s\n", (n * 2654435761) % 4294967296, gloss, word  # %.0f: mawk clamps %d at 2^31-1
   }
   END {
     printf "synsets %d (n %d, v %d, a %d, s %d, r %d), skipped %d without gloss separator, %d empty\n",
