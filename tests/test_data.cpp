@@ -9,12 +9,15 @@
 #include <string>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 
 #include "fsdp/data/batch.hpp"
 #include "fsdp/data/prepare.hpp"
 #include "fsdp/data/sampler.hpp"
+#include "fsdp/data/samples.hpp"
+#include "fsdp/data/span_corruption.hpp"
 #include "fsdp/data/token_dataset.hpp"
 #include "fsdp/data/token_source.hpp"
 #include "fsdp/detail/hdf5.hpp"
@@ -437,4 +440,458 @@ TEST(Validation, WindowRangesCoverEveryWindowOnce) {
     EXPECT_EQ(b.inputs[static_cast<std::size_t>(i)], raw[static_cast<std::size_t>(i)]);
     EXPECT_EQ(b.targets[static_cast<std::size_t>(i)], raw[static_cast<std::size_t>(i + 1)]);
   }
+}
+
+// ---------------------------------------------------------------- SampleSource (open_samples)
+
+namespace {
+
+fsdp::Config data_config(fsdp::Objective objective, const std::string& path) {
+  fsdp::Config c;
+  c.data.objective = objective;
+  c.data.source = path.empty() ? "synthetic" : "hdf5";
+  c.data.path = path;
+  return c;
+}
+
+// Row r of a batch's inputs / targets.
+std::vector<int32_t> in_row(const fsdp::data::Batch& b, int64_t r) {
+  return {b.inputs.begin() + r * b.L, b.inputs.begin() + (r + 1) * b.L};
+}
+std::vector<int32_t> tgt_row(const fsdp::data::Batch& b, int64_t r) {
+  return {b.targets.begin() + r * b.target_len, b.targets.begin() + (r + 1) * b.target_len};
+}
+
+// ByT5 ids of a string: byte b -> b + 3.
+std::vector<int32_t> ids(const std::string& s) {
+  std::vector<int32_t> v;
+  for (unsigned char ch : s) v.push_back(static_cast<int32_t>(ch) + 3);
+  return v;
+}
+std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST(Samples, CausalLmEqualsLoadBatch) {
+  TempDir dir("causal");
+  write_text(dir.path() / "t.txt", std::string(2000, 'a') + "the quick brown fox");
+  fsdp::data::prepare_byte_dataset({dir.file("t.txt")}, dir.file("t.h5"), 0.25);
+  auto c = data_config(fsdp::Objective::causal_lm, dir.file("t.h5"));
+  c.data.seq_len = 16;
+  c.eval.max_windows = 5;
+  EXPECT_EQ(fsdp::data::batch_shape(c).L, 16);
+  EXPECT_EQ(fsdp::data::batch_shape(c).target_len, 16);
+  const auto train = fsdp::data::open_samples(c, "train", 256);
+  const fsdp::data::TokenDataset ds(dir.file("t.h5"), "train");
+  EXPECT_EQ(train->num_samples(), (ds.num_tokens() - 1) / 16);
+  EXPECT_EQ(train->num_tokens(), ds.num_tokens());
+  EXPECT_EQ(train->num_truncated(), 0);
+  const std::vector<int64_t> idx = {7, 0, train->num_samples() - 1};
+  const auto a = train->load(idx), b = fsdp::data::load_batch(ds, idx, 16);
+  EXPECT_EQ(a.B, 3);
+  EXPECT_EQ(a.target_len, 16);
+  EXPECT_EQ(a.inputs, b.inputs);
+  EXPECT_EQ(a.targets, b.targets);
+  expect_error([&] { train->load({train->num_samples()}); }, 1, {"sample"});
+  // Validation: windows capped by eval.max_windows.
+  const auto val = fsdp::data::open_samples(c, "val", 256);
+  const fsdp::data::TokenDataset vds(dir.file("t.h5"), "val");
+  EXPECT_EQ(val->num_samples(), fsdp::data::num_val_windows(vds.num_tokens(), 16, 5));
+  EXPECT_EQ(val->num_samples(), 5);
+  EXPECT_EQ(val->load({4}).inputs, fsdp::data::load_batch(vds, {4}, 16).inputs);
+  // Synthetic: the trainer's streams (1024 global batches; val 64 windows, seed + 1).
+  auto s = data_config(fsdp::Objective::causal_lm, "");
+  s.data.seq_len = 8;
+  s.train.global_batch_size = 4;
+  s.train.seed = 99;
+  const auto st = fsdp::data::open_samples(s, "train", 1000);
+  const fsdp::data::SyntheticTokens ref(1024 * 4 * 8 + 1, 1000, 99);
+  EXPECT_EQ(st->num_samples(), 1024 * 4);
+  EXPECT_EQ(st->load({4095, 3}).targets, fsdp::data::load_batch(ref, {4095, 3}, 8).targets);
+  const auto sv = fsdp::data::open_samples(s, "val", 1000);
+  const fsdp::data::SyntheticTokens vref(64 * 8 + 1, 1000, 100);
+  EXPECT_EQ(sv->num_samples(), 64);
+  EXPECT_EQ(sv->load({63}).inputs, fsdp::data::load_batch(vref, {63}, 8).inputs);
+}
+
+namespace {
+// Writes `lines` (each "input\ttarget") to name.tsv; returns the path.
+std::string write_tsv(const TempDir& dir, const std::string& name, const std::string& text) {
+  write_text(dir.path() / name, text);
+  return dir.file(name);
+}
+}  // namespace
+
+TEST(Samples, Seq2SeqRoundTripPadsAndTruncates) {
+  TempDir dir("s2s");
+  const auto tsv = write_tsv(dir, "p.tsv",
+                             "ab\tX\n"
+                             "hello world\tY\r\n"      // CRLF; input truncated to 6
+                             "\xc3\xa9\tlong target\n"  // UTF-8 bytes; target truncated to 4
+                             "q\tr\n"
+                             "s\ttt");                  // no final newline
+  const auto sum = fsdp::data::prepare_pairs_dataset(tsv, dir.file("p.h5"), 0.4);
+  EXPECT_EQ(sum.train_examples, 3);
+  EXPECT_EQ(sum.val_examples, 2);
+  EXPECT_EQ(sum.input_tokens, 3 + 12 + 3 + 2 + 2);  // eos included
+  EXPECT_EQ(sum.target_tokens, 2 + 2 + 12 + 2 + 3);
+  EXPECT_EQ(sum.max_input_len, 12);
+  EXPECT_EQ(sum.max_target_len, 12);
+  EXPECT_DOUBLE_EQ(sum.mean_input_len, 22.0 / 5);
+
+  auto c = data_config(fsdp::Objective::seq2seq, dir.file("p.h5"));
+  c.data.max_input_len = 6;
+  c.data.max_target_len = 4;
+  EXPECT_EQ(fsdp::data::batch_shape(c).L, 6);
+  EXPECT_EQ(fsdp::data::batch_shape(c).target_len, 4);
+  const auto train = fsdp::data::open_samples(c, "train", 384);
+  EXPECT_EQ(train->num_samples(), 3);
+  EXPECT_EQ(train->num_tokens(), 3 + 12 + 3 + 2 + 2 + 12);
+  EXPECT_EQ(train->num_truncated(), 2);
+  const auto b = train->load({2, 0, 1});
+  EXPECT_EQ(b.B, 3);
+  EXPECT_EQ(b.L, 6);
+  EXPECT_EQ(b.target_len, 4);
+  const int32_t I = fsdp::data::kIgnoreIndex;
+  EXPECT_EQ(in_row(b, 0), (std::vector<int32_t>{0xc3 + 3, 0xa9 + 3, 1, 0, 0, 0}));
+  EXPECT_EQ(tgt_row(b, 0), cat(ids("lon"), {1}));  // first max - 1 tokens, then eos
+  EXPECT_EQ(in_row(b, 1), cat(ids("ab"), {1, 0, 0, 0}));
+  EXPECT_EQ(tgt_row(b, 1), (std::vector<int32_t>{'X' + 3, 1, I, I}));
+  EXPECT_EQ(in_row(b, 2), cat(ids("hello"), {1}));  // "\r" of the CRLF line dropped
+  EXPECT_EQ(tgt_row(b, 2), (std::vector<int32_t>{'Y' + 3, 1, I, I}));
+  EXPECT_EQ(b.num_targets(), 4 + 2 + 2);
+  expect_error([&] { train->load({3}); }, 1, {"sample 3"});
+
+  const auto val = fsdp::data::open_samples(c, "val", 384);
+  EXPECT_EQ(val->num_samples(), 2);
+  EXPECT_EQ(val->num_truncated(), 0);
+  const auto v = val->load({1});
+  EXPECT_EQ(in_row(v, 0), cat(ids("s"), {1, 0, 0, 0, 0}));
+  EXPECT_EQ(tgt_row(v, 0), cat(ids("tt"), {1, I}));
+  c.eval.max_windows = 1;  // caps the validation examples
+  EXPECT_EQ(fsdp::data::open_samples(c, "val", 384)->num_samples(), 1);
+  // max length 1: only the eos is left.
+  c.data.max_input_len = 1;
+  const auto one = fsdp::data::open_samples(c, "train", 384);
+  EXPECT_EQ(one->num_truncated(), 3);
+  EXPECT_EQ(in_row(one->load({1}), 0), (std::vector<int32_t>{1}));
+  // File vocab (259) above the model's; tokens above a small model vocabulary.
+  expect_error([&] { fsdp::data::open_samples(c, "train", 258); }, 2, {dir.file("p.h5"), "model.vocab_size"});
+}
+
+TEST(Samples, PairsTsvErrorsNameFileAndLine) {
+  TempDir dir("tsv");
+  const auto no_tab = write_tsv(dir, "a.tsv", "a\tb\nno tab here\n");
+  expect_error([&] { fsdp::data::read_pairs_tsv(no_tab); }, 2, {no_tab + ":2:", "no tab"});
+  const auto empty_in = write_tsv(dir, "b.tsv", "a\tb\nc\td\n\tx\n");
+  expect_error([&] { fsdp::data::read_pairs_tsv(empty_in); }, 2, {empty_in + ":3:", "empty input"});
+  const auto empty_tgt = write_tsv(dir, "c.tsv", "x\t\n");
+  expect_error([&] { fsdp::data::read_pairs_tsv(empty_tgt); }, 2, {empty_tgt + ":1:", "empty target"});
+  const auto two_tabs = write_tsv(dir, "d.tsv", "a\tb\tc\n");
+  expect_error([&] { fsdp::data::read_pairs_tsv(two_tabs); }, 2, {two_tabs + ":1:", "more than one tab"});
+  const auto blank = write_tsv(dir, "e.tsv", "a\tb\n\nc\td\n");
+  expect_error([&] { fsdp::data::read_pairs_tsv(blank); }, 2, {blank + ":2:"});
+  const auto none = write_tsv(dir, "f.tsv", "");
+  expect_error([&] { fsdp::data::read_pairs_tsv(none); }, 2, {none, "no lines"});
+  expect_error([&] { fsdp::data::read_pairs_tsv(dir.file("missing.tsv")); }, 2, {"missing.tsv"});
+  const auto one = write_tsv(dir, "g.tsv", "a\tb\n");
+  expect_error([&] { fsdp::data::prepare_pairs_dataset(one, dir.file("o.h5"), 0.5); }, 2, {"--val-fraction"});
+  EXPECT_FALSE(fs::exists(dir.file("o.h5")));
+}
+
+namespace {
+// A seq2seq file with /train only, built by hand: uint8 tokens, int64 offsets.
+struct RawPairs {
+  std::vector<uint8_t> inputs{10, 11, 1, 12, 1}, targets{20, 1, 21, 22, 1};
+  std::vector<int64_t> input_offsets{0, 3, 5}, target_offsets{0, 2, 5};
+  bool float_inputs = false, skip_targets = false;
+};
+std::string write_raw_pairs(const TempDir& dir, const std::string& name, const RawPairs& p) {
+  const std::string path = dir.file(name);
+  auto f = fsdp::h5::File::create(path);
+  if (p.float_inputs) {
+    std::vector<float> x(p.inputs.begin(), p.inputs.end());
+    f.write_f32("/train/inputs", x.data(), {x.size()});
+  } else {
+    f.write_u8("/train/inputs", p.inputs.data(), {p.inputs.size()});
+  }
+  f.write_i64("/train/input_offsets", p.input_offsets.data(), {p.input_offsets.size()});
+  if (!p.skip_targets) f.write_u8("/train/targets", p.targets.data(), {p.targets.size()});
+  f.write_i64("/train/target_offsets", p.target_offsets.data(), {p.target_offsets.size()});
+  f.close();
+  return path;
+}
+}  // namespace
+
+TEST(Samples, Seq2SeqBadFilesAreInputErrorsNamingFileAndDataset) {
+  TempDir dir("s2sbad");
+  auto open = [](const std::string& path, const std::string& split = "train", int64_t vocab = 384) {
+    auto c = data_config(fsdp::Objective::seq2seq, path);
+    return fsdp::data::open_samples(c, split, vocab);
+  };
+  const auto good = write_raw_pairs(dir, "good.h5", {});
+  const auto s = open(good);
+  EXPECT_EQ(s->num_samples(), 2);
+  EXPECT_EQ(in_row(s->load({1}), 0)[0], 12);
+  EXPECT_EQ(tgt_row(s->load({1}), 0)[1], 22);
+
+  expect_error([&] { open(good, "val"); }, 2, {good, "/val", "group not found"});
+  expect_error([&] { open(dir.file("nope.h5")); }, 2, {"nope.h5"});
+  RawPairs p;
+  p.skip_targets = true;
+  const auto missing = write_raw_pairs(dir, "missing.h5", p);
+  expect_error([&] { open(missing); }, 2, {missing, "/train/targets", "not found"});
+  p = {};
+  p.float_inputs = true;
+  const auto flt = write_raw_pairs(dir, "float.h5", p);
+  expect_error([&] { open(flt); }, 2, {flt, "/train/inputs", "integers"});
+  p = {};
+  p.input_offsets = {0, 3, 4};  // last != 5 tokens
+  const auto last = write_raw_pairs(dir, "last.h5", p);
+  expect_error([&] { open(last); }, 2, {last, "/train/input_offsets", "last offset is 4"});
+  p = {};
+  p.target_offsets = {0, 3, 2, 5};
+  p.input_offsets = {0, 1, 3, 5};
+  const auto dec = write_raw_pairs(dir, "decreasing.h5", p);
+  expect_error([&] { open(dec); }, 2, {dec, "/train/target_offsets", "non-decreasing"});
+  p = {};
+  p.input_offsets = {1, 3, 5};
+  const auto first = write_raw_pairs(dir, "first.h5", p);
+  expect_error([&] { open(first); }, 2, {first, "/train/input_offsets", "first offset"});
+  p = {};
+  p.target_offsets = {0, 5};
+  const auto count = write_raw_pairs(dir, "count.h5", p);
+  expect_error([&] { open(count); }, 2, {count, "/train/target_offsets", "one input and one target"});
+  p = {};
+  p.targets[3] = 250;
+  const auto range = write_raw_pairs(dir, "range.h5", p);
+  expect_error([&] { open(range, "train", 200); }, 2, {range, "/train/targets", "token 250 at position 3"});
+  EXPECT_NO_THROW(open(range, "train", 251));
+}
+
+// ---------------------------------------------------------------- span corruption
+
+TEST(SpanCorruption, CountsFollowT5Rounding) {
+  using fsdp::data::span_counts;
+  const auto c = span_counts(512, 0.15, 3.0);  // round(76.8) = 77, round(25.67) = 26
+  EXPECT_EQ(c.num_noise, 77);
+  EXPECT_EQ(c.num_spans, 26);
+  EXPECT_EQ(c.input_len(), 512 - 77 + 26 + 1);
+  EXPECT_EQ(c.target_len(), 77 + 26 + 1);
+  EXPECT_EQ(span_counts(10, 0.15, 3.0).num_noise, 2);   // 1.5 -> 2 (half to even)
+  EXPECT_EQ(span_counts(10, 0.25, 3.0).num_noise, 2);   // 2.5 -> 2 (half to even, numpy)
+  EXPECT_EQ(span_counts(10, 0.25, 3.0).num_spans, 1);   // max(1, round(0.67))
+  EXPECT_EQ(span_counts(10, 0.01, 3.0).num_noise, 1);   // at least 1
+  EXPECT_EQ(span_counts(10, 0.99, 3.0).num_noise, 9);   // at most L - 1
+  EXPECT_EQ(span_counts(100, 0.9, 1.0).num_spans, 10);  // at most L - num_noise
+  expect_error([] { span_counts(1, 0.15, 3.0); }, 2, {"data.seq_len"});
+  expect_error([] { span_counts(64, 1.0, 3.0); }, 2, {"data.noise_density"});
+  expect_error([] { span_counts(64, 0.15, 0.5); }, 2, {"data.mean_noise_span_length"});
+  auto cfg = data_config(fsdp::Objective::span_corruption, "");
+  cfg.data.seq_len = 512;
+  EXPECT_EQ(fsdp::data::batch_shape(cfg).L, 462);
+  EXPECT_EQ(fsdp::data::batch_shape(cfg).target_len, 104);
+}
+
+TEST(SpanCorruption, RandomSegmentationIsAPositiveComposition) {
+  for (int64_t n : {1, 2, 5, 77}) {
+    for (int64_t k = 1; k <= n; k += (n > 10 ? 13 : 1)) {
+      const auto seg = fsdp::data::random_segmentation(n, k, 7, 3, 0);
+      ASSERT_EQ(static_cast<int64_t>(seg.size()), k);
+      EXPECT_EQ(std::accumulate(seg.begin(), seg.end(), int64_t{0}), n);
+      for (int64_t x : seg) EXPECT_GE(x, 1);
+    }
+  }
+  EXPECT_EQ(fsdp::data::random_segmentation(4, 4, 1, 1, 0), (std::vector<int64_t>{1, 1, 1, 1}));
+  expect_error([] { fsdp::data::random_segmentation(3, 4, 1, 1, 0); }, 1, {"segments"});
+}
+
+namespace {
+// Rebuilds the original window from a span-corruption row: each sentinel of the inputs is
+// replaced by the tokens that follow the same sentinel in the targets. Checks the row layout
+// (sentinels vocab-1, vocab-2, ... in order, eos last) on the way; returns the noise span
+// lengths through `spans`.
+std::vector<int32_t> reconstruct(const std::vector<int32_t>& in, const std::vector<int32_t>& tgt, int64_t vocab,
+                                 int64_t num_spans, std::vector<int64_t>* spans) {
+  const auto is_sentinel = [&](int32_t t) { return t >= vocab - num_spans && t < vocab; };
+  std::vector<int32_t> out;
+  EXPECT_EQ(in.back(), 1);
+  EXPECT_EQ(tgt.back(), 1);
+  std::size_t tp = 0;
+  int32_t next = static_cast<int32_t>(vocab - 1);
+  for (std::size_t i = 0; i + 1 < in.size(); ++i) {
+    if (!is_sentinel(in[i])) {
+      out.push_back(in[i]);
+      continue;
+    }
+    EXPECT_EQ(in[i], next);
+    EXPECT_EQ(tgt[tp], next);
+    --next;
+    ++tp;
+    int64_t len = 0;
+    for (; tp + 1 < tgt.size() && !is_sentinel(tgt[tp]); ++tp, ++len) out.push_back(tgt[tp]);
+    if (spans) spans->push_back(len);
+  }
+  EXPECT_EQ(tp + 1, tgt.size());
+  EXPECT_EQ(vocab - 1 - next, num_spans);
+  return out;
+}
+}  // namespace
+
+TEST(SpanCorruption, StatisticsAndExactReconstructionOverManyWindows) {
+  constexpr int64_t L = 512, V = 384, N = 2000;
+  auto c = data_config(fsdp::Objective::span_corruption, "");
+  c.data.seq_len = L;
+  c.train.global_batch_size = 2;  // 1024 * 2 windows of L
+  c.train.seed = 5;
+  const auto src = fsdp::data::open_samples(c, "train", V);
+  ASSERT_EQ(src->num_samples(), 2048);
+  EXPECT_EQ(src->num_tokens(), 2048 * L);
+  const auto counts = fsdp::data::span_counts(L, 0.15, 3.0);
+  // The synthetic stream: ids 3 + rng::below(V - 128, seed, "data.synthetic", p).
+  const fsdp::data::SyntheticTokens raw(2048 * L, V - 128, 5);
+  std::vector<int64_t> idx(N);
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  const auto b = src->load(idx);
+  ASSERT_EQ(b.L, counts.input_len());
+  ASSERT_EQ(b.target_len, counts.target_len());
+  EXPECT_EQ(b.num_targets(), N * b.target_len);  // fixed lengths: no padding
+  std::vector<int64_t> noise_spans, first_nonnoise;
+  std::vector<int64_t> noise_at(L, 0);
+  int64_t noise_tokens = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    std::vector<int32_t> window(L);
+    raw.read(r * L, L, window.data());
+    for (auto& t : window) t += 3;
+    std::vector<int64_t> spans;
+    const auto rebuilt = reconstruct(in_row(b, r), tgt_row(b, r), V, counts.num_spans, &spans);
+    ASSERT_EQ(rebuilt, window) << "window " << r;
+    // Noise positions of this window, from the row: walk the inputs.
+    const auto in = in_row(b, r);
+    int64_t pos = 0, s = 0;
+    bool first = true;
+    for (std::size_t i = 0; i + 1 < in.size(); ++i) {
+      if (in[i] >= V - counts.num_spans) {
+        if (first) first_nonnoise.push_back(pos);
+        first = false;
+        for (int64_t t = 0; t < spans[static_cast<std::size_t>(s)]; ++t) ++noise_at[static_cast<std::size_t>(pos++)];
+        ++s;
+      } else {
+        ++pos;
+      }
+    }
+    for (int64_t x : spans) noise_tokens += x;
+    noise_spans.insert(noise_spans.end(), spans.begin(), spans.end());
+  }
+  // Noise density: exactly round(0.15 L) / L per window, within 0.5 / L of 0.15 (rounding).
+  const double density = static_cast<double>(noise_tokens) / static_cast<double>(N * L);
+  EXPECT_DOUBLE_EQ(density, 77.0 / 512.0);
+  EXPECT_NEAR(density, 0.15, 0.5 / L);
+  // Mean noise span length: num_noise / round(num_noise / 3) = 77 / 26, within 0.5 * 3 /
+  // num_spans of 3 (rounding of the span count).
+  const double mean_span = static_cast<double>(noise_tokens) / static_cast<double>(noise_spans.size());
+  EXPECT_DOUBLE_EQ(mean_span, 77.0 / 26.0);
+  EXPECT_NEAR(mean_span, 3.0, 0.5 * 3.0 / 26.0);
+  for (int64_t x : noise_spans) ASSERT_GE(x, 1);
+  // T5's segmentation is a uniform composition of n into k positive parts, so every part is
+  // 1 with probability (k - 1) / (n - 1): 25/76 for the noise spans. 52000 spans: standard
+  // error sqrt(p(1-p)/52000) = 0.0021; bound 5 standard errors.
+  const double p1 = 25.0 / 76.0;
+  const double f1 = static_cast<double>(std::count(noise_spans.begin(), noise_spans.end(), 1)) /
+                    static_cast<double>(noise_spans.size());
+  EXPECT_NEAR(f1, p1, 5 * std::sqrt(p1 * (1 - p1) / static_cast<double>(noise_spans.size())));
+  // The first non-noise span has mean (L - num_noise) / k = 435/26 = 16.7 and, for a uniform
+  // composition, variance (n/k)^2 (k-1)/(k+1) (n-k)/... <= (n/k)^2: bound 5 * (n/k) / sqrt(N).
+  const double mean_first = static_cast<double>(std::accumulate(first_nonnoise.begin(), first_nonnoise.end(), int64_t{0})) /
+                            static_cast<double>(N);
+  EXPECT_NEAR(mean_first, 435.0 / 26.0, 5 * (435.0 / 26.0) / std::sqrt(static_cast<double>(N)));
+  // T5 starts with non-noise and ends with noise: position 0 is never masked, L-1 always.
+  EXPECT_EQ(noise_at[0], 0);
+  EXPECT_EQ(noise_at[L - 1], N);
+  // Interior positions are masked at about the density (each in [0.10, 0.20] over 2000 windows).
+  for (int64_t p = 64; p < L - 64; ++p) {
+    const double f = static_cast<double>(noise_at[static_cast<std::size_t>(p)]) / N;
+    EXPECT_GT(f, 0.10) << p;
+    EXPECT_LT(f, 0.20) << p;
+  }
+}
+
+TEST(SpanCorruption, RowsArePureFunctionsOfSeedSplitAndIndex) {
+  auto c = data_config(fsdp::Objective::span_corruption, "");
+  c.data.seq_len = 64;
+  c.train.global_batch_size = 1;
+  const auto a = fsdp::data::open_samples(c, "train", 384);
+  const auto all = a->load({5, 17, 3, 900});
+  const auto alone = a->load({17});
+  EXPECT_EQ(in_row(all, 1), in_row(alone, 0));
+  EXPECT_EQ(tgt_row(all, 1), tgt_row(alone, 0));
+  // Two "ranks" each loading half of the global batch see the 1-rank rows.
+  const auto r0 = a->load({5, 17}), r1 = a->load({3, 900});
+  EXPECT_EQ(cat(r0.inputs, r1.inputs), all.inputs);
+  EXPECT_EQ(cat(r0.targets, r1.targets), all.targets);
+  // A second source opened from the same config agrees; another seed does not.
+  EXPECT_EQ(fsdp::data::open_samples(c, "train", 384)->load({900}).targets, a->load({900}).targets);
+  c.train.seed += 1;
+  EXPECT_NE(fsdp::data::open_samples(c, "train", 384)->load({900}).targets, a->load({900}).targets);
+  expect_error([&] { a->load({1024}); }, 1, {"sample 1024"});
+  // Synthetic val: 64 windows (capped by eval.max_windows).
+  c.eval.max_windows = 10;
+  EXPECT_EQ(fsdp::data::open_samples(c, "val", 384)->num_samples(), 10);
+}
+
+TEST(SpanCorruption, ByteFilesAreReadAsByT5Ids) {
+  TempDir dir("span");
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "pack my box with five dozen liquor jugs " + std::to_string(i) + "\n";
+  write_text(dir.path() / "t.txt", text);
+  fsdp::data::prepare_byte_dataset({dir.file("t.txt")}, dir.file("t.h5"), 0.25);
+  auto c = data_config(fsdp::Objective::span_corruption, dir.file("t.h5"));
+  c.data.seq_len = 100;
+  const auto train = fsdp::data::open_samples(c, "train", 384);
+  const fsdp::data::TokenDataset ds(dir.file("t.h5"), "train");
+  EXPECT_EQ(train->num_samples(), ds.num_tokens() / 100);
+  const auto counts = fsdp::data::span_counts(100, 0.15, 3.0);  // 15 noise, 5 spans
+  const auto b = train->load({train->num_samples() - 1, 0});
+  for (int64_t r = 0; r < 2; ++r) {
+    const int64_t i = r == 0 ? train->num_samples() - 1 : 0;
+    std::vector<int32_t> window(100);
+    ds.read(i * 100, 100, window.data());
+    for (auto& t : window) t += 3;
+    EXPECT_EQ(reconstruct(in_row(b, r), tgt_row(b, r), 384, counts.num_spans, nullptr), window);
+  }
+  // The split is part of the randomness: train and val sample 0 place their sentinels
+  // differently (positions in the inputs depend only on the span layout).
+  const auto val = fsdp::data::open_samples(c, "val", 384);
+  EXPECT_EQ(val->num_samples(), fsdp::data::TokenDataset(dir.file("t.h5"), "val").num_tokens() / 100);
+  auto sentinel_positions = [](const std::vector<int32_t>& row) {
+    std::vector<std::size_t> p;
+    for (std::size_t i = 0; i < row.size(); ++i) if (row[i] >= 379) p.push_back(i);
+    return p;
+  };
+  const auto vt = sentinel_positions(in_row(val->load({0}), 0));
+  EXPECT_EQ(vt.size(), 5u);
+  EXPECT_NE(vt, sentinel_positions(in_row(train->load({0}), 0)));
+  // Too few sentinel ids above the byte ids 3..258: vocab 262 leaves 3 for 5 spans.
+  expect_error([&] { fsdp::data::open_samples(c, "train", 262); }, 2, {"data.seq_len", "model.vocab_size 262", "sentinel"});
+  EXPECT_NO_THROW(fsdp::data::open_samples(c, "train", 264));
+  // Model vocabulary below the mapped byte ids.
+  expect_error([&] { fsdp::data::open_samples(c, "train", 258); }, 2, {dir.file("t.h5"), "model.vocab_size"});
+  // A window longer than the split.
+  c.data.seq_len = 100000;
+  expect_error([&] { fsdp::data::open_samples(c, "train", 384); }, 2, {"data.seq_len", "/train/tokens"});
+}
+
+TEST(Samples, BadSourceAndSplit) {
+  auto c = data_config(fsdp::Objective::seq2seq, "");
+  expect_error([&] { fsdp::data::open_samples(c, "train", 384); }, 2, {"data.source", "seq2seq"});
+  c.data.source = "bogus";
+  expect_error([&] { fsdp::data::open_samples(c, "train", 384); }, 2, {"data.source", "bogus"});
+  c.data.source = "hdf5";
+  expect_error([&] { fsdp::data::open_samples(c, "train", 384); }, 2, {"data.path"});
+  auto s = data_config(fsdp::Objective::span_corruption, "");
+  expect_error([&] { fsdp::data::open_samples(s, "test", 384); }, 1, {"test"});
+  expect_error([&] { fsdp::data::open_samples(s, "train", 128); }, 2, {"model.vocab_size"});
 }

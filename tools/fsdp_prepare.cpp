@@ -1,10 +1,14 @@
 // fsdp_prepare: turns text files into an HDF5 token file for fsdp_train (docs/data.md).
 //
 //   fsdp_prepare -o OUT.h5 [--val-fraction F] INPUT...
+//   fsdp_prepare --pairs FILE.tsv [-o] OUT.h5 [--val-fraction F]
 //
-// INPUTs are files or folders (searched recursively; symlinks and *.dat skipped). Their
-// bytes, concatenated in sorted path order, are the tokens (vocab 256, tokenizer "bytes");
-// the last F (default 0.05) of them are the validation split. Exit code 2 on bad input.
+// Text mode: INPUTs are files or folders (searched recursively; symlinks and *.dat skipped).
+// Their bytes, concatenated in sorted path order, are the tokens (vocab 256, tokenizer
+// "bytes"); the last F (default 0.05) of them are the validation split.
+// Pairs mode (seq2seq): one `input<TAB>target` per line; bytes -> ByT5 ids b + 3, eos 1
+// appended to both; the last F of the pairs are the validation split.
+// Exit code 2 on bad input.
 #include <boost/program_options.hpp>
 
 #include <cstdio>
@@ -20,13 +24,18 @@ namespace po = boost::program_options;
 int main(int argc, char** argv) {
   std::string out;
   double val_fraction = 0.05;
+  std::string pairs;
   std::vector<std::string> inputs;
-  po::options_description opts("fsdp_prepare -o OUT.h5 [--val-fraction F] INPUT...\noptions");
+  po::options_description opts(
+      "fsdp_prepare -o OUT.h5 [--val-fraction F] INPUT...\n"
+      "fsdp_prepare --pairs FILE.tsv [-o] OUT.h5 [--val-fraction F]\noptions");
   opts.add_options()
       ("help,h", "print this help")
       ("output,o", po::value(&out), "output HDF5 token file (written atomically via OUT.tmp)")
+      ("pairs", po::value(&pairs),
+       "seq2seq pairs: a TSV of input<TAB>target lines (ByT5 ids, eos appended; docs/data.md)")
       ("val-fraction", po::value(&val_fraction)->default_value(0.05),
-       "fraction of the bytes (taken from the end) used for /val/tokens, in (0, 1)");
+       "fraction of the bytes (with --pairs: of the pairs), taken from the end, used for validation, in (0, 1)");
   po::options_description hidden;
   hidden.add_options()("input", po::value(&inputs), "input files or folders");
   po::options_description all;
@@ -41,6 +50,27 @@ int main(int argc, char** argv) {
       return 0;
     }
     po::notify(vm);
+    if (vm.count("pairs")) {
+      // OUT may be given as -o OUT or as the one positional argument.
+      if (out.empty() && inputs.size() == 1) {
+        out = inputs.front();
+        inputs.clear();
+      }
+      if (out.empty()) throw fsdp::InputError("--pairs: missing output (expected --pairs FILE.tsv OUT.h5)");
+      if (!inputs.empty()) {
+        throw fsdp::InputError("--pairs: unexpected argument " + inputs.front() +
+                               " (expected --pairs FILE.tsv OUT.h5, one pairs file)");
+      }
+      const auto s = fsdp::data::prepare_pairs_dataset(pairs, out, val_fraction);
+      std::printf("fsdp_prepare: %s: %lld pairs (%lld train, %lld val), %lld input tokens, %lld target tokens, "
+                  "input len max %lld mean %.1f, target len max %lld mean %.1f (ByT5 ids, eos included)\n",
+                  out.c_str(), static_cast<long long>(s.train_examples + s.val_examples),
+                  static_cast<long long>(s.train_examples), static_cast<long long>(s.val_examples),
+                  static_cast<long long>(s.input_tokens), static_cast<long long>(s.target_tokens),
+                  static_cast<long long>(s.max_input_len), s.mean_input_len,
+                  static_cast<long long>(s.max_target_len), s.mean_target_len);
+      return 0;
+    }
     if (out.empty()) throw fsdp::InputError("-o/--output: missing (expected the output .h5 path)");
     if (inputs.empty()) throw fsdp::InputError("INPUT: none given (expected files or folders of text)");
     const auto s = fsdp::data::prepare_byte_dataset(inputs, out, val_fraction);

@@ -13,6 +13,7 @@ packages=(
   libtomlplusplus-dev nlohmann-json3-dev libboost-program-options-dev
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
   fortunes                              # the main job's text corpus
+  wordnet-base                          # the T5 main job's seq2seq pairs (tools/prepare_wordnet.sh)
 )
 if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch); fi
 

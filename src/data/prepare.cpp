@@ -9,6 +9,7 @@
 #include <iterator>
 #include <sstream>
 #include <system_error>
+#include <utility>
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/detail/hdf5.hpp"
@@ -24,6 +25,52 @@ bool wanted(const fs::directory_entry& e) {
   std::error_code ec;
   if (e.is_symlink(ec) || !e.is_regular_file(ec)) return false;
   return e.path().extension() != ".dat";
+}
+
+// Writes an HDF5 file through `fill` into out + ".tmp", then renames it onto `out`, so a
+// failure never leaves a half-written `out`.
+template <class F>
+void write_atomically(const std::string& out, F&& fill) {
+  const std::string tmp = out + ".tmp";
+  try {
+    auto f = h5::File::create(tmp);
+    fill(f);
+    f.close();
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+  std::error_code ec;
+  fs::rename(tmp, out, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    throw Error(out + ": cannot move " + tmp + " into place (" + why + ")");
+  }
+}
+
+// A 1-D int32 dataset (the wrapper has no int32 writer): HDF5 C API, parents created.
+void write_i32(const h5::File& f, const std::string& dataset, const std::vector<int32_t>& data) {
+  try {
+    const hsize_t n = data.size();
+    h5::Handle space(FSDP_CHECK_HDF5(H5Screate_simple(1, &n, nullptr)));
+    h5::Handle lcpl(FSDP_CHECK_HDF5(H5Pcreate(H5P_LINK_CREATE)));
+    FSDP_CHECK_HDF5(H5Pset_create_intermediate_group(lcpl.id(), 1));
+    h5::Handle dset(FSDP_CHECK_HDF5(H5Dcreate2(f.id(), dataset.c_str(), H5T_STD_I32LE, space.id(), lcpl.id(),
+                                               H5P_DEFAULT, H5P_DEFAULT)));
+    if (n > 0) FSDP_CHECK_HDF5(H5Dwrite(dset.id(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()));
+  } catch (const Error& e) {
+    throw Error(f.path() + ": " + dataset + ": " + e.what(), e.exit_code());
+  }
+}
+
+void check_output_folder(const std::string& out) {
+  const fs::path parent = fs::absolute(fs::path(out)).parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec)) {
+    throw InputError(out + ": output folder " + parent.string() + " does not exist (expected an existing folder)");
+  }
 }
 
 }  // namespace
@@ -91,9 +138,7 @@ ByteSplit build_byte_split(const std::vector<fs::path>& files, double val_fracti
 }
 
 void write_byte_token_file(const std::string& out, const ByteSplit& split, const std::string& source) {
-  const std::string tmp = out + ".tmp";
-  try {
-    auto f = h5::File::create(tmp);
+  write_atomically(out, [&](h5::File& f) {
     const auto n_train = static_cast<hsize_t>(split.train_tokens);
     const auto n_val = static_cast<hsize_t>(split.val_tokens());
     f.write_u8("/train/tokens", split.bytes.data(), {n_train});
@@ -102,35 +147,134 @@ void write_byte_token_file(const std::string& out, const ByteSplit& split, const
     f.set_attr("/", "tokenizer", std::string("bytes"));
     f.set_attr("/", "source", source);
     f.set_attr("/", "num_files", split.num_files);
-    f.close();
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
-  }
-  std::error_code ec;
-  fs::rename(tmp, out, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    throw Error(out + ": cannot move " + tmp + " into place (" + why + ")");
-  }
+  });
 }
 
 PrepareSummary prepare_byte_dataset(const std::vector<std::string>& inputs, const std::string& out,
                                     double val_fraction) {
   val_token_count(0, val_fraction);
-  const fs::path parent = fs::absolute(fs::path(out)).parent_path();
-  std::error_code ec;
-  if (!fs::is_directory(parent, ec)) {
-    throw InputError(out + ": output folder " + parent.string() + " does not exist (expected an existing folder)");
-  }
+  check_output_folder(out);
   const auto files = collect_input_files(inputs);
   const ByteSplit split = build_byte_split(files, val_fraction);
   std::string source = "fsdp_prepare (bytes):";
   for (const auto& in : inputs) source += " " + in;
   write_byte_token_file(out, split, source);
   return PrepareSummary{split.num_files, split.train_tokens, split.val_tokens()};
+}
+
+// ---------------------------------------------------------------- pairs (seq2seq)
+
+void PairExamples::add(const std::vector<int32_t>& input, const std::vector<int32_t>& target) {
+  inputs.insert(inputs.end(), input.begin(), input.end());
+  targets.insert(targets.end(), target.begin(), target.end());
+  input_offsets.push_back(static_cast<int64_t>(inputs.size()));
+  target_offsets.push_back(static_cast<int64_t>(targets.size()));
+}
+
+namespace {
+
+// ByT5 ids of bytes [begin, end) followed by eos: b -> b + 3, then 1.
+std::vector<int32_t> byt5_ids(const std::string& line, std::size_t begin, std::size_t end) {
+  std::vector<int32_t> ids;
+  ids.reserve(end - begin + 1);
+  for (std::size_t i = begin; i < end; ++i) ids.push_back(static_cast<int32_t>(static_cast<uint8_t>(line[i])) + 3);
+  ids.push_back(1);
+  return ids;
+}
+
+}  // namespace
+
+PairExamples read_pairs_tsv(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot read pairs file (expected a TSV of input<TAB>target lines)");
+  PairExamples ex;
+  std::string line;
+  int64_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const std::string where = path + ":" + std::to_string(lineno) + ": ";
+    const std::size_t tab = line.find('\t');
+    if (tab == std::string::npos) {
+      throw InputError(where + "no tab (expected input<TAB>target)");
+    }
+    if (line.find('\t', tab + 1) != std::string::npos) {
+      throw InputError(where + "more than one tab (expected input<TAB>target, with no tab inside either)");
+    }
+    if (tab == 0) throw InputError(where + "empty input (expected input<TAB>target, both non-empty)");
+    if (tab + 1 == line.size()) throw InputError(where + "empty target (expected input<TAB>target, both non-empty)");
+    ex.add(byt5_ids(line, 0, tab), byt5_ids(line, tab + 1, line.size()));
+  }
+  if (in.bad()) throw InputError(path + ": error while reading pairs file");
+  if (ex.size() == 0) throw InputError(path + ": no lines (expected input<TAB>target lines)");
+  return ex;
+}
+
+PairSplit split_pairs(const PairExamples& all, double val_fraction) {
+  const int64_t n = all.size();
+  const int64_t n_val = val_token_count(n, val_fraction);
+  const int64_t n_train = n - n_val;
+  if (n_val == 0 || n_train == 0) {
+    std::ostringstream os;
+    os << "--val-fraction: " << val_fraction << " of " << n << " pairs leaves an empty "
+       << (n_val == 0 ? "validation" : "training") << " split (expected both splits non-empty)";
+    throw InputError(os.str());
+  }
+  PairSplit s;
+  auto side = [&](int64_t i, const std::vector<int32_t>& tok, const std::vector<int64_t>& off) {
+    return std::vector<int32_t>(tok.begin() + off[static_cast<std::size_t>(i)],
+                                tok.begin() + off[static_cast<std::size_t>(i) + 1]);
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    (i < n_train ? s.train : s.val)
+        .add(side(i, all.inputs, all.input_offsets), side(i, all.targets, all.target_offsets));
+  }
+  return s;
+}
+
+void write_pairs_file(const std::string& out, const PairSplit& split, const std::string& source) {
+  write_atomically(out, [&](h5::File& f) {
+    for (const auto& [name, ex] : {std::pair<std::string, const PairExamples*>{"train", &split.train},
+                                   std::pair<std::string, const PairExamples*>{"val", &split.val}}) {
+      write_i32(f, "/" + name + "/inputs", ex->inputs);
+      write_i32(f, "/" + name + "/targets", ex->targets);
+      f.write_i64("/" + name + "/input_offsets", ex->input_offsets.data(), {ex->input_offsets.size()});
+      f.write_i64("/" + name + "/target_offsets", ex->target_offsets.data(), {ex->target_offsets.size()});
+    }
+    f.set_attr("/", "vocab_size", int64_t{259});
+    f.set_attr("/", "tokenizer", std::string("byt5"));
+    f.set_attr("/", "source", source);
+    f.set_attr("/", "num_examples", split.train.size() + split.val.size());
+  });
+}
+
+PairsSummary summarize_pairs(const PairSplit& split) {
+  PairsSummary s;
+  s.train_examples = split.train.size();
+  s.val_examples = split.val.size();
+  for (const PairExamples* ex : {&split.train, &split.val}) {
+    s.input_tokens += static_cast<int64_t>(ex->inputs.size());
+    s.target_tokens += static_cast<int64_t>(ex->targets.size());
+    for (int64_t i = 0; i < ex->size(); ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      s.max_input_len = std::max(s.max_input_len, ex->input_offsets[k + 1] - ex->input_offsets[k]);
+      s.max_target_len = std::max(s.max_target_len, ex->target_offsets[k + 1] - ex->target_offsets[k]);
+    }
+  }
+  const auto n = static_cast<double>(s.train_examples + s.val_examples);
+  if (n > 0) {
+    s.mean_input_len = static_cast<double>(s.input_tokens) / n;
+    s.mean_target_len = static_cast<double>(s.target_tokens) / n;
+  }
+  return s;
+}
+
+PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction) {
+  val_token_count(0, val_fraction);
+  check_output_folder(out);
+  const PairSplit split = split_pairs(read_pairs_tsv(tsv), val_fraction);
+  write_pairs_file(out, split, "fsdp_prepare --pairs (ByT5 ids b + 3, eos 1): " + tsv);
+  return summarize_pairs(split);
 }
 
 }  // namespace fsdp::data

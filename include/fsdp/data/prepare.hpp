@@ -3,6 +3,10 @@
 // Byte-level tokenisation (vocab 256, tokenizer "bytes", like ByT5 / nanoGPT's char-level
 // shakespeare but on raw bytes): the input files' bytes are concatenated in sorted path
 // order; the last val_fraction of the bytes become /val/tokens, the rest /train/tokens.
+//
+// Pairs (fsdp_prepare --pairs, seq2seq for T5/ByT5): one `input<TAB>target` per line of a
+// TSV file; each side's bytes become ByT5 ids b + 3 with eos (1) appended; the last
+// val_fraction of the pairs become /val, the rest /train (schema in docs/data.md).
 #pragma once
 
 #include <cstdint>
@@ -50,5 +54,50 @@ struct PrepareSummary {
 // collect_input_files + build_byte_split + write_byte_token_file.
 PrepareSummary prepare_byte_dataset(const std::vector<std::string>& inputs, const std::string& out,
                                     double val_fraction);
+
+// ---- pairs (seq2seq) ----
+
+// The examples of one split, concatenated: example i is inputs[input_offsets[i] ..
+// input_offsets[i + 1]) and likewise for targets (offsets start at 0, have n + 1 entries).
+struct PairExamples {
+  std::vector<int32_t> inputs, targets;
+  std::vector<int64_t> input_offsets{0}, target_offsets{0};
+  int64_t size() const { return static_cast<int64_t>(input_offsets.size()) - 1; }
+  // Appends one example (ids as given).
+  void add(const std::vector<int32_t>& input, const std::vector<int32_t>& target);
+};
+
+// Reads a TSV of `input<TAB>target` lines (the last line may lack its newline; a trailing
+// CR is removed, for CRLF files). Each side's UTF-8 bytes b become ByT5 ids b + 3 (bytes are
+// not checked to be valid UTF-8; ByT5 works on bytes) and eos 1 is appended to both.
+// Throws fsdp::InputError "FILE:LINE: ..." for a line with no tab or more than one tab, an
+// empty input or an empty target; "FILE: ..." if it cannot be read or holds no lines.
+PairExamples read_pairs_tsv(const std::string& path);
+
+// Splits off the last val_token_count(n, val_fraction) examples as validation. Throws
+// fsdp::InputError naming --val-fraction if it is out of (0, 1) or either split would be
+// empty.
+struct PairSplit {
+  PairExamples train, val;
+};
+PairSplit split_pairs(const PairExamples& all, double val_fraction);
+
+// Writes the seq2seq schema of docs/data.md: /<split>/{inputs (int32), input_offsets (int64),
+// targets (int32), target_offsets (int64)} for train and val, root attributes vocab_size =
+// 259 (ids are < 3 + 256), tokenizer = "byt5", source = `source`, num_examples. Written to
+// out + ".tmp" and renamed onto `out` when complete. Throws fsdp::Error on failure.
+void write_pairs_file(const std::string& out, const PairSplit& split, const std::string& source);
+
+// Sizes of a pairs file (lengths are in tokens, eos included; bytes = tokens - 1 per side).
+struct PairsSummary {
+  int64_t train_examples = 0, val_examples = 0;
+  int64_t input_tokens = 0, target_tokens = 0;  // both splits
+  int64_t max_input_len = 0, max_target_len = 0;
+  double mean_input_len = 0, mean_target_len = 0;
+};
+PairsSummary summarize_pairs(const PairSplit& split);
+
+// read_pairs_tsv + split_pairs + write_pairs_file (checks the output folder exists first).
+PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction);
 
 }  // namespace fsdp::data

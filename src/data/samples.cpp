@@ -1,0 +1,381 @@
+// open_samples / batch_shape: every data.objective behind data::SampleSource
+// (see fsdp/data/samples.hpp and docs/data.md).
+#include "fsdp/data/samples.hpp"
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/rng.hpp"
+#include "fsdp/data/batch.hpp"
+#include "fsdp/data/sampler.hpp"
+#include "fsdp/data/span_corruption.hpp"
+#include "fsdp/data/token_dataset.hpp"
+#include "fsdp/data/token_source.hpp"
+#include "fsdp/detail/hdf5.hpp"
+
+namespace fsdp::data {
+
+namespace {
+
+std::string num(double x) {
+  std::ostringstream os;
+  os << x;
+  return os.str();
+}
+
+void check_split(const std::string& split) {
+  if (split != "train" && split != "val") {
+    throw Error("open_samples: split \"" + split + "\" (expected \"train\" or \"val\")");
+  }
+}
+
+void check_index(const char* what, int64_t i, int64_t n) {
+  if (i < 0 || i >= n) {
+    throw Error(std::string(what) + ": sample " + std::to_string(i) + " is outside [0, " + std::to_string(n) + ")");
+  }
+}
+
+int64_t cap(int64_t n, int64_t max_windows) {
+  if (max_windows < 0) throw InputError("eval.max_windows: " + std::to_string(max_windows) + " (expected >= 0)");
+  return max_windows > 0 ? std::min(n, max_windows) : n;
+}
+
+// The stream sources of causal_lm and span_corruption, as the trainer builds them: a
+// synthetic train stream of 1024 global batches (independent of train.max_steps, so
+// --resume sees the same batches), a 64-sample val stream seeded train.seed + 1.
+int64_t synthetic_tokens(const Config& c, const std::string& split, int64_t per_sample, int64_t extra) {
+  const int64_t samples = split == "train" ? 1024 * c.train.global_batch_size : 64;
+  return samples * per_sample + extra;
+}
+uint64_t synthetic_seed(const Config& c, const std::string& split) {
+  return split == "train" ? c.train.seed : c.train.seed + 1;
+}
+
+// ---------------------------------------------------------------- causal_lm
+
+class CausalLmSamples final : public SampleSource {
+ public:
+  CausalLmSamples(std::unique_ptr<TokenSource> src, int64_t L, int64_t num_samples)
+      : src_(std::move(src)), L_(L), n_(num_samples) {}
+  int64_t num_samples() const override { return n_; }
+  int64_t num_tokens() const override { return src_->num_tokens(); }
+  BatchShape shape() const override { return {L_, L_}; }
+  Batch load(const std::vector<int64_t>& indices) const override {
+    for (int64_t i : indices) check_index("causal_lm", i, n_);
+    return load_batch(*src_, indices, L_);
+  }
+
+ private:
+  std::unique_ptr<TokenSource> src_;
+  int64_t L_, n_;
+};
+
+std::unique_ptr<SampleSource> open_causal_lm(const Config& c, const std::string& split, int64_t V) {
+  const int64_t L = c.data.seq_len;
+  if (L < 1) throw InputError("data.seq_len: " + std::to_string(L) + " (expected >= 1)");
+  std::unique_ptr<TokenSource> src;
+  if (c.data.source == "synthetic") {
+    src = std::make_unique<SyntheticTokens>(synthetic_tokens(c, split, L, 1), V, synthetic_seed(c, split));
+  } else {
+    src = std::make_unique<TokenDataset>(c.data.path, split, V, L);
+  }
+  const int64_t n = split == "train" ? num_samples_of(src->num_tokens(), L)
+                                     : num_val_windows(src->num_tokens(), L, c.eval.max_windows);
+  return std::make_unique<CausalLmSamples>(std::move(src), L, n);
+}
+
+// ---------------------------------------------------------------- span_corruption
+
+class SpanCorruptionSamples final : public SampleSource {
+ public:
+  // Token t of the source is used as t + id_offset (3 for byte files: ByT5 ids).
+  SpanCorruptionSamples(std::unique_ptr<TokenSource> src, int32_t id_offset, SpanCounts counts,
+                        int64_t num_samples, int64_t vocab_size, uint64_t seed, const std::string& split)
+      : src_(std::move(src)), offset_(id_offset), counts_(counts), n_(num_samples), vocab_(vocab_size),
+        seed_(seed), split_key_(rng::key_of(split == "train" ? "data.span_corruption.train"
+                                                             : "data.span_corruption.val")) {}
+  int64_t num_samples() const override { return n_; }
+  int64_t num_tokens() const override { return src_->num_tokens(); }
+  BatchShape shape() const override { return {counts_.input_len(), counts_.target_len()}; }
+  Batch load(const std::vector<int64_t>& indices) const override {
+    for (int64_t i : indices) check_index("span_corruption", i, n_);
+    Batch b;
+    b.B = static_cast<int64_t>(indices.size());
+    b.L = counts_.input_len();
+    b.target_len = counts_.target_len();
+    b.inputs.resize(static_cast<std::size_t>(b.B * b.L));
+    b.targets.resize(static_cast<std::size_t>(b.B * b.target_len));
+    const int64_t L = counts_.L;
+    std::vector<int32_t> window(static_cast<std::size_t>(L));
+    for (int64_t r = 0; r < b.B; ++r) {
+      const int64_t i = indices[static_cast<std::size_t>(r)];
+      src_->read(i * L, L, window.data());
+      if (offset_ != 0) {
+        for (auto& t : window) t += offset_;
+      }
+      const uint64_t stream = rng::mix64(split_key_ ^ static_cast<uint64_t>(i));
+      const SpanLayout layout = random_span_layout(counts_, seed_, stream);
+      corrupt_spans(window.data(), counts_, layout, vocab_, b.inputs.data() + r * b.L,
+                    b.targets.data() + r * b.target_len);
+    }
+    return b;
+  }
+
+ private:
+  std::unique_ptr<TokenSource> src_;
+  int32_t offset_;
+  SpanCounts counts_;
+  int64_t n_, vocab_;
+  uint64_t seed_, split_key_;
+};
+
+// Synthetic span-corruption tokens: ids in [3, vocab_size - 125) (ByT5's byte-id range for
+// vocab 384), i.e. SyntheticTokens over vocab_size - 128 ids shifted by 3.
+constexpr int64_t kSyntheticReserved = 128;  // 3 special ids below, 125 sentinel ids above
+
+std::unique_ptr<SampleSource> open_span_corruption(const Config& c, const std::string& split, int64_t V) {
+  const SpanCounts counts = span_counts(c.data.seq_len, c.data.noise_density, c.data.mean_noise_span_length);
+  const int64_t L = counts.L;
+  std::unique_ptr<TokenSource> src;
+  int32_t id_offset = 0;
+  int64_t id_bound = 0;  // every (mapped) token id is < id_bound
+  std::string what;      // for the error message
+  if (c.data.source == "synthetic") {
+    if (V <= kSyntheticReserved) {
+      throw InputError("model.vocab_size: " + std::to_string(V) +
+                       " is too small for synthetic span_corruption data (expected > 128: ids 3 .. vocab_size-126 "
+                       "plus 125 sentinel ids)");
+    }
+    src = std::make_unique<SyntheticTokens>(synthetic_tokens(c, split, L, 0), V - kSyntheticReserved,
+                                            synthetic_seed(c, split));
+    id_offset = kByteOffset;
+    id_bound = V - 125;
+    what = "synthetic data (ids below " + std::to_string(id_bound) + ")";
+  } else {
+    auto ds = std::make_unique<TokenDataset>(c.data.path, split, 0, 0);
+    if (ds->tokenizer() == "bytes") {
+      id_offset = kByteOffset;  // byte b -> ByT5 id b + 3
+      id_bound = ds->vocab_size() + kByteOffset;
+      what = c.data.path + " (bytes, read as ByT5 ids b + 3 < " + std::to_string(id_bound) + ")";
+    } else {
+      id_bound = ds->vocab_size();
+      what = c.data.path + " (vocab_size " + std::to_string(id_bound) + ")";
+    }
+    if (id_bound > V) {
+      throw InputError("data.path: " + what + " has token ids up to " + std::to_string(id_bound - 1) +
+                       " but model.vocab_size is " + std::to_string(V) + " (expected model.vocab_size >= " +
+                       std::to_string(id_bound) + ")");
+    }
+    src = std::move(ds);
+  }
+  int64_t n = src->num_tokens() / L;
+  if (n < 1) {
+    throw InputError("data.seq_len: " + std::to_string(L) + " needs at least " + std::to_string(L) +
+                     " tokens per sample but " + what + " /" + split + "/tokens has " +
+                     std::to_string(src->num_tokens()));
+  }
+  // Sentinels are V - 1 .. V - num_spans; they must lie above every token id.
+  if (V - counts.num_spans < id_bound) {
+    throw InputError("data.seq_len: " + std::to_string(L) + " with data.noise_density " +
+                     num(c.data.noise_density) + " and data.mean_noise_span_length " +
+                     num(c.data.mean_noise_span_length) + " needs " + std::to_string(counts.num_spans) +
+                     " sentinel ids (model.vocab_size - 1 downwards) but model.vocab_size " + std::to_string(V) +
+                     " leaves only " + std::to_string(std::max<int64_t>(0, V - id_bound)) + " above the ids of " +
+                     what + " (expected fewer spans or a larger vocabulary)");
+  }
+  if (split == "val") n = cap(n, c.eval.max_windows);
+  return std::make_unique<SpanCorruptionSamples>(std::move(src), id_offset, counts, n, V, c.train.seed, split);
+}
+
+// ---------------------------------------------------------------- seq2seq
+
+// One side (inputs or targets) of a split of a pairs file, read whole and validated.
+struct Side {
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> offsets;  // n + 1
+  int64_t len(int64_t i) const {
+    return offsets[static_cast<std::size_t>(i) + 1] - offsets[static_cast<std::size_t>(i)];
+  }
+};
+
+Side read_side(const h5::File& f, const std::string& group, const std::string& name, int64_t V) {
+  const std::string tok = group + "/" + name, off = group + "/" + name.substr(0, name.size() - 1) + "_offsets";
+  const std::string& path = f.path();
+  for (const std::string* d : {&tok, &off}) {
+    if (!f.exists(*d)) {
+      throw InputError(path + ": " + *d + ": dataset not found (expected the seq2seq schema of docs/data.md; "
+                       "make one with fsdp_prepare --pairs)");
+    }
+    const auto dims = f.dims(*d);
+    if (dims.size() != 1) {
+      throw InputError(path + ": " + *d + ": dataset has " + std::to_string(dims.size()) + " dimensions (expected 1)");
+    }
+  }
+  const std::size_t ts = f.type_size(tok);
+  if (f.type_class(tok) != H5T_INTEGER || (ts != 1 && ts != 2 && ts != 4)) {
+    throw InputError(path + ": " + tok + ": tokens are not 8-, 16- or 32-bit integers (expected int32)");
+  }
+  if (f.type_class(off) != H5T_INTEGER || f.type_size(off) != 8) {
+    throw InputError(path + ": " + off + ": offsets are not 64-bit integers (expected int64)");
+  }
+  Side s;
+  const auto nt = static_cast<int64_t>(f.dims(tok)[0]);
+  const auto no = static_cast<int64_t>(f.dims(off)[0]);
+  s.tokens.resize(static_cast<std::size_t>(nt));
+  if (nt > 0) f.read_i32(tok, s.tokens.data(), 0, static_cast<hsize_t>(nt));
+  s.offsets = f.read_all_i64(off);
+  if (no < 2) {
+    throw InputError(path + ": " + off + ": " + std::to_string(no) +
+                     " offsets (expected n + 1 >= 2 for n >= 1 examples)");
+  }
+  if (s.offsets.front() != 0) {
+    throw InputError(path + ": " + off + ": first offset is " + std::to_string(s.offsets.front()) + " (expected 0)");
+  }
+  for (int64_t i = 0; i + 1 < no; ++i) {
+    if (s.offsets[static_cast<std::size_t>(i) + 1] < s.offsets[static_cast<std::size_t>(i)]) {
+      throw InputError(path + ": " + off + ": offsets[" + std::to_string(i + 1) + "] = " +
+                       std::to_string(s.offsets[static_cast<std::size_t>(i) + 1]) + " < offsets[" +
+                       std::to_string(i) + "] = " + std::to_string(s.offsets[static_cast<std::size_t>(i)]) +
+                       " (expected non-decreasing offsets)");
+    }
+  }
+  if (s.offsets.back() != nt) {
+    throw InputError(path + ": " + off + ": last offset is " + std::to_string(s.offsets.back()) + " but " + tok +
+                     " has " + std::to_string(nt) + " tokens (expected equal)");
+  }
+  for (int64_t p = 0; p < nt; ++p) {
+    const int32_t t = s.tokens[static_cast<std::size_t>(p)];
+    if (t < 0 || t >= V) {
+      throw InputError(path + ": " + tok + ": token " + std::to_string(t) + " at position " + std::to_string(p) +
+                       " is outside [0, model.vocab_size = " + std::to_string(V) + ")");
+    }
+  }
+  return s;
+}
+
+class Seq2SeqSamples final : public SampleSource {
+ public:
+  Seq2SeqSamples(Side in, Side tgt, int64_t num_samples, int64_t max_in, int64_t max_tgt)
+      : in_(std::move(in)), tgt_(std::move(tgt)), n_(num_samples), max_in_(max_in), max_tgt_(max_tgt) {
+    for (int64_t i = 0; i < n_; ++i) {
+      if (in_.len(i) > max_in_ || tgt_.len(i) > max_tgt_) ++truncated_;
+    }
+  }
+  int64_t num_samples() const override { return n_; }
+  int64_t num_tokens() const override {
+    return static_cast<int64_t>(in_.tokens.size() + tgt_.tokens.size());
+  }
+  BatchShape shape() const override { return {max_in_, max_tgt_}; }
+  int64_t num_truncated() const override { return truncated_; }
+  Batch load(const std::vector<int64_t>& indices) const override {
+    for (int64_t i : indices) check_index("seq2seq", i, n_);
+    Batch b;
+    b.B = static_cast<int64_t>(indices.size());
+    b.L = max_in_;
+    b.target_len = max_tgt_;
+    b.inputs.assign(static_cast<std::size_t>(b.B * b.L), kPadId);
+    b.targets.assign(static_cast<std::size_t>(b.B * b.target_len), kIgnoreIndex);
+    for (int64_t r = 0; r < b.B; ++r) {
+      const int64_t i = indices[static_cast<std::size_t>(r)];
+      copy_row(in_, i, max_in_, b.inputs.data() + r * b.L);
+      copy_row(tgt_, i, max_tgt_, b.targets.data() + r * b.target_len);
+    }
+    return b;
+  }
+
+ private:
+  // Example i into out[0 .. max): whole if it fits, else its first max - 1 tokens and eos.
+  static void copy_row(const Side& s, int64_t i, int64_t max, int32_t* out) {
+    const int64_t n = s.len(i);
+    const int32_t* src = s.tokens.data() + s.offsets[static_cast<std::size_t>(i)];
+    if (n <= max) {
+      std::copy(src, src + n, out);
+    } else {
+      std::copy(src, src + (max - 1), out);
+      out[max - 1] = kEosId;
+    }
+  }
+
+  Side in_, tgt_;
+  int64_t n_, max_in_, max_tgt_;
+  int64_t truncated_ = 0;
+};
+
+std::unique_ptr<SampleSource> open_seq2seq(const Config& c, const std::string& split, int64_t V) {
+  if (c.data.source != "hdf5") {
+    throw InputError("data.source: \"" + c.data.source +
+                     "\" is not supported with data.objective = \"seq2seq\" (expected \"hdf5\": a pairs file "
+                     "made by fsdp_prepare --pairs)");
+  }
+  if (c.data.max_input_len < 1) {
+    throw InputError("data.max_input_len: " + std::to_string(c.data.max_input_len) + " (expected >= 1)");
+  }
+  if (c.data.max_target_len < 1) {
+    throw InputError("data.max_target_len: " + std::to_string(c.data.max_target_len) + " (expected >= 1)");
+  }
+  const h5::File f = h5::File::open_read(c.data.path);
+  const std::string group = "/" + split;
+  if (!f.exists(group)) {
+    throw InputError(c.data.path + ": " + group + ": group not found (expected " + group + "/inputs, " + group +
+                     "/input_offsets, " + group + "/targets, " + group +
+                     "/target_offsets; make one with fsdp_prepare --pairs)");
+  }
+  if (f.has_attr("/", "vocab_size")) {
+    const int64_t fv = f.attr_i64("/", "vocab_size");
+    if (fv > V) {
+      throw InputError("data.path: " + c.data.path + " has vocab_size " + std::to_string(fv) +
+                       " but model.vocab_size is " + std::to_string(V) +
+                       " (expected model.vocab_size >= the file's vocab_size)");
+    }
+  }
+  Side in = read_side(f, group, "inputs", V);
+  Side tgt = read_side(f, group, "targets", V);
+  if (in.offsets.size() != tgt.offsets.size()) {
+    throw InputError(c.data.path + ": " + group + "/input_offsets has " + std::to_string(in.offsets.size()) +
+                     " entries but " + group + "/target_offsets has " + std::to_string(tgt.offsets.size()) +
+                     " (expected one input and one target per example)");
+  }
+  int64_t n = static_cast<int64_t>(in.offsets.size()) - 1;
+  if (split == "val") n = cap(n, c.eval.max_windows);
+  return std::make_unique<Seq2SeqSamples>(std::move(in), std::move(tgt), n, c.data.max_input_len,
+                                          c.data.max_target_len);
+}
+
+}  // namespace
+
+BatchShape batch_shape(const Config& config) {
+  const DataConfig& d = config.data;
+  switch (d.objective) {
+    case Objective::causal_lm:
+      return {d.seq_len, d.seq_len};
+    case Objective::seq2seq:
+      return {d.max_input_len, d.max_target_len};
+    case Objective::span_corruption: {
+      const SpanCounts c = span_counts(d.seq_len, d.noise_density, d.mean_noise_span_length);
+      return {c.input_len(), c.target_len()};
+    }
+  }
+  throw Error("batch_shape: unknown data.objective");
+}
+
+std::unique_ptr<SampleSource> open_samples(const Config& config, const std::string& split, int64_t vocab_size) {
+  check_split(split);
+  const std::string& src = config.data.source;
+  if (src != "hdf5" && src != "synthetic") {
+    throw InputError("data.source: \"" + src + "\" (expected \"hdf5\" or \"synthetic\")");
+  }
+  if (src == "hdf5" && config.data.path.empty()) {
+    throw InputError("data.path: missing (expected an HDF5 file when data.source = \"hdf5\")");
+  }
+  switch (config.data.objective) {
+    case Objective::causal_lm: return open_causal_lm(config, split, vocab_size);
+    case Objective::seq2seq: return open_seq2seq(config, split, vocab_size);
+    case Objective::span_corruption: return open_span_corruption(config, split, vocab_size);
+  }
+  throw Error("open_samples: unknown data.objective");
+}
+
+}  // namespace fsdp::data
