@@ -8,6 +8,9 @@
 //    measured ~25% faster than OpenBLAS' own threading on the GPT-2 shapes (4096x128x384..).
 //  - Attention runs one (batch, head) pair per OpenMP iteration with single-threaded sgemm
 //    calls on row blocks, so the causal upper triangle is mostly skipped, never exponentiated.
+//  - T5's general attention (mha: bias, key mask, causal, Tq != Tk) runs one (batch, head)
+//    pair per OpenMP iteration with full Tq x Tk sgemm calls; masked scores are set to -inf
+//    and their probabilities then to exactly 0, so padded keys never contribute.
 //  - exp is a vectorisable polynomial (Cephes expf, ~1 ulp), so softmax, cross-entropy and
 //    GELU loops vectorise without -ffast-math.
 //  - Reductions whose result is a parameter gradient (bias, LayerNorm weight/bias, embedding
