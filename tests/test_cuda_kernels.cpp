@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -970,6 +971,283 @@ TEST(CudaBackend, WrongDtypesAndSizesThrow) {
   expect_error([&] { g.copy(F, Hb); }, "cuda backend: copy: dst");
   expect_error([&] { g.scale_by(F, D); }, "cuda backend: scale_by: coef is fp64");
   g.synchronize();  // nothing was enqueued by the failed calls
+}
+
+// ---------------------------------------------------------------------------------------
+// T5 pieces. Tolerances as above: lookups, ReLU and mul are exact (the same fp32 operation
+// and rounding on both sides); RMSNorm and the bias gradients are reductions (kReduceF32;
+// 16-bit storage as tol_for); mha as attention (attn_tol), its fp32 dbias with kReduceF32 for
+// fp32 inputs and the 16-bit attention tolerance otherwise (the GPU sums dS rounded to the
+// storage type, the CPU the fp32 dS).
+
+TEST(CudaBackend, EmbeddingLookup) {
+  std::mt19937 rng(21);
+  for (DType t : kFloatTypes) {
+    for (const auto& sh : {std::array<int64_t, 3>{7, 37, 11}, std::array<int64_t, 3>{300, 512, 97},
+                           std::array<int64_t, 3>{50, 40, 5000}}) {
+      const int64_t N = sh[0], C = sh[1], V = sh[2];
+      SCOPED_TRACE(name(t) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                   " V=" + std::to_string(V));
+      std::vector<int32_t> tok(static_cast<std::size_t>(N));
+      for (auto& x : tok) x = static_cast<int32_t>(rng() % 3 == 0 ? 2 : rng() % V);  // repeats
+      Pair tokens = make_i32(tok), table = make(t, uniform(V * C, rng)), out = make(t, Vec(N * C));
+      both([&](Backend& be, Side s) {
+        be.embedding_lookup_forward(out.v(s), tokens.v(s), table.v(s), N, C);
+      });
+      check(out, kExact, "embedding_lookup_forward");
+      Pair dout = make(t, uniform(N * C, rng));
+      both([&](Backend& be, Side s) {
+        be.embedding_lookup_backward(table.v(s), dout.v(s), tokens.v(s), N, C);
+      });
+      check(table, tol_for(t, {1e-6, 1e-7}), "dtable (accumulates)");
+    }
+  }
+}
+
+TEST(CudaBackend, RmsNorm) {
+  std::mt19937 rng(22);
+  const int64_t shapes[][2] = {{1, 1}, {13, 77}, {64, 512}, {300, 40}, {5, 4100}};
+  for (DType t : kFloatTypes) {
+    for (const auto& sh : shapes) {
+      const int64_t R = sh[0], C = sh[1];
+      SCOPED_TRACE(name(t) + " R=" + std::to_string(R) + " C=" + std::to_string(C));
+      Pair x = make(t, uniform(R * C, rng, -2.0f, 3.0f)), w = make(t, uniform(C, rng, 0.5f, 1.5f));
+      Pair out = make(t, Vec(R * C)), rstd = make(DType::f32, Vec(R));
+      both([&](Backend& be, Side s) {
+        be.rmsnorm_forward(out.v(s), rstd.v(s), x.v(s), w.v(s), R, C, 1e-6f);
+      });
+      check(out, tol_for(t, {1e-5, 1e-5}), "out");
+      check(rstd, {1e-5, 0.0}, "rstd");
+      rstd.cpu_to_gpu();
+      Pair dout = make(t, uniform(R * C, rng)), dx = make(t, uniform(R * C, rng)),
+           dw = make(t, uniform(C, rng));
+      both([&](Backend& be, Side s) {
+        be.rmsnorm_backward(dx.v(s), dw.v(s), dout.v(s), x.v(s), w.v(s), rstd.v(s), R, C);
+      });
+      check(dx, tol_for(t, kReduceF32), "dx (accumulates)");
+      check(dw, tol_for(t, kReduceF32), "dweight (accumulates)");
+    }
+  }
+}
+
+TEST(CudaBackend, ReluAndMul) {
+  std::mt19937 rng(23);
+  for (DType t : kFloatTypes) {
+    for (int64_t n : {int64_t{1}, int64_t{13}, int64_t{1000}, int64_t{100003}}) {
+      SCOPED_TRACE(name(t) + " n=" + std::to_string(n));
+      Vec xv = uniform(n, rng, -2.0f, 2.0f);
+      xv[0] = 0.0f;
+      Pair x = make(t, xv), y = make(t, uniform(n, rng)), o = make(t, Vec(n)), d = make(t, Vec(n));
+      both([&](Backend& be, Side s) {
+        be.relu_forward(o.v(s), x.v(s));
+        be.relu_backward(d.v(s), x.v(s), y.v(s));
+      });
+      check(o, kExact, "relu_forward");
+      check(d, kExact, "relu_backward");
+      both([&](Backend& be, Side s) { be.relu_backward(y.v(s), x.v(s), y.v(s)); });  // in place
+      check(y, kExact, "relu_backward in place");
+      both([&](Backend& be, Side s) {
+        be.mul(o.v(s), x.v(s), d.v(s));
+        be.mul(x.v(s), x.v(s), x.v(s));  // out aliases a and b
+      });
+      check(o, kExact, "mul");
+      check(x, kExact, "mul in place");
+    }
+  }
+  Pair a = make(DType::bf16, uniform(77, rng)), b = make(DType::f32, uniform(77, rng)),
+       o = make(DType::f16, Vec(77));
+  both([&](Backend& be, Side s) { be.mul(o.v(s), a.v(s), b.v(s)); });
+  check(o, kExact, "mul mixed bf16 * fp32 -> fp16");
+}
+
+TEST(CudaBackend, PositionBias) {
+  std::mt19937 rng(24);
+  for (DType t : kFloatTypes) {
+    for (const auto& sh : {std::array<int64_t, 4>{32, 8, 13, 17}, std::array<int64_t, 4>{32, 6, 128, 128},
+                           std::array<int64_t, 4>{5, 1, 1, 3}}) {
+      const int64_t NB = sh[0], H = sh[1], Tq = sh[2], Tk = sh[3];
+      SCOPED_TRACE(name(t) + " NB=" + std::to_string(NB) + " H=" + std::to_string(H) +
+                   " Tq=" + std::to_string(Tq) + " Tk=" + std::to_string(Tk));
+      std::vector<int32_t> bk(static_cast<std::size_t>(Tq * Tk));
+      for (int64_t i = 0; i < Tq; ++i) {
+        for (int64_t j = 0; j < Tk; ++j) bk[i * Tk + j] = static_cast<int32_t>((j - i + 4 * NB) % NB);
+      }
+      Pair buckets = make_i32(bk), table = make(t, uniform(NB * H, rng)),
+           bias = make(DType::f32, Vec(H * Tq * Tk));
+      both([&](Backend& be, Side s) {
+        be.position_bias_forward(bias.v(s), table.v(s), buckets.v(s), H, Tq, Tk);
+      });
+      check(bias, kExact, "position_bias_forward");
+      Pair dbias = make(DType::f32, uniform(H * Tq * Tk, rng));
+      both([&](Backend& be, Side s) {
+        be.position_bias_backward(table.v(s), dbias.v(s), buckets.v(s), H, Tq, Tk);
+      });
+      check(table, tol_for(t, kReduceF32), "dtable (accumulates)");
+    }
+  }
+}
+
+void run_mha(DType t, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, bool causal,
+             bool with_bias, int mask_kind, float scale, std::mt19937& rng, DType out_t) {
+  SCOPED_TRACE("q " + name(t) + " out/att " + name(out_t) + " B=" + std::to_string(B) +
+               " Tq=" + std::to_string(Tq) + " Tk=" + std::to_string(Tk) + " H=" +
+               std::to_string(H) + " D=" + std::to_string(D) + " causal=" + std::to_string(causal) +
+               " bias=" + std::to_string(with_bias) + " mask=" + std::to_string(mask_kind));
+  const Tol tol = attn_tol(t == DType::f32 ? out_t : t);
+  const int64_t HD = H * D, nq = B * Tq * HD, nk = B * Tk * HD, na = B * H * Tq * Tk;
+  Pair q = make(t, uniform(nq, rng, -1.5f, 1.5f)), k = make(t, uniform(nk, rng, -1.5f, 1.5f)),
+       v = make(t, uniform(nk, rng));
+  Pair bias = make(DType::f32, uniform(with_bias ? H * Tq * Tk : 0, rng, -2.0f, 2.0f));
+  std::vector<int32_t> mk;
+  if (mask_kind > 0) {
+    mk.assign(static_cast<std::size_t>(B * Tk), 1);
+    for (int64_t b = 0; b < B; ++b) {
+      // batch b pads its last b keys; with mask_kind 2 the last batch pads every key
+      const int64_t pad = (mask_kind == 2 && b == B - 1) ? Tk : std::min(b, Tk);
+      for (int64_t j = Tk - pad; j < Tk; ++j) mk[b * Tk + j] = 0;
+    }
+  }
+  Pair mask = make_i32(mk);
+  Pair out = make(out_t, uniform(nq, rng)), att = make(out_t, uniform(na, rng));  // written
+  both([&](Backend& be, Side s) {
+    be.mha_forward(out.v(s), att.v(s), q.v(s), k.v(s), v.v(s),
+                   with_bias ? bias.v(s) : TensorView{}, mask_kind ? mask.v(s) : TensorView{}, B,
+                   Tq, Tk, H, D, scale, causal);
+  });
+  check(out, tol, "out");
+  check(att, tol, "att");
+  // masked probabilities are exactly 0 on the GPU wherever they are on the CPU
+  const std::vector<double> ac = read(cpu(), att.v(kCpu)), ag = read(gpu(), att.v(kGpu));
+  int64_t bad = 0;
+  for (int64_t i = 0; i < na; ++i) bad += ac[i] == 0.0 && ag[i] != 0.0;
+  EXPECT_EQ(bad, 0) << "masked probabilities not 0";
+  att.cpu_to_gpu();  // backward from identical P
+  Pair dout = make(out_t, uniform(nq, rng));
+  Pair dq = make(t, uniform(nq, rng)), dk = make(t, uniform(nk, rng)), dv = make(t, uniform(nk, rng));
+  Pair dbias = make(DType::f32, uniform(with_bias ? H * Tq * Tk : 0, rng));
+  Pair scratch = make(DType::f32, uniform(na, rng));
+  both([&](Backend& be, Side s) {
+    be.mha_backward(dq.v(s), dk.v(s), dv.v(s), with_bias ? dbias.v(s) : TensorView{}, scratch.v(s),
+                    dout.v(s), q.v(s), k.v(s), v.v(s), att.v(s), B, Tq, Tk, H, D, scale);
+  });
+  check(dq, tol, "dq");
+  check(dk, tol, "dk");
+  check(dv, tol, "dv");
+  if (with_bias) check(dbias, t == DType::f32 && out_t == DType::f32 ? kReduceF32 : tol, "dbias");
+}
+
+TEST(CudaBackend, Mha) {
+  std::mt19937 rng(25);
+  for (DType t : kFloatTypes) {
+    run_mha(t, 2, 13, 17, 3, 8, false, true, 1, 1.0f, rng, t);   // cross-attention shape
+    run_mha(t, 2, 64, 64, 4, 32, true, true, 0, 1.0f, rng, t);   // T5 decoder self-attention
+    run_mha(t, 3, 33, 33, 2, 5, false, true, 2, 1.0f, rng, t);   // a fully padded batch
+    run_mha(t, 2, 9, 4, 2, 16, true, false, 1, 0.25f, rng, t);   // causal, Tq > Tk, scaled
+    run_mha(t, 1, 1, 1, 1, 4, false, false, 0, 1.0f, rng, t);
+  }
+  run_mha(DType::f32, 2, 130, 129, 2, 64, false, true, 1, 1.0f, rng, DType::f32);
+  // Mixed storage types (fp32 fallback on the GPU).
+  run_mha(DType::bf16, 2, 9, 11, 2, 8, true, true, 1, 1.0f, rng, DType::f32);
+}
+
+TEST(CudaBackend, CrossEntropyIgnoreIndex) {
+  std::mt19937 rng(26);
+  for (DType t : kFloatTypes) {
+    const int64_t R = 37, V = 1001;
+    SCOPED_TRACE(name(t));
+    std::vector<int32_t> tg(static_cast<std::size_t>(R));
+    for (int64_t r = 0; r < R; ++r) tg[r] = r % 3 == 1 ? kIgnoreIndex : static_cast<int32_t>(rng() % V);
+    Pair targets = make_i32(tg), logits = make(t, uniform(R * V, rng, -4.0f, 4.0f)),
+         loss = make_f64({0.5});
+    both([&](Backend& be, Side s) {
+      be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V);
+    });
+    check_sync(loss, {1e-5, 0.0}, "loss (forward)");
+    both([&](Backend& be, Side s) {
+      be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, 0.1f);
+    });
+    check(loss, {1e-5, 0.0}, "loss (forward_backward)");
+    check(logits, tol_for(t, {1e-5, 1e-7}), "dlogits");
+    const std::vector<double> g = read(gpu(), logits.v(kGpu));
+    int64_t nonzero = 0;
+    for (int64_t r = 1; r < R; r += 3) {
+      for (int64_t j = 0; j < V; ++j) nonzero += g[r * V + j] != 0.0;
+    }
+    EXPECT_EQ(nonzero, 0) << "ignored rows of the gradient";
+  }
+  // a negative target other than kIgnoreIndex is still an error
+  Pair logits = make(DType::f32, uniform(2 * 5, rng)), targets = make_i32({kIgnoreIndex, -1}),
+       loss = make_f64({0.0});
+  Backend& g = gpu();
+  EXPECT_THROW(
+      {
+        g.cross_entropy_forward(loss.v(kGpu), logits.v(kGpu), targets.v(kGpu), 2, 5);
+        g.synchronize();
+      },
+      Error);
+  g.synchronize();
+}
+
+TEST(CudaBackend, T5ReductionsAreBitwiseRepeatable) {
+  std::mt19937 rng(27);
+  const int64_t N = 1000, C = 96, V = 61, NB = 32, H = 4, Tq = 50, Tk = 70, D = 16, B = 3;
+  std::vector<int32_t> tok(N), bk(Tq * Tk);
+  for (auto& x : tok) x = static_cast<int32_t>(rng() % V);
+  for (auto& x : bk) x = static_cast<int32_t>(rng() % NB);
+  Pair tokens = make_i32(tok), buckets = make_i32(bk);
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(name(t));
+    const Vec dout0 = uniform(N * C, rng), dbias0 = uniform(H * Tq * Tk, rng);
+    const Vec q0 = uniform(B * Tq * H * D, rng), k0 = uniform(B * Tk * H * D, rng);
+    Pair q = make(t, q0), k = make(t, k0), v = make(t, k0), att = make(t, Vec(B * H * Tq * Tk)),
+         o = make(t, Vec(B * Tq * H * D));
+    Backend& g = gpu();
+    g.mha_forward(o.v(kGpu), att.v(kGpu), q.v(kGpu), k.v(kGpu), v.v(kGpu), TensorView{}, TensorView{},
+                  B, Tq, Tk, H, D, 1.0f, false);
+    Bytes first[4];
+    for (int run = 0; run < 2; ++run) {
+      Pair dtable = make(t, Vec(V * C)), ptable = make(t, Vec(NB * H)), d = make(t, dout0),
+           db = make(DType::f32, dbias0), mb = make(DType::f32, Vec(H * Tq * Tk));
+      Pair dq = make(t, Vec(B * Tq * H * D)), dk = make(t, Vec(B * Tk * H * D)),
+           dv = make(t, Vec(B * Tk * H * D)), sc = make(DType::f32, Vec(B * H * Tq * Tk));
+      g.embedding_lookup_backward(dtable.v(kGpu), d.v(kGpu), tokens.v(kGpu), N, C);
+      g.position_bias_backward(ptable.v(kGpu), db.v(kGpu), buckets.v(kGpu), H, Tq, Tk);
+      g.mha_backward(dq.v(kGpu), dk.v(kGpu), dv.v(kGpu), mb.v(kGpu), sc.v(kGpu), o.v(kGpu), q.v(kGpu),
+                     k.v(kGpu), v.v(kGpu), att.v(kGpu), B, Tq, Tk, H, D, 1.0f);
+      const Pair* outs[4] = {&dtable, &ptable, &mb, &dq};
+      for (int i = 0; i < 4; ++i) {
+        if (run == 0) {
+          first[i] = read_bytes(g, outs[i]->v(kGpu));
+        } else {
+          expect_bytes(*outs[i], first[i], "output " + std::to_string(i));
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaBackend, T5WrongArgumentsThrow) {
+  Backend& g = gpu();
+  DeviceBuffer f32(g, DType::f32, 64, MemCategory::other), bf(g, DType::bf16, 64, MemCategory::other),
+      i32(g, DType::i32, 64, MemCategory::other);
+  const TensorView F = f32.view(), Hb = bf.view(), I = i32.view();
+  expect_error([&] { g.embedding_lookup_forward(F, F, F, 8, 8); },
+               "cuda backend: embedding_lookup_forward: tokens is fp32");
+  expect_error([&] { g.rmsnorm_forward(F, Hb, F, F, 4, 4, 1e-6f); },
+               "cuda backend: rmsnorm_forward: rstd is bf16");
+  expect_error([&] { g.mul(F, F, F.slice(0, 3)); }, "cuda backend: mul: b is fp32 [3]");
+  expect_error([&] { g.position_bias_forward(Hb, F, I, 2, 2, 4); },
+               "cuda backend: position_bias_forward: bias is bf16");
+  expect_error([&] { g.position_bias_backward(F, F, F, 2, 2, 4); },
+               "cuda backend: position_bias_backward: buckets is fp32");
+  expect_error(
+      [&] { g.mha_forward(F, F, F.slice(0, 40), F, F, TensorView{}, TensorView{}, 2, 3, 3, 2, 4, 1.0f, false); },
+      "cuda backend: mha_forward: q is fp32 [40]");
+  expect_error([&] { g.mha_forward(F, F, F, F, F, Hb, TensorView{}, 2, 3, 3, 2, 4, 1.0f, false); },
+               "cuda backend: mha_forward: bias is bf16");
+  expect_error([&] { g.mha_backward(F, F, F, TensorView{}, Hb, F, F, F, F, F, 2, 3, 3, 2, 4, 1.0f); },
+               "cuda backend: mha_backward: scratch is bf16");
+  g.synchronize();
 }
 
 }  // namespace

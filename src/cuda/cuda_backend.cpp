@@ -22,6 +22,13 @@
 // in place leaving dS in att's storage type, then dQ = dS K, dK = dS^T Q (both scaled),
 // dV = P^T dO straight into dqkv. The full T x T products are computed (the masked half is
 // zero in P and dS); a fused flash-style kernel is the next step for speed.
+//
+// T5's general attention (mha_forward/backward: q [B,Tq,H*D], k, v [B,Tk,H*D]) is the same
+// scheme with separate tensors: head h is the [T, D] matrix at column h*D (row stride H*D),
+// one strided-batched GEMM per batch over the H heads; the softmax kernel adds the fp32
+// position bias and applies the key mask and causal mask (masked probabilities exactly 0),
+// and backward's dS kernel runs on full rows (the zeros of P give the zeros of dS). The bias
+// gradient is a separate kernel summing dS over the batch in order (no atomics).
 #include "fsdp/cuda/cuda_backend.hpp"
 
 #include <algorithm>
@@ -43,6 +50,7 @@ namespace fsdp::cuda {
 namespace {
 
 namespace k = kernels;
+static_assert(k::kIgnoreTarget == kIgnoreIndex, "kernels.hpp's kIgnoreTarget is fsdp::kIgnoreIndex");
 
 // fp32 scores of attention_forward for 16-bit att are computed for as many batches at a time
 // as fit in this much scratch (at least one).
@@ -191,6 +199,35 @@ class CudaBackend final : public Backend {
   void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
                              const TensorView& targets, int64_t R, int64_t V) override;
 
+  // ---- T5 pieces ----
+  void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
+                                const TensorView& table, int64_t N, int64_t C) override;
+  void embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
+                                 const TensorView& tokens, int64_t N, int64_t C) override;
+  void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                       const TensorView& weight, int64_t R, int64_t C, float eps) override;
+  void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
+                        const TensorView& x, const TensorView& weight, const TensorView& rstd,
+                        int64_t R, int64_t C) override;
+  void relu_forward(const TensorView& out, const TensorView& x) override;
+  void relu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
+  void mul(const TensorView& out, const TensorView& a, const TensorView& b) override;
+  void position_bias_forward(const TensorView& bias, const TensorView& table,
+                             const TensorView& buckets, int64_t H, int64_t Tq,
+                             int64_t Tk) override;
+  void position_bias_backward(const TensorView& dtable, const TensorView& dbias,
+                              const TensorView& buckets, int64_t H, int64_t Tq,
+                              int64_t Tk) override;
+  void mha_forward(const TensorView& out, const TensorView& att, const TensorView& q,
+                   const TensorView& k, const TensorView& v, const TensorView& bias,
+                   const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                   int64_t D, float scale, bool causal) override;
+  void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                    const TensorView& dbias, const TensorView& scratch, const TensorView& dout,
+                    const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& att, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                    int64_t D, float scale) override;
+
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
@@ -247,6 +284,15 @@ class CudaBackend final : public Backend {
   void attention_backward_same(const TensorView& dqkv, float* scratch, const TensorView& dout,
                                const TensorView& qkv, const TensorView& att, int64_t B, int64_t T,
                                int64_t C, int64_t H);
+  // mha_forward/backward with q, k, v, out, att (dq, dk, dv, dout) of one storage type.
+  void mha_forward_same(const TensorView& out, const TensorView& att, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const float* bias,
+                        const int32_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                        int64_t D, float scale, bool causal);
+  void mha_backward_same(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                         float* dbias, float* scratch, const TensorView& dout, const TensorView& q,
+                         const TensorView& k, const TensorView& v, const TensorView& att,
+                         int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale);
 
   int device_;
   MemoryTracker memory_;  // before alloc_, which reports to it
@@ -378,7 +424,22 @@ void CudaBackend::raise_device_error() {
                   bound + ", the rows of wte)");
     case k::kErrCrossEntropy:
       throw Error("cuda backend: cross_entropy: target " + val + " at row " + pos +
-                  " (expected 0 <= target < " + bound + ")");
+                  " (expected 0 <= target < " + bound + ", or " +
+                  std::to_string(k::kIgnoreTarget) + " to skip the row)");
+    case k::kErrEmbeddingLookupForward:
+    case k::kErrEmbeddingLookupBackward:
+      throw Error(std::string("cuda backend: ") +
+                  (e.code == k::kErrEmbeddingLookupForward ? "embedding_lookup_forward"
+                                                           : "embedding_lookup_backward") +
+                  ": tokens holds " + val + " at position " + pos + " (expected 0 <= token < " +
+                  bound + ", the rows of the table)");
+    case k::kErrPositionBiasForward:
+    case k::kErrPositionBiasBackward:
+      throw Error(std::string("cuda backend: ") +
+                  (e.code == k::kErrPositionBiasForward ? "position_bias_forward"
+                                                        : "position_bias_backward") +
+                  ": buckets holds " + val + " at position " + pos + " (expected 0 <= bucket < " +
+                  bound + ", the rows of the table)");
     default:
       throw Error("cuda backend: unknown device error code " + std::to_string(e.code));
   }
@@ -775,7 +836,7 @@ void CudaBackend::cross_entropy(const char* kernel, const TensorView& loss,
   Chk::need_dtype(kernel, "targets", targets, DType::i32, R);
   if (R == 0) return;
   const auto* tg = static_cast<const int32_t*>(targets.data);
-  k::check_indices(tg, R, V, k::kErrCrossEntropy, dev_error_, s());
+  k::check_indices(tg, R, V, k::kErrCrossEntropy, dev_error_, s(), /*allow_ignore=*/true);
   Scratch rows(*this, static_cast<std::size_t>(R) * sizeof(double));
   k::cross_entropy(out(logits), tg, R, V, grad_scale, backward, rows.as<double>(), l, s());
 }
@@ -789,6 +850,327 @@ void CudaBackend::cross_entropy_forward_backward(const TensorView& loss, const T
 void CudaBackend::cross_entropy_forward(const TensorView& loss, const TensorView& logits,
                                         const TensorView& targets, int64_t R, int64_t V) {
   cross_entropy("cross_entropy_forward", loss, logits, targets, R, V, 0.0f, false);
+}
+
+// ---------------------------------------------------------------------------------------
+// T5 pieces
+
+void CudaBackend::embedding_lookup_forward(const TensorView& out_, const TensorView& tokens,
+                                           const TensorView& table, int64_t N, int64_t C) {
+  // tokens: [N] int32; table: [V,C]; out: [N,C]. V = table.numel() / C.
+  const char* kn = "embedding_lookup_forward";
+  Chk::dim(kn, "N", N);
+  Chk::dim(kn, "C", C);
+  Chk::need_float(kn, "table", table, 0);
+  const int64_t V = C > 0 ? table.numel() / C : -1;
+  Chk::need_dtype(kn, "tokens", tokens, DType::i32, N);
+  Chk::need_float(kn, "out", out_, N * C);
+  check_tokens(kn, tokens, N, V, k::kErrEmbeddingLookupForward);
+  if (C == 0) return;
+  k::embedding_lookup_forward(out(out_), static_cast<const int32_t*>(tokens.data), in(table), N, C,
+                              V, s());
+}
+
+void CudaBackend::embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
+                                            const TensorView& tokens, int64_t N, int64_t C) {
+  // dtable: [V,C] += scatter of dout: [N,C] by tokens: [N].
+  const char* kn = "embedding_lookup_backward";
+  Chk::dim(kn, "N", N);
+  Chk::dim(kn, "C", C);
+  Chk::need_float(kn, "dtable", dtable, 0);
+  const int64_t V = C > 0 ? dtable.numel() / C : -1;
+  Chk::need_dtype(kn, "tokens", tokens, DType::i32, N);
+  Chk::need_float(kn, "dout", dout, N * C);
+  check_tokens(kn, tokens, N, V, k::kErrEmbeddingLookupBackward);
+  if (C == 0 || N == 0 || V <= 0) return;
+  const k::EmbeddingScratch need = k::embedding_backward_scratch(st(dtable.dtype), 1, N, C, V);
+  Scratch fs(*this, static_cast<std::size_t>(need.floats) * sizeof(float));
+  Scratch is(*this, static_cast<std::size_t>(need.ints) * sizeof(int32_t));
+  k::embedding_lookup_backward(out(dtable), in(dout), static_cast<const int32_t*>(tokens.data), N,
+                               C, V, fs.as<float>(), is.as<int32_t>(), s());
+}
+
+void CudaBackend::rmsnorm_forward(const TensorView& out_, const TensorView& rstd,
+                                  const TensorView& x, const TensorView& weight, int64_t R,
+                                  int64_t C, float eps) {
+  // x: [R,C]; weight: [C]; out: [R,C]; rstd: [R] fp32.
+  const char* kn = "rmsnorm_forward";
+  Chk::dim(kn, "R", R);
+  Chk::dim(kn, "C", C);
+  Chk::need_float(kn, "out", out_, R * C);
+  Chk::need_dtype(kn, "rstd", rstd, DType::f32, R);
+  Chk::need_float(kn, "x", x, R * C);
+  Chk::need_float(kn, "weight", weight, C);
+  k::rmsnorm_forward(out(out_), static_cast<float*>(rstd.data), in(x), in(weight), R, C, eps, s());
+}
+
+void CudaBackend::rmsnorm_backward(const TensorView& dx, const TensorView& dweight,
+                                   const TensorView& dout, const TensorView& x,
+                                   const TensorView& weight, const TensorView& rstd, int64_t R,
+                                   int64_t C) {
+  // dx: [R,C] +=; dweight: [C] +=; dout, x: [R,C]; weight: [C]; rstd: [R] fp32.
+  const char* kn = "rmsnorm_backward";
+  Chk::dim(kn, "R", R);
+  Chk::dim(kn, "C", C);
+  Chk::need_float(kn, "dx", dx, R * C);
+  Chk::need_float(kn, "dweight", dweight, C);
+  Chk::need_float(kn, "dout", dout, R * C);
+  Chk::need_float(kn, "x", x, R * C);
+  Chk::need_float(kn, "weight", weight, C);
+  Chk::need_dtype(kn, "rstd", rstd, DType::f32, R);
+  if (R == 0 || C == 0) return;
+  Scratch partial(
+      *this, static_cast<std::size_t>(k::rmsnorm_backward_scratch_floats(R, C)) * sizeof(float));
+  k::rmsnorm_backward(out(dx), out(dweight), in(dout), in(x), in(weight),
+                      static_cast<const float*>(rstd.data), R, C, partial.as<float>(), s());
+}
+
+void CudaBackend::relu_forward(const TensorView& out_, const TensorView& x) {
+  // out[n] = max(x[n], 0), n = out.numel()
+  const int64_t n = out_.numel();
+  Chk::need_float("relu_forward", "out", out_, n);
+  Chk::need_float("relu_forward", "x", x, n);
+  k::relu_forward(out(out_), in(x), n, s());
+}
+
+void CudaBackend::relu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) {
+  // dx[n] = x[n] > 0 ? dout[n] : 0, n = dx.numel() (dx may alias dout)
+  const int64_t n = dx.numel();
+  Chk::need_float("relu_backward", "dx", dx, n);
+  Chk::need_float("relu_backward", "x", x, n);
+  Chk::need_float("relu_backward", "dout", dout, n);
+  k::relu_backward(out(dx), in(x), in(dout), n, s());
+}
+
+void CudaBackend::mul(const TensorView& out_, const TensorView& a, const TensorView& b) {
+  // out[n] = a[n] * b[n], n = out.numel() (out may alias a or b)
+  const int64_t n = out_.numel();
+  Chk::need_float("mul", "out", out_, n);
+  Chk::need_float("mul", "a", a, n);
+  Chk::need_float("mul", "b", b, n);
+  k::mul(out(out_), in(a), in(b), n, s());
+}
+
+void CudaBackend::position_bias_forward(const TensorView& bias, const TensorView& table,
+                                        const TensorView& buckets, int64_t H, int64_t Tq,
+                                        int64_t Tk) {
+  // table: [NB,H]; buckets: [Tq,Tk] int32 in [0,NB); bias: [H,Tq,Tk] fp32. NB = numel / H.
+  const char* kn = "position_bias_forward";
+  Chk::dim(kn, "H", H);
+  Chk::dim(kn, "Tq", Tq);
+  Chk::dim(kn, "Tk", Tk);
+  Chk::need_float(kn, "table", table, 0);
+  const int64_t NB = H > 0 ? table.numel() / H : -1;
+  Chk::need_dtype(kn, "buckets", buckets, DType::i32, Tq * Tk);
+  Chk::need_dtype(kn, "bias", bias, DType::f32, H * Tq * Tk);
+  const auto* bk = static_cast<const int32_t*>(buckets.data);
+  const int64_t bound = NB >= 0 ? NB : std::numeric_limits<int32_t>::max() + int64_t{1};
+  k::check_indices(bk, Tq * Tk, bound, k::kErrPositionBiasForward, dev_error_, s());
+  k::position_bias_forward(static_cast<float*>(bias.data), in(table), bk, NB, H, Tq, Tk, s());
+}
+
+void CudaBackend::position_bias_backward(const TensorView& dtable, const TensorView& dbias,
+                                         const TensorView& buckets, int64_t H, int64_t Tq,
+                                         int64_t Tk) {
+  // dtable: [NB,H] +=; dbias: [H,Tq,Tk] fp32; buckets: [Tq,Tk] int32 in [0,NB).
+  const char* kn = "position_bias_backward";
+  Chk::dim(kn, "H", H);
+  Chk::dim(kn, "Tq", Tq);
+  Chk::dim(kn, "Tk", Tk);
+  Chk::need_float(kn, "dtable", dtable, 0);
+  const int64_t NB = H > 0 ? dtable.numel() / H : -1;
+  Chk::need_dtype(kn, "buckets", buckets, DType::i32, Tq * Tk);
+  Chk::need_dtype(kn, "dbias", dbias, DType::f32, H * Tq * Tk);
+  const auto* bk = static_cast<const int32_t*>(buckets.data);
+  const int64_t bound = NB >= 0 ? NB : std::numeric_limits<int32_t>::max() + int64_t{1};
+  k::check_indices(bk, Tq * Tk, bound, k::kErrPositionBiasBackward, dev_error_, s());
+  k::position_bias_backward(out(dtable), static_cast<const float*>(dbias.data), bk, NB, H, Tq, Tk,
+                            s());
+}
+
+namespace {
+void check_mha_shapes(const char* kernel, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D) {
+  Chk::dim(kernel, "B", B);
+  Chk::dim(kernel, "Tq", Tq);
+  Chk::dim(kernel, "Tk", Tk);
+  Chk::dim(kernel, "H", H);
+  Chk::dim(kernel, "D", D);
+  if (H * D > INT32_MAX || Tq > INT32_MAX || Tk > INT32_MAX) {
+    throw Error("cuda backend: " + std::string(kernel) + ": bad shape Tq=" + std::to_string(Tq) +
+                " Tk=" + std::to_string(Tk) + " H=" + std::to_string(H) + " D=" +
+                std::to_string(D) + " (cuBLAS dimensions must fit in int32)");
+  }
+}
+}  // namespace
+
+void CudaBackend::mha_forward(const TensorView& out_, const TensorView& att, const TensorView& q,
+                              const TensorView& k, const TensorView& v, const TensorView& bias,
+                              const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
+                              int64_t H, int64_t D, float scale, bool causal) {
+  // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; bias: [H,Tq,Tk] fp32 or none; key_mask: [B,Tk] int32 or
+  // none; out: [B,Tq,H*D]; att: [B,H,Tq,Tk].
+  const char* kn = "mha_forward";
+  check_mha_shapes(kn, B, Tq, Tk, H, D);
+  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
+  Chk::need_float(kn, "out", out_, nq);
+  Chk::need_float(kn, "att", att, na);
+  Chk::need_float(kn, "q", q, nq);
+  Chk::need_float(kn, "k", k, nk);
+  Chk::need_float(kn, "v", v, nk);
+  if (bias) Chk::need_dtype(kn, "bias", bias, DType::f32, H * Tq * Tk);
+  if (key_mask) Chk::need_dtype(kn, "key_mask", key_mask, DType::i32, B * Tk);
+  if (nq == 0 && na == 0) return;
+  if (Tk == 0) {  // no keys: every row fully masked, output 0
+    FSDP_CHECK_CUDA(cudaMemsetAsync(out_.data, 0, static_cast<std::size_t>(nq) * dtype_size(out_.dtype), s()));
+    return;
+  }
+  const auto* bp = static_cast<const float*>(bias.data);
+  const auto* km = static_cast<const int32_t*>(key_mask.data);
+  const DType dt = q.dtype;
+  if (k.dtype == dt && v.dtype == dt && out_.dtype == dt && att.dtype == dt) {
+    mha_forward_same(out_, att, q, k, v, bp, km, B, Tq, Tk, H, D, scale, causal);
+    return;
+  }
+  // Mixed storage types: run in fp32 and round each output once.
+  const F32Copy fq(*this, q, nq, true), fk(*this, k, nk, true), fv(*this, v, nk, true);
+  const F32Copy fo(*this, out_, nq, false), fa(*this, att, na, false);
+  mha_forward_same(fo.view, fa.view, fq.view, fk.view, fv.view, bp, km, B, Tq, Tk, H, D, scale,
+                   causal);
+  k::cast(out(out_), in(fo.view), nq, s());
+  k::cast(out(att), in(fa.view), na, s());
+}
+
+void CudaBackend::mha_forward_same(const TensorView& out_, const TensorView& att,
+                                   const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const float* bias, const int32_t* key_mask, int64_t B,
+                                   int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
+                                   bool causal) {
+  // Per batch b, one strided-batched GEMM over the H heads for each product (head h of q is
+  // the [Tq, D] matrix at column h*D, row stride H*D), as attention_forward_same.
+  const DType dt = q.dtype;
+  const k::ST t = st(dt);
+  const int64_t HD = H * D, TT = Tq * Tk, per_batch = H * TT;
+  const bool in_place = t == k::ST::f32;
+  int64_t chunk = B;
+  if (!in_place) {
+    const auto per = static_cast<std::size_t>(per_batch) * sizeof(float);
+    chunk = std::clamp<int64_t>(static_cast<int64_t>(kScoresScratchBytes / per), 1, B);
+  }
+  Scratch scores(*this, in_place ? 0 : static_cast<std::size_t>(chunk * per_batch) * sizeof(float));
+  for (int64_t b0 = 0; b0 < B; b0 += chunk) {
+    const int64_t nb = std::min(chunk, B - b0);
+    float* S = in_place ? static_cast<float*>(att.data) + b0 * per_batch : scores.as<float>();
+    if (D == 0) {  // scores are the bias alone
+      FSDP_CHECK_CUDA(cudaMemsetAsync(S, 0, static_cast<std::size_t>(nb * per_batch) * sizeof(float), s()));
+    } else {
+      for (int64_t b = b0; b < b0 + nb; ++b) {
+        // S[h] = scale * Q_h[Tq,D] @ K_h[Tk,D]^T
+        blas_.gemm_strided_batched(false, true, Tq, Tk, D, scale,
+                                   at(static_cast<const void*>(q.data), dt, b * Tq * HD), HD, D,
+                                   at(static_cast<const void*>(k.data), dt, b * Tk * HD), HD, D, t,
+                                   0.0f, S + (b - b0) * per_batch, Tk, TT, k::ST::f32, H);
+      }
+    }
+    k::mha_softmax_forward({at(att.data, dt, b0 * per_batch), t}, S, bias, key_mask, nb * H * Tq,
+                           b0, H, Tq, Tk, causal, s());
+    if (D == 0) continue;
+    for (int64_t b = b0; b < b0 + nb; ++b) {
+      // O_h[Tq,D] = P_h[Tq,Tk] @ V_h[Tk,D] into out[b, :, h*D : (h+1)*D] (row stride H*D).
+      blas_.gemm_strided_batched(false, false, Tq, D, Tk, 1.0f,
+                                 at(static_cast<const void*>(att.data), dt, b * per_batch), Tk, TT,
+                                 at(static_cast<const void*>(v.data), dt, b * Tk * HD), HD, D, t,
+                                 0.0f, at(out_.data, dt, b * Tq * HD), HD, D, t, H);
+    }
+  }
+}
+
+void CudaBackend::mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               const TensorView& dbias, const TensorView& scratch,
+                               const TensorView& dout, const TensorView& q, const TensorView& k,
+                               const TensorView& v, const TensorView& att, int64_t B, int64_t Tq,
+                               int64_t Tk, int64_t H, int64_t D, float scale) {
+  // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq,Tk] fp32 += or none; scratch:
+  // [B,H,Tq,Tk] fp32; dout: [B,Tq,H*D]; q, k, v, att as in forward.
+  const char* kn = "mha_backward";
+  check_mha_shapes(kn, B, Tq, Tk, H, D);
+  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
+  Chk::need_float(kn, "dq", dq, nq);
+  Chk::need_float(kn, "dk", dk, nk);
+  Chk::need_float(kn, "dv", dv, nk);
+  if (dbias) Chk::need_dtype(kn, "dbias", dbias, DType::f32, H * Tq * Tk);
+  Chk::need_dtype(kn, "scratch", scratch, DType::f32, na);
+  Chk::need_float(kn, "dout", dout, nq);
+  Chk::need_float(kn, "q", q, nq);
+  Chk::need_float(kn, "k", k, nk);
+  Chk::need_float(kn, "v", v, nk);
+  Chk::need_float(kn, "att", att, na);
+  // D == 0: dq, dk, dv are empty and dP = 0, so dS = 0 adds nothing to dbias.
+  if (B == 0 || H == 0 || D == 0) return;
+  if (Tq == 0 || Tk == 0) {  // no queries: dk = dv = 0; no keys: dq = 0
+    for (const TensorView* g : {&dq, &dk, &dv}) {
+      if (g->numel() > 0 && g->data) {
+        const int64_t n = g == &dq ? nq : nk;
+        FSDP_CHECK_CUDA(cudaMemsetAsync(g->data, 0, static_cast<std::size_t>(n) * dtype_size(g->dtype), s()));
+      }
+    }
+    return;
+  }
+  float* sp = static_cast<float*>(scratch.data);
+  auto* db = static_cast<float*>(dbias.data);
+  const DType dt = q.dtype;
+  bool same = true;
+  for (const TensorView* x : {&dq, &dk, &dv, &dout, &k, &v, &att}) same = same && x->dtype == dt;
+  if (same) {
+    mha_backward_same(dq, dk, dv, db, sp, dout, q, k, v, att, B, Tq, Tk, H, D, scale);
+    return;
+  }
+  const F32Copy fd(*this, dout, nq, true), fq(*this, q, nq, true), fk(*this, k, nk, true),
+      fv(*this, v, nk, true), fa(*this, att, na, true);
+  const F32Copy gq(*this, dq, nq, false), gk(*this, dk, nk, false), gv(*this, dv, nk, false);
+  mha_backward_same(gq.view, gk.view, gv.view, db, sp, fd.view, fq.view, fk.view, fv.view, fa.view,
+                    B, Tq, Tk, H, D, scale);
+  k::cast(out(dq), in(gq.view), nq, s());
+  k::cast(out(dk), in(gk.view), nk, s());
+  k::cast(out(dv), in(gv.view), nk, s());
+}
+
+void CudaBackend::mha_backward_same(const TensorView& dq, const TensorView& dk,
+                                    const TensorView& dv, float* dbias, float* dp,
+                                    const TensorView& dout, const TensorView& q,
+                                    const TensorView& k, const TensorView& v,
+                                    const TensorView& att, int64_t B, int64_t Tq, int64_t Tk,
+                                    int64_t H, int64_t D, float scale) {
+  const DType dt = q.dtype;
+  const k::ST t = st(dt);
+  const int64_t HD = H * D, TT = Tq * Tk, per_batch = H * TT;
+  auto cin = [&](const TensorView& x, int64_t i) { return at(static_cast<const void*>(x.data), dt, i); };
+  // dP_h[Tq,Tk] = dO_h[Tq,D] @ V_h[Tk,D]^T (fp32, into scratch).
+  for (int64_t b = 0; b < B; ++b) {
+    blas_.gemm_strided_batched(false, true, Tq, Tk, D, 1.0f, cin(dout, b * Tq * HD), HD, D,
+                               cin(v, b * Tk * HD), HD, D, t, 0.0f, dp + b * per_batch, Tk, TT,
+                               k::ST::f32, H);
+  }
+  // dS = P * (dP - rowsum(dP * P)) in att's type at the start of each fp32 row: a
+  // [B*H*Tq, Tk] matrix with row stride lds elements.
+  k::mha_softmax_backward(dp, in(att), t, B * H * Tq, Tk, s());
+  const int64_t lds = Tk * static_cast<int64_t>(sizeof(float) / dtype_size(dt));
+  if (dbias) k::mha_dbias(dbias, dp, t, lds, B, H, Tq, Tk, s());
+  const void* ds0 = dp;
+  for (int64_t b = 0; b < B; ++b) {
+    const void* ds = at(ds0, dt, b * H * Tq * lds);
+    // dQ_h = scale * dS_h[Tq,Tk] @ K_h[Tk,D]
+    blas_.gemm_strided_batched(false, false, Tq, D, Tk, scale, ds, lds, Tq * lds,
+                               cin(k, b * Tk * HD), HD, D, t, 0.0f, at(dq.data, dt, b * Tq * HD),
+                               HD, D, t, H);
+    // dK_h = scale * dS_h^T @ Q_h[Tq,D]
+    blas_.gemm_strided_batched(true, false, Tk, D, Tq, scale, ds, lds, Tq * lds,
+                               cin(q, b * Tq * HD), HD, D, t, 0.0f, at(dk.data, dt, b * Tk * HD),
+                               HD, D, t, H);
+    // dV_h = P_h^T @ dO_h
+    blas_.gemm_strided_batched(true, false, Tk, D, Tq, 1.0f, cin(att, b * per_batch), Tk, TT,
+                               cin(dout, b * Tq * HD), HD, D, t, 0.0f, at(dv.data, dt, b * Tk * HD),
+                               HD, D, t, H);
+  }
 }
 
 // ---------------------------------------------------------------------------------------

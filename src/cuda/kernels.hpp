@@ -50,8 +50,15 @@ enum ErrorCode : int {
   kErrNone = 0,
   kErrEmbeddingForward = 1,   // a token outside [0, V) in embedding_forward
   kErrEmbeddingBackward = 2,  // ... in embedding_backward
-  kErrCrossEntropy = 3,       // a target outside [0, V) in cross_entropy_*
+  kErrCrossEntropy = 3,       // a target outside [0, V) (and not kIgnoreTarget) in cross_entropy_*
+  kErrEmbeddingLookupForward = 4,   // a token outside [0, V) in embedding_lookup_forward
+  kErrEmbeddingLookupBackward = 5,  // ... in embedding_lookup_backward
+  kErrPositionBiasForward = 6,      // a bucket outside [0, NB) in position_bias_forward
+  kErrPositionBiasBackward = 7,     // ... in position_bias_backward
 };
+// The cross-entropy target that skips its row: fsdp::kIgnoreIndex (backend.hpp, which this
+// C++17 header cannot include; cuda_backend.cpp static_asserts that they agree).
+constexpr int32_t kIgnoreTarget = -100;
 struct DeviceError {
   int code;
   int unused;
@@ -60,9 +67,9 @@ struct DeviceError {
   long long bound;     // V
 };
 // Records (code, position, value, bound) in *err for the first i < n with idx[i] outside
-// [0, bound), unless *err already holds an error.
+// [0, bound) (and, with allow_ignore, not kIgnoreTarget), unless *err already holds an error.
 void check_indices(const int32_t* idx, int64_t n, int64_t bound, int code, DeviceError* err,
-                   cudaStream_t s);
+                   cudaStream_t s, bool allow_ignore = false);
 
 // ---- elementwise (kernels_elementwise.cu) ----
 void cast(Out dst, In src, int64_t n, cudaStream_t s);     // any of f32/f64/bf16/f16 to any
@@ -73,6 +80,9 @@ void scale_by(Out x, const float* coef, int64_t n, cudaStream_t s);  // coef: de
 void gelu_forward(Out out, In x, int64_t n, cudaStream_t s);
 void gelu_backward(Out dx, In x, In dout, int64_t n, cudaStream_t s);  // dx may alias dout
 void add_bias(Out out, In bias, int64_t R, int64_t C, cudaStream_t s);
+void relu_forward(Out out, In x, int64_t n, cudaStream_t s);
+void relu_backward(Out dx, In x, In dout, int64_t n, cudaStream_t s);  // dx may alias dout
+void mul(Out out, In a, In b, int64_t n, cudaStream_t s);              // out may alias a or b
 // x (fp32) *= inv_scale; *found_inf = 1.0 if any x was inf or NaN (untouched otherwise).
 void unscale_and_check(float* x, float inv_scale, int64_t n, double* found_inf, cudaStream_t s);
 
@@ -93,6 +103,13 @@ int64_t layernorm_backward_scratch_floats(int64_t R, int64_t C);
 void layernorm_backward(Out dx, Out dweight, Out dbias, In dout, In x, In weight, const float* mean,
                         const float* rstd, int64_t R, int64_t C, float* scratch, cudaStream_t s);
 
+// ---- RMSNorm (kernels_layernorm.cu): rstd in fp32, sum of squares in fp64 ----
+void rmsnorm_forward(Out out, float* rstd, In x, In weight, int64_t R, int64_t C, float eps,
+                     cudaStream_t s);
+int64_t rmsnorm_backward_scratch_floats(int64_t R, int64_t C);
+void rmsnorm_backward(Out dx, Out dweight, In dout, In x, In weight, const float* rstd, int64_t R,
+                      int64_t C, float* scratch, cudaStream_t s);
+
 // ---- embeddings (kernels_embedding.cu); tokens are checked by check_indices first,
 // kernels skip (forward: write zeros for) out-of-range ones ----
 void embedding_forward(Out out, const int32_t* tokens, In wte, In wpe, int64_t B, int64_t T,
@@ -105,6 +122,22 @@ EmbeddingScratch embedding_backward_scratch(ST dwte_type, int64_t B, int64_t T, 
                                             int64_t V);
 void embedding_backward(Out dwte, Out dwpe, In dout, const int32_t* tokens, int64_t B, int64_t T,
                         int64_t C, int64_t V, float* fscratch, int32_t* iscratch, cudaStream_t s);
+// T5's token lookup: out[n, :] = table[tokens[n], :]; backward dtable[tokens[n]] += dout[n]
+// with the dwte machinery of embedding_backward (scratch: embedding_backward_scratch(
+// dtable type, 1, N, C, V)).
+void embedding_lookup_forward(Out out, const int32_t* tokens, In table, int64_t N, int64_t C,
+                              int64_t V, cudaStream_t s);
+void embedding_lookup_backward(Out dtable, In dout, const int32_t* tokens, int64_t N, int64_t C,
+                               int64_t V, float* fscratch, int32_t* iscratch, cudaStream_t s);
+
+// ---- T5 relative position bias (kernels_t5.cu); buckets checked by check_indices first,
+// out-of-range ones give 0 / are skipped ----
+// bias (fp32) [H, Tq*Tk] = table[buckets[ij], h]; table [NB, H].
+void position_bias_forward(float* bias, In table, const int32_t* buckets, int64_t NB, int64_t H,
+                           int64_t Tq, int64_t Tk, cudaStream_t s);
+// dtable[nb, h] += sum over ij (fixed order, fp64) of dbias[h, ij] with buckets[ij] == nb.
+void position_bias_backward(Out dtable, const float* dbias, const int32_t* buckets, int64_t NB,
+                            int64_t H, int64_t Tq, int64_t Tk, cudaStream_t s);
 
 // ---- attention pieces (kernels_attention.cu); the GEMMs are cuBLAS (Blas below) ----
 // rows of T scores (row r is query position r % T): att[r, j] = softmax over j <= r % T of
@@ -119,9 +152,27 @@ void attention_softmax_forward(Out att, const float* scores, int64_t rows, int64
 void attention_softmax_backward(float* dp, In att, ST ds_type, int64_t rows, int64_t T,
                                 cudaStream_t s);
 
+// General multi-head attention (mha_forward/backward of backend.hpp). Rows of Tk scores, row
+// r = (b_local * H + h) * Tq + i of batch b = b0 + b_local: att[r, j] = softmax over the
+// unmasked j of scores[r, j] + bias[h, i, j] (bias fp32 [H,Tq,Tk] or null); j is masked when
+// key_mask (int32 [B,Tk], or null) has key_mask[b, j] == 0 or causal and j > i; masked
+// probabilities are exactly 0, and a row with every key masked is all 0. scores: fp32
+// [rows, Tk] (already scaled); may be att's memory when att is fp32.
+void mha_softmax_forward(Out att, const float* scores, const float* bias, const int32_t* key_mask,
+                         int64_t rows, int64_t b0, int64_t H, int64_t Tq, int64_t Tk, bool causal,
+                         cudaStream_t s);
+// attention_softmax_backward without the causal assumption (rows of Tk; the zeros of P give
+// zeros of dS).
+void mha_softmax_backward(float* dp, In att, ST ds_type, int64_t rows, int64_t Tk, cudaStream_t s);
+// dbias[h, i, j] += sum over b (in order, fp64) of dS[(b*H + h)*Tq + i, j], dS of storage type
+// ds_type with row stride lds elements.
+void mha_dbias(float* dbias, const void* ds, ST ds_type, int64_t lds, int64_t B, int64_t H,
+               int64_t Tq, int64_t Tk, cudaStream_t s);
+
 // ---- cross-entropy (kernels_loss.cu); targets checked by check_indices first ----
-// Per row: row_loss[r] = logsumexp(logits[r]) - logits[r, target] (0 for a bad target);
-// with `backward`, logits[r] = (softmax - onehot) * grad_scale. Then *loss += sum of
+// Per row: row_loss[r] = logsumexp(logits[r]) - logits[r, target] (0 for a kIgnoreTarget or
+// bad target); with `backward`, logits[r] = (softmax - onehot) * grad_scale (a zero row for
+// a kIgnoreTarget or bad target). Then *loss += sum of
 // row_loss in a fixed order. row_loss: device scratch [R].
 void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, float grad_scale,
                    bool backward, double* row_loss, double* loss, cudaStream_t s);

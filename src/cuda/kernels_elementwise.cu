@@ -1,4 +1,4 @@
-// src/cuda/kernels_elementwise.cu: casts, add / axpy / scale, GELU, bias add, loss-scale
+// src/cuda/kernels_elementwise.cu: casts, add / axpy / scale, GELU, ReLU, mul, bias add, loss-scale
 // unscaling, and the device-side index check (see kernels.hpp).
 //
 // One grid-stride "map" kernel serves the elementwise ops: out[i] = op(a[i], b[i]) in fp32,
@@ -79,6 +79,18 @@ struct GeluOp {
 struct GeluGradOp {  // a = x, b = dout
   __device__ GeluGradOp bind() const { return *this; }
   __device__ float operator()(float x, float dout) const { return gelu_grad(x, dout); }
+};
+struct ReluOp {
+  __device__ ReluOp bind() const { return *this; }
+  __device__ float operator()(float x, float) const { return x > 0.0f ? x : 0.0f; }
+};
+struct ReluGradOp {  // a = x, b = dout; relu'(0) = 0 as torch's threshold_backward
+  __device__ ReluGradOp bind() const { return *this; }
+  __device__ float operator()(float x, float dout) const { return x > 0.0f ? dout : 0.0f; }
+};
+struct MulOp {
+  __device__ MulOp bind() const { return *this; }
+  __device__ float operator()(float a, float b) const { return a * b; }
 };
 
 // out[i] = op(a[i], b[i]) for i < n (unary ops ignore b; pass b = a).
@@ -233,12 +245,13 @@ __global__ void __launch_bounds__(kThreads)
 // the reported position is the first bad one, as on the CPU.
 constexpr int kCheckThreads = 1024;
 __global__ void __launch_bounds__(kCheckThreads)
-    check_indices_kernel(const int32_t* idx, int64_t n, int64_t bound, int code, DeviceError* err) {
+    check_indices_kernel(const int32_t* idx, int64_t n, int64_t bound, int code, DeviceError* err,
+                         bool allow_ignore) {
   __shared__ long long first_bad[32];
   long long pos = LLONG_MAX;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const int32_t v = idx[i];
-    if (v < 0 || v >= bound) {
+    if ((v < 0 || v >= bound) && !(allow_ignore && v == kIgnoreTarget)) {
       pos = i;
       break;
     }
@@ -323,6 +336,16 @@ void gelu_backward(Out dx, In x, In dout, int64_t n, cudaStream_t s) {
   map_uniform("gelu_backward", dx, x, dout, n, GeluGradOp{}, s);
 }
 
+void relu_forward(Out out, In x, int64_t n, cudaStream_t s) {
+  map_uniform("relu_forward", out, x, x, n, ReluOp{}, s);
+}
+
+void relu_backward(Out dx, In x, In dout, int64_t n, cudaStream_t s) {
+  map_uniform("relu_backward", dx, x, dout, n, ReluGradOp{}, s);
+}
+
+void mul(Out out, In a, In b, int64_t n, cudaStream_t s) { map_uniform("mul", out, a, b, n, MulOp{}, s); }
+
 void add_bias(Out out, In bias, int64_t R, int64_t C, cudaStream_t s) {
   if (R <= 0 || C <= 0) return;
   dispatch_uniform("add_bias", {out.t, bias.t}, [&](auto tag) {
@@ -341,9 +364,9 @@ void unscale_and_check(float* x, float inv_scale, int64_t n, double* found_inf, 
 }
 
 void check_indices(const int32_t* idx, int64_t n, int64_t bound, int code, DeviceError* err,
-                   cudaStream_t s) {
+                   cudaStream_t s, bool allow_ignore) {
   if (n <= 0) return;
-  check_indices_kernel<<<1, kCheckThreads, 0, s>>>(idx, n, bound, code, err);
+  check_indices_kernel<<<1, kCheckThreads, 0, s>>>(idx, n, bound, code, err, allow_ignore);
   FSDP_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,5 @@
-// src/cuda/kernels_embedding.cu: token + position embedding, forward and backward (see
-// kernels.hpp).
+// src/cuda/kernels_embedding.cu: token + position embedding, forward and backward, and T5's
+// token lookup (the same without positions; its backward is the dwte part) (see kernels.hpp).
 //
 // Backward is deterministic without atomics, and sums in the CPU backend's order (rows
 // i = 0..B*T-1 in turn, fp32 accumulation, one rounding for 16-bit storage):
@@ -33,6 +33,19 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       out.set(o + c, ok ? wte[e + c] + wpe[p + c] : 0.0f);
     }
+  }
+}
+
+// out[i, :] = table[tokens[i], :] (zeros for an out-of-range token).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    lookup_forward_kernel(Wr<T> out, const int32_t* tokens, Rd<T> table, int64_t N, int64_t C,
+                          int64_t V) {
+  for (int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+    const int32_t tok = tokens[i];
+    const bool ok = tok >= 0 && tok < V;
+    const int64_t e = ok ? static_cast<int64_t>(tok) * C : 0, o = i * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out.set(o + c, ok ? table[e + c] : 0.0f);
   }
 }
 
@@ -162,8 +175,25 @@ void embedding_backward(Out dwte, Out dwpe, In dout, const int32_t* tokens, int6
     wpe_backward_kernel<TT><<<blocks, kThreads, 0, s>>>(wr<TT>(dwpe), rd<TT>(dout), B, T, C);
     FSDP_CHECK_LAUNCH();
   });
-  if (V <= 0) return;
-  // dwte
+  embedding_lookup_backward(dwte, dout, tokens, N, C, V, fscratch, iscratch, s);
+}
+
+void embedding_lookup_forward(Out out, const int32_t* tokens, In table, int64_t N, int64_t C,
+                              int64_t V, cudaStream_t s) {
+  if (N <= 0 || C <= 0) return;
+  dispatch_uniform("embedding_lookup_forward", {out.t, table.t}, [&](auto tag) {
+    using TT = typename decltype(tag)::type;
+    const auto blocks = static_cast<unsigned>(N < kMaxBlocks ? N : kMaxBlocks);
+    lookup_forward_kernel<TT>
+        <<<blocks, kThreads, 0, s>>>(wr<TT>(out), tokens, rd<TT>(table), N, C, V);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+// The dwte part of embedding_backward: dtable [V, C] += dout [N, C] scattered by tokens.
+void embedding_lookup_backward(Out dwte, In dout, const int32_t* tokens, int64_t N, int64_t C,
+                               int64_t V, float* fscratch, int32_t* iscratch, cudaStream_t s) {
+  if (N <= 0 || C <= 0 || V <= 0) return;
   const int64_t col_blocks = (C + kThreads - 1) / kThreads;
   int64_t P = 1024 / col_blocks;
   P = P < 1 ? 1 : (P > kMaxClasses ? kMaxClasses : P);

@@ -1,4 +1,5 @@
-// src/cuda/kernels_layernorm.cu: LayerNorm forward and backward (see kernels.hpp).
+// src/cuda/kernels_layernorm.cu: LayerNorm and RMSNorm (T5LayerNorm) forward and backward
+// (see kernels.hpp). RMSNorm follows the LayerNorm scheme below without mean and bias.
 //
 // Forward: one warp per row; mean and variance accumulated in fp64 as the CPU backend does
 // (two passes over the row, which stays in L1), mean/rstd stored in fp32.
@@ -126,7 +127,113 @@ __global__ void __launch_bounds__(256)
   out.set(c, out.get(c) + static_cast<float>(sum));
 }
 
+// ---- RMSNorm (T5LayerNorm): the same structure without mean and bias ----
+
+// rstd[r] = 1/sqrt(mean(x^2) + eps) (sum in fp64); out = weight * (x * rstd).
+template <class T>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    rms_forward_kernel(Wr<T> out, float* rstd, Rd<T> x, Rd<T> weight, int64_t R, int64_t C,
+                       float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (r >= R) return;
+  const int64_t base = r * C;
+  double ss = 0.0;
+  for (int64_t c = lane; c < C; c += 32) {
+    const double v = x[base + c];
+    ss += v * v;
+  }
+  const double var = C > 0 ? warp_sum(ss) / static_cast<double>(C) : 0.0;
+  const float rs = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+  for (int64_t c = lane; c < C; c += 32) out.set(base + c, weight[c] * (x[base + c] * rs));
+  if (lane == 0) rstd[r] = rs;
+}
+
+// dx[r] += rstd (dxhat - xhat mean(dxhat xhat)), xhat = x rstd, dxhat = dout * weight.
+template <class T>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    rms_backward_dx_kernel(Wr<T> dx, Rd<T> dout, Rd<T> x, Rd<T> weight, const float* rstd,
+                           int64_t R, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (r >= R) return;
+  const int64_t base = r * C;
+  const float rs = rstd[r];
+  float s = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) s += (dout[base + c] * weight[c]) * (x[base + c] * rs);
+  const float m = warp_sum(s) / static_cast<float>(C);
+  for (int64_t c = lane; c < C; c += 32) {
+    const float xhat = x[base + c] * rs;
+    dx.set(base + c, dx.get(base + c) + rs * (dout[base + c] * weight[c] - xhat * m));
+  }
+}
+
+// block (32, 8), grid (ceil(C/32), G): partial[g, c] = sum over chunk g of dout * x * rstd.
+template <class T>
+__global__ void __launch_bounds__(kColTile* kRowThreads)
+    rms_backward_partials_kernel(Rd<T> dout, Rd<T> x, const float* rstd, int64_t R, int64_t C,
+                                 int64_t rpc, float* partial) {
+  __shared__ float shw[kRowThreads][kColTile + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  const int64_t g = blockIdx.y;
+  const int64_t r0 = g * rpc, r1 = min(R, r0 + rpc);
+  float aw = 0.0f;
+  if (c < C) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
+      aw += dout[r * C + c] * (x[r * C + c] * rstd[r]);
+    }
+  }
+  shw[threadIdx.y][threadIdx.x] = aw;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float sw = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kRowThreads; ++k) sw += shw[k][threadIdx.x];
+    partial[g * C + c] = sw;
+  }
+}
+
 }  // namespace
+
+void rmsnorm_forward(Out out, float* rstd, In x, In weight, int64_t R, int64_t C, float eps,
+                     cudaStream_t s) {
+  if (R <= 0) return;
+  dispatch_uniform("rmsnorm_forward", {out.t, x.t, weight.t}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto blocks = static_cast<unsigned>((R + kRowsPerBlock - 1) / kRowsPerBlock);
+    rms_forward_kernel<T><<<blocks, 32 * kRowsPerBlock, 0, s>>>(wr<T>(out), rstd, rd<T>(x),
+                                                                rd<T>(weight), R, C, eps);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+int64_t rmsnorm_backward_scratch_floats(int64_t R, int64_t C) { return row_chunks(R) * C; }
+
+void rmsnorm_backward(Out dx, Out dweight, In dout, In x, In weight, const float* rstd, int64_t R,
+                      int64_t C, float* scratch, cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  const int64_t rpc = rows_per_chunk(R), G = row_chunks(R);
+  dispatch_uniform("rmsnorm_backward", {dout.t, x.t}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const dim3 grid(static_cast<unsigned>((C + kColTile - 1) / kColTile), static_cast<unsigned>(G));
+    rms_backward_partials_kernel<T><<<grid, dim3(kColTile, kRowThreads), 0, s>>>(
+        rd<T>(dout), rd<T>(x), rstd, R, C, rpc, scratch);
+    FSDP_CHECK_LAUNCH();
+  });
+  dispatch_uniform("rmsnorm_backward", {dx.t, dout.t, x.t, weight.t}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto blocks = static_cast<unsigned>((R + kRowsPerBlock - 1) / kRowsPerBlock);
+    rms_backward_dx_kernel<T><<<blocks, 32 * kRowsPerBlock, 0, s>>>(
+        wr<T>(dx), rd<T>(dout), rd<T>(x), rd<T>(weight), rstd, R, C);
+    FSDP_CHECK_LAUNCH();
+  });
+  dispatch_float("rmsnorm_backward", dweight.t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    finish_kernel<T><<<static_cast<unsigned>((C + 255) / 256), 256, 0, s>>>(wr<T>(dweight),
+                                                                             scratch, G, C);
+    FSDP_CHECK_LAUNCH();
+  });
+}
 
 void layernorm_forward(Out out, float* mean, float* rstd, In x, In weight, In bias, int64_t R,
                        int64_t C, float eps, cudaStream_t s) {

@@ -4,7 +4,8 @@
 // One block per row. Pass 1 reads the row once with an online (max, sum of exp) per thread,
 // combined across the block in a fixed order: logsumexp without a second logits-sized
 // buffer. The row loss (fp64) goes to row_loss[r]; with the gradient, pass 2 overwrites the
-// row with (softmax - onehot) * grad_scale. Then one block adds the row losses in a fixed
+// row with (softmax - onehot) * grad_scale (zeros for a kIgnoreTarget row, which adds no
+// loss). Then one block adds the row losses in a fixed
 // order into the fp64 device scalar. All math in fp32 except the loss (fp64), as on the CPU.
 #include "kernels_common.cuh"
 
@@ -69,6 +70,8 @@ __global__ void __launch_bounds__(kThreads)
         if (j == t) g -= grad_scale;
         logits.set(base + j, g);
       }
+    } else if (backward) {  // kIgnoreTarget (or a reported bad target): a zero gradient row
+      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) logits.set(base + j, 0.0f);
     }
   }
 }

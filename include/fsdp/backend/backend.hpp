@@ -39,8 +39,6 @@ inline constexpr int32_t kIgnoreIndex = -100;
 class Backend {
  public:
   virtual ~Backend() = default;
-  // TRANSITION (until every backend implements the T5 kernels): throws fsdp::Error.
-  [[noreturn]] static void unimplemented(const char* op);
   virtual Device device() const = 0;
 
   // ---- streams and events ----
@@ -169,44 +167,47 @@ class Backend {
 
   // ---- T5 pieces (Raffel et al. 2020; HF transformers/models/t5/modeling_t5.py) ----
   // Token embedding without positions (T5's `shared`): out[n,:] = table[tokens[n],:].
-  // tokens: [N] int32 in [0,V); table: [V,C]; writes out: [N,C].
+  // tokens: [N] int32 in [0,V) (V = table.numel() / C; out of range throws fsdp::Error, on
+  // CUDA at the next synchronisation); table: [V,C]; writes out: [N,C].
   virtual void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
-                                        const TensorView& table, int64_t N, int64_t C) { unimplemented(__func__); }
+                                        const TensorView& table, int64_t N, int64_t C) = 0;
   // Accumulates dtable[tokens[n],:] += dout[n,:] (deterministic order: n ascending).
   virtual void embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
-                                         const TensorView& tokens, int64_t N, int64_t C) { unimplemented(__func__); }
+                                         const TensorView& tokens, int64_t N, int64_t C) = 0;
 
   // T5LayerNorm (RMSNorm, Zhang & Sennrich 2019): no mean subtraction, no bias.
   // rstd[r] = 1/sqrt(mean_c x[r,c]^2 + eps) in fp32; out[r,c] = weight[c] * (x[r,c] * rstd[r]).
   // x: [R,C]; weight: [C]; writes out: [R,C], rstd: [R] fp32.
   virtual void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
-                               const TensorView& weight, int64_t R, int64_t C, float eps) { unimplemented(__func__); }
+                               const TensorView& weight, int64_t R, int64_t C, float eps) = 0;
   // ACCUMULATES dx[R,C] and dweight[C] from dout[R,C], using x, weight and the saved rstd.
   virtual void rmsnorm_backward(const TensorView& dx, const TensorView& dweight,
                                 const TensorView& dout, const TensorView& x,
                                 const TensorView& weight, const TensorView& rstd, int64_t R,
-                                int64_t C) { unimplemented(__func__); }
+                                int64_t C) = 0;
 
   // ReLU (T5 v1.0 DenseReluDense). Writes out[n] = max(x[n], 0), n = out.numel().
-  virtual void relu_forward(const TensorView& out, const TensorView& x) { unimplemented(__func__); }
+  virtual void relu_forward(const TensorView& out, const TensorView& x) = 0;
   // Writes dx[n] = x[n] > 0 ? dout[n] : 0. dx may alias dout.
   virtual void relu_backward(const TensorView& dx, const TensorView& x,
-                             const TensorView& dout) { unimplemented(__func__); }
+                             const TensorView& dout) = 0;
   // Writes out[n] = a[n] * b[n], n = out.numel() (gated-GELU's gate; its gradient is two
   // more products). out may alias a or b.
-  virtual void mul(const TensorView& out, const TensorView& a, const TensorView& b) { unimplemented(__func__); }
+  virtual void mul(const TensorView& out, const TensorView& a, const TensorView& b) = 0;
 
   // T5 relative position bias: bias[h,i,j] = table[buckets[i,j], h] (fp32 out).
-  // table: [NB,H] (relative_attention_bias.weight, float); buckets: [Tq,Tk] int32 in [0,NB);
-  // writes bias: [H,Tq,Tk] fp32.
+  // table: [NB,H] (relative_attention_bias.weight, float; NB = table.numel() / H); buckets:
+  // [Tq,Tk] int32 in [0,NB) (computed by the caller, HF's _relative_position_bucket); writes
+  // bias: [H,Tq,Tk] fp32. A bucket out of range throws fsdp::Error (CUDA: at the next
+  // synchronisation, as token indices).
   virtual void position_bias_forward(const TensorView& bias, const TensorView& table,
                                      const TensorView& buckets, int64_t H, int64_t Tq,
-                                     int64_t Tk) { unimplemented(__func__); }
+                                     int64_t Tk) = 0;
   // Accumulates dtable[buckets[i,j], h] += dbias[h,i,j] (dbias fp32 [H,Tq,Tk]); summed per
   // table entry in a fixed order (deterministic).
   virtual void position_bias_backward(const TensorView& dtable, const TensorView& dbias,
                                       const TensorView& buckets, int64_t H, int64_t Tq,
-                                      int64_t Tk) { unimplemented(__func__); }
+                                      int64_t Tk) = 0;
 
   // General multi-head attention core (no projections) with separate query and key/value
   // lengths and a head width D independent of the model width (T5's d_kv).
@@ -216,19 +217,26 @@ class Backend {
   // key_mask is given (int32 [B,Tk], 0 = padding) and key_mask[b,j] == 0, or when `causal`
   // and j > i. Softmax in fp32 over the unmasked keys (a row with every key masked gets
   // all-zero probabilities and output 0). Writes out: [B,Tq,H*D] and att: [B,H,Tq,Tk]
-  // (probabilities, saved for backward). T5 passes scale = 1 (no 1/sqrt(D)).
+  // (probabilities, saved for backward). T5 passes scale = 1 (no 1/sqrt(D)). "Empty" means
+  // a view with data == nullptr (TensorView{}). Masked keys' k and v values do not change
+  // the results as long as they are finite (out = att @ v with exact zeros in att).
+  // Matches HF T5Attention (scores + position_bias + mask, softmax in fp32) and
+  // torch.nn.functional.scaled_dot_product_attention with a boolean mask, except that a
+  // fully masked row gives 0 rather than NaN. D == 0 or Tk == 0 are allowed (out = 0).
   virtual void mha_forward(const TensorView& out, const TensorView& att, const TensorView& q,
                            const TensorView& k, const TensorView& v, const TensorView& bias,
                            const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
-                           int64_t H, int64_t D, float scale, bool causal) { unimplemented(__func__); }
+                           int64_t H, int64_t D, float scale, bool causal) = 0;
   // Writes dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] from dout: [B,Tq,H*D], using q, k, v and att
   // from forward. If dbias is not empty (fp32 [H,Tq,Tk]) ACCUMULATES the score gradient
-  // summed over the batch into it. scratch: fp32, at least B*H*Tq*Tk elements.
+  // summed over the batch into it (b ascending, fp64 sum; the CUDA backend sums dS rounded
+  // to att's storage dtype). Masked keys get zero dk/dv. scratch: fp32, at least
+  // B*H*Tq*Tk elements (holds dS afterwards).
   virtual void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                             const TensorView& dbias, const TensorView& scratch,
                             const TensorView& dout, const TensorView& q, const TensorView& k,
                             const TensorView& v, const TensorView& att, int64_t B, int64_t Tq,
-                            int64_t Tk, int64_t H, int64_t D, float scale) { unimplemented(__func__); }
+                            int64_t Tk, int64_t H, int64_t D, float scale) = 0;
 
   // ---- optimizers, on fp32 flat shards (n = param.numel()) ----
   // AdamW (Loshchilov & Hutter 2019; torch.optim.AdamW semantics): step is 1-based.
