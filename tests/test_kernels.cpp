@@ -615,13 +615,418 @@ TEST_F(Kernels, CrossEntropyLargeVocabThreaded) {
 
 TEST_F(Kernels, CrossEntropyRejectsBadTarget) {
   Vec logits(2 * 3, 0.0f);
-  const Tokens bad_hi = {0, 3}, bad_lo = {-100, 0};
+  const Tokens bad_hi = {0, 3}, bad_lo = {-1, 0};  // -100 is kIgnoreIndex, not an error
   double loss = 0.0;
   EXPECT_THROW(be->cross_entropy_forward(f64(loss), f32(logits), i32(bad_hi), 2, 3), Error);
   EXPECT_THROW(
       be->cross_entropy_forward_backward(f64(loss), f32(logits), i32(bad_lo), 2, 3, 1.0f),
       Error);
   EXPECT_EQ(loss, 0.0);
+}
+
+// ---------------------------------------------------------------------------------------
+// T5 pieces: embedding lookup, RMSNorm, ReLU, mul, relative position bias, general
+// multi-head attention (HF transformers/models/t5/modeling_t5.py semantics)
+
+TEST_F(Kernels, EmbeddingLookupForwardAndGradient) {
+  const int64_t N = 9, C = 7, V = 6;
+  const Tokens tokens = {3, 1, 3, 0, 5, 3, 2, 1, 0};  // token 3 three times, 4 unused
+  Vec table = random_vec(V * C, rng);
+  const Vec Rw = random_vec(N * C, rng);
+  Vec out(N * C, std::numeric_limits<float>::quiet_NaN());  // written
+  be->embedding_lookup_forward(f32(out), i32(tokens), f32(table), N, C);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) ASSERT_EQ(out[n * C + c], table[tokens[n] * C + c]);
+  }
+  auto loss = [&] {
+    Vec o(N * C);
+    be->embedding_lookup_forward(f32(o), i32(tokens), f32(table), N, C);
+    return dot(o, Rw);
+  };
+  Vec dtable(V * C, 0.5f);  // pre-filled: backward accumulates
+  be->embedding_lookup_backward(f32(dtable), f32(Rw), i32(tokens), N, C);
+  for (auto& g : dtable) g -= 0.5f;
+  EXPECT_LT(rel_err(dtable, numeric_grad(table, loss, 1e-2f)), 2e-5);
+  for (int64_t c = 0; c < C; ++c) {
+    EXPECT_NEAR(dtable[3 * C + c], Rw[0 * C + c] + Rw[2 * C + c] + Rw[5 * C + c], 1e-6);
+    EXPECT_EQ(dtable[4 * C + c], 0.0f);  // unused row untouched
+  }
+  EXPECT_THROW(be->embedding_lookup_forward(f32(out), i32({0, 6}), f32(table), 2, C), Error);
+  EXPECT_THROW(be->embedding_lookup_backward(f32(dtable), f32(Rw), i32({-1, 0}), 2, C), Error);
+}
+
+TEST_F(Kernels, RmsNormMatchesT5LayerNormFormula) {
+  // HF T5LayerNorm: variance = x.pow(2).mean(-1) in fp32; x * rsqrt(variance + eps) * weight.
+  const int64_t R = 7, C = 19;
+  const float eps = 1e-6f;
+  Vec x = random_vec(R * C, rng, -3.0f, 5.0f), w = random_vec(C, rng, 0.5f, 1.5f);
+  x[2 * C + 3] = 0.0f;
+  for (int64_t c = 0; c < C; ++c) x[4 * C + c] = 0.0f;  // all-zero row: rstd = 1/sqrt(eps)
+  Vec out(R * C), rstd(R);
+  be->rmsnorm_forward(f32(out), f32(rstd), f32(x), f32(w), R, C, eps);
+  for (int64_t r = 0; r < R; ++r) {
+    double ms = 0.0;
+    for (int64_t c = 0; c < C; ++c) ms += static_cast<double>(x[r * C + c]) * x[r * C + c];
+    ms /= C;  // no mean subtraction
+    const double rs = 1.0 / std::sqrt(ms + eps);
+    EXPECT_NEAR(rstd[r], rs, 1e-6 * rs) << r;
+    for (int64_t c = 0; c < C; ++c) {
+      EXPECT_NEAR(out[r * C + c], w[c] * x[r * C + c] * rs, 2e-6 * std::max(1.0, rs)) << r;
+    }
+  }
+  EXPECT_NEAR(rstd[4], 1.0 / std::sqrt(1e-6), 1.0);
+  for (int64_t c = 0; c < C; ++c) EXPECT_EQ(out[4 * C + c], 0.0f);
+}
+
+TEST_F(Kernels, RmsNormGradientCheckAndAccumulation) {
+  const int64_t R = 6, C = 11;
+  const float eps = 1e-6f;
+  Vec x = random_vec(R * C, rng), w = random_vec(C, rng, 0.5f, 1.5f);
+  const Vec Rw = random_vec(R * C, rng);
+  auto loss = [&] {
+    Vec o(R * C), rs(R);
+    be->rmsnorm_forward(f32(o), f32(rs), f32(x), f32(w), R, C, eps);
+    return dot(o, Rw);
+  };
+  Vec out(R * C), rstd(R);
+  be->rmsnorm_forward(f32(out), f32(rstd), f32(x), f32(w), R, C, eps);
+  const Vec prefill = random_vec(R * C, rng);
+  Vec dx = prefill, dw(C, 2.0f);
+  be->rmsnorm_backward(f32(dx), f32(dw), f32(Rw), f32(x), f32(w), f32(rstd), R, C);
+  for (int64_t i = 0; i < R * C; ++i) dx[i] -= prefill[i];
+  for (auto& g : dw) g -= 2.0f;
+  EXPECT_LT(rel_err(dx, numeric_grad(x, loss, 1e-2f)), 3e-4);
+  EXPECT_LT(rel_err(dw, numeric_grad(w, loss, 1e-2f)), 5e-5);
+}
+
+TEST_F(Kernels, ReluAndMulValuesAndGradients) {
+  const int64_t n = 37;
+  Vec x = random_vec(n, rng, -2.0f, 2.0f), y = random_vec(n, rng, -2.0f, 2.0f);
+  for (auto& v : x) {
+    if (std::abs(v) < 0.05f) v = 0.3f;  // keep finite differences off the kink
+  }
+  x[5] = 0.0f;  // relu'(0) = 0 (torch's threshold_backward)
+  const Vec Rw = random_vec(n, rng);
+  Vec r(n), m(n), dx(n), da(n), db(n);
+  be->relu_forward(f32(r), f32(x));
+  be->mul(f32(m), f32(x), f32(y));
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(r[i], x[i] > 0.0f ? x[i] : 0.0f);
+    ASSERT_EQ(m[i], x[i] * y[i]);
+  }
+  be->relu_backward(f32(dx), f32(x), f32(Rw));
+  EXPECT_EQ(dx[5], 0.0f);
+  Vec xc = x;
+  xc[5] = 0.3f;  // finite differences only away from 0
+  Vec dxc(n);
+  be->relu_backward(f32(dxc), f32(xc), f32(Rw));
+  auto relu_loss = [&] {
+    Vec o(n);
+    be->relu_forward(f32(o), f32(xc));
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(dxc, numeric_grad(xc, relu_loss, 1e-2f)), 5e-5);  // |x| >= 0.05 > h: no kink crossed
+  // mul's gradients are two more products: da = dout * b, db = dout * a
+  be->mul(f32(da), f32(Rw), f32(y));
+  be->mul(f32(db), f32(Rw), f32(x));
+  auto mul_loss = [&] {
+    Vec o(n);
+    be->mul(f32(o), f32(x), f32(y));
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(da, numeric_grad(x, mul_loss, 1e-2f)), 1e-5);
+  EXPECT_LT(rel_err(db, numeric_grad(y, mul_loss, 1e-2f)), 1e-5);
+  // aliasing: relu_backward in place on dout, mul in place on a
+  Vec d = Rw;
+  be->relu_backward(f32(d), f32(x), f32(d));
+  EXPECT_EQ(d, dx);
+  Vec a = x;
+  be->mul(f32(a), f32(a), f32(y));
+  EXPECT_EQ(a, m);
+}
+
+TEST_F(Kernels, PositionBiasForwardAndGradient) {
+  const int64_t NB = 5, H = 3, Tq = 4, Tk = 6;
+  Tokens buckets(Tq * Tk);
+  for (int64_t i = 0; i < Tq; ++i) {
+    for (int64_t j = 0; j < Tk; ++j) buckets[i * Tk + j] = static_cast<int32_t>((j - i + 8) % NB);
+  }
+  Vec table = random_vec(NB * H, rng);
+  Vec bias(H * Tq * Tk, std::numeric_limits<float>::quiet_NaN());
+  be->position_bias_forward(f32(bias), f32(table), i32(buckets), H, Tq, Tk);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t ij = 0; ij < Tq * Tk; ++ij) {
+      ASSERT_EQ(bias[h * Tq * Tk + ij], table[buckets[ij] * H + h]);
+    }
+  }
+  const Vec Rw = random_vec(H * Tq * Tk, rng);
+  auto loss = [&] {
+    Vec b(H * Tq * Tk);
+    be->position_bias_forward(f32(b), f32(table), i32(buckets), H, Tq, Tk);
+    return dot(b, Rw);
+  };
+  Vec dtable(NB * H, -1.0f);
+  be->position_bias_backward(f32(dtable), f32(Rw), i32(buckets), H, Tq, Tk);
+  for (auto& g : dtable) g += 1.0f;
+  EXPECT_LT(rel_err(dtable, numeric_grad(table, loss, 1e-2f)), 2e-5);
+  // each entry is the sum of dbias over the positions of its bucket
+  for (int64_t nb = 0; nb < NB; ++nb) {
+    for (int64_t h = 0; h < H; ++h) {
+      double s = 0.0;
+      for (int64_t ij = 0; ij < Tq * Tk; ++ij) {
+        if (buckets[ij] == nb) s += Rw[h * Tq * Tk + ij];
+      }
+      EXPECT_NEAR(dtable[nb * H + h], s, 1e-5);
+    }
+  }
+  Tokens bad = buckets;
+  bad[7] = NB;
+  EXPECT_THROW(be->position_bias_forward(f32(bias), f32(table), i32(bad), H, Tq, Tk), Error);
+  EXPECT_THROW(be->position_bias_backward(f32(dtable), f32(Rw), i32(bad), H, Tq, Tk), Error);
+}
+
+// Naive general multi-head attention in double (backend.hpp's mha_forward). bias and mask
+// may be empty. Returns out [B,Tq,H*D] and att [B,H,Tq,Tk].
+struct MhaShape {
+  int64_t B, Tq, Tk, H, D;
+  float scale;
+  bool causal;
+};
+void mha_ref(const MhaShape& s, const Vec& q, const Vec& k, const Vec& v, const Vec& bias,
+             const Tokens& mask, std::vector<double>& out, std::vector<double>& att) {
+  const int64_t HD = s.H * s.D;
+  out.assign(s.B * s.Tq * HD, 0.0);
+  att.assign(s.B * s.H * s.Tq * s.Tk, 0.0);
+  for (int64_t b = 0; b < s.B; ++b) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      for (int64_t i = 0; i < s.Tq; ++i) {
+        std::vector<double> sc(s.Tk);
+        std::vector<bool> on(s.Tk);
+        double mx = -1e300;
+        for (int64_t j = 0; j < s.Tk; ++j) {
+          on[j] = !(s.causal && j > i) && (mask.empty() || mask[b * s.Tk + j] != 0);
+          if (!on[j]) continue;
+          double d = 0.0;
+          for (int64_t e = 0; e < s.D; ++e) {
+            d += static_cast<double>(q[(b * s.Tq + i) * HD + h * s.D + e]) *
+                 k[(b * s.Tk + j) * HD + h * s.D + e];
+          }
+          sc[j] = s.scale * d + (bias.empty() ? 0.0 : bias[(h * s.Tq + i) * s.Tk + j]);
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < s.Tk; ++j) {
+          if (on[j]) sum += (sc[j] = std::exp(sc[j] - mx));
+        }
+        for (int64_t j = 0; j < s.Tk; ++j) {
+          if (!on[j]) continue;
+          const double p = sc[j] / sum;
+          att[((b * s.H + h) * s.Tq + i) * s.Tk + j] = p;
+          for (int64_t e = 0; e < s.D; ++e) {
+            out[(b * s.Tq + i) * HD + h * s.D + e] += p * v[(b * s.Tk + j) * HD + h * s.D + e];
+          }
+        }
+      }
+    }
+  }
+}
+
+struct MhaCase {
+  MhaShape s;
+  bool with_bias, with_mask;
+};
+
+// Forward against mha_ref; masked probabilities exactly 0; finite-difference check of dq, dk,
+// dv and dbias (dbias accumulates into a pre-filled buffer).
+void check_mha(Backend& be, std::mt19937& rng, const MhaCase& c) {
+  const MhaShape& s = c.s;
+  const int64_t HD = s.H * s.D, nq = s.B * s.Tq * HD, nk = s.B * s.Tk * HD;
+  const int64_t na = s.B * s.H * s.Tq * s.Tk, nb = s.H * s.Tq * s.Tk;
+  Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
+      v = random_vec(nk, rng);
+  Vec bias = c.with_bias ? random_vec(nb, rng, -2.0f, 2.0f) : Vec{};
+  Tokens mask;
+  if (c.with_mask) {
+    mask.assign(s.B * s.Tk, 1);
+    for (int64_t b = 0; b < s.B; ++b) {  // batch b pads its last b+1 keys
+      for (int64_t j = std::max<int64_t>(0, s.Tk - 1 - b); j < s.Tk; ++j) mask[b * s.Tk + j] = 0;
+    }
+  }
+  const TensorView bias_v = c.with_bias ? f32(bias) : TensorView{};
+  const TensorView mask_v = c.with_mask ? i32(mask) : TensorView{};
+  Vec out(nq, std::numeric_limits<float>::quiet_NaN()), att(na, std::numeric_limits<float>::quiet_NaN());
+  be.mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), bias_v, mask_v, s.B, s.Tq, s.Tk, s.H,
+                 s.D, s.scale, s.causal);
+  std::vector<double> out_ref, att_ref;
+  mha_ref(s, q, k, v, bias, mask, out_ref, att_ref);
+  for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], out_ref[i], 3e-6) << i;
+  for (int64_t i = 0; i < na; ++i) {
+    ASSERT_NEAR(att[i], att_ref[i], 3e-6) << i;
+    if (att_ref[i] == 0.0) ASSERT_EQ(bits(att[i]), 0u) << "masked probability " << i;
+  }
+  const Vec Rw = random_vec(nq, rng);
+  auto single = make_cpu_backend(1);
+  auto loss = [&] {
+    Vec o(nq), a(na);
+    single->mha_forward(f32(o), f32(a), f32(q), f32(k), f32(v), c.with_bias ? f32(bias) : TensorView{},
+                        mask_v, s.B, s.Tq, s.Tk, s.H, s.D, s.scale, s.causal);
+    return dot(o, Rw);
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Vec dq(nq, nan), dk(nk, nan), dv(nk, nan), scratch(na, nan);
+  Vec dbias(nb, 0.75f);
+  be.mha_backward(f32(dq), f32(dk), f32(dv), c.with_bias ? f32(dbias) : TensorView{}, f32(scratch),
+                  f32(Rw), f32(q), f32(k), f32(v), f32(att), s.B, s.Tq, s.Tk, s.H, s.D, s.scale);
+  const std::string what = "B=" + std::to_string(s.B) + " Tq=" + std::to_string(s.Tq) +
+                           " Tk=" + std::to_string(s.Tk) + " H=" + std::to_string(s.H) +
+                           " D=" + std::to_string(s.D) + " causal=" + std::to_string(s.causal);
+  EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4) << "dq " << what;
+  EXPECT_LT(rel_err(dk, numeric_grad(k, loss, 1e-2f)), 5e-4) << "dk " << what;
+  EXPECT_LT(rel_err(dv, numeric_grad(v, loss, 1e-2f)), 5e-4) << "dv " << what;
+  if (c.with_bias) {
+    for (auto& g : dbias) g -= 0.75f;
+    EXPECT_LT(rel_err(dbias, numeric_grad(bias, loss, 1e-2f)), 5e-4) << "dbias " << what;
+  }
+  // padded keys get exactly zero gradients
+  if (c.with_mask) {
+    for (int64_t b = 0; b < s.B; ++b) {
+      for (int64_t j = 0; j < s.Tk; ++j) {
+        if (mask[b * s.Tk + j] != 0) continue;
+        for (int64_t e = 0; e < HD; ++e) {
+          ASSERT_EQ(dk[(b * s.Tk + j) * HD + e], 0.0f);
+          ASSERT_EQ(dv[(b * s.Tk + j) * HD + e], 0.0f);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Kernels, MhaSelfAttentionNoBiasNoMask) {
+  check_mha(*be, rng, {{2, 5, 5, 2, 4, 0.5f, false}, false, false});
+}
+TEST_F(Kernels, MhaCausalWithBiasScaleOne) {  // T5 decoder self-attention: scale 1, bias
+  check_mha(*be, rng, {{2, 6, 6, 3, 5, 1.0f, true}, true, false});
+}
+TEST_F(Kernels, MhaCrossAttentionMaskedTqNeTk) {  // T5 encoder-decoder attention
+  check_mha(*be, rng, {{3, 4, 7, 2, 3, 1.0f, false}, false, true});
+}
+TEST_F(Kernels, MhaEncoderBiasAndMask) {
+  check_mha(*be, rng, {{2, 5, 5, 2, 6, 1.0f, false}, true, true});
+}
+TEST_F(Kernels, MhaCausalTqNeTkBiasMask) {  // j > i masked with Tq != Tk
+  check_mha(*be, rng, {{2, 6, 4, 2, 3, 0.7f, true}, true, true});
+}
+TEST_F(Kernels, MhaLargerForwardThreaded) {
+  const MhaShape s{4, 70, 90, 4, 32, 1.0f, false};
+  const int64_t HD = s.H * s.D;
+  const Vec q = random_vec(s.B * s.Tq * HD, rng), k = random_vec(s.B * s.Tk * HD, rng),
+            v = random_vec(s.B * s.Tk * HD, rng), bias = random_vec(s.H * s.Tq * s.Tk, rng);
+  Tokens mask(s.B * s.Tk, 1);
+  for (int64_t j = 50; j < s.Tk; ++j) mask[2 * s.Tk + j] = 0;
+  Vec out(s.B * s.Tq * HD), att(s.B * s.H * s.Tq * s.Tk);
+  be->mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
+                  s.Tk, s.H, s.D, s.scale, s.causal);
+  std::vector<double> out_ref, att_ref;
+  mha_ref(s, q, k, v, bias, mask, out_ref, att_ref);
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], 5e-6) << i;
+  for (std::size_t i = 0; i < att.size(); ++i) ASSERT_NEAR(att[i], att_ref[i], 5e-6) << i;
+  // same results on one thread, bit for bit (forward and backward)
+  auto one = make_cpu_backend(1);
+  Vec out1(out.size()), att1(att.size());
+  one->mha_forward(f32(out1), f32(att1), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
+                   s.Tk, s.H, s.D, s.scale, s.causal);
+  EXPECT_EQ(out1, out);
+  EXPECT_EQ(att1, att);
+  const Vec dout = random_vec(out.size(), rng);
+  Vec g[2][4];
+  Backend* bes[2] = {be.get(), one.get()};
+  for (int r = 0; r < 2; ++r) {
+    g[r][0].assign(q.size(), 0.0f);
+    g[r][1].assign(k.size(), 0.0f);
+    g[r][2].assign(v.size(), 0.0f);
+    g[r][3].assign(bias.size(), 0.0f);
+    Vec scratch(att.size());
+    bes[r]->mha_backward(f32(g[r][0]), f32(g[r][1]), f32(g[r][2]), f32(g[r][3]), f32(scratch),
+                         f32(dout), f32(q), f32(k), f32(v), f32(att), s.B, s.Tq, s.Tk, s.H, s.D,
+                         s.scale);
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(g[0][i], g[1][i]) << "gradient " << i;
+}
+
+TEST_F(Kernels, MhaPaddedKeysDoNotMatterAndFullyMaskedRowIsZero) {
+  const MhaShape s{2, 3, 5, 2, 4, 1.0f, false};
+  const int64_t HD = s.H * s.D, nq = s.B * s.Tq * HD, nk = s.B * s.Tk * HD;
+  const int64_t na = s.B * s.H * s.Tq * s.Tk;
+  const Vec q = random_vec(nq, rng);
+  Vec k = random_vec(nk, rng), v = random_vec(nk, rng);
+  const Vec bias = random_vec(s.H * s.Tq * s.Tk, rng);
+  // batch 0: keys 3, 4 padded; batch 1: every key padded
+  Tokens mask = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
+  Vec out1(nq), att1(na), out2(nq), att2(na);
+  be->mha_forward(f32(out1), f32(att1), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
+                  s.Tk, s.H, s.D, s.scale, s.causal);
+  // other (finite, large) values in the padded keys and values: identical results
+  for (int64_t j : {3, 4}) {
+    for (int64_t e = 0; e < HD; ++e) {
+      k[j * HD + e] = 1e3f * (e + 1);
+      v[j * HD + e] = -7e2f;
+    }
+  }
+  for (int64_t i = s.Tk * HD; i < nk; ++i) k[i] = v[i] = 50.0f;
+  be->mha_forward(f32(out2), f32(att2), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
+                  s.Tk, s.H, s.D, s.scale, s.causal);
+  EXPECT_EQ(out1, out2);
+  EXPECT_EQ(att1, att2);
+  for (int64_t h = 0; h < s.H; ++h) {
+    for (int64_t i = 0; i < s.Tq; ++i) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < s.Tk; ++j) {
+        const float p = att1[(h * s.Tq + i) * s.Tk + j];
+        if (j >= 3) EXPECT_EQ(bits(p), 0u);
+        sum += p;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-6);
+    }
+  }
+  // batch 1: all-zero probabilities and output, and zero gradients
+  for (int64_t i = s.H * s.Tq * s.Tk; i < na; ++i) ASSERT_EQ(bits(att1[i]), 0u);
+  for (int64_t i = s.Tq * HD; i < nq; ++i) ASSERT_EQ(out1[i], 0.0f);
+  const Vec dout = random_vec(nq, rng);
+  Vec dq(nq), dk(nk), dv(nk), dbias(s.H * s.Tq * s.Tk, 0.0f), scratch(na);
+  be->mha_backward(f32(dq), f32(dk), f32(dv), f32(dbias), f32(scratch), f32(dout), f32(q), f32(k),
+                   f32(v), f32(att1), s.B, s.Tq, s.Tk, s.H, s.D, s.scale);
+  for (int64_t i = s.Tq * HD; i < nq; ++i) ASSERT_EQ(dq[i], 0.0f);
+  for (int64_t i = s.Tk * HD; i < nk; ++i) ASSERT_EQ(dk[i] + dv[i], 0.0f);
+  // dbias of padded positions is 0 (batch 1 contributes nothing)
+  for (int64_t h = 0; h < s.H; ++h) {
+    for (int64_t i = 0; i < s.Tq; ++i) {
+      for (int64_t j = 3; j < s.Tk; ++j) EXPECT_EQ(dbias[(h * s.Tq + i) * s.Tk + j], 0.0f);
+    }
+  }
+}
+
+TEST_F(Kernels, MhaCausalRowZeroSeesOnlyKeyZeroAndScaleMatters) {
+  const MhaShape s{1, 3, 3, 1, 2, 1.0f, true};
+  const Vec q = {1, 2, 3, 4, 5, 6}, k = {0.5f, -1, 2, 0.25f, -0.5f, 1}, v = {1, 2, 3, 4, 5, 6};
+  Vec out(6), att(9);
+  be->mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), TensorView{}, TensorView{}, 1, 3, 3,
+                  1, 2, 1.0f, true);
+  EXPECT_EQ(att[0], 1.0f);  // row 0: only key 0
+  EXPECT_EQ(att[1], 0.0f);
+  EXPECT_EQ(att[2], 0.0f);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 2.0f);
+  // row 1 by hand: s = [q1.k0, q1.k1] * scale, scale 1 (T5) vs 1/sqrt(2)
+  for (float sc : {1.0f, 0.70710678f}) {
+    be->mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), TensorView{}, TensorView{}, 1, 3,
+                    3, 1, 2, sc, true);
+    const double s0 = sc * (3 * 0.5 + 4 * -1.0), s1 = sc * (3 * 2.0 + 4 * 0.25);
+    const double p0 = 1.0 / (1.0 + std::exp(s1 - s0));
+    EXPECT_NEAR(att[3], p0, 1e-6) << sc;
+    EXPECT_NEAR(att[4], 1.0 - p0, 1e-6) << sc;
+    EXPECT_EQ(att[5], 0.0f);
+    EXPECT_NEAR(out[2], p0 * 1 + (1 - p0) * 3, 1e-5) << sc;
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1059,6 +1464,207 @@ TEST_F(Kernels, StoreContractCrossEntropy) {
   }
 }
 
+TEST_F(Kernels, StoreContractT5Kernels) {
+  for (DType dt : k16) {
+    // embedding lookup (threaded column chunks: N * C >= 2^15)
+    {
+      const int64_t N = 400, C = 96, V = 50;
+      Tokens tokens(N);
+      for (int64_t i = 0; i < N; ++i) tokens[i] = static_cast<int32_t>((i * 7) % V);
+      const Vec table = rounded(random_vec(V * C, rng), dt), dout = rounded(random_vec(N * C, rng), dt);
+      const Vec dt0 = rounded(random_vec(V * C, rng), dt);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store t(st, table), o(st, Vec(N * C, 0.0f)), d(st, dout), g(st, dt0);
+            be->embedding_lookup_forward(o.view(), i32(tokens), t.view(), N, C);
+            be->embedding_lookup_backward(g.view(), d.view(), i32(tokens), N, C);
+            return Outputs{{o.values(), g.values()}, {}, {}};
+          },
+          "embedding_lookup");
+    }
+    // RMSNorm
+    for (int64_t R : {int64_t{10}, int64_t{512}}) {
+      const int64_t C = 96;
+      const Vec x = rounded(random_vec(R * C, rng, -3.0f, 5.0f), dt), w = rounded(random_vec(C, rng), dt);
+      const Vec dout = rounded(random_vec(R * C, rng), dt), dx0 = rounded(random_vec(R * C, rng), dt);
+      const Vec dw0 = rounded(random_vec(C, rng), dt);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store sx(st, x), sw(st, w), o(st, Vec(R * C, 0.0f)), d(st, dout), dx(st, dx0), dw(st, dw0);
+            Vec rstd(R);
+            be->rmsnorm_forward(o.view(), f32(rstd), sx.view(), sw.view(), R, C, 1e-6f);
+            be->rmsnorm_backward(dx.view(), dw.view(), d.view(), sx.view(), sw.view(), f32(rstd), R, C);
+            return Outputs{{o.values(), dx.values(), dw.values()}, {rstd}, {}};
+          },
+          "rmsnorm R=" + std::to_string(R));
+    }
+    // ReLU, mul (with aliasing)
+    for (int64_t n : {int64_t{13}, int64_t{70001}}) {
+      const Vec a = rounded(random_vec(n, rng, -2.0f, 2.0f), dt), b = rounded(random_vec(n, rng), dt);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store x(st, a), y(st, b), o(st, Vec(n, 1.0f)), dx(st, Vec(n, 1.0f)), d2(st, b),
+                m(st, Vec(n, 1.0f)), ma(st, a);
+            be->relu_forward(o.view(), x.view());
+            be->relu_backward(dx.view(), x.view(), y.view());
+            be->relu_backward(d2.view(), x.view(), d2.view());
+            be->mul(m.view(), x.view(), y.view());
+            be->mul(ma.view(), ma.view(), y.view());
+            return Outputs{{o.values(), dx.values(), d2.values(), m.values(), ma.values()}, {}, {}};
+          },
+          "relu/mul n=" + std::to_string(n));
+    }
+    // position bias: 16-bit table, fp32 bias
+    {
+      const int64_t NB = 32, H = 4, Tq = 20, Tk = 30;
+      Tokens buckets(Tq * Tk);
+      for (int64_t i = 0; i < Tq * Tk; ++i) buckets[i] = static_cast<int32_t>((i * 5) % NB);
+      const Vec table = rounded(random_vec(NB * H, rng), dt), dt0 = rounded(random_vec(NB * H, rng), dt);
+      const Vec dbias = random_vec(H * Tq * Tk, rng);
+      expect_store_contract(
+          dt,
+          [&](DType st) {
+            Store t(st, table), g(st, dt0);
+            Vec bias(H * Tq * Tk);
+            be->position_bias_forward(f32(bias), t.view(), i32(buckets), H, Tq, Tk);
+            be->position_bias_backward(g.view(), f32(dbias), i32(buckets), H, Tq, Tk);
+            return Outputs{{g.values()}, {bias}, {}};
+          },
+          "position_bias");
+    }
+    // mha with bias, mask, causal
+    {
+      const int64_t B = 2, Tq = 9, Tk = 11, H = 2, D = 5, HD = H * D;
+      const int64_t nq = B * Tq * HD, nk = B * Tk * HD, na = B * H * Tq * Tk;
+      const Vec q = rounded(random_vec(nq, rng, -1.5f, 1.5f), dt), k = rounded(random_vec(nk, rng), dt),
+                v = rounded(random_vec(nk, rng), dt), dout = rounded(random_vec(nq, rng), dt);
+      const Vec bias = random_vec(H * Tq * Tk, rng);
+      Tokens mask(B * Tk, 1);
+      mask[Tk + 9] = mask[Tk + 10] = 0;
+      for (bool causal : {false, true}) {
+        Vec att(na), out(nq);
+        be->mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), f32(bias), i32(mask), B, Tq, Tk,
+                        H, D, 1.0f, causal);
+        att = rounded(att, dt);
+        expect_store_contract(
+            dt,
+            [&](DType st) {
+              Store sq(st, q), sk(st, k), sv(st, v), o(st, Vec(nq, 0.0f)), a(st, Vec(na, 0.0f)),
+                  d(st, dout), a_in(st, att), dq(st, Vec(nq, 0.0f)), dk(st, Vec(nk, 0.0f)),
+                  dv(st, Vec(nk, 0.0f));
+              Vec scratch(na), dbias(H * Tq * Tk, 0.5f);
+              be->mha_forward(o.view(), a.view(), sq.view(), sk.view(), sv.view(), f32(bias),
+                              i32(mask), B, Tq, Tk, H, D, 1.0f, causal);
+              be->mha_backward(dq.view(), dk.view(), dv.view(), f32(dbias), f32(scratch), d.view(),
+                               sq.view(), sk.view(), sv.view(), a_in.view(), B, Tq, Tk, H, D, 1.0f);
+              return Outputs{{o.values(), a.values(), dq.values(), dk.values(), dv.values()},
+                             {dbias},
+                             {}};
+            },
+            std::string("mha causal=") + (causal ? "1" : "0"));
+      }
+    }
+  }
+}
+
+TEST_F(Kernels, MhaBf16StorageWithinTolerance) {
+  // bf16 storage of q, k, v, out, att vs the fp32 kernel on the unrounded inputs. Inputs
+  // carry a relative rounding of 2^-9, the scores (|s| <~ 5) an absolute error ~2e-2, and
+  // the stored results another 2^-9: |bf16 - fp32| <= 3e-2 elementwise (values are O(1)).
+  const int64_t B = 2, Tq = 8, Tk = 10, H = 2, D = 6, HD = H * D;
+  const int64_t nq = B * Tq * HD, nk = B * Tk * HD, na = B * H * Tq * Tk;
+  const Vec q = random_vec(nq, rng), k = random_vec(nk, rng), v = random_vec(nk, rng);
+  const Vec bias = random_vec(H * Tq * Tk, rng), dout = random_vec(nq, rng);
+  Tokens mask(B * Tk, 1);
+  mask[Tk + 8] = mask[Tk + 9] = 0;
+  Vec out(nq), att(na), dq(nq), dk(nk), dv(nk), scratch(na), db32(H * Tq * Tk, 0.0f);
+  be->mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), f32(bias), i32(mask), B, Tq, Tk, H, D,
+                  1.0f, true);
+  be->mha_backward(f32(dq), f32(dk), f32(dv), f32(db32), f32(scratch), f32(dout), f32(q), f32(k),
+                   f32(v), f32(att), B, Tq, Tk, H, D, 1.0f);
+  Store sq(DType::bf16, q), sk(DType::bf16, k), sv(DType::bf16, v), so(DType::bf16, Vec(nq)),
+      sa(DType::bf16, Vec(na)), sd(DType::bf16, dout), gq(DType::bf16, Vec(nq)),
+      gk(DType::bf16, Vec(nk)), gv(DType::bf16, Vec(nk));
+  Vec db16(H * Tq * Tk, 0.0f);
+  be->mha_forward(so.view(), sa.view(), sq.view(), sk.view(), sv.view(), f32(bias), i32(mask), B,
+                  Tq, Tk, H, D, 1.0f, true);
+  be->mha_backward(gq.view(), gk.view(), gv.view(), f32(db16), f32(scratch), sd.view(), sq.view(),
+                   sk.view(), sv.view(), sa.view(), B, Tq, Tk, H, D, 1.0f);
+  const std::pair<const char*, std::pair<Vec, Vec>> pairs[] = {
+      {"out", {out, so.values()}}, {"att", {att, sa.values()}}, {"dq", {dq, gq.values()}},
+      {"dk", {dk, gk.values()}},   {"dv", {dv, gv.values()}},   {"dbias", {db32, db16}}};
+  for (const auto& [name, p] : pairs) {
+    double worst = 0.0;
+    for (std::size_t i = 0; i < p.first.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(p.first[i] - p.second[i])));
+    }
+    EXPECT_LE(worst, 3e-2) << name;
+  }
+  const Vec a16 = sa.values();
+  for (int64_t i = 0; i < na; ++i) {
+    if (att[i] == 0.0f) ASSERT_EQ(a16[i], 0.0f) << "masked probability in bf16 " << i;
+  }
+}
+
+TEST_F(Kernels, CrossEntropyIgnoreIndexRows) {
+  const int64_t R = 6, V = 9;
+  const Vec logits = random_vec(R * V, rng, -3.0f, 3.0f);
+  const Tokens targets = {2, kIgnoreIndex, 0, 8, kIgnoreIndex, 4};
+  // reference: the loss and gradient of the kept rows alone
+  Vec kept;
+  Tokens kept_t;
+  for (int64_t r = 0; r < R; ++r) {
+    if (targets[r] == kIgnoreIndex) continue;
+    kept.insert(kept.end(), logits.begin() + r * V, logits.begin() + (r + 1) * V);
+    kept_t.push_back(targets[r]);
+  }
+  const int64_t Rk = static_cast<int64_t>(kept_t.size());
+  double ref = 0.0;
+  be->cross_entropy_forward_backward(f64(ref), f32(kept), i32(kept_t), Rk, V, 0.5f);
+  double ref_manual = 0.0;
+  for (int64_t r = 0; r < R; ++r) {
+    if (targets[r] == kIgnoreIndex) continue;
+    double mx = -1e300, s = 0.0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(logits[r * V + j]));
+    for (int64_t j = 0; j < V; ++j) s += std::exp(logits[r * V + j] - mx);
+    ref_manual += mx + std::log(s) - logits[r * V + targets[r]];
+  }
+  EXPECT_NEAR(ref, ref_manual, 1e-5 * ref_manual);
+  double loss = 0.0, loss_fwd = 0.0;
+  Vec g = logits;
+  be->cross_entropy_forward_backward(f64(loss), f32(g), i32(targets), R, V, 0.5f);
+  be->cross_entropy_forward(f64(loss_fwd), f32(logits), i32(targets), R, V);
+  EXPECT_EQ(bits(loss), bits(ref));
+  EXPECT_EQ(bits(loss_fwd), bits(ref));
+  int64_t k = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < V; ++j) {
+      if (targets[r] == kIgnoreIndex) {
+        ASSERT_EQ(bits(g[r * V + j]), 0u) << r;  // +0: a zero gradient row
+      } else {
+        ASSERT_EQ(g[r * V + j], kept[k * V + j]) << r;
+      }
+    }
+    if (targets[r] != kIgnoreIndex) ++k;
+  }
+  // every row ignored: zero loss, zero gradient; 16-bit storage too
+  const Tokens all_ignored(R, kIgnoreIndex);
+  Store x(DType::bf16, logits);
+  double l0 = 0.0;
+  be->cross_entropy_forward_backward(f64(l0), x.view(), i32(all_ignored), R, V, 1.0f);
+  EXPECT_EQ(l0, 0.0);
+  EXPECT_EQ(x.values(), Vec(R * V, 0.0f));
+  // other negative targets are still errors
+  Vec lg = logits;
+  double l1 = 0.0;
+  EXPECT_THROW(be->cross_entropy_forward(f64(l1), f32(lg), i32({0, -1, 0, 0, 0, 0}), R, V), Error);
+  EXPECT_THROW(be->cross_entropy_forward(f64(l1), f32(lg), i32({0, -101, 0, 0, 0, 0}), R, V), Error);
+}
+
+
 // ---------------------------------------------------------------------------------------
 // casts: bit patterns computed by hand
 
@@ -1415,6 +2021,69 @@ TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
       be->cross_entropy_forward_backward(f64(loss), logits.view(), i32({0, 5}), 2, 3, 1.0f), Error);
   EXPECT_EQ(logits.values(), Vec(6, 3.0f));
   EXPECT_EQ(loss, 0.0);
+}
+
+TEST_F(Kernels, T5KernelsRejectWrongDtypesAndSmallViews) {
+  Vec a(64, 0.5f), b(64, 0.5f), c(64, 0.5f);
+  std::vector<uint16_t> h(64, 0);
+  const TensorView bf(h.data(), DType::bf16, {64});
+  const Tokens tok(8, 0);
+  expect_arg_error([&] { be->embedding_lookup_forward(f32(a), f32(b), f32(c), 8, 8); },
+                   "embedding_lookup_forward", "tokens");
+  expect_arg_error([&] { be->embedding_lookup_forward(f32(a).slice(0, 63), i32(tok), f32(c), 8, 8); },
+                   "embedding_lookup_forward", "out");
+  expect_arg_error([&] { be->embedding_lookup_backward(f32(a), f32(b).slice(0, 9), i32(tok), 8, 8); },
+                   "embedding_lookup_backward", "dout");
+  expect_arg_error([&] { be->rmsnorm_forward(f32(a), bf.slice(0, 8), f32(b), f32(c), 8, 8, 1e-6f); },
+                   "rmsnorm_forward", "rstd");
+  expect_arg_error(
+      [&] { be->rmsnorm_backward(f32(a), f32(b).slice(0, 7), f32(c), f32(a), f32(b), f32(c), 8, 8); },
+      "rmsnorm_backward", "dweight");
+  expect_arg_error([&] { be->relu_forward(f32(a), f32(b).slice(0, 10)); }, "relu_forward", "x");
+  expect_arg_error([&] { be->relu_backward(f32(a), f32(b), i32(Tokens(64))); }, "relu_backward",
+                   "dout");
+  expect_arg_error([&] { be->mul(f32(a), f32(b), f32(c).slice(0, 3)); }, "mul", "b");
+  expect_arg_error([&] { be->position_bias_forward(bf, f32(b), i32(tok), 2, 2, 4); },
+                   "position_bias_forward", "bias");
+  expect_arg_error([&] { be->position_bias_backward(f32(a), f32(b), f32(c), 2, 2, 4); },
+                   "position_bias_backward", "buckets");
+  // B*Tq*H*D = 2*3*2*4 = 48; B*H*Tq*Tk = 36
+  expect_arg_error(
+      [&] {
+        be->mha_forward(f32(a), f32(b), f32(c).slice(0, 40), f32(c), f32(c), TensorView{},
+                        TensorView{}, 2, 3, 3, 2, 4, 1.0f, false);
+      },
+      "mha_forward", "q");
+  expect_arg_error(
+      [&] {
+        be->mha_forward(f32(a), f32(b), f32(c), f32(c), f32(c), bf, TensorView{}, 2, 3, 3, 2, 4,
+                        1.0f, false);
+      },
+      "mha_forward", "bias");
+  expect_arg_error(
+      [&] {
+        be->mha_forward(f32(a), f32(b), f32(c), f32(c), f32(c), TensorView{}, f32(a), 2, 3, 3, 2, 4,
+                        1.0f, false);
+      },
+      "mha_forward", "key_mask");
+  expect_arg_error(
+      [&] {
+        be->mha_forward(f32(a), f32(b), f32(c), f32(c), f32(c), TensorView{}, TensorView{}, 2, 3, 3,
+                        2, -4, 1.0f, false);
+      },
+      "mha_forward", "D");
+  expect_arg_error(
+      [&] {
+        be->mha_backward(f32(a), f32(b), f32(c), TensorView{}, bf, f32(a), f32(b), f32(c), f32(a),
+                         f32(b), 2, 3, 3, 2, 4, 1.0f);
+      },
+      "mha_backward", "scratch");
+  expect_arg_error(
+      [&] {
+        be->mha_backward(f32(a), f32(b), f32(c), f32(a).slice(0, 17), f32(b), f32(a), f32(b), f32(c),
+                         f32(a), f32(b), 2, 3, 3, 2, 4, 1.0f);
+      },
+      "mha_backward", "dbias");
 }
 
 // ---------------------------------------------------------------------------------------

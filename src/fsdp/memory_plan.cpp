@@ -69,6 +69,28 @@ class CountingBackend final : public Backend {
                                       int64_t, int64_t, float) override {}
   void cross_entropy_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
                              int64_t) override {}
+  void embedding_lookup_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                                int64_t) override {}
+  void embedding_lookup_backward(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                                 int64_t) override {}
+  void rmsnorm_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                       int64_t, int64_t, float) override {}
+  void rmsnorm_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                        const TensorView&, const TensorView&, int64_t, int64_t) override {}
+  void relu_forward(const TensorView&, const TensorView&) override {}
+  void relu_backward(const TensorView&, const TensorView&, const TensorView&) override {}
+  void mul(const TensorView&, const TensorView&, const TensorView&) override {}
+  void position_bias_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                             int64_t, int64_t) override {}
+  void position_bias_backward(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                              int64_t, int64_t) override {}
+  void mha_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                   const TensorView&, const TensorView&, const TensorView&, int64_t, int64_t,
+                   int64_t, int64_t, int64_t, float, bool) override {}
+  void mha_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                    const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                    const TensorView&, const TensorView&, int64_t, int64_t, int64_t, int64_t,
+                    int64_t, float) override {}
   void adamw_update(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                     float, float, float, float, float, int64_t) override {}
   void sgd_update(const TensorView&, const TensorView&, const TensorView&, float, float, float,

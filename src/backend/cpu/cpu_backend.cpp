@@ -254,6 +254,35 @@ class CpuBackend final : public Backend {
   void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
                              const TensorView& targets, int64_t R, int64_t V) override;
 
+  // ---- T5 pieces ----
+  void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
+                                const TensorView& table, int64_t N, int64_t C) override;
+  void embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
+                                 const TensorView& tokens, int64_t N, int64_t C) override;
+  void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                       const TensorView& weight, int64_t R, int64_t C, float eps) override;
+  void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
+                        const TensorView& x, const TensorView& weight, const TensorView& rstd,
+                        int64_t R, int64_t C) override;
+  void relu_forward(const TensorView& out, const TensorView& x) override;
+  void relu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
+  void mul(const TensorView& out, const TensorView& a, const TensorView& b) override;
+  void position_bias_forward(const TensorView& bias, const TensorView& table,
+                             const TensorView& buckets, int64_t H, int64_t Tq,
+                             int64_t Tk) override;
+  void position_bias_backward(const TensorView& dtable, const TensorView& dbias,
+                              const TensorView& buckets, int64_t H, int64_t Tq,
+                              int64_t Tk) override;
+  void mha_forward(const TensorView& out, const TensorView& att, const TensorView& q,
+                   const TensorView& k, const TensorView& v, const TensorView& bias,
+                   const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                   int64_t D, float scale, bool causal) override;
+  void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                    const TensorView& dbias, const TensorView& scratch, const TensorView& dout,
+                    const TensorView& q, const TensorView& k, const TensorView& v,
+                    const TensorView& att, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                    int64_t D, float scale) override;
+
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
@@ -264,8 +293,12 @@ class CpuBackend final : public Backend {
  private:
   F32In in(const TensorView& v, int64_t n) { return F32In(k_, scratch_, v, n); }
   F32Out out(const TensorView& v, int64_t n, bool load) { return F32Out(k_, scratch_, v, n, load); }
-  // tokens [n] int32 in [0, V) (no upper bound when V < 0).
-  void check_tokens(const char* kernel, const TensorView& tokens, int64_t n, int64_t V) const;
+  // tokens [n] int32 in [0, V) (no upper bound when V < 0); `rows_of` names the table.
+  void check_tokens(const char* kernel, const TensorView& tokens, int64_t n, int64_t V,
+                    const char* arg = "tokens", const char* rows_of = "wte") const;
+  // The shape checks of mha_forward/backward shared by both (q, k, v, out-like views).
+  void check_mha(const char* kernel, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                 int64_t D) const;
 
   CpuKernels k_;
   MemoryTracker memory_;  // before alloc_, which reports to it
@@ -436,14 +469,15 @@ void CpuBackend::unscale_and_check(const TensorView& x, float inv_scale,
 // transformer pieces
 
 void CpuBackend::check_tokens(const char* kernel, const TensorView& tokens, int64_t n,
-                              int64_t V) const {
-  Chk::need_dtype(kernel, "tokens", tokens, DType::i32, n);
+                              int64_t V, const char* arg, const char* rows_of) const {
+  Chk::need_dtype(kernel, arg, tokens, DType::i32, n);
   const int32_t* t = static_cast<const int32_t*>(tokens.data);
   for (int64_t i = 0; i < n; ++i) {
     if (t[i] < 0 || (V >= 0 && t[i] >= V)) {
-      Chk::error(kernel, "tokens",
+      Chk::error(kernel, arg,
                 "holds " + std::to_string(t[i]) + " at position " + std::to_string(i) +
-                    " (expected 0 <= token < " + std::to_string(V) + ", the rows of wte)");
+                    " (expected 0 <= value < " + std::to_string(V) + ", the rows of " + rows_of +
+                    ")");
     }
   }
 }
@@ -612,6 +646,198 @@ void CpuBackend::cross_entropy_forward(const TensorView& loss, const TensorView&
   Chk::need_dtype(k, "targets", targets, DType::i32, R);
   const F32In x = in(logits, R * V);
   l += k_.cross_entropy_forward(x, static_cast<const int32_t*>(targets.data), R, V);
+}
+
+// ---------------------------------------------------------------------------------------
+// T5 pieces
+
+void CpuBackend::embedding_lookup_forward(const TensorView& out_, const TensorView& tokens,
+                                          const TensorView& table, int64_t N, int64_t C) {
+  // tokens: [N] int32; table: [V,C]; out: [N,C]. V = table.numel() / C.
+  const char* k = "embedding_lookup_forward";
+  Chk::dim(k, "N", N);
+  Chk::dim(k, "C", C);
+  Chk::need_float(k, "table", table, 0);
+  const int64_t V = C > 0 ? table.numel() / C : -1;
+  check_tokens(k, tokens, N, V, "tokens", "table");
+  Chk::need_float(k, "out", out_, N * C);
+  const F32In e = in(table, std::max<int64_t>(V, 0) * C);
+  const F32Out o = out(out_, N * C, false);
+  k_.embedding_lookup_forward(o, static_cast<const int32_t*>(tokens.data), e, N, C);
+}
+
+void CpuBackend::embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
+                                           const TensorView& tokens, int64_t N, int64_t C) {
+  // dtable: [V,C] += scatter of dout: [N,C] by tokens: [N].
+  const char* k = "embedding_lookup_backward";
+  Chk::dim(k, "N", N);
+  Chk::dim(k, "C", C);
+  Chk::need_float(k, "dtable", dtable, 0);
+  const int64_t V = C > 0 ? dtable.numel() / C : -1;
+  check_tokens(k, tokens, N, V, "tokens", "dtable");
+  Chk::need_float(k, "dout", dout, N * C);
+  const F32In d = in(dout, N * C);
+  const F32Out g = out(dtable, std::max<int64_t>(V, 0) * C, true);
+  k_.embedding_lookup_backward(g, d, static_cast<const int32_t*>(tokens.data), N, C);
+}
+
+void CpuBackend::rmsnorm_forward(const TensorView& out_, const TensorView& rstd,
+                                 const TensorView& x, const TensorView& weight, int64_t R,
+                                 int64_t C, float eps) {
+  // x: [R,C]; weight: [C]; out: [R,C]; rstd: [R] fp32.
+  const char* k = "rmsnorm_forward";
+  Chk::dim(k, "R", R);
+  Chk::dim(k, "C", C);
+  Chk::need_float(k, "out", out_, R * C);
+  Chk::need_dtype(k, "rstd", rstd, DType::f32, R);
+  Chk::need_float(k, "x", x, R * C);
+  Chk::need_float(k, "weight", weight, C);
+  const F32In fx = in(x, R * C), w = in(weight, C);
+  const F32Out o = out(out_, R * C, false);
+  k_.rmsnorm_forward(o, static_cast<float*>(rstd.data), fx, w, R, C, eps);
+}
+
+void CpuBackend::rmsnorm_backward(const TensorView& dx, const TensorView& dweight,
+                                  const TensorView& dout, const TensorView& x,
+                                  const TensorView& weight, const TensorView& rstd, int64_t R,
+                                  int64_t C) {
+  // dx: [R,C] +=; dweight: [C] +=; dout, x: [R,C]; weight: [C]; rstd: [R] fp32.
+  const char* k = "rmsnorm_backward";
+  Chk::dim(k, "R", R);
+  Chk::dim(k, "C", C);
+  Chk::need_float(k, "dx", dx, R * C);
+  Chk::need_float(k, "dweight", dweight, C);
+  Chk::need_float(k, "dout", dout, R * C);
+  Chk::need_float(k, "x", x, R * C);
+  Chk::need_float(k, "weight", weight, C);
+  Chk::need_dtype(k, "rstd", rstd, DType::f32, R);
+  const F32In d = in(dout, R * C), fx = in(x, R * C), w = in(weight, C);
+  const F32Out g = out(dx, R * C, true), gw = out(dweight, C, true);
+  k_.rmsnorm_backward(g, gw, d, fx, w, static_cast<const float*>(rstd.data), R, C);
+}
+
+void CpuBackend::relu_forward(const TensorView& out_, const TensorView& x) {
+  // out[n] = max(x[n], 0), n = out.numel()
+  const int64_t n = out_.numel();
+  Chk::need_float("relu_forward", "out", out_, n);
+  Chk::need_float("relu_forward", "x", x, n);
+  const F32In fx = in(x, n);
+  const F32Out o = out(out_, n, false);
+  k_.relu_forward(o, fx, n);
+}
+
+void CpuBackend::relu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) {
+  // dx[n] = x[n] > 0 ? dout[n] : 0, n = dx.numel() (dx may alias dout)
+  const int64_t n = dx.numel();
+  Chk::need_float("relu_backward", "dx", dx, n);
+  Chk::need_float("relu_backward", "x", x, n);
+  Chk::need_float("relu_backward", "dout", dout, n);
+  const F32In fx = in(x, n), d = in(dout, n);
+  const F32Out g = out(dx, n, false);
+  k_.relu_backward(g, fx, d, n);
+}
+
+void CpuBackend::mul(const TensorView& out_, const TensorView& a, const TensorView& b) {
+  // out[n] = a[n] * b[n], n = out.numel() (out may alias a or b)
+  const int64_t n = out_.numel();
+  Chk::need_float("mul", "out", out_, n);
+  Chk::need_float("mul", "a", a, n);
+  Chk::need_float("mul", "b", b, n);
+  const F32In fa = in(a, n), fb = in(b, n);
+  const F32Out o = out(out_, n, false);
+  k_.mul(o, fa, fb, n);
+}
+
+void CpuBackend::position_bias_forward(const TensorView& bias, const TensorView& table,
+                                       const TensorView& buckets, int64_t H, int64_t Tq,
+                                       int64_t Tk) {
+  // table: [NB,H]; buckets: [Tq,Tk] int32 in [0,NB); bias: [H,Tq,Tk] fp32. NB = numel / H.
+  const char* k = "position_bias_forward";
+  Chk::dim(k, "H", H);
+  Chk::dim(k, "Tq", Tq);
+  Chk::dim(k, "Tk", Tk);
+  Chk::need_float(k, "table", table, 0);
+  const int64_t NB = H > 0 ? table.numel() / H : -1;
+  check_tokens(k, buckets, Tq * Tk, NB, "buckets", "table");
+  Chk::need_dtype(k, "bias", bias, DType::f32, H * Tq * Tk);
+  const F32In t = in(table, std::max<int64_t>(NB, 0) * H);
+  k_.position_bias_forward(static_cast<float*>(bias.data), t,
+                           static_cast<const int32_t*>(buckets.data), H, Tq, Tk);
+}
+
+void CpuBackend::position_bias_backward(const TensorView& dtable, const TensorView& dbias,
+                                        const TensorView& buckets, int64_t H, int64_t Tq,
+                                        int64_t Tk) {
+  // dtable: [NB,H] +=; dbias: [H,Tq,Tk] fp32; buckets: [Tq,Tk] int32 in [0,NB).
+  const char* k = "position_bias_backward";
+  Chk::dim(k, "H", H);
+  Chk::dim(k, "Tq", Tq);
+  Chk::dim(k, "Tk", Tk);
+  Chk::need_float(k, "dtable", dtable, 0);
+  const int64_t NB = H > 0 ? dtable.numel() / H : -1;
+  check_tokens(k, buckets, Tq * Tk, NB, "buckets", "dtable");
+  Chk::need_dtype(k, "dbias", dbias, DType::f32, H * Tq * Tk);
+  const int64_t nb = std::max<int64_t>(NB, 0);
+  const F32Out g = out(dtable, nb * H, true);
+  k_.position_bias_backward(g, static_cast<const float*>(dbias.data),
+                            static_cast<const int32_t*>(buckets.data), nb, H, Tq, Tk);
+}
+
+void CpuBackend::check_mha(const char* k, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                           int64_t D) const {
+  Chk::dim(k, "B", B);
+  Chk::dim(k, "Tq", Tq);
+  Chk::dim(k, "Tk", Tk);
+  Chk::dim(k, "H", H);
+  Chk::dim(k, "D", D);
+}
+
+void CpuBackend::mha_forward(const TensorView& out_, const TensorView& att, const TensorView& q,
+                             const TensorView& k, const TensorView& v, const TensorView& bias,
+                             const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
+                             int64_t H, int64_t D, float scale, bool causal) {
+  // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; bias: [H,Tq,Tk] fp32 or none; key_mask: [B,Tk] int32 or
+  // none; out: [B,Tq,H*D]; att: [B,H,Tq,Tk].
+  const char* kn = "mha_forward";
+  check_mha(kn, B, Tq, Tk, H, D);
+  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
+  Chk::need_float(kn, "out", out_, nq);
+  Chk::need_float(kn, "att", att, na);
+  Chk::need_float(kn, "q", q, nq);
+  Chk::need_float(kn, "k", k, nk);
+  Chk::need_float(kn, "v", v, nk);
+  if (bias) Chk::need_dtype(kn, "bias", bias, DType::f32, H * Tq * Tk);
+  if (key_mask) Chk::need_dtype(kn, "key_mask", key_mask, DType::i32, B * Tk);
+  const F32In fq = in(q, nq), fk = in(k, nk), fv = in(v, nk);
+  const F32Out o = out(out_, nq, false), a = out(att, na, false);
+  k_.mha_forward(o, a, fq, fk, fv, static_cast<const float*>(bias.data),
+                 static_cast<const int32_t*>(key_mask.data), B, Tq, Tk, H, D, scale, causal);
+}
+
+void CpuBackend::mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                              const TensorView& dbias, const TensorView& scratch,
+                              const TensorView& dout, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& att, int64_t B, int64_t Tq,
+                              int64_t Tk, int64_t H, int64_t D, float scale) {
+  // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq,Tk] fp32 += or none; scratch:
+  // [B,H,Tq,Tk] fp32; dout: [B,Tq,H*D]; q, k, v, att as in forward.
+  const char* kn = "mha_backward";
+  check_mha(kn, B, Tq, Tk, H, D);
+  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
+  Chk::need_float(kn, "dq", dq, nq);
+  Chk::need_float(kn, "dk", dk, nk);
+  Chk::need_float(kn, "dv", dv, nk);
+  if (dbias) Chk::need_dtype(kn, "dbias", dbias, DType::f32, H * Tq * Tk);
+  Chk::need_dtype(kn, "scratch", scratch, DType::f32, na);
+  Chk::need_float(kn, "dout", dout, nq);
+  Chk::need_float(kn, "q", q, nq);
+  Chk::need_float(kn, "k", k, nk);
+  Chk::need_float(kn, "v", v, nk);
+  Chk::need_float(kn, "att", att, na);
+  const F32In d = in(dout, nq), fq = in(q, nq), fk = in(k, nk), fv = in(v, nk), a = in(att, na);
+  const F32Out gq = out(dq, nq, false), gk = out(dk, nk, false), gv = out(dv, nk, false);
+  k_.mha_backward(gq, gk, gv, static_cast<float*>(dbias.data), static_cast<float*>(scratch.data),
+                  d, fq, fk, fv, a, B, Tq, Tk, H, D, scale);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -569,15 +569,256 @@ void CpuKernels::attention_backward(float* dqkv, float* scratch, const float* do
 }
 
 // ---------------------------------------------------------------------------------------
+// T5 pieces
+
+void CpuKernels::embedding_lookup_forward(float* out, const int32_t* tokens, const float* table,
+                                          int64_t N, int64_t C) const {
+#pragma omp parallel for num_threads(threads_for(N * C, kParallelMinElems)) schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* e = table + static_cast<int64_t>(tokens[i]) * C;
+    std::memcpy(out + i * C, e, static_cast<std::size_t>(C) * sizeof(float));
+  }
+}
+
+void CpuKernels::embedding_lookup_backward(float* dtable, const float* dout,
+                                           const int32_t* tokens, int64_t N, int64_t C) const {
+  // As embedding_backward: column chunks per thread, rows in order.
+  for_column_chunks(C, N, [&](int64_t c0, int64_t c1) {
+    const int64_t w = c1 - c0;
+    for (int64_t i = 0; i < N; ++i) {
+      const float* d = dout + i * C + c0;
+      float* g = dtable + static_cast<int64_t>(tokens[i]) * C + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < w; ++c) g[c] += d[c];
+    }
+  });
+}
+
+// RMSNorm (HF T5LayerNorm): var = mean(x^2) (summed in double), rstd = 1/sqrt(var + eps),
+// out = weight * (x * rstd).
+void CpuKernels::rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight,
+                                 int64_t R, int64_t C, float eps) const {
+#pragma omp parallel for num_threads(threads_for(R * C, kParallelMinElems)) schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = x + r * C;
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < C; ++c) ss += static_cast<double>(xr[c]) * xr[c];
+    const double var = C > 0 ? ss / static_cast<double>(C) : 0.0;
+    const float rs = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+    float* o = out + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] = weight[c] * (xr[c] * rs);
+    rstd[r] = rs;
+  }
+}
+
+void CpuKernels::rmsnorm_backward(float* dx, float* dweight, const float* dout, const float* x,
+                                  const float* weight, const float* rstd, int64_t R,
+                                  int64_t C) const {
+  // xhat = x * rstd, dxhat = dout * weight: dx += rstd * (dxhat - xhat * mean(dxhat * xhat)).
+#pragma omp parallel for num_threads(threads_for(R * C, kParallelMinElems)) schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = x + r * C;
+    const float* dr = dout + r * C;
+    const float rs = rstd[r];
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; ++c) s += (dr[c] * weight[c]) * (xr[c] * rs);
+    const float m = s / static_cast<float>(C);
+    float* g = dx + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) g[c] += rs * (dr[c] * weight[c] - (xr[c] * rs) * m);
+  }
+  // dweight += sum_r dout * xhat: column chunks, rows in order.
+  for_column_chunks(C, R, [&](int64_t c0, int64_t c1) {
+    const int64_t w = c1 - c0;
+    std::vector<double> acc(static_cast<std::size_t>(w), 0.0);
+    double* a = acc.data();
+    for (int64_t r = 0; r < R; ++r) {
+      const float* xr = x + r * C + c0;
+      const float* dr = dout + r * C + c0;
+      const float rs = rstd[r];
+#pragma omp simd
+      for (int64_t c = 0; c < w; ++c) a[c] += dr[c] * (xr[c] * rs);
+    }
+    for (int64_t c = 0; c < w; ++c) dweight[c0 + c] += static_cast<float>(a[c]);
+  });
+}
+
+void CpuKernels::relu_forward(float* out, const float* x, int64_t n) const {
+#pragma omp parallel for simd num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void CpuKernels::relu_backward(float* dx, const float* x, const float* dout, int64_t n) const {
+#pragma omp parallel for simd num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+void CpuKernels::mul(float* out, const float* a, const float* b, int64_t n) const {
+#pragma omp parallel for simd num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+}
+
+void CpuKernels::position_bias_forward(float* bias, const float* table, const int32_t* buckets,
+                                       int64_t H, int64_t Tq, int64_t Tk) const {
+  const int64_t n = Tq * Tk;
+#pragma omp parallel for num_threads(threads_for(H * n, kParallelMinElems)) schedule(static)
+  for (int64_t h = 0; h < H; ++h) {
+    float* o = bias + h * n;
+    for (int64_t ij = 0; ij < n; ++ij) o[ij] = table[static_cast<int64_t>(buckets[ij]) * H + h];
+  }
+}
+
+void CpuKernels::position_bias_backward(float* dtable, const float* dbias, const int32_t* buckets,
+                                        int64_t NB, int64_t H, int64_t Tq, int64_t Tk) const {
+  // Per head (one thread each): every bucket's sum over (i, j) in row-major order, in
+  // double, added to dtable once. Independent of the thread count.
+  const int64_t n = Tq * Tk;
+#pragma omp parallel for num_threads(threads_for(H * n, kParallelMinElems)) schedule(static)
+  for (int64_t h = 0; h < H; ++h) {
+    std::vector<double> acc(static_cast<std::size_t>(NB), 0.0);
+    const float* d = dbias + h * n;
+    for (int64_t ij = 0; ij < n; ++ij) acc[static_cast<std::size_t>(buckets[ij])] += d[ij];
+    for (int64_t b = 0; b < NB; ++b) dtable[b * H + h] += static_cast<float>(acc[b]);
+  }
+}
+
+namespace {
+// C[M,N] (row stride ldc) = alpha op(A) op(B) on the calling thread; K == 0 gives zeros.
+void gemm_block(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t m = 0; m < M; ++m) std::fill(C + m * ldc, C + m * ldc + N, 0.0f);
+    return;
+  }
+  sgemm1(ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
+         static_cast<int>(lda), B, static_cast<int>(ldb), 0.0f, C, static_cast<int>(ldc));
+}
+void check_mha_shapes(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D) {
+  if (B < 0 || Tq < 0 || Tk < 0 || H < 0 || D < 0 || H * D > INT_MAX || Tq > INT_MAX ||
+      Tk > INT_MAX) {
+    throw Error("cpu backend: mha: bad shape B=" + std::to_string(B) + " Tq=" +
+                std::to_string(Tq) + " Tk=" + std::to_string(Tk) + " H=" + std::to_string(H) +
+                " D=" + std::to_string(D));
+  }
+}
+}  // namespace
+
+void CpuKernels::mha_forward(float* out, float* att, const float* q, const float* k,
+                             const float* v, const float* bias, const int32_t* key_mask,
+                             int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
+                             bool causal) const {
+  // Per (b, h): S = scale Q K^T (+ bias[h]); masked scores -inf; P = softmax over the
+  // unmasked keys (masked exactly 0, an all-masked row all 0); O = P V.
+  check_mha_shapes(B, Tq, Tk, H, D);
+  const int64_t HD = H * D, TT = Tq * Tk;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const int nt = threads_for(B * H * TT, 4096);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    const float* qh = q + b * Tq * HD + h * D;  // [Tq, D], row stride HD
+    const float* kh = k + b * Tk * HD + h * D;  // [Tk, D]
+    const float* vh = v + b * Tk * HD + h * D;
+    float* a = att + bh * TT;                    // [Tq, Tk]
+    float* o = out + b * Tq * HD + h * D;
+    const int32_t* km = key_mask ? key_mask + b * Tk : nullptr;
+    gemm_block(false, true, Tq, Tk, D, scale, qh, HD, kh, HD, a, Tk);
+    for (int64_t i = 0; i < Tq; ++i) {
+      float* row = a + i * Tk;
+      // Keys [0, len) may be unmasked (causal: j <= i).
+      const int64_t len = causal ? std::min(Tk, i + 1) : Tk;
+      if (bias) {
+        const float* br = bias + (h * Tq + i) * Tk;
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) row[j] += br[j];
+      }
+      if (km) {
+        for (int64_t j = 0; j < len; ++j) {
+          if (km[j] == 0) row[j] = ninf;
+        }
+      }
+      const float mx = row_max(row, len);
+      if (len == 0 || mx == ninf) {  // every key masked
+        std::fill(row, row + Tk, 0.0f);
+        continue;
+      }
+      double sum = exp_shift_inplace(row, len, mx);
+      if (km) {  // vexp(-inf) is tiny, not 0: zero the masked keys and re-sum
+        sum = 0.0;
+        for (int64_t j = 0; j < len; ++j) {
+          if (km[j] == 0) row[j] = 0.0f;
+          sum += row[j];
+        }
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) row[j] *= inv;
+      std::fill(row + len, row + Tk, 0.0f);
+    }
+    gemm_block(false, false, Tq, D, Tk, 1.0f, a, Tk, vh, HD, o, HD);
+  }
+}
+
+void CpuKernels::mha_backward(float* dq, float* dk, float* dv, float* dbias, float* scratch,
+                              const float* dout, const float* q, const float* k, const float* v,
+                              const float* att, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                              int64_t D, float scale) const {
+  // dV = P^T dO; dP = dO V^T; dS = P * (dP - rowsum(dP * P)) (0 where P is 0, i.e. masked);
+  // dQ = scale dS K; dK = scale dS^T Q; dbias[h] += sum over b of dS[b, h] (b in order).
+  check_mha_shapes(B, Tq, Tk, H, D);
+  const int64_t HD = H * D, TT = Tq * Tk;
+  const int nt = threads_for(B * H * TT, 4096);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    const float* qh = q + b * Tq * HD + h * D;
+    const float* kh = k + b * Tk * HD + h * D;
+    const float* vh = v + b * Tk * HD + h * D;
+    const float* dO = dout + b * Tq * HD + h * D;
+    float* dqh = dq + b * Tq * HD + h * D;
+    float* dkh = dk + b * Tk * HD + h * D;
+    float* dvh = dv + b * Tk * HD + h * D;
+    const float* p = att + bh * TT;
+    float* ds = scratch + bh * TT;
+    gemm_block(false, true, Tq, Tk, D, 1.0f, dO, HD, vh, HD, ds, Tk);
+    for (int64_t i = 0; i < Tq; ++i) {
+      float* dsr = ds + i * Tk;
+      const float* pr = p + i * Tk;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t j = 0; j < Tk; ++j) dot += dsr[j] * pr[j];
+#pragma omp simd
+      for (int64_t j = 0; j < Tk; ++j) dsr[j] = pr[j] * (dsr[j] - dot);
+    }
+    gemm_block(false, false, Tq, D, Tk, scale, ds, Tk, kh, HD, dqh, HD);
+    gemm_block(true, false, Tk, D, Tq, scale, ds, Tk, qh, HD, dkh, HD);
+    gemm_block(true, false, Tk, D, Tq, 1.0f, p, Tk, dO, HD, dvh, HD);
+  }
+  if (!dbias) return;
+  const int64_t n = H * TT;
+#pragma omp parallel for num_threads(threads_for(B * n, kParallelMinElems)) schedule(static)
+  for (int64_t e = 0; e < n; ++e) {
+    double s = 0.0;
+    for (int64_t b = 0; b < B; ++b) s += scratch[b * n + e];
+    dbias[e] += static_cast<float>(s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // cross-entropy
 
 namespace {
 void check_targets(const int32_t* targets, int64_t R, int64_t V) {
   for (int64_t r = 0; r < R; ++r) {
+    if (targets[r] == kIgnoreTarget) continue;
     if (targets[r] < 0 || targets[r] >= V) {
       throw Error("cpu backend: cross_entropy: target " + std::to_string(targets[r]) +
                   " at row " + std::to_string(r) + " (expected 0 <= target < " +
-                  std::to_string(V) + ")");
+                  std::to_string(V) + ", or " + std::to_string(kIgnoreTarget) + " to skip the row)");
     }
   }
 }
@@ -595,6 +836,11 @@ double CpuKernels::cross_entropy_forward_backward(float* logits, const int32_t* 
 #pragma omp parallel for num_threads(threads_for(R * V, kParallelMinElems)) schedule(static)
   for (int64_t r = 0; r < R; ++r) {
     float* x = logits + r * V;
+    if (targets[r] == kIgnoreTarget) {  // no loss, zero gradient row
+      row_loss[static_cast<std::size_t>(r)] = 0.0;
+      std::fill(x, x + V, 0.0f);
+      continue;
+    }
     const int64_t t = targets[r];
     const float xt = x[t];
     const float mx = row_max(x, V);
@@ -616,6 +862,10 @@ double CpuKernels::cross_entropy_forward(const float* logits, const int32_t* tar
 #pragma omp parallel for num_threads(threads_for(R * V, kParallelMinElems)) schedule(static)
   for (int64_t r = 0; r < R; ++r) {
     const float* x = logits + r * V;
+    if (targets[r] == kIgnoreTarget) {
+      row_loss[static_cast<std::size_t>(r)] = 0.0;
+      continue;
+    }
     const float mx = row_max(x, V);
     const double sum = exp_shift_sum(x, V, mx);
     row_loss[static_cast<std::size_t>(r)] =

@@ -18,6 +18,8 @@ namespace fsdp::cpu {
 // Element counts below which an elementwise loop stays on the calling thread (the fork/join
 // of an OpenMP region costs a few microseconds).
 inline constexpr int64_t kParallelMinElems = 1 << 15;
+// The cross-entropy target that skips its row (fsdp::kIgnoreIndex, torch's ignore_index).
+inline constexpr int32_t kIgnoreTarget = -100;
 
 class CpuKernels {
  public:
@@ -59,11 +61,44 @@ class CpuKernels {
                          int64_t H) const;
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, int64_t B, int64_t T, int64_t C, int64_t H) const;
-  // logits [R,V]; targets [R] (throw unless in [0,V)). Return the summed row losses.
+  // logits [R,V]; targets [R] (throw unless in [0,V) or kIgnoreTarget: such a row adds no
+  // loss and, with the gradient, becomes a zero row). Return the summed row losses.
   double cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t R, int64_t V,
                                         float grad_scale) const;
   double cross_entropy_forward(const float* logits, const int32_t* targets, int64_t R,
                                int64_t V) const;
+
+  // ---- T5 pieces ----
+  // tokens [N] (in range, checked by the caller); table [V,C]; out [N,C].
+  void embedding_lookup_forward(float* out, const int32_t* tokens, const float* table, int64_t N,
+                                int64_t C) const;
+  // dtable[tokens[n]] += dout[n], n ascending (column chunks per thread).
+  void embedding_lookup_backward(float* dtable, const float* dout, const int32_t* tokens,
+                                 int64_t N, int64_t C) const;
+  // x [R,C]; weight [C]; out [R,C]; rstd [R].
+  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight, int64_t R,
+                       int64_t C, float eps) const;
+  void rmsnorm_backward(float* dx, float* dweight, const float* dout, const float* x,
+                        const float* weight, const float* rstd, int64_t R, int64_t C) const;
+  void relu_forward(float* out, const float* x, int64_t n) const;
+  void relu_backward(float* dx, const float* x, const float* dout, int64_t n) const;
+  void mul(float* out, const float* a, const float* b, int64_t n) const;
+  // table [NB,H]; buckets [Tq,Tk] (in [0,NB), checked by the caller); bias [H,Tq,Tk].
+  void position_bias_forward(float* bias, const float* table, const int32_t* buckets, int64_t H,
+                             int64_t Tq, int64_t Tk) const;
+  void position_bias_backward(float* dtable, const float* dbias, const int32_t* buckets,
+                              int64_t NB, int64_t H, int64_t Tq, int64_t Tk) const;
+  // q [B,Tq,H*D]; k, v [B,Tk,H*D]; bias [H,Tq,Tk] or null; key_mask [B,Tk] or null;
+  // out [B,Tq,H*D]; att [B,H,Tq,Tk].
+  void mha_forward(float* out, float* att, const float* q, const float* k, const float* v,
+                   const float* bias, const int32_t* key_mask, int64_t B, int64_t Tq, int64_t Tk,
+                   int64_t H, int64_t D, float scale, bool causal) const;
+  // dq [B,Tq,H*D], dk, dv [B,Tk,H*D] written; dbias [H,Tq,Tk] accumulated (or null);
+  // scratch [B,H,Tq,Tk] (holds dS on return).
+  void mha_backward(float* dq, float* dk, float* dv, float* dbias, float* scratch,
+                    const float* dout, const float* q, const float* k, const float* v,
+                    const float* att, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
+                    float scale) const;
 
   // ---- optimizers (n elements each) ----
   void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
