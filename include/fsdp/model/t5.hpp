@@ -1,0 +1,205 @@
+// fsdp/model/t5.hpp: T5 encoder-decoder with the exact architecture of Hugging Face
+// T5ForConditionalGeneration (Raffel et al. 2020, "Exploring the Limits of Transfer Learning
+// with a Unified Text-to-Text Transformer"; transformers/models/t5/modeling_t5.py).
+//
+//  - `shared` token embedding [V, d_model] feeds both stacks (no position embedding).
+//  - Encoder and decoder stacks of T5Block. Every sub-layer is pre-norm: T5LayerNorm (RMSNorm:
+//    no mean, no bias, eps inside the sqrt), the sub-layer, then a residual add.
+//    Self-attention: q, k, v, o Linear without bias, inner = num_heads * d_kv, NO 1/sqrt(d_kv)
+//    scaling (Mesh TensorFlow's convention), plus a relative position bias. Encoder
+//    self-attention masks padded keys (input id 0); decoder self-attention is causal only (HF's
+//    behaviour when decoder_attention_mask is None). Decoder blocks add EncDecAttention (q from
+//    the decoder, k/v from the encoder's final normed output, padded encoder keys masked, no
+//    position bias). Feed-forward: relu (T5 v1.0: wo(relu(wi x))) or gated-gelu (T5 v1.1:
+//    wo(gelu_new(wi_0 x) * wi_1 x), gelu_new = tanh approximation).
+//  - Relative position bias: block 0 of each stack owns relative_attention_bias [NB, H] and
+//    computes bias[h,i,j] = table[bucket(j - i), h] once; later blocks reuse that activation
+//    (HF passes position_bias along), so the bias gradient of every block is summed and turned
+//    into block 0's table gradient in block 0's backward.
+//  - final_layer_norm on each stack. LM head: tied -> logits = (x * d_model^-0.5) @ shared^T;
+//    untied -> logits = x @ lm_head.weight^T (no scaling). Dropout is always off.
+//  - Decoder input: labels shifted right with decoder_start_token_id = pad = 0, kIgnoreIndex
+//    replaced by pad (HF T5PreTrainedModel._shift_right). Loss: cross-entropy summed over the
+//    labels != kIgnoreIndex.
+//
+// Explicit forward and backward per module, llm.c style, on fsdp::Backend kernels (no autograd).
+// Parameter names are HF's state-dict names; nn.Linear weights are stored [out, in] as HF does.
+// HF state dicts also hold encoder.embed_tokens.weight and decoder.embed_tokens.weight, aliases
+// of shared.weight: a merge writes only shared.weight (HF re-ties them on load), and a loader
+// may find any of the three names holding the same tensor.
+//
+// Initialisation: HF T5PreTrainedModel._init_weights with initializer_factor 1: shared and
+// untied lm_head N(0, 1); wi, wi_0, wi_1 N(0, d_model^-0.5); wo N(0, d_ff^-0.5);
+// q N(0, (d_model*d_kv)^-0.5); k, v N(0, d_model^-0.5); o N(0, (num_heads*d_kv)^-0.5);
+// relative_attention_bias N(0, d_model^-0.5); layer norms 1. No AdamW weight decay on layer
+// norms and embeddings (shared, relative_attention_bias), as for GPT-2.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "fsdp/backend/backend.hpp"
+#include "fsdp/data/batch.hpp"
+#include "fsdp/fsdp/module.hpp"
+#include "fsdp/model/model.hpp"
+
+namespace fsdp {
+
+// T5LayerFF's variant (HF T5Config.feed_forward_proj).
+enum class T5FeedForward {
+  relu,        // "relu": T5 v1.0 DenseReluDense (wi, wo)
+  gated_gelu,  // "gated-gelu": T5 v1.1 gated GELU (wi_0, wi_1, wo), gelu_new (tanh GELU)
+};
+// HF's spelling: "relu" | "gated-gelu".
+const char* to_string(T5FeedForward f);
+
+// Hugging Face T5Config fields (same names and meanings). Defaults: a tiny ByT5-vocabulary model
+// for tests (the ByT5 vocabulary: pad 0, eos 1, unk 2, byte b -> b + 3).
+struct T5Config {
+  int64_t vocab_size = 384;
+  int64_t d_model = 32;
+  int64_t d_kv = 8;                    // per-head width of q, k, v
+  int64_t d_ff = 64;
+  int64_t num_layers = 2;              // encoder blocks
+  int64_t num_decoder_layers = 2;      // decoder blocks
+  int64_t num_heads = 4;
+  int64_t relative_attention_num_buckets = 32;
+  int64_t relative_attention_max_distance = 128;
+  T5FeedForward feed_forward_proj = T5FeedForward::relu;
+  bool tie_word_embeddings = true;
+  double layer_norm_epsilon = 1e-6;
+  friend bool operator==(const T5Config&, const T5Config&) = default;
+};
+
+// Throws fsdp::InputError naming `origin` and the field when a size is < 1 (every size field;
+// num_layers and num_decoder_layers included), relative_attention_num_buckets < 4 (each half of
+// the bidirectional buckets needs an exact and a logarithmic part) or
+// relative_attention_max_distance <= relative_attention_num_buckets / 2 (the log range would be
+// empty), or layer_norm_epsilon is not > 0.
+void validate_t5_config(const T5Config& c, const std::string& origin);
+
+// HF T5Attention._relative_position_bucket for one relative position (key_pos - query_pos),
+// computed as HF's torch code does in float32: with n the distance (bidirectional: |rp|, and
+// the upper half of the buckets for rp > 0; causal: max(-rp, 0)), max_exact = buckets/2 (of
+// the half, when bidirectional), n < max_exact -> n, else
+// min(max_exact + trunc(logf(float(n)/max_exact) / float(log(max_distance/max_exact)) *
+// (buckets - max_exact)), buckets - 1). Returns a bucket in [0, num_buckets).
+int32_t t5_relative_position_bucket(int64_t relative_position, bool bidirectional,
+                                    int64_t num_buckets, int64_t max_distance);
+// buckets[i * key_length + j] = bucket(j - i): int32 [query_length, key_length], as HF's
+// T5Attention.compute_bias (bidirectional for the encoder, causal for the decoder).
+std::vector<int32_t> t5_relative_position_buckets(int64_t query_length, int64_t key_length,
+                                                  bool bidirectional, int64_t num_buckets,
+                                                  int64_t max_distance);
+
+// The decoder input ids HF builds from labels ([B, T] row-major): row b is
+// [0, labels[b,0], ..., labels[b,T-2]] with kIgnoreIndex replaced by pad 0
+// (T5PreTrainedModel._shift_right with decoder_start_token_id = pad_token_id = 0).
+std::vector<int32_t> t5_shift_right(const std::vector<int32_t>& labels, int64_t B, int64_t T);
+
+// Modules in forward order, HF state-dict parameter names, shapes [out, in]:
+//   "shared" (class "T5Embedding"): shared.weight [V, d_model];
+//   "encoder.block.{i}" (class "T5Block"): encoder.block.i.layer.0.SelfAttention.{q,k,v}.weight
+//     [H*d_kv, d_model], .o.weight [d_model, H*d_kv], block 0 only:
+//     encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight [NB, H];
+//     layer.0.layer_norm.weight [d_model]; layer.1.DenseReluDense.{wi | wi_0, wi_1}.weight
+//     [d_ff, d_model], .wo.weight [d_model, d_ff]; layer.1.layer_norm.weight [d_model];
+//   "encoder.final_layer_norm" (class "T5LayerNorm"): encoder.final_layer_norm.weight;
+//   "decoder.block.{i}" (class "T5Block"): layer.0.SelfAttention (as the encoder's, with the
+//     relative_attention_bias in block 0), layer.0.layer_norm, layer.1.EncDecAttention.{q,k,v,o}
+//     .weight, layer.1.layer_norm.weight, layer.2.DenseReluDense.*, layer.2.layer_norm.weight;
+//   "decoder.final_layer_norm" (class "T5LayerNorm"); with the tied head it also computes the
+//     logits from shared.weight (root unit);
+//   "lm_head" (class "T5LMHead", untied only): lm_head.weight [V, d_model].
+// Throws as validate_t5_config (origin "model").
+std::vector<ModuleDecl> t5_modules(const T5Config& c);
+
+// A Hugging Face config.json for this model that T5ForConditionalGeneration.from_pretrained
+// accepts: architectures ["T5ForConditionalGeneration"], model_type "t5", the T5Config fields
+// above (feed_forward_proj "relu" | "gated-gelu"), dropout_rate 0, initializer_factor 1,
+// is_encoder_decoder true, pad_token_id 0, eos_token_id 1, decoder_start_token_id 0,
+// torch_dtype "float32".
+nlohmann::json t5_hf_config(const T5Config& c);
+
+// Reads a Hugging Face T5Config JSON object (config.json). Required: vocab_size, d_model, d_kv,
+// d_ff, num_layers, num_heads (integers). Optional, with HF's defaults: num_decoder_layers
+// (missing or null: num_layers), relative_attention_num_buckets (32),
+// relative_attention_max_distance (128), feed_forward_proj ("relu"; "relu" or "gated-gelu"),
+// tie_word_embeddings (true), layer_norm_epsilon (1e-6). dropout_rate and initializer_factor
+// are ignored (training runs without dropout; the initialisation uses factor 1). Throws
+// fsdp::InputError naming `origin` and the field when a required field is missing, a field has
+// the wrong JSON type, or a value is unsupported: model_type other than "t5", is_encoder_decoder
+// false, feed_forward_proj other than the two above, pad_token_id or decoder_start_token_id
+// other than 0, or what validate_t5_config rejects.
+T5Config t5_config_from_hf(const nlohmann::json& j, const std::string& origin);
+
+class T5Model final : public Model {
+ public:
+  // activation_dtype: storage of activations and their gradients (the mixed-precision
+  // param_dtype); RMSNorm statistics, the position bias and its gradient stay fp32.
+  // activation_checkpointing (Accelerate's fsdp_activation_checkpointing, per T5Block): forward
+  // keeps only each block's input (the residual streams), the position biases, the encoder
+  // output, the final norms and the logits; each block's internals live in ONE shared set of
+  // buffers (sized for the larger of an encoder and a decoder block) and are recomputed inside
+  // the block's backward after the engine's pre_backward has gathered its parameters. Same
+  // kernels on the same inputs: results are bit-identical to activation_checkpointing = false.
+  // Throws as validate_t5_config (origin "model").
+  T5Model(const T5Config& config, Backend& backend, DType activation_dtype = DType::f32,
+          bool activation_checkpointing = false);
+  ~T5Model() override;
+  T5Model(const T5Model&) = delete;
+  T5Model& operator=(const T5Model&) = delete;
+
+  const T5Config& config() const { return cfg_; }
+  // t5_modules(config()).
+  const std::vector<ModuleDecl>& modules() const override { return modules_; }
+
+  // One training micro-batch. batch.inputs [B, L]: encoder ids in [0, V), 0 = pad (masked as a
+  // key in encoder self-attention and cross-attention); batch.targets [B, target_len]: labels in
+  // [0, V) or kIgnoreIndex. loss[0] (fp64 [1] device scalar) += SUM of the cross-entropy (nats)
+  // over the labels != kIgnoreIndex; gradients accumulate into hooks.grad() scaled by
+  // grad_scale. Throws fsdp::Error on sizes that do not match B, L, target_len or ids out of
+  // range.
+  void forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
+                        const TensorView& loss) override;
+  // Forward and loss only (evaluation): loss[0] += the summed cross-entropy.
+  void forward_loss(const data::Batch& batch, ModuleHooks& hooks, const TensorView& loss) override;
+
+  // Bytes of activations (saved for backward, their gradients and the backward scratch,
+  // MemCategory::activations) for a micro-batch of B rows of `shape` (L encoder tokens,
+  // target_len decoder tokens) stored in `activation_dtype`, with or without activation
+  // checkpointing: exactly what forward allocates (one table serves both).
+  static int64_t activation_bytes(const T5Config& config, int64_t B, const data::BatchShape& shape,
+                                  DType activation_dtype, bool activation_checkpointing = false);
+
+ private:
+  struct Acts;
+  struct Ids;
+  void ensure_buffers(int64_t B, int64_t Te, int64_t Td);
+  void forward(const data::Batch& batch, ModuleHooks& hooks, bool with_backward, float grad_scale,
+               const TensorView& loss);
+  void backward(int64_t B, int64_t Te, int64_t Td, ModuleHooks& hooks);
+  // Block l's forward kernels (no hooks), from its input residual stream to its saved internals
+  // and, when write_output, the next residual stream. recompute: activation checkpointing's
+  // recompute in backward (block 0 then reuses the position bias it computed in forward).
+  void encoder_block_forward(int64_t l, int64_t B, int64_t Te, ModuleHooks& hooks,
+                             bool write_output, bool recompute);
+  void decoder_block_forward(int64_t l, int64_t B, int64_t Te, int64_t Td, ModuleHooks& hooks,
+                             bool write_output, bool recompute);
+  void encoder_block_backward(int64_t l, int64_t B, int64_t Te, ModuleHooks& hooks);
+  void decoder_block_backward(int64_t l, int64_t B, int64_t Te, int64_t Td, ModuleHooks& hooks);
+
+  T5Config cfg_;
+  Backend& be_;
+  DType act_dtype_;
+  bool checkpointing_;
+  std::vector<ModuleDecl> modules_;
+  std::unique_ptr<Ids> ids_;
+  std::unique_ptr<Acts> acts_;
+};
+
+}  // namespace fsdp
