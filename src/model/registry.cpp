@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "fsdp/model/gpt2.hpp"
+#include "fsdp/model/t5.hpp"
 
 namespace fsdp {
 namespace {
@@ -35,7 +36,7 @@ const T& typed(const ModelConfig& c, const std::string& key) {
 }  // namespace
 
 const std::vector<const ModelFamily*>& model_families() {
-  static const std::vector<const ModelFamily*> families = {&gpt2_family()};
+  static const std::vector<const ModelFamily*> families = {&gpt2_family(), &t5_family()};
   return families;
 }
 

@@ -137,6 +137,9 @@ nlohmann::json t5_hf_config(const T5Config& c);
 // other than 0, or what validate_t5_config rejects.
 T5Config t5_config_from_hf(const nlohmann::json& j, const std::string& origin);
 
+// The "t5" entry of the model registry (fsdp/model/model.hpp); src/model/t5_family.cpp.
+const ModelFamily& t5_family();
+
 class T5Model final : public Model {
  public:
   // activation_dtype: storage of activations and their gradients (the mixed-precision

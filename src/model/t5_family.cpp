@@ -1,0 +1,152 @@
+// The "t5" model family (registry entry; see fsdp/model/model.hpp and fsdp/model/t5.hpp).
+#include <sstream>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/model/t5.hpp"
+
+namespace fsdp {
+namespace {
+
+T5Config t5_config_of(const ModelConfig& c) {
+  T5Config t;
+  t.vocab_size = c.integer("vocab_size");
+  t.d_model = c.integer("d_model");
+  t.d_kv = c.integer("d_kv");
+  t.d_ff = c.integer("d_ff");
+  t.num_layers = c.integer("num_layers");
+  t.num_decoder_layers = c.integer("num_decoder_layers");
+  t.num_heads = c.integer("num_heads");
+  t.relative_attention_num_buckets = c.integer("relative_attention_num_buckets");
+  t.relative_attention_max_distance = c.integer("relative_attention_max_distance");
+  const std::string& ff = c.string("feed_forward_proj");
+  if (ff == to_string(T5FeedForward::relu)) {
+    t.feed_forward_proj = T5FeedForward::relu;
+  } else if (ff == to_string(T5FeedForward::gated_gelu)) {
+    t.feed_forward_proj = T5FeedForward::gated_gelu;
+  } else {
+    throw InputError("model.feed_forward_proj: unknown value \"" + ff +
+                     "\" (expected one of relu, gated-gelu)");
+  }
+  t.tie_word_embeddings = c.boolean("tie_word_embeddings");
+  t.layer_norm_epsilon = c.number("layer_norm_epsilon");
+  return t;
+}
+
+class T5Family final : public ModelFamily {
+ public:
+  std::string type() const override { return "t5"; }
+  // Defaults: a small ByT5-vocabulary T5 v1.0 for CPU runs (HF T5Config's names; its own
+  // defaults are t5-small's sizes with a 32128 SentencePiece vocabulary).
+  std::vector<ModelKey> keys() const override {
+    return {{"d_model", int64_t{128}},
+            {"d_kv", int64_t{32}},
+            {"d_ff", int64_t{512}},
+            {"num_layers", int64_t{2}},
+            {"num_decoder_layers", int64_t{2}},
+            {"num_heads", int64_t{4}},
+            {"relative_attention_num_buckets", int64_t{32}},
+            {"relative_attention_max_distance", int64_t{128}},
+            {"feed_forward_proj", std::string("relu")},
+            {"tie_word_embeddings", true},
+            {"layer_norm_epsilon", 1e-6},
+            {"vocab_size", int64_t{384}}};
+  }
+  std::vector<std::string> wrap_classes() const override { return {"T5Block"}; }
+  std::vector<Objective> objectives() const override {
+    return {Objective::seq2seq, Objective::span_corruption};
+  }
+  void validate(const Config& c, const KeyFail& fail) const override {
+    const ModelConfig& m = c.model;
+    const std::string& ff = m.string("feed_forward_proj");
+    if (ff != "relu" && ff != "gated-gelu") {
+      throw fail("model.feed_forward_proj",
+                 "unknown value \"" + ff + "\" (expected one of relu, gated-gelu)");
+    }
+    for (const char* key : {"d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers",
+                            "num_heads"}) {
+      if (m.integer(key) < 1) {
+        throw fail(std::string("model.") + key, std::to_string(m.integer(key)) +
+                                                    " is out of range (expected an integer >= 1)");
+      }
+    }
+    // ByT5's byte vocabulary: 3 special ids and 256 bytes at least.
+    if (m.integer("vocab_size") < 259) {
+      throw fail("model.vocab_size", std::to_string(m.integer("vocab_size")) +
+                                         " is out of range (expected >= 259: pad, eos, unk and "
+                                         "256 bytes, as ByT5)");
+    }
+    const int64_t nb = m.integer("relative_attention_num_buckets");
+    if (nb < 4) {
+      throw fail("model.relative_attention_num_buckets",
+                 std::to_string(nb) + " is out of range (expected an integer >= 4)");
+    }
+    const int64_t md = m.integer("relative_attention_max_distance");
+    if (md <= nb / 2) {
+      throw fail("model.relative_attention_max_distance",
+                 std::to_string(md) + " is out of range (expected > relative_attention_num_buckets"
+                                      " / 2 = " + std::to_string(nb / 2) + ")");
+    }
+    if (!(m.number("layer_norm_epsilon") > 0)) {
+      std::ostringstream os;
+      os << m.number("layer_norm_epsilon");
+      throw fail("model.layer_norm_epsilon", os.str() + " is out of range (expected > 0)");
+    }
+  }
+  std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
+    return t5_modules(t5_config_of(c));
+  }
+  std::unique_ptr<Model> create(const ModelConfig& c, Backend& backend, DType act,
+                                bool checkpointing) const override {
+    return std::make_unique<T5Model>(t5_config_of(c), backend, act, checkpointing);
+  }
+  int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
+                           DType act, bool checkpointing) const override {
+    return T5Model::activation_bytes(t5_config_of(c), rows, shape, act, checkpointing);
+  }
+  // Our names are HF's state-dict names and nn.Linear layouts: no renaming, no transpose.
+  std::optional<HfTensor> hf_tensor(const ModelConfig& c, const std::string& name,
+                                    const std::vector<int64_t>& shape) const override {
+    for (const ModuleDecl& m : t5_modules(t5_config_of(c))) {
+      for (const ParamSpec& p : m.params) {
+        if (p.name == name) return HfTensor{name, shape, false};
+      }
+    }
+    return std::nullopt;
+  }
+  // shared.weight is also stored as the stacks' embed_tokens (tied aliases in HF state dicts).
+  std::vector<std::string> hf_aliases(const std::string& hf_name) const override {
+    if (hf_name == "shared.weight") {
+      return {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"};
+    }
+    return {};
+  }
+  nlohmann::json hf_config(const ModelConfig& c) const override {
+    return t5_hf_config(t5_config_of(c));
+  }
+  ModelConfig from_hf_config(const nlohmann::json& hf, const std::string& origin) const override {
+    const T5Config t = t5_config_from_hf(hf, origin);
+    ModelConfig c = ModelConfig::defaults("t5");
+    c.set("vocab_size", t.vocab_size);
+    c.set("d_model", t.d_model);
+    c.set("d_kv", t.d_kv);
+    c.set("d_ff", t.d_ff);
+    c.set("num_layers", t.num_layers);
+    c.set("num_decoder_layers", t.num_decoder_layers);
+    c.set("num_heads", t.num_heads);
+    c.set("relative_attention_num_buckets", t.relative_attention_num_buckets);
+    c.set("relative_attention_max_distance", t.relative_attention_max_distance);
+    c.set("feed_forward_proj", std::string(to_string(t.feed_forward_proj)));
+    c.set("tie_word_embeddings", t.tie_word_embeddings);
+    c.set("layer_norm_epsilon", t.layer_norm_epsilon);
+    return c;
+  }
+};
+
+}  // namespace
+
+const ModelFamily& t5_family() {
+  static const T5Family family;
+  return family;
+}
+
+}  // namespace fsdp
