@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev                       # CPU GEMMs
   libtomlplusplus-dev nlohmann-json3-dev libboost-program-options-dev
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
+  clang libclang-rt-14-dev              # tests/fuzz_safetensors.sh (clang++, libFuzzer + ASan runtime)
   fortunes                              # the main job's text corpus
   wordnet-base                          # the T5 main job's seq2seq pairs (tools/prepare_wordnet.sh)
 )

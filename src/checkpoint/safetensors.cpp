@@ -1,14 +1,19 @@
-// Streaming safetensors writer and small reader (see fsdp/checkpoint/safetensors.hpp).
+// Streaming safetensors writer and hardened range reader (see fsdp/checkpoint/safetensors.hpp).
 #include "fsdp/checkpoint/safetensors.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -116,75 +121,616 @@ void Writer::finish() {
 
 // ---- reader ----
 
-Reader::Reader(std::string path) : path_(std::move(path)) {
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) throw InputError(path_ + ": cannot open safetensors file");
-  const auto file_size = std::filesystem::file_size(path_);
-  unsigned char n8[8];
-  if (!in.read(reinterpret_cast<char*>(n8), 8))
-    throw InputError(path_ + ": not a safetensors file (shorter than 8 bytes)");
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | n8[i];
-  if (n > file_size - 8)
-    throw InputError(path_ + ": safetensors header size " + std::to_string(n) +
-                     " exceeds the file size " + std::to_string(file_size));
-  header_size_ = n;
-  std::string json(n, '\0');
-  if (!in.read(json.data(), static_cast<std::streamsize>(n)))
-    throw InputError(path_ + ": cannot read safetensors header");
-  nlohmann::ordered_json header;
-  try {
-    header = nlohmann::ordered_json::parse(json);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path_ + ": safetensors header is not valid JSON: " + e.what());
-  }
-  if (!header.is_object()) throw InputError(path_ + ": safetensors header is not a JSON object");
-  const uint64_t data_size = file_size - 8 - n;
-  try {
-    for (const auto& [key, val] : header.items()) {
-      if (key == "__metadata__") {
-        for (const auto& [mk, mv] : val.items()) metadata_[mk] = mv.get<std::string>();
-        continue;
-      }
-      Entry e;
-      e.dtype = val.at("dtype").get<std::string>();
-      e.shape = val.at("shape").get<std::vector<int64_t>>();
-      const auto offs = val.at("data_offsets").get<std::vector<int64_t>>();
-      if (offs.size() != 2) throw InputError(path_ + ": tensor \"" + key + "\": data_offsets needs 2 values");
-      e.begin = offs[0];
-      e.end = offs[1];
-      int64_t numel = 1;
-      for (int64_t d : e.shape) numel *= d;
-      const int64_t esize = e.dtype == "F32" ? 4 : e.dtype == "F16" || e.dtype == "BF16" ? 2 : 0;
-      if (esize == 0) throw InputError(path_ + ": tensor \"" + key + "\": unsupported dtype " + e.dtype);
-      if (e.begin < 0 || e.end - e.begin != numel * esize ||
-          static_cast<uint64_t>(e.end) > data_size)
-        throw InputError(path_ + ": tensor \"" + key + "\": data_offsets [" +
-                         std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                         ") do not match its shape or the file size");
-      names_.push_back(key);
-      entries_[key] = std::move(e);
+namespace {
+
+constexpr int64_t kMaxTensors = 1 << 20;          // tensors per file
+constexpr std::size_t kMaxMetadataEntries = 1 << 16;
+constexpr std::size_t kMaxIndexBytes = 64ull << 20;  // model.safetensors.index.json
+constexpr std::size_t kReadChunk = 1 << 20;          // bytes per pread
+
+// A name from the file, quoted for a one-line message: printable ASCII kept, every other byte
+// as \xNN, cut at 200 bytes.
+std::string quote(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out = "'";
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i == 200) {
+      out += "...";
+      break;
     }
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path_ + ": malformed safetensors header: " + e.what());
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out + "'";
+}
+
+// A message from a library (nlohmann's "last read: '...'" echoes input bytes) made one line.
+std::string one_line(const std::string& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size() && i < 400; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    out += (c >= 0x20 && c < 0x7f) ? static_cast<char>(c) : '?';
+  }
+  return out;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Reads exactly n bytes at offset off. A short read means the file shrank after open.
+void pread_all(int fd, char* buf, std::size_t n, uint64_t off, const std::string& path,
+               const std::string& what) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, buf, n, static_cast<off_t>(off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw Error(path + ": " + what + ": read failed: " + std::strerror(errno));
+    }
+    if (r == 0)
+      throw InputError(path + ": " + what +
+                       ": unexpected end of file (did the file change after it was opened?)");
+    buf += r;
+    n -= static_cast<std::size_t>(r);
+    off += static_cast<uint64_t>(r);
   }
 }
 
-const Reader::Entry& Reader::entry(const std::string& name) const {
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24
+    const float f = std::ldexp(static_cast<float>(man), -24);
+    return sign ? -f : f;
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));  // inf / NaN
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+struct DtypeDesc {
+  const char* name;
+  int size;
+  bool as_float;
+};
+constexpr DtypeDesc kDtypes[] = {
+    {"F64", 8, true},  {"F32", 4, true},     {"F16", 2, true},     {"BF16", 2, true},
+    {"I64", 8, false}, {"I32", 4, false},    {"I16", 2, false},    {"I8", 1, false},
+    {"U64", 8, false}, {"U32", 4, false},    {"U16", 2, false},    {"U8", 1, false},
+    {"BOOL", 1, false}, {"F8_E4M3", 1, false}, {"F8_E5M2", 1, false},
+};
+
+const DtypeDesc* find_dtype(const std::string& name) {
+  for (const auto& d : kDtypes)
+    if (name == d.name) return &d;
+  return nullptr;
+}
+
+// SAX handler for a safetensors header. Enforces the header's shape while parsing (root
+// object; depth-1 objects; depth-2 strings or arrays of integers), so memory stays bounded by
+// what is kept and nothing nests deeper than 3 levels. Each tensor entry is validated when
+// its object closes. Throws InputError on the first problem.
+class HeaderSax {
+ public:
+  using json = nlohmann::json;
+  struct Parsed {
+    std::vector<std::string> names;
+    std::map<std::string, SafetensorsFile::Entry> entries;
+    std::map<std::string, std::string> metadata;
+  };
+
+  HeaderSax(const std::string& path, uint64_t data_size, Parsed& out)
+      : path_(path), data_size_(data_size), out_(out) {}
+
+  bool null() { return scalar("null"); }
+  bool boolean(bool) { return scalar("a boolean"); }
+  bool number_integer(json::number_integer_t v) { return integer(v, false); }
+  bool number_unsigned(json::number_unsigned_t v) {
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return integer(0, true);
+    return integer(static_cast<int64_t>(v), false);
+  }
+  bool number_float(json::number_float_t, const json::string_t&) { return scalar("a float"); }
+  bool binary(json::binary_t&) { return scalar("binary"); }
+  bool string(json::string_t& s) {
+    if (depth_ == 2 && in_meta_) {
+      out_.metadata[key2_] = s;
+      return true;
+    }
+    if (depth_ == 2 && field_ == Field::kDtype) {
+      dtype_ = s;
+      has_dtype_ = true;
+      return true;
+    }
+    return scalar("a string");
+  }
+  bool start_object(std::size_t) {
+    if (depth_ == 0) {
+      depth_ = 1;
+      return true;
+    }
+    if (depth_ == 1) {
+      depth_ = 2;
+      start_entry();
+      return true;
+    }
+    container_error("an object");
+    return false;
+  }
+  bool start_array(std::size_t) {
+    if (depth_ == 2 && !in_meta_) {
+      depth_ = 3;
+      array_.clear();
+      return true;
+    }
+    container_error("an array");
+    return false;
+  }
+  bool key(json::string_t& k) {
+    if (depth_ == 1) {
+      key1_ = k;
+      in_meta_ = k == "__metadata__";
+      if (in_meta_) {
+        if (seen_meta_) throw InputError(path_ + ": header: \"__metadata__\" appears twice");
+        seen_meta_ = true;
+      } else {
+        if (out_.entries.count(k) != 0 || pending_.count(k) != 0)
+          throw InputError(path_ + ": header: tensor " + quote(k) + " appears twice");
+        if (static_cast<int64_t>(out_.names.size()) >= kMaxTensors)
+          throw InputError(path_ + ": header: more than " + std::to_string(kMaxTensors) +
+                           " tensors");
+        pending_.insert(k);
+        out_.names.push_back(k);
+      }
+      return true;
+    }
+    // depth 2: a field of a tensor entry, or a metadata key.
+    key2_ = k;
+    if (in_meta_) {
+      if (out_.metadata.count(k) != 0)
+        throw InputError(path_ + ": header: \"__metadata__\" key " + quote(k) + " appears twice");
+      if (out_.metadata.size() >= kMaxMetadataEntries)
+        throw InputError(path_ + ": header: \"__metadata__\" has more than " +
+                         std::to_string(kMaxMetadataEntries) + " entries");
+      return true;
+    }
+    field_ = k == "dtype" ? Field::kDtype
+             : k == "shape" ? Field::kShape
+             : k == "data_offsets" ? Field::kOffsets
+                                   : Field::kOther;
+    if (field_ != Field::kOther) {
+      bool& seen = field_ == Field::kDtype ? seen_dtype_ : field_ == Field::kShape ? seen_shape_ : seen_offsets_;
+      if (seen) tensor_error("field \"" + k + "\" appears twice");
+      seen = true;
+    }
+    return true;
+  }
+  bool end_array() {
+    depth_ = 2;
+    if (field_ == Field::kShape) {
+      shape_ = array_;
+      has_shape_ = true;
+    } else if (field_ == Field::kOffsets) {
+      if (array_.size() != 2) type_error();
+      offsets_ = array_;
+      has_offsets_ = true;
+    }
+    return true;
+  }
+  bool end_object() {
+    if (depth_ == 2) {
+      depth_ = 1;
+      if (!in_meta_) finish_entry();
+      return true;
+    }
+    depth_ = 0;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    throw InputError(path_ + ": header: invalid JSON: " + one_line(e.what()));
+  }
+
+ private:
+  enum class Field { kDtype, kShape, kOffsets, kOther };
+
+  [[noreturn]] void tensor_error(const std::string& what) const {
+    throw InputError(path_ + ": tensor " + quote(key1_) + ": " + what);
+  }
+  // The message for a known field holding the wrong JSON type.
+  [[noreturn]] void type_error() const {
+    switch (field_) {
+      case Field::kDtype: tensor_error("\"dtype\" is not a string");
+      case Field::kShape: tensor_error("\"shape\" is not an array of integers");
+      case Field::kOffsets:
+        tensor_error("\"data_offsets\" is not an array of two non-negative integers");
+      case Field::kOther: break;
+    }
+    tensor_error("field " + quote(key2_) + " has an unexpected JSON type");
+  }
+  void start_entry() {
+    has_dtype_ = has_shape_ = has_offsets_ = false;
+    seen_dtype_ = seen_shape_ = seen_offsets_ = false;
+    field_ = Field::kOther;
+  }
+  // A non-container value at the current depth.
+  bool scalar(const char* what) {
+    if (depth_ == 0) throw InputError(path_ + ": header: JSON is not an object");
+    if (depth_ == 1) {
+      if (in_meta_) throw InputError(path_ + ": header: \"__metadata__\" is not an object");
+      tensor_error("entry is not a JSON object");
+    }
+    if (depth_ == 2) {
+      if (in_meta_)
+        throw InputError(path_ + ": header: \"__metadata__\" value for " + quote(key2_) +
+                         " is not a string");
+      if (field_ == Field::kOther) return true;  // unknown fields are ignored
+      type_error();
+    }
+    // depth 3: an array element
+    if (field_ == Field::kOther) return true;
+    (void)what;
+    type_error();
+  }
+  bool integer(int64_t v, bool too_large) {
+    if (depth_ != 3) return scalar("an integer");
+    if (field_ == Field::kOther) return true;
+    if (too_large) {
+      if (field_ == Field::kShape) tensor_error("shape dimension larger than int64");
+      tensor_error("data_offsets value larger than int64");
+    }
+    if (field_ == Field::kOffsets && v < 0) type_error();
+    if (field_ == Field::kShape && array_.size() >= static_cast<std::size_t>(kMaxRank))
+      tensor_error("shape has more than " + std::to_string(kMaxRank) + " dimensions");
+    if (field_ == Field::kOffsets && array_.size() >= 2) type_error();
+    array_.push_back(v);
+    return true;
+  }
+  [[noreturn]] void container_error(const char* what) {
+    if (depth_ == 0) throw InputError(path_ + ": header: JSON is not an object");
+    if (depth_ == 1) {
+      if (in_meta_) throw InputError(path_ + ": header: \"__metadata__\" is not an object");
+      tensor_error("entry is not a JSON object");
+    }
+    if (in_meta_)
+      throw InputError(path_ + ": header: \"__metadata__\" value for " + quote(key2_) +
+                       " is not a string");
+    if (field_ != Field::kOther) type_error();
+    tensor_error("field " + quote(key2_) + " holds " + what + " nested too deeply");
+  }
+  void finish_entry() {
+    pending_.erase(key1_);
+    if (!has_dtype_) tensor_error("missing \"dtype\"");
+    if (!has_shape_) tensor_error("missing \"shape\"");
+    if (!has_offsets_) tensor_error("missing \"data_offsets\"");
+    const DtypeDesc* dt = find_dtype(dtype_);
+    if (!dt) tensor_error("unknown dtype " + quote(dtype_));
+    int64_t numel = 1;
+    for (int64_t d : shape_) {
+      if (d < 0) tensor_error("negative dimension " + std::to_string(d) + " in shape " + shape_str(shape_));
+      if (__builtin_mul_overflow(numel, d, &numel))
+        tensor_error("shape " + shape_str(shape_) + " has more elements than int64 can count");
+    }
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(dt->size), &bytes))
+      tensor_error("shape " + shape_str(shape_) + " of " + dtype_ + " has more bytes than int64 can count");
+    const int64_t begin = offsets_[0], end = offsets_[1];
+    const std::string offs = "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+    if (begin > end) tensor_error(offs + ": begin > end");
+    if (static_cast<uint64_t>(end) > data_size_)
+      tensor_error(offs + ": end is beyond the end of the file (the data holds " +
+                   std::to_string(data_size_) + " bytes)");
+    if (end - begin != bytes)
+      tensor_error(offs + " hold " + std::to_string(end - begin) + " bytes, but shape " +
+                   shape_str(shape_) + " of " + dtype_ + " needs " + std::to_string(bytes));
+    SafetensorsFile::Entry e;
+    e.dtype = dtype_;
+    e.shape = shape_;
+    e.begin = begin;
+    e.end = end;
+    e.numel = numel;
+    e.elem_size = dt->size;
+    out_.entries.emplace(key1_, std::move(e));
+  }
+
+  const std::string& path_;
+  const uint64_t data_size_;
+  Parsed& out_;
+  int depth_ = 0;  // containers open
+  bool in_meta_ = false, seen_meta_ = false;
+  std::string key1_, key2_;
+  std::set<std::string> pending_;  // entry opened, not yet closed (for duplicate detection)
+  Field field_ = Field::kOther;
+  bool has_dtype_ = false, has_shape_ = false, has_offsets_ = false;
+  bool seen_dtype_ = false, seen_shape_ = false, seen_offsets_ = false;
+  std::string dtype_;
+  std::vector<int64_t> shape_, offsets_, array_;
+};
+
+}  // namespace
+
+int dtype_size(const std::string& dtype) {
+  const DtypeDesc* d = find_dtype(dtype);
+  return d ? d->size : 0;
+}
+
+bool dtype_readable_as_float(const std::string& dtype) {
+  const DtypeDesc* d = find_dtype(dtype);
+  return d && d->as_float;
+}
+
+SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is rejected below.
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd_ < 0) throw InputError(path_ + ": cannot open safetensors file: " + std::strerror(errno));
+  try {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) throw Error(path_ + ": fstat failed: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw InputError(path_ + ": header: not a regular file");
+    file_size_ = static_cast<uint64_t>(st.st_size);
+    if (file_size_ < 8)
+      throw InputError(path_ + ": header: file is " + std::to_string(file_size_) +
+                       " bytes, shorter than the 8-byte header length");
+    unsigned char n8[8];
+    pread_all(fd_, reinterpret_cast<char*>(n8), 8, 0, path_, "header");
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | n8[i];
+    if (n == 0) throw InputError(path_ + ": header: header length is 0");
+    if (n > kMaxHeaderBytes)
+      throw InputError(path_ + ": header: header length " + std::to_string(n) +
+                       " exceeds the limit of " + std::to_string(kMaxHeaderBytes) + " bytes");
+    if (n > file_size_ - 8)
+      throw InputError(path_ + ": header: header length " + std::to_string(n) +
+                       " extends beyond the end of the file (" + std::to_string(file_size_) +
+                       " bytes)");
+    header_size_ = n;
+    std::string json(n, '\0');
+    pread_all(fd_, json.data(), n, 8, path_, "header");
+    parse_header(json);
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+void SafetensorsFile::parse_header(const std::string& json) {
+  const uint64_t data_size = file_size_ - 8 - header_size_;
+  HeaderSax::Parsed parsed;
+  HeaderSax sax(path_, data_size, parsed);
+  // nlohmann's lexer takes a NUL byte outside a string for the end of the input, which would
+  // accept "{}\0garbage"; NUL is never valid in JSON text, so reject it outright.
+  if (const auto nul = json.find('\0'); nul != std::string::npos)
+    throw InputError(path_ + ": header: invalid JSON: NUL byte at header offset " + std::to_string(nul));
+  nlohmann::json::sax_parse(json.begin(), json.end(), &sax);
+  // Overlap: sort the non-empty byte ranges by begin; each must start at or after the end of
+  // the one before (which, with no overlap so far, is the furthest end seen).
+  std::vector<std::pair<std::pair<int64_t, int64_t>, const std::string*>> ranges;
+  ranges.reserve(parsed.entries.size());
+  for (const auto& [name, e] : parsed.entries)
+    if (e.end > e.begin) ranges.push_back({{e.begin, e.end}, &name});
+  std::sort(ranges.begin(), ranges.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (std::size_t i = 1; i < ranges.size(); ++i) {
+    const auto& [prev, prev_name] = ranges[i - 1];
+    const auto& [cur, cur_name] = ranges[i];
+    if (cur.first < prev.second)
+      throw InputError(path_ + ": tensor " + quote(*cur_name) + ": bytes [" +
+                       std::to_string(cur.first) + ", " + std::to_string(cur.second) +
+                       ") overlap tensor " + quote(*prev_name) + " [" +
+                       std::to_string(prev.first) + ", " + std::to_string(prev.second) + ")");
+  }
+  names_ = std::move(parsed.names);
+  entries_ = std::move(parsed.entries);
+  metadata_ = std::move(parsed.metadata);
+}
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
+    : path_(std::move(o.path_)),
+      fd_(std::exchange(o.fd_, -1)),
+      file_size_(o.file_size_),
+      header_size_(o.header_size_),
+      names_(std::move(o.names_)),
+      entries_(std::move(o.entries_)),
+      metadata_(std::move(o.metadata_)),
+      bytes_read_(o.bytes_read_) {}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(o.path_);
+    fd_ = std::exchange(o.fd_, -1);
+    file_size_ = o.file_size_;
+    header_size_ = o.header_size_;
+    names_ = std::move(o.names_);
+    entries_ = std::move(o.entries_);
+    metadata_ = std::move(o.metadata_);
+    bytes_read_ = o.bytes_read_;
+  }
+  return *this;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) const {
   auto it = entries_.find(name);
-  if (it == entries_.end()) throw InputError(path_ + ": no tensor named \"" + name + "\"");
+  if (it == entries_.end()) throw InputError(path_ + ": no tensor " + quote(name));
   return it->second;
 }
 
-std::vector<float> Reader::read_f32(const std::string& name) const {
+void SafetensorsFile::read_f32(const std::string& name, int64_t elem_begin, int64_t elem_count,
+                               float* out) const {
   const Entry& e = entry(name);
-  if (e.dtype != "F32") throw InputError(path_ + ": tensor \"" + name + "\" is " + e.dtype + ", not F32");
-  std::vector<float> out(static_cast<std::size_t>((e.end - e.begin) / 4));
-  std::ifstream in(path_, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(8 + header_size_ + e.begin));
-  if (!in.read(reinterpret_cast<char*>(out.data()), e.end - e.begin))
-    throw InputError(path_ + ": cannot read tensor \"" + name + "\"");
+  const std::string where = "tensor " + quote(name);
+  if (!dtype_readable_as_float(e.dtype))
+    throw InputError(path_ + ": " + where + ": dtype " + e.dtype + " cannot be read as float");
+  if (elem_begin < 0 || elem_count < 0 || elem_begin > e.numel || elem_count > e.numel - elem_begin)
+    throw InputError(path_ + ": " + where + ": elements [" + std::to_string(elem_begin) + ", +" +
+                     std::to_string(elem_count) + ") are outside the tensor's " +
+                     std::to_string(e.numel) + " elements");
+  if (fd_ < 0) throw Error(path_ + ": read from a moved-from SafetensorsFile");
+  const auto es = static_cast<uint64_t>(e.elem_size);
+  // Validated at open: begin + numel * elem_size = end <= data size, so no overflow here.
+  uint64_t off = 8 + header_size_ + static_cast<uint64_t>(e.begin) + static_cast<uint64_t>(elem_begin) * es;
+  auto left = static_cast<uint64_t>(elem_count);
+  if (e.dtype == "F32") {
+    pread_all(fd_, reinterpret_cast<char*>(out), left * 4, off, path_, where);
+    bytes_read_ += left * 4;
+    return;
+  }
+  std::vector<unsigned char> buf(static_cast<std::size_t>(std::min<uint64_t>(left * es, kReadChunk)));
+  const uint64_t per_chunk = buf.size() / es;
+  while (left > 0) {
+    const uint64_t n = std::min(left, per_chunk);
+    pread_all(fd_, reinterpret_cast<char*>(buf.data()), n * es, off, path_, where);
+    const unsigned char* p = buf.data();
+    if (e.dtype == "BF16") {
+      for (uint64_t i = 0; i < n; ++i)
+        out[i] = std::bit_cast<float>(static_cast<uint32_t>(p[2 * i] | (p[2 * i + 1] << 8)) << 16);
+    } else if (e.dtype == "F16") {
+      for (uint64_t i = 0; i < n; ++i)
+        out[i] = half_to_float(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8)));
+    } else {  // F64
+      for (uint64_t i = 0; i < n; ++i) {
+        double d;
+        std::memcpy(&d, p + 8 * i, 8);
+        out[i] = static_cast<float>(d);
+      }
+    }
+    out += n;
+    left -= n;
+    off += n * es;
+    bytes_read_ += n * es;
+  }
+}
+
+std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
+  const Entry& e = entry(name);
+  if (!dtype_readable_as_float(e.dtype))
+    throw InputError(path_ + ": tensor " + quote(name) + ": dtype " + e.dtype +
+                     " cannot be read as float");
+  std::vector<float> out(static_cast<std::size_t>(e.numel));
+  read_f32(name, 0, e.numel, out.data());
   return out;
+}
+
+// ---- checkpoint directory ----
+
+namespace {
+
+// Parses the index with a depth limit (nothing in a real index nests deeper than 3 levels).
+nlohmann::json parse_index(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw InputError(path + ": cannot read: " + ec.message());
+  if (size > kMaxIndexBytes)
+    throw InputError(path + ": index is " + std::to_string(size) + " bytes, more than the limit of " +
+                     std::to_string(kMaxIndexBytes));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
+  std::string text(static_cast<std::size_t>(size), '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(size)))
+    throw InputError(path + ": cannot read the index");
+  if (const auto nul = text.find('\0'); nul != std::string::npos)  // see parse_header
+    throw InputError(path + ": invalid JSON: NUL byte at offset " + std::to_string(nul));
+  auto depth_limit = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json&) {
+    if ((ev == nlohmann::json::parse_event_t::object_start ||
+         ev == nlohmann::json::parse_event_t::array_start) && depth >= 16)
+      throw InputError(path + ": index JSON is nested more than 16 levels deep");
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text, depth_limit);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": invalid JSON: " + one_line(e.what()));
+  }
+}
+
+}  // namespace
+
+SafetensorsCheckpoint::SafetensorsCheckpoint(std::string dir) : dir_(std::move(dir)) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) throw InputError(dir_ + ": not a directory");
+  const fs::path single = fs::path(dir_) / "model.safetensors";
+  const fs::path index = fs::path(dir_) / "model.safetensors.index.json";
+  if (fs::exists(single, ec)) {
+    files_.emplace_back(single.string());
+    names_ = files_[0].names();
+    for (const auto& n : names_) file_of_[n] = 0;
+    return;
+  }
+  if (!fs::exists(index, ec))
+    throw InputError(dir_ + ": holds neither model.safetensors nor model.safetensors.index.json");
+  sharded_ = true;
+  const std::string ipath = index.string();
+  const nlohmann::json j = parse_index(ipath);
+  if (!j.is_object()) throw InputError(ipath + ": index is not a JSON object");
+  auto wm = j.find("weight_map");
+  if (wm == j.end()) throw InputError(ipath + ": missing \"weight_map\"");
+  if (!wm->is_object()) throw InputError(ipath + ": \"weight_map\" is not an object");
+  std::map<std::string, std::size_t> file_index;  // file name -> index into files_
+  for (const auto& [tensor, file_val] : wm->items()) {
+    if (!file_val.is_string())
+      throw InputError(ipath + ": tensor " + quote(tensor) + ": file name is not a string");
+    const std::string file = file_val.get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos ||
+        file.find('\\') != std::string::npos || file.find("..") != std::string::npos ||
+        file.find('\0') != std::string::npos)
+      throw InputError(ipath + ": tensor " + quote(tensor) + ": file name " + quote(file) +
+                       " must be a plain file name (no '/', '\\' or '..')");
+    auto it = file_index.find(file);
+    if (it == file_index.end()) {
+      const fs::path fp = fs::path(dir_) / file;
+      if (!fs::is_regular_file(fp, ec))
+        throw InputError(ipath + ": tensor " + quote(tensor) + ": file " + quote(file) +
+                         " does not exist in " + dir_);
+      files_.emplace_back(fp.string());
+      it = file_index.emplace(file, files_.size() - 1).first;
+    }
+    if (!files_[it->second].has(tensor))
+      throw InputError(ipath + ": tensor " + quote(tensor) + " is mapped to " + quote(file) +
+                       ", which does not hold it");
+    file_of_[tensor] = it->second;
+    names_.push_back(tensor);
+  }
+}
+
+const SafetensorsFile& SafetensorsCheckpoint::file_of(const std::string& name) const {
+  auto it = file_of_.find(name);
+  if (it == file_of_.end()) throw InputError(dir_ + ": no tensor " + quote(name));
+  return files_[it->second];
+}
+
+const SafetensorsFile::Entry& SafetensorsCheckpoint::entry(const std::string& name) const {
+  return file_of(name).entry(name);
+}
+
+void SafetensorsCheckpoint::read_f32(const std::string& name, int64_t elem_begin,
+                                     int64_t elem_count, float* out) const {
+  file_of(name).read_f32(name, elem_begin, elem_count, out);
+}
+
+std::vector<float> SafetensorsCheckpoint::read_f32(const std::string& name) const {
+  return file_of(name).read_f32(name);
+}
+
+uint64_t SafetensorsCheckpoint::bytes_read() const {
+  uint64_t n = 0;
+  for (const auto& f : files_) n += f.bytes_read();
+  return n;
+}
+
+void SafetensorsCheckpoint::reset_bytes_read() {
+  for (auto& f : files_) f.reset_bytes_read();
 }
 
 }  // namespace fsdp::safetensors

@@ -1,20 +1,30 @@
-// fsdp/checkpoint/safetensors.hpp: a streaming writer and a small reader of the
-// safetensors format (https://github.com/huggingface/safetensors), fp32 only.
+// fsdp/checkpoint/safetensors.hpp: a streaming writer and a hardened, range-reading reader
+// of the safetensors format (https://github.com/huggingface/safetensors).
 //
-// Layout: 8-byte little-endian u64 N, then N bytes of UTF-8 JSON
-//   {"__metadata__":{"format":"pt"},
+// Format (the safetensors spec): 8-byte little-endian u64 N, then N bytes of UTF-8 JSON
+//   {"__metadata__":{"format":"pt"},            (optional; string -> string)
 //    "name":{"dtype":"F32","shape":[...],"data_offsets":[begin,end]}, ...}
-// padded with spaces so N is a multiple of 8 (the data then starts 8-byte aligned), then
-// the raw little-endian tensor bytes. Offsets are relative to the start of the data; tensors
-// are laid out contiguously in header order with no gaps (the layout the safetensors
-// library validates). The writer is streaming: it takes the (name, shape) list first,
-// writes the header, then accepts the tensors' data one at a time in that order, so memory
-// stays at one tensor whatever the model size.
+// then the byte buffer: raw little-endian, row-major tensor data. data_offsets are bytes,
+// relative to the start of the buffer (byte 8 + N of the file), end exclusive.
+//
+// Writer: fp32 only. Pads the JSON with spaces so N is a multiple of 8 (the buffer starts
+// 8-byte aligned) and lays tensors out contiguously in header order with no gaps. It is
+// streaming: it takes the (name, shape) list first, writes the header, then accepts the
+// tensors' data one at a time in that order, so memory stays at one tensor.
+//
+// Reader (SafetensorsFile, SafetensorsCheckpoint): the files come from strangers (Hugging
+// Face model repositories), so opening validates the whole header against the file and every
+// later read stays inside the tensor's validated byte range; reads fetch only the requested
+// elements' bytes (pread), never the whole file. All problems with the file's contents are
+// fsdp::InputError (exit 2) with one line "<path>: header: <what>" or
+// "<path>: tensor '<name>': <what>" (names are quoted with non-printable bytes escaped).
+// See docs/checkpoint.md "safetensors reader".
 #pragma once
 
 #include <cstdint>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,32 +73,128 @@ class Writer {
   bool finished_ = false;
 };
 
-// Reads a safetensors file's header and tensors (fp32 only). For tests and tools.
-class Reader {
+// Bytes per element of a safetensors dtype name (F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16
+// U8 BOOL F8_E4M3 F8_E5M2); 0 for a name the spec does not define.
+int dtype_size(const std::string& dtype);
+// Whether read_f32 converts this dtype: F32, BF16, F16 and F64.
+bool dtype_readable_as_float(const std::string& dtype);
+
+// Limits of the reader (the safetensors library also caps the header at 100 MB).
+inline constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // header length N
+inline constexpr int kMaxRank = 64;                         // dimensions per shape
+
+// One open safetensors file: the validated header plus an open descriptor for ranged reads.
+// Movable, not copyable. Not thread-safe: use one object per thread (bytes_read is a plain
+// counter).
+class SafetensorsFile {
  public:
   struct Entry {
-    std::string dtype;
-    std::vector<int64_t> shape;
-    int64_t begin = 0, end = 0;  // data_offsets (bytes, relative to the data start)
+    std::string dtype;           // as in the header, e.g. "F32", "BF16"
+    std::vector<int64_t> shape;  // row-major; {} is a scalar
+    int64_t begin = 0, end = 0;  // data_offsets: bytes relative to the buffer start
+    int64_t numel = 0;           // product of shape (1 for a scalar)
+    int elem_size = 0;           // bytes per element (dtype_size(dtype))
   };
-  // Parses and validates the header: size within the file, JSON object, known fields,
-  // offsets matching shape x dtype size, in range. Throws InputError naming the file.
-  explicit Reader(std::string path);
 
+  // Opens `path` and reads and validates only the header (8 + N bytes). Throws InputError
+  // "<path>: cannot open safetensors file: <reason>" if it cannot be opened; "<path>: header:
+  // ..." when it is not a regular file, is shorter than 8 bytes, N is 0, above
+  // kMaxHeaderBytes or beyond the file, the JSON is malformed (a NUL byte included), not an
+  // object, nested deeper than a safetensors header, names a tensor twice or more than 2^20
+  // tensors, or "__metadata__" is not an object of at most 65536 strings; and "<path>: tensor '<name>': ..." when an entry is not an object,
+  // lacks dtype/shape/data_offsets or has them with the wrong JSON type, has an unknown
+  // dtype, a negative dimension, more than kMaxRank dimensions, an element or byte count
+  // overflowing int64, data_offsets with begin > end or end beyond the file, a byte count
+  // != numel x dtype size, or bytes overlapping another tensor's. Holes between tensors
+  // are accepted (the spec forbids them; real files never have them, and they are harmless).
+  explicit SafetensorsFile(std::string path);
+  static SafetensorsFile open(const std::string& path) { return SafetensorsFile(path); }
+  SafetensorsFile(SafetensorsFile&&) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&&) noexcept;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  ~SafetensorsFile();
+
+  const std::string& path() const { return path_; }
   uint64_t header_size() const { return header_size_; }  // N
-  // Tensor names in the order they appear in the header (metadata excluded).
+  uint64_t file_size() const { return file_size_; }      // bytes, at open
+  // Tensor names in the order they appear in the header ("__metadata__" excluded).
   const std::vector<std::string>& names() const { return names_; }
-  const Entry& entry(const std::string& name) const;  // InputError if absent
+  bool has(const std::string& name) const { return entries_.count(name) != 0; }
+  // InputError "<path>: no tensor '<name>'" if absent.
+  const Entry& entry(const std::string& name) const;
+  // "__metadata__" (empty if absent).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  // The tensor's values (dtype must be F32).
+
+  // Reads elements [elem_begin, elem_begin + elem_count) of tensor `name` (row-major flat
+  // index) into out[0 .. elem_count), converting F32/BF16/F16/F64 to float (F16/BF16 exactly;
+  // F64 rounded). Reads only those elements' bytes, via pread in chunks of at most 1 MiB.
+  // Throws InputError naming the file and tensor if the tensor is absent, its dtype is not
+  // one of those four, the range is negative or past numel, or the file became shorter than
+  // at open (short read); fsdp::Error on an I/O error.
+  void read_f32(const std::string& name, int64_t elem_begin, int64_t elem_count,
+                float* out) const;
+  // The whole tensor as floats (same conversions and errors).
   std::vector<float> read_f32(const std::string& name) const;
 
+  // Payload bytes read by read_f32 since open (the header is not counted).
+  uint64_t bytes_read() const { return bytes_read_; }
+  void reset_bytes_read() { bytes_read_ = 0; }
+
  private:
+  void parse_header(const std::string& json);
   std::string path_;
-  uint64_t header_size_ = 0;
+  int fd_ = -1;
+  uint64_t file_size_ = 0, header_size_ = 0;
   std::vector<std::string> names_;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;
+  mutable uint64_t bytes_read_ = 0;
+};
+
+// Before the hardened reader this was the reader's name; kept for existing callers.
+using Reader = SafetensorsFile;
+
+// A Hugging Face model directory's weights: either DIR/model.safetensors, or (when that is
+// absent) a sharded DIR/model.safetensors.index.json
+//   {"metadata": {...}, "weight_map": {"tensor name": "model-00001-of-00002.safetensors", ...}}
+// whose files lie in DIR. Each referenced file is opened once (its header validated as by
+// SafetensorsFile); reads go to the file holding the tensor. Movable, not thread-safe.
+class SafetensorsCheckpoint {
+ public:
+  // Throws InputError "<dir>: ..." if DIR is not a directory or holds neither file, and
+  // "<dir>/model.safetensors.index.json: ..." if the index is not valid JSON (or larger than
+  // kMaxHeaderBytes), not an object, lacks an object "weight_map" of string -> string, names
+  // a file that is empty, contains '/', '\\' or "..", does not exist, or does not hold the
+  // tensor mapped to it. Errors inside a weight file are those of SafetensorsFile.
+  explicit SafetensorsCheckpoint(std::string dir);
+  static SafetensorsCheckpoint open(const std::string& dir) { return SafetensorsCheckpoint(dir); }
+
+  const std::string& dir() const { return dir_; }
+  bool sharded() const { return sharded_; }  // opened through the index
+  // Single file: its header order. Sharded: the weight_map's names, sorted.
+  const std::vector<std::string>& names() const { return names_; }
+  bool has(const std::string& name) const { return file_of_.count(name) != 0; }
+  // InputError "<dir>: no tensor '<name>'" if absent.
+  const SafetensorsFile::Entry& entry(const std::string& name) const;
+  // The file holding `name` (InputError if absent).
+  const SafetensorsFile& file_of(const std::string& name) const;
+  const std::vector<SafetensorsFile>& files() const { return files_; }
+
+  // As SafetensorsFile::read_f32, on the file holding `name`.
+  void read_f32(const std::string& name, int64_t elem_begin, int64_t elem_count,
+                float* out) const;
+  std::vector<float> read_f32(const std::string& name) const;
+  // Sum of the files' bytes_read().
+  uint64_t bytes_read() const;
+  void reset_bytes_read();
+
+ private:
+  std::string dir_;
+  bool sharded_ = false;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, std::size_t> file_of_;  // tensor -> index into files_
+  std::vector<std::string> names_;
 };
 
 }  // namespace fsdp::safetensors
