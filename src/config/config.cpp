@@ -133,6 +133,7 @@ void visit_keys(C& c, F&& f) {
   f("checkpoint", "every", c.checkpoint.every);
   f("eval", "every", c.eval.every);
   f("eval", "max_windows", c.eval.max_windows);
+  f("eval", "on_start", c.eval.on_start);
 }
 
 // A default config of model type `type` (whose visit lists that family's [model] keys).

@@ -358,6 +358,16 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     if (!job.metrics) throw InputError("train.run_dir: cannot write " + path);
   });
 
+  if (cfg.eval.on_start && job.step == 0) {  // HF TrainingArguments.eval_on_start
+    const double val = evaluate(job);
+    result.val_losses.push_back({0, val});
+    std::ostringstream os;
+    os << "step 0/" << cfg.train.max_steps << " | val_loss " << std::fixed << std::setprecision(4)
+       << val;
+    job.log(os.str());
+    if (job.rank0()) job.metrics << nlohmann::json{{"step", 0}, {"val_loss", val}}.dump() << "\n";
+  }
+
   Backend& be = *job.backend;
   Stream& stream = be.compute_stream();
   Communicator& dev_world = job.mesh->world();

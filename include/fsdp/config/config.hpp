@@ -155,7 +155,8 @@ struct CheckpointConfig {
 
 struct EvalConfig {
   int64_t every = 100;                // steps between validation passes; 0 = only at the end
-  int64_t max_windows = 0;            // limit on validation windows; 0 = all
+  int64_t max_windows = 0;            // limit on validation samples (windows, examples); 0 = all
+  bool on_start = false;              // also evaluate before the first step (HF eval_on_start)
   friend bool operator==(const EvalConfig&, const EvalConfig&) = default;
 };
 
