@@ -347,7 +347,35 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
        {"fsdp.transformer_layer_cls_to_wrap: expected an array of strings"}},
       {"[train]\nseed = -1\n", {}, {"train.seed: -1 is negative"}},
       // model
-      {"[model]\ntype = \"t5\"\n", {}, {"model.type: unknown value \"t5\"", "gpt2"}},
+      {"[model]\ntype = \"t6\"\n", {},
+       {"input.toml: model.type: unknown value \"t6\" (expected one of gpt2, t5)"}},
+      {"", {"model.type=bert"}, {"--set model.type=bert: model.type: unknown value \"bert\""}},
+      // [model] keys belong to the chosen family.
+      {"[model]\ntype = \"t5\"\nn_layer = 2\n", {},
+       {"input.toml: unknown key 'model.n_layer'", "for model.type = \"t5\""}},
+      {"[model]\nd_model = 64\n", {},
+       {"input.toml: unknown key 'model.d_model'", "for model.type = \"gpt2\""}},
+      {"", {"model.type=t5", "model.n_embd=64"},
+       {"--set model.n_embd=64: unknown key 'model.n_embd'", "for model.type = \"t5\""}},
+      {"[model]\ntype = \"t5\"\nfeed_forward_proj = \"gelu\"\n", {},
+       {"input.toml: model.feed_forward_proj: unknown value \"gelu\" (expected one of relu, "
+        "gated-gelu)"}},
+      {"[model]\ntype = \"t5\"\nd_kv = 0\n", {}, {"input.toml: model.d_kv: 0 is out of range"}},
+      {"[model]\ntype = \"t5\"\nvocab_size = 256\n", {},
+       {"input.toml: model.vocab_size: 256 is out of range (expected >= 259"}},
+      {"[model]\ntype = \"t5\"\nrelative_attention_max_distance = 8\n", {},
+       {"model.relative_attention_max_distance: 8 is out of range"}},
+      {"[model]\ntype = \"t5\"\ntie_word_embeddings = 1\n", {},
+       {"input.toml: model.tie_word_embeddings: expected a boolean (true or false), got integer"}},
+      {"[model]\ntype = \"t5\"\n[data]\nobjective = \"causal_lm\"\n", {},
+       {"input.toml: data.objective: \"causal_lm\" is not an objective of model.type = \"t5\" "
+        "(expected \"seq2seq\" or \"span_corruption\")"}},
+      {"[data]\nobjective = \"seq2seq\"\n", {},
+       {"data.objective: \"seq2seq\" is not an objective of model.type = \"gpt2\""}},
+      {"[data]\nobjective = \"mlm\"\n", {}, {"data.objective: unknown value \"mlm\""}},
+      {"[model]\ntype = \"t5\"\n[fsdp]\ntransformer_layer_cls_to_wrap = [\"GPT2Block\"]\n", {},
+       {"fsdp.transformer_layer_cls_to_wrap: unknown module class \"GPT2Block\" for model.type = "
+        "\"t5\" (expected one of T5Block)"}},
       {"[model]\nn_layer = 0\n", {}, {"model.n_layer: 0 is out of range (expected an integer >= 1)"}},
       {"[model]\nn_head = 0\n", {}, {"model.n_head: 0"}},
       {"[model]\nn_embd = -1\n", {}, {"model.n_embd: -1"}},
@@ -547,6 +575,33 @@ TEST(Config, LoadAppliesOverridesAndReportsFileErrors) {
   const Config c = load_config(path.string(), {"model.n_layer=3"});
   EXPECT_EQ(c.model.integer("n_layer"), 3);
   std::filesystem::remove(path);
+}
+
+TEST(Config, T5KeysDefaultsAndModelDependentDefaults) {
+  const Config c = parse_config("[model]\ntype = \"t5\"\nd_model = 64\nfeed_forward_proj = "
+                                "\"gated-gelu\"\ntie_word_embeddings = false\n",
+                                "t5.toml", {"data.path=pairs.h5", "model.num_heads=8"});
+  EXPECT_EQ(c.model.type, "t5");
+  EXPECT_EQ(c.model.integer("d_model"), 64);
+  EXPECT_EQ(c.model.integer("num_heads"), 8);
+  EXPECT_EQ(c.model.integer("d_kv"), 32);  // a default of the family
+  EXPECT_EQ(c.model.string("feed_forward_proj"), "gated-gelu");
+  EXPECT_FALSE(c.model.boolean("tie_word_embeddings"));
+  EXPECT_DOUBLE_EQ(c.model.number("layer_norm_epsilon"), 1e-6);
+  EXPECT_EQ(c.model.integer("vocab_size"), 384);
+  // Unset, the wrap classes and the objective are the model's.
+  EXPECT_EQ(c.fsdp.transformer_layer_cls_to_wrap, std::vector<std::string>{"T5Block"});
+  EXPECT_EQ(c.data.objective, Objective::seq2seq);
+  EXPECT_THROW(c.model.integer("n_layer"), Error);       // not a T5 key
+  EXPECT_THROW(c.model.integer("feed_forward_proj"), Error);  // a string, read as an integer
+  // The resolved text loads back to the same config (model keys in the family's order).
+  const std::string text = to_toml(c);
+  EXPECT_THAT(text, HasSubstr("[model]\ntype = \"t5\"\ninit_from = \"\"\nd_model = 64\n"));
+  EXPECT_EQ(parse_config(text, "t5.toml", {}), c);
+  // Every input file loads, T5's included.
+  EXPECT_EQ(load_config(kInputs + "t5_wordnet.toml", {}).fsdp.sharding_strategy,
+            ShardingStrategy::HYBRID_SHARD);
+  EXPECT_EQ(load_config(kInputs + "t5_small.toml", {}).model.integer("d_model"), 512);
 }
 
 TEST(Config, ToTomlRoundTrips) {

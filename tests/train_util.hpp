@@ -3,6 +3,8 @@
 // difference, and a one-call training run. Header-only; each test binary includes it once.
 #pragma once
 
+#include <cerrno>  // program_invocation_short_name (GNU)
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -43,7 +45,9 @@ inline int world_size() {
 
 // A fresh directory shared by all ranks (rank 0 creates it).
 inline std::string fresh_dir(const std::string& name) {
-  const std::string dir = std::string(FSDP_BINARY_DIR) + "/test_runs/" + name + "_np" +
+  // Per test program too: ctest -j runs different programs with the same world size at once.
+  const std::string dir = std::string(FSDP_BINARY_DIR) + "/test_runs/" +
+                          program_invocation_short_name + "/" + name + "_np" +
                           std::to_string(world_size());
   if (world_rank() == 0) {
     fs::remove_all(dir);

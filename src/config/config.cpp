@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <type_traits>
 
@@ -697,23 +698,27 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   Config config = config_of_type(type);
   config.source_path = origin;
   std::map<std::string, std::string> origins;  // key -> "--set ..." for overridden keys
-  bool wrap_given = false;
+  std::set<std::string> given;  // keys the file or an override set
   visit_keys(config, [&](const char* sec, const char* key, auto& field) {
     const std::string full = std::string(sec) + "." + key;
     if (auto it = set.find(full); it != set.end()) {
       const std::string where = "--set " + it->second.text;
       origins[full] = where;
       convert(*it->second.value.get("k"), where, full, &it->second.raw, field);
-      wrap_given = wrap_given || full == "fsdp.transformer_layer_cls_to_wrap";
+      given.insert(full);
     } else if (const auto* t = doc.get_as<toml::table>(sec)) {
       if (const auto* node = t->get(key)) {
         convert(*node, origin, full, nullptr, field);
-        wrap_given = wrap_given || full == "fsdp.transformer_layer_cls_to_wrap";
+        given.insert(full);
       }
     }
   });
-  // Unset, the wrap classes are the model's (Hugging Face's _no_split_modules).
-  if (!wrap_given) config.fsdp.transformer_layer_cls_to_wrap = model_family(type).wrap_classes();
+  // Keys whose default is the model's: the wrap classes (Hugging Face's _no_split_modules)
+  // and the objective (its first: causal_lm for GPT-2, seq2seq for T5).
+  if (!given.count("fsdp.transformer_layer_cls_to_wrap")) {
+    config.fsdp.transformer_layer_cls_to_wrap = model_family(type).wrap_classes();
+  }
+  if (!given.count("data.objective")) config.data.objective = model_family(type).objectives().front();
 
   validate(config, [&](const std::string& key) {
     auto it = origins.find(key);
