@@ -11,25 +11,14 @@ cd "$(dirname "$0")/.."
 tools/install_deps.sh
 tools/build.sh
 build=${FSDP_BUILD_DIR:-build}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source tools/job_lib.sh
 
 mkdir -p data
 if [[ ! -f data/wordnet_pairs.h5 ]]; then
   tools/prepare_wordnet.sh data/wordnet_pairs.h5 "$build/fsdp_prepare"
 fi
 run_dir=runs/t5_wordnet
-if [[ -e "$run_dir" ]]; then
-  stamp=$(date +%Y%m%d-%H%M%S)
-  echo "run_t5_job: keeping the previous run as $run_dir.$stamp"
-  mv "$run_dir" "$run_dir.$stamp"
-fi
-start=$(date +%s)
-mpirun -np 4 --oversubscribe --bind-to none "$build/fsdp_train" inputs/t5_wordnet.toml \
-  --set train.run_dir="$run_dir" "$@"
-end=$(date +%s)
-echo "run_t5_job: training took $((end - start)) s"
-"$build/fsdp_merge" "$run_dir/checkpoints/$(cat "$run_dir/checkpoints/latest")" "$run_dir/hf"
-ls -l "$run_dir/hf"
+train_and_merge run_t5_job inputs/t5_wordnet.toml "$run_dir" "$@"
 python3 - "$run_dir" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
