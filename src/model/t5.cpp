@@ -537,6 +537,60 @@ struct FF {
     }
   }
 };
+// T5LayerSelfAttention of one block (layer.0), the same in both stacks:
+// h1 [R,D] = x + o(mha(q, k, v; bias, key_mask, causal)), q, k, v = ln0(x) @ W^T, R = B*T.
+// The stack's position bias [H,T,T] is computed by block 0 (`owns_bias`) from its table and
+// read by every block; in backward every block adds its score gradient into dbias and block 0
+// turns the sum into its table's gradient.
+struct SelfAttention {
+  Backend& be;
+  const T5Config& c;
+  ModuleHooks& hooks;
+  const BlockIds& b;
+  int64_t B, T;
+  TensorView bias;     // fp32 [H,T,T]
+  TensorView buckets;  // int32 [T,T]
+  // compute_bias: block 0's forward (not its recompute, which finds the bias in place).
+  void forward(LayerBufs& y, const TensorView& x, const TensorView& key_mask, bool causal,
+               bool compute_bias, float eps) const {
+    const int64_t D = c.d_model, I = c.num_heads * c.d_kv, H = c.num_heads, R = B * T;
+    const TensorView ln0 = y.ln0.view({R, D}), q = y.q.view({R, I}), k = y.k.view({R, I});
+    const TensorView v = y.v.view({R, I}), atty = y.atty.view({R, I}), h1 = y.h1.view({R, D});
+    be.rmsnorm_forward(ln0, y.rstd0.view({R}), x, hooks.param(b.ln0), R, D, eps);
+    be.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.q), 0.f, q);
+    be.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.k), 0.f, k);
+    be.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.v), 0.f, v);
+    if (compute_bias) be.position_bias_forward(bias, hooks.param(b.rel_bias), buckets, H, T, T);
+    be.mha_forward(atty, y.att.view({B, H, T, T}), q, k, v, bias, key_mask, B, T, T, H, c.d_kv,
+                   1.f, causal);
+    be.gemm(false, true, R, D, I, 1.f, atty, hooks.param(b.o), 0.f, h1);
+    be.add(h1, h1, x);
+  }
+  // dres [R,D]: d h1 on entry, d x on exit (accumulated). Scratch: dq, dk, dv, datty [R,I],
+  // dln [R,D], att_scratch fp32 [B*H*T*T]; dbias fp32 [H,T,T] accumulates.
+  void backward(LayerBufs& y, const TensorView& x, const TensorView& dres, const TensorView& dq,
+                const TensorView& dk, const TensorView& dv, const TensorView& datty,
+                const TensorView& dln, const TensorView& att_scratch, const TensorView& dbias,
+                bool owns_bias) const {
+    const int64_t D = c.d_model, I = c.num_heads * c.d_kv, H = c.num_heads, R = B * T;
+    const TensorView ln0 = y.ln0.view({R, D});
+    const TensorView q = y.q.view({R, I}), k = y.k.view({R, I}), v = y.v.view({R, I});
+    be.gemm(true, false, D, I, R, 1.f, dres, y.atty.view({R, I}), 1.f, hooks.grad(b.o));
+    be.gemm(false, false, R, I, D, 1.f, dres, hooks.param(b.o), 0.f, datty);
+    be.mha_backward(dq, dk, dv, dbias, att_scratch, datty, q, k, v, y.att.view({B, H, T, T}), B,
+                    T, T, H, c.d_kv, 1.f);
+    be.gemm(true, false, I, D, R, 1.f, dq, ln0, 1.f, hooks.grad(b.q));
+    be.gemm(true, false, I, D, R, 1.f, dk, ln0, 1.f, hooks.grad(b.k));
+    be.gemm(true, false, I, D, R, 1.f, dv, ln0, 1.f, hooks.grad(b.v));
+    be.gemm(false, false, R, D, I, 1.f, dq, hooks.param(b.q), 0.f, dln);
+    be.gemm(false, false, R, D, I, 1.f, dk, hooks.param(b.k), 1.f, dln);
+    be.gemm(false, false, R, D, I, 1.f, dv, hooks.param(b.v), 1.f, dln);
+    be.rmsnorm_backward(dres, hooks.grad(b.ln0), dln, x, hooks.param(b.ln0), y.rstd0.view({R}),
+                        R, D);
+    if (owns_bias) be.position_bias_backward(hooks.grad(b.rel_bias), dbias, buckets, H, T, T);
+  }
+};
+
 }  // namespace
 
 // Encoder block l: res_e[l] -> (self-attention with the bidirectional bias and the padding key
@@ -545,24 +599,13 @@ void T5Model::encoder_block_forward(int64_t l, int64_t B, int64_t Te, ModuleHook
                                     bool write_output, bool recompute) {
   Acts& a = *acts_;
   const BlockIds& b = ids_->enc[static_cast<std::size_t>(l)];
-  const int64_t D = cfg_.d_model, I = cfg_.num_heads * cfg_.d_kv, H = cfg_.num_heads, R = B * Te;
+  const int64_t D = cfg_.d_model, H = cfg_.num_heads, R = B * Te;
   const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
   LayerBufs& y = a.enc_layer(l);
-  const TensorView x = a.res_e[static_cast<std::size_t>(l)].view({R, D});
-  const TensorView ln0 = y.ln0.view({R, D}), q = y.q.view({R, I}), k = y.k.view({R, I});
-  const TensorView v = y.v.view({R, I}), atty = y.atty.view({R, I}), h1 = y.h1.view({R, D});
-  const TensorView bias = a.enc_bias.view({H, Te, Te});
-  be_.rmsnorm_forward(ln0, y.rstd0.view({R}), x, hooks.param(b.ln0), R, D, eps);
-  be_.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.q), 0.f, q);
-  be_.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.k), 0.f, k);
-  be_.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.v), 0.f, v);
-  if (l == 0 && !recompute) {
-    be_.position_bias_forward(bias, hooks.param(b.rel_bias), a.enc_buckets.view({Te, Te}), H, Te, Te);
-  }
-  be_.mha_forward(atty, y.att.view({B, H, Te, Te}), q, k, v, bias, a.enc_mask.view({B, Te}), B, Te,
-                  Te, H, cfg_.d_kv, 1.f, false);
-  be_.gemm(false, true, R, D, I, 1.f, atty, hooks.param(b.o), 0.f, h1);
-  be_.add(h1, h1, x);
+  const TensorView x = a.res_e[static_cast<std::size_t>(l)].view({R, D}), h1 = y.h1.view({R, D});
+  const TensorView bias = a.enc_bias.view({H, Te, Te}), buckets = a.enc_buckets.view({Te, Te});
+  SelfAttention{be_, cfg_, hooks, b, B, Te, bias, buckets}.forward(
+      y, x, a.enc_mask.view({B, Te}), /*causal=*/false, l == 0 && !recompute, eps);
   const TensorView ln1 = y.ln1.view({R, D});
   be_.rmsnorm_forward(ln1, y.rstd1.view({R}), h1, hooks.param(b.ln_ff), R, D, eps);
   const TensorView out = a.res_e[static_cast<std::size_t>(l + 1)].view({R, D});
@@ -580,21 +623,10 @@ void T5Model::decoder_block_forward(int64_t l, int64_t B, int64_t Te, int64_t Td
   const int64_t R = B * Td, Re = B * Te;
   const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
   LayerBufs& y = a.dec_layer(l);
-  const TensorView x = a.res_d[static_cast<std::size_t>(l)].view({R, D});
-  const TensorView ln0 = y.ln0.view({R, D}), q = y.q.view({R, I}), k = y.k.view({R, I});
-  const TensorView v = y.v.view({R, I}), atty = y.atty.view({R, I}), h1 = y.h1.view({R, D});
-  const TensorView bias = a.dec_bias.view({H, Td, Td});
-  be_.rmsnorm_forward(ln0, y.rstd0.view({R}), x, hooks.param(b.ln0), R, D, eps);
-  be_.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.q), 0.f, q);
-  be_.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.k), 0.f, k);
-  be_.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.v), 0.f, v);
-  if (l == 0 && !recompute) {
-    be_.position_bias_forward(bias, hooks.param(b.rel_bias), a.dec_buckets.view({Td, Td}), H, Td, Td);
-  }
-  be_.mha_forward(atty, y.att.view({B, H, Td, Td}), q, k, v, bias, TensorView{}, B, Td, Td, H,
-                  cfg_.d_kv, 1.f, true);
-  be_.gemm(false, true, R, D, I, 1.f, atty, hooks.param(b.o), 0.f, h1);
-  be_.add(h1, h1, x);
+  const TensorView x = a.res_d[static_cast<std::size_t>(l)].view({R, D}), h1 = y.h1.view({R, D});
+  const TensorView bias = a.dec_bias.view({H, Td, Td}), buckets = a.dec_buckets.view({Td, Td});
+  SelfAttention{be_, cfg_, hooks, b, B, Td, bias, buckets}.forward(
+      y, x, TensorView{}, /*causal=*/true, l == 0 && !recompute, eps);
   // EncDecAttention
   const TensorView ln1 = y.ln1.view({R, D}), cq = y.cq.view({R, I}), ck = y.ck.view({Re, I});
   const TensorView cv = y.cv.view({Re, I}), catty = y.catty.view({R, I}), h2 = y.h2.view({R, D});
@@ -688,29 +720,17 @@ void T5Model::encoder_block_backward(int64_t l, int64_t B, int64_t Te, ModuleHoo
   auto W = [&](int p) { return hooks.param(p); };
   auto G = [&](int p) { return hooks.grad(p); };
   const TensorView dres = a.dres_e.view({R, D}), dln = a.dln.view({R, D});
-  const TensorView ln0 = y.ln0.view({R, D}), ln1 = y.ln1.view({R, D}), h1 = y.h1.view({R, D});
-  const TensorView q = y.q.view({R, I}), k = y.k.view({R, I}), v = y.v.view({R, I});
+  const TensorView ln1 = y.ln1.view({R, D}), h1 = y.h1.view({R, D});
   const TensorView dq = a.dq.view({R, I}), dk = a.dk.view({R, I}), dv = a.dv.view({R, I});
   const TensorView datty = a.datty.view({R, I});
   // feed-forward: out = h1 + ff(ln1(h1))
   FF{be_, cfg_, hooks, b, R}.backward(dres, ln1, y, a.dff0.view({R, F}), a.dff1, dln);
   be_.rmsnorm_backward(dres, G(b.ln_ff), dln, h1, W(b.ln_ff), y.rstd1.view({R}), R, D);  // d h1
-  // self-attention: h1 = x + o(mha(q, k, v))
-  be_.gemm(true, false, D, I, R, 1.f, dres, y.atty.view({R, I}), 1.f, G(b.o));
-  be_.gemm(false, false, R, I, D, 1.f, dres, W(b.o), 0.f, datty);
-  const TensorView dbias = a.enc_dbias.view({H, Te, Te});
-  be_.mha_backward(dq, dk, dv, dbias, a.att_scratch.view({B * H * Te * Te}), datty, q, k, v,
-                   y.att.view({B, H, Te, Te}), B, Te, Te, H, cfg_.d_kv, 1.f);
-  be_.gemm(true, false, I, D, R, 1.f, dq, ln0, 1.f, G(b.q));
-  be_.gemm(true, false, I, D, R, 1.f, dk, ln0, 1.f, G(b.k));
-  be_.gemm(true, false, I, D, R, 1.f, dv, ln0, 1.f, G(b.v));
-  be_.gemm(false, false, R, D, I, 1.f, dq, W(b.q), 0.f, dln);
-  be_.gemm(false, false, R, D, I, 1.f, dk, W(b.k), 1.f, dln);
-  be_.gemm(false, false, R, D, I, 1.f, dv, W(b.v), 1.f, dln);
-  be_.rmsnorm_backward(dres, G(b.ln0), dln, a.res_e[static_cast<std::size_t>(l)].view({R, D}),
-                       W(b.ln0), y.rstd0.view({R}), R, D);  // d x
-  // Block 0 owns the table: every block's bias gradient has been summed into dbias.
-  if (l == 0) be_.position_bias_backward(G(b.rel_bias), dbias, a.enc_buckets.view({Te, Te}), H, Te, Te);
+  // self-attention: h1 = x + o(mha(q, k, v) + bias); dres becomes d x
+  SelfAttention{be_, cfg_, hooks, b, B, Te, a.enc_bias.view({H, Te, Te}),
+                a.enc_buckets.view({Te, Te})}
+      .backward(y, a.res_e[static_cast<std::size_t>(l)].view({R, D}), dres, dq, dk, dv, datty,
+                dln, a.att_scratch.view({B * H * Te * Te}), a.enc_dbias.view({H, Te, Te}), l == 0);
 }
 
 // a.dres_d holds d res_d[l+1] on entry and d res_d[l] on exit; a.denc_out accumulates the
@@ -747,25 +767,12 @@ void T5Model::decoder_block_backward(int64_t l, int64_t B, int64_t Te, int64_t T
     be_.gemm(false, false, R, D, I, 1.f, dq, W(b.cq), 0.f, dln);
     be_.rmsnorm_backward(dres, G(b.ln1), dln, y.h1.view({R, D}), W(b.ln1), y.rstd1.view({R}), R, D);
   }
-  // causal self-attention: h1 = x + o(mha(q, k, v) + bias)
-  const TensorView ln0 = y.ln0.view({R, D});
-  const TensorView q = y.q.view({R, I}), k = y.k.view({R, I}), v = y.v.view({R, I});
-  const TensorView dq = a.dq.view({R, I}), dk = a.dk.view({R, I}), dv = a.dv.view({R, I});
-  const TensorView datty = a.datty.view({R, I});
-  be_.gemm(true, false, D, I, R, 1.f, dres, y.atty.view({R, I}), 1.f, G(b.o));
-  be_.gemm(false, false, R, I, D, 1.f, dres, W(b.o), 0.f, datty);
-  const TensorView dbias = a.dec_dbias.view({H, Td, Td});
-  be_.mha_backward(dq, dk, dv, dbias, a.att_scratch.view({B * H * Td * Td}), datty, q, k, v,
-                   y.att.view({B, H, Td, Td}), B, Td, Td, H, cfg_.d_kv, 1.f);
-  be_.gemm(true, false, I, D, R, 1.f, dq, ln0, 1.f, G(b.q));
-  be_.gemm(true, false, I, D, R, 1.f, dk, ln0, 1.f, G(b.k));
-  be_.gemm(true, false, I, D, R, 1.f, dv, ln0, 1.f, G(b.v));
-  be_.gemm(false, false, R, D, I, 1.f, dq, W(b.q), 0.f, dln);
-  be_.gemm(false, false, R, D, I, 1.f, dk, W(b.k), 1.f, dln);
-  be_.gemm(false, false, R, D, I, 1.f, dv, W(b.v), 1.f, dln);
-  be_.rmsnorm_backward(dres, G(b.ln0), dln, a.res_d[static_cast<std::size_t>(l)].view({R, D}),
-                       W(b.ln0), y.rstd0.view({R}), R, D);
-  if (l == 0) be_.position_bias_backward(G(b.rel_bias), dbias, a.dec_buckets.view({Td, Td}), H, Td, Td);
+  // causal self-attention: h1 = x + o(mha(q, k, v) + bias); dres becomes d x
+  SelfAttention{be_, cfg_, hooks, b, B, Td, a.dec_bias.view({H, Td, Td}),
+                a.dec_buckets.view({Td, Td})}
+      .backward(y, a.res_d[static_cast<std::size_t>(l)].view({R, D}), dres, a.dq.view({R, I}),
+                a.dk.view({R, I}), a.dv.view({R, I}), a.datty.view({R, I}), dln,
+                a.att_scratch.view({B * H * Td * Td}), a.dec_dbias.view({H, Td, Td}), l == 0);
 }
 
 // ---- Hugging Face config.json ----
