@@ -6,8 +6,9 @@
 // here, whose examples have different input and target lengths (so rows are padded, and
 // some are truncated):
 //  - every sharding strategy at the test's world size equals a 1-rank NO_SHARD run over 5
-//    steps (AdamW for every shape, SGD for one): losses and final full parameters within
-//    1e-5 relative (sharding and reductions change only the summation order);
+//    steps (AdamW for every shape, SGD for one): losses, validation losses at steps 0 and 5
+//    and final full parameters (together and per tensor) within 1e-5 relative (sharding and
+//    reductions change only the summation order);
 //  - gradient accumulation (train.micro_batch_size 1, 2, or the whole per-rank batch) gives
 //    the same steps within 1e-6: the loss is normalised by the step's global target-token
 //    count, so micro-batches with different amounts of padding weigh their tokens alike;
@@ -22,7 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <random>
+#include <ostream>
 #include <string>
 
 #include "t5_util.hpp"
