@@ -6,7 +6,10 @@
 //  - activation checkpointing gives the same training, bit for bit, with a smaller planned
 //    and measured activation peak;
 //  - a steady-state training step makes no raw allocation or free (the caching allocator
-//    serves every unshard, gradient and staging buffer from step 2 on).
+//    serves every unshard, gradient and staging buffer from step 2 on);
+//  - the same for T5 (tests/t5_util.hpp's tiny seq2seq model, 2 + 2 blocks): plan == measured
+//    for every prefetch mode, strategy and param dtype, with and without activation
+//    checkpointing, and a steady state without raw allocations.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -14,6 +17,7 @@
 
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/model/gpt2.hpp"
+#include "t5_util.hpp"
 #include "train_util.hpp"
 
 using namespace test_util;
@@ -35,7 +39,21 @@ void expect_plan_equals_peak(const TrainResult& r, const std::string& what) {
   EXPECT_EQ(r.planned_activation_bytes, measured(r, MemCategory::activations)) << what;
 }
 
-TEST(MemoryPlan, EqualsMeasuredPeakForEveryPrefetchMode) {
+// GPT-2 (small_config, 4 blocks) or T5 (t5_config, 2 encoder + 2 decoder blocks).
+Config model_config(const std::string& model, const std::string& run_dir) {
+  if (model == "gpt2") {
+    Config c = small_config(run_dir);
+    c.model.set("n_layer", int64_t{4});  // enough blocks for prefetch to matter
+    return c;
+  }
+  Config c = t5_config(run_dir);
+  c.model.set("num_decoder_layers", int64_t{2});
+  return c;
+}
+
+class PerModel : public testing::TestWithParam<const char*> {};
+
+TEST_P(PerModel, EqualsMeasuredPeakForEveryPrefetchMode) {
   using BP = fsdp::BackwardPrefetch;
   for (auto strategy : {fsdp::ShardingStrategy::FULL_SHARD, fsdp::ShardingStrategy::SHARD_GRAD_OP,
                         fsdp::ShardingStrategy::HYBRID_SHARD}) {
@@ -43,13 +61,13 @@ TEST(MemoryPlan, EqualsMeasuredPeakForEveryPrefetchMode) {
       for (bool forward : {false, true}) {
         for (BP backward : {BP::BACKWARD_PRE, BP::BACKWARD_POST, BP::NO_PREFETCH}) {
           for (bool limit : {true, false}) {
-            const std::string what = std::string(fsdp::to_string(strategy)) + " " +
+            const std::string what = std::string(GetParam()) + " " +
+                                     std::string(fsdp::to_string(strategy)) + " " +
                                      std::string(fsdp::to_string(param)) + " forward_prefetch=" +
                                      std::to_string(forward) + " " + fsdp::to_string(backward) +
                                      " limit_all_gathers=" + std::to_string(limit);
-            Config c = small_config(fresh_dir("plan"));
+            Config c = model_config(GetParam(), fresh_dir("plan"));
             c.train.max_steps = 2;
-            c.model.set("n_layer", int64_t{4});  // enough blocks for prefetch to matter
             c.fsdp.sharding_strategy = strategy;
             c.mesh.shard_size = std::min(2, world_size());
             c.mixed_precision.param_dtype = param;
@@ -85,11 +103,10 @@ TEST(MemoryPlan, FollowsThePrefetchMode) {
   EXPECT_EQ(plan(true, fsdp::BackwardPrefetch::NO_PREFETCH), root + 2 * block);
 }
 
-TEST(MemoryPlan, ActivationCheckpointingShrinksPlanAndPeakAlike) {
+TEST_P(PerModel, ActivationCheckpointingShrinksPlanAndPeakAlike) {
   // fsdp.activation_checkpointing end to end: the same losses and parameters bit for bit,
   // and a smaller activation plan that the measured peak equals.
-  Config c = small_config(fresh_dir("ac_off"));
-  c.model.set("n_layer", int64_t{4});
+  Config c = model_config(GetParam(), fresh_dir("ac_off"));
   c.mesh.shard_size = std::min(2, world_size());
   c.fsdp.sharding_strategy = fsdp::ShardingStrategy::HYBRID_SHARD;
   const TrainResult off = run(c, On::world);
@@ -104,13 +121,14 @@ TEST(MemoryPlan, ActivationCheckpointingShrinksPlanAndPeakAlike) {
   expect_plan_equals_peak(off, "no activation_checkpointing");
 }
 
-TEST(CachingAllocator, SteadyStateStepsAllocateNothing) {
+TEST_P(PerModel, SteadyStateStepsAllocateNothing) {
   for (auto param : {fsdp::DType::f32, fsdp::DType::bf16}) {
     for (auto strategy : {fsdp::ShardingStrategy::FULL_SHARD, fsdp::ShardingStrategy::HYBRID_SHARD,
                           fsdp::ShardingStrategy::NO_SHARD}) {
-      const std::string what =
-          std::string(fsdp::to_string(strategy)) + " " + std::string(fsdp::to_string(param));
-      Config c = small_config(fresh_dir("alloc"));
+      const std::string what = std::string(GetParam()) + " " +
+                               std::string(fsdp::to_string(strategy)) + " " +
+                               std::string(fsdp::to_string(param));
+      Config c = model_config(GetParam(), fresh_dir("alloc"));
       c.train.max_steps = 4;
       c.eval.every = 2;  // an evaluation between steps must not break the steady state
       c.fsdp.sharding_strategy = strategy;
@@ -124,5 +142,10 @@ TEST(CachingAllocator, SteadyStateStepsAllocateNothing) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, PerModel, testing::Values("gpt2", "t5"),
+                         [](const testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 }  // namespace

@@ -11,6 +11,11 @@
 #               finite losses near ln(256); fp16 lines carry loss_scale and skipped; the
 #               banner names the dtypes.
 # CASE dry_run: --dry-run prints the resolved config and memory plan, exits 0, writes nothing.
+# CASE t5_dry_run: inputs/t5_wordnet.toml (HYBRID_SHARD, shard_size 2) --dry-run on a small
+#               pairs file made by fsdp_prepare --pairs: prints the t5 model, its T5Block
+#               units and the memory plan, writes nothing; with
+#               fsdp.activation_checkpointing=true the activations row (and the total) is
+#               smaller by the same amount and every other row is unchanged.
 # CASE help / version: exit 0, printed once (rank 0 only).
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -125,6 +130,43 @@ EOF
     if [ "$n" -ne 1 ]; then fail "memory plan printed $n times, expected once (rank 0)"; fi
     if [ -e "$WORK/run/checkpoints" ]; then fail "--dry-run created $WORK/run/checkpoints"; fi
     if [ -e "$WORK/run/metrics.jsonl" ]; then fail "--dry-run wrote metrics.jsonl"; fi
+    ;;
+  t5_dry_run)
+    # 40 pairs (gloss -> word, different lengths): 38 train >= global_batch_size 32.
+    for i in $(seq 1 40); do
+      printf 'a gloss of %s words for entry %d\tword%d\n' "$(seq -s ' ' 1 $((i % 7 + 1)))" "$i" "$i"
+    done >"$WORK/pairs.tsv"
+    run_prepare --pairs "$WORK/pairs.tsv" "$WORK/pairs.h5" --val-fraction 0.05
+    expect_rc 0
+    # plan_rows: the memory plan's "name bytes" rows of the last run.
+    plan_rows() { awk '/^memory plan per rank/ { on = 1; next } on && NF >= 2 { print $1, $2 }' "$OUT"; }
+    t5=(--dry-run --set data.path="$WORK/pairs.h5" --set train.run_dir="$WORK/run")
+    run_train "$SRC_DIR/inputs/t5_wordnet.toml" "${t5[@]}"
+    expect_rc 0
+    for want in "memory plan per rank" "model: t5," "HYBRID_SHARD" 'type = "t5"' \
+                "unit encoder.block.0" "unit decoder.block.2" "data: seq2seq, " "activations" "total"; do
+      if ! grep -qF -- "$want" "$OUT"; then fail "t5 dry-run output lacks '$want'"; fi
+    done
+    n=$(grep -c "memory plan per rank" "$OUT")
+    if [ "$n" -ne 1 ]; then fail "memory plan printed $n times, expected once (rank 0)"; fi
+    plan_rows >"$WORK/plan_off.txt"
+    run_train "$SRC_DIR/inputs/t5_wordnet.toml" "${t5[@]}" --set fsdp.activation_checkpointing=true
+    expect_rc 0
+    plan_rows >"$WORK/plan_on.txt"
+    python3 - "$WORK/plan_off.txt" "$WORK/plan_on.txt" <<'EOF' || fail "activation checkpointing plan check failed"
+import sys
+off, on = ({k: int(v) for k, v in (l.split() for l in open(p))} for p in sys.argv[1:])
+rows = ["sharded_params", "unsharded_params", "grads", "unsharded_grads", "optimizer_state",
+        "activations", "comm_buffers", "total"]
+assert sorted(off) == sorted(rows) and sorted(on) == sorted(rows), (off, on)
+assert 0 < on["activations"] < off["activations"], (off["activations"], on["activations"])
+for k in rows:
+    if k not in ("activations", "total"):
+        assert on[k] == off[k], (k, off[k], on[k])
+assert off["total"] - on["total"] == off["activations"] - on["activations"], (off, on)
+print("activations", off["activations"], "->", on["activations"])
+EOF
+    if [ -e "$WORK/run" ]; then fail "--dry-run created $WORK/run"; fi
     ;;
   help)
     run_train --help
