@@ -72,9 +72,33 @@ max_windows = 4
   return c;
 }
 
+// Tiny GPT-2 on synthetic tokens (no shared token file: other test binaries running at the
+// same time remove and rebuild test_util's text dataset).
 Config gpt2_config(const std::string& run_dir) {
-  Config c = small_config(run_dir);
-  c.train.max_steps = 3;
+  Config c = fsdp::parse_config(R"(
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 16
+n_positions = 16
+vocab_size = 256
+[data]
+source = "synthetic"
+seq_len = 12
+[train]
+global_batch_size = 8
+max_steps = 3
+seed = 7
+[optim]
+lr = 1e-2
+min_lr = 1e-3
+warmup_steps = 1
+weight_decay = 0.1
+[eval]
+every = 0
+max_windows = 4
+)", "test_init_from", {});
+  c.train.run_dir = run_dir;
   return c;
 }
 
@@ -273,6 +297,27 @@ TEST_P(InitFrom, RunStartsAtTheSourceRunsFinalValidationLoss) {
   const TrainResult r0 = run(fresh, On::world);
   EXPECT_GT(std::abs(r0.val_losses.front().second - r.val_losses.front().second), 1e-3);
   EXPECT_EQ(r0.init_bytes_read, 0);
+}
+
+TEST_P(InitFrom, HybridShardReplicasReadTheirShardGroupsShare) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks (2 replicas of shard groups of 2)";
+  const Source& src = source(GetParam());
+  Config c = GetParam().config(fresh_dir("init_hybrid_" + GetParam().name));
+  c.model.init_from = src.hf;
+  c.eval.on_start = true;
+  c.train.max_steps = 1;
+  c.fsdp.sharding_strategy = fsdp::ShardingStrategy::HYBRID_SHARD;
+  c.mesh.shard_size = 2;
+  const TrainResult r = run(c, On::world);
+  EXPECT_EQ(r.val_losses.front().second, src.result.val_losses.back().second);
+  // Shard index = rank within the shard group (ranks 0,1 | 2,3): half of the model each.
+  const auto layouts = fsdp::build_unit_layouts(fsdp::model_family(c.model.type).modules(c.model), c.fsdp, 2);
+  int64_t owned = 0;
+  for (const auto& l : layouts) {
+    const int s = world_rank() % 2;
+    owned += std::max<int64_t>(0, std::min(l.shard_end(s), l.numel) - l.shard_begin(s));
+  }
+  EXPECT_EQ(r.init_bytes_read, 4 * owned);
 }
 
 TEST_P(InitFrom, ResumeIgnoresInitFrom) {
