@@ -11,6 +11,9 @@ Usage (ctest fsdp_merge_cli runs this after test_checkpoint left its fixture):
        the names/shapes are exactly those of a GPT2LMHeadModel state dict for config.json
        (lm_head.weight tied, so absent), and a GPT-2 forward pass with Hugging Face
        conventions (Conv1D: y = x @ W + b) runs on them and gives finite logits.
+    3. With --t5-step-dir T5_DIR --t5-expected T5_HF_DIR: the same for a T5 checkpoint
+       (names/shapes of a T5ForConditionalGeneration state dict, bit-identical to the
+       library's merge; no forward pass).
   check_merge.py OUT_DIR   only step 2's format/name/forward checks of an existing output.
   check_merge.py OUT_DIR --eval-bytes VAL.bin --seq-len L --windows N [--expect-loss X]
     also prints the mean next-token cross-entropy of the merged model over the first N
@@ -89,6 +92,39 @@ def hf_gpt2_shapes(cfg):
     return s
 
 
+def hf_t5_shapes(cfg):
+    """T5ForConditionalGeneration state dict (tied duplicates embed_tokens left out)."""
+    V, D, H = cfg["vocab_size"], cfg["d_model"], cfg["num_heads"]
+    I, F, NB = H * cfg["d_kv"], cfg["d_ff"], cfg["relative_attention_num_buckets"]
+    gated = cfg["feed_forward_proj"] == "gated-gelu"
+    s = {"shared.weight": [V, D]}
+
+    def attn(p):
+        s.update({p + "q.weight": [I, D], p + "k.weight": [I, D], p + "v.weight": [I, D],
+                  p + "o.weight": [D, I]})
+
+    def ff(p):
+        wi = ["wi_0", "wi_1"] if gated else ["wi"]
+        s.update({f"{p}DenseReluDense.{w}.weight": [F, D] for w in wi})
+        s.update({p + "DenseReluDense.wo.weight": [D, F], p + "layer_norm.weight": [D]})
+
+    for stack, n in (("encoder", cfg["num_layers"]), ("decoder", cfg["num_decoder_layers"])):
+        for i in range(n):
+            p = f"{stack}.block.{i}.layer."
+            attn(p + "0.SelfAttention.")
+            if i == 0:
+                s[p + "0.SelfAttention.relative_attention_bias.weight"] = [NB, H]
+            s[p + "0.layer_norm.weight"] = [D]
+            if stack == "decoder":
+                attn(p + "1.EncDecAttention.")
+                s[p + "1.layer_norm.weight"] = [D]
+            ff(p + ("2." if stack == "decoder" else "1."))
+        s[stack + ".final_layer_norm.weight"] = [D]
+    if not cfg["tie_word_embeddings"]:
+        s["lm_head.weight"] = [V, D]
+    return s
+
+
 def gpt2_forward(t, cfg, tokens):
     """GPT2LMHeadModel forward (eval mode) with HF conventions, in numpy float64."""
     C, H = cfg["n_embd"], cfg["n_head"]
@@ -128,6 +164,8 @@ def gpt2_forward(t, cfg, tokens):
 def check_output(out_dir):
     with open(os.path.join(out_dir, "config.json")) as f:
         cfg = json.load(f)
+    if cfg.get("model_type") == "t5":
+        return check_t5_output(out_dir, cfg)
     if cfg.get("architectures") != ["GPT2LMHeadModel"] or cfg.get("model_type") != "gpt2":
         fail(f"{out_dir}/config.json: not a GPT2LMHeadModel config")
     if cfg.get("tie_word_embeddings") is not True:
@@ -145,6 +183,45 @@ def check_output(out_dir):
     if logits.shape != (len(tokens), cfg["vocab_size"]) or not np.all(np.isfinite(logits)):
         fail("GPT-2 forward on the merged tensors gave bad logits")
     return tensors
+
+
+def check_t5_output(out_dir, cfg):
+    """Names and shapes of a T5ForConditionalGeneration directory (no forward pass)."""
+    if cfg.get("architectures") != ["T5ForConditionalGeneration"] or \
+            cfg.get("is_encoder_decoder") is not True:
+        fail(f"{out_dir}/config.json: not a T5ForConditionalGeneration config")
+    names, tensors = read_safetensors(os.path.join(out_dir, "model.safetensors"))
+    want = hf_t5_shapes(cfg)
+    if set(names) != set(want):
+        fail(f"tensor names differ from T5ForConditionalGeneration: extra "
+             f"{sorted(set(names) - set(want))}, missing {sorted(set(want) - set(names))}")
+    for n, sh in want.items():
+        if list(tensors[n].shape) != sh:
+            fail(f"{n}: shape {list(tensors[n].shape)}, expected {sh}")
+        if not np.all(np.isfinite(tensors[n])):
+            fail(f"{n}: non-finite values")
+    return tensors
+
+
+def compare_merge(merge, step_dir, expected, out_dir):
+    """Runs the tool on step_dir, checks its output and compares it with the library's."""
+    rc, out = run([merge, step_dir, out_dir])
+    if rc != 0:
+        fail(f"merge {step_dir}: rc {rc}, output {out!r}")
+    got = check_output(out_dir)
+    _, ref = read_safetensors(os.path.join(expected, "model.safetensors"))
+    if set(got) != set(ref):
+        fail(f"{out_dir}: tensor names differ from the library's merge in {expected}")
+    for n in ref:
+        if got[n].tobytes() != ref[n].tobytes():
+            fail(f"{n}: differs from the library's merge in {expected}")
+    with open(os.path.join(out_dir, "config.json")) as f, \
+            open(os.path.join(expected, "config.json")) as g:
+        if json.load(f) != json.load(g):
+            fail("config.json differs from the library's merge")
+    leftovers = [f for f in os.listdir(out_dir) if f.endswith(".tmp")]
+    if leftovers:
+        fail(f"temporary files left: {leftovers}")
 
 
 def eval_loss(tensors, cfg, path, L, windows):
@@ -174,6 +251,8 @@ def main():
     ap.add_argument("--step-dir")
     ap.add_argument("--expected")
     ap.add_argument("--work")
+    ap.add_argument("--t5-step-dir")
+    ap.add_argument("--t5-expected")
     ap.add_argument("--eval-bytes")
     ap.add_argument("--seq-len", type=int, default=0)
     ap.add_argument("--windows", type=int, default=0)
@@ -192,6 +271,8 @@ def main():
         return
     if not (a.merge and a.step_dir and a.expected and a.work):
         ap.error("give OUT_DIR, or all of --merge --step-dir --expected --work")
+    if bool(a.t5_step_dir) != bool(a.t5_expected):
+        ap.error("--t5-step-dir and --t5-expected go together")
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
 
@@ -215,22 +296,9 @@ def main():
     if rc != 2 or shards[-1] not in out:
         fail(f"missing shard file: rc {rc} (expected 2 naming {shards[-1]}), output {out!r}")
 
-    out_dir = os.path.join(a.work, "out")
-    rc, out = run([a.merge, a.step_dir, out_dir])
-    if rc != 0:
-        fail(f"merge: rc {rc}, output {out!r}")
-    got = check_output(out_dir)
-    _, ref = read_safetensors(os.path.join(a.expected, "model.safetensors"))
-    for n in ref:
-        if got[n].tobytes() != ref[n].tobytes():
-            fail(f"{n}: differs from the library's merge in {a.expected}")
-    with open(os.path.join(out_dir, "config.json")) as f, \
-            open(os.path.join(a.expected, "config.json")) as g:
-        if json.load(f) != json.load(g):
-            fail("config.json differs from the library's merge")
-    leftovers = [f for f in os.listdir(out_dir) if f.endswith(".tmp")]
-    if leftovers:
-        fail(f"temporary files left: {leftovers}")
+    compare_merge(a.merge, a.step_dir, a.expected, os.path.join(a.work, "out"))
+    if a.t5_step_dir:
+        compare_merge(a.merge, a.t5_step_dir, a.t5_expected, os.path.join(a.work, "out_t5"))
     shutil.rmtree(a.work, ignore_errors=True)
     print("check_merge: OK")
 

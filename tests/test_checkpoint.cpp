@@ -541,8 +541,9 @@ TEST_F(CheckpointTest, MergeTinyGpt2IntoHuggingFaceLayout) {
   // Keep the checkpoint and its merge for the fsdp_merge command-line test
   // (tests/check_merge.py, ctest fsdp_merge_cli), which compares against them.
   const fs::path keep = fs::path(FSDP_BINARY_DIR) / "test_checkpoint_fixture";
-  fs::remove_all(keep);
   fs::create_directories(keep);
+  fs::remove_all(keep / "step_00001234");
+  fs::remove_all(keep / "hf_expected");
   fs::copy(dir, keep / "step_00001234", fs::copy_options::recursive);
   fs::copy(path("hf"), keep / "hf_expected", fs::copy_options::recursive);
 }
@@ -562,4 +563,105 @@ TEST_F(CheckpointTest, MergeFindsParametersByNameWhateverTheWrapping) {
   const std::vector<FlatParamLayout> partial{make_layout("root", root_specs(), 1)};
   write_tiny(path("partial"), partial, 1);
   expect_input_error([&] { merge_to_hf(path("partial"), path("hf2")); }, {"h.0.ln_1.weight", "missing"});
+}
+
+namespace {
+
+// A tiny T5 v1.1-style model (gated-gelu, untied head): 1 encoder and 1 decoder block.
+fsdp::ModelConfig tiny_t5() {
+  fsdp::ModelConfig c = fsdp::ModelConfig::defaults("t5");
+  c.set("vocab_size", int64_t{259});
+  c.set("d_model", int64_t{8});
+  c.set("d_kv", int64_t{4});
+  c.set("d_ff", int64_t{12});
+  c.set("num_layers", int64_t{1});
+  c.set("num_decoder_layers", int64_t{1});
+  c.set("num_heads", int64_t{2});
+  c.set("relative_attention_num_buckets", int64_t{8});
+  c.set("relative_attention_max_distance", int64_t{16});
+  c.set("feed_forward_proj", std::string("gated-gelu"));
+  c.set("tie_word_embeddings", false);
+  return c;
+}
+
+}  // namespace
+
+TEST_F(CheckpointTest, MergeTinyT5IntoHuggingFaceLayout) {
+  const fsdp::ModelConfig mc = tiny_t5();
+  const fsdp::ModelFamily& t5 = fsdp::model_family("t5");
+  // One unit per module (like T5Block wrapping plus the small modules), 3 shards.
+  std::vector<FlatParamLayout> layouts;
+  std::map<std::string, std::vector<float>> known;
+  std::vector<std::map<std::string, std::vector<float>>> full;
+  float tag = 1.0f;
+  for (const ModuleDecl& m : t5.modules(mc)) {
+    layouts.push_back(make_layout(m.name, m.params, 3));
+    std::vector<float> flat(layouts.back().padded_numel, 0.0f);
+    for (const FlatEntry& e : layouts.back().entries) {
+      known[e.spec.name] = values(e.spec.numel(), tag);
+      tag += 1.0f;
+      std::copy(known[e.spec.name].begin(), known[e.spec.name].end(), flat.begin() + e.offset);
+    }
+    full.push_back({{"param", flat}});
+  }
+  CheckpointMeta meta = make_meta(3, 0);
+  meta.model_config_json = fsdp::model_config_json(mc).dump();
+  const std::string dir = path("t5/checkpoints/step_00001234");
+  write_checkpoint(dir, meta, layouts, full);
+  const MergeStats st = merge_to_hf(dir, path("hf"));
+  EXPECT_EQ(st.num_tensors, static_cast<int64_t>(known.size()));
+
+  const safetensors::SafetensorsFile r(path("hf") + "/model.safetensors");
+  EXPECT_EQ(r.names().size(), known.size());
+  EXPECT_EQ(r.names().front(), "shared.weight");
+  const int64_t V = 259, D = 8, I = 8, F = 12;  // inner dim = num_heads * d_kv
+  const std::map<std::string, std::vector<int64_t>> expect{
+      {"shared.weight", {V, D}},
+      {"encoder.block.0.layer.0.SelfAttention.q.weight", {I, D}},
+      {"encoder.block.0.layer.0.SelfAttention.o.weight", {D, I}},
+      {"encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", {8, 2}},
+      {"encoder.block.0.layer.0.layer_norm.weight", {D}},
+      {"encoder.block.0.layer.1.DenseReluDense.wi_0.weight", {F, D}},
+      {"encoder.block.0.layer.1.DenseReluDense.wi_1.weight", {F, D}},
+      {"encoder.block.0.layer.1.DenseReluDense.wo.weight", {D, F}},
+      {"encoder.final_layer_norm.weight", {D}},
+      {"decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", {8, 2}},
+      {"decoder.block.0.layer.1.EncDecAttention.k.weight", {I, D}},
+      {"decoder.block.0.layer.1.layer_norm.weight", {D}},
+      {"decoder.block.0.layer.2.DenseReluDense.wi_0.weight", {F, D}},
+      {"decoder.final_layer_norm.weight", {D}},
+      {"lm_head.weight", {V, D}}};
+  for (const auto& [name, shape] : expect) {
+    ASSERT_TRUE(r.has(name)) << name;
+    EXPECT_EQ(r.entry(name).shape, shape) << name;
+    EXPECT_EQ(r.read_f32(name), known.at(name)) << name;  // T5 keeps nn.Linear [out, in]
+  }
+  for (const auto& n : r.names()) EXPECT_TRUE(known.count(n)) << n;  // our names are HF's
+
+  std::ifstream in(path("hf") + "/config.json");
+  const json cfg = json::parse(in);
+  EXPECT_EQ(cfg["architectures"], json::array({"T5ForConditionalGeneration"}));
+  EXPECT_EQ(cfg["model_type"], "t5");
+  EXPECT_EQ(cfg["vocab_size"], V);
+  EXPECT_EQ(cfg["d_model"], D);
+  EXPECT_EQ(cfg["d_kv"], 4);
+  EXPECT_EQ(cfg["d_ff"], F);
+  EXPECT_EQ(cfg["num_layers"], 1);
+  EXPECT_EQ(cfg["num_decoder_layers"], 1);
+  EXPECT_EQ(cfg["num_heads"], 2);
+  EXPECT_EQ(cfg["relative_attention_num_buckets"], 8);
+  EXPECT_EQ(cfg["relative_attention_max_distance"], 16);
+  EXPECT_EQ(cfg["feed_forward_proj"], "gated-gelu");
+  EXPECT_EQ(cfg["tie_word_embeddings"], false);
+  EXPECT_EQ(cfg["is_encoder_decoder"], true);
+  // The family reads its own config.json back to the same [model] keys (init_from's check).
+  EXPECT_EQ(t5.from_hf_config(cfg, "config.json"), mc);
+
+  // Kept for the fsdp_merge command-line test (check_merge.py --t5-step-dir/--t5-expected).
+  const fs::path keep = fs::path(FSDP_BINARY_DIR) / "test_checkpoint_fixture";
+  fs::create_directories(keep);
+  fs::remove_all(keep / "t5_step_00001234");
+  fs::remove_all(keep / "t5_hf_expected");
+  fs::copy(dir, keep / "t5_step_00001234", fs::copy_options::recursive);
+  fs::copy(path("hf"), keep / "t5_hf_expected", fs::copy_options::recursive);
 }

@@ -3,9 +3,10 @@
 //   fsdp_merge run/checkpoints/step_00001000 out/gpt2-small
 //
 // Reads every shard file of the step directory (checked complete and consistent), rebuilds
-// each full parameter from its flat shards, and writes OUT_DIR/model.safetensors (fp32,
-// GPT2LMHeadModel names and Conv1D layout) and OUT_DIR/config.json, which load with
-// transformers' GPT2LMHeadModel.from_pretrained(OUT_DIR). Exit codes: 0 ok, 2 bad input
+// each full parameter from its flat shards, and writes OUT_DIR/model.safetensors (fp32, the
+// Hugging Face names and layouts of the checkpoint's model family: GPT2LMHeadModel with its
+// Conv1D layout, T5ForConditionalGeneration) and OUT_DIR/config.json, which load with
+// transformers' <Class>.from_pretrained(OUT_DIR) and with fsdp_train's model.init_from. Exit codes: 0 ok, 2 bad input
 // (missing/incompatible shard files, bad arguments), 1 other failures. The work is
 // fsdp::ckpt::merge_to_hf (docs/checkpoint.md); this file only parses the command line.
 #include <boost/program_options.hpp>
@@ -33,7 +34,9 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: fsdp_merge STEP_DIR OUT_DIR\n"
       "  Merges the sharded checkpoint STEP_DIR (e.g. run/checkpoints/step_00001000) into\n"
-      "  OUT_DIR/model.safetensors and OUT_DIR/config.json (Hugging Face GPT2LMHeadModel).\n";
+      "  OUT_DIR/model.safetensors and OUT_DIR/config.json: a Hugging Face model directory\n"
+      "  of the checkpoint's model type (gpt2: GPT2LMHeadModel, t5:\n"
+      "  T5ForConditionalGeneration), loadable with from_pretrained or model.init_from.\n";
   try {
     po::variables_map vm;
     po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);

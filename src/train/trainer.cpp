@@ -17,6 +17,7 @@
 
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/checkpoint/checkpoint.hpp"
+#include "fsdp/checkpoint/init_from.hpp"
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/data/batch.hpp"
@@ -263,6 +264,33 @@ void load_checkpoint(Job& job) {
   }
 }
 
+// model.init_from: fills this rank's fp32 shards from a Hugging Face directory, reading only
+// the bytes of the elements it owns (fsdp/checkpoint/init_from.hpp). Collective only through
+// the guard around it. Returns what was read, for the log and TrainResult.
+ckpt::InitFromResult load_init_from(Job& job) {
+  const int n = job.engine->num_units();
+  const std::vector<FlatParamLayout> layouts = job.engine->layouts();
+  const bool in_place = job.backend->device() == Device::cpu;
+  std::vector<std::vector<float>> staged(in_place ? 0 : static_cast<std::size_t>(n));
+  std::vector<float*> shards;
+  for (int u = 0; u < n; ++u) {
+    if (in_place) {
+      shards.push_back(job.engine->shard_param(u).f32());
+    } else {
+      staged[static_cast<std::size_t>(u)].resize(static_cast<std::size_t>(layouts[u].shard_numel));
+      shards.push_back(staged[static_cast<std::size_t>(u)].data());
+    }
+  }
+  ckpt::InitFromResult r = ckpt::load_hf_shards(job.cfg.model.init_from, job.cfg.model, layouts,
+                                                job.engine->shard_index(), shards);
+  if (!in_place) {
+    for (int u = 0; u < n; ++u) {
+      job.backend->copy_from_host(job.engine->shard_param(u), staged[static_cast<std::size_t>(u)].data());
+    }
+  }
+  return r;
+}
+
 // fp16 dynamic loss scaling after a step (torch.amp.GradScaler.update): back off on
 // overflow, grow after growth_interval clean steps.
 void update_loss_scale(Job& job, bool found_inf) {
@@ -349,6 +377,25 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   if (opt.resume) {
     collective_guard(group, [&] { load_checkpoint(job); });
     job.log("resumed from step " + std::to_string(job.step));
+    if (!cfg.model.init_from.empty()) {
+      job.log("model.init_from ignored: resuming, the checkpoint's parameters win");
+    }
+  } else if (!cfg.model.init_from.empty()) {
+    ckpt::InitFromResult init;
+    collective_guard(group, [&] { init = load_init_from(job); });
+    result.init_bytes_read = static_cast<int64_t>(init.bytes_read);
+    std::ostringstream os;
+    os << "init_from: " << cfg.model.init_from << ": " << init.num_tensors << " tensors ("
+       << human_bytes(static_cast<double>(init.model_bytes)) << " fp32); rank 0 read "
+       << init.bytes_read << " bytes (" << human_bytes(static_cast<double>(init.bytes_read))
+       << ") for its shard";
+    if (!init.unused.empty()) {
+      os << "\ninit_from: warning: " << init.unused.size()
+         << " tensor(s) in the checkpoint are not used by the model:";
+      for (std::size_t i = 0; i < init.unused.size() && i < 8; ++i) os << " " << init.unused[i];
+      if (init.unused.size() > 8) os << " ...";
+    }
+    job.log(os.str());
   }
   collective_guard(group, [&] {
     if (!job.rank0()) return;

@@ -166,6 +166,35 @@ case "$CASE" in
     run_train good.toml --resume
     expect_input_error "--resume" "$WORK/run"
     ;;
+  init_from_missing_dir)
+    tiny_config good.toml
+    run_train good.toml --set model.init_from="$WORK/no_such_hf_dir"
+    expect_input_error "model.init_from" "$WORK/no_such_hf_dir"
+    if [ -e "$WORK/run/metrics.jsonl" ]; then fail "a failed init_from run started training"; fi
+    ;;
+  init_from_wrong_shape)
+    # A real Hugging Face directory (1 step of the tiny model, merged by fsdp_merge) whose
+    # transformer.wpe.weight header says [16,32] instead of [32,16] (same bytes).
+    tiny_config src.toml
+    run_train src.toml --set train.max_steps=1 --set train.run_dir="$WORK/src_run"
+    expect_rc 0
+    "$(dirname "$FSDP_TRAIN")/fsdp_merge" "$WORK/src_run/checkpoints/step_00000001" "$WORK/hf" \
+      >/dev/null 2>&1 || { fail "fsdp_merge of the source run failed"; finish; }
+    /usr/bin/python3 - "$WORK/hf/model.safetensors" <<'PY' || { fail "could not edit the header"; finish; }
+import json, struct, sys
+path = sys.argv[1]
+raw = open(path, "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+header["transformer.wpe.weight"]["shape"].reverse()
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+open(path, "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+PY
+    tiny_config good.toml
+    run_train good.toml --set model.init_from="$WORK/hf"
+    expect_input_error "$WORK/hf/model.safetensors" "transformer.wpe.weight" "[16,32]" "[32,16]"
+    ;;
   *)
     echo "bad_input.sh: unknown case '$CASE'" >&2
     exit 2

@@ -1,11 +1,13 @@
 // fsdp/train/trainer.hpp: the training loop of fsdp_train.
 //
 // One call runs a whole job on the ranks of `group`: has the Runtime build the DeviceMesh and
-// the backend, then builds the data pipeline, the model and the FSDP engine; optionally resumes from
-// run_dir/checkpoints/latest; trains train.max_steps steps (forward, backward with gradient
-// reduction, global-norm clipping, optimizer step on the shards, LR schedule); evaluates
-// every eval.every steps and at the end; checkpoints every checkpoint.every steps and at the
-// end; logs on rank 0 and to run_dir/metrics.jsonl.
+// the backend, then builds the data pipeline, the model and the FSDP engine; optionally
+// resumes from run_dir/checkpoints/latest, or else, with model.init_from, fills each rank's
+// shards from published Hugging Face weights (fsdp/checkpoint/init_from.hpp; --resume ignores
+// init_from); trains train.max_steps steps (forward, backward with gradient reduction,
+// global-norm clipping, optimizer step on the shards, LR schedule); evaluates every
+// eval.every steps and at the end; checkpoints every checkpoint.every steps and at the end;
+// logs on rank 0 and to run_dir/metrics.jsonl.
 #pragma once
 
 #include <array>
@@ -47,6 +49,9 @@ struct TrainResult {
   std::array<int64_t, kNumMemCategories> peak_bytes{};  // this rank's measured peaks
   EngineMemoryPlan plan;                   // the memory plan for this run (all categories)
   int64_t planned_activation_bytes = 0;
+  // model.init_from: payload bytes of the Hugging Face weights this rank read to fill its own
+  // shards (about 1/shard_size of the model's bytes); 0 without init_from or on --resume.
+  int64_t init_bytes_read = 0;
 };
 
 // Runs the job on the ranks of `group` (runtime.world(), or runtime.self() for a one-rank

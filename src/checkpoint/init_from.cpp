@@ -1,0 +1,224 @@
+// model.init_from: this rank's fp32 shards from a Hugging Face directory (see
+// fsdp/checkpoint/init_from.hpp).
+#include "fsdp/checkpoint/init_from.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/checkpoint/safetensors.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/model/model.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace fsdp::ckpt {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
+
+// A name from a stranger's file, printable on one line: control and non-ASCII bytes as \xNN.
+std::string escaped(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+std::string value_str(const ModelValue& v) {
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  if (const auto* s = std::get_if<std::string>(&v)) return json(*s).dump();
+  std::ostringstream os;
+  os.precision(17);
+  os << std::get<double>(v);
+  return os.str();
+}
+
+std::string origin_of(const std::string& dir) {
+  return " (model.init_from = " + json(dir).dump() + ")";
+}
+
+// Where one of our parameters is in the files.
+struct Source {
+  HfTensor hf;
+  std::string stored;  // the name found in the files (hf.name or an alias)
+};
+
+}  // namespace
+
+void check_hf_config(const std::string& dir, const ModelConfig& config) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    throw InputError("model.init_from: " + json(dir).dump() +
+                     " is not a directory (expected a Hugging Face model directory with "
+                     "config.json and model.safetensors)");
+  }
+  const std::string path = (fs::path(dir) / "config.json").string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open" + origin_of(dir));
+  // config.json is small; a huge one is not a config (same cap as the safetensors header).
+  std::string text;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size < 0 || static_cast<uint64_t>(size) > safetensors::kMaxHeaderBytes) {
+    throw InputError(path + ": not a regular file of at most 100 MiB" + origin_of(dir));
+  }
+  in.seekg(0);
+  text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  json hf;
+  try {
+    hf = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InputError(path + ": not valid JSON: " + e.what());
+  }
+  if (!hf.is_object()) throw InputError(path + ": not a JSON object");
+  const ModelFamily& family = model_family(config.type);
+  const ModelConfig theirs = family.from_hf_config(hf, path);
+  for (const ModelKey& k : family.keys()) {
+    const auto a = theirs.values.find(k.name), b = config.values.find(k.name);
+    if (a == theirs.values.end() || b == config.values.end()) continue;
+    if (a->second != b->second) {
+      throw InputError(path + ": " + k.name + " = " + value_str(a->second) + " but model." +
+                       k.name + " = " + value_str(b->second) + origin_of(dir));
+    }
+  }
+}
+
+InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
+                              const std::vector<FlatParamLayout>& layouts, int64_t shard_index,
+                              const std::vector<float*>& shards) {
+  if (shards.size() != layouts.size()) {
+    throw Error("load_hf_shards: " + std::to_string(shards.size()) + " shard buffers for " +
+                std::to_string(layouts.size()) + " units");
+  }
+  check_hf_config(dir, config);
+  const ModelFamily& family = model_family(config.type);
+  const safetensors::SafetensorsCheckpoint ckpt(dir);
+  const std::string where = ckpt.sharded()
+                                ? (fs::path(dir) / "model.safetensors.index.json").string()
+                                : (fs::path(dir) / "model.safetensors").string();
+
+  // Rank-independent checks, from the headers only: every expected tensor present with its
+  // shape and a float dtype.
+  InitFromResult result;
+  std::set<std::string> used;
+  std::vector<std::vector<Source>> sources(layouts.size());
+  for (std::size_t u = 0; u < layouts.size(); ++u) {
+    for (const FlatEntry& e : layouts[u].entries) {
+      const std::optional<HfTensor> hf = family.hf_tensor(config, e.spec.name, e.spec.shape);
+      if (!hf) {
+        throw Error("init_from: parameter " + e.spec.name + " has no Hugging Face name in the " +
+                    config.type + " family");
+      }
+      Source s{*hf, ""};
+      if (ckpt.has(hf->name)) {
+        s.stored = hf->name;
+      } else {
+        for (const std::string& alias : family.hf_aliases(hf->name)) {
+          if (ckpt.has(alias)) {
+            s.stored = alias;
+            break;
+          }
+        }
+      }
+      if (s.stored.empty()) {
+        std::string also;
+        for (const std::string& alias : family.hf_aliases(hf->name)) also += " or '" + alias + "'";
+        throw InputError(where + ": no tensor '" + hf->name + "'" + also + " (the " +
+                         config.type + " parameter " + e.spec.name + ")" + origin_of(dir));
+      }
+      const safetensors::SafetensorsFile::Entry& info = ckpt.entry(s.stored);
+      if (info.shape != hf->shape) {
+        throw InputError(ckpt.file_of(s.stored).path() + ": tensor '" + s.stored + "' has shape " +
+                         shape_str(info.shape) + ", expected " + shape_str(hf->shape) +
+                         " (the " + config.type + " parameter " + e.spec.name + ")" +
+                         origin_of(dir));
+      }
+      if (!safetensors::dtype_readable_as_float(info.dtype)) {
+        throw InputError(ckpt.file_of(s.stored).path() + ": tensor '" + s.stored + "' has dtype " +
+                         info.dtype + " (expected F32, F16, BF16 or F64)" + origin_of(dir));
+      }
+      if (hf->transpose && hf->shape.size() != 2) {
+        throw Error("init_from: transposed tensor " + hf->name + " is not 2-D");
+      }
+      used.insert(s.stored);
+      result.num_tensors += 1;
+      result.model_bytes += 4 * e.spec.numel();
+      sources[u].push_back(std::move(s));
+    }
+  }
+  // Unused tensors: neither read nor a known duplicate (aliases of an expected tensor, the
+  // tied lm_head.weight).
+  std::set<std::string> duplicates;
+  for (const auto& unit : sources) {
+    for (const Source& s : unit) {
+      duplicates.insert(s.hf.name);
+      for (const std::string& a : family.hf_aliases(s.hf.name)) duplicates.insert(a);
+    }
+  }
+  const json hf_cfg = family.hf_config(config);
+  if (hf_cfg.value("tie_word_embeddings", false)) duplicates.insert("lm_head.weight");
+  for (const std::string& name : ckpt.names()) {
+    if (!used.count(name) && !duplicates.count(name)) result.unused.push_back(escaped(name));
+  }
+
+  // This rank's elements.
+  std::vector<float> row;
+  for (std::size_t u = 0; u < layouts.size(); ++u) {
+    const FlatParamLayout& l = layouts[u];
+    if (shard_index < 0 || shard_index >= l.num_shards) {
+      throw Error("load_hf_shards: shard index " + std::to_string(shard_index) + " out of range [0, " +
+                  std::to_string(l.num_shards) + ")");
+    }
+    const int64_t sb = l.shard_begin(shard_index), se = l.shard_end(shard_index);
+    float* out = shards[u];
+    std::fill(out, out + l.shard_numel, 0.0f);  // padding (and nothing else stays 0)
+    for (std::size_t k = 0; k < l.entries.size(); ++k) {
+      const FlatEntry& e = l.entries[k];
+      const Source& s = sources[u][k];
+      const int64_t n = e.spec.numel();
+      const int64_t lo = std::max(sb, e.offset), hi = std::min(se, e.offset + n);
+      if (lo >= hi) continue;
+      result.tensors_read += 1;
+      // Elements [k0, k1) of our row-major tensor go to out[lo - sb ...].
+      const int64_t k0 = lo - e.offset, k1 = hi - e.offset;
+      float* dst = out + (lo - sb);
+      if (!s.hf.transpose) {
+        ckpt.read_f32(s.stored, k0, k1 - k0, dst);
+        continue;
+      }
+      // Ours [R, Cc] (out, in) = HF [Cc, R] transposed: our (r, c) is HF (c, r). HF row c
+      // holds our column c; the rows r of it we need are those with k0 <= r*Cc + c < k1,
+      // a contiguous range [r_lo, r_hi) of that HF row.
+      const int64_t R = e.spec.shape[0], Cc = e.spec.shape[1];
+      for (int64_t c = 0; c < Cc; ++c) {
+        const int64_t r_lo = k0 <= c ? 0 : (k0 - c + Cc - 1) / Cc;
+        const int64_t r_hi = std::min(R, k1 <= c ? 0 : (k1 - c + Cc - 1) / Cc);
+        if (r_lo >= r_hi) continue;
+        row.resize(static_cast<std::size_t>(r_hi - r_lo));
+        ckpt.read_f32(s.stored, c * R + r_lo, r_hi - r_lo, row.data());
+        for (int64_t r = r_lo; r < r_hi; ++r) dst[r * Cc + c - k0] = row[static_cast<std::size_t>(r - r_lo)];
+      }
+    }
+  }
+  result.bytes_read = ckpt.bytes_read();
+  return result;
+}
+
+}  // namespace fsdp::ckpt

@@ -1,0 +1,434 @@
+// Tests of model.init_from (fsdp/checkpoint/init_from.hpp): a tiny model trained a few steps
+// and merged with ckpt::merge_to_hf loads back into every rank's shards bit for bit, each
+// rank reading only its share of the bytes; a run started from the merge has, before its
+// first step, the source run's final validation loss exactly; sharded index directories,
+// Hub-style GPT-2 names and T5's embed_tokens aliases load identically; bad directories are
+// input errors (exit 2) naming the file, key or tensor, the same on every rank.
+// GPT-2, T5 untied gated-gelu and T5 tied relu. Runs at 1, 2 and 4 ranks.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/checkpoint/checkpoint.hpp"
+#include "fsdp/checkpoint/init_from.hpp"
+#include "fsdp/checkpoint/merge.hpp"
+#include "fsdp/checkpoint/safetensors.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/fsdp/engine.hpp"
+#include "fsdp/model/model.hpp"
+#include "train_util.hpp"
+
+namespace {
+
+using namespace test_util;
+using fsdp::ckpt::InitFromResult;
+using fsdp::ckpt::load_hf_shards;
+using nlohmann::json;
+
+// Tiny T5; the relative-attention bias [9, 3] makes the first block of each stack odd-sized,
+// so its FlatParameter has padding at 2 and 4 ranks.
+Config t5_config(const std::string& run_dir, const std::string& ff, bool tied) {
+  Config c = fsdp::parse_config(R"(
+[model]
+type = "t5"
+d_model = 16
+d_kv = 5
+d_ff = 24
+num_layers = 2
+num_decoder_layers = 1
+num_heads = 3
+relative_attention_num_buckets = 9
+relative_attention_max_distance = 16
+vocab_size = 300
+[data]
+source = "synthetic"
+objective = "span_corruption"
+seq_len = 32
+[train]
+global_batch_size = 8
+max_steps = 3
+seed = 11
+[optim]
+lr = 1e-2
+min_lr = 1e-3
+warmup_steps = 1
+weight_decay = 0.1
+[fsdp]
+transformer_layer_cls_to_wrap = ["T5Block"]
+[eval]
+every = 0
+max_windows = 4
+)", "test_init_from", {});
+  c.model.set("feed_forward_proj", ff);
+  c.model.set("tie_word_embeddings", tied);
+  c.train.run_dir = run_dir;
+  return c;
+}
+
+// Tiny GPT-2 on synthetic tokens (no shared token file: other test binaries running at the
+// same time remove and rebuild test_util's text dataset).
+Config gpt2_config(const std::string& run_dir) {
+  Config c = fsdp::parse_config(R"(
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 16
+n_positions = 16
+vocab_size = 256
+[data]
+source = "synthetic"
+seq_len = 12
+[train]
+global_batch_size = 8
+max_steps = 3
+seed = 7
+[optim]
+lr = 1e-2
+min_lr = 1e-3
+warmup_steps = 1
+weight_decay = 0.1
+[eval]
+every = 0
+max_windows = 4
+)", "test_init_from", {});
+  c.train.run_dir = run_dir;
+  return c;
+}
+
+struct Model {
+  std::string name;
+  std::function<Config(const std::string&)> config;
+};
+void PrintTo(const Model& m, std::ostream* os) { *os << m.name; }
+
+std::vector<Model> models() {
+  return {{"gpt2", gpt2_config},
+          {"t5_gated_untied", [](const std::string& d) { return t5_config(d, "gated-gelu", false); }},
+          {"t5_relu_tied", [](const std::string& d) { return t5_config(d, "relu", true); }}};
+}
+
+void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
+
+// The engine's layouts for `c` at this world size (what the trainer passes).
+std::vector<fsdp::FlatParamLayout> layouts_of(const Config& c) {
+  const auto& family = fsdp::model_family(c.model.type);
+  return fsdp::build_unit_layouts(family.modules(c.model), c.fsdp,
+                                  fsdp::shards_for(c.fsdp.sharding_strategy, world_size(), world_size()));
+}
+
+// This rank's shards loaded from `dir`.
+struct Loaded {
+  std::vector<std::vector<float>> shards;
+  InitFromResult result;
+};
+Loaded load(const std::string& dir, const Config& c) {
+  Loaded l;
+  const auto layouts = layouts_of(c);
+  std::vector<float*> ptrs;
+  for (const auto& u : layouts) l.shards.emplace_back(static_cast<std::size_t>(u.shard_numel), -7.0f);
+  for (auto& s : l.shards) ptrs.push_back(s.data());
+  l.result = load_hf_shards(dir, c.model, layouts, world_rank(), ptrs);
+  return l;
+}
+
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() ||
+        std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
+      return false;
+  }
+  return true;
+}
+
+// Runs `f` on every rank, expecting fsdp::Error exit 2 whose one-line message holds `needles`.
+template <class F>
+void expect_input_error(F&& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an input error naming " << needles.front();
+  } catch (const fsdp::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.exit_code(), fsdp::kExitInputError) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    for (const auto& n : needles) EXPECT_NE(what.find(n), std::string::npos) << what << "\n  lacks: " << n;
+  }
+}
+
+// One tensor of a rewritten safetensors file.
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// Rank 0 copies the HF directory `src` to `dst`, passing the tensors through `edit`; files
+// split into `files` safetensors files with an index when files > 1. All ranks wait.
+void rewrite(const std::string& src, const std::string& dst,
+             const std::function<void(std::vector<Tensor>&)>& edit, int files = 1) {
+  if (world_rank() == 0) {
+    fs::remove_all(dst);
+    fs::create_directories(dst);
+    fs::copy_file(src + "/config.json", dst + "/config.json");
+    const fsdp::safetensors::SafetensorsFile in(src + "/model.safetensors");
+    std::vector<Tensor> ts;
+    for (const auto& n : in.names()) ts.push_back({n, in.entry(n).shape, in.read_f32(n)});
+    edit(ts);
+    json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
+    const std::size_t per = (ts.size() + files - 1) / files;
+    for (int f = 0; f < files; ++f) {
+      const std::string name = files == 1 ? "model.safetensors"
+                                          : "model-0000" + std::to_string(f + 1) + "-of-0000" +
+                                                std::to_string(files) + ".safetensors";
+      std::vector<fsdp::safetensors::TensorInfo> infos;
+      for (std::size_t i = f * per; i < std::min(ts.size(), (f + 1) * per); ++i) {
+        infos.push_back({ts[i].name, ts[i].shape});
+        index["weight_map"][ts[i].name] = name;
+      }
+      fsdp::safetensors::Writer w(dst + "/" + name, infos);
+      for (std::size_t i = f * per; i < std::min(ts.size(), (f + 1) * per); ++i)
+        w.write_next(ts[i].data.data(), static_cast<int64_t>(ts[i].data.size()));
+      w.finish();
+    }
+    if (files > 1) std::ofstream(dst + "/model.safetensors.index.json") << index.dump(2);
+  }
+  barrier();
+}
+
+// A trained source run of `m` and its merge, made once per model and world size.
+struct Source {
+  Config cfg;
+  TrainResult result;
+  std::string hf;  // merged Hugging Face directory
+};
+const Source& source(const Model& m) {
+  static std::map<std::string, Source> cache;
+  auto it = cache.find(m.name);
+  if (it != cache.end()) return it->second;
+  Source s;
+  s.cfg = m.config(fresh_dir("init_src_" + m.name));
+  s.result = run(s.cfg, On::world);
+  s.hf = fresh_dir("init_hf_" + m.name);
+  if (world_rank() == 0) {
+    fsdp::ckpt::merge_to_hf(fsdp::ckpt::step_dir(s.cfg.train.run_dir, s.cfg.train.max_steps), s.hf);
+  }
+  barrier();
+  return cache.emplace(m.name, std::move(s)).first->second;
+}
+
+class InitFrom : public testing::TestWithParam<Model> {};
+
+// Bytes this rank's shards own (non-padding elements) x 4.
+int64_t owned_bytes(const std::vector<fsdp::FlatParamLayout>& layouts) {
+  int64_t n = 0;
+  for (const auto& l : layouts) {
+    n += std::max<int64_t>(0, std::min(l.shard_end(world_rank()), l.numel) - l.shard_begin(world_rank()));
+  }
+  return 4 * n;
+}
+
+TEST_P(InitFrom, ShardsEqualTheMergedTensorsBitForBitAndEachRankReadsItsShare) {
+  const Source& src = source(GetParam());
+  const auto layouts = layouts_of(src.cfg);
+  const Loaded l = load(src.hf, src.cfg);
+  // Every element of every shard: the source run's final parameter (our layout; the merge
+  // transposed GPT-2's Conv1D weights and the load transposed them back), padding 0.
+  int64_t model_numel = 0;
+  for (std::size_t u = 0; u < layouts.size(); ++u) {
+    const auto& lay = layouts[u];
+    model_numel += lay.numel;
+    const int64_t sb = lay.shard_begin(world_rank());
+    std::vector<float> expect(static_cast<std::size_t>(lay.shard_numel), 0.0f);
+    for (const auto& e : lay.entries) {
+      const std::vector<float>& full = src.result.params.at(e.spec.name);
+      ASSERT_EQ(static_cast<int64_t>(full.size()), e.spec.numel()) << e.spec.name;
+      for (int64_t k = 0; k < e.spec.numel(); ++k) {
+        const int64_t f = e.offset + k;
+        if (f >= sb && f < lay.shard_end(world_rank())) expect[static_cast<std::size_t>(f - sb)] = full[static_cast<std::size_t>(k)];
+      }
+    }
+    ASSERT_EQ(std::memcmp(expect.data(), l.shards[u].data(), expect.size() * sizeof(float)), 0)
+        << "unit " << lay.unit_name;
+  }
+  EXPECT_EQ(l.result.model_bytes, 4 * model_numel);
+  EXPECT_TRUE(l.result.unused.empty());
+  // Bytes read: exactly the owned elements' bytes (F32 file), about 1/N of the model.
+  const int N = world_size();
+  EXPECT_EQ(static_cast<int64_t>(l.result.bytes_read), owned_bytes(layouts));
+  const double share = static_cast<double>(l.result.bytes_read) / static_cast<double>(l.result.model_bytes);
+  if (N == 1) {
+    EXPECT_EQ(static_cast<int64_t>(l.result.bytes_read), l.result.model_bytes);
+  } else {
+    // Padding goes to the last shard: a few elements per unit fewer there.
+    const double slack = 4.0 * static_cast<double>(layouts.size() * N) / static_cast<double>(l.result.model_bytes);
+    EXPECT_GE(share, 0.9 / N - slack);
+    EXPECT_LE(share, 1.1 / N + slack);
+  }
+  std::printf("[init_from %s np%d rank %d] read %llu of %lld model bytes (%.4f, 1/N = %.4f)\n",
+              GetParam().name.c_str(), N, world_rank(),
+              static_cast<unsigned long long>(l.result.bytes_read),
+              static_cast<long long>(l.result.model_bytes), share, 1.0 / N);
+}
+
+TEST_P(InitFrom, RunStartsAtTheSourceRunsFinalValidationLoss) {
+  const Source& src = source(GetParam());
+  Config c = GetParam().config(fresh_dir("init_dst_" + GetParam().name));
+  c.model.init_from = src.hf;
+  c.eval.on_start = true;
+  c.train.max_steps = 1;
+  const TrainResult r = run(c, On::world);
+  ASSERT_FALSE(src.result.val_losses.empty());
+  ASSERT_GE(r.val_losses.size(), 1u);
+  EXPECT_EQ(r.val_losses.front().first, 0);
+  EXPECT_EQ(r.val_losses.front().second, src.result.val_losses.back().second);  // exactly
+  EXPECT_EQ(r.init_bytes_read, owned_bytes(layouts_of(c)));
+
+  // Without init_from the step-0 loss is the random initialisation's (a real difference).
+  Config fresh = GetParam().config(fresh_dir("init_rand_" + GetParam().name));
+  fresh.eval.on_start = true;
+  fresh.train.max_steps = 1;
+  const TrainResult r0 = run(fresh, On::world);
+  EXPECT_GT(std::abs(r0.val_losses.front().second - r.val_losses.front().second), 1e-3);
+  EXPECT_EQ(r0.init_bytes_read, 0);
+}
+
+TEST_P(InitFrom, HybridShardReplicasReadTheirShardGroupsShare) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks (2 replicas of shard groups of 2)";
+  const Source& src = source(GetParam());
+  Config c = GetParam().config(fresh_dir("init_hybrid_" + GetParam().name));
+  c.model.init_from = src.hf;
+  c.eval.on_start = true;
+  c.train.max_steps = 1;
+  c.fsdp.sharding_strategy = fsdp::ShardingStrategy::HYBRID_SHARD;
+  c.mesh.shard_size = 2;
+  const TrainResult r = run(c, On::world);
+  EXPECT_EQ(r.val_losses.front().second, src.result.val_losses.back().second);
+  // Shard index = rank within the shard group (ranks 0,1 | 2,3): half of the model each.
+  const auto layouts = fsdp::build_unit_layouts(fsdp::model_family(c.model.type).modules(c.model), c.fsdp, 2);
+  int64_t owned = 0;
+  for (const auto& l : layouts) {
+    const int s = world_rank() % 2;
+    owned += std::max<int64_t>(0, std::min(l.shard_end(s), l.numel) - l.shard_begin(s));
+  }
+  EXPECT_EQ(r.init_bytes_read, 4 * owned);
+}
+
+TEST_P(InitFrom, ResumeIgnoresInitFrom) {
+  const Source& src = source(GetParam());
+  Config c = GetParam().config(fresh_dir("init_resume_" + GetParam().name));
+  c.train.max_steps = 2;
+  c.checkpoint.every = 1;
+  const TrainResult first = run(c, On::world, /*stop_after=*/1);
+  c.model.init_from = src.hf;
+  const TrainResult resumed = run(c, On::world, 0, /*resume=*/true);
+  EXPECT_EQ(resumed.init_bytes_read, 0);
+  // The resumed run continues the checkpoint: the same as running through without stopping.
+  Config through = GetParam().config(fresh_dir("init_through_" + GetParam().name));
+  through.train.max_steps = 2;
+  const TrainResult all = run(through, On::world);
+  ASSERT_EQ(resumed.losses.size(), 1u);
+  EXPECT_EQ(resumed.losses[0], all.losses[1]);
+}
+
+TEST_P(InitFrom, ShardedIndexDirectoryLoadsIdentically) {
+  const Source& src = source(GetParam());
+  const std::string dir = fresh_dir("init_index_" + GetParam().name);
+  rewrite(src.hf, dir, [](std::vector<Tensor>&) {}, /*files=*/2);
+  ASSERT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
+  ASSERT_FALSE(fs::exists(dir + "/model.safetensors"));
+  const Loaded a = load(src.hf, src.cfg), b = load(dir, src.cfg);
+  EXPECT_TRUE(same_bits(a.shards, b.shards));
+  EXPECT_EQ(a.result.bytes_read, b.result.bytes_read);
+}
+
+TEST_P(InitFrom, PublishedNamesLoadIdenticallyAndExtraTensorsAreListed) {
+  const Source& src = source(GetParam());
+  const std::string dir = fresh_dir("init_hub_" + GetParam().name);
+  const bool gpt2 = src.cfg.model.type == "gpt2";
+  rewrite(src.hf, dir, [&](std::vector<Tensor>& ts) {
+    if (gpt2) {
+      // Hub GPT-2 files: GPT2Model names (no "transformer."), the causal-mask buffers, and
+      // sometimes the tied lm_head.weight.
+      for (auto& t : ts) t.name = t.name.substr(std::string("transformer.").size());
+      ts.push_back({"h.0.attn.bias", {1, 1, 2, 2}, {1, 0, 1, 1}});
+      ts.push_back({"lm_head.weight", ts.front().shape, ts.front().data});
+    } else {
+      // T5 state dicts: shared.weight also (here: only) as the stacks' embed_tokens.
+      for (std::size_t i = 0; i < ts.size(); ++i) {
+        if (ts[i].name == "shared.weight") {
+          Tensor copy = ts[i];
+          ts[i].name = "encoder.embed_tokens.weight";
+          copy.name = "decoder.embed_tokens.weight";
+          ts.push_back(copy);
+          break;
+        }
+      }
+      ts.push_back({"encoder.extra.weight", {2}, {1, 2}});
+    }
+  });
+  const Loaded a = load(src.hf, src.cfg), b = load(dir, src.cfg);
+  EXPECT_TRUE(same_bits(a.shards, b.shards));
+  EXPECT_EQ(a.result.bytes_read, b.result.bytes_read);
+  EXPECT_EQ(b.result.unused,
+            std::vector<std::string>{gpt2 ? "h.0.attn.bias" : "encoder.extra.weight"});
+}
+
+TEST_P(InitFrom, BadDirectoriesAreInputErrorsNamingTheProblem) {
+  const Source& src = source(GetParam());
+  const Config& c = src.cfg;
+  const std::string base = fresh_dir("init_bad_" + GetParam().name);
+  const bool gpt2 = c.model.type == "gpt2";
+  // Missing directory; missing config.json.
+  expect_input_error([&] { load(base + "/nope", c); }, {"model.init_from", base + "/nope"});
+  if (world_rank() == 0) fs::create_directories(base + "/no_config");
+  barrier();
+  expect_input_error([&] { load(base + "/no_config", c); }, {base + "/no_config/config.json"});
+  // config.json describing another size, naming the key and both values.
+  const std::string key = gpt2 ? "n_embd" : "d_model";
+  rewrite(src.hf, base + "/mismatch", [](std::vector<Tensor>&) {});
+  if (world_rank() == 0) {
+    std::ifstream in(src.hf + "/config.json");
+    json j = json::parse(in);
+    j[key] = 32;
+    std::ofstream(base + "/mismatch/config.json") << j.dump();
+  }
+  barrier();
+  expect_input_error([&] { load(base + "/mismatch", c); },
+                     {base + "/mismatch/config.json", key + " = 32 but model." + key + " = 16"});
+  // A missing tensor; a wrongly shaped one (both shapes named); a malformed file.
+  const std::string victim = gpt2 ? "transformer.ln_f.bias" : "decoder.final_layer_norm.weight";
+  rewrite(src.hf, base + "/missing", [&](std::vector<Tensor>& ts) {
+    std::erase_if(ts, [&](const Tensor& t) { return t.name == victim; });
+  });
+  expect_input_error([&] { load(base + "/missing", c); }, {"no tensor '" + victim + "'"});
+  const std::string wrong = gpt2 ? "transformer.wpe.weight" : "encoder.block.0.layer.0.SelfAttention.q.weight";
+  std::string want;
+  rewrite(src.hf, base + "/shape", [&](std::vector<Tensor>& ts) {
+    for (auto& t : ts) {
+      if (t.name == wrong) t.shape = {t.shape[0] * t.shape[1]};  // same bytes, flattened
+    }
+  });
+  {
+    const fsdp::safetensors::SafetensorsFile f(src.hf + "/model.safetensors");
+    const auto s = f.entry(wrong).shape;
+    want = "has shape [" + std::to_string(s[0] * s[1]) + "], expected [" + std::to_string(s[0]) +
+           "," + std::to_string(s[1]) + "]";
+  }
+  expect_input_error([&] { load(base + "/shape", c); }, {base + "/shape/model.safetensors", wrong, want});
+  rewrite(src.hf, base + "/truncated", [](std::vector<Tensor>&) {});
+  if (world_rank() == 0) fs::resize_file(base + "/truncated/model.safetensors", 100);
+  barrier();
+  expect_input_error([&] { load(base + "/truncated", c); }, {base + "/truncated/model.safetensors"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, InitFrom, testing::ValuesIn(models()),
+                         [](const testing::TestParamInfo<Model>& i) { return i.param.name; });
+
+}  // namespace
