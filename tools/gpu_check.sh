@@ -9,7 +9,9 @@
 #      the bundled mpirun, with ctest's ENVIRONMENT; the 1-rank ones first), each under
 #      `timeout`: a crash, a hang or exit 77 (no device seen) is recorded as a failure and the
 #      next test runs
-#   4. tools/bench_gpu.sh (fsdp_train vs PyTorch FSDP2 eager / torch.compile), in the time left
+#   4. tools/hf_check.py: GPT-2 and T5 merged by fsdp_merge load in transformers and give
+#      fsdp_train's validation loss (<= 1e-5)
+#   5. tools/bench_gpu.sh (fsdp_train vs PyTorch FSDP2 eager / torch.compile), in the time left
 #
 # Writes ONE summary, $OUT/gpu_summary.md when $OUT is set (the run tool's folder), else
 # ./gpu_summary.md, rewritten after every step so that a run cut off at its time limit still
@@ -58,8 +60,8 @@ reap() {
 }
 
 # ---- summary: sections kept in files, the whole file rewritten after each step --------------
-S_HEAD="$WORK/s_head" S_VER="$WORK/s_ver" S_TESTS="$WORK/s_tests" S_BENCH="$WORK/s_bench" S_END="$WORK/s_end"
-: >"$S_VER"; : >"$S_TESTS"; : >"$S_BENCH"; : >"$S_END"
+S_HEAD="$WORK/s_head" S_VER="$WORK/s_ver" S_TESTS="$WORK/s_tests" S_HF="$WORK/s_hf" S_BENCH="$WORK/s_bench" S_END="$WORK/s_end"
+: >"$S_VER"; : >"$S_TESTS"; : >"$S_HF"; : >"$S_BENCH"; : >"$S_END"
 write_summary() {
   {
     cat "$S_HEAD"
@@ -70,6 +72,8 @@ write_summary() {
     else
       echo "(not run yet)"
     fi
+    echo; echo "## Hugging Face transformers loads our merges (tools/hf_check.py)"; echo
+    if [[ -s "$S_HF" ]]; then cat "$S_HF"; else echo "(not run yet)"; fi
     echo; echo "## Benchmark (tools/bench_gpu.sh)"; echo
     if [[ -s "$S_BENCH" ]]; then cat "$S_BENCH"; else echo "(not run yet)"; fi
     echo; cat "$S_END"
@@ -234,6 +238,27 @@ if [[ "${GPU_CHECK_SKIP_TESTS:-0}" == 1 ]]; then
 elif (( NT == 0 )); then
   echo "| (none) | | **the bundle lists no gpu test** (none registered when it was built?) | | |" >>"$S_TESTS"
   NFAIL=$((NFAIL + 1)); FAILED_NAMES+=("(no tests)")
+fi
+write_summary
+
+# ---- 4b. merged checkpoints in Hugging Face transformers ---------------------------------------
+# GPT-2 and T5 trained 3 steps on 2 CPU ranks by the bundle's fsdp_train, merged, loaded with
+# from_pretrained by the system python3 (torch + transformers): same validation loss <= 1e-5.
+if (( $(left) > BENCH_RESERVE + 30 )); then
+  say "Hugging Face check: tools/hf_check.py"
+  mkdir -p "$WORK/logs/hf_check"
+  timeout -k 10 120 python3 "$REPO/tools/hf_check.py" --env "$BUNDLE/env.sh" --work "$WORK/logs/hf_check" \
+    </dev/null >"$S_HF" 2>"$WORK/logs/hf_check.err"
+  rc=$?
+  find "$WORK/logs/hf_check" -name '*.h5' -delete 2>/dev/null
+  case $rc in
+    0) say "  -> PASS" ;;
+    77) echo; echo "(not run: $(head -1 "$S_HF"))" >>"$S_HF"; say "  -> not run (no transformers)" ;;
+    *) echo; echo "**hf_check.py exited $rc**: $(tail -3 "$WORK/logs/hf_check.err" | tr '\n' ' ')" >>"$S_HF"
+       NFAIL=$((NFAIL + 1)); FAILED_NAMES+=("hf_check"); say "  -> FAIL ($rc)" ;;
+  esac
+else
+  echo "(skipped: $(left) s left, kept for the benchmark)" >"$S_HF"
 fi
 write_summary
 

@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""tools/hf_check.py: fsdp_merge's output loads in Hugging Face transformers and gives our loss.
+
+For GPT-2 (GPT2LMHeadModel, byte-level causal LM) and T5 (T5ForConditionalGeneration, ByT5
+bytes, seq2seq; gated-gelu untied and relu tied): prepares a small real-text data set with
+fsdp_prepare, trains 3 steps with fsdp_train on 2 CPU ranks (FULL_SHARD; the last step
+evaluates the whole validation split), merges the final checkpoint with fsdp_merge, loads the
+merged directory with `<Class>.from_pretrained` and computes the validation loss the way
+fsdp_train defines it (docs/data.md: summed cross-entropy over every target token of the
+split / number of target tokens), in float64 on the CPU. Passes when it equals the run's
+final val_loss within 1e-5 relative. That checks the names, layouts, config.json and the
+architecture against transformers itself (tests/test_t5.cpp checks T5 against our own torch
+reading of modeling_t5.py, tools/t5_reference.py).
+
+Needs python3 with torch and transformers (the GPU machine has both; tools/gpu_check.sh runs
+this with the bundle's binaries), and fsdp_prepare, fsdp_train, fsdp_merge, mpirun on PATH
+after sourcing --env (the bundle's env.sh; omit when they already are).
+  hf_check.py [--env gpu_bundle/env.sh] [--work DIR] [--impl hf|reference]
+--impl reference replaces transformers' T5 by tools/t5_reference.py's TinyT5 (for trying the
+script where transformers is missing; GPT-2 is then skipped). Prints one markdown table row
+per model; exit 0 all passed, 1 a mismatch or failure, 77 transformers missing (impl hf).
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+TOL = 1e-5
+# Real text: the project's own words, repeated with variations (no download needed).
+SENTENCES = [
+    "fully sharded data parallel training keeps one shard of every parameter per rank",
+    "an all-gather rebuilds the unit before its forward and a reduce-scatter averages its gradient",
+    "the root unit holds the shared embedding and the final layer norms",
+    "hybrid sharding shards within a node and replicates across nodes",
+    "activation checkpointing keeps each block's input and recomputes its forward in backward",
+    "a relative position bias is bucketed logarithmically beyond half the buckets",
+    "mixed precision stores parameters in bfloat16 and keeps master weights in float32",
+    "checkpoints are written atomically and resumed bit for bit",
+]
+
+
+def run(cmd, env_file, cwd):
+    line = " ".join(cmd)
+    if env_file:
+        line = "source %s && %s" % (env_file, line)
+    r = subprocess.run(["bash", "-c", line], cwd=cwd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("%s exited %d: %s" % (line, r.returncode, (r.stdout + r.stderr)[-2000:]))
+    return r.stdout
+
+
+def read_safetensors(path, torch):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        assert e["dtype"] == "F32", e
+        b, end = e["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(data[b:end]), dtype=torch.float32).reshape(e["shape"])
+    return out
+
+
+def final_val_loss(run_dir):
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return [r["val_loss"] for r in rows if "val_loss" in r][-1]
+
+
+def train_and_merge(work, name, toml, env_file):
+    path = os.path.join(work, name + ".toml")
+    with open(path, "w") as f:
+        f.write(toml)
+    run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "fsdp_train", path], env_file, work)
+    run_dir = os.path.join(work, "run_" + name)
+    step = open(os.path.join(run_dir, "checkpoints", "latest")).read().strip()
+    hf = os.path.join(work, "hf_" + name)
+    run(["fsdp_merge", os.path.join(run_dir, "checkpoints", step), hf], env_file, work)
+    return run_dir, hf
+
+
+def common_toml(name, work):
+    return """[train]
+global_batch_size = 4
+max_steps = 3
+seed = 7
+run_dir = "%s"
+device = "cpu"
+num_threads = 1
+[optim]
+lr = 1e-2
+warmup_steps = 1
+[fsdp]
+sharding_strategy = "FULL_SHARD"
+[eval]
+every = 0
+""" % os.path.join(work, "run_" + name)
+
+
+def check_gpt2(work, env_file, torch):
+    from transformers import GPT2LMHeadModel
+    text = "".join("%s (%d).\n" % (s, i) for i in range(40) for s in SENTENCES).encode()
+    with open(os.path.join(work, "corpus.txt"), "wb") as f:
+        f.write(text)
+    out = run(["fsdp_prepare", "-o", "gpt2.h5", "--val-fraction", "0.1", "corpus.txt"], env_file, work)
+    if ", %d val tokens" % int(0.1 * len(text)) not in out:  # docs/data.md: the last floor(F n) bytes
+        raise RuntimeError("fsdp_prepare's split is not the one assumed here: " + out.strip())
+    L = 32
+    toml = """[model]
+type = "gpt2"
+n_layer = 2
+n_head = 2
+n_embd = 32
+n_positions = 64
+vocab_size = 256
+[data]
+path = "%s"
+seq_len = %d
+""" % (os.path.join(work, "gpt2.h5"), L) + common_toml("gpt2", work)
+    run_dir, hf = train_and_merge(work, "gpt2", toml, env_file)
+    model = GPT2LMHeadModel.from_pretrained(hf).double().eval()
+    val = list(text[len(text) - int(0.1 * len(text)):])  # the last floor(F * n) bytes
+    n = (len(val) - 1) // L
+    ids = torch.tensor([val[i * L:i * L + L + 1] for i in range(n)], dtype=torch.long)
+    with torch.no_grad():
+        logits = model(ids[:, :-1]).logits
+    total = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1),
+                                              reduction="sum").item()
+    return total / (n * L), final_val_loss(run_dir)
+
+
+def check_t5(work, env_file, torch, ff, tied, impl):
+    pairs = []
+    for i in range(120):
+        s = SENTENCES[i % len(SENTENCES)].split()
+        k = 2 + i % 5
+        pairs.append((" ".join(s[k:]) + " %d" % i, " ".join(s[:k])))
+    tsv = os.path.join(work, "pairs.tsv")
+    with open(tsv, "w") as f:
+        f.write("".join("%s\t%s\n" % p for p in pairs))
+    run(["fsdp_prepare", "--pairs", tsv, "-o", "t5.h5", "--val-fraction", "0.25"], env_file, work)
+    name = "t5_%s_%s" % (ff, "tied" if tied else "untied")
+    toml = """[model]
+type = "t5"
+d_model = 32
+d_kv = 8
+d_ff = 64
+num_layers = 2
+num_decoder_layers = 2
+num_heads = 4
+relative_attention_num_buckets = 8
+relative_attention_max_distance = 20
+feed_forward_proj = "%s"
+tie_word_embeddings = %s
+vocab_size = 384
+[data]
+path = "%s"
+objective = "seq2seq"
+max_input_len = 128
+max_target_len = 64
+""" % (ff, "true" if tied else "false", os.path.join(work, "t5.h5")) + common_toml(name, work)
+    run_dir, hf = train_and_merge(work, name, toml, env_file)
+    val = pairs[len(pairs) - int(0.25 * len(pairs)):]
+    enc = [[b + 3 for b in a.encode()] + [1] for a, _ in val]  # ByT5 ids, eos appended
+    lab = [[b + 3 for b in t.encode()] + [1] for _, t in val]
+    Te, Td = max(map(len, enc)), max(map(len, lab))
+    ids = torch.tensor([e + [0] * (Te - len(e)) for e in enc], dtype=torch.long)
+    labels = torch.tensor([t + [-100] * (Td - len(t)) for t in lab], dtype=torch.long)
+    count = int((labels != -100).sum())
+    if impl == "hf":
+        from transformers import T5ForConditionalGeneration
+        model = T5ForConditionalGeneration.from_pretrained(hf).double().eval()
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=(ids != 0).long(), labels=labels).logits
+        total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                  ignore_index=-100, reduction="sum").item()
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import t5_reference
+        cfg = json.load(open(os.path.join(hf, "config.json")))
+        params = {k: v.double() for k, v in read_safetensors(os.path.join(hf, "model.safetensors"), torch).items()}
+        with torch.no_grad():
+            total = t5_reference.TinyT5(cfg, params).loss(ids, labels).item()
+    return total / count, final_val_loss(run_dir)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--env", default="")
+    ap.add_argument("--work", default="")
+    ap.add_argument("--impl", choices=["hf", "reference"], default="hf")
+    a = ap.parse_args()
+    import torch
+    if a.impl == "hf":
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            print("hf_check: transformers is not installed (use --impl reference to try without it)")
+            return 77
+    work = a.work or tempfile.mkdtemp(prefix="hf_check.")
+    os.makedirs(work, exist_ok=True)
+    env_file = os.path.abspath(a.env) if a.env else ""
+    checks = [("t5 gated-gelu untied", lambda: check_t5(work, env_file, torch, "gated-gelu", False, a.impl)),
+              ("t5 relu tied", lambda: check_t5(work, env_file, torch, "relu", True, a.impl))]
+    if a.impl == "hf":
+        checks.insert(0, ("gpt2", lambda: check_gpt2(work, env_file, torch)))
+    print("| model | transformers val loss | fsdp_train val loss | rel. diff | result |")
+    print("|---|---:|---:|---:|---|")
+    ok = True
+    for name, fn in checks:
+        try:
+            theirs, ours = fn()
+            rel = abs(theirs - ours) / abs(ours)
+            good = math.isfinite(rel) and rel <= TOL
+            print("| %s | %.8f | %.8f | %.2e | %s |" % (name, theirs, ours, rel, "PASS" if good else "**FAIL**"))
+        except Exception as e:  # one line per failure, then the next model
+            good = False
+            print("| %s | | | | **FAIL**: %s |" % (name, str(e).replace("\n", " ")[:300]))
+        ok = ok and good
+        sys.stdout.flush()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
