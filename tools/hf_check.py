@@ -16,8 +16,9 @@ Needs python3 with torch and transformers (the GPU machine has both; tools/gpu_c
 this with the bundle's binaries), and fsdp_prepare, fsdp_train, fsdp_merge, mpirun on PATH
 after sourcing --env (the bundle's env.sh; omit when they already are).
   hf_check.py [--env gpu_bundle/env.sh] [--work DIR] [--impl hf|reference]
---impl reference replaces transformers' T5 by tools/t5_reference.py's TinyT5 (for trying the
-script where transformers is missing; GPT-2 is then skipped). Prints one markdown table row
+--impl reference replaces transformers by our own readings of it (T5: tools/t5_reference.py's
+TinyT5; GPT-2: tests/check_merge.py's numpy forward), for trying the script where
+transformers is missing. Prints one markdown table row
 per model; exit 0 all passed, 1 a mismatch or failure, 77 transformers missing (impl hf).
 """
 import argparse
@@ -103,8 +104,7 @@ every = 0
 """ % os.path.join(work, "run_" + name)
 
 
-def check_gpt2(work, env_file, torch):
-    from transformers import GPT2LMHeadModel
+def check_gpt2(work, env_file, torch, impl):
     text = "".join("%s (%d).\n" % (s, i) for i in range(40) for s in SENTENCES).encode()
     with open(os.path.join(work, "corpus.txt"), "wb") as f:
         f.write(text)
@@ -124,15 +124,27 @@ path = "%s"
 seq_len = %d
 """ % (os.path.join(work, "gpt2.h5"), L) + common_toml("gpt2", work)
     run_dir, hf = train_and_merge(work, "gpt2", toml, env_file)
-    model = GPT2LMHeadModel.from_pretrained(hf).double().eval()
-    val = list(text[len(text) - int(0.1 * len(text)):])  # the last floor(F * n) bytes
+    val = text[len(text) - int(0.1 * len(text)):]  # the last floor(F * n) bytes
     n = (len(val) - 1) // L
-    ids = torch.tensor([val[i * L:i * L + L + 1] for i in range(n)], dtype=torch.long)
-    with torch.no_grad():
-        logits = model(ids[:, :-1]).logits
-    total = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1),
-                                              reduction="sum").item()
-    return total / (n * L), final_val_loss(run_dir)
+    if impl == "hf":
+        from transformers import GPT2LMHeadModel
+        model = GPT2LMHeadModel.from_pretrained(hf).double().eval()
+        ids = torch.tensor([list(val[i * L:i * L + L + 1]) for i in range(n)], dtype=torch.long)
+        with torch.no_grad():
+            logits = model(ids[:, :-1]).logits
+        total = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1),
+                                                  reduction="sum").item()
+        return total / (n * L), final_val_loss(run_dir)
+    # reference: tests/check_merge.py's numpy GPT-2 forward (HF conventions, Conv1D layouts)
+    with open(os.path.join(work, "val.bin"), "wb") as f:
+        f.write(val)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "check_merge.py")
+    out = subprocess.run([sys.executable, script, hf, "--eval-bytes", os.path.join(work, "val.bin"),
+                          "--seq-len", str(L), "--windows", str(n)], capture_output=True, text=True)
+    line = [l for l in out.stdout.splitlines() if l.startswith("check_merge: val loss ")]
+    if out.returncode != 0 or not line:
+        raise RuntimeError("check_merge.py: " + (out.stdout + out.stderr)[-500:])
+    return float(line[0].split()[-1]), final_val_loss(run_dir)
 
 
 def check_t5(work, env_file, torch, ff, tied, impl):
@@ -206,11 +218,11 @@ def main():
     work = a.work or tempfile.mkdtemp(prefix="hf_check.")
     os.makedirs(work, exist_ok=True)
     env_file = os.path.abspath(a.env) if a.env else ""
-    checks = [("t5 gated-gelu untied", lambda: check_t5(work, env_file, torch, "gated-gelu", False, a.impl)),
+    checks = [("gpt2", lambda: check_gpt2(work, env_file, torch, a.impl)),
+              ("t5 gated-gelu untied", lambda: check_t5(work, env_file, torch, "gated-gelu", False, a.impl)),
               ("t5 relu tied", lambda: check_t5(work, env_file, torch, "relu", True, a.impl))]
-    if a.impl == "hf":
-        checks.insert(0, ("gpt2", lambda: check_gpt2(work, env_file, torch)))
-    print("| model | transformers val loss | fsdp_train val loss | rel. diff | result |")
+    print("| model | %s val loss | fsdp_train val loss | rel. diff | result |"
+          % ("transformers" if a.impl == "hf" else "reference (not transformers)"))
     print("|---|---:|---:|---:|---|")
     ok = True
     for name, fn in checks:
