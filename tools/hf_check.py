@@ -208,7 +208,11 @@ def main():
     ap.add_argument("--work", default="")
     ap.add_argument("--impl", choices=["hf", "reference"], default="hf")
     a = ap.parse_args()
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print("hf_check: torch is not installed for %s" % sys.executable)
+        return 77
     if a.impl == "hf":
         try:
             import transformers  # noqa: F401
