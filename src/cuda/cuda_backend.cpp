@@ -269,7 +269,8 @@ class CudaBackend final : public Backend {
   };
 
   cudaStream_t s() const { return stream_.handle(); }
-  // tokens [n] int32 (values checked on the device against [0, V); no upper bound if V < 0).
+  // The values of tokens [n] (int32 and size already checked by ArgChecks), on the device,
+  // against [0, V) (no upper bound if V < 0).
   void check_tokens(const char* kernel, const TensorView& tokens, int64_t n, int64_t V, int code);
   // Enqueues the copy of the device error word; call before synchronising the stream.
   void fetch_device_error();
@@ -346,18 +347,12 @@ void* CudaBackend::allocate(std::size_t bytes, MemCategory category) {
 }
 
 void CudaBackend::fill_zero(const TensorView& dst) {
-  Chk::size("fill_zero", "dst", dst, dst.numel());
+  Chk::fill_zero(dst);
   if (dst.bytes()) FSDP_CHECK_CUDA(cudaMemsetAsync(dst.data, 0, dst.bytes(), s()));
 }
 
 void CudaBackend::copy(const TensorView& dst, const TensorView& src) {
-  if (dst.dtype != src.dtype || dst.numel() != src.numel()) {
-    Chk::error("copy", "dst",
-              "is " + Chk::describe(dst) + " but src is " + Chk::describe(src) +
-                  " (expected the same dtype and numel)");
-  }
-  Chk::size("copy", "dst", dst, dst.numel());
-  Chk::size("copy", "src", src, src.numel());
+  Chk::copy(dst, src);
   if (dst.bytes() && dst.data != src.data) {
     FSDP_CHECK_CUDA(
         cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, s()));
@@ -365,22 +360,12 @@ void CudaBackend::copy(const TensorView& dst, const TensorView& src) {
 }
 
 void CudaBackend::cast(const TensorView& dst, const TensorView& src) {
-  if (dst.numel() != src.numel()) {
-    Chk::error(
-        "cast", "dst",
-        "is " + Chk::describe(dst) + " but src is " + Chk::describe(src) + " (expected the same numel)");
-  }
-  for (const auto& [name, v] : {std::pair{"dst", &dst}, std::pair{"src", &src}}) {
-    if (!is_floating(v->dtype)) {
-      Chk::error("cast", name, "is " + Chk::describe(*v) + " (expected fp32, fp64, bf16 or fp16)");
-    }
-    Chk::size("cast", name, *v, v->numel());
-  }
+  Chk::cast(dst, src);
   k::cast(out(dst), in(src), dst.numel(), s());
 }
 
 void CudaBackend::copy_to_host(void* host_dst, const TensorView& src) {
-  Chk::size("copy_to_host", "src", src, src.numel());
+  Chk::copy_to_host(src);
   if (src.bytes()) {
     FSDP_CHECK_CUDA(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, s()));
   }
@@ -390,7 +375,7 @@ void CudaBackend::copy_to_host(void* host_dst, const TensorView& src) {
 }
 
 void CudaBackend::copy_from_host(const TensorView& dst, const void* host_src) {
-  Chk::size("copy_from_host", "dst", dst, dst.numel());
+  Chk::copy_from_host(dst);
   if (!dst.bytes()) return;
   FSDP_CHECK_CUDA(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice, s()));
   FSDP_CHECK_CUDA(cudaStreamSynchronize(s()));  // blocking: host_src may be reused at once
@@ -451,12 +436,7 @@ void CudaBackend::raise_device_error() {
 void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const TensorView& A, const TensorView& B, float beta, const TensorView& C) {
   // A: [M,K] ([K,M] if trans_a), B: [K,N] ([N,K] if trans_b), C: [M,N].
-  Chk::dim("gemm", "M", M);
-  Chk::dim("gemm", "N", N);
-  Chk::dim("gemm", "K", K);
-  Chk::need_float("gemm", "A", A, M * K);
-  Chk::need_float("gemm", "B", B, K * N);
-  Chk::need_float("gemm", "C", C, M * N);
+  Chk::gemm(M, N, K, A, B, C);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // C = beta C (BLAS semantics: beta == 0 overwrites, even NaN)
     if (beta == 0.0f) {
@@ -497,20 +477,14 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 
 void CudaBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_t R, int64_t C) {
   // out: [R,C] += bias: [C]
-  Chk::dim("add_bias", "R", R);
-  Chk::dim("add_bias", "C", C);
-  Chk::need_float("add_bias", "out", out_, R * C);
-  Chk::need_float("add_bias", "bias", bias, C);
+  Chk::add_bias(out_, bias, R, C);
   k::add_bias(out(out_), in(bias), R, C, s());
 }
 
 void CudaBackend::bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
                                 int64_t C) {
   // dbias: [C] += colsum(dout: [R,C])
-  Chk::dim("bias_backward", "R", R);
-  Chk::dim("bias_backward", "C", C);
-  Chk::need_float("bias_backward", "dbias", dbias, C);
-  Chk::need_float("bias_backward", "dout", dout, R * C);
+  Chk::bias_backward(dbias, dout, R, C);
   if (R == 0 || C == 0) return;
   Scratch partial(*this,
                   static_cast<std::size_t>(k::bias_backward_scratch_floats(R, C)) * sizeof(float));
@@ -520,24 +494,21 @@ void CudaBackend::bias_backward(const TensorView& dbias, const TensorView& dout,
 void CudaBackend::add(const TensorView& out_, const TensorView& a, const TensorView& b) {
   // out[n] = a[n] + b[n], n = out.numel()
   const int64_t n = out_.numel();
-  Chk::need_float("add", "out", out_, n);
-  Chk::need_float("add", "a", a, n);
-  Chk::need_float("add", "b", b, n);
+  Chk::binary("add", out_, a, b);
   k::add(out(out_), in(a), in(b), n, s());
 }
 
 void CudaBackend::axpy(const TensorView& y, float alpha, const TensorView& x) {
   // y[n] += alpha x[n], n = y.numel()
   const int64_t n = y.numel();
-  Chk::need_float("axpy", "y", y, n);
-  Chk::need_float("axpy", "x", x, n);
+  Chk::axpy(y, x);
   k::axpy(out(y), alpha, in(x), n, s());
 }
 
 void CudaBackend::scale(const TensorView& x, float alpha) {
   // x[n] *= alpha
   const int64_t n = x.numel();
-  Chk::need_float("scale", "x", x, n);
+  Chk::scale(x);
   k::scale(out(x), alpha, n, s());
 }
 
@@ -546,9 +517,8 @@ void CudaBackend::scale(const TensorView& x, float alpha) {
 
 void CudaBackend::squared_norm(const TensorView& acc, const TensorView& x) {
   // acc[0] (fp64) += sum x[n]^2
-  double* a = Chk::scalar64("squared_norm", "acc", acc);
+  double* a = Chk::squared_norm(acc, x);
   const int64_t n = x.numel();
-  Chk::need_float("squared_norm", "x", x, n);
   if (n == 0) return;
   Scratch partial(*this,
                   static_cast<std::size_t>(k::squared_norm_scratch_doubles(n)) * sizeof(double));
@@ -558,26 +528,22 @@ void CudaBackend::squared_norm(const TensorView& acc, const TensorView& x) {
 void CudaBackend::clip_coefficient(const TensorView& norm, const TensorView& coef,
                                    const TensorView& parts, double max_norm) {
   // norm[0] (fp64) = sqrt(sum parts[n] (fp64)); coef[0] (fp32) = clip coefficient
-  double* nrm = Chk::scalar64("clip_coefficient", "norm", norm);
-  Chk::need_dtype("clip_coefficient", "coef", coef, DType::f32, 1);
-  Chk::need_dtype("clip_coefficient", "parts", parts, DType::f64, parts.numel());
+  double* nrm = Chk::clip_coefficient(norm, coef, parts);
   k::clip_coefficient(nrm, static_cast<float*>(coef.data), static_cast<const double*>(parts.data),
                       parts.numel(), max_norm, s());
 }
 
 void CudaBackend::scale_by(const TensorView& x, const TensorView& coef) {
   // x[n] *= coef[0] (fp32)
-  Chk::need_dtype("scale_by", "coef", coef, DType::f32, 1);
+  Chk::scale_by(x, coef);
   const int64_t n = x.numel();
-  Chk::need_float("scale_by", "x", x, n);
   k::scale_by(out(x), static_cast<const float*>(coef.data), n, s());
 }
 
 void CudaBackend::unscale_and_check(const TensorView& x, float inv_scale,
                                     const TensorView& found_inf) {
   // x[n] (fp32) *= inv_scale; found_inf[0] (fp64) = 1 if any x was inf or NaN
-  double* found = Chk::scalar64("unscale_and_check", "found_inf", found_inf);
-  Chk::need_dtype("unscale_and_check", "x", x, DType::f32, x.numel());
+  double* found = Chk::unscale_and_check(x, found_inf);
   k::unscale_and_check(static_cast<float*>(x.data), inv_scale, x.numel(), found, s());
 }
 
@@ -586,7 +552,6 @@ void CudaBackend::unscale_and_check(const TensorView& x, float inv_scale,
 
 void CudaBackend::check_tokens(const char* kernel, const TensorView& tokens, int64_t n, int64_t V,
                                int code) {
-  Chk::need_dtype(kernel, "tokens", tokens, DType::i32, n);
   const int64_t bound = V >= 0 ? V : std::numeric_limits<int32_t>::max() + int64_t{1};
   k::check_indices(static_cast<const int32_t*>(tokens.data), n, bound, code, dev_error_, s());
 }
@@ -595,16 +560,8 @@ void CudaBackend::embedding_forward(const TensorView& out_, const TensorView& to
                                     const TensorView& wte, const TensorView& wpe, int64_t B,
                                     int64_t T, int64_t C) {
   // tokens: [B,T] int32; wte: [V,C]; wpe: [Tmax,C]; out: [B,T,C]. V = wte.numel() / C.
-  const char* kn = "embedding_forward";
-  Chk::dim(kn, "B", B);
-  Chk::dim(kn, "T", T);
-  Chk::dim(kn, "C", C);
-  Chk::need_float(kn, "wte", wte, 0);
-  const int64_t V = C > 0 ? wte.numel() / C : -1;
-  Chk::need_dtype(kn, "tokens", tokens, DType::i32, B * T);
-  Chk::need_float(kn, "wpe", wpe, T * C);
-  Chk::need_float(kn, "out", out_, B * T * C);
-  check_tokens(kn, tokens, B * T, V, k::kErrEmbeddingForward);
+  const int64_t V = Chk::embedding_forward(out_, tokens, wte, wpe, B, T, C);
+  check_tokens("embedding_forward", tokens, B * T, V, k::kErrEmbeddingForward);
   if (C == 0) return;
   k::embedding_forward(out(out_), static_cast<const int32_t*>(tokens.data), in(wte), in(wpe), B, T,
                        C, V, s());
@@ -614,16 +571,8 @@ void CudaBackend::embedding_backward(const TensorView& dwte, const TensorView& d
                                      const TensorView& dout, const TensorView& tokens, int64_t B,
                                      int64_t T, int64_t C) {
   // dwte: [V,C] += scatter of dout: [B,T,C] by tokens: [B,T]; dwpe: [Tmax,C] (rows < T) +=.
-  const char* kn = "embedding_backward";
-  Chk::dim(kn, "B", B);
-  Chk::dim(kn, "T", T);
-  Chk::dim(kn, "C", C);
-  Chk::need_float(kn, "dwte", dwte, 0);
-  const int64_t V = C > 0 ? dwte.numel() / C : -1;
-  Chk::need_dtype(kn, "tokens", tokens, DType::i32, B * T);
-  Chk::need_float(kn, "dwpe", dwpe, T * C);
-  Chk::need_float(kn, "dout", dout, B * T * C);
-  check_tokens(kn, tokens, B * T, V, k::kErrEmbeddingBackward);
+  const int64_t V = Chk::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+  check_tokens("embedding_backward", tokens, B * T, V, k::kErrEmbeddingBackward);
   if (C == 0 || B * T == 0) return;
   const k::EmbeddingScratch need = k::embedding_backward_scratch(st(dwte.dtype), B, T, C, V);
   Scratch fs(*this, static_cast<std::size_t>(need.floats) * sizeof(float));
@@ -637,15 +586,7 @@ void CudaBackend::layernorm_forward(const TensorView& out_, const TensorView& me
                                     const TensorView& weight, const TensorView& bias, int64_t R,
                                     int64_t C, float eps) {
   // x: [R,C]; weight, bias: [C]; out: [R,C]; mean, rstd: [R] fp32.
-  const char* kn = "layernorm_forward";
-  Chk::dim(kn, "R", R);
-  Chk::dim(kn, "C", C);
-  Chk::need_float(kn, "out", out_, R * C);
-  Chk::need_dtype(kn, "mean", mean, DType::f32, R);
-  Chk::need_dtype(kn, "rstd", rstd, DType::f32, R);
-  Chk::need_float(kn, "x", x, R * C);
-  Chk::need_float(kn, "weight", weight, C);
-  Chk::need_float(kn, "bias", bias, C);
+  Chk::layernorm_forward(out_, mean, rstd, x, weight, bias, R, C);
   k::layernorm_forward(out(out_), static_cast<float*>(mean.data), static_cast<float*>(rstd.data),
                        in(x), in(weight), in(bias), R, C, eps, s());
 }
@@ -656,17 +597,7 @@ void CudaBackend::layernorm_backward(const TensorView& dx, const TensorView& dwe
                                      const TensorView& mean, const TensorView& rstd, int64_t R,
                                      int64_t C) {
   // dx: [R,C] +=; dweight, dbias: [C] +=; dout, x: [R,C]; weight: [C]; mean, rstd: [R] fp32.
-  const char* kn = "layernorm_backward";
-  Chk::dim(kn, "R", R);
-  Chk::dim(kn, "C", C);
-  Chk::need_float(kn, "dx", dx, R * C);
-  Chk::need_float(kn, "dweight", dweight, C);
-  Chk::need_float(kn, "dbias", dbias, C);
-  Chk::need_float(kn, "dout", dout, R * C);
-  Chk::need_float(kn, "x", x, R * C);
-  Chk::need_float(kn, "weight", weight, C);
-  Chk::need_dtype(kn, "mean", mean, DType::f32, R);
-  Chk::need_dtype(kn, "rstd", rstd, DType::f32, R);
+  Chk::layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, R, C);
   if (R == 0 || C == 0) return;
   Scratch partial(
       *this, static_cast<std::size_t>(k::layernorm_backward_scratch_floats(R, C)) * sizeof(float));
@@ -678,17 +609,14 @@ void CudaBackend::layernorm_backward(const TensorView& dx, const TensorView& dwe
 void CudaBackend::gelu_forward(const TensorView& out_, const TensorView& x) {
   // out[n] = gelu(x[n]), n = out.numel()
   const int64_t n = out_.numel();
-  Chk::need_float("gelu_forward", "out", out_, n);
-  Chk::need_float("gelu_forward", "x", x, n);
+  Chk::unary_forward("gelu_forward", out_, x);
   k::gelu_forward(out(out_), in(x), n, s());
 }
 
 void CudaBackend::gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) {
   // dx[n] = dout[n] gelu'(x[n]), n = dx.numel() (dx may alias dout)
   const int64_t n = dx.numel();
-  Chk::need_float("gelu_backward", "dx", dx, n);
-  Chk::need_float("gelu_backward", "x", x, n);
-  Chk::need_float("gelu_backward", "dout", dout, n);
+  Chk::unary_backward("gelu_backward", dx, x, dout);
   k::gelu_backward(out(dx), in(x), in(dout), n, s());
 }
 
@@ -696,15 +624,8 @@ void CudaBackend::attention_forward(const TensorView& out_, const TensorView& at
                                     const TensorView& qkv, int64_t B, int64_t T, int64_t C,
                                     int64_t H) {
   // qkv: [B,T,3C]; out: [B,T,C]; att: [B,H,T,T].
-  const char* kn = "attention_forward";
-  Chk::dim(kn, "B", B);
-  Chk::dim(kn, "T", T);
-  Chk::dim(kn, "C", C);
-  Chk::dim(kn, "H", H);
-  Chk::need_float(kn, "out", out_, B * T * C);
-  Chk::need_float(kn, "att", att, B * H * T * T);
-  Chk::need_float(kn, "qkv", qkv, B * T * 3 * C);
-  check_attention_shapes(kn, B, T, C, H);
+  Chk::attention_forward(out_, att, qkv, B, T, C, H);
+  check_attention_shapes("attention_forward", B, T, C, H);
   if (B == 0 || T == 0) return;
   if (out_.dtype == qkv.dtype && att.dtype == qkv.dtype) {
     attention_forward_same(out_, att, qkv, B, T, C, H);
@@ -760,17 +681,8 @@ void CudaBackend::attention_backward(const TensorView& dqkv, const TensorView& s
                                      int64_t H) {
   // dqkv: [B,T,3C] written; scratch: [B,H,T,T] fp32; dout: [B,T,C]; qkv: [B,T,3C];
   // att: [B,H,T,T].
-  const char* kn = "attention_backward";
-  Chk::dim(kn, "B", B);
-  Chk::dim(kn, "T", T);
-  Chk::dim(kn, "C", C);
-  Chk::dim(kn, "H", H);
-  Chk::need_float(kn, "dqkv", dqkv, B * T * 3 * C);
-  Chk::need_dtype(kn, "scratch", scratch, DType::f32, B * H * T * T);
-  Chk::need_float(kn, "dout", dout, B * T * C);
-  Chk::need_float(kn, "qkv", qkv, B * T * 3 * C);
-  Chk::need_float(kn, "att", att, B * H * T * T);
-  check_attention_shapes(kn, B, T, C, H);
+  Chk::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, H);
+  check_attention_shapes("attention_backward", B, T, C, H);
   if (B == 0 || T == 0) return;
   float* sp = static_cast<float*>(scratch.data);
   if (dqkv.dtype == qkv.dtype && dout.dtype == qkv.dtype && att.dtype == qkv.dtype) {
@@ -829,11 +741,7 @@ void CudaBackend::cross_entropy(const char* kernel, const TensorView& loss,
                                 int64_t V, float grad_scale, bool backward) {
   // loss[0] (fp64) += sum of row losses; logits: [R,V] (-> dlogits in place if backward);
   // targets: [R] int32.
-  double* l = Chk::scalar64(kernel, "loss", loss);
-  Chk::dim(kernel, "R", R);
-  Chk::dim(kernel, "V", V);
-  Chk::need_float(kernel, "logits", logits, R * V);
-  Chk::need_dtype(kernel, "targets", targets, DType::i32, R);
+  double* l = Chk::cross_entropy(kernel, loss, logits, targets, R, V);
   if (R == 0) return;
   const auto* tg = static_cast<const int32_t*>(targets.data);
   k::check_indices(tg, R, V, k::kErrCrossEntropy, dev_error_, s(), /*allow_ignore=*/true);
@@ -858,14 +766,8 @@ void CudaBackend::cross_entropy_forward(const TensorView& loss, const TensorView
 void CudaBackend::embedding_lookup_forward(const TensorView& out_, const TensorView& tokens,
                                            const TensorView& table, int64_t N, int64_t C) {
   // tokens: [N] int32; table: [V,C]; out: [N,C]. V = table.numel() / C.
-  const char* kn = "embedding_lookup_forward";
-  Chk::dim(kn, "N", N);
-  Chk::dim(kn, "C", C);
-  Chk::need_float(kn, "table", table, 0);
-  const int64_t V = C > 0 ? table.numel() / C : -1;
-  Chk::need_dtype(kn, "tokens", tokens, DType::i32, N);
-  Chk::need_float(kn, "out", out_, N * C);
-  check_tokens(kn, tokens, N, V, k::kErrEmbeddingLookupForward);
+  const int64_t V = Chk::embedding_lookup_forward(out_, tokens, table, N, C);
+  check_tokens("embedding_lookup_forward", tokens, N, V, k::kErrEmbeddingLookupForward);
   if (C == 0) return;
   k::embedding_lookup_forward(out(out_), static_cast<const int32_t*>(tokens.data), in(table), N, C,
                               V, s());
@@ -874,14 +776,8 @@ void CudaBackend::embedding_lookup_forward(const TensorView& out_, const TensorV
 void CudaBackend::embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
                                             const TensorView& tokens, int64_t N, int64_t C) {
   // dtable: [V,C] += scatter of dout: [N,C] by tokens: [N].
-  const char* kn = "embedding_lookup_backward";
-  Chk::dim(kn, "N", N);
-  Chk::dim(kn, "C", C);
-  Chk::need_float(kn, "dtable", dtable, 0);
-  const int64_t V = C > 0 ? dtable.numel() / C : -1;
-  Chk::need_dtype(kn, "tokens", tokens, DType::i32, N);
-  Chk::need_float(kn, "dout", dout, N * C);
-  check_tokens(kn, tokens, N, V, k::kErrEmbeddingLookupBackward);
+  const int64_t V = Chk::embedding_lookup_backward(dtable, dout, tokens, N, C);
+  check_tokens("embedding_lookup_backward", tokens, N, V, k::kErrEmbeddingLookupBackward);
   if (C == 0 || N == 0 || V <= 0) return;
   const k::EmbeddingScratch need = k::embedding_backward_scratch(st(dtable.dtype), 1, N, C, V);
   Scratch fs(*this, static_cast<std::size_t>(need.floats) * sizeof(float));
@@ -894,13 +790,7 @@ void CudaBackend::rmsnorm_forward(const TensorView& out_, const TensorView& rstd
                                   const TensorView& x, const TensorView& weight, int64_t R,
                                   int64_t C, float eps) {
   // x: [R,C]; weight: [C]; out: [R,C]; rstd: [R] fp32.
-  const char* kn = "rmsnorm_forward";
-  Chk::dim(kn, "R", R);
-  Chk::dim(kn, "C", C);
-  Chk::need_float(kn, "out", out_, R * C);
-  Chk::need_dtype(kn, "rstd", rstd, DType::f32, R);
-  Chk::need_float(kn, "x", x, R * C);
-  Chk::need_float(kn, "weight", weight, C);
+  Chk::rmsnorm_forward(out_, rstd, x, weight, R, C);
   k::rmsnorm_forward(out(out_), static_cast<float*>(rstd.data), in(x), in(weight), R, C, eps, s());
 }
 
@@ -909,15 +799,7 @@ void CudaBackend::rmsnorm_backward(const TensorView& dx, const TensorView& dweig
                                    const TensorView& weight, const TensorView& rstd, int64_t R,
                                    int64_t C) {
   // dx: [R,C] +=; dweight: [C] +=; dout, x: [R,C]; weight: [C]; rstd: [R] fp32.
-  const char* kn = "rmsnorm_backward";
-  Chk::dim(kn, "R", R);
-  Chk::dim(kn, "C", C);
-  Chk::need_float(kn, "dx", dx, R * C);
-  Chk::need_float(kn, "dweight", dweight, C);
-  Chk::need_float(kn, "dout", dout, R * C);
-  Chk::need_float(kn, "x", x, R * C);
-  Chk::need_float(kn, "weight", weight, C);
-  Chk::need_dtype(kn, "rstd", rstd, DType::f32, R);
+  Chk::rmsnorm_backward(dx, dweight, dout, x, weight, rstd, R, C);
   if (R == 0 || C == 0) return;
   Scratch partial(
       *this, static_cast<std::size_t>(k::rmsnorm_backward_scratch_floats(R, C)) * sizeof(float));
@@ -928,26 +810,21 @@ void CudaBackend::rmsnorm_backward(const TensorView& dx, const TensorView& dweig
 void CudaBackend::relu_forward(const TensorView& out_, const TensorView& x) {
   // out[n] = max(x[n], 0), n = out.numel()
   const int64_t n = out_.numel();
-  Chk::need_float("relu_forward", "out", out_, n);
-  Chk::need_float("relu_forward", "x", x, n);
+  Chk::unary_forward("relu_forward", out_, x);
   k::relu_forward(out(out_), in(x), n, s());
 }
 
 void CudaBackend::relu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) {
   // dx[n] = x[n] > 0 ? dout[n] : 0, n = dx.numel() (dx may alias dout)
   const int64_t n = dx.numel();
-  Chk::need_float("relu_backward", "dx", dx, n);
-  Chk::need_float("relu_backward", "x", x, n);
-  Chk::need_float("relu_backward", "dout", dout, n);
+  Chk::unary_backward("relu_backward", dx, x, dout);
   k::relu_backward(out(dx), in(x), in(dout), n, s());
 }
 
 void CudaBackend::mul(const TensorView& out_, const TensorView& a, const TensorView& b) {
   // out[n] = a[n] * b[n], n = out.numel() (out may alias a or b)
   const int64_t n = out_.numel();
-  Chk::need_float("mul", "out", out_, n);
-  Chk::need_float("mul", "a", a, n);
-  Chk::need_float("mul", "b", b, n);
+  Chk::binary("mul", out_, a, b);
   k::mul(out(out_), in(a), in(b), n, s());
 }
 
@@ -955,14 +832,7 @@ void CudaBackend::position_bias_forward(const TensorView& bias, const TensorView
                                         const TensorView& buckets, int64_t H, int64_t Tq,
                                         int64_t Tk) {
   // table: [NB,H]; buckets: [Tq,Tk] int32 in [0,NB); bias: [H,Tq,Tk] fp32. NB = numel / H.
-  const char* kn = "position_bias_forward";
-  Chk::dim(kn, "H", H);
-  Chk::dim(kn, "Tq", Tq);
-  Chk::dim(kn, "Tk", Tk);
-  Chk::need_float(kn, "table", table, 0);
-  const int64_t NB = H > 0 ? table.numel() / H : -1;
-  Chk::need_dtype(kn, "buckets", buckets, DType::i32, Tq * Tk);
-  Chk::need_dtype(kn, "bias", bias, DType::f32, H * Tq * Tk);
+  const int64_t NB = Chk::position_bias_forward(bias, table, buckets, H, Tq, Tk);
   const auto* bk = static_cast<const int32_t*>(buckets.data);
   const int64_t bound = NB >= 0 ? NB : std::numeric_limits<int32_t>::max() + int64_t{1};
   k::check_indices(bk, Tq * Tk, bound, k::kErrPositionBiasForward, dev_error_, s());
@@ -973,14 +843,7 @@ void CudaBackend::position_bias_backward(const TensorView& dtable, const TensorV
                                          const TensorView& buckets, int64_t H, int64_t Tq,
                                          int64_t Tk) {
   // dtable: [NB,H] +=; dbias: [H,Tq,Tk] fp32; buckets: [Tq,Tk] int32 in [0,NB).
-  const char* kn = "position_bias_backward";
-  Chk::dim(kn, "H", H);
-  Chk::dim(kn, "Tq", Tq);
-  Chk::dim(kn, "Tk", Tk);
-  Chk::need_float(kn, "dtable", dtable, 0);
-  const int64_t NB = H > 0 ? dtable.numel() / H : -1;
-  Chk::need_dtype(kn, "buckets", buckets, DType::i32, Tq * Tk);
-  Chk::need_dtype(kn, "dbias", dbias, DType::f32, H * Tq * Tk);
+  const int64_t NB = Chk::position_bias_backward(dtable, dbias, buckets, H, Tq, Tk);
   const auto* bk = static_cast<const int32_t*>(buckets.data);
   const int64_t bound = NB >= 0 ? NB : std::numeric_limits<int32_t>::max() + int64_t{1};
   k::check_indices(bk, Tq * Tk, bound, k::kErrPositionBiasBackward, dev_error_, s());
@@ -989,12 +852,8 @@ void CudaBackend::position_bias_backward(const TensorView& dtable, const TensorV
 }
 
 namespace {
-void check_mha_shapes(const char* kernel, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D) {
-  Chk::dim(kernel, "B", B);
-  Chk::dim(kernel, "Tq", Tq);
-  Chk::dim(kernel, "Tk", Tk);
-  Chk::dim(kernel, "H", H);
-  Chk::dim(kernel, "D", D);
+// cuBLAS limits, run by ArgChecks::mha_forward/backward after the dimensions (>= 0).
+void check_mha_limits(const char* kernel, int64_t, int64_t Tq, int64_t Tk, int64_t H, int64_t D) {
   if (H * D > INT32_MAX || Tq > INT32_MAX || Tk > INT32_MAX) {
     throw Error("cuda backend: " + std::string(kernel) + ": bad shape Tq=" + std::to_string(Tq) +
                 " Tk=" + std::to_string(Tk) + " H=" + std::to_string(H) + " D=" +
@@ -1009,16 +868,8 @@ void CudaBackend::mha_forward(const TensorView& out_, const TensorView& att, con
                               int64_t H, int64_t D, float scale, bool causal) {
   // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; bias: [H,Tq,Tk] fp32 or none; key_mask: [B,Tk] int32 or
   // none; out: [B,Tq,H*D]; att: [B,H,Tq,Tk].
-  const char* kn = "mha_forward";
-  check_mha_shapes(kn, B, Tq, Tk, H, D);
+  Chk::mha_forward(out_, att, q, k, v, bias, key_mask, B, Tq, Tk, H, D, check_mha_limits);
   const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
-  Chk::need_float(kn, "out", out_, nq);
-  Chk::need_float(kn, "att", att, na);
-  Chk::need_float(kn, "q", q, nq);
-  Chk::need_float(kn, "k", k, nk);
-  Chk::need_float(kn, "v", v, nk);
-  if (bias) Chk::need_dtype(kn, "bias", bias, DType::f32, H * Tq * Tk);
-  if (key_mask) Chk::need_dtype(kn, "key_mask", key_mask, DType::i32, B * Tk);
   if (nq == 0 && na == 0) return;
   if (Tk == 0) {  // no keys: every row fully masked, output 0
     FSDP_CHECK_CUDA(cudaMemsetAsync(out_.data, 0, static_cast<std::size_t>(nq) * dtype_size(out_.dtype), s()));
@@ -1091,19 +942,9 @@ void CudaBackend::mha_backward(const TensorView& dq, const TensorView& dk, const
                                int64_t Tk, int64_t H, int64_t D, float scale) {
   // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq,Tk] fp32 += or none; scratch:
   // [B,H,Tq,Tk] fp32; dout: [B,Tq,H*D]; q, k, v, att as in forward.
-  const char* kn = "mha_backward";
-  check_mha_shapes(kn, B, Tq, Tk, H, D);
+  Chk::mha_backward(dq, dk, dv, dbias, scratch, dout, q, k, v, att, B, Tq, Tk, H, D,
+                    check_mha_limits);
   const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
-  Chk::need_float(kn, "dq", dq, nq);
-  Chk::need_float(kn, "dk", dk, nk);
-  Chk::need_float(kn, "dv", dv, nk);
-  if (dbias) Chk::need_dtype(kn, "dbias", dbias, DType::f32, H * Tq * Tk);
-  Chk::need_dtype(kn, "scratch", scratch, DType::f32, na);
-  Chk::need_float(kn, "dout", dout, nq);
-  Chk::need_float(kn, "q", q, nq);
-  Chk::need_float(kn, "k", k, nk);
-  Chk::need_float(kn, "v", v, nk);
-  Chk::need_float(kn, "att", att, na);
   // D == 0: dq, dk, dv are empty and dP = 0, so dS = 0 adds nothing to dbias.
   if (B == 0 || H == 0 || D == 0) return;
   if (Tq == 0 || Tk == 0) {  // no queries: dk = dv = 0; no keys: dq = 0
@@ -1181,12 +1022,8 @@ void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
                                float beta1, float beta2, float eps, float weight_decay,
                                int64_t step) {
   // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel()
-  const char* kn = "adamw_update";
+  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq);
   const int64_t n = param.numel();
-  Chk::need_dtype(kn, "param", param, DType::f32, n);
-  Chk::need_dtype(kn, "grad", grad, DType::f32, n);
-  Chk::need_dtype(kn, "exp_avg", exp_avg, DType::f32, n);
-  Chk::need_dtype(kn, "exp_avg_sq", exp_avg_sq, DType::f32, n);
   if (step < 1) {
     throw Error("cuda backend: adamw_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
@@ -1216,11 +1053,8 @@ void CudaBackend::sgd_update(const TensorView& param, const TensorView& grad,
                              float weight_decay, int64_t step) {
   // param, grad, momentum_buf: [n] fp32, n = param.numel(); momentum_buf unused (may be
   // empty) when momentum == 0.
-  const char* kn = "sgd_update";
+  Chk::sgd_update(param, grad, momentum_buf, momentum);
   const int64_t n = param.numel();
-  Chk::need_dtype(kn, "param", param, DType::f32, n);
-  Chk::need_dtype(kn, "grad", grad, DType::f32, n);
-  if (momentum != 0.0f) Chk::need_dtype(kn, "momentum_buf", momentum_buf, DType::f32, n);
   if (step < 1) {
     throw Error("cuda backend: sgd_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/tensor.hpp"
@@ -52,6 +53,348 @@ struct ArgChecks {
   static double* scalar64(const char* kernel, const char* arg, const TensorView& v) {
     need_dtype(kernel, arg, v, DType::f64, 1);
     return static_cast<double*>(v.data);
+  }
+
+  // ---- the check sequence of each Backend kernel, in the order both backends run it ----
+  // Value checks that need the data (token/bucket ranges) and backend-specific limits are
+  // left to each backend, after these.
+
+  // memory and casts
+  static void fill_zero(const TensorView& dst) { size("fill_zero", "dst", dst, dst.numel()); }
+  static void copy(const TensorView& dst, const TensorView& src) {
+    if (dst.dtype != src.dtype || dst.numel() != src.numel()) {
+      error("copy", "dst",
+            "is " + describe(dst) + " but src is " + describe(src) +
+                " (expected the same dtype and numel)");
+    }
+    size("copy", "dst", dst, dst.numel());
+    size("copy", "src", src, src.numel());
+  }
+  static void cast(const TensorView& dst, const TensorView& src) {
+    if (dst.numel() != src.numel()) {
+      error("cast", "dst",
+            "is " + describe(dst) + " but src is " + describe(src) + " (expected the same numel)");
+    }
+    for (const auto& [name, v] : {std::pair{"dst", &dst}, std::pair{"src", &src}}) {
+      if (!is_floating(v->dtype)) {
+        error("cast", name, "is " + describe(*v) + " (expected fp32, fp64, bf16 or fp16)");
+      }
+      size("cast", name, *v, v->numel());
+    }
+  }
+  static void copy_to_host(const TensorView& src) {
+    size("copy_to_host", "src", src, src.numel());
+  }
+  static void copy_from_host(const TensorView& dst) {
+    size("copy_from_host", "dst", dst, dst.numel());
+  }
+
+  // dense algebra
+  static void gemm(int64_t M, int64_t N, int64_t K, const TensorView& A, const TensorView& B,
+                   const TensorView& C) {
+    dim("gemm", "M", M);
+    dim("gemm", "N", N);
+    dim("gemm", "K", K);
+    need_float("gemm", "A", A, M * K);
+    need_float("gemm", "B", B, K * N);
+    need_float("gemm", "C", C, M * N);
+  }
+  static void add_bias(const TensorView& out, const TensorView& bias, int64_t R, int64_t C) {
+    dim("add_bias", "R", R);
+    dim("add_bias", "C", C);
+    need_float("add_bias", "out", out, R * C);
+    need_float("add_bias", "bias", bias, C);
+  }
+  static void bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
+                            int64_t C) {
+    dim("bias_backward", "R", R);
+    dim("bias_backward", "C", C);
+    need_float("bias_backward", "dbias", dbias, C);
+    need_float("bias_backward", "dout", dout, R * C);
+  }
+  // out = f(a, b) elementwise over n = out.numel() (add, mul): "out", "a", "b".
+  static void binary(const char* kernel, const TensorView& out, const TensorView& a,
+                     const TensorView& b) {
+    const int64_t n = out.numel();
+    need_float(kernel, "out", out, n);
+    need_float(kernel, "a", a, n);
+    need_float(kernel, "b", b, n);
+  }
+  static void axpy(const TensorView& y, const TensorView& x) {
+    need_float("axpy", "y", y, y.numel());
+    need_float("axpy", "x", x, y.numel());
+  }
+  static void scale(const TensorView& x) { need_float("scale", "x", x, x.numel()); }
+
+  // reductions into device scalars (each returns the fp64 scalar it checked)
+  static double* squared_norm(const TensorView& acc, const TensorView& x) {
+    double* a = scalar64("squared_norm", "acc", acc);
+    need_float("squared_norm", "x", x, x.numel());
+    return a;
+  }
+  static double* clip_coefficient(const TensorView& norm, const TensorView& coef,
+                                  const TensorView& parts) {
+    double* nrm = scalar64("clip_coefficient", "norm", norm);
+    need_dtype("clip_coefficient", "coef", coef, DType::f32, 1);
+    need_dtype("clip_coefficient", "parts", parts, DType::f64, parts.numel());
+    return nrm;
+  }
+  static void scale_by(const TensorView& x, const TensorView& coef) {
+    need_dtype("scale_by", "coef", coef, DType::f32, 1);
+    need_float("scale_by", "x", x, x.numel());
+  }
+  static double* unscale_and_check(const TensorView& x, const TensorView& found_inf) {
+    double* found = scalar64("unscale_and_check", "found_inf", found_inf);
+    need_dtype("unscale_and_check", "x", x, DType::f32, x.numel());
+    return found;
+  }
+
+  // transformer pieces. The embeddings return V = rows of the table (table.numel() / C), or
+  // -1 when C == 0; the token values are the backend's to check against it.
+  static int64_t embedding_forward(const TensorView& out, const TensorView& tokens,
+                                   const TensorView& wte, const TensorView& wpe, int64_t B,
+                                   int64_t T, int64_t C) {
+    const char* k = "embedding_forward";
+    dim(k, "B", B);
+    dim(k, "T", T);
+    dim(k, "C", C);
+    need_float(k, "wte", wte, 0);
+    need_dtype(k, "tokens", tokens, DType::i32, B * T);
+    need_float(k, "wpe", wpe, T * C);
+    need_float(k, "out", out, B * T * C);
+    return C > 0 ? wte.numel() / C : -1;
+  }
+  static int64_t embedding_backward(const TensorView& dwte, const TensorView& dwpe,
+                                    const TensorView& dout, const TensorView& tokens, int64_t B,
+                                    int64_t T, int64_t C) {
+    const char* k = "embedding_backward";
+    dim(k, "B", B);
+    dim(k, "T", T);
+    dim(k, "C", C);
+    need_float(k, "dwte", dwte, 0);
+    need_dtype(k, "tokens", tokens, DType::i32, B * T);
+    need_float(k, "dwpe", dwpe, T * C);
+    need_float(k, "dout", dout, B * T * C);
+    return C > 0 ? dwte.numel() / C : -1;
+  }
+  static void layernorm_forward(const TensorView& out, const TensorView& mean,
+                                const TensorView& rstd, const TensorView& x,
+                                const TensorView& weight, const TensorView& bias, int64_t R,
+                                int64_t C) {
+    const char* k = "layernorm_forward";
+    dim(k, "R", R);
+    dim(k, "C", C);
+    need_float(k, "out", out, R * C);
+    need_dtype(k, "mean", mean, DType::f32, R);
+    need_dtype(k, "rstd", rstd, DType::f32, R);
+    need_float(k, "x", x, R * C);
+    need_float(k, "weight", weight, C);
+    need_float(k, "bias", bias, C);
+  }
+  static void layernorm_backward(const TensorView& dx, const TensorView& dweight,
+                                 const TensorView& dbias, const TensorView& dout,
+                                 const TensorView& x, const TensorView& weight,
+                                 const TensorView& mean, const TensorView& rstd, int64_t R,
+                                 int64_t C) {
+    const char* k = "layernorm_backward";
+    dim(k, "R", R);
+    dim(k, "C", C);
+    need_float(k, "dx", dx, R * C);
+    need_float(k, "dweight", dweight, C);
+    need_float(k, "dbias", dbias, C);
+    need_float(k, "dout", dout, R * C);
+    need_float(k, "x", x, R * C);
+    need_float(k, "weight", weight, C);
+    need_dtype(k, "mean", mean, DType::f32, R);
+    need_dtype(k, "rstd", rstd, DType::f32, R);
+  }
+  // out = f(x) elementwise over n = out.numel() (gelu_forward, relu_forward): "out", "x".
+  static void unary_forward(const char* kernel, const TensorView& out, const TensorView& x) {
+    need_float(kernel, "out", out, out.numel());
+    need_float(kernel, "x", x, out.numel());
+  }
+  // dx = dout f'(x) over n = dx.numel() (gelu_backward, relu_backward): "dx", "x", "dout".
+  static void unary_backward(const char* kernel, const TensorView& dx, const TensorView& x,
+                             const TensorView& dout) {
+    const int64_t n = dx.numel();
+    need_float(kernel, "dx", dx, n);
+    need_float(kernel, "x", x, n);
+    need_float(kernel, "dout", dout, n);
+  }
+  static void attention_dims(const char* k, int64_t B, int64_t T, int64_t C, int64_t H) {
+    dim(k, "B", B);
+    dim(k, "T", T);
+    dim(k, "C", C);
+    dim(k, "H", H);
+  }
+  static void attention_forward(const TensorView& out, const TensorView& att,
+                                const TensorView& qkv, int64_t B, int64_t T, int64_t C,
+                                int64_t H) {
+    const char* k = "attention_forward";
+    attention_dims(k, B, T, C, H);
+    need_float(k, "out", out, B * T * C);
+    need_float(k, "att", att, B * H * T * T);
+    need_float(k, "qkv", qkv, B * T * 3 * C);
+  }
+  static void attention_backward(const TensorView& dqkv, const TensorView& scratch,
+                                 const TensorView& dout, const TensorView& qkv,
+                                 const TensorView& att, int64_t B, int64_t T, int64_t C,
+                                 int64_t H) {
+    const char* k = "attention_backward";
+    attention_dims(k, B, T, C, H);
+    need_float(k, "dqkv", dqkv, B * T * 3 * C);
+    need_dtype(k, "scratch", scratch, DType::f32, B * H * T * T);
+    need_float(k, "dout", dout, B * T * C);
+    need_float(k, "qkv", qkv, B * T * 3 * C);
+    need_float(k, "att", att, B * H * T * T);
+  }
+  // cross_entropy_forward(_backward): returns the fp64 loss scalar.
+  static double* cross_entropy(const char* kernel, const TensorView& loss,
+                               const TensorView& logits, const TensorView& targets, int64_t R,
+                               int64_t V) {
+    double* l = scalar64(kernel, "loss", loss);
+    dim(kernel, "R", R);
+    dim(kernel, "V", V);
+    need_float(kernel, "logits", logits, R * V);
+    need_dtype(kernel, "targets", targets, DType::i32, R);
+    return l;
+  }
+
+  // T5 pieces. The lookups return V (rows of the table, -1 when C == 0) and the position
+  // biases NB (rows of the table, -1 when H == 0) for the backend's value checks.
+  static int64_t embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
+                                          const TensorView& table, int64_t N, int64_t C) {
+    const char* k = "embedding_lookup_forward";
+    dim(k, "N", N);
+    dim(k, "C", C);
+    need_float(k, "table", table, 0);
+    need_dtype(k, "tokens", tokens, DType::i32, N);
+    need_float(k, "out", out, N * C);
+    return C > 0 ? table.numel() / C : -1;
+  }
+  static int64_t embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
+                                           const TensorView& tokens, int64_t N, int64_t C) {
+    const char* k = "embedding_lookup_backward";
+    dim(k, "N", N);
+    dim(k, "C", C);
+    need_float(k, "dtable", dtable, 0);
+    need_dtype(k, "tokens", tokens, DType::i32, N);
+    need_float(k, "dout", dout, N * C);
+    return C > 0 ? dtable.numel() / C : -1;
+  }
+  static void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                              const TensorView& weight, int64_t R, int64_t C) {
+    const char* k = "rmsnorm_forward";
+    dim(k, "R", R);
+    dim(k, "C", C);
+    need_float(k, "out", out, R * C);
+    need_dtype(k, "rstd", rstd, DType::f32, R);
+    need_float(k, "x", x, R * C);
+    need_float(k, "weight", weight, C);
+  }
+  static void rmsnorm_backward(const TensorView& dx, const TensorView& dweight,
+                               const TensorView& dout, const TensorView& x,
+                               const TensorView& weight, const TensorView& rstd, int64_t R,
+                               int64_t C) {
+    const char* k = "rmsnorm_backward";
+    dim(k, "R", R);
+    dim(k, "C", C);
+    need_float(k, "dx", dx, R * C);
+    need_float(k, "dweight", dweight, C);
+    need_float(k, "dout", dout, R * C);
+    need_float(k, "x", x, R * C);
+    need_float(k, "weight", weight, C);
+    need_dtype(k, "rstd", rstd, DType::f32, R);
+  }
+  static int64_t position_bias_forward(const TensorView& bias, const TensorView& table,
+                                       const TensorView& buckets, int64_t H, int64_t Tq,
+                                       int64_t Tk) {
+    const char* k = "position_bias_forward";
+    dim(k, "H", H);
+    dim(k, "Tq", Tq);
+    dim(k, "Tk", Tk);
+    need_float(k, "table", table, 0);
+    need_dtype(k, "buckets", buckets, DType::i32, Tq * Tk);
+    need_dtype(k, "bias", bias, DType::f32, H * Tq * Tk);
+    return H > 0 ? table.numel() / H : -1;
+  }
+  static int64_t position_bias_backward(const TensorView& dtable, const TensorView& dbias,
+                                        const TensorView& buckets, int64_t H, int64_t Tq,
+                                        int64_t Tk) {
+    const char* k = "position_bias_backward";
+    dim(k, "H", H);
+    dim(k, "Tq", Tq);
+    dim(k, "Tk", Tk);
+    need_float(k, "dtable", dtable, 0);
+    need_dtype(k, "buckets", buckets, DType::i32, Tq * Tk);
+    need_dtype(k, "dbias", dbias, DType::f32, H * Tq * Tk);
+    return H > 0 ? dtable.numel() / H : -1;
+  }
+  // mha_forward/backward: `limits` (may be null) is a backend's own shape check, run after
+  // the dimensions and before the views.
+  using MhaLimits = void (*)(const char* kernel, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                             int64_t D);
+  static void mha_dims(const char* k, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
+                       MhaLimits limits) {
+    dim(k, "B", B);
+    dim(k, "Tq", Tq);
+    dim(k, "Tk", Tk);
+    dim(k, "H", H);
+    dim(k, "D", D);
+    if (limits) limits(k, B, Tq, Tk, H, D);
+  }
+  static void mha_forward(const TensorView& out, const TensorView& att, const TensorView& q,
+                          const TensorView& kv_k, const TensorView& v, const TensorView& bias,
+                          const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
+                          int64_t H, int64_t D, MhaLimits limits = nullptr) {
+    const char* k = "mha_forward";
+    mha_dims(k, B, Tq, Tk, H, D, limits);
+    const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
+    need_float(k, "out", out, nq);
+    need_float(k, "att", att, na);
+    need_float(k, "q", q, nq);
+    need_float(k, "k", kv_k, nk);
+    need_float(k, "v", v, nk);
+    if (bias) need_dtype(k, "bias", bias, DType::f32, H * Tq * Tk);
+    if (key_mask) need_dtype(k, "key_mask", key_mask, DType::i32, B * Tk);
+  }
+  static void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                           const TensorView& dbias, const TensorView& scratch,
+                           const TensorView& dout, const TensorView& q, const TensorView& kv_k,
+                           const TensorView& v, const TensorView& att, int64_t B, int64_t Tq,
+                           int64_t Tk, int64_t H, int64_t D, MhaLimits limits = nullptr) {
+    const char* k = "mha_backward";
+    mha_dims(k, B, Tq, Tk, H, D, limits);
+    const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
+    need_float(k, "dq", dq, nq);
+    need_float(k, "dk", dk, nk);
+    need_float(k, "dv", dv, nk);
+    if (dbias) need_dtype(k, "dbias", dbias, DType::f32, H * Tq * Tk);
+    need_dtype(k, "scratch", scratch, DType::f32, na);
+    need_float(k, "dout", dout, nq);
+    need_float(k, "q", q, nq);
+    need_float(k, "k", kv_k, nk);
+    need_float(k, "v", v, nk);
+    need_float(k, "att", att, na);
+  }
+
+  // optimizers (fp32 shards)
+  static void adamw_update(const TensorView& param, const TensorView& grad,
+                           const TensorView& exp_avg, const TensorView& exp_avg_sq) {
+    const char* k = "adamw_update";
+    const int64_t n = param.numel();
+    need_dtype(k, "param", param, DType::f32, n);
+    need_dtype(k, "grad", grad, DType::f32, n);
+    need_dtype(k, "exp_avg", exp_avg, DType::f32, n);
+    need_dtype(k, "exp_avg_sq", exp_avg_sq, DType::f32, n);
+  }
+  static void sgd_update(const TensorView& param, const TensorView& grad,
+                         const TensorView& momentum_buf, float momentum) {
+    const char* k = "sgd_update";
+    const int64_t n = param.numel();
+    need_dtype(k, "param", param, DType::f32, n);
+    need_dtype(k, "grad", grad, DType::f32, n);
+    if (momentum != 0.0f) need_dtype(k, "momentum_buf", momentum_buf, DType::f32, n);
   }
 };
 

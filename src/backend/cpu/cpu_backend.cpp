@@ -53,10 +53,6 @@ struct BackendName {
   static constexpr const char* name = "cpu backend";
 };
 using Chk = ArgChecks<BackendName>;
-// A device scalar (host memory on this backend) as a reference.
-double& scalar64(const char* kernel, const char* arg, const TensorView& v) {
-  return *Chk::scalar64(kernel, arg, v);
-}
 
 // ---------------------------------------------------------------------------------------
 // fp32 scratch for 16-bit arguments
@@ -293,12 +289,10 @@ class CpuBackend final : public Backend {
  private:
   F32In in(const TensorView& v, int64_t n) { return F32In(k_, scratch_, v, n); }
   F32Out out(const TensorView& v, int64_t n, bool load) { return F32Out(k_, scratch_, v, n, load); }
-  // tokens [n] int32 in [0, V) (no upper bound when V < 0); `rows_of` names the table.
+  // The values of tokens [n] (int32, already checked by ArgChecks) in [0, V) (no upper
+  // bound when V < 0); `rows_of` names the table.
   void check_tokens(const char* kernel, const TensorView& tokens, int64_t n, int64_t V,
                     const char* arg = "tokens", const char* rows_of = "wte") const;
-  // The shape checks of mha_forward/backward shared by both (q, k, v, out-like views).
-  void check_mha(const char* kernel, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                 int64_t D) const;
 
   CpuKernels k_;
   MemoryTracker memory_;  // before alloc_, which reports to it
@@ -311,43 +305,27 @@ class CpuBackend final : public Backend {
 // memory and casts
 
 void CpuBackend::fill_zero(const TensorView& dst) {
-  Chk::size("fill_zero", "dst", dst, dst.numel());
+  Chk::fill_zero(dst);
   if (dst.bytes()) std::memset(dst.data, 0, dst.bytes());
 }
 
 void CpuBackend::copy(const TensorView& dst, const TensorView& src) {
-  if (dst.dtype != src.dtype || dst.numel() != src.numel()) {
-    Chk::error("copy", "dst",
-              "is " + Chk::describe(dst) + " but src is " + Chk::describe(src) +
-                  " (expected the same dtype and numel)");
-  }
-  Chk::size("copy", "dst", dst, dst.numel());
-  Chk::size("copy", "src", src, src.numel());
+  Chk::copy(dst, src);
   if (dst.bytes() && dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
 }
 
 void CpuBackend::cast(const TensorView& dst, const TensorView& src) {
-  if (dst.numel() != src.numel()) {
-    Chk::error(
-        "cast", "dst",
-        "is " + Chk::describe(dst) + " but src is " + Chk::describe(src) + " (expected the same numel)");
-  }
-  for (const auto& [name, v] : {std::pair{"dst", &dst}, std::pair{"src", &src}}) {
-    if (!is_floating(v->dtype)) {
-      Chk::error("cast", name, "is " + Chk::describe(*v) + " (expected fp32, fp64, bf16 or fp16)");
-    }
-    Chk::size("cast", name, *v, v->numel());
-  }
+  Chk::cast(dst, src);
   k_.cast(dst.data, dst.dtype, src.data, src.dtype, dst.numel());
 }
 
 void CpuBackend::copy_to_host(void* host_dst, const TensorView& src) {
-  Chk::size("copy_to_host", "src", src, src.numel());
+  Chk::copy_to_host(src);
   if (src.bytes() && host_dst != src.data) std::memmove(host_dst, src.data, src.bytes());
 }
 
 void CpuBackend::copy_from_host(const TensorView& dst, const void* host_src) {
-  Chk::size("copy_from_host", "dst", dst, dst.numel());
+  Chk::copy_from_host(dst);
   if (dst.bytes() && dst.data != host_src) std::memmove(dst.data, host_src, dst.bytes());
 }
 
@@ -357,12 +335,7 @@ void CpuBackend::copy_from_host(const TensorView& dst, const void* host_src) {
 void CpuBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const TensorView& A, const TensorView& B, float beta, const TensorView& C) {
   // A: [M,K] ([K,M] if trans_a), B: [K,N] ([N,K] if trans_b), C: [M,N].
-  Chk::dim("gemm", "M", M);
-  Chk::dim("gemm", "N", N);
-  Chk::dim("gemm", "K", K);
-  Chk::need_float("gemm", "A", A, M * K);
-  Chk::need_float("gemm", "B", B, K * N);
-  Chk::need_float("gemm", "C", C, M * N);
+  Chk::gemm(M, N, K, A, B, C);
   const F32In a = in(A, M * K), b = in(B, K * N);
   const F32Out c = out(C, M * N, beta != 0.0f);
   k_.gemm(trans_a, trans_b, M, N, K, alpha, a, b, beta, c);
@@ -370,10 +343,7 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
 
 void CpuBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_t R, int64_t C) {
   // out: [R,C] += bias: [C]
-  Chk::dim("add_bias", "R", R);
-  Chk::dim("add_bias", "C", C);
-  Chk::need_float("add_bias", "out", out_, R * C);
-  Chk::need_float("add_bias", "bias", bias, C);
+  Chk::add_bias(out_, bias, R, C);
   const F32In b = in(bias, C);
   const F32Out o = out(out_, R * C, true);
   k_.add_bias(o, b, R, C);
@@ -382,10 +352,7 @@ void CpuBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_
 void CpuBackend::bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
                                int64_t C) {
   // dbias: [C] += colsum(dout: [R,C])
-  Chk::dim("bias_backward", "R", R);
-  Chk::dim("bias_backward", "C", C);
-  Chk::need_float("bias_backward", "dbias", dbias, C);
-  Chk::need_float("bias_backward", "dout", dout, R * C);
+  Chk::bias_backward(dbias, dout, R, C);
   const F32In d = in(dout, R * C);
   const F32Out db = out(dbias, C, true);
   k_.bias_backward(db, d, R, C);
@@ -394,9 +361,7 @@ void CpuBackend::bias_backward(const TensorView& dbias, const TensorView& dout, 
 void CpuBackend::add(const TensorView& out_, const TensorView& a, const TensorView& b) {
   // out[n] = a[n] + b[n], n = out.numel()
   const int64_t n = out_.numel();
-  Chk::need_float("add", "out", out_, n);
-  Chk::need_float("add", "a", a, n);
-  Chk::need_float("add", "b", b, n);
+  Chk::binary("add", out_, a, b);
   const F32In fa = in(a, n), fb = in(b, n);
   const F32Out o = out(out_, n, false);
   k_.add(o, fa, fb, n);
@@ -405,8 +370,7 @@ void CpuBackend::add(const TensorView& out_, const TensorView& a, const TensorVi
 void CpuBackend::axpy(const TensorView& y, float alpha, const TensorView& x) {
   // y[n] += alpha x[n], n = y.numel()
   const int64_t n = y.numel();
-  Chk::need_float("axpy", "y", y, n);
-  Chk::need_float("axpy", "x", x, n);
+  Chk::axpy(y, x);
   const F32In fx = in(x, n);
   const F32Out fy = out(y, n, true);
   k_.axpy(fy, alpha, fx, n);
@@ -415,7 +379,7 @@ void CpuBackend::axpy(const TensorView& y, float alpha, const TensorView& x) {
 void CpuBackend::scale(const TensorView& x, float alpha) {
   // x[n] *= alpha
   const int64_t n = x.numel();
-  Chk::need_float("scale", "x", x, n);
+  Chk::scale(x);
   const F32Out fx = out(x, n, true);
   k_.scale(fx, alpha, n);
 }
@@ -425,9 +389,8 @@ void CpuBackend::scale(const TensorView& x, float alpha) {
 
 void CpuBackend::squared_norm(const TensorView& acc, const TensorView& x) {
   // acc[0] (fp64) += sum x[n]^2
-  double& a = scalar64("squared_norm", "acc", acc);
+  double& a = *Chk::squared_norm(acc, x);
   const int64_t n = x.numel();
-  Chk::need_float("squared_norm", "x", x, n);
   const F32In fx = in(x, n);
   a += k_.squared_norm(fx, n);
 }
@@ -435,9 +398,7 @@ void CpuBackend::squared_norm(const TensorView& acc, const TensorView& x) {
 void CpuBackend::clip_coefficient(const TensorView& norm, const TensorView& coef,
                                   const TensorView& parts, double max_norm) {
   // norm[0] (fp64) = sqrt(sum parts[n] (fp64)); coef[0] (fp32) = clip coefficient
-  double& nrm = scalar64("clip_coefficient", "norm", norm);
-  Chk::need_dtype("clip_coefficient", "coef", coef, DType::f32, 1);
-  Chk::need_dtype("clip_coefficient", "parts", parts, DType::f64, parts.numel());
+  double& nrm = *Chk::clip_coefficient(norm, coef, parts);
   const double* p = static_cast<const double*>(parts.data);
   double total = 0.0;
   for (int64_t i = 0; i < parts.numel(); ++i) total += p[i];
@@ -449,9 +410,8 @@ void CpuBackend::clip_coefficient(const TensorView& norm, const TensorView& coef
 
 void CpuBackend::scale_by(const TensorView& x, const TensorView& coef) {
   // x[n] *= coef[0] (fp32)
-  Chk::need_dtype("scale_by", "coef", coef, DType::f32, 1);
+  Chk::scale_by(x, coef);
   const int64_t n = x.numel();
-  Chk::need_float("scale_by", "x", x, n);
   const float alpha = *static_cast<const float*>(coef.data);
   const F32Out fx = out(x, n, true);
   k_.scale(fx, alpha, n);
@@ -460,8 +420,7 @@ void CpuBackend::scale_by(const TensorView& x, const TensorView& coef) {
 void CpuBackend::unscale_and_check(const TensorView& x, float inv_scale,
                                    const TensorView& found_inf) {
   // x[n] (fp32) *= inv_scale; found_inf[0] (fp64) = 1 if any x was inf or NaN
-  double& found = scalar64("unscale_and_check", "found_inf", found_inf);
-  Chk::need_dtype("unscale_and_check", "x", x, DType::f32, x.numel());
+  double& found = *Chk::unscale_and_check(x, found_inf);
   if (k_.unscale_and_check(static_cast<float*>(x.data), inv_scale, x.numel())) found = 1.0;
 }
 
@@ -470,7 +429,6 @@ void CpuBackend::unscale_and_check(const TensorView& x, float inv_scale,
 
 void CpuBackend::check_tokens(const char* kernel, const TensorView& tokens, int64_t n,
                               int64_t V, const char* arg, const char* rows_of) const {
-  Chk::need_dtype(kernel, arg, tokens, DType::i32, n);
   const int32_t* t = static_cast<const int32_t*>(tokens.data);
   for (int64_t i = 0; i < n; ++i) {
     if (t[i] < 0 || (V >= 0 && t[i] >= V)) {
@@ -486,15 +444,8 @@ void CpuBackend::embedding_forward(const TensorView& out_, const TensorView& tok
                                    const TensorView& wte, const TensorView& wpe, int64_t B,
                                    int64_t T, int64_t C) {
   // tokens: [B,T] int32; wte: [V,C]; wpe: [Tmax,C]; out: [B,T,C]. V = wte.numel() / C.
-  const char* k = "embedding_forward";
-  Chk::dim(k, "B", B);
-  Chk::dim(k, "T", T);
-  Chk::dim(k, "C", C);
-  Chk::need_float(k, "wte", wte, 0);
-  const int64_t V = C > 0 ? wte.numel() / C : -1;
-  check_tokens(k, tokens, B * T, V);
-  Chk::need_float(k, "wpe", wpe, T * C);
-  Chk::need_float(k, "out", out_, B * T * C);
+  const int64_t V = Chk::embedding_forward(out_, tokens, wte, wpe, B, T, C);
+  check_tokens("embedding_forward", tokens, B * T, V);
   const F32In e = in(wte, std::max<int64_t>(V, 0) * C), p = in(wpe, T * C);
   const F32Out o = out(out_, B * T * C, false);
   k_.embedding_forward(o, static_cast<const int32_t*>(tokens.data), e, p, B, T, C);
@@ -504,15 +455,8 @@ void CpuBackend::embedding_backward(const TensorView& dwte, const TensorView& dw
                                     const TensorView& dout, const TensorView& tokens, int64_t B,
                                     int64_t T, int64_t C) {
   // dwte: [V,C] += scatter of dout: [B,T,C] by tokens: [B,T]; dwpe: [Tmax,C] (rows < T) +=.
-  const char* k = "embedding_backward";
-  Chk::dim(k, "B", B);
-  Chk::dim(k, "T", T);
-  Chk::dim(k, "C", C);
-  Chk::need_float(k, "dwte", dwte, 0);
-  const int64_t V = C > 0 ? dwte.numel() / C : -1;
-  check_tokens(k, tokens, B * T, V);
-  Chk::need_float(k, "dwpe", dwpe, T * C);
-  Chk::need_float(k, "dout", dout, B * T * C);
+  const int64_t V = Chk::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+  check_tokens("embedding_backward", tokens, B * T, V);
   const F32In d = in(dout, B * T * C);
   const F32Out e = out(dwte, std::max<int64_t>(V, 0) * C, true), p = out(dwpe, T * C, true);
   k_.embedding_backward(e, p, d, static_cast<const int32_t*>(tokens.data), B, T, C);
@@ -523,15 +467,7 @@ void CpuBackend::layernorm_forward(const TensorView& out_, const TensorView& mea
                                    const TensorView& weight, const TensorView& bias, int64_t R,
                                    int64_t C, float eps) {
   // x: [R,C]; weight, bias: [C]; out: [R,C]; mean, rstd: [R] fp32.
-  const char* k = "layernorm_forward";
-  Chk::dim(k, "R", R);
-  Chk::dim(k, "C", C);
-  Chk::need_float(k, "out", out_, R * C);
-  Chk::need_dtype(k, "mean", mean, DType::f32, R);
-  Chk::need_dtype(k, "rstd", rstd, DType::f32, R);
-  Chk::need_float(k, "x", x, R * C);
-  Chk::need_float(k, "weight", weight, C);
-  Chk::need_float(k, "bias", bias, C);
+  Chk::layernorm_forward(out_, mean, rstd, x, weight, bias, R, C);
   const F32In fx = in(x, R * C), w = in(weight, C), b = in(bias, C);
   const F32Out o = out(out_, R * C, false);
   k_.layernorm_forward(o, static_cast<float*>(mean.data), static_cast<float*>(rstd.data), fx, w, b,
@@ -544,17 +480,7 @@ void CpuBackend::layernorm_backward(const TensorView& dx, const TensorView& dwei
                                     const TensorView& mean, const TensorView& rstd, int64_t R,
                                     int64_t C) {
   // dx: [R,C] +=; dweight, dbias: [C] +=; dout, x: [R,C]; weight: [C]; mean, rstd: [R] fp32.
-  const char* k = "layernorm_backward";
-  Chk::dim(k, "R", R);
-  Chk::dim(k, "C", C);
-  Chk::need_float(k, "dx", dx, R * C);
-  Chk::need_float(k, "dweight", dweight, C);
-  Chk::need_float(k, "dbias", dbias, C);
-  Chk::need_float(k, "dout", dout, R * C);
-  Chk::need_float(k, "x", x, R * C);
-  Chk::need_float(k, "weight", weight, C);
-  Chk::need_dtype(k, "mean", mean, DType::f32, R);
-  Chk::need_dtype(k, "rstd", rstd, DType::f32, R);
+  Chk::layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, R, C);
   const F32In d = in(dout, R * C), fx = in(x, R * C), w = in(weight, C);
   const F32Out g = out(dx, R * C, true), gw = out(dweight, C, true), gb = out(dbias, C, true);
   k_.layernorm_backward(g, gw, gb, d, fx, w, static_cast<const float*>(mean.data),
@@ -564,8 +490,7 @@ void CpuBackend::layernorm_backward(const TensorView& dx, const TensorView& dwei
 void CpuBackend::gelu_forward(const TensorView& out_, const TensorView& x) {
   // out[n] = gelu(x[n]), n = out.numel()
   const int64_t n = out_.numel();
-  Chk::need_float("gelu_forward", "out", out_, n);
-  Chk::need_float("gelu_forward", "x", x, n);
+  Chk::unary_forward("gelu_forward", out_, x);
   const F32In fx = in(x, n);
   const F32Out o = out(out_, n, false);
   k_.gelu_forward(o, fx, n);
@@ -574,9 +499,7 @@ void CpuBackend::gelu_forward(const TensorView& out_, const TensorView& x) {
 void CpuBackend::gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) {
   // dx[n] = dout[n] gelu'(x[n]), n = dx.numel() (dx may alias dout)
   const int64_t n = dx.numel();
-  Chk::need_float("gelu_backward", "dx", dx, n);
-  Chk::need_float("gelu_backward", "x", x, n);
-  Chk::need_float("gelu_backward", "dout", dout, n);
+  Chk::unary_backward("gelu_backward", dx, x, dout);
   const F32In fx = in(x, n), d = in(dout, n);
   const F32Out g = out(dx, n, false);
   k_.gelu_backward(g, fx, d, n);
@@ -586,14 +509,7 @@ void CpuBackend::attention_forward(const TensorView& out_, const TensorView& att
                                    const TensorView& qkv, int64_t B, int64_t T, int64_t C,
                                    int64_t H) {
   // qkv: [B,T,3C]; out: [B,T,C]; att: [B,H,T,T]. The kernel checks C % H.
-  const char* k = "attention_forward";
-  Chk::dim(k, "B", B);
-  Chk::dim(k, "T", T);
-  Chk::dim(k, "C", C);
-  Chk::dim(k, "H", H);
-  Chk::need_float(k, "out", out_, B * T * C);
-  Chk::need_float(k, "att", att, B * H * T * T);
-  Chk::need_float(k, "qkv", qkv, B * T * 3 * C);
+  Chk::attention_forward(out_, att, qkv, B, T, C, H);
   const F32In q = in(qkv, B * T * 3 * C);
   const F32Out o = out(out_, B * T * C, false), a = out(att, B * H * T * T, false);
   k_.attention_forward(o, a, q, B, T, C, H);
@@ -605,16 +521,7 @@ void CpuBackend::attention_backward(const TensorView& dqkv, const TensorView& sc
                                     int64_t H) {
   // dqkv: [B,T,3C] written; scratch: [B,H,T,T] fp32; dout: [B,T,C]; qkv: [B,T,3C];
   // att: [B,H,T,T].
-  const char* k = "attention_backward";
-  Chk::dim(k, "B", B);
-  Chk::dim(k, "T", T);
-  Chk::dim(k, "C", C);
-  Chk::dim(k, "H", H);
-  Chk::need_float(k, "dqkv", dqkv, B * T * 3 * C);
-  Chk::need_dtype(k, "scratch", scratch, DType::f32, B * H * T * T);
-  Chk::need_float(k, "dout", dout, B * T * C);
-  Chk::need_float(k, "qkv", qkv, B * T * 3 * C);
-  Chk::need_float(k, "att", att, B * H * T * T);
+  Chk::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, H);
   const F32In d = in(dout, B * T * C), q = in(qkv, B * T * 3 * C), a = in(att, B * H * T * T);
   const F32Out g = out(dqkv, B * T * 3 * C, false);
   k_.attention_backward(g, static_cast<float*>(scratch.data), d, q, a, B, T, C, H);
@@ -624,12 +531,7 @@ void CpuBackend::cross_entropy_forward_backward(const TensorView& loss, const Te
                                                 const TensorView& targets, int64_t R, int64_t V,
                                                 float grad_scale) {
   // loss[0] (fp64) += sum of row losses; logits: [R,V] -> dlogits in place; targets: [R] int32.
-  const char* k = "cross_entropy_forward_backward";
-  double& l = scalar64(k, "loss", loss);
-  Chk::dim(k, "R", R);
-  Chk::dim(k, "V", V);
-  Chk::need_float(k, "logits", logits, R * V);
-  Chk::need_dtype(k, "targets", targets, DType::i32, R);
+  double& l = *Chk::cross_entropy("cross_entropy_forward_backward", loss, logits, targets, R, V);
   const F32Out x = out(logits, R * V, true);
   l += k_.cross_entropy_forward_backward(x, static_cast<const int32_t*>(targets.data), R, V,
                                          grad_scale);
@@ -638,12 +540,7 @@ void CpuBackend::cross_entropy_forward_backward(const TensorView& loss, const Te
 void CpuBackend::cross_entropy_forward(const TensorView& loss, const TensorView& logits,
                                        const TensorView& targets, int64_t R, int64_t V) {
   // loss[0] (fp64) += sum of row losses; logits: [R,V] unchanged; targets: [R] int32.
-  const char* k = "cross_entropy_forward";
-  double& l = scalar64(k, "loss", loss);
-  Chk::dim(k, "R", R);
-  Chk::dim(k, "V", V);
-  Chk::need_float(k, "logits", logits, R * V);
-  Chk::need_dtype(k, "targets", targets, DType::i32, R);
+  double& l = *Chk::cross_entropy("cross_entropy_forward", loss, logits, targets, R, V);
   const F32In x = in(logits, R * V);
   l += k_.cross_entropy_forward(x, static_cast<const int32_t*>(targets.data), R, V);
 }
@@ -654,13 +551,8 @@ void CpuBackend::cross_entropy_forward(const TensorView& loss, const TensorView&
 void CpuBackend::embedding_lookup_forward(const TensorView& out_, const TensorView& tokens,
                                           const TensorView& table, int64_t N, int64_t C) {
   // tokens: [N] int32; table: [V,C]; out: [N,C]. V = table.numel() / C.
-  const char* k = "embedding_lookup_forward";
-  Chk::dim(k, "N", N);
-  Chk::dim(k, "C", C);
-  Chk::need_float(k, "table", table, 0);
-  const int64_t V = C > 0 ? table.numel() / C : -1;
-  check_tokens(k, tokens, N, V, "tokens", "table");
-  Chk::need_float(k, "out", out_, N * C);
+  const int64_t V = Chk::embedding_lookup_forward(out_, tokens, table, N, C);
+  check_tokens("embedding_lookup_forward", tokens, N, V, "tokens", "table");
   const F32In e = in(table, std::max<int64_t>(V, 0) * C);
   const F32Out o = out(out_, N * C, false);
   k_.embedding_lookup_forward(o, static_cast<const int32_t*>(tokens.data), e, N, C);
@@ -669,13 +561,8 @@ void CpuBackend::embedding_lookup_forward(const TensorView& out_, const TensorVi
 void CpuBackend::embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
                                            const TensorView& tokens, int64_t N, int64_t C) {
   // dtable: [V,C] += scatter of dout: [N,C] by tokens: [N].
-  const char* k = "embedding_lookup_backward";
-  Chk::dim(k, "N", N);
-  Chk::dim(k, "C", C);
-  Chk::need_float(k, "dtable", dtable, 0);
-  const int64_t V = C > 0 ? dtable.numel() / C : -1;
-  check_tokens(k, tokens, N, V, "tokens", "dtable");
-  Chk::need_float(k, "dout", dout, N * C);
+  const int64_t V = Chk::embedding_lookup_backward(dtable, dout, tokens, N, C);
+  check_tokens("embedding_lookup_backward", tokens, N, V, "tokens", "dtable");
   const F32In d = in(dout, N * C);
   const F32Out g = out(dtable, std::max<int64_t>(V, 0) * C, true);
   k_.embedding_lookup_backward(g, d, static_cast<const int32_t*>(tokens.data), N, C);
@@ -685,13 +572,7 @@ void CpuBackend::rmsnorm_forward(const TensorView& out_, const TensorView& rstd,
                                  const TensorView& x, const TensorView& weight, int64_t R,
                                  int64_t C, float eps) {
   // x: [R,C]; weight: [C]; out: [R,C]; rstd: [R] fp32.
-  const char* k = "rmsnorm_forward";
-  Chk::dim(k, "R", R);
-  Chk::dim(k, "C", C);
-  Chk::need_float(k, "out", out_, R * C);
-  Chk::need_dtype(k, "rstd", rstd, DType::f32, R);
-  Chk::need_float(k, "x", x, R * C);
-  Chk::need_float(k, "weight", weight, C);
+  Chk::rmsnorm_forward(out_, rstd, x, weight, R, C);
   const F32In fx = in(x, R * C), w = in(weight, C);
   const F32Out o = out(out_, R * C, false);
   k_.rmsnorm_forward(o, static_cast<float*>(rstd.data), fx, w, R, C, eps);
@@ -702,15 +583,7 @@ void CpuBackend::rmsnorm_backward(const TensorView& dx, const TensorView& dweigh
                                   const TensorView& weight, const TensorView& rstd, int64_t R,
                                   int64_t C) {
   // dx: [R,C] +=; dweight: [C] +=; dout, x: [R,C]; weight: [C]; rstd: [R] fp32.
-  const char* k = "rmsnorm_backward";
-  Chk::dim(k, "R", R);
-  Chk::dim(k, "C", C);
-  Chk::need_float(k, "dx", dx, R * C);
-  Chk::need_float(k, "dweight", dweight, C);
-  Chk::need_float(k, "dout", dout, R * C);
-  Chk::need_float(k, "x", x, R * C);
-  Chk::need_float(k, "weight", weight, C);
-  Chk::need_dtype(k, "rstd", rstd, DType::f32, R);
+  Chk::rmsnorm_backward(dx, dweight, dout, x, weight, rstd, R, C);
   const F32In d = in(dout, R * C), fx = in(x, R * C), w = in(weight, C);
   const F32Out g = out(dx, R * C, true), gw = out(dweight, C, true);
   k_.rmsnorm_backward(g, gw, d, fx, w, static_cast<const float*>(rstd.data), R, C);
@@ -719,8 +592,7 @@ void CpuBackend::rmsnorm_backward(const TensorView& dx, const TensorView& dweigh
 void CpuBackend::relu_forward(const TensorView& out_, const TensorView& x) {
   // out[n] = max(x[n], 0), n = out.numel()
   const int64_t n = out_.numel();
-  Chk::need_float("relu_forward", "out", out_, n);
-  Chk::need_float("relu_forward", "x", x, n);
+  Chk::unary_forward("relu_forward", out_, x);
   const F32In fx = in(x, n);
   const F32Out o = out(out_, n, false);
   k_.relu_forward(o, fx, n);
@@ -729,9 +601,7 @@ void CpuBackend::relu_forward(const TensorView& out_, const TensorView& x) {
 void CpuBackend::relu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) {
   // dx[n] = x[n] > 0 ? dout[n] : 0, n = dx.numel() (dx may alias dout)
   const int64_t n = dx.numel();
-  Chk::need_float("relu_backward", "dx", dx, n);
-  Chk::need_float("relu_backward", "x", x, n);
-  Chk::need_float("relu_backward", "dout", dout, n);
+  Chk::unary_backward("relu_backward", dx, x, dout);
   const F32In fx = in(x, n), d = in(dout, n);
   const F32Out g = out(dx, n, false);
   k_.relu_backward(g, fx, d, n);
@@ -740,9 +610,7 @@ void CpuBackend::relu_backward(const TensorView& dx, const TensorView& x, const 
 void CpuBackend::mul(const TensorView& out_, const TensorView& a, const TensorView& b) {
   // out[n] = a[n] * b[n], n = out.numel() (out may alias a or b)
   const int64_t n = out_.numel();
-  Chk::need_float("mul", "out", out_, n);
-  Chk::need_float("mul", "a", a, n);
-  Chk::need_float("mul", "b", b, n);
+  Chk::binary("mul", out_, a, b);
   const F32In fa = in(a, n), fb = in(b, n);
   const F32Out o = out(out_, n, false);
   k_.mul(o, fa, fb, n);
@@ -752,14 +620,8 @@ void CpuBackend::position_bias_forward(const TensorView& bias, const TensorView&
                                        const TensorView& buckets, int64_t H, int64_t Tq,
                                        int64_t Tk) {
   // table: [NB,H]; buckets: [Tq,Tk] int32 in [0,NB); bias: [H,Tq,Tk] fp32. NB = numel / H.
-  const char* k = "position_bias_forward";
-  Chk::dim(k, "H", H);
-  Chk::dim(k, "Tq", Tq);
-  Chk::dim(k, "Tk", Tk);
-  Chk::need_float(k, "table", table, 0);
-  const int64_t NB = H > 0 ? table.numel() / H : -1;
-  check_tokens(k, buckets, Tq * Tk, NB, "buckets", "table");
-  Chk::need_dtype(k, "bias", bias, DType::f32, H * Tq * Tk);
+  const int64_t NB = Chk::position_bias_forward(bias, table, buckets, H, Tq, Tk);
+  check_tokens("position_bias_forward", buckets, Tq * Tk, NB, "buckets", "table");
   const F32In t = in(table, std::max<int64_t>(NB, 0) * H);
   k_.position_bias_forward(static_cast<float*>(bias.data), t,
                            static_cast<const int32_t*>(buckets.data), H, Tq, Tk);
@@ -769,27 +631,12 @@ void CpuBackend::position_bias_backward(const TensorView& dtable, const TensorVi
                                         const TensorView& buckets, int64_t H, int64_t Tq,
                                         int64_t Tk) {
   // dtable: [NB,H] +=; dbias: [H,Tq,Tk] fp32; buckets: [Tq,Tk] int32 in [0,NB).
-  const char* k = "position_bias_backward";
-  Chk::dim(k, "H", H);
-  Chk::dim(k, "Tq", Tq);
-  Chk::dim(k, "Tk", Tk);
-  Chk::need_float(k, "dtable", dtable, 0);
-  const int64_t NB = H > 0 ? dtable.numel() / H : -1;
-  check_tokens(k, buckets, Tq * Tk, NB, "buckets", "dtable");
-  Chk::need_dtype(k, "dbias", dbias, DType::f32, H * Tq * Tk);
+  const int64_t NB = Chk::position_bias_backward(dtable, dbias, buckets, H, Tq, Tk);
+  check_tokens("position_bias_backward", buckets, Tq * Tk, NB, "buckets", "dtable");
   const int64_t nb = std::max<int64_t>(NB, 0);
   const F32Out g = out(dtable, nb * H, true);
   k_.position_bias_backward(g, static_cast<const float*>(dbias.data),
                             static_cast<const int32_t*>(buckets.data), nb, H, Tq, Tk);
-}
-
-void CpuBackend::check_mha(const char* k, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                           int64_t D) const {
-  Chk::dim(k, "B", B);
-  Chk::dim(k, "Tq", Tq);
-  Chk::dim(k, "Tk", Tk);
-  Chk::dim(k, "H", H);
-  Chk::dim(k, "D", D);
 }
 
 void CpuBackend::mha_forward(const TensorView& out_, const TensorView& att, const TensorView& q,
@@ -798,16 +645,8 @@ void CpuBackend::mha_forward(const TensorView& out_, const TensorView& att, cons
                              int64_t H, int64_t D, float scale, bool causal) {
   // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; bias: [H,Tq,Tk] fp32 or none; key_mask: [B,Tk] int32 or
   // none; out: [B,Tq,H*D]; att: [B,H,Tq,Tk].
-  const char* kn = "mha_forward";
-  check_mha(kn, B, Tq, Tk, H, D);
+  Chk::mha_forward(out_, att, q, k, v, bias, key_mask, B, Tq, Tk, H, D);
   const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
-  Chk::need_float(kn, "out", out_, nq);
-  Chk::need_float(kn, "att", att, na);
-  Chk::need_float(kn, "q", q, nq);
-  Chk::need_float(kn, "k", k, nk);
-  Chk::need_float(kn, "v", v, nk);
-  if (bias) Chk::need_dtype(kn, "bias", bias, DType::f32, H * Tq * Tk);
-  if (key_mask) Chk::need_dtype(kn, "key_mask", key_mask, DType::i32, B * Tk);
   const F32In fq = in(q, nq), fk = in(k, nk), fv = in(v, nk);
   const F32Out o = out(out_, nq, false), a = out(att, na, false);
   k_.mha_forward(o, a, fq, fk, fv, static_cast<const float*>(bias.data),
@@ -821,19 +660,8 @@ void CpuBackend::mha_backward(const TensorView& dq, const TensorView& dk, const 
                               int64_t Tk, int64_t H, int64_t D, float scale) {
   // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq,Tk] fp32 += or none; scratch:
   // [B,H,Tq,Tk] fp32; dout: [B,Tq,H*D]; q, k, v, att as in forward.
-  const char* kn = "mha_backward";
-  check_mha(kn, B, Tq, Tk, H, D);
+  Chk::mha_backward(dq, dk, dv, dbias, scratch, dout, q, k, v, att, B, Tq, Tk, H, D);
   const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
-  Chk::need_float(kn, "dq", dq, nq);
-  Chk::need_float(kn, "dk", dk, nk);
-  Chk::need_float(kn, "dv", dv, nk);
-  if (dbias) Chk::need_dtype(kn, "dbias", dbias, DType::f32, H * Tq * Tk);
-  Chk::need_dtype(kn, "scratch", scratch, DType::f32, na);
-  Chk::need_float(kn, "dout", dout, nq);
-  Chk::need_float(kn, "q", q, nq);
-  Chk::need_float(kn, "k", k, nk);
-  Chk::need_float(kn, "v", v, nk);
-  Chk::need_float(kn, "att", att, na);
   const F32In d = in(dout, nq), fq = in(q, nq), fk = in(k, nk), fv = in(v, nk), a = in(att, na);
   const F32Out gq = out(dq, nq, false), gk = out(dk, nk, false), gv = out(dv, nk, false);
   k_.mha_backward(gq, gk, gv, static_cast<float*>(dbias.data), static_cast<float*>(scratch.data),
@@ -848,12 +676,8 @@ void CpuBackend::adamw_update(const TensorView& param, const TensorView& grad,
                               float beta1, float beta2, float eps, float weight_decay,
                               int64_t step) {
   // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel()
-  const char* k = "adamw_update";
+  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq);
   const int64_t n = param.numel();
-  Chk::need_dtype(k, "param", param, DType::f32, n);
-  Chk::need_dtype(k, "grad", grad, DType::f32, n);
-  Chk::need_dtype(k, "exp_avg", exp_avg, DType::f32, n);
-  Chk::need_dtype(k, "exp_avg_sq", exp_avg_sq, DType::f32, n);
   k_.adamw_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
                   static_cast<float*>(exp_avg.data), static_cast<float*>(exp_avg_sq.data), n, lr,
                   beta1, beta2, eps, weight_decay, step);
@@ -864,11 +688,8 @@ void CpuBackend::sgd_update(const TensorView& param, const TensorView& grad,
                             float weight_decay, int64_t step) {
   // param, grad, momentum_buf: [n] fp32, n = param.numel(); momentum_buf unused (may be
   // empty) when momentum == 0.
-  const char* k = "sgd_update";
+  Chk::sgd_update(param, grad, momentum_buf, momentum);
   const int64_t n = param.numel();
-  Chk::need_dtype(k, "param", param, DType::f32, n);
-  Chk::need_dtype(k, "grad", grad, DType::f32, n);
-  if (momentum != 0.0f) Chk::need_dtype(k, "momentum_buf", momentum_buf, DType::f32, n);
   k_.sgd_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
                 static_cast<float*>(momentum_buf.data), n, lr, momentum, weight_decay, step);
 }
