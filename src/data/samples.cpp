@@ -63,6 +63,7 @@ class CausalLmSamples final : public SampleSource {
   int64_t num_samples() const override { return n_; }
   int64_t num_tokens() const override { return src_->num_tokens(); }
   BatchShape shape() const override { return {L_, L_}; }
+  int64_t fixed_targets_per_sample() const override { return L_; }
   Batch load(const std::vector<int64_t>& indices) const override {
     for (int64_t i : indices) check_index("causal_lm", i, n_);
     return load_batch(*src_, indices, L_);
@@ -100,6 +101,7 @@ class SpanCorruptionSamples final : public SampleSource {
   int64_t num_samples() const override { return n_; }
   int64_t num_tokens() const override { return src_->num_tokens(); }
   BatchShape shape() const override { return {counts_.input_len(), counts_.target_len()}; }
+  int64_t fixed_targets_per_sample() const override { return counts_.target_len(); }
   Batch load(const std::vector<int64_t>& indices) const override {
     for (int64_t i : indices) check_index("span_corruption", i, n_);
     Batch b;

@@ -423,6 +423,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   const TensorView loss_dev = stats.view().slice(0, 1), norm_dev = stats.view().slice(1, 1),
                    inf_dev = stats.view().slice(2, 1);
   const int64_t B = local_batch;
+  const int64_t fixed_targets = job.train_src->fixed_targets_per_sample();
   // Tokens a step processes (throughput): inputs, plus the decoder's targets when the
   // objective has a separate target sequence.
   const double tokens_per_step = static_cast<double>(
@@ -434,9 +435,19 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     const data::Batch batch = job.train_src->load(job.sampler->sample_indices(job.step));
     const int64_t step = job.step + 1;  // the step being run, 1-based
     be.fill_zero(stats.view());
-    // The loss is the mean over the step's target tokens of all ranks (padding excluded).
+    // The loss is the mean over the step's target tokens of all ranks (padding excluded): a
+    // fixed number per sample needs no communication, otherwise the counts are all-reduced.
     int64_t global_targets = batch.num_targets();
-    group.all_reduce(&global_targets, &global_targets, 1, DType::i64, ReduceOp::sum)->wait();
+    if (fixed_targets > 0) {
+      if (global_targets != batch.B * fixed_targets) {
+        throw Error("trainer: a batch of " + std::to_string(batch.B) + " samples has " +
+                    std::to_string(global_targets) + " targets, expected " +
+                    std::to_string(fixed_targets) + " per sample");
+      }
+      global_targets = cfg.train.global_batch_size * fixed_targets;
+    } else {
+      group.all_reduce(&global_targets, &global_targets, 1, DType::i64, ReduceOp::sum)->wait();
+    }
     // Gradient accumulation: each micro-batch's gradient is reduce-scattered into the fp32
     // shards as its backward ends (no unsharded gradient is kept between micro-batches).
     // The reduction averages over the world, so scaling each rank's summed loss by

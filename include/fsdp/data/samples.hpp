@@ -33,6 +33,10 @@ class SampleSource {
   // The samples `indices` (each in [0, num_samples())) as rows of one Batch, in order.
   // Throws fsdp::Error on an index out of range.
   virtual Batch load(const std::vector<int64_t>& indices) const = 0;
+  // The number of targets (!= kIgnoreIndex) of every sample when it is fixed (causal_lm: L;
+  // span_corruption: its target length), else 0 (seq2seq: it depends on the example). The
+  // trainer then knows a step's global target count without communicating.
+  virtual int64_t fixed_targets_per_sample() const { return 0; }
   // Examples truncated to fit the row lengths so far (seq2seq; 0 otherwise).
   virtual int64_t num_truncated() const { return 0; }
 };
