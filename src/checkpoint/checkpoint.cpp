@@ -61,7 +61,6 @@ json entries_json(const FlatParamLayout& l) {
   return arr;
 }
 
-std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
 
 // Throws the standard incompatibility message.
 template <class A, class B>
@@ -319,7 +318,7 @@ void ShardFile::check_compatible(const CheckpointMeta& expected,
       const std::string en = un + "parameter " + std::to_string(i) + " ";
       if (ea.spec.name != eb.spec.name) incompatible(p, en + "name", ea.spec.name, eb.spec.name);
       if (ea.spec.shape != eb.spec.shape)
-        incompatible(p, un + ea.spec.name + " shape", shape_str(ea.spec.shape), shape_str(eb.spec.shape));
+        incompatible(p, un + ea.spec.name + " shape", shape_json(ea.spec.shape), shape_json(eb.spec.shape));
       if (ea.offset != eb.offset) incompatible(p, un + ea.spec.name + " offset", ea.offset, eb.offset);
     }
   }
@@ -411,6 +410,8 @@ ShardFile open_for_resume(const std::string& step_dir, const CheckpointMeta& exp
 }
 
 // ---- directories ----
+
+std::string shape_json(const std::vector<int64_t>& shape) { return json(shape).dump(); }
 
 std::string checkpoints_dir(const std::string& run_dir) {
   return (fs::path(run_dir) / "checkpoints").string();

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/model/model.hpp"
@@ -22,23 +23,6 @@ using nlohmann::json;
 
 namespace fsdp::ckpt {
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
-
-// A name from a stranger's file, printable on one line: control and non-ASCII bytes as \xNN.
-std::string escaped(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      out += buf;
-    }
-  }
-  return out;
-}
 
 std::string value_str(const ModelValue& v) {
   if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
@@ -146,7 +130,7 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
       const safetensors::SafetensorsFile::Entry& info = ckpt.entry(s.stored);
       if (info.shape != hf->shape) {
         throw InputError(ckpt.file_of(s.stored).path() + ": tensor '" + s.stored + "' has shape " +
-                         shape_str(info.shape) + ", expected " + shape_str(hf->shape) +
+                         shape_json(info.shape) + ", expected " + shape_json(hf->shape) +
                          " (the " + config.type + " parameter " + e.spec.name + ")" +
                          origin_of(dir));
       }
@@ -175,7 +159,7 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
   const json hf_cfg = family.hf_config(config);
   if (hf_cfg.value("tie_word_embeddings", false)) duplicates.insert("lm_head.weight");
   for (const std::string& name : ckpt.names()) {
-    if (!used.count(name) && !duplicates.count(name)) result.unused.push_back(escaped(name));
+    if (!used.count(name) && !duplicates.count(name)) result.unused.push_back(safetensors::escape_name(name));
   }
 
   // This rank's elements.

@@ -16,12 +16,6 @@ using nlohmann::json;
 
 namespace fsdp::ckpt {
 
-namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
-
-}  // namespace
-
 MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir) {
   const CheckpointSet set = CheckpointSet::open(step_dir);
   const std::string first = set.shard(0).path();
@@ -71,8 +65,8 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir) 
     if (it == where.end())
       throw InputError(first + ": parameter " + p.name + " missing (model_config needs it)");
     if (it->second.entry->spec.shape != p.shape)
-      throw InputError(first + ": parameter " + p.name + " has shape " + shape_str(it->second.entry->spec.shape) +
-                       " (expected " + shape_str(p.shape) + " from model_config)");
+      throw InputError(first + ": parameter " + p.name + " has shape " + shape_json(it->second.entry->spec.shape) +
+                       " (expected " + shape_json(p.shape) + " from model_config)");
     hf.push_back(*family.hf_tensor(model_cfg, p.name, p.shape));
     infos.push_back({hf.back().name, hf.back().shape});
   }

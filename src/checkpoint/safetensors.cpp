@@ -121,18 +121,9 @@ void Writer::finish() {
 
 // ---- reader ----
 
-namespace {
-
-constexpr int64_t kMaxTensors = 1 << 20;          // tensors per file
-constexpr std::size_t kMaxMetadataEntries = 1 << 16;
-constexpr std::size_t kMaxIndexBytes = 64ull << 20;  // model.safetensors.index.json
-constexpr std::size_t kReadChunk = 1 << 20;          // bytes per pread
-
-// A name from the file, quoted for a one-line message: printable ASCII kept, every other byte
-// as \xNN, cut at 200 bytes.
-std::string quote(const std::string& s) {
+std::string escape_name(const std::string& s) {
   static const char* hex = "0123456789abcdef";
-  std::string out = "'";
+  std::string out;
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (i == 200) {
       out += "...";
@@ -147,7 +138,22 @@ std::string quote(const std::string& s) {
       out += hex[c & 15];
     }
   }
-  return out + "'";
+  return out;
+}
+
+namespace {
+
+constexpr int64_t kMaxTensors = 1 << 20;          // tensors per file
+constexpr std::size_t kMaxMetadataEntries = 1 << 16;
+constexpr std::size_t kMaxIndexBytes = 64ull << 20;  // model.safetensors.index.json
+constexpr std::size_t kReadChunk = 1 << 20;          // bytes per pread
+
+// A name from the file, quoted for a one-line message (see escape_name).
+std::string quote(const std::string& s) {
+  std::string out(1, '\'');
+  out += escape_name(s);
+  out += '\'';
+  return out;
 }
 
 // A message from a library (nlohmann's "last read: '...'" echoes input bytes) made one line.

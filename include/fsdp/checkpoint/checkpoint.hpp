@@ -152,6 +152,8 @@ ShardFile open_for_resume(const std::string& step_dir, const CheckpointMeta& exp
 // write_shard_file(tmp/shard_file_name(...)); barrier; rank 0 commit_step_dir then
 // publish_latest.
 
+// A shape as JSON, "[2,3]": how checkpoint, merge and init_from messages print shapes.
+std::string shape_json(const std::vector<int64_t>& shape);
 std::string checkpoints_dir(const std::string& run_dir);          // run_dir/checkpoints
 std::string step_dir_name(int64_t step);                          // "step_%08d": step_00000100
 std::string step_dir(const std::string& run_dir, int64_t step);   // checkpoints/step_00000100

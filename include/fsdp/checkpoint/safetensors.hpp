@@ -78,6 +78,9 @@ class Writer {
 int dtype_size(const std::string& dtype);
 // Whether read_f32 converts this dtype: F32, BF16, F16 and F64.
 bool dtype_readable_as_float(const std::string& dtype);
+// A tensor name from a stranger's file made printable on one line: printable ASCII kept except
+// '\\' and '\'', every other byte as \xNN, cut at 200 bytes ("..."). Error messages quote it.
+std::string escape_name(const std::string& name);
 
 // Limits of the reader (the safetensors library also caps the header at 100 MB).
 inline constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // header length N
