@@ -432,7 +432,7 @@ TEST(Validation, WindowRangesCoverEveryWindowOnce) {
     }
   }
   fsdp::data::SyntheticTokens s(101, 1000, 1);
-  const auto b = fsdp::data::load_windows(s, fsdp::data::WindowRange{2, 5}, 10);
+  const auto b = fsdp::data::load_batch(s, fsdp::data::WindowRange{2, 5}.indices(), 10);
   EXPECT_EQ(b.B, 3);
   std::vector<int32_t> raw(31);
   s.read(20, 31, raw.data());

@@ -64,11 +64,11 @@ WindowRange rank_windows(int64_t num_windows, int dp_rank, int dp_size) {
   return WindowRange{num_windows * dp_rank / dp_size, num_windows * (dp_rank + 1) / dp_size};
 }
 
-Batch load_windows(const TokenSource& source, WindowRange windows, int64_t seq_len) {
+std::vector<int64_t> WindowRange::indices() const {
   std::vector<int64_t> idx;
-  idx.reserve(static_cast<std::size_t>(std::max<int64_t>(0, windows.size())));
-  for (int64_t w = windows.begin; w < windows.end; ++w) idx.push_back(w);
-  return load_batch(source, idx, seq_len);
+  idx.reserve(static_cast<std::size_t>(std::max<int64_t>(0, size())));
+  for (int64_t w = begin; w < end; ++w) idx.push_back(w);
+  return idx;
 }
 
 }  // namespace fsdp::data

@@ -154,9 +154,7 @@ double evaluate(Job& job) {
     data::WindowRange r{mine.begin + c * B, std::min(mine.end, mine.begin + (c + 1) * B)};
     const bool dummy = r.size() <= 0;
     if (dummy) r = {0, 1};
-    std::vector<int64_t> idx;
-    for (int64_t i = r.begin; i < r.end; ++i) idx.push_back(i);
-    const data::Batch batch = job.val_src->load(idx);
+    const data::Batch batch = job.val_src->load(r.indices());
     if (!dummy) targets += batch.num_targets();
     job.engine->begin_step(false);
     job.model->forward_loss(batch, *job.engine, dummy ? discard.view() : sum.view());

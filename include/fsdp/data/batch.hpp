@@ -56,6 +56,7 @@ struct WindowRange {
   int64_t begin = 0;
   int64_t end = 0;
   int64_t size() const { return end - begin; }
+  std::vector<int64_t> indices() const;  // begin, begin + 1, ..., end - 1
 };
 
 // The contiguous block of `num_windows` that data-parallel rank `dp_rank` of `dp_size`
@@ -63,7 +64,5 @@ struct WindowRange {
 // (and can be 0), so reduce summed losses and token counts, not per-rank means.
 WindowRange rank_windows(int64_t num_windows, int dp_rank, int dp_size);
 
-// Loads windows [begin, end) as a Batch with B = end - begin (same layout as load_batch).
-Batch load_windows(const TokenSource& source, WindowRange windows, int64_t seq_len);
 
 }  // namespace fsdp::data
