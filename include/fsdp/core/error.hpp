@@ -13,6 +13,9 @@ namespace fsdp {
 
 inline constexpr int kExitInputError = 2;  // bad config, CLI, data file or checkpoint
 inline constexpr int kExitRuntimeError = 1;
+// Stopped early on SIGTERM / SIGINT / SIGUSR1 after saving a checkpoint at the step boundary
+// all ranks agreed on: `--resume` continues the run (docs/checkpoint.md "Signals").
+inline constexpr int kExitInterrupted = 3;
 
 class Error : public std::runtime_error {
  public:
