@@ -24,3 +24,4 @@ fsdp_cli_tests(bad_input cli_bad_input 2
 fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixed_precision dry_run t5_dry_run help version)
 fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume)
 fsdp_cli_tests(prepare cli_prepare 1 ok errors)
+fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_skips memory_too_large)

@@ -398,7 +398,11 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
       // optim
       {"[optim]\nname = \"adam\"\n", {},
        {"optim.name: unknown value \"adam\" (expected one of adamw, sgd)"}},
-      {"[optim]\nlr = 0\n", {}, {"optim.lr: 0 is out of range (expected > 0)"}},
+      {"[optim]\nlr = 0\n", {}, {"optim.lr: 0 is out of range (expected 0 < lr <= 10)"}},
+      {"[optim]\nlr = 1e3\n", {}, {"optim.lr: 1000 is out of range (expected 0 < lr <= 10)"}},
+      {"[optim]\nlr = 1e308\n", {}, {"optim.lr: 1e+308 is out of range"}},
+      {"[optim]\neps = 1\n", {}, {"optim.eps: 1 is out of range (expected 0 < eps < 1)"}},
+      {"[train]\nskip_nonfinite = 1\n", {}, {"train.skip_nonfinite: expected a boolean"}},
       {"[optim]\nmin_lr = 0.01\n", {}, {"optim.min_lr: 0.01", "min_lr <= optim.lr"}},
       {"[optim]\nmin_lr = -1\n", {}, {"optim.min_lr: -1"}},
       {"[optim]\nwarmup_steps = -1\n", {}, {"optim.warmup_steps: -1"}},

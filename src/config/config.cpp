@@ -104,6 +104,8 @@ void visit_keys(C& c, F&& f) {
   f("train", "log_every", c.train.log_every);
   f("train", "num_threads", c.train.num_threads);
   f("train", "device", c.train.device);
+  f("train", "skip_nonfinite", c.train.skip_nonfinite);
+  f("train", "check_memory", c.train.check_memory);
   f("optim", "name", c.optim.name);
   f("optim", "lr", c.optim.lr);
   f("optim", "min_lr", c.optim.min_lr);
@@ -442,7 +444,10 @@ void validate(const Config& c, OriginOf&& origin_of) {
 
   // optim
   const auto& o = c.optim;
-  if (!(o.lr > 0)) throw fail("optim.lr", num(o.lr) + " is out of range (expected > 0)");
+  if (!(o.lr > 0 && o.lr <= kMaxLearningRate)) {
+    throw fail("optim.lr", num(o.lr) + " is out of range (expected 0 < lr <= " +
+                               num(kMaxLearningRate) + ")");
+  }
   if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) {
     throw fail("optim.min_lr",
                num(o.min_lr) + " is out of range (expected 0 <= min_lr <= optim.lr = " +
@@ -466,7 +471,9 @@ void validate(const Config& c, OriginOf&& origin_of) {
   nonneg("optim.grad_clip", o.grad_clip);
   unit("optim.beta1", o.beta1);
   unit("optim.beta2", o.beta2);
-  if (!(o.eps > 0)) throw fail("optim.eps", num(o.eps) + " is out of range (expected > 0)");
+  if (!(o.eps > 0 && o.eps < 1)) {
+    throw fail("optim.eps", num(o.eps) + " is out of range (expected 0 < eps < 1)");
+  }
   unit("optim.momentum", o.momentum);
 
   // fsdp (the enum keys were checked on conversion)

@@ -39,4 +39,11 @@ std::string device_name(int device) {
   return prop.name;
 }
 
+DeviceMemory device_memory(int device) {
+  FSDP_CHECK_CUDA(cudaSetDevice(device));
+  std::size_t free = 0, total = 0;
+  FSDP_CHECK_CUDA(cudaMemGetInfo(&free, &total));
+  return {static_cast<int64_t>(free), static_cast<int64_t>(total)};
+}
+
 }  // namespace fsdp::cuda

@@ -230,10 +230,7 @@ bool FsdpEngine::reshard_after_forward(int unit) const {
 // Units besides the root whose full parameters are held and will be freed in this pass
 // (ZeRO-2 keeps every unit from forward to backward: PyTorch's limit does not apply there).
 int FsdpEngine::unsharded_blocks() const {
-  if (training_ && !traits_.reshard_after_forward) return 0;
-  int n = 0;
-  for (int i = 1; i < num_units(); ++i) n += units_[i]->unsharded ? 1 : 0;
-  return n;
+  return training_ && !traits_.reshard_after_forward ? 0 : unsharded_blocks_;
 }
 
 // Casts this rank's fp32 shard to param_dtype into its slot of the full buffer, then
@@ -255,6 +252,7 @@ void FsdpEngine::issue_unshard(int unit) {
                                        mp_.param_dtype, be_.compute_stream());
   }
   u.unsharded = true;
+  if (unit != 0) ++unsharded_blocks_;
 }
 
 void FsdpEngine::wait_unshard(int unit) {
@@ -273,6 +271,7 @@ void FsdpEngine::reshard(int unit) {
     u.gather.reset();
   }
   u.full_param.reset();
+  if (u.unsharded && unit != 0) --unsharded_blocks_;
   u.unsharded = false;
 }
 

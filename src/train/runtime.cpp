@@ -12,6 +12,7 @@
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/host_memory.hpp"
 #ifdef FSDP_WITH_CUDA
 #include "fsdp/cuda/cuda_backend.hpp"
 #include "fsdp/cuda/device.hpp"
@@ -70,6 +71,7 @@ void Runtime::configure(Communicator& group, const Config& config) {
   backend_.reset();
   mesh_.reset();
   host_mesh_.reset();
+  memory_budget_ = {};
   host_mesh_ = std::make_unique<DeviceMesh>(DeviceMesh::create(group, config.mesh.shard_size));
   const DeviceMesh& hm = *host_mesh_;
   bool use_cuda = false;
@@ -95,6 +97,11 @@ void Runtime::configure(Communicator& group, const Config& config) {
       const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
       threads = std::max(1, hw / std::max(1, hm.local_size()));
     }
+    const HostMemory host = read_host_memory();
+    const int local = std::max(1, hm.local_size());
+    memory_budget_.bytes = host.available() < 0 ? -1 : host.available() / local;
+    memory_budget_.source = host.describe() + " / " + std::to_string(local) +
+                            (local == 1 ? " rank" : " ranks") + " on this node";
     backend_ = make_cpu_backend(threads);
     mesh_ = std::move(host_mesh_);  // host memory: the MPI groups are the mesh
     device_description_ = "cpu (" + std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
@@ -103,6 +110,15 @@ void Runtime::configure(Communicator& group, const Config& config) {
   }
 #ifdef FSDP_WITH_CUDA
   const int device = cuda::select_device(hm.local_rank());
+  {
+    // Ranks of this node that share `device` (round-robin: local_rank % devices).
+    const int sharing = (hm.local_size() - 1 - device) / devices + 1;
+    const cuda::DeviceMemory dm = cuda::device_memory(device);
+    memory_budget_.bytes = dm.free / sharing;
+    memory_budget_.source = "cuda:" + std::to_string(device) + " free " +
+                            human_bytes(static_cast<double>(dm.free)) + " / " +
+                            std::to_string(sharing) + (sharing == 1 ? " rank" : " ranks");
+  }
   backend_ = cuda::make_cuda_backend(device);
   // NCCL needs a GPU per rank: with more ranks on the node than GPUs, MPI with staging.
   const bool own_gpu = hm.local_size() <= devices;

@@ -20,6 +20,7 @@
 #include "fsdp/checkpoint/init_from.hpp"
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/host_memory.hpp"
 #include "fsdp/data/batch.hpp"
 #include "fsdp/data/sampler.hpp"
 #include "fsdp/data/samples.hpp"
@@ -33,18 +34,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-std::string human_bytes(double b) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (b >= 1024.0 && i < 4) {
-    b /= 1024.0;
-    ++i;
-  }
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(i == 0 ? 0 : 1) << b << " " << unit[i];
-  return os.str();
-}
 
 // Everything one job holds; built in guarded phases so a failure on any rank stops all.
 struct Job {
@@ -65,6 +54,7 @@ struct Job {
   std::unique_ptr<Optimizer> optimizer;
   std::ofstream metrics;
   int64_t step = 0;  // training steps completed (fp16 skipped ones included)
+  int64_t last_checkpoint = -1;  // step of the newest checkpoint saved or resumed; -1: none
   int64_t micro_batch = 1;  // sequences per forward/backward on this rank
   // fp16 dynamic loss scaling (torch.amp.GradScaler): the scale and the steps since it changed.
   double loss_scale = 1.0;
@@ -117,22 +107,50 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
   job.log(os.str());
 }
 
+// The rows of the per-rank memory plan (bytes), in print order; "total" last.
+std::vector<std::pair<const char*, int64_t>> plan_rows(const EngineMemoryPlan& p, int64_t acts) {
+  return {{"sharded_params", p.sharded_params},   {"unsharded_params", p.unsharded_params},
+          {"grads", p.grads},                     {"unsharded_grads", p.unsharded_grads},
+          {"optimizer_state", p.optimizer_state}, {"activations", acts},
+          {"comm_buffers", p.comm_buffers},       {"total", p.total + acts}};
+}
+
 void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
   std::ostringstream os;
-  auto row = [&](const char* name, int64_t v) {
+  os << "memory plan per rank (bytes; peaks of one training step):\n";
+  for (const auto& [name, v] : plan_rows(p, acts)) {
     os << "  " << std::left << std::setw(18) << name << std::right << std::setw(14) << v
        << "  " << human_bytes(static_cast<double>(v)) << "\n";
-  };
-  os << "memory plan per rank (bytes; peaks of one training step):\n";
-  row("sharded_params", p.sharded_params);
-  row("unsharded_params", p.unsharded_params);
-  row("grads", p.grads);
-  row("unsharded_grads", p.unsharded_grads);
-  row("optimizer_state", p.optimizer_state);
-  row("activations", acts);
-  row("comm_buffers", p.comm_buffers);
-  row("total", p.total + acts);
+  }
+  const Runtime::MemoryBudget& budget = job.rt.memory_budget();
+  if (budget.bytes >= 0) {
+    os << "  available per rank: " << human_bytes(static_cast<double>(budget.bytes)) << " ("
+       << budget.source << ")\n";
+  }
   job.log(os.str());
+}
+
+// Memory before allocation: the plan must fit in what this rank may use
+// (Runtime::memory_budget), else InputError naming the total, the budget and the largest
+// row, before the model or the engine allocates anything. Rank 0 prints the whole plan.
+// train.check_memory = false skips the check; an unmeasurable budget passes.
+void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts) {
+  const Runtime::MemoryBudget& budget = job.rt.memory_budget();
+  const int64_t need = p.total + acts;
+  if (!job.cfg.train.check_memory || budget.bytes < 0 || need <= budget.bytes) return;
+  auto rows = plan_rows(p, acts);
+  rows.pop_back();  // "total"
+  const auto largest = *std::max_element(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.second < b.second;
+  });
+  print_memory_plan(job, p, acts);
+  throw InputError("memory plan: " + human_bytes(static_cast<double>(need)) +
+                   " per rank does not fit in the " +
+                   human_bytes(static_cast<double>(budget.bytes)) + " this rank may use (" +
+                   budget.source + "); largest row: " + largest.first + " " +
+                   human_bytes(static_cast<double>(largest.second)) +
+                   "; use more ranks, FULL_SHARD, fsdp.activation_checkpointing or a smaller "
+                   "train.micro_batch_size (or train.check_memory = false to try anyway)");
 }
 
 // Mean validation loss: summed cross-entropy over every target token of the split's
@@ -228,6 +246,7 @@ void save_checkpoint(Job& job) {
     ckpt::commit_step_dir(tmp, ckpt::step_dir(run_dir, job.step));
     ckpt::publish_latest(run_dir, job.step);
   });
+  job.last_checkpoint = job.step;
   job.log("checkpoint: " + ckpt::step_dir(run_dir, job.step));
 }
 
@@ -255,6 +274,7 @@ void load_checkpoint(Job& job) {
   }
   const ckpt::CheckpointMeta& m = shard.meta();
   job.step = m.step;
+  job.last_checkpoint = m.step;
   job.optimizer->set_num_updates(m.optimizer_updates < 0 ? m.step : m.optimizer_updates);
   if (job.cfg.mixed_precision.uses_fp16() && m.loss_scale > 0) {
     job.loss_scale = m.loss_scale;
@@ -287,6 +307,39 @@ ckpt::InitFromResult load_init_from(Job& job) {
     }
   }
   return r;
+}
+
+// "grad_norm is nan (loss 8.3033)": which of a step's loss and gradient norm is not finite.
+std::string nonfinite_what(double loss, double norm) {
+  auto text = [](double v) {
+    if (std::isnan(v)) return std::string("nan");
+    if (std::isinf(v)) return std::string(v > 0 ? "inf" : "-inf");
+    std::ostringstream os;
+    os << std::setprecision(6) << v;
+    return os.str();
+  };
+  if (!std::isfinite(loss) && !std::isfinite(norm))
+    return "loss is " + text(loss) + " and grad_norm is " + text(norm);
+  if (!std::isfinite(loss)) return "loss is " + text(loss) + " (grad_norm " + text(norm) + ")";
+  return "grad_norm is " + text(norm) + " (loss " + text(loss) + ")";
+}
+
+// The non-finite guard's stop: every rank holds the same all-reduced loss and grad norm, so
+// all reach this together without a collective; rank 0 prints the one line, the others exit
+// with the same code. Nothing of this step is applied or saved.
+[[noreturn]] void stop_nonfinite(Job& job, int64_t step, double loss, double norm) {
+  const std::string last =
+      job.last_checkpoint >= 0 ? ckpt::step_dir(job.cfg.train.run_dir, job.last_checkpoint)
+                               : std::string("none");
+  if (job.rank0()) {
+    throw AgreedFailure("step " + std::to_string(step) + ": " + nonfinite_what(loss, norm) +
+                            ": training diverged; stopped before the optimizer step, nothing "
+                            "of this step applied or saved; last checkpoint: " + last +
+                            " (lower optim.lr, or set train.skip_nonfinite = true to skip "
+                            "such steps)",
+                        kExitRuntimeError);
+  }
+  throw PeerFailed(kExitRuntimeError);
 }
 
 // fp16 dynamic loss scaling after a step (torch.amp.GradScaler.update): back off on
@@ -351,6 +404,11 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     return result;
   }
 
+  collective_guard(group, [&] {
+    check_memory_fits(job, plan_memory(job.family.modules(cfg.model), cfg, world,
+                                       job.mesh->shard_size()),
+                      act_bytes);
+  });
   collective_guard(group, [&] {
     job.model = job.family.create(cfg.model, *job.backend, act_dtype,
                                   cfg.fsdp.activation_checkpointing);
@@ -477,12 +535,31 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     const double loss = host_stats[0] / static_cast<double>(std::max<int64_t>(1, global_targets));
     const double norm = host_stats[1];
     const bool skipped = fp16 && host_stats[2] != 0.0;
+    // Non-finite guard: fp16 overflow is the loss scaler's to handle (the step is skipped and
+    // the scale backs off); any other non-finite loss or gradient norm stops the run before
+    // the update, or with train.skip_nonfinite skips the update.
+    const bool nonfinite = !skipped && !(std::isfinite(loss) && std::isfinite(norm));
+    if (nonfinite) {
+      if (!cfg.train.skip_nonfinite) {
+        if (job.rank0()) {  // the step's metrics line (JSON writes NaN and inf as null)
+          job.metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"grad_norm", norm},
+                                        {"nonfinite", true}}.dump()
+                      << "\n" << std::flush;
+        }
+        stop_nonfinite(job, step, loss, norm);
+      }
+      result.nonfinite_steps.push_back(step);
+      std::ostringstream os;
+      os << "step " << step << ": " << nonfinite_what(loss, norm) << ": update skipped (train.skip_nonfinite; " << result.nonfinite_steps.size()
+         << " step(s) skipped so far)";
+      job.log(os.str());
+    }
     result.loss_scales.push_back(fp16 ? job.loss_scale : 1.0);
     job.step = step;
     const double lr = learning_rate(cfg.optim, cfg.train.max_steps, job.step);
     if (skipped) {
       result.skipped_steps.push_back(step);
-    } else {
+    } else if (!nonfinite) {
       job.optimizer->step(lr);
     }
     if (fp16) update_loss_scale(job, skipped);
@@ -502,6 +579,10 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     if (fp16) {
       line["loss_scale"] = result.loss_scales.back();
       line["skipped"] = skipped;
+    }
+    if (nonfinite) {
+      line["nonfinite"] = true;
+      line["skipped"] = true;
     }
     const bool last = job.step == cfg.train.max_steps;
     if (last || (cfg.eval.every > 0 && job.step % cfg.eval.every == 0)) {

@@ -93,8 +93,15 @@ struct TrainConfig {
   int64_t log_every = 1;              // steps between log lines
   int64_t num_threads = 0;            // CPU threads per rank; 0 = cores / local ranks
   DeviceKind device = DeviceKind::auto_;  // "auto" | "cpu" | "cuda"
+  bool skip_nonfinite = false;        // a step with non-finite loss/grad norm: skip (true) or stop
+  bool check_memory = true;           // refuse a memory plan larger than the rank's memory
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
+
+// Largest optim.lr accepted. No published recipe trains a transformer above lr = 1 (AdamW
+// runs use 1e-5..1e-2, SGD on LAMB-style schedules at most a few); a larger value is a typo
+// (1e3 for 1e-3) that would turn the weights to inf within a few steps.
+inline constexpr double kMaxLearningRate = 10.0;
 
 struct OptimConfig {
   OptimizerKind name = OptimizerKind::adamw;  // "adamw" | "sgd"

@@ -4,6 +4,7 @@
 // be used between the ranks that share one: see fsdp/cuda/staged_communicator.hpp).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace fsdp::cuda {
@@ -19,5 +20,13 @@ int select_device(int local_rank);
 // The device's product name ("NVIDIA H100 80GB HBM3"), for the start-up banner. Throws
 // fsdp::Error for an invalid device.
 std::string device_name(int device);
+
+// Free and total memory of `device` in bytes (cudaMemGetInfo, after cudaSetDevice(device));
+// what the trainer compares with its memory plan. Throws fsdp::Error for an invalid device.
+struct DeviceMemory {
+  int64_t free = 0;
+  int64_t total = 0;
+};
+DeviceMemory device_memory(int device);
 
 }  // namespace fsdp::cuda

@@ -187,6 +187,8 @@ class FsdpEngine final : public ModuleHooks {
   DeviceBuffer norm_parts_;        // fp64 [1 + num_shards]: local sum, then gathered parts
   DeviceBuffer clip_coef_;         // fp32 [1]
   bool training_ = false;
+  int unsharded_blocks_ = 0;       // units besides the root with unsharded = true (O(1) for
+                                   // limit_all_gathers, which asks before every prefetch)
 };
 
 }  // namespace fsdp

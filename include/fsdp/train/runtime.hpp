@@ -49,6 +49,17 @@ class Runtime {
   void configure(Communicator& group, const Config& config);
   const DeviceMesh& mesh() const;  // throws fsdp::Error before configure()
   Backend& backend();
+  // Memory this rank may plan to use, measured by configure() before the job allocates
+  // anything: on the CPU backend the host's available memory (fsdp/core/host_memory.hpp:
+  // MemAvailable or the cgroup limit, the smaller) divided by the ranks on this node; on
+  // CUDA the device's free memory (cudaMemGetInfo) divided by the ranks sharing the device.
+  // bytes = -1 when it cannot be measured. `source` says how it was measured, for messages:
+  // "MemAvailable 22.5 GiB / 2 ranks on this node".
+  struct MemoryBudget {
+    int64_t bytes = -1;
+    std::string source;
+  };
+  const MemoryBudget& memory_budget() const { return memory_budget_; }
   // "cpu (2 threads)", "cuda:0 NVIDIA H100 80GB HBM3, nccl" (for the banner).
   const std::string& device_description() const { return device_description_; }
 
@@ -63,6 +74,7 @@ class Runtime {
   std::unique_ptr<DeviceMesh> mesh_;       // the mesh the engine uses
   std::unique_ptr<Backend> backend_;
   std::string device_description_;
+  MemoryBudget memory_budget_;
 };
 
 }  // namespace fsdp

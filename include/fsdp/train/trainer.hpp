@@ -44,6 +44,9 @@ struct TrainResult {
   int64_t final_step = 0;
   int64_t num_params = 0;
   std::vector<int64_t> skipped_steps;      // steps whose update fp16 loss scaling skipped
+  // Steps whose loss or gradient norm was non-finite and whose update was skipped
+  // (train.skip_nonfinite = true; without it the first such step stops the run).
+  std::vector<int64_t> nonfinite_steps;
   std::vector<double> loss_scales;         // loss scale used at each step run (fp16; else 1)
   std::vector<int64_t> raw_allocs;         // raw allocations + frees during each step run
   std::array<int64_t, kNumMemCategories> peak_bytes{};  // this rank's measured peaks

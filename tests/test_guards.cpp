@@ -1,0 +1,145 @@
+// tests/test_guards.cpp: the run's guards against losing work (issue 9): the non-finite
+// guard (a non-finite loss or gradient norm stops the run before the update, or skips the
+// update with train.skip_nonfinite), and the memory check before allocation (a plan larger
+// than the rank's memory is refused before anything is allocated). Also the host-memory
+// readers they rest on (fsdp/core/host_memory.hpp).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/checkpoint/checkpoint.hpp"
+#include "fsdp/core/host_memory.hpp"
+#include "fsdp/train/collective_guard.hpp"
+#include "train_util.hpp"
+
+namespace {
+
+using namespace test_util;
+namespace fs = std::filesystem;
+
+// The last line of run_dir/metrics.jsonl, parsed.
+nlohmann::json last_metrics_line(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  return nlohmann::json::parse(last);
+}
+
+// Runs `c` and returns the fsdp::Error it throws (exit code and, on the rank that prints it,
+// the message); fails the test if it does not throw.
+struct Failure {
+  int exit_code = 0;
+  std::string message;  // empty on ranks that did not print (PeerFailed)
+};
+Failure run_expecting_failure(const Config& c, TrainOptions o = {}) {
+  Failure f;
+  try {
+    run(c, On::world, 0, false, o);
+    ADD_FAILURE() << "training did not fail";
+  } catch (const fsdp::AgreedFailure& e) {
+    f = {e.exit_code(), e.what()};
+  } catch (const fsdp::PeerFailed& e) {
+    f = {e.exit_code(), ""};
+  }
+  return f;
+}
+
+TEST(NonFiniteGuard, StopsBeforeTheUpdateAndKeepsTheLastCheckpoint) {
+  Config c = small_config(fresh_dir("nonfinite_stop"));
+  c.train.max_steps = 6;
+  c.checkpoint.every = 2;
+  TrainOptions o;
+  o.inject_overflow_steps = {3};  // +inf in one rank's gradient shard after step 3's backward
+  o.inject_rank = world_size() - 1;
+  const Failure f = run_expecting_failure(c, o);
+  EXPECT_EQ(f.exit_code, fsdp::kExitRuntimeError);
+  if (world_rank() == 0) {
+    EXPECT_NE(f.message.find("step 3: grad_norm is inf (loss "), std::string::npos) << f.message;
+    EXPECT_NE(f.message.find("training diverged"), std::string::npos) << f.message;
+    EXPECT_NE(f.message.find("last checkpoint: " + fsdp::ckpt::step_dir(c.train.run_dir, 2)),
+              std::string::npos) << f.message;
+    // Step 2's checkpoint is still the latest; nothing of step 3 was saved.
+    EXPECT_EQ(fsdp::ckpt::find_latest(c.train.run_dir), fsdp::ckpt::step_dir(c.train.run_dir, 2));
+    EXPECT_FALSE(fs::exists(fsdp::ckpt::step_dir(c.train.run_dir, 3)));
+    EXPECT_FALSE(fs::exists(fsdp::ckpt::tmp_step_dir(c.train.run_dir, 3)));
+    const auto line = last_metrics_line(c.train.run_dir);
+    EXPECT_EQ(line.at("step"), 3);
+    EXPECT_EQ(line.at("nonfinite"), true);
+    EXPECT_TRUE(line.at("grad_norm").is_null());  // JSON has no inf
+  }
+}
+
+TEST(NonFiniteGuard, SkipNonfiniteLeavesTheParametersAsTheStepBefore) {
+  Config c = small_config(fresh_dir("nonfinite_skip"));
+  c.train.max_steps = 5;
+  c.train.skip_nonfinite = true;
+  TrainOptions o;
+  o.inject_overflow_steps = {3};
+  o.inject_rank = world_size() - 1;
+  const TrainResult full = run(c, On::world, 0, false, o);
+  EXPECT_EQ(full.nonfinite_steps, std::vector<int64_t>{3});
+  ASSERT_EQ(full.losses.size(), 5u);
+  for (double l : full.losses) EXPECT_TRUE(std::isfinite(l));  // the loss is the forward's
+
+  c.train.run_dir = fresh_dir("nonfinite_skip2");
+  const TrainResult two = run(c, On::world, /*stop_after=*/2, false, o);
+  c.train.run_dir = fresh_dir("nonfinite_skip3");
+  const TrainResult three = run(c, On::world, /*stop_after=*/3, false, o);
+  ASSERT_FALSE(two.params.empty());
+  for (const auto& [name, values] : two.params) EXPECT_EQ(three.params.at(name), values) << name;
+  // Without the injection, step 3 changes them (the comparison above can fail).
+  c.train.run_dir = fresh_dir("nonfinite_clean3");
+  const TrainResult clean = run(c, On::world, /*stop_after=*/3);
+  EXPECT_NE(clean.params.at("h.0.mlp.c_fc.weight"), two.params.at("h.0.mlp.c_fc.weight"));
+}
+
+TEST(MemoryCheck, RefusesAPlanLargerThanTheMachineBeforeAllocating) {
+  Config c = small_config(fresh_dir("memory_refused"));
+  c.model.set("n_layer", int64_t{1000});
+  c.model.set("n_embd", int64_t{4096});
+  c.model.set("n_head", int64_t{32});
+  const Failure f = run_expecting_failure(c);
+  EXPECT_EQ(f.exit_code, fsdp::kExitInputError);
+  if (world_rank() == 0) {
+    EXPECT_NE(f.message.find("memory plan: "), std::string::npos) << f.message;
+    EXPECT_NE(f.message.find("does not fit"), std::string::npos) << f.message;
+    EXPECT_NE(f.message.find("largest row: optimizer_state"), std::string::npos) << f.message;
+    EXPECT_NE(f.message.find("train.check_memory"), std::string::npos) << f.message;
+  }
+  // Nothing was allocated by the backend: the check ran before the model and the engine.
+  EXPECT_EQ(runtime().backend().memory().peak_total(), 0u);
+  // The budget it compared with is what the machine reports (MemAvailable or the cgroup).
+  EXPECT_GT(runtime().memory_budget().bytes, 0);
+  const std::string& source = runtime().memory_budget().source;
+  EXPECT_TRUE(source.find("MemAvailable") != std::string::npos ||
+              source.find("cgroup") != std::string::npos) << source;
+}
+
+TEST(HostMemory, ParsesMeminfoAndCgroupStat) {
+  EXPECT_EQ(fsdp::parse_mem_available("MemTotal:  100 kB\nMemAvailable:   2048 kB\n"), 2048 * 1024);
+  EXPECT_EQ(fsdp::parse_mem_available("MemTotal:  100 kB\n"), -1);
+  EXPECT_EQ(fsdp::parse_mem_available("MemAvailable: lots\n"), -1);
+  EXPECT_EQ(fsdp::parse_memory_stat("anon 5\ninactive_file 4096\nactive_file 7\n", "inactive_file"), 4096);
+  EXPECT_EQ(fsdp::parse_memory_stat("anon 5\n", "inactive_file"), 0);
+  fsdp::HostMemory m;
+  EXPECT_EQ(m.available(), -1);
+  m.mem_available = 10'000;
+  EXPECT_EQ(m.available(), 10'000);
+  m.cgroup_limit = 8'000;  // a cgroup limit with 5'000 used, 1'000 of it reclaimable cache
+  m.cgroup_usage = 5'000;
+  m.cgroup_reclaimable = 1'000;
+  EXPECT_EQ(m.available(), 4'000);
+  EXPECT_NE(m.describe().find("cgroup memory limit"), std::string::npos);
+  m.cgroup_usage = 9'500;  // over the limit: nothing left, not negative
+  m.cgroup_reclaimable = 0;
+  EXPECT_EQ(m.available(), 0);
+  EXPECT_EQ(fsdp::human_bytes(1536.0 * 1024 * 1024), "1.5 GiB");
+  EXPECT_GT(fsdp::read_host_memory().available(), 0);  // this machine reports something
+}
+
+}  // namespace
