@@ -26,5 +26,5 @@ fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixed_precision dry_run t5_dry_run h
 fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume)
 fsdp_cli_tests(prepare cli_prepare 1 ok errors)
 fsdp_cli_tests(signals cli_signals 2
-  sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun second_sigint_exits_now sigstop_rank
+  sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun sigusr1_mpirun second_sigint_exits_now sigstop_rank
   sigkill_rank)

@@ -129,6 +129,11 @@ TEST(Signals, SecondSigtermOrSigintEndsTheProcessAtOnce) {
 
 TEST(Watchdog, ProcessStatesFromProc) {
   EXPECT_EQ(fsdp::local_process_state(getpid()), fsdp::ProcessState::running);
+  const int64_t start = fsdp::process_start_time(getpid());
+  ASSERT_GE(start, 0);
+  EXPECT_EQ(fsdp::local_process_state(getpid(), start), fsdp::ProcessState::running);
+  // The pid with another start time: a different process reusing it, so ours has exited.
+  EXPECT_EQ(fsdp::local_process_state(getpid(), start + 1), fsdp::ProcessState::exited);
   Child c;
   ASSERT_GT(c.pid, 0);
   EXPECT_TRUE(eventually([&] { return fsdp::local_process_state(c.pid) == fsdp::ProcessState::running; }));
@@ -150,7 +155,11 @@ TEST(Watchdog, DiagnosisNamesTheStoppedExitedOrRemoteRank) {
   auto record = [&](const std::string& line) { failures.push_back(line); };
   Child c;
   ASSERT_GT(c.pid, 0);
-  fsdp::PeerWatch local(0, {{host, me}, {host, c.pid}}, 5.0, record);
+  const fsdp::PeerInfo self{host, me, fsdp::process_start_time(me)};
+  const fsdp::PeerInfo child{host, c.pid, fsdp::process_start_time(c.pid)};
+  ASSERT_GE(self.start_time, 0);
+  ASSERT_GE(child.start_time, self.start_time);
+  fsdp::PeerWatch local(0, {self, child}, 5.0, record);
   // A running peer: nothing before the timeout; at it, every rank is running.
   EXPECT_EQ(local.diagnose("all_reduce", 1.0), "");
   EXPECT_EQ(local.diagnose("all_reduce", 5.0),
@@ -169,7 +178,7 @@ TEST(Watchdog, DiagnosisNamesTheStoppedExitedOrRemoteRank) {
 
   // Rank 1 of the same job: rank 0 is running and waits too, so rank 1 leaves it the report
   // for kReportGrace_s.
-  fsdp::PeerWatch second(1, {{host, me}, {host, c.pid}}, 5.0, record);
+  fsdp::PeerWatch second(1, {self, child}, 5.0, record);
   EXPECT_EQ(second.diagnose("barrier", 5.5), "");
   EXPECT_NE(second.diagnose("barrier", 5.0 + fsdp::PeerWatch::kReportGrace_s), "");
 
@@ -188,11 +197,19 @@ TEST(Watchdog, DiagnosisNamesTheStoppedExitedOrRemoteRank) {
   fsdp::clear_pending_signal();
 
   // Ranks on another host cannot be inspected: named as not answering.
-  fsdp::PeerWatch remote(0, {{host, me}, {"elsewhere", 42}, {"elsewhere", 43}}, 2.5, record);
+  fsdp::PeerWatch remote(0, {self, {"elsewhere", 42, 7}, {"elsewhere", 43, 7}}, 2.5, record);
   EXPECT_EQ(remote.diagnose("reduce_scatter", 2.0), "");
   EXPECT_EQ(remote.diagnose("reduce_scatter", 2.5),
             "rank 0 (host " + host + "): reduce_scatter did not complete within comm.timeout_s = "
             "2.5 s; ranks on other hosts did not answer: 1 (host elsewhere), 2 (host elsewhere)");
+
+  // Same host name but not this PID namespace (a process /proc does not show with that start
+  // time, e.g. one container per rank): not inspectable either, and never "has exited".
+  fsdp::PeerWatch hidden(0, {self, {host, me, self.start_time + 1}}, 1.0, record);
+  EXPECT_EQ(hidden.diagnose("all_reduce", 0.5), "");
+  EXPECT_EQ(hidden.diagnose("all_reduce", 1.0),
+            "rank 0 (host " + host + "): all_reduce did not complete within comm.timeout_s = 1 s; "
+            "ranks not visible in this host's /proc did not answer: 1 (host " + host + ")");
 }
 
 TEST(Watchdog, RuntimeKnowsEveryRanksHostAndPid) {

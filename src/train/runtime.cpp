@@ -60,14 +60,18 @@ Runtime::Runtime(int* argc, char*** argv) {
   struct Entry {
     char host[kHost];
     int64_t pid;
+    int64_t start_time;
   };
   Entry mine{};
   std::snprintf(mine.host, kHost, "%s", host_name().c_str());
   mine.pid = static_cast<int64_t>(getpid());
+  mine.start_time = process_start_time(mine.pid);
   std::vector<Entry> all(static_cast<std::size_t>(world->size()));
   world->all_gather(&mine, all.data(), sizeof(Entry), DType::u8)->wait();
   std::vector<PeerInfo> peers;
-  for (const Entry& e : all) peers.push_back({std::string(e.host, strnlen(e.host, kHost)), e.pid});
+  for (const Entry& e : all) {
+    peers.push_back({std::string(e.host, strnlen(e.host, kHost)), e.pid, e.start_time});
+  }
   watch_ = std::make_shared<PeerWatch>(world->rank(), std::move(peers), CommConfig{}.timeout_s,
                                        [](const std::string& line) {
                                          if (line.empty()) _exit(kExitRuntimeError);

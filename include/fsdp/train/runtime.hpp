@@ -28,7 +28,8 @@ class Runtime {
   // Initialises MPI with MPI_Init_thread(MPI_THREAD_FUNNELED) (argc/argv may be null) and
   // throws fsdp::Error naming the level if the library provides less. If MPI is already
   // initialised (a test's main did it), adopts it and leaves MPI_Finalize to that owner.
-  // Then all-gathers every rank's host name and pid (collective over MPI_COMM_WORLD) and
+  // Then all-gathers every rank's host name, pid and start time (collective over
+  // MPI_COMM_WORLD) and
   // installs the peer watchdog (fsdp/train/watchdog.hpp) on world() and self() and every
   // communicator split from them: a blocking wait on an MPI collective that outlasts
   // comm.timeout_s (600 s until configure() sets the job's), or a rank of this host exiting
@@ -42,7 +43,8 @@ class Runtime {
   Communicator& world();  // every rank (MPI_COMM_WORLD, duplicated once), host memory
   Communicator& self();   // this rank alone, host memory
   int rank();             // world().rank()
-  // Host name and pid of every world rank (indexed by world rank), gathered at start-up.
+  // Host name, pid and start time of every world rank (indexed by world rank), gathered at
+  // start-up.
   const std::vector<PeerInfo>& peers() const;
 
   // Builds the job's DeviceMesh over `group` (world() or self(); mesh.shard_size from the

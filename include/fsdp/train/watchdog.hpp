@@ -16,6 +16,9 @@
 //  - the wait has lasted comm.timeout_s: the line names the ranks of this host that are
 //    stopped (state 'T', e.g. SIGSTOP) or exited, or else the ranks of other hosts, whose
 //    state it cannot see, or says that every peer is running (busy or in another collective).
+//    A rank of the same host name whose process was not visible in /proc with its start time
+//    when the PeerWatch was built (another PID namespace: one container per rank) counts as
+//    one it cannot see, never as exited.
 //    If a running rank of this host with a lower number is waiting too, this rank gives it
 //    kReportGrace_s to report first, so a job prints one line, not one per waiting rank.
 // A rank that sees a peer exited while a stop signal is pending (fsdp/train/signals.hpp)
@@ -36,14 +39,20 @@ namespace fsdp {
 std::string host_name();
 
 struct PeerInfo {
-  std::string host;  // host name (gethostname) of the rank
-  int64_t pid = 0;   // its process id on that host
+  std::string host;        // host name (gethostname) of the rank
+  int64_t pid = 0;         // its process id on that host
+  int64_t start_time = -1; // its start time (/proc/<pid>/stat field 22, clock ticks after boot)
 };
+
+// The start time of process `pid` on this host (field 22 of /proc/<pid>/stat), -1 if there is
+// no such process visible here.
+int64_t process_start_time(int64_t pid);
 
 enum class ProcessState { running, stopped, exited };
 // The state of process `pid` on this host from /proc/<pid>/stat: 'T'/'t' (stopped, traced)
-// -> stopped; no such process, 'Z' (zombie) or 'X' -> exited; anything else -> running.
-ProcessState local_process_state(int64_t pid);
+// -> stopped; no such process, 'Z' (zombie), 'X', or (if start_time >= 0) another process
+// that reuses the pid -> exited; anything else -> running.
+ProcessState local_process_state(int64_t pid, int64_t start_time = -1);
 
 class PeerWatch final : public WaitHook {
  public:
@@ -67,6 +76,7 @@ class PeerWatch final : public WaitHook {
  private:
   int rank_;
   std::vector<PeerInfo> peers_;
+  std::vector<bool> visible_;  // peers_[r] is a process of this host that /proc shows
   double timeout_s_;
   std::function<void(const std::string&)> fail_;
 };
