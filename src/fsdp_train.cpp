@@ -104,7 +104,10 @@ int main(int argc, char** argv) {
       options.dry_run = cli.dry_run;
       const fsdp::TrainResult result = fsdp::train(config, *runtime, world, options, std::cout);
       if (result.stop_signal != 0) {
-        if (!result.stop_message.empty()) std::cerr << "fsdp_train: " << result.stop_message << std::endl;
+        // The signalled rank's one line (the other ranks' stop_message is empty).
+        if (!result.stop_message.empty()) {
+          std::cerr << "fsdp_train: " << result.stop_message << std::endl;
+        }
         code = fsdp::kExitInterrupted;
       }
     }

@@ -59,6 +59,10 @@ int in_child(Body body) {
   return status;
 }
 
+bool state_is(pid_t pid, fsdp::ProcessState state) {
+  return fsdp::local_process_state(pid) == state;
+}
+
 extern "C" void dummy_handler(int) {}
 
 TEST(Signals, FirstPendingSignalWins) {
@@ -136,13 +140,13 @@ TEST(Watchdog, ProcessStatesFromProc) {
   EXPECT_EQ(fsdp::local_process_state(getpid(), start + 1), fsdp::ProcessState::exited);
   Child c;
   ASSERT_GT(c.pid, 0);
-  EXPECT_TRUE(eventually([&] { return fsdp::local_process_state(c.pid) == fsdp::ProcessState::running; }));
+  EXPECT_TRUE(eventually([&] { return state_is(c.pid, fsdp::ProcessState::running); }));
   kill(c.pid, SIGSTOP);
-  EXPECT_TRUE(eventually([&] { return fsdp::local_process_state(c.pid) == fsdp::ProcessState::stopped; }));
+  EXPECT_TRUE(eventually([&] { return state_is(c.pid, fsdp::ProcessState::stopped); }));
   kill(c.pid, SIGCONT);
-  EXPECT_TRUE(eventually([&] { return fsdp::local_process_state(c.pid) == fsdp::ProcessState::running; }));
+  EXPECT_TRUE(eventually([&] { return state_is(c.pid, fsdp::ProcessState::running); }));
   kill(c.pid, SIGKILL);  // a zombie until reaped: exited
-  EXPECT_TRUE(eventually([&] { return fsdp::local_process_state(c.pid) == fsdp::ProcessState::exited; }));
+  EXPECT_TRUE(eventually([&] { return state_is(c.pid, fsdp::ProcessState::exited); }));
   waitpid(c.pid, nullptr, 0);
   EXPECT_EQ(fsdp::local_process_state(c.pid), fsdp::ProcessState::exited);
   c.pid = -1;
@@ -166,7 +170,7 @@ TEST(Watchdog, DiagnosisNamesTheStoppedExitedOrRemoteRank) {
             "rank 0 (host " + host + "): all_reduce did not complete within comm.timeout_s = 5 s; "
             "every other rank is running (busy, or waiting in a different collective)");
   kill(c.pid, SIGSTOP);
-  ASSERT_TRUE(eventually([&] { return fsdp::local_process_state(c.pid) == fsdp::ProcessState::stopped; }));
+  ASSERT_TRUE(eventually([&] { return state_is(c.pid, fsdp::ProcessState::stopped); }));
   EXPECT_EQ(local.diagnose("all_gather", 4.9), "");
   const std::string stopped = "rank 0 (host " + host + "): all_gather did not complete within "
                               "comm.timeout_s = 5 s; rank 1 (host " + host + ", pid " +

@@ -18,7 +18,7 @@ constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
 
 extern "C" void on_stop_signal(int sig) {
   int expected = 0;
-  if (g_pending.compare_exchange_strong(expected, sig)) return;  // the first: stop at the step boundary
+  if (g_pending.compare_exchange_strong(expected, sig)) return;  // first: stop at the boundary
   if (sig == SIGUSR1) return;
   // A second SIGTERM / SIGINT: leave now, by the default action of the signal (it is blocked
   // inside this handler, so it is delivered, and ends the process, when the handler returns).

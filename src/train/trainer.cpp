@@ -499,7 +499,8 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     // "Signals"): (world - rank) << 8 | signal, so the max names the lowest signalled rank.
     const int my_signal = opt.pending_signal ? opt.pending_signal() : 0;
     int64_t agreed[2] = {static_cast<int64_t>(be.memory().peak_total()),
-                         my_signal > 0 ? (int64_t{world - group.rank()} << 8) | (my_signal & 0xff) : 0};
+                         my_signal > 0 ? (int64_t{world - group.rank()} << 8) | (my_signal & 0xff)
+                                       : 0};
     group.all_reduce(agreed, agreed, 2, DType::i64, ReduceOp::max)->wait();
     const int64_t peak = agreed[0];
     nlohmann::json line = {{"step", job.step},         {"loss", loss},

@@ -29,12 +29,11 @@ class Runtime {
   // throws fsdp::Error naming the level if the library provides less. If MPI is already
   // initialised (a test's main did it), adopts it and leaves MPI_Finalize to that owner.
   // Then all-gathers every rank's host name, pid and start time (collective over
-  // MPI_COMM_WORLD) and
-  // installs the peer watchdog (fsdp/train/watchdog.hpp) on world() and self() and every
-  // communicator split from them: a blocking wait on an MPI collective that outlasts
-  // comm.timeout_s (600 s until configure() sets the job's), or a rank of this host exiting
-  // while others wait for it, prints one line naming the rank and host and ends the job
-  // with MPI_Abort (exit code 1).
+  // MPI_COMM_WORLD) and installs the peer watchdog (fsdp/train/watchdog.hpp) on world(),
+  // self() and every communicator split from them: a blocking wait on an MPI collective that
+  // outlasts comm.timeout_s (600 s until configure() sets the job's), or a rank of this host
+  // exiting while others wait for it, prints one line naming the rank and host and ends the
+  // job with MPI_Abort (exit code 1).
   Runtime(int* argc, char*** argv);
   ~Runtime();  // frees the communicators, then MPI_Finalize if this object initialised MPI
   Runtime(const Runtime&) = delete;
