@@ -4,10 +4,13 @@
 //
 // The Runtime bootstraps the ranks (MPI_Init_thread). Every rank parses the command line
 // and the config; failures are agreed across ranks (collective_guard) so bad input prints
-// one line and exits with code 2 on every rank instead of hanging.
+// one line and exits with code 2 on every rank instead of hanging. SIGTERM, SIGINT or
+// SIGUSR1 on any rank saves a checkpoint at the next step boundary and exits with code 3
+// (docs/checkpoint.md "Signals"); a second SIGTERM / SIGINT ends the process at once.
 #include <boost/program_options.hpp>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/train/collective_guard.hpp"
 #include "fsdp/train/runtime.hpp"
+#include "fsdp/train/signals.hpp"
 #include "fsdp/train/trainer.hpp"
 
 namespace po = boost::program_options;
@@ -76,6 +80,14 @@ int main(int argc, char** argv) {
   }
   const int rank = runtime->rank();
   int code = 0;
+  // SIGTERM / SIGINT / SIGUSR1: checkpoint at the next step boundary, exit with code 3.
+  std::optional<fsdp::SignalGuard> signals;
+  try {
+    signals.emplace();
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp_train: rank " << rank << ": " << e.what() << std::endl;
+    runtime->abort(fsdp::kExitRuntimeError);
+  }
   try {
     fsdp::Communicator& world = runtime->world();
     Cli cli;
@@ -90,7 +102,14 @@ int main(int argc, char** argv) {
       fsdp::TrainOptions options;
       options.resume = cli.resume;
       options.dry_run = cli.dry_run;
-      fsdp::train(config, *runtime, world, options, std::cout);
+      const fsdp::TrainResult result = fsdp::train(config, *runtime, world, options, std::cout);
+      if (result.stop_signal != 0) {
+        // The signalled rank's one line (the other ranks' stop_message is empty).
+        if (!result.stop_message.empty()) {
+          std::cerr << "fsdp_train: " << result.stop_message << std::endl;
+        }
+        code = fsdp::kExitInterrupted;
+      }
     }
   } catch (const fsdp::PeerFailed& e) {
     code = e.exit_code();

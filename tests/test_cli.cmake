@@ -1,7 +1,8 @@
 # tests/test_cli.cmake: end-to-end tests of the executables (tests/cli/*.sh), registered
 # directly with add_test. Each runs fsdp_train under `mpirun -np 2` (or fsdp_prepare) in a
 # temporary directory and checks exit codes, the one-line error contract (docs/config.md
-# "Errors"), metrics.jsonl and the checkpoint layout. Included by tests/CMakeLists.txt.
+# "Errors"), metrics.jsonl and the checkpoint layout; signals.sh stops runs with signals and
+# checks the watchdog. Included by tests/CMakeLists.txt.
 set(FSDP_CLI_ARGS $<TARGET_FILE:fsdp_train> $<TARGET_FILE:fsdp_prepare> ${MPIEXEC_EXECUTABLE})
 
 # fsdp_cli_tests(SCRIPT PREFIX NP CASE...): one ctest PREFIX_CASE per case of tests/cli/SCRIPT.sh.
@@ -25,3 +26,6 @@ fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixed_precision dry_run t5_dry_run h
 fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume)
 fsdp_cli_tests(prepare cli_prepare 1 ok errors)
 fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_skips memory_too_large)
+fsdp_cli_tests(signals cli_signals 2
+  sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun sigusr1_mpirun second_sigint_exits_now sigstop_rank
+  sigkill_rank)

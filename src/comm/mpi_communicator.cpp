@@ -3,6 +3,9 @@
 // in-place reduce-scatter move applied on completion (see fsdp/comm/mpi_communicator.hpp).
 #include "fsdp/comm/mpi_communicator.hpp"
 
+#include <time.h>
+
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -167,10 +170,39 @@ void divide(void* buf, std::size_t count, DType dtype, int size) {
   }
 }
 
+// Completes `request` by polling MPI_Test: spinning for the first millisecond (short
+// collectives finish at full speed), then sleeping ~50 us between tests (a waiting rank
+// yields its core), calling `hook` every kWaitHookInterval_s. Returns MPI_Test's error code.
+int poll_request(MPI_Request* request, const char* what, WaitHook* hook) noexcept {
+  using Clock = std::chrono::steady_clock;
+  int flag = 0;
+  int rc = MPI_Test(request, &flag, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS || flag) return rc;
+  const auto start = Clock::now();
+  const auto spin = std::chrono::milliseconds(1);
+  const auto interval = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(kWaitHookInterval_s));
+  auto next_hook = start + interval;
+  for (;;) {
+    rc = MPI_Test(request, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || flag) return rc;
+    const auto now = Clock::now();
+    if (now - start < spin) continue;
+    if (hook != nullptr && now >= next_hook) {
+      hook->waiting(what, std::chrono::duration<double>(now - start).count());
+      next_hook = now + interval;
+    }
+    const timespec nap{0, 50 * 1000};
+    nanosleep(&nap, nullptr);  // EINTR (a signal): simply test again
+  }
+}
+
 // A collective in flight, shared by its Work and the Work's events: the MPI request and
 // what completion must do afterwards (move an in-place reduce-scatter result, divide).
 struct Pending {
   MPI_Request request = MPI_REQUEST_NULL;
+  const char* what = "collective";  // for the wait hook
+  std::shared_ptr<WaitHook> hook;
   bool finished = false;
   const char* move_from = nullptr;  // in-place reduce_scatter: result at the buffer's start
   char* move_to = nullptr;
@@ -189,7 +221,7 @@ struct Pending {
   }
   void complete() {
     if (finished) return;
-    if (request != MPI_REQUEST_NULL) FSDP_CHECK_MPI(MPI_Wait(&request, MPI_STATUS_IGNORE));
+    if (request != MPI_REQUEST_NULL) FSDP_CHECK_MPI(poll_request(&request, what, hook.get()));
     finish();
   }
   bool test() {
@@ -207,7 +239,7 @@ struct Pending {
       finished = true;
       return;
     }
-    if (request != MPI_REQUEST_NULL && MPI_Wait(&request, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+    if (request != MPI_REQUEST_NULL && poll_request(&request, what, hook.get()) != MPI_SUCCESS) {
       finished = true;  // nothing sensible to do with the buffers
       return;
     }
@@ -236,6 +268,14 @@ class MpiWork final : public Work {
  private:
   std::shared_ptr<Pending> p_;
 };
+
+// The completion state of collective `what`, watched by `hook`.
+std::shared_ptr<Pending> new_pending(const char* what, const std::shared_ptr<WaitHook>& hook) {
+  auto p = std::make_shared<Pending>();
+  p->what = what;
+  p->hook = hook;
+  return p;
+}
 
 // A Work that is already complete (size 1, count 0).
 std::unique_ptr<Work> finished_work() {
@@ -274,8 +314,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm)
   }
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::shared_ptr<detail::MpiReduceOps> ops)
-    : comm_(comm), ops_(std::move(ops)) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::shared_ptr<detail::MpiReduceOps> ops,
+                                 std::shared_ptr<WaitHook> hook)
+    : comm_(comm), ops_(std::move(ops)), hook_(std::move(hook)) {
   try {
     FSDP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
     FSDP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
@@ -303,7 +344,7 @@ std::unique_ptr<Work> MpiCommunicator::all_gather_impl(const void* send, void* r
     if (send != recv) std::memmove(recv, send, bytes);
     return finished_work();
   }
-  auto p = std::make_shared<Pending>();
+  auto p = new_pending("all_gather", hook_);
   FSDP_CHECK_MPI(MPI_Iallgather(send == in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv,
                                 n, mpi_type(dtype), comm_, &p->request));
   return std::make_unique<MpiWork>(std::move(p));
@@ -323,6 +364,8 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_impl(const void* send, voi
     return finished_work();
   }
   auto p = reduction_pending(ops_, size_, recv, count, dtype, op);
+  p->what = "reduce_scatter";
+  p->hook = hook_;
   if (recv == mine) {
     // MPI_IN_PLACE: send[size * count] in, result in send[0 : count]; moved to recv on
     // completion (the other chunks of send are scratch).
@@ -351,6 +394,8 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_impl(const void* send, void* r
     return finished_work();
   }
   auto p = reduction_pending(ops_, size_, recv, count, dtype, op);
+  p->what = "all_reduce";
+  p->hook = hook_;
   FSDP_CHECK_MPI(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, mpi_type(dtype),
                                 ops_->get(dtype, op), comm_, &p->request));
   return std::make_unique<MpiWork>(std::move(p));
@@ -365,25 +410,28 @@ std::unique_ptr<Work> MpiCommunicator::broadcast_impl(void* buf, std::size_t cou
                 " is not a rank of a communicator of size " + std::to_string(size_));
   }
   if (count == 0 || size_ == 1) return finished_work();
-  auto p = std::make_shared<Pending>();
+  auto p = new_pending("broadcast", hook_);
   FSDP_CHECK_MPI(MPI_Ibcast(buf, n, mpi_type(dtype), root, comm_, &p->request));
   return std::make_unique<MpiWork>(std::move(p));
 }
 
 void MpiCommunicator::barrier() {
-  if (size_ > 1) FSDP_CHECK_MPI(MPI_Barrier(comm_));
+  if (size_ <= 1) return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  FSDP_CHECK_MPI(MPI_Ibarrier(comm_, &request));
+  FSDP_CHECK_MPI(poll_request(&request, "barrier", hook_.get()));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   MPI_Comm out = MPI_COMM_NULL;
   FSDP_CHECK_MPI(MPI_Comm_split(comm_, color, key, &out));
-  return std::unique_ptr<Communicator>(new MpiCommunicator(out, ops_));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(out, ops_, hook_));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split_node() {
   MPI_Comm out = MPI_COMM_NULL;
   FSDP_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &out));
-  return std::unique_ptr<Communicator>(new MpiCommunicator(out, ops_));
+  return std::unique_ptr<Communicator>(new MpiCommunicator(out, ops_, hook_));
 }
 
 }  // namespace fsdp

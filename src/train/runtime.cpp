@@ -4,15 +4,24 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/core/error.hpp"
+<<<<<<< HEAD
 #include "fsdp/core/host_memory.hpp"
+=======
+#include "fsdp/train/watchdog.hpp"
+>>>>>>> signals
 #ifdef FSDP_WITH_CUDA
 #include "fsdp/cuda/cuda_backend.hpp"
 #include "fsdp/cuda/device.hpp"
@@ -48,8 +57,36 @@ Runtime::Runtime(int* argc, char*** argv) {
     throw Error(std::string("MPI provides ") + thread_level_name(provided) +
                 ", fsdp_train needs MPI_THREAD_FUNNELED");
   }
-  world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
-  self_ = std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
+  auto world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+  auto self = std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
+  // Every rank's host name and pid, for the watchdog's diagnosis of a silent peer.
+  constexpr std::size_t kHost = 256;
+  struct Entry {
+    char host[kHost];
+    int64_t pid;
+    int64_t start_time;
+  };
+  Entry mine{};
+  std::snprintf(mine.host, kHost, "%s", host_name().c_str());
+  mine.pid = static_cast<int64_t>(getpid());
+  mine.start_time = process_start_time(mine.pid);
+  std::vector<Entry> all(static_cast<std::size_t>(world->size()));
+  world->all_gather(&mine, all.data(), sizeof(Entry), DType::u8)->wait();
+  std::vector<PeerInfo> peers;
+  for (const Entry& e : all) {
+    peers.push_back({std::string(e.host, strnlen(e.host, kHost)), e.pid, e.start_time});
+  }
+  watch_ = std::make_shared<PeerWatch>(world->rank(), std::move(peers), CommConfig{}.timeout_s,
+                                       [](const std::string& line) {
+                                         if (line.empty()) _exit(kExitRuntimeError);
+                                         std::fprintf(stderr, "fsdp_train: %s\n", line.c_str());
+                                         std::fflush(stderr);
+                                         MPI_Abort(MPI_COMM_WORLD, kExitRuntimeError);
+                                       });
+  world->set_wait_hook(watch_);
+  self->set_wait_hook(watch_);
+  world_ = std::move(world);
+  self_ = std::move(self);
 }
 
 Runtime::~Runtime() {
@@ -66,12 +103,17 @@ Runtime::~Runtime() {
 Communicator& Runtime::world() { return *world_; }
 Communicator& Runtime::self() { return *self_; }
 int Runtime::rank() { return world_->rank(); }
+const std::vector<PeerInfo>& Runtime::peers() const { return watch_->peers(); }
 
 void Runtime::configure(Communicator& group, const Config& config) {
   backend_.reset();
   mesh_.reset();
   host_mesh_.reset();
+<<<<<<< HEAD
   memory_budget_ = {};
+=======
+  watch_->set_timeout(config.comm.timeout_s);
+>>>>>>> signals
   host_mesh_ = std::make_unique<DeviceMesh>(DeviceMesh::create(group, config.mesh.shard_size));
   const DeviceMesh& hm = *host_mesh_;
   bool use_cuda = false;

@@ -28,6 +28,8 @@
 #include "fsdp/model/model.hpp"
 #include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/collective_guard.hpp"
+#include "fsdp/train/signals.hpp"
+#include "fsdp/train/watchdog.hpp"
 
 namespace fsdp {
 namespace {
@@ -570,8 +572,14 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     result.raw_allocs.push_back((a1.raw_allocs - a0.raw_allocs) + (a1.raw_frees - a0.raw_frees));
     result.losses.push_back(loss);
 
-    int64_t peak = static_cast<int64_t>(be.memory().peak_total());
-    group.all_reduce(&peak, &peak, 1, DType::i64, ReduceOp::max)->wait();
+    // One max all-reduce: [0] the peak memory, [1] a stop signal (docs/checkpoint.md
+    // "Signals"): (world - rank) << 8 | signal, so the max names the lowest signalled rank.
+    const int my_signal = opt.pending_signal ? opt.pending_signal() : 0;
+    int64_t agreed[2] = {static_cast<int64_t>(be.memory().peak_total()),
+                         my_signal > 0 ? (int64_t{world - group.rank()} << 8) | (my_signal & 0xff)
+                                       : 0};
+    group.all_reduce(agreed, agreed, 2, DType::i64, ReduceOp::max)->wait();
+    const int64_t peak = agreed[0];
     nlohmann::json line = {{"step", job.step},         {"loss", loss},
                            {"lr", lr},                 {"grad_norm", norm},
                            {"tokens_per_sec", tokens_per_step / seconds},
@@ -585,7 +593,8 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       line["skipped"] = true;
     }
     const bool last = job.step == cfg.train.max_steps;
-    if (last || (cfg.eval.every > 0 && job.step % cfg.eval.every == 0)) {
+    const bool stopping = agreed[1] != 0 && !last;  // a signal: evaluate nothing more
+    if (!stopping && (last || (cfg.eval.every > 0 && job.step % cfg.eval.every == 0))) {
       const double val = evaluate(job);
       line["val_loss"] = val;
       result.val_losses.push_back({job.step, val});
@@ -604,8 +613,19 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       job.log(os.str());
     }
     if (job.rank0()) job.metrics << line.dump() << "\n" << std::flush;
-    if (last || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
+    if (last || stopping || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
       save_checkpoint(job);
+    }
+    if (stopping) {
+      result.stop_signal = static_cast<int>(agreed[1] & 0xff);
+      result.stop_rank = world - static_cast<int>(agreed[1] >> 8);
+      if (group.rank() == result.stop_rank) {
+        result.stop_message = "received " + signal_name(result.stop_signal) + " on rank " +
+                              std::to_string(result.stop_rank) + " (host " + host_name() +
+                              "); saved checkpoint " + ckpt::step_dir(cfg.train.run_dir, job.step) +
+                              " at step " + std::to_string(job.step) + "; resume with --resume";
+      }
+      break;
     }
     if (opt.stop_after > 0 && job.step >= opt.stop_after) break;
   }

@@ -39,6 +39,20 @@ class Work {
   virtual std::shared_ptr<Event> done() = 0;
 };
 
+// Watches a communicator's blocking host waits (MpiCommunicator::set_wait_hook): the
+// Runtime's watchdog (fsdp/train/watchdog.hpp) ends the job when a peer has exited or a wait
+// exceeds comm.timeout_s, as PyTorch's ProcessGroupNCCL watchdog does with its `timeout`.
+class WaitHook {
+ public:
+  virtual ~WaitHook() = default;
+  // Called by the waiting thread about every kWaitHookInterval_s while collective `what`
+  // ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier") has not completed
+  // after `waited_s` seconds. It either returns (keep waiting) or ends the process
+  // (MPI_Abort); it must not throw, since Work destructors wait too.
+  virtual void waiting(const char* what, double waited_s) noexcept = 0;
+};
+inline constexpr double kWaitHookInterval_s = 0.25;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

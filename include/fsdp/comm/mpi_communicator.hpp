@@ -25,9 +25,13 @@
 // contents afterwards are unspecified (out of place, send is left untouched).
 //
 // Work: completion (Work::wait(), Work::done()->synchronize(), a Work::done()->query() that
-// returns true, or the Work's destructor) calls MPI_Wait / MPI_Test and then applies the
-// in-place move and the avg division exactly once. record() on the event is a no-op. A Work
-// or its event may outlive the communicator, not MPI_Finalize.
+// returns true, or the Work's destructor) polls MPI_Test and then applies the in-place move
+// and the avg division exactly once. A blocking wait (and barrier(), an MPI_Ibarrier) spins
+// on MPI_Test for its first millisecond, then sleeps about 50 us between tests, so a rank
+// waiting for a slower peer leaves its core to it instead of spinning at 100% as MPI_Wait
+// does; while it waits, the communicator's WaitHook (if any) is called every 0.25 s.
+// record() on the event is a no-op. A Work or its event may outlive the communicator, not
+// MPI_Finalize.
 //
 // split()/split_node() return MpiCommunicators that own the new MPI_Comm (no second dup).
 // The bf16/fp16 MPI_Ops are shared by a communicator, its splits and their pending Works,
@@ -60,6 +64,9 @@ class MpiCommunicator final : public Communicator {
   Device device() const override { return Device::cpu; }
   Stream& default_stream() override { return stream_; }
   MPI_Comm comm() const { return comm_; }
+  // Watches this communicator's waits, and those of the communicators split from it later
+  // (null: none). Set it before issuing collectives; not thread-safe.
+  void set_wait_hook(std::shared_ptr<WaitHook> hook) { hook_ = std::move(hook); }
 
   void barrier() override;
   // MPI_Comm_split(color, key): color must be >= 0 (MPI reports an error otherwise).
@@ -80,13 +87,15 @@ class MpiCommunicator final : public Communicator {
  private:
   // Adopts `comm` (already a new communicator, e.g. from MPI_Comm_split): no dup; frees it
   // if construction fails.
-  MpiCommunicator(MPI_Comm comm, std::shared_ptr<detail::MpiReduceOps> ops);
+  MpiCommunicator(MPI_Comm comm, std::shared_ptr<detail::MpiReduceOps> ops,
+                  std::shared_ptr<WaitHook> hook);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   HostStream stream_;
   std::shared_ptr<detail::MpiReduceOps> ops_;
+  std::shared_ptr<WaitHook> hook_;
 };
 
 }  // namespace fsdp

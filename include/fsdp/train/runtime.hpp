@@ -13,11 +13,13 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fsdp/backend/backend.hpp"
 #include "fsdp/comm/communicator.hpp"
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/config/config.hpp"
+#include "fsdp/train/watchdog.hpp"
 
 namespace fsdp {
 
@@ -26,6 +28,12 @@ class Runtime {
   // Initialises MPI with MPI_Init_thread(MPI_THREAD_FUNNELED) (argc/argv may be null) and
   // throws fsdp::Error naming the level if the library provides less. If MPI is already
   // initialised (a test's main did it), adopts it and leaves MPI_Finalize to that owner.
+  // Then all-gathers every rank's host name, pid and start time (collective over
+  // MPI_COMM_WORLD) and installs the peer watchdog (fsdp/train/watchdog.hpp) on world(),
+  // self() and every communicator split from them: a blocking wait on an MPI collective that
+  // outlasts comm.timeout_s (600 s until configure() sets the job's), or a rank of this host
+  // exiting while others wait for it, prints one line naming the rank and host and ends the
+  // job with MPI_Abort (exit code 1).
   Runtime(int* argc, char*** argv);
   ~Runtime();  // frees the communicators, then MPI_Finalize if this object initialised MPI
   Runtime(const Runtime&) = delete;
@@ -34,9 +42,13 @@ class Runtime {
   Communicator& world();  // every rank (MPI_COMM_WORLD, duplicated once), host memory
   Communicator& self();   // this rank alone, host memory
   int rank();             // world().rank()
+  // Host name, pid and start time of every world rank (indexed by world rank), gathered at
+  // start-up.
+  const std::vector<PeerInfo>& peers() const;
 
   // Builds the job's DeviceMesh over `group` (world() or self(); mesh.shard_size from the
-  // config) and its Backend, replacing any previous job's. Collective over `group`.
+  // config) and its Backend, replacing any previous job's. Collective over `group`. Sets the
+  // watchdog's timeout to comm.timeout_s (seconds).
   //  - train.device: "cuda" (or "auto" when built with CUDA and a GPU is visible) selects
   //    the GPU node-local rank % visible devices and the CUDA backend; otherwise the CPU
   //    backend with train.num_threads threads (0: this node's cores / ranks on the node).
@@ -69,6 +81,7 @@ class Runtime {
 
  private:
   bool owns_mpi_ = false;
+  std::shared_ptr<PeerWatch> watch_;
   std::unique_ptr<Communicator> world_, self_;
   std::unique_ptr<DeviceMesh> host_mesh_;  // MPI groups (bootstrap of device communicators)
   std::unique_ptr<DeviceMesh> mesh_;       // the mesh the engine uses

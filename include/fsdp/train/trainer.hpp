@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <map>
 #include <string>
@@ -21,6 +22,7 @@
 #include "fsdp/core/memory.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/train/runtime.hpp"
+#include "fsdp/train/signals.hpp"
 
 namespace fsdp {
 
@@ -35,6 +37,10 @@ struct TrainOptions {
   // adds +inf to its gradient shard after the reduction (an overflow on one rank only).
   std::vector<int64_t> inject_overflow_steps;
   int inject_rank = 0;
+  // Read on every rank at each step boundary: a non-zero signal number on any rank stops the
+  // run after that step (docs/checkpoint.md "Signals"). Default: fsdp::pending_signal(),
+  // the flag SignalGuard's handler sets; tests may return a number at a chosen call.
+  std::function<int()> pending_signal = &fsdp::pending_signal;
 };
 
 struct TrainResult {
@@ -55,10 +61,20 @@ struct TrainResult {
   // model.init_from: payload bytes of the Hugging Face weights this rank read to fill its own
   // shards (about 1/shard_size of the model's bytes); 0 without init_from or on --resume.
   int64_t init_bytes_read = 0;
+  // Stopped by a signal (TrainOptions::pending_signal) before train.max_steps: its number
+  // (0 if the run was not stopped), the lowest rank of `group` that received it, and on that
+  // rank only the line to print: "received SIGTERM on rank R (host H); saved checkpoint
+  // RUN_DIR/checkpoints/step_N at step N; resume with --resume" (empty on the other ranks).
+  int stop_signal = 0;
+  int stop_rank = -1;
+  std::string stop_message;
 };
 
 // Runs the job on the ranks of `group` (runtime.world(), or runtime.self() for a one-rank
-// job). Collective over `group`. `out` receives rank 0's log lines.
+// job). Collective over `group`. `out` receives rank 0's log lines. A pending signal on any
+// rank at a step boundary (other than the last step's) ends the loop on every rank after
+// that step: no evaluation, a checkpoint of the step, TrainResult::stop_signal set (the
+// caller exits with kExitInterrupted).
 // Throws fsdp::Error (exit code 2 for bad input, on every rank, via collective_guard) or
 // PeerFailed on ranks whose peer failed.
 TrainResult train(const Config& config, Runtime& runtime, Communicator& group,
