@@ -17,11 +17,8 @@
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/core/error.hpp"
-<<<<<<< HEAD
 #include "fsdp/core/host_memory.hpp"
-=======
 #include "fsdp/train/watchdog.hpp"
->>>>>>> signals
 #ifdef FSDP_WITH_CUDA
 #include "fsdp/cuda/cuda_backend.hpp"
 #include "fsdp/cuda/device.hpp"
@@ -109,11 +106,8 @@ void Runtime::configure(Communicator& group, const Config& config) {
   backend_.reset();
   mesh_.reset();
   host_mesh_.reset();
-<<<<<<< HEAD
   memory_budget_ = {};
-=======
   watch_->set_timeout(config.comm.timeout_s);
->>>>>>> signals
   host_mesh_ = std::make_unique<DeviceMesh>(DeviceMesh::create(group, config.mesh.shard_size));
   const DeviceMesh& hm = *host_mesh_;
   bool use_cuda = false;
