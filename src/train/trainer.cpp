@@ -27,6 +27,7 @@
 #include "fsdp/model/model.hpp"
 #include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/collective_guard.hpp"
+#include "fsdp/train/run_dir.hpp"
 
 namespace fsdp {
 namespace {
@@ -63,7 +64,7 @@ struct Job {
   std::unique_ptr<Model> model;
   std::unique_ptr<FsdpEngine> engine;
   std::unique_ptr<Optimizer> optimizer;
-  std::ofstream metrics;
+  RunDir run_dir;  // rank 0: the run_dir lock and metrics.jsonl (fsdp/train/run_dir.hpp)
   int64_t step = 0;  // training steps completed (fp16 skipped ones included)
   int64_t micro_batch = 1;  // sequences per forward/backward on this rank
   // fp16 dynamic loss scaling (torch.amp.GradScaler): the scale and the steps since it changed.
@@ -190,44 +191,52 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
 
 // Every shard owner writes its file into step_N.tmp/; once all have, rank 0 renames the
 // directory to step_N and points `latest` at it. A crash at any point leaves the previous
-// checkpoint and `latest` intact.
+// checkpoint and `latest` intact. A failure on any rank (a full disk) is agreed by the guards;
+// rank 0 then removes step_N.tmp, so the previous checkpoint stays and no temporary is left,
+// and the agreed error (one line naming the file) stops the run.
 void save_checkpoint(Job& job) {
   const std::string& run_dir = job.cfg.train.run_dir;
   const std::string tmp = ckpt::tmp_step_dir(run_dir, job.step);
-  collective_guard(job.host, [&] {
-    if (job.rank0()) ckpt::prepare_tmp_step_dir(tmp);
-  });
-  collective_guard(job.host, [&] {
-    if (job.engine->replicate_comm().rank() != 0) return;  // replicas hold identical shards
-    const auto meta = checkpoint_meta(job);
-    // Shard files are written from host memory: device shards are staged through host
-    // copies (the CPU backend's memory is host memory and is used in place).
-    std::vector<std::vector<float>> staged;
-    staged.reserve(static_cast<std::size_t>(job.engine->num_units()) *
-                   (1 + job.optimizer->state_names().size()));
-    auto host = [&](const TensorView& v) -> const float* {
-      if (job.backend->device() == Device::cpu) return v.f32();
-      staged.emplace_back(static_cast<std::size_t>(v.numel()));
-      job.backend->copy_to_host(staged.back().data(), v);
-      return staged.back().data();
-    };
-    std::vector<ckpt::UnitShardView> views;
-    for (int u = 0; u < job.engine->num_units(); ++u) {
-      ckpt::UnitShardView v{&job.engine->layout(u), host(job.engine->shard_param(u)), {}};
-      for (const auto& name : job.optimizer->state_names()) {
-        v.state.push_back({name, host(job.optimizer->state(u, name))});
+  try {
+    collective_guard(job.host, [&] {
+      if (job.rank0()) ckpt::prepare_tmp_step_dir(tmp);
+    });
+    collective_guard(job.host, [&] {
+      if (job.engine->replicate_comm().rank() != 0) return;  // replicas hold identical shards
+      const auto meta = checkpoint_meta(job);
+      // Shard files are written from host memory: device shards are staged through host
+      // copies (the CPU backend's memory is host memory and is used in place).
+      std::vector<std::vector<float>> staged;
+      staged.reserve(static_cast<std::size_t>(job.engine->num_units()) *
+                     (1 + job.optimizer->state_names().size()));
+      auto host = [&](const TensorView& v) -> const float* {
+        if (job.backend->device() == Device::cpu) return v.f32();
+        staged.emplace_back(static_cast<std::size_t>(v.numel()));
+        job.backend->copy_to_host(staged.back().data(), v);
+        return staged.back().data();
+      };
+      std::vector<ckpt::UnitShardView> views;
+      for (int u = 0; u < job.engine->num_units(); ++u) {
+        ckpt::UnitShardView v{&job.engine->layout(u), host(job.engine->shard_param(u)), {}};
+        for (const auto& name : job.optimizer->state_names()) {
+          v.state.push_back({name, host(job.optimizer->state(u, name))});
+        }
+        views.push_back(std::move(v));
       }
-      views.push_back(std::move(v));
-    }
-    const std::string file =
-        (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string();
-    ckpt::write_shard_file(file, meta, views);
-  });
-  collective_guard(job.host, [&] {
-    if (!job.rank0()) return;
-    ckpt::commit_step_dir(tmp, ckpt::step_dir(run_dir, job.step));
-    ckpt::publish_latest(run_dir, job.step);
-  });
+      const std::string file =
+          (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string();
+      ckpt::write_shard_file(file, meta, views);
+    });
+    collective_guard(job.host, [&] {
+      if (!job.rank0()) return;
+      ckpt::commit_step_dir(tmp, ckpt::step_dir(run_dir, job.step));
+      ckpt::publish_latest(run_dir, job.step);
+    });
+  } catch (const Error&) {
+    // Every rank is past the guard that failed: no shard writer is still at work in tmp.
+    if (job.rank0()) ckpt::discard_tmp_step_dir(tmp);
+    throw;
+  }
   job.log("checkpoint: " + ckpt::step_dir(run_dir, job.step));
 }
 
@@ -351,6 +360,14 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     return result;
   }
 
+  // Rank 0 locks train.run_dir before anything is written there, refuses a fresh run into an
+  // earlier run's directory, and proves checkpoints/ and metrics.jsonl writable.
+  collective_guard(group, [&] {
+    if (job.rank0()) job.run_dir = open_run_dir(cfg.train.run_dir, opt.resume);
+  });
+  if (!job.run_dir.stale_holder().empty()) {
+    job.log("train.run_dir: taking over the stale lock of " + job.run_dir.stale_holder());
+  }
   collective_guard(group, [&] {
     job.model = job.family.create(cfg.model, *job.backend, act_dtype,
                                   cfg.fsdp.activation_checkpointing);
@@ -361,11 +378,6 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     for (int u = 0; u < job.engine->num_units(); ++u) {
       job.optimizer->add_shard(job.engine->shard_param(u), job.engine->shard_grad(u),
                                decay_segments(job.engine->layout(u), job.engine->shard_index()));
-    }
-    if (!opt.resume && ckpt::find_latest(cfg.train.run_dir)) {
-      throw InputError("train.run_dir: \"" + cfg.train.run_dir +
-                       "\" already holds checkpoints; pass --resume to continue that run or "
-                       "choose another train.run_dir");
     }
   });
   result.num_params = job.engine->num_params();
@@ -395,14 +407,6 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     }
     job.log(os.str());
   }
-  collective_guard(group, [&] {
-    if (!job.rank0()) return;
-    fs::create_directories(cfg.train.run_dir);
-    const std::string path = (fs::path(cfg.train.run_dir) / "metrics.jsonl").string();
-    job.metrics.open(path, opt.resume ? std::ios::app : std::ios::trunc);
-    if (!job.metrics) throw InputError("train.run_dir: cannot write " + path);
-  });
-
   if (cfg.eval.on_start && job.step == 0) {  // HF TrainingArguments.eval_on_start
     const double val = evaluate(job);
     result.val_losses.push_back({0, val});
@@ -410,7 +414,9 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     os << "step 0/" << cfg.train.max_steps << " | val_loss " << std::fixed << std::setprecision(4)
        << val;
     job.log(os.str());
-    if (job.rank0()) job.metrics << nlohmann::json{{"step", 0}, {"val_loss", val}}.dump() << "\n";
+    collective_guard(group, [&] {
+      if (job.rank0()) job.run_dir.metrics().append_line(nlohmann::json{{"step", 0}, {"val_loss", val}}.dump());
+    });
   }
 
   Backend& be = *job.backend;
@@ -522,7 +528,10 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       }
       job.log(os.str());
     }
-    if (job.rank0()) job.metrics << line.dump() << "\n" << std::flush;
+    // A failed write (full disk) stops every rank here with one line naming metrics.jsonl.
+    collective_guard(group, [&] {
+      if (job.rank0()) job.run_dir.metrics().append_line(line.dump());
+    });
     if (last || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
       save_checkpoint(job);
     }
