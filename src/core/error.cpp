@@ -8,30 +8,6 @@
 #include <cstring>
 #include <sstream>
 
-namespace fsdp {
-
-std::string printable(std::string_view s, std::size_t max_bytes) {
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (i == max_bytes) {
-      out += "...";
-      break;
-    }
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
-      out += static_cast<char>(c);
-    } else {
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  return out;
-}
-
-}  // namespace fsdp
-
 namespace fsdp::detail {
 
 void throw_mpi_error(int code, const char* call, const char* file, int line) {

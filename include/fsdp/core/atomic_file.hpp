@@ -40,12 +40,14 @@ class AtomicFile {
   const std::string& tmp_path() const { return tmp_path_; }  // path + ".tmp"
 
   // fsyncs tmp_path(), renames it onto path(), fsyncs the directory. On failure removes the
-  // temporary and throws fsdp::Error "<path>: <step> failed: <strerror>". Once.
+  // temporary and throws fsdp::Error "<path>: <what> failed: <strerror>" (if only the
+  // directory fsync fails, the file is already in place). Call once.
   void commit();
 
   // Runs `fill(tmp_path())`, then commit(). If `fill` throws an fsdp::Error, the temporary
   // is removed and the error is rethrown (same exit code) as "<path>: <message>", with a
-  // leading "<tmp_path>: " or "<path>: " of the message dropped, so the line names the final file once.
+  // leading "<tmp_path>: " or "<path>: " of the message dropped, so the line names the
+  // final file once. Other exceptions are rethrown unchanged after the removal.
   void write(const std::function<void(const std::string& tmp)>& fill);
 
  private:
