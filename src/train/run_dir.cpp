@@ -255,8 +255,11 @@ RunDir open_run_dir(const std::string& run_dir, bool resume) {
   const std::string ck = ckpt::checkpoints_dir(run_dir);
   make_dir(ck);
   probe_writable(ck);
-  rd.metrics_ = MetricsFile((fs::path(run_dir) / "metrics.jsonl").string(), /*truncate=*/!resume);
   return rd;
+}
+
+void RunDir::open_metrics(bool resume) {
+  metrics_ = MetricsFile((fs::path(path_) / "metrics.jsonl").string(), /*truncate=*/!resume);
 }
 
 }  // namespace fsdp

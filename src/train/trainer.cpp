@@ -361,7 +361,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   }
 
   // Rank 0 locks train.run_dir before anything is written there, refuses a fresh run into an
-  // earlier run's directory, and proves checkpoints/ and metrics.jsonl writable.
+  // earlier run's directory, and proves checkpoints/ writable (metrics.jsonl: below).
   collective_guard(group, [&] {
     if (job.rank0()) job.run_dir = open_run_dir(cfg.train.run_dir, opt.resume);
   });
@@ -407,6 +407,10 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     }
     job.log(os.str());
   }
+  collective_guard(group, [&] {
+    if (job.rank0()) job.run_dir.open_metrics(opt.resume);
+  });
+
   if (cfg.eval.on_start && job.step == 0) {  // HF TrainingArguments.eval_on_start
     const double val = evaluate(job);
     result.val_losses.push_back({0, val});

@@ -11,8 +11,10 @@
 //      (checkpoints/step_*), checkpoints/latest, or a non-empty metrics.jsonl; the lock file
 //      does not count.
 //   3. creates run_dir/checkpoints/ and proves it writable (creates and removes a probe file),
-//      and opens metrics.jsonl (truncated for a fresh run, appended to on --resume), so an
-//      unwritable path stops the run at start, not after hours of training.
+//      so an unwritable path stops the run at start, not after hours of training.
+// Then, once the model holds its starting weights (resume / init_from loaded) and before the
+// first evaluation or step, RunDir::open_metrics opens metrics.jsonl (truncated for a fresh
+// run, appended to on --resume): a run that fails while loading leaves no metrics.jsonl.
 // flock is advisory and per open file description; on NFS it needs a server with lock support.
 #pragma once
 
@@ -57,6 +59,9 @@ class RunDir {
   const std::string& path() const { return path_; }
   // A dead run's lock taken over, "host H pid P (started T)" (escaped), "" if none.
   const std::string& stale_holder() const { return stale_holder_; }
+  // Opens run_dir/metrics.jsonl for appending; `resume` false empties it first. Throws
+  // InputError "train.run_dir: cannot write <path>: <strerror>".
+  void open_metrics(bool resume);
   MetricsFile& metrics() { return metrics_; }
 
  private:
