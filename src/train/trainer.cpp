@@ -192,51 +192,54 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
 // Every shard owner writes its file into step_N.tmp/; once all have, rank 0 renames the
 // directory to step_N and points `latest` at it. A crash at any point leaves the previous
 // checkpoint and `latest` intact. A failure on any rank (a full disk) is agreed by the guards;
-// rank 0 then removes step_N.tmp, so the previous checkpoint stays and no temporary is left,
-// and the agreed error (one line naming the file) stops the run.
+// rank 0 then removes step_N.tmp (every rank is past the failed guard: no writer is still at
+// work there), so the previous checkpoint stays, no temporary is left, and the agreed error
+// (one line naming the file) stops the run.
 void save_checkpoint(Job& job) {
   const std::string& run_dir = job.cfg.train.run_dir;
   const std::string tmp = ckpt::tmp_step_dir(run_dir, job.step);
-  try {
-    collective_guard(job.host, [&] {
-      if (job.rank0()) ckpt::prepare_tmp_step_dir(tmp);
-    });
-    collective_guard(job.host, [&] {
-      if (job.engine->replicate_comm().rank() != 0) return;  // replicas hold identical shards
-      const auto meta = checkpoint_meta(job);
-      // Shard files are written from host memory: device shards are staged through host
-      // copies (the CPU backend's memory is host memory and is used in place).
-      std::vector<std::vector<float>> staged;
-      staged.reserve(static_cast<std::size_t>(job.engine->num_units()) *
-                     (1 + job.optimizer->state_names().size()));
-      auto host = [&](const TensorView& v) -> const float* {
-        if (job.backend->device() == Device::cpu) return v.f32();
-        staged.emplace_back(static_cast<std::size_t>(v.numel()));
-        job.backend->copy_to_host(staged.back().data(), v);
-        return staged.back().data();
-      };
-      std::vector<ckpt::UnitShardView> views;
-      for (int u = 0; u < job.engine->num_units(); ++u) {
-        ckpt::UnitShardView v{&job.engine->layout(u), host(job.engine->shard_param(u)), {}};
-        for (const auto& name : job.optimizer->state_names()) {
-          v.state.push_back({name, host(job.optimizer->state(u, name))});
-        }
-        views.push_back(std::move(v));
+  struct DiscardUnlessCommitted {
+    bool rank0, committed = false;
+    const std::string& tmp;
+    ~DiscardUnlessCommitted() {
+      if (rank0 && !committed) ckpt::discard_tmp_step_dir(tmp);
+    }
+  } cleanup{job.rank0(), false, tmp};
+  collective_guard(job.host, [&] {
+    if (job.rank0()) ckpt::prepare_tmp_step_dir(tmp);
+  });
+  collective_guard(job.host, [&] {
+    if (job.engine->replicate_comm().rank() != 0) return;  // replicas hold identical shards
+    const auto meta = checkpoint_meta(job);
+    // Shard files are written from host memory: device shards are staged through host
+    // copies (the CPU backend's memory is host memory and is used in place).
+    std::vector<std::vector<float>> staged;
+    staged.reserve(static_cast<std::size_t>(job.engine->num_units()) *
+                   (1 + job.optimizer->state_names().size()));
+    auto host = [&](const TensorView& v) -> const float* {
+      if (job.backend->device() == Device::cpu) return v.f32();
+      staged.emplace_back(static_cast<std::size_t>(v.numel()));
+      job.backend->copy_to_host(staged.back().data(), v);
+      return staged.back().data();
+    };
+    std::vector<ckpt::UnitShardView> views;
+    for (int u = 0; u < job.engine->num_units(); ++u) {
+      ckpt::UnitShardView v{&job.engine->layout(u), host(job.engine->shard_param(u)), {}};
+      for (const auto& name : job.optimizer->state_names()) {
+        v.state.push_back({name, host(job.optimizer->state(u, name))});
       }
-      const std::string file =
-          (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string();
-      ckpt::write_shard_file(file, meta, views);
-    });
-    collective_guard(job.host, [&] {
-      if (!job.rank0()) return;
-      ckpt::commit_step_dir(tmp, ckpt::step_dir(run_dir, job.step));
-      ckpt::publish_latest(run_dir, job.step);
-    });
-  } catch (const Error&) {
-    // Every rank is past the guard that failed: no shard writer is still at work in tmp.
-    if (job.rank0()) ckpt::discard_tmp_step_dir(tmp);
-    throw;
-  }
+      views.push_back(std::move(v));
+    }
+    const std::string file =
+        (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string();
+    ckpt::write_shard_file(file, meta, views);
+  });
+  collective_guard(job.host, [&] {
+    if (!job.rank0()) return;
+    ckpt::commit_step_dir(tmp, ckpt::step_dir(run_dir, job.step));
+    ckpt::publish_latest(run_dir, job.step);
+  });
+  cleanup.committed = true;
   job.log("checkpoint: " + ckpt::step_dir(run_dir, job.step));
 }
 
