@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "fsdp/checkpoint/merge.hpp"
 #include "fsdp/model/model.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
+#include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/detail/hdf5.hpp"
 
@@ -303,6 +305,66 @@ TEST_F(CheckpointTest, WriteRejectsMismatchedLayoutAndLeavesNoFile) {
   // An unwritable destination: the temp file cannot be created, nothing is left.
   m = make_meta(4, 0);
   EXPECT_THROW(write_shard_file(path("no/such/dir/x.h5"), m, {{&layouts[0], buf.data(), {}}}), Error);
+}
+
+// fsdp::AtomicFile: the final name is either the old content or the complete new one, no
+// temporary survives a failure, and errors name the final path once with the system reason.
+TEST_F(CheckpointTest, AtomicFileCommitsOrLeavesNothing) {
+  const std::string f = path("f.txt");
+  write_file_atomically(f, "one\n");
+  auto read = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(read(f), "one\n");
+  write_file_atomically(f, "two\n");
+  EXPECT_EQ(read(f), "two\n");
+  EXPECT_FALSE(fs::exists(f + ".tmp"));
+
+  // A writer that fails half-way: the old content stays, the temporary is removed, the
+  // message names f (the "<tmp>: " prefix of the writer's message is replaced), exit code kept.
+  try {
+    AtomicFile a(f);
+    a.write([&](const std::string& tmp) {
+      std::ofstream(tmp) << "half";
+      throw InputError(tmp + ": disk on fire");
+    });
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), f + ": disk on fire");
+    EXPECT_EQ(e.exit_code(), kExitInputError);
+  }
+  EXPECT_EQ(read(f), "two\n");
+  EXPECT_FALSE(fs::exists(f + ".tmp"));
+
+  // Destroyed without commit: nothing published, no temporary; a stale temporary from an
+  // earlier crash is removed on construction.
+  std::ofstream(f + ".tmp") << "stale";
+  {
+    AtomicFile a(f);
+    EXPECT_FALSE(fs::exists(a.tmp_path()));
+    std::ofstream(a.tmp_path()) << "unfinished";
+  }
+  EXPECT_FALSE(fs::exists(f + ".tmp"));
+  EXPECT_EQ(read(f), "two\n");
+
+  // Unwritable destination: Error naming the final path and strerror.
+  try {
+    write_file_atomically(path("no/such/dir/g.txt"), "x");
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path("no/such/dir/g.txt") + ": cannot create"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos) << e.what();
+  }
+  // commit() of a temporary that was never written names the final path.
+  AtomicFile missing(path("m.txt"));
+  try {
+    missing.commit();
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(path("m.txt") + ": ", 0), 0u) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(path("m.txt")));
 }
 
 TEST_F(CheckpointTest, DirectoryNamesCommitAndLatest) {

@@ -23,8 +23,13 @@ fsdp_cli_tests(bad_input cli_bad_input 2
   shard_size_not_dividing shard_size_not_dividing_full_shard
   resume_without_checkpoint init_from_missing_dir init_from_wrong_shape)
 fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixed_precision dry_run t5_dry_run help version)
-fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume)
-fsdp_cli_tests(prepare cli_prepare 1 ok errors)
+fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused stale_lock_taken_over
+  refuse_step_dirs_without_latest refuse_metrics_only checkpoints_unwritable_at_start)
+fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_input_dir fifo_input
+  fifo_data_path group_not_dataset corrupted_header)
+# A small tmpfs as train.run_dir: needs root and mount; exit 77 (skipped) otherwise.
+fsdp_cli_tests(disk_full cli_disk_full 2 save_enospc metrics_enospc)
+set_tests_properties(cli_disk_full_save_enospc cli_disk_full_metrics_enospc PROPERTIES SKIP_RETURN_CODE 77)
 fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_skips memory_too_large)
 fsdp_cli_tests(signals cli_signals 2
   sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun sigusr1_mpirun second_sigint_exits_now sigstop_rank

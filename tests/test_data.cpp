@@ -158,23 +158,24 @@ void write_text(const fs::path& p, const std::string& text) {
 
 TEST(Prepare, CollectsSortedRegularFilesSkippingDatAndSymlinks) {
   TempDir dir("prep");
-  write_text(dir.path() / "b", "BBBB");
-  write_text(dir.path() / "a", "AA");
-  write_text(dir.path() / "a.dat", "index");
-  write_text(dir.path() / "sub" / "c", "CCCCCC");
-  fs::create_symlink(dir.path() / "a", dir.path() / "a.u8");
-  fs::create_directory_symlink(dir.path() / "sub", dir.path() / "linkdir");
-  const auto files = fsdp::data::collect_input_files({dir.path().string()});
+  const fs::path in = dir.path() / "in";  // the output goes next to it: never inside an input
+  write_text(in / "b", "BBBB");
+  write_text(in / "a", "AA");
+  write_text(in / "a.dat", "index");
+  write_text(in / "sub" / "c", "CCCCCC");
+  fs::create_symlink(in / "a", in / "a.u8");
+  fs::create_directory_symlink(in / "sub", in / "linkdir");
+  const auto files = fsdp::data::collect_input_files({in.string()});
   ASSERT_EQ(files.size(), 3u);
-  EXPECT_EQ(files[0], dir.path() / "a");
-  EXPECT_EQ(files[1], dir.path() / "b");
-  EXPECT_EQ(files[2], dir.path() / "sub" / "c");
+  EXPECT_EQ(files[0], in / "a");
+  EXPECT_EQ(files[1], in / "b");
+  EXPECT_EQ(files[2], in / "sub" / "c");
   // A file named twice (directly and through its folder) is read once.
-  EXPECT_EQ(fsdp::data::collect_input_files({(dir.path() / "b").string(), dir.path().string()}).size(), 3u);
+  EXPECT_EQ(fsdp::data::collect_input_files({(in / "b").string(), in.string()}).size(), 3u);
 
   // 12 bytes, val fraction 0.25 -> the last 3 bytes are validation.
   const std::string out = dir.file("out.h5");
-  const auto sum = fsdp::data::prepare_byte_dataset({dir.path().string()}, out, 0.25);
+  const auto sum = fsdp::data::prepare_byte_dataset({in.string()}, out, 0.25);
   EXPECT_EQ(sum.files, 3);
   EXPECT_EQ(sum.train_tokens, 9);
   EXPECT_EQ(sum.val_tokens, 3);
@@ -194,23 +195,30 @@ TEST(Prepare, CollectsSortedRegularFilesSkippingDatAndSymlinks) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(v[i], static_cast<int32_t>(all[9 + i])) << i;
   auto f = fsdp::h5::File::open_read(out);
   EXPECT_EQ(f.attr_i64("/", "num_files"), 3);
-  EXPECT_NE(f.attr_str("/", "source").find(dir.path().string()), std::string::npos);
+  EXPECT_NE(f.attr_str("/", "source").find(in.string()), std::string::npos);
+  // The output may not be an input, nor lie inside an input folder (existing or not).
+  expect_error([&] { fsdp::data::prepare_byte_dataset({in.string()}, (in / "o.h5").string(), 0.25); }, 2,
+               {"-o/--output", (in / "o.h5").string(), "inside the input folder"});
+  expect_error([&] { fsdp::data::prepare_byte_dataset({(in / "b").string()}, (in / "b").string(), 0.25); }, 2,
+               {"-o/--output", "is the input"});
+  EXPECT_FALSE(fs::exists(in / "o.h5"));
 }
 
 TEST(Prepare, ErrorsNameTheProblem) {
   TempDir dir("prep_err");
-  write_text(dir.path() / "x.dat", "index only");
+  const std::string in = (dir.path() / "in").string();
+  write_text(dir.path() / "in" / "x.dat", "index only");
   expect_error([&] { fsdp::data::collect_input_files({dir.file("missing")}); }, 2, {dir.file("missing"), "not found"});
-  expect_error([&] { fsdp::data::collect_input_files({dir.path().string()}); }, 2, {"no input files"});
-  write_text(dir.path() / "t", "0123456789");
-  expect_error([&] { fsdp::data::prepare_byte_dataset({dir.path().string()}, dir.file("o.h5"), 1.0); }, 2,
+  expect_error([&] { fsdp::data::collect_input_files({in}); }, 2, {"no input files"});
+  write_text(dir.path() / "in" / "t", "0123456789");
+  expect_error([&] { fsdp::data::prepare_byte_dataset({in}, dir.file("o.h5"), 1.0); }, 2,
                {"--val-fraction"});
-  expect_error([&] { fsdp::data::prepare_byte_dataset({dir.path().string()}, dir.file("o.h5"), 0.0); }, 2,
+  expect_error([&] { fsdp::data::prepare_byte_dataset({in}, dir.file("o.h5"), 0.0); }, 2,
                {"--val-fraction"});
   // 10 bytes * 0.05 = 0.5 -> no validation bytes.
-  expect_error([&] { fsdp::data::prepare_byte_dataset({dir.path().string()}, dir.file("o.h5"), 0.05); }, 2,
+  expect_error([&] { fsdp::data::prepare_byte_dataset({in}, dir.file("o.h5"), 0.05); }, 2,
                {"--val-fraction", "empty validation"});
-  expect_error([&] { fsdp::data::prepare_byte_dataset({dir.path().string()}, dir.file("nodir/o.h5"), 0.5); }, 2,
+  expect_error([&] { fsdp::data::prepare_byte_dataset({in}, dir.file("nodir/o.h5"), 0.5); }, 2,
                {"nodir"});
   EXPECT_FALSE(fs::exists(dir.file("o.h5")));
   EXPECT_FALSE(fs::exists(dir.file("o.h5.tmp")));

@@ -3,7 +3,9 @@
 //   fsdp_prepare -o OUT.h5 [--val-fraction F] INPUT...
 //   fsdp_prepare --pairs FILE.tsv [-o] OUT.h5 [--val-fraction F]
 //
-// Text mode: INPUTs are files or folders (searched recursively; symlinks and *.dat skipped).
+// Text mode: INPUTs are files or folders (searched recursively; symlinks and *.dat skipped;
+// FIFOs, sockets and devices inside folders skipped with a warning, named directly refused).
+// The output must not be an input nor lie inside an input folder.
 // Their bytes, concatenated in sorted path order, are the tokens (vocab 256, tokenizer
 // "bytes"); the last F (default 0.05) of them are the validation split.
 // Pairs mode (seq2seq): one `input<TAB>target` per line; bytes -> ByT5 ids b + 3, eos 1
@@ -46,7 +48,8 @@ int main(int argc, char** argv) {
     po::variables_map vm;
     po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
     if (vm.count("help")) {
-      std::cout << opts << "\nINPUT: files or folders (recursive); symlinks and *.dat are skipped.\n";
+      std::cout << opts << "\nINPUT: files or folders (recursive); symlinks, *.dat and non-regular files "
+                           "(FIFOs, sockets, devices) are skipped.\n";
       return 0;
     }
     po::notify(vm);
@@ -74,6 +77,9 @@ int main(int argc, char** argv) {
     if (out.empty()) throw fsdp::InputError("-o/--output: missing (expected the output .h5 path)");
     if (inputs.empty()) throw fsdp::InputError("INPUT: none given (expected files or folders of text)");
     const auto s = fsdp::data::prepare_byte_dataset(inputs, out, val_fraction);
+    for (const auto& skipped : s.skipped) {
+      std::fprintf(stderr, "fsdp_prepare: warning: skipped %s: only regular files are read\n", skipped.c_str());
+    }
     std::printf("fsdp_prepare: %s: %lld files, %lld train tokens, %lld val tokens (vocab 256, bytes)\n",
                 out.c_str(), static_cast<long long>(s.files), static_cast<long long>(s.train_tokens),
                 static_cast<long long>(s.val_tokens));

@@ -2,9 +2,6 @@
 // and docs/checkpoint.md). All HDF5 access goes through fsdp::h5::File.
 #include "fsdp/checkpoint/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -18,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/detail/hdf5.hpp"
 
@@ -27,26 +25,6 @@ using nlohmann::json;
 namespace fsdp::ckpt {
 
 namespace {
-
-// fsyncs a file or directory so a following rename publishes durable contents.
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw Error(path + ": cannot open for fsync: " + std::strerror(errno));
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw Error(path + ": fsync failed: " + std::strerror(errno));
-}
-
-void rename_or_throw(const std::string& from, const std::string& to) {
-  std::error_code ec;
-  fs::rename(from, to, ec);
-  if (ec) throw Error(to + ": cannot rename from " + from + ": " + ec.message());
-}
-
-std::string parent_or_dot(const std::string& path) {
-  fs::path p = fs::path(path).parent_path();
-  return p.empty() ? std::string(".") : p.string();
-}
 
 std::string unit_group(int u) { return "/units/" + std::to_string(u); }
 
@@ -130,8 +108,8 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
     throw Error(path + ": shard_index " + std::to_string(meta.shard_index) + " out of range [0, " +
                 std::to_string(meta.shard_size) + ")");
 
-  const std::string tmp = path + ".tmp";
-  try {
+  AtomicFile out(path);
+  out.write([&](const std::string& tmp) {
     h5::File f = h5::File::create(tmp);
     f.set_attr("/", "format", std::string(kFormatName));
     f.set_attr("/", "format_version", kFormatVersion);
@@ -171,13 +149,7 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
       for (const auto& [name, ptr] : v.state) f.write_f32(g + "/" + name, ptr, shape);
     }
     f.close();
-    fsync_path(tmp, false);
-    rename_or_throw(tmp, path);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
-  }
+  });
 }
 
 // ---- reading ----
@@ -445,6 +417,11 @@ void prepare_tmp_step_dir(const std::string& tmp) {
   if (ec) throw Error(tmp + ": cannot create checkpoint directory: " + ec.message());
 }
 
+void discard_tmp_step_dir(const std::string& tmp) noexcept {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+}
+
 void commit_step_dir(const std::string& tmp, const std::string& final_dir) {
   std::error_code ec;
   if (!fs::is_directory(tmp, ec)) throw Error(tmp + ": temporary checkpoint directory not found");
@@ -452,30 +429,18 @@ void commit_step_dir(const std::string& tmp, const std::string& final_dir) {
   if (fs::exists(final_dir, ec)) {
     const std::string old = final_dir + ".old";
     fs::remove_all(old, ec);
-    rename_or_throw(final_dir, old);
-    rename_or_throw(tmp, final_dir);
+    rename_durably(final_dir, old);
+    rename_durably(tmp, final_dir);
     fs::remove_all(old, ec);
     if (ec) throw Error(old + ": cannot remove the replaced checkpoint: " + ec.message());
   } else {
-    rename_or_throw(tmp, final_dir);
+    rename_durably(tmp, final_dir);
   }
-  fsync_path(parent_or_dot(final_dir), true);
 }
 
 void publish_latest(const std::string& run_dir, int64_t step) {
-  const std::string dir = checkpoints_dir(run_dir);
-  const std::string path = (fs::path(dir) / "latest").string();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw Error(tmp + ": cannot create file: " + std::strerror(errno));
-    out << step_dir_name(step) << "\n";
-    out.flush();
-    if (!out) throw Error(tmp + ": write failed");
-  }
-  fsync_path(tmp, false);
-  rename_or_throw(tmp, path);
-  fsync_path(dir, true);
+  write_file_atomically((fs::path(checkpoints_dir(run_dir)) / "latest").string(),
+                        step_dir_name(step) + "\n");
 }
 
 std::optional<std::string> find_latest(const std::string& run_dir) {

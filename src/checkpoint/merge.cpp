@@ -3,11 +3,11 @@
 #include "fsdp/checkpoint/merge.hpp"
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
+#include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/model/model.hpp"
 
@@ -104,14 +104,7 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir) 
     writer.finish();
   }
   const std::string cfg_path = (fs::path(out_dir) / "config.json").string();
-  {
-    std::ofstream out(cfg_path + ".tmp", std::ios::trunc);
-    out << hf_config.dump(2) << "\n";
-    out.flush();
-    if (!out) throw Error(cfg_path + ".tmp: write failed");
-  }
-  fs::rename(cfg_path + ".tmp", cfg_path, ec);
-  if (ec) throw Error(cfg_path + ": cannot rename from " + cfg_path + ".tmp: " + ec.message());
+  write_file_atomically(cfg_path, hf_config.dump(2) + "\n");
   return stats;
 }
 

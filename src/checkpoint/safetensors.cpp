@@ -17,25 +17,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp::safetensors {
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; a big-endian host needs byte swaps");
-
-namespace {
-
-// Flushes a written file to disk so the rename that follows publishes complete data.
-void fsync_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw Error(path + ": cannot open for fsync: " + std::strerror(errno));
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw Error(path + ": fsync failed: " + std::strerror(errno));
-}
-
-}  // namespace
 
 std::string Writer::encode_header(const std::vector<TensorInfo>& tensors,
                                   const std::map<std::string, std::string>& metadata) {
@@ -67,25 +55,17 @@ std::string Writer::encode_header(const std::vector<TensorInfo>& tensors,
 
 Writer::Writer(std::string path, std::vector<TensorInfo> tensors,
                std::map<std::string, std::string> metadata)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), tensors_(std::move(tensors)) {
+    : file_(std::move(path)), tensors_(std::move(tensors)) {
   const std::string header = encode_header(tensors_, metadata);
-  out_.open(tmp_path_, std::ios::binary | std::ios::trunc);
-  if (!out_) throw Error(tmp_path_ + ": cannot create file: " + std::strerror(errno));
+  out_.open(file_.tmp_path(), std::ios::binary | std::ios::trunc);
+  if (!out_) throw Error(file_.path() + ": cannot create " + file_.tmp_path() + ": " + std::strerror(errno));
   out_.write(header.data(), static_cast<std::streamsize>(header.size()));
-  if (!out_) {
-    out_.close();
-    std::filesystem::remove(tmp_path_);
-    throw Error(tmp_path_ + ": write failed");
-  }
+  if (!out_) throw Error(file_.path() + ": write failed: " + std::strerror(errno));
 }
 
-Writer::~Writer() {
-  if (!finished_) {
-    out_.close();
-    std::error_code ec;
-    std::filesystem::remove(tmp_path_, ec);  // never throw from a destructor
-  }
-}
+// The ofstream closes first (declared after file_), then file_ removes the temporary unless
+// finish() committed it.
+Writer::~Writer() = default;
 
 std::string Writer::next_name() const {
   return next_ < tensors_.size() ? tensors_[next_].name : std::string();
@@ -93,53 +73,35 @@ std::string Writer::next_name() const {
 
 void Writer::write_next(const float* data, int64_t count) {
   if (finished_ || next_ >= tensors_.size())
-    throw Error(path_ + ": safetensors writer: more tensors written than declared");
+    throw Error(file_.path() + ": safetensors writer: more tensors written than declared");
   const TensorInfo& t = tensors_[next_];
   if (count != t.numel())
-    throw Error(path_ + ": safetensors writer: tensor \"" + t.name + "\" has " +
+    throw Error(file_.path() + ": safetensors writer: tensor \"" + t.name + "\" has " +
                 std::to_string(t.numel()) + " elements, got " + std::to_string(count));
   out_.write(reinterpret_cast<const char*>(data),
              static_cast<std::streamsize>(count * static_cast<int64_t>(sizeof(float))));
-  if (!out_) throw Error(tmp_path_ + ": write failed for tensor \"" + t.name + "\"");
+  if (!out_) {
+    throw Error(file_.path() + ": write failed for tensor \"" + t.name + "\": " + std::strerror(errno));
+  }
   ++next_;
 }
 
 void Writer::finish() {
   if (finished_) return;
   if (next_ != tensors_.size())
-    throw Error(path_ + ": safetensors writer: finish() before tensor \"" +
+    throw Error(file_.path() + ": safetensors writer: finish() before tensor \"" +
                 tensors_[next_].name + "\" was written");
   out_.flush();
-  if (!out_) throw Error(tmp_path_ + ": flush failed");
+  if (!out_) throw Error(file_.path() + ": write failed: " + std::strerror(errno));
   out_.close();
-  fsync_file(tmp_path_);
-  std::error_code ec;
-  std::filesystem::rename(tmp_path_, path_, ec);
-  if (ec) throw Error(path_ + ": cannot rename from " + tmp_path_ + ": " + ec.message());
+  if (!out_) throw Error(file_.path() + ": write failed: " + std::strerror(errno));
+  file_.commit();
   finished_ = true;
 }
 
 // ---- reader ----
 
-std::string escape_name(const std::string& s) {
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (i == 200) {
-      out += "...";
-      break;
-    }
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
-      out += static_cast<char>(c);
-    } else {
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  return out;
-}
+std::string escape_name(const std::string& s) { return printable(s, 200); }
 
 namespace {
 

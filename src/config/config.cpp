@@ -737,7 +737,15 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
   std::error_code ec;
   std::ifstream in;
-  if (!std::filesystem::is_directory(toml_path, ec)) in.open(toml_path, std::ios::binary);
+  // stat before open: opening a FIFO would block until a writer comes.
+  const auto st = std::filesystem::status(toml_path, ec);
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    throw InputError(toml_path + ": cannot read config file (" +
+                     (std::filesystem::is_directory(st) ? "a directory" :
+                      std::filesystem::is_fifo(st)      ? "a FIFO" : "not a regular file") +
+                     ", expected a TOML file)");
+  }
+  in.open(toml_path, std::ios::binary);
   std::ostringstream text;
   if (in.is_open()) text << in.rdbuf();
   if (!in.is_open() || in.bad()) throw InputError(toml_path + ": cannot read config file");

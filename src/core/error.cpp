@@ -4,6 +4,8 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 namespace fsdp::detail {
@@ -18,17 +20,29 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
 }
 
 void throw_hdf5_error(const char* call, const char* file, int line) {
-  // Take the innermost message of HDF5's error stack, if there is one.
-  std::string detail;
+  // The outermost message of HDF5's error stack, and the system error of a failed read or
+  // write deeper in it (the sec2 driver records "errno = 28, error message = '...'"), so a
+  // full disk reads "No space left on device" instead of only "can't write data".
+  struct Found {
+    std::string detail;
+    int sys_errno = 0;
+  } found;
   auto walk = [](unsigned n, const H5E_error2_t* err, void* data) -> herr_t {
-    if (n == 0 && err->desc) *static_cast<std::string*>(data) = err->desc;
+    auto* f = static_cast<Found*>(data);
+    if (!err->desc) return 0;
+    if (n == 0) f->detail = err->desc;
+    if (f->sys_errno == 0) {
+      const char* e = std::strstr(err->desc, "errno = ");
+      if (e) f->sys_errno = std::atoi(e + 8);
+    }
     return 0;
   };
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk, &detail);
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk, &found);
   H5Eclear2(H5E_DEFAULT);
   std::ostringstream os;
   os << "HDF5 error in " << call << " at " << file << ":" << line;
-  if (!detail.empty()) os << ": " << detail;
+  if (!found.detail.empty()) os << ": " << found.detail;
+  if (found.sys_errno > 0) os << ": " << std::strerror(found.sys_errno);
   throw Error(os.str());
 }
 

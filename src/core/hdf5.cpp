@@ -7,6 +7,7 @@
 #include "fsdp/detail/hdf5.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -41,16 +42,51 @@ Handle::~Handle() {
 
 namespace {
 
-// Switches off HDF5's printing of its error stack to stderr (we report through fsdp::Error).
-void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+// "a directory", "a FIFO", ... for a non-regular file's st_mode.
+std::string file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+  return "not a regular file";
+}
 
-// Runs `f`, prefixing any fsdp::Error with "<file>: <object>: ".
+// Switches off HDF5's printing of its error stack to stderr (we report through fsdp::Error),
+// and HDF5's own clean-up at exit. The latter because of HDF5 1.10: when H5Fclose fails (its
+// final metadata flush hits a full disk) the file's memory is freed but its id stays
+// registered, and H5close at exit then closes it again and crashes (SIGSEGV in
+// H5F__close_cb). Every file we write is closed by its owner before exit (File), so there is
+// nothing for that clean-up to do. H5dont_atexit must come before the library initialises:
+// this is the first HDF5 call of the process (every File starts here).
+void quiet_hdf5() {
+  static const bool once = [] {
+    H5dont_atexit();
+    return true;
+  }();
+  (void)once;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+// Releases the disk space of a file being written whose flush failed, so that closing it (which
+// writes its metadata once more) succeeds: H5Fclose must not fail (see quiet_hdf5).
+void empty_for_close(hid_t id) noexcept {
+  void* handle = nullptr;
+  if (H5Fget_vfd_handle(id, H5P_DEFAULT, &handle) >= 0 && handle) {
+    (void)!::ftruncate(*static_cast<int*>(handle), 0);  // the sec2 driver's handle is an int fd
+  }
+  H5Eclear2(H5E_DEFAULT);
+}
+
+// Runs `f`, prefixing any fsdp::Error with "<file>: <object>: ". In a file opened for
+// reading every failure is the file's fault (bad structure, a group where a dataset belongs,
+// corrupted metadata): exit code 2, like the other input errors.
 template <class F>
-auto in_context(const std::string& file, const std::string& object, F&& f) {
+auto in_context(const File& file, const std::string& object, F&& f) {
   try {
     return f();
   } catch (const Error& e) {
-    throw Error(file + ": " + object + ": " + e.what(), e.exit_code());
+    throw Error(file.path() + ": " + object + ": " + e.what(),
+                file.read_only() ? kExitInputError : e.exit_code());
   }
 }
 
@@ -87,21 +123,28 @@ Handle open_dataset(const File& f, const std::string& dataset) {
   if (!f.exists(dataset)) {
     throw InputError(f.path() + ": dataset " + dataset + " not found");
   }
-  return in_context(f.path(), dataset,
-                    [&] { return Handle(FSDP_CHECK_HDF5(H5Dopen2(f.id(), dataset.c_str(), H5P_DEFAULT))); });
+  return in_context(f, dataset, [&] {
+    Handle obj(FSDP_CHECK_HDF5(H5Oopen(f.id(), dataset.c_str(), H5P_DEFAULT)));
+    const H5I_type_t type = H5Iget_type(obj.id());
+    if (type != H5I_DATASET) {
+      throw InputError(std::string("is ") + (type == H5I_GROUP ? "a group" : "not a dataset") +
+                       " (expected a dataset)");
+    }
+    return obj;
+  });
 }
 
 Handle open_object(const File& f, const std::string& object_path) {
   if (object_path != "/" && !f.exists(object_path)) {
     throw InputError(f.path() + ": object " + object_path + " not found");
   }
-  return in_context(f.path(), object_path,
+  return in_context(f, object_path,
                     [&] { return Handle(FSDP_CHECK_HDF5(H5Oopen(f.id(), object_path.c_str(), H5P_DEFAULT))); });
 }
 
 void write_dataset(const File& f, const std::string& dataset, hid_t file_type, hid_t mem_type,
                    const void* data, const std::vector<hsize_t>& shape) {
-  in_context(f.path(), dataset, [&] {
+  in_context(f, dataset, [&] {
     if (shape.empty()) throw Error("write: empty shape (expected rank >= 1)");
     Handle space(FSDP_CHECK_HDF5(H5Screate_simple(static_cast<int>(shape.size()), shape.data(), nullptr)));
     Handle lcpl = lcpl_with_parents();
@@ -118,7 +161,7 @@ void write_dataset(const File& f, const std::string& dataset, hid_t file_type, h
 void read_range(const File& f, const std::string& dataset, hid_t mem_type, void* out, hsize_t offset,
                 hsize_t count) {
   Handle dset = open_dataset(f, dataset);
-  in_context(f.path(), dataset, [&] {
+  in_context(f, dataset, [&] {
     Handle space(FSDP_CHECK_HDF5(H5Dget_space(dset.id())));
     const int rank = FSDP_CHECK_HDF5(H5Sget_simple_extent_ndims(space.id()));
     if (rank != 1) {
@@ -143,7 +186,7 @@ Handle open_attr(const File& f, const std::string& object_path, const std::strin
     throw InputError(f.path() + ": attribute " + name + " of " + object_path + " not found");
   }
   Handle obj = open_object(f, object_path);
-  return in_context(f.path(), object_path + " attribute " + name,
+  return in_context(f, object_path + " attribute " + name,
                     [&] { return Handle(FSDP_CHECK_HDF5(H5Aopen(obj.id(), name.c_str(), H5P_DEFAULT))); });
 }
 
@@ -151,7 +194,7 @@ Handle open_attr(const File& f, const std::string& object_path, const std::strin
 void write_attr(File& f, const std::string& object_path, const std::string& name, hid_t type,
                 const void* value) {
   Handle obj = open_object(f, object_path);
-  in_context(f.path(), object_path + " attribute " + name, [&] {
+  in_context(f, object_path + " attribute " + name, [&] {
     if (FSDP_CHECK_HDF5(H5Aexists(obj.id(), name.c_str())) > 0) {
       FSDP_CHECK_HDF5(H5Adelete(obj.id(), name.c_str()));
     }
@@ -172,6 +215,11 @@ File File::open_read(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) {
     throw InputError(path + ": cannot open HDF5 file (" + std::strerror(errno) + ")");
   }
+  // Never open a FIFO, socket or device: H5Fis_hdf5 would block on a FIFO with no writer.
+  if (!S_ISREG(st.st_mode)) {
+    throw InputError(path + ": cannot open HDF5 file (" + file_kind(st.st_mode) +
+                     ", expected a regular file)");
+  }
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     throw InputError(path + ": cannot open HDF5 file (not an HDF5 file or unreadable)");
@@ -181,7 +229,9 @@ File File::open_read(const std::string& path) {
     H5Eclear2(H5E_DEFAULT);
     throw InputError(path + ": cannot open HDF5 file (H5Fopen failed)");
   }
-  return File(Handle(id), path);
+  File f(Handle(id), path);
+  f.read_only_ = true;
+  return f;
 }
 
 File File::create(const std::string& path) {
@@ -196,7 +246,7 @@ File File::create(const std::string& path) {
 
 bool File::exists(const std::string& object_path) const {
   // H5Lexists fails (rather than returning 0) when an intermediate group is missing, so walk.
-  return in_context(path_, object_path, [&] {
+  return in_context(*this, object_path, [&] {
     std::string cur;
     for (const std::string& part : split_path(object_path)) {
       cur += "/" + part;
@@ -209,7 +259,7 @@ bool File::exists(const std::string& object_path) const {
 
 void File::create_group(const std::string& group_path) {
   if (exists(group_path)) return;
-  in_context(path_, group_path, [&] {
+  in_context(*this, group_path, [&] {
     Handle lcpl = lcpl_with_parents();
     Handle g(FSDP_CHECK_HDF5(H5Gcreate2(h_.id(), group_path.c_str(), lcpl.id(), H5P_DEFAULT, H5P_DEFAULT)));
     return 0;
@@ -218,7 +268,7 @@ void File::create_group(const std::string& group_path) {
 
 std::vector<hsize_t> File::dims(const std::string& dataset) const {
   Handle dset = open_dataset(*this, dataset);
-  return in_context(path_, dataset, [&] {
+  return in_context(*this, dataset, [&] {
     Handle space(FSDP_CHECK_HDF5(H5Dget_space(dset.id())));
     const int rank = FSDP_CHECK_HDF5(H5Sget_simple_extent_ndims(space.id()));
     std::vector<hsize_t> d(static_cast<std::size_t>(rank));
@@ -229,7 +279,7 @@ std::vector<hsize_t> File::dims(const std::string& dataset) const {
 
 H5T_class_t File::type_class(const std::string& dataset) const {
   Handle dset = open_dataset(*this, dataset);
-  return in_context(path_, dataset, [&] {
+  return in_context(*this, dataset, [&] {
     Handle t(FSDP_CHECK_HDF5(H5Dget_type(dset.id())));
     return FSDP_CHECK_HDF5(H5Tget_class(t.id()));
   });
@@ -237,7 +287,7 @@ H5T_class_t File::type_class(const std::string& dataset) const {
 
 std::size_t File::type_size(const std::string& dataset) const {
   Handle dset = open_dataset(*this, dataset);
-  return in_context(path_, dataset, [&] {
+  return in_context(*this, dataset, [&] {
     Handle t(FSDP_CHECK_HDF5(H5Dget_type(dset.id())));
     const std::size_t s = H5Tget_size(t.id());
     if (s == 0) ::fsdp::detail::throw_hdf5_error("H5Tget_size", __FILE__, __LINE__);
@@ -272,7 +322,7 @@ std::vector<float> File::read_all_f32(const std::string& dataset) const {
     read_f32(dataset, v.data(), 0, v.size());
   } else {  // any rank: whole-dataset read
     Handle dset = open_dataset(*this, dataset);
-    in_context(path_, dataset, [&] {
+    in_context(*this, dataset, [&] {
       if (!v.empty()) FSDP_CHECK_HDF5(H5Dread(dset.id(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()));
       return 0;
     });
@@ -287,7 +337,7 @@ std::vector<int64_t> File::read_all_i64(const std::string& dataset) const {
     read_i64(dataset, v.data(), 0, v.size());
   } else {
     Handle dset = open_dataset(*this, dataset);
-    in_context(path_, dataset, [&] {
+    in_context(*this, dataset, [&] {
       if (!v.empty()) FSDP_CHECK_HDF5(H5Dread(dset.id(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()));
       return 0;
     });
@@ -297,7 +347,7 @@ std::vector<int64_t> File::read_all_i64(const std::string& dataset) const {
 
 bool File::has_attr(const std::string& object_path, const std::string& name) const {
   if (object_path != "/" && !exists(object_path)) return false;
-  return in_context(path_, object_path, [&] {
+  return in_context(*this, object_path, [&] {
     return FSDP_CHECK_HDF5(H5Aexists_by_name(h_.id(), object_path.c_str(), name.c_str(), H5P_DEFAULT)) > 0;
   });
 }
@@ -310,7 +360,7 @@ void File::set_attr(const std::string& object_path, const std::string& name, dou
 }
 void File::set_attr(const std::string& object_path, const std::string& name, const std::string& value) {
   // Variable-length UTF-8 string (what h5py writes for a Python str).
-  Handle t = in_context(path_, object_path + " attribute " + name, [&] {
+  Handle t = in_context(*this, object_path + " attribute " + name, [&] {
     Handle t(FSDP_CHECK_HDF5(H5Tcopy(H5T_C_S1)));
     FSDP_CHECK_HDF5(H5Tset_size(t.id(), H5T_VARIABLE));
     FSDP_CHECK_HDF5(H5Tset_cset(t.id(), H5T_CSET_UTF8));
@@ -322,7 +372,7 @@ void File::set_attr(const std::string& object_path, const std::string& name, con
 
 int64_t File::attr_i64(const std::string& object_path, const std::string& name) const {
   Handle a = open_attr(*this, object_path, name);
-  return in_context(path_, object_path + " attribute " + name, [&] {
+  return in_context(*this, object_path + " attribute " + name, [&] {
     Handle t(FSDP_CHECK_HDF5(H5Aget_type(a.id())));
     if (FSDP_CHECK_HDF5(H5Tget_class(t.id())) != H5T_INTEGER) throw InputError("expected an integer attribute");
     int64_t v = 0;
@@ -333,7 +383,7 @@ int64_t File::attr_i64(const std::string& object_path, const std::string& name) 
 
 double File::attr_f64(const std::string& object_path, const std::string& name) const {
   Handle a = open_attr(*this, object_path, name);
-  return in_context(path_, object_path + " attribute " + name, [&] {
+  return in_context(*this, object_path + " attribute " + name, [&] {
     Handle t(FSDP_CHECK_HDF5(H5Aget_type(a.id())));
     const H5T_class_t c = FSDP_CHECK_HDF5(H5Tget_class(t.id()));
     if (c != H5T_FLOAT && c != H5T_INTEGER) throw InputError("expected a numeric attribute");
@@ -345,7 +395,7 @@ double File::attr_f64(const std::string& object_path, const std::string& name) c
 
 std::string File::attr_str(const std::string& object_path, const std::string& name) const {
   Handle a = open_attr(*this, object_path, name);
-  return in_context(path_, object_path + " attribute " + name, [&] {
+  return in_context(*this, object_path + " attribute " + name, [&] {
     Handle t(FSDP_CHECK_HDF5(H5Aget_type(a.id())));
     if (FSDP_CHECK_HDF5(H5Tget_class(t.id())) != H5T_STRING) throw InputError("expected a string attribute");
     const htri_t is_var = FSDP_CHECK_HDF5(H5Tis_variable_str(t.id()));
@@ -375,12 +425,28 @@ std::string File::attr_str(const std::string& object_path, const std::string& na
   });
 }
 
+File::~File() {
+  if (!h_.valid() || read_only_) return;  // Handle closes it
+  if (H5Fflush(h_.id(), H5F_SCOPE_LOCAL) < 0) empty_for_close(h_.id());
+  H5Fclose(h_.release());
+  H5Eclear2(H5E_DEFAULT);
+}
+
 void File::close() {
   if (!h_.valid()) return;
-  Handle h(std::move(h_));  // h_ is now invalid: further use fails in HDF5 and throws
-  in_context(path_, "/", [&] {
-    FSDP_CHECK_HDF5(H5Fflush(h.id(), H5F_SCOPE_GLOBAL));
-    FSDP_CHECK_HDF5(H5Fclose(h.id()));  // the id is then dead and h's destructor skips it
+  const hid_t id = h_.release();  // further use fails in HDF5 and throws
+  in_context(*this, "/", [&] {
+    if (H5Fflush(id, H5F_SCOPE_LOCAL) < 0) {
+      try {
+        ::fsdp::detail::throw_hdf5_error("H5Fflush", __FILE__, __LINE__);
+      } catch (...) {
+        empty_for_close(id);
+        H5Fclose(id);
+        H5Eclear2(H5E_DEFAULT);
+        throw;
+      }
+    }
+    FSDP_CHECK_HDF5(H5Fclose(id));
     return 0;
   });
 }

@@ -11,6 +11,7 @@
 #include <system_error>
 #include <utility>
 
+#include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/detail/hdf5.hpp"
 
@@ -20,34 +21,79 @@ namespace fsdp::data {
 
 namespace {
 
-// Regular file, not a symlink, not a fortune index (.dat).
-bool wanted(const fs::directory_entry& e) {
+// "a FIFO", "a socket", ... for what is neither a regular file, a folder nor a symlink.
+std::string kind_of(fs::file_type t) {
+  switch (t) {
+    case fs::file_type::fifo: return "a FIFO";
+    case fs::file_type::socket: return "a socket";
+    case fs::file_type::block:
+    case fs::file_type::character: return "a device";
+    default: return "not a regular file";
+  }
+}
+
+// Regular file, not a symlink, not a fortune index (.dat). Files of other kinds (FIFOs,
+// sockets, devices) are never opened: reading a FIFO blocks, a device may never end; they
+// are recorded in `skipped` ("<path> (a FIFO)", escaped).
+bool wanted(const fs::directory_entry& e, std::vector<std::string>* skipped) {
   std::error_code ec;
-  if (e.is_symlink(ec) || !e.is_regular_file(ec)) return false;
+  const fs::file_status st = e.symlink_status(ec);
+  if (ec || fs::is_symlink(st) || fs::is_directory(st)) return false;
+  if (!fs::is_regular_file(st)) {
+    if (skipped) skipped->push_back(printable(e.path().string()) + " (" + kind_of(st.type()) + ")");
+    return false;
+  }
   return e.path().extension() != ".dat";
 }
 
-// Writes an HDF5 file through `fill` into out + ".tmp", then renames it onto `out`, so a
-// failure never leaves a half-written `out`.
+// A path made comparable: absolute, symlinks of the existing part resolved.
+fs::path canonical_or_absolute(const fs::path& p) {
+  std::error_code ec;
+  fs::path c = fs::weakly_canonical(fs::absolute(p), ec);
+  return ec ? fs::absolute(p).lexically_normal() : c;
+}
+
+// Whether `p` lies inside folder `dir` (both canonical).
+bool inside(const fs::path& p, const fs::path& dir) {
+  auto d = dir.begin(), q = p.begin();
+  for (; d != dir.end(); ++d, ++q) {
+    if (d->empty()) continue;  // a trailing separator
+    if (q == p.end() || *q != *d) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void check_output_not_input(const std::string& out, const std::vector<std::string>& inputs) {
+  const fs::path o = canonical_or_absolute(out);
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(in, ec);
+    if (ec || !fs::exists(st)) continue;  // reported when the inputs are read
+    if (fs::exists(out, ec) && fs::equivalent(out, in, ec) && !ec) {
+      throw InputError("-o/--output: " + printable(out) + " is the input " + printable(in) +
+                       " (expected an output path that is not one of the inputs)");
+    }
+    if (fs::is_directory(st) && inside(o, canonical_or_absolute(in))) {
+      throw InputError("-o/--output: " + printable(out) + " lies inside the input folder " + printable(in) +
+                       " (expected an output path outside the inputs)");
+    }
+  }
+}
+
+namespace {
+
+// Writes an HDF5 file through `fill` atomically (fsdp::AtomicFile: out + ".tmp", fsync,
+// rename, directory fsync), so a failure never leaves a half-written `out` nor the temporary.
 template <class F>
 void write_atomically(const std::string& out, F&& fill) {
-  const std::string tmp = out + ".tmp";
-  try {
+  AtomicFile file(out);
+  file.write([&](const std::string& tmp) {
     auto f = h5::File::create(tmp);
     fill(f);
     f.close();
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    throw;
-  }
-  std::error_code ec;
-  fs::rename(tmp, out, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    throw Error(out + ": cannot move " + tmp + " into place (" + why + ")");
-  }
+  });
 }
 
 // A 1-D int32 dataset (the wrapper has no int32 writer): HDF5 C API, parents created.
@@ -75,23 +121,28 @@ void check_output_folder(const std::string& out) {
 
 }  // namespace
 
-std::vector<fs::path> collect_input_files(const std::vector<std::string>& inputs) {
+std::vector<fs::path> collect_input_files(const std::vector<std::string>& inputs,
+                                          std::vector<std::string>* skipped) {
   std::vector<fs::path> files;
   for (const std::string& in : inputs) {
     std::error_code ec;
     const fs::directory_entry top(fs::path(in), ec);
     const auto st = fs::symlink_status(in, ec);
-    if (ec || !fs::exists(st)) throw InputError(in + ": input not found (expected a file or folder)");
+    if (ec || !fs::exists(st)) throw InputError(printable(in) + ": input not found (expected a file or folder)");
     if (fs::is_directory(st)) {
       // Does not descend into symlinked folders (the iterator's default).
       fs::recursive_directory_iterator it(in, ec), end;
-      if (ec) throw InputError(in + ": cannot read folder (" + ec.message() + ")");
+      if (ec) throw InputError(printable(in) + ": cannot read folder (" + ec.message() + ")");
       for (; it != end; it.increment(ec)) {
-        if (ec) throw InputError(in + ": cannot read folder (" + ec.message() + ")");
-        if (wanted(*it)) files.push_back(it->path());
+        if (ec) throw InputError(printable(in) + ": cannot read folder (" + ec.message() + ")");
+        if (wanted(*it, skipped)) files.push_back(it->path());
       }
-      if (ec) throw InputError(in + ": cannot read folder (" + ec.message() + ")");
-    } else if (wanted(top)) {
+      if (ec) throw InputError(printable(in) + ": cannot read folder (" + ec.message() + ")");
+    } else if (!fs::is_symlink(st) && !fs::is_regular_file(st)) {
+      // Named on the command line: refused, never opened (a FIFO would block the read).
+      throw InputError(printable(in) + ": input is " + kind_of(st.type()) +
+                       " (expected a regular file or folder)");
+    } else if (wanted(top, nullptr)) {
       files.push_back(fs::path(in));
     }
   }
@@ -99,7 +150,7 @@ std::vector<fs::path> collect_input_files(const std::vector<std::string>& inputs
   files.erase(std::unique(files.begin(), files.end()), files.end());
   if (files.empty()) {
     std::string list;
-    for (const auto& in : inputs) list += (list.empty() ? "" : " ") + in;
+    for (const auto& in : inputs) list += (list.empty() ? "" : " ") + printable(in);
     throw InputError("no input files in " + (list.empty() ? std::string("(none given)") : list) +
                      " (expected regular files; symlinks and *.dat are skipped)");
   }
@@ -120,9 +171,9 @@ ByteSplit build_byte_split(const std::vector<fs::path>& files, double val_fracti
   ByteSplit s;
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
-    if (!in) throw InputError(f.string() + ": cannot read input file");
+    if (!in) throw InputError(printable(f.string()) + ": cannot read input file");
     s.bytes.insert(s.bytes.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (in.bad()) throw InputError(f.string() + ": error while reading input file");
+    if (in.bad()) throw InputError(printable(f.string()) + ": error while reading input file");
   }
   s.num_files = static_cast<int64_t>(files.size());
   const auto n = static_cast<int64_t>(s.bytes.size());
@@ -154,12 +205,17 @@ PrepareSummary prepare_byte_dataset(const std::vector<std::string>& inputs, cons
                                     double val_fraction) {
   val_token_count(0, val_fraction);
   check_output_folder(out);
-  const auto files = collect_input_files(inputs);
+  check_output_not_input(out, inputs);
+  PrepareSummary summary;
+  const auto files = collect_input_files(inputs, &summary.skipped);
   const ByteSplit split = build_byte_split(files, val_fraction);
   std::string source = "fsdp_prepare (bytes):";
   for (const auto& in : inputs) source += " " + in;
   write_byte_token_file(out, split, source);
-  return PrepareSummary{split.num_files, split.train_tokens, split.val_tokens()};
+  summary.files = split.num_files;
+  summary.train_tokens = split.train_tokens;
+  summary.val_tokens = split.val_tokens();
+  return summary;
 }
 
 // ---------------------------------------------------------------- pairs (seq2seq)
@@ -185,6 +241,13 @@ std::vector<int32_t> byt5_ids(const std::string& line, std::size_t begin, std::s
 }  // namespace
 
 PairExamples read_pairs_tsv(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);  // stat before open: a FIFO would block
+  if (!ec && fs::exists(st) && !fs::is_regular_file(st)) {
+    throw InputError(printable(path) + ": pairs file is " +
+                     (fs::is_directory(st) ? std::string("a directory") : kind_of(st.type())) +
+                     " (expected a regular TSV file)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot read pairs file (expected a TSV of input<TAB>target lines)");
   PairExamples ex;
@@ -272,6 +335,7 @@ PairsSummary summarize_pairs(const PairSplit& split) {
 PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction) {
   val_token_count(0, val_fraction);
   check_output_folder(out);
+  check_output_not_input(out, {tsv});
   const PairSplit split = split_pairs(read_pairs_tsv(tsv), val_fraction);
   write_pairs_file(out, split, "fsdp_prepare --pairs (ByT5 ids b + 3, eos 1): " + tsv);
   return summarize_pairs(split);

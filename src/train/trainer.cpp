@@ -28,6 +28,7 @@
 #include "fsdp/model/model.hpp"
 #include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/collective_guard.hpp"
+#include "fsdp/train/run_dir.hpp"
 #include "fsdp/train/signals.hpp"
 #include "fsdp/train/watchdog.hpp"
 
@@ -54,7 +55,7 @@ struct Job {
   std::unique_ptr<Model> model;
   std::unique_ptr<FsdpEngine> engine;
   std::unique_ptr<Optimizer> optimizer;
-  std::ofstream metrics;
+  RunDir run_dir;  // rank 0: the run_dir lock and metrics.jsonl (fsdp/train/run_dir.hpp)
   int64_t step = 0;  // training steps completed (fp16 skipped ones included)
   int64_t last_checkpoint = -1;  // step of the newest checkpoint saved or resumed; -1: none
   int64_t micro_batch = 1;  // sequences per forward/backward on this rank
@@ -210,10 +211,20 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
 
 // Every shard owner writes its file into step_N.tmp/; once all have, rank 0 renames the
 // directory to step_N and points `latest` at it. A crash at any point leaves the previous
-// checkpoint and `latest` intact.
+// checkpoint and `latest` intact. A failure on any rank (a full disk) is agreed by the guards;
+// rank 0 then removes step_N.tmp (every rank is past the failed guard: no writer is still at
+// work there), so the previous checkpoint stays, no temporary is left, and the agreed error
+// (one line naming the file) stops the run.
 void save_checkpoint(Job& job) {
   const std::string& run_dir = job.cfg.train.run_dir;
   const std::string tmp = ckpt::tmp_step_dir(run_dir, job.step);
+  struct DiscardUnlessCommitted {
+    bool rank0, committed = false;
+    const std::string& tmp;
+    ~DiscardUnlessCommitted() {
+      if (rank0 && !committed) ckpt::discard_tmp_step_dir(tmp);
+    }
+  } cleanup{job.rank0(), false, tmp};
   collective_guard(job.host, [&] {
     if (job.rank0()) ckpt::prepare_tmp_step_dir(tmp);
   });
@@ -248,6 +259,7 @@ void save_checkpoint(Job& job) {
     ckpt::commit_step_dir(tmp, ckpt::step_dir(run_dir, job.step));
     ckpt::publish_latest(run_dir, job.step);
   });
+  cleanup.committed = true;
   job.last_checkpoint = job.step;
   job.log("checkpoint: " + ckpt::step_dir(run_dir, job.step));
 }
@@ -406,6 +418,14 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     return result;
   }
 
+  // Rank 0 locks train.run_dir before anything is written there, refuses a fresh run into an
+  // earlier run's directory, and proves checkpoints/ writable (metrics.jsonl: below).
+  collective_guard(group, [&] {
+    if (job.rank0()) job.run_dir = open_run_dir(cfg.train.run_dir, opt.resume);
+  });
+  if (!job.run_dir.stale_holder().empty()) {
+    job.log("train.run_dir: taking over the stale lock of " + job.run_dir.stale_holder());
+  }
   collective_guard(group, [&] {
     check_memory_fits(job, plan_memory(job.family.modules(cfg.model), cfg, world,
                                        job.mesh->shard_size()),
@@ -421,11 +441,6 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     for (int u = 0; u < job.engine->num_units(); ++u) {
       job.optimizer->add_shard(job.engine->shard_param(u), job.engine->shard_grad(u),
                                decay_segments(job.engine->layout(u), job.engine->shard_index()));
-    }
-    if (!opt.resume && ckpt::find_latest(cfg.train.run_dir)) {
-      throw InputError("train.run_dir: \"" + cfg.train.run_dir +
-                       "\" already holds checkpoints; pass --resume to continue that run or "
-                       "choose another train.run_dir");
     }
   });
   result.num_params = job.engine->num_params();
@@ -456,11 +471,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     job.log(os.str());
   }
   collective_guard(group, [&] {
-    if (!job.rank0()) return;
-    fs::create_directories(cfg.train.run_dir);
-    const std::string path = (fs::path(cfg.train.run_dir) / "metrics.jsonl").string();
-    job.metrics.open(path, opt.resume ? std::ios::app : std::ios::trunc);
-    if (!job.metrics) throw InputError("train.run_dir: cannot write " + path);
+    if (job.rank0()) job.run_dir.open_metrics(opt.resume);
   });
 
   if (cfg.eval.on_start && job.step == 0) {  // HF TrainingArguments.eval_on_start
@@ -470,7 +481,9 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     os << "step 0/" << cfg.train.max_steps << " | val_loss " << std::fixed << std::setprecision(4)
        << val;
     job.log(os.str());
-    if (job.rank0()) job.metrics << nlohmann::json{{"step", 0}, {"val_loss", val}}.dump() << "\n";
+    collective_guard(group, [&] {
+      if (job.rank0()) job.run_dir.metrics().append_line(nlohmann::json{{"step", 0}, {"val_loss", val}}.dump());
+    });
   }
 
   Backend& be = *job.backend;
@@ -543,16 +556,22 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     const bool nonfinite = !skipped && !(std::isfinite(loss) && std::isfinite(norm));
     if (nonfinite) {
       if (!cfg.train.skip_nonfinite) {
-        if (job.rank0()) {  // the step's metrics line (JSON writes NaN and inf as null)
-          job.metrics << nlohmann::json{{"step", step}, {"loss", loss}, {"grad_norm", norm},
-                                        {"nonfinite", true}}.dump()
-                      << "\n" << std::flush;
+        // The step's metrics line (JSON writes NaN and inf as null). Best effort: the stop
+        // line below is the message, whatever the disk says.
+        if (job.rank0()) {
+          try {
+            job.run_dir.metrics().append_line(
+                nlohmann::json{{"step", step}, {"loss", loss}, {"grad_norm", norm},
+                               {"nonfinite", true}}.dump());
+          } catch (const Error&) {
+          }
         }
         stop_nonfinite(job, step, loss, norm);
       }
       result.nonfinite_steps.push_back(step);
       std::ostringstream os;
-      os << "step " << step << ": " << nonfinite_what(loss, norm) << ": update skipped (train.skip_nonfinite; " << result.nonfinite_steps.size()
+      os << "step " << step << ": " << nonfinite_what(loss, norm)
+         << ": update skipped (train.skip_nonfinite; " << result.nonfinite_steps.size()
          << " step(s) skipped so far)";
       job.log(os.str());
     }
@@ -612,7 +631,10 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       }
       job.log(os.str());
     }
-    if (job.rank0()) job.metrics << line.dump() << "\n" << std::flush;
+    // A failed write (full disk) stops every rank here with one line naming metrics.jsonl.
+    collective_guard(group, [&] {
+      if (job.rank0()) job.run_dir.metrics().append_line(line.dump());
+    });
     if (last || stopping || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
       save_checkpoint(job);
     }

@@ -12,6 +12,20 @@
 #              folder, no -o, unknown option; --pairs: a line without a tab, an empty input
 #              or target, an extra argument) exits 2 with one `fsdp_prepare: ...` line naming
 #              the problem (FILE:LINE for TSV lines), and writes no output file.
+# CASE output_is_input: `-o f.txt f.txt` (also through another spelling of the path, and a
+#              hard link) exits 2 naming -o/--output and the input; the input is unchanged.
+# CASE output_inside_input_dir: an output that does not exist yet inside an input folder
+#              (also through a symlinked parent) exits 2 naming the folder; nothing written.
+# CASE fifo_input: a FIFO inside an input folder is skipped with one warning line (never
+#              opened: the run does not hang) and the summary counts the regular files only;
+#              a FIFO named as INPUT or as --pairs FILE is refused with exit 2 naming it.
+# CASE fifo_data_path: fsdp_train with a FIFO as data.path, or as the config file, exits 2
+#              naming it instead of blocking in open().
+# CASE group_not_dataset: fsdp_train on a token file whose /train/tokens is a group
+#              (tests/data/cli/group_tokens.h5) exits 2 with one line naming the file and
+#              /train/tokens, no HDF5 error stack.
+# CASE corrupted_header: a token file with garbage over its superblock or over the metadata
+#              after it exits 2 with one line naming the file, no HDF5 error stack.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -105,6 +119,106 @@ case "$CASE" in
     expect_prepare_error "missing.tsv"
     run_prepare --pairs "$WORK/two.tsv"
     expect_prepare_error "--pairs" "output"
+    ;;
+  output_is_input)
+    make_text_dir "$WORK/text"
+    cp "$WORK/text/a.txt" "$WORK/f.txt"
+    sum=$(sha256sum <"$WORK/f.txt")
+    run_prepare -o "$WORK/f.txt" "$WORK/f.txt"
+    expect_rc 2
+    expect_one_error fsdp_prepare "-o/--output" "$WORK/f.txt" "is the input"
+    run_prepare -o "$WORK/text/../f.txt" "$WORK/f.txt"           # another spelling
+    expect_rc 2
+    expect_one_error fsdp_prepare "-o/--output" "is the input"
+    ln "$WORK/f.txt" "$WORK/hard.txt"                            # a hard link: the same file
+    run_prepare -o "$WORK/hard.txt" "$WORK/f.txt"
+    expect_rc 2
+    expect_one_error fsdp_prepare "-o/--output" "hard.txt" "is the input"
+    run_prepare --pairs "$WORK/f.txt" "$WORK/f.txt" --val-fraction 0.5
+    expect_rc 2
+    expect_one_error fsdp_prepare "-o/--output" "is the input"
+    if [ "$(sha256sum <"$WORK/f.txt")" != "$sum" ]; then fail "the input f.txt was changed"; fi
+    if [ -e "$WORK/f.txt.tmp" ]; then fail "f.txt.tmp left behind"; fi
+    ;;
+  output_inside_input_dir)
+    make_text_dir "$WORK/text"
+    before=$(cd "$WORK/text" && find . -type f | sort | xargs sha256sum)
+    run_prepare -o "$WORK/text/out.h5" "$WORK/text"
+    expect_rc 2
+    expect_one_error fsdp_prepare "-o/--output" "$WORK/text/out.h5" "inside the input folder" "$WORK/text"
+    run_prepare -o "$WORK/text/sub/out.h5" "$WORK/extra_missing_is_later" "$WORK/text"
+    expect_rc 2
+    expect_one_error fsdp_prepare "-o/--output" "inside the input folder"
+    ln -s "$WORK/text/sub" "$WORK/alias"                          # the same folder by a symlink
+    run_prepare -o "$WORK/alias/out.h5" "$WORK/text"
+    expect_rc 2
+    expect_one_error fsdp_prepare "-o/--output" "inside the input folder"
+    after=$(cd "$WORK/text" && find . -type f | sort | xargs sha256sum)
+    if [ "$before" != "$after" ]; then fail "the input folder was changed"; fi
+    ;;
+  fifo_input)
+    make_text_dir "$WORK/text"                      # 3000 + 2000 bytes
+    mkfifo "$WORK/text/pipe"
+    run_prepare -o "$WORK/out.h5" --val-fraction 0.1 "$WORK/text"
+    expect_rc 0
+    if ! grep -qF "2 files, 4500 train tokens, 500 val tokens" "$OUT"; then fail "FIFO not skipped: wrong counts"; fi
+    if [ "$(grep -c . "$ERR")" -ne 1 ] ||
+       ! grep -qF "fsdp_prepare: warning: skipped $WORK/text/pipe (a FIFO)" "$ERR"; then
+      fail "expected one warning line naming the FIFO"
+    fi
+    rm -f "$WORK/out.h5"
+    # A FIFO with an untrusted name is printed escaped.
+    mkfifo "$WORK/text/bad"$'\e'"name"
+    run_prepare -o "$WORK/out.h5" --val-fraction 0.1 "$WORK/text"
+    expect_rc 0
+    if ! grep -qF 'bad\x1bname (a FIFO)' "$ERR"; then fail "the FIFO's name was not escaped"; fi
+    if grep -q $'\e' "$ERR"; then fail "a raw escape byte reached stderr"; fi
+    rm -f "$WORK/out.h5"
+    # Named directly: refused without opening it (opening would block: timeout = fail).
+    run_prepare -o "$WORK/out.h5" "$WORK/text/pipe"
+    expect_prepare_error "$WORK/text/pipe" "a FIFO"
+    run_prepare --pairs "$WORK/text/pipe" "$WORK/out.h5" --val-fraction 0.5
+    expect_prepare_error "$WORK/text/pipe" "a FIFO"
+    ;;
+  fifo_data_path)
+    mkfifo "$WORK/tokens.h5"
+    tiny_config good.toml
+    run_train good.toml --set data.source=hdf5 --set data.path="$WORK/tokens.h5"
+    expect_rc 2
+    expect_one_error fsdp_train "$WORK/tokens.h5" "a FIFO"
+    mkfifo "$WORK/config.toml"
+    run_train "$WORK/config.toml"
+    expect_rc 2
+    expect_one_error fsdp_train "$WORK/config.toml" "a FIFO"
+    if [ -e "$WORK/run" ]; then fail "the refused runs created train.run_dir"; fi
+    ;;
+  group_not_dataset)
+    cp "$FIXTURES/group_tokens.h5" group_tokens.h5
+    tiny_config good.toml
+    run_train good.toml --set data.source=hdf5 --set data.path="$WORK/group_tokens.h5" --set data.seq_len=8
+    expect_rc 2
+    expect_one_error fsdp_train "$WORK/group_tokens.h5" "/train/tokens" "is a group"
+    if cmp -s group_tokens.h5 "$FIXTURES/group_tokens.h5"; then :; else fail "the data file was changed"; fi
+    ;;
+  corrupted_header)
+    make_text_dir "$WORK/text"
+    "$FSDP_PREPARE" -o "$WORK/tokens.h5" --val-fraction 0.2 "$WORK/text" >/dev/null ||
+      { fail "fsdp_prepare failed"; finish; }
+    tiny_config good.toml
+    # Garbage over the superblock (after its 8-byte signature: H5Fopen fails), over the
+    # metadata after it (H5Fopen fails too), and over the root group's links further on (the
+    # file opens, then looking up /train/tokens fails: still an input error, exit 2).
+    for range in "8 88" "96 1400" "800 200"; do
+      set -- $range
+      cp "$WORK/tokens.h5" "$WORK/bad.h5"
+      head -c "$2" /dev/zero | tr '\0' '\377' |
+        dd of="$WORK/bad.h5" bs=1 seek="$1" conv=notrunc 2>/dev/null
+      sum=$(sha256sum <"$WORK/bad.h5")
+      run_train good.toml --set data.source=hdf5 --set data.path="$WORK/bad.h5"
+      expect_rc 2
+      expect_one_error fsdp_train "$WORK/bad.h5"
+      if [ "$(sha256sum <"$WORK/bad.h5")" != "$sum" ]; then fail "the data file was changed"; fi
+    done
     ;;
   *)
     echo "prepare.sh: unknown case '$CASE'" >&2

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tests/cli/run_dir.sh: what fsdp_train does with a run_dir that already holds checkpoints.
+# tests/cli/run_dir.sh: what fsdp_train does with its run_dir: an earlier run's checkpoints,
+# the run_dir lock (docs/checkpoint.md "The run directory"), unwritable paths, resuming.
 #
 #   bash tests/cli/run_dir.sh FSDP_TRAIN FSDP_PREPARE MPIEXEC CASE
 #
@@ -10,12 +11,26 @@
 #   grad_norm, val_loss) as one uninterrupted 5-step run, appends to metrics.jsonl and writes
 #   step_00000005. The resume state is only the global step plus the sharded parameters and
 #   optimizer state (docs/data.md), so the continued run must match the uninterrupted one.
+# CASE second_run_refused: while run A trains (its lock line "host H pid P started T" in
+#   run/fsdp_train.lock), run B into the same run_dir exits 2 on every rank with one line
+#   naming the run_dir and A's pid, and leaves A's lock line as it was.
+# CASE stale_lock_taken_over: a lock file left by a dead run (content, no flock) is taken over
+#   with the log line "taking over the stale lock of host H pid P (started T)"; the run
+#   succeeds and leaves the lock file empty (released).
+# CASE refuse_step_dirs_without_latest: a fresh run into a run_dir with a step directory but
+#   no `latest` exits 2 naming it, and changes nothing.
+# CASE refuse_metrics_only: likewise for a run_dir holding only a non-empty metrics.jsonl;
+#   an empty metrics.jsonl and a released lock file do not count (the run goes ahead).
+# CASE checkpoints_unwritable_at_start: run_dir/checkpoints a regular file (and, where mount
+#   is permitted, a read-only tmpfs) stops the run at start with exit 2 naming the path,
+#   before any step.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-# snapshot DIR: checksums of every file under DIR, sorted by path.
+# snapshot DIR: checksums of every file under DIR, sorted by path, except the lock file (a
+# refused run may create it; it is empty again once released).
 snapshot() {
-  (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum)
+  (cd "$1" && find . -type f ! -name fsdp_train.lock -print0 | sort -z | xargs -0 sha256sum)
 }
 
 case "$CASE" in
@@ -30,6 +45,113 @@ case "$CASE" in
     after=$(snapshot "$WORK/run")
     if [ "$before" != "$after" ]; then
       fail "the refused run changed $WORK/run:"$'\n'"$(diff <(echo "$before") <(echo "$after"))"
+    fi
+    ;;
+  second_run_refused)
+    # A: many steps on an HDF5 file (memory does not grow with max_steps), nothing logged
+    # after the banner. Its stdout comes through a FIFO: the banner is printed after the lock
+    # is taken, so reading up to it is the synchronisation (no sleeps, bounded by read -t).
+    make_text_dir "$WORK/text"
+    "$FSDP_PREPARE" -o "$WORK/tokens.h5" --val-fraction 0.2 "$WORK/text" >/dev/null ||
+      { fail "fsdp_prepare failed"; finish; }
+    tiny_config tiny.toml
+    sed -i "s|^source = .*|source = \"hdf5\"\npath = \"$WORK/tokens.h5\"|" tiny.toml
+    mkfifo "$WORK/a.out"
+    timeout 120 "$MPIEXEC" -np 2 --oversubscribe --bind-to none "$FSDP_TRAIN" tiny.toml \
+      --set train.max_steps=1000000 --set train.log_every=1000000 \
+      >"$WORK/a.out" 2>"$WORK/a.err" </dev/null &
+    a_pid=$!
+    exec 3<"$WORK/a.out"
+    seen=0
+    for _ in $(seq 200); do
+      IFS= read -r -t 60 -u 3 line || break
+      case "$line" in data:*) seen=1; break ;; esac
+    done
+    if [ "$seen" -ne 1 ]; then fail "run A printed no banner"; kill "$a_pid"; finish; fi
+    cat <&3 >/dev/null &   # keep draining A's stdout
+    drain=$!
+    holder=$(cat "$WORK/run/fsdp_train.lock")
+    echo "lock line of A: $holder"
+    if ! [[ "$holder" =~ ^host\ [^\ ]+\ pid\ ([0-9]+)\ started\ [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$ ]]; then
+      fail "lock line '$holder' is not 'host H pid P started T'"
+    fi
+    a_rank0=${BASH_REMATCH[1]:-unknown}
+    run_train tiny.toml --set train.max_steps=2
+    expect_input_error "train.run_dir" "$WORK/run" "is in use by another fsdp_train run" "pid $a_rank0" "started "
+    if [ "$(cat "$WORK/run/fsdp_train.lock")" != "$holder" ]; then fail "run B changed A's lock line"; fi
+    if ! kill -0 "$a_pid" 2>/dev/null; then fail "run A is not running any more (it should be)"; fi
+    kill -TERM "$a_pid" 2>/dev/null
+    wait "$a_pid" 2>/dev/null
+    kill "$drain" 2>/dev/null
+    exec 3<&-
+    ;;
+  stale_lock_taken_over)
+    mkdir -p "$WORK/run"
+    stale="host deadhost pid 999999 started 2026-01-02T03:04:05Z"
+    echo "$stale" >"$WORK/run/fsdp_train.lock"
+    tiny_config tiny.toml
+    run_train tiny.toml --set train.max_steps=2
+    expect_rc 0
+    if ! grep -qF "taking over the stale lock of host deadhost pid 999999 (started 2026-01-02T03:04:05Z)" "$OUT"; then
+      fail "no 'taking over the stale lock' line"
+    fi
+    if [ -s "$WORK/run/fsdp_train.lock" ]; then fail "the lock file was not emptied at exit"; fi
+    if [ "$(tr -d '[:space:]' <"$WORK/run/checkpoints/latest")" != step_00000002 ]; then
+      fail "the run after the takeover wrote no step_00000002"
+    fi
+    ;;
+  refuse_step_dirs_without_latest)
+    tiny_config tiny.toml
+    run_train tiny.toml --set train.max_steps=2
+    expect_rc 0
+    rm -f "$WORK/run/checkpoints/latest"
+    before=$(snapshot "$WORK/run")
+    run_train tiny.toml --set train.max_steps=2
+    expect_input_error "train.run_dir" "$WORK/run" "step_00000002" "--resume"
+    after=$(snapshot "$WORK/run")
+    if [ "$before" != "$after" ]; then
+      fail "the refused run changed $WORK/run:"$'\n'"$(diff <(echo "$before") <(echo "$after"))"
+    fi
+    ;;
+  refuse_metrics_only)
+    tiny_config tiny.toml
+    mkdir -p "$WORK/run"
+    printf '{"step":1,"loss":5.5}\n' >"$WORK/run/metrics.jsonl"
+    before=$(snapshot "$WORK/run")
+    run_train tiny.toml --set train.max_steps=2
+    expect_input_error "train.run_dir" "$WORK/run" "metrics.jsonl" "--resume"
+    after=$(snapshot "$WORK/run")
+    if [ "$before" != "$after" ]; then
+      fail "the refused run changed $WORK/run:"$'\n'"$(diff <(echo "$before") <(echo "$after"))"
+    fi
+    if [ -s "$WORK/run/fsdp_train.lock" ]; then fail "the refused run left its lock line"; fi
+    # An empty metrics.jsonl and a released (empty) lock file are no earlier run.
+    : >"$WORK/run/metrics.jsonl"
+    : >"$WORK/run/fsdp_train.lock"
+    run_train tiny.toml --set train.max_steps=2
+    expect_rc 0
+    if [ "$(wc -l <"$WORK/run/metrics.jsonl")" -ne 2 ]; then fail "metrics.jsonl does not hold 2 lines"; fi
+    ;;
+  checkpoints_unwritable_at_start)
+    tiny_config tiny.toml
+    mkdir -p "$WORK/run"
+    echo "not a directory" >"$WORK/run/checkpoints"
+    run_train tiny.toml --set train.max_steps=2 --set eval.on_start=true
+    expect_input_error "train.run_dir" "$WORK/run/checkpoints"
+    if grep -q "^step " "$OUT"; then fail "a step or evaluation ran before the refusal"; fi
+    if [ "$(cat "$WORK/run/checkpoints")" != "not a directory" ]; then fail "run/checkpoints was changed"; fi
+    if [ -e "$WORK/run/metrics.jsonl" ]; then fail "metrics.jsonl was created"; fi
+    # A read-only file system under checkpoints/ (root cannot be stopped by chmod).
+    rm -f "$WORK/run/checkpoints"
+    mkdir -p "$WORK/run/checkpoints"
+    if mount -t tmpfs -o ro,size=64k tmpfs "$WORK/run/checkpoints" 2>/dev/null; then
+      trap 'umount "$WORK/run/checkpoints" 2>/dev/null; rm -rf "$WORK"' EXIT
+      run_train tiny.toml --set train.max_steps=2
+      expect_input_error "train.run_dir" "$WORK/run/checkpoints" "Read-only file system"
+      if grep -q "^step " "$OUT"; then fail "a step ran before the refusal (read-only checkpoints/)"; fi
+      umount "$WORK/run/checkpoints"
+    else
+      echo "checkpoints_unwritable_at_start: mount not permitted, read-only tmpfs variant skipped"
     fi
     ;;
   resume)

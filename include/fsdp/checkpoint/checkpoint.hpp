@@ -64,8 +64,9 @@ struct UnitShardView {
 };
 
 // Writes one shard file: meta as root attributes, unit i as group /units/<i> (i = index in
-// `units`). Writes `path + ".tmp"`, fsyncs, then renames to `path`, so `path` is either
-// absent or complete. Throws fsdp::Error on I/O failure (the temp file is removed) and
+// `units`). Written through fsdp::AtomicFile (`path + ".tmp"`, fsync, rename, directory
+// fsync), so `path` is either absent or complete. Throws fsdp::Error naming `path` on I/O
+// failure, e.g. "...: No space left on device" (the temp file is removed), and
 // fsdp::Error on invalid input (null pointers, layout whose num_shards != meta.shard_size,
 // state name that is empty, "param", or contains '/').
 void write_shard_file(const std::string& path, const CheckpointMeta& meta,
@@ -162,11 +163,16 @@ std::string shard_file_name(int shard_index, int shard_size);     // shard_00001
 
 // Removes a stale `tmp` left by a crashed save, then creates it (and parents).
 void prepare_tmp_step_dir(const std::string& tmp);
-// Renames directory `tmp` to `final`. If `final` exists (saving the same step again), it
+// Removes `tmp` and everything in it (a save that failed on some rank); never throws.
+void discard_tmp_step_dir(const std::string& tmp) noexcept;
+// fsyncs `tmp`, then renames directory `tmp` to `final` (fsdp/core/atomic_file.hpp
+// rename_durably: the parent directory is fsynced too). Throws fsdp::Error naming the path. If `final` exists (saving the same step again), it
 // is renamed to `final + ".old"`, the new one renamed in, then the old one removed, so a
 // complete `final` exists at every moment except between two renames.
 void commit_step_dir(const std::string& tmp, const std::string& final_dir);
-// Writes run_dir/checkpoints/latest = step_dir_name(step) via temp file + rename.
+// Writes run_dir/checkpoints/latest = step_dir_name(step) + "\n" atomically
+// (write_file_atomically: temp file, fsync, rename, directory fsync). Throws fsdp::Error
+// naming checkpoints/latest and strerror; the previous `latest` is then unchanged.
 void publish_latest(const std::string& run_dir, int64_t step);
 // The step directory named by run_dir/checkpoints/latest, as a path; nullopt if there is
 // no `latest` file. InputError if it is empty or names a directory that does not exist.

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/core/atomic_file.hpp"
+
 namespace fsdp::safetensors {
 
 struct TensorInfo {
@@ -40,8 +42,10 @@ struct TensorInfo {
   }
 };
 
-// Writes `path` atomically: everything goes to `path + ".tmp"`, renamed by finish().
-// If the writer is destroyed before finish() (an exception), the temp file is removed.
+// Writes `path` atomically through fsdp::AtomicFile: everything goes to `path + ".tmp"`,
+// fsynced and renamed by finish(). If the writer is destroyed before finish() (an
+// exception), the temp file is removed. I/O errors throw fsdp::Error naming `path` and
+// strerror ("No space left on device").
 class Writer {
  public:
   // Writes the header. Throws fsdp::Error on duplicate/empty names, negative dims, or an
@@ -66,7 +70,7 @@ class Writer {
                                    const std::map<std::string, std::string>& metadata);
 
  private:
-  std::string path_, tmp_path_;
+  AtomicFile file_;  // before out_: the stream closes before the temporary is removed
   std::vector<TensorInfo> tensors_;
   std::size_t next_ = 0;
   std::ofstream out_;

@@ -8,6 +8,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace fsdp {
 
@@ -29,6 +30,11 @@ class Error : public std::runtime_error {
 
 // Bad user input (exit code 2). `message` should already name the key or file.
 inline Error InputError(const std::string& message) { return Error(message, kExitInputError); }
+
+// Bytes from a stranger (a file name found in a folder, a tensor name, a lock file's line)
+// made printable on one line: printable ASCII kept except '\\' and '\'', every other byte as
+// \xNN; cut after `max_bytes` input bytes with "...". Error messages quote untrusted text so.
+std::string printable(std::string_view bytes, std::size_t max_bytes = 4096);
 
 namespace detail {
 [[noreturn]] void throw_mpi_error(int code, const char* call, const char* file, int line);

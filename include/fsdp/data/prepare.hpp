@@ -18,10 +18,20 @@ namespace fsdp::data {
 
 // Files named by `inputs` (files or folders, folders searched recursively), keeping regular
 // files only: symbolic links (to files or folders) and files ending in ".dat" (fortune's
-// index files) are skipped wherever they are found. Sorted by path string, duplicates
-// removed. Throws fsdp::InputError naming the input if one does not exist, or if no file is
-// left ("no input files ...").
-std::vector<std::filesystem::path> collect_input_files(const std::vector<std::string>& inputs);
+// index files) are skipped wherever they are found; FIFOs, sockets and devices found in a
+// folder are skipped without being opened and listed in `skipped` ("<path> (a FIFO)", path
+// escaped with fsdp::printable) when it is given. Sorted by path string, duplicates removed.
+// Throws fsdp::InputError naming the input if one does not exist, if an input named directly
+// is a FIFO, socket or device (refused without opening it), or if no file is left
+// ("no input files ...").
+std::vector<std::filesystem::path> collect_input_files(const std::vector<std::string>& inputs,
+                                                       std::vector<std::string>* skipped = nullptr);
+
+// Refuses an output that is one of the inputs (std::filesystem::equivalent, so hard links
+// and other spellings of the path count) or lies inside an input folder, whether or not it
+// exists yet (paths compared after weakly_canonical). Throws fsdp::InputError naming
+// -o/--output, the output and the input (escaped).
+void check_output_not_input(const std::string& out, const std::vector<std::string>& inputs);
 
 // A byte corpus split at train_tokens: [0, train_tokens) train, the rest validation.
 struct ByteSplit {
@@ -42,16 +52,19 @@ ByteSplit build_byte_split(const std::vector<std::filesystem::path>& files, doub
 
 // Writes the schema of docs/data.md: /train/tokens, /val/tokens (uint8), root attributes
 // vocab_size = 256, tokenizer = "bytes", source = `source`, num_files. Written to
-// out + ".tmp" and renamed onto `out` only when complete. Throws fsdp::Error on failure.
+// out + ".tmp" and renamed onto `out` only when complete (fsdp::AtomicFile: fsync, rename,
+// directory fsync). Throws fsdp::Error naming `out` (and strerror) on failure; no temporary
+// is left.
 void write_byte_token_file(const std::string& out, const ByteSplit& split, const std::string& source);
 
 struct PrepareSummary {
   int64_t files = 0;
   int64_t train_tokens = 0;
   int64_t val_tokens = 0;
+  std::vector<std::string> skipped;  // non-regular files found in input folders (escaped)
 };
 
-// collect_input_files + build_byte_split + write_byte_token_file.
+// check_output_not_input + collect_input_files + build_byte_split + write_byte_token_file.
 PrepareSummary prepare_byte_dataset(const std::vector<std::string>& inputs, const std::string& out,
                                     double val_fraction);
 
@@ -71,7 +84,8 @@ struct PairExamples {
 // CR is removed, for CRLF files). Each side's UTF-8 bytes b become ByT5 ids b + 3 (bytes are
 // not checked to be valid UTF-8; ByT5 works on bytes) and eos 1 is appended to both.
 // Throws fsdp::InputError "FILE:LINE: ..." for a line with no tab or more than one tab, an
-// empty input or an empty target; "FILE: ..." if it cannot be read or holds no lines.
+// empty input or an empty target; "FILE: ..." if it cannot be read, is not a regular file
+// (a FIFO is refused without being opened) or holds no lines.
 PairExamples read_pairs_tsv(const std::string& path);
 
 // Splits off the last val_token_count(n, val_fraction) examples as validation. Throws
@@ -84,8 +98,8 @@ PairSplit split_pairs(const PairExamples& all, double val_fraction);
 
 // Writes the seq2seq schema of docs/data.md: /<split>/{inputs (int32), input_offsets (int64),
 // targets (int32), target_offsets (int64)} for train and val, root attributes vocab_size =
-// 259 (ids are < 3 + 256), tokenizer = "byt5", source = `source`, num_examples. Written to
-// out + ".tmp" and renamed onto `out` when complete. Throws fsdp::Error on failure.
+// 259 (ids are < 3 + 256), tokenizer = "byt5", source = `source`, num_examples. Written
+// atomically like write_byte_token_file. Throws fsdp::Error naming `out` on failure.
 void write_pairs_file(const std::string& out, const PairSplit& split, const std::string& source);
 
 // Sizes of a pairs file (lengths are in tokens, eos included; bytes = tokens - 1 per side).
@@ -97,7 +111,8 @@ struct PairsSummary {
 };
 PairsSummary summarize_pairs(const PairSplit& split);
 
-// read_pairs_tsv + split_pairs + write_pairs_file (checks the output folder exists first).
+// read_pairs_tsv + split_pairs + write_pairs_file (checks first that the output folder
+// exists and that the output is not the TSV: check_output_not_input).
 PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction);
 
 }  // namespace fsdp::data

@@ -27,6 +27,12 @@ class Handle {
   ~Handle();
   hid_t id() const { return id_; }
   bool valid() const { return id_ >= 0; }
+  // Gives up ownership without closing; returns the id (H5I_INVALID_HID if none).
+  hid_t release() noexcept {
+    const hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
 
  private:
   hid_t id_ = H5I_INVALID_HID;
@@ -35,17 +41,22 @@ class Handle {
 // An HDF5 file. Paths of objects are absolute ("/train/tokens") or relative to the root.
 class File {
  public:
-  // Opens an existing file read-only; throws InputError naming `path` if missing/unreadable.
+  // Opens an existing file read-only; throws InputError naming `path` if missing, not a
+  // regular file (a FIFO is refused without being opened), or not a readable HDF5 file.
+  // Every later failure on this file is an InputError too ("<path>: <object>: ...").
   static File open_read(const std::string& path);
   // Creates (truncates) a file for writing.
   static File create(const std::string& path);
 
   const std::string& path() const { return path_; }
   hid_t id() const { return h_.id(); }
+  // Opened by open_read: any failure reading it is an input error (exit code 2).
+  bool read_only() const { return read_only_; }
   bool exists(const std::string& object_path) const;  // group or dataset ("/a/b")
   void create_group(const std::string& group_path);    // creates missing parents too
 
-  // 1-D datasets. `dims` of a dataset: its shape (throws InputError if missing).
+  // 1-D datasets. `dims` of a dataset: its shape (throws InputError if missing or if the
+  // object is a group, "<path>: <dataset>: is a group (expected a dataset)").
   std::vector<hsize_t> dims(const std::string& dataset) const;
   // The dataset's stored element class: H5T_INTEGER or H5T_FLOAT, and size in bytes.
   H5T_class_t type_class(const std::string& dataset) const;
@@ -71,13 +82,23 @@ class File {
   double attr_f64(const std::string& object_path, const std::string& name) const;
   std::string attr_str(const std::string& object_path, const std::string& name) const;
 
-  // Flushes and closes; further use is an error. Destructor closes silently.
+  File(File&&) noexcept = default;
+  File& operator=(File&&) noexcept = default;
+  // Closes silently. A file created for writing whose metadata cannot be flushed any more
+  // (a full disk) is emptied first (ftruncate to 0) so that HDF5 can close it: the caller is
+  // discarding it anyway (AtomicFile removes the temporary).
+  ~File();
+
+  // Flushes and closes; further use is an error. If the flush fails (e.g. ENOSPC), the file
+  // is emptied and closed as in the destructor, and fsdp::Error names the file and the
+  // system error ("No space left on device").
   void close();
 
  private:
   File(Handle h, std::string path) : h_(std::move(h)), path_(std::move(path)) {}
   Handle h_;
   std::string path_;
+  bool read_only_ = false;
 };
 
 }  // namespace fsdp::h5

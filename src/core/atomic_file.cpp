@@ -1,0 +1,128 @@
+// Atomic file publication: temp name, fsync, rename, directory fsync (see
+// fsdp/core/atomic_file.hpp).
+#include "fsdp/core/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "fsdp/core/error.hpp"
+
+namespace fs = std::filesystem;
+
+namespace fsdp {
+
+namespace {
+
+// Owns one file descriptor.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  // Closes now; returns close(2)'s result (a deferred write error shows up here on NFS).
+  int close() {
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+std::string parent_or_dot(const std::string& path) {
+  const fs::path p = fs::path(path).parent_path();
+  return p.empty() ? std::string(".") : p.string();
+}
+
+}  // namespace
+
+void fsync_path(const std::string& path, bool directory) {
+  Fd fd(::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY | O_CLOEXEC) : (O_RDONLY | O_CLOEXEC)));
+  if (fd.get() < 0) throw Error(path + ": cannot open for fsync: " + std::strerror(errno));
+  if (::fsync(fd.get()) != 0) throw Error(path + ": fsync failed: " + std::strerror(errno));
+}
+
+void rename_durably(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    throw Error(to + ": cannot rename from " + from + ": " + std::strerror(errno));
+  }
+  fsync_path(parent_or_dot(to), true);
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
+  remove_tmp();
+}
+
+AtomicFile::~AtomicFile() {
+  if (!committed_) remove_tmp();
+}
+
+void AtomicFile::remove_tmp() noexcept {
+  std::error_code ec;
+  fs::remove(tmp_path_, ec);
+}
+
+void AtomicFile::commit() {
+  if (committed_) throw Error(path_ + ": AtomicFile::commit called twice");
+  try {
+    {
+      Fd fd(::open(tmp_path_.c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd.get() < 0) throw Error(path_ + ": cannot open " + tmp_path_ + " for fsync: " + std::strerror(errno));
+      if (::fsync(fd.get()) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
+    }
+    if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+      throw Error(path_ + ": cannot rename from " + tmp_path_ + ": " + std::strerror(errno));
+    }
+    committed_ = true;  // the temporary is gone: nothing to remove any more
+    fsync_path(parent_or_dot(path_), true);
+  } catch (...) {
+    if (!committed_) remove_tmp();
+    throw;
+  }
+}
+
+void AtomicFile::write(const std::function<void(const std::string& tmp)>& fill) {
+  try {
+    fill(tmp_path_);
+  } catch (const Error& e) {
+    remove_tmp();
+    std::string msg = e.what();
+    for (const std::string& name : {tmp_path_, path_}) {  // name the final file once
+      const std::string prefix = name + ": ";
+      if (msg.compare(0, prefix.size(), prefix) == 0) msg.erase(0, prefix.size());
+    }
+    throw Error(path_ + ": " + msg, e.exit_code());
+  } catch (...) {
+    remove_tmp();
+    throw;
+  }
+  commit();
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  AtomicFile file(path);
+  file.write([&](const std::string& tmp) {
+    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) throw Error(path + ": cannot create " + tmp + ": " + std::strerror(errno));
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw Error(path + ": write failed: " + std::strerror(errno));
+      done += static_cast<std::size_t>(n);
+    }
+    if (fd.close() != 0) throw Error(path + ": write failed: " + std::strerror(errno));
+  });
+}
+
+}  // namespace fsdp

@@ -1,0 +1,28 @@
+// fsdp::printable: untrusted bytes made printable for one-line messages (see
+// fsdp/core/error.hpp). Kept apart from error.cpp (MPI, HDF5) so that code built alone, such as
+// the safetensors fuzzer, can link it.
+#include "fsdp/core/error.hpp"
+
+namespace fsdp {
+
+std::string printable(std::string_view s, std::size_t max_bytes) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i == max_bytes) {
+      out += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# tests/cli/disk_full.sh: fsdp_train on a full disk (docs/checkpoint.md "Write errors").
+#
+#   bash tests/cli/disk_full.sh FSDP_TRAIN FSDP_PREPARE MPIEXEC CASE
+#
+# train.run_dir is a small tmpfs mounted for the test, so it needs root and a kernel that
+# lets it mount; otherwise the case exits 77 (ctest: SKIP_RETURN_CODE).
+#
+# CASE save_enospc: the tmpfs holds one checkpoint and a half (sized from a checkpoint of
+#   the same model on the ordinary disk). A run saves step 2; resumed with checkpoint.every
+#   = 2 and max_steps = 4, its save of step 4 runs out of space. That run exits 1 (not 139:
+#   no crash in HDF5 at exit) with one line naming the file of step_00000004 and "No space
+#   left on device"; `latest` still names step_00000002, and both are byte-identical to what
+#   they were before; no *.tmp file or step_*.tmp directory is left, the lock is released.
+# CASE metrics_enospc: the tmpfs has room for the start-up probes and a few lines of
+#   metrics.jsonl only. The run stops with exit 1 and one line naming metrics.jsonl and "No
+#   space left on device"; every line left in metrics.jsonl is complete JSON.
+# shellcheck source=tests/cli/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+DISK=$WORK/disk
+mkdir -p "$DISK"
+# mount_disk SIZE: a tmpfs of SIZE at $DISK, or exit 77 (skipped) when mount is refused.
+mount_disk() {
+  if [ "$(id -u)" -ne 0 ] || ! mount -t tmpfs -o "size=$1" tmpfs "$DISK" 2>/dev/null; then
+    echo "${CASE}: SKIPPED: needs root and permission to mount a tmpfs (mount -t tmpfs failed)"
+    exit 77
+  fi
+  trap 'umount "$DISK" 2>/dev/null; rm -rf "$WORK"' EXIT
+}
+
+# expect_no_tmp DIR: no *.tmp file or directory under DIR.
+expect_no_tmp() {
+  local left
+  left=$(find "$1" -name '*.tmp')
+  if [ -n "$left" ]; then fail "temporary files left behind: $left"; fi
+}
+
+case "$CASE" in
+  save_enospc)
+    tiny_config tiny.toml
+    # Size of one checkpoint of this model, measured on the ordinary disk.
+    run_train tiny.toml --set train.max_steps=2 --set train.run_dir="$WORK/measure"
+    expect_rc 0
+    ckpt_kb=$(du -sk "$WORK/measure/checkpoints/step_00000002" | cut -f1)
+    # Room for one checkpoint and a half, plus the lock, metrics and `latest` (pages of 4 KiB).
+    size_kb=$((ckpt_kb * 3 / 2 + 32))
+    echo "one checkpoint: ${ckpt_kb} KiB; tmpfs: ${size_kb} KiB"
+    mount_disk "${size_kb}k"
+    sed -i "s|^run_dir = .*|run_dir = \"$DISK/run\"|" tiny.toml
+    # Step 2 saved (fits), then resumed to step 4 with checkpoint.every = 2: the save of step
+    # 4 does not fit next to step 2.
+    run_train tiny.toml --set train.max_steps=2 --set optim.decay_steps=4
+    expect_rc 0
+    before=$(cd "$DISK/run/checkpoints" && sha256sum latest step_00000002/*)
+    run_train tiny.toml --set train.max_steps=4 --set optim.decay_steps=4 --set checkpoint.every=2 --resume
+    if [ "$RC" -eq 139 ] || grep -q "Segmentation fault\|signal 11" "$ERR"; then fail "fsdp_train crashed (exit $RC)"; fi
+    expect_rc 1
+    expect_one_error fsdp_train "step_00000004" "No space left on device"
+    if [ "$(tr -d '[:space:]' <"$DISK/run/checkpoints/latest")" != step_00000002 ]; then
+      fail "latest does not name step_00000002 after the failed save"
+    fi
+    after=$(cd "$DISK/run/checkpoints" && sha256sum latest step_00000002/*)
+    if [ "$before" != "$after" ]; then fail "latest or step_00000002 changed:"$'\n'"$before"$'\n'"$after"; fi
+    expect_no_tmp "$DISK/run"
+    if [ -e "$DISK/run/checkpoints/step_00000004" ]; then fail "a step_00000004 directory was published"; fi
+    if [ -s "$DISK/run/fsdp_train.lock" ]; then fail "the lock file was not released"; fi
+    ;;
+  metrics_enospc)
+    tiny_config tiny.toml
+    mount_disk 256k
+    sed -i "s|^run_dir = .*|run_dir = \"$DISK/run\"|" tiny.toml
+    # Fill the tmpfs, then free two pages: one for the lock line, one for the write probe of
+    # checkpoints/ (removed again) and then metrics.jsonl, which runs out after ~25 lines.
+    dd if=/dev/zero of="$DISK/filler" bs=4096 2>/dev/null
+    truncate -s -8192 "$DISK/filler"
+    run_train tiny.toml --set train.max_steps=200 --set checkpoint.every=0
+    if [ "$RC" -eq 139 ]; then fail "fsdp_train crashed (exit 139)"; fi
+    expect_rc 1
+    expect_one_error fsdp_train "$DISK/run/metrics.jsonl" "No space left on device"
+    python3 - "$DISK/run/metrics.jsonl" <<'EOF' || fail "metrics.jsonl holds an incomplete line"
+import json, sys
+lines = open(sys.argv[1]).read().split("\n")
+assert lines[-1] == "", "last line not terminated"
+steps = [json.loads(l)["step"] for l in lines[:-1]]
+assert steps == list(range(1, len(steps) + 1)) and 1 <= len(steps) < 200, steps
+EOF
+    if [ -e "$DISK/run/checkpoints/latest" ]; then fail "a checkpoint was published after the failure"; fi
+    expect_no_tmp "$DISK/run"
+    ;;
+  *)
+    echo "disk_full.sh: unknown case '$CASE'" >&2
+    exit 2
+    ;;
+esac
+finish
