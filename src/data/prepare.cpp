@@ -150,7 +150,10 @@ std::vector<fs::path> collect_input_files(const std::vector<std::string>& inputs
   files.erase(std::unique(files.begin(), files.end()), files.end());
   if (files.empty()) {
     std::string list;
-    for (const auto& in : inputs) list += (list.empty() ? "" : " ") + printable(in);
+    for (const auto& in : inputs) {
+      if (!list.empty()) list += ' ';
+      list += printable(in);
+    }
     throw InputError("no input files in " + (list.empty() ? std::string("(none given)") : list) +
                      " (expected regular files; symlinks and *.dat are skipped)");
   }

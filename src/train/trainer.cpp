@@ -418,6 +418,13 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     return result;
   }
 
+  // Memory before allocation, and before anything is written: a plan that cannot fit is
+  // refused with nothing created.
+  collective_guard(group, [&] {
+    check_memory_fits(job, plan_memory(job.family.modules(cfg.model), cfg, world,
+                                       job.mesh->shard_size()),
+                      act_bytes);
+  });
   // Rank 0 locks train.run_dir before anything is written there, refuses a fresh run into an
   // earlier run's directory, and proves checkpoints/ writable (metrics.jsonl: below).
   collective_guard(group, [&] {
@@ -426,11 +433,6 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   if (!job.run_dir.stale_holder().empty()) {
     job.log("train.run_dir: taking over the stale lock of " + job.run_dir.stale_holder());
   }
-  collective_guard(group, [&] {
-    check_memory_fits(job, plan_memory(job.family.modules(cfg.model), cfg, world,
-                                       job.mesh->shard_size()),
-                      act_bytes);
-  });
   collective_guard(group, [&] {
     job.model = job.family.create(cfg.model, *job.backend, act_dtype,
                                   cfg.fsdp.activation_checkpointing);
