@@ -5,8 +5,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include <algorithm>
+#include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/detail/hdf5.hpp"
 
@@ -26,7 +31,48 @@ using nlohmann::json;
 
 namespace fsdp::ckpt {
 
+// The checksum is over the little-endian bytes; the in-memory floats are those bytes.
+static_assert(std::endian::native == std::endian::little, "checkpoint checksums assume a little-endian host");
+
+// Blocked so the common (all finite) case is a branch-free, vectorisable pass.
+int64_t first_nonfinite(const float* data, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    uint32_t bad = 0;
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t bits = std::bit_cast<uint32_t>(data[i]);
+      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    if (bad)
+      for (int64_t i = b; i < e; ++i)
+        if (!std::isfinite(data[i])) return i;
+  }
+  return -1;
+}
+
 namespace {
+
+std::string float_name(float v) { return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf"); }
+
+std::string hex64(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// "tensor /units/3/param (unit h.1)": how integrity messages name a dataset.
+std::string tensor_name(int unit, const std::string& unit_name, const std::string& dataset) {
+  return "tensor /units/" + std::to_string(unit) + "/" + dataset + " (unit " + unit_name + ")";
+}
+
+// "flat element 1041, parameter h.1.ln_1.weight" (or "padding") for a flat element index.
+std::string flat_element_name(const FlatParamLayout& l, int64_t flat) {
+  std::string where = "flat element " + std::to_string(flat);
+  for (const FlatEntry& e : l.entries)
+    if (flat >= e.offset && flat < e.offset + e.spec.numel()) return where + ", parameter " + e.spec.name;
+  return where + ", padding";
+}
 
 // fsyncs a file or directory so a following rename publishes durable contents.
 void fsync_path(const std::string& path, bool directory) {
@@ -129,6 +175,21 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
   if (meta.shard_index < 0 || meta.shard_index >= meta.shard_size)
     throw Error(path + ": shard_index " + std::to_string(meta.shard_index) + " out of range [0, " +
                 std::to_string(meta.shard_size) + ")");
+  // Never publish a non-finite value: a resume would load it and every later step be NaN.
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const UnitShardView& v = units[u];
+    auto check = [&](const std::string& dataset, const float* data) {
+      const int64_t bad = first_nonfinite(data, v.layout->shard_numel);
+      if (bad >= 0)
+        throw Error(path + ": refusing to save step " + std::to_string(meta.step) + ": " +
+                    tensor_name(static_cast<int>(u), v.layout->unit_name, dataset) + " element " +
+                    std::to_string(bad) + " (" +
+                    flat_element_name(*v.layout, meta.shard_index * v.layout->shard_numel + bad) +
+                    ") is " + float_name(data[bad]));
+    };
+    check("param", v.param);
+    for (const auto& [name, ptr] : v.state) check(name, ptr);
+  }
 
   const std::string tmp = path + ".tmp";
   try {
@@ -150,6 +211,7 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
     f.set_attr("/", "loss_scale_good_steps", meta.loss_scale_good_steps);
     f.set_attr("/", "model_config", meta.model_config_json);
     f.set_attr("/", "train_config", meta.train_config_toml);
+    f.set_attr("/", "config_fingerprint", meta.config_fingerprint);
     f.set_attr("/", "num_units", static_cast<int64_t>(units.size()));
     f.create_group("/units");
     for (std::size_t u = 0; u < units.size(); ++u) {
@@ -167,8 +229,12 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
       for (const auto& s : v.state) names.push_back(s.first);
       f.set_attr(g, "state", names.dump());
       const std::vector<hsize_t> shape{static_cast<hsize_t>(l.shard_numel)};
-      f.write_f32(g + "/param", v.param, shape);
-      for (const auto& [name, ptr] : v.state) f.write_f32(g + "/" + name, ptr, shape);
+      auto write = [&](const std::string& dataset, const float* data) {
+        f.write_f32(g + "/" + dataset, data, shape);
+        f.set_attr(g + "/" + dataset, kChecksumAttr, checksum_hex(data, l.shard_numel));
+      };
+      write("param", v.param);
+      for (const auto& [name, ptr] : v.state) write(name, ptr);
     }
     f.close();
     fsync_path(tmp, false);
@@ -197,11 +263,16 @@ ShardFile ShardFile::open(const std::string& path) {
     throw InputError(path + ": not an fsdp_train checkpoint (root attribute format != \"" +
                      std::string(kFormatName) + "\")");
   const int64_t version = f.attr_i64("/", "format_version");
-  if (version != kFormatVersion)
+  if (version < kMinFormatVersion || version > kFormatVersion)
     throw InputError(path + ": unsupported checkpoint format_version " + std::to_string(version) +
-                     " (expected " + std::to_string(kFormatVersion) + ")");
+                     " (expected " + std::to_string(kMinFormatVersion) + " to " +
+                     std::to_string(kFormatVersion) + ")");
   CheckpointMeta& m = sf.meta_;
+  m.format_version = version;
   m.step = f.attr_i64("/", "step");
+  if (m.step < 0 || m.step > kMaxStep)
+    throw InputError(path + ": root attribute step = " + std::to_string(m.step) +
+                     " is out of range [0, 2^40]: the file is corrupted");
   m.world_size = static_cast<int>(f.attr_i64("/", "world_size"));
   m.shard_size = static_cast<int>(f.attr_i64("/", "shard_size"));
   m.replicate_size = static_cast<int>(f.attr_i64("/", "replicate_size"));
@@ -212,11 +283,15 @@ ShardFile ShardFile::open(const std::string& path) {
   m.sampler_epoch = f.attr_i64("/", "sampler_epoch");
   m.sampler_position = f.attr_i64("/", "sampler_position");
   m.optimizer_updates = f.has_attr("/", "optimizer_updates") ? f.attr_i64("/", "optimizer_updates") : m.step;
+  if (m.optimizer_updates < 0 || m.optimizer_updates > m.step)
+    throw InputError(path + ": root attribute optimizer_updates = " + std::to_string(m.optimizer_updates) +
+                     " is out of range [0, step = " + std::to_string(m.step) + "]: the file is corrupted");
   m.loss_scale = f.has_attr("/", "loss_scale") ? f.attr_f64("/", "loss_scale") : 0.0;
   m.loss_scale_good_steps =
       f.has_attr("/", "loss_scale_good_steps") ? f.attr_i64("/", "loss_scale_good_steps") : 0;
   m.model_config_json = f.attr_str("/", "model_config");
   m.train_config_toml = f.attr_str("/", "train_config");
+  if (version >= 2) m.config_fingerprint = f.attr_str("/", "config_fingerprint");
   const int64_t num_units = f.attr_i64("/", "num_units");
   if (num_units < 0) throw InputError(path + ": negative num_units");
   for (int u = 0; u < num_units; ++u) {
@@ -257,6 +332,7 @@ ShardFile ShardFile::open(const std::string& path) {
     sf.layouts_.push_back(std::move(l));
     sf.state_names_.push_back(std::move(state));
   }
+  sf.verified_.resize(sf.layouts_.size());
   return sf;
 }
 
@@ -275,12 +351,94 @@ bool ShardFile::has_dataset(int unit, const std::string& dataset) const {
   return false;
 }
 
+bool ShardFile::is_verified(int unit, const std::string& dataset) const {
+  const auto& v = verified_.at(static_cast<std::size_t>(unit));
+  return std::find(v.begin(), v.end(), dataset) != v.end();
+}
+
+namespace {
+
+// The end of a verification: checksum first (a mismatch means the bytes are not the ones
+// written, whatever they hold), then finiteness.
+void verify_result(const h5::File& f, int64_t version, int unit, const FlatParamLayout& l,
+                   int shard_index, const std::string& dataset, uint64_t computed, int64_t bad,
+                   float bad_value) {
+  const std::string ds = unit_group(unit) + "/" + dataset;
+  const std::string where = f.path() + ": " + tensor_name(unit, l.unit_name, dataset) + ": ";
+  if (version >= 2) {
+    if (!f.has_attr(ds, kChecksumAttr))
+      throw InputError(where + "no " + std::string(kChecksumAttr) + " checksum attribute (format_version " +
+                       std::to_string(version) + " has one per dataset): the file is corrupted");
+    const std::string stored = f.attr_str(ds, kChecksumAttr);
+    if (stored != hex64(computed))
+      throw InputError(where + "checksum mismatch (stored " + safetensors::escape_name(stored.substr(0, 32)) +
+                       ", computed " + hex64(computed) + "): the file is corrupted");
+  }
+  if (bad >= 0)
+    throw InputError(where + "element " + std::to_string(bad) + " (" +
+                     flat_element_name(l, shard_index * l.shard_numel + bad) + ") is " +
+                     float_name(bad_value) + ": the checkpoint holds a non-finite value");
+}
+
+}  // namespace
+
+void ShardFile::check_data(int unit, const std::string& dataset, const float* data, int64_t n) const {
+  const int64_t bad = first_nonfinite(data, n);
+  verify_result(*file_, meta_.format_version, unit, layouts_[unit], meta_.shard_index, dataset,
+                XXH3_64bits(data, static_cast<std::size_t>(n) * sizeof(float)), bad,
+                bad >= 0 ? data[bad] : 0.0f);
+  verified_[static_cast<std::size_t>(unit)].push_back(dataset);
+}
+
+void ShardFile::verify(int unit, const std::string& dataset) const {
+  if (!has_dataset(unit, dataset))
+    throw InputError(path() + ": unit " + std::to_string(unit) + " has no dataset \"" + dataset + "\"");
+  if (is_verified(unit, dataset)) return;
+  const int64_t n = layouts_[unit].shard_numel;
+  constexpr int64_t kChunk = int64_t{1} << 20;  // floats: 4 MiB
+  std::vector<float> buf(static_cast<std::size_t>(std::min(n, kChunk)));
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> st(XXH3_createState(), &XXH3_freeState);
+  if (!st || XXH3_64bits_reset(st.get()) != XXH_OK) throw Error("xxHash: cannot create a hash state");
+  int64_t bad = -1;
+  float bad_value = 0.0f;
+  for (int64_t b = 0; b < n; b += kChunk) {
+    const int64_t c = std::min(kChunk, n - b);
+    file_->read_f32(unit_group(unit) + "/" + dataset, buf.data(), static_cast<hsize_t>(b), static_cast<hsize_t>(c));
+    XXH3_64bits_update(st.get(), buf.data(), static_cast<std::size_t>(c) * sizeof(float));
+    if (bad < 0) {
+      const int64_t i = first_nonfinite(buf.data(), c);
+      if (i >= 0) {
+        bad = b + i;
+        bad_value = buf[static_cast<std::size_t>(i)];
+      }
+    }
+  }
+  verify_result(*file_, meta_.format_version, unit, layouts_[unit], meta_.shard_index, dataset,
+                XXH3_64bits_digest(st.get()), bad, bad_value);
+  verified_[static_cast<std::size_t>(unit)].push_back(dataset);
+}
+
+void ShardFile::verify_all() const {
+  for (int u = 0; u < num_units(); ++u) {
+    verify(u, "param");
+    for (const std::string& s : state_names_[u]) verify(u, s);
+  }
+}
+
 void ShardFile::read_unit_range(int unit, const std::string& dataset, int64_t offset, int64_t count,
                                 float* out) const {
   if (!has_dataset(unit, dataset))
     throw InputError(path() + ": unit " + std::to_string(unit) + " has no dataset \"" + dataset + "\"");
+  const int64_t n = layouts_[unit].shard_numel;
+  if (offset < 0 || count < 0 || offset + count > n)
+    throw Error(path() + ": " + tensor_name(unit, layouts_[unit].unit_name, dataset) + ": range [" +
+                std::to_string(offset) + ", " + std::to_string(offset + count) + ") outside its " +
+                std::to_string(n) + " elements");
+  const bool whole = offset == 0 && count == n;
+  if (!whole) verify(unit, dataset);  // streamed once, before the first partial read
   file_->read_f32(unit_group(unit) + "/" + dataset, out, static_cast<hsize_t>(offset),
                   static_cast<hsize_t>(count));
+  if (whole && !is_verified(unit, dataset)) check_data(unit, dataset, out, n);
 }
 
 void ShardFile::read_unit(int unit, const std::string& dataset, float* out) const {
@@ -366,6 +524,12 @@ CheckpointSet CheckpointSet::open(const std::string& step_dir) {
       }
       if (m.model_config_json != first.meta().model_config_json)
         throw InputError(p + ": model_config differs from " + first.path());
+      if (m.format_version != first.meta().format_version)
+        throw InputError(p + ": format_version " + std::to_string(m.format_version) + " differs from " +
+                         first.path() + " (format_version " + std::to_string(first.meta().format_version) + ")");
+      if (m.config_fingerprint != first.meta().config_fingerprint)
+        throw InputError(p + ": config_fingerprint " + m.config_fingerprint + " differs from " + first.path() +
+                         " (" + first.meta().config_fingerprint + "): the shards come from different runs");
       for (int u = 0; u < sf.num_units(); ++u)
         if (sf.state_names(u) != first.state_names(u))
           throw InputError(p + ": unit " + std::to_string(u) + " optimizer-state datasets differ from " +
@@ -374,6 +538,10 @@ CheckpointSet CheckpointSet::open(const std::string& step_dir) {
     set.shards_.push_back(std::move(sf));
   }
   return set;
+}
+
+void CheckpointSet::verify_all() const {
+  for (const ShardFile& s : shards_) s.verify_all();
 }
 
 void CheckpointSet::read_flat(int unit, const std::string& dataset, int64_t begin, int64_t count,
@@ -412,6 +580,10 @@ ShardFile open_for_resume(const std::string& step_dir, const CheckpointMeta& exp
 // ---- directories ----
 
 std::string shape_json(const std::vector<int64_t>& shape) { return json(shape).dump(); }
+
+std::string checksum_hex(const float* data, int64_t count) {
+  return hex64(XXH3_64bits(data, static_cast<std::size_t>(count) * sizeof(float)));
+}
 
 std::string checkpoints_dir(const std::string& run_dir) {
   return (fs::path(run_dir) / "checkpoints").string();
@@ -483,12 +655,24 @@ std::optional<std::string> find_latest(const std::string& run_dir) {
   const std::string path = (dir / "latest").string();
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
-  std::ifstream in(path);
-  std::string name;
-  if (!in || !std::getline(in, name)) throw InputError(path + ": cannot read (expected a step directory name)");
+  // The content is untrusted: read at most 4 KiB, quote it escaped and cut.
+  constexpr std::size_t kMaxLatest = 4096;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot read (expected a step directory name)");
+  std::string content(kMaxLatest + 1, '\0');
+  in.read(content.data(), static_cast<std::streamsize>(content.size()));
+  content.resize(static_cast<std::size_t>(in.gcount()));
+  const std::string expected = " (expected one line such as " + step_dir_name(100) + ")";
+  if (content.size() > kMaxLatest)
+    throw InputError(path + ": longer than " + std::to_string(kMaxLatest) + " bytes" + expected);
+  std::string name = content.substr(0, content.find('\n'));
   while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
-  if (name.empty() || name.find('/') != std::string::npos)
-    throw InputError(path + ": invalid content \"" + name + "\" (expected e.g. " + step_dir_name(100) + ")");
+  static const std::regex step_pat(R"(step_[0-9]{8,18})");
+  if (!std::regex_match(name, step_pat)) {
+    const bool cut = name.size() > 64;
+    throw InputError(path + ": invalid content \"" + safetensors::escape_name(name.substr(0, 64)) +
+                     (cut ? "...\"" : "\"") + expected);
+  }
   const std::string step = (dir / name).string();
   if (!fs::is_directory(step, ec))
     throw InputError(path + ": names " + name + " but " + step + " does not exist");
