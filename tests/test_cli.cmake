@@ -24,3 +24,15 @@ fsdp_cli_tests(bad_input cli_bad_input 2
 fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixed_precision dry_run t5_dry_run help version)
 fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume)
 fsdp_cli_tests(prepare cli_prepare 1 ok errors)
+
+# Checkpoint integrity (tests/cli/integrity.sh): corrupted, mixed-step and incompatible
+# checkpoints. fsdp_h5_poke edits HDF5 attributes and finds dataset offsets (no h5py needed).
+add_executable(fsdp_h5_poke cli/h5_poke.cpp)
+target_link_libraries(fsdp_h5_poke PRIVATE hdf5::hdf5)
+set(FSDP_INTEGRITY_CASES shard_from_other_step flipped_byte resume_changed_key bad_step_attr
+    max_steps_below garbage_latest)
+fsdp_cli_tests(integrity cli_integrity 2 ${FSDP_INTEGRITY_CASES})
+foreach(case IN LISTS FSDP_INTEGRITY_CASES)
+  set_tests_properties(cli_integrity_${case} PROPERTIES ENVIRONMENT
+    "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>;FSDP_H5_POKE=$<TARGET_FILE:fsdp_h5_poke>")
+endforeach()
