@@ -88,11 +88,12 @@ struct UnitShardView {
 // Writes one shard file: meta as root attributes, unit i as group /units/<i> (i = index in
 // `units`), each dataset with its `xxh3_64` checksum attribute. Writes `path + ".tmp"`,
 // fsyncs, then renames to `path`, so `path` is either absent or complete. Throws fsdp::Error
-// on I/O failure (the temp file is removed) and fsdp::Error, before touching the disk, on
-// invalid input (null pointers, layout whose num_shards != meta.shard_size, state name that
-// is empty, "param", or contains '/') and on a non-finite value: "<path>: refusing to save
-// step N: tensor /units/3/param (unit h.1) element 17 is nan" (a checkpoint is never
-// published with a NaN or infinity in it).
+// on I/O failure (the temp file is removed), before touching the disk on invalid input
+// (null pointers, layout whose num_shards != meta.shard_size, state name that is empty,
+// "param", or contains '/'), and on a non-finite value: "<path>: refusing to save step N:
+// tensor /units/3/param (unit h.1) element 17 (flat element 1041, parameter ...) is nan".
+// All buffers are scanned (and hashed, in the same pass) before the file is created, so a
+// NaN or infinity never reaches even the temporary file.
 void write_shard_file(const std::string& path, const CheckpointMeta& meta,
                       const std::vector<UnitShardView>& units);
 
