@@ -296,6 +296,20 @@ TEST_F(CheckpointTest, MissingOrForeignShardFilesAreInputErrors) {
                    {{&layouts[0], full[0].at("param").data() + 9, {}}, {&layouts[1], full[1].at("param").data() + 4, {}}});
   expect_input_error([&] { CheckpointSet::open(mixed); },
                      {shard_file_name(1, 2), "step 99", "differs from", shard_file_name(0, 2), "step 1234"});
+
+  // Same step, but shards of two different runs (another config fingerprint).
+  const std::string runs = path("two_runs");
+  CheckpointMeta a = make_meta(2, 0);
+  a.config_fingerprint = config_fingerprint("[train]\nseed = 1\n");
+  write_checkpoint(runs, a, layouts, full);
+  CheckpointMeta b = make_meta(2, 1);
+  b.config_fingerprint = config_fingerprint("[train]\nseed = 2\n");
+  ASSERT_NE(a.config_fingerprint, b.config_fingerprint);
+  write_shard_file((fs::path(runs) / shard_file_name(1, 2)).string(), b,
+                   {{&layouts[0], full[0].at("param").data() + 9, {}}, {&layouts[1], full[1].at("param").data() + 4, {}}});
+  expect_input_error([&] { CheckpointSet::open(runs); },
+                     {shard_file_name(1, 2) + ": config_fingerprint " + b.config_fingerprint + " differs from",
+                      shard_file_name(0, 2), "different runs"});
 }
 
 TEST_F(CheckpointTest, WriteRejectsMismatchedLayoutAndLeavesNoFile) {
