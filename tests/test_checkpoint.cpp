@@ -4,9 +4,12 @@
 // Hugging Face names and layouts. Layouts are built by hand here (FlatParamLayout::build
 // lives in the fsdp layer, which this layer does not link).
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -16,6 +19,7 @@
 
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/merge.hpp"
+#include "fsdp/checkpoint/resume.hpp"
 #include "fsdp/model/model.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/core/atomic_file.hpp"
@@ -292,7 +296,22 @@ TEST_F(CheckpointTest, MissingOrForeignShardFilesAreInputErrors) {
   auto full = full_buffers(layouts);
   write_shard_file((fs::path(mixed) / shard_file_name(1, 2)).string(), later,
                    {{&layouts[0], full[0].at("param").data() + 9, {}}, {&layouts[1], full[1].at("param").data() + 4, {}}});
-  expect_input_error([&] { CheckpointSet::open(mixed); }, {shard_file_name(1, 2), "step 99"});
+  expect_input_error([&] { CheckpointSet::open(mixed); },
+                     {shard_file_name(1, 2), "step 99", "differs from", shard_file_name(0, 2), "step 1234"});
+
+  // Same step, but shards of two different runs (another config fingerprint).
+  const std::string runs = path("two_runs");
+  CheckpointMeta a = make_meta(2, 0);
+  a.config_fingerprint = config_fingerprint("[train]\nseed = 1\n");
+  write_checkpoint(runs, a, layouts, full);
+  CheckpointMeta b = make_meta(2, 1);
+  b.config_fingerprint = config_fingerprint("[train]\nseed = 2\n");
+  ASSERT_NE(a.config_fingerprint, b.config_fingerprint);
+  write_shard_file((fs::path(runs) / shard_file_name(1, 2)).string(), b,
+                   {{&layouts[0], full[0].at("param").data() + 9, {}}, {&layouts[1], full[1].at("param").data() + 4, {}}});
+  expect_input_error([&] { CheckpointSet::open(runs); },
+                     {shard_file_name(1, 2) + ": config_fingerprint " + b.config_fingerprint + " differs from",
+                      shard_file_name(0, 2), "different runs"});
 }
 
 TEST_F(CheckpointTest, WriteRejectsMismatchedLayoutAndLeavesNoFile) {
@@ -726,4 +745,341 @@ TEST_F(CheckpointTest, MergeTinyT5IntoHuggingFaceLayout) {
   fs::remove_all(keep / "t5_hf_expected");
   fs::copy(dir, keep / "t5_step_00001234", fs::copy_options::recursive);
   fs::copy(path("hf"), keep / "t5_hf_expected", fs::copy_options::recursive);
+}
+
+// ---- integrity: checksums, finiteness, attribute ranges (format version 2) ----
+namespace {
+
+// Raw HDF5 edits, the way a corrupted or forged file would look.
+void raw_set_i64(const std::string& file, const std::string& obj, const std::string& name, int64_t v) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  if (f < 0) H5Eprint2(H5E_DEFAULT, stderr);
+  ASSERT_GE(f, 0);
+  if (H5Aexists_by_name(f, obj.c_str(), name.c_str(), H5P_DEFAULT) > 0)
+    H5Adelete_by_name(f, obj.c_str(), name.c_str(), H5P_DEFAULT);
+  const hid_t sp = H5Screate(H5S_SCALAR);
+  const hid_t a = H5Acreate_by_name(f, obj.c_str(), name.c_str(), H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(a, 0);
+  EXPECT_GE(H5Awrite(a, H5T_NATIVE_INT64, &v), 0);
+  H5Aclose(a);
+  H5Sclose(sp);
+  H5Fclose(f);
+}
+
+// Replaces an attribute by a fixed-length string (the reader takes either kind).
+void raw_set_str(const std::string& file, const std::string& obj, const std::string& name, const std::string& v) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  if (H5Aexists_by_name(f, obj.c_str(), name.c_str(), H5P_DEFAULT) > 0)
+    H5Adelete_by_name(f, obj.c_str(), name.c_str(), H5P_DEFAULT);
+  const hid_t t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, v.size());
+  const hid_t sp = H5Screate(H5S_SCALAR);
+  const hid_t a = H5Acreate_by_name(f, obj.c_str(), name.c_str(), t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(a, 0);
+  EXPECT_GE(H5Awrite(a, t, v.data()), 0);
+  H5Aclose(a);
+  H5Sclose(sp);
+  H5Tclose(t);
+  H5Fclose(f);
+}
+
+void raw_delete_attr(const std::string& file, const std::string& obj, const std::string& name) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  EXPECT_GE(H5Adelete_by_name(f, obj.c_str(), name.c_str(), H5P_DEFAULT), 0);
+  H5Fclose(f);
+}
+
+// Overwrites element `index` of a 1-D float dataset.
+void raw_write_element(const std::string& file, const std::string& ds, hsize_t index, float v) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  const hid_t d = H5Dopen2(f, ds.c_str(), H5P_DEFAULT);
+  ASSERT_GE(d, 0);
+  const hid_t fs_ = H5Dget_space(d);
+  const hsize_t one = 1;
+  H5Sselect_hyperslab(fs_, H5S_SELECT_SET, &index, nullptr, &one, nullptr);
+  const hid_t ms = H5Screate_simple(1, &one, nullptr);
+  const herr_t rc = H5Dwrite(d, H5T_NATIVE_FLOAT, ms, fs_, H5P_DEFAULT, &v);
+  if (rc < 0) H5Eprint2(H5E_DEFAULT, stderr);
+  EXPECT_GE(rc, 0);
+  H5Sclose(ms);
+  H5Sclose(fs_);
+  H5Dclose(d);
+  H5Fclose(f);
+}
+
+// Byte offset of a contiguous dataset's data in its file.
+uint64_t raw_offset(const std::string& file, const std::string& ds) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t d = H5Dopen2(f, ds.c_str(), H5P_DEFAULT);
+  const haddr_t off = H5Dget_offset(d);
+  H5Dclose(d);
+  H5Fclose(f);
+  return off;
+}
+
+void flip_byte(const std::string& file, uint64_t offset) {
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  io.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  io.seekp(static_cast<std::streamoff>(offset));
+  io.write(&c, 1);
+}
+
+std::string read_bytes(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_F(CheckpointTest, EveryDatasetCarriesItsXxh3Checksum) {
+  const auto layouts = two_units(2);
+  const auto full = full_buffers(layouts);
+  const std::string dir = path("step");
+  CheckpointMeta meta = make_meta(2, 0);
+  meta.config_fingerprint = config_fingerprint(meta.train_config_toml);
+  write_checkpoint(dir, meta, layouts, full);
+  const std::string file = (fs::path(dir) / shard_file_name(1, 2)).string();
+  {
+    const h5::File f = h5::File::open_read(file);
+    EXPECT_EQ(f.attr_i64("/", "format_version"), 2);
+    EXPECT_EQ(f.attr_str("/", "config_fingerprint"), meta.config_fingerprint);
+    EXPECT_EQ(meta.config_fingerprint.size(), 16u);
+    for (int u = 0; u < 2; ++u)
+      for (const char* d : {"param", "exp_avg", "exp_avg_sq"}) {
+        const std::string stored = f.attr_str("/units/" + std::to_string(u) + "/" + d, "xxh3_64");
+        // Shard 1's slice of the full buffer, hashed independently of the writer.
+        EXPECT_EQ(stored, checksum_hex(full[u].at(d).data() + layouts[u].shard_begin(1), layouts[u].shard_numel));
+        EXPECT_EQ(stored.size(), 16u);
+        EXPECT_EQ(stored.find_first_not_of("0123456789abcdef"), std::string::npos) << stored;
+      }
+  }
+  // XXH3-64 (seed 0) of the empty input, the reference value of the xxHash specification.
+  EXPECT_EQ(checksum_hex(nullptr, 0), "2d06800538d394c2");
+  const float one = 1.0f;
+  EXPECT_NE(checksum_hex(&one, 1), checksum_hex(full[0].at("param").data() + 1, 1));
+  const ShardFile sf = ShardFile::open(file);
+  EXPECT_EQ(sf.meta().format_version, 2);
+  EXPECT_EQ(sf.meta().config_fingerprint, meta.config_fingerprint);
+  EXPECT_NO_THROW(sf.verify_all());
+  const CheckpointSet set = CheckpointSet::open(dir);
+  EXPECT_NO_THROW(set.verify_all());
+}
+
+TEST_F(CheckpointTest, FlippedByteIsACorruptionNamingFileAndTensor) {
+  const auto layouts = two_units(2);
+  const auto full = full_buffers(layouts);
+  const std::string dir = path("step");
+  write_checkpoint(dir, make_meta(2, 0), layouts, full);
+  const std::string file = (fs::path(dir) / shard_file_name(1, 2)).string();
+  const uint64_t off = raw_offset(file, "/units/1/exp_avg");
+  ASSERT_NE(off, HADDR_UNDEF);
+  // The offset is right: the file holds shard 1's exp_avg bytes there.
+  const std::string bytes = read_bytes(file);
+  const float* want = full[1].at("exp_avg").data() + layouts[1].shard_begin(1);
+  ASSERT_EQ(0, std::memcmp(bytes.data() + off, want, 4 * sizeof(float)));
+  flip_byte(file, off + 6);  // element 1's mantissa: still a finite float
+
+  const std::vector<std::string> needles{file, "tensor /units/1/exp_avg (unit h.0)", "checksum mismatch",
+                                         "(stored ", ", computed ", "the file is corrupted"};
+  {
+    const ShardFile sf = ShardFile::open(file);  // metadata only: opens fine
+    std::vector<float> out(static_cast<std::size_t>(layouts[1].shard_numel));
+    EXPECT_NO_THROW(sf.read_unit(1, "param", out.data()));  // other datasets are intact
+    expect_input_error([&] { sf.read_unit(1, "exp_avg", out.data()); }, needles);
+  }
+  {
+    const ShardFile sf = ShardFile::open(file);  // a partial read verifies the whole dataset
+    float x = 0;
+    expect_input_error([&] { sf.read_unit_range(1, "exp_avg", 3, 1, &x); }, needles);
+  }
+  const CheckpointSet set = CheckpointSet::open(dir);
+  expect_input_error([&] { set.verify_all(); }, needles);
+  std::vector<float> flat(8);
+  expect_input_error([&] { set.read_flat(1, "exp_avg", 0, 8, flat.data()); }, needles);
+  expect_input_error([&] { merge_to_hf(dir, path("out")); }, needles);
+  EXPECT_FALSE(fs::exists(path("out")));  // refused before any output
+}
+
+TEST_F(CheckpointTest, NonFiniteValuesAreRefusedOnLoadAndSave) {
+  const auto layouts = two_units(2);
+  const auto full = full_buffers(layouts);
+  const std::string dir = path("step");
+  write_checkpoint(dir, make_meta(2, 0), layouts, full);
+  const std::string file = (fs::path(dir) / shard_file_name(0, 2)).string();
+  raw_write_element(file, "/units/0/param", 2, std::numeric_limits<float>::quiet_NaN());
+  {
+    // The checksum no longer matches: that is reported first.
+    const ShardFile sf = ShardFile::open(file);
+    std::vector<float> out(9);
+    expect_input_error([&] { sf.read_unit(0, "param", out.data()); }, {file, "/units/0/param", "checksum mismatch"});
+  }
+  // A NaN with a matching checksum (a writer that hashed the NaN): the finiteness check.
+  std::vector<float> shard(full[0].at("param").begin(), full[0].at("param").begin() + 9);
+  shard[4] = std::numeric_limits<float>::infinity();  // flat element 4: wte.weight
+  raw_write_element(file, "/units/0/param", 2, full[0].at("param")[2]);  // undo
+  raw_write_element(file, "/units/0/param", 4, shard[4]);
+  raw_set_str(file, "/units/0/param", "xxh3_64", checksum_hex(shard.data(), 9));
+  {
+    const ShardFile sf = ShardFile::open(file);
+    std::vector<float> out(9);
+    expect_input_error([&] { sf.read_unit(0, "param", out.data()); },
+                       {file, "tensor /units/0/param (unit root)", "element 4 (flat element 4, parameter wte.weight) is inf"});
+    const CheckpointSet set = CheckpointSet::open(dir);
+    expect_input_error([&] { merge_to_hf(dir, path("out")); }, {file, "element 4", "is inf"});
+    EXPECT_FALSE(fs::exists(path("out")));
+  }
+
+  // Saving a NaN is an Error (not an input error) naming the step and tensor; nothing written.
+  auto bad = full_buffers(layouts);
+  bad[1].at("exp_avg_sq")[7] = -std::numeric_limits<float>::infinity();  // shard 1, element 3: padding
+  try {
+    write_checkpoint(path("bad"), make_meta(2, 0), layouts, bad);
+    ADD_FAILURE() << "expected fsdp::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitRuntimeError);
+    const std::string msg = e.what();
+    for (const char* n : {"refusing to save step 1234", "tensor /units/1/exp_avg_sq (unit h.0) element 3",
+                          "(flat element 7, padding) is -inf", "shard_00001-of-00002.h5"})
+      EXPECT_NE(msg.find(n), std::string::npos) << msg << "\n  lacks: " << n;
+  }
+  EXPECT_FALSE(fs::exists(path("bad/shard_00001-of-00002.h5")));
+  EXPECT_FALSE(fs::exists(path("bad/shard_00001-of-00002.h5.tmp")));
+}
+
+TEST_F(CheckpointTest, Version1FilesLoadWithoutChecksums) {
+  const auto layouts = two_units(2);
+  const auto full = full_buffers(layouts);
+  const std::string dir = path("step");
+  write_checkpoint(dir, make_meta(2, 0), layouts, full);
+  // Turn both files into what format version 1 wrote: no checksums, no fingerprint.
+  for (int s = 0; s < 2; ++s) {
+    const std::string file = (fs::path(dir) / shard_file_name(s, 2)).string();
+    raw_set_i64(file, "/", "format_version", 1);
+    raw_delete_attr(file, "/", "config_fingerprint");
+    for (int u = 0; u < 2; ++u)
+      for (const char* d : {"param", "exp_avg", "exp_avg_sq"})
+        raw_delete_attr(file, "/units/" + std::to_string(u) + "/" + d, "xxh3_64");
+  }
+  const std::string file = (fs::path(dir) / shard_file_name(0, 2)).string();
+  {
+    const ShardFile sf = ShardFile::open(file);
+    EXPECT_EQ(sf.meta().format_version, 1);
+    EXPECT_EQ(sf.meta().config_fingerprint, "");
+    std::vector<float> out(9);
+    sf.read_unit(0, "exp_avg", out.data());
+    EXPECT_EQ(0, std::memcmp(out.data(), full[0].at("exp_avg").data(), 9 * sizeof(float)));
+    EXPECT_NO_THROW(CheckpointSet::open(dir).verify_all());
+  }
+  // Version 1 has no checksum to catch a flipped byte, but a non-finite value is still refused.
+  raw_write_element(file, "/units/0/exp_avg", 2, std::numeric_limits<float>::quiet_NaN());
+  const ShardFile sf = ShardFile::open(file);
+  std::vector<float> out(9);
+  expect_input_error([&] { sf.read_unit(0, "exp_avg", out.data()); }, {file, "/units/0/exp_avg", "element 2", "is nan"});
+  // A version-2 file without its checksum attribute is corrupted, not version 1.
+  const std::string dir2 = path("step2");
+  write_checkpoint(dir2, make_meta(2, 0), layouts, full);
+  const std::string file2 = (fs::path(dir2) / shard_file_name(0, 2)).string();
+  raw_delete_attr(file2, "/units/1/param", "xxh3_64");
+  {
+    const ShardFile sf2 = ShardFile::open(file2);
+    expect_input_error([&] { sf2.read_unit(1, "param", out.data()); }, {file2, "/units/1/param", "no xxh3_64 checksum"});
+  }
+  // Versions this build does not know are refused.
+  raw_set_i64(file2, "/", "format_version", 3);
+  expect_input_error([&] { ShardFile::open(file2); }, {file2, "unsupported checkpoint format_version 3"});
+}
+
+TEST_F(CheckpointTest, StepAttributeOutOfRangeIsAnInputError) {
+  const auto layouts = two_units(2);
+  const std::string dir = path("step");
+  write_checkpoint(dir, make_meta(2, 0), layouts, full_buffers(layouts));
+  const std::string file = (fs::path(dir) / shard_file_name(0, 2)).string();
+  raw_set_i64(file, "/", "step", -5);
+  expect_input_error([&] { ShardFile::open(file); }, {file, "root attribute step = -5 is out of range"});
+  expect_input_error([&] { CheckpointSet::open(dir); }, {file, "step = -5"});
+  raw_set_i64(file, "/", "step", int64_t{1} << 62);
+  expect_input_error([&] { ShardFile::open(file); }, {file, "root attribute step = 4611686018427387904 is out of range"});
+  raw_set_i64(file, "/", "step", kMaxStep);  // the bound itself is accepted ...
+  raw_set_i64(file, "/", "optimizer_updates", 7);
+  EXPECT_EQ(ShardFile::open(file).meta().step, kMaxStep);
+  raw_set_i64(file, "/", "optimizer_updates", -1);  // ... optimizer_updates must lie in [0, step]
+  expect_input_error([&] { ShardFile::open(file); }, {file, "optimizer_updates = -1"});
+}
+
+TEST_F(CheckpointTest, GarbageInLatestIsQuotedEscapedAndCut) {
+  const std::string run = path("run");
+  fs::create_directories(checkpoints_dir(run));
+  const std::string latest = (fs::path(checkpoints_dir(run)) / "latest").string();
+  std::string garbage = "\x7f" "ELF\x02\x01\x01";
+  garbage += std::string("\0\x1b[31m\xff\xfe", 8);
+  garbage += std::string(500, 'A');
+  std::ofstream(latest, std::ios::binary) << garbage;
+  try {
+    find_latest(run);
+    ADD_FAILURE() << "expected fsdp::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.exit_code(), kExitInputError);
+    EXPECT_NE(msg.find(latest + ": invalid content \"\\x7fELF\\x02\\x01\\x01\\x00\\x1b[31m\\xff\\xfeAAA"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("...\" (expected one line such as step_00000100)"), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), latest.size() + 200) << msg;  // cut, not 500 A's
+    for (unsigned char c : msg) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << msg;
+  }
+  std::ofstream(latest, std::ios::binary | std::ios::trunc) << "../../etc\n";
+  expect_input_error([&] { find_latest(run); }, {latest, "invalid content \"../../etc\""});
+  std::ofstream(latest, std::ios::binary | std::ios::trunc) << std::string(5000, 's');
+  expect_input_error([&] { find_latest(run); }, {latest, "longer than 4096 bytes"});
+  std::ofstream(latest, std::ios::binary | std::ios::trunc) << "";
+  expect_input_error([&] { find_latest(run); }, {latest, "invalid content \"\""});
+}
+
+TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
+  const std::string saved =
+      "[model]\ntype = \"gpt2\"\nn_head = 4\nlayer_norm_epsilon = 1e-05\n"
+      "[train]\nseed = 1234\nmax_steps = 5\nglobal_batch_size = 8\n"
+      "[optim]\nname = \"adamw\"\nlr = 0.001\nbeta2 = 0.999\n[eval]\nevery = 10\n";
+  auto with = [](std::string t, const std::string& from, const std::string& to) {
+    const auto p = t.find(from);
+    EXPECT_NE(p, std::string::npos) << from;
+    return t.replace(p, from.size(), to);
+  };
+  const std::string file = "ck/shard_00000-of-00001.h5";
+  EXPECT_NO_THROW(check_resume_config(saved, saved, file));
+  // Mutable keys: max_steps, lr, the whole [eval] section.
+  const std::string mutated = with(with(with(saved, "max_steps = 5", "max_steps = 9"), "lr = 0.001", "lr = 0.0001"),
+                                   "every = 10", "every = 3");
+  EXPECT_NO_THROW(check_resume_config(saved, mutated, file));
+  EXPECT_EQ(config_fingerprint(saved), config_fingerprint(mutated));
+  EXPECT_TRUE(resume_key_may_change("train.max_steps"));
+  EXPECT_TRUE(resume_key_may_change("eval.max_windows"));
+  EXPECT_FALSE(resume_key_may_change("train.seed"));
+  EXPECT_FALSE(resume_key_may_change("model.n_head"));
+
+  struct Case {
+    std::string from, to, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"n_head = 4", "n_head = 8", "--resume: model.n_head differs (checkpoint has 4, config has 8) in " + file},
+           {"1e-05", "1e-06", "--resume: model.layer_norm_epsilon differs (checkpoint has 1e-05, config has 1e-06)"},
+           {"seed = 1234", "seed = 99", "--resume: train.seed differs (checkpoint has 1234, config has 99)"},
+           {"global_batch_size = 8", "global_batch_size = 16", "train.global_batch_size differs (checkpoint has 8, config has 16)"},
+           {"beta2 = 0.999", "beta2 = 0.95", "optim.beta2 differs (checkpoint has 0.999, config has 0.95)"},
+           {"name = \"adamw\"", "name = \"sgd\"", "optim.name differs (checkpoint has 'adamw', config has 'sgd')"},
+       }) {
+    const std::string run = with(saved, c.from, c.to);
+    expect_input_error([&] { check_resume_config(saved, run, file); }, {c.message});
+    EXPECT_NE(config_fingerprint(saved), config_fingerprint(run)) << c.from;
+  }
+  // model.type is reported before the keys that follow from it.
+  const std::string t5 = with(with(saved, "type = \"gpt2\"", "type = \"t5\""), "n_head = 4", "n_head = 8");
+  expect_input_error([&] { check_resume_config(saved, t5, file); }, {"model.type differs (checkpoint has 'gpt2', config has 't5')"});
+  // A key only one side has (another fsdp_train version) is not compared.
+  EXPECT_NO_THROW(check_resume_config(saved, saved + "[data]\nseq_len = 64\n", file));
+  expect_input_error([&] { check_resume_config("[model\n", saved, file); }, {file, "attribute train_config is not valid TOML"});
 }

@@ -34,3 +34,15 @@ fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_skips memo
 fsdp_cli_tests(signals cli_signals 2
   sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun sigusr1_mpirun second_sigint_exits_now sigstop_rank
   sigkill_rank)
+
+# Checkpoint integrity (tests/cli/integrity.sh): corrupted, mixed-step and incompatible
+# checkpoints. fsdp_h5_poke edits HDF5 attributes and finds dataset offsets (no h5py needed).
+add_executable(fsdp_h5_poke cli/h5_poke.cpp)
+target_link_libraries(fsdp_h5_poke PRIVATE hdf5::hdf5)
+set(FSDP_INTEGRITY_CASES shard_from_other_step flipped_byte resume_changed_key bad_step_attr
+    max_steps_below garbage_latest)
+fsdp_cli_tests(integrity cli_integrity 2 ${FSDP_INTEGRITY_CASES})
+foreach(case IN LISTS FSDP_INTEGRITY_CASES)
+  set_tests_properties(cli_integrity_${case} PROPERTIES ENVIRONMENT
+    "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>;FSDP_H5_POKE=$<TARGET_FILE:fsdp_h5_poke>")
+endforeach()

@@ -10,6 +10,7 @@ packages=(
   openmpi-bin libopenmpi-dev            # MPI bootstrap and CPU collectives
   libhdf5-dev                           # datasets and checkpoints (HDF5 C API)
   libopenblas-dev                       # CPU GEMMs
+  libxxhash-dev                         # checkpoint checksums (XXH3-64)
   libtomlplusplus-dev nlohmann-json3-dev libboost-program-options-dev
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
   clang libclang-rt-14-dev              # tests/fuzz_safetensors.sh (clang++, libFuzzer + ASan runtime)

@@ -2,8 +2,15 @@
 // and docs/checkpoint.md). All HDF5 access goes through fsdp::h5::File.
 #include "fsdp/checkpoint/checkpoint.hpp"
 
+// xxHash's header-only mode: compiled with our flags (-march=x86-64-v3), XXH3 uses AVX2 and
+// hashes at memory speed (Debian's libxxhash is built for baseline x86-64, half as fast).
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <algorithm>
+#include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/core/atomic_file.hpp"
+#include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/detail/hdf5.hpp"
 
@@ -24,7 +32,83 @@ using nlohmann::json;
 
 namespace fsdp::ckpt {
 
+// The checksum is over the little-endian bytes; the in-memory floats are those bytes.
+static_assert(std::endian::native == std::endian::little, "checkpoint checksums assume a little-endian host");
+
+// Blocked so the common (all finite) case is a branch-free, vectorisable pass.
+int64_t first_nonfinite(const float* data, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    uint32_t bad = 0;
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t bits = std::bit_cast<uint32_t>(data[i]);
+      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    if (bad)
+      for (int64_t i = b; i < e; ++i)
+        if (!std::isfinite(data[i])) return i;
+  }
+  return -1;
+}
+
 namespace {
+
+// One pass over a dataset's floats, in cache-sized blocks: each block is scanned for
+// non-finite values and then hashed while it is still in cache, so the data is read from
+// memory once. Feed the dataset in order with update(), possibly in several calls.
+class IntegrityScan {
+ public:
+  IntegrityScan() {
+    XXH3_INITSTATE(&state_);
+    if (XXH3_64bits_reset(&state_) != XXH_OK) throw Error("xxHash: cannot reset a hash state");
+  }
+  void update(const float* data, int64_t n) {
+    constexpr int64_t kBlock = 16384;  // floats: 64 KiB
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t c = std::min(kBlock, n - b);
+      if (bad_ < 0) {
+        const int64_t i = first_nonfinite(data + b, c);
+        if (i >= 0) {
+          bad_ = pos_ + b + i;
+          bad_value_ = data[b + i];
+        }
+      }
+      XXH3_64bits_update(&state_, data + b, static_cast<std::size_t>(c) * sizeof(float));
+    }
+    pos_ += n;
+  }
+  uint64_t digest() const { return XXH3_64bits_digest(&state_); }
+  int64_t first_bad() const { return bad_; }  // element index, -1 if all finite
+  float bad_value() const { return bad_value_; }
+
+ private:
+  XXH3_state_t state_;
+  int64_t pos_ = 0;
+  int64_t bad_ = -1;
+  float bad_value_ = 0.0f;
+};
+
+std::string float_name(float v) { return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf"); }
+
+std::string hex64(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// "tensor /units/3/param (unit h.1)": how integrity messages name a dataset.
+std::string tensor_name(int unit, const std::string& unit_name, const std::string& dataset) {
+  return "tensor /units/" + std::to_string(unit) + "/" + dataset + " (unit " + unit_name + ")";
+}
+
+// "flat element 1041, parameter h.1.ln_1.weight" (or "padding") for a flat element index.
+std::string flat_element_name(const FlatParamLayout& l, int64_t flat) {
+  std::string where = "flat element " + std::to_string(flat);
+  for (const FlatEntry& e : l.entries)
+    if (flat >= e.offset && flat < e.offset + e.spec.numel()) return where + ", parameter " + e.spec.name;
+  return where + ", padding";
+}
 
 std::string unit_group(int u) { return "/units/" + std::to_string(u); }
 
@@ -107,6 +191,26 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
   if (meta.shard_index < 0 || meta.shard_index >= meta.shard_size)
     throw Error(path + ": shard_index " + std::to_string(meta.shard_index) + " out of range [0, " +
                 std::to_string(meta.shard_size) + ")");
+  // Never publish a non-finite value: a resume would load it and every later step be NaN.
+  // The same pass (one read of each buffer, hashed block by block while in cache) computes
+  // the checksums: param, then the state datasets, unit by unit.
+  std::vector<std::string> sums;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const UnitShardView& v = units[u];
+    auto check = [&](const std::string& dataset, const float* data) {
+      IntegrityScan scan;
+      scan.update(data, v.layout->shard_numel);
+      if (const int64_t bad = scan.first_bad(); bad >= 0)
+        throw Error(path + ": refusing to save step " + std::to_string(meta.step) + ": " +
+                    tensor_name(static_cast<int>(u), v.layout->unit_name, dataset) + " element " +
+                    std::to_string(bad) + " (" +
+                    flat_element_name(*v.layout, meta.shard_index * v.layout->shard_numel + bad) +
+                    ") is " + float_name(scan.bad_value()));
+      sums.push_back(hex64(scan.digest()));
+    };
+    check("param", v.param);
+    for (const auto& [name, ptr] : v.state) check(name, ptr);
+  }
 
   AtomicFile out(path);
   out.write([&](const std::string& tmp) {
@@ -128,8 +232,10 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
     f.set_attr("/", "loss_scale_good_steps", meta.loss_scale_good_steps);
     f.set_attr("/", "model_config", meta.model_config_json);
     f.set_attr("/", "train_config", meta.train_config_toml);
+    f.set_attr("/", "config_fingerprint", meta.config_fingerprint);
     f.set_attr("/", "num_units", static_cast<int64_t>(units.size()));
     f.create_group("/units");
+    std::size_t next_sum = 0;
     for (std::size_t u = 0; u < units.size(); ++u) {
       const UnitShardView& v = units[u];
       const FlatParamLayout& l = *v.layout;
@@ -145,8 +251,12 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
       for (const auto& s : v.state) names.push_back(s.first);
       f.set_attr(g, "state", names.dump());
       const std::vector<hsize_t> shape{static_cast<hsize_t>(l.shard_numel)};
-      f.write_f32(g + "/param", v.param, shape);
-      for (const auto& [name, ptr] : v.state) f.write_f32(g + "/" + name, ptr, shape);
+      auto write = [&](const std::string& dataset, const float* data) {
+        f.write_f32(g + "/" + dataset, data, shape);
+        f.set_attr(g + "/" + dataset, kChecksumAttr, sums.at(next_sum++));
+      };
+      write("param", v.param);
+      for (const auto& [name, ptr] : v.state) write(name, ptr);
     }
     f.close();
   });
@@ -169,11 +279,16 @@ ShardFile ShardFile::open(const std::string& path) {
     throw InputError(path + ": not an fsdp_train checkpoint (root attribute format != \"" +
                      std::string(kFormatName) + "\")");
   const int64_t version = f.attr_i64("/", "format_version");
-  if (version != kFormatVersion)
+  if (version < kMinFormatVersion || version > kFormatVersion)
     throw InputError(path + ": unsupported checkpoint format_version " + std::to_string(version) +
-                     " (expected " + std::to_string(kFormatVersion) + ")");
+                     " (expected " + std::to_string(kMinFormatVersion) + " to " +
+                     std::to_string(kFormatVersion) + ")");
   CheckpointMeta& m = sf.meta_;
+  m.format_version = version;
   m.step = f.attr_i64("/", "step");
+  if (m.step < 0 || m.step > kMaxStep)
+    throw InputError(path + ": root attribute step = " + std::to_string(m.step) +
+                     " is out of range [0, 2^40]: the file is corrupted");
   m.world_size = static_cast<int>(f.attr_i64("/", "world_size"));
   m.shard_size = static_cast<int>(f.attr_i64("/", "shard_size"));
   m.replicate_size = static_cast<int>(f.attr_i64("/", "replicate_size"));
@@ -184,11 +299,15 @@ ShardFile ShardFile::open(const std::string& path) {
   m.sampler_epoch = f.attr_i64("/", "sampler_epoch");
   m.sampler_position = f.attr_i64("/", "sampler_position");
   m.optimizer_updates = f.has_attr("/", "optimizer_updates") ? f.attr_i64("/", "optimizer_updates") : m.step;
+  if (m.optimizer_updates < 0 || m.optimizer_updates > m.step)
+    throw InputError(path + ": root attribute optimizer_updates = " + std::to_string(m.optimizer_updates) +
+                     " is out of range [0, step = " + std::to_string(m.step) + "]: the file is corrupted");
   m.loss_scale = f.has_attr("/", "loss_scale") ? f.attr_f64("/", "loss_scale") : 0.0;
   m.loss_scale_good_steps =
       f.has_attr("/", "loss_scale_good_steps") ? f.attr_i64("/", "loss_scale_good_steps") : 0;
   m.model_config_json = f.attr_str("/", "model_config");
   m.train_config_toml = f.attr_str("/", "train_config");
+  if (version >= 2) m.config_fingerprint = f.attr_str("/", "config_fingerprint");
   const int64_t num_units = f.attr_i64("/", "num_units");
   if (num_units < 0) throw InputError(path + ": negative num_units");
   for (int u = 0; u < num_units; ++u) {
@@ -229,6 +348,7 @@ ShardFile ShardFile::open(const std::string& path) {
     sf.layouts_.push_back(std::move(l));
     sf.state_names_.push_back(std::move(state));
   }
+  sf.verified_.resize(sf.layouts_.size());
   return sf;
 }
 
@@ -247,12 +367,84 @@ bool ShardFile::has_dataset(int unit, const std::string& dataset) const {
   return false;
 }
 
+bool ShardFile::is_verified(int unit, const std::string& dataset) const {
+  const auto& v = verified_.at(static_cast<std::size_t>(unit));
+  return std::find(v.begin(), v.end(), dataset) != v.end();
+}
+
+namespace {
+
+// The end of a verification: checksum first (a mismatch means the bytes are not the ones
+// written, whatever they hold), then finiteness.
+void verify_result(const h5::File& f, int64_t version, int unit, const FlatParamLayout& l,
+                   int shard_index, const std::string& dataset, uint64_t computed, int64_t bad,
+                   float bad_value) {
+  const std::string ds = unit_group(unit) + "/" + dataset;
+  const std::string where = f.path() + ": " + tensor_name(unit, l.unit_name, dataset) + ": ";
+  if (version >= 2) {
+    if (!f.has_attr(ds, kChecksumAttr))
+      throw InputError(where + "no " + std::string(kChecksumAttr) + " checksum attribute (format_version " +
+                       std::to_string(version) + " has one per dataset): the file is corrupted");
+    const std::string stored = f.attr_str(ds, kChecksumAttr);
+    if (stored != hex64(computed))
+      throw InputError(where + "checksum mismatch (stored " + safetensors::escape_name(stored.substr(0, 32)) +
+                       ", computed " + hex64(computed) + "): the file is corrupted");
+  }
+  if (bad >= 0)
+    throw InputError(where + "element " + std::to_string(bad) + " (" +
+                     flat_element_name(l, shard_index * l.shard_numel + bad) + ") is " +
+                     float_name(bad_value) + ": the checkpoint holds a non-finite value");
+}
+
+}  // namespace
+
+void ShardFile::check_data(int unit, const std::string& dataset, const float* data, int64_t n) const {
+  IntegrityScan scan;
+  scan.update(data, n);
+  verify_result(*file_, meta_.format_version, unit, layouts_[unit], meta_.shard_index, dataset,
+                scan.digest(), scan.first_bad(), scan.bad_value());
+  verified_[static_cast<std::size_t>(unit)].push_back(dataset);
+}
+
+void ShardFile::verify(int unit, const std::string& dataset) const {
+  if (!has_dataset(unit, dataset))
+    throw InputError(path() + ": unit " + std::to_string(unit) + " has no dataset \"" + dataset + "\"");
+  if (is_verified(unit, dataset)) return;
+  const int64_t n = layouts_[unit].shard_numel;
+  constexpr int64_t kChunk = int64_t{1} << 20;  // floats: 4 MiB
+  std::vector<float> buf(static_cast<std::size_t>(std::min(n, kChunk)));
+  IntegrityScan scan;
+  for (int64_t b = 0; b < n; b += kChunk) {
+    const int64_t c = std::min(kChunk, n - b);
+    file_->read_f32(unit_group(unit) + "/" + dataset, buf.data(), static_cast<hsize_t>(b), static_cast<hsize_t>(c));
+    scan.update(buf.data(), c);
+  }
+  verify_result(*file_, meta_.format_version, unit, layouts_[unit], meta_.shard_index, dataset,
+                scan.digest(), scan.first_bad(), scan.bad_value());
+  verified_[static_cast<std::size_t>(unit)].push_back(dataset);
+}
+
+void ShardFile::verify_all() const {
+  for (int u = 0; u < num_units(); ++u) {
+    verify(u, "param");
+    for (const std::string& s : state_names_[u]) verify(u, s);
+  }
+}
+
 void ShardFile::read_unit_range(int unit, const std::string& dataset, int64_t offset, int64_t count,
                                 float* out) const {
   if (!has_dataset(unit, dataset))
     throw InputError(path() + ": unit " + std::to_string(unit) + " has no dataset \"" + dataset + "\"");
+  const int64_t n = layouts_[unit].shard_numel;
+  if (offset < 0 || count < 0 || offset + count > n)
+    throw Error(path() + ": " + tensor_name(unit, layouts_[unit].unit_name, dataset) + ": range [" +
+                std::to_string(offset) + ", " + std::to_string(offset + count) + ") outside its " +
+                std::to_string(n) + " elements");
+  const bool whole = offset == 0 && count == n;
+  if (!whole) verify(unit, dataset);  // streamed once, before the first partial read
   file_->read_f32(unit_group(unit) + "/" + dataset, out, static_cast<hsize_t>(offset),
                   static_cast<hsize_t>(count));
+  if (whole && !is_verified(unit, dataset)) check_data(unit, dataset, out, n);
 }
 
 void ShardFile::read_unit(int unit, const std::string& dataset, float* out) const {
@@ -338,6 +530,12 @@ CheckpointSet CheckpointSet::open(const std::string& step_dir) {
       }
       if (m.model_config_json != first.meta().model_config_json)
         throw InputError(p + ": model_config differs from " + first.path());
+      if (m.format_version != first.meta().format_version)
+        throw InputError(p + ": format_version " + std::to_string(m.format_version) + " differs from " +
+                         first.path() + " (format_version " + std::to_string(first.meta().format_version) + ")");
+      if (m.config_fingerprint != first.meta().config_fingerprint)
+        throw InputError(p + ": config_fingerprint " + m.config_fingerprint + " differs from " + first.path() +
+                         " (" + first.meta().config_fingerprint + "): the shards come from different runs");
       for (int u = 0; u < sf.num_units(); ++u)
         if (sf.state_names(u) != first.state_names(u))
           throw InputError(p + ": unit " + std::to_string(u) + " optimizer-state datasets differ from " +
@@ -346,6 +544,10 @@ CheckpointSet CheckpointSet::open(const std::string& step_dir) {
     set.shards_.push_back(std::move(sf));
   }
   return set;
+}
+
+void CheckpointSet::verify_all() const {
+  for (const ShardFile& s : shards_) s.verify_all();
 }
 
 void CheckpointSet::read_flat(int unit, const std::string& dataset, int64_t begin, int64_t count,
@@ -384,6 +586,10 @@ ShardFile open_for_resume(const std::string& step_dir, const CheckpointMeta& exp
 // ---- directories ----
 
 std::string shape_json(const std::vector<int64_t>& shape) { return json(shape).dump(); }
+
+std::string checksum_hex(const float* data, int64_t count) {
+  return hex64(XXH3_64bits(data, static_cast<std::size_t>(count) * sizeof(float)));
+}
 
 std::string checkpoints_dir(const std::string& run_dir) {
   return (fs::path(run_dir) / "checkpoints").string();
@@ -448,12 +654,24 @@ std::optional<std::string> find_latest(const std::string& run_dir) {
   const std::string path = (dir / "latest").string();
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
-  std::ifstream in(path);
-  std::string name;
-  if (!in || !std::getline(in, name)) throw InputError(path + ": cannot read (expected a step directory name)");
+  // The content is untrusted: read at most 4 KiB, quote it escaped and cut.
+  constexpr std::size_t kMaxLatest = 4096;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot read (expected a step directory name)");
+  std::string content(kMaxLatest + 1, '\0');
+  in.read(content.data(), static_cast<std::streamsize>(content.size()));
+  content.resize(static_cast<std::size_t>(in.gcount()));
+  const std::string expected = " (expected one line such as " + step_dir_name(100) + ")";
+  if (content.size() > kMaxLatest)
+    throw InputError(path + ": longer than " + std::to_string(kMaxLatest) + " bytes" + expected);
+  std::string name = content.substr(0, content.find('\n'));
   while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
-  if (name.empty() || name.find('/') != std::string::npos)
-    throw InputError(path + ": invalid content \"" + name + "\" (expected e.g. " + step_dir_name(100) + ")");
+  static const std::regex step_pat(R"(step_[0-9]{8,18})");
+  if (!std::regex_match(name, step_pat)) {
+    const bool cut = name.size() > 64;
+    throw InputError(path + ": invalid content \"" + safetensors::escape_name(name.substr(0, 64)) +
+                     (cut ? "...\"" : "\"") + expected);
+  }
   const std::string step = (dir / name).string();
   if (!fs::is_directory(step, ec))
     throw InputError(path + ": names " + name + " but " + step + " does not exist");

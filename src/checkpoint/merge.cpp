@@ -18,6 +18,9 @@ namespace fsdp::ckpt {
 
 MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir) {
   const CheckpointSet set = CheckpointSet::open(step_dir);
+  // Every dataset's checksum and finiteness first: a corrupted checkpoint is refused
+  // (InputError naming the file and tensor) before anything else is looked at or written.
+  set.verify_all();
   const std::string first = set.shard(0).path();
   json cfg;
   try {

@@ -18,6 +18,7 @@
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/init_from.hpp"
+#include "fsdp/checkpoint/resume.hpp"
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/host_memory.hpp"
@@ -200,6 +201,7 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
   m.optimizer = to_string(job.cfg.optim.name);
   m.model_config_json = model_config_json(job.cfg.model).dump();
   m.train_config_toml = to_toml(job.cfg);
+  m.config_fingerprint = ckpt::config_fingerprint(m.train_config_toml);
   m.seed = job.cfg.train.seed;
   m.sampler_epoch = job.sampler->epoch_of(job.step);
   m.sampler_position = job.sampler->position_in_epoch(job.step);
@@ -264,36 +266,56 @@ void save_checkpoint(Job& job) {
   job.log("checkpoint: " + ckpt::step_dir(run_dir, job.step));
 }
 
+// Resume, in two guarded phases. 1: rank 0 opens the metadata of every shard file of the
+// step `latest` names (CheckpointSet::open: same step, mesh, layouts, fingerprint; a mixed
+// directory fails here, on one rank, instead of ranks disagreeing later), checks the stored
+// config against the run's (ckpt::check_resume_config) and train.max_steps against the step.
+// 2: every rank opens its own shard, checks it against the run and reads it; every read
+// verifies the dataset's checksum and finiteness. Nothing is read before phase 1 passed.
 void load_checkpoint(Job& job) {
   const std::string& run_dir = job.cfg.train.run_dir;
-  const auto latest = ckpt::find_latest(run_dir);
-  if (!latest) {
-    throw InputError("--resume: no checkpoint in " + ckpt::checkpoints_dir(run_dir) +
-                     " (train.run_dir = \"" + run_dir + "\")");
-  }
-  ckpt::CheckpointMeta expected = checkpoint_meta(job);
-  const std::vector<FlatParamLayout> layouts = job.engine->layouts();
-  // Opens this rank's shard file and checks mesh, optimizer and unit layouts against ours.
-  const ckpt::ShardFile shard = ckpt::open_for_resume(*latest, expected, layouts);
-  for (int u = 0; u < job.engine->num_units(); ++u) {
-    // Read into host memory, then into the backend's (in place on the CPU backend).
-    auto read = [&](const std::string& dataset, const TensorView& dst) {
-      if (job.backend->device() == Device::cpu) return shard.read_unit(u, dataset, dst.f32());
-      std::vector<float> host(static_cast<std::size_t>(dst.numel()));
-      shard.read_unit(u, dataset, host.data());
-      job.backend->copy_from_host(dst, host.data());
-    };
-    read("param", job.engine->shard_param(u));
-    for (const auto& name : job.optimizer->state_names()) read(name, job.optimizer->state(u, name));
-  }
-  const ckpt::CheckpointMeta& m = shard.meta();
-  job.step = m.step;
-  job.last_checkpoint = m.step;
-  job.optimizer->set_num_updates(m.optimizer_updates < 0 ? m.step : m.optimizer_updates);
-  if (job.cfg.mixed_precision.uses_fp16() && m.loss_scale > 0) {
-    job.loss_scale = m.loss_scale;
-    job.good_steps = m.loss_scale_good_steps;
-  }
+  std::optional<std::string> latest;
+  collective_guard(job.host, [&] {
+    latest = ckpt::find_latest(run_dir);
+    if (!latest) {
+      throw InputError("--resume: no checkpoint in " + ckpt::checkpoints_dir(run_dir) +
+                       " (train.run_dir = \"" + run_dir + "\")");
+    }
+    if (!job.rank0()) return;
+    const ckpt::CheckpointSet set = ckpt::CheckpointSet::open(*latest);
+    const std::string& file = set.shard(0).path();
+    ckpt::check_resume_config(set.meta().train_config_toml, to_toml(job.cfg), file);
+    if (set.meta().step > job.cfg.train.max_steps) {
+      throw InputError("train.max_steps = " + std::to_string(job.cfg.train.max_steps) +
+                       " is below the checkpoint's step " + std::to_string(set.meta().step) + " (" +
+                       *latest + "); raise train.max_steps to continue the run");
+    }
+  });
+  collective_guard(job.host, [&] {
+    ckpt::CheckpointMeta expected = checkpoint_meta(job);
+    const std::vector<FlatParamLayout> layouts = job.engine->layouts();
+    // Opens this rank's shard file and checks mesh, optimizer and unit layouts against ours.
+    const ckpt::ShardFile shard = ckpt::open_for_resume(*latest, expected, layouts);
+    for (int u = 0; u < job.engine->num_units(); ++u) {
+      // Read into host memory, then into the backend's (in place on the CPU backend).
+      auto read = [&](const std::string& dataset, const TensorView& dst) {
+        if (job.backend->device() == Device::cpu) return shard.read_unit(u, dataset, dst.f32());
+        std::vector<float> host(static_cast<std::size_t>(dst.numel()));
+        shard.read_unit(u, dataset, host.data());
+        job.backend->copy_from_host(dst, host.data());
+      };
+      read("param", job.engine->shard_param(u));
+      for (const auto& name : job.optimizer->state_names()) read(name, job.optimizer->state(u, name));
+    }
+    const ckpt::CheckpointMeta& m = shard.meta();
+    job.step = m.step;
+    job.last_checkpoint = m.step;
+    job.optimizer->set_num_updates(m.optimizer_updates < 0 ? m.step : m.optimizer_updates);
+    if (job.cfg.mixed_precision.uses_fp16() && m.loss_scale > 0) {
+      job.loss_scale = m.loss_scale;
+      job.good_steps = m.loss_scale_good_steps;
+    }
+  });
 }
 
 // model.init_from: fills this rank's fp32 shards from a Hugging Face directory, reading only
@@ -450,10 +472,17 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   result.planned_activation_bytes = act_bytes;
   print_banner(job, job.engine->layouts(), /*list_units=*/false);
   if (opt.resume) {
-    collective_guard(group, [&] { load_checkpoint(job); });
+    load_checkpoint(job);  // guarded inside
     job.log("resumed from step " + std::to_string(job.step));
     if (!cfg.model.init_from.empty()) {
       job.log("model.init_from ignored: resuming, the checkpoint's parameters win");
+    }
+    if (job.step == cfg.train.max_steps) {  // nothing to do: no training, no new checkpoint
+      job.log("nothing to train: checkpoint is at step " + std::to_string(job.step) +
+              " = train.max_steps");
+      result.final_step = job.step;
+      if (opt.gather_params) result.params = job.engine->gather_full_params();
+      return result;
     }
   } else if (!cfg.model.init_from.empty()) {
     ckpt::InitFromResult init;

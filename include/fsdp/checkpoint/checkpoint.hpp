@@ -12,6 +12,12 @@
 //
 // Files are written atomically (temp name + rename); a step directory is committed by
 // renaming `step_N.tmp` to `step_N`, and `checkpoints/latest` names the newest complete step.
+//
+// Integrity (format version 2): every tensor dataset carries the XXH3-64 checksum of its
+// little-endian float32 bytes (dataset attribute `xxh3_64`, 16 lowercase hex digits). Every
+// read verifies the checksum of the whole dataset once and that every value is finite;
+// writing refuses non-finite values. Version-1 files (no checksums) still load: only the
+// finiteness check applies to them.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +36,12 @@ class File;
 namespace fsdp::ckpt {
 
 inline constexpr const char* kFormatName = "fsdp_train.checkpoint";
-inline constexpr int64_t kFormatVersion = 1;
+inline constexpr int64_t kFormatVersion = 2;     // what write_shard_file writes
+inline constexpr int64_t kMinFormatVersion = 1;  // oldest version ShardFile::open reads
+// Largest `step` attribute accepted on load (2^40): anything above is a corrupted or forged file.
+inline constexpr int64_t kMaxStep = int64_t{1} << 40;
+// Name of the per-dataset checksum attribute (format version >= 2).
+inline constexpr const char* kChecksumAttr = "xxh3_64";
 
 // Run-level metadata stored as root attributes of every shard file.
 struct CheckpointMeta {
@@ -51,7 +62,18 @@ struct CheckpointMeta {
                                    // skipped); -1 when absent (older files): equals step
   double loss_scale = 0;           // fp16 dynamic loss scale; 0 when not used / absent
   int64_t loss_scale_good_steps = 0;  // steps since the last scale change (GradScaler tracker)
+  // config_fingerprint(train_config_toml) of the run that saved (16 hex digits): equal for
+  // runs that may resume each other. "" in version-1 files.
+  std::string config_fingerprint;
+  int64_t format_version = kFormatVersion;  // of the file read (ignored when writing)
 };
+
+// XXH3-64 of `count` floats' little-endian bytes as 16 lowercase hex digits: the value of a
+// dataset's `xxh3_64` attribute.
+std::string checksum_hex(const float* data, int64_t count);
+// Index of the first NaN or infinity among data[0, count), or -1 if all are finite (the scan
+// write_shard_file and every read run).
+int64_t first_nonfinite(const float* data, int64_t count);
 
 // One unit's shard as the trainer holds it: `param` and every `state` buffer are
 // layout->shard_numel fp32 values (the slice [s*shard_numel, (s+1)*shard_numel) of the
@@ -64,17 +86,30 @@ struct UnitShardView {
 };
 
 // Writes one shard file: meta as root attributes, unit i as group /units/<i> (i = index in
-// `units`). Written through fsdp::AtomicFile (`path + ".tmp"`, fsync, rename, directory
-// fsync), so `path` is either absent or complete. Throws fsdp::Error naming `path` on I/O
-// failure, e.g. "...: No space left on device" (the temp file is removed), and
-// fsdp::Error on invalid input (null pointers, layout whose num_shards != meta.shard_size,
-// state name that is empty, "param", or contains '/').
+// `units`), each dataset with its `xxh3_64` checksum attribute. Written through
+// fsdp::AtomicFile (`path + ".tmp"`, fsync, rename, directory fsync), so `path` is either
+// absent or complete. Throws fsdp::Error naming `path` on I/O failure, e.g. "...: No space
+// left on device" (the temp file is removed), before touching the disk on invalid input
+// (null pointers, layout whose num_shards != meta.shard_size, state name that is empty,
+// "param", or contains '/'), and on a non-finite value: "<path>: refusing to save step N:
+// tensor /units/3/param (unit h.1) element 17 (flat element 1041, parameter ...) is nan".
+// All buffers are scanned (and hashed, in the same pass) before the file is created, so a
+// NaN or infinity never reaches even the temporary file.
 void write_shard_file(const std::string& path, const CheckpointMeta& meta,
                       const std::vector<UnitShardView>& units);
 
 // A shard file opened for reading. Opening validates the format attributes and the stored
-// layouts (InputError naming the file if not an fsdp_train checkpoint, another format
-// version, or inconsistent layout metadata).
+// layouts (InputError naming the file if not an fsdp_train checkpoint, a format version
+// outside [kMinFormatVersion, kFormatVersion], a `step` attribute outside [0, kMaxStep]
+// ("<file>: root attribute step = -5 is out of range [0, 2^40]"), optimizer_updates outside
+// [0, step], or inconsistent layout metadata). Opening reads no tensor data.
+//
+// Integrity: every read verifies the dataset it reads from, once per dataset and ShardFile:
+// the XXH3-64 checksum of the whole dataset against its `xxh3_64` attribute (skipped for
+// format version 1) and that every value is finite. Failures are InputError:
+//   "<file>: tensor /units/3/param (unit h.1): checksum mismatch (stored X, computed Y): the file is corrupted"
+//   "<file>: tensor /units/3/param (unit h.1): element 17 (flat element 1041, parameter h.1.ln_1.weight) is nan"
+// (a checksum mismatch wins when both apply). Not thread-safe (the verified set is cached).
 class ShardFile {
  public:
   static ShardFile open(const std::string& path);
@@ -92,12 +127,20 @@ class ShardFile {
   const std::vector<std::string>& state_names(int unit) const;
   bool has_dataset(int unit, const std::string& dataset) const;
 
-  // Reads dataset "param" or a state name of `unit`: shard_numel floats into `out`.
-  // Throws InputError naming the file if the unit or dataset does not exist.
+  // Reads dataset "param" or a state name of `unit`: shard_numel floats into `out`, and
+  // verifies them (checksum, finite; see above). Throws InputError naming the file if the
+  // unit or dataset does not exist or the data fails verification (`out` then holds the bad
+  // data: callers must not use it).
   void read_unit(int unit, const std::string& dataset, float* out) const;
   // Reads `count` floats starting at element `offset` of this shard's slice (a hyperslab).
+  // The first partial read of a dataset verifies the whole dataset first (streamed in 4 MiB
+  // chunks: memory stays bounded); InputError as read_unit.
   void read_unit_range(int unit, const std::string& dataset, int64_t offset, int64_t count,
                        float* out) const;
+  // Verifies one dataset (checksum and finiteness) unless already verified; InputError as
+  // read_unit. verify_all: every dataset of every unit (what fsdp_merge does before writing).
+  void verify(int unit, const std::string& dataset) const;
+  void verify_all() const;
 
   // Checks that this checkpoint can be resumed by a run with `expected` meta and layouts:
   // world_size, shard_size, replicate_size, shard_index, optimizer, the number of units
@@ -113,11 +156,18 @@ class ShardFile {
   CheckpointMeta meta_;
   std::vector<FlatParamLayout> layouts_;
   std::vector<std::vector<std::string>> state_names_;
+  mutable std::vector<std::vector<std::string>> verified_;  // per unit: datasets verified
+  bool is_verified(int unit, const std::string& dataset) const;
+  // Checks a whole dataset's data (`n` floats) against its checksum attribute and for
+  // finiteness; marks it verified.
+  void check_data(int unit, const std::string& dataset, const float* data, int64_t n) const;
 };
 
 // All shard files of one step directory, checked complete and consistent: every
 // shard_i-of-N for i < N present (InputError naming the first missing file), each with the
-// same step, shard_size N, its own shard_index, and the same layouts as shard 0.
+// same step (else InputError naming both files: "<shard 1>: step 1 differs from <shard 0>
+// (step 2)"), format version, config_fingerprint, shard_size N, its own shard_index, and the
+// same layouts as shard 0. Opening reads metadata only; reads verify as ShardFile's do.
 class CheckpointSet {
  public:
   static CheckpointSet open(const std::string& step_dir);
@@ -126,6 +176,9 @@ class CheckpointSet {
   const std::vector<FlatParamLayout>& layouts() const { return shards_.front().layouts(); }
   int shard_size() const { return static_cast<int>(shards_.size()); }
   const ShardFile& shard(int s) const { return shards_.at(s); }
+  // Verifies every dataset of every shard file (ShardFile::verify_all); InputError naming
+  // the file and tensor on the first failure.
+  void verify_all() const;
   // Reads flat elements [begin, begin + count) of `unit`'s unsharded FlatParameter
   // ("param") or state dataset, gathering the pieces from each shard file that holds them
   // (hyperslab reads). Range must lie within padded_numel.
@@ -175,7 +228,9 @@ void commit_step_dir(const std::string& tmp, const std::string& final_dir);
 // naming checkpoints/latest and strerror; the previous `latest` is then unchanged.
 void publish_latest(const std::string& run_dir, int64_t step);
 // The step directory named by run_dir/checkpoints/latest, as a path; nullopt if there is
-// no `latest` file. InputError if it is empty or names a directory that does not exist.
+// no `latest` file. InputError naming `latest` if it is empty, longer than 4 KiB, not of the
+// form step_<8 or more digits> (the content is quoted escaped, \xNN, and cut to 64 bytes:
+// it may be binary garbage) or names a directory that does not exist.
 std::optional<std::string> find_latest(const std::string& run_dir);
 
 }  // namespace fsdp::ckpt

@@ -18,7 +18,9 @@ namespace fsdp::ckpt {
 // renamed. Parameters are looked up by name wherever they live (any wrap policy), written
 // in the family's declaration order. Throws InputError (exit 2) naming the file on a
 // missing/inconsistent shard file, an unsupported model_type, a missing, duplicated,
-// unknown or wrongly-shaped parameter.
+// unknown or wrongly-shaped parameter, and naming the file and tensor on a dataset whose
+// checksum does not match or that holds a non-finite value (CheckpointSet::verify_all runs
+// before out_dir is created, so a refused checkpoint leaves no output).
 struct MergeStats {
   int64_t num_tensors = 0;
   int64_t num_elements = 0;
