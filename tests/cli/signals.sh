@@ -193,7 +193,8 @@ EOF
     # mpirun (Open MPI 4.1) aborting on SIGTERM / SIGINT: SIGCONT to the ranks, sleep
     # odls_base_sigkill_timeout, SIGTERM, sleep again, SIGKILL; it stops forwarding the
     # ranks' output meanwhile, so rank 0 logs nothing per step here (a full pipe would block
-    # it). Every rank gets SIGTERM; the lowest reports it. mpirun itself exits with 1.
+    # it). Every rank gets SIGTERM; the lowest rank that has it at the agreeing step boundary
+    # reports it (either, on a loaded machine). mpirun itself exits with 1.
     sig=TERM
     [ "$CASE" = sigint_mpirun ] && sig=INT
     start_train --mca odls_base_sigkill_timeout 5 -- tiny.toml "${HUGE[@]}"
@@ -201,7 +202,7 @@ EOF
     T0=$SECONDS
     kill -"$sig" "$MPIRUN_PID"
     end_train
-    expect_stop_line SIGTERM 0 1
+    expect_stop_line SIGTERM "[01]" 1
     if [ "$ELAPSED" -gt 30 ]; then fail "mpirun took $ELAPSED s to end"; fi
     [ "$STOP_STEP" -gt 0 ] && expect_resumes "$STOP_STEP"
     ;;
@@ -212,7 +213,7 @@ EOF
     T0=$SECONDS
     kill -USR1 "$MPIRUN_PID"
     end_train
-    expect_stop_line SIGUSR1 0
+    expect_stop_line SIGUSR1 "[01]"
     if [ "$ELAPSED" -gt 20 ]; then fail "mpirun took $ELAPSED s to end"; fi
     [ "$STOP_STEP" -gt 0 ] && expect_resumes "$STOP_STEP"
     ;;
