@@ -218,6 +218,7 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
 // work there), so the previous checkpoint stays, no temporary is left, and the agreed error
 // (one line naming the file) stops the run.
 void save_checkpoint(Job& job) {
+  const auto t0 = Clock::now();
   const std::string& run_dir = job.cfg.train.run_dir;
   const std::string tmp = ckpt::tmp_step_dir(run_dir, job.step);
   struct DiscardUnlessCommitted {
@@ -263,7 +264,11 @@ void save_checkpoint(Job& job) {
   });
   cleanup.committed = true;
   job.last_checkpoint = job.step;
-  job.log("checkpoint: " + ckpt::step_dir(run_dir, job.step));
+  std::ostringstream os;
+  os << "checkpoint: " << ckpt::step_dir(run_dir, job.step) << " (" << std::fixed
+     << std::setprecision(1) << std::chrono::duration<double, std::milli>(Clock::now() - t0).count()
+     << " ms)";
+  job.log(os.str());
 }
 
 // Resume, in two guarded phases. 1: rank 0 opens the metadata of every shard file of the
