@@ -4,7 +4,8 @@
 // Reader tests (every rank on its own files): a checkpoint written with N shards and one unit
 // layout is read back by ckpt::read_resharded for M shards and another layout, matched by
 // parameter name; the values must be the saved ones bit for bit and the padding zero. A
-// missing or renamed parameter and a shape mismatch are input errors naming the tensor.
+// missing or renamed parameter and a shape mismatch are input errors naming the tensor; old
+// shard files the new shard does not overlap are not read (a corrupted one goes unnoticed).
 //
 // Training tests: a run saved on the world communicator continues on one rank
 // (runtime().self()) and back on the world, and HYBRID_SHARD continues as FULL_SHARD; losses
@@ -12,6 +13,7 @@
 // order of the reductions changes with the world size; attn.c_attn.bias within 1e-4, see
 // expect_params_close).
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -197,6 +199,39 @@ TEST_F(ReshardReader, ShapeMismatchNamesBothShapes) {
   std::vector<float> out(static_cast<std::size_t>(l.shard_numel));
   expect_input_error([&] { ckpt::read_resharded(set, l, 1, "param", out.data()); },
                      {path("ck"), "parameter h.0.w: shape [2,4] in the checkpoint (unit h.0) differs from the run's [4,2]"});
+}
+
+// Overwrites element `index` of a 1-D float dataset (the stored checksum then mismatches).
+void raw_write_element(const std::string& file, const std::string& ds, hsize_t index, float v) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  const hid_t d = H5Dopen2(f, ds.c_str(), H5P_DEFAULT);
+  ASSERT_GE(d, 0);
+  const hid_t space = H5Dget_space(d);
+  const hsize_t one = 1;
+  H5Sselect_hyperslab(space, H5S_SELECT_SET, &index, nullptr, &one, nullptr);
+  const hid_t ms = H5Screate_simple(1, &one, nullptr);
+  EXPECT_GE(H5Dwrite(d, H5T_NATIVE_FLOAT, ms, space, H5P_DEFAULT, &v), 0);
+  H5Sclose(ms);
+  H5Sclose(space);
+  H5Dclose(d);
+  H5Fclose(f);
+}
+
+TEST_F(ReshardReader, ReadsOnlyTheOldShardsItNeeds) {
+  // Old: 2 shards; unit root holds 10 elements, 5 per shard. Old shard 1's root param is
+  // corrupted. New: 4 shards of 3: new shard 0 ([0, 3)) lies in old shard 0 only, so it
+  // loads; new shard 3 ([9, 12)) needs old shard 1, whose verification fails naming it.
+  const std::string ck = write_checkpoint(path("ck"), two_units(2));
+  const std::string bad = (fs::path(ck) / ckpt::shard_file_name(1, 2)).string();
+  raw_write_element(bad, "/units/0/param", 0, 42.0f);
+  const auto set = ckpt::CheckpointSet::open(ck);
+  const auto l = two_units(4)[0];
+  std::vector<float> out(static_cast<std::size_t>(l.shard_numel), -1.0f);
+  ckpt::read_resharded(set, l, 0, "param", out.data());
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(out[i], value_of("wte.weight", i, 0));
+  expect_input_error([&] { ckpt::read_resharded(set, l, 3, "param", out.data()); },
+                     {bad, "tensor /units/0/param (unit root)", "checksum mismatch"});
 }
 
 // ---- training ----
