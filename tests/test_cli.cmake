@@ -46,3 +46,10 @@ foreach(case IN LISTS FSDP_INTEGRITY_CASES)
   set_tests_properties(cli_integrity_${case} PROPERTIES ENVIRONMENT
     "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>;FSDP_H5_POKE=$<TARGET_FILE:fsdp_h5_poke>")
 endforeach()
+
+# Resume on another world size or mesh (tests/cli/reshard.sh): phases under mpirun -np 4, 2, 1.
+fsdp_cli_tests(reshard cli_reshard 4 np_4_2_1_4 hybrid_to_full)
+foreach(case np_4_2_1_4 hybrid_to_full)
+  set_tests_properties(cli_reshard_${case} PROPERTIES ENVIRONMENT
+    "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>")
+endforeach()

@@ -569,6 +569,60 @@ void CheckpointSet::read_flat(int unit, const std::string& dataset, int64_t begi
   }
 }
 
+bool same_layouts(const std::vector<FlatParamLayout>& a, const std::vector<FlatParamLayout>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t u = 0; u < a.size(); ++u) {
+    const FlatParamLayout& x = a[u];
+    const FlatParamLayout& y = b[u];
+    if (x.unit_name != y.unit_name || x.numel != y.numel || x.num_shards != y.num_shards ||
+        x.padded_numel != y.padded_numel || x.shard_numel != y.shard_numel ||
+        x.entries.size() != y.entries.size())
+      return false;
+    for (std::size_t i = 0; i < x.entries.size(); ++i) {
+      const FlatEntry& e = x.entries[i];
+      const FlatEntry& f = y.entries[i];
+      if (e.spec.name != f.spec.name || e.spec.shape != f.spec.shape || e.offset != f.offset) return false;
+    }
+  }
+  return true;
+}
+
+void read_resharded(const CheckpointSet& set, const FlatParamLayout& layout, int64_t shard_index,
+                    const std::string& dataset, float* out) {
+  if (shard_index < 0 || shard_index >= layout.num_shards)
+    throw Error(set.dir() + ": unit " + layout.unit_name + ": shard_index " + std::to_string(shard_index) +
+                " outside [0, " + std::to_string(layout.num_shards) + ")");
+  // Where each parameter lives in the checkpoint: (old unit, entry).
+  struct Where {
+    int unit;
+    const FlatEntry* entry;
+  };
+  std::map<std::string, Where> by_name;
+  const std::vector<FlatParamLayout>& old = set.layouts();
+  for (int u = 0; u < static_cast<int>(old.size()); ++u)
+    for (const FlatEntry& e : old[u].entries)
+      if (!by_name.emplace(e.spec.name, Where{u, &e}).second)
+        throw InputError(set.dir() + ": parameter " + e.spec.name +
+                         " is stored twice in the checkpoint: the file is corrupted");
+  const int64_t lo = layout.shard_begin(shard_index), hi = layout.shard_end(shard_index);
+  std::fill(out, out + (hi - lo), 0.0f);  // padding (and anything no parameter covers)
+  for (const FlatEntry& e : layout.entries) {
+    const auto it = by_name.find(e.spec.name);
+    if (it == by_name.end())
+      throw InputError(set.dir() + ": parameter " + e.spec.name + " (unit " + layout.unit_name +
+                       ") is missing from the checkpoint");
+    const Where& w = it->second;
+    if (w.entry->spec.shape != e.spec.shape)
+      throw InputError(set.dir() + ": parameter " + e.spec.name + ": shape " + shape_json(w.entry->spec.shape) +
+                       " in the checkpoint (unit " + old[w.unit].unit_name + ") differs from the run's " +
+                       shape_json(e.spec.shape));
+    // The part of the parameter inside the new shard, in flat coordinates of the new unit.
+    const int64_t b = std::max(lo, e.offset), end = std::min(hi, e.offset + e.spec.numel());
+    if (b >= end) continue;
+    set.read_flat(w.unit, dataset, w.entry->offset + (b - e.offset), end - b, out + (b - lo));
+  }
+}
+
 ShardFile open_for_resume(const std::string& step_dir, const CheckpointMeta& expected,
                           const std::vector<FlatParamLayout>& expected_layouts) {
   const std::string file = (fs::path(step_dir) / shard_file_name(expected.shard_index, expected.shard_size)).string();

@@ -22,7 +22,7 @@ const std::vector<std::string>& resume_mutable_keys() {
   // these changes the model, its optimizer state or the sample sequence. The learning-rate
   // schedule and clipping may change (restarting from a checkpoint with a lower lr after a
   // loss spike is common practice); FSDP's execution knobs do not change the numerics, and
-  // a change of layout (sharding_strategy, mesh) is caught by the layout checks.
+  // a change of layout (sharding_strategy, mesh) is resharded on load (ckpt::read_resharded).
   static const std::vector<std::string> keys = {
       "train.max_steps",         "train.log_every",          "train.num_threads",
       "train.device",            "train.run_dir",            "train.micro_batch_size",

@@ -275,9 +275,13 @@ void save_checkpoint(Job& job) {
 // step `latest` names (CheckpointSet::open: same step, mesh, layouts, fingerprint; a mixed
 // directory fails here, on one rank, instead of ranks disagreeing later), checks the stored
 // config against the run's (ckpt::check_resume_config) and train.max_steps against the step.
-// 2: every rank opens its own shard, checks it against the run and reads it; every read
-// verifies the dataset's checksum and finiteness. Nothing is read before phase 1 passed.
-void load_checkpoint(Job& job) {
+// 2: every rank opens the set's metadata and fills its shards: from the file of its own
+// shard index when shard count and unit layouts are unchanged, else by parameter name from
+// the old files' flat ranges that overlap its new shard (ckpt::read_resharded: a different
+// world size, mesh.shard_size or sharding strategy). Every read verifies the dataset's
+// checksum and finiteness. Nothing is read before phase 1 passed. Returns shard 0's meta
+// (the saving run's world and shard size, for the log).
+ckpt::CheckpointMeta load_checkpoint(Job& job) {
   const std::string& run_dir = job.cfg.train.run_dir;
   std::optional<std::string> latest;
   collective_guard(job.host, [&] {
@@ -296,23 +300,38 @@ void load_checkpoint(Job& job) {
                        *latest + "); raise train.max_steps to continue the run");
     }
   });
+  ckpt::CheckpointMeta saved;
   collective_guard(job.host, [&] {
-    ckpt::CheckpointMeta expected = checkpoint_meta(job);
+    const ckpt::CheckpointMeta expected = checkpoint_meta(job);
     const std::vector<FlatParamLayout> layouts = job.engine->layouts();
-    // Opens this rank's shard file and checks mesh, optimizer and unit layouts against ours.
-    const ckpt::ShardFile shard = ckpt::open_for_resume(*latest, expected, layouts);
+    // Metadata of every shard file (no tensor data): a rank may need pieces of several.
+    const ckpt::CheckpointSet set = ckpt::CheckpointSet::open(*latest);
+    const ckpt::CheckpointMeta& m = set.meta();  // shard 0's: step, optimizer counters, scale
+    if (m.optimizer != expected.optimizer) {
+      throw InputError(set.shard(0).path() + ": incompatible checkpoint: optimizer differs (checkpoint has " +
+                       m.optimizer + ", run has " + expected.optimizer + ")");
+    }
+    // Fast path: same shard count and unit layouts, so this rank's shard is exactly the file
+    // of its shard index (the world size may differ, e.g. HYBRID_SHARD 2x2 -> FULL_SHARD on
+    // 2). Otherwise each parameter is matched by name and only the flat ranges of this
+    // rank's new shard are read from the old files (docs/checkpoint.md "Resharding on resume").
+    const bool same = m.shard_size == expected.shard_size && ckpt::same_layouts(set.layouts(), layouts);
+    const int64_t s = expected.shard_index;
     for (int u = 0; u < job.engine->num_units(); ++u) {
+      auto fill = [&](const std::string& dataset, float* out) {
+        if (same) return set.shard(static_cast<int>(s)).read_unit(u, dataset, out);
+        ckpt::read_resharded(set, layouts[static_cast<std::size_t>(u)], s, dataset, out);
+      };
       // Read into host memory, then into the backend's (in place on the CPU backend).
       auto read = [&](const std::string& dataset, const TensorView& dst) {
-        if (job.backend->device() == Device::cpu) return shard.read_unit(u, dataset, dst.f32());
+        if (job.backend->device() == Device::cpu) return fill(dataset, dst.f32());
         std::vector<float> host(static_cast<std::size_t>(dst.numel()));
-        shard.read_unit(u, dataset, host.data());
+        fill(dataset, host.data());
         job.backend->copy_from_host(dst, host.data());
       };
       read("param", job.engine->shard_param(u));
       for (const auto& name : job.optimizer->state_names()) read(name, job.optimizer->state(u, name));
     }
-    const ckpt::CheckpointMeta& m = shard.meta();
     job.step = m.step;
     job.last_checkpoint = m.step;
     job.optimizer->set_num_updates(m.optimizer_updates < 0 ? m.step : m.optimizer_updates);
@@ -320,7 +339,9 @@ void load_checkpoint(Job& job) {
       job.loss_scale = m.loss_scale;
       job.good_steps = m.loss_scale_good_steps;
     }
+    saved = m;
   });
+  return saved;
 }
 
 // model.init_from: fills this rank's fp32 shards from a Hugging Face directory, reading only
@@ -477,8 +498,15 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   result.planned_activation_bytes = act_bytes;
   print_banner(job, job.engine->layouts(), /*list_units=*/false);
   if (opt.resume) {
-    load_checkpoint(job);  // guarded inside
-    job.log("resumed from step " + std::to_string(job.step));
+    const ckpt::CheckpointMeta saved = load_checkpoint(job);  // guarded inside
+    const int shard_size = job.engine->num_shards();
+    if (saved.world_size != world || saved.shard_size != shard_size) {
+      job.log("resumed from step " + std::to_string(job.step) + ", resharded from world " +
+              std::to_string(saved.world_size) + " (shard_size " + std::to_string(saved.shard_size) +
+              ") to world " + std::to_string(world) + " (shard_size " + std::to_string(shard_size) + ")");
+    } else {
+      job.log("resumed from step " + std::to_string(job.step));
+    }
     if (!cfg.model.init_from.empty()) {
       job.log("model.init_from ignored: resuming, the checkpoint's parameters win");
     }

@@ -8,7 +8,9 @@
 // (fsdp_merge) without the training config. Like PyTorch's SHARDED_STATE_DICT
 // (torch.distributed.checkpoint), each rank writes only what it owns; unlike it, the shards
 // are the flat FSDP slices, so saving and resuming at the same shard-group size is a plain
-// copy with no collective.
+// copy with no collective. A resume on another world size, shard size or wrap policy
+// (read_resharded) matches parameters by name and reads, per rank, only the flat ranges of its
+// new shard from the old files (docs/checkpoint.md "Resharding on resume").
 //
 // Files are written atomically (temp name + rename); a step directory is committed by
 // renaming `step_N.tmp` to `step_N`, and `checkpoints/latest` names the newest complete step.
@@ -189,6 +191,32 @@ class CheckpointSet {
   std::string dir_;
   std::vector<ShardFile> shards_;
 };
+
+// ---- resharding: resume on another world size, shard size or wrap policy ----
+//
+// True if `a` and `b` describe the same units in the same order with the same name, numel,
+// num_shards, padded_numel, shard_numel and entries (name, shape, offset): a resume may then
+// copy each shard from the file of the same shard index (the fast path).
+bool same_layouts(const std::vector<FlatParamLayout>& a, const std::vector<FlatParamLayout>& b);
+
+// Fills `out` (layout.shard_numel floats) with shard `shard_index` of `layout`, i.e. flat
+// elements [layout.shard_begin(shard_index), layout.shard_end(shard_index)) of `dataset`
+// ("param" or an optimizer-state name such as "exp_avg"), taken from a checkpoint saved with
+// any shard count and any unit layout (wrap policy). Each parameter of `layout` is looked up
+// BY NAME among the entries of set.layouts(); only the part of it that falls in the new
+// shard is read, from the old shard files that hold it (CheckpointSet::read_flat: hyperslab
+// reads), so a rank reads about 1/M of the model for M new shards. Padding elements (past
+// layout.numel) are set to 0. The first read of each old dataset verifies it whole
+// (checksum, finiteness; streamed once per dataset and CheckpointSet, see ShardFile).
+// Throws InputError naming the checkpoint directory and the tensor:
+//   "<dir>: parameter h.0.ln_1.weight (unit h.0) is missing from the checkpoint"
+//   "<dir>: parameter wte.weight: shape [256,16] in the checkpoint (unit root) differs from
+//    the run's [128,16]"
+//   a parameter stored twice in the checkpoint, an old unit without `dataset`, or a dataset
+//   failing verification (ShardFile's messages). fsdp::Error if shard_index is outside
+//   [0, layout.num_shards).
+void read_resharded(const CheckpointSet& set, const FlatParamLayout& layout, int64_t shard_index,
+                    const std::string& dataset, float* out);
 
 // Opens this rank's shard file of `step_dir` for a resume and checks it against the run
 // (ShardFile::check_compatible). If the file shard_file_name(expected.shard_index,
