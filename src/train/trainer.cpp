@@ -458,7 +458,8 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   collective_guard(group, [&] {
     if (cfg.train.global_batch_size % world != 0) {
       throw InputError("train.global_batch_size: " + std::to_string(cfg.train.global_batch_size) +
-                       " is not divisible by the world size " + std::to_string(world));
+                       " is not divisible by the world size " + std::to_string(world) +
+                       (job.planning() ? " (--world-size)" : ""));
     }
     const int64_t local = cfg.train.global_batch_size / world;
     if (cfg.train.micro_batch_size > 0 && local % cfg.train.micro_batch_size != 0) {

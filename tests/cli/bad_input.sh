@@ -162,7 +162,7 @@ case "$CASE" in
     # it, must be set at all, and the batch must divide over it.
     tiny_config good.toml
     run_train good.toml --dry-run --world-size 6 --set mesh.shard_size=3
-    expect_input_error "train.global_batch_size" "6"
+    expect_input_error "train.global_batch_size" "world size 6 (--world-size)"
     run_train good.toml --dry-run --world-size 8 --set mesh.shard_size=3
     expect_input_error "mesh.shard_size" "does not divide the world size 8" "--world-size"
     run_train good.toml --dry-run --world-size 8
