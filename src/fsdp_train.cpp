@@ -1,7 +1,10 @@
 // fsdp_train: the training executable.
 //
 //   mpirun -np N fsdp_train CONFIG.toml [--set section.key=value ...] [--resume] [--dry-run]
+//   fsdp_train CONFIG.toml --dry-run --world-size N --set mesh.shard_size=S
 //
+// --world-size plans the per-rank memory of an N-rank job from one process (or any number):
+// the plan drives the engine on counting communicators, so no N ranks are needed.
 // The Runtime bootstraps the ranks (MPI_Init_thread). Every rank parses the command line
 // and the config; failures are agreed across ranks (collective_guard) so bad input prints
 // one line and exits with code 2 on every rank instead of hanging. SIGTERM, SIGINT or
@@ -30,9 +33,20 @@ struct Cli {
   std::string config_path;
   std::vector<std::string> overrides;
   bool resume = false, dry_run = false, help = false, version = false;
+  int world_size = 0;  // --world-size: 0 = the ranks running
   std::string usage;
 };
 
+// Whether the command line holds OPTION, alone or as OPTION=VALUE.
+bool argv_has(int argc, char** argv, const std::string& option) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == option || a.rfind(option + "=", 0) == 0) return true;
+  }
+  return false;
+}
+
+// The command line; InputError (one line naming the option) on bad usage.
 Cli parse_cli(int argc, char** argv) {
   Cli cli;
   po::options_description visible(
@@ -45,7 +59,10 @@ Cli parse_cli(int argc, char** argv) {
        "override a config key: --set section.key=value (repeatable)")
       ("resume", po::bool_switch(&cli.resume), "continue from train.run_dir/checkpoints/latest")
       ("dry-run", po::bool_switch(&cli.dry_run),
-       "validate, build the mesh and FSDP units, print the per-rank memory plan, and exit");
+       "validate, build the mesh and FSDP units, print the per-rank memory plan, and exit")
+      ("world-size", po::value(&cli.world_size)->value_name("N"),
+       "with --dry-run: plan for N ranks instead of the ranks running (needs mesh.shard_size "
+       "> 0, the ranks per node, dividing N)");
   po::options_description hidden;
   hidden.add_options()("config", po::value(&cli.config_path), "config file");
   po::options_description all;
@@ -64,6 +81,13 @@ Cli parse_cli(int argc, char** argv) {
   }
   if (!cli.help && !cli.version && cli.config_path.empty()) {
     throw fsdp::InputError("command line: missing CONFIG.toml (see --help)");
+  }
+  if (cli.world_size < 0 || (cli.world_size == 0 && argv_has(argc, argv, "--world-size"))) {
+    throw fsdp::InputError("--world-size: " + std::to_string(cli.world_size) +
+                           " (expected >= 1)");
+  }
+  if (cli.world_size > 0 && !cli.dry_run) {
+    throw fsdp::InputError("--world-size: plans a world that is not there; it needs --dry-run");
   }
   return cli;
 }
@@ -102,6 +126,7 @@ int main(int argc, char** argv) {
       fsdp::TrainOptions options;
       options.resume = cli.resume;
       options.dry_run = cli.dry_run;
+      options.plan_world_size = cli.world_size;
       const fsdp::TrainResult result = fsdp::train(config, *runtime, world, options, std::cout);
       if (result.stop_signal != 0) {
         // The signalled rank's one line (the other ranks' stop_message is empty).

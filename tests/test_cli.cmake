@@ -20,9 +20,10 @@ fsdp_cli_tests(bad_input cli_bad_input 2
   bad_set_syntax missing_config no_config_argument unknown_option missing_data_path
   missing_data_file not_hdf5_file truncated_hdf5 missing_val_dataset vocab_mismatch seq_len_too_long
   seq_len_longer_than_data unknown_strategy unknown_dtype micro_batch_not_dividing n_embd_not_divisible batch_not_divisible
-  shard_size_not_dividing shard_size_not_dividing_full_shard
+  shard_size_not_dividing shard_size_not_dividing_full_shard world_size_without_dry_run
+  world_size_not_divisible
   resume_without_checkpoint init_from_missing_dir init_from_wrong_shape)
-fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixed_precision dry_run t5_dry_run help version)
+fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixed_precision dry_run dry_run_world_size t5_dry_run help version)
 fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused stale_lock_taken_over
   refuse_step_dirs_without_latest refuse_metrics_only checkpoints_unwritable_at_start)
 fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_input_dir fifo_input

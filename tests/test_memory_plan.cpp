@@ -2,6 +2,9 @@
 //  - for every prefetch mode (forward_prefetch x backward_prefetch x limit_all_gathers), the
 //    ZeRO-3, ZeRO-2 and hybrid strategies, and fp32 / bf16 params, the plan --dry-run prints
 //    equals the peak bytes the run measured, category by category;
+//  - every strategy (the two above plus NO_SHARD and HYBRID_SHARD_ZERO2) x forward_prefetch
+//    x backward_prefetch x activation_checkpointing: plan == measured, category by category
+//    and for the activations (the combinations the sweep above does not already run);
 //  - the plan follows the prefetch mode (NO_PREFETCH holds fewer unsharded units);
 //  - activation checkpointing gives the same training, bit for bit, with a smaller planned
 //    and measured activation peak;
@@ -76,6 +79,40 @@ TEST_P(PerModel, EqualsMeasuredPeakForEveryPrefetchMode) {
             c.fsdp.limit_all_gathers = limit;
             expect_plan_equals_peak(run(c, On::world), what);
           }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(PerModel, EqualsMeasuredPeakForEveryStrategyAndCheckpointing) {
+  using BP = fsdp::BackwardPrefetch;
+  using S = fsdp::ShardingStrategy;
+  for (S strategy : {S::FULL_SHARD, S::SHARD_GRAD_OP, S::NO_SHARD, S::HYBRID_SHARD,
+                     S::HYBRID_SHARD_ZERO2}) {
+    for (bool checkpointing : {false, true}) {
+      // Without checkpointing, FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD are swept above.
+      const bool swept = strategy == S::FULL_SHARD || strategy == S::SHARD_GRAD_OP ||
+                         strategy == S::HYBRID_SHARD;
+      if (!checkpointing && swept) continue;
+      for (bool forward : {false, true}) {
+        for (BP backward : {BP::BACKWARD_PRE, BP::BACKWARD_POST, BP::NO_PREFETCH}) {
+          const std::string what = std::string(GetParam()) + " " +
+                                   std::string(fsdp::to_string(strategy)) +
+                                   " activation_checkpointing=" + std::to_string(checkpointing) +
+                                   " forward_prefetch=" + std::to_string(forward) + " " +
+                                   fsdp::to_string(backward);
+          Config c = model_config(GetParam(), fresh_dir("plan_ac"));
+          c.train.max_steps = 1;
+          c.fsdp.sharding_strategy = strategy;
+          c.mesh.shard_size = std::min(2, world_size());
+          c.mixed_precision.param_dtype = fsdp::DType::bf16;
+          c.fsdp.activation_checkpointing = checkpointing;
+          c.fsdp.forward_prefetch = forward;
+          c.fsdp.backward_prefetch = backward;
+          const TrainResult r = run(c, On::world);
+          expect_plan_equals_peak(r, what);
+          EXPECT_GT(r.planned_activation_bytes, 0) << what;
         }
       }
     }

@@ -60,6 +60,14 @@ struct Job {
   int64_t step = 0;  // training steps completed (fp16 skipped ones included)
   int64_t last_checkpoint = -1;  // step of the newest checkpoint saved or resumed; -1: none
   int64_t micro_batch = 1;  // sequences per forward/backward on this rank
+  // The world the plan is for: TrainOptions::plan_world_size if set, else host.size().
+  int world = 1;
+  int plan_shard_size = 0;  // --world-size: the planned mesh's shard group size
+  bool planning() const { return opt.plan_world_size > 0; }
+  // The mesh's shard group size: the real mesh's, or the planned one's.
+  int mesh_shard_size() const {
+    return planning() ? plan_shard_size : static_cast<int>(mesh->shard_size());
+  }
   // fp16 dynamic loss scaling (torch.amp.GradScaler): the scale and the steps since it changed.
   double loss_scale = 1.0;
   int64_t good_steps = 0;
@@ -74,8 +82,9 @@ void open_data(Job& job) {
   const int64_t V = cfg.model.integer("vocab_size");
   job.train_src = data::open_samples(cfg, "train", V);
   job.val_src = data::open_samples(cfg, "val", V);
+  // A planned world (--world-size) samples as its rank 0 would.
   job.sampler.emplace(job.train_src->num_samples(), cfg.train.global_batch_size,
-                      job.host.rank(), job.host.size(), cfg.train.seed);
+                      job.planning() ? 0 : job.host.rank(), job.world, cfg.train.seed);
 }
 
 // Rank 0's banner: resolved config, mesh, parameter count (from the unit layouts) and, when
@@ -85,10 +94,22 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
   int64_t n = 0;
   for (const auto& l : layouts) n += l.numel;
   std::ostringstream os;
-  os << "fsdp_train " << FSDP_VERSION << (job.opt.dry_run ? " (dry run)" : "")
+  os << "fsdp_train " << FSDP_VERSION << (job.opt.dry_run ? " (dry run)" : "");
+  if (job.planning()) {
+    os << "\nplan for " << job.world << " ranks (--world-size; this process runs in a world of "
+       << job.host.size() << ")";
+  }
+  std::ostringstream mesh;
+  if (job.planning()) {
+    mesh << "world " << job.world << " = replicate " << job.world / job.plan_shard_size
+         << " x shard " << job.plan_shard_size << " (planned)";
+  } else {
+    mesh << job.mesh->describe();
+  }
+  os
      << "\n# resolved config (" << cfg.source_path << ")\n" << to_toml(cfg) << "\n"
      << "device: " << job.rt.device_description() << "\n"
-     << "mesh: " << job.mesh->describe() << "; " << to_string(cfg.fsdp.sharding_strategy)
+     << "mesh: " << mesh.str() << "; " << to_string(cfg.fsdp.sharding_strategy)
      << " shards each FlatParameter over " << layouts.front().num_shards << " rank(s); "
      << "param_dtype " << to_string(cfg.mixed_precision.param_dtype) << ", reduce_dtype "
      << to_string(cfg.mixed_precision.reduce_dtype) << "\n"
@@ -127,7 +148,7 @@ void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
        << "  " << human_bytes(static_cast<double>(v)) << "\n";
   }
   const Runtime::MemoryBudget& budget = job.rt.memory_budget();
-  if (budget.bytes >= 0) {
+  if (budget.bytes >= 0 && !job.planning()) {  // this machine's budget says nothing of a planned one
     os << "  available per rank: " << human_bytes(static_cast<double>(budget.bytes)) << " ("
        << budget.source << ")\n";
   }
@@ -426,14 +447,40 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   const bool fp16 = cfg.mixed_precision.uses_fp16();
   if (fp16) job.loss_scale = cfg.mixed_precision.init_scale;
 
-  collective_guard(group, [&] { rt.configure(group, cfg); });
+  collective_guard(group, [&] {
+    if (job.planning()) {
+      if (!opt.dry_run) {
+        throw InputError("--world-size: " + std::to_string(opt.plan_world_size) +
+                         " plans a world that is not there; it needs --dry-run");
+      }
+      if (cfg.mesh.shard_size <= 0) {
+        throw InputError("mesh.shard_size: must be set (> 0, the ranks per node or shard group) "
+                         "with --world-size " + std::to_string(opt.plan_world_size) +
+                         " (0 means the ranks of this node, which a planned world does not have)");
+      }
+      if (opt.plan_world_size % cfg.mesh.shard_size != 0) {
+        throw InputError("mesh.shard_size: " + std::to_string(cfg.mesh.shard_size) +
+                         " does not divide the world size " +
+                         std::to_string(opt.plan_world_size) + " (--world-size)");
+      }
+      job.plan_shard_size = static_cast<int>(cfg.mesh.shard_size);
+      // This process's own mesh: node-local, whatever the planned shard size.
+      Config here = cfg;
+      here.mesh.shard_size = 0;
+      rt.configure(group, here);
+    } else {
+      rt.configure(group, cfg);
+    }
+  });
   job.mesh = &rt.mesh();
   job.backend = &rt.backend();
-  const int world = group.size();
+  job.world = job.planning() ? opt.plan_world_size : group.size();
+  const int world = job.world;
   collective_guard(group, [&] {
     if (cfg.train.global_batch_size % world != 0) {
       throw InputError("train.global_batch_size: " + std::to_string(cfg.train.global_batch_size) +
-                       " is not divisible by the world size " + std::to_string(world));
+                       " is not divisible by the world size " + std::to_string(world) +
+                       (job.planning() ? " (--world-size)" : ""));
     }
     const int64_t local = cfg.train.global_batch_size / world;
     if (cfg.train.micro_batch_size > 0 && local % cfg.train.micro_batch_size != 0) {
@@ -456,11 +503,12 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     collective_guard(group, [&] {
       const std::vector<ModuleDecl> modules = job.family.modules(cfg.model);
       const int num_shards = static_cast<int>(
-          shards_for(cfg.fsdp.sharding_strategy, world, job.mesh->shard_size()));
+          shards_for(cfg.fsdp.sharding_strategy, world, job.mesh_shard_size()));
       const auto layouts = build_unit_layouts(modules, cfg.fsdp, num_shards);
       print_banner(job, layouts, /*list_units=*/true);
-      print_memory_plan(job, plan_memory(modules, cfg, world, job.mesh->shard_size()),
-                        act_bytes);
+      result.plan = plan_memory(modules, cfg, world, job.mesh_shard_size());
+      result.planned_activation_bytes = act_bytes;
+      print_memory_plan(job, result.plan, act_bytes);
       for (const auto& l : layouts) result.num_params += l.numel;
     });
     return result;

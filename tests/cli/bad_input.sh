@@ -150,6 +150,26 @@ case "$CASE" in
     run_train good.toml --set train.global_batch_size=3
     expect_input_error "train.global_batch_size"
     ;;
+  world_size_without_dry_run)
+    # --world-size plans a world that is not there: only with --dry-run.
+    tiny_config good.toml
+    run_train good.toml --world-size 8 --set mesh.shard_size=4
+    expect_input_error "--world-size" "--dry-run"
+    if [ -e "$WORK/run" ]; then fail "a refused --world-size created $WORK/run"; fi
+    ;;
+  world_size_not_divisible)
+    # The planned world is validated as a real run of that size: mesh.shard_size must divide
+    # it, must be set at all, and the batch must divide over it.
+    tiny_config good.toml
+    run_train good.toml --dry-run --world-size 6 --set mesh.shard_size=3
+    expect_input_error "train.global_batch_size" "world size 6 (--world-size)"
+    run_train good.toml --dry-run --world-size 8 --set mesh.shard_size=3
+    expect_input_error "mesh.shard_size" "does not divide the world size 8" "--world-size"
+    run_train good.toml --dry-run --world-size 8
+    expect_input_error "mesh.shard_size" "must be set" "--world-size 8"
+    run_train good.toml --dry-run --world-size 0 --set mesh.shard_size=4
+    expect_input_error "--world-size" "expected >= 1"
+    ;;
   shard_size_not_dividing)
     tiny_config good.toml
     run_train good.toml --set fsdp.sharding_strategy=HYBRID_SHARD --set mesh.shard_size=3

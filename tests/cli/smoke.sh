@@ -16,6 +16,13 @@
 #               units and the memory plan, writes nothing; with
 #               fsdp.activation_checkpointing=true the activations row (and the total) is
 #               smaller by the same amount and every other row is unchanged.
+# CASE dry_run_world_size: --dry-run --world-size 4 from ONE process prints the same units and
+#               memory plan as a real 4-rank dry run (mpirun -np 4) of the same config
+#               (HYBRID_SHARD_ZERO2 over shard groups of 2, so both mesh dimensions count,
+#               then FULL_SHARD); --world-size 8 (FULL_SHARD, shard groups of 4) halves
+#               sharded_params, grads and optimizer_state relative to 4 ranks and keeps
+#               unsharded_params and activations (micro batch 1); the banner says the plan
+#               is for N ranks and shows the planned mesh.
 # CASE help / version: exit 0, printed once (rank 0 only).
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -130,6 +137,51 @@ EOF
     if [ "$n" -ne 1 ]; then fail "memory plan printed $n times, expected once (rank 0)"; fi
     if [ -e "$WORK/run/checkpoints" ]; then fail "--dry-run created $WORK/run/checkpoints"; fi
     if [ -e "$WORK/run/metrics.jsonl" ]; then fail "--dry-run wrote metrics.jsonl"; fi
+    ;;
+  dry_run_world_size)
+    tiny_config tiny.toml
+    common=(--dry-run --set train.micro_batch_size=1 --set mixed_precision.param_dtype=bf16)
+    # plan_rows FILE: the unit lines and the memory plan's "name bytes" rows.
+    unit_and_plan_rows() { awk '/^  unit /; /^memory plan per rank/ { on = 1; next } on && $2 ~ /^[0-9]+$/ { print $1, $2 }' "$1"; }
+    for strategy in HYBRID_SHARD_ZERO2 FULL_SHARD; do
+      run_train -np 4 tiny.toml "${common[@]}" --set mesh.shard_size=2 \
+        --set fsdp.sharding_strategy=$strategy
+      expect_rc 0
+      unit_and_plan_rows "$OUT" >"$WORK/real4.txt"
+      run_train -np 1 tiny.toml "${common[@]}" --world-size 4 --set mesh.shard_size=2 \
+        --set fsdp.sharding_strategy=$strategy
+      expect_rc 0
+      unit_and_plan_rows "$OUT" >"$WORK/plan4.txt"
+      if ! grep -q "^total " "$WORK/plan4.txt"; then fail "no plan rows: $(cat "$WORK/plan4.txt")"; fi
+      if ! diff "$WORK/real4.txt" "$WORK/plan4.txt"; then
+        fail "$strategy: --world-size 4 from one process differs from the 4-rank dry run"
+      fi
+      if ! grep -q "plan for 4 ranks" "$OUT"; then fail "banner does not say the plan is for 4 ranks"; fi
+      if ! grep -q "world 4 = replicate 2 x shard 2 (planned)" "$OUT"; then
+        fail "banner lacks the planned mesh"
+      fi
+    done
+    # FULL_SHARD at 8 ranks (shard groups of 4) against 4 ranks: every tiny unit's numel is
+    # a multiple of 8, so the sharded rows halve exactly.
+    run_train -np 1 tiny.toml "${common[@]}" --world-size 8 --set mesh.shard_size=4
+    expect_rc 0
+    unit_and_plan_rows "$OUT" >"$WORK/plan8.txt"
+    if ! grep -q "plan for 8 ranks" "$OUT"; then fail "banner does not say the plan is for 8 ranks"; fi
+    if ! grep -q "world 8 = replicate 2 x shard 4 (planned)" "$OUT"; then
+      fail "banner lacks the planned mesh"
+    fi
+    python3 - "$WORK/plan4.txt" "$WORK/plan8.txt" <<'EOF' || fail "--world-size 8 vs 4 check failed"
+import sys
+def rows(path):
+    return {l.split()[0]: int(l.split()[1]) for l in open(path) if l.split()[0] != "unit"}
+four, eight = rows(sys.argv[1]), rows(sys.argv[2])
+for name in ("sharded_params", "grads", "optimizer_state"):
+    assert four[name] > 0 and eight[name] * 2 == four[name], (name, four[name], eight[name])
+for name in ("unsharded_params", "activations"):
+    assert four[name] > 0 and eight[name] == four[name], (name, four[name], eight[name])
+print("plan at 4:", four)
+print("plan at 8:", eight)
+EOF
     ;;
   t5_dry_run)
     # 40 pairs (gloss -> word, different lengths): 38 train >= global_batch_size 32.

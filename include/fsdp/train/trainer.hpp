@@ -29,6 +29,12 @@ namespace fsdp {
 struct TrainOptions {
   bool resume = false;        // continue from run_dir/checkpoints/latest
   bool dry_run = false;       // validate, build mesh and units, print the memory plan, stop
+  // > 0 (dry_run only; fsdp_train --world-size): plan for this many ranks instead of the
+  // group's, from any number of processes. The plan's mesh has mesh.shard_size ranks per
+  // shard group, which must then be set (> 0) and divide it; train.global_batch_size and
+  // train.micro_batch_size are checked against it as a real run of that size would be.
+  // InputError otherwise (naming --world-size or the key).
+  int plan_world_size = 0;
   bool gather_params = false; // fill TrainResult::params with the final full parameters
   bool quiet = false;         // no log lines on stdout (tests)
   int64_t stop_after = 0;     // > 0: stop after this step as if killed (tests of resume);
