@@ -27,7 +27,9 @@
 namespace fsdp {
 
 struct TrainOptions {
-  bool resume = false;        // continue from run_dir/checkpoints/latest
+  bool resume = false;        // continue from run_dir/checkpoints/latest (must exist)
+  bool resume_auto = false;   // --resume auto: resume if run_dir/checkpoints/latest exists,
+                              // else start fresh (a requeued Slurm job's first and later runs)
   bool dry_run = false;       // validate, build mesh and units, print the memory plan, stop
   bool gather_params = false; // fill TrainResult::params with the final full parameters
   bool quiet = false;         // no log lines on stdout (tests)
