@@ -12,6 +12,8 @@
 #    a checkpoint and exits 3, the job requeues itself (scontrol requeue), runs again
 #    (--resume=auto: "resumed from step K") and finishes. Its metrics.jsonl has every step once,
 #    and loss, lr and grad_norm are the same text as job A's (bit for bit).
+# 3. Job C, the same with FSDP_LAUNCHER=mpirun and --signal=B:USR1: `scancel -s USR1 --batch`
+#    signals the batch shell only, whose trap forwards it to mpirun.
 # Needs root (namespaces), about 1-3 minutes here. Labelled "slurm" (ctest -L slurm).
 set -uo pipefail
 
@@ -26,9 +28,10 @@ elapsed() { echo $(($(date +%s) - T0)); }
 
 WORK=$(mktemp -d /tmp/fsdp-slurm-test.XXXXXX)
 STARTED=0
+JOBS=()
 cleanup() {
   local id
-  for id in ${JOB_A:-} ${JOB_B:-}; do scancel "$id" 2>/dev/null; done
+  for id in ${JOB_A:-} "${JOBS[@]}"; do scancel "$id" 2>/dev/null; done
   if [ "$STARTED" -eq 1 ]; then "$REPO/tools/slurm_local.sh" stop >/dev/null; fi
   if [ "$FAILED" -eq 0 ]; then rm -rf "$WORK"; else echo "kept $WORK for inspection"; fi
 }
@@ -113,42 +116,57 @@ for s in 50 $STEPS; do
   [ -d "$RUN_A/checkpoints/$d" ] || fail "job A: no checkpoint $RUN_A/checkpoints/$d"
 done
 
-# 2. Preempted with SIGUSR1, requeued by the job itself, resumed.
-JOB_B=$(submit b) || { fail "sbatch failed"; exit 1; }
-echo "job B: $JOB_B"
-RUN_B="$WORK/runs/t5-multinode-cpu-$JOB_B"
-limit=$(($(date +%s) + 300))
-while [ "$(date +%s)" -lt "$limit" ]; do
+# preempted NAME SCANCEL_OPT [sbatch options...]: the same run as job A, signalled with
+# `scancel -s USR1 SCANCEL_OPT` after 5 steps; it must save, exit 3, requeue itself, resume
+# (--resume=auto) and finish with job A's metrics, bit for bit.
+preempted() {
+  local name=$1 how=$2 id run out n limit
+  shift 2
+  id=$(sbatch --parsable --output="$WORK/$name-%j.out" --time=00:15:00 "$@" \
+    jobs/t5_multinode_cpu.slurm "${ARGS[@]}") || { fail "$name: sbatch failed"; return; }
+  JOBS+=("$id")
+  echo "job $name: $id"
+  run="$WORK/runs/t5-multinode-cpu-$id"
+  out="$WORK/$name-$id.out"
+  limit=$(($(date +%s) + 300))
   n=0
-  [ -f "$RUN_B/metrics.jsonl" ] && n=$(wc -l <"$RUN_B/metrics.jsonl")
-  [ "$n" -ge 5 ] && break
-  sleep 0.5
-done
-echo "job B: $n steps in metrics.jsonl after $(elapsed) s; scancel -s USR1 $JOB_B"
-scancel -s USR1 "$JOB_B" || fail "scancel -s USR1 failed"
-wait_done "$JOB_B" 400 || fail "job B: $STATE"
-OUT_B="$WORK/b-$JOB_B.out"
-echo "job B: $STATE, restarts $(job_field "$JOB_B" Restarts), after $(elapsed) s"
-[ "$STATE" = COMPLETED ] || fail "job B ended $STATE"
-grep -q "received SIGUSR1 on rank" "$OUT_B" ||
-  fail "job B: no 'received SIGUSR1' line (did the run end before the signal came? raise FSDP_SLURM_TEST_STEPS)"
-grep -q "interrupted, checkpoint saved; requeueing" "$OUT_B" || fail "job B did not requeue itself"
-grep -q "(restart 1)" "$OUT_B" || fail "job B: no second run (restart 1)"
-grep -E -m1 "resumed from step [0-9]+" "$OUT_B" || fail "job B: no 'resumed from step' line"
-grep -q "^step $STEPS/$STEPS | loss" "$OUT_B" || fail "job B: no 'step $STEPS/$STEPS | loss' line"
-python3 - "$RUN_A/metrics.jsonl" "$RUN_B/metrics.jsonl" "$STEPS" <<'EOF' || fail "metrics of the preempted run differ"
+  while [ "$(date +%s)" -lt "$limit" ]; do
+    [ -f "$run/metrics.jsonl" ] && n=$(wc -l <"$run/metrics.jsonl")
+    [ "$n" -ge 5 ] && break
+    sleep 0.5
+  done
+  echo "job $name: $n steps in metrics.jsonl after $(elapsed) s; scancel -s USR1 $how $id"
+  # shellcheck disable=SC2086  # $how: no option or one
+  scancel -s USR1 $how "$id" || fail "$name: scancel -s USR1 $how failed"
+  wait_done "$id" 400 || fail "job $name: $STATE"
+  echo "job $name: $STATE, restarts $(job_field "$id" Restarts), after $(elapsed) s"
+  [ "$STATE" = COMPLETED ] || fail "job $name ended $STATE"
+  grep -q "received SIGUSR1 on rank" "$out" ||
+    fail "job $name: no 'received SIGUSR1' line (did the run end before the signal came? raise FSDP_SLURM_TEST_STEPS)"
+  grep -q "interrupted, checkpoint saved; requeueing" "$out" || fail "job $name did not requeue itself"
+  grep -q "(restart 1)" "$out" || fail "job $name: no second run (restart 1)"
+  grep -E -m1 "resumed from step [0-9]+" "$out" || fail "job $name: no 'resumed from step' line"
+  grep -q "^step $STEPS/$STEPS | loss" "$out" || fail "job $name: no 'step $STEPS/$STEPS | loss' line"
+  python3 - "$RUN_A/metrics.jsonl" "$run/metrics.jsonl" "$STEPS" <<'EOF' || fail "job $name: metrics of the preempted run differ from job A's"
 import json, sys
 def load(p):  # floats kept as their printed text: equal text = equal bits
     return [json.loads(l, parse_float=str) for l in open(p) if l.strip()]
 a, b, steps = load(sys.argv[1]), load(sys.argv[2]), int(sys.argv[3])
 sa, sb = [r["step"] for r in a], [r["step"] for r in b]
 assert sa == list(range(1, steps + 1)), ("A steps", sa)
-assert sb == sa, ("B steps (each once)", sb)
+assert sb == sa, ("preempted run's steps (each once)", sb)
 diff = [(ra["step"], k, ra[k], rb[k]) for ra, rb in zip(a, b) for k in ("loss", "lr", "grad_norm")
         if ra.get(k) != rb.get(k)]
 assert not diff, diff[:5]
-print(f"metrics: {steps} steps, loss/lr/grad_norm identical; last loss {a[-1]['loss']}")
+print(f"metrics: {steps} steps, loss/lr/grad_norm identical to job A's; last loss {a[-1]['loss']}")
 EOF
+}
+
+# 2. srun --mpi=pmix (the default): scancel -s USR1 signals every task of the srun step.
+preempted b ""
+# 3. FSDP_LAUNCHER=mpirun, submitted with --signal=B:USR1@120: Slurm signals only the batch
+#    shell (scancel --batch, as the time limit would), which forwards SIGUSR1 to mpirun.
+FSDP_LAUNCHER=mpirun preempted c --batch --signal=B:USR1@120
 
 echo "took $(elapsed) s"
 if [ "$FAILED" -ne 0 ]; then
