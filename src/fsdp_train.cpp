@@ -1,6 +1,6 @@
 // fsdp_train: the training executable.
 //
-//   mpirun -np N fsdp_train CONFIG.toml [--set section.key=value ...] [--resume] [--dry-run]
+//   mpirun -np N fsdp_train CONFIG.toml [--set section.key=value ...] [--resume[=auto]] [--dry-run]
 //   fsdp_train CONFIG.toml --dry-run --world-size N --set mesh.shard_size=S
 //
 // --world-size plans the per-rank memory of an N-rank job from one process (or any number):
@@ -32,7 +32,9 @@ namespace {
 struct Cli {
   std::string config_path;
   std::vector<std::string> overrides;
-  bool resume = false, dry_run = false, help = false, version = false;
+  bool resume_must = false;  // --resume
+  bool resume_auto = false;  // --resume=auto or --resume auto
+  bool dry_run = false, help = false, version = false;
   int world_size = 0;  // --world-size: 0 = the ranks running
   std::string usage;
 };
@@ -57,14 +59,32 @@ Cli parse_cli(int argc, char** argv) {
       ("version", po::bool_switch(&cli.version), "print the version and exit")
       ("set,s", po::value(&cli.overrides)->composing(),
        "override a config key: --set section.key=value (repeatable)")
-      ("resume", po::bool_switch(&cli.resume), "continue from train.run_dir/checkpoints/latest")
+      ("resume", po::bool_switch(&cli.resume_must),
+       "continue from train.run_dir/checkpoints/latest (a checkpoint must exist); "
+       "--resume=auto (or --resume auto): resume if there is a checkpoint, else start fresh "
+       "(one command line for a job's first run and its requeues)")
       ("dry-run", po::bool_switch(&cli.dry_run),
        "validate, build the mesh and FSDP units, print the per-rank memory plan, and exit")
       ("world-size", po::value(&cli.world_size)->value_name("N"),
        "with --dry-run: plan for N ranks instead of the ranks running (needs mesh.shard_size "
        "> 0, the ranks per node, dividing N)");
   po::options_description hidden;
-  hidden.add_options()("config", po::value(&cli.config_path), "config file");
+  hidden.add_options()("config", po::value(&cli.config_path), "config file")
+      ("resume-auto", po::bool_switch(&cli.resume_auto), "--resume=auto");
+  // --resume=auto and `--resume auto` become the hidden switch --resume-auto (an option with an
+  // implicit value would take a following CONFIG.toml as its value); --resume=OTHER is an error.
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--resume=auto" || (a == "--resume" && i + 1 < argc && std::string(argv[i + 1]) == "auto")) {
+      args.push_back("--resume-auto");
+      if (a == "--resume") ++i;
+    } else if (a.rfind("--resume=", 0) == 0) {
+      throw fsdp::InputError("command line: " + a + ": --resume takes no value, or =auto (see --help)");
+    } else {
+      args.push_back(a);
+    }
+  }
   po::options_description all;
   all.add(visible).add(hidden);
   po::positional_options_description pos;
@@ -74,10 +94,13 @@ Cli parse_cli(int argc, char** argv) {
   cli.usage = usage.str();
   try {
     po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     throw fsdp::InputError(std::string("command line: ") + e.what() + " (see --help)");
+  }
+  if (cli.resume_must && cli.resume_auto) {
+    throw fsdp::InputError("command line: --resume and --resume=auto are exclusive (see --help)");
   }
   if (!cli.help && !cli.version && cli.config_path.empty()) {
     throw fsdp::InputError("command line: missing CONFIG.toml (see --help)");
@@ -124,7 +147,8 @@ int main(int argc, char** argv) {
       if (rank == 0) std::cout << (cli.help ? cli.usage : "fsdp_train " FSDP_VERSION "\n");
     } else {
       fsdp::TrainOptions options;
-      options.resume = cli.resume;
+      options.resume = cli.resume_must;
+      options.resume_auto = cli.resume_auto;
       options.dry_run = cli.dry_run;
       options.plan_world_size = cli.world_size;
       const fsdp::TrainResult result = fsdp::train(config, *runtime, world, options, std::cout);

@@ -25,7 +25,8 @@ fsdp_cli_tests(bad_input cli_bad_input 2
   resume_without_checkpoint init_from_missing_dir init_from_wrong_shape)
 fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixed_precision dry_run dry_run_world_size t5_dry_run help version)
 fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused stale_lock_taken_over
-  refuse_step_dirs_without_latest refuse_metrics_only checkpoints_unwritable_at_start)
+  refuse_step_dirs_without_latest refuse_metrics_only checkpoints_unwritable_at_start
+  resume_auto_fresh resume_auto_continues)
 fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_input_dir fifo_input
   fifo_data_path group_not_dataset corrupted_header)
 # A small tmpfs as train.run_dir: needs root and mount; exit 77 (skipped) otherwise.

@@ -523,8 +523,23 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   });
   // Rank 0 locks train.run_dir before anything is written there, refuses a fresh run into an
   // earlier run's directory, and proves checkpoints/ writable (metrics.jsonl: below).
+  // --resume auto: rank 0 looks for checkpoints/latest and every rank follows its answer
+  // (a malformed `latest` fails here, as it would for --resume).
+  bool resume = opt.resume;
+  if (opt.resume_auto && !resume) {
+    int32_t found = 0;
+    collective_guard(group, [&] {
+      if (job.rank0()) found = ckpt::find_latest(cfg.train.run_dir) ? 1 : 0;
+    });
+    job.host.broadcast(&found, 1, DType::i32, 0)->wait();
+    resume = found != 0;
+    if (!resume) {
+      job.log("--resume auto: no checkpoint in " + ckpt::checkpoints_dir(cfg.train.run_dir) +
+              ", starting fresh");
+    }
+  }
   collective_guard(group, [&] {
-    if (job.rank0()) job.run_dir = open_run_dir(cfg.train.run_dir, opt.resume);
+    if (job.rank0()) job.run_dir = open_run_dir(cfg.train.run_dir, resume);
   });
   if (!job.run_dir.stale_holder().empty()) {
     job.log("train.run_dir: taking over the stale lock of " + job.run_dir.stale_holder());
@@ -545,7 +560,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   result.plan = plan_memory(job.model->modules(), cfg, world, job.mesh->shard_size());
   result.planned_activation_bytes = act_bytes;
   print_banner(job, job.engine->layouts(), /*list_units=*/false);
-  if (opt.resume) {
+  if (resume) {
     const ckpt::CheckpointMeta saved = load_checkpoint(job);  // guarded inside
     const int shard_size = job.engine->num_shards();
     if (saved.world_size != world || saved.shard_size != shard_size) {
@@ -583,7 +598,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     job.log(os.str());
   }
   collective_guard(group, [&] {
-    if (job.rank0()) job.run_dir.open_metrics(opt.resume);
+    if (job.rank0()) job.run_dir.open_metrics(resume);
   });
 
   if (cfg.eval.on_start && job.step == 0) {  // HF TrainingArguments.eval_on_start

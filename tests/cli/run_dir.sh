@@ -24,6 +24,12 @@
 # CASE checkpoints_unwritable_at_start: run_dir/checkpoints a regular file (and, where mount
 #   is permitted, a read-only tmpfs) stops the run at start with exit 2 naming the path,
 #   before any step.
+# CASE resume_auto_fresh: --resume=auto into an empty run_dir starts fresh (log line
+#   "--resume auto: no checkpoint"), trains and writes its checkpoint.
+# CASE resume_auto_continues: --resume=auto into a run_dir with a checkpoint (which a fresh
+#   run refuses) resumes from it like --resume ("resumed from step 2"), appends to
+#   metrics.jsonl and writes step_00000004 (written `--resume auto`, the spaced form);
+#   --resume=maybe is a command-line error.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -46,6 +52,31 @@ case "$CASE" in
     if [ "$before" != "$after" ]; then
       fail "the refused run changed $WORK/run:"$'\n'"$(diff <(echo "$before") <(echo "$after"))"
     fi
+    ;;
+  resume_auto_fresh)
+    tiny_config tiny.toml
+    run_train tiny.toml --set train.max_steps=2 --resume=auto
+    expect_rc 0
+    if ! grep -q -- "--resume auto: no checkpoint in $WORK/run/checkpoints, starting fresh" "$OUT"; then
+      fail "no '--resume auto: no checkpoint ... starting fresh' line"
+    fi
+    if grep -q "resumed from step" "$OUT"; then fail "a fresh auto run says it resumed"; fi
+    if [ "$(tr -d '[:space:]' <"$WORK/run/checkpoints/latest" 2>/dev/null)" != step_00000002 ]; then
+      fail "latest does not name step_00000002"
+    fi
+    ;;
+  resume_auto_continues)
+    tiny_config tiny.toml
+    run_train tiny.toml --set train.max_steps=2 --set optim.decay_steps=4
+    expect_rc 0
+    run_train tiny.toml --set train.max_steps=4 --set optim.decay_steps=4 --resume auto
+    expect_rc 0
+    if ! grep -q "resumed from step 2" "$OUT"; then fail "no 'resumed from step 2' line"; fi
+    if [ ! -d "$WORK/run/checkpoints/step_00000004" ]; then fail "no step_00000004 after auto resume"; fi
+    steps=$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1]) if l.strip()))' "$WORK/run/metrics.jsonl")
+    if [ "$steps" != "1 2 3 4" ]; then fail "metrics.jsonl steps '$steps', expected '1 2 3 4'"; fi
+    run_train tiny.toml --set train.max_steps=4 --resume=maybe
+    expect_input_error "--resume" "maybe"
     ;;
   second_run_refused)
     # A: many steps on an HDF5 file (memory does not grow with max_steps), nothing logged

@@ -27,7 +27,9 @@
 namespace fsdp {
 
 struct TrainOptions {
-  bool resume = false;        // continue from run_dir/checkpoints/latest
+  bool resume = false;        // continue from run_dir/checkpoints/latest (must exist)
+  bool resume_auto = false;   // --resume auto: resume if run_dir/checkpoints/latest exists,
+                              // else start fresh (a requeued Slurm job's first and later runs)
   bool dry_run = false;       // validate, build mesh and units, print the memory plan, stop
   // > 0 (dry_run only; fsdp_train --world-size): plan for this many ranks instead of the
   // group's, from any number of processes. The plan's mesh has mesh.shard_size ranks per
