@@ -94,7 +94,11 @@ std::string PeerWatch::diagnose(const char* what, double waited_s) const {
   // A rank exited and this one has a stop signal pending: mpirun is tearing the job down
   // (it SIGTERMs the survivors of a dead rank); it has said which rank died.
   if (!exited.empty() && pending_signal() != 0) return kQuiet;
-  if (exited.empty()) {
+  if (!exited.empty()) {
+    // Measured on this wait's clock; a new wait (a smaller waited_s) starts the grace again.
+    if (exited_seen_s_ < 0 || waited_s < exited_seen_s_) exited_seen_s_ = waited_s;
+    if (waited_s - exited_seen_s_ < kExitGrace_s) return "";
+  } else {
     if (!timed_out) return "";
     if (lower_running && waited_s < timeout_s_ + kReportGrace_s) return "";
   }

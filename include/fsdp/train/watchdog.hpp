@@ -10,9 +10,11 @@
 //
 // The PeerWatch ends the job (prints one line `fsdp_train: ...` on stderr, then MPI_Abort
 // with exit code 1, which mpirun turns into the end of every rank) when
-//  - a rank on this host has exited (its /proc/<pid> is gone or a zombie): at once, without
-//    waiting for the timeout (mpirun would SIGTERM the survivors, which then cannot reach a
-//    step boundary); or
+//  - a rank on this host has exited (its /proc/<pid> is gone or a zombie): kExitGrace_s after
+//    this rank first sees it, without waiting for the timeout. The grace lets mpirun's own
+//    teardown (SIGCONT, then SIGTERM to the survivors: see below) arrive first; without it a
+//    rank that was itself stopped and is continued by that teardown reports its peer's
+//    MPI_Abort as a second line; or
 //  - the wait has lasted comm.timeout_s: the line names the ranks of this host that are
 //    stopped (state 'T', e.g. SIGSTOP) or exited, or else the ranks of other hosts, whose
 //    state it cannot see, or says that every peer is running (busy or in another collective).
@@ -57,6 +59,7 @@ ProcessState local_process_state(int64_t pid, int64_t start_time = -1);
 class PeerWatch final : public WaitHook {
  public:
   static constexpr double kReportGrace_s = 2.0;
+  static constexpr double kExitGrace_s = 3.0;
   // `rank`: this rank in `peers` (the world, indexed by world rank). `fail` receives the
   // diagnosis (one line, without the "fsdp_train: " prefix; empty: end quietly) and must end
   // the process; if it returns, the wait goes on (tests). timeout_s: comm.timeout_s (> 0).
@@ -79,6 +82,8 @@ class PeerWatch final : public WaitHook {
   std::vector<bool> visible_;  // peers_[r] is a process of this host that /proc shows
   double timeout_s_;
   std::function<void(const std::string&)> fail_;
+  // The waited_s at which this rank first saw a peer exited; < 0: not yet.
+  mutable double exited_seen_s_ = -1.0;
 };
 
 }  // namespace fsdp
