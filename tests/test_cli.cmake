@@ -33,8 +33,8 @@ set_tests_properties(cli_disk_full_save_enospc cli_disk_full_save_enospc_async c
                      PROPERTIES SKIP_RETURN_CODE 77)
 # checkpoint.async_save (tests/cli/async_save.sh): same bytes as synchronous saves, SIGKILL
 # while a background write is in flight.
-fsdp_cli_tests(async_save cli_async_save 2 same_as_sync sigkill_during_write)
-foreach(case same_as_sync sigkill_during_write)
+fsdp_cli_tests(async_save cli_async_save 2 same_as_sync sigkill_during_write signal_with_save_in_flight)
+foreach(case same_as_sync sigkill_during_write signal_with_save_in_flight)
   set_tests_properties(cli_async_save_${case} PROPERTIES ENVIRONMENT
     "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>")
 endforeach()

@@ -14,6 +14,9 @@
 #   step_*.tmp directory exists (a save in flight: polled, bounded), rank 1 gets SIGKILL.
 #   The job fails; `latest` names a step directory that fsdp_merge accepts as complete
 #   (all shards, all checksums) and --resume from it trains on.
+# CASE signal_with_save_in_flight: saves every step in the background; SIGUSR1 to rank 0:
+#   exit code 3, `latest` names the stopped step (saved synchronously), the previous step's
+#   background save was committed as well, no temporary is left, and --resume trains on.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -141,6 +144,38 @@ case "$CASE" in
     grep -q "resumed from step $step\$" "$OUT" || fail "no 'resumed from step $step' line"
     [ "$(tr -d '[:space:]' <"$WORK/run/checkpoints/latest")" = "$(printf 'step_%08d' $((step + 2)))" ] ||
       fail "the resumed run did not publish step $((step + 2))"
+    ;;
+  signal_with_save_in_flight)
+    # checkpoint.every = 1 with async saves: a save is pending at almost every boundary. A
+    # SIGUSR1 to rank 0 finishes (commits) it, then saves the stopped step synchronously.
+    timeout 120 "$MPIEXEC" -np 2 --oversubscribe --bind-to none "$FSDP_TRAIN" tiny.toml \
+      --set train.max_steps=100000 --set optim.decay_steps=100000 \
+      --set checkpoint.every=1 --set checkpoint.async_save=true >"$OUT" 2>"$ERR" </dev/null &
+    BG=$!
+    steps_logged() { [ -f "$WORK/run/metrics.jsonl" ] && [ "$(wc -l <"$WORK/run/metrics.jsonl")" -ge 4 ]; }
+    wait_for 60 steps_logged || { fail "the run did not log 4 steps within 60 s"; finish; }
+    mpirun_pid=$(pgrep -P "$BG" | head -n 1)
+    pid=""
+    for p in $(pgrep -P "$mpirun_pid"); do
+      if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0"; then pid=$p; fi
+    done
+    [ -n "$pid" ] || { fail "no process of rank 0 under mpirun $mpirun_pid"; finish; }
+    kill -USR1 "$pid"
+    wait "$BG"
+    RC=$?
+    BG=""
+    expect_rc 3
+    line=$(grep "^fsdp_train: received SIGUSR1 on rank 0" "$ERR")
+    [[ "$line" =~ at\ step\ ([0-9]+)\; ]] || { fail "no stop line: $line"; finish; }
+    step=${BASH_REMATCH[1]}
+    [ "$(tr -d '[:space:]' <"$WORK/run/checkpoints/latest")" = "$(printf 'step_%08d' "$step")" ] ||
+      fail "latest does not name the stopped step $step"
+    # The save in flight when the signal came was committed too (step - 1), and nothing is left.
+    [ -d "$WORK/run/checkpoints/$(printf 'step_%08d' $((step - 1)))" ] || fail "step $((step - 1)) was not committed"
+    if [ -n "$(find "$WORK/run" -name '*.tmp')" ]; then fail "temporaries left: $(find "$WORK/run" -name '*.tmp')"; fi
+    run_train tiny.toml --set train.max_steps=$((step + 1)) --set optim.decay_steps=100000 --resume
+    expect_rc 0
+    grep -q "resumed from step $step\$" "$OUT" || fail "no 'resumed from step $step' line"
     ;;
   *)
     echo "async_save.sh: unknown case '$CASE'" >&2
