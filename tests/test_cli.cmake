@@ -38,7 +38,8 @@ foreach(case same_as_sync sigkill_during_write signal_with_save_in_flight)
   set_tests_properties(cli_async_save_${case} PROPERTIES ENVIRONMENT
     "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>")
 endforeach()
-fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_skips memory_too_large)
+fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_stops_async diverge_skips
+  memory_too_large)
 fsdp_cli_tests(signals cli_signals 2
   sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun sigusr1_mpirun second_sigint_exits_now sigstop_rank
   sigkill_rank)

@@ -1,6 +1,8 @@
 // Background shard-file writer (see fsdp/checkpoint/async_writer.hpp).
 #include "fsdp/checkpoint/async_writer.hpp"
 
+#include <hdf5.h>
+
 #include <chrono>
 #include <utility>
 
@@ -27,7 +29,7 @@ void AsyncShardWriter::start(std::string path, CheckpointMeta meta,
   units_ = std::move(units);
   error_ = nullptr;
   done_.store(false, std::memory_order_relaxed);
-  thread_ = std::thread([this] {
+  auto body = [this] {
     const auto t0 = std::chrono::steady_clock::now();
     try {
       write_shard_file(path_, meta_, units_);
@@ -37,7 +39,23 @@ void AsyncShardWriter::start(std::string path, CheckpointMeta meta,
     write_ms_ =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     done_.store(true, std::memory_order_release);
-  });
+  };
+  if (!hdf5_threadsafe()) {
+    // HDF5 built without its global lock: the main thread may use HDF5 meanwhile (data
+    // loading), so the write runs here, synchronously; wait() still reports its result.
+    thread_ = std::thread([] {});
+    body();
+    return;
+  }
+  thread_ = std::thread(body);
+}
+
+bool AsyncShardWriter::hdf5_threadsafe() {
+  static const bool threadsafe = [] {
+    hbool_t ts = false;
+    return H5is_library_threadsafe(&ts) >= 0 && ts;
+  }();
+  return threadsafe;
 }
 
 void AsyncShardWriter::wait() {

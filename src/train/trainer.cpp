@@ -467,6 +467,9 @@ std::string nonfinite_what(double loss, double norm) {
 // all reach this together without a collective; rank 0 prints the one line, the others exit
 // with the same code. Nothing of this step is applied or saved.
 [[noreturn]] void stop_nonfinite(Job& job, int64_t step, double loss, double norm) {
+  // A background save still in flight holds the state before this step: commit it (every
+  // rank is here, the decision came from all-reduced values) so it is the last checkpoint.
+  finish_pending_save(job);
   const std::string last =
       job.last_checkpoint >= 0 ? ckpt::step_dir(job.cfg.train.run_dir, job.last_checkpoint)
                                : std::string("none");

@@ -35,7 +35,9 @@ class AsyncShardWriter {
 
   // Starts a thread running write_shard_file(path, meta, units); `units` must point into
   // buffer()s (or other memory that stays unchanged until wait() returns). Throws
-  // fsdp::Error if a write is already in flight.
+  // fsdp::Error if a write is already in flight. If the HDF5 library is not thread-safe
+  // (hdf5_threadsafe() false) the write runs in the calling thread before start() returns
+  // (the main thread may use HDF5 meanwhile); wait() then reports it the same way.
   void start(std::string path, CheckpointMeta meta, std::vector<UnitShardView> units);
 
   // True between start() and the wait() that joins it.
@@ -48,6 +50,9 @@ class AsyncShardWriter {
   void wait();
   // Milliseconds the last finished write took in the thread (0 before any).
   double last_write_ms() const { return write_ms_; }
+  // Whether the HDF5 library was built thread-safe (H5is_library_threadsafe; Debian's is):
+  // only then does the write run beside the main thread.
+  static bool hdf5_threadsafe();
 
  private:
   std::vector<std::vector<float>> buffers_;
