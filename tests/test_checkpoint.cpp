@@ -14,9 +14,11 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/checkpoint/async_writer.hpp"
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/merge.hpp"
 #include "fsdp/checkpoint/resume.hpp"
@@ -222,6 +224,82 @@ TEST_F(CheckpointTest, ShardFilesRoundTripBitExactly) {
   std::vector<float> got(12);
   set.read_flat(0, "exp_avg", 4, 12, got.data());  // [4, 16) spans shard 0 [0,9) and 1 [9,18)
   EXPECT_EQ(0, std::memcmp(got.data(), full[0].at("exp_avg").data() + 4, 12 * sizeof(float)));
+}
+
+// The background writer writes from its staging buffers, which may be changed only after
+// wait(); buffers are reused between saves; a failed write rethrows from wait() and leaves
+// no file; nothing in flight makes wait() a no-op.
+TEST_F(CheckpointTest, AsyncShardWriterWritesStagedCopiesAndReportsFailures) {
+  const auto layouts = two_units(1);
+  const auto full = full_buffers(layouts);
+  AsyncShardWriter w;
+  EXPECT_TRUE(w.finished());
+  EXPECT_FALSE(w.busy());
+  EXPECT_NO_THROW(w.wait());
+  auto stage = [&](float bias) {
+    std::vector<UnitShardView> views;
+    std::size_t i = 0;
+    for (std::size_t u = 0; u < layouts.size(); ++u) {
+      UnitShardView v{&layouts[u], nullptr, {}};
+      for (const char* d : {"param", "exp_avg", "exp_avg_sq"}) {
+        const auto& src = full[u].at(d);
+        float* dst = w.buffer(i++, static_cast<int64_t>(src.size()));
+        for (std::size_t k = 0; k < src.size(); ++k) dst[k] = src[k] + bias;
+        if (std::string(d) == "param") v.param = dst;
+        else v.state.push_back({d, dst});
+      }
+      views.push_back(std::move(v));
+    }
+    return views;
+  };
+  for (int save = 0; save < 2; ++save) {
+    const float bias = static_cast<float>(save);
+    const std::string file = path("async_" + std::to_string(save) + ".h5");
+    w.start(file, make_meta(1, 0), stage(bias));
+    EXPECT_TRUE(w.busy());
+    EXPECT_THROW(w.buffer(0, 1), Error);  // the thread may be reading the buffers
+    EXPECT_THROW(w.start(file, make_meta(1, 0), {}), Error);
+    // Poll (bounded) until the thread says it is done; wait() then does not block.
+    for (int i = 0; i < 200000 && !w.finished(); ++i) std::this_thread::yield();
+    w.wait();
+    EXPECT_FALSE(w.busy());
+    EXPECT_GT(w.last_write_ms(), 0.0);
+    const ShardFile f = ShardFile::open(file);
+    for (std::size_t u = 0; u < layouts.size(); ++u) {
+      for (const char* d : {"param", "exp_avg", "exp_avg_sq"}) {
+        std::vector<float> got(static_cast<std::size_t>(layouts[u].shard_numel));
+        f.read_unit(static_cast<int>(u), d, got.data());
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          ASSERT_EQ(got[k], full[u].at(d)[k] + bias) << "save " << save << " unit " << u << " " << d;
+        }
+      }
+    }
+  }
+  // A write into a missing directory fails in the thread; wait() rethrows it once, naming
+  // the file, and nothing is left.
+  const std::string bad = path("missing_dir/shard.h5");
+  w.start(bad, make_meta(1, 0), stage(0.0f));
+  try {
+    w.wait();
+    ADD_FAILURE() << "wait() did not rethrow the write's failure";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(w.wait());
+  EXPECT_FALSE(fs::exists(bad));
+  EXPECT_FALSE(fs::exists(bad + ".tmp"));
+  // Destroying a writer with a write in flight joins it (no crash, the file is complete).
+  {
+    AsyncShardWriter w2;
+    std::vector<UnitShardView> views;
+    for (std::size_t u = 0; u < layouts.size(); ++u) {
+      UnitShardView v{&layouts[u], full[u].at("param").data(), {}};
+      for (const char* d : {"exp_avg", "exp_avg_sq"}) v.state.push_back({d, full[u].at(d).data()});
+      views.push_back(std::move(v));
+    }
+    w2.start(path("joined.h5"), make_meta(1, 0), std::move(views));
+  }
+  EXPECT_NO_THROW(ShardFile::open(path("joined.h5")).verify_all());
 }
 
 TEST_F(CheckpointTest, IncompatibleRunIsAnInputErrorNamingTheFile) {

@@ -30,9 +30,18 @@ fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused 
 fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_input_dir fifo_input
   fifo_data_path group_not_dataset corrupted_header)
 # A small tmpfs as train.run_dir: needs root and mount; exit 77 (skipped) otherwise.
-fsdp_cli_tests(disk_full cli_disk_full 2 save_enospc metrics_enospc)
-set_tests_properties(cli_disk_full_save_enospc cli_disk_full_metrics_enospc PROPERTIES SKIP_RETURN_CODE 77)
-fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_skips memory_too_large)
+fsdp_cli_tests(disk_full cli_disk_full 2 save_enospc save_enospc_async metrics_enospc)
+set_tests_properties(cli_disk_full_save_enospc cli_disk_full_save_enospc_async cli_disk_full_metrics_enospc
+                     PROPERTIES SKIP_RETURN_CODE 77)
+# checkpoint.async_save (tests/cli/async_save.sh): same bytes as synchronous saves, SIGKILL
+# while a background write is in flight.
+fsdp_cli_tests(async_save cli_async_save 2 same_as_sync sigkill_during_write signal_with_save_in_flight)
+foreach(case same_as_sync sigkill_during_write signal_with_save_in_flight)
+  set_tests_properties(cli_async_save_${case} PROPERTIES ENVIRONMENT
+    "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>")
+endforeach()
+fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_stops_async diverge_skips
+  memory_too_large)
 fsdp_cli_tests(signals cli_signals 2
   sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun sigusr1_mpirun second_sigint_exits_now sigstop_rank
   sigkill_rank)

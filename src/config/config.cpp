@@ -134,6 +134,7 @@ void visit_keys(C& c, F&& f) {
   f("comm", "backend", c.comm.backend);
   f("comm", "timeout_s", c.comm.timeout_s);
   f("checkpoint", "every", c.checkpoint.every);
+  f("checkpoint", "async_save", c.checkpoint.async_save);
   f("eval", "every", c.eval.every);
   f("eval", "max_windows", c.eval.max_windows);
   f("eval", "on_start", c.eval.on_start);

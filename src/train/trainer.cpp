@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/backend/buffer.hpp"
+#include "fsdp/checkpoint/async_writer.hpp"
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/init_from.hpp"
 #include "fsdp/checkpoint/resume.hpp"
@@ -71,6 +72,29 @@ struct Job {
   // fp16 dynamic loss scaling (torch.amp.GradScaler): the scale and the steps since it changed.
   double loss_scale = 1.0;
   int64_t good_steps = 0;
+  // checkpoint.async_save: the save whose shard files are being written in the background
+  // (step_N.tmp, not yet committed), and this rank's writer (staging buffers + thread).
+  struct PendingSave {
+    int64_t step = 0;
+    std::string tmp;
+    Clock::time_point started;
+  };
+  std::optional<PendingSave> pending;
+  ckpt::AsyncShardWriter writer;
+  // A run that ends by an exception with a save in flight: join this rank's writer, then
+  // rank 0 removes the uncommitted step_N.tmp (the previous `latest` stays). After an agreed
+  // failure every rank unwinds the same way; a peer's writer may still be finishing its
+  // file, in which case the directory can survive (a later save or --resume removes it;
+  // `latest` never names it).
+  ~Job() {
+    try {
+      writer.wait();
+    } catch (...) {
+    }
+    if (pending && rank0()) ckpt::discard_tmp_step_dir(pending->tmp);
+  }
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
   bool rank0() const { return host.rank() == 0; }
   void log(const std::string& line) {
     if (rank0() && !opt.quiet) out << line << std::endl;
@@ -232,57 +256,131 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
   return m;
 }
 
-// Every shard owner writes its file into step_N.tmp/; once all have, rank 0 renames the
-// directory to step_N and points `latest` at it. A crash at any point leaves the previous
-// checkpoint and `latest` intact. A failure on any rank (a full disk) is agreed by the guards;
-// rank 0 then removes step_N.tmp (every rank is past the failed guard: no writer is still at
-// work there), so the previous checkpoint stays, no temporary is left, and the agreed error
-// (one line naming the file) stops the run.
-void save_checkpoint(Job& job) {
+// The views of this rank's shards (parameters, then optimizer state, unit by unit) for
+// write_shard_file. With `stage` (async saves) every buffer is copied into the writer's
+// reused staging buffers, so training may change the shards while the file is written;
+// without it device shards are staged through temporary host copies and the CPU backend's
+// memory is used in place.
+std::vector<ckpt::UnitShardView> shard_views(Job& job, bool stage,
+                                             std::vector<std::vector<float>>& scratch) {
+  std::size_t next = 0;
+  auto host = [&](const TensorView& v) -> const float* {
+    if (stage) {
+      float* dst = job.writer.buffer(next++, v.numel());
+      job.backend->copy_to_host(dst, v);
+      return dst;
+    }
+    if (job.backend->device() == Device::cpu) return v.f32();
+    scratch.emplace_back(static_cast<std::size_t>(v.numel()));
+    job.backend->copy_to_host(scratch.back().data(), v);
+    return scratch.back().data();
+  };
+  scratch.reserve(static_cast<std::size_t>(job.engine->num_units()) *
+                  (1 + job.optimizer->state_names().size()));
+  std::vector<ckpt::UnitShardView> views;
+  for (int u = 0; u < job.engine->num_units(); ++u) {
+    ckpt::UnitShardView v{&job.engine->layout(u), host(job.engine->shard_param(u)), {}};
+    for (const auto& name : job.optimizer->state_names()) {
+      v.state.push_back({name, host(job.optimizer->state(u, name))});
+    }
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
+// Rank 0 removes `tmp` unless the save was committed (a failure on any rank: every rank is
+// past the failed guard, so no writer is still at work there).
+struct DiscardUnlessCommitted {
+  bool rank0, committed = false;
+  std::string tmp;
+  ~DiscardUnlessCommitted() {
+    if (rank0 && !committed) ckpt::discard_tmp_step_dir(tmp);
+  }
+};
+
+// Rank 0 renames step_N.tmp to step_N and points `latest` at it (guarded).
+void commit_save(Job& job, int64_t step, const std::string& tmp) {
+  collective_guard(job.host, [&] {
+    if (!job.rank0()) return;
+    ckpt::commit_step_dir(tmp, ckpt::step_dir(job.cfg.train.run_dir, step));
+    ckpt::publish_latest(job.cfg.train.run_dir, step);
+  });
+}
+
+// Finishes the async save in flight: every rank joins its writer (blocks until its file is
+// written; at once when the step-boundary all-reduce said all are done), one guard agrees
+// whether every write succeeded (a failure, e.g. ENOSPC, stops the run with the failing
+// rank's line naming its file), then the commit. On failure rank 0 removes step_N.tmp.
+void finish_pending_save(Job& job) {
+  if (!job.pending) return;
+  const Job::PendingSave p = *job.pending;
+  job.pending.reset();
+  DiscardUnlessCommitted cleanup{job.rank0(), false, p.tmp};
+  collective_guard(job.host, [&] { job.writer.wait(); });
+  commit_save(job, p.step, p.tmp);
+  cleanup.committed = true;
+  job.last_checkpoint = p.step;
+  std::ostringstream os;
+  os << "checkpoint: " << ckpt::step_dir(job.cfg.train.run_dir, p.step) << " (committed at step "
+     << job.step << ", " << std::fixed << std::setprecision(1)
+     << std::chrono::duration<double, std::milli>(Clock::now() - p.started).count()
+     << " ms after the save began; rank 0 wrote its file in " << job.writer.last_write_ms()
+     << " ms)";
+  job.log(os.str());
+}
+
+// A save of step job.step, in guarded phases: rank 0 prepares step_N.tmp; every shard
+// owner (replica 0 of the shard group) writes its file there; rank 0 renames the directory
+// to step_N and points `latest` at it. A crash at any point leaves the previous checkpoint
+// and `latest` intact. A failure on any rank (a full disk) is agreed by the guards; rank 0
+// then removes step_N.tmp, so the previous checkpoint stays, no temporary is left, and the
+// agreed error (one line naming the file) stops the run.
+//
+// `async` (checkpoint.async_save, periodic saves only): the second phase only stages the
+// shards into host buffers and starts the background writer; the save stays pending until
+// finish_pending_save commits it (at the first step boundary after every rank's write
+// finished, or before the next save, or at the end of the run). A save always finishes the
+// previous pending one first.
+void save_checkpoint(Job& job, bool async) {
+  finish_pending_save(job);
   const auto t0 = Clock::now();
   const std::string& run_dir = job.cfg.train.run_dir;
   const std::string tmp = ckpt::tmp_step_dir(run_dir, job.step);
-  struct DiscardUnlessCommitted {
-    bool rank0, committed = false;
-    const std::string& tmp;
-    ~DiscardUnlessCommitted() {
-      if (rank0 && !committed) ckpt::discard_tmp_step_dir(tmp);
-    }
-  } cleanup{job.rank0(), false, tmp};
+  DiscardUnlessCommitted cleanup{job.rank0(), false, tmp};
   collective_guard(job.host, [&] {
     if (job.rank0()) ckpt::prepare_tmp_step_dir(tmp);
   });
+  const bool writes = job.engine->replicate_comm().rank() == 0;  // replicas hold the same shards
+  if (async) {
+    job.pending = Job::PendingSave{job.step, tmp, t0};
+    cleanup.committed = true;  // from here on the pending save (or ~Job) owns the directory
+    collective_guard(job.host, [&] {
+      if (!writes) return;
+      std::vector<std::vector<float>> unused;
+      auto views = shard_views(job, /*stage=*/true, unused);
+      const auto meta = checkpoint_meta(job);
+      job.writer.start(
+          (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string(),
+          meta, std::move(views));
+    });
+    std::ostringstream os;
+    os << "checkpoint: " << ckpt::step_dir(run_dir, job.step) << " staged in " << std::fixed
+       << std::setprecision(1)
+       << std::chrono::duration<double, std::milli>(Clock::now() - t0).count()
+       << " ms; writing in the background";
+    job.log(os.str());
+    return;
+  }
   collective_guard(job.host, [&] {
-    if (job.engine->replicate_comm().rank() != 0) return;  // replicas hold identical shards
+    if (!writes) return;
     const auto meta = checkpoint_meta(job);
-    // Shard files are written from host memory: device shards are staged through host
-    // copies (the CPU backend's memory is host memory and is used in place).
-    std::vector<std::vector<float>> staged;
-    staged.reserve(static_cast<std::size_t>(job.engine->num_units()) *
-                   (1 + job.optimizer->state_names().size()));
-    auto host = [&](const TensorView& v) -> const float* {
-      if (job.backend->device() == Device::cpu) return v.f32();
-      staged.emplace_back(static_cast<std::size_t>(v.numel()));
-      job.backend->copy_to_host(staged.back().data(), v);
-      return staged.back().data();
-    };
-    std::vector<ckpt::UnitShardView> views;
-    for (int u = 0; u < job.engine->num_units(); ++u) {
-      ckpt::UnitShardView v{&job.engine->layout(u), host(job.engine->shard_param(u)), {}};
-      for (const auto& name : job.optimizer->state_names()) {
-        v.state.push_back({name, host(job.optimizer->state(u, name))});
-      }
-      views.push_back(std::move(v));
-    }
+    std::vector<std::vector<float>> scratch;
+    const auto views = shard_views(job, /*stage=*/false, scratch);
     const std::string file =
         (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string();
     ckpt::write_shard_file(file, meta, views);
   });
-  collective_guard(job.host, [&] {
-    if (!job.rank0()) return;
-    ckpt::commit_step_dir(tmp, ckpt::step_dir(run_dir, job.step));
-    ckpt::publish_latest(run_dir, job.step);
-  });
+  commit_save(job, job.step, tmp);
   cleanup.committed = true;
   job.last_checkpoint = job.step;
   std::ostringstream os;
@@ -411,6 +509,9 @@ std::string nonfinite_what(double loss, double norm) {
 // all reach this together without a collective; rank 0 prints the one line, the others exit
 // with the same code. Nothing of this step is applied or saved.
 [[noreturn]] void stop_nonfinite(Job& job, int64_t step, double loss, double norm) {
+  // A background save still in flight holds the state before this step: commit it (every
+  // rank is here, the decision came from all-reduced values) so it is the last checkpoint.
+  finish_pending_save(job);
   const std::string last =
       job.last_checkpoint >= 0 ? ckpt::step_dir(job.cfg.train.run_dir, job.last_checkpoint)
                                : std::string("none");
@@ -719,12 +820,15 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     result.losses.push_back(loss);
 
     // One max all-reduce: [0] the peak memory, [1] a stop signal (docs/checkpoint.md
-    // "Signals"): (world - rank) << 8 | signal, so the max names the lowest signalled rank.
+    // "Signals"): (world - rank) << 8 | signal, so the max names the lowest signalled rank;
+    // [2] 1 while this rank's background checkpoint write is still running (max 0: every
+    // write finished, the pending save is committed below).
     const int my_signal = opt.pending_signal ? opt.pending_signal() : 0;
-    int64_t agreed[2] = {static_cast<int64_t>(be.memory().peak_total()),
+    int64_t agreed[3] = {static_cast<int64_t>(be.memory().peak_total()),
                          my_signal > 0 ? (int64_t{world - group.rank()} << 8) | (my_signal & 0xff)
-                                       : 0};
-    group.all_reduce(agreed, agreed, 2, DType::i64, ReduceOp::max)->wait();
+                                       : 0,
+                         job.writer.finished() ? 0 : 1};
+    group.all_reduce(agreed, agreed, 3, DType::i64, ReduceOp::max)->wait();
     const int64_t peak = agreed[0];
     nlohmann::json line = {{"step", job.step},         {"loss", loss},
                            {"lr", lr},                 {"grad_norm", norm},
@@ -762,8 +866,12 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     collective_guard(group, [&] {
       if (job.rank0()) job.run_dir.metrics().append_line(line.dump());
     });
+    // Every background write finished (agreed[2]): commit the pending save (a failed write
+    // stops the run here, on every rank).
+    if (job.pending && agreed[2] == 0) finish_pending_save(job);
     if (last || stopping || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
-      save_checkpoint(job);
+      // The final save and the save on a stop signal are synchronous.
+      save_checkpoint(job, cfg.checkpoint.async_save && !last && !stopping);
     }
     if (stopping) {
       result.stop_signal = static_cast<int>(agreed[1] & 0xff);
@@ -778,6 +886,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     }
     if (opt.stop_after > 0 && job.step >= opt.stop_after) break;
   }
+  finish_pending_save(job);  // --stop-after: the save in flight is committed before returning
   result.final_step = job.step;
   for (int c = 0; c < kNumMemCategories; ++c) {
     result.peak_bytes[static_cast<std::size_t>(c)] =

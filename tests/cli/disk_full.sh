@@ -12,6 +12,8 @@
 #   no crash in HDF5 at exit) with one line naming the file of step_00000004 and "No space
 #   left on device"; `latest` still names step_00000002, and both are byte-identical to what
 #   they were before; no *.tmp file or step_*.tmp directory is left, the lock is released.
+# CASE save_enospc_async: the same with checkpoint.async_save = true and max_steps = 6: the
+#   background write of step 4 fails; the run stops with the same line and leaves the same.
 # CASE metrics_enospc: the tmpfs has room for the start-up probes and a few lines of
 #   metrics.jsonl only. The run stops with exit 1 and one line naming metrics.jsonl and "No
 #   space left on device"; every line left in metrics.jsonl is complete JSON.
@@ -64,6 +66,39 @@ case "$CASE" in
     if [ "$before" != "$after" ]; then fail "latest or step_00000002 changed:"$'\n'"$before"$'\n'"$after"; fi
     expect_no_tmp "$DISK/run"
     if [ -e "$DISK/run/checkpoints/step_00000004" ]; then fail "a step_00000004 directory was published"; fi
+    if [ -s "$DISK/run/fsdp_train.lock" ]; then fail "the lock file was not released"; fi
+    ;;
+  save_enospc_async)
+    # As save_enospc, with checkpoint.async_save = true and max_steps = 6: the save of step
+    # 4 is a background write that runs out of space. The failure is agreed at the next step
+    # boundary (or before the final save): same exit code, one line naming step_00000004,
+    # `latest` and step_00000002 unchanged, no temporary, no step_00000004 or step_00000006.
+    tiny_config tiny.toml
+    run_train tiny.toml --set train.max_steps=2 --set train.run_dir="$WORK/measure"
+    expect_rc 0
+    ckpt_kb=$(du -sk "$WORK/measure/checkpoints/step_00000002" | cut -f1)
+    size_kb=$((ckpt_kb * 3 / 2 + 32))
+    echo "one checkpoint: ${ckpt_kb} KiB; tmpfs: ${size_kb} KiB"
+    mount_disk "${size_kb}k"
+    sed -i "s|^run_dir = .*|run_dir = \"$DISK/run\"|" tiny.toml
+    run_train tiny.toml --set train.max_steps=2 --set optim.decay_steps=6
+    expect_rc 0
+    before=$(cd "$DISK/run/checkpoints" && sha256sum latest step_00000002/*)
+    run_train tiny.toml --set train.max_steps=6 --set optim.decay_steps=6 --set checkpoint.every=2 \
+      --set checkpoint.async_save=true --resume
+    if [ "$RC" -eq 139 ] || grep -q "Segmentation fault\|signal 11" "$ERR"; then fail "fsdp_train crashed (exit $RC)"; fi
+    expect_rc 1
+    expect_one_error fsdp_train "step_00000004" "No space left on device"
+    grep -q "^checkpoint: $DISK/run/checkpoints/step_00000004 staged in" "$OUT" || fail "step 4 was not saved in the background"
+    if [ "$(tr -d '[:space:]' <"$DISK/run/checkpoints/latest")" != step_00000002 ]; then
+      fail "latest does not name step_00000002 after the failed save"
+    fi
+    after=$(cd "$DISK/run/checkpoints" && sha256sum latest step_00000002/*)
+    if [ "$before" != "$after" ]; then fail "latest or step_00000002 changed:"$'\n'"$before"$'\n'"$after"; fi
+    expect_no_tmp "$DISK/run"
+    for s in 4 6; do
+      if [ -e "$DISK/run/checkpoints/step_0000000$s" ]; then fail "a step_0000000$s directory was published"; fi
+    done
     if [ -s "$DISK/run/fsdp_train.lock" ]; then fail "the lock file was not released"; fi
     ;;
   metrics_enospc)

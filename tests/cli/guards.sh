@@ -9,6 +9,8 @@
 #   step until they overflow: the run stops at the first non-finite gradient norm with exit 1
 #   and one line naming the step; `latest` names the last checkpoint written before it, and no
 #   checkpoint of that step or later exists.
+# CASE diverge_stops_async: the same saving every step with checkpoint.async_save: the
+#   background save of the step before is committed and `latest` names it.
 # CASE diverge_skips: the same with train.skip_nonfinite = true runs to the end, logging each
 #   skipped step and marking it "nonfinite" in metrics.jsonl.
 # CASE memory_too_large: n_layer = 100000 (a plan of tens of GiB per rank) is refused with
@@ -30,9 +32,11 @@ case "$CASE" in
     expect_input_error "optim.lr" "out of range"
     if [ -e "$WORK/run" ]; then fail "a refused config wrote $WORK/run"; fi
     ;;
-  diverge_stops)
+  diverge_stops | diverge_stops_async)
     tiny_config tiny.toml
-    run_train tiny.toml "${DIVERGE[@]}"
+    extra=()
+    [ "$CASE" = diverge_stops_async ] && extra=(--set checkpoint.every=1 --set checkpoint.async_save=true)
+    run_train tiny.toml "${DIVERGE[@]}" "${extra[@]}"
     expect_rc 1
     expect_one_error fsdp_train "training diverged" "last checkpoint: $WORK/run/checkpoints/step_"
     expect_error_matches '^fsdp_train: step [0-9]+: (grad_norm|loss) is (nan|-?inf)'
@@ -47,6 +51,11 @@ case "$CASE" in
       if [ "$n" -ge "$step" ]; then fail "a checkpoint of step $n >= the diverged step $step exists"; fi
     done
     if ls "$WORK"/run/checkpoints | grep -q tmp; then fail "temporary checkpoint left"; fi
+    # Saving every step in the background: the save in flight when the step diverged (the
+    # step before) is committed and is the last checkpoint.
+    if [ "$CASE" = diverge_stops_async ] && [ "$latest" != "$(printf 'step_%08d' $((step - 1)))" ]; then
+      fail "latest ($latest) is not the step before the diverged step $step"
+    fi
     ;;
   diverge_skips)
     tiny_config tiny.toml

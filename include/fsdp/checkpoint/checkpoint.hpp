@@ -232,7 +232,8 @@ ShardFile open_for_resume(const std::string& step_dir, const CheckpointMeta& exp
 //   latest            text file: "step_00000100\n"
 // Trainer protocol: rank 0 prepare_tmp_step_dir; barrier; each shard-group rank of replica 0
 // write_shard_file(tmp/shard_file_name(...)); barrier; rank 0 commit_step_dir then
-// publish_latest.
+// publish_latest. With checkpoint.async_save the write runs in an AsyncShardWriter thread
+// and the commit waits until every rank's write finished (docs/checkpoint.md).
 
 // A shape as JSON, "[2,3]": how checkpoint, merge and init_from messages print shapes.
 std::string shape_json(const std::vector<int64_t>& shape);

@@ -157,6 +157,10 @@ struct CommConfig {
 
 struct CheckpointConfig {
   int64_t every = 0;                  // steps between checkpoints; 0 = only at the end
+  // Periodic saves stage the shards in host memory and write them from a background thread;
+  // the commit waits until every rank's write finished (docs/checkpoint.md). torch DCP's
+  // async_save. The final save and the save on a stop signal are synchronous.
+  bool async_save = false;
   friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
 };
 
