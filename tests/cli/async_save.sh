@@ -28,16 +28,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# wait_for SECONDS CMD...: runs CMD every 0.05 s until it succeeds (0) or SECONDS pass (1).
-wait_for() {
-  local limit=$1; shift
-  local end=$((SECONDS + limit))
-  until "$@"; do
-    if [ "$SECONDS" -ge "$end" ]; then return 1; fi
-    sleep 0.05
-  done
-}
-
 # losses FILE [FIRST]: "step loss" per metrics line from step FIRST on (JSON numbers as
 # written: bit-identical values print identically).
 losses() {

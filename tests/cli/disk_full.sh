@@ -31,6 +31,26 @@ mount_disk() {
   trap 'umount "$DISK" 2>/dev/null; rm -rf "$WORK"' EXIT
 }
 
+# disk_with_one_checkpoint DECAY: a tmpfs at $DISK with room for one checkpoint of
+# inputs/tiny.toml and a half (size measured on the ordinary disk first), tiny.toml pointing
+# train.run_dir into it, and a run of 2 steps saved there (optim.decay_steps = DECAY, so the
+# resumed run shares its schedule). Sets BEFORE: checksums of `latest` and step_00000002.
+disk_with_one_checkpoint() {
+  tiny_config tiny.toml
+  run_train tiny.toml --set train.max_steps=2 --set train.run_dir="$WORK/measure"
+  expect_rc 0
+  local ckpt_kb size_kb
+  ckpt_kb=$(du -sk "$WORK/measure/checkpoints/step_00000002" | cut -f1)
+  # Room for one checkpoint and a half, plus the lock, metrics and `latest` (pages of 4 KiB).
+  size_kb=$((ckpt_kb * 3 / 2 + 32))
+  echo "one checkpoint: ${ckpt_kb} KiB; tmpfs: ${size_kb} KiB"
+  mount_disk "${size_kb}k"
+  sed -i "s|^run_dir = .*|run_dir = \"$DISK/run\"|" tiny.toml
+  run_train tiny.toml --set train.max_steps=2 --set optim.decay_steps="$1"
+  expect_rc 0
+  BEFORE=$(cd "$DISK/run/checkpoints" && sha256sum latest step_00000002/*)
+}
+
 # expect_no_tmp DIR: no *.tmp file or directory under DIR.
 expect_no_tmp() {
   local left
@@ -40,21 +60,10 @@ expect_no_tmp() {
 
 case "$CASE" in
   save_enospc)
-    tiny_config tiny.toml
-    # Size of one checkpoint of this model, measured on the ordinary disk.
-    run_train tiny.toml --set train.max_steps=2 --set train.run_dir="$WORK/measure"
-    expect_rc 0
-    ckpt_kb=$(du -sk "$WORK/measure/checkpoints/step_00000002" | cut -f1)
-    # Room for one checkpoint and a half, plus the lock, metrics and `latest` (pages of 4 KiB).
-    size_kb=$((ckpt_kb * 3 / 2 + 32))
-    echo "one checkpoint: ${ckpt_kb} KiB; tmpfs: ${size_kb} KiB"
-    mount_disk "${size_kb}k"
-    sed -i "s|^run_dir = .*|run_dir = \"$DISK/run\"|" tiny.toml
     # Step 2 saved (fits), then resumed to step 4 with checkpoint.every = 2: the save of step
     # 4 does not fit next to step 2.
-    run_train tiny.toml --set train.max_steps=2 --set optim.decay_steps=4
-    expect_rc 0
-    before=$(cd "$DISK/run/checkpoints" && sha256sum latest step_00000002/*)
+    disk_with_one_checkpoint 4
+    before=$BEFORE
     run_train tiny.toml --set train.max_steps=4 --set optim.decay_steps=4 --set checkpoint.every=2 --resume
     if [ "$RC" -eq 139 ] || grep -q "Segmentation fault\|signal 11" "$ERR"; then fail "fsdp_train crashed (exit $RC)"; fi
     expect_rc 1
@@ -73,17 +82,8 @@ case "$CASE" in
     # 4 is a background write that runs out of space. The failure is agreed at the next step
     # boundary (or before the final save): same exit code, one line naming step_00000004,
     # `latest` and step_00000002 unchanged, no temporary, no step_00000004 or step_00000006.
-    tiny_config tiny.toml
-    run_train tiny.toml --set train.max_steps=2 --set train.run_dir="$WORK/measure"
-    expect_rc 0
-    ckpt_kb=$(du -sk "$WORK/measure/checkpoints/step_00000002" | cut -f1)
-    size_kb=$((ckpt_kb * 3 / 2 + 32))
-    echo "one checkpoint: ${ckpt_kb} KiB; tmpfs: ${size_kb} KiB"
-    mount_disk "${size_kb}k"
-    sed -i "s|^run_dir = .*|run_dir = \"$DISK/run\"|" tiny.toml
-    run_train tiny.toml --set train.max_steps=2 --set optim.decay_steps=6
-    expect_rc 0
-    before=$(cd "$DISK/run/checkpoints" && sha256sum latest step_00000002/*)
+    disk_with_one_checkpoint 6
+    before=$BEFORE
     run_train tiny.toml --set train.max_steps=6 --set optim.decay_steps=6 --set checkpoint.every=2 \
       --set checkpoint.async_save=true --resume
     if [ "$RC" -eq 139 ] || grep -q "Segmentation fault\|signal 11" "$ERR"; then fail "fsdp_train crashed (exit $RC)"; fi

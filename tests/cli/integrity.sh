@@ -27,11 +27,6 @@ FSDP_MERGE=${FSDP_MERGE:-$(dirname "$FSDP_TRAIN")/fsdp_merge}
 FSDP_H5_POKE=${FSDP_H5_POKE:-$(dirname "$FSDP_TRAIN")/tests/fsdp_h5_poke}
 CK=$WORK/run/checkpoints
 
-# snapshot DIR: checksums of every file under DIR, sorted by path.
-snapshot() {
-  (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum)
-}
-
 # expect_unchanged BEFORE: the checkpoints directory still has snapshot BEFORE.
 expect_unchanged() {
   local after

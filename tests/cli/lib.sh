@@ -142,3 +142,21 @@ make_text_dir() {
   yes "the quick brown fox jumps over the lazy dog" | head -c 3000 >"$1/a.txt"
   yes "pack my box with five dozen liquor jugs" | head -c 2000 >"$1/sub/b.txt"
 }
+
+# snapshot DIR: checksums of every file under DIR, sorted by path, except the run_dir lock
+# file (a refused run may create it; it is empty again once released). Compare two
+# snapshots to prove a command left DIR byte-identical.
+snapshot() {
+  (cd "$1" && find . -type f ! -name fsdp_train.lock -print0 | sort -z | xargs -0 sha256sum)
+}
+
+# wait_for SECONDS CMD...: runs CMD every 0.05 s until it succeeds (0) or SECONDS pass (1):
+# a bounded poll for an event (a metrics line, a file), never a fixed sleep.
+wait_for() {
+  local limit=$1; shift
+  local end=$((SECONDS + limit))
+  until "$@"; do
+    if [ "$SECONDS" -ge "$end" ]; then return 1; fi
+    sleep 0.05
+  done
+}

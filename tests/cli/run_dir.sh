@@ -33,12 +33,6 @@
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-# snapshot DIR: checksums of every file under DIR, sorted by path, except the lock file (a
-# refused run may create it; it is empty again once released).
-snapshot() {
-  (cd "$1" && find . -type f ! -name fsdp_train.lock -print0 | sort -z | xargs -0 sha256sum)
-}
-
 case "$CASE" in
   refuse_fresh_run)
     tiny_config tiny.toml

@@ -44,16 +44,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# wait_for SECONDS CMD...: runs CMD every 0.1 s until it succeeds (0) or SECONDS pass (1).
-wait_for() {
-  local limit=$1; shift
-  local end=$((SECONDS + limit))
-  until "$@"; do
-    if [ "$SECONDS" -ge "$end" ]; then return 1; fi
-    sleep 0.1
-  done
-}
-
 # start_train [MPIRUN_ARGS...] -- FSDP_TRAIN_ARGS...: a 2-rank run in the background (killed
 # after 120 s); sets BG and MPIRUN_PID.
 start_train() {
