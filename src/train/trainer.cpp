@@ -403,6 +403,7 @@ void save_checkpoint(Job& job, bool async) {
 ckpt::CheckpointMeta load_checkpoint(Job& job) {
   const std::string& run_dir = job.cfg.train.run_dir;
   std::optional<std::string> latest;
+  std::optional<ckpt::CheckpointSet> validated;  // rank 0: phase 1's set, reused in phase 2
   collective_guard(job.host, [&] {
     latest = ckpt::find_latest(run_dir);
     if (!latest) {
@@ -410,7 +411,7 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
                        " (train.run_dir = \"" + run_dir + "\")");
     }
     if (!job.rank0()) return;
-    const ckpt::CheckpointSet set = ckpt::CheckpointSet::open(*latest);
+    const ckpt::CheckpointSet& set = validated.emplace(ckpt::CheckpointSet::open(*latest));
     const std::string& file = set.shard(0).path();
     ckpt::check_resume_config(set.meta().train_config_toml, to_toml(job.cfg), file);
     if (set.meta().step > job.cfg.train.max_steps) {
@@ -424,7 +425,8 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
     const ckpt::CheckpointMeta expected = checkpoint_meta(job);
     const std::vector<FlatParamLayout> layouts = job.engine->layouts();
     // Metadata of every shard file (no tensor data): a rank may need pieces of several.
-    const ckpt::CheckpointSet set = ckpt::CheckpointSet::open(*latest);
+    if (!validated) validated.emplace(ckpt::CheckpointSet::open(*latest));
+    const ckpt::CheckpointSet& set = *validated;
     const ckpt::CheckpointMeta& m = set.meta();  // shard 0's: step, optimizer counters, scale
     if (m.optimizer != expected.optimizer) {
       throw InputError(set.shard(0).path() + ": incompatible checkpoint: optimizer differs (checkpoint has " +
@@ -617,10 +619,10 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
 
   // Memory before allocation, and before anything is written: a plan that cannot fit is
   // refused with nothing created.
+  // The plan is computed once: checked here, reported in TrainResult::plan below.
   collective_guard(group, [&] {
-    check_memory_fits(job, plan_memory(job.family.modules(cfg.model), cfg, world,
-                                       job.mesh->shard_size()),
-                      act_bytes);
+    result.plan = plan_memory(job.family.modules(cfg.model), cfg, world, job.mesh->shard_size());
+    check_memory_fits(job, result.plan, act_bytes);
   });
   // Rank 0 locks train.run_dir before anything is written there, refuses a fresh run into an
   // earlier run's directory, and proves checkpoints/ writable (metrics.jsonl: below).
@@ -658,7 +660,6 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     }
   });
   result.num_params = job.engine->num_params();
-  result.plan = plan_memory(job.model->modules(), cfg, world, job.mesh->shard_size());
   result.planned_activation_bytes = act_bytes;
   print_banner(job, job.engine->layouts(), /*list_units=*/false);
   if (resume) {
