@@ -18,6 +18,7 @@
 
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/train/watchdog.hpp"  // host_name
 
 namespace fs = std::filesystem;
 
@@ -29,14 +30,12 @@ std::string errno_text() { return std::strerror(errno); }
 
 // "host H pid P started T" of this process.
 std::string holder_line() {
-  char host[HOST_NAME_MAX + 1] = {0};
-  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown");
   char when[32] = {0};
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   ::gmtime_r(&now, &tm);
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return std::string("host ") + host + " pid " + std::to_string(::getpid()) + " started " + when;
+  return "host " + host_name() + " pid " + std::to_string(::getpid()) + " started " + when;
 }
 
 // The whole content of an open file (the lock file: one short line).
