@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/backend/cpu_threads.hpp"
 #include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/host_memory.hpp"
@@ -128,11 +129,11 @@ void Runtime::configure(Communicator& group, const Config& config) {
     throw InputError("comm.backend: \"nccl\" needs the CUDA backend (train.device)");
   }
   if (!use_cuda) {
-    int threads = static_cast<int>(config.train.num_threads);
-    if (threads <= 0) {
-      const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      threads = std::max(1, hw / std::max(1, hm.local_size()));
-    }
+    // Thread count and core binding (fsdp/backend/cpu_threads.hpp): Open MPI's default
+    // one-core binding would put every OpenMP thread of the rank on one core.
+    const CpuThreadPlan plan = setup_cpu_threads(static_cast<int>(config.train.num_threads),
+                                                 hm.local_rank(), std::max(1, hm.local_size()));
+    const int threads = plan.threads;
     const HostMemory host = read_host_memory();
     const int local = std::max(1, hm.local_size());
     memory_budget_.bytes = host.available() < 0 ? -1 : host.available() / local;
@@ -141,7 +142,9 @@ void Runtime::configure(Communicator& group, const Config& config) {
     backend_ = make_cpu_backend(threads);
     mesh_ = std::move(host_mesh_);  // host memory: the MPI groups are the mesh
     device_description_ = "cpu (" + std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
-                          " per rank), mpi";
+                          " per rank; rank " + std::to_string(group.rank()) + " on CPUs " +
+                          format_cpu_list(current_affinity(read_cpu_topology())) +
+                          (plan.note.empty() ? "" : "; " + plan.note) + "), mpi";
     return;
   }
 #ifdef FSDP_WITH_CUDA
