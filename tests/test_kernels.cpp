@@ -1121,6 +1121,12 @@ TEST_F(Kernels, ResultsIndependentOfThreadCount) {
   EXPECT_EQ(dx1, dx2);
   EXPECT_EQ(dw1, dw2);
   EXPECT_EQ(db1, db2);
+  be->rmsnorm_forward(f32(out), f32(rstd), f32(x), f32(w), R, C, 1e-6f);
+  Vec rx1(R * C, 0.0f), rw1(C, 0.0f), rx2 = rx1, rw2 = rw1;
+  one->rmsnorm_backward(f32(rx1), f32(rw1), f32(dout), f32(x), f32(w), f32(rstd), R, C);
+  be->rmsnorm_backward(f32(rx2), f32(rw2), f32(dout), f32(x), f32(w), f32(rstd), R, C);
+  EXPECT_EQ(rx1, rx2);
+  EXPECT_EQ(rw1, rw2);
   Tokens tokens(R);
   for (int64_t i = 0; i < R; ++i) tokens[i] = static_cast<int32_t>((i * 13) % V);
   Vec e1(V * C, 0.0f), p1(T * C, 0.0f), e2 = e1, p2 = p1;

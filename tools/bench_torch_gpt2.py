@@ -108,6 +108,30 @@ def param_groups(model: nn.Module, weight_decay: float):
             {"params": no_decay, "weight_decay": 0.0}]
 
 
+def saved_activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                           vocab: int) -> int:
+    """Bytes of the tensors autograd saves for backward in one forward + loss (what
+    activation memory is in eager PyTorch): each distinct storage once, parameters
+    excluded."""
+    params = {p.data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") \
+            else t.storage().data_ptr()
+        if ptr not in params and ptr not in seen:
+            size = t.untyped_storage().nbytes() if hasattr(t, "untyped_storage") \
+                else t.storage().nbytes()
+            seen[ptr] = size
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
+    del loss, logits
+    return sum(seen.values())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-layer", type=int, default=4)
@@ -121,6 +145,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--verbose", action="store_true", help="per-step lines on stderr")
+    ap.add_argument("--activation-bytes", action="store_true",
+                    help="also print the bytes autograd saves for backward in one step")
     args = ap.parse_args()
     if args.n_embd % args.n_head != 0:
         ap.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
@@ -154,6 +180,8 @@ def main() -> int:
                   f"{tokens_per_step / dt:.0f} tok/s", file=sys.stderr)
 
     print(f"torch_tokens_per_sec {statistics.median(rates):.1f}")
+    if args.activation_bytes:
+        print(f"torch_activation_bytes {saved_activation_bytes(model, x, y, args.vocab)}")
     return 0
 
 

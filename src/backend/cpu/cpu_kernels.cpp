@@ -13,9 +13,10 @@
 //    and their probabilities then to exactly 0, so padded keys never contribute.
 //  - exp is a vectorisable polynomial (Cephes expf, ~1 ulp), so softmax, cross-entropy and
 //    GELU loops vectorise without -ffast-math.
-//  - Reductions whose result is a parameter gradient (bias, LayerNorm weight/bias, embedding
-//    tables) are split over columns and run over rows in order, so results do not depend on
-//    the thread count. Loss sums and squared norms are accumulated in double.
+//  - Reductions whose result is a parameter gradient do not depend on the thread count:
+//    bias and LayerNorm/RMSNorm weight gradients sum fixed blocks of rows in parallel and
+//    add the block sums in order (fused with the dx pass of the norms); embedding tables are
+//    split over columns and run over rows in order. Loss sums and squared norms are accumulated in double.
 //  - The conversions between fp32 and the 16-bit storage dtypes (and fp64) at the end are
 //    elementwise, so they too are independent of the thread count.
 #include "cpu_kernels.hpp"
@@ -47,6 +48,11 @@ namespace {
 
 // GEMMs with fewer flops than this run on one thread.
 constexpr double kParallelMinGemmFlops = 4.0e6;
+// Row blocks of the column-sum reductions (reduce_row_blocks): at least kRowBlock rows, at
+// most kMaxRowBlocks blocks (bounding the partial sums to kMaxRowBlocks x width doubles); a
+// function of the row count alone, so results do not depend on the thread count.
+constexpr int64_t kRowBlock = 64;
+constexpr int64_t kMaxRowBlocks = 32;
 // Row block of the causal attention GEMMs: only blocks on or below the diagonal are computed.
 constexpr int64_t kAttnBlock = 64;
 
@@ -198,6 +204,34 @@ void CpuKernels::for_column_chunks(int64_t C, int64_t R, const Body& body) const
   }
 }
 
+template <typename Body, typename Finish>
+void CpuKernels::reduce_row_blocks(int64_t R, int64_t W, const Body& body,
+                                   const Finish& finish) const {
+  const int64_t rows = std::max(kRowBlock, (R + kMaxRowBlocks - 1) / kMaxRowBlocks);
+  const int64_t blocks = (R + rows - 1) / rows;
+  // Reused between calls: a fresh buffer of this size would be mmap'ed and page-faulted in
+  // by glibc every call.
+  std::vector<double>& partial = row_block_partials_;
+  const auto need = static_cast<std::size_t>(std::max<int64_t>(blocks, 1) * W);
+  if (partial.size() < need) partial.resize(need);
+  double* p = partial.data();
+#pragma omp parallel for num_threads(threads_for(R * W, kParallelMinElems)) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    double* acc = p + b * W;
+    std::fill(acc, acc + W, 0.0);
+    body(b * rows, std::min(R, (b + 1) * rows), acc);
+  }
+  // Block 0's row holds the total: blocks added in order, column by column.
+  double* total = p;
+#pragma omp parallel for num_threads(threads_for(blocks * W, kParallelMinElems)) schedule(static)
+  for (int64_t w = 0; w < W; ++w) {
+    double s = total[w];
+    for (int64_t b = 1; b < blocks; ++b) s += p[b * W + w];
+    total[w] = s;
+  }
+  finish(static_cast<const double*>(total));
+}
+
 // ---------------------------------------------------------------------------------------
 // dense algebra
 
@@ -252,16 +286,18 @@ void CpuKernels::add_bias(float* out, const float* bias, int64_t R, int64_t C) c
 }
 
 void CpuKernels::bias_backward(float* dbias, const float* dout, int64_t R, int64_t C) const {
-  for_column_chunks(C, R, [&](int64_t c0, int64_t c1) {
-    std::vector<double> acc(static_cast<std::size_t>(c1 - c0), 0.0);
-    double* a = acc.data();
-    for (int64_t r = 0; r < R; ++r) {
-      const float* d = dout + r * C + c0;
+  reduce_row_blocks(
+      R, C,
+      [=](int64_t r0, int64_t r1, double* a) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* d = dout + r * C;
 #pragma omp simd
-      for (int64_t c = 0; c < c1 - c0; ++c) a[c] += d[c];
-    }
-    for (int64_t c = c0; c < c1; ++c) dbias[c] += static_cast<float>(a[c - c0]);
-  });
+          for (int64_t c = 0; c < C; ++c) a[c] += d[c];
+        }
+      },
+      [&](const double* total) {
+        for (int64_t c = 0; c < C; ++c) dbias[c] += static_cast<float>(total[c]);
+      });
 }
 
 void CpuKernels::add(float* out, const float* a, const float* b, int64_t n) const {
@@ -395,27 +431,29 @@ void CpuKernels::layernorm_backward(float* dx, float* dweight, float* dbias, con
       g[c] += rs * (dxhat - m1 - xhat * m2);
     }
   }
-  // dweight += sum_r dout * xhat, dbias += sum_r dout: column chunks, rows in order.
-  for_column_chunks(C, R, [&](int64_t c0, int64_t c1) {
-    const int64_t w = c1 - c0;
-    std::vector<double> acc(static_cast<std::size_t>(2 * w), 0.0);
-    double* aw = acc.data();
-    double* ab = acc.data() + w;
-    for (int64_t r = 0; r < R; ++r) {
-      const float* xr = x + r * C + c0;
-      const float* dr = dout + r * C + c0;
-      const float m = mean[r], rs = rstd[r];
+  // dweight += sum_r dout * xhat, dbias += sum_r dout: row blocks, summed in block order.
+  reduce_row_blocks(
+      R, 2 * C,
+      [=](int64_t r0, int64_t r1, double* acc) {
+        double* aw = acc;
+        double* ab = acc + C;
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* xr = x + r * C;
+          const float* dr = dout + r * C;
+          const float m = mean[r], rs = rstd[r];
 #pragma omp simd
-      for (int64_t c = 0; c < w; ++c) {
-        aw[c] += dr[c] * ((xr[c] - m) * rs);
-        ab[c] += dr[c];
-      }
-    }
-    for (int64_t c = 0; c < w; ++c) {
-      dweight[c0 + c] += static_cast<float>(aw[c]);
-      dbias[c0 + c] += static_cast<float>(ab[c]);
-    }
-  });
+          for (int64_t c = 0; c < C; ++c) {
+            aw[c] += dr[c] * ((xr[c] - m) * rs);
+            ab[c] += dr[c];
+          }
+        }
+      },
+      [&](const double* total) {
+        for (int64_t c = 0; c < C; ++c) {
+          dweight[c] += static_cast<float>(total[c]);
+          dbias[c] += static_cast<float>(total[C + c]);
+        }
+      });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -633,20 +671,21 @@ void CpuKernels::rmsnorm_backward(float* dx, float* dweight, const float* dout, 
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) g[c] += rs * (dr[c] * weight[c] - (xr[c] * rs) * m);
   }
-  // dweight += sum_r dout * xhat: column chunks, rows in order.
-  for_column_chunks(C, R, [&](int64_t c0, int64_t c1) {
-    const int64_t w = c1 - c0;
-    std::vector<double> acc(static_cast<std::size_t>(w), 0.0);
-    double* a = acc.data();
-    for (int64_t r = 0; r < R; ++r) {
-      const float* xr = x + r * C + c0;
-      const float* dr = dout + r * C + c0;
-      const float rs = rstd[r];
+  // dweight += sum_r dout * xhat: row blocks, summed in block order.
+  reduce_row_blocks(
+      R, C,
+      [=](int64_t r0, int64_t r1, double* a) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* xr = x + r * C;
+          const float* dr = dout + r * C;
+          const float rs = rstd[r];
 #pragma omp simd
-      for (int64_t c = 0; c < w; ++c) a[c] += dr[c] * (xr[c] * rs);
-    }
-    for (int64_t c = 0; c < w; ++c) dweight[c0 + c] += static_cast<float>(a[c]);
-  });
+          for (int64_t c = 0; c < C; ++c) a[c] += dr[c] * (xr[c] * rs);
+        }
+      },
+      [&](const double* total) {
+        for (int64_t c = 0; c < C; ++c) dweight[c] += static_cast<float>(total[c]);
+      });
 }
 
 void CpuKernels::relu_forward(float* out, const float* x, int64_t n) const {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "fsdp/core/dtype.hpp"
 
@@ -122,8 +123,16 @@ class CpuKernels {
   // Runs body(c0, c1) over column chunks of [0, C) (multiples of 16 columns), one per thread.
   template <typename Body>
   void for_column_chunks(int64_t C, int64_t R, const Body& body) const;
+  // Column sums over R rows, independent of the thread count: body(r0, r1, acc) adds the
+  // contribution of rows [r0, r1) (a block whose bounds depend on R alone) to acc[0, W) (zeroed
+  // doubles); blocks run in parallel, then finish(total) gets total[w] = the block partials
+  // summed in block order.
+  template <typename Body, typename Finish>
+  void reduce_row_blocks(int64_t R, int64_t W, const Body& body, const Finish& finish) const;
 
   int n_;
+  // reduce_row_blocks' partial sums, grown as needed (the kernels run on one host thread).
+  mutable std::vector<double> row_block_partials_;
 };
 
 }  // namespace fsdp::cpu
