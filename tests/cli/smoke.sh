@@ -23,6 +23,9 @@
 #               sharded_params, grads and optimizer_state relative to 4 ranks and keeps
 #               unsharded_params and activations (micro batch 1); the banner says the plan
 #               is for N ranks and shows the planned mesh.
+# CASE threads_bound_by_mpirun: `mpirun -np 1` (Open MPI binds the rank to one core) with
+#               train.num_threads = 2: the banner shows 2 threads on >= 2 CPUs; with
+#               `--bind-to core` too, plus the note that a deliberate binding was overridden.
 # CASE help / version: exit 0, printed once (rank 0 only).
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -219,6 +222,42 @@ assert off["total"] - on["total"] == off["activations"] - on["activations"], (of
 print("activations", off["activations"], "->", on["activations"])
 EOF
     if [ -e "$WORK/run" ]; then fail "--dry-run created $WORK/run"; fi
+    ;;
+  threads_bound_by_mpirun)
+    # Open MPI binds a lone rank to one core by default; train.num_threads = 2 must still get
+    # two cores (fsdp/backend/cpu_threads.hpp), and a deliberate --bind-to core is overridden
+    # only with a note. Needs a machine with 2 cores or more (CI has 2).
+    cores=$(getconf _NPROCESSORS_ONLN)  # not nproc: it honours OMP_NUM_THREADS (=1 here)
+    if [ "$cores" -lt 2 ]; then fail "this case needs >= 2 cores, nproc = $cores"; fi
+    tiny_config tiny.toml
+    # cpus_of: the CPU count in the banner's "rank 0 on CPUs LIST" (LIST like 0-1 or 0,4).
+    cpus_of() {
+      python3 -c 'import re,sys
+m = re.search(r"rank 0 on CPUs ([0-9,-]+)", open(sys.argv[1]).read())
+if not m: sys.exit("no \"rank 0 on CPUs\" in the banner")
+n = 0
+for part in m.group(1).split(","):
+    lo, _, hi = part.partition("-")
+    n += int(hi or lo) - int(lo) + 1
+print(n)' "$OUT"
+    }
+    for bind in "" "--bind-to core"; do
+      # shellcheck disable=SC2086  # $bind is zero or two words
+      timeout 60 "$MPIEXEC" -np 1 $bind "$FSDP_TRAIN" tiny.toml --set train.num_threads=2 \
+        --set train.max_steps=2 --set "train.run_dir=\"$WORK/run_${bind// /_}\"" \
+        >"$OUT" 2>"$ERR" </dev/null
+      RC=$?
+      expect_rc 0
+      grep "^device:" "$OUT"
+      if ! grep -q "^device: cpu (2 threads per rank; rank 0 on CPUs " "$OUT"; then
+        fail "mpirun -np 1 $bind: banner does not show 2 threads per rank"
+      fi
+      n=$(cpus_of) || fail "mpirun -np 1 $bind: $n"
+      if [ "$n" -lt 2 ]; then fail "mpirun -np 1 $bind: rank 0 bound to $n CPU(s), expected >= 2"; fi
+      note=$(grep -c "exceeds the CPUs the launcher bound this rank to" "$OUT")
+      if [ -n "$bind" ] && [ "$note" -ne 1 ]; then fail "--bind-to core overridden without a note"; fi
+      if [ -z "$bind" ] && [ "$note" -ne 0 ]; then fail "Open MPI's default binding reported as deliberate"; fi
+    done
     ;;
   help)
     run_train --help
