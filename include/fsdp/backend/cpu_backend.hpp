@@ -8,7 +8,9 @@
 
 namespace fsdp {
 
-// num_threads: threads for OpenBLAS and the OpenMP loops of this process (>= 1).
+// num_threads: threads of the backend's one OpenMP pool (>= 1; OpenBLAS runs single-threaded
+// inside its regions). Cores are not bound here: the Runtime binds them first
+// (setup_cpu_threads, fsdp/backend/cpu_threads.hpp). Throws fsdp::Error if num_threads < 1.
 std::unique_ptr<Backend> make_cpu_backend(int num_threads);
 
 }  // namespace fsdp
