@@ -53,6 +53,7 @@ TEST(CpuThreadPlan, OpenMpiDefaultBindingIsWidenedToTheRanksCores) {
   const CpuThreadPlan p = plan_cpu_threads(2, 0, 1, topology(2), {0}, /*deliberate=*/false);
   EXPECT_EQ(p.threads, 2);
   EXPECT_EQ(p.bind, (CpuList{0, 1}));
+  EXPECT_EQ(p.cpus, (CpuList{0, 1}));
   EXPECT_EQ(p.note, "");
   // auto = the node's cores / ranks.
   EXPECT_EQ(plan_cpu_threads(0, 0, 1, topology(2), {0}, false).threads, 2);
@@ -73,6 +74,7 @@ TEST(CpuThreadPlan, AutoGivesEachLocalRankItsSliceOfPhysicalCores) {
 TEST(CpuThreadPlan, ABindingAlreadyRightIsLeftAlone) {
   // mpirun -np 2, 1 thread each: Open MPI's core per rank is already the slice.
   EXPECT_TRUE(plan_cpu_threads(0, 1, 2, topology(2), {1}, false).bind.empty());
+  EXPECT_EQ(plan_cpu_threads(0, 1, 2, topology(2), {1}, false).cpus, CpuList{1});
   EXPECT_EQ(plan_cpu_threads(0, 1, 2, topology(2), {1}, false).threads, 1);
   // Unbound single rank using the whole node.
   EXPECT_TRUE(plan_cpu_threads(0, 0, 1, topology(4), range(0, 3), false).bind.empty());

@@ -174,13 +174,18 @@ run_torch() {
 }
 torch_field() { awk -v k="$1" '$1 == k { print $2 }'; }
 
-# plan_row CFG RANKS ROW: one row of the --dry-run per-rank memory plan, in bytes.
-plan_row() {
-  local log="$WORK/dry.log" v
+# dry_run CFG RANKS: fsdp_train --dry-run; prints the path of its log (the memory plan).
+dry_run() {
+  local log="$WORK/dry_$(basename "$1" .toml)_$2.log"
   mpirun -np "$2" --oversubscribe "$BIN" "$1" --dry-run --set "train.run_dir=\"$WORK/dry\"" \
     >"$log" 2>&1 || { cat "$log" >&2; die "dry run of $1 at N=$2 failed"; }
-  v="$(awk -v k="$3" '/^memory plan per rank/ { on = 1; next } on && $1 == k { print $2; exit }' "$log")"
-  [[ -n "$v" ]] || { cat "$log" >&2; die "no '$3' row in the N=$2 memory plan"; }
+  echo "$log"
+}
+# plan_row LOG ROW: one row of the per-rank memory plan in a dry run's LOG, in bytes.
+plan_row() {
+  local v
+  v="$(awk -v k="$2" '/^memory plan per rank/ { on = 1; next } on && $1 == k { print $2; exit }' "$1")"
+  [[ -n "$v" ]] || { cat "$1" >&2; die "no '$2' row in the memory plan of $1"; }
   echo "$v"
 }
 
@@ -209,7 +214,7 @@ if [[ "$MODE" == scaling ]]; then
         OURS[$C,$T]+="$o " TORCH[$C,$T]+="$t "
         TACT[$C,$T]="$(torch_field torch_activation_bytes <<<"$out")"
         if ((r == 1)); then
-          ACT[$C,$T]="$(plan_row "$cfg" 1 activations)"
+          ACT[$C,$T]="$(plan_row "$(dry_run "$cfg" 1)" activations)"
           ATT[$C,$T]=$(( (4 + 1) * B * H * T * T * 4 ))  # 4 layers + backward scratch, fp32
         fi
         echo "  round $r: n_embd $C seq $T (batch $B, $H heads): fsdp_train $o tok/s, torch tuned $t tok/s"
@@ -259,7 +264,8 @@ declare -A MEM
 NS=(1 2 4)
 ROWS=(sharded_params unsharded_params grads unsharded_grads optimizer_state activations comm_buffers total)
 for n in "${NS[@]}"; do
-  for row in "${ROWS[@]}"; do MEM[$n,$row]="$(plan_row "$CFG" "$n" "$row")"; done
+  log="$(dry_run "$CFG" "$n")"
+  for row in "${ROWS[@]}"; do MEM[$n,$row]="$(plan_row "$log" "$row")"; done
   MEM[$n,state]=$((MEM[$n,sharded_params] + MEM[$n,grads] + MEM[$n,optimizer_state]))
 done
 RATIO_STATE="$(awk -v a="${MEM[4,state]}" -v b="${MEM[1,state]}" 'BEGIN { printf "%.3f", a / b }')"

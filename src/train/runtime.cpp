@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/backend/cpu_threads.hpp"
@@ -131,11 +130,11 @@ void Runtime::configure(Communicator& group, const Config& config) {
   if (!use_cuda) {
     // Thread count and core binding (fsdp/backend/cpu_threads.hpp): Open MPI's default
     // one-core binding would put every OpenMP thread of the rank on one core.
-    const CpuThreadPlan plan = setup_cpu_threads(static_cast<int>(config.train.num_threads),
-                                                 hm.local_rank(), std::max(1, hm.local_size()));
+    const int local = std::max(1, hm.local_size());
+    const CpuThreadPlan plan =
+        setup_cpu_threads(static_cast<int>(config.train.num_threads), hm.local_rank(), local);
     const int threads = plan.threads;
     const HostMemory host = read_host_memory();
-    const int local = std::max(1, hm.local_size());
     memory_budget_.bytes = host.available() < 0 ? -1 : host.available() / local;
     memory_budget_.source = host.describe() + " / " + std::to_string(local) +
                             (local == 1 ? " rank" : " ranks") + " on this node";
@@ -143,7 +142,7 @@ void Runtime::configure(Communicator& group, const Config& config) {
     mesh_ = std::move(host_mesh_);  // host memory: the MPI groups are the mesh
     device_description_ = "cpu (" + std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
                           " per rank; rank " + std::to_string(group.rank()) + " on CPUs " +
-                          format_cpu_list(current_affinity(read_cpu_topology())) +
+                          format_cpu_list(plan.cpus) +
                           (plan.note.empty() ? "" : "; " + plan.note) + "), mpi";
     return;
   }

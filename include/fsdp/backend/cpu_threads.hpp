@@ -51,6 +51,8 @@ CpuTopology read_cpu_topology();
 struct CpuThreadPlan {
   int threads = 1;      // OpenMP threads of this rank (>= 1)
   CpuList bind;         // CPUs to bind the rank to; empty = keep the current affinity
+  CpuList cpus;         // the CPUs the rank runs on once the plan is applied (bind, or the
+                        // current affinity when bind is empty)
   std::string note;     // one line worth logging (a deliberate binding overridden, or the
                         // node's cores oversubscribed by threads > 1); empty otherwise
 };

@@ -15,8 +15,8 @@
 //    GELU loops vectorise without -ffast-math.
 //  - Reductions whose result is a parameter gradient do not depend on the thread count:
 //    bias and LayerNorm/RMSNorm weight gradients sum fixed blocks of rows in parallel and
-//    add the block sums in order (fused with the dx pass of the norms); embedding tables are
-//    split over columns and run over rows in order. Loss sums and squared norms are accumulated in double.
+//    add the block sums in order; embedding tables are split over columns and run over rows
+//    in order. Loss sums and squared norms are accumulated in double.
 //  - The conversions between fp32 and the 16-bit storage dtypes (and fp64) at the end are
 //    elementwise, so they too are independent of the thread count.
 #include "cpu_kernels.hpp"

@@ -180,6 +180,7 @@ CpuThreadPlan plan_cpu_threads(int requested, int local_rank, int local_size,
   }
 
   CpuThreadPlan plan;
+  plan.cpus = affinity;
   plan.threads = requested > 0 ? requested
                  : keep_candidate ? std::max(1, bound_cores)
                                   : std::max(1, node_cores / local_size);
@@ -207,7 +208,11 @@ CpuThreadPlan plan_cpu_threads(int requested, int local_rank, int local_size,
                 " exceeds the CPUs the launcher bound this rank to (" + format_cpu_list(bound) +
                 "): rebound to CPUs " + format_cpu_list(plan.bind);
   }
-  if (plan.bind == affinity) plan.bind.clear();  // already where it should be
+  if (plan.bind == affinity) {
+    plan.bind.clear();  // already where it should be
+  } else {
+    plan.cpus = plan.bind;
+  }
   return plan;
 }
 
