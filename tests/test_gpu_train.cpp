@@ -7,6 +7,7 @@
 //    needs a GPU per rank) equal 1 rank on the GPU within 1e-4, for FULL_SHARD and
 //    HYBRID_SHARD;
 //  - resume on the GPU is bit-identical;
+//  - step phases timed with CUDA events add up to each step's wall time within 5%;
 //  - T5 (tests/t5_util.hpp's tiny seq2seq model, relu/tied and gated-gelu/untied): 5 steps in
 //    fp32 on the GPU give the CPU backend's losses within 1e-4 relative and parameters within
 //    1e-4, and bf16 on the GPU tracks fp32 on the GPU within 3% per step over 20 steps (on the
@@ -105,6 +106,25 @@ TEST(GpuTrain, ResumeIsBitIdentical) {
   ASSERT_EQ(second.losses.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], full.losses[i + 3]) << "step " << i + 4;
   for (const auto& [name, values] : full.params) EXPECT_EQ(second.params.at(name), values) << name;
+}
+
+// Step timing on the device clock (CUDA events between the StepTimer's marks): every step's
+// phases add up to its host wall time within 5%, and forward, backward and optimizer are
+// charged (tests/test_step_timing.cpp checks the same on the CPU backend's host clock).
+TEST(GpuTrain, PhaseTimesAddUpToTheStep) {
+  Config c = on(small_config(fresh_dir("gpu_phases")), fsdp::DeviceKind::cuda);
+  c.train.max_steps = 6;
+  c.eval.every = 3;
+  c.checkpoint.every = 2;
+  const TrainResult r = run(c, On::world);
+  ASSERT_EQ(r.step_times.size(), 6u);
+  for (std::size_t i = 0; i < r.step_times.size(); ++i) {
+    const fsdp::StepTimes& s = r.step_times[i];
+    EXPECT_LE(std::abs(s.sum() - s.step_s), 0.05 * s.step_s) << "step " << i + 1;
+    for (fsdp::Phase p : {fsdp::Phase::forward, fsdp::Phase::backward, fsdp::Phase::optimizer}) {
+      EXPECT_GT(s[p], 0) << "step " << i + 1 << " " << fsdp::to_string(p);
+    }
+  }
 }
 
 Config t5_shape(Config c, const char* ff, bool tied) {

@@ -106,6 +106,7 @@ void visit_keys(C& c, F&& f) {
   f("train", "device", c.train.device);
   f("train", "skip_nonfinite", c.train.skip_nonfinite);
   f("train", "check_memory", c.train.check_memory);
+  f("train", "peak_flops", c.train.peak_flops);
   f("optim", "name", c.optim.name);
   f("optim", "lr", c.optim.lr);
   f("optim", "min_lr", c.optim.min_lr);
@@ -442,6 +443,10 @@ void validate(const Config& c, OriginOf&& origin_of) {
   if (c.train.run_dir.empty()) throw fail("train.run_dir", "must not be empty");
   at_least("train.log_every", c.train.log_every, 1);
   at_least("train.num_threads", c.train.num_threads, 0);
+  if (!(c.train.peak_flops >= 0)) {
+    throw fail("train.peak_flops",
+               num(c.train.peak_flops) + " is out of range (expected >= 0 FLOP/s; 0 = the device's peak)");
+  }
 
   // optim
   const auto& o = c.optim;

@@ -140,6 +140,9 @@ class CudaBackend final : public Backend {
   Stream& compute_stream() override { return stream_; }
   std::unique_ptr<Stream> create_stream() override;
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(); }
+  std::unique_ptr<TimedEvent> create_timed_event() override {
+    return std::make_unique<CudaTimedEvent>();
+  }
 
   // ---- memory ----
   void* allocate(std::size_t bytes, MemCategory category) override;

@@ -40,6 +40,30 @@ bool CudaEvent::query() {
   return true;
 }
 
+CudaTimedEvent::CudaTimedEvent() { FSDP_CHECK_CUDA(cudaEventCreate(&event_)); }
+
+CudaTimedEvent::~CudaTimedEvent() {
+  if (event_) cudaEventDestroy(event_);
+}
+
+void CudaTimedEvent::record(Stream& stream) { FSDP_CHECK_CUDA(cudaEventRecord(event_, native(stream))); }
+void CudaTimedEvent::synchronize() { FSDP_CHECK_CUDA(cudaEventSynchronize(event_)); }
+
+bool CudaTimedEvent::query() {
+  const cudaError_t rc = cudaEventQuery(event_);
+  if (rc == cudaErrorNotReady) return false;
+  FSDP_CHECK_CUDA(rc);
+  return true;
+}
+
+double CudaTimedEvent::seconds_since(TimedEvent& earlier) {
+  auto* e = dynamic_cast<CudaTimedEvent*>(&earlier);
+  if (!e) throw Error("CudaTimedEvent::seconds_since: the earlier event is not a CUDA timed event");
+  float ms = 0.f;
+  FSDP_CHECK_CUDA(cudaEventElapsedTime(&ms, e->event_, event_));
+  return 1e-3 * static_cast<double>(ms);
+}
+
 cudaStream_t native(Stream& stream) {
   auto* s = dynamic_cast<CudaStream*>(&stream);
   if (!s) throw Error("expected a CUDA stream, got a host stream");

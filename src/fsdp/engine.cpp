@@ -259,6 +259,7 @@ void FsdpEngine::wait_unshard(int unit) {
   issue_unshard(unit);
   Unit& u = *units_[unit];
   if (u.gather) {
+    StepTimer::Scope waiting(timer_, Phase::comm_wait);
     u.gather->wait();
     u.gather.reset();
   }
@@ -266,7 +267,8 @@ void FsdpEngine::wait_unshard(int unit) {
 
 void FsdpEngine::reshard(int unit) {
   Unit& u = *units_[unit];
-  if (u.gather) {
+  if (u.gather) {  // prefetched, never used (a pass cut short)
+    StepTimer::Scope waiting(timer_, Phase::comm_wait);
     u.gather->wait();
     u.gather.reset();
   }
@@ -313,6 +315,7 @@ void FsdpEngine::post_forward(int module) {
 void FsdpEngine::pre_backward(int module) {
   const int unit = module_unit_[module];
   Unit& u = *units_[unit];
+  if (timer_ && training_) timer_->enter(Phase::backward);
   wait_unshard(unit);
   if (!u.grad_ready) {
     if (needs_full(u)) {
@@ -387,7 +390,10 @@ void FsdpEngine::end_step() {
   for (auto& up : units_) {
     Unit& u = *up;
     if (!u.reduce_scatter) continue;
-    u.reduce_scatter->wait();
+    {
+      StepTimer::Scope waiting(timer_, Phase::comm_wait);
+      u.reduce_scatter->wait();
+    }
     u.reduce_scatter.reset();
     if (replicate_comm_->size() > 1) {
       void* buf = u.reduced ? u.reduced.data() : u.shard_grad.data();
@@ -400,6 +406,7 @@ void FsdpEngine::end_step() {
   for (auto& up : units_) {
     Unit& u = *up;
     if (u.all_reduce) {
+      StepTimer::Scope waiting(timer_, Phase::comm_wait);
       u.all_reduce->wait();
       u.all_reduce.reset();
     }
@@ -432,7 +439,11 @@ void FsdpEngine::clip_grad_norm(double max_norm, const TensorView& norm) {
   for (auto& u : units_) be_.squared_norm(local, u->shard_grad.view());
   // Every shard's partial sum, added in shard order, so the norm is bitwise identical on
   // every rank (an all-reduce need not be).
-  shard_comm_->all_gather(local.data, parts.data, 1, DType::f64, be_.compute_stream())->wait();
+  {
+    auto gather = shard_comm_->all_gather(local.data, parts.data, 1, DType::f64, be_.compute_stream());
+    StepTimer::Scope waiting(timer_, Phase::comm_wait);
+    gather->wait();
+  }
   be_.clip_coefficient(norm, clip_coef_.view(), parts, max_norm);
   if (max_norm > 0) {
     for (auto& u : units_) be_.scale_by(u->shard_grad.view(), clip_coef_.view());

@@ -375,6 +375,15 @@ class Gpt2Family final : public ModelFamily {
                            DType act, bool checkpointing) const override {
     return Gpt2Model::activation_bytes(Gpt2Config::from(c), rows, shape.L, act, checkpointing);
   }
+  // Per token: c_attn 3C^2 + attn.c_proj C^2 + mlp 8C^2 per layer and the tied LM head V C
+  // multiply-adds; attention T C each for Q K^T and P V per layer.
+  double train_flops_per_sample(const ModelConfig& c, const data::BatchShape& shape) const override {
+    const Gpt2Config g = Gpt2Config::from(c);
+    const double T = static_cast<double>(shape.L), C = static_cast<double>(g.n_embd),
+                 L = static_cast<double>(g.n_layer), V = static_cast<double>(g.vocab_size);
+    const double macs = T * (12.0 * L * C * C + V * C) + L * 2.0 * T * T * C;
+    return 6.0 * macs;
+  }
   // GPT2LMHeadModel: every name gets the "transformer." prefix; the 2-D weights of
   // attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj are transposed (HF's Conv1D stores
   // [in, out]); wte/wpe, LayerNorms and biases are as they are. lm_head.weight is tied to wte

@@ -103,6 +103,22 @@ class T5Family final : public ModelFamily {
                            DType act, bool checkpointing) const override {
     return T5Model::activation_bytes(t5_config_of(c), rows, shape, act, checkpointing);
   }
+  // Encoder tokens (shape.L) pass through the encoder blocks and the decoder's cross-attention
+  // k and v; target tokens (shape.target_len) through the decoder's self-attention q k v o,
+  // cross-attention q and o, feed-forwards and the LM head. Inner width I = num_heads x d_kv;
+  // feed-forward: wi + wo (relu) or wi_0 + wi_1 + wo (gated-gelu).
+  double train_flops_per_sample(const ModelConfig& c, const data::BatchShape& shape) const override {
+    const T5Config t = t5_config_of(c);
+    const double Ti = static_cast<double>(shape.L), Tt = static_cast<double>(shape.target_len);
+    const double D = static_cast<double>(t.d_model), F = static_cast<double>(t.d_ff),
+                 I = static_cast<double>(t.num_heads * t.d_kv), V = static_cast<double>(t.vocab_size);
+    const double Le = static_cast<double>(t.num_layers), Ld = static_cast<double>(t.num_decoder_layers);
+    const double ff = (t.feed_forward_proj == T5FeedForward::gated_gelu ? 3.0 : 2.0) * F * D;
+    const double enc = Ti * Le * (4.0 * I * D + ff) + Le * 2.0 * Ti * Ti * I;
+    const double dec = Ld * (Tt * (6.0 * I * D + ff) + Ti * 2.0 * I * D) +
+                       Ld * (2.0 * Tt * Tt * I + 2.0 * Tt * Ti * I);
+    return 6.0 * (enc + dec + Tt * V * D);
+  }
   // Our names are HF's state-dict names and nn.Linear layouts: no renaming, no transpose.
   std::optional<HfTensor> hf_tensor(const ModelConfig& c, const std::string& name,
                                     const std::vector<int64_t>& shape) const override {

@@ -15,6 +15,7 @@
 
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/backend/cpu_threads.hpp"
+#include "fsdp/backend/peak_flops.hpp"
 #include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/host_memory.hpp"
@@ -140,6 +141,13 @@ void Runtime::configure(Communicator& group, const Config& config) {
                             (local == 1 ? " rank" : " ranks") + " on this node";
     backend_ = make_cpu_backend(threads);
     mesh_ = std::move(host_mesh_);  // host memory: the MPI groups are the mesh
+    peak_flops_ = config.train.peak_flops > 0
+                      ? PeakFlops{config.train.peak_flops, "train.peak_flops"}
+                      : cpu_peak_flops(read_cpu_info(),
+                                       std::min<double>(threads, static_cast<double>(
+                                                                     read_cpu_topology().cores.size()) /
+                                                                     local))
+                            .value_or(PeakFlops{});
     device_description_ = "cpu (" + std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
                           " per rank; rank " + std::to_string(group.rank()) + " on CPUs " +
                           format_cpu_list(plan.cpus) +
@@ -148,9 +156,9 @@ void Runtime::configure(Communicator& group, const Config& config) {
   }
 #ifdef FSDP_WITH_CUDA
   const int device = cuda::select_device(hm.local_rank());
+  // Ranks of this node that share `device` (round-robin: local_rank % devices).
+  const int sharing = (hm.local_size() - 1 - device) / devices + 1;
   {
-    // Ranks of this node that share `device` (round-robin: local_rank % devices).
-    const int sharing = (hm.local_size() - 1 - device) / devices + 1;
     const cuda::DeviceMemory dm = cuda::device_memory(device);
     memory_budget_.bytes = dm.free / sharing;
     memory_budget_.source = "cuda:" + std::to_string(device) + " free " +
@@ -172,6 +180,15 @@ void Runtime::configure(Communicator& group, const Config& config) {
     if (nccl) return cuda::NcclCommunicator::create(host, device, timeout);
     return cuda::StagedCommunicator::create(host);
   }));
+  if (config.train.peak_flops > 0) {
+    peak_flops_ = PeakFlops{config.train.peak_flops, "train.peak_flops"};
+  } else if (auto peak = gpu_peak_flops(cuda::device_name(device), config.mixed_precision.param_dtype)) {
+    peak_flops_ = *peak;
+    if (sharing > 1) {  // ranks sharing the GPU each get their share
+      peak_flops_.flops_per_s /= sharing;
+      peak_flops_.source += " / " + std::to_string(sharing) + " ranks sharing it";
+    }
+  }
   device_description_ = "cuda:" + std::to_string(device) + " " + cuda::device_name(device) +
                         (nccl ? ", nccl" : ", mpi (staged through host memory)");
 #endif

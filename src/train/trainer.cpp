@@ -27,6 +27,7 @@
 #include "fsdp/data/sampler.hpp"
 #include "fsdp/data/samples.hpp"
 #include "fsdp/fsdp/engine.hpp"
+#include "fsdp/fsdp/step_timer.hpp"
 #include "fsdp/model/model.hpp"
 #include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/collective_guard.hpp"
@@ -111,6 +112,47 @@ void open_data(Job& job) {
                       job.planning() ? 0 : job.host.rank(), job.world, cfg.train.seed);
 }
 
+// `x` with an SI prefix and 3 significant digits, e.g. "5.73 M" (the unit follows).
+std::string si(double x) {
+  static const char* prefix[] = {"", "k", "M", "G", "T", "P", "E"};
+  int i = 0;
+  while (std::abs(x) >= 1000 && i < 6) {
+    x /= 1000;
+    ++i;
+  }
+  std::ostringstream os;
+  os << std::setprecision(3) << x << " " << prefix[i];
+  return os.str();
+}
+
+// Tokens a step processes (throughput): inputs, plus the decoder's targets when the
+// objective has a separate target sequence.
+int64_t tokens_per_sample(const Config& cfg) {
+  const data::BatchShape shape = data::batch_shape(cfg);
+  return shape.L + (cfg.data.objective == Objective::causal_lm ? 0 : shape.target_len);
+}
+
+// Model FLOPs (ModelFamily::train_flops_per_sample) per token of tokens_per_sample.
+double flops_per_token(const Config& cfg) {
+  return model_family(cfg.model.type).train_flops_per_sample(cfg.model, data::batch_shape(cfg)) /
+         static_cast<double>(tokens_per_sample(cfg));
+}
+
+// "152.3 ms = data 0.8 + fwd 50.1 + bwd 80.2 + comm 10.0 + opt 11.2 (+ eval, ckpt when
+// non-zero)": the progress line's phase breakdown, milliseconds.
+std::string format_step_times(const StepTimes& t) {
+  static const char* kShort[kNumPhases] = {"data", "fwd", "bwd", "comm", "opt", "eval", "ckpt"};
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << 1e3 * t.step_s << " ms =";
+  for (int p = 0; p < kNumPhases; ++p) {
+    const double ms = 1e3 * t.phase_s[static_cast<std::size_t>(p)];
+    const auto phase = static_cast<Phase>(p);
+    if ((phase == Phase::eval || phase == Phase::checkpoint) && ms < 0.05) continue;
+    os << (p == 0 ? " " : " + ") << kShort[p] << " " << ms;
+  }
+  return os.str();
+}
+
 // Rank 0's banner: resolved config, mesh, parameter count (from the unit layouts) and, when
 // the data is open, its size. `list_units` adds one line per FSDP unit (--dry-run).
 void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool list_units) {
@@ -149,6 +191,17 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
      << " train tokens, " << job.val_src->num_tokens() << " val tokens; "
      << job.sampler->steps_per_epoch() << " steps per epoch; " << job.sampler->local_batch()
      << " sequences per rank per step";
+  {
+    const double per_token = flops_per_token(cfg);
+    const PeakFlops& peak = job.rt.peak_flops();
+    os << "\nmfu: model FLOPs " << si(per_token) << "FLOP per token (forward + backward: 6N + "
+       << "attention); ";
+    if (peak.flops_per_s > 0) {
+      os << "peak " << si(peak.flops_per_s) << "FLOP/s per rank (" << peak.source << ")";
+    } else {
+      os << "not reported: no known peak for this device (set train.peak_flops)";
+    }
+  }
   if (const int64_t n = job.train_src->num_truncated() + job.val_src->num_truncated(); n > 0) {
     os << "\ndata: " << n << " examples longer than data.max_input_len / max_target_len "
        << "are truncated";
@@ -711,7 +764,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
        << val;
     job.log(os.str());
     collective_guard(group, [&] {
-      if (job.rank0()) job.run_dir.metrics().append_line(nlohmann::json{{"step", 0}, {"val_loss", val}}.dump());
+      if (job.rank0()) job.run_dir.metrics().append_line(nlohmann::json{{"step", 0}, {"tokens", 0}, {"val_loss", val}}.dump());
     });
   }
 
@@ -724,13 +777,18 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
                    inf_dev = stats.view().slice(2, 1);
   const int64_t B = local_batch;
   const int64_t fixed_targets = job.train_src->fixed_targets_per_sample();
-  // Tokens a step processes (throughput): inputs, plus the decoder's targets when the
-  // objective has a separate target sequence.
-  const double tokens_per_step = static_cast<double>(
-      cfg.train.global_batch_size *
-      (shape.L + (cfg.data.objective == Objective::causal_lm ? 0 : shape.target_len)));
+  const double tokens_per_step =
+      static_cast<double>(cfg.train.global_batch_size * tokens_per_sample(cfg));
+  // MFU = model FLOPs of the step / (its training seconds x ranks x peak FLOP/s per rank).
+  const double flops_per_step = flops_per_token(cfg) * tokens_per_step;
+  const double peak_flops = rt.peak_flops().flops_per_s;
+  // Where each step's time goes (fsdp/fsdp/step_timer.hpp); the engine charges backward and
+  // its collective waits.
+  StepTimer timer(be);
+  job.engine->set_step_timer(&timer);
   while (job.step < cfg.train.max_steps) {
     const auto t0 = Clock::now();
+    timer.begin(Phase::data);
     const AllocatorStats a0 = be.allocator_stats();
     const data::Batch batch = job.train_src->load(job.sampler->sample_indices(job.step));
     const int64_t step = job.step + 1;  // the step being run, 1-based
@@ -746,6 +804,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       }
       global_targets = cfg.train.global_batch_size * fixed_targets;
     } else {
+      StepTimer::Scope waiting(&timer, Phase::comm_wait);
       group.all_reduce(&global_targets, &global_targets, 1, DType::i64, ReduceOp::sum)->wait();
     }
     // Gradient accumulation: each micro-batch's gradient is reduce-scattered into the fp32
@@ -756,11 +815,13 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
         job.loss_scale * static_cast<double>(world) /
         static_cast<double>(std::max<int64_t>(1, global_targets)));
     for (int64_t m0 = 0; m0 < B; m0 += micro) {
+      timer.enter(Phase::forward);
       job.engine->begin_step(true);
       job.model->forward_backward(micro == B ? batch : batch.rows(m0, micro), grad_scale,
                                   *job.engine, loss_dev);
       job.engine->end_step();
     }
+    timer.enter(Phase::optimizer);
     if (std::find(opt.inject_overflow_steps.begin(), opt.inject_overflow_steps.end(), step) !=
             opt.inject_overflow_steps.end() &&
         group.rank() == opt.inject_rank) {
@@ -770,9 +831,15 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       // GradScaler.unscale_: unscale this rank's shards, then one found-inf all-reduce so
       // every rank takes the same decision.
       job.engine->unscale_grads(static_cast<float>(1.0 / job.loss_scale), inf_dev);
-      dev_world.all_reduce(inf_dev.data, inf_dev.data, 1, DType::f64, ReduceOp::max, stream)->wait();
+      auto work = dev_world.all_reduce(inf_dev.data, inf_dev.data, 1, DType::f64, ReduceOp::max, stream);
+      StepTimer::Scope waiting(&timer, Phase::comm_wait);
+      work->wait();
     }
-    dev_world.all_reduce(loss_dev.data, loss_dev.data, 1, DType::f64, ReduceOp::sum, stream)->wait();
+    {
+      auto work = dev_world.all_reduce(loss_dev.data, loss_dev.data, 1, DType::f64, ReduceOp::sum, stream);
+      StepTimer::Scope waiting(&timer, Phase::comm_wait);
+      work->wait();
+    }
     job.engine->clip_grad_norm(cfg.optim.grad_clip, norm_dev);
     double host_stats[3] = {0, 0, 0};
     be.copy_to_host(host_stats, stats.view());  // the step's one wait for the device
@@ -829,12 +896,20 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
                          my_signal > 0 ? (int64_t{world - group.rank()} << 8) | (my_signal & 0xff)
                                        : 0,
                          job.writer.finished() ? 0 : 1};
-    group.all_reduce(agreed, agreed, 3, DType::i64, ReduceOp::max)->wait();
+    {
+      StepTimer::Scope waiting(&timer, Phase::comm_wait);
+      group.all_reduce(agreed, agreed, 3, DType::i64, ReduceOp::max)->wait();
+    }
     const int64_t peak = agreed[0];
-    nlohmann::json line = {{"step", job.step},         {"loss", loss},
-                           {"lr", lr},                 {"grad_norm", norm},
+    nlohmann::json line = {{"step", job.step},
+                           {"loss", loss},
+                           {"lr", lr},
+                           {"grad_norm", norm},
+                           {"tokens", static_cast<int64_t>(tokens_per_step) * job.step},
                            {"tokens_per_sec", tokens_per_step / seconds},
                            {"peak_mem_bytes", peak}};
+    const double mfu = peak_flops > 0 ? flops_per_step / (seconds * world * peak_flops) : 0.0;
+    if (peak_flops > 0) line["mfu"] = mfu;
     if (fp16) {
       line["loss_scale"] = result.loss_scales.back();
       line["skipped"] = skipped;
@@ -846,34 +921,47 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     const bool last = job.step == cfg.train.max_steps;
     const bool stopping = agreed[1] != 0 && !last;  // a signal: evaluate nothing more
     if (!stopping && (last || (cfg.eval.every > 0 && job.step % cfg.eval.every == 0))) {
+      timer.enter(Phase::eval);
       const double val = evaluate(job);
       line["val_loss"] = val;
       result.val_losses.push_back({job.step, val});
+    }
+    // Every background write finished (agreed[2]): commit the pending save (a failed write
+    // stops the run here, on every rank).
+    timer.enter(Phase::checkpoint);
+    if (job.pending && agreed[2] == 0) finish_pending_save(job);
+    if (last || stopping || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
+      // The final save and the save on a stop signal are synchronous.
+      save_checkpoint(job, cfg.checkpoint.async_save && !last && !stopping);
+    }
+    const StepTimes times = timer.end();
+    result.step_times.push_back(times);
+    // Seconds to the microsecond (the clocks' useful resolution).
+    auto us = [](double s) { return std::round(s * 1e6) / 1e6; };
+    line["step_s"] = us(times.step_s);
+    for (int p = 0; p < kNumPhases; ++p) {
+      line[std::string(to_string(static_cast<Phase>(p))) + "_s"] =
+          us(times.phase_s[static_cast<std::size_t>(p)]);
     }
     if (job.step % cfg.train.log_every == 0 || last || line.contains("val_loss")) {
       std::ostringstream os;
       os << "step " << job.step << "/" << cfg.train.max_steps << " | loss " << std::fixed
          << std::setprecision(4) << loss << " | lr " << std::scientific << std::setprecision(2)
          << lr << " | grad_norm " << std::fixed << std::setprecision(3) << norm << " | "
-         << std::setprecision(0) << tokens_per_step / seconds << " tok/s | peak mem "
-         << human_bytes(static_cast<double>(peak));
+         << std::setprecision(0) << tokens_per_step / seconds << " tok/s";
+      if (peak_flops > 0) os << " | mfu " << std::setprecision(1) << 100.0 * mfu << "%";
+      os << " | peak mem " << human_bytes(static_cast<double>(peak));
       if (fp16) os << " | loss_scale " << result.loss_scales.back() << (skipped ? " (skipped)" : "");
       if (line.contains("val_loss")) {
         os << " | val_loss " << std::setprecision(4) << line["val_loss"].get<double>();
       }
+      os << " | " << format_step_times(times);
       job.log(os.str());
     }
     // A failed write (full disk) stops every rank here with one line naming metrics.jsonl.
     collective_guard(group, [&] {
       if (job.rank0()) job.run_dir.metrics().append_line(line.dump());
     });
-    // Every background write finished (agreed[2]): commit the pending save (a failed write
-    // stops the run here, on every rank).
-    if (job.pending && agreed[2] == 0) finish_pending_save(job);
-    if (last || stopping || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
-      // The final save and the save on a stop signal are synchronous.
-      save_checkpoint(job, cfg.checkpoint.async_save && !last && !stopping);
-    }
     if (stopping) {
       result.stop_signal = static_cast<int>(agreed[1] & 0xff);
       result.stop_rank = world - static_cast<int>(agreed[1] >> 8);

@@ -46,6 +46,9 @@ class Backend {
   virtual Stream& compute_stream() = 0;
   virtual std::unique_ptr<Stream> create_stream() = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
+  // An event that timestamps the point of compute_stream() it is recorded at, or null when
+  // kernels run synchronously on the host (the CPU backend), whose clock then times them.
+  virtual std::unique_ptr<TimedEvent> create_timed_event() { return nullptr; }
 
   // ---- memory: a stream-ordered caching allocator; every allocation is tagged ----
   // Returns 256-byte aligned uninitialised memory for use on compute_stream(); throws

@@ -95,6 +95,7 @@ struct TrainConfig {
   DeviceKind device = DeviceKind::auto_;  // "auto" | "cpu" | "cuda"
   bool skip_nonfinite = false;        // a step with non-finite loss/grad norm: skip (true) or stop
   bool check_memory = true;           // refuse a memory plan larger than the rank's memory
+  double peak_flops = 0;              // FLOP/s per rank for MFU; 0 = the device's known peak
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 

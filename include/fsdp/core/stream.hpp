@@ -30,6 +30,15 @@ class Event {
   virtual bool query() = 0;
 };
 
+// An Event that also timestamps the point (an event created with timing enabled): the
+// device clock of the StepTimer (fsdp/fsdp/step_timer.hpp).
+class TimedEvent : public Event {
+ public:
+  // Seconds from the point `earlier` captured to the one this captured
+  // (cudaEventElapsedTime, resolution about 0.5 us); both must be recorded and complete.
+  virtual double seconds_since(TimedEvent& earlier) = 0;
+};
+
 class Stream {
  public:
   virtual ~Stream() = default;

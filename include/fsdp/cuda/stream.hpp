@@ -42,6 +42,24 @@ class CudaEvent final : public Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// A CUDA event with timing enabled (cudaEventCreate with default flags): the device clock of
+// the StepTimer. record() as CudaEvent.
+class CudaTimedEvent final : public TimedEvent {
+ public:
+  CudaTimedEvent();
+  ~CudaTimedEvent() override;
+  CudaTimedEvent(const CudaTimedEvent&) = delete;
+  CudaTimedEvent& operator=(const CudaTimedEvent&) = delete;
+  void record(Stream& stream) override;  // cudaEventRecord on a CudaStream (throws otherwise)
+  void synchronize() override;           // cudaEventSynchronize
+  bool query() override;                 // cudaEventQuery
+  // cudaEventElapsedTime(earlier, this) in seconds; `earlier` must be a CudaTimedEvent.
+  double seconds_since(TimedEvent& earlier) override;
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 // The CUDA stream behind `stream`; throws fsdp::Error if it is not a CudaStream.
 cudaStream_t native(Stream& stream);
 

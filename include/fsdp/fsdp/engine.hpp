@@ -49,6 +49,7 @@
 #include "fsdp/config/config.hpp"
 #include "fsdp/fsdp/flat_param.hpp"
 #include "fsdp/fsdp/module.hpp"
+#include "fsdp/fsdp/step_timer.hpp"
 
 namespace fsdp {
 
@@ -144,6 +145,12 @@ class FsdpEngine final : public ModuleHooks {
   // tests and fsdp_merge comparisons. Collective over the shard group.
   std::map<std::string, std::vector<float>> gather_full_params();
 
+  // Charges the engine's part of a step to `timer` (null: none; not owned): a training
+  // pass enters Phase::backward at its first pre_backward, and every wait on a collective
+  // (all-gather before a unit's use, the reductions in end_step, the norm's all-gather in
+  // clip_grad_norm) is a Phase::comm_wait scope.
+  void set_step_timer(StepTimer* timer) { timer_ = timer; }
+
   // Test hook: adds +inf to element 0 of this rank's gradient shard of unit 0 (an overflow).
   void inject_nonfinite_grad();
 
@@ -187,6 +194,7 @@ class FsdpEngine final : public ModuleHooks {
   DeviceBuffer norm_parts_;        // fp64 [1 + num_shards]: local sum, then gathered parts
   DeviceBuffer clip_coef_;         // fp32 [1]
   bool training_ = false;
+  StepTimer* timer_ = nullptr;
   int unsharded_blocks_ = 0;       // units besides the root with unsharded = true (O(1) for
                                    // limit_all_gathers, which asks before every prefetch)
 };

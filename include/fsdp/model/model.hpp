@@ -94,6 +94,15 @@ class ModelFamily {
   virtual int64_t activation_bytes(const ModelConfig& config, int64_t batch_rows,
                                    const data::BatchShape& shape, DType activation_dtype,
                                    bool activation_checkpointing) const = 0;
+  // Model FLOPs of training on one sample of `shape` (forward + backward, recomputation under
+  // activation checkpointing not counted): 3 x the forward's matrix-multiply FLOPs at 2 per
+  // multiply-add, i.e. every weight matrix times the tokens that pass through it plus
+  // attention's Q K^T and P V (2 x T_query x T_key x width per layer each, causal masks not
+  // discounted). For a decoder this is PaLM's 6N + 12 L H Q T per token (Chowdhery et al.
+  // 2022, appendix B; nanoGPT's estimate_mfu), with N the weights of the matrix multiplies
+  // (the LM head included, embedding lookups, biases and norms not). The numerator of MFU.
+  virtual double train_flops_per_sample(const ModelConfig& config,
+                                        const data::BatchShape& shape) const = 0;
 
   // Hugging Face layout of our parameter `name` of shape `shape`, or nullopt if the name is
   // not one of this family's parameters.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/peak_flops.hpp"
 #include "fsdp/comm/communicator.hpp"
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/config/config.hpp"
@@ -72,6 +73,11 @@ class Runtime {
     std::string source;
   };
   const MemoryBudget& memory_budget() const { return memory_budget_; }
+  // Peak FLOP/s of one rank, the denominator of MFU, set by configure(): train.peak_flops
+  // when > 0, else the device's (fsdp/backend/peak_flops.hpp: the published dense peak of a
+  // known GPU for mixed_precision.param_dtype, or the CPU estimate for this rank's threads);
+  // flops_per_s = 0 when unknown (MFU is then not reported).
+  const PeakFlops& peak_flops() const { return peak_flops_; }
   // "cpu (2 threads)", "cuda:0 NVIDIA H100 80GB HBM3, nccl" (for the banner).
   const std::string& device_description() const { return device_description_; }
 
@@ -88,6 +94,7 @@ class Runtime {
   std::unique_ptr<Backend> backend_;
   std::string device_description_;
   MemoryBudget memory_budget_;
+  PeakFlops peak_flops_;
 };
 
 }  // namespace fsdp

@@ -21,6 +21,7 @@
 #include "fsdp/config/config.hpp"
 #include "fsdp/core/memory.hpp"
 #include "fsdp/fsdp/engine.hpp"
+#include "fsdp/fsdp/step_timer.hpp"
 #include "fsdp/train/runtime.hpp"
 #include "fsdp/train/signals.hpp"
 
@@ -63,6 +64,9 @@ struct TrainResult {
   std::vector<int64_t> nonfinite_steps;
   std::vector<double> loss_scales;         // loss scale used at each step run (fp16; else 1)
   std::vector<int64_t> raw_allocs;         // raw allocations + frees during each step run
+  // Where each step run spent its time (fsdp/fsdp/step_timer.hpp), this rank's clock; also
+  // in metrics.jsonl as step_s and <phase>_s.
+  std::vector<StepTimes> step_times;
   std::array<int64_t, kNumMemCategories> peak_bytes{};  // this rank's measured peaks
   EngineMemoryPlan plan;                   // the memory plan for this run (all categories)
   int64_t planned_activation_bytes = 0;

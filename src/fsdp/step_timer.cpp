@@ -1,0 +1,84 @@
+// Per-phase step timing (see fsdp/fsdp/step_timer.hpp).
+#include "fsdp/fsdp/step_timer.hpp"
+
+#include <numeric>
+
+#include "fsdp/core/error.hpp"
+
+namespace fsdp {
+
+const char* to_string(Phase phase) {
+  switch (phase) {
+    case Phase::data: return "data";
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::comm_wait: return "comm_wait";
+    case Phase::optimizer: return "optimizer";
+    case Phase::eval: return "eval";
+    case Phase::checkpoint: return "checkpoint";
+  }
+  return "?";
+}
+
+double StepTimes::sum() const { return std::accumulate(phase_s.begin(), phase_s.end(), 0.0); }
+
+StepTimer::StepTimer(Backend& backend) : be_(backend) {
+  device_clock_ = be_.create_timed_event() != nullptr;
+}
+
+void StepTimer::mark(Phase p) {
+  TimedEvent* event = nullptr;
+  if (device_clock_) {
+    if (marks_.size() >= pool_.size()) pool_.push_back(be_.create_timed_event());
+    event = pool_[marks_.size()].get();
+    event->record(be_.compute_stream());
+  }
+  marks_.push_back({p, Clock::now(), event});
+  current_ = p;
+}
+
+void StepTimer::begin(Phase first) {
+  if (running_) throw Error("StepTimer::begin: a step is already running");
+  marks_.clear();
+  running_ = true;
+  mark(first);
+}
+
+void StepTimer::enter(Phase p) {
+  if (!running_ || p == current_) return;
+  mark(p);
+}
+
+StepTimes StepTimer::end() {
+  if (!running_) throw Error("StepTimer::end: no step is running");
+  mark(current_);
+  running_ = false;
+  StepTimes t;
+  t.step_s = std::chrono::duration<double>(marks_.back().host - marks_.front().host).count();
+  if (device_clock_) marks_.back().event->synchronize();
+  for (std::size_t i = 0; i + 1 < marks_.size(); ++i) {
+    const Mark& a = marks_[i];
+    const Mark& b = marks_[i + 1];
+    const double s = device_clock_ ? b.event->seconds_since(*a.event)
+                                   : std::chrono::duration<double>(b.host - a.host).count();
+    t.phase_s[static_cast<std::size_t>(a.phase)] += s;
+  }
+  return t;
+}
+
+StepTimer::Scope::Scope(StepTimer* timer, Phase p) {
+  if (!timer || !timer->running() || timer->current() == p) return;
+  timer_ = timer;
+  previous_ = timer->current();
+  timer->enter(p);
+}
+
+StepTimer::Scope::~Scope() {
+  if (!timer_) return;
+  try {
+    timer_->enter(previous_);
+  } catch (...) {
+  }
+}
+
+}  // namespace fsdp
