@@ -13,6 +13,7 @@ packages=(
   libxxhash-dev                         # checkpoint checksums (XXH3-64)
   libtomlplusplus-dev nlohmann-json3-dev libboost-program-options-dev
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
+  python3-matplotlib                    # tools/plot_run.py (the main job's plot; its test)
   clang libclang-rt-14-dev              # tests/fuzz_safetensors.sh (clang++, libFuzzer + ASan runtime)
   fortunes                              # the main job's text corpus
   wordnet-base                          # the T5 main job's seq2seq pairs (tools/prepare_wordnet.sh)

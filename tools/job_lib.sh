@@ -3,7 +3,9 @@
 #   train_and_merge NAME INPUT RUN_DIR [fsdp_train args...]
 # moves an earlier RUN_DIR aside (RUN_DIR.<timestamp>), trains INPUT on 4 MPI ranks with
 # train.run_dir = RUN_DIR, prints the training time, and merges the final checkpoint into
-# RUN_DIR/hf. Expects $build (the build directory) and runs from the repository root.
+# RUN_DIR/hf, then draws the run (tools/plot_run.py: losses, learning rate, tokens/s, MFU and
+# where each step's time went) into RUN_DIR/run.png. Expects $build (the build directory)
+# and runs from the repository root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 train_and_merge() {
@@ -23,4 +25,5 @@ train_and_merge() {
   echo "$name: training took $((end - start)) s"
   "$build/fsdp_merge" "$run_dir/checkpoints/$(cat "$run_dir/checkpoints/latest")" "$run_dir/hf"
   ls -l "$run_dir/hf"
+  /usr/bin/python3 tools/plot_run.py "$run_dir"
 }
