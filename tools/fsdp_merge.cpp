@@ -9,6 +9,9 @@
 // transformers' <Class>.from_pretrained(OUT_DIR) and with fsdp_train's model.init_from. Exit codes: 0 ok, 2 bad input
 // (missing/incompatible shard files, bad arguments), 1 other failures. The work is
 // fsdp::ckpt::merge_to_hf (docs/checkpoint.md); this file only parses the command line.
+// Progress: when stderr is a terminal, one status line on stderr rewritten in place (tensors
+// written of the total, bytes, MiB/s, ETA; fsdp/core/progress.hpp), ended before the summary;
+// nothing extra when stderr is not a terminal.
 #include <boost/program_options.hpp>
 
 #include <cstdio>
@@ -17,6 +20,7 @@
 
 #include "fsdp/checkpoint/merge.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/progress.hpp"
 
 namespace po = boost::program_options;
 
@@ -54,7 +58,11 @@ int main(int argc, char** argv) {
     return fsdp::kExitInputError;
   }
   try {
-    const auto stats = fsdp::ckpt::merge_to_hf(step_dir, out_dir);
+    // Ended by finish(), or on an error by its destructor before the catch prints.
+    auto progress = fsdp::ProgressMeter::on_terminal(
+        {.label = "fsdp_merge", .unit = fsdp::ProgressUnit::kItems, .noun = "tensors"});
+    const auto stats = fsdp::ckpt::merge_to_hf(step_dir, out_dir, &progress);
+    progress.finish();
     std::cout << "fsdp_merge: wrote " << stats.num_tensors << " tensors (" << stats.num_elements
               << " parameters) to " << out_dir << "/model.safetensors and config.json\n";
     return 0;

@@ -11,6 +11,9 @@
 // Pairs mode (seq2seq): one `input<TAB>target` per line; bytes -> ByT5 ids b + 3, eos 1
 // appended to both; the last F of the pairs are the validation split.
 // Exit code 2 on bad input.
+// Progress: when stderr is a terminal, one status line on stderr rewritten in place (input
+// bytes read of the total, MiB/s, ETA; fsdp/core/progress.hpp), ended before the summary;
+// nothing extra when stderr is not a terminal.
 #include <boost/program_options.hpp>
 
 #include <cstdio>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/progress.hpp"
 #include "fsdp/data/prepare.hpp"
 
 namespace po = boost::program_options;
@@ -64,7 +68,9 @@ int main(int argc, char** argv) {
         throw fsdp::InputError("--pairs: unexpected argument " + inputs.front() +
                                " (expected --pairs FILE.tsv OUT.h5, one pairs file)");
       }
-      const auto s = fsdp::data::prepare_pairs_dataset(pairs, out, val_fraction);
+      auto progress = fsdp::ProgressMeter::on_terminal({.label = "fsdp_prepare"});
+      const auto s = fsdp::data::prepare_pairs_dataset(pairs, out, val_fraction, &progress);
+      progress.finish();
       std::printf("fsdp_prepare: %s: %lld pairs (%lld train, %lld val), %lld input tokens, %lld target tokens, "
                   "input len max %lld mean %.1f, target len max %lld mean %.1f (ByT5 ids, eos included)\n",
                   out.c_str(), static_cast<long long>(s.train_examples + s.val_examples),
@@ -76,7 +82,11 @@ int main(int argc, char** argv) {
     }
     if (out.empty()) throw fsdp::InputError("-o/--output: missing (expected the output .h5 path)");
     if (inputs.empty()) throw fsdp::InputError("INPUT: none given (expected files or folders of text)");
-    const auto s = fsdp::data::prepare_byte_dataset(inputs, out, val_fraction);
+    // Declared in the try block: on an error its destructor ends the line before the catch
+    // prints the message.
+    auto progress = fsdp::ProgressMeter::on_terminal({.label = "fsdp_prepare"});
+    const auto s = fsdp::data::prepare_byte_dataset(inputs, out, val_fraction, &progress);
+    progress.finish();
     for (const auto& skipped : s.skipped) {
       std::fprintf(stderr, "fsdp_prepare: warning: skipped %s: only regular files are read\n", skipped.c_str());
     }

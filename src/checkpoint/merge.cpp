@@ -9,6 +9,7 @@
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/progress.hpp"
 #include "fsdp/model/model.hpp"
 
 namespace fs = std::filesystem;
@@ -16,7 +17,7 @@ using nlohmann::json;
 
 namespace fsdp::ckpt {
 
-MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir) {
+MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, ProgressMeter* progress) {
   const CheckpointSet set = CheckpointSet::open(step_dir);
   // Every dataset's checksum and finiteness first: a corrupted checkpoint is refused
   // (InputError naming the file and tensor) before anything else is looked at or written.
@@ -82,6 +83,11 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir) 
   if (ec) throw InputError(out_dir + ": cannot create output directory: " + ec.message());
 
   MergeStats stats;
+  if (progress) {
+    int64_t total_bytes = 0;  // fp32 payload of model.safetensors (its header not counted)
+    for (const ParamSpec& p : expected) total_bytes += p.numel() * static_cast<int64_t>(sizeof(float));
+    progress->set_total(static_cast<int64_t>(expected.size()), total_bytes);
+  }
   {
     std::map<std::string, std::string> meta{{"source", fs::absolute(step_dir).lexically_normal().string()},
                                             {"step", std::to_string(set.meta().step)}};
@@ -103,6 +109,7 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir) 
       writer.write_next(data, n);
       stats.num_tensors += 1;
       stats.num_elements += n;
+      if (progress) progress->update(stats.num_tensors, stats.num_elements * static_cast<int64_t>(sizeof(float)));
     }
     writer.finish();
   }

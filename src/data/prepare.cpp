@@ -6,13 +6,13 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <system_error>
 #include <utility>
 
 #include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/progress.hpp"
 #include "fsdp/detail/hdf5.hpp"
 
 namespace fs = std::filesystem;
@@ -169,13 +169,32 @@ int64_t val_token_count(int64_t n, double val_fraction) {
   return static_cast<int64_t>(std::floor(val_fraction * static_cast<double>(n)));
 }
 
-ByteSplit build_byte_split(const std::vector<fs::path>& files, double val_fraction) {
+ByteSplit build_byte_split(const std::vector<fs::path>& files, double val_fraction, ProgressMeter* progress) {
   val_token_count(0, val_fraction);  // validate before reading anything
   ByteSplit s;
+  // The sizes stat(2) reports now: the progress total and a capacity hint (a file that grows
+  // or shrinks meanwhile is still read to its end).
+  int64_t expected = 0;
+  for (const auto& f : files) {
+    std::error_code ec;
+    const auto size = fs::file_size(f, ec);
+    if (!ec) expected += static_cast<int64_t>(size);
+  }
+  if (progress) progress->set_total(expected);
+  s.bytes.reserve(static_cast<std::size_t>(expected));
+  // Read in chunks of 1 MiB (one progress step each) through a buffer, so the exact
+  // reservation above is never overshot by a last partial chunk.
+  std::vector<char> chunk(std::size_t{1} << 20);
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     if (!in) throw InputError(printable(f.string()) + ": cannot read input file");
-    s.bytes.insert(s.bytes.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    for (;;) {
+      in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      const auto got = static_cast<std::size_t>(in.gcount());
+      s.bytes.insert(s.bytes.end(), chunk.data(), chunk.data() + got);
+      if (progress && got > 0) progress->add(static_cast<int64_t>(got));
+      if (got < chunk.size()) break;  // end of file (or an error, checked below)
+    }
     if (in.bad()) throw InputError(printable(f.string()) + ": error while reading input file");
   }
   s.num_files = static_cast<int64_t>(files.size());
@@ -205,13 +224,13 @@ void write_byte_token_file(const std::string& out, const ByteSplit& split, const
 }
 
 PrepareSummary prepare_byte_dataset(const std::vector<std::string>& inputs, const std::string& out,
-                                    double val_fraction) {
+                                    double val_fraction, ProgressMeter* progress) {
   val_token_count(0, val_fraction);
   check_output_folder(out);
   check_output_not_input(out, inputs);
   PrepareSummary summary;
   const auto files = collect_input_files(inputs, &summary.skipped);
-  const ByteSplit split = build_byte_split(files, val_fraction);
+  const ByteSplit split = build_byte_split(files, val_fraction, progress);
   std::string source = "fsdp_prepare (bytes):";
   for (const auto& in : inputs) source += " " + in;
   write_byte_token_file(out, split, source);
@@ -243,7 +262,7 @@ std::vector<int32_t> byt5_ids(const std::string& line, std::size_t begin, std::s
 
 }  // namespace
 
-PairExamples read_pairs_tsv(const std::string& path) {
+PairExamples read_pairs_tsv(const std::string& path, ProgressMeter* progress) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);  // stat before open: a FIFO would block
   if (!ec && fs::exists(st) && !fs::is_regular_file(st)) {
@@ -253,11 +272,24 @@ PairExamples read_pairs_tsv(const std::string& path) {
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot read pairs file (expected a TSV of input<TAB>target lines)");
+  if (progress) {
+    const auto size = fs::file_size(path, ec);
+    progress->set_total(ec ? 0 : static_cast<int64_t>(size));
+  }
+  int64_t unreported = 0;  // bytes read since the last progress->add (batched: one per MiB)
   PairExamples ex;
   std::string line;
   int64_t lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
+    if (progress) {
+      // The line and its newline (getline sets eof when the last line has none).
+      unreported += static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
+      if (unreported >= (int64_t{1} << 20)) {
+        progress->add(unreported);
+        unreported = 0;
+      }
+    }
     if (!line.empty() && line.back() == '\r') line.pop_back();
     const std::string where = path + ":" + std::to_string(lineno) + ": ";
     const std::size_t tab = line.find('\t');
@@ -272,6 +304,7 @@ PairExamples read_pairs_tsv(const std::string& path) {
     ex.add(byt5_ids(line, 0, tab), byt5_ids(line, tab + 1, line.size()));
   }
   if (in.bad()) throw InputError(path + ": error while reading pairs file");
+  if (progress) progress->add(unreported);
   if (ex.size() == 0) throw InputError(path + ": no lines (expected input<TAB>target lines)");
   return ex;
 }
@@ -335,11 +368,12 @@ PairsSummary summarize_pairs(const PairSplit& split) {
   return s;
 }
 
-PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction) {
+PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction,
+                                   ProgressMeter* progress) {
   val_token_count(0, val_fraction);
   check_output_folder(out);
   check_output_not_input(out, {tsv});
-  const PairSplit split = split_pairs(read_pairs_tsv(tsv), val_fraction);
+  const PairSplit split = split_pairs(read_pairs_tsv(tsv, progress), val_fraction);
   write_pairs_file(out, split, "fsdp_prepare --pairs (ByT5 ids b + 3, eos 1): " + tsv);
   return summarize_pairs(split);
 }

@@ -11,6 +11,10 @@
 #include <cstdint>
 #include <string>
 
+namespace fsdp {
+class ProgressMeter;  // fsdp/core/progress.hpp
+}
+
 namespace fsdp::ckpt {
 
 // Merges the checkpoint in `step_dir` into `out_dir` (created if missing):
@@ -21,10 +25,14 @@ namespace fsdp::ckpt {
 // unknown or wrongly-shaped parameter, and naming the file and tensor on a dataset whose
 // checksum does not match or that holds a non-finite value (CheckpointSet::verify_all runs
 // before out_dir is created, so a refused checkpoint leaves no output).
+// `progress` (optional; fsdp_merge's status line on a terminal): a kItems meter counting
+// tensors, told set_total(tensors, their fp32 bytes) once the checkpoint is verified and
+// checked, then update(tensors written, bytes written) after each tensor; never finish()ed
+// here (the caller owns it).
 struct MergeStats {
   int64_t num_tensors = 0;
   int64_t num_elements = 0;
 };
-MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir);
+MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, ProgressMeter* progress = nullptr);
 
 }  // namespace fsdp::ckpt

@@ -14,7 +14,16 @@
 #include <string>
 #include <vector>
 
+namespace fsdp {
+class ProgressMeter;  // fsdp/core/progress.hpp
+}
+
 namespace fsdp::data {
+
+// Progress (fsdp_prepare's status line on a terminal): the functions below that read input
+// take an optional ProgressMeter (kBytes; default none). They call set_total(input bytes) once
+// the inputs are known, then add() the bytes read as they go (in chunks of at most 1 MiB, so
+// one large file moves the line too); they never call finish(): the caller owns the meter.
 
 // Files named by `inputs` (files or folders, folders searched recursively), keeping regular
 // files only: symbolic links (to files or folders) and files ending in ".dat" (fortune's
@@ -47,8 +56,10 @@ int64_t val_token_count(int64_t n, double val_fraction);
 
 // Reads and concatenates `files`, then splits off the last val_token_count(n, val_fraction)
 // bytes. Throws fsdp::InputError naming a file that cannot be read, or naming --val-fraction
-// if either split would be empty.
-ByteSplit build_byte_split(const std::vector<std::filesystem::path>& files, double val_fraction);
+// if either split would be empty. `progress`: total = the files' sizes (as stat(2) reports
+// them before reading), add() per chunk read.
+ByteSplit build_byte_split(const std::vector<std::filesystem::path>& files, double val_fraction,
+                           ProgressMeter* progress = nullptr);
 
 // Writes the schema of docs/data.md: /train/tokens, /val/tokens (uint8), root attributes
 // vocab_size = 256, tokenizer = "bytes", source = `source`, num_files. Written to
@@ -64,9 +75,10 @@ struct PrepareSummary {
   std::vector<std::string> skipped;  // non-regular files found in input folders (escaped)
 };
 
-// check_output_not_input + collect_input_files + build_byte_split + write_byte_token_file.
+// check_output_not_input + collect_input_files + build_byte_split (with `progress`) +
+// write_byte_token_file.
 PrepareSummary prepare_byte_dataset(const std::vector<std::string>& inputs, const std::string& out,
-                                    double val_fraction);
+                                    double val_fraction, ProgressMeter* progress = nullptr);
 
 // ---- pairs (seq2seq) ----
 
@@ -85,8 +97,9 @@ struct PairExamples {
 // not checked to be valid UTF-8; ByT5 works on bytes) and eos 1 is appended to both.
 // Throws fsdp::InputError "FILE:LINE: ..." for a line with no tab or more than one tab, an
 // empty input or an empty target; "FILE: ..." if it cannot be read, is not a regular file
-// (a FIFO is refused without being opened) or holds no lines.
-PairExamples read_pairs_tsv(const std::string& path);
+// (a FIFO is refused without being opened) or holds no lines. `progress`: total = the file's
+// size, add() of the bytes of the lines read (every 1 MiB and at the end).
+PairExamples read_pairs_tsv(const std::string& path, ProgressMeter* progress = nullptr);
 
 // Splits off the last val_token_count(n, val_fraction) examples as validation. Throws
 // fsdp::InputError naming --val-fraction if it is out of (0, 1) or either split would be
@@ -111,8 +124,9 @@ struct PairsSummary {
 };
 PairsSummary summarize_pairs(const PairSplit& split);
 
-// read_pairs_tsv + split_pairs + write_pairs_file (checks first that the output folder
-// exists and that the output is not the TSV: check_output_not_input).
-PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction);
+// read_pairs_tsv (with `progress`) + split_pairs + write_pairs_file (checks first that the
+// output folder exists and that the output is not the TSV: check_output_not_input).
+PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction,
+                                   ProgressMeter* progress = nullptr);
 
 }  // namespace fsdp::data
