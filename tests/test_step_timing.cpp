@@ -2,7 +2,7 @@
 // training steps against their wall time, the model FLOPs behind MFU and the peak FLOP/s
 // tables. Run under mpirun at 1 and 2 ranks.
 //  - StepTimer: phases tile the step (they add up to step_s), a comm_wait Scope returns to
-//    the phase it interrupted, and misuse throws.
+//    the phase it interrupted (and inside eval does nothing), and misuse throws.
 //  - Training (GPT-2 FULL_SHARD, 6 steps, evaluation at 3 and 6, checkpoints at 2, 4, 6):
 //    on every step the phases add up to the step's wall time within 5%; forward, backward,
 //    optimizer and comm_wait are positive; eval and checkpoint are charged on exactly the
@@ -79,6 +79,16 @@ TEST(StepTimer, PhasesTileTheStepAndScopesNest) {
   }
   EXPECT_EQ(s[Phase::eval], 0);
   EXPECT_EQ(s[Phase::checkpoint], 0);
+  // Evaluation is charged whole: a comm_wait scope inside it changes nothing.
+  t.begin(Phase::eval);
+  {
+    StepTimer::Scope waiting(&t, Phase::comm_wait);
+    EXPECT_EQ(t.current(), Phase::eval);
+    work(*be, 32);
+  }
+  const StepTimes e = t.end();
+  EXPECT_GT(e[Phase::eval], 0);
+  EXPECT_EQ(e[Phase::comm_wait], 0);
   // A null timer, or one not running, makes a Scope a no-op.
   StepTimer::Scope none(nullptr, Phase::comm_wait);
   StepTimer::Scope idle(&t, Phase::comm_wait);

@@ -13,12 +13,15 @@
 #                         [-- extra fsdp_train args]
 #
 # Data: data/fortunes.h5 when present (tools/run_main_job.sh makes it), else synthetic tokens.
+# FSDP_TRAIN names the executable (default $FSDP_BUILD_DIR/fsdp_train, build/fsdp_train);
+# tools/gpu_check.sh runs it from the GPU bundle with `-- --set train.device=cuda`.
 # Ranks beyond the cores are oversubscribed (--oversubscribe --bind-to none): on a machine
 # with fewer cores than ranks, comm_wait then also holds the time a rank waits for a peer that
 # is descheduled, which is what such a run really waits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${FSDP_BUILD_DIR:-build}
+train_bin=${FSDP_TRAIN:-$build/fsdp_train}
 np=4 steps=60 rounds=3 threads=1 data=""
 extra=()
 while (($#)); do
@@ -48,7 +51,7 @@ for ((r = 1; r <= rounds; ++r)); do
   for s in on off; do
     dir=$work/$s.$r
     # shellcheck disable=SC2086
-    mpirun -np "$np" --oversubscribe --bind-to none "$build/fsdp_train" inputs/gpt2_fortunes.toml \
+    mpirun -np "$np" --oversubscribe --bind-to none "$train_bin" inputs/gpt2_fortunes.toml \
       --set train.run_dir="$dir" --set train.max_steps="$steps" --set train.log_every=1000000 \
       --set train.num_threads="$threads" --set eval.every=0 --set checkpoint.every=0 \
       "${data_args[@]}" ${setting[$s]} "${extra[@]}" > "$work/$s.$r.log" 2>&1 ||
@@ -57,7 +60,10 @@ for ((r = 1; r <= rounds; ++r)); do
   done
 done
 
-/usr/bin/python3 - "$work" "$rounds" <<'EOF'
+# The statistics need only python3's standard library; under the GPU bundle's environment
+# (tools/gpu_bundle.sh env.sh) python3 runs with the system's PATH and libraries.
+PATH="${FSDP_SAVED_PATH:-$PATH}" LD_LIBRARY_PATH="${FSDP_SAVED_LD_LIBRARY_PATH-${LD_LIBRARY_PATH:-}}" \
+  python3 - "$work" "$rounds" <<'EOF'
 import json, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
 keys = ["step_s", "data_s", "forward_s", "backward_s", "comm_wait_s", "optimizer_s",

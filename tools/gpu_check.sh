@@ -11,7 +11,10 @@
 #      next test runs
 #   4. tools/hf_check.py: GPT-2 and T5 merged by fsdp_merge load in transformers and give
 #      fsdp_train's validation loss (<= 1e-5)
-#   5. tools/bench_gpu.sh (fsdp_train vs PyTorch FSDP2 eager / torch.compile), in the time left
+#   5. tools/bench_phases.sh on the GPU: a 4-rank FULL_SHARD run's phase times and exposed
+#      communication (comm_wait) with prefetch on and off (4 ranks share the GPU, so the mesh
+#      is MPI staged through host memory), 2 rounds of 30 steps, at most 150 s
+#   6. tools/bench_gpu.sh (fsdp_train vs PyTorch FSDP2 eager / torch.compile), in the time left
 #
 # Writes ONE summary, $OUT/gpu_summary.md when $OUT is set (the run tool's folder), else
 # ./gpu_summary.md, rewritten after every step so that a run cut off at its time limit still
@@ -74,6 +77,8 @@ write_summary() {
     fi
     echo; echo "## Hugging Face transformers loads our merges (tools/hf_check.py)"; echo
     if [[ -s "$S_HF" ]]; then cat "$S_HF"; else echo "(not run yet)"; fi
+    echo; echo "## Phase times, 4-rank FULL_SHARD, prefetch on / off (tools/bench_phases.sh)"; echo
+    if [[ -s "$WORK/s_phases" ]]; then cat "$WORK/s_phases"; else echo "(not run yet)"; fi
     echo; echo "## Benchmark (tools/bench_gpu.sh)"; echo
     if [[ -s "$S_BENCH" ]]; then cat "$S_BENCH"; else echo "(not run yet)"; fi
     echo; cat "$S_END"
@@ -262,7 +267,24 @@ else
 fi
 write_summary
 
-# ---- 5. benchmark -------------------------------------------------------------------------------
+# ---- 5. phase times and exposed communication, prefetch on / off ------------------------------
+S_PHASES="$WORK/s_phases"
+if [[ "${GPU_CHECK_SKIP_BENCH:-0}" == 1 ]]; then
+  echo "(skipped: GPU_CHECK_SKIP_BENCH=1)" >"$S_PHASES"
+elif (( $(left) < BENCH_RESERVE + 60 )); then
+  echo "(skipped: $(left) s left, kept for the benchmark)" >"$S_PHASES"
+else
+  say "phases: tools/bench_phases.sh --np 4 (prefetch on / off, train.device = cuda)"
+  FSDP_GPU_CHECK_TAG=phases inb timeout -k 10 150 bash "$REPO/tools/bench_phases.sh" --np 4 \
+    --steps 30 --rounds 2 -- --set train.device=cuda >"$WORK/logs/phases.txt" 2>&1
+  rc=$?
+  reap phases
+  { echo "Command: \`tools/bench_phases.sh --np 4 --steps 30 --rounds 2 -- --set train.device=cuda\`" \
+         "(exit $rc; ms per step, medians)"; echo; grep '^|' "$WORK/logs/phases.txt" || tail -20 "$WORK/logs/phases.txt"; } >"$S_PHASES"
+fi
+write_summary
+
+# ---- 6. benchmark -------------------------------------------------------------------------------
 BENCH_RC=0
 if [[ "${GPU_CHECK_SKIP_BENCH:-0}" == 1 ]]; then
   echo "(skipped: GPU_CHECK_SKIP_BENCH=1)" >"$S_BENCH"

@@ -68,6 +68,8 @@ StepTimes StepTimer::end() {
 
 StepTimer::Scope::Scope(StepTimer* timer, Phase p) {
   if (!timer || !timer->running() || timer->current() == p) return;
+  // Evaluation and checkpointing are charged whole, their own collectives included.
+  if (timer->current() == Phase::eval || timer->current() == Phase::checkpoint) return;
   timer_ = timer;
   previous_ = timer->current();
   timer->enter(p);

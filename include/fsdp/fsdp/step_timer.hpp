@@ -5,7 +5,8 @@
 // at a unit's first pre-backward hook and wraps every wait on a collective (all-gather,
 // reduce-scatter, all-reduce, and the trainer's own loss/norm/agreement collectives) in a
 // comm_wait Scope, which returns to the phase it interrupted. Every instant between begin()
-// and end() belongs to exactly one phase, so the phases add up to the step.
+// and end() belongs to exactly one phase, so the phases add up to the step. Evaluation and
+// checkpointing are charged whole (a comm_wait Scope inside them does nothing).
 //
 // comm_wait is the *exposed* communication: the time the host (CPU backend, MPI) or the
 // compute stream (CUDA) waited for a collective that had not finished. Communication that
@@ -66,7 +67,9 @@ class StepTimer {
   StepTimes end();
 
   // Enters `p` (when `timer` is non-null and running) and on destruction returns to the
-  // phase it interrupted. Nests. Never throws from its destructor (a failed mark is dropped).
+  // phase it interrupted. Nests. Inside Phase::eval or Phase::checkpoint it does nothing:
+  // those phases are charged whole, their own collectives included, so comm_wait is the
+  // training step's. Never throws from its destructor (a failed mark is dropped).
   class Scope {
    public:
     Scope(StepTimer* timer, Phase p);
