@@ -94,7 +94,8 @@ def load_records(path):
     """The records of one metrics.jsonl: the last line of each step, sorted by step.
 
     Raises InputError naming the file (and line) on a missing or empty file, a line that is
-    not a JSON object with an integer "step", or no step lines (step >= 1).
+    not a JSON object with an integer "step", or no step lines (step >= 1). An unfinished last
+    line (no newline yet: a run still writing) is skipped with a note on stderr.
     """
     try:
         with open(path, encoding="utf-8") as f:
@@ -106,12 +107,18 @@ def load_records(path):
     if not text.strip():
         raise InputError(f"{path}: empty file")
     by_step = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except ValueError as e:
+            if lineno == len(lines) and not text.endswith("\n"):
+                # A run still writing: its last line is not complete yet. Plot the rest.
+                print(f"plot_run.py: {path}:{lineno}: skipping an unfinished last line",
+                      file=sys.stderr)
+                continue
             msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
             raise InputError(f"{path}:{lineno}: malformed JSON line: {msg}")
         if not isinstance(rec, dict):

@@ -52,6 +52,11 @@ case "$CASE" in
     run_train good.toml --set optim.lr=-1
     expect_input_error "--set optim.lr=-1" "optim.lr"
     ;;
+  negative_peak_flops)
+    tiny_config good.toml
+    run_train good.toml --set train.peak_flops=-1e12
+    expect_input_error "--set train.peak_flops=-1e12" "train.peak_flops"
+    ;;
   bad_set_syntax)
     tiny_config good.toml
     run_train good.toml --set model.n_layer

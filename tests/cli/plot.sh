@@ -16,6 +16,7 @@
 #               must not survive) and a null loss; "old" has none of the new keys (plotted
 #               against step). Each alone, both together, --smooth; the loading logic is
 #               checked by importing the module (last line of a step wins, sorted, names).
+#               A run still writing (an unfinished last line, no newline) plots with a note.
 #               Errors: a missing run directory, an empty file, a malformed line (named with
 #               its line number), a file without step lines and an unwritable output each
 #               exit non-zero with exactly one line `plot_run.py: FILE...` on stderr and
@@ -178,6 +179,14 @@ EOF
     sed -i '4s/.*/{"step":3,"loss":5.02,/' "$WORK/bad/metrics.jsonl"
     run_plot "$WORK/bad" -o "$WORK/err.png"
     expect_plot_error "$WORK/bad/metrics.jsonl:4:" "malformed"
+    # A run still writing: an unfinished last line (no newline) is skipped, the rest plotted.
+    mkdir -p "$WORK/live"
+    write_new_fixture "$WORK/live/metrics.jsonl"
+    printf '{"step":99,"loss":5.0' >>"$WORK/live/metrics.jsonl"
+    run_plot "$WORK/live" -o "$WORK/live.png"
+    expect_rc 0
+    check_png "$WORK/live.png"
+    grep -q "unfinished last line" "$ERR" || fail "no note about the unfinished last line"
     echo '{"step":0,"val_loss":5.5}' >"$WORK/nosteps/metrics.jsonl"
     run_plot "$WORK/nosteps" -o "$WORK/err.png"
     expect_plot_error "$WORK/nosteps/metrics.jsonl" "no step lines"

@@ -3,9 +3,12 @@
 #
 #   bash tests/cli/smoke.sh FSDP_TRAIN FSDP_PREPARE MPIEXEC CASE
 #
-# CASE train:   inputs/tiny.toml for 5 steps writes run_dir/metrics.jsonl (5 lines with step,
-#               loss, lr, grad_norm, tokens_per_sec, peak_mem_bytes; val_loss on the last) and
-#               the final sharded checkpoint checkpoints/step_00000005 plus `latest`.
+# CASE train:   inputs/tiny.toml for 5 steps (train.peak_flops = 1e12) writes
+#               run_dir/metrics.jsonl (5 lines with step, loss, lr, grad_norm, tokens,
+#               tokens_per_sec, mfu, peak_mem_bytes, step_s and the 7 phase times, which add
+#               up to step_s within 5%; val_loss on the last) and the final sharded checkpoint
+#               checkpoints/step_00000005 plus `latest`; the banner has the mfu line and the
+#               last progress line shows mfu and every phase, eval and ckpt included.
 # CASE hdf5:    the same on a token file made by fsdp_prepare (data.source = "hdf5").
 # CASE mixed_precision: bf16 params + fp32 reduce, then fp16 with loss scaling, 3 steps each:
 #               finite losses near ln(256); fp16 lines carry loss_scale and skipped; the
@@ -38,7 +41,9 @@ import json, math, sys
 path, n = sys.argv[1], int(sys.argv[2])
 lines = open(path).read().splitlines()
 assert len(lines) == n, f"{len(lines)} lines, expected {n}"
-fields = ["step", "loss", "lr", "grad_norm", "tokens_per_sec", "peak_mem_bytes"]
+fields = ["step", "loss", "lr", "grad_norm", "tokens", "tokens_per_sec", "mfu", "peak_mem_bytes",
+          "step_s", "data_s", "forward_s", "backward_s", "comm_wait_s", "optimizer_s", "eval_s",
+          "checkpoint_s"]
 for i, text in enumerate(lines):
     rec = json.loads(text)
     for f in fields:
@@ -49,6 +54,9 @@ for i, text in enumerate(lines):
     assert 4.5 < rec["loss"] < 6.5, f"line {i + 1}: loss {rec['loss']}"
     assert 0 < rec["lr"] <= 1e-3, f"line {i + 1}: lr {rec['lr']}"
     assert rec["grad_norm"] > 0 and rec["tokens_per_sec"] > 0 and rec["peak_mem_bytes"] > 0, text
+    phases = sum(rec[k] for k in fields if k.endswith("_s") and k != "step_s")
+    assert abs(phases - rec["step_s"]) <= 0.05 * rec["step_s"], f"line {i + 1}: phases {phases} vs {text}"
+    assert 0 < rec["mfu"] < 1, text
     has_val = "val_loss" in rec
     assert has_val == (i == n - 1), f"line {i + 1}: val_loss present = {has_val}"
     if has_val:
@@ -81,7 +89,7 @@ check_checkpoint() {
 case "$CASE" in
   train)
     tiny_config tiny.toml
-    run_train tiny.toml
+    run_train tiny.toml --set train.peak_flops=1e12
     expect_rc 0
     if [ -s "$ERR" ] && grep -q "^fsdp_train: " "$ERR"; then fail "error line on a successful run"; fi
     check_metrics "$WORK/run/metrics.jsonl" 5
@@ -89,6 +97,11 @@ case "$CASE" in
     # Rank 0 alone prints: one banner, one line per step.
     n=$(grep -c '^step 5/5' "$OUT")
     if [ "$n" -ne 1 ]; then fail "'step 5/5' printed $n times on stdout, expected 1"; fi
+    # The progress line shows MFU (peak known: train.peak_flops below) and the phase times.
+    grep -Eq '^step 5/5 .*\| mfu [0-9.]+% \|.*\| [0-9.]+ ms = data [0-9.]+ \+ fwd [0-9.]+ \+ bwd [0-9.]+ \+ comm [0-9.]+ \+ opt [0-9.]+ \+ eval [0-9.]+ \+ ckpt [0-9.]+$' "$OUT" ||
+      fail "step 5/5 line lacks mfu or the phase times: $(grep '^step 5/5' "$OUT")"
+    grep -q '^mfu: model FLOPs .* per token .*peak 1 TFLOP/s per rank (train.peak_flops)' "$OUT" ||
+      fail "banner lacks the mfu line: $(grep '^mfu:' "$OUT")"
     ;;
   hdf5)
     make_text_dir "$WORK/text"
