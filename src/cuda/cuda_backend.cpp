@@ -141,7 +141,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Stream> create_stream() override;
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(); }
   std::unique_ptr<TimedEvent> create_timed_event() override {
-    return std::make_unique<CudaTimedEvent>();
+    return std::make_unique<CudaEvent>(/*timing=*/true);
   }
 
   // ---- memory ----

@@ -24,7 +24,9 @@ void CudaStream::wait(Event& event) {
 
 void CudaStream::synchronize() { FSDP_CHECK_CUDA(cudaStreamSynchronize(stream_)); }
 
-CudaEvent::CudaEvent() { FSDP_CHECK_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+CudaEvent::CudaEvent(bool timing) : timing_(timing) {
+  FSDP_CHECK_CUDA(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+}
 
 CudaEvent::~CudaEvent() {
   if (event_) cudaEventDestroy(event_);
@@ -40,25 +42,11 @@ bool CudaEvent::query() {
   return true;
 }
 
-CudaTimedEvent::CudaTimedEvent() { FSDP_CHECK_CUDA(cudaEventCreate(&event_)); }
-
-CudaTimedEvent::~CudaTimedEvent() {
-  if (event_) cudaEventDestroy(event_);
-}
-
-void CudaTimedEvent::record(Stream& stream) { FSDP_CHECK_CUDA(cudaEventRecord(event_, native(stream))); }
-void CudaTimedEvent::synchronize() { FSDP_CHECK_CUDA(cudaEventSynchronize(event_)); }
-
-bool CudaTimedEvent::query() {
-  const cudaError_t rc = cudaEventQuery(event_);
-  if (rc == cudaErrorNotReady) return false;
-  FSDP_CHECK_CUDA(rc);
-  return true;
-}
-
-double CudaTimedEvent::seconds_since(TimedEvent& earlier) {
-  auto* e = dynamic_cast<CudaTimedEvent*>(&earlier);
-  if (!e) throw Error("CudaTimedEvent::seconds_since: the earlier event is not a CUDA timed event");
+double CudaEvent::seconds_since(TimedEvent& earlier) {
+  auto* e = dynamic_cast<CudaEvent*>(&earlier);
+  if (!e || !e->timing_ || !timing_) {
+    throw Error("CudaEvent::seconds_since: both events must be CUDA events created with timing");
+  }
   float ms = 0.f;
   FSDP_CHECK_CUDA(cudaEventElapsedTime(&ms, e->event_, event_));
   return 1e-3 * static_cast<double>(ms);

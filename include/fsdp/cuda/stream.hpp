@@ -1,7 +1,7 @@
 // fsdp/cuda/stream.hpp: CUDA streams and events behind the core Stream / Event interfaces
 // (fsdp/core/stream.hpp). Each owns its handle (cudaStreamCreateWithFlags non-blocking,
-// cudaEventCreateWithFlags with timing disabled) and destroys it in a destructor that never
-// throws. Only code under src/cuda/ includes this.
+// cudaEventCreateWithFlags, timing disabled unless asked for) and destroys it in a
+// destructor that never throws. Only code under src/cuda/ includes this.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,37 +27,25 @@ class CudaStream final : public Stream {
   cudaStream_t stream_ = nullptr;
 };
 
-class CudaEvent final : public Event {
+// A CUDA event; `timing` = true creates it with timing enabled (the StepTimer's device
+// clock: seconds_since), otherwise with cudaEventDisableTiming (cheaper to record and wait).
+class CudaEvent final : public TimedEvent {
  public:
-  CudaEvent();
+  explicit CudaEvent(bool timing = false);
   ~CudaEvent() override;
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
   void record(Stream& stream) override;  // cudaEventRecord on a CudaStream (throws otherwise)
   void synchronize() override;           // cudaEventSynchronize
   bool query() override;                 // cudaEventQuery
+  // cudaEventElapsedTime(earlier, this) in seconds; both must be timing CudaEvents (else
+  // fsdp::Error).
+  double seconds_since(TimedEvent& earlier) override;
   cudaEvent_t handle() const { return event_; }
 
  private:
   cudaEvent_t event_ = nullptr;
-};
-
-// A CUDA event with timing enabled (cudaEventCreate with default flags): the device clock of
-// the StepTimer. record() as CudaEvent.
-class CudaTimedEvent final : public TimedEvent {
- public:
-  CudaTimedEvent();
-  ~CudaTimedEvent() override;
-  CudaTimedEvent(const CudaTimedEvent&) = delete;
-  CudaTimedEvent& operator=(const CudaTimedEvent&) = delete;
-  void record(Stream& stream) override;  // cudaEventRecord on a CudaStream (throws otherwise)
-  void synchronize() override;           // cudaEventSynchronize
-  bool query() override;                 // cudaEventQuery
-  // cudaEventElapsedTime(earlier, this) in seconds; `earlier` must be a CudaTimedEvent.
-  double seconds_since(TimedEvent& earlier) override;
-
- private:
-  cudaEvent_t event_ = nullptr;
+  bool timing_ = false;
 };
 
 // The CUDA stream behind `stream`; throws fsdp::Error if it is not a CudaStream.
