@@ -1,6 +1,7 @@
 // The progress meter of fsdp_prepare and fsdp_merge (fsdp/core/progress.hpp), with an
 // injected clock (no sleeps):
-//  - format_bytes / format_duration: unit steps and rounding;
+//  - human_bytes (fsdp/core/host_memory.hpp, which the line uses) / format_duration: unit
+//    steps and rounding;
 //  - format_progress_line: the exact line for bytes, items with bytes and items alone: MiB
 //    and percent, rate, ETA ("--" before a rate is known, "0s" when done), a total of 0,
 //    done == total and done > total;
@@ -19,9 +20,9 @@
 #include <sstream>
 #include <string>
 
+#include "fsdp/core/host_memory.hpp"
 #include "fsdp/core/progress.hpp"
 
-using fsdp::format_bytes;
 using fsdp::format_duration;
 using fsdp::format_progress_line;
 using fsdp::ProgressMeter;
@@ -59,14 +60,14 @@ struct FakeClock {
 }  // namespace
 
 TEST(Progress, FormatBytes) {
-  EXPECT_EQ(format_bytes(0), "0 B");
-  EXPECT_EQ(format_bytes(1023), "1023 B");
-  EXPECT_EQ(format_bytes(1024), "1.0 KiB");
-  EXPECT_EQ(format_bytes(5000), "4.9 KiB");
-  EXPECT_EQ(format_bytes(kMiB - 1), "1.0 MiB");  // 1023.999 KiB would print as 1024.0 KiB
-  EXPECT_EQ(format_bytes(12 * kMiB + 3 * kMiB / 10), "12.3 MiB");
-  EXPECT_EQ(format_bytes(3 * 1024 * kMiB / 2), "1.5 GiB");
-  EXPECT_EQ(format_bytes(int64_t{2} << 40), "2.0 TiB");
+  EXPECT_EQ(fsdp::human_bytes(static_cast<double>(0)), "0 B");
+  EXPECT_EQ(fsdp::human_bytes(static_cast<double>(1023)), "1023 B");
+  EXPECT_EQ(fsdp::human_bytes(static_cast<double>(1024)), "1.0 KiB");
+  EXPECT_EQ(fsdp::human_bytes(static_cast<double>(5000)), "4.9 KiB");
+  EXPECT_EQ(fsdp::human_bytes(static_cast<double>(kMiB - 1)), "1.0 MiB");  // 1023.999 KiB would print as 1024.0 KiB
+  EXPECT_EQ(fsdp::human_bytes(static_cast<double>(12 * kMiB + 3 * kMiB / 10)), "12.3 MiB");
+  EXPECT_EQ(fsdp::human_bytes(static_cast<double>(3 * 1024 * kMiB / 2)), "1.5 GiB");
+  EXPECT_EQ(fsdp::human_bytes(static_cast<double>(int64_t{2} << 40)), "2.0 TiB");
 }
 
 TEST(Progress, FormatDuration) {

@@ -101,7 +101,8 @@ HostMemory read_host_memory() {
 std::string human_bytes(double b) {
   const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int i = 0;
-  while (b >= 1024.0 && i < 5) {
+  // Next unit where one decimal would print 1024.0 or more ("1.0 MiB", not "1024.0 KiB").
+  while (i < 5 && b >= (i == 0 ? 1024.0 : 1023.95)) {
     b /= 1024.0;
     ++i;
   }

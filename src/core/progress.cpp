@@ -12,11 +12,18 @@
 #include <ostream>
 #include <utility>
 
+#include "fsdp/core/host_memory.hpp"
+
 namespace fsdp {
 
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
+
+// "4.9 KiB / 12.3 MiB" (fsdp::human_bytes).
+std::string bytes_done(int64_t done, int64_t total) {
+  return human_bytes(static_cast<double>(done)) + " / " + human_bytes(static_cast<double>(total));
+}
 
 std::string fixed1(double v) {
   char buf[64];
@@ -36,19 +43,6 @@ Measure measure(const ProgressSpec& spec, int64_t done, int64_t bytes) {
 }
 
 }  // namespace
-
-std::string format_bytes(int64_t bytes) {
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes) / 1024.0;
-  int u = 0;
-  // Switch unit where one decimal would print 1024.0 or more.
-  while (u < 3 && v >= 1023.95) {
-    v /= 1024.0;
-    ++u;
-  }
-  return fixed1(v) + " " + units[u];
-}
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--";
@@ -79,9 +73,9 @@ std::string format_progress_line(const ProgressSpec& spec, int64_t done, int64_t
   std::string line = spec.label + ": ";
   if (items) {
     line += std::to_string(done) + " / " + std::to_string(spec.total) + " " + spec.noun;
-    if (item_bytes) line += ", " + format_bytes(bytes) + " / " + format_bytes(spec.total_bytes);
+    if (item_bytes) line += ", " + bytes_done(bytes, spec.total_bytes);
   } else {
-    line += format_bytes(done) + " / " + format_bytes(spec.total);
+    line += bytes_done(done, spec.total);
   }
   // Whole percent, rounded down in integers (100% only when all is done).
   const int64_t percent = complete ? 100

@@ -29,6 +29,14 @@
 
 namespace fsdp {
 namespace {
+// train.peak_flops when set (> 0), else what `device()` (an optional<PeakFlops>) finds, else
+// unknown; the device is not asked when the config says (the CPU estimate measures a clock).
+template <class DevicePeak>
+PeakFlops peak_or_device(const Config& config, DevicePeak device) {
+  if (config.train.peak_flops > 0) return {config.train.peak_flops, "train.peak_flops"};
+  return device().value_or(PeakFlops{});
+}
+
 const char* thread_level_name(int level) {
   switch (level) {
     case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
@@ -141,13 +149,10 @@ void Runtime::configure(Communicator& group, const Config& config) {
                             (local == 1 ? " rank" : " ranks") + " on this node";
     backend_ = make_cpu_backend(threads);
     mesh_ = std::move(host_mesh_);  // host memory: the MPI groups are the mesh
-    peak_flops_ = config.train.peak_flops > 0
-                      ? PeakFlops{config.train.peak_flops, "train.peak_flops"}
-                      : cpu_peak_flops(read_cpu_info(),
-                                       std::min<double>(threads, static_cast<double>(
-                                                                     read_cpu_topology().cores.size()) /
-                                                                     local))
-                            .value_or(PeakFlops{});
+    peak_flops_ = peak_or_device(config, [&] {
+      return cpu_peak_flops(read_cpu_info(),
+                            std::min<double>(threads, static_cast<double>(plan.node_cores) / local));
+    });
     device_description_ = "cpu (" + std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
                           " per rank; rank " + std::to_string(group.rank()) + " on CPUs " +
                           format_cpu_list(plan.cpus) +
@@ -180,15 +185,14 @@ void Runtime::configure(Communicator& group, const Config& config) {
     if (nccl) return cuda::NcclCommunicator::create(host, device, timeout);
     return cuda::StagedCommunicator::create(host);
   }));
-  if (config.train.peak_flops > 0) {
-    peak_flops_ = PeakFlops{config.train.peak_flops, "train.peak_flops"};
-  } else if (auto peak = gpu_peak_flops(cuda::device_name(device), config.mixed_precision.param_dtype)) {
-    peak_flops_ = *peak;
-    if (sharing > 1) {  // ranks sharing the GPU each get their share
-      peak_flops_.flops_per_s /= sharing;
-      peak_flops_.source += " / " + std::to_string(sharing) + " ranks sharing it";
+  peak_flops_ = peak_or_device(config, [&] {
+    auto peak = gpu_peak_flops(cuda::device_name(device), config.mixed_precision.param_dtype);
+    if (peak && sharing > 1) {  // ranks sharing the GPU each get their share
+      peak->flops_per_s /= sharing;
+      peak->source += " / " + std::to_string(sharing) + " ranks sharing it";
     }
-  }
+    return peak;
+  });
   device_description_ = "cuda:" + std::to_string(device) + " " + cuda::device_name(device) +
                         (nccl ? ", nccl" : ", mpi (staged through host memory)");
 #endif

@@ -780,7 +780,8 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   const double tokens_per_step =
       static_cast<double>(cfg.train.global_batch_size * tokens_per_sample(cfg));
   // MFU = model FLOPs of the step / (its training seconds x ranks x peak FLOP/s per rank).
-  const double flops_per_step = flops_per_token(cfg) * tokens_per_step;
+  const double flops_per_step = job.family.train_flops_per_sample(cfg.model, shape) *
+                                static_cast<double>(cfg.train.global_batch_size);
   const double peak_flops = rt.peak_flops().flops_per_s;
   // Where each step's time goes (fsdp/fsdp/step_timer.hpp); the engine charges backward and
   // its collective waits.

@@ -53,6 +53,8 @@ struct CpuThreadPlan {
   CpuList bind;         // CPUs to bind the rank to; empty = keep the current affinity
   CpuList cpus;         // the CPUs the rank runs on once the plan is applied (bind, or the
                         // current affinity when bind is empty)
+  int node_cores = 0;   // physical cores of the node set (read_cpu_topology), set by
+                        // setup_cpu_threads
   std::string note;     // one line worth logging (a deliberate binding overridden, or the
                         // node's cores oversubscribed by threads > 1); empty otherwise
 };

@@ -39,7 +39,8 @@ int64_t parse_memory_stat(const std::string& stat, const std::string& key);
 // Never throws.
 HostMemory read_host_memory();
 
-// "1.5 GiB", "512 B": bytes in binary units, one decimal (messages and the memory plan).
+// "1.5 GiB", "512 B": bytes in binary units, one decimal (messages, the memory plan, progress
+// lines); the next unit where one decimal would round to 1024.0 ("1.0 MiB", not "1024.0 KiB").
 std::string human_bytes(double bytes);
 
 }  // namespace fsdp

@@ -45,8 +45,6 @@ struct ProgressSpec {
                                              // and %, rate and ETA follow bytes, not items
 };
 
-// "512 B", "4.9 KiB", "12.3 MiB", "1.5 GiB" (binary units, one decimal above bytes).
-std::string format_bytes(int64_t bytes);
 
 // A duration rounded to whole seconds: "8s", "1m05s", "2h03m" (hours and minutes from one
 // hour on); "--" for a negative or non-finite value.

@@ -241,6 +241,7 @@ CpuThreadPlan setup_cpu_threads(int requested, int local_rank, int local_size) {
   const CpuList affinity = current_affinity(node);
   CpuThreadPlan plan = plan_cpu_threads(requested, local_rank, local_size, node, affinity,
                                         launcher_bound_deliberately(affinity, node));
+  plan.node_cores = static_cast<int>(node.cores.size());
   if (plan.bind.empty()) return plan;
   cpu_set_t set;
   CPU_ZERO(&set);
