@@ -8,8 +8,9 @@
 
 #include <cstdio>
 
+#include "rank_printer.hpp"
+
 namespace {
-class QuietOnOtherRanks : public testing::EmptyTestEventListener {};
 constexpr int kNotRun = 77;
 }  // namespace
 
@@ -31,11 +32,7 @@ int main(int argc, char** argv) {
     return kNotRun;
   }
   testing::InitGoogleTest(&argc, argv);
-  if (rank != 0) {
-    auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new QuietOnOtherRanks);
-  }
+  fsdp_test::install_rank_printer(rank);
   const int local_failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_failed = 0;
   MPI_Allreduce(&local_failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
