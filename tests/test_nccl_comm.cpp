@@ -95,13 +95,17 @@ std::pair<int, int> node_rank_size() {
   return {r, s};
 }
 
-// Whether NCCL can run over the world: on every node, ranks <= visible devices (agreed by
-// all ranks, so every rank registers the same tests).
+// Whether NCCL can run over the world: on every node, ranks <= visible devices. Agreed by
+// all ranks once, at the first call (during test registration, which every rank runs
+// identically), so every rank registers the same tests and later calls make no MPI call.
 bool nccl_fits_world() {
-  const int devices = fsdp::cuda::visible_device_count();
-  int fits = node_rank_size().second <= devices ? 1 : 0, all = 0;
-  MPI_Allreduce(&fits, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all != 0;
+  static const bool fits = [] {
+    const int devices = fsdp::cuda::visible_device_count();
+    int mine = node_rank_size().second <= devices ? 1 : 0, all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all != 0;
+  }();
+  return fits;
 }
 
 enum class Kind { nccl, staged };

@@ -111,6 +111,53 @@ Communicator& Runtime::self() { return *self_; }
 int Runtime::rank() { return world_->rank(); }
 const std::vector<PeerInfo>& Runtime::peers() const { return watch_->peers(); }
 
+DeviceChoice choose_device(Communicator& group, DeviceKind device, CommBackend comm,
+                           int visible_devices, int local_size, bool built_with_cuda) {
+  const int rank = group.rank(), size = group.size();
+  // Each entry is max-reduced: 0 where a rank is fine, else (size - rank), so the maximum
+  // names the lowest offending rank (size - max).
+  const bool has_device = visible_devices > 0;
+  const bool own_device = local_size <= visible_devices;
+  int32_t v[3] = {has_device ? 0 : size - rank, has_device ? size - rank : 0,
+                  own_device ? 0 : size - rank};
+  int32_t agreed[3];
+  group.all_reduce(v, agreed, 3, DType::i32, ReduceOp::max)->wait();
+  const int lacking = agreed[0] ? size - agreed[0] : -1;  // lowest rank seeing no device
+  const int having = agreed[1] ? size - agreed[1] : -1;   // lowest rank seeing one
+  const int sharing = agreed[2] ? size - agreed[2] : -1;  // lowest rank sharing a device
+  const std::string of = " of " + std::to_string(size);
+
+  DeviceChoice c;
+  if (device == DeviceKind::cuda) {
+    if (!built_with_cuda) {
+      throw InputError("train.device: \"cuda\" but this fsdp_train was built without CUDA "
+                       "(configure with -DFSDP_CUDA=ON)");
+    }
+    if (lacking >= 0) {
+      throw InputError("train.device: \"cuda\" but rank " + std::to_string(lacking) + of +
+                       " sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES)");
+    }
+    c.cuda = true;
+  } else if (device == DeviceKind::auto_ && built_with_cuda) {
+    if (lacking >= 0 && having >= 0) {
+      throw InputError("train.device: \"auto\" but rank " + std::to_string(having) + of +
+                       " sees a CUDA device and rank " + std::to_string(lacking) +
+                       " none; every rank must run the same backend (set \"cpu\" or \"cuda\")");
+    }
+    c.cuda = lacking < 0;
+  }
+  if (comm == CommBackend::nccl && !c.cuda) {
+    throw InputError("comm.backend: \"nccl\" needs the CUDA backend (train.device)");
+  }
+  if (comm == CommBackend::nccl && sharing >= 0) {
+    throw InputError("comm.backend: \"nccl\" but rank " + std::to_string(sharing) + of +
+                     " shares a GPU with other ranks of its node (NCCL needs one GPU per rank; "
+                     "use \"mpi\")");
+  }
+  c.nccl = c.cuda && (comm == CommBackend::nccl || (comm == CommBackend::auto_ && sharing < 0));
+  return c;
+}
+
 void Runtime::configure(Communicator& group, const Config& config) {
   backend_.reset();
   mesh_.reset();
@@ -119,24 +166,16 @@ void Runtime::configure(Communicator& group, const Config& config) {
   watch_->set_timeout(config.comm.timeout_s);
   host_mesh_ = std::make_unique<DeviceMesh>(DeviceMesh::create(group, config.mesh.shard_size));
   const DeviceMesh& hm = *host_mesh_;
-  bool use_cuda = false;
 #ifdef FSDP_WITH_CUDA
   const int devices = cuda::visible_device_count();
-  use_cuda = config.train.device == DeviceKind::cuda ||
-             (config.train.device == DeviceKind::auto_ && devices > 0);
-  if (use_cuda && devices == 0) {
-    throw InputError("train.device: \"cuda\" but no CUDA device is visible on this node");
-  }
+  constexpr bool built_with_cuda = true;
 #else
-  if (config.train.device == DeviceKind::cuda) {
-    throw InputError("train.device: \"cuda\" but this fsdp_train was built without CUDA "
-                     "(configure with -DFSDP_CUDA=ON)");
-  }
+  constexpr int devices = 0;
+  constexpr bool built_with_cuda = false;
 #endif
-  if (config.comm.backend == CommBackend::nccl && !use_cuda) {
-    throw InputError("comm.backend: \"nccl\" needs the CUDA backend (train.device)");
-  }
-  if (!use_cuda) {
+  const DeviceChoice choice = choose_device(group, config.train.device, config.comm.backend,
+                                            devices, hm.local_size(), built_with_cuda);
+  if (!choice.cuda) {
     // Thread count and core binding (fsdp/backend/cpu_threads.hpp): Open MPI's default
     // one-core binding would put every OpenMP thread of the rank on one core.
     const int local = std::max(1, hm.local_size());
@@ -171,15 +210,7 @@ void Runtime::configure(Communicator& group, const Config& config) {
                             std::to_string(sharing) + (sharing == 1 ? " rank" : " ranks");
   }
   backend_ = cuda::make_cuda_backend(device);
-  // NCCL needs a GPU per rank: with more ranks on the node than GPUs, MPI with staging.
-  const bool own_gpu = hm.local_size() <= devices;
-  if (config.comm.backend == CommBackend::nccl && !own_gpu) {
-    throw InputError("comm.backend: \"nccl\" but " + std::to_string(hm.local_size()) +
-                     " ranks share " + std::to_string(devices) +
-                     " GPU(s) on this node (NCCL needs one GPU per rank; use \"mpi\")");
-  }
-  const bool nccl = config.comm.backend == CommBackend::nccl ||
-                    (config.comm.backend == CommBackend::auto_ && own_gpu);
+  const bool nccl = choice.nccl;
   const double timeout = config.comm.timeout_s;
   mesh_ = std::make_unique<DeviceMesh>(hm.map([&](Communicator& host) -> std::unique_ptr<Communicator> {
     if (nccl) return cuda::NcclCommunicator::create(host, device, timeout);

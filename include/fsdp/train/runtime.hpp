@@ -24,6 +24,28 @@
 
 namespace fsdp {
 
+// Where a job runs, as every rank of a group agreed (Runtime::configure's first step).
+struct DeviceChoice {
+  bool cuda = false;  // the CUDA backend (else the CPU backend)
+  bool nccl = false;  // NCCL communicators (else MPI; staged through host memory on CUDA)
+};
+
+// Chooses the backend and communicator from the config and what each rank sees, the same on
+// every rank of `group` (a host communicator; collective over it: one all_reduce of 3 int32).
+//   visible_devices: CUDA devices this rank sees (0 without CUDA); local_size: ranks on this
+//   rank's node; built_with_cuda: whether this binary has the CUDA backend.
+// cuda = train.device "cuda", or "auto" with CUDA built in and a device visible on every
+// rank. nccl = on CUDA, comm.backend "nccl", or "auto" where every rank's node has a device
+// per rank (NCCL refuses two ranks of one communicator on one device). Each rank judging
+// only its own node would let ranks of different nodes pick different communicators (NCCL's
+// unique-id broadcast against MPI's split: MPI_ERR_TRUNCATE or a hang), so the verdict is
+// the group's. Throws InputError with the same line on every rank, naming the key and the
+// lowest offending rank, for: train.device "cuda" without CUDA built in, or with a rank that
+// sees no device; "auto" where some ranks see a device and others none; comm.backend "nccl"
+// on the CPU backend or where ranks share a device.
+DeviceChoice choose_device(Communicator& group, DeviceKind device, CommBackend comm,
+                           int visible_devices, int local_size, bool built_with_cuda);
+
 class Runtime {
  public:
   // Initialises MPI with MPI_Init_thread(MPI_THREAD_FUNNELED) (argc/argv may be null) and
