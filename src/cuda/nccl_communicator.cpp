@@ -254,8 +254,8 @@ class NcclWork final : public Work {
   }
 
   void wait() override {
+    s_->check();  // first: a Work waited before the abort throws on every later wait too
     if (waited_) return;
-    s_->check();
     FSDP_CHECK_CUDA(cudaStreamWaitEvent(issuing_, f_->done.handle(), 0));
     waited_ = true;
   }
