@@ -358,6 +358,19 @@ void FsdpEngine::issue_reduction(int unit) {
     return;
   }
   DeviceBuffer src = std::move(u.full_grad);
+  if (u.layout.num_shards == 1 && replicate_comm_->size() == 1) {
+    // Nothing sharded and nobody to reduce with (world size 1): accumulate into the fp32
+    // shard now instead of staging a reduce_dtype copy until end_step. axpy reads src's
+    // dtype; an fp32 or param_dtype reduce_dtype adds exactly what the staged copy held.
+    if (rd == DType::f32 || rd == src.dtype()) {
+      be_.axpy(u.shard_grad.view(), 1.f, src.view());
+    } else {  // another 16-bit reduce_dtype: keep its rounding, for one unit at a time
+      DeviceBuffer cast(be_, rd, src.numel(), MemCategory::comm_buffers);
+      be_.cast(cast.view(), src.view());
+      be_.axpy(u.shard_grad.view(), 1.f, cast.view());
+    }
+    return;
+  }
   if (rd != src.dtype()) {
     DeviceBuffer cast(be_, rd, src.numel(), MemCategory::comm_buffers);
     be_.cast(cast.view(), src.view());
