@@ -18,7 +18,11 @@
 // param_dtype parameters and writes param_dtype gradients; after the unit's backward those
 // are cast to reduce_dtype, reduce-scattered with ReduceOp::avg over the shard group
 // (all-reduced with avg over the replicate group) and accumulated into the fp32 gradient
-// shard. Gradients are averaged over the data-parallel world (all ranks).
+// shard. Gradients are averaged over the data-parallel world (all ranks). Where nothing is
+// sharded or reduced (world size 1) the param_dtype gradient is added into the fp32 shard as
+// soon as the unit's backward ends: no reduce_dtype copy is staged (only a 16-bit
+// reduce_dtype other than param_dtype is cast first, one unit at a time, keeping its
+// rounding), so comm_buffers is 0 there.
 //
 // Streams: kernels run on the backend's compute stream, collectives are ordered after it
 // (Communicator). Each unit's reduction stays in flight (its Work is kept) until end_step;
