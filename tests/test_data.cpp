@@ -20,7 +20,7 @@
 #include "fsdp/data/span_corruption.hpp"
 #include "fsdp/data/token_dataset.hpp"
 #include "fsdp/data/token_source.hpp"
-#include "fsdp/detail/hdf5.hpp"
+#include "fsdp/h5/hdf5.hpp"
 
 namespace fs = std::filesystem;
 

@@ -25,7 +25,7 @@
 #include "fsdp/core/atomic_file.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/core/error.hpp"
-#include "fsdp/detail/hdf5.hpp"
+#include "fsdp/h5/hdf5.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

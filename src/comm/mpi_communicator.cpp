@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "fsdp/comm/mpi_check.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/process.hpp"
 #include "fsdp/cuda/check.hpp"
 
 namespace fsdp::cuda {
@@ -22,7 +23,7 @@ int visible_device_count() noexcept {
 int select_device(int local_rank) {
   const int count = visible_device_count();
   if (count == 0) {
-    throw Error(std::string("no CUDA device visible (") + detail::where() +
+    throw Error(std::string("no CUDA device visible (") + fsdp::where() +
                 "): check the driver and CUDA_VISIBLE_DEVICES, or run the CPU backend");
   }
   if (local_rank < 0) {

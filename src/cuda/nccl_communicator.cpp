@@ -4,7 +4,6 @@
 // communicator on a timeout or an asynchronous error (see fsdp/cuda/nccl_communicator.hpp).
 #include "fsdp/cuda/nccl_communicator.hpp"
 
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 #include <utility>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/process.hpp"
 #include "fsdp/cuda/check.hpp"
 
 namespace fsdp::cuda {
@@ -56,10 +56,6 @@ void check_op(DType dtype, ReduceOp op, const char* what) {
                 "dtype, got " + std::string(to_string(dtype)));
   }
 }
-
-// "rank R on HOST" (fsdp/cuda/check.hpp), computed on the main thread (the watchdog makes
-// no MPI call).
-std::string where_text() { return detail::where(); }
 
 std::string seconds(double s) {
   std::ostringstream os;
@@ -286,7 +282,7 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int 
       state_(std::make_shared<State>()) {
   state_->device = device;
   state_->timeout_s = timeout_s;
-  state_->where = where_text();
+  state_->where = fsdp::where();  // "rank R on HOST", kept for the watchdog
   FSDP_CHECK_CUDA(cudaSetDevice(device));
   int least = 0, greatest = 0;
   FSDP_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));

@@ -14,7 +14,7 @@
 #include "fsdp/data/span_corruption.hpp"
 #include "fsdp/data/token_dataset.hpp"
 #include "fsdp/data/token_source.hpp"
-#include "fsdp/detail/hdf5.hpp"
+#include "fsdp/h5/hdf5.hpp"
 
 namespace fsdp::data {
 

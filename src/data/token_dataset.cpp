@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fsdp/core/error.hpp"
-#include "fsdp/detail/hdf5.hpp"
+#include "fsdp/h5/hdf5.hpp"
 
 namespace fsdp::data {
 

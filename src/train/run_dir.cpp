@@ -17,7 +17,7 @@
 
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/core/error.hpp"
-#include "fsdp/train/watchdog.hpp"  // host_name
+#include "fsdp/core/process.hpp"  // host_name
 
 namespace fs = std::filesystem;
 

@@ -17,8 +17,10 @@
 #include "fsdp/backend/cpu_threads.hpp"
 #include "fsdp/backend/peak_flops.hpp"
 #include "fsdp/comm/mpi_communicator.hpp"
+#include "fsdp/comm/mpi_check.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/host_memory.hpp"
+#include "fsdp/core/process.hpp"
 #include "fsdp/train/watchdog.hpp"
 #ifdef FSDP_WITH_CUDA
 #include "fsdp/cuda/cuda_backend.hpp"
@@ -64,6 +66,7 @@ Runtime::Runtime(int* argc, char*** argv) {
                 ", fsdp_train needs MPI_THREAD_FUNNELED");
   }
   auto world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+  set_world_rank(world->rank());  // fsdp::where() in error lines (core asks no MPI)
   auto self = std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
   // Every rank's host name and pid, for the watchdog's diagnosis of a silent peer.
   constexpr std::size_t kHost = 256;

@@ -12,12 +12,6 @@
 
 namespace fsdp {
 
-std::string host_name() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "unknown-host";
-  return buf;
-}
-
 namespace {
 // /proc/<pid>/stat's fields after "pid (comm)" (comm may hold spaces and parentheses, so
 // they start after the last ')'): [0] the state, ... [19] the start time. Empty if none.

@@ -1,5 +1,7 @@
-// fsdp/core/error.hpp: the one exception type of fsdp_train, and the macros that check
-// every foreign call (MPI, HDF5, later CUDA/NCCL) and turn a failure into fsdp::Error.
+// fsdp/core/error.hpp: the one exception type of fsdp_train. Each foreign library's checks
+// turn its failures into it where that library is used: FSDP_CHECK_MPI
+// (fsdp/comm/mpi_check.hpp), FSDP_CHECK_HDF5 (fsdp/h5/hdf5.hpp), FSDP_CHECK_CUDA/CUBLAS/NCCL
+// (fsdp/cuda/check.hpp); core itself links neither MPI nor HDF5.
 //
 // An Error carries a user-facing message (one line: name the file, key or rank and what
 // was expected) and the process exit code: 2 for bad user input (config, CLI, dataset,
@@ -36,24 +38,4 @@ inline Error InputError(const std::string& message) { return Error(message, kExi
 // \xNN; cut after `max_bytes` input bytes with "...". Error messages quote untrusted text so.
 std::string printable(std::string_view bytes, std::size_t max_bytes = 4096);
 
-namespace detail {
-[[noreturn]] void throw_mpi_error(int code, const char* call, const char* file, int line);
-[[noreturn]] void throw_hdf5_error(const char* call, const char* file, int line);
-}  // namespace detail
-
 }  // namespace fsdp
-
-// Checks an MPI call's return code; throws fsdp::Error with file:line and MPI's message.
-#define FSDP_CHECK_MPI(call)                                                    \
-  do {                                                                          \
-    int fsdp_mpi_rc_ = (call);                                                  \
-    if (fsdp_mpi_rc_ != 0) ::fsdp::detail::throw_mpi_error(fsdp_mpi_rc_, #call, __FILE__, __LINE__); \
-  } while (0)
-
-// Checks an HDF5 call returning herr_t or hid_t (negative = failure); evaluates to the value.
-#define FSDP_CHECK_HDF5(call)                                                             \
-  ([&]() {                                                                                \
-    auto fsdp_h5_rc_ = (call);                                                            \
-    if (fsdp_h5_rc_ < 0) ::fsdp::detail::throw_hdf5_error(#call, __FILE__, __LINE__);     \
-    return fsdp_h5_rc_;                                                                   \
-  }())

@@ -1,6 +1,7 @@
 // fsdp/cuda/check.hpp: the checks around every CUDA runtime, cuBLAS(Lt) and NCCL call
 // (nccl-tests' CUDACHECK/NCCLCHECK habit). A failure throws fsdp::Error (exit code 1) whose
-// one line names the call, file:line, the MPI world rank and the host, and the library's own
+// one line names the call, file:line, the world rank and the host (fsdp::where(),
+// fsdp/core/process.hpp), and the library's own
 // message, e.g.
 //   CUDA error in cudaMalloc(&p, bytes) at src/cuda/cuda_backend.cu:88 (rank 3 on gpu-node-2):
 //   out of memory
@@ -18,8 +19,6 @@ namespace fsdp::cuda::detail {
                                      int line);
 [[noreturn]] void throw_nccl_error(ncclResult_t code, const char* call, const char* file,
                                    int line);
-// "rank R on HOST" (rank from MPI_COMM_WORLD if MPI is initialised, else "rank ?").
-const char* where();
 }  // namespace fsdp::cuda::detail
 
 #define FSDP_CHECK_CUDA(call)                                                                 \

@@ -34,11 +34,9 @@
 #include <vector>
 
 #include "fsdp/comm/communicator.hpp"
+#include "fsdp/core/process.hpp"  // host_name
 
 namespace fsdp {
-
-// This machine's host name (gethostname; "unknown-host" if it fails).
-std::string host_name();
 
 struct PeerInfo {
   std::string host;        // host name (gethostname) of the rank

@@ -1,4 +1,5 @@
-// fsdp/detail/hdf5.hpp: the only place that touches the HDF5 C API's handles.
+// fsdp/h5/hdf5.hpp: the only place that touches the HDF5 C API's handles (the h5 layer:
+// data/ and checkpoint/ link it; core knows no HDF5).
 //
 // Move-only RAII owners of hid_t (HighFive's habit): destructors never throw. Every call is
 // checked with FSDP_CHECK_HDF5; HDF5's automatic error stack printing is switched off so a
@@ -12,6 +13,20 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
+
+namespace fsdp::detail {
+// The outermost message of HDF5's error stack and the system error of a failed read or write
+// under it ("No space left on device"), as fsdp::Error; clears the stack.
+[[noreturn]] void throw_hdf5_error(const char* call, const char* file, int line);
+}  // namespace fsdp::detail
+
+// Checks an HDF5 call returning herr_t or hid_t (negative = failure); evaluates to the value.
+#define FSDP_CHECK_HDF5(call)                                                             \
+  ([&]() {                                                                                \
+    auto fsdp_h5_rc_ = (call);                                                            \
+    if (fsdp_h5_rc_ < 0) ::fsdp::detail::throw_hdf5_error(#call, __FILE__, __LINE__);     \
+    return fsdp_h5_rc_;                                                                   \
+  }())
 
 namespace fsdp::h5 {
 

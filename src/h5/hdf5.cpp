@@ -1,17 +1,50 @@
-// The HDF5 C API behind fsdp::h5 (see fsdp/detail/hdf5.hpp).
+// The HDF5 C API behind fsdp::h5 (see fsdp/h5/hdf5.hpp).
 //
 // Every hid_t lives in a Handle that closes it with the H5*close matching its type; every
 // call is checked with FSDP_CHECK_HDF5, and failures are re-thrown with the file and the
 // object path in front so a user sees e.g. "run.h5: /train/tokens: HDF5 error in ...".
 // HDF5's automatic error stack printing is switched off when a file is opened or created.
-#include "fsdp/detail/hdf5.hpp"
+#include "fsdp/h5/hdf5.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <utility>
+
+namespace fsdp::detail {
+
+void throw_hdf5_error(const char* call, const char* file, int line) {
+  // The outermost message of HDF5's error stack, and the system error of a failed read or
+  // write deeper in it (the sec2 driver records "errno = 28, error message = '...'"), so a
+  // full disk reads "No space left on device" instead of only "can't write data".
+  struct Found {
+    std::string detail;
+    int sys_errno = 0;
+  } found;
+  auto walk = [](unsigned n, const H5E_error2_t* err, void* data) -> herr_t {
+    auto* f = static_cast<Found*>(data);
+    if (!err->desc) return 0;
+    if (n == 0) f->detail = err->desc;
+    if (f->sys_errno == 0) {
+      const char* e = std::strstr(err->desc, "errno = ");
+      if (e) f->sys_errno = std::atoi(e + 8);
+    }
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk, &found);
+  H5Eclear2(H5E_DEFAULT);
+  std::ostringstream os;
+  os << "HDF5 error in " << call << " at " << file << ":" << line;
+  if (!found.detail.empty()) os << ": " << found.detail;
+  if (found.sys_errno > 0) os << ": " << std::strerror(found.sys_errno);
+  throw Error(os.str());
+}
+
+}  // namespace fsdp::detail
 
 namespace fsdp::h5 {
 

@@ -1,0 +1,25 @@
+// fsdp/core/process.hpp: who this process is, for messages: its host name and its rank in
+// the job, without asking MPI (core knows no MPI; the Runtime tells it the rank once MPI is
+// up). Used by every "rank R on HOST" in an error line (CUDA/NCCL checks, the watchdog, the
+// run directory's lock).
+#pragma once
+
+#include <string>
+
+namespace fsdp {
+
+// This machine's host name (gethostname; "unknown-host" if it fails).
+std::string host_name();
+
+// Records this process's world rank (the Runtime, after MPI_Init). Thread-safe.
+void set_world_rank(int rank);
+
+// This process's world rank: the one set_world_rank recorded, else the launcher's
+// environment (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, SLURM_PROCID, in that order: what
+// mpirun or srun exported before MPI_Init), else -1 (unknown). Never throws.
+int world_rank() noexcept;
+
+// "rank R on HOST" ("rank ? on HOST" when the rank is unknown).
+std::string where();
+
+}  // namespace fsdp

@@ -1,0 +1,44 @@
+// Who this process is, for messages (see fsdp/core/process.hpp).
+#include "fsdp/core/process.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+
+namespace fsdp {
+namespace {
+std::atomic<int> g_rank{-1};
+
+// A non-negative integer environment variable, else -1.
+int rank_from_env(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long r = std::strtol(v, &end, 10);
+  return (*end == '\0' && r >= 0 && r <= 1 << 30) ? static_cast<int>(r) : -1;
+}
+}  // namespace
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "unknown-host";
+  return buf;
+}
+
+void set_world_rank(int rank) { g_rank.store(rank); }
+
+int world_rank() noexcept {
+  if (const int r = g_rank.load(); r >= 0) return r;
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (const int r = rank_from_env(name); r >= 0) return r;
+  }
+  return -1;
+}
+
+std::string where() {
+  const int r = world_rank();
+  return (r >= 0 ? "rank " + std::to_string(r) : std::string("rank ?")) + " on " + host_name();
+}
+
+}  // namespace fsdp

@@ -1,0 +1,40 @@
+// tests/test_process.cpp: fsdp::world_rank() and fsdp::where() (fsdp/core/process.hpp), the
+// "rank R on HOST" of error lines, which core finds without MPI: under mpirun (np 1 and 2)
+// the launcher's environment gives the MPI rank before the Runtime says it, and what the
+// Runtime says wins.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "fsdp/core/process.hpp"
+
+namespace {
+
+int mpi_rank() {
+  int r = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+TEST(Process, HostNameIsGethostname) {
+  char buf[256] = {};
+  ASSERT_EQ(gethostname(buf, sizeof buf - 1), 0);
+  EXPECT_EQ(fsdp::host_name(), std::string(buf));
+}
+
+// Runs first (gtest keeps file order): nothing has called set_world_rank yet.
+TEST(Process, RankFromTheLauncherBeforeTheRuntimeSaysIt) {
+  EXPECT_EQ(fsdp::world_rank(), mpi_rank()) << "mpirun exports OMPI_COMM_WORLD_RANK";
+  EXPECT_EQ(fsdp::where(), "rank " + std::to_string(mpi_rank()) + " on " + fsdp::host_name());
+}
+
+TEST(Process, WhatTheRuntimeSaysWins) {
+  fsdp::set_world_rank(mpi_rank() + 40);
+  EXPECT_EQ(fsdp::world_rank(), mpi_rank() + 40);
+  EXPECT_EQ(fsdp::where(), "rank " + std::to_string(mpi_rank() + 40) + " on " + fsdp::host_name());
+  fsdp::set_world_rank(mpi_rank());
+}
+
+}  // namespace
