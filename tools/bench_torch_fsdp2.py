@@ -36,6 +36,10 @@ import sys
 import time
 
 import torch
+# Module level on purpose: `import torch._dynamo` inside main() would make `torch` local to
+# all of main(), so its first line would raise UnboundLocalError (issue 19;
+# tests/check_py_scopes.py flags that).
+import torch._dynamo
 import torch.distributed as dist
 import torch.nn.functional as F
 
@@ -88,7 +92,6 @@ def main() -> int:
         if args.compile:
             # The blocks share one compiled graph (inline_inbuilt_nn_modules); still, never let
             # the per-code-object recompile limit send some blocks back to eager.
-            import torch._dynamo
             for name in ("recompile_limit", "cache_size_limit"):
                 if hasattr(torch._dynamo.config, name):
                     setattr(torch._dynamo.config, name,
