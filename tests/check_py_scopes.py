@@ -9,7 +9,7 @@ included) is local to the WHOLE function. So
         import torch._dynamo                     # binds `torch` in main()
 
 fails at its first line although `torch` is imported at module level (issue 19:
-tools/bench_torch_fsdp2.py died so on the GPU machine, where torch exists; here, without
+the former tools/bench_torch_fsdp2.py died so on the GPU machine, where torch exists; here, without
 torch, nothing ever ran it). Flagged, per function (nested functions and classes are
 their own scopes; comprehensions and lambdas read the function's locals, so they count):
 

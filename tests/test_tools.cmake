@@ -1,7 +1,7 @@
 # tests/test_tools.cmake: checks of the tools/ scripts that need neither torch nor a GPU (the
 # GPU machine is lent rarely; a bug found there costs a session).
 # check_py_scopes.py: no function-local import makes a name local before (or around) its
-# other uses (issue 19: tools/bench_torch_fsdp2.py's UnboundLocalError); its --self-test
+# other uses (issue 19: the former tools/bench_torch_fsdp2.py's UnboundLocalError); its --self-test
 # first checks the rules on known-bad and known-good snippets.
 add_test(NAME tools_py_scopes
          COMMAND ${FSDP_TEST_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_py_scopes.py --self-test

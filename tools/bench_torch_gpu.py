@@ -24,8 +24,9 @@ F.scaled_dot_product_attention(is_causal=True)), T5 is transformers' T5ForCondit
 
 --wrap none (what a single-GPU user runs; the strongest single-GPU baseline): fp32 weights,
   torch.autocast(bfloat16) around forward and loss, AdamW(fused=True), TF32 on for what stays
-  fp32. --mode compile: torch.compile of the model with its loss (--compile-scope model, the
-  default) or of each transformer block (--compile-scope block).
+  fp32. --mode compile: torch.compile of the model with its loss (--compile-scope model) or of
+  each transformer block (--compile-scope block); default: the model's compile_scope in
+  MODELS (model; gpt2-1.5b: block, to keep compilation within the benchmark's time).
 --wrap fsdp2: torch.distributed.fsdp.fully_shard at world size 1 (one process, NCCL process
   group from MASTER_ADDR / MASTER_PORT, set here to 127.0.0.1 and a free port unless given):
   fully_shard on each block, then on the root, MixedPrecisionPolicy(param_dtype=bfloat16,
@@ -68,17 +69,21 @@ try:
 except ImportError:  # --describe and --fsdp-train-toml need no torch
     torch = None
 
+# compile_scope: what --wrap none --mode compile compiles unless --compile-scope says: the model
+# with its loss, or (gpt2-1.5b) each block, PyTorch's "regional compilation" recipe (almost the
+# whole model's speed-up; a cold compile of all 48 blocks as one graph takes minutes, more than
+# tools/bench_gpu.sh's budget).
 MODELS = {
     "gpt2-124m": {"family": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768, "seq_len": 1024,
-                  "vocab": 50257, "batch": 8},
+                  "vocab": 50257, "batch": 8, "compile_scope": "model"},
     "gpt2-1.5b": {"family": "gpt2", "n_layer": 48, "n_head": 25, "n_embd": 1600, "seq_len": 1024,
-                  "vocab": 50257, "batch": 4},
+                  "vocab": 50257, "batch": 4, "compile_scope": "block"},
     "t5-small-byt5": {"family": "t5", "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8,
                       "num_layers": 6, "num_decoder_layers": 6, "vocab": 384,
                       "feed_forward_proj": "relu", "tie_word_embeddings": True,
                       "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
                       "layer_norm_epsilon": 1e-6, "seq_len": 512, "noise_density": 0.15,
-                      "mean_noise_span_length": 3.0, "batch": 32},
+                      "mean_noise_span_length": 3.0, "batch": 32, "compile_scope": "model"},
 }
 # ByT5: pad 0, eos 1, unk 2, bytes 3..258, 125 sentinels above; fsdp_train's synthetic span
 # corruption draws ids in [3, vocab - 125) (docs/data.md), and so does this script.
@@ -265,7 +270,7 @@ def run(args, spec):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 4 * len(blocks)))
                 break
-        scope = args.compile_scope if args.wrap == "none" else "block"
+        scope = (args.compile_scope or spec["compile_scope"]) if args.wrap == "none" else "block"
         if args.mode == "compile" and scope == "block":
             for container, i in blocks:
                 container[i] = torch.compile(container[i], fullgraph=spec["family"] == "gpt2")
@@ -339,9 +344,9 @@ def main():
     ap.add_argument("--model", choices=sorted(MODELS), required=True)
     ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
     ap.add_argument("--wrap", choices=["none", "fsdp2"], default="none")
-    ap.add_argument("--compile-scope", choices=["model", "block"], default="model",
+    ap.add_argument("--compile-scope", choices=["model", "block"], default=None,
                     help="--wrap none --mode compile: the model with its loss, or each block "
-                         "(--wrap fsdp2 always compiles each block)")
+                         "(default: the model's, see MODELS; --wrap fsdp2 compiles each block)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps (after --warmup)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation)")
     ap.add_argument("--seed", type=int, default=1234)

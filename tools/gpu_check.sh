@@ -54,11 +54,12 @@ inb() { ( source "$BUNDLE/env.sh" 2>/dev/null; "$@" ); }
 # `timeout` does not reach them. Every process of a test carries FSDP_GPU_CHECK_TAG=<tag> in its
 # environment (mpirun passes it on); those are killed, by pid.
 reap() {
-  local tag="FSDP_GPU_CHECK_TAG=$1" p n=0
-  for p in /proc/[0-9]*; do
-    [[ "${p#/proc/}" == "$$" || "${p#/proc/}" == "$BASHPID" ]] && continue
-    if grep -qzx -- "$tag" "$p/environ" 2>/dev/null; then kill -9 "${p#/proc/}" 2>/dev/null && n=$((n + 1)); fi
-  done
+  local f p n=0
+  while IFS= read -r f; do
+    p="${f#/proc/}" p="${p%%/*}"
+    [[ "$p" == "$$" || "$p" == "$BASHPID" ]] && continue
+    kill -9 "$p" 2>/dev/null && n=$((n + 1))
+  done < <(grep -lzx -- "FSDP_GPU_CHECK_TAG=$1" /proc/[0-9]*/environ 2>/dev/null)
   (( n == 0 )) || say "  killed $n leftover process(es) of $1"
 }
 
