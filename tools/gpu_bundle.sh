@@ -169,9 +169,10 @@ while IFS= read -r f; do [[ -n "$f" ]] && add_exe "$f"; done <<<"$TEST_FILES"
 
 # Tools the GPU machine runs beside the binaries, when the tree has them: tools/gpu_check.sh
 # uses the tree's copy, else the bundle's (the profiler's summary is written in parallel).
-for t in profile_summary.py; do
-  if [[ -f "$REPO/tools/$t" ]]; then mkdir -p "$B/tools"; cp "$REPO/tools/$t" "$B/tools/$t"; fi
-done
+if [[ -f "$REPO/tools/profile_summary.py" ]]; then
+  mkdir -p "$B/tools"
+  cp "$REPO/tools/profile_summary.py" "$B/tools/"
+fi
 
 # ---- 5. Open MPI: launcher, components, help files, config ---------------------------------------
 ompi_path() { ompi_info --parsable --path "$1" | sed -n "s/^path:$1://p" | head -1; }
