@@ -13,15 +13,22 @@
 #                         [-- extra fsdp_train args]
 #
 # Data: data/fortunes.h5 when present (tools/run_main_job.sh makes it), else synthetic tokens.
-# FSDP_TRAIN names the executable (default $FSDP_BUILD_DIR/fsdp_train, build/fsdp_train);
-# tools/gpu_check.sh runs it from the GPU bundle with `-- --set train.device=cuda`.
+# The executable: $FSDP_TRAIN if set; else, under the GPU bundle's environment (`source
+# gpu_bundle/env.sh` exports FSDP_BUNDLE), the bundle's bin/fsdp_train; else
+# ${FSDP_BUILD_DIR:-build}/fsdp_train (a build tree; relative paths are from the repo root).
+# tools/gpu_check.sh runs it in the bundle's environment with `-- --set train.device=cuda`.
 # Ranks beyond the cores are oversubscribed (--oversubscribe --bind-to none): on a machine
 # with fewer cores than ranks, comm_wait then also holds the time a rank waits for a peer that
 # is descheduled, which is what such a run really waits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${FSDP_BUILD_DIR:-build}
-train_bin=${FSDP_TRAIN:-$build/fsdp_train}
+if [[ -n "${FSDP_TRAIN:-}" ]]; then
+  train_bin=$FSDP_TRAIN
+elif [[ -n "${FSDP_BUNDLE:-}" ]]; then
+  train_bin=$FSDP_BUNDLE/bin/fsdp_train
+else
+  train_bin=${FSDP_BUILD_DIR:-build}/fsdp_train
+fi
 np=4 steps=60 rounds=3 threads=1 data=""
 extra=()
 while (($#)); do
@@ -35,6 +42,10 @@ while (($#)); do
     *) echo "bench_phases: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+if [[ ! -x "$train_bin" ]]; then
+  echo "bench_phases: $train_bin is not an executable (set FSDP_TRAIN or FSDP_BUILD_DIR, or source gpu_bundle/env.sh)" >&2
+  exit 2
+fi
 if [[ -z "$data" && -f data/fortunes.h5 ]]; then data=data/fortunes.h5; fi
 data_args=(--set data.source=synthetic)
 [[ -n "$data" ]] && data_args=(--set data.source=hdf5 --set data.path="$data")
@@ -46,7 +57,7 @@ declare -A setting=(
   [on]="--set fsdp.backward_prefetch=BACKWARD_PRE --set fsdp.forward_prefetch=true"
   [off]="--set fsdp.backward_prefetch=NO_PREFETCH --set fsdp.forward_prefetch=false"
 )
-echo "bench_phases: $np ranks x $threads thread(s), $steps steps, $rounds rounds, data ${data:-synthetic}"
+echo "bench_phases: $train_bin, $np ranks x $threads thread(s), $steps steps, $rounds rounds, data ${data:-synthetic}"
 for ((r = 1; r <= rounds; ++r)); do
   for s in on off; do
     dir=$work/$s.$r

@@ -19,11 +19,14 @@
 #                    left out);  lib/pmix/: PMIx's;  lib/hwloc/: empty (no hwloc plugins)
 #     lib/fallback/  this machine's libstdc++.so.6 and libgcc_s.so.1, put on the path only when
 #                    the GPU machine's own lack the GLIBCXX version the binaries need
-#     share/openmpi, share/pmix: help files;  etc/: Open MPI's mca-params.conf and hostfile
+#     share/openmpi, share/pmix: help files;  etc/: Open MPI's mca-params.conf and hostfile,
+#                    PMIx's pmix-mca-params.conf
+#   tools/         tools/profile_summary.py, when the tree has it (gpu_check.sh's profile step)
 #   env.sh         `source gpu_bundle/env.sh`: unpacks the payload once (to
 #                  $FSDP_BUNDLE_ROOT, default /tmp/fsdp_gpu_bundle-<payload id>, never inside
-#                  the bundle, so the carried folder keeps its size), then Open MPI's relocation
-#                  (OPAL_PREFIX and each directory it compiled in), PATH, LD_LIBRARY_PATH
+#                  the bundle, so the carried folder keeps its size), then Open MPI's and PMIx's
+#                  relocation (OPAL_* and PMIX_*: each directory they compiled in, so neither
+#                  loads the GPU machine's own components), PATH, LD_LIBRARY_PATH
 #                  (bundle + the CUDA libraries it finds there), OMPI_ALLOW_RUN_AS_ROOT*
 #   gpu_tests.txt  the `gpu` tests as ctest registered them (name, ranks, timeout, skip code,
 #                  ENVIRONMENT, working dir, command with @BUNDLE@ / @REPO@ placeholders)
@@ -164,6 +167,13 @@ add_exe() {  # $1 = file in the build tree
 for b in fsdp_train fsdp_prepare fsdp_merge; do add_exe "$BUILD_DIR/$b"; done
 while IFS= read -r f; do [[ -n "$f" ]] && add_exe "$f"; done <<<"$TEST_FILES"
 
+# Tools the GPU machine runs beside the binaries, when the tree has them: tools/gpu_check.sh
+# uses the tree's copy, else the bundle's (the profiler's summary is written in parallel).
+if [[ -f "$REPO/tools/profile_summary.py" ]]; then
+  mkdir -p "$B/tools"
+  cp "$REPO/tools/profile_summary.py" "$B/tools/"
+fi
+
 # ---- 5. Open MPI: launcher, components, help files, config ---------------------------------------
 ompi_path() { ompi_info --parsable --path "$1" | sed -n "s/^path:$1://p" | head -1; }
 OMPI_BINDIR="$(ompi_path bindir)"
@@ -201,6 +211,11 @@ cp -r "$OMPI_PKGDATADIR" "$P/share/openmpi"
   echo "# No CMA/XPMEM single copy: process_vm_readv is refused in some sandboxes (gVisor)."
   echo "btl_vader_single_copy_mechanism = none"
 } >"$P/etc/openmpi-mca-params.conf"
+{
+  echo "# PMIx MCA parameters of the fsdp_train GPU bundle (tools/gpu_bundle.sh). env.sh points"
+  echo "# PMIX_SYSCONFDIR here so that the GPU machine's own pmix-mca-params.conf (which names its"
+  echo "# component path) is not read; the component path is PMIX_PKGLIBDIR, set by env.sh."
+} >"$P/etc/pmix-mca-params.conf"
 if [[ -f "$OMPI_SYSCONFDIR/openmpi-default-hostfile" ]]; then
   cp "$OMPI_SYSCONFDIR/openmpi-default-hostfile" "$P/etc/"
 else
@@ -315,7 +330,22 @@ export OPAL_PREFIX="$_fsdp_r" OPAL_EXEC_PREFIX="$_fsdp_r" OPAL_BINDIR="$FSDP_BUN
 export OPAL_LIBDIR="$_fsdp_r/lib" OPAL_PKGLIBDIR="$_fsdp_r/lib/openmpi"
 export OPAL_DATAROOTDIR="$_fsdp_r/share" OPAL_DATADIR="$_fsdp_r/share"
 export OPAL_PKGDATADIR="$_fsdp_r/share/openmpi" OPAL_SYSCONFDIR="$_fsdp_r/etc"
-export PMIX_MCA_mca_base_component_path="$_fsdp_r/lib/pmix" PMIX_PKGDATADIR="$_fsdp_r/share/pmix"
+# Open MPI's own components only: its search path is pkglibdir (above) plus
+# ~/.openmpi/components; name the bundle's alone.
+export OMPI_MCA_mca_base_component_path="$_fsdp_r/lib/openmpi"
+# ---- PMIx 4.2 (Debian's libpmix2, external to Open MPI) relocated the same way ----------------
+# PMIx always searches its compiled-in pkglibdir (/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix,
+# the very path of Ubuntu's PMIx 5 components) besides PMIX_MCA_mca_base_component_path, and
+# reads <sysconfdir>/pmix-mca-params.conf, where Debian and Ubuntu set that path again. Its
+# `env` pinstalldirs component takes every directory from PMIX_<DIR> variables instead
+# (src/mca/pinstalldirs/env): without them the bundled 4.2 library dlopened the GPU machine's
+# PMIx 5 components ("undefined symbol: pmix_output_info", then no compression: a 12-line
+# warning on every mpirun; issue 19).
+export PMIX_PREFIX="$_fsdp_r" PMIX_EXEC_PREFIX="$_fsdp_r" PMIX_BINDIR="$FSDP_BUNDLE/bin"
+export PMIX_LIBDIR="$_fsdp_r/lib" PMIX_PKGLIBDIR="$_fsdp_r/lib/pmix"
+export PMIX_DATAROOTDIR="$_fsdp_r/share" PMIX_DATADIR="$_fsdp_r/share"
+export PMIX_PKGDATADIR="$_fsdp_r/share/pmix" PMIX_SYSCONFDIR="$_fsdp_r/etc"
+export PMIX_MCA_mca_base_component_path="$_fsdp_r/lib/pmix"
 export HWLOC_PLUGINS_PATH="$_fsdp_r/lib/hwloc"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_orte_tmpdir_base="${OMPI_MCA_orte_tmpdir_base:-${TMPDIR:-/tmp}}"
@@ -477,12 +507,21 @@ done
 [[ "$bad" == 0 ]] || fail "libraries resolved outside the bundle (above)"
 echo "  ldd: every non-system, non-CUDA library of bin/ and the payload resolves inside the bundle"
 [[ "$(command -v mpirun)" == "$B/bin/mpirun" ]] || fail "mpirun is $(command -v mpirun), not the bundle's"
+# Nothing of the machine's own Open MPI / PMIx may be loaded: no component load errors (the
+# isolated check below plants broken components where the system keeps its own).
+quiet() {  # $1 = what ran, $2 = its output
+  if grep -q -E 'undefined symbol|mca_base_component_repository_open|unable to open|unable to find a usable|fsdp_foreign' <<<"$2"; then
+    fail "$1 loaded a component that is not the bundle's: $2"
+  fi
+}
 out="$(mpirun -np 2 --oversubscribe hostname 2>&1 </dev/null)" || fail "mpirun -np 2 hostname: $out"
+quiet "mpirun -np 2 hostname" "$out"
 [[ "$(grep -c . <<<"$out")" == 2 ]] || fail "mpirun -np 2 hostname printed: $out"
 echo "  mpirun -np 2 --oversubscribe hostname: ok"
 v="$("$B/bin/fsdp_train" --version 2>&1 </dev/null)" || fail "fsdp_train --version: $v"
 echo "  gpu_bundle/bin/fsdp_train --version (singleton): $v"
 v="$(mpirun -np 2 --oversubscribe fsdp_train --version 2>&1 </dev/null)" || fail "mpirun -np 2 fsdp_train --version: $v"
+quiet "mpirun -np 2 fsdp_train --version" "$v"
 echo "  mpirun -np 2 fsdp_train --version: ok"
 for t in fsdp_prepare fsdp_merge; do "$t" --help >/dev/null 2>&1 </dev/null || fail "$t --help"; done
 echo "  fsdp_prepare --help, fsdp_merge --help: ok"
@@ -514,6 +553,7 @@ max_windows = 1
 EOF
 log="$(mpirun -np 2 --oversubscribe --bind-to none fsdp_train "$WORK/tiny.toml" 2>&1 </dev/null)" ||
   fail "2-rank CPU training run: $log"
+quiet "2-rank CPU training run" "$log"
 ls "$WORK/run/checkpoints"/step_*/*.h5 >/dev/null 2>&1 || fail "no HDF5 checkpoint written: $log"
 fsdp_merge "$(ls -d "$WORK/run/checkpoints"/step_* | tail -1)" "$WORK/hf" >/dev/null 2>&1 </dev/null ||
   fail "fsdp_merge of the checkpoint"
@@ -545,6 +585,12 @@ CHK
     say "self-check with the system copies hidden (unshare -m; bind mounts over the bundled libraries, mpirun/orted/ompi_info, xz, Open MPI/PMIx dirs; the payload unpacked by python3)"
     rm -rf "$CHECK/run" "$CHECK/hf" "$CHECK/root"
     mkdir -p "$CHECK/empty"
+    # A shared object that cannot be loaded: it refers to a data symbol nothing defines
+    # (resolved at dlopen even with RTLD_LAZY), named as PMIx 5's missing symbol.
+    foreign_so() {
+      printf 'extern int pmix_output_info;\nint *fsdp_foreign_ref = &pmix_output_info;\n' >"$CHECK/foreign.c"
+      cc -shared -fPIC -o "$1" "$CHECK/foreign.c" || die "cc could not build $1"
+    }
     HIDE="$CHECK/hide.sh"
     {
       echo 'h() { mount --bind "$1" "$2" || echo "hide.sh: could not hide $2" >&2; }'
@@ -557,9 +603,33 @@ CHK
       for t in mpirun mpiexec orterun orted ompi_info xz; do
         p="$(command -v "$t" || true)"; [[ -n "$p" ]] && echo "h /dev/null '$(readlink -f "$p")'"
       done
+      # Where the system keeps Open MPI's and PMIx's components and config, a foreign machine's
+      # (the GPU machine has Ubuntu's Open MPI 4.1 and PMIx 5 at the same paths): components
+      # that fail to load (an undefined symbol, as PMIx 5's pmix_mca_pcompress_zlib.so under
+      # the bundled PMIx 4.2: issue 19) and config files that point at them. Reading any of
+      # them shows up as a load error, which `quiet` fails on. Without a C compiler: empty.
       for d in "$(dirname "$OMPI_PKGLIBDIR")" "$OMPI_PKGDATADIR" "$OMPI_SYSCONFDIR" \
                "$PMIX_ROOT" "${PMIX_ROOT:+$PMIX_ROOT/../share}" /usr/lib/x86_64-linux-gnu/hwloc; do
-        [[ -n "$d" && -d "$d" ]] && echo "h '$CHECK/empty' '$(readlink -f "$d")'"
+        [[ -n "$d" && -d "$d" ]] || continue
+        d="$(readlink -f "$d")" f=""
+        if command -v cc >/dev/null; then
+          f="$CHECK/foreign$d"
+          mkdir -p "$f"
+          case "$d" in
+            "$(readlink -f "$(dirname "$OMPI_PKGLIBDIR")")")
+              mkdir -p "$f/$(basename "$OMPI_PKGLIBDIR")"
+              foreign_so "$f/$(basename "$OMPI_PKGLIBDIR")/mca_shmem_fsdp_foreign.so" ;;
+            "$(readlink -f "$OMPI_SYSCONFDIR")")
+              echo "mca_base_component_path = $OMPI_PKGLIBDIR" >"$f/openmpi-mca-params.conf" ;;
+            "$(readlink -f "${PMIX_ROOT:-/nonexistent}")")
+              mkdir -p "$f/pmix"
+              foreign_so "$f/pmix/pmix_mca_pcompress_zlib.so" ;;
+            "$(readlink -f "${PMIX_ROOT:-/nonexistent}/../share")")
+              mkdir -p "$f/pmix"
+              echo "mca_base_component_path = $PMIX_ROOT/pmix" >"$f/pmix-mca-params.conf" ;;
+          esac
+        fi
+        echo "h '${f:-$CHECK/empty}' '$d'"
       done
       printf '%q ' exec "${CLEAN[@]}" bash "$CHECK/check.sh" "$B" "$CHECK"; echo
     } >"$HIDE"

@@ -1,0 +1,18 @@
+# tests/test_tools.cmake: checks of the tools/ scripts that need neither torch nor a GPU (the
+# GPU machine is lent rarely; a bug found there costs a session).
+# check_py_scopes.py: no function-local import makes a name local before (or around) its
+# other uses (issue 19: the former tools/bench_torch_fsdp2.py's UnboundLocalError); its --self-test
+# first checks the rules on known-bad and known-good snippets.
+add_test(NAME tools_py_scopes
+         COMMAND ${FSDP_TEST_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_py_scopes.py --self-test
+                 ${PROJECT_SOURCE_DIR}/tools ${CMAKE_CURRENT_SOURCE_DIR})
+set_tests_properties(tools_py_scopes PROPERTIES LABELS "cpu;tools" TIMEOUT 60)
+# check_bench_shapes.py: for each model of tools/bench_torch_gpu.py, fsdp_train --dry-run (CPU)
+# of the configuration the script writes builds the parameter count and FLOPs per token the
+# script uses for the PyTorch side and the MFU column of tools/bench_gpu.sh.
+add_test(NAME tools_bench_shapes
+         COMMAND ${FSDP_TEST_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_bench_shapes.py
+                 --fsdp-train $<TARGET_FILE:fsdp_train> --mpiexec ${MPIEXEC_EXECUTABLE}
+                 --work ${CMAKE_CURRENT_BINARY_DIR}/tools_bench_shapes)
+set_tests_properties(tools_bench_shapes PROPERTIES ENVIRONMENT "${FSDP_TEST_ENV}"
+                     LABELS "cpu;tools" TIMEOUT 300)

@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""tools/bench_torch_gpu.py: the PyTorch side of tools/bench_gpu.sh, one training run on one GPU.
+
+    bench_torch_gpu.py --model gpt2-124m|gpt2-1.5b|t5-small-byt5 --mode eager|compile
+                       --wrap none|fsdp2 [--steps 10] [--warmup 3]
+
+trains the model on uniformly random tokens and prints ONE line on stdout, a JSON object
+(tokens_per_sec = the median over the --steps timed steps; see RESULT_KEYS). Everything else
+goes to stderr. Two more actions need no torch (tests/test_tools.cmake runs them on the CPU
+machine against fsdp_train --dry-run):
+    --describe         the model's shape, parameters, tokens and FLOPs per step (JSON line)
+    --fsdp-train-toml  fsdp_train's configuration of the same run (TOML on stdout)
+
+The models (MODELS below; the one place their shapes live, bench_gpu.sh reads them here):
+  gpt2-124m      GPT-2 small: 12 layers x 768, 12 heads, vocab 50257, seq 1024, batch 8
+  gpt2-1.5b      GPT-2 XL: 48 layers x 1600, 25 heads, vocab 50257, seq 1024, batch 4
+  t5-small-byt5  t5-small's shape (d_model 512, d_ff 2048, d_kv 64, 8 heads, 6 + 6 blocks,
+                 ReLU, tied head; inputs/t5_small.toml) with the ByT5 vocabulary (384), span
+                 corruption of 512-token windows (noise 0.15, mean span 3: inputs 462,
+                 targets 104 tokens), batch 32
+GPT-2 is tools/bench_torch_gpt2.py's GPT2 (HF GPT2LMHeadModel without dropout; attention is
+F.scaled_dot_product_attention(is_causal=True)), T5 is transformers' T5ForConditionalGeneration
+(dropout 0), both built on the GPU in fp32 and checked to have fsdp_train's parameter count.
+
+--wrap none (what a single-GPU user runs; the strongest single-GPU baseline): fp32 weights,
+  torch.autocast(bfloat16) around forward and loss, AdamW(fused=True), TF32 on for what stays
+  fp32. --mode compile: torch.compile of the model with its loss (--compile-scope model) or of
+  each transformer block (--compile-scope block); default: the model's compile_scope in
+  MODELS (model; gpt2-1.5b: block, to keep compilation within the benchmark's time).
+--wrap fsdp2: torch.distributed.fsdp.fully_shard at world size 1 (one process, NCCL process
+  group from MASTER_ADDR / MASTER_PORT, set here to 127.0.0.1 and a free port unless given):
+  fully_shard on each block, then on the root, MixedPrecisionPolicy(param_dtype=bfloat16,
+  reduce_dtype=float32), fp32 sharded master weights, AdamW(fused=True). --mode compile is
+  torchtitan's: torch.compile(block, fullgraph=True) for each block before fully_shard (T5's
+  Hugging Face blocks: fullgraph=False).
+Both: AdamW lr 6e-4 constant, betas (0.9, 0.999), eps 1e-8, weight decay 0.1 on the 2-D
+weights except embeddings; clip_grad_norm_(1.0). A step (timed between two
+torch.cuda.synchronize()): zero_grad, forward + loss, backward, clipping, optimizer step; the
+batch is drawn on the GPU before the timer. The --warmup steps before the timed ones hold
+torch.compile's compilation (warmup_s reports them).
+
+Tokens and FLOPs are fsdp_train's (src/train/trainer.cpp, src/model/gpt2.cpp,
+src/model/t5_family.cpp ModelFamily::train_flops_per_sample): a GPT-2 sample counts its T
+tokens and 6 x (T (12 L C^2 + V C) + 2 L T^2 C) FLOPs (6N + 12 L T C per token, N the matrix
+weights with the tied LM head); a T5 sample counts its inputs + targets (462 + 104) and the
+encoder/decoder sum of t5_family.cpp. MFU = tokens/s x flops_per_token / peak.
+"""
+import argparse
+import contextlib
+import json
+import math
+import os
+import socket
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    # Module level on purpose: an `import torch.x` inside a function makes `torch` local to
+    # the whole function (issue 19; tests/check_py_scopes.py).
+    import torch
+    import torch._dynamo
+    import torch._dynamo.utils
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from bench_torch_gpt2 import GPT2
+except ImportError:  # --describe and --fsdp-train-toml need no torch
+    torch = None
+
+# compile_scope: what --wrap none --mode compile compiles unless --compile-scope says: the model
+# with its loss, or (gpt2-1.5b) each block, PyTorch's "regional compilation" recipe (almost the
+# whole model's speed-up; a cold compile of all 48 blocks as one graph takes minutes, more than
+# tools/bench_gpu.sh's budget).
+MODELS = {
+    "gpt2-124m": {"family": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768, "seq_len": 1024,
+                  "vocab": 50257, "batch": 8, "compile_scope": "model"},
+    "gpt2-1.5b": {"family": "gpt2", "n_layer": 48, "n_head": 25, "n_embd": 1600, "seq_len": 1024,
+                  "vocab": 50257, "batch": 4, "compile_scope": "block"},
+    "t5-small-byt5": {"family": "t5", "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8,
+                      "num_layers": 6, "num_decoder_layers": 6, "vocab": 384,
+                      "feed_forward_proj": "relu", "tie_word_embeddings": True,
+                      "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+                      "layer_norm_epsilon": 1e-6, "seq_len": 512, "noise_density": 0.15,
+                      "mean_noise_span_length": 3.0, "batch": 32, "compile_scope": "model"},
+}
+# ByT5: pad 0, eos 1, unk 2, bytes 3..258, 125 sentinels above; fsdp_train's synthetic span
+# corruption draws ids in [3, vocab - 125) (docs/data.md), and so does this script.
+T5_SENTINELS = 125
+RESULT_KEYS = ("model", "mode", "wrap", "compile_scope", "tokens_per_sec", "step_ms",
+               "step_ms_min", "tokens_per_step", "flops_per_token", "params",
+               "max_memory_allocated", "max_memory_reserved", "warmup_s", "first_loss",
+               "last_loss", "graph_breaks", "graph_break_reasons", "unique_graphs", "torch",
+               "cuda", "gpu")
+
+
+def span_counts(L, noise_density, mean_noise_span_length):
+    """(input_len, target_len) of T5 span corruption on an L-token window: fsdp_train's
+    data::span_counts (round half to even, as Python's round and numpy's np.round)."""
+    num_noise = min(max(round(L * noise_density), 1), L - 1)
+    num_spans = min(max(1, round(num_noise / mean_noise_span_length)), L - num_noise)
+    return (L - num_noise) + num_spans + 1, num_noise + num_spans + 1
+
+
+def describe(name):
+    """Shape, parameter count, tokens and training FLOPs per step of MODELS[name], counted
+    as fsdp_train counts them (see the top of this file)."""
+    m = dict(MODELS[name])
+    if m["family"] == "gpt2":
+        L, C, T, V = m["n_layer"], m["n_embd"], m["seq_len"], m["vocab"]
+        params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C  # tied head
+        tokens_per_sample = T
+        flops_per_sample = 6.0 * (T * (12.0 * L * C * C + V * C) + L * 2.0 * T * T * C)
+    else:
+        Ti, Tt = span_counts(m["seq_len"], m["noise_density"], m["mean_noise_span_length"])
+        m["input_len"], m["target_len"] = Ti, Tt
+        D, Fd, V = m["d_model"], m["d_ff"], m["vocab"]
+        I = m["num_heads"] * m["d_kv"]
+        Le, Ld = m["num_layers"], m["num_decoder_layers"]
+        ff_mats = 3 if m["feed_forward_proj"] == "gated-gelu" else 2
+        rel = m["relative_attention_num_buckets"] * m["num_heads"]  # first block of each stack
+        enc_block = 4 * I * D + ff_mats * D * Fd + 2 * D
+        dec_block = 8 * I * D + ff_mats * D * Fd + 3 * D
+        params = (V * D + Le * enc_block + Ld * dec_block + 2 * rel + 2 * D +
+                  (0 if m["tie_word_embeddings"] else V * D))
+        tokens_per_sample = Ti + Tt
+        ff = ff_mats * Fd * D
+        enc = Ti * Le * (4.0 * I * D + ff) + Le * 2.0 * Ti * Ti * I
+        dec = Ld * (Tt * (6.0 * I * D + ff) + Ti * 2.0 * I * D) + Ld * (2.0 * Tt * Tt * I + 2.0 * Tt * Ti * I)
+        flops_per_sample = 6.0 * (enc + dec + Tt * V * D)
+    m.update(model=name, params=params, tokens_per_sample=tokens_per_sample,
+             tokens_per_step=m["batch"] * tokens_per_sample,
+             flops_per_token=flops_per_sample / tokens_per_sample,
+             flops_per_step=flops_per_sample * m["batch"])
+    return m
+
+
+def fsdp_train_toml(name, max_steps, seed):
+    """fsdp_train's configuration of the same training: bf16 parameters and compute over fp32
+    master weights, fp32 gradient reduction, FULL_SHARD (world size 1 in the benchmark), the
+    optimizer above, synthetic data (train.run_dir and train.peak_flops are set by --set)."""
+    m = describe(name)
+    if m["family"] == "gpt2":
+        model = ("[model]\ntype = \"gpt2\"\nn_layer = %d\nn_head = %d\nn_embd = %d\nn_positions = %d\n"
+                 "vocab_size = %d\n" % (m["n_layer"], m["n_head"], m["n_embd"], m["seq_len"], m["vocab"]))
+        data = "[data]\nsource = \"synthetic\"\nobjective = \"causal_lm\"\nseq_len = %d\n" % m["seq_len"]
+        block = "GPT2Block"
+    else:
+        model = ("[model]\ntype = \"t5\"\nd_model = %d\nd_kv = %d\nd_ff = %d\nnum_layers = %d\n"
+                 "num_decoder_layers = %d\nnum_heads = %d\nrelative_attention_num_buckets = %d\n"
+                 "relative_attention_max_distance = %d\nfeed_forward_proj = \"%s\"\n"
+                 "tie_word_embeddings = %s\nlayer_norm_epsilon = %r\nvocab_size = %d\n"
+                 % (m["d_model"], m["d_kv"], m["d_ff"], m["num_layers"], m["num_decoder_layers"],
+                    m["num_heads"], m["relative_attention_num_buckets"],
+                    m["relative_attention_max_distance"], m["feed_forward_proj"],
+                    "true" if m["tie_word_embeddings"] else "false", m["layer_norm_epsilon"], m["vocab"]))
+        data = ("[data]\nsource = \"synthetic\"\nobjective = \"span_corruption\"\nseq_len = %d\n"
+                "noise_density = %r\nmean_noise_span_length = %r\n"
+                % (m["seq_len"], m["noise_density"], m["mean_noise_span_length"]))
+        block = "T5Block"
+    return ("# fsdp_train side of tools/bench_gpu.sh for %s (tools/bench_torch_gpu.py --fsdp-train-toml)\n"
+            "%s\n%s\n[train]\ndevice = \"cuda\"\nglobal_batch_size = %d\nmax_steps = %d\nseed = %d\n"
+            "log_every = 1\n\n"
+            "[optim]\nname = \"adamw\"\nlr = 6e-4\nmin_lr = 6e-4\nwarmup_steps = 0\nweight_decay = 0.1\n"
+            "grad_clip = 1.0\nbeta1 = 0.9\nbeta2 = 0.999\neps = 1e-8\n\n"
+            "[fsdp]\nsharding_strategy = \"FULL_SHARD\"\nauto_wrap_policy = \"TRANSFORMER_BASED_WRAP\"\n"
+            "transformer_layer_cls_to_wrap = [\"%s\"]\nactivation_checkpointing = false\n\n"
+            "[mixed_precision]\nparam_dtype = \"bf16\"\nreduce_dtype = \"fp32\"\n\n"
+            "[comm]\nbackend = \"auto\"\n\n[checkpoint]\nevery = 0\n\n[eval]\nevery = 0\nmax_windows = 1\n"
+            % (name, model, data, m["batch"], max_steps, seed, block))
+
+
+# ---- the PyTorch run ---------------------------------------------------------------------------
+def build_model(spec, device):
+    """The model in fp32 on `device` and its list of transformer blocks (containers, index)."""
+    if spec["family"] == "gpt2":
+        with torch.device(device):
+            model = GPT2(spec["vocab"], spec["n_layer"], spec["n_head"], spec["n_embd"], spec["seq_len"])
+        return model, [(model.h, i) for i in range(len(model.h))]
+    from transformers import T5Config, T5ForConditionalGeneration
+    cfg = T5Config(vocab_size=spec["vocab"], d_model=spec["d_model"], d_kv=spec["d_kv"],
+                   d_ff=spec["d_ff"], num_layers=spec["num_layers"],
+                   num_decoder_layers=spec["num_decoder_layers"], num_heads=spec["num_heads"],
+                   relative_attention_num_buckets=spec["relative_attention_num_buckets"],
+                   relative_attention_max_distance=spec["relative_attention_max_distance"],
+                   dropout_rate=0.0, layer_norm_epsilon=spec["layer_norm_epsilon"],
+                   feed_forward_proj=spec["feed_forward_proj"],
+                   tie_word_embeddings=spec["tie_word_embeddings"], use_cache=False,
+                   pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    model = T5ForConditionalGeneration(cfg).to(device)
+    model.train()
+    blocks = [(model.encoder.block, i) for i in range(len(model.encoder.block))]
+    blocks += [(model.decoder.block, i) for i in range(len(model.decoder.block))]
+    return model, blocks
+
+
+class WithLoss(nn.Module if torch is not None else object):
+    """model + its loss: (x, y) -> mean cross-entropy over the target tokens.
+    GPT-2: x, y [B, T] int64, y = x shifted by one; logits [B, T, V] upcast to fp32.
+    T5: x [B, input_len] encoder ids, y [B, target_len] labels; Hugging Face's own loss
+    (decoder inputs = labels shifted right), as its users train it."""
+
+    def __init__(self, model, family, vocab):
+        super().__init__()
+        self.model, self.family, self.vocab = model, family, vocab
+
+    def forward(self, x, y):
+        if self.family == "t5":
+            return self.model(input_ids=x, labels=y).loss
+        logits = self.model(x)  # [B, T, V]
+        return F.cross_entropy(logits.float().reshape(-1, self.vocab), y.reshape(-1))
+
+
+def decay_groups(model, weight_decay):
+    """Weight decay on the 2-D weights that are not embeddings (nanoGPT / HF grouping)."""
+    emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, other = [], []
+    for p in model.parameters():  # tied weights once
+        (decay if p.dim() == 2 and id(p) not in emb else other).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": other, "weight_decay": 0.0}]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def draw_batch(spec, device, gen):
+    B, lo, V = spec["batch"], 3, spec["vocab"]
+    if spec["family"] == "gpt2":
+        data = torch.randint(0, V, (B, spec["seq_len"] + 1), device=device, generator=gen)
+        return data[:, :-1], data[:, 1:]
+    hi = V - T5_SENTINELS
+    return (torch.randint(lo, hi, (B, spec["input_len"]), device=device, generator=gen),
+            torch.randint(lo, hi, (B, spec["target_len"]), device=device, generator=gen))
+
+
+def dynamo_report():
+    """Graph breaks (total and the most frequent reasons) and graphs compiled so far."""
+    c = torch._dynamo.utils.counters
+    breaks = c.get("graph_break", {})
+    top = sorted(breaks.items(), key=lambda kv: -kv[1])[:5]
+    return {"graph_breaks": int(sum(breaks.values())),
+            "graph_break_reasons": ["%s (x%d)" % (str(k).replace("\n", " ")[:200], v) for k, v in top],
+            "unique_graphs": int(c.get("stats", {}).get("unique_graphs", 0))}
+
+
+def run(args, spec):
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for whatever runs in fp32
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    if args.wrap == "fsdp2":
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    try:
+        torch.manual_seed(args.seed)
+        model, blocks = build_model(spec, device)
+        n_params = sum(p.numel() for p in model.parameters())
+        if n_params != spec["params"]:
+            raise SystemExit("bench_torch_gpu.py: %s has %d parameters, fsdp_train's has %d"
+                             % (args.model, n_params, spec["params"]))
+        # Each block compiled on its own shares one graph (same code, parameters as inputs);
+        # never let the per-code-object recompile limit send some blocks back to eager.
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 4 * len(blocks)))
+                break
+        scope = (args.compile_scope or spec["compile_scope"]) if args.wrap == "none" else "block"
+        if args.mode == "compile" and scope == "block":
+            for container, i in blocks:
+                container[i] = torch.compile(container[i], fullgraph=spec["family"] == "gpt2")
+        if args.wrap == "fsdp2":
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for container, i in blocks:
+                fully_shard(container[i], mp_policy=mp, reshard_after_forward=True)
+            fully_shard(model, mp_policy=mp, reshard_after_forward=True)
+            autocast = contextlib.nullcontext
+        else:
+            def autocast():
+                return torch.autocast("cuda", dtype=torch.bfloat16)
+        net = WithLoss(model, spec["family"], spec["vocab"])
+        if args.mode == "compile" and scope == "model":
+            net = torch.compile(net)
+        opt = torch.optim.AdamW(decay_groups(model, 0.1), lr=6e-4, betas=(0.9, 0.999), eps=1e-8,
+                                fused=True)
+        gen = torch.Generator(device=device).manual_seed(args.seed)
+        torch.cuda.reset_peak_memory_stats(device)
+        times, losses = [], []
+        t_start = time.perf_counter()
+        warmup_s = 0.0
+        for step in range(args.warmup + args.steps):
+            x, y = draw_batch(spec, device, gen)
+            torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with autocast():
+                loss = net(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            torch.cuda.synchronize(device)
+            dt = time.perf_counter() - t0
+            losses.append(loss.item())
+            if step < args.warmup:
+                warmup_s = time.perf_counter() - t_start
+            else:
+                times.append(dt)
+            if args.verbose:
+                print("step %d/%d | loss %.4f | %.1f ms | %.0f tok/s" % (
+                    step + 1, args.warmup + args.steps, losses[-1], dt * 1e3,
+                    spec["tokens_per_step"] / dt), file=sys.stderr)
+        if not all(math.isfinite(v) for v in losses):
+            raise SystemExit("bench_torch_gpu.py: non-finite loss: %s" % losses)
+        med = statistics.median(times)
+        result = {
+            "model": args.model, "mode": args.mode, "wrap": args.wrap,
+            "compile_scope": scope if args.mode == "compile" else "",
+            "tokens_per_sec": round(spec["tokens_per_step"] / med, 1),
+            "step_ms": round(med * 1e3, 2), "step_ms_min": round(min(times) * 1e3, 2),
+            "tokens_per_step": spec["tokens_per_step"], "flops_per_token": spec["flops_per_token"],
+            "params": n_params,
+            "max_memory_allocated": torch.cuda.max_memory_allocated(device),
+            "max_memory_reserved": torch.cuda.max_memory_reserved(device),
+            "warmup_s": round(warmup_s, 1), "first_loss": round(losses[0], 4),
+            "last_loss": round(losses[-1], 4), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "gpu": torch.cuda.get_device_name(device),
+        }
+        result.update(dynamo_report())
+        return result
+    finally:
+        if args.wrap == "fsdp2":
+            dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(MODELS), required=True)
+    ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    ap.add_argument("--wrap", choices=["none", "fsdp2"], default="none")
+    ap.add_argument("--compile-scope", choices=["model", "block"], default=None,
+                    help="--wrap none --mode compile: the model with its loss, or each block "
+                         "(default: the model's, see MODELS; --wrap fsdp2 compiles each block)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps (after --warmup)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--verbose", action="store_true", help="one line per step on stderr")
+    ap.add_argument("--describe", action="store_true", help="print the model's shape and FLOPs, no run")
+    ap.add_argument("--fsdp-train-toml", action="store_true",
+                    help="print fsdp_train's configuration of --warmup + --steps steps, no run")
+    args = ap.parse_args()
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be >= 1 and --warmup >= 0")
+    spec = describe(args.model)
+    if args.describe:
+        print(json.dumps(spec))
+        return 0
+    if args.fsdp_train_toml:
+        sys.stdout.write(fsdp_train_toml(args.model, args.warmup + args.steps, args.seed))
+        return 0
+    if torch is None:
+        print("bench_torch_gpu.py: torch is not installed for %s" % sys.executable, file=sys.stderr)
+        return 1
+    if not torch.cuda.is_available():
+        print("bench_torch_gpu.py: no CUDA device visible to torch", file=sys.stderr)
+        return 1
+    result = run(args, spec)
+    if spec["family"] == "t5":
+        import transformers
+        result["transformers"] = transformers.__version__
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
