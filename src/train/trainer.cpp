@@ -956,7 +956,6 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       save_checkpoint(job, cfg.checkpoint.async_save && !last && !stopping);
     }
     const StepTimes times = timer.end();
-    if (prof && prof->end_step()) write_trace();
     result.step_times.push_back(times);
     // Seconds to the microsecond (the clocks' useful resolution).
     auto us = [](double s) { return std::round(s * 1e6) / 1e6; };
@@ -984,6 +983,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     collective_guard(group, [&] {
       if (job.rank0()) job.run_dir.metrics().append_line(line.dump());
     });
+    if (prof && prof->end_step()) write_trace();  // the window's last step
     if (stopping) {
       result.stop_signal = static_cast<int>(agreed[1] & 0xff);
       result.stop_rank = world - static_cast<int>(agreed[1] >> 8);
