@@ -264,7 +264,8 @@ void FsdpEngine::wait_unshard(int unit) {
     StepTimer::Scope waiting(timer_, Phase::comm_wait);
     ProfileRange range(profiler_, "collective");
     if (range) {
-      describe(range, "all_gather", "wait", unit, *shard_comm_, u.layout.shard_numel, mp_.param_dtype);
+      describe(range, "all_gather", "wait", unit, *shard_comm_, u.layout.shard_numel,
+               mp_.param_dtype);
     }
     u.gather->wait();
     u.gather.reset();
@@ -277,7 +278,8 @@ void FsdpEngine::reshard(int unit) {
     StepTimer::Scope waiting(timer_, Phase::comm_wait);
     ProfileRange range(profiler_, "collective");
     if (range) {
-      describe(range, "all_gather", "wait", unit, *shard_comm_, u.layout.shard_numel, mp_.param_dtype);
+      describe(range, "all_gather", "wait", unit, *shard_comm_, u.layout.shard_numel,
+               mp_.param_dtype);
     }
     u.gather->wait();
     u.gather.reset();
@@ -489,7 +491,8 @@ void FsdpEngine::describe(ProfileRange& range, const char* op, const char* stage
   const std::string o(op);
   const int64_t bytes = numel * static_cast<int64_t>(dtype_size(dtype));
   const int64_t group = comm.size();
-  range.name(o + " " + stage + (unit < 0 ? " " + name : " unit " + std::to_string(unit) + " (" + name + ")"))
+  const std::string target = unit < 0 ? name : "unit " + std::to_string(unit) + " (" + name + ")";
+  range.name(o + " " + stage + " " + target)
       .arg("unit", unit)
       .arg("unit_name", name)
       .arg("in_bytes", o == "reduce_scatter" ? bytes * group : bytes)

@@ -796,7 +796,8 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   job.engine->set_profiler(prof);
   auto write_trace = [&] {
     if (!prof) return;
-    write_profile(*prof, group, cfg.train.run_dir, job.step, [&](const std::string& l) { job.log(l); });
+    write_profile(*prof, group, cfg.train.run_dir, job.step,
+                  [&](const std::string& line) { job.log(line); });
   };
   while (job.step < cfg.train.max_steps) {
     const auto t0 = Clock::now();
