@@ -104,9 +104,10 @@ class CuptiCollector final : public ActivityCollector {
       g_active = this;
     }
     started_ = true;
-    // Our clock for every timestamp, registered before any kind is enabled (CUPTI's rule).
-    own_clock_ = cuptiActivityRegisterTimestampCallback(&steady_timestamp) == CUPTI_SUCCESS;
     FSDP_CHECK_CUPTI(cuptiActivityRegisterCallbacks(&buffer_requested, &buffer_completed));
+    // Our clock for every timestamp, registered before any kind is enabled (CUPTI's rule);
+    // a CUPTI that refuses keeps its own clock and the offset is measured instead.
+    own_clock_ = cuptiActivityRegisterTimestampCallback(&steady_timestamp) == CUPTI_SUCCESS;
     offset_ns_ = own_clock_ ? 0 : clock_offset();
     for (CUpti_ActivityKind kind : kKinds) FSDP_CHECK_CUPTI(cuptiActivityEnable(kind));
   }
