@@ -2,15 +2,19 @@
 //
 //   mpirun -np N fsdp_train CONFIG.toml [--set section.key=value ...] [--resume[=auto]] [--dry-run]
 //   fsdp_train CONFIG.toml --dry-run --world-size N --set mesh.shard_size=S
+//   mpirun -np N fsdp_train CONFIG.toml --profile FIRST:LAST
 //
 // --world-size plans the per-rank memory of an N-rank job from one process (or any number):
 // the plan drives the engine on counting communicators, so no N ranks are needed.
+// --profile FIRST:LAST is train.profile_steps = [FIRST, LAST] (applied after every --set):
+// steps FIRST..LAST are traced into run_dir/profile/rank_N.trace.json (fsdp/core/profiler.hpp).
 // The Runtime bootstraps the ranks (MPI_Init_thread). Every rank parses the command line
 // and the config; failures are agreed across ranks (collective_guard) so bad input prints
 // one line and exits with code 2 on every rank instead of hanging. SIGTERM, SIGINT or
 // SIGUSR1 on any rank saves a checkpoint at the next step boundary and exits with code 3
 // (docs/checkpoint.md "Signals"); a second SIGTERM / SIGINT ends the process at once.
 #include <boost/program_options.hpp>
+#include <charconv>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -36,6 +40,7 @@ struct Cli {
   bool resume_auto = false;  // --resume=auto or --resume auto
   bool dry_run = false, help = false, version = false;
   int world_size = 0;  // --world-size: 0 = the ranks running
+  std::string profile;  // --profile FIRST:LAST ("" = not given)
   std::string usage;
 };
 
@@ -46,6 +51,27 @@ bool argv_has(int argc, char** argv, const std::string& option) {
     if (a == option || a.rfind(option + "=", 0) == 0) return true;
   }
   return false;
+}
+
+// --profile FIRST:LAST as the override "train.profile_steps=[FIRST, LAST]"; InputError naming
+// --profile unless both are integers with 1 <= FIRST <= LAST.
+std::string profile_override(const std::string& text) {
+  const auto colon = text.find(':');
+  auto number = [&](const std::string& s, int64_t* out) {
+    const char* end = s.data() + s.size();
+    const auto [ptr, ec] = std::from_chars(s.data(), end, *out);
+    return !s.empty() && ec == std::errc() && ptr == end;
+  };
+  int64_t first = 0, last = 0;
+  if (colon == std::string::npos || !number(text.substr(0, colon), &first) ||
+      !number(text.substr(colon + 1), &last)) {
+    throw fsdp::InputError("--profile " + (text.empty() ? "\"\"" : text) +
+                           ": expected FIRST:LAST, two step numbers (e.g. 10:12)");
+  }
+  if (const std::string why = fsdp::profile_steps_error(first, last); !why.empty()) {
+    throw fsdp::InputError("--profile " + text + ": " + why);
+  }
+  return "train.profile_steps=[" + std::to_string(first) + ", " + std::to_string(last) + "]";
 }
 
 // The command line; InputError (one line naming the option) on bad usage.
@@ -65,6 +91,10 @@ Cli parse_cli(int argc, char** argv) {
        "(one command line for a job's first run and its requeues)")
       ("dry-run", po::bool_switch(&cli.dry_run),
        "validate, build the mesh and FSDP units, print the per-rank memory plan, and exit")
+      ("profile", po::value(&cli.profile)->value_name("FIRST:LAST"),
+       "trace steps FIRST..LAST (1-based, inclusive) into train.run_dir/profile/"
+       "rank_N.trace.json (Chrome trace: Perfetto, chrome://tracing; tools/profile_summary.py); "
+       "the same as --set train.profile_steps=[FIRST,LAST]")
       ("world-size", po::value(&cli.world_size)->value_name("N"),
        "with --dry-run: plan for N ranks instead of the ranks running (needs mesh.shard_size "
        "> 0, the ranks per node, dividing N)");
@@ -108,6 +138,9 @@ Cli parse_cli(int argc, char** argv) {
   if (cli.world_size < 0 || (cli.world_size == 0 && argv_has(argc, argv, "--world-size"))) {
     throw fsdp::InputError("--world-size: " + std::to_string(cli.world_size) +
                            " (expected >= 1)");
+  }
+  if (!cli.profile.empty() || argv_has(argc, argv, "--profile")) {
+    cli.overrides.push_back(profile_override(cli.profile));
   }
   if (cli.world_size > 0 && !cli.dry_run) {
     throw fsdp::InputError("--world-size: plans a world that is not there; it needs --dry-run");

@@ -532,6 +532,48 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
   }
 }
 
+TEST(Config, ProfileSteps) {
+  // Off by default; [first, last] from the file or --set; printed back as TOML.
+  EXPECT_TRUE(parse_config(kMinimal, "min.toml", {}).train.profile_steps.empty());
+  EXPECT_THAT(to_toml(parse_config(kMinimal, "min.toml", {})), HasSubstr("\nprofile_steps = []\n"));
+  const Config c = parse_config(kMinimal + "[train]\nprofile_steps = [2, 3]\n", "p.toml", {});
+  EXPECT_EQ(c.train.profile_steps, (std::vector<int64_t>{2, 3}));
+  EXPECT_THAT(to_toml(c), HasSubstr("\nprofile_steps = [2, 3]\n"));
+  EXPECT_EQ(parse_config(kMinimal, "p.toml", {"train.profile_steps=[7,7]"}).train.profile_steps,
+            (std::vector<int64_t>{7, 7}));
+  EXPECT_TRUE(parse_config(kMinimal + "[train]\nprofile_steps = []\n", "p.toml", {})
+                  .train.profile_steps.empty());
+  // The rule --profile shares.
+  EXPECT_EQ(profile_steps_error(1, 1), "");
+  EXPECT_EQ(profile_steps_error(0, 2), "first step 0 is out of range (expected >= 1)");
+  EXPECT_EQ(profile_steps_error(3, 2), "last step 2 is before the first step 3 (expected first <= last)");
+  // Bad values: one line naming the key and where it came from.
+  const std::string train = kMinimal + "[train]\n";
+  EXPECT_EQ(error_of(train + "profile_steps = [0, 3]\n"),
+            "input.toml: train.profile_steps: first step 0 is out of range (expected >= 1)");
+  EXPECT_EQ(error_of(train + "profile_steps = [5, 4]\n"),
+            "input.toml: train.profile_steps: last step 4 is before the first step 5 "
+            "(expected first <= last)");
+  EXPECT_EQ(error_of(train + "profile_steps = [-2, 4]\n"),
+            "input.toml: train.profile_steps: first step -2 is out of range (expected >= 1)");
+  EXPECT_EQ(error_of(train + "profile_steps = [3]\n"),
+            "input.toml: train.profile_steps: expected [first, last] (two step numbers) or [], "
+            "got 1 values");
+  EXPECT_EQ(error_of(train + "profile_steps = [1, 2, 3]\n"),
+            "input.toml: train.profile_steps: expected [first, last] (two step numbers) or [], "
+            "got 3 values");
+  EXPECT_EQ(error_of(train + "profile_steps = 3\n"),
+            "input.toml: train.profile_steps: expected an array of integers, got integer");
+  EXPECT_EQ(error_of(train + "profile_steps = [1.5, 2]\n"),
+            "input.toml: train.profile_steps: expected an array of integers, got a float element");
+  EXPECT_EQ(error_of(kMinimal, {"train.profile_steps=[4,2]"}),
+            "--set train.profile_steps=[4,2]: train.profile_steps: last step 2 is before the "
+            "first step 4 (expected first <= last)");
+  EXPECT_EQ(error_of(kMinimal, {"train.profile_steps=2:3"}),
+            "--set train.profile_steps=2:3: train.profile_steps: expected an array of integers, "
+            "got string");
+}
+
 TEST(Config, HdfsSourceRequiresPath) {
   EXPECT_EQ(error_of(""),
             "input.toml: data.path: required (path to an HDF5 token file, see docs/data.md)");
@@ -626,7 +668,8 @@ TEST(Config, ToTomlRoundTrips) {
        "mixed_precision.param_dtype=fp16", "mixed_precision.reduce_dtype=bf16",
        "mixed_precision.init_scale=1e9", "mixed_precision.growth_factor=1.0000001",
        "mixed_precision.backoff_factor=0.1", "mixed_precision.growth_interval=123456789",
-       "mesh.shard_size=4", "checkpoint.every=9", "eval.every=0", "eval.max_windows=17"});
+       "mesh.shard_size=4", "checkpoint.every=9", "eval.every=0", "eval.max_windows=17",
+       "train.profile_steps=[4, 9]"});
   EXPECT_EQ(c.data.path, "a \"quoted\" path\\x.h5");
   Config defaults;
   defaults.source_path = "custom.toml";

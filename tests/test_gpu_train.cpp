@@ -9,6 +9,9 @@
 //  - resume on the GPU is bit-identical;
 //  - step phases timed with CUDA events add up to each step's wall time within 5% (or a
 //    floor the two clocks can resolve when ranks share the GPU);
+//  - the profiler (train.profile_steps = [2, 3]) traces CUPTI's kernels on their streams
+//    ("stream N" tracks, grid and block in args), each inside one profiled step's host range
+//    (50 us for the GPU-to-host clock translation), summing to no more than the step;
 //  - T5 (tests/t5_util.hpp's tiny seq2seq model, relu/tied and gated-gelu/untied): 5 steps in
 //    fp32 on the GPU give the CPU backend's losses within 1e-4 relative and parameters within
 //    1e-4, and bf16 on the GPU tracks fp32 on the GPU within 3% per step over 20 steps (on the
@@ -20,7 +23,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <map>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "t5_util.hpp"
 #include "train_util.hpp"
@@ -154,6 +161,56 @@ Config t5_shape(Config c, const char* ff, bool tied) {
   c.model.set("feed_forward_proj", std::string(ff));
   c.model.set("tie_word_embeddings", tied);
   return c;
+}
+
+TEST(GpuTrain, ProfileHasKernelsWithinTheSteps) {
+  const std::string dir = fresh_dir("gpu_profile");
+  Config c = on(small_config(dir), fsdp::DeviceKind::cuda);
+  c.train.max_steps = 3;
+  c.train.profile_steps = {2, 3};
+  run(c, On::world);
+  const std::string path = dir + "/profile/rank_" + std::to_string(world_rank()) + ".trace.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << path;
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::vector<std::pair<double, double>> steps;  // [begin, end], microseconds
+  std::vector<nlohmann::json> kernels;
+  std::map<int64_t, std::string> threads;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "M" && e.at("name") == "thread_name") {
+      threads[e.at("tid").get<int64_t>()] = e.at("args").at("name").get<std::string>();
+    } else if (e.at("ph") == "X" && e.at("cat") == "step") {
+      const double ts = e.at("ts").get<double>();
+      steps.push_back({ts, ts + e.at("dur").get<double>()});
+    } else if (e.at("ph") == "X" && e.at("cat") == "kernel") {
+      kernels.push_back(e);
+    }
+  }
+  ASSERT_EQ(steps.size(), 2u);
+  ASSERT_GT(kernels.size(), 10u);
+  const double tolerance_us = 50;
+  std::vector<double> busy(steps.size(), 0.0);
+  for (const auto& k : kernels) {
+    const int64_t tid = k.at("tid").get<int64_t>();
+    EXPECT_EQ(threads[tid], "stream " + std::to_string(tid));
+    EXPECT_EQ(k.at("args").at("stream").get<int64_t>(), tid);
+    EXPECT_EQ(k.at("args").at("grid").size(), 3u);
+    EXPECT_GE(k.at("args").at("block").at(0).get<int64_t>(), 1);
+    const double a = k.at("ts").get<double>(), d = k.at("dur").get<double>();
+    int inside = -1;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      if (a >= steps[i].first - tolerance_us && a + d <= steps[i].second + tolerance_us) {
+        inside = static_cast<int>(i);
+      }
+    }
+    EXPECT_GE(inside, 0) << k.at("name") << " at " << a << " us lies outside the profiled steps";
+    if (inside >= 0) busy[static_cast<std::size_t>(inside)] += d;
+  }
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 2));
+    EXPECT_GT(busy[i], 0);
+    EXPECT_LE(busy[i], steps[i].second - steps[i].first + tolerance_us);
+  }
 }
 
 TEST(GpuTrainT5, Fp32MatchesTheCpuBackend) {

@@ -32,7 +32,7 @@ const std::vector<std::string>& resume_mutable_keys() {
       "fsdp.forward_prefetch",   "fsdp.limit_all_gathers",   "fsdp.activation_checkpointing",
       "mesh.*",                  "comm.*",                   "checkpoint.*",
       "eval.*",                  "train.skip_nonfinite",     "train.check_memory",
-      "train.peak_flops",
+      "train.peak_flops",        "train.profile_steps",
   };
   return keys;
 }

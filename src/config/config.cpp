@@ -107,6 +107,7 @@ void visit_keys(C& c, F&& f) {
   f("train", "skip_nonfinite", c.train.skip_nonfinite);
   f("train", "check_memory", c.train.check_memory);
   f("train", "peak_flops", c.train.peak_flops);
+  f("train", "profile_steps", c.train.profile_steps);
   f("optim", "name", c.optim.name);
   f("optim", "lr", c.optim.lr);
   f("optim", "min_lr", c.optim.min_lr);
@@ -369,6 +370,20 @@ void convert(const toml::node& node, const std::string& origin, const std::strin
       throw wrong("an array of strings");
     }
     field = std::move(out);
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    const auto* a = node.as_array();
+    if (!a) throw wrong("an array of integers");
+    std::vector<int64_t> out;
+    for (const auto& e : *a) {
+      const auto* i = e.as_integer();
+      if (!i) {
+        const std::string t = type_name(e.type());
+        throw InputError(origin + ": " + key + ": expected an array of integers, got " +
+                         (t.find_first_of("aeiou") == 0 ? "an " : "a ") + t + " element");
+      }
+      out.push_back(i->get());
+    }
+    field = std::move(out);
   } else if constexpr (kIsConfigEnum<T>) {
     // An enum (ShardingStrategy, AutoWrapPolicy, BackwardPrefetch, OptimizerKind, DType):
     // a string spelled exactly as one of EnumValues<T>.
@@ -443,6 +458,15 @@ void validate(const Config& c, OriginOf&& origin_of) {
   if (c.train.run_dir.empty()) throw fail("train.run_dir", "must not be empty");
   at_least("train.log_every", c.train.log_every, 1);
   at_least("train.num_threads", c.train.num_threads, 0);
+  if (const auto& p = c.train.profile_steps; !p.empty()) {
+    if (p.size() != 2) {
+      throw fail("train.profile_steps", "expected [first, last] (two step numbers) or [], got " +
+                                            std::to_string(p.size()) + " values");
+    }
+    if (const std::string why = profile_steps_error(p[0], p[1]); !why.empty()) {
+      throw fail("train.profile_steps", why);
+    }
+  }
   if (!(c.train.peak_flops >= 0)) {
     throw fail("train.peak_flops",
                num(c.train.peak_flops) + " is out of range (expected >= 0 FLOP/s; 0 = the device's peak)");
@@ -564,6 +588,11 @@ template <class E>
 std::string toml_value(E v) {
   return toml_value(name_of(v));
 }
+std::string toml_value(const std::vector<int64_t>& v) {
+  std::vector<std::string> items;
+  for (int64_t i : v) items.push_back(std::to_string(i));
+  return "[" + join(items) + "]";
+}
 std::string toml_value(const std::vector<std::string>& v) {
   std::vector<std::string> items;
   for (const auto& s : v) items.push_back(toml_value(s));
@@ -641,6 +670,15 @@ const char* to_string(OptimizerKind k) {
     case OptimizerKind::sgd: return "sgd";
   }
   return "?";
+}
+
+std::string profile_steps_error(int64_t first, int64_t last) {
+  if (first < 1) return "first step " + std::to_string(first) + " is out of range (expected >= 1)";
+  if (last < first) {
+    return "last step " + std::to_string(last) + " is before the first step " +
+           std::to_string(first) + " (expected first <= last)";
+  }
+  return "";
 }
 
 Config parse_config(const std::string& toml_text, const std::string& origin,

@@ -248,6 +248,8 @@ void FsdpEngine::issue_unshard(int unit) {
     send = slot.data;
   }
   if (u.layout.num_shards > 1) {
+    ProfileRange range(profiler_, "collective");
+    if (range) describe(range, "all_gather", "issue", unit, *shard_comm_, n, mp_.param_dtype);
     u.gather = shard_comm_->all_gather(send, u.full_param.data(), static_cast<std::size_t>(n),
                                        mp_.param_dtype, be_.compute_stream());
   }
@@ -260,6 +262,11 @@ void FsdpEngine::wait_unshard(int unit) {
   Unit& u = *units_[unit];
   if (u.gather) {
     StepTimer::Scope waiting(timer_, Phase::comm_wait);
+    ProfileRange range(profiler_, "collective");
+    if (range) {
+      describe(range, "all_gather", "wait", unit, *shard_comm_, u.layout.shard_numel,
+               mp_.param_dtype);
+    }
     u.gather->wait();
     u.gather.reset();
   }
@@ -269,6 +276,11 @@ void FsdpEngine::reshard(int unit) {
   Unit& u = *units_[unit];
   if (u.gather) {  // prefetched, never used (a pass cut short)
     StepTimer::Scope waiting(timer_, Phase::comm_wait);
+    ProfileRange range(profiler_, "collective");
+    if (range) {
+      describe(range, "all_gather", "wait", unit, *shard_comm_, u.layout.shard_numel,
+               mp_.param_dtype);
+    }
     u.gather->wait();
     u.gather.reset();
   }
@@ -351,6 +363,8 @@ void FsdpEngine::issue_reduction(int unit) {
   u.has_grad = true;
   if (!needs_full(u)) {  // fp32, one shard: backward accumulated into shard_grad directly
     if (replicate_comm_->size() > 1) {
+      ProfileRange range(profiler_, "collective");
+      if (range) describe(range, "all_reduce", "issue", unit, *replicate_comm_, n, DType::f32);
       u.all_reduce = replicate_comm_->all_reduce(u.shard_grad.data(), u.shard_grad.data(),
                                                  static_cast<std::size_t>(n), DType::f32,
                                                  ReduceOp::avg, stream);
@@ -386,11 +400,15 @@ void FsdpEngine::issue_reduction(int unit) {
       u.reduced = DeviceBuffer(be_, rd, n, MemCategory::comm_buffers);
       recv = u.reduced.data();
     }
+    ProfileRange range(profiler_, "collective");
+    if (range) describe(range, "reduce_scatter", "issue", unit, *shard_comm_, n, rd);
     u.reduce_scatter = shard_comm_->reduce_scatter(src.data(), recv, static_cast<std::size_t>(n),
                                                    rd, ReduceOp::avg, stream);
     src.reset(u.reduce_scatter->done());
   }
   if (!u.reduce_scatter && replicate_comm_->size() > 1) {
+    ProfileRange range(profiler_, "collective");
+    if (range) describe(range, "all_reduce", "issue", unit, *replicate_comm_, n, rd);
     u.all_reduce = replicate_comm_->all_reduce(u.reduced.data(), u.reduced.data(),
                                                static_cast<std::size_t>(n), rd, ReduceOp::avg,
                                                stream);
@@ -400,26 +418,36 @@ void FsdpEngine::issue_reduction(int unit) {
 void FsdpEngine::end_step() {
   Stream& stream = be_.compute_stream();
   // 1. Reduce-scatters done -> replica all-reduces issued, in unit order on every rank.
-  for (auto& up : units_) {
-    Unit& u = *up;
+  for (int i = 0; i < num_units(); ++i) {
+    Unit& u = *units_[i];
     if (!u.reduce_scatter) continue;
+    const int64_t n = u.layout.shard_numel;
     {
       StepTimer::Scope waiting(timer_, Phase::comm_wait);
+      ProfileRange range(profiler_, "collective");
+      if (range) describe(range, "reduce_scatter", "wait", i, *shard_comm_, n, mp_.reduce_dtype);
       u.reduce_scatter->wait();
     }
     u.reduce_scatter.reset();
     if (replicate_comm_->size() > 1) {
       void* buf = u.reduced ? u.reduced.data() : u.shard_grad.data();
       const DType dt = u.reduced ? u.reduced.dtype() : DType::f32;
+      ProfileRange range(profiler_, "collective");
+      if (range) describe(range, "all_reduce", "issue", i, *replicate_comm_, n, dt);
       u.all_reduce = replicate_comm_->all_reduce(buf, buf, static_cast<std::size_t>(u.layout.shard_numel),
                                                  dt, ReduceOp::avg, stream);
     }
   }
   // 2. All-reduces done -> accumulate into the fp32 gradient shards.
-  for (auto& up : units_) {
-    Unit& u = *up;
+  for (int i = 0; i < num_units(); ++i) {
+    Unit& u = *units_[i];
     if (u.all_reduce) {
       StepTimer::Scope waiting(timer_, Phase::comm_wait);
+      ProfileRange range(profiler_, "collective");
+      if (range) {
+        describe(range, "all_reduce", "wait", i, *replicate_comm_, u.layout.shard_numel,
+                 u.reduced ? u.reduced.dtype() : DType::f32);
+      }
       u.all_reduce->wait();
       u.all_reduce.reset();
     }
@@ -453,14 +481,37 @@ void FsdpEngine::clip_grad_norm(double max_norm, const TensorView& norm) {
   // Every shard's partial sum, added in shard order, so the norm is bitwise identical on
   // every rank (an all-reduce need not be).
   {
-    auto gather = shard_comm_->all_gather(local.data, parts.data, 1, DType::f64, be_.compute_stream());
+    std::unique_ptr<Work> gather;
+    {
+      ProfileRange range(profiler_, "collective");
+      if (range) describe(range, "all_gather", "issue", -1, *shard_comm_, 1, DType::f64);
+      gather = shard_comm_->all_gather(local.data, parts.data, 1, DType::f64, be_.compute_stream());
+    }
     StepTimer::Scope waiting(timer_, Phase::comm_wait);
+    ProfileRange range(profiler_, "collective");
+    if (range) describe(range, "all_gather", "wait", -1, *shard_comm_, 1, DType::f64);
     gather->wait();
   }
   be_.clip_coefficient(norm, clip_coef_.view(), parts, max_norm);
   if (max_norm > 0) {
     for (auto& u : units_) be_.scale_by(u->shard_grad.view(), clip_coef_.view());
   }
+}
+
+void FsdpEngine::describe(ProfileRange& range, const char* op, const char* stage, int unit,
+                          const Communicator& comm, int64_t numel, DType dtype) const {
+  const std::string name = unit < 0 ? "grad_norm" : units_[unit]->layout.unit_name;
+  const std::string o(op);
+  const int64_t bytes = numel * static_cast<int64_t>(dtype_size(dtype));
+  const int64_t group = comm.size();
+  const std::string target = unit < 0 ? name : "unit " + std::to_string(unit) + " (" + name + ")";
+  range.name(o + " " + stage + " " + target)
+      .arg("unit", unit)
+      .arg("unit_name", name)
+      .arg("in_bytes", o == "reduce_scatter" ? bytes * group : bytes)
+      .arg("out_bytes", o == "all_gather" ? bytes * group : bytes)
+      .arg("dtype", std::string(to_string(dtype)))
+      .arg("ranks", group);
 }
 
 void FsdpEngine::inject_nonfinite_grad() {

@@ -55,6 +55,7 @@ StepTimes StepTimer::end() {
   running_ = false;
   StepTimes t;
   t.step_s = std::chrono::duration<double>(marks_.back().host - marks_.front().host).count();
+  if (profiler_ && profiler_->recording()) add_ranges();
   if (device_clock_) marks_.back().event->synchronize();
   for (std::size_t i = 0; i + 1 < marks_.size(); ++i) {
     const Mark& a = marks_[i];
@@ -64,6 +65,27 @@ StepTimes StepTimer::end() {
     t.phase_s[static_cast<std::size_t>(a.phase)] += s;
   }
   return t;
+}
+
+// "step N" over the whole step, then one range per segment named after its phase.
+void StepTimer::add_ranges() {
+  auto ns = [](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  };
+  const int64_t step = profiler_->step();
+  auto event = [&](std::string name, const char* cat, const Mark& a, const Mark& b) {
+    TraceEvent e;
+    e.name = std::move(name);
+    e.cat = cat;
+    e.start_ns = ns(a.host);
+    e.dur_ns = ns(b.host) - e.start_ns;
+    e.args.push_back({"step", step});
+    profiler_->add(std::move(e));
+  };
+  event("step " + std::to_string(step), "step", marks_.front(), marks_.back());
+  for (std::size_t i = 0; i + 1 < marks_.size(); ++i) {
+    event(to_string(marks_[i].phase), "phase", marks_[i], marks_[i + 1]);
+  }
 }
 
 StepTimer::Scope::Scope(StepTimer* timer, Phase p) {

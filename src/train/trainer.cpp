@@ -31,6 +31,7 @@
 #include "fsdp/model/model.hpp"
 #include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/collective_guard.hpp"
+#include "fsdp/train/profiling.hpp"
 #include "fsdp/train/run_dir.hpp"
 #include "fsdp/train/signals.hpp"
 #include "fsdp/train/watchdog.hpp"
@@ -82,6 +83,7 @@ struct Job {
   };
   std::optional<PendingSave> pending;
   ckpt::AsyncShardWriter writer;
+  std::unique_ptr<Profiler> profiler;  // train.profile_steps (fsdp/train/profiling.hpp); null: off
   // A run that ends by an exception with a save in flight: join this rank's writer, then
   // rank 0 removes the uncommitted step_N.tmp (the previous `latest` stays). After an agreed
   // failure every rank unwinds the same way; a peer's writer may still be finishing its
@@ -787,8 +789,19 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
   // its collective waits.
   StepTimer timer(be);
   job.engine->set_step_timer(&timer);
+  // train.profile_steps: the steps' phases, collectives (and CUDA kernels) into run_dir/profile/.
+  collective_guard(group, [&] { job.profiler = make_profiler(cfg, be, group.rank()); });
+  Profiler* const prof = job.profiler.get();
+  timer.set_profiler(prof);
+  job.engine->set_profiler(prof);
+  auto write_trace = [&] {
+    if (!prof) return;
+    write_profile(*prof, group, cfg.train.run_dir, job.step,
+                  [&](const std::string& line) { job.log(line); });
+  };
   while (job.step < cfg.train.max_steps) {
     const auto t0 = Clock::now();
+    if (prof) prof->begin_step(job.step + 1);
     timer.begin(Phase::data);
     const AllocatorStats a0 = be.allocator_stats();
     const data::Batch batch = job.train_src->load(job.sampler->sample_indices(job.step));
@@ -806,6 +819,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       global_targets = cfg.train.global_batch_size * fixed_targets;
     } else {
       StepTimer::Scope waiting(&timer, Phase::comm_wait);
+      ProfileRange range(prof, "collective", "all_reduce global_targets");
       group.all_reduce(&global_targets, &global_targets, 1, DType::i64, ReduceOp::sum)->wait();
     }
     // Gradient accumulation: each micro-batch's gradient is reduce-scattered into the fp32
@@ -832,13 +846,19 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       // GradScaler.unscale_: unscale this rank's shards, then one found-inf all-reduce so
       // every rank takes the same decision.
       job.engine->unscale_grads(static_cast<float>(1.0 / job.loss_scale), inf_dev);
+      ProfileRange issue(prof, "collective", "all_reduce issue found_inf");
       auto work = dev_world.all_reduce(inf_dev.data, inf_dev.data, 1, DType::f64, ReduceOp::max, stream);
+      issue.end();
       StepTimer::Scope waiting(&timer, Phase::comm_wait);
+      ProfileRange range(prof, "collective", "all_reduce wait found_inf");
       work->wait();
     }
     {
+      ProfileRange issue(prof, "collective", "all_reduce issue loss");
       auto work = dev_world.all_reduce(loss_dev.data, loss_dev.data, 1, DType::f64, ReduceOp::sum, stream);
+      issue.end();
       StepTimer::Scope waiting(&timer, Phase::comm_wait);
+      ProfileRange range(prof, "collective", "all_reduce wait loss");
       work->wait();
     }
     job.engine->clip_grad_norm(cfg.optim.grad_clip, norm_dev);
@@ -899,6 +919,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
                          job.writer.finished() ? 0 : 1};
     {
       StepTimer::Scope waiting(&timer, Phase::comm_wait);
+      ProfileRange range(prof, "collective", "all_reduce step_agreement");
       group.all_reduce(agreed, agreed, 3, DType::i64, ReduceOp::max)->wait();
     }
     const int64_t peak = agreed[0];
@@ -963,6 +984,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     collective_guard(group, [&] {
       if (job.rank0()) job.run_dir.metrics().append_line(line.dump());
     });
+    if (prof && prof->end_step()) write_trace();  // the window's last step
     if (stopping) {
       result.stop_signal = static_cast<int>(agreed[1] & 0xff);
       result.stop_rank = world - static_cast<int>(agreed[1] >> 8);
@@ -977,6 +999,7 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     if (opt.stop_after > 0 && job.step >= opt.stop_after) break;
   }
   finish_pending_save(job);  // --stop-after: the save in flight is committed before returning
+  write_trace();  // a run that ended before the window's last step
   result.final_step = job.step;
   for (int c = 0; c < kNumMemCategories; ++c) {
     result.peak_bytes[static_cast<std::size_t>(c)] =

@@ -96,6 +96,9 @@ struct TrainConfig {
   bool skip_nonfinite = false;        // a step with non-finite loss/grad norm: skip (true) or stop
   bool check_memory = true;           // refuse a memory plan larger than the rank's memory
   double peak_flops = 0;              // FLOP/s per rank for MFU; 0 = the device's known peak
+  // [first, last]: 1-based steps (inclusive) the profiler records into
+  // run_dir/profile/rank_N.trace.json (fsdp/core/profiler.hpp); empty = off. --profile F:L.
+  std::vector<int64_t> profile_steps;
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 
@@ -187,6 +190,10 @@ struct Config {
   // Field-by-field equality (source_path included).
   friend bool operator==(const Config&, const Config&) = default;
 };
+
+// Why [first, last] is not a valid profiling window (train.profile_steps, --profile): "" if it
+// is (1 <= first <= last), else the reason, e.g. "first step 0 is out of range (expected >= 1)".
+std::string profile_steps_error(int64_t first, int64_t last);
 
 // Parses `toml_path`, applies `overrides` ("section.key=value", value parsed as a TOML value;
 // bare words are taken as strings), validates, and returns the config.

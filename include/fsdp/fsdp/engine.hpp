@@ -51,6 +51,7 @@
 #include "fsdp/comm/communicator.hpp"
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/config/config.hpp"
+#include "fsdp/core/profiler.hpp"
 #include "fsdp/fsdp/flat_param.hpp"
 #include "fsdp/fsdp/module.hpp"
 #include "fsdp/fsdp/step_timer.hpp"
@@ -154,6 +155,12 @@ class FsdpEngine final : public ModuleHooks {
   // (all-gather before a unit's use, the reductions in end_step, the norm's all-gather in
   // clip_grad_norm) is a Phase::comm_wait scope.
   void set_step_timer(StepTimer* timer) { timer_ = timer; }
+  // Records the issue and the wait of every collective as a host range of `profiler` (null:
+  // none; not owned), named after the collective and the unit: "all_gather issue unit 3
+  // (h.2)", "reduce_scatter wait unit 0 (root)", "all_reduce wait unit 1 (h.0)",
+  // "all_gather issue grad_norm"; args: unit, unit_name, in_bytes and out_bytes (this rank's
+  // input and output buffers), dtype, ranks (the group's size).
+  void set_profiler(Profiler* profiler) { profiler_ = profiler; }
 
   // Test hook: adds +inf to element 0 of this rank's gradient shard of unit 0 (an overflow).
   void inject_nonfinite_grad();
@@ -184,6 +191,10 @@ class FsdpEngine final : public ModuleHooks {
   bool reshard_after_forward(int unit) const;
   void prefetch(int unit, bool backward);
   int unsharded_blocks() const;  // units besides the root holding a full parameter buffer
+  // Names `range` "<op> <stage> unit U (name)" ("... grad_norm" for unit -1) with its args;
+  // `numel`: the count passed to the collective (the shard's elements).
+  void describe(ProfileRange& range, const char* op, const char* stage, int unit,
+                const Communicator& comm, int64_t numel, DType dtype) const;
 
   Backend& be_;
   FsdpConfig config_;
@@ -199,6 +210,7 @@ class FsdpEngine final : public ModuleHooks {
   DeviceBuffer clip_coef_;         // fp32 [1]
   bool training_ = false;
   StepTimer* timer_ = nullptr;
+  Profiler* profiler_ = nullptr;
   int unsharded_blocks_ = 0;       // units besides the root with unsharded = true (O(1) for
                                    // limit_all_gathers, which asks before every prefetch)
 };

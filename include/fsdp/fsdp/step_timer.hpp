@@ -23,6 +23,11 @@
 //
 // Cost: one steady_clock read per mark (and one cudaEventRecord on a device), about
 // 4 x units + 10 marks per step; events are pooled and reused.
+//
+// Profiling (fsdp/core/profiler.hpp): with a Profiler set that is recording the step, end()
+// adds the range "step N" (begin() to end()) and one range per segment, named after its
+// phase, on the host clock (the host marks; the device-timed phase_s may differ by the
+// launch latency on CUDA), so the ranges inside a step add up to it exactly.
 #pragma once
 
 #include <array>
@@ -31,6 +36,7 @@
 #include <vector>
 
 #include "fsdp/backend/backend.hpp"
+#include "fsdp/core/profiler.hpp"
 
 namespace fsdp {
 
@@ -65,6 +71,8 @@ class StepTimer {
   // Ends the step: the last mark, then (device clock) waits for the marks' events and reads
   // them. Throws fsdp::Error if no step is running.
   StepTimes end();
+  // Adds each recorded step's ranges to `profiler` (null: none; not owned).
+  void set_profiler(Profiler* profiler) { profiler_ = profiler; }
 
   // Enters `p` (when `timer` is non-null and running) and on destruction returns to the
   // phase it interrupted. Nests. Inside Phase::eval or Phase::checkpoint it does nothing:
@@ -90,8 +98,10 @@ class StepTimer {
     TimedEvent* event;       // device clock (null on a host backend)
   };
   void mark(Phase p);
+  void add_ranges();
 
   Backend& be_;
+  Profiler* profiler_ = nullptr;
   bool device_clock_ = false;
   std::vector<std::unique_ptr<TimedEvent>> pool_;  // events of marks, reused every step
   std::vector<Mark> marks_;

@@ -1,0 +1,56 @@
+// The trainer's side of the profiler (see fsdp/train/profiling.hpp).
+#include "fsdp/train/profiling.hpp"
+
+#include <filesystem>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/train/collective_guard.hpp"
+
+#ifdef FSDP_WITH_CUDA
+#include "fsdp/cuda/cupti_collector.hpp"
+#endif
+
+namespace fsdp {
+
+std::string profile_trace_path(const std::string& run_dir, int rank) {
+  return (std::filesystem::path(run_dir) / "profile" / ("rank_" + std::to_string(rank) + ".trace.json"))
+      .string();
+}
+
+std::unique_ptr<Profiler> make_profiler(const Config& config, Backend& backend, int rank) {
+  const auto& window = config.train.profile_steps;
+  if (window.empty()) return nullptr;
+  const std::string path = profile_trace_path(config.train.run_dir, rank);
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(dir.string() + ": cannot create the profile directory: " + ec.message());
+  std::unique_ptr<ActivityCollector> device;
+#ifdef FSDP_WITH_CUDA
+  if (backend.device() == Device::cuda) device = cuda::make_cupti_collector();
+#endif
+  return std::make_unique<Profiler>(window[0], window[1], rank, path, std::move(device));
+}
+
+void write_profile(Profiler& profiler, Communicator& group, const std::string& run_dir,
+                   int64_t final_step, const std::function<void(const std::string&)>& log) {
+  if (profiler.written()) return;
+  bool wrote = false;
+  collective_guard(group, [&] { wrote = profiler.write(); });
+  const std::string window = std::to_string(profiler.first()) + "-" + std::to_string(profiler.last());
+  if (wrote) {
+    const int64_t size = profiler.last() - profiler.first() + 1;
+    const std::string what = profiler.steps_recorded() == size
+                                 ? "steps " + window
+                                 : std::to_string(profiler.steps_recorded()) + " of steps " + window;
+    log("profile: " + what + " traced into " +
+        (std::filesystem::path(run_dir) / "profile" / "rank_*.trace.json").string() +
+        (final_step < profiler.last() ? " (the run ended at step " + std::to_string(final_step) + ")" : ""));
+  } else {
+    log("profile: no step of train.profile_steps = [" + std::to_string(profiler.first()) + ", " +
+        std::to_string(profiler.last()) + "] ran (the run ended at step " +
+        std::to_string(final_step) + "); no trace written");
+  }
+}
+
+}  // namespace fsdp
