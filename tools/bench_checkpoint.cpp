@@ -21,7 +21,7 @@
 
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/core/atomic_file.hpp"
-#include "fsdp/detail/hdf5.hpp"
+#include "fsdp/h5/hdf5.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/process.hpp"
 #include "fsdp/cuda/check.hpp"
 
 namespace fsdp::cuda {
@@ -24,7 +25,7 @@ namespace {
   const char* message = nullptr;
   if (cuptiGetResultString(code, &message) != CUPTI_SUCCESS || !message) message = "unknown error";
   std::ostringstream os;
-  os << "CUPTI error in " << call << " at " << file << ":" << line << " (" << detail::where()
+  os << "CUPTI error in " << call << " at " << file << ":" << line << " (" << fsdp::where()
      << "): " << message;
   throw Error(os.str());
 }
