@@ -8,15 +8,15 @@
 //   layernorm_backward  2 launches reads dout, x, dx (3 R C s) + weight once per block, mean
 //                                  and rstd (8 R); writes dx (R C s) and fp32 partials
 //                                  [2, G, C] that the second launch reads and adds into
-//                                  dweight, dbias (G <= 1024 blocks, G C << R C)
+//                                  dweight, dbias (G <= about 1024 blocks, G C << R C)
 //   rmsnorm_backward    2 launches the same with rstd only and partials [1, G, C]
 // so a backward moves 4 R C s bytes (bf16 GPT-2 124M, R = 8192, C = 768: 50 MB) and a
 // forward 2 R C s.
 //
 // Row kernels (every float argument of one storage type, 0 < C <= 8192): a row group of
 // kTPR = 32, 64, 128 or 256 threads (the smallest that holds the row in at most three
-// 8-element packs per thread; four at 8192) owns one row at a time; a block of 256 threads
-// runs 256 / kTPR groups side by side. Each thread keeps its elements in registers: 16-byte
+// 8-element packs per thread; 256 threads take four for 6144 < C <= 8192) owns one row at a
+// time; a block of 256 threads runs 256 / kTPR groups side by side. Each thread keeps its elements in registers: 16-byte
 // loads and stores (Pack8) when C % 8 == 0 and the pointers are 16-byte aligned, element by
 // element otherwise. Element e = 8 j + k of thread t is column 8 (t + kTPR j) + k with
 // packs, t + kTPR e without.
@@ -34,8 +34,6 @@
 // Otherwise (mixed storage types, or C > 8192) the generic kernels below run: one warp per
 // row, elements read through the run-time-typed accessors; backward in three launches
 // (column partials over row chunks, dx, finish).
-#include <type_traits>
-
 #include "kernels_common.cuh"
 
 namespace fsdp::cuda::kernels {
