@@ -359,6 +359,8 @@ TEST(CudaBackend, KernelScratchComesFromTheCache) {
     g.layernorm_backward(dx.v(kGpu), dw.v(kGpu), db.v(kGpu), x.v(kGpu), x.v(kGpu), w.v(kGpu),
                          mean.v(kGpu), rstd.v(kGpu), R, C);
     g.bias_backward(db.v(kGpu), x.v(kGpu), R, C);
+    g.gelu_bias_backward(dx.v(kGpu), db.v(kGpu), x.v(kGpu), dx.v(kGpu), R, C);
+    g.rmsnorm_backward(dx.v(kGpu), dw.v(kGpu), x.v(kGpu), x.v(kGpu), w.v(kGpu), rstd.v(kGpu), R, C);
     g.embedding_backward(wte.v(kGpu), wpe.v(kGpu), x.v(kGpu), tokens.v(kGpu), B, T, C);
     g.cross_entropy_forward_backward(loss.v(kGpu), logits.v(kGpu), tokens.v(kGpu), R, V, 1.0f);
     g.squared_norm(loss.v(kGpu), x.v(kGpu));
@@ -738,9 +740,19 @@ TEST(CudaBackend, OutOfRangeIndicesThrowAtTheNextSynchronisation) {
 // ---------------------------------------------------------------------------------------
 // LayerNorm
 
+// Norm shapes: every row-kernel layout of kernels_layernorm.cu (threads per row x packs per
+// thread, 16-byte or element accesses) and the generic kernels (C > 8192), with R not a
+// multiple of the rows a block takes at a time or in all:
+//   C = 1, 33, 77 (32 x 1, elements), 40 (32 x 1, packs), 500 (32 x 2, elements), 512 (32 x 2),
+//   768 (32 x 3), 769 (64 x 2, elements), 1536 (64 x 3), 1600 (128 x 2), 2056 (128 x 3),
+//   4096 (256 x 2), 4100 (256 x 3, elements), 8000 (256 x 4), 9000 (generic).
+const int64_t kNormShapes[][2] = {{1, 1},    {37, 33},   {13, 77},   {300, 40},  {100, 500},
+                                  {100, 512}, {64, 768},  {70, 769},  {40, 1536}, {9, 1600},
+                                  {20, 2056}, {6, 4096},  {5, 4100},  {4, 8000},  {3, 9000}};
+
 TEST(CudaBackend, LayerNorm) {
   std::mt19937 rng(13);
-  const int64_t shapes[][2] = {{1, 1}, {13, 77}, {64, 768}, {300, 40}, {5, 4100}};
+  const auto& shapes = kNormShapes;
   for (DType t : kFloatTypes) {
     for (const auto& sh : shapes) {
       const int64_t R = sh[0], C = sh[1];
@@ -970,6 +982,10 @@ TEST(CudaBackend, WrongDtypesAndSizesThrow) {
   expect_error([&] { g.cast(F, I); }, "cuda backend: cast: src is int32");
   expect_error([&] { g.copy(F, Hb); }, "cuda backend: copy: dst");
   expect_error([&] { g.scale_by(F, D); }, "cuda backend: scale_by: coef is fp64");
+  expect_error([&] { g.bias_gelu_forward(F, I, F, 2, 4); },
+               "cuda backend: bias_gelu_forward: fc is int32");
+  expect_error([&] { g.gelu_bias_backward(F, F.slice(0, 7), F, F, 8, 8); },
+               "cuda backend: gelu_bias_backward: dbias is fp32 [7]");
   g.synchronize();  // nothing was enqueued by the failed calls
 }
 
@@ -1006,7 +1022,7 @@ TEST(CudaBackend, EmbeddingLookup) {
 
 TEST(CudaBackend, RmsNorm) {
   std::mt19937 rng(22);
-  const int64_t shapes[][2] = {{1, 1}, {13, 77}, {64, 512}, {300, 40}, {5, 4100}};
+  const auto& shapes = kNormShapes;
   for (DType t : kFloatTypes) {
     for (const auto& sh : shapes) {
       const int64_t R = sh[0], C = sh[1];
@@ -1026,6 +1042,167 @@ TEST(CudaBackend, RmsNorm) {
       });
       check(dx, tol_for(t, kReduceF32), "dx (accumulates)");
       check(dw, tol_for(t, kReduceF32), "dweight (accumulates)");
+    }
+  }
+}
+
+// Norms on views that are not 16-byte aligned (the element-wise path of the row kernels),
+// with fp32 weight gradients beside 16-bit activations (row kernel + fp32 finish), and with
+// mixed activation types (the generic kernels).
+TEST(CudaBackend, NormsUnalignedAndMixedTypes) {
+  std::mt19937 rng(28);
+  const int64_t R = 45, C = 64;
+  struct Case {
+    DType act, x, grad;  // dx/dout/out/weight, x, dweight/dbias
+    int64_t off;         // element offset of every [R, C] view
+  };
+  for (const Case& k : {Case{DType::bf16, DType::bf16, DType::bf16, 1},
+                        Case{DType::f32, DType::f32, DType::f32, 3},
+                        Case{DType::bf16, DType::bf16, DType::f32, 0},
+                        Case{DType::f16, DType::f32, DType::f16, 0}}) {
+    SCOPED_TRACE(name(k.act) + " x " + name(k.x) + " grads " + name(k.grad) + " offset " +
+                 std::to_string(k.off));
+    const Tol tol = tol_for(k.act, kReduceF32);
+    const int64_t n = R * C + k.off;
+    Pair x = make(k.x, uniform(n, rng, -2.0f, 3.0f)), w = make(k.act, uniform(C, rng, 0.5f, 1.5f));
+    Pair b = make(k.act, uniform(C, rng)), out = make(k.act, Vec(n));
+    Pair mean = make(DType::f32, Vec(R)), rstd = make(DType::f32, Vec(R));
+    auto rc = [&](const Pair& p, Side s) { return p.v(s, k.off, R * C); };
+    both([&](Backend& be, Side s) {
+      be.layernorm_forward(rc(out, s), mean.v(s), rstd.v(s), rc(x, s), w.v(s), b.v(s), R, C, 1e-5f);
+    });
+    check(out, tol_for(k.act, {1e-5, 1e-5}), "layernorm out");
+    check(rstd, {1e-5, 0.0}, "layernorm rstd");
+    mean.cpu_to_gpu();
+    rstd.cpu_to_gpu();
+    Pair dout = make(k.act, uniform(n, rng)), dx = make(k.act, uniform(n, rng));
+    Pair dw = make(k.grad, uniform(C, rng)), db = make(k.grad, uniform(C, rng));
+    both([&](Backend& be, Side s) {
+      be.layernorm_backward(rc(dx, s), dw.v(s), db.v(s), rc(dout, s), rc(x, s), w.v(s), mean.v(s),
+                            rstd.v(s), R, C);
+    });
+    check_sync(dx, tol_for(k.act, kReduceF32), "layernorm dx");  // rmsnorm adds to it below
+    check_sync(dw, tol, "layernorm dweight");
+    check(db, tol, "layernorm dbias");
+    both([&](Backend& be, Side s) {
+      be.rmsnorm_forward(rc(out, s), rstd.v(s), rc(x, s), w.v(s), R, C, 1e-6f);
+    });
+    check(out, tol_for(k.act, {1e-5, 1e-5}), "rmsnorm out");
+    rstd.cpu_to_gpu();
+    both([&](Backend& be, Side s) {
+      be.rmsnorm_backward(rc(dx, s), dw.v(s), rc(dout, s), rc(x, s), w.v(s), rstd.v(s), R, C);
+    });
+    check(dx, tol_for(k.act, kReduceF32), "rmsnorm dx");
+    check(dw, tol, "rmsnorm dweight");
+  }
+}
+
+// The fused bias + GELU of the GPT-2 MLP against the CPU backend, and against the CUDA
+// kernels it fuses (the same bits: same fp32 operations, same roundings).
+TEST(CudaBackend, BiasGelu) {
+  std::mt19937 rng(29);
+  const int64_t shapes[][2] = {{1, 1}, {13, 77}, {300, 40}, {64, 3072}, {37, 1600}, {5, 4100}};
+  for (DType t : kFloatTypes) {
+    for (const auto& sh : shapes) {
+      const int64_t R = sh[0], C = sh[1];
+      SCOPED_TRACE(name(t) + " R=" + std::to_string(R) + " C=" + std::to_string(C));
+      const Vec fc0 = uniform(R * C, rng, -6.0f, 6.0f);
+      Pair fc = make(t, fc0), bias = make(t, uniform(C, rng)), out = make(t, Vec(R * C));
+      both([&](Backend& be, Side s) { be.bias_gelu_forward(out.v(s), fc.v(s), bias.v(s), R, C); });
+      check(fc, tol_for(t, kElemF32), "fc += bias");
+      check(out, tol_for(t, kElemF32), "gelu");
+      fc.cpu_to_gpu();
+      Pair fc2 = make(t, fc0), out2 = make(t, Vec(R * C));  // the unfused CUDA kernels
+      gpu().add_bias(fc2.v(kGpu), bias.v(kGpu), R, C);
+      gpu().gelu_forward(out2.v(kGpu), fc2.v(kGpu));
+      Pair fc3 = make(t, fc0);
+      gpu().bias_gelu_forward(fc3.v(kGpu), fc3.v(kGpu), bias.v(kGpu), R, C);  // out aliases fc
+      expect_bytes(out, read_bytes(gpu(), out2.v(kGpu)), "bias_gelu_forward vs add_bias + gelu");
+      expect_bytes(fc3, read_bytes(gpu(), out2.v(kGpu)), "bias_gelu_forward in place");
+
+      const Vec d0 = uniform(R * C, rng);
+      Pair dout = make(t, d0), dfc = make(t, Vec(R * C)), db = make(t, uniform(C, rng));
+      both([&](Backend& be, Side s) {
+        be.gelu_bias_backward(dfc.v(s), db.v(s), fc.v(s), dout.v(s), R, C);
+      });
+      check(dfc, tol_for(t, kElemF32), "dfc");
+      check(db, tol_for(t, kReduceF32), "dbias (accumulates)");
+      Pair dd = make(t, d0), db2 = make(t, Vec(C));  // dfc aliasing dout, dbias from 0
+      both([&](Backend& be, Side s) {
+        be.gelu_bias_backward(dd.v(s), db2.v(s), fc.v(s), dd.v(s), R, C);
+      });
+      check(dd, tol_for(t, kElemF32), "dfc aliasing dout");
+      check(db2, tol_for(t, kReduceF32), "dbias, dfc aliasing dout");
+      Pair dfc4 = make(t, Vec(R * C));
+      gpu().gelu_backward(dfc4.v(kGpu), fc.v(kGpu), dout.v(kGpu));
+      expect_bytes(dfc, read_bytes(gpu(), dfc4.v(kGpu)), "gelu_bias_backward vs gelu_backward");
+    }
+  }
+  // Mixed storage types (the unfused kernels) and unaligned views (element-wise paths).
+  const int64_t R = 33, C = 48;
+  Pair fc = make(DType::f32, uniform(R * C, rng, -4.0f, 4.0f)), bias = make(DType::f32, uniform(C, rng));
+  Pair out = make(DType::bf16, Vec(R * C));
+  both([&](Backend& be, Side s) { be.bias_gelu_forward(out.v(s), fc.v(s), bias.v(s), R, C); });
+  check(out, kBf16, "gelu fp32 -> bf16");
+  check_sync(fc, kElemF32, "fc fp32");
+  Pair dout = make(DType::bf16, uniform(R * C, rng)), dfc = make(DType::f32, Vec(R * C));
+  Pair db = make(DType::f32, uniform(C, rng));
+  both([&](Backend& be, Side s) {
+    be.gelu_bias_backward(dfc.v(s), db.v(s), fc.v(s), dout.v(s), R, C);
+  });
+  check(dfc, kElemF32, "dfc fp32 from bf16 dout");
+  check(db, kReduceF32, "dbias fp32 from bf16 dout");
+  Pair fb = make(DType::bf16, uniform(R * C + 1, rng, -4.0f, 4.0f)), bb = make(DType::bf16, uniform(C, rng));
+  Pair ob = make(DType::bf16, Vec(R * C + 1)), gb = make(DType::bf16, uniform(R * C + 1, rng));
+  Pair dbb = make(DType::f32, uniform(C, rng));  // fp32 bias gradient of bf16 activations
+  both([&](Backend& be, Side s) {
+    be.bias_gelu_forward(ob.v(s, 1, R * C), fb.v(s, 1, R * C), bb.v(s), R, C);
+  });
+  check(ob, kBf16, "gelu, unaligned");
+  check_sync(fb, kBf16, "fc, unaligned");
+  both([&](Backend& be, Side s) {
+    be.gelu_bias_backward(gb.v(s, 1, R * C), dbb.v(s), fb.v(s, 1, R * C), gb.v(s, 1, R * C), R, C);
+  });
+  check(gb, kBf16, "dfc, unaligned");
+  check(dbb, kReduceF32, "dbias fp32, unaligned bf16 dfc");
+}
+
+// Norm backward, bias backward and the fused GELU + bias backward give the same bits on
+// every run, in each layout (warp rows, 128-thread rows, generic).
+TEST(CudaBackend, NormAndBiasGeluReductionsAreBitwiseRepeatable) {
+  std::mt19937 rng(30);
+  for (const auto& sh : {std::array<int64_t, 2>{1031, 200}, std::array<int64_t, 2>{517, 1600},
+                         std::array<int64_t, 2>{70, 9000}}) {
+    const int64_t R = sh[0], C = sh[1];
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(name(t) + " R=" + std::to_string(R) + " C=" + std::to_string(C));
+      const Vec x0 = uniform(R * C, rng), w0 = uniform(C, rng), d0 = uniform(R * C, rng);
+      Pair x = make(t, x0), w = make(t, w0), mean = make(DType::f32, Vec(R)),
+           rstd = make(DType::f32, Vec(R)), rrms = make(DType::f32, Vec(R)), out = make(t, Vec(R * C));
+      Backend& g = gpu();
+      g.layernorm_forward(out.v(kGpu), mean.v(kGpu), rstd.v(kGpu), x.v(kGpu), w.v(kGpu), w.v(kGpu),
+                          R, C, 1e-5f);
+      g.rmsnorm_forward(out.v(kGpu), rrms.v(kGpu), x.v(kGpu), w.v(kGpu), R, C, 1e-6f);
+      Bytes first[7];
+      for (int run = 0; run < 2; ++run) {
+        Pair dx = make(t, Vec(R * C)), dw = make(t, Vec(C)), db = make(t, Vec(C)),
+             rdx = make(t, Vec(R * C)), rdw = make(t, Vec(C)), gdfc = make(t, d0),
+             gdb = make(t, Vec(C));
+        const Pair d = make(t, d0);
+        g.layernorm_backward(dx.v(kGpu), dw.v(kGpu), db.v(kGpu), d.v(kGpu), x.v(kGpu), w.v(kGpu),
+                             mean.v(kGpu), rstd.v(kGpu), R, C);
+        g.rmsnorm_backward(rdx.v(kGpu), rdw.v(kGpu), d.v(kGpu), x.v(kGpu), w.v(kGpu), rrms.v(kGpu),
+                           R, C);
+        g.gelu_bias_backward(gdfc.v(kGpu), gdb.v(kGpu), x.v(kGpu), gdfc.v(kGpu), R, C);
+        const Pair* outs[7] = {&dx, &dw, &db, &rdx, &rdw, &gdfc, &gdb};
+        for (int k = 0; k < 7; ++k) {
+          if (run == 0) {
+            first[k] = read_bytes(g, outs[k]->v(kGpu));
+          } else {
+            expect_bytes(*outs[k], first[k], "output " + std::to_string(k));
+          }
+        }
+      }
     }
   }
 }

@@ -28,6 +28,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/backend/buffer.hpp"
@@ -448,6 +449,33 @@ TEST_F(Kernels, GeluMatchesReferenceAndGradient) {
   be->gelu_forward(f32(ob), f32(xb));
   for (int64_t i = 0; i < big; i += 101)
     ASSERT_NEAR(ob[i], gelu_ref(xb[i]), 1e-6 + 1e-6 * std::abs(ob[i]));
+}
+
+// The GPT-2 MLP's fused bias + GELU: values against the double reference, and gradients of
+// L = sum(gelu(x + b) * Rw) with respect to x and b by central differences.
+TEST_F(Kernels, BiasGeluMatchesReferenceAndGradient) {
+  const int64_t R = 7, C = 13;
+  Vec x = random_vec(R * C, rng, -3.0f, 3.0f), b = random_vec(C, rng);
+  const Vec Rw = random_vec(R * C, rng);
+  Vec fc = x, out(R * C, std::numeric_limits<float>::quiet_NaN());
+  be->bias_gelu_forward(f32(out), f32(fc), f32(b), R, C);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t i = r * C + c;
+      ASSERT_EQ(fc[i], x[i] + b[c]);  // fc += bias, in place
+      ASSERT_NEAR(out[i], gelu_ref(x[i] + b[c]), 1e-6 + 1e-6 * std::abs(out[i]));
+    }
+  }
+  auto loss = [&] {
+    Vec f = x, o(R * C);
+    be->bias_gelu_forward(f32(o), f32(f), f32(b), R, C);
+    return dot(o, Rw);
+  };
+  Vec dfc = Rw, db(C, 0.5f);  // dfc aliases dout; db accumulates into 0.5
+  be->gelu_bias_backward(f32(dfc), f32(db), f32(fc), f32(dfc), R, C);
+  for (auto& v : db) v -= 0.5f;
+  EXPECT_LT(rel_err(dfc, numeric_grad(x, loss, 1e-2f)), 1e-4);
+  EXPECT_LT(rel_err(db, numeric_grad(b, loss, 1e-2f)), 1e-4);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1293,6 +1321,40 @@ TEST_F(Kernels, StoreContractMixedDtypes) {
   expect_rounded(DType::bf16, r, ys.values(), "mixed axpy");
 }
 
+// bias_gelu_forward / gelu_bias_backward give exactly the values of the kernels they fuse
+// (add_bias + gelu_forward, gelu_backward + bias_backward), in every storage dtype,
+// including out aliasing fc and dfc aliasing dout; R = 1000 takes the threaded paths.
+TEST_F(Kernels, BiasGeluEqualsTheKernelsItFuses) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (const auto& [R, C] : {std::pair<int64_t, int64_t>{1, 1}, {7, 13}, {300, 96}, {1000, 77}}) {
+      SCOPED_TRACE(std::string(to_string(dt)) + " R=" + std::to_string(R) + " C=" + std::to_string(C));
+      const Vec fc0 = rounded(random_vec(R * C, rng, -6.0f, 6.0f), dt);
+      const Vec b0 = rounded(random_vec(C, rng), dt), d0 = rounded(random_vec(R * C, rng), dt);
+      const Vec db0 = rounded(random_vec(C, rng), dt);
+      Store fa(dt, fc0), fb(dt, fc0), fcc(dt, fc0), bias(dt, b0);
+      Store oa(dt, Vec(R * C, 9.0f)), ob(dt, Vec(R * C, 9.0f));
+      be->bias_gelu_forward(oa.view(), fa.view(), bias.view(), R, C);
+      be->bias_gelu_forward(fcc.view(), fcc.view(), bias.view(), R, C);  // out aliases fc
+      be->add_bias(fb.view(), bias.view(), R, C);
+      be->gelu_forward(ob.view(), fb.view());
+      expect_rounded(dt, fb.values(), fa.values(), "fc");
+      expect_rounded(dt, ob.values(), oa.values(), "out");
+      expect_rounded(dt, ob.values(), fcc.values(), "out aliasing fc");
+
+      Store ga(dt, d0), gb(dt, d0), dout(dt, d0), gc(dt, Vec(R * C, 9.0f));
+      Store dba(dt, db0), dbb(dt, db0), dbc(dt, db0);
+      be->gelu_bias_backward(ga.view(), dba.view(), fa.view(), ga.view(), R, C);  // dfc = dout
+      be->gelu_bias_backward(gc.view(), dbc.view(), fa.view(), dout.view(), R, C);
+      be->gelu_backward(gb.view(), fb.view(), gb.view());
+      be->bias_backward(dbb.view(), gb.view(), R, C);
+      expect_rounded(dt, gb.values(), ga.values(), "dfc aliasing dout");
+      expect_rounded(dt, gb.values(), gc.values(), "dfc");
+      expect_rounded(dt, dbb.values(), dba.values(), "dbias");
+      expect_rounded(dt, dbb.values(), dbc.values(), "dbias (dfc apart)");
+    }
+  }
+}
+
 TEST_F(Kernels, StoreContractElementwise) {
   for (DType dt : k16) {
     for (int64_t n : {int64_t{13}, int64_t{70001}}) {  // tail only / threaded
@@ -2015,6 +2077,14 @@ TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
   expect_arg_error([&] { be->copy(f32(a), bf); }, "copy", "dst");
   expect_arg_error([&] { be->cast(f32(a), bf.slice(0, 8)); }, "cast", "dst");
   expect_arg_error([&] { be->cast(f32(a).slice(0, 8), i32(tok)); }, "cast", "src");
+  expect_arg_error([&] { be->bias_gelu_forward(f32(a), f32(b), f32(c).slice(0, 7), 8, 8); },
+                   "bias_gelu_forward", "bias");
+  expect_arg_error([&] { be->bias_gelu_forward(f32(a), i32(tok), f32(c), 2, 4); },
+                   "bias_gelu_forward", "fc");
+  expect_arg_error([&] { be->gelu_bias_backward(f32(a), f32(b), f32(c).slice(0, 63), f32(a), 8, 8); },
+                   "gelu_bias_backward", "fc");
+  expect_arg_error([&] { be->gelu_bias_backward(f32(a), sv(), f32(c), f32(a), 8, 8); },
+                   "gelu_bias_backward", "dbias");
   // a 16-bit kernel that throws stores nothing (here C % H != 0, found by the fp32 kernel)
   Store out(DType::bf16, Vec(10, 3.0f)), att(DType::f16, Vec(3, 3.0f)),
       qkv(DType::bf16, Vec(30, 1.0f));

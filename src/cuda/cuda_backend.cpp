@@ -191,6 +191,10 @@ class CudaBackend final : public Backend {
                           int64_t C) override;
   void gelu_forward(const TensorView& out, const TensorView& x) override;
   void gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
+  void bias_gelu_forward(const TensorView& out, const TensorView& fc, const TensorView& bias,
+                         int64_t R, int64_t C) override;
+  void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias, const TensorView& fc,
+                          const TensorView& dout, int64_t R, int64_t C) override;
   void attention_forward(const TensorView& out, const TensorView& att, const TensorView& qkv,
                          int64_t B, int64_t T, int64_t C, int64_t H) override;
   void attention_backward(const TensorView& dqkv, const TensorView& scratch, const TensorView& dout,
@@ -621,6 +625,24 @@ void CudaBackend::gelu_backward(const TensorView& dx, const TensorView& x, const
   const int64_t n = dx.numel();
   Chk::unary_backward("gelu_backward", dx, x, dout);
   k::gelu_backward(out(dx), in(x), in(dout), n, s());
+}
+
+void CudaBackend::bias_gelu_forward(const TensorView& out_, const TensorView& fc,
+                                    const TensorView& bias, int64_t R, int64_t C) {
+  // fc: [R,C] += bias: [C]; out: [R,C] = gelu(fc as stored)
+  Chk::bias_gelu_forward(out_, fc, bias, R, C);
+  k::bias_gelu_forward(out(out_), out(fc), in(bias), R, C, s());
+}
+
+void CudaBackend::gelu_bias_backward(const TensorView& dfc, const TensorView& dbias,
+                                     const TensorView& fc, const TensorView& dout, int64_t R,
+                                     int64_t C) {
+  // dfc: [R,C] = dout gelu'(fc) (may alias dout); dbias: [C] += colsum(dfc as stored)
+  Chk::gelu_bias_backward(dfc, dbias, fc, dout, R, C);
+  if (R == 0 || C == 0) return;
+  Scratch partial(*this,
+                  static_cast<std::size_t>(k::bias_backward_scratch_floats(R, C)) * sizeof(float));
+  k::gelu_bias_backward(out(dfc), out(dbias), in(fc), in(dout), R, C, partial.as<float>(), s());
 }
 
 void CudaBackend::attention_forward(const TensorView& out_, const TensorView& att,

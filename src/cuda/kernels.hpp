@@ -80,6 +80,8 @@ void scale_by(Out x, const float* coef, int64_t n, cudaStream_t s);  // coef: de
 void gelu_forward(Out out, In x, int64_t n, cudaStream_t s);
 void gelu_backward(Out dx, In x, In dout, int64_t n, cudaStream_t s);  // dx may alias dout
 void add_bias(Out out, In bias, int64_t R, int64_t C, cudaStream_t s);
+// fc[R,C] += bias[C], then out = gelu(fc as stored): add_bias + gelu_forward in one pass.
+void bias_gelu_forward(Out out, Out fc, In bias, int64_t R, int64_t C, cudaStream_t s);
 void relu_forward(Out out, In x, int64_t n, cudaStream_t s);
 void relu_backward(Out dx, In x, In dout, int64_t n, cudaStream_t s);  // dx may alias dout
 void mul(Out out, In a, In b, int64_t n, cudaStream_t s);              // out may alias a or b
@@ -89,6 +91,15 @@ void unscale_and_check(float* x, float inv_scale, int64_t n, double* found_inf, 
 // ---- reductions (kernels_reduce.cu). Scratch sizes depend on the shapes only. ----
 int64_t bias_backward_scratch_floats(int64_t R, int64_t C);
 void bias_backward(Out dbias, In dout, int64_t R, int64_t C, float* scratch, cudaStream_t s);
+// dx[R,C] = dout * gelu'(x) (dx may alias dout), dbias[C] += column sums of dx as stored:
+// gelu_backward + bias_backward in one pass (scratch: bias_backward_scratch_floats(R, C)).
+void gelu_bias_backward(Out dx, Out dbias, In x, In dout, int64_t R, int64_t C, float* scratch,
+                        cudaStream_t s);
+// out0[c] += sum over g of partial[0, g, c] and, with Q == 2, out1[c] += sum of
+// partial[1, g, c] (partial: fp32 [Q, G, C]); g in a fixed order in fp64, rounded once. The
+// second pass of every column-sum reduction (bias, LayerNorm and RMSNorm weight gradients).
+void column_partials_finish(const char* what, Out out0, Out out1, const float* partial, int Q,
+                            int64_t G, int64_t C, cudaStream_t s);
 int64_t squared_norm_scratch_doubles(int64_t n);
 void squared_norm(double* acc, In x, int64_t n, double* scratch, cudaStream_t s);
 void clip_coefficient(double* norm, float* coef, const double* parts, int64_t n, double max_norm,

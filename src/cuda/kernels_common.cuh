@@ -161,6 +161,26 @@ __device__ __forceinline__ void store8(T* p, const Pack8<T>& r) {
 }
 
 // ---------------------------------------------------------------------------------------
+// GELU, tanh approximation (GPT-2 "gelu_new"), as the CPU backend computes it.
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluA = 0.044715f;
+
+// gelu(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3) (one exp,
+// no cancellation).
+__device__ __forceinline__ float gelu(float x) {
+  const float u = kGeluC * (x + kGeluA * x * x * x);
+  return x / (1.0f + expf(-2.0f * u));
+}
+// dout * d/dx [x s] = dout (s + x 2 s (1 - s) du/dx), s = sigmoid(2u), du/dx = c (1 + 3 a x^2).
+__device__ __forceinline__ float gelu_grad(float x, float dout) {
+  const float u = kGeluC * (x + kGeluA * x * x * x);
+  const float s = 1.0f / (1.0f + expf(-2.0f * u));
+  const float du = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+  return dout * (s + 2.0f * x * s * (1.0f - s) * du);
+}
+
+// ---------------------------------------------------------------------------------------
 // reductions: fixed shuffle / tree order, so results are deterministic.
 
 template <class V>

@@ -1,11 +1,17 @@
-// src/cuda/kernels_elementwise.cu: casts, add / axpy / scale, GELU, ReLU, mul, bias add, loss-scale
-// unscaling, and the device-side index check (see kernels.hpp).
+// src/cuda/kernels_elementwise.cu: casts, add / axpy / scale, GELU, ReLU, mul, bias add, fused
+// bias + GELU, loss-scale unscaling, and the device-side index check (see kernels.hpp).
 //
 // One grid-stride "map" kernel serves the elementwise ops: out[i] = op(a[i], b[i]) in fp32,
 // stored rounded to nearest even. When no argument is run-time typed and all pointers are
 // 16-byte aligned, each thread moves 8 elements per iteration with 16-byte accesses (the
 // tail, < 8 elements, element by element). Each element is read and written by one thread,
 // in that order, so `out` may alias an input.
+//
+// Launches per call and bytes moved (s = bytes per element): every op here is 1 launch
+// (cast of equal types: one cudaMemcpyAsync, none in place). Map ops read their inputs and
+// write out once (unary: 2 n s, binary: 3 n s); add_bias reads and writes out (2 R C s);
+// bias_gelu_forward reads fc, writes fc and out (3 R C s; add_bias + gelu_forward: 4 R C s
+// in 2 launches); check_indices reads n int32 in one block.
 #include <climits>
 #include <type_traits>
 
@@ -36,23 +42,6 @@ constexpr bool kIsDyn = std::is_same_v<T, Dyn>;
 
 // ---------------------------------------------------------------------------------------
 // fp32 operations. bind() runs once per thread (scale_by reads its device scalar there).
-
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluA = 0.044715f;
-
-// gelu(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), as the
-// CPU backend computes it (one exp, no cancellation).
-__device__ __forceinline__ float gelu(float x) {
-  const float u = kGeluC * (x + kGeluA * x * x * x);
-  return x / (1.0f + expf(-2.0f * u));
-}
-// d/dx [x s] = s + x 2 s (1 - s) du/dx, s = sigmoid(2u), du/dx = c (1 + 3 a x^2).
-__device__ __forceinline__ float gelu_grad(float x, float dout) {
-  const float u = kGeluC * (x + kGeluA * x * x * x);
-  const float s = 1.0f / (1.0f + expf(-2.0f * u));
-  const float du = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
-  return dout * (s + 2.0f * x * s * (1.0f - s) * du);
-}
 
 struct AddOp {
   __device__ AddOp bind() const { return *this; }
@@ -222,6 +211,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// bias + GELU (GPT-2 MLP): fc[r, c] += bias[c], rounded to T, then out = gelu of that stored
+// value (exactly add_bias then gelu_forward). Rows over blocks, columns over threads (8 per
+// thread with 16-byte accesses when vec). fc is stored before out, so out may alias fc.
+constexpr int kBiasGeluThreads = 128;  // 8 x 128 = 1024 columns per pass: 3 for GPT-2's 4C = 3072
+
+template <class T>
+__global__ void __launch_bounds__(kBiasGeluThreads)
+    bias_gelu_kernel(T* out, T* fc, const T* bias, int64_t R, int64_t C, bool vec) {
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const int64_t base = r * C;
+    if (vec) {
+      for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < C; c += 8 * kBiasGeluThreads) {
+        Pack8<T> pf = load8(fc + base + c);
+        const Pack8<T> pb = load8(bias + c);
+        Pack8<T> po;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          pf.v[k] = from_f<T>(to_f(pf.v[k]) + to_f(pb.v[k]));
+          po.v[k] = from_f<T>(gelu(to_f(pf.v[k])));
+        }
+        store8(fc + base + c, pf);
+        store8(out + base + c, po);
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < C; c += kBiasGeluThreads) {
+        const T v = from_f<T>(to_f(fc[base + c]) + to_f(bias[c]));
+        fc[base + c] = v;
+        out[base + c] = from_f<T>(gelu(to_f(v)));
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(kThreads)
@@ -353,6 +375,23 @@ void add_bias(Out out, In bias, int64_t R, int64_t C, cudaStream_t s) {
     const bool vec = C % 8 == 0 && aligned16(out.p) && aligned16(bias.p);
     const int blocks = static_cast<int>(R < kMaxBlocks ? R : kMaxBlocks);
     add_bias_kernel<T><<<blocks, kThreads, 0, s>>>(wr<T>(out), rd<T>(bias), R, C, vec);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void bias_gelu_forward(Out out, Out fc, In bias, int64_t R, int64_t C, cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  if (out.t != fc.t || bias.t != fc.t) {  // mixed storage types: the two kernels it fuses
+    add_bias(fc, bias, R, C, s);
+    gelu_forward(out, In{fc.p, fc.t}, R * C, s);
+    return;
+  }
+  dispatch_float("bias_gelu_forward", fc.t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const bool vec = C % 8 == 0 && aligned16(out.p) && aligned16(fc.p) && aligned16(bias.p);
+    const int blocks = static_cast<int>(R < kMaxBlocks ? R : kMaxBlocks);
+    bias_gelu_kernel<T><<<blocks, kBiasGeluThreads, 0, s>>>(
+        static_cast<T*>(out.p), static_cast<T*>(fc.p), static_cast<const T*>(bias.p), R, C, vec);
     FSDP_CHECK_LAUNCH();
   });
 }

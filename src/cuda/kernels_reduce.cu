@@ -1,63 +1,158 @@
 // src/cuda/kernels_reduce.cu: reductions with a fixed summation order (see kernels.hpp):
-// bias gradients (column sums), squared norms and sums into fp64 device scalars, and the
-// clip coefficient.
+// bias gradients (column sums, optionally fused with the GELU backward), squared norms and
+// sums into fp64 device scalars, the clip coefficient, and the finish of every column-sum
+// reduction (column_partials_finish, also LayerNorm's and RMSNorm's weight gradients).
 //
 // Deterministic two-pass scheme, no atomics: pass 1 splits the work into chunks whose
 // boundaries depend on the shapes only and writes one partial per chunk (threads sum in a
 // fixed stride pattern, then a fixed shuffle/tree order); pass 2 adds the partials in index
 // order. Results are therefore bitwise repeatable for given shapes.
+//
+// Launches per call and bytes moved (s = bytes per element; G <= about 1024 row blocks):
+//   bias_backward        2 launches  reads dout (R C s); partials [G, C] fp32 written and
+//                                    read once; dbias read and written
+//   gelu_bias_backward   2 launches  reads x, dout (2 R C s), writes dx (R C s); partials
+//                                    as bias_backward (the unfused gelu_backward +
+//                                    bias_backward read dx again: 4 R C s)
+//   squared_norm         2 launches  reads x (n s)
+//   column_partials_finish 1 launch  reads Q G C floats
+// Column sums use 16-byte loads when C % 8 == 0 and the pointers are 16-byte aligned.
 #include "kernels_common.cuh"
 
 namespace fsdp::cuda::kernels {
 namespace {
 
-// ---- column sums: [R, C] -> partials [G, C] (G row chunks) -> out[C] += sum over chunks ----
-constexpr int kColTile = 32;    // columns per block (one per lane)
-constexpr int kRowThreads = 8;  // rows handled in parallel per block
-constexpr int64_t kMaxRowChunks = 1024;
+// ---- column sums: [R, C] -> partials [G, C] (fixed row blocks) -> out[C] += sum ----
+constexpr int kColThreads = 128;  // threads per block: one 8-column pack (or one column) each
+constexpr int kRowUnroll = 4;     // rows loaded before any of them is used
+constexpr int64_t kMaxColPartials = 1024;
+constexpr int kColTile = 32;     // finish: columns per block (one per lane)
+constexpr int kFinishRows = 8;   // finish: partial rows summed in parallel per column
 
-// Rows per chunk: at least 64, and at most kMaxRowChunks chunks; a multiple of kRowThreads.
-int64_t rows_per_chunk(int64_t R) {
-  int64_t rpc = (R + kMaxRowChunks - 1) / kMaxRowChunks;
-  if (rpc < 64) rpc = 64;
-  return (rpc + kRowThreads - 1) / kRowThreads * kRowThreads;
+// Rows per block: at least 32, and at most about kMaxColPartials blocks (R only).
+int64_t colsum_rows_per_block(int64_t R) {
+  const int64_t rpb = (R + kMaxColPartials - 1) / kMaxColPartials;
+  return rpb < 32 ? 32 : rpb;
 }
-int64_t row_chunks(int64_t R) {
-  const int64_t rpc = rows_per_chunk(R);
-  return R > 0 ? (R + rpc - 1) / rpc : 0;
+int64_t colsum_blocks(int64_t R) {
+  const int64_t rpb = colsum_rows_per_block(R);
+  return R > 0 ? (R + rpb - 1) / rpb : 0;
 }
 
-// block (32, 8), grid (ceil(C/32), G): partial[g, c] = sum of dout[r, c] over chunk g.
-template <class T>
-__global__ void __launch_bounds__(kColTile* kRowThreads)
-    colsum_partials_kernel(Rd<T> dout, int64_t R, int64_t C, int64_t rpc, float* partial) {
-  __shared__ float sh[kRowThreads][kColTile + 1];
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+// grid (ceil(units / kColThreads), G), units = C / 8 packs (vec) or C columns; block g owns
+// rows [g rpb, min(R, (g + 1) rpb)). Thread u owns columns [8u, 8u + 8) (vec) or u and adds
+// its rows in order (fp32): partial[g, c] = sum of v[r, c], with v = dout, or with kGelu
+// v = dx = dout * gelu'(x) rounded to T and stored (the value summed is the stored one, as
+// gelu_backward then bias_backward would). kRowUnroll rows are loaded before any is stored,
+// each element by the thread that stores it, so dx may alias dout.
+template <class T, bool kGelu>
+__global__ void __launch_bounds__(kColThreads)
+    colsum_kernel(T* dx, const T* dout, const T* x, int64_t R, int64_t C, int64_t rpb, bool vec,
+                  float* partial) {
+  const int64_t u = static_cast<int64_t>(blockIdx.x) * kColThreads + threadIdx.x;
   const int64_t g = blockIdx.y;
-  const int64_t r0 = g * rpc, r1 = min(R, r0 + rpc);
-  float acc = 0.0f;
-  if (c < C) {
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) acc += dout[r * C + c];
+  const int64_t r0 = g * rpb, r1 = min(R, r0 + rpb);
+  if (u >= (vec ? C / 8 : C)) return;  // no block-level synchronisation in this kernel
+  if (vec) {
+    const int64_t c0 = 8 * u;
+    float acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] = 0.0f;
+    for (int64_t rb = r0; rb < r1; rb += kRowUnroll) {
+      Pack8<T> d[kRowUnroll], xv[kRowUnroll];
+#pragma unroll
+      for (int i = 0; i < kRowUnroll; ++i) {
+        if (rb + i < r1) {
+          d[i] = load8(dout + (rb + i) * C + c0);
+          if constexpr (kGelu) xv[i] = load8(x + (rb + i) * C + c0);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kRowUnroll; ++i) {
+        if (rb + i < r1) {
+          if constexpr (kGelu) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+              d[i].v[k] = from_f<T>(gelu_grad(to_f(xv[i].v[k]), to_f(d[i].v[k])));
+            }
+            store8(dx + (rb + i) * C + c0, d[i]);
+          }
+#pragma unroll
+          for (int k = 0; k < 8; ++k) acc[k] += to_f(d[i].v[k]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) partial[g * C + c0 + k] = acc[k];
+  } else {
+    const int64_t c = u;
+    float acc = 0.0f;
+    for (int64_t rb = r0; rb < r1; rb += kRowUnroll) {
+      T d[kRowUnroll], xv[kRowUnroll];
+#pragma unroll
+      for (int i = 0; i < kRowUnroll; ++i) {
+        if (rb + i < r1) {
+          d[i] = dout[(rb + i) * C + c];
+          if constexpr (kGelu) xv[i] = x[(rb + i) * C + c];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kRowUnroll; ++i) {
+        if (rb + i < r1) {
+          if constexpr (kGelu) {
+            d[i] = from_f<T>(gelu_grad(to_f(xv[i]), to_f(d[i])));
+            dx[(rb + i) * C + c] = d[i];
+          }
+          acc += to_f(d[i]);
+        }
+      }
+    }
+    partial[g * C + c] = acc;
   }
-  sh[threadIdx.y][threadIdx.x] = acc;
+}
+
+// block (32, 8), grid (ceil(C / 32), Q): out_q[c] += sum over g of part[q, g, c], q = 0
+// into out0, q = 1 into out1. Thread (x, y) sums g = y, y + 8, ... in order (fp64), then
+// the 8 sums are added in order; rounded once.
+template <class T>
+__global__ void __launch_bounds__(kColTile* kFinishRows)
+    finish_kernel(Wr<T> out0, Wr<T> out1, const float* part, int64_t G, int64_t C) {
+  __shared__ double sh[kFinishRows][kColTile + 1];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
+  const float* p = part + static_cast<int64_t>(blockIdx.y) * G * C;
+  double sum = 0.0;
+  if (c < C) {
+    for (int64_t g = threadIdx.y; g < G; g += kFinishRows) sum += p[g * C + c];
+  }
+  sh[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
-    float sum = 0.0f;
+    double total = 0.0;
 #pragma unroll
-    for (int k = 0; k < kRowThreads; ++k) sum += sh[k][threadIdx.x];
-    partial[g * C + c] = sum;
+    for (int k = 0; k < kFinishRows; ++k) total += sh[k][threadIdx.x];
+    const Wr<T>& out = blockIdx.y == 0 ? out0 : out1;
+    out.set(c, out.get(c) + static_cast<float>(total));
   }
 }
 
-// out[c] += sum over g of partial[g, c] (in g order, in double; rounded once).
-template <class T>
-__global__ void __launch_bounds__(256)
-    colsum_finish_kernel(Wr<T> out, const float* partial, int64_t G, int64_t C) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  double sum = 0.0;
-  for (int64_t g = 0; g < G; ++g) sum += partial[g * C + c];
-  out.set(c, out.get(c) + static_cast<float>(sum));
+// Column sums of dout (kGelu false) or of dx = dout * gelu'(x) (kGelu), [G, C] partials in
+// scratch, then dbias += their sum. T: the storage type of dx, dout and x.
+template <bool kGelu>
+void colsum(const char* what, Out dx, In dout, In x, Out dbias, int64_t R, int64_t C,
+            float* scratch, cudaStream_t s) {
+  const int64_t rpb = colsum_rows_per_block(R), G = colsum_blocks(R);
+  const bool vec = C % 8 == 0 && aligned16(dout.p) && (!kGelu || (aligned16(dx.p) && aligned16(x.p)));
+  dispatch_float(what, dout.t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t units = vec ? C / 8 : C;
+    const dim3 grid(static_cast<unsigned>((units + kColThreads - 1) / kColThreads),
+                    static_cast<unsigned>(G));
+    colsum_kernel<T, kGelu><<<grid, kColThreads, 0, s>>>(
+        static_cast<T*>(dx.p), static_cast<const T*>(dout.p), static_cast<const T*>(x.p), R, C,
+        rpb, vec, scratch);
+    FSDP_CHECK_LAUNCH();
+  });
+  column_partials_finish(what, dbias, dbias, scratch, 1, G, C, s);
 }
 
 // ---- squared norm: x[n] -> partials[G] (fixed chunks) -> acc += sum ----
@@ -103,24 +198,35 @@ __global__ void clip_coefficient_kernel(double* norm, float* coef, const double*
 
 }  // namespace
 
-int64_t bias_backward_scratch_floats(int64_t R, int64_t C) { return row_chunks(R) * C; }
+void column_partials_finish(const char* what, Out out0, Out out1, const float* partial,
+                            int Q, int64_t G, int64_t C, cudaStream_t s) {
+  if (G <= 0 || C <= 0) return;
+  dispatch_uniform(what, {out0.t, out1.t}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const dim3 grid(static_cast<unsigned>((C + kColTile - 1) / kColTile), static_cast<unsigned>(Q));
+    finish_kernel<T>
+        <<<grid, dim3(kColTile, kFinishRows), 0, s>>>(wr<T>(out0), wr<T>(out1), partial, G, C);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+int64_t bias_backward_scratch_floats(int64_t R, int64_t C) { return colsum_blocks(R) * C; }
 
 void bias_backward(Out dbias, In dout, int64_t R, int64_t C, float* scratch, cudaStream_t s) {
   if (R <= 0 || C <= 0) return;
-  const int64_t rpc = rows_per_chunk(R), G = row_chunks(R);
-  dispatch_float("bias_backward", dout.t, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const dim3 grid(static_cast<unsigned>((C + kColTile - 1) / kColTile), static_cast<unsigned>(G));
-    colsum_partials_kernel<T>
-        <<<grid, dim3(kColTile, kRowThreads), 0, s>>>(rd<T>(dout), R, C, rpc, scratch);
-    FSDP_CHECK_LAUNCH();
-  });
-  dispatch_float("bias_backward", dbias.t, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    colsum_finish_kernel<T>
-        <<<static_cast<unsigned>((C + 255) / 256), 256, 0, s>>>(wr<T>(dbias), scratch, G, C);
-    FSDP_CHECK_LAUNCH();
-  });
+  colsum<false>("bias_backward", Out{nullptr, dout.t}, dout, dout, dbias, R, C, scratch, s);
+}
+
+void gelu_bias_backward(Out dx, Out dbias, In x, In dout, int64_t R, int64_t C, float* scratch,
+                        cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  if (dx.t == dout.t && x.t == dout.t) {
+    colsum<true>("gelu_bias_backward", dx, dout, x, dbias, R, C, scratch, s);
+    return;
+  }
+  // Mixed storage types: the two kernels it fuses.
+  gelu_backward(dx, x, dout, R * C, s);
+  bias_backward(dbias, In{dx.p, dx.t}, R, C, scratch, s);
 }
 
 int64_t squared_norm_scratch_doubles(int64_t n) { return n > 0 ? norm_chunks(n) : 0; }

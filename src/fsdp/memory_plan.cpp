@@ -60,6 +60,10 @@ class CountingBackend final : public Backend {
                           const TensorView&, const TensorView&, int64_t, int64_t) override {}
   void gelu_forward(const TensorView&, const TensorView&) override {}
   void gelu_backward(const TensorView&, const TensorView&, const TensorView&) override {}
+  void bias_gelu_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                         int64_t) override {}
+  void gelu_bias_backward(const TensorView&, const TensorView&, const TensorView&,
+                          const TensorView&, int64_t, int64_t) override {}
   void attention_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
                          int64_t, int64_t, int64_t) override {}
   void attention_backward(const TensorView&, const TensorView&, const TensorView&,

@@ -242,8 +242,7 @@ void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
                         W(kLn2B), BT, C, eps);
   // fc [BT,4C] = ln2 @ c_fc.weight[4C,C]^T + bias; gelu = GELU_tanh(fc)
   be_.gemm(false, true, BT, 4 * C, C, 1.f, ln2, W(kFcW), 0.f, fc);
-  be_.add_bias(fc, W(kFcB), BT, 4 * C);
-  be_.gelu_forward(gelu, fc);
+  be_.bias_gelu_forward(gelu, fc, W(kFcB), BT, 4 * C);
   if (!write_output) return;
   // res[l+1] [BT,C] = res2 + gelu @ mlp.c_proj.weight[C,4C]^T + bias
   const TensorView y = rows(a.res[l + 1], C);
@@ -288,9 +287,8 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
     be_.gemm(true, false, C, 4 * C, BT, 1.f, dres, rows(ly.gelu, 4 * C), 1.f, G(kMlpProjW));
     be_.bias_backward(G(kMlpProjB), dres, BT, C);
     be_.gemm(false, false, BT, 4 * C, C, 1.f, dres, W(kMlpProjW), 0.f, dfc);  // d gelu
-    be_.gelu_backward(dfc, rows(ly.fc, 4 * C), dfc);                          // d fc
+    be_.gelu_bias_backward(dfc, G(kFcB), rows(ly.fc, 4 * C), dfc, BT, 4 * C);  // d fc, d bias
     be_.gemm(true, false, 4 * C, C, BT, 1.f, dfc, rows(ly.ln2, C), 1.f, G(kFcW));
-    be_.bias_backward(G(kFcB), dfc, BT, 4 * C);
     be_.gemm(false, false, BT, C, 4 * C, 1.f, dfc, W(kFcW), 0.f, dln);       // d ln2
     // residual: dres (= d res2 after this) += LN2 backward
     be_.layernorm_backward(dres, G(kLn2W), G(kLn2B), dln, rows(ly.res2, C), W(kLn2W),

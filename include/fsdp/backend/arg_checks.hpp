@@ -208,6 +208,26 @@ struct ArgChecks {
     need_dtype(k, "mean", mean, DType::f32, R);
     need_dtype(k, "rstd", rstd, DType::f32, R);
   }
+  static void bias_gelu_forward(const TensorView& out, const TensorView& fc,
+                                const TensorView& bias, int64_t R, int64_t C) {
+    const char* k = "bias_gelu_forward";
+    dim(k, "R", R);
+    dim(k, "C", C);
+    need_float(k, "out", out, R * C);
+    need_float(k, "fc", fc, R * C);
+    need_float(k, "bias", bias, C);
+  }
+  static void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias,
+                                 const TensorView& fc, const TensorView& dout, int64_t R,
+                                 int64_t C) {
+    const char* k = "gelu_bias_backward";
+    dim(k, "R", R);
+    dim(k, "C", C);
+    need_float(k, "dfc", dfc, R * C);
+    need_float(k, "dbias", dbias, C);
+    need_float(k, "fc", fc, R * C);
+    need_float(k, "dout", dout, R * C);
+  }
   // out = f(x) elementwise over n = out.numel() (gelu_forward, relu_forward): "out", "x".
   static void unary_forward(const char* kernel, const TensorView& out, const TensorView& x) {
     need_float(kernel, "out", out, out.numel());

@@ -139,6 +139,17 @@ class Backend {
   // Writes dx[n] = dout[n] * gelu'(x[n]). dx may alias dout (elementwise).
   virtual void gelu_backward(const TensorView& dx, const TensorView& x,
                              const TensorView& dout) = 0;
+  // The GPT-2 MLP's bias and GELU in one pass: fc[R,C] += bias[C], then out[R,C] = GELU(fc)
+  // of fc as stored (rounded to fc's dtype): the values of add_bias(fc, bias, R, C) followed
+  // by gelu_forward(out, fc). out may alias fc (then fc ends as GELU(fc + bias)).
+  virtual void bias_gelu_forward(const TensorView& out, const TensorView& fc,
+                                 const TensorView& bias, int64_t R, int64_t C) = 0;
+  // Its backward in one pass: writes dfc[R,C] = dout * gelu'(fc) (dfc may alias dout) and
+  // ACCUMULATES dbias[C] += sum over rows of dfc as stored: the values of gelu_backward(dfc,
+  // fc, dout) followed by bias_backward(dbias, dfc, R, C).
+  virtual void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias,
+                                  const TensorView& fc, const TensorView& dout, int64_t R,
+                                  int64_t C) = 0;
 
   // Causal multi-head self-attention core (no projections), GPT-2 layout.
   // qkv: [B,T,3C] with q = qkv[..., 0:C], k = [C:2C], v = [2C:3C], head h uses columns

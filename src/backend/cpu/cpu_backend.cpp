@@ -239,6 +239,10 @@ class CpuBackend final : public Backend {
                           int64_t C) override;
   void gelu_forward(const TensorView& out, const TensorView& x) override;
   void gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
+  void bias_gelu_forward(const TensorView& out, const TensorView& fc, const TensorView& bias,
+                         int64_t R, int64_t C) override;
+  void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias, const TensorView& fc,
+                          const TensorView& dout, int64_t R, int64_t C) override;
   void attention_forward(const TensorView& out, const TensorView& att, const TensorView& qkv,
                          int64_t B, int64_t T, int64_t C, int64_t H) override;
   void attention_backward(const TensorView& dqkv, const TensorView& scratch, const TensorView& dout,
@@ -503,6 +507,35 @@ void CpuBackend::gelu_backward(const TensorView& dx, const TensorView& x, const 
   const F32In fx = in(x, n), d = in(dout, n);
   const F32Out g = out(dx, n, false);
   k_.gelu_backward(g, fx, d, n);
+}
+
+void CpuBackend::bias_gelu_forward(const TensorView& out_, const TensorView& fc,
+                                   const TensorView& bias, int64_t R, int64_t C) {
+  // fc: [R,C] += bias: [C]; out: [R,C] = gelu(fc as stored)
+  Chk::bias_gelu_forward(out_, fc, bias, R, C);
+  if (fc.dtype != DType::f32) {  // GELU reads the rounded fc: the two kernels, in order
+    add_bias(fc, bias, R, C);
+    gelu_forward(out_.slice(0, R * C), fc.slice(0, R * C));
+    return;
+  }
+  const F32In b = in(bias, C);
+  const F32Out o = out(out_, R * C, false);
+  k_.bias_gelu_forward(o, static_cast<float*>(fc.data), b, R, C);
+}
+
+void CpuBackend::gelu_bias_backward(const TensorView& dfc, const TensorView& dbias,
+                                    const TensorView& fc, const TensorView& dout, int64_t R,
+                                    int64_t C) {
+  // dfc: [R,C] = dout gelu'(fc) (may alias dout); dbias: [C] += colsum(dfc as stored)
+  Chk::gelu_bias_backward(dfc, dbias, fc, dout, R, C);
+  if (dfc.dtype != DType::f32) {  // the bias gradient sums the rounded dfc: the two kernels
+    gelu_backward(dfc.slice(0, R * C), fc.slice(0, R * C), dout.slice(0, R * C));
+    bias_backward(dbias, dfc, R, C);
+    return;
+  }
+  const F32In x = in(fc, R * C), d = in(dout, R * C);
+  const F32Out db = out(dbias, C, true);
+  k_.gelu_bias_backward(static_cast<float*>(dfc.data), db, x, d, R, C);
 }
 
 void CpuBackend::attention_forward(const TensorView& out_, const TensorView& att,

@@ -498,6 +498,59 @@ void CpuKernels::gelu_backward(float* dx, const float* x, const float* dout, int
   }
 }
 
+// GELU of one row: out[0, n) = gelu(x[0, n)) (8 lanes at a time, as gelu_forward).
+namespace {
+inline void gelu_row(float* out, const float* x, int64_t n) {
+  const int64_t nv = n / 8;
+  for (int64_t v = 0; v < nv; ++v) store8(out + 8 * v, gelu8(load8(x + 8 * v)));
+  if (const int64_t rem = n - 8 * nv; rem > 0) {
+    store_partial(out + 8 * nv, gelu8(load_partial(x + 8 * nv, rem, 0.0f)), rem);
+  }
+}
+// dx[0, n) = dout * gelu'(x) of one row (as gelu_backward; dx may alias dout).
+inline void gelu_grad_row(float* dx, const float* x, const float* dout, int64_t n) {
+  const int64_t nv = n / 8;
+  for (int64_t v = 0; v < nv; ++v) {
+    store8(dx + 8 * v, gelu_grad8(load8(x + 8 * v), load8(dout + 8 * v)));
+  }
+  if (const int64_t rem = n - 8 * nv; rem > 0) {
+    store_partial(dx + 8 * nv,
+                  gelu_grad8(load_partial(x + 8 * nv, rem, 0.0f),
+                             load_partial(dout + 8 * nv, rem, 0.0f)),
+                  rem);
+  }
+}
+}  // namespace
+
+void CpuKernels::bias_gelu_forward(float* out, float* fc, const float* bias, int64_t R,
+                                   int64_t C) const {
+#pragma omp parallel for num_threads(threads_for(R * C, kParallelMinElems)) schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    float* f = fc + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) f[c] += bias[c];
+    gelu_row(out + r * C, f, C);
+  }
+}
+
+void CpuKernels::gelu_bias_backward(float* dfc, float* dbias, const float* fc, const float* dout,
+                                    int64_t R, int64_t C) const {
+  // Row blocks as bias_backward: each row's dfc is written, then added to its block's sums.
+  reduce_row_blocks(
+      R, C,
+      [=](int64_t r0, int64_t r1, double* a) {
+        for (int64_t r = r0; r < r1; ++r) {
+          float* d = dfc + r * C;
+          gelu_grad_row(d, fc + r * C, dout + r * C, C);
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) a[c] += d[c];
+        }
+      },
+      [&](const double* total) {
+        for (int64_t c = 0; c < C; ++c) dbias[c] += static_cast<float>(total[c]);
+      });
+}
+
 // ---------------------------------------------------------------------------------------
 // causal self-attention. Per (b, h): S = Q K^T / sqrt(hs) (lower triangle), P = softmax(S),
 // out = P V. Row blocks of kAttnBlock: block [i0, i1) needs only columns [0, i1).

@@ -57,6 +57,12 @@ class CpuKernels {
                           int64_t R, int64_t C) const;
   void gelu_forward(float* out, const float* x, int64_t n) const;
   void gelu_backward(float* dx, const float* x, const float* dout, int64_t n) const;
+  // fc [R,C] += bias [C]; out [R,C] = gelu(fc) (out may alias fc): add_bias + gelu_forward.
+  void bias_gelu_forward(float* out, float* fc, const float* bias, int64_t R, int64_t C) const;
+  // dfc [R,C] = dout * gelu'(fc) (dfc may alias dout); dbias [C] += column sums of dfc:
+  // gelu_backward + bias_backward, the same values and summation order.
+  void gelu_bias_backward(float* dfc, float* dbias, const float* fc, const float* dout, int64_t R,
+                          int64_t C) const;
   // qkv [B,T,3C]; out [B,T,C]; att [B,H,T,T]; scratch [B,H,T,T].
   void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                          int64_t H) const;

@@ -1,0 +1,139 @@
+// tools/bench_kernels.cpp: time the CUDA backend's memory-bound transformer kernels alone -
+// LayerNorm and RMSNorm forward/backward and the GPT-2 MLP's fused bias + GELU (with the
+// unfused kernels it replaces beside it) - at the shapes of the models we train, in bf16,
+// through the Backend interface (so per-call scratch from the caching allocator is
+// included, as in training).
+//
+//   build_cuda/bench_kernels [CALLS]      (default 50; CUDA build only)
+//
+// Shapes (R rows of C; the MLP ops run on [R, 4C]): GPT-2 124M (B 8 x 1024: R = 8192,
+// C = 768), GPT-2 1.5B (B 4 x 1024: R = 4096, C = 1600), t5-small (B 32 x 462 encoder
+// tokens: R = 14784, C = 512). Per op: microseconds per call (CUDA events around CALLS calls
+// after 3 warm-up calls), the bytes the op must move at least (each [R, C] operand read or
+// written once - norm forward 2, backward 4 (dx accumulates: read and written), bias + GELU
+// 3 - leaving out the weight, bias and statistic vectors and the partial-sum scratch; the
+// unfused rows are charged the fused op's bytes, so their GB/s is the effective rate) and
+// the bandwidth that gives (H100 SXM HBM3: about 3350 GB/s peak). tools/bench_kernels_torch.py times PyTorch's
+// kernels at the same shapes with the same byte counts, so the two tables compare row by
+// row (run both in one GPU session: gpu_check.sh's conditions).
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/buffer.hpp"
+#include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/cuda/cuda_backend.hpp"
+
+namespace {
+
+using fsdp::Backend;
+using fsdp::DeviceBuffer;
+using fsdp::DType;
+using fsdp::MemCategory;
+
+struct Model {
+  const char* name;
+  int64_t R, C;
+};
+constexpr Model kModels[] = {
+    {"gpt2-124M", 8 * 1024, 768}, {"gpt2-1.5B", 4 * 1024, 1600}, {"t5-small", 32 * 462, 512}};
+
+// A bf16 buffer of n values uniform in [lo, hi).
+DeviceBuffer random_bf16(Backend& be, int64_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<uint16_t> h(static_cast<std::size_t>(n));
+  for (auto& v : h) v = fsdp::f32_to_bf16(d(rng));
+  DeviceBuffer b(be, DType::bf16, n, MemCategory::other);
+  be.copy_from_host(b.view(), h.data());
+  return b;
+}
+
+// Mean seconds per call of f over `calls` calls (CUDA events on the compute stream).
+double seconds_per_call(Backend& be, const std::function<void()>& f, int calls) {
+  for (int i = 0; i < 3; ++i) f();
+  auto t0 = be.create_timed_event(), t1 = be.create_timed_event();
+  t0->record(be.compute_stream());
+  for (int i = 0; i < calls; ++i) f();
+  t1->record(be.compute_stream());
+  be.synchronize();
+  return t1->seconds_since(*t0) / calls;
+}
+
+void row(const Model& m, const char* op, double bytes, double s) {
+  std::printf("| %s | %s | %lld x %lld | %.1f | %.1f | %.0f |\n", m.name, op,
+              static_cast<long long>(m.R), static_cast<long long>(m.C), s * 1e6, bytes / 1e6,
+              bytes / s / 1e9);
+}
+
+void bench(Backend& be, const Model& m, int calls) {
+  std::mt19937 rng(1);
+  const int64_t R = m.R, C = m.C, n = R * C, F = 4 * C;
+  const double e = 2.0;  // bytes per bf16 element
+  DeviceBuffer x = random_bf16(be, n, rng, -2.0f, 3.0f), dout = random_bf16(be, n, rng, -1.0f, 1.0f);
+  DeviceBuffer out = random_bf16(be, n, rng, -1.0f, 1.0f), dx = random_bf16(be, n, rng, -1.0f, 1.0f);
+  DeviceBuffer w = random_bf16(be, C, rng, 0.5f, 1.5f), b = random_bf16(be, C, rng, -1.0f, 1.0f);
+  DeviceBuffer dw = random_bf16(be, C, rng, -1.0f, 1.0f), db = random_bf16(be, C, rng, -1.0f, 1.0f);
+  DeviceBuffer mean(be, DType::f32, R, MemCategory::other), rstd(be, DType::f32, R, MemCategory::other);
+  const auto V = [](const DeviceBuffer& d) { return d.view(); };
+
+  row(m, "layernorm_forward", 2 * n * e, seconds_per_call(be, [&] {
+        be.layernorm_forward(V(out), V(mean), V(rstd), V(x), V(w), V(b), R, C, 1e-5f);
+      }, calls));
+  row(m, "layernorm_backward", 4 * n * e, seconds_per_call(be, [&] {
+        be.layernorm_backward(V(dx), V(dw), V(db), V(dout), V(x), V(w), V(mean), V(rstd), R, C);
+      }, calls));
+  row(m, "rmsnorm_forward", 2 * n * e, seconds_per_call(be, [&] {
+        be.rmsnorm_forward(V(out), V(rstd), V(x), V(w), R, C, 1e-6f);
+      }, calls));
+  row(m, "rmsnorm_backward", 4 * n * e, seconds_per_call(be, [&] {
+        be.rmsnorm_backward(V(dx), V(dw), V(dout), V(x), V(w), V(rstd), R, C);
+      }, calls));
+
+  // MLP: fc [R, 4C]. bias_gelu_forward adds the bias to fc in place each call; the values
+  // drift but stay finite over the calls timed (|bias| < 1).
+  DeviceBuffer fc = random_bf16(be, R * F, rng, -3.0f, 3.0f), g = random_bf16(be, R * F, rng, -1.0f, 1.0f);
+  DeviceBuffer dfc = random_bf16(be, R * F, rng, -1.0f, 1.0f), fb = random_bf16(be, F, rng, -0.01f, 0.01f);
+  DeviceBuffer dfb = random_bf16(be, F, rng, -1.0f, 1.0f);
+  const Model mf{m.name, R, F};
+  const double nf = static_cast<double>(R * F);
+  row(mf, "bias_gelu_forward", 3 * nf * e, seconds_per_call(be, [&] {
+        be.bias_gelu_forward(V(g), V(fc), V(fb), R, F);
+      }, calls));
+  row(mf, "add_bias + gelu_forward", 3 * nf * e, seconds_per_call(be, [&] {
+        be.add_bias(V(fc), V(fb), R, F);
+        be.gelu_forward(V(g), V(fc));
+      }, calls));
+  row(mf, "gelu_bias_backward", 3 * nf * e, seconds_per_call(be, [&] {
+        be.gelu_bias_backward(V(dfc), V(dfb), V(fc), V(dfc), R, F);  // dfc aliases dout, as in gpt2.cpp
+      }, calls));
+  row(mf, "gelu_backward + bias_backward", 3 * nf * e, seconds_per_call(be, [&] {
+        be.gelu_backward(V(dfc), V(fc), V(dfc));
+        be.bias_backward(V(dfb), V(dfc), R, F);
+      }, calls));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int calls = argc > 1 ? std::atoi(argv[1]) : 50;
+  if (calls < 1) {
+    std::fprintf(stderr, "usage: %s [CALLS >= 1]\n", argv[0]);
+    return 2;
+  }
+  try {
+    auto be = fsdp::cuda::make_cuda_backend(0);
+    std::printf("| model | op | R x C | us per call | MB moved | GB/s |\n");
+    std::printf("|---|---|---:|---:|---:|---:|\n");
+    for (const Model& m : kModels) bench(*be, m, calls);
+  } catch (const fsdp::Error& e) {
+    std::fprintf(stderr, "bench_kernels: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
