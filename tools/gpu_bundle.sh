@@ -165,6 +165,9 @@ add_exe() {  # $1 = file in the build tree
   printf '%s\t%s\n' "$name" "$(realpath --relative-to="$BUILD_DIR" "$1")" >>"$B/bin_map.txt"
 }
 for b in fsdp_train fsdp_prepare fsdp_merge; do add_exe "$BUILD_DIR/$b"; done
+# The CUDA kernels' bandwidth bench (tools/bench_kernels.cpp; PyTorch's side is
+# tools/bench_kernels_torch.py), when built: `gpu_bundle/bin/bench_kernels` on the GPU.
+if [[ -x "$BUILD_DIR/bench_kernels" ]]; then add_exe "$BUILD_DIR/bench_kernels"; fi
 while IFS= read -r f; do [[ -n "$f" ]] && add_exe "$f"; done <<<"$TEST_FILES"
 
 # Tools the GPU machine runs beside the binaries, when the tree has them: tools/gpu_check.sh
