@@ -66,9 +66,9 @@ class CountingBackend final : public Backend {
                           const TensorView&, const TensorView&, int64_t, int64_t, int64_t,
                           int64_t) override {}
   void cross_entropy_forward_backward(const TensorView&, const TensorView&, const TensorView&,
-                                      int64_t, int64_t, float) override {}
+                                      int64_t, int64_t, int64_t, float) override {}
   void cross_entropy_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
-                             int64_t) override {}
+                             int64_t, int64_t) override {}
   void embedding_lookup_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
                                 int64_t) override {}
   void embedding_lookup_backward(const TensorView&, const TensorView&, const TensorView&, int64_t,

@@ -204,9 +204,9 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
                         hooks.param(pf), hooks.param(pf + 1), BT, C, eps);
   be_.gemm(false, true, BT, V, C, 1.f, lnf, hooks.param(kWte), 0.f, logits);
   if (with_backward) {
-    be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, grad_scale);
+    be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, V, grad_scale);
   } else {
-    be_.cross_entropy_forward(loss, logits, targets, BT, V);
+    be_.cross_entropy_forward(loss, logits, targets, BT, V, V);
   }
   hooks.post_forward(mf);
 }

@@ -464,9 +464,9 @@ void T5Model::forward(const data::Batch& batch, ModuleHooks& hooks, bool with_ba
   auto head = [&](const TensorView& W) {
     be_.gemm(false, true, Rd, V, D, 1.f, lnf, W, 0.f, logits);
     if (with_backward) {
-      be_.cross_entropy_forward_backward(loss, logits, a.labels.view({Rd}), Rd, V, grad_scale);
+      be_.cross_entropy_forward_backward(loss, logits, a.labels.view({Rd}), Rd, V, V, grad_scale);
     } else {
-      be_.cross_entropy_forward(loss, logits, a.labels.view({Rd}), Rd, V);
+      be_.cross_entropy_forward(loss, logits, a.labels.view({Rd}), Rd, V, V);
     }
   };
   if (cfg_.tie_word_embeddings) {
