@@ -190,7 +190,8 @@ int64_t FsdpEngine::num_params() const {
 }
 
 // Rank s generates only flat elements [s*shard_numel, (s+1)*shard_numel): element k of a
-// parameter is init(seed, key(name), k), whatever the world size.
+// parameter is init(seed, key(name), k), whatever the world size; vocabulary padding rows
+// (ParamSpec::vocab_rows) are 0, so the model's own rows are the unpadded model's.
 void FsdpEngine::init_shard(int unit, uint64_t seed) {
   Unit& u = *units_[unit];
   const auto& L = u.layout;
@@ -200,9 +201,14 @@ void FsdpEngine::init_shard(int unit, uint64_t seed) {
     const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.spec.numel());
     if (lo >= hi) continue;
     const uint64_t key = rng::key_of(e.spec.name);
+    const int64_t own = e.spec.unpadded_numel();  // vocabulary padding rows past it: 0
     for (int64_t j = lo; j < hi; ++j) {
       const int64_t k = j - e.offset;
       float v = 0.f;
+      if (k >= own) {
+        host[static_cast<std::size_t>(j - begin)] = 0.f;
+        continue;
+      }
       switch (e.spec.init) {
         case InitKind::normal:
           v = static_cast<float>(e.spec.init_std * rng::normal(seed, key, static_cast<uint64_t>(k)));
