@@ -826,6 +826,24 @@ TEST_F(CheckpointTest, MergeTinyT5IntoHuggingFaceLayout) {
   fs::copy(path("hf"), keep / "t5_hf_expected", fs::copy_options::recursive);
 }
 
+TEST(ModelConfigJson, CarriesTheVocabularyPadding) {
+  // model_config JSON round-trips pad_vocab_multiple; a JSON without it (written before it
+  // existed) reads as 1, the unpadded tensors such checkpoints hold; a bad value is an input
+  // error naming the origin and the key.
+  fsdp::ModelConfig c = fsdp::ModelConfig::defaults("gpt2");
+  c.pad_vocab_multiple = 64;
+  json j = fsdp::model_config_json(c);
+  EXPECT_EQ(j["pad_vocab_multiple"], 64);
+  EXPECT_EQ(fsdp::model_config_from_json(j, "f.h5"), c);
+  j.erase("pad_vocab_multiple");
+  EXPECT_EQ(fsdp::model_config_from_json(j, "f.h5").pad_vocab_multiple, 1);
+  for (const json bad : {json(0), json(-128), json(1.5), json("128"), json(int64_t{1} << 20)}) {
+    j["pad_vocab_multiple"] = bad;
+    expect_input_error([&] { fsdp::model_config_from_json(j, "f.h5"); },
+                       {"f.h5: model config \"pad_vocab_multiple\": expected an integer 1 <= x <= 65536"});
+  }
+}
+
 TEST_F(CheckpointTest, MergeOfAVocabularyPaddedCheckpointIsByteIdentical) {
   // A checkpoint of a vocabulary-padded model (model.pad_vocab_multiple = 128: GPT-2 wte
   // [128, 4] for vocab 8; T5 shared and lm_head [384, 8] for vocab 259) merges into exactly

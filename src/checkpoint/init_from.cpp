@@ -173,7 +173,7 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
     }
     const int64_t sb = l.shard_begin(shard_index), se = l.shard_end(shard_index);
     float* out = shards[u];
-    std::fill(out, out + l.shard_numel, 0.0f);  // padding, vocabulary padding rows (nothing else stays 0)
+    std::fill(out, out + l.shard_numel, 0.0f);  // padding and vocabulary pad rows stay 0
     for (std::size_t k = 0; k < l.entries.size(); ++k) {
       const FlatEntry& e = l.entries[k];
       const Source& s = sources[u][k];

@@ -87,7 +87,8 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
   MergeStats stats;
   if (progress) {
     int64_t total_bytes = 0;  // fp32 payload of model.safetensors (its header not counted)
-    for (const ParamSpec& p : expected) total_bytes += p.unpadded_numel() * static_cast<int64_t>(sizeof(float));
+    for (const ParamSpec& p : expected)
+      total_bytes += p.unpadded_numel() * static_cast<int64_t>(sizeof(float));
     progress->set_total(static_cast<int64_t>(expected.size()), total_bytes);
   }
   {

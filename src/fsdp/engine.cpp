@@ -201,14 +201,11 @@ void FsdpEngine::init_shard(int unit, uint64_t seed) {
     const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.spec.numel());
     if (lo >= hi) continue;
     const uint64_t key = rng::key_of(e.spec.name);
-    const int64_t own = e.spec.unpadded_numel();  // vocabulary padding rows past it: 0
+    const int64_t own = e.spec.unpadded_numel();  // the model's rows; vocabulary pad rows after
     for (int64_t j = lo; j < hi; ++j) {
       const int64_t k = j - e.offset;
+      if (k >= own) continue;  // a vocabulary pad row: stays 0
       float v = 0.f;
-      if (k >= own) {
-        host[static_cast<std::size_t>(j - begin)] = 0.f;
-        continue;
-      }
       switch (e.spec.init) {
         case InitKind::normal:
           v = static_cast<float>(e.spec.init_std * rng::normal(seed, key, static_cast<uint64_t>(k)));

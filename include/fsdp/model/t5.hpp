@@ -80,10 +80,10 @@ struct T5Config {
 };
 
 // Throws fsdp::InputError naming `origin` and the field when a size is < 1 (every size field;
-// num_layers, num_decoder_layers and pad_vocab_multiple included), relative_attention_num_buckets < 4 (each half of
-// the bidirectional buckets needs an exact and a logarithmic part) or
-// relative_attention_max_distance <= relative_attention_num_buckets / 2 (the log range would be
-// empty), or layer_norm_epsilon is not > 0.
+// num_layers, num_decoder_layers and pad_vocab_multiple included),
+// relative_attention_num_buckets < 4 (each half of the bidirectional buckets needs an exact and
+// a logarithmic part) or relative_attention_max_distance <= relative_attention_num_buckets / 2
+// (the log range would be empty), or layer_norm_epsilon is not > 0.
 void validate_t5_config(const T5Config& c, const std::string& origin);
 
 // HF T5Attention._relative_position_bucket for one relative position (key_pos - query_pos),
