@@ -740,6 +740,7 @@ fsdp::ModelConfig tiny_t5() {
   c.set("relative_attention_max_distance", int64_t{16});
   c.set("feed_forward_proj", std::string("gated-gelu"));
   c.set("tie_word_embeddings", false);
+  c.pad_vocab_multiple = 1;  // shared and lm_head [259, 8], as Hugging Face holds them
   return c;
 }
 
@@ -814,7 +815,7 @@ TEST_F(CheckpointTest, MergeTinyT5IntoHuggingFaceLayout) {
   EXPECT_EQ(cfg["tie_word_embeddings"], false);
   EXPECT_EQ(cfg["is_encoder_decoder"], true);
   // The family reads its own config.json back to the same [model] keys (init_from's check).
-  EXPECT_EQ(t5.from_hf_config(cfg, "config.json"), mc);
+  EXPECT_EQ(t5.from_hf_config(cfg, "config.json").values, mc.values);
 
   // Kept for the fsdp_merge command-line test (check_merge.py --t5-step-dir/--t5-expected).
   const fs::path keep = fs::path(FSDP_BINARY_DIR) / "test_checkpoint_fixture";
@@ -823,6 +824,75 @@ TEST_F(CheckpointTest, MergeTinyT5IntoHuggingFaceLayout) {
   fs::remove_all(keep / "t5_hf_expected");
   fs::copy(dir, keep / "t5_step_00001234", fs::copy_options::recursive);
   fs::copy(path("hf"), keep / "t5_hf_expected", fs::copy_options::recursive);
+}
+
+TEST(ModelConfigJson, CarriesTheVocabularyPadding) {
+  // model_config JSON round-trips pad_vocab_multiple; a JSON without it (written before it
+  // existed) reads as 1, the unpadded tensors such checkpoints hold; a bad value is an input
+  // error naming the origin and the key.
+  fsdp::ModelConfig c = fsdp::ModelConfig::defaults("gpt2");
+  c.pad_vocab_multiple = 64;
+  json j = fsdp::model_config_json(c);
+  EXPECT_EQ(j["pad_vocab_multiple"], 64);
+  EXPECT_EQ(fsdp::model_config_from_json(j, "f.h5"), c);
+  j.erase("pad_vocab_multiple");
+  EXPECT_EQ(fsdp::model_config_from_json(j, "f.h5").pad_vocab_multiple, 1);
+  for (const json bad : {json(0), json(-128), json(1.5), json("128"), json(int64_t{1} << 20)}) {
+    j["pad_vocab_multiple"] = bad;
+    expect_input_error([&] { fsdp::model_config_from_json(j, "f.h5"); },
+                       {"f.h5: model config \"pad_vocab_multiple\": expected an integer 1 <= x <= 65536"});
+  }
+}
+
+TEST_F(CheckpointTest, MergeOfAVocabularyPaddedCheckpointIsByteIdentical) {
+  // A checkpoint of a vocabulary-padded model (model.pad_vocab_multiple = 128: GPT-2 wte
+  // [128, 4] for vocab 8; T5 shared and lm_head [384, 8] for vocab 259) merges into exactly
+  // the bytes of the unpadded checkpoint holding the same values (pad 1, today's layout):
+  // the pad rows are cut (they hold garbage here, so a leak would show), config.json has
+  // vocab_size. Each checkpoint is written to the same step directory (the merged metadata
+  // names it) and merged.
+  fsdp::ModelConfig gpt2 = fsdp::ModelConfig::defaults("gpt2");
+  gpt2.set("n_layer", int64_t{1});
+  gpt2.set("n_head", int64_t{2});
+  gpt2.set("n_embd", int64_t{4});
+  gpt2.set("n_positions", int64_t{4});
+  gpt2.set("vocab_size", int64_t{8});
+  for (fsdp::ModelConfig mc : {gpt2, tiny_t5()}) {
+    const fsdp::ModelFamily& family = fsdp::model_family(mc.type);
+    const std::string dir = path(mc.type + "/checkpoints/step_00000007");
+    std::string merged[2];
+    for (int padded = 0; padded < 2; ++padded) {
+      mc.pad_vocab_multiple = padded ? 128 : 1;
+      std::vector<FlatParamLayout> layouts;
+      std::vector<std::map<std::string, std::vector<float>>> full;
+      float tag = 1.0f;
+      int vocab_tensors = 0;
+      for (const ModuleDecl& m : family.modules(mc)) {
+        layouts.push_back(make_layout(m.name, m.params, 3));
+        std::vector<float> flat(layouts.back().padded_numel, 0.0f);
+        for (const FlatEntry& e : layouts.back().entries) {
+          const std::vector<float> own = values(e.spec.unpadded_numel(), tag);
+          tag += 1.0f;
+          std::copy(own.begin(), own.end(), flat.begin() + e.offset);
+          std::fill(flat.begin() + e.offset + e.spec.unpadded_numel(), flat.begin() + e.offset + e.spec.numel(), 99.0f);
+          if (e.spec.numel() > e.spec.unpadded_numel()) ++vocab_tensors;
+        }
+        full.push_back({{"param", flat}});
+      }
+      EXPECT_EQ(vocab_tensors, padded ? (mc.type == "t5" ? 2 : 1) : 0) << mc.type;
+      CheckpointMeta meta = make_meta(3, 0);
+      meta.model_config_json = fsdp::model_config_json(mc).dump();
+      fs::remove_all(dir);
+      write_checkpoint(dir, meta, layouts, full);
+      const std::string out = path(mc.type + "_hf_" + std::to_string(padded));
+      merge_to_hf(dir, out);
+      std::ifstream st(out + "/model.safetensors", std::ios::binary), cj(out + "/config.json", std::ios::binary);
+      merged[padded] = std::string(std::istreambuf_iterator<char>(st), {}) + "|" +
+                       std::string(std::istreambuf_iterator<char>(cj), {});
+    }
+    EXPECT_GT(merged[0].size(), 100u) << mc.type;
+    EXPECT_TRUE(merged[0] == merged[1]) << mc.type << ": merged files differ";
+  }
 }
 
 // ---- integrity: checksums, finiteness, attribute ranges (format version 2) ----

@@ -384,6 +384,20 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
       {"[model]\nn_embd = 100\nn_head = 3\n", {},
        {"input.toml: model.n_embd: 100 is not divisible by model.n_head = 3"}},
       {"[model]\nlayer_norm_epsilon = 0\n", {}, {"model.layer_norm_epsilon"}},
+      // model.pad_vocab_multiple: an integer 1 <= x <= 65536, for every model type
+      {"[model]\npad_vocab_multiple = 0\n", {},
+       {"input.toml: model.pad_vocab_multiple: 0 is out of range (expected an integer 1 <= x <= "
+        "65536; 1 = no padding)"}},
+      {"[model]\ntype = \"t5\"\npad_vocab_multiple = -128\n", {},
+       {"input.toml: model.pad_vocab_multiple: -128 is out of range"}},
+      {"", {"model.pad_vocab_multiple=100000"},
+       {"--set model.pad_vocab_multiple=100000: model.pad_vocab_multiple: 100000 is out of range"}},
+      {"[model]\npad_vocab_multiple = 1.5\n", {},
+       {"input.toml: model.pad_vocab_multiple: expected an integer, got float"}},
+      {"", {"model.pad_vocab_multiple=128.0"},
+       {"--set model.pad_vocab_multiple=128.0: model.pad_vocab_multiple: expected an integer, got float"}},
+      {"[model]\npad_vocab_multiple = \"128\"\n", {},
+       {"input.toml: model.pad_vocab_multiple: expected an integer, got string"}},
       // data
       {"[data]\nsource = \"csv\"\n", {},
        {"data.source: unknown value \"csv\" (expected one of hdf5, synthetic)"}},
@@ -642,7 +656,7 @@ TEST(Config, T5KeysDefaultsAndModelDependentDefaults) {
   EXPECT_THROW(c.model.integer("feed_forward_proj"), Error);  // a string, read as an integer
   // The resolved text loads back to the same config (model keys in the family's order).
   const std::string text = to_toml(c);
-  EXPECT_THAT(text, HasSubstr("[model]\ntype = \"t5\"\ninit_from = \"\"\nd_model = 64\n"));
+  EXPECT_THAT(text, HasSubstr("[model]\ntype = \"t5\"\ninit_from = \"\"\npad_vocab_multiple = 128\nd_model = 64\n"));
   EXPECT_EQ(parse_config(text, "t5.toml", {}), c);
   // Every input file loads, T5's included.
   EXPECT_EQ(load_config(kInputs + "t5_wordnet.toml", {}).fsdp.sharding_strategy,
@@ -655,7 +669,8 @@ TEST(Config, ToTomlRoundTrips) {
   const Config c = parse_config(
       "", "custom.toml",
       {"model.n_layer=3", "model.n_head=8", "model.n_embd=64", "model.n_positions=512",
-       "model.vocab_size=50257", "model.layer_norm_epsilon=1e-6", "data.source=synthetic",
+       "model.vocab_size=50257", "model.layer_norm_epsilon=1e-6", "model.pad_vocab_multiple=64",
+       "data.source=synthetic",
        "data.path=\"a \\\"quoted\\\" path\\\\x.h5\"", "data.seq_len=511",
        "train.global_batch_size=12", "train.max_steps=77", "train.seed=4242",
        "train.run_dir=runs/r", "train.log_every=3", "train.num_threads=2", "optim.name=sgd",
@@ -712,11 +727,15 @@ TEST(Config, ToTomlRoundTrips) {
   EXPECT_THAT(text, HasSubstr("\n[mixed_precision]\nparam_dtype = \"fp16\"\n"
                               "reduce_dtype = \"bf16\"\n"));
   EXPECT_THAT(text, HasSubstr("growth_interval = 123456789\n"));
+  EXPECT_THAT(text, HasSubstr("pad_vocab_multiple = 64\n"));
+  EXPECT_EQ(c.model.pad_vocab_multiple, 64);
 
   // The defaults print every key too, and read back equal.
   Config d = parse_config(kMinimal, "min.toml", {});
   const std::string dtext = to_toml(d);
   EXPECT_EQ(parse_config(dtext, "min.toml", {}), d) << dtext;
+  EXPECT_EQ(d.model.pad_vocab_multiple, 128);  // Megatron-LM's make-vocab-size-divisible-by
+  EXPECT_THAT(dtext, HasSubstr("init_from = \"\"\npad_vocab_multiple = 128\n"));
   EXPECT_THAT(dtext, HasSubstr("backward_prefetch = \"BACKWARD_PRE\"\nforward_prefetch = false\n"
                                "limit_all_gathers = true\n"));
   EXPECT_THAT(dtext, HasSubstr("[mixed_precision]\nparam_dtype = \"fp32\"\nreduce_dtype = "

@@ -362,7 +362,7 @@ TEST(CudaBackend, KernelScratchComesFromTheCache) {
     g.gelu_bias_backward(dx.v(kGpu), db.v(kGpu), x.v(kGpu), dx.v(kGpu), R, C);
     g.rmsnorm_backward(dx.v(kGpu), dw.v(kGpu), x.v(kGpu), x.v(kGpu), w.v(kGpu), rstd.v(kGpu), R, C);
     g.embedding_backward(wte.v(kGpu), wpe.v(kGpu), x.v(kGpu), tokens.v(kGpu), B, T, C);
-    g.cross_entropy_forward_backward(loss.v(kGpu), logits.v(kGpu), tokens.v(kGpu), R, V, 1.0f);
+    g.cross_entropy_forward_backward(loss.v(kGpu), logits.v(kGpu), tokens.v(kGpu), R, V, V, 1.0f);
     g.squared_norm(loss.v(kGpu), x.v(kGpu));
     g.synchronize();
   };
@@ -729,7 +729,7 @@ TEST(CudaBackend, OutOfRangeIndicesThrowAtTheNextSynchronisation) {
   Pair loss = make_f64({0.0});
   EXPECT_THROW(
       {
-        g.cross_entropy_forward(loss.v(kGpu), logits.v(kGpu), targets.v(kGpu), 3, 5);
+        g.cross_entropy_forward(loss.v(kGpu), logits.v(kGpu), targets.v(kGpu), 3, 5, 5);
         Bytes b(8);
         g.copy_to_host(b.data(), loss.v(kGpu));
       },
@@ -836,12 +836,19 @@ TEST(CudaBackend, Attention) {
 
 TEST(CudaBackend, CrossEntropy) {
   std::mt19937 rng(15);
-  const int64_t shapes[][2] = {{1, 1}, {5, 1001}, {64, 50257}, {300, 7}};
+  // {R, V, ld}: ld > V is a padded vocabulary (row stride ld, padding columns outside the
+  // softmax, zero in dlogits), with large padding values that would dominate a softmax over
+  // all ld columns.
+  const int64_t shapes[][3] = {{1, 1, 1},        {5, 1001, 1001}, {64, 50257, 50257}, {300, 7, 7},
+                               {5, 1001, 1024},  {64, 50257, 50304}, {3, 37, 128}};
   for (DType t : kFloatTypes) {
     for (const auto& sh : shapes) {
-      const int64_t R = sh[0], V = sh[1];
-      SCOPED_TRACE(name(t) + " R=" + std::to_string(R) + " V=" + std::to_string(V));
-      Vec lv = uniform(R * V, rng, -4.0f, 4.0f);
+      const int64_t R = sh[0], V = sh[1], ld = sh[2];
+      SCOPED_TRACE(name(t) + " R=" + std::to_string(R) + " V=" + std::to_string(V) +
+                   " ld=" + std::to_string(ld));
+      Vec lv = uniform(R * ld, rng, -4.0f, 4.0f);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = V; j < ld; ++j) lv[static_cast<std::size_t>(r * ld + j)] = 50.0f;
       lv[0] = 30.0f;  // a dominant logit
       std::vector<int32_t> tg(static_cast<std::size_t>(R));
       for (auto& x : tg) x = static_cast<int32_t>(rng() % V);
@@ -849,16 +856,24 @@ TEST(CudaBackend, CrossEntropy) {
       Pair logits = make(t, lv), loss = make_f64({1.25});
       const Bytes before = read_bytes(gpu(), logits.v(kGpu));
       both([&](Backend& be, Side s) {
-        be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V);
+        be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V, ld);
       });
       check_sync(loss, {1e-5, 0.0}, "loss (forward, accumulates)");
       expect_bytes(logits, before, "logits untouched by the forward");
       const float gs = 1.0f / static_cast<float>(R);
       both([&](Backend& be, Side s) {
-        be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, gs);
+        be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, ld, gs);
       });
       check(loss, {1e-5, 0.0}, "loss (forward_backward, accumulates)");
       check(logits, tol_for(t, {1e-5, 1e-7}), "dlogits");
+      if (ld > V) {  // the padding columns are exactly 0 on the device
+        const Bytes after = read_bytes(gpu(), logits.v(kGpu));
+        const std::size_t es = dtype_size(t);
+        for (int64_t r = 0; r < R; ++r)
+          for (std::size_t b = static_cast<std::size_t>((r * ld + V)) * es;
+               b < static_cast<std::size_t>((r + 1) * ld) * es; ++b)
+            ASSERT_EQ(after[b], 0) << "padding byte " << b;
+      }
     }
   }
 }
@@ -973,7 +988,7 @@ TEST(CudaBackend, WrongDtypesAndSizesThrow) {
                "cuda backend: unscale_and_check: x is bf16");
   expect_error([&] { g.embedding_forward(F, F, F, F, 2, 4, 8); },
                "cuda backend: embedding_forward: tokens is fp32");
-  expect_error([&] { g.cross_entropy_forward(F, F, I, 4, 4); },
+  expect_error([&] { g.cross_entropy_forward(F, F, I, 4, 4, 4); },
                "cuda backend: cross_entropy_forward: loss is fp32");
   expect_error([&] { g.attention_forward(F, F, F, 1, 2, 6, 4); },
                "cuda backend: attention_forward: bad shape");
@@ -1337,11 +1352,11 @@ TEST(CudaBackend, CrossEntropyIgnoreIndex) {
     Pair targets = make_i32(tg), logits = make(t, uniform(R * V, rng, -4.0f, 4.0f)),
          loss = make_f64({0.5});
     both([&](Backend& be, Side s) {
-      be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V);
+      be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V, V);
     });
     check_sync(loss, {1e-5, 0.0}, "loss (forward)");
     both([&](Backend& be, Side s) {
-      be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, 0.1f);
+      be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, V, 0.1f);
     });
     check(loss, {1e-5, 0.0}, "loss (forward_backward)");
     check(logits, tol_for(t, {1e-5, 1e-7}), "dlogits");
@@ -1358,7 +1373,7 @@ TEST(CudaBackend, CrossEntropyIgnoreIndex) {
   Backend& g = gpu();
   EXPECT_THROW(
       {
-        g.cross_entropy_forward(loss.v(kGpu), logits.v(kGpu), targets.v(kGpu), 2, 5);
+        g.cross_entropy_forward(loss.v(kGpu), logits.v(kGpu), targets.v(kGpu), 2, 5, 5);
         g.synchronize();
       },
       Error);

@@ -587,11 +587,11 @@ TEST_F(Kernels, CrossEntropyMatchesLogSumExpAndGradient) {
   }
   const Vec orig = logits;
   double loss = 0.0;
-  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V);
+  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V, V);
   EXPECT_NEAR(loss, ref, 1e-5 * ref);
   EXPECT_EQ(logits, orig);  // forward-only leaves logits unchanged
   double loss2 = 0.0;
-  be->cross_entropy_forward_backward(f64(loss2), f32(logits), i32(targets), R, V, gs);
+  be->cross_entropy_forward_backward(f64(loss2), f32(logits), i32(targets), R, V, V, gs);
   EXPECT_NEAR(loss2, ref, 1e-5 * ref);
   EXPECT_EQ(bits(loss2), bits(loss));
   for (int64_t i = 0; i < R * V; ++i) ASSERT_NEAR(logits[i], grad_ref[i], 1e-7);
@@ -603,7 +603,7 @@ TEST_F(Kernels, CrossEntropyMatchesLogSumExpAndGradient) {
   }
   // the loss accumulates into the device scalar
   double acc = 1.5;
-  be->cross_entropy_forward(f64(acc), f32(orig), i32(targets), R, V);
+  be->cross_entropy_forward(f64(acc), f32(orig), i32(targets), R, V, V);
   EXPECT_EQ(bits(acc), bits(1.5 + loss));
 }
 
@@ -614,13 +614,13 @@ TEST_F(Kernels, CrossEntropyGradientCheck) {
   for (int64_t r = 0; r < R; ++r) targets[r] = static_cast<int32_t>((r * 3 + 1) % V);
   auto loss = [&] {
     double l = 0.0;
-    be->cross_entropy_forward(f64(l), f32(logits), i32(targets), R, V);
+    be->cross_entropy_forward(f64(l), f32(logits), i32(targets), R, V, V);
     return l;
   };
   const auto num = numeric_grad(logits, loss, 1e-2f);
   Vec g = logits;
   double l = 0.0;
-  be->cross_entropy_forward_backward(f64(l), f32(g), i32(targets), R, V, 1.0f);
+  be->cross_entropy_forward_backward(f64(l), f32(g), i32(targets), R, V, V, 1.0f);
   EXPECT_LT(rel_err(g, num), 5e-5);
 }
 
@@ -637,17 +637,63 @@ TEST_F(Kernels, CrossEntropyLargeVocabThreaded) {
     ref += mx + std::log(s) - logits[r * V + targets[r]];
   }
   double loss = 0.0;
-  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V);
+  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V, V);
   EXPECT_NEAR(loss, ref, 1e-6 * ref);
+}
+
+TEST_F(Kernels, CrossEntropyPaddedRowStrideEqualsUnpadded) {
+  // logits [R, ld] whose first V columns are the classes and the rest vocabulary padding
+  // (Megatron's padded vocabulary): the loss is the [R, V] loss bit for bit, whatever the
+  // padding holds (here large values that would dominate a softmax over all ld columns);
+  // with the gradient the class columns equal the unpadded dlogits bit for bit and the padding
+  // columns are 0; forward-only leaves every column unchanged. Rows of 1001 and 50257 classes
+  // padded to multiples of 128 (threaded rows), with an ignored row.
+  for (auto [V, ld] : {std::pair<int64_t, int64_t>{37, 128}, {1001, 1024}, {50257, 50304}}) {
+    const int64_t R = 6;
+    const Vec dense = random_vec(R * V, rng, -6.0f, 6.0f);
+    Tokens targets(R);
+    for (int64_t r = 0; r < R; ++r) targets[r] = static_cast<int32_t>((r * 977 + 5) % V);
+    targets[2] = fsdp::kIgnoreIndex;
+    Vec padded(R * ld);
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t j = 0; j < ld; ++j) padded[r * ld + j] = j < V ? dense[r * V + j] : 100.0f + j;
+    }
+    const Vec padded_in = padded;
+    double l_dense = 0.0, l_pad = 0.0, lf_dense = 0.0, lf_pad = 0.0;
+    be->cross_entropy_forward(f64(lf_dense), f32(dense), i32(targets), R, V, V);
+    be->cross_entropy_forward(f64(lf_pad), f32(padded), i32(targets), R, V, ld);
+    EXPECT_EQ(bits(lf_pad), bits(lf_dense)) << V;
+    EXPECT_EQ(padded, padded_in) << V;  // forward-only: unchanged, padding included
+    Vec g = dense;
+    be->cross_entropy_forward_backward(f64(l_dense), f32(g), i32(targets), R, V, V, 0.5f);
+    be->cross_entropy_forward_backward(f64(l_pad), f32(padded), i32(targets), R, V, ld, 0.5f);
+    EXPECT_EQ(bits(l_pad), bits(l_dense)) << V;
+    EXPECT_EQ(bits(l_pad), bits(lf_pad)) << V;
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t j = 0; j < ld; ++j) {
+        const float want = j < V ? g[r * V + j] : 0.0f;
+        ASSERT_EQ(bits(padded[r * ld + j]), bits(want)) << "V " << V << " row " << r << " col " << j;
+      }
+    }
+  }
+  // ld < V is an argument error naming ld.
+  Vec logits(2 * 4, 0.0f);
+  double loss = 0.0;
+  try {
+    be->cross_entropy_forward(f64(loss), f32(logits), i32({0, 1}), 2, 4, 3);
+    ADD_FAILURE() << "ld < V accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cross_entropy_forward: ld"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(Kernels, CrossEntropyRejectsBadTarget) {
   Vec logits(2 * 3, 0.0f);
   const Tokens bad_hi = {0, 3}, bad_lo = {-1, 0};  // -100 is kIgnoreIndex, not an error
   double loss = 0.0;
-  EXPECT_THROW(be->cross_entropy_forward(f64(loss), f32(logits), i32(bad_hi), 2, 3), Error);
+  EXPECT_THROW(be->cross_entropy_forward(f64(loss), f32(logits), i32(bad_hi), 2, 3, 3), Error);
   EXPECT_THROW(
-      be->cross_entropy_forward_backward(f64(loss), f32(logits), i32(bad_lo), 2, 3, 1.0f),
+      be->cross_entropy_forward_backward(f64(loss), f32(logits), i32(bad_lo), 2, 3, 3, 1.0f),
       Error);
   EXPECT_EQ(loss, 0.0);
 }
@@ -1175,8 +1221,8 @@ TEST_F(Kernels, ResultsIndependentOfThreadCount) {
   for (std::size_t i = 0; i < tg.size(); ++i) tg[i] = static_cast<int32_t>(i % V);
   const int64_t rows = static_cast<int64_t>(tg.size());
   double c1 = 0.0, c2 = 0.0;
-  one->cross_entropy_forward_backward(f64(c1), f32(l1), i32(tg), rows, V, 0.5f);
-  be->cross_entropy_forward_backward(f64(c2), f32(l2), i32(tg), rows, V, 0.5f);
+  one->cross_entropy_forward_backward(f64(c1), f32(l1), i32(tg), rows, V, V, 0.5f);
+  be->cross_entropy_forward_backward(f64(c2), f32(l2), i32(tg), rows, V, V, 0.5f);
   EXPECT_EQ(bits(c1), bits(c2));
   EXPECT_EQ(l1, l2);
 }
@@ -1523,8 +1569,8 @@ TEST_F(Kernels, StoreContractCrossEntropy) {
           [&](DType st) {
             Store x(st, logits), y(st, logits);
             double l1 = 0.5, l2 = 0.0;
-            be->cross_entropy_forward_backward(f64(l1), x.view(), i32(targets), R, V, 0.25f);
-            be->cross_entropy_forward(f64(l2), y.view(), i32(targets), R, V);
+            be->cross_entropy_forward_backward(f64(l1), x.view(), i32(targets), R, V, V, 0.25f);
+            be->cross_entropy_forward(f64(l2), y.view(), i32(targets), R, V, V);
             return Outputs{{x.values(), y.values()}, {}, {l1, l2}};
           },
           "cross_entropy V=" + std::to_string(V));
@@ -1691,7 +1737,7 @@ TEST_F(Kernels, CrossEntropyIgnoreIndexRows) {
   }
   const int64_t Rk = static_cast<int64_t>(kept_t.size());
   double ref = 0.0;
-  be->cross_entropy_forward_backward(f64(ref), f32(kept), i32(kept_t), Rk, V, 0.5f);
+  be->cross_entropy_forward_backward(f64(ref), f32(kept), i32(kept_t), Rk, V, V, 0.5f);
   double ref_manual = 0.0;
   for (int64_t r = 0; r < R; ++r) {
     if (targets[r] == kIgnoreIndex) continue;
@@ -1703,8 +1749,8 @@ TEST_F(Kernels, CrossEntropyIgnoreIndexRows) {
   EXPECT_NEAR(ref, ref_manual, 1e-5 * ref_manual);
   double loss = 0.0, loss_fwd = 0.0;
   Vec g = logits;
-  be->cross_entropy_forward_backward(f64(loss), f32(g), i32(targets), R, V, 0.5f);
-  be->cross_entropy_forward(f64(loss_fwd), f32(logits), i32(targets), R, V);
+  be->cross_entropy_forward_backward(f64(loss), f32(g), i32(targets), R, V, V, 0.5f);
+  be->cross_entropy_forward(f64(loss_fwd), f32(logits), i32(targets), R, V, V);
   EXPECT_EQ(bits(loss), bits(ref));
   EXPECT_EQ(bits(loss_fwd), bits(ref));
   int64_t k = 0;
@@ -1722,14 +1768,14 @@ TEST_F(Kernels, CrossEntropyIgnoreIndexRows) {
   const Tokens all_ignored(R, kIgnoreIndex);
   Store x(DType::bf16, logits);
   double l0 = 0.0;
-  be->cross_entropy_forward_backward(f64(l0), x.view(), i32(all_ignored), R, V, 1.0f);
+  be->cross_entropy_forward_backward(f64(l0), x.view(), i32(all_ignored), R, V, V, 1.0f);
   EXPECT_EQ(l0, 0.0);
   EXPECT_EQ(x.values(), Vec(R * V, 0.0f));
   // other negative targets are still errors
   Vec lg = logits;
   double l1 = 0.0;
-  EXPECT_THROW(be->cross_entropy_forward(f64(l1), f32(lg), i32({0, -1, 0, 0, 0, 0}), R, V), Error);
-  EXPECT_THROW(be->cross_entropy_forward(f64(l1), f32(lg), i32({0, -101, 0, 0, 0, 0}), R, V), Error);
+  EXPECT_THROW(be->cross_entropy_forward(f64(l1), f32(lg), i32({0, -1, 0, 0, 0, 0}), R, V, V), Error);
+  EXPECT_THROW(be->cross_entropy_forward(f64(l1), f32(lg), i32({0, -101, 0, 0, 0, 0}), R, V, V), Error);
 }
 
 
@@ -2047,9 +2093,9 @@ TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
   expect_arg_error(
       [&] { be->embedding_forward(f32(a), i32(tok), f32(c), f32(d).slice(0, 63), 1, 8, 8); },
       "embedding_forward", "wpe");
-  expect_arg_error([&] { be->cross_entropy_forward(f32(a).slice(0, 1), f32(b), i32(tok), 8, 8); },
+  expect_arg_error([&] { be->cross_entropy_forward(f32(a).slice(0, 1), f32(b), i32(tok), 8, 8, 8); },
                    "cross_entropy_forward", "loss");
-  expect_arg_error([&] { be->cross_entropy_forward_backward(sv(), f32(b), i32(tok), 8, 9, 1.0f); },
+  expect_arg_error([&] { be->cross_entropy_forward_backward(sv(), f32(b), i32(tok), 8, 9, 9, 1.0f); },
                    "cross_entropy_forward_backward", "logits");
   expect_arg_error(
       [&] { be->adamw_update(f32(a), bf, f32(c), f32(d), 0.1f, 0.9f, 0.99f, 1e-8f, 0.0f, 1); },
@@ -2094,7 +2140,7 @@ TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
   Store logits(DType::f16, Vec(6, 3.0f));
   double loss = 0.0;
   EXPECT_THROW(
-      be->cross_entropy_forward_backward(f64(loss), logits.view(), i32({0, 5}), 2, 3, 1.0f), Error);
+      be->cross_entropy_forward_backward(f64(loss), logits.view(), i32({0, 5}), 2, 3, 3, 1.0f), Error);
   EXPECT_EQ(logits.values(), Vec(6, 3.0f));
   EXPECT_EQ(loss, 0.0);
 }

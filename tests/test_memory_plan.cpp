@@ -10,6 +10,8 @@
 //    and measured activation peak;
 //  - a steady-state training step makes no raw allocation or free (the caching allocator
 //    serves every unshard, gradient and staging buffer from step 2 on);
+//  - a padded vocabulary (model.pad_vocab_multiple: 1001 -> 1024) is planned as measured,
+//    and the plan grows by exactly the pad rows of wte and of the logits;
 //  - the same for T5 (tests/t5_util.hpp's tiny seq2seq model, 2 + 2 blocks): plan == measured
 //    for every prefetch mode, strategy and param dtype, with and without activation
 //    checkpointing, and a steady state without raw allocations.
@@ -179,6 +181,33 @@ TEST_P(PerModel, NothingStagedAtWorldSizeOne) {
       }
     }
   }
+}
+
+TEST(MemoryPlan, CountsTheVocabularyPaddingRows) {
+  // GPT-2 with vocabulary 1001, padded to 1024 rows of wte and 1024 logits columns
+  // (model.pad_vocab_multiple = 128) or not (1): plan == measured peak in both, and the
+  // padded plan holds exactly the 23 pad rows more: parameters (23 x 16 fp32 elements,
+  // rounded to the shard padding) and the bf16 logits [rows, 23] of a micro-batch.
+  TrainResult r[2];
+  const int64_t pads[2] = {1, 128};
+  for (int i = 0; i < 2; ++i) {
+    Config c = small_config(fresh_dir("plan_pad" + std::to_string(pads[i])));
+    c.model.set("vocab_size", int64_t{1001});
+    c.model.pad_vocab_multiple = pads[i];
+    c.data.source = "synthetic";
+    c.train.max_steps = 2;
+    c.mixed_precision.param_dtype = fsdp::DType::bf16;
+    c.fsdp.forward_prefetch = true;
+    r[i] = run(c, On::world);
+    expect_plan_equals_peak(r[i], "pad_vocab_multiple " + std::to_string(pads[i]));
+  }
+  EXPECT_EQ(r[1].num_params - r[0].num_params, 23 * 16);
+  const int64_t rows = 8 / world_size() * 12;  // this rank's micro-batch x seq_len
+  EXPECT_EQ(r[1].planned_activation_bytes - r[0].planned_activation_bytes, rows * 23 * 2);
+  const int64_t shards = world_size();
+  const int64_t pad_bytes = 4 * 23 * 16 / shards;  // this rank's share, within shard rounding
+  EXPECT_GE(r[1].plan.sharded_params - r[0].plan.sharded_params, pad_bytes - 4);
+  EXPECT_LE(r[1].plan.sharded_params - r[0].plan.sharded_params, pad_bytes + 4);
 }
 
 TEST_P(PerModel, ActivationCheckpointingShrinksPlanAndPeakAlike) {

@@ -151,7 +151,13 @@ TEST(Gpt2, InitialisationFollowsGpt2) {
     const double m = s / v.size();
     return std::sqrt(s2 / v.size() - m * m);
   };
-  EXPECT_NEAR(stdev(params.at("wte.weight")), 0.02, 0.004);
+  // wte [128, 8]: vocabulary 11 padded to model.pad_vocab_multiple's 128 rows; the model's
+  // 11 rows are N(0, 0.02), the pad rows 0.
+  std::vector<float> wte = params.at("wte.weight");
+  ASSERT_EQ(wte.size(), 128u * 8u);
+  for (std::size_t k = 11 * 8; k < wte.size(); ++k) ASSERT_EQ(wte[k], 0.f) << "pad element " << k;
+  wte.resize(11 * 8);
+  EXPECT_NEAR(stdev(wte), 0.02, 0.004);
   EXPECT_NEAR(stdev(params.at("h.0.mlp.c_fc.weight")), 0.02, 0.004);
   EXPECT_NEAR(stdev(params.at("h.1.mlp.c_proj.weight")), 0.02 / std::sqrt(4.0), 0.003);
   for (float x : params.at("h.0.ln_1.weight")) EXPECT_EQ(x, 1.f);

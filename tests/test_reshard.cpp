@@ -234,6 +234,51 @@ TEST_F(ReshardReader, ReadsOnlyTheOldShardsItNeeds) {
                      {bad, "tensor /units/0/param (unit root)", "checksum mismatch"});
 }
 
+TEST_F(ReshardReader, RepadsAVocabularyTensorByName) {
+  // model.pad_vocab_multiple changed on resume: the checkpoint's wte.weight [2, 3] (vocab 2,
+  // unpadded) read into a layout of wte [4, 3] with vocab_rows 2, at 1..4 new shards: the two
+  // model rows come from the file, the pad rows are 0; and back from a padded [4, 3] into
+  // [2, 3]. A different row width, or fewer stored rows than vocab_rows, is still an error.
+  auto with_wte = [](std::vector<int64_t> shape, int64_t vocab_rows, int64_t shards) {
+    ParamSpec w = spec("wte.weight", std::move(shape));
+    w.vocab_rows = vocab_rows;
+    return std::vector<FlatParamLayout>{FlatParamLayout::build("root", {w, spec("ln_f.bias", {7})}, shards),
+                                        FlatParamLayout::build("h.0", {spec("h.0.w", {2, 4}), spec("h.0.b", {5})}, shards)};
+  };
+  const auto unpadded = ckpt::CheckpointSet::open(write_checkpoint(path("v2"), with_wte({2, 3}, 0, 2)));
+  const auto padded = ckpt::CheckpointSet::open(write_checkpoint(path("v4"), with_wte({4, 3}, 0, 3)));
+  for (int64_t m = 1; m <= 4; ++m) {
+    for (int from_padded = 0; from_padded < 2; ++from_padded) {
+      const auto& set = from_padded ? padded : unpadded;
+      const auto layouts = with_wte(from_padded ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{4, 3}, 2, m);
+      for (const std::string& ds : kDatasets) {
+        const int d = static_cast<int>(&ds - kDatasets.data());
+        std::vector<float> flat;
+        for (int64_t s = 0; s < m; ++s) {
+          std::vector<float> out(static_cast<std::size_t>(layouts[0].shard_numel), -1.0f);
+          ckpt::read_resharded(set, layouts[0], s, ds, out.data());
+          flat.insert(flat.end(), out.begin(), out.end());
+        }
+        const FlatEntry& w = layouts[0].entries[0];
+        for (int64_t i = 0; i < w.spec.numel(); ++i) {
+          const float want = i < 6 ? value_of("wte.weight", i, d) : 0.0f;
+          ASSERT_EQ(flat[static_cast<std::size_t>(w.offset + i)], want) << "m " << m << " " << ds << " element " << i;
+        }
+        const FlatEntry& b = layouts[0].entries[1];
+        for (int64_t i = 0; i < 7; ++i) ASSERT_EQ(flat[static_cast<std::size_t>(b.offset + i)], value_of("ln_f.bias", i, d));
+      }
+    }
+  }
+  std::vector<float> out(64);
+  expect_input_error([&] { ckpt::read_resharded(unpadded, with_wte({4, 4}, 2, 1)[0], 0, "param", out.data()); },
+                     {"parameter wte.weight: shape [2,3] in the checkpoint (unit root) differs from the run's [4,4]"});
+  expect_input_error([&] { ckpt::read_resharded(unpadded, with_wte({4, 3}, 3, 1)[0], 0, "param", out.data()); },
+                     {"parameter wte.weight: shape [2,3]", "differs from the run's [4,3]"});
+  // Without vocab_rows a row-count difference is a shape mismatch, as before.
+  expect_input_error([&] { ckpt::read_resharded(unpadded, with_wte({4, 3}, 0, 1)[0], 0, "param", out.data()); },
+                     {"parameter wte.weight: shape [2,3]", "differs from the run's [4,3]"});
+}
+
 // ---- training ----
 
 // Copies run_dir/checkpoints of `from` into a fresh run_dir `to` (no metrics, no lock).

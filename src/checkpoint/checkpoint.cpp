@@ -612,12 +612,20 @@ void read_resharded(const CheckpointSet& set, const FlatParamLayout& layout, int
       throw InputError(set.dir() + ": parameter " + e.spec.name + " (unit " + layout.unit_name +
                        ") is missing from the checkpoint");
     const Where& w = it->second;
-    if (w.entry->spec.shape != e.spec.shape)
-      throw InputError(set.dir() + ": parameter " + e.spec.name + ": shape " + shape_json(w.entry->spec.shape) +
+    const std::vector<int64_t>& stored = w.entry->spec.shape;
+    // Another vocabulary padding (model.pad_vocab_multiple changed): the same model rows
+    // [0, vocab_rows) and row width, a different number of zero pad rows after them.
+    const bool repadded = e.spec.vocab_rows > 0 && stored.size() == e.spec.shape.size() && !stored.empty() &&
+                          stored[0] >= e.spec.vocab_rows &&
+                          std::equal(stored.begin() + 1, stored.end(), e.spec.shape.begin() + 1);
+    if (stored != e.spec.shape && !repadded)
+      throw InputError(set.dir() + ": parameter " + e.spec.name + ": shape " + shape_json(stored) +
                        " in the checkpoint (unit " + old[w.unit].unit_name + ") differs from the run's " +
                        shape_json(e.spec.shape));
-    // The part of the parameter inside the new shard, in flat coordinates of the new unit.
-    const int64_t b = std::max(lo, e.offset), end = std::min(hi, e.offset + e.spec.numel());
+    // The part of the parameter inside the new shard, in flat coordinates of the new unit; of
+    // a re-padded one only the model's rows (a row-major prefix) are read, its pad rows stay 0.
+    const int64_t from_file = stored == e.spec.shape ? e.spec.numel() : e.spec.unpadded_numel();
+    const int64_t b = std::max(lo, e.offset), end = std::min(hi, e.offset + from_file);
     if (b >= end) continue;
     set.read_flat(w.unit, dataset, w.entry->offset + (b - e.offset), end - b, out + (b - lo));
   }

@@ -105,7 +105,8 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
   std::vector<std::vector<Source>> sources(layouts.size());
   for (std::size_t u = 0; u < layouts.size(); ++u) {
     for (const FlatEntry& e : layouts[u].entries) {
-      const std::optional<HfTensor> hf = family.hf_tensor(config, e.spec.name, e.spec.shape);
+      // The file holds the model's own rows; vocabulary padding rows are ours alone.
+      const std::optional<HfTensor> hf = family.hf_tensor(config, e.spec.name, e.spec.unpadded_shape());
       if (!hf) {
         throw Error("init_from: parameter " + e.spec.name + " has no Hugging Face name in the " +
                     config.type + " family");
@@ -143,7 +144,7 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
       }
       used.insert(s.stored);
       result.num_tensors += 1;
-      result.model_bytes += 4 * e.spec.numel();
+      result.model_bytes += 4 * e.spec.unpadded_numel();
       sources[u].push_back(std::move(s));
     }
   }
@@ -172,11 +173,12 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
     }
     const int64_t sb = l.shard_begin(shard_index), se = l.shard_end(shard_index);
     float* out = shards[u];
-    std::fill(out, out + l.shard_numel, 0.0f);  // padding (and nothing else stays 0)
+    std::fill(out, out + l.shard_numel, 0.0f);  // padding and vocabulary pad rows stay 0
     for (std::size_t k = 0; k < l.entries.size(); ++k) {
       const FlatEntry& e = l.entries[k];
       const Source& s = sources[u][k];
-      const int64_t n = e.spec.numel();
+      // Only the model's own rows (a row-major prefix) come from the file.
+      const int64_t n = e.spec.unpadded_numel();
       const int64_t lo = std::max(sb, e.offset), hi = std::min(se, e.offset + n);
       if (lo >= hi) continue;
       result.tensors_read += 1;
@@ -190,7 +192,7 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
       // Ours [R, Cc] (out, in) = HF [Cc, R] transposed: our (r, c) is HF (c, r). HF row c
       // holds our column c; the rows r of it we need are those with k0 <= r*Cc + c < k1,
       // a contiguous range [r_lo, r_hi) of that HF row.
-      const int64_t R = e.spec.shape[0], Cc = e.spec.shape[1];
+      const int64_t R = e.spec.unpadded_shape()[0], Cc = e.spec.shape[1];
       for (int64_t c = 0; c < Cc; ++c) {
         const int64_t r_lo = k0 <= c ? 0 : (k0 - c + Cc - 1) / Cc;
         const int64_t r_hi = std::min(R, k1 <= c ? 0 : (k1 - c + Cc - 1) / Cc);

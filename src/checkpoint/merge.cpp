@@ -71,7 +71,9 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
     if (it->second.entry->spec.shape != p.shape)
       throw InputError(first + ": parameter " + p.name + " has shape " + shape_json(it->second.entry->spec.shape) +
                        " (expected " + shape_json(p.shape) + " from model_config)");
-    hf.push_back(*family.hf_tensor(model_cfg, p.name, p.shape));
+    // The Hugging Face tensor is the model's own rows: vocabulary padding
+    // (model_config's pad_vocab_multiple) stays in the checkpoint.
+    hf.push_back(*family.hf_tensor(model_cfg, p.name, p.unpadded_shape()));
     infos.push_back({hf.back().name, hf.back().shape});
   }
   if (where.size() != expected.size())
@@ -85,7 +87,8 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
   MergeStats stats;
   if (progress) {
     int64_t total_bytes = 0;  // fp32 payload of model.safetensors (its header not counted)
-    for (const ParamSpec& p : expected) total_bytes += p.numel() * static_cast<int64_t>(sizeof(float));
+    for (const ParamSpec& p : expected)
+      total_bytes += p.unpadded_numel() * static_cast<int64_t>(sizeof(float));
     progress->set_total(static_cast<int64_t>(expected.size()), total_bytes);
   }
   {
@@ -95,12 +98,14 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
     std::vector<float> full, trans;
     for (std::size_t k = 0; k < expected.size(); ++k) {
       const Loc& loc = where.at(expected[k].name);
-      const int64_t n = loc.entry->spec.numel();
+      // The model's rows: a row-major prefix of the stored (possibly vocabulary-padded) tensor.
+      const std::vector<int64_t> shape = expected[k].unpadded_shape();
+      const int64_t n = expected[k].unpadded_numel();
       full.resize(static_cast<std::size_t>(n));
       set.read_flat(loc.unit, "param", loc.entry->offset, n, full.data());
       const float* data = full.data();
       if (hf[k].transpose) {
-        const int64_t rows = loc.entry->spec.shape[0], cols = loc.entry->spec.shape[1];
+        const int64_t rows = shape[0], cols = shape[1];
         trans.resize(full.size());
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t c = 0; c < cols; ++c) trans[c * rows + r] = full[r * cols + c];

@@ -22,7 +22,8 @@ const std::vector<std::string>& resume_mutable_keys() {
   // these changes the model, its optimizer state or the sample sequence. The learning-rate
   // schedule and clipping may change (restarting from a checkpoint with a lower lr after a
   // loss spike is common practice); FSDP's execution knobs do not change the numerics, and
-  // a change of layout (sharding_strategy, mesh) is resharded on load (ckpt::read_resharded).
+  // a change of layout (sharding_strategy, mesh) is resharded on load (ckpt::read_resharded),
+  // and so is another vocabulary padding (pad_vocab_multiple: the pad rows are zero).
   static const std::vector<std::string> keys = {
       "train.max_steps",         "train.log_every",          "train.num_threads",
       "train.device",            "train.run_dir",            "train.micro_batch_size",
@@ -32,7 +33,7 @@ const std::vector<std::string>& resume_mutable_keys() {
       "fsdp.forward_prefetch",   "fsdp.limit_all_gathers",   "fsdp.activation_checkpointing",
       "mesh.*",                  "comm.*",                   "checkpoint.*",
       "eval.*",                  "train.skip_nonfinite",     "train.check_memory",
-      "train.peak_flops",        "train.profile_steps",
+      "train.peak_flops",        "train.profile_steps",      "model.pad_vocab_multiple",
   };
   return keys;
 }

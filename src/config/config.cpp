@@ -84,6 +84,7 @@ template <class C, class F>
 void visit_keys(C& c, F&& f) {
   f("model", "type", c.model.type);
   f("model", "init_from", c.model.init_from);
+  f("model", "pad_vocab_multiple", c.model.pad_vocab_multiple);
   // The family's own keys, in its order, typed as their declared defaults.
   for (const ModelKey& k : model_family(c.model.type).keys()) {
     std::visit([&](auto& v) { f("model", k.name.c_str(), v); }, c.model.values.at(k.name));
@@ -422,6 +423,12 @@ void validate(const Config& c, OriginOf&& origin_of) {
   };
 
   // model: the family's own checks (keys, and their relation to the data lengths)
+  if (c.model.pad_vocab_multiple < 1 || c.model.pad_vocab_multiple > kMaxPadVocabMultiple) {
+    throw fail("model.pad_vocab_multiple",
+               std::to_string(c.model.pad_vocab_multiple) +
+                   " is out of range (expected an integer 1 <= x <= " +
+                   std::to_string(kMaxPadVocabMultiple) + "; 1 = no padding)");
+  }
   const ModelFamily& family = model_family(c.model.type);
   family.validate(c, fail);
   {

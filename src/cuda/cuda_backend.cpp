@@ -201,10 +201,10 @@ class CudaBackend final : public Backend {
                           const TensorView& qkv, const TensorView& att, int64_t B, int64_t T,
                           int64_t C, int64_t H) override;
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
-                                      const TensorView& targets, int64_t R, int64_t V,
+                                      const TensorView& targets, int64_t R, int64_t V, int64_t ld,
                                       float grad_scale) override;
   void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                             const TensorView& targets, int64_t R, int64_t V) override;
+                             const TensorView& targets, int64_t R, int64_t V, int64_t ld) override;
 
   // ---- T5 pieces ----
   void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
@@ -284,8 +284,8 @@ class CudaBackend final : public Backend {
   // After the stream is synchronised: throws the recorded index error, if any (and resets it).
   void raise_device_error();
   void cross_entropy(const char* kernel, const TensorView& loss, const TensorView& logits,
-                     const TensorView& targets, int64_t R, int64_t V, float grad_scale,
-                     bool backward);
+                     const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                     float grad_scale, bool backward);
   // attention_forward/backward with every float argument of one storage type.
   void attention_forward_same(const TensorView& out, const TensorView& att, const TensorView& qkv,
                               int64_t B, int64_t T, int64_t C, int64_t H);
@@ -763,26 +763,26 @@ void CudaBackend::attention_backward_same(const TensorView& dqkv, float* dp, con
 
 void CudaBackend::cross_entropy(const char* kernel, const TensorView& loss,
                                 const TensorView& logits, const TensorView& targets, int64_t R,
-                                int64_t V, float grad_scale, bool backward) {
-  // loss[0] (fp64) += sum of row losses; logits: [R,V] (-> dlogits in place if backward);
-  // targets: [R] int32.
-  double* l = Chk::cross_entropy(kernel, loss, logits, targets, R, V);
+                                int64_t V, int64_t ld, float grad_scale, bool backward) {
+  // loss[0] (fp64) += sum of row losses; logits: [R,ld] (-> dlogits in place if backward,
+  // padding columns [V,ld) = 0); targets: [R] int32.
+  double* l = Chk::cross_entropy(kernel, loss, logits, targets, R, V, ld);
   if (R == 0) return;
   const auto* tg = static_cast<const int32_t*>(targets.data);
   k::check_indices(tg, R, V, k::kErrCrossEntropy, dev_error_, s(), /*allow_ignore=*/true);
   Scratch rows(*this, static_cast<std::size_t>(R) * sizeof(double));
-  k::cross_entropy(out(logits), tg, R, V, grad_scale, backward, rows.as<double>(), l, s());
+  k::cross_entropy(out(logits), tg, R, V, ld, grad_scale, backward, rows.as<double>(), l, s());
 }
 
 void CudaBackend::cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                                  const TensorView& targets, int64_t R, int64_t V,
-                                                 float grad_scale) {
-  cross_entropy("cross_entropy_forward_backward", loss, logits, targets, R, V, grad_scale, true);
+                                                 int64_t ld, float grad_scale) {
+  cross_entropy("cross_entropy_forward_backward", loss, logits, targets, R, V, ld, grad_scale, true);
 }
 
 void CudaBackend::cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                                        const TensorView& targets, int64_t R, int64_t V) {
-  cross_entropy("cross_entropy_forward", loss, logits, targets, R, V, 0.0f, false);
+                                        const TensorView& targets, int64_t R, int64_t V, int64_t ld) {
+  cross_entropy("cross_entropy_forward", loss, logits, targets, R, V, ld, 0.0f, false);
 }
 
 // ---------------------------------------------------------------------------------------

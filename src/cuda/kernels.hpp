@@ -181,12 +181,14 @@ void mha_dbias(float* dbias, const void* ds, ST ds_type, int64_t lds, int64_t B,
                int64_t Tq, int64_t Tk, cudaStream_t s);
 
 // ---- cross-entropy (kernels_loss.cu); targets checked by check_indices first ----
-// Per row: row_loss[r] = logsumexp(logits[r]) - logits[r, target] (0 for a kIgnoreTarget or
-// bad target); with `backward`, logits[r] = (softmax - onehot) * grad_scale (a zero row for
-// a kIgnoreTarget or bad target). Then *loss += sum of
-// row_loss in a fixed order. row_loss: device scratch [R].
-void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, float grad_scale,
-                   bool backward, double* row_loss, double* loss, cudaStream_t s);
+// logits [R,ld] (ld >= V; columns [V,ld) are padding outside the softmax). Per row:
+// row_loss[r] = logsumexp(logits[r, 0:V]) - logits[r, target] (0 for a kIgnoreTarget or bad
+// target); with `backward`, logits[r, 0:V] = (softmax - onehot) * grad_scale (a zero row for
+// a kIgnoreTarget or bad target) and logits[r, V:ld] = 0. Then *loss += sum of row_loss in a
+// fixed order. row_loss: device scratch [R].
+void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, int64_t ld,
+                   float grad_scale, bool backward, double* row_loss, double* loss,
+                   cudaStream_t s);
 
 // ---- optimizers (kernels_optim.cu), fp32 flat shards ----
 struct AdamWArgs {      // precomputed as the CPU backend does (torch.optim semantics)

@@ -1,11 +1,12 @@
 // src/cuda/kernels_loss.cu: softmax cross-entropy over V classes, fused with its gradient
 // (see kernels.hpp).
 //
-// One block per row. Pass 1 reads the row once with an online (max, sum of exp) per thread,
-// combined across the block in a fixed order: logsumexp without a second logits-sized
-// buffer. The row loss (fp64) goes to row_loss[r]; with the gradient, pass 2 overwrites the
-// row with (softmax - onehot) * grad_scale (zeros for a kIgnoreTarget row, which adds no
-// loss). Then one block adds the row losses in a fixed
+// One block per row. Pass 1 reads the row's V classes (row stride ld >= V; columns [V, ld)
+// are vocabulary padding) once with an online (max, sum of exp) per thread, combined across
+// the block in a fixed order: logsumexp without a second logits-sized buffer. The row loss
+// (fp64) goes to row_loss[r]; with the gradient, pass 2 overwrites the row with
+// (softmax - onehot) * grad_scale (zeros for a kIgnoreTarget row, which adds no loss) and the
+// padding columns with 0. Then one block adds the row losses in a fixed
 // order into the fp64 device scalar. All math in fp32 except the loss (fp64), as on the CPU.
 #include "kernels_common.cuh"
 
@@ -25,11 +26,11 @@ __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_kernel(Wr<T> logits, const int32_t* targets, int64_t R, int64_t V,
-                         float grad_scale, bool backward, double* row_loss) {
+                         int64_t ld, float grad_scale, bool backward, double* row_loss) {
   __shared__ float sh_m[kThreads / 32], sh_s[kThreads / 32];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-    const int64_t base = r * V;
+    const int64_t base = r * ld;
     const int32_t t = targets[r];
     const bool ok = t >= 0 && t < V;
     // Read before the block synchronises: pass 2 overwrites the row.
@@ -73,19 +74,24 @@ __global__ void __launch_bounds__(kThreads)
     } else if (backward) {  // kIgnoreTarget (or a reported bad target): a zero gradient row
       for (int64_t j = threadIdx.x; j < V; j += blockDim.x) logits.set(base + j, 0.0f);
     }
+    if (backward) {  // padding columns: no class, zero gradient
+      for (int64_t j = V + threadIdx.x; j < ld; j += blockDim.x) logits.set(base + j, 0.0f);
+    }
   }
 }
 
 }  // namespace
 
-void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, float grad_scale,
-                   bool backward, double* row_loss, double* loss, cudaStream_t s) {
+void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, int64_t ld,
+                   float grad_scale, bool backward, double* row_loss, double* loss,
+                   cudaStream_t s) {
   if (R <= 0) return;
   if (V <= 0) return;
   dispatch_float("cross_entropy", logits.t, [&](auto tag) {
     using TT = typename decltype(tag)::type;
     cross_entropy_kernel<TT><<<blocks_for(R, 1), kThreads, 0, s>>>(wr<TT>(logits), targets, R, V,
-                                                                   grad_scale, backward, row_loss);
+                                                                   ld, grad_scale, backward,
+                                                                   row_loss);
     FSDP_CHECK_LAUNCH();
   });
   sum_into(loss, row_loss, R, s);

@@ -190,7 +190,8 @@ int64_t FsdpEngine::num_params() const {
 }
 
 // Rank s generates only flat elements [s*shard_numel, (s+1)*shard_numel): element k of a
-// parameter is init(seed, key(name), k), whatever the world size.
+// parameter is init(seed, key(name), k), whatever the world size; vocabulary padding rows
+// (ParamSpec::vocab_rows) are 0, so the model's own rows are the unpadded model's.
 void FsdpEngine::init_shard(int unit, uint64_t seed) {
   Unit& u = *units_[unit];
   const auto& L = u.layout;
@@ -200,8 +201,10 @@ void FsdpEngine::init_shard(int unit, uint64_t seed) {
     const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.spec.numel());
     if (lo >= hi) continue;
     const uint64_t key = rng::key_of(e.spec.name);
+    const int64_t own = e.spec.unpadded_numel();  // the model's rows; vocabulary pad rows after
     for (int64_t j = lo; j < hi; ++j) {
       const int64_t k = j - e.offset;
+      if (k >= own) continue;  // a vocabulary pad row: stays 0
       float v = 0.f;
       switch (e.spec.init) {
         case InitKind::normal:

@@ -1,5 +1,6 @@
 // GPT-2 forward and backward on Backend kernels (see fsdp/model/gpt2.hpp).
-// Shapes: B batch, T sequence, C = n_embd, H = n_head, V = vocab_size, BT = B*T rows.
+// Shapes: B batch, T sequence, C = n_embd, H = n_head, V = vocab_size, Vp = the padded
+// vocabulary (rows of wte, columns of the logits), BT = B*T rows.
 #include "fsdp/model/gpt2.hpp"
 
 #include <algorithm>
@@ -41,7 +42,7 @@ struct Gpt2Model::Acts {
   // One Layer per block, or (activation checkpointing) one shared by every block.
   std::vector<Layer> layers;
   Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[l]; }
-  DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;           // logits [BT,V] (dlogits after CE)
+  DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;           // logits [BT,Vp] (dlogits after CE)
   DeviceBuffer dres, dln, dqkv, dfc, datt;                 // backward scratch
   DeviceBuffer targets_dev, tokens_dev;                    // [BT] int32 on the device
 };
@@ -54,10 +55,11 @@ Gpt2Model::Gpt2Model(const Gpt2Config& config, Backend& backend, DType activatio
 std::vector<ModuleDecl> gpt2_modules(const Gpt2Config& cfg_) {
   std::vector<ModuleDecl> modules_;
   const int64_t C = cfg_.n_embd, V = cfg_.vocab_size, P = cfg_.n_positions, L = cfg_.n_layer;
+  const int64_t Vp = cfg_.padded_vocab();
   const float std0 = 0.02f;
   const float std_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
   ModuleDecl emb{"embeddings", "GPT2Embeddings", {}};
-  emb.params.push_back({"wte.weight", {V, C}, InitKind::normal, std0, false});
+  emb.params.push_back({"wte.weight", {Vp, C}, InitKind::normal, std0, false, V});
   emb.params.push_back({"wpe.weight", {P, C}, InitKind::normal, std0, false});
   modules_.push_back(std::move(emb));
   for (int64_t l = 0; l < L; ++l) {
@@ -95,7 +97,7 @@ int64_t block_buffer_sets(const Gpt2Config& c, bool checkpointing) {
   return checkpointing ? std::min<int64_t>(c.n_layer, 1) : c.n_layer;
 }
 ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T, bool checkpointing) {
-  const int64_t BT = B * T, C = c.n_embd, H = c.n_head, V = c.vocab_size, L = c.n_layer;
+  const int64_t BT = B * T, C = c.n_embd, H = c.n_head, V = c.padded_vocab(), L = c.n_layer;
   const int64_t S = block_buffer_sets(c, checkpointing);
   ActCounts n;
   n.act = (L + 1) * BT * C                                               // residual streams
@@ -125,7 +127,7 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
   auto a = std::make_unique<Acts>();
   a->B = B;
   a->T = T;
-  const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size;
+  const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.padded_vocab();
   const auto cat = MemCategory::activations;
   auto f = [&](int64_t n) { return DeviceBuffer(be_, act_dtype_, n, cat); };
   auto f32 = [&](int64_t n) { return DeviceBuffer(be_, DType::f32, n, cat); };
@@ -175,7 +177,7 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
   if (T > cfg_.n_positions) throw Error("GPT-2 forward: T exceeds n_positions");
   ensure_buffers(B, T);
   Acts& a = *acts_;
-  const int64_t BT = B * T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int64_t BT = B * T, C = cfg_.n_embd, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
   const int64_t L = cfg_.n_layer;
   const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
   const TensorView tokens = a.tokens_dev.view({B, T}), targets = a.targets_dev.view({BT});
@@ -195,18 +197,19 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
     hooks.post_forward(m);
   }
 
-  // ln_f and the tied LM head: logits [BT,V] = ln_f(res[L]) @ wte[V,C]^T
+  // ln_f and the tied LM head: logits [BT,Vp] = ln_f(res[L]) @ wte[Vp,C]^T; the loss reads
+  // the first V columns of each row (the padding columns take no part in the softmax).
   const int mf = static_cast<int>(L + 1);
   const int pf = static_cast<int>(2 + kBlockParams * L);
-  const TensorView lnf = rows(a.lnf, C), logits = rows(a.logits, V);
+  const TensorView lnf = rows(a.lnf, C), logits = rows(a.logits, Vp);
   hooks.pre_forward(mf);
   be_.layernorm_forward(lnf, a.lnf_mean.view({BT}), a.lnf_rstd.view({BT}), rows(a.res[L], C),
                         hooks.param(pf), hooks.param(pf + 1), BT, C, eps);
-  be_.gemm(false, true, BT, V, C, 1.f, lnf, hooks.param(kWte), 0.f, logits);
+  be_.gemm(false, true, BT, Vp, C, 1.f, lnf, hooks.param(kWte), 0.f, logits);
   if (with_backward) {
-    be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, grad_scale);
+    be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, Vp, grad_scale);
   } else {
-    be_.cross_entropy_forward(loss, logits, targets, BT, V);
+    be_.cross_entropy_forward(loss, logits, targets, BT, V, Vp);
   }
   hooks.post_forward(mf);
 }
@@ -253,7 +256,7 @@ void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
 
 void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
   Acts& a = *acts_;
-  const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.vocab_size;
+  const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, Vp = cfg_.padded_vocab();
   const int64_t L = cfg_.n_layer;
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
   const TensorView tokens = a.tokens_dev.view({B, T});
@@ -261,13 +264,14 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
   const TensorView dln = rows(a.dln, C);    // [BT,C] scratch
   const TensorView dfc = rows(a.dfc, 4 * C), dqkv = rows(a.dqkv, 3 * C);
 
-  // LM head and ln_f. a.logits holds dlogits [BT,V] after the fused cross-entropy.
+  // LM head and ln_f. a.logits holds dlogits [BT,Vp] after the fused cross-entropy, 0 in the
+  // padding columns: the pad rows of wte get a zero gradient and add nothing to dln.
   const int mf = static_cast<int>(L + 1);
   const int pf = static_cast<int>(2 + kBlockParams * L);
-  const TensorView dlogits = rows(a.logits, V);
+  const TensorView dlogits = rows(a.logits, Vp);
   hooks.pre_backward(mf);
-  be_.gemm(true, false, V, C, BT, 1.f, dlogits, rows(a.lnf, C), 1.f, hooks.grad(kWte));
-  be_.gemm(false, false, BT, C, V, 1.f, dlogits, hooks.param(kWte), 0.f, dln);
+  be_.gemm(true, false, Vp, C, BT, 1.f, dlogits, rows(a.lnf, C), 1.f, hooks.grad(kWte));
+  be_.gemm(false, false, BT, C, Vp, 1.f, dlogits, hooks.param(kWte), 0.f, dln);
   be_.fill_zero(dres);
   be_.layernorm_backward(dres, hooks.grad(pf), hooks.grad(pf + 1), dln, rows(a.res[L], C),
                          hooks.param(pf), a.lnf_mean.view({BT}), a.lnf_rstd.view({BT}), BT, C);
@@ -374,7 +378,8 @@ class Gpt2Family final : public ModelFamily {
     return Gpt2Model::activation_bytes(Gpt2Config::from(c), rows, shape.L, act, checkpointing);
   }
   // Per token: c_attn 3C^2 + attn.c_proj C^2 + mlp 8C^2 per layer and the tied LM head V C
-  // multiply-adds; attention T C each for Q K^T and P V per layer.
+  // multiply-adds; attention T C each for Q K^T and P V per layer. V is the model's own
+  // vocabulary: the padding rows' (model.pad_vocab_multiple) multiply-adds are not model FLOPs.
   double train_flops_per_sample(const ModelConfig& c, const data::BatchShape& shape) const override {
     const Gpt2Config g = Gpt2Config::from(c);
     const double T = static_cast<double>(shape.L), C = static_cast<double>(g.n_embd),
@@ -481,6 +486,7 @@ Gpt2Config Gpt2Config::from(const ModelConfig& c) {
   g.n_positions = c.integer("n_positions");
   g.vocab_size = c.integer("vocab_size");
   g.layer_norm_epsilon = c.number("layer_norm_epsilon");
+  g.pad_vocab_multiple = c.pad_vocab_multiple;
   return g;
 }
 

@@ -77,6 +77,7 @@ nlohmann::json model_config_json(const ModelConfig& c) {
   for (const ModelKey& k : model_family(c.type).keys()) {
     std::visit([&](const auto& v) { j[k.name] = v; }, lookup(c, k.name));
   }
+  j["pad_vocab_multiple"] = c.pad_vocab_multiple;
   return j;
 }
 
@@ -92,6 +93,16 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& o
     throw InputError(origin + ": " + e.what());
   }
   ModelConfig c = ModelConfig::defaults(type);
+  // Checkpoints written before model.pad_vocab_multiple existed hold unpadded tensors.
+  c.pad_vocab_multiple = 1;
+  if (j.contains("pad_vocab_multiple")) {
+    const nlohmann::json& v = j["pad_vocab_multiple"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxPadVocabMultiple) {
+      throw InputError(origin + ": model config \"pad_vocab_multiple\": expected an integer 1 <= x <= " +
+                       std::to_string(kMaxPadVocabMultiple) + ", got " + v.dump());
+    }
+    c.pad_vocab_multiple = v.get<int64_t>();
+  }
   for (const ModelKey& k : family->keys()) {
     if (!j.contains(k.name)) {
       throw InputError(origin + ": model config of \"" + type + "\" has no \"" + k.name + "\"");

@@ -1,6 +1,7 @@
 // T5 forward and backward on Backend kernels (see fsdp/model/t5.hpp).
 // Shapes: B batch, Te encoder length, Td decoder length, D = d_model, I = num_heads * d_kv,
-// F = d_ff, H heads, V vocabulary; Re = B*Te and Rd = B*Td rows.
+// F = d_ff, H heads, V vocabulary, Vp the padded vocabulary (rows of shared and lm_head,
+// columns of the logits; model.pad_vocab_multiple); Re = B*Te and Rd = B*Td rows.
 #include "fsdp/model/t5.hpp"
 
 #include <algorithm>
@@ -23,6 +24,7 @@ void validate_t5_config(const T5Config& c, const std::string& origin) {
     if (v < 1) throw InputError(origin + ": " + field + " must be >= 1, got " + std::to_string(v));
   };
   positive(c.vocab_size, "vocab_size");
+  positive(c.pad_vocab_multiple, "pad_vocab_multiple");
   positive(c.d_model, "d_model");
   positive(c.d_kv, "d_kv");
   positive(c.d_ff, "d_ff");
@@ -117,8 +119,10 @@ struct IdTable {
   int m_dec(int64_t l) const { return m_enc_final + 1 + static_cast<int>(l); }
 };
 
-ParamSpec normal(std::string name, std::vector<int64_t> shape, double std, bool decay) {
-  return {std::move(name), std::move(shape), InitKind::normal, static_cast<float>(std), decay};
+ParamSpec normal(std::string name, std::vector<int64_t> shape, double std, bool decay,
+                 int64_t vocab_rows = 0) {
+  return {std::move(name), std::move(shape), InitKind::normal, static_cast<float>(std), decay,
+          vocab_rows};
 }
 ParamSpec norm_weight(std::string name, int64_t n) {
   return {std::move(name), {n}, InitKind::ones, 0.f, false};
@@ -128,6 +132,7 @@ ParamSpec norm_weight(std::string name, int64_t n) {
 std::vector<ModuleDecl> build_modules(const T5Config& c, IdTable& t) {
   validate_t5_config(c, "model");
   const int64_t D = c.d_model, I = c.num_heads * c.d_kv, F = c.d_ff, V = c.vocab_size;
+  const int64_t Vp = c.padded_vocab();
   const double std_d = 1.0 / std::sqrt(static_cast<double>(D));
   const double std_q = 1.0 / std::sqrt(static_cast<double>(D * c.d_kv));
   const double std_o = 1.0 / std::sqrt(static_cast<double>(I));
@@ -139,7 +144,7 @@ std::vector<ModuleDecl> build_modules(const T5Config& c, IdTable& t) {
     return next++;
   };
   ModuleDecl shared{"shared", "T5Embedding", {}};
-  t.shared = add(shared, normal("shared.weight", {V, D}, 1.0, false));
+  t.shared = add(shared, normal("shared.weight", {Vp, D}, 1.0, false, V));
   t.m_shared = 0;
   mods.push_back(std::move(shared));
   auto attention = [&](ModuleDecl& m, const std::string& p, int& q, int& k, int& v, int& o) {
@@ -185,7 +190,7 @@ std::vector<ModuleDecl> build_modules(const T5Config& c, IdTable& t) {
   }
   if (!c.tie_word_embeddings) {
     ModuleDecl head{"lm_head", "T5LMHead", {}};
-    t.lm_head = add(head, normal("lm_head.weight", {V, D}, 1.0, true));
+    t.lm_head = add(head, normal("lm_head.weight", {Vp, D}, 1.0, true, V));
     t.m_lm_head = static_cast<int>(mods.size());
     mods.push_back(std::move(head));
   }
@@ -250,7 +255,7 @@ struct ActBuffers {
     return shared_set ? layers[0] : layers[static_cast<std::size_t>(num_enc + l)];
   }
   DeviceBuffer enc_out, enc_rstd;       // encoder final norm [Re,D], fp32 [Re]
-  DeviceBuffer lnf, lnf_rstd, logits;   // decoder final norm (scaled when tied) [Rd,D]; [Rd,V]
+  DeviceBuffer lnf, lnf_rstd, logits;   // decoder final norm (scaled when tied) [Rd,D]; [Rd,Vp]
   DeviceBuffer enc_bias, dec_bias;      // fp32 [H,Te,Te], [H,Td,Td]
   DeviceBuffer enc_dbias, dec_dbias;    // their gradients (fp32)
   DeviceBuffer att_scratch;             // fp32 [B*H*max(Te,Td)^2-ish] for mha_backward
@@ -268,7 +273,7 @@ template <class Fn>
 void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool ckpt,
                       ActBuffers* a, Fn&& f) {
   const int64_t D = c.d_model, I = c.num_heads * c.d_kv, F = c.d_ff, H = c.num_heads;
-  const int64_t V = c.vocab_size, Le = c.num_layers, Ld = c.num_decoder_layers;
+  const int64_t Vp = c.padded_vocab(), Le = c.num_layers, Ld = c.num_decoder_layers;
   const int64_t Re = B * Te, Rd = B * Td, Rmax = std::max(Re, Rd);
   const bool gated = c.feed_forward_proj == T5FeedForward::gated_gelu;
   auto at = [&](DeviceBuffer ActBuffers::*m) { return a ? &(a->*m) : nullptr; };
@@ -305,7 +310,7 @@ void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool
   f(at(&ActBuffers::enc_rstd), Kind::f32, Re);
   f(at(&ActBuffers::lnf), Kind::act, Rd * D);
   f(at(&ActBuffers::lnf_rstd), Kind::f32, Rd);
-  f(at(&ActBuffers::logits), Kind::act, Rd * V);
+  f(at(&ActBuffers::logits), Kind::act, Rd * Vp);
   f(at(&ActBuffers::enc_bias), Kind::f32, H * Te * Te);
   f(at(&ActBuffers::dec_bias), Kind::f32, H * Td * Td);
   f(at(&ActBuffers::enc_dbias), Kind::f32, H * Te * Te);
@@ -399,7 +404,8 @@ void T5Model::forward(const data::Batch& batch, ModuleHooks& hooks, bool with_ba
       static_cast<int64_t>(batch.targets.size()) != B * Td) {
     throw Error("T5 forward: batch inputs/targets sizes do not match [B,L] / [B,target_len]");
   }
-  const int64_t V = cfg_.vocab_size, D = cfg_.d_model, Re = B * Te, Rd = B * Td;
+  const int64_t V = cfg_.vocab_size, Vp = cfg_.padded_vocab(), D = cfg_.d_model, Re = B * Te,
+                Rd = B * Td;
   std::vector<int32_t> mask(static_cast<std::size_t>(Re));
   for (std::size_t i = 0; i < batch.inputs.size(); ++i) {
     const int32_t x = batch.inputs[i];
@@ -455,18 +461,19 @@ void T5Model::forward(const data::Batch& batch, ModuleHooks& hooks, bool with_ba
     hooks.post_forward(id.m_dec(l));
   }
 
-  // decoder.final_layer_norm, then the LM head (inside it when tied, else its own module).
-  const TensorView lnf = a.lnf.view({Rd, D}), logits = a.logits.view({Rd, V});
+  // decoder.final_layer_norm, then the LM head (inside it when tied, else its own module):
+  // logits [Rd,Vp], of which the loss reads the first V columns of each row.
+  const TensorView lnf = a.lnf.view({Rd, D}), logits = a.logits.view({Rd, Vp});
   hooks.pre_forward(id.m_dec_final);
   be_.rmsnorm_forward(lnf, a.lnf_rstd.view({Rd}),
                       a.res_d[static_cast<std::size_t>(cfg_.num_decoder_layers)].view({Rd, D}),
                       hooks.param(id.dec_final), Rd, D, eps);
   auto head = [&](const TensorView& W) {
-    be_.gemm(false, true, Rd, V, D, 1.f, lnf, W, 0.f, logits);
+    be_.gemm(false, true, Rd, Vp, D, 1.f, lnf, W, 0.f, logits);
     if (with_backward) {
-      be_.cross_entropy_forward_backward(loss, logits, a.labels.view({Rd}), Rd, V, grad_scale);
+      be_.cross_entropy_forward_backward(loss, logits, a.labels.view({Rd}), Rd, V, Vp, grad_scale);
     } else {
-      be_.cross_entropy_forward(loss, logits, a.labels.view({Rd}), Rd, V);
+      be_.cross_entropy_forward(loss, logits, a.labels.view({Rd}), Rd, V, Vp);
     }
   };
   if (cfg_.tie_word_embeddings) {
@@ -650,7 +657,7 @@ void T5Model::decoder_block_forward(int64_t l, int64_t B, int64_t Te, int64_t Td
 void T5Model::backward(int64_t B, int64_t Te, int64_t Td, ModuleHooks& hooks) {
   Acts& a = *acts_;
   const Ids& id = *ids_;
-  const int64_t D = cfg_.d_model, V = cfg_.vocab_size, H = cfg_.num_heads;
+  const int64_t D = cfg_.d_model, V = cfg_.padded_vocab(), H = cfg_.num_heads;  // dlogits' width
   const int64_t Re = B * Te, Rd = B * Td;
   const int64_t Le = cfg_.num_layers, Ld = cfg_.num_decoder_layers;
   be_.fill_zero(a.enc_dbias.view({H * Te * Te}));

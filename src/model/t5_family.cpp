@@ -29,6 +29,7 @@ T5Config t5_config_of(const ModelConfig& c) {
   }
   t.tie_word_embeddings = c.boolean("tie_word_embeddings");
   t.layer_norm_epsilon = c.number("layer_norm_epsilon");
+  t.pad_vocab_multiple = c.pad_vocab_multiple;
   return t;
 }
 
@@ -106,7 +107,8 @@ class T5Family final : public ModelFamily {
   // Encoder tokens (shape.L) pass through the encoder blocks and the decoder's cross-attention
   // k and v; target tokens (shape.target_len) through the decoder's self-attention q k v o,
   // cross-attention q and o, feed-forwards and the LM head. Inner width I = num_heads x d_kv;
-  // feed-forward: wi + wo (relu) or wi_0 + wi_1 + wo (gated-gelu).
+  // feed-forward: wi + wo (relu) or wi_0 + wi_1 + wo (gated-gelu). The LM head counts the
+  // model's own vocabulary (model.pad_vocab_multiple's padding rows are not model FLOPs).
   double train_flops_per_sample(const ModelConfig& c, const data::BatchShape& shape) const override {
     const T5Config t = t5_config_of(c);
     const double Ti = static_cast<double>(shape.L), Tt = static_cast<double>(shape.target_len);

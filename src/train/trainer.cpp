@@ -183,6 +183,13 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
      << to_string(cfg.mixed_precision.reduce_dtype) << "\n"
      << "model: " << cfg.model.type << ", " << n << " parameters (" << human_bytes(4.0 * n)
      << " fp32) in " << layouts.size() << " FSDP units";
+  int64_t pad = 0;  // vocabulary pad rows' elements (model.pad_vocab_multiple)
+  for (const auto& l : layouts)
+    for (const auto& e : l.entries) pad += e.spec.numel() - e.spec.unpadded_numel();
+  if (pad > 0) {
+    os << ", " << pad << " of them vocabulary padding (model.pad_vocab_multiple = "
+       << cfg.model.pad_vocab_multiple << ")";
+  }
   if (list_units) {
     for (const auto& l : layouts) {
       os << "\n  unit " << l.unit_name << ": " << l.entries.size() << " params, numel "

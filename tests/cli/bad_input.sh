@@ -52,6 +52,18 @@ case "$CASE" in
     run_train good.toml --set optim.lr=-1
     expect_input_error "--set optim.lr=-1" "optim.lr"
     ;;
+  pad_vocab_multiple)
+    # model.pad_vocab_multiple: 0, negative, not an integer, too large (file and --set).
+    tiny_config good.toml
+    for v in 0 -128 1.5 100000; do
+      run_train good.toml --set model.pad_vocab_multiple=$v
+      expect_input_error "--set model.pad_vocab_multiple=$v" "model.pad_vocab_multiple"
+    done
+    tiny_config bad.toml
+    sed -i 's|^\[model\]$|[model]\npad_vocab_multiple = 0|' bad.toml
+    run_train bad.toml
+    expect_input_error "bad.toml: model.pad_vocab_multiple: 0 is out of range"
+    ;;
   negative_peak_flops)
     tiny_config good.toml
     run_train good.toml --set train.peak_flops=-1e12

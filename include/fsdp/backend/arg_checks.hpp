@@ -271,11 +271,15 @@ struct ArgChecks {
   // cross_entropy_forward(_backward): returns the fp64 loss scalar.
   static double* cross_entropy(const char* kernel, const TensorView& loss,
                                const TensorView& logits, const TensorView& targets, int64_t R,
-                               int64_t V) {
+                               int64_t V, int64_t ld) {
     double* l = scalar64(kernel, "loss", loss);
     dim(kernel, "R", R);
     dim(kernel, "V", V);
-    need_float(kernel, "logits", logits, R * V);
+    if (ld < V) {
+      error(kernel, "ld", "= " + std::to_string(ld) + " (expected the row stride >= V = " +
+                              std::to_string(V) + ")");
+    }
+    need_float(kernel, "logits", logits, R * ld);
     need_dtype(kernel, "targets", targets, DType::i32, R);
     return l;
   }

@@ -167,17 +167,23 @@ class Backend {
                                   int64_t H) = 0;
 
   // Softmax cross-entropy over V classes for R rows, fused with its gradient, in fp32.
-  // logits: [R,V] (row stride V); targets: [R] int32 in [0,V), or kIgnoreIndex (-100,
-  // torch.nn.CrossEntropyLoss's ignore_index): such a row adds no loss and gets a zero
-  // gradient row.
-  // loss[0] (fp64 [1] device scalar) += sum over rows of -log softmax(logits)[target]; logits
-  // are overwritten in place with dlogits = (softmax - onehot) * grad_scale.
+  // logits: [R,ld] with row stride ld >= V: the first V columns of a row are its classes, the
+  // columns [V, ld) are padding (a vocabulary padded to a GEMM-friendly multiple, Megatron-LM's
+  // --make-vocab-size-divisible-by) that takes no part in the softmax; ld == V for none.
+  // targets: [R] int32 in [0,V), or kIgnoreIndex (-100, torch.nn.CrossEntropyLoss's
+  // ignore_index): such a row adds no loss and gets a zero gradient row.
+  // loss[0] (fp64 [1] device scalar) += sum over rows of -log softmax(logits[r, 0:V])[target],
+  // i.e. exactly the loss of the unpadded [R,V] logits; logits are overwritten in place with
+  // dlogits = (softmax - onehot) * grad_scale in columns [0, V) and 0 in the padding columns
+  // (so a GEMM reading dlogits gives the padded rows of the weight a zero gradient). Throws
+  // fsdp::Error when ld < V.
   virtual void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                               const TensorView& targets, int64_t R, int64_t V,
-                                              float grad_scale) = 0;
-  // Same loss without gradient; logits are left unchanged.
+                                              int64_t ld, float grad_scale) = 0;
+  // Same loss without gradient; logits (every column) are left unchanged.
   virtual void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                                     const TensorView& targets, int64_t R, int64_t V) = 0;
+                                     const TensorView& targets, int64_t R, int64_t V,
+                                     int64_t ld) = 0;
 
   // ---- T5 pieces (Raffel et al. 2020; HF transformers/models/t5/modeling_t5.py) ----
   // Token embedding without positions (T5's `shared`): out[n,:] = table[tokens[n],:].

@@ -206,7 +206,10 @@ bool same_layouts(const std::vector<FlatParamLayout>& a, const std::vector<FlatP
 // BY NAME among the entries of set.layouts(); only the part of it that falls in the new
 // shard is read, from the old shard files that hold it (CheckpointSet::read_flat: hyperslab
 // reads), so a rank reads about 1/M of the model for M new shards. Padding elements (past
-// layout.numel) are set to 0. The first read of each old dataset verifies it whole
+// layout.numel) are set to 0. A vocabulary-padded parameter (ParamSpec::vocab_rows > 0 in
+// `layout`) may be stored with another number of pad rows (a run with another
+// model.pad_vocab_multiple, or an older unpadded one): its first vocab_rows rows are read and
+// its pad rows set to 0 (they hold 0 in training: zero init, zero gradient). The first read of each old dataset verifies it whole
 // (checksum, finiteness; streamed once per dataset and CheckpointSet, see ShardFile).
 // Throws InputError naming the checkpoint directory and the tensor:
 //   "<dir>: parameter h.0.ln_1.weight (unit h.0) is missing from the checkpoint"

@@ -21,6 +21,9 @@
 //    (hf_tensor's shape, i.e. the transpose of ours for GPT-2 Conv1D weights) and a float
 //    dtype (F32, F16, BF16, F64; converted to fp32 as HF's from_pretrained does with
 //    torch_dtype float32).
+// Vocabulary padding (model.pad_vocab_multiple, ParamSpec::vocab_rows): the files hold the
+// model's own vocab_size rows (HF shape [vocab_size, ...]); they fill the first rows of our
+// padded tensor and the pad rows are set to 0 (nothing is read for them).
 // Tensors in the files that the model does not use are NOT an error: like HF from_pretrained
 // ("Some weights of the model checkpoint were not used"), they are returned in `unused` for
 // the trainer to warn about on rank 0. Published GPT-2 files hold such tensors (the
@@ -43,7 +46,8 @@ struct InitFromResult {
   uint64_t bytes_read = 0;          // payload bytes this rank read (headers not counted)
   int64_t num_tensors = 0;          // tensors the model expects (all checked on every rank)
   int64_t tensors_read = 0;         // of those, how many this rank read elements of
-  int64_t model_bytes = 0;          // fp32 bytes of all the model's parameters (4 x numel)
+  int64_t model_bytes = 0;          // fp32 bytes of all the model's parameters (4 x numel,
+                                    // vocabulary padding rows not counted: what the files hold)
   std::vector<std::string> unused;  // tensors in the files the model does not use (escaped)
 };
 
@@ -58,7 +62,8 @@ void check_hf_config(const std::string& dir, const ModelConfig& config);
 //  shard_index: this rank's shard, 0 <= shard_index < layouts[u].num_shards.
 //  shards[u]:   host buffer of layouts[u].shard_numel floats: flat elements
 //               [shard_begin(shard_index), shard_end(shard_index)) of unit u. Every element is
-//               written: parameters' values, 0 for the padding past the unit's numel.
+//               written: parameters' values, 0 for the padding past the unit's numel and for
+//               vocabulary padding rows.
 // Reads only the elements each shard owns: one contiguous range per (parameter, shard) for
 // a tensor stored as we lay it out; for a transposed 2-D tensor (HF [in, out], ours
 // [out, in]) one contiguous segment per HF row, so bytes read equal the shard's share

@@ -5,7 +5,9 @@
 // the flat shards, rename and re-lay it as the model family's Hugging Face class expects
 // (ModelFamily::hf_tensor: GPT2LMHeadModel, T5ForConditionalGeneration), and stream it into
 // OUT_DIR/model.safetensors (fp32) with OUT_DIR/config.json (ModelFamily::hf_config) beside
-// it. The result loads with `<Class>.from_pretrained(OUT_DIR)`.
+// it. The result loads with `<Class>.from_pretrained(OUT_DIR)`. Vocabulary-padded tensors
+// (model.pad_vocab_multiple; the checkpoint's model_config records it) are written with the
+// model's own vocab_size rows only, so the output is byte-identical to an unpadded run's.
 #pragma once
 
 #include <cstdint>

@@ -44,6 +44,19 @@ const char* to_string(OptimizerKind k);  // "adamw" | "sgd"
 // its Hugging Face config names it, and is declared with its default by the family alone
 // (ModelFamily::keys). A value keeps the type of the declared default.
 using ModelValue = std::variant<int64_t, double, bool, std::string>;
+
+// model.pad_vocab_multiple's default: Megatron-LM's --make-vocab-size-divisible-by (128), so
+// the LM head's GEMM dimension is a multiple of 8 (16-bit tensor-core alignment) and of the
+// usual tile widths (GPT-2's 50257 -> 50304).
+inline constexpr int64_t kDefaultPadVocabMultiple = 128;
+// Largest model.pad_vocab_multiple accepted (a larger one only adds padding rows).
+inline constexpr int64_t kMaxPadVocabMultiple = 65536;
+// vocab_size rounded up to a multiple of `multiple` (>= 1): the rows of the token embedding
+// and LM head in training (Megatron-LM's padded_vocab_size); vocab_size when multiple == 1.
+inline int64_t padded_vocab_size(int64_t vocab_size, int64_t multiple) {
+  return multiple <= 1 ? vocab_size : (vocab_size + multiple - 1) / multiple * multiple;
+}
+
 struct ModelConfig {
   std::string type;                            // a registered model.type
   std::map<std::string, ModelValue> values;    // every key of the family (defaults filled in)
@@ -51,6 +64,12 @@ struct ModelConfig {
   // model.safetensors.index.json, plus config.json) whose weights replace the initialisation;
   // each rank reads only its own shard's byte ranges. "" = random initialisation.
   std::string init_from;
+  // model.pad_vocab_multiple: the token embedding and LM head hold
+  // padded_vocab_size(vocab_size, pad_vocab_multiple) rows in training, so every GEMM of the
+  // LM head has aligned dimensions (Megatron-LM's --make-vocab-size-divisible-by). The pad
+  // rows are zero, take no part in the softmax (zero gradient) and never leave fsdp_train:
+  // merges and init_from see the model's own vocab_size. Integer >= 1; 1 = no padding.
+  int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
 
   // The family's defaults for `type` (throws InputError naming model.type if unknown).
   // Defined with the registry (src/model/registry.cpp).

@@ -23,9 +23,28 @@ struct ParamSpec {
   InitKind init = InitKind::normal;
   float init_std = 0.02f;        // for InitKind::normal
   bool weight_decay = true;      // AdamW decay applies (false: biases, LayerNorm, embeddings)
+  // Vocabulary-indexed matrices (token embedding, LM head) padded for GEMM alignment
+  // (model.pad_vocab_multiple, Megatron-LM's --make-vocab-size-divisible-by): shape[0] is the
+  // padded vocabulary and rows [vocab_rows, shape[0]) are padding: initialised to 0, outside
+  // the softmax (so their gradient is 0 and they stay 0 under AdamW/SGD), and cut off where
+  // tensors leave or enter fsdp_train (fsdp_merge, init_from), which see [vocab_rows, ...].
+  // 0: not a vocabulary matrix; every row is the model's.
+  int64_t vocab_rows = 0;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
+    return n;
+  }
+  // The model's own shape: shape with shape[0] = vocab_rows when vocab_rows > 0.
+  std::vector<int64_t> unpadded_shape() const {
+    std::vector<int64_t> s = shape;
+    if (vocab_rows > 0 && !s.empty()) s[0] = vocab_rows;
+    return s;
+  }
+  // Elements of the model's own rows: a row-major prefix [0, unpadded_numel()) of the tensor.
+  int64_t unpadded_numel() const {
+    int64_t n = 1;
+    for (int64_t d : unpadded_shape()) n *= d;
     return n;
   }
 };

@@ -6,9 +6,12 @@
 //
 // Explicit forward and backward per module, llm.c style, on fsdp::Backend kernels; no
 // general autograd. Linear weights are stored [out, in] (nn.Linear); fsdp_merge transposes
-// them to HF's Conv1D [in, out]. Initialisation is GPT-2's: N(0, 0.02) for weights and
-// embeddings, N(0, 0.02/sqrt(2*n_layer)) for the residual projections (attn.c_proj,
-// mlp.c_proj), zero biases, LayerNorm weight 1 and bias 0.
+// them to HF's Conv1D [in, out]. The vocabulary is padded to Vp = padded_vocab() rows of wte
+// (model.pad_vocab_multiple): the LM head computes logits [BT,Vp] and the cross-entropy reads
+// only the first V columns (row stride Vp), so losses and the gradients of the model's own
+// rows are the unpadded model's and the pad rows' gradient is 0. Initialisation is GPT-2's:
+// N(0, 0.02) for weights and embeddings (the pad rows 0), N(0, 0.02/sqrt(2*n_layer)) for the
+// residual projections (attn.c_proj, mlp.c_proj), zero biases, LayerNorm weight 1 and bias 0.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +33,10 @@ struct Gpt2Config {
   int64_t n_positions = 256;          // max sequence length (learned position table rows)
   int64_t vocab_size = 256;           // byte-level by default
   double layer_norm_epsilon = 1e-5;
+  // model.pad_vocab_multiple (not a GPT2Config key): wte has padded_vocab() rows in training.
+  int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
+  // vocab_size rounded up to a multiple of pad_vocab_multiple (50257 -> 50304 at 128).
+  int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
   // From the [model] section (type "gpt2"); throws fsdp::Error on a missing key.
   static Gpt2Config from(const ModelConfig& config);
 };
@@ -37,8 +44,9 @@ struct Gpt2Config {
 // The "gpt2" entry of the model registry (fsdp/model/model.hpp).
 const ModelFamily& gpt2_family();
 
-// Parameters in forward order: "embeddings" (wte [V,C], wpe [P,C]), "h.0" .. "h.{L-1}"
-// (class "GPT2Block", 12 tensors each), "ln_f" (ln_f.weight, ln_f.bias [C]).
+// Parameters in forward order: "embeddings" (wte [Vp,C] with Vp = padded_vocab() and
+// vocab_rows = V, wpe [P,C]), "h.0" .. "h.{L-1}" (class "GPT2Block", 12 tensors each), "ln_f"
+// (ln_f.weight, ln_f.bias [C]).
 std::vector<ModuleDecl> gpt2_modules(const Gpt2Config& config);
 
 class Gpt2Model final : public Model {

@@ -124,10 +124,13 @@ const std::vector<const ModelFamily*>& model_families();
 // gpt2, t5)`.
 const ModelFamily& model_family(const std::string& type);
 
-// The [model] section as checkpoints and merge carry it: {"model_type": type, key: value...}.
+// The [model] section as checkpoints and merge carry it: {"model_type": type, key: value...,
+// "pad_vocab_multiple": m} (the family's keys, then the vocabulary padding the stored
+// tensors have; init_from is not carried).
 nlohmann::json model_config_json(const ModelConfig& config);
 // Inverse of model_config_json; throws InputError naming `origin` on an unknown model_type,
-// a missing key or one of the wrong type.
+// a missing key or one of the wrong type. A JSON without "pad_vocab_multiple" (written
+// before it existed, when tensors were never padded) reads as 1.
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& origin);
 
 }  // namespace fsdp

@@ -72,14 +72,18 @@ struct T5Config {
   T5FeedForward feed_forward_proj = T5FeedForward::relu;
   bool tie_word_embeddings = true;
   double layer_norm_epsilon = 1e-6;
+  // model.pad_vocab_multiple (not a T5Config field): shared and lm_head have padded_vocab()
+  // rows in training (ByT5's 384 and t5-small's 32128 are multiples of 128 already).
+  int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
+  int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
   friend bool operator==(const T5Config&, const T5Config&) = default;
 };
 
 // Throws fsdp::InputError naming `origin` and the field when a size is < 1 (every size field;
-// num_layers and num_decoder_layers included), relative_attention_num_buckets < 4 (each half of
-// the bidirectional buckets needs an exact and a logarithmic part) or
-// relative_attention_max_distance <= relative_attention_num_buckets / 2 (the log range would be
-// empty), or layer_norm_epsilon is not > 0.
+// num_layers, num_decoder_layers and pad_vocab_multiple included),
+// relative_attention_num_buckets < 4 (each half of the bidirectional buckets needs an exact and
+// a logarithmic part) or relative_attention_max_distance <= relative_attention_num_buckets / 2
+// (the log range would be empty), or layer_norm_epsilon is not > 0.
 void validate_t5_config(const T5Config& c, const std::string& origin);
 
 // HF T5Attention._relative_position_bucket for one relative position (key_pos - query_pos),
@@ -102,7 +106,8 @@ std::vector<int32_t> t5_relative_position_buckets(int64_t query_length, int64_t 
 std::vector<int32_t> t5_shift_right(const std::vector<int32_t>& labels, int64_t B, int64_t T);
 
 // Modules in forward order, HF state-dict parameter names, shapes [out, in]:
-//   "shared" (class "T5Embedding"): shared.weight [V, d_model];
+//   "shared" (class "T5Embedding"): shared.weight [Vp, d_model] (Vp = padded_vocab(),
+//     vocab_rows = V: the pad rows are zero and outside the softmax);
 //   "encoder.block.{i}" (class "T5Block"): encoder.block.i.layer.0.SelfAttention.{q,k,v}.weight
 //     [H*d_kv, d_model], .o.weight [d_model, H*d_kv], block 0 only:
 //     encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight [NB, H];
@@ -114,7 +119,7 @@ std::vector<int32_t> t5_shift_right(const std::vector<int32_t>& labels, int64_t 
 //     .weight, layer.1.layer_norm.weight, layer.2.DenseReluDense.*, layer.2.layer_norm.weight;
 //   "decoder.final_layer_norm" (class "T5LayerNorm"); with the tied head it also computes the
 //     logits from shared.weight (root unit);
-//   "lm_head" (class "T5LMHead", untied only): lm_head.weight [V, d_model].
+//   "lm_head" (class "T5LMHead", untied only): lm_head.weight [Vp, d_model] (vocab_rows = V).
 // Throws as validate_t5_config (origin "model").
 std::vector<ModuleDecl> t5_modules(const T5Config& c);
 

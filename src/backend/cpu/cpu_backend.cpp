@@ -249,10 +249,10 @@ class CpuBackend final : public Backend {
                           const TensorView& qkv, const TensorView& att, int64_t B, int64_t T,
                           int64_t C, int64_t H) override;
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
-                                      const TensorView& targets, int64_t R, int64_t V,
+                                      const TensorView& targets, int64_t R, int64_t V, int64_t ld,
                                       float grad_scale) override;
   void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                             const TensorView& targets, int64_t R, int64_t V) override;
+                             const TensorView& targets, int64_t R, int64_t V, int64_t ld) override;
 
   // ---- T5 pieces ----
   void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
@@ -562,20 +562,21 @@ void CpuBackend::attention_backward(const TensorView& dqkv, const TensorView& sc
 
 void CpuBackend::cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                                 const TensorView& targets, int64_t R, int64_t V,
-                                                float grad_scale) {
-  // loss[0] (fp64) += sum of row losses; logits: [R,V] -> dlogits in place; targets: [R] int32.
-  double& l = *Chk::cross_entropy("cross_entropy_forward_backward", loss, logits, targets, R, V);
-  const F32Out x = out(logits, R * V, true);
-  l += k_.cross_entropy_forward_backward(x, static_cast<const int32_t*>(targets.data), R, V,
+                                                int64_t ld, float grad_scale) {
+  // loss[0] (fp64) += sum of row losses; logits: [R,ld] -> dlogits in place (padding columns
+  // [V,ld) = 0); targets: [R] int32.
+  double& l = *Chk::cross_entropy("cross_entropy_forward_backward", loss, logits, targets, R, V, ld);
+  const F32Out x = out(logits, R * ld, true);
+  l += k_.cross_entropy_forward_backward(x, static_cast<const int32_t*>(targets.data), R, V, ld,
                                          grad_scale);
 }
 
 void CpuBackend::cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                                       const TensorView& targets, int64_t R, int64_t V) {
-  // loss[0] (fp64) += sum of row losses; logits: [R,V] unchanged; targets: [R] int32.
-  double& l = *Chk::cross_entropy("cross_entropy_forward", loss, logits, targets, R, V);
-  const F32In x = in(logits, R * V);
-  l += k_.cross_entropy_forward(x, static_cast<const int32_t*>(targets.data), R, V);
+                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld) {
+  // loss[0] (fp64) += sum of row losses; logits: [R,ld] unchanged; targets: [R] int32.
+  double& l = *Chk::cross_entropy("cross_entropy_forward", loss, logits, targets, R, V, ld);
+  const F32In x = in(logits, R * ld);
+  l += k_.cross_entropy_forward(x, static_cast<const int32_t*>(targets.data), R, V, ld);
 }
 
 // ---------------------------------------------------------------------------------------

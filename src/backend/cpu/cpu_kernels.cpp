@@ -925,12 +925,14 @@ double sum_in_order(const std::vector<double>& v) {
 }  // namespace
 
 double CpuKernels::cross_entropy_forward_backward(float* logits, const int32_t* targets,
-                                                  int64_t R, int64_t V, float grad_scale) const {
+                                                  int64_t R, int64_t V, int64_t ld,
+                                                  float grad_scale) const {
   check_targets(targets, R, V);
   std::vector<double> row_loss(static_cast<std::size_t>(R));
-#pragma omp parallel for num_threads(threads_for(R * V, kParallelMinElems)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(R * ld, kParallelMinElems)) schedule(static)
   for (int64_t r = 0; r < R; ++r) {
-    float* x = logits + r * V;
+    float* x = logits + r * ld;
+    std::fill(x + V, x + ld, 0.0f);     // padding columns: no class, zero gradient
     if (targets[r] == kIgnoreTarget) {  // no loss, zero gradient row
       row_loss[static_cast<std::size_t>(r)] = 0.0;
       std::fill(x, x + V, 0.0f);
@@ -951,12 +953,12 @@ double CpuKernels::cross_entropy_forward_backward(float* logits, const int32_t* 
 }
 
 double CpuKernels::cross_entropy_forward(const float* logits, const int32_t* targets, int64_t R,
-                                         int64_t V) const {
+                                         int64_t V, int64_t ld) const {
   check_targets(targets, R, V);
   std::vector<double> row_loss(static_cast<std::size_t>(R));
 #pragma omp parallel for num_threads(threads_for(R * V, kParallelMinElems)) schedule(static)
   for (int64_t r = 0; r < R; ++r) {
-    const float* x = logits + r * V;
+    const float* x = logits + r * ld;
     if (targets[r] == kIgnoreTarget) {
       row_loss[static_cast<std::size_t>(r)] = 0.0;
       continue;

@@ -68,12 +68,14 @@ class CpuKernels {
                          int64_t H) const;
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, int64_t B, int64_t T, int64_t C, int64_t H) const;
-  // logits [R,V]; targets [R] (throw unless in [0,V) or kIgnoreTarget: such a row adds no
-  // loss and, with the gradient, becomes a zero row). Return the summed row losses.
+  // logits [R,ld], classes in columns [0,V), padding columns [V,ld) ignored by the softmax
+  // (written 0 with the gradient); targets [R] (throw unless in [0,V) or kIgnoreTarget: such
+  // a row adds no loss and, with the gradient, becomes a zero row). Return the summed row
+  // losses.
   double cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t R, int64_t V,
-                                        float grad_scale) const;
-  double cross_entropy_forward(const float* logits, const int32_t* targets, int64_t R,
-                               int64_t V) const;
+                                        int64_t ld, float grad_scale) const;
+  double cross_entropy_forward(const float* logits, const int32_t* targets, int64_t R, int64_t V,
+                               int64_t ld) const;
 
   // ---- T5 pieces ----
   // tokens [N] (in range, checked by the caller); table [V,C]; out [N,C].
