@@ -315,7 +315,7 @@ void expect_params_close(const TrainResult& got, const TrainResult& ref, const s
 
 TEST(ReshardResume, WorldToOneRankAndBack) {
   // Reference: 6 uninterrupted FULL_SHARD steps on one rank (each rank its own).
-  Config c = small_config(fresh_dir("ref") + "/rank" + std::to_string(world_rank()));
+  Config c = small_config(fresh_dir("ref") + "/rank" + std::to_string(test_util::world_rank()));
   c.train.max_steps = 6;
   c.checkpoint.every = 2;
   const TrainResult ref = run(c, On::self);
@@ -329,7 +329,7 @@ TEST(ReshardResume, WorldToOneRankAndBack) {
   MPI_Barrier(MPI_COMM_WORLD);
 
   // Steps 3-4 on one rank (each rank on its own copy of the checkpoint), saved at 4.
-  const std::string self_dir = fresh_dir("self") + "/rank" + std::to_string(world_rank());
+  const std::string self_dir = fresh_dir("self") + "/rank" + std::to_string(test_util::world_rank());
   copy_checkpoints(c.train.run_dir, self_dir);
   c.train.run_dir = self_dir;
   const TrainResult b = run(c, On::self, /*stop_after=*/4, /*resume=*/true);
@@ -338,7 +338,7 @@ TEST(ReshardResume, WorldToOneRankAndBack) {
 
   // Steps 5-6 back on the world, from rank 0's step-4 checkpoint.
   const std::string world_b = fresh_dir("world_b");
-  if (world_rank() == 0) copy_checkpoints(self_dir, world_b);
+  if (test_util::world_rank() == 0) copy_checkpoints(self_dir, world_b);
   MPI_Barrier(MPI_COMM_WORLD);
   c.train.run_dir = world_b;
   const TrainResult d = run(c, On::world, 0, /*resume=*/true);
@@ -349,7 +349,7 @@ TEST(ReshardResume, WorldToOneRankAndBack) {
 }
 
 TEST(ReshardResume, HybridToFullShard) {
-  Config c = small_config(fresh_dir("hybrid_ref") + "/rank" + std::to_string(world_rank()));
+  Config c = small_config(fresh_dir("hybrid_ref") + "/rank" + std::to_string(test_util::world_rank()));
   c.train.max_steps = 4;
   c.checkpoint.every = 2;
   const TrainResult ref = run(c, On::self);
