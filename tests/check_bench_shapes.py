@@ -52,7 +52,10 @@ def main():
             bad.append("%s: fsdp_train --dry-run exited %d or printed no parameter / FLOP line:\n%s"
                        % (m, r.returncode, out[-1500:]))
             continue
-        ours_params = int(params.group(1))
+        # The banner counts the vocabulary padding rows (model.pad_vocab_multiple) in the
+        # total and says how many: the model's own parameters are the difference.
+        pad = re.search(r"^model: .*, (\d+) of them vocabulary padding", out, re.M)
+        ours_params = int(params.group(1)) - (int(pad.group(1)) if pad else 0)
         ours_flops = float(flops.group(1)) * PREFIX[flops.group(2)]
         rel = abs(ours_flops - desc["flops_per_token"]) / desc["flops_per_token"]
         ok = ours_params == desc["params"] and rel <= 5e-3  # 3 significant digits
