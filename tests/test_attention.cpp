@@ -1,8 +1,9 @@
-// tests/test_attention.cpp: the CPU backend's blocked attention (FlashAttention-2 on 64 x 64
+// tests/test_attention.cpp: the CPU backend's blocked attention (FlashAttention-2 on 64 x 256
 // tiles, backend.hpp) against the naive attention it replaced (tests/attention_ref.hpp, in
 // double): fp32, every element of out, lse, dq, dk, dv and dbias within 1e-5 of the
 // reference (relative to the largest magnitude of that tensor, at least 1). Shapes around
-// the tile size (T = 1, 63, 64, 65) and T = 1024 (16 key tiles, small B, H, D), GPT-2's
+// the tile sizes (64 queries: T = 1, 63, 64, 65; 256 keys: 255, 256, 257) and T = 1024 (16
+// query and 4 key tiles, small B, H, D), GPT-2's
 // causal packed attention and T5's mha: causal + bias (decoder self-attention), key padding
 // + bias (encoder), Tq != Tk with padding (cross-attention), fully padded batch rows. Also:
 // results independent of the thread count bit for bit, and dbias accumulates.
@@ -145,7 +146,7 @@ class BlockedAttention : public ::testing::Test {
 };
 
 TEST_F(BlockedAttention, Gpt2AroundTheTileSize) {
-  for (int64_t T : {1, 2, 63, 64, 65, 130}) check_gpt2(*be, rng, 2, T, 2, 16);
+  for (int64_t T : {1, 2, 63, 64, 65, 130, 255, 256, 257}) check_gpt2(*be, rng, 2, T, 2, 16);
 }
 
 TEST_F(BlockedAttention, Gpt2LongSequence) { check_gpt2(*be, rng, 1, 1024, 1, 8); }
@@ -168,6 +169,7 @@ TEST_F(BlockedAttention, T5CrossAttentionTqNeTk) {
   check_mha(*be, rng, {{2, 64, 1, 2, 8, 1.0f, false}, false, false});
   check_mha(*be, rng, {{2, 100, 63, 2, 8, 0.5f, false}, true, true});
   check_mha(*be, rng, {{1, 64, 1024, 1, 8, 1.0f, false}, false, true});
+  for (int64_t Tk : {255, 256, 257}) check_mha(*be, rng, {{2, 70, Tk, 2, 8, 1.0f, false}, true, true});
 }
 
 TEST_F(BlockedAttention, CausalTqNeTkWithBiasAndPadding) {

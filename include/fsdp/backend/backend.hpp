@@ -153,7 +153,7 @@ class Backend {
   // A query row whose every key is masked gets output 0, lse = +inf (so exp(s - lse) = 0,
   // as flash-attention's softmax.h) and zero gradients. Masked keys (probability exactly 0)
   // get zero dk/dv; their k, v values do not change any result as long as they are finite.
-  // The CPU backend tiles 64 queries x 64 keys (src/backend/cpu/cpu_kernels.cpp); the CUDA
+  // The CPU backend tiles 64 queries x 256 keys (src/backend/cpu/cpu_kernels.cpp); the CUDA
   // backend runs fused tensor-core kernels (src/cuda/kernels_flash.cu). Both recompute
   // the forward's exponentials in backward (about one more QK^T per layer) to save the
   // [B,H,T,T] probabilities and their fp32 gradient scratch.
