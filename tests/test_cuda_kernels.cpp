@@ -20,8 +20,9 @@
 //  - bf16 storage: the CPU backend run in bf16 storage is the reference (it converts to
 //    fp32, computes, rounds once). Both sides round nearly equal fp32 values to bf16, which
 //    can land on adjacent bf16 values: one bf16 ulp is up to 2^-7 ~ 7.8e-3 relative, hence
-//    rel 1e-2. Attention also rounds P and dS to bf16 before its second GEMMs on the GPU
-//    (the CPU keeps them fp32), which adds ~2^-9 relative per term: rel 2e-2 there.
+//    rel 1e-2. Attention also rounds P and dS to bf16 before its second products on the GPU
+//    (the tensor-core kernels, as flash-attention; the CPU keeps them fp32), which adds ~2^-9
+//    relative per term: rel 2e-2 there.
 //  - fp16 storage: the same reasoning with a 2^-10 ulp: rel 2e-3 (attention 1e-2).
 //  - Loss and squared-norm device scalars (fp64): rel 1e-5 / 1e-12 (fp32 math inside the
 //    loss; fp64 sums of the same squares for the norm).
@@ -230,7 +231,8 @@ Vec uniform(std::size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f)
   return v;
 }
 
-// |cuda - cpu| <= rel |cpu| + abs max(1, max |cpu|) for every element (NaN only with NaN).
+// |cuda - cpu| <= rel |cpu| + abs max(1, max |cpu|) for every element (NaN only with NaN,
+// an infinity only with the same infinity).
 void expect_close(const std::vector<double>& ref, const std::vector<double>& got, Tol tol,
                   const std::string& what) {
   ASSERT_EQ(ref.size(), got.size()) << what;
@@ -251,6 +253,12 @@ void expect_close(const std::vector<double>& ref, const std::vector<double>& got
       continue;
     }
     if (r == g) continue;  // equal infinities included
+    if (std::isinf(r) || std::isinf(g)) {  // an infinity on one side only
+      ++bad;
+      worst = i;
+      worst_excess = std::numeric_limits<double>::infinity();
+      continue;
+    }
     const double limit = tol.rel * std::abs(r) + tol.abs * scale;
     const double diff = std::abs(g - r);
     if (!(diff <= limit)) {
@@ -334,13 +342,13 @@ TEST(CudaBackend, CachingAllocatorReusesBlocks) {
 }
 
 TEST(CudaBackend, KernelScratchComesFromTheCache) {
-  // Kernels with scratch (attention scores, reduction partials, 16-bit embedding gradient,
-  // row losses): after a first call, repeating them allocates nothing new.
+  // Kernels with scratch (attention backward's D_i, reduction partials, 16-bit embedding
+  // gradient, row losses): after a first call, repeating them allocates nothing new.
   std::mt19937 rng(7);
   const int64_t B = 2, T = 17, C = 24, H = 3, V = 29, R = B * T;
   Pair qkv = make(DType::bf16, uniform(B * T * 3 * C, rng));
-  Pair out = make(DType::bf16, Vec(B * T * C));
-  Pair att = make(DType::bf16, Vec(B * H * T * T));
+  Pair out = make(DType::bf16, Vec(B * T * C)), dqkv = make(DType::bf16, Vec(B * T * 3 * C));
+  Pair lse = make(DType::f32, Vec(B * H * T));
   Pair x = make(DType::bf16, uniform(R * C, rng)), w = make(DType::bf16, uniform(C, rng));
   Pair mean = make(DType::f32, Vec(R)), rstd = make(DType::f32, Vec(R));
   Pair dx = make(DType::bf16, Vec(R * C)), dw = make(DType::bf16, Vec(C)),
@@ -353,7 +361,9 @@ TEST(CudaBackend, KernelScratchComesFromTheCache) {
   Pair loss = make_f64({0.0});
   Backend& g = gpu();
   auto step = [&] {
-    g.attention_forward(out.v(kGpu), att.v(kGpu), qkv.v(kGpu), B, T, C, H);
+    g.attention_forward(out.v(kGpu), lse.v(kGpu), qkv.v(kGpu), B, T, C, H);
+    g.attention_backward(dqkv.v(kGpu), out.v(kGpu), qkv.v(kGpu), out.v(kGpu), lse.v(kGpu), B, T, C,
+                         H);
     g.layernorm_forward(x.v(kGpu), mean.v(kGpu), rstd.v(kGpu), x.v(kGpu), w.v(kGpu), w.v(kGpu), R,
                         C, 1e-5f);
     g.layernorm_backward(dx.v(kGpu), dw.v(kGpu), db.v(kGpu), x.v(kGpu), x.v(kGpu), w.v(kGpu),
@@ -785,35 +795,28 @@ TEST(CudaBackend, LayerNorm) {
 // ---------------------------------------------------------------------------------------
 // attention
 
+// Forward on both backends (out, and lse in fp32), then backward on both from the CPU's out and
+// lse. Head size hs = C / H: 64 and 128 with 16-bit storage run the tensor-core kernels, the
+// rest the SIMT ones.
 void run_attention(DType t, int64_t B, int64_t T, int64_t C, int64_t H, std::mt19937& rng,
-                   DType out_t, DType att_t) {
-  SCOPED_TRACE("qkv " + name(t) + " out " + name(out_t) + " att " + name(att_t) +
-               " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-               " H=" + std::to_string(H));
+                   DType out_t) {
+  SCOPED_TRACE("qkv " + name(t) + " out " + name(out_t) + " B=" + std::to_string(B) + " T=" +
+               std::to_string(T) + " C=" + std::to_string(C) + " H=" + std::to_string(H));
   const Tol tol = attn_tol(t == DType::f32 ? out_t : t);
   Pair qkv = make(t, uniform(B * T * 3 * C, rng, -2.0f, 2.0f));
   Pair out = make(out_t, uniform(B * T * C, rng));  // garbage: written
-  Pair att = make(att_t, uniform(B * H * T * T, rng));
+  Pair lse = make(DType::f32, uniform(B * H * T, rng));
   both(
-      [&](Backend& be, Side s) { be.attention_forward(out.v(s), att.v(s), qkv.v(s), B, T, C, H); });
+      [&](Backend& be, Side s) { be.attention_forward(out.v(s), lse.v(s), qkv.v(s), B, T, C, H); });
   check(out, tol, "out");
-  check(att, tol, "att");
-  // att is exactly 0 above the diagonal.
-  const std::vector<double> a = read(gpu(), att.v(kGpu));
-  int nonzero = 0;
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    for (int64_t i = 0; i < T; ++i) {
-      for (int64_t j = i + 1; j < T; ++j) nonzero += a[(bh * T + i) * T + j] != 0.0;
-    }
-  }
-  EXPECT_EQ(nonzero, 0) << "att above the diagonal";
-  // Backward from identical saved P.
-  att.cpu_to_gpu();
+  check(lse, tol, "lse");
+  // Backward from identical saved out and lse.
+  out.cpu_to_gpu();
+  lse.cpu_to_gpu();
   Pair dout = make(out_t, uniform(B * T * C, rng));
   Pair dqkv = make(t, uniform(B * T * 3 * C, rng));  // garbage: written
-  Pair scratch = make(DType::f32, uniform(B * H * T * T, rng));
   both([&](Backend& be, Side s) {
-    be.attention_backward(dqkv.v(s), scratch.v(s), dout.v(s), qkv.v(s), att.v(s), B, T, C, H);
+    be.attention_backward(dqkv.v(s), dout.v(s), qkv.v(s), out.v(s), lse.v(s), B, T, C, H);
   });
   check(dqkv, tol, "dqkv");
 }
@@ -821,14 +824,17 @@ void run_attention(DType t, int64_t B, int64_t T, int64_t C, int64_t H, std::mt1
 TEST(CudaBackend, Attention) {
   std::mt19937 rng(14);
   for (DType t : kFloatTypes) {
-    run_attention(t, 2, 13, 24, 3, rng, t, t);
-    run_attention(t, 1, 64, 64, 4, rng, t, t);
-    run_attention(t, 3, 33, 96, 2, rng, t, t);
-    run_attention(t, 1, 1, 8, 1, rng, t, t);
+    run_attention(t, 2, 13, 24, 3, rng, t);     // hs 8
+    run_attention(t, 3, 33, 96, 2, rng, t);     // hs 48
+    run_attention(t, 1, 1, 64, 1, rng, t);      // hs 64 (GPT-2 124M and 1.5B)
+    run_attention(t, 2, 63, 128, 2, rng, t);
+    run_attention(t, 1, 64, 256, 4, rng, t);
+    run_attention(t, 2, 65, 128, 2, rng, t);
+    run_attention(t, 2, 130, 256, 2, rng, t);   // hs 128
+    run_attention(t, 1, 1024, 64, 1, rng, t);   // 16 key tiles
   }
-  run_attention(DType::f32, 2, 130, 128, 2, rng, DType::f32, DType::f32);  // T > a 128 tile
   // Mixed storage types (fp32 fallback on the GPU).
-  run_attention(DType::bf16, 2, 9, 16, 2, rng, DType::f32, DType::f32);
+  run_attention(DType::bf16, 2, 9, 16, 2, rng, DType::f32);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -992,8 +998,8 @@ TEST(CudaBackend, WrongDtypesAndSizesThrow) {
                "cuda backend: cross_entropy_forward: loss is fp32");
   expect_error([&] { g.attention_forward(F, F, F, 1, 2, 6, 4); },
                "cuda backend: attention_forward: bad shape");
-  expect_error([&] { g.attention_backward(F, Hb, F, F, F, 1, 2, 4, 2); },
-               "cuda backend: attention_backward: scratch is bf16");
+  expect_error([&] { g.attention_backward(F, F, F, F, Hb, 1, 2, 4, 2); },
+               "cuda backend: attention_backward: lse is bf16");
   expect_error([&] { g.cast(F, I); }, "cuda backend: cast: src is int32");
   expect_error([&] { g.copy(F, Hb); }, "cuda backend: copy: dst");
   expect_error([&] { g.scale_by(F, D); }, "cuda backend: scale_by: coef is fp64");
@@ -1279,14 +1285,17 @@ TEST(CudaBackend, PositionBias) {
   }
 }
 
+// As run_attention for mha: forward on both (out, lse), backward on both from the CPU's out
+// and lse, with dbias pre-filled (it accumulates). mask_kind: 0 none, 1 batch b pads its
+// last b keys, 2 also the last batch row pads every key.
 void run_mha(DType t, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, bool causal,
              bool with_bias, int mask_kind, float scale, std::mt19937& rng, DType out_t) {
-  SCOPED_TRACE("q " + name(t) + " out/att " + name(out_t) + " B=" + std::to_string(B) +
+  SCOPED_TRACE("q " + name(t) + " out " + name(out_t) + " B=" + std::to_string(B) +
                " Tq=" + std::to_string(Tq) + " Tk=" + std::to_string(Tk) + " H=" +
                std::to_string(H) + " D=" + std::to_string(D) + " causal=" + std::to_string(causal) +
                " bias=" + std::to_string(with_bias) + " mask=" + std::to_string(mask_kind));
   const Tol tol = attn_tol(t == DType::f32 ? out_t : t);
-  const int64_t HD = H * D, nq = B * Tq * HD, nk = B * Tk * HD, na = B * H * Tq * Tk;
+  const int64_t HD = H * D, nq = B * Tq * HD, nk = B * Tk * HD, nl = B * H * Tq;
   Pair q = make(t, uniform(nq, rng, -1.5f, 1.5f)), k = make(t, uniform(nk, rng, -1.5f, 1.5f)),
        v = make(t, uniform(nk, rng));
   Pair bias = make(DType::f32, uniform(with_bias ? H * Tq * Tk : 0, rng, -2.0f, 2.0f));
@@ -1294,38 +1303,44 @@ void run_mha(DType t, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, b
   if (mask_kind > 0) {
     mk.assign(static_cast<std::size_t>(B * Tk), 1);
     for (int64_t b = 0; b < B; ++b) {
-      // batch b pads its last b keys; with mask_kind 2 the last batch pads every key
       const int64_t pad = (mask_kind == 2 && b == B - 1) ? Tk : std::min(b, Tk);
       for (int64_t j = Tk - pad; j < Tk; ++j) mk[b * Tk + j] = 0;
     }
   }
   Pair mask = make_i32(mk);
-  Pair out = make(out_t, uniform(nq, rng)), att = make(out_t, uniform(na, rng));  // written
+  const auto bias_v = [&](Side s) { return with_bias ? bias.v(s) : TensorView{}; };
+  const auto mask_v = [&](Side s) { return mask_kind ? mask.v(s) : TensorView{}; };
+  Pair out = make(out_t, uniform(nq, rng)), lse = make(DType::f32, uniform(nl, rng));  // written
   both([&](Backend& be, Side s) {
-    be.mha_forward(out.v(s), att.v(s), q.v(s), k.v(s), v.v(s),
-                   with_bias ? bias.v(s) : TensorView{}, mask_kind ? mask.v(s) : TensorView{}, B,
-                   Tq, Tk, H, D, scale, causal);
+    be.mha_forward(out.v(s), lse.v(s), q.v(s), k.v(s), v.v(s), bias_v(s), mask_v(s), B, Tq, Tk, H,
+                   D, scale, causal);
   });
   check(out, tol, "out");
-  check(att, tol, "att");
-  // masked probabilities are exactly 0 on the GPU wherever they are on the CPU
-  const std::vector<double> ac = read(cpu(), att.v(kCpu)), ag = read(gpu(), att.v(kGpu));
-  int64_t bad = 0;
-  for (int64_t i = 0; i < na; ++i) bad += ac[i] == 0.0 && ag[i] != 0.0;
-  EXPECT_EQ(bad, 0) << "masked probabilities not 0";
-  att.cpu_to_gpu();  // backward from identical P
+  check(lse, tol, "lse");  // +inf for rows without keys: equal infinities pass, others fail
+  out.cpu_to_gpu();  // backward from identical out and lse
+  lse.cpu_to_gpu();
   Pair dout = make(out_t, uniform(nq, rng));
   Pair dq = make(t, uniform(nq, rng)), dk = make(t, uniform(nk, rng)), dv = make(t, uniform(nk, rng));
   Pair dbias = make(DType::f32, uniform(with_bias ? H * Tq * Tk : 0, rng));
-  Pair scratch = make(DType::f32, uniform(na, rng));
   both([&](Backend& be, Side s) {
-    be.mha_backward(dq.v(s), dk.v(s), dv.v(s), with_bias ? dbias.v(s) : TensorView{}, scratch.v(s),
-                    dout.v(s), q.v(s), k.v(s), v.v(s), att.v(s), B, Tq, Tk, H, D, scale);
+    be.mha_backward(dq.v(s), dk.v(s), dv.v(s), with_bias ? dbias.v(s) : TensorView{}, dout.v(s),
+                    q.v(s), k.v(s), v.v(s), out.v(s), lse.v(s), bias_v(s), mask_v(s), B, Tq, Tk, H,
+                    D, scale, causal);
   });
   check(dq, tol, "dq");
   check(dk, tol, "dk");
   check(dv, tol, "dv");
   if (with_bias) check(dbias, t == DType::f32 && out_t == DType::f32 ? kReduceF32 : tol, "dbias");
+  // padded keys get exactly zero dk, dv on the GPU
+  const std::vector<double> gk = read(gpu(), dk.v(kGpu)), gv = read(gpu(), dv.v(kGpu));
+  int64_t nonzero = 0;
+  for (int64_t b = 0; b < (mask_kind ? B : 0); ++b) {
+    for (int64_t j = 0; j < Tk; ++j) {
+      if (mk[b * Tk + j] != 0) continue;
+      for (int64_t e = 0; e < HD; ++e) nonzero += gk[(b * Tk + j) * HD + e] != 0.0 || gv[(b * Tk + j) * HD + e] != 0.0;
+    }
+  }
+  EXPECT_EQ(nonzero, 0) << "gradients of padded keys";
 }
 
 TEST(CudaBackend, Mha) {
@@ -1336,6 +1351,16 @@ TEST(CudaBackend, Mha) {
     run_mha(t, 3, 33, 33, 2, 5, false, true, 2, 1.0f, rng, t);   // a fully padded batch
     run_mha(t, 2, 9, 4, 2, 16, true, false, 1, 0.25f, rng, t);   // causal, Tq > Tk, scaled
     run_mha(t, 1, 1, 1, 1, 4, false, false, 0, 1.0f, rng, t);
+    // d_kv 64 (t5-small) and 128: the tensor-core kernels for 16-bit storage
+    for (int64_t T : {1, 63, 64, 65}) {
+      run_mha(t, 2, T, T, 2, 64, true, true, 0, 1.0f, rng, t);   // decoder self-attention
+      run_mha(t, 3, T, T, 2, 64, false, true, 2, 1.0f, rng, t);  // encoder, padded
+    }
+    run_mha(t, 3, 65, 130, 2, 64, false, false, 1, 1.0f, rng, t);  // cross-attention Tq != Tk
+    run_mha(t, 2, 100, 63, 2, 128, false, true, 1, 0.5f, rng, t);
+    run_mha(t, 2, 70, 65, 2, 64, true, true, 1, 0.7f, rng, t);     // causal Tq != Tk
+    run_mha(t, 1, 1024, 1024, 1, 64, true, true, 0, 1.0f, rng, t);
+    run_mha(t, 2, 1024, 1024, 1, 64, false, true, 2, 1.0f, rng, t);
   }
   run_mha(DType::f32, 2, 130, 129, 2, 64, false, true, 1, 1.0f, rng, DType::f32);
   // Mixed storage types (fp32 fallback on the GPU).
@@ -1382,36 +1407,39 @@ TEST(CudaBackend, CrossEntropyIgnoreIndex) {
 
 TEST(CudaBackend, T5ReductionsAreBitwiseRepeatable) {
   std::mt19937 rng(27);
-  const int64_t N = 1000, C = 96, V = 61, NB = 32, H = 4, Tq = 50, Tk = 70, D = 16, B = 3;
+  const int64_t N = 1000, C = 96, V = 61, NB = 32, H = 4, Tq = 50, Tk = 70, B = 3;
   std::vector<int32_t> tok(N), bk(Tq * Tk);
   for (auto& x : tok) x = static_cast<int32_t>(rng() % V);
   for (auto& x : bk) x = static_cast<int32_t>(rng() % NB);
   Pair tokens = make_i32(tok), buckets = make_i32(bk);
   for (DType t : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(name(t));
-    const Vec dout0 = uniform(N * C, rng), dbias0 = uniform(H * Tq * Tk, rng);
-    const Vec q0 = uniform(B * Tq * H * D, rng), k0 = uniform(B * Tk * H * D, rng);
-    Pair q = make(t, q0), k = make(t, k0), v = make(t, k0), att = make(t, Vec(B * H * Tq * Tk)),
-         o = make(t, Vec(B * Tq * H * D));
-    Backend& g = gpu();
-    g.mha_forward(o.v(kGpu), att.v(kGpu), q.v(kGpu), k.v(kGpu), v.v(kGpu), TensorView{}, TensorView{},
-                  B, Tq, Tk, H, D, 1.0f, false);
-    Bytes first[4];
-    for (int run = 0; run < 2; ++run) {
-      Pair dtable = make(t, Vec(V * C)), ptable = make(t, Vec(NB * H)), d = make(t, dout0),
-           db = make(DType::f32, dbias0), mb = make(DType::f32, Vec(H * Tq * Tk));
-      Pair dq = make(t, Vec(B * Tq * H * D)), dk = make(t, Vec(B * Tk * H * D)),
-           dv = make(t, Vec(B * Tk * H * D)), sc = make(DType::f32, Vec(B * H * Tq * Tk));
-      g.embedding_lookup_backward(dtable.v(kGpu), d.v(kGpu), tokens.v(kGpu), N, C);
-      g.position_bias_backward(ptable.v(kGpu), db.v(kGpu), buckets.v(kGpu), H, Tq, Tk);
-      g.mha_backward(dq.v(kGpu), dk.v(kGpu), dv.v(kGpu), mb.v(kGpu), sc.v(kGpu), o.v(kGpu), q.v(kGpu),
-                     k.v(kGpu), v.v(kGpu), att.v(kGpu), B, Tq, Tk, H, D, 1.0f);
-      const Pair* outs[4] = {&dtable, &ptable, &mb, &dq};
-      for (int i = 0; i < 4; ++i) {
-        if (run == 0) {
-          first[i] = read_bytes(g, outs[i]->v(kGpu));
-        } else {
-          expect_bytes(*outs[i], first[i], "output " + std::to_string(i));
+    for (int64_t D : {16, 64}) {  // SIMT and (bf16) tensor-core kernels
+      SCOPED_TRACE(name(t) + " D=" + std::to_string(D));
+      const Vec dout0 = uniform(N * C, rng), dbias0 = uniform(H * Tq * Tk, rng);
+      const Vec q0 = uniform(B * Tq * H * D, rng), k0 = uniform(B * Tk * H * D, rng);
+      Pair q = make(t, q0), k = make(t, k0), v = make(t, k0), lse = make(DType::f32, Vec(B * H * Tq)),
+           o = make(t, Vec(B * Tq * H * D)), bias = make(DType::f32, uniform(H * Tq * Tk, rng));
+      Backend& g = gpu();
+      g.mha_forward(o.v(kGpu), lse.v(kGpu), q.v(kGpu), k.v(kGpu), v.v(kGpu), bias.v(kGpu),
+                    TensorView{}, B, Tq, Tk, H, D, 1.0f, false);
+      Bytes first[6];
+      for (int run = 0; run < 2; ++run) {
+        Pair dtable = make(t, Vec(V * C)), ptable = make(t, Vec(NB * H)), d = make(t, dout0),
+             db = make(DType::f32, dbias0), mb = make(DType::f32, Vec(H * Tq * Tk));
+        Pair dq = make(t, Vec(B * Tq * H * D)), dk = make(t, Vec(B * Tk * H * D)),
+             dv = make(t, Vec(B * Tk * H * D));
+        g.embedding_lookup_backward(dtable.v(kGpu), d.v(kGpu), tokens.v(kGpu), N, C);
+        g.position_bias_backward(ptable.v(kGpu), db.v(kGpu), buckets.v(kGpu), H, Tq, Tk);
+        g.mha_backward(dq.v(kGpu), dk.v(kGpu), dv.v(kGpu), mb.v(kGpu), o.v(kGpu), q.v(kGpu),
+                       k.v(kGpu), v.v(kGpu), o.v(kGpu), lse.v(kGpu), bias.v(kGpu), TensorView{}, B,
+                       Tq, Tk, H, D, 1.0f, false);
+        const Pair* outs[6] = {&dtable, &ptable, &mb, &dq, &dk, &dv};
+        for (int i = 0; i < 6; ++i) {
+          if (run == 0) {
+            first[i] = read_bytes(g, outs[i]->v(kGpu));
+          } else {
+            expect_bytes(*outs[i], first[i], "output " + std::to_string(i));
+          }
         }
       }
     }
@@ -1437,8 +1465,14 @@ TEST(CudaBackend, T5WrongArgumentsThrow) {
       "cuda backend: mha_forward: q is fp32 [40]");
   expect_error([&] { g.mha_forward(F, F, F, F, F, Hb, TensorView{}, 2, 3, 3, 2, 4, 1.0f, false); },
                "cuda backend: mha_forward: bias is bf16");
-  expect_error([&] { g.mha_backward(F, F, F, TensorView{}, Hb, F, F, F, F, F, 2, 3, 3, 2, 4, 1.0f); },
-               "cuda backend: mha_backward: scratch is bf16");
+  expect_error([&] { g.mha_forward(F, Hb, F, F, F, TensorView{}, TensorView{}, 2, 3, 3, 2, 4, 1.0f, false); },
+               "cuda backend: mha_forward: lse is bf16");
+  expect_error(
+      [&] {
+        g.mha_backward(F, F, F, TensorView{}, F, F, F, F, F, Hb, TensorView{}, TensorView{}, 2, 3, 3,
+                       2, 4, 1.0f, false);
+      },
+      "cuda backend: mha_backward: lse is bf16");
   g.synchronize();
 }
 

@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention_ref.hpp"
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/core/caching_allocator.hpp"
@@ -481,67 +482,32 @@ TEST_F(Kernels, BiasGeluMatchesReferenceAndGradient) {
 // ---------------------------------------------------------------------------------------
 // attention
 
-// Naive causal attention in double: out [B,T,C], att [B,H,T,T].
-void attention_ref(const Vec& qkv, int64_t B, int64_t T, int64_t C, int64_t H,
-                   std::vector<double>& out, std::vector<double>& att) {
-  const int64_t hs = C / H;
-  out.assign(B * T * C, 0.0);
-  att.assign(B * H * T * T, 0.0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t i = 0; i < T; ++i) {
-        std::vector<double> s(i + 1);
-        double mx = -1e300;
-        for (int64_t j = 0; j <= i; ++j) {
-          double d = 0.0;
-          for (int64_t e = 0; e < hs; ++e) {
-            d += static_cast<double>(qkv[(b * T + i) * 3 * C + h * hs + e]) *
-                 qkv[(b * T + j) * 3 * C + C + h * hs + e];
-          }
-          s[j] = d * scale;
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j <= i; ++j) sum += (s[j] = std::exp(s[j] - mx));
-        for (int64_t j = 0; j <= i; ++j) {
-          const double p = s[j] / sum;
-          att[((b * H + h) * T + i) * T + j] = p;
-          for (int64_t e = 0; e < hs; ++e) {
-            out[(b * T + i) * C + h * hs + e] += p * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + e];
-          }
-        }
-      }
-    }
-  }
-}
-
+// Forward against the naive reference (tests/attention_ref.hpp; tests/test_attention.cpp
+// covers every gradient against it too), backward by finite differences.
 void check_attention(Backend& be, std::mt19937& rng, int64_t B, int64_t T, int64_t C,
                      int64_t H, bool grad_check) {
   Vec qkv = random_vec(B * T * 3 * C, rng, -1.5f, 1.5f);
-  Vec out(B * T * C), att(B * H * T * T, std::numeric_limits<float>::quiet_NaN());
-  be.attention_forward(f32(out), f32(att), f32(qkv), B, T, C, H);
-  std::vector<double> out_ref, att_ref;
-  attention_ref(qkv, B, T, C, H, out_ref, att_ref);
-  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-6) << i;
-  for (std::size_t i = 0; i < att.size(); ++i) ASSERT_NEAR(att[i], att_ref[i], 2e-6) << i;
-  // upper triangle exactly zero
-  for (int64_t i = 0; i < T; ++i) {
-    for (int64_t j = i + 1; j < T; ++j) ASSERT_EQ(att[i * T + j], 0.0f);
-  }
+  Vec out(B * T * C), lse(B * H * T, std::numeric_limits<float>::quiet_NaN());
+  be.attention_forward(f32(out), f32(lse), f32(qkv), B, T, C, H);
+  Vec q, k, v;
+  test_util::split_qkv(qkv, B * T, C, q, k, v);
+  const int64_t hs = C / H;
+  const test_util::AttnRef ref = test_util::naive_attention(
+      {B, T, T, H, hs, 1.0f / std::sqrt(static_cast<float>(hs)), true}, q, k, v, {}, {});
+  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref.out[i], 2e-6) << i;
+  for (std::size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], ref.lse[i], 2e-6) << i;
   if (!grad_check) return;
   const Vec Rw = random_vec(B * T * C, rng);
   // The thousands of small forwards of the finite differences run on one thread (a fork/join
   // per call is slow on a loaded machine); attention results do not depend on the threads.
   auto single = make_cpu_backend(1);
   auto loss = [&] {
-    Vec o(B * T * C), a(B * H * T * T);
-    single->attention_forward(f32(o), f32(a), f32(qkv), B, T, C, H);
+    Vec o(B * T * C), l(B * H * T);
+    single->attention_forward(f32(o), f32(l), f32(qkv), B, T, C, H);
     return dot(o, Rw);
   };
   Vec dqkv(B * T * 3 * C, std::numeric_limits<float>::quiet_NaN());  // written
-  Vec scratch(B * H * T * T, std::numeric_limits<float>::quiet_NaN());
-  be.attention_backward(f32(dqkv), f32(scratch), f32(Rw), f32(qkv), f32(att), B, T, C, H);
+  be.attention_backward(f32(dqkv), f32(Rw), f32(qkv), f32(out), f32(lse), B, T, C, H);
   const auto num = numeric_grad(qkv, loss, 1e-2f);
   EXPECT_LT(rel_err(dqkv, num), 5e-4) << "B=" << B << " T=" << T << " C=" << C << " H=" << H;
   // each of q, k, v gets a gradient (no section silently zero)
@@ -559,8 +525,8 @@ TEST_F(Kernels, AttentionAcrossRowBlocks) { check_attention(*be, rng, 1, 70, 8, 
 TEST_F(Kernels, AttentionLargerForward) { check_attention(*be, rng, 3, 131, 64, 4, false); }
 
 TEST_F(Kernels, AttentionRejectsBadHeads) {
-  Vec qkv(3 * 10), out(10), att(9);
-  EXPECT_THROW(be->attention_forward(f32(out), f32(att), f32(qkv), 1, 1, 10, 3), Error);
+  Vec qkv(3 * 10), out(10), lse(3);
+  EXPECT_THROW(be->attention_forward(f32(out), f32(lse), f32(qkv), 1, 1, 10, 3), Error);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -859,63 +825,20 @@ TEST_F(Kernels, PositionBiasForwardAndGradient) {
   EXPECT_THROW(be->position_bias_backward(f32(dtable), f32(Rw), i32(bad), H, Tq, Tk), Error);
 }
 
-// Naive general multi-head attention in double (backend.hpp's mha_forward). bias and mask
-// may be empty. Returns out [B,Tq,H*D] and att [B,H,Tq,Tk].
-struct MhaShape {
-  int64_t B, Tq, Tk, H, D;
-  float scale;
-  bool causal;
-};
-void mha_ref(const MhaShape& s, const Vec& q, const Vec& k, const Vec& v, const Vec& bias,
-             const Tokens& mask, std::vector<double>& out, std::vector<double>& att) {
-  const int64_t HD = s.H * s.D;
-  out.assign(s.B * s.Tq * HD, 0.0);
-  att.assign(s.B * s.H * s.Tq * s.Tk, 0.0);
-  for (int64_t b = 0; b < s.B; ++b) {
-    for (int64_t h = 0; h < s.H; ++h) {
-      for (int64_t i = 0; i < s.Tq; ++i) {
-        std::vector<double> sc(s.Tk);
-        std::vector<bool> on(s.Tk);
-        double mx = -1e300;
-        for (int64_t j = 0; j < s.Tk; ++j) {
-          on[j] = !(s.causal && j > i) && (mask.empty() || mask[b * s.Tk + j] != 0);
-          if (!on[j]) continue;
-          double d = 0.0;
-          for (int64_t e = 0; e < s.D; ++e) {
-            d += static_cast<double>(q[(b * s.Tq + i) * HD + h * s.D + e]) *
-                 k[(b * s.Tk + j) * HD + h * s.D + e];
-          }
-          sc[j] = s.scale * d + (bias.empty() ? 0.0 : bias[(h * s.Tq + i) * s.Tk + j]);
-          mx = std::max(mx, sc[j]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j < s.Tk; ++j) {
-          if (on[j]) sum += (sc[j] = std::exp(sc[j] - mx));
-        }
-        for (int64_t j = 0; j < s.Tk; ++j) {
-          if (!on[j]) continue;
-          const double p = sc[j] / sum;
-          att[((b * s.H + h) * s.Tq + i) * s.Tk + j] = p;
-          for (int64_t e = 0; e < s.D; ++e) {
-            out[(b * s.Tq + i) * HD + h * s.D + e] += p * v[(b * s.Tk + j) * HD + h * s.D + e];
-          }
-        }
-      }
-    }
-  }
-}
+using test_util::AttnShape;
+using MhaShape = AttnShape;
 
 struct MhaCase {
   MhaShape s;
   bool with_bias, with_mask;
 };
 
-// Forward against mha_ref; masked probabilities exactly 0; finite-difference check of dq, dk,
-// dv and dbias (dbias accumulates into a pre-filled buffer).
+// Forward against the naive reference (out and lse); finite-difference check of dq, dk, dv
+// and dbias (dbias accumulates into a pre-filled buffer); padded keys get zero dk, dv.
 void check_mha(Backend& be, std::mt19937& rng, const MhaCase& c) {
   const MhaShape& s = c.s;
   const int64_t HD = s.H * s.D, nq = s.B * s.Tq * HD, nk = s.B * s.Tk * HD;
-  const int64_t na = s.B * s.H * s.Tq * s.Tk, nb = s.H * s.Tq * s.Tk;
+  const int64_t nl = s.B * s.H * s.Tq, nb = s.H * s.Tq * s.Tk;
   Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
       v = random_vec(nk, rng);
   Vec bias = c.with_bias ? random_vec(nb, rng, -2.0f, 2.0f) : Vec{};
@@ -928,29 +851,26 @@ void check_mha(Backend& be, std::mt19937& rng, const MhaCase& c) {
   }
   const TensorView bias_v = c.with_bias ? f32(bias) : TensorView{};
   const TensorView mask_v = c.with_mask ? i32(mask) : TensorView{};
-  Vec out(nq, std::numeric_limits<float>::quiet_NaN()), att(na, std::numeric_limits<float>::quiet_NaN());
-  be.mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), bias_v, mask_v, s.B, s.Tq, s.Tk, s.H,
+  Vec out(nq, std::numeric_limits<float>::quiet_NaN()), lse(nl, std::numeric_limits<float>::quiet_NaN());
+  be.mha_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), bias_v, mask_v, s.B, s.Tq, s.Tk, s.H,
                  s.D, s.scale, s.causal);
-  std::vector<double> out_ref, att_ref;
-  mha_ref(s, q, k, v, bias, mask, out_ref, att_ref);
-  for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], out_ref[i], 3e-6) << i;
-  for (int64_t i = 0; i < na; ++i) {
-    ASSERT_NEAR(att[i], att_ref[i], 3e-6) << i;
-    if (att_ref[i] == 0.0) ASSERT_EQ(bits(att[i]), 0u) << "masked probability " << i;
-  }
+  const test_util::AttnRef ref = test_util::naive_attention(s, q, k, v, bias, mask);
+  for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << i;
+  for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << i;
   const Vec Rw = random_vec(nq, rng);
   auto single = make_cpu_backend(1);
   auto loss = [&] {
-    Vec o(nq), a(na);
-    single->mha_forward(f32(o), f32(a), f32(q), f32(k), f32(v), c.with_bias ? f32(bias) : TensorView{},
+    Vec o(nq), l(nl);
+    single->mha_forward(f32(o), f32(l), f32(q), f32(k), f32(v), c.with_bias ? f32(bias) : TensorView{},
                         mask_v, s.B, s.Tq, s.Tk, s.H, s.D, s.scale, s.causal);
     return dot(o, Rw);
   };
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  Vec dq(nq, nan), dk(nk, nan), dv(nk, nan), scratch(na, nan);
+  Vec dq(nq, nan), dk(nk, nan), dv(nk, nan);
   Vec dbias(nb, 0.75f);
-  be.mha_backward(f32(dq), f32(dk), f32(dv), c.with_bias ? f32(dbias) : TensorView{}, f32(scratch),
-                  f32(Rw), f32(q), f32(k), f32(v), f32(att), s.B, s.Tq, s.Tk, s.H, s.D, s.scale);
+  be.mha_backward(f32(dq), f32(dk), f32(dv), c.with_bias ? f32(dbias) : TensorView{}, f32(Rw),
+                  f32(q), f32(k), f32(v), f32(out), f32(lse), bias_v, mask_v, s.B, s.Tq, s.Tk, s.H,
+                  s.D, s.scale, s.causal);
   const std::string what = "B=" + std::to_string(s.B) + " Tq=" + std::to_string(s.Tq) +
                            " Tk=" + std::to_string(s.Tk) + " H=" + std::to_string(s.H) +
                            " D=" + std::to_string(s.D) + " causal=" + std::to_string(s.causal);
@@ -990,55 +910,31 @@ TEST_F(Kernels, MhaEncoderBiasAndMask) {
 TEST_F(Kernels, MhaCausalTqNeTkBiasMask) {  // j > i masked with Tq != Tk
   check_mha(*be, rng, {{2, 6, 4, 2, 3, 0.7f, true}, true, true});
 }
-TEST_F(Kernels, MhaLargerForwardThreaded) {
-  const MhaShape s{4, 70, 90, 4, 32, 1.0f, false};
-  const int64_t HD = s.H * s.D;
-  const Vec q = random_vec(s.B * s.Tq * HD, rng), k = random_vec(s.B * s.Tk * HD, rng),
-            v = random_vec(s.B * s.Tk * HD, rng), bias = random_vec(s.H * s.Tq * s.Tk, rng);
-  Tokens mask(s.B * s.Tk, 1);
-  for (int64_t j = 50; j < s.Tk; ++j) mask[2 * s.Tk + j] = 0;
-  Vec out(s.B * s.Tq * HD), att(s.B * s.H * s.Tq * s.Tk);
-  be->mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
-                  s.Tk, s.H, s.D, s.scale, s.causal);
-  std::vector<double> out_ref, att_ref;
-  mha_ref(s, q, k, v, bias, mask, out_ref, att_ref);
-  for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], 5e-6) << i;
-  for (std::size_t i = 0; i < att.size(); ++i) ASSERT_NEAR(att[i], att_ref[i], 5e-6) << i;
-  // same results on one thread, bit for bit (forward and backward)
-  auto one = make_cpu_backend(1);
-  Vec out1(out.size()), att1(att.size());
-  one->mha_forward(f32(out1), f32(att1), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
-                   s.Tk, s.H, s.D, s.scale, s.causal);
-  EXPECT_EQ(out1, out);
-  EXPECT_EQ(att1, att);
-  const Vec dout = random_vec(out.size(), rng);
-  Vec g[2][4];
-  Backend* bes[2] = {be.get(), one.get()};
-  for (int r = 0; r < 2; ++r) {
-    g[r][0].assign(q.size(), 0.0f);
-    g[r][1].assign(k.size(), 0.0f);
-    g[r][2].assign(v.size(), 0.0f);
-    g[r][3].assign(bias.size(), 0.0f);
-    Vec scratch(att.size());
-    bes[r]->mha_backward(f32(g[r][0]), f32(g[r][1]), f32(g[r][2]), f32(g[r][3]), f32(scratch),
-                         f32(dout), f32(q), f32(k), f32(v), f32(att), s.B, s.Tq, s.Tk, s.H, s.D,
-                         s.scale);
-  }
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(g[0][i], g[1][i]) << "gradient " << i;
+TEST_F(Kernels, MhaAcrossKeyTilesGradientCheck) {  // 2 query and 2 key tiles of 64
+  check_mha(*be, rng, {{1, 66, 67, 1, 2, 1.0f, true}, true, true});
 }
 
 TEST_F(Kernels, MhaPaddedKeysDoNotMatterAndFullyMaskedRowIsZero) {
   const MhaShape s{2, 3, 5, 2, 4, 1.0f, false};
   const int64_t HD = s.H * s.D, nq = s.B * s.Tq * HD, nk = s.B * s.Tk * HD;
-  const int64_t na = s.B * s.H * s.Tq * s.Tk;
+  const int64_t nl = s.B * s.H * s.Tq;
   const Vec q = random_vec(nq, rng);
   Vec k = random_vec(nk, rng), v = random_vec(nk, rng);
   const Vec bias = random_vec(s.H * s.Tq * s.Tk, rng);
   // batch 0: keys 3, 4 padded; batch 1: every key padded
   Tokens mask = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
-  Vec out1(nq), att1(na), out2(nq), att2(na);
-  be->mha_forward(f32(out1), f32(att1), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
+  Vec out1(nq), lse1(nl), out2(nq), lse2(nl);
+  be->mha_forward(f32(out1), f32(lse1), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
                   s.Tk, s.H, s.D, s.scale, s.causal);
+  const Vec dout = random_vec(nq, rng);
+  auto grads = [&](const Vec& out, const Vec& lse) {
+    std::vector<Vec> g = {Vec(nq), Vec(nk), Vec(nk), Vec(s.H * s.Tq * s.Tk, 0.0f)};
+    be->mha_backward(f32(g[0]), f32(g[1]), f32(g[2]), f32(g[3]), f32(dout), f32(q), f32(k), f32(v),
+                     f32(out), f32(lse), f32(bias), i32(mask), s.B, s.Tq, s.Tk, s.H, s.D, s.scale,
+                     s.causal);
+    return g;
+  };
+  const std::vector<Vec> g1 = grads(out1, lse1);
   // other (finite, large) values in the padded keys and values: identical results
   for (int64_t j : {3, 4}) {
     for (int64_t e = 0; e < HD; ++e) {
@@ -1047,59 +943,42 @@ TEST_F(Kernels, MhaPaddedKeysDoNotMatterAndFullyMaskedRowIsZero) {
     }
   }
   for (int64_t i = s.Tk * HD; i < nk; ++i) k[i] = v[i] = 50.0f;
-  be->mha_forward(f32(out2), f32(att2), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
+  be->mha_forward(f32(out2), f32(lse2), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
                   s.Tk, s.H, s.D, s.scale, s.causal);
   EXPECT_EQ(out1, out2);
-  EXPECT_EQ(att1, att2);
-  for (int64_t h = 0; h < s.H; ++h) {
-    for (int64_t i = 0; i < s.Tq; ++i) {
-      double sum = 0.0;
-      for (int64_t j = 0; j < s.Tk; ++j) {
-        const float p = att1[(h * s.Tq + i) * s.Tk + j];
-        if (j >= 3) EXPECT_EQ(bits(p), 0u);
-        sum += p;
-      }
-      EXPECT_NEAR(sum, 1.0, 1e-6);
-    }
-  }
-  // batch 1: all-zero probabilities and output, and zero gradients
-  for (int64_t i = s.H * s.Tq * s.Tk; i < na; ++i) ASSERT_EQ(bits(att1[i]), 0u);
+  EXPECT_EQ(lse1, lse2);
+  const std::vector<Vec> g2 = grads(out2, lse2);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(g1[i], g2[i]) << "gradient " << i;
+  // batch 1: output 0, lse +inf, and zero gradients
   for (int64_t i = s.Tq * HD; i < nq; ++i) ASSERT_EQ(out1[i], 0.0f);
-  const Vec dout = random_vec(nq, rng);
-  Vec dq(nq), dk(nk), dv(nk), dbias(s.H * s.Tq * s.Tk, 0.0f), scratch(na);
-  be->mha_backward(f32(dq), f32(dk), f32(dv), f32(dbias), f32(scratch), f32(dout), f32(q), f32(k),
-                   f32(v), f32(att1), s.B, s.Tq, s.Tk, s.H, s.D, s.scale);
-  for (int64_t i = s.Tq * HD; i < nq; ++i) ASSERT_EQ(dq[i], 0.0f);
-  for (int64_t i = s.Tk * HD; i < nk; ++i) ASSERT_EQ(dk[i] + dv[i], 0.0f);
+  for (int64_t i = s.H * s.Tq; i < nl; ++i) ASSERT_EQ(lse1[i], std::numeric_limits<float>::infinity());
+  for (int64_t i = s.Tq * HD; i < nq; ++i) ASSERT_EQ(g1[0][i], 0.0f);
+  for (int64_t i = s.Tk * HD; i < nk; ++i) ASSERT_EQ(g1[1][i] + g1[2][i], 0.0f);
   // dbias of padded positions is 0 (batch 1 contributes nothing)
   for (int64_t h = 0; h < s.H; ++h) {
     for (int64_t i = 0; i < s.Tq; ++i) {
-      for (int64_t j = 3; j < s.Tk; ++j) EXPECT_EQ(dbias[(h * s.Tq + i) * s.Tk + j], 0.0f);
+      for (int64_t j = 3; j < s.Tk; ++j) EXPECT_EQ(g1[3][(h * s.Tq + i) * s.Tk + j], 0.0f);
     }
   }
 }
 
 TEST_F(Kernels, MhaCausalRowZeroSeesOnlyKeyZeroAndScaleMatters) {
-  const MhaShape s{1, 3, 3, 1, 2, 1.0f, true};
   const Vec q = {1, 2, 3, 4, 5, 6}, k = {0.5f, -1, 2, 0.25f, -0.5f, 1}, v = {1, 2, 3, 4, 5, 6};
-  Vec out(6), att(9);
-  be->mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), TensorView{}, TensorView{}, 1, 3, 3,
+  Vec out(6), lse(3);
+  be->mha_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), TensorView{}, TensorView{}, 1, 3, 3,
                   1, 2, 1.0f, true);
-  EXPECT_EQ(att[0], 1.0f);  // row 0: only key 0
-  EXPECT_EQ(att[1], 0.0f);
-  EXPECT_EQ(att[2], 0.0f);
-  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[0], 1.0f);  // row 0: only key 0, probability exactly 1
   EXPECT_EQ(out[1], 2.0f);
+  EXPECT_FLOAT_EQ(lse[0], 1 * 0.5f + 2 * -1.0f);
   // row 1 by hand: s = [q1.k0, q1.k1] * scale, scale 1 (T5) vs 1/sqrt(2)
   for (float sc : {1.0f, 0.70710678f}) {
-    be->mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), TensorView{}, TensorView{}, 1, 3,
+    be->mha_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), TensorView{}, TensorView{}, 1, 3,
                     3, 1, 2, sc, true);
     const double s0 = sc * (3 * 0.5 + 4 * -1.0), s1 = sc * (3 * 2.0 + 4 * 0.25);
     const double p0 = 1.0 / (1.0 + std::exp(s1 - s0));
-    EXPECT_NEAR(att[3], p0, 1e-6) << sc;
-    EXPECT_NEAR(att[4], 1.0 - p0, 1e-6) << sc;
-    EXPECT_EQ(att[5], 0.0f);
     EXPECT_NEAR(out[2], p0 * 1 + (1 - p0) * 3, 1e-5) << sc;
+    EXPECT_NEAR(out[3], p0 * 2 + (1 - p0) * 4, 1e-5) << sc;
+    EXPECT_NEAR(lse[1], std::log(std::exp(s0) + std::exp(s1)), 1e-5) << sc;
   }
 }
 
@@ -1532,23 +1411,23 @@ TEST_F(Kernels, StoreContractAttention) {
   };
   for (DType dt : k16) {
     for (Dims s : {Dims{2, 5, 8, 2}, Dims{1, 70, 16, 2}}) {
-      const int64_t nqkv = s.B * s.T * 3 * s.C, natt = s.B * s.H * s.T * s.T;
+      const int64_t nqkv = s.B * s.T * 3 * s.C, nout = s.B * s.T * s.C, nl = s.B * s.H * s.T;
       const Vec qkv = rounded(random_vec(nqkv, rng, -1.5f, 1.5f), dt);
-      const Vec dout = rounded(random_vec(s.B * s.T * s.C, rng), dt);
-      // backward's att input: the forward probabilities, rounded to dt
-      Vec att(natt), out(s.B * s.T * s.C);
-      be->attention_forward(f32(out), f32(att), f32(qkv), s.B, s.T, s.C, s.H);
-      att = rounded(att, dt);
+      const Vec dout = rounded(random_vec(nout, rng), dt);
+      // backward's out input: the forward output rounded to dt (lse is fp32 either way)
+      Vec out(nout), lse(nl);
+      be->attention_forward(f32(out), f32(lse), f32(qkv), s.B, s.T, s.C, s.H);
+      out = rounded(out, dt);
       expect_store_contract(
           dt,
           [&](DType st) {
-            Store q(st, qkv), o(st, Vec(s.B * s.T * s.C, 0.0f)), a(st, Vec(natt, 0.0f)),
-                d(st, dout), a_in(st, att), dq(st, Vec(nqkv, 0.0f));
-            Vec scratch(natt);
-            be->attention_forward(o.view(), a.view(), q.view(), s.B, s.T, s.C, s.H);
-            be->attention_backward(dq.view(), f32(scratch), d.view(), q.view(), a_in.view(), s.B,
-                                   s.T, s.C, s.H);
-            return Outputs{{o.values(), a.values(), dq.values()}, {}, {}};
+            Store q(st, qkv), o(st, Vec(nout, 0.0f)), d(st, dout), o_in(st, out),
+                dq(st, Vec(nqkv, 0.0f));
+            Vec l(nl);
+            be->attention_forward(o.view(), f32(l), q.view(), s.B, s.T, s.C, s.H);
+            be->attention_backward(dq.view(), d.view(), q.view(), o_in.view(), f32(lse), s.B, s.T,
+                                   s.C, s.H);
+            return Outputs{{o.values(), dq.values()}, {l}, {}};
           },
           "attention T=" + std::to_string(s.T));
     }
@@ -1652,31 +1531,30 @@ TEST_F(Kernels, StoreContractT5Kernels) {
     // mha with bias, mask, causal
     {
       const int64_t B = 2, Tq = 9, Tk = 11, H = 2, D = 5, HD = H * D;
-      const int64_t nq = B * Tq * HD, nk = B * Tk * HD, na = B * H * Tq * Tk;
+      const int64_t nq = B * Tq * HD, nk = B * Tk * HD, nl = B * H * Tq;
       const Vec q = rounded(random_vec(nq, rng, -1.5f, 1.5f), dt), k = rounded(random_vec(nk, rng), dt),
                 v = rounded(random_vec(nk, rng), dt), dout = rounded(random_vec(nq, rng), dt);
       const Vec bias = random_vec(H * Tq * Tk, rng);
       Tokens mask(B * Tk, 1);
       mask[Tk + 9] = mask[Tk + 10] = 0;
       for (bool causal : {false, true}) {
-        Vec att(na), out(nq);
-        be->mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), f32(bias), i32(mask), B, Tq, Tk,
+        Vec lse(nl), out(nq);
+        be->mha_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), f32(bias), i32(mask), B, Tq, Tk,
                         H, D, 1.0f, causal);
-        att = rounded(att, dt);
+        out = rounded(out, dt);
         expect_store_contract(
             dt,
             [&](DType st) {
-              Store sq(st, q), sk(st, k), sv(st, v), o(st, Vec(nq, 0.0f)), a(st, Vec(na, 0.0f)),
-                  d(st, dout), a_in(st, att), dq(st, Vec(nq, 0.0f)), dk(st, Vec(nk, 0.0f)),
+              Store sq(st, q), sk(st, k), sv(st, v), o(st, Vec(nq, 0.0f)), d(st, dout),
+                  o_in(st, out), dq(st, Vec(nq, 0.0f)), dk(st, Vec(nk, 0.0f)),
                   dv(st, Vec(nk, 0.0f));
-              Vec scratch(na), dbias(H * Tq * Tk, 0.5f);
-              be->mha_forward(o.view(), a.view(), sq.view(), sk.view(), sv.view(), f32(bias),
+              Vec l(nl), dbias(H * Tq * Tk, 0.5f);
+              be->mha_forward(o.view(), f32(l), sq.view(), sk.view(), sv.view(), f32(bias),
                               i32(mask), B, Tq, Tk, H, D, 1.0f, causal);
-              be->mha_backward(dq.view(), dk.view(), dv.view(), f32(dbias), f32(scratch), d.view(),
-                               sq.view(), sk.view(), sv.view(), a_in.view(), B, Tq, Tk, H, D, 1.0f);
-              return Outputs{{o.values(), a.values(), dq.values(), dk.values(), dv.values()},
-                             {dbias},
-                             {}};
+              be->mha_backward(dq.view(), dk.view(), dv.view(), f32(dbias), d.view(), sq.view(),
+                               sk.view(), sv.view(), o_in.view(), f32(lse), f32(bias), i32(mask), B,
+                               Tq, Tk, H, D, 1.0f, causal);
+              return Outputs{{o.values(), dq.values(), dk.values(), dv.values()}, {l, dbias}, {}};
             },
             std::string("mha causal=") + (causal ? "1" : "0"));
       }
@@ -1685,31 +1563,31 @@ TEST_F(Kernels, StoreContractT5Kernels) {
 }
 
 TEST_F(Kernels, MhaBf16StorageWithinTolerance) {
-  // bf16 storage of q, k, v, out, att vs the fp32 kernel on the unrounded inputs. Inputs
-  // carry a relative rounding of 2^-9, the scores (|s| <~ 5) an absolute error ~2e-2, and
-  // the stored results another 2^-9: |bf16 - fp32| <= 3e-2 elementwise (values are O(1)).
+  // bf16 storage of q, k, v, out vs the fp32 kernel on the unrounded inputs. Inputs carry a
+  // relative rounding of 2^-9, the scores (|s| <~ 5) an absolute error ~2e-2, and the stored
+  // results another 2^-9: |bf16 - fp32| <= 3e-2 elementwise (values are O(1)).
   const int64_t B = 2, Tq = 8, Tk = 10, H = 2, D = 6, HD = H * D;
-  const int64_t nq = B * Tq * HD, nk = B * Tk * HD, na = B * H * Tq * Tk;
+  const int64_t nq = B * Tq * HD, nk = B * Tk * HD, nl = B * H * Tq;
   const Vec q = random_vec(nq, rng), k = random_vec(nk, rng), v = random_vec(nk, rng);
   const Vec bias = random_vec(H * Tq * Tk, rng), dout = random_vec(nq, rng);
   Tokens mask(B * Tk, 1);
   mask[Tk + 8] = mask[Tk + 9] = 0;
-  Vec out(nq), att(na), dq(nq), dk(nk), dv(nk), scratch(na), db32(H * Tq * Tk, 0.0f);
-  be->mha_forward(f32(out), f32(att), f32(q), f32(k), f32(v), f32(bias), i32(mask), B, Tq, Tk, H, D,
+  Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk), db32(H * Tq * Tk, 0.0f);
+  be->mha_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), f32(bias), i32(mask), B, Tq, Tk, H, D,
                   1.0f, true);
-  be->mha_backward(f32(dq), f32(dk), f32(dv), f32(db32), f32(scratch), f32(dout), f32(q), f32(k),
-                   f32(v), f32(att), B, Tq, Tk, H, D, 1.0f);
+  be->mha_backward(f32(dq), f32(dk), f32(dv), f32(db32), f32(dout), f32(q), f32(k), f32(v),
+                   f32(out), f32(lse), f32(bias), i32(mask), B, Tq, Tk, H, D, 1.0f, true);
   Store sq(DType::bf16, q), sk(DType::bf16, k), sv(DType::bf16, v), so(DType::bf16, Vec(nq)),
-      sa(DType::bf16, Vec(na)), sd(DType::bf16, dout), gq(DType::bf16, Vec(nq)),
-      gk(DType::bf16, Vec(nk)), gv(DType::bf16, Vec(nk));
-  Vec db16(H * Tq * Tk, 0.0f);
-  be->mha_forward(so.view(), sa.view(), sq.view(), sk.view(), sv.view(), f32(bias), i32(mask), B,
+      sd(DType::bf16, dout), gq(DType::bf16, Vec(nq)), gk(DType::bf16, Vec(nk)),
+      gv(DType::bf16, Vec(nk));
+  Vec l16(nl), db16(H * Tq * Tk, 0.0f);
+  be->mha_forward(so.view(), f32(l16), sq.view(), sk.view(), sv.view(), f32(bias), i32(mask), B,
                   Tq, Tk, H, D, 1.0f, true);
-  be->mha_backward(gq.view(), gk.view(), gv.view(), f32(db16), f32(scratch), sd.view(), sq.view(),
-                   sk.view(), sv.view(), sa.view(), B, Tq, Tk, H, D, 1.0f);
+  be->mha_backward(gq.view(), gk.view(), gv.view(), f32(db16), sd.view(), sq.view(), sk.view(),
+                   sv.view(), so.view(), f32(l16), f32(bias), i32(mask), B, Tq, Tk, H, D, 1.0f, true);
   const std::pair<const char*, std::pair<Vec, Vec>> pairs[] = {
-      {"out", {out, so.values()}}, {"att", {att, sa.values()}}, {"dq", {dq, gq.values()}},
-      {"dk", {dk, gk.values()}},   {"dv", {dv, gv.values()}},   {"dbias", {db32, db16}}};
+      {"out", {out, so.values()}}, {"lse", {lse, l16}},        {"dq", {dq, gq.values()}},
+      {"dk", {dk, gk.values()}},   {"dv", {dv, gv.values()}}, {"dbias", {db32, db16}}};
   for (const auto& [name, p] : pairs) {
     double worst = 0.0;
     for (std::size_t i = 0; i < p.first.size(); ++i) {
@@ -1717,9 +1595,13 @@ TEST_F(Kernels, MhaBf16StorageWithinTolerance) {
     }
     EXPECT_LE(worst, 3e-2) << name;
   }
-  const Vec a16 = sa.values();
-  for (int64_t i = 0; i < na; ++i) {
-    if (att[i] == 0.0f) ASSERT_EQ(a16[i], 0.0f) << "masked probability in bf16 " << i;
+  // padded keys: exactly zero gradients in bf16 too
+  const Vec k16 = gk.values(), v16 = gv.values();
+  for (int64_t j : {Tk + 8, Tk + 9}) {
+    for (int64_t e = 0; e < HD; ++e) {
+      ASSERT_EQ(k16[j * HD + e], 0.0f);
+      ASSERT_EQ(v16[j * HD + e], 0.0f);
+    }
   }
 }
 
@@ -2083,10 +1965,12 @@ TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
         be->layernorm_backward(f32(a), f32(b), f32(c), f32(d), f32(a), f32(b), f32(c), bf, 8, 8);
       },
       "layernorm_backward", "rstd");
-  expect_arg_error([&] { be->attention_backward(f32(a), bf, f32(b), f32(c), f32(d), 1, 2, 4, 2); },
-                   "attention_backward", "scratch");
-  expect_arg_error([&] { be->attention_forward(f32(a), f32(b).slice(0, 7), f32(c), 1, 2, 4, 2); },
-                   "attention_forward", "att");
+  expect_arg_error([&] { be->attention_backward(f32(a), f32(b), f32(c), f32(d), bf, 1, 2, 4, 2); },
+                   "attention_backward", "lse");
+  expect_arg_error([&] { be->attention_backward(f32(a), f32(b), f32(c), bf.slice(0, 7), f32(d), 1, 2, 4, 2); },
+                   "attention_backward", "out");
+  expect_arg_error([&] { be->attention_forward(f32(a), f32(b).slice(0, 3), f32(c), 1, 2, 4, 2); },
+                   "attention_forward", "lse");
   expect_arg_error(
       [&] { be->embedding_forward(f32(a), f32(b).slice(0, 8), f32(c), f32(d), 1, 8, 8); },
       "embedding_forward", "tokens");
@@ -2132,11 +2016,11 @@ TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
   expect_arg_error([&] { be->gelu_bias_backward(f32(a), sv(), f32(c), f32(a), 8, 8); },
                    "gelu_bias_backward", "dbias");
   // a 16-bit kernel that throws stores nothing (here C % H != 0, found by the fp32 kernel)
-  Store out(DType::bf16, Vec(10, 3.0f)), att(DType::f16, Vec(3, 3.0f)),
-      qkv(DType::bf16, Vec(30, 1.0f));
-  EXPECT_THROW(be->attention_forward(out.view(), att.view(), qkv.view(), 1, 1, 10, 3), Error);
+  Store out(DType::bf16, Vec(10, 3.0f)), qkv(DType::bf16, Vec(30, 1.0f));
+  Vec lse(3, 3.0f);
+  EXPECT_THROW(be->attention_forward(out.view(), f32(lse), qkv.view(), 1, 1, 10, 3), Error);
   EXPECT_EQ(out.values(), Vec(10, 3.0f));
-  EXPECT_EQ(att.values(), Vec(3, 3.0f));
+  EXPECT_EQ(lse, Vec(3, 3.0f));
   Store logits(DType::f16, Vec(6, 3.0f));
   double loss = 0.0;
   EXPECT_THROW(
@@ -2169,7 +2053,7 @@ TEST_F(Kernels, T5KernelsRejectWrongDtypesAndSmallViews) {
                    "position_bias_forward", "bias");
   expect_arg_error([&] { be->position_bias_backward(f32(a), f32(b), f32(c), 2, 2, 4); },
                    "position_bias_backward", "buckets");
-  // B*Tq*H*D = 2*3*2*4 = 48; B*H*Tq*Tk = 36
+  // B*Tq*H*D = 2*3*2*4 = 48; B*H*Tq = 12; H*Tq*Tk = 18
   expect_arg_error(
       [&] {
         be->mha_forward(f32(a), f32(b), f32(c).slice(0, 40), f32(c), f32(c), TensorView{},
@@ -2196,16 +2080,28 @@ TEST_F(Kernels, T5KernelsRejectWrongDtypesAndSmallViews) {
       "mha_forward", "D");
   expect_arg_error(
       [&] {
-        be->mha_backward(f32(a), f32(b), f32(c), TensorView{}, bf, f32(a), f32(b), f32(c), f32(a),
-                         f32(b), 2, 3, 3, 2, 4, 1.0f);
+        be->mha_forward(f32(a), bf, f32(c), f32(c), f32(c), TensorView{}, TensorView{}, 2, 3, 3, 2,
+                        4, 1.0f, false);
       },
-      "mha_backward", "scratch");
+      "mha_forward", "lse");
+  expect_arg_error(
+      [&] {
+        be->mha_backward(f32(a), f32(b), f32(c), TensorView{}, f32(a), f32(b), f32(c), f32(a),
+                         f32(b), bf, TensorView{}, TensorView{}, 2, 3, 3, 2, 4, 1.0f, false);
+      },
+      "mha_backward", "lse");
   expect_arg_error(
       [&] {
         be->mha_backward(f32(a), f32(b), f32(c), f32(a).slice(0, 17), f32(b), f32(a), f32(b), f32(c),
-                         f32(a), f32(b), 2, 3, 3, 2, 4, 1.0f);
+                         f32(a), f32(b), TensorView{}, TensorView{}, 2, 3, 3, 2, 4, 1.0f, false);
       },
       "mha_backward", "dbias");
+  expect_arg_error(
+      [&] {
+        be->mha_backward(f32(a), f32(b), f32(c), TensorView{}, f32(b), f32(a), f32(b), f32(c),
+                         f32(a), f32(b), bf, TensorView{}, 2, 3, 3, 2, 4, 1.0f, false);
+      },
+      "mha_backward", "bias");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,11 +1,18 @@
 // tools/bench_attention.cpp: time the CPU backend's causal attention kernels alone, at the
 // shapes of `tools/bench_cpu.sh --scaling` (head size 32, 4096 tokens: B = 4096 / T).
 //
-//   build/bench_attention [THREADS]     (default 2)
+//   build/bench_attention [THREADS [N_EMBD SEQ]]   (default 2 threads, every shape)
 //
 // Per shape: milliseconds per call of attention_forward and attention_backward (the mean of
-// 5 calls after one warm-up), and the bytes of the probabilities P = [B, H, T, T] fp32 that
-// forward stores for backward (docs/benchmarks.md: what a blocked attention would save).
+// 5 calls after one warm-up), wall clock and the calling thread's CPU time (with THREADS = 1
+// that is all of the kernel's work, and it does not count time the thread was preempted by
+// other processes: use it on a loaded machine), and the bytes forward saves for backward
+// besides its output:
+// the row logsumexp lse = [B, H, T] fp32 (FlashAttention-2; before issue 20 it was the
+// probabilities P = [B, H, T, T] fp32 plus a backward scratch of the same size).
+#include <time.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -14,42 +21,58 @@
 #include "fsdp/backend/cpu_backend.hpp"
 
 namespace {
+double thread_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+struct Ms {
+  double wall, cpu;
+};
 template <typename F>
-double ms_per_call(F&& f, int calls) {
+Ms ms_per_call(F&& f, int calls) {
   f();  // warm-up: first touch of the buffers
   const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = thread_cpu_ms();
   for (int i = 0; i < calls; ++i) f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-         calls;
+  const double cpu = (thread_cpu_ms() - c0) / calls;
+  return {std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+              calls,
+          cpu};
 }
 }  // namespace
 
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
-  if (threads < 1) {
-    std::fprintf(stderr, "usage: %s [THREADS >= 1]\n", argv[0]);
+  const int64_t only_c = argc > 3 ? std::atoll(argv[2]) : 0, only_t = argc > 3 ? std::atoll(argv[3]) : 0;
+  if (threads < 1 || argc == 3 || (argc > 3 && (only_c % 32 != 0 || only_c <= 0 || only_t <= 0))) {
+    std::fprintf(stderr, "usage: %s [THREADS >= 1 [N_EMBD (a multiple of 32) SEQ]]\n", argv[0]);
     return 2;
   }
   auto be = fsdp::make_cpu_backend(threads);
   using fsdp::DType;
   using fsdp::TensorView;
-  std::printf("| n_embd | seq | batch | heads | forward ms | backward ms | P MiB per layer |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (int64_t C : {128, 256, 512, 768}) {
-    for (int64_t T : {128, 512, 1024}) {
-      const int64_t B = 4096 / T, H = C / 32;
-      std::vector<float> qkv(B * T * 3 * C), out(B * T * C), att(B * H * T * T),
-          scratch(B * H * T * T), dqkv(B * T * 3 * C), dout(B * T * C);
+  std::printf("| n_embd | seq | batch | heads | forward ms | backward ms | forward CPU ms | "
+              "backward CPU ms | lse KiB per layer |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  const std::vector<int64_t> widths = only_c ? std::vector<int64_t>{only_c} : std::vector<int64_t>{128, 256, 512, 768};
+  const std::vector<int64_t> seqs = only_t ? std::vector<int64_t>{only_t} : std::vector<int64_t>{128, 512, 1024};
+  for (int64_t C : widths) {
+    for (int64_t T : seqs) {
+      const int64_t B = std::max<int64_t>(1, 4096 / T), H = C / 32;
+      std::vector<float> qkv(B * T * 3 * C), out(B * T * C), lse(B * H * T), dqkv(B * T * 3 * C),
+          dout(B * T * C);
       for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
       for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = static_cast<float>((i * 40503u) % 1000) / 1000.0f - 0.5f;
       const TensorView vq(qkv.data(), DType::f32, {B, T, 3 * C}), vo(out.data(), DType::f32, {B, T, C}),
-          va(att.data(), DType::f32, {B, H, T, T}), vs(scratch.data(), DType::f32, {B, H, T, T}),
-          vdq(dqkv.data(), DType::f32, {B, T, 3 * C}), vdo(dout.data(), DType::f32, {B, T, C});
-      const double f = ms_per_call([&] { be->attention_forward(vo, va, vq, B, T, C, H); }, 5);
-      const double b = ms_per_call([&] { be->attention_backward(vdq, vs, vdo, vq, va, B, T, C, H); }, 5);
-      std::printf("| %lld | %lld | %lld | %lld | %.2f | %.2f | %.0f |\n", static_cast<long long>(C),
-                  static_cast<long long>(T), static_cast<long long>(B), static_cast<long long>(H), f, b,
-                  static_cast<double>(B * H * T * T * 4) / 1048576.0);
+          vl(lse.data(), DType::f32, {B, H, T}), vdq(dqkv.data(), DType::f32, {B, T, 3 * C}),
+          vdo(dout.data(), DType::f32, {B, T, C});
+      const Ms f = ms_per_call([&] { be->attention_forward(vo, vl, vq, B, T, C, H); }, 5);
+      const Ms b = ms_per_call([&] { be->attention_backward(vdq, vdo, vq, vo, vl, B, T, C, H); }, 5);
+      std::printf("| %lld | %lld | %lld | %lld | %.2f | %.2f | %.2f | %.2f | %.0f |\n",
+                  static_cast<long long>(C), static_cast<long long>(T), static_cast<long long>(B),
+                  static_cast<long long>(H), f.wall, b.wall, f.cpu, b.cpu,
+                  static_cast<double>(B * H * T * 4) / 1024.0);
     }
   }
   return 0;

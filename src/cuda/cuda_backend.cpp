@@ -13,22 +13,12 @@
 // token/target views int32, and each view large enough. Index values live on the device and
 // are checked there (see cuda_backend.hpp).
 //
-// Attention (GPT-2 layout, qkv [B,T,3C], heads interleaved in C): head h of batch b is a
-// strided [T, hs] matrix (row stride 3C) at qkv + b*T*3C + h*hs, so for each b one cuBLAS
-// strided-batched call over the H heads (batch stride hs) does each product without moving
-// data. Forward: S = Q K^T / sqrt(hs) in fp32 (into att itself when att is fp32, else into
-// fp32 scratch for a chunk of batches), causal softmax into att, O = P V into out (columns
-// h*hs of row b*T+t). Backward: dP = dO V^T into the fp32 scratch argument, softmax backward
-// in place leaving dS in att's storage type, then dQ = dS K, dK = dS^T Q (both scaled),
-// dV = P^T dO straight into dqkv. The full T x T products are computed (the masked half is
-// zero in P and dS); a fused flash-style kernel is the next step for speed.
-//
-// T5's general attention (mha_forward/backward: q [B,Tq,H*D], k, v [B,Tk,H*D]) is the same
-// scheme with separate tensors: head h is the [T, D] matrix at column h*D (row stride H*D),
-// one strided-batched GEMM per batch over the H heads; the softmax kernel adds the fp32
-// position bias and applies the key mask and causal mask (masked probabilities exactly 0),
-// and backward's dS kernel runs on full rows (the zeros of P give the zeros of dS). The bias
-// gradient is a separate kernel summing dS over the batch in order (no atomics).
+// Attention (GPT-2's attention_* over qkv [B,T,3C], T5's mha_* over separate q, k, v) is
+// one fused FlashAttention-2 problem (kernels_flash.cu): q, k, v and the output are strided
+// head matrices read in place, nothing of size T x T is allocated, and the launches per call
+// do not depend on B or H: forward 1 kernel, backward 3 (D_i = rowsum(dO * O), dK/dV, and
+// dQ with the bias gradient summed over the batch in order). Calls whose float arguments mix
+// storage types run on fp32 copies and cast the results (a few more launches).
 #include "fsdp/cuda/cuda_backend.hpp"
 
 #include <algorithm>
@@ -51,10 +41,6 @@ namespace {
 
 namespace k = kernels;
 static_assert(k::kIgnoreTarget == kIgnoreIndex, "kernels.hpp's kIgnoreTarget is fsdp::kIgnoreIndex");
-
-// fp32 scores of attention_forward for 16-bit att are computed for as many batches at a time
-// as fit in this much scratch (at least one).
-constexpr std::size_t kScoresScratchBytes = 64u << 20;
 
 // ---------------------------------------------------------------------------------------
 // argument checks: fsdp/backend/arg_checks.hpp, with this backend's name
@@ -195,10 +181,10 @@ class CudaBackend final : public Backend {
                          int64_t R, int64_t C) override;
   void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias, const TensorView& fc,
                           const TensorView& dout, int64_t R, int64_t C) override;
-  void attention_forward(const TensorView& out, const TensorView& att, const TensorView& qkv,
+  void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& qkv,
                          int64_t B, int64_t T, int64_t C, int64_t H) override;
-  void attention_backward(const TensorView& dqkv, const TensorView& scratch, const TensorView& dout,
-                          const TensorView& qkv, const TensorView& att, int64_t B, int64_t T,
+  void attention_backward(const TensorView& dqkv, const TensorView& dout, const TensorView& qkv,
+                          const TensorView& out, const TensorView& lse, int64_t B, int64_t T,
                           int64_t C, int64_t H) override;
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld,
@@ -225,15 +211,16 @@ class CudaBackend final : public Backend {
   void position_bias_backward(const TensorView& dtable, const TensorView& dbias,
                               const TensorView& buckets, int64_t H, int64_t Tq,
                               int64_t Tk) override;
-  void mha_forward(const TensorView& out, const TensorView& att, const TensorView& q,
+  void mha_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                    const TensorView& k, const TensorView& v, const TensorView& bias,
                    const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                    int64_t D, float scale, bool causal) override;
   void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                    const TensorView& dbias, const TensorView& scratch, const TensorView& dout,
-                    const TensorView& q, const TensorView& k, const TensorView& v,
-                    const TensorView& att, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                    int64_t D, float scale) override;
+                    const TensorView& dbias, const TensorView& dout, const TensorView& q,
+                    const TensorView& k, const TensorView& v, const TensorView& out,
+                    const TensorView& lse, const TensorView& bias, const TensorView& key_mask,
+                    int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
+                    bool causal) override;
 
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
@@ -286,21 +273,11 @@ class CudaBackend final : public Backend {
   void cross_entropy(const char* kernel, const TensorView& loss, const TensorView& logits,
                      const TensorView& targets, int64_t R, int64_t V, int64_t ld,
                      float grad_scale, bool backward);
-  // attention_forward/backward with every float argument of one storage type.
-  void attention_forward_same(const TensorView& out, const TensorView& att, const TensorView& qkv,
-                              int64_t B, int64_t T, int64_t C, int64_t H);
-  void attention_backward_same(const TensorView& dqkv, float* scratch, const TensorView& dout,
-                               const TensorView& qkv, const TensorView& att, int64_t B, int64_t T,
-                               int64_t C, int64_t H);
-  // mha_forward/backward with q, k, v, out, att (dq, dk, dv, dout) of one storage type.
-  void mha_forward_same(const TensorView& out, const TensorView& att, const TensorView& q,
-                        const TensorView& k, const TensorView& v, const float* bias,
-                        const int32_t* key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                        int64_t D, float scale, bool causal);
-  void mha_backward_same(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                         float* dbias, float* scratch, const TensorView& dout, const TensorView& q,
-                         const TensorView& k, const TensorView& v, const TensorView& att,
-                         int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale);
+  // The fused attention kernels (kernels_flash.cu) on arrays of p.t; backward takes its
+  // D_i scratch from the allocator.
+  void flash_backward(const k::FlashProblem& p, const void* q, const void* kk, const void* v,
+                      const void* out, const float* lse, const void* dout, void* dq, void* dk,
+                      void* dv, float* dbias);
 
   int device_;
   MemoryTracker memory_;  // before alloc_, which reports to it
@@ -645,120 +622,70 @@ void CudaBackend::gelu_bias_backward(const TensorView& dfc, const TensorView& db
   k::gelu_bias_backward(out(dfc), out(dbias), in(fc), in(dout), R, C, partial.as<float>(), s());
 }
 
-void CudaBackend::attention_forward(const TensorView& out_, const TensorView& att,
+void CudaBackend::flash_backward(const k::FlashProblem& p, const void* q, const void* kk,
+                                 const void* v, const void* out, const float* lse,
+                                 const void* dout, void* dq, void* dk, void* dv, float* dbias) {
+  Scratch di(*this, static_cast<std::size_t>(k::flash_backward_scratch_floats(p)) * sizeof(float));
+  k::flash_backward(p, q, kk, v, out, lse, dout, dq, dk, dv, dbias, di.as<float>(), s());
+}
+
+namespace {
+// GPT-2's attention as a FlashProblem over qkv [B,T,3C] (q, k, v at column offsets 0, C, 2C).
+k::FlashProblem gpt2_problem(int64_t B, int64_t T, int64_t C, int64_t H, k::ST t) {
+  const int64_t hs = C / H;
+  return {B, T, T, H, hs, 3 * C, 3 * C, 3 * C, C, 1.0f / std::sqrt(static_cast<float>(hs)), true,
+          nullptr, nullptr, t};
+}
+}  // namespace
+
+void CudaBackend::attention_forward(const TensorView& out_, const TensorView& lse,
                                     const TensorView& qkv, int64_t B, int64_t T, int64_t C,
                                     int64_t H) {
-  // qkv: [B,T,3C]; out: [B,T,C]; att: [B,H,T,T].
-  Chk::attention_forward(out_, att, qkv, B, T, C, H);
+  // qkv: [B,T,3C]; out: [B,T,C]; lse: [B,H,T] fp32.
+  Chk::attention_forward(out_, lse, qkv, B, T, C, H);
   check_attention_shapes("attention_forward", B, T, C, H);
   if (B == 0 || T == 0) return;
-  if (out_.dtype == qkv.dtype && att.dtype == qkv.dtype) {
-    attention_forward_same(out_, att, qkv, B, T, C, H);
+  auto* l = static_cast<float*>(lse.data);
+  if (out_.dtype == qkv.dtype) {
+    const DType dt = qkv.dtype;
+    const void* q = qkv.data;
+    k::flash_forward(gpt2_problem(B, T, C, H, st(dt)), q, at(q, dt, C), at(q, dt, 2 * C),
+                     out_.data, l, s());
     return;
   }
-  // Mixed storage types: run in fp32 and round each output once.
-  const F32Copy q(*this, qkv, B * T * 3 * C, true);
-  const F32Copy o(*this, out_, B * T * C, false), a(*this, att, B * H * T * T, false);
-  attention_forward_same(o.view, a.view, q.view, B, T, C, H);
+  // Mixed storage types: run in fp32 and round the output once.
+  const F32Copy q(*this, qkv, B * T * 3 * C, true), o(*this, out_, B * T * C, false);
+  const float* qf = static_cast<const float*>(q.view.data);
+  k::flash_forward(gpt2_problem(B, T, C, H, k::ST::f32), qf, qf + C, qf + 2 * C, o.view.data, l,
+                   s());
   k::cast(out(out_), in(o.view), B * T * C, s());
-  k::cast(out(att), in(a.view), B * H * T * T, s());
 }
 
-void CudaBackend::attention_forward_same(const TensorView& out_, const TensorView& att,
-                                         const TensorView& qkv, int64_t B, int64_t T, int64_t C,
-                                         int64_t H) {
-  const DType dt = qkv.dtype;
-  const k::ST t = st(dt);
-  const int64_t hs = C / H, C3 = 3 * C, TT = T * T, per_batch = H * TT;
-  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
-  // Scores: att itself when it is fp32 (softmax in place), else fp32 scratch for `chunk`
-  // batches at a time.
-  const bool in_place = t == k::ST::f32;
-  int64_t chunk = B;
-  if (!in_place) {
-    const auto per = static_cast<std::size_t>(per_batch) * sizeof(float);
-    chunk = std::clamp<int64_t>(static_cast<int64_t>(kScoresScratchBytes / per), 1, B);
-  }
-  Scratch scores(*this, in_place ? 0 : static_cast<std::size_t>(chunk * per_batch) * sizeof(float));
-  for (int64_t b0 = 0; b0 < B; b0 += chunk) {
-    const int64_t nb = std::min(chunk, B - b0);
-    float* S = in_place ? static_cast<float*>(att.data) + b0 * per_batch : scores.as<float>();
-    for (int64_t b = b0; b < b0 + nb; ++b) {
-      const void* q = at(static_cast<const void*>(qkv.data), dt, b * T * C3);
-      const void* kk = at(q, dt, C);
-      // S[h] = sc * Q_h[T,hs] @ K_h[T,hs]^T, h < H (Q_h at q + h*hs, row stride 3C).
-      blas_.gemm_strided_batched(false, true, T, T, hs, sc, q, C3, hs, kk, C3, hs, t, 0.0f,
-                                 S + (b - b0) * per_batch, T, TT, k::ST::f32, H);
-    }
-    k::attention_softmax_forward({at(att.data, dt, b0 * per_batch), t}, S, nb * H * T, T, s());
-    for (int64_t b = b0; b < b0 + nb; ++b) {
-      const void* v = at(static_cast<const void*>(qkv.data), dt, b * T * C3 + 2 * C);
-      // O_h[T,hs] = P_h[T,T] @ V_h[T,hs] into out[b, :, h*hs : (h+1)*hs] (row stride C).
-      blas_.gemm_strided_batched(false, false, T, hs, T, 1.0f, at(att.data, dt, b * per_batch), T,
-                                 TT, v, C3, hs, t, 0.0f, at(out_.data, dt, b * T * C), C, hs, t, H);
-    }
-  }
-}
-
-void CudaBackend::attention_backward(const TensorView& dqkv, const TensorView& scratch,
-                                     const TensorView& dout, const TensorView& qkv,
-                                     const TensorView& att, int64_t B, int64_t T, int64_t C,
+void CudaBackend::attention_backward(const TensorView& dqkv, const TensorView& dout,
+                                     const TensorView& qkv, const TensorView& out_,
+                                     const TensorView& lse, int64_t B, int64_t T, int64_t C,
                                      int64_t H) {
-  // dqkv: [B,T,3C] written; scratch: [B,H,T,T] fp32; dout: [B,T,C]; qkv: [B,T,3C];
-  // att: [B,H,T,T].
-  Chk::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, H);
+  // dqkv: [B,T,3C] written; dout, out: [B,T,C]; qkv: [B,T,3C]; lse: [B,H,T] fp32.
+  Chk::attention_backward(dqkv, dout, qkv, out_, lse, B, T, C, H);
   check_attention_shapes("attention_backward", B, T, C, H);
   if (B == 0 || T == 0) return;
-  float* sp = static_cast<float*>(scratch.data);
-  if (dqkv.dtype == qkv.dtype && dout.dtype == qkv.dtype && att.dtype == qkv.dtype) {
-    attention_backward_same(dqkv, sp, dout, qkv, att, B, T, C, H);
+  const auto* l = static_cast<const float*>(lse.data);
+  const DType dt = qkv.dtype;
+  if (dqkv.dtype == dt && dout.dtype == dt && out_.dtype == dt) {
+    const void* q = qkv.data;
+    void* g = dqkv.data;
+    flash_backward(gpt2_problem(B, T, C, H, st(dt)), q, at(q, dt, C), at(q, dt, 2 * C), out_.data,
+                   l, dout.data, g, at(g, dt, C), at(g, dt, 2 * C), nullptr);
     return;
   }
   const F32Copy d(*this, dout, B * T * C, true), q(*this, qkv, B * T * 3 * C, true),
-      a(*this, att, B * H * T * T, true);
+      o(*this, out_, B * T * C, true);
   const F32Copy g(*this, dqkv, B * T * 3 * C, false);
-  attention_backward_same(g.view, sp, d.view, q.view, a.view, B, T, C, H);
+  const float* qf = static_cast<const float*>(q.view.data);
+  float* gf = static_cast<float*>(g.view.data);
+  flash_backward(gpt2_problem(B, T, C, H, k::ST::f32), qf, qf + C, qf + 2 * C, o.view.data, l,
+                 d.view.data, gf, gf + C, gf + 2 * C, nullptr);
   k::cast(out(dqkv), in(g.view), B * T * 3 * C, s());
-}
-
-void CudaBackend::attention_backward_same(const TensorView& dqkv, float* dp, const TensorView& dout,
-                                          const TensorView& qkv, const TensorView& att, int64_t B,
-                                          int64_t T, int64_t C, int64_t H) {
-  const DType dt = qkv.dtype;
-  const k::ST t = st(dt);
-  const int64_t hs = C / H, C3 = 3 * C, TT = T * T, per_batch = H * TT;
-  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
-  const void* q0 = qkv.data;
-  // dP_h[T,T] = dO_h[T,hs] @ V_h[T,hs]^T (fp32, into scratch).
-  for (int64_t b = 0; b < B; ++b) {
-    const void* dO = at(static_cast<const void*>(dout.data), dt, b * T * C);
-    const void* v = at(q0, dt, b * T * C3 + 2 * C);
-    blas_.gemm_strided_batched(false, true, T, T, hs, 1.0f, dO, C, hs, v, C3, hs, t, 0.0f,
-                               dp + b * per_batch, T, TT, k::ST::f32, H);
-  }
-  // dS = P * (dP - rowsum(dP * P)), left in att's type at the start of each fp32 row: a
-  // [B*H*T, T] matrix with row stride lds elements.
-  k::attention_softmax_backward(dp, in(att), t, B * H * T, T, s());
-  const int64_t lds = T * static_cast<int64_t>(sizeof(float) / dtype_size(dt));
-  const void* ds0 = dp;
-  for (int64_t b = 0; b < B; ++b) {
-    const void* ds = at(ds0, dt, b * H * T * lds);
-    const void* q = at(q0, dt, b * T * C3);
-    const void* kk = at(q, dt, C);
-    const void* dO = at(static_cast<const void*>(dout.data), dt, b * T * C);
-    void* dq = at(dqkv.data, dt, b * T * C3);
-    void* dk = at(dq, dt, C);
-    void* dv = at(dq, dt, 2 * C);
-    // dQ_h = sc * dS_h[T,T] @ K_h[T,hs]
-    blas_.gemm_strided_batched(false, false, T, hs, T, sc, ds, lds, T * lds, kk, C3, hs, t, 0.0f,
-                               dq, C3, hs, t, H);
-    // dK_h = sc * dS_h^T @ Q_h
-    blas_.gemm_strided_batched(true, false, T, hs, T, sc, ds, lds, T * lds, q, C3, hs, t, 0.0f, dk,
-                               C3, hs, t, H);
-    // dV_h = P_h^T @ dO_h
-    blas_.gemm_strided_batched(true, false, T, hs, T, 1.0f, at(att.data, dt, b * per_batch), T, TT,
-                               dO, C, hs, t, 0.0f, dv, C3, hs, t, H);
-  }
 }
 
 void CudaBackend::cross_entropy(const char* kernel, const TensorView& loss,
@@ -887,155 +814,70 @@ void check_mha_limits(const char* kernel, int64_t, int64_t Tq, int64_t Tk, int64
 }
 }  // namespace
 
-void CudaBackend::mha_forward(const TensorView& out_, const TensorView& att, const TensorView& q,
+namespace {
+k::FlashProblem mha_problem(const TensorView& bias, const TensorView& key_mask, int64_t B,
+                            int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale, bool causal,
+                            k::ST t) {
+  return {B, Tq, Tk, H, D, H * D, H * D, H * D, H * D, scale, causal,
+          static_cast<const float*>(bias.data), static_cast<const int32_t*>(key_mask.data), t};
+}
+}  // namespace
+
+void CudaBackend::mha_forward(const TensorView& out_, const TensorView& lse, const TensorView& q,
                               const TensorView& k, const TensorView& v, const TensorView& bias,
                               const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
                               int64_t H, int64_t D, float scale, bool causal) {
   // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; bias: [H,Tq,Tk] fp32 or none; key_mask: [B,Tk] int32 or
-  // none; out: [B,Tq,H*D]; att: [B,H,Tq,Tk].
-  Chk::mha_forward(out_, att, q, k, v, bias, key_mask, B, Tq, Tk, H, D, check_mha_limits);
-  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
-  if (nq == 0 && na == 0) return;
-  if (Tk == 0) {  // no keys: every row fully masked, output 0
-    FSDP_CHECK_CUDA(cudaMemsetAsync(out_.data, 0, static_cast<std::size_t>(nq) * dtype_size(out_.dtype), s()));
-    return;
-  }
-  const auto* bp = static_cast<const float*>(bias.data);
-  const auto* km = static_cast<const int32_t*>(key_mask.data);
+  // none; out: [B,Tq,H*D]; lse: [B,H,Tq] fp32.
+  Chk::mha_forward(out_, lse, q, k, v, bias, key_mask, B, Tq, Tk, H, D, check_mha_limits);
+  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D;
+  auto* l = static_cast<float*>(lse.data);
   const DType dt = q.dtype;
-  if (k.dtype == dt && v.dtype == dt && out_.dtype == dt && att.dtype == dt) {
-    mha_forward_same(out_, att, q, k, v, bp, km, B, Tq, Tk, H, D, scale, causal);
+  if (k.dtype == dt && v.dtype == dt && out_.dtype == dt) {
+    k::flash_forward(mha_problem(bias, key_mask, B, Tq, Tk, H, D, scale, causal, st(dt)), q.data,
+                     k.data, v.data, out_.data, l, s());
     return;
   }
-  // Mixed storage types: run in fp32 and round each output once.
+  // Mixed storage types: run in fp32 and round the output once.
   const F32Copy fq(*this, q, nq, true), fk(*this, k, nk, true), fv(*this, v, nk, true);
-  const F32Copy fo(*this, out_, nq, false), fa(*this, att, na, false);
-  mha_forward_same(fo.view, fa.view, fq.view, fk.view, fv.view, bp, km, B, Tq, Tk, H, D, scale,
-                   causal);
-  k::cast(out(out_), in(fo.view), nq, s());
-  k::cast(out(att), in(fa.view), na, s());
-}
-
-void CudaBackend::mha_forward_same(const TensorView& out_, const TensorView& att,
-                                   const TensorView& q, const TensorView& k, const TensorView& v,
-                                   const float* bias, const int32_t* key_mask, int64_t B,
-                                   int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
-                                   bool causal) {
-  // Per batch b, one strided-batched GEMM over the H heads for each product (head h of q is
-  // the [Tq, D] matrix at column h*D, row stride H*D), as attention_forward_same.
-  const DType dt = q.dtype;
-  const k::ST t = st(dt);
-  const int64_t HD = H * D, TT = Tq * Tk, per_batch = H * TT;
-  const bool in_place = t == k::ST::f32;
-  int64_t chunk = B;
-  if (!in_place) {
-    const auto per = static_cast<std::size_t>(per_batch) * sizeof(float);
-    chunk = std::clamp<int64_t>(static_cast<int64_t>(kScoresScratchBytes / per), 1, B);
-  }
-  Scratch scores(*this, in_place ? 0 : static_cast<std::size_t>(chunk * per_batch) * sizeof(float));
-  for (int64_t b0 = 0; b0 < B; b0 += chunk) {
-    const int64_t nb = std::min(chunk, B - b0);
-    float* S = in_place ? static_cast<float*>(att.data) + b0 * per_batch : scores.as<float>();
-    if (D == 0) {  // scores are the bias alone
-      FSDP_CHECK_CUDA(cudaMemsetAsync(S, 0, static_cast<std::size_t>(nb * per_batch) * sizeof(float), s()));
-    } else {
-      for (int64_t b = b0; b < b0 + nb; ++b) {
-        // S[h] = scale * Q_h[Tq,D] @ K_h[Tk,D]^T
-        blas_.gemm_strided_batched(false, true, Tq, Tk, D, scale,
-                                   at(static_cast<const void*>(q.data), dt, b * Tq * HD), HD, D,
-                                   at(static_cast<const void*>(k.data), dt, b * Tk * HD), HD, D, t,
-                                   0.0f, S + (b - b0) * per_batch, Tk, TT, k::ST::f32, H);
-      }
-    }
-    k::mha_softmax_forward({at(att.data, dt, b0 * per_batch), t}, S, bias, key_mask, nb * H * Tq,
-                           b0, H, Tq, Tk, causal, s());
-    if (D == 0) continue;
-    for (int64_t b = b0; b < b0 + nb; ++b) {
-      // O_h[Tq,D] = P_h[Tq,Tk] @ V_h[Tk,D] into out[b, :, h*D : (h+1)*D] (row stride H*D).
-      blas_.gemm_strided_batched(false, false, Tq, D, Tk, 1.0f,
-                                 at(static_cast<const void*>(att.data), dt, b * per_batch), Tk, TT,
-                                 at(static_cast<const void*>(v.data), dt, b * Tk * HD), HD, D, t,
-                                 0.0f, at(out_.data, dt, b * Tq * HD), HD, D, t, H);
-    }
-  }
+  const F32Copy fo(*this, out_, nq, false);
+  k::flash_forward(mha_problem(bias, key_mask, B, Tq, Tk, H, D, scale, causal, k::ST::f32),
+                   fq.view.data, fk.view.data, fv.view.data, fo.view.data, l, s());
+  if (nq > 0) k::cast(out(out_), in(fo.view), nq, s());
 }
 
 void CudaBackend::mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                               const TensorView& dbias, const TensorView& scratch,
-                               const TensorView& dout, const TensorView& q, const TensorView& k,
-                               const TensorView& v, const TensorView& att, int64_t B, int64_t Tq,
-                               int64_t Tk, int64_t H, int64_t D, float scale) {
-  // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq,Tk] fp32 += or none; scratch:
-  // [B,H,Tq,Tk] fp32; dout: [B,Tq,H*D]; q, k, v, att as in forward.
-  Chk::mha_backward(dq, dk, dv, dbias, scratch, dout, q, k, v, att, B, Tq, Tk, H, D,
+                               const TensorView& dbias, const TensorView& dout,
+                               const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out_, const TensorView& lse,
+                               const TensorView& bias, const TensorView& key_mask, int64_t B,
+                               int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
+                               bool causal) {
+  // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq,Tk] fp32 += or none; dout, out:
+  // [B,Tq,H*D]; q, k, v, lse, bias, key_mask as in forward.
+  Chk::mha_backward(dq, dk, dv, dbias, dout, q, k, v, out_, lse, bias, key_mask, B, Tq, Tk, H, D,
                     check_mha_limits);
-  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
-  // D == 0: dq, dk, dv are empty and dP = 0, so dS = 0 adds nothing to dbias.
-  if (B == 0 || H == 0 || D == 0) return;
-  if (Tq == 0 || Tk == 0) {  // no queries: dk = dv = 0; no keys: dq = 0
-    for (const TensorView* g : {&dq, &dk, &dv}) {
-      if (g->numel() > 0 && g->data) {
-        const int64_t n = g == &dq ? nq : nk;
-        FSDP_CHECK_CUDA(cudaMemsetAsync(g->data, 0, static_cast<std::size_t>(n) * dtype_size(g->dtype), s()));
-      }
-    }
-    return;
-  }
-  float* sp = static_cast<float*>(scratch.data);
+  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D;
+  const auto* l = static_cast<const float*>(lse.data);
   auto* db = static_cast<float*>(dbias.data);
   const DType dt = q.dtype;
   bool same = true;
-  for (const TensorView* x : {&dq, &dk, &dv, &dout, &k, &v, &att}) same = same && x->dtype == dt;
+  for (const TensorView* x : {&dq, &dk, &dv, &dout, &k, &v, &out_}) same = same && x->dtype == dt;
   if (same) {
-    mha_backward_same(dq, dk, dv, db, sp, dout, q, k, v, att, B, Tq, Tk, H, D, scale);
+    flash_backward(mha_problem(bias, key_mask, B, Tq, Tk, H, D, scale, causal, st(dt)), q.data,
+                   k.data, v.data, out_.data, l, dout.data, dq.data, dk.data, dv.data, db);
     return;
   }
   const F32Copy fd(*this, dout, nq, true), fq(*this, q, nq, true), fk(*this, k, nk, true),
-      fv(*this, v, nk, true), fa(*this, att, na, true);
+      fv(*this, v, nk, true), fo(*this, out_, nq, true);
   const F32Copy gq(*this, dq, nq, false), gk(*this, dk, nk, false), gv(*this, dv, nk, false);
-  mha_backward_same(gq.view, gk.view, gv.view, db, sp, fd.view, fq.view, fk.view, fv.view, fa.view,
-                    B, Tq, Tk, H, D, scale);
-  k::cast(out(dq), in(gq.view), nq, s());
-  k::cast(out(dk), in(gk.view), nk, s());
-  k::cast(out(dv), in(gv.view), nk, s());
-}
-
-void CudaBackend::mha_backward_same(const TensorView& dq, const TensorView& dk,
-                                    const TensorView& dv, float* dbias, float* dp,
-                                    const TensorView& dout, const TensorView& q,
-                                    const TensorView& k, const TensorView& v,
-                                    const TensorView& att, int64_t B, int64_t Tq, int64_t Tk,
-                                    int64_t H, int64_t D, float scale) {
-  const DType dt = q.dtype;
-  const k::ST t = st(dt);
-  const int64_t HD = H * D, TT = Tq * Tk, per_batch = H * TT;
-  auto cin = [&](const TensorView& x, int64_t i) { return at(static_cast<const void*>(x.data), dt, i); };
-  // dP_h[Tq,Tk] = dO_h[Tq,D] @ V_h[Tk,D]^T (fp32, into scratch).
-  for (int64_t b = 0; b < B; ++b) {
-    blas_.gemm_strided_batched(false, true, Tq, Tk, D, 1.0f, cin(dout, b * Tq * HD), HD, D,
-                               cin(v, b * Tk * HD), HD, D, t, 0.0f, dp + b * per_batch, Tk, TT,
-                               k::ST::f32, H);
-  }
-  // dS = P * (dP - rowsum(dP * P)) in att's type at the start of each fp32 row: a
-  // [B*H*Tq, Tk] matrix with row stride lds elements.
-  k::mha_softmax_backward(dp, in(att), t, B * H * Tq, Tk, s());
-  const int64_t lds = Tk * static_cast<int64_t>(sizeof(float) / dtype_size(dt));
-  if (dbias) k::mha_dbias(dbias, dp, t, lds, B, H, Tq, Tk, s());
-  const void* ds0 = dp;
-  for (int64_t b = 0; b < B; ++b) {
-    const void* ds = at(ds0, dt, b * H * Tq * lds);
-    // dQ_h = scale * dS_h[Tq,Tk] @ K_h[Tk,D]
-    blas_.gemm_strided_batched(false, false, Tq, D, Tk, scale, ds, lds, Tq * lds,
-                               cin(k, b * Tk * HD), HD, D, t, 0.0f, at(dq.data, dt, b * Tq * HD),
-                               HD, D, t, H);
-    // dK_h = scale * dS_h^T @ Q_h[Tq,D]
-    blas_.gemm_strided_batched(true, false, Tk, D, Tq, scale, ds, lds, Tq * lds,
-                               cin(q, b * Tq * HD), HD, D, t, 0.0f, at(dk.data, dt, b * Tk * HD),
-                               HD, D, t, H);
-    // dV_h = P_h^T @ dO_h
-    blas_.gemm_strided_batched(true, false, Tk, D, Tq, 1.0f, cin(att, b * per_batch), Tk, TT,
-                               cin(dout, b * Tq * HD), HD, D, t, 0.0f, at(dv.data, dt, b * Tk * HD),
-                               HD, D, t, H);
+  flash_backward(mha_problem(bias, key_mask, B, Tq, Tk, H, D, scale, causal, k::ST::f32),
+                 fq.view.data, fk.view.data, fv.view.data, fo.view.data, l, fd.view.data,
+                 gq.view.data, gk.view.data, gv.view.data, db);
+  if (nq > 0) k::cast(out(dq), in(gq.view), nq, s());
+  if (nk > 0) {
+    k::cast(out(dk), in(gk.view), nk, s());
+    k::cast(out(dv), in(gv.view), nk, s());
   }
 }
 

@@ -150,35 +150,31 @@ void position_bias_forward(float* bias, In table, const int32_t* buckets, int64_
 void position_bias_backward(Out dtable, const float* dbias, const int32_t* buckets, int64_t NB,
                             int64_t H, int64_t Tq, int64_t Tk, cudaStream_t s);
 
-// ---- attention pieces (kernels_attention.cu); the GEMMs are cuBLAS (Blas below) ----
-// rows of T scores (row r is query position r % T): att[r, j] = softmax over j <= r % T of
-// scores[r, j] (already scaled), 0 for j > r % T. scores: fp32 [rows, T]; may be att's
-// memory when att is fp32.
-void attention_softmax_forward(Out att, const float* scores, int64_t rows, int64_t T,
-                               cudaStream_t s);
-// In place on rows of T: dp (fp32, row stride T floats) holds dP = dO V^T; writes
-// dS = P * (dP - sum_j dP P) (0 above the diagonal) in storage type `ds_type` starting at
-// each row's first byte, so dS is a [rows, T] matrix of ds_type with row stride
-// T * 4 / st_size(ds_type) elements. att: P, [rows, T].
-void attention_softmax_backward(float* dp, In att, ST ds_type, int64_t rows, int64_t T,
-                                cudaStream_t s);
-
-// General multi-head attention (mha_forward/backward of backend.hpp). Rows of Tk scores, row
-// r = (b_local * H + h) * Tq + i of batch b = b0 + b_local: att[r, j] = softmax over the
-// unmasked j of scores[r, j] + bias[h, i, j] (bias fp32 [H,Tq,Tk] or null); j is masked when
-// key_mask (int32 [B,Tk], or null) has key_mask[b, j] == 0 or causal and j > i; masked
-// probabilities are exactly 0, and a row with every key masked is all 0. scores: fp32
-// [rows, Tk] (already scaled); may be att's memory when att is fp32.
-void mha_softmax_forward(Out att, const float* scores, const float* bias, const int32_t* key_mask,
-                         int64_t rows, int64_t b0, int64_t H, int64_t Tq, int64_t Tk, bool causal,
-                         cudaStream_t s);
-// attention_softmax_backward without the causal assumption (rows of Tk; the zeros of P give
-// zeros of dS).
-void mha_softmax_backward(float* dp, In att, ST ds_type, int64_t rows, int64_t Tk, cudaStream_t s);
-// dbias[h, i, j] += sum over b (in order, fp64) of dS[(b*H + h)*Tq + i, j], dS of storage type
-// ds_type with row stride lds elements.
-void mha_dbias(float* dbias, const void* ds, ST ds_type, int64_t lds, int64_t B, int64_t H,
-               int64_t Tq, int64_t Tk, cudaStream_t s);
+// ---- attention: FlashAttention-2 (kernels_flash.cu) ----
+// One attention problem (backend.hpp's attention_* and mha_*). Head h of batch b: queries at
+// q + (b*Tq + i)*ldq + h*D, keys and values at k / v + (b*Tk + j)*ldk / ldv + h*D, output
+// (and dout) rows at out + (b*Tq + i)*ldo + h*D, lse (fp32) at (b*H + h)*Tq + i; gradients
+// share the strides of their inputs. Every float array except lse, bias and dbias has
+// storage type t. GPT-2: q, k, v are the column blocks of qkv (ldq = ldk = ldv = 3C, ldo = C).
+struct FlashProblem {
+  int64_t B, Tq, Tk, H, D;
+  int64_t ldq, ldk, ldv, ldo;
+  float scale;
+  bool causal;              // key j masked for query i when j > i
+  const float* bias;        // fp32 [H,Tq,Tk] or null
+  const int32_t* key_mask;  // int32 [B,Tk] (0 = padding) or null
+  ST t;
+};
+// Writes out and lse. One launch.
+void flash_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
+                   float* lse, cudaStream_t s);
+// fp32 scratch of flash_backward (D_i = rowsum(dO * O), [B,H,Tq]).
+int64_t flash_backward_scratch_floats(const FlashProblem& p);
+// Writes dq, dk, dv; dbias (fp32 [H,Tq,Tk] or null) += dS summed over b in order. Three
+// launches (D_i, dK/dV, dQ/dbias); deterministic.
+void flash_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
+                    const void* out, const float* lse, const void* dout, void* dq, void* dk,
+                    void* dv, float* dbias, float* scratch, cudaStream_t s);
 
 // ---- cross-entropy (kernels_loss.cu); targets checked by check_indices first ----
 // logits [R,ld] (ld >= V; columns [V,ld) are padding outside the softmax). Per row:

@@ -37,13 +37,14 @@ struct Gpt2Model::Acts {
   int64_t B = 0, T = 0;  // capacity
   std::vector<DeviceBuffer> res;  // L+1 residual streams [BT,C]: res[0] embeddings, res[l+1] block l out
   struct Layer {
-    DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fc, gelu;
+    // lse: fp32 [B,H,T], attention's row logsumexp (backend.hpp: no [B,H,T,T] is kept)
+    DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fc, gelu;
   };
   // One Layer per block, or (activation checkpointing) one shared by every block.
   std::vector<Layer> layers;
   Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[l]; }
   DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;           // logits [BT,Vp] (dlogits after CE)
-  DeviceBuffer dres, dln, dqkv, dfc, datt;                 // backward scratch
+  DeviceBuffer dres, dln, dqkv, dfc;                       // backward scratch
   DeviceBuffer targets_dev, tokens_dev;                    // [BT] int32 on the device
 };
 
@@ -85,7 +86,7 @@ std::vector<ModuleDecl> gpt2_modules(const Gpt2Config& cfg_) {
 Gpt2Model::~Gpt2Model() = default;
 
 // Element counts of the buffers ensure_buffers allocates, by storage class: activations in
-// the activation dtype, LayerNorm statistics and the attention-backward scratch in fp32,
+// the activation dtype, LayerNorm statistics and attention's row logsumexp in fp32,
 // tokens and targets in int32. One table for the allocation and the memory plan.
 namespace {
 struct ActCounts {
@@ -101,10 +102,10 @@ ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T, bool checkpointi
   const int64_t S = block_buffer_sets(c, checkpointing);
   ActCounts n;
   n.act = (L + 1) * BT * C                                               // residual streams
-          + S * (BT * (C + 3 * C + C + C + C + 4 * C + 4 * C) + B * H * T * T)
+          + S * BT * (C + 3 * C + C + C + C + 4 * C + 4 * C)
           + BT * C + BT * V                                              // ln_f, logits
           + BT * C * 2 + BT * 3 * C + BT * 4 * C;                        // backward scratch
-  n.f32 = S * 4 * BT + 2 * BT + B * H * T * T;  // LN mean/rstd, attention-backward scratch
+  n.f32 = S * (4 * BT + B * H * T) + 2 * BT;  // LN mean/rstd, attention lse
   n.i32 = 2 * BT;                                 // tokens, targets
   return n;
 }
@@ -135,13 +136,12 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
   a->layers.resize(static_cast<std::size_t>(block_buffer_sets(cfg_, checkpointing_)));
   for (auto& ly : a->layers) {
     ly.ln1 = f(BT * C); ly.ln1_mean = f32(BT); ly.ln1_rstd = f32(BT);
-    ly.qkv = f(BT * 3 * C); ly.att = f(B * H * T * T); ly.atty = f(BT * C); ly.res2 = f(BT * C);
+    ly.qkv = f(BT * 3 * C); ly.lse = f32(B * H * T); ly.atty = f(BT * C); ly.res2 = f(BT * C);
     ly.ln2 = f(BT * C); ly.ln2_mean = f32(BT); ly.ln2_rstd = f32(BT);
     ly.fc = f(BT * 4 * C); ly.gelu = f(BT * 4 * C);
   }
   a->lnf = f(BT * C); a->lnf_mean = f32(BT); a->lnf_rstd = f32(BT); a->logits = f(BT * V);
   a->dres = f(BT * C); a->dln = f(BT * C); a->dqkv = f(BT * 3 * C); a->dfc = f(BT * 4 * C);
-  a->datt = f32(B * H * T * T);
   a->tokens_dev = DeviceBuffer(be_, DType::i32, BT, cat);
   a->targets_dev = DeviceBuffer(be_, DType::i32, BT, cat);
   acts_ = std::move(a);
@@ -236,7 +236,7 @@ void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
   // qkv [BT,3C] = ln1 [BT,C] @ c_attn.weight[3C,C]^T + bias
   be_.gemm(false, true, BT, 3 * C, C, 1.f, ln1, W(kAttnW), 0.f, qkv);
   be_.add_bias(qkv, W(kAttnB), BT, 3 * C);
-  be_.attention_forward(atty, ly.att.view({B, H, T, T}), qkv, B, T, C, H);
+  be_.attention_forward(atty, ly.lse.view({B, H, T}), qkv, B, T, C, H);
   // res2 [BT,C] = x + atty @ c_proj.weight[C,C]^T + bias
   be_.gemm(false, true, BT, C, C, 1.f, atty, W(kAttnProjW), 0.f, res2);
   be_.add_bias(res2, W(kAttnProjB), BT, C);
@@ -301,8 +301,8 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
     be_.gemm(true, false, C, C, BT, 1.f, dres, rows(ly.atty, C), 1.f, G(kAttnProjW));
     be_.bias_backward(G(kAttnProjB), dres, BT, C);
     be_.gemm(false, false, BT, C, C, 1.f, dres, W(kAttnProjW), 0.f, dln);     // d atty
-    be_.attention_backward(dqkv, a.datt.view({B, H, T, T}), dln, rows(ly.qkv, 3 * C),
-                           ly.att.view({B, H, T, T}), B, T, C, H);
+    be_.attention_backward(dqkv, dln, rows(ly.qkv, 3 * C), rows(ly.atty, C),
+                           ly.lse.view({B, H, T}), B, T, C, H);
     be_.gemm(true, false, 3 * C, C, BT, 1.f, dqkv, rows(ly.ln1, C), 1.f, G(kAttnW));
     be_.bias_backward(G(kAttnB), dqkv, BT, 3 * C);
     be_.gemm(false, false, BT, C, 3 * C, 1.f, dqkv, W(kAttnW), 0.f, dln);     // d ln1

@@ -203,14 +203,14 @@ std::vector<ModuleDecl> build_modules(const T5Config& c, IdTable& t) {
 // feed-forward: the norm in ln1 (encoder) / ln2 (decoder), ff0..ff2: relu -> ff0 = relu(wi x);
 // gated -> ff0 = wi_0 x, ff1 = gelu_new(ff0), ff2 = wi_1 x).
 struct LayerBufs {
-  DeviceBuffer ln0, rstd0, q, k, v, att, atty, h1, ln1, rstd1;
-  DeviceBuffer cq, ck, cv, catt, catty, h2, ln2, rstd2;
+  DeviceBuffer ln0, rstd0, q, k, v, lse, atty, h1, ln1, rstd1;
+  DeviceBuffer cq, ck, cv, clse, catty, h2, ln2, rstd2;
   DeviceBuffer ff0, ff1, ff2;
 };
 // Element counts of LayerBufs' fields, in the same order.
 struct LayerSizes {
-  int64_t ln0 = 0, rstd0 = 0, q = 0, k = 0, v = 0, att = 0, atty = 0, h1 = 0, ln1 = 0, rstd1 = 0;
-  int64_t cq = 0, ck = 0, cv = 0, catt = 0, catty = 0, h2 = 0, ln2 = 0, rstd2 = 0;
+  int64_t ln0 = 0, rstd0 = 0, q = 0, k = 0, v = 0, lse = 0, atty = 0, h1 = 0, ln1 = 0, rstd1 = 0;
+  int64_t cq = 0, ck = 0, cv = 0, clse = 0, catty = 0, h2 = 0, ln2 = 0, rstd2 = 0;
   int64_t ff0 = 0, ff1 = 0, ff2 = 0;
 };
 
@@ -219,10 +219,10 @@ LayerSizes layer_sizes(const T5Config& c, int64_t B, int64_t Te, int64_t Td, boo
   const int64_t T = decoder ? Td : Te, R = B * T, Re = B * Te;
   const bool gated = c.feed_forward_proj == T5FeedForward::gated_gelu;
   LayerSizes s;
-  s.ln0 = R * D; s.rstd0 = R; s.q = s.k = s.v = s.atty = R * I; s.att = B * H * T * T;
+  s.ln0 = R * D; s.rstd0 = R; s.q = s.k = s.v = s.atty = R * I; s.lse = B * H * T;
   s.h1 = R * D; s.ln1 = R * D; s.rstd1 = R;
   if (decoder) {
-    s.cq = s.catty = R * I; s.ck = s.cv = Re * I; s.catt = B * H * Td * Te;
+    s.cq = s.catty = R * I; s.ck = s.cv = Re * I; s.clse = B * H * Td;
     s.h2 = R * D; s.ln2 = R * D; s.rstd2 = R;
   }
   s.ff0 = R * F;
@@ -234,9 +234,9 @@ LayerSizes max_sizes(const LayerSizes& a, const LayerSizes& b) {
   LayerSizes m;
   auto mx = [](int64_t x, int64_t y) { return std::max(x, y); };
   m.ln0 = mx(a.ln0, b.ln0); m.rstd0 = mx(a.rstd0, b.rstd0); m.q = mx(a.q, b.q); m.k = mx(a.k, b.k);
-  m.v = mx(a.v, b.v); m.att = mx(a.att, b.att); m.atty = mx(a.atty, b.atty); m.h1 = mx(a.h1, b.h1);
+  m.v = mx(a.v, b.v); m.lse = mx(a.lse, b.lse); m.atty = mx(a.atty, b.atty); m.h1 = mx(a.h1, b.h1);
   m.ln1 = mx(a.ln1, b.ln1); m.rstd1 = mx(a.rstd1, b.rstd1); m.cq = mx(a.cq, b.cq);
-  m.ck = mx(a.ck, b.ck); m.cv = mx(a.cv, b.cv); m.catt = mx(a.catt, b.catt);
+  m.ck = mx(a.ck, b.ck); m.cv = mx(a.cv, b.cv); m.clse = mx(a.clse, b.clse);
   m.catty = mx(a.catty, b.catty); m.h2 = mx(a.h2, b.h2); m.ln2 = mx(a.ln2, b.ln2);
   m.rstd2 = mx(a.rstd2, b.rstd2); m.ff0 = mx(a.ff0, b.ff0); m.ff1 = mx(a.ff1, b.ff1);
   m.ff2 = mx(a.ff2, b.ff2);
@@ -258,7 +258,6 @@ struct ActBuffers {
   DeviceBuffer lnf, lnf_rstd, logits;   // decoder final norm (scaled when tied) [Rd,D]; [Rd,Vp]
   DeviceBuffer enc_bias, dec_bias;      // fp32 [H,Te,Te], [H,Td,Td]
   DeviceBuffer enc_dbias, dec_dbias;    // their gradients (fp32)
-  DeviceBuffer att_scratch;             // fp32 [B*H*max(Te,Td)^2-ish] for mha_backward
   // Backward scratch (forward also uses dff0 for the feed-forward's transient product).
   DeviceBuffer dres_e, dres_d, denc_out, dln, dq, dk, dv, datty, dff0, dff1;
   DeviceBuffer enc_ids, enc_mask, dec_ids, labels, enc_buckets, dec_buckets;  // int32
@@ -296,11 +295,11 @@ void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool
     auto L = [&](DeviceBuffer LayerBufs::*m) { return y ? &(y->*m) : nullptr; };
     f(L(&LayerBufs::ln0), Kind::act, z.ln0);     f(L(&LayerBufs::rstd0), Kind::f32, z.rstd0);
     f(L(&LayerBufs::q), Kind::act, z.q);         f(L(&LayerBufs::k), Kind::act, z.k);
-    f(L(&LayerBufs::v), Kind::act, z.v);         f(L(&LayerBufs::att), Kind::act, z.att);
+    f(L(&LayerBufs::v), Kind::act, z.v);         f(L(&LayerBufs::lse), Kind::f32, z.lse);
     f(L(&LayerBufs::atty), Kind::act, z.atty);   f(L(&LayerBufs::h1), Kind::act, z.h1);
     f(L(&LayerBufs::ln1), Kind::act, z.ln1);     f(L(&LayerBufs::rstd1), Kind::f32, z.rstd1);
     f(L(&LayerBufs::cq), Kind::act, z.cq);       f(L(&LayerBufs::ck), Kind::act, z.ck);
-    f(L(&LayerBufs::cv), Kind::act, z.cv);       f(L(&LayerBufs::catt), Kind::act, z.catt);
+    f(L(&LayerBufs::cv), Kind::act, z.cv);       f(L(&LayerBufs::clse), Kind::f32, z.clse);
     f(L(&LayerBufs::catty), Kind::act, z.catty); f(L(&LayerBufs::h2), Kind::act, z.h2);
     f(L(&LayerBufs::ln2), Kind::act, z.ln2);     f(L(&LayerBufs::rstd2), Kind::f32, z.rstd2);
     f(L(&LayerBufs::ff0), Kind::act, z.ff0);     f(L(&LayerBufs::ff1), Kind::act, z.ff1);
@@ -315,7 +314,6 @@ void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool
   f(at(&ActBuffers::dec_bias), Kind::f32, H * Td * Td);
   f(at(&ActBuffers::enc_dbias), Kind::f32, H * Te * Te);
   f(at(&ActBuffers::dec_dbias), Kind::f32, H * Td * Td);
-  f(at(&ActBuffers::att_scratch), Kind::f32, B * H * std::max({Te * Te, Td * Td, Td * Te}));
   f(at(&ActBuffers::dres_e), Kind::act, Re * D);
   f(at(&ActBuffers::dres_d), Kind::act, Rd * D);
   f(at(&ActBuffers::denc_out), Kind::act, Re * D);
@@ -568,24 +566,24 @@ struct SelfAttention {
     be.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.k), 0.f, k);
     be.gemm(false, true, R, I, D, 1.f, ln0, hooks.param(b.v), 0.f, v);
     if (compute_bias) be.position_bias_forward(bias, hooks.param(b.rel_bias), buckets, H, T, T);
-    be.mha_forward(atty, y.att.view({B, H, T, T}), q, k, v, bias, key_mask, B, T, T, H, c.d_kv,
+    be.mha_forward(atty, y.lse.view({B, H, T}), q, k, v, bias, key_mask, B, T, T, H, c.d_kv,
                    1.f, causal);
     be.gemm(false, true, R, D, I, 1.f, atty, hooks.param(b.o), 0.f, h1);
     be.add(h1, h1, x);
   }
   // dres [R,D]: d h1 on entry, d x on exit (accumulated). Scratch: dq, dk, dv, datty [R,I],
-  // dln [R,D], att_scratch fp32 [B*H*T*T]; dbias fp32 [H,T,T] accumulates.
+  // dln [R,D]; dbias fp32 [H,T,T] accumulates. key_mask and causal as in forward.
   void backward(LayerBufs& y, const TensorView& x, const TensorView& dres, const TensorView& dq,
                 const TensorView& dk, const TensorView& dv, const TensorView& datty,
-                const TensorView& dln, const TensorView& att_scratch, const TensorView& dbias,
-                bool owns_bias) const {
+                const TensorView& dln, const TensorView& key_mask, bool causal,
+                const TensorView& dbias, bool owns_bias) const {
     const int64_t D = c.d_model, I = c.num_heads * c.d_kv, H = c.num_heads, R = B * T;
     const TensorView ln0 = y.ln0.view({R, D});
     const TensorView q = y.q.view({R, I}), k = y.k.view({R, I}), v = y.v.view({R, I});
     be.gemm(true, false, D, I, R, 1.f, dres, y.atty.view({R, I}), 1.f, hooks.grad(b.o));
     be.gemm(false, false, R, I, D, 1.f, dres, hooks.param(b.o), 0.f, datty);
-    be.mha_backward(dq, dk, dv, dbias, att_scratch, datty, q, k, v, y.att.view({B, H, T, T}), B,
-                    T, T, H, c.d_kv, 1.f);
+    be.mha_backward(dq, dk, dv, dbias, datty, q, k, v, y.atty.view({R, I}), y.lse.view({B, H, T}),
+                    bias, key_mask, B, T, T, H, c.d_kv, 1.f, causal);
     be.gemm(true, false, I, D, R, 1.f, dq, ln0, 1.f, hooks.grad(b.q));
     be.gemm(true, false, I, D, R, 1.f, dk, ln0, 1.f, hooks.grad(b.k));
     be.gemm(true, false, I, D, R, 1.f, dv, ln0, 1.f, hooks.grad(b.v));
@@ -642,7 +640,7 @@ void T5Model::decoder_block_forward(int64_t l, int64_t B, int64_t Te, int64_t Td
   be_.gemm(false, true, R, I, D, 1.f, ln1, hooks.param(b.cq), 0.f, cq);
   be_.gemm(false, true, Re, I, D, 1.f, enc, hooks.param(b.ck), 0.f, ck);
   be_.gemm(false, true, Re, I, D, 1.f, enc, hooks.param(b.cv), 0.f, cv);
-  be_.mha_forward(catty, y.catt.view({B, H, Td, Te}), cq, ck, cv, TensorView{},
+  be_.mha_forward(catty, y.clse.view({B, H, Td}), cq, ck, cv, TensorView{},
                   a.enc_mask.view({B, Te}), B, Td, Te, H, cfg_.d_kv, 1.f, false);
   be_.gemm(false, true, R, D, I, 1.f, catty, hooks.param(b.co), 0.f, h2);
   be_.add(h2, h2, h1);
@@ -737,7 +735,8 @@ void T5Model::encoder_block_backward(int64_t l, int64_t B, int64_t Te, ModuleHoo
   SelfAttention{be_, cfg_, hooks, b, B, Te, a.enc_bias.view({H, Te, Te}),
                 a.enc_buckets.view({Te, Te})}
       .backward(y, a.res_e[static_cast<std::size_t>(l)].view({R, D}), dres, dq, dk, dv, datty,
-                dln, a.att_scratch.view({B * H * Te * Te}), a.enc_dbias.view({H, Te, Te}), l == 0);
+                dln, a.enc_mask.view({B, Te}), /*causal=*/false, a.enc_dbias.view({H, Te, Te}),
+                l == 0);
 }
 
 // a.dres_d holds d res_d[l+1] on entry and d res_d[l] on exit; a.denc_out accumulates the
@@ -763,9 +762,10 @@ void T5Model::decoder_block_backward(int64_t l, int64_t B, int64_t Te, int64_t T
     const TensorView datty = a.datty.view({R, I}), denc = a.denc_out.view({Re, D});
     be_.gemm(true, false, D, I, R, 1.f, dres, y.catty.view({R, I}), 1.f, G(b.co));
     be_.gemm(false, false, R, I, D, 1.f, dres, W(b.co), 0.f, datty);
-    be_.mha_backward(dq, dk, dv, TensorView{}, a.att_scratch.view({B * H * Td * Te}), datty,
-                     y.cq.view({R, I}), y.ck.view({Re, I}), y.cv.view({Re, I}),
-                     y.catt.view({B, H, Td, Te}), B, Td, Te, H, cfg_.d_kv, 1.f);
+    be_.mha_backward(dq, dk, dv, TensorView{}, datty, y.cq.view({R, I}), y.ck.view({Re, I}),
+                     y.cv.view({Re, I}), y.catty.view({R, I}), y.clse.view({B, H, Td}),
+                     TensorView{}, a.enc_mask.view({B, Te}), B, Td, Te, H, cfg_.d_kv, 1.f,
+                     /*causal=*/false);
     be_.gemm(true, false, I, D, R, 1.f, dq, ln1, 1.f, G(b.cq));
     be_.gemm(true, false, I, D, Re, 1.f, dk, enc, 1.f, G(b.ck));
     be_.gemm(true, false, I, D, Re, 1.f, dv, enc, 1.f, G(b.cv));
@@ -778,8 +778,8 @@ void T5Model::decoder_block_backward(int64_t l, int64_t B, int64_t Te, int64_t T
   SelfAttention{be_, cfg_, hooks, b, B, Td, a.dec_bias.view({H, Td, Td}),
                 a.dec_buckets.view({Td, Td})}
       .backward(y, a.res_d[static_cast<std::size_t>(l)].view({R, D}), dres, a.dq.view({R, I}),
-                a.dk.view({R, I}), a.dv.view({R, I}), a.datty.view({R, I}), dln,
-                a.att_scratch.view({B * H * Td * Td}), a.dec_dbias.view({H, Td, Td}), l == 0);
+                a.dk.view({R, I}), a.dv.view({R, I}), a.datty.view({R, I}), dln, TensorView{},
+                /*causal=*/true, a.dec_dbias.view({H, Td, Td}), l == 0);
 }
 
 // ---- Hugging Face config.json ----

@@ -247,26 +247,26 @@ struct ArgChecks {
     dim(k, "C", C);
     dim(k, "H", H);
   }
-  static void attention_forward(const TensorView& out, const TensorView& att,
+  static void attention_forward(const TensorView& out, const TensorView& lse,
                                 const TensorView& qkv, int64_t B, int64_t T, int64_t C,
                                 int64_t H) {
     const char* k = "attention_forward";
     attention_dims(k, B, T, C, H);
     need_float(k, "out", out, B * T * C);
-    need_float(k, "att", att, B * H * T * T);
+    need_dtype(k, "lse", lse, DType::f32, B * H * T);
     need_float(k, "qkv", qkv, B * T * 3 * C);
   }
-  static void attention_backward(const TensorView& dqkv, const TensorView& scratch,
-                                 const TensorView& dout, const TensorView& qkv,
-                                 const TensorView& att, int64_t B, int64_t T, int64_t C,
+  static void attention_backward(const TensorView& dqkv, const TensorView& dout,
+                                 const TensorView& qkv, const TensorView& out,
+                                 const TensorView& lse, int64_t B, int64_t T, int64_t C,
                                  int64_t H) {
     const char* k = "attention_backward";
     attention_dims(k, B, T, C, H);
     need_float(k, "dqkv", dqkv, B * T * 3 * C);
-    need_dtype(k, "scratch", scratch, DType::f32, B * H * T * T);
     need_float(k, "dout", dout, B * T * C);
     need_float(k, "qkv", qkv, B * T * 3 * C);
-    need_float(k, "att", att, B * H * T * T);
+    need_float(k, "out", out, B * T * C);
+    need_dtype(k, "lse", lse, DType::f32, B * H * T);
   }
   // cross_entropy_forward(_backward): returns the fp64 loss scalar.
   static double* cross_entropy(const char* kernel, const TensorView& loss,
@@ -367,15 +367,15 @@ struct ArgChecks {
     dim(k, "D", D);
     if (limits) limits(k, B, Tq, Tk, H, D);
   }
-  static void mha_forward(const TensorView& out, const TensorView& att, const TensorView& q,
+  static void mha_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                           const TensorView& kv_k, const TensorView& v, const TensorView& bias,
                           const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
                           int64_t H, int64_t D, MhaLimits limits = nullptr) {
     const char* k = "mha_forward";
     mha_dims(k, B, Tq, Tk, H, D, limits);
-    const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
+    const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D;
     need_float(k, "out", out, nq);
-    need_float(k, "att", att, na);
+    need_dtype(k, "lse", lse, DType::f32, B * H * Tq);
     need_float(k, "q", q, nq);
     need_float(k, "k", kv_k, nk);
     need_float(k, "v", v, nk);
@@ -383,23 +383,26 @@ struct ArgChecks {
     if (key_mask) need_dtype(k, "key_mask", key_mask, DType::i32, B * Tk);
   }
   static void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                           const TensorView& dbias, const TensorView& scratch,
-                           const TensorView& dout, const TensorView& q, const TensorView& kv_k,
-                           const TensorView& v, const TensorView& att, int64_t B, int64_t Tq,
-                           int64_t Tk, int64_t H, int64_t D, MhaLimits limits = nullptr) {
+                           const TensorView& dbias, const TensorView& dout, const TensorView& q,
+                           const TensorView& kv_k, const TensorView& v, const TensorView& out,
+                           const TensorView& lse, const TensorView& bias,
+                           const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
+                           int64_t H, int64_t D, MhaLimits limits = nullptr) {
     const char* k = "mha_backward";
     mha_dims(k, B, Tq, Tk, H, D, limits);
-    const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
+    const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D;
     need_float(k, "dq", dq, nq);
     need_float(k, "dk", dk, nk);
     need_float(k, "dv", dv, nk);
     if (dbias) need_dtype(k, "dbias", dbias, DType::f32, H * Tq * Tk);
-    need_dtype(k, "scratch", scratch, DType::f32, na);
     need_float(k, "dout", dout, nq);
     need_float(k, "q", q, nq);
     need_float(k, "k", kv_k, nk);
     need_float(k, "v", v, nk);
-    need_float(k, "att", att, na);
+    need_float(k, "out", out, nq);
+    need_dtype(k, "lse", lse, DType::f32, B * H * Tq);
+    if (bias) need_dtype(k, "bias", bias, DType::f32, H * Tq * Tk);
+    if (key_mask) need_dtype(k, "key_mask", key_mask, DType::i32, B * Tk);
   }
 
   // optimizers (fp32 shards)

@@ -151,19 +151,37 @@ class Backend {
                                   const TensorView& fc, const TensorView& dout, int64_t R,
                                   int64_t C) = 0;
 
+  // ---- attention (FlashAttention-2: Dao 2023, "FlashAttention-2: Faster Attention with
+  // Better Parallelism and Work Partitioning", Algorithms 1 and 2) ----
+  // The T x T matrix of probabilities is never stored. Forward walks key tiles for each tile
+  // of queries with an online softmax (running row max m and sum l, the output rescaled by
+  // exp(m_old - m_new) as m grows) and keeps only the output O and the row logsumexp
+  // lse_i = m_i + log l_i = log sum_j exp(s_ij). Backward recomputes P_ij = exp(s_ij - lse_i)
+  // tile by tile and uses D_i = rowsum(dO_i * O_i) (= sum_j P_ij dP_ij) for
+  // dS_ij = P_ij (dP_ij - D_i), dP = dO V^T: dV = P^T dO, dQ = scale dS K, dK = scale dS^T Q.
+  // Workspace is per tile, never O(T^2). Scores, softmax and every accumulation are fp32;
+  // lse is an fp32 [B,H,Tq] view (row i of head h of batch b at (b*H + h)*Tq + i).
+  // A query row whose every key is masked gets output 0, lse = +inf (so exp(s - lse) = 0,
+  // as flash-attention's softmax.h) and zero gradients. Masked keys (probability exactly 0)
+  // get zero dk/dv; their k, v values do not change any result as long as they are finite.
+  // The CPU backend tiles 64 queries x 256 keys (src/backend/cpu/cpu_kernels.cpp); the CUDA
+  // backend runs fused tensor-core kernels (src/cuda/kernels_flash.cu). Both recompute
+  // the forward's exponentials in backward (about one more QK^T per layer) to save the
+  // [B,H,T,T] probabilities and their fp32 gradient scratch.
+
   // Causal multi-head self-attention core (no projections), GPT-2 layout.
   // qkv: [B,T,3C] with q = qkv[..., 0:C], k = [C:2C], v = [2C:3C], head h uses columns
-  // [h*hs, (h+1)*hs) of each, hs = C/H. Scores scaled by 1/sqrt(hs), causal mask, softmax
-  // in fp32. Writes out: [B,T,C] (heads concatenated) and att: [B,H,T,T] (softmax
-  // probabilities, zeros above the diagonal), saved for backward.
-  virtual void attention_forward(const TensorView& out, const TensorView& att,
+  // [h*hs, (h+1)*hs) of each, hs = C/H (C % H != 0 throws). Scores scaled by 1/sqrt(hs),
+  // key j visible to query i iff j <= i. Writes out: [B,T,C] (heads concatenated) and
+  // lse: fp32 [B,H,T], both saved for backward.
+  virtual void attention_forward(const TensorView& out, const TensorView& lse,
                                  const TensorView& qkv, int64_t B, int64_t T, int64_t C,
                                  int64_t H) = 0;
-  // Writes dqkv: [B,T,3C] from dout: [B,T,C], using qkv and att from forward.
-  // scratch: fp32, at least B*H*T*T elements of workspace.
-  virtual void attention_backward(const TensorView& dqkv, const TensorView& scratch,
-                                  const TensorView& dout, const TensorView& qkv,
-                                  const TensorView& att, int64_t B, int64_t T, int64_t C,
+  // Writes dqkv: [B,T,3C] (dq, dk, dv in the layout of qkv) from dout: [B,T,C], using qkv,
+  // out and lse from forward.
+  virtual void attention_backward(const TensorView& dqkv, const TensorView& dout,
+                                  const TensorView& qkv, const TensorView& out,
+                                  const TensorView& lse, int64_t B, int64_t T, int64_t C,
                                   int64_t H) = 0;
 
   // Softmax cross-entropy over V classes for R rows, fused with its gradient, in fp32.
@@ -230,33 +248,34 @@ class Backend {
                                       int64_t Tk) = 0;
 
   // General multi-head attention core (no projections) with separate query and key/value
-  // lengths and a head width D independent of the model width (T5's d_kv).
+  // lengths and a head width D independent of the model width (T5's d_kv), computed as the
+  // attention block above.
   // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; head h uses columns [h*D, (h+1)*D).
   // scores[b,h,i,j] = scale * q_i . k_j + bias[h,i,j] (bias: fp32 [H,Tq,Tk] shared over the
   // batch, or an empty view for none); key j is masked out (probability exactly 0) when
   // key_mask is given (int32 [B,Tk], 0 = padding) and key_mask[b,j] == 0, or when `causal`
-  // and j > i. Softmax in fp32 over the unmasked keys (a row with every key masked gets
-  // all-zero probabilities and output 0). Writes out: [B,Tq,H*D] and att: [B,H,Tq,Tk]
-  // (probabilities, saved for backward). T5 passes scale = 1 (no 1/sqrt(D)). "Empty" means
-  // a view with data == nullptr (TensorView{}). Masked keys' k and v values do not change
-  // the results as long as they are finite (out = att @ v with exact zeros in att).
+  // and j > i. Softmax in fp32 over the unmasked keys. Writes out: [B,Tq,H*D] and lse: fp32
+  // [B,H,Tq] (saved for backward). T5 passes scale = 1 (no 1/sqrt(D)). "Empty" means a view
+  // with data == nullptr (TensorView{}).
   // Matches HF T5Attention (scores + position_bias + mask, softmax in fp32) and
   // torch.nn.functional.scaled_dot_product_attention with a boolean mask, except that a
   // fully masked row gives 0 rather than NaN. D == 0 or Tk == 0 are allowed (out = 0).
-  virtual void mha_forward(const TensorView& out, const TensorView& att, const TensorView& q,
+  virtual void mha_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                            const TensorView& k, const TensorView& v, const TensorView& bias,
                            const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
                            int64_t H, int64_t D, float scale, bool causal) = 0;
-  // Writes dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] from dout: [B,Tq,H*D], using q, k, v and att
-  // from forward. If dbias is not empty (fp32 [H,Tq,Tk]) ACCUMULATES the score gradient
-  // summed over the batch into it (b ascending, fp64 sum; the CUDA backend sums dS rounded
-  // to att's storage dtype). Masked keys get zero dk/dv. scratch: fp32, at least
-  // B*H*Tq*Tk elements (holds dS afterwards).
+  // Writes dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] from dout: [B,Tq,H*D], using q, k, v, out and
+  // lse from forward and the same bias, key_mask, scale and causal. If dbias is not empty
+  // (fp32 [H,Tq,Tk]) ACCUMULATES the score gradient summed over the batch into it (HF T5:
+  // the gradient of position_bias, which broadcasts over the batch): dbias[h,i,j] +=
+  // sum over b of dS[b,h,i,j], b ascending in fp32, deterministic (no atomics) on both
+  // backends.
   virtual void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                            const TensorView& dbias, const TensorView& scratch,
-                            const TensorView& dout, const TensorView& q, const TensorView& k,
-                            const TensorView& v, const TensorView& att, int64_t B, int64_t Tq,
-                            int64_t Tk, int64_t H, int64_t D, float scale) = 0;
+                            const TensorView& dbias, const TensorView& dout, const TensorView& q,
+                            const TensorView& k, const TensorView& v, const TensorView& out,
+                            const TensorView& lse, const TensorView& bias,
+                            const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
+                            int64_t H, int64_t D, float scale, bool causal) = 0;
 
   // ---- optimizers, on fp32 flat shards (n = param.numel()) ----
   // AdamW (Loshchilov & Hutter 2019; torch.optim.AdamW semantics): step is 1-based.

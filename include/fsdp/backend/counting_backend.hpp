@@ -117,8 +117,8 @@ class CountingBackend final : public Backend {
                    int64_t, int64_t, int64_t, float, bool) override {}
   void mha_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                     const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                    const TensorView&, const TensorView&, int64_t, int64_t, int64_t, int64_t,
-                    int64_t, float) override {}
+                    const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                    int64_t, int64_t, int64_t, int64_t, int64_t, float, bool) override {}
   void adamw_update(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                     float, float, float, float, float, int64_t) override {}
   void sgd_update(const TensorView&, const TensorView&, const TensorView&, float, float, float,

@@ -243,10 +243,10 @@ class CpuBackend final : public Backend {
                          int64_t R, int64_t C) override;
   void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias, const TensorView& fc,
                           const TensorView& dout, int64_t R, int64_t C) override;
-  void attention_forward(const TensorView& out, const TensorView& att, const TensorView& qkv,
+  void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& qkv,
                          int64_t B, int64_t T, int64_t C, int64_t H) override;
-  void attention_backward(const TensorView& dqkv, const TensorView& scratch, const TensorView& dout,
-                          const TensorView& qkv, const TensorView& att, int64_t B, int64_t T,
+  void attention_backward(const TensorView& dqkv, const TensorView& dout, const TensorView& qkv,
+                          const TensorView& out, const TensorView& lse, int64_t B, int64_t T,
                           int64_t C, int64_t H) override;
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld,
@@ -273,15 +273,16 @@ class CpuBackend final : public Backend {
   void position_bias_backward(const TensorView& dtable, const TensorView& dbias,
                               const TensorView& buckets, int64_t H, int64_t Tq,
                               int64_t Tk) override;
-  void mha_forward(const TensorView& out, const TensorView& att, const TensorView& q,
+  void mha_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                    const TensorView& k, const TensorView& v, const TensorView& bias,
                    const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
                    int64_t D, float scale, bool causal) override;
   void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                    const TensorView& dbias, const TensorView& scratch, const TensorView& dout,
-                    const TensorView& q, const TensorView& k, const TensorView& v,
-                    const TensorView& att, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                    int64_t D, float scale) override;
+                    const TensorView& dbias, const TensorView& dout, const TensorView& q,
+                    const TensorView& k, const TensorView& v, const TensorView& out,
+                    const TensorView& lse, const TensorView& bias, const TensorView& key_mask,
+                    int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
+                    bool causal) override;
 
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
@@ -538,26 +539,51 @@ void CpuBackend::gelu_bias_backward(const TensorView& dfc, const TensorView& dbi
   k_.gelu_bias_backward(static_cast<float*>(dfc.data), db, x, d, R, C);
 }
 
-void CpuBackend::attention_forward(const TensorView& out_, const TensorView& att,
+namespace {
+// GPT-2's attention as an attention problem: head h of batch b is columns [h*hs, (h+1)*hs)
+// of the q, k, v blocks of qkv (row stride 3C) and of out (row stride C); causal, 1/sqrt(hs).
+cpu::AttentionProblem gpt2_attention(int64_t B, int64_t T, int64_t C, int64_t H) {
+  if (C <= 0 || H <= 0 || C % H != 0) {
+    throw Error("cpu backend: attention: bad shape B=" + std::to_string(B) +
+                " T=" + std::to_string(T) + " C=" + std::to_string(C) + " H=" +
+                std::to_string(H) + " (expected C divisible by H)");
+  }
+  cpu::AttentionProblem p;
+  p.B = B;
+  p.Tq = p.Tk = T;
+  p.H = H;
+  p.D = C / H;
+  p.ldq = p.ldk = p.ldv = 3 * C;
+  p.ldo = C;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(p.D));
+  p.causal = true;
+  return p;
+}
+}  // namespace
+
+void CpuBackend::attention_forward(const TensorView& out_, const TensorView& lse,
                                    const TensorView& qkv, int64_t B, int64_t T, int64_t C,
                                    int64_t H) {
-  // qkv: [B,T,3C]; out: [B,T,C]; att: [B,H,T,T]. The kernel checks C % H.
-  Chk::attention_forward(out_, att, qkv, B, T, C, H);
+  // qkv: [B,T,3C]; out: [B,T,C]; lse: [B,H,T] fp32.
+  Chk::attention_forward(out_, lse, qkv, B, T, C, H);
+  const cpu::AttentionProblem p = gpt2_attention(B, T, C, H);
   const F32In q = in(qkv, B * T * 3 * C);
-  const F32Out o = out(out_, B * T * C, false), a = out(att, B * H * T * T, false);
-  k_.attention_forward(o, a, q, B, T, C, H);
+  const F32Out o = out(out_, B * T * C, false);
+  k_.attention_forward(p, q, q + C, q + 2 * C, o, static_cast<float*>(lse.data));
 }
 
-void CpuBackend::attention_backward(const TensorView& dqkv, const TensorView& scratch,
-                                    const TensorView& dout, const TensorView& qkv,
-                                    const TensorView& att, int64_t B, int64_t T, int64_t C,
+void CpuBackend::attention_backward(const TensorView& dqkv, const TensorView& dout,
+                                    const TensorView& qkv, const TensorView& out_,
+                                    const TensorView& lse, int64_t B, int64_t T, int64_t C,
                                     int64_t H) {
-  // dqkv: [B,T,3C] written; scratch: [B,H,T,T] fp32; dout: [B,T,C]; qkv: [B,T,3C];
-  // att: [B,H,T,T].
-  Chk::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, H);
-  const F32In d = in(dout, B * T * C), q = in(qkv, B * T * 3 * C), a = in(att, B * H * T * T);
+  // dqkv: [B,T,3C] written; dout, out: [B,T,C]; qkv: [B,T,3C]; lse: [B,H,T] fp32.
+  Chk::attention_backward(dqkv, dout, qkv, out_, lse, B, T, C, H);
+  const cpu::AttentionProblem p = gpt2_attention(B, T, C, H);
+  const F32In d = in(dout, B * T * C), q = in(qkv, B * T * 3 * C), o = in(out_, B * T * C);
   const F32Out g = out(dqkv, B * T * 3 * C, false);
-  k_.attention_backward(g, static_cast<float*>(scratch.data), d, q, a, B, T, C, H);
+  float* gp = g;
+  k_.attention_backward(p, q, q + C, q + 2 * C, o, static_cast<const float*>(lse.data), d, gp,
+                        gp + C, gp + 2 * C, nullptr);
 }
 
 void CpuBackend::cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
@@ -673,33 +699,56 @@ void CpuBackend::position_bias_backward(const TensorView& dtable, const TensorVi
                             static_cast<const int32_t*>(buckets.data), nb, H, Tq, Tk);
 }
 
-void CpuBackend::mha_forward(const TensorView& out_, const TensorView& att, const TensorView& q,
+namespace {
+// T5's attention as an attention problem: separate q [B,Tq,H*D], k, v [B,Tk,H*D].
+cpu::AttentionProblem mha_problem(const TensorView& bias, const TensorView& key_mask, int64_t B,
+                                  int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
+                                  bool causal) {
+  cpu::AttentionProblem p;
+  p.B = B;
+  p.Tq = Tq;
+  p.Tk = Tk;
+  p.H = H;
+  p.D = D;
+  p.ldq = p.ldk = p.ldv = p.ldo = H * D;
+  p.scale = scale;
+  p.causal = causal;
+  p.bias = static_cast<const float*>(bias.data);
+  p.key_mask = static_cast<const int32_t*>(key_mask.data);
+  return p;
+}
+}  // namespace
+
+void CpuBackend::mha_forward(const TensorView& out_, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, const TensorView& bias,
                              const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
                              int64_t H, int64_t D, float scale, bool causal) {
   // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; bias: [H,Tq,Tk] fp32 or none; key_mask: [B,Tk] int32 or
-  // none; out: [B,Tq,H*D]; att: [B,H,Tq,Tk].
-  Chk::mha_forward(out_, att, q, k, v, bias, key_mask, B, Tq, Tk, H, D);
-  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
+  // none; out: [B,Tq,H*D]; lse: [B,H,Tq] fp32.
+  Chk::mha_forward(out_, lse, q, k, v, bias, key_mask, B, Tq, Tk, H, D);
+  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D;
   const F32In fq = in(q, nq), fk = in(k, nk), fv = in(v, nk);
-  const F32Out o = out(out_, nq, false), a = out(att, na, false);
-  k_.mha_forward(o, a, fq, fk, fv, static_cast<const float*>(bias.data),
-                 static_cast<const int32_t*>(key_mask.data), B, Tq, Tk, H, D, scale, causal);
+  const F32Out o = out(out_, nq, false);
+  k_.attention_forward(mha_problem(bias, key_mask, B, Tq, Tk, H, D, scale, causal), fq, fk, fv, o,
+                       static_cast<float*>(lse.data));
 }
 
 void CpuBackend::mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                              const TensorView& dbias, const TensorView& scratch,
-                              const TensorView& dout, const TensorView& q, const TensorView& k,
-                              const TensorView& v, const TensorView& att, int64_t B, int64_t Tq,
-                              int64_t Tk, int64_t H, int64_t D, float scale) {
-  // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq,Tk] fp32 += or none; scratch:
-  // [B,H,Tq,Tk] fp32; dout: [B,Tq,H*D]; q, k, v, att as in forward.
-  Chk::mha_backward(dq, dk, dv, dbias, scratch, dout, q, k, v, att, B, Tq, Tk, H, D);
-  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D, na = B * H * Tq * Tk;
-  const F32In d = in(dout, nq), fq = in(q, nq), fk = in(k, nk), fv = in(v, nk), a = in(att, na);
+                              const TensorView& dbias, const TensorView& dout,
+                              const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out_, const TensorView& lse,
+                              const TensorView& bias, const TensorView& key_mask, int64_t B,
+                              int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
+                              bool causal) {
+  // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq,Tk] fp32 += or none; dout, out:
+  // [B,Tq,H*D]; q, k, v, lse, bias, key_mask as in forward.
+  Chk::mha_backward(dq, dk, dv, dbias, dout, q, k, v, out_, lse, bias, key_mask, B, Tq, Tk, H, D);
+  const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D;
+  const F32In d = in(dout, nq), fq = in(q, nq), fk = in(k, nk), fv = in(v, nk), o = in(out_, nq);
   const F32Out gq = out(dq, nq, false), gk = out(dk, nk, false), gv = out(dv, nk, false);
-  k_.mha_backward(gq, gk, gv, static_cast<float*>(dbias.data), static_cast<float*>(scratch.data),
-                  d, fq, fk, fv, a, B, Tq, Tk, H, D, scale);
+  k_.attention_backward(mha_problem(bias, key_mask, B, Tq, Tk, H, D, scale, causal), fq, fk, fv, o,
+                        static_cast<const float*>(lse.data), d, gq, gk, gv,
+                        static_cast<float*>(dbias.data));
 }
 
 // ---------------------------------------------------------------------------------------

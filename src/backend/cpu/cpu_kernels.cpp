@@ -6,11 +6,10 @@
 //    are split over the output rows (or columns) across OpenMP threads: one thread pool for
 //    the whole backend, no contention between OpenBLAS' pthreads and OpenMP's, and it
 //    measured ~25% faster than OpenBLAS' own threading on the GPT-2 shapes (4096x128x384..).
-//  - Attention runs one (batch, head) pair per OpenMP iteration with single-threaded sgemm
-//    calls on row blocks, so the causal upper triangle is mostly skipped, never exponentiated.
-//  - T5's general attention (mha: bias, key mask, causal, Tq != Tk) runs one (batch, head)
-//    pair per OpenMP iteration with full Tq x Tk sgemm calls; masked scores are set to -inf
-//    and their probabilities then to exactly 0, so padded keys never contribute.
+//  - Attention (GPT-2's causal attention and T5's mha alike) is FlashAttention-2 on 64 x 256
+//    tiles with single-threaded sgemm calls per tile: the causal upper triangle's tiles are
+//    skipped, masked scores are -inf and their probabilities exactly 0, and no T x T matrix
+//    is stored (backward recomputes the probabilities from the saved row logsumexp).
 //  - exp is a vectorisable polynomial (Cephes expf, ~1 ulp), so softmax, cross-entropy and
 //    GELU loops vectorise without -ffast-math.
 //  - Reductions whose result is a parameter gradient do not depend on the thread count:
@@ -53,8 +52,6 @@ constexpr double kParallelMinGemmFlops = 4.0e6;
 // function of the row count alone, so results do not depend on the thread count.
 constexpr int64_t kRowBlock = 64;
 constexpr int64_t kMaxRowBlocks = 32;
-// Row block of the causal attention GEMMs: only blocks on or below the diagonal are computed.
-constexpr int64_t kAttnBlock = 64;
 
 // 8-wide float vectors (GCC vector extensions: AVX2 in Release builds, two SSE registers
 // otherwise). Used where the auto-vectoriser gives up (loops around exp: GCC will not
@@ -145,10 +142,22 @@ inline double exp_shift_sum(const float* x, int64_t n, float shift) {
   }
   return s;
 }
+// max of x[0, n), -inf for n == 0; NaNs are skipped (as std::max(mx, x) would). 8 lanes: GCC
+// does not vectorise the scalar loop.
 inline float row_max(const float* x, int64_t n) {
-  float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  f8 m = f8{} + ninf;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const f8 v = load8(x + j);
+    m = v > m ? v : m;
+  }
+  if (j < n) {
+    const f8 v = load_partial(x + j, n - j, ninf);
+    m = v > m ? v : m;
+  }
+  float mx = ninf;
+  for (int l = 0; l < 8; ++l) mx = m[l] > mx ? m[l] : mx;
   return mx;
 }
 
@@ -552,117 +561,6 @@ void CpuKernels::gelu_bias_backward(float* dfc, float* dbias, const float* fc, c
 }
 
 // ---------------------------------------------------------------------------------------
-// causal self-attention. Per (b, h): S = Q K^T / sqrt(hs) (lower triangle), P = softmax(S),
-// out = P V. Row blocks of kAttnBlock: block [i0, i1) needs only columns [0, i1).
-
-namespace {
-void check_attention_shapes(int64_t B, int64_t T, int64_t C, int64_t H) {
-  if (B < 0 || T < 0 || C <= 0 || H <= 0 || C % H != 0 || 3 * C > INT_MAX || T > INT_MAX) {
-    throw Error("cpu backend: attention: bad shape B=" + std::to_string(B) +
-                " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-                " H=" + std::to_string(H) + " (expected C divisible by H)");
-  }
-}
-}  // namespace
-
-void CpuKernels::attention_forward(float* out, float* att, const float* qkv, int64_t B,
-                                   int64_t T, int64_t C, int64_t H) const {
-  check_attention_shapes(B, T, C, H);
-  const int64_t hs = C / H, C3 = 3 * C;
-  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int nt = threads_for(B * H * T * T, 4096);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    const int64_t b = bh / H, h = bh % H;
-    const float* q = qkv + b * T * C3 + h * hs;  // q: [T, hs], row stride 3C
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* a = att + bh * T * T;  // a: [T, T]
-    float* o = out + b * T * C + h * hs;  // o: [T, hs], row stride C
-    for (int64_t i0 = 0; i0 < T; i0 += kAttnBlock) {
-      const int64_t i1 = std::min(T, i0 + kAttnBlock);
-      const int rows = static_cast<int>(i1 - i0);
-      // a[i0:i1, 0:i1] = scale * q[i0:i1] @ k[0:i1]^T
-      sgemm1(false, true, rows, static_cast<int>(i1), static_cast<int>(hs), sc, q + i0 * C3,
-             static_cast<int>(C3), k, static_cast<int>(C3), 0.0f, a + i0 * T,
-             static_cast<int>(T));
-      for (int64_t i = i0; i < i1; ++i) {
-        float* row = a + i * T;
-        const int64_t len = i + 1;
-        const float mx = row_max(row, len);
-        const float inv = static_cast<float>(1.0 / exp_shift_inplace(row, len, mx));
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) row[j] *= inv;
-        std::fill(row + len, row + T, 0.0f);
-      }
-      // o[i0:i1] = a[i0:i1, 0:i1] @ v[0:i1]
-      sgemm1(false, false, rows, static_cast<int>(hs), static_cast<int>(i1), 1.0f, a + i0 * T,
-             static_cast<int>(T), v, static_cast<int>(C3), 0.0f, o + i0 * C,
-             static_cast<int>(C));
-    }
-  }
-}
-
-void CpuKernels::attention_backward(float* dqkv, float* scratch, const float* dout,
-                                    const float* qkv, const float* att, int64_t B, int64_t T,
-                                    int64_t C, int64_t H) const {
-  // dV = P^T dO; dP = dO V^T; dS = P * (dP - rowsum(dP * P)); dQ = dS K * scale;
-  // dK = dS^T Q * scale. P and dS are zero above the diagonal, so the transposed products
-  // for rows [j0, j1) of dK/dV only read rows i >= j0.
-  check_attention_shapes(B, T, C, H);
-  const int64_t hs = C / H, C3 = 3 * C;
-  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int ihs = static_cast<int>(hs), iT = static_cast<int>(T), iC = static_cast<int>(C),
-            iC3 = static_cast<int>(C3);
-  const int nt = threads_for(B * H * T * T, 4096);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    const int64_t b = bh / H, h = bh % H;
-    const float* q = qkv + b * T * C3 + h * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* dq = dqkv + b * T * C3 + h * hs;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* dO = dout + b * T * C + h * hs;  // [T, hs], row stride C
-    const float* p = att + bh * T * T;
-    float* ds = scratch + bh * T * T;
-    for (int64_t i0 = 0; i0 < T; i0 += kAttnBlock) {
-      const int64_t i1 = std::min(T, i0 + kAttnBlock);
-      const int rows = static_cast<int>(i1 - i0);
-      // dP[i0:i1, 0:i1] = dO[i0:i1] @ V[0:i1]^T
-      sgemm1(false, true, rows, static_cast<int>(i1), ihs, 1.0f, dO + i0 * C, iC, v, iC3, 0.0f,
-             ds + i0 * T, iT);
-      for (int64_t i = i0; i < i1; ++i) {
-        float* dsr = ds + i * T;
-        const float* pr = p + i * T;
-        const int64_t len = i + 1;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < len; ++j) dot += dsr[j] * pr[j];
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) dsr[j] = pr[j] * (dsr[j] - dot);
-        std::fill(dsr + len, dsr + i1, 0.0f);
-      }
-      // dQ[i0:i1] = scale * dS[i0:i1, 0:i1] @ K[0:i1]
-      sgemm1(false, false, rows, ihs, static_cast<int>(i1), sc, ds + i0 * T, iT, k, iC3, 0.0f,
-             dq + i0 * C3, iC3);
-    }
-    for (int64_t j0 = 0; j0 < T; j0 += kAttnBlock) {
-      const int64_t j1 = std::min(T, j0 + kAttnBlock);
-      const int rows = static_cast<int>(j1 - j0);
-      const int kk = static_cast<int>(T - j0);
-      // dV[j0:j1] = P[j0:T, j0:j1]^T @ dO[j0:T]
-      sgemm1(true, false, rows, ihs, kk, 1.0f, p + j0 * T + j0, iT, dO + j0 * C, iC, 0.0f,
-             dv + j0 * C3, iC3);
-      // dK[j0:j1] = scale * dS[j0:T, j0:j1]^T @ Q[j0:T]
-      sgemm1(true, false, rows, ihs, kk, sc, ds + j0 * T + j0, iT, q + j0 * C3, iC3, 0.0f,
-             dk + j0 * C3, iC3);
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------
 // T5 pieces
 
 void CpuKernels::embedding_lookup_forward(float* out, const int32_t* tokens, const float* table,
@@ -780,126 +678,291 @@ void CpuKernels::position_bias_backward(float* dtable, const float* dbias, const
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// attention: FlashAttention-2 (Dao 2023, Algorithms 1 and 2), blocked so that no Tq x Tk
+// matrix exists (see backend.hpp).
+//
+// Forward, per (b, h, tile of kAttnQTile queries), one OpenMP iteration each: for each tile
+// of kAttnKTile keys (causal: only keys j < the query tile's end), S = scale Q_i K_j^T + bias with
+// masked scores -inf; m' = max(m, rowmax S), P = exp(S - m') (masked: exactly 0),
+// l = l exp(m - m') + rowsum P, O = O exp(m - m') + P V_j. Then O /= l, lse = m + log l.
+// Backward, per (b, h): for each query tile, D_i = rowsum(dO_i * O_i), and for each key tile
+// P = exp(S - lse) recomputed, dP = dO_i V_j^T, dS = P (dP - D_i), dV_j += P^T dO_i,
+// dK_j += scale dS^T Q_i, dQ_i += scale dS K_j (dQ_i in a tile buffer, written once), and
+// dbias[h] += dS. A thread owns a whole (b, h) (dK, dV accumulate over query tiles) or, when
+// dbias is wanted, a head h with every b in ascending order (dbias sums over b); so results
+// do not depend on the thread count. GEMMs on tiles are single-threaded OpenBLAS calls.
+
 namespace {
-// C[M,N] (row stride ldc) = alpha op(A) op(B) on the calling thread; K == 0 gives zeros.
-void gemm_block(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+
+// Tile sizes. 256 keys rather than 64: fewer, larger sgemm calls (OpenBLAS' per-call packing
+// and buffer lock cost more than the tile's cache footprint, 2 x 64 KiB of scores per
+// thread); measured with tools/bench_attention at 2 threads, 64 x 256 was faster than 64 x 64
+// at every shape (forward 2-12%, backward 5-17%).
+constexpr int64_t kAttnQTile = 64;   // queries per tile
+constexpr int64_t kAttnKTile = 256;  // keys per tile (row stride of the score tiles)
+
+// C[M,N] (row stride ldc) = alpha op(A) op(B) + beta C on the calling thread; K == 0 gives
+// beta C (0 when beta == 0).
+void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
-    for (int64_t m = 0; m < M; ++m) std::fill(C + m * ldc, C + m * ldc + N, 0.0f);
+    for (int64_t m = 0; m < M; ++m) {
+      float* c = C + m * ldc;
+      for (int64_t n = 0; n < N; ++n) c[n] = beta == 0.0f ? 0.0f : beta * c[n];
+    }
     return;
   }
   sgemm1(ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
-         static_cast<int>(lda), B, static_cast<int>(ldb), 0.0f, C, static_cast<int>(ldc));
+         static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
 }
-void check_mha_shapes(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D) {
-  if (B < 0 || Tq < 0 || Tk < 0 || H < 0 || D < 0 || H * D > INT_MAX || Tq > INT_MAX ||
-      Tk > INT_MAX) {
-    throw Error("cpu backend: mha: bad shape B=" + std::to_string(B) + " Tq=" +
-                std::to_string(Tq) + " Tk=" + std::to_string(Tk) + " H=" + std::to_string(H) +
-                " D=" + std::to_string(D));
+
+void check_attention_problem(const AttentionProblem& p) {
+  const bool bad = p.B < 0 || p.Tq < 0 || p.Tk < 0 || p.H < 0 || p.D < 0 || p.Tq > INT_MAX ||
+                   p.Tk > INT_MAX || p.ldq > INT_MAX || p.ldk > INT_MAX || p.ldv > INT_MAX ||
+                   p.ldo > INT_MAX || p.H * p.D > std::min({p.ldq, p.ldk, p.ldv, p.ldo}) ||
+                   p.H * p.D > INT_MAX;
+  if (bad) {
+    throw Error("cpu backend: attention: bad shape B=" + std::to_string(p.B) +
+                " Tq=" + std::to_string(p.Tq) + " Tk=" + std::to_string(p.Tk) +
+                " H=" + std::to_string(p.H) + " D=" + std::to_string(p.D));
   }
 }
+
+// Keys [0, end) that query tile [i0, i0 + rows) may see.
+inline int64_t key_end(const AttentionProblem& p, int64_t i0, int64_t rows) {
+  return p.causal ? std::min(p.Tk, i0 + rows) : p.Tk;
+}
+
+// s[r, c] (row stride kAttnKTile) = the score of query i0 + r against key j0 + c of head h of
+// batch b: scale q.k + bias, or -inf where the key is masked. qh, kh: the head's first rows.
+void score_tile(const AttentionProblem& p, const float* qh, const float* kh, int64_t b,
+                int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s) {
+  tile_gemm(false, true, rows, cols, p.D, p.scale, qh + i0 * p.ldq, p.ldq, kh + j0 * p.ldk,
+            p.ldk, 0.0f, s, kAttnKTile);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const int32_t* km = p.key_mask ? p.key_mask + b * p.Tk + j0 : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * kAttnKTile;
+    const int64_t i = i0 + r;
+    if (p.bias) {
+      const float* br = p.bias + (h * p.Tq + i) * p.Tk + j0;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) row[c] += br[c];
+    }
+    if (km) {
+      for (int64_t c = 0; c < cols; ++c) {
+        if (km[c] == 0) row[c] = ninf;
+      }
+    }
+    if (p.causal) {
+      for (int64_t c = std::max<int64_t>(0, i + 1 - j0); c < cols; ++c) row[c] = ninf;
+    }
+  }
+}
+
+// x[0, n) = 0 with vector stores (a memset call per short row costs more than the stores).
+inline void zero_row(float* x, int64_t n) {
+  int64_t e = 0;
+  for (; e + 8 <= n; e += 8) store8(x + e, f8{});
+  for (; e < n; ++e) x[e] = 0.0f;
+}
+
+// Columns [0, n) of a score tile row that the causal mask leaves (query i, keys from j0).
+inline int64_t visible_cols(const AttentionProblem& p, int64_t i, int64_t j0, int64_t cols) {
+  return p.causal ? std::clamp<int64_t>(i + 1 - j0, 0, cols) : cols;
+}
+
+// x[j] = exp(x[j] - shift) for j < n, exactly 0 where x[j] == -inf; returns the sum of the
+// new values (fp32, 8 lanes then a fixed tree).
+inline float exp_masked_inplace(float* x, int64_t n, float shift) {
+  const f8 ninf = f8{} - std::numeric_limits<float>::infinity();
+  f8 acc{};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const f8 v = load8(x + j);
+    const f8 e = v == ninf ? f8{} : vexp(v - shift);
+    store8(x + j, e);
+    acc += e;
+  }
+  if (j < n) {
+    const f8 v = load_partial(x + j, n - j, -std::numeric_limits<float>::infinity());
+    const f8 e = v == ninf ? f8{} : vexp(v - shift);
+    store_partial(x + j, e, n - j);
+    acc += e;
+  }
+  return hsum(acc);
+}
+
 }  // namespace
 
-void CpuKernels::mha_forward(float* out, float* att, const float* q, const float* k,
-                             const float* v, const float* bias, const int32_t* key_mask,
-                             int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
-                             bool causal) const {
-  // Per (b, h): S = scale Q K^T (+ bias[h]); masked scores -inf; P = softmax over the
-  // unmasked keys (masked exactly 0, an all-masked row all 0); O = P V.
-  check_mha_shapes(B, Tq, Tk, H, D);
-  const int64_t HD = H * D, TT = Tq * Tk;
+void CpuKernels::attention_forward(const AttentionProblem& p, const float* q, const float* k,
+                                   const float* v, float* out, float* lse) const {
+  check_attention_problem(p);
+  const int64_t D = p.D, nqt = (p.Tq + kAttnQTile - 1) / kAttnQTile, tiles = p.B * p.H * nqt;
   const float ninf = -std::numeric_limits<float>::infinity();
-  const int nt = threads_for(B * H * TT, 4096);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    const int64_t b = bh / H, h = bh % H;
-    const float* qh = q + b * Tq * HD + h * D;  // [Tq, D], row stride HD
-    const float* kh = k + b * Tk * HD + h * D;  // [Tk, D]
-    const float* vh = v + b * Tk * HD + h * D;
-    float* a = att + bh * TT;                    // [Tq, Tk]
-    float* o = out + b * Tq * HD + h * D;
-    const int32_t* km = key_mask ? key_mask + b * Tk : nullptr;
-    gemm_block(false, true, Tq, Tk, D, scale, qh, HD, kh, HD, a, Tk);
-    for (int64_t i = 0; i < Tq; ++i) {
-      float* row = a + i * Tk;
-      // Keys [0, len) may be unmasked (causal: j <= i).
-      const int64_t len = causal ? std::min(Tk, i + 1) : Tk;
-      if (bias) {
-        const float* br = bias + (h * Tq + i) * Tk;
+  const int nt = threads_for(p.B * p.H * p.Tq * std::max<int64_t>(p.Tk, 1), 4096);
+#pragma omp parallel num_threads(nt)
+  {
+    // Per thread: scores [QT, KT], the output accumulator [QT, D], row max m and sum l.
+    std::vector<float> ws(static_cast<std::size_t>(kAttnQTile * (kAttnKTile + D + 2)));
+    float* s = ws.data();
+    float* o = s + kAttnQTile * kAttnKTile;
+    float* m = o + kAttnQTile * D;
+    float* l = m + kAttnQTile;
+    // Dynamic: causal tiles late in a head have more keys (a static round robin can hand one
+    // thread every heavy tile); the results do not depend on the schedule.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t bh = t / nqt, b = bh / p.H, h = bh % p.H;
+      const int64_t i0 = (t % nqt) * kAttnQTile, rows = std::min(kAttnQTile, p.Tq - i0);
+      const float* qh = q + b * p.Tq * p.ldq + h * D;
+      const float* kh = k + b * p.Tk * p.ldk + h * D;
+      const float* vh = v + b * p.Tk * p.ldv + h * D;
+      std::fill(o, o + rows * D, 0.0f);
+      std::fill(m, m + rows, ninf);
+      std::fill(l, l + rows, 0.0f);
+      const int64_t jend = key_end(p, i0, rows);
+      for (int64_t j0 = 0; j0 < jend; j0 += kAttnKTile) {
+        const int64_t cols = std::min(kAttnKTile, jend - j0);
+        score_tile(p, qh, kh, b, h, i0, rows, j0, cols, s);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = s + r * kAttnKTile;
+          const int64_t n = visible_cols(p, i0 + r, j0, cols);  // row[n, cols) is -inf
+          const float mn = std::max(m[r], row_max(row, n));
+          std::fill(row + n, row + cols, 0.0f);
+          if (mn == ninf) {  // every key so far masked: P = 0
+            std::fill(row, row + n, 0.0f);
+            continue;
+          }
+          const float alpha = m[r] == ninf ? 0.0f : std::exp(m[r] - mn);
+          l[r] = l[r] * alpha + exp_masked_inplace(row, n, mn);
+          if (alpha != 1.0f && m[r] != ninf) {  // (O is still 0 while m = -inf)
+            float* orow = o + r * D;
 #pragma omp simd
-        for (int64_t j = 0; j < len; ++j) row[j] += br[j];
-      }
-      if (km) {
-        for (int64_t j = 0; j < len; ++j) {
-          if (km[j] == 0) row[j] = ninf;
+            for (int64_t e = 0; e < D; ++e) orow[e] *= alpha;
+          }
+          m[r] = mn;
         }
+        // O[rows, D] += P[rows, cols] @ V[j0 : j0 + cols]
+        tile_gemm(false, false, rows, D, cols, 1.0f, s, kAttnKTile, vh + j0 * p.ldv, p.ldv, 1.0f,
+                  o, D);
       }
-      const float mx = row_max(row, len);
-      if (len == 0 || mx == ninf) {  // every key masked
-        std::fill(row, row + Tk, 0.0f);
-        continue;
-      }
-      double sum = exp_shift_inplace(row, len, mx);
-      if (km) {  // vexp(-inf) is tiny, not 0: zero the masked keys and re-sum
-        sum = 0.0;
-        for (int64_t j = 0; j < len; ++j) {
-          if (km[j] == 0) row[j] = 0.0f;
-          sum += row[j];
+      float* lrow = lse + bh * p.Tq + i0;
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst = out + (b * p.Tq + i0 + r) * p.ldo + h * D;
+        if (m[r] == ninf) {  // no unmasked key: output 0, lse +inf
+          std::fill(dst, dst + D, 0.0f);
+          lrow[r] = std::numeric_limits<float>::infinity();
+          continue;
         }
-      }
-      const float inv = static_cast<float>(1.0 / sum);
+        const float inv = 1.0f / l[r];
+        const float* orow = o + r * D;
 #pragma omp simd
-      for (int64_t j = 0; j < len; ++j) row[j] *= inv;
-      std::fill(row + len, row + Tk, 0.0f);
+        for (int64_t e = 0; e < D; ++e) dst[e] = orow[e] * inv;
+        lrow[r] = m[r] + std::log(l[r]);
+      }
     }
-    gemm_block(false, false, Tq, D, Tk, 1.0f, a, Tk, vh, HD, o, HD);
   }
 }
 
-void CpuKernels::mha_backward(float* dq, float* dk, float* dv, float* dbias, float* scratch,
-                              const float* dout, const float* q, const float* k, const float* v,
-                              const float* att, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
-                              int64_t D, float scale) const {
-  // dV = P^T dO; dP = dO V^T; dS = P * (dP - rowsum(dP * P)) (0 where P is 0, i.e. masked);
-  // dQ = scale dS K; dK = scale dS^T Q; dbias[h] += sum over b of dS[b, h] (b in order).
-  check_mha_shapes(B, Tq, Tk, H, D);
-  const int64_t HD = H * D, TT = Tq * Tk;
-  const int nt = threads_for(B * H * TT, 4096);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    const int64_t b = bh / H, h = bh % H;
-    const float* qh = q + b * Tq * HD + h * D;
-    const float* kh = k + b * Tk * HD + h * D;
-    const float* vh = v + b * Tk * HD + h * D;
-    const float* dO = dout + b * Tq * HD + h * D;
-    float* dqh = dq + b * Tq * HD + h * D;
-    float* dkh = dk + b * Tk * HD + h * D;
-    float* dvh = dv + b * Tk * HD + h * D;
-    const float* p = att + bh * TT;
-    float* ds = scratch + bh * TT;
-    gemm_block(false, true, Tq, Tk, D, 1.0f, dO, HD, vh, HD, ds, Tk);
-    for (int64_t i = 0; i < Tq; ++i) {
-      float* dsr = ds + i * Tk;
-      const float* pr = p + i * Tk;
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < Tk; ++j) dot += dsr[j] * pr[j];
-#pragma omp simd
-      for (int64_t j = 0; j < Tk; ++j) dsr[j] = pr[j] * (dsr[j] - dot);
+void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, const float* k,
+                                    const float* v, const float* out, const float* lse,
+                                    const float* dout, float* dq, float* dk, float* dv,
+                                    float* dbias) const {
+  check_attention_problem(p);
+  const int64_t D = p.D;
+  // One (b, h): dk, dv zeroed then accumulated over query tiles, dq written per query tile.
+  // ws: P [QT, KT], dP / dS [QT, KT], the dQ tile [QT, D], D_i [QT].
+  auto head = [&](int64_t b, int64_t h, float* ws) {
+    float* s = ws;
+    float* ds = s + kAttnQTile * kAttnKTile;
+    float* dqt = ds + kAttnQTile * kAttnKTile;
+    float* di = dqt + kAttnQTile * D;
+    const float* qh = q + b * p.Tq * p.ldq + h * D;
+    const float* kh = k + b * p.Tk * p.ldk + h * D;
+    const float* vh = v + b * p.Tk * p.ldv + h * D;
+    const float* oh = out + b * p.Tq * p.ldo + h * D;
+    const float* doh = dout + b * p.Tq * p.ldo + h * D;
+    float* dqh = dq + b * p.Tq * p.ldq + h * D;
+    float* dkh = dk + b * p.Tk * p.ldk + h * D;
+    float* dvh = dv + b * p.Tk * p.ldv + h * D;
+    const float* lh = lse + (b * p.H + h) * p.Tq;
+    for (int64_t j = 0; j < p.Tk; ++j) {
+      zero_row(dkh + j * p.ldk, D);
+      zero_row(dvh + j * p.ldv, D);
     }
-    gemm_block(false, false, Tq, D, Tk, scale, ds, Tk, kh, HD, dqh, HD);
-    gemm_block(true, false, Tk, D, Tq, scale, ds, Tk, qh, HD, dkh, HD);
-    gemm_block(true, false, Tk, D, Tq, 1.0f, p, Tk, dO, HD, dvh, HD);
+    for (int64_t i0 = 0; i0 < p.Tq; i0 += kAttnQTile) {
+      const int64_t rows = std::min(kAttnQTile, p.Tq - i0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* o_r = oh + (i0 + r) * p.ldo;
+        const float* d_r = doh + (i0 + r) * p.ldo;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t e = 0; e < D; ++e) acc += d_r[e] * o_r[e];
+        di[r] = acc;
+      }
+      std::fill(dqt, dqt + rows * D, 0.0f);
+      const int64_t jend = key_end(p, i0, rows);
+      for (int64_t j0 = 0; j0 < jend; j0 += kAttnKTile) {
+        const int64_t cols = std::min(kAttnKTile, jend - j0);
+        score_tile(p, qh, kh, b, h, i0, rows, j0, cols, s);
+        for (int64_t r = 0; r < rows; ++r) {  // P (0 where masked)
+          float* row = s + r * kAttnKTile;
+          const int64_t n = visible_cols(p, i0 + r, j0, cols);
+          exp_masked_inplace(row, n, lh[i0 + r]);
+          std::fill(row + n, row + cols, 0.0f);
+        }
+        // dP[rows, cols] = dO_i @ V_j^T, then dS = P (dP - D_i) in place
+        tile_gemm(false, true, rows, cols, D, 1.0f, doh + i0 * p.ldo, p.ldo, vh + j0 * p.ldv,
+                  p.ldv, 0.0f, ds, kAttnKTile);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* dsr = ds + r * kAttnKTile;
+          const float* pr = s + r * kAttnKTile;
+          const float d = di[r];
+#pragma omp simd
+          for (int64_t c = 0; c < cols; ++c) dsr[c] = pr[c] * (dsr[c] - d);
+        }
+        // dV_j += P^T dO_i; dK_j += scale dS^T Q_i; dQ_i += scale dS K_j
+        tile_gemm(true, false, cols, D, rows, 1.0f, s, kAttnKTile, doh + i0 * p.ldo, p.ldo, 1.0f,
+                  dvh + j0 * p.ldv, p.ldv);
+        tile_gemm(true, false, cols, D, rows, p.scale, ds, kAttnKTile, qh + i0 * p.ldq, p.ldq,
+                  1.0f, dkh + j0 * p.ldk, p.ldk);
+        tile_gemm(false, false, rows, D, cols, p.scale, ds, kAttnKTile, kh + j0 * p.ldk, p.ldk,
+                  1.0f, dqt, D);
+        if (dbias) {
+          for (int64_t r = 0; r < rows; ++r) {
+            float* g = dbias + (h * p.Tq + i0 + r) * p.Tk + j0;
+            const float* dsr = ds + r * kAttnKTile;
+#pragma omp simd
+            for (int64_t c = 0; c < cols; ++c) g[c] += dsr[c];
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy(dqt + r * D, dqt + (r + 1) * D, dqh + (i0 + r) * p.ldq);
+      }
+    }
+  };
+  const std::size_t ws_floats = static_cast<std::size_t>(kAttnQTile * (2 * kAttnKTile + D + 1));
+  const int nt = threads_for(p.B * p.H * p.Tq * std::max<int64_t>(p.Tk, 1), 4096);
+  if (dbias) {  // a thread per head, b ascending: dbias[h] sums over b in order
+#pragma omp parallel num_threads(nt)
+    {
+      std::vector<float> ws(ws_floats);
+#pragma omp for schedule(static)
+      for (int64_t h = 0; h < p.H; ++h) {
+        for (int64_t b = 0; b < p.B; ++b) head(b, h, ws.data());
+      }
+    }
+    return;
   }
-  if (!dbias) return;
-  const int64_t n = H * TT;
-#pragma omp parallel for num_threads(threads_for(B * n, kParallelMinElems)) schedule(static)
-  for (int64_t e = 0; e < n; ++e) {
-    double s = 0.0;
-    for (int64_t b = 0; b < B; ++b) s += scratch[b * n + e];
-    dbias[e] += static_cast<float>(s);
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> ws(ws_floats);
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < p.B * p.H; ++bh) head(bh / p.H, bh % p.H, ws.data());
   }
 }
 

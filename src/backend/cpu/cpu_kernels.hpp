@@ -22,6 +22,20 @@ inline constexpr int64_t kParallelMinElems = 1 << 15;
 // The cross-entropy target that skips its row (fsdp::kIgnoreIndex, torch's ignore_index).
 inline constexpr int32_t kIgnoreTarget = -100;
 
+// One attention problem (backend.hpp's attention_* and mha_*), fp32. Head h of batch b
+// reads the [Tq, D] matrix of queries at q + b*Tq*ldq + h*D with row stride ldq (keys and
+// values: Tk rows at k + b*Tk*ldk + h*D, stride ldk / ldv), writes its output rows at
+// out + b*Tq*ldo + h*D (stride ldo; dout alike) and lse at (b*H + h)*Tq. GPT-2: q, k, v are
+// the three column blocks of qkv (ldq = ldk = ldv = 3C), ldo = C, D = C/H.
+struct AttentionProblem {
+  int64_t B = 0, Tq = 0, Tk = 0, H = 0, D = 0;
+  int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;
+  float scale = 1.0f;
+  bool causal = false;             // key j masked for query i when j > i
+  const float* bias = nullptr;     // [H,Tq,Tk] or null
+  const int32_t* key_mask = nullptr;  // [B,Tk] (0 = padding) or null
+};
+
 class CpuKernels {
  public:
   // num_threads >= 1: threads of the OpenMP loops (OpenBLAS itself is set to one thread).
@@ -63,11 +77,6 @@ class CpuKernels {
   // gelu_backward + bias_backward, the same values and summation order.
   void gelu_bias_backward(float* dfc, float* dbias, const float* fc, const float* dout, int64_t R,
                           int64_t C) const;
-  // qkv [B,T,3C]; out [B,T,C]; att [B,H,T,T]; scratch [B,H,T,T].
-  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
-                         int64_t H) const;
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                          const float* att, int64_t B, int64_t T, int64_t C, int64_t H) const;
   // logits [R,ld], classes in columns [0,V), padding columns [V,ld) ignored by the softmax
   // (written 0 with the gradient); targets [R] (throw unless in [0,V) or kIgnoreTarget: such
   // a row adds no loss and, with the gradient, becomes a zero row). Return the summed row
@@ -97,17 +106,16 @@ class CpuKernels {
                              int64_t Tq, int64_t Tk) const;
   void position_bias_backward(float* dtable, const float* dbias, const int32_t* buckets,
                               int64_t NB, int64_t H, int64_t Tq, int64_t Tk) const;
-  // q [B,Tq,H*D]; k, v [B,Tk,H*D]; bias [H,Tq,Tk] or null; key_mask [B,Tk] or null;
-  // out [B,Tq,H*D]; att [B,H,Tq,Tk].
-  void mha_forward(float* out, float* att, const float* q, const float* k, const float* v,
-                   const float* bias, const int32_t* key_mask, int64_t B, int64_t Tq, int64_t Tk,
-                   int64_t H, int64_t D, float scale, bool causal) const;
-  // dq [B,Tq,H*D], dk, dv [B,Tk,H*D] written; dbias [H,Tq,Tk] accumulated (or null);
-  // scratch [B,H,Tq,Tk] (holds dS on return).
-  void mha_backward(float* dq, float* dk, float* dv, float* dbias, float* scratch,
-                    const float* dout, const float* q, const float* k, const float* v,
-                    const float* att, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
-                    float scale) const;
+  // ---- attention (FlashAttention-2, blocked; see cpu_kernels.cpp) ----
+  // GPT-2's attention_* (causal, packed qkv) and T5's mha_* are both this problem.
+  void attention_forward(const AttentionProblem& p, const float* q, const float* k,
+                         const float* v, float* out, float* lse) const;
+  // dq, dk, dv written (row strides ldq, ldk, ldv as q, k, v); dbias [H,Tq,Tk] accumulated
+  // (or null).
+  void attention_backward(const AttentionProblem& p, const float* q, const float* k,
+                          const float* v, const float* out, const float* lse,
+                          const float* dout, float* dq, float* dk, float* dv,
+                          float* dbias) const;
 
   // ---- optimizers (n elements each) ----
   void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
