@@ -23,10 +23,9 @@
 # --scaling (instead of parts 1 and 2): for n_embd in WIDTHS x seq_len in SEQS (4 layers, head
 # size 32, 4096 tokens per step = global batch 4096 / seq_len, vocab 256), fsdp_train at
 # 1 rank x THREADS threads and the tuned PyTorch, interleaved, SCALING_ROUNDS rounds; with
-# each shape's activation memory: ours from the --dry-run plan (`activations` row; of it the
-# attention probabilities, fp32 [B, H, T, T] per layer plus one backward scratch), PyTorch's
-# as the bytes autograd saves for backward in one step (bench_torch_gpt2.py
-# --activation-bytes).
+# each shape's activation memory: ours from the --dry-run plan (`activations` row; attention
+# keeps only its output and an fp32 row logsumexp per layer since issue 20), PyTorch's as the
+# bytes autograd saves for backward in one step (bench_torch_gpt2.py --activation-bytes).
 #
 # Usage: tools/bench_cpu.sh [--scaling]   (from anywhere; part 1+2 about 6 minutes on 2 cores,
 #                                          --scaling about 8 minutes a round)
@@ -201,7 +200,7 @@ if [[ "$MODE" == scaling ]]; then
   TOKENS=4096
   echo "scaling: 4 layers, head size 32, $TOKENS tokens per step, $SCALING_ROUNDS round(s);" \
        "fsdp_train 1 rank x $THREADS threads, torch tuned at $THREADS threads"
-  declare -A OURS TORCH ACT ATT TACT
+  declare -A OURS TORCH ACT TACT
   for ((r = 1; r <= SCALING_ROUNDS; r++)); do
     for C in $WIDTHS; do
       for T in $SEQS; do
@@ -215,7 +214,6 @@ if [[ "$MODE" == scaling ]]; then
         TACT[$C,$T]="$(torch_field torch_activation_bytes <<<"$out")"
         if ((r == 1)); then
           ACT[$C,$T]="$(plan_row "$(dry_run "$cfg" 1)" activations)"
-          ATT[$C,$T]=$(( (4 + 1) * B * H * T * T * 4 ))  # 4 layers + backward scratch, fp32
         fi
         echo "  round $r: n_embd $C seq $T (batch $B, $H heads): fsdp_train $o tok/s, torch tuned $t tok/s"
       done
@@ -225,12 +223,12 @@ if [[ "$MODE" == scaling ]]; then
   echo
   echo "### Scaling ($(date -u +%Y-%m-%dT%H:%MZ); $(machine_line))"
   echo
-  echo "| n_embd | seq | batch | fsdp_train tok/s | PyTorch tuned tok/s | ratio | fsdp_train activations MiB | of which attention probabilities MiB | PyTorch saved for backward MiB |"
-  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| n_embd | seq | batch | fsdp_train tok/s | PyTorch tuned tok/s | ratio | fsdp_train activations MiB | PyTorch saved for backward MiB |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
   for C in $WIDTHS; do
     for T in $SEQS; do
       o="$(printf '%s\n' ${OURS[$C,$T]} | median)"; t="$(printf '%s\n' ${TORCH[$C,$T]} | median)"
-      echo "| $C | $T | $((TOKENS / T)) | $o | $t | $(ratio "$o" "$t") | $(mib "${ACT[$C,$T]}") | $(mib "${ATT[$C,$T]}") | $(mib "${TACT[$C,$T]}") |"
+      echo "| $C | $T | $((TOKENS / T)) | $o | $t | $(ratio "$o" "$t") | $(mib "${ACT[$C,$T]}") | $(mib "${TACT[$C,$T]}") |"
     done
   done
   exit 0

@@ -695,10 +695,10 @@ void CpuKernels::position_bias_backward(float* dtable, const float* dbias, const
 
 namespace {
 
-// Tile sizes. 256 keys rather than 64: fewer, larger sgemm calls (OpenBLAS' per-call packing
-// and buffer lock cost more than the tile's cache footprint, 2 x 64 KiB of scores per
-// thread); measured with tools/bench_attention at 2 threads, 64 x 256 was faster than 64 x 64
-// at every shape (forward 2-12%, backward 5-17%).
+// Tile sizes. 256 keys rather than 64: fewer, larger sgemm calls (OpenBLAS packs and sets up
+// per call), for 2 x 64 KiB of score tiles per thread. Measured with tools/bench_attention at
+// 2 threads, 64 x 256 was faster than 64 x 64 at every shape (forward 4-17%, backward 1-16%;
+// docs/benchmarks.md, issue 20).
 constexpr int64_t kAttnQTile = 64;   // queries per tile
 constexpr int64_t kAttnKTile = 256;  // keys per tile (row stride of the score tiles)
 
