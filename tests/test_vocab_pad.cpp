@@ -299,9 +299,8 @@ void merge_from(const std::string& run_dir, int64_t step, const std::string& sta
   barrier();
 }
 
-// Every parameter's own rows within `tol` (relative L2 over all of them), c_attn.bias per
-// tensor within 10 x tol: as in tests/test_reshard.cpp, its key part has an exactly-zero
-// gradient, so its AdamW updates are normalised rounding noise.
+// Every parameter's own rows within `tol` (relative L2 over all of them and per tensor;
+// c_attn.bias without its key third, whose AdamW updates are normalised rounding noise).
 void expect_params_close(const std::map<std::string, std::vector<float>>& got,
                          const std::map<std::string, std::vector<float>>& want, double tol, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -311,8 +310,20 @@ void expect_params_close(const std::map<std::string, std::vector<float>>& got,
     ASSERT_EQ(g.size(), values.size()) << what << " " << name;
     all_got.insert(all_got.end(), g.begin(), g.end());
     all_want.insert(all_want.end(), values.begin(), values.end());
-    const bool noisy = name.find("attn.c_attn.bias") != std::string::npos;
-    EXPECT_LE(rel_diff(g, values), noisy ? 10 * tol : tol) << what << " " << name;
+    if (name.find("attn.c_attn.bias") != std::string::npos) {
+      // [q | k | v] biases: the key third's gradient is exactly zero in exact arithmetic
+      // (softmax is invariant to a shift shared by a row's scores), so AdamW turns rounding
+      // noise into its updates; its noise depends on the summation order (blocked attention,
+      // GEMM kernels picked by shape) and is left out. The q and v thirds are checked.
+      const std::size_t c = values.size() / 3;
+      for (std::size_t part : {std::size_t{0}, std::size_t{2}}) {
+        const std::vector<float> gp(g.begin() + part * c, g.begin() + (part + 1) * c);
+        const std::vector<float> wp(values.begin() + part * c, values.begin() + (part + 1) * c);
+        EXPECT_LE(rel_diff(gp, wp), tol) << what << " " << name << (part ? " (v)" : " (q)");
+      }
+      continue;
+    }
+    EXPECT_LE(rel_diff(g, values), tol) << what << " " << name;
   }
   EXPECT_LE(rel_diff(all_got, all_want), tol) << what;
 }
