@@ -155,7 +155,8 @@ TEST_P(PerModel, NothingStagedAtWorldSizeOne) {
       const std::string what = std::string(GetParam()) + " " +
                                std::string(fsdp::to_string(strategy)) +
                                " bf16 params, reduce_dtype " + std::string(fsdp::to_string(reduce));
-      Config c = model_config(GetParam(), fresh_dir("ws1"));
+      // On::self: each rank trains alone, in its own run directory.
+      Config c = model_config(GetParam(), fresh_dir("ws1") + "/rank" + std::to_string(test_util::world_rank()));
       c.train.max_steps = 2;
       c.fsdp.sharding_strategy = strategy;
       c.mesh.shard_size = 1;
