@@ -150,13 +150,18 @@ TEST(MemoryPlan, FollowsThePrefetchMode) {
 // once against the staging build's metrics, see the commit.)
 TEST_P(PerModel, NothingStagedAtWorldSizeOne) {
   using S = fsdp::ShardingStrategy;
+  // One fresh directory for the whole test (fresh_dir is collective: rank 0 empties it), then
+  // each rank trains alone (On::self) in its own sub-directory per case, so no rank removes
+  // or reuses another's run while that one is still training.
+  const std::string root = fresh_dir(std::string("ws1_") + GetParam()) + "/rank" +
+                           std::to_string(test_util::world_rank());
+  int case_index = 0;
   for (S strategy : {S::FULL_SHARD, S::SHARD_GRAD_OP, S::NO_SHARD}) {
     for (auto reduce : {fsdp::DType::f32, fsdp::DType::bf16, fsdp::DType::f16}) {
       const std::string what = std::string(GetParam()) + " " +
                                std::string(fsdp::to_string(strategy)) +
                                " bf16 params, reduce_dtype " + std::string(fsdp::to_string(reduce));
-      // On::self: each rank trains alone, in its own run directory.
-      Config c = model_config(GetParam(), fresh_dir("ws1") + "/rank" + std::to_string(test_util::world_rank()));
+      Config c = model_config(GetParam(), root + "/case" + std::to_string(case_index++));
       c.train.max_steps = 2;
       c.fsdp.sharding_strategy = strategy;
       c.mesh.shard_size = 1;
@@ -182,6 +187,7 @@ TEST_P(PerModel, NothingStagedAtWorldSizeOne) {
       }
     }
   }
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank's runs are over before the next test empties dirs
 }
 
 TEST(MemoryPlan, CountsTheVocabularyPaddingRows) {
