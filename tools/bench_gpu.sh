@@ -47,6 +47,8 @@
 #   MODELS ("gpt2-124m gpt2-1.5b t5-small-byt5")  ROUNDS (3)  WARMUP (3)  STEPS (10)
 #   BENCH_BUDGET_S (450): no run starts that its previous round's time says would not end in
 #                  it; each run is also cut there, so the script ends by itself with its table
+#   CONTENDERS (every model's default: "fsdp_train none:eager none:compile fsdp2:eager
+#                  fsdp2:compile", T5 without fsdp2) e.g. "fsdp_train none:compile" for a short call
 #   RUN_TIMEOUT (240) seconds per run at most;  PLAIN_COMPILE_SCOPE;  T5_FSDP2 (0)
 #   PEAK_TFLOPS;  PYTHON (python3);  FSDP_BUNDLE (default gpu_bundle/ if it has env.sh);
 #   FSDP_BUILD_DIR;  BENCH_LOG_DIR (keep the work folder there; default a temp folder)
@@ -128,6 +130,7 @@ for m in $MODELS; do
     die "bench_torch_gpu.py --fsdp-train-toml failed for $m"
 done
 contenders() {  # $1 = model
+  if [[ -n "${CONTENDERS:-}" ]]; then echo "$CONTENDERS"; return; fi
   local c="fsdp_train none:eager none:compile"
   if [[ "$1" != t5* || "$T5_FSDP2" == 1 ]]; then c+=" fsdp2:eager fsdp2:compile"; fi
   echo "$c"

@@ -32,7 +32,8 @@
 # script, the run tool allows 600 s a call); GPU_CHECK_REPEAT (3: runs of each test);
 # GPU_TEST_TIMEOUT (240: cap per test run, ctest's own TIMEOUT if lower); POST_RESERVE_S (300:
 # time kept after the tests for steps 4-6); GPU_CHECK_SKIP_TESTS=1; GPU_CHECK_SKIP_POST=1 (no
-# steps 4-6); GPU_CHECK_TESTS (regex: only the matching tests); GPU_CHECK_ALLOW_NOT_RUN=1 (exit
+# steps 4-6); GPU_CHECK_SKIP_HF=1, GPU_CHECK_SKIP_PHASES=1 (no step 4, 6: a short
+# session's call); GPU_CHECK_TESTS (regex: only the matching tests); GPU_CHECK_ALLOW_NOT_RUN=1 (exit
 # 77 is not a failure: for trying the script on a machine without a GPU); FSDP_CUDA_LIB_DIRS
 # (see env.sh).
 set -uo pipefail
@@ -286,7 +287,9 @@ post_skip() {  # $1 = summary file, $2 = the step's time limit: true (and a note
 # ---- 5. merged checkpoints in Hugging Face transformers ----------------------------------------
 # GPT-2 and T5 trained 3 steps on 2 CPU ranks by the bundle's fsdp_train, merged, loaded with
 # from_pretrained by the system python3 (torch + transformers): same validation loss <= 1e-5.
-if ! post_skip "$S_HF" 120; then
+if [[ "${GPU_CHECK_SKIP_HF:-0}" == 1 ]]; then
+  echo "(skipped: GPU_CHECK_SKIP_HF=1)" >"$S_HF"
+elif ! post_skip "$S_HF" 120; then
   say "Hugging Face check: tools/hf_check.py"
   mkdir -p "$WORK/logs/hf_check"
   timeout -k 10 120 python3 "$REPO/tools/hf_check.py" --env "$BUNDLE/env.sh" --work "$WORK/logs/hf_check" \
@@ -347,7 +350,9 @@ write_summary
 pack_logs
 
 # ---- 7. phase times and exposed communication, prefetch on / off ------------------------------
-if ! post_skip "$S_PHASES" 150; then
+if [[ "${GPU_CHECK_SKIP_PHASES:-0}" == 1 ]]; then
+  echo "(skipped: GPU_CHECK_SKIP_PHASES=1)" >"$S_PHASES"
+elif ! post_skip "$S_PHASES" 150; then
   say "phases: tools/bench_phases.sh --np 4 (prefetch on / off, train.device = cuda)"
   FSDP_GPU_CHECK_TAG=phases inb timeout -k 10 150 bash "$REPO/tools/bench_phases.sh" --np 4 \
     --steps 30 --rounds 2 -- --set train.device=cuda >"$WORK/logs/phases.txt" 2>&1
