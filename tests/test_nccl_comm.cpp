@@ -84,15 +84,22 @@ int world_size() {
   return s;
 }
 
-// This rank's index and the rank count on its node (MPI_COMM_TYPE_SHARED).
+// This rank's index and the rank count on its node (MPI_COMM_TYPE_SHARED). Collective the first
+// time only (MPI_Comm_split_type), then cached: that first call is nccl_fits_world's, which every
+// rank makes during registration. Later calls made by one rank alone (device_kinds' message on
+// rank 0) must make no MPI call: an uncached split there was the GPU run's MPI_ERR_TRUNCATE at
+// 2 ranks on 1 GPU (rank 0 in MPI_Comm_split_type against rank 1's next MPI_Allreduce).
 std::pair<int, int> node_rank_size() {
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int r = 0, s = 1;
-  MPI_Comm_rank(node, &r);
-  MPI_Comm_size(node, &s);
-  MPI_Comm_free(&node);
-  return {r, s};
+  static const std::pair<int, int> cached = [] {
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int r = 0, s = 1;
+    MPI_Comm_rank(node, &r);
+    MPI_Comm_size(node, &s);
+    MPI_Comm_free(&node);
+    return std::pair<int, int>{r, s};
+  }();
+  return cached;
 }
 
 // Whether NCCL can run over the world: on every node, ranks <= visible devices. Agreed by
