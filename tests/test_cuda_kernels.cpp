@@ -795,6 +795,21 @@ TEST(CudaBackend, LayerNorm) {
 // ---------------------------------------------------------------------------------------
 // attention
 
+using fsdp::cuda::AttentionKernel;
+// Sets the attention kernels for a scope, restores the previous choice after.
+class KernelChoice {
+ public:
+  explicit KernelChoice(AttentionKernel k) : previous_(fsdp::cuda::attention_kernel()) {
+    fsdp::cuda::set_attention_kernel(k);
+  }
+  ~KernelChoice() { fsdp::cuda::set_attention_kernel(previous_); }
+  KernelChoice(const KernelChoice&) = delete;
+  KernelChoice& operator=(const KernelChoice&) = delete;
+
+ private:
+  AttentionKernel previous_;
+};
+
 // Forward on both backends (out, and lse in fp32), then backward on both from the CPU's out and
 // lse. Head size hs = C / H: 64 and 128 with 16-bit storage run the tensor-core kernels, the
 // rest the SIMT ones.
@@ -822,38 +837,43 @@ void run_attention(DType t, int64_t B, int64_t T, int64_t C, int64_t H, std::mt1
 }
 
 TEST(CudaBackend, Attention) {
-  std::mt19937 rng(14);
-  for (DType t : kFloatTypes) {
-    run_attention(t, 2, 13, 24, 3, rng, t);     // hs 8
-    run_attention(t, 3, 33, 96, 2, rng, t);     // hs 48
-    run_attention(t, 1, 1, 64, 1, rng, t);      // hs 64 (GPT-2 124M and 1.5B)
-    run_attention(t, 2, 63, 128, 2, rng, t);
-    run_attention(t, 1, 64, 256, 4, rng, t);
-    run_attention(t, 2, 65, 128, 2, rng, t);
-    run_attention(t, 2, 130, 256, 2, rng, t);   // hs 128
-    run_attention(t, 1, 1024, 64, 1, rng, t);   // 16 key tiles
-  }
-  // Mixed storage types (fp32 fallback on the GPU).
-  run_attention(DType::bf16, 2, 9, 16, 2, rng, DType::f32);
-  // Rows not 16-byte aligned (views one element in): the tensor-core kernels' scalar loads.
-  for (DType t : {DType::bf16, DType::f16}) {
-    SCOPED_TRACE("unaligned " + name(t));
-    const int64_t B = 2, T = 70, C = 128, H = 2, n = B * T * 3 * C, no = B * T * C;
-    Pair qkv = make(t, uniform(n + 1, rng, -2.0f, 2.0f)), out = make(t, Vec(no + 1));
-    Pair lse = make(DType::f32, Vec(B * H * T));
-    both([&](Backend& be, Side s) {
-      be.attention_forward(out.v(s, 1, no), lse.v(s), qkv.v(s, 1, n), B, T, C, H);
-    });
-    check(out, attn_tol(t), "out");
-    check(lse, attn_tol(t), "lse");
-    out.cpu_to_gpu();
-    lse.cpu_to_gpu();
-    Pair dout = make(t, uniform(no + 1, rng)), dqkv = make(t, Vec(n + 1));
-    both([&](Backend& be, Side s) {
-      be.attention_backward(dqkv.v(s, 1, n), dout.v(s, 1, no), qkv.v(s, 1, n), out.v(s, 1, no),
-                            lse.v(s), B, T, C, H);
-    });
-    check(dqkv, attn_tol(t), "dqkv");
+  // Both tensor-core paths (fsdp/cuda/cuda_backend.hpp AttentionKernel) against the CPU.
+  for (AttentionKernel kernel : {AttentionKernel::mma, AttentionKernel::wmma}) {
+    SCOPED_TRACE(kernel == AttentionKernel::mma ? "mma kernels" : "wmma kernels");
+    const KernelChoice choice(kernel);
+    std::mt19937 rng(14);
+    for (DType t : kFloatTypes) {
+      run_attention(t, 2, 13, 24, 3, rng, t);     // hs 8
+      run_attention(t, 3, 33, 96, 2, rng, t);     // hs 48
+      run_attention(t, 1, 1, 64, 1, rng, t);      // hs 64 (GPT-2 124M and 1.5B)
+      run_attention(t, 2, 63, 128, 2, rng, t);
+      run_attention(t, 1, 64, 256, 4, rng, t);
+      run_attention(t, 2, 65, 128, 2, rng, t);
+      run_attention(t, 2, 130, 256, 2, rng, t);   // hs 128
+      run_attention(t, 1, 1024, 64, 1, rng, t);   // 16 key tiles
+    }
+    // Mixed storage types (fp32 fallback on the GPU).
+    run_attention(DType::bf16, 2, 9, 16, 2, rng, DType::f32);
+    // Rows not 16-byte aligned (views one element in): the tensor-core kernels' scalar loads.
+    for (DType t : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE("unaligned " + name(t));
+      const int64_t B = 2, T = 70, C = 128, H = 2, n = B * T * 3 * C, no = B * T * C;
+      Pair qkv = make(t, uniform(n + 1, rng, -2.0f, 2.0f)), out = make(t, Vec(no + 1));
+      Pair lse = make(DType::f32, Vec(B * H * T));
+      both([&](Backend& be, Side s) {
+        be.attention_forward(out.v(s, 1, no), lse.v(s), qkv.v(s, 1, n), B, T, C, H);
+      });
+      check(out, attn_tol(t), "out");
+      check(lse, attn_tol(t), "lse");
+      out.cpu_to_gpu();
+      lse.cpu_to_gpu();
+      Pair dout = make(t, uniform(no + 1, rng)), dqkv = make(t, Vec(n + 1));
+      both([&](Backend& be, Side s) {
+        be.attention_backward(dqkv.v(s, 1, n), dout.v(s, 1, no), qkv.v(s, 1, n), out.v(s, 1, no),
+                              lse.v(s), B, T, C, H);
+      });
+      check(dqkv, attn_tol(t), "dqkv");
+    }
   }
 }
 
@@ -1364,53 +1384,61 @@ void run_mha(DType t, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, b
 }
 
 TEST(CudaBackend, Mha) {
-  std::mt19937 rng(25);
-  for (DType t : kFloatTypes) {
-    run_mha(t, 2, 13, 17, 3, 8, false, true, 1, 1.0f, rng, t);   // cross-attention shape
-    run_mha(t, 2, 64, 64, 4, 32, true, true, 0, 1.0f, rng, t);   // T5 decoder self-attention
-    run_mha(t, 3, 33, 33, 2, 5, false, true, 2, 1.0f, rng, t);   // a fully padded batch
-    run_mha(t, 2, 9, 4, 2, 16, true, false, 1, 0.25f, rng, t);   // causal, Tq > Tk, scaled
-    run_mha(t, 1, 1, 1, 1, 4, false, false, 0, 1.0f, rng, t);
-    // d_kv 64 (t5-small) and 128: the tensor-core kernels for 16-bit storage
-    for (int64_t T : {1, 63, 64, 65}) {
-      run_mha(t, 2, T, T, 2, 64, true, true, 0, 1.0f, rng, t);   // decoder self-attention
-      run_mha(t, 3, T, T, 2, 64, false, true, 2, 1.0f, rng, t);  // encoder, padded
+  // Both tensor-core paths (fsdp/cuda/cuda_backend.hpp AttentionKernel) against the CPU.
+  for (AttentionKernel kernel : {AttentionKernel::mma, AttentionKernel::wmma}) {
+    SCOPED_TRACE(kernel == AttentionKernel::mma ? "mma kernels" : "wmma kernels");
+    const KernelChoice choice(kernel);
+    std::mt19937 rng(25);
+    for (DType t : kFloatTypes) {
+      run_mha(t, 2, 13, 17, 3, 8, false, true, 1, 1.0f, rng, t);   // cross-attention shape
+      run_mha(t, 2, 64, 64, 4, 32, true, true, 0, 1.0f, rng, t);   // T5 decoder self-attention
+      run_mha(t, 3, 33, 33, 2, 5, false, true, 2, 1.0f, rng, t);   // a fully padded batch
+      run_mha(t, 2, 9, 4, 2, 16, true, false, 1, 0.25f, rng, t);   // causal, Tq > Tk, scaled
+      run_mha(t, 1, 1, 1, 1, 4, false, false, 0, 1.0f, rng, t);
+      // d_kv 64 (t5-small) and 128: the tensor-core kernels for 16-bit storage
+      for (int64_t T : {1, 63, 64, 65}) {
+        run_mha(t, 2, T, T, 2, 64, true, true, 0, 1.0f, rng, t);   // decoder self-attention
+        run_mha(t, 3, T, T, 2, 64, false, true, 2, 1.0f, rng, t);  // encoder, padded
+      }
+      run_mha(t, 3, 65, 130, 2, 64, false, false, 1, 1.0f, rng, t);  // cross-attention Tq != Tk
+      run_mha(t, 2, 100, 63, 2, 128, false, true, 1, 0.5f, rng, t);
+      run_mha(t, 2, 70, 65, 2, 64, true, true, 1, 0.7f, rng, t);     // causal Tq != Tk
+      run_mha(t, 1, 1024, 1024, 1, 64, true, true, 0, 1.0f, rng, t);
+      run_mha(t, 2, 1024, 1024, 1, 64, false, true, 2, 1.0f, rng, t);
     }
-    run_mha(t, 3, 65, 130, 2, 64, false, false, 1, 1.0f, rng, t);  // cross-attention Tq != Tk
-    run_mha(t, 2, 100, 63, 2, 128, false, true, 1, 0.5f, rng, t);
-    run_mha(t, 2, 70, 65, 2, 64, true, true, 1, 0.7f, rng, t);     // causal Tq != Tk
-    run_mha(t, 1, 1024, 1024, 1, 64, true, true, 0, 1.0f, rng, t);
-    run_mha(t, 2, 1024, 1024, 1, 64, false, true, 2, 1.0f, rng, t);
+    run_mha(DType::f32, 2, 130, 129, 2, 64, false, true, 1, 1.0f, rng, DType::f32);
+    // Mixed storage types (fp32 fallback on the GPU).
+    run_mha(DType::bf16, 2, 9, 11, 2, 8, true, true, 1, 1.0f, rng, DType::f32);
   }
-  run_mha(DType::f32, 2, 130, 129, 2, 64, false, true, 1, 1.0f, rng, DType::f32);
-  // Mixed storage types (fp32 fallback on the GPU).
-  run_mha(DType::bf16, 2, 9, 11, 2, 8, true, true, 1, 1.0f, rng, DType::f32);
 }
 
 TEST(CudaBackend, CrossEntropyIgnoreIndex) {
   std::mt19937 rng(26);
-  for (DType t : kFloatTypes) {
-    const int64_t R = 37, V = 1001;
-    SCOPED_TRACE(name(t));
-    std::vector<int32_t> tg(static_cast<std::size_t>(R));
-    for (int64_t r = 0; r < R; ++r) tg[r] = r % 3 == 1 ? kIgnoreIndex : static_cast<int32_t>(rng() % V);
-    Pair targets = make_i32(tg), logits = make(t, uniform(R * V, rng, -4.0f, 4.0f)),
-         loss = make_f64({0.5});
-    both([&](Backend& be, Side s) {
-      be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V, V);
-    });
-    check_sync(loss, {1e-5, 0.0}, "loss (forward)");
-    both([&](Backend& be, Side s) {
-      be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, V, 0.1f);
-    });
-    check(loss, {1e-5, 0.0}, "loss (forward_backward)");
-    check(logits, tol_for(t, {1e-5, 1e-7}), "dlogits");
-    const std::vector<double> g = read(gpu(), logits.v(kGpu));
-    int64_t nonzero = 0;
-    for (int64_t r = 1; r < R; r += 3) {
-      for (int64_t j = 0; j < V; ++j) nonzero += g[r * V + j] != 0.0;
+  // ld 1001: the scalar kernel; ld 1008 (padded, 16-byte rows): the vectorised one.
+  for (const int64_t ld : {int64_t{1001}, int64_t{1008}}) {
+    for (DType t : kFloatTypes) {
+      const int64_t R = 37, V = 1001;
+      SCOPED_TRACE(name(t) + " ld " + std::to_string(ld));
+      std::vector<int32_t> tg(static_cast<std::size_t>(R));
+      for (int64_t r = 0; r < R; ++r) tg[r] = r % 3 == 1 ? kIgnoreIndex : static_cast<int32_t>(rng() % V);
+      Pair targets = make_i32(tg), logits = make(t, uniform(R * ld, rng, -4.0f, 4.0f)),
+           loss = make_f64({0.5});
+      both([&](Backend& be, Side s) {
+        be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V, ld);
+      });
+      check_sync(loss, {1e-5, 0.0}, "loss (forward)");
+      both([&](Backend& be, Side s) {
+        be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, ld, 0.1f);
+      });
+      check(loss, {1e-5, 0.0}, "loss (forward_backward)");
+      check(logits, tol_for(t, {1e-5, 1e-7}), "dlogits");
+      const std::vector<double> g = read(gpu(), logits.v(kGpu));
+      int64_t nonzero = 0;
+      for (int64_t r = 1; r < R; r += 3) {
+        for (int64_t j = 0; j < ld; ++j) nonzero += g[r * ld + j] != 0.0;
+      }
+      EXPECT_EQ(nonzero, 0) << "ignored rows of the gradient";
     }
-    EXPECT_EQ(nonzero, 0) << "ignored rows of the gradient";
   }
   // a negative target other than kIgnoreIndex is still an error
   Pair logits = make(DType::f32, uniform(2 * 5, rng)), targets = make_i32({kIgnoreIndex, -1}),

@@ -109,7 +109,32 @@ def load_events(path):
     return events
 
 
+def short(name):
+    """A kernel's demangled signature without what every kernel shares: the return type
+    ("void "), namespaces (fsdp::cuda::kernels::, (anonymous namespace)::) and the parameter
+    list; the template arguments stay ("flash_fwd<__nv_bfloat16, 64>")."""
+    s = name[5:] if name.startswith("void ") else name
+    s = s.replace("(anonymous namespace)::", "")
+    depth, cut_at = 0, len(s)  # the parameter list: the last top-level "(...)"
+    for i in range(len(s) - 1, -1, -1):
+        c = s[i]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            depth -= 1
+            if depth == 0:
+                cut_at = i
+                break
+    if cut_at > 0 and s.endswith(")"):
+        s = s[:cut_at]
+    head, _, _ = s.partition("<")
+    if "::" in head:  # drop the namespaces of the kernel's own name
+        s = head.rsplit("::", 1)[1] + s[len(head):]
+    return s
+
+
 def cut(name, width):
+    name = short(name)
     if width <= 0 or len(name) <= width:
         return name
     keep = width - 3

@@ -27,6 +27,8 @@
 #include <memory>
 #include <tuple>
 
+#include "fsdp/cuda/attention_kernel.hpp"
+
 namespace fsdp::cuda::kernels {
 
 // Storage types (fsdp::DType's f32, bf16, f16, f64).

@@ -26,6 +26,8 @@
 // key gets out 0 and lse +inf (flash-attention's softmax.h), so exp(s - lse) = 0 in backward.
 #include <mma.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "kernels_common.cuh"
@@ -694,6 +696,11 @@ __global__ void __launch_bounds__(256)
 }
 
 // ---------------------------------------------------------------------------------------
+// register-level tensor-core kernels (mma.sync), the default 16-bit path
+
+#include "kernels_flash_mma.cuh"
+
+// ---------------------------------------------------------------------------------------
 // launch helpers
 
 // Sets the dynamic shared memory of `kernel` to `bytes` (opting in above 48 KiB); throws
@@ -764,6 +771,21 @@ void flash_forward(const FlashProblem& p, const void* q, const void* k, const vo
   const Dev d = to_dev(p);
   if (use_tensor_cores(p)) {
     const bool vec = rows_aligned(p, {q, k, v, out});
+    if (vec && fsdp::cuda::attention_kernel() == AttentionKernel::mma) {
+      dispatch_tc(p, [&](auto tag, auto dim) {
+        using T = typename decltype(tag)::type;
+        constexpr int D = decltype(dim)::value;
+        const int64_t nqt = (p.Tq + mma_path::kRows - 1) / mma_path::kRows;
+        const std::size_t smem = mma_path::fwd_smem<D>(sizeof(T));
+        set_smem(mma_path::flash_fwd<T, D>, smem, "attention forward");
+        mma_path::flash_fwd<T, D>
+            <<<grid_for(p.B * p.H * nqt, "attention forward"), mma_path::kThreads, smem, s>>>(
+                d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                static_cast<T*>(out), lse, nqt);
+        FSDP_CHECK_LAUNCH();
+      });
+      return;
+    }
     dispatch_tc(p, [&](auto tag, auto dim) {
       using T = typename decltype(tag)::type;
       constexpr int D = decltype(dim)::value;
@@ -807,6 +829,36 @@ void flash_backward(const FlashProblem& p, const void* q, const void* k, const v
   });
   if (use_tensor_cores(p)) {
     const bool vec = rows_aligned(p, {q, k, v, out, dout, dq, dk, dv});
+    if (vec && fsdp::cuda::attention_kernel() == AttentionKernel::mma) {
+      dispatch_tc(p, [&](auto tag, auto dim) {
+        using T = typename decltype(tag)::type;
+        constexpr int D = decltype(dim)::value;
+        const auto* qt = static_cast<const T*>(q);
+        const auto* kt = static_cast<const T*>(k);
+        const auto* vt = static_cast<const T*>(v);
+        const auto* dot = static_cast<const T*>(dout);
+        if (p.Tk > 0) {
+          const int64_t nkt = (p.Tk + mma_path::kRows - 1) / mma_path::kRows;
+          const std::size_t smem = mma_path::dkdv_smem<D>(sizeof(T));
+          set_smem(mma_path::flash_bwd_dkdv<T, D>, smem, "attention backward");
+          mma_path::flash_bwd_dkdv<T, D>
+              <<<grid_for(p.B * p.H * nkt, "attention backward"), mma_path::kThreads, smem, s>>>(
+                  d, qt, kt, vt, dot, lse, di, static_cast<T*>(dk), static_cast<T*>(dv), nkt);
+          FSDP_CHECK_LAUNCH();
+        }
+        if (p.Tq > 0) {
+          const int64_t nqt = (p.Tq + mma_path::kRows - 1) / mma_path::kRows;
+          const std::size_t smem = mma_path::dq_smem<D>(sizeof(T));
+          set_smem(mma_path::flash_bwd_dq<T, D>, smem, "attention backward");
+          const int64_t blocks = (dbias ? p.H : p.B * p.H) * nqt;
+          mma_path::flash_bwd_dq<T, D>
+              <<<grid_for(blocks, "attention backward"), mma_path::kThreads, smem, s>>>(
+                  d, qt, kt, vt, dot, lse, di, static_cast<T*>(dq), dbias, nqt);
+          FSDP_CHECK_LAUNCH();
+        }
+      });
+      return;
+    }
     dispatch_tc(p, [&](auto tag, auto dim) {
       using T = typename decltype(tag)::type;
       constexpr int D = decltype(dim)::value;
@@ -860,3 +912,21 @@ void flash_backward(const FlashProblem& p, const void* q, const void* k, const v
 }
 
 }  // namespace fsdp::cuda::kernels
+
+namespace fsdp::cuda {
+namespace {
+AttentionKernel initial_attention_kernel() {
+  const char* env = std::getenv("FSDP_ATTENTION_KERNEL");
+  if (env == nullptr || *env == '\0' || std::string(env) == "mma") return AttentionKernel::mma;
+  if (std::string(env) == "wmma") return AttentionKernel::wmma;
+  throw Error(std::string("FSDP_ATTENTION_KERNEL=") + env + ": expected mma or wmma");
+}
+std::atomic<AttentionKernel>& attention_kernel_setting() {
+  static std::atomic<AttentionKernel> setting{initial_attention_kernel()};
+  return setting;
+}
+}  // namespace
+
+AttentionKernel attention_kernel() { return attention_kernel_setting().load(); }
+void set_attention_kernel(AttentionKernel k) { attention_kernel_setting().store(k); }
+}  // namespace fsdp::cuda

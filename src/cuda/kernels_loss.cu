@@ -80,6 +80,79 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// cross_entropy_kernel with 16-byte accesses (8 classes per load and store), for rows that
+// are 16-byte aligned (ld % 8 == 0 and an aligned base): the H100 profile of GPT-2 124M had the
+// scalar kernel at 2.1 ms for 8192 x 50304 bf16 logits, 2-byte loads leaving most of each
+// memory transaction unused. Same passes and block-wide combination order; within a thread,
+// each 8-class chunk's max is taken first, so the rescaling exp runs once per chunk.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_vec_kernel(T* logits, const int32_t* targets, int64_t R, int64_t V, int64_t ld,
+                             float grad_scale, bool backward, double* row_loss) {
+  __shared__ float sh_m[kThreads / 32], sh_s[kThreads / 32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int64_t chunks_v = (V + 7) / 8, chunks_ld = ld / 8;
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    T* row = logits + r * ld;
+    const int32_t t = targets[r];
+    const bool ok = t >= 0 && t < V;
+    const float xt = ok ? to_f(row[t]) : 0.0f;  // read before pass 2 overwrites the row
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t c = threadIdx.x; c < chunks_v; c += blockDim.x) {
+      const Pack8<T> pk = load8(row + 8 * c);
+      float x[8], cm = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        x[k] = 8 * c + k < V ? to_f(pk.v[k]) : -INFINITY;
+        cm = fmaxf(cm, x[k]);
+      }
+      if (cm == -INFINITY) continue;
+      if (cm > m) {
+        s = m == -INFINITY ? 0.0f : s * expf(m - cm);
+        m = cm;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) s += x[k] == -INFINITY ? 0.0f : expf(x[k] - m);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(kFullMask, m, o);
+      const float s2 = __shfl_xor_sync(kFullMask, s, o);
+      combine(m, s, m2, s2);
+    }
+    __syncthreads();  // sh_m / sh_s of the previous row have been read
+    if (lane == 0) {
+      sh_m[w] = m;
+      sh_s[w] = s;
+    }
+    __syncthreads();
+    m = sh_m[0];
+    s = sh_s[0];
+    for (int k = 1; k < kThreads / 32; ++k) combine(m, s, sh_m[k], sh_s[k]);
+    if (threadIdx.x == 0) {
+      row_loss[r] =
+          ok ? static_cast<double>(m) + log(static_cast<double>(s)) - static_cast<double>(xt) : 0.0;
+    }
+    if (!backward) continue;
+    const float f =
+        ok ? static_cast<float>(static_cast<double>(grad_scale) / static_cast<double>(s)) : 0.0f;
+    for (int64_t c = threadIdx.x; c < chunks_ld; c += blockDim.x) {
+      Pack8<T> pk = load8(row + 8 * c);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int64_t j = 8 * c + k;
+        float g = 0.0f;  // padding columns, and every column of a kIgnoreTarget row
+        if (ok && j < V) {
+          g = expf(to_f(pk.v[k]) - m) * f;
+          if (j == t) g -= grad_scale;
+        }
+        pk.v[k] = from_f<T>(g);
+      }
+      store8(row + 8 * c, pk);
+    }
+  }
+}
+
 }  // namespace
 
 void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, int64_t ld,
@@ -89,6 +162,12 @@ void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, int
   if (V <= 0) return;
   dispatch_float("cross_entropy", logits.t, [&](auto tag) {
     using TT = typename decltype(tag)::type;
+    if (ld % 8 == 0 && aligned16(logits.p)) {
+      cross_entropy_vec_kernel<TT><<<blocks_for(R, 1), kThreads, 0, s>>>(
+          static_cast<TT*>(logits.p), targets, R, V, ld, grad_scale, backward, row_loss);
+      FSDP_CHECK_LAUNCH();
+      return;
+    }
     cross_entropy_kernel<TT><<<blocks_for(R, 1), kThreads, 0, s>>>(wr<TT>(logits), targets, R, V,
                                                                    ld, grad_scale, backward,
                                                                    row_loss);

@@ -26,6 +26,7 @@
 #include <memory>
 
 #include "fsdp/backend/backend.hpp"
+#include "fsdp/cuda/attention_kernel.hpp"  // AttentionKernel, set_attention_kernel
 
 namespace fsdp::cuda {
 

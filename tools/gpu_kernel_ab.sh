@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# tools/gpu_kernel_ab.sh: one short GPU call that checks and measures a kernel change:
+#   1. test_cuda_kernels (every CUDA kernel against the CPU backend; attention under both
+#      tensor-core paths, fsdp/cuda/attention_kernel.hpp)
+#   2. fsdp_train on GPT-2 124M (tools/bench_torch_gpu.py's gpt2-124m configuration, WARMUP 3 +
+#      STEPS 8 steps), FSDP_ATTENTION_KERNEL = mma, wmma, mma, ... interleaved (ROUNDS rounds):
+#      median tokens/s and the peak memory of each run
+#   3. the profiler on the default kernels (--profile 3:4): tools/profile_summary.py --top 15
+#   4. test_gpu_train at 1 rank (GPU training against the CPU backend), if time is left
+# Run on the GPU machine from the repo root with the bundle carried:
+#   run(carry=["gpu_bundle"], command="tools/gpu_kernel_ab.sh", timeout_s=150)
+# Writes $OUT/kernel_ab.md (else ./kernel_ab.md); about 100 s on an H100.
+set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+DEST="${OUT:-$PWD}"
+SUMMARY="$DEST/kernel_ab.md"
+ROUNDS="${ROUNDS:-2}" WARMUP="${WARMUP:-3}" STEPS="${STEPS:-8}"
+BUDGET="${AB_BUDGET_S:-130}"
+START=$SECONDS
+WORK="$(mktemp -d /tmp/kernel_ab.XXXXXX)"
+inb() { ( source gpu_bundle/env.sh >/dev/null 2>&1; "$@" ); }
+export GTEST_COLOR=no
+{
+  echo "# kernel A/B ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
+  echo; echo "bundle: $(sed -n 's/^commit=//p' gpu_bundle/manifest.txt | cut -c1-12)"
+} >"$SUMMARY"
+
+echo "## test_cuda_kernels" | tee -a "$SUMMARY"
+inb timeout -k 5 60 mpirun -n 1 --bind-to none gpu_bundle/bin/test_cuda_kernels >"$WORK/kernels.log" 2>&1
+echo "exit $?" | tee -a "$SUMMARY"
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is|actual|mma kernels|wmma kernels|qkv |max " \
+  "$WORK/kernels.log" | head -60 | tee -a "$SUMMARY"
+
+python3 tools/bench_torch_gpu.py --model gpt2-124m --fsdp-train-toml --warmup "$WARMUP" \
+  --steps "$STEPS" >"$WORK/gpt2.toml"
+echo; echo "## fsdp_train GPT-2 124M, FSDP_ATTENTION_KERNEL interleaved" | tee -a "$SUMMARY"
+echo "| round | kernel | tok/s (median of steps > $WARMUP) | peak_mem_bytes |" | tee -a "$SUMMARY"
+echo "|---:|---|---:|---:|" | tee -a "$SUMMARY"
+for r in $(seq 1 "$ROUNDS"); do
+  for k in mma wmma; do
+    run="$WORK/run_${k}_$r"
+    FSDP_ATTENTION_KERNEL=$k inb timeout -k 5 40 mpirun -np 1 --bind-to none -x FSDP_ATTENTION_KERNEL \
+      fsdp_train "$WORK/gpt2.toml" --set "train.run_dir=\"$run\"" >"$run.log" 2>&1
+    rc=$?
+    python3 - "$run/metrics.jsonl" "$r" "$k" "$rc" "$WARMUP" <<'EOF' | tee -a "$SUMMARY"
+import json, statistics, sys
+path, r, k, rc, warm = sys.argv[1:6]
+try:
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    steps = [x for x in rows if "tokens_per_sec" in x and x.get("step", 0) > int(warm)]
+    tok = statistics.median(x["tokens_per_sec"] for x in steps)
+    mem = max(x.get("peak_mem_bytes", 0) for x in steps)
+    loss = steps[-1].get("loss")
+    print(f"| {r} | {k} | {tok:.0f} | {mem} (last loss {loss}) |")
+except Exception as e:
+    print(f"| {r} | {k} | run failed (exit {rc}): {e} | |")
+EOF
+    [[ $rc == 0 ]] || tail -5 "$run.log" | tee -a "$SUMMARY"
+  done
+done
+
+echo; echo "## profile, default kernels (--profile 3:4)" | tee -a "$SUMMARY"
+prof="$WORK/prof"
+inb timeout -k 5 40 mpirun -np 1 --bind-to none fsdp_train "$WORK/gpt2.toml" \
+  --set "train.run_dir=\"$prof\"" --profile 3:4 >"$WORK/prof.log" 2>&1
+python3 tools/profile_summary.py --top 15 --markdown --only kernels "$prof"/profile/rank_0.trace.json \
+  2>&1 | tee -a "$SUMMARY"
+
+left=$((BUDGET - (SECONDS - START)))
+if (( left > 45 )); then
+  echo; echo "## test_gpu_train (1 rank)" | tee -a "$SUMMARY"
+  inb timeout -k 5 $((left - 5)) mpirun -n 1 --bind-to none gpu_bundle/bin/test_gpu_train >"$WORK/train.log" 2>&1
+  echo "exit $?" | tee -a "$SUMMARY"
+  grep -E "^\[  (PASSED|FAILED) |Failure" "$WORK/train.log" | head -20 | tee -a "$SUMMARY"
+else
+  echo; echo "(test_gpu_train skipped: ${left} s left)" | tee -a "$SUMMARY"
+fi
+echo "total $((SECONDS - START)) s" | tee -a "$SUMMARY"
