@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/core/atomic_file.hpp"
+#include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp::safetensors {
@@ -150,18 +151,6 @@ void pread_all(int fd, char* buf, std::size_t n, uint64_t off, const std::string
     n -= static_cast<std::size_t>(r);
     off += static_cast<uint64_t>(r);
   }
-}
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t man = h & 0x3ffu;
-  if (exp == 0) {  // zero or subnormal: man * 2^-24
-    const float f = std::ldexp(static_cast<float>(man), -24);
-    return sign ? -f : f;
-  }
-  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));  // inf / NaN
-  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
 struct DtypeDesc {
@@ -565,7 +554,7 @@ void SafetensorsFile::read_f32(const std::string& name, int64_t elem_begin, int6
         out[i] = std::bit_cast<float>(static_cast<uint32_t>(p[2 * i] | (p[2 * i + 1] << 8)) << 16);
     } else if (e.dtype == "F16") {
       for (uint64_t i = 0; i < n; ++i)
-        out[i] = half_to_float(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8)));
+        out[i] = f16_to_f32(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8)));
     } else {  // F64
       for (uint64_t i = 0; i < n; ++i) {
         double d;

@@ -3,6 +3,8 @@
 // the safetensors fuzzer, can link it.
 #include "fsdp/core/error.hpp"
 
+#include <sstream>
+
 namespace fsdp {
 
 std::string printable(std::string_view s, std::size_t max_bytes) {
@@ -23,6 +25,12 @@ std::string printable(std::string_view s, std::size_t max_bytes) {
     }
   }
   return out;
+}
+
+std::string format_number(double x) {
+  std::ostringstream os;
+  os << x;
+  return os.str();
 }
 
 }  // namespace fsdp

@@ -22,7 +22,6 @@
 #include "fsdp/cuda/cuda_backend.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -30,6 +29,7 @@
 #include <string>
 #include <system_error>
 
+#include "fsdp/backend/adamw_coefficients.hpp"
 #include "fsdp/backend/arg_checks.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/check.hpp"
@@ -84,16 +84,6 @@ template <class P>
 P* at(P* base, DType t, int64_t i) {
   using Byte = std::conditional_t<std::is_const_v<P>, const char, char>;
   return reinterpret_cast<Byte*>(base) + i * static_cast<int64_t>(dtype_size(t));
-}
-
-// The decimal a float hyperparameter was most likely written as, as a double (as the CPU
-// backend and torch.optim compute 1 - beta2, 1 - lr wd and the bias corrections).
-double decimal_value(float f) {
-  char buf[32];
-  const auto res = std::to_chars(buf, buf + sizeof buf, f);
-  double d = static_cast<double>(f);
-  if (res.ec == std::errc()) std::from_chars(buf, res.ptr, d);
-  return d;
 }
 
 void* raw_alloc(std::size_t bytes) {
@@ -895,20 +885,16 @@ void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
     throw Error("cuda backend: adamw_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
   }
-  // torch: p.mul_(1 - lr wd); m.mul_(b1).add_(g, alpha=1-b1); v.mul_(b2).addcmul_(g, g,
-  // value=1-b2); denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, -lr/bc1).
-  const double lr_d = decimal_value(lr), b1 = decimal_value(beta1), b2 = decimal_value(beta2);
-  const double wd = decimal_value(weight_decay);
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
+  // fsdp/backend/adamw_coefficients.hpp (torch.optim's formulas, shared with the CPU backend)
+  const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, weight_decay, step);
   k::AdamWArgs a{};
-  a.decay = static_cast<float>(1.0 - lr_d * wd);
-  a.neg_step_size = static_cast<float>(-lr_d / bc1);
-  a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  a.decay = c.decay;
+  a.neg_step_size = c.neg_step_size;
+  a.bc2_sqrt = c.bc2_sqrt;
   a.beta1 = beta1;
   a.beta2 = beta2;
-  a.one_m_b1 = static_cast<float>(1.0 - b1);
-  a.one_m_b2 = static_cast<float>(1.0 - b2);
+  a.one_m_b1 = c.one_m_b1;
+  a.one_m_b2 = c.one_m_b2;
   a.eps = eps;
   k::adamw_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
                   static_cast<float*>(exp_avg.data), static_cast<float*>(exp_avg_sq.data), n, a,

@@ -40,6 +40,18 @@ inline int blocks_for(int64_t work, int64_t per_block) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Rows per block of a deterministic two-pass reduction over rows (column sums, LayerNorm's
+// gamma/beta gradients): ceil(R / max_blocks), at least min_rows, rounded up to a multiple of
+// `multiple`. Depends on the shapes only, so the partial sums, and the result, do too.
+inline int64_t fixed_rows_per_block(int64_t R, int64_t max_blocks, int64_t min_rows,
+                                    int64_t multiple = 1) {
+  int64_t rpb = (R + max_blocks - 1) / max_blocks;
+  if (rpb < min_rows) rpb = min_rows;
+  return (rpb + multiple - 1) / multiple * multiple;
+}
+// Blocks of fixed_rows_per_block rows covering R rows (0 for R = 0).
+inline int64_t row_blocks(int64_t R, int64_t rpb) { return R > 0 ? (R + rpb - 1) / rpb : 0; }
+
 // ---------------------------------------------------------------------------------------
 // conversions
 

@@ -91,10 +91,7 @@ void with_shape(RowShape s, F&& f) {
 // blocks; a function of R and C only.
 int64_t rows_per_block(int64_t R, RowShape s) {
   const int64_t groups = kThreads / s.tpr;
-  int64_t rpb = (R + kMaxPartials - 1) / kMaxPartials;
-  if (rpb < 4 * groups) rpb = 4 * groups;
-  if (rpb < 16) rpb = 16;
-  return rpb;
+  return fixed_rows_per_block(R, kMaxPartials, 4 * groups < 16 ? 16 : 4 * groups);
 }
 
 // Column of element (j, k) of thread t (see the file comment).
@@ -356,14 +353,9 @@ constexpr int kColTile = 32;
 constexpr int kRowThreads = 8;
 constexpr int64_t kMaxRowChunks = 1024;
 
-int64_t rows_per_chunk(int64_t R) {
-  int64_t rpc = (R + kMaxRowChunks - 1) / kMaxRowChunks;
-  if (rpc < 64) rpc = 64;
-  return (rpc + kRowThreads - 1) / kRowThreads * kRowThreads;
-}
+int64_t rows_per_chunk(int64_t R) { return fixed_rows_per_block(R, kMaxRowChunks, 64, kRowThreads); }
 int64_t row_chunks(int64_t R) {
-  const int64_t rpc = rows_per_chunk(R);
-  return R > 0 ? (R + rpc - 1) / rpc : 0;
+  return row_blocks(R, rows_per_chunk(R));
 }
 
 // x: [R,C]; weight, bias: [C]; out: [R,C]; mean, rstd: [R] fp32. Two passes over the row

@@ -30,13 +30,9 @@ constexpr int kColTile = 32;     // finish: columns per block (one per lane)
 constexpr int kFinishRows = 8;   // finish: partial rows summed in parallel per column
 
 // Rows per block: at least 32, and at most about kMaxColPartials blocks (R only).
-int64_t colsum_rows_per_block(int64_t R) {
-  const int64_t rpb = (R + kMaxColPartials - 1) / kMaxColPartials;
-  return rpb < 32 ? 32 : rpb;
-}
+int64_t colsum_rows_per_block(int64_t R) { return fixed_rows_per_block(R, kMaxColPartials, 32); }
 int64_t colsum_blocks(int64_t R) {
-  const int64_t rpb = colsum_rows_per_block(R);
-  return R > 0 ? (R + rpb - 1) / rpb : 0;
+  return row_blocks(R, colsum_rows_per_block(R));
 }
 
 // grid (ceil(units / kColThreads), G), units = C / 8 packs (vec) or C columns; block g owns

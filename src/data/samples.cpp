@@ -3,7 +3,6 @@
 #include "fsdp/data/samples.hpp"
 
 #include <algorithm>
-#include <sstream>
 #include <string>
 #include <utility>
 
@@ -19,12 +18,6 @@
 namespace fsdp::data {
 
 namespace {
-
-std::string num(double x) {
-  std::ostringstream os;
-  os << x;
-  return os.str();
-}
 
 void check_split(const std::string& split) {
   if (split != "train" && split != "val") {
@@ -182,8 +175,8 @@ std::unique_ptr<SampleSource> open_span_corruption(const Config& c, const std::s
   // Sentinels are V - 1 .. V - num_spans; they must lie above every token id.
   if (V - counts.num_spans < id_bound) {
     throw InputError("data.seq_len: " + std::to_string(L) + " with data.noise_density " +
-                     num(c.data.noise_density) + " and data.mean_noise_span_length " +
-                     num(c.data.mean_noise_span_length) + " needs " + std::to_string(counts.num_spans) +
+                     format_number(c.data.noise_density) + " and data.mean_noise_span_length " +
+                     format_number(c.data.mean_noise_span_length) + " needs " + std::to_string(counts.num_spans) +
                      " sentinel ids (model.vocab_size - 1 downwards) but model.vocab_size " + std::to_string(V) +
                      " leaves only " + std::to_string(std::max<int64_t>(0, V - id_bound)) + " above the ids of " +
                      what + " (expected fewer spans or a larger vocabulary)");

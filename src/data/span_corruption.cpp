@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <sstream>
 #include <string>
 
 #include "fsdp/core/error.hpp"
@@ -17,12 +16,6 @@ namespace {
 // numpy's np.round: to nearest, ties to even (std::nearbyint in the default rounding mode).
 int64_t round_half_even(double x) { return static_cast<int64_t>(std::nearbyint(x)); }
 
-std::string num(double x) {
-  std::ostringstream os;
-  os << x;
-  return os.str();
-}
-
 }  // namespace
 
 SpanCounts span_counts(int64_t L, double noise_density, double mean_noise_span_length) {
@@ -31,10 +24,11 @@ SpanCounts span_counts(int64_t L, double noise_density, double mean_noise_span_l
                      " is too short for span_corruption (expected >= 2: one masked and one kept token)");
   }
   if (!(noise_density > 0.0 && noise_density < 1.0)) {
-    throw InputError("data.noise_density: " + num(noise_density) + " is out of range (expected 0 < x < 1)");
+    throw InputError("data.noise_density: " + format_number(noise_density) +
+                     " is out of range (expected 0 < x < 1)");
   }
   if (!(mean_noise_span_length >= 1.0)) {
-    throw InputError("data.mean_noise_span_length: " + num(mean_noise_span_length) +
+    throw InputError("data.mean_noise_span_length: " + format_number(mean_noise_span_length) +
                      " is out of range (expected >= 1)");
   }
   SpanCounts c;

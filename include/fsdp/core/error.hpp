@@ -38,4 +38,8 @@ inline Error InputError(const std::string& message) { return Error(message, kExi
 // \xNN; cut after `max_bytes` input bytes with "...". Error messages quote untrusted text so.
 std::string printable(std::string_view bytes, std::size_t max_bytes = 4096);
 
+// x as a message shows a number read from input: std::ostream's default format (6 significant
+// digits: "0.15", "1e-05", "3"). Defined in printable.cpp.
+std::string format_number(double x);
+
 }  // namespace fsdp

@@ -25,7 +25,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -36,6 +35,7 @@
 #include <system_error>
 #include <vector>
 
+#include "fsdp/backend/adamw_coefficients.hpp"
 #include "fsdp/core/error.hpp"
 
 // The 8-lane helpers below pass 32-byte vectors by value between inline functions; the ABI
@@ -1037,21 +1037,6 @@ double CpuKernels::cross_entropy_forward(const float* logits, const int32_t* tar
 // ---------------------------------------------------------------------------------------
 // optimizers: the element order of operations follows torch.optim (single-tensor path).
 
-namespace {
-// The decimal a float hyperparameter was most likely written as (the shortest decimal that
-// rounds to it, e.g. 0.999f -> 0.999), as a double. torch.optim computes 1 - beta2,
-// 1 - lr * wd and the bias corrections in double from the Python floats; doing the same from
-// the decimal value makes e.g. 1 - beta2 = 0.001 rather than 1 - 0.999f = 0.00099998713.
-// Never further from the float than half its ulp.
-double decimal_value(float f) {
-  char buf[32];
-  const auto res = std::to_chars(buf, buf + sizeof buf, f);
-  double d = static_cast<double>(f);
-  if (res.ec == std::errc()) std::from_chars(buf, res.ptr, d);
-  return d;
-}
-}  // namespace
-
 void CpuKernels::adamw_update(float* param, const float* grad, float* exp_avg,
                               float* exp_avg_sq, int64_t n, float lr, float beta1, float beta2,
                               float eps, float weight_decay, int64_t step) const {
@@ -1059,17 +1044,10 @@ void CpuKernels::adamw_update(float* param, const float* grad, float* exp_avg,
     throw Error("cpu backend: adamw_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
   }
-  const double lr_d = decimal_value(lr), b1 = decimal_value(beta1), b2 = decimal_value(beta2);
-  const double wd = decimal_value(weight_decay);
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step));
-  // torch: p.mul_(1 - lr wd); m.mul_(b1).add_(g, alpha=1-b1); v.mul_(b2).addcmul_(g, g,
-  // value=1-b2); denom = (v.sqrt() / sqrt(bc2)).add_(eps); p.addcdiv_(m, denom, -lr/bc1).
-  const float decay = static_cast<float>(1.0 - lr_d * wd);
-  const float neg_step_size = static_cast<float>(-lr_d / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float one_m_b1 = static_cast<float>(1.0 - b1);
-  const float one_m_b2 = static_cast<float>(1.0 - b2);
+  // fsdp/backend/adamw_coefficients.hpp (torch.optim's formulas, shared with the CUDA backend)
+  const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, weight_decay, step);
+  const float decay = c.decay, neg_step_size = c.neg_step_size, bc2_sqrt = c.bc2_sqrt;
+  const float one_m_b1 = c.one_m_b1, one_m_b2 = c.one_m_b2;
 #pragma omp parallel for simd num_threads(threads_for(n, kParallelMinElems)) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i];
