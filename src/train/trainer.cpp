@@ -1,4 +1,9 @@
-// The training loop (see fsdp/train/trainer.hpp).
+// The training loop (see fsdp/train/trainer.hpp). train() is split as torchtitan's Trainer:
+// setup() (world-size checks, data, dry run, memory check, run_dir, model, resume or
+// init_from) returns a Setup; run_loop() calls train_step() (forward_backward_step over the
+// micro-batches, fp16 loss scaling, the non-finite guard, clipping, the optimizer step) and
+// end_step() (agreement all-reduce, evaluation, checkpoint, metrics, logging, signals) until
+// the run ends. Every rank makes the same collective calls in the same order.
 #include "fsdp/train/trainer.hpp"
 
 #include <algorithm>
@@ -603,16 +608,28 @@ void update_loss_scale(Job& job, bool found_inf) {
   }
 }
 
-}  // namespace
 
-TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const TrainOptions& opt,
-                  std::ostream& out) {
-  Job job{cfg, opt, out, rt, group};
-  TrainResult result;
-  const bool fp16 = cfg.mixed_precision.uses_fp16();
-  if (fp16) job.loss_scale = cfg.mixed_precision.init_scale;
+// ---- Setup: the runtime, the data, the model, resume or init_from -------------------------
 
-  collective_guard(group, [&] {
+// What setup() fixes for the step loop; the Job owns the rest (data, model, engine,
+// optimizer, run_dir, the micro-batch size).
+struct Setup {
+  int64_t local_batch = 0;  // sequences per rank per step: train.global_batch_size / world
+  data::BatchShape shape;   // one sample's token counts (data::batch_shape)
+  bool resume = false;      // resumed from run_dir/checkpoints/latest (--resume, or auto found it)
+  // Nothing to train (a dry run, or a resume at train.max_steps): the TrainResult is final.
+  bool done = false;
+};
+
+// Has the Runtime build the mesh and the backend (--world-size: this process's own,
+// node-local mesh, after checking it needs --dry-run and that mesh.shard_size is set and
+// divides the planned world), sets job.world, then checks train.global_batch_size and
+// train.micro_batch_size against it and opens the data. Two guards, collective over job.host;
+// InputError (agreed on every rank) naming --world-size or the key.
+void configure_world(Job& job) {
+  const Config& cfg = job.cfg;
+  const TrainOptions& opt = job.opt;
+  collective_guard(job.host, [&] {
     if (job.planning()) {
       if (!opt.dry_run) {
         throw InputError("--world-size: " + std::to_string(opt.plan_world_size) +
@@ -632,16 +649,16 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       // This process's own mesh: node-local, whatever the planned shard size.
       Config here = cfg;
       here.mesh.shard_size = 0;
-      rt.configure(group, here);
+      job.rt.configure(job.host, here);
     } else {
-      rt.configure(group, cfg);
+      job.rt.configure(job.host, cfg);
     }
   });
-  job.mesh = &rt.mesh();
-  job.backend = &rt.backend();
-  job.world = job.planning() ? opt.plan_world_size : group.size();
+  job.mesh = &job.rt.mesh();
+  job.backend = &job.rt.backend();
+  job.world = job.planning() ? opt.plan_world_size : job.host.size();
   const int world = job.world;
-  collective_guard(group, [&] {
+  collective_guard(job.host, [&] {
     if (cfg.train.global_batch_size % world != 0) {
       throw InputError("train.global_batch_size: " + std::to_string(cfg.train.global_batch_size) +
                        " is not divisible by the world size " + std::to_string(world) +
@@ -655,45 +672,37 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     }
     open_data(job);
   });
-  // Sequences per forward/backward on each rank (gradient accumulation splits the step).
-  const int64_t local_batch = cfg.train.global_batch_size / world;
-  const int64_t micro = cfg.train.micro_batch_size > 0 ? cfg.train.micro_batch_size : local_batch;
-  job.micro_batch = micro;
-  const DType act_dtype = cfg.mixed_precision.param_dtype;
-  const data::BatchShape shape = data::batch_shape(cfg);
-  const int64_t act_bytes = job.family.activation_bytes(cfg.model, micro, shape, act_dtype,
-                                                        cfg.fsdp.activation_checkpointing);
+}
 
-  if (opt.dry_run) {
-    collective_guard(group, [&] {
-      const std::vector<ModuleDecl> modules = job.family.modules(cfg.model);
-      const int num_shards = static_cast<int>(
-          shards_for(cfg.fsdp.sharding_strategy, world, job.mesh_shard_size()));
-      const auto layouts = build_unit_layouts(modules, cfg.fsdp, num_shards);
-      print_banner(job, layouts, /*list_units=*/true);
-      result.plan = plan_memory(modules, cfg, world, job.mesh_shard_size());
-      result.planned_activation_bytes = act_bytes;
-      print_memory_plan(job, result.plan, act_bytes);
-      for (const auto& l : layouts) result.num_params += l.numel;
-    });
-    return result;
-  }
-
-  // Memory before allocation, and before anything is written: a plan that cannot fit is
-  // refused with nothing created.
-  // The plan is computed once: checked here, reported in TrainResult::plan below.
-  collective_guard(group, [&] {
-    result.plan = plan_memory(job.family.modules(cfg.model), cfg, world, job.mesh->shard_size());
-    check_memory_fits(job, result.plan, act_bytes);
+// --dry-run: rank 0 prints the banner with one line per FSDP unit and the memory plan of
+// the (possibly planned, --world-size) world; fills result.plan, planned_activation_bytes
+// (`act_bytes`, bytes per rank) and num_params. Allocates nothing of the model. One guard.
+void plan_dry_run(Job& job, TrainResult& result, int64_t act_bytes) {
+  const Config& cfg = job.cfg;
+  collective_guard(job.host, [&] {
+    const std::vector<ModuleDecl> modules = job.family.modules(cfg.model);
+    const int num_shards = static_cast<int>(
+        shards_for(cfg.fsdp.sharding_strategy, job.world, job.mesh_shard_size()));
+    const auto layouts = build_unit_layouts(modules, cfg.fsdp, num_shards);
+    print_banner(job, layouts, /*list_units=*/true);
+    result.plan = plan_memory(modules, cfg, job.world, job.mesh_shard_size());
+    result.planned_activation_bytes = act_bytes;
+    print_memory_plan(job, result.plan, act_bytes);
+    for (const auto& l : layouts) result.num_params += l.numel;
   });
-  // Rank 0 locks train.run_dir before anything is written there, refuses a fresh run into an
-  // earlier run's directory, and proves checkpoints/ writable (metrics.jsonl: below).
-  // --resume auto: rank 0 looks for checkpoints/latest and every rank follows its answer
-  // (a malformed `latest` fails here, as it would for --resume).
-  bool resume = opt.resume;
-  if (opt.resume_auto && !resume) {
+}
+
+// Whether the run resumes: --resume, or --resume auto when rank 0 finds checkpoints/latest
+// (one guard and one broadcast over job.host; every rank follows rank 0's answer, and a
+// malformed `latest` fails here as it would for --resume). Then rank 0 locks train.run_dir
+// before anything is written there, refuses a fresh run into an earlier run's directory and
+// proves checkpoints/ writable (open_run_dir; one guard). metrics.jsonl is opened later.
+bool open_run(Job& job) {
+  const Config& cfg = job.cfg;
+  bool resume = job.opt.resume;
+  if (job.opt.resume_auto && !resume) {
     int32_t found = 0;
-    collective_guard(group, [&] {
+    collective_guard(job.host, [&] {
       if (job.rank0()) found = ckpt::find_latest(cfg.train.run_dir) ? 1 : 0;
     });
     job.host.broadcast(&found, 1, DType::i32, 0)->wait();
@@ -703,14 +712,21 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
               ", starting fresh");
     }
   }
-  collective_guard(group, [&] {
+  collective_guard(job.host, [&] {
     if (job.rank0()) job.run_dir = open_run_dir(cfg.train.run_dir, resume);
   });
   if (!job.run_dir.stale_holder().empty()) {
     job.log("train.run_dir: taking over the stale lock of " + job.run_dir.stale_holder());
   }
-  collective_guard(group, [&] {
-    job.model = job.family.create(cfg.model, *job.backend, act_dtype,
+  return resume;
+}
+
+// Creates the model (activations in mixed_precision.param_dtype), the FSDP engine (its
+// shards initialised from train.seed) and the optimizer over every unit's shard. One guard.
+void build_model(Job& job) {
+  const Config& cfg = job.cfg;
+  collective_guard(job.host, [&] {
+    job.model = job.family.create(cfg.model, *job.backend, cfg.mixed_precision.param_dtype,
                                   cfg.fsdp.activation_checkpointing);
     job.engine = std::make_unique<FsdpEngine>(job.model->modules(), cfg.fsdp,
                                               cfg.mixed_precision, *job.mesh, *job.backend,
@@ -721,11 +737,18 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
                                decay_segments(job.engine->layout(u), job.engine->shard_index()));
     }
   });
-  result.num_params = job.engine->num_params();
-  result.planned_activation_bytes = act_bytes;
-  print_banner(job, job.engine->layouts(), /*list_units=*/false);
+}
+
+// The model's starting state: with `resume` the checkpoint's (load_checkpoint; job.step,
+// the optimizer's counters and the fp16 loss scale follow it; model.init_from is ignored),
+// else with model.init_from the Hugging Face weights (result.init_bytes_read), else the
+// engine's initialisation. Logs what it did on rank 0. Returns true when there is nothing to
+// train (resumed at train.max_steps: result.final_step and, if asked, result.params are set).
+bool restore_state(Job& job, TrainResult& result, bool resume) {
+  const Config& cfg = job.cfg;
   if (resume) {
     const ckpt::CheckpointMeta saved = load_checkpoint(job);  // guarded inside
+    const int world = job.world;
     const int shard_size = job.engine->num_shards();
     if (saved.world_size != world || saved.shard_size != shard_size) {
       job.log("resumed from step " + std::to_string(job.step) + ", resharded from world " +
@@ -741,12 +764,12 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
       job.log("nothing to train: checkpoint is at step " + std::to_string(job.step) +
               " = train.max_steps");
       result.final_step = job.step;
-      if (opt.gather_params) result.params = job.engine->gather_full_params();
-      return result;
+      if (job.opt.gather_params) result.params = job.engine->gather_full_params();
+      return true;
     }
   } else if (!cfg.model.init_from.empty()) {
     ckpt::InitFromResult init;
-    collective_guard(group, [&] { init = load_init_from(job); });
+    collective_guard(job.host, [&] { init = load_init_from(job); });
     result.init_bytes_read = static_cast<int64_t>(init.bytes_read);
     std::ostringstream os;
     os << "init_from: " << cfg.model.init_from << ": " << init.num_tensors << " tensors ("
@@ -761,10 +784,391 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     }
     job.log(os.str());
   }
-  collective_guard(group, [&] {
-    if (job.rank0()) job.run_dir.open_metrics(resume);
-  });
+  return false;
+}
 
+// Everything before the first step, in guarded phases (collective over job.host, the same
+// calls in the same order on every rank): the runtime and the data (configure_world), the
+// dry run's plan (then done), the memory check before allocation (InputError if the plan
+// cannot fit), the run directory and the resume decision, the model, engine and optimizer,
+// the banner, the checkpoint or init_from, and metrics.jsonl. Fills result.plan, num_params,
+// planned_activation_bytes (and init_bytes_read). Throws what the guards agree on.
+Setup setup(Job& job, TrainResult& result) {
+  const Config& cfg = job.cfg;
+  if (cfg.mixed_precision.uses_fp16()) job.loss_scale = cfg.mixed_precision.init_scale;
+  configure_world(job);
+  Setup s;
+  s.local_batch = cfg.train.global_batch_size / job.world;
+  // Sequences per forward/backward on each rank (gradient accumulation splits the step).
+  job.micro_batch = cfg.train.micro_batch_size > 0 ? cfg.train.micro_batch_size : s.local_batch;
+  s.shape = data::batch_shape(cfg);
+  const int64_t act_bytes =
+      job.family.activation_bytes(cfg.model, job.micro_batch, s.shape,
+                                  cfg.mixed_precision.param_dtype, cfg.fsdp.activation_checkpointing);
+  if (job.opt.dry_run) {
+    plan_dry_run(job, result, act_bytes);
+    s.done = true;
+    return s;
+  }
+  // Memory before allocation, and before anything is written: a plan that cannot fit is
+  // refused with nothing created.
+  // The plan is computed once: checked here, reported in TrainResult::plan.
+  collective_guard(job.host, [&] {
+    result.plan =
+        plan_memory(job.family.modules(cfg.model), cfg, job.world, job.mesh->shard_size());
+    check_memory_fits(job, result.plan, act_bytes);
+  });
+  s.resume = open_run(job);
+  build_model(job);
+  result.num_params = job.engine->num_params();
+  result.planned_activation_bytes = act_bytes;
+  print_banner(job, job.engine->layouts(), /*list_units=*/false);
+  if (restore_state(job, result, s.resume)) {
+    s.done = true;
+    return s;
+  }
+  collective_guard(job.host, [&] {
+    if (job.rank0()) job.run_dir.open_metrics(s.resume);
+  });
+  return s;
+}
+
+// ---- One training step ------------------------------------------------------------------
+
+// The step loop's state for the whole run, built after the start-of-run evaluation (the
+// allocation order of the original single function, so memory peaks are unchanged).
+struct StepState {
+  StepState(Job& job, const Setup& s)
+      : stats(*job.backend, DType::f64, 3, MemCategory::other),
+        loss_dev(stats.view().slice(0, 1)),
+        norm_dev(stats.view().slice(1, 1)),
+        inf_dev(stats.view().slice(2, 1)),
+        local_batch(s.local_batch),
+        fixed_targets(job.train_src->fixed_targets_per_sample()),
+        tokens_per_step(static_cast<double>(job.cfg.train.global_batch_size *
+                                            tokens_per_sample(job.cfg))),
+        flops_per_step(job.family.train_flops_per_sample(job.cfg.model, s.shape) *
+                       static_cast<double>(job.cfg.train.global_batch_size)),
+        peak_flops(job.rt.peak_flops().flops_per_s),
+        timer(*job.backend) {}
+  StepState(const StepState&) = delete;
+  StepState& operator=(const StepState&) = delete;
+
+  // The step's device scalars, fp64 [3]: [0] the loss summed over this rank's target tokens
+  // (nats; all-reduced to the world's sum), [1] the global gradient norm, [2] found_inf (fp16).
+  DeviceBuffer stats;
+  TensorView loss_dev, norm_dev, inf_dev;  // stats' elements 0, 1 and 2, each [1]
+  int64_t local_batch;    // sequences per rank per step
+  int64_t fixed_targets;  // target tokens per sample when fixed (SampleSource), else 0
+  double tokens_per_step; // tokens of one step over all ranks (throughput)
+  // MFU = model FLOPs of the step / (its training seconds x ranks x peak FLOP/s per rank).
+  double flops_per_step;  // model FLOPs of one step over all ranks
+  double peak_flops;      // FLOP/s per rank (Runtime::peak_flops); <= 0: unknown, no MFU
+  // Where each step's time goes (fsdp/fsdp/step_timer.hpp); the engine charges backward and
+  // its collective waits.
+  StepTimer timer;
+  Profiler* prof = nullptr;  // job.profiler (train.profile_steps); null: off
+};
+
+// What train_step did.
+struct StepOutcome {
+  int64_t step = 0;      // the step run, 1-based (job.step after it)
+  double loss = 0;       // mean cross-entropy over the step's target tokens of all ranks, nats
+  double norm = 0;       // global L2 gradient norm before clipping (same on every rank)
+  double lr = 0;         // the learning rate of the update (optim schedule at `step`)
+  double seconds = 0;    // wall time from the batch's load to the synchronised update
+  bool skipped = false;  // fp16 overflow: no update, the loss scale backed off
+  bool nonfinite = false;  // non-finite loss or norm: no update (train.skip_nonfinite)
+};
+
+// torchtitan's forward_backward_step: forward and backward of this rank's `batch`
+// (st.local_batch sequences), job.micro_batch sequences at a time (gradient accumulation:
+// each micro-batch's gradient is reduce-scattered into the fp32 shards as its backward ends).
+// Adds the summed loss of its target tokens (nats) to st.loss_dev. Returns the step's number
+// of target tokens over all ranks: computed when the data has a fixed number per sample,
+// else all-reduced over job.host (every rank calls this once per step). Throws fsdp::Error
+// when a fixed-target batch holds another number.
+int64_t forward_backward_step(Job& job, StepState& st, const data::Batch& batch) {
+  const Config& cfg = job.cfg;
+  const int64_t B = st.local_batch, micro = job.micro_batch;
+  // The loss is the mean over the step's target tokens of all ranks (padding excluded): a
+  // fixed number per sample needs no communication, otherwise the counts are all-reduced.
+  int64_t global_targets = batch.num_targets();
+  if (st.fixed_targets > 0) {
+    if (global_targets != batch.B * st.fixed_targets) {
+      throw Error("trainer: a batch of " + std::to_string(batch.B) + " samples has " +
+                  std::to_string(global_targets) + " targets, expected " +
+                  std::to_string(st.fixed_targets) + " per sample");
+    }
+    global_targets = cfg.train.global_batch_size * st.fixed_targets;
+  } else {
+    StepTimer::Scope waiting(&st.timer, Phase::comm_wait);
+    ProfileRange range(st.prof, "collective", "all_reduce global_targets");
+    job.host.all_reduce(&global_targets, &global_targets, 1, DType::i64, ReduceOp::sum)->wait();
+  }
+  // The reduction averages over the world, so scaling each rank's summed loss by
+  // world / global_targets makes the reduced gradient the step's mean.
+  const float grad_scale = static_cast<float>(
+      job.loss_scale * static_cast<double>(job.world) /
+      static_cast<double>(std::max<int64_t>(1, global_targets)));
+  for (int64_t m0 = 0; m0 < B; m0 += micro) {
+    st.timer.enter(Phase::forward);
+    job.engine->begin_step(true);
+    job.model->forward_backward(micro == B ? batch : batch.rows(m0, micro), grad_scale,
+                                *job.engine, st.loss_dev);
+    job.engine->end_step();
+  }
+  return global_targets;
+}
+
+// The non-finite guard, once the step's loss and gradient norm are known on every rank
+// (all-reduced; fp16 overflow, `skipped`, is the loss scaler's to handle): false when both
+// are finite. Otherwise without train.skip_nonfinite the run stops before the update
+// (rank 0 appends the step's metrics line first, then stop_nonfinite throws AgreedFailure on
+// rank 0 and PeerFailed elsewhere, exit kExitRuntimeError); with it the step is recorded in
+// result.nonfinite_steps, logged, and true returned (the update is to be skipped).
+bool guard_nonfinite(Job& job, TrainResult& result, int64_t step, double loss, double norm,
+                     bool skipped) {
+  const bool nonfinite = !skipped && !(std::isfinite(loss) && std::isfinite(norm));
+  if (!nonfinite) return false;
+  if (!job.cfg.train.skip_nonfinite) {
+    // The step's metrics line (JSON writes NaN and inf as null). Best effort: the stop
+    // line below is the message, whatever the disk says.
+    if (job.rank0()) {
+      try {
+        job.run_dir.metrics().append_line(
+            nlohmann::json{{"step", step}, {"loss", loss}, {"grad_norm", norm},
+                           {"nonfinite", true}}.dump());
+      } catch (const Error&) {
+      }
+    }
+    stop_nonfinite(job, step, loss, norm);
+  }
+  result.nonfinite_steps.push_back(step);
+  std::ostringstream os;
+  os << "step " << step << ": " << nonfinite_what(loss, norm)
+     << ": update skipped (train.skip_nonfinite; " << result.nonfinite_steps.size()
+     << " step(s) skipped so far)";
+  job.log(os.str());
+  return true;
+}
+
+// torchtitan's train_step: step job.step + 1 on every rank. Loads this rank's batch, runs
+// forward_backward_step, then (Phase::optimizer) the test hook inject_overflow_steps, fp16
+// unscaling with one found-inf all-reduce, the loss all-reduce (both over the device world),
+// global-norm clipping, one copy of the step's scalars to the host, the non-finite guard,
+// the optimizer step at the scheduled LR (unless fp16 overflow or a non-finite step skipped
+// it), the loss-scale update and zero_grad, and waits for the device. Advances job.step and
+// appends to result.losses, loss_scales, raw_allocs (and skipped_steps / nonfinite_steps).
+// Starts the step's StepTimer step (Phase::data) and profiler step; end_step ends them.
+StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
+  const Config& cfg = job.cfg;
+  const TrainOptions& opt = job.opt;
+  const bool fp16 = cfg.mixed_precision.uses_fp16();
+  Backend& be = *job.backend;
+  Stream& stream = be.compute_stream();
+  Communicator& dev_world = job.mesh->world();
+  StepTimer& timer = st.timer;
+  Profiler* const prof = st.prof;
+  const auto t0 = Clock::now();
+  if (prof) prof->begin_step(job.step + 1);
+  timer.begin(Phase::data);
+  const AllocatorStats a0 = be.allocator_stats();
+  const data::Batch batch = job.train_src->load(job.sampler->sample_indices(job.step));
+  StepOutcome o;
+  o.step = job.step + 1;
+  be.fill_zero(st.stats.view());
+  const int64_t global_targets = forward_backward_step(job, st, batch);
+  timer.enter(Phase::optimizer);
+  if (std::find(opt.inject_overflow_steps.begin(), opt.inject_overflow_steps.end(), o.step) !=
+          opt.inject_overflow_steps.end() &&
+      job.host.rank() == opt.inject_rank) {
+    job.engine->inject_nonfinite_grad();
+  }
+  if (fp16) {
+    // GradScaler.unscale_: unscale this rank's shards, then one found-inf all-reduce so
+    // every rank takes the same decision.
+    job.engine->unscale_grads(static_cast<float>(1.0 / job.loss_scale), st.inf_dev);
+    ProfileRange issue(prof, "collective", "all_reduce issue found_inf");
+    auto work = dev_world.all_reduce(st.inf_dev.data, st.inf_dev.data, 1, DType::f64,
+                                     ReduceOp::max, stream);
+    issue.end();
+    StepTimer::Scope waiting(&timer, Phase::comm_wait);
+    ProfileRange range(prof, "collective", "all_reduce wait found_inf");
+    work->wait();
+  }
+  {
+    ProfileRange issue(prof, "collective", "all_reduce issue loss");
+    auto work = dev_world.all_reduce(st.loss_dev.data, st.loss_dev.data, 1, DType::f64,
+                                     ReduceOp::sum, stream);
+    issue.end();
+    StepTimer::Scope waiting(&timer, Phase::comm_wait);
+    ProfileRange range(prof, "collective", "all_reduce wait loss");
+    work->wait();
+  }
+  job.engine->clip_grad_norm(cfg.optim.grad_clip, st.norm_dev);
+  double host_stats[3] = {0, 0, 0};
+  be.copy_to_host(host_stats, st.stats.view());  // the step's one wait for the device
+  o.loss = host_stats[0] / static_cast<double>(std::max<int64_t>(1, global_targets));
+  o.norm = host_stats[1];
+  o.skipped = fp16 && host_stats[2] != 0.0;
+  // Non-finite guard: fp16 overflow is the loss scaler's to handle (the step is skipped and
+  // the scale backs off); any other non-finite loss or gradient norm stops the run before
+  // the update, or with train.skip_nonfinite skips the update.
+  o.nonfinite = guard_nonfinite(job, result, o.step, o.loss, o.norm, o.skipped);
+  result.loss_scales.push_back(fp16 ? job.loss_scale : 1.0);
+  job.step = o.step;
+  o.lr = learning_rate(cfg.optim, cfg.train.max_steps, job.step);
+  if (o.skipped) {
+    result.skipped_steps.push_back(o.step);
+  } else if (!o.nonfinite) {
+    job.optimizer->step(o.lr);
+  }
+  if (fp16) update_loss_scale(job, o.skipped);
+  job.engine->zero_grad();
+  be.synchronize();
+  o.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const AllocatorStats a1 = be.allocator_stats();
+  result.raw_allocs.push_back((a1.raw_allocs - a0.raw_allocs) + (a1.raw_frees - a0.raw_frees));
+  result.losses.push_back(o.loss);
+  return o;
+}
+
+// ---- The loop: evaluation, checkpoints, metrics, logging, signals ------------------------
+
+// Rank 0's progress line of a step: "step N/M | loss | lr | grad_norm | tok/s [| mfu] | peak
+// mem [| loss_scale] [| val_loss] | <format_step_times>". `peak`: the agreed peak memory,
+// bytes; `line`: the step's metrics.jsonl object (its val_loss, if any); `loss_scale`: the
+// scale the step used (fp16).
+std::string progress_line(const Job& job, const StepState& st, const StepOutcome& o,
+                          const nlohmann::json& line, int64_t peak, double mfu,
+                          double loss_scale, const StepTimes& times) {
+  std::ostringstream os;
+  os << "step " << job.step << "/" << job.cfg.train.max_steps << " | loss " << std::fixed
+     << std::setprecision(4) << o.loss << " | lr " << std::scientific << std::setprecision(2)
+     << o.lr << " | grad_norm " << std::fixed << std::setprecision(3) << o.norm << " | "
+     << std::setprecision(0) << st.tokens_per_step / o.seconds << " tok/s";
+  if (st.peak_flops > 0) os << " | mfu " << std::setprecision(1) << 100.0 * mfu << "%";
+  os << " | peak mem " << human_bytes(static_cast<double>(peak));
+  if (job.cfg.mixed_precision.uses_fp16()) {
+    os << " | loss_scale " << loss_scale << (o.skipped ? " (skipped)" : "");
+  }
+  if (line.contains("val_loss")) {
+    os << " | val_loss " << std::setprecision(4) << line["val_loss"].get<double>();
+  }
+  os << " | " << format_step_times(times);
+  return os.str();
+}
+
+// Writes the profiler's trace (collective over job.host; write_profile) unless profiling is
+// off (`prof` null) or it was written already.
+void write_trace(Job& job, Profiler* prof) {
+  if (!prof) return;
+  write_profile(*prof, job.host, job.cfg.train.run_dir, job.step,
+                [&](const std::string& line) { job.log(line); });
+}
+
+// Everything after train_step `o`, on every rank in the same order: one max all-reduce over
+// job.host agreeing on [0] the peak memory (bytes), [1] a stop signal (docs/checkpoint.md
+// "Signals") and [2] whether a background checkpoint write is still running; evaluation
+// (eval.every and the last step, not on a stop); the pending async save's commit; a
+// checkpoint (checkpoint.every, the last step, a stop; synchronous at the last step and on a
+// stop); the end of the StepTimer step (result.step_times); rank 0's progress line
+// (train.log_every, the last step, an evaluation) and the step's metrics.jsonl line (a failed
+// write stops every rank, one line naming the file); the profiler window's trace. Returns
+// true when a signal stops the run, with result.stop_signal, stop_rank and (on that rank)
+// stop_message set.
+bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o) {
+  const Config& cfg = job.cfg;
+  const bool fp16 = cfg.mixed_precision.uses_fp16();
+  const int world = job.world;
+  Backend& be = *job.backend;
+  StepTimer& timer = st.timer;
+  // One max all-reduce: [0] the peak memory, [1] a stop signal: (world - rank) << 8 | signal,
+  // so the max names the lowest signalled rank; [2] 1 while this rank's background
+  // checkpoint write is still running (max 0: every write finished, the pending save is
+  // committed below).
+  const int my_signal = job.opt.pending_signal ? job.opt.pending_signal() : 0;
+  int64_t agreed[3] = {static_cast<int64_t>(be.memory().peak_total()),
+                       my_signal > 0 ? (int64_t{world - job.host.rank()} << 8) | (my_signal & 0xff)
+                                     : 0,
+                       job.writer.finished() ? 0 : 1};
+  {
+    StepTimer::Scope waiting(&timer, Phase::comm_wait);
+    ProfileRange range(st.prof, "collective", "all_reduce step_agreement");
+    job.host.all_reduce(agreed, agreed, 3, DType::i64, ReduceOp::max)->wait();
+  }
+  const int64_t peak = agreed[0];
+  nlohmann::json line = {{"step", job.step},
+                         {"loss", o.loss},
+                         {"lr", o.lr},
+                         {"grad_norm", o.norm},
+                         {"tokens", static_cast<int64_t>(st.tokens_per_step) * job.step},
+                         {"tokens_per_sec", st.tokens_per_step / o.seconds},
+                         {"peak_mem_bytes", peak}};
+  const double mfu =
+      st.peak_flops > 0 ? st.flops_per_step / (o.seconds * world * st.peak_flops) : 0.0;
+  if (st.peak_flops > 0) line["mfu"] = mfu;
+  if (fp16) {
+    line["loss_scale"] = result.loss_scales.back();
+    line["skipped"] = o.skipped;
+  }
+  if (o.nonfinite) {
+    line["nonfinite"] = true;
+    line["skipped"] = true;
+  }
+  const bool last = job.step == cfg.train.max_steps;
+  const bool stopping = agreed[1] != 0 && !last;  // a signal: evaluate nothing more
+  if (!stopping && (last || (cfg.eval.every > 0 && job.step % cfg.eval.every == 0))) {
+    timer.enter(Phase::eval);
+    const double val = evaluate(job);
+    line["val_loss"] = val;
+    result.val_losses.push_back({job.step, val});
+  }
+  // Every background write finished (agreed[2]): commit the pending save (a failed write
+  // stops the run here, on every rank).
+  timer.enter(Phase::checkpoint);
+  if (job.pending && agreed[2] == 0) finish_pending_save(job);
+  if (last || stopping || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
+    // The final save and the save on a stop signal are synchronous.
+    save_checkpoint(job, cfg.checkpoint.async_save && !last && !stopping);
+  }
+  const StepTimes times = timer.end();
+  result.step_times.push_back(times);
+  // Seconds to the microsecond (the clocks' useful resolution).
+  auto us = [](double s) { return std::round(s * 1e6) / 1e6; };
+  line["step_s"] = us(times.step_s);
+  for (int p = 0; p < kNumPhases; ++p) {
+    line[std::string(to_string(static_cast<Phase>(p))) + "_s"] =
+        us(times.phase_s[static_cast<std::size_t>(p)]);
+  }
+  if (job.step % cfg.train.log_every == 0 || last || line.contains("val_loss")) {
+    job.log(progress_line(job, st, o, line, peak, mfu, result.loss_scales.back(), times));
+  }
+  // A failed write (full disk) stops every rank here with one line naming metrics.jsonl.
+  collective_guard(job.host, [&] {
+    if (job.rank0()) job.run_dir.metrics().append_line(line.dump());
+  });
+  if (st.prof && st.prof->end_step()) write_trace(job, st.prof);  // the window's last step
+  if (!stopping) return false;
+  result.stop_signal = static_cast<int>(agreed[1] & 0xff);
+  result.stop_rank = world - static_cast<int>(agreed[1] >> 8);
+  if (job.host.rank() == result.stop_rank) {
+    result.stop_message = "received " + signal_name(result.stop_signal) + " on rank " +
+                          std::to_string(result.stop_rank) + " (host " + host_name() +
+                          "); saved checkpoint " + ckpt::step_dir(cfg.train.run_dir, job.step) +
+                          " at step " + std::to_string(job.step) + "; resume with --resume";
+  }
+  return true;
+}
+
+// The loop after setup(): the evaluation before training (eval.on_start, a fresh run), the
+// step state and the profiler (one guard), then train_step and end_step until
+// train.max_steps, a stop signal or TrainOptions::stop_after; then the pending save's commit,
+// the trace of a window the run did not finish, and result.final_step, peak_bytes (this
+// rank's measured peaks, bytes) and, if asked, params. Collective over job.host.
+void run_loop(Job& job, const Setup& s, TrainResult& result) {
+  const Config& cfg = job.cfg;
   if (cfg.eval.on_start && job.step == 0) {  // HF TrainingArguments.eval_on_start
     const double val = evaluate(job);
     result.val_losses.push_back({0, val});
@@ -772,247 +1176,44 @@ TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const Tra
     os << "step 0/" << cfg.train.max_steps << " | val_loss " << std::fixed << std::setprecision(4)
        << val;
     job.log(os.str());
-    collective_guard(group, [&] {
+    collective_guard(job.host, [&] {
       if (job.rank0()) job.run_dir.metrics().append_line(nlohmann::json{{"step", 0}, {"tokens", 0}, {"val_loss", val}}.dump());
     });
   }
-
-  Backend& be = *job.backend;
-  Stream& stream = be.compute_stream();
-  Communicator& dev_world = job.mesh->world();
-  // The step's device scalars: [0] loss sum, [1] grad norm, [2] found_inf (fp16).
-  DeviceBuffer stats(be, DType::f64, 3, MemCategory::other);
-  const TensorView loss_dev = stats.view().slice(0, 1), norm_dev = stats.view().slice(1, 1),
-                   inf_dev = stats.view().slice(2, 1);
-  const int64_t B = local_batch;
-  const int64_t fixed_targets = job.train_src->fixed_targets_per_sample();
-  const double tokens_per_step =
-      static_cast<double>(cfg.train.global_batch_size * tokens_per_sample(cfg));
-  // MFU = model FLOPs of the step / (its training seconds x ranks x peak FLOP/s per rank).
-  const double flops_per_step = job.family.train_flops_per_sample(cfg.model, shape) *
-                                static_cast<double>(cfg.train.global_batch_size);
-  const double peak_flops = rt.peak_flops().flops_per_s;
-  // Where each step's time goes (fsdp/fsdp/step_timer.hpp); the engine charges backward and
-  // its collective waits.
-  StepTimer timer(be);
-  job.engine->set_step_timer(&timer);
+  StepState st(job, s);
+  job.engine->set_step_timer(&st.timer);
   // train.profile_steps: the steps' phases, collectives (and CUDA kernels) into run_dir/profile/.
-  collective_guard(group, [&] { job.profiler = make_profiler(cfg, be, group.rank()); });
-  Profiler* const prof = job.profiler.get();
-  timer.set_profiler(prof);
-  job.engine->set_profiler(prof);
-  auto write_trace = [&] {
-    if (!prof) return;
-    write_profile(*prof, group, cfg.train.run_dir, job.step,
-                  [&](const std::string& line) { job.log(line); });
-  };
+  collective_guard(job.host, [&] {
+    job.profiler = make_profiler(cfg, *job.backend, job.host.rank());
+  });
+  st.prof = job.profiler.get();
+  st.timer.set_profiler(st.prof);
+  job.engine->set_profiler(st.prof);
   while (job.step < cfg.train.max_steps) {
-    const auto t0 = Clock::now();
-    if (prof) prof->begin_step(job.step + 1);
-    timer.begin(Phase::data);
-    const AllocatorStats a0 = be.allocator_stats();
-    const data::Batch batch = job.train_src->load(job.sampler->sample_indices(job.step));
-    const int64_t step = job.step + 1;  // the step being run, 1-based
-    be.fill_zero(stats.view());
-    // The loss is the mean over the step's target tokens of all ranks (padding excluded): a
-    // fixed number per sample needs no communication, otherwise the counts are all-reduced.
-    int64_t global_targets = batch.num_targets();
-    if (fixed_targets > 0) {
-      if (global_targets != batch.B * fixed_targets) {
-        throw Error("trainer: a batch of " + std::to_string(batch.B) + " samples has " +
-                    std::to_string(global_targets) + " targets, expected " +
-                    std::to_string(fixed_targets) + " per sample");
-      }
-      global_targets = cfg.train.global_batch_size * fixed_targets;
-    } else {
-      StepTimer::Scope waiting(&timer, Phase::comm_wait);
-      ProfileRange range(prof, "collective", "all_reduce global_targets");
-      group.all_reduce(&global_targets, &global_targets, 1, DType::i64, ReduceOp::sum)->wait();
-    }
-    // Gradient accumulation: each micro-batch's gradient is reduce-scattered into the fp32
-    // shards as its backward ends (no unsharded gradient is kept between micro-batches).
-    // The reduction averages over the world, so scaling each rank's summed loss by
-    // world / global_targets makes the reduced gradient the step's mean.
-    const float grad_scale = static_cast<float>(
-        job.loss_scale * static_cast<double>(world) /
-        static_cast<double>(std::max<int64_t>(1, global_targets)));
-    for (int64_t m0 = 0; m0 < B; m0 += micro) {
-      timer.enter(Phase::forward);
-      job.engine->begin_step(true);
-      job.model->forward_backward(micro == B ? batch : batch.rows(m0, micro), grad_scale,
-                                  *job.engine, loss_dev);
-      job.engine->end_step();
-    }
-    timer.enter(Phase::optimizer);
-    if (std::find(opt.inject_overflow_steps.begin(), opt.inject_overflow_steps.end(), step) !=
-            opt.inject_overflow_steps.end() &&
-        group.rank() == opt.inject_rank) {
-      job.engine->inject_nonfinite_grad();
-    }
-    if (fp16) {
-      // GradScaler.unscale_: unscale this rank's shards, then one found-inf all-reduce so
-      // every rank takes the same decision.
-      job.engine->unscale_grads(static_cast<float>(1.0 / job.loss_scale), inf_dev);
-      ProfileRange issue(prof, "collective", "all_reduce issue found_inf");
-      auto work = dev_world.all_reduce(inf_dev.data, inf_dev.data, 1, DType::f64, ReduceOp::max, stream);
-      issue.end();
-      StepTimer::Scope waiting(&timer, Phase::comm_wait);
-      ProfileRange range(prof, "collective", "all_reduce wait found_inf");
-      work->wait();
-    }
-    {
-      ProfileRange issue(prof, "collective", "all_reduce issue loss");
-      auto work = dev_world.all_reduce(loss_dev.data, loss_dev.data, 1, DType::f64, ReduceOp::sum, stream);
-      issue.end();
-      StepTimer::Scope waiting(&timer, Phase::comm_wait);
-      ProfileRange range(prof, "collective", "all_reduce wait loss");
-      work->wait();
-    }
-    job.engine->clip_grad_norm(cfg.optim.grad_clip, norm_dev);
-    double host_stats[3] = {0, 0, 0};
-    be.copy_to_host(host_stats, stats.view());  // the step's one wait for the device
-    const double loss = host_stats[0] / static_cast<double>(std::max<int64_t>(1, global_targets));
-    const double norm = host_stats[1];
-    const bool skipped = fp16 && host_stats[2] != 0.0;
-    // Non-finite guard: fp16 overflow is the loss scaler's to handle (the step is skipped and
-    // the scale backs off); any other non-finite loss or gradient norm stops the run before
-    // the update, or with train.skip_nonfinite skips the update.
-    const bool nonfinite = !skipped && !(std::isfinite(loss) && std::isfinite(norm));
-    if (nonfinite) {
-      if (!cfg.train.skip_nonfinite) {
-        // The step's metrics line (JSON writes NaN and inf as null). Best effort: the stop
-        // line below is the message, whatever the disk says.
-        if (job.rank0()) {
-          try {
-            job.run_dir.metrics().append_line(
-                nlohmann::json{{"step", step}, {"loss", loss}, {"grad_norm", norm},
-                               {"nonfinite", true}}.dump());
-          } catch (const Error&) {
-          }
-        }
-        stop_nonfinite(job, step, loss, norm);
-      }
-      result.nonfinite_steps.push_back(step);
-      std::ostringstream os;
-      os << "step " << step << ": " << nonfinite_what(loss, norm)
-         << ": update skipped (train.skip_nonfinite; " << result.nonfinite_steps.size()
-         << " step(s) skipped so far)";
-      job.log(os.str());
-    }
-    result.loss_scales.push_back(fp16 ? job.loss_scale : 1.0);
-    job.step = step;
-    const double lr = learning_rate(cfg.optim, cfg.train.max_steps, job.step);
-    if (skipped) {
-      result.skipped_steps.push_back(step);
-    } else if (!nonfinite) {
-      job.optimizer->step(lr);
-    }
-    if (fp16) update_loss_scale(job, skipped);
-    job.engine->zero_grad();
-    be.synchronize();
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    const AllocatorStats a1 = be.allocator_stats();
-    result.raw_allocs.push_back((a1.raw_allocs - a0.raw_allocs) + (a1.raw_frees - a0.raw_frees));
-    result.losses.push_back(loss);
-
-    // One max all-reduce: [0] the peak memory, [1] a stop signal (docs/checkpoint.md
-    // "Signals"): (world - rank) << 8 | signal, so the max names the lowest signalled rank;
-    // [2] 1 while this rank's background checkpoint write is still running (max 0: every
-    // write finished, the pending save is committed below).
-    const int my_signal = opt.pending_signal ? opt.pending_signal() : 0;
-    int64_t agreed[3] = {static_cast<int64_t>(be.memory().peak_total()),
-                         my_signal > 0 ? (int64_t{world - group.rank()} << 8) | (my_signal & 0xff)
-                                       : 0,
-                         job.writer.finished() ? 0 : 1};
-    {
-      StepTimer::Scope waiting(&timer, Phase::comm_wait);
-      ProfileRange range(prof, "collective", "all_reduce step_agreement");
-      group.all_reduce(agreed, agreed, 3, DType::i64, ReduceOp::max)->wait();
-    }
-    const int64_t peak = agreed[0];
-    nlohmann::json line = {{"step", job.step},
-                           {"loss", loss},
-                           {"lr", lr},
-                           {"grad_norm", norm},
-                           {"tokens", static_cast<int64_t>(tokens_per_step) * job.step},
-                           {"tokens_per_sec", tokens_per_step / seconds},
-                           {"peak_mem_bytes", peak}};
-    const double mfu = peak_flops > 0 ? flops_per_step / (seconds * world * peak_flops) : 0.0;
-    if (peak_flops > 0) line["mfu"] = mfu;
-    if (fp16) {
-      line["loss_scale"] = result.loss_scales.back();
-      line["skipped"] = skipped;
-    }
-    if (nonfinite) {
-      line["nonfinite"] = true;
-      line["skipped"] = true;
-    }
-    const bool last = job.step == cfg.train.max_steps;
-    const bool stopping = agreed[1] != 0 && !last;  // a signal: evaluate nothing more
-    if (!stopping && (last || (cfg.eval.every > 0 && job.step % cfg.eval.every == 0))) {
-      timer.enter(Phase::eval);
-      const double val = evaluate(job);
-      line["val_loss"] = val;
-      result.val_losses.push_back({job.step, val});
-    }
-    // Every background write finished (agreed[2]): commit the pending save (a failed write
-    // stops the run here, on every rank).
-    timer.enter(Phase::checkpoint);
-    if (job.pending && agreed[2] == 0) finish_pending_save(job);
-    if (last || stopping || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
-      // The final save and the save on a stop signal are synchronous.
-      save_checkpoint(job, cfg.checkpoint.async_save && !last && !stopping);
-    }
-    const StepTimes times = timer.end();
-    result.step_times.push_back(times);
-    // Seconds to the microsecond (the clocks' useful resolution).
-    auto us = [](double s) { return std::round(s * 1e6) / 1e6; };
-    line["step_s"] = us(times.step_s);
-    for (int p = 0; p < kNumPhases; ++p) {
-      line[std::string(to_string(static_cast<Phase>(p))) + "_s"] =
-          us(times.phase_s[static_cast<std::size_t>(p)]);
-    }
-    if (job.step % cfg.train.log_every == 0 || last || line.contains("val_loss")) {
-      std::ostringstream os;
-      os << "step " << job.step << "/" << cfg.train.max_steps << " | loss " << std::fixed
-         << std::setprecision(4) << loss << " | lr " << std::scientific << std::setprecision(2)
-         << lr << " | grad_norm " << std::fixed << std::setprecision(3) << norm << " | "
-         << std::setprecision(0) << tokens_per_step / seconds << " tok/s";
-      if (peak_flops > 0) os << " | mfu " << std::setprecision(1) << 100.0 * mfu << "%";
-      os << " | peak mem " << human_bytes(static_cast<double>(peak));
-      if (fp16) os << " | loss_scale " << result.loss_scales.back() << (skipped ? " (skipped)" : "");
-      if (line.contains("val_loss")) {
-        os << " | val_loss " << std::setprecision(4) << line["val_loss"].get<double>();
-      }
-      os << " | " << format_step_times(times);
-      job.log(os.str());
-    }
-    // A failed write (full disk) stops every rank here with one line naming metrics.jsonl.
-    collective_guard(group, [&] {
-      if (job.rank0()) job.run_dir.metrics().append_line(line.dump());
-    });
-    if (prof && prof->end_step()) write_trace();  // the window's last step
-    if (stopping) {
-      result.stop_signal = static_cast<int>(agreed[1] & 0xff);
-      result.stop_rank = world - static_cast<int>(agreed[1] >> 8);
-      if (group.rank() == result.stop_rank) {
-        result.stop_message = "received " + signal_name(result.stop_signal) + " on rank " +
-                              std::to_string(result.stop_rank) + " (host " + host_name() +
-                              "); saved checkpoint " + ckpt::step_dir(cfg.train.run_dir, job.step) +
-                              " at step " + std::to_string(job.step) + "; resume with --resume";
-      }
-      break;
-    }
-    if (opt.stop_after > 0 && job.step >= opt.stop_after) break;
+    const StepOutcome o = train_step(job, st, result);
+    if (end_step(job, st, result, o)) break;
+    if (job.opt.stop_after > 0 && job.step >= job.opt.stop_after) break;
   }
   finish_pending_save(job);  // --stop-after: the save in flight is committed before returning
-  write_trace();  // a run that ended before the window's last step
+  write_trace(job, st.prof);  // a run that ended before the window's last step
   result.final_step = job.step;
+  Backend& be = *job.backend;
   for (int c = 0; c < kNumMemCategories; ++c) {
     result.peak_bytes[static_cast<std::size_t>(c)] =
         static_cast<int64_t>(be.memory().peak(static_cast<MemCategory>(c)));
   }
-  if (opt.gather_params) result.params = job.engine->gather_full_params();
+  if (job.opt.gather_params) result.params = job.engine->gather_full_params();
+}
+
+}  // namespace
+
+// setup(), then the loop of train_step and end_step (run_loop); see trainer.hpp.
+TrainResult train(const Config& cfg, Runtime& rt, Communicator& group, const TrainOptions& opt,
+                  std::ostream& out) {
+  Job job{cfg, opt, out, rt, group};
+  TrainResult result;
+  const Setup s = setup(job, result);
+  if (!s.done) run_loop(job, s, result);
   return result;
 }
 
