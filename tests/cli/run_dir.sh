@@ -21,9 +21,11 @@
 #   no `latest` exits 2 naming it, and changes nothing.
 # CASE refuse_metrics_only: likewise for a run_dir holding only a non-empty metrics.jsonl;
 #   an empty metrics.jsonl and a released lock file do not count (the run goes ahead).
-# CASE checkpoints_unwritable_at_start: run_dir/checkpoints a regular file (and, where mount
-#   is permitted, a read-only tmpfs) stops the run at start with exit 2 naming the path,
-#   before any step.
+# CASE checkpoints_unwritable_at_start: run_dir/checkpoints a regular file stops the run at
+#   start with exit 2 naming the path, before any step.
+# CASE checkpoints_read_only_fs: likewise for a read-only tmpfs mounted on checkpoints/ (root
+#   cannot be stopped by chmod); needs mount: exit 77 (ctest: skipped) where it is not
+#   permitted.
 # CASE resume_auto_fresh: --resume=auto into an empty run_dir starts fresh (log line
 #   "--resume auto: no checkpoint"), trains and writes its checkpoint.
 # CASE resume_auto_continues: --resume=auto into a run_dir with a checkpoint (which a fresh
@@ -166,18 +168,20 @@ case "$CASE" in
     if grep -q "^step " "$OUT"; then fail "a step or evaluation ran before the refusal"; fi
     if [ "$(cat "$WORK/run/checkpoints")" != "not a directory" ]; then fail "run/checkpoints was changed"; fi
     if [ -e "$WORK/run/metrics.jsonl" ]; then fail "metrics.jsonl was created"; fi
-    # A read-only file system under checkpoints/ (root cannot be stopped by chmod).
-    rm -f "$WORK/run/checkpoints"
+    ;;
+  checkpoints_read_only_fs)
+    tiny_config tiny.toml
     mkdir -p "$WORK/run/checkpoints"
-    if mount -t tmpfs -o ro,size=64k tmpfs "$WORK/run/checkpoints" 2>/dev/null; then
-      trap 'umount "$WORK/run/checkpoints" 2>/dev/null; rm -rf "$WORK"' EXIT
-      run_train tiny.toml --set train.max_steps=2
-      expect_input_error "train.run_dir" "$WORK/run/checkpoints" "Read-only file system"
-      if grep -q "^step " "$OUT"; then fail "a step ran before the refusal (read-only checkpoints/)"; fi
-      umount "$WORK/run/checkpoints"
-    else
-      echo "checkpoints_unwritable_at_start: mount not permitted, read-only tmpfs variant skipped"
+    if ! mount -t tmpfs -o ro,size=64k tmpfs "$WORK/run/checkpoints" 2>/dev/null; then
+      echo "checkpoints_read_only_fs: SKIPPED: mounting a tmpfs is not permitted here"
+      rm -rf "$WORK"
+      exit 77
     fi
+    trap 'umount "$WORK/run/checkpoints" 2>/dev/null; rm -rf "$WORK"' EXIT
+    run_train tiny.toml --set train.max_steps=2
+    expect_input_error "train.run_dir" "$WORK/run/checkpoints" "Read-only file system"
+    if grep -q "^step " "$OUT"; then fail "a step ran before the refusal (read-only checkpoints/)"; fi
+    umount "$WORK/run/checkpoints"
     ;;
   resume)
     # HDF5 data: a synthetic stream's length depends on train.max_steps (see trainer.cpp
