@@ -3,7 +3,10 @@
 // through the ModuleHooks in the model's order, for each prefetch mode. Checks PyTorch
 // FSDP's execution-order prefetch (the root prefetches the first block in forward and the
 // last block in backward), that gradient reduce-scatters are issued per unit as its backward
-// ends and waited only in end_step, and that nothing else is gathered. One process.
+// ends and waited only in end_step, that HYBRID_SHARD's replica all-reduce of a unit follows
+// its reduce-scatter at once (ordered after the reduce-scatter's completion event, before the
+// next unit's backward), that nothing else is gathered, and the units' TrainingState /
+// ShardedState through a step and the errors of hooks called out of order. One process.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/core/error.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/gpt2.hpp"
 
@@ -20,17 +24,43 @@ namespace {
 
 using Log = std::vector<std::string>;
 
-class RecordingWork final : public fsdp::Work {
+// The log as long as its communicator lives (completion events outlive both: the backend's
+// allocator keeps them with freed buffers and synchronizes them when it is destroyed).
+struct LogRef {
+  Log* log;
+};
+
+// A collective's completion event: a stream waiting on it (Stream::wait on a host stream
+// synchronizes it) logs "ready <what>".
+class RecordingEvent final : public fsdp::Event {
  public:
-  RecordingWork(Log& log, std::string what) : log_(log), what_(std::move(what)) {}
-  void wait() override {
-    if (!waited_) log_.push_back("wait " + what_);
-    waited_ = true;
+  RecordingEvent(std::shared_ptr<LogRef> log, std::string what)
+      : log_(std::move(log)), what_(std::move(what)) {}
+  void record(fsdp::Stream&) override {}
+  void synchronize() override {
+    if (log_->log) log_->log->push_back("ready " + what_);
   }
-  std::shared_ptr<fsdp::Event> done() override { return std::make_shared<fsdp::HostEvent>(); }
+  bool query() override { return true; }
 
  private:
-  Log& log_;
+  std::shared_ptr<LogRef> log_;
+  std::string what_;
+};
+
+class RecordingWork final : public fsdp::Work {
+ public:
+  RecordingWork(std::shared_ptr<LogRef> log, std::string what)
+      : log_(std::move(log)), what_(std::move(what)) {}
+  void wait() override {
+    if (!waited_ && log_->log) log_->log->push_back("wait " + what_);
+    waited_ = true;
+  }
+  std::shared_ptr<fsdp::Event> done() override {
+    return std::make_shared<RecordingEvent>(log_, what_);
+  }
+
+ private:
+  std::shared_ptr<LogRef> log_;
   std::string what_;
   bool waited_ = false;
 };
@@ -38,7 +68,9 @@ class RecordingWork final : public fsdp::Work {
 // Rank 0 of `size` ranks; moves no data, names each buffer by the unit it belongs to.
 class RecordingCommunicator final : public fsdp::Communicator {
  public:
-  RecordingCommunicator(int size, Log& log) : size_(size), log_(log) {}
+  RecordingCommunicator(int size, Log& log)
+      : size_(size), log_(std::make_shared<LogRef>(LogRef{&log})) {}
+  ~RecordingCommunicator() override { log_->log = nullptr; }
   std::map<const void*, std::string> names;  // shard_param / shard_grad pointer -> unit name
   int rank() const override { return 0; }
   int size() const override { return size_; }
@@ -50,7 +82,7 @@ class RecordingCommunicator final : public fsdp::Communicator {
 
  protected:
   std::unique_ptr<fsdp::Work> record(const std::string& what) {
-    log_.push_back(what);
+    log_->log->push_back(what);
     return std::make_unique<RecordingWork>(log_, what);
   }
   std::unique_ptr<fsdp::Work> all_gather_impl(const void* send, void*, std::size_t, fsdp::DType,
@@ -78,7 +110,7 @@ class RecordingCommunicator final : public fsdp::Communicator {
     return it == names.end() ? "?" : it->second;
   }
   int size_;
-  Log& log_;
+  std::shared_ptr<LogRef> log_;
   fsdp::HostStream stream_;
 };
 
@@ -187,16 +219,158 @@ TEST(EngineSchedule, BackwardPostPrefetchesBeforeTheReduceScatter) {
                    kEnd));
 }
 
-TEST(EngineSchedule, HybridAllReducesEachUnitAfterItsReduceScatter) {
-  // HYBRID_SHARD over 2 shards x 2 replicas: in end_step each unit's reduce-scatter is waited
-  // and its replica all-reduce issued, in unit order; then the all-reduces are waited.
+TEST(EngineSchedule, HybridAllReducesEachUnitRightAfterItsReduceScatter) {
+  // HYBRID_SHARD over 2 shards x 2 replicas (PyTorch HSDP): as a unit's backward ends, its
+  // reduce-scatter is issued, the reduction stream waits for its completion ("ready RS"),
+  // and its replica all-reduce goes out at once, before the next unit's backward starts.
+  // end_step waits the reduce-scatters, then the all-reduces (the compute stream waiting
+  // for each: "ready AR"), in unit order.
   const Log log = schedule(false, fsdp::BackwardPrefetch::NO_PREFETCH, 2);
-  const Log end(std::find(log.begin(), log.end(), "| end"), log.end());
-  EXPECT_EQ(end, (Log{"| end", "wait RS root", "AR root", "wait RS h0", "AR h0", "wait RS h1",
-                      "AR h1", "wait RS h2", "AR h2", "wait AR root", "wait AR h0",
-                      "wait AR h1", "wait AR h2"}));
+  EXPECT_EQ(log, concat(kFwdOnDemand,
+                        {"| bwd", "B4", "/B4", "B3", "AG h2", "wait AG h2", "/B3", "RS h2",
+                         "ready RS h2", "AR h2", "B2", "AG h1", "wait AG h1", "/B2", "RS h1",
+                         "ready RS h1", "AR h1", "B1", "AG h0", "wait AG h0", "/B1", "RS h0",
+                         "ready RS h0", "AR h0", "B0", "/B0", "RS root", "ready RS root",
+                         "AR root", "| end", "wait RS root", "wait RS h0", "wait RS h1",
+                         "wait RS h2", "wait AR root", "ready AR root", "wait AR h0",
+                         "ready AR h0", "wait AR h1", "ready AR h1", "wait AR h2",
+                         "ready AR h2"}));
   EXPECT_EQ(std::count_if(log.begin(), log.end(),
                           [](const std::string& e) { return e.rfind("AR", 0) == 0; }), 4);
+}
+
+TEST(EngineSchedule, HybridWithBackwardPrefetchKeepsEachAllReduceNextToItsReduceScatter) {
+  // With BACKWARD_PRE / BACKWARD_POST the prefetches move, but every unit's all-reduce still
+  // directly follows its reduce-scatter's completion, and the four go out in backward order.
+  for (auto mode : {fsdp::BackwardPrefetch::BACKWARD_PRE, fsdp::BackwardPrefetch::BACKWARD_POST}) {
+    const Log log = schedule(false, mode, 2);
+    const auto end = std::find(log.begin(), log.end(), "| end");
+    Log reductions;
+    for (auto it = log.begin(); it != end; ++it) {
+      if (it->rfind("RS", 0) == 0 || it->rfind("ready RS", 0) == 0 || it->rfind("AR", 0) == 0) {
+        reductions.push_back(*it);
+      }
+    }
+    EXPECT_EQ(reductions, (Log{"RS h2", "ready RS h2", "AR h2", "RS h1", "ready RS h1", "AR h1",
+                               "RS h0", "ready RS h0", "AR h0", "RS root", "ready RS root",
+                               "AR root"}));
+    for (const char* u : {"h2", "h1", "h0", "root"}) {
+      const auto rs = std::find(log.begin(), log.end(), std::string("RS ") + u);
+      ASSERT_NE(rs, log.end());
+      EXPECT_EQ(*(rs + 1), std::string("ready RS ") + u);
+      EXPECT_EQ(*(rs + 2), std::string("AR ") + u);
+    }
+  }
+}
+
+// A FULL_SHARD engine over the recording communicator for the state tests.
+struct StateFixture {
+  StateFixture() {
+    mc.n_layer = 2;
+    mc.n_head = 2;
+    mc.n_embd = 8;
+    mc.n_positions = 8;
+    mc.vocab_size = 16;
+    model = std::make_unique<fsdp::Gpt2Model>(mc, *be);
+    fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
+    engine = std::make_unique<fsdp::FsdpEngine>(model->modules(), fc,
+                                                fsdp::MixedPrecisionConfig{}, shard, replicate,
+                                                *be, 1, true);
+  }
+  fsdp::Gpt2Config mc;
+  fsdp::FsdpConfig fc;
+  std::unique_ptr<fsdp::Backend> be = fsdp::make_cpu_backend(1);
+  std::unique_ptr<fsdp::Gpt2Model> model;
+  Log log;
+  RecordingCommunicator shard{2, log}, replicate{1, log};
+  std::unique_ptr<fsdp::FsdpEngine> engine;
+};
+
+TEST(EngineState, FollowsFsdp2TrainingAndShardedStatesThroughAStep) {
+  using fsdp::ShardedState;
+  using fsdp::TrainingState;
+  StateFixture f;
+  auto& e = *f.engine;  // modules: 0 embeddings (root), 1 h.0, 2 h.1, 3 ln_f (root)
+  for (int u = 0; u < e.num_units(); ++u) {
+    EXPECT_EQ(e.training_state(u), TrainingState::IDLE);
+    EXPECT_EQ(e.sharded_state(u), ShardedState::SHARDED);
+    EXPECT_EQ(e.grad_state(u), fsdp::GradState::EMPTY);
+  }
+  e.begin_step(true);
+  e.pre_forward(0);
+  EXPECT_EQ(e.training_state(0), TrainingState::FORWARD);
+  EXPECT_EQ(e.sharded_state(0), ShardedState::UNSHARDED);
+  e.post_forward(0);
+  EXPECT_EQ(e.training_state(0), TrainingState::FORWARD);  // ln_f is still to come
+  e.pre_forward(1);
+  EXPECT_EQ(e.training_state(1), TrainingState::FORWARD);
+  e.post_forward(1);
+  EXPECT_EQ(e.training_state(1), TrainingState::IDLE);
+  EXPECT_EQ(e.sharded_state(1), ShardedState::SHARDED);  // FULL_SHARD: resharded
+  EXPECT_THROW(e.post_forward(1), fsdp::Error);           // its forward already ended
+  EXPECT_THROW(e.pre_backward(2), fsdp::Error);           // h.1's forward has not run
+  for (int m : {2, 3}) {
+    e.pre_forward(m);
+    e.post_forward(m);
+  }
+  EXPECT_EQ(e.training_state(0), TrainingState::IDLE);
+  EXPECT_EQ(e.sharded_state(0), ShardedState::UNSHARDED);  // the root stays unsharded
+  EXPECT_THROW(e.post_backward(3), fsdp::Error);          // before its pre_backward
+  e.pre_backward(3);
+  EXPECT_EQ(e.training_state(0), TrainingState::PRE_BACKWARD);
+  e.post_backward(3);
+  EXPECT_EQ(e.training_state(0), TrainingState::PRE_BACKWARD);  // embeddings still to come
+  e.pre_backward(2);
+  EXPECT_EQ(e.training_state(2), TrainingState::PRE_BACKWARD);
+  EXPECT_EQ(e.sharded_state(2), ShardedState::UNSHARDED);
+  EXPECT_NO_THROW(e.grad(0));  // parameter 0 (wte) is the root's, in PRE_BACKWARD
+  e.post_backward(2);
+  EXPECT_EQ(e.training_state(2), TrainingState::POST_BACKWARD);
+  EXPECT_EQ(e.sharded_state(2), ShardedState::SHARDED);
+  EXPECT_EQ(e.grad_state(2), fsdp::GradState::ACCUMULATED);
+  EXPECT_THROW(e.pre_backward(2), fsdp::Error);  // its gradient is already being reduced
+  EXPECT_THROW(e.pre_forward(2), fsdp::Error);
+  for (int m : {1, 0}) {
+    e.pre_backward(m);
+    e.post_backward(m);
+  }
+  EXPECT_THROW(e.begin_step(true), fsdp::Error);  // the pass was not ended
+  e.end_step();
+  for (int u = 0; u < e.num_units(); ++u) {
+    EXPECT_EQ(e.training_state(u), TrainingState::IDLE);
+    EXPECT_EQ(e.sharded_state(u), ShardedState::SHARDED);
+    EXPECT_EQ(e.grad_state(u), fsdp::GradState::ACCUMULATED);
+  }
+  e.zero_grad();
+  EXPECT_EQ(e.grad_state(0), fsdp::GradState::EMPTY);
+}
+
+TEST(EngineState, EvaluationHasNoBackwardAndAnAbortedPassEndsIdle) {
+  using fsdp::TrainingState;
+  StateFixture f;
+  auto& e = *f.engine;
+  e.begin_step(false);
+  e.pre_forward(0);
+  e.post_forward(0);
+  e.pre_forward(1);
+  try {
+    e.pre_backward(1);
+    ADD_FAILURE() << "pre_backward in evaluation did not throw";
+  } catch (const fsdp::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("evaluation"), std::string::npos) << err.what();
+  }
+  e.end_step();  // a pass cut short: every unit IDLE and SHARDED again
+  for (int u = 0; u < e.num_units(); ++u) {
+    EXPECT_EQ(e.training_state(u), TrainingState::IDLE);
+    EXPECT_EQ(e.sharded_state(u), fsdp::ShardedState::SHARDED);
+  }
+  EXPECT_NO_THROW(e.begin_step(true));
+  try {
+    e.grad(0);
+    ADD_FAILURE() << "grad outside backward did not throw";
+  } catch (const fsdp::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("IDLE"), std::string::npos) << err.what();
+  }
 }
 
 }  // namespace

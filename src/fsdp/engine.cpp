@@ -20,15 +20,39 @@ struct FsdpEngine::Unit {
   DeviceBuffer full_param;       // param_dtype [padded_numel] while unsharded (if needs_full)
   DeviceBuffer full_grad;        // param_dtype [padded_numel] during backward (if needs_full)
   std::unique_ptr<Work> gather;  // pending all-gather into full_param
-  // Gradient reduction in flight (issued at the unit's post_backward, waited in end_step).
-  DeviceBuffer reduced;          // reduce_dtype [shard_numel] result, unless it is shard_grad
-  std::unique_ptr<Work> reduce_scatter, all_reduce;
-  bool has_grad = false;         // shard_grad holds gradients not yet zeroed (else it is 0)
-  bool unsharded = false;        // full_param is (being) filled
-  bool grad_ready = false;       // gradient storage provided this step
+  // Gradient reduction in flight (issued at the unit's post_backward, waited in end_step):
+  // reduced (reduce_dtype [shard_numel], unless the result is shard_grad) and its Works.
+  ReduceResult reduction;
+  TrainingState training = TrainingState::IDLE;
+  ShardedState sharded = ShardedState::SHARDED;
+  GradState grad = GradState::EMPTY;
   int fwd_done = 0;              // modules of this unit done in forward this step
   int bwd_done = 0;              // modules of this unit done in backward this step
 };
+
+const char* to_string(TrainingState s) {
+  switch (s) {
+    case TrainingState::IDLE: return "IDLE";
+    case TrainingState::FORWARD: return "FORWARD";
+    case TrainingState::PRE_BACKWARD: return "PRE_BACKWARD";
+    case TrainingState::POST_BACKWARD: return "POST_BACKWARD";
+  }
+  return "?";
+}
+const char* to_string(ShardedState s) {
+  switch (s) {
+    case ShardedState::SHARDED: return "SHARDED";
+    case ShardedState::UNSHARDED: return "UNSHARDED";
+  }
+  return "?";
+}
+const char* to_string(GradState s) {
+  switch (s) {
+    case GradState::EMPTY: return "EMPTY";
+    case GradState::ACCUMULATED: return "ACCUMULATED";
+  }
+  return "?";
+}
 
 StrategyTraits strategy_traits(ShardingStrategy strategy) {
   using S = StrategyTraits::ShardOver;
@@ -169,9 +193,38 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
   for (std::size_t i = 1; i < units_.size(); ++i) bwd_next_[by_last[i]] = by_last[i - 1];
   norm_parts_ = DeviceBuffer(be_, DType::f64, 1 + shard_comm_->size(), MemCategory::other);
   clip_coef_ = DeviceBuffer::floats(be_, 1, MemCategory::other);
+  reduce_stream_ = be_.create_stream();
 }
 
 FsdpEngine::~FsdpEngine() = default;  // pending Work completes in its destructor
+
+TrainingState FsdpEngine::training_state(int unit) const { return units_.at(unit)->training; }
+ShardedState FsdpEngine::sharded_state(int unit) const { return units_.at(unit)->sharded; }
+GradState FsdpEngine::grad_state(int unit) const { return units_.at(unit)->grad; }
+
+void FsdpEngine::transition(int unit, TrainingState from, TrainingState to, const char* hook) {
+  Unit& u = *units_[unit];
+  if (u.training != from) {
+    throw Error("FSDP: illegal unit state transition in " + std::string(hook) + ": unit " +
+                std::to_string(unit) + " (" + u.layout.unit_name + ") is " +
+                to_string(u.training) + ", expected " + to_string(from) + " to enter " +
+                to_string(to));
+  }
+  u.training = to;
+}
+
+CollectiveTrace FsdpEngine::trace(int unit) {
+  CollectiveTrace t;
+  t.profiler = profiler_;
+  t.timer = timer_;
+  if (profiler_) {
+    t.describe = [this, unit](ProfileRange& range, const char* op, const char* stage,
+                              const Communicator& comm, int64_t numel, DType dtype) {
+      describe(range, op, stage, unit, comm, numel, dtype);
+    };
+  }
+  return t;
+}
 
 const FlatParamLayout& FsdpEngine::layout(int unit) const { return units_[unit]->layout; }
 std::vector<FlatParamLayout> FsdpEngine::layouts() const {
@@ -240,23 +293,12 @@ int FsdpEngine::unsharded_blocks() const {
 // all-gathers in place (fp32: straight from the shard).
 void FsdpEngine::issue_unshard(int unit) {
   Unit& u = *units_[unit];
-  if (u.unsharded || !needs_full(u)) return;
-  const int64_t n = u.layout.shard_numel;
-  u.full_param = DeviceBuffer(be_, mp_.param_dtype, u.layout.padded_numel,
-                              MemCategory::unsharded_params);
-  const TensorView slot = u.full_param.view().slice(shard_comm_->rank() * n, n);
-  const void* send = u.shard_param.data();
-  if (mp_.param_dtype != DType::f32) {
-    be_.cast(slot, u.shard_param.view());
-    send = slot.data;
-  }
-  if (u.layout.num_shards > 1) {
-    ProfileRange range(profiler_, "collective");
-    if (range) describe(range, "all_gather", "issue", unit, *shard_comm_, n, mp_.param_dtype);
-    u.gather = shard_comm_->all_gather(send, u.full_param.data(), static_cast<std::size_t>(n),
-                                       mp_.param_dtype, be_.compute_stream());
-  }
-  u.unsharded = true;
+  if (u.sharded == ShardedState::UNSHARDED || !needs_full(u)) return;
+  AllGatherResult r = foreach_all_gather(be_, *shard_comm_, u.layout, u.shard_param,
+                                         mp_.param_dtype, be_.compute_stream(), trace(unit));
+  u.full_param = std::move(r.full_param);
+  u.gather = std::move(r.work);
+  u.sharded = ShardedState::UNSHARDED;
   if (unit != 0) ++unsharded_blocks_;
 }
 
@@ -288,14 +330,14 @@ void FsdpEngine::reshard(int unit) {
     u.gather.reset();
   }
   u.full_param.reset();
-  if (u.unsharded && unit != 0) --unsharded_blocks_;
-  u.unsharded = false;
+  if (u.sharded == ShardedState::UNSHARDED && unit != 0) --unsharded_blocks_;
+  u.sharded = ShardedState::SHARDED;
 }
 
 // Prefetch of `unit` for the pass in progress (backward: its backward has not run yet),
 // unless limit_all_gathers already has two units besides the root unsharded.
 void FsdpEngine::prefetch(int unit, bool backward) {
-  if (unit < 0 || units_[unit]->unsharded) return;
+  if (unit < 0 || units_[unit]->sharded == ShardedState::UNSHARDED) return;
   const Unit& u = *units_[unit];
   const int done = backward ? u.bwd_done : u.fwd_done;
   if (done > 0) return;
@@ -304,17 +346,29 @@ void FsdpEngine::prefetch(int unit, bool backward) {
 }
 
 void FsdpEngine::begin_step(bool training) {
+  for (int i = 0; i < num_units(); ++i) {
+    if (units_[i]->training != TrainingState::IDLE) {
+      throw Error("FSDP: begin_step while unit " + std::to_string(i) + " (" +
+                  units_[i]->layout.unit_name + ") is " + to_string(units_[i]->training) +
+                  ": the previous pass was not ended with end_step");
+    }
+  }
   training_ = training;
   for (auto& u : units_) {
     u->fwd_done = 0;
     u->bwd_done = 0;
-    u->grad_ready = false;
   }
 }
 
 void FsdpEngine::pre_forward(int module) {
   const int unit = module_unit_[module];
-  const bool first = units_[unit]->fwd_done == 0;
+  Unit& u = *units_[unit];
+  const bool first = u.fwd_done == 0;
+  if (first) {
+    transition(unit, TrainingState::IDLE, TrainingState::FORWARD, "pre_forward");
+  } else if (u.training != TrainingState::FORWARD) {  // its forward already ended
+    transition(unit, TrainingState::FORWARD, TrainingState::FORWARD, "pre_forward");
+  }
   wait_unshard(unit);
   if (first && config_.forward_prefetch) prefetch(fwd_next_[unit], false);
 }
@@ -322,23 +376,38 @@ void FsdpEngine::pre_forward(int module) {
 void FsdpEngine::post_forward(int module) {
   const int unit = module_unit_[module];
   Unit& u = *units_[unit];
-  if (++u.fwd_done == static_cast<int>(u.modules.size()) && reshard_after_forward(unit)) {
-    reshard(unit);
+  if (u.training != TrainingState::FORWARD) {
+    transition(unit, TrainingState::FORWARD, TrainingState::IDLE, "post_forward");
+  }
+  if (++u.fwd_done == static_cast<int>(u.modules.size())) {
+    u.training = TrainingState::IDLE;
+    if (reshard_after_forward(unit)) reshard(unit);
   }
 }
 
 void FsdpEngine::pre_backward(int module) {
   const int unit = module_unit_[module];
   Unit& u = *units_[unit];
+  const bool first = u.training != TrainingState::PRE_BACKWARD;
+  if (first) {
+    if (!training_) {
+      throw Error("FSDP: pre_backward of unit " + std::to_string(unit) + " (" +
+                  u.layout.unit_name + ") in an evaluation pass (begin_step(false))");
+    }
+    if (u.training == TrainingState::IDLE && u.fwd_done != static_cast<int>(u.modules.size())) {
+      throw Error("FSDP: pre_backward of unit " + std::to_string(unit) + " (" +
+                  u.layout.unit_name + ") before its forward completed in this pass");
+    }
+    transition(unit, TrainingState::IDLE, TrainingState::PRE_BACKWARD, "pre_backward");
+  }
   if (timer_ && training_) timer_->enter(Phase::backward);
   wait_unshard(unit);
-  if (!u.grad_ready) {
+  if (first) {
     if (needs_full(u)) {
       u.full_grad = DeviceBuffer(be_, mp_.param_dtype, u.layout.padded_numel,
                                  MemCategory::unsharded_grads);
       be_.fill_zero(u.full_grad.view());
     }
-    u.grad_ready = true;
     if (config_.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch(bwd_next_[unit], true);
   }
 }
@@ -346,128 +415,88 @@ void FsdpEngine::pre_backward(int module) {
 void FsdpEngine::post_backward(int module) {
   const int unit = module_unit_[module];
   Unit& u = *units_[unit];
+  if (u.training != TrainingState::PRE_BACKWARD) {
+    transition(unit, TrainingState::PRE_BACKWARD, TrainingState::POST_BACKWARD, "post_backward");
+  }
   if (++u.bwd_done < static_cast<int>(u.modules.size())) return;
+  u.training = TrainingState::POST_BACKWARD;
   if (config_.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch(bwd_next_[unit], true);
   issue_reduction(unit);
   reshard(unit);
 }
 
-// The unit's gradient: cast to reduce_dtype, reduce-scatter (avg) over the shard group into
-// this rank's shard (straight into the fp32 gradient shard when it holds nothing and
-// reduce_dtype is fp32), then, in end_step, all-reduce (avg) over the replicate group and
-// accumulate into the fp32 shard. The full gradient is freed now, with the reduce-scatter's
+// The unit's gradient reduction (fsdp/fsdp/collectives.hpp): cast to reduce_dtype,
+// reduce-scatter (avg) over the shard group into this rank's shard and, for HSDP, the replica
+// all-reduce (avg) right after it on the reduction stream; end_step waits for both and
+// accumulates into the fp32 shard. The full gradient is freed with the reduce-scatter's
 // completion event: the allocator reuses it only after the collective has read it.
 void FsdpEngine::issue_reduction(int unit) {
   Unit& u = *units_[unit];
-  const int64_t n = u.layout.shard_numel;
-  const DType rd = mp_.reduce_dtype;
-  Stream& stream = be_.compute_stream();
-  const bool shard_was_empty = !u.has_grad;
-  u.has_grad = true;
+  const bool shard_was_empty = u.grad == GradState::EMPTY;
+  u.grad = GradState::ACCUMULATED;
   if (!needs_full(u)) {  // fp32, one shard: backward accumulated into shard_grad directly
-    if (replicate_comm_->size() > 1) {
-      ProfileRange range(profiler_, "collective");
-      if (range) describe(range, "all_reduce", "issue", unit, *replicate_comm_, n, DType::f32);
-      u.all_reduce = replicate_comm_->all_reduce(u.shard_grad.data(), u.shard_grad.data(),
-                                                 static_cast<std::size_t>(n), DType::f32,
-                                                 ReduceOp::avg, stream);
-    }
+    u.reduction = reduce_shard_grad(*replicate_comm_, u.layout, u.shard_grad,
+                                    be_.compute_stream(), trace(unit));
     return;
   }
-  DeviceBuffer src = std::move(u.full_grad);
-  if (u.layout.num_shards == 1 && replicate_comm_->size() == 1) {
-    // Nothing sharded and nobody to reduce with (world size 1): accumulate into the fp32
-    // shard now instead of staging a reduce_dtype copy until end_step. axpy reads src's
-    // dtype; an fp32 or param_dtype reduce_dtype adds exactly what the staged copy held.
-    if (rd == DType::f32 || rd == src.dtype()) {
-      be_.axpy(u.shard_grad.view(), 1.f, src.view());
-    } else {  // another 16-bit reduce_dtype: keep its rounding, for one unit at a time
-      DeviceBuffer cast(be_, rd, src.numel(), MemCategory::comm_buffers);
-      be_.cast(cast.view(), src.view());
-      be_.axpy(u.shard_grad.view(), 1.f, cast.view());
-    }
-    return;
-  }
-  if (rd != src.dtype()) {
-    DeviceBuffer cast(be_, rd, src.numel(), MemCategory::comm_buffers);
-    be_.cast(cast.view(), src.view());
-    src = std::move(cast);
-  }
-  if (u.layout.num_shards == 1) {  // mixed precision without sharding: the grad is the shard
-    u.reduced = std::move(src);
-  } else {
-    void* recv = nullptr;
-    if (rd == DType::f32 && shard_was_empty) {
-      recv = u.shard_grad.data();
-    } else {
-      u.reduced = DeviceBuffer(be_, rd, n, MemCategory::comm_buffers);
-      recv = u.reduced.data();
-    }
-    ProfileRange range(profiler_, "collective");
-    if (range) describe(range, "reduce_scatter", "issue", unit, *shard_comm_, n, rd);
-    u.reduce_scatter = shard_comm_->reduce_scatter(src.data(), recv, static_cast<std::size_t>(n),
-                                                   rd, ReduceOp::avg, stream);
-    src.reset(u.reduce_scatter->done());
-  }
-  if (!u.reduce_scatter && replicate_comm_->size() > 1) {
-    ProfileRange range(profiler_, "collective");
-    if (range) describe(range, "all_reduce", "issue", unit, *replicate_comm_, n, rd);
-    u.all_reduce = replicate_comm_->all_reduce(u.reduced.data(), u.reduced.data(),
-                                               static_cast<std::size_t>(n), rd, ReduceOp::avg,
-                                               stream);
-  }
+  u.reduction = foreach_reduce(be_, *shard_comm_, *replicate_comm_, u.layout,
+                               std::move(u.full_grad), u.shard_grad, shard_was_empty,
+                               mp_.reduce_dtype, be_.compute_stream(), *reduce_stream_,
+                               trace(unit));
 }
 
 void FsdpEngine::end_step() {
   Stream& stream = be_.compute_stream();
-  // 1. Reduce-scatters done -> replica all-reduces issued, in unit order on every rank.
+  // 1. Reduce-scatters done (in unit order on every rank). HSDP's all-reduces were issued
+  // after them during backward.
   for (int i = 0; i < num_units(); ++i) {
-    Unit& u = *units_[i];
-    if (!u.reduce_scatter) continue;
-    const int64_t n = u.layout.shard_numel;
+    ReduceResult& r = units_[i]->reduction;
+    if (!r.reduce_scatter) continue;
     {
       StepTimer::Scope waiting(timer_, Phase::comm_wait);
       ProfileRange range(profiler_, "collective");
-      if (range) describe(range, "reduce_scatter", "wait", i, *shard_comm_, n, mp_.reduce_dtype);
-      u.reduce_scatter->wait();
+      if (range && !r.all_reduce_on_reduce_stream) {  // else already ranged at the hand-off
+        describe(range, "reduce_scatter", "wait", i, *shard_comm_, units_[i]->layout.shard_numel,
+                 mp_.reduce_dtype);
+      }
+      r.reduce_scatter->wait();
     }
-    u.reduce_scatter.reset();
-    if (replicate_comm_->size() > 1) {
-      void* buf = u.reduced ? u.reduced.data() : u.shard_grad.data();
-      const DType dt = u.reduced ? u.reduced.dtype() : DType::f32;
-      ProfileRange range(profiler_, "collective");
-      if (range) describe(range, "all_reduce", "issue", i, *replicate_comm_, n, dt);
-      u.all_reduce = replicate_comm_->all_reduce(buf, buf, static_cast<std::size_t>(u.layout.shard_numel),
-                                                 dt, ReduceOp::avg, stream);
-    }
+    r.reduce_scatter.reset();
   }
   // 2. All-reduces done -> accumulate into the fp32 gradient shards.
   for (int i = 0; i < num_units(); ++i) {
     Unit& u = *units_[i];
-    if (u.all_reduce) {
+    ReduceResult& r = u.reduction;
+    if (r.all_reduce) {
       StepTimer::Scope waiting(timer_, Phase::comm_wait);
       ProfileRange range(profiler_, "collective");
       if (range) {
         describe(range, "all_reduce", "wait", i, *replicate_comm_, u.layout.shard_numel,
-                 u.reduced ? u.reduced.dtype() : DType::f32);
+                 r.reduced ? r.reduced.dtype() : DType::f32);
       }
-      u.all_reduce->wait();
-      u.all_reduce.reset();
+      r.all_reduce->wait();
+      // Issued after the reduction stream: the compute stream waits for its completion.
+      if (r.all_reduce_on_reduce_stream) stream.wait(*r.all_reduce->done());
+      r.all_reduce.reset();
     }
-    if (u.reduced) {  // shard_grad is 0 where it held nothing: the sum is then exact
-      be_.axpy(u.shard_grad.view(), 1.f, u.reduced.view());
-      u.reduced.reset();
+    if (r.reduced) {  // shard_grad is 0 where it held nothing: the sum is then exact
+      be_.axpy(u.shard_grad.view(), 1.f, r.reduced.view());
+      r.reduced.reset();
     }
+    r.all_reduce_on_reduce_stream = false;
   }
   for (int i = 0; i < num_units(); ++i) reshard(i);
-  for (auto& u : units_) u->full_grad.reset();  // a backward cut short (not in the contract)
+  for (auto& u : units_) {
+    u->full_grad.reset();  // a backward cut short (not in the contract)
+    u->training = TrainingState::IDLE;
+  }
   training_ = false;
 }
 
 void FsdpEngine::zero_grad() {
   for (auto& u : units_) {
     be_.fill_zero(u->shard_grad.view());
-    u->has_grad = false;
+    u->grad = GradState::EMPTY;
   }
 }
 
@@ -521,21 +550,27 @@ void FsdpEngine::inject_nonfinite_grad() {
   const float inf = std::numeric_limits<float>::infinity();
   Unit& u = *units_[0];
   be_.copy_from_host(u.shard_grad.view().slice(0, 1), &inf);
-  u.has_grad = true;
+  u.grad = GradState::ACCUMULATED;
 }
 
 TensorView FsdpEngine::param(int p) {
   const ParamLoc& loc = param_loc_[p];
   Unit& u = *units_[loc.unit];
   if (!needs_full(u)) return u.shard_param.view().slice(loc.offset, loc.shape.numel()).reshape(loc.shape);
-  if (!u.unsharded) throw Error("FSDP: parameter read while its unit is sharded");
+  if (u.sharded != ShardedState::UNSHARDED) {
+    throw Error("FSDP: parameter read while its unit is sharded");
+  }
   return u.full_param.view().slice(loc.offset, loc.shape.numel()).reshape(loc.shape);
 }
 
 TensorView FsdpEngine::grad(int p) {
   const ParamLoc& loc = param_loc_[p];
   Unit& u = *units_[loc.unit];
-  if (!u.grad_ready) throw Error("FSDP: gradient requested outside the unit's backward");
+  if (u.training != TrainingState::PRE_BACKWARD) {
+    throw Error("FSDP: gradient requested outside the unit's backward (unit " +
+                std::to_string(loc.unit) + " (" + u.layout.unit_name + ") is " +
+                to_string(u.training) + ")");
+  }
   const DeviceBuffer& buf = needs_full(u) ? u.full_grad : u.shard_grad;
   return buf.view().slice(loc.offset, loc.shape.numel()).reshape(loc.shape);
 }

@@ -24,10 +24,25 @@
 // reduce_dtype other than param_dtype is cast first, one unit at a time, keeping its
 // rounding), so comm_buffers is 0 there.
 //
+// Collectives: unshard and reduce are fsdp/fsdp/collectives.hpp's foreach_all_gather and
+// foreach_reduce (PyTorch FSDP2's names), which return the buffer they fill and its Work;
+// the engine decides when to call them and keeps the results in the unit.
+//
 // Streams: kernels run on the backend's compute stream, collectives are ordered after it
 // (Communicator). Each unit's reduction stays in flight (its Work is kept) until end_step;
 // its unsharded gradient goes back to the stream-ordered allocator with the collective's
-// completion event, so it is reused only once the reduce-scatter has read it.
+// completion event, so it is reused only once the reduce-scatter has read it. HYBRID_SHARD:
+// a unit's replica all-reduce is issued in its post_backward right after its reduce-scatter,
+// on the engine's reduction stream (which waits for the reduce-scatter's completion event;
+// the compute stream is not held), as PyTorch FSDP does for HSDP, so the inter-replica
+// traffic overlaps the rest of backward; end_step makes the compute stream wait for it. Every
+// rank issues the same collectives in the same order: units in backward order, each unit's
+// all-reduce right after its reduce-scatter.
+//
+// Unit state (PyTorch FSDP2's FSDPParamGroup state; see TrainingState, ShardedState and
+// GradState below): each unit has a TrainingState (where it is in the pass), a ShardedState
+// (whether its full parameter buffer exists) and a GradState (whether its fp32 gradient
+// shard holds accumulated gradients). Hooks called out of order throw fsdp::Error.
 //
 // Unsharded units: the root unit (modules not wrapped, e.g. embeddings and ln_f) stays
 // unsharded from its first forward use to the end of backward, as PyTorch does for the root.
@@ -52,11 +67,61 @@
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/core/profiler.hpp"
+#include "fsdp/fsdp/collectives.hpp"
 #include "fsdp/fsdp/flat_param.hpp"
 #include "fsdp/fsdp/module.hpp"
 #include "fsdp/fsdp/step_timer.hpp"
 
 namespace fsdp {
+
+// Where a unit is in the current pass (PyTorch FSDP2's TrainingState, per FSDPParamGroup).
+// Legal transitions, by hook (anything else throws fsdp::Error naming the unit, the hook and
+// both states):
+//   IDLE          -> FORWARD        pre_forward of the unit's first module this pass
+//   FORWARD       -> FORWARD        pre_forward / post_forward of its other modules
+//   FORWARD       -> IDLE           post_forward of its last module (forward complete)
+//   IDLE          -> PRE_BACKWARD   pre_backward of its first module (training, forward
+//                                   complete): zeroed gradient storage is provided
+//   PRE_BACKWARD  -> PRE_BACKWARD   pre_backward / post_backward of its other modules
+//   PRE_BACKWARD  -> POST_BACKWARD  post_backward of its last module: the gradient reduction
+//                                   is issued and the unit resharded
+//   any           -> IDLE           end_step (a pass cut short included)
+// begin_step requires every unit IDLE (the previous pass was ended with end_step).
+// param() is legal while the unit is unsharded; grad() only in PRE_BACKWARD.
+enum class TrainingState {
+  IDLE,           // outside the unit's forward and backward (FSDP2 IDLE)
+  FORWARD,        // between its first pre_forward and its last post_forward (FSDP2 FORWARD)
+  PRE_BACKWARD,   // in its backward: gradients are being written (FSDP2 PRE_BACKWARD)
+  POST_BACKWARD,  // its backward is done and its reduction issued, until end_step (FSDP2
+                  // POST_BACKWARD, which FSDP2 leaves at the root's final callback)
+};
+const char* to_string(TrainingState s);
+
+// Whether a unit's full parameter buffer exists (PyTorch FSDP2's ShardedState; FSDP2's
+// SHARDED_POST_FORWARD, resharding to a smaller group after forward, is not modelled).
+//   SHARDED   -> UNSHARDED  the all-gather is issued (unshard; the Work may still be in
+//                           flight: FSDP2 flips at wait_for_unshard, here the pending Work
+//                           is kept with the unit and waited before the first use)
+//   UNSHARDED -> SHARDED    reshard (the full buffer is freed; a pending gather is waited)
+// Both are idempotent (unsharding an unsharded unit or resharding a sharded one does
+// nothing), as FSDP2's unshard / reshard are. A unit whose shard is the full parameter (one
+// shard, fp32 param_dtype) stays SHARDED: the model reads the shard itself.
+enum class ShardedState {
+  SHARDED,    // only this rank's fp32 shard exists (FSDP2 SHARDED)
+  UNSHARDED,  // the param_dtype full buffer exists and is (being) gathered (FSDP2 UNSHARDED)
+};
+const char* to_string(ShardedState s);
+
+// Whether a unit's fp32 gradient shard holds gradients (FSDP2: sharded_param.grad is None or
+// not; foreach_reduce then assigns or accumulates).
+//   EMPTY       -> ACCUMULATED  the unit's reduction is issued (or a test injects a value)
+//   any         -> EMPTY        zero_grad (the shard is set to 0)
+// EMPTY lets an fp32 reduce-scatter write the shard directly (its 0 + x is exact).
+enum class GradState {
+  EMPTY,        // the shard is 0
+  ACCUMULATED,  // the shard holds gradients of one or more steps
+};
+const char* to_string(GradState s);
 
 // What a sharding strategy means to the engine (the table above).
 struct StrategyTraits {
@@ -128,10 +193,12 @@ class FsdpEngine final : public ModuleHooks {
 
   // ---- step ----
   // Starts a forward(+backward) pass. training = false: evaluation, units reshard after
-  // forward and no gradients are produced.
+  // forward and no gradients are produced. Throws fsdp::Error if a unit is not IDLE (the
+  // previous pass was not ended with end_step).
   void begin_step(bool training);
-  // Waits for every unit's gradient reduction (issued during backward), accumulates the
-  // averaged gradients into the fp32 shards (shard_grad), and reshards every unit.
+  // Waits for every unit's gradient reduction (issued during backward: reduce-scatters in
+  // unit order, then all-reduces in unit order), accumulates the averaged gradients into the
+  // fp32 shards (shard_grad), reshards every unit and sets every unit IDLE.
   void end_step();
   // Sets every gradient shard to zero (optimizer.zero_grad()); gradients of later steps
   // accumulate until then.
@@ -152,8 +219,9 @@ class FsdpEngine final : public ModuleHooks {
 
   // Charges the engine's part of a step to `timer` (null: none; not owned): a training
   // pass enters Phase::backward at its first pre_backward, and every wait on a collective
-  // (all-gather before a unit's use, the reductions in end_step, the norm's all-gather in
-  // clip_grad_norm) is a Phase::comm_wait scope.
+  // (all-gather before a unit's use, HYBRID's reduce-scatter -> all-reduce hand-off in
+  // post_backward, the reductions in end_step, the norm's all-gather in clip_grad_norm) is a
+  // Phase::comm_wait scope.
   void set_step_timer(StepTimer* timer) { timer_ = timer; }
   // Records the issue and the wait of every collective as a host range of `profiler` (null:
   // none; not owned), named after the collective and the unit: "all_gather issue unit 3
@@ -165,7 +233,13 @@ class FsdpEngine final : public ModuleHooks {
   // Test hook: adds +inf to element 0 of this rank's gradient shard of unit 0 (an overflow).
   void inject_nonfinite_grad();
 
+  // ---- unit state (see TrainingState, ShardedState, GradState) ----
+  TrainingState training_state(int unit) const;
+  ShardedState sharded_state(int unit) const;
+  GradState grad_state(int unit) const;
+
   // ---- ModuleHooks ----
+  // Each throws fsdp::Error on an illegal TrainingState transition (TrainingState above).
   void pre_forward(int module) override;
   void post_forward(int module) override;
   void pre_backward(int module) override;
@@ -188,6 +262,9 @@ class FsdpEngine final : public ModuleHooks {
   void wait_unshard(int unit);
   void reshard(int unit);
   void issue_reduction(int unit);
+  // Moves `unit` to `to` on behalf of `hook`; throws fsdp::Error unless it is in `from`.
+  void transition(int unit, TrainingState from, TrainingState to, const char* hook);
+  CollectiveTrace trace(int unit);
   bool reshard_after_forward(int unit) const;
   void prefetch(int unit, bool backward);
   int unsharded_blocks() const;  // units besides the root holding a full parameter buffer
@@ -202,6 +279,9 @@ class FsdpEngine final : public ModuleHooks {
   StrategyTraits traits_;
   Communicator* shard_comm_;
   Communicator* replicate_comm_;
+  // The reduction stream: HSDP's replica all-reduces are issued after it (declared before
+  // units_, whose pending Works may still refer to it when they are destroyed).
+  std::unique_ptr<Stream> reduce_stream_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<int> module_unit_;   // module -> unit
   std::vector<ParamLoc> param_loc_;  // param -> (unit, offset in the flat buffer, shape)
@@ -211,7 +291,7 @@ class FsdpEngine final : public ModuleHooks {
   bool training_ = false;
   StepTimer* timer_ = nullptr;
   Profiler* profiler_ = nullptr;
-  int unsharded_blocks_ = 0;       // units besides the root with unsharded = true (O(1) for
+  int unsharded_blocks_ = 0;       // units besides the root UNSHARDED (O(1) for
                                    // limit_all_gathers, which asks before every prefetch)
 };
 

@@ -1,0 +1,120 @@
+// fsdp/fsdp/collectives.hpp: the FSDP engine's two per-unit collectives, unshard
+// (all-gather of a FlatParameter) and reduce (reduce-scatter / all-reduce of its gradient),
+// as free functions that return the buffer they fill and the Work that completes it, as
+// PyTorch FSDP2's foreach_all_gather / foreach_reduce do
+// (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). FSDP2 runs "foreach" over the
+// parameters of an FSDPParamGroup; here a unit's parameters are already one FlatParameter
+// (fsdp/fsdp/flat_param.hpp), so each function moves one flat buffer.
+//
+// The engine (fsdp/fsdp/engine.hpp) decides when to call them and owns the results; these
+// functions only allocate, cast and issue. Nothing here blocks the host except where a
+// host-memory communicator (MPI) completes a collective on a host stream's wait.
+//
+// Layout: a unit's FlatParameter has padded_numel = num_shards * shard_numel elements; shard
+// s is elements [s * shard_numel, (s+1) * shard_numel). Counts passed to the communicator are
+// shard_numel. Shards and gradient shards are fp32; the full buffers use the
+// mixed-precision param_dtype, the reduction buffers reduce_dtype
+// (torch.distributed.fsdp.MixedPrecisionPolicy).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/buffer.hpp"
+#include "fsdp/comm/communicator.hpp"
+#include "fsdp/core/profiler.hpp"
+#include "fsdp/fsdp/flat_param.hpp"
+#include "fsdp/fsdp/step_timer.hpp"
+
+namespace fsdp {
+
+// How the caller observes the collectives issued here (all optional).
+struct CollectiveTrace {
+  // Host ranges "collective" around each issue and each host-side ordering wait.
+  Profiler* profiler = nullptr;
+  // A host-side ordering wait (foreach_reduce's RS -> AR hand-off) is a Phase::comm_wait.
+  StepTimer* timer = nullptr;
+  // Names a recording range: op "all_gather" / "reduce_scatter" / "all_reduce", stage
+  // "issue" / "wait", the group, the count passed to the collective and its dtype.
+  std::function<void(ProfileRange&, const char* op, const char* stage, const Communicator&,
+                     int64_t numel, DType dtype)>
+      describe;
+};
+
+// ---- unshard ----
+
+// FSDP2's AllGatherResult: the unsharded buffer and the collective filling it.
+struct AllGatherResult {
+  DeviceBuffer full_param;     // param_dtype [layout.padded_numel], MemCategory::unsharded_params
+  std::unique_ptr<Work> work;  // the all-gather into full_param; null when nothing is gathered
+};
+
+// Unshards a FlatParameter (FSDP2 foreach_all_gather + the copy-out of wait_for_unshard,
+// which here is none: the gather lands in place). Allocates full_param, casts this rank's
+// fp32 shard_param [layout.shard_numel] to param_dtype into its slot
+// [rank * shard_numel, (rank+1) * shard_numel) on the backend's compute stream (skipped for
+// fp32: the shard is sent as is), then all-gathers over `shard` (issued after `stream`) into
+// full_param, in place. With one shard (layout.num_shards == 1) nothing is issued: work is
+// null and full_param holds the cast shard. full_param may be read on `stream` after
+// work->wait(); it must outlive work. Throws fsdp::Error if layout.num_shards differs from
+// shard.size() or shard_param is not fp32 [shard_numel]; a communicator's errors propagate.
+AllGatherResult foreach_all_gather(Backend& be, Communicator& shard, const FlatParamLayout& layout,
+                                   const DeviceBuffer& shard_param, DType param_dtype,
+                                   Stream& stream, const CollectiveTrace& trace = {});
+
+// ---- reduce ----
+
+// FSDP2's foreach_reduce result: where the reduced gradient shard lands and the collectives
+// producing it. The caller waits for the works (reduce_scatter first), then adds `reduced`
+// into the fp32 gradient shard (if reduced is empty, the result is already in it).
+struct ReduceResult {
+  DeviceBuffer reduced;                  // reduce_dtype [shard_numel], MemCategory::comm_buffers;
+                                         // empty when the result lands in shard_grad itself
+  std::unique_ptr<Work> reduce_scatter;  // over the shard group, issued after `stream`
+  std::unique_ptr<Work> all_reduce;      // over the replicate group (see below)
+  // True when the all-reduce was issued on the reduction stream after reduce_scatter's
+  // completion (HSDP): all_reduce->wait() orders that stream, so the caller's stream must
+  // wait on all_reduce->done().
+  bool all_reduce_on_reduce_stream = false;
+};
+
+// Reduces a unit's unsharded gradient (PyTorch FSDP2 foreach_reduce; FSDP1's
+// _post_backward_hook / _reduce_grad): full_grad (param_dtype [layout.padded_numel], moved in
+// and freed here with the completion event of the collective reading it) is cast to
+// reduce_dtype on the compute stream when the dtypes differ, then
+//  - num_shards > 1: reduce-scattered with ReduceOp::avg over `shard` (issued after
+//    `stream`) into `reduced`, or straight into shard_grad when reduce_dtype is fp32 and
+//    shard_grad holds nothing (`shard_grad_empty`, so it is 0 and overwriting it is the
+//    sum). If replicate.size() > 1 (HYBRID_SHARD / HSDP) the replica all-reduce (avg, in
+//    place on the reduce-scatter's output) follows at once on `reduce_stream`: that stream
+//    first waits for the reduce-scatter's completion event, then the all-reduce is issued
+//    after it, as PyTorch orders HSDP's all-reduce after the reduce-scatter on its
+//    reduce-scatter / all-reduce stream. On a device stream nothing blocks the host and the
+//    compute stream is not held; on a host stream (MPI) the host waits for the
+//    reduce-scatter here.
+//  - num_shards == 1: the cast gradient is the shard (`reduced`); if replicate.size() > 1 it
+//    is all-reduced (avg) over `replicate` after `stream`.
+//  - num_shards == 1 and replicate.size() == 1 (world size 1): nothing to communicate; the
+//    gradient is added into shard_grad on the compute stream at once (a 16-bit reduce_dtype
+//    other than full_grad's dtype is cast first, keeping its rounding) and the result is
+//    empty.
+// Every rank of a group must call this for the same units in the same order (the
+// collectives' order). Throws fsdp::Error on mismatched sizes (full_grad not
+// [padded_numel], shard_grad not fp32 [shard_numel]); a communicator's errors propagate.
+ReduceResult foreach_reduce(Backend& be, Communicator& shard, Communicator& replicate,
+                            const FlatParamLayout& layout, DeviceBuffer full_grad,
+                            DeviceBuffer& shard_grad, bool shard_grad_empty, DType reduce_dtype,
+                            Stream& stream, Stream& reduce_stream,
+                            const CollectiveTrace& trace = {});
+
+// The fp32 path without a full gradient (one shard, param_dtype fp32: backward accumulated
+// into shard_grad [shard_numel] directly): all-reduces shard_grad in place (avg) over
+// `replicate` after `stream` when replicate.size() > 1 (NO_SHARD, PyTorch DDP's all-reduce),
+// else returns an empty result. Throws fsdp::Error if shard_grad is not fp32 [shard_numel].
+ReduceResult reduce_shard_grad(Communicator& replicate, const FlatParamLayout& layout,
+                               DeviceBuffer& shard_grad, Stream& stream,
+                               const CollectiveTrace& trace = {});
+
+}  // namespace fsdp

@@ -1,0 +1,149 @@
+// The FSDP engine's per-unit collectives: unshard (all-gather) and reduce (reduce-scatter /
+// all-reduce), see fsdp/fsdp/collectives.hpp.
+#include "fsdp/fsdp/collectives.hpp"
+
+#include <string>
+
+#include "fsdp/core/error.hpp"
+
+namespace fsdp {
+
+namespace {
+
+void check_shard(const FlatParamLayout& layout, const DeviceBuffer& buf, const char* what) {
+  if (buf.dtype() != DType::f32 || buf.numel() != layout.shard_numel) {
+    throw Error(std::string("FSDP collectives: ") + what + " of unit " + layout.unit_name +
+                " must be fp32 [" + std::to_string(layout.shard_numel) + "], got " +
+                std::string(to_string(buf.dtype())) + " [" + std::to_string(buf.numel()) + "]");
+  }
+}
+
+// A "collective" range around an issue or a wait, named by the trace's describe.
+struct Traced {
+  Traced(const CollectiveTrace& t, const char* op, const char* stage, const Communicator& comm,
+         int64_t numel, DType dtype)
+      : range(t.profiler, "collective") {
+    if (range && t.describe) t.describe(range, op, stage, comm, numel, dtype);
+  }
+  ProfileRange range;
+};
+
+}  // namespace
+
+AllGatherResult foreach_all_gather(Backend& be, Communicator& shard, const FlatParamLayout& layout,
+                                   const DeviceBuffer& shard_param, DType param_dtype,
+                                   Stream& stream, const CollectiveTrace& trace) {
+  check_shard(layout, shard_param, "shard_param");
+  if (layout.num_shards != shard.size()) {
+    throw Error("FSDP collectives: unit " + layout.unit_name + " has " +
+                std::to_string(layout.num_shards) + " shards, its shard group " +
+                std::to_string(shard.size()) + " ranks");
+  }
+  const int64_t n = layout.shard_numel;
+  AllGatherResult r;
+  r.full_param = DeviceBuffer(be, param_dtype, layout.padded_numel, MemCategory::unsharded_params);
+  const TensorView slot = r.full_param.view().slice(shard.rank() * n, n);
+  const void* send = shard_param.data();
+  if (param_dtype != DType::f32) {
+    be.cast(slot, shard_param.view());
+    send = slot.data;
+  } else if (layout.num_shards == 1) {
+    be.copy(slot, shard_param.view());
+  }
+  if (layout.num_shards > 1) {
+    Traced issue(trace, "all_gather", "issue", shard, n, param_dtype);
+    r.work = shard.all_gather(send, r.full_param.data(), static_cast<std::size_t>(n), param_dtype,
+                              stream);
+  }
+  return r;
+}
+
+ReduceResult foreach_reduce(Backend& be, Communicator& shard, Communicator& replicate,
+                            const FlatParamLayout& layout, DeviceBuffer full_grad,
+                            DeviceBuffer& shard_grad, bool shard_grad_empty, DType reduce_dtype,
+                            Stream& stream, Stream& reduce_stream,
+                            const CollectiveTrace& trace) {
+  check_shard(layout, shard_grad, "shard_grad");
+  if (full_grad.numel() != layout.padded_numel) {
+    throw Error("FSDP collectives: the gradient of unit " + layout.unit_name + " has " +
+                std::to_string(full_grad.numel()) + " elements, its FlatParameter " +
+                std::to_string(layout.padded_numel));
+  }
+  const int64_t n = layout.shard_numel;
+  const DType rd = reduce_dtype;
+  ReduceResult r;
+  DeviceBuffer src = std::move(full_grad);
+  if (layout.num_shards == 1 && replicate.size() == 1) {
+    // Nothing sharded and nobody to reduce with (world size 1): accumulate into the fp32
+    // shard now instead of staging a reduce_dtype copy until end_step. axpy reads src's
+    // dtype; an fp32 or param_dtype reduce_dtype adds exactly what the staged copy held.
+    if (rd == DType::f32 || rd == src.dtype()) {
+      be.axpy(shard_grad.view(), 1.f, src.view());
+    } else {  // another 16-bit reduce_dtype: keep its rounding, for one unit at a time
+      DeviceBuffer cast(be, rd, src.numel(), MemCategory::comm_buffers);
+      be.cast(cast.view(), src.view());
+      be.axpy(shard_grad.view(), 1.f, cast.view());
+    }
+    return r;
+  }
+  if (rd != src.dtype()) {
+    DeviceBuffer cast(be, rd, src.numel(), MemCategory::comm_buffers);
+    be.cast(cast.view(), src.view());
+    src = std::move(cast);
+  }
+  if (layout.num_shards == 1) {  // mixed precision without sharding: the grad is the shard
+    r.reduced = std::move(src);
+    if (replicate.size() > 1) {
+      Traced issue(trace, "all_reduce", "issue", replicate, n, rd);
+      r.all_reduce = replicate.all_reduce(r.reduced.data(), r.reduced.data(),
+                                          static_cast<std::size_t>(n), rd, ReduceOp::avg, stream);
+    }
+    return r;
+  }
+  void* recv = nullptr;
+  if (rd == DType::f32 && shard_grad_empty) {
+    recv = shard_grad.data();
+  } else {
+    r.reduced = DeviceBuffer(be, rd, n, MemCategory::comm_buffers);
+    recv = r.reduced.data();
+  }
+  {
+    Traced issue(trace, "reduce_scatter", "issue", shard, n, rd);
+    r.reduce_scatter = shard.reduce_scatter(src.data(), recv, static_cast<std::size_t>(n), rd,
+                                            ReduceOp::avg, stream);
+  }
+  // The unsharded gradient goes back to the stream-ordered allocator with the collective's
+  // completion event: it is reused only once the reduce-scatter has read it.
+  src.reset(r.reduce_scatter->done());
+  if (replicate.size() > 1) {
+    // HSDP: the replica all-reduce of this shard follows its reduce-scatter at once, on the
+    // reduction stream, so the inter-replica traffic overlaps the rest of backward.
+    {
+      StepTimer::Scope waiting(trace.timer, Phase::comm_wait);
+      Traced wait(trace, "reduce_scatter", "wait", shard, n, rd);
+      reduce_stream.wait(*r.reduce_scatter->done());
+    }
+    Traced issue(trace, "all_reduce", "issue", replicate, n, rd);
+    r.all_reduce = replicate.all_reduce(recv, recv, static_cast<std::size_t>(n), rd, ReduceOp::avg,
+                                        reduce_stream);
+    r.all_reduce_on_reduce_stream = true;
+  }
+  return r;
+}
+
+ReduceResult reduce_shard_grad(Communicator& replicate, const FlatParamLayout& layout,
+                               DeviceBuffer& shard_grad, Stream& stream,
+                               const CollectiveTrace& trace) {
+  check_shard(layout, shard_grad, "shard_grad");
+  ReduceResult r;
+  if (replicate.size() > 1) {
+    const int64_t n = layout.shard_numel;
+    Traced issue(trace, "all_reduce", "issue", replicate, n, DType::f32);
+    r.all_reduce = replicate.all_reduce(shard_grad.data(), shard_grad.data(),
+                                        static_cast<std::size_t>(n), DType::f32, ReduceOp::avg,
+                                        stream);
+  }
+  return r;
+}
+
+}  // namespace fsdp
