@@ -112,8 +112,8 @@ struct Job {
 void open_data(Job& job) {
   const Config& cfg = job.cfg;
   const int64_t V = cfg.model.integer("vocab_size");
-  job.train_src = data::open_samples(cfg, "train", V);
-  job.val_src = data::open_samples(cfg, "val", V);
+  job.train_src = data::open_samples(cfg, data::Split::train, V);
+  job.val_src = data::open_samples(cfg, data::Split::val, V);
   // A planned world (--world-size) samples as its rank 0 would.
   job.sampler.emplace(job.train_src->num_samples(), cfg.train.global_batch_size,
                       job.planning() ? 0 : job.host.rank(), job.world, cfg.train.seed);
