@@ -669,14 +669,6 @@ const char* to_string(Objective o) {
   return "?";
 }
 
-const char* to_string(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::adamw: return "adamw";
-    case OptimizerKind::sgd: return "sgd";
-  }
-  return "?";
-}
-
 std::string profile_steps_error(int64_t first, int64_t last) {
   if (first < 1) return "first step " + std::to_string(first) + " is out of range (expected >= 1)";
   if (last < first) {

@@ -37,7 +37,9 @@ const char* to_string(DeviceKind d);  // "auto" | "cpu" | "cuda"
 enum class CommBackend { auto_, nccl, mpi };
 const char* to_string(CommBackend b);  // "auto" | "nccl" | "mpi"
 enum class OptimizerKind { adamw, sgd };
-const char* to_string(OptimizerKind k);  // "adamw" | "sgd"
+// "adamw" | "sgd". Inline: the optimizer (optim layer) names itself in messages without the
+// config library.
+constexpr const char* to_string(OptimizerKind k) { return k == OptimizerKind::adamw ? "adamw" : "sgd"; }
 
 // The [model] section: `type` picks a model family from the registry
 // (fsdp/model/model.hpp: "gpt2", "t5"); every other key belongs to that family, is named as
