@@ -56,9 +56,10 @@ BatchShape batch_shape(const Config& config);
 //  causal_lm: TokenDataset or SyntheticTokens exactly as the trainer builds them (synthetic:
 //    train 1024 * global_batch * L + 1 tokens, seed train.seed; val 64 * L + 1, seed + 1);
 //    val num_samples = num_val_windows(tokens, L, eval.max_windows); load = load_batch.
-//  seq2seq: data.source must be "hdf5" (else InputError naming data.source); the split is read whole and validated at open;
-//    val is capped at eval.max_windows (> 0) examples; truncation keeps max - 1 tokens + eos
-//    and is counted in num_truncated(). Inputs padded with 0, targets with kIgnoreIndex.
+//  seq2seq: data.source must be "hdf5" (else InputError naming data.source); the split is
+//    read whole and validated at open; val is capped at eval.max_windows (> 0) examples;
+//    truncation keeps max - 1 tokens + eos and is counted in num_truncated(). Inputs padded
+//    with 0, targets with kIgnoreIndex.
 //  span_corruption: files with tokenizer "bytes" are read as ByT5 ids b + 3; synthetic ids
 //    are in [3, vocab_size - 125); sentinel j = vocab_size - 1 - j must stay above the
 //    data's ids (else InputError naming data.seq_len and model.vocab_size); num_samples =
