@@ -77,7 +77,7 @@ TEST(Config, FortunesInput) {
   EXPECT_EQ(c.model.integer("n_embd"), 128);
   EXPECT_EQ(c.model.integer("n_positions"), 256);
   EXPECT_EQ(c.model.integer("vocab_size"), 256);
-  EXPECT_EQ(c.data.source, "hdf5");
+  EXPECT_EQ(c.data.source, DataSource::hdf5);
   EXPECT_EQ(c.data.path, "data/fortunes.h5");
   EXPECT_EQ(c.data.seq_len, 128);
   EXPECT_EQ(c.train.global_batch_size, 32);
@@ -104,7 +104,7 @@ TEST(Config, TinyInput) {
   EXPECT_EQ(c.model.integer("n_head"), 2);
   EXPECT_EQ(c.model.integer("n_embd"), 16);
   EXPECT_EQ(c.model.integer("n_positions"), 32);
-  EXPECT_EQ(c.data.source, "synthetic");
+  EXPECT_EQ(c.data.source, DataSource::synthetic);
   EXPECT_TRUE(c.data.path.empty());
   EXPECT_EQ(c.data.seq_len, 16);
   EXPECT_EQ(c.train.global_batch_size, 8);

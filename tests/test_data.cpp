@@ -181,8 +181,8 @@ TEST(Prepare, CollectsSortedRegularFilesSkippingDatAndSymlinks) {
   EXPECT_EQ(sum.val_tokens, 3);
   EXPECT_FALSE(fs::exists(out + ".tmp"));
 
-  fsdp::data::TokenDataset train(out, "train", 256, 8);
-  fsdp::data::TokenDataset val(out, "val");
+  fsdp::data::TokenDataset train(out, fsdp::data::Split::train, 256, 8);
+  fsdp::data::TokenDataset val(out, fsdp::data::Split::val);
   EXPECT_EQ(train.vocab_size(), 256);
   EXPECT_EQ(train.tokenizer(), "bytes");
   ASSERT_EQ(train.num_tokens(), 9);
@@ -243,7 +243,7 @@ std::string make_token_file(const TempDir& dir, const std::string& name, int n, 
 TEST(TokenDataset, ReadsWindowsAndReportsMetadata) {
   TempDir dir("ds");
   const auto path = make_token_file(dir, "t.h5", 300, 256);
-  fsdp::data::TokenDataset ds(path, "train", 256, 16);
+  fsdp::data::TokenDataset ds(path, fsdp::data::Split::train, 256, 16);
   EXPECT_EQ(ds.num_tokens(), 300);
   EXPECT_EQ(ds.tokenizer(), "unknown");
   EXPECT_EQ(ds.dataset(), "/train/tokens");
@@ -253,34 +253,34 @@ TEST(TokenDataset, ReadsWindowsAndReportsMetadata) {
   EXPECT_EQ(w, (std::vector<int32_t>{254, 255, 0, 1, 2}));
   expect_error([&] { ds.read(298, 5, w.data()); }, 1, {path, "out of range"});
   // The same reads from disk (splits above the in-memory limit), with the token check.
-  fsdp::data::TokenDataset lazy(path, "train", 256, 16, /*in_memory_limit=*/0);
+  fsdp::data::TokenDataset lazy(path, fsdp::data::Split::train, 256, 16, /*in_memory_limit=*/0);
   EXPECT_FALSE(lazy.in_memory());
   std::vector<int32_t> w2(5);
   lazy.read(254, 5, w2.data());
   EXPECT_EQ(w2, w);
   expect_error([&] { lazy.read(298, 5, w2.data()); }, 1, {path, "out of range"});
   const auto bad = make_token_file(dir, "bad.h5", 100, 50);
-  fsdp::data::TokenDataset lazy_bad(bad, "train", 0, 0, 0);  // not checked at open
+  fsdp::data::TokenDataset lazy_bad(bad, fsdp::data::Split::train, 0, 0, 0);  // not checked at open
   std::vector<int32_t> w3(50);
   EXPECT_NO_THROW(lazy_bad.read(0, 50, w3.data()));
   expect_error([&] { lazy_bad.read(45, 10, w3.data()); }, 2, {bad, "token 50 at position 50"});
   // A larger model vocabulary is accepted (padding, as nanoGPT's 50304).
-  EXPECT_NO_THROW(fsdp::data::TokenDataset(path, "train", 512, 0));
+  EXPECT_NO_THROW(fsdp::data::TokenDataset(path, fsdp::data::Split::train, 512, 0));
 }
 
 TEST(TokenDataset, ErrorsNameFileDatasetAndKey) {
   TempDir dir("ds_err");
   const auto path = make_token_file(dir, "t.h5", 300, 256);
-  expect_error([&] { fsdp::data::TokenDataset(dir.file("missing.h5"), "train"); }, 2,
+  expect_error([&] { fsdp::data::TokenDataset(dir.file("missing.h5"), fsdp::data::Split::train); }, 2,
                {dir.file("missing.h5"), "cannot open"});
-  expect_error([&] { fsdp::data::TokenDataset(path, "val"); }, 2, {path, "/val/tokens", "not found"});
-  expect_error([&] { fsdp::data::TokenDataset(path, "train", 128); }, 2, {"data.path", path, "model.vocab_size", "128"});
-  expect_error([&] { fsdp::data::TokenDataset(path, "train", 256, 300); }, 2, {"data.seq_len", "300", "/train/tokens"});
+  expect_error([&] { fsdp::data::TokenDataset(path, fsdp::data::Split::val); }, 2, {path, "/val/tokens", "not found"});
+  expect_error([&] { fsdp::data::TokenDataset(path, fsdp::data::Split::train, 128); }, 2, {"data.path", path, "model.vocab_size", "128"});
+  expect_error([&] { fsdp::data::TokenDataset(path, fsdp::data::Split::train, 256, 300); }, 2, {"data.seq_len", "300", "/train/tokens"});
   const auto novocab = make_token_file(dir, "nv.h5", 10, 0, false);
-  expect_error([&] { fsdp::data::TokenDataset(novocab, "train"); }, 2, {novocab, "vocab_size"});
+  expect_error([&] { fsdp::data::TokenDataset(novocab, fsdp::data::Split::train); }, 2, {novocab, "vocab_size"});
   // Tokens 0..99 with vocab 50: token 50 at position 50 is out of range.
   const auto bad = make_token_file(dir, "bad.h5", 100, 50);
-  expect_error([&] { fsdp::data::TokenDataset(bad, "train"); }, 2, {bad, "token 50 at position 50"});
+  expect_error([&] { fsdp::data::TokenDataset(bad, fsdp::data::Split::train); }, 2, {bad, "token 50 at position 50"});
   // A float dataset is not a token dataset.
   {
     auto f = fsdp::h5::File::create(dir.file("f.h5"));
@@ -288,7 +288,7 @@ TEST(TokenDataset, ErrorsNameFileDatasetAndKey) {
     f.write_f32("/train/tokens", x, {3});
     f.set_attr("/", "vocab_size", int64_t{4});
   }
-  expect_error([&] { fsdp::data::TokenDataset(dir.file("f.h5"), "train"); }, 2, {"f.h5", "integers"});
+  expect_error([&] { fsdp::data::TokenDataset(dir.file("f.h5"), fsdp::data::Split::train); }, 2, {"f.h5", "integers"});
 }
 
 TEST(TokenDataset, ReadsUint16Tokens) {
@@ -306,7 +306,7 @@ TEST(TokenDataset, ReadsUint16Tokens) {
     f.set_attr("/", "vocab_size", int64_t{50257});
     f.set_attr("/", "tokenizer", std::string("gpt2"));
   }
-  fsdp::data::TokenDataset ds(path, "train", 50304, 3);
+  fsdp::data::TokenDataset ds(path, fsdp::data::Split::train, 50304, 3);
   EXPECT_EQ(ds.tokenizer(), "gpt2");
   std::vector<int32_t> w(4);
   ds.read(0, 4, w.data());
@@ -400,7 +400,7 @@ TEST(Sampler, RejectsBadBatchSizes) {
 TEST(Batch, ShiftedWindowsOfSamples) {
   TempDir dir("batch");
   const auto path = make_token_file(dir, "t.h5", 100, 256);
-  fsdp::data::TokenDataset ds(path, "train");
+  fsdp::data::TokenDataset ds(path, fsdp::data::Split::train);
   const auto b = fsdp::data::load_batch(ds, {3, 0}, 8);
   EXPECT_EQ(b.B, 2);
   EXPECT_EQ(b.L, 8);
@@ -457,7 +457,7 @@ namespace {
 fsdp::Config data_config(fsdp::Objective objective, const std::string& path) {
   fsdp::Config c;
   c.data.objective = objective;
-  c.data.source = path.empty() ? "synthetic" : "hdf5";
+  c.data.source = path.empty() ? fsdp::DataSource::synthetic : fsdp::DataSource::hdf5;
   c.data.path = path;
   return c;
 }
@@ -492,8 +492,8 @@ TEST(Samples, CausalLmEqualsLoadBatch) {
   c.eval.max_windows = 5;
   EXPECT_EQ(fsdp::data::batch_shape(c).L, 16);
   EXPECT_EQ(fsdp::data::batch_shape(c).target_len, 16);
-  const auto train = fsdp::data::open_samples(c, "train", 256);
-  const fsdp::data::TokenDataset ds(dir.file("t.h5"), "train");
+  const auto train = fsdp::data::open_samples(c, fsdp::data::Split::train, 256);
+  const fsdp::data::TokenDataset ds(dir.file("t.h5"), fsdp::data::Split::train);
   EXPECT_EQ(train->num_samples(), (ds.num_tokens() - 1) / 16);
   EXPECT_EQ(train->num_tokens(), ds.num_tokens());
   EXPECT_EQ(train->num_truncated(), 0);
@@ -505,8 +505,8 @@ TEST(Samples, CausalLmEqualsLoadBatch) {
   EXPECT_EQ(a.targets, b.targets);
   expect_error([&] { train->load({train->num_samples()}); }, 1, {"sample"});
   // Validation: windows capped by eval.max_windows.
-  const auto val = fsdp::data::open_samples(c, "val", 256);
-  const fsdp::data::TokenDataset vds(dir.file("t.h5"), "val");
+  const auto val = fsdp::data::open_samples(c, fsdp::data::Split::val, 256);
+  const fsdp::data::TokenDataset vds(dir.file("t.h5"), fsdp::data::Split::val);
   EXPECT_EQ(val->num_samples(), fsdp::data::num_val_windows(vds.num_tokens(), 16, 5));
   EXPECT_EQ(val->num_samples(), 5);
   EXPECT_EQ(val->load({4}).inputs, fsdp::data::load_batch(vds, {4}, 16).inputs);
@@ -515,11 +515,11 @@ TEST(Samples, CausalLmEqualsLoadBatch) {
   s.data.seq_len = 8;
   s.train.global_batch_size = 4;
   s.train.seed = 99;
-  const auto st = fsdp::data::open_samples(s, "train", 1000);
+  const auto st = fsdp::data::open_samples(s, fsdp::data::Split::train, 1000);
   const fsdp::data::SyntheticTokens ref(1024 * 4 * 8 + 1, 1000, 99);
   EXPECT_EQ(st->num_samples(), 1024 * 4);
   EXPECT_EQ(st->load({4095, 3}).targets, fsdp::data::load_batch(ref, {4095, 3}, 8).targets);
-  const auto sv = fsdp::data::open_samples(s, "val", 1000);
+  const auto sv = fsdp::data::open_samples(s, fsdp::data::Split::val, 1000);
   const fsdp::data::SyntheticTokens vref(64 * 8 + 1, 1000, 100);
   EXPECT_EQ(sv->num_samples(), 64);
   EXPECT_EQ(sv->load({63}).inputs, fsdp::data::load_batch(vref, {63}, 8).inputs);
@@ -555,7 +555,7 @@ TEST(Samples, Seq2SeqRoundTripPadsAndTruncates) {
   c.data.max_target_len = 4;
   EXPECT_EQ(fsdp::data::batch_shape(c).L, 6);
   EXPECT_EQ(fsdp::data::batch_shape(c).target_len, 4);
-  const auto train = fsdp::data::open_samples(c, "train", 384);
+  const auto train = fsdp::data::open_samples(c, fsdp::data::Split::train, 384);
   EXPECT_EQ(train->num_samples(), 3);
   EXPECT_EQ(train->num_tokens(), 3 + 12 + 3 + 2 + 2 + 12);
   EXPECT_EQ(train->num_truncated(), 2);
@@ -573,21 +573,21 @@ TEST(Samples, Seq2SeqRoundTripPadsAndTruncates) {
   EXPECT_EQ(b.num_targets(), 4 + 2 + 2);
   expect_error([&] { train->load({3}); }, 1, {"sample 3"});
 
-  const auto val = fsdp::data::open_samples(c, "val", 384);
+  const auto val = fsdp::data::open_samples(c, fsdp::data::Split::val, 384);
   EXPECT_EQ(val->num_samples(), 2);
   EXPECT_EQ(val->num_truncated(), 0);
   const auto v = val->load({1});
   EXPECT_EQ(in_row(v, 0), cat(ids("s"), {1, 0, 0, 0, 0}));
   EXPECT_EQ(tgt_row(v, 0), cat(ids("tt"), {1, I}));
   c.eval.max_windows = 1;  // caps the validation examples
-  EXPECT_EQ(fsdp::data::open_samples(c, "val", 384)->num_samples(), 1);
+  EXPECT_EQ(fsdp::data::open_samples(c, fsdp::data::Split::val, 384)->num_samples(), 1);
   // max length 1: only the eos is left.
   c.data.max_input_len = 1;
-  const auto one = fsdp::data::open_samples(c, "train", 384);
+  const auto one = fsdp::data::open_samples(c, fsdp::data::Split::train, 384);
   EXPECT_EQ(one->num_truncated(), 3);
   EXPECT_EQ(in_row(one->load({1}), 0), (std::vector<int32_t>{1}));
   // File vocab (259) above the model's; tokens above a small model vocabulary.
-  expect_error([&] { fsdp::data::open_samples(c, "train", 258); }, 2, {dir.file("p.h5"), "model.vocab_size"});
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 258); }, 2, {dir.file("p.h5"), "model.vocab_size"});
 }
 
 TEST(Samples, PairsTsvErrorsNameFileAndLine) {
@@ -636,7 +636,7 @@ std::string write_raw_pairs(const TempDir& dir, const std::string& name, const R
 
 TEST(Samples, Seq2SeqBadFilesAreInputErrorsNamingFileAndDataset) {
   TempDir dir("s2sbad");
-  auto open = [](const std::string& path, const std::string& split = "train", int64_t vocab = 384) {
+  auto open = [](const std::string& path, fsdp::data::Split split = fsdp::data::Split::train, int64_t vocab = 384) {
     auto c = data_config(fsdp::Objective::seq2seq, path);
     return fsdp::data::open_samples(c, split, vocab);
   };
@@ -646,7 +646,7 @@ TEST(Samples, Seq2SeqBadFilesAreInputErrorsNamingFileAndDataset) {
   EXPECT_EQ(in_row(s->load({1}), 0)[0], 12);
   EXPECT_EQ(tgt_row(s->load({1}), 0)[1], 22);
 
-  expect_error([&] { open(good, "val"); }, 2, {good, "/val", "group not found"});
+  expect_error([&] { open(good, fsdp::data::Split::val); }, 2, {good, "/val", "group not found"});
   expect_error([&] { open(dir.file("nope.h5")); }, 2, {"nope.h5"});
   RawPairs p;
   p.skip_targets = true;
@@ -676,8 +676,8 @@ TEST(Samples, Seq2SeqBadFilesAreInputErrorsNamingFileAndDataset) {
   p = {};
   p.targets[3] = 250;
   const auto range = write_raw_pairs(dir, "range.h5", p);
-  expect_error([&] { open(range, "train", 200); }, 2, {range, "/train/targets", "token 250 at position 3"});
-  EXPECT_NO_THROW(open(range, "train", 251));
+  expect_error([&] { open(range, fsdp::data::Split::train, 200); }, 2, {range, "/train/targets", "token 250 at position 3"});
+  EXPECT_NO_THROW(open(range, fsdp::data::Split::train, 251));
 }
 
 // ---------------------------------------------------------------- span corruption
@@ -755,7 +755,7 @@ TEST(SpanCorruption, StatisticsAndExactReconstructionOverManyWindows) {
   c.data.seq_len = L;
   c.train.global_batch_size = 2;  // 1024 * 2 windows of L
   c.train.seed = 5;
-  const auto src = fsdp::data::open_samples(c, "train", V);
+  const auto src = fsdp::data::open_samples(c, fsdp::data::Split::train, V);
   ASSERT_EQ(src->num_samples(), 2048);
   EXPECT_EQ(src->num_tokens(), 2048 * L);
   const auto counts = fsdp::data::span_counts(L, 0.15, 3.0);
@@ -831,7 +831,7 @@ TEST(SpanCorruption, RowsArePureFunctionsOfSeedSplitAndIndex) {
   auto c = data_config(fsdp::Objective::span_corruption, "");
   c.data.seq_len = 64;
   c.train.global_batch_size = 1;
-  const auto a = fsdp::data::open_samples(c, "train", 384);
+  const auto a = fsdp::data::open_samples(c, fsdp::data::Split::train, 384);
   const auto all = a->load({5, 17, 3, 900});
   const auto alone = a->load({17});
   EXPECT_EQ(in_row(all, 1), in_row(alone, 0));
@@ -841,13 +841,13 @@ TEST(SpanCorruption, RowsArePureFunctionsOfSeedSplitAndIndex) {
   EXPECT_EQ(cat(r0.inputs, r1.inputs), all.inputs);
   EXPECT_EQ(cat(r0.targets, r1.targets), all.targets);
   // A second source opened from the same config agrees; another seed does not.
-  EXPECT_EQ(fsdp::data::open_samples(c, "train", 384)->load({900}).targets, a->load({900}).targets);
+  EXPECT_EQ(fsdp::data::open_samples(c, fsdp::data::Split::train, 384)->load({900}).targets, a->load({900}).targets);
   c.train.seed += 1;
-  EXPECT_NE(fsdp::data::open_samples(c, "train", 384)->load({900}).targets, a->load({900}).targets);
+  EXPECT_NE(fsdp::data::open_samples(c, fsdp::data::Split::train, 384)->load({900}).targets, a->load({900}).targets);
   expect_error([&] { a->load({1024}); }, 1, {"sample 1024"});
   // Synthetic val: 64 windows (capped by eval.max_windows).
   c.eval.max_windows = 10;
-  EXPECT_EQ(fsdp::data::open_samples(c, "val", 384)->num_samples(), 10);
+  EXPECT_EQ(fsdp::data::open_samples(c, fsdp::data::Split::val, 384)->num_samples(), 10);
 }
 
 TEST(SpanCorruption, ByteFilesAreReadAsByT5Ids) {
@@ -858,8 +858,8 @@ TEST(SpanCorruption, ByteFilesAreReadAsByT5Ids) {
   fsdp::data::prepare_byte_dataset({dir.file("t.txt")}, dir.file("t.h5"), 0.25);
   auto c = data_config(fsdp::Objective::span_corruption, dir.file("t.h5"));
   c.data.seq_len = 100;
-  const auto train = fsdp::data::open_samples(c, "train", 384);
-  const fsdp::data::TokenDataset ds(dir.file("t.h5"), "train");
+  const auto train = fsdp::data::open_samples(c, fsdp::data::Split::train, 384);
+  const fsdp::data::TokenDataset ds(dir.file("t.h5"), fsdp::data::Split::train);
   EXPECT_EQ(train->num_samples(), ds.num_tokens() / 100);
   const auto counts = fsdp::data::span_counts(100, 0.15, 3.0);  // 15 noise, 5 spans
   const auto b = train->load({train->num_samples() - 1, 0});
@@ -872,8 +872,8 @@ TEST(SpanCorruption, ByteFilesAreReadAsByT5Ids) {
   }
   // The split is part of the randomness: train and val sample 0 place their sentinels
   // differently (positions in the inputs depend only on the span layout).
-  const auto val = fsdp::data::open_samples(c, "val", 384);
-  EXPECT_EQ(val->num_samples(), fsdp::data::TokenDataset(dir.file("t.h5"), "val").num_tokens() / 100);
+  const auto val = fsdp::data::open_samples(c, fsdp::data::Split::val, 384);
+  EXPECT_EQ(val->num_samples(), fsdp::data::TokenDataset(dir.file("t.h5"), fsdp::data::Split::val).num_tokens() / 100);
   auto sentinel_positions = [](const std::vector<int32_t>& row) {
     std::vector<std::size_t> p;
     for (std::size_t i = 0; i < row.size(); ++i) if (row[i] >= 379) p.push_back(i);
@@ -883,23 +883,32 @@ TEST(SpanCorruption, ByteFilesAreReadAsByT5Ids) {
   EXPECT_EQ(vt.size(), 5u);
   EXPECT_NE(vt, sentinel_positions(in_row(train->load({0}), 0)));
   // Too few sentinel ids above the byte ids 3..258: vocab 262 leaves 3 for 5 spans.
-  expect_error([&] { fsdp::data::open_samples(c, "train", 262); }, 2, {"data.seq_len", "model.vocab_size 262", "sentinel"});
-  EXPECT_NO_THROW(fsdp::data::open_samples(c, "train", 264));
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 262); }, 2, {"data.seq_len", "model.vocab_size 262", "sentinel"});
+  EXPECT_NO_THROW(fsdp::data::open_samples(c, fsdp::data::Split::train, 264));
   // Model vocabulary below the mapped byte ids.
-  expect_error([&] { fsdp::data::open_samples(c, "train", 258); }, 2, {dir.file("t.h5"), "model.vocab_size"});
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 258); }, 2, {dir.file("t.h5"), "model.vocab_size"});
   // A window longer than the split.
   c.data.seq_len = 100000;
-  expect_error([&] { fsdp::data::open_samples(c, "train", 384); }, 2, {"data.seq_len", "/train/tokens"});
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 384); }, 2, {"data.seq_len", "/train/tokens"});
 }
 
-TEST(Samples, BadSourceAndSplit) {
+// data.source and the split are enums (an unknown data.source is rejected by the config
+// parser, test_config), so only their combinations are left to check here.
+TEST(Samples, BadSource) {
   auto c = data_config(fsdp::Objective::seq2seq, "");
-  expect_error([&] { fsdp::data::open_samples(c, "train", 384); }, 2, {"data.source", "seq2seq"});
-  c.data.source = "bogus";
-  expect_error([&] { fsdp::data::open_samples(c, "train", 384); }, 2, {"data.source", "bogus"});
-  c.data.source = "hdf5";
-  expect_error([&] { fsdp::data::open_samples(c, "train", 384); }, 2, {"data.path"});
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 384); }, 2, {"data.source", "seq2seq"});
+  c.data.source = fsdp::DataSource::hdf5;
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 384); }, 2,
+               {"data.path: required (path to an HDF5 token file"});
+  // The config's checks repeated for a Config built in code, with the config's messages.
+  auto q = data_config(fsdp::Objective::seq2seq, "unused.h5");
+  q.data.max_input_len = 0;
+  expect_error([&] { fsdp::data::open_samples(q, fsdp::data::Split::train, 384); }, 2,
+               {"data.max_input_len: 0 is out of range (expected an integer >= 1)"});
+  q.data.max_input_len = 4;
+  q.data.max_target_len = -2;
+  expect_error([&] { fsdp::data::open_samples(q, fsdp::data::Split::train, 384); }, 2,
+               {"data.max_target_len: -2 is out of range (expected an integer >= 1)"});
   auto s = data_config(fsdp::Objective::span_corruption, "");
-  expect_error([&] { fsdp::data::open_samples(s, "test", 384); }, 1, {"test"});
-  expect_error([&] { fsdp::data::open_samples(s, "train", 128); }, 2, {"model.vocab_size"});
+  expect_error([&] { fsdp::data::open_samples(s, fsdp::data::Split::train, 128); }, 2, {"model.vocab_size"});
 }

@@ -13,11 +13,14 @@
 #include <sstream>
 #include <string>
 
+#include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/merge.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
+#include "fsdp/core/error.hpp"
 #include "fsdp/data/prepare.hpp"
+#include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/runtime.hpp"
 #include "fsdp/train/trainer.hpp"
 #include "train_util.hpp"
@@ -202,3 +205,36 @@ TEST(Merge, SafetensorsEqualTheRunsFullParameters) {
 }
 
 }  // namespace
+
+// Optimizer state is typed: each optimizer has its own states (torch.optim's state-dict names,
+// which are also the checkpoint dataset names), and asking for another optimizer's state
+// throws fsdp::Error naming the optimizer and the state.
+TEST(OptimizerState, TypedPerOptimizer) {
+  using fsdp::OptimState;
+  EXPECT_STREQ(to_string(OptimState::exp_avg), "exp_avg");
+  EXPECT_STREQ(to_string(OptimState::exp_avg_sq), "exp_avg_sq");
+  EXPECT_STREQ(to_string(OptimState::momentum_buffer), "momentum_buffer");
+  const auto be = fsdp::make_cpu_backend(1);
+  for (const auto kind : {fsdp::OptimizerKind::adamw, fsdp::OptimizerKind::sgd}) {
+    fsdp::OptimConfig oc;
+    oc.name = kind;
+    fsdp::Optimizer opt(oc, *be);
+    auto param = fsdp::DeviceBuffer::floats(*be, 8, fsdp::MemCategory::sharded_params);
+    auto grad = fsdp::DeviceBuffer::floats(*be, 8, fsdp::MemCategory::grads);
+    opt.add_shard(param.view(), grad.view(), {{0, 8, true}});
+    const bool adamw = kind == fsdp::OptimizerKind::adamw;
+    EXPECT_EQ(opt.states(), adamw ? (std::vector<OptimState>{OptimState::exp_avg, OptimState::exp_avg_sq})
+                                   : (std::vector<OptimState>{OptimState::momentum_buffer}));
+    for (const OptimState s : opt.states()) EXPECT_EQ(opt.state(0, s).numel(), 8);
+    const OptimState other = adamw ? OptimState::momentum_buffer : OptimState::exp_avg;
+    try {
+      (void)opt.state(0, other);
+      ADD_FAILURE() << "expected fsdp::Error";
+    } catch (const fsdp::Error& e) {
+      const std::string want = std::string("optimizer ") + to_string(kind) + " has no state " + to_string(other);
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    if (!adamw) EXPECT_THROW((void)opt.state(0, OptimState::exp_avg_sq), fsdp::Error);
+    EXPECT_THROW((void)opt.state(1, opt.states().front()), fsdp::Error);
+  }
+}

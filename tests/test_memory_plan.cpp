@@ -230,7 +230,7 @@ TEST(MemoryPlan, CountsTheVocabularyPaddingRows) {
     Config c = small_config(fresh_dir("plan_pad" + std::to_string(pads[i])));
     c.model.set("vocab_size", int64_t{1001});
     c.model.pad_vocab_multiple = pads[i];
-    c.data.source = "synthetic";
+    c.data.source = fsdp::DataSource::synthetic;
     c.train.max_steps = 2;
     c.mixed_precision.param_dtype = fsdp::DType::bf16;
     c.fsdp.forward_prefetch = true;

@@ -483,6 +483,10 @@ TEST(T5, HuggingFaceConfigRoundTrip) {
   bad = j;
   bad["feed_forward_proj"] = "gated-silu";
   fails_naming(bad, "feed_forward_proj");
+  // The one message of parse_t5_feed_forward, as the TOML config's model.feed_forward_proj.
+  fails_naming(bad, "x.json: feed_forward_proj: unknown value \"gated-silu\" (expected one of relu, gated-gelu)");
+  EXPECT_EQ(fsdp::parse_t5_feed_forward("gated-gelu", "k"), T5FeedForward::gated_gelu);
+  EXPECT_FALSE(fsdp::t5_feed_forward_from_string("Relu").has_value());
   bad = j;
   bad["num_heads"] = "4";
   fails_naming(bad, "num_heads");

@@ -244,7 +244,7 @@ TEST(T5ActivationCheckpointing, SameTrainingSmallerMeasuredPeak) {
 Config span_config(const std::string& run_dir) {
   Config c = t5_config(run_dir);
   c.data.objective = fsdp::Objective::span_corruption;
-  c.data.source = "synthetic";
+  c.data.source = fsdp::DataSource::synthetic;
   c.data.seq_len = 20;
   c.eval.max_windows = 8;
   return c;

@@ -58,6 +58,10 @@ struct EnumValues<CommBackend> {
   static constexpr CommBackend values[] = {CommBackend::auto_, CommBackend::nccl, CommBackend::mpi};
 };
 template <>
+struct EnumValues<DataSource> {
+  static constexpr DataSource values[] = {DataSource::hdf5, DataSource::synthetic};
+};
+template <>
 struct EnumValues<Objective> {
   static constexpr Objective values[] = {Objective::causal_lm, Objective::seq2seq,
                                          Objective::span_corruption};
@@ -386,8 +390,8 @@ void convert(const toml::node& node, const std::string& origin, const std::strin
     }
     field = std::move(out);
   } else if constexpr (kIsConfigEnum<T>) {
-    // An enum (ShardingStrategy, AutoWrapPolicy, BackwardPrefetch, OptimizerKind, DType):
-    // a string spelled exactly as one of EnumValues<T>.
+    // An enum (ShardingStrategy, AutoWrapPolicy, BackwardPrefetch, DataSource, Objective,
+    // OptimizerKind, DType, ...): a string spelled exactly as one of EnumValues<T>.
     const auto* s = node.as_string();
     if (!s) throw wrong("a string");
     if (!lookup_enum(s->get(), &field)) {
@@ -408,12 +412,6 @@ void validate(const Config& c, OriginOf&& origin_of) {
     if (v < lo) {
       throw fail(key, std::to_string(v) + " is out of range (expected an integer >= " +
                           std::to_string(lo) + ")");
-    }
-  };
-  auto one_of = [&](const std::string& key, const std::string& v,
-                    const std::vector<std::string>& allowed) {
-    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
-      throw fail(key, "unknown value " + quoted(v) + " (expected one of " + join(allowed) + ")");
     }
   };
   auto num = [](double v) {
@@ -443,8 +441,8 @@ void validate(const Config& c, OriginOf&& origin_of) {
   }
 
   // data
-  one_of("data.source", c.data.source, {"hdf5", "synthetic"});
-  if (c.data.source == "hdf5" && c.data.path.empty()) {
+  // data.source is an enum: an unknown value was rejected when it was parsed.
+  if (c.data.source == DataSource::hdf5 && c.data.path.empty()) {
     throw fail("data.path", "required (path to an HDF5 token file, see docs/data.md)");
   }
   at_least("data.seq_len", c.data.seq_len, 1);
@@ -667,14 +665,6 @@ const char* to_string(Objective o) {
     case Objective::causal_lm: return "causal_lm";
     case Objective::seq2seq: return "seq2seq";
     case Objective::span_corruption: return "span_corruption";
-  }
-  return "?";
-}
-
-const char* to_string(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::adamw: return "adamw";
-    case OptimizerKind::sgd: return "sgd";
   }
   return "?";
 }

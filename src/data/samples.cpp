@@ -19,32 +19,35 @@ namespace fsdp::data {
 
 namespace {
 
-void check_split(const std::string& split) {
-  if (split != "train" && split != "val") {
-    throw Error("open_samples: split \"" + split + "\" (expected \"train\" or \"val\")");
-  }
-}
-
 void check_index(const char* what, int64_t i, int64_t n) {
   if (i < 0 || i >= n) {
     throw Error(std::string(what) + ": sample " + std::to_string(i) + " is outside [0, " + std::to_string(n) + ")");
   }
 }
 
+// The check of config validation (validate in src/config/config.cpp) for the keys read
+// here: it covers every parsed config; this guards a Config built in code, same message.
+void require_at_least(const char* key, int64_t v, int64_t lo) {
+  if (v < lo) {
+    throw InputError(std::string(key) + ": " + std::to_string(v) + " is out of range (expected an integer >= " +
+                     std::to_string(lo) + ")");
+  }
+}
+
 int64_t cap(int64_t n, int64_t max_windows) {
-  if (max_windows < 0) throw InputError("eval.max_windows: " + std::to_string(max_windows) + " (expected >= 0)");
+  require_at_least("eval.max_windows", max_windows, 0);
   return max_windows > 0 ? std::min(n, max_windows) : n;
 }
 
 // The stream sources of causal_lm and span_corruption, as the trainer builds them: a
 // synthetic train stream of 1024 global batches (independent of train.max_steps, so
 // --resume sees the same batches), a 64-sample val stream seeded train.seed + 1.
-int64_t synthetic_tokens(const Config& c, const std::string& split, int64_t per_sample, int64_t extra) {
-  const int64_t samples = split == "train" ? 1024 * c.train.global_batch_size : 64;
+int64_t synthetic_tokens(const Config& c, Split split, int64_t per_sample, int64_t extra) {
+  const int64_t samples = split == Split::train ? 1024 * c.train.global_batch_size : 64;
   return samples * per_sample + extra;
 }
-uint64_t synthetic_seed(const Config& c, const std::string& split) {
-  return split == "train" ? c.train.seed : c.train.seed + 1;
+uint64_t synthetic_seed(const Config& c, Split split) {
+  return split == Split::train ? c.train.seed : c.train.seed + 1;
 }
 
 // ---------------------------------------------------------------- causal_lm
@@ -67,16 +70,16 @@ class CausalLmSamples final : public SampleSource {
   int64_t L_, n_;
 };
 
-std::unique_ptr<SampleSource> open_causal_lm(const Config& c, const std::string& split, int64_t V) {
+std::unique_ptr<SampleSource> open_causal_lm(const Config& c, Split split, int64_t V) {
   const int64_t L = c.data.seq_len;
   if (L < 1) throw InputError("data.seq_len: " + std::to_string(L) + " (expected >= 1)");
   std::unique_ptr<TokenSource> src;
-  if (c.data.source == "synthetic") {
+  if (c.data.source == DataSource::synthetic) {
     src = std::make_unique<SyntheticTokens>(synthetic_tokens(c, split, L, 1), V, synthetic_seed(c, split));
   } else {
     src = std::make_unique<TokenDataset>(c.data.path, split, V, L);
   }
-  const int64_t n = split == "train" ? num_samples_of(src->num_tokens(), L)
+  const int64_t n = split == Split::train ? num_samples_of(src->num_tokens(), L)
                                      : num_val_windows(src->num_tokens(), L, c.eval.max_windows);
   return std::make_unique<CausalLmSamples>(std::move(src), L, n);
 }
@@ -87,9 +90,9 @@ class SpanCorruptionSamples final : public SampleSource {
  public:
   // Token t of the source is used as t + id_offset (3 for byte files: ByT5 ids).
   SpanCorruptionSamples(std::unique_ptr<TokenSource> src, int32_t id_offset, SpanCounts counts,
-                        int64_t num_samples, int64_t vocab_size, uint64_t seed, const std::string& split)
+                        int64_t num_samples, int64_t vocab_size, uint64_t seed, Split split)
       : src_(std::move(src)), offset_(id_offset), counts_(counts), n_(num_samples), vocab_(vocab_size),
-        seed_(seed), split_key_(rng::key_of(split == "train" ? "data.span_corruption.train"
+        seed_(seed), split_key_(rng::key_of(split == Split::train ? "data.span_corruption.train"
                                                              : "data.span_corruption.val")) {}
   int64_t num_samples() const override { return n_; }
   int64_t num_tokens() const override { return src_->num_tokens(); }
@@ -131,14 +134,14 @@ class SpanCorruptionSamples final : public SampleSource {
 // vocab 384), i.e. SyntheticTokens over vocab_size - 128 ids shifted by 3.
 constexpr int64_t kSyntheticReserved = 128;  // 3 special ids below, 125 sentinel ids above
 
-std::unique_ptr<SampleSource> open_span_corruption(const Config& c, const std::string& split, int64_t V) {
+std::unique_ptr<SampleSource> open_span_corruption(const Config& c, Split split, int64_t V) {
   const SpanCounts counts = span_counts(c.data.seq_len, c.data.noise_density, c.data.mean_noise_span_length);
   const int64_t L = counts.L;
   std::unique_ptr<TokenSource> src;
   int32_t id_offset = 0;
   int64_t id_bound = 0;  // every (mapped) token id is < id_bound
   std::string what;      // for the error message
-  if (c.data.source == "synthetic") {
+  if (c.data.source == DataSource::synthetic) {
     if (V <= kSyntheticReserved) {
       throw InputError("model.vocab_size: " + std::to_string(V) +
                        " is too small for synthetic span_corruption data (expected > 128: ids 3 .. vocab_size-126 "
@@ -169,7 +172,7 @@ std::unique_ptr<SampleSource> open_span_corruption(const Config& c, const std::s
   int64_t n = src->num_tokens() / L;
   if (n < 1) {
     throw InputError("data.seq_len: " + std::to_string(L) + " needs at least " + std::to_string(L) +
-                     " tokens per sample but " + what + " /" + split + "/tokens has " +
+                     " tokens per sample but " + what + " /" + to_string(split) + "/tokens has " +
                      std::to_string(src->num_tokens()));
   }
   // Sentinels are V - 1 .. V - num_spans; they must lie above every token id.
@@ -181,7 +184,7 @@ std::unique_ptr<SampleSource> open_span_corruption(const Config& c, const std::s
                      " leaves only " + std::to_string(std::max<int64_t>(0, V - id_bound)) + " above the ids of " +
                      what + " (expected fewer spans or a larger vocabulary)");
   }
-  if (split == "val") n = cap(n, c.eval.max_windows);
+  if (split == Split::val) n = cap(n, c.eval.max_windows);
   return std::make_unique<SpanCorruptionSamples>(std::move(src), id_offset, counts, n, V, c.train.seed, split);
 }
 
@@ -299,20 +302,17 @@ class Seq2SeqSamples final : public SampleSource {
   int64_t truncated_ = 0;
 };
 
-std::unique_ptr<SampleSource> open_seq2seq(const Config& c, const std::string& split, int64_t V) {
-  if (c.data.source != "hdf5") {
-    throw InputError("data.source: \"" + c.data.source +
+std::unique_ptr<SampleSource> open_seq2seq(const Config& c, Split split, int64_t V) {
+  if (c.data.source != DataSource::hdf5) {
+    throw InputError(std::string("data.source: \"") + to_string(c.data.source) +
                      "\" is not supported with data.objective = \"seq2seq\" (expected \"hdf5\": a pairs file "
                      "made by fsdp_prepare --pairs)");
   }
-  if (c.data.max_input_len < 1) {
-    throw InputError("data.max_input_len: " + std::to_string(c.data.max_input_len) + " (expected >= 1)");
-  }
-  if (c.data.max_target_len < 1) {
-    throw InputError("data.max_target_len: " + std::to_string(c.data.max_target_len) + " (expected >= 1)");
-  }
+  // Rows shorter than 1 token cannot hold the eos of a truncated example.
+  require_at_least("data.max_input_len", c.data.max_input_len, 1);
+  require_at_least("data.max_target_len", c.data.max_target_len, 1);
   const h5::File f = h5::File::open_read(c.data.path);
-  const std::string group = "/" + split;
+  const std::string group = std::string("/") + to_string(split);
   if (!f.exists(group)) {
     throw InputError(c.data.path + ": " + group + ": group not found (expected " + group + "/inputs, " + group +
                      "/input_offsets, " + group + "/targets, " + group +
@@ -334,7 +334,7 @@ std::unique_ptr<SampleSource> open_seq2seq(const Config& c, const std::string& s
                      " (expected one input and one target per example)");
   }
   int64_t n = static_cast<int64_t>(in.offsets.size()) - 1;
-  if (split == "val") n = cap(n, c.eval.max_windows);
+  if (split == Split::val) n = cap(n, c.eval.max_windows);
   return std::make_unique<Seq2SeqSamples>(std::move(in), std::move(tgt), n, c.data.max_input_len,
                                           c.data.max_target_len);
 }
@@ -356,14 +356,11 @@ BatchShape batch_shape(const Config& config) {
   throw Error("batch_shape: unknown data.objective");
 }
 
-std::unique_ptr<SampleSource> open_samples(const Config& config, const std::string& split, int64_t vocab_size) {
-  check_split(split);
-  const std::string& src = config.data.source;
-  if (src != "hdf5" && src != "synthetic") {
-    throw InputError("data.source: \"" + src + "\" (expected \"hdf5\" or \"synthetic\")");
-  }
-  if (src == "hdf5" && config.data.path.empty()) {
-    throw InputError("data.path: missing (expected an HDF5 file when data.source = \"hdf5\")");
+std::unique_ptr<SampleSource> open_samples(const Config& config, Split split, int64_t vocab_size) {
+  // Config validation rejects this for a parsed config; this guards a Config built in code,
+  // with validation's message.
+  if (config.data.source == DataSource::hdf5 && config.data.path.empty()) {
+    throw InputError("data.path: required (path to an HDF5 token file, see docs/data.md)");
   }
   switch (config.data.objective) {
     case Objective::causal_lm: return open_causal_lm(config, split, vocab_size);

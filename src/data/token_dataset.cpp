@@ -10,9 +10,9 @@
 
 namespace fsdp::data {
 
-TokenDataset::TokenDataset(const std::string& path, const std::string& split, int64_t expect_vocab_size,
+TokenDataset::TokenDataset(const std::string& path, Split split, int64_t expect_vocab_size,
                            int64_t seq_len, int64_t in_memory_limit)
-    : path_(path), split_(split), dataset_("/" + split + "/tokens") {
+    : path_(path), split_(split), dataset_(std::string("/") + to_string(split) + "/tokens") {
   auto file = std::make_unique<h5::File>(h5::File::open_read(path));
   const std::string where = path + ": " + dataset_;
 

@@ -19,6 +19,23 @@ const char* to_string(T5FeedForward f) {
   return f == T5FeedForward::relu ? "relu" : "gated-gelu";
 }
 
+std::optional<T5FeedForward> t5_feed_forward_from_string(std::string_view s) {
+  for (T5FeedForward f : {T5FeedForward::relu, T5FeedForward::gated_gelu}) {
+    if (s == to_string(f)) return f;
+  }
+  return std::nullopt;
+}
+
+std::string t5_feed_forward_unknown(std::string_view s) {
+  return "unknown value \"" + std::string(s) + "\" (expected one of " + to_string(T5FeedForward::relu) + ", " +
+         to_string(T5FeedForward::gated_gelu) + ")";
+}
+
+T5FeedForward parse_t5_feed_forward(std::string_view s, const std::string& key) {
+  if (const auto f = t5_feed_forward_from_string(s)) return *f;
+  throw InputError(key + ": " + t5_feed_forward_unknown(s));
+}
+
 void validate_t5_config(const T5Config& c, const std::string& origin) {
   auto positive = [&](int64_t v, const char* field) {
     if (v < 1) throw InputError(origin + ": " + field + " must be >= 1, got " + std::to_string(v));
@@ -834,15 +851,7 @@ T5Config t5_config_from_hf(const nlohmann::json& j, const std::string& origin) {
   c.relative_attention_max_distance = integer("relative_attention_max_distance", false, 128);
   if (auto it = j.find("feed_forward_proj"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) throw InputError(where("feed_forward_proj") + " must be a string");
-    const std::string s = it->get<std::string>();
-    if (s == "relu") {
-      c.feed_forward_proj = T5FeedForward::relu;
-    } else if (s == "gated-gelu") {
-      c.feed_forward_proj = T5FeedForward::gated_gelu;
-    } else {
-      throw InputError(where("feed_forward_proj") + " \"" + s +
-                       "\" is not supported (\"relu\" or \"gated-gelu\")");
-    }
+    c.feed_forward_proj = parse_t5_feed_forward(it->get<std::string>(), where("feed_forward_proj"));
   }
   if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
     if (!it->is_boolean()) throw InputError(where("tie_word_embeddings") + " must be a boolean");

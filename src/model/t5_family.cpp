@@ -18,15 +18,9 @@ T5Config t5_config_of(const ModelConfig& c) {
   t.num_heads = c.integer("num_heads");
   t.relative_attention_num_buckets = c.integer("relative_attention_num_buckets");
   t.relative_attention_max_distance = c.integer("relative_attention_max_distance");
-  const std::string& ff = c.string("feed_forward_proj");
-  if (ff == to_string(T5FeedForward::relu)) {
-    t.feed_forward_proj = T5FeedForward::relu;
-  } else if (ff == to_string(T5FeedForward::gated_gelu)) {
-    t.feed_forward_proj = T5FeedForward::gated_gelu;
-  } else {
-    throw InputError("model.feed_forward_proj: unknown value \"" + ff +
-                     "\" (expected one of relu, gated-gelu)");
-  }
+  // Validation has rejected an unknown value of a parsed config (naming its origin); this
+  // parses the same way, with the same message, for a ModelConfig built in code.
+  t.feed_forward_proj = parse_t5_feed_forward(c.string("feed_forward_proj"), "model.feed_forward_proj");
   t.tie_word_embeddings = c.boolean("tie_word_embeddings");
   t.layer_norm_epsilon = c.number("layer_norm_epsilon");
   t.pad_vocab_multiple = c.pad_vocab_multiple;
@@ -58,10 +52,8 @@ class T5Family final : public ModelFamily {
   }
   void validate(const Config& c, const KeyFail& fail) const override {
     const ModelConfig& m = c.model;
-    const std::string& ff = m.string("feed_forward_proj");
-    if (ff != "relu" && ff != "gated-gelu") {
-      throw fail("model.feed_forward_proj",
-                 "unknown value \"" + ff + "\" (expected one of relu, gated-gelu)");
+    if (const std::string& ff = m.string("feed_forward_proj"); !t5_feed_forward_from_string(ff)) {
+      throw fail("model.feed_forward_proj", t5_feed_forward_unknown(ff));
     }
     for (const char* key : {"d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers",
                             "num_heads"}) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "fsdp/core/error.hpp"
 
@@ -78,16 +79,42 @@ void Optimizer::step(double lr) {
   }
 }
 
-std::vector<std::string> Optimizer::state_names() const {
-  if (cfg_.name == OptimizerKind::adamw) return {"exp_avg", "exp_avg_sq"};
-  return {"momentum_buffer"};
+const char* to_string(OptimState s) {
+  switch (s) {
+    case OptimState::exp_avg: return "exp_avg";
+    case OptimState::exp_avg_sq: return "exp_avg_sq";
+    case OptimState::momentum_buffer: return "momentum_buffer";
+  }
+  return "?";
 }
 
-TensorView Optimizer::state(int index, const std::string& name) {
-  auto& s = shards_.at(static_cast<std::size_t>(index));
-  if (name == "exp_avg" || name == "momentum_buffer") return s.s0.view();
-  if (name == "exp_avg_sq" && s.s1) return s.s1.view();
-  throw Error("optimizer has no state named " + name);
+std::vector<OptimState> optimizer_states(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::adamw: return {OptimState::exp_avg, OptimState::exp_avg_sq};
+    case OptimizerKind::sgd: return {OptimState::momentum_buffer};
+  }
+  throw Error("optimizer_states: unknown optimizer kind");
+}
+
+TensorView Optimizer::state(int index, OptimState which) {
+  if (index < 0 || index >= num_shards()) {
+    throw Error(std::string("optimizer ") + to_string(kind()) + ": no shard " + std::to_string(index) + " (it has " +
+                std::to_string(num_shards()) + ")");
+  }
+  auto& s = shards_[static_cast<std::size_t>(index)];
+  switch (kind()) {
+    case OptimizerKind::adamw:
+      if (which == OptimState::exp_avg) return s.s0.view();
+      if (which == OptimState::exp_avg_sq) return s.s1.view();
+      break;
+    case OptimizerKind::sgd:
+      if (which == OptimState::momentum_buffer) return s.s0.view();
+      break;
+  }
+  std::string have;
+  for (OptimState o : states()) have += std::string(have.empty() ? "" : ", ") + to_string(o);
+  throw Error(std::string("optimizer ") + to_string(kind()) + " has no state " + to_string(which) + " (its states: " +
+              have + ")");
 }
 
 }  // namespace fsdp

@@ -112,8 +112,8 @@ struct Job {
 void open_data(Job& job) {
   const Config& cfg = job.cfg;
   const int64_t V = cfg.model.integer("vocab_size");
-  job.train_src = data::open_samples(cfg, "train", V);
-  job.val_src = data::open_samples(cfg, "val", V);
+  job.train_src = data::open_samples(cfg, data::Split::train, V);
+  job.val_src = data::open_samples(cfg, data::Split::val, V);
   // A planned world (--world-size) samples as its rank 0 would.
   job.sampler.emplace(job.train_src->num_samples(), cfg.train.global_batch_size,
                       job.planning() ? 0 : job.host.rank(), job.world, cfg.train.seed);
@@ -343,12 +343,13 @@ std::vector<ckpt::UnitShardView> shard_views(Job& job, bool stage,
     return scratch.back().data();
   };
   scratch.reserve(static_cast<std::size_t>(job.engine->num_units()) *
-                  (1 + job.optimizer->state_names().size()));
+                  (1 + job.optimizer->states().size()));
   std::vector<ckpt::UnitShardView> views;
   for (int u = 0; u < job.engine->num_units(); ++u) {
     ckpt::UnitShardView v{&job.engine->layout(u), host(job.engine->shard_param(u)), {}};
-    for (const auto& name : job.optimizer->state_names()) {
-      v.state.push_back({name, host(job.optimizer->state(u, name))});
+    // Dataset names: the torch.optim state names (to_string(OptimState)), as always.
+    for (const OptimState st : job.optimizer->states()) {
+      v.state.push_back({to_string(st), host(job.optimizer->state(u, st))});
     }
     views.push_back(std::move(v));
   }
@@ -518,7 +519,7 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
         job.backend->copy_from_host(dst, host.data());
       };
       read("param", job.engine->shard_param(u));
-      for (const auto& name : job.optimizer->state_names()) read(name, job.optimizer->state(u, name));
+      for (const OptimState st : job.optimizer->states()) read(to_string(st), job.optimizer->state(u, st));
     }
     job.step = m.step;
     job.last_checkpoint = m.step;

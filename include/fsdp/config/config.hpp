@@ -37,7 +37,9 @@ const char* to_string(DeviceKind d);  // "auto" | "cpu" | "cuda"
 enum class CommBackend { auto_, nccl, mpi };
 const char* to_string(CommBackend b);  // "auto" | "nccl" | "mpi"
 enum class OptimizerKind { adamw, sgd };
-const char* to_string(OptimizerKind k);  // "adamw" | "sgd"
+// "adamw" | "sgd". Inline: the optimizer (optim layer) names itself in messages without the
+// config library.
+constexpr const char* to_string(OptimizerKind k) { return k == OptimizerKind::adamw ? "adamw" : "sgd"; }
 
 // The [model] section: `type` picks a model family from the registry
 // (fsdp/model/model.hpp: "gpt2", "t5"); every other key belongs to that family, is named as
@@ -91,9 +93,17 @@ struct ModelConfig {
 enum class Objective { causal_lm, seq2seq, span_corruption };
 const char* to_string(Objective o);  // "causal_lm" | "seq2seq" | "span_corruption"
 
+// Where the tokens come from (data.source): an HDF5 file (data.path) or random tokens
+// (benchmarks, tests). Parsed once from its TOML spelling; an unknown value is an InputError
+// at parse time.
+enum class DataSource { hdf5, synthetic };
+// "hdf5" | "synthetic" (the TOML spelling). Inline: the data layer uses it without the
+// config library.
+constexpr const char* to_string(DataSource s) { return s == DataSource::hdf5 ? "hdf5" : "synthetic"; }
+
 struct DataConfig {
-  std::string source = "hdf5";        // "hdf5" | "synthetic" (random tokens, benchmarks)
-  std::string path;                   // HDF5 token file; required when source == "hdf5"
+  DataSource source = DataSource::hdf5;
+  std::string path;                   // HDF5 token file; required when source == hdf5
   Objective objective = Objective::causal_lm;
   int64_t seq_len = 128;              // causal_lm / span_corruption: stream tokens per sample
   int64_t max_input_len = 128;        // seq2seq: encoder tokens per row (longer ones truncated)

@@ -19,6 +19,7 @@
 
 #include "fsdp/config/config.hpp"
 #include "fsdp/data/batch.hpp"
+#include "fsdp/data/split.hpp"
 
 namespace fsdp::data {
 
@@ -47,7 +48,7 @@ class SampleSource {
 // Throws InputError naming the data.* key for invalid span_corruption parameters.
 BatchShape batch_shape(const Config& config);
 
-// Opens split "train" or "val" of the config's data (data.source, data.path,
+// Opens split `split` of the config's data (data.source, data.path,
 // data.objective, ...). vocab_size: the model's; a token outside [0, vocab_size) in the file
 // is an InputError naming the file. Throws InputError (exit 2) naming the file and what is
 // wrong: missing file, missing split or dataset, wrong dtype or shape, inconsistent offsets.
@@ -55,15 +56,17 @@ BatchShape batch_shape(const Config& config);
 //  causal_lm: TokenDataset or SyntheticTokens exactly as the trainer builds them (synthetic:
 //    train 1024 * global_batch * L + 1 tokens, seed train.seed; val 64 * L + 1, seed + 1);
 //    val num_samples = num_val_windows(tokens, L, eval.max_windows); load = load_batch.
-//  seq2seq: data.source must be "hdf5"; the split is read whole and validated at open;
-//    val is capped at eval.max_windows (> 0) examples; truncation keeps max - 1 tokens + eos
-//    and is counted in num_truncated(). Inputs padded with 0, targets with kIgnoreIndex.
+//  seq2seq: data.source must be "hdf5" (else InputError naming data.source); the split is
+//    read whole and validated at open; val is capped at eval.max_windows (> 0) examples;
+//    truncation keeps max - 1 tokens + eos and is counted in num_truncated(). Inputs padded
+//    with 0, targets with kIgnoreIndex.
 //  span_corruption: files with tokenizer "bytes" are read as ByT5 ids b + 3; synthetic ids
 //    are in [3, vocab_size - 125); sentinel j = vocab_size - 1 - j must stay above the
 //    data's ids (else InputError naming data.seq_len and model.vocab_size); num_samples =
-//    tokens / L (val capped at eval.max_windows). Throws fsdp::Error (exit 1) for a split
-//    other than "train" / "val".
-std::unique_ptr<SampleSource> open_samples(const Config& config, const std::string& split,
-                                           int64_t vocab_size);
+//    tokens / L (val capped at eval.max_windows).
+// The keys config validation checks (data.path present for data.source = "hdf5",
+// data.max_input_len, data.max_target_len, eval.max_windows) are checked again, with
+// validation's messages, for a Config built in code.
+std::unique_ptr<SampleSource> open_samples(const Config& config, Split split, int64_t vocab_size);
 
 }  // namespace fsdp::data

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/data/split.hpp"
 #include "fsdp/data/token_source.hpp"
 
 namespace fsdp::h5 { class File; }
@@ -24,7 +25,7 @@ class TokenDataset final : public TokenSource {
  public:
   static constexpr int64_t kInMemoryLimit = int64_t{1} << 26;
 
-  // Opens split `split` ("train" or "val", i.e. dataset /<split>/tokens) of `path`.
+  // Opens split `split` (dataset /train/tokens or /val/tokens) of `path`.
   // If expect_vocab_size > 0 (the model's model.vocab_size), the file's vocab_size must not
   // exceed it (a larger model vocabulary is allowed, as in nanoGPT's 50257 -> 50304 padding).
   // If seq_len > 0 (data.seq_len), the split must hold at least seq_len + 1 tokens (one
@@ -34,7 +35,7 @@ class TokenDataset final : public TokenSource {
   // integer of 1, 2 or 4 bytes, vocab_size outside [1, 2^31), a token < 0 or >= vocab_size;
   // naming data.path and model.vocab_size for a vocabulary mismatch; naming data.seq_len for
   // too few tokens. Splits of more than in_memory_limit tokens are read from disk on demand.
-  TokenDataset(const std::string& path, const std::string& split, int64_t expect_vocab_size = 0,
+  TokenDataset(const std::string& path, Split split, int64_t expect_vocab_size = 0,
                int64_t seq_len = 0, int64_t in_memory_limit = kInMemoryLimit);
   ~TokenDataset() override;
   TokenDataset(TokenDataset&&) noexcept;
@@ -47,7 +48,7 @@ class TokenDataset final : public TokenSource {
   void read(int64_t offset, int64_t count, int32_t* out) const override;
 
   const std::string& path() const { return path_; }
-  const std::string& split() const { return split_; }
+  Split split() const { return split_; }
   const std::string& dataset() const { return dataset_; }  // "/train/tokens"
   // The root attribute `tokenizer` ("bytes" for byte-level); "unknown" if absent.
   const std::string& tokenizer() const { return tokenizer_; }
@@ -56,7 +57,9 @@ class TokenDataset final : public TokenSource {
  private:
   void check_tokens(const int32_t* t, int64_t n, int64_t offset) const;
 
-  std::string path_, split_, dataset_, tokenizer_;
+  std::string path_;
+  Split split_;
+  std::string dataset_, tokenizer_;
   int64_t num_tokens_ = 0;
   int64_t vocab_size_ = 0;
   std::vector<int32_t> tokens_;          // the whole split, when in memory

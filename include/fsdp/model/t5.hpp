@@ -37,7 +37,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -56,6 +58,16 @@ enum class T5FeedForward {
 };
 // HF's spelling: "relu" | "gated-gelu".
 const char* to_string(T5FeedForward f);
+// The one parser of feed_forward_proj (model.feed_forward_proj in the TOML config, the
+// field of a Hugging Face config.json): HF's spelling, exact and case-sensitive; nullopt
+// for anything else.
+std::optional<T5FeedForward> t5_feed_forward_from_string(std::string_view s);
+// The one message for a value it rejects, after "<where>: <key>: ":
+// `unknown value "<s>" (expected one of relu, gated-gelu)`.
+std::string t5_feed_forward_unknown(std::string_view s);
+// t5_feed_forward_from_string, or InputError "<key>: " + t5_feed_forward_unknown(s), where
+// key names the field with its origin (e.g. "model.feed_forward_proj").
+T5FeedForward parse_t5_feed_forward(std::string_view s, const std::string& key);
 
 // Hugging Face T5Config fields (same names and meanings). Defaults: a tiny ByT5-vocabulary model
 // for tests (the ByT5 vocabulary: pad 0, eos 1, unk 2, byte b -> b + 3).
@@ -138,7 +150,7 @@ nlohmann::json t5_hf_config(const T5Config& c);
 // are ignored (training runs without dropout; the initialisation uses factor 1). Throws
 // fsdp::InputError naming `origin` and the field when a required field is missing, a field has
 // the wrong JSON type, or a value is unsupported: model_type other than "t5", is_encoder_decoder
-// false, feed_forward_proj other than the two above, pad_token_id or decoder_start_token_id
+// false, feed_forward_proj other than the two above (parse_t5_feed_forward's message), pad_token_id or decoder_start_token_id
 // other than 0, or what validate_t5_config rejects.
 T5Config t5_config_from_hf(const nlohmann::json& j, const std::string& origin);
 

@@ -31,6 +31,16 @@ std::vector<DecaySegment> decay_segments(const FlatParamLayout& layout, int64_t 
 // to min_lr at decay_steps (0 = max_steps), then min_lr (nanoGPT / llm.c schedule).
 double learning_rate(const OptimConfig& optim, int64_t max_steps, int64_t step);
 
+// An optimizer state tensor, named as torch.optim's state_dict names it: AdamW has exp_avg and
+// exp_avg_sq, SGD (with momentum) has momentum_buffer.
+enum class OptimState { exp_avg, exp_avg_sq, momentum_buffer };
+// The torch.optim state-dict name, which is also the state's dataset name in checkpoint
+// shard files (checkpoint.hpp): "exp_avg" | "exp_avg_sq" | "momentum_buffer".
+const char* to_string(OptimState s);
+// The states optimizer `kind` keeps, in checkpoint order: adamw {exp_avg, exp_avg_sq},
+// sgd {momentum_buffer}.
+std::vector<OptimState> optimizer_states(OptimizerKind kind);
+
 class Optimizer {
  public:
   Optimizer(const OptimConfig& config, Backend& backend);
@@ -47,18 +57,19 @@ class Optimizer {
   void set_num_updates(int64_t n) { updates_ = n; }
 
   OptimizerKind kind() const { return cfg_.name; }
-  // State tensor names: {"exp_avg", "exp_avg_sq"} (adamw) or {"momentum_buffer"} (sgd),
-  // torch.optim's state-dict names.
-  std::vector<std::string> state_names() const;
-  // State tensor `name` of shard `index` ([n] fp32, device memory).
-  TensorView state(int index, const std::string& name);
+  // The states this optimizer keeps: optimizer_states(kind()).
+  std::vector<OptimState> states() const { return optimizer_states(kind()); }
+  // State `s` of shard `index` ([n] fp32, device memory). Throws fsdp::Error naming the
+  // optimizer and the state when this optimizer has no such state (e.g. exp_avg of sgd), or
+  // when index is not a registered shard.
+  TensorView state(int index, OptimState s);
   int num_shards() const { return static_cast<int>(shards_.size()); }
 
  private:
   struct Shard {
     TensorView param, grad;
     std::vector<DecaySegment> segments;
-    DeviceBuffer s0, s1;
+    DeviceBuffer s0, s1;  // adamw: exp_avg, exp_avg_sq; sgd: momentum_buffer, (none)
   };
   OptimConfig cfg_;
   Backend& be_;
