@@ -409,10 +409,7 @@ void validate(const Config& c, OriginOf&& origin_of) {
     return InputError(origin_of(key) + ": " + key + ": " + what);
   };
   auto at_least = [&](const std::string& key, int64_t v, int64_t lo) {
-    if (v < lo) {
-      throw fail(key, std::to_string(v) + " is out of range (expected an integer >= " +
-                          std::to_string(lo) + ")");
-    }
+    require_at_least(fail, key, v, lo);
   };
   auto num = [](double v) {
     std::ostringstream os;

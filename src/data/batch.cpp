@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "fsdp/config/config.hpp"  // below_minimum
 #include "fsdp/core/error.hpp"
 
 namespace fsdp::data {
@@ -53,7 +54,7 @@ Batch load_batch(const TokenSource& source, const std::vector<int64_t>& sample_i
 int64_t num_val_windows(int64_t num_tokens, int64_t seq_len, int64_t max_windows) {
   if (seq_len < 1) throw InputError("data.seq_len: " + std::to_string(seq_len) + " (expected >= 1)");
   if (max_windows < 0) {
-    throw InputError("eval.max_windows: " + std::to_string(max_windows) + " is out of range (expected an integer >= 0)");
+    throw InputError("eval.max_windows: " + below_minimum(max_windows, 0));
   }
   const int64_t n = num_tokens < 1 ? 0 : (num_tokens - 1) / seq_len;
   return max_windows > 0 ? std::min(n, max_windows) : n;

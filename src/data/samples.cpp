@@ -28,10 +28,9 @@ void check_index(const char* what, int64_t i, int64_t n) {
 // The check of config validation (validate in src/config/config.cpp) for the keys read
 // here: it covers every parsed config; this guards a Config built in code, same message.
 void require_at_least(const char* key, int64_t v, int64_t lo) {
-  if (v < lo) {
-    throw InputError(std::string(key) + ": " + std::to_string(v) + " is out of range (expected an integer >= " +
-                     std::to_string(lo) + ")");
-  }
+  fsdp::require_at_least(
+      [](const std::string& k, const std::string& what) { return InputError(k + ": " + what); },
+      key, v, lo);
 }
 
 int64_t cap(int64_t n, int64_t max_windows) {

@@ -341,10 +341,7 @@ class Gpt2Family final : public ModelFamily {
   void validate(const Config& c, const KeyFail& fail) const override {
     const Gpt2Config g = Gpt2Config::from(c.model);
     auto at_least = [&](const char* key, int64_t v, int64_t lo) {
-      if (v < lo) {
-        throw fail(std::string("model.") + key, std::to_string(v) +
-                   " is out of range (expected an integer >= " + std::to_string(lo) + ")");
-      }
+      require_at_least(fail, std::string("model.") + key, v, lo);
     };
     at_least("n_layer", g.n_layer, 1);
     at_least("n_head", g.n_head, 1);

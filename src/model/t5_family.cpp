@@ -57,10 +57,7 @@ class T5Family final : public ModelFamily {
     }
     for (const char* key : {"d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers",
                             "num_heads"}) {
-      if (m.integer(key) < 1) {
-        throw fail(std::string("model.") + key, std::to_string(m.integer(key)) +
-                                                    " is out of range (expected an integer >= 1)");
-      }
+      require_at_least(fail, std::string("model.") + key, m.integer(key), 1);
     }
     // ByT5's byte vocabulary: 3 special ids and 256 bytes at least.
     if (m.integer("vocab_size") < 259) {
@@ -69,10 +66,7 @@ class T5Family final : public ModelFamily {
                                          "256 bytes, as ByT5)");
     }
     const int64_t nb = m.integer("relative_attention_num_buckets");
-    if (nb < 4) {
-      throw fail("model.relative_attention_num_buckets",
-                 std::to_string(nb) + " is out of range (expected an integer >= 4)");
-    }
+    require_at_least(fail, "model.relative_attention_num_buckets", nb, 4);
     const int64_t md = m.integer("relative_attention_max_distance");
     if (md <= nb / 2) {
       throw fail("model.relative_attention_max_distance",

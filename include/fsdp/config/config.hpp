@@ -17,6 +17,20 @@
 
 namespace fsdp {
 
+// The one wording of an integer key below its minimum: "<v> is out of range (expected an
+// integer >= <lo>)", the `what` of fail(key, what).
+inline std::string below_minimum(int64_t v, int64_t lo) {
+  return std::to_string(v) + " is out of range (expected an integer >= " + std::to_string(lo) +
+         ")";
+}
+// Throws fail(key, below_minimum(v, lo)) when v < lo. `fail` builds the exception: config
+// validation's prefixes where the key's value came from, a model family's is its KeyFail, code
+// that checks a Config built in code passes one that makes an InputError.
+template <class Fail>
+void require_at_least(const Fail& fail, const std::string& key, int64_t v, int64_t lo) {
+  if (v < lo) throw fail(key, below_minimum(v, lo));
+}
+
 enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
 // "FULL_SHARD", "SHARD_GRAD_OP", ... (the torch.distributed.fsdp.ShardingStrategy names).
 const char* to_string(ShardingStrategy s);
