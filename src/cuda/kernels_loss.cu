@@ -23,12 +23,33 @@ __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) 
   m = mn;
 }
 
+// Every thread's (m, s) combined over the block, in a fixed order (warps by shuffles, then
+// warp 0..n-1 through shared memory): every thread returns the row's (max, sum of exp).
+// sh_m, sh_s: the block's [kThreads / 32] shared slots, free again when this returns.
+__device__ __forceinline__ void block_combine(float& m, float& s, float* sh_m, float* sh_s) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(kFullMask, m, o);
+    const float s2 = __shfl_xor_sync(kFullMask, s, o);
+    combine(m, s, m2, s2);
+  }
+  __syncthreads();  // sh_m / sh_s of the previous row have been read
+  if (lane == 0) {
+    sh_m[w] = m;
+    sh_s[w] = s;
+  }
+  __syncthreads();
+  m = sh_m[0];
+  s = sh_s[0];
+  for (int k = 1; k < kThreads / 32; ++k) combine(m, s, sh_m[k], sh_s[k]);
+}
+
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_kernel(Wr<T> logits, const int32_t* targets, int64_t R, int64_t V,
                          int64_t ld, float grad_scale, bool backward, double* row_loss) {
   __shared__ float sh_m[kThreads / 32], sh_s[kThreads / 32];
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     const int64_t base = r * ld;
     const int32_t t = targets[r];
@@ -45,21 +66,7 @@ __global__ void __launch_bounds__(kThreads)
         s += expf(x - m);
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(kFullMask, m, o);
-      const float s2 = __shfl_xor_sync(kFullMask, s, o);
-      combine(m, s, m2, s2);
-    }
-    __syncthreads();  // sh_m / sh_s of the previous row have been read
-    if (lane == 0) {
-      sh_m[w] = m;
-      sh_s[w] = s;
-    }
-    __syncthreads();
-    m = sh_m[0];
-    s = sh_s[0];
-    for (int k = 1; k < kThreads / 32; ++k) combine(m, s, sh_m[k], sh_s[k]);
+    block_combine(m, s, sh_m, sh_s);
     if (threadIdx.x == 0) {
       row_loss[r] =
           ok ? static_cast<double>(m) + log(static_cast<double>(s)) - static_cast<double>(xt) : 0.0;
@@ -90,7 +97,6 @@ __global__ void __launch_bounds__(kThreads)
     cross_entropy_vec_kernel(T* logits, const int32_t* targets, int64_t R, int64_t V, int64_t ld,
                              float grad_scale, bool backward, double* row_loss) {
   __shared__ float sh_m[kThreads / 32], sh_s[kThreads / 32];
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int64_t chunks_v = (V + 7) / 8, chunks_ld = ld / 8;
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     T* row = logits + r * ld;
@@ -114,21 +120,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int k = 0; k < 8; ++k) s += x[k] == -INFINITY ? 0.0f : expf(x[k] - m);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(kFullMask, m, o);
-      const float s2 = __shfl_xor_sync(kFullMask, s, o);
-      combine(m, s, m2, s2);
-    }
-    __syncthreads();  // sh_m / sh_s of the previous row have been read
-    if (lane == 0) {
-      sh_m[w] = m;
-      sh_s[w] = s;
-    }
-    __syncthreads();
-    m = sh_m[0];
-    s = sh_s[0];
-    for (int k = 1; k < kThreads / 32; ++k) combine(m, s, sh_m[k], sh_s[k]);
+    block_combine(m, s, sh_m, sh_s);
     if (threadIdx.x == 0) {
       row_loss[r] =
           ok ? static_cast<double>(m) + log(static_cast<double>(s)) - static_cast<double>(xt) : 0.0;

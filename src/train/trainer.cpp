@@ -971,6 +971,19 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
   Communicator& dev_world = job.mesh->world();
   StepTimer& timer = st.timer;
   Profiler* const prof = st.prof;
+  // One f64 device scalar all-reduced in place over the world, issue and wait profiled as
+  // "all_reduce issue WHAT" / "all_reduce wait WHAT", the wait timed as comm_wait.
+  // The names are built only while the profiler records.
+  auto all_reduce_scalar = [&](void* scalar, ReduceOp op, const char* what) {
+    ProfileRange issue(prof, "collective");
+    if (issue) issue.name(std::string("all_reduce issue ") + what);
+    auto work = dev_world.all_reduce(scalar, scalar, 1, DType::f64, op, stream);
+    issue.end();
+    StepTimer::Scope waiting(&timer, Phase::comm_wait);
+    ProfileRange range(prof, "collective");
+    if (range) range.name(std::string("all_reduce wait ") + what);
+    work->wait();
+  };
   const auto t0 = Clock::now();
   if (prof) prof->begin_step(job.step + 1);
   timer.begin(Phase::data);
@@ -990,23 +1003,9 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
     // GradScaler.unscale_: unscale this rank's shards, then one found-inf all-reduce so
     // every rank takes the same decision.
     job.engine->unscale_grads(static_cast<float>(1.0 / job.loss_scale), st.inf_dev);
-    ProfileRange issue(prof, "collective", "all_reduce issue found_inf");
-    auto work = dev_world.all_reduce(st.inf_dev.data, st.inf_dev.data, 1, DType::f64,
-                                     ReduceOp::max, stream);
-    issue.end();
-    StepTimer::Scope waiting(&timer, Phase::comm_wait);
-    ProfileRange range(prof, "collective", "all_reduce wait found_inf");
-    work->wait();
+    all_reduce_scalar(st.inf_dev.data, ReduceOp::max, "found_inf");
   }
-  {
-    ProfileRange issue(prof, "collective", "all_reduce issue loss");
-    auto work = dev_world.all_reduce(st.loss_dev.data, st.loss_dev.data, 1, DType::f64,
-                                     ReduceOp::sum, stream);
-    issue.end();
-    StepTimer::Scope waiting(&timer, Phase::comm_wait);
-    ProfileRange range(prof, "collective", "all_reduce wait loss");
-    work->wait();
-  }
+  all_reduce_scalar(st.loss_dev.data, ReduceOp::sum, "loss");
   job.engine->clip_grad_norm(cfg.optim.grad_clip, st.norm_dev);
   double host_stats[3] = {0, 0, 0};
   be.copy_to_host(host_stats, st.stats.view());  // the step's one wait for the device
