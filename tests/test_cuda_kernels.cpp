@@ -703,6 +703,10 @@ TEST(CudaBackend, Embedding) {
     run_embedding(t, 3, 7, 37, 11, 9, rng);
     run_embedding(t, 4, 64, 768, 300, 64, rng);
     run_embedding(t, 2, 50, 40, 5000, 64, rng);  // V > B*T: most rows untouched
+    // B*T = 4400 tokens: dwte's lists span two full tiles of 2048 and a partial one, and
+    // each of the 128 classes' rows repeat (V = 300, token 1 in a quarter of the rows; C = 72
+    // leaves most of a block's threads without a column).
+    run_embedding(t, 4, 1100, 72, 300, 1100, rng);
   }
   // Mixed: bf16 activations, fp32 tables.
   std::vector<int32_t> tok = {0, 3, 3, 1, 2, 3};

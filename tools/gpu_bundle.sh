@@ -43,6 +43,7 @@
 #   FSDP_BUILD_DIR        build directory (default <repo>/build-gpu; Release, FSDP_CUDA=ON)
 #   GPU_BUNDLE_DIR        output folder, inside the repo and git-ignored (default <repo>/gpu_bundle)
 #   GPU_BUNDLE_LIMIT_MIB  size limit (default 64, the run tool's limit for tree + carry)
+#   GPU_BUNDLE_NO_BENCH_KERNELS  set: leave bench_kernels out (9 MiB less)
 #   GPU_BUNDLE_CMAKE_ARGS extra configure arguments (word-split), e.g. "-DCMAKE_CUDA_ARCHITECTURES=90"
 # The LAST line printed is the bundle's path relative to the repo root (for `carry`).
 set -euo pipefail
@@ -167,7 +168,11 @@ add_exe() {  # $1 = file in the build tree
 for b in fsdp_train fsdp_prepare fsdp_merge; do add_exe "$BUILD_DIR/$b"; done
 # The CUDA kernels' bandwidth bench (tools/bench_kernels.cpp; PyTorch's side is
 # tools/bench_kernels_torch.py), when built: `gpu_bundle/bin/bench_kernels` on the GPU.
-if [[ -x "$BUILD_DIR/bench_kernels" ]]; then add_exe "$BUILD_DIR/bench_kernels"; fi
+# GPU_BUNDLE_NO_BENCH_KERNELS=1 leaves it out (9 MiB: room for a carried base build,
+# tools/gpu_kernel_ab.sh's AB_BASE).
+if [[ -x "$BUILD_DIR/bench_kernels" && -z "${GPU_BUNDLE_NO_BENCH_KERNELS:-}" ]]; then
+  add_exe "$BUILD_DIR/bench_kernels"
+fi
 while IFS= read -r f; do [[ -n "$f" ]] && add_exe "$f"; done <<<"$TEST_FILES"
 
 # Tools the GPU machine runs beside the binaries, when the tree has them: tools/gpu_check.sh

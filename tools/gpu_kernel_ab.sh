@@ -10,6 +10,13 @@
 # Run on the GPU machine from the repo root with the bundle carried:
 #   run(carry=["gpu_bundle"], command="tools/gpu_kernel_ab.sh", timeout_s=150)
 # Writes $OUT/kernel_ab.md (else ./kernel_ab.md); about 100 s on an H100.
+#
+# AB_BASE=FILE compares two builds instead of two attention kernels: FILE is an older
+# fsdp_train (stripped, or xz-compressed as FILE.xz to keep the carried size down; built as
+# tools/gpu_bundle.sh builds, so the bundle's libraries serve it), run as "base" against the
+# bundle's "new", interleaved, and step 3 profiles both (the kernel tables before and after).
+# Make one with: git worktree add /tmp/base COMMIT; build its fsdp_train with the bundle's
+# CMake arguments; strip; xz -c > gpu_base/fsdp_train.xz; carry ["gpu_bundle", "gpu_base"].
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -32,16 +39,28 @@ echo "exit $?" | tee -a "$SUMMARY"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is|actual|mma kernels|wmma kernels|qkv |max " \
   "$WORK/kernels.log" | head -60 | tee -a "$SUMMARY"
 
+# The contenders: (label, FSDP_ATTENTION_KERNEL, executable).
+if [[ -n "${AB_BASE:-}" ]]; then
+  base_bin="$WORK/fsdp_train_base"
+  if [[ "$AB_BASE" == *.xz ]]; then xz -dc "$AB_BASE" >"$base_bin"; else cp "$AB_BASE" "$base_bin"; fi
+  chmod +x "$base_bin"
+  LABELS=(new base) KERNELS=(mma mma) BINS=(fsdp_train "$base_bin")
+  echo "base: $AB_BASE ($(inb "$base_bin" --version 2>&1 | head -1))" | tee -a "$SUMMARY"
+else
+  LABELS=(mma wmma) KERNELS=(mma wmma) BINS=(fsdp_train fsdp_train)
+fi
+
 python3 tools/bench_torch_gpu.py --model gpt2-124m --fsdp-train-toml --warmup "$WARMUP" \
   --steps "$STEPS" >"$WORK/gpt2.toml"
-echo; echo "## fsdp_train GPT-2 124M, FSDP_ATTENTION_KERNEL interleaved" | tee -a "$SUMMARY"
-echo "| round | kernel | tok/s (median of steps > $WARMUP) | peak_mem_bytes |" | tee -a "$SUMMARY"
+echo; echo "## fsdp_train GPT-2 124M, ${LABELS[0]} / ${LABELS[1]} interleaved" | tee -a "$SUMMARY"
+echo "| round | contender | tok/s (median of steps > $WARMUP) | peak_mem_bytes |" | tee -a "$SUMMARY"
 echo "|---:|---|---:|---:|" | tee -a "$SUMMARY"
 for r in $(seq 1 "$ROUNDS"); do
-  for k in mma wmma; do
+  for i in 0 1; do
+    k="${LABELS[$i]}"
     run="$WORK/run_${k}_$r"
-    FSDP_ATTENTION_KERNEL=$k inb timeout -k 5 40 mpirun -np 1 --bind-to none -x FSDP_ATTENTION_KERNEL \
-      fsdp_train "$WORK/gpt2.toml" --set "train.run_dir=\"$run\"" >"$run.log" 2>&1
+    FSDP_ATTENTION_KERNEL=${KERNELS[$i]} inb timeout -k 5 40 mpirun -np 1 --bind-to none -x FSDP_ATTENTION_KERNEL \
+      "${BINS[$i]}" "$WORK/gpt2.toml" --set "train.run_dir=\"$run\"" >"$run.log" 2>&1
     rc=$?
     python3 - "$run/metrics.jsonl" "$r" "$k" "$rc" "$WARMUP" <<'EOF' | tee -a "$SUMMARY"
 import json, statistics, sys
@@ -60,12 +79,22 @@ EOF
   done
 done
 
-echo; echo "## profile, default kernels (--profile 3:4)" | tee -a "$SUMMARY"
-prof="$WORK/prof"
-inb timeout -k 5 40 mpirun -np 1 --bind-to none fsdp_train "$WORK/gpt2.toml" \
-  --set "train.run_dir=\"$prof\"" --profile 3:4 >"$WORK/prof.log" 2>&1
-python3 tools/profile_summary.py --top 15 --markdown --only kernels "$prof"/profile/rank_0.trace.json \
-  2>&1 | tee -a "$SUMMARY"
+# The profiles: the default kernels; with AB_BASE both builds (A = new, B = base, side by side).
+NPROF=1; [[ -n "${AB_BASE:-}" ]] && NPROF=2
+traces=()
+for i in $(seq 0 $((NPROF - 1))); do
+  echo; echo "## profile, ${LABELS[$i]}, default kernels (--profile 3:4)" | tee -a "$SUMMARY"
+  prof="$WORK/prof_${LABELS[$i]}"
+  inb timeout -k 5 40 mpirun -np 1 --bind-to none "${BINS[$i]}" "$WORK/gpt2.toml" \
+    --set "train.run_dir=\"$prof\"" --profile 3:4 >"$prof.log" 2>&1
+  python3 tools/profile_summary.py --top 15 --markdown --only kernels "$prof"/profile/rank_0.trace.json \
+    2>&1 | tee -a "$SUMMARY"
+  traces+=("$prof/profile/rank_0.trace.json")
+done
+if (( NPROF == 2 )); then
+  echo; echo "## profile, new (A) against base (B)" | tee -a "$SUMMARY"
+  python3 tools/profile_summary.py --top 20 --markdown "${traces[@]}" 2>&1 | tee -a "$SUMMARY"
+fi
 
 left=$((BUDGET - (SECONDS - START)))
 if (( left > 45 )); then

@@ -5,9 +5,9 @@
 // i = 0..B*T-1 in turn, fp32 accumulation, one rounding for 16-bit storage):
 //  - dwpe: one thread per (t, c) adds dout[b, t, c] for b = 0..B-1.
 //  - dwte: the vocabulary is split into P interleaved classes (v % P); block (column tile,
-//    class p) walks all tokens in order (staged through shared memory) and, for each row
-//    whose token is in its class, adds that row of dout into the accumulator row of the
-//    token. Each (v, c) is owned by exactly one thread, which sees the rows in order, so
+//    class p) walks all tokens in order, a tile at a time: it lists the tile's rows whose
+//    token is in its class (in order, in shared memory) and adds each listed row of dout
+//    into the accumulator row of the token. Each (v, c) is owned by exactly one thread, which sees the rows in order, so
 //    the result does not depend on P or on scheduling.
 //  - the accumulator is dwte itself when it is fp32. For 16-bit dwte it is fp32 scratch
 //    with one row per distinct token (rows numbered by an exclusive scan of "token seen"
@@ -63,25 +63,66 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // acc[row(v), c] += dout[i, c] for every i (in order) with v = tokens[i] in class blockIdx.y;
-// row(v) = slot[v], or v when slot is null.
+// row(v) = slot[v], or v when slot is null. Per tile of kTokenTile tokens the block first
+// lists the tile's positions whose token is in its class, in order (each thread tests
+// kPerThread consecutive tokens; a block-wide exclusive scan of the per-thread counts gives
+// each its place), then adds only those rows: a block's work is N / blockDim tests plus its
+// own rows, not N tests per thread.
 template <class TD>
 __global__ void __launch_bounds__(kThreads)
     wte_backward_kernel(float* acc, const int32_t* slot, Rd<TD> dout, const int32_t* tokens,
                         int64_t N, int64_t C, int64_t V, int P) {
-  __shared__ int32_t tile[kTokenTile];
+  constexpr int kPerThread = kTokenTile / kThreads;
+  static_assert(kPerThread * kThreads == kTokenTile && kPerThread <= 32, "tile per thread");
+  constexpr int kWarps = kThreads / 32;
+  __shared__ int32_t pos[kTokenTile];  // the class's positions in the tile, in order
+  __shared__ int32_t row[kTokenTile];  // their accumulator rows
+  __shared__ int32_t warp_base[kWarps];
+  __shared__ int32_t count;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int p = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int64_t t0 = 0; t0 < N; t0 += kTokenTile) {
     const int cnt = static_cast<int>(min(static_cast<int64_t>(kTokenTile), N - t0));
-    __syncthreads();  // the previous tile is no longer read
-    for (int k = threadIdx.x; k < cnt; k += blockDim.x) tile[k] = tokens[t0 + k];
+    const int k0 = threadIdx.x * kPerThread;
+    uint32_t mask = 0;  // bit j: token t0 + k0 + j is in this block's class
+    for (int j = 0; j < kPerThread; ++j) {
+      if (k0 + j >= cnt) break;
+      const int32_t v = tokens[t0 + k0 + j];
+      if (v >= 0 && v < V && v % P == p) mask |= 1u << j;
+    }
+    const int n = __popc(mask);
+    int incl = n;  // inclusive scan of n over the warp
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += y;
+    }
+    __syncthreads();  // the previous tile's lists are no longer read
+    if (lane == 31) warp_base[warp] = incl;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int run = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        const int t = warp_base[w];
+        warp_base[w] = run;
+        run += t;
+      }
+      count = run;
+    }
+    __syncthreads();
+    int out = warp_base[warp] + incl - n;
+    for (uint32_t m = mask; m; m &= m - 1) {
+      const int k = k0 + __ffs(m) - 1;
+      const int32_t v = tokens[t0 + k];
+      pos[out] = k;
+      row[out] = slot ? slot[v] : v;
+      ++out;
+    }
     __syncthreads();
     if (c >= C) continue;
-    for (int k = 0; k < cnt; ++k) {
-      const int32_t v = tile[k];  // the same for the whole block: no divergence
-      if (v < 0 || v >= V || v % P != p) continue;
-      const int64_t row = slot ? slot[v] : v;
-      acc[row * C + c] += dout[(t0 + k) * C + c];
+    const int total = count;
+    for (int m = 0; m < total; ++m) {
+      acc[static_cast<int64_t>(row[m]) * C + c] += dout[(t0 + pos[m]) * C + c];
     }
   }
 }

@@ -869,7 +869,38 @@ struct StepState {
   // its collective waits.
   StepTimer timer;
   Profiler* prof = nullptr;  // job.profiler (train.profile_steps); null: off
+  // The batch of the step after the one running (sampler step prefetched_step), loaded by
+  // prefetch_batch while the device still ran that step; empty when none was loaded.
+  std::optional<data::Batch> prefetched;
+  int64_t prefetched_step = -1;
 };
+
+// This step's batch (sampler step job.step): the one prefetch_batch loaded during the
+// previous step, or loaded now. Throws what SampleSource::load throws.
+data::Batch take_batch(Job& job, StepState& st) {
+  std::optional<data::Batch> ready = std::move(st.prefetched);
+  st.prefetched.reset();
+  if (ready && st.prefetched_step == job.step) return std::move(*ready);
+  return job.train_src->load(job.sampler->sample_indices(job.step));
+}
+
+// Loads the batch of sampler step `step` (the next step) while the device still runs the
+// current one, in the host's otherwise idle wait for it: PyTorch's DataLoader prefetch
+// (pin_memory + prefetch_factor), without a thread. Loads are pure functions of the sampler
+// step (samples.hpp), so a batch loaded early is the batch loaded late; nothing when `step`
+// is past train.max_steps. Charged to Phase::data (on a device the stream marks are adjacent,
+// so the device time charged is ~0: the load is hidden). A failed load is dropped here:
+// take_batch loads again at that step and throws there, at the step it always did.
+void prefetch_batch(Job& job, StepState& st, int64_t step) {
+  if (step >= job.cfg.train.max_steps) return;
+  StepTimer::Scope loading(&st.timer, Phase::data);
+  try {
+    st.prefetched = job.train_src->load(job.sampler->sample_indices(step));
+    st.prefetched_step = step;
+  } catch (const Error&) {
+    st.prefetched.reset();
+  }
+}
 
 // What train_step did.
 struct StepOutcome {
@@ -954,10 +985,10 @@ bool guard_nonfinite(Job& job, TrainResult& result, int64_t step, double loss, d
   return true;
 }
 
-// torchtitan's train_step: step job.step + 1 on every rank. Loads this rank's batch, runs
+// torchtitan's train_step: step job.step + 1 on every rank. Takes this rank's batch (take_batch), runs
 // forward_backward_step, then (Phase::optimizer) the test hook inject_overflow_steps, fp16
 // unscaling with one found-inf all-reduce, the loss all-reduce (both over the device world),
-// global-norm clipping, one copy of the step's scalars to the host, the non-finite guard,
+// global-norm clipping, the next step's batch (prefetch_batch), one copy of the step's scalars to the host, the non-finite guard,
 // the optimizer step at the scheduled LR (unless fp16 overflow or a non-finite step skipped
 // it), the loss-scale update and zero_grad, and waits for the device. Advances job.step and
 // appends to result.losses, loss_scales, raw_allocs (and skipped_steps / nonfinite_steps).
@@ -988,7 +1019,7 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
   if (prof) prof->begin_step(job.step + 1);
   timer.begin(Phase::data);
   const AllocatorStats a0 = be.allocator_stats();
-  const data::Batch batch = job.train_src->load(job.sampler->sample_indices(job.step));
+  const data::Batch batch = take_batch(job, st);
   StepOutcome o;
   o.step = job.step + 1;
   be.fill_zero(st.stats.view());
@@ -1007,6 +1038,7 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
   }
   all_reduce_scalar(st.loss_dev.data, ReduceOp::sum, "loss");
   job.engine->clip_grad_norm(cfg.optim.grad_clip, st.norm_dev);
+  prefetch_batch(job, st, o.step);  // while the device finishes the backward
   double host_stats[3] = {0, 0, 0};
   be.copy_to_host(host_stats, st.stats.view());  // the step's one wait for the device
   o.loss = host_stats[0] / static_cast<double>(std::max<int64_t>(1, global_targets));
