@@ -12,7 +12,8 @@
 // issuing stream is stalled by a host function (cudaLaunchHostFunc) that returns only when
 // released or after a few seconds, so the collective ordered after it cannot complete within
 // the 1 s timeout. With 2 ranks and 2 visible devices, a real NCCL hang is tested too: only
-// rank 0 of a 2-rank communicator issues a collective (NcclTimeout.PeerNeverJoins).
+// rank 0 of a 2-rank communicator issues a collective (NcclHang.PeerNeverJoins: a suite of its
+// own, since a gtest suite's tests must all be TEST or all TEST_F of one fixture).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -365,7 +366,7 @@ TEST_F(NcclTimeout, WatchdogAbortsWithoutAHostWait) {
 }
 
 // A real NCCL hang: only rank 0 of a 2-rank communicator (2 devices) issues a collective.
-TEST(NcclTimeout, PeerNeverJoins) {
+TEST(NcclHang, PeerNeverJoins) {
   if (world_size() != 2) GTEST_SKIP() << "needs exactly 2 ranks (runs in test_nccl_comm_np2)";
   if (!nccl_fits_world()) GTEST_SKIP() << nccl_skip_reason();
   fsdp::MpiCommunicator world(MPI_COMM_WORLD);

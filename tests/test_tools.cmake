@@ -7,6 +7,12 @@ add_test(NAME tools_py_scopes
          COMMAND ${FSDP_TEST_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_py_scopes.py --self-test
                  ${PROJECT_SOURCE_DIR}/tools ${CMAKE_CURRENT_SOURCE_DIR})
 set_tests_properties(tools_py_scopes PROPERTIES LABELS "cpu;tools" TIMEOUT 60)
+# check_gtest_suites.py: no GoogleTest suite mixes TEST with TEST_F/TEST_P in a file (issue 19:
+# test_nccl_comm's NcclTimeout did, and failed on the GPU only); --self-test first.
+add_test(NAME tests_gtest_suites
+         COMMAND ${FSDP_TEST_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/check_gtest_suites.py --self-test
+                 ${CMAKE_CURRENT_SOURCE_DIR})
+set_tests_properties(tests_gtest_suites PROPERTIES LABELS "cpu;tools" TIMEOUT 60)
 # check_bench_shapes.py: for each model of tools/bench_torch_gpu.py, fsdp_train --dry-run (CPU)
 # of the configuration the script writes builds the parameter count and FLOPs per token the
 # script uses for the PyTorch side and the MFU column of tools/bench_gpu.sh.

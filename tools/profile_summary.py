@@ -3,12 +3,17 @@
 traces (train.profile_steps / --profile: RUN_DIR/profile/rank_N.trace.json).
 
     python3 tools/profile_summary.py TRACE [TRACE...] [--top N] [--markdown]
-                                     [--only kernels|host] [--name-width W]
+                                     [--only kernels|idle|host] [--name-width W]
 
 Standard library only. For each trace: the profiled steps (the "step N" ranges; torch
 traces' "ProfilerStep#N" annotations count too) and their total time, then two tables of
 the top N names (default 20) by total time:
   - kernels: complete events of category "kernel" (CUDA kernels, one per launch);
+  - GPU idle gaps (traces with kernels): inside each step range, every interval in which no
+    kernel, copy or memset runs on any stream, charged to the activity that ends it (the
+    kernel the GPU waited for; "(step end)" for the idle tail of a step), with the summary
+    line's idle total and its split by gap length (< 5 us: launch gaps between queued
+    kernels; 5-50 us; 50-500 us: host round trips; >= 500 us: the GPU waited for host work);
   - host ranges: every other complete event on the host (step phases such as "forward" and
     "comm_wait", collective issue/wait ranges such as "all_gather wait unit 3 (h.2)"),
     the "step N" ranges themselves excepted (they are the denominator);
@@ -41,6 +46,9 @@ import sys
 PROG = "profile_summary.py"
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
 STEP_RE = re.compile(r"^(step \d+|ProfilerStep#\d+)$")
+# Upper bounds (us) of the idle-gap length classes: launch gaps, short host work, host round
+# trips, long host work.
+IDLE_BUCKETS_US = [5.0, 50.0, 500.0, float("inf")]
 
 
 class InputError(Exception):
@@ -57,6 +65,8 @@ class Trace:
         self.kernels = {}  # name -> [count, total_us]
         self.host = {}
         self.steps = []  # (name, dur_us)
+        step_windows = []  # (ts_us, end_us) of each step range
+        gpu = []  # (ts_us, end_us, name) of each kernel, copy and memset
         for e in events:
             if not isinstance(e, dict) or e.get("ph") != "X":
                 continue
@@ -66,9 +76,16 @@ class Trace:
                 dur = float(e.get("dur", 0))
             except (TypeError, ValueError):
                 raise InputError(f"{path}: event {name!r} has a non-numeric dur")
+            try:
+                ts = float(e.get("ts", 0))
+            except (TypeError, ValueError):
+                raise InputError(f"{path}: event {name!r} has a non-numeric ts")
             if cat == "step" or (STEP_RE.match(name) and cat in ("step", "user_annotation")):
                 self.steps.append((name, dur))
+                step_windows.append((ts, ts + dur))
                 continue
+            if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+                gpu.append((ts, ts + dur, name))
             if cat == "kernel":
                 table = self.kernels
             elif cat in GPU_CATS:
@@ -86,6 +103,33 @@ class Trace:
                 start = min(float(e.get("ts", 0)) for e in xs)
                 end = max(float(e.get("ts", 0)) + float(e.get("dur", 0)) for e in xs)
                 self.profiled_us = end - start
+
+        # GPU idle: within each step window, the time no kernel, copy or memset runs on any
+        # stream, charged to the activity that ends the gap ("(step end)" for the tail).
+        self.idle = {}  # name -> [gaps, idle_us]
+        self.idle_buckets = [[0, 0.0] for _ in IDLE_BUCKETS_US]  # [gaps, idle_us] by length
+        if gpu:
+            gpu.sort()
+            for w0, w1 in step_windows:
+                at = w0  # the GPU is busy up to here
+                for g0, g1, name in gpu:
+                    if g1 <= w0 or g0 >= w1:
+                        continue
+                    if g0 > at:
+                        self._add_idle(name, g0 - at)
+                    at = max(at, min(g1, w1))
+                if w1 > at:
+                    self._add_idle("(step end)", w1 - at)
+
+    def _add_idle(self, name, us):
+        row = self.idle.setdefault(name, [0, 0.0])
+        row[0] += 1
+        row[1] += us
+        for i, limit in enumerate(IDLE_BUCKETS_US):
+            if us < limit:
+                self.idle_buckets[i][0] += 1
+                self.idle_buckets[i][1] += us
+                break
 
     def per_step_ms(self, table, name):
         row = table.get(name)
@@ -219,6 +263,14 @@ def summary(traces, markdown, out):
         if t.kernels:
             text += (f"; kernels {kernel_us / 1e3:,.3f} ms "
                      f"({100.0 * kernel_us / t.profiled_us if t.profiled_us else 0:.1f}% of it)")
+        if t.idle:
+            idle_us = sum(r[1] for r in t.idle.values())
+            text += (f"; GPU idle {idle_us / 1e3 / t.num_steps:,.3f} ms/step "
+                     f"({100.0 * idle_us / t.profiled_us if t.profiled_us else 0:.1f}%)")
+            names = ["< 5 us", "5-50 us", "50-500 us", ">= 500 us"]
+            parts = [f"{n}: {c} gaps {u / 1e3 / t.num_steps:,.3f} ms/step"
+                     for n, (c, u) in zip(names, t.idle_buckets)]
+            text += " [" + "; ".join(parts) + "]"
         print(("- " if markdown else "") + text, file=out)
     print(file=out)
 
@@ -229,7 +281,7 @@ def main(argv=None):
     ap.add_argument("traces", nargs="+", metavar="TRACE", help="a Chrome trace (.json or .json.gz)")
     ap.add_argument("--top", type=int, default=20, metavar="N", help="rows per table (default 20)")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables")
-    ap.add_argument("--only", choices=["kernels", "host"], help="print one table only")
+    ap.add_argument("--only", choices=["kernels", "idle", "host"], help="print one table only")
     ap.add_argument("--name-width", type=int, default=70, metavar="W",
                     help="cut names to W characters (0: never; default 70)")
     args = ap.parse_args(argv)
@@ -249,6 +301,10 @@ def main(argv=None):
             print_table(f"Top kernels by time (top {args.top})", h, r, args.markdown, out)
         else:
             print("no kernels in the trace(s) (a CPU run: host ranges only)\n", file=out)
+    if args.only == "idle" or (args.only is None and any(t.idle for t in traces)):
+        h, r = table(traces, "idle", args.top, args.name_width)
+        print_table(f"GPU idle gaps by the activity that ends them (top {args.top})", h, r,
+                    args.markdown, out)
     if args.only in (None, "host"):
         h, r = table(traces, "host", args.top, args.name_width)
         print_table(f"Top host ranges by time (top {args.top})", h, r, args.markdown, out)

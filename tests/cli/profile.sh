@@ -12,9 +12,10 @@
 #                  --profile writes no run/profile.
 # CASE summary:    profile_summary.py on such a trace: the step count and time, a host-range
 #                  table whose phases add up to the profiled time (100% within rounding),
-#                  no kernel table on a CPU trace; two traces side by side with the B/A
-#                  ratio column; --markdown tables; --top; one-line errors for a missing
-#                  file and a file that is not a trace.
+#                  no kernel table on a CPU trace; GPU idle gaps (total, by length, by the
+#                  kernel that ends them) on a synthetic device trace; two traces side by
+#                  side with the B/A ratio column; --markdown tables; --top; one-line errors
+#                  for a missing file and a file that is not a trace.
 # CASE bad_values: --profile 3:2, 0:1, 2-3, 2:x, "", --profile= and train.profile_steps = [3]
 #                  or [0, 2] in the file are each refused with exit 2 and one line naming
 #                  --profile or the key.
@@ -112,6 +113,24 @@ EOF
     grep -q "^| name | count | total ms | mean us | % | ms/step |$" "$OUT" || fail "no markdown header row"
     grep -q "^|---|---:|" "$OUT" || fail "no markdown alignment row"
     grep -q "^| forward | " "$OUT" || fail "no markdown forward row"
+    # GPU idle gaps on a synthetic device trace: kernels a [10, 30), b [25, 35), c [37, 40),
+    # d [41, 91) in a step [0, 100), a copy outside it: idle 10 (before a) + 2 (c) + 1 (d) +
+    # 9 (the step's tail) = 22 us, two gaps < 5 us and two of 5-50 us.
+    "$PY" - "$WORK/gpu.json" <<'EOF'
+import json, sys
+k = lambda n, ts, dur, cat="kernel": {"ph": "X", "cat": cat, "name": n, "ts": ts, "dur": dur}
+ev = [{"ph": "X", "cat": "step", "name": "step 1", "ts": 0, "dur": 100},
+      k("a", 10, 20), k("b", 25, 10), k("c", 37, 3), k("d", 41, 50), k("HtoD", 600, 3, "gpu_memcpy")]
+json.dump({"traceEvents": ev}, open(sys.argv[1], "w"))
+EOF
+    run_summary "$WORK/gpu.json"
+    expect_rc 0
+    cat "$OUT"
+    grep -qF "GPU idle 0.022 ms/step (22.0%) [< 5 us: 2 gaps 0.003 ms/step; 5-50 us: 2 gaps 0.019 ms/step;" "$OUT" ||
+      fail "no or a wrong GPU idle summary"
+    grep -q "^GPU idle gaps by the activity that ends them" "$OUT" || fail "no idle table"
+    awk '$1 == "a" && $2 == 1 && $3 == "0.010" { a = 1 } $1 == "(step" && $4 == "0.009" { e = 1 }
+         END { exit (a && e) ? 0 : 1 }' "$OUT" || fail "idle rows: expected a 0.010 ms and (step end) 0.009 ms"
     # Errors: one line naming the file, exit 2.
     run_summary "$WORK/missing.json"
     [ "$RC" -eq 2 ] || fail "missing file: exit $RC, expected 2"
