@@ -66,18 +66,26 @@ std::string meta_name(const json& trace, const std::string& what, int64_t pid, i
 
 double end_of(const json& e) { return e.at("ts").get<double>() + e.at("dur").get<double>(); }
 
-// Device activity that a test hands in.
+// Device activity that a test hands in: stop() appends a kernel and a copy starting at
+// *kernel_ns, and a kernel "warm_up_kernel" starting 1 ns after start() was called.
 class FakeCollector final : public ActivityCollector {
  public:
-  explicit FakeCollector(int* starts) : starts_(starts) {}
-  void start() override { ++*starts_; }
+  FakeCollector(int* starts, const int64_t* kernel_ns) : starts_(starts), kernel_ns_(kernel_ns) {}
+  void start() override {
+    ++*starts_;
+    started_ns_ = Profiler::now_ns();
+  }
   void stop(std::vector<TraceEvent>& out) override {
     TraceEvent k;
-    k.name = "gemm_kernel";
+    k.name = "warm_up_kernel";
     k.cat = "kernel";
-    k.start_ns = 5'000'123;
-    k.dur_ns = 2'500;
+    k.start_ns = started_ns_ + 1;
+    k.dur_ns = 10;
     k.stream = 7;
+    out.push_back(k);
+    k.name = "gemm_kernel";
+    k.start_ns = *kernel_ns_;
+    k.dur_ns = 2'500;
     k.args.push_back({"grid", std::vector<int64_t>{4, 2, 1}});
     out.push_back(k);
     k.name = "Memcpy DtoH (Device -> Pinned)";
@@ -90,13 +98,16 @@ class FakeCollector final : public ActivityCollector {
 
  private:
   int* starts_;
+  const int64_t* kernel_ns_;
+  int64_t started_ns_ = 0;
 };
 
 TEST(Profiler, WindowRangesAndTraceFormat) {
   const std::string dir = fresh_dir("unit") + "/rank" + std::to_string(world_rank());
   const std::string path = dir + "/profile/trace.json";
   int starts = 0;
-  Profiler p(2, 3, 5, path, std::make_unique<FakeCollector>(&starts));
+  int64_t kernel_ns = 0;  // set inside the window below
+  Profiler p(2, 3, 5, path, std::make_unique<FakeCollector>(&starts, &kernel_ns));
   {
     ProfileRange none(nullptr, "collective", "nothing");
     EXPECT_FALSE(none);
@@ -108,12 +119,14 @@ TEST(Profiler, WindowRangesAndTraceFormat) {
     ProfileRange outside(&p, "collective", "before the window");
     EXPECT_FALSE(outside);
   }
-  EXPECT_FALSE(p.end_step());
   EXPECT_EQ(starts, 0);
+  EXPECT_FALSE(p.end_step());
+  EXPECT_EQ(starts, 1);  // the warm-up: started at the end of the step before the window
   p.begin_step(2);
   EXPECT_TRUE(p.recording());
   EXPECT_EQ(starts, 1);
   const int64_t t0 = Profiler::now_ns();
+  kernel_ns = t0 + 123;
   {
     ProfileRange r(&p, "collective");
     ASSERT_TRUE(r);
@@ -144,7 +157,7 @@ TEST(Profiler, WindowRangesAndTraceFormat) {
   EXPECT_EQ(meta_name(t, "thread_name", 5, 7), "stream 7");
   EXPECT_EQ(meta_name(t, "thread_name", 5, 13), "stream 13");
   const std::vector<json> events = complete_events(t);
-  ASSERT_EQ(events.size(), 4u);
+  ASSERT_EQ(events.size(), 4u);  // the warm-up's kernel (before step 2) is dropped
   std::map<std::string, json> by_name;
   for (const json& e : events) by_name[e.at("name").get<std::string>()] = e;
   const json& wait = by_name.at("all_gather wait unit 1 (h.0)");
@@ -160,7 +173,7 @@ TEST(Profiler, WindowRangesAndTraceFormat) {
   const json& kernel = by_name.at("gemm_kernel");
   EXPECT_EQ(kernel.at("tid"), 7);
   EXPECT_EQ(kernel.at("cat"), "kernel");
-  EXPECT_DOUBLE_EQ(kernel.at("ts").get<double>(), 5000.123);
+  EXPECT_DOUBLE_EQ(kernel.at("ts").get<double>(), static_cast<double>(t0 + 123) / 1e3);
   EXPECT_DOUBLE_EQ(kernel.at("dur").get<double>(), 2.5);
   EXPECT_EQ(kernel.at("args").at("grid"), json({4, 2, 1}));
   EXPECT_EQ(by_name.at("Memcpy DtoH (Device -> Pinned)").at("tid"), 13);
@@ -175,15 +188,17 @@ TEST(Profiler, WindowRangesAndTraceFormat) {
 TEST(Profiler, WindowNeverReachedWritesNothing) {
   const std::string dir = fresh_dir("unit_none") + "/rank" + std::to_string(world_rank());
   int starts = 0;
+  const int64_t kernel_ns = Profiler::now_ns();
   {
-    Profiler p(4, 6, 0, dir + "/trace.json", std::make_unique<FakeCollector>(&starts));
+    Profiler p(4, 6, 0, dir + "/trace.json", std::make_unique<FakeCollector>(&starts, &kernel_ns));
     for (int s = 1; s <= 3; ++s) {
       p.begin_step(s);
       EXPECT_FALSE(p.end_step());
+      EXPECT_EQ(starts, s == 3 ? 1 : 0);  // step 3's end is the warm-up for step 4
     }
-    EXPECT_FALSE(p.write());
+    EXPECT_FALSE(p.write());  // stops the collector; no step of the window ran
   }
-  EXPECT_EQ(starts, 0);
+  EXPECT_EQ(starts, 1);
   EXPECT_FALSE(fs::exists(dir + "/trace.json"));
 }
 

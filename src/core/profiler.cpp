@@ -65,18 +65,23 @@ void Profiler::begin_step(int64_t step) {
   step_ = step;
   recording_ = !written_ && step >= first_ && step <= last_;
   if (recording_) {
+    if (steps_recorded_ == 0) window_start_ns_ = now_ns();
     ++steps_recorded_;
-    if (device_ && !device_started_) {
-      device_->start();
-      device_started_ = true;
-    }
+    start_device();  // first == 1: no step before the window to warm up in
   }
 }
 
 bool Profiler::end_step() {
   const bool due = recording_ && step_ == last_;
   recording_ = false;
+  if (!written_ && step_ + 1 == first_) start_device();  // the warm-up: see the header
   return due;
+}
+
+void Profiler::start_device() {
+  if (!device_ || device_started_) return;
+  device_->start();
+  device_started_ = true;
 }
 
 void Profiler::add(TraceEvent event) {
@@ -87,7 +92,15 @@ bool Profiler::write() {
   if (written_) return false;
   written_ = true;
   recording_ = false;
-  if (device_started_) device_->stop(events_);
+  if (device_started_) {
+    const std::size_t host_events = events_.size();
+    device_->stop(events_);
+    // The warm-up's activity (before the window's first step began) is not the window's.
+    events_.erase(std::remove_if(events_.begin() + static_cast<std::ptrdiff_t>(host_events),
+                                 events_.end(),
+                                 [&](const TraceEvent& e) { return e.start_ns < window_start_ns_; }),
+                  events_.end());
+  }
   if (steps_recorded_ == 0) return false;
 
   // Longer events first among those starting together, so a viewer nests a phase inside

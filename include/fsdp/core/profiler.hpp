@@ -58,9 +58,12 @@ struct TraceEvent {
 };
 
 // Device activity collected over the window (the CUDA backend's CUPTI collector). The
-// Profiler calls start() when the window's first step begins and stop() after its last
-// step, once each; stop() appends every completed activity with timestamps on
-// Profiler::now_ns()'s clock. Errors throw fsdp::Error.
+// Profiler calls start() at the end of the step before the window (torch.profiler's warm-up
+// step: CUPTI's start costs the host milliseconds, which would otherwise land in the first
+// profiled step's data phase and leave the GPU idle there), or when the window's first step
+// begins if it is step 1, and stop() after the window's last step, once each; stop() appends
+// every completed activity with timestamps on Profiler::now_ns()'s clock (the Profiler drops
+// those that began before the window's first step). Errors throw fsdp::Error.
 class ActivityCollector {
  public:
   virtual ~ActivityCollector() = default;
@@ -93,9 +96,10 @@ class Profiler {
   const std::string& path() const { return path_; }
 
   // Step `step` (1-based) begins: recording() becomes whether it lies in the window; the
-  // window's first step starts the device collector.
+  // window's first step starts the device collector if the warm-up did not.
   void begin_step(int64_t step);
   // The step begun ends. Returns true when it was the window's last step: write() is due.
+  // The end of the step before the window starts the device collector (the warm-up).
   bool end_step();
   // Adds an event (while recording; ignored otherwise).
   void add(TraceEvent event);
@@ -117,6 +121,8 @@ class Profiler {
   int64_t steps_recorded_ = 0;
   bool recording_ = false;
   bool device_started_ = false;
+  int64_t window_start_ns_ = 0;  // now_ns() when the window's first step began
+  void start_device();           // starts the device collector, once
   bool written_ = false;
   std::vector<TraceEvent> events_;
 };
