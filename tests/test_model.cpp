@@ -1,5 +1,6 @@
-// GPT-2 model tests: finite-difference check of the whole model's backward (every
-// parameter tensor: embeddings, each block's LayerNorms, c_attn, c_proj, c_fc, mlp c_proj and
+// GPT-2 model tests: logits, loss and every gradient against a stored PyTorch reference
+// (tools/gpt2_reference.py, tests/data/gpt2/), finite-difference check of the whole model's
+// backward (every parameter tensor: embeddings, each block's LayerNorms, c_attn, c_proj, c_fc, mlp c_proj and
 // their biases, ln_f, and the tied LM head through wte), GPT-2 initialisation statistics,
 // the independence of initial weights from the world size, and activation checkpointing
 // (bit-identical losses and gradients, and its activation memory: planned == measured).
@@ -7,9 +8,15 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <random>
+#include <sstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/backend/cpu_backend.hpp"
@@ -17,6 +24,7 @@
 #include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/gpt2.hpp"
+#include "fsdp/model/model.hpp"
 
 namespace {
 
@@ -139,6 +147,132 @@ TEST(Gpt2, FiniteDifferenceGradientOfEveryParameter) {
   }
   EXPECT_EQ(checked, 2 + 12 * 2 + 2);
 }
+
+// tools/gpt2_reference.py's float64 torch GPT-2 (HF GPT2LMHeadModel's forward on HF's state
+// dict: Conv1D weights [in, out]) on the same float32 weights and batch, against our fp32 CPU
+// model: the logits, the mean loss and every parameter's gradient. The HF names and layouts
+// are mapped by the family's hf_tensor (the mapping fsdp_merge writes with), and the model is
+// built from the fixture's HF config.json (from_hf_config, init_from's path). wte is padded to
+// 128 rows (model.pad_vocab_multiple): its pad rows stay 0, the logits' pad columns are not
+// compared, and the pad rows' gradients must be exactly 0.
+void check_reference(const std::string& file) {
+  std::ifstream in(std::string(FSDP_TEST_DATA_DIR) + "/gpt2/" + file);
+  ASSERT_TRUE(in) << file << " missing (tools/gpt2_reference.py)";
+  std::string line, config_json;
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> tokens, targets;
+  double ref_loss = 0;
+  std::vector<double> ref_logits;
+  std::map<std::string, std::vector<float>> params;
+  std::map<std::string, std::vector<double>> grads;
+  while (std::getline(in, line)) {
+    std::istringstream s(line);
+    std::string kind;
+    s >> kind;
+    if (kind == "config") {
+      std::getline(s, config_json);
+    } else if (kind == "batch") {
+      s >> B >> T;
+    } else if (kind == "tokens" || kind == "targets") {
+      auto& v = kind == "tokens" ? tokens : targets;
+      for (int32_t x; s >> x;) v.push_back(x);
+    } else if (kind == "loss") {
+      s >> ref_loss;
+    } else if (kind == "logits") {
+      for (std::string tok; s >> tok;) ref_logits.push_back(std::strtod(tok.c_str(), nullptr));
+    } else if (kind == "param" || kind == "grad") {
+      std::string name;
+      int64_t n = 0;
+      s >> name >> n;
+      for (int64_t i = 0; i < n; ++i) {
+        std::string tok;
+        s >> tok;
+        if (kind == "param") params[name].push_back(std::strtof(tok.c_str(), nullptr));
+        else grads[name].push_back(std::strtod(tok.c_str(), nullptr));
+      }
+      ASSERT_EQ(static_cast<int64_t>(kind == "param" ? params[name].size() : grads[name].size()), n)
+          << name;
+    }
+  }
+  const fsdp::ModelFamily& family = fsdp::model_family("gpt2");
+  const fsdp::ModelConfig mc = family.from_hf_config(nlohmann::json::parse(config_json), file);
+  ModelOptions o;
+  o.model = fsdp::Gpt2Config::from(mc);
+  ASSERT_EQ(B, Fixture::B) << file;
+  ASSERT_EQ(T, Fixture::T) << file;
+  Fixture f(gpt2_wrap(), o);
+  f.tokens = tokens;
+  f.targets = targets;
+  const int64_t V = o.model.vocab_size, Vp = o.model.padded_vocab();
+  ASSERT_GT(Vp, V) << "the fixture should exercise the vocabulary padding";
+
+  // HF tensor `name` (row-major, HF layout) element of our element i of a [rows, cols] tensor.
+  auto hf_index = [](const fsdp::HfTensor& hf, int64_t i, int64_t rows, int64_t cols) {
+    return hf.transpose ? (i % cols) * rows + i / cols : i;  // ours [out, in] <- HF [in, out]
+  };
+  int set = 0;
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    float* p = f.engine.shard_param(u).f32();
+    for (const auto& e : f.engine.layout(u).entries) {
+      const auto shape = e.spec.unpadded_shape();
+      const auto hf = family.hf_tensor(mc, e.spec.name, shape);
+      ASSERT_TRUE(hf) << e.spec.name << ": no Hugging Face name";
+      ASSERT_TRUE(params.count(hf->name)) << file << ": no " << hf->name;
+      const auto& v = params.at(hf->name);
+      const int64_t n = e.spec.unpadded_numel();
+      ASSERT_EQ(static_cast<int64_t>(v.size()), n) << hf->name;
+      const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
+      for (int64_t i = 0; i < n; ++i) p[e.offset + i] = v[static_cast<std::size_t>(hf_index(*hf, i, rows, cols))];
+      for (int64_t i = n; i < e.spec.numel(); ++i) ASSERT_EQ(p[e.offset + i], 0.f) << e.spec.name;
+      ++set;
+    }
+  }
+  EXPECT_EQ(set, static_cast<int>(params.size())) << file << ": parameters the model does not declare";
+
+  // Logits and loss (forward_loss), then the loss and gradients (forward_backward).
+  EXPECT_NEAR(f.loss(), ref_loss, 1e-5 * std::abs(ref_loss)) << file;
+  const fsdp::TensorView lv = f.model.last_logits();
+  ASSERT_EQ(lv.numel(), B * T * Vp);
+  std::vector<float> logits(static_cast<std::size_t>(lv.numel()));
+  f.be->copy_to_host(logits.data(), lv);
+  ASSERT_EQ(static_cast<int64_t>(ref_logits.size()), B * T * V);
+  double diff = 0, norm = 0;
+  for (int64_t r = 0; r < B * T; ++r) {
+    for (int64_t c = 0; c < V; ++c) {
+      const double ref = ref_logits[static_cast<std::size_t>(r * V + c)];
+      const double d = logits[static_cast<std::size_t>(r * Vp + c)] - ref;
+      diff += d * d;
+      norm += ref * ref;
+    }
+  }
+  EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm)) << file << ": logits";
+  EXPECT_NEAR(f.loss_and_grads(), ref_loss, 1e-5 * std::abs(ref_loss)) << file;
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    const float* g = f.engine.shard_grad(u).f32();
+    for (const auto& e : f.engine.layout(u).entries) {
+      const auto shape = e.spec.unpadded_shape();
+      const auto hf = family.hf_tensor(mc, e.spec.name, shape);
+      const auto& r = grads.at(hf->name);
+      const int64_t n = e.spec.unpadded_numel();
+      const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
+      double gd = 0, gn = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double ref = r[static_cast<std::size_t>(hf_index(*hf, i, rows, cols))];
+        const double d = g[e.offset + i] - ref;
+        gd += d * d;
+        gn += ref * ref;
+      }
+      for (int64_t i = n; i < e.spec.numel(); ++i) {
+        ASSERT_EQ(g[e.offset + i], 0.f) << file << ": " << e.spec.name << " pad element " << i;
+      }
+      EXPECT_GT(gn, 0.0) << file << ": " << e.spec.name;
+      EXPECT_LE(std::sqrt(gd), 1e-5 * std::sqrt(gn)) << file << ": " << e.spec.name;
+    }
+  }
+}
+
+TEST(Gpt2, MatchesTorchReferenceOneLayer) { check_reference("reference_1_layer.txt"); }
+TEST(Gpt2, MatchesTorchReferenceThreeLayers) { check_reference("reference_3_layers.txt"); }
 
 TEST(Gpt2, InitialisationFollowsGpt2) {
   fsdp::FsdpConfig fc = gpt2_wrap();

@@ -178,6 +178,7 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
   ensure_buffers(B, T);
   Acts& a = *acts_;
   const int64_t BT = B * T, C = cfg_.n_embd, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
+  last_rows_ = BT;
   const int64_t L = cfg_.n_layer;
   const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
   const TensorView tokens = a.tokens_dev.view({B, T}), targets = a.targets_dev.view({BT});
@@ -212,6 +213,11 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
     be_.cross_entropy_forward(loss, logits, targets, BT, V, Vp);
   }
   hooks.post_forward(mf);
+}
+
+TensorView Gpt2Model::last_logits() const {
+  if (!acts_ || last_rows_ == 0) return {};
+  return acts_->logits.view({last_rows_, cfg_.padded_vocab()});
 }
 
 // Block l: res[l] [BT,C] -> res[l+1] = res2 + mlp(ln_2(res2)), res2 = res[l] + attn(ln_1(res[l])),

@@ -85,6 +85,13 @@ class Gpt2Model final : public Model {
   void forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                     ModuleHooks& hooks, const TensorView& loss);
 
+  // The logits of the last forward_loss: [B*T, padded_vocab()] in the activation dtype, row
+  // b*T + t for position t of sequence b; columns vocab_size.. are the vocabulary padding
+  // (never read by the loss). After forward_backward the buffer holds dlogits instead (the
+  // fused cross-entropy overwrites it). An empty view before the first forward. For tests
+  // against a reference model (tools/gpt2_reference.py), as llm.c's test_gpt2 reads logits.
+  TensorView last_logits() const;
+
   // Bytes of activations (saved for backward, and their gradients) for a [B,T] micro-batch
   // with activations stored in `activation_dtype`, with or without activation
   // checkpointing; exactly what forward allocates.
@@ -107,6 +114,7 @@ class Gpt2Model final : public Model {
   bool checkpointing_;
   std::vector<ModuleDecl> modules_;
   std::unique_ptr<Acts> acts_;
+  int64_t last_rows_ = 0;  // B*T of the last forward
 };
 
 }  // namespace fsdp
