@@ -459,6 +459,35 @@ inline int32_t sum_over(Communicator& comm, TestMemory& mem, int32_t v) {
   return v;
 }
 
+// The opening checks every communicator shares (Communicator's public collectives): avg on an
+// integer dtype and a broadcast root outside [0, size()) throw "<kind()>::<collective>: ..."
+// on every rank, nothing is issued, and the communicator works afterwards.
+inline void bad_arguments(Communicator& comm, TestMemory& mem) {
+  const std::string kind = comm.kind();
+  EXPECT_NE(kind, "Communicator") << "the implementation should name itself (kind())";
+  Buffer d(mem, 4 * static_cast<std::size_t>(comm.size()));
+  auto expect_error = [&](const std::function<void()>& call, const std::string& message) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected: " << message;
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  };
+  expect_error([&] { comm.all_reduce(d.get(), d.get(), 1, DType::i32, ReduceOp::avg); },
+               kind + "::all_reduce: ReduceOp::avg needs a floating dtype, got " +
+                   std::string(fsdp::to_string(DType::i32)));
+  expect_error([&] { comm.reduce_scatter(d.get(), d.get(), 1, DType::u8, ReduceOp::avg); },
+               kind + "::reduce_scatter: ReduceOp::avg needs a floating dtype, got " +
+                   std::string(fsdp::to_string(DType::u8)));
+  for (int root : {-1, comm.size()}) {
+    expect_error([&] { comm.broadcast(d.get(), 1, DType::f32, root, comm.default_stream()); },
+                 kind + "::broadcast: root " + std::to_string(root) +
+                     " is not a rank of a communicator of size " + std::to_string(comm.size()));
+  }
+  EXPECT_EQ(sum_over(comm, mem, 1), comm.size()) << "the communicator after the refusals";
+}
+
 // split(color, key) and split_node(): sizes, ranks, and working collectives on the result.
 inline void split(Communicator& comm, TestMemory& mem) {
   const int rank = comm.rank(), size = comm.size();

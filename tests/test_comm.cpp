@@ -29,6 +29,7 @@ TEST_F(MpiComm, AllGather) { conformance::all_gather(comm, mem); }
 TEST_F(MpiComm, ReduceScatter) { conformance::reduce_scatter(comm, mem); }
 TEST_F(MpiComm, AllReduce) { conformance::all_reduce(comm, mem); }
 TEST_F(MpiComm, Broadcast) { conformance::broadcast(comm, mem); }
+TEST_F(MpiComm, BadArguments) { conformance::bad_arguments(comm, mem); }
 TEST_F(MpiComm, WorkDoneEvent) { conformance::work_done_event(comm, mem); }
 TEST_F(MpiComm, WorkDestructorCompletes) { conformance::work_destructor_completes(comm, mem); }
 TEST_F(MpiComm, Split) { conformance::split(comm, mem); }

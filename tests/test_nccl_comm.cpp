@@ -154,6 +154,7 @@ TEST_P(DeviceComm, AllGather) { conformance::all_gather(*comm_, mem_); }
 TEST_P(DeviceComm, ReduceScatter) { conformance::reduce_scatter(*comm_, mem_); }
 TEST_P(DeviceComm, AllReduce) { conformance::all_reduce(*comm_, mem_); }
 TEST_P(DeviceComm, Broadcast) { conformance::broadcast(*comm_, mem_); }
+TEST_P(DeviceComm, BadArguments) { conformance::bad_arguments(*comm_, mem_); }
 TEST_P(DeviceComm, WorkDoneEvent) { conformance::work_done_event(*comm_, mem_); }
 TEST_P(DeviceComm, WorkDestructorCompletes) { conformance::work_destructor_completes(*comm_, mem_); }
 TEST_P(DeviceComm, Split) { conformance::split(*comm_, mem_); }

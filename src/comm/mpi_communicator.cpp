@@ -89,15 +89,6 @@ class MpiReduceOps {
 
 }  // namespace detail
 
-const char* to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::max: return "max";
-    case ReduceOp::avg: return "avg";
-  }
-  return "unknown";
-}
-
 namespace {
 
 // Element type on the wire: 16-bit floats travel as 16-bit words.
@@ -133,13 +124,6 @@ void enter_stream(Stream& stream, const char* what) {
   stream.synchronize();
 }
 
-void check_op(DType dtype, ReduceOp op, const char* what) {
-  if (op == ReduceOp::avg && !is_floating(dtype)) {
-    throw Error(std::string("MpiCommunicator::") + what + ": ReduceOp::avg needs a floating " +
-                "dtype, got " + std::string(to_string(dtype)));
-  }
-}
-
 // x[count] /= size, as documented in the header (fp32 and 16-bit floats multiply by the
 // fp32 reciprocal, fp64 divides).
 void divide(void* buf, std::size_t count, DType dtype, int size) {
@@ -167,7 +151,7 @@ void divide(void* buf, std::size_t count, DType dtype, int size) {
       for (std::size_t i = 0; i < count; ++i) x[i] = f32_to_f16(f16_to_f32(x[i]) * inv);
       break;
     }
-    default: break;  // integers never get here (check_op)
+    default: break;  // integers never get here (Communicator::check_op)
   }
 }
 
@@ -355,7 +339,6 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_impl(const void* send, voi
                                                            std::size_t count, DType dtype,
                                                            ReduceOp op, Stream& stream) {
   enter_stream(stream, "reduce_scatter");
-  check_op(dtype, op, "reduce_scatter");
   const int n = mpi_count(count, "reduce_scatter");
   const std::size_t bytes = count * dtype_size(dtype);
   if (count == 0) return finished_work();
@@ -387,7 +370,6 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_impl(const void* send, void* r
                                                        std::size_t count, DType dtype,
                                                        ReduceOp op, Stream& stream) {
   enter_stream(stream, "all_reduce");
-  check_op(dtype, op, "all_reduce");
   const int n = mpi_count(count, "all_reduce");
   if (count == 0) return finished_work();
   if (size_ == 1) {
@@ -406,10 +388,6 @@ std::unique_ptr<Work> MpiCommunicator::broadcast_impl(void* buf, std::size_t cou
                                                       int root, Stream& stream) {
   enter_stream(stream, "broadcast");
   const int n = mpi_count(count, "broadcast");
-  if (root < 0 || root >= size_) {
-    throw Error("MpiCommunicator::broadcast: root " + std::to_string(root) +
-                " is not a rank of a communicator of size " + std::to_string(size_));
-  }
   if (count == 0 || size_ == 1) return finished_work();
   auto p = new_pending("broadcast", hook_);
   FSDP_CHECK_MPI(MPI_Ibcast(buf, n, mpi_type(dtype), root, comm_, &p->request));

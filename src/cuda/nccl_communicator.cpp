@@ -50,13 +50,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   throw Error("NcclCommunicator: unknown reduce op");
 }
 
-void check_op(DType dtype, ReduceOp op, const char* what) {
-  if (op == ReduceOp::avg && !is_floating(dtype)) {
-    throw Error(std::string("NcclCommunicator::") + what + ": ReduceOp::avg needs a floating " +
-                "dtype, got " + std::string(to_string(dtype)));
-  }
-}
-
 std::string seconds(double s) {
   std::ostringstream os;
   os << s;
@@ -488,7 +481,6 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_impl(const void* send, vo
                                                             std::size_t count, DType dtype,
                                                             ReduceOp op, Stream& stream) {
   const cudaStream_t after = native(stream);
-  check_op(dtype, op, "reduce_scatter");
   const ncclDataType_t type = nccl_type(dtype);
   const ncclRedOp_t red = nccl_op(op);
   const std::size_t bytes = count * dtype_size(dtype);
@@ -506,7 +498,6 @@ std::unique_ptr<Work> NcclCommunicator::all_reduce_impl(const void* send, void* 
                                                         std::size_t count, DType dtype,
                                                         ReduceOp op, Stream& stream) {
   const cudaStream_t after = native(stream);
-  check_op(dtype, op, "all_reduce");
   const ncclDataType_t type = nccl_type(dtype);
   const ncclRedOp_t red = nccl_op(op);
   const std::size_t bytes = count * dtype_size(dtype);
@@ -523,10 +514,6 @@ std::unique_ptr<Work> NcclCommunicator::all_reduce_impl(const void* send, void* 
 std::unique_ptr<Work> NcclCommunicator::broadcast_impl(void* buf, std::size_t count, DType dtype,
                                                        int root, Stream& stream) {
   const cudaStream_t after = native(stream);
-  if (root < 0 || root >= size_) {
-    throw Error("NcclCommunicator::broadcast: root " + std::to_string(root) +
-                " is not a rank of a communicator of size " + std::to_string(size_));
-  }
   const ncclDataType_t type = nccl_type(dtype);
   return issue("broadcast", after, [&](ncclComm_t comm, cudaStream_t s) -> ncclResult_t {
     if (count == 0 || size_ == 1) return ncclSuccess;

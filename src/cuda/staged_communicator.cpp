@@ -37,13 +37,6 @@ std::unique_ptr<Work> finished_work(cudaStream_t issuing) {
   return std::make_unique<StagedWork>(std::make_shared<CudaEvent>(), issuing);
 }
 
-void check_op(DType dtype, ReduceOp op, const char* what) {
-  if (op == ReduceOp::avg && !is_floating(dtype)) {
-    throw Error(std::string("StagedCommunicator::") + what + ": ReduceOp::avg needs a floating " +
-                "dtype, got " + std::string(to_string(dtype)));
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<StagedCommunicator> StagedCommunicator::create(Communicator& host) {
@@ -135,7 +128,6 @@ std::unique_ptr<Work> StagedCommunicator::reduce_scatter_impl(const void* send, 
                                                               std::size_t count, DType dtype,
                                                               ReduceOp op, Stream& stream) {
   const cudaStream_t after = native(stream);
-  check_op(dtype, op, "reduce_scatter");
   const std::size_t bytes = count * dtype_size(dtype);
   if (count == 0) return finished_work(after);
   if (size() == 1) return local_copy(after, recv, send, bytes);
@@ -151,7 +143,6 @@ std::unique_ptr<Work> StagedCommunicator::all_reduce_impl(const void* send, void
                                                           std::size_t count, DType dtype,
                                                           ReduceOp op, Stream& stream) {
   const cudaStream_t after = native(stream);
-  check_op(dtype, op, "all_reduce");
   const std::size_t bytes = count * dtype_size(dtype);
   if (count == 0) return finished_work(after);
   if (size() == 1) return local_copy(after, recv, send, bytes);
@@ -165,10 +156,6 @@ std::unique_ptr<Work> StagedCommunicator::broadcast_impl(void* buf, std::size_t 
                                                          DType dtype, int root,
                                                          Stream& stream) {
   const cudaStream_t after = native(stream);
-  if (root < 0 || root >= size()) {
-    throw Error("StagedCommunicator::broadcast: root " + std::to_string(root) +
-                " is not a rank of a communicator of size " + std::to_string(size()));
-  }
   const std::size_t bytes = count * dtype_size(dtype);
   if (count == 0 || size() == 1) return local_copy(after, buf, buf, 0);
   char* h = pinned(bytes);

@@ -14,7 +14,10 @@
 //
 // Collectives on one communicator must be issued in the same order on every rank of it.
 // Counts are elements of `dtype`. Every dtype is supported by every collective; ReduceOp::avg
-// only by floating dtypes (sum, then divide by size(), as ncclAvg).
+// only by floating dtypes (sum, then divide by size(), as ncclAvg). The public collectives
+// check their arguments here, once for every implementation, before the implementation
+// sees them: ReduceOp::avg on an integer dtype and a broadcast root outside [0, size()) throw
+// fsdp::Error "<kind()>::<collective>: ..." on the calling rank (nothing is issued).
 #pragma once
 
 #include <cstddef>
@@ -63,6 +66,9 @@ class Communicator {
   // The stream collectives issued without one are ordered after (a host stream for MPI).
   virtual Stream& default_stream() = 0;
 
+  // The implementation's name in error messages ("MpiCommunicator", "NcclCommunicator").
+  virtual const char* kind() const { return "Communicator"; }
+
   // recv[size * count] = concatenation over ranks r of rank r's send[count] (in rank order).
   // send may alias recv + rank * count (in place, as ncclAllGather allows).
   std::unique_ptr<Work> all_gather(const void* send, void* recv, std::size_t count, DType dtype,
@@ -74,32 +80,35 @@ class Communicator {
   // then the rest of send is unspecified afterwards (out of place, send is untouched).
   std::unique_ptr<Work> reduce_scatter(const void* send, void* recv, std::size_t count,
                                        DType dtype, ReduceOp op, Stream& stream) {
+    check_op(dtype, op, "reduce_scatter");
     return reduce_scatter_impl(send, recv, count, dtype, op, stream);
   }
   // recv[count] = op over ranks of send[count]; send == recv means in place.
   std::unique_ptr<Work> all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
                                    ReduceOp op, Stream& stream) {
+    check_op(dtype, op, "all_reduce");
     return all_reduce_impl(send, recv, count, dtype, op, stream);
   }
   // buf[count] on every rank = root's buf.
   std::unique_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype, int root,
                                   Stream& stream) {
+    check_root(root);
     return broadcast_impl(buf, count, dtype, root, stream);
   }
   // The same, ordered after default_stream().
   std::unique_ptr<Work> all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
-    return all_gather_impl(send, recv, count, dtype, default_stream());
+    return all_gather(send, recv, count, dtype, default_stream());
   }
   std::unique_ptr<Work> reduce_scatter(const void* send, void* recv, std::size_t count,
                                        DType dtype, ReduceOp op) {
-    return reduce_scatter_impl(send, recv, count, dtype, op, default_stream());
+    return reduce_scatter(send, recv, count, dtype, op, default_stream());
   }
   std::unique_ptr<Work> all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
                                    ReduceOp op) {
-    return all_reduce_impl(send, recv, count, dtype, op, default_stream());
+    return all_reduce(send, recv, count, dtype, op, default_stream());
   }
   std::unique_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype, int root) {
-    return broadcast_impl(buf, count, dtype, root, default_stream());
+    return broadcast(buf, count, dtype, root, default_stream());
   }
   virtual void barrier() = 0;
 
@@ -119,6 +128,11 @@ class Communicator {
                                                 DType dtype, ReduceOp op, Stream& stream) = 0;
   virtual std::unique_ptr<Work> broadcast_impl(void* buf, std::size_t count, DType dtype,
                                                int root, Stream& stream) = 0;
+
+ private:
+  // The opening checks of the collectives (see the header); throw fsdp::Error.
+  void check_op(DType dtype, ReduceOp op, const char* what) const;
+  void check_root(int root) const;
 };
 
 }  // namespace fsdp

@@ -61,6 +61,7 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  const char* kind() const override { return "MpiCommunicator"; }
   Device device() const override { return Device::cpu; }
   Stream& default_stream() override { return stream_; }
   MPI_Comm comm() const { return comm_; }

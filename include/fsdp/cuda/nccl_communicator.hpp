@@ -77,6 +77,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  const char* kind() const override { return "NcclCommunicator"; }
   Device device() const override { return Device::cuda; }
   // A CudaStream owned by the communicator (normal priority), for collectives issued without
   // one; not the communication stream.

@@ -45,6 +45,7 @@ class StagedCommunicator final : public Communicator {
 
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
+  const char* kind() const override { return "StagedCommunicator"; }
   Device device() const override { return Device::cuda; }
   Stream& default_stream() override { return *default_stream_; }
   Communicator& host() const { return *host_; }
