@@ -14,6 +14,8 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +26,7 @@
 #include "fsdp/checkpoint/resume.hpp"
 #include "fsdp/model/model.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
+#include "fsdp/config/config.hpp"
 #include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/h5/hdf5.hpp"
@@ -1204,10 +1207,37 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
                                    "every = 10", "every = 3");
   EXPECT_NO_THROW(check_resume_config(saved, mutated, file));
   EXPECT_EQ(config_fingerprint(saved), config_fingerprint(mutated));
-  EXPECT_TRUE(resume_key_may_change("train.max_steps"));
-  EXPECT_TRUE(resume_key_may_change("eval.max_windows"));
-  EXPECT_FALSE(resume_key_may_change("train.seed"));
-  EXPECT_FALSE(resume_key_may_change("model.n_head"));
+  EXPECT_TRUE(fsdp::resume_may_change("train.max_steps"));
+  EXPECT_TRUE(fsdp::resume_may_change("eval.max_windows"));
+  EXPECT_FALSE(fsdp::resume_may_change("train.seed"));
+  EXPECT_FALSE(fsdp::resume_may_change("model.n_head"));
+  // The key table's may-change flags, pinned: they decide every checkpoint's fingerprint, so a
+  // change here makes existing checkpoints refuse to resume.
+  for (const std::string type : {"gpt2", "t5"}) {
+    std::set<std::string> may;
+    std::istringstream lines(fsdp::to_toml(fsdp::parse_config(
+        "[model]\ntype = \"" + type + "\"\n[data]\nsource = \"synthetic\"\n", "pin", {})));
+    std::string line, section;
+    while (std::getline(lines, line)) {
+      if (line.size() > 2 && line.front() == '[') section = line.substr(1, line.find(']') - 1);
+      const auto eq = line.find(" = ");
+      if (eq == std::string::npos || line.front() == '#') continue;
+      const std::string key = section + "." + line.substr(0, eq);
+      if (fsdp::resume_may_change(key)) may.insert(key);
+    }
+    EXPECT_EQ(may, (std::set<std::string>{
+                       "model.init_from", "model.pad_vocab_multiple", "data.path",
+                       "train.micro_batch_size", "train.max_steps", "train.run_dir",
+                       "train.log_every", "train.num_threads", "train.device",
+                       "train.skip_nonfinite", "train.check_memory", "train.peak_flops",
+                       "train.profile_steps", "optim.lr", "optim.min_lr", "optim.warmup_steps",
+                       "optim.decay_steps", "optim.grad_clip", "fsdp.sharding_strategy",
+                       "fsdp.backward_prefetch", "fsdp.forward_prefetch",
+                       "fsdp.limit_all_gathers", "fsdp.activation_checkpointing",
+                       "mesh.shard_size", "comm.backend", "comm.timeout_s", "checkpoint.every",
+                       "checkpoint.async_save", "eval.every", "eval.max_windows", "eval.on_start"}))
+        << type;
+  }
 
   struct Case {
     std::string from, to, message;

@@ -13,38 +13,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/config/config.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp::ckpt {
-
-const std::vector<std::string>& resume_mutable_keys() {
-  // How long to train, how to log, evaluate and save, where to run and how to talk: none of
-  // these changes the model, its optimizer state or the sample sequence. The learning-rate
-  // schedule and clipping may change (restarting from a checkpoint with a lower lr after a
-  // loss spike is common practice); FSDP's execution knobs do not change the numerics, and
-  // a change of layout (sharding_strategy, mesh) is resharded on load (ckpt::read_resharded),
-  // and so is another vocabulary padding (pad_vocab_multiple: the pad rows are zero).
-  static const std::vector<std::string> keys = {
-      "train.max_steps",         "train.log_every",          "train.num_threads",
-      "train.device",            "train.run_dir",            "train.micro_batch_size",
-      "optim.lr",                "optim.min_lr",             "optim.warmup_steps",
-      "optim.decay_steps",       "optim.grad_clip",          "data.path",
-      "model.init_from",         "fsdp.sharding_strategy",   "fsdp.backward_prefetch",
-      "fsdp.forward_prefetch",   "fsdp.limit_all_gathers",   "fsdp.activation_checkpointing",
-      "mesh.*",                  "comm.*",                   "checkpoint.*",
-      "eval.*",                  "train.skip_nonfinite",     "train.check_memory",
-      "train.peak_flops",        "train.profile_steps",      "model.pad_vocab_multiple",
-  };
-  return keys;
-}
-
-bool resume_key_may_change(const std::string& key) {
-  const std::string section = key.substr(0, key.find('.'));
-  for (const std::string& k : resume_mutable_keys()) {
-    if (k == key || k == section + ".*") return true;
-  }
-  return false;
-}
 
 namespace {
 
@@ -83,7 +55,7 @@ std::vector<std::pair<std::string, std::string>> flatten(const std::string& text
 std::string config_fingerprint(const std::string& resolved_toml, const std::string& origin) {
   nlohmann::json j = nlohmann::json::object();  // std::map underneath: keys sorted
   for (const auto& [k, v] : flatten(resolved_toml, origin))
-    if (!resume_key_may_change(k)) j[k] = v;
+    if (!resume_may_change(k)) j[k] = v;
   const std::string canon = j.dump();
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx",
@@ -97,7 +69,7 @@ void check_resume_config(const std::string& checkpoint_toml, const std::string& 
   const auto run = flatten(run_toml, "the run's resolved config");
   std::map<std::string, std::string> has(stored.begin(), stored.end());
   auto check = [&](const std::string& key, const std::string& value) {
-    if (resume_key_may_change(key)) return;
+    if (resume_may_change(key)) return;
     const auto it = has.find(key);
     if (it == has.end() || it->second == value) return;
     throw InputError("--resume: " + key + " differs (checkpoint has " + it->second + ", config has " + value +

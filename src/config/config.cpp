@@ -82,69 +82,77 @@ template <class E>
   requires requires { EnumValues<E>::values; }
 constexpr bool kIsConfigEnum<E> = true;
 
-// Calls f(section, key, field) for every key of the config, sections in output order.
-// C is Config or const Config.
+enum Resume : bool { kFixed = false, kMayChange = true };
+
+// The key table: calls f(section, key, field, resume) for every key of the config, sections
+// in output order. C is Config or const Config. `resume` says whether --resume may change the
+// key (docs/checkpoint.md "Resume checks": how long to train, how to log, evaluate and save,
+// where to run and how to talk change neither the model, its optimizer state nor the sample
+// sequence; the learning-rate schedule and clipping may change, as restarting with a lower lr
+// after a loss spike is common practice; FSDP's execution knobs do not change the numerics,
+// and a change of layout (sharding_strategy, mesh) or of the vocabulary padding is resharded
+// or re-padded on load). The family's [model] keys never may.
 template <class C, class F>
 void visit_keys(C& c, F&& f) {
-  f("model", "type", c.model.type);
-  f("model", "init_from", c.model.init_from);
-  f("model", "pad_vocab_multiple", c.model.pad_vocab_multiple);
+  f("model", "type", c.model.type, kFixed);
+  f("model", "init_from", c.model.init_from, kMayChange);
+  f("model", "pad_vocab_multiple", c.model.pad_vocab_multiple, kMayChange);
   // The family's own keys, in its order, typed as their declared defaults.
   for (const ModelKey& k : model_family(c.model.type).keys()) {
-    std::visit([&](auto& v) { f("model", k.name.c_str(), v); }, c.model.values.at(k.name));
+    std::visit([&](auto& v) { f("model", k.name.c_str(), v, kFixed); }, c.model.values.at(k.name));
   }
-  f("data", "source", c.data.source);
-  f("data", "path", c.data.path);
-  f("data", "objective", c.data.objective);
-  f("data", "seq_len", c.data.seq_len);
-  f("data", "max_input_len", c.data.max_input_len);
-  f("data", "max_target_len", c.data.max_target_len);
-  f("data", "noise_density", c.data.noise_density);
-  f("data", "mean_noise_span_length", c.data.mean_noise_span_length);
-  f("train", "global_batch_size", c.train.global_batch_size);
-  f("train", "micro_batch_size", c.train.micro_batch_size);
-  f("train", "max_steps", c.train.max_steps);
-  f("train", "seed", c.train.seed);
-  f("train", "run_dir", c.train.run_dir);
-  f("train", "log_every", c.train.log_every);
-  f("train", "num_threads", c.train.num_threads);
-  f("train", "device", c.train.device);
-  f("train", "skip_nonfinite", c.train.skip_nonfinite);
-  f("train", "check_memory", c.train.check_memory);
-  f("train", "peak_flops", c.train.peak_flops);
-  f("train", "profile_steps", c.train.profile_steps);
-  f("optim", "name", c.optim.name);
-  f("optim", "lr", c.optim.lr);
-  f("optim", "min_lr", c.optim.min_lr);
-  f("optim", "warmup_steps", c.optim.warmup_steps);
-  f("optim", "decay_steps", c.optim.decay_steps);
-  f("optim", "weight_decay", c.optim.weight_decay);
-  f("optim", "grad_clip", c.optim.grad_clip);
-  f("optim", "beta1", c.optim.beta1);
-  f("optim", "beta2", c.optim.beta2);
-  f("optim", "eps", c.optim.eps);
-  f("optim", "momentum", c.optim.momentum);
-  f("fsdp", "sharding_strategy", c.fsdp.sharding_strategy);
-  f("fsdp", "auto_wrap_policy", c.fsdp.auto_wrap_policy);
-  f("fsdp", "transformer_layer_cls_to_wrap", c.fsdp.transformer_layer_cls_to_wrap);
-  f("fsdp", "backward_prefetch", c.fsdp.backward_prefetch);
-  f("fsdp", "forward_prefetch", c.fsdp.forward_prefetch);
-  f("fsdp", "limit_all_gathers", c.fsdp.limit_all_gathers);
-  f("fsdp", "activation_checkpointing", c.fsdp.activation_checkpointing);
-  f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype);
-  f("mixed_precision", "reduce_dtype", c.mixed_precision.reduce_dtype);
-  f("mixed_precision", "init_scale", c.mixed_precision.init_scale);
-  f("mixed_precision", "growth_factor", c.mixed_precision.growth_factor);
-  f("mixed_precision", "backoff_factor", c.mixed_precision.backoff_factor);
-  f("mixed_precision", "growth_interval", c.mixed_precision.growth_interval);
-  f("mesh", "shard_size", c.mesh.shard_size);
-  f("comm", "backend", c.comm.backend);
-  f("comm", "timeout_s", c.comm.timeout_s);
-  f("checkpoint", "every", c.checkpoint.every);
-  f("checkpoint", "async_save", c.checkpoint.async_save);
-  f("eval", "every", c.eval.every);
-  f("eval", "max_windows", c.eval.max_windows);
-  f("eval", "on_start", c.eval.on_start);
+  f("data", "source", c.data.source, kFixed);
+  f("data", "path", c.data.path, kMayChange);
+  f("data", "objective", c.data.objective, kFixed);
+  f("data", "seq_len", c.data.seq_len, kFixed);
+  f("data", "max_input_len", c.data.max_input_len, kFixed);
+  f("data", "max_target_len", c.data.max_target_len, kFixed);
+  f("data", "noise_density", c.data.noise_density, kFixed);
+  f("data", "mean_noise_span_length", c.data.mean_noise_span_length, kFixed);
+  f("train", "global_batch_size", c.train.global_batch_size, kFixed);
+  f("train", "micro_batch_size", c.train.micro_batch_size, kMayChange);
+  f("train", "max_steps", c.train.max_steps, kMayChange);
+  f("train", "seed", c.train.seed, kFixed);
+  f("train", "run_dir", c.train.run_dir, kMayChange);
+  f("train", "log_every", c.train.log_every, kMayChange);
+  f("train", "num_threads", c.train.num_threads, kMayChange);
+  f("train", "device", c.train.device, kMayChange);
+  f("train", "skip_nonfinite", c.train.skip_nonfinite, kMayChange);
+  f("train", "check_memory", c.train.check_memory, kMayChange);
+  f("train", "peak_flops", c.train.peak_flops, kMayChange);
+  f("train", "profile_steps", c.train.profile_steps, kMayChange);
+  f("optim", "name", c.optim.name, kFixed);
+  f("optim", "lr", c.optim.lr, kMayChange);
+  f("optim", "min_lr", c.optim.min_lr, kMayChange);
+  f("optim", "warmup_steps", c.optim.warmup_steps, kMayChange);
+  f("optim", "decay_steps", c.optim.decay_steps, kMayChange);
+  f("optim", "weight_decay", c.optim.weight_decay, kFixed);
+  f("optim", "grad_clip", c.optim.grad_clip, kMayChange);
+  f("optim", "beta1", c.optim.beta1, kFixed);
+  f("optim", "beta2", c.optim.beta2, kFixed);
+  f("optim", "eps", c.optim.eps, kFixed);
+  f("optim", "momentum", c.optim.momentum, kFixed);
+  f("fsdp", "sharding_strategy", c.fsdp.sharding_strategy, kMayChange);
+  f("fsdp", "auto_wrap_policy", c.fsdp.auto_wrap_policy, kFixed);
+  f("fsdp", "transformer_layer_cls_to_wrap", c.fsdp.transformer_layer_cls_to_wrap, kFixed);
+  f("fsdp", "backward_prefetch", c.fsdp.backward_prefetch, kMayChange);
+  f("fsdp", "forward_prefetch", c.fsdp.forward_prefetch, kMayChange);
+  f("fsdp", "limit_all_gathers", c.fsdp.limit_all_gathers, kMayChange);
+  f("fsdp", "activation_checkpointing", c.fsdp.activation_checkpointing, kMayChange);
+  f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype, kFixed);
+  f("mixed_precision", "reduce_dtype", c.mixed_precision.reduce_dtype, kFixed);
+  f("mixed_precision", "init_scale", c.mixed_precision.init_scale, kFixed);
+  f("mixed_precision", "growth_factor", c.mixed_precision.growth_factor, kFixed);
+  f("mixed_precision", "backoff_factor", c.mixed_precision.backoff_factor, kFixed);
+  f("mixed_precision", "growth_interval", c.mixed_precision.growth_interval, kFixed);
+  f("mesh", "shard_size", c.mesh.shard_size, kMayChange);
+  f("comm", "backend", c.comm.backend, kMayChange);
+  f("comm", "timeout_s", c.comm.timeout_s, kMayChange);
+  f("checkpoint", "every", c.checkpoint.every, kMayChange);
+  f("checkpoint", "async_save", c.checkpoint.async_save, kMayChange);
+  f("eval", "every", c.eval.every, kMayChange);
+  f("eval", "max_windows", c.eval.max_windows, kMayChange);
+  f("eval", "on_start", c.eval.on_start, kMayChange);
 }
 
 // A default config of model type `type` (whose visit lists that family's [model] keys).
@@ -158,7 +166,7 @@ Config config_of_type(const std::string& type) {
 std::vector<std::string> all_keys(const std::string& type) {
   std::vector<std::string> keys;
   const Config c = config_of_type(type);
-  visit_keys(c, [&](const char* s, const char* k, const auto&) {
+  visit_keys(c, [&](const char* s, const char* k, const auto&, Resume) {
     keys.push_back(std::string(s) + "." + k);
   });
   return keys;
@@ -167,7 +175,7 @@ std::vector<std::string> all_keys(const std::string& type) {
 bool is_section(const std::string& name) {
   bool found = false;
   const Config c;
-  visit_keys(c, [&](const char* s, const char*, const auto&) { found = found || name == s; });
+  visit_keys(c, [&](const char* s, const char*, const auto&, Resume) { found = found || name == s; });
   return found;
 }
 
@@ -744,7 +752,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   config.source_path = origin;
   std::map<std::string, std::string> origins;  // key -> "--set ..." for overridden keys
   std::set<std::string> given;  // keys the file or an override set
-  visit_keys(config, [&](const char* sec, const char* key, auto& field) {
+  visit_keys(config, [&](const char* sec, const char* key, auto& field, Resume) {
     const std::string full = std::string(sec) + "." + key;
     if (auto it = set.find(full); it != set.end()) {
       const std::string where = "--set " + it->second.text;
@@ -793,7 +801,7 @@ Config load_config(const std::string& toml_path, const std::vector<std::string>&
 std::string to_toml(const Config& config) {
   std::string out;
   std::string current;
-  visit_keys(config, [&](const char* sec, const char* key, const auto& field) {
+  visit_keys(config, [&](const char* sec, const char* key, const auto& field, Resume) {
     if (current != sec) {
       out += (current.empty() ? "[" : "\n[") + std::string(sec) + "]\n";
       current = sec;
@@ -801,6 +809,18 @@ std::string to_toml(const Config& config) {
     out += std::string(key) + " = " + toml_value(field) + "\n";
   });
   return out;
+}
+
+bool resume_may_change(const std::string& key) {
+  static const std::set<std::string> may_change = [] {
+    std::set<std::string> keys;
+    const Config defaults;
+    visit_keys(defaults, [&](const char* sec, const char* k, const auto&, Resume r) {
+      if (r == kMayChange) keys.insert(std::string(sec) + "." + k);
+    });
+    return keys;
+  }();
+  return may_change.count(key) != 0;
 }
 
 }  // namespace fsdp

@@ -2,8 +2,8 @@
 //
 // A checkpoint stores the resolved config of the run that saved it (to_toml(cfg), root
 // attribute `train_config`). `--resume` compares it key by key with the resuming run's: every
-// key must be equal except the ones listed by resume_mutable_keys() (docs/checkpoint.md
-// "Resume checks" explains the choice). Keys are "section.key" as in the TOML file
+// key must be equal except those the config's key table marks (fsdp::resume_may_change,
+// fsdp/config/config.hpp; docs/checkpoint.md "Resume checks" explains the choice). Keys are "section.key" as in the TOML file
 // ("model.n_head"), so `--set` spells them the same way.
 #pragma once
 
@@ -11,13 +11,6 @@
 #include <vector>
 
 namespace fsdp::ckpt {
-
-// The keys that MAY differ between the saving and the resuming run: "section.key" or
-// "section.*" (the whole section). The one list; everything else must match.
-const std::vector<std::string>& resume_mutable_keys();
-
-// Whether `key` ("section.key") may change on resume (matches resume_mutable_keys()).
-bool resume_key_may_change(const std::string& key);
 
 // XXH3-64 of the canonical JSON (nlohmann, keys sorted) of {"section.key": "<TOML value>"}
 // over the keys of `resolved_toml` that must not change on resume, as 16 lowercase hex

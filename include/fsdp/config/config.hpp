@@ -254,4 +254,10 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 // and for checkpoints.
 std::string to_toml(const Config& config);
 
+// Whether `--resume` may change `key` ("section.key", as the TOML file spells it): the key
+// table's flag (src/config/config.cpp visit_keys; docs/checkpoint.md "Resume checks" lists
+// them and says why). False for the model family's own keys and for a name the table does not
+// hold (a key of an older version's checkpoint must then be equal).
+bool resume_may_change(const std::string& key);
+
 }  // namespace fsdp
