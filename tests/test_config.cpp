@@ -1,11 +1,15 @@
 // tests/test_config.cpp: the run configuration (fsdp/config/config.hpp): defaults, the
 // example inputs/*.toml, --set overrides of every value type (enums included), the one-line
-// exit-code-2 errors for each kind of bad input, and to_toml round trips.
+// exit-code-2 errors for each kind of bad input, to_toml round trips, and docs/config.md
+// checked against the key table (every key, no other, each stated default).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -759,6 +763,110 @@ TEST(Config, ToTomlRoundTrips) {
   EXPECT_THAT(ftext, HasSubstr("grad_clip = 1.0\n"));
   EXPECT_THAT(ftext, HasSubstr("lr = 0.003\n"));
   EXPECT_THAT(ftext, HasSubstr("forward_prefetch = true\n"));
+}
+
+
+// ---- docs/config.md against the key table ------------------------------------------------
+
+// "section.key" -> the value text of its line in `toml` (to_toml's output).
+std::map<std::string, std::string> toml_keys(const std::string& toml) {
+  std::istringstream lines(toml);
+  std::map<std::string, std::string> keys;
+  std::string line, section;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line.front() == '#') continue;
+    if (line.front() == '[') {
+      section = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    const auto eq = line.find(" = ");
+    if (eq != std::string::npos) keys[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return keys;
+}
+
+// The cells of a markdown table row ("| a | b \| c |" -> {"a", "b \| c"}), trimmed.
+std::vector<std::string> cells(const std::string& row) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (std::size_t i = 1; i < row.size(); ++i) {
+    if (row[i] == '|' && row[i - 1] != '\\') {
+      const auto b = cur.find_first_not_of(' '), e = cur.find_last_not_of(' ');
+      out.push_back(b == std::string::npos ? "" : cur.substr(b, e - b + 1));
+      cur.clear();
+    } else {
+      cur += row[i];
+    }
+  }
+  return out;
+}
+
+// docs/config.md documents exactly the keys of the key table, each under its section ([model]'s
+// family keys under `type = "gpt2"` / `type = "t5"`), and each default it states is the
+// default: setting a key to the documented default with --set leaves to_toml's output
+// unchanged (GPT-2's defaults for the sections whose defaults depend on the model). "none"
+// (data.path) stands for an unset string.
+TEST(Config, DocsListEveryKeyWithItsDefault) {
+  std::ifstream in(std::string(FSDP_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in) << "docs/config.md missing";
+  std::map<std::string, std::string> documented;  // "type|section.key" -> default text
+  std::string line, section, type = "gpt2";
+  while (std::getline(in, line)) {
+    if (line.rfind("## `[", 0) == 0) {
+      section = line.substr(5, line.find(']') - 5);
+      type = "gpt2";
+    } else if (line.rfind("## ", 0) == 0) {
+      section.clear();
+    } else if (line.rfind("### `type = \"", 0) == 0) {
+      type = line.substr(13, line.find('"', 13) - 13);
+    } else if (!section.empty() && line.rfind("| `", 0) == 0) {
+      const auto c = cells(line);
+      ASSERT_GE(c.size(), 4u) << line;
+      const std::string key = section + "." + c[0].substr(1, c[0].size() - 2);
+      std::string def = c[2];
+      if (def.size() >= 2 && def.front() == '`' && def.back() == '`') def = def.substr(1, def.size() - 2);
+      EXPECT_TRUE(documented.emplace(type + "|" + key, def).second) << key << " documented twice";
+    }
+  }
+  const std::vector<std::string> common = {"model.type", "model.init_from", "model.pad_vocab_multiple"};
+  int checked = 0;
+  for (const std::string t : {"gpt2", "t5"}) {
+    // model.type t, data.source synthetic (so no key is required).
+    const std::string base = "[model]\ntype = \"" + t + "\"\n[data]\nsource = \"synthetic\"\n";
+    const std::string defaults = to_toml(parse_config(base, "keys", {}));
+    const auto keys = toml_keys(defaults);
+    for (const auto& [key, value] : keys) {
+      const bool family_key = key.rfind("model.", 0) == 0 &&
+                              std::find(common.begin(), common.end(), key) == common.end();
+      if (!family_key && t != "gpt2") continue;  // the sections outside [model]: once
+      const auto it = documented.find((family_key ? t : std::string("gpt2")) + "|" + key);
+      if (it == documented.end()) {
+        ADD_FAILURE() << key << (family_key ? " (model.type = " + t + ")" : "")
+                      << " is not in docs/config.md";
+        continue;
+      }
+      if (it->second == "none") {
+        EXPECT_EQ(value, "\"\"") << key << ": documented as none";
+      } else if (key != "data.source") {  // set to synthetic above
+        std::string got;
+        try {
+          got = to_toml(parse_config(base, "keys", {key + "=" + it->second}));
+        } catch (const Error& e) {
+          ADD_FAILURE() << key << ": documented default " << it->second << " is not a value: " << e.what();
+          continue;
+        }
+        const std::string now = toml_keys(got)[key];
+        EXPECT_EQ(now, value) << key << ": documented default " << it->second;
+        if (now == value) EXPECT_TRUE(got == defaults) << key << "=" << it->second << " changed another key";
+      }
+      ++checked;
+    }
+    for (const auto& [tkey, def] : documented) {
+      const std::string dt = tkey.substr(0, tkey.find('|')), key = tkey.substr(tkey.find('|') + 1);
+      if (dt == t && !keys.count(key)) ADD_FAILURE() << "docs/config.md documents " << key << ", not a key";
+    }
+  }
+  EXPECT_GT(checked, 60);
 }
 
 }  // namespace
