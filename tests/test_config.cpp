@@ -802,8 +802,8 @@ std::vector<std::string> cells(const std::string& row) {
 }
 
 // docs/config.md documents exactly the keys of the key table, each under its section ([model]'s
-// family keys under `type = "gpt2"` / `type = "t5"`), and each default it states is the
-// default: setting a key to the documented default with --set leaves to_toml's output
+// family keys under `type = "gpt2"` / `type = "t5"`), its type column states the table's
+// bounds (documented_range) where it has some, and each default it states is the default: setting a key to the documented default with --set leaves to_toml's output
 // unchanged (GPT-2's defaults for the sections whose defaults depend on the model). "none"
 // (data.path) stands for an unset string.
 TEST(Config, DocsListEveryKeyWithItsDefault) {
@@ -823,6 +823,9 @@ TEST(Config, DocsListEveryKeyWithItsDefault) {
       const auto c = cells(line);
       ASSERT_GE(c.size(), 4u) << line;
       const std::string key = section + "." + c[0].substr(1, c[0].size() - 2);
+      if (const std::string range = documented_range(key); !range.empty()) {
+        EXPECT_EQ(c[1], range) << key << ": the type column should state the key table's bounds";
+      }
       std::string def = c[2];
       if (def.size() >= 2 && def.front() == '`' && def.back() == '`') def = def.substr(1, def.size() - 2);
       EXPECT_TRUE(documented.emplace(type + "|" + key, def).second) << key << " documented twice";

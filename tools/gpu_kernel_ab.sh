@@ -2,14 +2,16 @@
 # tools/gpu_kernel_ab.sh: one short GPU call that checks and measures a kernel change:
 #   1. test_cuda_kernels (every CUDA kernel against the CPU backend; attention under both
 #      tensor-core paths, fsdp/cuda/attention_kernel.hpp)
-#   2. fsdp_train on GPT-2 124M (tools/bench_torch_gpu.py's gpt2-124m configuration, WARMUP 3 +
+#   2. fsdp_train on GPT-2 124M (AB_MODELS: tools/bench_torch_gpu.py's models, default gpt2-124m;
+#      e.g. AB_MODELS="gpt2-124m t5-small-byt5"; its configuration, WARMUP 3 +
 #      STEPS 8 steps), FSDP_ATTENTION_KERNEL = mma, wmma, mma, ... interleaved (ROUNDS rounds):
 #      median tokens/s and the peak memory of each run
 #   3. the profiler on the default kernels (--profile 3:4): tools/profile_summary.py --top 15
 #   4. test_gpu_train at 1 rank (GPU training against the CPU backend), if time is left
 # Run on the GPU machine from the repo root with the bundle carried:
 #   run(carry=["gpu_bundle"], command="tools/gpu_kernel_ab.sh", timeout_s=150)
-# Writes $OUT/kernel_ab.md (else ./kernel_ab.md); about 100 s on an H100.
+# Writes $OUT/kernel_ab.md (else ./kernel_ab.md) and each profile's Chrome trace
+# (trace_MODEL_LABEL.json.gz); about 100 s on an H100 per model.
 #
 # AB_BASE=FILE compares two builds instead of two attention kernels: FILE is an older
 # fsdp_train (stripped, or xz-compressed as FILE.xz to keep the carried size down; built as
@@ -23,6 +25,7 @@ cd "$REPO"
 DEST="${OUT:-$PWD}"
 SUMMARY="$DEST/kernel_ab.md"
 ROUNDS="${ROUNDS:-2}" WARMUP="${WARMUP:-3}" STEPS="${STEPS:-8}"
+AB_MODELS="${AB_MODELS:-gpt2-124m}"  # tools/bench_torch_gpu.py MODELS, each measured and profiled
 BUDGET="${AB_BUDGET_S:-130}"
 START=$SECONDS
 WORK="$(mktemp -d /tmp/kernel_ab.XXXXXX)"
@@ -50,19 +53,20 @@ else
   LABELS=(mma wmma) KERNELS=(mma wmma) BINS=(fsdp_train fsdp_train)
 fi
 
-python3 tools/bench_torch_gpu.py --model gpt2-124m --fsdp-train-toml --warmup "$WARMUP" \
-  --steps "$STEPS" >"$WORK/gpt2.toml"
-echo; echo "## fsdp_train GPT-2 124M, ${LABELS[0]} / ${LABELS[1]} interleaved" | tee -a "$SUMMARY"
-echo "| round | contender | tok/s (median of steps > $WARMUP) | peak_mem_bytes |" | tee -a "$SUMMARY"
-echo "|---:|---|---:|---:|" | tee -a "$SUMMARY"
-for r in $(seq 1 "$ROUNDS"); do
-  for i in 0 1; do
-    k="${LABELS[$i]}"
-    run="$WORK/run_${k}_$r"
-    FSDP_ATTENTION_KERNEL=${KERNELS[$i]} inb timeout -k 5 40 mpirun -np 1 --bind-to none -x FSDP_ATTENTION_KERNEL \
-      "${BINS[$i]}" "$WORK/gpt2.toml" --set "train.run_dir=\"$run\"" >"$run.log" 2>&1
-    rc=$?
-    python3 - "$run/metrics.jsonl" "$r" "$k" "$rc" "$WARMUP" <<'EOF' | tee -a "$SUMMARY"
+for model in $AB_MODELS; do
+  python3 tools/bench_torch_gpu.py --model "$model" --fsdp-train-toml --warmup "$WARMUP" \
+    --steps "$STEPS" >"$WORK/$model.toml"
+  echo; echo "## fsdp_train $model, ${LABELS[0]} / ${LABELS[1]} interleaved" | tee -a "$SUMMARY"
+  echo "| round | contender | tok/s (median of steps > $WARMUP) | peak_mem_bytes |" | tee -a "$SUMMARY"
+  echo "|---:|---|---:|---:|" | tee -a "$SUMMARY"
+  for r in $(seq 1 "$ROUNDS"); do
+    for i in 0 1; do
+      k="${LABELS[$i]}"
+      run="$WORK/run_${model}_${k}_$r"
+      FSDP_ATTENTION_KERNEL=${KERNELS[$i]} inb timeout -k 5 40 mpirun -np 1 --bind-to none -x FSDP_ATTENTION_KERNEL \
+        "${BINS[$i]}" "$WORK/$model.toml" --set "train.run_dir=\"$run\"" >"$run.log" 2>&1
+      rc=$?
+      python3 - "$run/metrics.jsonl" "$r" "$k" "$rc" "$WARMUP" <<'EOF' | tee -a "$SUMMARY"
 import json, statistics, sys
 path, r, k, rc, warm = sys.argv[1:6]
 try:
@@ -75,26 +79,29 @@ try:
 except Exception as e:
     print(f"| {r} | {k} | run failed (exit {rc}): {e} | |")
 EOF
-    [[ $rc == 0 ]] || tail -5 "$run.log" | tee -a "$SUMMARY"
+      [[ $rc == 0 ]] || tail -5 "$run.log" | tee -a "$SUMMARY"
+    done
   done
-done
 
-# The profiles: the default kernels; with AB_BASE both builds (A = new, B = base, side by side).
-NPROF=1; [[ -n "${AB_BASE:-}" ]] && NPROF=2
-traces=()
-for i in $(seq 0 $((NPROF - 1))); do
-  echo; echo "## profile, ${LABELS[$i]}, default kernels (--profile 3:4)" | tee -a "$SUMMARY"
-  prof="$WORK/prof_${LABELS[$i]}"
-  inb timeout -k 5 40 mpirun -np 1 --bind-to none "${BINS[$i]}" "$WORK/gpt2.toml" \
-    --set "train.run_dir=\"$prof\"" --profile 3:4 >"$prof.log" 2>&1
-  python3 tools/profile_summary.py --top 15 --markdown --only kernels "$prof"/profile/rank_0.trace.json \
-    2>&1 | tee -a "$SUMMARY"
-  traces+=("$prof/profile/rank_0.trace.json")
+  # The profiles: the default kernels; with AB_BASE both builds (A = new, B = base, side by side).
+  NPROF=1; [[ -n "${AB_BASE:-}" ]] && NPROF=2
+  traces=()
+  for i in $(seq 0 $((NPROF - 1))); do
+    echo; echo "## profile, $model, ${LABELS[$i]}, default kernels (--profile 3:4)" | tee -a "$SUMMARY"
+    prof="$WORK/prof_${model}_${LABELS[$i]}"
+    inb timeout -k 5 40 mpirun -np 1 --bind-to none "${BINS[$i]}" "$WORK/$model.toml" \
+      --set "train.run_dir=\"$prof\"" --profile 3:4 >"$prof.log" 2>&1
+    python3 tools/profile_summary.py --top 15 --markdown --only kernels "$prof"/profile/rank_0.trace.json \
+      2>&1 | tee -a "$SUMMARY"
+    traces+=("$prof/profile/rank_0.trace.json")
+    # The trace itself, for offline analysis (tools/profile_summary.py reads .json.gz).
+    gzip -c "$prof/profile/rank_0.trace.json" >"$DEST/trace_${model}_${LABELS[$i]}.json.gz" 2>/dev/null
+  done
+  if (( NPROF == 2 )); then
+    echo; echo "## profile, $model, new (A) against base (B)" | tee -a "$SUMMARY"
+    python3 tools/profile_summary.py --top 20 --markdown "${traces[@]}" 2>&1 | tee -a "$SUMMARY"
+  fi
 done
-if (( NPROF == 2 )); then
-  echo; echo "## profile, new (A) against base (B)" | tee -a "$SUMMARY"
-  python3 tools/profile_summary.py --top 20 --markdown "${traces[@]}" 2>&1 | tee -a "$SUMMARY"
-fi
 
 left=$((BUDGET - (SECONDS - START)))
 if (( left > 45 )); then

@@ -84,8 +84,68 @@ constexpr bool kIsConfigEnum<E> = true;
 
 enum Resume : bool { kFixed = false, kMayChange = true };
 
-// The key table: calls f(section, key, field, resume) for every key of the config, sections
-// in output order. C is Config or const Config. `resume` says whether --resume may change the
+// A key's admissible numbers: validate() checks every ranged key of the table with one
+// message, "<value> is out of range (expected <text()>)". Bounds are open (<) or closed (<=);
+// `var` names the value in a two-sided text ("0 < lr <= 10"); `note` follows the bound.
+struct Range {
+  enum Bound : char { none, open, closed };
+  bool integer = false;
+  Bound lo_bound = none, hi_bound = none;
+  double lo = 0, hi = 0;
+  const char* var = "x";
+  const char* note = "";
+
+  bool contains(double v) const {
+    const bool above = lo_bound == none || (lo_bound == open ? v > lo : v >= lo);
+    const bool below = hi_bound == none || (hi_bound == open ? v < hi : v <= hi);
+    return above && below;  // false for NaN with any bound
+  }
+  std::string text() const {
+    auto n = [](double v) {
+      std::ostringstream os;
+      os << v;
+      return os.str();
+    };
+    std::string t = integer ? "an integer " : "";
+    if (hi_bound == none) {
+      t += std::string(lo_bound == open ? "> " : ">= ") + n(lo);
+    } else {
+      t += n(lo) + (lo_bound == open ? " < " : " <= ") + var + (hi_bound == open ? " < " : " <= ") +
+           n(hi);
+    }
+    return t + note;
+  }
+  // The type column of docs/config.md: "integer >= 1", "integer, 1 <= x <= 65536",
+  // "float > 0", "float, 0 < x < 1".
+  std::string doc_type() const {
+    auto n = [](double v) {
+      std::ostringstream os;
+      os << v;
+      return os.str();
+    };
+    const std::string t = integer ? "integer" : "float";
+    if (hi_bound == none) return t + (lo_bound == open ? " > " : " >= ") + n(lo);
+    return t + ", " + n(lo) + (lo_bound == open ? " < x" : " <= x") +
+           (hi_bound == open ? " < " : " <= ") + n(hi);
+  }
+};
+constexpr Range kAny{};
+// Integers >= lo.
+constexpr Range at_least(int64_t lo) {
+  return {true, Range::closed, Range::none, static_cast<double>(lo), 0, "x", ""};
+}
+// Floats in (lo, inf).
+constexpr Range above(double lo) { return {false, Range::open, Range::none, lo, 0, "x", ""}; }
+// Floats in [lo, inf).
+constexpr Range nonnegative() { return {false, Range::closed, Range::none, 0, 0, "x", ""}; }
+// Floats in (0, 1).
+constexpr Range open_unit() { return {false, Range::open, Range::open, 0, 1, "x", ""}; }
+// Floats in [0, 1).
+constexpr Range unit_interval() { return {false, Range::closed, Range::open, 0, 1, "x", ""}; }
+
+// The key table: calls f(section, key, field, resume, range) for every key of the config,
+// sections in output order; `range` bounds a number (kAny: the family checks its own keys, or
+// the key is no number). C is Config or const Config. `resume` says whether --resume may change the
 // key (docs/checkpoint.md "Resume checks": how long to train, how to log, evaluate and save,
 // where to run and how to talk change neither the model, its optimizer state nor the sample
 // sequence; the learning-rate schedule and clipping may change, as restarting with a lower lr
@@ -94,65 +154,65 @@ enum Resume : bool { kFixed = false, kMayChange = true };
 // or re-padded on load). The family's [model] keys never may.
 template <class C, class F>
 void visit_keys(C& c, F&& f) {
-  f("model", "type", c.model.type, kFixed);
-  f("model", "init_from", c.model.init_from, kMayChange);
-  f("model", "pad_vocab_multiple", c.model.pad_vocab_multiple, kMayChange);
+  f("model", "type", c.model.type, kFixed, kAny);
+  f("model", "init_from", c.model.init_from, kMayChange, kAny);
+  f("model", "pad_vocab_multiple", c.model.pad_vocab_multiple, kMayChange, {true, Range::closed, Range::closed, 1, static_cast<double>(kMaxPadVocabMultiple), "x", "; 1 = no padding"});
   // The family's own keys, in its order, typed as their declared defaults.
   for (const ModelKey& k : model_family(c.model.type).keys()) {
-    std::visit([&](auto& v) { f("model", k.name.c_str(), v, kFixed); }, c.model.values.at(k.name));
+    std::visit([&](auto& v) { f("model", k.name.c_str(), v, kFixed, kAny); }, c.model.values.at(k.name));
   }
-  f("data", "source", c.data.source, kFixed);
-  f("data", "path", c.data.path, kMayChange);
-  f("data", "objective", c.data.objective, kFixed);
-  f("data", "seq_len", c.data.seq_len, kFixed);
-  f("data", "max_input_len", c.data.max_input_len, kFixed);
-  f("data", "max_target_len", c.data.max_target_len, kFixed);
-  f("data", "noise_density", c.data.noise_density, kFixed);
-  f("data", "mean_noise_span_length", c.data.mean_noise_span_length, kFixed);
-  f("train", "global_batch_size", c.train.global_batch_size, kFixed);
-  f("train", "micro_batch_size", c.train.micro_batch_size, kMayChange);
-  f("train", "max_steps", c.train.max_steps, kMayChange);
-  f("train", "seed", c.train.seed, kFixed);
-  f("train", "run_dir", c.train.run_dir, kMayChange);
-  f("train", "log_every", c.train.log_every, kMayChange);
-  f("train", "num_threads", c.train.num_threads, kMayChange);
-  f("train", "device", c.train.device, kMayChange);
-  f("train", "skip_nonfinite", c.train.skip_nonfinite, kMayChange);
-  f("train", "check_memory", c.train.check_memory, kMayChange);
-  f("train", "peak_flops", c.train.peak_flops, kMayChange);
-  f("train", "profile_steps", c.train.profile_steps, kMayChange);
-  f("optim", "name", c.optim.name, kFixed);
-  f("optim", "lr", c.optim.lr, kMayChange);
-  f("optim", "min_lr", c.optim.min_lr, kMayChange);
-  f("optim", "warmup_steps", c.optim.warmup_steps, kMayChange);
-  f("optim", "decay_steps", c.optim.decay_steps, kMayChange);
-  f("optim", "weight_decay", c.optim.weight_decay, kFixed);
-  f("optim", "grad_clip", c.optim.grad_clip, kMayChange);
-  f("optim", "beta1", c.optim.beta1, kFixed);
-  f("optim", "beta2", c.optim.beta2, kFixed);
-  f("optim", "eps", c.optim.eps, kFixed);
-  f("optim", "momentum", c.optim.momentum, kFixed);
-  f("fsdp", "sharding_strategy", c.fsdp.sharding_strategy, kMayChange);
-  f("fsdp", "auto_wrap_policy", c.fsdp.auto_wrap_policy, kFixed);
-  f("fsdp", "transformer_layer_cls_to_wrap", c.fsdp.transformer_layer_cls_to_wrap, kFixed);
-  f("fsdp", "backward_prefetch", c.fsdp.backward_prefetch, kMayChange);
-  f("fsdp", "forward_prefetch", c.fsdp.forward_prefetch, kMayChange);
-  f("fsdp", "limit_all_gathers", c.fsdp.limit_all_gathers, kMayChange);
-  f("fsdp", "activation_checkpointing", c.fsdp.activation_checkpointing, kMayChange);
-  f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype, kFixed);
-  f("mixed_precision", "reduce_dtype", c.mixed_precision.reduce_dtype, kFixed);
-  f("mixed_precision", "init_scale", c.mixed_precision.init_scale, kFixed);
-  f("mixed_precision", "growth_factor", c.mixed_precision.growth_factor, kFixed);
-  f("mixed_precision", "backoff_factor", c.mixed_precision.backoff_factor, kFixed);
-  f("mixed_precision", "growth_interval", c.mixed_precision.growth_interval, kFixed);
-  f("mesh", "shard_size", c.mesh.shard_size, kMayChange);
-  f("comm", "backend", c.comm.backend, kMayChange);
-  f("comm", "timeout_s", c.comm.timeout_s, kMayChange);
-  f("checkpoint", "every", c.checkpoint.every, kMayChange);
-  f("checkpoint", "async_save", c.checkpoint.async_save, kMayChange);
-  f("eval", "every", c.eval.every, kMayChange);
-  f("eval", "max_windows", c.eval.max_windows, kMayChange);
-  f("eval", "on_start", c.eval.on_start, kMayChange);
+  f("data", "source", c.data.source, kFixed, kAny);
+  f("data", "path", c.data.path, kMayChange, kAny);
+  f("data", "objective", c.data.objective, kFixed, kAny);
+  f("data", "seq_len", c.data.seq_len, kFixed, at_least(1));
+  f("data", "max_input_len", c.data.max_input_len, kFixed, at_least(1));
+  f("data", "max_target_len", c.data.max_target_len, kFixed, at_least(1));
+  f("data", "noise_density", c.data.noise_density, kFixed, open_unit());
+  f("data", "mean_noise_span_length", c.data.mean_noise_span_length, kFixed, {false, Range::closed, Range::none, 1, 0, "x", ""});
+  f("train", "global_batch_size", c.train.global_batch_size, kFixed, at_least(1));
+  f("train", "micro_batch_size", c.train.micro_batch_size, kMayChange, at_least(0));
+  f("train", "max_steps", c.train.max_steps, kMayChange, at_least(1));
+  f("train", "seed", c.train.seed, kFixed, kAny);
+  f("train", "run_dir", c.train.run_dir, kMayChange, kAny);
+  f("train", "log_every", c.train.log_every, kMayChange, at_least(1));
+  f("train", "num_threads", c.train.num_threads, kMayChange, at_least(0));
+  f("train", "device", c.train.device, kMayChange, kAny);
+  f("train", "skip_nonfinite", c.train.skip_nonfinite, kMayChange, kAny);
+  f("train", "check_memory", c.train.check_memory, kMayChange, kAny);
+  f("train", "peak_flops", c.train.peak_flops, kMayChange, {false, Range::closed, Range::none, 0, 0, "x", " FLOP/s; 0 = the device's peak"});
+  f("train", "profile_steps", c.train.profile_steps, kMayChange, kAny);
+  f("optim", "name", c.optim.name, kFixed, kAny);
+  f("optim", "lr", c.optim.lr, kMayChange, {false, Range::open, Range::closed, 0, kMaxLearningRate, "lr", ""});
+  f("optim", "min_lr", c.optim.min_lr, kMayChange, nonnegative());
+  f("optim", "warmup_steps", c.optim.warmup_steps, kMayChange, at_least(0));
+  f("optim", "decay_steps", c.optim.decay_steps, kMayChange, at_least(0));
+  f("optim", "weight_decay", c.optim.weight_decay, kFixed, nonnegative());
+  f("optim", "grad_clip", c.optim.grad_clip, kMayChange, nonnegative());
+  f("optim", "beta1", c.optim.beta1, kFixed, unit_interval());
+  f("optim", "beta2", c.optim.beta2, kFixed, unit_interval());
+  f("optim", "eps", c.optim.eps, kFixed, {false, Range::open, Range::open, 0, 1, "eps", ""});
+  f("optim", "momentum", c.optim.momentum, kFixed, unit_interval());
+  f("fsdp", "sharding_strategy", c.fsdp.sharding_strategy, kMayChange, kAny);
+  f("fsdp", "auto_wrap_policy", c.fsdp.auto_wrap_policy, kFixed, kAny);
+  f("fsdp", "transformer_layer_cls_to_wrap", c.fsdp.transformer_layer_cls_to_wrap, kFixed, kAny);
+  f("fsdp", "backward_prefetch", c.fsdp.backward_prefetch, kMayChange, kAny);
+  f("fsdp", "forward_prefetch", c.fsdp.forward_prefetch, kMayChange, kAny);
+  f("fsdp", "limit_all_gathers", c.fsdp.limit_all_gathers, kMayChange, kAny);
+  f("fsdp", "activation_checkpointing", c.fsdp.activation_checkpointing, kMayChange, kAny);
+  f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype, kFixed, kAny);
+  f("mixed_precision", "reduce_dtype", c.mixed_precision.reduce_dtype, kFixed, kAny);
+  f("mixed_precision", "init_scale", c.mixed_precision.init_scale, kFixed, above(0));
+  f("mixed_precision", "growth_factor", c.mixed_precision.growth_factor, kFixed, above(1));
+  f("mixed_precision", "backoff_factor", c.mixed_precision.backoff_factor, kFixed, open_unit());
+  f("mixed_precision", "growth_interval", c.mixed_precision.growth_interval, kFixed, at_least(1));
+  f("mesh", "shard_size", c.mesh.shard_size, kMayChange, at_least(0));
+  f("comm", "backend", c.comm.backend, kMayChange, kAny);
+  f("comm", "timeout_s", c.comm.timeout_s, kMayChange, above(0));
+  f("checkpoint", "every", c.checkpoint.every, kMayChange, at_least(0));
+  f("checkpoint", "async_save", c.checkpoint.async_save, kMayChange, kAny);
+  f("eval", "every", c.eval.every, kMayChange, at_least(0));
+  f("eval", "max_windows", c.eval.max_windows, kMayChange, at_least(0));
+  f("eval", "on_start", c.eval.on_start, kMayChange, kAny);
 }
 
 // A default config of model type `type` (whose visit lists that family's [model] keys).
@@ -166,7 +226,7 @@ Config config_of_type(const std::string& type) {
 std::vector<std::string> all_keys(const std::string& type) {
   std::vector<std::string> keys;
   const Config c = config_of_type(type);
-  visit_keys(c, [&](const char* s, const char* k, const auto&, Resume) {
+  visit_keys(c, [&](const char* s, const char* k, const auto&, Resume, const Range&) {
     keys.push_back(std::string(s) + "." + k);
   });
   return keys;
@@ -175,7 +235,7 @@ std::vector<std::string> all_keys(const std::string& type) {
 bool is_section(const std::string& name) {
   bool found = false;
   const Config c;
-  visit_keys(c, [&](const char* s, const char*, const auto&, Resume) { found = found || name == s; });
+  visit_keys(c, [&](const char* s, const char*, const auto&, Resume, const Range&) { found = found || name == s; });
   return found;
 }
 
@@ -416,22 +476,32 @@ void validate(const Config& c, OriginOf&& origin_of) {
   auto fail = [&](const std::string& key, const std::string& what) {
     return InputError(origin_of(key) + ": " + key + ": " + what);
   };
-  auto at_least = [&](const std::string& key, int64_t v, int64_t lo) {
-    require_at_least(fail, key, v, lo);
-  };
   auto num = [](double v) {
     std::ostringstream os;
     os << v;
     return os.str();
   };
 
-  // model: the family's own checks (keys, and their relation to the data lengths)
-  if (c.model.pad_vocab_multiple < 1 || c.model.pad_vocab_multiple > kMaxPadVocabMultiple) {
-    throw fail("model.pad_vocab_multiple",
-               std::to_string(c.model.pad_vocab_multiple) +
-                   " is out of range (expected an integer 1 <= x <= " +
-                   std::to_string(kMaxPadVocabMultiple) + "; 1 = no padding)");
-  }
+  // The key table's ranges (one message form), [model] first: the family's checks below
+  // may relate its keys to others.
+  auto check_ranges = [&](bool model_section) {
+    visit_keys(c, [&](const char* sec, const char* key, const auto& field, Resume, const Range& r) {
+      using T = std::decay_t<decltype(field)>;
+      if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>) {
+        if ((std::string(sec) == "model") != model_section) return;
+        if (r.lo_bound == Range::none && r.hi_bound == Range::none) return;
+        if (!r.contains(static_cast<double>(field))) {
+          const std::string v = std::is_same_v<T, int64_t> ? std::to_string(static_cast<int64_t>(field))
+                                                            : num(static_cast<double>(field));
+          throw fail(std::string(sec) + "." + key, v + " is out of range (expected " + r.text() + ")");
+        }
+      }
+    });
+  };
+
+  // model: the ranges, then the family's own checks (keys, and their relation to the data
+  // lengths) and its objectives
+  check_ranges(true);
   const ModelFamily& family = model_family(c.model.type);
   family.validate(c, fail);
   {
@@ -444,30 +514,14 @@ void validate(const Config& c, OriginOf&& origin_of) {
                                        quoted(c.model.type) + " (expected " + join(names, " or ") + ")");
     }
   }
+  check_ranges(false);
 
-  // data
-  // data.source is an enum: an unknown value was rejected when it was parsed.
+  // What a range cannot say: keys required or related to others. (The enum keys were
+  // checked on conversion.)
   if (c.data.source == DataSource::hdf5 && c.data.path.empty()) {
     throw fail("data.path", "required (path to an HDF5 token file, see docs/data.md)");
   }
-  at_least("data.seq_len", c.data.seq_len, 1);
-  at_least("data.max_input_len", c.data.max_input_len, 1);
-  at_least("data.max_target_len", c.data.max_target_len, 1);
-  if (!(c.data.noise_density > 0 && c.data.noise_density < 1)) {
-    throw fail("data.noise_density",
-               num(c.data.noise_density) + " is out of range (expected 0 < x < 1)");
-  }
-  if (!(c.data.mean_noise_span_length >= 1)) {
-    throw fail("data.mean_noise_span_length",
-               num(c.data.mean_noise_span_length) + " is out of range (expected >= 1)");
-  }
-
-  // train
-  at_least("train.global_batch_size", c.train.global_batch_size, 1);
-  at_least("train.max_steps", c.train.max_steps, 1);
   if (c.train.run_dir.empty()) throw fail("train.run_dir", "must not be empty");
-  at_least("train.log_every", c.train.log_every, 1);
-  at_least("train.num_threads", c.train.num_threads, 0);
   if (const auto& p = c.train.profile_steps; !p.empty()) {
     if (p.size() != 2) {
       throw fail("train.profile_steps", "expected [first, last] (two step numbers) or [], got " +
@@ -477,46 +531,18 @@ void validate(const Config& c, OriginOf&& origin_of) {
       throw fail("train.profile_steps", why);
     }
   }
-  if (!(c.train.peak_flops >= 0)) {
-    throw fail("train.peak_flops",
-               num(c.train.peak_flops) + " is out of range (expected >= 0 FLOP/s; 0 = the device's peak)");
-  }
-
-  // optim
   const auto& o = c.optim;
-  if (!(o.lr > 0 && o.lr <= kMaxLearningRate)) {
-    throw fail("optim.lr", num(o.lr) + " is out of range (expected 0 < lr <= " +
-                               num(kMaxLearningRate) + ")");
-  }
-  if (!(o.min_lr >= 0 && o.min_lr <= o.lr)) {
+  if (o.min_lr > o.lr) {
     throw fail("optim.min_lr",
                num(o.min_lr) + " is out of range (expected 0 <= min_lr <= optim.lr = " +
                    num(o.lr) + ")");
   }
-  at_least("optim.warmup_steps", o.warmup_steps, 0);
-  at_least("optim.decay_steps", o.decay_steps, 0);
   if (o.decay_steps != 0 && o.decay_steps < o.warmup_steps) {
     throw fail("optim.decay_steps", std::to_string(o.decay_steps) +
                                         " is less than optim.warmup_steps = " +
                                         std::to_string(o.warmup_steps) +
                                         " (expected 0 or >= warmup_steps)");
   }
-  auto nonneg = [&](const std::string& key, double v) {
-    if (!(v >= 0)) throw fail(key, num(v) + " is out of range (expected >= 0)");
-  };
-  auto unit = [&](const std::string& key, double v) {
-    if (!(v >= 0 && v < 1)) throw fail(key, num(v) + " is out of range (expected 0 <= x < 1)");
-  };
-  nonneg("optim.weight_decay", o.weight_decay);
-  nonneg("optim.grad_clip", o.grad_clip);
-  unit("optim.beta1", o.beta1);
-  unit("optim.beta2", o.beta2);
-  if (!(o.eps > 0 && o.eps < 1)) {
-    throw fail("optim.eps", num(o.eps) + " is out of range (expected 0 < eps < 1)");
-  }
-  unit("optim.momentum", o.momentum);
-
-  // fsdp (the enum keys were checked on conversion)
   const std::vector<std::string> classes = family.wrap_classes();
   for (const auto& cls : c.fsdp.transformer_layer_cls_to_wrap) {
     if (std::find(classes.begin(), classes.end(), cls) == classes.end()) {
@@ -531,34 +557,9 @@ void validate(const Config& c, OriginOf&& origin_of) {
                "empty with fsdp.auto_wrap_policy = \"TRANSFORMER_BASED_WRAP\" (expected some of " +
                    join(classes) + ", or auto_wrap_policy = \"NO_WRAP\")");
   }
-
-  // mixed_precision (the dtypes were checked on conversion; the loss-scaling keys are checked
-  // whatever the dtypes, as torch.amp.GradScaler's constructor does)
-  const auto& mp = c.mixed_precision;
-  if (!(mp.init_scale > 0)) {
-    throw fail("mixed_precision.init_scale",
-               num(mp.init_scale) + " is out of range (expected > 0)");
-  }
-  if (!(mp.growth_factor > 1)) {
-    throw fail("mixed_precision.growth_factor",
-               num(mp.growth_factor) + " is out of range (expected > 1)");
-  }
-  if (!(mp.backoff_factor > 0 && mp.backoff_factor < 1)) {
-    throw fail("mixed_precision.backoff_factor",
-               num(mp.backoff_factor) + " is out of range (expected 0 < x < 1)");
-  }
-  at_least("mixed_precision.growth_interval", mp.growth_interval, 1);
-
-  // mesh, checkpoint, eval
-  at_least("mesh.shard_size", c.mesh.shard_size, 0);
-  at_least("train.micro_batch_size", c.train.micro_batch_size, 0);
-  if (!(c.comm.timeout_s > 0)) throw fail("comm.timeout_s", num(c.comm.timeout_s) + " is out of range (expected > 0)");
   if (c.comm.backend == CommBackend::nccl && c.train.device == DeviceKind::cpu) {
     throw fail("comm.backend", "\"nccl\" needs train.device = \"cuda\" or \"auto\"");
   }
-  at_least("checkpoint.every", c.checkpoint.every, 0);
-  at_least("eval.every", c.eval.every, 0);
-  at_least("eval.max_windows", c.eval.max_windows, 0);
 }
 
 // TOML text of one value, read back exactly by toml++.
@@ -752,7 +753,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   config.source_path = origin;
   std::map<std::string, std::string> origins;  // key -> "--set ..." for overridden keys
   std::set<std::string> given;  // keys the file or an override set
-  visit_keys(config, [&](const char* sec, const char* key, auto& field, Resume) {
+  visit_keys(config, [&](const char* sec, const char* key, auto& field, Resume, const Range&) {
     const std::string full = std::string(sec) + "." + key;
     if (auto it = set.find(full); it != set.end()) {
       const std::string where = "--set " + it->second.text;
@@ -801,7 +802,7 @@ Config load_config(const std::string& toml_path, const std::vector<std::string>&
 std::string to_toml(const Config& config) {
   std::string out;
   std::string current;
-  visit_keys(config, [&](const char* sec, const char* key, const auto& field, Resume) {
+  visit_keys(config, [&](const char* sec, const char* key, const auto& field, Resume, const Range&) {
     if (current != sec) {
       out += (current.empty() ? "[" : "\n[") + std::string(sec) + "]\n";
       current = sec;
@@ -811,11 +812,20 @@ std::string to_toml(const Config& config) {
   return out;
 }
 
+std::string documented_range(const std::string& key) {
+  std::string out;
+  const Config defaults;
+  visit_keys(defaults, [&](const char* sec, const char* k, const auto&, Resume, const Range& r) {
+    if (r.lo_bound != Range::none && key == std::string(sec) + "." + k) out = r.doc_type();
+  });
+  return out;
+}
+
 bool resume_may_change(const std::string& key) {
   static const std::set<std::string> may_change = [] {
     std::set<std::string> keys;
     const Config defaults;
-    visit_keys(defaults, [&](const char* sec, const char* k, const auto&, Resume r) {
+    visit_keys(defaults, [&](const char* sec, const char* k, const auto&, Resume r, const Range&) {
       if (r == kMayChange) keys.insert(std::string(sec) + "." + k);
     });
     return keys;

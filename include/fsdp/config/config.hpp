@@ -254,6 +254,11 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 // and for checkpoints.
 std::string to_toml(const Config& config);
 
+// The bounds the key table gives `key` ("section.key"), in docs/config.md's type-column form
+// ("integer >= 1", "float, 0 < x < 1"); "" for a key without bounds (a string, a boolean, an
+// enum, a model family's key: the family checks its own).
+std::string documented_range(const std::string& key);
+
 // Whether `--resume` may change `key` ("section.key", as the TOML file spells it): the key
 // table's flag (src/config/config.cpp visit_keys; docs/checkpoint.md "Resume checks" lists
 // them and says why). False for the model family's own keys and for a name the table does not
