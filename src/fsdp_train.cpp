@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fsdp/config/config.hpp"
+#include "fsdp/model/model.hpp"  // load_config over the registered families
 #include "fsdp/core/error.hpp"
 #include "fsdp/train/collective_guard.hpp"
 #include "fsdp/train/runtime.hpp"

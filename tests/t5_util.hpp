@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fsdp/data/prepare.hpp"
+#include "fsdp/model/model.hpp"  // parse_config over the registered families
 #include "train_util.hpp"
 
 namespace test_util {

@@ -562,7 +562,7 @@ TEST_F(CheckpointTest, SafetensorsRoundTrip) {
 
 TEST(HfMapping, Gpt2NamesAndTransposes) {
   const fsdp::ModelFamily& gpt2 = fsdp::model_family("gpt2");
-  const fsdp::ModelConfig mc = fsdp::ModelConfig::defaults("gpt2");
+  const fsdp::ModelConfig mc = fsdp::model_defaults("gpt2");
   auto hf_gpt2_tensor = [&](const std::string& n, const std::vector<int64_t>& shape) {
     return gpt2.hf_tensor(mc, n, shape);
   };
@@ -731,7 +731,7 @@ namespace {
 
 // A tiny T5 v1.1-style model (gated-gelu, untied head): 1 encoder and 1 decoder block.
 fsdp::ModelConfig tiny_t5() {
-  fsdp::ModelConfig c = fsdp::ModelConfig::defaults("t5");
+  fsdp::ModelConfig c = fsdp::model_defaults("t5");
   c.set("vocab_size", int64_t{259});
   c.set("d_model", int64_t{8});
   c.set("d_kv", int64_t{4});
@@ -833,7 +833,7 @@ TEST(ModelConfigJson, CarriesTheVocabularyPadding) {
   // model_config JSON round-trips pad_vocab_multiple; a JSON without it (written before it
   // existed) reads as 1, the unpadded tensors such checkpoints hold; a bad value is an input
   // error naming the origin and the key.
-  fsdp::ModelConfig c = fsdp::ModelConfig::defaults("gpt2");
+  fsdp::ModelConfig c = fsdp::model_defaults("gpt2");
   c.pad_vocab_multiple = 64;
   json j = fsdp::model_config_json(c);
   EXPECT_EQ(j["pad_vocab_multiple"], 64);
@@ -854,7 +854,7 @@ TEST_F(CheckpointTest, MergeOfAVocabularyPaddedCheckpointIsByteIdentical) {
   // the pad rows are cut (they hold garbage here, so a leak would show), config.json has
   // vocab_size. Each checkpoint is written to the same step directory (the merged metadata
   // names it) and merged.
-  fsdp::ModelConfig gpt2 = fsdp::ModelConfig::defaults("gpt2");
+  fsdp::ModelConfig gpt2 = fsdp::model_defaults("gpt2");
   gpt2.set("n_layer", int64_t{1});
   gpt2.set("n_head", int64_t{2});
   gpt2.set("n_embd", int64_t{4});

@@ -16,6 +16,7 @@
 #include "fsdp/config/config.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/model/model.hpp"  // parse_config / load_config over the registered families
 
 namespace fsdp {
 namespace {
@@ -44,6 +45,7 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
 TEST(Config, DefaultsMatchHeader) {
   const Config c = parse_config(kMinimal, "min.toml", {});
   Config expected;
+  expected.model = model_defaults("gpt2");  // Config{} holds model.type only (config knows no model)
   expected.data.path = "tokens.h5";
   expected.source_path = "min.toml";
   expected.fsdp.transformer_layer_cls_to_wrap = {"GPT2Block"};  // unset: the model's classes

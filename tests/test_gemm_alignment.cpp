@@ -78,7 +78,7 @@ std::string listing(const std::vector<GemmCall>& gemms) {
 }
 
 ModelConfig gpt2(int64_t layers, int64_t heads, int64_t width, int64_t pad) {
-  ModelConfig c = ModelConfig::defaults("gpt2");
+  ModelConfig c = fsdp::model_defaults("gpt2");
   c.set("n_layer", layers);
   c.set("n_head", heads);
   c.set("n_embd", width);

@@ -105,10 +105,10 @@ TEST(StepTimer, PhaseNamesAreTheMetricsKeys) {
 
 Config timing_config(const std::string& dir) {
   Config c = small_config(dir);
-  c.model.values["n_embd"] = int64_t{64};
-  c.model.values["n_head"] = int64_t{4};
+  c.model.set("n_embd", int64_t{64});
+  c.model.set("n_head", int64_t{4});
   c.data.seq_len = 32;
-  c.model.values["n_positions"] = int64_t{32};
+  c.model.set("n_positions", int64_t{32});
   c.train.max_steps = 6;
   c.train.global_batch_size = 8;
   c.train.peak_flops = 1e12;  // MFU reported whatever the machine

@@ -149,7 +149,7 @@ void expect_same_model(const Pass& padded, const Pass& plain, int64_t vocab, int
 }
 
 ModelConfig gpt2(int64_t vocab, int64_t layers, int64_t width) {
-  ModelConfig c = ModelConfig::defaults("gpt2");
+  ModelConfig c = fsdp::model_defaults("gpt2");
   c.set("n_layer", layers);
   c.set("n_head", int64_t{2});
   c.set("n_embd", width);
@@ -216,7 +216,7 @@ TEST(VocabPad, T5LossAndGradientsEqualTheUnpaddedModel) {
     for (DType dt : {DType::f32, DType::bf16}) {
       const bool tied = std::string(ff) == "relu";
       const std::string what = std::string(ff) + (tied ? " tied " : " untied ") + std::string(fsdp::to_string(dt));
-      ModelConfig padded = ModelConfig::defaults("t5");
+      ModelConfig padded = fsdp::model_defaults("t5");
       padded.set("d_model", int64_t{16});
       padded.set("d_kv", int64_t{4});
       padded.set("d_ff", int64_t{24});

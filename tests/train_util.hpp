@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fsdp/config/config.hpp"
+#include "fsdp/model/model.hpp"  // load_config over the registered families
 #include "fsdp/data/prepare.hpp"
 #include "fsdp/train/runtime.hpp"
 #include "fsdp/train/trainer.hpp"

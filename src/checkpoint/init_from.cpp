@@ -75,11 +75,11 @@ void check_hf_config(const std::string& dir, const ModelConfig& config) {
   const ModelFamily& family = model_family(config.type);
   const ModelConfig theirs = family.from_hf_config(hf, path);
   for (const ModelKey& k : family.keys()) {
-    const auto a = theirs.values.find(k.name), b = config.values.find(k.name);
-    if (a == theirs.values.end() || b == config.values.end()) continue;
-    if (a->second != b->second) {
-      throw InputError(path + ": " + k.name + " = " + value_str(a->second) + " but model." +
-                       k.name + " = " + value_str(b->second) + origin_of(dir));
+    const ModelValue *a = theirs.find(k.name), *b = config.find(k.name);
+    if (!a || !b) continue;
+    if (*a != *b) {
+      throw InputError(path + ": " + k.name + " = " + value_str(*a) + " but model." + k.name +
+                       " = " + value_str(*b) + origin_of(dir));
     }
   }
 }

@@ -23,7 +23,6 @@
 #include <type_traits>
 
 #include "fsdp/core/error.hpp"
-#include "fsdp/model/model.hpp"
 
 namespace fsdp {
 namespace {
@@ -157,9 +156,10 @@ void visit_keys(C& c, F&& f) {
   f("model", "type", c.model.type, kFixed, kAny);
   f("model", "init_from", c.model.init_from, kMayChange, kAny);
   f("model", "pad_vocab_multiple", c.model.pad_vocab_multiple, kMayChange, {true, Range::closed, Range::closed, 1, static_cast<double>(kMaxPadVocabMultiple), "x", "; 1 = no padding"});
-  // The family's own keys, in its order, typed as their declared defaults.
-  for (const ModelKey& k : model_family(c.model.type).keys()) {
-    std::visit([&](auto& v) { f("model", k.name.c_str(), v, kFixed, kAny); }, c.model.values.at(k.name));
+  // The family's own keys (ModelConfig::of filled them in from its schema), in its order,
+  // typed as their declared defaults.
+  for (auto& [name, value] : c.model.values) {
+    std::visit([&](auto& v) { f("model", name.c_str(), v, kFixed, kAny); }, value);
   }
   f("data", "source", c.data.source, kFixed, kAny);
   f("data", "path", c.data.path, kMayChange, kAny);
@@ -215,17 +215,17 @@ void visit_keys(C& c, F&& f) {
   f("eval", "on_start", c.eval.on_start, kMayChange, kAny);
 }
 
-// A default config of model type `type` (whose visit lists that family's [model] keys).
-Config config_of_type(const std::string& type) {
+// A default config of the family `schema` (whose visit lists that family's [model] keys).
+Config config_of_type(const ModelSchema& schema) {
   Config c;
-  c.model = ModelConfig::defaults(type);
+  c.model = ModelConfig::of(schema);
   return c;
 }
 
-// All "section.key" names for model.type `type`, in visit order.
-std::vector<std::string> all_keys(const std::string& type) {
+// All "section.key" names for the family `schema`, in visit order.
+std::vector<std::string> all_keys(const ModelSchema& schema) {
   std::vector<std::string> keys;
-  const Config c = config_of_type(type);
+  const Config c = config_of_type(schema);
   visit_keys(c, [&](const char* s, const char* k, const auto&, Resume, const Range&) {
     keys.push_back(std::string(s) + "." + k);
   });
@@ -239,8 +239,8 @@ bool is_section(const std::string& name) {
   return found;
 }
 
-bool is_key(const std::string& full, const std::string& type) {
-  const auto keys = all_keys(type);
+bool is_key(const std::string& full, const ModelSchema& schema) {
+  const auto keys = all_keys(schema);
   return std::find(keys.begin(), keys.end(), full) != keys.end();
 }
 
@@ -261,10 +261,10 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 
 // " (did you mean 'fsdp.sharding_strategy'?)" for a near miss, else "". A bare key written
 // outside any section is compared with the key part too ("seed" -> 'train.seed').
-std::string suggestion(const std::string& wrong, const std::string& type) {
+std::string suggestion(const std::string& wrong, const ModelSchema& schema) {
   std::string best;
   std::size_t best_d = std::max<std::size_t>(2, wrong.size() / 4) + 1;
-  for (const auto& full : all_keys(type)) {
+  for (const auto& full : all_keys(schema)) {
     std::size_t d = edit_distance(wrong, full);
     if (wrong.find('.') == std::string::npos) {
       d = std::min(d, edit_distance(wrong, full.substr(full.find('.') + 1)));
@@ -472,7 +472,7 @@ void convert(const toml::node& node, const std::string& origin, const std::strin
 
 // Checks the resolved config; `origin_of(key)` says where a key's value came from.
 template <class OriginOf>
-void validate(const Config& c, OriginOf&& origin_of) {
+void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) {
   auto fail = [&](const std::string& key, const std::string& what) {
     return InputError(origin_of(key) + ": " + key + ": " + what);
   };
@@ -502,7 +502,6 @@ void validate(const Config& c, OriginOf&& origin_of) {
   // model: the ranges, then the family's own checks (keys, and their relation to the data
   // lengths) and its objectives
   check_ranges(true);
-  const ModelFamily& family = model_family(c.model.type);
   family.validate(c, fail);
   {
     const auto objectives = family.objectives();
@@ -685,7 +684,7 @@ std::string profile_steps_error(int64_t first, int64_t last) {
 }
 
 Config parse_config(const std::string& toml_text, const std::string& origin,
-                    const std::vector<std::string>& overrides) {
+                    const std::vector<std::string>& overrides, const ModelSchemas& models) {
   toml::table doc;
   try {
     doc = toml::parse(toml_text, std::string_view(origin));
@@ -714,14 +713,16 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   } else if (const auto* t = doc.get_as<toml::table>("model")) {
     if (const auto* node = t->get("type")) convert(*node, origin, "model.type", nullptr, type);
   }
+  const ModelSchema* schema_ptr = nullptr;
   try {
-    model_family(type);
+    schema_ptr = &model_schema(models, type);
   } catch (const Error& e) {
     throw InputError(type_origin + ": " + e.what());
   }
+  const ModelSchema& schema = *schema_ptr;
   for (const auto& [key, o] : set) {
-    if (!is_key(key, type)) {
-      throw InputError("--set " + o.text + ": unknown key '" + key + "'" + suggestion(key, type) +
+    if (!is_key(key, schema)) {
+      throw InputError("--set " + o.text + ": unknown key '" + key + "'" + suggestion(key, schema) +
                        (key.rfind("model.", 0) == 0 ? " for model.type = " + fsdp::quoted(type) : ""));
     }
   }
@@ -734,7 +735,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
       // Name the first key inside, so the suggestion can be a full key.
       std::string wrong = sec;
       if (table && !table->empty()) wrong += "." + std::string(table->begin()->first.str());
-      throw InputError(origin + ": unknown key '" + wrong + "'" + suggestion(wrong, type));
+      throw InputError(origin + ": unknown key '" + wrong + "'" + suggestion(wrong, schema));
     }
     if (!table) {
       throw InputError(origin + ": " + sec + ": expected a table ([" + sec + "]), got " +
@@ -742,14 +743,14 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
     }
     for (const auto& [key, node] : *table) {
       const std::string full = sec + "." + std::string(key.str());
-      if (!is_key(full, type)) {
-        throw InputError(origin + ": unknown key '" + full + "'" + suggestion(full, type) +
+      if (!is_key(full, schema)) {
+        throw InputError(origin + ": unknown key '" + full + "'" + suggestion(full, schema) +
                          (sec == "model" ? " for model.type = " + fsdp::quoted(type) : ""));
       }
     }
   }
 
-  Config config = config_of_type(type);
+  Config config = config_of_type(schema);
   config.source_path = origin;
   std::map<std::string, std::string> origins;  // key -> "--set ..." for overridden keys
   std::set<std::string> given;  // keys the file or an override set
@@ -770,18 +771,19 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   // Keys whose default is the model's: the wrap classes (Hugging Face's _no_split_modules)
   // and the objective (its first: causal_lm for GPT-2, seq2seq for T5).
   if (!given.count("fsdp.transformer_layer_cls_to_wrap")) {
-    config.fsdp.transformer_layer_cls_to_wrap = model_family(type).wrap_classes();
+    config.fsdp.transformer_layer_cls_to_wrap = schema.wrap_classes();
   }
-  if (!given.count("data.objective")) config.data.objective = model_family(type).objectives().front();
+  if (!given.count("data.objective")) config.data.objective = schema.objectives().front();
 
-  validate(config, [&](const std::string& key) {
+  validate(config, schema, [&](const std::string& key) {
     auto it = origins.find(key);
     return it == origins.end() ? origin : it->second;
   });
   return config;
 }
 
-Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides,
+                   const ModelSchemas& models) {
   std::error_code ec;
   std::ifstream in;
   // stat before open: opening a FIFO would block until a writer comes.
@@ -796,7 +798,7 @@ Config load_config(const std::string& toml_path, const std::vector<std::string>&
   std::ostringstream text;
   if (in.is_open()) text << in.rdbuf();
   if (!in.is_open() || in.bad()) throw InputError(toml_path + ": cannot read config file");
-  return parse_config(text.str(), toml_path, overrides);
+  return parse_config(text.str(), toml_path, overrides, models);
 }
 
 std::string to_toml(const Config& config) {
@@ -831,6 +833,77 @@ bool resume_may_change(const std::string& key) {
     return keys;
   }();
   return may_change.count(key) != 0;
+}
+
+
+// ---- ModelConfig and the schemas -----------------------------------------------------------
+
+namespace {
+
+const char* value_type_name(const ModelValue& v) {
+  switch (v.index()) {
+    case 0: return "an integer";
+    case 1: return "a number";
+    case 2: return "a boolean";
+    default: return "a string";
+  }
+}
+
+const ModelValue& lookup(const ModelConfig& c, const std::string& key) {
+  if (const ModelValue* v = c.find(key)) return *v;
+  throw Error("model." + key + ": not a key of model.type = \"" + c.type + "\"");
+}
+
+template <class T>
+const T& typed(const ModelConfig& c, const std::string& key) {
+  const ModelValue& v = lookup(c, key);
+  if (const T* p = std::get_if<T>(&v)) return *p;
+  throw Error("model." + key + ": holds " + value_type_name(v) + ", read as another type");
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::of(const ModelSchema& schema) {
+  ModelConfig c;
+  c.type = schema.type();
+  for (const ModelKey& k : schema.keys()) c.values.emplace_back(k.name, k.default_value);
+  return c;
+}
+
+const ModelValue* ModelConfig::find(const std::string& key) const {
+  for (const auto& [name, value] : values) {
+    if (name == key) return &value;
+  }
+  return nullptr;
+}
+
+int64_t ModelConfig::integer(const std::string& key) const { return typed<int64_t>(*this, key); }
+double ModelConfig::number(const std::string& key) const { return typed<double>(*this, key); }
+bool ModelConfig::boolean(const std::string& key) const { return typed<bool>(*this, key); }
+const std::string& ModelConfig::string(const std::string& key) const {
+  return typed<std::string>(*this, key);
+}
+
+void ModelConfig::set(const std::string& key, ModelValue value) {
+  for (auto& [name, old] : values) {
+    if (name != key) continue;
+    if (old.index() != value.index()) {
+      throw Error("model." + key + ": expected " + std::string(value_type_name(old)) + ", got " +
+                  value_type_name(value));
+    }
+    old = std::move(value);
+    return;
+  }
+  lookup(*this, key);  // throws: not a key of the family
+}
+
+const ModelSchema& model_schema(const ModelSchemas& models, const std::string& type) {
+  std::string names;
+  for (const ModelSchema* m : models) {
+    if (m->type() == type) return *m;
+    names += (names.empty() ? "" : ", ") + m->type();
+  }
+  throw InputError("model.type: unknown value \"" + type + "\" (expected one of " + names + ")");
 }
 
 }  // namespace fsdp

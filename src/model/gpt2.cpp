@@ -451,7 +451,7 @@ class Gpt2Family final : public ModelFamily {
     return out;
   }
   ModelConfig from_hf_config(const nlohmann::json& hf, const std::string& origin) const override {
-    ModelConfig c = ModelConfig::defaults("gpt2");
+    ModelConfig c = model_defaults("gpt2");
     auto integer = [&](const char* key) {
       if (!hf.contains(key) || !hf[key].is_number_integer()) {
         throw InputError(origin + ": \"" + key + "\" missing or not an integer");

@@ -129,7 +129,7 @@ class T5Family final : public ModelFamily {
   }
   ModelConfig from_hf_config(const nlohmann::json& hf, const std::string& origin) const override {
     const T5Config t = t5_config_from_hf(hf, origin);
-    ModelConfig c = ModelConfig::defaults("t5");
+    ModelConfig c = model_defaults("t5");
     c.set("vocab_size", t.vocab_size);
     c.set("d_model", t.d_model);
     c.set("d_kv", t.d_kv);

@@ -8,12 +8,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
 #include "fsdp/core/dtype.hpp"
+#include "fsdp/core/error.hpp"
 
 namespace fsdp {
 
@@ -58,8 +61,21 @@ constexpr const char* to_string(OptimizerKind k) { return k == OptimizerKind::ad
 // The [model] section: `type` picks a model family from the registry
 // (fsdp/model/model.hpp: "gpt2", "t5"); every other key belongs to that family, is named as
 // its Hugging Face config names it, and is declared with its default by the family alone
-// (ModelFamily::keys). A value keeps the type of the declared default.
+// (ModelSchema::keys). A value keeps the type of the declared default.
 using ModelValue = std::variant<int64_t, double, bool, std::string>;
+
+// A [model] key of a family: its name (the Hugging Face config name) and default, whose
+// variant alternative is the key's type (int64_t, double, bool or std::string).
+struct ModelKey {
+  std::string name;
+  ModelValue default_value;
+};
+
+// Builds the one-line error for a key: fail("model.n_embd", "100 is not divisible ...")
+// returns an input Error (exit 2) prefixed with where that key's value came from.
+using KeyFail = std::function<Error(const std::string& key, const std::string& what)>;
+
+class ModelSchema;
 
 // model.pad_vocab_multiple's default: Megatron-LM's --make-vocab-size-divisible-by (128), so
 // the LM head's GEMM dimension is a multiple of 8 (16-bit tensor-core alignment) and of the
@@ -75,7 +91,9 @@ inline int64_t padded_vocab_size(int64_t vocab_size, int64_t multiple) {
 
 struct ModelConfig {
   std::string type;                            // a registered model.type
-  std::map<std::string, ModelValue> values;    // every key of the family (defaults filled in)
+  // Every key of the family, in its declaration order (the order to_toml prints them),
+  // defaults filled in.
+  std::vector<std::pair<std::string, ModelValue>> values;
   // Fine-tuning start: a Hugging Face model directory (model.safetensors or a sharded
   // model.safetensors.index.json, plus config.json) whose weights replace the initialisation;
   // each rank reads only its own shard's byte ranges. "" = random initialisation.
@@ -87,9 +105,11 @@ struct ModelConfig {
   // merges and init_from see the model's own vocab_size. Integer >= 1; 1 = no padding.
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
 
-  // The family's defaults for `type` (throws InputError naming model.type if unknown).
-  // Defined with the registry (src/model/registry.cpp).
-  static ModelConfig defaults(const std::string& type);
+  // The family's defaults: type, every key at its default (model_defaults(type) in
+  // fsdp/model/model.hpp looks the family up by name).
+  static ModelConfig of(const ModelSchema& schema);
+  // The value of a declared key, or null.
+  const ModelValue* find(const std::string& key) const;
   // Typed reads of a declared key; throw fsdp::Error if missing or of another type.
   int64_t integer(const std::string& key) const;
   double number(const std::string& key) const;
@@ -219,7 +239,9 @@ struct EvalConfig {
 };
 
 struct Config {
-  ModelConfig model = ModelConfig::defaults("gpt2");
+  // model.type's default; the family's keys are filled in from its schema (parse_config,
+  // model_defaults). A Config built in code sets them itself.
+  ModelConfig model = {"gpt2"};
   DataConfig data;
   TrainConfig train;
   OptimConfig optim;
@@ -234,6 +256,32 @@ struct Config {
   friend bool operator==(const Config&, const Config&) = default;
 };
 
+// What the configuration needs of a model family, declared here and implemented above it
+// (fsdp/model/model.hpp: every ModelFamily is one; model_schemas() lists them), so config
+// knows no model: the [model] keys, the wrap classes and objectives a family takes, and its
+// own checks.
+class ModelSchema {
+ public:
+  virtual ~ModelSchema() = default;
+  // The model.type value, e.g. "gpt2".
+  virtual std::string type() const = 0;
+  // The [model] keys beside `type`, in the order to_toml prints them.
+  virtual std::vector<ModelKey> keys() const = 0;
+  // Module classes transformer_layer_cls_to_wrap may name (the first ones are the default,
+  // like Hugging Face's _no_split_modules), e.g. {"GPT2Block"}.
+  virtual std::vector<std::string> wrap_classes() const = 0;
+  // data.objective values this model trains on (the first is the default).
+  virtual std::vector<Objective> objectives() const = 0;
+  // Checks the family's keys and their relation to the rest of the config (e.g. data
+  // lengths); throws fail(key, what).
+  virtual void validate(const Config& config, const KeyFail& fail) const = 0;
+};
+// The families a configuration may name, in a fixed order.
+using ModelSchemas = std::vector<const ModelSchema*>;
+// The schema of model.type `type` among `models`; throws InputError `model.type: unknown
+// value "x" (expected one of gpt2, t5)`.
+const ModelSchema& model_schema(const ModelSchemas& models, const std::string& type);
+
 // Why [first, last] is not a valid profiling window (train.profile_steps, --profile): "" if it
 // is (1 <= first <= last), else the reason, e.g. "first step 0 is out of range (expected >= 1)".
 std::string profile_steps_error(int64_t first, int64_t last);
@@ -244,11 +292,14 @@ std::string profile_steps_error(int64_t first, int64_t last);
 // malformed TOML (with line:column), unknown section or key (model keys: those of the chosen
 // model.type), wrong type, invalid value (unknown strategy or optimizer name, non-positive
 // sizes, the model family's own checks such as n_embd % n_head != 0), malformed override.
-Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides);
+// `models`: the families [model] may name (fsdp/model/model.hpp's load_config passes the
+// registry's).
+Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides,
+                   const ModelSchemas& models);
 
-// Same from TOML text already in memory (`origin` names it in messages). For tests.
+// Same from TOML text already in memory (`origin` names it in messages).
 Config parse_config(const std::string& toml_text, const std::string& origin,
-                    const std::vector<std::string>& overrides);
+                    const std::vector<std::string>& overrides, const ModelSchemas& models);
 
 // The resolved config as TOML text (every key, defaults included), for the rank-0 banner
 // and for checkpoints.

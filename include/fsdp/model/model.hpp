@@ -4,8 +4,9 @@
 // reaches the rest of the program through a ModelFamily (one per `model.type`): its [model]
 // keys and their checks, its modules and wrap classes, its activation-memory table, its
 // Hugging Face names, layouts and config.json, and a factory for the Model that runs
-// forward/backward on a data::Batch. The trainer, config validation, engine, memory plan,
-// merge tool and init_from ask the family; none of them names GPT-2 or T5.
+// forward/backward on a data::Batch. The trainer, config validation (through the ModelSchema
+// each family is, config knowing no model), engine, memory plan, merge tool and init_from ask
+// the family; none of them names GPT-2 or T5.
 //
 // Adding a model: write model/<name>.{hpp,cpp} with a ModelFamily and list it in
 // model_families() (src/model/registry.cpp).
@@ -46,12 +47,6 @@ class Model {
                             const TensorView& loss) = 0;
 };
 
-// A [model] key of a family: its name (the Hugging Face config name) and default, whose
-// variant alternative is the key's type (int64_t, double, bool or std::string).
-struct ModelKey {
-  std::string name;
-  ModelValue default_value;
-};
 
 // How one of our parameters appears in a Hugging Face checkpoint.
 struct HfTensor {
@@ -60,25 +55,10 @@ struct HfTensor {
   bool transpose = false;      // our [out, in] <-> HF Conv1D [in, out] (2-D only)
 };
 
-// Builds the one-line error for a key: fail("model.n_embd", "100 is not divisible ...")
-// returns an input Error (exit 2) prefixed with where that key's value came from.
-using KeyFail = std::function<Error(const std::string& key, const std::string& what)>;
-
-class ModelFamily {
+// A model family: the schema config reads (fsdp/config/config.hpp ModelSchema: type, keys,
+// wrap classes, objectives, validate) and everything else the program asks of a model.
+class ModelFamily : public ModelSchema {
  public:
-  virtual ~ModelFamily() = default;
-  // The model.type value, e.g. "gpt2".
-  virtual std::string type() const = 0;
-  // The [model] keys beside `type`, in the order to_toml prints them.
-  virtual std::vector<ModelKey> keys() const = 0;
-  // Module classes transformer_layer_cls_to_wrap may name (the first ones are the default,
-  // like Hugging Face's _no_split_modules), e.g. {"GPT2Block"}.
-  virtual std::vector<std::string> wrap_classes() const = 0;
-  // data.objective values this model trains on.
-  virtual std::vector<Objective> objectives() const = 0;
-  // Checks the family's keys and their relation to the rest of the config (e.g. data
-  // lengths); throws fail(key, what).
-  virtual void validate(const Config& config, const KeyFail& fail) const = 0;
 
   // The modules (names, wrap classes, parameter specs with their initialisation) of a model
   // with this config, without building one. Parameter names are ours (nn.Linear layout).
@@ -120,9 +100,19 @@ class ModelFamily {
 
 // Every registered family, in a fixed order.
 const std::vector<const ModelFamily*>& model_families();
+// The same as config's schemas (what parse_config takes).
+const ModelSchemas& model_schemas();
 // The family of `type`; throws InputError `model.type: unknown value "x" (expected one of
-// gpt2, t5)`.
+// gpt2, t5)` (config's model_schema).
 const ModelFamily& model_family(const std::string& type);
+// The family's [model] defaults (ModelConfig::of); throws as model_family.
+ModelConfig model_defaults(const std::string& type);
+
+// load_config / parse_config (fsdp/config/config.hpp) over the registered families: what
+// fsdp_train and the tests call.
+Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides);
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides);
 
 // The [model] section as checkpoints and merge carry it: {"model_type": type, key: value...,
 // "pad_vocab_multiple": m} (the family's keys, then the vocabulary padding the stored
