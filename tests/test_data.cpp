@@ -21,6 +21,7 @@
 #include "fsdp/data/token_dataset.hpp"
 #include "fsdp/data/token_source.hpp"
 #include "fsdp/h5/hdf5.hpp"
+#include "fsdp/model/model.hpp"  // check_config, model_defaults
 
 namespace fs = std::filesystem;
 
@@ -897,18 +898,25 @@ TEST(SpanCorruption, ByteFilesAreReadAsByT5Ids) {
 TEST(Samples, BadSource) {
   auto c = data_config(fsdp::Objective::seq2seq, "");
   expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 384); }, 2, {"data.source", "seq2seq"});
+  // A Config built in code gets the config's checks, with its messages, from check_config
+  // (train() calls it; open_samples takes a checked config and does not check them again).
+  c.model = fsdp::model_defaults("t5");
   c.data.source = fsdp::DataSource::hdf5;
-  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 384); }, 2,
-               {"data.path: required (path to an HDF5 token file"});
-  // The config's checks repeated for a Config built in code, with the config's messages.
+  expect_error([&] { fsdp::check_config(c); }, 2, {"data.path: required (path to an HDF5 token file"});
   auto q = data_config(fsdp::Objective::seq2seq, "unused.h5");
+  q.model = fsdp::model_defaults("t5");
+  q.fsdp.transformer_layer_cls_to_wrap = {"T5Block"};
   q.data.max_input_len = 0;
-  expect_error([&] { fsdp::data::open_samples(q, fsdp::data::Split::train, 384); }, 2,
+  expect_error([&] { fsdp::check_config(q); }, 2,
                {"data.max_input_len: 0 is out of range (expected an integer >= 1)"});
   q.data.max_input_len = 4;
   q.data.max_target_len = -2;
-  expect_error([&] { fsdp::data::open_samples(q, fsdp::data::Split::train, 384); }, 2,
+  expect_error([&] { fsdp::check_config(q); }, 2,
                {"data.max_target_len: -2 is out of range (expected an integer >= 1)"});
+  q.data.max_target_len = 4;
+  q.eval.max_windows = -1;
+  expect_error([&] { fsdp::check_config(q); }, 2,
+               {"eval.max_windows: -1 is out of range (expected an integer >= 0)"});
   auto s = data_config(fsdp::Objective::span_corruption, "");
   expect_error([&] { fsdp::data::open_samples(s, fsdp::data::Split::train, 128); }, 2, {"model.vocab_size"});
 }

@@ -474,7 +474,8 @@ void convert(const toml::node& node, const std::string& origin, const std::strin
 template <class OriginOf>
 void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) {
   auto fail = [&](const std::string& key, const std::string& what) {
-    return InputError(origin_of(key) + ": " + key + ": " + what);
+    const std::string where = origin_of(key);
+    return InputError((where.empty() ? "" : where + ": ") + key + ": " + what);
   };
   auto num = [](double v) {
     std::ostringstream os;
@@ -821,6 +822,11 @@ std::string documented_range(const std::string& key) {
     if (r.lo_bound != Range::none && key == std::string(sec) + "." + k) out = r.doc_type();
   });
   return out;
+}
+
+void check_config(const Config& config, const ModelSchemas& models) {
+  validate(config, model_schema(models, config.model.type),
+           [](const std::string&) { return std::string(); });
 }
 
 bool resume_may_change(const std::string& key) {

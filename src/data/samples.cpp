@@ -27,14 +27,7 @@ void check_index(const char* what, int64_t i, int64_t n) {
 
 // The check of config validation (validate in src/config/config.cpp) for the keys read
 // here: it covers every parsed config; this guards a Config built in code, same message.
-void require_at_least(const char* key, int64_t v, int64_t lo) {
-  fsdp::require_at_least(
-      [](const std::string& k, const std::string& what) { return InputError(k + ": " + what); },
-      key, v, lo);
-}
-
 int64_t cap(int64_t n, int64_t max_windows) {
-  require_at_least("eval.max_windows", max_windows, 0);
   return max_windows > 0 ? std::min(n, max_windows) : n;
 }
 
@@ -307,9 +300,6 @@ std::unique_ptr<SampleSource> open_seq2seq(const Config& c, Split split, int64_t
                      "\" is not supported with data.objective = \"seq2seq\" (expected \"hdf5\": a pairs file "
                      "made by fsdp_prepare --pairs)");
   }
-  // Rows shorter than 1 token cannot hold the eos of a truncated example.
-  require_at_least("data.max_input_len", c.data.max_input_len, 1);
-  require_at_least("data.max_target_len", c.data.max_target_len, 1);
   const h5::File f = h5::File::open_read(c.data.path);
   const std::string group = std::string("/") + to_string(split);
   if (!f.exists(group)) {
@@ -356,11 +346,6 @@ BatchShape batch_shape(const Config& config) {
 }
 
 std::unique_ptr<SampleSource> open_samples(const Config& config, Split split, int64_t vocab_size) {
-  // Config validation rejects this for a parsed config; this guards a Config built in code,
-  // with validation's message.
-  if (config.data.source == DataSource::hdf5 && config.data.path.empty()) {
-    throw InputError("data.path: required (path to an HDF5 token file, see docs/data.md)");
-  }
   switch (config.data.objective) {
     case Objective::causal_lm: return open_causal_lm(config, split, vocab_size);
     case Objective::seq2seq: return open_seq2seq(config, split, vocab_size);

@@ -34,6 +34,8 @@ Config load_config(const std::string& toml_path, const std::vector<std::string>&
   return load_config(toml_path, overrides, model_schemas());
 }
 
+void check_config(const Config& config) { check_config(config, model_schemas()); }
+
 nlohmann::json model_config_json(const ModelConfig& c) {
   nlohmann::json j = {{"model_type", c.type}};
   for (const auto& [name, value] : c.values) {

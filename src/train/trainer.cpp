@@ -789,7 +789,8 @@ bool restore_state(Job& job, TrainResult& result, bool resume) {
 }
 
 // Everything before the first step, in guarded phases (collective over job.host, the same
-// calls in the same order on every rank): the runtime and the data (configure_world), the
+// calls in the same order on every rank): the config's checks (check_config), the runtime
+// and the data (configure_world), the
 // dry run's plan (then done), the memory check before allocation (InputError if the plan
 // cannot fit), the run directory and the resume decision, the model, engine and optimizer,
 // the banner, the checkpoint or init_from, and metrics.jsonl. Fills result.plan, num_params,
@@ -797,6 +798,8 @@ bool restore_state(Job& job, TrainResult& result, bool resume) {
 Setup setup(Job& job, TrainResult& result) {
   const Config& cfg = job.cfg;
   if (cfg.mixed_precision.uses_fp16()) job.loss_scale = cfg.mixed_precision.init_scale;
+  // A Config built in code gets parse_config's checks (a parsed one passes them again).
+  collective_guard(job.host, [&] { check_config(cfg); });
   configure_world(job);
   Setup s;
   s.local_batch = cfg.train.global_batch_size / job.world;

@@ -301,6 +301,12 @@ Config load_config(const std::string& toml_path, const std::vector<std::string>&
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides, const ModelSchemas& models);
 
+// Checks a Config built in code as parse_config checks a parsed one: the same checks (the key
+// table's ranges, the family's own, the relations between keys), each in one place with one
+// message, "section.key: ..." (no file to name). Throws InputError. train() calls it, so code
+// below it (data sources, models, the engine) takes its config as checked.
+void check_config(const Config& config, const ModelSchemas& models);
+
 // The resolved config as TOML text (every key, defaults included), for the rank-0 banner
 // and for checkpoints.
 std::string to_toml(const Config& config);

@@ -64,9 +64,9 @@ BatchShape batch_shape(const Config& config);
 //    are in [3, vocab_size - 125); sentinel j = vocab_size - 1 - j must stay above the
 //    data's ids (else InputError naming data.seq_len and model.vocab_size); num_samples =
 //    tokens / L (val capped at eval.max_windows).
-// The keys config validation checks (data.path present for data.source = "hdf5",
-// data.max_input_len, data.max_target_len, eval.max_windows) are checked again, with
-// validation's messages, for a Config built in code.
+// `config` is a checked one (parse_config, or check_config for a Config built in code, as
+// train() does): the keys config validation checks (data.path present for data.source =
+// "hdf5", data.max_input_len, data.max_target_len, eval.max_windows) are not checked again.
 std::unique_ptr<SampleSource> open_samples(const Config& config, Split split, int64_t vocab_size);
 
 }  // namespace fsdp::data

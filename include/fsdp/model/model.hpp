@@ -113,6 +113,7 @@ ModelConfig model_defaults(const std::string& type);
 Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides);
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides);
+void check_config(const Config& config);
 
 // The [model] section as checkpoints and merge carry it: {"model_type": type, key: value...,
 // "pad_vocab_multiple": m} (the family's keys, then the vocabulary padding the stored
