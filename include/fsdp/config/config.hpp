@@ -241,7 +241,7 @@ struct EvalConfig {
 struct Config {
   // model.type's default; the family's keys are filled in from its schema (parse_config,
   // model_defaults). A Config built in code sets them itself.
-  ModelConfig model = {"gpt2"};
+  ModelConfig model{"gpt2", {}, "", kDefaultPadVocabMultiple};
   DataConfig data;
   TrainConfig train;
   OptimConfig optim;
