@@ -100,11 +100,7 @@ struct Range {
     return above && below;  // false for NaN with any bound
   }
   std::string text() const {
-    auto n = [](double v) {
-      std::ostringstream os;
-      os << v;
-      return os.str();
-    };
+    const auto n = format_number;
     std::string t = integer ? "an integer " : "";
     if (hi_bound == none) {
       t += std::string(lo_bound == open ? "> " : ">= ") + n(lo);
@@ -117,11 +113,7 @@ struct Range {
   // The type column of docs/config.md: "integer >= 1", "integer, 1 <= x <= 65536",
   // "float > 0", "float, 0 < x < 1".
   std::string doc_type() const {
-    auto n = [](double v) {
-      std::ostringstream os;
-      os << v;
-      return os.str();
-    };
+    const auto n = format_number;
     const std::string t = integer ? "integer" : "float";
     if (hi_bound == none) return t + (lo_bound == open ? " > " : " >= ") + n(lo);
     return t + ", " + n(lo) + (lo_bound == open ? " < x" : " <= x") +
@@ -141,21 +133,29 @@ constexpr Range nonnegative() { return {false, Range::closed, Range::none, 0, 0,
 constexpr Range open_unit() { return {false, Range::open, Range::open, 0, 1, "x", ""}; }
 // Floats in [0, 1).
 constexpr Range unit_interval() { return {false, Range::closed, Range::open, 0, 1, "x", ""}; }
+// The ranges with their own wording.
+constexpr Range kPadVocabRange{true, Range::closed, Range::closed, 1,
+                               static_cast<double>(kMaxPadVocabMultiple), "x", "; 1 = no padding"};
+constexpr Range kAtLeastOne{false, Range::closed, Range::none, 1, 0, "x", ""};
+constexpr Range kPeakFlopsRange{false, Range::closed, Range::none, 0, 0, "x",
+                                " FLOP/s; 0 = the device's peak"};
+constexpr Range kLearningRateRange{false, Range::open, Range::closed, 0, kMaxLearningRate,
+                                   "lr", ""};
 
 // The key table: calls f(section, key, field, resume, range) for every key of the config,
 // sections in output order; `range` bounds a number (kAny: the family checks its own keys, or
-// the key is no number). C is Config or const Config. `resume` says whether --resume may change the
-// key (docs/checkpoint.md "Resume checks": how long to train, how to log, evaluate and save,
-// where to run and how to talk change neither the model, its optimizer state nor the sample
-// sequence; the learning-rate schedule and clipping may change, as restarting with a lower lr
-// after a loss spike is common practice; FSDP's execution knobs do not change the numerics,
-// and a change of layout (sharding_strategy, mesh) or of the vocabulary padding is resharded
-// or re-padded on load). The family's [model] keys never may.
+// the key is no number). C is Config or const Config. `resume` says whether --resume may
+// change the key (docs/checkpoint.md "Resume checks": how long to train, how to log,
+// evaluate and save, where to run and how to talk change neither the model, its optimizer
+// state nor the sample sequence; the learning-rate schedule and clipping may change, as
+// restarting with a lower lr after a loss spike is common practice; FSDP's execution knobs do
+// not change the numerics, and a change of layout (sharding_strategy, mesh) or of the
+// vocabulary padding is resharded or re-padded on load). The family's [model] keys never may.
 template <class C, class F>
 void visit_keys(C& c, F&& f) {
   f("model", "type", c.model.type, kFixed, kAny);
   f("model", "init_from", c.model.init_from, kMayChange, kAny);
-  f("model", "pad_vocab_multiple", c.model.pad_vocab_multiple, kMayChange, {true, Range::closed, Range::closed, 1, static_cast<double>(kMaxPadVocabMultiple), "x", "; 1 = no padding"});
+  f("model", "pad_vocab_multiple", c.model.pad_vocab_multiple, kMayChange, kPadVocabRange);
   // The family's own keys (ModelConfig::of filled them in from its schema), in its order,
   // typed as their declared defaults.
   for (auto& [name, value] : c.model.values) {
@@ -168,7 +168,7 @@ void visit_keys(C& c, F&& f) {
   f("data", "max_input_len", c.data.max_input_len, kFixed, at_least(1));
   f("data", "max_target_len", c.data.max_target_len, kFixed, at_least(1));
   f("data", "noise_density", c.data.noise_density, kFixed, open_unit());
-  f("data", "mean_noise_span_length", c.data.mean_noise_span_length, kFixed, {false, Range::closed, Range::none, 1, 0, "x", ""});
+  f("data", "mean_noise_span_length", c.data.mean_noise_span_length, kFixed, kAtLeastOne);
   f("train", "global_batch_size", c.train.global_batch_size, kFixed, at_least(1));
   f("train", "micro_batch_size", c.train.micro_batch_size, kMayChange, at_least(0));
   f("train", "max_steps", c.train.max_steps, kMayChange, at_least(1));
@@ -179,10 +179,10 @@ void visit_keys(C& c, F&& f) {
   f("train", "device", c.train.device, kMayChange, kAny);
   f("train", "skip_nonfinite", c.train.skip_nonfinite, kMayChange, kAny);
   f("train", "check_memory", c.train.check_memory, kMayChange, kAny);
-  f("train", "peak_flops", c.train.peak_flops, kMayChange, {false, Range::closed, Range::none, 0, 0, "x", " FLOP/s; 0 = the device's peak"});
+  f("train", "peak_flops", c.train.peak_flops, kMayChange, kPeakFlopsRange);
   f("train", "profile_steps", c.train.profile_steps, kMayChange, kAny);
   f("optim", "name", c.optim.name, kFixed, kAny);
-  f("optim", "lr", c.optim.lr, kMayChange, {false, Range::open, Range::closed, 0, kMaxLearningRate, "lr", ""});
+  f("optim", "lr", c.optim.lr, kMayChange, kLearningRateRange);
   f("optim", "min_lr", c.optim.min_lr, kMayChange, nonnegative());
   f("optim", "warmup_steps", c.optim.warmup_steps, kMayChange, at_least(0));
   f("optim", "decay_steps", c.optim.decay_steps, kMayChange, at_least(0));
@@ -235,7 +235,9 @@ std::vector<std::string> all_keys(const ModelSchema& schema) {
 bool is_section(const std::string& name) {
   bool found = false;
   const Config c;
-  visit_keys(c, [&](const char* s, const char*, const auto&, Resume, const Range&) { found = found || name == s; });
+  visit_keys(c, [&](const char* s, const char*, const auto&, Resume, const Range&) {
+    found = found || name == s;
+  });
   return found;
 }
 
@@ -477,11 +479,7 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
     const std::string where = origin_of(key);
     return InputError((where.empty() ? "" : where + ": ") + key + ": " + what);
   };
-  auto num = [](double v) {
-    std::ostringstream os;
-    os << v;
-    return os.str();
-  };
+  const auto num = format_number;
 
   // The key table's ranges (one message form), [model] first: the family's checks below
   // may relate its keys to others.
@@ -492,9 +490,11 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
         if ((std::string(sec) == "model") != model_section) return;
         if (r.lo_bound == Range::none && r.hi_bound == Range::none) return;
         if (!r.contains(static_cast<double>(field))) {
-          const std::string v = std::is_same_v<T, int64_t> ? std::to_string(static_cast<int64_t>(field))
-                                                            : num(static_cast<double>(field));
-          throw fail(std::string(sec) + "." + key, v + " is out of range (expected " + r.text() + ")");
+          const std::string v = std::is_same_v<T, int64_t>
+                                    ? std::to_string(static_cast<int64_t>(field))
+                                    : num(static_cast<double>(field));
+          throw fail(std::string(sec) + "." + key,
+                     v + " is out of range (expected " + r.text() + ")");
         }
       }
     });
@@ -805,7 +805,8 @@ Config load_config(const std::string& toml_path, const std::vector<std::string>&
 std::string to_toml(const Config& config) {
   std::string out;
   std::string current;
-  visit_keys(config, [&](const char* sec, const char* key, const auto& field, Resume, const Range&) {
+  visit_keys(config, [&](const char* sec, const char* key, const auto& field, Resume,
+                         const Range&) {
     if (current != sec) {
       out += (current.empty() ? "[" : "\n[") + std::string(sec) + "]\n";
       current = sec;
