@@ -5,21 +5,20 @@
 # any.
 set -uo pipefail
 root=$1
-bad=$(grep -nE '#include[[:space:]]*[<"](mpi|hdf5|H5[A-Za-z]*)\.h[>"]' \
-        "$root"/src/core/*.cpp "$root"/include/fsdp/core/*.hpp 2>/dev/null)
-if [[ -n $bad ]]; then
-  echo "core/ must not include MPI or HDF5 headers:"
-  echo "$bad"
-  exit 1
-fi
+# forbid LAYER PATTERN WHY: no file of src/LAYER or include/fsdp/LAYER has an #include
+# matching PATTERN (extended regex of what follows "#include").
+forbid() {
+  local bad
+  bad=$(grep -nE "#include[[:space:]]*$2" "$root/src/$1"/*.cpp "$root/include/fsdp/$1"/*.hpp 2>/dev/null)
+  if [[ -n $bad ]]; then
+    echo "$1/ must not include $3:"
+    echo "$bad"
+    exit 1
+  fi
+}
+forbid core '[<"](mpi|hdf5|H5[A-Za-z]*)\.h[>"]' "MPI or HDF5 headers"
 # config/ knows no model (issue 21): it declares ModelSchema, model/ implements it.
-bad=$(grep -nE '#include[[:space:]]*"fsdp/model/' \
-        "$root"/src/config/*.cpp "$root"/include/fsdp/config/*.hpp 2>/dev/null)
-if [[ -n $bad ]]; then
-  echo "config/ must not include a model header (it declares ModelSchema; model/ implements it):"
-  echo "$bad"
-  exit 1
-fi
+forbid config '"fsdp/model/' "a model header (it declares ModelSchema; model/ implements it)"
 # The rules are only as good as their patterns: each must catch what it forbids.
 [[ -n ${CHECK_LAYERING_INNER:-} ]] && exit 0
 probe=$(mktemp -d)

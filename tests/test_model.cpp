@@ -25,6 +25,7 @@
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/gpt2.hpp"
 #include "fsdp/model/model.hpp"
+#include "reference_file.hpp"
 
 namespace {
 
@@ -156,44 +157,19 @@ TEST(Gpt2, FiniteDifferenceGradientOfEveryParameter) {
 // 128 rows (model.pad_vocab_multiple): its pad rows stay 0, the logits' pad columns are not
 // compared, and the pad rows' gradients must be exactly 0.
 void check_reference(const std::string& file) {
-  std::ifstream in(std::string(FSDP_TEST_DATA_DIR) + "/gpt2/" + file);
-  ASSERT_TRUE(in) << file << " missing (tools/gpt2_reference.py)";
-  std::string line, config_json;
-  int64_t B = 0, T = 0;
-  std::vector<int32_t> tokens, targets;
-  double ref_loss = 0;
-  std::vector<double> ref_logits;
-  std::map<std::string, std::vector<float>> params;
-  std::map<std::string, std::vector<double>> grads;
-  while (std::getline(in, line)) {
-    std::istringstream s(line);
-    std::string kind;
-    s >> kind;
-    if (kind == "config") {
-      std::getline(s, config_json);
-    } else if (kind == "batch") {
-      s >> B >> T;
-    } else if (kind == "tokens" || kind == "targets") {
-      auto& v = kind == "tokens" ? tokens : targets;
-      for (int32_t x; s >> x;) v.push_back(x);
-    } else if (kind == "loss") {
-      s >> ref_loss;
-    } else if (kind == "logits") {
-      for (std::string tok; s >> tok;) ref_logits.push_back(std::strtod(tok.c_str(), nullptr));
-    } else if (kind == "param" || kind == "grad") {
-      std::string name;
-      int64_t n = 0;
-      s >> name >> n;
-      for (int64_t i = 0; i < n; ++i) {
-        std::string tok;
-        s >> tok;
-        if (kind == "param") params[name].push_back(std::strtof(tok.c_str(), nullptr));
-        else grads[name].push_back(std::strtod(tok.c_str(), nullptr));
-      }
-      ASSERT_EQ(static_cast<int64_t>(kind == "param" ? params[name].size() : grads[name].size()), n)
-          << name;
-    }
-  }
+  test_util::ReferenceFile ref;
+  test_util::read_reference(std::string(FSDP_TEST_DATA_DIR) + "/gpt2/" + file,
+                            "tools/gpt2_reference.py", &ref);
+  if (testing::Test::HasFatalFailure()) return;
+  const std::string& config_json = ref.config_json;
+  const auto batch = ref.as<int64_t>("batch");
+  ASSERT_EQ(batch.size(), 2u) << file << ": batch B T";
+  const int64_t B = batch[0], T = batch[1];
+  const std::vector<int32_t> tokens = ref.as<int32_t>("tokens"), targets = ref.as<int32_t>("targets");
+  const double ref_loss = ref.scalar("loss");
+  const std::vector<double> ref_logits = ref.as<double>("logits");
+  const auto& params = ref.params;
+  const auto& grads = ref.grads;
   const fsdp::ModelFamily& family = fsdp::model_family("gpt2");
   const fsdp::ModelConfig mc = family.from_hf_config(nlohmann::json::parse(config_json), file);
   ModelOptions o;

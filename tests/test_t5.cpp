@@ -23,6 +23,7 @@
 #include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/t5.hpp"
+#include "reference_file.hpp"
 
 namespace {
 
@@ -506,39 +507,22 @@ TEST(T5, HuggingFaceConfigRoundTrip) {
 // model runs with the default vocabulary padding (40 -> 128 rows): the reference's vocabulary
 // rows fill the model rows, and the pad rows' gradients must be exactly 0.
 void check_reference(const std::string& file) {
-  std::ifstream in(std::string(FSDP_TEST_DATA_DIR) + "/t5/" + file);
-  ASSERT_TRUE(in) << file << " missing (tools/t5_reference.py model)";
-  std::string line, config_json;
+  test_util::ReferenceFile ref;
+  test_util::read_reference(std::string(FSDP_TEST_DATA_DIR) + "/t5/" + file,
+                            "tools/t5_reference.py model", &ref);
+  if (testing::Test::HasFatalFailure()) return;
+  const std::string& config_json = ref.config_json;
   fsdp::data::Batch batch;
-  double ref_loss = 0;
-  std::map<std::string, std::vector<float>> params;
-  std::map<std::string, std::vector<double>> grads;
-  while (std::getline(in, line)) {
-    std::istringstream s(line);
-    std::string kind;
-    s >> kind;
-    if (kind == "config") {
-      std::getline(s, config_json);
-    } else if (kind == "batch") {
-      s >> batch.B >> batch.L >> batch.target_len;
-    } else if (kind == "inputs" || kind == "targets") {
-      auto& v = kind == "inputs" ? batch.inputs : batch.targets;
-      for (int32_t x; s >> x;) v.push_back(x);
-    } else if (kind == "loss") {
-      s >> ref_loss;
-    } else if (kind == "param" || kind == "grad") {
-      std::string name;
-      int64_t n = 0;
-      s >> name >> n;
-      for (int64_t i = 0; i < n; ++i) {
-        std::string tok;
-        s >> tok;
-        if (kind == "param") params[name].push_back(std::strtof(tok.c_str(), nullptr));
-        else grads[name].push_back(std::strtod(tok.c_str(), nullptr));
-      }
-      ASSERT_EQ(static_cast<int64_t>(kind == "param" ? params[name].size() : grads[name].size()), n) << name;
-    }
-  }
+  const auto shape = ref.as<int64_t>("batch");
+  ASSERT_EQ(shape.size(), 3u) << file << ": batch B L target_len";
+  batch.B = shape[0];
+  batch.L = shape[1];
+  batch.target_len = shape[2];
+  batch.inputs = ref.as<int32_t>("inputs");
+  batch.targets = ref.as<int32_t>("targets");
+  const double ref_loss = ref.scalar("loss");
+  const auto& params = ref.params;
+  const auto& grads = ref.grads;
   Options o;
   o.model = fsdp::t5_config_from_hf(nlohmann::json::parse(config_json), file);
   Fixture f(o);

@@ -99,25 +99,19 @@ struct Range {
     const bool below = hi_bound == none || (hi_bound == open ? v < hi : v <= hi);
     return above && below;  // false for NaN with any bound
   }
-  std::string text() const {
-    const auto n = format_number;
-    std::string t = integer ? "an integer " : "";
-    if (hi_bound == none) {
-      t += std::string(lo_bound == open ? "> " : ">= ") + n(lo);
-    } else {
-      t += n(lo) + (lo_bound == open ? " < " : " <= ") + var + (hi_bound == open ? " < " : " <= ") +
-           n(hi);
-    }
-    return t + note;
+  // The bounds around `name`: ">= 1", "> 0", "0 < lr <= 10".
+  std::string bounds(const char* name) const {
+    if (hi_bound == none) return std::string(lo_bound == open ? "> " : ">= ") + format_number(lo);
+    return format_number(lo) + (lo_bound == open ? " < " : " <= ") + name +
+           (hi_bound == open ? " < " : " <= ") + format_number(hi);
   }
+  // The message's: "an integer >= 1", "0 < lr <= 10", "an integer 1 <= x <= 65536; 1 = ...".
+  std::string text() const { return (integer ? "an integer " : "") + bounds(var) + note; }
   // The type column of docs/config.md: "integer >= 1", "integer, 1 <= x <= 65536",
   // "float > 0", "float, 0 < x < 1".
   std::string doc_type() const {
-    const auto n = format_number;
-    const std::string t = integer ? "integer" : "float";
-    if (hi_bound == none) return t + (lo_bound == open ? " > " : " >= ") + n(lo);
-    return t + ", " + n(lo) + (lo_bound == open ? " < x" : " <= x") +
-           (hi_bound == open ? " < " : " <= ") + n(hi);
+    return std::string(integer ? "integer" : "float") + (hi_bound == none ? " " : ", ") +
+           bounds("x");
   }
 };
 constexpr Range kAny{};
