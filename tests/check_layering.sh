@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/check_layering.sh SOURCE_DIR: the layering rules that can be checked by reading the
 # includes (docs/architecture.md "Layers"): core/ includes neither MPI nor HDF5 (those are
-# comm/'s and h5/'s); config/ includes no model header. Prints each offending line; exit 1 if
+# comm/'s and h5/'s); config/ includes no model header; fsdp/ and optim/ see only the
+# device runtime, never the model kernels (fsdp/backend/kernels.hpp, backend.hpp). Prints each offending line; exit 1 if
 # any.
 set -uo pipefail
 root=$1
@@ -19,6 +20,11 @@ forbid() {
 forbid core '[<"](mpi|hdf5|H5[A-Za-z]*)\.h[>"]' "MPI or HDF5 headers"
 # config/ knows no model (issue 21): it declares ModelSchema, model/ implements it.
 forbid config '"fsdp/model/' "a model header (it declares ModelSchema; model/ implements it)"
+# The engine and the optimizers run on a DeviceRuntime (issue 21): the --dry-run plan drives
+# them on the CountingRuntime, which has no kernels.
+for layer in fsdp optim; do
+  forbid $layer '"fsdp/backend/(kernels|backend)\.hpp"' "the model kernels (they run on fsdp/backend/device_runtime.hpp)"
+done
 # The rules are only as good as their patterns: each must catch what it forbids.
 [[ -n ${CHECK_LAYERING_INNER:-} ]] && exit 0
 probe=$(mktemp -d)
@@ -35,4 +41,11 @@ if CHECK_LAYERING_INNER=1 bash "$0" "$probe" >/dev/null 2>&1; then
   echo "check_layering.sh did not catch a config file including a model header"
   exit 1
 fi
-echo "ok: core/ includes neither MPI nor HDF5; config/ includes no model header"
+rm "$probe/src/config/x.cpp"
+mkdir -p "$probe/src/optim" "$probe/include/fsdp/optim"
+printf '#include "fsdp/backend/kernels.hpp"\n' >"$probe/include/fsdp/optim/x.hpp"
+if CHECK_LAYERING_INNER=1 bash "$0" "$probe" >/dev/null 2>&1; then
+  echo "check_layering.sh did not catch an optim header including the model kernels"
+  exit 1
+fi
+echo "ok: core/ includes neither MPI nor HDF5; config/ includes no model header; fsdp/ and optim/ include no model kernels"

@@ -9,7 +9,7 @@
 //
 // Every kernel checks its arguments before enqueuing anything, with the CPU backend's rules
 // and messages ("cuda backend: gemm: C is ..."): float arguments fp32, bf16 or fp16,
-// arguments marked fp32 in backend.hpp fp32, device scalars fp64 with at least one element,
+// arguments marked fp32 in the interface fp32, device scalars fp64 with at least one element,
 // token/target views int32, and each view large enough. Index values live on the device and
 // are checked there (see cuda_backend.hpp).
 //

@@ -5,7 +5,7 @@
 // argument (dtype, size), maps fsdp::DType to the storage type `ST` below, takes kernel
 // scratch from the caching allocator, and calls these functions, which only enqueue work on
 // the given stream (a launch failure throws fsdp::Error through FSDP_CHECK_CUDA). Shapes and
-// semantics are those of the same-named Backend kernels (fsdp/backend/backend.hpp).
+// semantics are those of the same-named Backend kernels (fsdp/backend/kernels.hpp, device_runtime.hpp).
 //
 // This header is included by the .cu files, which nvcc compiles as C++17, so it includes
 // nothing of fsdp/core that needs C++20 (dtype.hpp does): storage types are spelled `ST`.
@@ -58,7 +58,7 @@ enum ErrorCode : int {
   kErrPositionBiasForward = 6,      // a bucket outside [0, NB) in position_bias_forward
   kErrPositionBiasBackward = 7,     // ... in position_bias_backward
 };
-// The cross-entropy target that skips its row: fsdp::kIgnoreIndex (backend.hpp, which this
+// The cross-entropy target that skips its row: fsdp::kIgnoreIndex (kernels.hpp, which this
 // C++17 header cannot include; cuda_backend.cpp static_asserts that they agree).
 constexpr int32_t kIgnoreTarget = -100;
 struct DeviceError {
@@ -153,7 +153,7 @@ void position_bias_backward(Out dtable, const float* dbias, const int32_t* bucke
                             int64_t H, int64_t Tq, int64_t Tk, cudaStream_t s);
 
 // ---- attention: FlashAttention-2 (kernels_flash.cu) ----
-// One attention problem (backend.hpp's attention_* and mha_*). Head h of batch b: queries at
+// One attention problem (kernels.hpp's attention_* and mha_*). Head h of batch b: queries at
 // q + (b*Tq + i)*ldq + h*D, keys and values at k / v + (b*Tk + j)*ldk / ldv + h*D, output
 // (and dout) rows at out + (b*Tq + i)*ldo + h*D, lse (fp32) at (b*H + h)*Tq + i; gradients
 // share the strides of their inputs. Every float array except lse, bias and dbias has

@@ -30,7 +30,7 @@ struct Traced {
 
 }  // namespace
 
-AllGatherResult foreach_all_gather(Backend& be, Communicator& shard, const FlatParamLayout& layout,
+AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard, const FlatParamLayout& layout,
                                    const DeviceBuffer& shard_param, DType param_dtype,
                                    Stream& stream, const CollectiveTrace& trace) {
   check_shard(layout, shard_param, "shard_param");
@@ -58,7 +58,7 @@ AllGatherResult foreach_all_gather(Backend& be, Communicator& shard, const FlatP
   return r;
 }
 
-ReduceResult foreach_reduce(Backend& be, Communicator& shard, Communicator& replicate,
+ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator& replicate,
                             const FlatParamLayout& layout, DeviceBuffer full_grad,
                             DeviceBuffer& shard_grad, bool shard_grad_empty, DType reduce_dtype,
                             Stream& stream, Stream& reduce_stream,

@@ -124,14 +124,14 @@ Communicator& replicate_group_of(ShardingStrategy s, const DeviceMesh& mesh) {
 
 FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
                        const MixedPrecisionConfig& mixed_precision, const DeviceMesh& mesh,
-                       Backend& backend, uint64_t seed)
+                       DeviceRuntime& backend, uint64_t seed)
     : FsdpEngine(modules, config, mixed_precision,
                  shard_group_of(config.sharding_strategy, mesh),
                  replicate_group_of(config.sharding_strategy, mesh), backend, seed, true) {}
 
 FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
                        const MixedPrecisionConfig& mixed_precision, Communicator& shard,
-                       Communicator& replicate, Backend& backend, uint64_t seed,
+                       Communicator& replicate, DeviceRuntime& backend, uint64_t seed,
                        bool initialise)
     : be_(backend),
       config_(config),

@@ -1,11 +1,11 @@
 // The --dry-run memory plan (see plan_memory in fsdp/fsdp/engine.hpp): the real FsdpEngine
 // and Optimizer driven through one training step on a backend that only counts allocations
-// (CountingBackend, fsdp/backend/counting_backend.hpp) and on communicators that move
+// (CountingRuntime, fsdp/backend/counting_runtime.hpp) and on communicators that move
 // nothing. Nothing is allocated, so it runs for any model size, and the plan cannot drift
 // from what the engine does.
 #include <cstdint>
 
-#include "fsdp/backend/counting_backend.hpp"
+#include "fsdp/backend/counting_runtime.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/optim/optimizer.hpp"
@@ -63,7 +63,7 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
   const int shards = static_cast<int>(
       shards_for(config.fsdp.sharding_strategy, world_size, shard_group_size));
   SilentCommunicator shard(shards), replicate(world_size / shards);
-  CountingBackend be;
+  CountingRuntime be;
   FsdpEngine engine(modules, config.fsdp, config.mixed_precision, shard, replicate, be,
                     config.train.seed, /*initialise=*/false);
   Optimizer optimizer(config.optim, be);

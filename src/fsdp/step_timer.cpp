@@ -22,7 +22,7 @@ const char* to_string(Phase phase) {
 
 double StepTimes::sum() const { return std::accumulate(phase_s.begin(), phase_s.end(), 0.0); }
 
-StepTimer::StepTimer(Backend& backend) : be_(backend) {
+StepTimer::StepTimer(DeviceRuntime& backend) : be_(backend) {
   device_clock_ = be_.create_timed_event() != nullptr;
 }
 

@@ -1,4 +1,4 @@
-// GPT-2 forward and backward on Backend kernels (see fsdp/model/gpt2.hpp).
+// GPT-2 forward and backward on fsdp::Kernels (see fsdp/model/gpt2.hpp).
 // Shapes: B batch, T sequence, C = n_embd, H = n_head, V = vocab_size, Vp = the padded
 // vocabulary (rows of wte, columns of the logits), BT = B*T rows.
 #include "fsdp/model/gpt2.hpp"
@@ -37,7 +37,7 @@ struct Gpt2Model::Acts {
   int64_t B = 0, T = 0;  // capacity
   std::vector<DeviceBuffer> res;  // L+1 residual streams [BT,C]: res[0] embeddings, res[l+1] block l out
   struct Layer {
-    // lse: fp32 [B,H,T], attention's row logsumexp (backend.hpp: no [B,H,T,T] is kept)
+    // lse: fp32 [B,H,T], attention's row logsumexp (kernels.hpp: no [B,H,T,T] is kept)
     DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fc, gelu;
   };
   // One Layer per block, or (activation checkpointing) one shared by every block.
@@ -48,9 +48,9 @@ struct Gpt2Model::Acts {
   DeviceBuffer targets_dev, tokens_dev;                    // [BT] int32 on the device
 };
 
-Gpt2Model::Gpt2Model(const Gpt2Config& config, Backend& backend, DType activation_dtype,
+Gpt2Model::Gpt2Model(const Gpt2Config& config, Kernels& kernels, DType activation_dtype,
                      bool activation_checkpointing)
-    : cfg_(config), be_(backend), act_dtype_(activation_dtype),
+    : cfg_(config), be_(kernels), rt_(kernels.runtime()), act_dtype_(activation_dtype),
       checkpointing_(activation_checkpointing), modules_(gpt2_modules(config)) {}
 
 std::vector<ModuleDecl> gpt2_modules(const Gpt2Config& cfg_) {
@@ -130,8 +130,8 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
   a->T = T;
   const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, V = cfg_.padded_vocab();
   const auto cat = MemCategory::activations;
-  auto f = [&](int64_t n) { return DeviceBuffer(be_, act_dtype_, n, cat); };
-  auto f32 = [&](int64_t n) { return DeviceBuffer(be_, DType::f32, n, cat); };
+  auto f = [&](int64_t n) { return DeviceBuffer(rt_, act_dtype_, n, cat); };
+  auto f32 = [&](int64_t n) { return DeviceBuffer(rt_, DType::f32, n, cat); };
   for (int64_t l = 0; l <= cfg_.n_layer; ++l) a->res.push_back(f(BT * C));
   a->layers.resize(static_cast<std::size_t>(block_buffer_sets(cfg_, checkpointing_)));
   for (auto& ly : a->layers) {
@@ -142,8 +142,8 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
   }
   a->lnf = f(BT * C); a->lnf_mean = f32(BT); a->lnf_rstd = f32(BT); a->logits = f(BT * V);
   a->dres = f(BT * C); a->dln = f(BT * C); a->dqkv = f(BT * 3 * C); a->dfc = f(BT * 4 * C);
-  a->tokens_dev = DeviceBuffer(be_, DType::i32, BT, cat);
-  a->targets_dev = DeviceBuffer(be_, DType::i32, BT, cat);
+  a->tokens_dev = DeviceBuffer(rt_, DType::i32, BT, cat);
+  a->targets_dev = DeviceBuffer(rt_, DType::i32, BT, cat);
   acts_ = std::move(a);
 }
 
@@ -182,8 +182,8 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
   const int64_t L = cfg_.n_layer;
   const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
   const TensorView tokens = a.tokens_dev.view({B, T}), targets = a.targets_dev.view({BT});
-  be_.copy_from_host(tokens, tokens_host);
-  be_.copy_from_host(targets, targets_host);
+  rt_.copy_from_host(tokens, tokens_host);
+  rt_.copy_from_host(targets, targets_host);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
 
   // embeddings: res[0] [B,T,C] = wte[tokens] + wpe[0:T]
@@ -278,7 +278,7 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
   hooks.pre_backward(mf);
   be_.gemm(true, false, Vp, C, BT, 1.f, dlogits, rows(a.lnf, C), 1.f, hooks.grad(kWte));
   be_.gemm(false, false, BT, C, Vp, 1.f, dlogits, hooks.param(kWte), 0.f, dln);
-  be_.fill_zero(dres);
+  rt_.fill_zero(dres);
   be_.layernorm_backward(dres, hooks.grad(pf), hooks.grad(pf + 1), dln, rows(a.res[L], C),
                          hooks.param(pf), a.lnf_mean.view({BT}), a.lnf_rstd.view({BT}), BT, C);
   hooks.post_backward(mf);
@@ -372,9 +372,9 @@ class Gpt2Family final : public ModelFamily {
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
     return gpt2_modules(Gpt2Config::from(c));
   }
-  std::unique_ptr<Model> create(const ModelConfig& c, Backend& backend, DType act,
+  std::unique_ptr<Model> create(const ModelConfig& c, Kernels& kernels, DType act,
                                 bool checkpointing) const override {
-    return std::make_unique<Gpt2Model>(Gpt2Config::from(c), backend, act, checkpointing);
+    return std::make_unique<Gpt2Model>(Gpt2Config::from(c), kernels, act, checkpointing);
   }
   int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
                            DType act, bool checkpointing) const override {

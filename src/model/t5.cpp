@@ -1,4 +1,4 @@
-// T5 forward and backward on Backend kernels (see fsdp/model/t5.hpp).
+// T5 forward and backward on fsdp::Kernels (see fsdp/model/t5.hpp).
 // Shapes: B batch, Te encoder length, Td decoder length, D = d_model, I = num_heads * d_kv,
 // F = d_ff, H heads, V vocabulary, Vp the padded vocabulary (rows of shared and lm_head,
 // columns of the logits; model.pad_vocab_multiple); Re = B*Te and Rd = B*Td rows.
@@ -373,9 +373,9 @@ int64_t T5Model::activation_bytes(const T5Config& c, int64_t B, const data::Batc
   return bytes;
 }
 
-T5Model::T5Model(const T5Config& config, Backend& backend, DType activation_dtype,
+T5Model::T5Model(const T5Config& config, Kernels& kernels, DType activation_dtype,
                  bool activation_checkpointing)
-    : cfg_(config), be_(backend), act_dtype_(activation_dtype),
+    : cfg_(config), be_(kernels), rt_(kernels.runtime()), act_dtype_(activation_dtype),
       checkpointing_(activation_checkpointing), ids_(std::make_unique<Ids>()) {
   modules_ = build_modules(cfg_, *ids_);
 }
@@ -396,7 +396,7 @@ void T5Model::ensure_buffers(int64_t B, int64_t Te, int64_t Td) {
   a->Te = Te;
   a->Td = Td;
   activation_table(cfg_, B, Te, Td, checkpointing_, a.get(), [&](DeviceBuffer* slot, Kind k, int64_t n) {
-    *slot = DeviceBuffer(be_, dtype_of(k, act_dtype_), n, MemCategory::activations);
+    *slot = DeviceBuffer(rt_, dtype_of(k, act_dtype_), n, MemCategory::activations);
   });
   acts_ = std::move(a);
 }
@@ -436,19 +436,19 @@ void T5Model::forward(const data::Batch& batch, ModuleHooks& hooks, bool with_ba
   ensure_buffers(B, Te, Td);
   Acts& a = *acts_;
   const Ids& id = *ids_;
-  be_.copy_from_host(a.enc_ids.view({Re}), batch.inputs.data());
-  be_.copy_from_host(a.enc_mask.view({B, Te}), mask.data());
-  be_.copy_from_host(a.dec_ids.view({Rd}), dec_ids.data());
-  be_.copy_from_host(a.labels.view({Rd}), batch.targets.data());
+  rt_.copy_from_host(a.enc_ids.view({Re}), batch.inputs.data());
+  rt_.copy_from_host(a.enc_mask.view({B, Te}), mask.data());
+  rt_.copy_from_host(a.dec_ids.view({Rd}), dec_ids.data());
+  rt_.copy_from_host(a.labels.view({Rd}), batch.targets.data());
   const int64_t NB = cfg_.relative_attention_num_buckets, MD = cfg_.relative_attention_max_distance;
   if (a.buckets_Te != Te) {
     const auto bk = t5_relative_position_buckets(Te, Te, true, NB, MD);
-    be_.copy_from_host(a.enc_buckets.view({Te, Te}), bk.data());
+    rt_.copy_from_host(a.enc_buckets.view({Te, Te}), bk.data());
     a.buckets_Te = Te;
   }
   if (a.buckets_Td != Td) {
     const auto bk = t5_relative_position_buckets(Td, Td, false, NB, MD);
-    be_.copy_from_host(a.dec_buckets.view({Td, Td}), bk.data());
+    rt_.copy_from_host(a.dec_buckets.view({Td, Td}), bk.data());
     a.buckets_Td = Td;
   }
 
@@ -507,7 +507,7 @@ void T5Model::forward(const data::Batch& batch, ModuleHooks& hooks, bool with_ba
 // ---- feed-forward sub-layer (T5LayerFF's DenseReluDense), shared by both stacks ----
 namespace {
 struct FF {
-  Backend& be;
+  Kernels& be;
   const T5Config& c;
   ModuleHooks& hooks;
   const BlockIds& b;
@@ -565,7 +565,7 @@ struct FF {
 // read by every block; in backward every block adds its score gradient into dbias and block 0
 // turns the sum into its table's gradient.
 struct SelfAttention {
-  Backend& be;
+  Kernels& be;
   const T5Config& c;
   ModuleHooks& hooks;
   const BlockIds& b;
@@ -675,13 +675,13 @@ void T5Model::backward(int64_t B, int64_t Te, int64_t Td, ModuleHooks& hooks) {
   const int64_t D = cfg_.d_model, V = cfg_.padded_vocab(), H = cfg_.num_heads;  // dlogits' width
   const int64_t Re = B * Te, Rd = B * Td;
   const int64_t Le = cfg_.num_layers, Ld = cfg_.num_decoder_layers;
-  be_.fill_zero(a.enc_dbias.view({H * Te * Te}));
-  be_.fill_zero(a.dec_dbias.view({H * Td * Td}));
-  be_.fill_zero(a.denc_out.view({Re * D}));
+  rt_.fill_zero(a.enc_dbias.view({H * Te * Te}));
+  rt_.fill_zero(a.dec_dbias.view({H * Td * Td}));
+  rt_.fill_zero(a.denc_out.view({Re * D}));
   const TensorView dlogits = a.logits.view({Rd, V}), lnf = a.lnf.view({Rd, D});
   const TensorView dln = a.dln.view({Rd, D}), dres_d = a.dres_d.view({Rd, D});
   auto final_norm_backward = [&] {
-    be_.fill_zero(dres_d);
+    rt_.fill_zero(dres_d);
     be_.rmsnorm_backward(dres_d, hooks.grad(id.dec_final), dln,
                          a.res_d[static_cast<std::size_t>(Ld)].view({Rd, D}),
                          hooks.param(id.dec_final), a.lnf_rstd.view({Rd}), Rd, D);
@@ -713,7 +713,7 @@ void T5Model::backward(int64_t B, int64_t Te, int64_t Td, ModuleHooks& hooks) {
   // encoder.final_layer_norm: the encoder output's gradient, summed over the decoder blocks.
   const TensorView dres_e = a.dres_e.view({Re, D});
   hooks.pre_backward(id.m_enc_final);
-  be_.fill_zero(dres_e);
+  rt_.fill_zero(dres_e);
   be_.rmsnorm_backward(dres_e, hooks.grad(id.enc_final), a.denc_out.view({Re, D}),
                        a.res_e[static_cast<std::size_t>(Le)].view({Re, D}), hooks.param(id.enc_final),
                        a.enc_rstd.view({Re}), Re, D);

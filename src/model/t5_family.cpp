@@ -82,9 +82,9 @@ class T5Family final : public ModelFamily {
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
     return t5_modules(t5_config_of(c));
   }
-  std::unique_ptr<Model> create(const ModelConfig& c, Backend& backend, DType act,
+  std::unique_ptr<Model> create(const ModelConfig& c, Kernels& kernels, DType act,
                                 bool checkpointing) const override {
-    return std::make_unique<T5Model>(t5_config_of(c), backend, act, checkpointing);
+    return std::make_unique<T5Model>(t5_config_of(c), kernels, act, checkpointing);
   }
   int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
                            DType act, bool checkpointing) const override {

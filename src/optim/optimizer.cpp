@@ -39,7 +39,7 @@ double learning_rate(const OptimConfig& o, int64_t max_steps, int64_t step) {
   return o.min_lr + 0.5 * (1.0 + std::cos(pi * progress)) * (o.lr - o.min_lr);
 }
 
-Optimizer::Optimizer(const OptimConfig& config, Backend& backend) : cfg_(config), be_(backend) {}
+Optimizer::Optimizer(const OptimConfig& config, DeviceRuntime& backend) : cfg_(config), be_(backend) {}
 
 void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
                           std::vector<DecaySegment> segments) {

@@ -17,7 +17,7 @@ std::string profile_trace_path(const std::string& run_dir, int rank) {
       .string();
 }
 
-std::unique_ptr<Profiler> make_profiler(const Config& config, Backend& backend, int rank) {
+std::unique_ptr<Profiler> make_profiler(const Config& config, DeviceRuntime& backend, int rank) {
   const auto& window = config.train.profile_steps;
   if (window.empty()) return nullptr;
   const std::string path = profile_trace_path(config.train.run_dir, rank);

@@ -1,5 +1,5 @@
 // fsdp/backend/arg_checks.hpp: the argument checks every Backend implementation runs before
-// touching memory (the contract of fsdp/backend/backend.hpp), written once for the CPU and
+// touching memory (the contract of fsdp/backend/device_runtime.hpp and kernels.hpp), written once for the CPU and
 // CUDA backends. Failures throw fsdp::Error "<backend>: <kernel>: <argument> <what>", e.g.
 //   cpu backend: gemm: C is fp32 [24] but needs at least 25 elements
 // `Name` is a type with `static constexpr const char* name` ("cpu backend", "cuda backend").

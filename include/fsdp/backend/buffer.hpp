@@ -7,7 +7,7 @@
 #include <memory>
 #include <utility>
 
-#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/device_runtime.hpp"
 
 namespace fsdp {
 
@@ -15,12 +15,12 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   // `numel` elements of `dtype`, uninitialised.
-  DeviceBuffer(Backend& backend, DType dtype, int64_t numel, MemCategory category)
+  DeviceBuffer(DeviceRuntime& backend, DType dtype, int64_t numel, MemCategory category)
       : be_(&backend), dtype_(dtype), numel_(numel), category_(category) {
     if (bytes() > 0) ptr_ = be_->allocate(bytes(), category_);
   }
   // A buffer of `count` fp32 elements.
-  static DeviceBuffer floats(Backend& backend, int64_t count, MemCategory category) {
+  static DeviceBuffer floats(DeviceRuntime& backend, int64_t count, MemCategory category) {
     return DeviceBuffer(backend, DType::f32, count, category);
   }
   DeviceBuffer(DeviceBuffer&& o) noexcept { swap(o); }
@@ -59,7 +59,7 @@ class DeviceBuffer {
     std::swap(numel_, o.numel_);
     std::swap(category_, o.category_);
   }
-  Backend* be_ = nullptr;
+  DeviceRuntime* be_ = nullptr;
   void* ptr_ = nullptr;
   DType dtype_ = DType::f32;
   int64_t numel_ = 0;

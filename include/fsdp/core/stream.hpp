@@ -3,8 +3,8 @@
 //
 // Each is owned through std::unique_ptr / std::shared_ptr by the code that created it; the
 // concrete destructor releases the native handle (cudaStreamDestroy, cudaEventDestroy) and
-// never throws. A Backend creates its streams and events (Backend::create_stream/event);
-// a Communicator's Work exposes a completion Event.
+// never throws. A DeviceRuntime creates its streams and events
+// (DeviceRuntime::create_stream/event); a Communicator's Work exposes a completion Event.
 //
 // On the CPU backend kernels run synchronously on the calling thread, so a host Stream is
 // always idle and a host Event is complete once recorded; an Event may instead stand for a

@@ -21,7 +21,7 @@
 #include <functional>
 #include <memory>
 
-#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/device_runtime.hpp"
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/comm/communicator.hpp"
 #include "fsdp/core/profiler.hpp"
@@ -60,7 +60,7 @@ struct AllGatherResult {
 // null and full_param holds the cast shard. full_param may be read on `stream` after
 // work->wait(); it must outlive work. Throws fsdp::Error if layout.num_shards differs from
 // shard.size() or shard_param is not fp32 [shard_numel]; a communicator's errors propagate.
-AllGatherResult foreach_all_gather(Backend& be, Communicator& shard, const FlatParamLayout& layout,
+AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard, const FlatParamLayout& layout,
                                    const DeviceBuffer& shard_param, DType param_dtype,
                                    Stream& stream, const CollectiveTrace& trace = {});
 
@@ -103,7 +103,7 @@ struct ReduceResult {
 // Every rank of a group must call this for the same units in the same order (the
 // collectives' order). Throws fsdp::Error on mismatched sizes (full_grad not
 // [padded_numel], shard_grad not fp32 [shard_numel]); a communicator's errors propagate.
-ReduceResult foreach_reduce(Backend& be, Communicator& shard, Communicator& replicate,
+ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator& replicate,
                             const FlatParamLayout& layout, DeviceBuffer full_grad,
                             DeviceBuffer& shard_grad, bool shard_grad_empty, DType reduce_dtype,
                             Stream& stream, Stream& reduce_stream,

@@ -61,7 +61,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/device_runtime.hpp"
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/comm/communicator.hpp"
 #include "fsdp/comm/device_mesh.hpp"
@@ -167,13 +167,13 @@ class FsdpEngine final : public ModuleHooks {
   // rank's shards and initialises them from `seed` (only this rank's slice is generated).
   FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
              const MixedPrecisionConfig& mixed_precision, const DeviceMesh& mesh,
-             Backend& backend, uint64_t seed);
+             DeviceRuntime& backend, uint64_t seed);
   // The same over explicit groups: params shard over `shard`, gradients are then averaged
   // over `replicate`; world = shard x replicate. initialise = false leaves the shards
   // uninitialised (the memory plan).
   FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
              const MixedPrecisionConfig& mixed_precision, Communicator& shard,
-             Communicator& replicate, Backend& backend, uint64_t seed, bool initialise);
+             Communicator& replicate, DeviceRuntime& backend, uint64_t seed, bool initialise);
   ~FsdpEngine() override;
 
   // ---- structure ----
@@ -273,7 +273,7 @@ class FsdpEngine final : public ModuleHooks {
   void describe(ProfileRange& range, const char* op, const char* stage, int unit,
                 const Communicator& comm, int64_t numel, DType dtype) const;
 
-  Backend& be_;
+  DeviceRuntime& be_;
   FsdpConfig config_;
   MixedPrecisionConfig mp_;
   StrategyTraits traits_;

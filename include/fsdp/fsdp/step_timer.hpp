@@ -35,7 +35,7 @@
 #include <memory>
 #include <vector>
 
-#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/device_runtime.hpp"
 #include "fsdp/core/profiler.hpp"
 
 namespace fsdp {
@@ -57,7 +57,7 @@ struct StepTimes {
 class StepTimer {
  public:
   // Times steps of work enqueued on `backend.compute_stream()`.
-  explicit StepTimer(Backend& backend);
+  explicit StepTimer(DeviceRuntime& backend);
   StepTimer(const StepTimer&) = delete;
   StepTimer& operator=(const StepTimer&) = delete;
 
@@ -100,7 +100,7 @@ class StepTimer {
   void mark(Phase p);
   void add_ranges();
 
-  Backend& be_;
+  DeviceRuntime& be_;
   Profiler* profiler_ = nullptr;
   bool device_clock_ = false;
   std::vector<std::unique_ptr<TimedEvent>> pool_;  // events of marks, reused every step

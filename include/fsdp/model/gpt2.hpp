@@ -4,10 +4,10 @@
 // fused qkv c_attn -> c_proj -> residual; ln_2 -> c_fc -> GELU(tanh) -> c_proj -> residual),
 // final ln_f, LM head tied to wte. No dropout (resid/embd/attn pdrop = 0).
 //
-// Explicit forward and backward per module, llm.c style, on fsdp::Backend kernels; no
-// general autograd. Linear weights are stored [out, in] (nn.Linear); fsdp_merge transposes
-// them to HF's Conv1D [in, out]. The vocabulary is padded to Vp = padded_vocab() rows of wte
-// (model.pad_vocab_multiple): the LM head computes logits [BT,Vp] and the cross-entropy reads
+// Explicit forward and backward per module, llm.c style, on fsdp::Kernels
+// (fsdp/backend/kernels.hpp); no general autograd. Linear weights are stored [out, in]
+// (nn.Linear); fsdp_merge transposes them to HF's Conv1D [in, out]. The vocabulary is
+// padded to Vp = padded_vocab() rows of wte (model.pad_vocab_multiple): the LM head computes logits [BT,Vp] and the cross-entropy reads
 // only the first V columns (row stride Vp), so losses and the gradients of the model's own
 // rows are the unpadded model's and the pad rows' gradient is 0. Initialisation is GPT-2's:
 // N(0, 0.02) for weights and embeddings (the pad rows 0), N(0, 0.02/sqrt(2*n_layer)) for the
@@ -18,7 +18,7 @@
 #include <memory>
 #include <vector>
 
-#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/kernels.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/fsdp/module.hpp"
 #include "fsdp/model/model.hpp"
@@ -59,7 +59,7 @@ class Gpt2Model final : public Model {
   // statistics) live in ONE shared set of buffers and are recomputed inside the block's
   // backward, after the engine's pre_backward has all-gathered its parameters. Same kernels
   // on the same inputs: results are bit-identical to activation_checkpointing = false.
-  Gpt2Model(const Gpt2Config& config, Backend& backend, DType activation_dtype = DType::f32,
+  Gpt2Model(const Gpt2Config& config, Kernels& kernels, DType activation_dtype = DType::f32,
             bool activation_checkpointing = false);
   ~Gpt2Model() override;
   Gpt2Model(const Gpt2Model&) = delete;
@@ -109,7 +109,8 @@ class Gpt2Model final : public Model {
   void block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks, bool write_output);
 
   Gpt2Config cfg_;
-  Backend& be_;
+  Kernels& be_;
+  DeviceRuntime& rt_;  // be_.runtime(): activation buffers, input copies, zero fills
   DType act_dtype_;
   bool checkpointing_;
   std::vector<ModuleDecl> modules_;

@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/kernels.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/data/batch.hpp"
@@ -63,9 +63,9 @@ class ModelFamily : public ModelSchema {
   // The modules (names, wrap classes, parameter specs with their initialisation) of a model
   // with this config, without building one. Parameter names are ours (nn.Linear layout).
   virtual std::vector<ModuleDecl> modules(const ModelConfig& config) const = 0;
-  // A model on `backend`; activations stored in `activation_dtype` (the mixed-precision
+  // A model on `kernels` (and their runtime); activations stored in `activation_dtype` (the mixed-precision
   // param_dtype); `activation_checkpointing` per fsdp.activation_checkpointing.
-  virtual std::unique_ptr<Model> create(const ModelConfig& config, Backend& backend,
+  virtual std::unique_ptr<Model> create(const ModelConfig& config, Kernels& kernels,
                                         DType activation_dtype,
                                         bool activation_checkpointing) const = 0;
   // Bytes of activations (saved for backward, their gradients and scratch) that create()'s

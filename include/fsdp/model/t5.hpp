@@ -22,7 +22,8 @@
 //    replaced by pad (HF T5PreTrainedModel._shift_right). Loss: cross-entropy summed over the
 //    labels != kIgnoreIndex.
 //
-// Explicit forward and backward per module, llm.c style, on fsdp::Backend kernels (no autograd).
+// Explicit forward and backward per module, llm.c style, on fsdp::Kernels
+// (fsdp/backend/kernels.hpp), no autograd.
 // Parameter names are HF's state-dict names; nn.Linear weights are stored [out, in] as HF does.
 // HF state dicts also hold encoder.embed_tokens.weight and decoder.embed_tokens.weight, aliases
 // of shared.weight: a merge writes only shared.weight (HF re-ties them on load), and a loader
@@ -44,7 +45,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/kernels.hpp"
 #include "fsdp/data/batch.hpp"
 #include "fsdp/fsdp/module.hpp"
 #include "fsdp/model/model.hpp"
@@ -168,7 +169,7 @@ class T5Model final : public Model {
   // the block's backward after the engine's pre_backward has gathered its parameters. Same
   // kernels on the same inputs: results are bit-identical to activation_checkpointing = false.
   // Throws as validate_t5_config (origin "model").
-  T5Model(const T5Config& config, Backend& backend, DType activation_dtype = DType::f32,
+  T5Model(const T5Config& config, Kernels& kernels, DType activation_dtype = DType::f32,
           bool activation_checkpointing = false);
   ~T5Model() override;
   T5Model(const T5Model&) = delete;
@@ -214,7 +215,8 @@ class T5Model final : public Model {
   void decoder_block_backward(int64_t l, int64_t B, int64_t Te, int64_t Td, ModuleHooks& hooks);
 
   T5Config cfg_;
-  Backend& be_;
+  Kernels& be_;
+  DeviceRuntime& rt_;  // be_.runtime(): activation buffers, input copies, zero fills
   DType act_dtype_;
   bool checkpointing_;
   std::vector<ModuleDecl> modules_;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/device_runtime.hpp"
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/fsdp/flat_param.hpp"
@@ -43,7 +43,7 @@ std::vector<OptimState> optimizer_states(OptimizerKind kind);
 
 class Optimizer {
  public:
-  Optimizer(const OptimConfig& config, Backend& backend);
+  Optimizer(const OptimConfig& config, DeviceRuntime& backend);
   // Registers one fp32 shard (param and grad: [n] fp32 views; their memory stays owned by
   // the caller). Allocates its state (MemCategory::optimizer_state), zero-initialised.
   void add_shard(const TensorView& param, const TensorView& grad,
@@ -72,7 +72,7 @@ class Optimizer {
     DeviceBuffer s0, s1;  // adamw: exp_avg, exp_avg_sq; sgd: momentum_buffer, (none)
   };
   OptimConfig cfg_;
-  Backend& be_;
+  DeviceRuntime& be_;
   std::vector<Shard> shards_;
   int64_t updates_ = 0;
 };

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "fsdp/backend/backend.hpp"
+#include "fsdp/backend/device_runtime.hpp"
 #include "fsdp/comm/communicator.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/core/profiler.hpp"
@@ -21,7 +21,7 @@ std::string profile_trace_path(const std::string& run_dir, int rank);
 // costs nothing then). On the CUDA backend it collects the device's kernels, memcpys and
 // memsets with CUPTI (fsdp/cuda/cupti_collector.hpp); on the CPU backend host ranges only.
 // Creates RUN_DIR/profile/. Throws fsdp::Error naming the directory if it cannot.
-std::unique_ptr<Profiler> make_profiler(const Config& config, Backend& backend, int rank);
+std::unique_ptr<Profiler> make_profiler(const Config& config, DeviceRuntime& backend, int rank);
 
 // Writes `profiler`'s trace on every rank of `group` (collective; a failure on any rank is
 // agreed through collective_guard and stops the run, exit 1) unless it was written already,

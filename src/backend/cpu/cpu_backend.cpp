@@ -18,7 +18,7 @@
 // synchronize() has nothing to wait for and device scalars are plain host doubles.
 //
 // Every kernel checks its arguments before touching memory: float arguments must be fp32,
-// bf16 or fp16, arguments marked fp32 in backend.hpp must be fp32, device scalars fp64 with
+// bf16 or fp16, arguments marked fp32 in the interface must be fp32, device scalars fp64 with
 // at least one element, token/target views int32, and each view must hold at least the
 // elements its dimensions require. Violations throw fsdp::Error naming the kernel and the
 // argument.

@@ -680,7 +680,7 @@ void CpuKernels::position_bias_backward(float* dtable, const float* dbias, const
 
 // ---------------------------------------------------------------------------------------
 // attention: FlashAttention-2 (Dao 2023, Algorithms 1 and 2), blocked so that no Tq x Tk
-// matrix exists (see backend.hpp).
+// matrix exists (see fsdp/backend/kernels.hpp).
 //
 // Forward, per (b, h, tile of kAttnQTile queries), one OpenMP iteration each: for each tile
 // of kAttnKTile keys (causal: only keys j < the query tile's end), S = scale Q_i K_j^T + bias with

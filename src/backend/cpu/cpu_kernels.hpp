@@ -5,7 +5,7 @@
 // see cpu_kernels.cpp). CpuBackend (cpu_backend.cpp) puts the typed Backend interface on
 // top: fp32 views go straight through to these functions, bf16/fp16 views are converted to
 // fp32 scratch around them ("store 16-bit, compute fp32"). Shapes and semantics are those of
-// the same-named Backend kernels (fsdp/backend/backend.hpp), with float* arguments, explicit
+// the same-named Backend kernels (fsdp/backend/kernels.hpp, device_runtime.hpp), with float* arguments, explicit
 // element counts, and the reductions returning their double sums.
 #pragma once
 
@@ -22,7 +22,7 @@ inline constexpr int64_t kParallelMinElems = 1 << 15;
 // The cross-entropy target that skips its row (fsdp::kIgnoreIndex, torch's ignore_index).
 inline constexpr int32_t kIgnoreTarget = -100;
 
-// One attention problem (backend.hpp's attention_* and mha_*), fp32. Head h of batch b
+// One attention problem (kernels.hpp's attention_* and mha_*), fp32. Head h of batch b
 // reads the [Tq, D] matrix of queries at q + b*Tq*ldq + h*D with row stride ldq (keys and
 // values: Tk rows at k + b*Tk*ldk + h*D, stride ldk / ldv), writes its output rows at
 // out + b*Tq*ldo + h*D (stride ldo; dout alike) and lse at (b*H + h)*Tq. GPT-2: q, k, v are

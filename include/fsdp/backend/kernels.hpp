@@ -1,0 +1,214 @@
+// fsdp/backend/kernels.hpp: the model kernels (dense algebra, the transformer and T5
+// pieces, attention, cross-entropy) that fsdp/model calls. Each Kernels object runs on one
+// DeviceRuntime (fsdp/backend/device_runtime.hpp), which owns the memory its views point
+// into, the stream its kernels are enqueued on, and the copies; its conventions (views,
+// storage dtypes, device scalars, "writes" vs "accumulates", errors) hold for every kernel
+// here. `cpu/` (the numerical reference) and `cuda/` implement both (fsdp::Backend).
+//  - B = batch, T = sequence length, C = channels, H = heads, V = vocabulary, R = rows.
+#pragma once
+
+#include <cstdint>
+
+#include "fsdp/backend/device_runtime.hpp"
+
+namespace fsdp {
+
+// Target id whose row the cross-entropy kernels skip (torch's ignore_index default).
+inline constexpr int32_t kIgnoreIndex = -100;
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  // The runtime whose memory and compute stream these kernels use (for the model's
+  // activation buffers, input copies and zero fills).
+  virtual DeviceRuntime& runtime() = 0;
+
+  // ---- dense algebra ----
+  // C[M,N] = alpha * op(A) @ op(B) + beta * C. op(A) is [M,K] (A stored [K,M] if trans_a),
+  // op(B) is [K,N] (B stored [N,K] if trans_b). Row-major, leading dims = stored widths.
+  // A, B, C: float (any storage dtype, fp32 accumulation). beta == 0 ignores C's contents.
+  virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const TensorView& A, const TensorView& B, float beta,
+                    const TensorView& C) = 0;
+  // out[R,C] += bias[C] broadcast over rows.
+  virtual void add_bias(const TensorView& out, const TensorView& bias, int64_t R, int64_t C) = 0;
+  // dbias[C] += sum over rows of dout[R,C].
+  virtual void bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
+                             int64_t C) = 0;
+  // out[n] = a[n] + b[n], n = out.numel() (out may alias a or b).
+  virtual void add(const TensorView& out, const TensorView& a, const TensorView& b) = 0;
+  // x[n] *= alpha.
+  virtual void scale(const TensorView& x, float alpha) = 0;
+
+  // ---- transformer pieces ----
+  // Token + learned position embedding (GPT-2 wte/wpe).
+  // tokens: [B,T] int32 in [0,V); wte: [V,C]; wpe: [Tmax,C] (T <= Tmax); writes out: [B,T,C].
+  virtual void embedding_forward(const TensorView& out, const TensorView& tokens,
+                                 const TensorView& wte, const TensorView& wpe, int64_t B,
+                                 int64_t T, int64_t C) = 0;
+  // Accumulates dwte[V,C] and dwpe[Tmax,C] from dout: [B,T,C].
+  virtual void embedding_backward(const TensorView& dwte, const TensorView& dwpe,
+                                  const TensorView& dout, const TensorView& tokens, int64_t B,
+                                  int64_t T, int64_t C) = 0;
+
+  // LayerNorm over the last dim (biased variance, eps inside the sqrt, as torch.nn.LayerNorm),
+  // statistics in fp32. x: [R,C]; weight, bias: [C]; writes out: [R,C], mean: [R] fp32,
+  // rstd: [R] fp32 (1/sqrt(var+eps)).
+  virtual void layernorm_forward(const TensorView& out, const TensorView& mean,
+                                 const TensorView& rstd, const TensorView& x,
+                                 const TensorView& weight, const TensorView& bias, int64_t R,
+                                 int64_t C, float eps) = 0;
+  // ACCUMULATES dx[R,C] (so a residual branch can add into the residual grad), and
+  // accumulates dweight[C], dbias[C]. Uses x, weight and the saved mean/rstd.
+  virtual void layernorm_backward(const TensorView& dx, const TensorView& dweight,
+                                  const TensorView& dbias, const TensorView& dout,
+                                  const TensorView& x, const TensorView& weight,
+                                  const TensorView& mean, const TensorView& rstd, int64_t R,
+                                  int64_t C) = 0;
+
+  // GELU, tanh approximation (GPT-2 "gelu_new"):
+  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Writes out[n], n = out.numel().
+  virtual void gelu_forward(const TensorView& out, const TensorView& x) = 0;
+  // Writes dx[n] = dout[n] * gelu'(x[n]). dx may alias dout (elementwise).
+  virtual void gelu_backward(const TensorView& dx, const TensorView& x,
+                             const TensorView& dout) = 0;
+  // The GPT-2 MLP's bias and GELU in one pass: fc[R,C] += bias[C], then out[R,C] = GELU(fc)
+  // of fc as stored (rounded to fc's dtype): the values of add_bias(fc, bias, R, C) followed
+  // by gelu_forward(out, fc). out may alias fc (then fc ends as GELU(fc + bias)).
+  virtual void bias_gelu_forward(const TensorView& out, const TensorView& fc,
+                                 const TensorView& bias, int64_t R, int64_t C) = 0;
+  // Its backward in one pass: writes dfc[R,C] = dout * gelu'(fc) (dfc may alias dout) and
+  // ACCUMULATES dbias[C] += sum over rows of dfc as stored: the values of gelu_backward(dfc,
+  // fc, dout) followed by bias_backward(dbias, dfc, R, C).
+  virtual void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias,
+                                  const TensorView& fc, const TensorView& dout, int64_t R,
+                                  int64_t C) = 0;
+
+  // ---- attention (FlashAttention-2: Dao 2023, "FlashAttention-2: Faster Attention with
+  // Better Parallelism and Work Partitioning", Algorithms 1 and 2) ----
+  // The T x T matrix of probabilities is never stored. Forward walks key tiles for each tile
+  // of queries with an online softmax (running row max m and sum l, the output rescaled by
+  // exp(m_old - m_new) as m grows) and keeps only the output O and the row logsumexp
+  // lse_i = m_i + log l_i = log sum_j exp(s_ij). Backward recomputes P_ij = exp(s_ij - lse_i)
+  // tile by tile and uses D_i = rowsum(dO_i * O_i) (= sum_j P_ij dP_ij) for
+  // dS_ij = P_ij (dP_ij - D_i), dP = dO V^T: dV = P^T dO, dQ = scale dS K, dK = scale dS^T Q.
+  // Workspace is per tile, never O(T^2). Scores, softmax and every accumulation are fp32;
+  // lse is an fp32 [B,H,Tq] view (row i of head h of batch b at (b*H + h)*Tq + i).
+  // A query row whose every key is masked gets output 0, lse = +inf (so exp(s - lse) = 0,
+  // as flash-attention's softmax.h) and zero gradients. Masked keys (probability exactly 0)
+  // get zero dk/dv; their k, v values do not change any result as long as they are finite.
+  // The CPU backend tiles 64 queries x 256 keys (src/backend/cpu/cpu_kernels.cpp); the CUDA
+  // backend runs fused tensor-core kernels (src/cuda/kernels_flash.cu). Both recompute
+  // the forward's exponentials in backward (about one more QK^T per layer) to save the
+  // [B,H,T,T] probabilities and their fp32 gradient scratch.
+
+  // Causal multi-head self-attention core (no projections), GPT-2 layout.
+  // qkv: [B,T,3C] with q = qkv[..., 0:C], k = [C:2C], v = [2C:3C], head h uses columns
+  // [h*hs, (h+1)*hs) of each, hs = C/H (C % H != 0 throws). Scores scaled by 1/sqrt(hs),
+  // key j visible to query i iff j <= i. Writes out: [B,T,C] (heads concatenated) and
+  // lse: fp32 [B,H,T], both saved for backward.
+  virtual void attention_forward(const TensorView& out, const TensorView& lse,
+                                 const TensorView& qkv, int64_t B, int64_t T, int64_t C,
+                                 int64_t H) = 0;
+  // Writes dqkv: [B,T,3C] (dq, dk, dv in the layout of qkv) from dout: [B,T,C], using qkv,
+  // out and lse from forward.
+  virtual void attention_backward(const TensorView& dqkv, const TensorView& dout,
+                                  const TensorView& qkv, const TensorView& out,
+                                  const TensorView& lse, int64_t B, int64_t T, int64_t C,
+                                  int64_t H) = 0;
+
+  // Softmax cross-entropy over V classes for R rows, fused with its gradient, in fp32.
+  // logits: [R,ld] with row stride ld >= V: the first V columns of a row are its classes, the
+  // columns [V, ld) are padding (a vocabulary padded to a GEMM-friendly multiple, Megatron-LM's
+  // --make-vocab-size-divisible-by) that takes no part in the softmax; ld == V for none.
+  // targets: [R] int32 in [0,V), or kIgnoreIndex (-100, torch.nn.CrossEntropyLoss's
+  // ignore_index): such a row adds no loss and gets a zero gradient row.
+  // loss[0] (fp64 [1] device scalar) += sum over rows of -log softmax(logits[r, 0:V])[target],
+  // i.e. exactly the loss of the unpadded [R,V] logits; logits are overwritten in place with
+  // dlogits = (softmax - onehot) * grad_scale in columns [0, V) and 0 in the padding columns
+  // (so a GEMM reading dlogits gives the padded rows of the weight a zero gradient). Throws
+  // fsdp::Error when ld < V.
+  virtual void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
+                                              const TensorView& targets, int64_t R, int64_t V,
+                                              int64_t ld, float grad_scale) = 0;
+  // Same loss without gradient; logits (every column) are left unchanged.
+  virtual void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
+                                     const TensorView& targets, int64_t R, int64_t V,
+                                     int64_t ld) = 0;
+
+  // ---- T5 pieces (Raffel et al. 2020; HF transformers/models/t5/modeling_t5.py) ----
+  // Token embedding without positions (T5's `shared`): out[n,:] = table[tokens[n],:].
+  // tokens: [N] int32 in [0,V) (V = table.numel() / C; out of range throws fsdp::Error, on
+  // CUDA at the next synchronisation); table: [V,C]; writes out: [N,C].
+  virtual void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
+                                        const TensorView& table, int64_t N, int64_t C) = 0;
+  // Accumulates dtable[tokens[n],:] += dout[n,:] (deterministic order: n ascending).
+  virtual void embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
+                                         const TensorView& tokens, int64_t N, int64_t C) = 0;
+
+  // T5LayerNorm (RMSNorm, Zhang & Sennrich 2019): no mean subtraction, no bias.
+  // rstd[r] = 1/sqrt(mean_c x[r,c]^2 + eps) in fp32; out[r,c] = weight[c] * (x[r,c] * rstd[r]).
+  // x: [R,C]; weight: [C]; writes out: [R,C], rstd: [R] fp32.
+  virtual void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                               const TensorView& weight, int64_t R, int64_t C, float eps) = 0;
+  // ACCUMULATES dx[R,C] and dweight[C] from dout[R,C], using x, weight and the saved rstd.
+  virtual void rmsnorm_backward(const TensorView& dx, const TensorView& dweight,
+                                const TensorView& dout, const TensorView& x,
+                                const TensorView& weight, const TensorView& rstd, int64_t R,
+                                int64_t C) = 0;
+
+  // ReLU (T5 v1.0 DenseReluDense). Writes out[n] = max(x[n], 0), n = out.numel().
+  virtual void relu_forward(const TensorView& out, const TensorView& x) = 0;
+  // Writes dx[n] = x[n] > 0 ? dout[n] : 0. dx may alias dout.
+  virtual void relu_backward(const TensorView& dx, const TensorView& x,
+                             const TensorView& dout) = 0;
+  // Writes out[n] = a[n] * b[n], n = out.numel() (gated-GELU's gate; its gradient is two
+  // more products). out may alias a or b.
+  virtual void mul(const TensorView& out, const TensorView& a, const TensorView& b) = 0;
+
+  // T5 relative position bias: bias[h,i,j] = table[buckets[i,j], h] (fp32 out).
+  // table: [NB,H] (relative_attention_bias.weight, float; NB = table.numel() / H); buckets:
+  // [Tq,Tk] int32 in [0,NB) (computed by the caller, HF's _relative_position_bucket); writes
+  // bias: [H,Tq,Tk] fp32. A bucket out of range throws fsdp::Error (CUDA: at the next
+  // synchronisation, as token indices).
+  virtual void position_bias_forward(const TensorView& bias, const TensorView& table,
+                                     const TensorView& buckets, int64_t H, int64_t Tq,
+                                     int64_t Tk) = 0;
+  // Accumulates dtable[buckets[i,j], h] += dbias[h,i,j] (dbias fp32 [H,Tq,Tk]); summed per
+  // table entry in a fixed order (deterministic).
+  virtual void position_bias_backward(const TensorView& dtable, const TensorView& dbias,
+                                      const TensorView& buckets, int64_t H, int64_t Tq,
+                                      int64_t Tk) = 0;
+
+  // General multi-head attention core (no projections) with separate query and key/value
+  // lengths and a head width D independent of the model width (T5's d_kv), computed as the
+  // attention block above.
+  // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; head h uses columns [h*D, (h+1)*D).
+  // scores[b,h,i,j] = scale * q_i . k_j + bias[h,i,j] (bias: fp32 [H,Tq,Tk] shared over the
+  // batch, or an empty view for none); key j is masked out (probability exactly 0) when
+  // key_mask is given (int32 [B,Tk], 0 = padding) and key_mask[b,j] == 0, or when `causal`
+  // and j > i. Softmax in fp32 over the unmasked keys. Writes out: [B,Tq,H*D] and lse: fp32
+  // [B,H,Tq] (saved for backward). T5 passes scale = 1 (no 1/sqrt(D)). "Empty" means a view
+  // with data == nullptr (TensorView{}).
+  // Matches HF T5Attention (scores + position_bias + mask, softmax in fp32) and
+  // torch.nn.functional.scaled_dot_product_attention with a boolean mask, except that a
+  // fully masked row gives 0 rather than NaN. D == 0 or Tk == 0 are allowed (out = 0).
+  virtual void mha_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
+                           const TensorView& k, const TensorView& v, const TensorView& bias,
+                           const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
+                           int64_t H, int64_t D, float scale, bool causal) = 0;
+  // Writes dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] from dout: [B,Tq,H*D], using q, k, v, out and
+  // lse from forward and the same bias, key_mask, scale and causal. If dbias is not empty
+  // (fp32 [H,Tq,Tk]) ACCUMULATES the score gradient summed over the batch into it (HF T5:
+  // the gradient of position_bias, which broadcasts over the batch): dbias[h,i,j] +=
+  // sum over b of dS[b,h,i,j], b ascending in fp32, deterministic (no atomics) on both
+  // backends.
+  virtual void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                            const TensorView& dbias, const TensorView& dout, const TensorView& q,
+                            const TensorView& k, const TensorView& v, const TensorView& out,
+                            const TensorView& lse, const TensorView& bias,
+                            const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
+                            int64_t H, int64_t D, float scale, bool causal) = 0;
+};
+
+}  // namespace fsdp
