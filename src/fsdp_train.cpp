@@ -39,7 +39,7 @@ struct Cli {
   std::vector<std::string> overrides;
   bool resume_must = false;  // --resume
   bool resume_auto = false;  // --resume=auto or --resume auto
-  bool dry_run = false, help = false, version = false;
+  bool dry_run = false, help = false, version = false, list_keys = false;
   int world_size = 0;  // --world-size: 0 = the ranks running
   std::string profile;  // --profile FIRST:LAST ("" = not given)
   std::string usage;
@@ -84,6 +84,8 @@ Cli parse_cli(int argc, char** argv) {
   visible.add_options()
       ("help,h", po::bool_switch(&cli.help), "print this help and exit")
       ("version", po::bool_switch(&cli.version), "print the version and exit")
+      ("list-keys", po::bool_switch(&cli.list_keys),
+       "print every config key (type, default, PyTorch/HF name, one line of doc) and exit")
       ("set,s", po::value(&cli.overrides)->composing(),
        "override a config key: --set section.key=value (repeatable)")
       ("resume", po::bool_switch(&cli.resume_must),
@@ -133,7 +135,7 @@ Cli parse_cli(int argc, char** argv) {
   if (cli.resume_must && cli.resume_auto) {
     throw fsdp::InputError("command line: --resume and --resume=auto are exclusive (see --help)");
   }
-  if (!cli.help && !cli.version && cli.config_path.empty()) {
+  if (!cli.help && !cli.version && !cli.list_keys && cli.config_path.empty()) {
     throw fsdp::InputError("command line: missing CONFIG.toml (see --help)");
   }
   if (cli.world_size < 0 || (cli.world_size == 0 && argv_has(argc, argv, "--world-size"))) {
@@ -144,6 +146,28 @@ Cli parse_cli(int argc, char** argv) {
     cli.overrides.push_back(profile_override(cli.profile));
   }
   return cli;
+}
+
+// --list-keys: the key table (fsdp::describe_keys) for every model family, the sections
+// outside [model] once.
+std::string key_list() {
+  std::ostringstream os;
+  auto print = [&](const fsdp::KeyDescription& k) {
+    os << k.key << " = " << k.default_value << "  (" << k.type
+       << (k.resume_may_change ? "; --resume may change it" : "") << ")\n    " << k.doc;
+    if (!k.peer.empty()) os << "  [" << k.peer << "]";
+    os << "\n";
+  };
+  const fsdp::ModelSchemas& families = fsdp::model_schemas();
+  for (const fsdp::ModelSchema* family : families) {
+    const bool first = family == families.front();
+    os << (first ? "" : "\n") << "# model.type = \"" << family->type() << "\" ("
+       << family->hf_config_class() << ")" << (first ? "" : ": its [model] keys") << "\n";
+    for (const fsdp::KeyDescription& k : fsdp::describe_keys(*family)) {
+      if (first || k.family_key) print(k);
+    }
+  }
+  return os.str();
 }
 
 }  // namespace
@@ -172,10 +196,14 @@ int main(int argc, char** argv) {
     fsdp::Config config;
     fsdp::collective_guard(world, [&] {
       cli = parse_cli(argc, argv);
-      if (!cli.help && !cli.version) config = fsdp::load_config(cli.config_path, cli.overrides);
+      if (!cli.help && !cli.version && !cli.list_keys) {
+        config = fsdp::load_config(cli.config_path, cli.overrides);
+      }
     });
-    if (cli.help || cli.version) {
-      if (rank == 0) std::cout << (cli.help ? cli.usage : "fsdp_train " FSDP_VERSION "\n");
+    if (cli.help || cli.version || cli.list_keys) {
+      if (rank == 0) {
+        std::cout << (cli.help ? cli.usage : cli.version ? "fsdp_train " FSDP_VERSION "\n" : key_list());
+      }
     } else {
       fsdp::TrainOptions options;
       options.resume = cli.resume_must;

@@ -804,13 +804,22 @@ std::vector<std::string> cells(const std::string& row) {
 }
 
 // docs/config.md documents exactly the keys of the key table, each under its section ([model]'s
-// family keys under `type = "gpt2"` / `type = "t5"`), its type column states the table's
-// bounds (documented_range) where it has some, and each default it states is the default: setting a key to the documented default with --set leaves to_toml's output
-// unchanged (GPT-2's defaults for the sections whose defaults depend on the model). "none"
-// (data.path) stands for an unset string.
+// family keys under `type = "gpt2"` / `type = "t5"`), and each row says what the table says
+// (describe_keys): the type column states the table's bounds where it has some, the "PyTorch /
+// HF name" column is the table's peer name ("—" for none), the meaning starts with the table's
+// one-line doc (its final period may be another punctuation mark in the docs), and each
+// default it states is the default: setting a key to the documented default with --set leaves
+// to_toml's output unchanged (GPT-2's defaults for the sections whose defaults depend on the
+// model). "none" (data.path) stands for an unset string.
 TEST(Config, DocsListEveryKeyWithItsDefault) {
   std::ifstream in(std::string(FSDP_SOURCE_DIR) + "/docs/config.md");
   ASSERT_TRUE(in) << "docs/config.md missing";
+  std::map<std::string, KeyDescription> table;  // "type|section.key" -> the key table's row
+  for (const std::string t : {"gpt2", "t5"}) {
+    for (KeyDescription& d : describe_keys(model_schema(model_schemas(), t))) {
+      table.emplace(t + "|" + d.key, std::move(d));
+    }
+  }
   std::map<std::string, std::string> documented;  // "type|section.key" -> default text
   std::string line, section, type = "gpt2";
   while (std::getline(in, line)) {
@@ -823,10 +832,19 @@ TEST(Config, DocsListEveryKeyWithItsDefault) {
       type = line.substr(13, line.find('"', 13) - 13);
     } else if (!section.empty() && line.rfind("| `", 0) == 0) {
       const auto c = cells(line);
-      ASSERT_GE(c.size(), 4u) << line;
+      ASSERT_EQ(c.size(), 5u) << line;
       const std::string key = section + "." + c[0].substr(1, c[0].size() - 2);
-      if (const std::string range = documented_range(key); !range.empty()) {
-        EXPECT_EQ(c[1], range) << key << ": the type column should state the key table's bounds";
+      if (const auto it = table.find((section == "model" ? type : std::string("gpt2")) + "|" + key);
+          it != table.end()) {
+        const KeyDescription& d = it->second;
+        if (d.type.find_first_of("<>") != std::string::npos) {
+          EXPECT_EQ(c[1], d.type) << key << ": the type column should state the key table's bounds";
+        }
+        EXPECT_EQ(c[3], d.peer.empty() ? "—" : d.peer) << key << ": the PyTorch / HF name column";
+        ASSERT_FALSE(d.doc.empty()) << key << " has no one-line doc in the key table";
+        const std::string stem = d.doc.substr(0, d.doc.size() - (d.doc.back() == '.'));
+        EXPECT_EQ(c[4].substr(0, stem.size()), stem)
+            << key << ": the meaning should start with the key table's one-line doc";
       }
       std::string def = c[2];
       if (def.size() >= 2 && def.front() == '`' && def.back() == '`') def = def.substr(1, def.size() - 2);

@@ -136,9 +136,19 @@ constexpr Range kPeakFlopsRange{false, Range::closed, Range::none, 0, 0, "x",
 constexpr Range kLearningRateRange{false, Range::open, Range::closed, 0, kMaxLearningRate,
                                    "lr", ""};
 
-// The key table: calls f(section, key, field, resume, range) for every key of the config,
-// sections in output order; `range` bounds a number (kAny: the family checks its own keys, or
-// the key is no number). C is Config or const Config. `resume` says whether --resume may
+// What the key table says of a key besides its field. `range` bounds a number (kAny: the
+// family checks its own keys, or the key is no number); `peer` is the name of the same knob
+// in PyTorch, Accelerate, DeepSpeed or Hugging Face ("" for none); `doc` is one line, the
+// first sentence of the key's row in docs/config.md (Config.DocsListEveryKeyWithItsDefault).
+struct KeyInfo {
+  Resume resume;
+  Range range;
+  const char* peer;
+  const char* doc;
+};
+
+// The key table: calls f(section, key, field, info) for every key of the config, sections in
+// output order. C is Config or const Config. `info.resume` says whether --resume may
 // change the key (docs/checkpoint.md "Resume checks": how long to train, how to log,
 // evaluate and save, where to run and how to talk change neither the model, its optimizer
 // state nor the sample sequence; the learning-rate schedule and clipping may change, as
@@ -147,66 +157,152 @@ constexpr Range kLearningRateRange{false, Range::open, Range::closed, 0, kMaxLea
 // vocabulary padding is resharded or re-padded on load). The family's [model] keys never may.
 template <class C, class F>
 void visit_keys(C& c, F&& f) {
-  f("model", "type", c.model.type, kFixed, kAny);
-  f("model", "init_from", c.model.init_from, kMayChange, kAny);
-  f("model", "pad_vocab_multiple", c.model.pad_vocab_multiple, kMayChange, kPadVocabRange);
+  f("model", "type", c.model.type,
+    {kFixed, kAny, "HF config.json model_type", "The model family."});
+  f("model", "init_from", c.model.init_from,
+    {kMayChange, kAny, "HF from_pretrained(path)", "Fine-tune from published weights."});
+  f("model", "pad_vocab_multiple", c.model.pad_vocab_multiple,
+    {kMayChange, kPadVocabRange, "Megatron-LM --make-vocab-size-divisible-by",
+     "Rows of the token embedding and LM head are padded to a multiple of this."});
   // The family's own keys (ModelConfig::of filled them in from its schema), in its order,
   // typed as their declared defaults.
   for (auto& [name, value] : c.model.values) {
-    std::visit([&](auto& v) { f("model", name.c_str(), v, kFixed, kAny); }, value);
+    // Named as the family's Hugging Face config names them; the docs are the schema's.
+    std::visit([&](auto& v) { f("model", name.c_str(), v, KeyInfo{kFixed, kAny, "", ""}); },
+               value);
   }
-  f("data", "source", c.data.source, kFixed, kAny);
-  f("data", "path", c.data.path, kMayChange, kAny);
-  f("data", "objective", c.data.objective, kFixed, kAny);
-  f("data", "seq_len", c.data.seq_len, kFixed, at_least(1));
-  f("data", "max_input_len", c.data.max_input_len, kFixed, at_least(1));
-  f("data", "max_target_len", c.data.max_target_len, kFixed, at_least(1));
-  f("data", "noise_density", c.data.noise_density, kFixed, open_unit());
-  f("data", "mean_noise_span_length", c.data.mean_noise_span_length, kFixed, kAtLeastOne);
-  f("train", "global_batch_size", c.train.global_batch_size, kFixed, at_least(1));
-  f("train", "micro_batch_size", c.train.micro_batch_size, kMayChange, at_least(0));
-  f("train", "max_steps", c.train.max_steps, kMayChange, at_least(1));
-  f("train", "seed", c.train.seed, kFixed, kAny);
-  f("train", "run_dir", c.train.run_dir, kMayChange, kAny);
-  f("train", "log_every", c.train.log_every, kMayChange, at_least(1));
-  f("train", "num_threads", c.train.num_threads, kMayChange, at_least(0));
-  f("train", "device", c.train.device, kMayChange, kAny);
-  f("train", "skip_nonfinite", c.train.skip_nonfinite, kMayChange, kAny);
-  f("train", "check_memory", c.train.check_memory, kMayChange, kAny);
-  f("train", "peak_flops", c.train.peak_flops, kMayChange, kPeakFlopsRange);
-  f("train", "profile_steps", c.train.profile_steps, kMayChange, kAny);
-  f("optim", "name", c.optim.name, kFixed, kAny);
-  f("optim", "lr", c.optim.lr, kMayChange, kLearningRateRange);
-  f("optim", "min_lr", c.optim.min_lr, kMayChange, nonnegative());
-  f("optim", "warmup_steps", c.optim.warmup_steps, kMayChange, at_least(0));
-  f("optim", "decay_steps", c.optim.decay_steps, kMayChange, at_least(0));
-  f("optim", "weight_decay", c.optim.weight_decay, kFixed, nonnegative());
-  f("optim", "grad_clip", c.optim.grad_clip, kMayChange, nonnegative());
-  f("optim", "beta1", c.optim.beta1, kFixed, unit_interval());
-  f("optim", "beta2", c.optim.beta2, kFixed, unit_interval());
-  f("optim", "eps", c.optim.eps, kFixed, {false, Range::open, Range::open, 0, 1, "eps", ""});
-  f("optim", "momentum", c.optim.momentum, kFixed, unit_interval());
-  f("fsdp", "sharding_strategy", c.fsdp.sharding_strategy, kMayChange, kAny);
-  f("fsdp", "auto_wrap_policy", c.fsdp.auto_wrap_policy, kFixed, kAny);
-  f("fsdp", "transformer_layer_cls_to_wrap", c.fsdp.transformer_layer_cls_to_wrap, kFixed, kAny);
-  f("fsdp", "backward_prefetch", c.fsdp.backward_prefetch, kMayChange, kAny);
-  f("fsdp", "forward_prefetch", c.fsdp.forward_prefetch, kMayChange, kAny);
-  f("fsdp", "limit_all_gathers", c.fsdp.limit_all_gathers, kMayChange, kAny);
-  f("fsdp", "activation_checkpointing", c.fsdp.activation_checkpointing, kMayChange, kAny);
-  f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype, kFixed, kAny);
-  f("mixed_precision", "reduce_dtype", c.mixed_precision.reduce_dtype, kFixed, kAny);
-  f("mixed_precision", "init_scale", c.mixed_precision.init_scale, kFixed, above(0));
-  f("mixed_precision", "growth_factor", c.mixed_precision.growth_factor, kFixed, above(1));
-  f("mixed_precision", "backoff_factor", c.mixed_precision.backoff_factor, kFixed, open_unit());
-  f("mixed_precision", "growth_interval", c.mixed_precision.growth_interval, kFixed, at_least(1));
-  f("mesh", "shard_size", c.mesh.shard_size, kMayChange, at_least(0));
-  f("comm", "backend", c.comm.backend, kMayChange, kAny);
-  f("comm", "timeout_s", c.comm.timeout_s, kMayChange, above(0));
-  f("checkpoint", "every", c.checkpoint.every, kMayChange, at_least(0));
-  f("checkpoint", "async_save", c.checkpoint.async_save, kMayChange, kAny);
-  f("eval", "every", c.eval.every, kMayChange, at_least(0));
-  f("eval", "max_windows", c.eval.max_windows, kMayChange, at_least(0));
-  f("eval", "on_start", c.eval.on_start, kMayChange, kAny);
+  f("data", "source", c.data.source, {kFixed, kAny, "", "Where tokens come from."});
+  f("data", "path", c.data.path, {kMayChange, kAny, "", "HDF5 token file (see docs/data.md)."});
+  f("data", "objective", c.data.objective, {kFixed, kAny, "", "What a sample is (docs/data.md)."});
+  f("data", "seq_len", c.data.seq_len,
+    {kFixed, at_least(1), "HF run_clm.py --block_size", "Sample length in tokens."});
+  f("data", "max_input_len", c.data.max_input_len,
+    {kFixed, at_least(1), "HF run_summarization.py --max_source_length",
+     "`seq2seq`: encoder tokens per row."});
+  f("data", "max_target_len", c.data.max_target_len,
+    {kFixed, at_least(1), "HF run_summarization.py --max_target_length",
+     "`seq2seq`: target tokens per row."});
+  f("data", "noise_density", c.data.noise_density,
+    {kFixed, open_unit(), "T5 span_corruption noise_density",
+     "`span_corruption`: fraction of tokens masked (T5 paper)."});
+  f("data", "mean_noise_span_length", c.data.mean_noise_span_length,
+    {kFixed, kAtLeastOne, "T5 span_corruption mean_noise_span_length",
+     "`span_corruption`: mean length of a masked span (T5 paper)."});
+  f("train", "global_batch_size", c.train.global_batch_size,
+    {kFixed, at_least(1), "DeepSpeed train_batch_size",
+     "Sequences per optimizer step over all data-parallel ranks."});
+  f("train", "micro_batch_size", c.train.micro_batch_size,
+    {kMayChange, at_least(0), "DeepSpeed train_micro_batch_size_per_gpu",
+     "Gradient accumulation."});
+  f("train", "max_steps", c.train.max_steps,
+    {kMayChange, at_least(1), "HF TrainingArguments.max_steps", "Optimizer steps to train."});
+  f("train", "seed", c.train.seed,
+    {kFixed, kAny, "HF TrainingArguments.seed", "Seed of every random number."});
+  f("train", "run_dir", c.train.run_dir,
+    {kMayChange, kAny, "HF TrainingArguments.output_dir", "Output directory."});
+  f("train", "log_every", c.train.log_every,
+    {kMayChange, at_least(1), "HF TrainingArguments.logging_steps",
+     "Steps between progress lines on rank 0's stdout."});
+  f("train", "num_threads", c.train.num_threads,
+    {kMayChange, at_least(0), "torch.set_num_threads", "CPU threads per rank."});
+  f("train", "device", c.train.device, {kMayChange, kAny, "torch.device", "Where the model runs."});
+  f("train", "skip_nonfinite", c.train.skip_nonfinite,
+    {kMayChange, kAny, "", "The non-finite guard."});
+  f("train", "check_memory", c.train.check_memory,
+    {kMayChange, kAny, "",
+     "Before allocating anything, compare the memory plan with what this rank may use."});
+  f("train", "peak_flops", c.train.peak_flops,
+    {kMayChange, kPeakFlopsRange, "", "Peak FLOP/s of one rank, the denominator of `mfu`."});
+  f("train", "profile_steps", c.train.profile_steps,
+    {kMayChange, kAny, "torch.profiler.schedule", "The built-in profiler."});
+  f("optim", "name", c.optim.name, {kFixed, kAny, "HF TrainingArguments.optim", "The optimizer."});
+  f("optim", "lr", c.optim.lr,
+    {kMayChange, kLearningRateRange, "torch.optim.AdamW lr", "Peak learning rate."});
+  f("optim", "min_lr", c.optim.min_lr,
+    {kMayChange, nonnegative(), "torch CosineAnnealingLR eta_min", "Floor of the cosine decay."});
+  f("optim", "warmup_steps", c.optim.warmup_steps,
+    {kMayChange, at_least(0), "HF TrainingArguments.warmup_steps",
+     "Linear warmup from 0 to `lr` over this many steps."});
+  f("optim", "decay_steps", c.optim.decay_steps,
+    {kMayChange, at_least(0), "torch CosineAnnealingLR T_max",
+     "Step at which the cosine decay reaches `min_lr`, counted from step 0 (warmup included)."});
+  f("optim", "weight_decay", c.optim.weight_decay,
+    {kFixed, nonnegative(), "torch.optim.AdamW weight_decay",
+     "Decoupled weight decay for AdamW (`torch.optim.AdamW`)."});
+  f("optim", "grad_clip", c.optim.grad_clip,
+    {kMayChange, nonnegative(), "torch.nn.utils.clip_grad_norm_ max_norm",
+     "Max global L2 norm of all gradients."});
+  f("optim", "beta1", c.optim.beta1,
+    {kFixed, unit_interval(), "torch.optim.AdamW betas[0]",
+     "AdamW first-moment decay (`betas[0]`)."});
+  f("optim", "beta2", c.optim.beta2,
+    {kFixed, unit_interval(), "torch.optim.AdamW betas[1]",
+     "AdamW second-moment decay (`betas[1]`)."});
+  f("optim", "eps", c.optim.eps,
+    {kFixed, {false, Range::open, Range::open, 0, 1, "eps", ""}, "torch.optim.AdamW eps",
+     "AdamW epsilon."});
+  f("optim", "momentum", c.optim.momentum,
+    {kFixed, unit_interval(), "torch.optim.SGD momentum", "SGD momentum (SGD only)."});
+  f("fsdp", "sharding_strategy", c.fsdp.sharding_strategy,
+    {kMayChange, kAny, "PyTorch FSDP sharding_strategy", "What is sharded, and over which ranks."});
+  f("fsdp", "auto_wrap_policy", c.fsdp.auto_wrap_policy,
+    {kFixed, kAny, "Accelerate fsdp_auto_wrap_policy", "How modules are grouped into FSDP units."});
+  f("fsdp", "transformer_layer_cls_to_wrap", c.fsdp.transformer_layer_cls_to_wrap,
+    {kFixed, kAny, "Accelerate fsdp_transformer_layer_cls_to_wrap",
+     "Module classes that get their own unit."});
+  f("fsdp", "backward_prefetch", c.fsdp.backward_prefetch,
+    {kMayChange, kAny, "PyTorch FSDP backward_prefetch",
+     "When backward all-gathers the next unit."});
+  f("fsdp", "forward_prefetch", c.fsdp.forward_prefetch,
+    {kMayChange, kAny, "PyTorch FSDP forward_prefetch",
+     "Issue the all-gather of the next unit (in forward order) before the current unit's "
+     "forward."});
+  f("fsdp", "limit_all_gathers", c.fsdp.limit_all_gathers,
+    {kMayChange, kAny, "PyTorch FSDP limit_all_gathers",
+     "At most two units besides the root unsharded at once."});
+  f("fsdp", "activation_checkpointing", c.fsdp.activation_checkpointing,
+    {kMayChange, kAny, "Accelerate fsdp_activation_checkpointing",
+     "Keep only each wrapped block's input during forward and recompute the rest in backward."});
+  f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype,
+    {kFixed, kAny, "PyTorch FSDP MixedPrecision.param_dtype",
+     "Dtype of the unsharded parameters and of the compute (GEMMs, activations)."});
+  f("mixed_precision", "reduce_dtype", c.mixed_precision.reduce_dtype,
+    {kFixed, kAny, "PyTorch FSDP MixedPrecision.reduce_dtype",
+     "Dtype in which gradients are reduce-scattered."});
+  f("mixed_precision", "init_scale", c.mixed_precision.init_scale,
+    {kFixed, above(0), "torch.amp.GradScaler init_scale", "Initial loss scale."});
+  f("mixed_precision", "growth_factor", c.mixed_precision.growth_factor,
+    {kFixed, above(1), "torch.amp.GradScaler growth_factor",
+     "The scale is multiplied by this after `growth_interval` clean steps."});
+  f("mixed_precision", "backoff_factor", c.mixed_precision.backoff_factor,
+    {kFixed, open_unit(), "torch.amp.GradScaler backoff_factor",
+     "The scale is multiplied by this on a step with inf/NaN gradients."});
+  f("mixed_precision", "growth_interval", c.mixed_precision.growth_interval,
+    {kFixed, at_least(1), "torch.amp.GradScaler growth_interval",
+     "Consecutive clean steps before the scale grows."});
+  f("mesh", "shard_size", c.mesh.shard_size,
+    {kMayChange, at_least(0), "torch init_device_mesh mesh_shape[1]", "Ranks per shard group."});
+  f("comm", "backend", c.comm.backend,
+    {kMayChange, kAny, "torch.distributed.init_process_group backend",
+     "The collectives library of the device mesh."});
+  f("comm", "timeout_s", c.comm.timeout_s,
+    {kMayChange, above(0), "torch.distributed.init_process_group timeout",
+     "Seconds a rank may wait for a collective."});
+  f("checkpoint", "every", c.checkpoint.every,
+    {kMayChange, at_least(0), "HF TrainingArguments.save_steps",
+     "Steps between sharded checkpoints under `run_dir/checkpoints/`."});
+  f("checkpoint", "async_save", c.checkpoint.async_save,
+    {kMayChange, kAny, "torch.distributed.checkpoint.async_save",
+     "Write periodic checkpoints from a background thread while training goes on."});
+  f("eval", "every", c.eval.every,
+    {kMayChange, at_least(0), "HF TrainingArguments.eval_steps",
+     "Steps between validation passes (mean loss over the validation split)."});
+  f("eval", "max_windows", c.eval.max_windows,
+    {kMayChange, at_least(0), "HF run_clm.py --max_eval_samples",
+     "Most validation samples per pass."});
+  f("eval", "on_start", c.eval.on_start,
+    {kMayChange, kAny, "HF TrainingArguments.eval_on_start",
+     "Also evaluate before the first step."});
 }
 
 // A default config of the family `schema` (whose visit lists that family's [model] keys).
@@ -220,7 +316,7 @@ Config config_of_type(const ModelSchema& schema) {
 std::vector<std::string> all_keys(const ModelSchema& schema) {
   std::vector<std::string> keys;
   const Config c = config_of_type(schema);
-  visit_keys(c, [&](const char* s, const char* k, const auto&, Resume, const Range&) {
+  visit_keys(c, [&](const char* s, const char* k, const auto&, const KeyInfo&) {
     keys.push_back(std::string(s) + "." + k);
   });
   return keys;
@@ -229,7 +325,7 @@ std::vector<std::string> all_keys(const ModelSchema& schema) {
 bool is_section(const std::string& name) {
   bool found = false;
   const Config c;
-  visit_keys(c, [&](const char* s, const char*, const auto&, Resume, const Range&) {
+  visit_keys(c, [&](const char* s, const char*, const auto&, const KeyInfo&) {
     found = found || name == s;
   });
   return found;
@@ -478,7 +574,8 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
   // The key table's ranges (one message form), [model] first: the family's checks below
   // may relate its keys to others.
   auto check_ranges = [&](bool model_section) {
-    visit_keys(c, [&](const char* sec, const char* key, const auto& field, Resume, const Range& r) {
+    visit_keys(c, [&](const char* sec, const char* key, const auto& field, const KeyInfo& info) {
+      const Range& r = info.range;
       using T = std::decay_t<decltype(field)>;
       if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>) {
         if ((std::string(sec) == "model") != model_section) return;
@@ -749,7 +846,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   config.source_path = origin;
   std::map<std::string, std::string> origins;  // key -> "--set ..." for overridden keys
   std::set<std::string> given;  // keys the file or an override set
-  visit_keys(config, [&](const char* sec, const char* key, auto& field, Resume, const Range&) {
+  visit_keys(config, [&](const char* sec, const char* key, auto& field, const KeyInfo&) {
     const std::string full = std::string(sec) + "." + key;
     if (auto it = set.find(full); it != set.end()) {
       const std::string where = "--set " + it->second.text;
@@ -799,8 +896,8 @@ Config load_config(const std::string& toml_path, const std::vector<std::string>&
 std::string to_toml(const Config& config) {
   std::string out;
   std::string current;
-  visit_keys(config, [&](const char* sec, const char* key, const auto& field, Resume,
-                         const Range&) {
+  visit_keys(config, [&](const char* sec, const char* key, const auto& field,
+                         const KeyInfo&) {
     if (current != sec) {
       out += (current.empty() ? "[" : "\n[") + std::string(sec) + "]\n";
       current = sec;
@@ -810,11 +907,44 @@ std::string to_toml(const Config& config) {
   return out;
 }
 
-std::string documented_range(const std::string& key) {
-  std::string out;
-  const Config defaults;
-  visit_keys(defaults, [&](const char* sec, const char* k, const auto&, Resume, const Range& r) {
-    if (r.lo_bound != Range::none && key == std::string(sec) + "." + k) out = r.doc_type();
+namespace {
+
+// A field's type as docs/config.md's type column names it when the key has no range.
+template <class T>
+std::string type_text() {
+  if constexpr (std::is_same_v<T, bool>) return "boolean";
+  else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>) return "integer";
+  else if constexpr (std::is_same_v<T, double>) return "float";
+  else if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (std::is_same_v<T, std::vector<std::string>>) return "array of strings";
+  else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "array of integers";
+  else if constexpr (kIsConfigEnum<T>) return "one of " + join(enum_names<T>());
+  else static_assert(!sizeof(T), "type_text: a field type the key table does not describe");
+}
+
+}  // namespace
+
+std::vector<KeyDescription> describe_keys(const ModelSchema& family) {
+  std::map<std::string, std::string> family_docs;
+  for (const ModelKey& k : family.keys()) family_docs[k.name] = k.doc;
+  const Config defaults = config_of_type(family);
+  std::vector<KeyDescription> out;
+  visit_keys(defaults, [&](const char* sec, const char* key, const auto& field,
+                           const KeyInfo& info) {
+    using T = std::decay_t<decltype(field)>;
+    KeyDescription d;
+    d.key = std::string(sec) + "." + key;
+    d.type = info.range.lo_bound != Range::none ? info.range.doc_type() : type_text<T>();
+    d.default_value = toml_value(field);
+    d.peer = info.peer;
+    d.doc = info.doc;
+    d.resume_may_change = info.resume == kMayChange;
+    if (auto it = family_docs.find(key); std::string(sec) == "model" && it != family_docs.end()) {
+      d.peer = "HF " + family.hf_config_class() + "." + key;
+      d.doc = it->second;
+      d.family_key = true;
+    }
+    out.push_back(std::move(d));
   });
   return out;
 }
@@ -828,8 +958,8 @@ bool resume_may_change(const std::string& key) {
   static const std::set<std::string> may_change = [] {
     std::set<std::string> keys;
     const Config defaults;
-    visit_keys(defaults, [&](const char* sec, const char* k, const auto&, Resume r, const Range&) {
-      if (r == kMayChange) keys.insert(std::string(sec) + "." + k);
+    visit_keys(defaults, [&](const char* sec, const char* k, const auto&, const KeyInfo& info) {
+      if (info.resume == kMayChange) keys.insert(std::string(sec) + "." + k);
     });
     return keys;
   }();

@@ -338,10 +338,14 @@ class Gpt2Family final : public ModelFamily {
   std::string type() const override { return "gpt2"; }
   std::vector<ModelKey> keys() const override {
     const Gpt2Config d;
-    return {{"n_layer", d.n_layer},         {"n_head", d.n_head},
-            {"n_embd", d.n_embd},           {"n_positions", d.n_positions},
-            {"vocab_size", d.vocab_size},   {"layer_norm_epsilon", d.layer_norm_epsilon}};
+    return {{"n_layer", d.n_layer, "Number of transformer blocks."},
+            {"n_head", d.n_head, "Attention heads per block."},
+            {"n_embd", d.n_embd, "Hidden size."},
+            {"n_positions", d.n_positions, "Longest sequence: rows of the learned position table."},
+            {"vocab_size", d.vocab_size, "Token vocabulary."},
+            {"layer_norm_epsilon", d.layer_norm_epsilon, "LayerNorm epsilon."}};
   }
+  std::string hf_config_class() const override { return "GPT2Config"; }
   std::vector<std::string> wrap_classes() const override { return {"GPT2Block"}; }
   std::vector<Objective> objectives() const override { return {Objective::causal_lm}; }
   void validate(const Config& c, const KeyFail& fail) const override {

@@ -33,19 +33,23 @@ class T5Family final : public ModelFamily {
   // Defaults: a small ByT5-vocabulary T5 v1.0 for CPU runs (HF T5Config's names; its own
   // defaults are t5-small's sizes with a 32128 SentencePiece vocabulary).
   std::vector<ModelKey> keys() const override {
-    return {{"d_model", int64_t{128}},
-            {"d_kv", int64_t{32}},
-            {"d_ff", int64_t{512}},
-            {"num_layers", int64_t{2}},
-            {"num_decoder_layers", int64_t{2}},
-            {"num_heads", int64_t{4}},
-            {"relative_attention_num_buckets", int64_t{32}},
-            {"relative_attention_max_distance", int64_t{128}},
-            {"feed_forward_proj", std::string("relu")},
-            {"tie_word_embeddings", true},
-            {"layer_norm_epsilon", 1e-6},
-            {"vocab_size", int64_t{384}}};
+    return {{"d_model", int64_t{128}, "Hidden size."},
+            {"d_kv", int64_t{32},
+             "Width of one attention head (need not be `d_model / num_heads`)."},
+            {"d_ff", int64_t{512}, "Feed-forward width."},
+            {"num_layers", int64_t{2}, "Encoder blocks."},
+            {"num_decoder_layers", int64_t{2}, "Decoder blocks."},
+            {"num_heads", int64_t{4}, "Attention heads."},
+            {"relative_attention_num_buckets", int64_t{32}, "Relative position buckets."},
+            {"relative_attention_max_distance", int64_t{128},
+             "Distance beyond which positions share the last bucket."},
+            {"feed_forward_proj", std::string("relu"), "Feed-forward block."},
+            {"tie_word_embeddings", true, "Whether the LM head is the shared embedding."},
+            {"layer_norm_epsilon", 1e-6, "T5LayerNorm epsilon."},
+            {"vocab_size", int64_t{384},
+             "Vocabulary (ByT5: 3 specials + 256 bytes + 125 sentinel ids)."}};
   }
+  std::string hf_config_class() const override { return "T5Config"; }
   std::vector<std::string> wrap_classes() const override { return {"T5Block"}; }
   std::vector<Objective> objectives() const override {
     return {Objective::seq2seq, Objective::span_corruption};

@@ -288,6 +288,19 @@ print(n)' "$OUT"
     n=$(grep -cE '^fsdp_train [0-9]+\.[0-9]+\.[0-9]+$' "$OUT")
     if [ "$n" -ne 1 ]; then fail "version line printed $n times, expected once"; fi
     ;;
+  list_keys)
+    # The key table (describe_keys), printed once by rank 0: every section, both families'
+    # [model] keys, defaults, PyTorch/HF names and docs.
+    run_train --list-keys
+    expect_rc 0
+    for want in '^optim.lr = 0.001  (float, 0 < x <= 10; --resume may change it)$' \
+                '^    Peak learning rate.  \[torch.optim.AdamW lr\]$' \
+                '^fsdp.sharding_strategy = "FULL_SHARD"' '^model.n_layer = 4 ' '^model.d_kv = 32 ' \
+                '^    Hidden size.  \[HF T5Config.d_model\]$' '^eval.on_start = false'; do
+      n=$(grep -c -- "$want" "$OUT")
+      if [ "$n" -ne 1 ]; then fail "--list-keys: '$want' printed $n times, expected once"; fi
+    done
+    ;;
   *)
     echo "smoke.sh: unknown case '$CASE'" >&2
     exit 2

@@ -64,11 +64,13 @@ constexpr const char* to_string(OptimizerKind k) { return k == OptimizerKind::ad
 // (ModelSchema::keys). A value keeps the type of the declared default.
 using ModelValue = std::variant<int64_t, double, bool, std::string>;
 
-// A [model] key of a family: its name (the Hugging Face config name) and default, whose
-// variant alternative is the key's type (int64_t, double, bool or std::string).
+// A [model] key of a family: its name (the Hugging Face config name), its default, whose
+// variant alternative is the key's type (int64_t, double, bool or std::string), and one line
+// of doc (the first sentence of its row in docs/config.md).
 struct ModelKey {
   std::string name;
   ModelValue default_value;
+  std::string doc;
 };
 
 // Builds the one-line error for a key: fail("model.n_embd", "100 is not divisible ...")
@@ -267,6 +269,8 @@ class ModelSchema {
   virtual std::string type() const = 0;
   // The [model] keys beside `type`, in the order to_toml prints them.
   virtual std::vector<ModelKey> keys() const = 0;
+  // The Hugging Face config class whose attributes the keys are, e.g. "GPT2Config".
+  virtual std::string hf_config_class() const = 0;
   // Module classes transformer_layer_cls_to_wrap may name (the first ones are the default,
   // like Hugging Face's _no_split_modules), e.g. {"GPT2Block"}.
   virtual std::vector<std::string> wrap_classes() const = 0;
@@ -311,10 +315,26 @@ void check_config(const Config& config, const ModelSchemas& models);
 // and for checkpoints.
 std::string to_toml(const Config& config);
 
-// The bounds the key table gives `key` ("section.key"), in docs/config.md's type-column form
-// ("integer >= 1", "float, 0 < x < 1"); "" for a key without bounds (a string, a boolean, an
-// enum, a model family's key: the family checks its own).
-std::string documented_range(const std::string& key);
+// One key of the key table (src/config/config.cpp visit_keys), as `fsdp_train --list-keys`
+// prints it and docs/config.md lists it (checked by Config.DocsListEveryKeyWithItsDefault).
+struct KeyDescription {
+  std::string key;            // "section.key", as the TOML file spells it
+  // docs/config.md's type column: the bounds of a ranged key ("integer >= 1",
+  // "float, 0 < x < 1"), else "integer", "float", "boolean", "string", "array of strings",
+  // "array of integers" or "one of A, B, C" (an enum)
+  std::string type;
+  std::string default_value;  // TOML text, as to_toml prints it
+  // The same knob's name in PyTorch, Accelerate, DeepSpeed or Hugging Face
+  // ("PyTorch FSDP sharding_strategy", "HF GPT2Config.n_layer"); "" if it has none.
+  std::string peer;
+  std::string doc;            // one line
+  bool resume_may_change = false;  // resume_may_change(key)
+  bool family_key = false;  // one of the family's own [model] keys (ModelSchema::keys)
+};
+
+// Every key of a config of model family `family` (its own [model] keys included), in the
+// order to_toml prints them.
+std::vector<KeyDescription> describe_keys(const ModelSchema& family);
 
 // Whether `--resume` may change `key` ("section.key", as the TOML file spells it): the key
 // table's flag (src/config/config.cpp visit_keys; docs/checkpoint.md "Resume checks" lists
