@@ -1233,7 +1233,7 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
                        "train.profile_steps", "optim.lr", "optim.min_lr", "optim.warmup_steps",
                        "optim.decay_steps", "optim.grad_clip", "fsdp.sharding_strategy",
                        "fsdp.backward_prefetch", "fsdp.forward_prefetch",
-                       "fsdp.limit_all_gathers", "fsdp.activation_checkpointing",
+                       "fsdp.limit_all_gathers", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
                        "mesh.shard_size", "comm.backend", "comm.timeout_s", "checkpoint.every",
                        "checkpoint.async_save", "eval.every", "eval.max_windows", "eval.on_start"}))
         << type;

@@ -45,7 +45,7 @@ foreach(case same_as_sync sigkill_during_write signal_with_save_in_flight)
     "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>")
 endforeach()
 fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_stops_async diverge_skips
-  memory_too_large)
+  memory_too_large memory_too_large_offload)
 fsdp_cli_tests(signals cli_signals 2
   sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun sigusr1_mpirun second_sigint_exits_now sigstop_rank
   sigkill_rank)

@@ -234,6 +234,36 @@ TEST(Config, AccumulationAndCheckpointingKeys) {
   }
 }
 
+// fsdp.cpu_offload (PyTorch's CPUOffload), also under Accelerate's name fsdp.offload_params
+// in the file and in --set; to_toml writes the table's name; both names at once is an error.
+TEST(Config, CpuOffloadAndItsAccelerateAlias) {
+  EXPECT_FALSE(parse_config("", "off.toml", {"data.path=t.h5"}).fsdp.cpu_offload);
+  const Config file = parse_config("[fsdp]\noffload_params = true\n", "off.toml", {"data.path=t.h5"});
+  EXPECT_TRUE(file.fsdp.cpu_offload);
+  EXPECT_THAT(to_toml(file), HasSubstr("cpu_offload = true"));
+  EXPECT_THAT(to_toml(file), testing::Not(HasSubstr("offload_params")));
+  EXPECT_EQ(parse_config(to_toml(file), "off.toml", {}), file);
+  EXPECT_TRUE(parse_config("", "off.toml", {"data.path=t.h5", "fsdp.offload_params=true"}).fsdp.cpu_offload);
+  EXPECT_FALSE(parse_config("[fsdp]\ncpu_offload = true\n", "off.toml",
+                            {"data.path=t.h5", "fsdp.offload_params=false"}).fsdp.cpu_offload);
+  try {
+    parse_config("[fsdp]\noffload_params = true\ncpu_offload = false\n", "off.toml", {"data.path=t.h5"});
+    ADD_FAILURE() << "no error";
+  } catch (const fsdp::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "off.toml: fsdp.offload_params and fsdp.cpu_offload are both given (the first is "
+              "another name of the second)");
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+  try {
+    parse_config("[fsdp]\noffload_params = 1\n", "off.toml", {"data.path=t.h5"});
+    ADD_FAILURE() << "no error";
+  } catch (const fsdp::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("fsdp.cpu_offload"));
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+}
+
 TEST(Config, EnumAndMixedPrecisionOverrides) {
   const Config c = parse_config(
       kMinimal, "min.toml",

@@ -263,6 +263,9 @@ void visit_keys(C& c, F&& f) {
   f("fsdp", "activation_checkpointing", c.fsdp.activation_checkpointing,
     {kMayChange, kAny, "Accelerate fsdp_activation_checkpointing",
      "Keep only each wrapped block's input during forward and recompute the rest in backward."});
+  f("fsdp", "cpu_offload", c.fsdp.cpu_offload,
+    {kMayChange, kAny, "PyTorch FSDP CPUOffload(offload_params)",
+     "Keep the fp32 shards, their gradients and the optimizer state in host memory."});
   f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype,
     {kFixed, kAny, "PyTorch FSDP MixedPrecision.param_dtype",
      "Dtype of the unsharded parameters and of the compute (GEMMs, activations)."});
@@ -775,6 +778,42 @@ std::string profile_steps_error(int64_t first, int64_t last) {
   return "";
 }
 
+namespace {
+
+// Other names a key is accepted under (the table's name is what to_toml writes), e.g.
+// Accelerate's fsdp_offload_params for PyTorch's CPUOffload.
+struct KeyAlias {
+  const char* section;
+  const char* alias;
+  const char* key;
+};
+constexpr KeyAlias kKeyAliases[] = {{"fsdp", "offload_params", "cpu_offload"}};
+
+// "section.alias" -> "section.key"; any other name unchanged.
+std::string canonical_key(const std::string& full) {
+  for (const KeyAlias& a : kKeyAliases) {
+    if (full == std::string(a.section) + "." + a.alias) return std::string(a.section) + "." + a.key;
+  }
+  return full;
+}
+
+// Renames each alias of the file to its key; InputError when the file gives both.
+void resolve_aliases(toml::table& doc, const std::string& origin) {
+  for (const KeyAlias& a : kKeyAliases) {
+    auto* t = doc.get_as<toml::table>(a.section);
+    if (!t || !t->contains(a.alias)) continue;
+    const std::string sec(a.section);
+    if (t->contains(a.key)) {
+      throw InputError(origin + ": " + sec + "." + a.alias + " and " + sec + "." + a.key +
+                       " are both given (the first is another name of the second)");
+    }
+    t->get(a.alias)->visit([&](const auto& value) { t->insert(a.key, value); });
+    t->erase(a.alias);
+  }
+}
+
+}  // namespace
+
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides, const ModelSchemas& models) {
   toml::table doc;
@@ -793,8 +832,9 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   for (const auto& text : overrides) {
     std::string key;
     Override o = parse_override(text, &key);
-    set.insert_or_assign(key, std::move(o));
+    set.insert_or_assign(canonical_key(key), std::move(o));
   }
+  resolve_aliases(doc, origin);
 
   // model.type first: it decides which [model] keys exist.
   std::string type = Config{}.model.type;

@@ -30,9 +30,10 @@ struct Traced {
 
 }  // namespace
 
-AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard, const FlatParamLayout& layout,
-                                   const DeviceBuffer& shard_param, DType param_dtype,
-                                   Stream& stream, const CollectiveTrace& trace) {
+AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
+                                   const FlatParamLayout& layout, const DeviceBuffer& shard_param,
+                                   DType param_dtype, Stream& stream, const CollectiveTrace& trace,
+                                   DeviceRuntime* host) {
   check_shard(layout, shard_param, "shard_param");
   if (layout.num_shards != shard.size()) {
     throw Error("FSDP collectives: unit " + layout.unit_name + " has " +
@@ -44,7 +45,17 @@ AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard, const
   r.full_param = DeviceBuffer(be, param_dtype, layout.padded_numel, MemCategory::unsharded_params);
   const TensorView slot = r.full_param.view().slice(shard.rank() * n, n);
   const void* send = shard_param.data();
-  if (param_dtype != DType::f32) {
+  if (host != nullptr) {  // offload: cast on the host, copy the param_dtype shard across
+    DeviceBuffer staged;
+    const void* src = shard_param.data();
+    if (param_dtype != DType::f32) {
+      staged = DeviceBuffer(*host, param_dtype, n, MemCategory::comm_buffers);
+      host->cast(staged.view(), shard_param.view());
+      src = staged.data();
+    }
+    be.copy_from_host(slot, src);
+    send = slot.data;
+  } else if (param_dtype != DType::f32) {
     be.cast(slot, shard_param.view());
     send = slot.data;
   } else if (layout.num_shards == 1) {
@@ -62,7 +73,7 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
                             const FlatParamLayout& layout, DeviceBuffer full_grad,
                             DeviceBuffer& shard_grad, bool shard_grad_empty, DType reduce_dtype,
                             Stream& stream, Stream& reduce_stream,
-                            const CollectiveTrace& trace) {
+                            const CollectiveTrace& trace, DeviceRuntime* host) {
   check_shard(layout, shard_grad, "shard_grad");
   if (full_grad.numel() != layout.padded_numel) {
     throw Error("FSDP collectives: the gradient of unit " + layout.unit_name + " has " +
@@ -73,6 +84,21 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
   const DType rd = reduce_dtype;
   ReduceResult r;
   DeviceBuffer src = std::move(full_grad);
+  if (layout.num_shards == 1 && replicate.size() == 1 && host != nullptr) {
+    // Offload, world size 1: copy to the host and add into the host shard now, as the
+    // device path below adds at once (same axpy on the same values).
+    DeviceBuffer cast;
+    const DeviceBuffer* add = &src;
+    if (rd != DType::f32 && rd != src.dtype()) {
+      cast = DeviceBuffer(be, rd, src.numel(), MemCategory::comm_buffers);
+      be.cast(cast.view(), src.view());
+      add = &cast;
+    }
+    DeviceBuffer staged(*host, add->dtype(), add->numel(), MemCategory::comm_buffers);
+    be.copy_to_host(staged.data(), add->view());
+    host->axpy(shard_grad.view(), 1.f, staged.view());
+    return r;
+  }
   if (layout.num_shards == 1 && replicate.size() == 1) {
     // Nothing sharded and nobody to reduce with (world size 1): accumulate into the fp32
     // shard now instead of staging a reduce_dtype copy until end_step. axpy reads src's
@@ -101,7 +127,7 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
     return r;
   }
   void* recv = nullptr;
-  if (rd == DType::f32 && shard_grad_empty) {
+  if (rd == DType::f32 && shard_grad_empty && host == nullptr) {
     recv = shard_grad.data();
   } else {
     r.reduced = DeviceBuffer(be, rd, n, MemCategory::comm_buffers);

@@ -15,8 +15,8 @@ namespace fsdp {
 struct FsdpEngine::Unit {
   FlatParamLayout layout;
   std::vector<int> modules;      // modules in this unit
-  DeviceBuffer shard_param;      // fp32 [shard_numel], MemCategory::sharded_params
-  DeviceBuffer shard_grad;       // fp32 [shard_numel], MemCategory::grads
+  DeviceBuffer shard_param;      // fp32 [shard_numel], MemCategory::sharded_params (sh_)
+  DeviceBuffer shard_grad;       // fp32 [shard_numel], MemCategory::grads (sh_)
   DeviceBuffer full_param;       // param_dtype [padded_numel] while unsharded (if needs_full)
   DeviceBuffer full_grad;        // param_dtype [padded_numel] during backward (if needs_full)
   std::unique_ptr<Work> gather;  // pending all-gather into full_param
@@ -124,16 +124,27 @@ Communicator& replicate_group_of(ShardingStrategy s, const DeviceMesh& mesh) {
 
 FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
                        const MixedPrecisionConfig& mixed_precision, const DeviceMesh& mesh,
-                       DeviceRuntime& backend, uint64_t seed)
+                       DeviceRuntime& backend, uint64_t seed, DeviceRuntime* offload)
     : FsdpEngine(modules, config, mixed_precision,
                  shard_group_of(config.sharding_strategy, mesh),
-                 replicate_group_of(config.sharding_strategy, mesh), backend, seed, true) {}
+                 replicate_group_of(config.sharding_strategy, mesh), backend, seed, true,
+                 offload) {}
+
+namespace {
+DeviceRuntime& shard_runtime_of(const FsdpConfig& config, DeviceRuntime& backend,
+                                DeviceRuntime* offload) {
+  if (!config.cpu_offload) return backend;
+  if (offload == nullptr) throw Error("FSDP: fsdp.cpu_offload needs an offload runtime");
+  return *offload;
+}
+}  // namespace
 
 FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
                        const MixedPrecisionConfig& mixed_precision, Communicator& shard,
                        Communicator& replicate, DeviceRuntime& backend, uint64_t seed,
-                       bool initialise)
+                       bool initialise, DeviceRuntime* offload)
     : be_(backend),
+      sh_(shard_runtime_of(config, backend, offload)),
       config_(config),
       mp_(mixed_precision),
       traits_(strategy_traits(config.sharding_strategy)),
@@ -149,9 +160,9 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
     auto unit = std::make_unique<Unit>();
     unit->layout = std::move(layout);
     const int64_t n = unit->layout.shard_numel;
-    unit->shard_param = DeviceBuffer::floats(be_, n, MemCategory::sharded_params);
-    unit->shard_grad = DeviceBuffer::floats(be_, n, MemCategory::grads);
-    if (initialise) be_.fill_zero(unit->shard_grad.view());
+    unit->shard_param = DeviceBuffer::floats(sh_, n, MemCategory::sharded_params);
+    unit->shard_grad = DeviceBuffer::floats(sh_, n, MemCategory::grads);
+    if (initialise) sh_.fill_zero(unit->shard_grad.view());
     units_.push_back(std::move(unit));
     if (initialise) init_shard(num_units() - 1, seed);
   }
@@ -193,6 +204,11 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
   for (std::size_t i = 1; i < units_.size(); ++i) bwd_next_[by_last[i]] = by_last[i - 1];
   norm_parts_ = DeviceBuffer(be_, DType::f64, 1 + shard_comm_->size(), MemCategory::other);
   clip_coef_ = DeviceBuffer::floats(be_, 1, MemCategory::other);
+  if (offloaded()) {
+    host_norm_ = DeviceBuffer(sh_, DType::f64, 1, MemCategory::other);
+    host_flag_ = DeviceBuffer(sh_, DType::f64, 1, MemCategory::other);
+    host_coef_ = DeviceBuffer::floats(sh_, 1, MemCategory::other);
+  }
   reduce_stream_ = be_.create_stream();
 }
 
@@ -269,12 +285,13 @@ void FsdpEngine::init_shard(int unit, uint64_t seed) {
       host[static_cast<std::size_t>(j - begin)] = v;
     }
   }
-  be_.copy_from_host(u.shard_param.view(), host.data());
+  sh_.copy_from_host(u.shard_param.view(), host.data());
 }
 
-// A full buffer is needed when the unit is sharded or computes in another dtype than fp32.
+// A full buffer is needed when the unit is sharded, computes in another dtype than fp32, or
+// its shard is in host memory (offload).
 bool FsdpEngine::needs_full(const Unit& u) const {
-  return u.layout.num_shards > 1 || mp_.param_dtype != DType::f32;
+  return u.layout.num_shards > 1 || mp_.param_dtype != DType::f32 || offloaded();
 }
 
 bool FsdpEngine::reshard_after_forward(int unit) const {
@@ -295,7 +312,8 @@ void FsdpEngine::issue_unshard(int unit) {
   Unit& u = *units_[unit];
   if (u.sharded == ShardedState::UNSHARDED || !needs_full(u)) return;
   AllGatherResult r = foreach_all_gather(be_, *shard_comm_, u.layout, u.shard_param,
-                                         mp_.param_dtype, be_.compute_stream(), trace(unit));
+                                         mp_.param_dtype, be_.compute_stream(), trace(unit),
+                                         offloaded() ? &sh_ : nullptr);
   u.full_param = std::move(r.full_param);
   u.gather = std::move(r.work);
   u.sharded = ShardedState::UNSHARDED;
@@ -442,7 +460,7 @@ void FsdpEngine::issue_reduction(int unit) {
   u.reduction = foreach_reduce(be_, *shard_comm_, *replicate_comm_, u.layout,
                                std::move(u.full_grad), u.shard_grad, shard_was_empty,
                                mp_.reduce_dtype, be_.compute_stream(), *reduce_stream_,
-                               trace(unit));
+                               trace(unit), offloaded() ? &sh_ : nullptr);
 }
 
 void FsdpEngine::end_step() {
@@ -479,7 +497,12 @@ void FsdpEngine::end_step() {
       if (r.all_reduce_on_reduce_stream) stream.wait(*r.all_reduce->done());
       r.all_reduce.reset();
     }
-    if (r.reduced) {  // shard_grad is 0 where it held nothing: the sum is then exact
+    if (r.reduced && offloaded()) {  // to the host, then added there (same axpy)
+      DeviceBuffer staged(sh_, r.reduced.dtype(), r.reduced.numel(), MemCategory::comm_buffers);
+      be_.copy_to_host(staged.data(), r.reduced.view());
+      r.reduced.reset();
+      sh_.axpy(u.shard_grad.view(), 1.f, staged.view());
+    } else if (r.reduced) {  // shard_grad is 0 where it held nothing: the sum is then exact
       be_.axpy(u.shard_grad.view(), 1.f, r.reduced.view());
       r.reduced.reset();
     }
@@ -495,21 +518,33 @@ void FsdpEngine::end_step() {
 
 void FsdpEngine::zero_grad() {
   for (auto& u : units_) {
-    be_.fill_zero(u->shard_grad.view());
+    sh_.fill_zero(u->shard_grad.view());
     u->grad = GradState::EMPTY;
   }
 }
 
 void FsdpEngine::unscale_grads(float inv_scale, const TensorView& found_inf) {
-  for (auto& u : units_) be_.unscale_and_check(u->shard_grad.view(), inv_scale, found_inf);
+  if (!offloaded()) {
+    for (auto& u : units_) be_.unscale_and_check(u->shard_grad.view(), inv_scale, found_inf);
+    return;
+  }
+  be_.copy_to_host(host_flag_.data(), found_inf);
+  for (auto& u : units_) sh_.unscale_and_check(u->shard_grad.view(), inv_scale, host_flag_.view());
+  be_.copy_from_host(found_inf, host_flag_.data());
 }
 
 void FsdpEngine::clip_grad_norm(double max_norm, const TensorView& norm) {
   const int S = shard_comm_->size();
   const TensorView local = norm_parts_.view().slice(0, 1);
   const TensorView parts = norm_parts_.view().slice(1, S);
-  be_.fill_zero(local);
-  for (auto& u : units_) be_.squared_norm(local, u->shard_grad.view());
+  if (offloaded()) {  // the host shards' sum, then into the device slot the gather sends
+    sh_.fill_zero(host_norm_.view());
+    for (auto& u : units_) sh_.squared_norm(host_norm_.view(), u->shard_grad.view());
+    be_.copy_from_host(local, host_norm_.data());
+  } else {
+    be_.fill_zero(local);
+    for (auto& u : units_) be_.squared_norm(local, u->shard_grad.view());
+  }
   // Every shard's partial sum, added in shard order, so the norm is bitwise identical on
   // every rank (an all-reduce need not be).
   {
@@ -525,7 +560,10 @@ void FsdpEngine::clip_grad_norm(double max_norm, const TensorView& norm) {
     gather->wait();
   }
   be_.clip_coefficient(norm, clip_coef_.view(), parts, max_norm);
-  if (max_norm > 0) {
+  if (max_norm > 0 && offloaded()) {
+    be_.copy_to_host(host_coef_.data(), clip_coef_.view());
+    for (auto& u : units_) sh_.scale_by(u->shard_grad.view(), host_coef_.view());
+  } else if (max_norm > 0) {
     for (auto& u : units_) be_.scale_by(u->shard_grad.view(), clip_coef_.view());
   }
 }
@@ -549,7 +587,7 @@ void FsdpEngine::describe(ProfileRange& range, const char* op, const char* stage
 void FsdpEngine::inject_nonfinite_grad() {
   const float inf = std::numeric_limits<float>::infinity();
   Unit& u = *units_[0];
-  be_.copy_from_host(u.shard_grad.view().slice(0, 1), &inf);
+  sh_.copy_from_host(u.shard_grad.view().slice(0, 1), &inf);
   u.grad = GradState::ACCUMULATED;
 }
 
@@ -580,7 +618,12 @@ std::map<std::string, std::vector<float>> FsdpEngine::gather_full_params() {
   for (auto& up : units_) {
     Unit& u = *up;
     DeviceBuffer full = DeviceBuffer::floats(be_, u.layout.padded_numel, MemCategory::other);
-    shard_comm_->all_gather(u.shard_param.data(), full.data(),
+    DeviceBuffer staged;  // offload: the host shard on the device, for the communicator
+    if (offloaded()) {
+      staged = DeviceBuffer::floats(be_, u.layout.shard_numel, MemCategory::other);
+      be_.copy_from_host(staged.view(), u.shard_param.data());
+    }
+    shard_comm_->all_gather(offloaded() ? staged.data() : u.shard_param.data(), full.data(),
                             static_cast<std::size_t>(u.layout.shard_numel), DType::f32,
                             be_.compute_stream())->wait();
     std::vector<float> host(static_cast<std::size_t>(u.layout.padded_numel));

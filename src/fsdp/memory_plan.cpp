@@ -63,10 +63,11 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
   const int shards = static_cast<int>(
       shards_for(config.fsdp.sharding_strategy, world_size, shard_group_size));
   SilentCommunicator shard(shards), replicate(world_size / shards);
-  CountingRuntime be;
+  CountingRuntime be, host;  // host: fsdp.cpu_offload's shards, gradients, optimizer state
+  const bool offload = config.fsdp.cpu_offload;
   FsdpEngine engine(modules, config.fsdp, config.mixed_precision, shard, replicate, be,
-                    config.train.seed, /*initialise=*/false);
-  Optimizer optimizer(config.optim, be);
+                    config.train.seed, /*initialise=*/false, offload ? &host : nullptr);
+  Optimizer optimizer(config.optim, engine.shard_runtime());
   for (int u = 0; u < engine.num_units(); ++u) {
     optimizer.add_shard(engine.shard_param(u), engine.shard_grad(u),
                         decay_segments(engine.layout(u), engine.shard_index()));
@@ -84,16 +85,22 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
     engine.post_backward(m);
   }
   engine.end_step();
-  const MemoryTracker& t = be.memory();
-  auto peak = [&](MemCategory c) { return static_cast<int64_t>(t.peak(c)); };
+  auto rows = [](const MemoryTracker& t) {
+    auto peak = [&](MemCategory c) { return static_cast<int64_t>(t.peak(c)); };
+    MemoryRows r;
+    r.sharded_params = peak(MemCategory::sharded_params);
+    r.grads = peak(MemCategory::grads);
+    r.optimizer_state = peak(MemCategory::optimizer_state);
+    r.unsharded_params = peak(MemCategory::unsharded_params);
+    r.unsharded_grads = peak(MemCategory::unsharded_grads);
+    r.comm_buffers = peak(MemCategory::comm_buffers);
+    r.total = static_cast<int64_t>(t.peak_total());
+    return r;
+  };
   EngineMemoryPlan p;
-  p.sharded_params = peak(MemCategory::sharded_params);
-  p.grads = peak(MemCategory::grads);
-  p.optimizer_state = peak(MemCategory::optimizer_state);
-  p.unsharded_params = peak(MemCategory::unsharded_params);
-  p.unsharded_grads = peak(MemCategory::unsharded_grads);
-  p.comm_buffers = peak(MemCategory::comm_buffers);
-  p.total = static_cast<int64_t>(t.peak_total());
+  static_cast<MemoryRows&>(p) = rows(be.memory());
+  p.offload = offload;
+  if (offload) p.host = rows(host.memory());
   return p;
 }
 

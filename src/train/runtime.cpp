@@ -99,6 +99,7 @@ Runtime::Runtime(int* argc, char*** argv) {
 }
 
 Runtime::~Runtime() {
+  offload_.reset();
   backend_.reset();
   mesh_.reset();
   host_mesh_.reset();
@@ -162,6 +163,7 @@ DeviceChoice choose_device(Communicator& group, DeviceKind device, CommBackend c
 }
 
 void Runtime::configure(Communicator& group, const Config& config) {
+  offload_.reset();
   backend_.reset();
   mesh_.reset();
   host_mesh_.reset();
@@ -169,6 +171,13 @@ void Runtime::configure(Communicator& group, const Config& config) {
   watch_->set_timeout(config.comm.timeout_s);
   host_mesh_ = std::make_unique<DeviceMesh>(DeviceMesh::create(group, config.mesh.shard_size));
   const DeviceMesh& hm = *host_mesh_;
+  {
+    const int local = std::max(1, hm.local_size());
+    const HostMemory host = read_host_memory();
+    host_memory_budget_.bytes = host.available() < 0 ? -1 : host.available() / local;
+    host_memory_budget_.source = host.describe() + " / " + std::to_string(local) +
+                                 (local == 1 ? " rank" : " ranks") + " on this node";
+  }
 #ifdef FSDP_WITH_CUDA
   const int devices = cuda::visible_device_count();
   constexpr bool built_with_cuda = true;
@@ -185,11 +194,9 @@ void Runtime::configure(Communicator& group, const Config& config) {
     const CpuThreadPlan plan =
         setup_cpu_threads(static_cast<int>(config.train.num_threads), hm.local_rank(), local);
     const int threads = plan.threads;
-    const HostMemory host = read_host_memory();
-    memory_budget_.bytes = host.available() < 0 ? -1 : host.available() / local;
-    memory_budget_.source = host.describe() + " / " + std::to_string(local) +
-                            (local == 1 ? " rank" : " ranks") + " on this node";
+    memory_budget_ = host_memory_budget_;
     backend_ = make_cpu_backend(threads);
+    if (config.fsdp.cpu_offload) offload_ = make_cpu_backend(threads);
     mesh_ = std::move(host_mesh_);  // host memory: the MPI groups are the mesh
     peak_flops_ = peak_or_device(config, [&] {
       return cpu_peak_flops(read_cpu_info(),
@@ -213,6 +220,11 @@ void Runtime::configure(Communicator& group, const Config& config) {
                             std::to_string(sharing) + (sharing == 1 ? " rank" : " ranks");
   }
   backend_ = cuda::make_cuda_backend(device);
+  if (config.fsdp.cpu_offload) {  // the optimizer's cores: train.num_threads, bound as on CPU
+    const CpuThreadPlan plan = setup_cpu_threads(static_cast<int>(config.train.num_threads),
+                                                 hm.local_rank(), std::max(1, hm.local_size()));
+    offload_ = make_cpu_backend(plan.threads);
+  }
   const bool nccl = choice.nccl;
   const double timeout = config.comm.timeout_s;
   mesh_ = std::make_unique<DeviceMesh>(hm.map([&](Communicator& host) -> std::unique_ptr<Communicator> {

@@ -36,6 +36,7 @@
 #include "fsdp/model/model.hpp"
 #include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/collective_guard.hpp"
+#include "fsdp/train/memory_check.hpp"
 #include "fsdp/train/profiling.hpp"
 #include "fsdp/train/run_dir.hpp"
 #include "fsdp/train/signals.hpp"
@@ -223,50 +224,46 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
   job.log(os.str());
 }
 
-// The rows of the per-rank memory plan (bytes), in print order; "total" last.
-std::vector<std::pair<const char*, int64_t>> plan_rows(const EngineMemoryPlan& p, int64_t acts) {
-  return {{"sharded_params", p.sharded_params},   {"unsharded_params", p.unsharded_params},
-          {"grads", p.grads},                     {"unsharded_grads", p.unsharded_grads},
-          {"optimizer_state", p.optimizer_state}, {"activations", acts},
-          {"comm_buffers", p.comm_buffers},       {"total", p.total + acts}};
-}
-
 void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
   std::ostringstream os;
-  os << "memory plan per rank (bytes; peaks of one training step):\n";
-  for (const auto& [name, v] : plan_rows(p, acts)) {
-    os << "  " << std::left << std::setw(18) << name << std::right << std::setw(14) << v
-       << "  " << human_bytes(static_cast<double>(v)) << "\n";
+  auto print_rows = [&](const std::vector<std::pair<const char*, int64_t>>& rows) {
+    for (const auto& [name, v] : rows) {
+      os << "  " << std::left << std::setw(18) << name << std::right << std::setw(14) << v
+         << "  " << human_bytes(static_cast<double>(v)) << "\n";
+    }
+  };
+  os << "memory plan per rank (bytes; peaks of one training step)"
+     << (p.offload ? ", device:\n" : ":\n");
+  print_rows(plan_rows(p, acts));
+  if (p.offload) {
+    os << "host (fsdp.cpu_offload):\n";
+    print_rows(host_rows(p.host));
   }
-  const Runtime::MemoryBudget& budget = job.rt.memory_budget();
+  const MemoryBudget& budget = job.rt.memory_budget();
   if (budget.bytes >= 0 && !job.planning()) {  // this machine's budget says nothing of a planned one
     os << "  available per rank: " << human_bytes(static_cast<double>(budget.bytes)) << " ("
        << budget.source << ")\n";
+    const MemoryBudget& host = job.rt.host_memory_budget();
+    if (p.offload && job.backend->device() != Device::cpu && host.bytes >= 0) {
+      os << "  host available per rank: " << human_bytes(static_cast<double>(host.bytes)) << " ("
+         << host.source << ")\n";
+    }
   }
   job.log(os.str());
 }
 
-// Memory before allocation: the plan must fit in what this rank may use
-// (Runtime::memory_budget), else InputError naming the total, the budget and the largest
-// row, before the model or the engine allocates anything. Rank 0 prints the whole plan.
-// train.check_memory = false skips the check; an unmeasurable budget passes.
+// Memory before allocation: the plan must fit in what this rank may use (memory_refusal,
+// fsdp/train/memory_check.hpp: the device budget, and with fsdp.cpu_offload the host's), else
+// InputError with its line, before the model or the engine allocates anything. Rank 0
+// prints the whole plan. train.check_memory = false skips the check.
 void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts) {
-  const Runtime::MemoryBudget& budget = job.rt.memory_budget();
-  const int64_t need = p.total + acts;
-  if (!job.cfg.train.check_memory || budget.bytes < 0 || need <= budget.bytes) return;
-  auto rows = plan_rows(p, acts);
-  rows.pop_back();  // "total"
-  const auto largest = *std::max_element(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
-    return a.second < b.second;
-  });
+  if (!job.cfg.train.check_memory) return;
+  const std::string why = memory_refusal(p, acts, job.rt.memory_budget(),
+                                         job.rt.host_memory_budget(),
+                                         job.backend->device() == Device::cpu);
+  if (why.empty()) return;
   print_memory_plan(job, p, acts);
-  throw InputError("memory plan: " + human_bytes(static_cast<double>(need)) +
-                   " per rank does not fit in the " +
-                   human_bytes(static_cast<double>(budget.bytes)) + " this rank may use (" +
-                   budget.source + "); largest row: " + largest.first + " " +
-                   human_bytes(static_cast<double>(largest.second)) +
-                   "; use more ranks, FULL_SHARD, fsdp.activation_checkpointing or a smaller "
-                   "train.micro_batch_size (or train.check_memory = false to try anyway)");
+  throw InputError(why);
 }
 
 // Mean validation loss: summed cross-entropy over every target token of the split's
@@ -331,15 +328,16 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
 std::vector<ckpt::UnitShardView> shard_views(Job& job, bool stage,
                                              std::vector<std::vector<float>>& scratch) {
   std::size_t next = 0;
+  DeviceRuntime& shards = job.engine->shard_runtime();  // host memory with fsdp.cpu_offload
   auto host = [&](const TensorView& v) -> const float* {
     if (stage) {
       float* dst = job.writer.buffer(next++, v.numel());
-      job.backend->copy_to_host(dst, v);
+      shards.copy_to_host(dst, v);
       return dst;
     }
-    if (job.backend->device() == Device::cpu) return v.f32();
+    if (shards.device() == Device::cpu) return v.f32();
     scratch.emplace_back(static_cast<std::size_t>(v.numel()));
-    job.backend->copy_to_host(scratch.back().data(), v);
+    shards.copy_to_host(scratch.back().data(), v);
     return scratch.back().data();
   };
   scratch.reserve(static_cast<std::size_t>(job.engine->num_units()) *
@@ -511,12 +509,13 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
         if (same) return set.shard(static_cast<int>(s)).read_unit(u, dataset, out);
         ckpt::read_resharded(set, layouts[static_cast<std::size_t>(u)], s, dataset, out);
       };
-      // Read into host memory, then into the backend's (in place on the CPU backend).
+      // Read into host memory, then into the shards' runtime (in place in host memory).
+      DeviceRuntime& shards = job.engine->shard_runtime();
       auto read = [&](const std::string& dataset, const TensorView& dst) {
-        if (job.backend->device() == Device::cpu) return fill(dataset, dst.f32());
+        if (shards.device() == Device::cpu) return fill(dataset, dst.f32());
         std::vector<float> host(static_cast<std::size_t>(dst.numel()));
         fill(dataset, host.data());
-        job.backend->copy_from_host(dst, host.data());
+        shards.copy_from_host(dst, host.data());
       };
       read("param", job.engine->shard_param(u));
       for (const OptimState st : job.optimizer->states()) read(to_string(st), job.optimizer->state(u, st));
@@ -539,7 +538,8 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
 ckpt::InitFromResult load_init_from(Job& job) {
   const int n = job.engine->num_units();
   const std::vector<FlatParamLayout> layouts = job.engine->layouts();
-  const bool in_place = job.backend->device() == Device::cpu;
+  DeviceRuntime& shards_rt = job.engine->shard_runtime();
+  const bool in_place = shards_rt.device() == Device::cpu;
   std::vector<std::vector<float>> staged(in_place ? 0 : static_cast<std::size_t>(n));
   std::vector<float*> shards;
   for (int u = 0; u < n; ++u) {
@@ -554,7 +554,8 @@ ckpt::InitFromResult load_init_from(Job& job) {
                                                 job.engine->shard_index(), shards);
   if (!in_place) {
     for (int u = 0; u < n; ++u) {
-      job.backend->copy_from_host(job.engine->shard_param(u), staged[static_cast<std::size_t>(u)].data());
+      shards_rt.copy_from_host(job.engine->shard_param(u),
+                               staged[static_cast<std::size_t>(u)].data());
     }
   }
   return r;
@@ -731,8 +732,9 @@ void build_model(Job& job) {
                                   cfg.fsdp.activation_checkpointing);
     job.engine = std::make_unique<FsdpEngine>(job.model->modules(), cfg.fsdp,
                                               cfg.mixed_precision, *job.mesh, *job.backend,
-                                              cfg.train.seed);
-    job.optimizer = std::make_unique<Optimizer>(cfg.optim, *job.backend);
+                                              cfg.train.seed, job.rt.offload_runtime());
+    // The optimizer state lives with the shards (host memory with fsdp.cpu_offload).
+    job.optimizer = std::make_unique<Optimizer>(cfg.optim, job.engine->shard_runtime());
     for (int u = 0; u < job.engine->num_units(); ++u) {
       job.optimizer->add_shard(job.engine->shard_param(u), job.engine->shard_grad(u),
                                decay_segments(job.engine->layout(u), job.engine->shard_index()));
@@ -1233,9 +1235,14 @@ void run_loop(Job& job, const Setup& s, TrainResult& result) {
   write_trace(job, st.prof);  // a run that ended before the window's last step
   result.final_step = job.step;
   Backend& be = *job.backend;
+  DeviceRuntime* offload = job.engine->offloaded() ? &job.engine->shard_runtime() : nullptr;
   for (int c = 0; c < kNumMemCategories; ++c) {
     result.peak_bytes[static_cast<std::size_t>(c)] =
         static_cast<int64_t>(be.memory().peak(static_cast<MemCategory>(c)));
+    if (offload) {
+      result.host_peak_bytes[static_cast<std::size_t>(c)] =
+          static_cast<int64_t>(offload->memory().peak(static_cast<MemCategory>(c)));
+    }
   }
   if (job.opt.gather_params) result.params = job.engine->gather_full_params();
 }

@@ -76,6 +76,16 @@ case "$CASE" in
     if [ "$SECONDS" -gt 30 ]; then fail "refusing took $SECONDS s"; fi
     if [ -e "$WORK/run/checkpoints" ]; then fail "a refused run wrote checkpoints"; fi
     ;;
+  memory_too_large_offload)
+    # fsdp.cpu_offload moves the model states to the host rows; on the CPU backend they are
+    # the same memory, so the sum is checked and still refused, with both tables printed.
+    tiny_config tiny.toml
+    run_train tiny.toml --set model.n_layer=100000 --set model.n_embd=256 --set model.n_head=4 \
+      --set fsdp.offload_params=true
+    expect_input_error "memory plan: " "does not fit" "largest row: " "train.check_memory"
+    if ! grep -q "^host (fsdp.cpu_offload):" "$OUT"; then fail "the host rows were not printed"; fi
+    if [ -e "$WORK/run/checkpoints" ]; then fail "a refused run wrote checkpoints"; fi
+    ;;
   *)
     echo "unknown case $CASE" >&2
     exit 2

@@ -195,6 +195,10 @@ struct FsdpConfig {
   bool forward_prefetch = false;      // all-gather the next unit before this unit's forward
   bool limit_all_gathers = true;      // at most two units (besides the root) unsharded at once
   bool activation_checkpointing = false;  // keep each wrapped block's input only; recompute
+  // PyTorch's CPUOffload(offload_params=True), Accelerate's fsdp_offload_params (accepted as
+  // the alias fsdp.offload_params): fp32 shards, gradient shards and optimizer state in host
+  // memory, the optimizer step on the host's cores (fsdp/fsdp/engine.hpp).
+  bool cpu_offload = false;
   friend bool operator==(const FsdpConfig&, const FsdpConfig&) = default;
 };
 

@@ -60,9 +60,14 @@ struct AllGatherResult {
 // null and full_param holds the cast shard. full_param may be read on `stream` after
 // work->wait(); it must outlive work. Throws fsdp::Error if layout.num_shards differs from
 // shard.size() or shard_param is not fp32 [shard_numel]; a communicator's errors propagate.
-AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard, const FlatParamLayout& layout,
-                                   const DeviceBuffer& shard_param, DType param_dtype,
-                                   Stream& stream, const CollectiveTrace& trace = {});
+// `host` (CPU offload): shard_param lives in that runtime's (host) memory; it is cast to
+// param_dtype there (into a host staging buffer, MemCategory::comm_buffers of `host`) and
+// copied into the slot with be.copy_from_host, which blocks; an fp32 shard is copied as is.
+AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
+                                   const FlatParamLayout& layout, const DeviceBuffer& shard_param,
+                                   DType param_dtype, Stream& stream,
+                                   const CollectiveTrace& trace = {},
+                                   DeviceRuntime* host = nullptr);
 
 // ---- reduce ----
 
@@ -100,6 +105,11 @@ struct ReduceResult {
 //    gradient is added into shard_grad on the compute stream at once (a 16-bit reduce_dtype
 //    other than full_grad's dtype is cast first, keeping its rounding) and the result is
 //    empty.
+// `host` (CPU offload): shard_grad lives in that runtime's (host) memory. A reduce-scatter
+// then never lands in it: the reduced shard is always returned in `reduced` (device memory)
+// for the caller to copy and add; at world size 1 the gradient (or its reduce_dtype cast) is
+// copied into a host staging buffer (MemCategory::comm_buffers of `host`, blocking) and
+// added into shard_grad at once.
 // Every rank of a group must call this for the same units in the same order (the
 // collectives' order). Throws fsdp::Error on mismatched sizes (full_grad not
 // [padded_numel], shard_grad not fp32 [shard_numel]); a communicator's errors propagate.
@@ -107,7 +117,7 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
                             const FlatParamLayout& layout, DeviceBuffer full_grad,
                             DeviceBuffer& shard_grad, bool shard_grad_empty, DType reduce_dtype,
                             Stream& stream, Stream& reduce_stream,
-                            const CollectiveTrace& trace = {});
+                            const CollectiveTrace& trace = {}, DeviceRuntime* host = nullptr);
 
 // The fp32 path without a full gradient (one shard, param_dtype fp32: backward accumulated
 // into shard_grad [shard_numel] directly): all-reduces shard_grad in place (avg) over

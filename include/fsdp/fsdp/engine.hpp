@@ -24,6 +24,18 @@
 // reduce_dtype other than param_dtype is cast first, one unit at a time, keeping its
 // rounding), so comm_buffers is 0 there.
 //
+// CPU offload (fsdp.cpu_offload; PyTorch's CPUOffload(offload_params=True), DeepSpeed
+// ZeRO-Offload): the fp32 shards and gradient shards live in an offload runtime (a CPU
+// backend: host memory), and so does the optimizer state the trainer allocates through
+// shard_runtime(), so the optimizer steps on the host's cores. Every unit then has a full
+// buffer on the device: unshard casts the host shard to param_dtype on the host and copies
+// it into its slot before the all-gather; a unit's reduced gradient shard (reduce_dtype, on
+// the device) is copied to the host and added into the host fp32 gradient shard in end_step;
+// norms, clipping and loss-scale unscaling run on the host shards, their device scalars
+// copied across. The host does the same arithmetic in the same order as the device would on
+// the CPU backend, so offloaded runs equal non-offloaded ones bit for bit there. The copies
+// are blocking (copy_from_host / copy_to_host), not yet overlapped on a copy stream.
+//
 // Collectives: unshard and reduce are fsdp/fsdp/collectives.hpp's foreach_all_gather and
 // foreach_reduce (PyTorch FSDP2's names), which return the buffer they fill and its Work;
 // the engine decides when to call them and keeps the results in the unit.
@@ -149,14 +161,22 @@ int64_t shards_for(ShardingStrategy strategy, int world_size, int shard_group_si
 // nothing, with the modules entered in declaration order and left in reverse (the
 // ModuleHooks contract), so it follows the strategy, the prefetch modes and the
 // mixed-precision policy exactly and costs no memory. Activations are the model's to add.
-struct EngineMemoryPlan {
+// With fsdp.cpu_offload the shards, gradient shards, optimizer state and the host staging of
+// the copies live in host memory: those peaks are `host`'s, and the device rows hold what
+// stays on the device (unsharded parameters and gradients, reduction buffers).
+struct MemoryRows {
   int64_t sharded_params = 0;    // fp32 shards (model states shrink as 1/num_shards)
   int64_t grads = 0;             // fp32 gradient shards
   int64_t optimizer_state = 0;   // AdamW exp_avg/exp_avg_sq or SGD momentum, fp32 shards
   int64_t unsharded_params = 0;  // peak of the all-gathered units (param_dtype)
   int64_t unsharded_grads = 0;   // peak of the units' full gradients (param_dtype)
-  int64_t comm_buffers = 0;      // peak of reduce_dtype staging for reductions
+  int64_t comm_buffers = 0;      // peak of reduce_dtype staging for reductions (host: of the
+                                 // param_dtype / reduce_dtype copies to and from the device)
   int64_t total = 0;             // peak of all of the above together
+};
+struct EngineMemoryPlan : MemoryRows {  // the device's rows (the only ones without offload)
+  bool offload = false;                 // fsdp.cpu_offload
+  MemoryRows host;                      // offload: the host's rows; all 0 otherwise
 };
 EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Config& config,
                              int world_size, int shard_group_size);
@@ -165,15 +185,19 @@ class FsdpEngine final : public ModuleHooks {
  public:
   // Builds the units and their layouts for the strategy's groups of `mesh`, allocates this
   // rank's shards and initialises them from `seed` (only this rank's slice is generated).
+  // fsdp.cpu_offload needs `offload`: the host runtime (a CPU backend) that holds the fp32
+  // shards, gradient shards and, through shard_runtime(), the optimizer state; it is not
+  // owned and must outlive the engine. Throws fsdp::Error if cpu_offload is set without one.
   FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
              const MixedPrecisionConfig& mixed_precision, const DeviceMesh& mesh,
-             DeviceRuntime& backend, uint64_t seed);
+             DeviceRuntime& backend, uint64_t seed, DeviceRuntime* offload = nullptr);
   // The same over explicit groups: params shard over `shard`, gradients are then averaged
   // over `replicate`; world = shard x replicate. initialise = false leaves the shards
   // uninitialised (the memory plan).
   FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
              const MixedPrecisionConfig& mixed_precision, Communicator& shard,
-             Communicator& replicate, DeviceRuntime& backend, uint64_t seed, bool initialise);
+             Communicator& replicate, DeviceRuntime& backend, uint64_t seed, bool initialise,
+             DeviceRuntime* offload = nullptr);
   ~FsdpEngine() override;
 
   // ---- structure ----
@@ -187,6 +211,11 @@ class FsdpEngine final : public ModuleHooks {
   int64_t num_params() const;  // model parameters (unpadded)
 
   // ---- this rank's shards: shard_numel(unit) fp32 elements each ----
+  // The runtime whose memory holds the shards, gradient shards (and the optimizer state the
+  // trainer allocates): the offload runtime with fsdp.cpu_offload, else the backend. Copies
+  // of shard views (checkpoints) go through it.
+  DeviceRuntime& shard_runtime() { return sh_; }
+  bool offloaded() const { return &sh_ != &be_; }
   int64_t shard_numel(int unit) const;
   TensorView shard_param(int unit);
   TensorView shard_grad(int unit);
@@ -274,6 +303,7 @@ class FsdpEngine final : public ModuleHooks {
                 const Communicator& comm, int64_t numel, DType dtype) const;
 
   DeviceRuntime& be_;
+  DeviceRuntime& sh_;  // the shards' runtime: *offload, or be_
   FsdpConfig config_;
   MixedPrecisionConfig mp_;
   StrategyTraits traits_;
@@ -288,6 +318,9 @@ class FsdpEngine final : public ModuleHooks {
   std::vector<int> fwd_next_, bwd_next_;  // prefetch target per unit (-1: none)
   DeviceBuffer norm_parts_;        // fp64 [1 + num_shards]: local sum, then gathered parts
   DeviceBuffer clip_coef_;         // fp32 [1]
+  // cpu_offload: host copies of the device scalars the shard arithmetic reads or writes
+  // (fp64 [1] local squared norm / found_inf, fp32 [1] clip coefficient).
+  DeviceBuffer host_norm_, host_flag_, host_coef_;
   bool training_ = false;
   StepTimer* timer_ = nullptr;
   Profiler* profiler_ = nullptr;

@@ -20,6 +20,7 @@
 #include "fsdp/comm/communicator.hpp"
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/config/config.hpp"
+#include "fsdp/train/memory_check.hpp"  // MemoryBudget
 #include "fsdp/train/watchdog.hpp"
 
 namespace fsdp {
@@ -84,17 +85,20 @@ class Runtime {
   void configure(Communicator& group, const Config& config);
   const DeviceMesh& mesh() const;  // throws fsdp::Error before configure()
   Backend& backend();
+  // fsdp.cpu_offload: the host runtime (a CPU backend with train.num_threads threads, the
+  // optimizer's cores) that holds the engine's shards and the optimizer state; null without
+  // offload. Built by configure().
+  DeviceRuntime* offload_runtime() { return offload_.get(); }
   // Memory this rank may plan to use, measured by configure() before the job allocates
   // anything: on the CPU backend the host's available memory (fsdp/core/host_memory.hpp:
   // MemAvailable or the cgroup limit, the smaller) divided by the ranks on this node; on
   // CUDA the device's free memory (cudaMemGetInfo) divided by the ranks sharing the device.
   // bytes = -1 when it cannot be measured. `source` says how it was measured, for messages:
   // "MemAvailable 22.5 GiB / 2 ranks on this node".
-  struct MemoryBudget {
-    int64_t bytes = -1;
-    std::string source;
-  };
   const MemoryBudget& memory_budget() const { return memory_budget_; }
+  // Host memory this rank may plan to use (MemAvailable or the cgroup limit, divided by the
+  // ranks on this node), whatever the backend: the budget of fsdp.cpu_offload's host rows.
+  const MemoryBudget& host_memory_budget() const { return host_memory_budget_; }
   // Peak FLOP/s of one rank, the denominator of MFU, set by configure(): train.peak_flops
   // when > 0, else the device's (fsdp/backend/peak_flops.hpp: the published dense peak of a
   // known GPU for mixed_precision.param_dtype, or the CPU estimate for this rank's threads);
@@ -114,8 +118,9 @@ class Runtime {
   std::unique_ptr<DeviceMesh> host_mesh_;  // MPI groups (bootstrap of device communicators)
   std::unique_ptr<DeviceMesh> mesh_;       // the mesh the engine uses
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> offload_;  // fsdp.cpu_offload's host runtime
   std::string device_description_;
-  MemoryBudget memory_budget_;
+  MemoryBudget memory_budget_, host_memory_budget_;
   PeakFlops peak_flops_;
 };
 

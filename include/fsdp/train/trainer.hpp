@@ -68,6 +68,8 @@ struct TrainResult {
   // in metrics.jsonl as step_s and <phase>_s.
   std::vector<StepTimes> step_times;
   std::array<int64_t, kNumMemCategories> peak_bytes{};  // this rank's measured peaks
+  // fsdp.cpu_offload: this rank's measured peaks of the host (offload) runtime; 0 otherwise.
+  std::array<int64_t, kNumMemCategories> host_peak_bytes{};
   EngineMemoryPlan plan;                   // the memory plan for this run (all categories)
   int64_t planned_activation_bytes = 0;
   // model.init_from: payload bytes of the Hugging Face weights this rank read to fill its own

@@ -1,0 +1,70 @@
+// The memory plan against the budgets (see fsdp/train/memory_check.hpp).
+#include "fsdp/train/memory_check.hpp"
+
+#include <algorithm>
+
+#include "fsdp/core/host_memory.hpp"
+
+namespace fsdp {
+
+std::vector<std::pair<const char*, int64_t>> plan_rows(const MemoryRows& p,
+                                                       int64_t activation_bytes) {
+  return {{"sharded_params", p.sharded_params},   {"unsharded_params", p.unsharded_params},
+          {"grads", p.grads},                     {"unsharded_grads", p.unsharded_grads},
+          {"optimizer_state", p.optimizer_state}, {"activations", activation_bytes},
+          {"comm_buffers", p.comm_buffers},       {"total", p.total + activation_bytes}};
+}
+
+std::vector<std::pair<const char*, int64_t>> host_rows(const MemoryRows& h) {
+  return {{"sharded_params", h.sharded_params}, {"grads", h.grads},
+          {"optimizer_state", h.optimizer_state}, {"comm_buffers", h.comm_buffers},
+          {"total", h.total}};
+}
+
+namespace {
+
+using Row = std::pair<const char*, int64_t>;
+
+Row largest_of(std::vector<Row> rows) {
+  rows.pop_back();  // "total"
+  return *std::max_element(rows.begin(), rows.end(),
+                           [](const Row& a, const Row& b) { return a.second < b.second; });
+}
+
+std::string refusal(const char* where, int64_t need, const MemoryBudget& budget, Row largest,
+                    const char* advice) {
+  return std::string("memory plan: ") + where + human_bytes(static_cast<double>(need)) +
+         " per rank does not fit in the " + human_bytes(static_cast<double>(budget.bytes)) +
+         " this rank may use (" + budget.source + "); largest row: " + largest.first + " " +
+         human_bytes(static_cast<double>(largest.second)) + "; " + advice +
+         " (or train.check_memory = false to try anyway)";
+}
+
+}  // namespace
+
+std::string memory_refusal(const EngineMemoryPlan& plan, int64_t activation_bytes,
+                           const MemoryBudget& device, const MemoryBudget& host,
+                           bool device_is_host) {
+  const bool offload = plan.offload;
+  const int64_t host_need = offload ? plan.host.total : 0;
+  const int64_t need = plan.total + activation_bytes + (device_is_host ? host_need : 0);
+  Row largest = largest_of(plan_rows(plan, activation_bytes));
+  if (device_is_host && offload) {
+    const Row h = largest_of(host_rows(plan.host));
+    if (h.second > largest.second) largest = h;
+  }
+  if (device.bytes >= 0 && need > device.bytes) {
+    return refusal(offload && !device_is_host ? "device " : "", need, device, largest,
+                   offload ? "use more ranks, FULL_SHARD, fsdp.activation_checkpointing or a "
+                             "smaller train.micro_batch_size"
+                           : "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, "
+                             "fsdp.cpu_offload or a smaller train.micro_batch_size");
+  }
+  if (offload && !device_is_host && host.bytes >= 0 && host_need > host.bytes) {
+    return refusal("host ", host_need, host, largest_of(host_rows(plan.host)),
+                   "use more ranks (the host rows shrink with the shard group) or FULL_SHARD");
+  }
+  return "";
+}
+
+}  // namespace fsdp

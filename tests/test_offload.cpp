@@ -1,0 +1,269 @@
+// CPU offload (fsdp.cpu_offload, issue 22; PyTorch's CPUOffload(offload_params=True)) on the
+// CPU backend, where the offload runtime is a second CPU backend (host memory, its own
+// MemoryTracker) and the copies are plain copies. ctest runs it at 1, 2 and 4 ranks:
+//  - offloaded runs equal non-offloaded runs bit for bit (every loss, every final parameter)
+//    for FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD, with fp32 and bf16 parameters (bf16
+//    reduce too), with gradient clipping and AdamW; SGD and fp16 loss scaling (the unscale
+//    path) once each; gradient accumulation over micro-batches;
+//  - the engine keeps the shards, gradient shards and optimizer state in the offload runtime
+//    (the backend holds none of them) and every unit is unsharded on the device;
+//  - resuming an offloaded run continues it bit for bit, and a checkpoint of an offloaded run
+//    resumes without offload (and the reverse) to the same parameters: checkpoints are
+//    unchanged;
+//  - the memory plan's device and host rows equal the measured peaks of the backend and of
+//    the offload runtime, and offload moves exactly the shards, gradients and optimizer
+//    state from the device rows to the host rows;
+//  - the memory check (memory_refusal): GPT 7B (inputs/gpt_7b.toml: 32 x 4096, seq 2048,
+//    bf16, activation checkpointing) on one 80 GB GPU with 128 GiB of host memory is
+//    accepted with offload and refused without, each saying why; a model whose host rows
+//    exceed the host is refused naming the host.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+
+#include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/data/samples.hpp"
+#include "fsdp/fsdp/engine.hpp"
+#include "fsdp/model/model.hpp"
+#include "fsdp/train/memory_check.hpp"
+#include "train_util.hpp"
+
+using namespace test_util;
+using fsdp::MemCategory;
+using fsdp::ShardingStrategy;
+
+namespace {
+
+struct Case {
+  ShardingStrategy strategy;
+  fsdp::DType param_dtype;
+  std::string tag() const {
+    return std::string(fsdp::to_string(strategy)) + "/" + std::string(fsdp::to_string(param_dtype));
+  }
+};
+
+Config offload_config(const std::string& name, const Case& k) {
+  Config c = small_config(fresh_dir(name));
+  c.fsdp.sharding_strategy = k.strategy;
+  c.mesh.shard_size = std::min(2, world_size());  // HYBRID: 2 replicas at 4 ranks
+  c.mixed_precision.param_dtype = k.param_dtype;
+  c.mixed_precision.reduce_dtype = k.param_dtype;
+  c.train.max_steps = 4;
+  return c;
+}
+
+void expect_same_run(const TrainResult& a, const TrainResult& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+  for (std::size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_EQ(a.losses[i], b.losses[i]) << what << " step " << i + 1;
+  }
+  ASSERT_EQ(a.params.size(), b.params.size()) << what;
+  for (const auto& [name, values] : a.params) {
+    EXPECT_EQ(b.params.at(name), values) << what << " " << name;
+  }
+}
+
+TEST(Offload, EqualsTheRunWithoutOffloadBitForBit) {
+  for (ShardingStrategy s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                             ShardingStrategy::HYBRID_SHARD}) {
+    for (fsdp::DType dt : {fsdp::DType::f32, fsdp::DType::bf16}) {
+      const Case k{s, dt};
+      Config c = offload_config("offload_ref", k);
+      const TrainResult ref = run(c, On::world);
+      c.train.run_dir = fresh_dir("offload_on");
+      c.fsdp.cpu_offload = true;
+      const TrainResult off = run(c, On::world);
+      expect_same_run(ref, off, k.tag());
+      EXPECT_GT(ref.losses.front(), ref.losses.back()) << k.tag() << ": the model should learn";
+    }
+  }
+}
+
+TEST(Offload, SgdFp16AndMicroBatchesEqualTheRunWithoutOffload) {
+  struct Variant {
+    const char* name;
+    void (*apply)(Config&);
+  };
+  const Variant variants[] = {
+      {"sgd", [](Config& c) { c.optim.name = fsdp::OptimizerKind::sgd; }},
+      {"fp16", [](Config& c) {
+         c.mixed_precision.param_dtype = fsdp::DType::f16;
+         c.mixed_precision.reduce_dtype = fsdp::DType::f16;
+       }},
+      {"bf16 params, fp32 reduce, micro-batches of 1", [](Config& c) {
+         c.mixed_precision.param_dtype = fsdp::DType::bf16;
+         c.train.micro_batch_size = 1;
+       }},
+  };
+  for (const Variant& v : variants) {
+    Config c = offload_config("offload_var_ref", {ShardingStrategy::FULL_SHARD, fsdp::DType::f32});
+    v.apply(c);
+    const TrainResult ref = run(c, On::world);
+    c.train.run_dir = fresh_dir("offload_var_on");
+    c.fsdp.cpu_offload = true;
+    expect_same_run(ref, run(c, On::world), v.name);
+  }
+}
+
+TEST(Offload, ShardsGradientsAndOptimizerStateLiveInTheOffloadRuntime) {
+  Config c = offload_config("offload_where", {ShardingStrategy::FULL_SHARD, fsdp::DType::bf16});
+  c.fsdp.cpu_offload = true;
+  const TrainResult r = run(c, On::world);
+  auto dev = [&](MemCategory m) { return r.peak_bytes[static_cast<std::size_t>(m)]; };
+  auto host = [&](MemCategory m) { return r.host_peak_bytes[static_cast<std::size_t>(m)]; };
+  EXPECT_EQ(dev(MemCategory::sharded_params), 0);
+  EXPECT_EQ(dev(MemCategory::grads), 0);
+  EXPECT_EQ(dev(MemCategory::optimizer_state), 0);
+  EXPECT_GT(host(MemCategory::sharded_params), 0);
+  EXPECT_EQ(host(MemCategory::grads), host(MemCategory::sharded_params));
+  EXPECT_EQ(host(MemCategory::optimizer_state), 2 * host(MemCategory::sharded_params));  // AdamW
+  EXPECT_GT(dev(MemCategory::unsharded_params), 0);
+  EXPECT_EQ(host(MemCategory::unsharded_params), 0);
+  EXPECT_EQ(host(MemCategory::activations), 0);
+
+  // fp32 at one shard: without offload the model reads the shard itself; offloaded, every
+  // unit is unsharded on the device.
+  const std::string rank = "/rank" + std::to_string(world_rank());  // one job per rank
+  Config one = offload_config("offload_fp32", {ShardingStrategy::NO_SHARD, fsdp::DType::f32});
+  one.train.run_dir += rank;
+  one.mesh.shard_size = 1;
+  const TrainResult plain = run(one, On::self);
+  EXPECT_EQ(plain.peak_bytes[static_cast<std::size_t>(MemCategory::unsharded_params)], 0);
+  one.train.run_dir = fresh_dir("offload_fp32_on") + rank;
+  one.fsdp.cpu_offload = true;
+  const TrainResult off = run(one, On::self);
+  EXPECT_GT(off.peak_bytes[static_cast<std::size_t>(MemCategory::unsharded_params)], 0);
+  expect_same_run(plain, off, "NO_SHARD fp32 on one rank");
+}
+
+TEST(Offload, ResumeContinuesBitForBitAndAcrossOffloadOnAndOff) {
+  const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
+  Config c = offload_config("offload_resume_full", k);
+  c.train.max_steps = 6;
+  c.checkpoint.every = 3;
+  c.fsdp.cpu_offload = true;
+  const TrainResult full = run(c, On::world);
+
+  // Offloaded -> offloaded, offloaded -> not, not -> offloaded: the second half of each is
+  // the uninterrupted offloaded run's, bit for bit.
+  for (const auto& [first_offload, second_offload] :
+       {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+    const std::string tag = std::string(first_offload ? "on" : "off") + " -> " +
+                            (second_offload ? "on" : "off");
+    c.train.run_dir = fresh_dir("offload_resume_part");
+    c.fsdp.cpu_offload = first_offload;
+    const TrainResult first = run(c, On::world, /*stop_after=*/3);
+    ASSERT_EQ(first.losses.size(), 3u) << tag;
+    c.fsdp.cpu_offload = second_offload;
+    const TrainResult second = run(c, On::world, 0, /*resume=*/true);
+    ASSERT_EQ(second.losses.size(), 3u) << tag;
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(first.losses[i], full.losses[i]) << tag << " step " << i + 1;
+      EXPECT_EQ(second.losses[i], full.losses[i + 3]) << tag << " step " << i + 4;
+    }
+    for (const auto& [name, values] : full.params) {
+      EXPECT_EQ(second.params.at(name), values) << tag << " " << name;
+    }
+  }
+}
+
+TEST(Offload, PlanEqualsTheMeasuredDeviceAndHostPeaks) {
+  for (ShardingStrategy s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                             ShardingStrategy::HYBRID_SHARD}) {
+    for (fsdp::DType dt : {fsdp::DType::f32, fsdp::DType::bf16}) {
+      const Case k{s, dt};
+      Config c = offload_config("offload_plan", k);
+      c.fsdp.cpu_offload = true;
+      const TrainResult r = run(c, On::world);
+      const fsdp::EngineMemoryPlan& p = r.plan;
+      ASSERT_TRUE(p.offload) << k.tag();
+      auto dev = [&](MemCategory m) { return r.peak_bytes[static_cast<std::size_t>(m)]; };
+      auto host = [&](MemCategory m) { return r.host_peak_bytes[static_cast<std::size_t>(m)]; };
+      EXPECT_EQ(p.sharded_params, dev(MemCategory::sharded_params)) << k.tag();
+      EXPECT_EQ(p.grads, dev(MemCategory::grads)) << k.tag();
+      EXPECT_EQ(p.optimizer_state, dev(MemCategory::optimizer_state)) << k.tag();
+      EXPECT_EQ(p.unsharded_params, dev(MemCategory::unsharded_params)) << k.tag();
+      EXPECT_EQ(p.unsharded_grads, dev(MemCategory::unsharded_grads)) << k.tag();
+      EXPECT_EQ(p.comm_buffers, dev(MemCategory::comm_buffers)) << k.tag();
+      EXPECT_EQ(r.planned_activation_bytes, dev(MemCategory::activations)) << k.tag();
+      EXPECT_EQ(p.host.sharded_params, host(MemCategory::sharded_params)) << k.tag();
+      EXPECT_EQ(p.host.grads, host(MemCategory::grads)) << k.tag();
+      EXPECT_EQ(p.host.optimizer_state, host(MemCategory::optimizer_state)) << k.tag();
+      EXPECT_EQ(p.host.comm_buffers, host(MemCategory::comm_buffers)) << k.tag();
+
+      // Against the plan without offload: the model states move to the host, byte for byte.
+      Config plain = c;
+      plain.fsdp.cpu_offload = false;
+      const fsdp::EngineMemoryPlan q =
+          fsdp::plan_memory(fsdp::model_family(c.model.type).modules(c.model), plain,
+                            world_size(), c.mesh.shard_size > 0 ? static_cast<int>(c.mesh.shard_size)
+                                                                 : world_size());
+      EXPECT_FALSE(q.offload);
+      EXPECT_EQ(p.host.sharded_params, q.sharded_params) << k.tag();
+      EXPECT_EQ(p.host.grads, q.grads) << k.tag();
+      EXPECT_EQ(p.host.optimizer_state, q.optimizer_state) << k.tag();
+      EXPECT_EQ(p.sharded_params + p.grads + p.optimizer_state, 0) << k.tag();
+      EXPECT_EQ(q.host.total, 0) << k.tag();
+    }
+  }
+}
+
+// The plan of inputs/gpt_7b.toml on one rank (world size 1) and its activation bytes.
+struct Plan {
+  fsdp::EngineMemoryPlan engine;
+  int64_t activations = 0;
+};
+Plan plan_7b(bool offload, int64_t n_layer = 32) {
+  Config c = fsdp::load_config(std::string(FSDP_SOURCE_DIR) + "/inputs/gpt_7b.toml",
+                               {"fsdp.cpu_offload=" + std::string(offload ? "true" : "false"),
+                                "model.n_layer=" + std::to_string(n_layer)});
+  const fsdp::ModelFamily& family = fsdp::model_family(c.model.type);
+  Plan p;
+  p.engine = fsdp::plan_memory(family.modules(c.model), c, 1, 1);
+  p.activations = family.activation_bytes(c.model, c.train.micro_batch_size,
+                                          fsdp::data::batch_shape(c),
+                                          c.mixed_precision.param_dtype,
+                                          c.fsdp.activation_checkpointing);
+  return p;
+}
+
+TEST(Offload, A7BPlanFitsOneGpuWithOffloadAndNotWithout) {
+  using testing::HasSubstr;
+  constexpr int64_t GiB = int64_t{1} << 30;
+  const fsdp::MemoryBudget gpu{79 * GiB, "cuda:0 free 79.0 GiB / 1 rank"};
+  const fsdp::MemoryBudget host{120 * GiB, "MemAvailable 120.0 GiB / 1 rank on this node"};
+
+  const Plan on = plan_7b(true);
+  ASSERT_TRUE(on.engine.offload);
+  EXPECT_LT(on.engine.total + on.activations, 8 * GiB);      // the device: units in flight
+  EXPECT_GT(on.engine.host.total, 95 * GiB);                 // fp32 params, grads, Adam: 16 B/param
+  EXPECT_LT(on.engine.host.total, 105 * GiB);
+  EXPECT_EQ(fsdp::memory_refusal(on.engine, on.activations, gpu, host, false), "");
+
+  const Plan off = plan_7b(false);
+  const std::string no = fsdp::memory_refusal(off.engine, off.activations, gpu, host, false);
+  EXPECT_THAT(no, HasSubstr("memory plan: "));
+  EXPECT_THAT(no, HasSubstr("does not fit in the 79.0 GiB this rank may use (cuda:0 free"));
+  EXPECT_THAT(no, HasSubstr("largest row: optimizer_state"));
+  EXPECT_THAT(no, HasSubstr("fsdp.cpu_offload"));
+
+  // 13B-class depth (64 layers): the host rows (~190 GiB) exceed the host; named as such.
+  const Plan deep = plan_7b(true, 64);
+  const std::string host_no = fsdp::memory_refusal(deep.engine, deep.activations, gpu, host, false);
+  EXPECT_THAT(host_no, HasSubstr("memory plan: host "));
+  EXPECT_THAT(host_no, HasSubstr("(MemAvailable 120.0 GiB / 1 rank on this node)"));
+  EXPECT_THAT(host_no, HasSubstr("largest row: optimizer_state"));
+
+  // Where the device is the host (the CPU backend), the rows add up: 7B with offload needs
+  // its device and host rows together.
+  const fsdp::MemoryBudget cpu{100 * GiB, "MemAvailable 100.0 GiB / 1 rank on this node"};
+  EXPECT_THAT(fsdp::memory_refusal(on.engine, on.activations, cpu, cpu, true),
+              HasSubstr("memory plan: 10"));
+  EXPECT_EQ(fsdp::memory_refusal(on.engine, on.activations, {-1, "unknown"}, {-1, "unknown"}, false), "");
+}
+
+}  // namespace
