@@ -1126,14 +1126,19 @@ bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o
   // checkpoint write is still running (max 0: every write finished, the pending save is
   // committed below).
   const int my_signal = job.opt.pending_signal ? job.opt.pending_signal() : 0;
-  int64_t agreed[3] = {static_cast<int64_t>(be.memory().peak_total()),
+  // [3] fsdp.cpu_offload: this rank's host (offload runtime) peak, max over ranks.
+  const bool offload = job.engine->offloaded();
+  int64_t agreed[4] = {static_cast<int64_t>(be.memory().peak_total()),
                        my_signal > 0 ? (int64_t{world - job.host.rank()} << 8) | (my_signal & 0xff)
                                      : 0,
-                       job.writer.finished() ? 0 : 1};
+                       job.writer.finished() ? 0 : 1,
+                       offload ? static_cast<int64_t>(
+                                     job.engine->shard_runtime().memory().peak_total())
+                               : 0};
   {
     StepTimer::Scope waiting(&timer, Phase::comm_wait);
     ProfileRange range(st.prof, "collective", "all_reduce step_agreement");
-    job.host.all_reduce(agreed, agreed, 3, DType::i64, ReduceOp::max)->wait();
+    job.host.all_reduce(agreed, agreed, 4, DType::i64, ReduceOp::max)->wait();
   }
   const int64_t peak = agreed[0];
   nlohmann::json line = {{"step", job.step},
@@ -1146,6 +1151,7 @@ bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o
   const double mfu =
       st.peak_flops > 0 ? st.flops_per_step / (o.seconds * world * st.peak_flops) : 0.0;
   if (st.peak_flops > 0) line["mfu"] = mfu;
+  if (offload) line["host_peak_mem_bytes"] = agreed[3];
   if (fp16) {
     line["loss_scale"] = result.loss_scales.back();
     line["skipped"] = o.skipped;

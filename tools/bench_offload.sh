@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# tools/bench_offload.sh: issue 22's GPU acceptance on ONE GPU: GPT 7B (inputs/gpt_7b.toml:
+# 32 x 4096, 32 heads, seq 2048, vocab 50257, bf16, activation checkpointing) trains STEPS
+# steps with fsdp.cpu_offload; without offload the same plan must be refused before anything
+# is allocated. If the host cannot hold the offloaded state (~100 GiB; the plan says so), the
+# largest depth of N_LAYERS the plan accepts is trained instead, and refused without offload.
+# Prints one summary line per run and writes bench_offload.md into $OUT (or BENCH_OUT_DIR).
+#
+# Usage, from the repo root on the GPU machine (the bundle's fsdp_train, tools/gpu_bundle.sh):
+#   tools/bench_offload.sh        # STEPS (20), N_LAYERS ("32 28 24 20 16"), RUN_TIMEOUT (500)
+# The 1.5B cost of offload (tok/s with it ÷ without) comes from tools/bench_gpu.sh:
+#   MODELS=gpt2-1.5b CONTENDERS="fsdp_train fsdp_train:offload" tools/bench_gpu.sh
+set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STEPS="${STEPS:-20}" N_LAYERS="${N_LAYERS:-32 28 24 20 16}" RUN_TIMEOUT="${RUN_TIMEOUT:-500}"
+BUNDLE="${FSDP_BUNDLE:-$REPO/gpu_bundle}"
+if [[ -f "$BUNDLE/env.sh" ]]; then
+  in_ours() { ( source "$BUNDLE/env.sh" >/dev/null 2>&1; "$@" ); }
+  BIN=fsdp_train
+else
+  in_ours() { "$@"; }
+  BIN="${FSDP_BUILD_DIR:-$REPO/build-gpu}/fsdp_train"
+fi
+OUTDIR="${OUT:-${BENCH_OUT_DIR:-$REPO}}"
+WORK="$(mktemp -d)"; trap 'rm -rf "$WORK"' EXIT
+MD="$OUTDIR/bench_offload.md"
+: >"$MD"
+say() { echo "$*" | tee -a "$MD"; }
+
+train() {  # $1 = n_layer, $2 = true|false (offload); exit code of fsdp_train, log in $WORK/log
+  rm -rf "$WORK/run"
+  in_ours timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" "$REPO/inputs/gpt_7b.toml" \
+    --set "model.n_layer=$1" --set "fsdp.cpu_offload=$2" --set "train.max_steps=$STEPS" \
+    --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
+}
+
+say "## CPU offload on one GPU ($(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1), host $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo))"
+for L in $N_LAYERS; do
+  t0=$SECONDS
+  train "$L" true; rc=$?
+  if [[ $rc == 2 ]] && grep -q "memory plan: host" "$WORK/log"; then
+    say "- n_layer $L with offload: refused by the plan ($(grep -m1 'memory plan:' "$WORK/log" | cut -c1-240))"
+    continue
+  fi
+  if [[ $rc != 0 ]]; then
+    say "- n_layer $L with offload: FAILED (exit $rc): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"
+    tail -20 "$WORK/log"
+    exit 1
+  fi
+  python3 - "$WORK/run/metrics.jsonl" "$L" "$((SECONDS - t0))" <<'PY' | tee -a "$MD"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+timed = [r for r in rows if r["step"] > 3 and "tokens_per_sec" in r]
+print("- n_layer %s with fsdp.cpu_offload: %d steps in %s s; median %.0f tok/s (steps 4..), step %.2f s "
+      "(forward %.2f, backward %.2f, optimizer %.2f); device peak %.1f GiB, host peak %.1f GiB; "
+      "loss %.4f -> %.4f" % (
+          sys.argv[2], len(rows), sys.argv[3], statistics.median(r["tokens_per_sec"] for r in timed),
+          statistics.median(r["step_s"] for r in timed), statistics.median(r["forward_s"] for r in timed),
+          statistics.median(r["backward_s"] for r in timed), statistics.median(r["optimizer_s"] for r in timed),
+          max(r["peak_mem_bytes"] for r in rows) / 2**30,
+          max(r.get("host_peak_mem_bytes", 0) for r in rows) / 2**30, rows[0]["loss"], rows[-1]["loss"]))
+PY
+  grep -A18 "^memory plan per rank" "$WORK/log" | sed 's/^/    /' >>"$MD"
+  train "$L" false; rc=$?
+  if [[ $rc == 2 ]] && grep -q "does not fit" "$WORK/log"; then
+    say "- n_layer $L without offload: refused before allocating: $(grep -m1 'memory plan:' "$WORK/log" | cut -c1-300)"
+  else
+    say "- n_layer $L without offload: NOT refused (exit $rc)"
+  fi
+  break
+done
