@@ -20,6 +20,9 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <array>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -264,6 +267,29 @@ TEST(Offload, A7BPlanFitsOneGpuWithOffloadAndNotWithout) {
   EXPECT_THAT(fsdp::memory_refusal(on.engine, on.activations, cpu, cpu, true),
               HasSubstr("memory plan: 10"));
   EXPECT_EQ(fsdp::memory_refusal(on.engine, on.activations, {-1, "unknown"}, {-1, "unknown"}, false), "");
+}
+
+// The CPU backend's HostAllocator (what the offload runtime on CUDA fills with page-locked
+// memory): every raw block comes from it and goes back to it.
+TEST(Offload, CpuBackendTakesItsMemoryFromTheGivenAllocator) {
+  auto counts = std::make_shared<std::array<int, 2>>();  // allocations, frees
+  {
+    fsdp::HostAllocator a;
+    a.allocate = [counts](std::size_t bytes) {
+      ++(*counts)[0];
+      return std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    };
+    a.free = [counts](void* p) {
+      ++(*counts)[1];
+      std::free(p);
+    };
+    auto be = fsdp::make_cpu_backend(1, a);
+    fsdp::DeviceBuffer x(*be, fsdp::DType::f32, 1000, MemCategory::sharded_params);
+    be->fill_zero(x.view());
+    EXPECT_EQ((*counts)[0], 1);
+    EXPECT_EQ(be->memory().current(MemCategory::sharded_params), 4000u);
+  }
+  EXPECT_EQ((*counts)[1], (*counts)[0]);
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 // shard files the new shard does not overlap are not read (a corrupted one goes unnoticed).
 //
 // Training tests: a run saved on the world communicator continues on one rank
-// (runtime().self()) and back on the world, and HYBRID_SHARD continues as FULL_SHARD; losses
+// (runtime().self()) and back on the world (also with fsdp.cpu_offload on, off and on again
+// for the three legs), and HYBRID_SHARD continues as FULL_SHARD; losses
 // and final parameters match an uninterrupted run within 1e-5 relative (only the summation
 // order of the reductions changes with the world size; attn.c_attn.bias within 1e-4, see
 // expect_params_close).
@@ -17,6 +18,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <array>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -313,39 +315,52 @@ void expect_params_close(const TrainResult& got, const TrainResult& ref, const s
   EXPECT_LE(rel_diff(all_got, all_ref), 1e-5) << what;
 }
 
-TEST(ReshardResume, WorldToOneRankAndBack) {
+// Steps 1-2 on the world, 3-4 on one rank, 5-6 on the world again, each leg resumed from the
+// previous one's checkpoint, with fsdp.cpu_offload = offload[leg] (checkpoints do not depend
+// on it); the uninterrupted one-rank run is the reference.
+void world_to_one_rank_and_back(const std::array<bool, 3>& offload, const std::string& tag) {
   // Reference: 6 uninterrupted FULL_SHARD steps on one rank (each rank its own).
-  Config c = small_config(fresh_dir("ref") + "/rank" + std::to_string(test_util::world_rank()));
+  Config c = small_config(fresh_dir("ref" + tag) + "/rank" + std::to_string(test_util::world_rank()));
   c.train.max_steps = 6;
   c.checkpoint.every = 2;
   const TrainResult ref = run(c, On::self);
   ASSERT_EQ(ref.losses.size(), 6u);
 
   // Steps 1-2 on the world (shard_size = world size), saved at 2.
-  c.train.run_dir = fresh_dir("world_a");
+  c.train.run_dir = fresh_dir("world_a" + tag);
+  c.fsdp.cpu_offload = offload[0];
   const TrainResult a = run(c, On::world, /*stop_after=*/2);
   ASSERT_EQ(a.losses.size(), 2u);
-  expect_close(a, ref, 0, "world");
+  expect_close(a, ref, 0, "world" + tag);
   MPI_Barrier(MPI_COMM_WORLD);
 
   // Steps 3-4 on one rank (each rank on its own copy of the checkpoint), saved at 4.
-  const std::string self_dir = fresh_dir("self") + "/rank" + std::to_string(test_util::world_rank());
+  const std::string self_dir = fresh_dir("self" + tag) + "/rank" + std::to_string(test_util::world_rank());
   copy_checkpoints(c.train.run_dir, self_dir);
   c.train.run_dir = self_dir;
+  c.fsdp.cpu_offload = offload[1];
   const TrainResult b = run(c, On::self, /*stop_after=*/4, /*resume=*/true);
   ASSERT_EQ(b.losses.size(), 2u);
-  expect_close(b, ref, 2, "one rank");
+  expect_close(b, ref, 2, "one rank" + tag);
 
   // Steps 5-6 back on the world, from rank 0's step-4 checkpoint.
-  const std::string world_b = fresh_dir("world_b");
+  const std::string world_b = fresh_dir("world_b" + tag);
   if (test_util::world_rank() == 0) copy_checkpoints(self_dir, world_b);
   MPI_Barrier(MPI_COMM_WORLD);
   c.train.run_dir = world_b;
+  c.fsdp.cpu_offload = offload[2];
   const TrainResult d = run(c, On::world, 0, /*resume=*/true);
   ASSERT_EQ(d.losses.size(), 2u);
   EXPECT_EQ(d.final_step, 6);
-  expect_close(d, ref, 4, "world again");
-  expect_params_close(d, ref, "final");
+  expect_close(d, ref, 4, "world again" + tag);
+  expect_params_close(d, ref, "final" + tag);
+}
+
+TEST(ReshardResume, WorldToOneRankAndBack) { world_to_one_rank_and_back({false, false, false}, ""); }
+
+// issue 22: an offloaded run resumes without offload on another world size, and back.
+TEST(ReshardResume, OffloadedWorldToOneRankWithoutOffloadAndBack) {
+  world_to_one_rank_and_back({true, false, true}, " (offload on, off, on)");
 }
 
 TEST(ReshardResume, HybridToFullShard) {

@@ -47,4 +47,17 @@ DeviceMemory device_memory(int device) {
   return {static_cast<int64_t>(free), static_cast<int64_t>(total)};
 }
 
+void* pinned_host_alloc(std::size_t bytes) noexcept {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: leave no error for the next call to report
+    return nullptr;
+  }
+  return p;
+}
+
+void pinned_host_free(void* ptr) noexcept {
+  if (ptr) cudaFreeHost(ptr);
+}
+
 }  // namespace fsdp::cuda

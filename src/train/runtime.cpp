@@ -11,6 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "fsdp/backend/cpu_backend.hpp"
@@ -162,6 +165,43 @@ DeviceChoice choose_device(Communicator& group, DeviceKind device, CommBackend c
   return c;
 }
 
+#ifdef FSDP_WITH_CUDA
+namespace {
+// fsdp.cpu_offload's host memory on CUDA: page-locked (fast copies to and from the device);
+// where the driver cannot pin more, pageable aligned memory instead (slower copies, same
+// results). Each pointer is freed the way it was allocated.
+HostAllocator pinned_or_pageable() {
+  struct Pageable {
+    std::mutex mu;
+    std::set<void*> ptrs;
+  };
+  auto pageable = std::make_shared<Pageable>();
+  HostAllocator a;
+  a.allocate = [pageable](std::size_t bytes) -> void* {
+    if (void* p = cuda::pinned_host_alloc(bytes)) return p;
+    const std::size_t rounded = (bytes + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded < bytes ? bytes : rounded);
+    if (p) {
+      std::lock_guard<std::mutex> lock(pageable->mu);
+      pageable->ptrs.insert(p);
+    }
+    return p;
+  };
+  a.free = [pageable](void* p) {
+    {
+      std::lock_guard<std::mutex> lock(pageable->mu);
+      if (pageable->ptrs.erase(p) != 0) {
+        std::free(p);
+        return;
+      }
+    }
+    cuda::pinned_host_free(p);
+  };
+  return a;
+}
+}  // namespace
+#endif
+
 void Runtime::configure(Communicator& group, const Config& config) {
   offload_.reset();
   backend_.reset();
@@ -223,7 +263,7 @@ void Runtime::configure(Communicator& group, const Config& config) {
   if (config.fsdp.cpu_offload) {  // the optimizer's cores: train.num_threads, bound as on CPU
     const CpuThreadPlan plan = setup_cpu_threads(static_cast<int>(config.train.num_threads),
                                                  hm.local_rank(), std::max(1, hm.local_size()));
-    offload_ = make_cpu_backend(plan.threads);
+    offload_ = make_cpu_backend(plan.threads, pinned_or_pageable());
   }
   const bool nccl = choice.nccl;
   const double timeout = config.comm.timeout_s;

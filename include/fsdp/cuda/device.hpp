@@ -4,6 +4,7 @@
 // be used between the ranks that share one: see fsdp/cuda/staged_communicator.hpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -28,5 +29,12 @@ struct DeviceMemory {
   int64_t total = 0;
 };
 DeviceMemory device_memory(int device);
+
+// Page-locked host memory (cudaHostAlloc, portable across devices), for fsdp.cpu_offload's
+// shards: copies between it and the device run at the link's full speed. Returns nullptr
+// (and clears the CUDA error) when the driver cannot pin `bytes` more; never throws.
+// pinned_host_free(nullptr) does nothing.
+void* pinned_host_alloc(std::size_t bytes) noexcept;
+void pinned_host_free(void* ptr) noexcept;
 
 }  // namespace fsdp::cuda

@@ -34,7 +34,8 @@
 // norms, clipping and loss-scale unscaling run on the host shards, their device scalars
 // copied across. The host does the same arithmetic in the same order as the device would on
 // the CPU backend, so offloaded runs equal non-offloaded ones bit for bit there. The copies
-// are blocking (copy_from_host / copy_to_host), not yet overlapped on a copy stream.
+// are blocking (copy_from_host / copy_to_host; on CUDA from page-locked host memory), not yet
+// overlapped on a copy stream.
 //
 // Collectives: unshard and reduce are fsdp/fsdp/collectives.hpp's foreach_all_gather and
 // foreach_reduce (PyTorch FSDP2's names), which return the buffer they fill and its Work;

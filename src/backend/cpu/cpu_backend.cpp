@@ -33,6 +33,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_kernels.hpp"
@@ -174,10 +175,12 @@ class F32Out {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int num_threads)
+  CpuBackend(int num_threads, HostAllocator allocator)
       : k_(num_threads),
-        alloc_([](std::size_t bytes) { return aligned_bytes(bytes); },
-               [](void* p) { std::free(p); }, memory_) {}
+        alloc_(allocator.allocate ? std::move(allocator.allocate)
+                                  : [](std::size_t bytes) { return aligned_bytes(bytes); },
+               allocator.free ? std::move(allocator.free) : [](void* p) { std::free(p); },
+               memory_) {}
 
   Device device() const override { return Device::cpu; }
 
@@ -779,8 +782,8 @@ void CpuBackend::sgd_update(const TensorView& param, const TensorView& grad,
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
-  return std::make_unique<CpuBackend>(num_threads);
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, HostAllocator allocator) {
+  return std::make_unique<CpuBackend>(num_threads, std::move(allocator));
 }
 
 }  // namespace fsdp
