@@ -179,6 +179,18 @@ EOF
     expect_stop_line SIGUSR1 0
     [ "$STOP_STEP" -gt 0 ] && expect_resumes "$STOP_STEP"
     ;;
+  sigusr1_offload)
+    # issue 22: SIGUSR1 to an offloaded run saves the host shards; the checkpoint resumes
+    # without offload (the shard files are the same).
+    start_train -- tiny.toml "${LONG[@]}" --set fsdp.cpu_offload=true
+    await_steps 3
+    pid=$(rank_pid 1) || { fail "no process of rank 1 under mpirun $MPIRUN_PID"; finish; }
+    T0=$SECONDS
+    kill -USR1 "$pid"
+    end_train
+    expect_stop_line SIGUSR1 1
+    [ "$STOP_STEP" -gt 0 ] && expect_resumes "$STOP_STEP"
+    ;;
   sigterm_mpirun | sigint_mpirun)
     # mpirun (Open MPI 4.1) aborting on SIGTERM / SIGINT: SIGCONT to the ranks, sleep
     # odls_base_sigkill_timeout, SIGTERM, sleep again, SIGKILL; it stops forwarding the
