@@ -133,6 +133,7 @@ class CudaBackend final : public Backend {
   void cast(const TensorView& dst, const TensorView& src) override;
   void copy_to_host(void* host_dst, const TensorView& src) override;
   void copy_from_host(const TensorView& dst, const void* host_src) override;
+  void copy_to_host_async(void* host_dst, const TensorView& src, Stream& stream) override;
   void synchronize() override;
 
   // ---- dense algebra ----
@@ -353,6 +354,16 @@ void CudaBackend::copy_from_host(const TensorView& dst, const void* host_src) {
   if (!dst.bytes()) return;
   FSDP_CHECK_CUDA(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice, s()));
   FSDP_CHECK_CUDA(cudaStreamSynchronize(s()));  // blocking: host_src may be reused at once
+}
+
+void CudaBackend::copy_to_host_async(void* host_dst, const TensorView& src, Stream& stream) {
+  Chk::copy_to_host(src);
+  auto* cs = dynamic_cast<CudaStream*>(&stream);
+  if (cs == nullptr) throw Error("cuda backend: copy_to_host_async on a stream that is not CUDA's");
+  if (src.bytes()) {
+    FSDP_CHECK_CUDA(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost,
+                                    cs->handle()));
+  }
 }
 
 void CudaBackend::synchronize() {

@@ -28,6 +28,26 @@ struct Traced {
   ProfileRange range;
 };
 
+// CPU offload: once the unit's last collective completes, the reduction stream copies the
+// reduced shard into host staging; the device buffer is freed behind the copy. On a host
+// stream (MPI on the CPU backend) waiting for the collective blocks here.
+void stage_to_host(DeviceRuntime& be, DeviceRuntime& host, ReduceResult& r, Stream& reduce_stream,
+                   const CollectiveTrace& trace, const Communicator& shard,
+                   const Communicator& replicate) {
+  Work* last = r.all_reduce ? r.all_reduce.get() : r.reduce_scatter.get();
+  if (last != nullptr) {
+    StepTimer::Scope waiting(trace.timer, Phase::comm_wait);
+    Traced wait(trace, r.all_reduce ? "all_reduce" : "reduce_scatter", "wait",
+                r.all_reduce ? replicate : shard, r.reduced.numel(), r.reduced.dtype());
+    reduce_stream.wait(*last->done());
+  }
+  r.host_staged = DeviceBuffer(host, r.reduced.dtype(), r.reduced.numel(), MemCategory::comm_buffers);
+  be.copy_to_host_async(r.host_staged.data(), r.reduced.view(), reduce_stream);
+  r.copied = be.create_event();
+  r.copied->record(reduce_stream);
+  r.reduced.reset(r.copied);
+}
+
 }  // namespace
 
 AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
@@ -124,6 +144,7 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
       r.all_reduce = replicate.all_reduce(r.reduced.data(), r.reduced.data(),
                                           static_cast<std::size_t>(n), rd, ReduceOp::avg, stream);
     }
+    if (host != nullptr) stage_to_host(be, *host, r, reduce_stream, trace, shard, replicate);
     return r;
   }
   void* recv = nullptr;
@@ -154,6 +175,7 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
                                         reduce_stream);
     r.all_reduce_on_reduce_stream = true;
   }
+  if (host != nullptr) stage_to_host(be, *host, r, reduce_stream, trace, shard, replicate);
   return r;
 }
 

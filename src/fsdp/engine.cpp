@@ -497,12 +497,13 @@ void FsdpEngine::end_step() {
       if (r.all_reduce_on_reduce_stream) stream.wait(*r.all_reduce->done());
       r.all_reduce.reset();
     }
-    if (r.reduced && offloaded()) {  // to the host, then added there (same axpy)
-      DeviceBuffer staged(sh_, r.reduced.dtype(), r.reduced.numel(), MemCategory::comm_buffers);
-      be_.copy_to_host(staged.data(), r.reduced.view());
-      r.reduced.reset();
-      sh_.axpy(u.shard_grad.view(), 1.f, staged.view());
-    } else if (r.reduced) {  // shard_grad is 0 where it held nothing: the sum is then exact
+    if (r.host_staged) {  // offload: copied to the host during backward; added there (same axpy)
+      r.copied->synchronize();
+      sh_.axpy(u.shard_grad.view(), 1.f, r.host_staged.view());
+      r.host_staged.reset();
+      r.copied.reset();
+    }
+    if (r.reduced) {  // shard_grad is 0 where it held nothing: the sum is then exact
       be_.axpy(u.shard_grad.view(), 1.f, r.reduced.view());
       r.reduced.reset();
     }

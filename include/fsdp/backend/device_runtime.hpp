@@ -72,6 +72,12 @@ class DeviceRuntime {
   // Blocking copies between host memory and the view (src.bytes() / dst.bytes() bytes).
   virtual void copy_to_host(void* host_dst, const TensorView& src) = 0;
   virtual void copy_from_host(const TensorView& dst, const void* host_src) = 0;
+  // Enqueues on `stream` (this runtime's, e.g. from create_stream) a copy of src into host
+  // memory at host_dst and returns; host_dst must stay valid and src unchanged until an
+  // Event recorded on `stream` afterwards completes. From page-locked host memory the CUDA
+  // copy overlaps the kernels of other streams (cudaMemcpyAsync); a host stream (the CPU
+  // backend) copies at once.
+  virtual void copy_to_host_async(void* host_dst, const TensorView& src, Stream& stream) = 0;
   virtual void synchronize() = 0;
 
   // ---- arithmetic on flat shards (gradient accumulation, norms, clipping, loss scaling) ----

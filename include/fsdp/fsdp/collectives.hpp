@@ -83,6 +83,12 @@ struct ReduceResult {
   // completion (HSDP): all_reduce->wait() orders that stream, so the caller's stream must
   // wait on all_reduce->done().
   bool all_reduce_on_reduce_stream = false;
+  // CPU offload: the reduced shard copied into host memory (reduce_dtype [shard_numel],
+  // MemCategory::comm_buffers of the host runtime) by a copy on the reduction stream that
+  // `copied` completes; `reduced` is then empty (freed once the copy has read it). The caller
+  // waits for the works, then copied->synchronize(), then adds host_staged into the shard.
+  DeviceBuffer host_staged;
+  std::shared_ptr<Event> copied;
 };
 
 // Reduces a unit's unsharded gradient (PyTorch FSDP2 foreach_reduce; FSDP1's
@@ -106,10 +112,11 @@ struct ReduceResult {
 //    other than full_grad's dtype is cast first, keeping its rounding) and the result is
 //    empty.
 // `host` (CPU offload): shard_grad lives in that runtime's (host) memory. A reduce-scatter
-// then never lands in it: the reduced shard is always returned in `reduced` (device memory)
-// for the caller to copy and add; at world size 1 the gradient (or its reduce_dtype cast) is
-// copied into a host staging buffer (MemCategory::comm_buffers of `host`, blocking) and
-// added into shard_grad at once.
+// then never lands in it: once the last collective of the unit completes, the reduction stream
+// copies the reduced shard into `host_staged` (host memory) and the device buffer is freed
+// behind that copy, so the copy overlaps the rest of backward on CUDA; at world size 1 the
+// gradient (or its reduce_dtype cast) is copied into host staging (blocking) and added into
+// shard_grad at once.
 // Every rank of a group must call this for the same units in the same order (the
 // collectives' order). Throws fsdp::Error on mismatched sizes (full_grad not
 // [padded_numel], shard_grad not fp32 [shard_numel]); a communicator's errors propagate.

@@ -30,12 +30,14 @@
 // shard_runtime(), so the optimizer steps on the host's cores. Every unit then has a full
 // buffer on the device: unshard casts the host shard to param_dtype on the host and copies
 // it into its slot before the all-gather; a unit's reduced gradient shard (reduce_dtype, on
-// the device) is copied to the host and added into the host fp32 gradient shard in end_step;
+// the device) is copied to host staging on the reduction stream as soon as its collectives
+// complete (overlapping the rest of backward on CUDA) and added into the host fp32 gradient
+// shard in end_step;
 // norms, clipping and loss-scale unscaling run on the host shards, their device scalars
 // copied across. The host does the same arithmetic in the same order as the device would on
-// the CPU backend, so offloaded runs equal non-offloaded ones bit for bit there. The copies
-// are blocking (copy_from_host / copy_to_host; on CUDA from page-locked host memory), not yet
-// overlapped on a copy stream.
+// the CPU backend, so offloaded runs equal non-offloaded ones bit for bit there. The
+// parameter copies before the all-gathers are blocking (copy_from_host; on CUDA from
+// page-locked host memory), not yet prefetched on a copy stream.
 //
 // Collectives: unshard and reduce are fsdp/fsdp/collectives.hpp's foreach_all_gather and
 // foreach_reduce (PyTorch FSDP2's names), which return the buffer they fill and its Work;

@@ -208,6 +208,9 @@ class CpuBackend final : public Backend {
   void cast(const TensorView& dst, const TensorView& src) override;
   void copy_to_host(void* host_dst, const TensorView& src) override;
   void copy_from_host(const TensorView& dst, const void* host_src) override;
+  void copy_to_host_async(void* host_dst, const TensorView& src, Stream&) override {
+    copy_to_host(host_dst, src);  // host streams run their work at once
+  }
   void synchronize() override {}
 
   // ---- dense algebra ----
