@@ -4,11 +4,13 @@
 // losses and final full parameters as a 1-rank NO_SHARD run (each rank runs that reference
 // on MPI_COMM_SELF), within a relative difference of 1e-5: sharding, reduce-scatter and
 // replica all-reduce change only the summation order. A run stopped at a checkpoint and
-// resumed must continue bit-identically.
+// resumed must continue bit-identically. The threaded shard initialisation gives the
+// counter-based RNG's values element for element.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -18,7 +20,11 @@
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/merge.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
+#include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/process.hpp"
+#include "fsdp/core/rng.hpp"
+#include "fsdp/fsdp/engine.hpp"
 #include "fsdp/data/prepare.hpp"
 #include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/runtime.hpp"
@@ -100,6 +106,58 @@ INSTANTIATE_TEST_SUITE_P(
     [](const testing::TestParamInfo<Case>& info) {
       return std::string(fsdp::to_string(info.param.strategy)) + "_" + info.param.optimizer;
     });
+
+// The engine fills each rank's shard with as many threads as the rank may use, one per 2^20
+// elements at most (FsdpEngine::init_shard): every element, gathered over the ranks, is
+// still std * normal(seed, name, k) (0 for vocabulary pad rows, 1 for ones), so the values
+// do not depend on the thread count nor on the world size. A 3-million-element parameter
+// gives two threads on this 2-core machine (usable_cpus, printed).
+TEST(Init, ThreadedShardFillEqualsTheCounterBasedFormula) {
+  std::vector<fsdp::ParamSpec> params(3);
+  params[0].name = "big.weight";
+  params[0].shape = {3000, 1031};
+  params[1].name = "ones.weight";
+  params[1].shape = {7};
+  params[1].init = fsdp::InitKind::ones;
+  params[2].name = "wte.weight";
+  params[2].shape = {16, 1024};
+  params[2].vocab_rows = 11;
+  std::vector<fsdp::ModuleDecl> modules(1);
+  modules[0].name = "m";
+  modules[0].cls = "Block";
+  modules[0].params = params;
+  auto be = fsdp::make_cpu_backend(1);
+  fsdp::MpiCommunicator world(MPI_COMM_WORLD), self(MPI_COMM_SELF);
+  fsdp::FsdpConfig fc;
+  fc.auto_wrap_policy = fsdp::AutoWrapPolicy::NO_WRAP;
+  constexpr uint64_t kSeed = 1234;
+  fsdp::FsdpEngine engine(modules, fc, fsdp::MixedPrecisionConfig{}, world, self, *be, kSeed,
+                          /*initialise=*/true);
+  if (test_util::world_rank() == 0) {
+    std::printf("usable_cpus %d, shard of %lld elements\n", fsdp::usable_cpus(),
+                static_cast<long long>(engine.shard_numel(0)));
+  }
+  const auto full = engine.gather_full_params();
+  for (const auto& p : params) {
+    const std::vector<float>& got = full.at(p.name);
+    ASSERT_EQ(static_cast<int64_t>(got.size()), p.numel()) << p.name;
+    const uint64_t key = fsdp::rng::key_of(p.name);
+    const int64_t own = p.unpadded_numel();
+    int64_t wrong = 0;
+    for (int64_t k = 0; k < p.numel(); ++k) {
+      float want = 0.f;
+      if (k < own) {
+        want = p.init == fsdp::InitKind::ones
+                   ? 1.f
+                   : static_cast<float>(p.init_std * fsdp::rng::normal(kSeed, key, static_cast<uint64_t>(k)));
+      }
+      if (got[static_cast<std::size_t>(k)] != want && ++wrong <= 3) {
+        ADD_FAILURE() << p.name << "[" << k << "] = " << got[static_cast<std::size_t>(k)] << ", want " << want;
+      }
+    }
+    EXPECT_EQ(wrong, 0) << p.name;
+  }
+}
 
 TEST(Resume, ContinuesBitIdentically) {
   for (auto strategy : {fsdp::ShardingStrategy::FULL_SHARD, fsdp::ShardingStrategy::HYBRID_SHARD}) {

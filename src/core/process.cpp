@@ -1,6 +1,7 @@
 // Who this process is, for messages (see fsdp/core/process.hpp).
 #include "fsdp/core/process.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -39,6 +40,14 @@ int world_rank() noexcept {
 std::string where() {
   const int r = world_rank();
   return (r >= 0 ? "rank " + std::to_string(r) : std::string("rank ?")) + " on " + host_name();
+}
+
+int usable_cpus() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  const int n = CPU_COUNT(&set);
+  return n > 0 ? n : 1;
 }
 
 }  // namespace fsdp

@@ -6,8 +6,11 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <system_error>
+#include <thread>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/process.hpp"
 #include "fsdp/core/rng.hpp"
 
 namespace fsdp {
@@ -260,32 +263,59 @@ int64_t FsdpEngine::num_params() const {
 
 // Rank s generates only flat elements [s*shard_numel, (s+1)*shard_numel): element k of a
 // parameter is init(seed, key(name), k), whatever the world size; vocabulary padding rows
-// (ParamSpec::vocab_rows) are 0, so the model's own rows are the unpadded model's.
+// (ParamSpec::vocab_rows) are 0, so the model's own rows are the unpadded model's. Every
+// element is a function of (seed, name, k) alone (counter-based RNG), so the shard is filled
+// by as many threads as this rank may use (usable_cpus, one per 2^20 elements at most): the
+// same values for any thread count, and 7B's 6.7e9 normals in seconds instead of minutes.
 void FsdpEngine::init_shard(int unit, uint64_t seed) {
   Unit& u = *units_[unit];
   const auto& L = u.layout;
   const int64_t begin = L.shard_begin(shard_comm_->rank()), end = L.shard_end(shard_comm_->rank());
   std::vector<float> host(static_cast<std::size_t>(L.shard_numel), 0.f);
-  for (const auto& e : L.entries) {
-    const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.spec.numel());
-    if (lo >= hi) continue;
-    const uint64_t key = rng::key_of(e.spec.name);
-    const int64_t own = e.spec.unpadded_numel();  // the model's rows; vocabulary pad rows after
-    for (int64_t j = lo; j < hi; ++j) {
-      const int64_t k = j - e.offset;
-      if (k >= own) continue;  // a vocabulary pad row: stays 0
-      float v = 0.f;
+  const int64_t threads =
+      std::clamp<int64_t>(L.shard_numel >> 20, 1, static_cast<int64_t>(usable_cpus()));
+  const int64_t chunk = (L.shard_numel + threads - 1) / threads;
+  auto fill = [&](int64_t from, int64_t to) {  // flat elements [from, to) of the shard range
+    for (const auto& e : L.entries) {
+      const int64_t lo = std::max(from, e.offset), hi = std::min(to, e.offset + e.spec.numel());
+      if (lo < hi) init_elements(e, seed, lo, hi, host.data() + (lo - begin));
+    }
+  };
+  auto part = [&](int64_t t) {  // the t-th chunk of the shard range
+    fill(std::min(end, begin + t * chunk), std::min(end, begin + (t + 1) * chunk));
+  };
+  std::vector<std::thread> pool;
+  int64_t started = 1;  // chunks 1 .. started-1 have a thread
+  try {
+    for (; started < threads; ++started) pool.emplace_back(part, started);
+  } catch (const std::system_error&) {  // no more threads: the rest on this one
+  }
+  part(0);
+  for (int64_t t = started; t < threads; ++t) part(t);
+  for (auto& th : pool) th.join();
+  sh_.copy_from_host(u.shard_param.view(), host.data());
+}
+
+// Elements [lo, hi) of the flat buffer, all inside entry e, into out[0, hi - lo).
+void FsdpEngine::init_elements(const FlatEntry& e, uint64_t seed, int64_t lo, int64_t hi,
+                               float* out) {
+  const uint64_t key = rng::key_of(e.spec.name);
+  const int64_t own = e.spec.unpadded_numel();  // the model's rows; vocabulary pad rows after
+  for (int64_t j = lo; j < hi; ++j) {
+    const int64_t k = j - e.offset;
+    float v = 0.f;  // a vocabulary pad row (k >= own) stays 0
+    if (k < own) {
       switch (e.spec.init) {
         case InitKind::normal:
-          v = static_cast<float>(e.spec.init_std * rng::normal(seed, key, static_cast<uint64_t>(k)));
+          v = static_cast<float>(e.spec.init_std *
+                                 rng::normal(seed, key, static_cast<uint64_t>(k)));
           break;
         case InitKind::zeros: v = 0.f; break;
         case InitKind::ones: v = 1.f; break;
       }
-      host[static_cast<std::size_t>(j - begin)] = v;
     }
+    out[j - lo] = v;
   }
-  sh_.copy_from_host(u.shard_param.view(), host.data());
 }
 
 // A full buffer is needed when the unit is sharded, computes in another dtype than fp32, or

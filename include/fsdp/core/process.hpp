@@ -22,4 +22,8 @@ int world_rank() noexcept;
 // "rank R on HOST" ("rank ? on HOST" when the rank is unknown).
 std::string where();
 
+// CPUs the calling thread may run on (sched_getaffinity: the rank's own cores once the
+// Runtime has bound them), at least 1. Never throws.
+int usable_cpus() noexcept;
+
 }  // namespace fsdp

@@ -289,6 +289,8 @@ class FsdpEngine final : public ModuleHooks {
   };
   void build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise);
   void init_shard(int unit, uint64_t seed);
+  static void init_elements(const FlatEntry& e, uint64_t seed, int64_t lo, int64_t hi,
+                            float* out);
   bool needs_full(const Unit& u) const;
   void issue_unshard(int unit);
   void wait_unshard(int unit);
