@@ -1215,15 +1215,10 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
   // change here makes existing checkpoints refuse to resume.
   for (const std::string type : {"gpt2", "t5"}) {
     std::set<std::string> may;
-    std::istringstream lines(fsdp::to_toml(fsdp::parse_config(
-        "[model]\ntype = \"" + type + "\"\n[data]\nsource = \"synthetic\"\n", "pin", {})));
-    std::string line, section;
-    while (std::getline(lines, line)) {
-      if (line.size() > 2 && line.front() == '[') section = line.substr(1, line.find(']') - 1);
-      const auto eq = line.find(" = ");
-      if (eq == std::string::npos || line.front() == '#') continue;
-      const std::string key = section + "." + line.substr(0, eq);
-      if (fsdp::resume_may_change(key)) may.insert(key);
+    for (const fsdp::KeyDescription& k :
+         fsdp::describe_keys(fsdp::model_schema(fsdp::model_schemas(), type))) {
+      EXPECT_EQ(k.resume_may_change, fsdp::resume_may_change(k.key)) << k.key;
+      if (k.resume_may_change) may.insert(k.key);
     }
     EXPECT_EQ(may, (std::set<std::string>{
                        "model.init_from", "model.pad_vocab_multiple", "data.path",

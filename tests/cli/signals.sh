@@ -169,26 +169,18 @@ for r, g in zip(ref, got):
         assert abs(r[k] - g[k]) <= 1e-6 * max(1.0, abs(r[k])), (r["step"], k, r[k], g[k])
 EOF
     ;;
-  sigusr1_rank)
-    start_train -- tiny.toml "${LONG[@]}"
+  sigusr1_rank | sigusr1_offload)
+    # sigusr1_offload (issue 22): SIGUSR1 to rank 1 of an offloaded run saves the host shards;
+    # the checkpoint resumes without offload (the shard files are the same).
+    rank=0 extra=()
+    [ "$CASE" = sigusr1_offload ] && rank=1 extra=(--set fsdp.cpu_offload=true)
+    start_train -- tiny.toml "${LONG[@]}" "${extra[@]}"
     await_steps 3
-    pid=$(rank_pid 0) || { fail "no process of rank 0 under mpirun $MPIRUN_PID"; finish; }
+    pid=$(rank_pid "$rank") || { fail "no process of rank $rank under mpirun $MPIRUN_PID"; finish; }
     T0=$SECONDS
     kill -USR1 "$pid"
     end_train
-    expect_stop_line SIGUSR1 0
-    [ "$STOP_STEP" -gt 0 ] && expect_resumes "$STOP_STEP"
-    ;;
-  sigusr1_offload)
-    # issue 22: SIGUSR1 to an offloaded run saves the host shards; the checkpoint resumes
-    # without offload (the shard files are the same).
-    start_train -- tiny.toml "${LONG[@]}" --set fsdp.cpu_offload=true
-    await_steps 3
-    pid=$(rank_pid 1) || { fail "no process of rank 1 under mpirun $MPIRUN_PID"; finish; }
-    T0=$SECONDS
-    kill -USR1 "$pid"
-    end_train
-    expect_stop_line SIGUSR1 1
+    expect_stop_line SIGUSR1 "$rank"
     [ "$STOP_STEP" -gt 0 ] && expect_resumes "$STOP_STEP"
     ;;
   sigterm_mpirun | sigint_mpirun)
