@@ -94,6 +94,7 @@ struct Range {
   const char* var = "x";
   const char* note = "";
 
+  bool bounded() const { return lo_bound != none || hi_bound != none; }  // else kAny
   bool contains(double v) const {
     const bool above = lo_bound == none || (lo_bound == open ? v > lo : v >= lo);
     const bool below = hi_bound == none || (hi_bound == open ? v < hi : v <= hi);
@@ -582,7 +583,7 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
       using T = std::decay_t<decltype(field)>;
       if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double>) {
         if ((std::string(sec) == "model") != model_section) return;
-        if (r.lo_bound == Range::none && r.hi_bound == Range::none) return;
+        if (!r.bounded()) return;
         if (!r.contains(static_cast<double>(field))) {
           const std::string v = std::is_same_v<T, int64_t>
                                     ? std::to_string(static_cast<int64_t>(field))
@@ -974,7 +975,7 @@ std::vector<KeyDescription> describe_keys(const ModelSchema& family) {
     using T = std::decay_t<decltype(field)>;
     KeyDescription d;
     d.key = std::string(sec) + "." + key;
-    d.type = info.range.lo_bound != Range::none ? info.range.doc_type() : type_text<T>();
+    d.type = info.range.bounded() ? info.range.doc_type() : type_text<T>();
     d.default_value = toml_value(field);
     d.peer = info.peer;
     d.doc = info.doc;
@@ -1009,8 +1010,6 @@ bool resume_may_change(const std::string& key) {
 
 // ---- ModelConfig and the schemas -----------------------------------------------------------
 
-namespace {
-
 const char* value_type_name(const ModelValue& v) {
   switch (v.index()) {
     case 0: return "an integer";
@@ -1019,6 +1018,8 @@ const char* value_type_name(const ModelValue& v) {
     default: return "a string";
   }
 }
+
+namespace {
 
 const ModelValue& lookup(const ModelConfig& c, const std::string& key) {
   if (const ModelValue* v = c.find(key)) return *v;

@@ -25,8 +25,7 @@ void check_index(const char* what, int64_t i, int64_t n) {
   }
 }
 
-// The check of config validation (validate in src/config/config.cpp) for the keys read
-// here: it covers every parsed config; this guards a Config built in code, same message.
+// At most max_windows of n samples (0 = all; config validation keeps it >= 0).
 int64_t cap(int64_t n, int64_t max_windows) {
   return max_windows > 0 ? std::min(n, max_windows) : n;
 }

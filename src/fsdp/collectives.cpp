@@ -104,31 +104,23 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
   const DType rd = reduce_dtype;
   ReduceResult r;
   DeviceBuffer src = std::move(full_grad);
-  if (layout.num_shards == 1 && replicate.size() == 1 && host != nullptr) {
-    // Offload, world size 1: copy to the host and add into the host shard now, as the
-    // device path below adds at once (same axpy on the same values).
-    DeviceBuffer cast;
+  if (layout.num_shards == 1 && replicate.size() == 1) {
+    // Nothing sharded and nobody to reduce with (world size 1): accumulate into the fp32
+    // shard now instead of staging a reduce_dtype copy until end_step. axpy reads src's
+    // dtype; an fp32 or param_dtype reduce_dtype adds exactly what the staged copy held.
+    DeviceBuffer cast;  // another 16-bit reduce_dtype: keep its rounding, one unit at a time
     const DeviceBuffer* add = &src;
     if (rd != DType::f32 && rd != src.dtype()) {
       cast = DeviceBuffer(be, rd, src.numel(), MemCategory::comm_buffers);
       be.cast(cast.view(), src.view());
       add = &cast;
     }
-    DeviceBuffer staged(*host, add->dtype(), add->numel(), MemCategory::comm_buffers);
-    be.copy_to_host(staged.data(), add->view());
-    host->axpy(shard_grad.view(), 1.f, staged.view());
-    return r;
-  }
-  if (layout.num_shards == 1 && replicate.size() == 1) {
-    // Nothing sharded and nobody to reduce with (world size 1): accumulate into the fp32
-    // shard now instead of staging a reduce_dtype copy until end_step. axpy reads src's
-    // dtype; an fp32 or param_dtype reduce_dtype adds exactly what the staged copy held.
-    if (rd == DType::f32 || rd == src.dtype()) {
-      be.axpy(shard_grad.view(), 1.f, src.view());
-    } else {  // another 16-bit reduce_dtype: keep its rounding, for one unit at a time
-      DeviceBuffer cast(be, rd, src.numel(), MemCategory::comm_buffers);
-      be.cast(cast.view(), src.view());
-      be.axpy(shard_grad.view(), 1.f, cast.view());
+    if (host == nullptr) {
+      be.axpy(shard_grad.view(), 1.f, add->view());
+    } else {  // offload: into host staging, then the same axpy on the host shard
+      DeviceBuffer staged(*host, add->dtype(), add->numel(), MemCategory::comm_buffers);
+      be.copy_to_host(staged.data(), add->view());
+      host->axpy(shard_grad.view(), 1.f, staged.view());
     }
     return r;
   }

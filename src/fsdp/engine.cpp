@@ -554,28 +554,23 @@ void FsdpEngine::zero_grad() {
   }
 }
 
+// The shard arithmetic below runs on the shards' runtime; with offload its device scalars
+// are host copies of the backend's (copied in before, out after).
 void FsdpEngine::unscale_grads(float inv_scale, const TensorView& found_inf) {
-  if (!offloaded()) {
-    for (auto& u : units_) be_.unscale_and_check(u->shard_grad.view(), inv_scale, found_inf);
-    return;
-  }
-  be_.copy_to_host(host_flag_.data(), found_inf);
-  for (auto& u : units_) sh_.unscale_and_check(u->shard_grad.view(), inv_scale, host_flag_.view());
-  be_.copy_from_host(found_inf, host_flag_.data());
+  const TensorView flag = offloaded() ? host_flag_.view() : found_inf;
+  if (offloaded()) be_.copy_to_host(host_flag_.data(), found_inf);
+  for (auto& u : units_) sh_.unscale_and_check(u->shard_grad.view(), inv_scale, flag);
+  if (offloaded()) be_.copy_from_host(found_inf, host_flag_.data());
 }
 
 void FsdpEngine::clip_grad_norm(double max_norm, const TensorView& norm) {
   const int S = shard_comm_->size();
   const TensorView local = norm_parts_.view().slice(0, 1);
   const TensorView parts = norm_parts_.view().slice(1, S);
-  if (offloaded()) {  // the host shards' sum, then into the device slot the gather sends
-    sh_.fill_zero(host_norm_.view());
-    for (auto& u : units_) sh_.squared_norm(host_norm_.view(), u->shard_grad.view());
-    be_.copy_from_host(local, host_norm_.data());
-  } else {
-    be_.fill_zero(local);
-    for (auto& u : units_) be_.squared_norm(local, u->shard_grad.view());
-  }
+  const TensorView acc = offloaded() ? host_norm_.view() : local;
+  sh_.fill_zero(acc);
+  for (auto& u : units_) sh_.squared_norm(acc, u->shard_grad.view());
+  if (offloaded()) be_.copy_from_host(local, host_norm_.data());  // the slot the gather sends
   // Every shard's partial sum, added in shard order, so the norm is bitwise identical on
   // every rank (an all-reduce need not be).
   {
@@ -591,11 +586,10 @@ void FsdpEngine::clip_grad_norm(double max_norm, const TensorView& norm) {
     gather->wait();
   }
   be_.clip_coefficient(norm, clip_coef_.view(), parts, max_norm);
-  if (max_norm > 0 && offloaded()) {
-    be_.copy_to_host(host_coef_.data(), clip_coef_.view());
-    for (auto& u : units_) sh_.scale_by(u->shard_grad.view(), host_coef_.view());
-  } else if (max_norm > 0) {
-    for (auto& u : units_) be_.scale_by(u->shard_grad.view(), clip_coef_.view());
+  if (max_norm > 0) {
+    const TensorView coef = offloaded() ? host_coef_.view() : clip_coef_.view();
+    if (offloaded()) be_.copy_to_host(host_coef_.data(), clip_coef_.view());
+    for (auto& u : units_) sh_.scale_by(u->shard_grad.view(), coef);
   }
 }
 

@@ -73,9 +73,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& o
     }
     const nlohmann::json& v = j[k.name];
     auto wrong = [&] {
-      static const char* kNames[] = {"an integer", "a number", "a boolean", "a string"};
       return InputError(origin + ": model config \"" + k.name + "\": expected " +
-                        kNames[k.default_value.index()]);
+                        value_type_name(k.default_value));
     };
     switch (k.default_value.index()) {
       case 0:

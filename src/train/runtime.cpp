@@ -169,9 +169,10 @@ DeviceChoice choose_device(Communicator& group, DeviceKind device, CommBackend c
 namespace {
 // fsdp.cpu_offload's host memory on CUDA: page-locked (fast copies to and from the device);
 // where the driver cannot pin more, pageable aligned memory instead (slower copies, same
-// results). Each pointer is freed the way it was allocated.
+// results: aligned_host_allocator). Each pointer is freed the way it was allocated.
 HostAllocator pinned_or_pageable() {
   struct Pageable {
+    HostAllocator aligned = aligned_host_allocator();
     std::mutex mu;
     std::set<void*> ptrs;
   };
@@ -179,8 +180,7 @@ HostAllocator pinned_or_pageable() {
   HostAllocator a;
   a.allocate = [pageable](std::size_t bytes) -> void* {
     if (void* p = cuda::pinned_host_alloc(bytes)) return p;
-    const std::size_t rounded = (bytes + 255) / 256 * 256;
-    void* p = std::aligned_alloc(256, rounded < bytes ? bytes : rounded);
+    void* p = pageable->aligned.allocate(bytes);
     if (p) {
       std::lock_guard<std::mutex> lock(pageable->mu);
       pageable->ptrs.insert(p);
@@ -191,7 +191,7 @@ HostAllocator pinned_or_pageable() {
     {
       std::lock_guard<std::mutex> lock(pageable->mu);
       if (pageable->ptrs.erase(p) != 0) {
-        std::free(p);
+        pageable->aligned.free(p);
         return;
       }
     }

@@ -12,11 +12,15 @@ namespace fsdp {
 
 // Where the backend's memory comes from: blocks of at least 256-byte alignment, or nullptr
 // when out of memory (the caching allocator then empties its cache and retries, then
-// throws). The default is aligned_alloc / free.
+// throws). Both functions are given, or neither (aligned_host_allocator()).
 struct HostAllocator {
   std::function<void*(std::size_t bytes)> allocate;
   std::function<void(void*)> free;
 };
+
+// aligned_alloc (256 bytes, the size rounded up to it; nullptr on overflow) and free: the
+// CPU backend's default, and the fallback of fsdp.cpu_offload's page-locked memory on CUDA.
+HostAllocator aligned_host_allocator();
 
 // num_threads: threads of the backend's one OpenMP pool (>= 1; OpenBLAS runs single-threaded
 // inside its regions). Cores are not bound here: the Runtime binds them first

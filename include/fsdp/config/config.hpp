@@ -63,6 +63,8 @@ constexpr const char* to_string(OptimizerKind k) { return k == OptimizerKind::ad
 // its Hugging Face config names it, and is declared with its default by the family alone
 // (ModelSchema::keys). A value keeps the type of the declared default.
 using ModelValue = std::variant<int64_t, double, bool, std::string>;
+// "an integer", "a number", "a boolean" or "a string": the type of `v`, for messages.
+const char* value_type_name(const ModelValue& v);
 
 // A [model] key of a family: its name (the Hugging Face config name), its default, whose
 // variant alternative is the key's type (int64_t, double, bool or std::string), and one line

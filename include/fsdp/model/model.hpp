@@ -47,7 +47,6 @@ class Model {
                             const TensorView& loss) = 0;
 };
 
-
 // How one of our parameters appears in a Hugging Face checkpoint.
 struct HfTensor {
   std::string name;            // e.g. "transformer.h.0.attn.c_attn.weight"
@@ -59,12 +58,12 @@ struct HfTensor {
 // wrap classes, objectives, validate) and everything else the program asks of a model.
 class ModelFamily : public ModelSchema {
  public:
-
   // The modules (names, wrap classes, parameter specs with their initialisation) of a model
   // with this config, without building one. Parameter names are ours (nn.Linear layout).
   virtual std::vector<ModuleDecl> modules(const ModelConfig& config) const = 0;
-  // A model on `kernels` (and their runtime); activations stored in `activation_dtype` (the mixed-precision
-  // param_dtype); `activation_checkpointing` per fsdp.activation_checkpointing.
+  // A model on `kernels` (and their runtime); activations stored in `activation_dtype` (the
+  // mixed-precision param_dtype); `activation_checkpointing` per
+  // fsdp.activation_checkpointing.
   virtual std::unique_ptr<Model> create(const ModelConfig& config, Kernels& kernels,
                                         DType activation_dtype,
                                         bool activation_checkpointing) const = 0;

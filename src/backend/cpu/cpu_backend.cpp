@@ -177,10 +177,7 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(int num_threads, HostAllocator allocator)
       : k_(num_threads),
-        alloc_(allocator.allocate ? std::move(allocator.allocate)
-                                  : [](std::size_t bytes) { return aligned_bytes(bytes); },
-               allocator.free ? std::move(allocator.free) : [](void* p) { std::free(p); },
-               memory_) {}
+        alloc_(std::move(allocator.allocate), std::move(allocator.free), memory_) {}
 
   Device device() const override { return Device::cpu; }
 
@@ -785,7 +782,12 @@ void CpuBackend::sgd_update(const TensorView& param, const TensorView& grad,
 
 }  // namespace
 
+HostAllocator aligned_host_allocator() {
+  return {[](std::size_t bytes) { return aligned_bytes(bytes); }, [](void* p) { std::free(p); }};
+}
+
 std::unique_ptr<Backend> make_cpu_backend(int num_threads, HostAllocator allocator) {
+  if (!allocator.allocate || !allocator.free) allocator = aligned_host_allocator();
   return std::make_unique<CpuBackend>(num_threads, std::move(allocator));
 }
 
