@@ -118,7 +118,8 @@ class RecordingCommunicator final : public fsdp::Communicator {
 // with "| fwd", "| bwd", "| end" markers between the phases, "Fm" before module m's
 // pre_forward, "Bm" before its pre_backward and "/Bm" before its post_backward. Modules:
 // 0 embeddings (root), 1-3 blocks h0-h2, 4 ln_f (root).
-Log schedule(bool forward_prefetch, fsdp::BackwardPrefetch backward, int replicas = 1) {
+Log schedule(bool forward_prefetch, fsdp::BackwardPrefetch backward, int replicas = 1,
+             bool offload = false) {
   fsdp::Gpt2Config mc;
   mc.n_layer = 3;
   mc.n_head = 2;
@@ -133,10 +134,12 @@ Log schedule(bool forward_prefetch, fsdp::BackwardPrefetch backward, int replica
                                       : fsdp::ShardingStrategy::FULL_SHARD;
   fc.forward_prefetch = forward_prefetch;
   fc.backward_prefetch = backward;
+  fc.cpu_offload = offload;
+  auto host = fsdp::make_cpu_backend(1);  // the offload runtime
   Log log;
   RecordingCommunicator shard(2, log), replicate(replicas, log);
   fsdp::FsdpEngine engine(model.modules(), fc, fsdp::MixedPrecisionConfig{}, shard, replicate,
-                          *be, 1, true);
+                          *be, 1, true, offload ? host.get() : nullptr);
   for (int u = 0; u < engine.num_units(); ++u) {
     const std::string n = u == 0 ? "root" : "h" + std::to_string(u - 1);
     shard.names[engine.shard_param(u).data] = n;
@@ -261,6 +264,67 @@ TEST(EngineSchedule, HybridWithBackwardPrefetchKeepsEachAllReduceNextToItsReduce
       EXPECT_EQ(*(rs + 2), std::string("AR ") + u);
     }
   }
+}
+
+// The collectives alone, in issue order, without the buffers' names ("AG", "RS", "AR").
+Log collectives(const Log& log) {
+  Log out;
+  for (const std::string& e : log) {
+    if (e.rfind("AG", 0) == 0 || e.rfind("RS", 0) == 0 || e.rfind("AR", 0) == 0) {
+      out.push_back(e.substr(0, 2));
+    }
+  }
+  return out;
+}
+
+TEST(EngineSchedule, OffloadIssuesTheSameCollectivesInTheSameOrder) {
+  // Uploads and host staging add no collective and move none: every rank still issues the
+  // same sequence, whatever the prefetch mode.
+  for (auto mode : {fsdp::BackwardPrefetch::NO_PREFETCH, fsdp::BackwardPrefetch::BACKWARD_PRE,
+                    fsdp::BackwardPrefetch::BACKWARD_POST}) {
+    for (int replicas : {1, 2}) {
+      const Log plain = schedule(true, mode, replicas);
+      const Log off = schedule(true, mode, replicas, /*offload=*/true);
+      EXPECT_EQ(collectives(off), collectives(plain)) << fsdp::to_string(mode) << " x" << replicas;
+      EXPECT_GE(collectives(off).size(), 8u);
+    }
+  }
+}
+
+TEST(EngineSchedule, AnOffloadedUnshardBeforeParamsUpdatedThrows) {
+  // An engine built without initialisation has no param_dtype host copies yet: uploading
+  // them would send garbage, so the first unshard names the missing call.
+  fsdp::Gpt2Config mc;
+  mc.n_layer = 1;
+  mc.n_head = 2;
+  mc.n_embd = 8;
+  mc.n_positions = 8;
+  mc.vocab_size = 16;
+  auto be = fsdp::make_cpu_backend(1);
+  auto host = fsdp::make_cpu_backend(1);
+  fsdp::Gpt2Model model(mc, *be);
+  fsdp::FsdpConfig fc;
+  fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
+  fc.cpu_offload = true;
+  fsdp::MixedPrecisionConfig mp;
+  mp.param_dtype = fsdp::DType::bf16;
+  Log log;
+  RecordingCommunicator shard(2, log), replicate(1, log);
+  fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, *be, 1,
+                          /*initialise=*/false, host.get());
+  engine.begin_step(false);
+  try {
+    engine.pre_forward(0);
+    ADD_FAILURE() << "an unshard before params_updated() did not throw";
+  } catch (const fsdp::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("params_updated()"), std::string::npos) << err.what();
+  }
+  engine.end_step();
+  engine.params_updated();
+  engine.begin_step(false);
+  EXPECT_NO_THROW(engine.pre_forward(0));
+  engine.post_forward(0);
+  engine.end_step();
 }
 
 // A FULL_SHARD engine over the recording communicator for the state tests.

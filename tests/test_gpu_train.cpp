@@ -111,14 +111,17 @@ TEST(GpuTrain, RanksSharingOneGpuEqualOneRank) {
 // kernels'), for FULL_SHARD and HYBRID_SHARD over the ranks sharing the GPU, fp32 and bf16;
 // the device holds no shard, gradient shard or optimizer state.
 TEST(GpuTrain, CpuOffloadMatchesTheDeviceOptimizer) {
+  // micro_batch_size 1: the micro-batches before the last accumulate on the device.
+  for (int64_t micro : {0, 1}) {
   for (auto strategy : {fsdp::ShardingStrategy::FULL_SHARD, fsdp::ShardingStrategy::HYBRID_SHARD}) {
     for (fsdp::DType dt : {fsdp::DType::f32, fsdp::DType::bf16}) {
-      const std::string tag =
-          std::string(fsdp::to_string(strategy)) + "/" + std::string(fsdp::to_string(dt));
+      const std::string tag = std::string(fsdp::to_string(strategy)) + "/" +
+                              std::string(fsdp::to_string(dt)) + " micro " + std::to_string(micro);
       Config c = on(small_config(fresh_dir("gpu_offload_ref")), fsdp::DeviceKind::cuda);
       c.fsdp.sharding_strategy = strategy;
       c.mesh.shard_size = std::min(2, world_size());
       c.mixed_precision.param_dtype = dt;
+      c.train.micro_batch_size = micro;
       const TrainResult ref = run(c, On::world);
       c.train.run_dir = fresh_dir("gpu_offload_on");
       c.fsdp.cpu_offload = true;
@@ -126,16 +129,32 @@ TEST(GpuTrain, CpuOffloadMatchesTheDeviceOptimizer) {
       ASSERT_EQ(off.losses.size(), ref.losses.size()) << tag;
       EXPECT_LE(max_rel_loss_diff(off, ref), 1e-6) << tag;
       EXPECT_LE(params_rel_diff(off, ref), 1e-6) << tag;
+      auto dev = [&](fsdp::MemCategory m) { return off.peak_bytes[static_cast<std::size_t>(m)]; };
+      auto host = [&](fsdp::MemCategory m) {
+        return off.host_peak_bytes[static_cast<std::size_t>(m)];
+      };
       for (auto m : {fsdp::MemCategory::sharded_params, fsdp::MemCategory::grads,
                      fsdp::MemCategory::optimizer_state}) {
-        const auto i = static_cast<std::size_t>(m);
-        EXPECT_EQ(off.peak_bytes[i], 0) << tag << " " << fsdp::to_string(m);
-        EXPECT_GT(off.host_peak_bytes[i], 0) << tag << " " << fsdp::to_string(m);
+        EXPECT_GT(host(m), 0) << tag << " " << fsdp::to_string(m);
       }
-      EXPECT_EQ(off.plan.host.optimizer_state,
-                off.host_peak_bytes[static_cast<std::size_t>(fsdp::MemCategory::optimizer_state)])
-          << tag;
+      EXPECT_EQ(dev(fsdp::MemCategory::sharded_params), 0) << tag;
+      EXPECT_EQ(dev(fsdp::MemCategory::optimizer_state), 0) << tag;
+      // The device's gradients: the fp32 accumulators (as large as the shards) between
+      // boundaries, one unit's in flight at world size 1, none otherwise; as planned.
+      const auto g = fsdp::MemCategory::grads;
+      if (micro == 1) {
+        EXPECT_EQ(dev(g), host(g)) << tag;
+      } else if (world_size() == 1) {
+        EXPECT_LT(dev(g), host(g)) << tag;
+      } else {
+        EXPECT_EQ(dev(g), 0) << tag;
+      }
+      EXPECT_EQ(off.plan.grads, dev(g)) << tag;
+      EXPECT_EQ(off.plan.unsharded_params, dev(fsdp::MemCategory::unsharded_params)) << tag;
+      EXPECT_EQ(off.plan.host.optimizer_state, host(fsdp::MemCategory::optimizer_state)) << tag;
+      EXPECT_EQ(off.plan.host.comm_buffers, host(fsdp::MemCategory::comm_buffers)) << tag;
     }
+  }
   }
 }
 

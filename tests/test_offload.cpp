@@ -101,6 +101,13 @@ TEST(Offload, SgdFp16AndMicroBatchesEqualTheRunWithoutOffload) {
          c.mixed_precision.param_dtype = fsdp::DType::bf16;
          c.train.micro_batch_size = 1;
        }},
+      // The device accumulates between boundaries: through an all-reduce too, and in bf16.
+      {"HYBRID_SHARD bf16, micro-batches of 1", [](Config& c) {
+         c.fsdp.sharding_strategy = ShardingStrategy::HYBRID_SHARD;
+         c.mixed_precision.param_dtype = fsdp::DType::bf16;
+         c.mixed_precision.reduce_dtype = fsdp::DType::bf16;
+         c.train.micro_batch_size = 1;
+       }},
   };
   for (const Variant& v : variants) {
     Config c = offload_config("offload_var_ref", {ShardingStrategy::FULL_SHARD, fsdp::DType::f32});
@@ -119,7 +126,14 @@ TEST(Offload, ShardsGradientsAndOptimizerStateLiveInTheOffloadRuntime) {
   auto dev = [&](MemCategory m) { return r.peak_bytes[static_cast<std::size_t>(m)]; };
   auto host = [&](MemCategory m) { return r.host_peak_bytes[static_cast<std::size_t>(m)]; };
   EXPECT_EQ(dev(MemCategory::sharded_params), 0);
-  EXPECT_EQ(dev(MemCategory::grads), 0);
+  // No gradient shard on the device; at world size 1 the reduced gradient goes to the host
+  // through a unit's fp32 accumulator, freed behind its copy: one unit at a time here.
+  if (world_size() == 1) {
+    EXPECT_GT(dev(MemCategory::grads), 0);
+    EXPECT_LT(dev(MemCategory::grads), host(MemCategory::grads));
+  } else {
+    EXPECT_EQ(dev(MemCategory::grads), 0);
+  }
   EXPECT_EQ(dev(MemCategory::optimizer_state), 0);
   EXPECT_GT(host(MemCategory::sharded_params), 0);
   EXPECT_EQ(host(MemCategory::grads), host(MemCategory::sharded_params));
@@ -209,9 +223,31 @@ TEST(Offload, PlanEqualsTheMeasuredDeviceAndHostPeaks) {
       EXPECT_EQ(p.host.sharded_params, q.sharded_params) << k.tag();
       EXPECT_EQ(p.host.grads, q.grads) << k.tag();
       EXPECT_EQ(p.host.optimizer_state, q.optimizer_state) << k.tag();
-      EXPECT_EQ(p.sharded_params + p.grads + p.optimizer_state, 0) << k.tag();
+      EXPECT_EQ(p.sharded_params + p.optimizer_state, 0) << k.tag();
+      EXPECT_LT(p.grads, p.host.grads) << k.tag();  // world size 1: one unit's accumulator
       EXPECT_EQ(q.host.total, 0) << k.tag();
+      // The host's comm_buffers: the param_dtype copies the uploads read (none for fp32,
+      // which uploads the shard itself) and gradient staging (the 7B plan's test bounds it).
+      const int64_t copies = dt == fsdp::DType::f32 ? 0 : p.host.sharded_params / 2;
+      EXPECT_GT(p.host.comm_buffers, copies) << k.tag();
     }
+  }
+  // Micro-batches: the passes before the last accumulate on the device (an fp32 accumulator
+  // as large as the shards), and the plan counts it.
+  for (ShardingStrategy s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::HYBRID_SHARD}) {
+    const Case k{s, fsdp::DType::bf16};
+    Config c = offload_config("offload_plan_micro", k);
+    c.fsdp.cpu_offload = true;
+    c.train.micro_batch_size = 1;
+    const TrainResult r = run(c, On::world);
+    auto dev = [&](MemCategory m) { return r.peak_bytes[static_cast<std::size_t>(m)]; };
+    auto host = [&](MemCategory m) { return r.host_peak_bytes[static_cast<std::size_t>(m)]; };
+    EXPECT_EQ(r.plan.grads, dev(MemCategory::grads)) << k.tag();
+    EXPECT_EQ(r.plan.grads, r.plan.host.sharded_params) << k.tag();
+    EXPECT_EQ(r.plan.comm_buffers, dev(MemCategory::comm_buffers)) << k.tag();
+    EXPECT_EQ(r.plan.unsharded_params, dev(MemCategory::unsharded_params)) << k.tag();
+    EXPECT_EQ(r.plan.host.comm_buffers, host(MemCategory::comm_buffers)) << k.tag();
+    EXPECT_EQ(r.plan.host.grads, host(MemCategory::grads)) << k.tag();
   }
 }
 
@@ -242,9 +278,19 @@ TEST(Offload, A7BPlanFitsOneGpuWithOffloadAndNotWithout) {
 
   const Plan on = plan_7b(true);
   ASSERT_TRUE(on.engine.offload);
-  EXPECT_LT(on.engine.total + on.activations, 8 * GiB);      // the device: units in flight
-  EXPECT_GT(on.engine.host.total, 95 * GiB);                 // fp32 params, grads, Adam: 16 B/param
-  EXPECT_LT(on.engine.host.total, 105 * GiB);
+  // The device: the units in flight and, over 8 micro-batches, the fp32 gradient
+  // accumulator (4 B/param).
+  EXPECT_EQ(on.engine.grads, on.engine.host.sharded_params);
+  EXPECT_LT(on.engine.total + on.activations, 32 * GiB);
+  // The host: fp32 params, grads and Adam state (16 B/param) and the bf16 copies the uploads
+  // read (2 B/param), with a few units' gradient staging.
+  EXPECT_GT(on.engine.host.total, 110 * GiB);
+  EXPECT_LT(on.engine.host.total, 116 * GiB);
+  // Gradient staging stays a few units' worth (at most kStagedCopies copies wait for the
+  // host), not the 32 blocks' (which in fp32 would be as large as the shards).
+  const int64_t copies = on.engine.host.sharded_params / 2;  // bf16
+  EXPECT_GT(on.engine.host.comm_buffers, copies);
+  EXPECT_LT(on.engine.host.comm_buffers - copies, on.engine.host.sharded_params / 8);
   EXPECT_EQ(fsdp::memory_refusal(on.engine, on.activations, gpu, host, false), "");
 
   const Plan off = plan_7b(false);
@@ -265,7 +311,7 @@ TEST(Offload, A7BPlanFitsOneGpuWithOffloadAndNotWithout) {
   // its device and host rows together.
   const fsdp::MemoryBudget cpu{100 * GiB, "MemAvailable 100.0 GiB / 1 rank on this node"};
   EXPECT_THAT(fsdp::memory_refusal(on.engine, on.activations, cpu, cpu, true),
-              HasSubstr("memory plan: 10"));
+              HasSubstr("memory plan: 14"));
   EXPECT_EQ(fsdp::memory_refusal(on.engine, on.activations, {-1, "unknown"}, {-1, "unknown"}, false), "");
 }
 

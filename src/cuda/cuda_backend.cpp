@@ -134,6 +134,7 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* host_dst, const TensorView& src) override;
   void copy_from_host(const TensorView& dst, const void* host_src) override;
   void copy_to_host_async(void* host_dst, const TensorView& src, Stream& stream) override;
+  void copy_from_host_async(const TensorView& dst, const void* host_src, Stream& stream) override;
   void synchronize() override;
 
   // ---- dense algebra ----
@@ -362,6 +363,17 @@ void CudaBackend::copy_to_host_async(void* host_dst, const TensorView& src, Stre
   if (cs == nullptr) throw Error("cuda backend: copy_to_host_async on a stream that is not CUDA's");
   if (src.bytes()) {
     FSDP_CHECK_CUDA(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost,
+                                    cs->handle()));
+  }
+}
+
+void CudaBackend::copy_from_host_async(const TensorView& dst, const void* host_src,
+                                       Stream& stream) {
+  Chk::copy_from_host(dst);
+  auto* cs = dynamic_cast<CudaStream*>(&stream);
+  if (cs == nullptr) throw Error("cuda backend: copy_from_host_async on a stream that is not CUDA's");
+  if (dst.bytes()) {
+    FSDP_CHECK_CUDA(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice,
                                     cs->handle()));
   }
 }

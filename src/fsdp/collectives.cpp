@@ -28,11 +28,12 @@ struct Traced {
   ProfileRange range;
 };
 
-// CPU offload: once the unit's last collective completes, the reduction stream copies the
-// reduced shard into host staging; the device buffer is freed behind the copy. On a host
-// stream (MPI on the CPU backend) waiting for the collective blocks here.
-void stage_to_host(DeviceRuntime& be, DeviceRuntime& host, ReduceResult& r, Stream& reduce_stream,
-                   const CollectiveTrace& trace, const Communicator& shard,
+// CPU offload: once the unit's last collective completes (with none, once `stream` has
+// produced the gradient), the reduction stream copies the reduced shard into host staging;
+// the device buffer is freed behind the copy. On a host stream (MPI on the CPU backend)
+// waiting for the collective blocks here.
+void stage_to_host(DeviceRuntime& be, DeviceRuntime& host, ReduceResult& r, Stream& stream,
+                   Stream& reduce_stream, const CollectiveTrace& trace, const Communicator& shard,
                    const Communicator& replicate) {
   Work* last = r.all_reduce ? r.all_reduce.get() : r.reduce_scatter.get();
   if (last != nullptr) {
@@ -40,6 +41,10 @@ void stage_to_host(DeviceRuntime& be, DeviceRuntime& host, ReduceResult& r, Stre
     Traced wait(trace, r.all_reduce ? "all_reduce" : "reduce_scatter", "wait",
                 r.all_reduce ? replicate : shard, r.reduced.numel(), r.reduced.dtype());
     reduce_stream.wait(*last->done());
+  } else {
+    const std::shared_ptr<Event> produced = be.create_event();
+    produced->record(stream);
+    reduce_stream.wait(*produced);
   }
   r.host_staged = DeviceBuffer(host, r.reduced.dtype(), r.reduced.numel(), MemCategory::comm_buffers);
   be.copy_to_host_async(r.host_staged.data(), r.reduced.view(), reduce_stream);
@@ -53,7 +58,7 @@ void stage_to_host(DeviceRuntime& be, DeviceRuntime& host, ReduceResult& r, Stre
 AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
                                    const FlatParamLayout& layout, const DeviceBuffer& shard_param,
                                    DType param_dtype, Stream& stream, const CollectiveTrace& trace,
-                                   DeviceRuntime* host) {
+                                   const HostUpload* upload) {
   check_shard(layout, shard_param, "shard_param");
   if (layout.num_shards != shard.size()) {
     throw Error("FSDP collectives: unit " + layout.unit_name + " has " +
@@ -65,16 +70,21 @@ AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
   r.full_param = DeviceBuffer(be, param_dtype, layout.padded_numel, MemCategory::unsharded_params);
   const TensorView slot = r.full_param.view().slice(shard.rank() * n, n);
   const void* send = shard_param.data();
-  if (host != nullptr) {  // offload: cast on the host, copy the param_dtype shard across
-    DeviceBuffer staged;
-    const void* src = shard_param.data();
-    if (param_dtype != DType::f32) {
-      staged = DeviceBuffer(*host, param_dtype, n, MemCategory::comm_buffers);
-      host->cast(staged.view(), shard_param.view());
-      src = staged.data();
-    }
-    be.copy_from_host(slot, src);
+  Stream* after = &stream;
+  if (upload != nullptr) {
+    // The slot may be memory that work already enqueued on `stream` freed: the copy stream
+    // starts after it, then the all-gather after the copy, so both overlap what `stream`
+    // does next.
+    const std::shared_ptr<Event> freed = be.create_event();
+    freed->record(stream);
+    upload->stream->wait(*freed);
+    be.copy_from_host_async(slot, upload->src, *upload->stream);
     send = slot.data;
+    after = upload->stream;
+    if (layout.num_shards == 1) {
+      r.ready = be.create_event();
+      r.ready->record(*upload->stream);
+    }
   } else if (param_dtype != DType::f32) {
     be.cast(slot, shard_param.view());
     send = slot.data;
@@ -84,7 +94,8 @@ AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
   if (layout.num_shards > 1) {
     Traced issue(trace, "all_gather", "issue", shard, n, param_dtype);
     r.work = shard.all_gather(send, r.full_param.data(), static_cast<std::size_t>(n), param_dtype,
-                              stream);
+                              *after);
+    if (upload != nullptr) r.ready = r.work->done();
   }
   return r;
 }
@@ -117,10 +128,9 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
     }
     if (host == nullptr) {
       be.axpy(shard_grad.view(), 1.f, add->view());
-    } else {  // offload: into host staging, then the same axpy on the host shard
-      DeviceBuffer staged(*host, add->dtype(), add->numel(), MemCategory::comm_buffers);
-      be.copy_to_host(staged.data(), add->view());
-      host->axpy(shard_grad.view(), 1.f, staged.view());
+    } else {  // offload: staged to the host, where the caller adds it with the same axpy
+      r.reduced = add == &src ? std::move(src) : std::move(cast);
+      stage_to_host(be, *host, r, stream, reduce_stream, trace, shard, replicate);
     }
     return r;
   }
@@ -136,7 +146,7 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
       r.all_reduce = replicate.all_reduce(r.reduced.data(), r.reduced.data(),
                                           static_cast<std::size_t>(n), rd, ReduceOp::avg, stream);
     }
-    if (host != nullptr) stage_to_host(be, *host, r, reduce_stream, trace, shard, replicate);
+    if (host != nullptr) stage_to_host(be, *host, r, stream, reduce_stream, trace, shard, replicate);
     return r;
   }
   void* recv = nullptr;
@@ -167,7 +177,7 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
                                         reduce_stream);
     r.all_reduce_on_reduce_stream = true;
   }
-  if (host != nullptr) stage_to_host(be, *host, r, reduce_stream, trace, shard, replicate);
+  if (host != nullptr) stage_to_host(be, *host, r, stream, reduce_stream, trace, shard, replicate);
   return r;
 }
 

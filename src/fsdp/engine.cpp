@@ -23,6 +23,15 @@ struct FsdpEngine::Unit {
   DeviceBuffer full_param;       // param_dtype [padded_numel] while unsharded (if needs_full)
   DeviceBuffer full_grad;        // param_dtype [padded_numel] during backward (if needs_full)
   std::unique_ptr<Work> gather;  // pending all-gather into full_param
+  // cpu_offload: full_param is filled once `ready` completes (the upload, then the gather).
+  std::shared_ptr<Event> ready;
+  // cpu_offload with a 16-bit param_dtype: the shard cast to param_dtype once per update
+  // (params_updated), what each unshard uploads: [shard_numel], MemCategory::comm_buffers of
+  // the host.
+  DeviceBuffer host_param;
+  // cpu_offload between gradient accumulation boundaries: the reduced gradients of the
+  // step's micro-batches so far, fp32 [shard_numel] on the device (MemCategory::grads).
+  DeviceBuffer grad_acc;
   // Gradient reduction in flight (issued at the unit's post_backward, waited in end_step):
   // reduced (reduce_dtype [shard_numel], unless the result is shard_grad) and its Works.
   ReduceResult reduction;
@@ -166,6 +175,9 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
     unit->shard_param = DeviceBuffer::floats(sh_, n, MemCategory::sharded_params);
     unit->shard_grad = DeviceBuffer::floats(sh_, n, MemCategory::grads);
     if (initialise) sh_.fill_zero(unit->shard_grad.view());
+    if (offloaded() && mp_.param_dtype != DType::f32) {
+      unit->host_param = DeviceBuffer(sh_, mp_.param_dtype, n, MemCategory::comm_buffers);
+    }
     units_.push_back(std::move(unit));
     if (initialise) init_shard(num_units() - 1, seed);
   }
@@ -213,9 +225,32 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
     host_coef_ = DeviceBuffer::floats(sh_, 1, MemCategory::other);
   }
   reduce_stream_ = be_.create_stream();
+  if (offloaded()) copy_stream_ = be_.create_stream();
+  if (initialise) params_updated();
 }
 
-FsdpEngine::~FsdpEngine() = default;  // pending Work completes in its destructor
+void FsdpEngine::params_updated() {
+  if (!offloaded()) return;
+  copy_stream_->synchronize();  // no upload still reads a host copy (or an fp32 shard)
+  for (auto& u : units_) {
+    if (u->host_param) sh_.cast(u->host_param.view(), u->shard_param.view());
+  }
+  params_cast_ = true;
+}
+
+void FsdpEngine::set_gradient_accumulation_boundary(bool boundary) { boundary_ = boundary; }
+
+// Pending Work completes in its destructor. Copies to or from host memory (offload) may
+// still be in flight when a step is cut short: they finish before that memory is freed.
+FsdpEngine::~FsdpEngine() {
+  for (Stream* s : {reduce_stream_.get(), copy_stream_.get()}) {
+    if (s == nullptr) continue;
+    try {
+      s->synchronize();
+    } catch (...) {  // a device error: nothing more to do here
+    }
+  }
+}
 
 TrainingState FsdpEngine::training_state(int unit) const { return units_.at(unit)->training; }
 ShardedState FsdpEngine::sharded_state(int unit) const { return units_.at(unit)->sharded; }
@@ -341,17 +376,29 @@ int FsdpEngine::unsharded_blocks() const {
 void FsdpEngine::issue_unshard(int unit) {
   Unit& u = *units_[unit];
   if (u.sharded == ShardedState::UNSHARDED || !needs_full(u)) return;
+  HostUpload upload;
+  if (offloaded()) {
+    if (!params_cast_) {
+      throw Error("FSDP: unit " + std::to_string(unit) + " (" + u.layout.unit_name +
+                  ") unsharded before params_updated(): with fsdp.cpu_offload the engine must "
+                  "be told when this rank's shards were written (initialisation, a checkpoint "
+                  "load, model.init_from, the optimizer step)");
+    }
+    upload.src = u.host_param ? u.host_param.data() : u.shard_param.data();
+    upload.stream = copy_stream_.get();
+  }
   AllGatherResult r = foreach_all_gather(be_, *shard_comm_, u.layout, u.shard_param,
                                          mp_.param_dtype, be_.compute_stream(), trace(unit),
-                                         offloaded() ? &sh_ : nullptr);
+                                         offloaded() ? &upload : nullptr);
   u.full_param = std::move(r.full_param);
   u.gather = std::move(r.work);
+  u.ready = std::move(r.ready);
   u.sharded = ShardedState::UNSHARDED;
   if (unit != 0) ++unsharded_blocks_;
 }
 
-void FsdpEngine::wait_unshard(int unit) {
-  issue_unshard(unit);
+// The compute stream waits for the unit's all-gather (and, offloaded, its upload).
+void FsdpEngine::complete_unshard(int unit) {
   Unit& u = *units_[unit];
   if (u.gather) {
     StepTimer::Scope waiting(timer_, Phase::comm_wait);
@@ -363,20 +410,20 @@ void FsdpEngine::wait_unshard(int unit) {
     u.gather->wait();
     u.gather.reset();
   }
+  if (u.ready) {
+    be_.compute_stream().wait(*u.ready);
+    u.ready.reset();
+  }
+}
+
+void FsdpEngine::wait_unshard(int unit) {
+  issue_unshard(unit);
+  complete_unshard(unit);
 }
 
 void FsdpEngine::reshard(int unit) {
   Unit& u = *units_[unit];
-  if (u.gather) {  // prefetched, never used (a pass cut short)
-    StepTimer::Scope waiting(timer_, Phase::comm_wait);
-    ProfileRange range(profiler_, "collective");
-    if (range) {
-      describe(range, "all_gather", "wait", unit, *shard_comm_, u.layout.shard_numel,
-               mp_.param_dtype);
-    }
-    u.gather->wait();
-    u.gather.reset();
-  }
+  complete_unshard(unit);  // prefetched, never used (a pass cut short): freed after its fill
   u.full_param.reset();
   if (u.sharded == ShardedState::UNSHARDED && unit != 0) --unsharded_blocks_;
   u.sharded = ShardedState::SHARDED;
@@ -487,10 +534,61 @@ void FsdpEngine::issue_reduction(int unit) {
                                     be_.compute_stream(), trace(unit));
     return;
   }
+  // Offloaded, between gradient accumulation boundaries (and, where nothing is communicated,
+  // at the boundary too: one device-to-host copy and one host add instead of two), the
+  // reduced gradient goes into the unit's fp32 accumulator on the device.
+  const bool local = u.layout.num_shards == 1 && replicate_comm_->size() == 1;
+  if (offloaded() && (!boundary_ || local)) {
+    const bool fresh = !u.grad_acc;
+    if (fresh) {
+      u.grad_acc = DeviceBuffer::floats(be_, u.layout.shard_numel, MemCategory::grads);
+      be_.fill_zero(u.grad_acc.view());
+    }
+    u.reduction = foreach_reduce(be_, *shard_comm_, *replicate_comm_, u.layout,
+                                 std::move(u.full_grad), u.grad_acc, fresh, mp_.reduce_dtype,
+                                 be_.compute_stream(), *reduce_stream_, trace(unit));
+    if (boundary_) stage_accumulator(unit);  // local: the sum is complete on the compute stream
+    return;
+  }
+  if (offloaded() && u.grad_acc) stage_accumulator(unit);  // the earlier micro-batches' sum first
   u.reduction = foreach_reduce(be_, *shard_comm_, *replicate_comm_, u.layout,
                                std::move(u.full_grad), u.shard_grad, shard_was_empty,
                                mp_.reduce_dtype, be_.compute_stream(), *reduce_stream_,
                                trace(unit), offloaded() ? &sh_ : nullptr);
+  if (u.reduction.host_staged) {
+    staged_.push_back({unit, std::move(u.reduction.host_staged), std::move(u.reduction.copied)});
+    drain_staged(kStagedCopies);
+  }
+}
+
+// Copies the unit's device accumulator (complete on the compute stream) to host staging on
+// the reduction stream, freed behind the copy; the host adds it in drain_staged.
+void FsdpEngine::stage_accumulator(int unit) {
+  Unit& u = *units_[unit];
+  Staged s{unit, DeviceBuffer::floats(sh_, u.layout.shard_numel, MemCategory::comm_buffers),
+           be_.create_event()};
+  const std::shared_ptr<Event> summed = be_.create_event();
+  summed->record(be_.compute_stream());
+  reduce_stream_->wait(*summed);
+  be_.copy_to_host_async(s.host.data(), u.grad_acc.view(), *reduce_stream_);
+  s.copied->record(*reduce_stream_);
+  u.grad_acc.reset(s.copied);
+  staged_.push_back(std::move(s));
+  drain_staged(kStagedCopies);
+}
+
+// Adds the oldest host copies of reduced gradients into their units' fp32 shards (in the
+// order they were staged) until at most `keep` are pending.
+void FsdpEngine::drain_staged(std::size_t keep) {
+  while (staged_.size() > keep) {
+    Staged& s = staged_.front();
+    {
+      StepTimer::Scope waiting(timer_, Phase::comm_wait);
+      s.copied->synchronize();
+    }
+    sh_.axpy(units_[s.unit]->shard_grad.view(), 1.f, s.host.view());
+    staged_.pop_front();
+  }
 }
 
 void FsdpEngine::end_step() {
@@ -527,18 +625,16 @@ void FsdpEngine::end_step() {
       if (r.all_reduce_on_reduce_stream) stream.wait(*r.all_reduce->done());
       r.all_reduce.reset();
     }
-    if (r.host_staged) {  // offload: copied to the host during backward; added there (same axpy)
-      r.copied->synchronize();
-      sh_.axpy(u.shard_grad.view(), 1.f, r.host_staged.view());
-      r.host_staged.reset();
-      r.copied.reset();
-    }
     if (r.reduced) {  // shard_grad is 0 where it held nothing: the sum is then exact
-      be_.axpy(u.shard_grad.view(), 1.f, r.reduced.view());
+      be_.axpy((u.grad_acc ? u.grad_acc : u.shard_grad).view(), 1.f, r.reduced.view());
       r.reduced.reset();
     }
     r.all_reduce_on_reduce_stream = false;
   }
+  // Offload: the reduced gradients copied to the host during backward, added there (the
+  // same axpy, the same order).
+  drain_staged(0);
+  if (offloaded()) copy_stream_->synchronize();  // no upload reads the host shards after this
   for (int i = 0; i < num_units(); ++i) reshard(i);
   for (auto& u : units_) {
     u->full_grad.reset();  // a backward cut short (not in the contract)
@@ -550,6 +646,7 @@ void FsdpEngine::end_step() {
 void FsdpEngine::zero_grad() {
   for (auto& u : units_) {
     sh_.fill_zero(u->shard_grad.view());
+    u->grad_acc.reset();  // a step that never reached its boundary
     u->grad = GradState::EMPTY;
   }
 }

@@ -72,19 +72,29 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
     optimizer.add_shard(engine.shard_param(u), engine.shard_grad(u),
                         decay_segments(engine.layout(u), engine.shard_index()));
   }
-  // One training step, modules entered in declaration order and left in reverse (the
-  // ModuleHooks contract), then the step's end as the trainer runs it.
+  engine.params_updated();  // what the trainer does once the shards hold their values
+  // One training pass, modules entered in declaration order and left in reverse (the
+  // ModuleHooks contract), then the pass's end as the trainer runs it.
   const int M = static_cast<int>(modules.size());
-  engine.begin_step(true);
-  for (int m = 0; m < M; ++m) {
-    engine.pre_forward(m);
-    engine.post_forward(m);
-  }
-  for (int m = M - 1; m >= 0; --m) {
-    engine.pre_backward(m);
-    engine.post_backward(m);
-  }
-  engine.end_step();
+  auto pass = [&](bool boundary) {
+    engine.set_gradient_accumulation_boundary(boundary);
+    engine.begin_step(true);
+    for (int m = 0; m < M; ++m) {
+      engine.pre_forward(m);
+      engine.post_forward(m);
+    }
+    for (int m = M - 1; m >= 0; --m) {
+      engine.pre_backward(m);
+      engine.post_backward(m);
+    }
+    engine.end_step();
+  };
+  // A step of several micro-batches (gradient accumulation) differs only offloaded, where
+  // the passes before the last accumulate on the device: one of those, then the last.
+  const int64_t local = world_size > 0 ? config.train.global_batch_size / world_size : 1;
+  const int64_t micro = config.train.micro_batch_size > 0 ? config.train.micro_batch_size : local;
+  if (offload && micro > 0 && local / micro > 1) pass(false);
+  pass(true);
   auto rows = [](const MemoryTracker& t) {
     auto peak = [&](MemCategory c) { return static_cast<int64_t>(t.peak(c)); };
     MemoryRows r;

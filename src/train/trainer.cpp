@@ -751,6 +751,7 @@ bool restore_state(Job& job, TrainResult& result, bool resume) {
   const Config& cfg = job.cfg;
   if (resume) {
     const ckpt::CheckpointMeta saved = load_checkpoint(job);  // guarded inside
+    job.engine->params_updated();
     const int world = job.world;
     const int shard_size = job.engine->num_shards();
     if (saved.world_size != world || saved.shard_size != shard_size) {
@@ -773,6 +774,7 @@ bool restore_state(Job& job, TrainResult& result, bool resume) {
   } else if (!cfg.model.init_from.empty()) {
     ckpt::InitFromResult init;
     collective_guard(job.host, [&] { init = load_init_from(job); });
+    job.engine->params_updated();
     result.init_bytes_read = static_cast<int64_t>(init.bytes_read);
     std::ostringstream os;
     os << "init_from: " << cfg.model.init_from << ": " << init.num_tensors << " tensors ("
@@ -950,6 +952,8 @@ int64_t forward_backward_step(Job& job, StepState& st, const data::Batch& batch)
       static_cast<double>(std::max<int64_t>(1, global_targets)));
   for (int64_t m0 = 0; m0 < B; m0 += micro) {
     st.timer.enter(Phase::forward);
+    // cpu_offload: the micro-batches before the last accumulate their gradients on the device
+    job.engine->set_gradient_accumulation_boundary(m0 + micro >= B);
     job.engine->begin_step(true);
     job.model->forward_backward(micro == B ? batch : batch.rows(m0, micro), grad_scale,
                                 *job.engine, st.loss_dev);
@@ -1060,6 +1064,7 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
     result.skipped_steps.push_back(o.step);
   } else if (!o.nonfinite) {
     job.optimizer->step(o.lr);
+    job.engine->params_updated();  // cpu_offload: the param_dtype copies the uploads read
   }
   if (fp16) update_loss_scale(job, o.skipped);
   job.engine->zero_grad();

@@ -33,6 +33,7 @@ class CountingRuntime final : public DeviceRuntime {
   void copy_to_host(void*, const TensorView&) override {}
   void copy_from_host(const TensorView&, const void*) override {}
   void copy_to_host_async(void*, const TensorView&, Stream&) override {}
+  void copy_from_host_async(const TensorView&, const void*, Stream&) override {}
   void synchronize() override {}
   void axpy(const TensorView&, float, const TensorView&) override {}
   void squared_norm(const TensorView&, const TensorView&) override {}

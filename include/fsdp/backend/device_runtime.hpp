@@ -78,6 +78,12 @@ class DeviceRuntime {
   // copy overlaps the kernels of other streams (cudaMemcpyAsync); a host stream (the CPU
   // backend) copies at once.
   virtual void copy_to_host_async(void* host_dst, const TensorView& src, Stream& stream) = 0;
+  // The other direction: enqueues on `stream` a copy of dst.bytes() bytes from host_src into
+  // dst and returns; host_src must stay valid and unchanged, and dst unused by other streams,
+  // until an Event recorded on `stream` afterwards completes (CPU offload's parameter
+  // uploads ahead of their all-gather). A host stream copies at once.
+  virtual void copy_from_host_async(const TensorView& dst, const void* host_src,
+                                    Stream& stream) = 0;
   virtual void synchronize() = 0;
 
   // ---- arithmetic on flat shards (gradient accumulation, norms, clipping, loss scaling) ----

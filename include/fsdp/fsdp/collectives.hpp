@@ -49,6 +49,18 @@ struct CollectiveTrace {
 struct AllGatherResult {
   DeviceBuffer full_param;     // param_dtype [layout.padded_numel], MemCategory::unsharded_params
   std::unique_ptr<Work> work;  // the all-gather into full_param; null when nothing is gathered
+  // With a HostUpload: completes when full_param is filled (the all-gather's done(), or the
+  // copy's with one shard). The reading stream must wait on it (after work->wait(), which
+  // orders only the copy stream the all-gather was issued after).
+  std::shared_ptr<Event> ready;
+};
+
+// CPU offload's source for this rank's slot: the shard already in param_dtype in host memory
+// (the engine casts it once per optimizer step), page-locked on CUDA so that the copy
+// overlaps the compute stream.
+struct HostUpload {
+  const void* src = nullptr;  // param_dtype [layout.shard_numel], host memory
+  Stream* stream = nullptr;   // the copy stream (the backend's): the copy, then the all-gather
 };
 
 // Unshards a FlatParameter (FSDP2 foreach_all_gather + the copy-out of wait_for_unshard,
@@ -60,14 +72,18 @@ struct AllGatherResult {
 // null and full_param holds the cast shard. full_param may be read on `stream` after
 // work->wait(); it must outlive work. Throws fsdp::Error if layout.num_shards differs from
 // shard.size() or shard_param is not fp32 [shard_numel]; a communicator's errors propagate.
-// `host` (CPU offload): shard_param lives in that runtime's (host) memory; it is cast to
-// param_dtype there (into a host staging buffer, MemCategory::comm_buffers of `host`) and
-// copied into the slot with be.copy_from_host, which blocks; an fp32 shard is copied as is.
+// `upload` (CPU offload: shard_param is in host memory, only checked for its size here):
+// the slot is filled from upload->src by a copy on upload->stream (be.copy_from_host_async)
+// that starts once `stream`'s work so far is done (the slot may reuse memory it freed), and
+// the all-gather is issued after that copy, not after `stream`: both overlap what `stream`
+// runs meanwhile (a unit prefetched during the previous unit's compute). full_param may be
+// read on `stream` after work->wait() and stream.wait(*ready); upload->src must stay
+// unchanged until `ready` completes.
 AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
                                    const FlatParamLayout& layout, const DeviceBuffer& shard_param,
                                    DType param_dtype, Stream& stream,
                                    const CollectiveTrace& trace = {},
-                                   DeviceRuntime* host = nullptr);
+                                   const HostUpload* upload = nullptr);
 
 // ---- reduce ----
 
@@ -115,8 +131,9 @@ struct ReduceResult {
 // then never lands in it: once the last collective of the unit completes, the reduction stream
 // copies the reduced shard into `host_staged` (host memory) and the device buffer is freed
 // behind that copy, so the copy overlaps the rest of backward on CUDA; at world size 1 the
-// gradient (or its reduce_dtype cast) is copied into host staging (blocking) and added into
-// shard_grad at once.
+// gradient (or its 16-bit reduce_dtype cast, as above) is staged the same way once `stream`
+// has produced it. The caller waits for the works, then copied->synchronize(), and adds
+// host_staged into shard_grad.
 // Every rank of a group must call this for the same units in the same order (the
 // collectives' order). Throws fsdp::Error on mismatched sizes (full_grad not
 // [padded_numel], shard_grad not fp32 [shard_numel]); a communicator's errors propagate.

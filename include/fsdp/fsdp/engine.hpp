@@ -28,16 +28,24 @@
 // ZeRO-Offload): the fp32 shards and gradient shards live in an offload runtime (a CPU
 // backend: host memory), and so does the optimizer state the trainer allocates through
 // shard_runtime(), so the optimizer steps on the host's cores. Every unit then has a full
-// buffer on the device: unshard casts the host shard to param_dtype on the host and copies
-// it into its slot before the all-gather; a unit's reduced gradient shard (reduce_dtype, on
-// the device) is copied to host staging on the reduction stream as soon as its collectives
-// complete (overlapping the rest of backward on CUDA) and added into the host fp32 gradient
-// shard in end_step;
-// norms, clipping and loss-scale unscaling run on the host shards, their device scalars
-// copied across. The host does the same arithmetic in the same order as the device would on
-// the CPU backend, so offloaded runs equal non-offloaded ones bit for bit there. The
-// parameter copies before the all-gathers are blocking (copy_from_host; on CUDA from
-// page-locked host memory), not yet prefetched on a copy stream.
+// buffer on the device.
+//  - Parameters: after each update (params_updated) the host casts every shard to
+//    param_dtype once, into a host copy (page-locked on CUDA); each unshard copies that into
+//    the unit's slot on the engine's copy stream and issues the all-gather after the copy,
+//    so a prefetched unit's upload and gather overlap the current unit's compute.
+//  - Gradients: a unit's reduced gradient shard (reduce_dtype, on the device) is copied to
+//    host staging on the reduction stream as soon as its collectives complete (overlapping
+//    the rest of backward on CUDA) and added into the host fp32 gradient shard by the host
+//    a few units later (at most kStagedCopies copies wait), the rest in end_step. Between
+//    gradient accumulation boundaries (set_gradient_accumulation_boundary: the micro-batches
+//    of a step but the last) the reduced gradients are added into an fp32 accumulator on
+//    the device instead, sent to the host once at the boundary: the host adds once per step.
+//    Where nothing is communicated (world size 1) the boundary's gradient joins the
+//    accumulator on the device too, and only the accumulator is copied.
+//  - Norms, clipping and loss-scale unscaling run on the host shards, their device scalars
+//    copied across.
+// The host does the same arithmetic in the same order as the device would on the CPU
+// backend, so offloaded runs equal non-offloaded ones bit for bit there.
 //
 // Collectives: unshard and reduce are fsdp/fsdp/collectives.hpp's foreach_all_gather and
 // foreach_reduce (PyTorch FSDP2's names), which return the buffer they fill and its Work;
@@ -71,6 +79,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -235,6 +244,22 @@ class FsdpEngine final : public ModuleHooks {
   // Sets every gradient shard to zero (optimizer.zero_grad()); gradients of later steps
   // accumulate until then.
   void zero_grad();
+  // CPU offload: call after writing this rank's fp32 shards (the optimizer step, a checkpoint
+  // load, model.init_from); casts each shard to param_dtype into its host copy, what the
+  // unshards upload until the next call (one cast per update, not one per all-gather). Waits
+  // for uploads still reading the copies first. The constructor calls it after initialising;
+  // an unshard of an engine built without initialisation before the first call throws
+  // fsdp::Error. No-op without offload.
+  void params_updated();
+  // DeepSpeed's gradient accumulation boundary (default true): false for the passes of a
+  // step's micro-batches but the last. With cpu_offload, a pass that is not a boundary adds
+  // each unit's reduced gradient into an fp32 accumulator on the device (MemCategory::grads,
+  // 4 bytes per shard element) instead of copying it to the host; the boundary's pass copies
+  // the accumulator, then its own gradient, and the host adds both in that order (where
+  // nothing is communicated, the device adds the last gradient too and the host adds the
+  // accumulator alone): the sums of accumulating on the host, with one device-to-host copy
+  // and one host pass per step. No effect without offload.
+  void set_gradient_accumulation_boundary(bool boundary);
   // Dynamic loss scaling: shard grads *= inv_scale; found_inf[0] (fp64 [1] device scalar)
   // = 1 if any element of this rank's shards is inf or NaN.
   void unscale_grads(float inv_scale, const TensorView& found_inf);
@@ -293,7 +318,10 @@ class FsdpEngine final : public ModuleHooks {
                             float* out);
   bool needs_full(const Unit& u) const;
   void issue_unshard(int unit);
+  void complete_unshard(int unit);
   void wait_unshard(int unit);
+  void drain_staged(std::size_t keep);
+  void stage_accumulator(int unit);
   void reshard(int unit);
   void issue_reduction(int unit);
   // Moves `unit` to `to` on behalf of `hook`; throws fsdp::Error unless it is in `from`.
@@ -317,7 +345,19 @@ class FsdpEngine final : public ModuleHooks {
   // The reduction stream: HSDP's replica all-reduces are issued after it (declared before
   // units_, whose pending Works may still refer to it when they are destroyed).
   std::unique_ptr<Stream> reduce_stream_;
+  std::unique_ptr<Stream> copy_stream_;  // cpu_offload: the parameter uploads
   std::vector<std::unique_ptr<Unit>> units_;
+  // cpu_offload: reduced gradients copied to host memory, not yet added into their unit's
+  // shard (oldest first). At most kStagedCopies stay pending after a unit's reduction.
+  struct Staged {
+    int unit;
+    DeviceBuffer host;               // reduce_dtype or fp32 [shard_numel], host comm_buffers
+    std::shared_ptr<Event> copied;   // completes with the copy into `host`
+  };
+  static constexpr std::size_t kStagedCopies = 2;
+  std::deque<Staged> staged_;
+  bool params_cast_ = false;       // params_updated() has run (offload)
+  bool boundary_ = true;           // set_gradient_accumulation_boundary
   std::vector<int> module_unit_;   // module -> unit
   std::vector<ParamLoc> param_loc_;  // param -> (unit, offset in the flat buffer, shape)
   std::vector<int> fwd_next_, bwd_next_;  // prefetch target per unit (-1: none)

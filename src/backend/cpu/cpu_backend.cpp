@@ -208,6 +208,9 @@ class CpuBackend final : public Backend {
   void copy_to_host_async(void* host_dst, const TensorView& src, Stream&) override {
     copy_to_host(host_dst, src);  // host streams run their work at once
   }
+  void copy_from_host_async(const TensorView& dst, const void* host_src, Stream&) override {
+    copy_from_host(dst, host_src);
+  }
   void synchronize() override {}
 
   // ---- dense algebra ----
