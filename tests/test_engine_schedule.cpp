@@ -114,18 +114,24 @@ class RecordingCommunicator final : public fsdp::Communicator {
   fsdp::HostStream stream_;
 };
 
+// A GPT-2 of `n_layer` blocks, 8 wide: units are what the schedule is about, not sizes.
+fsdp::Gpt2Config tiny_gpt2(int n_layer) {
+  fsdp::Gpt2Config mc;
+  mc.n_layer = n_layer;
+  mc.n_head = 2;
+  mc.n_embd = 8;
+  mc.n_positions = 8;
+  mc.vocab_size = 16;
+  return mc;
+}
+
 // Runs one training step's hooks (modules in order, then in reverse) and returns the log,
 // with "| fwd", "| bwd", "| end" markers between the phases, "Fm" before module m's
 // pre_forward, "Bm" before its pre_backward and "/Bm" before its post_backward. Modules:
 // 0 embeddings (root), 1-3 blocks h0-h2, 4 ln_f (root).
 Log schedule(bool forward_prefetch, fsdp::BackwardPrefetch backward, int replicas = 1,
              bool offload = false) {
-  fsdp::Gpt2Config mc;
-  mc.n_layer = 3;
-  mc.n_head = 2;
-  mc.n_embd = 8;
-  mc.n_positions = 8;
-  mc.vocab_size = 16;
+  const fsdp::Gpt2Config mc = tiny_gpt2(3);
   auto be = fsdp::make_cpu_backend(1);
   fsdp::Gpt2Model model(mc, *be);
   fsdp::FsdpConfig fc;
@@ -294,12 +300,7 @@ TEST(EngineSchedule, OffloadIssuesTheSameCollectivesInTheSameOrder) {
 TEST(EngineSchedule, AnOffloadedUnshardBeforeParamsUpdatedThrows) {
   // An engine built without initialisation has no param_dtype host copies yet: uploading
   // them would send garbage, so the first unshard names the missing call.
-  fsdp::Gpt2Config mc;
-  mc.n_layer = 1;
-  mc.n_head = 2;
-  mc.n_embd = 8;
-  mc.n_positions = 8;
-  mc.vocab_size = 16;
+  const fsdp::Gpt2Config mc = tiny_gpt2(1);
   auto be = fsdp::make_cpu_backend(1);
   auto host = fsdp::make_cpu_backend(1);
   fsdp::Gpt2Model model(mc, *be);
@@ -330,18 +331,13 @@ TEST(EngineSchedule, AnOffloadedUnshardBeforeParamsUpdatedThrows) {
 // A FULL_SHARD engine over the recording communicator for the state tests.
 struct StateFixture {
   StateFixture() {
-    mc.n_layer = 2;
-    mc.n_head = 2;
-    mc.n_embd = 8;
-    mc.n_positions = 8;
-    mc.vocab_size = 16;
     model = std::make_unique<fsdp::Gpt2Model>(mc, *be);
     fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
     engine = std::make_unique<fsdp::FsdpEngine>(model->modules(), fc,
                                                 fsdp::MixedPrecisionConfig{}, shard, replicate,
                                                 *be, 1, true);
   }
-  fsdp::Gpt2Config mc;
+  fsdp::Gpt2Config mc = tiny_gpt2(2);
   fsdp::FsdpConfig fc;
   std::unique_ptr<fsdp::Backend> be = fsdp::make_cpu_backend(1);
   std::unique_ptr<fsdp::Gpt2Model> model;
