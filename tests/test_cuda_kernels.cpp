@@ -961,6 +961,42 @@ TEST(CudaBackend, AdamWAndSgd) {
   }
 }
 
+// Weight-decay ranges: as kernel arguments (up to kMaxDecayRanges) and piece by piece past
+// that, against the CPU twin.
+TEST(CudaBackend, AdamWAndSgdWithDecayRanges) {
+  std::mt19937 rng(18);
+  const int64_t n = 65539;
+  std::vector<fsdp::ElementRange> few = {{0, 3}, {4, 1000}, {1001, 1002}, {40000, n}}, many;
+  for (int64_t b = 1; b + 7 < n && many.size() < 40; b += 1601) many.push_back({b, b + 7 + b % 5});
+  for (const auto* ranges : {&few, &many}) {
+    SCOPED_TRACE(std::to_string(ranges->size()) + " ranges");
+    const fsdp::WeightDecay wd(0.1f, ranges);
+    Pair p = make(DType::f32, uniform(n, rng)), m = make(DType::f32, Vec(n)),
+         v = make(DType::f32, Vec(n));
+    for (int64_t step = 1; step <= 3; ++step) {
+      Pair g = make(DType::f32, uniform(n, rng, -0.1f, 0.1f));
+      both([&](Backend& be, Side s) {
+        be.adamw_update(p.v(s), g.v(s), m.v(s), v.v(s), 1e-3f, 0.9f, 0.999f, 1e-8f, wd, step);
+      });
+      check_sync(p, kOptimF32, "adamw param");
+      check_sync(m, kOptimF32, "adamw exp_avg");
+      check_sync(v, kOptimF32, "adamw exp_avg_sq");
+    }
+    for (float momentum : {0.0f, 0.9f}) {
+      Pair buf = make(DType::f32, uniform(n, rng));
+      for (int64_t step = 1; step <= 2; ++step) {
+        Pair g = make(DType::f32, uniform(n, rng));
+        both([&](Backend& be, Side s) {
+          const TensorView b = momentum == 0.0f ? TensorView() : buf.v(s);
+          be.sgd_update(p.v(s), g.v(s), b, 0.05f, momentum, wd, step);
+        });
+        check_sync(p, kOptimF32, "sgd param");
+        if (momentum != 0.0f) check_sync(buf, kOptimF32, "sgd momentum");
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // determinism: reductions give the same bits on every run
 

@@ -306,6 +306,21 @@ TEST_P(InitFrom, RunStartsAtTheSourceRunsFinalValidationLoss) {
   EXPECT_EQ(r.val_losses.front().second, src.result.val_losses.back().second);  // exactly
   EXPECT_EQ(r.init_bytes_read, owned_bytes(layouts_of(c)));
 
+  // With fsdp.cpu_offload in bf16 the device reads the host's bf16 copies of the shards, which
+  // must be cast again once init_from has filled the shards (FsdpEngine::params_updated): the
+  // step-0 loss is the bf16 run's without offload, exactly.
+  Config b = c;
+  b.mixed_precision.param_dtype = fsdp::DType::bf16;
+  b.train.run_dir = fresh_dir("init_bf16_" + GetParam().name);
+  const TrainResult rb = run(b, On::world);
+  b.fsdp.cpu_offload = true;
+  b.train.run_dir = fresh_dir("init_bf16_offload_" + GetParam().name);
+  const TrainResult ro = run(b, On::world);
+  ASSERT_GE(rb.val_losses.size(), 1u);
+  ASSERT_GE(ro.val_losses.size(), 1u);
+  EXPECT_EQ(ro.val_losses.front().second, rb.val_losses.front().second);
+  EXPECT_LT(std::abs(rb.val_losses.front().second - r.val_losses.front().second), 0.05);
+
   // Without init_from the step-0 loss is the random initialisation's (a real difference).
   Config fresh = GetParam().config(fresh_dir("init_rand_" + GetParam().name));
   fresh.eval.on_start = true;

@@ -1056,6 +1056,66 @@ TEST_F(Kernels, SgdMatchesTorch) {
   }
 }
 
+// One update over a whole shard with weight-decay ranges (the optimizer's call, one per
+// FlatParameter shard) equals one update per piece with the rate or 0 (what it replaced), bit
+// for bit, for AdamW and SGD with and without momentum, across the threads' shares.
+TEST_F(Kernels, DecayRangesEqualOneUpdatePerPiece) {
+  const int64_t n = 70001;  // several threads' shares; ranges cross their boundaries
+  const std::vector<fsdp::ElementRange> ranges = {{0, 17}, {18, 20000}, {35000, 35001}, {50000, n}};
+  const Vec p0 = random_vec(n, rng);
+  auto pieces = [&](auto&& update) {  // [lo, hi) and its rate, as the old optimizer split it
+    int64_t at = 0;
+    for (const auto& r : ranges) {
+      if (at < r.begin) update(at, r.begin, 0.f);
+      update(r.begin, r.end, 0.1f);
+      at = r.end;
+    }
+    if (at < n) update(at, n, 0.f);
+  };
+  Vec p = p0, m(n, 0.f), v(n, 0.f), q = p0, mq(n, 0.f), vq(n, 0.f);
+  for (int step = 1; step <= 3; ++step) {
+    const Vec g = random_vec(n, rng);
+    be->adamw_update(f32(p), f32(g), f32(m), f32(v), 1e-2f, 0.9f, 0.95f, 1e-8f,
+                     fsdp::WeightDecay(0.1f, &ranges), step);
+    pieces([&](int64_t lo, int64_t hi, float wd) {
+      auto part = [&](Vec& x) { return f32(x).slice(lo, hi - lo); };
+      be->adamw_update(part(q), f32(g).slice(lo, hi - lo), part(mq), part(vq), 1e-2f, 0.9f, 0.95f,
+                       1e-8f, wd, step);
+    });
+    ASSERT_EQ(p, q) << "adamw step " << step;
+    ASSERT_EQ(m, mq);
+    ASSERT_EQ(v, vq);
+  }
+  for (float momentum : {0.0f, 0.9f}) {
+    Vec a = p0, b = p0, ba(n, 0.f), bb(n, 0.f);
+    for (int step = 1; step <= 2; ++step) {
+      const Vec g = random_vec(n, rng);
+      be->sgd_update(f32(a), f32(g), momentum == 0 ? TensorView{} : f32(ba), 0.05f, momentum,
+                     fsdp::WeightDecay(0.1f, &ranges), step);
+      pieces([&](int64_t lo, int64_t hi, float wd) {
+        be->sgd_update(f32(b).slice(lo, hi - lo), f32(g).slice(lo, hi - lo),
+                       momentum == 0 ? TensorView{} : f32(bb).slice(lo, hi - lo), 0.05f, momentum,
+                       wd, step);
+      });
+      ASSERT_EQ(a, b) << "sgd momentum " << momentum << " step " << step;
+    }
+  }
+  // Ranges must be sorted, disjoint, non-empty and inside the shard: else a clear error.
+  for (const std::vector<fsdp::ElementRange>& bad :
+       {std::vector<fsdp::ElementRange>{{5, 10}, {9, 12}}, {{5, 5}}, {{n - 1, n + 1}}, {{-1, 3}}}) {
+    Vec x = p0;
+    try {
+      be->adamw_update(f32(x), f32(x), f32(m), f32(v), 1e-2f, 0.9f, 0.95f, 1e-8f,
+                       fsdp::WeightDecay(0.1f, &bad), 1);
+      ADD_FAILURE() << "bad ranges accepted, the first [" << bad[0].begin << ", " << bad[0].end << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("adamw_update: weight decay range"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(x, p0) << "nothing is updated before the check";
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // determinism: results must not depend on the number of threads
 

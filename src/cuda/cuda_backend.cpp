@@ -217,9 +217,9 @@ class CudaBackend final : public Backend {
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
-                    float weight_decay, int64_t step) override;
+                    const WeightDecay& weight_decay, int64_t step) override;
   void sgd_update(const TensorView& param, const TensorView& grad, const TensorView& momentum_buf,
-                  float lr, float momentum, float weight_decay, int64_t step) override;
+                  float lr, float momentum, const WeightDecay& weight_decay, int64_t step) override;
 
  private:
   // Device memory for the duration of one call (kernel scratch), from the caching allocator
@@ -897,19 +897,40 @@ void CudaBackend::mha_backward(const TensorView& dq, const TensorView& dk, const
 // ---------------------------------------------------------------------------------------
 // optimizers (fp32 shards only)
 
+// The weight-decay ranges as kernel arguments, or, past kMaxDecayRanges, update(lo, hi,
+// ranges) once per piece of the shard (each wholly decayed, count -1, or not, count 0).
+template <class Update>
+void with_decay_ranges(int64_t n, const WeightDecay& wd, Update&& update) {
+  k::DecayRanges r;
+  if (wd.ranges == nullptr) return update(0, n, r);
+  if (wd.ranges->size() <= static_cast<std::size_t>(k::kMaxDecayRanges)) {
+    r.count = static_cast<int>(wd.ranges->size());
+    for (int i = 0; i < r.count; ++i) {
+      r.begin[i] = (*wd.ranges)[static_cast<std::size_t>(i)].begin;
+      r.end[i] = (*wd.ranges)[static_cast<std::size_t>(i)].end;
+    }
+    return update(0, n, r);
+  }
+  wd.for_each_piece(0, n, [&](int64_t lo, int64_t hi, float rate) {
+    k::DecayRanges piece;
+    piece.count = rate == 0.f ? 0 : -1;
+    update(lo, hi, piece);
+  });
+}
+
 void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
                                const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
-                               float beta1, float beta2, float eps, float weight_decay,
+                               float beta1, float beta2, float eps, const WeightDecay& weight_decay,
                                int64_t step) {
   // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel()
-  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq);
+  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq, weight_decay);
   const int64_t n = param.numel();
   if (step < 1) {
     throw Error("cuda backend: adamw_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
   }
   // fsdp/backend/adamw_coefficients.hpp (torch.optim's formulas, shared with the CPU backend)
-  const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, weight_decay, step);
+  const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, weight_decay.rate, step);
   k::AdamWArgs a{};
   a.decay = c.decay;
   a.neg_step_size = c.neg_step_size;
@@ -919,25 +940,33 @@ void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
   a.one_m_b1 = c.one_m_b1;
   a.one_m_b2 = c.one_m_b2;
   a.eps = eps;
-  k::adamw_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
-                  static_cast<float*>(exp_avg.data), static_cast<float*>(exp_avg_sq.data), n, a,
-                  s());
+  auto* p = static_cast<float*>(param.data);
+  const auto* g = static_cast<const float*>(grad.data);
+  auto* m = static_cast<float*>(exp_avg.data);
+  auto* v = static_cast<float*>(exp_avg_sq.data);
+  with_decay_ranges(n, weight_decay, [&](int64_t lo, int64_t hi, const k::DecayRanges& r) {
+    k::adamw_update(p + lo, g + lo, m + lo, v + lo, hi - lo, a, r, s());
+  });
 }
 
 void CudaBackend::sgd_update(const TensorView& param, const TensorView& grad,
                              const TensorView& momentum_buf, float lr, float momentum,
-                             float weight_decay, int64_t step) {
+                             const WeightDecay& weight_decay, int64_t step) {
   // param, grad, momentum_buf: [n] fp32, n = param.numel(); momentum_buf unused (may be
   // empty) when momentum == 0.
-  Chk::sgd_update(param, grad, momentum_buf, momentum);
+  Chk::sgd_update(param, grad, momentum_buf, momentum, weight_decay);
   const int64_t n = param.numel();
   if (step < 1) {
     throw Error("cuda backend: sgd_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
   }
-  k::sgd_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
-                static_cast<float*>(momentum_buf.data), n, lr, momentum, weight_decay, step == 1,
-                s());
+  auto* p = static_cast<float*>(param.data);
+  const auto* g = static_cast<const float*>(grad.data);
+  auto* b = static_cast<float*>(momentum_buf.data);
+  with_decay_ranges(n, weight_decay, [&](int64_t lo, int64_t hi, const k::DecayRanges& r) {
+    k::sgd_update(p + lo, g + lo, b == nullptr ? nullptr : b + lo, hi - lo, lr, momentum,
+                  weight_decay.rate, r, step == 1, s());
+  });
 }
 
 }  // namespace

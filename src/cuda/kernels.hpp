@@ -195,10 +195,22 @@ struct AdamWArgs {      // precomputed as the CPU backend does (torch.optim sema
   float bc2_sqrt;       // sqrt(1 - beta2^step)
   float beta1, beta2, one_m_b1, one_m_b2, eps;
 };
+// The elements that take weight decay, passed by value to the kernel: count < 0 means every
+// element, else the sorted, disjoint ranges [begin[k], end[k]) for k < count (0: none). A
+// shard with more ranges is updated piece by piece (cuda_backend.cpp).
+constexpr int kMaxDecayRanges = 24;
+struct DecayRanges {
+  int count = -1;
+  int64_t begin[kMaxDecayRanges] = {};
+  int64_t end[kMaxDecayRanges] = {};
+};
+// AdamWArgs::decay applies where `decay` says, 1 elsewhere.
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWArgs& a, cudaStream_t s);
+                  const AdamWArgs& a, const DecayRanges& decay, cudaStream_t s);
+// weight_decay applies where `decay` says, 0 elsewhere.
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, bool first_step, cudaStream_t s);
+                float momentum, float weight_decay, const DecayRanges& decay, bool first_step,
+                cudaStream_t s);
 
 // ---- GEMMs (kernels_gemm.cpp) ----
 // Row-major GEMMs through cuBLASLt (single) and cuBLAS (strided batched), fp32 compute

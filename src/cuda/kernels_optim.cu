@@ -1,4 +1,5 @@
-// src/cuda/kernels_optim.cu: AdamW and SGD updates over fp32 flat shards, one launch each
+// src/cuda/kernels_optim.cu: AdamW and SGD updates over fp32 flat shards, one launch per
+// shard with its weight-decay ranges
 // (see kernels.hpp). The per-element operations are the CPU backend's, in the same order
 // (torch.optim's single-tensor path); the step-dependent scalars are computed on the host,
 // as there. Grid-stride loops, float4 accesses when every pointer is 16-byte aligned.
@@ -11,9 +12,10 @@ constexpr int kThreads = 256;
 
 struct AdamW {
   AdamWArgs a;
-  // p, m, v updated in place from g.
-  __device__ __forceinline__ void operator()(float& p, float g, float& m, float& v) const {
-    const float pd = p * a.decay;
+  // p, m, v updated in place from g; decayed: whether the weight decay applies to p.
+  __device__ __forceinline__ void operator()(float& p, float g, float& m, float& v,
+                                             bool decayed) const {
+    const float pd = p * (decayed ? a.decay : 1.0f);
     m = m * a.beta1 + a.one_m_b1 * g;
     v = v * a.beta2 + a.one_m_b2 * g * g;
     const float denom = sqrtf(v) / a.bc2_sqrt + a.eps;
@@ -24,8 +26,9 @@ struct AdamW {
 struct Sgd {
   float lr, momentum, weight_decay;
   bool first, use_buf;
-  __device__ __forceinline__ void operator()(float& p, float g, float& buf, float&) const {
-    g = g + weight_decay * p;
+  __device__ __forceinline__ void operator()(float& p, float g, float& buf, float&,
+                                             bool decayed) const {
+    g = g + (decayed ? weight_decay : 0.0f) * p;
     if (use_buf) {
       buf = first ? g : momentum * buf + g;
       g = buf;
@@ -34,12 +37,23 @@ struct Sgd {
   }
 };
 
-// op(p[i], g[i], s1[i], s2[i]) for i < n; s1 / s2 may be null when op does not use them
-// (then they are not dereferenced: `has1` / `has2`).
+// Whether element i takes weight decay: the last range starting at or before i contains it.
+__device__ __forceinline__ bool decayed(const DecayRanges& r, int64_t i) {
+  if (r.count < 0) return true;
+  int lo = 0, hi = r.count;  // ranges [0, lo) begin <= i; [hi, count) begin > i
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (r.begin[mid] <= i) lo = mid + 1; else hi = mid;
+  }
+  return lo > 0 && i < r.end[lo - 1];
+}
+
+// op(p[i], g[i], s1[i], s2[i], decayed(i)) for i < n; s1 / s2 may be null when op does not
+// use them (then they are not dereferenced: `has1` / `has2`).
 template <class Op>
 __global__ void __launch_bounds__(kThreads)
     update_kernel(float* p, const float* g, float* s1, float* s2, int64_t n, bool vec, bool has1,
-                  bool has2, Op op) {
+                  bool has2, Op op, DecayRanges ranges) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t done = 0;
@@ -51,10 +65,11 @@ __global__ void __launch_bounds__(kThreads)
       const float4 gv = reinterpret_cast<const float4*>(g)[q];
       float4 av = has1 ? reinterpret_cast<float4*>(s1)[q] : make_float4(0, 0, 0, 0);
       float4 bv = has2 ? reinterpret_cast<float4*>(s2)[q] : make_float4(0, 0, 0, 0);
-      op(pv.x, gv.x, av.x, bv.x);
-      op(pv.y, gv.y, av.y, bv.y);
-      op(pv.z, gv.z, av.z, bv.z);
-      op(pv.w, gv.w, av.w, bv.w);
+      const int64_t i = 4 * q;
+      op(pv.x, gv.x, av.x, bv.x, decayed(ranges, i));
+      op(pv.y, gv.y, av.y, bv.y, decayed(ranges, i + 1));
+      op(pv.z, gv.z, av.z, bv.z, decayed(ranges, i + 2));
+      op(pv.w, gv.w, av.w, bv.w, decayed(ranges, i + 3));
       reinterpret_cast<float4*>(p)[q] = pv;
       if (has1) reinterpret_cast<float4*>(s1)[q] = av;
       if (has2) reinterpret_cast<float4*>(s2)[q] = bv;
@@ -64,31 +79,32 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = done + first; i < n; i += stride) {
     float& a = has1 ? s1[i] : z1;
     float& b = has2 ? s2[i] : z2;
-    op(p[i], g[i], a, b);
+    op(p[i], g[i], a, b, decayed(ranges, i));
   }
 }
 
 }  // namespace
 
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWArgs& a, cudaStream_t s) {
+                  const AdamWArgs& a, const DecayRanges& decay, cudaStream_t s) {
   if (n <= 0) return;
   const bool vec =
       aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
   update_kernel<<<blocks_for(vec ? (n + 3) / 4 : n, kThreads), kThreads, 0, s>>>(
-      param, grad, exp_avg, exp_avg_sq, n, vec, true, true, AdamW{a});
+      param, grad, exp_avg, exp_avg_sq, n, vec, true, true, AdamW{a}, decay);
   FSDP_CHECK_LAUNCH();
 }
 
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, bool first_step, cudaStream_t s) {
+                float momentum, float weight_decay, const DecayRanges& decay, bool first_step,
+                cudaStream_t s) {
   if (n <= 0) return;
   // torch keeps no buffer without momentum: momentum_buf is then not touched (may be null).
   const bool use_buf = momentum != 0.0f;
   const bool vec = aligned16(param) && aligned16(grad) && (!use_buf || aligned16(momentum_buf));
   update_kernel<<<blocks_for(vec ? (n + 3) / 4 : n, kThreads), kThreads, 0, s>>>(
       param, grad, use_buf ? momentum_buf : nullptr, nullptr, n, vec, use_buf, false,
-      Sgd{lr, momentum, weight_decay, first_step, use_buf});
+      Sgd{lr, momentum, weight_decay, first_step, use_buf}, decay);
   FSDP_CHECK_LAUNCH();
 }
 

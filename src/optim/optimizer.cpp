@@ -46,7 +46,10 @@ void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
   if (param.dtype != DType::f32 || grad.dtype != DType::f32 || grad.numel() != param.numel()) {
     throw Error("Optimizer::add_shard: param and grad must be fp32 views of equal size");
   }
-  Shard s{param, grad, std::move(segments), {}, {}};
+  Shard s{param, grad, {}, {}, {}};
+  for (const DecaySegment& seg : segments) {
+    if (seg.decay) s.decayed.push_back({seg.begin, seg.end});
+  }
   const int64_t n = param.numel();
   s.s0 = DeviceBuffer::floats(be_, n, MemCategory::optimizer_state);
   be_.fill_zero(s.s0.view());
@@ -60,21 +63,19 @@ void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
 void Optimizer::step(double lr) {
   const int64_t step = ++updates_;
   const auto flr = static_cast<float>(lr);
+  // One update per shard: the weight decay applies on its decayed segments only.
   for (auto& s : shards_) {
-    for (const auto& seg : s.segments) {
-      const int64_t b = seg.begin, n = seg.end - seg.begin;
-      const float wd = seg.decay ? static_cast<float>(cfg_.weight_decay) : 0.f;
-      switch (cfg_.name) {
-        case OptimizerKind::adamw:
-          be_.adamw_update(s.param.slice(b, n), s.grad.slice(b, n), s.s0.view().slice(b, n),
-                           s.s1.view().slice(b, n), flr, static_cast<float>(cfg_.beta1),
-                           static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), wd, step);
-          break;
-        case OptimizerKind::sgd:
-          be_.sgd_update(s.param.slice(b, n), s.grad.slice(b, n), s.s0.view().slice(b, n), flr,
-                         static_cast<float>(cfg_.momentum), wd, step);
-          break;
-      }
+    const WeightDecay wd(static_cast<float>(cfg_.weight_decay), &s.decayed);
+    switch (cfg_.name) {
+      case OptimizerKind::adamw:
+        be_.adamw_update(s.param, s.grad, s.s0.view(), s.s1.view(), flr,
+                         static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+                         static_cast<float>(cfg_.eps), wd, step);
+        break;
+      case OptimizerKind::sgd:
+        be_.sgd_update(s.param, s.grad, s.s0.view(), flr, static_cast<float>(cfg_.momentum), wd,
+                       step);
+        break;
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "fsdp/backend/device_runtime.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/tensor.hpp"
 
@@ -406,19 +407,34 @@ struct ArgChecks {
   }
 
   // optimizers (fp32 shards)
+  static void decay_ranges(const char* k, const WeightDecay& wd, int64_t n) {
+    if (wd.ranges == nullptr) return;
+    int64_t at = 0;
+    for (const ElementRange& r : *wd.ranges) {
+      if (r.begin < at || r.end <= r.begin || r.end > n) {
+        throw Error(std::string(k) + ": weight decay range [" + std::to_string(r.begin) + ", " +
+                    std::to_string(r.end) + ") is empty, unsorted, overlapping or outside [0, " +
+                    std::to_string(n) + ")");
+      }
+      at = r.end;
+    }
+  }
   static void adamw_update(const TensorView& param, const TensorView& grad,
-                           const TensorView& exp_avg, const TensorView& exp_avg_sq) {
+                           const TensorView& exp_avg, const TensorView& exp_avg_sq,
+                           const WeightDecay& wd) {
     const char* k = "adamw_update";
     const int64_t n = param.numel();
+    decay_ranges(k, wd, n);
     need_dtype(k, "param", param, DType::f32, n);
     need_dtype(k, "grad", grad, DType::f32, n);
     need_dtype(k, "exp_avg", exp_avg, DType::f32, n);
     need_dtype(k, "exp_avg_sq", exp_avg_sq, DType::f32, n);
   }
   static void sgd_update(const TensorView& param, const TensorView& grad,
-                         const TensorView& momentum_buf, float momentum) {
+                         const TensorView& momentum_buf, float momentum, const WeightDecay& wd) {
     const char* k = "sgd_update";
     const int64_t n = param.numel();
+    decay_ranges(k, wd, n);
     need_dtype(k, "param", param, DType::f32, n);
     need_dtype(k, "grad", grad, DType::f32, n);
     if (momentum != 0.0f) need_dtype(k, "momentum_buf", momentum_buf, DType::f32, n);

@@ -41,9 +41,9 @@ class CountingRuntime final : public DeviceRuntime {
   void scale_by(const TensorView&, const TensorView&) override {}
   void unscale_and_check(const TensorView&, float, const TensorView&) override {}
   void adamw_update(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                    float, float, float, float, float, int64_t) override {}
-  void sgd_update(const TensorView&, const TensorView&, const TensorView&, float, float, float,
-                  int64_t) override {}
+                    float, float, float, float, const WeightDecay&, int64_t) override {}
+  void sgd_update(const TensorView&, const TensorView&, const TensorView&, float, float,
+                  const WeightDecay&, int64_t) override {}
 
  private:
   HostStream stream_;

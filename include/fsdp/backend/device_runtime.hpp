@@ -26,9 +26,11 @@
 //  - Errors: a view too small or of a dtype the kernel does not take throws fsdp::Error.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "fsdp/core/caching_allocator.hpp"
 #include "fsdp/core/dtype.hpp"
@@ -37,6 +39,41 @@
 #include "fsdp/core/tensor.hpp"
 
 namespace fsdp {
+
+// Elements [begin, end) of a flat shard.
+struct ElementRange {
+  int64_t begin = 0, end = 0;
+};
+
+// The weight decay of an optimizer update over a flat shard: `rate` on the elements inside
+// `ranges` (sorted, disjoint element ranges of the shard: the parameters that take decay, as
+// torch users split their param groups), 0 on the rest; null `ranges`: every element. One
+// update then covers a whole FlatParameter shard, one launch instead of one per parameter.
+struct WeightDecay {
+  WeightDecay(float r = 0.f, const std::vector<ElementRange>* only = nullptr)  // NOLINT: implicit
+      : rate(r), ranges(only) {}
+  float rate;
+  const std::vector<ElementRange>* ranges;
+  // f(lo, hi, rate_or_0) for the pieces of [lo, hi) in order, each wholly decayed or not.
+  template <class F>
+  void for_each_piece(int64_t lo, int64_t hi, F&& f) const {
+    if (ranges == nullptr) {
+      if (lo < hi) f(lo, hi, rate);
+      return;
+    }
+    int64_t at = lo;
+    auto it = std::upper_bound(ranges->begin(), ranges->end(), lo,
+                               [](int64_t i, const ElementRange& r) { return i < r.end; });
+    for (; it != ranges->end() && at < hi; ++it) {
+      const int64_t b = std::max(at, it->begin), e = std::min(hi, it->end);
+      if (b >= e) break;  // the range starts at or after hi
+      if (at < b) f(at, b, 0.f);
+      f(b, e, rate);
+      at = e;
+    }
+    if (at < hi) f(at, hi, 0.f);
+  }
+};
 
 class DeviceRuntime {
  public:
@@ -98,7 +135,8 @@ class DeviceRuntime {
   // if max_norm > 0 and norm > max_norm, else 1 (so scaling by it is exact when no clipping).
   virtual void clip_coefficient(const TensorView& norm, const TensorView& coef,
                                 const TensorView& parts, double max_norm) = 0;
-  // x[n] *= coef[0] (coef: fp32 [1] device scalar).
+  // x[n] *= coef[0] (coef: fp32 [1] device scalar); with coef[0] == 1 nothing is read or
+  // written (x * 1 is x), so a step clipped by a coefficient of 1 costs no pass.
   virtual void scale_by(const TensorView& x, const TensorView& coef) = 0;
   // Dynamic loss scaling (torch._amp_foreach_non_finite_check_and_unscale_): x (fp32)
   // *= inv_scale; found_inf[0] (fp64 [1]) = 1 if any element of x was inf or NaN (left
@@ -110,15 +148,17 @@ class DeviceRuntime {
   // AdamW (Loshchilov & Hutter 2019; torch.optim.AdamW semantics): step is 1-based.
   // p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
   // p -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps).
+  // weight_decay: its rate where it applies (WeightDecay; a float: everywhere). Throws
+  // fsdp::Error if its ranges are not sorted, disjoint and inside [0, n).
   virtual void adamw_update(const TensorView& param, const TensorView& grad,
                             const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
-                            float beta1, float beta2, float eps, float weight_decay,
+                            float beta1, float beta2, float eps, const WeightDecay& weight_decay,
                             int64_t step) = 0;
   // SGD with momentum, torch.optim.SGD semantics (dampening 0, nesterov off, coupled wd):
   // g += wd * p; buf = momentum * buf + g (buf = g at step 1); p -= lr * buf.
   virtual void sgd_update(const TensorView& param, const TensorView& grad,
                           const TensorView& momentum_buf, float lr, float momentum,
-                          float weight_decay, int64_t step) = 0;
+                          const WeightDecay& weight_decay, int64_t step) = 0;
 };
 
 }  // namespace fsdp

@@ -4,6 +4,9 @@
 // Each FlatParameter shard is one "param group" split into segments that do or do not take
 // weight decay (none on biases, LayerNorm and embeddings, the usual GPT recipe). Updates are
 // elementwise, so sharding does not change them: shard updates equal the unsharded update.
+// Each shard is updated by one call (one kernel launch on CUDA, one parallel region on the
+// CPU) with its decayed segments as WeightDecay ranges, as torch's fused / multi-tensor
+// AdamW updates a param group at once, not one call per parameter.
 #pragma once
 
 #include <cstdint>
@@ -68,7 +71,7 @@ class Optimizer {
  private:
   struct Shard {
     TensorView param, grad;
-    std::vector<DecaySegment> segments;
+    std::vector<ElementRange> decayed;  // the segments with decay: one update per shard
     DeviceBuffer s0, s1;  // adamw: exp_avg, exp_avg_sq; sgd: momentum_buffer, (none)
   };
   OptimConfig cfg_;

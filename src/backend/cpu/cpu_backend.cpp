@@ -293,9 +293,10 @@ class CpuBackend final : public Backend {
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
-                    float weight_decay, int64_t step) override;
+                    const WeightDecay& weight_decay, int64_t step) override;
   void sgd_update(const TensorView& param, const TensorView& grad, const TensorView& momentum_buf,
-                  float lr, float momentum, float weight_decay, int64_t step) override;
+                  float lr, float momentum, const WeightDecay& weight_decay,
+                  int64_t step) override;
 
  private:
   F32In in(const TensorView& v, int64_t n) { return F32In(k_, scratch_, v, n); }
@@ -424,6 +425,7 @@ void CpuBackend::scale_by(const TensorView& x, const TensorView& coef) {
   Chk::scale_by(x, coef);
   const int64_t n = x.numel();
   const float alpha = *static_cast<const float*>(coef.data);
+  if (alpha == 1.0f) return;  // x * 1 is x: no clipping costs no pass over the gradient
   const F32Out fx = out(x, n, true);
   k_.scale(fx, alpha, n);
 }
@@ -762,10 +764,10 @@ void CpuBackend::mha_backward(const TensorView& dq, const TensorView& dk, const 
 
 void CpuBackend::adamw_update(const TensorView& param, const TensorView& grad,
                               const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
-                              float beta1, float beta2, float eps, float weight_decay,
+                              float beta1, float beta2, float eps, const WeightDecay& weight_decay,
                               int64_t step) {
   // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel()
-  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq);
+  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq, weight_decay);
   const int64_t n = param.numel();
   k_.adamw_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
                   static_cast<float*>(exp_avg.data), static_cast<float*>(exp_avg_sq.data), n, lr,
@@ -774,10 +776,10 @@ void CpuBackend::adamw_update(const TensorView& param, const TensorView& grad,
 
 void CpuBackend::sgd_update(const TensorView& param, const TensorView& grad,
                             const TensorView& momentum_buf, float lr, float momentum,
-                            float weight_decay, int64_t step) {
+                            const WeightDecay& weight_decay, int64_t step) {
   // param, grad, momentum_buf: [n] fp32, n = param.numel(); momentum_buf unused (may be
   // empty) when momentum == 0.
-  Chk::sgd_update(param, grad, momentum_buf, momentum);
+  Chk::sgd_update(param, grad, momentum_buf, momentum, weight_decay);
   const int64_t n = param.numel();
   k_.sgd_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
                 static_cast<float*>(momentum_buf.data), n, lr, momentum, weight_decay, step);

@@ -1037,53 +1037,74 @@ double CpuKernels::cross_entropy_forward(const float* logits, const int32_t* tar
 // ---------------------------------------------------------------------------------------
 // optimizers: the element order of operations follows torch.optim (single-tensor path).
 
+namespace {
+// body(lo, hi, rate) over the weight-decay pieces of [0, n), in one parallel region of `nt`
+// threads: each thread takes its static share of the elements, then its pieces.
+template <class Body>
+void decay_pieces_parallel(int64_t n, int nt, const WeightDecay& wd, Body&& body) {
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    wd.for_each_piece(n * t / T, n * (t + 1) / T, body);
+  }
+}
+}  // namespace
+
 void CpuKernels::adamw_update(float* param, const float* grad, float* exp_avg,
                               float* exp_avg_sq, int64_t n, float lr, float beta1, float beta2,
-                              float eps, float weight_decay, int64_t step) const {
+                              float eps, const WeightDecay& weight_decay, int64_t step) const {
   if (step < 1) {
     throw Error("cpu backend: adamw_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
   }
-  // fsdp/backend/adamw_coefficients.hpp (torch.optim's formulas, shared with the CUDA backend)
-  const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, weight_decay, step);
-  const float decay = c.decay, neg_step_size = c.neg_step_size, bc2_sqrt = c.bc2_sqrt;
+  // fsdp/backend/adamw_coefficients.hpp (torch.optim's formulas, shared with the CUDA backend);
+  // only `decay` depends on the rate, and it is exactly 1 where the rate is 0.
+  const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, weight_decay.rate, step);
+  const float neg_step_size = c.neg_step_size, bc2_sqrt = c.bc2_sqrt;
   const float one_m_b1 = c.one_m_b1, one_m_b2 = c.one_m_b2;
-#pragma omp parallel for simd num_threads(threads_for(n, kParallelMinElems)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
-    const float p = param[i] * decay;
-    const float m = exp_avg[i] * beta1 + one_m_b1 * g;
-    const float v = exp_avg_sq[i] * beta2 + one_m_b2 * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    const float denom = std::sqrt(v) / bc2_sqrt + eps;
-    param[i] = p + neg_step_size * m / denom;
-  }
+  decay_pieces_parallel(n, threads_for(n, kParallelMinElems), weight_decay,
+                        [&](int64_t lo, int64_t hi, float rate) {
+    const float decay = rate == 0.f ? 1.f : c.decay;
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) {
+      const float g = grad[i];
+      const float p = param[i] * decay;
+      const float m = exp_avg[i] * beta1 + one_m_b1 * g;
+      const float v = exp_avg_sq[i] * beta2 + one_m_b2 * g * g;
+      exp_avg[i] = m;
+      exp_avg_sq[i] = v;
+      const float denom = std::sqrt(v) / bc2_sqrt + eps;
+      param[i] = p + neg_step_size * m / denom;
+    }
+  });
 }
 
 void CpuKernels::sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n,
-                            float lr, float momentum, float weight_decay, int64_t step) const {
+                            float lr, float momentum, const WeightDecay& weight_decay,
+                            int64_t step) const {
   if (step < 1) {
     throw Error("cpu backend: sgd_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
   }
   const int nt = threads_for(n, kParallelMinElems);
-  if (momentum == 0.0f) {  // torch keeps no buffer; momentum_buf is not touched (may be null)
-#pragma omp parallel for simd num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = grad[i] + weight_decay * param[i];
-      param[i] -= lr * g;
-    }
-    return;
-  }
   const bool first = step == 1;
-#pragma omp parallel for simd num_threads(nt) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] + weight_decay * param[i];
-    const float b = first ? g : momentum * momentum_buf[i] + g;
-    momentum_buf[i] = b;
-    param[i] -= lr * b;
-  }
+  decay_pieces_parallel(n, nt, weight_decay, [&](int64_t lo, int64_t hi, float wd) {
+    if (momentum == 0.0f) {  // torch keeps no buffer; momentum_buf is not touched (may be null)
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) {
+        const float g = grad[i] + wd * param[i];
+        param[i] -= lr * g;
+      }
+      return;
+    }
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) {
+      const float g = grad[i] + wd * param[i];
+      const float b = first ? g : momentum * momentum_buf[i] + g;
+      momentum_buf[i] = b;
+      param[i] -= lr * b;
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "fsdp/backend/device_runtime.hpp"
 #include "fsdp/core/dtype.hpp"
 
 namespace fsdp::cpu {
@@ -119,10 +120,10 @@ class CpuKernels {
 
   // ---- optimizers (n elements each) ----
   void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                    float lr, float beta1, float beta2, float eps, float weight_decay,
+                    float lr, float beta1, float beta2, float eps, const WeightDecay& weight_decay,
                     int64_t step) const;
   void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
-                  float momentum, float weight_decay, int64_t step) const;
+                  float momentum, const WeightDecay& weight_decay, int64_t step) const;
 
   // ---- conversions (n elements; 16-bit values are their bit patterns) ----
   // dst (fp32) = src of dtype `from` (fp32, bf16 or fp16; exact).
