@@ -534,11 +534,11 @@ void FsdpEngine::issue_reduction(int unit) {
                                     be_.compute_stream(), trace(unit));
     return;
   }
-  // Offloaded, between gradient accumulation boundaries (and, where nothing is communicated,
-  // at the boundary too: one device-to-host copy and one host add instead of two), the
-  // reduced gradient goes into the unit's fp32 accumulator on the device.
+  // Offloaded, between gradient accumulation boundaries (and at the boundary where nothing
+  // is communicated and an accumulator exists: one device-to-host copy and one host add
+  // instead of two), the reduced gradient goes into the unit's fp32 accumulator on the device.
   const bool local = u.layout.num_shards == 1 && replicate_comm_->size() == 1;
-  if (offloaded() && (!boundary_ || local)) {
+  if (offloaded() && (!boundary_ || (local && u.grad_acc))) {
     const bool fresh = !u.grad_acc;
     if (fresh) {
       u.grad_acc = DeviceBuffer::floats(be_, u.layout.shard_numel, MemCategory::grads);

@@ -41,7 +41,8 @@
 //    of a step but the last) the reduced gradients are added into an fp32 accumulator on
 //    the device instead, sent to the host once at the boundary: the host adds once per step.
 //    Where nothing is communicated (world size 1) the boundary's gradient joins the
-//    accumulator on the device too, and only the accumulator is copied.
+//    accumulator on the device too, and only the accumulator is copied; a step of one
+//    micro-batch copies its reduce_dtype gradient, as with collectives.
 //  - Norms, clipping and loss-scale unscaling run on the host shards, their device scalars
 //    copied across.
 // The host does the same arithmetic in the same order as the device would on the CPU
