@@ -10,7 +10,8 @@
 #   tools/bench_offload.sh        # STEPS (20), N_LAYERS ("32 28 24 20 16"), RUN_TIMEOUT (500)
 # Then offload's cost at GPT-2 1.5B (bench_gpu.sh's gpt2-1.5b configuration, 4 x 1024 tokens
 # a micro-batch): tok/s with fsdp.cpu_offload ÷ without, interleaved, COST_ROUNDS (1) rounds,
-# at ACCUM (32) micro-batches a step (131k tokens; GPT-2 itself trained with 512 x 1024).
+# at ACCUM (32; a list, e.g. "32 64", runs each) micro-batches a step (131k tokens; GPT-2
+# itself trained with 512 x 1024).
 # Offloaded, the micro-batches accumulate their gradients on the device, so per step the
 # host pays once: one device-to-host copy of the fp32 gradients, AdamW reading and writing
 # ~28 bytes per parameter (~44 GB at 1.5B), the bf16 cast for the uploads. As with DeepSpeed
@@ -84,13 +85,14 @@ done
 [[ " $PARTS " == *" cost "* ]] || exit 0
 python3 "$REPO/tools/bench_torch_gpu.py" --model gpt2-1.5b --fsdp-train-toml --warmup 2 --steps 4 \
   >"$WORK/1.5b.toml" || { say "- 1.5B: bench_torch_gpu.py --fsdp-train-toml failed"; exit 1; }
+for A in $ACCUM; do
 say ""
-say "### Offload's cost at GPT-2 1.5B ($((4 * ACCUM)) sequences of 1024 a step, micro-batch 4)"
+say "### Offload's cost at GPT-2 1.5B ($((4 * A)) sequences of 1024 a step, micro-batch 4)"
 for ((r = 1; r <= COST_ROUNDS; r++)); do
   for off in false true; do
     rm -rf "$WORK/run"
     in_ours timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" "$WORK/1.5b.toml" \
-      --set "train.global_batch_size=$((4 * ACCUM))" --set train.micro_batch_size=4 \
+      --set "train.global_batch_size=$((4 * A))" --set train.micro_batch_size=4 \
       --set "fsdp.cpu_offload=$off" --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
     rc=$?
     if [[ $rc != 0 ]]; then
@@ -101,12 +103,13 @@ for ((r = 1; r <= COST_ROUNDS; r++)); do
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 timed = [r for r in rows if r["step"] > 2]
-print("- round %s offload=%s: median %.0f tok/s (step %.2f s, optimizer %.3f s), device peak %.1f GiB, "
-      "host peak %.1f GiB" % (sys.argv[2], sys.argv[3], statistics.median(r["tokens_per_sec"] for r in timed),
-                               statistics.median(r["step_s"] for r in timed),
-                               statistics.median(r["optimizer_s"] for r in timed),
-                               max(r["peak_mem_bytes"] for r in rows) / 2**30,
-                               max(r.get("host_peak_mem_bytes", 0) for r in rows) / 2**30))
+print("- round %s offload=%s: median %.0f tok/s (step %.2f s, backward %.2f s, optimizer %.3f s), "
+      "device peak %.1f GiB, host peak %.1f GiB" % (
+          sys.argv[2], sys.argv[3], statistics.median(r["tokens_per_sec"] for r in timed),
+          statistics.median(r["step_s"] for r in timed), statistics.median(r["backward_s"] for r in timed),
+          statistics.median(r["optimizer_s"] for r in timed), max(r["peak_mem_bytes"] for r in rows) / 2**30,
+          max(r.get("host_peak_mem_bytes", 0) for r in rows) / 2**30))
 PY
   done
+done
 done
