@@ -22,7 +22,7 @@
 #                  --wrap fsdp2 (fully_shard per block + root at world size 1,
 #                  MixedPrecisionPolicy(bf16, fp32)), eager and torch.compile of each block
 #                  before fully_shard (torchtitan); T5: Hugging Face T5ForConditionalGeneration,
-#                  plain eager and compile (T5_FSDP2=1 adds its FSDP2 runs). memory =
+#                  plain eager and compile, and FSDP2 eager and compile (T5_FSDP2=0: without). memory =
 #                  torch.cuda.max_memory_allocated
 #   all            nvidia-smi's memory.used sampled every 100 ms during the run (peak minus the
 #                  value before it: CUDA context, library workspaces and allocator caches too)
@@ -48,10 +48,11 @@
 #   BENCH_BUDGET_S (450): no run starts that its previous round's time says would not end in
 #                  it; each run is also cut there, so the script ends by itself with its table
 #   CONTENDERS (every model's default: "fsdp_train none:eager none:compile fsdp2:eager
-#                  fsdp2:compile", T5 without fsdp2) e.g. "fsdp_train none:compile" for a short call;
+#                  fsdp2:compile") e.g. "fsdp_train none:compile" for a short call;
 #                  "fsdp_train:offload" adds fsdp_train with fsdp.cpu_offload = true (issue 22:
 #                  its tok/s ÷ fsdp_train is offload's cost; host_mem_bytes its host peak)
-#   RUN_TIMEOUT (240) seconds per run at most;  PLAIN_COMPILE_SCOPE;  T5_FSDP2 (0)
+#   RUN_TIMEOUT (240) seconds per run at most;  PLAIN_COMPILE_SCOPE;  T5_FSDP2 (1; 0 leaves
+#                  T5 without its FSDP2 runs)
 #   PEAK_TFLOPS;  PYTHON (python3);  FSDP_BUNDLE (default gpu_bundle/ if it has env.sh);
 #   FSDP_BUILD_DIR;  BENCH_LOG_DIR (keep the work folder there; default a temp folder)
 set -uo pipefail
@@ -62,7 +63,7 @@ ROUNDS="${ROUNDS:-3}" WARMUP="${WARMUP:-3}" STEPS="${STEPS:-10}"
 BUDGET="${BENCH_BUDGET_S:-450}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-240}"
 PLAIN_COMPILE_SCOPE="${PLAIN_COMPILE_SCOPE:-}"
-T5_FSDP2="${T5_FSDP2:-0}"
+T5_FSDP2="${T5_FSDP2:-1}"
 PYTHON="${PYTHON:-python3}"
 BENCH_PY="$REPO/tools/bench_torch_gpu.py"
 START=$SECONDS
