@@ -1,0 +1,284 @@
+// CPU offload's stream ordering, checked on the CPU backend (issue 22: the CUDA path overlaps
+// its copies with compute, and no GPU has run it yet). The CPU backend's streams run
+// everything at once, so an engine that read a buffer before waiting for the copy filling
+// it would still pass every other CPU test. Here the engine runs on DeferredCopyRuntime: the
+// CPU backend, except that an asynchronous copy enqueued on a side stream (the engine's copy
+// and reduction streams) happens only when an event recorded after it is waited on or
+// synchronized, or its stream synchronized, as a GPU's copy engine may finish long after the
+// host has moved on. A missing wait then reads stale memory and changes the losses.
+//
+// At world size 1 (no collectives: the MPI stand-ins would not respect stream order), GPT-2
+// in bf16 with AdamW and clipping, offloaded on the deferred runtime, must equal the same run
+// without offload bit for bit: one micro-batch a step (the gradient staged in reduce_dtype)
+// and several (the device accumulator, staged once at the boundary), for 3 steps.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fsdp/backend/buffer.hpp"
+#include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/comm/communicator.hpp"
+#include "fsdp/core/stream.hpp"
+#include "fsdp/data/batch.hpp"
+#include "fsdp/fsdp/engine.hpp"
+#include "fsdp/model/gpt2.hpp"
+#include "fsdp/optim/optimizer.hpp"
+
+namespace {
+
+using fsdp::DType;
+using fsdp::Event;
+using fsdp::Stream;
+using fsdp::TensorView;
+
+// A side stream whose operations wait in a queue until something needs them done.
+class DeferredStream final : public Stream {
+ public:
+  fsdp::Device device() const override { return fsdp::Device::cpu; }
+  void wait(Event& event) override { event.synchronize(); }  // conservative: done now
+  void synchronize() override { run_until(enqueued_); }
+  void enqueue(std::function<void()> op) {
+    queue_.push_back(std::move(op));
+    ++enqueued_;
+  }
+  void run_until(int64_t position) {
+    while (done_ < position) {
+      std::function<void()> op = std::move(queue_.front());
+      queue_.pop_front();
+      ++done_;
+      op();
+    }
+  }
+  int64_t enqueued() const { return enqueued_; }
+  int64_t done() const { return done_; }
+
+ private:
+  std::deque<std::function<void()>> queue_;
+  int64_t enqueued_ = 0, done_ = 0;
+};
+
+// Complete once its stream has run what was enqueued before record(); on any other stream
+// (the compute stream, which runs everything at once) complete at once.
+class DeferredEvent final : public Event {
+ public:
+  void record(Stream& stream) override {
+    stream_ = dynamic_cast<DeferredStream*>(&stream);
+    position_ = stream_ ? stream_->enqueued() : 0;
+  }
+  void synchronize() override {
+    if (stream_) stream_->run_until(position_);
+  }
+  bool query() override { return !stream_ || stream_->done() >= position_; }
+
+ private:
+  DeferredStream* stream_ = nullptr;
+  int64_t position_ = 0;
+};
+
+// The CPU backend `inner`, with its asynchronous copies on side streams deferred.
+class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
+ public:
+  explicit DeferredCopyRuntime(fsdp::DeviceRuntime& inner) : in_(inner) {}
+  int64_t deferred_copies = 0;  // how many copies waited in a queue
+
+  fsdp::Device device() const override { return in_.device(); }
+  Stream& compute_stream() override { return in_.compute_stream(); }
+  std::unique_ptr<Stream> create_stream() override { return std::make_unique<DeferredStream>(); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<DeferredEvent>(); }
+  void* allocate(std::size_t bytes, fsdp::MemCategory category) override {
+    return in_.allocate(bytes, category);
+  }
+  void deallocate(void* ptr, std::size_t bytes, fsdp::MemCategory category,
+                  std::shared_ptr<Event> pending) noexcept override {
+    in_.deallocate(ptr, bytes, category, std::move(pending));
+  }
+  fsdp::MemoryTracker& memory() override { return in_.memory(); }
+  const fsdp::AllocatorStats& allocator_stats() const override { return in_.allocator_stats(); }
+  void fill_zero(const TensorView& dst) override { in_.fill_zero(dst); }
+  void copy(const TensorView& dst, const TensorView& src) override { in_.copy(dst, src); }
+  void cast(const TensorView& dst, const TensorView& src) override { in_.cast(dst, src); }
+  void copy_to_host(void* host_dst, const TensorView& src) override {
+    in_.copy_to_host(host_dst, src);
+  }
+  void copy_from_host(const TensorView& dst, const void* host_src) override {
+    in_.copy_from_host(dst, host_src);
+  }
+  void copy_to_host_async(void* host_dst, const TensorView& src, Stream& stream) override {
+    defer(stream, [this, host_dst, src] { in_.copy_to_host(host_dst, src); });
+  }
+  void copy_from_host_async(const TensorView& dst, const void* host_src, Stream& stream) override {
+    defer(stream, [this, dst, host_src] { in_.copy_from_host(dst, host_src); });
+  }
+  void synchronize() override { in_.synchronize(); }
+  void axpy(const TensorView& y, float alpha, const TensorView& x) override { in_.axpy(y, alpha, x); }
+  void squared_norm(const TensorView& acc, const TensorView& x) override { in_.squared_norm(acc, x); }
+  void clip_coefficient(const TensorView& norm, const TensorView& coef, const TensorView& parts,
+                        double max_norm) override {
+    in_.clip_coefficient(norm, coef, parts, max_norm);
+  }
+  void scale_by(const TensorView& x, const TensorView& coef) override { in_.scale_by(x, coef); }
+  void unscale_and_check(const TensorView& x, float inv_scale, const TensorView& found) override {
+    in_.unscale_and_check(x, inv_scale, found);
+  }
+  void adamw_update(const TensorView& p, const TensorView& g, const TensorView& m,
+                    const TensorView& v, float lr, float b1, float b2, float eps,
+                    const fsdp::WeightDecay& wd, int64_t step) override {
+    in_.adamw_update(p, g, m, v, lr, b1, b2, eps, wd, step);
+  }
+  void sgd_update(const TensorView& p, const TensorView& g, const TensorView& buf, float lr,
+                  float momentum, const fsdp::WeightDecay& wd, int64_t step) override {
+    in_.sgd_update(p, g, buf, lr, momentum, wd, step);
+  }
+
+ private:
+  void defer(Stream& stream, std::function<void()> op) {
+    auto* s = dynamic_cast<DeferredStream*>(&stream);
+    if (s == nullptr) return op();  // the compute stream: at once
+    ++deferred_copies;
+    s->enqueue(std::move(op));
+  }
+  fsdp::DeviceRuntime& in_;
+};
+
+// This rank alone: every collective is a copy (or nothing).
+class SoloCommunicator final : public fsdp::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  fsdp::Device device() const override { return fsdp::Device::cpu; }
+  Stream& default_stream() override { return stream_; }
+  void barrier() override {}
+  std::unique_ptr<Communicator> split(int, int) override { return nullptr; }
+  std::unique_ptr<Communicator> split_node() override { return nullptr; }
+
+ protected:
+  class Done final : public fsdp::Work {
+   public:
+    void wait() override {}
+    std::shared_ptr<Event> done() override { return std::make_shared<fsdp::HostEvent>(); }
+  };
+  static std::unique_ptr<fsdp::Work> copied(void* recv, const void* send, std::size_t bytes) {
+    if (recv != send && bytes > 0) std::memmove(recv, send, bytes);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<fsdp::Work> all_gather_impl(const void* send, void* recv, std::size_t n,
+                                              DType t, Stream&) override {
+    return copied(recv, send, n * fsdp::dtype_size(t));
+  }
+  std::unique_ptr<fsdp::Work> reduce_scatter_impl(const void* send, void* recv, std::size_t n,
+                                                  DType t, fsdp::ReduceOp, Stream&) override {
+    return copied(recv, send, n * fsdp::dtype_size(t));
+  }
+  std::unique_ptr<fsdp::Work> all_reduce_impl(const void* send, void* recv, std::size_t n,
+                                              DType t, fsdp::ReduceOp, Stream&) override {
+    return copied(recv, send, n * fsdp::dtype_size(t));
+  }
+  std::unique_ptr<fsdp::Work> broadcast_impl(void*, std::size_t, DType, int, Stream&) override {
+    return std::make_unique<Done>();
+  }
+
+ private:
+  fsdp::HostStream stream_;
+};
+
+struct Trained {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> params;
+  int64_t deferred_copies = 0;
+};
+
+// 3 AdamW steps of a 3-block GPT-2 (bf16 compute and reduction, clipping at 0.5, weight
+// decay) on fixed random batches of 4 sequences, `micro` at a time; offloaded on the deferred
+// runtime, or on the plain CPU backend without offload.
+Trained train(bool offload, int64_t micro) {
+  auto be = fsdp::make_cpu_backend(1);
+  auto host = fsdp::make_cpu_backend(1);
+  DeferredCopyRuntime deferred(*be);
+  fsdp::Gpt2Config mc;
+  mc.n_layer = 3;
+  mc.n_head = 2;
+  mc.n_embd = 16;
+  mc.n_positions = 16;
+  mc.vocab_size = 64;
+  fsdp::Gpt2Model model(mc, *be, DType::bf16);
+  fsdp::FsdpConfig fc;
+  fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
+  fc.cpu_offload = offload;
+  fsdp::MixedPrecisionConfig mp;
+  mp.param_dtype = DType::bf16;
+  mp.reduce_dtype = DType::bf16;
+  SoloCommunicator shard, replicate;
+  fsdp::DeviceRuntime& rt = offload ? static_cast<fsdp::DeviceRuntime&>(deferred) : *be;
+  fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, rt, 7, true,
+                          offload ? host.get() : nullptr);
+  fsdp::OptimConfig oc;
+  oc.lr = 1e-2;
+  oc.weight_decay = 0.1;
+  fsdp::Optimizer opt(oc, engine.shard_runtime());
+  for (int u = 0; u < engine.num_units(); ++u) {
+    opt.add_shard(engine.shard_param(u), engine.shard_grad(u),
+                  fsdp::decay_segments(engine.layout(u), engine.shard_index()));
+  }
+  fsdp::DeviceBuffer loss(*be, DType::f64, 1, fsdp::MemCategory::other);
+  fsdp::DeviceBuffer norm(*be, DType::f64, 1, fsdp::MemCategory::other);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> token(0, 63);
+  const int64_t B = 4, L = 12;
+  Trained r;
+  for (int step = 1; step <= 3; ++step) {
+    fsdp::data::Batch batch;
+    batch.B = B;
+    batch.L = L;
+    batch.target_len = L;
+    for (int64_t i = 0; i < B * L; ++i) {
+      batch.inputs.push_back(token(rng));
+      batch.targets.push_back(token(rng));
+    }
+    engine.zero_grad();
+    be->fill_zero(loss.view());
+    for (int64_t m0 = 0; m0 < B; m0 += micro) {
+      engine.set_gradient_accumulation_boundary(m0 + micro >= B);
+      engine.begin_step(true);
+      model.forward_backward(micro == B ? batch : batch.rows(m0, micro), 1.0f / (B * L), engine,
+                             loss.view());
+      engine.end_step();
+    }
+    engine.clip_grad_norm(0.5, norm.view());
+    double host_loss = 0;
+    be->copy_to_host(&host_loss, loss.view());
+    r.losses.push_back(host_loss);
+    opt.step(oc.lr);
+    engine.params_updated();
+  }
+  r.params = engine.gather_full_params();
+  r.deferred_copies = deferred.deferred_copies;
+  return r;
+}
+
+TEST(OffloadStreams, DeferredCopiesGiveTheRunWithoutOffloadBitForBit) {
+  for (int64_t micro : {4, 1}) {
+    SCOPED_TRACE("micro-batches of " + std::to_string(micro));
+    const Trained plain = train(false, micro);
+    const Trained off = train(true, micro);
+    // Uploads (every unit, forward and backward, every micro-batch) and the gradient copies
+    // all went through the queues.
+    EXPECT_GE(off.deferred_copies, 3 * 4 * 2 * (4 / micro));
+    ASSERT_EQ(off.losses.size(), plain.losses.size());
+    for (std::size_t i = 0; i < plain.losses.size(); ++i) {
+      EXPECT_EQ(off.losses[i], plain.losses[i]) << "step " << i + 1;
+    }
+    EXPECT_LT(plain.losses.back(), plain.losses.front());
+    for (const auto& [name, values] : plain.params) {
+      EXPECT_EQ(off.params.at(name), values) << name;
+    }
+  }
+}
+
+}  // namespace
