@@ -7,10 +7,13 @@
 // synchronized, or its stream synchronized, as a GPU's copy engine may finish long after the
 // host has moved on. A missing wait then reads stale memory and changes the losses.
 //
-// At world size 1 (no collectives: the MPI stand-ins would not respect stream order), GPT-2
-// in bf16 with AdamW and clipping, offloaded on the deferred runtime, must equal the same run
-// without offload bit for bit: one micro-batch a step (the gradient staged in reduce_dtype)
-// and several (the device accumulator, staged once at the boundary), for 3 steps.
+// GPT-2 in bf16 with AdamW and clipping, offloaded on the deferred runtime, must equal the same
+// run without offload bit for bit: one micro-batch a step (the gradient staged in
+// reduce_dtype) and several (the device accumulator, staged once at the boundary), for 3
+// steps; alone, and at 2 ranks sharded (all-gather after the upload, reduce-scatter) or
+// replicated (all-reduce). MPI collectives run on the host at once, so there the
+// communicator first runs what the stream it is ordered after holds, as NCCL's stream would
+// wait for it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -22,9 +25,12 @@
 #include <string>
 #include <vector>
 
+#include <mpi.h>
+
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/comm/communicator.hpp"
+#include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/core/stream.hpp"
 #include "fsdp/data/batch.hpp"
 #include "fsdp/fsdp/engine.hpp"
@@ -188,6 +194,48 @@ class SoloCommunicator final : public fsdp::Communicator {
   fsdp::HostStream stream_;
 };
 
+// A host communicator whose collectives start once the stream they are ordered after has run
+// its queue (on a GPU the collective's stream waits for that one).
+class StreamOrdered final : public fsdp::Communicator {
+ public:
+  explicit StreamOrdered(fsdp::Communicator& inner) : in_(inner) {}
+  int rank() const override { return in_.rank(); }
+  int size() const override { return in_.size(); }
+  fsdp::Device device() const override { return in_.device(); }
+  Stream& default_stream() override { return in_.default_stream(); }
+  void barrier() override { in_.barrier(); }
+  std::unique_ptr<Communicator> split(int, int) override { return nullptr; }
+  std::unique_ptr<Communicator> split_node() override { return nullptr; }
+
+ protected:
+  std::unique_ptr<fsdp::Work> all_gather_impl(const void* send, void* recv, std::size_t n,
+                                              DType t, Stream& after) override {
+    after.synchronize();
+    return in_.all_gather(send, recv, n, t);
+  }
+  std::unique_ptr<fsdp::Work> reduce_scatter_impl(const void* send, void* recv, std::size_t n,
+                                                  DType t, fsdp::ReduceOp op,
+                                                  Stream& after) override {
+    after.synchronize();
+    return in_.reduce_scatter(send, recv, n, t, op);
+  }
+  std::unique_ptr<fsdp::Work> all_reduce_impl(const void* send, void* recv, std::size_t n,
+                                              DType t, fsdp::ReduceOp op, Stream& after) override {
+    after.synchronize();
+    return in_.all_reduce(send, recv, n, t, op);
+  }
+  std::unique_ptr<fsdp::Work> broadcast_impl(void* buf, std::size_t n, DType t, int root,
+                                             Stream& after) override {
+    after.synchronize();
+    return in_.broadcast(buf, n, t, root);
+  }
+
+ private:
+  fsdp::Communicator& in_;
+};
+
+enum class Group { alone, sharded, replicated };  // what the world's ranks do together
+
 struct Trained {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> params;
@@ -195,9 +243,9 @@ struct Trained {
 };
 
 // 3 AdamW steps of a 3-block GPT-2 (bf16 compute and reduction, clipping at 0.5, weight
-// decay) on fixed random batches of 4 sequences, `micro` at a time; offloaded on the deferred
+// decay) on one random batch of 4 sequences per rank, `micro` at a time; offloaded on the deferred
 // runtime, or on the plain CPU backend without offload.
-Trained train(bool offload, int64_t micro) {
+Trained train(bool offload, int64_t micro, Group group) {
   auto be = fsdp::make_cpu_backend(1);
   auto host = fsdp::make_cpu_backend(1);
   DeferredCopyRuntime deferred(*be);
@@ -214,7 +262,12 @@ Trained train(bool offload, int64_t micro) {
   fsdp::MixedPrecisionConfig mp;
   mp.param_dtype = DType::bf16;
   mp.reduce_dtype = DType::bf16;
-  SoloCommunicator shard, replicate;
+  SoloCommunicator solo;
+  fsdp::MpiCommunicator world_mpi(MPI_COMM_WORLD);
+  StreamOrdered world(world_mpi);
+  fsdp::Communicator& shard = group == Group::sharded ? static_cast<fsdp::Communicator&>(world) : solo;
+  fsdp::Communicator& replicate =
+      group == Group::replicated ? static_cast<fsdp::Communicator&>(world) : solo;
   fsdp::DeviceRuntime& rt = offload ? static_cast<fsdp::DeviceRuntime&>(deferred) : *be;
   fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, rt, 7, true,
                           offload ? host.get() : nullptr);
@@ -228,19 +281,19 @@ Trained train(bool offload, int64_t micro) {
   }
   fsdp::DeviceBuffer loss(*be, DType::f64, 1, fsdp::MemCategory::other);
   fsdp::DeviceBuffer norm(*be, DType::f64, 1, fsdp::MemCategory::other);
-  std::mt19937 rng(3);
+  std::mt19937 rng(3 + static_cast<unsigned>(world_mpi.rank()));  // each rank its own data
   std::uniform_int_distribution<int32_t> token(0, 63);
   const int64_t B = 4, L = 12;
   Trained r;
+  fsdp::data::Batch batch;  // the same batch every step: the loss must fall
+  batch.B = B;
+  batch.L = L;
+  batch.target_len = L;
+  for (int64_t i = 0; i < B * L; ++i) {
+    batch.inputs.push_back(token(rng));
+    batch.targets.push_back(token(rng));
+  }
   for (int step = 1; step <= 3; ++step) {
-    fsdp::data::Batch batch;
-    batch.B = B;
-    batch.L = L;
-    batch.target_len = L;
-    for (int64_t i = 0; i < B * L; ++i) {
-      batch.inputs.push_back(token(rng));
-      batch.targets.push_back(token(rng));
-    }
     engine.zero_grad();
     be->fill_zero(loss.view());
     for (int64_t m0 = 0; m0 < B; m0 += micro) {
@@ -263,10 +316,16 @@ Trained train(bool offload, int64_t micro) {
 }
 
 TEST(OffloadStreams, DeferredCopiesGiveTheRunWithoutOffloadBitForBit) {
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  std::vector<Group> groups = {Group::alone};
+  if (ranks > 1) groups = {Group::sharded, Group::replicated};
+  for (Group group : groups)
   for (int64_t micro : {4, 1}) {
-    SCOPED_TRACE("micro-batches of " + std::to_string(micro));
-    const Trained plain = train(false, micro);
-    const Trained off = train(true, micro);
+    SCOPED_TRACE(std::string(group == Group::alone ? "alone" : group == Group::sharded ? "sharded" : "replicated") +
+                 ", micro-batches of " + std::to_string(micro));
+    const Trained plain = train(false, micro, group);
+    const Trained off = train(true, micro, group);
     // Uploads (every unit, forward and backward, every micro-batch) and the gradient copies
     // all went through the queues.
     EXPECT_GE(off.deferred_copies, 3 * 4 * 2 * (4 / micro));
