@@ -49,11 +49,12 @@ __device__ __forceinline__ bool decayed(const DecayRanges& r, int64_t i) {
 }
 
 // op(p[i], g[i], s1[i], s2[i], decayed(i)) for i < n; s1 / s2 may be null when op does not
-// use them (then they are not dereferenced: `has1` / `has2`).
+// use them (then they are not dereferenced: `has1` / `has2`). `ranges` is a __grid_constant__
+// parameter: read in place from the constant bank, not copied to each thread's local memory.
 template <class Op>
 __global__ void __launch_bounds__(kThreads)
     update_kernel(float* p, const float* g, float* s1, float* s2, int64_t n, bool vec, bool has1,
-                  bool has2, Op op, DecayRanges ranges) {
+                  bool has2, Op op, const __grid_constant__ DecayRanges ranges) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t done = 0;
