@@ -236,6 +236,10 @@ void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
      << (p.offload ? ", device:\n" : ":\n");
   print_rows(plan_rows(p, acts));
   if (p.offload) {
+    if (p.grads > 0) {
+      os << "  (grads: the fp32 accumulator of the micro-batches before each step's last; "
+            "train.micro_batch_size = the per-rank batch has none)\n";
+    }
     os << "host (fsdp.cpu_offload):\n";
     print_rows(host_rows(p.host));
   }

@@ -85,6 +85,15 @@ case "$CASE" in
     expect_input_error "memory plan: " "does not fit" "largest row: " "train.check_memory"
     if ! grep -q "^host (fsdp.cpu_offload):" "$OUT"; then fail "the host rows were not printed"; fi
     if [ -e "$WORK/run/checkpoints" ]; then fail "a refused run wrote checkpoints"; fi
+    # With micro-batches the device's grads row is the accumulator, and the plan says so;
+    # with one micro-batch a step there is none.
+    run_train tiny.toml --dry-run --set fsdp.cpu_offload=true --set train.micro_batch_size=1
+    if [ "$RC" -ne 0 ]; then fail "the offloaded dry run failed: $(cat "$ERR")"; fi
+    if ! grep -q "(grads: the fp32 accumulator of the micro-batches" "$OUT"; then
+      fail "the plan does not explain the device's grads row"; fi
+    run_train tiny.toml --dry-run --set fsdp.cpu_offload=true
+    if grep -q "(grads: the fp32 accumulator" "$OUT"; then
+      fail "a plan without micro-batches mentions an accumulator"; fi
     ;;
   *)
     echo "unknown case $CASE" >&2
