@@ -29,10 +29,9 @@ struct Traced {
 };
 
 // CPU offload: once the unit's last collective completes (with none, once `stream` has
-// produced the gradient), the reduction stream copies the reduced shard into host staging;
-// the device buffer is freed behind the copy. On a host stream (MPI on the CPU backend)
-// waiting for the collective blocks here.
-void stage_to_host(DeviceRuntime& be, DeviceRuntime& host, ReduceResult& r, Stream& stream,
+// produced the gradient), the reduction stream copies the reduced shard into host staging.
+// On a host stream (MPI on the CPU backend) waiting for the collective blocks here.
+void stage_reduced(DeviceRuntime& be, DeviceRuntime& host, ReduceResult& r, Stream& stream,
                    Stream& reduce_stream, const CollectiveTrace& trace, const Communicator& shard,
                    const Communicator& replicate) {
   Work* last = r.all_reduce ? r.all_reduce.get() : r.reduce_scatter.get();
@@ -41,19 +40,26 @@ void stage_to_host(DeviceRuntime& be, DeviceRuntime& host, ReduceResult& r, Stre
     Traced wait(trace, r.all_reduce ? "all_reduce" : "reduce_scatter", "wait",
                 r.all_reduce ? replicate : shard, r.reduced.numel(), r.reduced.dtype());
     reduce_stream.wait(*last->done());
-  } else {
-    const std::shared_ptr<Event> produced = be.create_event();
-    produced->record(stream);
-    reduce_stream.wait(*produced);
   }
-  r.host_staged = DeviceBuffer(host, r.reduced.dtype(), r.reduced.numel(), MemCategory::comm_buffers);
-  be.copy_to_host_async(r.host_staged.data(), r.reduced.view(), reduce_stream);
-  r.copied = be.create_event();
-  r.copied->record(reduce_stream);
-  r.reduced.reset(r.copied);
+  r.staged = stage_to_host(be, host, r.reduced, last != nullptr ? nullptr : &stream, reduce_stream);
 }
 
 }  // namespace
+
+HostStaging stage_to_host(DeviceRuntime& be, DeviceRuntime& host_runtime, DeviceBuffer& device,
+                          Stream* after, Stream& copy_stream) {
+  if (after != nullptr) {
+    const std::shared_ptr<Event> produced = be.create_event();
+    produced->record(*after);
+    copy_stream.wait(*produced);
+  }
+  HostStaging s{DeviceBuffer(host_runtime, device.dtype(), device.numel(), MemCategory::comm_buffers),
+                be.create_event()};
+  be.copy_to_host_async(s.host.data(), device.view(), copy_stream);
+  s.copied->record(copy_stream);
+  device.reset(s.copied);
+  return s;
+}
 
 AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
                                    const FlatParamLayout& layout, const DeviceBuffer& shard_param,
@@ -130,7 +136,7 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
       be.axpy(shard_grad.view(), 1.f, add->view());
     } else {  // offload: staged to the host, where the caller adds it with the same axpy
       r.reduced = add == &src ? std::move(src) : std::move(cast);
-      stage_to_host(be, *host, r, stream, reduce_stream, trace, shard, replicate);
+      stage_reduced(be, *host, r, stream, reduce_stream, trace, shard, replicate);
     }
     return r;
   }
@@ -146,7 +152,7 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
       r.all_reduce = replicate.all_reduce(r.reduced.data(), r.reduced.data(),
                                           static_cast<std::size_t>(n), rd, ReduceOp::avg, stream);
     }
-    if (host != nullptr) stage_to_host(be, *host, r, stream, reduce_stream, trace, shard, replicate);
+    if (host != nullptr) stage_reduced(be, *host, r, stream, reduce_stream, trace, shard, replicate);
     return r;
   }
   void* recv = nullptr;
@@ -177,7 +183,7 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
                                         reduce_stream);
     r.all_reduce_on_reduce_stream = true;
   }
-  if (host != nullptr) stage_to_host(be, *host, r, stream, reduce_stream, trace, shard, replicate);
+  if (host != nullptr) stage_reduced(be, *host, r, stream, reduce_stream, trace, shard, replicate);
   return r;
 }
 

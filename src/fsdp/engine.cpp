@@ -555,8 +555,8 @@ void FsdpEngine::issue_reduction(int unit) {
                                std::move(u.full_grad), u.shard_grad, shard_was_empty,
                                mp_.reduce_dtype, be_.compute_stream(), *reduce_stream_,
                                trace(unit), offloaded() ? &sh_ : nullptr);
-  if (u.reduction.host_staged) {
-    staged_.push_back({unit, std::move(u.reduction.host_staged), std::move(u.reduction.copied)});
+  if (u.reduction.staged) {
+    staged_.push_back({unit, std::move(u.reduction.staged)});
     drain_staged(kStagedCopies);
   }
 }
@@ -564,16 +564,8 @@ void FsdpEngine::issue_reduction(int unit) {
 // Copies the unit's device accumulator (complete on the compute stream) to host staging on
 // the reduction stream, freed behind the copy; the host adds it in drain_staged.
 void FsdpEngine::stage_accumulator(int unit) {
-  Unit& u = *units_[unit];
-  Staged s{unit, DeviceBuffer::floats(sh_, u.layout.shard_numel, MemCategory::comm_buffers),
-           be_.create_event()};
-  const std::shared_ptr<Event> summed = be_.create_event();
-  summed->record(be_.compute_stream());
-  reduce_stream_->wait(*summed);
-  be_.copy_to_host_async(s.host.data(), u.grad_acc.view(), *reduce_stream_);
-  s.copied->record(*reduce_stream_);
-  u.grad_acc.reset(s.copied);
-  staged_.push_back(std::move(s));
+  staged_.push_back({unit, stage_to_host(be_, sh_, units_[unit]->grad_acc, &be_.compute_stream(),
+                                         *reduce_stream_)});
   drain_staged(kStagedCopies);
 }
 
@@ -584,9 +576,9 @@ void FsdpEngine::drain_staged(std::size_t keep) {
     Staged& s = staged_.front();
     {
       StepTimer::Scope waiting(timer_, Phase::comm_wait);
-      s.copied->synchronize();
+      s.copy.copied->synchronize();
     }
-    sh_.axpy(units_[s.unit]->shard_grad.view(), 1.f, s.host.view());
+    sh_.axpy(units_[s.unit]->shard_grad.view(), 1.f, s.copy.host.view());
     staged_.pop_front();
   }
 }

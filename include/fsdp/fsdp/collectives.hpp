@@ -87,6 +87,21 @@ AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
 
 // ---- reduce ----
 
+// A device buffer's copy in host memory (CPU offload's gradient staging): `host` holds it once
+// `copied` completes.
+struct HostStaging {
+  DeviceBuffer host;
+  std::shared_ptr<Event> copied;
+  explicit operator bool() const { return static_cast<bool>(host); }
+};
+
+// Enqueues on `copy_stream`, after the work enqueued on `after` so far (null: after only what
+// copy_stream already waits for), a copy of `device` into new host memory of `host_runtime`
+// (same dtype and size, MemCategory::comm_buffers), and frees `device` behind the copy (the
+// allocator reuses it once the copy has read it). Nothing blocks the host on a device stream.
+HostStaging stage_to_host(DeviceRuntime& be, DeviceRuntime& host_runtime, DeviceBuffer& device,
+                          Stream* after, Stream& copy_stream);
+
 // FSDP2's foreach_reduce result: where the reduced gradient shard lands and the collectives
 // producing it. The caller waits for the works (reduce_scatter first), then adds `reduced`
 // into the fp32 gradient shard (if reduced is empty, the result is already in it).
@@ -99,12 +114,11 @@ struct ReduceResult {
   // completion (HSDP): all_reduce->wait() orders that stream, so the caller's stream must
   // wait on all_reduce->done().
   bool all_reduce_on_reduce_stream = false;
-  // CPU offload: the reduced shard copied into host memory (reduce_dtype [shard_numel],
-  // MemCategory::comm_buffers of the host runtime) by a copy on the reduction stream that
-  // `copied` completes; `reduced` is then empty (freed once the copy has read it). The caller
-  // waits for the works, then copied->synchronize(), then adds host_staged into the shard.
-  DeviceBuffer host_staged;
-  std::shared_ptr<Event> copied;
+  // CPU offload: the reduced shard copied into host memory (reduce_dtype [shard_numel]) on
+  // the reduction stream; `reduced` is then empty (freed once the copy has read it). The
+  // caller waits for the works, then staged.copied->synchronize(), then adds staged.host into
+  // the shard.
+  HostStaging staged;
 };
 
 // Reduces a unit's unsharded gradient (PyTorch FSDP2 foreach_reduce; FSDP1's
@@ -129,11 +143,11 @@ struct ReduceResult {
 //    empty.
 // `host` (CPU offload): shard_grad lives in that runtime's (host) memory. A reduce-scatter
 // then never lands in it: once the last collective of the unit completes, the reduction stream
-// copies the reduced shard into `host_staged` (host memory) and the device buffer is freed
+// copies the reduced shard into `staged` (host memory) and the device buffer is freed
 // behind that copy, so the copy overlaps the rest of backward on CUDA; at world size 1 the
 // gradient (or its 16-bit reduce_dtype cast, as above) is staged the same way once `stream`
-// has produced it. The caller waits for the works, then copied->synchronize(), and adds
-// host_staged into shard_grad.
+// has produced it. The caller waits for the works, then staged.copied->synchronize(), and
+// adds staged.host into shard_grad.
 // Every rank of a group must call this for the same units in the same order (the
 // collectives' order). Throws fsdp::Error on mismatched sizes (full_grad not
 // [padded_numel], shard_grad not fp32 [shard_numel]); a communicator's errors propagate.

@@ -352,8 +352,7 @@ class FsdpEngine final : public ModuleHooks {
   // shard (oldest first). At most kStagedCopies stay pending after a unit's reduction.
   struct Staged {
     int unit;
-    DeviceBuffer host;               // reduce_dtype or fp32 [shard_numel], host comm_buffers
-    std::shared_ptr<Event> copied;   // completes with the copy into `host`
+    HostStaging copy;  // reduce_dtype or fp32 [shard_numel], host comm_buffers
   };
   static constexpr std::size_t kStagedCopies = 2;
   std::deque<Staged> staged_;
