@@ -3,6 +3,7 @@
 // (CountingRuntime, fsdp/backend/counting_runtime.hpp) and on communicators that move
 // nothing. Nothing is allocated, so it runs for any model size, and the plan cannot drift
 // from what the engine does.
+#include <algorithm>
 #include <cstdint>
 
 #include "fsdp/backend/counting_runtime.hpp"
@@ -91,8 +92,8 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
   };
   // A step of several micro-batches (gradient accumulation) differs only offloaded, where
   // the passes before the last accumulate on the device: one of those, then the last.
-  const int64_t local = world_size > 0 ? config.train.global_batch_size / world_size : 1;
-  const int64_t micro = config.train.micro_batch_size > 0 ? config.train.micro_batch_size : local;
+  const int64_t local = config.train.global_batch_size / std::max(1, world_size);
+  const int64_t micro = micro_batch_size(config.train, world_size);
   if (offload && micro > 0 && local / micro > 1) pass(false);
   pass(true);
   auto rows = [](const MemoryTracker& t) {

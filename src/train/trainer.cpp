@@ -812,7 +812,7 @@ Setup setup(Job& job, TrainResult& result) {
   Setup s;
   s.local_batch = cfg.train.global_batch_size / job.world;
   // Sequences per forward/backward on each rank (gradient accumulation splits the step).
-  job.micro_batch = cfg.train.micro_batch_size > 0 ? cfg.train.micro_batch_size : s.local_batch;
+  job.micro_batch = micro_batch_size(cfg.train, job.world);
   s.shape = data::batch_shape(cfg);
   const int64_t act_bytes =
       job.family.activation_bytes(cfg.model, job.micro_batch, s.shape,

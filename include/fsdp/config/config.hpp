@@ -7,6 +7,7 @@
 // named as its Hugging Face config names them (GPT2Config's n_layer, T5Config's d_model, ...).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -168,6 +169,14 @@ struct TrainConfig {
   std::vector<int64_t> profile_steps;
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
+
+// Sequences per forward/backward on each rank of a world of `world_size`: train.micro_batch_size,
+// or (0) the whole per-rank batch, train.global_batch_size / world_size (the trainer checks
+// both divide). The trainer's gradient accumulation and the memory plan both read it.
+inline int64_t micro_batch_size(const TrainConfig& t, int world_size) {
+  return t.micro_batch_size > 0 ? t.micro_batch_size
+                                : t.global_batch_size / std::max(1, world_size);
+}
 
 // Largest optim.lr accepted. No published recipe trains a transformer above lr = 1 (AdamW
 // runs use 1e-5..1e-2, SGD on LAMB-style schedules at most a few); a larger value is a typo
