@@ -359,22 +359,18 @@ void CudaBackend::copy_from_host(const TensorView& dst, const void* host_src) {
 
 void CudaBackend::copy_to_host_async(void* host_dst, const TensorView& src, Stream& stream) {
   Chk::copy_to_host(src);
-  auto* cs = dynamic_cast<CudaStream*>(&stream);
-  if (cs == nullptr) throw Error("cuda backend: copy_to_host_async on a stream that is not CUDA's");
+  const cudaStream_t cs = native(stream);  // throws for a host stream
   if (src.bytes()) {
-    FSDP_CHECK_CUDA(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost,
-                                    cs->handle()));
+    FSDP_CHECK_CUDA(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, cs));
   }
 }
 
 void CudaBackend::copy_from_host_async(const TensorView& dst, const void* host_src,
                                        Stream& stream) {
   Chk::copy_from_host(dst);
-  auto* cs = dynamic_cast<CudaStream*>(&stream);
-  if (cs == nullptr) throw Error("cuda backend: copy_from_host_async on a stream that is not CUDA's");
+  const cudaStream_t cs = native(stream);  // throws for a host stream
   if (dst.bytes()) {
-    FSDP_CHECK_CUDA(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice,
-                                    cs->handle()));
+    FSDP_CHECK_CUDA(cudaMemcpyAsync(dst.data, host_src, dst.bytes(), cudaMemcpyHostToDevice, cs));
   }
 }
 
