@@ -1,0 +1,551 @@
+#!/usr/bin/env python3
+"""Reference values for a C++ Llama (tests/data/llama/*.txt), computed with PyTorch in float64
+following Hugging Face transformers' LlamaForCausalLM (models/llama/modeling_llama.py and the
+"llama3" branch of modeling_rope_utils.py) -- written from that description, not copied:
+token embeddings; per decoder layer an RMSNorm (x * rsqrt(mean(x^2) + eps) * weight), causal
+self-attention with q/k/v/o nn.Linear projections (y = x W^T (+ b when attention_bias)),
+rotary position embeddings in HF's rotate-half layout on q and k, grouped-query attention
+(query head h reads key/value head h // (H / Hkv)), a residual, a second RMSNorm, the SwiGLU MLP
+down_proj(silu(gate_proj(x)) * up_proj(x)) (+ biases when mlp_bias), a residual; the final
+`norm`, lm_head (or embed_tokens when tie_word_embeddings) and the mean cross-entropy over the
+B*T targets (given per position: HF's own `labels` argument would shift them by one).
+
+Regenerate the committed fixtures (Debian: apt-get install -y python3-torch; the Debian
+interpreter, /usr/bin/python3, not another one first on PATH) from the repository root:
+    for v in $(/usr/bin/python3 tools/llama_reference.py --list); do
+      /usr/bin/python3 tools/llama_reference.py $v > tests/data/llama/reference_$v.txt
+    done
+Check that the committed fixtures are what this script makes, and the script's own self-tests
+(finite differences, a loop-by-loop second implementation, GQA/MHA and tied/untied identities,
+the llama3 RoPE branches):
+    /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
+    /usr/bin/python3 tools/llama_reference.py --selftest
+
+VARIANT = <layers>l_<attn>_<tied>_<rope>[_attnbias][_mlpbias] (see VARIANTS below), e.g.
+3l_gqa_untied_llama3: attn is mha (num_key_value_heads 4), gqa (2) or mqa (1); rope is rope1e4
+(rope_theta 1e4, rope_scaling null) or llama3 (rope_theta 5e5 with Llama 3.1's rope_scaling).
+A tiny Llama (hidden 32, 4 heads of head_dim 8, intermediate 40, vocab 37: not a multiple of
+anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
+float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
+biases N(0, 0.3), RMSNorm weights 1 + N(0, 0.3); every value rounded to a multiple of 1e-3 so
+that its short decimal text is exactly the float32 the model ran with), run in float64 on one
+batch of B 2 x T 7 tokens. Lines (the format of tests/reference_file.hpp, as gpt2_reference.py):
+    config <the HF config.json of this LlamaForCausalLM, one line>
+    batch B T
+    tokens <B*T ids>
+    targets <B*T ids>
+    loss <mean cross-entropy over the B*T targets>
+    logits <B*T*vocab_size values, row-major [B, T, V]>
+    param <HF name> <numel> <float32 values, HF state-dict layout (nn.Linear weights [out, in])>
+    grad <HF name> <numel> <d(mean loss)/d(param), float64 rounded to 10 significant digits>
+The params and grads are listed in HF state-dict order; lm_head.weight only when untied.
+
+Precision: this is the exact math in float64. HF itself, even for a float64 model, computes a few
+pieces in float32 (inv_freq, the llama3 rescaling and cos/sin; RMSNorm's normalisation; the eager
+softmax in recent versions); those differences (~1e-7 relative) are far below what the tests
+resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
+params as short decimals to keep the files small: 1-layer files ~200-250 KB, 3-layer ~500-550 KB.
+
+llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
+~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
+as HF's validation wants), low_freq_factor 0.01 and high_freq_factor 0.1 put the low/high
+wavelength bounds at 800 and 80, so the four frequencies are untouched / smoothed (s ~ 0.42) /
+scaled / scaled: every branch is exercised (checked by --selftest).
+"""
+import json
+import math
+import os
+import random
+import sys
+import zlib
+
+import torch
+
+HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCAB = 32, 4, 8, 40, 37
+MAX_POS, EPS = 16, 1e-6
+B, T = 2, 7
+LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.1,
+                  "original_max_position_embeddings": 8, "rope_type": "llama3"}
+KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
+VARIANTS = [
+    "1l_mha_untied_rope1e4",
+    "1l_gqa_tied_llama3",
+    "1l_mqa_untied_llama3_attnbias_mlpbias",
+    "1l_gqa_untied_rope1e4_attnbias",
+    "1l_mha_tied_llama3_mlpbias",
+    "3l_gqa_untied_llama3",
+    "3l_mqa_tied_rope1e4_attnbias_mlpbias",
+]
+DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
+
+
+def hf_config(variant):
+    """The config.json of a LlamaForCausalLM of this variant (keys in a fixed order)."""
+    words = variant.split("_")
+    layers, attn, tied, rope, flags = words[0], words[1], words[2], words[3], set(words[4:])
+    assert layers.endswith("l") and layers[:-1].isdigit(), variant
+    assert attn in KV_HEADS and tied in ("tied", "untied") and rope in ("rope1e4", "llama3"), variant
+    assert flags <= {"attnbias", "mlpbias"}, variant
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
+        "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": int(layers[:-1]), "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS[attn], "head_dim": HEAD_DIM,
+        "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+        "rope_theta": 10000.0 if rope == "rope1e4" else 500000.0,
+        "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else None,
+        "attention_bias": "attnbias" in flags, "attention_dropout": 0.0,
+        "mlp_bias": "mlpbias" in flags, "tie_word_embeddings": tied == "tied",
+        "hidden_act": "silu", "initializer_range": 0.02, "torch_dtype": "float32",
+        "bos_token_id": 1, "eos_token_id": 2, "pretraining_tp": 1, "use_cache": True,
+    }
+
+
+def param_shapes(cfg):
+    """HF LlamaForCausalLM state-dict names and shapes, in state-dict order."""
+    C, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    shapes = [("model.embed_tokens.weight", (V, C))]
+    for l in range(cfg["num_hidden_layers"]):
+        a, m = f"model.layers.{l}.self_attn.", f"model.layers.{l}.mlp."
+        for name, out, inp in (("q_proj", H * D, C), ("k_proj", Hkv * D, C),
+                               ("v_proj", Hkv * D, C), ("o_proj", C, H * D)):
+            shapes.append((a + name + ".weight", (out, inp)))
+            if cfg["attention_bias"]:
+                shapes.append((a + name + ".bias", (out,)))
+        for name, out, inp in (("gate_proj", I, C), ("up_proj", I, C), ("down_proj", C, I)):
+            shapes.append((m + name + ".weight", (out, inp)))
+            if cfg["mlp_bias"]:
+                shapes.append((m + name + ".bias", (out,)))
+        shapes.append((f"model.layers.{l}.input_layernorm.weight", (C,)))
+        shapes.append((f"model.layers.{l}.post_attention_layernorm.weight", (C,)))
+    shapes.append(("model.norm.weight", (C,)))
+    if not cfg["tie_word_embeddings"]:
+        shapes.append(("lm_head.weight", (V, C)))
+    return shapes
+
+
+def make_params(cfg, gen):
+    """float32 values, each a multiple of 1e-3 (printed exactly by fmt_param)."""
+    p = {}
+    for name, shape in param_shapes(cfg):
+        x = torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.3
+        if name.endswith("norm.weight"):
+            x = 1.0 + x
+        p[name] = (torch.round(x.to(torch.float64) * 1000.0) / 1000.0 + 0.0).to(torch.float32)
+    return p
+
+
+def make_case(variant):
+    """(config, float32 params, tokens [B, T], targets [B, T]) of a variant, seeded by its name."""
+    cfg = hf_config(variant)
+    gen = torch.Generator().manual_seed(zlib.crc32(variant.encode()))
+    params = make_params(cfg, gen)
+    tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
+    targets = torch.randint(0, VOCAB, (B, T), generator=gen)
+    return cfg, params, tokens, targets
+
+
+# ---- the model (vectorised) ---------------------------------------------------------------------
+
+def llama3_branch(cfg, wavelen):
+    """'untouched', 'smoothed' or 'scaled': the llama3 rule for one wavelength."""
+    s = cfg["rope_scaling"]
+    orig = s["original_max_position_embeddings"]
+    low_wl, high_wl = orig / s["low_freq_factor"], orig / s["high_freq_factor"]
+    if wavelen > low_wl:
+        return "scaled"
+    if wavelen < high_wl:
+        return "untouched"
+    return "smoothed"
+
+
+def inv_freq(cfg):
+    """RoPE inverse frequencies [head_dim / 2], float64, with the llama3 rescaling if configured."""
+    D = cfg["head_dim"]
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    s = cfg["rope_scaling"]
+    if s is None:
+        return inv
+    assert s["rope_type"] == "llama3"
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    orig = s["original_max_position_embeddings"]
+    wavelen = 2.0 * math.pi / inv
+    smooth = (orig / wavelen - low) / (high - low)
+    smoothed = (1.0 - smooth) * inv / factor + smooth * inv
+    scaled = torch.where(wavelen > orig / low, inv / factor, inv)
+    medium = (wavelen >= orig / high) & (wavelen <= orig / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def forward(p, cfg, tokens):
+    """Logits [B, T, V] of LlamaForCausalLM (eval: no dropout), float64."""
+    Bn, Tn = tokens.shape
+    H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps = cfg["rms_norm_eps"]
+
+    def linear(x, name, bias):
+        y = x @ p[name + ".weight"].T
+        return y + p[name + ".bias"] if bias else y
+
+    freqs = torch.outer(torch.arange(Tn, dtype=torch.float64), inv_freq(cfg))
+    emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+    cos, sin = emb.cos(), emb.sin()
+    causal = torch.tril(torch.ones(Tn, Tn, dtype=torch.bool))
+    x = p["model.embed_tokens.weight"][tokens]
+    for l in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{l}."
+        a, ab = pre + "self_attn.", cfg["attention_bias"]
+        h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+        q = linear(h, a + "q_proj", ab).view(Bn, Tn, H, D).transpose(1, 2)  # [B, H, T, D]
+        k = linear(h, a + "k_proj", ab).view(Bn, Tn, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
+        v = linear(h, a + "v_proj", ab).view(Bn, Tn, Hkv, D).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(H // Hkv, dim=1)
+        v = v.repeat_interleave(H // Hkv, dim=1)
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+        att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
+        x = x + linear(y, a + "o_proj", ab)
+        m, mb = pre + "mlp.", cfg["mlp_bias"]
+        h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        g = linear(h, m + "gate_proj", mb)
+        x = x + linear(g * torch.sigmoid(g) * linear(h, m + "up_proj", mb), m + "down_proj", mb)
+    x = rms_norm(x, p["model.norm.weight"], eps)
+    head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
+    return x @ head.T
+
+
+def mean_ce(logits, targets):
+    V = logits.shape[-1]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+
+
+def run(cfg, params32, tokens, targets):
+    """(float64 params with .grad, logits, loss) of one forward/backward."""
+    params = {n: t.to(torch.float64).requires_grad_(True) for n, t in params32.items()}
+    logits = forward(params, cfg, tokens)
+    loss = mean_ce(logits, targets)
+    loss.backward()
+    return params, logits.detach(), loss.detach()
+
+
+# ---- the fixture text ---------------------------------------------------------------------------
+
+def fmt(values, digits):
+    return " ".join(f"{v:.{digits}e}" for v in values)
+
+
+def fmt_param(values):
+    """Multiples of 1e-3 as their short decimal, which parses (strtof) back to the same float32."""
+    out = []
+    for v in values:
+        s = f"{round(v, 3):g}"
+        assert torch.tensor(float(s), dtype=torch.float32).item() == v, (v, s)
+        out.append(s)
+    return " ".join(out)
+
+
+def fixture_text(variant):
+    cfg, params32, tokens, targets = make_case(variant)
+    params, logits, loss = run(cfg, params32, tokens, targets)
+    lines = ["config " + json.dumps(cfg, separators=(",", ":")),
+             f"batch {B} {T}",
+             "tokens " + " ".join(str(int(t)) for t in tokens.flatten()),
+             "targets " + " ".join(str(int(t)) for t in targets.flatten()),
+             f"loss {loss.item():.17e}",
+             "logits " + fmt(logits.flatten().tolist(), 17)]
+    for name, t in params32.items():
+        lines.append(f"param {name} {t.numel()} " + fmt_param(t.flatten().tolist()))
+    for name, t in params.items():
+        lines.append(f"grad {name} {t.numel()} " + fmt(t.grad.flatten().tolist(), 9))
+    return "\n".join(lines) + "\n"
+
+
+def compare_text(want, got, rel=1e-8):
+    """None when `got` matches `want` (the numbers of loss/logits/grad lines within `rel` of each
+    value, or of 1e-3 of the line's largest; every other line exactly), else the first difference."""
+    a, b = want.splitlines(), got.splitlines()
+    if len(a) != len(b):
+        return f"{len(a)} lines, regenerated {len(b)}"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x == y:
+            continue
+        wx, wy = x.split(), y.split()
+        kind = wx[0] if wx else ""
+        head = 3 if kind == "grad" else 1  # words before the numbers
+        if kind not in ("loss", "logits", "grad") or len(wx) != len(wy) or wx[:head] != wy[:head]:
+            return f"line {i + 1} ({' '.join(wx[:head])}) differs"
+        nx, ny = [float(s) for s in wx[head:]], [float(s) for s in wy[head:]]
+        top = max(abs(u) for u in nx)
+        for u, w in zip(nx, ny):
+            if abs(u - w) > rel * max(abs(u), 1e-3 * top):
+                return f"line {i + 1} ({' '.join(wx[:head])}): {u!r} vs {w!r}"
+    return None
+
+
+def check(data_dir):
+    ok = True
+    names = sorted(f for f in os.listdir(data_dir) if f.startswith("reference_") and f.endswith(".txt"))
+    expected = sorted(f"reference_{v}.txt" for v in VARIANTS)
+    if names != expected:
+        print(f"FAIL {data_dir}: files {names}, expected {expected}")
+        ok = False
+    for v in VARIANTS:
+        path = os.path.join(data_dir, f"reference_{v}.txt")
+        if not os.path.exists(path):
+            print(f"FAIL {path}: missing")
+            ok = False
+            continue
+        with open(path) as f:
+            want = f.read()
+        got = fixture_text(v)
+        if want == got:
+            print(f"ok   {path}: byte-identical ({len(want)} bytes)")
+            continue
+        diff = compare_text(want, got)
+        if diff is None:
+            print(f"ok   {path}: equal within 1e-8 relative (not byte-identical: other BLAS/CPU rounding)")
+        else:
+            print(f"FAIL {path}: {diff}")
+            ok = False
+    return ok
+
+
+# ---- self-tests -----------------------------------------------------------------------------------
+
+def naive_loss(p, cfg, tokens, targets):
+    """The same model again, element by element: explicit per-pair rotation angles, per-head loops
+    with the key/value head h // (H / Hkv), a hand-written softmax and cross-entropy, and the
+    llama3 frequencies from Python floats. Slow; a check of the vectorised forward only."""
+    H, Hkv, D, C = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["hidden_size"]
+    eps, group = cfg["rms_norm_eps"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+    inv = []
+    for i in range(D // 2):
+        f = cfg["rope_theta"] ** (-2.0 * i / D)
+        s = cfg["rope_scaling"]
+        if s is not None:
+            wl, orig = 2 * math.pi / f, s["original_max_position_embeddings"]
+            branch = llama3_branch(cfg, wl)
+            if branch == "scaled":
+                f = f / s["factor"]
+            elif branch == "smoothed":
+                sm = (orig / wl - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
+                f = (1 - sm) * f / s["factor"] + sm * f
+        inv.append(f)
+
+    def norm(x, w):
+        return x / torch.sqrt(sum(x[c] * x[c] for c in range(C)) / C + eps) * w
+
+    def lin(x, name, bias):
+        y = torch.mv(p[name + ".weight"], x)
+        return y + p[name + ".bias"] if bias else y
+
+    def rope(x, t):  # x [D]: pairs (i, i + D/2) rotated by t * inv[i]
+        out = []
+        for i in range(D // 2):
+            c, s = math.cos(t * inv[i]), math.sin(t * inv[i])
+            out.append((i, x[i] * c - x[i + D // 2] * s))
+            out.append((i + D // 2, x[i + D // 2] * c + x[i] * s))
+        return torch.stack([v for _, v in sorted(out, key=lambda e: e[0])])
+
+    total = 0.0
+    for b in range(tokens.shape[0]):
+        xs = [p["model.embed_tokens.weight"][int(tokens[b, t])] for t in range(tokens.shape[1])]
+        for l in range(cfg["num_hidden_layers"]):
+            pre = f"model.layers.{l}."
+            a, ab, mb = pre + "self_attn.", cfg["attention_bias"], cfg["mlp_bias"]
+            hs = [norm(x, p[pre + "input_layernorm.weight"]) for x in xs]
+            qs = [lin(h, a + "q_proj", ab) for h in hs]
+            ks = [lin(h, a + "k_proj", ab) for h in hs]
+            vs = [lin(h, a + "v_proj", ab) for h in hs]
+            new = []
+            for t in range(len(xs)):
+                heads = []
+                for hd in range(H):
+                    kv = hd // group
+                    q = rope(qs[t][hd * D:(hd + 1) * D], t)
+                    scores = [torch.dot(q, rope(ks[s][kv * D:(kv + 1) * D], s)) / math.sqrt(D)
+                              for s in range(t + 1)]
+                    top = max(float(sc) for sc in scores)
+                    w = [torch.exp(sc - top) for sc in scores]
+                    z = sum(w)
+                    heads.append(sum(w[s] / z * vs[s][kv * D:(kv + 1) * D] for s in range(t + 1)))
+                new.append(xs[t] + lin(torch.cat(heads), a + "o_proj", ab))
+            xs = new
+            new = []
+            for x in xs:
+                h = norm(x, p[pre + "post_attention_layernorm.weight"])
+                g, u = lin(h, pre + "mlp.gate_proj", mb), lin(h, pre + "mlp.up_proj", mb)
+                new.append(x + lin(g / (1 + torch.exp(-g)) * u, pre + "mlp.down_proj", mb))
+            xs = new
+        head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
+        for t, x in enumerate(xs):
+            z = torch.mv(head, norm(x, p["model.norm.weight"]))
+            top = float(z.max())
+            total = total + (top + torch.log(torch.exp(z - top).sum()) - z[int(targets[b, t])])
+    return total / tokens.numel()
+
+
+def rel_err(a, b):
+    return float((a - b).norm() / max(float(b.norm()), 1e-300))
+
+
+def selftest():
+    torch.manual_seed(0)
+    fails = []
+
+    def expect(cond, what):
+        print(("ok   " if cond else "FAIL ") + what)
+        if not cond:
+            fails.append(what)
+
+    # 1. llama3 RoPE branches.
+    cfg = hf_config("1l_gqa_tied_llama3")
+    D = cfg["head_dim"]
+    base = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    wl = (2 * math.pi / base).tolist()
+    branches = [llama3_branch(cfg, w) for w in wl]
+    scaled = inv_freq(cfg)
+    print("llama3 wavelengths " + " ".join(f"{w:.6g}" for w in wl) + " -> " + " ".join(branches))
+    expect(branches == ["untouched", "smoothed", "scaled", "scaled"], "llama3: one untouched, one smoothed, two scaled frequencies")
+    f = cfg["rope_scaling"]["factor"]
+    expect(scaled[0] == base[0] and torch.allclose(scaled[2:], base[2:] / f, rtol=0, atol=0)
+           and base[1] / f < scaled[1] < base[1], "llama3: untouched kept, scaled divided by factor, smoothed strictly between")
+
+    # 2. Per variant: the vectorised model against the loop-by-loop one, and finite differences.
+    rng = random.Random(0)
+    for v in VARIANTS:
+        cfg, params32, tokens, targets = make_case(v)
+        params, logits, loss = run(cfg, params32, tokens, targets)
+        p2 = {n: t.to(torch.float64).requires_grad_(True) for n, t in params32.items()}
+        loss2 = naive_loss(p2, cfg, tokens, targets)
+        loss2.backward()
+        gerr = max(rel_err(p2[n].grad, params[n].grad) for n in params)
+        expect(abs(loss2.item() - loss.item()) <= 1e-13 * abs(loss.item()) and gerr < 1e-11,
+               f"{v}: loop-by-loop model: loss {loss.item():.15f} vs {loss2.item():.15f}, max grad rel err {gerr:.1e}")
+        norms = {n: float(t.grad.norm()) for n, t in params.items()}
+        expect(min(norms.values()) > 1e-4,
+               f"{v}: every gradient tensor non-negligible (smallest norm {min(norms.values()):.2e}, {min(norms, key=norms.get)})")
+        # Central differences of the float64 loss at steps h and h/2, Richardson-extrapolated
+        # (error O(h^4)), for 2 random elements of every tensor.
+        h, worst_abs, worst_rel, count = 1e-4, 0.0, 0.0, 0
+        base64 = {n: t.to(torch.float64) for n, t in params32.items()}
+
+        def central(flat, i, old, step):
+            flat[i] = old + step
+            up = mean_ce(forward(base64, cfg, tokens), targets).item()
+            flat[i] = old - step
+            down = mean_ce(forward(base64, cfg, tokens), targets).item()
+            flat[i] = old
+            return (up - down) / (2 * step)
+
+        with torch.no_grad():
+            for n, t in base64.items():
+                for _ in range(2):
+                    i = rng.randrange(t.numel())
+                    if n == "model.embed_tokens.weight":  # a row that is looked up
+                        i = int(tokens.flatten()[i % tokens.numel()]) * t.shape[1] + i % t.shape[1]
+                    flat = t.view(-1)
+                    old = flat[i].item()
+                    numeric = (4 * central(flat, i, old, h / 2) - central(flat, i, old, h)) / 3
+                    analytic = params[n].grad.view(-1)[i].item()
+                    worst_abs = max(worst_abs, abs(numeric - analytic))
+                    worst_rel = max(worst_rel, abs(numeric - analytic) / max(abs(analytic), 1e-4))
+                    count += 1
+        expect(worst_abs < 1e-9 and worst_rel < 1e-6,
+               f"{v}: finite differences, {count} elements of {len(base64)} tensors: "
+               f"worst abs err {worst_abs:.1e}, worst rel err {worst_rel:.1e}")
+
+    # 3. GQA / MQA == MHA with each key/value head repeated for its query heads; the GQA k/v
+    #    gradients are the sums over the copies. And Hkv == H through the same code is plain MHA
+    #    (the loop-by-loop model above checks that on the mha variants).
+    for v in ("1l_gqa_tied_llama3", "1l_mqa_untied_llama3_attnbias_mlpbias", "3l_gqa_untied_llama3"):
+        cfg, params32, tokens, targets = make_case(v)
+        H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        mha = dict(cfg, num_key_value_heads=H)
+        rows = torch.cat([torch.arange(kv * D, (kv + 1) * D) for kv in range(Hkv) for _ in range(H // Hkv)])
+        expanded = {n: (t[rows] if (".k_proj." in n or ".v_proj." in n) else t) for n, t in params32.items()}
+        pg, lg, lossg = run(cfg, params32, tokens, targets)
+        pm, lm, lossm = run(mha, expanded, tokens, targets)
+        err = rel_err(lm, lg)
+        gerr = 0.0
+        for n in pg:
+            gm = pm[n].grad
+            if ".k_proj." in n or ".v_proj." in n:
+                gm = torch.zeros_like(pg[n].grad).index_add_(0, rows, gm)
+            gerr = max(gerr, rel_err(gm, pg[n].grad))
+        expect(err < 1e-14 and gerr < 1e-12, f"{v}: equals MHA with repeated k/v heads (logits {err:.1e}, grads {gerr:.1e})")
+
+    # 4. Tied == untied with lm_head.weight a copy of embed_tokens.weight; the tied embedding's
+    #    gradient is the sum of the untied embedding's and lm_head's.
+    for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias"):
+        cfg, params32, tokens, targets = make_case(v)
+        untied = dict(cfg, tie_word_embeddings=False)
+        p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
+        pt, lt, losst = run(cfg, params32, tokens, targets)
+        pu, lu, lossu = run(untied, p_untied, tokens, targets)
+        gsum = pu["model.embed_tokens.weight"].grad + pu["lm_head.weight"].grad
+        err, gerr = rel_err(lu, lt), rel_err(gsum, pt["model.embed_tokens.weight"].grad)
+        others = max(rel_err(pu[n].grad, pt[n].grad) for n in pt if n != "model.embed_tokens.weight")
+        expect(err < 1e-14 and gerr < 1e-12 and others < 1e-12,
+               f"{v}: equals untied with a copied lm_head (logits {err:.1e}, embed grad {gerr:.1e}, others {others:.1e})")
+
+    # 5. The fixture text parses back to the run's numbers.
+    v = VARIANTS[0]
+    text = fixture_text(v)
+    cfg, params32, _, _ = make_case(v)
+    got = {}
+    for line in text.splitlines():
+        w = line.split()
+        if w[0] == "param":
+            vals = torch.tensor([float(s) for s in w[3:]], dtype=torch.float32)
+            got[w[1]] = int(w[2]) == vals.numel() and torch.equal(vals, params32[w[1]].flatten())
+    expect(set(got) == set(params32) and all(got.values()), f"{v}: param text is exactly the float32 params")
+    lines = text.splitlines()
+    g = next(i for i, line in enumerate(lines) if line.startswith("grad "))
+    w = lines[g].split()
+    j = max(range(3, len(w)), key=lambda k: abs(float(w[k])))  # its largest value
+
+    def changed(by):
+        words = w[:j] + [f"{float(w[j]) * (1 + by):.9e}"] + w[j + 1:]
+        return "\n".join(lines[:g] + [" ".join(words)] + lines[g + 1:]) + "\n"
+
+    nudged, broken = changed(2e-10), changed(1e-6)
+    assert nudged != text
+    expect(compare_text(text, nudged) is None and compare_text(text, broken) is not None,
+           "--check's comparison accepts a last-printed-digit change of a grad and rejects a 1e-6 one")
+
+    print(f"selftest: {len(fails)} failure(s)")
+    return not fails
+
+
+def main(argv):
+    torch.set_num_threads(1)  # one summation order: reproducible text
+    if len(argv) == 2 and argv[1] == "--list":
+        print("\n".join(VARIANTS))
+        return 0
+    if len(argv) == 2 and argv[1] == "--selftest":
+        return 0 if selftest() else 1
+    if len(argv) in (2, 3) and argv[1] == "--check":
+        return 0 if check(argv[2] if len(argv) == 3 else DATA_DIR) else 1
+    if len(argv) == 2 and argv[1] in VARIANTS:
+        sys.stdout.write(fixture_text(argv[1]))
+        return 0
+    print("usage: llama_reference.py VARIANT | --list | --check [DIR] | --selftest\n"
+          "variants: " + " ".join(VARIANTS), file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
