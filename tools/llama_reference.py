@@ -328,7 +328,7 @@ def naive_loss(p, cfg, tokens, targets):
     """The same model again, element by element: explicit per-pair rotation angles, per-head loops
     with the key/value head h // (H / Hkv), a hand-written softmax and cross-entropy, and the
     llama3 frequencies from Python floats. Slow; a check of the vectorised forward only."""
-    H, Hkv, D, C = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["hidden_size"]
+    H, D, C = cfg["num_attention_heads"], cfg["head_dim"], cfg["hidden_size"]
     eps, group = cfg["rms_norm_eps"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
     inv = []
     for i in range(D // 2):
