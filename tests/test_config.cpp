@@ -368,7 +368,7 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
       {"[fdsp]\nsharding_strategy = \"NO_SHARD\"\n", {},
        {"unknown key 'fdsp.sharding_strategy'", "did you mean 'fsdp.sharding_strategy'"}},
       {"seed = 3\n", {}, {"unknown key 'seed'", "did you mean 'train.seed'"}},
-      {"[model.extra]\nx = 1\n", {}, {"unknown key 'model.extra'"}},
+      {"[model.extra]\nx = 1\n", {}, {"unknown key 'model.extra.x'"}},
       {"[nonsense]\n", {}, {"unknown key 'nonsense'"}},
       {"optim = 3\n", {}, {"input.toml: optim: expected a table"}},
       // wrong types

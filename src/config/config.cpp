@@ -83,51 +83,13 @@ constexpr bool kIsConfigEnum<E> = true;
 
 enum Resume : bool { kFixed = false, kMayChange = true };
 
-// A key's admissible numbers: validate() checks every ranged key of the table with one
-// message, "<value> is out of range (expected <text()>)". Bounds are open (<) or closed (<=);
-// `var` names the value in a two-sided text ("0 < lr <= 10"); `note` follows the bound.
-struct Range {
-  enum Bound : char { none, open, closed };
-  bool integer = false;
-  Bound lo_bound = none, hi_bound = none;
-  double lo = 0, hi = 0;
-  const char* var = "x";
-  const char* note = "";
-
-  bool bounded() const { return lo_bound != none || hi_bound != none; }  // else kAny
-  bool contains(double v) const {
-    const bool above = lo_bound == none || (lo_bound == open ? v > lo : v >= lo);
-    const bool below = hi_bound == none || (hi_bound == open ? v < hi : v <= hi);
-    return above && below;  // false for NaN with any bound
-  }
-  // The bounds around `name`: ">= 1", "> 0", "0 < lr <= 10".
-  std::string bounds(const char* name) const {
-    if (hi_bound == none) return std::string(lo_bound == open ? "> " : ">= ") + format_number(lo);
-    return format_number(lo) + (lo_bound == open ? " < " : " <= ") + name +
-           (hi_bound == open ? " < " : " <= ") + format_number(hi);
-  }
-  // The message's: "an integer >= 1", "0 < lr <= 10", "an integer 1 <= x <= 65536; 1 = ...".
-  std::string text() const { return (integer ? "an integer " : "") + bounds(var) + note; }
-  // The type column of docs/config.md: "integer >= 1", "integer, 1 <= x <= 65536",
-  // "float > 0", "float, 0 < x < 1".
-  std::string doc_type() const {
-    return std::string(integer ? "integer" : "float") + (hi_bound == none ? " " : ", ") +
-           bounds("x");
-  }
-};
+using Range = KeyRange;
 constexpr Range kAny{};
-// Integers >= lo.
-constexpr Range at_least(int64_t lo) {
-  return {true, Range::closed, Range::none, static_cast<double>(lo), 0, "x", ""};
-}
-// Floats in (lo, inf).
-constexpr Range above(double lo) { return {false, Range::open, Range::none, lo, 0, "x", ""}; }
-// Floats in [lo, inf).
-constexpr Range nonnegative() { return {false, Range::closed, Range::none, 0, 0, "x", ""}; }
-// Floats in (0, 1).
-constexpr Range open_unit() { return {false, Range::open, Range::open, 0, 1, "x", ""}; }
-// Floats in [0, 1).
-constexpr Range unit_interval() { return {false, Range::closed, Range::open, 0, 1, "x", ""}; }
+constexpr Range at_least(int64_t lo) { return KeyRange::at_least(lo); }
+constexpr Range above(double lo) { return KeyRange::above(lo); }
+constexpr Range nonnegative() { return KeyRange::nonnegative(); }
+constexpr Range open_unit() { return KeyRange::open_unit(); }
+constexpr Range unit_interval() { return KeyRange::unit_interval(); }
 // The ranges with their own wording.
 constexpr Range kPadVocabRange{true, Range::closed, Range::closed, 1,
                                static_cast<double>(kMaxPadVocabMultiple), "x", "; 1 = no padding"};
@@ -595,9 +557,25 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
     });
   };
 
-  // model: the ranges, then the family's own checks (keys, and their relation to the data
-  // lengths) and its objectives
+  // model: the ranges and choices the family declares with its keys, then the family's own
+  // checks (relations between its keys and to the data lengths) and its objectives
   check_ranges(true);
+  for (const ModelKey& k : family.keys()) {
+    const ModelValue* v = c.model.find(k.name);
+    if (!v) continue;  // ModelConfig::of filled every key in; a Config built in code may not
+    const std::string key = "model." + k.name;
+    if (k.range.bounded() && (v->index() == 0 || v->index() == 1)) {
+      const double x = v->index() == 0 ? static_cast<double>(std::get<int64_t>(*v)) : std::get<double>(*v);
+      if (!k.range.contains(x)) {
+        const std::string text = v->index() == 0 ? std::to_string(std::get<int64_t>(*v)) : num(x);
+        throw fail(key, text + " is out of range (expected " + k.range.text() + ")");
+      }
+    }
+    if (const auto* s = std::get_if<std::string>(v); s && !k.choices.empty() &&
+        std::find(k.choices.begin(), k.choices.end(), *s) == k.choices.end()) {
+      throw fail(key, "unknown value " + quoted(*s) + " (expected one of " + join(k.choices) + ")");
+    }
+  }
   family.validate(c, fail);
   {
     const auto objectives = family.objectives();
@@ -813,6 +791,30 @@ void resolve_aliases(toml::table& doc, const std::string& origin) {
   }
 }
 
+// A [model] key with a dot names a field of a nested Hugging Face config dict
+// ("rope_scaling.factor"); the file may write it as a dotted key, an inline table
+// (rope_scaling = { factor = 8.0 }) or a [model.rope_scaling] section. This flattens every
+// sub-table of [model] into such keys, so the rest of parsing sees one level.
+void flatten_model_table(toml::table& doc) {
+  auto* model = doc.get_as<toml::table>("model");
+  if (!model) return;
+  for (bool again = true; again;) {
+    again = false;
+    for (auto it = model->begin(); it != model->end(); ++it) {
+      const toml::table* sub = it->second.as_table();
+      if (!sub) continue;
+      const std::string prefix(it->first.str());
+      const toml::table copy = *sub;
+      model->erase(it);
+      for (const auto& [k, v] : copy) {
+        v.visit([&](const auto& value) { model->insert(prefix + "." + std::string(k.str()), value); });
+      }
+      again = true;
+      break;
+    }
+  }
+}
+
 }  // namespace
 
 Config parse_config(const std::string& toml_text, const std::string& origin,
@@ -836,6 +838,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
     set.insert_or_assign(canonical_key(key), std::move(o));
   }
   resolve_aliases(doc, origin);
+  flatten_model_table(doc);
 
   // model.type first: it decides which [model] keys exist.
   std::string type = Config{}.model.type;
@@ -966,8 +969,8 @@ std::string type_text() {
 }  // namespace
 
 std::vector<KeyDescription> describe_keys(const ModelSchema& family) {
-  std::map<std::string, std::string> family_docs;
-  for (const ModelKey& k : family.keys()) family_docs[k.name] = k.doc;
+  std::map<std::string, ModelKey> family_keys;
+  for (const ModelKey& k : family.keys()) family_keys.emplace(k.name, k);
   const Config defaults = config_of_type(family);
   std::vector<KeyDescription> out;
   visit_keys(defaults, [&](const char* sec, const char* key, const auto& field,
@@ -980,9 +983,12 @@ std::vector<KeyDescription> describe_keys(const ModelSchema& family) {
     d.peer = info.peer;
     d.doc = info.doc;
     d.resume_may_change = info.resume == kMayChange;
-    if (auto it = family_docs.find(key); std::string(sec) == "model" && it != family_docs.end()) {
-      d.peer = "HF " + family.hf_config_class() + "." + key;
-      d.doc = it->second;
+    if (auto it = family_keys.find(key); std::string(sec) == "model" && it != family_keys.end()) {
+      const ModelKey& k = it->second;
+      d.peer = k.hf_name.empty() ? "" : "HF " + family.hf_config_class() + "." + k.hf_name;
+      d.doc = k.doc;
+      if (k.range.bounded()) d.type = k.range.doc_type();
+      if (!k.choices.empty()) d.type = "one of " + join(k.choices);
       d.family_key = true;
     }
     out.push_back(std::move(d));
@@ -1009,6 +1015,17 @@ bool resume_may_change(const std::string& key) {
 
 
 // ---- ModelConfig and the schemas -----------------------------------------------------------
+
+std::string KeyRange::bounds(const char* name) const {
+  if (hi_bound == none) return std::string(lo_bound == open ? "> " : ">= ") + format_number(lo);
+  return format_number(lo) + (lo_bound == open ? " < " : " <= ") + name +
+         (hi_bound == open ? " < " : " <= ") + format_number(hi);
+}
+std::string KeyRange::text() const { return (integer ? "an integer " : "") + bounds(var) + note; }
+std::string KeyRange::doc_type() const {
+  return std::string(integer ? "integer" : "float") + (hi_bound == none ? " " : ", ") +
+         bounds("x");
+}
 
 const char* value_type_name(const ModelValue& v) {
   switch (v.index()) {

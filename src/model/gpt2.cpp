@@ -10,6 +10,7 @@
 
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/model/model_args.hpp"
 
 namespace fsdp {
 namespace {
@@ -328,47 +329,41 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
 namespace fsdp {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+// GPT2Config's attributes fsdp_train trains (defaults: a small byte-level model for CPU runs).
+const ModelArgs<Gpt2Config>& gpt2_args() {
+  using A = ModelArg<Gpt2Config>;
+  static const ModelArgs<Gpt2Config> args({
+      A{"n_layer", &Gpt2Config::n_layer, "Number of transformer blocks.", KeyRange::at_least(1)},
+      A{"n_head", &Gpt2Config::n_head, "Attention heads per block.", KeyRange::at_least(1)},
+      A{"n_embd", &Gpt2Config::n_embd, "Hidden size.", KeyRange::at_least(1)},
+      A{"n_positions", &Gpt2Config::n_positions,
+        "Longest sequence: rows of the learned position table.", KeyRange::at_least(1)},
+      A{"vocab_size", &Gpt2Config::vocab_size, "Token vocabulary.", KeyRange::at_least(1)},
+      A{"layer_norm_epsilon", &Gpt2Config::layer_norm_epsilon, "LayerNorm epsilon.",
+        KeyRange::above(0), {}, true, 1e-5},
+  });
+  return args;
 }
 
 class Gpt2Family final : public ModelFamily {
  public:
   std::string type() const override { return "gpt2"; }
-  std::vector<ModelKey> keys() const override {
-    const Gpt2Config d;
-    return {{"n_layer", d.n_layer, "Number of transformer blocks."},
-            {"n_head", d.n_head, "Attention heads per block."},
-            {"n_embd", d.n_embd, "Hidden size."},
-            {"n_positions", d.n_positions, "Longest sequence: rows of the learned position table."},
-            {"vocab_size", d.vocab_size, "Token vocabulary."},
-            {"layer_norm_epsilon", d.layer_norm_epsilon, "LayerNorm epsilon."}};
-  }
+  std::vector<ModelKey> keys() const override { return gpt2_args().keys(); }
   std::string hf_config_class() const override { return "GPT2Config"; }
   std::vector<std::string> wrap_classes() const override { return {"GPT2Block"}; }
   std::vector<Objective> objectives() const override { return {Objective::causal_lm}; }
+  // The ranges are the rows'; what is left relates keys.
   void validate(const Config& c, const KeyFail& fail) const override {
     const Gpt2Config g = Gpt2Config::from(c.model);
-    auto at_least = [&](const char* key, int64_t v, int64_t lo) {
-      require_at_least(fail, std::string("model.") + key, v, lo);
-    };
-    at_least("n_layer", g.n_layer, 1);
-    at_least("n_head", g.n_head, 1);
-    at_least("n_embd", g.n_embd, 1);
-    at_least("n_positions", g.n_positions, 1);
-    at_least("vocab_size", g.vocab_size, 1);
+    const auto& a = gpt2_args();
     if (g.n_embd % g.n_head != 0) {
-      throw fail("model.n_embd", std::to_string(g.n_embd) + " is not divisible by model.n_head = " +
-                                     std::to_string(g.n_head));
-    }
-    if (!(g.layer_norm_epsilon > 0)) {
-      std::ostringstream os;
-      os << g.layer_norm_epsilon;
-      throw fail("model.layer_norm_epsilon", os.str() + " is out of range (expected > 0)");
+      throw fail(a.key(&Gpt2Config::n_embd), std::to_string(g.n_embd) + " is not divisible by " +
+                                                 a.key(&Gpt2Config::n_head) + " = " +
+                                                 std::to_string(g.n_head));
     }
     if (c.data.seq_len > g.n_positions) {
-      throw fail("data.seq_len", std::to_string(c.data.seq_len) + " exceeds model.n_positions = " +
+      throw fail("data.seq_len", std::to_string(c.data.seq_len) + " exceeds " +
+                                     a.key(&Gpt2Config::n_positions) + " = " +
                                      std::to_string(g.n_positions) +
                                      " (expected 1 <= seq_len <= n_positions)");
     }
@@ -384,6 +379,7 @@ class Gpt2Family final : public ModelFamily {
                            DType act, bool checkpointing) const override {
     return Gpt2Model::activation_bytes(Gpt2Config::from(c), rows, shape.L, act, checkpointing);
   }
+  int64_t vocab_size(const ModelConfig& c) const override { return Gpt2Config::from(c).vocab_size; }
   // Per token: c_attn 3C^2 + attn.c_proj C^2 + mlp 8C^2 per layer and the tied LM head V C
   // multiply-adds; attention T C each for Q K^T and P V per layer. V is the model's own
   // vocabulary: the padding rows' (model.pad_vocab_multiple) multiply-adds are not model FLOPs.
@@ -398,26 +394,16 @@ class Gpt2Family final : public ModelFamily {
   // attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj are transposed (HF's Conv1D stores
   // [in, out]); wte/wpe, LayerNorms and biases are as they are. lm_head.weight is tied to wte
   // (HF ties it on load), so it is not a parameter of ours.
-  std::optional<HfTensor> hf_tensor(const ModelConfig&, const std::string& name,
+  std::optional<HfTensor> hf_tensor(const ModelConfig& c, const std::string& name,
                                     const std::vector<int64_t>& shape) const override {
-    static const char* kTopLevel[] = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"};
-    static const char* kBlock[] = {
-        "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
-        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
-        "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
-    HfTensor t{"transformer." + name, shape, false};
-    for (const char* n : kTopLevel) {
-      if (name == n) return t;
-    }
-    if (name.rfind("h.", 0) != 0) return std::nullopt;  // "h.<i>.<suffix>"
-    std::size_t i = 2;
-    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
-    if (i == 2 || i >= name.size() || name[i] != '.') return std::nullopt;
-    const std::string suffix = name.substr(i + 1);
     bool known = false;
-    for (const char* n : kBlock) known = known || suffix == n;
+    for (const ModuleDecl& m : gpt2_modules(Gpt2Config::from(c))) {
+      for (const ParamSpec& p : m.params) known = known || p.name == name;
+    }
     if (!known) return std::nullopt;
-    if (ends_with(suffix, ".weight") && suffix.rfind("ln_", 0) != 0 && shape.size() == 2) {
+    HfTensor t{"transformer." + name, shape, false};
+    // The Conv1D weights: 2-D weights inside a block other than the embeddings'.
+    if (name.rfind("h.", 0) == 0 && shape.size() == 2) {
       t.shape = {shape[1], shape[0]};
       t.transpose = true;
     }
@@ -432,21 +418,15 @@ class Gpt2Family final : public ModelFamily {
   }
   nlohmann::json hf_config(const ModelConfig& c) const override {
     const Gpt2Config g = Gpt2Config::from(c);
-    nlohmann::json out = nlohmann::json::object();
+    nlohmann::json out = gpt2_args().to_hf(g);
     out["architectures"] = {"GPT2LMHeadModel"};
     out["model_type"] = "gpt2";
-    out["vocab_size"] = g.vocab_size;
-    out["n_positions"] = g.n_positions;
     out["n_ctx"] = g.n_positions;
-    out["n_embd"] = g.n_embd;
-    out["n_layer"] = g.n_layer;
-    out["n_head"] = g.n_head;
     out["n_inner"] = nullptr;
     out["activation_function"] = "gelu_new";
     out["resid_pdrop"] = 0.0;
     out["embd_pdrop"] = 0.0;
     out["attn_pdrop"] = 0.0;
-    out["layer_norm_epsilon"] = g.layer_norm_epsilon;
     out["initializer_range"] = 0.02;
     out["bos_token_id"] = g.vocab_size - 1;  // GPT-2 convention (<|endoftext|> = last id); byte
     out["eos_token_id"] = g.vocab_size - 1;  // vocabularies have no special token: nominal
@@ -454,31 +434,37 @@ class Gpt2Family final : public ModelFamily {
     out["torch_dtype"] = "float32";
     return out;
   }
+  // GPT2Config attributes that change the math must describe the model fsdp_train implements
+  // (any equivalent spelling accepted); the rest (dropouts, token ids, n_ctx) do not matter
+  // for training from the weights.
   ModelConfig from_hf_config(const nlohmann::json& hf, const std::string& origin) const override {
-    ModelConfig c = model_defaults("gpt2");
-    auto integer = [&](const char* key) {
-      if (!hf.contains(key) || !hf[key].is_number_integer()) {
-        throw InputError(origin + ": \"" + key + "\" missing or not an integer");
-      }
-      c.set(key, hf[key].get<int64_t>());
-    };
     if (hf.value("model_type", std::string()) != "gpt2") {
       throw InputError(origin + ": \"model_type\" is not \"gpt2\"");
     }
-    for (const char* k : {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"}) integer(k);
-    if (hf.contains("layer_norm_epsilon") && hf["layer_norm_epsilon"].is_number()) {
-      c.set("layer_norm_epsilon", hf["layer_norm_epsilon"].get<double>());
+    const Gpt2Config g = gpt2_args().from_hf(hf, origin, Gpt2Config{});
+    auto refuse = [&](const char* field, const std::string& expected) {
+      return InputError(origin + ": \"" + field + "\" " + hf[field].dump() +
+                        " is not supported (expected " + expected + ")");
+    };
+    if (hf.contains("n_inner") && !hf["n_inner"].is_null() &&
+        hf["n_inner"] != nlohmann::json(4 * g.n_embd)) {
+      throw refuse("n_inner", "null or 4 * n_embd = " + std::to_string(4 * g.n_embd));
     }
-    if (hf.contains("n_inner") && !hf["n_inner"].is_null()) {
-      throw InputError(origin + ": \"n_inner\" must be null (4 * n_embd)");
+    if (hf.contains("activation_function") && hf["activation_function"] != "gelu_new" &&
+        hf["activation_function"] != "gelu_pytorch_tanh") {
+      throw refuse("activation_function", "\"gelu_new\" or \"gelu_pytorch_tanh\"");
     }
-    if (hf.contains("activation_function") && hf["activation_function"] != "gelu_new") {
-      throw InputError(origin + ": \"activation_function\" " + hf["activation_function"].dump() +
-                       " is not supported (expected \"gelu_new\")");
+    if (hf.contains("tie_word_embeddings") && hf["tie_word_embeddings"] != true) {
+      throw refuse("tie_word_embeddings", "true");
     }
-    if (hf.contains("tie_word_embeddings") && hf["tie_word_embeddings"] == false) {
-      throw InputError(origin + ": \"tie_word_embeddings\" false is not supported for gpt2");
+    if (hf.contains("scale_attn_weights") && hf["scale_attn_weights"] != true) {
+      throw refuse("scale_attn_weights", "true");
     }
+    for (const char* f : {"scale_attn_by_inverse_layer_idx", "add_cross_attention"}) {
+      if (hf.contains(f) && hf[f] != false) throw refuse(f, "false");
+    }
+    ModelConfig c = model_defaults("gpt2");
+    gpt2_args().write(g, &c);
     return c;
   }
 };
@@ -486,13 +472,7 @@ class Gpt2Family final : public ModelFamily {
 }  // namespace
 
 Gpt2Config Gpt2Config::from(const ModelConfig& c) {
-  Gpt2Config g;
-  g.n_layer = c.integer("n_layer");
-  g.n_head = c.integer("n_head");
-  g.n_embd = c.integer("n_embd");
-  g.n_positions = c.integer("n_positions");
-  g.vocab_size = c.integer("vocab_size");
-  g.layer_norm_epsilon = c.number("layer_norm_epsilon");
+  Gpt2Config g = gpt2_args().read(c);
   g.pad_vocab_multiple = c.pad_vocab_multiple;
   return g;
 }

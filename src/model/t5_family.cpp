@@ -94,6 +94,7 @@ class T5Family final : public ModelFamily {
                            DType act, bool checkpointing) const override {
     return T5Model::activation_bytes(t5_config_of(c), rows, shape, act, checkpointing);
   }
+  int64_t vocab_size(const ModelConfig& c) const override { return t5_config_of(c).vocab_size; }
   // Encoder tokens (shape.L) pass through the encoder blocks and the decoder's cross-attention
   // k and v; target tokens (shape.target_len) through the decoder's self-attention q k v o,
   // cross-attention q and o, feed-forwards and the LM head. Inner width I = num_heads x d_kv;

@@ -112,7 +112,7 @@ struct Job {
 
 void open_data(Job& job) {
   const Config& cfg = job.cfg;
-  const int64_t V = cfg.model.integer("vocab_size");
+  const int64_t V = model_family(cfg.model.type).vocab_size(cfg.model);
   job.train_src = data::open_samples(cfg, data::Split::train, V);
   job.val_src = data::open_samples(cfg, data::Split::val, V);
   // A planned world (--world-size) samples as its rank 0 would.

@@ -35,6 +35,50 @@ void require_at_least(const Fail& fail, const std::string& key, int64_t v, int64
   if (v < lo) throw fail(key, below_minimum(v, lo));
 }
 
+// A key's admissible numbers: config validation checks every ranged key (the key table's and
+// the model families' own, ModelKey::range) with one message, "<value> is out of range
+// (expected <text()>)". Bounds are open (<) or closed (<=); `var` names the value in a
+// two-sided text ("0 < lr <= 10"); `note` follows the bound. A default KeyRange is unbounded.
+struct KeyRange {
+  enum Bound : char { none, open, closed };
+  bool integer = false;
+  Bound lo_bound = none, hi_bound = none;
+  double lo = 0, hi = 0;
+  const char* var = "x";
+  const char* note = "";
+
+  constexpr bool bounded() const { return lo_bound != none || hi_bound != none; }
+  constexpr bool contains(double v) const {
+    const bool above = lo_bound == none || (lo_bound == open ? v > lo : v >= lo);
+    const bool below = hi_bound == none || (hi_bound == open ? v < hi : v <= hi);
+    return above && below;  // false for NaN with any bound
+  }
+  // The bounds around `name`: ">= 1", "> 0", "0 < lr <= 10".
+  std::string bounds(const char* name) const;
+  // The message's: "an integer >= 1", "0 < lr <= 10", "an integer 1 <= x <= 65536; 1 = ...".
+  std::string text() const;
+  // The type column of docs/config.md: "integer >= 1", "integer, 1 <= x <= 65536",
+  // "float > 0", "float, 0 < x < 1".
+  std::string doc_type() const;
+
+  // Integers >= lo.
+  static constexpr KeyRange at_least(int64_t lo) {
+    return {true, closed, none, static_cast<double>(lo), 0, "x", ""};
+  }
+  // Integers in [lo, hi].
+  static constexpr KeyRange between(int64_t lo, int64_t hi) {
+    return {true, closed, closed, static_cast<double>(lo), static_cast<double>(hi), "x", ""};
+  }
+  // Floats in (lo, inf).
+  static constexpr KeyRange above(double lo) { return {false, open, none, lo, 0, "x", ""}; }
+  // Floats in [lo, inf).
+  static constexpr KeyRange nonnegative() { return {false, closed, none, 0, 0, "x", ""}; }
+  // Floats in (0, 1).
+  static constexpr KeyRange open_unit() { return {false, open, open, 0, 1, "x", ""}; }
+  // Floats in [0, 1).
+  static constexpr KeyRange unit_interval() { return {false, closed, open, 0, 1, "x", ""}; }
+};
+
 enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
 // "FULL_SHARD", "SHARD_GRAD_OP", ... (the torch.distributed.fsdp.ShardingStrategy names).
 const char* to_string(ShardingStrategy s);
@@ -70,10 +114,16 @@ const char* value_type_name(const ModelValue& v);
 // A [model] key of a family: its name (the Hugging Face config name), its default, whose
 // variant alternative is the key's type (int64_t, double, bool or std::string), and one line
 // of doc (the first sentence of its row in docs/config.md).
+// `range` bounds a number key (validation, --list-keys and docs/config.md read it); `choices`
+// lists the values a string key accepts (empty: any); `hf_name` is the attribute of the
+// family's Hugging Face config class (hf_config_class()) the key is, "" for none.
 struct ModelKey {
   std::string name;
   ModelValue default_value;
   std::string doc;
+  KeyRange range = {};
+  std::vector<std::string> choices = {};
+  std::string hf_name = {};
 };
 
 // Builds the one-line error for a key: fail("model.n_embd", "100 is not divisible ...")

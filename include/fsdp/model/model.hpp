@@ -73,6 +73,9 @@ class ModelFamily : public ModelSchema {
   virtual int64_t activation_bytes(const ModelConfig& config, int64_t batch_rows,
                                    const data::BatchShape& shape, DType activation_dtype,
                                    bool activation_checkpointing) const = 0;
+  // The model's own token vocabulary (config.json's vocab_size; the embedding's rows before
+  // model.pad_vocab_multiple's padding): what the data's token ids must stay below.
+  virtual int64_t vocab_size(const ModelConfig& config) const = 0;
   // Model FLOPs of training on one sample of `shape` (forward + backward, recomputation under
   // activation checkpointing not counted): 3 x the forward's matrix-multiply FLOPs at 2 per
   // multiply-add, i.e. every weight matrix times the tokens that pass through it plus

@@ -1,0 +1,231 @@
+// fsdp/model/model_args.hpp: a model family's configuration, declared once.
+//
+// Each family's configuration is a plain struct (Gpt2Config, T5Config, LlamaConfig) whose
+// fields carry their defaults, and one table of ModelArg rows, one per field: the [model] key
+// (which is also the Hugging Face config.json attribute), the member, its range or accepted
+// values, one line of doc and how config.json treats it. That table is the only place a key
+// is spelled: the family's ModelSchema::keys() (TOML parsing, --set, validation of ranges and
+// choices, --list-keys, docs/config.md's check), the typed read of a parsed [model] section,
+// config.json out (fsdp_merge) and in (model.init_from) all come from it. torchtitan's
+// ModelArgs and Hugging Face's PretrainedConfig play the same role.
+//
+// A dotted name ("rope_scaling.factor") is a field of a nested config.json dict
+// (LlamaConfig.rope_scaling["factor"]); TOML may write it as a dotted key or a sub-table of
+// [model] (config parsing flattens them).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/config/config.hpp"
+#include "fsdp/core/error.hpp"
+
+namespace fsdp {
+
+// A string key stored as an enum member: `get` spells the member's value, `set` parses a
+// spelling into it and returns false for one it does not know (the row's choices list the
+// spellings). Captureless lambdas convert to these pointers.
+template <class Cfg>
+struct EnumMember {
+  std::string (*get)(const Cfg&);
+  bool (*set)(Cfg&, const std::string&);
+};
+
+template <class Cfg>
+struct ModelArg {
+  using Member =
+      std::variant<int64_t Cfg::*, double Cfg::*, bool Cfg::*, std::string Cfg::*, EnumMember<Cfg>>;
+  const char* name;  // [model] key == config.json attribute ("a.b": attribute b of dict a)
+  Member member;
+  const char* doc;   // one line, the first sentence of its docs/config.md row
+  KeyRange range = {};                    // numbers: bounds checked at parse time
+  std::vector<std::string> choices = {};  // strings: the accepted values (empty: any)
+  // config.json: whether merge writes it and init_from reads it (false: an fsdp_train-only
+  // key), and the value Hugging Face's config class assumes when a config.json lacks it
+  // (nullopt: init_from requires the attribute).
+  bool hf = true;
+  std::optional<ModelValue> hf_default = std::nullopt;
+};
+
+template <class Cfg>
+class ModelArgs {
+ public:
+  // `defaults`: the [model] defaults of the family (a default-constructed Cfg unless given).
+  explicit ModelArgs(std::vector<ModelArg<Cfg>> args, Cfg defaults = Cfg{})
+      : args_(std::move(args)), defaults_(std::move(defaults)) {}
+  const std::vector<ModelArg<Cfg>>& args() const { return args_; }
+  const Cfg& defaults() const { return defaults_; }
+
+  // The schema's keys: every row with its default.
+  std::vector<ModelKey> keys() const {
+    std::vector<ModelKey> out;
+    for (const auto& a : args_) {
+      out.push_back({a.name, get(defaults_, a), a.doc, a.range, a.choices, a.hf ? a.name : ""});
+    }
+    return out;
+  }
+
+  // The typed struct of a [model] section of this family (ModelConfig::of filled every key).
+  // Fields the table does not list keep their defaults. Throws fsdp::Error on a missing key
+  // or one of another type (a ModelConfig of another family).
+  Cfg read(const ModelConfig& c) const {
+    Cfg g = defaults_;
+    for (const auto& a : args_) {
+      const ModelValue* v = c.find(a.name);
+      if (!v) throw Error(std::string("model.") + a.name + ": not set (model.type = \"" + c.type + "\")");
+      set(g, a, *v, [&] { return Error(std::string("model.") + a.name + ": holds " +
+                                       value_type_name(*v) + ", read as another type"); });
+    }
+    return g;
+  }
+  // The inverse: every row's value of `g` set into `c` (a ModelConfig of this family).
+  void write(const Cfg& g, ModelConfig* c) const {
+    for (const auto& a : args_) c->set(a.name, get(g, a));
+  }
+
+  // "model.<name>" of the row of `member`, for messages of a family's own checks.
+  template <class T>
+  std::string key(T Cfg::* member) const {
+    for (const auto& a : args_) {
+      if (const auto* m = std::get_if<T Cfg::*>(&a.member); m && *m == member) {
+        return std::string("model.") + a.name;
+      }
+    }
+    throw Error("ModelArgs::key: a member without a row");
+  }
+
+  // The rows with hf = true as config.json attributes; a dotted name nests.
+  nlohmann::json to_hf(const Cfg& g) const {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& a : args_) {
+      if (!a.hf) continue;
+      std::visit([&](const auto& v) { at(j, a.name) = v; }, get(g, a));
+    }
+    return j;
+  }
+
+  // `base` with every hf row read from config.json `j`: the attribute's value, or its
+  // hf_default when absent (or null, for a nested dict that is null). Throws InputError
+  // "<origin>: \"<name>\" ..." on a required attribute missing, a value of the wrong type,
+  // a number out of the row's range or a string not among its choices.
+  Cfg from_hf(const nlohmann::json& j, const std::string& origin, Cfg base) const {
+    for (const auto& a : args_) {
+      if (!a.hf) continue;
+      const nlohmann::json* v = find(j, a.name);
+      const std::string where = origin + ": \"" + a.name + "\"";
+      ModelValue value;
+      if (!v) {
+        if (!a.hf_default) throw InputError(where + " missing");
+        value = *a.hf_default;
+      } else {
+        value = get(base, a);  // the row's type
+        auto wrong = [&] {
+          return InputError(where + ": expected " + value_type_name(value) + ", got " + v->dump());
+        };
+        switch (value.index()) {
+          case 0:
+            if (!v->is_number_integer()) throw wrong();
+            value = v->get<int64_t>();
+            break;
+          case 1:
+            if (!v->is_number()) throw wrong();
+            value = v->get<double>();
+            break;
+          case 2:
+            if (!v->is_boolean()) throw wrong();
+            value = v->get<bool>();
+            break;
+          default:
+            if (!v->is_string()) throw wrong();
+            value = v->get<std::string>();
+        }
+      }
+      if (a.range.bounded() && value.index() <= 1) {
+        const double x = value.index() == 0 ? static_cast<double>(std::get<int64_t>(value))
+                                            : std::get<double>(value);
+        if (!a.range.contains(x)) {
+          throw InputError(where + ": " + format_number(x) + " is out of range (expected " +
+                           a.range.text() + ")");
+        }
+      }
+      if (const auto* s = std::get_if<std::string>(&value); s && !a.choices.empty()) {
+        bool ok = false;
+        for (const auto& c : a.choices) ok = ok || c == *s;
+        if (!ok) {
+          std::string names;
+          for (const auto& c : a.choices) names += (names.empty() ? "" : ", ") + c;
+          throw InputError(where + ": unknown value \"" + *s + "\" (expected one of " + names + ")");
+        }
+      }
+      set(base, a, value, [] { return Error("ModelArgs::from_hf: type"); });
+    }
+    return base;
+  }
+
+ private:
+  static ModelValue get(const Cfg& g, const ModelArg<Cfg>& a) {
+    return std::visit(
+        [&](auto m) -> ModelValue {
+          if constexpr (std::is_same_v<decltype(m), EnumMember<Cfg>>) {
+            return m.get(g);
+          } else {
+            return g.*m;
+          }
+        },
+        a.member);
+  }
+  // Sets the row's member from `v`; throws wrong() when v has another type. An enum row's
+  // unknown spelling leaves the member as it is (validation names it, from the choices).
+  template <class Wrong>
+  static void set(Cfg& g, const ModelArg<Cfg>& a, const ModelValue& v, Wrong&& wrong) {
+    std::visit(
+        [&](auto m) {
+          if constexpr (std::is_same_v<decltype(m), EnumMember<Cfg>>) {
+            const auto* p = std::get_if<std::string>(&v);
+            if (!p) throw wrong();
+            m.set(g, *p);
+          } else {
+            using T = std::decay_t<decltype(g.*m)>;
+            const T* p = std::get_if<T>(&v);
+            if (!p) throw wrong();
+            g.*m = *p;
+          }
+        },
+        a.member);
+  }
+  // j at dotted path `name`, or null when a part is missing or not an object.
+  static const nlohmann::json* find(const nlohmann::json& j, const std::string& name) {
+    const nlohmann::json* cur = &j;
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t dot = name.find('.', start);
+      const std::string part = name.substr(start, dot == std::string::npos ? dot : dot - start);
+      if (!cur->is_object() || !cur->contains(part) || (*cur)[part].is_null()) return nullptr;
+      cur = &(*cur)[part];
+      if (dot == std::string::npos) return cur;
+      start = dot + 1;
+    }
+  }
+  static nlohmann::json& at(nlohmann::json& j, const std::string& name) {
+    nlohmann::json* cur = &j;
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t dot = name.find('.', start);
+      cur = &(*cur)[name.substr(start, dot == std::string::npos ? dot : dot - start)];
+      if (dot == std::string::npos) return *cur;
+      start = dot + 1;
+    }
+  }
+
+  std::vector<ModelArg<Cfg>> args_;
+  Cfg defaults_;
+};
+
+}  // namespace fsdp
