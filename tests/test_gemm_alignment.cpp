@@ -134,6 +134,20 @@ class GemmRecorder final : public fsdp::Kernels {
                     const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                     const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                     int64_t, int64_t, int64_t, int64_t, int64_t, float, bool) override {}
+  void rope_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                    int64_t, int64_t, int64_t, int64_t) override {}
+  void rope_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                     int64_t, int64_t, int64_t, int64_t) override {}
+  void swiglu_forward(const TensorView&, const TensorView&, const TensorView&) override {}
+  void swiglu_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                       const TensorView&) override {}
+  void gqa_attention_forward(const TensorView&, const TensorView&, const TensorView&,
+                             const TensorView&, const TensorView&, int64_t, int64_t, int64_t,
+                             int64_t, int64_t, float) override {}
+  void gqa_attention_backward(const TensorView&, const TensorView&, const TensorView&,
+                              const TensorView&, const TensorView&, const TensorView&,
+                              const TensorView&, const TensorView&, const TensorView&, int64_t,
+                              int64_t, int64_t, int64_t, int64_t, float) override {}
 
  private:
   fsdp::CountingRuntime runtime_;

@@ -214,6 +214,23 @@ class CudaBackend final : public Backend {
                     int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
                     bool causal) override;
 
+  // ---- Llama pieces ----
+  void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
+                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override;
+  void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
+                     const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override;
+  void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override;
+  void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
+                       const TensorView& gate, const TensorView& up) override;
+  void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
+                             const TensorView& k, const TensorView& v, int64_t B, int64_t T,
+                             int64_t H, int64_t Hkv, int64_t D, float scale) override;
+  void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                              const TensorView& dout, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& out, const TensorView& lse,
+                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                              float scale) override;
+
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
@@ -888,6 +905,56 @@ void CudaBackend::mha_backward(const TensorView& dq, const TensorView& dk, const
     k::cast(out(dk), in(gk.view), nk, s());
     k::cast(out(dv), in(gv.view), nk, s());
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Llama pieces (CUDA kernels not written yet: argument checks, then an error)
+
+namespace {
+[[noreturn]] void not_yet(const char* kernel) {
+  throw Error(std::string("cuda backend: ") + kernel + ": not implemented yet");
+}
+}  // namespace
+
+void CudaBackend::rope_forward(const TensorView& out_, const TensorView& x, const TensorView& cos,
+                               const TensorView& sin, int64_t B, int64_t T, int64_t H,
+                               int64_t D) {
+  Chk::rope_forward(out_, x, cos, sin, B, T, H, D);
+  not_yet("rope_forward");
+}
+void CudaBackend::rope_backward(const TensorView& dx, const TensorView& dout,
+                                const TensorView& cos, const TensorView& sin, int64_t B,
+                                int64_t T, int64_t H, int64_t D) {
+  Chk::rope_backward(dx, dout, cos, sin, B, T, H, D);
+  not_yet("rope_backward");
+}
+void CudaBackend::swiglu_forward(const TensorView& out_, const TensorView& gate,
+                                 const TensorView& up) {
+  Chk::swiglu_forward(out_, gate, up);
+  not_yet("swiglu_forward");
+}
+void CudaBackend::swiglu_backward(const TensorView& dgate, const TensorView& dup,
+                                  const TensorView& dout, const TensorView& gate,
+                                  const TensorView& up) {
+  Chk::swiglu_backward(dgate, dup, dout, gate, up);
+  not_yet("swiglu_backward");
+}
+void CudaBackend::gqa_attention_forward(const TensorView& out_, const TensorView& lse,
+                                        const TensorView& q, const TensorView& k,
+                                        const TensorView& v, int64_t B, int64_t T, int64_t H,
+                                        int64_t Hkv, int64_t D, float) {
+  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, check_mha_limits);
+  not_yet("gqa_attention_forward");
+}
+void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView& dk,
+                                         const TensorView& dv, const TensorView& dout,
+                                         const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const TensorView& out_,
+                                         const TensorView& lse, int64_t B, int64_t T, int64_t H,
+                                         int64_t Hkv, int64_t D, float) {
+  Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D,
+                              check_mha_limits);
+  not_yet("gqa_attention_backward");
 }
 
 // ---------------------------------------------------------------------------------------

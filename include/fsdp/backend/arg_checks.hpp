@@ -406,6 +406,95 @@ struct ArgChecks {
     if (key_mask) need_dtype(k, "key_mask", key_mask, DType::i32, B * Tk);
   }
 
+  // Llama pieces.
+  static void rope(const char* k, const char* out_name, const TensorView& out,
+                   const char* in_name, const TensorView& x, const TensorView& cos,
+                   const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) {
+    dim(k, "B", B);
+    dim(k, "T", T);
+    dim(k, "H", H);
+    dim(k, "D", D);
+    if (D % 2 != 0) error(k, "D", "= " + std::to_string(D) + " (expected an even head width)");
+    const int64_t n = B * T * H * D;
+    need_float(k, out_name, out, n);
+    need_float(k, in_name, x, n);
+    need_dtype(k, "cos", cos, DType::f32, T * (D / 2));
+    need_dtype(k, "sin", sin, DType::f32, T * (D / 2));
+  }
+  static void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
+                           const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) {
+    rope("rope_forward", "out", out, "x", x, cos, sin, B, T, H, D);
+  }
+  static void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
+                            const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) {
+    rope("rope_backward", "dx", dx, "dout", dout, cos, sin, B, T, H, D);
+  }
+  static void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) {
+    const char* k = "swiglu_forward";
+    const int64_t n = out.numel();
+    need_float(k, "out", out, n);
+    need_float(k, "gate", gate, n);
+    need_float(k, "up", up, n);
+  }
+  static void swiglu_backward(const TensorView& dgate, const TensorView& dup,
+                              const TensorView& dout, const TensorView& gate,
+                              const TensorView& up) {
+    const char* k = "swiglu_backward";
+    const int64_t n = dgate.numel();
+    need_float(k, "dgate", dgate, n);
+    need_float(k, "dup", dup, n);
+    need_float(k, "dout", dout, n);
+    need_float(k, "gate", gate, n);
+    need_float(k, "up", up, n);
+  }
+  // gqa_attention_forward/backward: dimensions, Hkv >= 1 dividing H, then `limits` (may be
+  // null; the backend's own check of mha_forward, called with Tq = Tk = T), then the views.
+  static void gqa_dims(const char* k, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                       MhaLimits limits) {
+    dim(k, "B", B);
+    dim(k, "T", T);
+    dim(k, "H", H);
+    dim(k, "Hkv", Hkv);
+    dim(k, "D", D);
+    if (Hkv < 1 || H % Hkv != 0) {
+      error(k, "Hkv", "= " + std::to_string(Hkv) + " (expected >= 1 and dividing H = " +
+                          std::to_string(H) + ")");
+    }
+    if (limits) limits(k, B, T, T, H, D);
+  }
+  static void gqa_attention_forward(const TensorView& out, const TensorView& lse,
+                                    const TensorView& q, const TensorView& kv_k,
+                                    const TensorView& v, int64_t B, int64_t T, int64_t H,
+                                    int64_t Hkv, int64_t D, MhaLimits limits = nullptr) {
+    const char* k = "gqa_attention_forward";
+    gqa_dims(k, B, T, H, Hkv, D, limits);
+    const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
+    need_float(k, "out", out, nq);
+    need_dtype(k, "lse", lse, DType::f32, B * H * T);
+    need_float(k, "q", q, nq);
+    need_float(k, "k", kv_k, nk);
+    need_float(k, "v", v, nk);
+  }
+  static void gqa_attention_backward(const TensorView& dq, const TensorView& dk,
+                                     const TensorView& dv, const TensorView& dout,
+                                     const TensorView& q, const TensorView& kv_k,
+                                     const TensorView& v, const TensorView& out,
+                                     const TensorView& lse, int64_t B, int64_t T, int64_t H,
+                                     int64_t Hkv, int64_t D, MhaLimits limits = nullptr) {
+    const char* k = "gqa_attention_backward";
+    gqa_dims(k, B, T, H, Hkv, D, limits);
+    const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
+    need_float(k, "dq", dq, nq);
+    need_float(k, "dk", dk, nk);
+    need_float(k, "dv", dv, nk);
+    need_float(k, "dout", dout, nq);
+    need_float(k, "q", q, nq);
+    need_float(k, "k", kv_k, nk);
+    need_float(k, "v", v, nk);
+    need_float(k, "out", out, nq);
+    need_dtype(k, "lse", lse, DType::f32, B * H * T);
+  }
+
   // optimizers (fp32 shards)
   static void decay_ranges(const char* k, const WeightDecay& wd, int64_t n) {
     if (wd.ranges == nullptr) return;

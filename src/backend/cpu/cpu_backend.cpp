@@ -290,6 +290,23 @@ class CpuBackend final : public Backend {
                     int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
                     bool causal) override;
 
+  // ---- Llama pieces ----
+  void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
+                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override;
+  void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
+                     const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override;
+  void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override;
+  void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
+                       const TensorView& gate, const TensorView& up) override;
+  void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
+                             const TensorView& k, const TensorView& v, int64_t B, int64_t T,
+                             int64_t H, int64_t Hkv, int64_t D, float scale) override;
+  void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                              const TensorView& dout, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& out, const TensorView& lse,
+                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                              float scale) override;
+
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
@@ -757,6 +774,102 @@ void CpuBackend::mha_backward(const TensorView& dq, const TensorView& dk, const 
   k_.attention_backward(mha_problem(bias, key_mask, B, Tq, Tk, H, D, scale, causal), fq, fk, fv, o,
                         static_cast<const float*>(lse.data), d, gq, gk, gv,
                         static_cast<float*>(dbias.data));
+}
+
+// ---------------------------------------------------------------------------------------
+// Llama pieces
+
+void CpuBackend::rope_forward(const TensorView& out_, const TensorView& x, const TensorView& cos,
+                              const TensorView& sin, int64_t B, int64_t T, int64_t H,
+                              int64_t D) {
+  // x, out: [B,T,H*D] (out may alias x); cos, sin: fp32 [>= T, D/2].
+  Chk::rope_forward(out_, x, cos, sin, B, T, H, D);
+  const int64_t n = B * T * H * D;
+  const F32In fx = in(x, n);  // before the output it may alias
+  const F32Out o = out(out_, n, false);
+  k_.rope(o, fx, static_cast<const float*>(cos.data), static_cast<const float*>(sin.data), B, T,
+          H, D, false);
+}
+
+void CpuBackend::rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
+                               const TensorView& sin, int64_t B, int64_t T, int64_t H,
+                               int64_t D) {
+  // dout, dx: [B,T,H*D] (dx written, may alias dout); cos, sin: fp32 [>= T, D/2].
+  Chk::rope_backward(dx, dout, cos, sin, B, T, H, D);
+  const int64_t n = B * T * H * D;
+  const F32In d = in(dout, n);
+  const F32Out g = out(dx, n, false);
+  k_.rope(g, d, static_cast<const float*>(cos.data), static_cast<const float*>(sin.data), B, T, H,
+          D, true);
+}
+
+void CpuBackend::swiglu_forward(const TensorView& out_, const TensorView& gate,
+                                const TensorView& up) {
+  // out[n] = silu(gate[n]) up[n], n = out.numel() (out may alias gate or up)
+  const int64_t n = out_.numel();
+  Chk::swiglu_forward(out_, gate, up);
+  const F32In g = in(gate, n), u = in(up, n);
+  const F32Out o = out(out_, n, false);
+  k_.swiglu_forward(o, g, u, n);
+}
+
+void CpuBackend::swiglu_backward(const TensorView& dgate, const TensorView& dup,
+                                 const TensorView& dout, const TensorView& gate,
+                                 const TensorView& up) {
+  // dgate = dout up silu'(gate), dup = dout silu(gate), n = dgate.numel() (dgate may alias
+  // gate or dout, dup may alias up)
+  const int64_t n = dgate.numel();
+  Chk::swiglu_backward(dgate, dup, dout, gate, up);
+  const F32In d = in(dout, n), g = in(gate, n), u = in(up, n);
+  const F32Out gg = out(dgate, n, false), gu = out(dup, n, false);
+  k_.swiglu_backward(gg, gu, d, g, u, n);
+}
+
+namespace {
+// Llama's attention as an attention problem: q [B,T,H*D], k, v [B,T,Hkv*D], causal.
+cpu::AttentionProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                  float scale) {
+  cpu::AttentionProblem p;
+  p.B = B;
+  p.Tq = p.Tk = T;
+  p.H = H;
+  p.Hkv = Hkv;
+  p.D = D;
+  p.ldq = p.ldo = H * D;
+  p.ldk = p.ldv = Hkv * D;
+  p.scale = scale;
+  p.causal = true;
+  return p;
+}
+}  // namespace
+
+void CpuBackend::gqa_attention_forward(const TensorView& out_, const TensorView& lse,
+                                       const TensorView& q, const TensorView& k,
+                                       const TensorView& v, int64_t B, int64_t T, int64_t H,
+                                       int64_t Hkv, int64_t D, float scale) {
+  // q, out: [B,T,H*D]; k, v: [B,T,Hkv*D]; lse: [B,H,T] fp32.
+  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D);
+  const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
+  const F32In fq = in(q, nq), fk = in(k, nk), fv = in(v, nk);
+  const F32Out o = out(out_, nq, false);
+  k_.attention_forward(gqa_problem(B, T, H, Hkv, D, scale), fq, fk, fv, o,
+                       static_cast<float*>(lse.data));
+}
+
+void CpuBackend::gqa_attention_backward(const TensorView& dq, const TensorView& dk,
+                                        const TensorView& dv, const TensorView& dout,
+                                        const TensorView& q, const TensorView& k,
+                                        const TensorView& v, const TensorView& out_,
+                                        const TensorView& lse, int64_t B, int64_t T, int64_t H,
+                                        int64_t Hkv, int64_t D, float scale) {
+  // dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] written; dout, out: [B,T,H*D]; q, k, v, lse as in
+  // forward.
+  Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D);
+  const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
+  const F32In d = in(dout, nq), fq = in(q, nq), fk = in(k, nk), fv = in(v, nk), o = in(out_, nq);
+  const F32Out gq = out(dq, nq, false), gk = out(dk, nk, false), gv = out(dv, nk, false);
+  k_.attention_backward(gqa_problem(B, T, H, Hkv, D, scale), fq, fk, fv, o,
+                        static_cast<const float*>(lse.data), d, gq, gk, gv, nullptr);
 }
 
 // ---------------------------------------------------------------------------------------

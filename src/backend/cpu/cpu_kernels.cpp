@@ -654,6 +654,80 @@ void CpuKernels::mul(float* out, const float* a, const float* b, int64_t n) cons
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
 }
 
+// ---------------------------------------------------------------------------------------
+// Llama pieces: rotary embedding (rotate-half layout) and SwiGLU
+
+namespace {
+// y[i] = x[i] c - x[i+half] s; y[i+half] = x[i+half] c + x[i] s for one row of `half` pairs
+// (sn = -sin gives the transpose). Reads every input of a pair before writing it: y may be x.
+inline void rope_row(float* y, const float* x, const float* c, const float* s, float sign,
+                     int64_t half) {
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half], ci = c[i], si = sign * s[i];
+    y[i] = a * ci - b * si;
+    y[i + half] = b * ci + a * si;
+  }
+}
+// sigmoid(g), 8 lanes (vexp's clamp keeps 1 + exp(-g) finite).
+inline f8 sigmoid8(f8 g) { return 1.0f / (1.0f + vexp(-g)); }
+}  // namespace
+
+void CpuKernels::rope(float* out, const float* x, const float* cos, const float* sin, int64_t B,
+                      int64_t T, int64_t H, int64_t D, bool transpose) const {
+  const int64_t half = D / 2, rows = B * T;
+  const float sign = transpose ? -1.0f : 1.0f;
+#pragma omp parallel for num_threads(threads_for(rows * H * D, kParallelMinElems)) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r % T;
+    const float* c = cos + t * half;
+    const float* s = sin + t * half;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t off = (r * H + h) * D;
+      rope_row(out + off, x + off, c, s, sign, half);
+    }
+  }
+}
+
+void CpuKernels::swiglu_forward(float* out, const float* gate, const float* up, int64_t n) const {
+  const int64_t nv = n / 8;
+  auto f = [](f8 g, f8 u) { return g * sigmoid8(g) * u; };
+#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t v = 0; v < nv; ++v) store8(out + 8 * v, f(load8(gate + 8 * v), load8(up + 8 * v)));
+  if (const int64_t rem = n - 8 * nv; rem > 0) {
+    store_partial(out + 8 * nv,
+                  f(load_partial(gate + 8 * nv, rem, 0.0f), load_partial(up + 8 * nv, rem, 0.0f)),
+                  rem);
+  }
+}
+
+void CpuKernels::swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                                 const float* up, int64_t n) const {
+  // Each 8-lane group's gate, up and dout are loaded before its dgate, dup are stored, so
+  // dgate may be gate or dout and dup may be up.
+  auto step = [&](int64_t i, int64_t m) {
+    const bool full = m == 8;
+    const f8 g = full ? load8(gate + i) : load_partial(gate + i, m, 0.0f);
+    const f8 u = full ? load8(up + i) : load_partial(up + i, m, 0.0f);
+    const f8 d = full ? load8(dout + i) : load_partial(dout + i, m, 0.0f);
+    const f8 s = sigmoid8(g);
+    const f8 silu = g * s;
+    const f8 dg = d * u * (s * (1.0f + g * (1.0f - s)));
+    const f8 du = d * silu;
+    if (full) {
+      store8(dgate + i, dg);
+      store8(dup + i, du);
+    } else {
+      store_partial(dgate + i, dg, m);
+      store_partial(dup + i, du, m);
+    }
+  };
+  const int64_t nv = n / 8;
+#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t v = 0; v < nv; ++v) step(8 * v, 8);
+  if (const int64_t rem = n - 8 * nv; rem > 0) step(8 * nv, rem);
+}
+
 void CpuKernels::position_bias_forward(float* bias, const float* table, const int32_t* buckets,
                                        int64_t H, int64_t Tq, int64_t Tk) const {
   const int64_t n = Tq * Tk;
@@ -689,9 +763,10 @@ void CpuKernels::position_bias_backward(float* dtable, const float* dbias, const
 // Backward, per (b, h): for each query tile, D_i = rowsum(dO_i * O_i), and for each key tile
 // P = exp(S - lse) recomputed, dP = dO_i V_j^T, dS = P (dP - D_i), dV_j += P^T dO_i,
 // dK_j += scale dS^T Q_i, dQ_i += scale dS K_j (dQ_i in a tile buffer, written once), and
-// dbias[h] += dS. A thread owns a whole (b, h) (dK, dV accumulate over query tiles) or, when
-// dbias is wanted, a head h with every b in ascending order (dbias sums over b); so results
-// do not depend on the thread count. GEMMs on tiles are single-threaded OpenBLAS calls.
+// dbias[h] += dS. A thread owns a whole (b, key/value head) (dK, dV accumulate over query
+// tiles and over the group's query heads, ascending) or, when dbias is wanted, a key/value
+// head with every b in ascending order (dbias sums over b); so results do not depend on the
+// thread count. Grouped-query attention (Hkv < H) reads key/value head h / (H/Hkv). GEMMs on tiles are single-threaded OpenBLAS calls.
 
 namespace {
 
@@ -718,16 +793,24 @@ void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
          static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
 }
 
-void check_attention_problem(const AttentionProblem& p) {
+// Key/value heads of p (Hkv, 0 meaning H).
+inline int64_t kv_heads(const AttentionProblem& p) { return p.Hkv == 0 ? p.H : p.Hkv; }
+
+// Returns the group size H / Hkv (query heads per key/value head; 1 when H == 0).
+int64_t check_attention_problem(const AttentionProblem& p) {
+  const int64_t hkv = kv_heads(p);
   const bool bad = p.B < 0 || p.Tq < 0 || p.Tk < 0 || p.H < 0 || p.D < 0 || p.Tq > INT_MAX ||
                    p.Tk > INT_MAX || p.ldq > INT_MAX || p.ldk > INT_MAX || p.ldv > INT_MAX ||
-                   p.ldo > INT_MAX || p.H * p.D > std::min({p.ldq, p.ldk, p.ldv, p.ldo}) ||
-                   p.H * p.D > INT_MAX;
+                   p.ldo > INT_MAX || p.H * p.D > std::min(p.ldq, p.ldo) ||
+                   (p.H > 0 && (hkv <= 0 || p.H % hkv != 0)) ||
+                   hkv * p.D > std::min(p.ldk, p.ldv) || p.H * p.D > INT_MAX;
   if (bad) {
     throw Error("cpu backend: attention: bad shape B=" + std::to_string(p.B) +
                 " Tq=" + std::to_string(p.Tq) + " Tk=" + std::to_string(p.Tk) +
-                " H=" + std::to_string(p.H) + " D=" + std::to_string(p.D));
+                " H=" + std::to_string(p.H) + " Hkv=" + std::to_string(hkv) +
+                " D=" + std::to_string(p.D));
   }
+  return p.H > 0 ? p.H / hkv : 1;
 }
 
 // Keys [0, end) that query tile [i0, i0 + rows) may see.
@@ -799,7 +882,7 @@ inline float exp_masked_inplace(float* x, int64_t n, float shift) {
 
 void CpuKernels::attention_forward(const AttentionProblem& p, const float* q, const float* k,
                                    const float* v, float* out, float* lse) const {
-  check_attention_problem(p);
+  const int64_t group = check_attention_problem(p);
   const int64_t D = p.D, nqt = (p.Tq + kAttnQTile - 1) / kAttnQTile, tiles = p.B * p.H * nqt;
   const float ninf = -std::numeric_limits<float>::infinity();
   const int nt = threads_for(p.B * p.H * p.Tq * std::max<int64_t>(p.Tk, 1), 4096);
@@ -818,8 +901,8 @@ void CpuKernels::attention_forward(const AttentionProblem& p, const float* q, co
       const int64_t bh = t / nqt, b = bh / p.H, h = bh % p.H;
       const int64_t i0 = (t % nqt) * kAttnQTile, rows = std::min(kAttnQTile, p.Tq - i0);
       const float* qh = q + b * p.Tq * p.ldq + h * D;
-      const float* kh = k + b * p.Tk * p.ldk + h * D;
-      const float* vh = v + b * p.Tk * p.ldv + h * D;
+      const float* kh = k + b * p.Tk * p.ldk + (h / group) * D;
+      const float* vh = v + b * p.Tk * p.ldv + (h / group) * D;
       std::fill(o, o + rows * D, 0.0f);
       std::fill(m, m + rows, ninf);
       std::fill(l, l + rows, 0.0f);
@@ -871,27 +954,39 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
                                     const float* v, const float* out, const float* lse,
                                     const float* dout, float* dq, float* dk, float* dv,
                                     float* dbias) const {
-  check_attention_problem(p);
-  const int64_t D = p.D;
-  // One (b, h): dk, dv zeroed then accumulated over query tiles, dq written per query tile.
+  const int64_t group = check_attention_problem(p);
+  const int64_t D = p.D, hkv = kv_heads(p);
+  if (p.H == 0) {  // no query head reads the key/value heads: zero gradients
+    for (int64_t bj = 0; bj < p.B * p.Tk; ++bj) {
+      zero_row(dk + bj * p.ldk, hkv * D);
+      zero_row(dv + bj * p.ldv, hkv * D);
+    }
+    return;
+  }
+  // One (b, h): dk, dv of its key/value head g = h / group zeroed by the group's first head
+  // and accumulated over query tiles (and the group's heads, called in ascending order by the
+  // same thread), dq written per query tile.
   // ws: P [QT, KT], dP / dS [QT, KT], the dQ tile [QT, D], D_i [QT].
   auto head = [&](int64_t b, int64_t h, float* ws) {
+    const int64_t g = h / group;
     float* s = ws;
     float* ds = s + kAttnQTile * kAttnKTile;
     float* dqt = ds + kAttnQTile * kAttnKTile;
     float* di = dqt + kAttnQTile * D;
     const float* qh = q + b * p.Tq * p.ldq + h * D;
-    const float* kh = k + b * p.Tk * p.ldk + h * D;
-    const float* vh = v + b * p.Tk * p.ldv + h * D;
+    const float* kh = k + b * p.Tk * p.ldk + g * D;
+    const float* vh = v + b * p.Tk * p.ldv + g * D;
     const float* oh = out + b * p.Tq * p.ldo + h * D;
     const float* doh = dout + b * p.Tq * p.ldo + h * D;
     float* dqh = dq + b * p.Tq * p.ldq + h * D;
-    float* dkh = dk + b * p.Tk * p.ldk + h * D;
-    float* dvh = dv + b * p.Tk * p.ldv + h * D;
+    float* dkh = dk + b * p.Tk * p.ldk + g * D;
+    float* dvh = dv + b * p.Tk * p.ldv + g * D;
     const float* lh = lse + (b * p.H + h) * p.Tq;
-    for (int64_t j = 0; j < p.Tk; ++j) {
-      zero_row(dkh + j * p.ldk, D);
-      zero_row(dvh + j * p.ldv, D);
+    if (h % group == 0) {
+      for (int64_t j = 0; j < p.Tk; ++j) {
+        zero_row(dkh + j * p.ldk, D);
+        zero_row(dvh + j * p.ldv, D);
+      }
     }
     for (int64_t i0 = 0; i0 < p.Tq; i0 += kAttnQTile) {
       const int64_t rows = std::min(kAttnQTile, p.Tq - i0);
@@ -947,22 +1042,28 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
   };
   const std::size_t ws_floats = static_cast<std::size_t>(kAttnQTile * (2 * kAttnKTile + D + 1));
   const int nt = threads_for(p.B * p.H * p.Tq * std::max<int64_t>(p.Tk, 1), 4096);
-  if (dbias) {  // a thread per head, b ascending: dbias[h] sums over b in order
+  if (dbias) {  // a thread per key/value head, b ascending: dbias[h] sums over b in order
 #pragma omp parallel num_threads(nt)
     {
       std::vector<float> ws(ws_floats);
 #pragma omp for schedule(static)
-      for (int64_t h = 0; h < p.H; ++h) {
-        for (int64_t b = 0; b < p.B; ++b) head(b, h, ws.data());
+      for (int64_t g = 0; g < hkv; ++g) {
+        for (int64_t b = 0; b < p.B; ++b) {
+          for (int64_t h = g * group; h < (g + 1) * group; ++h) head(b, h, ws.data());
+        }
       }
     }
     return;
   }
+  // A thread per (b, key/value head), its group's query heads in ascending order.
 #pragma omp parallel num_threads(nt)
   {
     std::vector<float> ws(ws_floats);
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < p.B * p.H; ++bh) head(bh / p.H, bh % p.H, ws.data());
+    for (int64_t bg = 0; bg < p.B * hkv; ++bg) {
+      const int64_t b = bg / hkv, g = bg % hkv;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) head(b, h, ws.data());
+    }
   }
 }
 

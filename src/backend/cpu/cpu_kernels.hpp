@@ -25,12 +25,17 @@ inline constexpr int32_t kIgnoreTarget = -100;
 
 // One attention problem (kernels.hpp's attention_* and mha_*), fp32. Head h of batch b
 // reads the [Tq, D] matrix of queries at q + b*Tq*ldq + h*D with row stride ldq (keys and
-// values: Tk rows at k + b*Tk*ldk + h*D, stride ldk / ldv), writes its output rows at
-// out + b*Tq*ldo + h*D (stride ldo; dout alike) and lse at (b*H + h)*Tq. GPT-2: q, k, v are
-// the three column blocks of qkv (ldq = ldk = ldv = 3C), ldo = C, D = C/H.
+// values: Tk rows at k + b*Tk*ldk + g*D, stride ldk / ldv, g = h / (H/Hkv) its key/value
+// head), writes its output rows at out + b*Tq*ldo + h*D (stride ldo; dout alike) and lse at
+// (b*H + h)*Tq. GPT-2: q, k, v are the three column blocks of qkv (ldq = ldk = ldv = 3C),
+// ldo = C, D = C/H; Llama (gqa_attention_*): ldq = ldo = H*D, ldk = ldv = Hkv*D.
 struct AttentionProblem {
   int64_t B = 0, Tq = 0, Tk = 0, H = 0, D = 0;
   int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;
+  // Key/value heads (grouped-query attention): query head h reads key/value head
+  // h / (H / Hkv), and backward sums dk, dv over each group's query heads in ascending order.
+  // 0 means H (every head its own keys and values). H % Hkv != 0 throws.
+  int64_t Hkv = 0;
   float scale = 1.0f;
   bool causal = false;             // key j masked for query i when j > i
   const float* bias = nullptr;     // [H,Tq,Tk] or null
@@ -107,6 +112,16 @@ class CpuKernels {
                              int64_t Tq, int64_t Tk) const;
   void position_bias_backward(float* dtable, const float* dbias, const int32_t* buckets,
                               int64_t NB, int64_t H, int64_t Tq, int64_t Tk) const;
+  // ---- Llama pieces ----
+  // x, out [B,T,H*D] (out may be x); cos, sin [>= T, D/2]. transpose: the backward (sin
+  // negated), rope_backward's dx from dout.
+  void rope(float* out, const float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+            int64_t H, int64_t D, bool transpose) const;
+  // out = silu(gate) up (out may be gate or up).
+  void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) const;
+  // dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may be gate or dout, dup up).
+  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                       const float* up, int64_t n) const;
   // ---- attention (FlashAttention-2, blocked; see cpu_kernels.cpp) ----
   // GPT-2's attention_* (causal, packed qkv) and T5's mha_* are both this problem.
   void attention_forward(const AttentionProblem& p, const float* q, const float* k,

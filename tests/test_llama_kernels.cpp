@@ -1,0 +1,637 @@
+// tests/test_llama_kernels.cpp: the CPU backend's Llama kernels (kernels.hpp "Llama pieces"):
+// rotary embedding, SwiGLU and causal grouped-query attention.
+//  - Values against double-precision references written from Hugging Face's formulas
+//    (apply_rotary_pos_emb with rotate_half and cos/sin = cat(freqs, freqs); LlamaMLP's
+//    silu(gate) * up; LlamaAttention with repeat_kv).
+//  - Finite-difference gradient checks: L = sum(out * Rw) with fixed random Rw, dout = Rw fed
+//    to the backward, central differences of L (L summed in double, forward in fp32).
+//  - GQA against the existing mha_forward/backward on k, v repeated H/Hkv times
+//    (repeat_interleave order): forward equal, dq equal, dk/dv equal to mha's summed over each
+//    group; MHA (Hkv == H) and MQA (Hkv == 1), across query tiles.
+//  - The documented aliasing (in-place results equal out-of-place ones bit for bit), the
+//    "store bf16/fp16, compute fp32" contract, independence from the thread count, and the
+//    argument errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention_ref.hpp"
+#include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/core/error.hpp"
+
+namespace fsdp {
+namespace {
+
+using Vec = std::vector<float>;
+using DVec = std::vector<double>;
+
+Vec random_vec(std::size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// ||a - n|| / ||n|| (n = numeric reference).
+double rel_err(const Vec& analytic, const DVec& numeric) {
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < numeric.size(); ++i) {
+    const double d = analytic[i] - numeric[i];
+    num += d * d;
+    den += numeric[i] * numeric[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-12);
+}
+
+// Central differences of `loss` with respect to every element of x (perturbed in place).
+DVec numeric_grad(Vec& x, const std::function<double()>& loss, float h) {
+  DVec g(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float orig = x[i];
+    x[i] = orig + h;
+    const double plus = loss();
+    x[i] = orig - h;
+    const double minus = loss();
+    x[i] = orig;
+    g[i] = (plus - minus) / (2.0 * static_cast<double>(h));
+  }
+  return g;
+}
+
+TensorView f32(const Vec& v) { return {v.data(), DType::f32, {static_cast<int64_t>(v.size())}}; }
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+
+// Every element bit-identical.
+void expect_same_bits(const Vec& a, const Vec& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(bits(a[i]), bits(b[i])) << what << " element " << i << ": " << a[i] << " vs " << b[i];
+  }
+}
+
+class LlamaKernels : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> be = make_cpu_backend(2);
+  std::mt19937 rng{20240611};
+};
+
+// ---------------------------------------------------------------------------------------
+// rotary embedding
+
+// Llama's tables: inv_freq[i] = theta^(-2i/D), cos/sin[t, i] = cos/sin(t inv_freq[i]),
+// fp32 [Tmax, D/2] (HF's rotary embedding keeps the D/2 frequencies twice).
+void rope_tables(int64_t Tmax, int64_t D, double theta, Vec& cos, Vec& sin) {
+  const int64_t half = D / 2;
+  cos.resize(Tmax * half);
+  sin.resize(Tmax * half);
+  for (int64_t t = 0; t < Tmax; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double f = static_cast<double>(t) * std::pow(theta, -2.0 * i / static_cast<double>(D));
+      cos[t * half + i] = static_cast<float>(std::cos(f));
+      sin[t * half + i] = static_cast<float>(std::sin(f));
+    }
+  }
+}
+
+// HF's apply_rotary_pos_emb literally: out = x * cat(c, c) + rotate_half(x) * cat(s, s),
+// rotate_half(x) = cat(-x2, x1), in double.
+DVec rope_ref(const Vec& x, const Vec& cos, const Vec& sin, int64_t B, int64_t T, int64_t H,
+              int64_t D) {
+  const int64_t half = D / 2;
+  DVec out(x.size());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t off = ((b * T + t) * H + h) * D;
+        for (int64_t e = 0; e < D; ++e) {
+          const double c = cos[t * half + e % half], s = sin[t * half + e % half];
+          const double rot = e < half ? -static_cast<double>(x[off + e + half]) : x[off + e - half];
+          out[off + e] = x[off + e] * c + rot * s;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST_F(LlamaKernels, RopeMatchesHuggingFaceFormula) {
+  const int64_t B = 2, T = 5, Tmax = 9, H = 3, D = 8;  // T < Tmax: rows T.. of the tables unused
+  Vec cos, sin;
+  rope_tables(Tmax, D, 10000.0, cos, sin);
+  const Vec x = random_vec(B * T * H * D, rng);
+  Vec out(x.size(), std::numeric_limits<float>::quiet_NaN());
+  be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), B, T, H, D);
+  const DVec ref = rope_ref(x, cos, sin, B, T, H, D);
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-6) << i;
+  // position 0 is the identity (cos 1, sin 0); the rotation keeps each pair's norm
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t e = 0; e < H * D; ++e) {
+      EXPECT_EQ(out[b * T * H * D + e], x[b * T * H * D + e]);
+    }
+  }
+  for (int64_t r = 0; r < B * T * H; ++r) {
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double a = x[r * D + i], c = x[r * D + i + D / 2];
+      const double p = out[r * D + i], q = out[r * D + i + D / 2];
+      EXPECT_NEAR(p * p + q * q, a * a + c * c, 1e-5);
+    }
+  }
+  // a hand-computed pair: D = 2, one head, position 1 at angle 0.5
+  const Vec c1 = {1.0f, std::cos(0.5f)}, s1 = {0.0f, std::sin(0.5f)}, x1 = {9, 9, 3.0f, -2.0f};
+  Vec o1(4);
+  be->rope_forward(f32(o1), f32(x1), f32(c1), f32(s1), 1, 2, 1, 2);
+  EXPECT_FLOAT_EQ(o1[2], 3.0f * std::cos(0.5f) + 2.0f * std::sin(0.5f));
+  EXPECT_FLOAT_EQ(o1[3], -2.0f * std::cos(0.5f) + 3.0f * std::sin(0.5f));
+}
+
+TEST_F(LlamaKernels, RopeBackwardIsTheTransposeAndGradientCheck) {
+  const int64_t B = 2, T = 4, H = 2, D = 6;
+  Vec cos, sin;
+  rope_tables(T + 3, D, 500.0, cos, sin);
+  Vec x = random_vec(B * T * H * D, rng);
+  const Vec Rw = random_vec(x.size(), rng);
+  Vec dx(x.size(), std::numeric_limits<float>::quiet_NaN());
+  be->rope_backward(f32(dx), f32(Rw), f32(cos), f32(sin), B, T, H, D);
+  auto loss = [&] {
+    Vec o(x.size());
+    be->rope_forward(f32(o), f32(x), f32(cos), f32(sin), B, T, H, D);
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(dx, numeric_grad(x, loss, 1e-2f)), 1e-4);
+  // the stated formula: dx[i] = dout[i] c + dout[i+D/2] s; dx[i+D/2] = dout[i+D/2] c - dout[i] s
+  const int64_t half = D / 2;
+  for (int64_t r = 0; r < B * T * H; ++r) {
+    const int64_t t = (r / H) % T;
+    for (int64_t i = 0; i < half; ++i) {
+      const double c = cos[t * half + i], s = sin[t * half + i];
+      const double a = Rw[r * D + i], b = Rw[r * D + i + half];
+      EXPECT_NEAR(dx[r * D + i], a * c + b * s, 1e-6);
+      EXPECT_NEAR(dx[r * D + i + half], b * c - a * s, 1e-6);
+    }
+  }
+  // forward then backward is the identity (a rotation)
+  Vec y(x.size()), back(x.size());
+  be->rope_forward(f32(y), f32(x), f32(cos), f32(sin), B, T, H, D);
+  be->rope_backward(f32(back), f32(y), f32(cos), f32(sin), B, T, H, D);
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 1e-6);
+}
+
+TEST_F(LlamaKernels, RopeInPlaceEqualsOutOfPlace) {
+  const int64_t B = 3, T = 7, H = 4, D = 16;  // rows of 8-lane multiples and more
+  Vec cos, sin;
+  rope_tables(T, D, 10000.0, cos, sin);
+  const Vec x = random_vec(B * T * H * D, rng);
+  Vec out(x.size()), inplace = x;
+  be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), B, T, H, D);
+  be->rope_forward(f32(inplace), f32(inplace), f32(cos), f32(sin), B, T, H, D);
+  expect_same_bits(out, inplace, "rope_forward in place");
+  Vec dx(x.size()), dinplace = x;
+  be->rope_backward(f32(dx), f32(x), f32(cos), f32(sin), B, T, H, D);
+  be->rope_backward(f32(dinplace), f32(dinplace), f32(cos), f32(sin), B, T, H, D);
+  expect_same_bits(dx, dinplace, "rope_backward in place");
+}
+
+TEST_F(LlamaKernels, RopeArgumentErrors) {
+  Vec x(2 * 3 * 2 * 4), out(x.size()), cos(3 * 2), sin(3 * 2), short_tab(2 * 2);
+  EXPECT_NO_THROW(be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), 2, 3, 2, 4));
+  // odd D
+  Vec xo(2 * 3 * 2 * 3);
+  EXPECT_THROW(be->rope_forward(f32(xo), f32(xo), f32(cos), f32(sin), 2, 3, 2, 3), Error);
+  EXPECT_THROW(be->rope_backward(f32(xo), f32(xo), f32(cos), f32(sin), 2, 3, 2, 3), Error);
+  // tables shorter than T rows, or not fp32
+  EXPECT_THROW(be->rope_forward(f32(out), f32(x), f32(short_tab), f32(sin), 2, 3, 2, 4), Error);
+  EXPECT_THROW(be->rope_backward(f32(out), f32(x), f32(cos), f32(short_tab), 2, 3, 2, 4), Error);
+  std::vector<uint16_t> cos16(cos.size());
+  EXPECT_THROW(be->rope_forward(f32(out), f32(x), TensorView(cos16.data(), DType::bf16, {6}),
+                                f32(sin), 2, 3, 2, 4),
+               Error);
+  // x too small
+  EXPECT_THROW(be->rope_forward(f32(out), f32(cos), f32(cos), f32(sin), 2, 3, 2, 4), Error);
+  EXPECT_THROW(be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), -1, 3, 2, 4), Error);
+}
+
+// ---------------------------------------------------------------------------------------
+// SwiGLU
+
+double silu_ref(double g) { return g / (1.0 + std::exp(-g)); }
+
+TEST_F(LlamaKernels, SwigluValuesAndGradientCheck) {
+  const int64_t n = 83;  // 10 vectors of 8 and a tail of 3
+  Vec gate = random_vec(n, rng, -6.0f, 6.0f), up = random_vec(n, rng, -2.0f, 2.0f);
+  gate[0] = 0.0f;
+  gate[1] = -30.0f;
+  gate[2] = 30.0f;
+  Vec out(n, std::numeric_limits<float>::quiet_NaN());
+  be->swiglu_forward(f32(out), f32(gate), f32(up));
+  for (int64_t i = 0; i < n; ++i) {
+    const double want = silu_ref(gate[i]) * up[i];
+    ASSERT_NEAR(out[i], want, 2e-6 * std::max(1.0, std::abs(want))) << i;
+  }
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_NEAR(out[2], 30.0 * up[2], 1e-4);
+  const Vec Rw = random_vec(n, rng);
+  Vec dgate(n, std::numeric_limits<float>::quiet_NaN()), dup(n, std::numeric_limits<float>::quiet_NaN());
+  be->swiglu_backward(f32(dgate), f32(dup), f32(Rw), f32(gate), f32(up));
+  for (int64_t i = 0; i < n; ++i) {  // the stated formulas, in double
+    const double g = gate[i], s = 1.0 / (1.0 + std::exp(-g));
+    const double dg = Rw[i] * up[i] * s * (1.0 + g * (1.0 - s)), du = Rw[i] * silu_ref(g);
+    ASSERT_NEAR(dgate[i], dg, 2e-6 * std::max(1.0, std::abs(dg))) << i;
+    ASSERT_NEAR(dup[i], du, 2e-6 * std::max(1.0, std::abs(du))) << i;
+  }
+  auto loss = [&] {
+    Vec o(n);
+    be->swiglu_forward(f32(o), f32(gate), f32(up));
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(dgate, numeric_grad(gate, loss, 1e-3f)), 2e-4);
+  EXPECT_LT(rel_err(dup, numeric_grad(up, loss, 1e-2f)), 1e-4);
+}
+
+TEST_F(LlamaKernels, SwigluAliasingEqualsOutOfPlace) {
+  const int64_t n = 1000;
+  const Vec gate = random_vec(n, rng, -5.0f, 5.0f), up = random_vec(n, rng), dout = random_vec(n, rng);
+  Vec out(n);
+  be->swiglu_forward(f32(out), f32(gate), f32(up));
+  Vec g1 = gate, u1 = up;
+  be->swiglu_forward(f32(g1), f32(g1), f32(up));  // out = gate
+  expect_same_bits(out, g1, "swiglu_forward out = gate");
+  be->swiglu_forward(f32(u1), f32(gate), f32(u1));  // out = up
+  expect_same_bits(out, u1, "swiglu_forward out = up");
+
+  Vec dgate(n), dup(n);
+  be->swiglu_backward(f32(dgate), f32(dup), f32(dout), f32(gate), f32(up));
+  Vec g2 = gate, u2 = up;  // dgate = gate, dup = up
+  be->swiglu_backward(f32(g2), f32(u2), f32(dout), f32(g2), f32(u2));
+  expect_same_bits(dgate, g2, "swiglu_backward dgate = gate");
+  expect_same_bits(dup, u2, "swiglu_backward dup = up");
+  Vec d3 = dout, u3(n);  // dgate = dout
+  be->swiglu_backward(f32(d3), f32(u3), f32(d3), f32(gate), f32(up));
+  expect_same_bits(dgate, d3, "swiglu_backward dgate = dout");
+  expect_same_bits(dup, u3, "swiglu_backward dup with dgate = dout");
+}
+
+TEST_F(LlamaKernels, SwigluArgumentErrors) {
+  Vec a(10), b(10), c(9);
+  EXPECT_THROW(be->swiglu_forward(f32(a), f32(b), f32(c)), Error);
+  EXPECT_THROW(be->swiglu_backward(f32(a), f32(b), f32(c), f32(a), f32(b)), Error);
+  EXPECT_THROW(be->swiglu_backward(f32(a), f32(c), f32(b), f32(a), f32(b)), Error);
+  std::vector<int32_t> ints(10);
+  EXPECT_THROW(be->swiglu_forward(f32(a), TensorView(ints.data(), DType::i32, {10}), f32(b)),
+               Error);
+}
+
+// ---------------------------------------------------------------------------------------
+// grouped-query attention
+
+struct GqaShape {
+  int64_t B, T, H, Hkv, D;
+};
+
+// k: [B,T,Hkv*D] -> [B,T,H*D], kv head g repeated H/Hkv times in place (repeat_interleave,
+// HF's repeat_kv): query head h reads kv head h / (H/Hkv).
+Vec repeat_kv(const Vec& k, const GqaShape& s) {
+  const int64_t group = s.H / s.Hkv;
+  Vec r(s.B * s.T * s.H * s.D);
+  for (int64_t bt = 0; bt < s.B * s.T; ++bt) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      for (int64_t e = 0; e < s.D; ++e) {
+        r[(bt * s.H + h) * s.D + e] = k[(bt * s.Hkv + h / group) * s.D + e];
+      }
+    }
+  }
+  return r;
+}
+// The transpose: dk[B,T,Hkv*D] = sum over each group's heads (ascending) of drep[B,T,H*D].
+Vec sum_groups(const Vec& drep, const GqaShape& s) {
+  const int64_t group = s.H / s.Hkv;
+  Vec r(s.B * s.T * s.Hkv * s.D, 0.0f);
+  for (int64_t bt = 0; bt < s.B * s.T; ++bt) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      for (int64_t e = 0; e < s.D; ++e) {
+        r[(bt * s.Hkv + h / group) * s.D + e] += drep[(bt * s.H + h) * s.D + e];
+      }
+    }
+  }
+  return r;
+}
+
+std::string describe(const GqaShape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) +
+         " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
+}
+
+void expect_near_all(const Vec& got, const Vec& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0.0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (!(d <= worst)) {
+      worst = d;
+      at = i;
+    }
+  }
+  EXPECT_LE(worst, tol) << what << ": worst at " << at << ": " << got[at] << " vs " << want[at];
+}
+
+// GQA against mha on repeated k, v; and against the double-precision naive attention.
+void check_gqa_equals_repeated_mha(Backend& be, std::mt19937& rng, const GqaShape& s) {
+  const std::string what = describe(s);
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  const Vec q = random_vec(nq, rng, -2.0f, 2.0f), k = random_vec(nk, rng, -2.0f, 2.0f),
+            v = random_vec(nk, rng), dout = random_vec(nq, rng);
+  const Vec kr = repeat_kv(k, s), vr = repeat_kv(v, s);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+
+  Vec out(nq, nan), lse(nl, nan), mout(nq, nan), mlse(nl, nan);
+  be.gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                           scale);
+  be.mha_forward(f32(mout), f32(mlse), f32(q), f32(kr), f32(vr), TensorView{}, TensorView{}, s.B,
+                 s.T, s.T, s.H, s.D, scale, true);
+  expect_near_all(out, mout, 1e-6, "out vs mha " + what);
+  expect_near_all(lse, mlse, 1e-6, "lse vs mha " + what);
+
+  const test_util::AttnShape as{s.B, s.T, s.T, s.H, s.D, scale, true};
+  const test_util::AttnRef ref = test_util::naive_attention(as, q, kr, vr, {}, {}, dout);
+  for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << "out " << what << " " << i;
+  for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << "lse " << what << " " << i;
+
+  Vec dq(nq, nan), dk(nk, nan), dv(nk, nan), mdq(nq, nan), mdk(nq, nan), mdv(nq, nan);
+  be.gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v), f32(out),
+                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale);
+  be.mha_backward(f32(mdq), f32(mdk), f32(mdv), TensorView{}, f32(dout), f32(q), f32(kr), f32(vr),
+                  f32(mout), f32(mlse), TensorView{}, TensorView{}, s.B, s.T, s.T, s.H, s.D, scale,
+                  true);
+  expect_near_all(dq, mdq, 1e-6, "dq vs mha " + what);
+  expect_near_all(dk, sum_groups(mdk, s), 1e-5, "dk vs summed mha " + what);
+  expect_near_all(dv, sum_groups(mdv, s), 1e-5, "dv vs summed mha " + what);
+  // and the double-precision reference, its dk/dv summed over the groups in double
+  Vec rdk(nq), rdv(nq);
+  for (int64_t i = 0; i < nq; ++i) {
+    rdk[i] = static_cast<float>(ref.dk[i]);
+    rdv[i] = static_cast<float>(ref.dv[i]);
+  }
+  for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(dq[i], ref.dq[i], 2e-5) << "dq " << what << " " << i;
+  expect_near_all(dk, sum_groups(rdk, s), 3e-5, "dk vs naive " + what);
+  expect_near_all(dv, sum_groups(rdv, s), 3e-5, "dv vs naive " + what);
+}
+
+TEST_F(LlamaKernels, GqaEqualsMhaOnRepeatedKv) {
+  check_gqa_equals_repeated_mha(*be, rng, {2, 7, 4, 2, 8});
+}
+TEST_F(LlamaKernels, GqaMhaCaseHkvEqualsH) {
+  check_gqa_equals_repeated_mha(*be, rng, {2, 6, 3, 3, 4});
+}
+TEST_F(LlamaKernels, GqaMqaCaseHkvOne) { check_gqa_equals_repeated_mha(*be, rng, {2, 5, 4, 1, 6}); }
+TEST_F(LlamaKernels, GqaAcrossQueryTiles) {  // T = 70 > the 64-query tile; groups of 3
+  check_gqa_equals_repeated_mha(*be, rng, {1, 70, 6, 2, 8});
+}
+TEST_F(LlamaKernels, GqaLlamaHeadWidth) {  // D = 64, 8 query heads on 2 kv heads
+  check_gqa_equals_repeated_mha(*be, rng, {1, 33, 8, 2, 64});
+}
+
+// Finite differences of L = sum(out * Rw) with respect to q, k and v.
+void gqa_gradient_check(Backend& be, std::mt19937& rng, const GqaShape& s, float scale) {
+  const std::string what = describe(s);
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
+  Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
+      v = random_vec(nk, rng);
+  const Vec Rw = random_vec(nq, rng);
+  Vec out(nq), lse(nl);
+  be.gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                           scale);
+  Vec dq(nq), dk(nk), dv(nk);
+  be.gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
+                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale);
+  auto loss = [&] {
+    Vec o(nq), l(nl);
+    be.gqa_attention_forward(f32(o), f32(l), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                             scale);
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4) << "dq " << what;
+  EXPECT_LT(rel_err(dk, numeric_grad(k, loss, 1e-2f)), 5e-4) << "dk " << what;
+  EXPECT_LT(rel_err(dv, numeric_grad(v, loss, 1e-2f)), 5e-4) << "dv " << what;
+}
+
+TEST_F(LlamaKernels, GqaGradientCheck) {
+  gqa_gradient_check(*be, rng, {2, 5, 4, 2, 4}, 0.5f);
+  gqa_gradient_check(*be, rng, {1, 6, 3, 1, 4}, 1.0f);   // MQA
+  gqa_gradient_check(*be, rng, {1, 4, 2, 2, 6}, 0.4f);   // MHA
+}
+
+TEST_F(LlamaKernels, GqaCausalRowZeroSeesOnlyKeyZero) {
+  // B = 1, T = 2, H = 2 query heads on Hkv = 1: row 0 of each head equals v[0] exactly
+  const Vec q = {1, 2, -1, 0.5f, 3, 4, 0.25f, -2}, k = {0.5f, -1, 2, 0.25f}, v = {1, 2, 3, 4};
+  Vec out(8), lse(4);
+  be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), 1, 2, 2, 1, 2, 1.0f);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 2.0f);
+  EXPECT_EQ(out[2], 1.0f);
+  EXPECT_EQ(out[3], 2.0f);
+  EXPECT_FLOAT_EQ(lse[0], 1 * 0.5f + 2 * -1.0f);     // head 0, row 0
+  EXPECT_FLOAT_EQ(lse[2], -1 * 0.5f + 0.5f * -1.0f);  // head 1, row 0 (lse is [B,H,T])
+  // head 1, row 1 by hand
+  const double s0 = 0.25 * 0.5 + -2.0 * -1.0, s1 = 0.25 * 2.0 + -2.0 * 0.25;
+  const double p0 = 1.0 / (1.0 + std::exp(s1 - s0));
+  EXPECT_NEAR(out[6], p0 * 1 + (1 - p0) * 3, 1e-6);
+  EXPECT_NEAR(out[7], p0 * 2 + (1 - p0) * 4, 1e-6);
+  EXPECT_NEAR(lse[3], std::log(std::exp(s0) + std::exp(s1)), 1e-6);
+}
+
+TEST_F(LlamaKernels, GqaResultsIndependentOfThreadCount) {
+  const GqaShape s{2, 130, 8, 2, 16};
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
+  const Vec q = random_vec(nq, rng), k = random_vec(nk, rng), v = random_vec(nk, rng),
+            dout = random_vec(nq, rng);
+  auto run = [&](Backend& b) {
+    std::vector<Vec> r = {Vec(nq), Vec(nl), Vec(nq), Vec(nk), Vec(nk)};
+    b.gqa_attention_forward(f32(r[0]), f32(r[1]), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv,
+                            s.D, 0.25f);
+    b.gqa_attention_backward(f32(r[2]), f32(r[3]), f32(r[4]), f32(dout), f32(q), f32(k), f32(v),
+                             f32(r[0]), f32(r[1]), s.B, s.T, s.H, s.Hkv, s.D, 0.25f);
+    return r;
+  };
+  auto one = make_cpu_backend(1), three = make_cpu_backend(3);
+  const std::vector<Vec> a = run(*one), b = run(*three), c = run(*be);
+  for (int i = 0; i < 5; ++i) {
+    expect_same_bits(a[i], b[i], "1 vs 3 threads, result " + std::to_string(i));
+    expect_same_bits(a[i], c[i], "1 vs 2 threads, result " + std::to_string(i));
+  }
+}
+
+TEST_F(LlamaKernels, GqaArgumentErrors) {
+  const int64_t B = 1, T = 3, D = 4;
+  Vec q(B * T * 6 * D), kv(B * T * 6 * D), out(q.size()), lse(B * 6 * T), g(q.size());
+  // H = 6 on Hkv = 4: 6 % 4 != 0
+  EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 4,
+                                         D, 0.5f),
+               Error);
+  EXPECT_THROW(be->gqa_attention_backward(f32(g), f32(g), f32(g), f32(g), f32(q), f32(kv), f32(kv),
+                                          f32(out), f32(lse), B, T, 6, 4, D, 0.5f),
+               Error);
+  // Hkv = 0 and Hkv > H
+  EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 0,
+                                         D, 0.5f),
+               Error);
+  EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 2, 4,
+                                         D, 0.5f),
+               Error);
+  try {
+    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 4, D, 0.5f);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gqa_attention_forward: Hkv"), std::string::npos)
+        << e.what();
+  }
+  // valid: 6 on 3, 2 and 1
+  for (int64_t hkv : {6, 3, 2, 1}) {
+    EXPECT_NO_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T,
+                                              6, hkv, D, 0.5f))
+        << hkv;
+  }
+  // k too small for Hkv = 3; lse not fp32
+  Vec ksmall(B * T * 3 * D - 1);
+  EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(ksmall), f32(kv), B, T, 6,
+                                         3, D, 0.5f),
+               Error);
+  std::vector<uint16_t> lse16(lse.size());
+  EXPECT_THROW(be->gqa_attention_forward(f32(out),
+                                         TensorView(lse16.data(), DType::bf16, {B * 6 * T}),
+                                         f32(q), f32(kv), f32(kv), B, T, 6, 3, D, 0.5f),
+               Error);
+}
+
+// ---------------------------------------------------------------------------------------
+// "store bf16/fp16, compute fp32": each 16-bit result is round_to(dtype, the fp32 kernel on
+// the same rounded values), bit for bit; fp32 outputs (lse) equal.
+
+class Store {
+ public:
+  Store(DType t, const Vec& v) : t_(t), f_(v) {
+    if (t != DType::f32) {
+      h_.resize(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        h_[i] = t == DType::bf16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+      }
+    }
+  }
+  TensorView view() {
+    const auto n = static_cast<int64_t>(f_.size());
+    return {t_ == DType::f32 ? static_cast<void*>(f_.data()) : h_.data(), t_, {n}};
+  }
+  Vec values() const {
+    if (t_ == DType::f32) return f_;
+    Vec v(h_.size());
+    for (std::size_t i = 0; i < h_.size(); ++i) {
+      v[i] = t_ == DType::bf16 ? bf16_to_f32(h_[i]) : f16_to_f32(h_[i]);
+    }
+    return v;
+  }
+
+ private:
+  DType t_;
+  Vec f_;
+  std::vector<uint16_t> h_;
+};
+
+Vec rounded(const Vec& v, DType t) {
+  Vec r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = round_to(t, v[i]);
+  return r;
+}
+
+void expect_rounded(DType dt, const Vec& ref, const Vec& got, const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_EQ(bits(round_to(dt, ref[i])), bits(got[i]))
+        << what << " (" << to_string(dt) << ") element " << i << ": got " << got[i]
+        << ", want round_to(" << ref[i] << ")";
+  }
+}
+
+constexpr DType k16[] = {DType::bf16, DType::f16};
+
+TEST_F(LlamaKernels, StoreContractRopeAndSwiglu) {
+  const int64_t B = 2, T = 5, H = 3, D = 8, n = B * T * H * D;
+  Vec cos, sin;
+  rope_tables(T, D, 10000.0, cos, sin);
+  for (DType dt : k16) {
+    const Vec x = rounded(random_vec(n, rng, -3.0f, 3.0f), dt);
+    const Vec gate = rounded(random_vec(n, rng, -5.0f, 5.0f), dt), up = rounded(random_vec(n, rng), dt);
+    // fp32 references
+    Vec ro(n), rd(n), so(n), sg(n), su(n);
+    be->rope_forward(f32(ro), f32(x), f32(cos), f32(sin), B, T, H, D);
+    be->rope_backward(f32(rd), f32(x), f32(cos), f32(sin), B, T, H, D);
+    be->swiglu_forward(f32(so), f32(gate), f32(up));
+    be->swiglu_backward(f32(sg), f32(su), f32(x), f32(gate), f32(up));
+    // 16-bit storage, also in place (out = x, dgate = gate, dup = up)
+    Store sx(dt, x), o(dt, Vec(n)), sgate(dt, gate), sup(dt, up), dg(dt, Vec(n)), du(dt, Vec(n));
+    be->rope_forward(o.view(), sx.view(), f32(cos), f32(sin), B, T, H, D);
+    expect_rounded(dt, ro, o.values(), "rope_forward");
+    be->rope_backward(o.view(), sx.view(), f32(cos), f32(sin), B, T, H, D);
+    expect_rounded(dt, rd, o.values(), "rope_backward");
+    Store inplace(dt, x);
+    be->rope_forward(inplace.view(), inplace.view(), f32(cos), f32(sin), B, T, H, D);
+    expect_rounded(dt, ro, inplace.values(), "rope_forward in place");
+    be->swiglu_forward(o.view(), sgate.view(), sup.view());
+    expect_rounded(dt, so, o.values(), "swiglu_forward");
+    be->swiglu_backward(dg.view(), du.view(), sx.view(), sgate.view(), sup.view());
+    expect_rounded(dt, sg, dg.values(), "swiglu_backward dgate");
+    expect_rounded(dt, su, du.values(), "swiglu_backward dup");
+    be->swiglu_backward(sgate.view(), sup.view(), sx.view(), sgate.view(), sup.view());
+    expect_rounded(dt, sg, sgate.values(), "swiglu_backward dgate = gate");
+    expect_rounded(dt, su, sup.values(), "swiglu_backward dup = up");
+  }
+}
+
+TEST_F(LlamaKernels, StoreContractGqaAttention) {
+  const GqaShape s{2, 9, 4, 2, 8};
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
+  const float scale = 1.0f / std::sqrt(8.0f);
+  for (DType dt : k16) {
+    const Vec q = rounded(random_vec(nq, rng, -2.0f, 2.0f), dt),
+              k = rounded(random_vec(nk, rng, -2.0f, 2.0f), dt), v = rounded(random_vec(nk, rng), dt),
+              dout = rounded(random_vec(nq, rng), dt);
+    // fp32 on the rounded values; backward reads out as stored (rounded)
+    Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
+    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                              scale);
+    const Vec out_r = rounded(out, dt);
+    be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
+                               f32(out_r), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale);
+    Store sq(dt, q), sk(dt, k), sv(dt, v), sd(dt, dout), so(dt, Vec(nq)), gq(dt, Vec(nq)),
+        gk(dt, Vec(nk)), gv(dt, Vec(nk));
+    Vec lse16(nl);
+    be->gqa_attention_forward(so.view(), f32(lse16), sq.view(), sk.view(), sv.view(), s.B, s.T, s.H,
+                              s.Hkv, s.D, scale);
+    expect_rounded(dt, out, so.values(), "gqa out");
+    expect_same_bits(lse, lse16, std::string("gqa lse ") + std::string(to_string(dt)));
+    be->gqa_attention_backward(gq.view(), gk.view(), gv.view(), sd.view(), sq.view(), sk.view(),
+                               sv.view(), so.view(), f32(lse16), s.B, s.T, s.H, s.Hkv, s.D, scale);
+    expect_rounded(dt, dq, gq.values(), "gqa dq");
+    expect_rounded(dt, dk, gk.values(), "gqa dk");
+    expect_rounded(dt, dv, gv.values(), "gqa dv");
+    // and the 16-bit output is within one rounding of the fp32 one
+    const Vec o16 = so.values();
+    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(o16[i], out[i], 1e-2) << i;
+  }
+}
+
+}  // namespace
+}  // namespace fsdp
