@@ -73,9 +73,10 @@ void check_hf_config(const std::string& dir, const ModelConfig& config) {
   }
   if (!hf.is_object()) throw InputError(path + ": not a JSON object");
   const ModelFamily& family = model_family(config.type);
-  const ModelConfig theirs = family.from_hf_config(hf, path);
+  const ModelConfig theirs = family.canonical(family.from_hf_config(hf, path));
+  const ModelConfig ours = family.canonical(config);
   for (const ModelKey& k : family.keys()) {
-    const ModelValue *a = theirs.find(k.name), *b = config.find(k.name);
+    const ModelValue *a = theirs.find(k.name), *b = ours.find(k.name);
     if (!a || !b) continue;
     if (*a != *b) {
       throw InputError(path + ": " + k.name + " = " + value_str(*a) + " but model." + k.name +

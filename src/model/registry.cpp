@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "fsdp/model/gpt2.hpp"
+#include "fsdp/model/llama.hpp"
 #include "fsdp/model/t5.hpp"
 
 namespace fsdp {
@@ -14,7 +15,7 @@ const ModelSchemas& model_schemas() {
 }
 
 const std::vector<const ModelFamily*>& model_families() {
-  static const std::vector<const ModelFamily*> families = {&gpt2_family(), &t5_family()};
+  static const std::vector<const ModelFamily*> families = {&gpt2_family(), &t5_family(), &llama_family()};
   return families;
 }
 

@@ -95,6 +95,10 @@ class ModelFamily : public ModelSchema {
   virtual std::vector<std::string> hf_aliases(const std::string& hf_name) const { return {}; }
   // The Hugging Face config.json for `config` (architectures, model_type, sizes, ...).
   virtual nlohmann::json hf_config(const ModelConfig& config) const = 0;
+  // The form of `config` two configs of the same model compare equal in (init_from's check of
+  // config.json against [model]): e.g. Llama's derived sizes spelled 0 (HF's None) or
+  // explicitly. Default: `config` itself.
+  virtual ModelConfig canonical(const ModelConfig& config) const { return config; }
   // Our ModelConfig from a Hugging Face config.json (init_from). Throws InputError naming
   // `origin` and the field on a missing or unsupported field.
   virtual ModelConfig from_hf_config(const nlohmann::json& hf, const std::string& origin) const = 0;

@@ -74,12 +74,19 @@ class ModelArgs {
 
   // The typed struct of a [model] section of this family (ModelConfig::of filled every key).
   // Fields the table does not list keep their defaults. Throws fsdp::Error on a missing key
-  // or one of another type (a ModelConfig of another family).
+  // or one of another type (a ModelConfig of another family), InputError on a string not
+  // among the row's choices (validation's message: a ModelConfig built in code is not
+  // validated, and an enum member cannot hold an unknown spelling).
   Cfg read(const ModelConfig& c) const {
     Cfg g = defaults_;
     for (const auto& a : args_) {
       const ModelValue* v = c.find(a.name);
       if (!v) throw Error(std::string("model.") + a.name + ": not set (model.type = \"" + c.type + "\")");
+      if (const auto* s = std::get_if<std::string>(v)) {
+        if (const std::string bad = unknown_choice(a, *s); !bad.empty()) {
+          throw InputError(std::string("model.") + a.name + ": " + bad);
+        }
+      }
       set(g, a, *v, [&] { return Error(std::string("model.") + a.name + ": holds " +
                                        value_type_name(*v) + ", read as another type"); });
     }
@@ -89,16 +96,39 @@ class ModelArgs {
   void write(const Cfg& g, ModelConfig* c) const {
     for (const auto& a : args_) c->set(a.name, get(g, a));
   }
-
-  // "model.<name>" of the row of `member`, for messages of a family's own checks.
-  template <class T>
-  std::string key(T Cfg::* member) const {
+  // Every row's range and choices on the values of `g` (a Cfg built in code; config
+  // validation checked a parsed one from keys()): throws fail("model.<name>", what) with
+  // config validation's what: "<value> is out of range (expected ...)" or
+  // "unknown value \"s\" (expected one of ...)".
+  void check(const Cfg& g, const KeyFail& fail) const {
     for (const auto& a : args_) {
-      if (const auto* m = std::get_if<T Cfg::*>(&a.member); m && *m == member) {
-        return std::string("model.") + a.name;
+      if (const std::string bad = violation(a, get(g, a)); !bad.empty()) {
+        throw fail(std::string("model.") + a.name, bad);
       }
     }
-    throw Error("ModelArgs::key: a member without a row");
+  }
+
+  // The name (config.json attribute) of the row of `member`, or of the enum row whose
+  // EnumMember::get is `enum_get`, for messages of a family's own checks.
+  template <class T>
+  std::string name(T Cfg::* member) const {
+    for (const auto& a : args_) {
+      if (const auto* m = std::get_if<T Cfg::*>(&a.member); m && *m == member) return a.name;
+    }
+    throw Error("ModelArgs::name: a member without a row");
+  }
+  std::string name(std::string (*enum_get)(const Cfg&)) const {
+    for (const auto& a : args_) {
+      if (const auto* m = std::get_if<EnumMember<Cfg>>(&a.member); m && m->get == enum_get) {
+        return a.name;
+      }
+    }
+    throw Error("ModelArgs::name: an enum member without a row");
+  }
+  // "model.<name>" of the row of `member` (as name()).
+  template <class M>
+  std::string key(M member) const {
+    return "model." + name(member);
   }
 
   // The rows with hf = true as config.json attributes; a dotted name nests.
@@ -147,22 +177,8 @@ class ModelArgs {
             value = v->get<std::string>();
         }
       }
-      if (a.range.bounded() && value.index() <= 1) {
-        const double x = value.index() == 0 ? static_cast<double>(std::get<int64_t>(value))
-                                            : std::get<double>(value);
-        if (!a.range.contains(x)) {
-          throw InputError(where + ": " + format_number(x) + " is out of range (expected " +
-                           a.range.text() + ")");
-        }
-      }
-      if (const auto* s = std::get_if<std::string>(&value); s && !a.choices.empty()) {
-        bool ok = false;
-        for (const auto& c : a.choices) ok = ok || c == *s;
-        if (!ok) {
-          std::string names;
-          for (const auto& c : a.choices) names += (names.empty() ? "" : ", ") + c;
-          throw InputError(where + ": unknown value \"" + *s + "\" (expected one of " + names + ")");
-        }
+      if (const std::string bad = v ? violation(a, value) : std::string(); !bad.empty()) {
+        throw InputError(where + ": " + bad);
       }
       set(base, a, value, [] { return Error("ModelArgs::from_hf: type"); });
     }
@@ -170,6 +186,28 @@ class ModelArgs {
   }
 
  private:
+  // "" when `v` is inside the row's range and among its choices, else what is wrong with it:
+  // "<v> is out of range (expected <range>)" or "unknown value \"v\" (expected one of ...)".
+  static std::string violation(const ModelArg<Cfg>& a, const ModelValue& v) {
+    if (a.range.bounded() && v.index() <= 1) {
+      const double x = v.index() == 0 ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
+      if (!a.range.contains(x)) {
+        return (v.index() == 0 ? std::to_string(std::get<int64_t>(v)) : format_number(x)) +
+               " is out of range (expected " + a.range.text() + ")";
+      }
+    }
+    if (const auto* s = std::get_if<std::string>(&v)) return unknown_choice(a, *s);
+    return {};
+  }
+  static std::string unknown_choice(const ModelArg<Cfg>& a, const std::string& s) {
+    if (a.choices.empty()) return {};
+    std::string names;
+    for (const auto& c : a.choices) {
+      if (c == s) return {};
+      names += (names.empty() ? "" : ", ") + c;
+    }
+    return "unknown value \"" + s + "\" (expected one of " + names + ")";
+  }
   static ModelValue get(const Cfg& g, const ModelArg<Cfg>& a) {
     return std::visit(
         [&](auto m) -> ModelValue {

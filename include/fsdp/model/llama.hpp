@@ -1,0 +1,136 @@
+// fsdp/model/llama.hpp: Llama-family decoder with the exact architecture of Hugging Face
+// LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/modeling_llama.py), the
+// architecture of Llama 2/3, TinyLlama, SmolLM and Mistral-style models without a sliding
+// window:
+//
+//  - embed_tokens [V, C] (no position embedding);
+//  - num_hidden_layers LlamaDecoderLayer: x + o_proj(attn(RoPE(q_proj(n1)), RoPE(k_proj(n1)),
+//    v_proj(n1))), n1 = input_layernorm(x); then h + down_proj(silu(gate_proj(n2)) *
+//    up_proj(n2)), n2 = post_attention_layernorm(h). RMSNorm (Zhang & Sennrich 2019) in fp32,
+//    then scaled by its weight (HF LlamaRMSNorm). RoPE (Su et al. 2021) in HF's rotate-half
+//    layout on q and k, optionally with Llama 3.1's "llama3" frequency scaling; grouped-query
+//    attention (Ainslie et al. 2023): num_key_value_heads K/V heads, each shared by
+//    num_attention_heads / num_key_value_heads query heads (HF repeat_kv), causal, scaled by
+//    1/sqrt(head_dim). Optional biases on q/k/v/o (attention_bias) and the MLP (mlp_bias);
+//  - final `norm` (RMSNorm) and lm_head [V, C], or the embedding when tie_word_embeddings.
+//
+// Parameter and module names are HF's state-dict and module names ("model.layers.3.mlp.
+// up_proj.weight", module "model.layers.3"): merges and init_from need no renaming, and
+// nn.Linear's [out, in] layout is ours. FSDP units: one per LlamaDecoderLayer (the wrap
+// class); embed_tokens, norm and lm_head in the root unit. The vocabulary is padded to
+// model.pad_vocab_multiple rows as for GPT-2 (fsdp/model/gpt2.hpp). Initialisation is HF
+// LlamaPreTrainedModel._init_weights: Linear and Embedding N(0, initializer_range), biases 0,
+// RMSNorm weights 1 (pad rows 0). AdamW decays the Linear weights only (not the norms, biases
+// or embedding), as fsdp_train's GPT-2 and T5.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/backend/kernels.hpp"
+#include "fsdp/config/config.hpp"
+#include "fsdp/fsdp/module.hpp"
+#include "fsdp/model/model.hpp"
+
+namespace fsdp {
+
+// Hugging Face LlamaConfig's fields ([model] with type = "llama"; same names, meanings and,
+// where HF has them, defaults; sizes default to a small CPU model). The [model] key table,
+// with docs and ranges, is llama_args() in src/model/llama.cpp.
+struct LlamaConfig {
+  enum class RopeType { default_, llama3 };
+
+  int64_t vocab_size = 256;
+  int64_t hidden_size = 128;
+  int64_t intermediate_size = 344;
+  int64_t num_hidden_layers = 4;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 0;   // 0 = num_attention_heads (HF's None: MHA)
+  int64_t head_dim = 0;              // 0 = hidden_size / num_attention_heads (HF's None)
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  // rope_scaling: HF's dict, here its fields; default_ = no scaling (rope_scaling null).
+  RopeType rope_type = RopeType::default_;
+  double rope_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_position_embeddings = 8192;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  bool tie_word_embeddings = false;
+  double initializer_range = 0.02;
+  int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
+
+  int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
+  int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
+  int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
+  // From the [model] section (type "llama"); throws fsdp::Error on a missing key.
+  static LlamaConfig from(const ModelConfig& config);
+};
+
+// The D/2 RoPE inverse frequencies (radians per position) of `c`, in float64: HF's
+// rope_init_fn, 1 / rope_theta^(2i/D), then for rope_type llama3 Llama 3.1's scaling
+// (transformers' _compute_llama3_parameters: wavelengths above original/low_freq_factor
+// divided by factor, below original/high_freq_factor kept, smoothly interpolated between).
+std::vector<double> llama_inv_freq(const LlamaConfig& c);
+
+// The "llama" entry of the model registry (fsdp/model/model.hpp).
+const ModelFamily& llama_family();
+
+// Modules in forward order: "model.embed_tokens" (class "Embedding": embed_tokens.weight
+// [Vp,C]), "model.layers.{l}" (class "LlamaDecoderLayer"), "model.norm" (class
+// "LlamaRMSNorm"), and "lm_head" (class "Linear", lm_head.weight [Vp,C]) unless tied.
+std::vector<ModuleDecl> llama_modules(const LlamaConfig& config);
+
+class LlamaModel final : public Model {
+ public:
+  // activation_dtype: storage of activations and their gradients (the mixed-precision
+  // param_dtype); RMSNorm statistics, attention's logsumexp and the RoPE tables stay fp32.
+  // activation_checkpointing: as Gpt2Model (one shared set of per-layer buffers, recomputed in
+  // each layer's backward; bit-identical results).
+  LlamaModel(const LlamaConfig& config, Kernels& kernels, DType activation_dtype = DType::f32,
+             bool activation_checkpointing = false);
+  ~LlamaModel() override;
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const std::vector<ModuleDecl>& modules() const override { return modules_; }
+  // A causal-LM Batch (target_len == L), as Gpt2Model.
+  void forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
+                        const TensorView& loss) override;
+  void forward_loss(const data::Batch& batch, ModuleHooks& hooks, const TensorView& loss) override;
+  // tokens, targets: [B,T] int32 host arrays; loss[0] += the summed cross-entropy (nats).
+  void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                        float grad_scale, ModuleHooks& hooks, const TensorView& loss);
+  void forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                    ModuleHooks& hooks, const TensorView& loss);
+  // The logits of the last forward_loss, [B*T, padded_vocab()] (as Gpt2Model::last_logits).
+  TensorView last_logits() const;
+
+  // Bytes of activations (saved for backward, their gradients, scratch, the RoPE tables) for a
+  // [B,T] micro-batch; exactly what forward allocates.
+  static int64_t activation_bytes(const LlamaConfig& config, int64_t B, int64_t T,
+                                  DType activation_dtype, bool activation_checkpointing = false);
+
+ private:
+  struct Acts;
+  void ensure_buffers(int64_t B, int64_t T);
+  void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+               ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss);
+  void backward(int64_t B, int64_t T, ModuleHooks& hooks);
+  void layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks, bool write_output);
+
+  LlamaConfig cfg_;
+  Kernels& be_;
+  DeviceRuntime& rt_;
+  DType act_dtype_;
+  bool checkpointing_;
+  std::vector<ModuleDecl> modules_;
+  std::unique_ptr<Acts> acts_;
+  int64_t last_rows_ = 0;
+};
+
+}  // namespace fsdp

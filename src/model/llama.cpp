@@ -1,0 +1,627 @@
+// Llama forward and backward on fsdp::Kernels, and the "llama" model family (see
+// fsdp/model/llama.hpp). Shapes: B batch, T sequence, C = hidden_size, H query heads,
+// Hkv key/value heads, D = head_dim, Q = H*D, KV = Hkv*D, I = intermediate_size,
+// Vp = padded vocabulary, BT = B*T rows.
+#include "fsdp/model/llama.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "fsdp/backend/buffer.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/model/model_args.hpp"
+
+namespace fsdp {
+namespace {
+
+const char* rope_type_name(LlamaConfig::RopeType t) {
+  return t == LlamaConfig::RopeType::llama3 ? "llama3" : "default";
+}
+
+// LlamaConfig's attributes fsdp_train trains: the only place a Llama [model] key is spelled.
+const ModelArgs<LlamaConfig>& llama_args() {
+  using A = ModelArg<LlamaConfig>;
+  using L = LlamaConfig;
+  const auto at_least = KeyRange::at_least;
+  static const ModelArgs<LlamaConfig> args({
+      A{"vocab_size", &L::vocab_size, "Token vocabulary.", at_least(1), {}, true, int64_t{32000}},
+      A{"hidden_size", &L::hidden_size, "Hidden size.", at_least(1), {}, true, int64_t{4096}},
+      A{"intermediate_size", &L::intermediate_size, "Width of the SwiGLU MLP.", at_least(1), {},
+        true, int64_t{11008}},
+      A{"num_hidden_layers", &L::num_hidden_layers, "Number of LlamaDecoderLayer blocks.",
+        at_least(1), {}, true, int64_t{32}},
+      A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", at_least(1), {},
+        true, int64_t{32}},
+      A{"num_key_value_heads", &L::num_key_value_heads,
+        "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
+        at_least(0), {}, true, int64_t{0}},
+      A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
+        "num_attention_heads.", at_least(0), {}, true, int64_t{0}},
+      A{"max_position_embeddings", &L::max_position_embeddings,
+        "Longest sequence the model is trained for.", at_least(1), {}, true, int64_t{2048}},
+      A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true, 1e-6},
+      A{"rope_theta", &L::rope_theta, "RoPE base period.", KeyRange::above(0), {}, true, 10000.0},
+      A{"rope_scaling.rope_type",
+        EnumMember<L>{[](const L& c) { return std::string(rope_type_name(c.rope_type)); },
+                      [](L& c, const std::string& s) {
+                        if (s != "default" && s != "llama3") return false;
+                        c.rope_type = s == "llama3" ? L::RopeType::llama3 : L::RopeType::default_;
+                        return true;
+                      }},
+        "RoPE frequency scaling: default (none) or Llama 3.1's llama3.", {},
+        {"default", "llama3"}, true, std::string("default")},
+      A{"rope_scaling.factor", &L::rope_factor, "llama3: how much longer than the original "
+        "context the model runs.", KeyRange::above(0), {}, true, 8.0},
+      A{"rope_scaling.low_freq_factor", &L::rope_low_freq_factor,
+        "llama3: wavelengths above original / low_freq_factor are scaled by 1 / factor.",
+        KeyRange::above(0), {}, true, 1.0},
+      A{"rope_scaling.high_freq_factor", &L::rope_high_freq_factor,
+        "llama3: wavelengths below original / high_freq_factor are kept.", KeyRange::above(0), {},
+        true, 4.0},
+      A{"rope_scaling.original_max_position_embeddings", &L::rope_original_max_position_embeddings,
+        "llama3: the context length the model was pre-trained with.", at_least(1), {}, true,
+        int64_t{8192}},
+      A{"attention_bias", &L::attention_bias, "Biases on q_proj, k_proj, v_proj and o_proj.", {},
+        {}, true, false},
+      A{"mlp_bias", &L::mlp_bias, "Biases on gate_proj, up_proj and down_proj.", {}, {}, true,
+        false},
+      A{"tie_word_embeddings", &L::tie_word_embeddings,
+        "Whether the LM head is the token embedding.", {}, {}, true, false},
+      A{"initializer_range", &L::initializer_range,
+        "Standard deviation of the weights' normal initialisation.", KeyRange::above(0), {}, true,
+        0.02},
+  });
+  return args;
+}
+
+// Indices of one layer's parameters among its module's (-1: absent bias), in HF's
+// state-dict order: self_attn q, k, v, o; mlp gate, up, down; the two norms.
+struct LayerIndex {
+  int q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, gate_w, gate_b, up_w, up_b, down_w, down_b, ln_in,
+      ln_post, count;
+};
+LayerIndex layer_index(const LlamaConfig& c) {
+  LayerIndex x{};
+  int n = 0;
+  auto lin = [&](int& w, int& b, bool bias) {
+    w = n++;
+    b = bias ? n++ : -1;
+  };
+  lin(x.q_w, x.q_b, c.attention_bias);
+  lin(x.k_w, x.k_b, c.attention_bias);
+  lin(x.v_w, x.v_b, c.attention_bias);
+  lin(x.o_w, x.o_b, c.attention_bias);
+  lin(x.gate_w, x.gate_b, c.mlp_bias);
+  lin(x.up_w, x.up_b, c.mlp_bias);
+  lin(x.down_w, x.down_b, c.mlp_bias);
+  x.ln_in = n++;
+  x.ln_post = n++;
+  x.count = n;
+  return x;
+}
+
+}  // namespace
+
+std::vector<double> llama_inv_freq(const LlamaConfig& c) {
+  const int64_t D = c.head_size();
+  std::vector<double> f(static_cast<std::size_t>(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) {
+    f[static_cast<std::size_t>(i)] =
+        1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(D));
+  }
+  if (c.rope_type != LlamaConfig::RopeType::llama3) return f;
+  const double orig = static_cast<double>(c.rope_original_max_position_embeddings);
+  const double low_wl = orig / c.rope_low_freq_factor, high_wl = orig / c.rope_high_freq_factor;
+  const double pi = 3.14159265358979323846;
+  for (double& x : f) {
+    const double wl = 2 * pi / x;
+    if (wl > low_wl) {
+      x /= c.rope_factor;
+    } else if (wl >= high_wl) {
+      const double s = (orig / wl - c.rope_low_freq_factor) /
+                       (c.rope_high_freq_factor - c.rope_low_freq_factor);
+      x = (1 - s) * x / c.rope_factor + s * x;
+    }
+  }
+  return f;
+}
+
+std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
+  const int64_t C = c.hidden_size, V = c.vocab_size, Vp = c.padded_vocab();
+  const int64_t Q = c.num_attention_heads * c.head_size(), KV = c.kv_heads() * c.head_size();
+  const int64_t I = c.intermediate_size;
+  const float std0 = static_cast<float>(c.initializer_range);
+  const LayerIndex x = layer_index(c);
+  std::vector<ModuleDecl> modules;
+  ModuleDecl emb{"model.embed_tokens", "Embedding", {}};
+  emb.params.push_back({"model.embed_tokens.weight", {Vp, C}, InitKind::normal, std0, false, V});
+  modules.push_back(std::move(emb));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string m = "model.layers." + std::to_string(l);
+    ModuleDecl layer{m, "LlamaDecoderLayer", {}};
+    layer.params.resize(static_cast<std::size_t>(x.count));
+    auto put = [&](int i, const std::string& name, std::vector<int64_t> shape, InitKind init,
+                   bool decay) {
+      if (i >= 0) {
+        layer.params[static_cast<std::size_t>(i)] =
+            ParamSpec{m + "." + name, std::move(shape), init, init == InitKind::normal ? std0 : 0.f, decay};
+      }
+    };
+    auto linear = [&](int w, int b, const std::string& name, int64_t out, int64_t in) {
+      put(w, name + ".weight", {out, in}, InitKind::normal, true);
+      put(b, name + ".bias", {out}, InitKind::zeros, false);
+    };
+    linear(x.q_w, x.q_b, "self_attn.q_proj", Q, C);
+    linear(x.k_w, x.k_b, "self_attn.k_proj", KV, C);
+    linear(x.v_w, x.v_b, "self_attn.v_proj", KV, C);
+    linear(x.o_w, x.o_b, "self_attn.o_proj", C, Q);
+    linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
+    linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
+    linear(x.down_w, x.down_b, "mlp.down_proj", C, I);
+    put(x.ln_in, "input_layernorm.weight", {C}, InitKind::ones, false);
+    put(x.ln_post, "post_attention_layernorm.weight", {C}, InitKind::ones, false);
+    modules.push_back(std::move(layer));
+  }
+  modules.push_back({"model.norm", "LlamaRMSNorm",
+                     {ParamSpec{"model.norm.weight", {C}, InitKind::ones, 0.f, false}}});
+  if (!c.tie_word_embeddings) {
+    ModuleDecl head{"lm_head", "Linear", {}};
+    head.params.push_back({"lm_head.weight", {Vp, C}, InitKind::normal, std0, true, V});
+    modules.push_back(std::move(head));
+  }
+  return modules;
+}
+
+// ---- the model ----
+
+struct LlamaModel::Acts {
+  int64_t B = 0, T = 0;  // capacity
+  std::vector<DeviceBuffer> res;  // L+1 residual streams [BT,C]
+  struct Layer {
+    // q [BT,Q] and k [BT,KV] after RoPE; lse fp32 [B,H,T]; act = silu(gate) * up
+    DeviceBuffer ln1, ln1_rstd, q, k, v, lse, atty, res2, ln2, ln2_rstd, gate, up, act;
+  };
+  std::vector<Layer> layers;  // one per layer, or one shared (activation checkpointing)
+  Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[static_cast<std::size_t>(l)]; }
+  DeviceBuffer lnf, lnf_rstd, logits;            // logits [BT,Vp] (dlogits after CE)
+  DeviceBuffer dres, dln, dI1, dI2, datty, dq, dk, dv;  // backward scratch
+  DeviceBuffer rope_cos, rope_sin;               // fp32 [T, D/2]
+  DeviceBuffer tokens_dev, targets_dev;          // [BT] int32
+};
+
+namespace {
+struct ActCounts {
+  int64_t act = 0, f32 = 0, i32 = 0;
+};
+int64_t layer_buffer_sets(const LlamaConfig& c, bool checkpointing) {
+  return checkpointing ? std::min<int64_t>(c.num_hidden_layers, 1) : c.num_hidden_layers;
+}
+// Element counts of what ensure_buffers allocates, by storage class: one table for the
+// allocation and the memory plan.
+ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T, bool checkpointing) {
+  const int64_t BT = B * T, C = c.hidden_size, H = c.num_attention_heads, D = c.head_size();
+  const int64_t Q = H * D, KV = c.kv_heads() * D, I = c.intermediate_size, Vp = c.padded_vocab();
+  const int64_t S = layer_buffer_sets(c, checkpointing);
+  ActCounts n;
+  n.act = (c.num_hidden_layers + 1) * BT * C                            // residual streams
+          + S * BT * (C + Q + 2 * KV + Q + C + C + 3 * I)                 // ln1 q k v atty res2 ln2 gate up act
+          + BT * C + BT * Vp                                              // norm, logits
+          + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
+  n.f32 = S * (2 * BT + B * H * T) + BT + 2 * T * (D / 2);  // rstd x2, lse; norm rstd; RoPE
+  n.i32 = 2 * BT;
+  return n;
+}
+}  // namespace
+
+int64_t LlamaModel::activation_bytes(const LlamaConfig& c, int64_t B, int64_t T, DType act,
+                                     bool checkpointing) {
+  const ActCounts n = act_counts(c, B, T, checkpointing);
+  return n.act * static_cast<int64_t>(dtype_size(act)) + 4 * n.f32 + 4 * n.i32;
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& config, Kernels& kernels, DType activation_dtype,
+                       bool activation_checkpointing)
+    : cfg_(config), be_(kernels), rt_(kernels.runtime()), act_dtype_(activation_dtype),
+      checkpointing_(activation_checkpointing), modules_(llama_modules(config)) {}
+
+LlamaModel::~LlamaModel() = default;
+
+void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
+  if (acts_ && B <= acts_->B && T <= acts_->T) return;
+  if (acts_) {
+    B = std::max(B, acts_->B);
+    T = std::max(T, acts_->T);
+  }
+  acts_.reset();
+  auto a = std::make_unique<Acts>();
+  a->B = B;
+  a->T = T;
+  const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads, D = cfg_.head_size();
+  const int64_t Q = H * D, KV = cfg_.kv_heads() * D, I = cfg_.intermediate_size, Vp = cfg_.padded_vocab();
+  const auto cat = MemCategory::activations;
+  auto f = [&](int64_t n) { return DeviceBuffer(rt_, act_dtype_, n, cat); };
+  auto f32 = [&](int64_t n) { return DeviceBuffer(rt_, DType::f32, n, cat); };
+  for (int64_t l = 0; l <= cfg_.num_hidden_layers; ++l) a->res.push_back(f(BT * C));
+  a->layers.resize(static_cast<std::size_t>(layer_buffer_sets(cfg_, checkpointing_)));
+  for (auto& y : a->layers) {
+    y.ln1 = f(BT * C); y.ln1_rstd = f32(BT); y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
+    y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C); y.ln2 = f(BT * C);
+    y.ln2_rstd = f32(BT); y.gate = f(BT * I); y.up = f(BT * I); y.act = f(BT * I);
+  }
+  a->lnf = f(BT * C); a->lnf_rstd = f32(BT); a->logits = f(BT * Vp);
+  a->dres = f(BT * C); a->dln = f(BT * C); a->dI1 = f(BT * I); a->dI2 = f(BT * I);
+  a->datty = f(BT * Q); a->dq = f(BT * Q); a->dk = f(BT * KV); a->dv = f(BT * KV);
+  // RoPE tables for positions 0..T-1: angle t * inv_freq[i] in float64, stored fp32.
+  a->rope_cos = f32(T * (D / 2));
+  a->rope_sin = f32(T * (D / 2));
+  {
+    const std::vector<double> inv = llama_inv_freq(cfg_);
+    std::vector<float> cs(static_cast<std::size_t>(T * (D / 2))), sn(cs.size());
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const double ang = static_cast<double>(t) * inv[static_cast<std::size_t>(i)];
+        cs[static_cast<std::size_t>(t * (D / 2) + i)] = static_cast<float>(std::cos(ang));
+        sn[static_cast<std::size_t>(t * (D / 2) + i)] = static_cast<float>(std::sin(ang));
+      }
+    }
+    rt_.copy_from_host(a->rope_cos.view({T, D / 2}), cs.data());
+    rt_.copy_from_host(a->rope_sin.view({T, D / 2}), sn.data());
+  }
+  a->tokens_dev = DeviceBuffer(rt_, DType::i32, BT, cat);
+  a->targets_dev = DeviceBuffer(rt_, DType::i32, BT, cat);
+  acts_ = std::move(a);
+}
+
+void LlamaModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
+                                  int64_t T, float grad_scale, ModuleHooks& hooks,
+                                  const TensorView& loss) {
+  forward(tokens, targets, B, T, hooks, true, grad_scale, loss);
+  backward(B, T, hooks);
+}
+
+void LlamaModel::forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
+                                  const TensorView& loss) {
+  if (batch.target_len != batch.L) throw Error("Llama: a causal-LM batch has target_len == L");
+  forward_backward(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, grad_scale, hooks,
+                   loss);
+}
+
+void LlamaModel::forward_loss(const data::Batch& batch, ModuleHooks& hooks, const TensorView& loss) {
+  if (batch.target_len != batch.L) throw Error("Llama: a causal-LM batch has target_len == L");
+  forward_loss(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, hooks, loss);
+}
+
+void LlamaModel::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                              ModuleHooks& hooks, const TensorView& loss) {
+  forward(tokens, targets, B, T, hooks, false, 1.f, loss);
+}
+
+TensorView LlamaModel::last_logits() const {
+  if (!acts_ || last_rows_ == 0) return {};
+  return acts_->logits.view({last_rows_, cfg_.padded_vocab()});
+}
+
+// Parameter ids: embed_tokens 0; layer l: 1 + count*l + k; norm: 1 + count*L; lm_head next.
+void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host, int64_t B,
+                         int64_t T, ModuleHooks& hooks, bool with_backward, float grad_scale,
+                         const TensorView& loss) {
+  if (T > cfg_.max_position_embeddings) {
+    throw Error("Llama forward: T exceeds max_position_embeddings");
+  }
+  ensure_buffers(B, T);
+  Acts& a = *acts_;
+  const int64_t BT = B * T, C = cfg_.hidden_size, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
+  const int64_t L = cfg_.num_hidden_layers;
+  last_rows_ = BT;
+  const TensorView tokens = a.tokens_dev.view({BT}), targets = a.targets_dev.view({BT});
+  rt_.copy_from_host(tokens, tokens_host);
+  rt_.copy_from_host(targets, targets_host);
+  auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
+  const int count = layer_index(cfg_).count;
+
+  hooks.pre_forward(0);
+  be_.embedding_lookup_forward(rows(a.res[0], C), tokens, hooks.param(0), BT, C);
+  hooks.post_forward(0);
+
+  for (int64_t l = 0; l < L; ++l) {
+    const int m = static_cast<int>(1 + l);
+    hooks.pre_forward(m);
+    layer_forward(l, B, T, hooks, /*write_output=*/true);
+    hooks.post_forward(m);
+  }
+
+  const int m_norm = static_cast<int>(1 + L), p_norm = static_cast<int>(1 + count * L);
+  const bool tied = cfg_.tie_word_embeddings;
+  const int p_head = tied ? 0 : p_norm + 1;
+  const TensorView lnf = rows(a.lnf, C), logits = rows(a.logits, Vp);
+  // logits [BT,Vp] = norm(x) @ W^T, W the LM head (or the tied embedding) [Vp,C]; tied, the
+  // head runs inside the norm module (as GPT-2's ln_f), else in its own.
+  auto head = [&] {
+    be_.gemm(false, true, BT, Vp, C, 1.f, lnf, hooks.param(p_head), 0.f, logits);
+    if (with_backward) {
+      be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, Vp, grad_scale);
+    } else {
+      be_.cross_entropy_forward(loss, logits, targets, BT, V, Vp);
+    }
+  };
+  hooks.pre_forward(m_norm);
+  be_.rmsnorm_forward(lnf, a.lnf_rstd.view({BT}), rows(a.res[L], C), hooks.param(p_norm), BT, C,
+                      static_cast<float>(cfg_.rms_norm_eps));
+  if (tied) head();
+  hooks.post_forward(m_norm);
+  if (!tied) {
+    hooks.pre_forward(m_norm + 1);
+    head();
+    hooks.post_forward(m_norm + 1);
+  }
+}
+
+void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                               bool write_output) {
+  Acts& a = *acts_;
+  const LayerIndex x = layer_index(cfg_);
+  const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads,
+                Hkv = cfg_.kv_heads(), D = cfg_.head_size(), I = cfg_.intermediate_size;
+  const int64_t Q = H * D, KV = Hkv * D;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
+  const int p0 = static_cast<int>(1 + x.count * l);
+  auto W = [&](int k) { return hooks.param(p0 + k); };
+  auto& y = a.layer(l);
+  const TensorView in = rows(a.res[l], C), ln1 = rows(y.ln1, C), q = rows(y.q, Q),
+                   k = rows(y.k, KV), v = rows(y.v, KV), atty = rows(y.atty, Q),
+                   res2 = rows(y.res2, C), ln2 = rows(y.ln2, C), gate = rows(y.gate, I),
+                   up = rows(y.up, I), act = rows(y.act, I);
+  const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
+  // out [BT,n] = inp [BT,m] @ W[n,m]^T (+ b)
+  auto linear = [&](const TensorView& out, const TensorView& inp, int w, int b, int64_t n,
+                    int64_t m) {
+    be_.gemm(false, true, BT, n, m, 1.f, inp, W(w), 0.f, out);
+    if (b >= 0) be_.add_bias(out, W(b), BT, n);
+  };
+  be_.rmsnorm_forward(ln1, y.ln1_rstd.view({BT}), in, W(x.ln_in), BT, C, eps);
+  linear(q, ln1, x.q_w, x.q_b, Q, C);
+  linear(k, ln1, x.k_w, x.k_b, KV, C);
+  linear(v, ln1, x.v_w, x.v_b, KV, C);
+  be_.rope_forward(q, q, cos, sin, B, T, H, D);
+  be_.rope_forward(k, k, cos, sin, B, T, Hkv, D);
+  be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
+                            1.f / std::sqrt(static_cast<float>(D)));
+  linear(res2, atty, x.o_w, x.o_b, C, Q);
+  be_.add(res2, res2, in);
+  be_.rmsnorm_forward(ln2, y.ln2_rstd.view({BT}), res2, W(x.ln_post), BT, C, eps);
+  linear(gate, ln2, x.gate_w, x.gate_b, I, C);
+  linear(up, ln2, x.up_w, x.up_b, I, C);
+  be_.swiglu_forward(act, gate, up);
+  if (!write_output) return;
+  const TensorView out = rows(a.res[l + 1], C);
+  linear(out, act, x.down_w, x.down_b, C, I);
+  be_.add(out, out, res2);
+}
+
+void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
+  Acts& a = *acts_;
+  const LayerIndex x = layer_index(cfg_);
+  const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads,
+                Hkv = cfg_.kv_heads(), D = cfg_.head_size(), I = cfg_.intermediate_size;
+  const int64_t Q = H * D, KV = Hkv * D, Vp = cfg_.padded_vocab(), L = cfg_.num_hidden_layers;
+  auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
+  const TensorView dres = rows(a.dres, C), dln = rows(a.dln, C), dI1 = rows(a.dI1, I),
+                   dI2 = rows(a.dI2, I), datty = rows(a.datty, Q), dq = rows(a.dq, Q),
+                   dk = rows(a.dk, KV), dv = rows(a.dv, KV);
+  const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
+
+  // LM head and norm. a.logits holds dlogits [BT,Vp] after the fused cross-entropy (0 in the
+  // padding columns).
+  const bool tied = cfg_.tie_word_embeddings;
+  const int m_norm = static_cast<int>(1 + L), p_norm = static_cast<int>(1 + x.count * L);
+  const int m_head = tied ? m_norm : m_norm + 1, p_head = tied ? 0 : p_norm + 1;
+  const TensorView dlogits = rows(a.logits, Vp);
+  hooks.pre_backward(m_head);
+  be_.gemm(true, false, Vp, C, BT, 1.f, dlogits, rows(a.lnf, C), 1.f, hooks.grad(p_head));
+  be_.gemm(false, false, BT, C, Vp, 1.f, dlogits, hooks.param(p_head), 0.f, dln);
+  if (!tied) {
+    hooks.post_backward(m_head);
+    hooks.pre_backward(m_norm);
+  }
+  rt_.fill_zero(dres);
+  be_.rmsnorm_backward(dres, hooks.grad(p_norm), dln, rows(a.res[L], C), hooks.param(p_norm),
+                       a.lnf_rstd.view({BT}), BT, C);
+  hooks.post_backward(m_norm);
+
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const int m = static_cast<int>(1 + l), p0 = static_cast<int>(1 + x.count * l);
+    auto W = [&](int k) { return hooks.param(p0 + k); };
+    auto G = [&](int k) { return hooks.grad(p0 + k); };
+    auto& y = a.layer(l);
+    hooks.pre_backward(m);
+    if (checkpointing_) layer_forward(l, B, T, hooks, /*write_output=*/false);
+    // Linear out = inp @ W^T + b, given dout: dW += dout^T inp, db += sum dout, and
+    // din (=, or += when `accumulate`) dout @ W.
+    auto linear_backward = [&](const TensorView& din, const TensorView& dout, const TensorView& inp,
+                               int w, int b, int64_t n, int64_t m_in, bool accumulate) {
+      be_.gemm(true, false, n, m_in, BT, 1.f, dout, inp, 1.f, G(w));
+      if (b >= 0) be_.bias_backward(G(b), dout, BT, n);
+      be_.gemm(false, false, BT, m_in, n, 1.f, dout, W(w), accumulate ? 1.f : 0.f, din);
+    };
+    // MLP: dres = d res[l+1] = d (res2 + down(act))
+    linear_backward(dI1, dres, rows(y.act, I), x.down_w, x.down_b, C, I, false);  // d act
+    be_.swiglu_backward(dI1, dI2, dI1, rows(y.gate, I), rows(y.up, I));          // d gate, d up
+    linear_backward(dln, dI1, rows(y.ln2, C), x.gate_w, x.gate_b, I, C, false);
+    linear_backward(dln, dI2, rows(y.ln2, C), x.up_w, x.up_b, I, C, true);       // d ln2
+    be_.rmsnorm_backward(dres, G(x.ln_post), dln, rows(y.res2, C), W(x.ln_post),
+                         y.ln2_rstd.view({BT}), BT, C);                           // dres = d res2
+    // attention: res2 = in + o_proj(atty)
+    linear_backward(datty, dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false);
+    be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
+                               rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
+                               1.f / std::sqrt(static_cast<float>(D)));
+    be_.rope_backward(dq, dq, cos, sin, B, T, H, D);
+    be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D);
+    linear_backward(dln, dq, rows(y.ln1, C), x.q_w, x.q_b, Q, C, false);
+    linear_backward(dln, dk, rows(y.ln1, C), x.k_w, x.k_b, KV, C, true);
+    linear_backward(dln, dv, rows(y.ln1, C), x.v_w, x.v_b, KV, C, true);          // d ln1
+    be_.rmsnorm_backward(dres, G(x.ln_in), dln, rows(a.res[l], C), W(x.ln_in),
+                         y.ln1_rstd.view({BT}), BT, C);                           // dres = d res[l]
+    hooks.post_backward(m);
+  }
+
+  hooks.pre_backward(0);
+  be_.embedding_lookup_backward(hooks.grad(0), dres, a.tokens_dev.view({BT}), BT, C);
+  hooks.post_backward(0);
+}
+
+// ---- the "llama" model family (registry entry) ----
+namespace {
+
+class LlamaFamily final : public ModelFamily {
+ public:
+  std::string type() const override { return "llama"; }
+  std::vector<ModelKey> keys() const override { return llama_args().keys(); }
+  std::string hf_config_class() const override { return "LlamaConfig"; }
+  std::vector<std::string> wrap_classes() const override { return {"LlamaDecoderLayer"}; }
+  std::vector<Objective> objectives() const override { return {Objective::causal_lm}; }
+  void validate(const Config& c, const KeyFail& fail) const override {
+    const LlamaConfig g = LlamaConfig::from(c.model);
+    const auto& a = llama_args();
+    const auto n = [](int64_t v) { return std::to_string(v); };
+    if (g.head_dim == 0 && g.hidden_size % g.num_attention_heads != 0) {
+      throw fail(a.key(&LlamaConfig::hidden_size),
+                 n(g.hidden_size) + " is not divisible by " + a.key(&LlamaConfig::num_attention_heads) +
+                     " = " + n(g.num_attention_heads) + " (or set " + a.key(&LlamaConfig::head_dim) + ")");
+    }
+    if (g.head_size() % 2 != 0) {
+      throw fail(a.key(&LlamaConfig::head_dim), n(g.head_size()) + " is odd (RoPE rotates pairs)");
+    }
+    if (g.num_attention_heads % g.kv_heads() != 0) {
+      throw fail(a.key(&LlamaConfig::num_key_value_heads),
+                 n(g.kv_heads()) + " does not divide " + a.key(&LlamaConfig::num_attention_heads) +
+                     " = " + n(g.num_attention_heads));
+    }
+    if (g.rope_type == LlamaConfig::RopeType::llama3 &&
+        !(g.rope_high_freq_factor > g.rope_low_freq_factor)) {
+      throw fail("model.rope_scaling.high_freq_factor",
+                 format_number(g.rope_high_freq_factor) +
+                     " is out of range (expected > rope_scaling.low_freq_factor = " +
+                     format_number(g.rope_low_freq_factor) + ")");
+    }
+    if (c.data.seq_len > g.max_position_embeddings) {
+      throw fail("data.seq_len", n(c.data.seq_len) + " exceeds " +
+                                     a.key(&LlamaConfig::max_position_embeddings) + " = " +
+                                     n(g.max_position_embeddings) +
+                                     " (expected 1 <= seq_len <= max_position_embeddings)");
+    }
+  }
+  std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
+    return llama_modules(LlamaConfig::from(c));
+  }
+  std::unique_ptr<Model> create(const ModelConfig& c, Kernels& kernels, DType act,
+                                bool checkpointing) const override {
+    return std::make_unique<LlamaModel>(LlamaConfig::from(c), kernels, act, checkpointing);
+  }
+  int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
+                           DType act, bool checkpointing) const override {
+    return LlamaModel::activation_bytes(LlamaConfig::from(c), rows, shape.L, act, checkpointing);
+  }
+  int64_t vocab_size(const ModelConfig& c) const override { return LlamaConfig::from(c).vocab_size; }
+  // Per token per layer: q, k, v, o (C (2Q + 2KV) multiply-adds) and the MLP (3 C I); the LM
+  // head V C; attention T Q each for Q K^T and P V (causal mask not discounted, as for GPT-2).
+  double train_flops_per_sample(const ModelConfig& c, const data::BatchShape& shape) const override {
+    const LlamaConfig g = LlamaConfig::from(c);
+    const double T = static_cast<double>(shape.L), C = static_cast<double>(g.hidden_size),
+                 L = static_cast<double>(g.num_hidden_layers), V = static_cast<double>(g.vocab_size),
+                 Q = static_cast<double>(g.num_attention_heads * g.head_size()),
+                 KV = static_cast<double>(g.kv_heads() * g.head_size()),
+                 I = static_cast<double>(g.intermediate_size);
+    const double macs = T * (L * (C * (2 * Q + 2 * KV) + 3 * C * I) + V * C) + L * 2.0 * T * T * Q;
+    return 6.0 * macs;
+  }
+  // Our names are HF's state-dict names and nn.Linear layouts.
+  std::optional<HfTensor> hf_tensor(const ModelConfig& c, const std::string& name,
+                                    const std::vector<int64_t>& shape) const override {
+    for (const ModuleDecl& m : llama_modules(LlamaConfig::from(c))) {
+      for (const ParamSpec& p : m.params) {
+        if (p.name == name) return HfTensor{name, shape, false};
+      }
+    }
+    return std::nullopt;
+  }
+  // A tied checkpoint may also store the head under its own name.
+  std::vector<std::string> hf_aliases(const std::string& hf_name) const override {
+    if (hf_name == "model.embed_tokens.weight") return {"lm_head.weight"};
+    return {};
+  }
+  nlohmann::json hf_config(const ModelConfig& c) const override {
+    const LlamaConfig g = LlamaConfig::from(c);
+    nlohmann::json out = llama_args().to_hf(g);
+    out["architectures"] = {"LlamaForCausalLM"};
+    out["model_type"] = "llama";
+    out["num_key_value_heads"] = g.kv_heads();
+    out["head_dim"] = g.head_size();
+    if (g.rope_type == LlamaConfig::RopeType::default_) out["rope_scaling"] = nullptr;
+    out["hidden_act"] = "silu";
+    out["attention_dropout"] = 0.0;
+    out["pretraining_tp"] = 1;
+    out["use_cache"] = true;
+    out["torch_dtype"] = "float32";
+    return out;
+  }
+  // LlamaConfig attributes that change the math and are not keys must be what fsdp_train
+  // implements. Accepts transformers 5's `rope_parameters` (rope_theta and the scaling in one
+  // dict) and the legacy rope_scaling "type" spelling.
+  ModelConfig from_hf_config(const nlohmann::json& hf_in, const std::string& origin) const override {
+    if (hf_in.value("model_type", std::string()) != "llama") {
+      throw InputError(origin + ": \"model_type\" is not \"llama\"");
+    }
+    nlohmann::json hf = hf_in;
+    if (hf.contains("rope_parameters") && hf["rope_parameters"].is_object()) {
+      const nlohmann::json rp = hf["rope_parameters"];
+      if (!hf.contains("rope_theta") && rp.contains("rope_theta")) hf["rope_theta"] = rp["rope_theta"];
+      if (!hf.contains("rope_scaling") || hf["rope_scaling"].is_null()) hf["rope_scaling"] = rp;
+    }
+    if (hf.contains("rope_scaling") && hf["rope_scaling"].is_object()) {
+      nlohmann::json& rs = hf["rope_scaling"];
+      if (!rs.contains("rope_type") && rs.contains("type")) rs["rope_type"] = rs["type"];
+    }
+    auto refuse = [&](const char* field, const std::string& expected) {
+      return InputError(origin + ": \"" + field + "\" " + hf[field].dump() +
+                        " is not supported (expected " + expected + ")");
+    };
+    if (hf.contains("hidden_act") && hf["hidden_act"] != "silu") throw refuse("hidden_act", "\"silu\"");
+    if (hf.contains("attention_dropout") && hf["attention_dropout"].is_number() &&
+        hf["attention_dropout"].get<double>() != 0.0) {
+      throw refuse("attention_dropout", "0.0");
+    }
+    LlamaConfig g = llama_args().from_hf(hf, origin, LlamaConfig{});
+    // The canonical form: HF's None spellings of the derived sizes.
+    if (g.num_key_value_heads == g.num_attention_heads) g.num_key_value_heads = 0;
+    if (g.num_attention_heads > 0 && g.head_dim * g.num_attention_heads == g.hidden_size) g.head_dim = 0;
+    ModelConfig c = model_defaults("llama");
+    llama_args().write(g, &c);
+    return c;
+  }
+  ModelConfig canonical(const ModelConfig& c) const override {
+    LlamaConfig g = LlamaConfig::from(c);
+    if (g.num_key_value_heads == g.num_attention_heads) g.num_key_value_heads = 0;
+    if (g.num_attention_heads > 0 && g.head_dim * g.num_attention_heads == g.hidden_size) g.head_dim = 0;
+    ModelConfig out = c;
+    llama_args().write(g, &out);
+    return out;
+  }
+};
+
+}  // namespace
+
+LlamaConfig LlamaConfig::from(const ModelConfig& c) {
+  LlamaConfig g = llama_args().read(c);
+  g.pad_vocab_multiple = c.pad_vocab_multiple;
+  return g;
+}
+
+const ModelFamily& llama_family() {
+  static const LlamaFamily family;
+  return family;
+}
+
+}  // namespace fsdp

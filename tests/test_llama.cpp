@@ -1,0 +1,397 @@
+// Llama model tests: logits, loss and every gradient against the stored float64 PyTorch
+// reference of HF LlamaForCausalLM (tools/llama_reference.py, tests/data/llama/: 1 and 3
+// layers, MHA / GQA / MQA, tied and untied, rope_theta 1e4 and 5e5 with llama3 scaling, with
+// and without biases), a finite-difference check of every parameter tensor, the model built
+// from each fixture's config.json (init_from's path), activation checkpointing bit-identical
+// on one rank and sharded over the world, the activation plan equal to what is allocated, and
+// the llama3 frequency scaling's three regimes.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/backend/buffer.hpp"
+#include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/comm/device_mesh.hpp"
+#include "fsdp/comm/mpi_communicator.hpp"
+#include "fsdp/fsdp/engine.hpp"
+#include "fsdp/model/llama.hpp"
+#include "fsdp/model/model.hpp"
+#include "reference_file.hpp"
+
+namespace {
+
+fsdp::LlamaConfig tiny_model() {
+  fsdp::LlamaConfig m;
+  m.num_hidden_layers = 2;
+  m.hidden_size = 16;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.intermediate_size = 24;
+  m.max_position_embeddings = 16;
+  m.vocab_size = 11;
+  return m;
+}
+
+fsdp::FsdpConfig llama_wrap() {
+  fsdp::FsdpConfig fc;
+  fc.transformer_layer_cls_to_wrap = {"LlamaDecoderLayer"};
+  return fc;
+}
+
+struct ModelOptions {
+  fsdp::LlamaConfig model = tiny_model();
+  fsdp::MixedPrecisionConfig mp{};
+  bool activation_checkpointing = false;
+  MPI_Comm comm = MPI_COMM_SELF;
+  int64_t B = 2, T = 6;
+};
+
+struct Fixture {
+  std::unique_ptr<fsdp::Backend> be = fsdp::make_cpu_backend(1);
+  fsdp::MpiCommunicator comm;
+  fsdp::DeviceMesh mesh;
+  fsdp::LlamaModel model;
+  fsdp::FsdpEngine engine;
+  fsdp::DeviceBuffer loss_dev{*be, fsdp::DType::f64, 1, fsdp::MemCategory::other};
+  std::vector<int32_t> tokens, targets;
+  int64_t B, T;
+
+  explicit Fixture(const ModelOptions& o = {}, const fsdp::FsdpConfig& fc = llama_wrap())
+      : comm(o.comm),
+        mesh(fsdp::DeviceMesh::create(comm, 0)),
+        model(o.model, *be, o.mp.param_dtype, o.activation_checkpointing),
+        engine(model.modules(), fc, o.mp, mesh, *be, 42),
+        B(o.B),
+        T(o.T) {
+    std::mt19937 gen(3);
+    const auto V = static_cast<uint32_t>(o.model.vocab_size);
+    for (int64_t i = 0; i < B * T; ++i) {
+      tokens.push_back(static_cast<int32_t>(gen() % V));
+      targets.push_back(static_cast<int32_t>(gen() % V));
+    }
+  }
+  double read_loss() {
+    double s = 0;
+    be->copy_to_host(&s, loss_dev.view());
+    return s / static_cast<double>(B * T);
+  }
+  double loss() {
+    be->fill_zero(loss_dev.view());
+    engine.begin_step(false);
+    model.forward_loss(tokens.data(), targets.data(), B, T, engine, loss_dev.view());
+    engine.end_step();
+    return read_loss();
+  }
+  double loss_and_grads() {
+    be->fill_zero(loss_dev.view());
+    engine.zero_grad();
+    engine.begin_step(true);
+    model.forward_backward(tokens.data(), targets.data(), B, T, 1.f / static_cast<float>(B * T),
+                           engine, loss_dev.view());
+    engine.end_step();
+    return read_loss();
+  }
+};
+
+// Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).
+void perturb_shards(Fixture& f, unsigned seed = 7) {
+  std::mt19937 gen(seed + static_cast<unsigned>(f.comm.rank()));
+  std::normal_distribution<float> nd(0.f, 0.3f);
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    float* p = f.engine.shard_param(u).f32();
+    for (int64_t i = 0; i < f.engine.shard_numel(u); ++i) p[i] += nd(gen);
+  }
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Directional finite differences of every parameter tensor, for a few shapes of the family.
+TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
+  struct Case {
+    const char* what;
+    int64_t kv_heads;
+    bool tied, attention_bias, mlp_bias, llama3;
+  };
+  for (const Case& c : {Case{"GQA untied", 2, false, false, false, false},
+                        Case{"MQA tied, biases, llama3", 1, true, true, true, true},
+                        Case{"MHA untied, attention bias", 4, false, true, false, false}}) {
+    ModelOptions o;
+    o.model.num_key_value_heads = c.kv_heads;
+    o.model.tie_word_embeddings = c.tied;
+    o.model.attention_bias = c.attention_bias;
+    o.model.mlp_bias = c.mlp_bias;
+    if (c.llama3) {
+      o.model.rope_type = fsdp::LlamaConfig::RopeType::llama3;
+      o.model.rope_theta = 5e5;
+      o.model.rope_original_max_position_embeddings = 8;
+      o.model.rope_low_freq_factor = 0.01;
+      o.model.rope_high_freq_factor = 0.1;
+    }
+    Fixture f(o);
+    perturb_shards(f, 5);
+    f.loss_and_grads();
+    std::mt19937 gen(11);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    int checked = 0;
+    for (int u = 0; u < f.engine.num_units(); ++u) {
+      float* p = f.engine.shard_param(u).f32();
+      const float* g = f.engine.shard_grad(u).f32();
+      const std::vector<float> grad(g, g + f.engine.shard_numel(u));
+      for (const auto& e : f.engine.layout(u).entries) {
+        const int64_t n = e.spec.unpadded_numel();  // pad rows: zero gradient, checked below
+        std::vector<float> d(static_cast<std::size_t>(n));
+        for (auto& x : d) x = nd(gen);
+        double analytic = 0, norm_g = 0, norm_d = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          analytic += static_cast<double>(grad[e.offset + i]) * d[i];
+          norm_g += static_cast<double>(grad[e.offset + i]) * grad[e.offset + i];
+          norm_d += static_cast<double>(d[i]) * d[i];
+        }
+        for (int64_t i = n; i < e.spec.numel(); ++i) {
+          ASSERT_EQ(grad[e.offset + i], 0.f) << c.what << ": " << e.spec.name << " pad " << i;
+        }
+        const float h = 2e-3f;
+        std::vector<float> saved(p + e.offset, p + e.offset + n);
+        for (int64_t i = 0; i < n; ++i) p[e.offset + i] = saved[i] + h * d[i];
+        const double lp = f.loss();
+        for (int64_t i = 0; i < n; ++i) p[e.offset + i] = saved[i] - h * d[i];
+        const double lm = f.loss();
+        std::copy(saved.begin(), saved.end(), p + e.offset);
+        const double numeric = (lp - lm) / (2 * h);
+        const double scale = std::sqrt(norm_g * norm_d);
+        EXPECT_GT(scale, 1e-6) << c.what << ": " << e.spec.name << ": gradient vanished";
+        EXPECT_NEAR(analytic, numeric, 3e-3 * scale + 1e-6) << c.what << ": " << e.spec.name;
+        ++checked;
+      }
+    }
+    const int per_layer = 9 + (c.attention_bias ? 4 : 0) + (c.mlp_bias ? 3 : 0);
+    EXPECT_EQ(checked, 1 + 2 * per_layer + 1 + (c.tied ? 0 : 1)) << c.what;
+  }
+}
+
+// tools/llama_reference.py's float64 torch Llama on the same float32 weights and batch, against
+// our fp32 CPU model: logits, mean loss and every gradient. The model is built from the
+// fixture's HF config.json (from_hf_config: init_from's path), the names mapped by the
+// family's hf_tensor (fsdp_merge's mapping); the vocabulary (37) is padded to 128 rows.
+void check_reference(const std::string& file) {
+  test_util::ReferenceFile ref;
+  test_util::read_reference(std::string(FSDP_TEST_DATA_DIR) + "/llama/" + file,
+                            "tools/llama_reference.py", &ref);
+  if (testing::Test::HasFatalFailure()) return;
+  const auto batch = ref.as<int64_t>("batch");
+  ASSERT_EQ(batch.size(), 2u) << file << ": batch B T";
+  const fsdp::ModelFamily& family = fsdp::model_family("llama");
+  const fsdp::ModelConfig mc = family.from_hf_config(nlohmann::json::parse(ref.config_json), file);
+  ModelOptions o;
+  o.model = fsdp::LlamaConfig::from(mc);
+  o.B = batch[0];
+  o.T = batch[1];
+  Fixture f(o);
+  f.tokens = ref.as<int32_t>("tokens");
+  f.targets = ref.as<int32_t>("targets");
+  ASSERT_EQ(static_cast<int64_t>(f.tokens.size()), o.B * o.T);
+  const double ref_loss = ref.scalar("loss");
+  const int64_t V = o.model.vocab_size, Vp = o.model.padded_vocab(), BT = o.B * o.T;
+  ASSERT_GT(Vp, V) << "the fixture should exercise the vocabulary padding";
+
+  int set = 0;
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    float* p = f.engine.shard_param(u).f32();
+    for (const auto& e : f.engine.layout(u).entries) {
+      const auto hf = family.hf_tensor(mc, e.spec.name, e.spec.unpadded_shape());
+      ASSERT_TRUE(hf) << e.spec.name << ": no Hugging Face name";
+      ASSERT_FALSE(hf->transpose) << e.spec.name;
+      ASSERT_TRUE(ref.params.count(hf->name)) << file << ": no " << hf->name;
+      const auto& v = ref.params.at(hf->name);
+      const int64_t n = e.spec.unpadded_numel();
+      ASSERT_EQ(static_cast<int64_t>(v.size()), n) << hf->name;
+      std::copy(v.begin(), v.end(), p + e.offset);
+      ++set;
+    }
+  }
+  EXPECT_EQ(set, static_cast<int>(ref.params.size())) << file << ": parameters the model does not declare";
+
+  EXPECT_NEAR(f.loss(), ref_loss, 1e-5 * std::abs(ref_loss)) << file;
+  const fsdp::TensorView lv = f.model.last_logits();
+  ASSERT_EQ(lv.numel(), BT * Vp);
+  std::vector<float> logits(static_cast<std::size_t>(lv.numel()));
+  f.be->copy_to_host(logits.data(), lv);
+  const std::vector<double> ref_logits = ref.as<double>("logits");
+  ASSERT_EQ(static_cast<int64_t>(ref_logits.size()), BT * V);
+  double diff = 0, norm = 0;
+  for (int64_t r = 0; r < BT; ++r) {
+    for (int64_t c = 0; c < V; ++c) {
+      const double want = ref_logits[static_cast<std::size_t>(r * V + c)];
+      const double d = logits[static_cast<std::size_t>(r * Vp + c)] - want;
+      diff += d * d;
+      norm += want * want;
+    }
+  }
+  EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm)) << file << ": logits";
+  EXPECT_NEAR(f.loss_and_grads(), ref_loss, 1e-5 * std::abs(ref_loss)) << file;
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    const float* g = f.engine.shard_grad(u).f32();
+    for (const auto& e : f.engine.layout(u).entries) {
+      const auto hf = family.hf_tensor(mc, e.spec.name, e.spec.unpadded_shape());
+      const auto& r = ref.grads.at(hf->name);
+      const int64_t n = e.spec.unpadded_numel();
+      double gd = 0, gn = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = g[e.offset + i] - r[static_cast<std::size_t>(i)];
+        gd += d * d;
+        gn += r[static_cast<std::size_t>(i)] * r[static_cast<std::size_t>(i)];
+      }
+      for (int64_t i = n; i < e.spec.numel(); ++i) {
+        ASSERT_EQ(g[e.offset + i], 0.f) << file << ": " << e.spec.name << " pad element " << i;
+      }
+      EXPECT_GT(gn, 0.0) << file << ": " << e.spec.name;
+      EXPECT_LE(std::sqrt(gd), 1e-5 * std::sqrt(gn)) << file << ": " << e.spec.name;
+    }
+  }
+}
+
+TEST(Llama, MatchesTorchReference) {
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(FSDP_TEST_DATA_DIR) + "/llama")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("reference_", 0) != 0) continue;
+    SCOPED_TRACE(name);
+    check_reference(name);
+    ++files;
+  }
+  EXPECT_GE(files, 7) << "tests/data/llama: the fixtures of tools/llama_reference.py";
+}
+
+TEST(Llama, ActivationCheckpointingIsBitIdentical) {
+  fsdp::LlamaConfig mc = tiny_model();
+  mc.num_hidden_layers = 3;
+  for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
+    for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
+      const std::string what = std::string(fsdp::to_string(dtype)) +
+                               (comm == MPI_COMM_SELF ? " one rank" : " world");
+      ModelOptions o;
+      o.model = mc;
+      o.mp.param_dtype = dtype;
+      o.comm = comm;
+      Fixture off(o);
+      o.activation_checkpointing = true;
+      Fixture on(o);
+      perturb_shards(off);
+      perturb_shards(on);
+      for (int step = 0; step < 2; ++step) {
+        const double loss_off = off.loss_and_grads(), loss_on = on.loss_and_grads();
+        EXPECT_TRUE(std::isfinite(loss_off)) << what;
+        EXPECT_TRUE(same_bits(loss_off, loss_on)) << what << ": " << loss_off << " vs " << loss_on;
+        double norm2 = 0;
+        for (int u = 0; u < off.engine.num_units(); ++u) {
+          const int64_t n = off.engine.shard_numel(u);
+          const float* a = off.engine.shard_grad(u).f32();
+          const float* b = on.engine.shard_grad(u).f32();
+          EXPECT_EQ(std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(float)), 0)
+              << what << ": unit " << u;
+          for (int64_t i = 0; i < n; ++i) norm2 += static_cast<double>(a[i]) * a[i];
+        }
+        double total = norm2;
+        MPI_Allreduce(&norm2, &total, 1, MPI_DOUBLE, MPI_SUM, comm);
+        EXPECT_GT(total, 0.0) << what;
+        EXPECT_TRUE(same_bits(off.loss(), on.loss())) << what;
+      }
+    }
+  }
+}
+
+TEST(Llama, ActivationBytesArePlannedAndMeasured) {
+  for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
+    for (bool ckpt : {false, true}) {
+      for (bool tied : {false, true}) {
+        ModelOptions o;
+        o.model.tie_word_embeddings = tied;
+        o.model.num_hidden_layers = 3;
+        o.mp.param_dtype = dtype;
+        o.activation_checkpointing = ckpt;
+        Fixture f(o);
+        f.loss_and_grads();
+        EXPECT_EQ(static_cast<int64_t>(f.be->memory().peak(fsdp::MemCategory::activations)),
+                  fsdp::LlamaModel::activation_bytes(o.model, o.B, o.T, dtype, ckpt))
+            << fsdp::to_string(dtype) << " checkpointing " << ckpt << " tied " << tied;
+      }
+    }
+  }
+}
+
+// Llama 3.1's scaling (transformers' _compute_llama3_parameters) at head_dim 8, theta 5e5:
+// wavelengths 6.28, 167, 4443, 118k. Against original 8192 / low 1 / high 4 (bounds 8192 and
+// 2048) the first two are kept, the third smoothed, the fourth divided by factor; with original
+// 1024 / 1 / 32 (bounds 1024, 32) the first is kept, the second smoothed, the rest divided.
+// Smoothed: (1 - s) f / factor + s f with s = (original / wavelength - low) / (high - low).
+TEST(Llama, Llama3RopeScalingRegimes) {
+  fsdp::LlamaConfig c;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.rope_theta = 5e5;
+  const std::vector<double> plain = fsdp::llama_inv_freq(c);
+  ASSERT_EQ(plain.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(plain[i], 1.0 / std::pow(5e5, 2.0 * i / 8.0));
+  const double pi = 3.14159265358979323846;
+  auto smoothed = [&](int i, double orig, double low, double high) {
+    const double s = (orig / (2 * pi / plain[i]) - low) / (high - low);
+    EXPECT_GT(s, 0.0);
+    EXPECT_LT(s, 1.0);
+    return (1 - s) * plain[i] / 8 + s * plain[i];
+  };
+  c.rope_type = fsdp::LlamaConfig::RopeType::llama3;
+  c.rope_factor = 8;
+  std::vector<double> s = fsdp::llama_inv_freq(c);
+  EXPECT_DOUBLE_EQ(s[0], plain[0]);
+  EXPECT_DOUBLE_EQ(s[1], plain[1]);
+  EXPECT_NEAR(s[2], smoothed(2, 8192, 1, 4), 1e-15);
+  EXPECT_DOUBLE_EQ(s[3], plain[3] / 8);
+  c.rope_original_max_position_embeddings = 1024;
+  c.rope_high_freq_factor = 32;
+  s = fsdp::llama_inv_freq(c);
+  EXPECT_DOUBLE_EQ(s[0], plain[0]);
+  EXPECT_NEAR(s[1], smoothed(1, 1024, 1, 32), 1e-15);
+  EXPECT_DOUBLE_EQ(s[2], plain[2] / 8);
+  EXPECT_DOUBLE_EQ(s[3], plain[3] / 8);
+}
+
+TEST(Llama, InitialisationFollowsHf) {
+  ModelOptions o;
+  o.model.attention_bias = true;
+  fsdp::FsdpConfig fc = llama_wrap();
+  fc.auto_wrap_policy = fsdp::AutoWrapPolicy::NO_WRAP;
+  o.model.hidden_size = 64;
+  o.model.intermediate_size = 96;
+  Fixture f(o, fc);
+  const auto params = f.engine.gather_full_params();
+  auto stdev = [](const std::vector<float>& v) {
+    double s = 0, s2 = 0;
+    for (float x : v) {
+      s += x;
+      s2 += static_cast<double>(x) * x;
+    }
+    const double m = s / static_cast<double>(v.size());
+    return std::sqrt(s2 / static_cast<double>(v.size()) - m * m);
+  };
+  std::vector<float> emb = params.at("model.embed_tokens.weight");
+  ASSERT_EQ(emb.size(), 128u * 64u);
+  for (std::size_t k = 11 * 64; k < emb.size(); ++k) ASSERT_EQ(emb[k], 0.f) << "pad " << k;
+  emb.resize(11 * 64);
+  EXPECT_NEAR(stdev(emb), 0.02, 0.004);
+  EXPECT_NEAR(stdev(params.at("model.layers.0.mlp.down_proj.weight")), 0.02, 0.003);
+  EXPECT_NEAR(stdev(params.at("model.layers.1.self_attn.q_proj.weight")), 0.02, 0.003);
+  for (float x : params.at("model.layers.0.input_layernorm.weight")) EXPECT_EQ(x, 1.f);
+  for (float x : params.at("model.norm.weight")) EXPECT_EQ(x, 1.f);
+  for (float x : params.at("model.layers.0.self_attn.k_proj.bias")) EXPECT_EQ(x, 0.f);
+  EXPECT_TRUE(params.count("lm_head.weight"));
+}
+
+}  // namespace
