@@ -12,6 +12,8 @@ packages=(
   libopenblas-dev                       # CPU GEMMs
   libxxhash-dev                         # checkpoint checksums (XXH3-64)
   libtomlplusplus-dev nlohmann-json3-dev libboost-program-options-dev
+  libsentencepiece-dev sentencepiece    # fsdp_prepare --tokenizer (SentencePiece; spm_train for tests)
+  python3-sentencepiece                 # tests: the Python encoder cross-checks fsdp_prepare's ids
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
   python3-matplotlib                    # tools/plot_run.py (the main job's plot; its test)
   clang libclang-rt-14-dev              # tests/fuzz_safetensors.sh (clang++, libFuzzer + ASan runtime)

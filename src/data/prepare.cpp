@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <sstream>
 #include <system_error>
 #include <utility>
@@ -376,6 +378,315 @@ PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& ou
   const PairSplit split = split_pairs(read_pairs_tsv(tsv, progress), val_fraction);
   write_pairs_file(out, split, "fsdp_prepare --pairs (ByT5 ids b + 3, eos 1): " + tsv);
   return summarize_pairs(split);
+}
+
+// ---------------------------------------------------------------- token streams (SentencePiece, token files)
+
+namespace {
+
+// A 1-D token dataset of `n` ids stored as uint16 or uint32 (little-endian), filled in order
+// from int32 ids by append() (one HDF5 hyperslab write each; HDF5 converts the type).
+class TokenStreamWriter {
+ public:
+  TokenStreamWriter(const h5::File& f, const std::string& dataset, int64_t n, int dtype_bytes)
+      : where_(f.path() + ": " + dataset), n_(n) {
+    try {
+      const hsize_t dims = static_cast<hsize_t>(n);
+      h5::Handle space(FSDP_CHECK_HDF5(H5Screate_simple(1, &dims, nullptr)));
+      h5::Handle lcpl(FSDP_CHECK_HDF5(H5Pcreate(H5P_LINK_CREATE)));
+      FSDP_CHECK_HDF5(H5Pset_create_intermediate_group(lcpl.id(), 1));
+      dset_ = h5::Handle(FSDP_CHECK_HDF5(H5Dcreate2(f.id(), dataset.c_str(),
+                                                    dtype_bytes == 2 ? H5T_STD_U16LE : H5T_STD_U32LE, space.id(),
+                                                    lcpl.id(), H5P_DEFAULT, H5P_DEFAULT)));
+    } catch (const Error& e) {
+      throw Error(where_ + ": " + e.what(), e.exit_code());
+    }
+  }
+
+  void append(const int32_t* ids, int64_t count) {
+    if (count == 0) return;
+    if (count < 0 || offset_ + count > n_) throw Error(where_ + ": append past the dataset's end");
+    try {
+      h5::Handle fspace(FSDP_CHECK_HDF5(H5Dget_space(dset_.id())));
+      const hsize_t start = static_cast<hsize_t>(offset_), cnt = static_cast<hsize_t>(count);
+      FSDP_CHECK_HDF5(H5Sselect_hyperslab(fspace.id(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr));
+      h5::Handle mspace(FSDP_CHECK_HDF5(H5Screate_simple(1, &cnt, nullptr)));
+      FSDP_CHECK_HDF5(H5Dwrite(dset_.id(), H5T_NATIVE_INT32, mspace.id(), fspace.id(), H5P_DEFAULT, ids));
+    } catch (const Error& e) {
+      throw Error(where_ + ": " + e.what(), e.exit_code());
+    }
+    offset_ += count;
+  }
+
+  int64_t written() const { return offset_; }
+
+ private:
+  std::string where_;
+  int64_t n_, offset_ = 0;
+  h5::Handle dset_;
+};
+
+// An input error raised while the output is being written: carried through
+// AtomicFile::write (which prefixes fsdp::Errors with the output's name) unchanged, so the
+// line names the input file first. The temporary is removed all the same.
+struct InputFault {
+  Error error;
+};
+
+void set_record_attrs(h5::File& f, const TokenizerRecord& r) {
+  f.set_attr("/", "vocab_size", r.vocab_size);
+  f.set_attr("/", "tokenizer", r.kind);
+  if (r.kind == "sentencepiece") {
+    f.set_attr("/", "tokenizer_model", r.model_path);
+    f.set_attr("/", "tokenizer_model_bytes", r.model_bytes);
+    f.set_attr("/", "tokenizer_model_sha256", r.model_sha256);
+    f.set_attr("/", "bos_id", r.bos_id);
+    f.set_attr("/", "eos_id", r.eos_id);
+    f.set_attr("/", "add_bos", int64_t{r.add_bos ? 1 : 0});
+    f.set_attr("/", "add_eos", int64_t{r.add_eos ? 1 : 0});
+    f.set_attr("/", "num_documents", r.num_documents);
+  }
+  if (!r.token_format.empty()) f.set_attr("/", "token_format", r.token_format);
+}
+
+std::string absolute_path(const std::string& p) {
+  std::error_code ec;
+  const fs::path a = fs::absolute(p, ec);
+  return ec ? p : a.lexically_normal().string();
+}
+
+}  // namespace
+
+DocumentUnit parse_document_unit(const std::string& name) {
+  if (name == "file") return DocumentUnit::file;
+  if (name == "line") return DocumentUnit::line;
+  throw InputError("--document: '" + printable(name, 64) + "' (expected file or line)");
+}
+
+bool resolve_special(const std::optional<bool>& want, int32_t id, const std::string& flag, const std::string& model) {
+  if (!want) return id >= 0;
+  if (*want && id < 0) {
+    throw InputError(flag + ": the tokenizer model " + printable(model) + " has no " +
+                     (flag.find("bos") != std::string::npos ? "BOS" : "EOS") + " piece (id -1) (expected --no-" +
+                     flag.substr(2) + ", or leave it out: the piece is added only where the model has one)");
+  }
+  return *want;
+}
+
+int token_dtype_bytes(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+
+TokenSplit build_sentencepiece_split(const std::vector<fs::path>& files, const SentencePieceTokenizer& tok,
+                                     bool add_bos, bool add_eos, DocumentUnit document, double val_fraction,
+                                     ProgressMeter* progress) {
+  val_token_count(0, val_fraction);  // validate before reading anything
+  TokenSplit s;
+  if (progress) {
+    int64_t expected = 0;
+    for (const auto& f : files) {
+      std::error_code ec;
+      const auto size = fs::file_size(f, ec);
+      if (!ec) expected += static_cast<int64_t>(size);
+    }
+    progress->set_total(expected);
+  }
+  const int32_t bos = tok.bos_id(), eos = tok.eos_id();
+  auto add_document = [&](std::string_view text, const std::string& where) {
+    if (text.empty()) return;
+    if (add_bos) s.tokens.push_back(bos);
+    tok.encode(text, s.tokens, where);
+    if (add_eos) s.tokens.push_back(eos);
+    ++s.num_documents;
+  };
+  for (const auto& f : files) {
+    const std::string name = printable(f.string());
+    std::ifstream in(f, std::ios::binary);
+    if (!in) throw InputError(name + ": cannot read input file");
+    if (document == DocumentUnit::file) {
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (in.bad()) throw InputError(name + ": error while reading input file");
+      add_document(text, name);
+      if (progress) progress->add(static_cast<int64_t>(text.size()));
+    } else {
+      std::string line;
+      int64_t lineno = 0, unreported = 0;
+      while (std::getline(in, line)) {
+        ++lineno;
+        unreported += static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        add_document(line, name + ":" + std::to_string(lineno));
+        if (progress && unreported >= (int64_t{1} << 20)) {
+          progress->add(unreported);
+          unreported = 0;
+        }
+      }
+      if (in.bad()) throw InputError(name + ": error while reading input file");
+      if (progress) progress->add(unreported);
+    }
+    ++s.num_files;
+  }
+  const auto n = static_cast<int64_t>(s.tokens.size());
+  const int64_t n_val = val_token_count(n, val_fraction);
+  s.train_tokens = n - n_val;
+  if (n_val == 0 || s.train_tokens == 0) {
+    std::ostringstream os;
+    os << "--val-fraction: " << val_fraction << " of " << n << " tokens (" << s.num_documents
+       << " documents) leaves an empty " << (n_val == 0 ? "validation" : "training")
+       << " split (expected more text or another fraction)";
+    throw InputError(os.str());
+  }
+  return s;
+}
+
+void write_token_stream_file(const std::string& out, const TokenSplit& split, const TokenizerRecord& record,
+                             const std::string& source) {
+  const int dtype = token_dtype_bytes(record.vocab_size);
+  write_atomically(out, [&](h5::File& f) {
+    TokenStreamWriter train(f, "/train/tokens", split.train_tokens, dtype);
+    train.append(split.tokens.data(), split.train_tokens);
+    TokenStreamWriter val(f, "/val/tokens", split.val_tokens(), dtype);
+    val.append(split.tokens.data() + split.train_tokens, split.val_tokens());
+    set_record_attrs(f, record);
+    f.set_attr("/", "source", source);
+    f.set_attr("/", "num_files", split.num_files);
+  });
+}
+
+SentencePieceSummary prepare_sentencepiece_dataset(const std::vector<std::string>& inputs, const std::string& out,
+                                                   double val_fraction, const SentencePieceOptions& options,
+                                                   ProgressMeter* progress) {
+  val_token_count(0, val_fraction);
+  check_output_folder(out);
+  std::vector<std::string> all_inputs = inputs;
+  all_inputs.push_back(options.model);
+  check_output_not_input(out, all_inputs);
+  const SentencePieceTokenizer tok(options.model);
+  const bool add_bos = resolve_special(options.add_bos, tok.bos_id(), "--add-bos", options.model);
+  const bool add_eos = resolve_special(options.add_eos, tok.eos_id(), "--add-eos", options.model);
+  SentencePieceSummary summary;
+  const auto files = collect_input_files(inputs, &summary.skipped);
+  const TokenSplit split =
+      build_sentencepiece_split(files, tok, add_bos, add_eos, options.document, val_fraction, progress);
+  TokenizerRecord r;
+  r.kind = "sentencepiece";
+  r.vocab_size = tok.vocab_size();
+  r.model_path = absolute_path(options.model);
+  r.model_bytes = tok.model_bytes();
+  r.model_sha256 = tok.model_sha256();
+  r.bos_id = tok.bos_id();
+  r.eos_id = tok.eos_id();
+  r.add_bos = add_bos;
+  r.add_eos = add_eos;
+  r.num_documents = split.num_documents;
+  std::string source = "fsdp_prepare --tokenizer " + options.model +
+                       (options.document == DocumentUnit::line ? " --document line" : "") + ":";
+  for (const auto& in : inputs) source += " " + in;
+  write_token_stream_file(out, split, r, source);
+  summary.files = split.num_files;
+  summary.documents = split.num_documents;
+  summary.train_tokens = split.train_tokens;
+  summary.val_tokens = split.val_tokens();
+  summary.vocab_size = r.vocab_size;
+  summary.bos_id = add_bos ? tok.bos_id() : -1;
+  summary.eos_id = add_eos ? tok.eos_id() : -1;
+  return summary;
+}
+
+TokenFilesSummary prepare_token_file_dataset(const TokenFileOptions& options, const std::string& out,
+                                             double val_fraction, ProgressMeter* progress) {
+  if (options.vocab_size == 0) {
+    throw InputError("--vocab-size: missing (required with --token-file: llm.c and nanoGPT files do not record "
+                     "it; e.g. 50257 for GPT-2, 128256 for Llama 3)");
+  }
+  if (options.vocab_size < 1 || options.vocab_size > (int64_t{1} << 31) - 1) {
+    throw InputError("--vocab-size: " + std::to_string(options.vocab_size) + " (expected 1 .. 2^31-1)");
+  }
+  if (options.files.empty()) throw InputError("--token-file: none given (expected llm.c or nanoGPT token files)");
+  const bool val_from_files = !options.val_files.empty();
+  if (!val_from_files) val_token_count(0, val_fraction);
+  check_output_folder(out);
+  std::vector<std::string> all = options.files;
+  all.insert(all.end(), options.val_files.begin(), options.val_files.end());
+  check_output_not_input(out, all);
+
+  // Inspect every file before writing anything: one format (and one llm.c magic) for all.
+  std::vector<TokenFileInfo> infos;
+  int64_t n_train = 0, n_val = 0, total_bytes = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    TokenFileInfo info = inspect_token_file(all[i], options.format);
+    if (!infos.empty() && (info.format != infos.front().format || info.magic != infos.front().magic)) {
+      throw InputError(printable(info.path) + ": " + info.describe() + " file, but " + printable(infos.front().path) +
+                       " is " + infos.front().describe() + " (expected every token file in one format)");
+    }
+    (i < options.files.size() ? n_train : n_val) += info.num_tokens;
+    total_bytes += info.num_tokens * info.token_bytes;
+    infos.push_back(std::move(info));
+  }
+  if (!val_from_files) {
+    const int64_t n = n_train;
+    n_val = val_token_count(n, val_fraction);
+    n_train = n - n_val;
+    if (n_val == 0 || n_train == 0) {
+      std::ostringstream os;
+      os << "--val-fraction: " << val_fraction << " of " << n << " tokens leaves an empty "
+         << (n_val == 0 ? "validation" : "training")
+         << " split (expected more tokens, another fraction, or --val-token-file)";
+      throw InputError(os.str());
+    }
+  }
+  if (progress) progress->set_total(total_bytes);
+
+  TokenizerRecord r;
+  r.kind = infos.front().kind();
+  r.vocab_size = options.vocab_size;
+  r.token_format = infos.front().describe();
+  std::string source = "fsdp_prepare --token-file (" + r.token_format + "):";
+  for (const auto& f : options.files) source += " " + f;
+  if (val_from_files) {
+    source += " --val-token-file:";
+    for (const auto& f : options.val_files) source += " " + f;
+  }
+  const int dtype = token_dtype_bytes(options.vocab_size);
+  try {
+    write_atomically(out, [&](h5::File& f) {
+      TokenStreamWriter train(f, "/train/tokens", n_train, dtype);
+      TokenStreamWriter val(f, "/val/tokens", n_val, dtype);
+      std::vector<int32_t> chunk;
+      for (const TokenFileInfo& info : infos) {
+        std::optional<TokenFileReader> reader;
+        try {
+          reader.emplace(info, options.vocab_size);
+        } catch (const Error& e) {
+          throw InputFault{e};
+        }
+        while (reader->remaining() > 0) {
+          const int64_t c = std::min<int64_t>(reader->remaining(), int64_t{1} << 20);
+          chunk.resize(static_cast<std::size_t>(c));
+          try {
+            reader->read(c, chunk.data());
+          } catch (const Error& e) {
+            throw InputFault{e};
+          }
+          const int64_t to_train = std::min(c, n_train - train.written());
+          train.append(chunk.data(), to_train);
+          val.append(chunk.data() + to_train, c - to_train);
+          if (progress) progress->add(c * info.token_bytes);
+        }
+      }
+      set_record_attrs(f, r);
+      f.set_attr("/", "source", source);
+      f.set_attr("/", "num_files", static_cast<int64_t>(infos.size()));
+    });
+  } catch (const InputFault& fault) {
+    throw fault.error;
+  }
+  TokenFilesSummary s;
+  s.train_files = static_cast<int64_t>(options.files.size());
+  s.val_files = static_cast<int64_t>(options.val_files.size());
+  s.train_tokens = n_train;
+  s.val_tokens = n_val;
+  s.vocab_size = options.vocab_size;
+  s.format = r.token_format;
+  return s;
 }
 
 }  // namespace fsdp::data

@@ -7,12 +7,22 @@
 // Pairs (fsdp_prepare --pairs, seq2seq for T5/ByT5): one `input<TAB>target` per line of a
 // TSV file; each side's bytes become ByT5 ids b + 3 with eos (1) appended; the last
 // val_fraction of the pairs become /val, the rest /train (schema in docs/data.md).
+//
+// SentencePiece (fsdp_prepare --tokenizer MODEL): the same input files, each document
+// encoded by the model with its BOS / EOS around it (tokenizer "sentencepiece").
+//
+// Token files (fsdp_prepare --token-file FILE...): ids tokenized by llm.c or nanoGPT,
+// imported as they are and checked against a given vocabulary size (tokenizer "llm.c" or
+// "nanogpt"). Formats in fsdp/data/tokenizer.hpp.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "fsdp/data/tokenizer.hpp"
 
 namespace fsdp {
 class ProgressMeter;  // fsdp/core/progress.hpp
@@ -128,5 +138,103 @@ PairsSummary summarize_pairs(const PairSplit& split);
 // output folder exists and that the output is not the TSV: check_output_not_input).
 PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction,
                                    ProgressMeter* progress = nullptr);
+
+// ---- SentencePiece (--tokenizer) ----
+
+// What one document is (--document): `file`, a whole input file (the default; its bytes as
+// they are, newlines included); `line`, each line of each file (the newline and a trailing
+// CR removed; one document per line, as in a JSONL-like text dump). Documents of zero bytes
+// (empty files, empty lines) are skipped: they get no BOS/EOS either.
+enum class DocumentUnit { file, line };
+// "file" / "line"; throws fsdp::InputError naming --document otherwise.
+DocumentUnit parse_document_unit(const std::string& name);
+
+struct SentencePieceOptions {
+  std::string model;              // the .model file (--tokenizer)
+  // --add-bos / --no-add-bos, --add-eos / --no-add-eos. Unset (the default): add the piece
+  // if the model has one (bos_id / eos_id >= 0): Llama 2 and Mistral get <s> ... </s>, T5
+  // (no BOS) ... </s>. true with a model that has none is an error.
+  std::optional<bool> add_bos, add_eos;
+  DocumentUnit document = DocumentUnit::file;
+};
+
+// Whether to add a BOS (`flag` "--add-bos") or EOS piece whose id in the model is `id`
+// (-1: none), given the option `want`. Throws fsdp::InputError naming `flag` and `model` if
+// `want` is true and id < 0.
+bool resolve_special(const std::optional<bool>& want, int32_t id, const std::string& flag,
+                     const std::string& model);
+
+// A token stream split at train_tokens: [0, train_tokens) train, the rest validation.
+struct TokenSplit {
+  std::vector<int32_t> tokens;
+  int64_t train_tokens = 0;
+  int64_t num_files = 0;
+  int64_t num_documents = 0;
+  int64_t val_tokens() const { return static_cast<int64_t>(tokens.size()) - train_tokens; }
+};
+
+// Encodes `files` (in the given order) document by document with `tok`: for each non-empty
+// document [bos if add_bos] + tok.encode(document) + [eos if add_eos], concatenated; then
+// splits off the last val_token_count(n, val_fraction) ids as validation. Throws
+// fsdp::InputError naming a file that cannot be read, or --val-fraction if either split
+// would be empty. `progress`: total = the files' sizes, add() per document (batched per MiB).
+TokenSplit build_sentencepiece_split(const std::vector<std::filesystem::path>& files,
+                                     const SentencePieceTokenizer& tok, bool add_bos, bool add_eos,
+                                     DocumentUnit document, double val_fraction,
+                                     ProgressMeter* progress = nullptr);
+
+// HDF5 dataset type of a token stream with ids < vocab_size: 2 bytes (uint16) up to 65536,
+// else 4 (uint32).
+int token_dtype_bytes(int64_t vocab_size);
+
+// Writes /train/tokens and /val/tokens (uint16 or uint32: token_dtype_bytes(record.vocab_size))
+// and the root attributes of `record` (TokenizerRecord: tokenizer, vocab_size, and for
+// sentencepiece tokenizer_model, tokenizer_model_bytes, tokenizer_model_sha256, bos_id,
+// eos_id, add_bos, add_eos, num_documents), source = `source`, num_files. Written atomically
+// like write_byte_token_file. Throws fsdp::Error naming `out` on failure.
+void write_token_stream_file(const std::string& out, const TokenSplit& split, const TokenizerRecord& record,
+                             const std::string& source);
+
+struct SentencePieceSummary {
+  int64_t files = 0, documents = 0, train_tokens = 0, val_tokens = 0, vocab_size = 0;
+  int32_t bos_id = -1, eos_id = -1;  // the ids added to each document, -1 where none is added
+  std::vector<std::string> skipped;  // as PrepareSummary::skipped
+};
+
+// Loads the model (SentencePieceTokenizer: errors name it), resolves BOS/EOS, checks the
+// output (folder exists, not an input nor the model), collect_input_files (sorted),
+// build_sentencepiece_split, write_token_stream_file (record: tokenizer "sentencepiece",
+// vocab_size = GetPieceSize(), the model's absolute path, size and SHA-256).
+SentencePieceSummary prepare_sentencepiece_dataset(const std::vector<std::string>& inputs, const std::string& out,
+                                                   double val_fraction, const SentencePieceOptions& options,
+                                                   ProgressMeter* progress = nullptr);
+
+// ---- token files of other projects (--token-file) ----
+
+struct TokenFileOptions {
+  std::vector<std::string> files;      // --token-file: the training stream, in this order
+  std::vector<std::string> val_files;  // --val-token-file: the validation stream (optional)
+  int64_t vocab_size = 0;              // --vocab-size: required, in [1, 2^31)
+  TokenFileFormat format = TokenFileFormat::auto_detect;  // --token-format
+};
+
+struct TokenFilesSummary {
+  int64_t train_files = 0, val_files = 0, train_tokens = 0, val_tokens = 0, vocab_size = 0;
+  std::string format;  // TokenFileInfo::describe() of the files (all alike)
+};
+
+// Imports token files as they are. Every file is inspected first (inspect_token_file: all
+// must be of one format, and llm.c files of one magic); then the ids are streamed (1 Mi
+// tokens at a time) into the HDF5, each checked against vocab_size (TokenFileReader: the
+// first bad id fails with its file and position). Without val_files the validation split is
+// the last val_token_count(n, val_fraction) ids of the files' concatenation; with val_files
+// it is their concatenation and val_fraction is not used. Stored as uint16 or uint32
+// (token_dtype_bytes), attributes tokenizer "llm.c" | "nanogpt", token_format, vocab_size.
+// Throws fsdp::InputError (exit 2) naming the file for every bad file (see
+// inspect_token_file, TokenFileReader), naming --vocab-size if it is missing or out of
+// range, --val-fraction for an empty split; the output is written atomically (nothing is
+// left on error).
+TokenFilesSummary prepare_token_file_dataset(const TokenFileOptions& options, const std::string& out,
+                                             double val_fraction, ProgressMeter* progress = nullptr);
 
 }  // namespace fsdp::data
