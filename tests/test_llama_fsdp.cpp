@@ -1,0 +1,227 @@
+// Llama end to end through the trainer, run by ctest under mpirun at 1, 2 and 4 ranks, as
+// tests/test_fsdp.cpp does for GPT-2: every sharding strategy equals a 1-rank NO_SHARD run
+// (losses, validation loss and final parameters within 1e-5 relative); a stopped and resumed
+// run continues bit-identically; CPU offload, activation checkpointing and micro-batches give
+// the plain run's steps; the memory plan equals the measured peaks; and fsdp_merge's
+// safetensors hold the run's parameters under HF LlamaForCausalLM's names, with a config.json
+// whose sizes read back to the run's [model].
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/checkpoint/checkpoint.hpp"
+#include "fsdp/checkpoint/merge.hpp"
+#include "fsdp/checkpoint/safetensors.hpp"
+#include "fsdp/model/model.hpp"
+#include "train_util.hpp"
+
+using fsdp::Config;
+using fsdp::ShardingStrategy;
+using fsdp::TrainResult;
+using namespace test_util;
+
+namespace {
+
+// A 2-layer GQA Llama (4 query heads, 2 K/V heads, head_dim 4, untied, llama3 RoPE) on the
+// learnable byte dataset.
+Config llama_config(const std::string& run_dir, std::vector<std::string> overrides = {}) {
+  Config c = fsdp::parse_config(R"(
+[model]
+type = "llama"
+num_hidden_layers = 2
+hidden_size = 16
+num_attention_heads = 4
+num_key_value_heads = 2
+intermediate_size = 40
+max_position_embeddings = 16
+vocab_size = 256
+rope_theta = 500000.0
+rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8 }
+[data]
+seq_len = 12
+path = "unset"
+[train]
+global_batch_size = 8
+max_steps = 5
+seed = 7
+[optim]
+lr = 1e-2
+min_lr = 1e-3
+warmup_steps = 2
+weight_decay = 0.1
+grad_clip = 1.0
+[eval]
+every = 0
+max_windows = 4
+)", "llama_config", overrides);
+  c.train.run_dir = run_dir;
+  c.data.path = text_dataset();
+  return c;
+}
+
+const TrainResult& reference(bool tied) {
+  static std::map<bool, TrainResult> cache;
+  if (auto it = cache.find(tied); it != cache.end()) return it->second;
+  Config c = llama_config(fresh_dir(std::string("llama_reference_") + (tied ? "tied" : "untied")) +
+                          "/rank" + std::to_string(world_rank()));
+  c.model.set("tie_word_embeddings", tied);
+  c.fsdp.sharding_strategy = ShardingStrategy::NO_SHARD;
+  return cache[tied] = run(c, On::self);
+}
+
+void expect_close(const TrainResult& got, const TrainResult& ref, double tol, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+  for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], ref.losses[i], tol * std::abs(ref.losses[i])) << what << " step " << i + 1;
+  }
+  std::vector<float> a, b;
+  ASSERT_EQ(got.params.size(), ref.params.size()) << what;
+  for (const auto& [name, values] : ref.params) {
+    ASSERT_TRUE(got.params.count(name)) << what << ": " << name;
+    a.insert(a.end(), got.params.at(name).begin(), got.params.at(name).end());
+    b.insert(b.end(), values.begin(), values.end());
+  }
+  EXPECT_LE(rel_diff(a, b), tol) << what;
+  ASSERT_EQ(got.val_losses.size(), ref.val_losses.size()) << what;
+  for (std::size_t i = 0; i < ref.val_losses.size(); ++i) {
+    EXPECT_NEAR(got.val_losses[i].second, ref.val_losses[i].second, tol * ref.val_losses[i].second)
+        << what;
+  }
+}
+
+TEST(LlamaFsdp, EveryStrategyMatchesOneRankNoShard) {
+  for (bool tied : {false, true}) {
+    for (auto s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                   ShardingStrategy::NO_SHARD, ShardingStrategy::HYBRID_SHARD,
+                   ShardingStrategy::HYBRID_SHARD_ZERO2}) {
+      const std::string tag = std::string(fsdp::to_string(s)) + (tied ? "_tied" : "_untied");
+      Config c = llama_config(fresh_dir("llama_" + tag));
+      c.model.set("tie_word_embeddings", tied);
+      c.fsdp.sharding_strategy = s;
+      c.mesh.shard_size = std::min(2, world_size());
+      const TrainResult got = run(c, On::world);
+      const TrainResult& ref = reference(tied);
+      EXPECT_LT(ref.losses.back(), ref.losses.front()) << "it trains";
+      expect_close(got, ref, 1e-5, tag);
+    }
+  }
+}
+
+TEST(LlamaFsdp, ResumeContinuesBitIdentically) {
+  for (auto s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::HYBRID_SHARD}) {
+    const std::string tag = fsdp::to_string(s);
+    Config c = llama_config(fresh_dir("llama_resume_full_" + tag));
+    c.fsdp.sharding_strategy = s;
+    c.mesh.shard_size = std::min(2, world_size());
+    c.train.max_steps = 6;
+    c.checkpoint.every = 3;
+    const TrainResult full = run(c, On::world);
+    c.train.run_dir = fresh_dir("llama_resume_part_" + tag);
+    const TrainResult first = run(c, On::world, /*stop_after=*/3);
+    const TrainResult second = run(c, On::world, 0, /*resume=*/true);
+    ASSERT_EQ(first.losses.size(), 3u);
+    ASSERT_EQ(second.losses.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(first.losses[i], full.losses[i]) << tag << " step " << i + 1;
+      EXPECT_EQ(second.losses[i], full.losses[i + 3]) << tag << " step " << i + 4;
+    }
+    for (const auto& [name, values] : full.params) EXPECT_EQ(second.params.at(name), values) << tag << " " << name;
+  }
+}
+
+// Offload, activation checkpointing and micro-batches change where and when the same sums
+// are done, not which: bit for bit (micro-batches: the summation order moves, 1e-6).
+TEST(LlamaFsdp, OffloadCheckpointingAndMicroBatchesGiveThePlainSteps) {
+  for (auto dtype : {"fp32", "bf16"}) {
+    const std::vector<std::string> mp = {std::string("mixed_precision.param_dtype=") + dtype,
+                                         std::string("mixed_precision.reduce_dtype=") + dtype,
+                                         "optim.name=sgd"};
+    const std::string tag = dtype;
+    const TrainResult plain = run(llama_config(fresh_dir(std::string("llama_plain_") + dtype), mp), On::world);
+    auto with = [&](const std::string& name, std::vector<std::string> extra) {
+      std::vector<std::string> o = mp;
+      o.insert(o.end(), extra.begin(), extra.end());
+      return run(llama_config(fresh_dir("llama_" + name + "_" + tag), o), On::world);
+    };
+    const TrainResult off = with("offload", {"fsdp.cpu_offload=true"});
+    const TrainResult ckpt = with("ckpt", {"fsdp.activation_checkpointing=true"});
+    for (std::size_t i = 0; i < plain.losses.size(); ++i) {
+      EXPECT_EQ(off.losses[i], plain.losses[i]) << tag << " offload step " << i + 1;
+      EXPECT_EQ(ckpt.losses[i], plain.losses[i]) << tag << " checkpointing step " << i + 1;
+    }
+    for (const auto& [name, values] : plain.params) {
+      EXPECT_EQ(off.params.at(name), values) << tag << " offload " << name;
+      EXPECT_EQ(ckpt.params.at(name), values) << tag << " checkpointing " << name;
+    }
+    if (8 / world_size() > 1) {
+      const TrainResult micro = with("micro", {"train.micro_batch_size=1"});
+      expect_close(micro, plain, std::string(dtype) == "fp32" ? 1e-6 : 1e-2, tag + " micro-batches");
+    }
+  }
+}
+
+TEST(LlamaFsdp, PlanEqualsTheMeasuredPeaks) {
+  for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"}) {
+    // Micro-batches at 2+ ranks: the plan's comm_buffers are below the measured peak, for
+    // GPT-2 as well (issue 29 item 1); "1" joins this list when that is fixed.
+    for (const char* micro : {"0"}) {
+      for (const char* offload : {"false", "true"}) {
+        const std::string tag = std::string(strategy) + " micro " + micro + " offload " + offload;
+        Config c = llama_config(fresh_dir(std::string("llama_plan_") + strategy + micro + offload),
+                                {std::string("fsdp.sharding_strategy=") + strategy,
+                                 std::string("train.micro_batch_size=") + micro,
+                                 std::string("fsdp.cpu_offload=") + offload,
+                                 "mixed_precision.param_dtype=bf16"});
+        c.mesh.shard_size = std::min(2, world_size());
+        const TrainResult r = run(c, On::world);
+        auto dev = [&](fsdp::MemCategory m) { return r.peak_bytes[static_cast<std::size_t>(m)]; };
+        EXPECT_EQ(r.plan.sharded_params, dev(fsdp::MemCategory::sharded_params)) << tag;
+        EXPECT_EQ(r.plan.grads, dev(fsdp::MemCategory::grads)) << tag;
+        EXPECT_EQ(r.plan.optimizer_state, dev(fsdp::MemCategory::optimizer_state)) << tag;
+        EXPECT_EQ(r.plan.unsharded_params, dev(fsdp::MemCategory::unsharded_params)) << tag;
+        EXPECT_EQ(r.plan.unsharded_grads, dev(fsdp::MemCategory::unsharded_grads)) << tag;
+        EXPECT_EQ(r.plan.comm_buffers, dev(fsdp::MemCategory::comm_buffers)) << tag;
+        EXPECT_EQ(r.planned_activation_bytes, dev(fsdp::MemCategory::activations)) << tag;
+      }
+    }
+  }
+}
+
+TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
+  Config c = llama_config(fresh_dir("llama_merge"));
+  const TrainResult got = run(c, On::world);
+  auto check = [&] {
+    const auto latest = fsdp::ckpt::find_latest(c.train.run_dir);
+    ASSERT_TRUE(latest.has_value());
+    const std::string out = c.train.run_dir + "/hf";
+    fsdp::ckpt::merge_to_hf(*latest, out);
+    const fsdp::safetensors::Reader st(out + "/model.safetensors");
+    EXPECT_EQ(st.names().size(), got.params.size());
+    for (const auto& [name, values] : got.params) {
+      // Our names are HF's; the embedding and head lose their vocabulary padding (256 rows:
+      // none at pad_vocab_multiple 128).
+      EXPECT_EQ(st.read_f32(name), values) << name;
+    }
+    EXPECT_TRUE(got.params.count("lm_head.weight"));
+    EXPECT_TRUE(got.params.count("model.layers.1.self_attn.k_proj.weight"));
+    std::ifstream in(out + "/config.json");
+    const nlohmann::json hf = nlohmann::json::parse(in);
+    EXPECT_EQ(hf["architectures"][0], "LlamaForCausalLM");
+    EXPECT_EQ(hf["num_key_value_heads"], 2);
+    EXPECT_EQ(hf["head_dim"], 4);
+    EXPECT_EQ(hf["rope_scaling"]["rope_type"], "llama3");
+    EXPECT_EQ(hf["rope_scaling"]["original_max_position_embeddings"], 8);
+    EXPECT_EQ(hf["tie_word_embeddings"], false);
+    const fsdp::ModelFamily& family = fsdp::model_family("llama");
+    EXPECT_EQ(family.canonical(family.from_hf_config(hf, "config.json")), family.canonical(c.model));
+  };
+  if (world_rank() == 0) check();
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+}  // namespace
