@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
-tools/build.sh
+FSDP_BUILD_TARGETS="fsdp_prepare fsdp_train fsdp_merge" tools/build.sh
 build=${FSDP_BUILD_DIR:-build}
 source tools/job_lib.sh
 
