@@ -33,6 +33,14 @@ fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused 
 set_tests_properties(cli_run_dir_checkpoints_read_only_fs PROPERTIES SKIP_RETURN_CODE 77)
 fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_input_dir fifo_input
   fifo_data_path group_not_dataset corrupted_header)
+# fsdp_prepare --tokenizer (SentencePiece) and --token-file (llm.c, nanoGPT), and training on
+# their files (tests/cli/tokenizers.sh). spm_train (Debian package sentencepiece) trains the
+# models: exit 77 (skipped) without it.
+set(FSDP_TOKENIZER_CASES sentencepiece_ok sentencepiece_errors token_files_ok token_files_errors train)
+fsdp_cli_tests(tokenizers cli_tokenizers 2 ${FSDP_TOKENIZER_CASES})
+foreach(case IN LISTS FSDP_TOKENIZER_CASES)
+  set_tests_properties(cli_tokenizers_${case} PROPERTIES SKIP_RETURN_CODE 77)
+endforeach()
 # A small tmpfs as train.run_dir: needs root and mount; exit 77 (skipped) otherwise.
 fsdp_cli_tests(disk_full cli_disk_full 2 save_enospc save_enospc_async metrics_enospc)
 set_tests_properties(cli_disk_full_save_enospc cli_disk_full_save_enospc_async cli_disk_full_metrics_enospc

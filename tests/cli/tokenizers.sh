@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# tests/cli/tokenizers.sh: fsdp_prepare's real tokenizers end to end (docs/data.md
+# "fsdp_prepare --tokenizer", "fsdp_prepare --token-file").
+#
+#   bash tests/cli/tokenizers.sh FSDP_TRAIN FSDP_PREPARE MPIEXEC CASE
+#
+# CASE sentencepiece_ok:  a model trained here with spm_train (Debian package `sentencepiece`;
+#              exit 77 = skipped without it) encodes a folder: one exact summary line (files,
+#              documents, tokens, vocab, bos + eos per document), nothing on stderr, no .tmp;
+#              --document line --no-add-bos says "eos 2 per document"; where /usr/bin/python3
+#              has sentencepiece and h5py, the stored ids equal Python's encoding and the
+#              record (tokenizer, vocab_size, tokenizer_model_sha256 = sha256sum) is checked.
+# CASE sentencepiece_errors: a missing, empty, corrupt or truncated tokenizer.model, a folder
+#              as model, --add-bos on a model without BOS, --add-bos with --no-add-bos, a bad
+#              --document, SentencePiece options without --tokenizer, two modes at once: each
+#              exits 2 with one `fsdp_prepare: ...` line naming the file or option, no output.
+# CASE token_files_ok: llm.c GPT-2 (v1, uint16) and Llama 3 (v7, uint32) files and a nanoGPT
+#              .bin written here: exact summary lines; --val-token-file; ids checked in Python
+#              (h5py) where available.
+# CASE token_files_errors: truncated llm.c header, bad magic (--token-format llm.c), a count
+#              that disagrees with the size, odd-length nanoGPT file, an id >= --vocab-size, an
+#              empty file, a missing --vocab-size, mixed formats: exit 2, one line naming the
+#              file (and position/value), no output.
+# CASE train: fsdp_train trains on a SentencePiece-prepared file (model.vocab_size = the
+#              model's piece count) and on imported llm.c ids; a model.vocab_size below the
+#              file's recorded vocab_size exits 2 naming both.
+# shellcheck source=tests/cli/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+PY=/usr/bin/python3   # Debian's interpreter: python3-sentencepiece, python3-h5py, numpy
+
+# expect_prepare_error NEEDLE...: exit code 2, one error line with every NEEDLE, no output.
+expect_prepare_error() {
+  expect_rc 2
+  expect_one_error fsdp_prepare "$@"
+  if [ -e "$WORK/out.h5" ] || [ -e "$WORK/out.h5.tmp" ]; then
+    fail "a failed fsdp_prepare left out.h5 or out.h5.tmp"
+    rm -f "$WORK/out.h5" "$WORK/out.h5.tmp"
+  fi
+}
+
+# make_corpus DIR: two text files of a few hundred lines (words from a fixed list).
+make_corpus() {
+  mkdir -p "$1/sub"
+  "$PY" - "$1" <<'EOF'
+import random, sys
+rng = random.Random(7)
+words = "the quick brown fox jumps over lazy dog pack my box with five dozen liquor jugs café über".split()
+def lines(n):
+    return "".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + "\n" for _ in range(n))
+open(sys.argv[1] + "/a.txt", "w").write(lines(300))
+open(sys.argv[1] + "/sub/b.txt", "w").write(lines(200) + "\n\n")
+EOF
+}
+
+# train_spm PREFIX ARGS...: spm_train on $WORK/corpus/a.txt (exit 77 if spm_train is missing).
+train_spm() {
+  local prefix=$1; shift
+  if ! command -v spm_train >/dev/null; then
+    echo "spm_train not found (Debian package sentencepiece): skipped"
+    exit 77
+  fi
+  spm_train --input="$WORK/corpus/a.txt" --model_prefix="$prefix" --minloglevel=2 \
+    --character_coverage=1.0 --num_threads=1 "$@" >"$WORK/spm.log" 2>&1 ||
+    { fail "spm_train failed: $(tail -3 "$WORK/spm.log")"; finish; }
+}
+
+# write_tokens KIND PATH [ARGS]: token files as llm.c / nanoGPT write them.
+#   llmc PATH MAGIC VERSION WIDTH N VOCAB [COUNT]: header + N ids (i * 7919 % VOCAB)
+#   nano PATH N VOCAB: raw uint16
+#   raw PATH HEX: bytes given in hex
+write_tokens() {
+  "$PY" - "$@" <<'EOF'
+import struct, sys
+kind, path = sys.argv[1], sys.argv[2]
+a = sys.argv[3:]
+if kind == "llmc":
+    magic, version, width, n, vocab = map(int, a[:5])
+    count = int(a[5]) if len(a) > 5 else n
+    header = struct.pack("<256i", magic, version, count, *([0] * 253))
+    fmt = "<%d%s" % (n, "H" if width == 2 else "I")
+    open(path, "wb").write(header + struct.pack(fmt, *[(i * 7919) % vocab for i in range(n)]))
+elif kind == "nano":
+    n, vocab = map(int, a[:2])
+    open(path, "wb").write(struct.pack("<%dH" % n, *[(i * 7919) % vocab for i in range(n)]))
+elif kind == "raw":
+    open(path, "wb").write(bytes.fromhex(a[0]))
+EOF
+}
+
+have_py_h5() { "$PY" -c 'import h5py, numpy, sentencepiece' 2>/dev/null; }
+
+case "$CASE" in
+  sentencepiece_ok)
+    make_corpus "$WORK/corpus"
+    train_spm "$WORK/m" --model_type=bpe --vocab_size=300 --byte_fallback=true
+    run_prepare --tokenizer "$WORK/m.model" -o "$WORK/out.h5" --val-fraction 0.1 "$WORK/corpus"
+    expect_rc 0
+    if ! grep -Eq "^fsdp_prepare: $WORK/out.h5: 2 files, 2 documents, [0-9]+ train tokens, [0-9]+ val tokens \(vocab 300, sentencepiece $WORK/m.model, bos 1 \+ eos 2 per document\)$" "$OUT"; then
+      fail "summary line"
+    fi
+    if [ -s "$ERR" ]; then fail "stderr not empty on success"; fi
+    if [ -e "$WORK/out.h5.tmp" ]; then fail "out.h5.tmp left behind"; fi
+    run_prepare --tokenizer "$WORK/m.model" --document line --no-add-bos -o "$WORK/lines.h5" "$WORK/corpus"
+    expect_rc 0
+    if ! grep -Eq "2 files, 500 documents, .*\(vocab 300, sentencepiece .*, eos 2 per document\)$" "$OUT"; then
+      fail "--document line --no-add-bos summary"
+    fi
+    if have_py_h5; then
+      "$PY" - "$WORK" "$(sha256sum <"$WORK/m.model" | cut -d' ' -f1)" <<'EOF' || fail "ids or record differ from Python's sentencepiece"
+import sys, h5py, numpy as np, sentencepiece as spm
+work, sha = sys.argv[1], sys.argv[2]
+sp = spm.SentencePieceProcessor(model_file=work + "/m.model")
+def stored(path):
+    f = h5py.File(path, "r")
+    return f, list(np.concatenate([f["/train/tokens"][:], f["/val/tokens"][:]]))
+texts = [open(work + "/corpus/" + p, "rb").read().decode() for p in ("a.txt", "sub/b.txt")]
+f, ids = stored(work + "/out.h5")
+assert ids == sum(([1] + sp.encode(t) + [2] for t in texts), []), "files"
+a = dict(f.attrs)
+assert a["tokenizer"] == "sentencepiece" and a["vocab_size"] == 300, a
+assert a["tokenizer_model"] == work + "/m.model" and a["tokenizer_model_sha256"] == sha, a
+assert a["add_bos"] == 1 and a["add_eos"] == 1 and a["bos_id"] == 1 and a["eos_id"] == 2, a
+assert f["/train/tokens"].dtype == np.uint16, f["/train/tokens"].dtype
+f, ids = stored(work + "/lines.h5")
+assert ids == sum((sp.encode(l) + [2] for t in texts for l in t.split("\n") if l), []), "lines"
+EOF
+    else
+      echo "no sentencepiece/h5py in $PY: Python cross-check skipped"
+    fi
+    ;;
+  sentencepiece_errors)
+    make_corpus "$WORK/corpus"
+    train_spm "$WORK/m" --model_type=bpe --vocab_size=150
+    train_spm "$WORK/nobos" --model_type=unigram --vocab_size=40 --bos_id=-1 --eos_id=1 --unk_id=2 --pad_id=0
+    : >"$WORK/empty.model"
+    head -c 4000 /dev/urandom >"$WORK/garbage.model"
+    head -c 2000 "$WORK/m.model" >"$WORK/truncated.model"
+    mkdir "$WORK/dir.model"
+    run_prepare --tokenizer "$WORK/missing.model" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/missing.model" "not found"
+    run_prepare --tokenizer "$WORK/empty.model" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/empty.model" "empty"
+    run_prepare --tokenizer "$WORK/garbage.model" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/garbage.model" "not a SentencePiece model"
+    run_prepare --tokenizer "$WORK/truncated.model" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/truncated.model" "not a SentencePiece model"
+    run_prepare --tokenizer "$WORK/dir.model" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/dir.model" "a directory"
+    run_prepare --tokenizer "$WORK/nobos.model" --add-bos -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "--add-bos" "nobos.model" "no BOS"
+    run_prepare --tokenizer "$WORK/m.model" --add-bos --no-add-bos -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "--add-bos" "--no-add-bos"
+    run_prepare --tokenizer "$WORK/m.model" --document paragraph -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "--document" "paragraph"
+    run_prepare --no-add-eos -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "--no-add-eos" "without --tokenizer"
+    run_prepare --tokenizer "$WORK/m.model" --pairs "$WORK/p.tsv" -o "$WORK/out.h5"
+    expect_prepare_error "--pairs" "--tokenizer"
+    run_prepare --tokenizer "$WORK/m.model" -o "$WORK/out.h5" "$WORK/missing_dir"
+    expect_prepare_error "missing_dir"
+    ;;
+  token_files_ok)
+    write_tokens llmc "$WORK/gpt2_000.bin" 20240520 1 2 3000 50257
+    write_tokens llmc "$WORK/gpt2_001.bin" 20240520 1 2 1000 50257
+    write_tokens llmc "$WORK/gpt2_val.bin" 20240520 1 2 500 50257
+    run_prepare --token-file "$WORK/gpt2_000.bin" "$WORK/gpt2_001.bin" --vocab-size 50257 -o "$WORK/g.h5" --val-fraction 0.1
+    expect_rc 0
+    want="fsdp_prepare: $WORK/g.h5: 2 files, 3600 train tokens, 400 val tokens (vocab 50257, llm.c gpt-2 (magic 20240520, version 1, uint16))"
+    if [ "$(cat "$OUT")" != "$want" ]; then fail "llm.c summary: expected '$want'"; fi
+    if [ -s "$ERR" ]; then fail "stderr not empty on success"; fi
+    # Repeated --token-file and --val-token-file.
+    run_prepare --token-file "$WORK/gpt2_000.bin" --token-file "$WORK/gpt2_001.bin" \
+      --val-token-file "$WORK/gpt2_val.bin" --vocab-size 50257 -o "$WORK/gv.h5"
+    expect_rc 0
+    if ! grep -qF "gv.h5: 2 files + 1 val file, 4000 train tokens, 500 val tokens (vocab 50257," "$OUT"; then
+      fail "--val-token-file summary"
+    fi
+    write_tokens llmc "$WORK/llama3.bin" 20240801 7 4 2000 128256
+    run_prepare --token-file "$WORK/llama3.bin" --vocab-size 128256 -o "$WORK/l.h5"
+    expect_rc 0
+    want="fsdp_prepare: $WORK/l.h5: 1 file, 1900 train tokens, 100 val tokens (vocab 128256, llm.c llama-3 (magic 20240801, version 7, uint32))"
+    if [ "$(cat "$OUT")" != "$want" ]; then fail "llama-3 summary: expected '$want'"; fi
+    write_tokens nano "$WORK/train.bin" 2000 50257
+    run_prepare --token-file "$WORK/train.bin" --vocab-size 50304 -o "$WORK/n.h5"
+    expect_rc 0
+    want="fsdp_prepare: $WORK/n.h5: 1 file, 1900 train tokens, 100 val tokens (vocab 50304, nanogpt (raw uint16))"
+    if [ "$(cat "$OUT")" != "$want" ]; then fail "nanoGPT summary: expected '$want'"; fi
+    if have_py_h5; then
+      "$PY" - "$WORK" <<'EOF' || fail "imported ids differ"
+import sys, h5py, numpy as np
+w = sys.argv[1]
+def ids(p):
+    f = h5py.File(w + "/" + p, "r")
+    return f, list(np.concatenate([f["/train/tokens"][:], f["/val/tokens"][:]]))
+f, got = ids("g.h5")
+assert got == [(i * 7919) % 50257 for i in range(3000)] + [(i * 7919) % 50257 for i in range(1000)]
+assert f.attrs["tokenizer"] == "llm.c" and f.attrs["vocab_size"] == 50257, dict(f.attrs)
+f, got = ids("l.h5")
+assert got == [(i * 7919) % 128256 for i in range(2000)] and f["/train/tokens"].dtype == np.uint32
+f, got = ids("n.h5")
+assert got == [(i * 7919) % 50257 for i in range(2000)] and f.attrs["tokenizer"] == "nanogpt"
+EOF
+    fi
+    ;;
+  token_files_errors)
+    write_tokens llmc "$WORK/ok.bin" 20240520 1 2 100 50257
+    head -c 700 "$WORK/ok.bin" >"$WORK/trunc.bin"
+    write_tokens llmc "$WORK/count.bin" 20240520 1 2 100 50257 150
+    write_tokens nano "$WORK/nano.bin" 100 50257
+    head -c 199 "$WORK/nano.bin" >"$WORK/odd.bin"
+    write_tokens nano "$WORK/big_ids.bin" 100 60000   # id 55433 at position 7 (7 * 7919 % 60000)
+    : >"$WORK/empty.bin"
+    run_prepare --token-file "$WORK/trunc.bin" --vocab-size 50257 -o "$WORK/out.h5"
+    expect_prepare_error "$WORK/trunc.bin" "truncated llm.c header" "700 bytes"
+    run_prepare --token-file "$WORK/nano.bin" --token-format llm.c --vocab-size 50257 -o "$WORK/out.h5"
+    expect_prepare_error "$WORK/nano.bin" "bad magic"
+    run_prepare --token-file "$WORK/count.bin" --vocab-size 50257 -o "$WORK/out.h5"
+    expect_prepare_error "$WORK/count.bin" "150 tokens" "1324 bytes" "file has 1224 bytes"
+    run_prepare --token-file "$WORK/odd.bin" --vocab-size 50257 -o "$WORK/out.h5"
+    expect_prepare_error "$WORK/odd.bin" "odd byte length 199"
+    run_prepare --token-file "$WORK/big_ids.bin" --vocab-size 50257 -o "$WORK/out.h5"
+    expect_prepare_error "$WORK/big_ids.bin" "token 55433 at position 7" "--vocab-size 50257"
+    run_prepare --token-file "$WORK/empty.bin" --vocab-size 50257 -o "$WORK/out.h5"
+    expect_prepare_error "$WORK/empty.bin" "empty"
+    run_prepare --token-file "$WORK/missing.bin" --vocab-size 50257 -o "$WORK/out.h5"
+    expect_prepare_error "$WORK/missing.bin" "not found"
+    run_prepare --token-file "$WORK/ok.bin" -o "$WORK/out.h5"
+    expect_prepare_error "--vocab-size" "missing"
+    run_prepare --token-file "$WORK/ok.bin" "$WORK/nano.bin" --vocab-size 50257 -o "$WORK/out.h5"
+    expect_prepare_error "$WORK/nano.bin" "one format"
+    run_prepare --token-file "$WORK/ok.bin" --val-token-file "$WORK/ok.bin" --val-fraction 0.2 \
+      --vocab-size 50257 -o "$WORK/out.h5"
+    expect_prepare_error "--val-fraction" "--val-token-file"
+    run_prepare --vocab-size 50257 -o "$WORK/out.h5" "$WORK/ok.bin"
+    expect_prepare_error "--vocab-size" "without --token-file"
+    ;;
+  train)
+    make_corpus "$WORK/corpus"
+    train_spm "$WORK/m" --model_type=bpe --vocab_size=300 --byte_fallback=true
+    run_prepare --tokenizer "$WORK/m.model" -o "$WORK/sp.h5" --val-fraction 0.2 "$WORK/corpus"
+    expect_rc 0
+    tiny_config tiny.toml
+    run_train tiny.toml --set data.source=hdf5 --set data.path="$WORK/sp.h5" --set model.vocab_size=300 \
+      --set train.max_steps=3
+    expect_rc 0
+    if ! [ "$(wc -l <"$WORK/run/metrics.jsonl")" -eq 3 ]; then fail "expected 3 metrics lines"; fi
+    run_train tiny.toml --set data.source=hdf5 --set data.path="$WORK/sp.h5" --set model.vocab_size=256 \
+      --set train.max_steps=3 --set train.run_dir="$WORK/run2"
+    expect_input_error "$WORK/sp.h5" "vocab_size 300" "sentencepiece" "model.vocab_size is 256"
+    write_tokens llmc "$WORK/ids.bin" 20240520 1 2 3000 300
+    run_prepare --token-file "$WORK/ids.bin" --vocab-size 300 -o "$WORK/llmc.h5" --val-fraction 0.2
+    expect_rc 0
+    run_train tiny.toml --set data.source=hdf5 --set data.path="$WORK/llmc.h5" --set model.vocab_size=304 \
+      --set train.max_steps=3 --set train.run_dir="$WORK/run3"
+    expect_rc 0
+    ;;
+  *)
+    echo "tokenizers.sh: unknown case '$CASE'" >&2
+    exit 2
+    ;;
+esac
+finish
