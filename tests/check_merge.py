@@ -14,7 +14,20 @@ Usage (ctest fsdp_merge_cli runs this after test_checkpoint left its fixture):
     3. With --t5-step-dir T5_DIR --t5-expected T5_HF_DIR: the same for a T5 checkpoint
        (names/shapes of a T5ForConditionalGeneration state dict, bit-identical to the
        library's merge; no forward pass).
-  check_merge.py OUT_DIR   only step 2's format/name/forward checks of an existing output.
+    4. Sharded output (--max-shard-size, save_pretrained's max_shard_size) of each: "100"
+       (GPT-2) and "1KB" (T5), below their largest tensors, give several
+       model-0000k-of-0000N.safetensors and model.safetensors.index.json, read by
+       following the index (every shard a safetensors file with {"format": "pt"}, the weight
+       map exactly the shards' tensors, total_size their bytes), the tensors bit-identical to
+       the single-file merge, and the assignment to shards the one recomputed here from the
+       single file's tensor order (a new shard when the next tensor would take the shard's
+       bytes past the limit; a larger tensor alone). A limit of exactly the tensors' bytes
+       gives model.safetensors, one byte less two shards. Merging into the same directory
+       again, single after sharded and sharded after single, leaves only the new files.
+       Bad sizes ("5XB", "0", "1.5GB", "", a missing value) exit 2 with one line naming
+       --max-shard-size and create nothing.
+  check_merge.py OUT_DIR   only step 2's format/name/forward checks of an existing output
+                           (model.safetensors, or the shards of model.safetensors.index.json).
   check_merge.py OUT_DIR --eval-bytes VAL.bin --seq-len L --windows N [--expect-loss X]
     also prints the mean next-token cross-entropy of the merged model over the first N
     non-overlapping L-token windows of VAL.bin's bytes (byte-level tokens; window i is
@@ -27,6 +40,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -75,6 +89,67 @@ def read_safetensors(path):
     if pos != len(data):
         fail(f"{path}: data is {len(data)} bytes, tensors cover {pos}")
     return list(header.keys()), tensors
+
+
+SHARD_RE = re.compile(r"model-(\d{5,})-of-(\d{5,})\.safetensors")
+
+
+def read_weights(out_dir):
+    """The weights of a Hugging Face directory as from_pretrained finds them: model.safetensors,
+    else the shards named by model.safetensors.index.json (checked against the index).
+    Returns (names in file order, {name: array}, {name: file})."""
+    single = os.path.join(out_dir, "model.safetensors")
+    index_path = os.path.join(out_dir, "model.safetensors.index.json")
+    shard_files = sorted(f for f in os.listdir(out_dir) if SHARD_RE.fullmatch(f))
+    if os.path.exists(single):
+        if os.path.exists(index_path) or shard_files:
+            fail(f"{out_dir}: model.safetensors beside an index or shards {shard_files}")
+        names, tensors = read_safetensors(single)
+        return names, tensors, {n: "model.safetensors" for n in names}
+    if not os.path.exists(index_path):
+        fail(f"{out_dir}: neither model.safetensors nor model.safetensors.index.json")
+    with open(index_path) as f:
+        text = f.read()
+    index = json.loads(text)
+    if text != json.dumps(index, indent=2, sort_keys=True) + "\n":
+        fail(f"{index_path}: not save_pretrained's json.dumps(indent=2, sort_keys=True) layout")
+    if set(index) != {"metadata", "weight_map"} or not isinstance(index["metadata"].get("total_size"), int):
+        fail(f"{index_path}: expected {{metadata: {{total_size: int}}, weight_map}}, got keys {sorted(index)}")
+    weight_map = index["weight_map"]
+    files = sorted(set(weight_map.values()))
+    n = len(files)
+    if n < 2 or files != [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]:
+        fail(f"{index_path}: shard files {files} are not model-00001-of-{n:05d}.safetensors ...")
+    if shard_files != files:
+        fail(f"{out_dir}: shard files on disk {shard_files} differ from the index's {files}")
+    names, tensors, where = [], {}, {}
+    for file in files:
+        shard_names, shard = read_safetensors(os.path.join(out_dir, file))
+        mapped = sorted(t for t, f in weight_map.items() if f == file)
+        if sorted(shard_names) != mapped:
+            fail(f"{file}: holds {sorted(shard_names)}, the index maps {mapped} to it")
+        for name in shard_names:
+            if name in tensors:
+                fail(f"{name} in two shards")
+            names.append(name)
+            tensors[name] = shard[name]
+            where[name] = file
+    total = sum(t.nbytes for t in tensors.values())
+    if index["metadata"]["total_size"] != total:
+        fail(f"{index_path}: total_size {index['metadata']['total_size']}, the tensors hold {total} bytes")
+    return names, tensors, where
+
+
+def expected_shards(names, tensors, limit):
+    """transformers' shard_checkpoint over `names` in order: {name: 0-based shard}."""
+    shard, size, out = 0, 0, {}
+    for name in names:
+        b = tensors[name].nbytes
+        if out and size + b > limit:
+            shard, size = shard + 1, 0
+        out[name] = shard
+        size += b
+    return out
 
 
 def hf_gpt2_shapes(cfg):
@@ -170,7 +245,7 @@ def check_output(out_dir):
         fail(f"{out_dir}/config.json: not a GPT2LMHeadModel config")
     if cfg.get("tie_word_embeddings") is not True:
         fail("config.json: tie_word_embeddings must be true (lm_head.weight is not stored)")
-    names, tensors = read_safetensors(os.path.join(out_dir, "model.safetensors"))
+    names, tensors, _ = read_weights(out_dir)
     want = hf_gpt2_shapes(cfg)
     if set(names) != set(want):
         fail(f"tensor names differ from GPT2LMHeadModel: extra {sorted(set(names) - set(want))}, "
@@ -190,7 +265,7 @@ def check_t5_output(out_dir, cfg):
     if cfg.get("architectures") != ["T5ForConditionalGeneration"] or \
             cfg.get("is_encoder_decoder") is not True:
         fail(f"{out_dir}/config.json: not a T5ForConditionalGeneration config")
-    names, tensors = read_safetensors(os.path.join(out_dir, "model.safetensors"))
+    names, tensors, _ = read_weights(out_dir)
     want = hf_t5_shapes(cfg)
     if set(names) != set(want):
         fail(f"tensor names differ from T5ForConditionalGeneration: extra "
@@ -203,11 +278,12 @@ def check_t5_output(out_dir, cfg):
     return tensors
 
 
-def compare_merge(merge, step_dir, expected, out_dir):
-    """Runs the tool on step_dir, checks its output and compares it with the library's."""
-    rc, out = run([merge, step_dir, out_dir])
+def compare_merge(merge, step_dir, expected, out_dir, extra=()):
+    """Runs the tool on step_dir, checks its output and compares it with the library's
+    single-file merge. Returns the tool's stdout and {tensor: file}."""
+    rc, out = run([merge, step_dir, out_dir, *extra])
     if rc != 0:
-        fail(f"merge {step_dir}: rc {rc}, output {out!r}")
+        fail(f"merge {step_dir} {list(extra)}: rc {rc}, output {out!r}")
     got = check_output(out_dir)
     _, ref = read_safetensors(os.path.join(expected, "model.safetensors"))
     if set(got) != set(ref):
@@ -222,6 +298,43 @@ def compare_merge(merge, step_dir, expected, out_dir):
     leftovers = [f for f in os.listdir(out_dir) if f.endswith(".tmp")]
     if leftovers:
         fail(f"temporary files left: {leftovers}")
+    return out, read_weights(out_dir)[2]
+
+
+def check_sharded(merge, step_dir, expected, out_dir, size, limit):
+    """--max-shard-size `size` (= `limit` bytes, below the largest tensor's bytes): shards and
+    index like save_pretrained's; merges into the same directory replace each other."""
+    order, ref = read_safetensors(os.path.join(expected, "model.safetensors"))  # write order
+    total = sum(t.nbytes for t in ref.values())
+    out, where = compare_merge(merge, step_dir, expected, out_dir, ["--max-shard-size", size])
+    want = expected_shards(order, ref, limit)
+    n = max(want.values()) + 1
+    got = {k: int(m.group(1)) - 1 if (m := SHARD_RE.fullmatch(f)) else -1 for k, f in where.items()}
+    if n < 3 or got != want:
+        fail(f"{out_dir}: shard assignment {where} is not shard_checkpoint's {want} at {size}")
+    if not any(ref[k].nbytes > limit and list(want.values()).count(s) == 1 for k, s in want.items()):
+        fail(f"{out_dir}: no tensor larger than {size} alone in its shard (the fixture should have one)")
+    if f"model.safetensors.index.json ({n} shards: model-00001-of-{n:05d}.safetensors" not in out:
+        fail(f"stdout does not name the index and {n} shards: {out!r}")
+    # The same directory again: single replaces shards, shards replace single.
+    compare_merge(merge, step_dir, expected, out_dir, ["--max-shard-size", str(total)])
+    if not os.path.exists(os.path.join(out_dir, "model.safetensors")):
+        fail(f"--max-shard-size {total} (exactly the tensors' bytes): expected one model.safetensors")
+    _, where = compare_merge(merge, step_dir, expected, out_dir, ["--max-shard-size", str(total - 1)])
+    if sorted(set(where.values())) != ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]:
+        fail(f"--max-shard-size {total - 1}: expected 2 shards, got {sorted(set(where.values()))}")
+    compare_merge(merge, step_dir, expected, out_dir, ["--max-shard-size", size])
+    compare_merge(merge, step_dir, expected, out_dir, ["--max-shard-size", size])  # same names
+    compare_merge(merge, step_dir, expected, out_dir)  # default 5GB: one file
+    # Bad sizes: exit 2, one line naming the option, nothing created.
+    bad_dir = out_dir + "_bad"
+    for bad in (["--max-shard-size", "5XB"], ["--max-shard-size", "0"], ["--max-shard-size", "1.5GB"],
+                ["--max-shard-size", ""], ["--max-shard-size=-1GB"], ["--max-shard-size"]):
+        rc, out = run([merge, step_dir, bad_dir, *bad])
+        if rc != 2 or "--max-shard-size" not in out or len(out.strip().splitlines()) != 1:
+            fail(f"{bad}: rc {rc} (expected 2 and one line naming --max-shard-size), output {out!r}")
+        if os.path.exists(bad_dir):
+            fail(f"{bad}: created {bad_dir}")
 
 
 def eval_loss(tensors, cfg, path, L, windows):
@@ -296,9 +409,16 @@ def main():
     if rc != 2 or shards[-1] not in out:
         fail(f"missing shard file: rc {rc} (expected 2 naming {shards[-1]}), output {out!r}")
 
+    rc, out = run([a.merge, "--help"])
+    if "--max-shard-size" not in out:
+        fail(f"--help does not document --max-shard-size: {out!r}")
     compare_merge(a.merge, a.step_dir, a.expected, os.path.join(a.work, "out"))
+    # The tiny GPT-2 fixture's largest tensor is 256 bytes, T5's 8288.
+    check_sharded(a.merge, a.step_dir, a.expected, os.path.join(a.work, "out_sharded"), "100", 100)
     if a.t5_step_dir:
         compare_merge(a.merge, a.t5_step_dir, a.t5_expected, os.path.join(a.work, "out_t5"))
+        check_sharded(a.merge, a.t5_step_dir, a.t5_expected, os.path.join(a.work, "out_t5_sharded"),
+                      "1KB", 1000)
     shutil.rmtree(a.work, ignore_errors=True)
     print("check_merge: OK")
 

@@ -5,14 +5,21 @@
 // Hub-style GPT-2 names and T5's embed_tokens aliases load identically; bad directories are
 // input errors (exit 2) naming the file, key or tensor, the same on every rank.
 // GPT-2, T5 untied gated-gelu and T5 tied relu. Runs at 1, 2 and 4 ranks.
+// MergedShards: for every registered model family (fsdp::model_families(), so a family added
+// to the registry is covered without a change here), the merge written as Hugging Face shards
+// (MergeOptions::max_shard_size, fsdp_merge --max-shard-size) loads bit for bit as the
+// single-file merge, each rank reading exactly its shard's bytes from the shard files, and a
+// run started from the shards has the source run's final validation loss.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -456,5 +463,130 @@ TEST_P(InitFrom, BadDirectoriesAreInputErrorsNamingTheProblem) {
 
 INSTANTIATE_TEST_SUITE_P(Models, InitFrom, testing::ValuesIn(models()),
                          [](const testing::TestParamInfo<Model>& i) { return i.param.name; });
+
+// ---- merges written as Hugging Face shards, for every registered family ----
+
+// A tiny [model] of a family this file has no configuration of (family_model): every integer
+// key named as in Hugging Face configs gets a small value, the others keep their defaults.
+Config tiny_from_hf_names(const std::string& type, const std::string& run_dir) {
+  static const std::map<std::string, int64_t> kSmall = {
+      {"vocab_size", 300},  // padded to 384 rows in training (model.pad_vocab_multiple)
+      {"n_layer", 2}, {"num_layers", 2}, {"num_hidden_layers", 2}, {"num_decoder_layers", 1},
+      {"n_head", 2}, {"num_heads", 2}, {"num_attention_heads", 2}, {"num_key_value_heads", 1},
+      {"n_embd", 16}, {"d_model", 16}, {"hidden_size", 16}, {"d_kv", 8}, {"head_dim", 8},
+      {"n_inner", 24}, {"d_ff", 24}, {"intermediate_size", 24}, {"ffn_dim", 24},
+      {"n_positions", 64}, {"max_position_embeddings", 64}, {"relative_attention_num_buckets", 8},
+      {"relative_attention_max_distance", 16}};
+  std::string toml = "[model]\ntype = \"" + type + "\"\n";
+  for (const fsdp::ModelKey& k : fsdp::model_family(type).keys()) {
+    const auto it = kSmall.find(k.name);
+    if (it != kSmall.end() && std::holds_alternative<int64_t>(k.default_value))
+      toml += k.name + " = " + std::to_string(it->second) + "\n";
+  }
+  toml += R"(
+[data]
+source = "synthetic"
+seq_len = 16
+[train]
+global_batch_size = 8
+max_steps = 3
+seed = 13
+[optim]
+lr = 1e-2
+min_lr = 1e-3
+warmup_steps = 1
+weight_decay = 0.1
+[eval]
+every = 0
+max_windows = 4
+)";
+  Config c = fsdp::parse_config(
+      toml, "test_init_from: tiny " + type + " from Hugging Face size names (if this fails, give the family a line in family_model())", {});
+  c.train.run_dir = run_dir;
+  return c;
+}
+
+// The tiny model of each family: the configurations above for the families they were written
+// for, tiny_from_hf_names for any other. A family needing more than size names: one line here.
+Model family_model(const std::string& type) {
+  if (type == "gpt2") return models()[0];
+  if (type == "t5") return models()[1];  // T5 v1.1: gated-gelu, untied head
+  return {type, [type](const std::string& dir) { return tiny_from_hf_names(type, dir); }};
+}
+
+std::vector<std::string> family_types() {
+  std::vector<std::string> types;
+  for (const fsdp::ModelFamily* f : fsdp::model_families()) types.push_back(f->type());
+  return types;
+}
+
+class MergedShards : public testing::TestWithParam<std::string> {};
+
+TEST_P(MergedShards, LoadBitForBitAsTheSingleFileAndEachRankReadsOnlyItsShare) {
+  const Model m = family_model(GetParam());
+  const Source& src = source(m);
+  int64_t model_numel = 0;
+  for (const auto& l : layouts_of(src.cfg))
+    for (const auto& e : l.entries) model_numel += e.spec.numel();
+  ASSERT_LT(model_numel, 1'000'000) << "the tiny " << m.name << " is not tiny";
+  // 1000 bytes: a shard per tensor larger than that (embeddings, weights), the small ones
+  // (norms, biases) grouped.
+  constexpr int64_t kLimit = 1000;
+  const std::string dir = fresh_dir("init_shards_" + m.name);
+  if (world_rank() == 0) {
+    const auto st = fsdp::ckpt::merge_to_hf(fsdp::ckpt::step_dir(src.cfg.train.run_dir, src.cfg.train.max_steps),
+                                            dir, nullptr, {.max_shard_size = kLimit});
+    EXPECT_TRUE(st.sharded);
+    EXPECT_EQ(st.total_size, 4 * st.num_elements);
+  }
+  barrier();
+  ASSERT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
+  ASSERT_FALSE(fs::exists(dir + "/model.safetensors"));
+  const fsdp::safetensors::SafetensorsCheckpoint shards(dir), single(src.hf);
+  ASSERT_TRUE(shards.sharded());
+  EXPECT_GE(shards.files().size(), 3u);
+  // The same tensors; every shard within the limit unless it holds one larger tensor.
+  std::vector<std::string> a = shards.names(), b = single.names();
+  std::sort(b.begin(), b.end());
+  EXPECT_EQ(a, b);
+  bool lone_large = false;
+  for (const auto& f : shards.files()) {
+    int64_t bytes = 0;
+    for (const auto& n : f.names()) bytes += f.entry(n).end - f.entry(n).begin;
+    EXPECT_EQ(f.metadata().at("format"), "pt") << f.path();
+    if (f.names().size() == 1 && bytes > kLimit) {
+      lone_large = true;
+    } else {
+      EXPECT_LE(bytes, kLimit) << f.path();
+    }
+  }
+  EXPECT_TRUE(lone_large);
+  for (const auto& n : b) EXPECT_EQ(shards.read_f32(n), single.read_f32(n)) << n;
+
+  // init_from: the same shards as from the single file, each rank reading exactly its
+  // elements' bytes (about 1/N of the model) from whichever files hold them.
+  const Loaded one = load(src.hf, src.cfg), many = load(dir, src.cfg);
+  EXPECT_TRUE(same_bits(one.shards, many.shards));
+  EXPECT_EQ(static_cast<int64_t>(many.result.bytes_read), owned_bytes(layouts_of(src.cfg)));
+  EXPECT_EQ(many.result.bytes_read, one.result.bytes_read);
+  EXPECT_TRUE(many.result.unused.empty());
+  std::printf("[merged shards %s np%d rank %d] %zu files; read %llu of %lld model bytes\n", m.name.c_str(),
+              world_size(), world_rank(), shards.files().size(),
+              static_cast<unsigned long long>(many.result.bytes_read), static_cast<long long>(many.result.model_bytes));
+
+  // A run started from the shards: the source run's final validation loss before its first step.
+  Config c = m.config(fresh_dir("init_shards_run_" + m.name));
+  c.model.init_from = dir;
+  c.eval.on_start = true;
+  c.train.max_steps = 1;
+  const TrainResult r = run(c, On::world);
+  ASSERT_FALSE(src.result.val_losses.empty());
+  ASSERT_GE(r.val_losses.size(), 1u);
+  EXPECT_EQ(r.val_losses.front().second, src.result.val_losses.back().second);  // exactly
+  EXPECT_EQ(r.init_bytes_read, owned_bytes(layouts_of(c)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, MergedShards, testing::ValuesIn(family_types()),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace

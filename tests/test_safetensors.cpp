@@ -1,8 +1,14 @@
 // Tests of fsdp/checkpoint/safetensors.hpp's reader: every header rejection with its message,
 // round trips with the Writer, dtype conversions, ranged reads (bytes_read counts exactly the
-// range's bytes), and sharded model.safetensors.index.json directories.
+// range's bytes), and sharded model.safetensors.index.json directories; and of its model
+// directory writer: parse_shard_size (save_pretrained's max_shard_size strings), the shard
+// assignment, ModelWriter's files and index, and its publication order (a previous save's
+// files replaced, never mixed; a failure midway leaves the directory as it was).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <bit>
 #include <cmath>
@@ -12,6 +18,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/core/error.hpp"
@@ -450,6 +458,287 @@ TEST_F(StTest, CheckpointRejections) {
   write_raw("m/bad.safetensors", "xx");
   write_raw("m/model.safetensors.index.json", "{\"weight_map\":{\"a\":\"bad.safetensors\"}}");
   expect_input_error([&] { SafetensorsCheckpoint c(path("m")); }, path("m/bad.safetensors") + ": ", "shorter than");
+}
+
+// ---- writing model directories ----
+
+TEST(ShardSize, ParsesSavePretrainedsStrings) {
+  EXPECT_EQ(parse_shard_size("5GB"), 5'000'000'000);
+  EXPECT_EQ(parse_shard_size("5GB"), kDefaultMaxShardSize);
+  EXPECT_EQ(parse_shard_size("500MB"), 500'000'000);
+  EXPECT_EQ(parse_shard_size("10KB"), 10'000);
+  EXPECT_EQ(parse_shard_size("1KB"), 1'000);
+  EXPECT_EQ(parse_shard_size("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(parse_shard_size("3MiB"), int64_t{3} << 20);
+  EXPECT_EQ(parse_shard_size("7KiB"), 7 * 1024);
+  EXPECT_EQ(parse_shard_size("1000"), 1000);  // an integer: bytes
+  EXPECT_EQ(parse_shard_size("1"), 1);
+  // Units are case-insensitive; a lowercase final 'b' of KB/MB/GB means bits (transformers).
+  EXPECT_EQ(parse_shard_size("2gib"), int64_t{2} << 30);
+  EXPECT_EQ(parse_shard_size("2GIb"), int64_t{2} << 30);
+  EXPECT_EQ(parse_shard_size("5gB"), 5'000'000'000);
+  EXPECT_EQ(parse_shard_size("5Gb"), 625'000'000);
+  EXPECT_EQ(parse_shard_size("500mb"), 62'500'000);
+  EXPECT_EQ(parse_shard_size("1kb"), 125);
+  // Python int(): spaces around the number, '+', '_' between digits.
+  EXPECT_EQ(parse_shard_size("5 GB"), 5'000'000'000);
+  EXPECT_EQ(parse_shard_size(" 10KB"), 10'000);
+  EXPECT_EQ(parse_shard_size("+7KB"), 7'000);
+  EXPECT_EQ(parse_shard_size("1_000KB"), 1'000'000);
+  EXPECT_EQ(parse_shard_size("8589934591GiB"), (int64_t{8589934591} << 30));  // 2^63 - 2^30
+}
+
+TEST(ShardSize, RejectsBadValuesOnOneLineNamingTheOption) {
+  for (const std::string& bad : std::vector<std::string>{"", "GB", "5XB", "5TB", "5G", "5B", "1.5GB", "5e9", "-1GB", "0", "0KB", "-0",
+                                "0kb", "7b", "_1KB", "1__0KB", "1_KB", "5GB ", "five", "9223372036854775808",
+                                "9999999999GB", "8589934592GiB", "5 5GB", "+"}) {
+    try {
+      (void)parse_shard_size(bad, "--max-shard-size");
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(e.exit_code(), kExitInputError) << msg;
+      EXPECT_EQ(msg.rfind("--max-shard-size: ", 0), 0u) << msg;
+      if (!bad.empty()) EXPECT_NE(msg.find("\"" + escape_name(bad) + "\""), std::string::npos) << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  }
+  auto message = [](const std::string& text) {
+    try {
+      (void)parse_shard_size(text, "--max-shard-size");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message("5XB"),
+            "--max-shard-size: \"5XB\" is not a size (expected bytes as an integer, or an integer followed by "
+            "KB, MB, GB = 10^3, 10^6, 10^9 bytes or KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes, as save_pretrained's "
+            "max_shard_size: \"5GB\", \"500MB\", \"2GiB\")");
+  EXPECT_EQ(message("0"), "--max-shard-size: \"0\" is less than 1 byte (a shard holds at least one)");
+  EXPECT_NE(message("-1GB").find("\"-1GB\" is less than 1 byte"), std::string::npos);
+  EXPECT_NE(message("7b").find("\"7b\" is not a size"), std::string::npos);
+  EXPECT_NE(message("GB").find("\"GB\" has no number (expected"), std::string::npos);
+  EXPECT_EQ(message("9999999999GB"), "--max-shard-size: \"9999999999GB\" is more than 9223372036854775807 bytes");
+  EXPECT_NE(message("8589934592GiB").find("is more than"), std::string::npos);  // 2^33 * 2^30 = 2^63
+  EXPECT_EQ(message("").rfind("--max-shard-size: empty (expected bytes", 0), 0u);
+  EXPECT_EQ(message("9223372036854775807"), "accepted");
+}
+
+std::vector<TensorInfo> tensors_of_bytes(const std::vector<int64_t>& bytes) {
+  std::vector<TensorInfo> t;
+  for (std::size_t i = 0; i < bytes.size(); ++i) t.push_back({"t" + std::to_string(i), {bytes[i] / 4}});
+  return t;
+}
+
+TEST(ShardSize, AssignsInOrderAndStartsAShardWhenTheNextTensorWouldExceedTheLimit) {
+  // transformers' shard_checkpoint docstring: limit 10, weights 6, 6, 2, 6, 2, 2 -> [6], [6+2], [6+2+2].
+  EXPECT_EQ(assign_shards(tensors_of_bytes({24, 24, 8, 24, 8, 8}), 40), (std::vector<int>{0, 1, 1, 2, 2, 2}));
+  // Exactly at the limit fits; one byte over starts a new shard.
+  EXPECT_EQ(assign_shards(tensors_of_bytes({20, 20, 4}), 40), (std::vector<int>{0, 0, 1}));
+  EXPECT_EQ(assign_shards(tensors_of_bytes({20, 20, 4}), 44), (std::vector<int>{0, 0, 0}));
+  // A tensor larger than the limit is alone in its shard, in order (shard_checkpoint's
+  // grouping; huggingface_hub would write [B], [a, c]).
+  EXPECT_EQ(assign_shards(tensors_of_bytes({8, 400, 8}), 40), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(assign_shards(tensors_of_bytes({400}), 40), (std::vector<int>{0}));
+  EXPECT_EQ(assign_shards(tensors_of_bytes({400, 400}), 40), (std::vector<int>{0, 1}));
+  // Empty tensors cost nothing; the first tensor never starts a second shard.
+  EXPECT_EQ(assign_shards(tensors_of_bytes({0, 40, 0, 4}), 40), (std::vector<int>{0, 0, 0, 1}));
+  EXPECT_TRUE(assign_shards({}, 40).empty());
+  EXPECT_EQ(assign_shards(tensors_of_bytes({4, 4, 4}), 1), (std::vector<int>{0, 1, 2}));
+  EXPECT_THROW(assign_shards(tensors_of_bytes({4}), 0), Error);
+  EXPECT_EQ(shard_file_name(0, 3), "model-00001-of-00003.safetensors");
+  EXPECT_EQ(shard_file_name(99999, 100000), "model-100000-of-100000.safetensors");
+  for (const std::string ok : {"model-00001-of-00003.safetensors", "model-100000-of-100000.safetensors"})
+    EXPECT_TRUE(is_shard_file_name(ok)) << ok;
+  for (const std::string no : {"model.safetensors", "model-0001-of-00003.safetensors", "model-00001-of-00003.bin",
+                               "model-00001-of-00003.safetensors.tmp", "xmodel-00001-of-00003.safetensors",
+                               "model-00001-00003.safetensors", "model-0000a-of-00003.safetensors",
+                               "model-00001-of-00003.safetensorsx", "tokenizer.json"})
+    EXPECT_FALSE(is_shard_file_name(no)) << no;
+}
+
+// A model directory to write into: tensors "t<i>" of `numel[i]` elements, tensor i's element k
+// = 1000 * i + k + `base` (so two saves differ everywhere).
+class ModelDirTest : public StTest {
+ protected:
+  static std::vector<TensorInfo> infos(const std::vector<int64_t>& numel) {
+    std::vector<TensorInfo> t;
+    for (std::size_t i = 0; i < numel.size(); ++i) t.push_back({"t" + std::to_string(i), {numel[i]}});
+    return t;
+  }
+  static std::vector<float> values(std::size_t i, int64_t n, float base) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (int64_t k = 0; k < n; ++k) v[static_cast<std::size_t>(k)] = base + 1000.0f * static_cast<float>(i) + static_cast<float>(k);
+    return v;
+  }
+  // Writes a complete save into `dir`; returns its files.
+  std::vector<std::string> save(const std::string& dir, const std::vector<int64_t>& numel, int64_t max, float base,
+                                const std::map<std::string, std::string>& meta = {}) const {
+    ModelWriter w(dir, infos(numel), max, meta);
+    for (std::size_t i = 0; i < numel.size(); ++i) w.write_next(values(i, numel[i], base).data(), numel[i]);
+    w.finish();
+    return w.files();
+  }
+  // Every tensor of `dir` (through the reader, index or not) equals save(..., base)'s.
+  void expect_loads(const std::string& dir, const std::vector<int64_t>& numel, float base) const {
+    SafetensorsCheckpoint ck(dir);
+    ASSERT_EQ(ck.names().size(), numel.size());
+    for (std::size_t i = 0; i < numel.size(); ++i)
+      EXPECT_EQ(ck.read_f32("t" + std::to_string(i)), values(i, numel[i], base)) << dir << " t" << i;
+  }
+  std::vector<std::string> listing(const std::string& dir) const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+};
+
+TEST_F(ModelDirTest, AtOrBelowTheLimitOneModelSafetensors) {
+  fs::create_directories(path("m"));
+  // 10 + 20 + 5 floats = 140 bytes: a limit of exactly 140 keeps one file.
+  const auto files = save(path("m"), {10, 20, 5}, 140, 0);
+  EXPECT_EQ(files, std::vector<std::string>{"model.safetensors"});
+  EXPECT_EQ(listing(path("m")), std::vector<std::string>{"model.safetensors"});
+  SafetensorsFile f(path("m/model.safetensors"));
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  expect_loads(path("m"), {10, 20, 5}, 0);
+}
+
+TEST_F(ModelDirTest, AboveTheLimitShardsWithAnIndexLikeSavePretrained) {
+  fs::create_directories(path("m"));
+  // Bytes 40, 80, 20, 8, 400 (larger than the limit), 4 with a limit of 100:
+  // [t0] (40 + 80 > 100), [t1 t2] (exactly 100), [t3], [t4] alone, [t5] (400 + 4 > 100).
+  const std::vector<int64_t> numel{10, 20, 5, 2, 100, 1};
+  const auto files = save(path("m"), numel, 100, 0, {{"step", "9"}});
+  const std::vector<std::string> want{"model-00001-of-00005.safetensors", "model-00002-of-00005.safetensors",
+                                      "model-00003-of-00005.safetensors", "model-00004-of-00005.safetensors",
+                                      "model-00005-of-00005.safetensors"};
+  EXPECT_EQ(files, want);
+  std::vector<std::string> all = want;
+  all.push_back("model.safetensors.index.json");
+  EXPECT_EQ(listing(path("m")), all);
+  // The index: save_pretrained's JSON (sorted keys, 2-space indent, final newline).
+  std::ifstream in(path("m/model.safetensors.index.json"));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text,
+            "{\n  \"metadata\": {\n    \"total_size\": 552\n  },\n  \"weight_map\": {\n"
+            "    \"t0\": \"model-00001-of-00005.safetensors\",\n    \"t1\": \"model-00002-of-00005.safetensors\",\n"
+            "    \"t2\": \"model-00002-of-00005.safetensors\",\n    \"t3\": \"model-00003-of-00005.safetensors\",\n"
+            "    \"t4\": \"model-00004-of-00005.safetensors\",\n    \"t5\": \"model-00005-of-00005.safetensors\"\n  }\n}\n");
+  // Each shard: a safetensors file with {"format": "pt"} (and the caller's metadata), its
+  // tensors in order, data within the limit except the lone large tensor.
+  const std::vector<std::vector<std::string>> held{{"t0"}, {"t1", "t2"}, {"t3"}, {"t4"}, {"t5"}};
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    SafetensorsFile f(path("m/" + want[k]));
+    EXPECT_EQ(f.metadata().at("format"), "pt");
+    EXPECT_EQ(f.metadata().at("step"), "9");
+    EXPECT_EQ(f.names(), held[k]);
+    EXPECT_EQ(f.header_size() % 8, 0u);
+    const uint64_t data = f.file_size() - 8 - f.header_size();
+    if (held[k] != std::vector<std::string>{"t4"}) {
+      EXPECT_LE(data, 100u);
+    } else {
+      EXPECT_EQ(data, 400u);
+    }
+  }
+  SafetensorsCheckpoint ck(path("m"));
+  EXPECT_TRUE(ck.sharded());
+  expect_loads(path("m"), numel, 0);
+}
+
+TEST_F(ModelDirTest, ASaveReplacesThePreviousOnesFilesOnlyOnceItIsComplete) {
+  const std::string m = path("m");
+  fs::create_directories(m);
+  write_raw("m/tokenizer.json", "{}");
+  write_raw("m/model-00001-of-00001.bin", "x");  // not ours: kept
+  // Single -> sharded (3): model.safetensors goes.
+  save(m, {10, 10}, 1000, 0);
+  EXPECT_EQ(save(m, {10, 10, 10}, 40, 1).size(), 3u);
+  EXPECT_FALSE(fs::exists(m + "/model.safetensors"));
+  expect_loads(m, {10, 10, 10}, 1);
+  // Sharded (3) -> sharded (2): the third old shard goes; the index is the new one.
+  EXPECT_EQ(save(m, {20, 10}, 80, 2).size(), 2u);
+  EXPECT_FALSE(fs::exists(m + "/model-00003-of-00003.safetensors"));
+  EXPECT_FALSE(fs::exists(m + "/model-00001-of-00003.safetensors"));
+  expect_loads(m, {20, 10}, 2);
+  // Sharded (2) -> sharded (2), same names (the old index is removed before the renames).
+  EXPECT_EQ(save(m, {20, 10}, 80, 3).size(), 2u);
+  expect_loads(m, {20, 10}, 3);
+  // Sharded -> single: the index and every shard go.
+  save(m, {20, 10}, 1000, 4);
+  expect_loads(m, {20, 10}, 4);
+  EXPECT_EQ(listing(m), (std::vector<std::string>{"model-00001-of-00001.bin", "model.safetensors", "tokenizer.json"}));
+  // Leftover temporaries of an earlier crash go too.
+  write_raw("m/model-00002-of-00007.safetensors.tmp", "x");
+  write_raw("m/model-00002-of-00007.safetensors", "x");
+  write_raw("m/model.safetensors.index.json.tmp", "x");
+  EXPECT_EQ(save(m, {20, 10}, 80, 5).size(), 2u);
+  EXPECT_EQ(listing(m), (std::vector<std::string>{"model-00001-of-00001.bin", "model-00001-of-00002.safetensors",
+                                                  "model-00002-of-00002.safetensors", "model.safetensors.index.json",
+                                                  "tokenizer.json"}));
+  expect_loads(m, {20, 10}, 5);
+}
+
+TEST_F(ModelDirTest, UntilFinishThePreviousSaveIsWhatLoadsAndAnAbandonedSaveLeavesNoTrace) {
+  const std::string m = path("m");
+  fs::create_directories(m);
+  save(m, {20, 10, 10}, 80, 0);  // 2 shards
+  const auto before = listing(m);
+  {
+    ModelWriter w(m, infos({20, 10, 10}), 80);  // same names as the files in place
+    for (std::size_t i = 0; i < 3; ++i) w.write_next(values(i, i ? 10 : 20, 7).data(), i ? 10 : 20);
+    // Every shard is complete under its temporary name; nothing published yet.
+    EXPECT_TRUE(fs::exists(m + "/model-00001-of-00002.safetensors.tmp"));
+    expect_loads(m, {20, 10, 10}, 0);
+  }  // destroyed without finish(): an exception on the way
+  EXPECT_EQ(listing(m), before);
+  expect_loads(m, {20, 10, 10}, 0);
+  {
+    ModelWriter w(m, infos({20, 10, 10}), 1000);  // single file, abandoned half-way
+    w.write_next(values(0, 20, 7).data(), 20);
+  }
+  EXPECT_EQ(listing(m), before);
+  expect_loads(m, {20, 10, 10}, 0);
+  // Misuse is an error, not a half save.
+  ModelWriter w(m, infos({20, 10}), 80);
+  w.write_next(values(0, 20, 7).data(), 20);
+  EXPECT_THROW(w.finish(), Error);
+  EXPECT_THROW(w.write_next(values(1, 3, 7).data(), 3), Error);
+  EXPECT_THROW((void)ModelWriter(m, {{"a", {1}}, {"a", {2}}}, 80), Error);  // a name twice, across shards
+  EXPECT_THROW((void)ModelWriter(m, infos({1}), 0), Error);
+}
+
+// The file-size limit (RLIMIT_FSIZE) makes a write fail midway, as a full disk does.
+TEST_F(ModelDirTest, AWriteFailureMidwayLeavesThePreviousSave) {
+  const std::string m = path("m");
+  fs::create_directories(m);
+  save(m, {1000, 1000}, 1'000'000, 0);  // model.safetensors, 8000 bytes of data
+  const auto before = listing(m);
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit lim = old;
+  lim.rlim_cur = 6000;  // the first shard (4000 bytes + header) fits, the second does not
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  std::string what;
+  try {
+    ModelWriter w(m, infos({1000, 1000, 2000}), 4000);
+    for (std::size_t i = 0; i < 3; ++i) {
+      const int64_t n = i == 2 ? 2000 : 1000;
+      w.write_next(values(i, n, 9).data(), n);
+    }
+    w.finish();
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(what.find("model-00003-of-00003.safetensors: write failed"), std::string::npos) << what;
+  EXPECT_NE(what.find("File too large"), std::string::npos) << what;
+  EXPECT_EQ(listing(m), before);
+  expect_loads(m, {1000, 1000}, 0);
 }
 
 }  // namespace

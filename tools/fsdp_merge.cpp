@@ -2,13 +2,19 @@
 //
 //   fsdp_merge run/checkpoints/step_00001000 out/gpt2-small
 //
+//   fsdp_merge run/checkpoints/step_00001000 out/gpt2-xl --max-shard-size 2GB
+//
 // Reads every shard file of the step directory (checked complete and consistent), rebuilds
 // each full parameter from its flat shards, and writes OUT_DIR/model.safetensors (fp32, the
 // Hugging Face names and layouts of the checkpoint's model family: GPT2LMHeadModel with its
 // Conv1D layout, T5ForConditionalGeneration) and OUT_DIR/config.json, which load with
-// transformers' <Class>.from_pretrained(OUT_DIR) and with fsdp_train's model.init_from. Exit codes: 0 ok, 2 bad input
-// (missing/incompatible shard files, bad arguments), 1 other failures. The work is
-// fsdp::ckpt::merge_to_hf (docs/checkpoint.md); this file only parses the command line.
+// transformers' <Class>.from_pretrained(OUT_DIR) and with fsdp_train's model.init_from. When
+// the weights exceed --max-shard-size (save_pretrained's max_shard_size and its parsing,
+// default "5GB" = 5 * 10^9 bytes), they are written as save_pretrained shards them:
+// OUT_DIR/model-00001-of-0000N.safetensors ... and OUT_DIR/model.safetensors.index.json.
+// Exit codes: 0 ok, 2 bad input (missing/incompatible shard files, bad arguments, a bad
+// --max-shard-size), 1 other failures. The work is fsdp::ckpt::merge_to_hf
+// (docs/checkpoint.md); this file only parses the command line.
 // Progress: when stderr is a terminal, one status line on stderr rewritten in place (tensors
 // written of the total, bytes, MiB/s, ETA; fsdp/core/progress.hpp), ended before the summary;
 // nothing extra when stderr is not a terminal.
@@ -25,9 +31,14 @@
 namespace po = boost::program_options;
 
 int main(int argc, char** argv) {
-  std::string step_dir, out_dir;
+  std::string step_dir, out_dir, max_shard_size = "5GB";
   po::options_description visible("Options");
-  visible.add_options()("help,h", "print this help and exit");
+  visible.add_options()("help,h", "print this help and exit")(
+      "max-shard-size", po::value<std::string>(&max_shard_size)->value_name("SIZE"),
+      "largest weight file, as save_pretrained's max_shard_size (default 5GB): bytes, or "
+      "an integer with KB/MB/GB (10^3, 10^6, 10^9 bytes) or KiB/MiB/GiB (2^10, 2^20, 2^30); "
+      "larger models are written as model-0000k-of-0000N.safetensors shards with "
+      "model.safetensors.index.json");
   po::options_description hidden;
   hidden.add_options()("step-dir", po::value<std::string>(&step_dir), "checkpoint step directory")(
       "out-dir", po::value<std::string>(&out_dir), "output directory");
@@ -36,11 +47,13 @@ int main(int argc, char** argv) {
   po::positional_options_description pos;
   pos.add("step-dir", 1).add("out-dir", 1);
   const char* usage =
-      "usage: fsdp_merge STEP_DIR OUT_DIR\n"
+      "usage: fsdp_merge STEP_DIR OUT_DIR [--max-shard-size SIZE]\n"
       "  Merges the sharded checkpoint STEP_DIR (e.g. run/checkpoints/step_00001000) into\n"
       "  OUT_DIR/model.safetensors and OUT_DIR/config.json: a Hugging Face model directory\n"
       "  of the checkpoint's model type (gpt2: GPT2LMHeadModel, t5:\n"
-      "  T5ForConditionalGeneration), loadable with from_pretrained or model.init_from.\n";
+      "  T5ForConditionalGeneration), loadable with from_pretrained or model.init_from.\n"
+      "  Weights of more than SIZE bytes (default 5GB) are written as save_pretrained\n"
+      "  shards them: model-00001-of-0000N.safetensors ... and model.safetensors.index.json.\n";
   try {
     po::variables_map vm;
     po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
@@ -54,17 +67,31 @@ int main(int argc, char** argv) {
       return fsdp::kExitInputError;
     }
   } catch (const po::error& e) {
-    std::cerr << "fsdp_merge: " << e.what() << "\n" << usage;
+    std::cerr << "fsdp_merge: " << e.what() << " (fsdp_merge --help for usage)\n";  // one line
     return fsdp::kExitInputError;
+  }
+  fsdp::ckpt::MergeOptions options;
+  try {
+    options.max_shard_size = fsdp::safetensors::parse_shard_size(max_shard_size, "--max-shard-size");
+  } catch (const fsdp::Error& e) {
+    std::cerr << "fsdp_merge: " << e.what() << "\n";  // one line
+    return e.exit_code();
   }
   try {
     // Ended by finish(), or on an error by its destructor before the catch prints.
     auto progress = fsdp::ProgressMeter::on_terminal(
         {.label = "fsdp_merge", .unit = fsdp::ProgressUnit::kItems, .noun = "tensors"});
-    const auto stats = fsdp::ckpt::merge_to_hf(step_dir, out_dir, &progress);
+    const auto stats = fsdp::ckpt::merge_to_hf(step_dir, out_dir, &progress, options);
     progress.finish();
     std::cout << "fsdp_merge: wrote " << stats.num_tensors << " tensors (" << stats.num_elements
-              << " parameters) to " << out_dir << "/model.safetensors and config.json\n";
+              << " parameters) to " << out_dir << "/";
+    if (stats.sharded) {
+      std::cout << fsdp::safetensors::kIndexFileName << " (" << stats.files.size() << " shards: "
+                << stats.files.front() << " ... " << stats.files.back() << ")";
+    } else {
+      std::cout << stats.files.front();
+    }
+    std::cout << " and config.json\n";
     return 0;
   } catch (const fsdp::Error& e) {
     std::cerr << "fsdp_merge: " << e.what() << "\n";

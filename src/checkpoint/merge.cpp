@@ -1,5 +1,7 @@
 // Sharded checkpoint -> Hugging Face model directory (see fsdp/checkpoint/merge.hpp); the
-// names, layouts and config.json come from the checkpoint's model family. One full tensor (plus its transpose) in memory at a time.
+// names, layouts and config.json come from the checkpoint's model family; one model.safetensors
+// or Hugging Face's shards (safetensors::ModelWriter). One full tensor (plus its transpose) in
+// memory at a time.
 #include "fsdp/checkpoint/merge.hpp"
 
 #include <filesystem>
@@ -17,7 +19,10 @@ using nlohmann::json;
 
 namespace fsdp::ckpt {
 
-MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, ProgressMeter* progress) {
+MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, ProgressMeter* progress,
+                       const MergeOptions& options) {
+  if (options.max_shard_size < 1)
+    throw InputError("max_shard_size " + std::to_string(options.max_shard_size) + " is below 1 byte");
   const CheckpointSet set = CheckpointSet::open(step_dir);
   // Every dataset's checksum and finiteness first: a corrupted checkpoint is refused
   // (InputError naming the file and tensor) before anything else is looked at or written.
@@ -86,7 +91,7 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
 
   MergeStats stats;
   if (progress) {
-    int64_t total_bytes = 0;  // fp32 payload of model.safetensors (its header not counted)
+    int64_t total_bytes = 0;  // fp32 payload of the weight files (their headers not counted)
     for (const ParamSpec& p : expected)
       total_bytes += p.unpadded_numel() * static_cast<int64_t>(sizeof(float));
     progress->set_total(static_cast<int64_t>(expected.size()), total_bytes);
@@ -94,7 +99,7 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
   {
     std::map<std::string, std::string> meta{{"source", fs::absolute(step_dir).lexically_normal().string()},
                                             {"step", std::to_string(set.meta().step)}};
-    safetensors::Writer writer((fs::path(out_dir) / "model.safetensors").string(), infos, meta);
+    safetensors::ModelWriter writer(out_dir, infos, options.max_shard_size, meta);
     std::vector<float> full, trans;
     for (std::size_t k = 0; k < expected.size(); ++k) {
       const Loc& loc = where.at(expected[k].name);
@@ -117,6 +122,9 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
       if (progress) progress->update(stats.num_tensors, stats.num_elements * static_cast<int64_t>(sizeof(float)));
     }
     writer.finish();
+    stats.total_size = writer.total_size();
+    stats.files = writer.files();
+    stats.sharded = writer.sharded();
   }
   const std::string cfg_path = (fs::path(out_dir) / "config.json").string();
   write_file_atomically(cfg_path, hf_config.dump(2) + "\n");

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -73,7 +74,7 @@ std::string Writer::next_name() const {
 }
 
 void Writer::write_next(const float* data, int64_t count) {
-  if (finished_ || next_ >= tensors_.size())
+  if (closed_ || next_ >= tensors_.size())
     throw Error(file_.path() + ": safetensors writer: more tensors written than declared");
   const TensorInfo& t = tensors_[next_];
   if (count != t.numel())
@@ -87,8 +88,8 @@ void Writer::write_next(const float* data, int64_t count) {
   ++next_;
 }
 
-void Writer::finish() {
-  if (finished_) return;
+void Writer::close() {
+  if (closed_) return;
   if (next_ != tensors_.size())
     throw Error(file_.path() + ": safetensors writer: finish() before tensor \"" +
                 tensors_[next_].name + "\" was written");
@@ -96,8 +97,19 @@ void Writer::finish() {
   if (!out_) throw Error(file_.path() + ": write failed: " + std::strerror(errno));
   out_.close();
   if (!out_) throw Error(file_.path() + ": write failed: " + std::strerror(errno));
+  closed_ = true;
+}
+
+void Writer::commit() {
+  if (finished_) return;
+  if (!closed_) throw Error(file_.path() + ": safetensors writer: commit() before close()");
   file_.commit();
   finished_ = true;
+}
+
+void Writer::finish() {
+  close();
+  commit();
 }
 
 // ---- reader ----
@@ -688,6 +700,224 @@ uint64_t SafetensorsCheckpoint::bytes_read() const {
 
 void SafetensorsCheckpoint::reset_bytes_read() {
   for (auto& f : files_) f.reset_bytes_read();
+}
+
+// ---- Hugging Face model directories (writing) ----
+
+int64_t parse_shard_size(const std::string& text, const std::string& what) {
+  const std::string quoted = "\"" + escape_name(text) + "\"";
+  const std::string expected =
+      " (expected bytes as an integer, or an integer followed by KB, MB, GB = 10^3, 10^6, 10^9 "
+      "bytes or KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes, as save_pretrained's max_shard_size: "
+      "\"5GB\", \"500MB\", \"2GiB\")";
+  auto bad = [&](const std::string& why) { return InputError(what + ": " + why); };
+  auto upper_ends_with = [&](const char* suffix) {
+    const std::size_t n = std::strlen(suffix);
+    if (text.size() < n) return false;
+    for (std::size_t i = 0; i < n; ++i) {
+      const char c = text[text.size() - n + i];
+      if ((c >= 'a' && c <= 'z' ? static_cast<char>(c - 'a' + 'A') : c) != suffix[i]) return false;
+    }
+    return true;
+  };
+  // transformers' order of tests: the binary units first, then the decimal ones.
+  struct Unit {
+    const char* suffix;
+    int64_t factor;
+    bool bits_if_lowercase_b;
+  };
+  constexpr Unit kUnits[] = {{"GIB", int64_t{1} << 30, false}, {"MIB", int64_t{1} << 20, false},
+                             {"KIB", int64_t{1} << 10, false}, {"GB", 1'000'000'000, true},
+                             {"MB", 1'000'000, true},          {"KB", 1'000, true}};
+  std::string number = text;
+  int64_t factor = 1;
+  bool bits = false;
+  for (const Unit& u : kUnits) {
+    if (upper_ends_with(u.suffix)) {
+      number = text.substr(0, text.size() - std::strlen(u.suffix));
+      factor = u.factor;
+      bits = u.bits_if_lowercase_b && text.back() == 'b';
+      break;
+    }
+  }
+  // Python's int(): surrounding whitespace, an optional sign, digits with single '_' between.
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
+  std::size_t b = 0, e = number.size();
+  while (b < e && space(number[b])) ++b;
+  while (e > b && space(number[e - 1])) --e;
+  bool negative = false;
+  if (b < e && (number[b] == '+' || number[b] == '-')) negative = number[b++] == '-';
+  if (b == e) throw bad((text.empty() ? "empty" : quoted + " has no number") + expected);
+  int64_t value = 0;
+  bool overflow = false;
+  for (std::size_t i = b; i < e; ++i) {
+    const char c = number[i];
+    if (c == '_' && i > b && i + 1 < e && number[i - 1] != '_' && number[i + 1] >= '0' && number[i + 1] <= '9') continue;
+    if (c < '0' || c > '9') throw bad(quoted + " is not a size" + expected);
+    overflow = overflow || __builtin_mul_overflow(value, 10, &value) || __builtin_add_overflow(value, c - '0', &value);
+  }
+  overflow = overflow || __builtin_mul_overflow(value, factor, &value);
+  if (overflow)
+    throw bad(quoted + " is more than " + std::to_string(std::numeric_limits<int64_t>::max()) + " bytes");
+  if (bits) value /= 8;  // transformers: "5Gb" (lowercase b) is bits
+  if (negative || value < 1) throw bad(quoted + " is less than 1 byte (a shard holds at least one)");
+  return value;
+}
+
+std::vector<int> assign_shards(const std::vector<TensorInfo>& tensors, int64_t max_shard_size) {
+  if (max_shard_size < 1)
+    throw Error("safetensors: max_shard_size " + std::to_string(max_shard_size) + " is below 1 byte");
+  std::vector<int> shard_of;
+  shard_of.reserve(tensors.size());
+  int shard = 0;
+  int64_t size = 0;  // tensor bytes in `shard` so far
+  for (const TensorInfo& t : tensors) {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(sizeof(float));
+    if (!shard_of.empty() && bytes > max_shard_size - size) {
+      ++shard;
+      size = 0;
+    }
+    shard_of.push_back(shard);
+    size += bytes;
+  }
+  return shard_of;
+}
+
+std::string shard_file_name(int index, int count) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", index + 1, count);
+  return buf;
+}
+
+bool is_shard_file_name(const std::string& f) {
+  // model-<digits>-of-<digits>.safetensors, at least five digits each.
+  auto digits = [&](std::size_t& i) {
+    const std::size_t start = i;
+    while (i < f.size() && f[i] >= '0' && f[i] <= '9') ++i;
+    return i - start >= 5;
+  };
+  const std::string head = "model-", mid = "-of-", tail = ".safetensors";
+  if (f.compare(0, head.size(), head) != 0) return false;
+  std::size_t i = head.size();
+  if (!digits(i) || f.compare(i, mid.size(), mid) != 0) return false;
+  i += mid.size();
+  if (!digits(i)) return false;
+  return f.size() == i + tail.size() && f.compare(i, tail.size(), tail) == 0;
+}
+
+namespace {
+
+// Removes `path` if it exists (not following a symlink). Throws fsdp::Error naming it.
+void remove_if_present(const std::filesystem::path& path, const std::string& why) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  if (ec) throw Error(path.string() + ": cannot remove " + why + ": " + ec.message());
+}
+
+}  // namespace
+
+ModelWriter::ModelWriter(std::string dir, std::vector<TensorInfo> tensors, int64_t max_shard_size,
+                         std::map<std::string, std::string> metadata)
+    : dir_(std::move(dir)), tensors_(std::move(tensors)), metadata_(std::move(metadata)) {
+  (void)Writer::encode_header(tensors_, {});  // names and dimensions across all shards
+  shard_of_ = assign_shards(tensors_, max_shard_size);
+  const int n = shard_of_.empty() ? 1 : shard_of_.back() + 1;
+  for (int k = 0; k < n; ++k) files_.push_back(n == 1 ? std::string(kSingleFileName) : shard_file_name(k, n));
+  for (const TensorInfo& t : tensors_) total_size_ += t.numel() * static_cast<int64_t>(sizeof(float));
+  open_shard(0);
+}
+
+// The writers close their streams, then remove their temporaries unless committed.
+ModelWriter::~ModelWriter() = default;
+
+void ModelWriter::open_shard(int shard) {
+  std::vector<TensorInfo> infos;
+  for (std::size_t i = 0; i < tensors_.size(); ++i)
+    if (shard_of_[i] == shard) infos.push_back(tensors_[i]);
+  writers_.push_back(std::make_unique<Writer>(
+      (std::filesystem::path(dir_) / files_[static_cast<std::size_t>(shard)]).string(), std::move(infos), metadata_));
+}
+
+void ModelWriter::write_next(const float* data, int64_t count) {
+  if (next_ >= tensors_.size())
+    throw Error(dir_ + ": safetensors writer: more tensors written than declared");
+  const int shard = shard_of_[next_];
+  if (static_cast<std::size_t>(shard) == writers_.size()) open_shard(shard);
+  Writer& w = *writers_[static_cast<std::size_t>(shard)];
+  w.write_next(data, count);
+  ++next_;
+  if (next_ == tensors_.size() || shard_of_[next_] != shard) w.close();
+}
+
+std::string ModelWriter::index_json() const {
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (std::size_t i = 0; i < tensors_.size(); ++i)
+    weight_map[tensors_[i].name] = files_[static_cast<std::size_t>(shard_of_[i])];
+  // nlohmann::json objects keep their keys sorted: json.dumps(index, indent=2, sort_keys=True).
+  const nlohmann::json index = {{"metadata", {{"total_size", total_size_}}}, {"weight_map", weight_map}};
+  return index.dump(2) + "\n";
+}
+
+void ModelWriter::finish() {
+  namespace fs = std::filesystem;
+  if (finished_) return;
+  if (next_ != tensors_.size())
+    throw Error(dir_ + ": safetensors writer: finish() before tensor \"" + tensors_[next_].name +
+                "\" was written");
+  for (auto& w : writers_) w->close();
+  const fs::path dir(dir_);
+  if (!sharded()) {
+    writers_[0]->commit();  // from here on model.safetensors is what loads
+    remove_stale(true);
+    finished_ = true;
+    return;
+  }
+  // Every shard is complete under its ".tmp" name; the index joins them.
+  AtomicFile index((dir / kIndexFileName).string());
+  {
+    const std::string text = index_json();
+    std::ofstream out(index.tmp_path(), std::ios::binary | std::ios::trunc);
+    if (!out) throw Error(index.path() + ": cannot create " + index.tmp_path() + ": " + std::strerror(errno));
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.close();
+    if (!out) throw Error(index.path() + ": write failed: " + std::strerror(errno));
+  }
+  // A previous save's index must not name a file this save is about to replace: a crash
+  // between the renames would leave it joining old and new shards.
+  bool taken = false;
+  std::error_code ec;
+  for (const std::string& f : files_) taken = taken || fs::exists(fs::symlink_status(dir / f, ec));
+  if (taken && fs::exists(fs::symlink_status(dir / kIndexFileName, ec))) {
+    remove_if_present(dir / kIndexFileName, "the previous save's index");
+    fsync_path(dir_, true);
+  }
+  for (auto& w : writers_) w->commit();
+  index.commit();  // the new set is complete; an older model.safetensors still wins until removed
+  remove_stale(false);
+  finished_ = true;
+}
+
+void ModelWriter::remove_stale(bool single) {
+  namespace fs = std::filesystem;
+  const fs::path dir(dir_);
+  // First the file that would still win (sharded) or join the stale shards (single).
+  remove_if_present(dir / (single ? kIndexFileName : kSingleFileName), "a previous save's weights");
+  remove_if_present(dir / (std::string(kIndexFileName) + ".tmp"), "a temporary of an earlier save");
+  remove_if_present(dir / (std::string(kSingleFileName) + ".tmp"), "a temporary of an earlier save");
+  const std::set<std::string> keep(files_.begin(), files_.end());
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+    const std::string base = tmp ? name.substr(0, name.size() - 4) : name;
+    std::error_code ec2;
+    if (is_shard_file_name(base) && (tmp || !keep.count(base)) && it->is_regular_file(ec2))
+      stale.push_back(it->path());
+  }
+  if (ec) throw Error(dir_ + ": cannot list the directory: " + ec.message());
+  for (const fs::path& p : stale) remove_if_present(p, "a previous save's shard");
+  fsync_path(dir_, true);
 }
 
 }  // namespace fsdp::safetensors

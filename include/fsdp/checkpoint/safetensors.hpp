@@ -62,8 +62,18 @@ class Writer {
   void write_next(const float* data, int64_t count);
   // Name of the tensor write_next expects next ("" when all are written).
   std::string next_name() const;
-  // Checks every tensor was written, flushes, fsyncs and renames to `path`.
+  // Checks every tensor was written, flushes, fsyncs and renames to `path` (close() then
+  // commit()). A second call does nothing.
   void finish();
+  // finish() in two steps, for files that are published together (ModelWriter's shards):
+  // close() checks every tensor was written, flushes and closes the temporary
+  // (`path + ".tmp"`) without publishing it; commit() fsyncs it and renames it onto `path`
+  // (AtomicFile::commit). Throws fsdp::Error naming `path`: close() before every tensor was
+  // written, an I/O failure (strerror), commit() before close(). Each does nothing when
+  // already done.
+  void close();
+  void commit();
+  const std::string& path() const { return file_.path(); }
 
   // The header bytes (8-byte size + padded JSON) for `tensors`; exposed for tests.
   static std::string encode_header(const std::vector<TensorInfo>& tensors,
@@ -74,6 +84,106 @@ class Writer {
   std::vector<TensorInfo> tensors_;
   std::size_t next_ = 0;
   std::ofstream out_;
+  bool closed_ = false, finished_ = false;
+};
+
+// ---- Hugging Face model directories: one model.safetensors or a sharded set ----
+
+inline constexpr const char* kSingleFileName = "model.safetensors";
+inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
+// save_pretrained's default max_shard_size, "5GB": 5 * 10^9 bytes.
+inline constexpr int64_t kDefaultMaxShardSize = 5'000'000'000;
+
+// Parses a shard size as transformers' convert_file_size_to_int (save_pretrained's
+// max_shard_size) does, in bytes: a plain integer is bytes ("1000000"); an integer followed
+// by a unit, case-insensitive: KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes; KB, MB, GB = 10^3,
+// 10^6, 10^9 bytes, except that a lowercase final 'b' means bits, as in transformers ("5GB"
+// = 5 * 10^9, "2GiB" = 2^31, "500mb" = 500 * 10^6 / 8). The integer is Python int()'s:
+// optional surrounding spaces, an optional '+', single '_' between digits ("1_000KB").
+// Departure: a size below 1 byte is refused (transformers accepts it and then writes one
+// tensor per shard). Throws InputError (exit 2), one line naming `what` (fsdp_merge passes
+// "--max-shard-size") and the text, e.g. `--max-shard-size: "5TB" is not a size (expected
+// ...)`, on an empty string, a fraction ("1.5GB"), an unknown unit ("5TB", "5G"), a value of 0
+// or below (after the bits division: "7kb" is 875 bytes, "1b" is refused), or one above int64.
+int64_t parse_shard_size(const std::string& text, const std::string& what = "max_shard_size");
+
+// The shard each tensor goes to (0-based, non-decreasing, one entry per tensor), for tensor
+// data of 4 bytes per element (what Writer stores): tensors in the given order, a new shard
+// started when adding the next tensor to a non-empty shard would take the shard's tensor
+// bytes above `max_shard_size` (headers not counted), so a tensor larger than the limit is
+// alone in its shard. This is transformers' shard_checkpoint (save_pretrained up to 4.3x);
+// huggingface_hub's split_state_dict_into_shards, which save_pretrained uses since, groups
+// the same way except that it puts a tensor larger than the limit in a shard of its own
+// ahead of the shard it is filling (both load the same). Throws fsdp::Error if
+// max_shard_size < 1.
+std::vector<int> assign_shards(const std::vector<TensorInfo>& tensors, int64_t max_shard_size);
+// Hugging Face's shard file name: shard_file_name(0, 3) = "model-00001-of-00003.safetensors"
+// (1-based, at least five digits).
+std::string shard_file_name(int index, int count);
+// Whether `file_name` is one of those names: "model-<digits>-of-<digits>.safetensors" with at
+// least five digits each (what a previous save left and the next one may replace).
+bool is_shard_file_name(const std::string& file_name);
+
+// Writes a Hugging Face model directory's weights as save_pretrained(max_shard_size=...)
+// lays them out: DIR/model.safetensors when the tensors' bytes fit the limit (one shard),
+// else DIR/model-00001-of-0000N.safetensors ... with DIR/model.safetensors.index.json
+//   {"metadata": {"total_size": <tensor bytes>}, "weight_map": {"<tensor>": "<file>", ...}}
+// (2-space indented, keys sorted, newline-terminated: save_pretrained's json.dumps). Each
+// file is a Writer (fp32; "__metadata__" {"format": "pt"} plus `metadata`). Streaming like
+// Writer: tensors arrive one at a time in the given order, and each shard is written under
+// its ".tmp" name as its tensors arrive.
+//
+// Publication (finish()), so that no crash or I/O failure leaves a directory that loads a
+// half-written or mixed model (transformers' from_pretrained and SafetensorsCheckpoint both
+// take model.safetensors before the index):
+//  * one file: model.safetensors is renamed into place (from then on it is what loads), then
+//    a previous save's index and shard files are removed;
+//  * shards: every shard and the index are complete and fsynced under ".tmp" names first;
+//    if a new shard's name is taken by a previous save's file (same shard count), the old
+//    index is removed first (a crash then leaves no index rather than one that mixes old and
+//    new shards); the shards are renamed into place, then the index (with other names, the
+//    rename replaces the old index in one step), then a previous save's model.safetensors
+//    is removed (until then it is what loads) and its shard files that the new index does
+//    not name.
+// Only these names are removed: model.safetensors, model.safetensors.index.json, and regular
+// files that is_shard_file_name accepts (with or without ".tmp"); nothing else in DIR is
+// touched. Destroying the writer before finish() (an exception) removes every temporary and
+// leaves DIR as it was. I/O errors throw fsdp::Error naming the file and strerror.
+class ModelWriter {
+ public:
+  // `dir` must exist. Throws fsdp::Error on an empty, duplicate or "__metadata__" name, a
+  // negative dimension, max_shard_size < 1, or an I/O failure creating the first file.
+  ModelWriter(std::string dir, std::vector<TensorInfo> tensors, int64_t max_shard_size,
+              std::map<std::string, std::string> metadata = {});
+  ModelWriter(const ModelWriter&) = delete;
+  ModelWriter& operator=(const ModelWriter&) = delete;
+  ~ModelWriter();
+
+  // As Writer::write_next (`count` = the next tensor's numel).
+  void write_next(const float* data, int64_t count);
+  // Publishes the files and removes a previous save's (see above). Throws fsdp::Error if a
+  // tensor was not written, or on an I/O failure.
+  void finish();
+
+  bool sharded() const { return files_.size() > 1; }
+  // File names in DIR, shard order: {"model.safetensors"} or the shard names.
+  const std::vector<std::string>& files() const { return files_; }
+  // Tensor bytes (4 x numel summed): the index's total_size.
+  int64_t total_size() const { return total_size_; }
+  // The index text for these tensors (sharded() only; exposed for tests).
+  std::string index_json() const;
+
+ private:
+  void open_shard(int shard);
+  void remove_stale(bool single);
+  std::string dir_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+  std::vector<int> shard_of_;         // tensor -> shard
+  std::vector<std::string> files_;    // shard -> file name
+  std::vector<std::unique_ptr<Writer>> writers_;  // opened so far, shard order
+  std::size_t next_ = 0;
+  int64_t total_size_ = 0;
   bool finished_ = false;
 };
 
