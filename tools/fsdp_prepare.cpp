@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
       ("output,o", po::value(&out), "output HDF5 token file (written atomically via OUT.tmp)")
       ("pairs", po::value(&pairs),
        "seq2seq pairs: a TSV of input<TAB>target lines (ByT5 ids, eos appended; docs/data.md)")
-      ("val-fraction", po::value(&val_fraction)->default_value(0.05),
+      ("val-fraction", po::value(&val_fraction)->default_value(0.05, "0.05"),
        "fraction of the tokens (with --pairs: of the pairs), taken from the end, used for validation, in (0, 1)")
       ("tokenizer", po::value(&tokenizer),
        "SentencePiece model (tokenizer.model of Llama 2, Mistral, T5; or spm_train's): encode the INPUTs with "
