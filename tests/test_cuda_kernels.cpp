@@ -1564,5 +1564,195 @@ TEST(CudaBackend, T5WrongArgumentsThrow) {
   g.synchronize();
 }
 
+// ---------------------------------------------------------------------------------------
+// Llama pieces: rotary embedding, SwiGLU, grouped-query attention
+
+// Llama's rotary tables, fp32 [Tmax, D/2]: cos/sin(t theta^(-2i/D)).
+void rope_tables(int64_t Tmax, int64_t D, Vec& cos, Vec& sin) {
+  const int64_t half = D / 2;
+  cos.resize(static_cast<std::size_t>(Tmax * half));
+  sin.resize(cos.size());
+  for (int64_t t = 0; t < Tmax; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double f = static_cast<double>(t) * std::pow(10000.0, -2.0 * i / static_cast<double>(D));
+      cos[t * half + i] = static_cast<float>(std::cos(f));
+      sin[t * half + i] = static_cast<float>(std::sin(f));
+    }
+  }
+}
+
+TEST(CudaBackend, Rope) {
+  std::mt19937 rng(28);
+  struct Shape {
+    int64_t B, T, Tmax, H, D;
+  };
+  for (DType t : kFloatTypes) {
+    for (const Shape& sh : {Shape{2, 13, 20, 3, 8}, Shape{1, 1, 1, 1, 2}, Shape{3, 7, 7, 2, 6},
+                            Shape{2, 65, 130, 4, 128}, Shape{1, 33, 64, 8, 64}}) {
+      SCOPED_TRACE(name(t) + " B=" + std::to_string(sh.B) + " T=" + std::to_string(sh.T) +
+                   " H=" + std::to_string(sh.H) + " D=" + std::to_string(sh.D));
+      const int64_t n = sh.B * sh.T * sh.H * sh.D;
+      Vec cv, sv;
+      rope_tables(sh.Tmax, sh.D, cv, sv);
+      Pair cos = make(DType::f32, cv), sin = make(DType::f32, sv);
+      Pair x = make(t, uniform(n, rng, -3.0f, 3.0f)), out = make(t, uniform(n, rng)),
+           dx = make(t, uniform(n, rng));
+      both([&](Backend& be, Side s) {
+        be.rope_forward(out.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D);
+        be.rope_backward(dx.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D);
+      });
+      check(out, tol_for(t, kElemF32), "rope_forward");
+      check(dx, tol_for(t, kElemF32), "rope_backward");
+      both([&](Backend& be, Side s) {  // in place: out = x, then dx = dout
+        be.rope_forward(x.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D);
+      });
+      check_sync(x, tol_for(t, kElemF32), "rope_forward in place");
+      both([&](Backend& be, Side s) {
+        be.rope_backward(x.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D);
+      });
+      check(x, tol_for(t, kElemF32), "rope_backward in place");
+    }
+  }
+  // mixed storage: bf16 in, fp32 out
+  Vec cv, sv;
+  rope_tables(9, 16, cv, sv);
+  Pair cos = make(DType::f32, cv), sin = make(DType::f32, sv);
+  Pair x = make(DType::bf16, uniform(2 * 9 * 3 * 16, rng)), out = make(DType::f32, Vec(2 * 9 * 3 * 16));
+  both([&](Backend& be, Side s) { be.rope_forward(out.v(s), x.v(s), cos.v(s), sin.v(s), 2, 9, 3, 16); });
+  check(out, kElemF32, "rope_forward bf16 -> fp32");
+}
+
+TEST(CudaBackend, Swiglu) {
+  std::mt19937 rng(29);
+  for (DType t : kFloatTypes) {
+    for (int64_t n : {int64_t{1}, int64_t{13}, int64_t{1000}, int64_t{100003}}) {
+      SCOPED_TRACE(name(t) + " n=" + std::to_string(n));
+      Vec gv = uniform(n, rng, -8.0f, 8.0f);
+      const float extremes[] = {0.0f, -30.0f, 30.0f, -100.0f, 100.0f};
+      for (std::size_t i = 0; i < 5 && i < gv.size(); ++i) gv[i] = extremes[i];
+      Pair gate = make(t, gv), up = make(t, uniform(n, rng, -2.0f, 2.0f)),
+           dout = make(t, uniform(n, rng)), out = make(t, uniform(n, rng)),
+           dgate = make(t, uniform(n, rng)), dup = make(t, uniform(n, rng));
+      const Tol tol = tol_for(t, kElemF32);
+      both([&](Backend& be, Side s) {
+        be.swiglu_forward(out.v(s), gate.v(s), up.v(s));
+        be.swiglu_backward(dgate.v(s), dup.v(s), dout.v(s), gate.v(s), up.v(s));
+      });
+      check(out, tol, "swiglu_forward");
+      check(dgate, tol, "swiglu_backward dgate");
+      check(dup, tol, "swiglu_backward dup");
+      // aliasing: dout = dgate; then dgate = gate, dup = up; then out = gate
+      Pair d2 = make(t, Vec(n)), u2 = make(t, Vec(n));
+      both([&](Backend& be, Side s) {
+        be.copy(d2.v(s), dout.v(s));
+        be.swiglu_backward(d2.v(s), u2.v(s), d2.v(s), gate.v(s), up.v(s));
+      });
+      check(d2, tol, "swiglu_backward dgate = dout");
+      check(u2, tol, "swiglu_backward dup (dgate = dout)");
+      Pair g3 = make(t, gv), u3 = make(t, Vec(n));
+      both([&](Backend& be, Side s) {
+        be.copy(u3.v(s), up.v(s));
+        be.swiglu_backward(g3.v(s), u3.v(s), dout.v(s), g3.v(s), u3.v(s));
+      });
+      check(g3, tol, "swiglu_backward dgate = gate");
+      check(u3, tol, "swiglu_backward dup = up");
+      both([&](Backend& be, Side s) { be.swiglu_forward(gate.v(s), gate.v(s), up.v(s)); });
+      check(gate, tol, "swiglu_forward out = gate");
+    }
+  }
+  Pair a = make(DType::bf16, uniform(77, rng, -4.0f, 4.0f)), b = make(DType::f32, uniform(77, rng)),
+       o = make(DType::f16, Vec(77)), d = make(DType::f32, uniform(77, rng)),
+       ga = make(DType::f32, Vec(77)), gb = make(DType::bf16, Vec(77));
+  both([&](Backend& be, Side s) {
+    be.swiglu_forward(o.v(s), a.v(s), b.v(s));
+    be.swiglu_backward(ga.v(s), gb.v(s), d.v(s), a.v(s), b.v(s));
+  });
+  check(o, kF16, "swiglu_forward mixed bf16, fp32 -> fp16");
+  check(ga, kElemF32, "swiglu_backward mixed, dgate fp32");
+  check(gb, kBf16, "swiglu_backward mixed, dup bf16");
+}
+
+// As run_mha for Llama's causal grouped-query attention: forward on both (out, lse), backward
+// on both from the CPU's out and lse (outputs pre-filled: they are written), then the GPU's
+// backward once more, bitwise equal (the dK/dV group sums have a fixed order).
+void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, std::mt19937& rng,
+             DType out_t) {
+  SCOPED_TRACE("q " + name(t) + " out " + name(out_t) + " B=" + std::to_string(B) +
+               " T=" + std::to_string(T) + " H=" + std::to_string(H) + " Hkv=" +
+               std::to_string(Hkv) + " D=" + std::to_string(D));
+  const Tol tol = attn_tol(t == DType::f32 ? out_t : t);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
+  Pair q = make(t, uniform(nq, rng, -1.5f, 1.5f)), k = make(t, uniform(nk, rng, -1.5f, 1.5f)),
+       v = make(t, uniform(nk, rng));
+  Pair out = make(out_t, uniform(nq, rng)), lse = make(DType::f32, uniform(nl, rng));
+  both([&](Backend& be, Side s) {
+    be.gqa_attention_forward(out.v(s), lse.v(s), q.v(s), k.v(s), v.v(s), B, T, H, Hkv, D, scale);
+  });
+  check(out, tol, "out");
+  check(lse, tol, "lse");
+  out.cpu_to_gpu();
+  lse.cpu_to_gpu();
+  Pair dout = make(out_t, uniform(nq, rng));
+  Pair dq = make(t, uniform(nq, rng)), dk = make(t, uniform(nk, rng)), dv = make(t, uniform(nk, rng));
+  both([&](Backend& be, Side s) {
+    be.gqa_attention_backward(dq.v(s), dk.v(s), dv.v(s), dout.v(s), q.v(s), k.v(s), v.v(s),
+                              out.v(s), lse.v(s), B, T, H, Hkv, D, scale);
+  });
+  check(dq, tol, "dq");
+  check(dk, tol, "dk");
+  check(dv, tol, "dv");
+  const Bytes first[3] = {read_bytes(gpu(), dq.v(kGpu)), read_bytes(gpu(), dk.v(kGpu)),
+                          read_bytes(gpu(), dv.v(kGpu))};
+  Pair dq2 = make(t, Vec(nq)), dk2 = make(t, Vec(nk)), dv2 = make(t, Vec(nk));
+  gpu().gqa_attention_backward(dq2.v(kGpu), dk2.v(kGpu), dv2.v(kGpu), dout.v(kGpu), q.v(kGpu),
+                               k.v(kGpu), v.v(kGpu), out.v(kGpu), lse.v(kGpu), B, T, H, Hkv, D,
+                               scale);
+  expect_bytes(dq2, first[0], "dq rerun");
+  expect_bytes(dk2, first[1], "dk rerun");
+  expect_bytes(dv2, first[2], "dv rerun");
+}
+
+TEST(CudaBackend, GqaAttention) {
+  for (AttentionKernel kernel : {AttentionKernel::mma, AttentionKernel::wmma}) {
+    SCOPED_TRACE(kernel == AttentionKernel::mma ? "mma kernels" : "wmma kernels");
+    const KernelChoice choice(kernel);
+    std::mt19937 rng(30);
+    for (DType t : kFloatTypes) {
+      run_gqa(t, 2, 13, 4, 2, 8, rng, t);     // SIMT: groups of 2
+      run_gqa(t, 2, 37, 6, 1, 16, rng, t);    // MQA
+      run_gqa(t, 1, 9, 3, 3, 6, rng, t);      // MHA
+      run_gqa(t, 2, 1, 4, 2, 64, rng, t);     // one position
+      // head dims 64 and 128: the tensor-core kernels for 16-bit storage
+      for (int64_t T : {63, 64, 65, 130}) run_gqa(t, 2, T, 8, 2, 64, rng, t);
+      run_gqa(t, 1, 200, 4, 1, 128, rng, t);  // MQA, D 128
+      run_gqa(t, 1, 129, 6, 3, 128, rng, t);
+      run_gqa(t, 1, 512, 32, 8, 64, rng, t);  // Llama-like: 4 query heads per kv head
+    }
+    run_gqa(DType::bf16, 2, 33, 4, 2, 64, rng, DType::f32);  // mixed storage: fp32 fallback
+  }
+}
+
+TEST(CudaBackend, LlamaWrongArgumentsThrow) {
+  Backend& g = gpu();
+  DeviceBuffer f32(g, DType::f32, 256, MemCategory::other), bf(g, DType::bf16, 64, MemCategory::other);
+  const TensorView F = f32.view(), Hb = bf.view();
+  expect_error([&] { g.rope_forward(F.slice(0, 36), F.slice(0, 36), F, F, 1, 3, 4, 3); },
+               "cuda backend: rope_forward: D");
+  expect_error([&] { g.rope_backward(F, F, Hb, F, 1, 3, 4, 4); },
+               "cuda backend: rope_backward: cos is bf16");
+  expect_error([&] { g.swiglu_forward(F, F.slice(0, 100), F); },
+               "cuda backend: swiglu_forward: gate is fp32 [100]");
+  expect_error([&] { g.swiglu_backward(F, F, F, F, F.slice(0, 3)); },
+               "cuda backend: swiglu_backward: up is fp32 [3]");
+  expect_error([&] { g.gqa_attention_forward(F, F, F, F, F, 1, 2, 6, 4, 4, 0.5f); },
+               "cuda backend: gqa_attention_forward: Hkv = 4");
+  expect_error([&] { g.gqa_attention_backward(F, F, F, F, F, F, F, F, F, 1, 2, 6, 0, 4, 0.5f); },
+               "cuda backend: gqa_attention_backward: Hkv = 0");
+  expect_error([&] { g.gqa_attention_forward(F, Hb, F, F, F, 1, 2, 6, 3, 4, 0.5f); },
+               "cuda backend: gqa_attention_forward: lse is bf16");
+  g.synchronize();
+}
+
 }  // namespace
 }  // namespace fsdp

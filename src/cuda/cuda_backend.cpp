@@ -17,8 +17,10 @@
 // one fused FlashAttention-2 problem (kernels_flash.cu): q, k, v and the output are strided
 // head matrices read in place, nothing of size T x T is allocated, and the launches per call
 // do not depend on B or H: forward 1 kernel, backward 3 (D_i = rowsum(dO * O), dK/dV, and
-// dQ with the bias gradient summed over the batch in order). Calls whose float arguments mix
-// storage types run on fp32 copies and cast the results (a few more launches).
+// dQ with the bias gradient summed over the batch in order). Llama's grouped-query attention
+// (gqa_attention_*) is the same problem with H / Hkv query heads per key/value head: the
+// dK/dV blocks own a key/value head and sum its query heads in order. Calls whose float
+// arguments mix storage types run on fp32 copies and cast the results (a few more launches).
 #include "fsdp/cuda/cuda_backend.hpp"
 
 #include <algorithm>
@@ -908,53 +910,117 @@ void CudaBackend::mha_backward(const TensorView& dq, const TensorView& dk, const
 }
 
 // ---------------------------------------------------------------------------------------
-// Llama pieces (CUDA kernels not written yet: argument checks, then an error)
-
-namespace {
-[[noreturn]] void not_yet(const char* kernel) {
-  throw Error(std::string("cuda backend: ") + kernel + ": not implemented yet");
-}
-}  // namespace
+// Llama pieces: rope and SwiGLU in kernels_llama.cu (mixed storage types through the
+// run-time-typed instantiation), grouped-query attention on the flash kernels with
+// FlashProblem::group = H / Hkv.
 
 void CudaBackend::rope_forward(const TensorView& out_, const TensorView& x, const TensorView& cos,
                                const TensorView& sin, int64_t B, int64_t T, int64_t H,
                                int64_t D) {
+  // x, out: [B,T,H*D] (out may alias x); cos, sin: fp32 [>= T, D/2].
   Chk::rope_forward(out_, x, cos, sin, B, T, H, D);
-  not_yet("rope_forward");
+  k::rope(out(out_), in(x), static_cast<const float*>(cos.data),
+          static_cast<const float*>(sin.data), B, T, H, D, false, s());
 }
+
 void CudaBackend::rope_backward(const TensorView& dx, const TensorView& dout,
                                 const TensorView& cos, const TensorView& sin, int64_t B,
                                 int64_t T, int64_t H, int64_t D) {
+  // dout, dx: [B,T,H*D] (dx written, may alias dout); cos, sin: fp32 [>= T, D/2].
   Chk::rope_backward(dx, dout, cos, sin, B, T, H, D);
-  not_yet("rope_backward");
+  k::rope(out(dx), in(dout), static_cast<const float*>(cos.data),
+          static_cast<const float*>(sin.data), B, T, H, D, true, s());
 }
+
 void CudaBackend::swiglu_forward(const TensorView& out_, const TensorView& gate,
                                  const TensorView& up) {
+  // out[n] = silu(gate[n]) up[n], n = out.numel() (out may alias gate or up)
+  const int64_t n = out_.numel();
   Chk::swiglu_forward(out_, gate, up);
-  not_yet("swiglu_forward");
+  k::swiglu_forward(out(out_), in(gate), in(up), n, s());
 }
+
 void CudaBackend::swiglu_backward(const TensorView& dgate, const TensorView& dup,
                                   const TensorView& dout, const TensorView& gate,
                                   const TensorView& up) {
+  // dgate = dout up silu'(gate), dup = dout silu(gate), n = dgate.numel()
+  const int64_t n = dgate.numel();
   Chk::swiglu_backward(dgate, dup, dout, gate, up);
-  not_yet("swiglu_backward");
+  k::swiglu_backward(out(dgate), out(dup), in(dout), in(gate), in(up), n, s());
 }
+
+namespace {
+// Llama's attention as a FlashProblem: q, out [B,T,H*D], k, v [B,T,Hkv*D], causal, query
+// head h on key/value head h / (H/Hkv).
+k::FlashProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
+                            k::ST t) {
+  k::FlashProblem p{B,     T,    T,       H,       D, H * D, Hkv * D, Hkv * D, H * D,
+                    scale, true, nullptr, nullptr, t};
+  p.group = H / Hkv;
+  return p;
+}
+}  // namespace
+
 void CudaBackend::gqa_attention_forward(const TensorView& out_, const TensorView& lse,
                                         const TensorView& q, const TensorView& k,
                                         const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                        int64_t Hkv, int64_t D, float) {
+                                        int64_t Hkv, int64_t D, float scale) {
+  // q, out: [B,T,H*D]; k, v: [B,T,Hkv*D]; lse: [B,H,T] fp32.
   Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, check_mha_limits);
-  not_yet("gqa_attention_forward");
+  const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
+  auto* l = static_cast<float*>(lse.data);
+  const DType dt = q.dtype;
+  if (k.dtype == dt && v.dtype == dt && out_.dtype == dt) {
+    k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, st(dt)), q.data, k.data, v.data,
+                     out_.data, l, s());
+    return;
+  }
+  // Mixed storage types: run in fp32 and round the output once.
+  const F32Copy fq(*this, q, nq, true), fk(*this, k, nk, true), fv(*this, v, nk, true);
+  const F32Copy fo(*this, out_, nq, false);
+  k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32), fq.view.data, fk.view.data,
+                   fv.view.data, fo.view.data, l, s());
+  if (nq > 0) k::cast(out(out_), in(fo.view), nq, s());
 }
+
 void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView& dk,
                                          const TensorView& dv, const TensorView& dout,
                                          const TensorView& q, const TensorView& k,
                                          const TensorView& v, const TensorView& out_,
                                          const TensorView& lse, int64_t B, int64_t T, int64_t H,
-                                         int64_t Hkv, int64_t D, float) {
+                                         int64_t Hkv, int64_t D, float scale) {
+  // dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] written; dout, out: [B,T,H*D]; q, k, v, lse as in
+  // forward.
   Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D,
                               check_mha_limits);
-  not_yet("gqa_attention_backward");
+  const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
+  if (H == 0) {  // no query head reads the key/value heads (the flash kernels write nothing)
+    if (nk > 0) {
+      fill_zero(dk.slice(0, nk));
+      fill_zero(dv.slice(0, nk));
+    }
+    return;
+  }
+  const auto* l = static_cast<const float*>(lse.data);
+  const DType dt = q.dtype;
+  bool same = true;
+  for (const TensorView* x : {&dq, &dk, &dv, &dout, &k, &v, &out_}) same = same && x->dtype == dt;
+  if (same) {
+    flash_backward(gqa_problem(B, T, H, Hkv, D, scale, st(dt)), q.data, k.data, v.data,
+                   out_.data, l, dout.data, dq.data, dk.data, dv.data, nullptr);
+    return;
+  }
+  const F32Copy fd(*this, dout, nq, true), fq(*this, q, nq, true), fk(*this, k, nk, true),
+      fv(*this, v, nk, true), fo(*this, out_, nq, true);
+  const F32Copy gq(*this, dq, nq, false), gk(*this, dk, nk, false), gv(*this, dv, nk, false);
+  flash_backward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32), fq.view.data, fk.view.data,
+                 fv.view.data, fo.view.data, l, fd.view.data, gq.view.data, gk.view.data,
+                 gv.view.data, nullptr);
+  if (nq > 0) k::cast(out(dq), in(gq.view), nq, s());
+  if (nk > 0) {
+    k::cast(out(dk), in(gk.view), nk, s());
+    k::cast(out(dv), in(gv.view), nk, s());
+  }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -152,12 +152,26 @@ void position_bias_forward(float* bias, In table, const int32_t* buckets, int64_
 void position_bias_backward(Out dtable, const float* dbias, const int32_t* buckets, int64_t NB,
                             int64_t H, int64_t Tq, int64_t Tk, cudaStream_t s);
 
+// ---- Llama pieces (kernels_llama.cu) ----
+// x, out [B,T,H*D] (out may alias x); cos, sin: device fp32 [>= T, D/2]. transpose: the
+// backward (rope_backward: dx from dout, sin negated).
+void rope(Out out, In x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
+          int64_t D, bool transpose, cudaStream_t s);
+// out = silu(gate) up (out may alias gate or up).
+void swiglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s);
+// dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may alias gate or dout, dup up).
+void swiglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s);
+
 // ---- attention: FlashAttention-2 (kernels_flash.cu) ----
-// One attention problem (kernels.hpp's attention_* and mha_*). Head h of batch b: queries at
-// q + (b*Tq + i)*ldq + h*D, keys and values at k / v + (b*Tk + j)*ldk / ldv + h*D, output
-// (and dout) rows at out + (b*Tq + i)*ldo + h*D, lse (fp32) at (b*H + h)*Tq + i; gradients
-// share the strides of their inputs. Every float array except lse, bias and dbias has
-// storage type t. GPT-2: q, k, v are the column blocks of qkv (ldq = ldk = ldv = 3C, ldo = C).
+// One attention problem (kernels.hpp's attention_*, mha_* and gqa_attention_*). Head h of
+// batch b: queries at q + (b*Tq + i)*ldq + h*D, keys and values of its key/value head
+// g = h / group at k / v + (b*Tk + j)*ldk / ldv + g*D, output (and dout) rows at
+// out + (b*Tq + i)*ldo + h*D, lse (fp32) at (b*H + h)*Tq + i; gradients share the strides of
+// their inputs. Every float array except lse, bias and dbias has storage type t. GPT-2: q, k,
+// v are the column blocks of qkv (ldq = ldk = ldv = 3C, ldo = C). Grouped-query attention
+// (group = H / Hkv > 1, Llama): dk, dv of key/value head g are summed over its query heads
+// g*group .. g*group + group - 1 in that order, in fp32, by the one block that owns the key
+// tile (no atomics).
 struct FlashProblem {
   int64_t B, Tq, Tk, H, D;
   int64_t ldq, ldk, ldv, ldo;
@@ -166,6 +180,7 @@ struct FlashProblem {
   const float* bias;        // fp32 [H,Tq,Tk] or null
   const int32_t* key_mask;  // int32 [B,Tk] (0 = padding) or null
   ST t;
+  int64_t group = 1;        // query heads per key/value head (H % group == 0)
 };
 // Writes out and lse. One launch.
 void flash_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,

@@ -45,11 +45,12 @@ struct Dev {
   bool causal;
   const float* bias;        // [H,Tq,Tk] or null
   const int32_t* key_mask;  // [B,Tk] or null
+  int64_t group;            // query heads per key/value head: head h reads k, v of h / group
 };
 
 Dev to_dev(const FlashProblem& p) {
-  return {p.B, p.Tq, p.Tk, p.H, p.D, p.ldq, p.ldk, p.ldv, p.ldo, p.scale, p.causal, p.bias,
-          p.key_mask};
+  return {p.B,      p.Tq,   p.Tk,       p.H,    p.D,   p.ldq, p.ldk, p.ldv, p.ldo, p.scale,
+          p.causal, p.bias, p.key_mask, p.group};
 }
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -195,6 +196,7 @@ __global__ void __launch_bounds__(kTcThreads)
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile = nqt - 1 - static_cast<int64_t>(blockIdx.x) % nqt;
   const int64_t bh = static_cast<int64_t>(blockIdx.x) / nqt, b = bh / p.H, h = bh % p.H;
+  const int64_t hk = h / p.group;  // key/value head
   const int64_t i0 = tile * kTile, rows = imin(kTile, p.Tq - i0);
   load_tile<T, D>(sQ, L::ldh, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, rows, vec);
   for (int idx = threadIdx.x; idx < kTile * L::ldo; idx += blockDim.x) sO[idx] = 0.0f;
@@ -210,8 +212,8 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int64_t j0 = 0; j0 < jend; j0 += kTile) {
     const int64_t cols = imin(kTile, p.Tk - j0);
     __syncthreads();  // the previous tile's K, V are no longer read
-    load_tile<T, D>(sK, L::ldh, k + (b * p.Tk + j0) * p.ldk + h * D, p.ldk, cols, vec);
-    load_tile<T, D>(sV, L::ldh, v + (b * p.Tk + j0) * p.ldv + h * D, p.ldv, cols, vec);
+    load_tile<T, D>(sK, L::ldh, k + (b * p.Tk + j0) * p.ldk + hk * D, p.ldk, cols, vec);
+    load_tile<T, D>(sV, L::ldh, v + (b * p.Tk + j0) * p.ldv + hk * D, p.ldv, cols, vec);
     __syncthreads();
     warp_abt<T, D>(sS, sQ, sK, w);  // S_w = Q_w K^T (raw dot products)
     __syncwarp();
@@ -285,9 +287,10 @@ constexpr std::size_t tc_fwd_smem(std::size_t t_size) {
          (L::f32_tile + kTile * L::ldo + 2 * kTile) * sizeof(float);
 }
 
-// Backward, dK and dV. Block = (b, h, key tile); warp w owns keys [16w, 16w+16) of the tile
-// and keeps their dK, dV in registers over the query tiles. Works on transposed tiles:
-// S^T = K Q^T, dP^T = V dO^T, then dV += P^T dO, dK += dS^T Q.
+// Backward, dK and dV. Block = (b, key/value head g, key tile); warp w owns keys
+// [16w, 16w+16) of the tile and keeps their dK, dV in registers over the query heads of the
+// group (ascending) and their query tiles. Works on transposed tiles: S^T = K Q^T,
+// dP^T = V dO^T, then dV += P^T dO, dK += dS^T Q.
 template <class T, int D>
 __global__ void __launch_bounds__(kTcThreads)
     flash_bwd_dkdv_tc(Dev p, const T* q, const T* k, const T* v, const T* dout,
@@ -306,10 +309,11 @@ __global__ void __launch_bounds__(kTcThreads)
   float* sDi = sLse + kTile;
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) % nkt;
-  const int64_t bh = static_cast<int64_t>(blockIdx.x) / nkt, b = bh / p.H, h = bh % p.H;
+  const int64_t hkv = p.H / p.group;
+  const int64_t bg = static_cast<int64_t>(blockIdx.x) / nkt, b = bg / hkv, hk = bg % hkv;
   const int64_t j0 = tile * kTile, cols = imin(kTile, p.Tk - j0);
-  load_tile<T, D>(sK, L::ldh, k + (b * p.Tk + j0) * p.ldk + h * D, p.ldk, cols, vec);
-  load_tile<T, D>(sV, L::ldh, v + (b * p.Tk + j0) * p.ldv + h * D, p.ldv, cols, vec);
+  load_tile<T, D>(sK, L::ldh, k + (b * p.Tk + j0) * p.ldk + hk * D, p.ldk, cols, vec);
+  load_tile<T, D>(sV, L::ldh, v + (b * p.Tk + j0) * p.ldv + hk * D, p.ldv, cols, vec);
   FragC acc_dk[D / 16], acc_dv[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) {
@@ -318,41 +322,44 @@ __global__ void __launch_bounds__(kTcThreads)
   }
   const int rr = 16 * w + lane / 2, half = lane & 1;  // the lane pair's key row
   const int64_t j = j0 + rr;
-  // Causal: queries i < j0 see none of these keys.
-  for (int64_t i0 = p.causal ? j0 : 0; i0 < p.Tq; i0 += kTile) {
-    const int64_t rows = imin(kTile, p.Tq - i0);
-    __syncthreads();  // the previous query tile is no longer read
-    load_tile<T, D>(sQ, L::ldh, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, rows, vec);
-    load_tile<T, D>(sdO, L::ldh, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo, rows, vec);
-    for (int c = threadIdx.x; c < kTile; c += blockDim.x) {
-      sLse[c] = c < rows ? lse[bh * p.Tq + i0 + c] : INFINITY;
-      sDi[c] = c < rows ? di[bh * p.Tq + i0 + c] : 0.0f;
-    }
-    __syncthreads();
-    warp_abt<T, D>(sS, sK, sQ, w);    // S^T_w = K_w Q^T
-    warp_abt<T, D>(sdP, sV, sdO, w);  // dP^T_w = V_w dO^T
-    __syncwarp();
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int64_t i = i0 + c;
-      float pr = 0.0f, ds = 0.0f;
-      if (visible(p, b, i, j)) {
-        pr = __expf(score(p, h, i, j, sS[rr * L::lds + c]) - sLse[c]);
-        ds = pr * (sdP[rr * L::lds + c] - sDi[c]);
+  for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+    const int64_t bh = b * p.H + h;
+    // Causal: queries i < j0 see none of these keys.
+    for (int64_t i0 = p.causal ? j0 : 0; i0 < p.Tq; i0 += kTile) {
+      const int64_t rows = imin(kTile, p.Tq - i0);
+      __syncthreads();  // the previous query tile is no longer read
+      load_tile<T, D>(sQ, L::ldh, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, rows, vec);
+      load_tile<T, D>(sdO, L::ldh, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo, rows, vec);
+      for (int c = threadIdx.x; c < kTile; c += blockDim.x) {
+        sLse[c] = c < rows ? lse[bh * p.Tq + i0 + c] : INFINITY;
+        sDi[c] = c < rows ? di[bh * p.Tq + i0 + c] : 0.0f;
       }
-      sP[rr * L::ldp + c] = from_f<T>(pr);
-      sdS[rr * L::ldp + c] = from_f<T>(ds);
+      __syncthreads();
+      warp_abt<T, D>(sS, sK, sQ, w);    // S^T_w = K_w Q^T
+      warp_abt<T, D>(sdP, sV, sdO, w);  // dP^T_w = V_w dO^T
+      __syncwarp();
+      for (int c = half * 32; c < half * 32 + 32; ++c) {
+        const int64_t i = i0 + c;
+        float pr = 0.0f, ds = 0.0f;
+        if (visible(p, b, i, j)) {
+          pr = __expf(score(p, h, i, j, sS[rr * L::lds + c]) - sLse[c]);
+          ds = pr * (sdP[rr * L::lds + c] - sDi[c]);
+        }
+        sP[rr * L::ldp + c] = from_f<T>(pr);
+        sdS[rr * L::ldp + c] = from_f<T>(ds);
+      }
+      __syncwarp();
+      warp_pv<T, D>(acc_dv, sP, sdO, w);  // dV_w += P^T_w dO
+      warp_pv<T, D>(acc_dk, sdS, sQ, w);  // dK_w += dS^T_w Q (scaled at the end)
     }
-    __syncwarp();
-    warp_pv<T, D>(acc_dv, sP, sdO, w);  // dV_w += P^T_w dO
-    warp_pv<T, D>(acc_dk, sdS, sQ, w);  // dK_w += dS^T_w Q (scaled at the end)
-  }
+  }  // query heads of the group
   __syncthreads();  // every warp is done with sQ, sdO: they become the fp32 staging area
   float* stage = reinterpret_cast<float*>(sQ);
-  warp_store_rows<T, D>(dk + (b * p.Tk + j0) * p.ldk + h * D, p.ldk, cols, acc_dk, p.scale, stage,
-                        w, lane);
+  warp_store_rows<T, D>(dk + (b * p.Tk + j0) * p.ldk + hk * D, p.ldk, cols, acc_dk, p.scale,
+                        stage, w, lane);
   __syncwarp();
-  warp_store_rows<T, D>(dv + (b * p.Tk + j0) * p.ldv + h * D, p.ldv, cols, acc_dv, 1.0f, stage, w,
-                        lane);
+  warp_store_rows<T, D>(dv + (b * p.Tk + j0) * p.ldv + hk * D, p.ldv, cols, acc_dv, 1.0f, stage,
+                        w, lane);
 }
 
 template <int D>
@@ -388,6 +395,7 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t jend = key_end(p, i0, rows);
   const int r = 16 * w + lane / 2, half = lane & 1;  // the lane pair's query row
   const int64_t i = i0 + r;
+  const int64_t hk = h / p.group;  // key/value head
   for (int64_t b = b_begin; b < b_end; ++b) {
     const int64_t bh = b * p.H + h;
     __syncthreads();  // the previous batch row's tiles and staging are no longer read
@@ -403,8 +411,8 @@ __global__ void __launch_bounds__(kTcThreads)
     for (int64_t j0 = 0; j0 < jend; j0 += kTile) {
       const int64_t cols = imin(kTile, p.Tk - j0);
       __syncthreads();  // the previous K, V are no longer read (and sQ, sdO, sLse, sDi are in)
-      load_tile<T, D>(sK, L::ldh, k + (b * p.Tk + j0) * p.ldk + h * D, p.ldk, cols, vec);
-      load_tile<T, D>(sV, L::ldh, v + (b * p.Tk + j0) * p.ldv + h * D, p.ldv, cols, vec);
+      load_tile<T, D>(sK, L::ldh, k + (b * p.Tk + j0) * p.ldk + hk * D, p.ldk, cols, vec);
+      load_tile<T, D>(sV, L::ldh, v + (b * p.Tk + j0) * p.ldv + hk * D, p.ldv, cols, vec);
       __syncthreads();
       warp_abt<T, D>(sS, sQ, sK, w);    // S_w = Q_w K^T
       warp_abt<T, D>(sdP, sdO, sV, w);  // dP_w = dO_w V^T
@@ -474,7 +482,7 @@ __global__ void __launch_bounds__(kSimtThreads)
   const int64_t tile = nqt - 1 - static_cast<int64_t>(blockIdx.x) % nqt;
   const int64_t bh = static_cast<int64_t>(blockIdx.x) / nqt, b = bh / p.H, h = bh % p.H;
   const int64_t i0 = tile * kRowsPerBlock, rows = imin(kRowsPerBlock, p.Tq - i0);
-  const int64_t i = i0 + w;
+  const int64_t i = i0 + w, hk = h / p.group;
   load_rows_f32(sQ, D, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, D, kRowsPerBlock, rows);
   for (int64_t idx = threadIdx.x; idx < kRowsPerBlock * D; idx += blockDim.x) sO[idx] = 0.0f;
   float m = -INFINITY, l = 0.0f;
@@ -485,8 +493,8 @@ __global__ void __launch_bounds__(kSimtThreads)
   for (int64_t j0 = 0; j0 < jend; j0 += kSimtTile) {
     const int64_t cols = imin(kSimtTile, p.Tk - j0);
     __syncthreads();
-    load_rows_f32(sK, ldt, k + (b * p.Tk + j0) * p.ldk + h * D, p.ldk, D, kSimtTile, cols);
-    load_rows_f32(sV, ldt, v + (b * p.Tk + j0) * p.ldv + h * D, p.ldv, D, kSimtTile, cols);
+    load_rows_f32(sK, ldt, k + (b * p.Tk + j0) * p.ldk + hk * D, p.ldk, D, kSimtTile, cols);
+    load_rows_f32(sV, ldt, v + (b * p.Tk + j0) * p.ldv + hk * D, p.ldv, D, kSimtTile, cols);
     __syncthreads();
     const int64_t j = j0 + lane;
     float s = -INFINITY;
@@ -524,8 +532,8 @@ std::size_t simt_fwd_smem(int64_t D) {
          sizeof(float);
 }
 
-// Backward, dK and dV. Block = (b, h, 8 keys), a warp per key; lanes are the queries of a
-// 32-query tile.
+// Backward, dK and dV. Block = (b, key/value head g, 8 keys), a warp per key; lanes are the
+// queries of a 32-query tile; the group's query heads in ascending order, then their tiles.
 template <class T>
 __global__ void __launch_bounds__(kSimtThreads)
     flash_bwd_dkdv_simt(Dev p, const T* q, const T* k, const T* v, const T* dout,
@@ -542,11 +550,12 @@ __global__ void __launch_bounds__(kSimtThreads)
   float* sdS = sP + kRowsPerBlock * kSimtTile;  // [8][32]
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) % nkt;
-  const int64_t bh = static_cast<int64_t>(blockIdx.x) / nkt, b = bh / p.H, h = bh % p.H;
+  const int64_t hkv = p.H / p.group;
+  const int64_t bg = static_cast<int64_t>(blockIdx.x) / nkt, b = bg / hkv, hk = bg % hkv;
   const int64_t j0 = tile * kRowsPerBlock, cols = imin(kRowsPerBlock, p.Tk - j0);
   const int64_t j = j0 + w;
-  load_rows_f32(sK, D, k + (b * p.Tk + j0) * p.ldk + h * D, p.ldk, D, kRowsPerBlock, cols);
-  load_rows_f32(sV, D, v + (b * p.Tk + j0) * p.ldv + h * D, p.ldv, D, kRowsPerBlock, cols);
+  load_rows_f32(sK, D, k + (b * p.Tk + j0) * p.ldk + hk * D, p.ldk, D, kRowsPerBlock, cols);
+  load_rows_f32(sV, D, v + (b * p.Tk + j0) * p.ldv + hk * D, p.ldv, D, kRowsPerBlock, cols);
   for (int64_t idx = threadIdx.x; idx < kRowsPerBlock * D; idx += blockDim.x) {
     sdK[idx] = 0.0f;
     sdV[idx] = 0.0f;
@@ -557,41 +566,44 @@ __global__ void __launch_bounds__(kSimtThreads)
   float* dvw = sdV + w * D;
   float* pw = sP + w * kSimtTile;
   float* dsw = sdS + w * kSimtTile;
-  // Causal: queries i < j0 see none of these keys.
-  for (int64_t i0 = p.causal ? j0 / kSimtTile * kSimtTile : 0; i0 < p.Tq; i0 += kSimtTile) {
-    const int64_t rows = imin(kSimtTile, p.Tq - i0);
-    __syncthreads();
-    load_rows_f32(sQ, ldt, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, D, kSimtTile, rows);
-    load_rows_f32(sdO, ldt, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo, D, kSimtTile, rows);
-    __syncthreads();
-    const int64_t i = i0 + lane;
-    float pr = 0.0f, ds = 0.0f;
-    if (visible(p, b, i, j)) {
-      float dot = 0.0f, dp = 0.0f;
-      for (int64_t e = 0; e < D; ++e) {
-        dot += sQ[lane * ldt + e] * kw[e];
-        dp += sdO[lane * ldt + e] * vw[e];
+  for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+    const int64_t bh = b * p.H + h;
+    // Causal: queries i < j0 see none of these keys.
+    for (int64_t i0 = p.causal ? j0 / kSimtTile * kSimtTile : 0; i0 < p.Tq; i0 += kSimtTile) {
+      const int64_t rows = imin(kSimtTile, p.Tq - i0);
+      __syncthreads();
+      load_rows_f32(sQ, ldt, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, D, kSimtTile, rows);
+      load_rows_f32(sdO, ldt, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo, D, kSimtTile, rows);
+      __syncthreads();
+      const int64_t i = i0 + lane;
+      float pr = 0.0f, ds = 0.0f;
+      if (visible(p, b, i, j)) {
+        float dot = 0.0f, dp = 0.0f;
+        for (int64_t e = 0; e < D; ++e) {
+          dot += sQ[lane * ldt + e] * kw[e];
+          dp += sdO[lane * ldt + e] * vw[e];
+        }
+        pr = expf(score(p, h, i, j, dot) - lse[bh * p.Tq + i]);
+        ds = pr * (dp - di[bh * p.Tq + i]);
       }
-      pr = expf(score(p, h, i, j, dot) - lse[bh * p.Tq + i]);
-      ds = pr * (dp - di[bh * p.Tq + i]);
-    }
-    pw[lane] = pr;
-    dsw[lane] = ds;
-    __syncwarp();
-    for (int64_t e = lane; e < D; e += 32) {
-      float gv = dvw[e], gk = dkw[e];
-      for (int c = 0; c < kSimtTile; ++c) {
-        gv += pw[c] * sdO[c * ldt + e];
-        gk += dsw[c] * sQ[c * ldt + e];
+      pw[lane] = pr;
+      dsw[lane] = ds;
+      __syncwarp();
+      for (int64_t e = lane; e < D; e += 32) {
+        float gv = dvw[e], gk = dkw[e];
+        for (int c = 0; c < kSimtTile; ++c) {
+          gv += pw[c] * sdO[c * ldt + e];
+          gk += dsw[c] * sQ[c * ldt + e];
+        }
+        dvw[e] = gv;
+        dkw[e] = gk;
       }
-      dvw[e] = gv;
-      dkw[e] = gk;
+      __syncwarp();
     }
-    __syncwarp();
-  }
+  }  // query heads of the group
   if (j >= p.Tk) return;
-  T* gk = dk + (b * p.Tk + j) * p.ldk + h * D;
-  T* gv = dv + (b * p.Tk + j) * p.ldv + h * D;
+  T* gk = dk + (b * p.Tk + j) * p.ldk + hk * D;
+  T* gv = dv + (b * p.Tk + j) * p.ldv + hk * D;
   for (int64_t e = lane; e < D; e += 32) {
     gk[e] = from_f<T>(dkw[e] * p.scale);
     gv[e] = from_f<T>(dvw[e]);
@@ -629,6 +641,7 @@ __global__ void __launch_bounds__(kSimtThreads)
   const float* dow = sdO + w * D;
   float* dqw = sdQ + w * D;
   float* dsw = sdS + w * kSimtTile;
+  const int64_t hk = h / p.group;  // key/value head
   for (int64_t b = b_begin; b < b_end; ++b) {
     const int64_t bh = b * p.H + h;
     __syncthreads();
@@ -640,8 +653,8 @@ __global__ void __launch_bounds__(kSimtThreads)
     for (int64_t j0 = 0; j0 < jend; j0 += kSimtTile) {
       const int64_t cols = imin(kSimtTile, p.Tk - j0);
       __syncthreads();
-      load_rows_f32(sK, ldt, k + (b * p.Tk + j0) * p.ldk + h * D, p.ldk, D, kSimtTile, cols);
-      load_rows_f32(sV, ldt, v + (b * p.Tk + j0) * p.ldv + h * D, p.ldv, D, kSimtTile, cols);
+      load_rows_f32(sK, ldt, k + (b * p.Tk + j0) * p.ldk + hk * D, p.ldk, D, kSimtTile, cols);
+      load_rows_f32(sV, ldt, v + (b * p.Tk + j0) * p.ldv + hk * D, p.ldv, D, kSimtTile, cols);
       __syncthreads();
       const int64_t j = j0 + lane;
       float ds = 0.0f;
@@ -728,6 +741,15 @@ unsigned grid_for(int64_t blocks, const char* what) {
   return static_cast<unsigned>(blocks);
 }
 
+// group >= 1 dividing H (the backend's argument checks guarantee it; a bad group would read
+// outside k, v).
+void check_group(const FlashProblem& p, const char* what) {
+  if (p.group < 1 || p.H % p.group != 0) {
+    throw Error(std::string("cuda backend: ") + what + ": " + std::to_string(p.H) +
+                " query heads in groups of " + std::to_string(p.group));
+  }
+}
+
 // The tensor-core path: 16-bit storage and head dim 64 or 128.
 bool use_tensor_cores(const FlashProblem& p) {
   return (p.t == ST::bf16 || p.t == ST::f16) && (p.D == 64 || p.D == 128);
@@ -768,6 +790,7 @@ void dispatch_tc(const FlashProblem& p, F&& f) {
 void flash_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
                    float* lse, cudaStream_t s) {
   if (p.B <= 0 || p.H <= 0 || p.Tq <= 0) return;
+  check_group(p, "attention forward");
   const Dev d = to_dev(p);
   if (use_tensor_cores(p)) {
     const bool vec = rows_aligned(p, {q, k, v, out});
@@ -817,7 +840,9 @@ void flash_backward(const FlashProblem& p, const void* q, const void* k, const v
                     const void* out, const float* lse, const void* dout, void* dq, void* dk,
                     void* dv, float* dbias, float* scratch, cudaStream_t s) {
   if (p.B <= 0 || p.H <= 0 || p.D <= 0) return;  // nothing to write; dS = 0 adds nothing
+  check_group(p, "attention backward");
   const Dev d = to_dev(p);
+  const int64_t hkv = p.H / p.group;  // the dK/dV kernels' blocks are (b, kv head, key tile)
   float* di = scratch;
   dispatch_float("attention backward", p.t, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -842,7 +867,7 @@ void flash_backward(const FlashProblem& p, const void* q, const void* k, const v
           const std::size_t smem = mma_path::dkdv_smem<D>(sizeof(T));
           set_smem(mma_path::flash_bwd_dkdv<T, D>, smem, "attention backward");
           mma_path::flash_bwd_dkdv<T, D>
-              <<<grid_for(p.B * p.H * nkt, "attention backward"), mma_path::kThreads, smem, s>>>(
+              <<<grid_for(p.B * hkv * nkt, "attention backward"), mma_path::kThreads, smem, s>>>(
                   d, qt, kt, vt, dot, lse, di, static_cast<T*>(dk), static_cast<T*>(dv), nkt);
           FSDP_CHECK_LAUNCH();
         }
@@ -867,7 +892,7 @@ void flash_backward(const FlashProblem& p, const void* q, const void* k, const v
         const std::size_t smem = tc_dkdv_smem<D>(sizeof(T));
         set_smem(flash_bwd_dkdv_tc<T, D>, smem, "attention backward");
         flash_bwd_dkdv_tc<T, D>
-            <<<grid_for(p.B * p.H * nkt, "attention backward"), kTcThreads, smem, s>>>(
+            <<<grid_for(p.B * hkv * nkt, "attention backward"), kTcThreads, smem, s>>>(
                 d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
                 static_cast<const T*>(dout), lse, di, static_cast<T*>(dk), static_cast<T*>(dv),
                 nkt, vec);
@@ -893,7 +918,7 @@ void flash_backward(const FlashProblem& p, const void* q, const void* k, const v
       const std::size_t smem = simt_dkdv_smem(p.D);
       set_smem(flash_bwd_dkdv_simt<T>, smem, "attention backward");
       flash_bwd_dkdv_simt<T>
-          <<<grid_for(p.B * p.H * nkt, "attention backward"), kSimtThreads, smem, s>>>(
+          <<<grid_for(p.B * hkv * nkt, "attention backward"), kSimtThreads, smem, s>>>(
               d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
               static_cast<const T*>(dout), lse, di, static_cast<T*>(dk), static_cast<T*>(dv), nkt);
       FSDP_CHECK_LAUNCH();

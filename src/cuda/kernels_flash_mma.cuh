@@ -232,8 +232,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bh = static_cast<int64_t>(blockIdx.x) / nqt, b = bh / p.H, h = bh % p.H;
   const int64_t i0 = tile * kRows, rows = imin(kRows, p.Tq - i0);
   const int64_t ntiles = (key_end(p, i0, rows) + kRows - 1) / kRows;
-  const T* kb = k + b * p.Tk * p.ldk + h * D;
-  const T* vb = v + b * p.Tk * p.ldv + h * D;
+  const int64_t hk = h / p.group;  // key/value head
+  const T* kb = k + b * p.Tk * p.ldk + hk * D;
+  const T* vb = v + b * p.Tk * p.ldv + hk * D;
   cp_tile<T, D>(sQ, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, rows);
   if (ntiles > 0) {
     cp_tile<T, D>(sK, kb, p.ldk, imin(kRows, p.Tk));
@@ -354,10 +355,11 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t i0 = tile * kRows, rows = imin(kRows, p.Tq - i0);
   const int64_t ntiles = (key_end(p, i0, rows) + kRows - 1) / kRows;
   const int64_t ia = i0 + 16 * w + g;
+  const int64_t hk = h / p.group;  // key/value head
   for (int64_t b = b_begin; b < b_end; ++b) {
     const int64_t bh = b * p.H + h;
-    const T* kb = k + b * p.Tk * p.ldk + h * D;
-    const T* vb = v + b * p.Tk * p.ldv + h * D;
+    const T* kb = k + b * p.Tk * p.ldk + hk * D;
+    const T* vb = v + b * p.Tk * p.ldv + hk * D;
     __syncthreads();  // the previous batch row's tiles are no longer read
     cp_tile<T, D>(sQ, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, rows);
     cp_tile<T, D>(sdO, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo, rows);
@@ -423,10 +425,12 @@ constexpr std::size_t dq_smem(std::size_t t_size) {
 
 // ---- backward: dK and dV ---------------------------------------------------------------------
 
-// Block = (b, h, key tile), most query tiles first; warp w owns keys [16w, 16w+16) and keeps
-// their dK, dV in registers over the query tiles. On transposed tiles: S^T = K Q^T,
-// dP^T = V dO^T, then dV += P^T dO, dK += dS^T Q. Shared: K, V, then Q and dO twice, then
-// lse and D_i of the query tile twice.
+// Block = (b, key/value head g, key tile), most query tiles first; warp w owns keys
+// [16w, 16w+16) and keeps their dK, dV in registers over the steps (query head h of the
+// group, ascending; query tile), step s = (h - g*group) * nit + tile, the next step's tiles
+// loading during this one. On transposed tiles: S^T = K Q^T, dP^T = V dO^T, then
+// dV += P^T dO, dK += dS^T Q. Shared: K, V, then Q and dO twice, then lse and D_i of the
+// query tile twice.
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
     flash_bwd_dkdv(Dev p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
@@ -441,26 +445,32 @@ __global__ void __launch_bounds__(kThreads)
   float* sDi = sLse + 2 * kRows;                               // [2][64]
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t tile = static_cast<int64_t>(blockIdx.x) % nkt;
-  const int64_t bh = static_cast<int64_t>(blockIdx.x) / nkt, b = bh / p.H, h = bh % p.H;
+  const int64_t hkv = p.H / p.group;
+  const int64_t bg = static_cast<int64_t>(blockIdx.x) / nkt, b = bg / hkv, hk = bg % hkv;
   const int64_t j0 = tile * kRows, cols = imin(kRows, p.Tk - j0);
   const int64_t first = p.causal ? j0 : 0;  // causal: queries i < j0 see none of these keys
   const int64_t nit = first < p.Tq ? (p.Tq - first + kRows - 1) / kRows : 0;
-  const T* qb = q + b * p.Tq * p.ldq + h * D;
-  const T* ob = dout + b * p.Tq * p.ldo + h * D;
-  auto load_rows = [&](int buf, int64_t i0) {  // the query tile's lse and D_i (plain loads)
+  const int64_t steps = p.group * nit;
+  // Step st: query head h0 + st / nit, query tile i0 = first + (st % nit) * 64.
+  const int64_t h0 = hk * p.group;
+  auto step_head = [&](int64_t st) { return h0 + st / nit; };
+  auto step_i0 = [&](int64_t st) { return first + (st % nit) * kRows; };
+  // Loads step st's Q, dO tiles (asynchronously) and its lse, D_i (plain loads) into `buf`.
+  auto load_step = [&](int buf, int64_t st) {
+    const int64_t h = step_head(st), i0 = step_i0(st), bh = b * p.H + h;
+    cp_tile<T, D>(sQ + buf * L::tile, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq,
+                  imin(kRows, p.Tq - i0));
+    cp_tile<T, D>(sdO + buf * L::tile, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo,
+                  imin(kRows, p.Tq - i0));
     for (int c = threadIdx.x; c < kRows; c += kThreads) {
       const bool ok = i0 + c < p.Tq;
       sLse[buf * kRows + c] = ok ? lse[bh * p.Tq + i0 + c] : INFINITY;
       sDi[buf * kRows + c] = ok ? di[bh * p.Tq + i0 + c] : 0.0f;
     }
   };
-  cp_tile<T, D>(sK, k + (b * p.Tk + j0) * p.ldk + h * D, p.ldk, cols);
-  cp_tile<T, D>(sV, v + (b * p.Tk + j0) * p.ldv + h * D, p.ldv, cols);
-  if (nit > 0) {
-    cp_tile<T, D>(sQ, qb + first * p.ldq, p.ldq, imin(kRows, p.Tq - first));
-    cp_tile<T, D>(sdO, ob + first * p.ldo, p.ldo, imin(kRows, p.Tq - first));
-    load_rows(0, first);
-  }
+  cp_tile<T, D>(sK, k + (b * p.Tk + j0) * p.ldk + hk * D, p.ldk, cols);
+  cp_tile<T, D>(sV, v + (b * p.Tk + j0) * p.ldv + hk * D, p.ldv, cols);
+  if (steps > 0) load_step(0, 0);
   cp_commit();
   cp_wait_all();
   __syncthreads();
@@ -471,19 +481,14 @@ __global__ void __launch_bounds__(kThreads)
     dk_acc[n][0] = dk_acc[n][1] = dk_acc[n][2] = dk_acc[n][3] = 0.0f;
     dv_acc[n][0] = dv_acc[n][1] = dv_acc[n][2] = dv_acc[n][3] = 0.0f;
   }
-  for (int64_t it = 0; it < nit; ++it) {
-    const int buf = static_cast<int>(it & 1);
+  for (int64_t st = 0; st < steps; ++st) {
+    const int buf = static_cast<int>(st & 1);
     const T* cQ = sQ + buf * L::tile;
     const T* cdO = sdO + buf * L::tile;
     const float* cLse = sLse + buf * kRows;
     const float* cDi = sDi + buf * kRows;
-    const int64_t i0 = first + it * kRows;
-    if (it + 1 < nit) {
-      const int64_t in = i0 + kRows;
-      cp_tile<T, D>(sQ + (buf ^ 1) * L::tile, qb + in * p.ldq, p.ldq, imin(kRows, p.Tq - in));
-      cp_tile<T, D>(sdO + (buf ^ 1) * L::tile, ob + in * p.ldo, p.ldo, imin(kRows, p.Tq - in));
-      load_rows(buf ^ 1, in);
-    }
+    const int64_t h = step_head(st), i0 = step_i0(st);
+    if (st + 1 < steps) load_step(buf ^ 1, st + 1);  // the next step's tiles while this computes
     cp_commit();
     float s[8][4], dp[8][4];
     warp_abt<T, D>(s, sK, cQ, w, g, t);    // S^T = K Q^T (raw)
@@ -509,8 +514,8 @@ __global__ void __launch_bounds__(kThreads)
     cp_wait_all();
     __syncthreads();
   }
-  store_rows<T, D>(dk + b * p.Tk * p.ldk + h * D, p.ldk, ja, p.Tk, dk_acc, p.scale, t);
-  store_rows<T, D>(dv + b * p.Tk * p.ldv + h * D, p.ldv, ja, p.Tk, dv_acc, 1.0f, t);
+  store_rows<T, D>(dk + b * p.Tk * p.ldk + hk * D, p.ldk, ja, p.Tk, dk_acc, p.scale, t);
+  store_rows<T, D>(dv + b * p.Tk * p.ldv + hk * D, p.ldv, ja, p.Tk, dv_acc, 1.0f, t);
 }
 
 template <int D>

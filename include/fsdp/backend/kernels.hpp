@@ -217,52 +217,59 @@ class Kernels {
   // negative dimension throws fsdp::Error naming the kernel and argument.
 
   // Rotary position embedding (Su et al. 2021, RoFormer) in Hugging Face's rotate-half layout
-  // (transformers' apply_rotary_pos_emb: x*cos + rotate_half(x)*sin, rotate_half(x) = cat(-x2, x1)).
-  // x, out: [B,T,H*D] (head h = columns [h*D,(h+1)*D)), D even; cos, sin: fp32 [Tmax, D/2] with T <= Tmax
-  // (row t = position t; HF's cos/sin have D columns that repeat these D/2, emb = cat(freqs, freqs)).
-  // For each (b,t,h), i < D/2: out[i] = x[i] cos[t,i] - x[i+D/2] sin[t,i];
-  //                           out[i+D/2] = x[i+D/2] cos[t,i] + x[i] sin[t,i]. fp32 math. out may alias x.
-  // Throws fsdp::Error when D is odd, or cos/sin are not fp32 with at least T*D/2 elements.
+  // (transformers' apply_rotary_pos_emb: x*cos + rotate_half(x)*sin, rotate_half(x) =
+  // cat(-x2, x1)). x, out: [B,T,H*D] (head h = columns [h*D,(h+1)*D)), D even; cos, sin: fp32
+  // [Tmax, D/2] with T <= Tmax (row t = position t; HF's cos/sin have D columns that repeat
+  // these D/2, emb = cat(freqs, freqs)). For each (b,t,h), i < D/2:
+  //   out[i]       = x[i] cos[t,i] - x[i+D/2] sin[t,i];
+  //   out[i+D/2]   = x[i+D/2] cos[t,i] + x[i] sin[t,i].
+  // fp32 math. out may alias x. Throws fsdp::Error when D is odd, or cos/sin are not fp32
+  // with at least T*D/2 elements.
   virtual void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
-                            const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) = 0;
-  // The transpose: dx[i] = dout[i] cos + dout[i+D/2] sin; dx[i+D/2] = dout[i+D/2] cos - dout[i] sin.
-  // WRITES dx: [B,T,H*D]; dx may alias dout. Same shapes and errors as rope_forward.
+                            const TensorView& sin, int64_t B, int64_t T, int64_t H,
+                            int64_t D) = 0;
+  // The transpose: dx[i] = dout[i] cos + dout[i+D/2] sin; dx[i+D/2] = dout[i+D/2] cos -
+  // dout[i] sin. WRITES dx: [B,T,H*D]; dx may alias dout. Shapes and errors as rope_forward.
   virtual void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
-                             const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) = 0;
+                             const TensorView& sin, int64_t B, int64_t T, int64_t H,
+                             int64_t D) = 0;
 
   // SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"; HF LlamaMLP's
-  // act_fn(gate_proj(x)) * up_proj(x) with act "silu"):
-  // out[n] = silu(gate[n]) * up[n], silu(x) = x * sigmoid(x), fp32 math, n = out.numel().
-  // gate, up: at least n elements. out may alias gate or up.
-  virtual void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) = 0;
-  // WRITES dgate[n] = dout[n] * up[n] * silu'(gate[n]) (silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)) and
-  // dup[n] = dout[n] * silu(gate[n]), n = dgate.numel() (dup, dout, gate, up: at least n
-  // elements). dgate may alias gate and dup may alias up (each element's inputs are read before
-  // its outputs are written); dout may alias dgate.
-  virtual void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
-                               const TensorView& gate, const TensorView& up) = 0;
+  // act_fn(gate_proj(x)) * up_proj(x) with act "silu"): out[n] = silu(gate[n]) * up[n],
+  // silu(x) = x * sigmoid(x), fp32 math, n = out.numel() (gate, up: at least n elements).
+  // out may alias gate or up.
+  virtual void swiglu_forward(const TensorView& out, const TensorView& gate,
+                              const TensorView& up) = 0;
+  // WRITES dgate[n] = dout[n] * up[n] * silu'(gate[n]) (silu'(x) = s (1 + x (1 - s)),
+  // s = sigmoid(x)) and dup[n] = dout[n] * silu(gate[n]), n = dgate.numel() (dup, dout, gate,
+  // up: at least n elements). dgate may alias gate and dup may alias up (each element's inputs
+  // are read before its outputs are written); dout may alias dgate.
+  virtual void swiglu_backward(const TensorView& dgate, const TensorView& dup,
+                               const TensorView& dout, const TensorView& gate,
+                               const TensorView& up) = 0;
 
   // Causal grouped-query self-attention core (Ainslie et al. 2023, "GQA: Training Generalized
   // Multi-Query Transformer Models from Multi-Head Checkpoints"; HF LlamaAttention with
   // repeat_kv), FlashAttention-2 like the attention above (no T x T matrix stored).
-  // q: [B,T,H*D]; k, v: [B,T,Hkv*D]; H % Hkv == 0 (Hkv < 1 or H % Hkv != 0 throws fsdp::Error);
-  // query head h reads kv head h / (H/Hkv) (repeat_kv's repeat_interleave order).
-  // scores = scale * q.k (Llama: scale = 1/sqrt(D)), key j visible to query i iff j <= i.
-  // Hkv == H is MHA (the values of mha_forward with causal = true and no bias or mask),
-  // Hkv == 1 is MQA. Writes out: [B,T,H*D] and lse: fp32 [B,H,T] (saved for backward).
-  // The CUDA backend accepts the head widths its flash kernels do (as mha_forward).
-  virtual void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
-                                     const TensorView& k, const TensorView& v, int64_t B, int64_t T,
-                                     int64_t H, int64_t Hkv, int64_t D, float scale) = 0;
-  // WRITES dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] from dout: [B,T,H*D] using q, k, v, out, lse of forward.
-  // dk/dv of a kv head are the sum over its group's H/Hkv query heads, in ascending head order, in fp32,
-  // deterministic (no atomics) on both backends (mha_backward's dk/dv of k, v repeated H/Hkv
-  // times, summed over each group).
-  virtual void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                      const TensorView& dout, const TensorView& q, const TensorView& k,
-                                      const TensorView& v, const TensorView& out, const TensorView& lse,
-                                      int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                                      float scale) = 0;
+  // q: [B,T,H*D]; k, v: [B,T,Hkv*D]; H % Hkv == 0 (Hkv < 1 or H % Hkv != 0 throws
+  // fsdp::Error); query head h reads kv head h / (H/Hkv) (repeat_kv's repeat_interleave
+  // order). scores = scale * q.k (Llama: scale = 1/sqrt(D)), key j visible to query i iff
+  // j <= i. Hkv == H is MHA (the values of mha_forward with causal = true and no bias or
+  // mask), Hkv == 1 is MQA. Writes out: [B,T,H*D] and lse: fp32 [B,H,T] (saved for backward).
+  virtual void gqa_attention_forward(const TensorView& out, const TensorView& lse,
+                                     const TensorView& q, const TensorView& k,
+                                     const TensorView& v, int64_t B, int64_t T, int64_t H,
+                                     int64_t Hkv, int64_t D, float scale) = 0;
+  // WRITES dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] from dout: [B,T,H*D] using q, k, v, out, lse of
+  // forward. dk/dv of a kv head are the sum over its group's H/Hkv query heads, in ascending
+  // head order, in fp32, deterministic (no atomics) on both backends (= mha_backward's dk/dv
+  // of k, v repeated H/Hkv times, summed over each group).
+  virtual void gqa_attention_backward(const TensorView& dq, const TensorView& dk,
+                                      const TensorView& dv, const TensorView& dout,
+                                      const TensorView& q, const TensorView& k,
+                                      const TensorView& v, const TensorView& out,
+                                      const TensorView& lse, int64_t B, int64_t T, int64_t H,
+                                      int64_t Hkv, int64_t D, float scale) = 0;
 };
 
 }  // namespace fsdp

@@ -766,7 +766,8 @@ void CpuKernels::position_bias_backward(float* dtable, const float* dbias, const
 // dbias[h] += dS. A thread owns a whole (b, key/value head) (dK, dV accumulate over query
 // tiles and over the group's query heads, ascending) or, when dbias is wanted, a key/value
 // head with every b in ascending order (dbias sums over b); so results do not depend on the
-// thread count. Grouped-query attention (Hkv < H) reads key/value head h / (H/Hkv). GEMMs on tiles are single-threaded OpenBLAS calls.
+// thread count. Grouped-query attention (Hkv < H) reads key/value head h / (H/Hkv). GEMMs
+// on tiles are single-threaded OpenBLAS calls.
 
 namespace {
 
