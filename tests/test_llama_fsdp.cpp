@@ -167,9 +167,7 @@ TEST(LlamaFsdp, OffloadCheckpointingAndMicroBatchesGiveThePlainSteps) {
 
 TEST(LlamaFsdp, PlanEqualsTheMeasuredPeaks) {
   for (const char* strategy : {"FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"}) {
-    // Micro-batches at 2+ ranks: the plan's comm_buffers are below the measured peak, for
-    // GPT-2 as well (issue 29 item 1); "1" joins this list when that is fixed.
-    for (const char* micro : {"0"}) {
+    for (const char* micro : {"0", "1"}) {
       for (const char* offload : {"false", "true"}) {
         const std::string tag = std::string(strategy) + " micro " + micro + " offload " + offload;
         Config c = llama_config(fresh_dir(std::string("llama_plan_") + strategy + micro + offload),

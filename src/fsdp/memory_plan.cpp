@@ -90,11 +90,14 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
     }
     engine.end_step();
   };
-  // A step of several micro-batches (gradient accumulation) differs only offloaded, where
-  // the passes before the last accumulate on the device: one of those, then the last.
+  // A step of several micro-batches (gradient accumulation) runs passes before the last one
+  // (offloaded, those accumulate on the device; sharded, a pass's reductions and buffers are
+  // still alive when the next one gathers): every pass of the step, as the trainer runs them,
+  // so the peak is the step's whatever pass reaches it.
   const int64_t local = config.train.global_batch_size / std::max(1, world_size);
   const int64_t micro = micro_batch_size(config.train, world_size);
-  if (offload && micro > 0 && local / micro > 1) pass(false);
+  const int64_t passes = micro > 0 ? std::max<int64_t>(1, local / micro) : 1;
+  for (int64_t i = 0; i + 1 < passes; ++i) pass(false);
   pass(true);
   auto rows = [](const MemoryTracker& t) {
     auto peak = [&](MemCategory c) { return static_cast<int64_t>(t.peak(c)); };
