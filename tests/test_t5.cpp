@@ -457,6 +457,32 @@ TEST(T5, HuggingFaceConfigRoundTrip) {
       EXPECT_EQ(j.at("decoder_start_token_id"), 0);
       EXPECT_EQ(j.at("dropout_rate"), 0.0);
       EXPECT_EQ(fsdp::t5_config_from_hf(j, "config.json"), c);
+      // Every attribute, as fsdp_merge has always written it (the keys from the table, the
+      // rest constants).
+      const nlohmann::json expected{
+          {"architectures", {"T5ForConditionalGeneration"}},
+          {"model_type", "t5"},
+          {"vocab_size", 40},
+          {"d_model", 8},
+          {"d_kv", 4},
+          {"d_ff", 12},
+          {"num_layers", 2},
+          {"num_decoder_layers", 3},
+          {"num_heads", 2},
+          {"relative_attention_num_buckets", 32},
+          {"relative_attention_max_distance", 128},
+          {"dropout_rate", 0.0},
+          {"layer_norm_epsilon", 1e-5},
+          {"initializer_factor", 1.0},
+          {"feed_forward_proj", ff == T5FeedForward::relu ? "relu" : "gated-gelu"},
+          {"is_encoder_decoder", true},
+          {"tie_word_embeddings", tied},
+          {"pad_token_id", 0},
+          {"eos_token_id", 1},
+          {"decoder_start_token_id", 0},
+          {"torch_dtype", "float32"},
+      };
+      EXPECT_EQ(j.dump(), expected.dump());
     }
   }
   // HF's null num_decoder_layers means num_layers; optional fields take HF's defaults.
@@ -484,9 +510,9 @@ TEST(T5, HuggingFaceConfigRoundTrip) {
   bad = j;
   bad["feed_forward_proj"] = "gated-silu";
   fails_naming(bad, "feed_forward_proj");
-  // The one message of parse_t5_feed_forward, as the TOML config's model.feed_forward_proj.
-  fails_naming(bad, "x.json: feed_forward_proj: unknown value \"gated-silu\" (expected one of relu, gated-gelu)");
-  EXPECT_EQ(fsdp::parse_t5_feed_forward("gated-gelu", "k"), T5FeedForward::gated_gelu);
+  // The row's choices, with the TOML config's wording after the field.
+  fails_naming(bad, "x.json: \"feed_forward_proj\": unknown value \"gated-silu\" (expected one of relu, gated-gelu)");
+  EXPECT_EQ(fsdp::t5_feed_forward_from_string("gated-gelu"), T5FeedForward::gated_gelu);
   EXPECT_FALSE(fsdp::t5_feed_forward_from_string("Relu").has_value());
   bad = j;
   bad["num_heads"] = "4";
@@ -500,6 +526,86 @@ TEST(T5, HuggingFaceConfigRoundTrip) {
   bad = j;
   bad["num_layers"] = 0;
   fails_naming(bad, "num_layers");
+  // Ranges and relations have the TOML config's wording after the field.
+  fails_naming(bad, "x.json: \"num_layers\": 0 is out of range (expected an integer >= 1)");
+  bad = j;
+  bad["relative_attention_num_buckets"] = 2;
+  fails_naming(bad, "x.json: \"relative_attention_num_buckets\": 2 is out of range (expected an integer >= 4)");
+  bad = j;
+  bad["relative_attention_max_distance"] = 16;
+  fails_naming(bad, "x.json: \"relative_attention_max_distance\": 16 is out of range (expected > "
+                    "\"relative_attention_num_buckets\" / 2 = 16)");
+  bad = j;
+  bad["layer_norm_epsilon"] = 0.0;
+  fails_naming(bad, "x.json: \"layer_norm_epsilon\": 0 is out of range (expected > 0)");
+  bad = j;
+  bad["is_encoder_decoder"] = false;
+  fails_naming(bad, "x.json: \"is_encoder_decoder\" false is not supported (expected true)");
+  // HF's T5Config derives dense_act_fn and is_gated_act from feed_forward_proj, but a
+  // config.json's own override them: they must agree (equivalent spellings accepted).
+  nlohmann::json ok = j;
+  ok["dense_act_fn"] = "relu";
+  ok["is_gated_act"] = false;
+  EXPECT_EQ(fsdp::t5_config_from_hf(ok, "x.json").feed_forward_proj, T5FeedForward::relu);
+  ok["feed_forward_proj"] = "gated-gelu";
+  for (const char* act : {"gelu_new", "gelu_pytorch_tanh"}) {
+    ok["dense_act_fn"] = act;
+    ok["is_gated_act"] = true;
+    EXPECT_EQ(fsdp::t5_config_from_hf(ok, "x.json").feed_forward_proj, T5FeedForward::gated_gelu) << act;
+  }
+  bad = ok;
+  bad["dense_act_fn"] = "gelu";  // the exact (erf) GELU: not ours
+  fails_naming(bad, "x.json: \"dense_act_fn\" \"gelu\" is not supported (expected \"gelu_new\" or "
+                    "\"gelu_pytorch_tanh\" with \"feed_forward_proj\" \"gated-gelu\")");
+  bad = ok;
+  bad["is_gated_act"] = false;
+  fails_naming(bad, "x.json: \"is_gated_act\" false is not supported (expected true with "
+                    "\"feed_forward_proj\" \"gated-gelu\")");
+  bad = j;  // relu, gated by its own attributes
+  bad["dense_act_fn"] = "gelu_new";
+  fails_naming(bad, "\"dense_act_fn\" \"gelu_new\" is not supported (expected \"relu\" with");
+  bad = j;
+  bad["is_gated_act"] = true;
+  fails_naming(bad, "is_gated_act");
+}
+
+// A T5Config built in code is checked with the config's messages (model.<key>).
+TEST(T5, ModelChecksItsConfigWithTheConfigMessages) {
+  auto fails_with = [](const T5Config& c, const std::string& message) {
+    try {
+      fsdp::t5_modules(c);
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  };
+  T5Config c = tiny();
+  c.d_kv = 0;
+  fails_with(c, "model.d_kv: 0 is out of range (expected an integer >= 1)");
+  c = tiny();
+  c.relative_attention_num_buckets = 3;
+  fails_with(c, "model.relative_attention_num_buckets: 3 is out of range (expected an integer >= 4)");
+  c = tiny();
+  c.relative_attention_max_distance = 16;
+  fails_with(c, "model.relative_attention_max_distance: 16 is out of range (expected > "
+                "model.relative_attention_num_buckets / 2 = 16)");
+  c = tiny();
+  c.pad_vocab_multiple = 0;
+  fails_with(c, "model.pad_vocab_multiple: 0 is out of range (expected an integer >= 1)");
+  // The [model] section read as a T5Config: an unknown feed_forward_proj (a ModelConfig built
+  // in code is not validated) is the config's message, not the enum's default.
+  fsdp::ModelConfig m = fsdp::model_defaults("t5");
+  m.set("feed_forward_proj", std::string("gelu"));
+  try {
+    T5Config::from(m);
+    ADD_FAILURE() << "read an unknown feed_forward_proj";
+  } catch (const fsdp::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "model.feed_forward_proj: unknown value \"gelu\" (expected one of relu, gated-gelu)");
+  }
+  // The [model] defaults are T5Config's.
+  EXPECT_EQ(T5Config::from(fsdp::model_defaults("t5")), T5Config{});
 }
 
 // tools/t5_reference.py's float64 torch T5 (HF T5ForConditionalGeneration's forward) on the same

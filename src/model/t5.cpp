@@ -8,8 +8,6 @@
 #include <cmath>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/core/error.hpp"
 
@@ -24,40 +22,6 @@ std::optional<T5FeedForward> t5_feed_forward_from_string(std::string_view s) {
     if (s == to_string(f)) return f;
   }
   return std::nullopt;
-}
-
-std::string t5_feed_forward_unknown(std::string_view s) {
-  return "unknown value \"" + std::string(s) + "\" (expected one of " + to_string(T5FeedForward::relu) + ", " +
-         to_string(T5FeedForward::gated_gelu) + ")";
-}
-
-T5FeedForward parse_t5_feed_forward(std::string_view s, const std::string& key) {
-  if (const auto f = t5_feed_forward_from_string(s)) return *f;
-  throw InputError(key + ": " + t5_feed_forward_unknown(s));
-}
-
-void validate_t5_config(const T5Config& c, const std::string& origin) {
-  auto positive = [&](int64_t v, const char* field) {
-    if (v < 1) throw InputError(origin + ": " + field + " must be >= 1, got " + std::to_string(v));
-  };
-  positive(c.vocab_size, "vocab_size");
-  positive(c.pad_vocab_multiple, "pad_vocab_multiple");
-  positive(c.d_model, "d_model");
-  positive(c.d_kv, "d_kv");
-  positive(c.d_ff, "d_ff");
-  positive(c.num_layers, "num_layers");
-  positive(c.num_decoder_layers, "num_decoder_layers");
-  positive(c.num_heads, "num_heads");
-  if (c.relative_attention_num_buckets < 4) {
-    throw InputError(origin + ": relative_attention_num_buckets must be >= 4, got " +
-                     std::to_string(c.relative_attention_num_buckets));
-  }
-  if (c.relative_attention_max_distance <= c.relative_attention_num_buckets / 2) {
-    throw InputError(origin + ": relative_attention_max_distance must exceed "
-                     "relative_attention_num_buckets / 2, got " +
-                     std::to_string(c.relative_attention_max_distance));
-  }
-  if (!(c.layer_norm_epsilon > 0)) throw InputError(origin + ": layer_norm_epsilon must be > 0");
 }
 
 // ---- relative position buckets (HF T5Attention._relative_position_bucket, float32) ----
@@ -147,7 +111,7 @@ ParamSpec norm_weight(std::string name, int64_t n) {
 
 // The one builder of the module declarations and of the parameter ids (HF _init_weights stds).
 std::vector<ModuleDecl> build_modules(const T5Config& c, IdTable& t) {
-  validate_t5_config(c, "model");
+  validate_t5_config(c);
   const int64_t D = c.d_model, I = c.num_heads * c.d_kv, F = c.d_ff, V = c.vocab_size;
   const int64_t Vp = c.padded_vocab();
   const double std_d = 1.0 / std::sqrt(static_cast<double>(D));
@@ -797,85 +761,6 @@ void T5Model::decoder_block_backward(int64_t l, int64_t B, int64_t Te, int64_t T
       .backward(y, a.res_d[static_cast<std::size_t>(l)].view({R, D}), dres, a.dq.view({R, I}),
                 a.dk.view({R, I}), a.dv.view({R, I}), a.datty.view({R, I}), dln, TensorView{},
                 /*causal=*/true, a.dec_dbias.view({H, Td, Td}), l == 0);
-}
-
-// ---- Hugging Face config.json ----
-
-nlohmann::json t5_hf_config(const T5Config& c) {
-  return nlohmann::json{
-      {"architectures", {"T5ForConditionalGeneration"}},
-      {"model_type", "t5"},
-      {"vocab_size", c.vocab_size},
-      {"d_model", c.d_model},
-      {"d_kv", c.d_kv},
-      {"d_ff", c.d_ff},
-      {"num_layers", c.num_layers},
-      {"num_decoder_layers", c.num_decoder_layers},
-      {"num_heads", c.num_heads},
-      {"relative_attention_num_buckets", c.relative_attention_num_buckets},
-      {"relative_attention_max_distance", c.relative_attention_max_distance},
-      {"dropout_rate", 0.0},
-      {"layer_norm_epsilon", c.layer_norm_epsilon},
-      {"initializer_factor", 1.0},
-      {"feed_forward_proj", to_string(c.feed_forward_proj)},
-      {"is_encoder_decoder", true},
-      {"tie_word_embeddings", c.tie_word_embeddings},
-      {"pad_token_id", 0},
-      {"eos_token_id", 1},
-      {"decoder_start_token_id", 0},
-      {"torch_dtype", "float32"},
-  };
-}
-
-T5Config t5_config_from_hf(const nlohmann::json& j, const std::string& origin) {
-  if (!j.is_object()) throw InputError(origin + ": a T5 config must be a JSON object");
-  auto where = [&](const char* f) { return origin + ": " + f; };
-  auto integer = [&](const char* f, bool required, int64_t dflt) -> int64_t {
-    const auto it = j.find(f);
-    if (it == j.end() || it->is_null()) {
-      if (required) throw InputError(where(f) + " is missing");
-      return dflt;
-    }
-    if (!it->is_number_integer()) throw InputError(where(f) + " must be an integer");
-    return it->get<int64_t>();
-  };
-  T5Config c;
-  c.vocab_size = integer("vocab_size", true, 0);
-  c.d_model = integer("d_model", true, 0);
-  c.d_kv = integer("d_kv", true, 0);
-  c.d_ff = integer("d_ff", true, 0);
-  c.num_layers = integer("num_layers", true, 0);
-  c.num_decoder_layers = integer("num_decoder_layers", false, c.num_layers);
-  c.num_heads = integer("num_heads", true, 0);
-  c.relative_attention_num_buckets = integer("relative_attention_num_buckets", false, 32);
-  c.relative_attention_max_distance = integer("relative_attention_max_distance", false, 128);
-  if (auto it = j.find("feed_forward_proj"); it != j.end() && !it->is_null()) {
-    if (!it->is_string()) throw InputError(where("feed_forward_proj") + " must be a string");
-    c.feed_forward_proj = parse_t5_feed_forward(it->get<std::string>(), where("feed_forward_proj"));
-  }
-  if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
-    if (!it->is_boolean()) throw InputError(where("tie_word_embeddings") + " must be a boolean");
-    c.tie_word_embeddings = it->get<bool>();
-  }
-  if (auto it = j.find("layer_norm_epsilon"); it != j.end() && !it->is_null()) {
-    if (!it->is_number()) throw InputError(where("layer_norm_epsilon") + " must be a number");
-    c.layer_norm_epsilon = it->get<double>();
-  }
-  if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
-    if (!it->is_string() || it->get<std::string>() != "t5") {
-      throw InputError(where("model_type") + " must be \"t5\", got " + it->dump());
-    }
-  }
-  if (auto it = j.find("is_encoder_decoder"); it != j.end() && !it->is_null()) {
-    if (!it->is_boolean() || !it->get<bool>()) {
-      throw InputError(where("is_encoder_decoder") + " must be true, got " + it->dump());
-    }
-  }
-  for (const char* f : {"pad_token_id", "decoder_start_token_id"}) {
-    if (integer(f, false, 0) != 0) throw InputError(where(f) + " must be 0 (the pad id)");
-  }
-  validate_t5_config(c, origin);
-  return c;
 }
 
 }  // namespace fsdp

@@ -59,24 +59,21 @@ enum class T5FeedForward {
 };
 // HF's spelling: "relu" | "gated-gelu".
 const char* to_string(T5FeedForward f);
-// The one parser of feed_forward_proj (model.feed_forward_proj in the TOML config, the
-// field of a Hugging Face config.json): HF's spelling, exact and case-sensitive; nullopt
-// for anything else.
+// The one parser of feed_forward_proj (the choices of its row in src/model/t5_family.cpp,
+// which validation, --list-keys and config.json read): HF's spelling, exact and
+// case-sensitive; nullopt for anything else.
 std::optional<T5FeedForward> t5_feed_forward_from_string(std::string_view s);
-// The one message for a value it rejects, after "<where>: <key>: ":
-// `unknown value "<s>" (expected one of relu, gated-gelu)`.
-std::string t5_feed_forward_unknown(std::string_view s);
-// t5_feed_forward_from_string, or InputError "<key>: " + t5_feed_forward_unknown(s), where
-// key names the field with its origin (e.g. "model.feed_forward_proj").
-T5FeedForward parse_t5_feed_forward(std::string_view s, const std::string& key);
 
-// Hugging Face T5Config fields (same names and meanings). Defaults: a tiny ByT5-vocabulary model
-// for tests (the ByT5 vocabulary: pad 0, eos 1, unk 2, byte b -> b + 3).
+// Hugging Face T5Config fields (same names and meanings), declared once with their ranges,
+// docs and config.json defaults in t5_family.cpp's table (fsdp/model/model_args.hpp).
+// Defaults: the [model] defaults of type = "t5", a small ByT5-vocabulary T5 v1.0 for CPU runs
+// (the ByT5 vocabulary: pad 0, eos 1, unk 2, byte b -> b + 3; HF T5Config's own defaults are
+// t5-small's sizes with a 32128 SentencePiece vocabulary).
 struct T5Config {
   int64_t vocab_size = 384;
-  int64_t d_model = 32;
-  int64_t d_kv = 8;                    // per-head width of q, k, v
-  int64_t d_ff = 64;
+  int64_t d_model = 128;
+  int64_t d_kv = 32;                   // per-head width of q, k, v
+  int64_t d_ff = 512;
   int64_t num_layers = 2;              // encoder blocks
   int64_t num_decoder_layers = 2;      // decoder blocks
   int64_t num_heads = 4;
@@ -89,15 +86,20 @@ struct T5Config {
   // rows in training (ByT5's 384 and t5-small's 32128 are multiples of 128 already).
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
+  // From the [model] section (type "t5"); throws fsdp::Error on a missing key, InputError on
+  // an unknown feed_forward_proj.
+  static T5Config from(const ModelConfig& config);
   friend bool operator==(const T5Config&, const T5Config&) = default;
 };
 
-// Throws fsdp::InputError naming `origin` and the field when a size is < 1 (every size field;
-// num_layers, num_decoder_layers and pad_vocab_multiple included),
-// relative_attention_num_buckets < 4 (each half of the bidirectional buckets needs an exact and
-// a logarithmic part) or relative_attention_max_distance <= relative_attention_num_buckets / 2
-// (the log range would be empty), or layer_norm_epsilon is not > 0.
-void validate_t5_config(const T5Config& c, const std::string& origin);
+// What the model itself needs of a T5Config built in code (a parsed config was checked at
+// parse time, with the same messages): throws fsdp::InputError
+// "model.<key>: <value> is out of range (expected ...)" when a key is outside its row's range
+// (every size >= 1, relative_attention_num_buckets >= 4: each half of the bidirectional
+// buckets needs an exact and a logarithmic part; layer_norm_epsilon > 0),
+// relative_attention_max_distance <= relative_attention_num_buckets / 2 (the log range would
+// be empty), or pad_vocab_multiple < 1.
+void validate_t5_config(const T5Config& c);
 
 // HF T5Attention._relative_position_bucket for one relative position (key_pos - query_pos),
 // computed as HF's torch code does in float32: with n the distance (bidirectional: |rp|, and
@@ -133,26 +135,30 @@ std::vector<int32_t> t5_shift_right(const std::vector<int32_t>& labels, int64_t 
 //   "decoder.final_layer_norm" (class "T5LayerNorm"); with the tied head it also computes the
 //     logits from shared.weight (root unit);
 //   "lm_head" (class "T5LMHead", untied only): lm_head.weight [Vp, d_model] (vocab_rows = V).
-// Throws as validate_t5_config (origin "model").
+// Throws as validate_t5_config.
 std::vector<ModuleDecl> t5_modules(const T5Config& c);
 
 // A Hugging Face config.json for this model that T5ForConditionalGeneration.from_pretrained
-// accepts: architectures ["T5ForConditionalGeneration"], model_type "t5", the T5Config fields
-// above (feed_forward_proj "relu" | "gated-gelu"), dropout_rate 0, initializer_factor 1,
-// is_encoder_decoder true, pad_token_id 0, eos_token_id 1, decoder_start_token_id 0,
-// torch_dtype "float32".
+// accepts: the T5Config fields above (the table's rows; feed_forward_proj "relu" |
+// "gated-gelu") and the constants architectures ["T5ForConditionalGeneration"], model_type
+// "t5", dropout_rate 0, initializer_factor 1, is_encoder_decoder true, pad_token_id 0,
+// eos_token_id 1, decoder_start_token_id 0, torch_dtype "float32".
 nlohmann::json t5_hf_config(const T5Config& c);
 
 // Reads a Hugging Face T5Config JSON object (config.json). Required: vocab_size, d_model, d_kv,
 // d_ff, num_layers, num_heads (integers). Optional, with HF's defaults: num_decoder_layers
 // (missing or null: num_layers), relative_attention_num_buckets (32),
 // relative_attention_max_distance (128), feed_forward_proj ("relu"; "relu" or "gated-gelu"),
-// tie_word_embeddings (true), layer_norm_epsilon (1e-6). dropout_rate and initializer_factor
-// are ignored (training runs without dropout; the initialisation uses factor 1). Throws
-// fsdp::InputError naming `origin` and the field when a required field is missing, a field has
-// the wrong JSON type, or a value is unsupported: model_type other than "t5", is_encoder_decoder
-// false, feed_forward_proj other than the two above (parse_t5_feed_forward's message), pad_token_id or decoder_start_token_id
-// other than 0, or what validate_t5_config rejects.
+// tie_word_embeddings (true), layer_norm_epsilon (1e-6). Attributes that are not keys:
+// dropout_rate and initializer_factor are ignored (training runs without dropout; the
+// initialisation uses factor 1); those that change the math must describe this model.
+// Throws fsdp::InputError "<origin>: \"<field>\" ..." when a required field is missing, a
+// field has the wrong JSON type, a key is outside its range or choices (the TOML config's
+// wording after the field) or relative_attention_max_distance <= relative_attention_num_buckets
+// / 2, or a value is unsupported: model_type other than "t5", is_encoder_decoder false,
+// dense_act_fn or is_gated_act other than feed_forward_proj's (relu: "relu", false;
+// gated-gelu: "gelu_new" or its equal "gelu_pytorch_tanh", true), pad_token_id or
+// decoder_start_token_id other than 0.
 T5Config t5_config_from_hf(const nlohmann::json& j, const std::string& origin);
 
 // The "t5" entry of the model registry (fsdp/model/model.hpp); src/model/t5_family.cpp.
@@ -168,7 +174,7 @@ class T5Model final : public Model {
   // buffers (sized for the larger of an encoder and a decoder block) and are recomputed inside
   // the block's backward after the engine's pre_backward has gathered its parameters. Same
   // kernels on the same inputs: results are bit-identical to activation_checkpointing = false.
-  // Throws as validate_t5_config (origin "model").
+  // Throws as validate_t5_config.
   T5Model(const T5Config& config, Kernels& kernels, DType activation_dtype = DType::f32,
           bool activation_checkpointing = false);
   ~T5Model() override;

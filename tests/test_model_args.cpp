@@ -1,0 +1,235 @@
+// Every model family's configuration is one table of keys (fsdp/model/model_args.hpp), for
+// every family of fsdp::model_families(), present and future: the [model] defaults survive
+// config.json out and in (fsdp_merge, model.init_from); every key has its doc and every
+// integer key its range; and no key is spelled in src/ outside the tables (issue 28 item 1:
+// "No model key is spelled in more than one place in src/"), bar a short, justified list.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/model/model.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using fsdp::ModelConfig;
+using fsdp::ModelFamily;
+using fsdp::ModelKey;
+
+TEST(ModelArgs, DefaultsRoundTripThroughHfConfig) {
+  ASSERT_FALSE(fsdp::model_families().empty());
+  for (const ModelFamily* f : fsdp::model_families()) {
+    SCOPED_TRACE("model.type = " + f->type());
+    const ModelConfig defaults = fsdp::model_defaults(f->type());
+    const nlohmann::json hf = f->hf_config(defaults);
+    EXPECT_EQ(f->from_hf_config(hf, "config.json"), defaults);
+    // The same through the text fsdp_merge writes and init_from reads.
+    EXPECT_EQ(f->from_hf_config(nlohmann::json::parse(hf.dump(2)), "config.json"), defaults);
+  }
+}
+
+TEST(ModelArgs, EveryKeyHasItsDocAndEveryIntegerKeyItsRange) {
+  for (const ModelFamily* f : fsdp::model_families()) {
+    SCOPED_TRACE("model.type = " + f->type());
+    std::set<std::string> names;
+    ASSERT_FALSE(f->keys().empty());
+    for (const ModelKey& k : f->keys()) {
+      EXPECT_TRUE(names.insert(k.name).second) << k.name << " declared twice";
+      EXPECT_FALSE(k.doc.empty()) << k.name << " has no one-line doc";
+      EXPECT_EQ(k.doc.find('\n'), std::string::npos) << k.name << ": the doc is one line";
+      const auto& v = k.default_value;
+      if (std::holds_alternative<int64_t>(v)) {
+        EXPECT_TRUE(k.range.bounded()) << k.name << ": an integer key (a size) needs a range";
+        EXPECT_TRUE(k.range.integer) << k.name << ": an integer key's range is of integers";
+      }
+      if (k.range.bounded() &&
+          (std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v))) {
+        const double x = std::holds_alternative<int64_t>(v)
+                             ? static_cast<double>(std::get<int64_t>(v))
+                             : std::get<double>(v);
+        EXPECT_TRUE(k.range.contains(x)) << k.name << ": the default is outside its range";
+      }
+      if (k.range.bounded()) {
+        EXPECT_TRUE(std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v))
+            << k.name << ": a range on a key that is not a number";
+      }
+      if (!k.choices.empty()) {
+        ASSERT_TRUE(std::holds_alternative<std::string>(v))
+            << k.name << ": choices on a non-string key";
+        EXPECT_NE(std::find(k.choices.begin(), k.choices.end(), std::get<std::string>(v)),
+                  k.choices.end())
+            << k.name << ": the default is not among its choices";
+      }
+    }
+  }
+}
+
+// ---- the source scan ----
+
+// The string literals of a C++ source, comments skipped: each literal's text as written
+// (escapes not resolved), adjacent literals separately.
+std::vector<std::string> string_literals(const std::string& s) {
+  std::vector<std::string> out;
+  const std::size_t n = s.size();
+  std::size_t i = 0;
+  while (i < n) {
+    const char c = s[i];
+    if (c == '/' && i + 1 < n && s[i + 1] == '/') {
+      i = s.find('\n', i);
+      if (i == std::string::npos) break;
+    } else if (c == '/' && i + 1 < n && s[i + 1] == '*') {
+      i = s.find("*/", i + 2);
+      if (i == std::string::npos) break;
+      i += 2;
+    } else if (c == '"') {
+      if (i > 0 && s[i - 1] == 'R') {  // raw string R"delim( ... )delim"
+        const std::size_t open = s.find('(', i);
+        if (open == std::string::npos) break;
+        const std::string close = ")" + s.substr(i + 1, open - i - 1) + "\"";
+        const std::size_t end = s.find(close, open + 1);
+        if (end == std::string::npos) break;
+        out.push_back(s.substr(open + 1, end - open - 1));
+        i = end + close.size();
+        continue;
+      }
+      std::size_t j = i + 1;
+      while (j < n && s[j] != '"' && s[j] != '\n') j += s[j] == '\\' ? 2 : 1;
+      out.push_back(s.substr(i + 1, std::min(j, n) - i - 1));
+      i = j + 1;
+    } else if (c == '\'') {
+      // A digit separator (1'000) or a character literal.
+      if (i > 0 && std::isalnum(static_cast<unsigned char>(s[i - 1])) && i + 1 < n &&
+          std::isxdigit(static_cast<unsigned char>(s[i + 1]))) {
+        ++i;
+        continue;
+      }
+      std::size_t j = i + 1;
+      while (j < n && s[j] != '\'' && s[j] != '\n') j += s[j] == '\\' ? 2 : 1;
+      i = j + 1;
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
+
+bool ident(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// Spellings of `name` in one literal: the literal "name" itself, "model.name" inside a message
+// and \"name\" (a quoted attribute inside a message).
+int spellings(const std::string& literal, const std::string& name) {
+  int count = literal == name;
+  const std::string dotted = "model." + name;
+  for (std::size_t at = literal.find(dotted); at != std::string::npos;
+       at = literal.find(dotted, at + 1)) {
+    const std::size_t end = at + dotted.size();
+    const bool alone = (at == 0 || !ident(literal[at - 1])) &&
+                       (end == literal.size() || (!ident(literal[end]) && literal[end] != '.'));
+    count += alone;
+  }
+  const std::string quoted = "\\\"" + name + "\\\"";
+  for (std::size_t at = literal.find(quoted); at != std::string::npos;
+       at = literal.find(quoted, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+// Where a key name may be spelled outside the families' tables, on purpose: the name, a file
+// or a folder (ending in '/') under the source root, and why. Keep it short.
+struct Allowed {
+  const char* name;
+  const char* where;
+  const char* why;
+};
+const Allowed kAllowed[] = {
+    {"vocab_size", "src/data/",
+     "the HDF5 token file's root attribute (docs/data.md) has the same name: a file format's "
+     "field, not the model key; the data layer's messages compare it with model.vocab_size, "
+     "which reaches it as ModelFamily::vocab_size()"},
+    {"tie_word_embeddings", "src/checkpoint/init_from.cpp",
+     "reads any family's hf_config() output for whether lm_head.weight is a tied copy: a "
+     "config.json attribute of every family, not one family's key"},
+    // Attributes of GPT2Config that other families have as keys: constants of gpt2's
+    // config.json (written, and checked on the way in), not gpt2 keys.
+    {"tie_word_embeddings", "src/model/gpt2.cpp", "fsdp_train's GPT-2 is always tied: true"},
+    {"initializer_range", "src/model/gpt2.cpp", "written as HF's 0.02 (the initialisation's std)"},
+};
+
+bool allowed(const std::string& name, const std::string& path) {
+  for (const Allowed& a : kAllowed) {
+    const std::string where = a.where;
+    const bool match = where.back() == '/' ? path.rfind(where, 0) == 0 : path == where;
+    if (match && name == a.name) return true;
+  }
+  return false;
+}
+
+TEST(ModelArgs, EveryKeyIsSpelledOnceInSrc) {
+  // name -> the number of families that declare it (each table spells it once).
+  std::map<std::string, int> declared;
+  for (const ModelFamily* f : fsdp::model_families()) {
+    for (const ModelKey& k : f->keys()) ++declared[k.name];
+  }
+  ASSERT_FALSE(declared.empty());
+  const fs::path root = FSDP_SOURCE_DIR;
+  ASSERT_TRUE(fs::is_directory(root / "src")) << root / "src";
+  std::map<std::string, std::map<std::string, int>> found;  // name -> file -> spellings
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(root / "src")) {
+    const std::string ext = e.path().extension().string();
+    if (!e.is_regular_file() ||
+        (ext != ".cpp" && ext != ".hpp" && ext != ".h" && ext != ".cu" && ext != ".cuh")) {
+      continue;
+    }
+    ++files;
+    std::ifstream in(e.path(), std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string path = fs::relative(e.path(), root).generic_string();
+    for (const std::string& literal : string_literals(text.str())) {
+      for (const auto& [name, n] : declared) {
+        if (const int k = spellings(literal, name); k > 0 && !allowed(name, path))
+          found[name][path] += k;
+      }
+    }
+  }
+  ASSERT_GT(files, 0);
+  for (const auto& [name, families] : declared) {
+    int total = 0;
+    std::string where;
+    for (const auto& [path, k] : found[name]) {
+      total += k;
+      where += "\n  " + path + ": " + std::to_string(k);
+    }
+    EXPECT_EQ(total, families) << "\"" << name << "\" is a key of " << families << " famil"
+                               << (families == 1 ? "y" : "ies")
+                               << " and should be spelled once in each table, as a string "
+                                  "literal; spelled in src/:"
+                               << where;
+  }
+}
+
+TEST(ModelArgs, TheScanSeesLiteralsNotComments) {
+  const auto lits = string_literals(
+      "// \"d_model\"\n/* \"d_model\" */ f(\"d_model\", 'x', '\"', 1'000);\n"
+      "g(\"a \\\"num_heads\\\" b\", R\"(model.d_kv)\");");
+  ASSERT_EQ(lits.size(), 3u);
+  EXPECT_EQ(spellings(lits[0], "d_model"), 1);
+  EXPECT_EQ(spellings(lits[1], "num_heads"), 1);
+  EXPECT_EQ(spellings(lits[2], "d_kv"), 1);
+  EXPECT_EQ(spellings("model.d_kv_x and submodel.d_kv", "d_kv"), 0);
+  EXPECT_EQ(spellings("model.d_kv: 0 is out of range", "d_kv"), 1);
+}
+
+}  // namespace
