@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/core/error.hpp"
 #include "fsdp/core/profiler.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/model.hpp"
@@ -414,6 +415,57 @@ TEST(ProfiledRun, NothingWrittenOutsideTheWindowOrWhenOff) {
   c.train.max_steps = 2;
   run(c, On::world);
   EXPECT_FALSE(fs::exists(off + "/profile"));
+}
+
+
+// Issue 29 item 2: the trace is a diagnostic, never worth the run. An unwritable profile
+// directory is refused at start-up (as checkpoints/ is), naming train.profile_steps; a trace
+// that cannot be written when the window ends (here run_dir/profile replaced by a file after
+// step 1: ENOTDIR) is a warning, and the run trains to its last step and saves.
+TEST(ProfiledRun, AnUnwritableProfileDirIsRefusedAtStartUp) {
+  const std::string dir = fresh_dir("profile_is_a_file");
+  if (world_rank() == 0) std::ofstream(dir + "/profile") << "not a directory";
+  MPI_Barrier(MPI_COMM_WORLD);
+  Config c = small_config(dir);
+  c.train.max_steps = 2;
+  c.train.profile_steps = {1, 2};
+  try {
+    run(c, On::world);
+    ADD_FAILURE() << "a run with an unwritable profile directory started";
+  } catch (const fsdp::Error& e) {
+    // Every rank stops with exit 2; the line naming the key is the failing rank's (the
+    // others learn that a peer failed).
+    EXPECT_EQ(e.exit_code(), fsdp::kExitInputError) << e.what();
+    if (world_rank() == 0) {
+      EXPECT_NE(std::string(e.what()).find("train.profile_steps"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints/latest"));
+}
+
+TEST(ProfiledRun, AFailedTraceWriteIsAWarningAndTheRunGoesOn) {
+  const std::string dir = fresh_dir("trace_write_fails");
+  Config c = small_config(dir);
+  c.train.max_steps = 5;
+  c.train.profile_steps = {2, 3};
+  fsdp::TrainOptions o;
+  int calls = 0;
+  o.pending_signal = [&] {
+    if (++calls == 1) {  // the first step boundary, on every rank
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (world_rank() == 0) {
+        fs::remove_all(dir + "/profile");
+        std::ofstream(dir + "/profile") << "not a directory";
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    return 0;
+  };
+  const TrainResult r = run(c, On::world, 0, false, o);
+  EXPECT_EQ(r.final_step, 5);
+  EXPECT_EQ(r.losses.size(), 5u);
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/latest")) << "the run saved its final checkpoint";
+  EXPECT_FALSE(fs::exists(trace_path(dir)));
 }
 
 }  // namespace

@@ -2,9 +2,11 @@
 #include "fsdp/train/profiling.hpp"
 
 #include <filesystem>
+#include <iostream>
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/train/collective_guard.hpp"
+#include "fsdp/train/run_dir.hpp"
 
 #ifdef FSDP_WITH_CUDA
 #include "fsdp/cuda/cupti_collector.hpp"
@@ -24,7 +26,12 @@ std::unique_ptr<Profiler> make_profiler(const Config& config, DeviceRuntime& bac
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) throw Error(dir.string() + ": cannot create the profile directory: " + ec.message());
+  if (ec) {
+    throw InputError("train.profile_steps: cannot create the profile directory " + dir.string() +
+                     ": " + ec.message());
+  }
+  // As checkpoints/: an unwritable profile/ stops the run at start-up, not at the window.
+  probe_writable(dir.string(), "train.profile_steps");
   std::unique_ptr<ActivityCollector> device;
 #ifdef FSDP_WITH_CUDA
   if (backend.device() == Device::cuda) device = cuda::make_cupti_collector();
@@ -35,8 +42,22 @@ std::unique_ptr<Profiler> make_profiler(const Config& config, DeviceRuntime& bac
 void write_profile(Profiler& profiler, Communicator& group, const std::string& run_dir,
                    int64_t final_step, const std::function<void(const std::string&)>& log) {
   if (profiler.written()) return;
+  // A trace that cannot be written (a full disk, a directory removed under the run) is a
+  // warning on the rank it happens to: the trace is a diagnostic, never worth the run.
   bool wrote = false;
-  collective_guard(group, [&] { wrote = profiler.write(); });
+  std::string failure;
+  collective_guard(group, [&] {
+    try {
+      wrote = profiler.write();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  if (!failure.empty()) {
+    std::cerr << "warning: rank " << group.rank() << ": profile: trace not written (" << failure
+              << "); training goes on\n" << std::flush;
+    return;
+  }
   const std::string window = std::to_string(profiler.first()) + "-" + std::to_string(profiler.last());
   if (wrote) {
     const int64_t size = profiler.last() - profiler.first() + 1;

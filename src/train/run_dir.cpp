@@ -98,18 +98,6 @@ void make_dir(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) throw InputError("train.run_dir: " + dir + " is not a directory");
 }
 
-// Creates and removes a probe file in `dir`: proves files can be created there.
-void probe_writable(const std::string& dir) {
-  const std::string probe = (fs::path(dir) / (".write_probe." + std::to_string(::getpid()))).string();
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw InputError("train.run_dir: cannot write in " + dir + ": " + errno_text());
-  const ssize_t n = ::write(fd, "x", 1);
-  const int err = n == 1 ? 0 : errno;
-  ::close(fd);
-  ::unlink(probe.c_str());
-  if (err != 0) throw InputError("train.run_dir: cannot write in " + dir + ": " + std::strerror(err));
-}
-
 // What of an earlier run a fresh run must not overwrite: "" when nothing.
 std::string earlier_run_contents(const std::string& run_dir) {
   std::vector<std::string> found;
@@ -139,6 +127,18 @@ std::string earlier_run_contents(const std::string& run_dir) {
 }
 
 }  // namespace
+
+void probe_writable(const std::string& dir, const std::string& key) {
+  const std::string probe = (fs::path(dir) / (".write_probe." + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw InputError(key + ": cannot write in " + dir + ": " + errno_text());
+  const ssize_t n = ::write(fd, "x", 1);
+  const int err = n == 1 ? 0 : errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (err != 0) throw InputError(key + ": cannot write in " + dir + ": " + std::strerror(err));
+}
+
 
 // ---- MetricsFile ----
 
@@ -252,7 +252,7 @@ RunDir open_run_dir(const std::string& run_dir, bool resume) {
   }
   const std::string ck = ckpt::checkpoints_dir(run_dir);
   make_dir(ck);
-  probe_writable(ck);
+  probe_writable(ck, "train.run_dir");
   return rd;
 }
 

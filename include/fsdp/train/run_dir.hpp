@@ -24,6 +24,11 @@
 
 namespace fsdp {
 
+// Creates and removes a probe file in `dir`: proves files can be created there (checkpoints/
+// at start-up; profile/ when the profiler is on). Throws InputError "<key>: cannot write in
+// <dir>: <strerror>".
+void probe_writable(const std::string& dir, const std::string& key);
+
 // metrics.jsonl opened for appending lines. Every append is written with write(2) at once
 // (no buffering), so a full disk is seen at the line that does not fit.
 class MetricsFile {
