@@ -111,11 +111,10 @@ int64_t parse_shard_size(const std::string& text, const std::string& what = "max
 // data of 4 bytes per element (what Writer stores): tensors in the given order, a new shard
 // started when adding the next tensor to a non-empty shard would take the shard's tensor
 // bytes above `max_shard_size` (headers not counted), so a tensor larger than the limit is
-// alone in its shard. This is transformers' shard_checkpoint (save_pretrained up to 4.3x);
-// huggingface_hub's split_state_dict_into_shards, which save_pretrained uses since, groups
-// the same way except that it puts a tensor larger than the limit in a shard of its own
-// ahead of the shard it is filling (both load the same). Throws fsdp::Error if
-// max_shard_size < 1.
+// alone in its shard. This is transformers' shard_checkpoint (what save_pretrained used until
+// 2024); huggingface_hub's split_state_dict_into_shards, which it calls now, groups the same
+// way except that it puts a tensor larger than the limit in a shard of its own ahead of the
+// shard it is filling (both load the same). Throws fsdp::Error if max_shard_size < 1.
 std::vector<int> assign_shards(const std::vector<TensorInfo>& tensors, int64_t max_shard_size);
 // Hugging Face's shard file name: shard_file_name(0, 3) = "model-00001-of-00003.safetensors"
 // (1-based, at least five digits).
