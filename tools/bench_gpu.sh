@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/bench_gpu.sh: fsdp_train against PyTorch on ONE GPU: training throughput, MFU and peak
-# memory at three shapes, every contender run in each of ROUNDS interleaved rounds (round 1:
+# memory at three shapes (a fourth, llama-1b, on request), every contender run in each of ROUNDS interleaved rounds (round 1:
 # each model's contenders in turn, then round 2, ...; GPU clocks and thermals drift alike for
 # all), medians reported.
 #
@@ -9,6 +9,9 @@
 #   gpt2-1.5b      48 layers x 1600, 25 heads, vocab 50257, batch 4 x 1024 tokens
 #   t5-small-byt5  t5-small's shape with the ByT5 vocabulary (384), span corruption of 512
 #                  bytes (inputs 462, targets 104), batch 32
+#   llama-1b       (not in the default MODELS: its own call, MODELS=llama-1b, see Usage) Llama
+#                  3.2 1B's shape: 16 layers x 2048, 32 query / 8 K/V heads of 64, SwiGLU 8192,
+#                  vocab 128256, tied, RoPE theta 5e5 with llama3 scaling; batch 4 x 2048 tokens
 # Contenders (each its own process; WARMUP untimed steps, then STEPS timed, median step):
 #   fsdp_train     bf16 parameters and compute over fp32 master weights, fp32 gradient
 #                  reduction, FULL_SHARD at world size 1 (`mpirun -np 1`), its configuration
@@ -22,8 +25,12 @@
 #                  --wrap fsdp2 (fully_shard per block + root at world size 1,
 #                  MixedPrecisionPolicy(bf16, fp32)), eager and torch.compile of each block
 #                  before fully_shard (torchtitan); T5: Hugging Face T5ForConditionalGeneration,
-#                  plain eager and compile, and FSDP2 eager and compile (T5_FSDP2=0: without). memory =
-#                  torch.cuda.max_memory_allocated
+#                  plain eager and compile, and FSDP2 eager and compile (T5_FSDP2=0: without).
+#                  Llama: none:eager / none:compile are the Llama written in bench_torch_gpu.py
+#                  (--impl plain: SDPA is_causal + enable_gqa), and hf:eager / hf:compile
+#                  transformers' LlamaForCausalLM (--wrap none --impl hf, attention sdpa), both
+#                  one GPU, bf16 autocast, fused AdamW, compile = model + loss; no FSDP2 rows
+#                  unless LLAMA_FSDP2=1 (time). memory = torch.cuda.max_memory_allocated
 #   all            nvidia-smi's memory.used sampled every 100 ms during the run (peak minus the
 #                  value before it: CUDA context, library workspaces and allocator caches too)
 # Tokens and MFU: tokens per step as fsdp_train counts them (GPT-2: B x T; T5: B x (inputs +
@@ -37,6 +44,8 @@
 #
 # Usage, from the repo root (about 7-8 minutes on an H100: the first round compiles):
 #   tools/bench_gpu.sh
+#   MODELS=llama-1b ROUNDS=2 BENCH_BUDGET_S=480 tools/bench_gpu.sh   # the Llama row, its own call
+#     (5 contenders; two torch.compile warm-ups of a 16-layer model in round 1)
 # fsdp_train runs from the GPU bundle (gpu_bundle/, tools/gpu_bundle.sh; its env.sh sourced in a
 # subshell) when there is one, else from $FSDP_BUILD_DIR (default build-gpu/) with the system's
 # mpirun. The markdown table goes to stdout (last) and, with $OUT set (the run tool's folder) or
@@ -48,11 +57,13 @@
 #   BENCH_BUDGET_S (450): no run starts that its previous round's time says would not end in
 #                  it; each run is also cut there, so the script ends by itself with its table
 #   CONTENDERS (every model's default: "fsdp_train none:eager none:compile fsdp2:eager
-#                  fsdp2:compile") e.g. "fsdp_train none:compile" for a short call;
+#                  fsdp2:compile"; llama-1b: "fsdp_train none:eager none:compile hf:eager
+#                  hf:compile") e.g. "fsdp_train none:compile" for a short call;
 #                  "fsdp_train:offload" adds fsdp_train with fsdp.cpu_offload = true (issue 22:
 #                  its tok/s ÷ fsdp_train is offload's cost; host_mem_bytes its host peak)
 #   RUN_TIMEOUT (240) seconds per run at most;  PLAIN_COMPILE_SCOPE;  T5_FSDP2 (1; 0 leaves
-#                  T5 without its FSDP2 runs)
+#                  T5 without its FSDP2 runs);  LLAMA_FSDP2 (0; 1 adds FSDP2 eager and compile
+#                  of the plain Llama to llama-1b's contenders)
 #   PEAK_TFLOPS;  PYTHON (python3);  FSDP_BUNDLE (default gpu_bundle/ if it has env.sh);
 #   FSDP_BUILD_DIR;  BENCH_LOG_DIR (keep the work folder there; default a temp folder)
 set -uo pipefail
@@ -64,6 +75,7 @@ BUDGET="${BENCH_BUDGET_S:-450}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-240}"
 PLAIN_COMPILE_SCOPE="${PLAIN_COMPILE_SCOPE:-}"
 T5_FSDP2="${T5_FSDP2:-1}"
+LLAMA_FSDP2="${LLAMA_FSDP2:-0}"
 PYTHON="${PYTHON:-python3}"
 BENCH_PY="$REPO/tools/bench_torch_gpu.py"
 START=$SECONDS
@@ -135,7 +147,11 @@ done
 contenders() {  # $1 = model
   if [[ -n "${CONTENDERS:-}" ]]; then echo "$CONTENDERS"; return; fi
   local c="fsdp_train none:eager none:compile"
-  if [[ "$1" != t5* || "$T5_FSDP2" == 1 ]]; then c+=" fsdp2:eager fsdp2:compile"; fi
+  case "$1" in
+    t5*) [[ "$T5_FSDP2" == 1 ]] && c+=" fsdp2:eager fsdp2:compile" ;;
+    llama*) c+=" hf:eager hf:compile"; [[ "$LLAMA_FSDP2" == 1 ]] && c+=" fsdp2:eager fsdp2:compile" ;;
+    *) c+=" fsdp2:eager fsdp2:compile" ;;
+  esac
   echo "$c"
 }
 
@@ -218,12 +234,13 @@ PY
   fi
 }
 
-run_torch() {  # $1 = model, $2 = wrap:mode, $3 = round, $4 = time limit
+run_torch() {  # $1 = model, $2 = wrap:mode (wrap hf = none with --impl hf), $3 = round, $4 = time limit
   local m=$1 who=$2 r=$3 lim=$4 tag="torch_$1_${2/:/_}_$3" t0=$SECONDS smi rc out
-  local wrap=${who%%:*} mode=${who##*:}
+  local wrap=${who%%:*} mode=${who##*:} impl=()
+  [[ "$wrap" == hf ]] && wrap=none impl=(--impl hf)
   smi_start "$tag"
   FSDP_BENCH_TAG="$tag" timeout -k 10 "$lim" "$PYTHON" "$BENCH_PY" --model "$m" --wrap "$wrap" --mode "$mode" \
-    "${SCOPE_ARG[@]}" --warmup "$WARMUP" --steps "$STEPS" \
+    "${impl[@]}" "${SCOPE_ARG[@]}" --warmup "$WARMUP" --steps "$STEPS" \
     </dev/null >"$WORK/logs/$tag.out" 2>"$WORK/logs/$tag.log"
   rc=$?
   reap "$tag"
@@ -277,6 +294,8 @@ LABEL = {
     "fsdp_train:offload": "fsdp_train, fsdp.cpu_offload (master, grads, AdamW on the host)",
     "none:eager": "PyTorch, one GPU, eager",
     "none:compile": "PyTorch, one GPU, torch.compile",
+    "hf:eager": "Hugging Face model (sdpa), one GPU, eager",
+    "hf:compile": "Hugging Face model (sdpa), one GPU, torch.compile",
     "fsdp2:eager": "PyTorch FSDP2, eager",
     "fsdp2:compile": "PyTorch FSDP2 + torch.compile per block",
 }
@@ -303,6 +322,16 @@ for m in models:
         shape = ("GPT-2 %d x %d, %d heads, vocab %d, %d parameters; batch %d x %d = %d tokens/step"
                  % (d["n_layer"], d["n_embd"], d["n_head"], d["vocab"], d["params"], d["batch"],
                     d["seq_len"], d["tokens_per_step"]))
+    elif d["family"] == "llama":
+        rs = d.get("rope_scaling") or {}
+        shape = ("Llama %d x %d, %d query / %d K/V heads of %d, SwiGLU %d, vocab %d, %s, RoPE theta "
+                 "%g%s, %d parameters; batch %d x %d = %d tokens/step; PyTorch rows: the Llama of "
+                 "bench_torch_gpu.py (SDPA, enable_gqa) and transformers' LlamaForCausalLM (hf)"
+                 % (d["num_hidden_layers"], d["hidden_size"], d["num_attention_heads"],
+                    d["num_key_value_heads"], d["head_dim"], d["intermediate_size"], d["vocab"],
+                    "tied" if d["tie_word_embeddings"] else "untied", d["rope_theta"],
+                    (" %s x%g" % (rs["rope_type"], rs["factor"])) if rs.get("rope_type") == "llama3" else "",
+                    d["params"], d["batch"], d["seq_len"], d["tokens_per_step"]))
     else:
         shape = ("T5 d_model %d, d_ff %d, %d heads x %d, %d + %d blocks, %s, vocab %d (ByT5), %d "
                  "parameters; span corruption of %d tokens: batch %d x (%d inputs + %d targets) = %d "
@@ -331,7 +360,7 @@ for m in models:
     base = agg.get("fsdp_train", {})
     for who, a in agg.items():
         label = LABEL[who]
-        scopes = sorted({r["result"].get("compile_scope", "") for r in a["ok"] if who == "none:compile"} - {""})
+        scopes = sorted({r["result"].get("compile_scope", "") for r in a["ok"] if who in ("none:compile", "hf:compile")} - {""})
         if scopes:
             label += " (" + "/".join("model + loss" if x == "model" else "each block" for x in scopes) + ")"
         per = " / ".join(fmt(r["result"]["tokens_per_sec"]) if r.get("ok") else "**%s**" % r.get("error", "failed")[:80]
@@ -356,7 +385,7 @@ for m in models:
         notes.append("%s: fsdp_train's own metrics.jsonl mfu %.1f%% (train.peak_flops = the peak above) "
                      "against this table's %.1f%%" % (m, 100 * own, 100 * base["tps"] * d["flops_per_token"] / peak))
     # torch.compile slower than eager: say why, from what the compiled runs reported.
-    for wrap in ("none", "fsdp2"):
+    for wrap in ("none", "hf", "fsdp2"):
         e, c = agg.get(wrap + ":eager", {}), agg.get(wrap + ":compile", {})
         if not e.get("tps") or not c.get("tps") or c["tps"] >= e["tps"]:
             continue
@@ -393,7 +422,7 @@ print()
 print("\`\`\`")
 print("mpirun -np 1 --bind-to none fsdp_train MODEL.toml --set train.run_dir=... --set train.peak_flops=...   # bundle env")
 print("python3 tools/bench_torch_gpu.py --model MODEL --fsdp-train-toml --warmup $WARMUP --steps $STEPS > MODEL.toml")
-print("python3 tools/bench_torch_gpu.py --model MODEL --wrap none|fsdp2 --mode eager|compile ${PLAIN_COMPILE_SCOPE:+--compile-scope $PLAIN_COMPILE_SCOPE }--warmup $WARMUP --steps $STEPS")
+print("python3 tools/bench_torch_gpu.py --model MODEL --wrap none|fsdp2 [--impl plain|hf] --mode eager|compile ${PLAIN_COMPILE_SCOPE:+--compile-scope $PLAIN_COMPILE_SCOPE }--warmup $WARMUP --steps $STEPS")
 print("\`\`\`")
 sys.exit(status)
 PY

@@ -399,7 +399,7 @@ def hf_llama(spec, device):
     cfg._attn_implementation = "sdpa"
     with torch.device(device):
         model = LlamaForCausalLM(cfg)
-    if hasattr(model, "set_attn_implementation"):
+    if getattr(model.config, "_attn_implementation", None) != "sdpa" and hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("sdpa")
     if getattr(model.config, "_attn_implementation", None) != "sdpa":
         raise SystemExit("bench_torch_gpu.py: LlamaForCausalLM's attention is %r, not sdpa"

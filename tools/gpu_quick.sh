@@ -11,8 +11,9 @@
 #      GPU_CHECK_SKIP_PHASES=1); at most QUICK_CHECK_S (300) s
 #   2. bench_kernels and tools/bench_kernels_torch.py (norm / bias-GELU kernels against
 #      PyTorch's), at most 90 s, into $OUT/bench_kernels.txt
-#   3. tools/bench_gpu.sh on GPT-2 124M, one round, fsdp_train against plain PyTorch eager and
-#      torch.compile (CONTENDERS), in what is left
+#   3. tools/bench_gpu.sh on GPT-2 124M (QUICK_MODELS, e.g. llama-1b: bench_torch_gpu.py's
+#      models), one round, fsdp_train against plain PyTorch eager and torch.compile
+#      (QUICK_CONTENDERS), in what is left
 # Everything goes to $OUT (gpu_summary.md, gpu_check.log, gpu_logs.tar.gz, bench_kernels.txt,
 # bench_gpu.md, bench_gpu_results.jsonl, bench_gpu_logs.tar.gz: 7 files, the run tool returns 8).
 # Exit: gpu_check.sh's status (the benchmarks only report).
@@ -44,8 +45,8 @@ fi
 
 b=$(( $(left) - 10 ))
 if (( b > 60 )); then
-  echo "[gpu_quick +$((SECONDS - START))s] bench_gpu.sh: GPT-2 124M, 1 round (${b} s at most)"
-  MODELS=gpt2-124m ROUNDS=1 CONTENDERS="${QUICK_CONTENDERS:-fsdp_train none:eager none:compile}" \
+  echo "[gpu_quick +$((SECONDS - START))s] bench_gpu.sh: ${QUICK_MODELS:-gpt2-124m}, 1 round (${b} s at most)"
+  MODELS="${QUICK_MODELS:-gpt2-124m}" ROUNDS=1 CONTENDERS="${QUICK_CONTENDERS:-fsdp_train none:eager none:compile}" \
     BENCH_BUDGET_S="$b" RUN_TIMEOUT="$b" timeout -k 5 "$b" bash tools/bench_gpu.sh
 fi
 echo "[gpu_quick +$((SECONDS - START))s] done; gpu_check.sh exit $check_rc"
