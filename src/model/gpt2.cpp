@@ -394,16 +394,42 @@ class Gpt2Family final : public ModelFamily {
   // attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj are transposed (HF's Conv1D stores
   // [in, out]); wte/wpe, LayerNorms and biases are as they are. lm_head.weight is tied to wte
   // (HF ties it on load), so it is not a parameter of ours.
-  std::optional<HfTensor> hf_tensor(const ModelConfig& c, const std::string& name,
+  // Any block index maps (a name does not depend on the configured n_layer): the top-level
+  // names and a block's suffixes are those gpt2_modules declares for one block.
+  std::optional<HfTensor> hf_tensor(const ModelConfig&, const std::string& name,
                                     const std::vector<int64_t>& shape) const override {
-    bool known = false;
-    for (const ModuleDecl& m : gpt2_modules(Gpt2Config::from(c))) {
-      for (const ParamSpec& p : m.params) known = known || p.name == name;
-    }
-    if (!known) return std::nullopt;
+    struct Names {
+      std::vector<std::string> top_level, block, conv1d;  // conv1d: a block's 2-D weights
+    };
+    static const Names names = [] {
+      Gpt2Config one;
+      one.n_layer = 1;
+      Names n;
+      for (const ModuleDecl& m : gpt2_modules(one)) {
+        for (const ParamSpec& p : m.params) {
+          if (m.cls != "GPT2Block") {
+            n.top_level.push_back(p.name);
+            continue;
+          }
+          n.block.push_back(p.name.substr(m.name.size() + 1));
+          if (p.shape.size() == 2) n.conv1d.push_back(n.block.back());
+        }
+      }
+      return n;
+    }();
+    auto in = [](const std::vector<std::string>& v, const std::string& x) {
+      return std::find(v.begin(), v.end(), x) != v.end();
+    };
     HfTensor t{"transformer." + name, shape, false};
-    // The Conv1D weights: 2-D weights inside a block other than the embeddings'.
-    if (name.rfind("h.", 0) == 0 && shape.size() == 2) {
+    if (in(names.top_level, name)) return t;
+    if (name.rfind("h.", 0) != 0) return std::nullopt;  // "h.<i>.<suffix>"
+    std::size_t i = 2;
+    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+    if (i == 2 || i >= name.size() || name[i] != '.') return std::nullopt;
+    const std::string suffix = name.substr(i + 1);
+    if (!in(names.block, suffix)) return std::nullopt;
+    // The Conv1D weights: a block's 2-D tensors (HF stores them [in, out]).
+    if (in(names.conv1d, suffix) && shape.size() == 2) {
       t.shape = {shape[1], shape[0]};
       t.transpose = true;
     }

@@ -501,9 +501,9 @@ class LlamaFamily final : public ModelFamily {
     }
     if (g.rope_type == LlamaConfig::RopeType::llama3 &&
         !(g.rope_high_freq_factor > g.rope_low_freq_factor)) {
-      throw fail("model.rope_scaling.high_freq_factor",
-                 format_number(g.rope_high_freq_factor) +
-                     " is out of range (expected > rope_scaling.low_freq_factor = " +
+      throw fail(a.key(&LlamaConfig::rope_high_freq_factor),
+                 format_number(g.rope_high_freq_factor) + " is out of range (expected > " +
+                     a.name(&LlamaConfig::rope_low_freq_factor) + " = " +
                      format_number(g.rope_low_freq_factor) + ")");
     }
     if (c.data.seq_len > g.max_position_embeddings) {
@@ -553,12 +553,13 @@ class LlamaFamily final : public ModelFamily {
     return {};
   }
   nlohmann::json hf_config(const ModelConfig& c) const override {
-    const LlamaConfig g = LlamaConfig::from(c);
+    LlamaConfig g = LlamaConfig::from(c);
+    // HF's None for the derived sizes is spelled out: the values every reader agrees on.
+    g.num_key_value_heads = g.kv_heads();
+    g.head_dim = g.head_size();
     nlohmann::json out = llama_args().to_hf(g);
     out["architectures"] = {"LlamaForCausalLM"};
     out["model_type"] = "llama";
-    out["num_key_value_heads"] = g.kv_heads();
-    out["head_dim"] = g.head_size();
     if (g.rope_type == LlamaConfig::RopeType::default_) out["rope_scaling"] = nullptr;
     out["hidden_act"] = "silu";
     out["attention_dropout"] = 0.0;
@@ -577,7 +578,8 @@ class LlamaFamily final : public ModelFamily {
     nlohmann::json hf = hf_in;
     if (hf.contains("rope_parameters") && hf["rope_parameters"].is_object()) {
       const nlohmann::json rp = hf["rope_parameters"];
-      if (!hf.contains("rope_theta") && rp.contains("rope_theta")) hf["rope_theta"] = rp["rope_theta"];
+      const std::string theta = llama_args().name(&LlamaConfig::rope_theta);
+      if (!hf.contains(theta) && rp.contains(theta)) hf[theta] = rp[theta];
       if (!hf.contains("rope_scaling") || hf["rope_scaling"].is_null()) hf["rope_scaling"] = rp;
     }
     if (hf.contains("rope_scaling") && hf["rope_scaling"].is_object()) {
@@ -593,14 +595,12 @@ class LlamaFamily final : public ModelFamily {
         hf["attention_dropout"].get<double>() != 0.0) {
       throw refuse("attention_dropout", "0.0");
     }
-    LlamaConfig g = llama_args().from_hf(hf, origin, LlamaConfig{});
-    // The canonical form: HF's None spellings of the derived sizes.
-    if (g.num_key_value_heads == g.num_attention_heads) g.num_key_value_heads = 0;
-    if (g.num_attention_heads > 0 && g.head_dim * g.num_attention_heads == g.hidden_size) g.head_dim = 0;
+    const LlamaConfig g = llama_args().from_hf(hf, origin, LlamaConfig{});
     ModelConfig c = model_defaults("llama");
     llama_args().write(g, &c);
-    return c;
+    return canonical(c);
   }
+  // The derived sizes spelled as HF's None (0) when they equal what None means.
   ModelConfig canonical(const ModelConfig& c) const override {
     LlamaConfig g = LlamaConfig::from(c);
     if (g.num_key_value_heads == g.num_attention_heads) g.num_key_value_heads = 0;
