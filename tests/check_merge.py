@@ -236,11 +236,117 @@ def gpt2_forward(t, cfg, tokens):
     return x @ g["transformer.wte.weight"].T  # tied lm_head
 
 
+def hf_llama_shapes(cfg):
+    """LlamaForCausalLM's state-dict names and shapes for config.json `cfg` (nn.Linear [out, in];
+    lm_head.weight only when untied: save_pretrained drops a tied head)."""
+    C, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    att_b, mlp_b = cfg.get("attention_bias", False), cfg.get("mlp_bias", False)
+    out = {"model.embed_tokens.weight": [V, C], "model.norm.weight": [C]}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for n, o, k, b in (("self_attn.q_proj", H * D, C, att_b), ("self_attn.k_proj", Hkv * D, C, att_b),
+                           ("self_attn.v_proj", Hkv * D, C, att_b), ("self_attn.o_proj", C, H * D, att_b),
+                           ("mlp.gate_proj", I, C, mlp_b), ("mlp.up_proj", I, C, mlp_b),
+                           ("mlp.down_proj", C, I, mlp_b)):
+            out[p + n + ".weight"] = [o, k]
+            if b:
+                out[p + n + ".bias"] = [o]
+        out[p + "input_layernorm.weight"] = [C]
+        out[p + "post_attention_layernorm.weight"] = [C]
+    if not cfg.get("tie_word_embeddings", False):
+        out["lm_head.weight"] = [V, C]
+    return out
+
+
+def llama_inv_freq(cfg):
+    """LlamaRotaryEmbedding's inverse frequencies, with rope_scaling "llama3" if given."""
+    D, theta = cfg["head_dim"], cfg["rope_theta"]
+    f = 1.0 / theta ** (np.arange(0, D, 2, dtype=np.float64) / D)
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("rope_type", rs.get("type")) != "llama3":
+        return f
+    orig, factor = rs["original_max_position_embeddings"], rs["factor"]
+    low, high = rs["low_freq_factor"], rs["high_freq_factor"]
+    wl = 2 * math.pi / f
+    smooth = (orig / wl - low) / (high - low)
+    scaled = np.where(wl > orig / low, f / factor, f)
+    medium = (wl >= orig / high) & (wl <= orig / low)
+    return np.where(medium, (1 - smooth) * f / factor + smooth * f, scaled)
+
+
+def llama_forward(t, cfg, tokens):
+    """LlamaForCausalLM forward with HF conventions (RMSNorm, rotate-half RoPE, repeat_kv,
+    SwiGLU), in numpy float64, written from the architecture's description."""
+    H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps = cfg["rms_norm_eps"]
+    g = {k: v.astype(np.float64) for k, v in t.items()}
+    T = len(tokens)
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    def lin(x, name):
+        y = x @ g[name + ".weight"].T
+        return y + g[name + ".bias"] if name + ".bias" in g else y
+
+    ang = np.arange(T, dtype=np.float64)[:, None] * llama_inv_freq(cfg)[None, :]
+    cos, sin = np.cos(ang), np.sin(ang)  # [T, D/2]
+
+    def rope(x):  # [heads, T, D]
+        a, b = x[..., :D // 2], x[..., D // 2:]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+
+    x = g["model.embed_tokens.weight"][tokens]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = rms(x, g[p + "input_layernorm.weight"])
+        q = rope(lin(a, p + "self_attn.q_proj").reshape(T, H, D).transpose(1, 0, 2))
+        k = rope(lin(a, p + "self_attn.k_proj").reshape(T, Hkv, D).transpose(1, 0, 2))
+        v = lin(a, p + "self_attn.v_proj").reshape(T, Hkv, D).transpose(1, 0, 2)
+        k, v = np.repeat(k, H // Hkv, axis=0), np.repeat(v, H // Hkv, axis=0)
+        att = q @ k.transpose(0, 2, 1) / math.sqrt(D) + np.triu(np.full((T, T), -np.inf), 1)
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        x = x + lin((att @ v).transpose(1, 0, 2).reshape(T, H * D), p + "self_attn.o_proj")
+        m = rms(x, g[p + "post_attention_layernorm.weight"])
+        gate, up = lin(m, p + "mlp.gate_proj"), lin(m, p + "mlp.up_proj")
+        x = x + lin(gate / (1 + np.exp(-gate)) * up, p + "mlp.down_proj")
+    x = rms(x, g["model.norm.weight"])
+    head = g.get("lm_head.weight", g["model.embed_tokens.weight"])
+    return x @ head.T
+
+
+def check_llama_output(out_dir, cfg):
+    if cfg.get("architectures") != ["LlamaForCausalLM"]:
+        fail(f"{out_dir}/config.json: not a LlamaForCausalLM config")
+    names, tensors, _ = read_weights(out_dir)
+    want = hf_llama_shapes(cfg)
+    if set(names) != set(want):
+        fail(f"tensor names differ from LlamaForCausalLM: extra {sorted(set(names) - set(want))}, "
+             f"missing {sorted(set(want) - set(names))}")
+    for n, s in want.items():
+        if list(tensors[n].shape) != s:
+            fail(f"{n}: shape {list(tensors[n].shape)}, expected {s}")
+    tokens = [i % cfg["vocab_size"] for i in range(min(16, cfg["max_position_embeddings"]))]
+    logits = llama_forward(tensors, cfg, tokens)
+    if logits.shape != (len(tokens), cfg["vocab_size"]) or not np.all(np.isfinite(logits)):
+        fail("Llama forward on the merged tensors gave bad logits")
+    return tensors
+
+
+def forward(tensors, cfg, tokens):
+    """The logits [T, V] of the merged causal LM (GPT-2 or Llama) on `tokens`."""
+    return (llama_forward if cfg.get("model_type") == "llama" else gpt2_forward)(tensors, cfg, tokens)
+
+
 def check_output(out_dir):
     with open(os.path.join(out_dir, "config.json")) as f:
         cfg = json.load(f)
     if cfg.get("model_type") == "t5":
         return check_t5_output(out_dir, cfg)
+    if cfg.get("model_type") == "llama":
+        return check_llama_output(out_dir, cfg)
     if cfg.get("architectures") != ["GPT2LMHeadModel"] or cfg.get("model_type") != "gpt2":
         fail(f"{out_dir}/config.json: not a GPT2LMHeadModel config")
     if cfg.get("tie_word_embeddings") is not True:
@@ -345,7 +451,7 @@ def eval_loss(tensors, cfg, path, L, windows):
     losses = []
     for w in range(windows):
         x, y = toks[w * L:w * L + L], toks[w * L + 1:w * L + L + 1]
-        lg = gpt2_forward(tensors, cfg, list(x))
+        lg = forward(tensors, cfg, list(x))
         lg = lg - lg.max(-1, keepdims=True)
         lp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
         losses.extend(-lp[np.arange(L), y])

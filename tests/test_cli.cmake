@@ -71,9 +71,11 @@ foreach(case IN LISTS FSDP_INTEGRITY_CASES)
 endforeach()
 
 # The merged model's loss is the trainer's (tests/cli/merge_loss.sh; check_merge.py's numpy GPT-2).
-fsdp_cli_tests(merge_loss cli_merge_loss 2 gpt2)
-set_tests_properties(cli_merge_loss_gpt2 PROPERTIES ENVIRONMENT
-  "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>;FSDP_TEST_PYTHON=${FSDP_TEST_PYTHON}")
+fsdp_cli_tests(merge_loss cli_merge_loss 2 gpt2 llama)
+foreach(case gpt2 llama)
+  set_tests_properties(cli_merge_loss_${case} PROPERTIES ENVIRONMENT
+    "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>;FSDP_TEST_PYTHON=${FSDP_TEST_PYTHON}")
+endforeach()
 
 # Resume on another world size or mesh (tests/cli/reshard.sh): phases under mpirun -np 4, 2, 1.
 fsdp_cli_tests(reshard cli_reshard 4 np_4_2_1_4 hybrid_to_full)

@@ -3,6 +3,9 @@
 #
 #   bash tests/cli/merge_loss.sh FSDP_TRAIN FSDP_PREPARE MPIEXEC CASE
 #
+# CASE llama: the same chain on a 2-layer GQA Llama (untied head, llama3 RoPE) against
+#            check_merge.py's numpy LlamaForCausalLM (RMSNorm, rotate-half RoPE, repeat_kv,
+#            SwiGLU; HF names, nn.Linear layouts).
 # CASE gpt2: fsdp_prepare a 6000-byte text with --val-fraction 0.1 (the validation split is
 #            the text's last 600 bytes, docs/data.md); fsdp_train the tiny GPT-2 on it for 4
 #            steps on 2 ranks (FULL_SHARD), evaluating the whole split at the last step;
@@ -21,7 +24,7 @@ PY=${FSDP_TEST_PYTHON:-/usr/bin/python3}
 CHECK_MERGE=$SRC_DIR/tests/check_merge.py
 
 case "$CASE" in
-  gpt2)
+  gpt2|llama)
     L=16
     # Real words, varied, one file (the split is defined on the concatenated stream).
     for i in $(seq 1 200); do
@@ -33,6 +36,25 @@ case "$CASE" in
     tail -c 600 "$WORK/corpus.txt" >"$WORK/val.bin"
     tiny_config tiny.toml
     sed -i "s|^source = .*|source = \"hdf5\"\npath = \"$WORK/tokens.h5\"|" tiny.toml
+    if [ "$CASE" = llama ]; then
+      # The same run on a GQA Llama (untied head, llama3 RoPE): [model] and the wrap class
+      # replaced, every other section kept.
+      sed -i '/^\[model\]/,/^\[data\]/{/^\[data\]/!d}' tiny.toml
+      sed -i 's/"GPT2Block"/"LlamaDecoderLayer"/' tiny.toml
+      cat >>tiny.toml <<'EOF'
+[model]
+type = "llama"
+num_hidden_layers = 2
+hidden_size = 16
+num_attention_heads = 4
+num_key_value_heads = 2
+intermediate_size = 24
+max_position_embeddings = 32
+vocab_size = 256
+rope_theta = 500000.0
+rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8 }
+EOF
+    fi
     run_train tiny.toml --set train.max_steps=4 --set checkpoint.every=4 \
       --set optim.lr=1e-2 --set eval.max_windows=0
     expect_rc 0
