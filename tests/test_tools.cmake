@@ -22,3 +22,13 @@ add_test(NAME tools_bench_shapes
                  --work ${CMAKE_CURRENT_BINARY_DIR}/tools_bench_shapes)
 set_tests_properties(tools_bench_shapes PROPERTIES ENVIRONMENT "${FSDP_TEST_ENV}"
                      LABELS "cpu;tools" TIMEOUT 300)
+# hf_check.py --impl reference: tools/gpu_check.sh's Hugging Face check (GPT-2, T5, Llama trained
+# 3 steps on 2 CPU ranks by fsdp_train, merged by fsdp_merge, the validation loss within 1e-5)
+# with the project's own float64 readings of transformers (tools/t5_reference.py,
+# tools/llama_reference.py, tests/check_merge.py) in its place: everything but transformers
+# itself, which only the GPU machine has. Needs torch (python3-torch): else exit 77, not run.
+add_test(NAME tools_hf_check_reference
+         COMMAND ${FSDP_TEST_PYTHON} ${PROJECT_SOURCE_DIR}/tools/hf_check.py --impl reference
+                 --bin-dir $<TARGET_FILE_DIR:fsdp_train> --work ${CMAKE_CURRENT_BINARY_DIR}/tools_hf_check)
+set_tests_properties(tools_hf_check_reference PROPERTIES ENVIRONMENT "${FSDP_TEST_ENV}"
+                     LABELS "cpu;tools" TIMEOUT 300 SKIP_RETURN_CODE 77)

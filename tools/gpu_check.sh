@@ -10,8 +10,9 @@
 #      GPU_CHECK_REPEAT (3) times: all tests, then all again, ...; a test passes when every run
 #      passed. Each run under `timeout`: a crash, a hang or exit 77 (no device seen) is a
 #      failure and the next run goes on
-#   4. tools/hf_check.py: GPT-2 and T5 merged by fsdp_merge load in transformers and give
-#      fsdp_train's validation loss (<= 1e-5)
+#   4. tools/hf_check.py: GPT-2, T5 (2 cases) and Llama (GQA with llama3 RoPE, untied and tied
+#      with biases) merged by fsdp_merge load in transformers and give fsdp_train's validation
+#      loss (<= 1e-5)
 #   5. the profiler once on GPT-2 124M (tools/bench_torch_gpu.py's gpt2-124m configuration:
 #      `fsdp_train CONFIG --profile 3:4`) and `tools/profile_summary.py --top 20 --markdown` of its
 #      rank_0 trace: the top-20 kernel table (not run while the tree has no profile_summary.py)
@@ -33,9 +34,10 @@
 # GPU_TEST_TIMEOUT (240: cap per test run, ctest's own TIMEOUT if lower); POST_RESERVE_S (300:
 # time kept after the tests for steps 4-6); GPU_CHECK_SKIP_TESTS=1; GPU_CHECK_SKIP_POST=1 (no
 # steps 4-6); GPU_CHECK_SKIP_HF=1, GPU_CHECK_SKIP_PHASES=1 (no step 4, 6: a short
-# session's call); GPU_CHECK_TESTS (regex: only the matching tests); GPU_CHECK_ALLOW_NOT_RUN=1 (exit
-# 77 is not a failure: for trying the script on a machine without a GPU); FSDP_CUDA_LIB_DIRS
-# (see env.sh).
+# session's call); GPU_CHECK_HF_ONLY (only step 4's cases whose name holds it: hf_check.py
+# --only, e.g. llama); GPU_CHECK_TESTS (regex: only the matching tests);
+# GPU_CHECK_ALLOW_NOT_RUN=1 (exit 77 is not a failure: for trying the script on a machine
+# without a GPU); FSDP_CUDA_LIB_DIRS (see env.sh).
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -285,15 +287,16 @@ post_skip() {  # $1 = summary file, $2 = the step's time limit: true (and a note
 }
 
 # ---- 5. merged checkpoints in Hugging Face transformers ----------------------------------------
-# GPT-2 and T5 trained 3 steps on 2 CPU ranks by the bundle's fsdp_train, merged, loaded with
-# from_pretrained by the system python3 (torch + transformers): same validation loss <= 1e-5.
+# GPT-2, T5 and Llama trained 3 steps on 2 CPU ranks by the bundle's fsdp_train, merged, loaded
+# with from_pretrained by the system python3 (torch + transformers): same validation loss <= 1e-5.
+# GPU_CHECK_HF_ONLY (e.g. llama) runs only the cases whose name holds it (hf_check.py --only).
 if [[ "${GPU_CHECK_SKIP_HF:-0}" == 1 ]]; then
   echo "(skipped: GPU_CHECK_SKIP_HF=1)" >"$S_HF"
 elif ! post_skip "$S_HF" 120; then
   say "Hugging Face check: tools/hf_check.py"
   mkdir -p "$WORK/logs/hf_check"
   timeout -k 10 120 python3 "$REPO/tools/hf_check.py" --env "$BUNDLE/env.sh" --work "$WORK/logs/hf_check" \
-    </dev/null >"$S_HF" 2>"$WORK/logs/hf_check.err"
+    ${GPU_CHECK_HF_ONLY:+--only "$GPU_CHECK_HF_ONLY"} </dev/null >"$S_HF" 2>"$WORK/logs/hf_check.err"
   rc=$?
   find "$WORK/logs/hf_check" -name '*.h5' -delete 2>/dev/null
   case $rc in

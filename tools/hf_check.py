@@ -1,36 +1,66 @@
 #!/usr/bin/env python3
 """tools/hf_check.py: fsdp_merge's output loads in Hugging Face transformers and gives our loss.
 
-For GPT-2 (GPT2LMHeadModel, byte-level causal LM) and T5 (T5ForConditionalGeneration, ByT5
-bytes, seq2seq; gated-gelu untied and relu tied): prepares a small real-text data set with
-fsdp_prepare, trains 3 steps with fsdp_train on 2 CPU ranks (FULL_SHARD; the last step
+For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneration, ByT5
+bytes, seq2seq; gated-gelu untied and relu tied) and Llama (LlamaForCausalLM, causal LM on the
+same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
+grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
+scaling set so that its three branches (kept, smoothed, scaled) all occur: untied with
+head_dim 8 != hidden_size / heads (48 / 4), and tied with q/k/v/o and MLP biases): prepares a
+small real-text data set with fsdp_prepare, trains 3 steps with fsdp_train on 2 CPU ranks (FULL_SHARD; the last step
 evaluates the whole validation split), merges the final checkpoint with fsdp_merge, loads the
 merged directory with `<Class>.from_pretrained` and computes the validation loss the way
 fsdp_train defines it (docs/data.md: summed cross-entropy over every target token of the
 split / number of target tokens), in float64 on the CPU. Passes when it equals the run's
 final val_loss within 1e-5 relative. That checks the names, layouts, config.json and the
 architecture against transformers itself (tests/test_t5.cpp checks T5 against our own torch
-reading of modeling_t5.py, tools/t5_reference.py).
+reading of modeling_t5.py, tools/t5_reference.py; tests/test_llama.cpp Llama against
+tools/llama_reference.py's).
 
 Needs python3 with torch and transformers (the GPU machine has both; tools/gpu_check.sh runs
 this with the bundle's binaries), and fsdp_prepare, fsdp_train, fsdp_merge, mpirun on PATH
 after sourcing --env (the bundle's env.sh; omit when they already are).
-  hf_check.py [--env gpu_bundle/env.sh] [--work DIR] [--impl hf|reference]
+  hf_check.py [--env gpu_bundle/env.sh] [--work DIR] [--impl hf|reference] [--only WORDS]
+              [--bin-dir DIR]
 --impl reference replaces transformers by our own readings of it (T5: tools/t5_reference.py's
-TinyT5; GPT-2: tests/check_merge.py's numpy forward), for trying the script where
-transformers is missing. Prints one markdown table row
-per model; exit 0 all passed, 1 a mismatch or failure, 77 transformers missing (impl hf).
+TinyT5; GPT-2: tests/check_merge.py's numpy forward; Llama: tools/llama_reference.py's
+forward), for trying the script where transformers is missing (ctest tools_hf_check_reference
+does so on the CPU machine, with torch 1.13). --only runs the cases whose name holds one of the
+comma-separated words (e.g. --only llama); --bin-dir puts DIR (fsdp_prepare, fsdp_train,
+fsdp_merge) first on PATH. Prints one markdown table row per case; exit 0 all passed, 1 a
+mismatch or failure, 77 torch (or, impl hf, transformers) missing.
 """
 import argparse
 import json
 import math
 import os
+import shlex
+import shutil
 import struct
 import subprocess
 import sys
 import tempfile
 
 TOL = 1e-5
+BIN_DIR = ""  # --bin-dir
+# The Llama cases (check_llama): name -> [model] keys besides the shared ones of LLAMA_COMMON.
+# RoPE: head_dim 8 at theta 1e4 has wavelengths 2 pi / inv_freq of ~6.3, ~63, ~628, ~6283;
+# original 128 with low 1 / high 4 puts the bounds at 128 and 32, so they are kept, smoothed,
+# scaled, scaled (max_position_embeddings above original, as transformers expects), and over
+# the 32 positions of a window the smoothed and scaled angles differ from unscaled ones by up
+# to ~1.5 rad. initializer_range 0.3 (not 0.02) makes the attention of the 3-step model sharp,
+# so that a wrong RoPE, GQA head mapping or norm changes the loss far beyond the tolerance.
+LLAMA_COMMON = {"vocab_size": 300, "intermediate_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2,
+                "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 128},
+                "initializer_range": 0.3}
+LLAMA_CASES = {
+    "llama gqa untied llama3": {"hidden_size": 48, "head_dim": 8, "tie_word_embeddings": False},
+    "llama gqa tied llama3 biases": {"hidden_size": 32, "tie_word_embeddings": True,
+                                     "attention_bias": True, "mlp_bias": True},
+}
 # Real text: the project's own words, repeated with variations (no download needed).
 SENTENCES = [
     "fully sharded data parallel training keeps one shard of every parameter per rank",
@@ -45,9 +75,11 @@ SENTENCES = [
 
 
 def run(cmd, env_file, cwd):
-    line = " ".join(cmd)
+    line = " ".join(shlex.quote(c) for c in cmd)
     if env_file:
-        line = "source %s && %s" % (env_file, line)
+        line = "source %s && %s" % (shlex.quote(env_file), line)
+    if BIN_DIR:
+        line = "export PATH=%s:\"$PATH\" && %s" % (shlex.quote(BIN_DIR), line)
     r = subprocess.run(["bash", "-c", line], cwd=cwd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError("%s exited %d: %s" % (line, r.returncode, (r.stdout + r.stderr)[-2000:]))
@@ -78,8 +110,10 @@ def train_and_merge(work, name, toml, env_file):
     path = os.path.join(work, name + ".toml")
     with open(path, "w") as f:
         f.write(toml)
-    run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "fsdp_train", path], env_file, work)
     run_dir = os.path.join(work, "run_" + name)
+    for old in (run_dir, os.path.join(work, "hf_" + name)):  # a previous hf_check's, same --work
+        shutil.rmtree(old, ignore_errors=True)
+    run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "fsdp_train", path], env_file, work)
     step = open(os.path.join(run_dir, "checkpoints", "latest")).read().strip()
     hf = os.path.join(work, "hf_" + name)
     run(["fsdp_merge", os.path.join(run_dir, "checkpoints", step), hf], env_file, work)
@@ -104,13 +138,20 @@ every = 0
 """ % os.path.join(work, "run_" + name)
 
 
-def check_gpt2(work, env_file, torch, impl):
+def byte_corpus(work, env_file, h5):
+    """The byte corpus (GPT-2 and Llama), prepared by fsdp_prepare into work/h5 with a 0.1
+    validation split; returns the text and its validation bytes."""
     text = "".join("%s (%d).\n" % (s, i) for i in range(40) for s in SENTENCES).encode()
     with open(os.path.join(work, "corpus.txt"), "wb") as f:
         f.write(text)
-    out = run(["fsdp_prepare", "-o", "gpt2.h5", "--val-fraction", "0.1", "corpus.txt"], env_file, work)
+    out = run(["fsdp_prepare", "-o", h5, "--val-fraction", "0.1", "corpus.txt"], env_file, work)
     if ", %d val tokens" % int(0.1 * len(text)) not in out:  # docs/data.md: the last floor(F n) bytes
         raise RuntimeError("fsdp_prepare's split is not the one assumed here: " + out.strip())
+    return text, text[len(text) - int(0.1 * len(text)):]  # the last floor(F * n) bytes
+
+
+def check_gpt2(work, env_file, torch, impl):
+    text, val = byte_corpus(work, env_file, "gpt2.h5")
     L = 32
     toml = """[model]
 type = "gpt2"
@@ -124,7 +165,6 @@ path = "%s"
 seq_len = %d
 """ % (os.path.join(work, "gpt2.h5"), L) + common_toml("gpt2", work)
     run_dir, hf = train_and_merge(work, "gpt2", toml, env_file)
-    val = text[len(text) - int(0.1 * len(text)):]  # the last floor(F * n) bytes
     n = (len(val) - 1) // L
     if impl == "hf":
         from transformers import GPT2LMHeadModel
@@ -202,12 +242,65 @@ max_target_len = 64
     return total / count, final_val_loss(run_dir)
 
 
+def llama_toml(name, work, h5, seq_len):
+    """fsdp_train's configuration of a Llama case (LLAMA_CASES) on the byte corpus."""
+    keys = dict(LLAMA_COMMON, **LLAMA_CASES[name])
+
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, dict):
+            return "{ " + ", ".join("%s = %s" % (k, value(x)) for k, x in v.items()) + " }"
+        return repr(v)
+    model = "[model]\ntype = \"llama\"\n" + "".join("%s = %s\n" % (k, value(v)) for k, v in keys.items())
+    tag = name.replace(" ", "_")
+    return (model + "[data]\npath = %s\nseq_len = %d\n" % (json.dumps(os.path.join(work, h5)), seq_len) +
+            common_toml(tag, work))
+
+
+def check_llama(work, env_file, torch, name, impl):
+    text, val = byte_corpus(work, env_file, "llama.h5")
+    L = 32
+    tag = name.replace(" ", "_")
+    run_dir, hf = train_and_merge(work, tag, llama_toml(name, work, "llama.h5", L), env_file)
+    n = (len(val) - 1) // L
+    ids = torch.tensor([list(val[i * L:i * L + L + 1]) for i in range(n)], dtype=torch.long)
+    if impl == "hf":
+        from transformers import LlamaForCausalLM
+        model = LlamaForCausalLM.from_pretrained(hf).double().eval()
+        with torch.no_grad():
+            logits = model(ids[:, :-1]).logits
+    else:  # tools/llama_reference.py's float64 forward, on the merged weights and config.json
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import llama_reference
+        cfg = json.load(open(os.path.join(hf, "config.json")))
+        params = {k: v.double() for k, v in read_safetensors(os.path.join(hf, "model.safetensors"), torch).items()}
+        with torch.no_grad():
+            logits = llama_reference.forward(params, cfg, ids[:, :-1])
+    V = LLAMA_COMMON["vocab_size"]
+    if logits.shape[-1] != V:
+        raise RuntimeError("the merged model has %d logits per token, expected vocab_size %d" % (logits.shape[-1], V))
+    total = torch.nn.functional.cross_entropy(logits.reshape(-1, V), ids[:, 1:].reshape(-1),
+                                              reduction="sum").item()
+    return total / (n * L), final_val_loss(run_dir)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--env", default="")
     ap.add_argument("--work", default="")
     ap.add_argument("--impl", choices=["hf", "reference"], default="hf")
+    ap.add_argument("--only", default="", help="comma-separated words: run the cases whose name holds one")
+    ap.add_argument("--bin-dir", default="", help="folder put first on PATH (fsdp_prepare, fsdp_train, fsdp_merge)")
     a = ap.parse_args()
+    global BIN_DIR
+    BIN_DIR = os.path.abspath(a.bin_dir) if a.bin_dir else ""
+    for tool in ("fsdp_prepare", "fsdp_train", "fsdp_merge") if BIN_DIR else ():
+        if not os.access(os.path.join(BIN_DIR, tool), os.X_OK):
+            print("hf_check: --bin-dir %s has no %s" % (BIN_DIR, tool))
+            return 1
     try:
         import torch
     except ImportError:
@@ -225,6 +318,13 @@ def main():
     checks = [("gpt2", lambda: check_gpt2(work, env_file, torch, a.impl)),
               ("t5 gated-gelu untied", lambda: check_t5(work, env_file, torch, "gated-gelu", False, a.impl)),
               ("t5 relu tied", lambda: check_t5(work, env_file, torch, "relu", True, a.impl))]
+    checks += [(name, lambda name=name: check_llama(work, env_file, torch, name, a.impl)) for name in LLAMA_CASES]
+    words = [w.strip() for w in a.only.split(",") if w.strip()]
+    if words:
+        checks = [(name, fn) for name, fn in checks if any(w in name for w in words)]
+        if not checks:
+            print("hf_check: --only %s matches no case" % a.only)
+            return 1
     print("| model | %s val loss | fsdp_train val loss | rel. diff | result |"
           % ("transformers" if a.impl == "hf" else "reference (not transformers)"))
     print("|---|---:|---:|---:|---|")
