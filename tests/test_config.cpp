@@ -359,6 +359,46 @@ struct BadCase {
   std::vector<std::string> expect;
 };
 
+// Issue 29 items 3 and 7: numbers beyond what a key can hold, and sizes whose products would
+// overflow, are one line naming the key (and its value), never a negative count later.
+TEST(Config, OutOfRangeNumbersAndOverflowingSizesNameTheirKeys) {
+  const std::string d = kMinimal;
+  EXPECT_THAT(error_of(d, {"model.n_layer=99999999999999999999"}),
+              HasSubstr("--set model.n_layer=99999999999999999999: model.n_layer: "
+                        "99999999999999999999 is out of range (expected an integer"));
+  EXPECT_THAT(error_of(d, {"optim.lr=1e309"}),
+              HasSubstr("optim.lr: 1e309 is out of range (expected a number, a finite double)"));
+  EXPECT_THAT(error_of(d, {"train.seed=18446744073709551615"}),
+              HasSubstr("train.seed: 18446744073709551615 is out of range"));
+  // A word is still "expected an integer, got string".
+  EXPECT_THAT(error_of(d, {"model.n_layer=four"}), HasSubstr("expected an integer, got string"));
+  // Model sizes are bounded (every family): widths 2^24, layers 10^4.
+  EXPECT_THAT(error_of(d, {"model.n_embd=2000000000"}),
+              HasSubstr("model.n_embd: 2000000000 is out of range (expected an integer 1 <= x <= 16777216)"));
+  EXPECT_THAT(error_of(d, {"model.type=llama", "model.num_hidden_layers=1000000"}),
+              HasSubstr("model.num_hidden_layers: 1000000 is out of range (expected an integer 1 <= x <= 10000)"));
+  // Within the bounds, the parameter count is still checked: 10^4 layers of width 2^24.
+  const std::string params = error_of(d, {"model.n_layer=10000", "model.n_embd=16777216",
+                                          "model.n_head=1"});
+  EXPECT_THAT(params, HasSubstr("parameters is more than fsdp_train counts"));
+  EXPECT_THAT(params, HasSubstr("model.n_layer = 10000"));
+  EXPECT_THAT(params, HasSubstr("model.n_embd = 16777216"));
+  // Tokens per step and a micro-batch's activations.
+  EXPECT_THAT(error_of(d, {"train.global_batch_size=9000000000000000000"}),
+              HasSubstr("train.global_batch_size: 9000000000000000000 sequences x 128 tokens (data.seq_len)"));
+  EXPECT_THAT(error_of(d, {"train.global_batch_size=10000000000000"}),
+              HasSubstr("data.seq_len: 128 tokens x 1e+13 sequences per forward"));
+  // The same bounds hold for a Config built in code (check_config).
+  Config c = parse_config(d, "input.toml", {});
+  c.train.global_batch_size = 9000000000000000000;
+  try {
+    check_config(c);
+    ADD_FAILURE() << "check_config passed 9e18 sequences per step";
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("train.global_batch_size"));
+  }
+}
+
 TEST(Config, EachErrorIsOneLineNamingTheKey) {
   const std::vector<BadCase> cases = {
       // unknown keys and sections, with suggestions
@@ -412,7 +452,7 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
       {"[model]\ntype = \"t5\"\n[fsdp]\ntransformer_layer_cls_to_wrap = [\"GPT2Block\"]\n", {},
        {"fsdp.transformer_layer_cls_to_wrap: unknown module class \"GPT2Block\" for model.type = "
         "\"t5\" (expected one of T5Block)"}},
-      {"[model]\nn_layer = 0\n", {}, {"model.n_layer: 0 is out of range (expected an integer >= 1)"}},
+      {"[model]\nn_layer = 0\n", {}, {"model.n_layer: 0 is out of range (expected an integer 1 <= x <= 10000)"}},
       {"[model]\nn_head = 0\n", {}, {"model.n_head: 0"}},
       {"[model]\nn_embd = -1\n", {}, {"model.n_embd: -1"}},
       {"[model]\nn_positions = 0\n", {}, {"model.n_positions: 0"}},

@@ -527,10 +527,10 @@ TEST(T5, HuggingFaceConfigRoundTrip) {
   bad["num_layers"] = 0;
   fails_naming(bad, "num_layers");
   // Ranges and relations have the TOML config's wording after the field.
-  fails_naming(bad, "x.json: \"num_layers\": 0 is out of range (expected an integer >= 1)");
+  fails_naming(bad, "x.json: \"num_layers\": 0 is out of range (expected an integer 1 <= x <= 10000)");
   bad = j;
   bad["relative_attention_num_buckets"] = 2;
-  fails_naming(bad, "x.json: \"relative_attention_num_buckets\": 2 is out of range (expected an integer >= 4)");
+  fails_naming(bad, "x.json: \"relative_attention_num_buckets\": 2 is out of range (expected an integer 4 <= x <= 16777216)");
   bad = j;
   bad["relative_attention_max_distance"] = 16;
   fails_naming(bad, "x.json: \"relative_attention_max_distance\": 16 is out of range (expected > "
@@ -582,10 +582,10 @@ TEST(T5, ModelChecksItsConfigWithTheConfigMessages) {
   };
   T5Config c = tiny();
   c.d_kv = 0;
-  fails_with(c, "model.d_kv: 0 is out of range (expected an integer >= 1)");
+  fails_with(c, "model.d_kv: 0 is out of range (expected an integer 1 <= x <= 16777216)");
   c = tiny();
   c.relative_attention_num_buckets = 3;
-  fails_with(c, "model.relative_attention_num_buckets: 3 is out of range (expected an integer >= 4)");
+  fails_with(c, "model.relative_attention_num_buckets: 3 is out of range (expected an integer 4 <= x <= 16777216)");
   c = tiny();
   c.relative_attention_max_distance = 16;
   fails_with(c, "model.relative_attention_max_distance: 16 is out of range (expected > "

@@ -13,6 +13,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -433,6 +434,28 @@ Override parse_override(const std::string& text, std::string* full_key) {
   return o;
 }
 
+// Whether `text` is written as a number: optional sign, digits, optional fraction and
+// exponent ("99999999999999999999", "-1e309", "2.5").
+bool looks_numeric(const std::string& text) {
+  std::size_t i = 0;
+  if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+  std::size_t digits = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i, ++digits;
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i, ++digits;
+  }
+  if (digits == 0) return false;
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    std::size_t exp = 0;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i, ++exp;
+    if (exp == 0) return false;
+  }
+  return i == text.size();
+}
+
 // Converts `node` into `field` (its C++ type picks the rule), or throws "<origin>: <key>:
 // expected ..., got ...". `raw` is the override text (null for file values): a string key
 // given a non-string override value takes the text as written.
@@ -440,6 +463,14 @@ template <class T>
 void convert(const toml::node& node, const std::string& origin, const std::string& key,
              const std::string* raw, T& field) {
   auto wrong = [&](const char* expected) {
+    // An override that reads as a number TOML cannot hold (an integer beyond int64, 1e309)
+    // arrives as a bare-word string: say the number is out of range, not that it is a string.
+    if (raw && node.is_string() && looks_numeric(*raw)) {
+      return InputError(origin + ": " + key + ": " + *raw + " is out of range (expected " +
+                        expected + (std::string(expected).find("integer") != std::string::npos
+                                        ? " within 64 bits, |x| < 2^63)"
+                                        : ", a finite double)"));
+    }
     return InputError(origin + ": " + key + ": expected " + expected + ", got " +
                       type_name(node.type()));
   };
@@ -1017,9 +1048,13 @@ bool resume_may_change(const std::string& key) {
 // ---- ModelConfig and the schemas -----------------------------------------------------------
 
 std::string KeyRange::bounds(const char* name) const {
-  if (hi_bound == none) return std::string(lo_bound == open ? "> " : ">= ") + format_number(lo);
-  return format_number(lo) + (lo_bound == open ? " < " : " <= ") + name +
-         (hi_bound == open ? " < " : " <= ") + format_number(hi);
+  // An integer range prints its bounds as integers (16777216, not 1.67772e+07).
+  auto num = [&](double x) {
+    return integer ? std::to_string(static_cast<int64_t>(x)) : format_number(x);
+  };
+  if (hi_bound == none) return std::string(lo_bound == open ? "> " : ">= ") + num(lo);
+  return num(lo) + (lo_bound == open ? " < " : " <= ") + name +
+         (hi_bound == open ? " < " : " <= ") + num(hi);
 }
 std::string KeyRange::text() const { return (integer ? "an integer " : "") + bounds(var) + note; }
 std::string KeyRange::doc_type() const {

@@ -333,12 +333,12 @@ namespace {
 const ModelArgs<Gpt2Config>& gpt2_args() {
   using A = ModelArg<Gpt2Config>;
   static const ModelArgs<Gpt2Config> args({
-      A{"n_layer", &Gpt2Config::n_layer, "Number of transformer blocks.", KeyRange::at_least(1)},
-      A{"n_head", &Gpt2Config::n_head, "Attention heads per block.", KeyRange::at_least(1)},
-      A{"n_embd", &Gpt2Config::n_embd, "Hidden size.", KeyRange::at_least(1)},
+      A{"n_layer", &Gpt2Config::n_layer, "Number of transformer blocks.", KeyRange::layers()},
+      A{"n_head", &Gpt2Config::n_head, "Attention heads per block.", KeyRange::size(1)},
+      A{"n_embd", &Gpt2Config::n_embd, "Hidden size.", KeyRange::size(1)},
       A{"n_positions", &Gpt2Config::n_positions,
-        "Longest sequence: rows of the learned position table.", KeyRange::at_least(1)},
-      A{"vocab_size", &Gpt2Config::vocab_size, "Token vocabulary.", KeyRange::at_least(1)},
+        "Longest sequence: rows of the learned position table.", KeyRange::size(1)},
+      A{"vocab_size", &Gpt2Config::vocab_size, "Token vocabulary.", KeyRange::size(1)},
       A{"layer_norm_epsilon", &Gpt2Config::layer_norm_epsilon, "LayerNorm epsilon.",
         KeyRange::above(0), {}, true, 1e-5},
   });

@@ -23,23 +23,22 @@ const char* rope_type_name(LlamaConfig::RopeType t) {
 const ModelArgs<LlamaConfig>& llama_args() {
   using A = ModelArg<LlamaConfig>;
   using L = LlamaConfig;
-  const auto at_least = KeyRange::at_least;
   static const ModelArgs<LlamaConfig> args({
-      A{"vocab_size", &L::vocab_size, "Token vocabulary.", at_least(1), {}, true, int64_t{32000}},
-      A{"hidden_size", &L::hidden_size, "Hidden size.", at_least(1), {}, true, int64_t{4096}},
-      A{"intermediate_size", &L::intermediate_size, "Width of the SwiGLU MLP.", at_least(1), {},
+      A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true, int64_t{32000}},
+      A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true, int64_t{4096}},
+      A{"intermediate_size", &L::intermediate_size, "Width of the SwiGLU MLP.", KeyRange::size(1), {},
         true, int64_t{11008}},
       A{"num_hidden_layers", &L::num_hidden_layers, "Number of LlamaDecoderLayer blocks.",
-        at_least(1), {}, true, int64_t{32}},
-      A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", at_least(1), {},
+        KeyRange::layers(), {}, true, int64_t{32}},
+      A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
         true, int64_t{32}},
       A{"num_key_value_heads", &L::num_key_value_heads,
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
-        at_least(0), {}, true, int64_t{0}},
+        KeyRange::size(0), {}, true, int64_t{0}},
       A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
-        "num_attention_heads.", at_least(0), {}, true, int64_t{0}},
+        "num_attention_heads.", KeyRange::size(0), {}, true, int64_t{0}},
       A{"max_position_embeddings", &L::max_position_embeddings,
-        "Longest sequence the model is trained for.", at_least(1), {}, true, int64_t{2048}},
+        "Longest sequence the model is trained for.", KeyRange::size(1), {}, true, int64_t{2048}},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true, 1e-6},
       A{"rope_theta", &L::rope_theta, "RoPE base period.", KeyRange::above(0), {}, true, 10000.0},
       A{"rope_scaling.rope_type",
@@ -60,7 +59,7 @@ const ModelArgs<LlamaConfig>& llama_args() {
         "llama3: wavelengths below original / high_freq_factor are kept.", KeyRange::above(0), {},
         true, 4.0},
       A{"rope_scaling.original_max_position_embeddings", &L::rope_original_max_position_embeddings,
-        "llama3: the context length the model was pre-trained with.", at_least(1), {}, true,
+        "llama3: the context length the model was pre-trained with.", KeyRange::size(1), {}, true,
         int64_t{8192}},
       A{"attention_bias", &L::attention_bias, "Biases on q_proj, k_proj, v_proj and o_proj.", {},
         {}, true, false},

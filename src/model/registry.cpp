@@ -26,16 +26,75 @@ const ModelFamily& model_family(const std::string& type) {
 
 ModelConfig model_defaults(const std::string& type) { return ModelConfig::of(model_family(type)); }
 
+void check_sizes(const Config& c) {
+  const ModelFamily& family = model_family(c.model.type);
+  const std::vector<ModuleDecl> modules = family.modules(c.model);  // finite: keys are bounded
+  long double params = 0;
+  int64_t widest = 1;
+  for (const ModuleDecl& m : modules) {
+    for (const ParamSpec& p : m.params) {
+      long double n = 1;
+      for (int64_t d : p.shape) {
+        n *= static_cast<long double>(d);
+        widest = std::max(widest, d);
+      }
+      params += n;
+    }
+  }
+  // Counts stay exact in the doubles metrics and banners print, and every byte count in int64.
+  constexpr long double kExact = 9007199254740992.0L;  // 2^53
+  auto num = [](long double x) { return format_number(static_cast<double>(x)); };
+  if (params > kExact) {
+    std::string keys;
+    for (const ModelKey& k : family.keys()) {
+      if (const ModelValue* v = c.model.find(k.name); v && v->index() == 0) {
+        keys += (keys.empty() ? "" : ", ") + ("model." + k.name) + " = " +
+                std::to_string(std::get<int64_t>(*v));
+      }
+    }
+    throw InputError("model: " + num(params) + " parameters is more than fsdp_train counts (2^53; " +
+                     keys + ")");
+  }
+  const bool pairs = c.data.objective == Objective::seq2seq;
+  const long double sample = pairs ? static_cast<long double>(c.data.max_input_len) + c.data.max_target_len
+                                   : static_cast<long double>(c.data.seq_len);
+  const std::string sample_keys = pairs ? "data.max_input_len + data.max_target_len" : "data.seq_len";
+  const long double step_tokens = sample * static_cast<long double>(c.train.global_batch_size);
+  if (step_tokens > kExact) {
+    throw InputError("train.global_batch_size: " + std::to_string(c.train.global_batch_size) +
+                     " sequences x " + num(sample) + " tokens (" + sample_keys + ") = " +
+                     num(step_tokens) + " tokens per step is more than fsdp_train counts (2^53)");
+  }
+  // Activation bytes of a micro-batch (the families' tables are sums of at most a few terms
+  // per module of rows x tokens x a width, in at most 8-byte elements): bounded below 2^62.
+  const long double rows = static_cast<long double>(
+      c.train.micro_batch_size > 0 ? c.train.micro_batch_size : c.train.global_batch_size);
+  const long double bound = rows * sample * static_cast<long double>(widest) *
+                            static_cast<long double>(modules.size() + 16) * 8 * 8;
+  if (bound > 4611686018427387904.0L) {  // 2^62
+    throw InputError(sample_keys + ": " + num(sample) + " tokens x " + num(rows) +
+                     " sequences per forward (train.micro_batch_size, or the whole batch) x width " +
+                     std::to_string(widest) + " is more activation memory than fsdp_train can count");
+  }
+}
+
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides) {
-  return parse_config(toml_text, origin, overrides, model_schemas());
+  Config c = parse_config(toml_text, origin, overrides, model_schemas());
+  check_sizes(c);
+  return c;
 }
 
 Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
-  return load_config(toml_path, overrides, model_schemas());
+  Config c = load_config(toml_path, overrides, model_schemas());
+  check_sizes(c);
+  return c;
 }
 
-void check_config(const Config& config) { check_config(config, model_schemas()); }
+void check_config(const Config& config) {
+  check_config(config, model_schemas());
+  check_sizes(config);
+}
 
 nlohmann::json model_config_json(const ModelConfig& c) {
   nlohmann::json j = {{"model_type", c.type}};

@@ -29,19 +29,19 @@ bool feed_forward_set(T5Config& c, const std::string& s) {
 const ModelArgs<T5Config>& t5_args() {
   using A = ModelArg<T5Config>;
   static const ModelArgs<T5Config> args({
-      A{"d_model", &T5Config::d_model, "Hidden size.", KeyRange::at_least(1)},
+      A{"d_model", &T5Config::d_model, "Hidden size.", KeyRange::size(1)},
       A{"d_kv", &T5Config::d_kv, "Width of one attention head (need not be `d_model / num_heads`).",
-        KeyRange::at_least(1)},
-      A{"d_ff", &T5Config::d_ff, "Feed-forward width.", KeyRange::at_least(1)},
-      A{"num_layers", &T5Config::num_layers, "Encoder blocks.", KeyRange::at_least(1)},
+        KeyRange::size(1)},
+      A{"d_ff", &T5Config::d_ff, "Feed-forward width.", KeyRange::size(1)},
+      A{"num_layers", &T5Config::num_layers, "Encoder blocks.", KeyRange::layers()},
       A{"num_decoder_layers", &T5Config::num_decoder_layers, "Decoder blocks.",
-        KeyRange::at_least(1)},
-      A{"num_heads", &T5Config::num_heads, "Attention heads.", KeyRange::at_least(1)},
+        KeyRange::layers()},
+      A{"num_heads", &T5Config::num_heads, "Attention heads.", KeyRange::size(1)},
       // Each half of the bidirectional buckets needs an exact and a logarithmic part.
       A{"relative_attention_num_buckets", &T5Config::relative_attention_num_buckets,
-        "Relative position buckets.", KeyRange::at_least(4), {}, true, int64_t{32}},
+        "Relative position buckets.", KeyRange::size(4), {}, true, int64_t{32}},
       A{"relative_attention_max_distance", &T5Config::relative_attention_max_distance,
-        "Distance beyond which positions share the last bucket.", KeyRange::at_least(1), {}, true,
+        "Distance beyond which positions share the last bucket.", KeyRange::size(1), {}, true,
         int64_t{128}},
       A{"feed_forward_proj", EnumMember<T5Config>{feed_forward_get, feed_forward_set},
         "Feed-forward block.", {},
@@ -52,7 +52,7 @@ const ModelArgs<T5Config>& t5_args() {
       A{"layer_norm_epsilon", &T5Config::layer_norm_epsilon, "T5LayerNorm epsilon.",
         KeyRange::above(0), {}, true, 1e-6},
       A{"vocab_size", &T5Config::vocab_size,
-        "Vocabulary (ByT5: 3 specials + 256 bytes + 125 sentinel ids).", KeyRange::at_least(1)},
+        "Vocabulary (ByT5: 3 specials + 256 bytes + 125 sentinel ids).", KeyRange::size(1)},
   });
   return args;
 }

@@ -69,6 +69,15 @@ struct KeyRange {
   static constexpr KeyRange between(int64_t lo, int64_t hi) {
     return {true, closed, closed, static_cast<double>(lo), static_cast<double>(hi), "x", ""};
   }
+  // A model family's size keys (widths, heads, vocabulary, positions): integers in
+  // [lo, kMaxModelSize]; its layer counts: [1, kMaxModelLayers]. The bounds keep every product
+  // fsdp_train forms of them (parameter counts, activation bytes) within int64 and every
+  // declaration loop finite; real models are far inside them (Llama 3.1 405B: 126 layers,
+  // width 16384, vocabulary 128256, 131072 positions).
+  static constexpr int64_t kMaxModelSize = int64_t{1} << 24;
+  static constexpr int64_t kMaxModelLayers = 10000;
+  static constexpr KeyRange size(int64_t lo = 1) { return between(lo, kMaxModelSize); }
+  static constexpr KeyRange layers() { return between(1, kMaxModelLayers); }
   // Floats in (lo, inf).
   static constexpr KeyRange above(double lo) { return {false, open, none, lo, 0, "x", ""}; }
   // Floats in [lo, inf).

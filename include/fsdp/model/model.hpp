@@ -120,6 +120,11 @@ Config load_config(const std::string& toml_path, const std::vector<std::string>&
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides);
 void check_config(const Config& config);
+// The products a valid config forms, checked before anything is allocated or printed
+// (load_config, parse_config and check_config above run it): the parameter count and the
+// tokens per step at most 2^53 (exact in doubles), a micro-batch's activation bytes within
+// int64. Throws InputError naming the keys (their values included) on the first too large.
+void check_sizes(const Config& config);
 
 // The [model] section as checkpoints and merge carry it: {"model_type": type, key: value...,
 // "pad_vocab_multiple": m} (the family's keys, then the vocabulary padding the stored
