@@ -244,4 +244,20 @@ TEST(PeakFlops, CpuEstimateIsThreadsTimesClockTimesFlopsPerCycle) {
   EXPECT_FALSE(fsdp::cpu_peak_flops(zen4, 0).has_value());
 }
 
+// Issue 29 item 7: a banner said "1 core x 16.36 GHz (measured)" on a VM (a chain of adds of
+// an immediate runs faster than one per cycle there). The measurement is a chain of dependent
+// multiplies now, and whatever it gives is used only when it is a clock a CPU runs at; the
+// clock read_cpu_info reports is always one.
+TEST(PeakFlops, MeasuredClockIsPlausibleOrNotUsed) {
+  EXPECT_FALSE(fsdp::plausible_clock_mhz(16360));
+  EXPECT_FALSE(fsdp::plausible_clock_mhz(0));
+  EXPECT_TRUE(fsdp::plausible_clock_mhz(3690));
+  const double measured = fsdp::measure_cpu_clock_mhz();
+#if defined(__x86_64__)
+  EXPECT_TRUE(fsdp::plausible_clock_mhz(measured)) << measured << " MHz";
+#endif
+  const fsdp::CpuInfo cpu = fsdp::read_cpu_info();
+  if (cpu.mhz > 0) EXPECT_TRUE(fsdp::plausible_clock_mhz(cpu.mhz)) << cpu.mhz << " MHz, " << cpu.clock_source;
+}
+
 }  // namespace

@@ -71,29 +71,35 @@ CpuInfo read_cpu_info() {
   if (max_freq >> khz && khz > 0) {
     info.mhz = khz / 1000.0;
     info.clock_source = "cpuinfo_max_freq";
-  } else if (const double mhz = measure_cpu_clock_mhz(); mhz > 0) {
+  } else if (const double mhz = measure_cpu_clock_mhz(); plausible_clock_mhz(mhz)) {
     info.mhz = mhz;
     info.clock_source = "measured";
   }
+  // else: /proc/cpuinfo's "cpu MHz" (kept above), the nominal clock a VM reports.
   return info;
 }
 
+bool plausible_clock_mhz(double mhz) { return mhz >= 400 && mhz <= 7000; }
+
 double measure_cpu_clock_mhz() {
 #if defined(__x86_64__)
-  // A chain of dependent 1-cycle adds runs at one add per cycle on every x86-64 core since
-  // the P6; the loop's own counter and branch issue beside it. The fastest of a few ~1 ms
-  // trials is the one no other process interrupted.
+  // A chain of dependent 64-bit integer multiplies: 3 cycles each on every x86-64 core of
+  // the last fifteen years (Intel since Core 2, AMD since K8, Zen included; Agner Fog's
+  // instruction tables), and, unlike a chain of adds of an immediate, not something a core
+  // can fold or eliminate (adds measured 16 GHz on a VM: issue 29). The loop's counter and
+  // branch issue beside it. The fastest of a few ~1 ms trials is the one no other process
+  // interrupted.
   using Clock = std::chrono::steady_clock;
-  constexpr long kIters = 250000;  // 4 adds each: 1e6 cycles
+  constexpr long kIters = 100000;  // 4 multiplies of 3 cycles each: 1.2e6 cycles
   double best = 0;
   for (int trial = 0; trial < 8; ++trial) {
-    uint64_t x = static_cast<uint64_t>(trial);
+    uint64_t x = static_cast<uint64_t>(trial) | 3;
     const auto t0 = Clock::now();
     for (long i = 0; i < kIters; ++i) {
-      asm volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0" : "+r"(x));
+      asm volatile("imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0" : "+r"(x));
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (s > 0) best = std::max(best, 4.0 * kIters / s / 1e6);
+    if (s > 0) best = std::max(best, 12.0 * kIters / s / 1e6);
   }
   return best;
 #else

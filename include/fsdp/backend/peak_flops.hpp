@@ -41,15 +41,18 @@ struct CpuInfo {
 };
 // This machine's: the first processor's /proc/cpuinfo entry, and the clock from
 // /sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq (kHz) when present (the maximum
-// boost), else measure_cpu_clock_mhz(), else /proc/cpuinfo's "cpu MHz". Fields stay empty / 0
+// boost), else measure_cpu_clock_mhz() when plausible_clock_mhz, else /proc/cpuinfo's "cpu MHz". Fields stay empty / 0
 // where nothing is known.
 CpuInfo read_cpu_info();
 
-// The clock this thread runs at now, MHz: the fastest of 8 timed chains of 1e6 dependent
-// 1-cycle adds (about 8 ms in all at 1 GHz). Virtual machines show no cpufreq and report their
-// nominal clock in /proc/cpuinfo while the core runs at its boost clock (on this project's
-// CI: 2.60 GHz reported, 3.69 GHz measured). 0 on other than x86-64.
+// The clock this thread runs at now, MHz: the fastest of 8 timed chains of 4e5 dependent
+// 64-bit multiplies of 3 cycles each (about 10 ms in all at 1 GHz). Virtual machines show no
+// cpufreq and report their nominal clock in /proc/cpuinfo while the core runs at its boost
+// clock (on this project's CI: 2.60 GHz reported, 3.69 GHz measured). 0 on other than x86-64.
 double measure_cpu_clock_mhz();
+// Whether a measured clock is one a CPU runs at (400 MHz .. 7 GHz); read_cpu_info keeps
+// /proc/cpuinfo's "cpu MHz" instead of an implausible measurement.
+bool plausible_clock_mhz(double mhz);
 
 // cores x mhz x FLOP per cycle per core (see the header comment); nullopt when the clock is
 // unknown, cores <= 0, or the CPU has no AVX2 + FMA (no entry for older vector units).
