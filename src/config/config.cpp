@@ -273,9 +273,14 @@ void visit_keys(C& c, F&& f) {
 }
 
 // A default config of the family `schema` (whose visit lists that family's [model] keys).
+// The keys whose default is the model's too: the wrap classes (Hugging Face's
+// _no_split_modules) and the objective (the family's first), so --list-keys and the docs
+// show what a run of the family gets.
 Config config_of_type(const ModelSchema& schema) {
   Config c;
   c.model = ModelConfig::of(schema);
+  c.fsdp.transformer_layer_cls_to_wrap = schema.wrap_classes();
+  c.data.objective = schema.objectives().front();
   return c;
 }
 

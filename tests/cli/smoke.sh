@@ -296,10 +296,29 @@ print(n)' "$OUT"
     for want in '^optim.lr = 0.001  (float, 0 < x <= 10; --resume may change it)$' \
                 '^    Peak learning rate.  \[torch.optim.AdamW lr\]$' \
                 '^fsdp.sharding_strategy = "FULL_SHARD"' '^model.n_layer = 4 ' '^model.d_kv = 32 ' \
-                '^    Hidden size.  \[HF T5Config.d_model\]$' '^eval.on_start = false'; do
+                '^    Hidden size.  \[HF T5Config.d_model\]$' '^eval.on_start = false' \
+                '^fsdp.transformer_layer_cls_to_wrap = \["GPT2Block"\]' \
+                '^model.num_key_value_heads = 0 '; do
       n=$(grep -c -- "$want" "$OUT")
       if [ "$n" -ne 1 ]; then fail "--list-keys: '$want' printed $n times, expected once"; fi
     done
+    ;;
+  input_headers)
+    # Every dry-run command an inputs/*.toml header shows works as written (issue 29 item 7:
+    # gpt_7b.toml's exited 2), with build/fsdp_train the fsdp_train under test.
+    n=0
+    for f in "$SRC_DIR"/inputs/*.toml; do
+      while IFS= read -r line; do
+        cmd=${line#\#}
+        cmd=${cmd//build\/fsdp_train/$FSDP_TRAIN}
+        (cd "$SRC_DIR" && eval "timeout 60 $cmd") >"$OUT" 2>"$ERR" </dev/null
+        rc=$?
+        if [ "$rc" -ne 0 ]; then fail "$(basename "$f"): '$line' exited $rc: $(head -c 300 "$ERR")"; fi
+        n=$((n + 1))
+      done < <(grep -E '^#\s+build/fsdp_train .*--dry-run' "$f")
+    done
+    [ "$n" -ge 5 ] || fail "only $n header dry-run commands found in inputs/*.toml"
+    echo "$n header commands ran"
     ;;
   *)
     echo "smoke.sh: unknown case '$CASE'" >&2
