@@ -6,7 +6,7 @@
 //
 // --world-size plans the per-rank memory of an N-rank job from one process (or any number):
 // the plan drives the engine on counting communicators, so no N ranks are needed.
-// --profile FIRST:LAST is train.profile_steps = [FIRST, LAST] (applied after every --set):
+// --profile FIRST:LAST is train.profile_steps = [FIRST, LAST] (in command-line order among the --set):
 // steps FIRST..LAST are traced into run_dir/profile/rank_N.trace.json (fsdp/core/profiler.hpp).
 // The Runtime bootstraps the ranks (MPI_Init_thread). Every rank parses the command line
 // and the config; failures are agreed across ranks (collective_guard) so bad input prints
@@ -143,7 +143,21 @@ Cli parse_cli(int argc, char** argv) {
                            " (expected >= 1)");
   }
   if (!cli.profile.empty() || argv_has(argc, argv, "--profile")) {
-    cli.overrides.push_back(profile_override(cli.profile));
+    // --profile takes its place among the --set overrides by command-line order, so the later
+    // of `--profile F:L` and `--set train.profile_steps=...` wins, as between two --set.
+    std::size_t sets_before = 0, sets = 0;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--set" || a == "-s" || a.rfind("--set=", 0) == 0 ||
+          (a.rfind("-s", 0) == 0 && a.size() > 2 && a[1] != '-')) {
+        ++sets;
+      } else if (a == "--profile" || a.rfind("--profile=", 0) == 0) {
+        sets_before = sets;
+      }
+    }
+    sets_before = std::min(sets_before, cli.overrides.size());
+    cli.overrides.insert(cli.overrides.begin() + static_cast<std::ptrdiff_t>(sets_before),
+                         profile_override(cli.profile));
   }
   return cli;
 }

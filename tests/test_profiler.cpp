@@ -25,7 +25,9 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/core/profiler.hpp"
+#include "fsdp/train/profiling.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/model.hpp"
 #include "train_util.hpp"
@@ -466,6 +468,39 @@ TEST(ProfiledRun, AFailedTraceWriteIsAWarningAndTheRunGoesOn) {
   EXPECT_EQ(r.losses.size(), 5u);
   EXPECT_TRUE(fs::exists(dir + "/checkpoints/latest")) << "the run saved its final checkpoint";
   EXPECT_FALSE(fs::exists(trace_path(dir)));
+}
+
+// Issue 29 item 7: after a resume, a window before the resumed run's first step says so
+// instead of only "no step ran".
+TEST(Profiler, AWindowBeforeAResumedRunSaysSo) {
+  const std::string dir = fresh_dir("unit_resumed") + "/rank" + std::to_string(world_rank());
+  fsdp::MpiCommunicator self(MPI_COMM_SELF);
+  std::vector<std::string> lines;
+  auto log = [&](const std::string& line) { lines.push_back(line); };
+  {
+    Profiler p(3, 5, 0, dir + "/trace.json");
+    for (int s = 11; s <= 20; ++s) {  // resumed at step 10
+      p.begin_step(s);
+      p.end_step();
+    }
+    EXPECT_EQ(p.first_step_begun(), 11);
+    fsdp::write_profile(p, self, dir, 20, log);
+  }
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "profile: no step of train.profile_steps = [3, 5] ran (this run resumed at "
+                      "step 10 and ran steps 11-20); no trace written");
+  lines.clear();
+  {
+    Profiler p(8, 9, 0, dir + "/trace2.json");  // a fresh run that ended before the window
+    for (int s = 1; s <= 5; ++s) {
+      p.begin_step(s);
+      p.end_step();
+    }
+    fsdp::write_profile(p, self, dir, 5, log);
+  }
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "profile: no step of train.profile_steps = [8, 9] ran (the run ended at "
+                      "step 5); no trace written");
 }
 
 }  // namespace

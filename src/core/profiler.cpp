@@ -63,6 +63,7 @@ Profiler::~Profiler() {
 
 void Profiler::begin_step(int64_t step) {
   step_ = step;
+  if (first_step_begun_ == 0) first_step_begun_ = step;
   recording_ = !written_ && step >= first_ && step <= last_;
   if (recording_) {
     if (steps_recorded_ == 0) window_start_ns_ = now_ns();

@@ -68,9 +68,15 @@ void write_profile(Profiler& profiler, Communicator& group, const std::string& r
         (std::filesystem::path(run_dir) / "profile" / "rank_*.trace.json").string() +
         (final_step < profiler.last() ? " (the run ended at step " + std::to_string(final_step) + ")" : ""));
   } else {
+    // A window before the step a resumed run started from is named as such.
+    const int64_t began = profiler.first_step_begun();
+    const std::string why =
+        began > 1 && profiler.last() < began
+            ? "this run resumed at step " + std::to_string(began - 1) + " and ran steps " +
+                  std::to_string(began) + "-" + std::to_string(final_step)
+            : "the run ended at step " + std::to_string(final_step);
     log("profile: no step of train.profile_steps = [" + std::to_string(profiler.first()) + ", " +
-        std::to_string(profiler.last()) + "] ran (the run ended at step " +
-        std::to_string(final_step) + "); no trace written");
+        std::to_string(profiler.last()) + "] ran (" + why + "); no trace written");
   }
 }
 

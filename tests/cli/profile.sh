@@ -8,7 +8,8 @@
 #                  run/profile/rank_0.trace.json and rank_1.trace.json: Chrome traces (a
 #                  "traceEvents" list) holding the ranges "step 2" and "step 3" only, each
 #                  rank's process named "rank R"; rank 0 logs where they went; --profile
-#                  wins over a --set train.profile_steps given before it. A run without
+#                  wins over a --set train.profile_steps given before it and loses to one
+#                  given after it (command-line order, as between two --set). A run without
 #                  --profile writes no run/profile.
 # CASE summary:    profile_summary.py on such a trace: the step count and time, a host-range
 #                  table whose phases add up to the profiled time (100% within rounding),
@@ -67,6 +68,15 @@ case "$CASE" in
       fail "no log line naming the traces"
     grep -q "^profile_steps = \[2, 3\]$" "$OUT" || fail "the banner's resolved config lacks profile_steps = [2, 3]"
     ls "$WORK/run/profile" | grep -q '\.tmp$' && fail "a temporary file was left in run/profile"
+    # Command-line order: a --set after --profile wins, as between two --set (issue 29 item 7).
+    tiny_config order.toml
+    sed -i "s|^run_dir = .*|run_dir = \"$WORK/order\"|" order.toml
+    run_train order.toml --dry-run --profile 2:3 --set train.profile_steps=[1,1]
+    expect_rc 0
+    grep -q "^profile_steps = \[1, 1\]$" "$OUT" || fail "a --set after --profile did not win"
+    run_train order.toml --dry-run --set train.profile_steps=[1,1] --profile 2:3
+    expect_rc 0
+    grep -q "^profile_steps = \[2, 3\]$" "$OUT" || fail "--profile after a --set did not win"
     # Off: no profile directory.
     tiny_config off.toml
     sed -i "s|^run_dir = .*|run_dir = \"$WORK/off\"|" off.toml

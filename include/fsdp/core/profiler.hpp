@@ -91,6 +91,8 @@ class Profiler {
   bool recording() const { return recording_; }
   // The step begun last (0 before the first).
   int64_t step() const { return step_; }
+  // The first step begun (0 before it): 1 for a fresh run, N + 1 for a run resumed at step N.
+  int64_t first_step_begun() const { return first_step_begun_; }
   int64_t first() const { return first_; }
   int64_t last() const { return last_; }
   const std::string& path() const { return path_; }
@@ -118,6 +120,7 @@ class Profiler {
   std::unique_ptr<ActivityCollector> device_;
   int64_t host_tid_ = 0;
   int64_t step_ = 0;
+  int64_t first_step_begun_ = 0;
   int64_t steps_recorded_ = 0;
   bool recording_ = false;
   bool device_started_ = false;
