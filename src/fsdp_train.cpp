@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
   try {
     runtime = std::make_unique<fsdp::Runtime>(&argc, &argv);
   } catch (const std::exception& e) {
-    std::cerr << "fsdp_train: " << e.what() << std::endl;
+    fsdp::write_line(2, std::string("fsdp_train: ") + e.what());
     return fsdp::kExitRuntimeError;
   }
   const int rank = runtime->rank();
@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
   try {
     signals.emplace();
   } catch (const std::exception& e) {
-    std::cerr << "fsdp_train: rank " << rank << ": " << e.what() << std::endl;
+    fsdp::write_line(2, "fsdp_train: rank " + std::to_string(rank) + ": " + e.what());
     runtime->abort(fsdp::kExitRuntimeError);
   }
   try {
@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
       if (result.stop_signal != 0) {
         // The signalled rank's one line (the other ranks' stop_message is empty).
         if (!result.stop_message.empty()) {
-          std::cerr << "fsdp_train: " << result.stop_message << std::endl;
+          fsdp::write_line(2, "fsdp_train: " + result.stop_message);
         }
         code = fsdp::kExitInterrupted;
       }
@@ -236,12 +236,12 @@ int main(int argc, char** argv) {
   } catch (const fsdp::PeerFailed& e) {
     code = e.exit_code();
   } catch (const fsdp::AgreedFailure& e) {
-    std::cerr << "fsdp_train: " << e.what() << std::endl;
+    fsdp::write_line(2, std::string("fsdp_train: ") + e.what());
     code = e.exit_code();
   } catch (const std::exception& e) {
     // Not agreed with the other ranks: they may wait in a collective, so abort them all.
     const auto* fe = dynamic_cast<const fsdp::Error*>(&e);
-    std::cerr << "fsdp_train: rank " << rank << ": " << e.what() << std::endl;
+    fsdp::write_line(2, "fsdp_train: rank " + std::to_string(rank) + ": " + e.what());
     runtime->abort(fe ? fe->exit_code() : fsdp::kExitRuntimeError);
   }
   runtime.reset();  // MPI_Finalize

@@ -4,10 +4,12 @@
 // Runtime says wins.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <string>
 
+#include "fsdp/core/error.hpp"
 #include "fsdp/core/process.hpp"
 
 namespace {
@@ -38,3 +40,20 @@ TEST(Process, WhatTheRuntimeSaysWins) {
 }
 
 }  // namespace
+
+// Issue 29 item 7: an error line under mpirun came out torn by another rank's output
+// (std::cerr wrote "fsdp_train: ", the message and the newline separately). write_line makes
+// one write(2): on a packet-mode pipe (O_DIRECT, each write one packet, each read at most one
+// packet) a single read returns the whole line.
+TEST(Process, WriteLineIsOneWrite) {
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_DIRECT), 0);
+  const std::string line = "fsdp_train: rank 3: " + std::string(300, 'x');
+  fsdp::write_line(fds[1], line);
+  std::string buf(4096, '\0');
+  const ssize_t n = ::read(fds[0], buf.data(), buf.size());
+  ::close(fds[0]);
+  ::close(fds[1]);
+  ASSERT_EQ(n, static_cast<ssize_t>(line.size() + 1));
+  EXPECT_EQ(buf.substr(0, static_cast<std::size_t>(n)), line + "\n");
+}

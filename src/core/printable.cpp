@@ -5,6 +5,9 @@
 
 #include <sstream>
 
+#include <cerrno>
+#include <unistd.h>
+
 namespace fsdp {
 
 std::string printable(std::string_view s, std::size_t max_bytes) {
@@ -31,6 +34,18 @@ std::string format_number(double x) {
   std::ostringstream os;
   os << x;
   return os.str();
+}
+
+void write_line(int fd, std::string_view line) {
+  std::string text(line);
+  text += '\n';
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<std::size_t>(n);
+  }
 }
 
 }  // namespace fsdp

@@ -2,7 +2,6 @@
 #include "fsdp/train/profiling.hpp"
 
 #include <filesystem>
-#include <iostream>
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/train/collective_guard.hpp"
@@ -54,8 +53,8 @@ void write_profile(Profiler& profiler, Communicator& group, const std::string& r
     }
   });
   if (!failure.empty()) {
-    std::cerr << "warning: rank " << group.rank() << ": profile: trace not written (" << failure
-              << "); training goes on\n" << std::flush;
+    write_line(2, "warning: rank " + std::to_string(group.rank()) + ": profile: trace not written (" +
+                      failure + "); training goes on");
     return;
   }
   const std::string window = std::to_string(profiler.first()) + "-" + std::to_string(profiler.last());

@@ -38,6 +38,12 @@ inline Error InputError(const std::string& message) { return Error(message, kExi
 // \xNN; cut after `max_bytes` input bytes with "...". Error messages quote untrusted text so.
 std::string printable(std::string_view bytes, std::size_t max_bytes = 4096);
 
+// Writes `line` and a newline to file descriptor `fd` with one write(2) (retried only for
+// what a partial write left), so lines of several ranks sharing a terminal or mpirun's
+// forwarded stderr never interleave mid-line (std::cerr writes each << separately). Errors
+// are ignored: this is the last word of a failing process. Defined in printable.cpp.
+void write_line(int fd, std::string_view line);
+
 // x as a message shows a number read from input: std::ostream's default format (6 significant
 // digits: "0.15", "1e-05", "3"). Defined in printable.cpp.
 std::string format_number(double x);
