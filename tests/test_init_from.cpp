@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <variant>
 
@@ -29,6 +30,7 @@
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/fsdp/engine.hpp"
+#include "fsdp/train/collective_guard.hpp"
 #include "fsdp/model/model.hpp"
 #include "train_util.hpp"
 
@@ -459,6 +461,87 @@ TEST_P(InitFrom, BadDirectoriesAreInputErrorsNamingTheProblem) {
   if (world_rank() == 0) fs::resize_file(base + "/truncated/model.safetensors", 100);
   barrier();
   expect_input_error([&] { load(base + "/truncated", c); }, {base + "/truncated/model.safetensors"});
+}
+
+// The rank whose shard holds element `k` (row-major in the file's shape) of the Hugging Face
+// tensor `hf_name` (our flat order differs for a transposed GPT-2 Conv1D weight).
+int owner_of(const Config& c, const std::vector<fsdp::FlatParamLayout>& layouts, const std::string& hf_name,
+             int64_t k) {
+  const auto& family = fsdp::model_family(c.model.type);
+  for (const auto& l : layouts) {
+    for (const auto& e : l.entries) {
+      const auto hf = family.hf_tensor(c.model, e.spec.name, e.spec.unpadded_shape());
+      if (!hf || hf->name != hf_name) continue;
+      int64_t ours = k;
+      if (hf->transpose) {  // HF [in, out] element (i, o) is our [out, in] element (o, i)
+        const int64_t in = hf->shape[0], out = hf->shape[1];
+        ours = (k % out) * in + k / out;
+      }
+      return static_cast<int>((e.offset + ours) / l.shard_numel);
+    }
+  }
+  ADD_FAILURE() << "no parameter is stored as " << hf_name;
+  return -1;
+}
+
+// Issue 29 item 4: a NaN or infinity in the weights was loaded, and the run later blamed the
+// learning rate. It is refused on the rank that reads it, naming the file, the tensor and the
+// element, and the trainer stops every rank with that one line (exit 2).
+TEST_P(InitFrom, NonFiniteWeightsAreRefusedNamingFileTensorAndElement) {
+  const Source& src = source(GetParam());
+  const Config& c = src.cfg;
+  const auto layouts = layouts_of(c);
+  const bool gpt2 = c.model.type == "gpt2";
+  // A transposed tensor (GPT-2's Conv1D c_attn) or a plain matrix, and a vector.
+  const std::vector<std::string> victims =
+      gpt2 ? std::vector<std::string>{"transformer.h.1.attn.c_attn.weight", "transformer.ln_f.bias"}
+           : std::vector<std::string>{"encoder.block.1.layer.0.SelfAttention.q.weight", "decoder.final_layer_norm.weight"};
+  const std::vector<std::pair<float, std::string>> bad{{std::numeric_limits<float>::quiet_NaN(), "nan"},
+                                                       {-std::numeric_limits<float>::infinity(), "-inf"}};
+  for (std::size_t v = 0; v < victims.size(); ++v) {
+    const std::string& victim = victims[v];
+    const auto& [value, word] = bad[v];
+    SCOPED_TRACE(victim);
+    const std::string dir = fresh_dir("init_nonfinite_" + GetParam().name + "_" + std::to_string(v));
+    int64_t k = -1;
+    std::vector<int64_t> shape;
+    rewrite(src.hf, dir, [&](std::vector<Tensor>& ts) {
+      for (auto& t : ts) {
+        if (t.name != victim) continue;
+        k = static_cast<int64_t>(t.data.size()) / 2 + 3;
+        t.data[static_cast<std::size_t>(k)] = value;
+        shape = t.shape;
+      }
+    });
+    MPI_Bcast(&k, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    ASSERT_GE(k, 0);
+    std::string element = "element " + std::to_string(k);
+    if (shape.size() == 2) element += " [" + std::to_string(k / shape[1]) + "," + std::to_string(k % shape[1]) + "]";
+    const std::vector<std::string> needles{dir + "/model.safetensors: tensor '" + victim + "': " + element + " is " + word,
+                                           "the weights hold a non-finite value", "model.init_from = \"" + dir + "\""};
+    // The library: only the rank whose shard holds the element reads it, and fails.
+    const int owner = owner_of(c, layouts, victim, k);
+    if (world_rank() == owner) {
+      expect_input_error([&] { load(dir, c); }, needles);
+    } else {
+      EXPECT_NO_THROW(load(dir, c));
+    }
+    // The trainer: every rank stops, exit 2; the owner prints the line.
+    Config run_cfg = c;
+    run_cfg.train.run_dir = fresh_dir("init_nonfinite_run_" + GetParam().name + "_" + std::to_string(v));
+    run_cfg.model.init_from = dir;
+    try {
+      run(run_cfg, On::world);
+      ADD_FAILURE() << "training from non-finite weights did not fail";
+    } catch (const fsdp::AgreedFailure& e) {
+      EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
+      EXPECT_EQ(world_rank(), owner);
+      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\n  lacks: " << n;
+    } catch (const fsdp::PeerFailed& e) {
+      EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
+      EXPECT_NE(world_rank(), owner);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, InitFrom, testing::ValuesIn(models()),

@@ -3,6 +3,7 @@
 #include "fsdp/checkpoint/init_from.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +44,36 @@ struct Source {
   HfTensor hf;
   std::string stored;  // the name found in the files (hf.name or an alias)
 };
+
+// The values just read: `count` fp32 values of tensor `s.stored`, the first being element
+// `first` (row-major, in the file's shape). A NaN or infinity is an input error naming the
+// file, the tensor and the element: weights that would make every loss NaN (and the run
+// blame its learning rate) are refused before the first step.
+void check_finite(const safetensors::SafetensorsCheckpoint& ckpt, const Source& s, const std::string& param,
+                  const std::string& type, const std::string& dir, const float* data, int64_t count,
+                  int64_t first) {
+  const int64_t bad = first_nonfinite(data, count);
+  if (bad < 0) return;
+  const float v = data[bad];
+  const std::string what = std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+  const safetensors::SafetensorsFile::Entry& info = ckpt.entry(s.stored);
+  std::string element = std::to_string(first + bad);
+  if (info.shape.size() >= 2) {  // also as an index: [row, col] of a matrix, [i, j, k] ...
+    std::vector<int64_t> idx(info.shape.size());
+    int64_t rest = first + bad;
+    for (std::size_t d = info.shape.size(); d-- > 0;) {
+      const int64_t n = std::max<int64_t>(info.shape[d], 1);
+      idx[d] = rest % n;
+      rest /= n;
+    }
+    element += " " + shape_json(idx);
+  }
+  const std::string converted =
+      !std::isnan(v) && info.dtype == "F64" ? " (an F64 value beyond the range of fp32)" : "";
+  throw InputError(ckpt.file_of(s.stored).path() + ": tensor '" + safetensors::escape_name(s.stored) +
+                   "': element " + element + " is " + what + converted + " (the " + type + " parameter " +
+                   param + "): the weights hold a non-finite value" + origin_of(dir));
+}
 
 }  // namespace
 
@@ -188,6 +219,7 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
       float* dst = out + (lo - sb);
       if (!s.hf.transpose) {
         ckpt.read_f32(s.stored, k0, k1 - k0, dst);
+        check_finite(ckpt, s, e.spec.name, config.type, dir, dst, k1 - k0, k0);
         continue;
       }
       // Ours [R, Cc] (out, in) = HF [Cc, R] transposed: our (r, c) is HF (c, r). HF row c
@@ -200,6 +232,7 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
         if (r_lo >= r_hi) continue;
         row.resize(static_cast<std::size_t>(r_hi - r_lo));
         ckpt.read_f32(s.stored, c * R + r_lo, r_hi - r_lo, row.data());
+        check_finite(ckpt, s, e.spec.name, config.type, dir, row.data(), r_hi - r_lo, c * R + r_lo);
         for (int64_t r = r_lo; r < r_hi; ++r) dst[r * Cc + c - k0] = row[static_cast<std::size_t>(r - r_lo)];
       }
     }

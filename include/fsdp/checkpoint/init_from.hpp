@@ -10,8 +10,8 @@
 // hf_aliases), as for fsdp_merge, so what fsdp_merge writes loads back bit for bit.
 //
 // Checks (all fsdp::InputError, exit 2, one line naming the file, key or tensor). Everything
-// except the data reads depends only on config.json and the safetensors headers, which every
-// rank reads, so every rank fails the same way:
+// except the data reads and the finiteness check depends only on config.json and the
+// safetensors headers, which every rank reads, so every rank fails the same way:
 //  * DIR is a directory; DIR/config.json exists, is JSON, and family.from_hf_config of it
 //    equals the configured [model] keys: "<DIR>/config.json: n_embd = 32 but model.n_embd =
 //    16 (model.init_from = "<DIR>")";
@@ -21,6 +21,12 @@
 //    (hf_tensor's shape, i.e. the transpose of ours for GPT-2 Conv1D weights) and a float
 //    dtype (F32, F16, BF16, F64; converted to fp32 as HF's from_pretrained does with
 //    torch_dtype float32).
+//  * every value this rank reads is finite (checked on the values read, after the conversion
+//    to fp32; no extra read): "<file>: tensor '<name>': element 17 [0,17] is nan (the gpt2
+//    parameter h.0.attn.c_attn.weight): the weights hold a non-finite value (model.init_from =
+//    "<DIR>")" (element: row-major index in the file's shape, then as an index; an F64 value
+//    beyond fp32's range is named as such). This check depends on the rank's slice: only the
+//    ranks whose shard holds the value fail (the trainer's collective_guard stops the others).
 // Vocabulary padding (model.pad_vocab_multiple, ParamSpec::vocab_rows): the files hold the
 // model's own vocab_size rows (HF shape [vocab_size, ...]); they fill the first rows of our
 // padded tensor and the pad rows are set to 0 (nothing is read for them).
