@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -99,6 +100,8 @@ CheckpointMeta make_meta(int shard_size, int shard_index) {
   m.seed = 0xFEDCBA9876543210ull;  // does not fit int64: must survive the bit cast
   m.sampler_epoch = 3;
   m.sampler_position = 777;
+  m.run_id = "0123456789abcdef0123456789abcdef";
+  m.launch_id = "fedcba9876543210fedcba9876543210";
   return m;
 }
 
@@ -942,6 +945,10 @@ void raw_delete_attr(const std::string& file, const std::string& obj, const std:
   H5Fclose(f);
 }
 
+// Stores the file's metadata checksum anew after a raw edit: what a forger (or a writer with a
+// bug) does, so the checks behind the metadata checksum can be reached.
+void reseal(const std::string& file) { raw_set_str(file, "/", kMetadataChecksumAttr, metadata_checksum(file)); }
+
 // Overwrites element `index` of a 1-D float dataset.
 void raw_write_element(const std::string& file, const std::string& ds, hsize_t index, float v) {
   const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
@@ -998,8 +1005,13 @@ TEST_F(CheckpointTest, EveryDatasetCarriesItsXxh3Checksum) {
   const std::string file = (fs::path(dir) / shard_file_name(1, 2)).string();
   {
     const h5::File f = h5::File::open_read(file);
-    EXPECT_EQ(f.attr_i64("/", "format_version"), 2);
+    EXPECT_EQ(f.attr_i64("/", "format_version"), 3);
     EXPECT_EQ(f.attr_str("/", "config_fingerprint"), meta.config_fingerprint);
+    EXPECT_EQ(f.attr_str("/", "run_id"), meta.run_id);
+    EXPECT_EQ(f.attr_str("/", "launch_id"), meta.launch_id);
+    const std::string sum = f.attr_str("/", kMetadataChecksumAttr);
+    EXPECT_EQ(sum.size(), 16u);
+    EXPECT_EQ(sum, metadata_checksum(file));
     EXPECT_EQ(meta.config_fingerprint.size(), 16u);
     for (int u = 0; u < 2; ++u)
       for (const char* d : {"param", "exp_avg", "exp_avg_sq"}) {
@@ -1015,8 +1027,10 @@ TEST_F(CheckpointTest, EveryDatasetCarriesItsXxh3Checksum) {
   const float one = 1.0f;
   EXPECT_NE(checksum_hex(&one, 1), checksum_hex(full[0].at("param").data() + 1, 1));
   const ShardFile sf = ShardFile::open(file);
-  EXPECT_EQ(sf.meta().format_version, 2);
+  EXPECT_EQ(sf.meta().format_version, 3);
   EXPECT_EQ(sf.meta().config_fingerprint, meta.config_fingerprint);
+  EXPECT_EQ(sf.meta().run_id, meta.run_id);
+  EXPECT_EQ(sf.meta().launch_id, meta.launch_id);
   EXPECT_NO_THROW(sf.verify_all());
   const CheckpointSet set = CheckpointSet::open(dir);
   EXPECT_NO_THROW(set.verify_all());
@@ -1076,6 +1090,9 @@ TEST_F(CheckpointTest, NonFiniteValuesAreRefusedOnLoadAndSave) {
   raw_write_element(file, "/units/0/param", 2, full[0].at("param")[2]);  // undo
   raw_write_element(file, "/units/0/param", 4, shard[4]);
   raw_set_str(file, "/units/0/param", "xxh3_64", checksum_hex(shard.data(), 9));
+  // The dataset checksums are metadata too: changed without resealing, the file does not open.
+  expect_input_error([&] { ShardFile::open(file); }, {file, "metadata checksum mismatch"});
+  reseal(file);
   {
     const ShardFile sf = ShardFile::open(file);
     std::vector<float> out(9);
@@ -1108,11 +1125,13 @@ TEST_F(CheckpointTest, Version1FilesLoadWithoutChecksums) {
   const auto full = full_buffers(layouts);
   const std::string dir = path("step");
   write_checkpoint(dir, make_meta(2, 0), layouts, full);
-  // Turn both files into what format version 1 wrote: no checksums, no fingerprint.
+  // Turn both files into what format version 1 wrote: no checksums, no fingerprint (and none
+  // of version 3's metadata checksum and ids).
   for (int s = 0; s < 2; ++s) {
     const std::string file = (fs::path(dir) / shard_file_name(s, 2)).string();
     raw_set_i64(file, "/", "format_version", 1);
     raw_delete_attr(file, "/", "config_fingerprint");
+    for (const char* a : {kMetadataChecksumAttr, "run_id", "launch_id"}) raw_delete_attr(file, "/", a);
     for (int u = 0; u < 2; ++u)
       for (const char* d : {"param", "exp_avg", "exp_avg_sq"})
         raw_delete_attr(file, "/units/" + std::to_string(u) + "/" + d, "xxh3_64");
@@ -1132,18 +1151,21 @@ TEST_F(CheckpointTest, Version1FilesLoadWithoutChecksums) {
   const ShardFile sf = ShardFile::open(file);
   std::vector<float> out(9);
   expect_input_error([&] { sf.read_unit(0, "exp_avg", out.data()); }, {file, "/units/0/exp_avg", "element 2", "is nan"});
-  // A version-2 file without its checksum attribute is corrupted, not version 1.
+  // A version-2 (or later) file without its checksum attribute is corrupted, not version 1
+  // (the metadata checksum catches the deletion first; resealed, the read does).
   const std::string dir2 = path("step2");
   write_checkpoint(dir2, make_meta(2, 0), layouts, full);
   const std::string file2 = (fs::path(dir2) / shard_file_name(0, 2)).string();
   raw_delete_attr(file2, "/units/1/param", "xxh3_64");
+  expect_input_error([&] { ShardFile::open(file2); }, {file2, "metadata checksum mismatch"});
+  reseal(file2);
   {
     const ShardFile sf2 = ShardFile::open(file2);
     expect_input_error([&] { sf2.read_unit(1, "param", out.data()); }, {file2, "/units/1/param", "no xxh3_64 checksum"});
   }
   // Versions this build does not know are refused.
-  raw_set_i64(file2, "/", "format_version", 3);
-  expect_input_error([&] { ShardFile::open(file2); }, {file2, "unsupported checkpoint format_version 3"});
+  raw_set_i64(file2, "/", "format_version", 4);
+  expect_input_error([&] { ShardFile::open(file2); }, {file2, "unsupported checkpoint format_version 4"});
 }
 
 TEST_F(CheckpointTest, StepAttributeOutOfRangeIsAnInputError) {
@@ -1151,16 +1173,301 @@ TEST_F(CheckpointTest, StepAttributeOutOfRangeIsAnInputError) {
   const std::string dir = path("step");
   write_checkpoint(dir, make_meta(2, 0), layouts, full_buffers(layouts));
   const std::string file = (fs::path(dir) / shard_file_name(0, 2)).string();
+  // Changed after the save, any value is a metadata checksum mismatch; the range checks stand
+  // behind it for a file whose checksum was computed over the bad value (resealed).
   raw_set_i64(file, "/", "step", -5);
+  expect_input_error([&] { ShardFile::open(file); }, {file, "metadata checksum mismatch"});
+  reseal(file);
   expect_input_error([&] { ShardFile::open(file); }, {file, "root attribute step = -5 is out of range"});
   expect_input_error([&] { CheckpointSet::open(dir); }, {file, "step = -5"});
   raw_set_i64(file, "/", "step", int64_t{1} << 62);
+  reseal(file);
   expect_input_error([&] { ShardFile::open(file); }, {file, "root attribute step = 4611686018427387904 is out of range"});
   raw_set_i64(file, "/", "step", kMaxStep);  // the bound itself is accepted ...
   raw_set_i64(file, "/", "optimizer_updates", 7);
+  reseal(file);
   EXPECT_EQ(ShardFile::open(file).meta().step, kMaxStep);
   raw_set_i64(file, "/", "optimizer_updates", -1);  // ... optimizer_updates must lie in [0, step]
+  reseal(file);
   expect_input_error([&] { ShardFile::open(file); }, {file, "optimizer_updates = -1"});
+}
+
+// ---- identity (run_id, launch_id) and the metadata checksum (format version 3) ----
+namespace {
+
+// Replaces byte `at` of the one occurrence of `needle` in `file` by `to` (one changed byte,
+// as a bad disk or a careless edit makes it).
+void edit_byte(const std::string& file, const std::string& needle, std::size_t at, char to) {
+  const std::string bytes = read_bytes(file);
+  const std::size_t pos = bytes.find(needle);
+  ASSERT_NE(pos, std::string::npos) << needle << " not in " << file;
+  ASSERT_EQ(bytes.find(needle, pos + 1), std::string::npos) << needle << " twice in " << file;
+  ASSERT_NE(bytes[pos + at], to);
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekp(static_cast<std::streamoff>(pos + at));
+  io.write(&to, 1);
+}
+
+// Every file below `dir` with its content: a refused command must leave it as it was.
+std::map<std::string, std::string> tree_contents(const std::string& dir) {
+  std::map<std::string, std::string> t;
+  for (const auto& de : fs::recursive_directory_iterator(dir))
+    t[de.path().string()] = de.is_regular_file() ? read_bytes(de.path().string()) : "<dir>";
+  return t;
+}
+
+}  // namespace
+
+TEST_F(CheckpointTest, RunAndLaunchIdsAreRandomHexAndWrittenIntoEveryShard) {
+  std::set<std::string> ids;
+  for (int i = 0; i < 1000; ++i) {
+    const std::string id = new_run_id();
+    EXPECT_TRUE(is_run_id(id)) << id;
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), 1000u);
+  for (const char* bad : {"", "0123456789abcdef0123456789abcde", "0123456789ABCDEF0123456789abcdef",
+                          "0123456789abcdef0123456789abcdef0", "0123456789abcdef 123456789abcdef"})
+    EXPECT_FALSE(is_run_id(bad)) << bad;
+
+  const auto layouts = two_units(2);
+  CheckpointMeta meta = make_meta(2, 0);
+  meta.run_id = new_run_id();
+  meta.launch_id = new_run_id();
+  write_checkpoint(path("step"), meta, layouts, full_buffers(layouts));
+  const CheckpointSet set = CheckpointSet::open(path("step"));
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(set.shard(s).meta().run_id, meta.run_id);
+    EXPECT_EQ(set.shard(s).meta().launch_id, meta.launch_id);
+  }
+  // The writer refuses a meta without ids (before touching the disk): every shard must carry them.
+  for (std::string CheckpointMeta::* id : {&CheckpointMeta::run_id, &CheckpointMeta::launch_id}) {
+    CheckpointMeta bad = meta;
+    bad.*id = "not-an-id";
+    try {
+      write_checkpoint(path("no_id"), bad, layouts, full_buffers(layouts));
+      ADD_FAILURE() << "expected fsdp::Error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_code(), kExitRuntimeError);
+      EXPECT_NE(std::string(e.what()).find("is not 32 lowercase hex digits"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(fs::is_empty(path("no_id")));
+  }
+}
+
+// Issue 29 item 5: a shard of a run that differs only in optim.lr (a key that may change on
+// resume, so the config fingerprints are equal) copied into another run's step directory.
+TEST_F(CheckpointTest, ShardsOfTwoRunsOrTwoLaunchesAreRefusedByMergeAndResume) {
+  const std::vector<FlatParamLayout> layouts{make_layout("root", root_specs(), 2), make_layout("h.0", block_specs(), 2)};
+  auto run = [&](const std::string& lr) {
+    CheckpointMeta m = make_meta(2, 0);
+    m.model_config_json = kTinyConfig;
+    m.train_config_toml = "[optim]\nlr = " + lr + "\n[train]\nseed = 42\n";
+    m.config_fingerprint = config_fingerprint(m.train_config_toml);
+    m.run_id = new_run_id();
+    m.launch_id = new_run_id();
+    return m;
+  };
+  const CheckpointMeta a = run("0.001"), b = run("0.0005");
+  ASSERT_EQ(a.config_fingerprint, b.config_fingerprint);  // nothing else tells the runs apart
+  std::vector<std::map<std::string, std::vector<float>>> full_a, full_b;
+  for (const auto& l : layouts) {
+    full_a.push_back({{"param", values(l.padded_numel, 1.0f)}, {"exp_avg", values(l.padded_numel, 2.0f)}});
+    full_b.push_back({{"param", values(l.padded_numel, 3.0f)}, {"exp_avg", values(l.padded_numel, 4.0f)}});
+  }
+  const std::string dir_a = path("a/checkpoints/step_00001234"), dir_b = path("b/checkpoints/step_00001234");
+  write_checkpoint(dir_a, a, layouts, full_a);
+  write_checkpoint(dir_b, b, layouts, full_b);
+  EXPECT_NO_THROW(CheckpointSet::open(dir_a));
+  const std::string shard1 = (fs::path(dir_a) / shard_file_name(1, 2)).string();
+  const std::string shard0 = (fs::path(dir_a) / shard_file_name(0, 2)).string();
+  fs::copy_file((fs::path(dir_b) / shard_file_name(1, 2)).string(), shard1, fs::copy_options::overwrite_existing);
+  const std::vector<std::string> needles{shard1 + ": run_id " + b.run_id + " differs from " + shard0 +
+                                             " (run_id " + a.run_id + ")",
+                                         "the shards come from different runs"};
+  expect_input_error([&] { CheckpointSet::open(dir_a); }, needles);  // resume opens the set so
+  expect_input_error([&] { merge_to_hf(dir_a, path("hf")); }, needles);
+  EXPECT_FALSE(fs::exists(path("hf")));
+
+  // The same run, shards of two launches (e.g. two resumed branches of one run saving the
+  // same step): the run id agrees, the launch id does not.
+  CheckpointMeta c = a;
+  c.launch_id = new_run_id();
+  write_checkpoint(path("c"), c, layouts, full_a);
+  fs::copy_file((fs::path(path("c")) / shard_file_name(1, 2)).string(), shard1, fs::copy_options::overwrite_existing);
+  expect_input_error([&] { CheckpointSet::open(dir_a); },
+                     {shard1 + ": launch_id " + c.launch_id + " differs from " + shard0, "different launches"});
+  expect_input_error([&] { merge_to_hf(dir_a, path("hf")); }, {shard1, "launch_id"});
+  EXPECT_FALSE(fs::exists(path("hf")));
+
+  // The counters every shard of one save holds alike.
+  CheckpointMeta d = a;
+  d.optimizer_updates = 1000;
+  write_checkpoint(path("d"), d, layouts, full_a);
+  fs::copy_file((fs::path(path("d")) / shard_file_name(1, 2)).string(), shard1, fs::copy_options::overwrite_existing);
+  expect_input_error([&] { CheckpointSet::open(dir_a); }, {shard1 + ": optimizer_updates 1000 differs from " + shard0});
+}
+
+// Issue 29 item 6: one changed byte of metadata (the model config's epsilon, a unit's entry
+// offset, the step, ...) is refused when the file is opened, naming the file; before, a
+// single-shard checkpoint merged into a wrong model and --resume continued from a wrong state.
+TEST_F(CheckpointTest, MetadataIsUnderAChecksumVerifiedOnOpen) {
+  const std::vector<FlatParamLayout> layouts{make_layout("root", root_specs(), 1), make_layout("h.0", block_specs(), 1)};
+  const std::string pristine = path("pristine");
+  write_tiny(pristine, layouts, 1);
+  const std::string dir = path("step"), file = (fs::path(dir) / shard_file_name(0, 1)).string();
+  auto fresh = [&] {
+    fs::remove_all(dir);
+    fs::remove_all(path("hf"));
+    fs::copy(pristine, dir, fs::copy_options::recursive);
+  };
+  // Every way to open the file refuses it, naming it; merge writes nothing.
+  auto expect_refused = [&](const std::string& what, const std::vector<std::string>& needles) {
+    SCOPED_TRACE(what);
+    expect_input_error([&] { ShardFile::open(file); }, needles);
+    expect_input_error([&] { CheckpointSet::open(dir); }, needles);
+    expect_input_error([&] { open_for_resume(dir, make_meta(1, 0), layouts); }, needles);
+    expect_input_error([&] { merge_to_hf(dir, path("hf")); }, needles);
+    EXPECT_FALSE(fs::exists(path("hf")));
+  };
+  const std::vector<std::string> mismatch{file + ": metadata checksum mismatch (stored ", ", computed ",
+                                          "the file is corrupted"};
+
+  // The model config: layer_norm_epsilon 1e-05 -> 1e-06, one byte of the stored JSON.
+  fresh();
+  edit_byte(file, "\"layer_norm_epsilon\":1e-05", 25, '6');
+  expect_refused("model_config", mismatch);
+  reseal(file);  // what the file would be without the checksum: a wrong model merges
+  merge_to_hf(dir, path("hf"));
+  std::ifstream cfg(path("hf") + "/config.json");
+  EXPECT_DOUBLE_EQ(json::parse(cfg)["layer_norm_epsilon"].get<double>(), 1e-6);
+
+  // A unit's entry offset: h.0.ln_1.bias at 4 -> 5 (it would read ln_1.weight's elements).
+  fresh();
+  edit_byte(file, "\"name\":\"h.0.ln_1.bias\",\"offset\":4,", 32, '5');
+  expect_refused("entries offset", mismatch);
+  reseal(file);
+  EXPECT_EQ(ShardFile::open(file).layouts()[1].entries[1].offset, 5);  // the edit took effect
+
+  // Scalars and identity, each changed alone to another plausible value.
+  const std::vector<std::pair<std::string, int64_t>> ints{
+      {"step", 1233}, {"sampler_epoch", 4}, {"sampler_position", 778}, {"optimizer_updates", 1000},
+      {"loss_scale_good_steps", 3}, {"seed", 43}, {"world_size", 2}, {"num_units", 1}};
+  for (const auto& [attr, v] : ints) {
+    fresh();
+    raw_set_i64(file, "/", attr, v);
+    expect_refused(attr, mismatch);
+  }
+  const std::vector<std::tuple<std::string, std::string, int64_t>> unit_ints{
+      {"/units/1", "numel", 299}, {"/units/0", "shard_numel", 40}};
+  for (const auto& [obj, attr, v] : unit_ints) {
+    fresh();
+    raw_set_i64(file, obj, attr, v);
+    expect_refused(obj + " " + attr, mismatch);
+  }
+  const std::vector<std::tuple<std::string, std::string, std::string>> strs{
+      {"/", "run_id", "00000000000000000000000000000000"},
+      {"/", "optimizer", "sgd"},
+      {"/", "train_config", "[train]\nseed = 43\n"},
+      {"/units/1", "unit_name", "h.1"},
+      {"/units/1", "state", "[]"},
+      {"/units/0/param", "xxh3_64", "0000000000000000"}};
+  for (const auto& [obj, attr, v] : strs) {
+    fresh();
+    raw_set_str(file, obj, attr, v);
+    expect_refused(obj + " " + attr, mismatch);
+  }
+  // A version number lowered after the save does not turn the check off: the attribute is
+  // still there and format_version is hashed too.
+  fresh();
+  raw_set_i64(file, "/", "format_version", 2);
+  expect_refused("format_version", mismatch);
+  // The checksum itself changed, or removed from a version-3 file.
+  fresh();
+  raw_set_str(file, "/", kMetadataChecksumAttr, "0123456789abcdef");
+  expect_refused("metadata_xxh3_64", {file + ": metadata checksum mismatch (stored 0123456789abcdef, computed "});
+  fresh();
+  raw_delete_attr(file, "/", kMetadataChecksumAttr);
+  expect_refused("no metadata_xxh3_64",
+                 {file + ": no metadata_xxh3_64 attribute (format_version 3 has one): the file is corrupted"});
+  // A resealed file with a malformed id is still refused.
+  fresh();
+  raw_set_str(file, "/", "launch_id", "x");
+  reseal(file);
+  expect_refused("launch_id format", {file + ": root attribute launch_id = \"x\" is not 32 lowercase hex digits"});
+  // Untouched, it merges as before (the same tensors; the header names the source directory).
+  fresh();
+  merge_to_hf(dir, path("hf"));
+  expect_hf_output(path("hf"));
+}
+
+// Files written before format version 3 (no metadata checksum, no ids) still load and merge;
+// a step mixing them with version-3 shards does not.
+TEST_F(CheckpointTest, Version2FilesLoadWithoutMetadataChecksumOrIds) {
+  const std::vector<FlatParamLayout> layouts{make_layout("root", root_specs(), 2), make_layout("h.0", block_specs(), 2)};
+  const std::string dir = path("step");
+  write_tiny(dir, layouts, 2);
+  merge_to_hf(dir, path("hf3"));
+  auto downgrade = [&](int s) {
+    const std::string file = (fs::path(dir) / shard_file_name(s, 2)).string();
+    raw_set_i64(file, "/", "format_version", 2);
+    for (const char* a : {kMetadataChecksumAttr, "run_id", "launch_id"}) raw_delete_attr(file, "/", a);
+  };
+  downgrade(1);
+  expect_input_error([&] { CheckpointSet::open(dir); }, {shard_file_name(1, 2), "format_version 2 differs from"});
+  downgrade(0);
+  const CheckpointSet set = CheckpointSet::open(dir);
+  EXPECT_EQ(set.meta().format_version, 2);
+  EXPECT_EQ(set.meta().run_id, "");
+  EXPECT_EQ(set.meta().launch_id, "");
+  EXPECT_NO_THROW(set.verify_all());
+  merge_to_hf(dir, path("hf2"));
+  EXPECT_EQ(read_bytes(path("hf2") + "/model.safetensors"), read_bytes(path("hf3") + "/model.safetensors"));
+  EXPECT_EQ(read_bytes(path("hf2") + "/config.json"), read_bytes(path("hf3") + "/config.json"));
+}
+
+// Issue 29 item 7: `fsdp_merge STEP STEP` wrote the model into the checkpoint tree. An OUT_DIR
+// inside (or equal to) a step directory or a checkpoints tree is refused, nothing written.
+TEST_F(CheckpointTest, MergeRefusesAnOutputDirectoryInsideTheCheckpoints) {
+  const std::vector<FlatParamLayout> layouts{make_layout("root", root_specs(), 2), make_layout("h.0", block_specs(), 2)};
+  const std::string run = path("run"), step = step_dir(run, 1234), ck = checkpoints_dir(run);
+  write_tiny(step, layouts, 2);
+  write_tiny(step_dir(run, 5), layouts, 2);
+  publish_latest(run, 1234);
+  const std::string other = path("other");  // another run's tree
+  write_tiny(step_dir(other, 7), layouts, 2);
+  publish_latest(other, 7);
+  fs::create_directory_symlink(ck, path("link"));
+  const auto before = tree_contents(dir_.string());
+  const std::vector<std::pair<std::string, std::string>> refused{
+      {step, "the checkpoint STEP_DIR " + step},
+      {step + "/", "the checkpoint STEP_DIR " + step},
+      {step + "/hf", "the checkpoint STEP_DIR " + step},
+      {step + "/../step_00001234/hf/sub", "the checkpoint STEP_DIR " + step},
+      {ck, "the checkpoints tree " + ck},
+      {ck + "/hf", "the checkpoints tree " + ck},
+      {ck + "/step_00000005", "the checkpoint step directory " + step_dir(run, 5)},
+      {ck + "/step_00000005/hf", "the checkpoint step directory " + step_dir(run, 5)},
+      {path("link") + "/hf", "the checkpoints tree " + ck},
+      {checkpoints_dir(other) + "/hf", "the checkpoints tree " + checkpoints_dir(other)},
+      {step_dir(other, 7) + "/hf", "the checkpoint step directory " + step_dir(other, 7)}};
+  for (const auto& [out, what] : refused) {
+    expect_input_error([&] { merge_to_hf(step, out); },
+                       {"OUT_DIR " + out + " is inside " + what, "choose a directory outside"});
+    EXPECT_EQ(before, tree_contents(dir_.string())) << out;
+  }
+  // Relative paths are resolved too.
+  const fs::path cwd = fs::current_path();
+  fs::current_path(ck);
+  expect_input_error([&] { merge_to_hf("step_00001234", "hf"); }, {"OUT_DIR hf is inside the checkpoints tree " + ck});
+  expect_input_error([&] { merge_to_hf("step_00001234", "."); }, {"OUT_DIR . is inside the checkpoints tree " + ck});
+  fs::current_path(cwd);
+  EXPECT_EQ(before, tree_contents(dir_.string()));
+  // Beside the checkpoints tree (in the run directory) and elsewhere is fine.
+  merge_to_hf(step, run + "/hf");
+  expect_hf_output(run + "/hf");
+  merge_to_hf(step, path("hf"));
+  expect_hf_output(path("hf"));
 }
 
 TEST_F(CheckpointTest, GarbageInLatestIsQuotedEscapedAndCut) {

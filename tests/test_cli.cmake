@@ -58,12 +58,17 @@ fsdp_cli_tests(signals cli_signals 2
   sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun sigusr1_mpirun second_sigint_exits_now sigstop_rank
   sigkill_rank sigusr1_offload)
 
-# Checkpoint integrity (tests/cli/integrity.sh): corrupted, mixed-step and incompatible
-# checkpoints. fsdp_h5_poke edits HDF5 attributes and finds dataset offsets (no h5py needed).
+# Checkpoint integrity (tests/cli/integrity.sh): corrupted, mixed-step, mixed-run and
+# incompatible checkpoints. fsdp_h5_poke edits HDF5 attributes, finds dataset offsets and
+# reseals a shard file's metadata checksum (fsdp::checkpoint's metadata_checksum; no h5py
+# needed). Cases of issue 29: shard_from_other_run and
+# run_id_kept_on_resume (run and launch ids), tampered_metadata (the metadata checksum),
+# merge_into_checkpoints (fsdp_merge's OUT_DIR).
 add_executable(fsdp_h5_poke cli/h5_poke.cpp)
-target_link_libraries(fsdp_h5_poke PRIVATE hdf5::hdf5)
+target_link_libraries(fsdp_h5_poke PRIVATE hdf5::hdf5 fsdp::checkpoint)
 set(FSDP_INTEGRITY_CASES shard_from_other_step flipped_byte resume_changed_key bad_step_attr
-    max_steps_below garbage_latest)
+    max_steps_below garbage_latest shard_from_other_run run_id_kept_on_resume tampered_metadata
+    merge_into_checkpoints)
 fsdp_cli_tests(integrity cli_integrity 2 ${FSDP_INTEGRITY_CASES})
 foreach(case IN LISTS FSDP_INTEGRITY_CASES)
   set_tests_properties(cli_integrity_${case} PROPERTIES ENVIRONMENT

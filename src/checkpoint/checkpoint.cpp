@@ -7,15 +7,20 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -168,7 +173,142 @@ int stored_shard_count(const std::string& step_dir) {
   return c.size() == 1 ? static_cast<int>(*c.begin()) : 0;
 }
 
+// ---- the metadata checksum (format version 3; metadata_checksum in checkpoint.hpp) ----
+
+// The attributes covered, in hashing order, with the type the format gives them.
+enum class AttrKind : char { i64 = 'i', f64 = 'f', str = 's' };
+struct AttrDecl {
+  const char* name;
+  AttrKind kind;
+};
+constexpr AttrDecl kRootAttrs[] = {
+    {"format", AttrKind::str},           {"format_version", AttrKind::i64},
+    {"step", AttrKind::i64},             {"world_size", AttrKind::i64},
+    {"shard_size", AttrKind::i64},       {"replicate_size", AttrKind::i64},
+    {"shard_index", AttrKind::i64},      {"sharding_strategy", AttrKind::str},
+    {"optimizer", AttrKind::str},        {"seed", AttrKind::i64},
+    {"sampler_epoch", AttrKind::i64},    {"sampler_position", AttrKind::i64},
+    {"optimizer_updates", AttrKind::i64}, {"loss_scale", AttrKind::f64},
+    {"loss_scale_good_steps", AttrKind::i64}, {"model_config", AttrKind::str},
+    {"train_config", AttrKind::str},     {"config_fingerprint", AttrKind::str},
+    {"run_id", AttrKind::str},           {"launch_id", AttrKind::str},
+    {"num_units", AttrKind::i64}};
+constexpr AttrDecl kUnitAttrs[] = {
+    {"unit_name", AttrKind::str}, {"numel", AttrKind::i64},       {"padded_numel", AttrKind::i64},
+    {"num_shards", AttrKind::i64}, {"shard_numel", AttrKind::i64}, {"entries", AttrKind::str},
+    {"state", AttrKind::str}};
+
+// Streams the framed items of the metadata into XXH3-64.
+class MetadataHasher {
+ public:
+  MetadataHasher() {
+    XXH3_INITSTATE(&state_);
+    if (XXH3_64bits_reset(&state_) != XXH_OK) throw Error("xxHash: cannot reset a hash state");
+  }
+  // Hashes attribute `a` of `obj` (or its absence) as the format's type; returns the value
+  // when it is a string (the unit's `state` list is needed to find its datasets).
+  std::string attr(const h5::File& f, const std::string& obj, const AttrDecl& a) {
+    put(obj.data(), obj.size() + 1);  // with the NUL
+    put(a.name, std::strlen(a.name) + 1);
+    if (!f.has_attr(obj, a.name)) {
+      put("-", 1);
+      return {};
+    }
+    const char tag = static_cast<char>(a.kind);
+    put(&tag, 1);
+    switch (a.kind) {
+      case AttrKind::i64: {
+        const int64_t v = f.attr_i64(obj, a.name);
+        put(&v, 8);
+        return {};
+      }
+      case AttrKind::f64: {
+        const double v = f.attr_f64(obj, a.name);
+        put(&v, 8);
+        return {};
+      }
+      case AttrKind::str: {
+        std::string v = f.attr_str(obj, a.name);
+        const uint64_t n = v.size();
+        put(&n, 8);
+        put(v.data(), v.size());
+        return v;
+      }
+    }
+    return {};
+  }
+  std::string hex() const { return hex64(XXH3_64bits_digest(&state_)); }
+
+ private:
+  void put(const void* p, std::size_t n) { XXH3_64bits_update(&state_, p, n); }
+  XXH3_state_t state_;
+};
+
+// metadata_checksum of an open file (write_shard_file hashes what it has just written, so the
+// writer and the reader hash exactly the same values).
+std::string metadata_digest(const h5::File& f) {
+  MetadataHasher h;
+  for (const AttrDecl& a : kRootAttrs) h.attr(f, "/", a);
+  const int64_t num_units = f.has_attr("/", "num_units") ? f.attr_i64("/", "num_units") : 0;
+  for (int64_t u = 0; u < num_units; ++u) {
+    const std::string g = "/units/" + std::to_string(u);
+    if (!f.exists(g)) break;  // a forged num_units: the digest differs, no need to go on
+    std::string state;
+    for (const AttrDecl& a : kUnitAttrs) {
+      std::string v = h.attr(f, g, a);
+      if (std::strcmp(a.name, "state") == 0) state = std::move(v);
+    }
+    std::vector<std::string> datasets{"param"};
+    try {
+      const json names = json::parse(state);
+      if (names.is_array())
+        for (const json& n : names)
+          if (n.is_string()) datasets.push_back(n.get<std::string>());
+    } catch (const json::exception&) {
+      // Not a list: the reader refuses it later; its bytes are hashed above.
+    }
+    for (const std::string& d : datasets) {
+      if (d.empty() || d.find('/') != std::string::npos || !f.exists(g + "/" + d)) continue;
+      h.attr(f, g + "/" + d, AttrDecl{kChecksumAttr, AttrKind::str});
+    }
+  }
+  return h.hex();
+}
+
 }  // namespace
+
+std::string metadata_checksum(const std::string& path) {
+  const h5::File f = h5::File::open_read(path);
+  return metadata_digest(f);
+}
+
+bool is_run_id(const std::string& id) {
+  return id.size() == 32 && id.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+std::string new_run_id() {
+  struct {
+    uint64_t random[4] = {0, 0, 0, 0};
+    int64_t wall_ns = 0, steady_ns = 0;
+    int64_t pid = 0;
+    uint64_t counter = 0;
+  } seed;
+  try {
+    std::random_device rd;
+    for (uint64_t& w : seed.random) w = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  } catch (...) {
+    // No entropy source: the clocks, pid and counter below still make it unique in practice.
+  }
+  static std::atomic<uint64_t> calls{0};
+  seed.wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::system_clock::now().time_since_epoch()).count();
+  seed.steady_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now().time_since_epoch()).count();
+  seed.pid = static_cast<int64_t>(::getpid());
+  seed.counter = calls.fetch_add(1);
+  const XXH128_hash_t h = XXH3_128bits(&seed, sizeof seed);
+  return hex64(h.high64) + hex64(h.low64);
+}
 
 // ---- writing ----
 
@@ -191,6 +331,9 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
   if (meta.shard_index < 0 || meta.shard_index >= meta.shard_size)
     throw Error(path + ": shard_index " + std::to_string(meta.shard_index) + " out of range [0, " +
                 std::to_string(meta.shard_size) + ")");
+  if (!is_run_id(meta.run_id) || !is_run_id(meta.launch_id))
+    throw Error(path + ": meta.run_id \"" + safetensors::escape_name(meta.run_id) + "\" or meta.launch_id \"" +
+                safetensors::escape_name(meta.launch_id) + "\" is not 32 lowercase hex digits (ckpt::new_run_id)");
   // Never publish a non-finite value: a resume would load it and every later step be NaN.
   // The same pass (one read of each buffer, hashed block by block while in cache) computes
   // the checksums: param, then the state datasets, unit by unit.
@@ -233,6 +376,8 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
     f.set_attr("/", "model_config", meta.model_config_json);
     f.set_attr("/", "train_config", meta.train_config_toml);
     f.set_attr("/", "config_fingerprint", meta.config_fingerprint);
+    f.set_attr("/", "run_id", meta.run_id);
+    f.set_attr("/", "launch_id", meta.launch_id);
     f.set_attr("/", "num_units", static_cast<int64_t>(units.size()));
     f.create_group("/units");
     std::size_t next_sum = 0;
@@ -258,6 +403,8 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
       write("param", v.param);
       for (const auto& [name, ptr] : v.state) write(name, ptr);
     }
+    // Last: the checksum of every attribute above, as the reader will read them back.
+    f.set_attr("/", kMetadataChecksumAttr, metadata_digest(f));
     f.close();
   });
 }
@@ -283,6 +430,22 @@ ShardFile ShardFile::open(const std::string& path) {
     throw InputError(path + ": unsupported checkpoint format_version " + std::to_string(version) +
                      " (expected " + std::to_string(kMinFormatVersion) + " to " +
                      std::to_string(kFormatVersion) + ")");
+  // The metadata checksum, before any other value of the file is believed. A file holding
+  // the attribute is verified whatever its format_version says (a version changed after the
+  // save is caught here: format_version is hashed too).
+  const bool has_sum = f.has_attr("/", kMetadataChecksumAttr);
+  if (version >= 3 && !has_sum)
+    throw InputError(path + ": no " + std::string(kMetadataChecksumAttr) + " attribute (format_version " +
+                     std::to_string(version) + " has one): the file is corrupted");
+  if (has_sum) {
+    const std::string stored = f.attr_str("/", kMetadataChecksumAttr);
+    const std::string computed = metadata_digest(f);
+    if (stored != computed)
+      throw InputError(path + ": metadata checksum mismatch (stored " +
+                       safetensors::escape_name(stored.substr(0, 32)) + ", computed " + computed +
+                       "): an attribute was changed after the save (model config, layouts, step, run id, "
+                       "optimizer state, ...); the file is corrupted");
+  }
   CheckpointMeta& m = sf.meta_;
   m.format_version = version;
   m.step = f.attr_i64("/", "step");
@@ -308,6 +471,15 @@ ShardFile ShardFile::open(const std::string& path) {
   m.model_config_json = f.attr_str("/", "model_config");
   m.train_config_toml = f.attr_str("/", "train_config");
   if (version >= 2) m.config_fingerprint = f.attr_str("/", "config_fingerprint");
+  if (version >= 3) {
+    m.run_id = f.attr_str("/", "run_id");
+    m.launch_id = f.attr_str("/", "launch_id");
+    for (const auto* id : {&m.run_id, &m.launch_id})
+      if (!is_run_id(*id))
+        throw InputError(path + ": root attribute " + (id == &m.run_id ? "run_id" : "launch_id") + " = \"" +
+                         safetensors::escape_name(id->substr(0, 64)) +
+                         "\" is not 32 lowercase hex digits: the file is corrupted");
+  }
   const int64_t num_units = f.attr_i64("/", "num_units");
   if (num_units < 0) throw InputError(path + ": negative num_units");
   for (int u = 0; u < num_units; ++u) {
@@ -533,9 +705,32 @@ CheckpointSet CheckpointSet::open(const std::string& step_dir) {
       if (m.format_version != first.meta().format_version)
         throw InputError(p + ": format_version " + std::to_string(m.format_version) + " differs from " +
                          first.path() + " (format_version " + std::to_string(first.meta().format_version) + ")");
+      if (m.run_id != first.meta().run_id)
+        throw InputError(p + ": run_id " + m.run_id + " differs from " + first.path() + " (run_id " +
+                         first.meta().run_id + "): the shards come from different runs");
+      if (m.launch_id != first.meta().launch_id)
+        throw InputError(p + ": launch_id " + m.launch_id + " differs from " + first.path() + " (launch_id " +
+                         first.meta().launch_id +
+                         "): the shards were written by different launches of fsdp_train, not by one save");
       if (m.config_fingerprint != first.meta().config_fingerprint)
         throw InputError(p + ": config_fingerprint " + m.config_fingerprint + " differs from " + first.path() +
                          " (" + first.meta().config_fingerprint + "): the shards come from different runs");
+      // The run-level counters every shard of one save holds alike.
+      const CheckpointMeta& f0 = first.meta();
+      auto same = [&](const char* what, auto a, auto b) {
+        if (a == b) return;
+        std::ostringstream os;
+        os.precision(17);
+        os << p << ": " << what << " " << a << " differs from " << first.path() << " (" << b
+           << "): the shards do not come from one save";
+        throw InputError(os.str());
+      };
+      same("seed", m.seed, f0.seed);
+      same("sampler_epoch", m.sampler_epoch, f0.sampler_epoch);
+      same("sampler_position", m.sampler_position, f0.sampler_position);
+      same("optimizer_updates", m.optimizer_updates, f0.optimizer_updates);
+      same("loss_scale", m.loss_scale, f0.loss_scale);
+      same("loss_scale_good_steps", m.loss_scale_good_steps, f0.loss_scale_good_steps);
       for (int u = 0; u < sf.num_units(); ++u)
         if (sf.state_names(u) != first.state_names(u))
           throw InputError(p + ": unit " + std::to_string(u) + " optimizer-state datasets differ from " +

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <map>
+#include <regex>
 
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
@@ -19,10 +20,69 @@ using nlohmann::json;
 
 namespace fsdp::ckpt {
 
+namespace {
+
+// `p` absolute, with `.`/`..` folded and the symlinks of its existing part resolved.
+fs::path resolved(const std::string& p) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(p, ec);
+  if (ec) abs = fs::path(p);
+  fs::path c = fs::weakly_canonical(abs, ec);
+  if (ec) c = abs.lexically_normal();
+  // "a/b/" and "a/b" are the same directory.
+  if (!c.has_filename() && c.has_parent_path()) c = c.parent_path();
+  return c;
+}
+
+// Whether `p` is `base` or lies below it (both resolved).
+bool within(const fs::path& p, const fs::path& base) {
+  auto b = base.begin(), q = p.begin();
+  for (; b != base.end(); ++b, ++q)
+    if (q == p.end() || *q != *b) return false;
+  return true;
+}
+
+// What `dir` (an existing directory) is to a checkpoint, "" if nothing: a checkpoints tree
+// (named "checkpoints", holding `latest` or a step_<digits> directory) or a step directory
+// (holding shard_<i>-of-<n>.h5 files).
+std::string checkpoint_role(const fs::path& dir) {
+  static const std::regex shard(R"(shard_\d{5,}-of-\d{5,}\.h5)"), step(R"(step_\d{8,}(\.tmp|\.old)?)");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  const bool named = dir.filename() == "checkpoints";
+  for (const auto& de : fs::directory_iterator(dir, ec)) {
+    const std::string name = de.path().filename().string();
+    if (std::regex_match(name, shard)) return "the checkpoint step directory";
+    if (named && (name == "latest" || std::regex_match(name, step))) return "the checkpoints tree";
+  }
+  return "";
+}
+
+}  // namespace
+
+void check_merge_output_dir(const std::string& step_dir, const std::string& out_dir) {
+  const fs::path step = resolved(step_dir), out = resolved(out_dir);
+  auto refuse = [&](const std::string& what, const fs::path& where) {
+    throw InputError("OUT_DIR " + out_dir + " is inside " + what + " " + where.string() +
+                     " (a model written there would mix with the shards, and the next save of the step "
+                     "or a fresh run would remove or refuse it); choose a directory outside " +
+                     where.string());
+  };
+  if (within(out, step)) refuse("the checkpoint STEP_DIR", step);
+  // The directories from OUT_DIR up to the root: none may be a step directory or the
+  // checkpoints tree (STEP_DIR's own or another run's). Directories that do not exist yet
+  // hold nothing.
+  for (fs::path a = out;; a = a.parent_path()) {
+    if (const std::string role = checkpoint_role(a); !role.empty()) refuse(role, a);
+    if (a == a.parent_path() || a.empty()) break;
+  }
+}
+
 MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, ProgressMeter* progress,
                        const MergeOptions& options) {
   if (options.max_shard_size < 1)
     throw InputError("max_shard_size " + std::to_string(options.max_shard_size) + " is below 1 byte");
+  check_merge_output_dir(step_dir, out_dir);  // before anything is read or written
   const CheckpointSet set = CheckpointSet::open(step_dir);
   // Every dataset's checksum and finiteness first: a corrupted checkpoint is refused
   // (InputError naming the file and tensor) before anything else is looked at or written.

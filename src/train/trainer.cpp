@@ -68,6 +68,9 @@ struct Job {
   RunDir run_dir;  // rank 0: the run_dir lock and metrics.jsonl (fsdp/train/run_dir.hpp)
   int64_t step = 0;  // training steps completed (fp16 skipped ones included)
   int64_t last_checkpoint = -1;  // step of the newest checkpoint saved or resumed; -1: none
+  // Checkpoint identity (CheckpointMeta::run_id, launch_id): drawn on rank 0 and broadcast by
+  // restore_state; run_id is the checkpoint's when resuming one that has it.
+  std::string run_id, launch_id;
   int64_t micro_batch = 1;  // sequences per forward/backward on this rank
   // The world the plan is for: TrainOptions::plan_world_size if set, else host.size().
   int world = 1;
@@ -315,6 +318,8 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
   m.model_config_json = model_config_json(job.cfg.model).dump();
   m.train_config_toml = to_toml(job.cfg);
   m.config_fingerprint = ckpt::config_fingerprint(m.train_config_toml);
+  m.run_id = job.run_id;
+  m.launch_id = job.launch_id;
   m.seed = job.cfg.train.seed;
   m.sampler_epoch = job.sampler->epoch_of(job.step);
   m.sampler_position = job.sampler->position_in_epoch(job.step);
@@ -526,6 +531,7 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
     }
     job.step = m.step;
     job.last_checkpoint = m.step;
+    if (!m.run_id.empty()) job.run_id = m.run_id;  // the run continues (a version-2 file: a new id)
     job.optimizer->set_num_updates(m.optimizer_updates < 0 ? m.step : m.optimizer_updates);
     if (job.cfg.mixed_precision.uses_fp16() && m.loss_scale > 0) {
       job.loss_scale = m.loss_scale;
@@ -753,6 +759,13 @@ void build_model(Job& job) {
 // train (resumed at train.max_steps: result.final_step and, if asked, result.params are set).
 bool restore_state(Job& job, TrainResult& result, bool resume) {
   const Config& cfg = job.cfg;
+  {  // This launch's id and a fresh run's id, drawn on rank 0 (ckpt::new_run_id never throws).
+    char ids[64] = {};
+    if (job.rank0()) (ckpt::new_run_id() + ckpt::new_run_id()).copy(ids, sizeof ids);
+    job.host.broadcast(ids, sizeof ids, DType::u8, 0)->wait();
+    job.run_id.assign(ids, 32);
+    job.launch_id.assign(ids + 32, 32);
+  }
   if (resume) {
     const ckpt::CheckpointMeta saved = load_checkpoint(job);  // guarded inside
     job.engine->params_updated();

@@ -16,10 +16,23 @@
 #                             2 naming the file and the tensor; fsdp_merge writes nothing.
 # CASE resume_changed_key     --resume with model.n_head, model.layer_norm_epsilon or
 #                             train.seed changed exits 2 naming the key; train.max_steps may change.
-# CASE bad_step_attr          root attribute step = -5 or 2^62: exit 2 naming file and attribute.
+# CASE bad_step_attr          root attribute step = -5 or 2^62: exit 2 naming the file (the
+#                             metadata checksum); resealed, naming the file and attribute.
 # CASE max_steps_below        train.max_steps below the checkpoint's step: exit 2; equal: exit 0,
 #                             "nothing to train", nothing written.
 # CASE garbage_latest         binary bytes in checkpoints/latest: exit 2, printed escaped.
+# CASE shard_from_other_run   a shard of a run differing only in optim.lr (same config
+#                             fingerprint) copied into another run's step: --resume and
+#                             fsdp_merge exit 2 naming the file and both run ids; nothing written.
+# CASE run_id_kept_on_resume  every shard of a run carries its run_id, kept by --resume (also
+#                             at 1 rank: another world size), with a new launch_id per start; a
+#                             fresh run has another run_id.
+# CASE tampered_metadata      one changed byte in a 1-rank checkpoint's model config (epsilon)
+#                             or a unit's entry offset, or a changed scalar attribute: fsdp_merge
+#                             and --resume exit 2 naming the file (metadata checksum); nothing
+#                             written.
+# CASE merge_into_checkpoints fsdp_merge STEP STEP (and STEP/hf, checkpoints/, checkpoints/hf):
+#                             exit 2, one line, nothing written; run_dir/hf beside it is fine.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -42,6 +55,33 @@ train_two_steps() {
   run_train tiny.toml --set train.max_steps=2 "$@"
   expect_rc 0
   if [ ! -f "$CK/step_00000002/shard_00001-of-00002.h5" ]; then fail "no step 2 checkpoint"; finish; fi
+}
+
+# run_merge STEP_DIR OUT_DIR: fsdp_merge; sets RC, OUT, ERR.
+run_merge() {
+  timeout 60 "$FSDP_MERGE" "$1" "$2" >"$OUT" 2>"$ERR" </dev/null
+  RC=$?
+}
+
+# attr FILE NAME: the root string attribute NAME of a shard file.
+attr() {
+  "$FSDP_H5_POKE" get-str "$1" / "$2" || fail "fsdp_h5_poke get-str $1 $2 failed"
+}
+
+# edit_byte FILE REGEX: the one match of the Python bytes regex REGEX in FILE has the last
+# byte of its group 1 (a digit) changed to another digit: one changed byte.
+edit_byte() {
+  python3 - "$1" "$2" <<'PY' || fail "edit_byte $1 '$2' failed"
+import re, sys
+path, pat = sys.argv[1], sys.argv[2].encode()
+data = bytearray(open(path, "rb").read())
+found = list(re.finditer(pat, data))
+if len(found) != 1:
+    sys.exit(f"{len(found)} matches of {pat!r} in {path}")
+at = found[0].end(1) - 1
+data[at] = ord("1") if data[at] != ord("1") else ord("2")
+open(path, "r+b").write(data)
+PY
 }
 
 # flip_byte FILE OFFSET: xor one byte of FILE with 0x10.
@@ -105,9 +145,16 @@ case "$CASE" in
     "$FSDP_H5_POKE" set-i64 "$CK/step_00000002/shard_00001-of-00002.h5" / step -5 || fail "poke failed"
     before=$(snapshot "$CK")
     run_train tiny.toml --set train.max_steps=3 --resume
+    expect_input_error "$CK/step_00000002/shard_00001-of-00002.h5: metadata checksum mismatch" "the file is corrupted"
+    expect_unchanged "$before"
+    # Behind the checksum (a file whose checksum covers the bad value): the range check.
+    "$FSDP_H5_POKE" reseal "$CK/step_00000002/shard_00001-of-00002.h5" || fail "reseal failed"
+    before=$(snapshot "$CK")
+    run_train tiny.toml --set train.max_steps=3 --resume
     expect_input_error "$CK/step_00000002/shard_00001-of-00002.h5: root attribute step = -5 is out of range"
     expect_unchanged "$before"
     "$FSDP_H5_POKE" set-i64 "$CK/step_00000002/shard_00000-of-00002.h5" / step 4611686018427387904 || fail "poke failed"
+    "$FSDP_H5_POKE" reseal "$CK/step_00000002/shard_00000-of-00002.h5" || fail "reseal failed"
     before=$(snapshot "$CK")
     run_train tiny.toml --set train.max_steps=3 --resume
     expect_input_error "$CK/step_00000002/shard_00000-of-00002.h5: root attribute step = 4611686018427387904 is out of range"
@@ -137,6 +184,99 @@ case "$CASE" in
       "...\" (expected one line such as step_00000100)"
     if LC_ALL=C grep -q '[^ -~]' "$ERR"; then fail "stderr holds unescaped bytes"; fi
     expect_unchanged "$before"
+    ;;
+  shard_from_other_run)
+    train_two_steps
+    # Run B: the same config but optim.lr (a key that may change on resume: the config
+    # fingerprints are equal, so only the run id tells the runs apart).
+    run_train tiny.toml --set train.max_steps=2 --set optim.lr=5e-4 --set train.run_dir="$WORK/runB"
+    expect_rc 0
+    file=$CK/step_00000002/shard_00001-of-00002.h5
+    cp "$WORK/runB/checkpoints/step_00000002/shard_00001-of-00002.h5" "$file"
+    run_a=$(attr "$CK/step_00000002/shard_00000-of-00002.h5" run_id)
+    run_b=$(attr "$file" run_id)
+    if [ "$run_a" = "$run_b" ]; then fail "two fresh runs have the same run_id $run_a"; fi
+    before=$(snapshot "$CK")
+    run_train tiny.toml --set train.max_steps=3 --resume
+    expect_input_error "$file: run_id $run_b differs from $CK/step_00000002/shard_00000-of-00002.h5 (run_id $run_a)" \
+      "the shards come from different runs"
+    expect_unchanged "$before"
+    run_merge "$CK/step_00000002" "$WORK/hf"
+    expect_rc 2
+    expect_one_error fsdp_merge "$file: run_id $run_b differs from" "the shards come from different runs"
+    if [ -e "$WORK/hf" ]; then fail "fsdp_merge wrote $WORK/hf for a mixed checkpoint"; fi
+    expect_unchanged "$before"
+    ;;
+  run_id_kept_on_resume)
+    train_two_steps --set checkpoint.every=1
+    run_id=$(attr "$CK/step_00000001/shard_00000-of-00002.h5" run_id)
+    launch=$(attr "$CK/step_00000001/shard_00000-of-00002.h5" launch_id)
+    if ! [[ "$run_id" =~ ^[0-9a-f]{32}$ && "$launch" =~ ^[0-9a-f]{32}$ ]]; then
+      fail "run_id '$run_id' / launch_id '$launch' are not 32 hex digits"
+    fi
+    for f in "$CK"/step_0000000[12]/shard_*.h5; do
+      [ "$(attr "$f" run_id)" = "$run_id" ] || fail "$f: another run_id"
+      [ "$(attr "$f" launch_id)" = "$launch" ] || fail "$f: another launch_id"
+    done
+    # --resume keeps the run id; the launch id is new.
+    run_train tiny.toml --set train.max_steps=3 --set checkpoint.every=1 --resume
+    expect_rc 0
+    for f in "$CK"/step_00000003/shard_0000[01]-of-00002.h5; do
+      [ "$(attr "$f" run_id)" = "$run_id" ] || fail "$f: run_id changed on --resume"
+      [ "$(attr "$f" launch_id)" != "$launch" ] || fail "$f: launch_id not renewed on --resume"
+    done
+    launch3=$(attr "$CK/step_00000003/shard_00001-of-00002.h5" launch_id)
+    # ... also on another world size (1 rank: resharded on load).
+    run_train -np 1 tiny.toml --set train.max_steps=4 --set checkpoint.every=1 --resume
+    expect_rc 0
+    f=$CK/step_00000004/shard_00000-of-00001.h5
+    [ "$(attr "$f" run_id)" = "$run_id" ] || fail "$f: run_id changed on a resume at 1 rank"
+    [ "$(attr "$f" launch_id)" != "$launch3" ] || fail "$f: launch_id not renewed"
+    # A fresh run is another run.
+    run_train tiny.toml --set train.max_steps=1 --set train.run_dir="$WORK/run2"
+    expect_rc 0
+    other=$(attr "$WORK/run2/checkpoints/step_00000001/shard_00000-of-00002.h5" run_id)
+    [ "$other" != "$run_id" ] || fail "a fresh run reused run_id $run_id"
+    ;;
+  tampered_metadata)
+    # One rank: one shard, so no other shard's copy of the metadata to compare with.
+    tiny_config tiny.toml
+    run_train -np 1 tiny.toml --set train.max_steps=2
+    expect_rc 0
+    file=$CK/step_00000002/shard_00000-of-00001.h5
+    cp "$file" "$WORK/pristine.h5"
+    for edit in epsilon offset sampler_position; do
+      cp "$WORK/pristine.h5" "$file"
+      rm -rf "$WORK/hf"
+      case $edit in
+        epsilon) edit_byte "$file" '"layer_norm_epsilon":1e-0(5)' ;;  # 1e-05 -> 1e-01
+        offset) edit_byte "$file" '"name":"h\.0\.ln_1\.bias","offset":([0-9]+)' ;;
+        sampler_position) "$FSDP_H5_POKE" set-i64 "$file" / sampler_position 3 || fail "poke failed" ;;
+      esac
+      before=$(snapshot "$CK")
+      run_merge "$CK/step_00000002" "$WORK/hf"
+      expect_rc 2
+      expect_one_error fsdp_merge "$file: metadata checksum mismatch (stored " "the file is corrupted"
+      if [ -e "$WORK/hf" ]; then fail "fsdp_merge wrote $WORK/hf for a tampered checkpoint ($edit)"; fi
+      run_train -np 1 tiny.toml --set train.max_steps=3 --resume
+      expect_input_error "$file: metadata checksum mismatch (stored " "the file is corrupted"
+      expect_unchanged "$before"
+    done
+    ;;
+  merge_into_checkpoints)
+    train_two_steps
+    before=$(snapshot "$WORK/run")
+    for out in "$CK/step_00000002" "$CK/step_00000002/hf" "$CK" "$CK/hf"; do
+      run_merge "$CK/step_00000002" "$out"
+      expect_rc 2
+      expect_one_error fsdp_merge "OUT_DIR $out is inside the checkpoint" "choose a directory outside"
+      if [ "$before" != "$(snapshot "$WORK/run")" ]; then fail "fsdp_merge into $out changed $WORK/run"; fi
+    done
+    if [ -e "$CK/hf" ] || [ -e "$CK/step_00000002/hf" ]; then fail "fsdp_merge created an output directory"; fi
+    # Beside the checkpoints tree, in the run directory: fine.
+    run_merge "$CK/step_00000002" "$WORK/run/hf"
+    expect_rc 0
+    if [ ! -f "$WORK/run/hf/model.safetensors" ]; then fail "no $WORK/run/hf/model.safetensors"; fi
     ;;
   *)
     echo "integrity.sh: unknown case '$CASE'" >&2

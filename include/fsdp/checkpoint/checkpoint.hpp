@@ -20,6 +20,15 @@
 // read verifies the checksum of the whole dataset once and that every value is finite;
 // writing refuses non-finite values. Version-1 files (no checksums) still load: only the
 // finiteness check applies to them.
+//
+// Metadata and identity (format version 3): every attribute the reader uses (root: step,
+// mesh, model_config, train_config, optimizer counters, run ids, ...; per unit: name, sizes,
+// entries (names, shapes, offsets), state; per dataset: its xxh3_64) is covered by one
+// XXH3-64, the root attribute `metadata_xxh3_64` (metadata_checksum), verified when a file
+// is opened, before any value of it is used. Every shard carries the run's `run_id` (drawn
+// once when a run starts fresh, kept across --resume) and the `launch_id` of the fsdp_train
+// process start that wrote it; the shards of one step must agree on both (CheckpointSet).
+// Version-2 files (no metadata checksum, no ids) still load, without those two checks.
 #pragma once
 
 #include <cstdint>
@@ -38,12 +47,14 @@ class File;
 namespace fsdp::ckpt {
 
 inline constexpr const char* kFormatName = "fsdp_train.checkpoint";
-inline constexpr int64_t kFormatVersion = 2;     // what write_shard_file writes
+inline constexpr int64_t kFormatVersion = 3;     // what write_shard_file writes
 inline constexpr int64_t kMinFormatVersion = 1;  // oldest version ShardFile::open reads
 // Largest `step` attribute accepted on load (2^40): anything above is a corrupted or forged file.
 inline constexpr int64_t kMaxStep = int64_t{1} << 40;
 // Name of the per-dataset checksum attribute (format version >= 2).
 inline constexpr const char* kChecksumAttr = "xxh3_64";
+// Name of the root attribute holding metadata_checksum() of the file (format version >= 3).
+inline constexpr const char* kMetadataChecksumAttr = "metadata_xxh3_64";
 
 // Run-level metadata stored as root attributes of every shard file.
 struct CheckpointMeta {
@@ -67,8 +78,40 @@ struct CheckpointMeta {
   // config_fingerprint(train_config_toml) of the run that saved (16 hex digits): equal for
   // runs that may resume each other. "" in version-1 files.
   std::string config_fingerprint;
+  // Identity (format version 3; "" in older files), each 32 lowercase hex digits (new_run_id):
+  // run_id: drawn when a run starts fresh and kept by every --resume (also on another world
+  // size or mesh), so all checkpoints of one run, however often it was resumed, carry it.
+  // launch_id: drawn by every start of fsdp_train (fresh or --resume); all shards of one step
+  // are written by one launch. A step whose shards disagree on either is refused.
+  std::string run_id;
+  std::string launch_id;
   int64_t format_version = kFormatVersion;  // of the file read (ignored when writing)
 };
+
+// A fresh identifier: 128 bits as 32 lowercase hex digits, from std::random_device mixed
+// (XXH3-128) with the wall and steady clocks, the process id and a per-process counter, so
+// two calls never return the same value in practice, also when random_device is unavailable
+// (then the clocks, pid and counter alone). Never throws. What the trainer's rank 0 draws for
+// CheckpointMeta::run_id (a fresh run) and ::launch_id (every start), then broadcasts.
+std::string new_run_id();
+// True if `id` is 32 lowercase hex digits (what new_run_id returns).
+bool is_run_id(const std::string& id);
+
+// XXH3-64 (16 lowercase hex digits) of the metadata of the shard file at `path`: the value its
+// `metadata_xxh3_64` attribute must hold. Covers every attribute the reader uses, read from
+// the file: the root attributes (format, format_version, step, world_size, shard_size,
+// replicate_size, shard_index, sharding_strategy, optimizer, seed, sampler_epoch,
+// sampler_position, optimizer_updates, loss_scale, loss_scale_good_steps, model_config,
+// train_config, config_fingerprint, run_id, launch_id, num_units), for each unit group
+// /units/<u> (u < num_units, while the group exists) unit_name, numel, padded_numel,
+// num_shards, shard_numel, entries, state, and for each dataset it names ("param", then the
+// `state` list) its xxh3_64 attribute. The hashed bytes, item by item in that order: object
+// path, NUL, attribute name, NUL, then 'i' + int64 little-endian, 'f' + float64 bits
+// little-endian, 's' + uint64 little-endian length + the string's bytes, or '-' for an absent
+// attribute (docs/checkpoint.md "Integrity"). write_shard_file stores it, ShardFile::open
+// verifies it; exposed so tools and tests can recompute it. Throws InputError naming the file
+// if it does not open as HDF5 or an attribute has another type than the format's.
+std::string metadata_checksum(const std::string& path);
 
 // XXH3-64 of `count` floats' little-endian bytes as 16 lowercase hex digits: the value of a
 // dataset's `xxh3_64` attribute.
@@ -87,13 +130,15 @@ struct UnitShardView {
   std::vector<std::pair<std::string, const float*>> state;
 };
 
-// Writes one shard file: meta as root attributes, unit i as group /units/<i> (i = index in
-// `units`), each dataset with its `xxh3_64` checksum attribute. Written through
+// Writes one shard file (format version 3): meta as root attributes, unit i as group
+// /units/<i> (i = index in `units`), each dataset with its `xxh3_64` checksum attribute, and
+// last the root attribute `metadata_xxh3_64` (metadata_checksum of what was written). Written through
 // fsdp::AtomicFile (`path + ".tmp"`, fsync, rename, directory fsync), so `path` is either
 // absent or complete. Throws fsdp::Error naming `path` on I/O failure, e.g. "...: No space
 // left on device" (the temp file is removed), before touching the disk on invalid input
 // (null pointers, layout whose num_shards != meta.shard_size, state name that is empty,
-// "param", or contains '/'), and on a non-finite value: "<path>: refusing to save step N:
+// "param", or contains '/', meta.run_id or meta.launch_id not 32 lowercase hex digits), and
+// on a non-finite value: "<path>: refusing to save step N:
 // tensor /units/3/param (unit h.1) element 17 (flat element 1041, parameter ...) is nan".
 // All buffers are scanned (and hashed, in the same pass) before the file is created, so a
 // NaN or infinity never reaches even the temporary file.
@@ -105,6 +150,13 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
 // outside [kMinFormatVersion, kFormatVersion], a `step` attribute outside [0, kMaxStep]
 // ("<file>: root attribute step = -5 is out of range [0, 2^40]"), optimizer_updates outside
 // [0, step], or inconsistent layout metadata). Opening reads no tensor data.
+// Metadata checksum: a file of format version 3, or of any version holding a
+// `metadata_xxh3_64` attribute (a version number changed after the save), is verified
+// against metadata_checksum() right after its format and version are read, before any other
+// value is used: "<file>: metadata checksum mismatch (stored X, computed Y): an attribute was
+// changed after the save (model config, layouts, step, run id, optimizer state, ...); the file
+// is corrupted", or "<file>: no metadata_xxh3_64 attribute (format_version 3 has one): the
+// file is corrupted". Version 3 also requires run_id and launch_id of 32 lowercase hex digits.
 //
 // Integrity: every read verifies the dataset it reads from, once per dataset and ShardFile:
 // the XXH3-64 checksum of the whole dataset against its `xxh3_64` attribute (skipped for
@@ -166,10 +218,15 @@ class ShardFile {
 };
 
 // All shard files of one step directory, checked complete and consistent: every
-// shard_i-of-N for i < N present (InputError naming the first missing file), each with the
-// same step (else InputError naming both files: "<shard 1>: step 1 differs from <shard 0>
-// (step 2)"), format version, config_fingerprint, shard_size N, its own shard_index, and the
-// same layouts as shard 0. Opening reads metadata only; reads verify as ShardFile's do.
+// shard_i-of-N for i < N present (InputError naming the first missing file), each opened
+// (and its metadata checksum verified) by ShardFile::open, each with the same step (else
+// InputError naming both files: "<shard 1>: step 1 differs from <shard 0> (step 2)"), mesh,
+// optimizer, layouts, model_config, format version, run_id and launch_id ("<shard 1>: run_id
+// X differs from <shard 0> (run_id Y): the shards come from different runs"; "... launch_id
+// ...: the shards were written by different launches of fsdp_train"), config_fingerprint,
+// the same counters (seed, sampler_epoch, sampler_position, optimizer_updates, loss_scale,
+// loss_scale_good_steps), shard_size N and its own shard_index. Opening reads metadata
+// only; reads verify as ShardFile's do.
 class CheckpointSet {
  public:
   static CheckpointSet open(const std::string& step_dir);

@@ -33,7 +33,9 @@ namespace fsdp::ckpt {
 // weight files in out_dir are removed once the new ones are in place), then out_dir/config.json,
 // each file written under a temp name and renamed. Parameters are looked up by name wherever
 // they live (any wrap policy), written in the family's declaration order, which is also the
-// order they are assigned to shards. Throws InputError (exit 2) naming the file on a
+// order they are assigned to shards. Throws InputError (exit 2) before anything is read if
+// out_dir lies inside a checkpoint (check_merge_output_dir: `fsdp_merge STEP STEP`, or
+// STEP/hf, or run/checkpoints/hf), and naming the file on a
 // missing/inconsistent shard file, an unsupported model_type, a missing, duplicated,
 // unknown or wrongly-shaped parameter, and naming the file and tensor on a dataset whose
 // checksum does not match or that holds a non-finite value (CheckpointSet::verify_all runs
@@ -58,6 +60,16 @@ struct MergeStats {
   std::vector<std::string> files;   // weight files written in out_dir, shard order
   bool sharded = false;             // files are shards named by model.safetensors.index.json
 };
+// Refuses an output directory inside a checkpoint: InputError (exit 2) "OUT_DIR <out_dir> is
+// inside <what> <dir> (...); choose a directory outside <dir>" when `out_dir` is `step_dir` or
+// below it, or when `out_dir` or any directory above it is a checkpoints tree (an existing
+// directory named "checkpoints" holding `latest` or a step_<8+ digits> entry: STEP_DIR's own
+// tree or another run's) or a step directory (one holding shard_<i>-of-<n>.h5 files). Paths
+// are compared absolute, with "." and ".." folded and the symlinks of their existing part
+// resolved, so a link into the tree is refused too. Reads directory listings only; creates
+// nothing. merge_to_hf calls it first.
+void check_merge_output_dir(const std::string& step_dir, const std::string& out_dir);
+
 MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, ProgressMeter* progress = nullptr,
                        const MergeOptions& options = {});
 
