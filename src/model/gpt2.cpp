@@ -148,30 +148,6 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
   acts_ = std::move(a);
 }
 
-void Gpt2Model::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
-                                 int64_t T, float grad_scale, ModuleHooks& hooks,
-                                 const TensorView& loss) {
-  forward(tokens, targets, B, T, hooks, true, grad_scale, loss);
-  backward(B, T, hooks);
-}
-
-void Gpt2Model::forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
-                                 const TensorView& loss) {
-  if (batch.target_len != batch.L) throw Error("GPT-2: a causal-LM batch has target_len == L");
-  forward_backward(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, grad_scale, hooks,
-                   loss);
-}
-
-void Gpt2Model::forward_loss(const data::Batch& batch, ModuleHooks& hooks, const TensorView& loss) {
-  if (batch.target_len != batch.L) throw Error("GPT-2: a causal-LM batch has target_len == L");
-  forward_loss(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, hooks, loss);
-}
-
-void Gpt2Model::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                             ModuleHooks& hooks, const TensorView& loss) {
-  forward(tokens, targets, B, T, hooks, false, 1.f, loss);
-}
-
 void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host, int64_t B,
                         int64_t T, ModuleHooks& hooks, bool with_backward, float grad_scale,
                         const TensorView& loss) {

@@ -272,30 +272,6 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   acts_ = std::move(a);
 }
 
-void LlamaModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
-                                  int64_t T, float grad_scale, ModuleHooks& hooks,
-                                  const TensorView& loss) {
-  forward(tokens, targets, B, T, hooks, true, grad_scale, loss);
-  backward(B, T, hooks);
-}
-
-void LlamaModel::forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
-                                  const TensorView& loss) {
-  if (batch.target_len != batch.L) throw Error("Llama: a causal-LM batch has target_len == L");
-  forward_backward(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, grad_scale, hooks,
-                   loss);
-}
-
-void LlamaModel::forward_loss(const data::Batch& batch, ModuleHooks& hooks, const TensorView& loss) {
-  if (batch.target_len != batch.L) throw Error("Llama: a causal-LM batch has target_len == L");
-  forward_loss(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, hooks, loss);
-}
-
-void LlamaModel::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                              ModuleHooks& hooks, const TensorView& loss) {
-  forward(tokens, targets, B, T, hooks, false, 1.f, loss);
-}
-
 TensorView LlamaModel::last_logits() const {
   if (!acts_ || last_rows_ == 0) return {};
   return acts_->logits.view({last_rows_, cfg_.padded_vocab()});

@@ -21,6 +21,7 @@
 #include "fsdp/backend/kernels.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/fsdp/module.hpp"
+#include "fsdp/model/causal_lm.hpp"
 #include "fsdp/model/model.hpp"
 
 namespace fsdp {
@@ -49,7 +50,7 @@ const ModelFamily& gpt2_family();
 // (ln_f.weight, ln_f.bias [C]).
 std::vector<ModuleDecl> gpt2_modules(const Gpt2Config& config);
 
-class Gpt2Model final : public Model {
+class Gpt2Model final : public CausalLm {
  public:
   // activation_dtype: storage of activations and their gradients (the mixed-precision
   // param_dtype); LayerNorm statistics stay fp32.
@@ -68,29 +69,8 @@ class Gpt2Model final : public Model {
   // Modules in forward order: "embeddings" (wte [V,C], wpe [P,C]), "h.0" .. "h.{L-1}"
   // (class "GPT2Block"), "ln_f" (ln_f.weight, ln_f.bias [C]; also reads the tied wte).
   const std::vector<ModuleDecl>& modules() const override { return modules_; }
-
-  // Model interface: a causal-LM Batch (target_len == L); see the pointer forms below.
-  void forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
-                        const TensorView& loss) override;
-  void forward_loss(const data::Batch& batch, ModuleHooks& hooks,
-                    const TensorView& loss) override;
-
-  // One training micro-batch: forward, loss, backward. tokens, targets: [B,T] int32 host
-  // arrays. loss[0] (fp64 [1] device scalar) += the SUM over the B*T positions of the
-  // cross-entropy (nats); gradients accumulate into hooks.grad() scaled by `grad_scale`
-  // (pass 1/(B*T) for the local mean, times the loss scale under fp16).
-  void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                        float grad_scale, ModuleHooks& hooks, const TensorView& loss);
-  // Forward and loss only (evaluation): loss[0] += the summed cross-entropy over B*T positions.
-  void forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                    ModuleHooks& hooks, const TensorView& loss);
-
-  // The logits of the last forward_loss: [B*T, padded_vocab()] in the activation dtype, row
-  // b*T + t for position t of sequence b; columns vocab_size.. are the vocabulary padding
-  // (never read by the loss). After forward_backward the buffer holds dlogits instead (the
-  // fused cross-entropy overwrites it). An empty view before the first forward. For tests
-  // against a reference model (tools/gpt2_reference.py), as llm.c's test_gpt2 reads logits.
-  TensorView last_logits() const;
+  // [B*T, padded_vocab()] (CausalLm::last_logits; tools/gpt2_reference.py's tests read it).
+  TensorView last_logits() const override;
 
   // Bytes of activations (saved for backward, and their gradients) for a [B,T] micro-batch
   // with activations stored in `activation_dtype`, with or without activation
@@ -100,10 +80,11 @@ class Gpt2Model final : public Model {
 
  private:
   struct Acts;
+  const char* family_name() const override { return "GPT-2"; }
   void ensure_buffers(int64_t B, int64_t T);
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-               ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss);
-  void backward(int64_t B, int64_t T, ModuleHooks& hooks);
+               ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss) override;
+  void backward(int64_t B, int64_t T, ModuleHooks& hooks) override;
   // Block l's forward kernels (no hooks): res[l] -> its saved internals and, when
   // `write_output`, res[l+1]. Used by forward and by the checkpointing recompute.
   void block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks, bool write_output);

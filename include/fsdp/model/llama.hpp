@@ -32,6 +32,7 @@
 #include "fsdp/backend/kernels.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/fsdp/module.hpp"
+#include "fsdp/model/causal_lm.hpp"
 #include "fsdp/model/model.hpp"
 
 namespace fsdp {
@@ -85,7 +86,7 @@ const ModelFamily& llama_family();
 // "LlamaRMSNorm"), and "lm_head" (class "Linear", lm_head.weight [Vp,C]) unless tied.
 std::vector<ModuleDecl> llama_modules(const LlamaConfig& config);
 
-class LlamaModel final : public Model {
+class LlamaModel final : public CausalLm {
  public:
   // activation_dtype: storage of activations and their gradients (the mixed-precision
   // param_dtype); RMSNorm statistics, attention's logsumexp and the RoPE tables stay fp32.
@@ -98,17 +99,7 @@ class LlamaModel final : public Model {
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   const std::vector<ModuleDecl>& modules() const override { return modules_; }
-  // A causal-LM Batch (target_len == L), as Gpt2Model.
-  void forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
-                        const TensorView& loss) override;
-  void forward_loss(const data::Batch& batch, ModuleHooks& hooks, const TensorView& loss) override;
-  // tokens, targets: [B,T] int32 host arrays; loss[0] += the summed cross-entropy (nats).
-  void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                        float grad_scale, ModuleHooks& hooks, const TensorView& loss);
-  void forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                    ModuleHooks& hooks, const TensorView& loss);
-  // The logits of the last forward_loss, [B*T, padded_vocab()] (as Gpt2Model::last_logits).
-  TensorView last_logits() const;
+  TensorView last_logits() const override;
 
   // Bytes of activations (saved for backward, their gradients, scratch, the RoPE tables) for a
   // [B,T] micro-batch; exactly what forward allocates.
@@ -117,10 +108,11 @@ class LlamaModel final : public Model {
 
  private:
   struct Acts;
+  const char* family_name() const override { return "Llama"; }
   void ensure_buffers(int64_t B, int64_t T);
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-               ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss);
-  void backward(int64_t B, int64_t T, ModuleHooks& hooks);
+               ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss) override;
+  void backward(int64_t B, int64_t T, ModuleHooks& hooks) override;
   void layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks, bool write_output);
 
   LlamaConfig cfg_;
