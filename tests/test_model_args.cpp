@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/core/error.hpp"
 #include "fsdp/model/model.hpp"
 
 namespace {
@@ -230,6 +231,78 @@ TEST(ModelArgs, TheScanSeesLiteralsNotComments) {
   EXPECT_EQ(spellings(lits[2], "d_kv"), 1);
   EXPECT_EQ(spellings("model.d_kv_x and submodel.d_kv", "d_kv"), 0);
   EXPECT_EQ(spellings("model.d_kv: 0 is out of range", "d_kv"), 1);
+}
+
+// config.json fields that change the math must describe the model each family implements:
+// different values are one line naming the field, equivalent spellings load (issue 29 item 4:
+// GPT-2 loaded scale_attn_weights false and refused n_inner = 4 n_embd; issue 28: Llama's
+// rope types, activations and transformers 5's rope_parameters).
+std::string hf_error(const std::string& type, const nlohmann::json& hf) {
+  try {
+    fsdp::model_family(type).from_hf_config(hf, "config.json");
+  } catch (const fsdp::Error& e) {
+    EXPECT_EQ(e.exit_code(), fsdp::kExitInputError) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelArgs, HfConfigFieldsThatChangeTheMathAreChecked) {
+  const ModelFamily& gpt2 = fsdp::model_family("gpt2");
+  nlohmann::json g = gpt2.hf_config(fsdp::model_defaults("gpt2"));
+  for (auto [field, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"scale_attn_weights", false}, {"scale_attn_by_inverse_layer_idx", true},
+           {"add_cross_attention", true}, {"activation_function", "relu"},
+           {"n_inner", 100}, {"tie_word_embeddings", false}}) {
+    nlohmann::json bad = g;
+    bad[field] = value;
+    EXPECT_NE(hf_error("gpt2", bad).find("\"" + field + "\""), std::string::npos) << field;
+  }
+  for (auto [field, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"n_inner", 4 * 128}, {"activation_function", "gelu_pytorch_tanh"},
+           {"scale_attn_weights", true}, {"scale_attn_by_inverse_layer_idx", false}}) {
+    nlohmann::json ok = g;
+    ok[field] = value;
+    EXPECT_EQ(hf_error("gpt2", ok), "") << field << " = " << value.dump() << " is what GPT-2 computes";
+  }
+
+  const ModelFamily& llama = fsdp::model_family("llama");
+  const ModelConfig defaults = fsdp::model_defaults("llama");
+  nlohmann::json l = llama.hf_config(defaults);
+  auto with = [&](const std::string& field, const nlohmann::json& value) {
+    nlohmann::json j = l;
+    j[field] = value;
+    return j;
+  };
+  EXPECT_NE(hf_error("llama", with("hidden_act", "gelu")).find("\"hidden_act\""), std::string::npos);
+  EXPECT_NE(hf_error("llama", with("attention_dropout", 0.1)).find("\"attention_dropout\""),
+            std::string::npos);
+  EXPECT_NE(hf_error("llama", with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}))
+                .find("\"rope_scaling.rope_type\": unknown value \"yarn\" (expected one of default, llama3)"),
+            std::string::npos);
+  EXPECT_NE(hf_error("llama", with("num_hidden_layers", "4")).find("\"num_hidden_layers\""),
+            std::string::npos);
+  // Legacy rope_scaling "type" and transformers 5's rope_parameters read as the same model.
+  const nlohmann::json llama3 = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  nlohmann::json legacy = llama3;
+  legacy.erase("rope_type");
+  legacy["type"] = "llama3";
+  const ModelConfig a = llama.from_hf_config(with("rope_scaling", llama3), "a.json");
+  EXPECT_EQ(llama.from_hf_config(with("rope_scaling", legacy), "b.json"), a);
+  nlohmann::json v5 = l;
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = llama3;
+  v5["rope_parameters"]["rope_theta"] = 10000.0;
+  EXPECT_EQ(llama.from_hf_config(v5, "c.json"), a);
+  EXPECT_EQ(a.string("rope_scaling.rope_type"), "llama3");
+  // Absent attributes take LlamaConfig's defaults: no num_key_value_heads is MHA, no head_dim
+  // is hidden_size / num_attention_heads; the canonical form spells both 0.
+  nlohmann::json old = l;
+  old.erase("num_key_value_heads");
+  old.erase("head_dim");
+  EXPECT_EQ(llama.from_hf_config(old, "d.json"), llama.canonical(defaults));
 }
 
 }  // namespace
