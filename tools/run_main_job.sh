@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job, end to end on real data: installs dependencies, builds (Release), turns the
+# The main job, end to end on real data: installs dependencies, builds the three programs it
+# runs (Release; the CUDA backend only where a GPU is visible), turns the
 # Debian `fortunes` corpus into an HDF5 byte-token file, trains a byte-level GPT-2 with
 # FULL_SHARD on 4 MPI ranks (inputs/gpt2_fortunes.toml), and merges the final sharded
 # checkpoint into runs/fortunes/hf/model.safetensors + config.json.
@@ -7,9 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
-FSDP_BUILD_TARGETS="fsdp_prepare fsdp_train fsdp_merge" tools/build.sh
-build=${FSDP_BUILD_DIR:-build}
 source tools/job_lib.sh
+build_job_programs
 
 mkdir -p data
 if [[ ! -f data/fortunes.h5 ]]; then

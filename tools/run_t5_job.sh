@@ -9,9 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
-FSDP_BUILD_TARGETS="fsdp_prepare fsdp_train fsdp_merge" tools/build.sh
-build=${FSDP_BUILD_DIR:-build}
 source tools/job_lib.sh
+build_job_programs
 
 mkdir -p data
 if [[ ! -f data/wordnet_pairs.h5 ]]; then
