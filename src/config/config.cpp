@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -28,59 +29,21 @@
 namespace fsdp {
 namespace {
 
-// The values each enum-typed key accepts, in the order error messages list them. The TOML
-// spelling of a value is its to_string; conversion is exact and case-sensitive.
+// The values an enum-typed key accepts, in the order error messages, --list-keys and the docs
+// list them: every value of the enum's EnumNames table (config.hpp), spelled as the table
+// spells it; conversion is exact and case-sensitive.
 template <class E>
-struct EnumValues;
-template <>
-struct EnumValues<ShardingStrategy> {
-  static constexpr ShardingStrategy values[] = {
-      ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD,
-      ShardingStrategy::HYBRID_SHARD, ShardingStrategy::HYBRID_SHARD_ZERO2};
-};
-template <>
-struct EnumValues<AutoWrapPolicy> {
-  static constexpr AutoWrapPolicy values[] = {AutoWrapPolicy::TRANSFORMER_BASED_WRAP,
-                                              AutoWrapPolicy::NO_WRAP};
-};
-template <>
-struct EnumValues<BackwardPrefetch> {
-  static constexpr BackwardPrefetch values[] = {
-      BackwardPrefetch::BACKWARD_PRE, BackwardPrefetch::BACKWARD_POST,
-      BackwardPrefetch::NO_PREFETCH};
-};
-template <>
-struct EnumValues<DeviceKind> {
-  static constexpr DeviceKind values[] = {DeviceKind::auto_, DeviceKind::cpu, DeviceKind::cuda};
-};
-template <>
-struct EnumValues<CommBackend> {
-  static constexpr CommBackend values[] = {CommBackend::auto_, CommBackend::nccl, CommBackend::mpi};
-};
-template <>
-struct EnumValues<DataSource> {
-  static constexpr DataSource values[] = {DataSource::hdf5, DataSource::synthetic};
-};
-template <>
-struct EnumValues<Objective> {
-  static constexpr Objective values[] = {Objective::causal_lm, Objective::seq2seq,
-                                         Objective::span_corruption};
-};
-template <>
-struct EnumValues<OptimizerKind> {
-  static constexpr OptimizerKind values[] = {OptimizerKind::adamw, OptimizerKind::sgd};
+struct ConfigValues {
+  static std::vector<E> values() { return enum_values<E>(); }
 };
 // DType keys (mixed_precision.*_dtype) take the floating types FSDP mixed precision uses.
 template <>
-struct EnumValues<DType> {
-  static constexpr DType values[] = {DType::f32, DType::bf16, DType::f16};
+struct ConfigValues<DType> {
+  static std::vector<DType> values() { return {DType::f32, DType::bf16, DType::f16}; }
 };
 
 template <class T>
-constexpr bool kIsConfigEnum = false;
-template <class E>
-  requires requires { EnumValues<E>::values; }
-constexpr bool kIsConfigEnum<E> = true;
+constexpr bool kIsConfigEnum = NamedEnum<T>;
 
 enum Resume : bool { kFixed = false, kMayChange = true };
 
@@ -377,27 +340,25 @@ std::string name_of(E v) {
 }
 
 template <class E>
-std::vector<std::string> enum_names() {
+std::vector<std::string> config_names() {
   std::vector<std::string> names;
-  for (auto v : EnumValues<E>::values) names.push_back(name_of(v));
+  for (auto v : ConfigValues<E>::values()) names.push_back(name_of(v));
   return names;
 }
 
 template <class E>
 bool lookup_enum(const std::string& name, E* out) {
-  for (auto v : EnumValues<E>::values) {
-    if (name == name_of(v)) {
-      *out = v;
-      return true;
-    }
-  }
-  return false;
+  const std::optional<E> v = enum_from_name<E>(name);
+  const std::vector<E> accepted = ConfigValues<E>::values();
+  if (!v || std::find(accepted.begin(), accepted.end(), *v) == accepted.end()) return false;
+  *out = *v;
+  return true;
 }
 
 // "<key>: unknown value "X" (expected one of A, B, C)"
 template <class E>
 std::string unknown_value(const std::string& key, const std::string& name) {
-  return key + ": unknown value " + quoted(name) + " (expected one of " + join(enum_names<E>()) +
+  return key + ": unknown value " + quoted(name) + " (expected one of " + join(config_names<E>()) +
          ")";
 }
 
@@ -553,7 +514,7 @@ void convert(const toml::node& node, const std::string& origin, const std::strin
     field = std::move(out);
   } else if constexpr (kIsConfigEnum<T>) {
     // An enum (ShardingStrategy, AutoWrapPolicy, BackwardPrefetch, DataSource, Objective,
-    // OptimizerKind, DType, ...): a string spelled exactly as one of EnumValues<T>.
+    // OptimizerKind, DType, ...): a string spelled exactly as one of ConfigValues<T>.
     const auto* s = node.as_string();
     if (!s) throw wrong("a string");
     if (!lookup_enum(s->get(), &field)) {
@@ -721,67 +682,12 @@ std::string toml_value(const std::vector<std::string>& v) {
 
 }  // namespace
 
-const char* to_string(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
-    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
-    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
-    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
-    case ShardingStrategy::HYBRID_SHARD_ZERO2: return "HYBRID_SHARD_ZERO2";
-  }
-  return "?";
-}
-
 ShardingStrategy parse_sharding_strategy(const std::string& name) {
   ShardingStrategy s{};
   if (!lookup_enum(name, &s)) {
     throw InputError(unknown_value<ShardingStrategy>("fsdp.sharding_strategy", name));
   }
   return s;
-}
-
-const char* to_string(BackwardPrefetch p) {
-  switch (p) {
-    case BackwardPrefetch::BACKWARD_PRE: return "BACKWARD_PRE";
-    case BackwardPrefetch::BACKWARD_POST: return "BACKWARD_POST";
-    case BackwardPrefetch::NO_PREFETCH: return "NO_PREFETCH";
-  }
-  return "?";
-}
-
-const char* to_string(AutoWrapPolicy p) {
-  switch (p) {
-    case AutoWrapPolicy::TRANSFORMER_BASED_WRAP: return "TRANSFORMER_BASED_WRAP";
-    case AutoWrapPolicy::NO_WRAP: return "NO_WRAP";
-  }
-  return "?";
-}
-
-const char* to_string(DeviceKind d) {
-  switch (d) {
-    case DeviceKind::auto_: return "auto";
-    case DeviceKind::cpu: return "cpu";
-    case DeviceKind::cuda: return "cuda";
-  }
-  return "?";
-}
-
-const char* to_string(CommBackend b) {
-  switch (b) {
-    case CommBackend::auto_: return "auto";
-    case CommBackend::nccl: return "nccl";
-    case CommBackend::mpi: return "mpi";
-  }
-  return "?";
-}
-
-const char* to_string(Objective o) {
-  switch (o) {
-    case Objective::causal_lm: return "causal_lm";
-    case Objective::seq2seq: return "seq2seq";
-    case Objective::span_corruption: return "span_corruption";
-  }
-  return "?";
 }
 
 std::string profile_steps_error(int64_t first, int64_t last) {
@@ -998,7 +904,7 @@ std::string type_text() {
   else if constexpr (std::is_same_v<T, std::string>) return "string";
   else if constexpr (std::is_same_v<T, std::vector<std::string>>) return "array of strings";
   else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "array of integers";
-  else if constexpr (kIsConfigEnum<T>) return "one of " + join(enum_names<T>());
+  else if constexpr (kIsConfigEnum<T>) return "one of " + join(config_names<T>());
   else static_assert(!sizeof(T), "type_text: a field type the key table does not describe");
 }
 

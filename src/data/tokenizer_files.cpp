@@ -44,20 +44,13 @@ const char* kExpectedLlmc =
 }  // namespace
 
 TokenFileFormat parse_token_file_format(const std::string& name) {
-  if (name == "auto") return TokenFileFormat::auto_detect;
-  if (name == "llm.c" || name == "llmc") return TokenFileFormat::llmc;
-  if (name == "nanogpt") return TokenFileFormat::nanogpt;
-  throw InputError("--token-format: '" + printable(name, 64) + "' (expected auto, llm.c or nanogpt)");
+  if (name == "llmc") return TokenFileFormat::llmc;
+  if (const auto f = enum_from_name<TokenFileFormat>(name)) return *f;
+  throw InputError("--token-format: '" + printable(name, 64) + "' (expected " +
+                   enum_name_list<TokenFileFormat>() + ")");
 }
 
-std::string to_string(TokenFileFormat format) {
-  switch (format) {
-    case TokenFileFormat::auto_detect: return "auto";
-    case TokenFileFormat::llmc: return "llm.c";
-    case TokenFileFormat::nanogpt: return "nanogpt";
-  }
-  return "?";
-}
+std::string to_string(TokenFileFormat format) { return enum_name(format); }
 
 std::string TokenFileInfo::kind() const { return format == TokenFileFormat::llmc ? "llm.c" : "nanogpt"; }
 

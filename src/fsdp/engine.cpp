@@ -42,30 +42,6 @@ struct FsdpEngine::Unit {
   int bwd_done = 0;              // modules of this unit done in backward this step
 };
 
-const char* to_string(TrainingState s) {
-  switch (s) {
-    case TrainingState::IDLE: return "IDLE";
-    case TrainingState::FORWARD: return "FORWARD";
-    case TrainingState::PRE_BACKWARD: return "PRE_BACKWARD";
-    case TrainingState::POST_BACKWARD: return "POST_BACKWARD";
-  }
-  return "?";
-}
-const char* to_string(ShardedState s) {
-  switch (s) {
-    case ShardedState::SHARDED: return "SHARDED";
-    case ShardedState::UNSHARDED: return "UNSHARDED";
-  }
-  return "?";
-}
-const char* to_string(GradState s) {
-  switch (s) {
-    case GradState::EMPTY: return "EMPTY";
-    case GradState::ACCUMULATED: return "ACCUMULATED";
-  }
-  return "?";
-}
-
 StrategyTraits strategy_traits(ShardingStrategy strategy) {
   using S = StrategyTraits::ShardOver;
   switch (strategy) {

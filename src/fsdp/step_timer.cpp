@@ -7,19 +7,6 @@
 
 namespace fsdp {
 
-const char* to_string(Phase phase) {
-  switch (phase) {
-    case Phase::data: return "data";
-    case Phase::forward: return "forward";
-    case Phase::backward: return "backward";
-    case Phase::comm_wait: return "comm_wait";
-    case Phase::optimizer: return "optimizer";
-    case Phase::eval: return "eval";
-    case Phase::checkpoint: return "checkpoint";
-  }
-  return "?";
-}
-
 double StepTimes::sum() const { return std::accumulate(phase_s.begin(), phase_s.end(), 0.0); }
 
 StepTimer::StepTimer(DeviceRuntime& backend) : be_(backend) {

@@ -13,17 +13,6 @@
 
 namespace fsdp {
 
-const char* to_string(T5FeedForward f) {
-  return f == T5FeedForward::relu ? "relu" : "gated-gelu";
-}
-
-std::optional<T5FeedForward> t5_feed_forward_from_string(std::string_view s) {
-  for (T5FeedForward f : {T5FeedForward::relu, T5FeedForward::gated_gelu}) {
-    if (s == to_string(f)) return f;
-  }
-  return std::nullopt;
-}
-
 // ---- relative position buckets (HF T5Attention._relative_position_bucket, float32) ----
 
 int32_t t5_relative_position_bucket(int64_t relative_position, bool bidirectional,

@@ -45,7 +45,7 @@ const ModelArgs<T5Config>& t5_args() {
         int64_t{128}},
       A{"feed_forward_proj", EnumMember<T5Config>{feed_forward_get, feed_forward_set},
         "Feed-forward block.", {},
-        {to_string(T5FeedForward::relu), to_string(T5FeedForward::gated_gelu)}, true,
+        enum_names<T5FeedForward>(), true,
         std::string(to_string(T5FeedForward::relu))},
       A{"tie_word_embeddings", &T5Config::tie_word_embeddings,
         "Whether the LM head is the shared embedding.", {}, {}, true, true},

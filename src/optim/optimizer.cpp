@@ -80,15 +80,6 @@ void Optimizer::step(double lr) {
   }
 }
 
-const char* to_string(OptimState s) {
-  switch (s) {
-    case OptimState::exp_avg: return "exp_avg";
-    case OptimState::exp_avg_sq: return "exp_avg_sq";
-    case OptimState::momentum_buffer: return "momentum_buffer";
-  }
-  return "?";
-}
-
 std::vector<OptimState> optimizer_states(OptimizerKind kind) {
   switch (kind) {
     case OptimizerKind::adamw: return {OptimState::exp_avg, OptimState::exp_avg_sq};

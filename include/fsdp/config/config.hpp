@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "fsdp/core/dtype.hpp"
+#include "fsdp/core/enum_names.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {
@@ -88,29 +89,64 @@ struct KeyRange {
   static constexpr KeyRange unit_interval() { return {false, closed, open, 0, 1, "x", ""}; }
 };
 
+// Each enum's spellings are its EnumNames table (fsdp/core/enum_names.hpp), read by to_string,
+// parsing, the "expected one of" messages, --list-keys and docs/config.md's checks; the
+// table's order is the order they list the values in.
+
 enum class ShardingStrategy { FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 };
-// "FULL_SHARD", "SHARD_GRAD_OP", ... (the torch.distributed.fsdp.ShardingStrategy names).
-const char* to_string(ShardingStrategy s);
+// The torch.distributed.fsdp.ShardingStrategy names.
+template <>
+struct EnumNames<ShardingStrategy> {
+  static constexpr EnumName<ShardingStrategy> table[] = {
+      {ShardingStrategy::FULL_SHARD, "FULL_SHARD"},
+      {ShardingStrategy::SHARD_GRAD_OP, "SHARD_GRAD_OP"},
+      {ShardingStrategy::NO_SHARD, "NO_SHARD"},
+      {ShardingStrategy::HYBRID_SHARD, "HYBRID_SHARD"},
+      {ShardingStrategy::HYBRID_SHARD_ZERO2, "HYBRID_SHARD_ZERO2"}};
+};
 // Inverse of to_string (exact, case-sensitive). Throws fsdp::InputError (exit 2)
 // `fsdp.sharding_strategy: unknown value "X" (expected one of FULL_SHARD, ...)`.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 
 // torch.distributed.fsdp.BackwardPrefetch; NO_PREFETCH is PyTorch's `None`.
 enum class BackwardPrefetch { BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH };
-const char* to_string(BackwardPrefetch p);
+template <>
+struct EnumNames<BackwardPrefetch> {
+  static constexpr EnumName<BackwardPrefetch> table[] = {
+      {BackwardPrefetch::BACKWARD_PRE, "BACKWARD_PRE"},
+      {BackwardPrefetch::BACKWARD_POST, "BACKWARD_POST"},
+      {BackwardPrefetch::NO_PREFETCH, "NO_PREFETCH"}};
+};
 // Accelerate's fsdp_auto_wrap_policy values fsdp_train implements.
 enum class AutoWrapPolicy { TRANSFORMER_BASED_WRAP, NO_WRAP };
-const char* to_string(AutoWrapPolicy p);
+template <>
+struct EnumNames<AutoWrapPolicy> {
+  static constexpr EnumName<AutoWrapPolicy> table[] = {
+      {AutoWrapPolicy::TRANSFORMER_BASED_WRAP, "TRANSFORMER_BASED_WRAP"},
+      {AutoWrapPolicy::NO_WRAP, "NO_WRAP"}};
+};
 // Where the model runs: "auto" = CUDA when fsdp_train was built with it and a GPU is visible.
 enum class DeviceKind { auto_, cpu, cuda };
-const char* to_string(DeviceKind d);  // "auto" | "cpu" | "cuda"
+template <>
+struct EnumNames<DeviceKind> {
+  static constexpr EnumName<DeviceKind> table[] = {
+      {DeviceKind::auto_, "auto"}, {DeviceKind::cpu, "cpu"}, {DeviceKind::cuda, "cuda"}};
+};
 // The communicator of the mesh: "auto" = NCCL when the CUDA backend runs, else MPI.
 enum class CommBackend { auto_, nccl, mpi };
-const char* to_string(CommBackend b);  // "auto" | "nccl" | "mpi"
+template <>
+struct EnumNames<CommBackend> {
+  static constexpr EnumName<CommBackend> table[] = {
+      {CommBackend::auto_, "auto"}, {CommBackend::nccl, "nccl"}, {CommBackend::mpi, "mpi"}};
+};
+// optim.name. Header-only, as every table: the optimizer (optim layer) names itself in
+// messages without the config library.
 enum class OptimizerKind { adamw, sgd };
-// "adamw" | "sgd". Inline: the optimizer (optim layer) names itself in messages without the
-// config library.
-constexpr const char* to_string(OptimizerKind k) { return k == OptimizerKind::adamw ? "adamw" : "sgd"; }
+template <>
+struct EnumNames<OptimizerKind> {
+  static constexpr EnumName<OptimizerKind> table[] = {{OptimizerKind::adamw, "adamw"},
+                                                      {OptimizerKind::sgd, "sgd"}};
+};
 
 // The [model] section: `type` picks a model family from the registry
 // (fsdp/model/model.hpp: "gpt2", "t5"); every other key belongs to that family, is named as
@@ -189,15 +225,22 @@ struct ModelConfig {
 //  seq2seq: (input, target) example pairs (T5), loss over the target tokens;
 //  span_corruption: T5's pre-training objective over windows of a token stream.
 enum class Objective { causal_lm, seq2seq, span_corruption };
-const char* to_string(Objective o);  // "causal_lm" | "seq2seq" | "span_corruption"
+template <>
+struct EnumNames<Objective> {
+  static constexpr EnumName<Objective> table[] = {{Objective::causal_lm, "causal_lm"},
+                                                  {Objective::seq2seq, "seq2seq"},
+                                                  {Objective::span_corruption, "span_corruption"}};
+};
 
 // Where the tokens come from (data.source): an HDF5 file (data.path) or random tokens
 // (benchmarks, tests). Parsed once from its TOML spelling; an unknown value is an InputError
 // at parse time.
 enum class DataSource { hdf5, synthetic };
-// "hdf5" | "synthetic" (the TOML spelling). Inline: the data layer uses it without the
-// config library.
-constexpr const char* to_string(DataSource s) { return s == DataSource::hdf5 ? "hdf5" : "synthetic"; }
+template <>
+struct EnumNames<DataSource> {
+  static constexpr EnumName<DataSource> table[] = {{DataSource::hdf5, "hdf5"},
+                                                   {DataSource::synthetic, "synthetic"}};
+};
 
 struct DataConfig {
   DataSource source = DataSource::hdf5;

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "fsdp/core/enum_names.hpp"
+
 namespace fsdp {
 
 enum class DType : int { f32, f64, bf16, f16, i32, i64, u8 };
@@ -33,8 +35,15 @@ constexpr bool is_floating(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16;
 }
 
-// "fp32", "fp64", "bf16", "fp16", "int32", "int64", "uint8" (the config spelling for floats).
-std::string_view to_string(DType t);
+// The config spelling for floats (mixed_precision.*_dtype accepts fp32, bf16, fp16).
+template <>
+struct EnumNames<DType> {
+  static constexpr EnumName<DType> table[] = {
+      {DType::f32, "fp32"},   {DType::f64, "fp64"},   {DType::bf16, "bf16"}, {DType::f16, "fp16"},
+      {DType::i32, "int32"}, {DType::i64, "int64"}, {DType::u8, "uint8"}};
+};
+// Its table's name; "unknown" for a value outside it.
+constexpr std::string_view to_string(DType t) { return enum_name(t, "unknown"); }
 
 enum class Device : int { cpu, cuda };
 

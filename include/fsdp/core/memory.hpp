@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "fsdp/core/enum_names.hpp"
+
 namespace fsdp {
 
 enum class MemCategory : int {
@@ -24,7 +26,20 @@ enum class MemCategory : int {
   count_
 };
 inline constexpr int kNumMemCategories = static_cast<int>(MemCategory::count_);
-std::string_view to_string(MemCategory c);
+template <>
+struct EnumNames<MemCategory> {
+  static constexpr EnumName<MemCategory> table[] = {
+      {MemCategory::sharded_params, "sharded_params"},
+      {MemCategory::unsharded_params, "unsharded_params"},
+      {MemCategory::grads, "grads"},
+      {MemCategory::unsharded_grads, "unsharded_grads"},
+      {MemCategory::optimizer_state, "optimizer_state"},
+      {MemCategory::activations, "activations"},
+      {MemCategory::comm_buffers, "comm_buffers"},
+      {MemCategory::other, "other"}};
+};
+// Its table's name; "unknown" for count_.
+constexpr std::string_view to_string(MemCategory c) { return enum_name(c, "unknown"); }
 
 // Current and peak bytes per category on one rank. Not thread-safe (one per backend).
 class MemoryTracker {

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "fsdp/core/enum_names.hpp"
+
 namespace fsdp::data {
 
 // ---------------------------------------------------------------- file digests
@@ -83,8 +85,19 @@ inline constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 // 50257 ids; name the format to be sure.)
 enum class TokenFileFormat { auto_detect, llmc, nanogpt };
 
-// "auto", "llm.c", "nanogpt" and back (--token-format). parse throws fsdp::InputError
-// naming --token-format for anything else.
+}  // namespace fsdp::data
+
+template <>
+struct fsdp::EnumNames<fsdp::data::TokenFileFormat> {
+  using F = fsdp::data::TokenFileFormat;
+  static constexpr EnumName<F> table[] = {
+      {F::auto_detect, "auto"}, {F::llmc, "llm.c"}, {F::nanogpt, "nanogpt"}};
+};
+
+namespace fsdp::data {
+
+// The table's names and back (--token-format; "llmc" is also read as llm.c). parse throws
+// fsdp::InputError naming --token-format for anything else.
 TokenFileFormat parse_token_file_format(const std::string& name);
 std::string to_string(TokenFileFormat format);
 

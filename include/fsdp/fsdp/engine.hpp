@@ -91,6 +91,7 @@
 #include "fsdp/comm/communicator.hpp"
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/config/config.hpp"
+#include "fsdp/core/enum_names.hpp"
 #include "fsdp/core/profiler.hpp"
 #include "fsdp/fsdp/collectives.hpp"
 #include "fsdp/fsdp/flat_param.hpp"
@@ -120,7 +121,14 @@ enum class TrainingState {
   POST_BACKWARD,  // its backward is done and its reduction issued, until end_step (FSDP2
                   // POST_BACKWARD, which FSDP2 leaves at the root's final callback)
 };
-const char* to_string(TrainingState s);
+template <>
+struct EnumNames<TrainingState> {
+  static constexpr EnumName<TrainingState> table[] = {
+      {TrainingState::IDLE, "IDLE"},
+      {TrainingState::FORWARD, "FORWARD"},
+      {TrainingState::PRE_BACKWARD, "PRE_BACKWARD"},
+      {TrainingState::POST_BACKWARD, "POST_BACKWARD"}};
+};
 
 // Whether a unit's full parameter buffer exists (PyTorch FSDP2's ShardedState; FSDP2's
 // SHARDED_POST_FORWARD, resharding to a smaller group after forward, is not modelled).
@@ -135,7 +143,11 @@ enum class ShardedState {
   SHARDED,    // only this rank's fp32 shard exists (FSDP2 SHARDED)
   UNSHARDED,  // the param_dtype full buffer exists and is (being) gathered (FSDP2 UNSHARDED)
 };
-const char* to_string(ShardedState s);
+template <>
+struct EnumNames<ShardedState> {
+  static constexpr EnumName<ShardedState> table[] = {{ShardedState::SHARDED, "SHARDED"},
+                                                     {ShardedState::UNSHARDED, "UNSHARDED"}};
+};
 
 // Whether a unit's fp32 gradient shard holds gradients (FSDP2: sharded_param.grad is None or
 // not; foreach_reduce then assigns or accumulates).
@@ -146,7 +158,11 @@ enum class GradState {
   EMPTY,        // the shard is 0
   ACCUMULATED,  // the shard holds gradients of one or more steps
 };
-const char* to_string(GradState s);
+template <>
+struct EnumNames<GradState> {
+  static constexpr EnumName<GradState> table[] = {{GradState::EMPTY, "EMPTY"},
+                                                  {GradState::ACCUMULATED, "ACCUMULATED"}};
+};
 
 // What a sharding strategy means to the engine (the table above).
 struct StrategyTraits {

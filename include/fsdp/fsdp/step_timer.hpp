@@ -32,19 +32,28 @@
 
 #include <array>
 #include <chrono>
+#include <iterator>
 #include <memory>
 #include <vector>
 
 #include "fsdp/backend/device_runtime.hpp"
+#include "fsdp/core/enum_names.hpp"
 #include "fsdp/core/profiler.hpp"
 
 namespace fsdp {
 
 enum class Phase : int { data, forward, backward, comm_wait, optimizer, eval, checkpoint };
 inline constexpr int kNumPhases = 7;
-// "data", "forward", "backward", "comm_wait", "optimizer", "eval", "checkpoint": the
-// metrics.jsonl keys are these + "_s".
-const char* to_string(Phase phase);
+// The metrics.jsonl keys are these names + "_s".
+template <>
+struct EnumNames<Phase> {
+  static constexpr EnumName<Phase> table[] = {
+      {Phase::data, "data"},           {Phase::forward, "forward"},
+      {Phase::backward, "backward"},   {Phase::comm_wait, "comm_wait"},
+      {Phase::optimizer, "optimizer"}, {Phase::eval, "eval"},
+      {Phase::checkpoint, "checkpoint"}};
+};
+static_assert(std::size(EnumNames<Phase>::table) == kNumPhases);
 
 // One step's times, seconds.
 struct StepTimes {

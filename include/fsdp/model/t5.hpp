@@ -46,6 +46,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "fsdp/backend/kernels.hpp"
+#include "fsdp/core/enum_names.hpp"
 #include "fsdp/data/batch.hpp"
 #include "fsdp/fsdp/module.hpp"
 #include "fsdp/model/model.hpp"
@@ -57,12 +58,18 @@ enum class T5FeedForward {
   relu,        // "relu": T5 v1.0 DenseReluDense (wi, wo)
   gated_gelu,  // "gated-gelu": T5 v1.1 gated GELU (wi_0, wi_1, wo), gelu_new (tanh GELU)
 };
-// HF's spelling: "relu" | "gated-gelu".
-const char* to_string(T5FeedForward f);
-// The one parser of feed_forward_proj (the choices of its row in src/model/t5_family.cpp,
-// which validation, --list-keys and config.json read): HF's spelling, exact and
-// case-sensitive; nullopt for anything else.
-std::optional<T5FeedForward> t5_feed_forward_from_string(std::string_view s);
+// HF's spelling, which to_string, the parser below and the choices of feed_forward_proj's row
+// in src/model/t5_family.cpp (validation, --list-keys, config.json) read.
+template <>
+struct EnumNames<T5FeedForward> {
+  static constexpr EnumName<T5FeedForward> table[] = {{T5FeedForward::relu, "relu"},
+                                                      {T5FeedForward::gated_gelu, "gated-gelu"}};
+};
+// The one parser of feed_forward_proj: HF's spelling, exact and case-sensitive; nullopt for
+// anything else.
+constexpr std::optional<T5FeedForward> t5_feed_forward_from_string(std::string_view s) {
+  return enum_from_name<T5FeedForward>(s);
+}
 
 // Hugging Face T5Config fields (same names and meanings), declared once with their ranges,
 // docs and config.json defaults in t5_family.cpp's table (fsdp/model/model_args.hpp).

@@ -16,6 +16,7 @@
 #include "fsdp/backend/device_runtime.hpp"
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/config/config.hpp"
+#include "fsdp/core/enum_names.hpp"
 #include "fsdp/fsdp/flat_param.hpp"
 
 namespace fsdp {
@@ -37,9 +38,14 @@ double learning_rate(const OptimConfig& optim, int64_t max_steps, int64_t step);
 // An optimizer state tensor, named as torch.optim's state_dict names it: AdamW has exp_avg and
 // exp_avg_sq, SGD (with momentum) has momentum_buffer.
 enum class OptimState { exp_avg, exp_avg_sq, momentum_buffer };
-// The torch.optim state-dict name, which is also the state's dataset name in checkpoint
-// shard files (checkpoint.hpp): "exp_avg" | "exp_avg_sq" | "momentum_buffer".
-const char* to_string(OptimState s);
+// The torch.optim state-dict names, which are also the states' dataset names in checkpoint
+// shard files (checkpoint.hpp).
+template <>
+struct EnumNames<OptimState> {
+  static constexpr EnumName<OptimState> table[] = {{OptimState::exp_avg, "exp_avg"},
+                                                   {OptimState::exp_avg_sq, "exp_avg_sq"},
+                                                   {OptimState::momentum_buffer, "momentum_buffer"}};
+};
 // The states optimizer `kind` keeps, in checkpoint order: adamw {exp_avg, exp_avg_sq},
 // sgd {momentum_buffer}.
 std::vector<OptimState> optimizer_states(OptimizerKind kind);
