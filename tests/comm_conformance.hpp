@@ -6,7 +6,8 @@
 // host memory, or device memory with a device default stream), so every communicator runs
 // the same checks: all_gather, reduce_scatter, all_reduce and broadcast, in place and out of
 // place, for every dtype (fp32, fp64, bf16, fp16, int32, int64, uint8), every op (sum, max,
-// and avg for floating dtypes) and counts 0, 1, 1023 and 2^20 + 1 (fp32 only). Inputs are
+// and avg for floating dtypes) and counts 0, 1, 1023 and 2^20 + 1 (fp32 only); and the cases
+// with nothing to exchange (count 0, a group of one) on their own (trivial_cases). Inputs are
 // small integers (times 1/4 or 1/2 for floats) from a formula of (rank, index), so every
 // expected value, every partial sum in any order, and avg with a power-of-two size are exact
 // in every dtype: results must match bit for bit (avg with another size: within 2 ulps of
@@ -35,6 +36,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/comm/communicator.hpp"
@@ -446,6 +448,76 @@ inline void work_destructor_completes(Communicator& comm, TestMemory& mem) {
     c3.wrong += get(t, rs_h, rank * count + i) != expected_reduce(t, ReduceOp::sum, size, rank * count + i);
   }
   cases.push_back(c3);
+  expect_all_zero(comm, mem, cases);
+}
+
+// The cases with nothing to exchange (Communicator::local_impl): on `comm`, count 0 touches
+// no buffer (recv keeps its sentinel) and its Work completes; on a group of one split from it,
+// every collective out of place is recv = send (reduce_scatter and all_reduce with every op,
+// avg included) with send untouched, in place leaves the data as it is, and broadcast leaves
+// the buffer alone. Each Work's done() event completes after wait() and the stream's
+// synchronize().
+inline void trivial_cases(Communicator& comm, TestMemory& mem) {
+  std::vector<Case> cases;
+  const std::size_t n = 257;
+  auto untouched = [&](const Buffer& b, std::size_t bytes) {
+    std::vector<unsigned char> h(bytes);
+    mem.download(h.data(), b.get(), bytes);
+    return static_cast<int64_t>(std::count_if(h.begin(), h.end(), [](unsigned char c) { return c != kSentinel; }));
+  };
+  auto settle = [&](Communicator& c, std::unique_ptr<fsdp::Work> w, Case& k) {
+    w->wait();
+    c.default_stream().synchronize();
+    k.wrong += !w->done()->query();
+  };
+  {  // count 0 on `comm`: recv (a real buffer here) keeps its sentinel
+    const std::vector<unsigned char> fill(n * 4, kSentinel);
+    Buffer send(mem, n * 4), recv(mem, n * 4);
+    mem.upload(send.get(), fill.data(), fill.size());
+    mem.upload(recv.get(), fill.data(), fill.size());
+    Case c{"count 0 on the communicator: recv untouched, Work complete"};
+    settle(comm, comm.all_gather(send.get(), recv.get(), 0, DType::f32), c);
+    settle(comm, comm.reduce_scatter(send.get(), recv.get(), 0, DType::f32, ReduceOp::avg), c);
+    settle(comm, comm.all_reduce(send.get(), recv.get(), 0, DType::i32, ReduceOp::max), c);
+    settle(comm, comm.broadcast(recv.get(), 0, DType::u8, comm.size() - 1), c);
+    c.wrong += untouched(recv, n * 4) + untouched(send, n * 4);
+    cases.push_back(c);
+  }
+  {  // a group of one
+    auto alone = comm.split(comm.rank(), 0);
+    for (DType t : kDTypes) {
+      const std::size_t es = fsdp::dtype_size(t);
+      std::vector<char> send_h(n * es), out_h(n * es);
+      for (std::size_t i = 0; i < n; ++i) put(t, send_h, i, gather_value(t, comm.rank(), i));
+      auto expect_send = [&](const Buffer& b, Case& c) {
+        mem.download(out_h.data(), b.get(), out_h.size());
+        c.wrong += out_h != send_h;
+      };
+      std::vector<std::pair<std::string, std::function<std::unique_ptr<fsdp::Work>(const void*, void*)>>> calls = {
+          {"all_gather", [&](const void* s, void* r) { return alone->all_gather(s, r, n, t); }},
+          {"broadcast", [&](const void*, void* r) { return alone->broadcast(r, n, t, 0); }}};
+      for (ReduceOp op : ops_for(t)) {
+        calls.push_back({std::string("reduce_scatter ") + fsdp::to_string(op),
+                         [&, op](const void* s, void* r) { return alone->reduce_scatter(s, r, n, t, op); }});
+        calls.push_back({std::string("all_reduce ") + fsdp::to_string(op),
+                         [&, op](const void* s, void* r) { return alone->all_reduce(s, r, n, t, op); }});
+      }
+      for (auto& [what, call] : calls) {
+        Buffer send(mem, send_h.size()), recv(mem, send_h.size());
+        mem.upload(send.get(), send_h.data(), send_h.size());
+        Case c{describe(what.c_str(), t, "-", n, "group of one")};
+        if (what != "broadcast") {  // out of place: recv = send, send untouched
+          const std::vector<char> fill(send_h.size(), static_cast<char>(kSentinel));
+          mem.upload(recv.get(), fill.data(), fill.size());
+          settle(*alone, call(send.get(), recv.get()), c);
+          expect_send(recv, c);
+        }
+        settle(*alone, call(send.get(), send.get()), c);  // in place (broadcast: its buffer)
+        expect_send(send, c);
+        cases.push_back(c);
+      }
+    }
+  }
   expect_all_zero(comm, mem, cases);
 }
 

@@ -158,6 +158,7 @@ TEST_P(DeviceComm, BadArguments) { conformance::bad_arguments(*comm_, mem_); }
 TEST_P(DeviceComm, WorkDoneEvent) { conformance::work_done_event(*comm_, mem_); }
 TEST_P(DeviceComm, WorkDestructorCompletes) { conformance::work_destructor_completes(*comm_, mem_); }
 TEST_P(DeviceComm, Split) { conformance::split(*comm_, mem_); }
+TEST_P(DeviceComm, TrivialCases) { conformance::trivial_cases(*comm_, mem_); }
 
 TEST_P(DeviceComm, ConformanceOnSplitCommunicators) {
   auto parity = comm_->split(comm_->rank() % 2, comm_->rank());

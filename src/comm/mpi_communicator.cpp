@@ -127,7 +127,6 @@ void enter_stream(Stream& stream, const char* what) {
 // x[count] /= size, as documented in the header (fp32 and 16-bit floats multiply by the
 // fp32 reciprocal, fp64 divides).
 void divide(void* buf, std::size_t count, DType dtype, int size) {
-  if (size == 1) return;
   const float inv = 1.0f / static_cast<float>(size);
   switch (dtype) {
     case DType::f32: {
@@ -262,7 +261,7 @@ std::shared_ptr<Pending> new_pending(const char* what, const std::shared_ptr<Wai
   return p;
 }
 
-// A Work that is already complete (size 1, count 0).
+// A Work that is already complete (a collective that exchanges nothing: local_impl).
 std::unique_ptr<Work> finished_work() {
   auto p = std::make_shared<Pending>();
   p->finished = true;
@@ -322,13 +321,7 @@ std::unique_ptr<Work> MpiCommunicator::all_gather_impl(const void* send, void* r
                                                        Stream& stream) {
   enter_stream(stream, "all_gather");
   const int n = mpi_count(count, "all_gather");
-  const std::size_t bytes = count * dtype_size(dtype);
-  if (count == 0) return finished_work();
-  const void* in_place = static_cast<const char*>(recv) + rank_ * bytes;
-  if (size_ == 1) {
-    if (send != recv) std::memmove(recv, send, bytes);
-    return finished_work();
-  }
+  const void* in_place = static_cast<const char*>(recv) + rank_ * count * dtype_size(dtype);
   auto p = new_pending("all_gather", hook_);
   FSDP_CHECK_MPI(MPI_Iallgather(send == in_place ? MPI_IN_PLACE : send, n, mpi_type(dtype), recv,
                                 n, mpi_type(dtype), comm_, &p->request));
@@ -341,12 +334,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter_impl(const void* send, voi
   enter_stream(stream, "reduce_scatter");
   const int n = mpi_count(count, "reduce_scatter");
   const std::size_t bytes = count * dtype_size(dtype);
-  if (count == 0) return finished_work();
   const char* mine = static_cast<const char*>(send) + rank_ * bytes;
-  if (size_ == 1) {
-    if (recv != send) std::memmove(recv, send, bytes);
-    return finished_work();
-  }
   auto p = reduction_pending(ops_, size_, recv, count, dtype, op);
   p->what = "reduce_scatter";
   p->hook = hook_;
@@ -371,11 +359,6 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce_impl(const void* send, void* r
                                                        ReduceOp op, Stream& stream) {
   enter_stream(stream, "all_reduce");
   const int n = mpi_count(count, "all_reduce");
-  if (count == 0) return finished_work();
-  if (size_ == 1) {
-    if (send != recv) std::memmove(recv, send, count * dtype_size(dtype));
-    return finished_work();
-  }
   auto p = reduction_pending(ops_, size_, recv, count, dtype, op);
   p->what = "all_reduce";
   p->hook = hook_;
@@ -388,10 +371,20 @@ std::unique_ptr<Work> MpiCommunicator::broadcast_impl(void* buf, std::size_t cou
                                                       int root, Stream& stream) {
   enter_stream(stream, "broadcast");
   const int n = mpi_count(count, "broadcast");
-  if (count == 0 || size_ == 1) return finished_work();
   auto p = new_pending("broadcast", hook_);
   FSDP_CHECK_MPI(MPI_Ibcast(buf, n, mpi_type(dtype), root, comm_, &p->request));
   return std::make_unique<MpiWork>(std::move(p));
+}
+
+// Count 0 or a group of one (see Communicator::local_impl): the collectives' own stream and
+// count checks first, so that such a call fails where the collective would; then the copy.
+std::unique_ptr<Work> MpiCommunicator::local_impl(const char* what, const void* send, void* recv,
+                                                  std::size_t count, DType dtype,
+                                                  Stream& stream) {
+  enter_stream(stream, what);
+  mpi_count(count, what);
+  if (count > 0 && send != recv) std::memmove(recv, send, count * dtype_size(dtype));
+  return finished_work();
 }
 
 void MpiCommunicator::barrier() {

@@ -466,13 +466,7 @@ std::unique_ptr<Work> NcclCommunicator::all_gather_impl(const void* send, void* 
                                                         Stream& stream) {
   const cudaStream_t after = native(stream);
   const ncclDataType_t type = nccl_type(dtype);
-  const std::size_t bytes = count * dtype_size(dtype);
   return issue("all_gather", after, [&](ncclComm_t comm, cudaStream_t s) -> ncclResult_t {
-    if (count == 0) return ncclSuccess;
-    if (size_ == 1) {
-      if (send != recv) FSDP_CHECK_CUDA(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, s));
-      return ncclSuccess;
-    }
     return ncclAllGather(send, recv, count, type, comm, s);
   });
 }
@@ -483,13 +477,7 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_impl(const void* send, vo
   const cudaStream_t after = native(stream);
   const ncclDataType_t type = nccl_type(dtype);
   const ncclRedOp_t red = nccl_op(op);
-  const std::size_t bytes = count * dtype_size(dtype);
   return issue("reduce_scatter", after, [&](ncclComm_t comm, cudaStream_t s) -> ncclResult_t {
-    if (count == 0) return ncclSuccess;
-    if (size_ == 1) {  // avg over one rank is the identity
-      if (send != recv) FSDP_CHECK_CUDA(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, s));
-      return ncclSuccess;
-    }
     return ncclReduceScatter(send, recv, count, type, red, comm, s);
   });
 }
@@ -500,13 +488,7 @@ std::unique_ptr<Work> NcclCommunicator::all_reduce_impl(const void* send, void* 
   const cudaStream_t after = native(stream);
   const ncclDataType_t type = nccl_type(dtype);
   const ncclRedOp_t red = nccl_op(op);
-  const std::size_t bytes = count * dtype_size(dtype);
   return issue("all_reduce", after, [&](ncclComm_t comm, cudaStream_t s) -> ncclResult_t {
-    if (count == 0) return ncclSuccess;
-    if (size_ == 1) {
-      if (send != recv) FSDP_CHECK_CUDA(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, s));
-      return ncclSuccess;
-    }
     return ncclAllReduce(send, recv, count, type, red, comm, s);
   });
 }
@@ -516,8 +498,24 @@ std::unique_ptr<Work> NcclCommunicator::broadcast_impl(void* buf, std::size_t co
   const cudaStream_t after = native(stream);
   const ncclDataType_t type = nccl_type(dtype);
   return issue("broadcast", after, [&](ncclComm_t comm, cudaStream_t s) -> ncclResult_t {
-    if (count == 0 || size_ == 1) return ncclSuccess;
     return ncclBroadcast(buf, buf, count, type, root, comm, s);
+  });
+}
+
+// Count 0 or a group of one: no NCCL call, but the same path as a collective (ordered after
+// `stream` on the communication stream, a completion event watched by the watchdog and bound
+// by the timeout, refused once aborted), with a device-to-device copy when send != recv.
+std::unique_ptr<Work> NcclCommunicator::local_impl(const char* what, const void* send,
+                                                   void* recv, std::size_t count, DType dtype,
+                                                   Stream& stream) {
+  const cudaStream_t after = native(stream);
+  nccl_type(dtype);  // the collectives' dtype check
+  const std::size_t bytes = count * dtype_size(dtype);
+  return issue(what, after, [&](ncclComm_t, cudaStream_t s) -> ncclResult_t {
+    if (bytes > 0 && send != recv) {
+      FSDP_CHECK_CUDA(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, s));
+    }
+    return ncclSuccess;
   });
 }
 

@@ -99,10 +99,16 @@ std::unique_ptr<Work> StagedCommunicator::upload(cudaStream_t after, void* dst, 
   return std::make_unique<StagedWork>(std::move(done), after);
 }
 
-std::unique_ptr<Work> StagedCommunicator::local_copy(cudaStream_t after, void* dst,
-                                                     const void* src, std::size_t bytes) {
-  if (dst != src && bytes > 0) {
-    FSDP_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, after));
+// Count 0: a Work that is already complete (nothing was issued). A group of one: recv = send
+// on `stream` itself (no staging, no host wait), and an event recorded after the copy.
+std::unique_ptr<Work> StagedCommunicator::local_impl(const char*, const void* send, void* recv,
+                                                     std::size_t count, DType dtype,
+                                                     Stream& stream) {
+  const cudaStream_t after = native(stream);
+  if (count == 0) return finished_work(after);
+  if (recv != send) {
+    FSDP_CHECK_CUDA(cudaMemcpyAsync(recv, send, count * dtype_size(dtype),
+                                    cudaMemcpyDeviceToDevice, after));
   }
   auto done = std::make_shared<CudaEvent>();
   FSDP_CHECK_CUDA(cudaEventRecord(done->handle(), after));
@@ -114,8 +120,6 @@ std::unique_ptr<Work> StagedCommunicator::all_gather_impl(const void* send, void
                                                           Stream& stream) {
   const cudaStream_t after = native(stream);
   const std::size_t bytes = count * dtype_size(dtype);
-  if (count == 0) return finished_work(after);
-  if (size() == 1) return local_copy(after, recv, send, bytes);
   // Host layout = recv; this rank's part goes to its slot, then an in-place all-gather.
   char* h = pinned(bytes * size());
   char* mine = h + bytes * rank();
@@ -129,8 +133,6 @@ std::unique_ptr<Work> StagedCommunicator::reduce_scatter_impl(const void* send, 
                                                               ReduceOp op, Stream& stream) {
   const cudaStream_t after = native(stream);
   const std::size_t bytes = count * dtype_size(dtype);
-  if (count == 0) return finished_work(after);
-  if (size() == 1) return local_copy(after, recv, send, bytes);
   // Host layout = send; an in-place reduce-scatter leaves this rank's part in its slot.
   char* h = pinned(bytes * size());
   char* mine = h + bytes * rank();
@@ -144,8 +146,6 @@ std::unique_ptr<Work> StagedCommunicator::all_reduce_impl(const void* send, void
                                                           ReduceOp op, Stream& stream) {
   const cudaStream_t after = native(stream);
   const std::size_t bytes = count * dtype_size(dtype);
-  if (count == 0) return finished_work(after);
-  if (size() == 1) return local_copy(after, recv, send, bytes);
   char* h = pinned(bytes);
   download(after, h, send, bytes);
   host_->all_reduce(h, h, count, dtype, op)->wait();
@@ -157,7 +157,6 @@ std::unique_ptr<Work> StagedCommunicator::broadcast_impl(void* buf, std::size_t 
                                                          Stream& stream) {
   const cudaStream_t after = native(stream);
   const std::size_t bytes = count * dtype_size(dtype);
-  if (count == 0 || size() == 1) return local_copy(after, buf, buf, 0);
   char* h = pinned(bytes);
   const bool is_root = rank() == root;
   download(after, h, buf, is_root ? bytes : 0);

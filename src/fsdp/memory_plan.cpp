@@ -51,6 +51,12 @@ class SilentCommunicator final : public Communicator {
   std::unique_ptr<Work> broadcast_impl(void*, std::size_t, DType, int, Stream&) override {
     return std::make_unique<NoWork>();
   }
+  // Count 0 or a group of one (NO_SHARD's shard group, a world of one): no copy either, the
+  // buffers are the counting runtime's, never backed by memory.
+  std::unique_ptr<Work> local_impl(const char*, const void*, void*, std::size_t, DType,
+                                   Stream&) override {
+    return std::make_unique<NoWork>();
+  }
 
  private:
   int size_;

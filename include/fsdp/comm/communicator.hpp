@@ -18,6 +18,14 @@
 // check their arguments here, once for every implementation, before the implementation
 // sees them: ReduceOp::avg on an integer dtype and a broadcast root outside [0, size()) throw
 // fsdp::Error "<kind()>::<collective>: ..." on the calling rank (nothing is issued).
+//
+// They also decide the trivial cases here, once: a collective with count 0, or on a group of
+// one, exchanges nothing, and every one of them is then recv[count] = send[count] on this
+// rank (all_gather and reduce_scatter over one rank, all_reduce with any op, avg included,
+// since the average of one value is that value; nothing for count 0 or in place; broadcast is
+// always in place). Those calls go to local_impl() instead of the collective's *_impl, which
+// therefore only ever see count > 0 and size() > 1. The trivial case is decided from count and
+// size() alone, so every rank of a group decides alike.
 #pragma once
 
 #include <cstddef>
@@ -73,6 +81,7 @@ class Communicator {
   // send may alias recv + rank * count (in place, as ncclAllGather allows).
   std::unique_ptr<Work> all_gather(const void* send, void* recv, std::size_t count, DType dtype,
                                    Stream& stream) {
+    if (trivial(count)) return local_impl("all_gather", send, recv, count, dtype, stream);
     return all_gather_impl(send, recv, count, dtype, stream);
   }
   // recv[count] = op over ranks of send[rank * count : (rank+1) * count]; send is
@@ -81,18 +90,21 @@ class Communicator {
   std::unique_ptr<Work> reduce_scatter(const void* send, void* recv, std::size_t count,
                                        DType dtype, ReduceOp op, Stream& stream) {
     check_op(dtype, op, "reduce_scatter");
+    if (trivial(count)) return local_impl("reduce_scatter", send, recv, count, dtype, stream);
     return reduce_scatter_impl(send, recv, count, dtype, op, stream);
   }
   // recv[count] = op over ranks of send[count]; send == recv means in place.
   std::unique_ptr<Work> all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
                                    ReduceOp op, Stream& stream) {
     check_op(dtype, op, "all_reduce");
+    if (trivial(count)) return local_impl("all_reduce", send, recv, count, dtype, stream);
     return all_reduce_impl(send, recv, count, dtype, op, stream);
   }
   // buf[count] on every rank = root's buf.
   std::unique_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype, int root,
                                   Stream& stream) {
     check_root(root);
+    if (trivial(count)) return local_impl("broadcast", buf, buf, count, dtype, stream);
     return broadcast_impl(buf, count, dtype, root, stream);
   }
   // The same, ordered after default_stream().
@@ -119,6 +131,8 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split_node() = 0;
 
  protected:
+  // The collectives proper, called by the public ones above after their checks, only with
+  // count > 0 on a group of size() > 1.
   virtual std::unique_ptr<Work> all_gather_impl(const void* send, void* recv, std::size_t count,
                                                 DType dtype, Stream& stream) = 0;
   virtual std::unique_ptr<Work> reduce_scatter_impl(const void* send, void* recv,
@@ -128,8 +142,23 @@ class Communicator {
                                                 DType dtype, ReduceOp op, Stream& stream) = 0;
   virtual std::unique_ptr<Work> broadcast_impl(void* buf, std::size_t count, DType dtype,
                                                int root, Stream& stream) = 0;
+  // A collective that exchanges nothing (count 0, or a group of one): recv[count] =
+  // send[count], nothing to do when count == 0 or send == recv (broadcast passes its buffer as
+  // both), ordered after `stream` as collective `what` ("all_gather", "reduce_scatter",
+  // "all_reduce", "broadcast") would be, returning its Work. Implementations give it their
+  // own stream and Work semantics (MpiCommunicator checks and synchronizes the stream as its
+  // collectives do; NcclCommunicator enqueues the copy on its communication stream under
+  // its watchdog; StagedCommunicator copies device to device on `stream`).
+  // The default serves host-memory communicators (device() == Device::cpu) with nothing to
+  // order against: it copies at once, without synchronizing `stream`, and returns a complete
+  // Work whose done() is a HostEvent; for device memory it throws fsdp::Error (such a
+  // communicator must override it).
+  virtual std::unique_ptr<Work> local_impl(const char* what, const void* send, void* recv,
+                                           std::size_t count, DType dtype, Stream& stream);
 
  private:
+  // Whether a collective of `count` elements exchanges nothing.
+  bool trivial(std::size_t count) const { return count == 0 || size() == 1; }
   // The opening checks of the collectives (see the header); throw fsdp::Error.
   void check_op(DType dtype, ReduceOp op, const char* what) const;
   void check_root(int root) const;

@@ -84,6 +84,10 @@ class MpiCommunicator final : public Communicator {
                                         DType dtype, ReduceOp op, Stream& stream) override;
   std::unique_ptr<Work> broadcast_impl(void* buf, std::size_t count, DType dtype, int root,
                                        Stream& stream) override;
+  // Count 0 or a group of one: the stream and count checks of the collectives, a memmove
+  // when send != recv, and a complete Work.
+  std::unique_ptr<Work> local_impl(const char* what, const void* send, void* recv,
+                                   std::size_t count, DType dtype, Stream& stream) override;
 
  private:
   // Adopts `comm` (already a new communicator, e.g. from MPI_Comm_split): no dup; frees it

@@ -112,6 +112,9 @@ class NcclCommunicator final : public Communicator {
                                         DType dtype, ReduceOp op, Stream& stream) override;
   std::unique_ptr<Work> broadcast_impl(void* buf, std::size_t count, DType dtype, int root,
                                        Stream& stream) override;
+  // Count 0 or a group of one: a cudaMemcpyAsync (send != recv) issued as a collective.
+  std::unique_ptr<Work> local_impl(const char* what, const void* send, void* recv,
+                                   std::size_t count, DType dtype, Stream& stream) override;
 
  private:
   NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int device, double timeout_s);

@@ -64,6 +64,9 @@ class StagedCommunicator final : public Communicator {
                                         DType dtype, ReduceOp op, Stream& stream) override;
   std::unique_ptr<Work> broadcast_impl(void* buf, std::size_t count, DType dtype, int root,
                                        Stream& stream) override;
+  // Count 0: a complete Work. A group of one: dst = src device to device on `stream`.
+  std::unique_ptr<Work> local_impl(const char* what, const void* send, void* recv,
+                                   std::size_t count, DType dtype, Stream& stream) override;
 
  private:
   // Pinned host memory of at least `bytes`, idle (no copy in flight from or to it).
@@ -72,9 +75,6 @@ class StagedCommunicator final : public Communicator {
   void download(cudaStream_t after, char* dst, const void* src, std::size_t bytes);
   // Step 3: host src[bytes] -> device dst on the copy stream; the Work for `after`.
   std::unique_ptr<Work> upload(cudaStream_t after, void* dst, const char* src, std::size_t bytes);
-  // A group of one: dst = src on `after`.
-  std::unique_ptr<Work> local_copy(cudaStream_t after, void* dst, const void* src,
-                                   std::size_t bytes);
 
   std::unique_ptr<Communicator> host_;
   std::unique_ptr<CudaStream> default_stream_, copy_stream_;
