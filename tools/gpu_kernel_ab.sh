@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # tools/gpu_kernel_ab.sh: one short GPU call that checks and measures a kernel change:
-#   1. test_cuda_kernels (every CUDA kernel against the CPU backend; attention under both
-#      tensor-core paths, fsdp/cuda/attention_kernel.hpp)
+#   1. test_cuda_kernels (every CUDA model kernel against the CPU backend)
 #   2. fsdp_train on GPT-2 124M (AB_MODELS: tools/bench_torch_gpu.py's models, default gpt2-124m;
 #      e.g. AB_MODELS="gpt2-124m t5-small-byt5"; its configuration, WARMUP 3 +
-#      STEPS 8 steps), FSDP_ATTENTION_KERNEL = mma, wmma, mma, ... interleaved (ROUNDS rounds):
-#      median tokens/s and the peak memory of each run
-#   3. the profiler on the default kernels (--profile 3:4): tools/profile_summary.py --top 15
+#      STEPS 8 steps), ROUNDS rounds: median tokens/s and the peak memory of each run; with
+#      AB_BASE (below) the new build and the base build interleaved (new, base, new, ...)
+#   3. the profiler (--profile 3:4): tools/profile_summary.py --top 15
 #   4. test_gpu_train at 1 rank (GPU training against the CPU backend), if time is left
 # Run on the GPU machine from the repo root with the bundle carried:
 #   run(carry=["gpu_bundle"], command="tools/gpu_kernel_ab.sh", timeout_s=150)
 # Writes $OUT/kernel_ab.md (else ./kernel_ab.md) and each profile's Chrome trace
-# (trace_MODEL_LABEL.json.gz); about 100 s on an H100 per model.
+# (trace_MODEL_LABEL.json.gz); about 100 s on an H100 per model with AB_BASE (two contenders,
+# as the mma/wmma comparison took), less without.
 #
-# AB_BASE=FILE compares two builds instead of two attention kernels: FILE is an older
+# AB_BASE=FILE compares two builds (a change's before and after on one lease): FILE is an older
 # fsdp_train (stripped, or xz-compressed as FILE.xz to keep the carried size down; built as
 # tools/gpu_bundle.sh builds, so the bundle's libraries serve it), run as "base" against the
 # bundle's "new", interleaved, and step 3 profiles both (the kernel tables before and after).
@@ -39,31 +39,33 @@ export GTEST_COLOR=no
 echo "## test_cuda_kernels" | tee -a "$SUMMARY"
 inb timeout -k 5 60 mpirun -n 1 --bind-to none gpu_bundle/bin/test_cuda_kernels >"$WORK/kernels.log" 2>&1
 echo "exit $?" | tee -a "$SUMMARY"
-grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is|actual|mma kernels|wmma kernels|qkv |max " \
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure|Expected|Which is|actual|qkv |max " \
   "$WORK/kernels.log" | head -60 | tee -a "$SUMMARY"
 
-# The contenders: (label, FSDP_ATTENTION_KERNEL, executable).
+# The contenders: (label, executable). Without AB_BASE the bundle's build alone (the
+# superseded wmma attention kernels it used to be compared with are gone).
 if [[ -n "${AB_BASE:-}" ]]; then
   base_bin="$WORK/fsdp_train_base"
   if [[ "$AB_BASE" == *.xz ]]; then xz -dc "$AB_BASE" >"$base_bin"; else cp "$AB_BASE" "$base_bin"; fi
   chmod +x "$base_bin"
-  LABELS=(new base) KERNELS=(mma mma) BINS=(fsdp_train "$base_bin")
+  LABELS=(new base) BINS=(fsdp_train "$base_bin")
   echo "base: $AB_BASE ($(inb "$base_bin" --version 2>&1 | head -1))" | tee -a "$SUMMARY"
 else
-  LABELS=(mma wmma) KERNELS=(mma wmma) BINS=(fsdp_train fsdp_train)
+  LABELS=(new) BINS=(fsdp_train)
 fi
+NC=${#LABELS[@]}
 
 for model in $AB_MODELS; do
   python3 tools/bench_torch_gpu.py --model "$model" --fsdp-train-toml --warmup "$WARMUP" \
     --steps "$STEPS" >"$WORK/$model.toml"
-  echo; echo "## fsdp_train $model, ${LABELS[0]} / ${LABELS[1]} interleaved" | tee -a "$SUMMARY"
+  echo; echo "## fsdp_train $model, $(IFS=/; echo "${LABELS[*]}")$( ((NC > 1)) && echo " interleaved")" | tee -a "$SUMMARY"
   echo "| round | contender | tok/s (median of steps > $WARMUP) | peak_mem_bytes |" | tee -a "$SUMMARY"
   echo "|---:|---|---:|---:|" | tee -a "$SUMMARY"
   for r in $(seq 1 "$ROUNDS"); do
-    for i in 0 1; do
+    for i in $(seq 0 $((NC - 1))); do
       k="${LABELS[$i]}"
       run="$WORK/run_${model}_${k}_$r"
-      FSDP_ATTENTION_KERNEL=${KERNELS[$i]} inb timeout -k 5 40 mpirun -np 1 --bind-to none -x FSDP_ATTENTION_KERNEL \
+      inb timeout -k 5 40 mpirun -np 1 --bind-to none \
         "${BINS[$i]}" "$WORK/$model.toml" --set "train.run_dir=\"$run\"" >"$run.log" 2>&1
       rc=$?
       python3 - "$run/metrics.jsonl" "$r" "$k" "$rc" "$WARMUP" <<'EOF' | tee -a "$SUMMARY"
@@ -83,11 +85,11 @@ EOF
     done
   done
 
-  # The profiles: the default kernels; with AB_BASE both builds (A = new, B = base, side by side).
-  NPROF=1; [[ -n "${AB_BASE:-}" ]] && NPROF=2
+  # The profiles: every contender (with AB_BASE: A = new, B = base, side by side).
+  NPROF=$NC
   traces=()
   for i in $(seq 0 $((NPROF - 1))); do
-    echo; echo "## profile, $model, ${LABELS[$i]}, default kernels (--profile 3:4)" | tee -a "$SUMMARY"
+    echo; echo "## profile, $model, ${LABELS[$i]} (--profile 3:4)" | tee -a "$SUMMARY"
     prof="$WORK/prof_${model}_${LABELS[$i]}"
     inb timeout -k 5 40 mpirun -np 1 --bind-to none "${BINS[$i]}" "$WORK/$model.toml" \
       --set "train.run_dir=\"$prof\"" --profile 3:4 >"$prof.log" 2>&1

@@ -27,8 +27,6 @@
 #include <memory>
 #include <tuple>
 
-#include "fsdp/cuda/attention_kernel.hpp"
-
 namespace fsdp::cuda::kernels {
 
 // Storage types (fsdp::DType's f32, bf16, f16, f64).
@@ -162,7 +160,7 @@ void swiglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s);
 // dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may alias gate or dout, dup up).
 void swiglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s);
 
-// ---- attention: FlashAttention-2 (kernels_flash.cu) ----
+// ---- attention: FlashAttention-2 (kernels_flash.cu; kernels in kernels_flash_{mma,simt}.cu) ----
 // One attention problem (kernels.hpp's attention_*, mha_* and gqa_attention_*). Head h of
 // batch b: queries at q + (b*Tq + i)*ldq + h*D, keys and values of its key/value head
 // g = h / group at k / v + (b*Tk + j)*ldk / ldv + g*D, output (and dout) rows at

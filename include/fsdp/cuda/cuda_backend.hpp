@@ -26,7 +26,6 @@
 #include <memory>
 
 #include "fsdp/backend/backend.hpp"
-#include "fsdp/cuda/attention_kernel.hpp"  // AttentionKernel, set_attention_kernel
 
 namespace fsdp::cuda {
 

@@ -1,13 +1,14 @@
-// src/cuda/kernels_flash_mma.cuh: the register-level FlashAttention-2 kernels (Dao 2023,
-// Algorithms 1 and 2), included by kernels_flash.cu only (they use its Dev, visible, score,
-// key_end). The default tensor-core path for 16-bit storage, head dim 64 or 128, and
-// 16-byte-aligned rows.
+// src/cuda/kernels_flash_mma.cu: the register-level FlashAttention-2 kernels (Dao 2023,
+// Algorithms 1 and 2), the tensor-core path for 16-bit storage (bf16/fp16 in, fp32
+// accumulate; sm80+), head dim 64 or 128, and 16-byte-aligned rows (mma_fits); Dev, the
+// masking and the launch helpers come from kernels_flash.cuh.
 //
-// Why a second tensor-core path: the wmma kernels beside them keep S, dP and O in shared
-// memory (wmma fragments are opaque), so every 64 x 64 tile is stored, re-read row by row by
-// lane pairs and reloaded; on the H100 the GPT-2 124M step spent 18.8 ms of 42 in them (29
-// TFLOP/s forward). These use mma.sync.m16n8k16 directly, whose fragment layouts are
-// documented (PTX ISA, "Matrix Fragments for mma.m16n8k16"), as flash-attention does:
+// Why mma.sync and not nvcuda::wmma: wmma fragments are opaque, so the first tensor-core
+// kernels (wmma, removed since) kept S, dP and O in shared memory, and every 64 x 64 tile was
+// stored, re-read row by row by lane pairs and reloaded; on the H100 the GPT-2 124M step spent
+// 18.8 ms of 42 in them (29 TFLOP/s forward), against 6.2 ms here (docs/benchmarks.md). These
+// use mma.sync.m16n8k16 directly, whose fragment layouts are documented (PTX ISA, "Matrix
+// Fragments for mma.m16n8k16"), as flash-attention does:
 //  - S = Q K^T and dP = dO V^T accumulate in registers; the softmax (row max and sum over
 //    the 4 lanes that share a row: shuffles) and the masking work on those registers;
 //  - the accumulator layout of two adjacent n8 tiles is the A-operand layout of one k16
@@ -19,11 +20,12 @@
 //    ldmatrix.trans; the others are 32-bit shared loads of adjacent element pairs.
 // Shared rows are padded to D + 8 elements: conflict-free for both access patterns.
 // Blocks: 4 warps, 64 rows (queries, or keys for dK/dV) per block, 16 per warp; key (query)
-// tiles of 64. Masking, bias, the empty-row convention and the dbias order are exactly the
-// wmma kernels' (see kernels_flash.cu), so the two paths agree to rounding.
-#pragma once
+// tiles of 64. Masking, bias, the empty-row convention and the dbias order are those of
+// kernels_flash.cuh, as in the SIMT kernels, so the two paths agree to rounding.
+#include "kernels_flash.cuh"
 
-namespace mma_path {
+namespace fsdp::cuda::kernels::flash {
+namespace {
 
 constexpr int kRows = 64;      // rows of a block tile = columns of a streamed tile
 constexpr int kThreads = 128;  // 4 warps x 16 rows
@@ -523,4 +525,86 @@ constexpr std::size_t dkdv_smem(std::size_t t_size) {
   return 6 * Lay<D>::tile * t_size + 4 * kRows * sizeof(float);
 }
 
-}  // namespace mma_path
+// f(Tag<T>, Int<D>) for the instantiations: T = __nv_bfloat16 or __half, D = 64 or 128.
+template <int V>
+struct Int {
+  static constexpr int value = V;
+};
+template <class F>
+void dispatch_mma(const FlashProblem& p, F&& f) {
+  auto by_d = [&](auto tag) {
+    if (p.D == 64) {
+      f(tag, Int<64>{});
+    } else {
+      f(tag, Int<128>{});
+    }
+  };
+  if (p.t == ST::bf16) {
+    by_d(Tag<__nv_bfloat16>{});
+  } else {
+    by_d(Tag<__half>{});
+  }
+}
+
+}  // namespace
+
+bool mma_fits(const FlashProblem& p, std::initializer_list<const void*> arrays) {
+  if (!((p.t == ST::bf16 || p.t == ST::f16) && (p.D == 64 || p.D == 128))) return false;
+  // 16-byte tile loads (cp.async) and 32-bit pair stores: every row start 16-byte aligned.
+  for (const void* x : arrays) {
+    if (!aligned16(x)) return false;
+  }
+  const int64_t per = 16 / static_cast<int64_t>(st_size(p.t));
+  return p.ldq % per == 0 && p.ldk % per == 0 && p.ldv % per == 0 && p.ldo % per == 0 &&
+         p.D % per == 0;
+}
+
+void mma_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
+                 float* lse, cudaStream_t s) {
+  const Dev d = to_dev(p);
+  dispatch_mma(p, [&](auto tag, auto dim) {
+    using T = typename decltype(tag)::type;
+    constexpr int D = decltype(dim)::value;
+    const int64_t nqt = (p.Tq + kRows - 1) / kRows;
+    const std::size_t smem = fwd_smem<D>(sizeof(T));
+    set_smem(flash_fwd<T, D>, smem, "attention forward");
+    flash_fwd<T, D><<<grid_for(p.B * p.H * nqt, "attention forward"), kThreads, smem, s>>>(
+        d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+        static_cast<T*>(out), lse, nqt);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void mma_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
+                  const void* dout, const float* lse, const float* di, void* dq, void* dk,
+                  void* dv, float* dbias, cudaStream_t s) {
+  const Dev d = to_dev(p);
+  const int64_t hkv = p.H / p.group;  // the dK/dV kernel's blocks are (b, kv head, key tile)
+  dispatch_mma(p, [&](auto tag, auto dim) {
+    using T = typename decltype(tag)::type;
+    constexpr int D = decltype(dim)::value;
+    const auto* qt = static_cast<const T*>(q);
+    const auto* kt = static_cast<const T*>(k);
+    const auto* vt = static_cast<const T*>(v);
+    const auto* dot = static_cast<const T*>(dout);
+    if (p.Tk > 0) {
+      const int64_t nkt = (p.Tk + kRows - 1) / kRows;
+      const std::size_t smem = dkdv_smem<D>(sizeof(T));
+      set_smem(flash_bwd_dkdv<T, D>, smem, "attention backward");
+      flash_bwd_dkdv<T, D><<<grid_for(p.B * hkv * nkt, "attention backward"), kThreads, smem, s>>>(
+          d, qt, kt, vt, dot, lse, di, static_cast<T*>(dk), static_cast<T*>(dv), nkt);
+      FSDP_CHECK_LAUNCH();
+    }
+    if (p.Tq > 0) {
+      const int64_t nqt = (p.Tq + kRows - 1) / kRows;
+      const std::size_t smem = dq_smem<D>(sizeof(T));
+      set_smem(flash_bwd_dq<T, D>, smem, "attention backward");
+      const int64_t blocks = (dbias ? p.H : p.B * p.H) * nqt;
+      flash_bwd_dq<T, D><<<grid_for(blocks, "attention backward"), kThreads, smem, s>>>(
+          d, qt, kt, vt, dot, lse, di, static_cast<T*>(dq), dbias, nqt);
+      FSDP_CHECK_LAUNCH();
+    }
+  });
+}
+
+}  // namespace fsdp::cuda::kernels::flash

@@ -1,0 +1,107 @@
+// src/cuda/kernels_flash.cuh: what the FlashAttention-2 translation units share:
+//  - kernels_flash.cu: the entry points of kernels.hpp (flash_forward, flash_backward), which
+//    check the problem, choose a path and run backward's D_i pass;
+//  - kernels_flash_mma.cu: the tensor-core path (mma.sync.m16n8k16), for 16-bit storage,
+//    head dim 64 or 128 and 16-byte-aligned rows (mma_fits);
+//  - kernels_flash_simt.cu: the SIMT path (fp32 math, any storage type, head dim, alignment).
+// Here: the problem as the kernels see it (Dev), the masking and score rules every kernel of
+// both paths applies (so the two agree to rounding), the launch helpers, and the two paths'
+// launchers.
+//
+// Masking: key j is invisible to query i when j >= Tk, i >= Tq, key_mask[b, j] == 0, or
+// causal and j > i; its score is -inf and its probability exactly 0. A row with no visible
+// key gets out 0 and lse +inf (flash-attention's softmax.h), so exp(s - lse) = 0 in backward.
+// Grouped-query attention: query head h reads the keys and values of head h / group.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "kernels_common.cuh"
+
+namespace fsdp::cuda::kernels::flash {
+
+// The problem as the kernels see it (a FlashProblem without its storage type, which the
+// kernels have as their template argument).
+struct Dev {
+  int64_t B, Tq, Tk, H, D;
+  int64_t ldq, ldk, ldv, ldo;
+  float scale;
+  bool causal;
+  const float* bias;        // [H,Tq,Tk] or null
+  const int32_t* key_mask;  // [B,Tk] or null
+  int64_t group;            // query heads per key/value head: head h reads k, v of h / group
+};
+
+inline Dev to_dev(const FlashProblem& p) {
+  return {p.B,      p.Tq,   p.Tk,       p.H,    p.D,   p.ldq, p.ldk, p.ldv, p.ldo, p.scale,
+          p.causal, p.bias, p.key_mask, p.group};
+}
+
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__device__ __forceinline__ bool visible(const Dev& p, int64_t b, int64_t i, int64_t j) {
+  return i < p.Tq && j < p.Tk && !(p.causal && j > i) &&
+         !(p.key_mask && p.key_mask[b * p.Tk + j] == 0);
+}
+// The score of a visible (i, j) from the raw dot product q_i . k_j.
+__device__ __forceinline__ float score(const Dev& p, int64_t h, int64_t i, int64_t j, float dot) {
+  return dot * p.scale + (p.bias ? p.bias[(h * p.Tq + i) * p.Tk + j] : 0.0f);
+}
+// Keys [0, end) that queries [i0, i0 + rows) may see.
+__device__ __forceinline__ int64_t key_end(const Dev& p, int64_t i0, int64_t rows) {
+  return p.causal ? imin(p.Tk, i0 + rows) : p.Tk;
+}
+
+// ---------------------------------------------------------------------------------------
+// launch helpers
+
+// Sets the dynamic shared memory of `kernel` to `bytes` (opting in above 48 KiB); throws
+// when the device allows less.
+template <class K>
+void set_smem(K kernel, std::size_t bytes, const char* what) {
+  if (bytes <= 48 * 1024) return;
+  int device = 0, max_smem = 0;
+  FSDP_CHECK_CUDA(cudaGetDevice(&device));
+  FSDP_CHECK_CUDA(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (bytes > static_cast<std::size_t>(max_smem)) {
+    throw Error(std::string("cuda backend: ") + what + ": the head dim needs " +
+                std::to_string(bytes) + " bytes of shared memory per block (the device allows " +
+                std::to_string(max_smem) + ")");
+  }
+  FSDP_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes)));
+}
+
+inline unsigned grid_for(int64_t blocks, const char* what) {
+  if (blocks > 0x7fffffff) {
+    throw Error(std::string("cuda backend: ") + what + ": " + std::to_string(blocks) +
+                " blocks exceed the launch grid");
+  }
+  return static_cast<unsigned>(blocks);
+}
+
+// ---------------------------------------------------------------------------------------
+// the two paths. Each launcher writes what flash_forward / flash_backward (kernels.hpp)
+// document, for a problem the entry point has checked (B, H > 0; group >= 1 divides H).
+// Backward's di is D_i = rowsum(dO * O) [B,H,Tq], computed by the entry point.
+
+// kernels_flash_mma.cu: whether the tensor-core kernels take this problem: 16-bit storage,
+// head dim 64 or 128, and every row of `arrays` (and every stride) 16-byte aligned.
+bool mma_fits(const FlashProblem& p, std::initializer_list<const void*> arrays);
+void mma_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
+                 float* lse, cudaStream_t s);
+void mma_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
+                  const void* dout, const float* lse, const float* di, void* dq, void* dk,
+                  void* dv, float* dbias, cudaStream_t s);
+
+// kernels_flash_simt.cu: any problem of fp32, bf16 or fp16 storage.
+void simt_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
+                  float* lse, cudaStream_t s);
+void simt_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
+                   const void* dout, const float* lse, const float* di, void* dq, void* dk,
+                   void* dv, float* dbias, cudaStream_t s);
+
+}  // namespace fsdp::cuda::kernels::flash
