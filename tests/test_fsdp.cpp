@@ -279,7 +279,7 @@ TEST(OptimizerState, TypedPerOptimizer) {
     fsdp::Optimizer opt(oc, *be);
     auto param = fsdp::DeviceBuffer::floats(*be, 8, fsdp::MemCategory::sharded_params);
     auto grad = fsdp::DeviceBuffer::floats(*be, 8, fsdp::MemCategory::grads);
-    opt.add_shard(param.view(), grad.view(), {{0, 8, true}});
+    opt.add_shard(param.view(), grad.view(), {{0, 8}});
     const bool adamw = kind == fsdp::OptimizerKind::adamw;
     EXPECT_EQ(opt.states(), adamw ? (std::vector<OptimState>{OptimState::exp_avg, OptimState::exp_avg_sq})
                                    : (std::vector<OptimState>{OptimState::momentum_buffer}));

@@ -24,6 +24,7 @@
 
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/model/gpt2.hpp"
+#include "fsdp/optim/optimizer.hpp"
 #include "t5_util.hpp"
 #include "train_util.hpp"
 
@@ -188,7 +189,8 @@ TEST(MemoryPlan, FollowsThePrefetchMode) {
   auto plan = [&](bool forward, fsdp::BackwardPrefetch backward) {
     c.fsdp.forward_prefetch = forward;
     c.fsdp.backward_prefetch = backward;
-    return fsdp::plan_memory(model.modules(), c, 4, 4).unsharded_params;
+    return fsdp::plan_memory(model.modules(), c, 4, 4, fsdp::num_optimizer_states(c.optim.name))
+        .unsharded_params;
   };
   const auto layouts = fsdp::build_unit_layouts(model.modules(), c.fsdp, 4);
   const int64_t root = 4 * layouts[0].padded_numel, block = 4 * layouts[1].padded_numel;

@@ -32,6 +32,7 @@
 #include "fsdp/data/samples.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/model.hpp"
+#include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/memory_check.hpp"
 #include "train_util.hpp"
 
@@ -211,7 +212,8 @@ TEST(Offload, PlanEqualsTheMeasuredDeviceAndHostPeaks) {
       const fsdp::EngineMemoryPlan q =
           fsdp::plan_memory(fsdp::model_family(c.model.type).modules(c.model), plain,
                             world_size(), c.mesh.shard_size > 0 ? static_cast<int>(c.mesh.shard_size)
-                                                                 : world_size());
+                                                                 : world_size(),
+                            fsdp::num_optimizer_states(c.optim.name));
       EXPECT_FALSE(q.offload);
       EXPECT_EQ(p.host.sharded_params, q.sharded_params) << k.tag();
       EXPECT_EQ(p.host.grads, q.grads) << k.tag();
@@ -254,7 +256,8 @@ Plan plan_7b(bool offload, int64_t n_layer = 32) {
                                 "model.n_layer=" + std::to_string(n_layer)});
   const fsdp::ModelFamily& family = fsdp::model_family(c.model.type);
   Plan p;
-  p.engine = fsdp::plan_memory(family.modules(c.model), c, 1, 1);
+  p.engine = fsdp::plan_memory(family.modules(c.model), c, 1, 1,
+                              fsdp::num_optimizer_states(c.optim.name));
   p.activations = family.activation_bytes(c.model, c.train.micro_batch_size,
                                           fsdp::data::batch_shape(c),
                                           c.mixed_precision.param_dtype,

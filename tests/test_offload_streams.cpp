@@ -277,7 +277,7 @@ Trained train(bool offload, int64_t micro, Group group) {
   fsdp::Optimizer opt(oc, engine.shard_runtime());
   for (int u = 0; u < engine.num_units(); ++u) {
     opt.add_shard(engine.shard_param(u), engine.shard_grad(u),
-                  fsdp::decay_segments(engine.layout(u), engine.shard_index()));
+                  fsdp::decayed_ranges(engine.layout(u), engine.shard_index()));
   }
   fsdp::DeviceBuffer loss(*be, DType::f64, 1, fsdp::MemCategory::other);
   fsdp::DeviceBuffer norm(*be, DType::f64, 1, fsdp::MemCategory::other);

@@ -63,6 +63,22 @@ int64_t shards_for(ShardingStrategy strategy, int world_size, int shard_group_si
   return 1;
 }
 
+std::vector<ElementRange> decayed_ranges(const FlatParamLayout& layout, int64_t shard) {
+  const int64_t begin = layout.shard_begin(shard), end = layout.shard_end(shard);
+  std::vector<ElementRange> out;
+  for (const FlatEntry& e : layout.entries) {
+    if (!e.spec.weight_decay) continue;
+    const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.spec.numel());
+    if (lo >= hi) continue;
+    if (!out.empty() && out.back().end == lo - begin) {
+      out.back().end = hi - begin;
+    } else {
+      out.push_back({lo - begin, hi - begin});
+    }
+  }
+  return out;
+}
+
 std::vector<FlatParamLayout> build_unit_layouts(const std::vector<ModuleDecl>& modules,
                                                 const FsdpConfig& fsdp, int64_t num_shards) {
   const std::vector<int> unit_of = wrap_modules(modules, fsdp);

@@ -1,15 +1,17 @@
 // The --dry-run memory plan (see plan_memory in fsdp/fsdp/engine.hpp): the real FsdpEngine
-// and Optimizer driven through one training step on a backend that only counts allocations
+// driven through one training step on a backend that only counts allocations
 // (CountingRuntime, fsdp/backend/counting_runtime.hpp) and on communicators that move
-// nothing. Nothing is allocated, so it runs for any model size, and the plan cannot drift
-// from what the engine does.
+// nothing, with the optimizer state the caller names allocated as the Optimizer allocates it.
+// Nothing is allocated, so it runs for any model size, and the plan cannot drift from what
+// the engine does (tests/test_memory_plan.cpp checks it against measured peaks).
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
+#include "fsdp/backend/buffer.hpp"
 #include "fsdp/backend/counting_runtime.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/fsdp/engine.hpp"
-#include "fsdp/optim/optimizer.hpp"
 
 namespace fsdp {
 namespace {
@@ -66,7 +68,7 @@ class SilentCommunicator final : public Communicator {
 }  // namespace
 
 EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Config& config,
-                             int world_size, int shard_group_size) {
+                             int world_size, int shard_group_size, int optimizer_states) {
   const int shards = static_cast<int>(
       shards_for(config.fsdp.sharding_strategy, world_size, shard_group_size));
   SilentCommunicator shard(shards), replicate(world_size / shards);
@@ -74,10 +76,13 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
   const bool offload = config.fsdp.cpu_offload;
   FsdpEngine engine(modules, config.fsdp, config.mixed_precision, shard, replicate, be,
                     config.train.seed, /*initialise=*/false, offload ? &host : nullptr);
-  Optimizer optimizer(config.optim, engine.shard_runtime());
+  // The optimizer state: Optimizer::add_shard's tensors, unit by unit, on the shards' runtime.
+  std::vector<DeviceBuffer> optimizer_state;
   for (int u = 0; u < engine.num_units(); ++u) {
-    optimizer.add_shard(engine.shard_param(u), engine.shard_grad(u),
-                        decay_segments(engine.layout(u), engine.shard_index()));
+    for (int i = 0; i < optimizer_states; ++i) {
+      optimizer_state.push_back(DeviceBuffer::floats(engine.shard_runtime(), engine.shard_param(u).numel(),
+                                                     MemCategory::optimizer_state));
+    }
   }
   engine.params_updated();  // what the trainer does once the shards hold their values
   // One training pass, modules entered in declaration order and left in reverse (the

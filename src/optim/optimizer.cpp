@@ -4,28 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {
-
-std::vector<DecaySegment> decay_segments(const FlatParamLayout& layout, int64_t shard) {
-  const int64_t begin = layout.shard_begin(shard), end = layout.shard_end(shard);
-  std::vector<DecaySegment> out;
-  auto push = [&](int64_t lo, int64_t hi, bool decay) {
-    if (lo >= hi) return;
-    if (!out.empty() && out.back().decay == decay && out.back().end == lo - begin) {
-      out.back().end = hi - begin;
-    } else {
-      out.push_back({lo - begin, hi - begin, decay});
-    }
-  };
-  for (const auto& e : layout.entries) {
-    push(std::max(begin, e.offset), std::min(end, e.offset + e.spec.numel()), e.spec.weight_decay);
-  }
-  push(std::max(begin, layout.numel), end, false);  // padding
-  return out;
-}
 
 double learning_rate(const OptimConfig& o, int64_t max_steps, int64_t step) {
   const int64_t decay_steps = o.decay_steps > 0 ? o.decay_steps : max_steps;
@@ -42,14 +25,11 @@ double learning_rate(const OptimConfig& o, int64_t max_steps, int64_t step) {
 Optimizer::Optimizer(const OptimConfig& config, DeviceRuntime& backend) : cfg_(config), be_(backend) {}
 
 void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
-                          std::vector<DecaySegment> segments) {
+                          std::vector<ElementRange> decayed) {
   if (param.dtype != DType::f32 || grad.dtype != DType::f32 || grad.numel() != param.numel()) {
     throw Error("Optimizer::add_shard: param and grad must be fp32 views of equal size");
   }
-  Shard s{param, grad, {}, {}, {}};
-  for (const DecaySegment& seg : segments) {
-    if (seg.decay) s.decayed.push_back({seg.begin, seg.end});
-  }
+  Shard s{param, grad, std::move(decayed), {}, {}};
   const int64_t n = param.numel();
   s.s0 = DeviceBuffer::floats(be_, n, MemCategory::optimizer_state);
   be_.fill_zero(s.s0.view());

@@ -697,7 +697,8 @@ void plan_dry_run(Job& job, TrainResult& result, int64_t act_bytes) {
         shards_for(cfg.fsdp.sharding_strategy, job.world, job.mesh_shard_size()));
     const auto layouts = build_unit_layouts(modules, cfg.fsdp, num_shards);
     print_banner(job, layouts, /*list_units=*/true);
-    result.plan = plan_memory(modules, cfg, job.world, job.mesh_shard_size());
+    result.plan = plan_memory(modules, cfg, job.world, job.mesh_shard_size(),
+                              num_optimizer_states(cfg.optim.name));
     result.planned_activation_bytes = act_bytes;
     print_memory_plan(job, result.plan, act_bytes);
     for (const auto& l : layouts) result.num_params += l.numel;
@@ -747,7 +748,7 @@ void build_model(Job& job) {
     job.optimizer = std::make_unique<Optimizer>(cfg.optim, job.engine->shard_runtime());
     for (int u = 0; u < job.engine->num_units(); ++u) {
       job.optimizer->add_shard(job.engine->shard_param(u), job.engine->shard_grad(u),
-                               decay_segments(job.engine->layout(u), job.engine->shard_index()));
+                               decayed_ranges(job.engine->layout(u), job.engine->shard_index()));
     }
   });
 }
@@ -839,8 +840,8 @@ Setup setup(Job& job, TrainResult& result) {
   // refused with nothing created.
   // The plan is computed once: checked here, reported in TrainResult::plan.
   collective_guard(job.host, [&] {
-    result.plan =
-        plan_memory(job.family.modules(cfg.model), cfg, job.world, job.mesh->shard_size());
+    result.plan = plan_memory(job.family.modules(cfg.model), cfg, job.world,
+                              job.mesh->shard_size(), num_optimizer_states(cfg.optim.name));
     check_memory_fits(job, result.plan, act_bytes);
   });
   s.resume = open_run(job);

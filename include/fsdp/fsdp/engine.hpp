@@ -184,12 +184,20 @@ std::vector<FlatParamLayout> build_unit_layouts(const std::vector<ModuleDecl>& m
 // Number of shards each FlatParameter is split into under `strategy`.
 int64_t shards_for(ShardingStrategy strategy, int world_size, int shard_group_size);
 
+// The elements of shard `shard` of `layout` that take weight decay (ParamSpec::weight_decay),
+// as shard-local [begin, end) ranges, sorted, adjacent decayed parameters merged into one
+// range; the padding takes none. What Optimizer::add_shard takes for the shard.
+std::vector<ElementRange> decayed_ranges(const FlatParamLayout& layout, int64_t shard);
+
 // Peak bytes per rank by MemCategory of one training step (forward + backward + reduction +
-// optimizer state), the --dry-run memory plan. Computed by running the real engine and
-// optimizer on a backend that only counts allocations and on communicators that move
-// nothing, with the modules entered in declaration order and left in reverse (the
-// ModuleHooks contract), so it follows the strategy, the prefetch modes and the
-// mixed-precision policy exactly and costs no memory. Activations are the model's to add.
+// optimizer state), the --dry-run memory plan. Computed by running the real engine on a
+// backend that only counts allocations and on communicators that move nothing, with the
+// modules entered in declaration order and left in reverse (the ModuleHooks contract), so it
+// follows the strategy, the prefetch modes and the mixed-precision policy exactly and costs
+// no memory. The optimizer state is what the caller says the optimizer keeps:
+// `optimizer_states` fp32 tensors the size of each shard (optimizer_states(kind).size() of
+// fsdp/optim/optimizer.hpp: AdamW 2, SGD 1), allocated on the shards' runtime as
+// Optimizer::add_shard allocates them, in the same order. Activations are the model's to add.
 // With fsdp.cpu_offload the shards, gradient shards, optimizer state and the host staging of
 // the copies live in host memory: those peaks are `host`'s, and the device rows hold what
 // stays on the device (unsharded parameters and gradients, reduction buffers).
@@ -208,7 +216,7 @@ struct EngineMemoryPlan : MemoryRows {  // the device's rows (the only ones with
   MemoryRows host;                      // offload: the host's rows; all 0 otherwise
 };
 EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Config& config,
-                             int world_size, int shard_group_size);
+                             int world_size, int shard_group_size, int optimizer_states);
 
 class FsdpEngine final : public ModuleHooks {
  public:

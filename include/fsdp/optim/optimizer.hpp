@@ -1,12 +1,14 @@
 // fsdp/optim/optimizer.hpp: AdamW and SGD with momentum on flat shards, the learning-rate
 // schedule, and the optimizer-state layout that checkpoints store.
 //
-// Each FlatParameter shard is one "param group" split into segments that do or do not take
-// weight decay (none on biases, LayerNorm and embeddings, the usual GPT recipe). Updates are
+// Each registered shard is one "param group" whose elements do or do not take weight decay
+// (none on biases, LayerNorm and embeddings, the usual GPT recipe): the caller passes the
+// decayed element ranges (the engine computes them from its FlatParameter layouts,
+// fsdp/fsdp/engine.hpp decayed_ranges; the optimizer knows no FlatParameter). Updates are
 // elementwise, so sharding does not change them: shard updates equal the unsharded update.
 // Each shard is updated by one call (one kernel launch on CUDA, one parallel region on the
-// CPU) with its decayed segments as WeightDecay ranges, as torch's fused / multi-tensor
-// AdamW updates a param group at once, not one call per parameter.
+// CPU) with its decayed ranges as WeightDecay ranges, as torch's fused / multi-tensor AdamW
+// updates a param group at once, not one call per parameter.
 #pragma once
 
 #include <cstdint>
@@ -17,19 +19,8 @@
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/core/enum_names.hpp"
-#include "fsdp/fsdp/flat_param.hpp"
 
 namespace fsdp {
-
-// A contiguous run [begin, end) of a shard (shard-local element indices) with one decay flag.
-struct DecaySegment {
-  int64_t begin = 0, end = 0;
-  bool decay = false;
-};
-
-// Segments of shard `shard` of `layout`: entries intersected with the shard range, adjacent
-// runs with the same flag merged; padding is a no-decay segment.
-std::vector<DecaySegment> decay_segments(const FlatParamLayout& layout, int64_t shard);
 
 // Learning rate at 1-based `step`: linear warmup 0 -> lr over warmup_steps, then cosine decay
 // to min_lr at decay_steps (0 = max_steps), then min_lr (nanoGPT / llm.c schedule).
@@ -49,14 +40,21 @@ struct EnumNames<OptimState> {
 // The states optimizer `kind` keeps, in checkpoint order: adamw {exp_avg, exp_avg_sq},
 // sgd {momentum_buffer}.
 std::vector<OptimState> optimizer_states(OptimizerKind kind);
+// optimizer_states(kind).size(): the fp32 tensors of a shard's size the optimizer keeps per
+// shard (what plan_memory of fsdp/fsdp/engine.hpp is told).
+inline int num_optimizer_states(OptimizerKind kind) {
+  return static_cast<int>(optimizer_states(kind).size());
+}
 
 class Optimizer {
  public:
   Optimizer(const OptimConfig& config, DeviceRuntime& backend);
   // Registers one fp32 shard (param and grad: [n] fp32 views; their memory stays owned by
-  // the caller). Allocates its state (MemCategory::optimizer_state), zero-initialised.
+  // the caller) whose elements in `decayed` (sorted, disjoint, shard-local [begin, end))
+  // take weight decay. Allocates its state (MemCategory::optimizer_state): the
+  // optimizer_states(kind) tensors of n fp32 each, zero-initialised.
   void add_shard(const TensorView& param, const TensorView& grad,
-                 std::vector<DecaySegment> segments);
+                 std::vector<ElementRange> decayed);
   // One update of every registered shard with learning rate `lr`; the update count
   // (torch.optim's per-parameter `step`, used by AdamW's bias correction) advances by one.
   // A step skipped for overflow (fp16 loss scaling) does not call this, as GradScaler.
