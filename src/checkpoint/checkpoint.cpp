@@ -282,6 +282,11 @@ std::string metadata_checksum(const std::string& path) {
   return metadata_digest(f);
 }
 
+const std::string& process_run_id() {
+  static const std::string id = new_run_id();
+  return id;
+}
+
 bool is_run_id(const std::string& id) {
   return id.size() == 32 && id.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
@@ -471,6 +476,8 @@ ShardFile ShardFile::open(const std::string& path) {
   m.model_config_json = f.attr_str("/", "model_config");
   m.train_config_toml = f.attr_str("/", "train_config");
   if (version >= 2) m.config_fingerprint = f.attr_str("/", "config_fingerprint");
+  m.run_id.clear();  // not the defaults (process_run_id): "" unless the file has them
+  m.launch_id.clear();
   if (version >= 3) {
     m.run_id = f.attr_str("/", "run_id");
     m.launch_id = f.attr_str("/", "launch_id");

@@ -56,6 +56,10 @@ inline constexpr const char* kChecksumAttr = "xxh3_64";
 // Name of the root attribute holding metadata_checksum() of the file (format version >= 3).
 inline constexpr const char* kMetadataChecksumAttr = "metadata_xxh3_64";
 
+// The default CheckpointMeta::run_id and ::launch_id: one new_run_id() drawn on the first
+// call and returned by every later call in this process.
+const std::string& process_run_id();
+
 // Run-level metadata stored as root attributes of every shard file.
 struct CheckpointMeta {
   int64_t step = 0;                // optimizer steps completed when saved
@@ -83,8 +87,10 @@ struct CheckpointMeta {
   // size or mesh), so all checkpoints of one run, however often it was resumed, carry it.
   // launch_id: drawn by every start of fsdp_train (fresh or --resume); all shards of one step
   // are written by one launch. A step whose shards disagree on either is refused.
-  std::string run_id;
-  std::string launch_id;
+  // Both default to process_run_id(), so a tool or test that writes every shard of a step from
+  // one process need not set them; the trainer (one process per rank) sets both, from rank 0.
+  std::string run_id = process_run_id();
+  std::string launch_id = process_run_id();
   int64_t format_version = kFormatVersion;  // of the file read (ignored when writing)
 };
 
