@@ -15,10 +15,6 @@
 namespace fsdp {
 namespace {
 
-const char* rope_type_name(LlamaConfig::RopeType t) {
-  return t == LlamaConfig::RopeType::llama3 ? "llama3" : "default";
-}
-
 // LlamaConfig's attributes fsdp_train trains: the only place a Llama [model] key is spelled.
 const ModelArgs<LlamaConfig>& llama_args() {
   using A = ModelArg<LlamaConfig>;
@@ -41,15 +37,9 @@ const ModelArgs<LlamaConfig>& llama_args() {
         "Longest sequence the model is trained for.", KeyRange::size(1), {}, true, int64_t{2048}},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true, 1e-6},
       A{"rope_theta", &L::rope_theta, "RoPE base period.", KeyRange::above(0), {}, true, 10000.0},
-      A{"rope_scaling.rope_type",
-        EnumMember<L>{[](const L& c) { return std::string(rope_type_name(c.rope_type)); },
-                      [](L& c, const std::string& s) {
-                        if (s != "default" && s != "llama3") return false;
-                        c.rope_type = s == "llama3" ? L::RopeType::llama3 : L::RopeType::default_;
-                        return true;
-                      }},
+      A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
         "RoPE frequency scaling: default (none) or Llama 3.1's llama3.", {},
-        {"default", "llama3"}, true, std::string("default")},
+        enum_names<L::RopeType>(), true, std::string(enum_name(L::RopeType::default_))},
       A{"rope_scaling.factor", &L::rope_factor, "llama3: how much longer than the original "
         "context the model runs.", KeyRange::above(0), {}, true, 8.0},
       A{"rope_scaling.low_freq_factor", &L::rope_low_freq_factor,

@@ -31,6 +31,7 @@
 
 #include "fsdp/backend/kernels.hpp"
 #include "fsdp/config/config.hpp"
+#include "fsdp/core/enum_names.hpp"
 #include "fsdp/fsdp/module.hpp"
 #include "fsdp/model/causal_lm.hpp"
 #include "fsdp/model/model.hpp"
@@ -70,6 +71,13 @@ struct LlamaConfig {
   int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
   // From the [model] section (type "llama"); throws fsdp::Error on a missing key.
   static LlamaConfig from(const ModelConfig& config);
+};
+
+// rope_scaling.rope_type's spellings: HF's rope_type names.
+template <>
+struct EnumNames<LlamaConfig::RopeType> {
+  static constexpr EnumName<LlamaConfig::RopeType> table[] = {
+      {LlamaConfig::RopeType::default_, "default"}, {LlamaConfig::RopeType::llama3, "llama3"}};
 };
 
 // The D/2 RoPE inverse frequencies (radians per position) of `c`, in float64: HF's

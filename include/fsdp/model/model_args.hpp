@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/config/config.hpp"
+#include "fsdp/core/enum_names.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {
@@ -37,6 +38,19 @@ struct EnumMember {
   std::string (*get)(const Cfg&);
   bool (*set)(Cfg&, const std::string&);
 };
+
+// The EnumMember of an enum member `Member` (E Cfg::*) whose spellings are EnumNames<E>'s
+// table (fsdp/core/enum_names.hpp): its row's choices are enum_names<E>().
+template <class Cfg, auto Member>
+EnumMember<Cfg> enum_member() {
+  using E = std::remove_cvref_t<decltype(std::declval<Cfg&>().*Member)>;
+  return {[](const Cfg& c) { return std::string(enum_name(c.*Member)); },
+          [](Cfg& c, const std::string& s) {
+            const std::optional<E> v = enum_from_name<E>(s);
+            if (v) c.*Member = *v;
+            return v.has_value();
+          }};
+}
 
 template <class Cfg>
 struct ModelArg {
