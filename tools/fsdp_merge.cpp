@@ -67,14 +67,14 @@ int main(int argc, char** argv) {
       return fsdp::kExitInputError;
     }
   } catch (const po::error& e) {
-    std::cerr << "fsdp_merge: " << e.what() << " (fsdp_merge --help for usage)\n";  // one line
+    fsdp::write_line(2, std::string("fsdp_merge: ") + e.what() + " (fsdp_merge --help for usage)");
     return fsdp::kExitInputError;
   }
   fsdp::ckpt::MergeOptions options;
   try {
     options.max_shard_size = fsdp::safetensors::parse_shard_size(max_shard_size, "--max-shard-size");
   } catch (const fsdp::Error& e) {
-    std::cerr << "fsdp_merge: " << e.what() << "\n";  // one line
+    fsdp::write_line(2, std::string("fsdp_merge: ") + e.what());
     return e.exit_code();
   }
   try {
@@ -94,10 +94,10 @@ int main(int argc, char** argv) {
     std::cout << " and config.json\n";
     return 0;
   } catch (const fsdp::Error& e) {
-    std::cerr << "fsdp_merge: " << e.what() << "\n";
+    fsdp::write_line(2, std::string("fsdp_merge: ") + e.what());
     return e.exit_code();
   } catch (const std::exception& e) {
-    std::cerr << "fsdp_merge: " << e.what() << "\n";
+    fsdp::write_line(2, std::string("fsdp_merge: ") + e.what());
     return fsdp::kExitRuntimeError;
   }
 }

@@ -13,7 +13,7 @@
 #   background save of the step before is committed and `latest` names it.
 # CASE diverge_skips: the same with train.skip_nonfinite = true runs to the end, logging each
 #   skipped step and marking it "nonfinite" in metrics.jsonl.
-# CASE memory_too_large: n_layer = 100000 (a plan of tens of GiB per rank) is refused with
+# CASE memory_too_large: n_layer = 10000 x n_embd = 1024 (a plan of hundreds of GiB per rank) is refused with
 #   exit 2 before anything is allocated: one line naming the plan and its largest row, the plan
 #   printed on stdout, within seconds instead of an OOM kill.
 # shellcheck source=tests/cli/lib.sh
@@ -69,7 +69,7 @@ case "$CASE" in
   memory_too_large)
     tiny_config tiny.toml
     SECONDS=0
-    run_train tiny.toml --set model.n_layer=100000 --set model.n_embd=256 --set model.n_head=4
+    run_train tiny.toml --set model.n_layer=10000 --set model.n_embd=1024 --set model.n_head=4
     expect_input_error "memory plan: " "does not fit" "largest row: " "train.check_memory"
     if ! grep -q "^memory plan per rank" "$OUT"; then fail "the memory plan was not printed"; fi
     if ! grep -q "available per rank: " "$OUT"; then fail "the available memory was not printed"; fi
@@ -80,7 +80,7 @@ case "$CASE" in
     # fsdp.cpu_offload moves the model states to the host rows; on the CPU backend they are
     # the same memory, so the sum is checked and still refused, with both tables printed.
     tiny_config tiny.toml
-    run_train tiny.toml --set model.n_layer=100000 --set model.n_embd=256 --set model.n_head=4 \
+    run_train tiny.toml --set model.n_layer=10000 --set model.n_embd=1024 --set model.n_head=4 \
       --set fsdp.offload_params=true
     expect_input_error "memory plan: " "does not fit" "largest row: " "train.check_memory"
     if ! grep -q "^host (fsdp.cpu_offload):" "$OUT"; then fail "the host rows were not printed"; fi
