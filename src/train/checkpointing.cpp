@@ -1,0 +1,272 @@
+// The trainer's checkpointing: save (synchronous and async), resume and init_from; torchtitan's
+// CheckpointManager role (see job.hpp, docs/checkpoint.md).
+#include "job.hpp"
+
+namespace fsdp::train_impl {
+
+ckpt::CheckpointMeta checkpoint_meta(Job& job) {
+  ckpt::CheckpointMeta m;
+  m.step = job.step;
+  m.world_size = job.host.size();
+  m.shard_size = job.engine->num_shards();
+  m.replicate_size = job.engine->replicate_comm().size();
+  m.shard_index = job.engine->shard_index();
+  m.sharding_strategy = to_string(job.cfg.fsdp.sharding_strategy);
+  m.optimizer = to_string(job.cfg.optim.name);
+  m.model_config_json = model_config_json(job.cfg.model).dump();
+  m.train_config_toml = to_toml(job.cfg);
+  m.config_fingerprint = ckpt::config_fingerprint(m.train_config_toml);
+  m.run_id = job.run_id;
+  m.launch_id = job.launch_id;
+  m.seed = job.cfg.train.seed;
+  m.sampler_epoch = job.sampler->epoch_of(job.step);
+  m.sampler_position = job.sampler->position_in_epoch(job.step);
+  m.optimizer_updates = job.optimizer ? job.optimizer->num_updates() : job.step;
+  m.loss_scale = job.cfg.mixed_precision.uses_fp16() ? job.loss_scale : 0.0;
+  m.loss_scale_good_steps = job.good_steps;
+  return m;
+}
+
+// The views of this rank's shards (parameters, then optimizer state, unit by unit) for
+// write_shard_file. With `stage` (async saves) every buffer is copied into the writer's
+// reused staging buffers, so training may change the shards while the file is written;
+// without it device shards are staged through temporary host copies and the CPU backend's
+// memory is used in place.
+std::vector<ckpt::UnitShardView> shard_views(Job& job, bool stage,
+                                             std::vector<std::vector<float>>& scratch) {
+  std::size_t next = 0;
+  DeviceRuntime& shards = job.engine->shard_runtime();  // host memory with fsdp.cpu_offload
+  auto host = [&](const TensorView& v) -> const float* {
+    if (stage) {
+      float* dst = job.writer.buffer(next++, v.numel());
+      shards.copy_to_host(dst, v);
+      return dst;
+    }
+    if (shards.device() == Device::cpu) return v.f32();
+    scratch.emplace_back(static_cast<std::size_t>(v.numel()));
+    shards.copy_to_host(scratch.back().data(), v);
+    return scratch.back().data();
+  };
+  scratch.reserve(static_cast<std::size_t>(job.engine->num_units()) *
+                  (1 + job.optimizer->states().size()));
+  std::vector<ckpt::UnitShardView> views;
+  for (int u = 0; u < job.engine->num_units(); ++u) {
+    ckpt::UnitShardView v{&job.engine->layout(u), host(job.engine->shard_param(u)), {}};
+    // Dataset names: the torch.optim state names (to_string(OptimState)), as always.
+    for (const OptimState st : job.optimizer->states()) {
+      v.state.push_back({to_string(st), host(job.optimizer->state(u, st))});
+    }
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
+// Rank 0 removes `tmp` unless the save was committed (a failure on any rank: every rank is
+// past the failed guard, so no writer is still at work there).
+struct DiscardUnlessCommitted {
+  bool rank0, committed = false;
+  std::string tmp;
+  ~DiscardUnlessCommitted() {
+    if (rank0 && !committed) ckpt::discard_tmp_step_dir(tmp);
+  }
+};
+
+// Rank 0 renames step_N.tmp to step_N and points `latest` at it (guarded).
+void commit_save(Job& job, int64_t step, const std::string& tmp) {
+  collective_guard(job.host, [&] {
+    if (!job.rank0()) return;
+    ckpt::commit_step_dir(tmp, ckpt::step_dir(job.cfg.train.run_dir, step));
+    ckpt::publish_latest(job.cfg.train.run_dir, step);
+  });
+}
+
+// Finishes the async save in flight: every rank joins its writer (blocks until its file is
+// written; at once when the step-boundary all-reduce said all are done), one guard agrees
+// whether every write succeeded (a failure, e.g. ENOSPC, stops the run with the failing
+// rank's line naming its file), then the commit. On failure rank 0 removes step_N.tmp.
+void finish_pending_save(Job& job) {
+  if (!job.pending) return;
+  const Job::PendingSave p = *job.pending;
+  job.pending.reset();
+  DiscardUnlessCommitted cleanup{job.rank0(), false, p.tmp};
+  collective_guard(job.host, [&] { job.writer.wait(); });
+  commit_save(job, p.step, p.tmp);
+  cleanup.committed = true;
+  job.last_checkpoint = p.step;
+  std::ostringstream os;
+  os << "checkpoint: " << ckpt::step_dir(job.cfg.train.run_dir, p.step) << " (committed at step "
+     << job.step << ", " << std::fixed << std::setprecision(1)
+     << std::chrono::duration<double, std::milli>(Clock::now() - p.started).count()
+     << " ms after the save began; rank 0 wrote its file in " << job.writer.last_write_ms()
+     << " ms)";
+  job.log(os.str());
+}
+
+// A save of step job.step, in guarded phases: rank 0 prepares step_N.tmp; every shard
+// owner (replica 0 of the shard group) writes its file there; rank 0 renames the directory
+// to step_N and points `latest` at it. A crash at any point leaves the previous checkpoint
+// and `latest` intact. A failure on any rank (a full disk) is agreed by the guards; rank 0
+// then removes step_N.tmp, so the previous checkpoint stays, no temporary is left, and the
+// agreed error (one line naming the file) stops the run.
+//
+// `async` (checkpoint.async_save, periodic saves only): the second phase only stages the
+// shards into host buffers and starts the background writer; the save stays pending until
+// finish_pending_save commits it (at the first step boundary after every rank's write
+// finished, or before the next save, or at the end of the run). A save always finishes the
+// previous pending one first.
+void save_checkpoint(Job& job, bool async) {
+  finish_pending_save(job);
+  const auto t0 = Clock::now();
+  const std::string& run_dir = job.cfg.train.run_dir;
+  const std::string tmp = ckpt::tmp_step_dir(run_dir, job.step);
+  DiscardUnlessCommitted cleanup{job.rank0(), false, tmp};
+  collective_guard(job.host, [&] {
+    if (job.rank0()) ckpt::prepare_tmp_step_dir(tmp);
+  });
+  const bool writes = job.engine->replicate_comm().rank() == 0;  // replicas hold the same shards
+  if (async) {
+    job.pending = Job::PendingSave{job.step, tmp, t0};
+    cleanup.committed = true;  // from here on the pending save (or ~Job) owns the directory
+    collective_guard(job.host, [&] {
+      if (!writes) return;
+      std::vector<std::vector<float>> unused;
+      auto views = shard_views(job, /*stage=*/true, unused);
+      const auto meta = checkpoint_meta(job);
+      job.writer.start(
+          (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string(),
+          meta, std::move(views));
+    });
+    std::ostringstream os;
+    os << "checkpoint: " << ckpt::step_dir(run_dir, job.step) << " staged in " << std::fixed
+       << std::setprecision(1)
+       << std::chrono::duration<double, std::milli>(Clock::now() - t0).count()
+       << " ms; writing in the background";
+    job.log(os.str());
+    return;
+  }
+  collective_guard(job.host, [&] {
+    if (!writes) return;
+    const auto meta = checkpoint_meta(job);
+    std::vector<std::vector<float>> scratch;
+    const auto views = shard_views(job, /*stage=*/false, scratch);
+    const std::string file =
+        (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string();
+    ckpt::write_shard_file(file, meta, views);
+  });
+  commit_save(job, job.step, tmp);
+  cleanup.committed = true;
+  job.last_checkpoint = job.step;
+  std::ostringstream os;
+  os << "checkpoint: " << ckpt::step_dir(run_dir, job.step) << " (" << std::fixed
+     << std::setprecision(1) << std::chrono::duration<double, std::milli>(Clock::now() - t0).count()
+     << " ms)";
+  job.log(os.str());
+}
+
+// Resume, in two guarded phases. 1: rank 0 opens the metadata of every shard file of the
+// step `latest` names (CheckpointSet::open: same step, mesh, layouts, fingerprint; a mixed
+// directory fails here, on one rank, instead of ranks disagreeing later), checks the stored
+// config against the run's (ckpt::check_resume_config) and train.max_steps against the step.
+// 2: every rank opens the set's metadata and fills its shards: from the file of its own
+// shard index when shard count and unit layouts are unchanged, else by parameter name from
+// the old files' flat ranges that overlap its new shard (ckpt::read_resharded: a different
+// world size, mesh.shard_size or sharding strategy). Every read verifies the dataset's
+// checksum and finiteness. Nothing is read before phase 1 passed. Returns shard 0's meta
+// (the saving run's world and shard size, for the log).
+ckpt::CheckpointMeta load_checkpoint(Job& job) {
+  const std::string& run_dir = job.cfg.train.run_dir;
+  std::optional<std::string> latest;
+  std::optional<ckpt::CheckpointSet> validated;  // rank 0: phase 1's set, reused in phase 2
+  collective_guard(job.host, [&] {
+    latest = ckpt::find_latest(run_dir);
+    if (!latest) {
+      throw InputError("--resume: no checkpoint in " + ckpt::checkpoints_dir(run_dir) +
+                       " (train.run_dir = \"" + run_dir + "\")");
+    }
+    if (!job.rank0()) return;
+    const ckpt::CheckpointSet& set = validated.emplace(ckpt::CheckpointSet::open(*latest));
+    const std::string& file = set.shard(0).path();
+    ckpt::check_resume_config(set.meta().train_config_toml, to_toml(job.cfg), file);
+    if (set.meta().step > job.cfg.train.max_steps) {
+      throw InputError("train.max_steps = " + std::to_string(job.cfg.train.max_steps) +
+                       " is below the checkpoint's step " + std::to_string(set.meta().step) + " (" +
+                       *latest + "); raise train.max_steps to continue the run");
+    }
+  });
+  ckpt::CheckpointMeta saved;
+  collective_guard(job.host, [&] {
+    const ckpt::CheckpointMeta expected = checkpoint_meta(job);
+    const std::vector<FlatParamLayout> layouts = job.engine->layouts();
+    // Metadata of every shard file (no tensor data): a rank may need pieces of several.
+    if (!validated) validated.emplace(ckpt::CheckpointSet::open(*latest));
+    const ckpt::CheckpointSet& set = *validated;
+    const ckpt::CheckpointMeta& m = set.meta();  // shard 0's: step, optimizer counters, scale
+    if (m.optimizer != expected.optimizer) {
+      throw InputError(set.shard(0).path() + ": incompatible checkpoint: optimizer differs (checkpoint has " +
+                       m.optimizer + ", run has " + expected.optimizer + ")");
+    }
+    // Fast path: same shard count and unit layouts, so this rank's shard is exactly the file
+    // of its shard index (the world size may differ, e.g. HYBRID_SHARD 2x2 -> FULL_SHARD on
+    // 2). Otherwise each parameter is matched by name and only the flat ranges of this
+    // rank's new shard are read from the old files (docs/checkpoint.md "Resharding on resume").
+    const bool same = m.shard_size == expected.shard_size && ckpt::same_layouts(set.layouts(), layouts);
+    const int64_t s = expected.shard_index;
+    for (int u = 0; u < job.engine->num_units(); ++u) {
+      auto fill = [&](const std::string& dataset, float* out) {
+        if (same) return set.shard(static_cast<int>(s)).read_unit(u, dataset, out);
+        ckpt::read_resharded(set, layouts[static_cast<std::size_t>(u)], s, dataset, out);
+      };
+      // Read into host memory, then into the shards' runtime (in place in host memory).
+      DeviceRuntime& shards = job.engine->shard_runtime();
+      auto read = [&](const std::string& dataset, const TensorView& dst) {
+        if (shards.device() == Device::cpu) return fill(dataset, dst.f32());
+        std::vector<float> host(static_cast<std::size_t>(dst.numel()));
+        fill(dataset, host.data());
+        shards.copy_from_host(dst, host.data());
+      };
+      read("param", job.engine->shard_param(u));
+      for (const OptimState st : job.optimizer->states()) read(to_string(st), job.optimizer->state(u, st));
+    }
+    job.step = m.step;
+    job.last_checkpoint = m.step;
+    if (!m.run_id.empty()) job.run_id = m.run_id;  // the run continues (a version-2 file: a new id)
+    job.optimizer->set_num_updates(m.optimizer_updates < 0 ? m.step : m.optimizer_updates);
+    if (job.cfg.mixed_precision.uses_fp16() && m.loss_scale > 0) {
+      job.loss_scale = m.loss_scale;
+      job.good_steps = m.loss_scale_good_steps;
+    }
+    saved = m;
+  });
+  return saved;
+}
+
+// model.init_from: fills this rank's fp32 shards from a Hugging Face directory, reading only
+// the bytes of the elements it owns (fsdp/checkpoint/init_from.hpp). Collective only through
+// the guard around it. Returns what was read, for the log and TrainResult.
+ckpt::InitFromResult load_init_from(Job& job) {
+  const int n = job.engine->num_units();
+  const std::vector<FlatParamLayout> layouts = job.engine->layouts();
+  DeviceRuntime& shards_rt = job.engine->shard_runtime();
+  const bool in_place = shards_rt.device() == Device::cpu;
+  std::vector<std::vector<float>> staged(in_place ? 0 : static_cast<std::size_t>(n));
+  std::vector<float*> shards;
+  for (int u = 0; u < n; ++u) {
+    if (in_place) {
+      shards.push_back(job.engine->shard_param(u).f32());
+    } else {
+      staged[static_cast<std::size_t>(u)].resize(static_cast<std::size_t>(layouts[u].shard_numel));
+      shards.push_back(staged[static_cast<std::size_t>(u)].data());
+    }
+  }
+  ckpt::InitFromResult r = ckpt::load_hf_shards(job.cfg.model.init_from, job.cfg.model, layouts,
+                                                job.engine->shard_index(), shards);
+  if (!in_place) {
+    for (int u = 0; u < n; ++u) {
+      shards_rt.copy_from_host(job.engine->shard_param(u),
+                               staged[static_cast<std::size_t>(u)].data());
+    }
+  }
+  return r;
+}
+
+}  // namespace fsdp::train_impl

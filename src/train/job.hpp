@@ -1,0 +1,138 @@
+// src/train/job.hpp: the trainer's private state (one Job per train() call) and the pieces
+// of the trainer that live in their own files: reporting (reporting.cpp: the banner, the
+// memory plan, the step line's phases; the memory check) and checkpointing
+// (checkpointing.cpp: save, async save, resume and init_from; torchtitan's CheckpointManager
+// role). Not a public header: only src/train includes it.
+#pragma once
+
+#include <cerrno>
+#include "fsdp/backend/buffer.hpp"
+#include "fsdp/checkpoint/async_writer.hpp"
+#include "fsdp/checkpoint/checkpoint.hpp"
+#include "fsdp/checkpoint/init_from.hpp"
+#include "fsdp/checkpoint/resume.hpp"
+#include "fsdp/comm/device_mesh.hpp"
+#include "fsdp/core/error.hpp"
+#include "fsdp/core/host_memory.hpp"
+#include "fsdp/data/batch.hpp"
+#include "fsdp/data/sampler.hpp"
+#include "fsdp/data/samples.hpp"
+#include "fsdp/fsdp/engine.hpp"
+#include "fsdp/fsdp/step_timer.hpp"
+#include "fsdp/model/model.hpp"
+#include "fsdp/optim/optimizer.hpp"
+#include "fsdp/train/collective_guard.hpp"
+#include "fsdp/train/memory_check.hpp"
+#include "fsdp/train/profiling.hpp"
+#include "fsdp/train/run_dir.hpp"
+#include "fsdp/train/signals.hpp"
+#include "fsdp/train/watchdog.hpp"
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include "fsdp/train/trainer.hpp"
+
+namespace fsdp::train_impl {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// Everything one job holds; built in guarded phases so a failure on any rank stops all.
+struct Job {
+  Job(const Config& c, const TrainOptions& o, std::ostream& s, Runtime& r, Communicator& h)
+      : cfg(c), opt(o), out(s), rt(r), host(h), family(model_family(c.model.type)) {}
+  const Config& cfg;
+  const TrainOptions& opt;
+  std::ostream& out;
+  Runtime& rt;
+  Communicator& host;                 // the job's ranks, host memory
+  const ModelFamily& family;
+  const DeviceMesh* mesh = nullptr;   // the job's ranks, backend memory (from rt)
+  Backend* backend = nullptr;
+  std::unique_ptr<data::SampleSource> train_src, val_src;
+  std::optional<data::DistributedSampler> sampler;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<FsdpEngine> engine;
+  std::unique_ptr<Optimizer> optimizer;
+  RunDir run_dir;  // rank 0: the run_dir lock and metrics.jsonl (fsdp/train/run_dir.hpp)
+  int64_t step = 0;  // training steps completed (fp16 skipped ones included)
+  int64_t last_checkpoint = -1;  // step of the newest checkpoint saved or resumed; -1: none
+  // Checkpoint identity (CheckpointMeta::run_id, launch_id): drawn on rank 0 and broadcast by
+  // restore_state; run_id is the checkpoint's when resuming one that has it.
+  std::string run_id, launch_id;
+  int64_t micro_batch = 1;  // sequences per forward/backward on this rank
+  // The world the plan is for: TrainOptions::plan_world_size if set, else host.size().
+  int world = 1;
+  int plan_shard_size = 0;  // --world-size: the planned mesh's shard group size
+  bool planning() const { return opt.plan_world_size > 0; }
+  // The mesh's shard group size: the real mesh's, or the planned one's.
+  int mesh_shard_size() const {
+    return planning() ? plan_shard_size : static_cast<int>(mesh->shard_size());
+  }
+  // fp16 dynamic loss scaling (torch.amp.GradScaler): the scale and the steps since it changed.
+  double loss_scale = 1.0;
+  int64_t good_steps = 0;
+  // checkpoint.async_save: the save whose shard files are being written in the background
+  // (step_N.tmp, not yet committed), and this rank's writer (staging buffers + thread).
+  struct PendingSave {
+    int64_t step = 0;
+    std::string tmp;
+    Clock::time_point started;
+  };
+  std::optional<PendingSave> pending;
+  ckpt::AsyncShardWriter writer;
+  std::unique_ptr<Profiler> profiler;  // train.profile_steps (fsdp/train/profiling.hpp); null: off
+  // A run that ends by an exception with a save in flight: join this rank's writer, then
+  // rank 0 removes the uncommitted step_N.tmp (the previous `latest` stays). After an agreed
+  // failure every rank unwinds the same way; a peer's writer may still be finishing its
+  // file, in which case the directory can survive (a later save or --resume removes it;
+  // `latest` never names it).
+  ~Job() {
+    try {
+      writer.wait();
+    } catch (...) {
+    }
+    if (pending && rank0()) ckpt::discard_tmp_step_dir(pending->tmp);
+  }
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  bool rank0() const { return host.rank() == 0; }
+  void log(const std::string& line) {
+    if (rank0() && !opt.quiet) out << line << std::endl;
+  }
+};
+
+// ---- reporting.cpp ----
+// Tokens of one sample (the objective's input plus target lengths).
+int64_t tokens_per_sample(const Config& cfg);
+// "data 0.0 + fwd 0.7 + ...": a step's phases in milliseconds, for the progress line.
+std::string format_step_times(const StepTimes& t);
+// Rank 0's banner: the resolved config, device, mesh, model, units (`list_units`), data, MFU.
+void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool list_units);
+// Rank 0 prints the per-rank memory plan (and the host rows under offload) with `acts`
+// activation bytes.
+void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts);
+// Refuses (InputError naming train.check_memory) a plan larger than this rank's memory,
+// printing it first.
+void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts);
+
+// ---- checkpointing.cpp ----
+// Commits the async save in flight, if any (waits for every rank's writer).
+void finish_pending_save(Job& job);
+// Saves step job.step into run_dir/checkpoints (async: staged and written in the background).
+void save_checkpoint(Job& job, bool async);
+// --resume: loads run_dir/checkpoints/latest into the engine, optimizer and job state.
+ckpt::CheckpointMeta load_checkpoint(Job& job);
+// model.init_from: each rank reads its shards' bytes of the Hugging Face weights.
+ckpt::InitFromResult load_init_from(Job& job);
+
+}  // namespace fsdp::train_impl

@@ -1,0 +1,156 @@
+// The trainer's reporting: banner, memory plan, the step line's phases (see job.hpp).
+#include "job.hpp"
+
+namespace fsdp::train_impl {
+
+// `x` with an SI prefix and 3 significant digits, e.g. "5.73 M" (the unit follows).
+std::string si(double x) {
+  static const char* prefix[] = {"", "k", "M", "G", "T", "P", "E"};
+  int i = 0;
+  while (std::abs(x) >= 1000 && i < 6) {
+    x /= 1000;
+    ++i;
+  }
+  std::ostringstream os;
+  os << std::setprecision(3) << x << " " << prefix[i];
+  return os.str();
+}
+
+// Tokens a step processes (throughput): inputs, plus the decoder's targets when the
+// objective has a separate target sequence.
+int64_t tokens_per_sample(const Config& cfg) {
+  const data::BatchShape shape = data::batch_shape(cfg);
+  return shape.L + (cfg.data.objective == Objective::causal_lm ? 0 : shape.target_len);
+}
+
+// Model FLOPs (ModelFamily::train_flops_per_sample) per token of tokens_per_sample.
+double flops_per_token(const Config& cfg) {
+  return model_family(cfg.model.type).train_flops_per_sample(cfg.model, data::batch_shape(cfg)) /
+         static_cast<double>(tokens_per_sample(cfg));
+}
+
+// "152.3 ms = data 0.8 + fwd 50.1 + bwd 80.2 + comm 10.0 + opt 11.2 (+ eval, ckpt when
+// non-zero)": the progress line's phase breakdown, milliseconds.
+std::string format_step_times(const StepTimes& t) {
+  static const char* kShort[kNumPhases] = {"data", "fwd", "bwd", "comm", "opt", "eval", "ckpt"};
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << 1e3 * t.step_s << " ms =";
+  for (int p = 0; p < kNumPhases; ++p) {
+    const double ms = 1e3 * t.phase_s[static_cast<std::size_t>(p)];
+    const auto phase = static_cast<Phase>(p);
+    if ((phase == Phase::eval || phase == Phase::checkpoint) && ms < 0.05) continue;
+    os << (p == 0 ? " " : " + ") << kShort[p] << " " << ms;
+  }
+  return os.str();
+}
+
+// Rank 0's banner: resolved config, mesh, parameter count (from the unit layouts) and, when
+// the data is open, its size. `list_units` adds one line per FSDP unit (--dry-run).
+void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool list_units) {
+  const Config& cfg = job.cfg;
+  int64_t n = 0;
+  for (const auto& l : layouts) n += l.numel;
+  std::ostringstream os;
+  os << "fsdp_train " << FSDP_VERSION << (job.opt.dry_run ? " (dry run)" : "");
+  if (job.planning()) {
+    os << "\nplan for " << job.world << " ranks (--world-size; this process runs in a world of "
+       << job.host.size() << ")";
+  }
+  std::ostringstream mesh;
+  if (job.planning()) {
+    mesh << "world " << job.world << " = replicate " << job.world / job.plan_shard_size
+         << " x shard " << job.plan_shard_size << " (planned)";
+  } else {
+    mesh << job.mesh->describe();
+  }
+  os
+     << "\n# resolved config (" << cfg.source_path << ")\n" << to_toml(cfg) << "\n"
+     << "device: " << job.rt.device_description() << "\n"
+     << "mesh: " << mesh.str() << "; " << to_string(cfg.fsdp.sharding_strategy)
+     << " shards each FlatParameter over " << layouts.front().num_shards << " rank(s); "
+     << "param_dtype " << to_string(cfg.mixed_precision.param_dtype) << ", reduce_dtype "
+     << to_string(cfg.mixed_precision.reduce_dtype) << "\n"
+     << "model: " << cfg.model.type << ", " << n << " parameters (" << human_bytes(4.0 * n)
+     << " fp32) in " << layouts.size() << " FSDP units";
+  int64_t pad = 0;  // vocabulary pad rows' elements (model.pad_vocab_multiple)
+  for (const auto& l : layouts)
+    for (const auto& e : l.entries) pad += e.spec.numel() - e.spec.unpadded_numel();
+  if (pad > 0) {
+    os << ", " << pad << " of them vocabulary padding (model.pad_vocab_multiple = "
+       << cfg.model.pad_vocab_multiple << ")";
+  }
+  if (list_units) {
+    for (const auto& l : layouts) {
+      os << "\n  unit " << l.unit_name << ": " << l.entries.size() << " params, numel "
+         << l.numel << ", padded " << l.padded_numel << ", shard " << l.shard_numel;
+    }
+  }
+  os << "\ndata: " << to_string(cfg.data.objective) << ", " << job.train_src->num_tokens()
+     << " train tokens, " << job.val_src->num_tokens() << " val tokens; "
+     << job.sampler->steps_per_epoch() << " steps per epoch; " << job.sampler->local_batch()
+     << " sequences per rank per step";
+  {
+    const double per_token = flops_per_token(cfg);
+    const PeakFlops& peak = job.rt.peak_flops();
+    os << "\nmfu: model FLOPs " << si(per_token) << "FLOP per token (forward + backward: 6N + "
+       << "attention); ";
+    if (peak.flops_per_s > 0) {
+      os << "peak " << si(peak.flops_per_s) << "FLOP/s per rank (" << peak.source << ")";
+    } else {
+      os << "not reported: no known peak for this device (set train.peak_flops)";
+    }
+  }
+  if (const int64_t n = job.train_src->num_truncated() + job.val_src->num_truncated(); n > 0) {
+    os << "\ndata: " << n << " examples longer than data.max_input_len / max_target_len "
+       << "are truncated";
+  }
+  job.log(os.str());
+}
+
+void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
+  std::ostringstream os;
+  auto print_rows = [&](const std::vector<std::pair<const char*, int64_t>>& rows) {
+    for (const auto& [name, v] : rows) {
+      os << "  " << std::left << std::setw(18) << name << std::right << std::setw(14) << v
+         << "  " << human_bytes(static_cast<double>(v)) << "\n";
+    }
+  };
+  os << "memory plan per rank (bytes; peaks of one training step)"
+     << (p.offload ? ", device:\n" : ":\n");
+  print_rows(plan_rows(p, acts));
+  if (p.offload) {
+    if (p.grads > 0) {
+      os << "  (grads: the fp32 accumulator of the micro-batches before each step's last; "
+            "train.micro_batch_size = the per-rank batch has none)\n";
+    }
+    os << "host (fsdp.cpu_offload):\n";
+    print_rows(host_rows(p.host));
+  }
+  const MemoryBudget& budget = job.rt.memory_budget();
+  if (budget.bytes >= 0 && !job.planning()) {  // this machine's budget says nothing of a planned one
+    os << "  available per rank: " << human_bytes(static_cast<double>(budget.bytes)) << " ("
+       << budget.source << ")\n";
+    const MemoryBudget& host = job.rt.host_memory_budget();
+    if (p.offload && job.backend->device() != Device::cpu && host.bytes >= 0) {
+      os << "  host available per rank: " << human_bytes(static_cast<double>(host.bytes)) << " ("
+         << host.source << ")\n";
+    }
+  }
+  job.log(os.str());
+}
+
+// Memory before allocation: the plan must fit in what this rank may use (memory_refusal,
+// fsdp/train/memory_check.hpp: the device budget, and with fsdp.cpu_offload the host's), else
+// InputError with its line, before the model or the engine allocates anything. Rank 0
+// prints the whole plan. train.check_memory = false skips the check.
+void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts) {
+  if (!job.cfg.train.check_memory) return;
+  const std::string why = memory_refusal(p, acts, job.rt.memory_budget(),
+                                         job.rt.host_memory_budget(),
+                                         job.backend->device() == Device::cpu);
+  if (why.empty()) return;
+  print_memory_plan(job, p, acts);
+  throw InputError(why);
+}
+
+}  // namespace fsdp::train_impl
