@@ -560,17 +560,8 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
   for (const ModelKey& k : family.keys()) {
     const ModelValue* v = c.model.find(k.name);
     if (!v) continue;  // ModelConfig::of filled every key in; a Config built in code may not
-    const std::string key = "model." + k.name;
-    if (k.range.bounded() && (v->index() == 0 || v->index() == 1)) {
-      const double x = v->index() == 0 ? static_cast<double>(std::get<int64_t>(*v)) : std::get<double>(*v);
-      if (!k.range.contains(x)) {
-        const std::string text = v->index() == 0 ? std::to_string(std::get<int64_t>(*v)) : num(x);
-        throw fail(key, text + " is out of range (expected " + k.range.text() + ")");
-      }
-    }
-    if (const auto* s = std::get_if<std::string>(v); s && !k.choices.empty() &&
-        std::find(k.choices.begin(), k.choices.end(), *s) == k.choices.end()) {
-      throw fail(key, "unknown value " + quoted(*s) + " (expected one of " + join(k.choices) + ")");
+    if (const std::string bad = value_violation(k.range, k.choices, *v); !bad.empty()) {
+      throw fail("model." + k.name, bad);
     }
   }
   family.validate(c, fail);
@@ -971,6 +962,22 @@ std::string KeyRange::text() const { return (integer ? "an integer " : "") + bou
 std::string KeyRange::doc_type() const {
   return std::string(integer ? "integer" : "float") + (hi_bound == none ? " " : ", ") +
          bounds("x");
+}
+
+std::string value_violation(const KeyRange& range, const std::vector<std::string>& choices,
+                            const ModelValue& v) {
+  if (range.bounded() && (v.index() == 0 || v.index() == 1)) {
+    const double x = v.index() == 0 ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
+    if (!range.contains(x)) {
+      return (v.index() == 0 ? std::to_string(std::get<int64_t>(v)) : format_number(x)) +
+             " is out of range (expected " + range.text() + ")";
+    }
+  }
+  if (const auto* s = std::get_if<std::string>(&v); s && !choices.empty() &&
+      std::find(choices.begin(), choices.end(), *s) == choices.end()) {
+    return "unknown value " + quoted(*s) + " (expected one of " + join(choices) + ")";
+  }
+  return {};
 }
 
 const char* value_type_name(const ModelValue& v) {

@@ -171,6 +171,13 @@ struct ModelKey {
   std::string hf_name = {};
 };
 
+// "" when `v` lies in `range` (numbers) and among `choices` (strings; empty: any), else what
+// is wrong with it: "<v> is out of range (expected <range.text()>)" or "unknown value \"v\"
+// (expected one of a, b)". The one wording of a model key's value check: config validation
+// (ModelKey) and a family's ModelArgs (struct built in code, config.json in) both use it.
+std::string value_violation(const KeyRange& range, const std::vector<std::string>& choices,
+                            const ModelValue& v);
+
 // Builds the one-line error for a key: fail("model.n_embd", "100 is not divisible ...")
 // returns an input Error (exit 2) prefixed with where that key's value came from.
 using KeyFail = std::function<Error(const std::string& key, const std::string& what)>;

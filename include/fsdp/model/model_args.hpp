@@ -97,7 +97,7 @@ class ModelArgs {
       const ModelValue* v = c.find(a.name);
       if (!v) throw Error(std::string("model.") + a.name + ": not set (model.type = \"" + c.type + "\")");
       if (const auto* s = std::get_if<std::string>(v)) {
-        if (const std::string bad = unknown_choice(a, *s); !bad.empty()) {
+        if (const std::string bad = value_violation(KeyRange{}, a.choices, *s); !bad.empty()) {
           throw InputError(std::string("model.") + a.name + ": " + bad);
         }
       }
@@ -200,27 +200,10 @@ class ModelArgs {
   }
 
  private:
-  // "" when `v` is inside the row's range and among its choices, else what is wrong with it:
-  // "<v> is out of range (expected <range>)" or "unknown value \"v\" (expected one of ...)".
+  // "" when `v` is inside the row's range and among its choices, else what is wrong with it
+  // (config's value_violation: the wording config validation uses).
   static std::string violation(const ModelArg<Cfg>& a, const ModelValue& v) {
-    if (a.range.bounded() && v.index() <= 1) {
-      const double x = v.index() == 0 ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
-      if (!a.range.contains(x)) {
-        return (v.index() == 0 ? std::to_string(std::get<int64_t>(v)) : format_number(x)) +
-               " is out of range (expected " + a.range.text() + ")";
-      }
-    }
-    if (const auto* s = std::get_if<std::string>(&v)) return unknown_choice(a, *s);
-    return {};
-  }
-  static std::string unknown_choice(const ModelArg<Cfg>& a, const std::string& s) {
-    if (a.choices.empty()) return {};
-    std::string names;
-    for (const auto& c : a.choices) {
-      if (c == s) return {};
-      names += (names.empty() ? "" : ", ") + c;
-    }
-    return "unknown value \"" + s + "\" (expected one of " + names + ")";
+    return value_violation(a.range, a.choices, v);
   }
   static ModelValue get(const Cfg& g, const ModelArg<Cfg>& a) {
     return std::visit(
