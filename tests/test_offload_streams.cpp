@@ -34,6 +34,7 @@
 #include "fsdp/core/stream.hpp"
 #include "fsdp/data/batch.hpp"
 #include "fsdp/fsdp/engine.hpp"
+#include "fsdp/fsdp/grad_clip.hpp"
 #include "fsdp/model/gpt2.hpp"
 #include "fsdp/optim/optimizer.hpp"
 
@@ -135,12 +136,13 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   }
   void adamw_update(const TensorView& p, const TensorView& g, const TensorView& m,
                     const TensorView& v, float lr, float b1, float b2, float eps,
-                    const fsdp::WeightDecay& wd, int64_t step) override {
-    in_.adamw_update(p, g, m, v, lr, b1, b2, eps, wd, step);
+                    const fsdp::WeightDecay& wd, int64_t step, const TensorView& copy) override {
+    in_.adamw_update(p, g, m, v, lr, b1, b2, eps, wd, step, copy);
   }
   void sgd_update(const TensorView& p, const TensorView& g, const TensorView& buf, float lr,
-                  float momentum, const fsdp::WeightDecay& wd, int64_t step) override {
-    in_.sgd_update(p, g, buf, lr, momentum, wd, step);
+                  float momentum, const fsdp::WeightDecay& wd, int64_t step,
+                  const TensorView& copy) override {
+    in_.sgd_update(p, g, buf, lr, momentum, wd, step, copy);
   }
 
  private:
@@ -271,6 +273,7 @@ Trained train(bool offload, int64_t micro, Group group) {
   fsdp::DeviceRuntime& rt = offload ? static_cast<fsdp::DeviceRuntime&>(deferred) : *be;
   fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, rt, 7, true,
                           offload ? host.get() : nullptr);
+  fsdp::GradNormClipper clipper(engine);
   fsdp::OptimConfig oc;
   oc.lr = 1e-2;
   oc.weight_decay = 0.1;
@@ -303,7 +306,7 @@ Trained train(bool offload, int64_t micro, Group group) {
                              loss.view());
       engine.end_step();
     }
-    engine.clip_grad_norm(0.5, norm.view());
+    clipper.clip(0.5, norm.view());
     double host_loss = 0;
     be->copy_to_host(&host_loss, loss.view());
     r.losses.push_back(host_loss);

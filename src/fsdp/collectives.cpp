@@ -8,6 +8,22 @@
 
 namespace fsdp {
 
+void describe_collective(ProfileRange& range, const char* op, const char* stage, int unit,
+                         const std::string& name, const Communicator& comm, int64_t numel,
+                         DType dtype) {
+  const std::string o(op);
+  const int64_t bytes = numel * static_cast<int64_t>(dtype_size(dtype));
+  const int64_t group = comm.size();
+  const std::string target = unit < 0 ? name : "unit " + std::to_string(unit) + " (" + name + ")";
+  range.name(o + " " + stage + " " + target)
+      .arg("unit", unit)
+      .arg("unit_name", name)
+      .arg("in_bytes", o == "reduce_scatter" ? bytes * group : bytes)
+      .arg("out_bytes", o == "all_gather" ? bytes * group : bytes)
+      .arg("dtype", std::string(to_string(dtype)))
+      .arg("ranks", group);
+}
+
 namespace {
 
 void check_shard(const FlatParamLayout& layout, const DeviceBuffer& buf, const char* what) {

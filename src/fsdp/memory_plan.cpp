@@ -12,6 +12,7 @@
 #include "fsdp/backend/counting_runtime.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/fsdp/engine.hpp"
+#include "fsdp/fsdp/grad_clip.hpp"
 
 namespace fsdp {
 namespace {
@@ -76,6 +77,7 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
   const bool offload = config.fsdp.cpu_offload;
   FsdpEngine engine(modules, config.fsdp, config.mixed_precision, shard, replicate, be,
                     config.train.seed, /*initialise=*/false, offload ? &host : nullptr);
+  GradNormClipper clipper(engine);  // its scalars, allocated where the trainer allocates them
   // The optimizer state: Optimizer::add_shard's tensors, unit by unit, on the shards' runtime.
   std::vector<DeviceBuffer> optimizer_state;
   for (int u = 0; u < engine.num_units(); ++u) {

@@ -22,8 +22,8 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
   m.sampler_epoch = job.sampler->epoch_of(job.step);
   m.sampler_position = job.sampler->position_in_epoch(job.step);
   m.optimizer_updates = job.optimizer ? job.optimizer->num_updates() : job.step;
-  m.loss_scale = job.cfg.mixed_precision.uses_fp16() ? job.loss_scale : 0.0;
-  m.loss_scale_good_steps = job.good_steps;
+  m.loss_scale = job.scaler.enabled() ? job.scaler.scale() : 0.0;
+  m.loss_scale_good_steps = job.scaler.growth_tracker();
   return m;
 }
 
@@ -231,10 +231,7 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
     job.last_checkpoint = m.step;
     if (!m.run_id.empty()) job.run_id = m.run_id;  // the run continues (a version-2 file: a new id)
     job.optimizer->set_num_updates(m.optimizer_updates < 0 ? m.step : m.optimizer_updates);
-    if (job.cfg.mixed_precision.uses_fp16() && m.loss_scale > 0) {
-      job.loss_scale = m.loss_scale;
-      job.good_steps = m.loss_scale_good_steps;
-    }
+    job.scaler.load_state(m.loss_scale, m.loss_scale_good_steps);
     saved = m;
   });
   return saved;
@@ -267,6 +264,64 @@ ckpt::InitFromResult load_init_from(Job& job) {
     }
   }
   return r;
+}
+
+
+// The model's starting state: with `resume` the checkpoint's (load_checkpoint; job.step,
+// the optimizer's counters and the fp16 loss scale follow it; model.init_from is ignored),
+// else with model.init_from the Hugging Face weights (result.init_bytes_read), else the
+// engine's initialisation. Logs what it did on rank 0. Returns true when there is nothing to
+// train (resumed at train.max_steps: result.final_step and, if asked, result.params are set).
+bool restore_state(Job& job, TrainResult& result, bool resume) {
+  const Config& cfg = job.cfg;
+  {  // This launch's id and a fresh run's id, drawn on rank 0 (ckpt::new_run_id never throws).
+    char ids[64] = {};
+    if (job.rank0()) (ckpt::new_run_id() + ckpt::new_run_id()).copy(ids, sizeof ids);
+    job.host.broadcast(ids, sizeof ids, DType::u8, 0)->wait();
+    job.run_id.assign(ids, 32);
+    job.launch_id.assign(ids + 32, 32);
+  }
+  if (resume) {
+    const ckpt::CheckpointMeta saved = load_checkpoint(job);  // guarded inside
+    job.engine->params_updated();
+    const int world = job.world;
+    const int shard_size = job.engine->num_shards();
+    if (saved.world_size != world || saved.shard_size != shard_size) {
+      job.log("resumed from step " + std::to_string(job.step) + ", resharded from world " +
+              std::to_string(saved.world_size) + " (shard_size " + std::to_string(saved.shard_size) +
+              ") to world " + std::to_string(world) + " (shard_size " + std::to_string(shard_size) + ")");
+    } else {
+      job.log("resumed from step " + std::to_string(job.step));
+    }
+    if (!cfg.model.init_from.empty()) {
+      job.log("model.init_from ignored: resuming, the checkpoint's parameters win");
+    }
+    if (job.step == cfg.train.max_steps) {  // nothing to do: no training, no new checkpoint
+      job.log("nothing to train: checkpoint is at step " + std::to_string(job.step) +
+              " = train.max_steps");
+      result.final_step = job.step;
+      if (job.opt.gather_params) result.params = job.engine->gather_full_params();
+      return true;
+    }
+  } else if (!cfg.model.init_from.empty()) {
+    ckpt::InitFromResult init;
+    collective_guard(job.host, [&] { init = load_init_from(job); });
+    job.engine->params_updated();
+    result.init_bytes_read = static_cast<int64_t>(init.bytes_read);
+    std::ostringstream os;
+    os << "init_from: " << cfg.model.init_from << ": " << init.num_tensors << " tensors ("
+       << human_bytes(static_cast<double>(init.model_bytes)) << " fp32); rank 0 read "
+       << init.bytes_read << " bytes (" << human_bytes(static_cast<double>(init.bytes_read))
+       << ") for its shard";
+    if (!init.unused.empty()) {
+      os << "\ninit_from: warning: " << init.unused.size()
+         << " tensor(s) in the checkpoint are not used by the model:";
+      for (std::size_t i = 0; i < init.unused.size() && i < 8; ++i) os << " " << init.unused[i];
+      if (init.unused.size() > 8) os << " ...";
+    }
+    job.log(os.str());
+  }
+  return false;
 }
 
 }  // namespace fsdp::train_impl

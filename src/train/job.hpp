@@ -18,6 +18,7 @@
 #include "fsdp/data/sampler.hpp"
 #include "fsdp/data/samples.hpp"
 #include "fsdp/fsdp/engine.hpp"
+#include "fsdp/fsdp/grad_clip.hpp"
 #include "fsdp/fsdp/step_timer.hpp"
 #include "fsdp/model/model.hpp"
 #include "fsdp/optim/optimizer.hpp"
@@ -62,6 +63,7 @@ struct Job {
   std::optional<data::DistributedSampler> sampler;
   std::unique_ptr<Model> model;
   std::unique_ptr<FsdpEngine> engine;
+  std::unique_ptr<GradNormClipper> clipper;  // optim.grad_clip over the engine's shards
   std::unique_ptr<Optimizer> optimizer;
   RunDir run_dir;  // rank 0: the run_dir lock and metrics.jsonl (fsdp/train/run_dir.hpp)
   int64_t step = 0;  // training steps completed (fp16 skipped ones included)
@@ -78,9 +80,8 @@ struct Job {
   int mesh_shard_size() const {
     return planning() ? plan_shard_size : static_cast<int>(mesh->shard_size());
   }
-  // fp16 dynamic loss scaling (torch.amp.GradScaler): the scale and the steps since it changed.
-  double loss_scale = 1.0;
-  int64_t good_steps = 0;
+  // fp16 dynamic loss scaling (torch.amp.GradScaler); disabled (scale 1) otherwise.
+  GradScaler scaler;
   // checkpoint.async_save: the save whose shard files are being written in the background
   // (step_N.tmp, not yet committed), and this rank's writer (staging buffers + thread).
   struct PendingSave {
@@ -111,7 +112,40 @@ struct Job {
   }
 };
 
+// What train_step did.
+struct StepOutcome {
+  int64_t step = 0;      // the step run, 1-based (job.step after it)
+  double loss = 0;       // mean cross-entropy over the step's target tokens of all ranks, nats
+  double norm = 0;       // global L2 gradient norm before clipping (same on every rank)
+  double lr = 0;         // the learning rate of the update (optim schedule at `step`)
+  double seconds = 0;    // wall time from the batch's load to the synchronised update
+  bool skipped = false;  // fp16 overflow: no update, the loss scale backed off
+  bool nonfinite = false;  // non-finite loss or norm: no update (train.skip_nonfinite)
+};
+
+// What a step reports: rank 0's progress line and the step's metrics.jsonl object.
+struct StepReport {
+  StepOutcome outcome;
+  int64_t peak = 0;            // the agreed (max over ranks) device peak memory, bytes
+  int64_t host_peak = -1;      // fsdp.cpu_offload: the agreed host peak, bytes; -1: none
+  double tokens_per_step = 0;  // tokens of one step over all ranks
+  double mfu = -1;             // model FLOPs utilisation, 0..1; < 0: unknown peak, none
+  double loss_scale = 1;       // the scale the step used (fp16; else 1)
+  std::optional<double> val_loss;  // the evaluation after the step, if one ran
+  StepTimes times;             // the step's phases (StepTimer)
+};
+
 // ---- reporting.cpp ----
+// Rank 0's progress line of a step: "step N/M | loss | lr | grad_norm | tok/s [| mfu] | peak
+// mem [| loss_scale] [| val_loss] | <format_step_times>".
+std::string progress_line(const Job& job, const StepReport& r);
+// The step's metrics.jsonl object: step, loss, lr, grad_norm, tokens, tokens_per_sec,
+// peak_mem_bytes [, mfu][, host_peak_mem_bytes][, loss_scale, skipped (fp16)][, nonfinite,
+// skipped][, val_loss], step_s and <phase>_s (seconds, to the microsecond).
+nlohmann::json metrics_line(const Job& job, const StepReport& r);
+// Writes the profiler's trace (collective over job.host; write_profile) unless profiling is
+// off (`prof` null) or it was written already.
+void write_trace(Job& job, Profiler* prof);
 // Tokens of one sample (the objective's input plus target lengths).
 int64_t tokens_per_sample(const Config& cfg);
 // "data 0.0 + fwd 0.7 + ...": a step's phases in milliseconds, for the progress line.
@@ -126,6 +160,12 @@ void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts);
 void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts);
 
 // ---- checkpointing.cpp ----
+// The model's starting state: with `resume` the checkpoint's (load_checkpoint; job.step,
+// the optimizer's counters and the fp16 loss scale follow it; model.init_from is ignored),
+// else with model.init_from the Hugging Face weights (result.init_bytes_read), else the
+// engine's initialisation. Logs what it did on rank 0. Returns true when there is nothing to
+// train (resumed at train.max_steps: result.final_step and, if asked, result.params are set).
+bool restore_state(Job& job, TrainResult& result, bool resume);
 // Commits the async save in flight, if any (waits for every rank's writer).
 void finish_pending_save(Job& job);
 // Saves step job.step into run_dir/checkpoints (async: staged and written in the background).

@@ -153,4 +153,57 @@ void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts) {
   throw InputError(why);
 }
 
+std::string progress_line(const Job& job, const StepReport& r) {
+  const StepOutcome& o = r.outcome;
+  std::ostringstream os;
+  os << "step " << o.step << "/" << job.cfg.train.max_steps << " | loss " << std::fixed
+     << std::setprecision(4) << o.loss << " | lr " << std::scientific << std::setprecision(2)
+     << o.lr << " | grad_norm " << std::fixed << std::setprecision(3) << o.norm << " | "
+     << std::setprecision(0) << r.tokens_per_step / o.seconds << " tok/s";
+  if (r.mfu >= 0) os << " | mfu " << std::setprecision(1) << 100.0 * r.mfu << "%";
+  os << " | peak mem " << human_bytes(static_cast<double>(r.peak));
+  if (job.cfg.mixed_precision.uses_fp16()) {
+    os << " | loss_scale " << r.loss_scale << (o.skipped ? " (skipped)" : "");
+  }
+  if (r.val_loss) os << " | val_loss " << std::setprecision(4) << *r.val_loss;
+  os << " | " << format_step_times(r.times);
+  return os.str();
+}
+
+nlohmann::json metrics_line(const Job& job, const StepReport& r) {
+  const StepOutcome& o = r.outcome;
+  nlohmann::json line = {{"step", o.step},
+                         {"loss", o.loss},
+                         {"lr", o.lr},
+                         {"grad_norm", o.norm},
+                         {"tokens", static_cast<int64_t>(r.tokens_per_step) * o.step},
+                         {"tokens_per_sec", r.tokens_per_step / o.seconds},
+                         {"peak_mem_bytes", r.peak}};
+  if (r.mfu >= 0) line["mfu"] = r.mfu;
+  if (r.host_peak >= 0) line["host_peak_mem_bytes"] = r.host_peak;
+  if (job.cfg.mixed_precision.uses_fp16()) {
+    line["loss_scale"] = r.loss_scale;
+    line["skipped"] = o.skipped;
+  }
+  if (o.nonfinite) {
+    line["nonfinite"] = true;
+    line["skipped"] = true;
+  }
+  if (r.val_loss) line["val_loss"] = *r.val_loss;
+  // Seconds to the microsecond (the clocks' useful resolution).
+  auto us = [](double s) { return std::round(s * 1e6) / 1e6; };
+  line["step_s"] = us(r.times.step_s);
+  for (int p = 0; p < kNumPhases; ++p) {
+    line[std::string(to_string(static_cast<Phase>(p))) + "_s"] =
+        us(r.times.phase_s[static_cast<std::size_t>(p)]);
+  }
+  return line;
+}
+
+void write_trace(Job& job, Profiler* prof) {
+  if (!prof) return;
+  write_profile(*prof, job.host, job.cfg.train.run_dir, job.step,
+                [&](const std::string& line) { job.log(line); });
+}
+
 }  // namespace fsdp::train_impl

@@ -127,18 +127,6 @@ std::string nonfinite_what(double loss, double norm) {
   throw PeerFailed(kExitRuntimeError);
 }
 
-// fp16 dynamic loss scaling after a step (torch.amp.GradScaler.update): back off on
-// overflow, grow after growth_interval clean steps.
-void update_loss_scale(Job& job, bool found_inf) {
-  const MixedPrecisionConfig& mp = job.cfg.mixed_precision;
-  if (found_inf) {
-    job.loss_scale *= mp.backoff_factor;
-    job.good_steps = 0;
-  } else if (++job.good_steps == mp.growth_interval) {
-    job.loss_scale *= mp.growth_factor;
-    job.good_steps = 0;
-  }
-}
 
 
 // ---- Setup: the runtime, the data, the model, resume or init_from -------------------------
@@ -264,6 +252,7 @@ void build_model(Job& job) {
     job.engine = std::make_unique<FsdpEngine>(job.model->modules(), cfg.fsdp,
                                               cfg.mixed_precision, *job.mesh, *job.backend,
                                               cfg.train.seed, job.rt.offload_runtime());
+    job.clipper = std::make_unique<GradNormClipper>(*job.engine);
     // The optimizer state lives with the shards (host memory with fsdp.cpu_offload).
     job.optimizer = std::make_unique<Optimizer>(cfg.optim, job.engine->shard_runtime());
     for (int u = 0; u < job.engine->num_units(); ++u) {
@@ -271,63 +260,6 @@ void build_model(Job& job) {
                                decayed_ranges(job.engine->layout(u), job.engine->shard_index()));
     }
   });
-}
-
-// The model's starting state: with `resume` the checkpoint's (load_checkpoint; job.step,
-// the optimizer's counters and the fp16 loss scale follow it; model.init_from is ignored),
-// else with model.init_from the Hugging Face weights (result.init_bytes_read), else the
-// engine's initialisation. Logs what it did on rank 0. Returns true when there is nothing to
-// train (resumed at train.max_steps: result.final_step and, if asked, result.params are set).
-bool restore_state(Job& job, TrainResult& result, bool resume) {
-  const Config& cfg = job.cfg;
-  {  // This launch's id and a fresh run's id, drawn on rank 0 (ckpt::new_run_id never throws).
-    char ids[64] = {};
-    if (job.rank0()) (ckpt::new_run_id() + ckpt::new_run_id()).copy(ids, sizeof ids);
-    job.host.broadcast(ids, sizeof ids, DType::u8, 0)->wait();
-    job.run_id.assign(ids, 32);
-    job.launch_id.assign(ids + 32, 32);
-  }
-  if (resume) {
-    const ckpt::CheckpointMeta saved = load_checkpoint(job);  // guarded inside
-    job.engine->params_updated();
-    const int world = job.world;
-    const int shard_size = job.engine->num_shards();
-    if (saved.world_size != world || saved.shard_size != shard_size) {
-      job.log("resumed from step " + std::to_string(job.step) + ", resharded from world " +
-              std::to_string(saved.world_size) + " (shard_size " + std::to_string(saved.shard_size) +
-              ") to world " + std::to_string(world) + " (shard_size " + std::to_string(shard_size) + ")");
-    } else {
-      job.log("resumed from step " + std::to_string(job.step));
-    }
-    if (!cfg.model.init_from.empty()) {
-      job.log("model.init_from ignored: resuming, the checkpoint's parameters win");
-    }
-    if (job.step == cfg.train.max_steps) {  // nothing to do: no training, no new checkpoint
-      job.log("nothing to train: checkpoint is at step " + std::to_string(job.step) +
-              " = train.max_steps");
-      result.final_step = job.step;
-      if (job.opt.gather_params) result.params = job.engine->gather_full_params();
-      return true;
-    }
-  } else if (!cfg.model.init_from.empty()) {
-    ckpt::InitFromResult init;
-    collective_guard(job.host, [&] { init = load_init_from(job); });
-    job.engine->params_updated();
-    result.init_bytes_read = static_cast<int64_t>(init.bytes_read);
-    std::ostringstream os;
-    os << "init_from: " << cfg.model.init_from << ": " << init.num_tensors << " tensors ("
-       << human_bytes(static_cast<double>(init.model_bytes)) << " fp32); rank 0 read "
-       << init.bytes_read << " bytes (" << human_bytes(static_cast<double>(init.bytes_read))
-       << ") for its shard";
-    if (!init.unused.empty()) {
-      os << "\ninit_from: warning: " << init.unused.size()
-         << " tensor(s) in the checkpoint are not used by the model:";
-      for (std::size_t i = 0; i < init.unused.size() && i < 8; ++i) os << " " << init.unused[i];
-      if (init.unused.size() > 8) os << " ...";
-    }
-    job.log(os.str());
-  }
-  return false;
 }
 
 // Everything before the first step, in guarded phases (collective over job.host, the same
@@ -339,7 +271,7 @@ bool restore_state(Job& job, TrainResult& result, bool resume) {
 // planned_activation_bytes (and init_bytes_read). Throws what the guards agree on.
 Setup setup(Job& job, TrainResult& result) {
   const Config& cfg = job.cfg;
-  if (cfg.mixed_precision.uses_fp16()) job.loss_scale = cfg.mixed_precision.init_scale;
+  job.scaler = GradScaler(cfg.mixed_precision);
   // A Config built in code gets parse_config's checks (a parsed one passes them again).
   collective_guard(job.host, [&] { check_config(cfg); });
   configure_world(job);
@@ -447,17 +379,6 @@ void prefetch_batch(Job& job, StepState& st, int64_t step) {
   }
 }
 
-// What train_step did.
-struct StepOutcome {
-  int64_t step = 0;      // the step run, 1-based (job.step after it)
-  double loss = 0;       // mean cross-entropy over the step's target tokens of all ranks, nats
-  double norm = 0;       // global L2 gradient norm before clipping (same on every rank)
-  double lr = 0;         // the learning rate of the update (optim schedule at `step`)
-  double seconds = 0;    // wall time from the batch's load to the synchronised update
-  bool skipped = false;  // fp16 overflow: no update, the loss scale backed off
-  bool nonfinite = false;  // non-finite loss or norm: no update (train.skip_nonfinite)
-};
-
 // torchtitan's forward_backward_step: forward and backward of this rank's `batch`
 // (st.local_batch sequences), job.micro_batch sequences at a time (gradient accumulation:
 // each micro-batch's gradient is reduce-scattered into the fp32 shards as its backward ends).
@@ -486,7 +407,7 @@ int64_t forward_backward_step(Job& job, StepState& st, const data::Batch& batch)
   // The reduction averages over the world, so scaling each rank's summed loss by
   // world / global_targets makes the reduced gradient the step's mean.
   const float grad_scale = static_cast<float>(
-      job.loss_scale * static_cast<double>(job.world) /
+      job.scaler.scale() * static_cast<double>(job.world) /
       static_cast<double>(std::max<int64_t>(1, global_targets)));
   for (int64_t m0 = 0; m0 < B; m0 += micro) {
     st.timer.enter(Phase::forward);
@@ -580,11 +501,11 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
   if (fp16) {
     // GradScaler.unscale_: unscale this rank's shards, then one found-inf all-reduce so
     // every rank takes the same decision.
-    job.engine->unscale_grads(static_cast<float>(1.0 / job.loss_scale), st.inf_dev);
+    job.scaler.unscale(*job.engine, st.inf_dev);
     all_reduce_scalar(st.inf_dev.data, ReduceOp::max, "found_inf");
   }
   all_reduce_scalar(st.loss_dev.data, ReduceOp::sum, "loss");
-  job.engine->clip_grad_norm(cfg.optim.grad_clip, st.norm_dev);
+  job.clipper->clip(cfg.optim.grad_clip, st.norm_dev);
   prefetch_batch(job, st, o.step);  // while the device finishes the backward
   double host_stats[3] = {0, 0, 0};
   be.copy_to_host(host_stats, st.stats.view());  // the step's one wait for the device
@@ -595,7 +516,7 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
   // the scale backs off); any other non-finite loss or gradient norm stops the run before
   // the update, or with train.skip_nonfinite skips the update.
   o.nonfinite = guard_nonfinite(job, result, o.step, o.loss, o.norm, o.skipped);
-  result.loss_scales.push_back(fp16 ? job.loss_scale : 1.0);
+  result.loss_scales.push_back(job.scaler.scale());
   job.step = o.step;
   o.lr = learning_rate(cfg.optim, cfg.train.max_steps, job.step);
   if (o.skipped) {
@@ -604,7 +525,7 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
     job.optimizer->step(o.lr);
     job.engine->params_updated();  // cpu_offload: the param_dtype copies the uploads read
   }
-  if (fp16) update_loss_scale(job, o.skipped);
+  job.scaler.update(o.skipped);
   job.engine->zero_grad();
   be.synchronize();
   o.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -615,38 +536,6 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
 }
 
 // ---- The loop: evaluation, checkpoints, metrics, logging, signals ------------------------
-
-// Rank 0's progress line of a step: "step N/M | loss | lr | grad_norm | tok/s [| mfu] | peak
-// mem [| loss_scale] [| val_loss] | <format_step_times>". `peak`: the agreed peak memory,
-// bytes; `line`: the step's metrics.jsonl object (its val_loss, if any); `loss_scale`: the
-// scale the step used (fp16).
-std::string progress_line(const Job& job, const StepState& st, const StepOutcome& o,
-                          const nlohmann::json& line, int64_t peak, double mfu,
-                          double loss_scale, const StepTimes& times) {
-  std::ostringstream os;
-  os << "step " << job.step << "/" << job.cfg.train.max_steps << " | loss " << std::fixed
-     << std::setprecision(4) << o.loss << " | lr " << std::scientific << std::setprecision(2)
-     << o.lr << " | grad_norm " << std::fixed << std::setprecision(3) << o.norm << " | "
-     << std::setprecision(0) << st.tokens_per_step / o.seconds << " tok/s";
-  if (st.peak_flops > 0) os << " | mfu " << std::setprecision(1) << 100.0 * mfu << "%";
-  os << " | peak mem " << human_bytes(static_cast<double>(peak));
-  if (job.cfg.mixed_precision.uses_fp16()) {
-    os << " | loss_scale " << loss_scale << (o.skipped ? " (skipped)" : "");
-  }
-  if (line.contains("val_loss")) {
-    os << " | val_loss " << std::setprecision(4) << line["val_loss"].get<double>();
-  }
-  os << " | " << format_step_times(times);
-  return os.str();
-}
-
-// Writes the profiler's trace (collective over job.host; write_profile) unless profiling is
-// off (`prof` null) or it was written already.
-void write_trace(Job& job, Profiler* prof) {
-  if (!prof) return;
-  write_profile(*prof, job.host, job.cfg.train.run_dir, job.step,
-                [&](const std::string& line) { job.log(line); });
-}
 
 // Everything after train_step `o`, on every rank in the same order: one max all-reduce over
 // job.host agreeing on [0] the peak memory (bytes), [1] a stop signal (docs/checkpoint.md
@@ -660,7 +549,6 @@ void write_trace(Job& job, Profiler* prof) {
 // stop_message set.
 bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o) {
   const Config& cfg = job.cfg;
-  const bool fp16 = cfg.mixed_precision.uses_fp16();
   const int world = job.world;
   Backend& be = *job.backend;
   StepTimer& timer = st.timer;
@@ -683,33 +571,19 @@ bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o
     ProfileRange range(st.prof, "collective", "all_reduce step_agreement");
     job.host.all_reduce(agreed, agreed, 4, DType::i64, ReduceOp::max)->wait();
   }
-  const int64_t peak = agreed[0];
-  nlohmann::json line = {{"step", job.step},
-                         {"loss", o.loss},
-                         {"lr", o.lr},
-                         {"grad_norm", o.norm},
-                         {"tokens", static_cast<int64_t>(st.tokens_per_step) * job.step},
-                         {"tokens_per_sec", st.tokens_per_step / o.seconds},
-                         {"peak_mem_bytes", peak}};
-  const double mfu =
-      st.peak_flops > 0 ? st.flops_per_step / (o.seconds * world * st.peak_flops) : 0.0;
-  if (st.peak_flops > 0) line["mfu"] = mfu;
-  if (offload) line["host_peak_mem_bytes"] = agreed[3];
-  if (fp16) {
-    line["loss_scale"] = result.loss_scales.back();
-    line["skipped"] = o.skipped;
-  }
-  if (o.nonfinite) {
-    line["nonfinite"] = true;
-    line["skipped"] = true;
-  }
+  StepReport report;
+  report.outcome = o;
+  report.peak = agreed[0];
+  report.host_peak = offload ? agreed[3] : -1;
+  report.tokens_per_step = st.tokens_per_step;
+  report.mfu = st.peak_flops > 0 ? st.flops_per_step / (o.seconds * world * st.peak_flops) : -1;
+  report.loss_scale = result.loss_scales.back();
   const bool last = job.step == cfg.train.max_steps;
   const bool stopping = agreed[1] != 0 && !last;  // a signal: evaluate nothing more
   if (!stopping && (last || (cfg.eval.every > 0 && job.step % cfg.eval.every == 0))) {
     timer.enter(Phase::eval);
-    const double val = evaluate(job);
-    line["val_loss"] = val;
-    result.val_losses.push_back({job.step, val});
+    report.val_loss = evaluate(job);
+    result.val_losses.push_back({job.step, *report.val_loss});
   }
   // Every background write finished (agreed[2]): commit the pending save (a failed write
   // stops the run here, on every rank).
@@ -719,21 +593,15 @@ bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o
     // The final save and the save on a stop signal are synchronous.
     save_checkpoint(job, cfg.checkpoint.async_save && !last && !stopping);
   }
-  const StepTimes times = timer.end();
-  result.step_times.push_back(times);
-  // Seconds to the microsecond (the clocks' useful resolution).
-  auto us = [](double s) { return std::round(s * 1e6) / 1e6; };
-  line["step_s"] = us(times.step_s);
-  for (int p = 0; p < kNumPhases; ++p) {
-    line[std::string(to_string(static_cast<Phase>(p))) + "_s"] =
-        us(times.phase_s[static_cast<std::size_t>(p)]);
-  }
-  if (job.step % cfg.train.log_every == 0 || last || line.contains("val_loss")) {
-    job.log(progress_line(job, st, o, line, peak, mfu, result.loss_scales.back(), times));
+  report.times = timer.end();
+  result.step_times.push_back(report.times);
+  if (job.step % cfg.train.log_every == 0 || last || report.val_loss) {
+    job.log(progress_line(job, report));
   }
   // A failed write (full disk) stops every rank here with one line naming metrics.jsonl.
+  const std::string line = metrics_line(job, report).dump();
   collective_guard(job.host, [&] {
-    if (job.rank0()) job.run_dir.metrics().append_line(line.dump());
+    if (job.rank0()) job.run_dir.metrics().append_line(line);
   });
   if (st.prof && st.prof->end_step()) write_trace(job, st.prof);  // the window's last step
   if (!stopping) return false;

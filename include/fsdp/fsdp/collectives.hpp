@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "fsdp/backend/device_runtime.hpp"
 #include "fsdp/backend/buffer.hpp"
@@ -42,6 +43,14 @@ struct CollectiveTrace {
                      int64_t numel, DType dtype)>
       describe;
 };
+
+// Names a recording range "<op> <stage> unit U (name)" (for unit < 0, "<op> <stage> name",
+// e.g. "all_gather issue grad_norm") with the args unit, unit_name, in_bytes and out_bytes
+// (this rank's input and output buffers of the collective), dtype and ranks (the group's
+// size). `numel`: the count passed to the collective (a unit's shard_numel).
+void describe_collective(ProfileRange& range, const char* op, const char* stage, int unit,
+                         const std::string& name, const Communicator& comm, int64_t numel,
+                         DType dtype);
 
 // ---- unshard ----
 

@@ -63,8 +63,13 @@
 // rank issues the same collectives in the same order: units in backward order, each unit's
 // all-reduce right after its reduce-scatter.
 //
+// Units: each unit is an FsdpParamGroup (fsdp/fsdp/param_group.hpp, PyTorch FSDP2's
+// FSDPParamGroup: its shards, unshard / reshard / reduce and its state); the engine is FSDP2's
+// FSDPState: it maps modules to units and schedules them. Gradient clipping and loss scaling
+// are fsdp/fsdp/grad_clip.hpp's, outside the engine.
+//
 // Unit state (PyTorch FSDP2's FSDPParamGroup state; see TrainingState, ShardedState and
-// GradState below): each unit has a TrainingState (where it is in the pass), a ShardedState
+// GradState in param_group.hpp): each unit has a TrainingState (where it is in the pass), a ShardedState
 // (whether its full parameter buffer exists) and a GradState (whether its fp32 gradient
 // shard holds accumulated gradients). Hooks called out of order throw fsdp::Error.
 //
@@ -96,73 +101,10 @@
 #include "fsdp/fsdp/collectives.hpp"
 #include "fsdp/fsdp/flat_param.hpp"
 #include "fsdp/fsdp/module.hpp"
+#include "fsdp/fsdp/param_group.hpp"
 #include "fsdp/fsdp/step_timer.hpp"
 
 namespace fsdp {
-
-// Where a unit is in the current pass (PyTorch FSDP2's TrainingState, per FSDPParamGroup).
-// Legal transitions, by hook (anything else throws fsdp::Error naming the unit, the hook and
-// both states):
-//   IDLE          -> FORWARD        pre_forward of the unit's first module this pass
-//   FORWARD       -> FORWARD        pre_forward / post_forward of its other modules
-//   FORWARD       -> IDLE           post_forward of its last module (forward complete)
-//   IDLE          -> PRE_BACKWARD   pre_backward of its first module (training, forward
-//                                   complete): zeroed gradient storage is provided
-//   PRE_BACKWARD  -> PRE_BACKWARD   pre_backward / post_backward of its other modules
-//   PRE_BACKWARD  -> POST_BACKWARD  post_backward of its last module: the gradient reduction
-//                                   is issued and the unit resharded
-//   any           -> IDLE           end_step (a pass cut short included)
-// begin_step requires every unit IDLE (the previous pass was ended with end_step).
-// param() is legal while the unit is unsharded; grad() only in PRE_BACKWARD.
-enum class TrainingState {
-  IDLE,           // outside the unit's forward and backward (FSDP2 IDLE)
-  FORWARD,        // between its first pre_forward and its last post_forward (FSDP2 FORWARD)
-  PRE_BACKWARD,   // in its backward: gradients are being written (FSDP2 PRE_BACKWARD)
-  POST_BACKWARD,  // its backward is done and its reduction issued, until end_step (FSDP2
-                  // POST_BACKWARD, which FSDP2 leaves at the root's final callback)
-};
-template <>
-struct EnumNames<TrainingState> {
-  static constexpr EnumName<TrainingState> table[] = {
-      {TrainingState::IDLE, "IDLE"},
-      {TrainingState::FORWARD, "FORWARD"},
-      {TrainingState::PRE_BACKWARD, "PRE_BACKWARD"},
-      {TrainingState::POST_BACKWARD, "POST_BACKWARD"}};
-};
-
-// Whether a unit's full parameter buffer exists (PyTorch FSDP2's ShardedState; FSDP2's
-// SHARDED_POST_FORWARD, resharding to a smaller group after forward, is not modelled).
-//   SHARDED   -> UNSHARDED  the all-gather is issued (unshard; the Work may still be in
-//                           flight: FSDP2 flips at wait_for_unshard, here the pending Work
-//                           is kept with the unit and waited before the first use)
-//   UNSHARDED -> SHARDED    reshard (the full buffer is freed; a pending gather is waited)
-// Both are idempotent (unsharding an unsharded unit or resharding a sharded one does
-// nothing), as FSDP2's unshard / reshard are. A unit whose shard is the full parameter (one
-// shard, fp32 param_dtype) stays SHARDED: the model reads the shard itself.
-enum class ShardedState {
-  SHARDED,    // only this rank's fp32 shard exists (FSDP2 SHARDED)
-  UNSHARDED,  // the param_dtype full buffer exists and is (being) gathered (FSDP2 UNSHARDED)
-};
-template <>
-struct EnumNames<ShardedState> {
-  static constexpr EnumName<ShardedState> table[] = {{ShardedState::SHARDED, "SHARDED"},
-                                                     {ShardedState::UNSHARDED, "UNSHARDED"}};
-};
-
-// Whether a unit's fp32 gradient shard holds gradients (FSDP2: sharded_param.grad is None or
-// not; foreach_reduce then assigns or accumulates).
-//   EMPTY       -> ACCUMULATED  the unit's reduction is issued (or a test injects a value)
-//   any         -> EMPTY        zero_grad (the shard is set to 0)
-// EMPTY lets an fp32 reduce-scatter write the shard directly (its 0 + x is exact).
-enum class GradState {
-  EMPTY,        // the shard is 0
-  ACCUMULATED,  // the shard holds gradients of one or more steps
-};
-template <>
-struct EnumNames<GradState> {
-  static constexpr EnumName<GradState> table[] = {{GradState::EMPTY, "EMPTY"},
-                                                  {GradState::ACCUMULATED, "ACCUMULATED"}};
-};
 
 // What a sharding strategy means to the engine (the table above).
 struct StrategyTraits {
@@ -241,18 +183,19 @@ class FsdpEngine final : public ModuleHooks {
   int num_units() const { return static_cast<int>(units_.size()); }
   const FlatParamLayout& layout(int unit) const;
   std::vector<FlatParamLayout> layouts() const;
-  int shard_index() const { return shard_comm_->rank(); }    // this rank's shard
-  int num_shards() const { return shard_comm_->size(); }
-  Communicator& shard_comm() const { return *shard_comm_; }  // group the params shard over
-  Communicator& replicate_comm() const { return *replicate_comm_; }
+  int shard_index() const { return ctx_.shard->rank(); }    // this rank's shard
+  int num_shards() const { return ctx_.shard->size(); }
+  Communicator& shard_comm() const { return *ctx_.shard; }  // group the params shard over
+  Communicator& replicate_comm() const { return *ctx_.replicate; }
   int64_t num_params() const;  // model parameters (unpadded)
 
   // ---- this rank's shards: shard_numel(unit) fp32 elements each ----
   // The runtime whose memory holds the shards, gradient shards (and the optimizer state the
   // trainer allocates): the offload runtime with fsdp.cpu_offload, else the backend. Copies
   // of shard views (checkpoints) go through it.
-  DeviceRuntime& shard_runtime() { return sh_; }
-  bool offloaded() const { return &sh_ != &be_; }
+  DeviceRuntime& shard_runtime() { return *ctx_.sh; }
+  DeviceRuntime& backend() { return *ctx_.be; }  // the compute backend
+  bool offloaded() const { return ctx_.offloaded(); }
   int64_t shard_numel(int unit) const;
   TensorView shard_param(int unit);
   TensorView shard_grad(int unit);
@@ -285,16 +228,6 @@ class FsdpEngine final : public ModuleHooks {
   // accumulator alone): the sums of accumulating on the host, with one device-to-host copy
   // and one host pass per step. No effect without offload.
   void set_gradient_accumulation_boundary(bool boundary);
-  // Dynamic loss scaling: shard grads *= inv_scale; found_inf[0] (fp64 [1] device scalar)
-  // = 1 if any element of this rank's shards is inf or NaN.
-  void unscale_grads(float inv_scale, const TensorView& found_inf);
-  // torch.nn.utils.clip_grad_norm_: the global L2 norm of the gradient (of this rank's
-  // shard group; replicas hold equal shards) is written to norm[0] (fp64 [1] device scalar),
-  // bitwise identical on every rank (per-shard partial sums are gathered and added in shard
-  // order, not all-reduced); if max_norm > 0 and the norm exceeds it, gradients are scaled by
-  // max_norm / (norm + 1e-6). Nothing waits for the device.
-  void clip_grad_norm(double max_norm, const TensorView& norm);
-
   // Full (unsharded) fp32 value of every parameter, gathered over the shard group; for
   // tests and fsdp_merge comparisons. Collective over the shard group.
   std::map<std::string, std::vector<float>> gather_full_params();
@@ -302,15 +235,17 @@ class FsdpEngine final : public ModuleHooks {
   // Charges the engine's part of a step to `timer` (null: none; not owned): a training
   // pass enters Phase::backward at its first pre_backward, and every wait on a collective
   // (all-gather before a unit's use, HYBRID's reduce-scatter -> all-reduce hand-off in
-  // post_backward, the reductions in end_step, the norm's all-gather in clip_grad_norm) is a
+  // post_backward, the reductions in end_step; GradNormClipper's all-gather) is a
   // Phase::comm_wait scope.
-  void set_step_timer(StepTimer* timer) { timer_ = timer; }
+  void set_step_timer(StepTimer* timer) { ctx_.timer = timer; }
+  StepTimer* step_timer() const { return ctx_.timer; }
   // Records the issue and the wait of every collective as a host range of `profiler` (null:
   // none; not owned), named after the collective and the unit: "all_gather issue unit 3
   // (h.2)", "reduce_scatter wait unit 0 (root)", "all_reduce wait unit 1 (h.0)",
   // "all_gather issue grad_norm"; args: unit, unit_name, in_bytes and out_bytes (this rank's
   // input and output buffers), dtype, ranks (the group's size).
-  void set_profiler(Profiler* profiler) { profiler_ = profiler; }
+  void set_profiler(Profiler* profiler) { ctx_.profiler = profiler; }
+  Profiler* profiler() const { return ctx_.profiler; }
 
   // Test hook: adds +inf to element 0 of this rank's gradient shard of unit 0 (an overflow).
   void inject_nonfinite_grad();
@@ -331,47 +266,31 @@ class FsdpEngine final : public ModuleHooks {
   bool training() const override { return training_; }
 
  private:
-  struct Unit;
   struct ParamLoc {
     int unit;
     int64_t offset;
     Shape shape;
   };
   void build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise);
-  void init_shard(int unit, uint64_t seed);
-  static void init_elements(const FlatEntry& e, uint64_t seed, int64_t lo, int64_t hi,
-                            float* out);
-  bool needs_full(const Unit& u) const;
-  void issue_unshard(int unit);
-  void complete_unshard(int unit);
+  void plan_prefetch(const std::vector<ModuleDecl>& modules);
+  FsdpParamGroup& unit(int u) { return *units_[u]; }
+  void unshard(int unit);
   void wait_unshard(int unit);
-  void drain_staged(std::size_t keep);
-  void stage_accumulator(int unit);
   void reshard(int unit);
-  void issue_reduction(int unit);
-  // Moves `unit` to `to` on behalf of `hook`; throws fsdp::Error unless it is in `from`.
-  void transition(int unit, TrainingState from, TrainingState to, const char* hook);
-  CollectiveTrace trace(int unit);
+  void drain_staged(std::size_t keep);
   bool reshard_after_forward(int unit) const;
   void prefetch(int unit, bool backward);
   int unsharded_blocks() const;  // units besides the root holding a full parameter buffer
-  // Names `range` "<op> <stage> unit U (name)" ("... grad_norm" for unit -1) with its args;
-  // `numel`: the count passed to the collective (the shard's elements).
-  void describe(ProfileRange& range, const char* op, const char* stage, int unit,
-                const Communicator& comm, int64_t numel, DType dtype) const;
 
-  DeviceRuntime& be_;
-  DeviceRuntime& sh_;  // the shards' runtime: *offload, or be_
   FsdpConfig config_;
-  MixedPrecisionConfig mp_;
   StrategyTraits traits_;
-  Communicator* shard_comm_;
-  Communicator* replicate_comm_;
-  // The reduction stream: HSDP's replica all-reduces are issued after it (declared before
-  // units_, whose pending Works may still refer to it when they are destroyed).
+  // The reduction stream (HSDP's replica all-reduces, offload's gradient copies) and the copy
+  // stream (cpu_offload's parameter uploads); declared before units_, whose pending Works may
+  // still refer to them when they are destroyed.
   std::unique_ptr<Stream> reduce_stream_;
-  std::unique_ptr<Stream> copy_stream_;  // cpu_offload: the parameter uploads
-  std::vector<std::unique_ptr<Unit>> units_;
+  std::unique_ptr<Stream> copy_stream_;
+  ParamGroupContext ctx_;  // what every unit shares; outlives units_
+  std::vector<std::unique_ptr<FsdpParamGroup>> units_;
   // cpu_offload: reduced gradients copied to host memory, not yet added into their unit's
   // shard (oldest first). At most kStagedCopies stay pending after a unit's reduction.
   struct Staged {
@@ -385,14 +304,7 @@ class FsdpEngine final : public ModuleHooks {
   std::vector<int> module_unit_;   // module -> unit
   std::vector<ParamLoc> param_loc_;  // param -> (unit, offset in the flat buffer, shape)
   std::vector<int> fwd_next_, bwd_next_;  // prefetch target per unit (-1: none)
-  DeviceBuffer norm_parts_;        // fp64 [1 + num_shards]: local sum, then gathered parts
-  DeviceBuffer clip_coef_;         // fp32 [1]
-  // cpu_offload: host copies of the device scalars the shard arithmetic reads or writes
-  // (fp64 [1] local squared norm / found_inf, fp32 [1] clip coefficient).
-  DeviceBuffer host_norm_, host_flag_, host_coef_;
   bool training_ = false;
-  StepTimer* timer_ = nullptr;
-  Profiler* profiler_ = nullptr;
   int unsharded_blocks_ = 0;       // units besides the root UNSHARDED (O(1) for
                                    // limit_all_gathers, which asks before every prefetch)
 };
