@@ -43,8 +43,14 @@
 #   FSDP_BUILD_DIR        build directory (default <repo>/build-gpu; Release, FSDP_CUDA=ON)
 #   GPU_BUNDLE_DIR        output folder, inside the repo and git-ignored (default <repo>/gpu_bundle)
 #   GPU_BUNDLE_LIMIT_MIB  size limit (default 64, the run tool's limit for tree + carry)
-#   GPU_BUNDLE_NO_BENCH_KERNELS  set: leave bench_kernels out (9 MiB less)
-#   GPU_BUNDLE_CMAKE_ARGS extra configure arguments (word-split), e.g. "-DCMAKE_CUDA_ARCHITECTURES=90"
+#   GPU_BUNDLE_CUDA_ARCHS CUDA architectures built (default "90": H100/H200, the lent machines;
+#                         "80 90" adds A100's sm_80)
+#   GPU_BUNDLE_FATBIN_COMPRESS  nvcc --compress-mode of the fatbinaries (default size; none,
+#                         default, speed, balance)
+#   GPU_BUNDLE_NO_BENCH_KERNELS  set: leave bench_kernels out
+#   GPU_BUNDLE_BUILD_ALL  set: build every target (default: only the bundled executables)
+#   GPU_BUNDLE_WARN_MIB   warn above this size (default 56: room left for a carried AB_BASE)
+#   GPU_BUNDLE_CMAKE_ARGS extra configure arguments (word-split, after the above)
 # The LAST line printed is the bundle's path relative to the repo root (for `carry`).
 set -euo pipefail
 
@@ -54,6 +60,7 @@ case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$PWD/$BUILD_DIR" ;; esac
 OUTDIR="${GPU_BUNDLE_DIR:-$REPO/gpu_bundle}"
 case "$OUTDIR" in /*) ;; *) OUTDIR="$PWD/$OUTDIR" ;; esac
 LIMIT_MIB="${GPU_BUNDLE_LIMIT_MIB:-64}"
+WARN_MIB="${GPU_BUNDLE_WARN_MIB:-56}"
 DO_BUILD=1 DO_CHECK=1
 for a in "$@"; do
   case "$a" in
@@ -76,14 +83,45 @@ for t in cmake ctest ldd readelf strip python3 ompi_info xz tar sha256sum; do
 done
 
 # ---- 1. build ---------------------------------------------------------------------------------
+# Size (issue 32 item 4): the GPU code dominates the binaries. The default builds sm_90 only (the
+# lent machines are H100/H200; PTX compute_90 comes with it, for newer GPUs by JIT) and
+# compresses each fatbinary with nvcc --compress-mode=size (the SASS images shrink ~8x; the
+# CUDA 13 driver that the binaries need anyway decompresses them at module load). At 1ab5425
+# the former default (sm_80 + sm_90, uncompressed) made 92.1 MiB.
+CUDA_ARCHS="${GPU_BUNDLE_CUDA_ARCHS:-90}"
+FATBIN_COMPRESS="${GPU_BUNDLE_FATBIN_COMPRESS:-size}"
+case "$FATBIN_COMPRESS" in size|balance|speed|default|none) ;;
+  *) die "GPU_BUNDLE_FATBIN_COMPRESS=$FATBIN_COMPRESS: one of size, balance, speed, default, none" ;; esac
+CFG_ARGS=(-DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS// /;}"
+          "-DCMAKE_CUDA_FLAGS=--compress-mode=$FATBIN_COMPRESS")
 if [[ "$DO_BUILD" == 1 ]]; then
-  say "configuring $BUILD_DIR (Release, FSDP_CUDA=ON${GPU_BUNDLE_CMAKE_ARGS:+ $GPU_BUNDLE_CMAKE_ARGS})"
+  say "configuring $BUILD_DIR (Release, FSDP_CUDA=ON, CUDA architectures '$CUDA_ARCHS', --compress-mode=$FATBIN_COMPRESS${GPU_BUNDLE_CMAKE_ARGS:+, $GPU_BUNDLE_CMAKE_ARGS})"
   LOG="$(mktemp /tmp/gpu_bundle_build.XXXXXX.log)"
   # shellcheck disable=SC2086
-  cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON ${GPU_BUNDLE_CMAKE_ARGS:-} >"$LOG" 2>&1 ||
+  cmake -S "$REPO" -B "$BUILD_DIR" "${CFG_ARGS[@]}" ${GPU_BUNDLE_CMAKE_ARGS:-} >"$LOG" 2>&1 ||
     { tail -30 "$LOG" >&2; die "cmake configure failed (FSDP_CUDA=ON needs nvcc: /usr/local/cuda/bin on PATH or CUDACXX; log $LOG)"; }
-  say "building in $BUILD_DIR (all targets, tests included)"
-  cmake --build "$BUILD_DIR" -j"$(nproc)" >"$LOG" 2>&1 || { tail -40 "$LOG" >&2; die "build failed (full log: $LOG)"; }
+  # Only what the bundle carries: fsdp_train, fsdp_prepare, fsdp_merge, bench_kernels and the
+  # `gpu` tests' executables (GPU_BUNDLE_BUILD_ALL=1: every target, the CPU tests included).
+  TARGETS=()
+  if [[ -z "${GPU_BUNDLE_BUILD_ALL:-}" ]]; then
+    TARGETS=(fsdp_train fsdp_prepare fsdp_merge)
+    [[ -n "${GPU_BUNDLE_NO_BENCH_KERNELS:-}" ]] || TARGETS+=(bench_kernels)
+    while IFS= read -r t; do [[ -n "$t" ]] && TARGETS+=("$t"); done < <(
+      ctest --test-dir "$BUILD_DIR" -L gpu --show-only=json-v1 2>/dev/null | python3 -c '
+import json, os, sys
+build, names = os.path.realpath(sys.argv[1]), set()
+for t in json.load(sys.stdin).get("tests", []):
+    for a in (t.get("command") or [])[:8]:  # mpiexec -n N <executable> ...
+        if os.path.isabs(a) and os.path.dirname(os.path.realpath(a)).startswith(build):
+            names.add(os.path.basename(a))
+            break
+print("\n".join(sorted(names)))' "$BUILD_DIR")
+  fi
+  say "building in $BUILD_DIR (${TARGETS[*]:-all targets, tests included})"
+  BUILD_ARGS=(--build "$BUILD_DIR" -j"$(nproc)")
+  [[ ${#TARGETS[@]} == 0 ]] || BUILD_ARGS+=(--target "${TARGETS[@]}")
+  cmake "${BUILD_ARGS[@]}" >"$LOG" 2>&1 ||
+    { tail -40 "$LOG" >&2; die "build failed (full log: $LOG)"; }
   rm -f "$LOG"
 fi
 [[ -f "$BUILD_DIR/CMakeCache.txt" ]] || die "$BUILD_DIR is not configured (run without --no-build)"
@@ -168,8 +206,8 @@ add_exe() {  # $1 = file in the build tree
 for b in fsdp_train fsdp_prepare fsdp_merge; do add_exe "$BUILD_DIR/$b"; done
 # The CUDA kernels' bandwidth bench (tools/bench_kernels.cpp; PyTorch's side is
 # tools/bench_kernels_torch.py), when built: `gpu_bundle/bin/bench_kernels` on the GPU.
-# GPU_BUNDLE_NO_BENCH_KERNELS=1 leaves it out (9 MiB: room for a carried base build,
-# tools/gpu_kernel_ab.sh's AB_BASE).
+# GPU_BUNDLE_NO_BENCH_KERNELS=1 leaves it out (2 MiB at the default sm_90 with compressed
+# fatbins; it was 9 MiB at sm_80 + sm_90 uncompressed).
 if [[ -x "$BUILD_DIR/bench_kernels" && -z "${GPU_BUNDLE_NO_BENCH_KERNELS:-}" ]]; then
   add_exe "$BUILD_DIR/bench_kernels"
 fi
@@ -203,7 +241,11 @@ strip "$B/bin/mpirun" "$B/bin/mpiexec" "$B/bin/orterun" "$B/bin/orted" "$B/bin/o
 SKIP_LIBS='libucp|libucs|libuct|libucm|libfabric|libibverbs|librdmacm|libpsm|libpmi\.|libpmi2\.|libslurm'
 NSKIP=0
 for f in "$OMPI_PKGLIBDIR"/mca_*.so; do
-  if ldd "$f" 2>/dev/null | grep -q -E "not found|$SKIP_LIBS"; then NSKIP=$((NSKIP + 1)); continue; fi
+  # ldd's output first, then grep: `ldd | grep -q` under pipefail fails when grep's early exit
+  # gives ldd a SIGPIPE, and the component was kept (with libfabric, verbs, PSM: 12 more
+  # libraries, seen under load).
+  deps="$(ldd "$f" 2>/dev/null || true)"
+  if grep -q -E "not found|$SKIP_LIBS" <<<"$deps"; then NSKIP=$((NSKIP + 1)); continue; fi
   cp "$f" "$P/lib/openmpi/"
 done
 cp -r "$OMPI_PKGDATADIR" "$P/share/openmpi"
@@ -399,7 +441,7 @@ while IFS= read -r _fsdp_so; do
 done <"$FSDP_BUNDLE/cuda_libs.txt"
 # The driver (libcuda.so.1) normally comes from ldconfig; else the usual container mounts.
 _fsdp_drv=""
-if ! _fsdp_ldconfig | grep -q 'libcuda\.so\.1 '; then
+if ! grep -q 'libcuda\.so\.1 ' <<<"$(_fsdp_ldconfig)"; then  # (not a pipe: grep -q's SIGPIPE under pipefail)
   for _fsdp_d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib64 /usr/lib/x86_64-linux-gnu; do
     if [[ -e "$_fsdp_d/libcuda.so.1" ]]; then _fsdp_drv="$_fsdp_d"; break; fi
   done
@@ -455,6 +497,7 @@ NVCC="$(cache CMAKE_CUDA_COMPILER)"
   echo "source_dir=$SOURCE_DIR"
   echo "build_type=$(cache CMAKE_BUILD_TYPE)"
   echo "cuda_architectures=$ARCHS"
+  echo "cuda_flags=$(cache CMAKE_CUDA_FLAGS)"
   echo "nvcc=$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
   echo "cxx=$("$(cache CMAKE_CXX_COMPILER)" -dumpfullversion 2>/dev/null)"
   echo "openmpi=$OMPI_VERSION"
@@ -477,11 +520,17 @@ BYTES="$(du -sb "$B" | cut -f1)"
 MIB="$(awk -v b="$BYTES" 'BEGIN { printf "%.1f", b / 1048576 }')"
 TREE="$(cd "$REPO" && { git ls-files -z; git ls-files -z --others --exclude-standard; } |
   xargs -0 du -cb 2>/dev/null | awk '$2 == "total" { t += $1 } END { print t + 0 }')"
-echo "size_bytes=$BYTES" >>"$B/manifest.txt"
+{
+  echo "size_bytes=$BYTES"
+  echo "size_files=$(find "$B" -type f -printf '%s %P\n' | sort -rn | awk '{ printf "%s%s:%s", (NR > 1 ? " " : ""), $2, $1 }')"
+} >>"$B/manifest.txt"
 say "bundle: $MIB MiB in $(find "$B" -type f | wc -l) files (payload unpacks to $((PAYLOAD_BYTES / 1048576)) MiB); largest:"
 find "$B" -type f -printf '%s %P\n' | sort -rn | head -6 | awk '{ printf "  %7.2f MiB  %s\n", $1 / 1048576, $2 }' >&2
 if (( BYTES > LIMIT_MIB * 1048576 )); then
-  die "bundle is $MIB MiB, over the ${LIMIT_MIB} MiB limit (GPU_BUNDLE_LIMIT_MIB)"
+  die "bundle is $MIB MiB, over the ${LIMIT_MIB} MiB limit (GPU_BUNDLE_LIMIT_MIB); docs/gpu.md \"Workflow\" lists what makes it smaller"
+fi
+if (( BYTES > WARN_MIB * 1048576 )); then
+  say "WARNING: bundle is $MIB MiB, over ${WARN_MIB} MiB (GPU_BUNDLE_WARN_MIB): little room left for a carried gpu_base/ (the default, sm_90 with compressed fatbins, is far below)"
 fi
 if (( BYTES + TREE > 64 * 1048576 )); then
   die "bundle ($MIB MiB) + working tree ($((TREE / 1048576)) MiB) exceed the run tool's 64 MiB"
