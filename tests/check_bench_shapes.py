@@ -24,6 +24,11 @@ bench_torch_gpu.py's FLOPs per token. This checks, without a GPU, for each model
      against) equals llama_reference.inv_freq for those cases and for every llama MODELS entry.
      A torch without F.scaled_dot_product_attention (1.13) gets a stand-in of PyTorch's
      documented semantics (enable_gqa: K/V heads repeat_interleave'd to the query heads).
+  4. the PyTorch runs' warm-up rule (bench_torch_gpu.py warm_done / settled_steps: at least
+     --warmup steps, then until the last 3 agree within --settle-tol, at most --warmup-max),
+     on step-time sequences with a compile step, a recompile and a never-settling one; and
+     that a torch without torch.compile (Debian's 1.13) refuses --mode compile with a clear
+     message (exit 1) while --compile-mode without --mode compile is a usage error (exit 2).
 
   check_bench_shapes.py --fsdp-train BIN --mpiexec MPIEXEC --work DIR
 """
@@ -219,6 +224,50 @@ def check_plain_llama(bench, bad):
         bad.extend("plain Llama %s: %s" % (variant, p) for p in problems)
 
 
+def check_warmup(bench, bad):
+    """Check 4 (see the top of this file)."""
+    class A:
+        warmup, warmup_max, settle_tol = 3, 30, 0.02
+
+    def steps_to_settle(times, a=A):
+        warm = []
+        for t in times:
+            if bench.warm_done(warm, a):
+                return len(warm)
+            warm.append(t)
+        return None  # still warming when the sequence ended
+
+    cases = [  # (what, step times in seconds, warm-up steps expected before the first timed one)
+        ("compile then steady", [60.0, 0.101, 0.100, 0.1005, 0.1, 0.1], 4),
+        ("steady from the start (eager)", [0.1, 0.1, 0.1, 0.1], 3),
+        ("recompile at step 3", [60.0, 0.1, 20.0, 0.1, 0.1, 0.101, 0.1], 6),
+        ("3 % apart: not settled", [5.0, 0.100, 0.103, 0.100, 0.1005, 0.1, 0.1], 6),
+    ]
+    for what, times, want in cases:
+        got = steps_to_settle(times)
+        ok = got == want
+        print("warm-up rule   %-32s %d warm-up steps (expected %d): %s" % (what, got or -1, want, "ok" if ok else "WRONG"))
+        if not ok:
+            bad.append("warm-up rule, %s: %s warm-up steps, expected %d" % (what, got, want))
+    never = [0.1 * (1 + 0.05 * (i % 2)) for i in range(40)]
+    got = steps_to_settle(never)
+    if got != A.warmup_max:
+        bad.append("warm-up rule: a never-settling run warmed %s steps, expected --warmup-max %d" % (got, A.warmup_max))
+    print("warm-up rule   %-32s %s warm-up steps (expected --warmup-max %d): %s"
+          % ("never settles", got, A.warmup_max, "ok" if got == A.warmup_max else "WRONG"))
+    r = subprocess.run([sys.executable, BENCH, "--model", "gpt2-124m", "--compile-mode",
+                        "max-autotune-no-cudagraphs"], capture_output=True, text=True)
+    if r.returncode != 2 or "needs --mode compile" not in r.stderr:
+        bad.append("--compile-mode without --mode compile: exit %d, %r" % (r.returncode, r.stderr[-200:]))
+    if bench.torch is not None and not hasattr(bench.torch, "compile"):
+        r = subprocess.run([sys.executable, BENCH, "--model", "gpt2-124m", "--mode", "compile"],
+                           capture_output=True, text=True)
+        ok = r.returncode == 1 and "PyTorch >=" in r.stderr and not r.stdout.strip()
+        print("torch %-8s --mode compile refused: %s" % (bench.torch.__version__.split("+")[0], "ok" if ok else "WRONG"))
+        if not ok:
+            bad.append("--mode compile under torch %s: exit %d, %r" % (bench.torch.__version__, r.returncode, r.stderr[-200:]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdp-train", required=True)
@@ -232,6 +281,7 @@ def main():
     for m in sorted(bench_torch_gpu.MODELS):
         check_dry_run(bench_torch_gpu, a, m, bad)
     check_plain_llama(bench_torch_gpu, bad)
+    check_warmup(bench_torch_gpu, bad)
     for b in bad:
         print("check_bench_shapes.py: FAILED: " + b, file=sys.stderr)
     return 1 if bad else 0

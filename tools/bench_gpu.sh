@@ -12,16 +12,21 @@
 #   llama-1b       (not in the default MODELS: its own call, MODELS=llama-1b, see Usage) Llama
 #                  3.2 1B's shape: 16 layers x 2048, 32 query / 8 K/V heads of 64, SwiGLU 8192,
 #                  vocab 128256, tied, RoPE theta 5e5 with llama3 scaling; batch 4 x 2048 tokens
-# Contenders (each its own process; WARMUP untimed steps, then STEPS timed, median step):
+# Contenders (each its own process; WARMUP untimed steps -- PyTorch's: at least WARMUP, then until
+# the step time settles, see below --, then STEPS timed, median step):
 #   fsdp_train     bf16 parameters and compute over fp32 master weights, fp32 gradient
 #                  reduction, FULL_SHARD at world size 1 (`mpirun -np 1`), its configuration
 #                  from `bench_torch_gpu.py --fsdp-train-toml`; tok/s = median of metrics.jsonl's
 #                  tokens_per_sec over steps > WARMUP; memory = peak_mem_bytes (its caching
 #                  allocator's tracked peak)
 #   PyTorch        tools/bench_torch_gpu.py: --wrap none (plain single-GPU PyTorch: bf16
-#                  autocast over fp32 weights, AdamW(fused=True), SDPA, TF32), eager and
-#                  torch.compile (model + loss; gpt2-1.5b: each block, bench_torch_gpu.py
-#                  MODELS' compile_scope; PLAIN_COMPILE_SCOPE=model|block for all);
+#                  autocast over fp32 weights, AdamW(fused=True), SDPA, TF32): none:eager;
+#                  none:compile, torch.compile of the whole model with its loss as one function
+#                  (--compile-scope model), at every shape; none:compile-block, torch.compile of
+#                  each block (--compile-scope block); none:autotune, the whole model with
+#                  mode="max-autotune-no-cudagraphs" (--compile-mode), run in each round after
+#                  every other contender of every model and only while the budget allows
+#                  (AUTOTUNE_NEED_S before its first run; AUTOTUNE=0: no such rows);
 #                  --wrap fsdp2 (fully_shard per block + root at world size 1,
 #                  MixedPrecisionPolicy(bf16, fp32)), eager and torch.compile of each block
 #                  before fully_shard (torchtitan); T5: Hugging Face T5ForConditionalGeneration,
@@ -30,7 +35,11 @@
 #                  (--impl plain: SDPA is_causal + enable_gqa), and hf:eager / hf:compile
 #                  transformers' LlamaForCausalLM (--wrap none --impl hf, attention sdpa), both
 #                  one GPU, bf16 autocast, fused AdamW, compile = model + loss; no FSDP2 rows
-#                  unless LLAMA_FSDP2=1 (time). memory = torch.cuda.max_memory_allocated
+#                  unless LLAMA_FSDP2=1 (time). memory = torch.cuda.max_memory_allocated.
+#                  Warm-up: at least WARMUP steps, then until the last 3 steps agree within 2 %
+#                  (or WARMUP_MAX steps); compilation and autotuning happen there and are
+#                  reported apart (the table's "compile s": the warm-up's time above the timed
+#                  median step), never in the timed steps
 #   all            nvidia-smi's memory.used sampled every 100 ms during the run (peak minus the
 #                  value before it: CUDA context, library workspaces and allocator caches too)
 # Tokens and MFU: tokens per step as fsdp_train counts them (GPT-2: B x T; T5: B x (inputs +
@@ -39,10 +48,13 @@
 # FLOPs/token / peak dense bf16 of the GPU (H100 SXM / H200 989.4 TFLOPS, H100 NVL 835, H100
 # PCIe 756, A100 312; PEAK_TFLOPS overrides); fsdp_train also gets it as train.peak_flops, so
 # its own metrics.jsonl mfu must agree (the table's notes show both).
+# Ratio: every row's tok/s ÷ the BEST PyTorch row's of its model (the fastest of eager, each
+# compile, FSDP2, Hugging Face), named above the table; fsdp_train's row is the headline ratio.
 # If torch.compile is slower than eager for a model, the notes say why the script thinks so
 # (graph breaks and their reasons from torch._dynamo.utils.counters, graphs, compile time).
 #
-# Usage, from the repo root (about 7-8 minutes on an H100: the first round compiles):
+# Usage, from the repo root (it keeps to BENCH_BUDGET_S; with every PyTorch row the three
+# default models no longer fit 3 rounds, docs/gpu.md "The benchmark" gives one call per model):
 #   tools/bench_gpu.sh
 #   MODELS=llama-1b ROUNDS=2 BENCH_BUDGET_S=480 tools/bench_gpu.sh   # the Llama row, its own call
 #     (5 contenders; two torch.compile warm-ups of a 16-layer model in round 1)
@@ -54,14 +66,20 @@
 # Progress on stderr.
 # Environment (all optional):
 #   MODELS ("gpt2-124m gpt2-1.5b t5-small-byt5")  ROUNDS (3)  WARMUP (3)  STEPS (10)
+#   WARMUP_MAX (30): PyTorch warm-up steps at most when the step time does not settle
 #   BENCH_BUDGET_S (450): no run starts that its previous round's time says would not end in
 #                  it; each run is also cut there, so the script ends by itself with its table
-#   CONTENDERS (every model's default: "fsdp_train none:eager none:compile fsdp2:eager
-#                  fsdp2:compile"; llama-1b: "fsdp_train none:eager none:compile hf:eager
-#                  hf:compile") e.g. "fsdp_train none:compile" for a short call;
+#   CONTENDERS (every model's default: "fsdp_train none:eager none:compile-block none:compile
+#                  fsdp2:eager fsdp2:compile none:autotune"; llama-1b: "fsdp_train none:eager
+#                  none:compile-block none:compile hf:eager hf:compile none:autotune") e.g.
+#                  "fsdp_train none:compile" for a short call; a PyTorch contender is
+#                  WRAP:MODE, WRAP none | hf | fsdp2, MODE eager | compile | compile-block |
+#                  autotune (fsdp2: eager | compile, its compile is per block);
 #                  "fsdp_train:offload" adds fsdp_train with fsdp.cpu_offload = true (issue 22:
 #                  its tok/s ÷ fsdp_train is offload's cost; host_mem_bytes its host peak)
-#   RUN_TIMEOUT (240) seconds per run at most;  PLAIN_COMPILE_SCOPE;  T5_FSDP2 (1; 0 leaves
+#   AUTOTUNE (1; 0: no none:autotune rows)  AUTOTUNE_NEED_S (180): seconds of budget an
+#                  autotune run needs before its first run (then its previous run's time)
+#   RUN_TIMEOUT (240) seconds per run at most;  T5_FSDP2 (1; 0 leaves
 #                  T5 without its FSDP2 runs);  LLAMA_FSDP2 (0; 1 adds FSDP2 eager and compile
 #                  of the plain Llama to llama-1b's contenders)
 #   PEAK_TFLOPS;  PYTHON (python3);  FSDP_BUNDLE (default gpu_bundle/ if it has env.sh);
@@ -73,7 +91,9 @@ MODELS="${MODELS:-gpt2-124m gpt2-1.5b t5-small-byt5}"
 ROUNDS="${ROUNDS:-3}" WARMUP="${WARMUP:-3}" STEPS="${STEPS:-10}"
 BUDGET="${BENCH_BUDGET_S:-450}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-240}"
-PLAIN_COMPILE_SCOPE="${PLAIN_COMPILE_SCOPE:-}"
+WARMUP_MAX="${WARMUP_MAX:-30}"
+AUTOTUNE="${AUTOTUNE:-1}"
+AUTOTUNE_NEED_S="${AUTOTUNE_NEED_S:-180}"
 T5_FSDP2="${T5_FSDP2:-1}"
 LLAMA_FSDP2="${LLAMA_FSDP2:-0}"
 PYTHON="${PYTHON:-python3}"
@@ -82,14 +102,12 @@ START=$SECONDS
 
 die() { echo "bench_gpu.sh: $*" >&2; exit 1; }
 say() { echo "bench_gpu.sh: [+$((SECONDS - START))s] $*" >&2; }
-for v in ROUNDS WARMUP STEPS BUDGET RUN_TIMEOUT; do
+for v in ROUNDS WARMUP STEPS BUDGET RUN_TIMEOUT WARMUP_MAX AUTOTUNE_NEED_S; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || die "$v=${!v} is not a non-negative integer"
 done
 (( STEPS >= 1 && ROUNDS >= 1 )) || die "STEPS and ROUNDS must be >= 1"
-[[ -z "$PLAIN_COMPILE_SCOPE" || "$PLAIN_COMPILE_SCOPE" == model || "$PLAIN_COMPILE_SCOPE" == block ]] ||
-  die "PLAIN_COMPILE_SCOPE=$PLAIN_COMPILE_SCOPE (expected model or block)"
-SCOPE_ARG=()
-[[ -n "$PLAIN_COMPILE_SCOPE" ]] && SCOPE_ARG=(--compile-scope "$PLAIN_COMPILE_SCOPE")
+[[ -z "${PLAIN_COMPILE_SCOPE:-}" ]] ||
+  die "PLAIN_COMPILE_SCOPE is gone: none:compile is the whole model + loss, none:compile-block each block (CONTENDERS)"
 
 # ---- where fsdp_train comes from ------------------------------------------------------------
 BUNDLE="${FSDP_BUNDLE:-}"
@@ -146,12 +164,13 @@ for m in $MODELS; do
 done
 contenders() {  # $1 = model
   if [[ -n "${CONTENDERS:-}" ]]; then echo "$CONTENDERS"; return; fi
-  local c="fsdp_train none:eager none:compile"
+  local c="fsdp_train none:eager none:compile-block none:compile"
   case "$1" in
     t5*) [[ "$T5_FSDP2" == 1 ]] && c+=" fsdp2:eager fsdp2:compile" ;;
     llama*) c+=" hf:eager hf:compile"; [[ "$LLAMA_FSDP2" == 1 ]] && c+=" fsdp2:eager fsdp2:compile" ;;
     *) c+=" fsdp2:eager fsdp2:compile" ;;
   esac
+  [[ "$AUTOTUNE" == 1 ]] && c+=" none:autotune"
   echo "$c"
 }
 
@@ -234,13 +253,35 @@ PY
   fi
 }
 
+# A PyTorch contender WRAP:MODE as bench_torch_gpu.py arguments (hf = --wrap none --impl hf).
+torch_args() {  # $1 = wrap:mode
+  local wrap=${1%%:*} mode=${1##*:} a=()
+  [[ "$wrap" == hf ]] && wrap=none a+=(--impl hf)
+  case "$wrap" in none|fsdp2) ;; *) return 1 ;; esac
+  case "$mode" in
+    eager) a+=(--mode eager) ;;
+    compile) a+=(--mode compile) ;;  # none: the whole model + loss; fsdp2: each block
+    compile-block) [[ "$wrap" == none ]] || return 1; a+=(--mode compile --compile-scope block) ;;
+    autotune) [[ "$wrap" == none ]] || return 1
+      a+=(--mode compile --compile-scope model --compile-mode max-autotune-no-cudagraphs) ;;
+    *) return 1 ;;
+  esac
+  echo "--wrap $wrap ${a[*]}"
+}
+for m in $MODELS; do
+  for who in $(contenders "$m"); do
+    [[ "$who" == fsdp_train || "$who" == fsdp_train:offload ]] || torch_args "$who" >/dev/null ||
+      die "unknown contender '$who' (CONTENDERS): fsdp_train, fsdp_train:offload or WRAP:MODE, WRAP none|hf|fsdp2, MODE eager|compile|compile-block|autotune (compile-block, autotune: none and hf only)"
+  done
+done
+
 run_torch() {  # $1 = model, $2 = wrap:mode (wrap hf = none with --impl hf), $3 = round, $4 = time limit
   local m=$1 who=$2 r=$3 lim=$4 tag="torch_$1_${2/:/_}_$3" t0=$SECONDS smi rc out
-  local wrap=${who%%:*} mode=${who##*:} impl=()
-  [[ "$wrap" == hf ]] && wrap=none impl=(--impl hf)
+  local targs
+  read -r -a targs <<<"$(torch_args "$who")"
   smi_start "$tag"
-  FSDP_BENCH_TAG="$tag" timeout -k 10 "$lim" "$PYTHON" "$BENCH_PY" --model "$m" --wrap "$wrap" --mode "$mode" \
-    "${impl[@]}" "${SCOPE_ARG[@]}" --warmup "$WARMUP" --steps "$STEPS" \
+  FSDP_BENCH_TAG="$tag" timeout -k 10 "$lim" "$PYTHON" "$BENCH_PY" --model "$m" "${targs[@]}" \
+    --warmup "$WARMUP" --warmup-max "$WARMUP_MAX" --steps "$STEPS" \
     </dev/null >"$WORK/logs/$tag.out" 2>"$WORK/logs/$tag.log"
   rc=$?
   reap "$tag"
@@ -248,7 +289,7 @@ run_torch() {  # $1 = model, $2 = wrap:mode (wrap hf = none with --impl hf), $3 
   out="$(tail -1 "$WORK/logs/$tag.out")"
   if [[ $rc == 0 ]] && "$PYTHON" -c 'import json, sys; json.loads(sys.argv[1])["tokens_per_sec"]' "$out" 2>/dev/null; then
     record "$m" "$who" "$r" ok=true "result=$out" "smi_mib=$smi" "wall_s=$((SECONDS - t0))"
-    say "round $r $m $who: $("$PYTHON" -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["tokens_per_sec"], "tok/s, max_allocated", d["max_memory_allocated"] >> 20, "MiB, warm-up", d["warmup_s"], "s, graph breaks", d["graph_breaks"])' "$out"), nvidia-smi +$smi MiB ($((SECONDS - t0)) s)"
+    say "round $r $m $who: $("$PYTHON" -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["tokens_per_sec"], "tok/s, max_allocated", d["max_memory_allocated"] >> 20, "MiB, warm-up", d["warmup_s"], "s in", d.get("warmup_steps"), "steps (settled:", str(d.get("settled")) + ", compile", d.get("compile_s"), "s), graph breaks", d["graph_breaks"])' "$out"), nvidia-smi +$smi MiB ($((SECONDS - t0)) s)"
   else
     local why
     why="exit $rc$( (( rc == 124 || rc == 137 )) && echo " (timed out at $lim s)"): $(grep -E 'Error|error' "$WORK/logs/$tag.log" | tail -1 | cut -c1-300)"
@@ -261,13 +302,19 @@ run_torch() {  # $1 = model, $2 = wrap:mode (wrap hf = none with --impl hf), $3 
 say "GPU: $GPU_NAME (driver $DRIVER); peak ${PEAK:-?} TFLOPS ($PEAK_WHY); budget $BUDGET s"
 say "fsdp_train from $OURS_FROM; models: $MODELS; $ROUNDS round(s) of $WARMUP + $STEPS steps"
 declare -A LAST=()  # model/contender -> seconds its last run took
+# Each round: every contender of every model but the autotune ones, then (pass 2) the autotune
+# ones, so that a long max-autotune compile never takes the budget of a cheaper row.
 for ((r = 1; r <= ROUNDS; r++)); do
+  for pass in 1 2; do
   for m in $MODELS; do
     for who in $(contenders "$m"); do
+      if [[ "$who" == *:autotune ]]; then [[ $pass == 2 ]] || continue; else [[ $pass == 1 ]] || continue; fi
       lim="$(run_limit)"
-      need="${LAST[$m/$who]:-30}"
+      default_need=30
+      [[ "$who" == *:autotune ]] && default_need=$AUTOTUNE_NEED_S
+      need="${LAST[$m/$who]:-$default_need}"
       if (( lim < need || lim < 20 )); then
-        say "round $r $m $who not run: ${lim} s left of the budget, its last run took ${need} s"
+        say "round $r $m $who not run: ${lim} s left of the budget, it needs ${need} s (its last run's time; before the first: 30 s, autotune AUTOTUNE_NEED_S)"
         printf '{"model": "%s", "who": "%s", "round": %d, "ok": false, "skipped": true, "error": "not run: out of time (BENCH_BUDGET_S=%d)"}\n' \
           "$m" "$who" "$r" "$BUDGET" >>"$RESULTS"
         continue
@@ -276,6 +323,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
       if [[ "$who" == fsdp_train* ]]; then run_ours "$m" "$r" "$lim" "$who"; else run_torch "$m" "$who" "$r" "$lim"; fi
       LAST[$m/$who]=$((SECONDS - t0))
     done
+  done
   done
 done
 
@@ -293,9 +341,13 @@ LABEL = {
     "fsdp_train": "fsdp_train (bf16 over fp32 master, FULL_SHARD, world 1)",
     "fsdp_train:offload": "fsdp_train, fsdp.cpu_offload (master, grads, AdamW on the host)",
     "none:eager": "PyTorch, one GPU, eager",
-    "none:compile": "PyTorch, one GPU, torch.compile",
+    "none:compile-block": "PyTorch, one GPU, torch.compile per block",
+    "none:compile": "PyTorch, one GPU, torch.compile (whole model + loss)",
+    "none:autotune": "PyTorch, one GPU, torch.compile max-autotune-no-cudagraphs (whole model + loss)",
     "hf:eager": "Hugging Face model (sdpa), one GPU, eager",
-    "hf:compile": "Hugging Face model (sdpa), one GPU, torch.compile",
+    "hf:compile-block": "Hugging Face model (sdpa), one GPU, torch.compile per block",
+    "hf:compile": "Hugging Face model (sdpa), one GPU, torch.compile (whole model + loss)",
+    "hf:autotune": "Hugging Face model (sdpa), one GPU, torch.compile max-autotune-no-cudagraphs (whole model + loss)",
     "fsdp2:eager": "PyTorch FSDP2, eager",
     "fsdp2:compile": "PyTorch FSDP2 + torch.compile per block",
 }
@@ -312,7 +364,11 @@ print("fsdp_train: $OURS_FROM. PyTorch $TORCH_VER, transformers $TF_VER. Synthet
       "per token (fsdp_train's ModelFamily::train_flops_per_sample, the same for every row) / "
       "peak ${PEAK:-n/a} TFLOPS ($PEAK_WHY). Program memory: fsdp_train's peak_mem_bytes, "
       "PyTorch's torch.cuda.max_memory_allocated; nvidia-smi: peak memory.used above the value "
-      "before the run. Ratios: this row / fsdp_train.")
+      "before the run. tok/s ratio: this row / the best PyTorch row of the model (named above "
+      "its table; fsdp_train's row is fsdp_train / best PyTorch); memory ratio: this row / "
+      "fsdp_train. PyTorch warm-up: at least $WARMUP steps, then until 3 consecutive steps agree "
+      "within 2 % (at most $WARMUP_MAX); compile s = the warm-up's time above the timed median "
+      "step (compilation, autotuning), not in tok/s.")
 status = 0
 notes = []
 for m in models:
@@ -342,8 +398,6 @@ for m in models:
     print()
     print("#### %s: %s; %.4g GFLOP/token" % (m, shape, d["flops_per_token"] / 1e9))
     print()
-    print("| contender | tok/s (median) | per round | MFU | program peak MiB | nvidia-smi peak MiB | tok/s ÷ fsdp_train | memory ÷ fsdp_train |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
     agg = {}
     for who in LABEL:
         runs = [r for r in mine if r["who"] == who]
@@ -354,30 +408,43 @@ for m in models:
         mem = [r["result"].get("mem_bytes", r["result"].get("max_memory_allocated")) for r in ok]
         smi = [r.get("smi_mib") for r in ok]
         agg[who] = {"tps": med(tps), "mem": max(mem) if mem else None,
-                    "smi": max([s for s in smi if s is not None], default=None), "ok": ok, "runs": runs}
-        if not ok:
-            status = 1
+                    "smi": max([s for s in smi if s is not None], default=None), "ok": ok, "runs": runs,
+                    "compile_s": med([r["result"].get("compile_s") for r in ok])}
+        if not ok and not (who.endswith(":autotune") and all(r.get("skipped") for r in runs)):
+            status = 1  # (an autotune row the budget left out is not a failure)
     base = agg.get("fsdp_train", {})
+    # The best PyTorch row (any wrap, mode, implementation): the ratio's denominator.
+    torch_best = max(((a["tps"], w) for w, a in agg.items() if not w.startswith("fsdp_train") and a["tps"]), default=None)
+    if torch_best:
+        head = "Best PyTorch row: **%s**, %.0f tok/s" % (LABEL[torch_best[1]], torch_best[0])
+        if base.get("tps"):
+            head += "; fsdp_train ÷ best PyTorch = **%.2f**" % (base["tps"] / torch_best[0])
+        print(head + ".")
+    else:
+        print("No PyTorch row ran: no ratio.")
+    print()
+    print("| contender | tok/s (median) | per round | MFU | compile s | program peak MiB | nvidia-smi peak MiB | tok/s ÷ best PyTorch | memory ÷ fsdp_train |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for who, a in agg.items():
         label = LABEL[who]
-        scopes = sorted({r["result"].get("compile_scope", "") for r in a["ok"] if who in ("none:compile", "hf:compile")} - {""})
-        if scopes:
-            label += " (" + "/".join("model + loss" if x == "model" else "each block" for x in scopes) + ")"
+        if torch_best and who == torch_best[1]:
+            label = "**" + label + "** (best PyTorch)"
         per = " / ".join(fmt(r["result"]["tokens_per_sec"]) if r.get("ok") else "**%s**" % r.get("error", "failed")[:80]
                          for r in sorted(a["runs"], key=lambda r: r["round"]))
         mfu = "-" if a["tps"] is None or peak is None else "%.1f%%" % (100 * a["tps"] * d["flops_per_token"] / peak)
-        rt = "-" if a["tps"] is None or not base.get("tps") else "%.2f" % (a["tps"] / base["tps"])
+        rt = "-" if a["tps"] is None or not torch_best else "%.2f" % (a["tps"] / torch_best[0])
+        if who == "fsdp_train" and rt != "-":
+            rt = "**" + rt + "**"
         rm = "-" if a["mem"] is None or not base.get("mem") else "%.2f" % (a["mem"] / base["mem"])
-        print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            label, fmt(a["tps"]), per, mfu, fmt(a["mem"] / 1048576 if a["mem"] else None),
-            fmt(a["smi"]), rt, rm))
+        print("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            label, fmt(a["tps"]), per, mfu, fmt(a["compile_s"], "%.1f"),
+            fmt(a["mem"] / 1048576 if a["mem"] else None), fmt(a["smi"]), rt, rm))
     off = agg.get("fsdp_train:offload")
     if off and off["ok"]:
         host = max(r["result"].get("host_mem_bytes", 0) for r in off["ok"])
         ratio = off["tps"] / base["tps"] if base.get("tps") and off["tps"] else None
         notes.append("%s: fsdp.cpu_offload keeps %.0f MiB in host memory; its tok/s ÷ fsdp_train = %s "
                      "(issue 22: at least 0.75 at 1.5B)" % (m, host / 1048576, fmt(ratio, "%.2f")))
-    torch_best = max(((a["tps"], w) for w, a in agg.items() if not w.startswith("fsdp_train") and a["tps"]), default=None)
     if base.get("tps") and torch_best:
         notes.append("%s: fsdp_train ÷ best PyTorch (%s) = **%.2f**" % (m, LABEL[torch_best[1]], base["tps"] / torch_best[0]))
     own = med([r["result"].get("own_mfu") for r in base.get("ok", [])])
@@ -385,8 +452,9 @@ for m in models:
         notes.append("%s: fsdp_train's own metrics.jsonl mfu %.1f%% (train.peak_flops = the peak above) "
                      "against this table's %.1f%%" % (m, 100 * own, 100 * base["tps"] * d["flops_per_token"] / peak))
     # torch.compile slower than eager: say why, from what the compiled runs reported.
-    for wrap in ("none", "hf", "fsdp2"):
-        e, c = agg.get(wrap + ":eager", {}), agg.get(wrap + ":compile", {})
+    for cw in [w for w in agg if ":" in w and not w.startswith("fsdp_train") and not w.endswith(":eager")]:
+        wrap = cw.split(":")[0]
+        e, c = agg.get(wrap + ":eager", {}), agg[cw]
         if not e.get("tps") or not c.get("tps") or c["tps"] >= e["tps"]:
             continue
         res = [r["result"] for r in c["ok"]]
@@ -394,12 +462,12 @@ for m in models:
         reasons = sorted({x for r in res for x in r.get("graph_break_reasons", [])})[:5]
         why = ("%s: %s is slower than eager (%.0f vs %.0f tok/s). Graph breaks: %d%s; graphs "
                "compiled: %d; warm-up (compilation) %.0f s. "
-               % (m, LABEL[wrap + ":compile"], c["tps"], e["tps"], gb,
+               % (m, LABEL[cw], c["tps"], e["tps"], gb,
                   (" (" + "; ".join(reasons) + ")") if reasons else "",
                   max(r.get("unique_graphs", 0) for r in res), max(r.get("warmup_s", 0) for r in res)))
         if gb:
             why += "Likely: the breaks split the compiled regions and add guard and launch overhead."
-        elif wrap == "fsdp2":
+        elif cw == "fsdp2:compile":
             why += ("No graph breaks, so likely: only the blocks are compiled; FSDP2's per-block "
                     "all-gather copy-in/copy-out, reduce-scatter and hooks, the embeddings, head "
                     "and loss stay eager, and at world size 1 their fixed cost is not hidden "
@@ -422,7 +490,7 @@ print()
 print("\`\`\`")
 print("mpirun -np 1 --bind-to none fsdp_train MODEL.toml --set train.run_dir=... --set train.peak_flops=...   # bundle env")
 print("python3 tools/bench_torch_gpu.py --model MODEL --fsdp-train-toml --warmup $WARMUP --steps $STEPS > MODEL.toml")
-print("python3 tools/bench_torch_gpu.py --model MODEL --wrap none|fsdp2 [--impl plain|hf] --mode eager|compile ${PLAIN_COMPILE_SCOPE:+--compile-scope $PLAIN_COMPILE_SCOPE }--warmup $WARMUP --steps $STEPS")
+print("python3 tools/bench_torch_gpu.py --model MODEL --wrap none|fsdp2 [--impl plain|hf] --mode eager|compile [--compile-scope model|block] [--compile-mode max-autotune-no-cudagraphs] --warmup $WARMUP --warmup-max $WARMUP_MAX --steps $STEPS")
 print("\`\`\`")
 sys.exit(status)
 PY

@@ -2,7 +2,9 @@
 """tools/bench_torch_gpu.py: the PyTorch side of tools/bench_gpu.sh, one training run on one GPU.
 
     bench_torch_gpu.py --model gpt2-124m|gpt2-1.5b|t5-small-byt5|llama-1b --mode eager|compile
-                       --wrap none|fsdp2 [--impl plain|hf] [--steps 10] [--warmup 3]
+                       --wrap none|fsdp2 [--impl plain|hf] [--compile-scope model|block]
+                       [--compile-mode default|max-autotune-no-cudagraphs]
+                       [--steps 10] [--warmup 3] [--warmup-max 30] [--settle-tol 0.02]
 
 trains the model on uniformly random tokens and prints ONE line on stdout, a JSON object
 (tokens_per_sec = the median over the --steps timed steps; see RESULT_KEYS). Everything else
@@ -37,9 +39,12 @@ against llama_inv_freq below (fsdp_train's llama_inv_freq) within 1e-5.
 
 --wrap none (what a single-GPU user runs; the strongest single-GPU baseline): fp32 weights,
   torch.autocast(bfloat16) around forward and loss, AdamW(fused=True), TF32 on for what stays
-  fp32. --mode compile: torch.compile of the model with its loss (--compile-scope model) or of
-  each transformer block (--compile-scope block); default: the model's compile_scope in
-  MODELS (model; gpt2-1.5b: block, to keep compilation within the benchmark's time).
+  fp32. --mode compile: torch.compile of the whole model with its loss, one compiled function
+  (--compile-scope model, the default at every shape), or of each transformer block on its own
+  (--compile-scope block, PyTorch's "regional compilation"); --compile-mode
+  max-autotune-no-cudagraphs passes that mode to torch.compile (Inductor benchmarks Triton
+  GEMM/convolution templates against cuBLAS and keeps the fastest; no CUDA graphs, which
+  fsdp_train does not use either); default: torch.compile's default mode.
 --wrap fsdp2: torch.distributed.fsdp.fully_shard at world size 1 (one process, NCCL process
   group from MASTER_ADDR / MASTER_PORT, set here to 127.0.0.1 and a free port unless given):
   fully_shard on each block, then on the root, MixedPrecisionPolicy(param_dtype=bfloat16,
@@ -50,8 +55,13 @@ Both: AdamW lr 6e-4 constant, betas (0.9, 0.999), eps 1e-8, weight decay 0.1 on 
 weights except embeddings (a tied LM head is the embedding: not decayed, as in fsdp_train);
 clip_grad_norm_(1.0). A step (timed between two
 torch.cuda.synchronize()): zero_grad, forward + loss, backward, clipping, optimizer step; the
-batch is drawn on the GPU before the timer. The --warmup steps before the timed ones hold
-torch.compile's compilation (warmup_s reports them).
+batch is drawn on the GPU before the timer. Warm-up (untimed; compilation, autotuning and any
+recompilation happen there): at least --warmup steps, then more until the step time has
+settled -- the last 3 warm-up steps within --settle-tol (2 %) of each other, max / min - 1 --
+or --warmup-max steps were run (settled: false in the result then). The result reports
+warmup_steps, warmup_s (their wall time) and compile_s = the warm-up's time above the timed
+median step (sum over the warm-up steps of max(0, step - median)): compilation and autotuning,
+reported apart from the timed throughput.
 
 Tokens and FLOPs are fsdp_train's (src/train/trainer.cpp, src/model/gpt2.cpp,
 src/model/t5_family.cpp, src/model/llama.cpp ModelFamily::train_flops_per_sample): a GPT-2
@@ -91,21 +101,17 @@ try:  # a run needs these too; a torch without them (Debian's 1.13) still define
 except ImportError:
     pass
 
-# compile_scope: what --wrap none --mode compile compiles unless --compile-scope says: the model
-# with its loss, or (gpt2-1.5b) each block, PyTorch's "regional compilation" recipe (almost the
-# whole model's speed-up; a cold compile of all 48 blocks as one graph takes minutes, more than
-# tools/bench_gpu.sh's budget).
 MODELS = {
     "gpt2-124m": {"family": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768, "seq_len": 1024,
-                  "vocab": 50257, "batch": 8, "compile_scope": "model"},
+                  "vocab": 50257, "batch": 8},
     "gpt2-1.5b": {"family": "gpt2", "n_layer": 48, "n_head": 25, "n_embd": 1600, "seq_len": 1024,
-                  "vocab": 50257, "batch": 4, "compile_scope": "block"},
+                  "vocab": 50257, "batch": 4},
     "t5-small-byt5": {"family": "t5", "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8,
                       "num_layers": 6, "num_decoder_layers": 6, "vocab": 384,
                       "feed_forward_proj": "relu", "tie_word_embeddings": True,
                       "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
                       "layer_norm_epsilon": 1e-6, "seq_len": 512, "noise_density": 0.15,
-                      "mean_noise_span_length": 3.0, "batch": 32, "compile_scope": "model"},
+                      "mean_noise_span_length": 3.0, "batch": 32},
     # Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json); initializer_range only sets the init.
     "llama-1b": {"family": "llama", "num_hidden_layers": 16, "hidden_size": 2048,
                  "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -114,16 +120,17 @@ MODELS = {
                  "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
                  "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True,
-                 "initializer_range": 0.02, "seq_len": 2048, "batch": 4, "compile_scope": "model"},
+                 "initializer_range": 0.02, "seq_len": 2048, "batch": 4},
 }
 # --impl: the PyTorch implementations of each family, the first the default.
 IMPLS = {"gpt2": ("plain",), "t5": ("hf",), "llama": ("plain", "hf")}
 # ByT5: pad 0, eos 1, unk 2, bytes 3..258, 125 sentinels above; fsdp_train's synthetic span
 # corruption draws ids in [3, vocab - 125) (docs/data.md), and so does this script.
 T5_SENTINELS = 125
-RESULT_KEYS = ("model", "mode", "wrap", "impl", "compile_scope", "tokens_per_sec", "step_ms",
-               "step_ms_min", "tokens_per_step", "flops_per_token", "params",
-               "max_memory_allocated", "max_memory_reserved", "warmup_s", "first_loss",
+RESULT_KEYS = ("model", "mode", "wrap", "impl", "compile_scope", "compile_mode", "tokens_per_sec",
+               "step_ms", "step_ms_min", "tokens_per_step", "flops_per_token", "params",
+               "max_memory_allocated", "max_memory_reserved", "warmup_s", "warmup_steps",
+               "settled", "compile_s", "first_loss",
                "last_loss", "graph_breaks", "graph_break_reasons", "unique_graphs", "torch",
                "cuda", "gpu")  # + "attn_implementation", "transformers" for Hugging Face models
 
@@ -514,6 +521,23 @@ def dynamo_report():
             "unique_graphs": int(c.get("stats", {}).get("unique_graphs", 0))}
 
 
+SETTLE_WINDOW = 3  # warm-up steps whose times must agree within --settle-tol
+
+
+def settled_steps(warm, tol):
+    """True when the last SETTLE_WINDOW warm-up step times agree within tol (max / min - 1)."""
+    last = warm[-SETTLE_WINDOW:]
+    return len(last) == SETTLE_WINDOW and max(last) <= (1.0 + tol) * min(last)
+
+
+def warm_done(warm, args):
+    """Whether the warm-up is over (the next step is timed): at least --warmup steps, then until
+    the step time settles (settled_steps) or --warmup-max steps were run."""
+    if len(warm) < args.warmup:
+        return False
+    return len(warm) >= args.warmup_max or settled_steps(warm, args.settle_tol)
+
+
 def run(args, spec):
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -539,10 +563,11 @@ def run(args, spec):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 4 * len(blocks)))
                 break
-        scope = (args.compile_scope or spec["compile_scope"]) if args.wrap == "none" else "block"
+        scope = args.compile_scope if args.wrap == "none" else "block"
+        ckw = {} if args.compile_mode == "default" else {"mode": args.compile_mode}
         if args.mode == "compile" and scope == "block":
             for container, i in blocks:
-                container[i] = torch.compile(container[i], fullgraph=args.impl == "plain")
+                container[i] = torch.compile(container[i], fullgraph=args.impl == "plain", **ckw)
         if args.wrap == "fsdp2":
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -555,15 +580,16 @@ def run(args, spec):
                 return torch.autocast("cuda", dtype=torch.bfloat16)
         net = WithLoss(model, spec["family"], spec["vocab"], args.impl)
         if args.mode == "compile" and scope == "model":
-            net = torch.compile(net)
+            net = torch.compile(net, **ckw)  # the model and its loss: one compiled function
         opt = torch.optim.AdamW(decay_groups(model, 0.1), lr=6e-4, betas=(0.9, 0.999), eps=1e-8,
                                 fused=True)
         gen = torch.Generator(device=device).manual_seed(args.seed)
         torch.cuda.reset_peak_memory_stats(device)
-        times, losses = [], []
+        times, losses, warm = [], [], []
         t_start = time.perf_counter()
         warmup_s = 0.0
-        for step in range(args.warmup + args.steps):
+        step = 0
+        while len(times) < args.steps:
             x, y = draw_batch(spec, device, gen)
             torch.cuda.synchronize(device)
             t0 = time.perf_counter()
@@ -576,27 +602,34 @@ def run(args, spec):
             torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0
             losses.append(loss.item())
-            if step < args.warmup:
+            step += 1
+            timed = warm_done(warm, args)
+            if not timed:
+                warm.append(dt)
                 warmup_s = time.perf_counter() - t_start
             else:
                 times.append(dt)
             if args.verbose:
-                print("step %d/%d | loss %.4f | %.1f ms | %.0f tok/s" % (
-                    step + 1, args.warmup + args.steps, losses[-1], dt * 1e3,
-                    spec["tokens_per_step"] / dt), file=sys.stderr)
+                print("step %d (%s) | loss %.4f | %.1f ms | %.0f tok/s" % (
+                    step, "timed %d/%d" % (len(times), args.steps) if timed else "warm-up",
+                    losses[-1], dt * 1e3, spec["tokens_per_step"] / dt), file=sys.stderr)
         if not all(math.isfinite(v) for v in losses):
             raise SystemExit("bench_torch_gpu.py: non-finite loss: %s" % losses)
         med = statistics.median(times)
+        settled = settled_steps(warm, args.settle_tol)
         result = {
             "model": args.model, "mode": args.mode, "wrap": args.wrap, "impl": args.impl,
             "compile_scope": scope if args.mode == "compile" else "",
+            "compile_mode": args.compile_mode if args.mode == "compile" else "",
             "tokens_per_sec": round(spec["tokens_per_step"] / med, 1),
             "step_ms": round(med * 1e3, 2), "step_ms_min": round(min(times) * 1e3, 2),
             "tokens_per_step": spec["tokens_per_step"], "flops_per_token": spec["flops_per_token"],
             "params": n_params,
             "max_memory_allocated": torch.cuda.max_memory_allocated(device),
             "max_memory_reserved": torch.cuda.max_memory_reserved(device),
-            "warmup_s": round(warmup_s, 1), "first_loss": round(losses[0], 4),
+            "warmup_s": round(warmup_s, 1), "warmup_steps": len(warm), "settled": settled,
+            "compile_s": round(sum(max(0.0, w - med) for w in warm), 1),
+            "first_loss": round(losses[0], 4),
             "last_loss": round(losses[-1], 4), "torch": torch.__version__, "cuda": torch.version.cuda,
             "gpu": torch.cuda.get_device_name(device),
         }
@@ -618,11 +651,19 @@ def main():
     ap.add_argument("--impl", choices=["plain", "hf"], default=None,
                     help="the PyTorch model: written here (plain) or transformers' (hf); default "
                          "and choices per family: gpt2 plain, t5 hf, llama plain | hf")
-    ap.add_argument("--compile-scope", choices=["model", "block"], default=None,
-                    help="--wrap none --mode compile: the model with its loss, or each block "
-                         "(default: the model's, see MODELS; --wrap fsdp2 compiles each block)")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps (after --warmup)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation)")
+    ap.add_argument("--compile-scope", choices=["model", "block"], default="model",
+                    help="--wrap none --mode compile: the whole model with its loss as one compiled "
+                         "function (default), or each block (--wrap fsdp2 compiles each block)")
+    ap.add_argument("--compile-mode", choices=["default", "max-autotune-no-cudagraphs"],
+                    default="default", help="torch.compile's mode (--mode compile)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps (after the warm-up)")
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="untimed steps first, at least (compilation); then until the step time "
+                         "settles (--settle-tol) or --warmup-max")
+    ap.add_argument("--warmup-max", type=int, default=30,
+                    help="untimed steps at most (default 30; at least --warmup)")
+    ap.add_argument("--settle-tol", type=float, default=0.02,
+                    help="settled: the last 3 warm-up steps within this fraction (default 0.02)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--verbose", action="store_true", help="one line per step on stderr")
     ap.add_argument("--describe", action="store_true", help="print the model's shape and FLOPs, no run")
@@ -631,6 +672,11 @@ def main():
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
+    args.warmup_max = max(args.warmup_max, args.warmup)
+    if args.settle_tol < 0:
+        ap.error("--settle-tol must be >= 0")
+    if args.mode == "eager" and args.compile_mode != "default":
+        ap.error("--compile-mode %s needs --mode compile" % args.compile_mode)
     spec = describe(args.model)
     impls = IMPLS[spec["family"]]
     args.impl = args.impl or impls[0]
@@ -648,6 +694,10 @@ def main():
     if not hasattr(torch, "_dynamo") or "GPT2" not in globals():
         print("bench_torch_gpu.py: torch %s has no torch._dynamo (a run needs PyTorch >= 2.5)"
               % torch.__version__, file=sys.stderr)
+        return 1
+    if args.mode == "compile" and not hasattr(torch, "compile"):
+        print("bench_torch_gpu.py: torch %s has no torch.compile (--mode compile needs PyTorch >= 2.0; "
+              "the benchmark's runs >= 2.5)" % torch.__version__, file=sys.stderr)
         return 1
     if not torch.cuda.is_available():
         print("bench_torch_gpu.py: no CUDA device visible to torch", file=sys.stderr)
