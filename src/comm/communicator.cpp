@@ -1,5 +1,5 @@
 // src/comm/communicator.cpp: what every Communicator shares (fsdp/comm/communicator.hpp):
-// ReduceOp's names, the collectives' opening checks and the default local_impl.
+// the collectives' opening checks and the default local_impl.
 #include "fsdp/comm/communicator.hpp"
 
 #include <cstring>
@@ -8,15 +8,6 @@
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {
-
-const char* to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::max: return "max";
-    case ReduceOp::avg: return "avg";
-  }
-  return "unknown";
-}
 
 void Communicator::check_op(DType dtype, ReduceOp op, const char* what) const {
   if (op == ReduceOp::avg && !is_floating(dtype)) {

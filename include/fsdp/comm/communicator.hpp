@@ -32,12 +32,17 @@
 #include <memory>
 
 #include "fsdp/core/dtype.hpp"
+#include "fsdp/core/enum_names.hpp"
 #include "fsdp/core/stream.hpp"
 
 namespace fsdp {
 
 enum class ReduceOp { sum, max, avg };
-const char* to_string(ReduceOp op);
+template <>
+struct EnumNames<ReduceOp> {  // to_string(ReduceOp): fsdp/core/enum_names.hpp
+  static constexpr EnumName<ReduceOp> table[] = {
+      {ReduceOp::sum, "sum"}, {ReduceOp::max, "max"}, {ReduceOp::avg, "avg"}};
+};
 
 class Work {
  public:
