@@ -282,6 +282,73 @@ TEST(CudaRuntime, AdamWAndSgdWithDecayRanges) {
   }
 }
 
+// A fused param_dtype copy (compute_copy, CPU offload's) equals a cast of the updated param
+// bit for bit, and the fp32 results equal the update without it: on the float4 path and on
+// misaligned views (the scalar path), with weight-decay ranges as kernel arguments and piece
+// by piece, for AdamW and SGD with and without momentum.
+TEST(CudaRuntime, UpdateWithComputeCopyEqualsUpdateThenCast) {
+  Backend& g = gpu();
+  std::mt19937 rng(19);
+  const int64_t n = 65539, len = n - 1;
+  std::vector<fsdp::ElementRange> few = {{0, 3}, {4, 1000}, {40000, len}}, many;
+  for (int64_t b = 1; b + 12 < len && many.size() < 40; b += 1601) many.push_back({b, b + 7 + b % 5});
+  auto upload = [&](const Vec& x) {
+    DeviceBuffer d(g, DType::f32, n, MemCategory::other);
+    g.copy_from_host(d.view(), x.data());
+    return d;
+  };
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (int64_t off : {int64_t{0}, int64_t{1}}) {  // 1: misaligned views (the scalar path)
+      for (const auto* ranges : {&few, &many}) {
+        SCOPED_TRACE(name(t) + " offset " + std::to_string(off) + ", " +
+                     std::to_string(ranges->size()) + " ranges");
+        const fsdp::WeightDecay wd(0.1f, ranges);
+        Vec p0 = uniform(n, rng, -2.0f, 2.0f);
+        p0[5] = 70000.0f;  // fp16 overflow: inf in both
+        p0[9] = 1e-6f;     // an fp16 subnormal
+        const Vec g0 = uniform(n, rng, -0.1f, 0.1f), s0 = uniform(n, rng, 0.0f, 1e-3f);
+        for (int opt = 0; opt < 3; ++opt) {  // adamw, sgd with momentum, sgd without
+          SCOPED_TRACE("optimizer " + std::to_string(opt));
+          DeviceBuffer pa = upload(p0), pb = upload(p0), gr = upload(g0), ma = upload(s0),
+                       mb = upload(s0), va = upload(s0), vb = upload(s0);
+          DeviceBuffer copy(g, t, n, MemCategory::other), cast(g, t, n, MemCategory::other);
+          auto part = [&](const DeviceBuffer& b) { return b.view().slice(off, len); };
+          const float mom = opt == 1 ? 0.9f : 0.0f;
+          for (int64_t step = 1; step <= 2; ++step) {
+            if (opt == 0) {
+              g.adamw_update(part(pa), part(gr), part(ma), part(va), 1e-3f, 0.9f, 0.999f, 1e-8f,
+                             wd, step, part(copy));
+              g.adamw_update(part(pb), part(gr), part(mb), part(vb), 1e-3f, 0.9f, 0.999f, 1e-8f,
+                             wd, step);
+            } else {
+              g.sgd_update(part(pa), part(gr), mom == 0.0f ? TensorView() : part(ma), 0.05f, mom,
+                           wd, step, part(copy));
+              g.sgd_update(part(pb), part(gr), mom == 0.0f ? TensorView() : part(mb), 0.05f, mom,
+                           wd, step);
+            }
+            g.cast(part(cast), part(pb));
+            EXPECT_TRUE(read_bytes(g, part(copy)) == read_bytes(g, part(cast)))
+                << "compute_copy != cast, step " << step;
+            EXPECT_TRUE(read_bytes(g, pa.view()) == read_bytes(g, pb.view())) << "param";
+            EXPECT_TRUE(read_bytes(g, ma.view()) == read_bytes(g, mb.view())) << "state 1";
+            EXPECT_TRUE(read_bytes(g, va.view()) == read_bytes(g, vb.view())) << "state 2";
+          }
+        }
+      }
+    }
+  }
+  // And against the CPU backend's fused copy (within the 16-bit tolerance: the fp32 params
+  // may differ in their last bits).
+  Pair p = make(DType::f32, uniform(1001, rng)), gg = make(DType::f32, uniform(1001, rng)),
+       m = make(DType::f32, Vec(1001)), v = make(DType::f32, Vec(1001)),
+       c = make(DType::bf16, Vec(1001));
+  both([&](Backend& be, Side s) {
+    be.adamw_update(p.v(s), gg.v(s), m.v(s), v.v(s), 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 1, c.v(s));
+  });
+  check(p, kOptimF32, "adamw param");
+  check(c, kBf16, "adamw compute_copy");
+}
+
 // ---------------------------------------------------------------------------------------
 // determinism: the squared norm gives the same bits on every run
 
@@ -317,6 +384,10 @@ TEST(CudaRuntime, WrongDtypesAndSizesThrow) {
                "cuda backend: adamw_update: param is bf16");
   expect_error([&] { g.adamw_update(F, F, F, F, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0); },
                "step = 0");
+  expect_error([&] { g.adamw_update(F, F, F, F, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, F); },
+               "cuda backend: adamw_update: compute_copy is fp32 [64] (expected bf16 or fp16)");
+  expect_error([&] { g.sgd_update(F, F, F, 1e-3f, 0.9f, 0.0f, 1, Hb.slice(0, 63)); },
+               "cuda backend: sgd_update: compute_copy is bf16 [63] but needs at least 64");
   expect_error([&] { g.squared_norm(F, F); }, "cuda backend: squared_norm: acc is fp32");
   expect_error([&] { g.unscale_and_check(Hb, 1.0f, D); },
                "cuda backend: unscale_and_check: x is bf16");

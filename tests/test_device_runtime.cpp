@@ -280,6 +280,99 @@ TEST_F(CpuRuntime, DecayRangesEqualOneUpdatePerPiece) {
   }
 }
 
+// The optional param_dtype copy of an update (compute_copy: CPU offload's bf16/fp16 copy of
+// the host shard, written in the update's pass) equals a cast of the updated param bit for
+// bit, and the fp32 param and states equal the update without it: bf16 and fp16, AdamW and
+// SGD with and without momentum, weight-decay ranges, sizes that are not multiples of the
+// SIMD width or of the tiles and that split over threads, 1 and 2 threads (equal results),
+// non-finite, overflowing and subnormal values.
+TEST_F(CpuRuntime, ComputeCopyEqualsACastOfTheUpdate) {
+  const std::vector<fsdp::ElementRange> ranges = {
+      {0, 17}, {18, 2047}, {2049, 20000}, {35000, 35001}, {50000, 70001}};
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{1001}, int64_t{70001}}) {
+    Vec p0 = random_vec(n, rng, -2.0f, 2.0f);
+    if (n >= 1001) {
+      p0[1] = std::numeric_limits<float>::quiet_NaN();
+      p0[2] = std::numeric_limits<float>::infinity();
+      p0[3] = 70000.0f;  // fp16: rounds to infinity
+      p0[4] = 3e-6f;     // fp16 subnormal
+      p0[5] = 1e-30f;    // rounds to 0 in fp16
+      p0[6] = -0.0f;
+    }
+    const Vec s0 = random_vec(n, rng, 0.0f, 1e-3f);
+    std::vector<Vec> grads;
+    for (int step = 0; step < 3; ++step) grads.push_back(random_vec(n, rng, -0.1f, 0.1f));
+    const fsdp::WeightDecay wd = n == 70001 ? fsdp::WeightDecay(0.1f, &ranges)
+                                            : fsdp::WeightDecay(0.1f);
+    for (const DType t : {DType::bf16, DType::f16}) {
+      for (int opt = 0; opt < 3; ++opt) {  // adamw, sgd with momentum, sgd without
+        std::vector<Vec> fp32_by_threads;
+        for (const int threads : {1, 2}) {
+          SCOPED_TRACE("n " + std::to_string(n) + " " + std::string(to_string(t)) + " optimizer " +
+                       std::to_string(opt) + " threads " + std::to_string(threads));
+          const auto b = make_cpu_backend(threads);
+          Vec pa = p0, pb = p0, ma = s0, mb = s0, va = s0, vb = s0;
+          std::vector<uint16_t> copy(static_cast<std::size_t>(n), 0xdead),
+              cast(static_cast<std::size_t>(n), 0xbeef);
+          const TensorView cv(copy.data(), t, {n}), kv(cast.data(), t, {n});
+          const float mom = opt == 1 ? 0.9f : 0.0f;
+          for (int step = 1; step <= 3; ++step) {
+            const Vec& g = grads[static_cast<std::size_t>(step - 1)];
+            if (opt == 0) {
+              b->adamw_update(f32(pa), f32(g), f32(ma), f32(va), 1e-2f, 0.9f, 0.95f, 1e-8f, wd,
+                              step, cv);
+              b->adamw_update(f32(pb), f32(g), f32(mb), f32(vb), 1e-2f, 0.9f, 0.95f, 1e-8f, wd,
+                              step);
+            } else {
+              b->sgd_update(f32(pa), f32(g), mom == 0 ? TensorView{} : f32(ma), 0.05f, mom, wd,
+                            step, cv);
+              b->sgd_update(f32(pb), f32(g), mom == 0 ? TensorView{} : f32(mb), 0.05f, mom, wd,
+                            step);
+            }
+            b->cast(kv, f32(pb));
+            ASSERT_EQ(copy, cast) << "step " << step;
+            // fp32 results: bitwise equal (memcmp: NaN elements compare too)
+            ASSERT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 4), 0) << "param, step " << step;
+            ASSERT_EQ(std::memcmp(ma.data(), mb.data(), ma.size() * 4), 0) << "state, step " << step;
+            ASSERT_EQ(std::memcmp(va.data(), vb.data(), va.size() * 4), 0) << "state, step " << step;
+          }
+          fp32_by_threads.push_back(pa);
+        }
+        EXPECT_EQ(std::memcmp(fp32_by_threads[0].data(), fp32_by_threads[1].data(), 4 * n), 0)
+            << "1 and 2 threads differ";
+      }
+    }
+  }
+}
+
+// The CPU backend's fp32 -> fp16 conversion (a branch-free twin of fsdp::f32_to_f16, so that
+// casts and the fused compute_copy vectorise) gives f32_to_f16's bits: a sweep of the 2^32
+// patterns, every pattern near the subnormal, overflow and infinity boundaries, both signs.
+TEST_F(CpuRuntime, Fp16CastEqualsTheScalarConversion) {
+  std::vector<uint32_t> bits;
+  for (uint64_t x = 0; x < (uint64_t{1} << 32); x += 1021) bits.push_back(static_cast<uint32_t>(x));
+  for (const uint32_t edge : {0x33000000u, 0x33800000u, 0x387fe000u, 0x38800000u, 0x477fe000u,
+                              0x477ff000u, 0x7f7ff000u, 0x7f800000u, 0x7fc00000u, 0x00000000u}) {
+    for (uint32_t d = 0; d < 0x2000u; ++d) {
+      bits.push_back(edge + d);
+      bits.push_back((edge + d) | 0x80000000u);
+      bits.push_back(edge - d);
+    }
+  }
+  Vec src(bits.size());
+  std::memcpy(src.data(), bits.data(), bits.size() * 4);
+  std::vector<uint16_t> got(bits.size());
+  be->cast(TensorView(got.data(), DType::f16, {static_cast<int64_t>(got.size())}), f32(src));
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < bits.size(); ++i) {
+    if (got[i] != f32_to_f16(src[i]) && bad++ < 5) {
+      ADD_FAILURE() << std::hex << "0x" << bits[i] << " -> 0x" << got[i] << ", f32_to_f16 0x"
+                    << f32_to_f16(src[i]);
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
 // ---------------------------------------------------------------------------------------
 // "store bf16/fp16, compute fp32" (tests/cpu_backend_util.hpp)
 
@@ -619,6 +712,12 @@ TEST_F(CpuRuntime, RejectsWrongDtypesAndSmallViews) {
       "adamw_update", "exp_avg");
   expect_arg_error([&] { be->sgd_update(f32(a), f32(b), TensorView{}, 0.1f, 0.9f, 0.0f, 1); },
                    "sgd_update", "momentum_buf");
+  expect_arg_error(  // compute_copy: none, bf16 or fp16, n elements
+      [&] { be->adamw_update(f32(a), f32(b), f32(c), f32(d), 0.1f, 0.9f, 0.99f, 1e-8f, 0.0f, 1, f32(d)); },
+      "adamw_update", "compute_copy");
+  expect_arg_error(
+      [&] { be->sgd_update(f32(a), f32(b), f32(c), 0.1f, 0.9f, 0.0f, 1, bf.slice(0, 63)); },
+      "sgd_update", "compute_copy");
   expect_arg_error([&] { be->unscale_and_check(bf, 0.5f, sv()); }, "unscale_and_check", "x");
   expect_arg_error([&] { be->unscale_and_check(f32(a), 0.5f, f32(b)); }, "unscale_and_check",
                    "found_inf");

@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -294,5 +295,46 @@ TEST(OptimizerState, TypedPerOptimizer) {
     }
     if (!adamw) EXPECT_THROW((void)opt.state(0, OptimState::exp_avg_sq), fsdp::Error);
     EXPECT_THROW((void)opt.state(1, opt.states().front()), fsdp::Error);
+  }
+}
+
+// add_shard's compute_copy (CPU offload's param_dtype copy of the host shard): step() writes
+// it in the update's pass, bit for bit the cast of the updated param that it replaces, and the
+// fp32 params are those of an optimizer without it. Another dtype or size throws.
+TEST(OptimizerState, ComputeCopyIsTheCastOfTheUpdatedShard) {
+  const auto be = fsdp::make_cpu_backend(2);
+  const int64_t n = 40007;  // not a multiple of the SIMD width; split over both threads
+  for (const auto kind : {fsdp::OptimizerKind::adamw, fsdp::OptimizerKind::sgd}) {
+    for (const fsdp::DType t : {fsdp::DType::bf16, fsdp::DType::f16}) {
+      fsdp::OptimConfig oc;
+      oc.name = kind;
+      oc.weight_decay = 0.1;
+      fsdp::Optimizer fused(oc, *be), plain(oc, *be);
+      auto pa = fsdp::DeviceBuffer::floats(*be, n, fsdp::MemCategory::sharded_params);
+      auto pb = fsdp::DeviceBuffer::floats(*be, n, fsdp::MemCategory::sharded_params);
+      auto grad = fsdp::DeviceBuffer::floats(*be, n, fsdp::MemCategory::grads);
+      fsdp::DeviceBuffer copy(*be, t, n, fsdp::MemCategory::sharded_params),
+          cast(*be, t, n, fsdp::MemCategory::sharded_params);
+      float* a = pa.view().f32();
+      float* b = pb.view().f32();
+      float* g = grad.view().f32();
+      for (int64_t i = 0; i < n; ++i) a[i] = b[i] = std::sin(0.37 * static_cast<double>(i));
+      const std::vector<fsdp::ElementRange> decayed = {{0, 100}, {5000, 30000}};
+      fused.add_shard(pa.view(), grad.view(), decayed, copy.view());
+      plain.add_shard(pb.view(), grad.view(), decayed);
+      for (int step = 1; step <= 3; ++step) {
+        for (int64_t i = 0; i < n; ++i) g[i] = 0.01f * static_cast<float>(std::cos(0.11 * static_cast<double>(i * step)));
+        fused.step(1e-2);
+        plain.step(1e-2);
+        be->cast(cast.view(), pb.view());
+        ASSERT_EQ(std::memcmp(a, b, static_cast<std::size_t>(n) * 4), 0) << "param, step " << step;
+        ASSERT_EQ(std::memcmp(copy.view().data, cast.view().data, copy.view().bytes()), 0)
+            << to_string(kind) << " " << to_string(t) << " compute_copy, step " << step;
+      }
+      fsdp::DeviceBuffer wrong(*be, fsdp::DType::f32, n, fsdp::MemCategory::other),
+          small(*be, t, n - 1, fsdp::MemCategory::other);
+      EXPECT_THROW(fused.add_shard(pa.view(), grad.view(), {}, wrong.view()), fsdp::Error);
+      EXPECT_THROW(fused.add_shard(pa.view(), grad.view(), {}, small.view()), fsdp::Error);
+    }
   }
 }

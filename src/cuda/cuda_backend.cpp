@@ -236,9 +236,11 @@ class CudaBackend final : public Backend {
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
-                    const WeightDecay& weight_decay, int64_t step) override;
+                    const WeightDecay& weight_decay, int64_t step,
+                    const TensorView& compute_copy) override;
   void sgd_update(const TensorView& param, const TensorView& grad, const TensorView& momentum_buf,
-                  float lr, float momentum, const WeightDecay& weight_decay, int64_t step) override;
+                  float lr, float momentum, const WeightDecay& weight_decay, int64_t step,
+                  const TensorView& compute_copy) override;
 
  private:
   // Device memory for the duration of one call (kernel scratch), from the caching allocator
@@ -1047,12 +1049,21 @@ void with_decay_ranges(int64_t n, const WeightDecay& wd, Update&& update) {
   });
 }
 
+// Elements [lo, ...) of an update's optional param_dtype copy as a kernel argument (p null:
+// none).
+k::Out copy_part(const TensorView& copy, int64_t lo) {
+  if (!copy) return {nullptr, k::ST::bf16};
+  return {static_cast<char*>(copy.data) + lo * static_cast<int64_t>(dtype_size(copy.dtype)),
+          st(copy.dtype)};
+}
+
 void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
                                const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
                                float beta1, float beta2, float eps, const WeightDecay& weight_decay,
-                               int64_t step) {
-  // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel()
-  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq, weight_decay);
+                               int64_t step, const TensorView& compute_copy) {
+  // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel(); compute_copy: none or [n]
+  // bf16/fp16, written by the same kernel.
+  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq, weight_decay, compute_copy);
   const int64_t n = param.numel();
   if (step < 1) {
     throw Error("cuda backend: adamw_update: step = " + std::to_string(step) +
@@ -1074,16 +1085,18 @@ void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
   auto* m = static_cast<float*>(exp_avg.data);
   auto* v = static_cast<float*>(exp_avg_sq.data);
   with_decay_ranges(n, weight_decay, [&](int64_t lo, int64_t hi, const k::DecayRanges& r) {
-    k::adamw_update(p + lo, g + lo, m + lo, v + lo, hi - lo, a, r, s());
+    k::adamw_update(p + lo, g + lo, m + lo, v + lo, hi - lo, a, r, copy_part(compute_copy, lo),
+                    s());
   });
 }
 
 void CudaBackend::sgd_update(const TensorView& param, const TensorView& grad,
                              const TensorView& momentum_buf, float lr, float momentum,
-                             const WeightDecay& weight_decay, int64_t step) {
+                             const WeightDecay& weight_decay, int64_t step,
+                             const TensorView& compute_copy) {
   // param, grad, momentum_buf: [n] fp32, n = param.numel(); momentum_buf unused (may be
-  // empty) when momentum == 0.
-  Chk::sgd_update(param, grad, momentum_buf, momentum, weight_decay);
+  // empty) when momentum == 0; compute_copy: none or [n] bf16/fp16, written by the same kernel.
+  Chk::sgd_update(param, grad, momentum_buf, momentum, weight_decay, compute_copy);
   const int64_t n = param.numel();
   if (step < 1) {
     throw Error("cuda backend: sgd_update: step = " + std::to_string(step) +
@@ -1094,7 +1107,7 @@ void CudaBackend::sgd_update(const TensorView& param, const TensorView& grad,
   auto* b = static_cast<float*>(momentum_buf.data);
   with_decay_ranges(n, weight_decay, [&](int64_t lo, int64_t hi, const k::DecayRanges& r) {
     k::sgd_update(p + lo, g + lo, b == nullptr ? nullptr : b + lo, hi - lo, lr, momentum,
-                  weight_decay.rate, r, step == 1, s());
+                  weight_decay.rate, r, step == 1, copy_part(compute_copy, lo), s());
   });
 }
 

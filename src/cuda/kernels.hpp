@@ -217,13 +217,14 @@ struct DecayRanges {
   int64_t begin[kMaxDecayRanges] = {};
   int64_t end[kMaxDecayRanges] = {};
 };
-// AdamWArgs::decay applies where `decay` says, 1 elsewhere.
+// AdamWArgs::decay applies where `decay` says, 1 elsewhere. copy: none (copy.p null) or n
+// bf16 / fp16 elements written in the same pass with the updated param, rounded as cast.
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWArgs& a, const DecayRanges& decay, cudaStream_t s);
-// weight_decay applies where `decay` says, 0 elsewhere.
+                  const AdamWArgs& a, const DecayRanges& decay, Out copy, cudaStream_t s);
+// weight_decay applies where `decay` says, 0 elsewhere. copy: as adamw_update's.
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, const DecayRanges& decay, bool first_step,
-                cudaStream_t s);
+                Out copy, cudaStream_t s);
 
 // ---- GEMMs (kernels_gemm.cpp) ----
 // Row-major GEMMs through cuBLASLt (single) and cuBLAS (strided batched), fp32 compute

@@ -2,7 +2,9 @@
 // shard with its weight-decay ranges
 // (see kernels.hpp). The per-element operations are the CPU backend's, in the same order
 // (torch.optim's single-tensor path); the step-dependent scalars are computed on the host,
-// as there. Grid-stride loops, float4 accesses when every pointer is 16-byte aligned.
+// as there. Grid-stride loops, float4 accesses when every pointer is 16-byte aligned. An
+// optional bf16 / fp16 copy of the updated param is written in the same pass (from_f: the
+// rounding of cast).
 #include "kernels_common.cuh"
 
 namespace fsdp::cuda::kernels {
@@ -51,10 +53,16 @@ __device__ __forceinline__ bool decayed(const DecayRanges& r, int64_t i) {
 // op(p[i], g[i], s1[i], s2[i], decayed(i)) for i < n; s1 / s2 may be null when op does not
 // use them (then they are not dereferenced: `has1` / `has2`). `ranges` is a __grid_constant__
 // parameter: read in place from the constant bank, not copied to each thread's local memory.
-template <class Op>
+// C: the copy's element type (__nv_bfloat16 or __half; void: no copy), copy[i] = p[i] updated.
+template <class C>
+__device__ __forceinline__ void store_copy(C* copy, int64_t i, float p) {
+  if constexpr (!std::is_void_v<C>) copy[i] = from_f<C>(p);
+}
+
+template <class Op, class C>
 __global__ void __launch_bounds__(kThreads)
     update_kernel(float* p, const float* g, float* s1, float* s2, int64_t n, bool vec, bool has1,
-                  bool has2, Op op, const __grid_constant__ DecayRanges ranges) {
+                  bool has2, Op op, const __grid_constant__ DecayRanges ranges, C* copy) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t done = 0;
@@ -74,6 +82,10 @@ __global__ void __launch_bounds__(kThreads)
       reinterpret_cast<float4*>(p)[q] = pv;
       if (has1) reinterpret_cast<float4*>(s1)[q] = av;
       if (has2) reinterpret_cast<float4*>(s2)[q] = bv;
+      store_copy(copy, i, pv.x);
+      store_copy(copy, i + 1, pv.y);
+      store_copy(copy, i + 2, pv.z);
+      store_copy(copy, i + 3, pv.w);
     }
     done = quads * 4;
   }
@@ -81,32 +93,51 @@ __global__ void __launch_bounds__(kThreads)
     float& a = has1 ? s1[i] : z1;
     float& b = has2 ? s2[i] : z2;
     op(p[i], g[i], a, b, decayed(ranges, i));
+    store_copy(copy, i, p[i]);
   }
+}
+
+// update_kernel with the copy's element type chosen from copy.t (none when copy.p is null).
+template <class Op>
+void launch_update(float* p, const float* g, float* s1, float* s2, int64_t n, bool vec,
+                   bool has1, bool has2, const Op& op, const DecayRanges& ranges, Out copy,
+                   cudaStream_t s) {
+  const int blocks = blocks_for(vec ? (n + 3) / 4 : n, kThreads);
+  if (copy.p == nullptr) {
+    update_kernel<Op, void><<<blocks, kThreads, 0, s>>>(p, g, s1, s2, n, vec, has1, has2, op,
+                                                        ranges, nullptr);
+  } else if (copy.t == ST::bf16) {
+    update_kernel<Op, __nv_bfloat16><<<blocks, kThreads, 0, s>>>(
+        p, g, s1, s2, n, vec, has1, has2, op, ranges, static_cast<__nv_bfloat16*>(copy.p));
+  } else if (copy.t == ST::f16) {
+    update_kernel<Op, __half><<<blocks, kThreads, 0, s>>>(p, g, s1, s2, n, vec, has1, has2, op,
+                                                          ranges, static_cast<__half*>(copy.p));
+  } else {
+    throw Error(std::string("cuda backend: optimizer update: compute_copy is ") +
+                st_name(copy.t) + " (expected bf16 or fp16)");
+  }
+  FSDP_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWArgs& a, const DecayRanges& decay, cudaStream_t s) {
+                  const AdamWArgs& a, const DecayRanges& decay, Out copy, cudaStream_t s) {
   if (n <= 0) return;
   const bool vec =
       aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
-  update_kernel<<<blocks_for(vec ? (n + 3) / 4 : n, kThreads), kThreads, 0, s>>>(
-      param, grad, exp_avg, exp_avg_sq, n, vec, true, true, AdamW{a}, decay);
-  FSDP_CHECK_LAUNCH();
+  launch_update(param, grad, exp_avg, exp_avg_sq, n, vec, true, true, AdamW{a}, decay, copy, s);
 }
 
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, const DecayRanges& decay, bool first_step,
-                cudaStream_t s) {
+                Out copy, cudaStream_t s) {
   if (n <= 0) return;
   // torch keeps no buffer without momentum: momentum_buf is then not touched (may be null).
   const bool use_buf = momentum != 0.0f;
   const bool vec = aligned16(param) && aligned16(grad) && (!use_buf || aligned16(momentum_buf));
-  update_kernel<<<blocks_for(vec ? (n + 3) / 4 : n, kThreads), kThreads, 0, s>>>(
-      param, grad, use_buf ? momentum_buf : nullptr, nullptr, n, vec, use_buf, false,
-      Sgd{lr, momentum, weight_decay, first_step, use_buf}, decay);
-  FSDP_CHECK_LAUNCH();
+  launch_update(param, grad, use_buf ? momentum_buf : nullptr, nullptr, n, vec, use_buf, false,
+                Sgd{lr, momentum, weight_decay, first_step, use_buf}, decay, copy, s);
 }
 
 }  // namespace fsdp::cuda::kernels

@@ -25,11 +25,17 @@ double learning_rate(const OptimConfig& o, int64_t max_steps, int64_t step) {
 Optimizer::Optimizer(const OptimConfig& config, DeviceRuntime& backend) : cfg_(config), be_(backend) {}
 
 void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
-                          std::vector<ElementRange> decayed) {
+                          std::vector<ElementRange> decayed, TensorView compute_copy) {
   if (param.dtype != DType::f32 || grad.dtype != DType::f32 || grad.numel() != param.numel()) {
     throw Error("Optimizer::add_shard: param and grad must be fp32 views of equal size");
   }
-  Shard s{param, grad, std::move(decayed), {}, {}};
+  if (compute_copy && ((compute_copy.dtype != DType::bf16 && compute_copy.dtype != DType::f16) ||
+                       compute_copy.numel() != param.numel())) {
+    throw Error("Optimizer::add_shard: compute_copy is " + std::string(to_string(compute_copy.dtype)) +
+                " " + compute_copy.shape.str() + " (expected bf16 or fp16 of the param's " +
+                std::to_string(param.numel()) + " elements)");
+  }
+  Shard s{param, grad, std::move(decayed), compute_copy, {}, {}};
   const int64_t n = param.numel();
   s.s0 = DeviceBuffer::floats(be_, n, MemCategory::optimizer_state);
   be_.fill_zero(s.s0.view());
@@ -43,18 +49,19 @@ void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
 void Optimizer::step(double lr) {
   const int64_t step = ++updates_;
   const auto flr = static_cast<float>(lr);
-  // One update per shard: the weight decay applies on its decayed segments only.
+  // One update per shard: the weight decay applies on its decayed segments only (and its
+  // compute_copy, if any, is written in the same pass).
   for (auto& s : shards_) {
     const WeightDecay wd(static_cast<float>(cfg_.weight_decay), &s.decayed);
     switch (cfg_.name) {
       case OptimizerKind::adamw:
         be_.adamw_update(s.param, s.grad, s.s0.view(), s.s1.view(), flr,
                          static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-                         static_cast<float>(cfg_.eps), wd, step);
+                         static_cast<float>(cfg_.eps), wd, step, s.compute_copy);
         break;
       case OptimizerKind::sgd:
         be_.sgd_update(s.param, s.grad, s.s0.view(), flr, static_cast<float>(cfg_.momentum), wd,
-                       step);
+                       step, s.compute_copy);
         break;
     }
   }

@@ -508,9 +508,18 @@ struct ArgChecks {
       at = r.end;
     }
   }
+  // The optional param_dtype copy of an update: none (an empty view), or bf16 / fp16 with
+  // n elements.
+  static void compute_copy(const char* k, const TensorView& copy, int64_t n) {
+    if (!copy) return;
+    if (copy.dtype != DType::bf16 && copy.dtype != DType::f16) {
+      error(k, "compute_copy", "is " + describe(copy) + " (expected bf16 or fp16)");
+    }
+    size(k, "compute_copy", copy, n);
+  }
   static void adamw_update(const TensorView& param, const TensorView& grad,
                            const TensorView& exp_avg, const TensorView& exp_avg_sq,
-                           const WeightDecay& wd) {
+                           const WeightDecay& wd, const TensorView& copy = {}) {
     const char* k = "adamw_update";
     const int64_t n = param.numel();
     decay_ranges(k, wd, n);
@@ -518,15 +527,18 @@ struct ArgChecks {
     need_dtype(k, "grad", grad, DType::f32, n);
     need_dtype(k, "exp_avg", exp_avg, DType::f32, n);
     need_dtype(k, "exp_avg_sq", exp_avg_sq, DType::f32, n);
+    compute_copy(k, copy, n);
   }
   static void sgd_update(const TensorView& param, const TensorView& grad,
-                         const TensorView& momentum_buf, float momentum, const WeightDecay& wd) {
+                         const TensorView& momentum_buf, float momentum, const WeightDecay& wd,
+                         const TensorView& copy = {}) {
     const char* k = "sgd_update";
     const int64_t n = param.numel();
     decay_ranges(k, wd, n);
     need_dtype(k, "param", param, DType::f32, n);
     need_dtype(k, "grad", grad, DType::f32, n);
     if (momentum != 0.0f) need_dtype(k, "momentum_buf", momentum_buf, DType::f32, n);
+    compute_copy(k, copy, n);
   }
 };
 

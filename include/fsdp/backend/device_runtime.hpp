@@ -150,15 +150,21 @@ class DeviceRuntime {
   // p -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps).
   // weight_decay: its rate where it applies (WeightDecay; a float: everywhere). Throws
   // fsdp::Error if its ranges are not sorted, disjoint and inside [0, n).
+  // compute_copy (optional; an empty view, the default, is none): a bf16 or fp16 [n] view
+  // that the same pass writes with the updated param, rounded to nearest even: the bits
+  // cast(compute_copy, param) would write after the update, without its second pass over
+  // the shard (CPU offload's param_dtype copy of the host shard, fsdp/optim/optimizer.hpp).
   virtual void adamw_update(const TensorView& param, const TensorView& grad,
                             const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
                             float beta1, float beta2, float eps, const WeightDecay& weight_decay,
-                            int64_t step) = 0;
+                            int64_t step, const TensorView& compute_copy = {}) = 0;
   // SGD with momentum, torch.optim.SGD semantics (dampening 0, nesterov off, coupled wd):
   // g += wd * p; buf = momentum * buf + g (buf = g at step 1); p -= lr * buf.
+  // compute_copy: as adamw_update's.
   virtual void sgd_update(const TensorView& param, const TensorView& grad,
                           const TensorView& momentum_buf, float lr, float momentum,
-                          const WeightDecay& weight_decay, int64_t step) = 0;
+                          const WeightDecay& weight_decay, int64_t step,
+                          const TensorView& compute_copy = {}) = 0;
 };
 
 }  // namespace fsdp

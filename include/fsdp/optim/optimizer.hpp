@@ -53,9 +53,18 @@ class Optimizer {
   // the caller) whose elements in `decayed` (sorted, disjoint, shard-local [begin, end))
   // take weight decay. Allocates its state (MemCategory::optimizer_state): the
   // optimizer_states(kind) tensors of n fp32 each, zero-initialised.
+  // compute_copy (optional; the default empty view is none): an [n] bf16 or fp16 view in the
+  // backend's memory, owned by the caller, that step() writes in the same pass as the update
+  // with the updated param rounded to nearest even: bit for bit what the backend's
+  // cast(compute_copy, param) writes after step(). With fsdp.cpu_offload and a 16-bit
+  // param_dtype it is the host shard's param_dtype copy (what is uploaded for the
+  // all-gather), and it replaces the engine's separate cast pass over the shard after each
+  // update (one pass over the shard instead of two: the host optimizer is memory bound).
+  // Throws fsdp::Error on another dtype or size.
   void add_shard(const TensorView& param, const TensorView& grad,
-                 std::vector<ElementRange> decayed);
-  // One update of every registered shard with learning rate `lr`; the update count
+                 std::vector<ElementRange> decayed, TensorView compute_copy = {});
+  // One update of every registered shard with learning rate `lr` (and of its compute_copy,
+  // if it has one, in the same pass); the update count
   // (torch.optim's per-parameter `step`, used by AdamW's bias correction) advances by one.
   // A step skipped for overflow (fp16 loss scaling) does not call this, as GradScaler.
   void step(double lr);
@@ -76,6 +85,7 @@ class Optimizer {
   struct Shard {
     TensorView param, grad;
     std::vector<ElementRange> decayed;  // the segments with decay: one update per shard
+    TensorView compute_copy;            // bf16/fp16 copy written by the update, or none
     DeviceBuffer s0, s1;  // adamw: exp_avg, exp_avg_sq; sgd: momentum_buffer, (none)
   };
   OptimConfig cfg_;

@@ -310,10 +310,11 @@ class CpuBackend final : public Backend {
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
-                    const WeightDecay& weight_decay, int64_t step) override;
+                    const WeightDecay& weight_decay, int64_t step,
+                    const TensorView& compute_copy) override;
   void sgd_update(const TensorView& param, const TensorView& grad, const TensorView& momentum_buf,
-                  float lr, float momentum, const WeightDecay& weight_decay,
-                  int64_t step) override;
+                  float lr, float momentum, const WeightDecay& weight_decay, int64_t step,
+                  const TensorView& compute_copy) override;
 
  private:
   F32In in(const TensorView& v, int64_t n) { return F32In(k_, scratch_, v, n); }
@@ -878,24 +879,27 @@ void CpuBackend::gqa_attention_backward(const TensorView& dq, const TensorView& 
 void CpuBackend::adamw_update(const TensorView& param, const TensorView& grad,
                               const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
                               float beta1, float beta2, float eps, const WeightDecay& weight_decay,
-                              int64_t step) {
-  // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel()
-  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq, weight_decay);
+                              int64_t step, const TensorView& compute_copy) {
+  // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel(); compute_copy: none or
+  // [n] bf16/fp16, written in the same pass.
+  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq, weight_decay, compute_copy);
   const int64_t n = param.numel();
   k_.adamw_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
                   static_cast<float*>(exp_avg.data), static_cast<float*>(exp_avg_sq.data), n, lr,
-                  beta1, beta2, eps, weight_decay, step);
+                  beta1, beta2, eps, weight_decay, step, compute_copy.data, compute_copy.dtype);
 }
 
 void CpuBackend::sgd_update(const TensorView& param, const TensorView& grad,
                             const TensorView& momentum_buf, float lr, float momentum,
-                            const WeightDecay& weight_decay, int64_t step) {
+                            const WeightDecay& weight_decay, int64_t step,
+                            const TensorView& compute_copy) {
   // param, grad, momentum_buf: [n] fp32, n = param.numel(); momentum_buf unused (may be
-  // empty) when momentum == 0.
-  Chk::sgd_update(param, grad, momentum_buf, momentum, weight_decay);
+  // empty) when momentum == 0; compute_copy: none or [n] bf16/fp16, written in the same pass.
+  Chk::sgd_update(param, grad, momentum_buf, momentum, weight_decay, compute_copy);
   const int64_t n = param.numel();
   k_.sgd_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
-                static_cast<float*>(momentum_buf.data), n, lr, momentum, weight_decay, step);
+                static_cast<float*>(momentum_buf.data), n, lr, momentum, weight_decay, step,
+                compute_copy.data, compute_copy.dtype);
 }
 
 }  // namespace

@@ -1140,6 +1140,20 @@ double CpuKernels::cross_entropy_forward(const float* logits, const int32_t* tar
 // optimizers: the element order of operations follows torch.optim (single-tensor path).
 
 namespace {
+// The optimizer passes are bound by memory bandwidth (AdamW: 16 bytes read and 12 written
+// per element, plus 2 for a param_dtype copy, for ~10 flops), so they are one pass per shard
+// on all threads (DeepSpeed's cpu_adam_impl.cpp is the model): each thread takes a static
+// share starting at a multiple of kOptimGrain elements (whole 64-byte lines of the fp32 and
+// 16-bit arrays: no line is written by two threads), then its weight-decay pieces; the
+// update loop is vectorised (AVX2 in Release builds; cpu_kernels.cpp is built with
+// -fno-math-errno so its sqrt needs no libm fallback and does not block that); the pieces
+// run in tiles of kOptimTile elements (8 KiB of fp32: L1), the update over a tile and then
+// the tile's param_dtype copy, if any, from the param it just stored, so the update loop
+// keeps its form and nothing is read from memory twice. Every element is computed alone, so
+// the results do not depend on the thread count or on the tiling.
+constexpr int64_t kOptimGrain = 64;
+constexpr int64_t kOptimTile = 2048;
+
 // body(lo, hi, rate) over the weight-decay pieces of [0, n), in one parallel region of `nt`
 // threads: each thread takes its static share of the elements, then its pieces.
 template <class Body>
@@ -1147,18 +1161,73 @@ void decay_pieces_parallel(int64_t n, int nt, const WeightDecay& wd, Body&& body
 #pragma omp parallel num_threads(nt)
   {
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-    wd.for_each_piece(n * t / T, n * (t + 1) / T, body);
+    const int64_t grains = (n + kOptimGrain - 1) / kOptimGrain;
+    const int64_t lo = std::min(n, grains * t / T * kOptimGrain);
+    const int64_t hi = std::min(n, grains * (t + 1) / T * kOptimGrain);
+    wd.for_each_piece(lo, hi, body);
+  }
+}
+
+// fsdp::f32_to_f16 (fsdp/core/dtype.hpp) without branches, so loops of it vectorise: the same
+// bits for every one of the 2^32 inputs (checked exhaustively when it was written; tests/
+// test_device_runtime.cpp checks a sweep). Subnormal results are rounded to nearest even in
+// integers: m = (mantissa + half - 1 + lowest kept bit) >> shift.
+inline uint16_t f32_to_f16_simd(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t a = x & 0x7fffffffu;
+  uint32_t r = a - 0x38000000u;  // normal: exponent rebiased 127 -> 15, mantissa rounded
+  r += 0xfffu + ((r >> 13) & 1u);
+  const uint32_t normal = r >> 13;
+  // below 2^-14: m * 2^-24 with m = (1.mantissa * 2^23) / 2^(126 - e) rounded; a shift of 25
+  // or more gives 0, as 31 does (and keeps the shift defined)
+  const uint32_t e = a >> 23;
+  const uint32_t s = 126u - e < 31u ? 126u - e : 31u;
+  const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t sub = (mant + (1u << (s - 1u)) - 1u + ((mant >> s) & 1u)) >> s;
+  const uint32_t nan = a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu) : 0x7c00u;
+  const uint32_t res = a >= 0x7f800000u ? nan
+                       : a >= 0x477ff000u ? 0x7c00u  // >= 65520 -> inf
+                       : a < 0x38800000u  ? sub
+                                          : normal;
+  return static_cast<uint16_t>(sign | res);
+}
+
+// copy[i] = src[i] rounded to `to` (bf16 or fp16) for i in [lo, hi): from_f32's conversions.
+void write_copy(void* copy, DType to, const float* src, int64_t lo, int64_t hi) {
+  auto* d = static_cast<uint16_t*>(copy);
+  if (to == DType::bf16) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) d[i] = f32_to_bf16(src[i]);
+  } else {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) d[i] = f32_to_f16_simd(src[i]);
+  }
+}
+
+// tile(a, b) over [lo, hi) in tiles of kOptimTile elements.
+template <class Tile>
+void for_tiles(int64_t lo, int64_t hi, const Tile& tile) {
+  for (int64_t a = lo; a < hi; a += kOptimTile) tile(a, std::min(hi, a + kOptimTile));
+}
+
+void check_copy_dtype(const char* kernel, const void* copy, DType to) {
+  if (copy != nullptr && to != DType::bf16 && to != DType::f16) {
+    throw Error(std::string("cpu backend: ") + kernel + ": compute_copy is " +
+                std::string(to_string(to)) + " (expected bf16 or fp16)");
   }
 }
 }  // namespace
 
 void CpuKernels::adamw_update(float* param, const float* grad, float* exp_avg,
                               float* exp_avg_sq, int64_t n, float lr, float beta1, float beta2,
-                              float eps, const WeightDecay& weight_decay, int64_t step) const {
+                              float eps, const WeightDecay& weight_decay, int64_t step,
+                              void* copy, DType copy_dtype) const {
   if (step < 1) {
     throw Error("cpu backend: adamw_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
   }
+  check_copy_dtype("adamw_update", copy, copy_dtype);
   // fsdp/backend/adamw_coefficients.hpp (torch.optim's formulas, shared with the CUDA backend);
   // only `decay` depends on the rate, and it is exactly 1 where the rate is 0.
   const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, weight_decay.rate, step);
@@ -1167,45 +1236,59 @@ void CpuKernels::adamw_update(float* param, const float* grad, float* exp_avg,
   decay_pieces_parallel(n, threads_for(n, kParallelMinElems), weight_decay,
                         [&](int64_t lo, int64_t hi, float rate) {
     const float decay = rate == 0.f ? 1.f : c.decay;
+    for_tiles(lo, hi, [&](int64_t a, int64_t b) {
+      // p * decay is rounded to fp32 before the step is added (torch's mul_ then addcdiv_):
+      // its own loop over the tile (in L1), so it cannot be contracted into an FMA with that
+      // add. Where the rate is 0 the decay is exactly 1 and the loop is skipped.
+      if (decay != 1.f) {
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) {
-      const float g = grad[i];
-      const float p = param[i] * decay;
-      const float m = exp_avg[i] * beta1 + one_m_b1 * g;
-      const float v = exp_avg_sq[i] * beta2 + one_m_b2 * g * g;
-      exp_avg[i] = m;
-      exp_avg_sq[i] = v;
-      const float denom = std::sqrt(v) / bc2_sqrt + eps;
-      param[i] = p + neg_step_size * m / denom;
-    }
+        for (int64_t i = a; i < b; ++i) param[i] *= decay;
+      }
+#pragma omp simd
+      for (int64_t i = a; i < b; ++i) {
+        const float g = grad[i];
+        const float p = param[i];
+        const float m = exp_avg[i] * beta1 + one_m_b1 * g;
+        const float v = exp_avg_sq[i] * beta2 + one_m_b2 * g * g;
+        exp_avg[i] = m;
+        exp_avg_sq[i] = v;
+        const float denom = std::sqrt(v) / bc2_sqrt + eps;
+        param[i] = p + neg_step_size * m / denom;
+      }
+      if (copy != nullptr) write_copy(copy, copy_dtype, param, a, b);
+    });
   });
 }
 
 void CpuKernels::sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n,
                             float lr, float momentum, const WeightDecay& weight_decay,
-                            int64_t step) const {
+                            int64_t step, void* copy, DType copy_dtype) const {
   if (step < 1) {
     throw Error("cpu backend: sgd_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
   }
+  check_copy_dtype("sgd_update", copy, copy_dtype);
   const int nt = threads_for(n, kParallelMinElems);
   const bool first = step == 1;
   decay_pieces_parallel(n, nt, weight_decay, [&](int64_t lo, int64_t hi, float wd) {
-    if (momentum == 0.0f) {  // torch keeps no buffer; momentum_buf is not touched (may be null)
+    for_tiles(lo, hi, [&](int64_t a, int64_t b) {
+      if (momentum == 0.0f) {  // torch keeps no buffer; momentum_buf is not touched (may be null)
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) {
-        const float g = grad[i] + wd * param[i];
-        param[i] -= lr * g;
+        for (int64_t i = a; i < b; ++i) {
+          const float g = grad[i] + wd * param[i];
+          param[i] -= lr * g;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t i = a; i < b; ++i) {
+          const float g = grad[i] + wd * param[i];
+          const float bb = first ? g : momentum * momentum_buf[i] + g;
+          momentum_buf[i] = bb;
+          param[i] -= lr * bb;
+        }
       }
-      return;
-    }
-#pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) {
-      const float g = grad[i] + wd * param[i];
-      const float b = first ? g : momentum * momentum_buf[i] + g;
-      momentum_buf[i] = b;
-      param[i] -= lr * b;
-    }
+      if (copy != nullptr) write_copy(copy, copy_dtype, param, a, b);
+    });
   });
 }
 
@@ -1280,7 +1363,8 @@ void CpuKernels::from_f32(void* dst, DType to, const float* src, int64_t n) cons
       convert_loop(static_cast<uint16_t*>(dst), src, n, nt, [](float f) { return f32_to_bf16(f); });
       return;
     case DType::f16:
-      convert_loop(static_cast<uint16_t*>(dst), src, n, nt, [](float f) { return f32_to_f16(f); });
+      convert_loop(static_cast<uint16_t*>(dst), src, n, nt,
+                   [](float f) { return f32_to_f16_simd(f); });
       return;
     default:
       bad_conversion(DType::f32, to);
