@@ -104,7 +104,7 @@ if [[ "$DO_BUILD" == 1 ]]; then
   # `gpu` tests' executables (GPU_BUNDLE_BUILD_ALL=1: every target, the CPU tests included).
   TARGETS=()
   if [[ -z "${GPU_BUNDLE_BUILD_ALL:-}" ]]; then
-    TARGETS=(fsdp_train fsdp_prepare fsdp_merge)
+    TARGETS=(fsdp_train fsdp_prepare fsdp_merge bench_host_optimizer)
     [[ -n "${GPU_BUNDLE_NO_BENCH_KERNELS:-}" ]] || TARGETS+=(bench_kernels)
     while IFS= read -r t; do [[ -n "$t" ]] && TARGETS+=("$t"); done < <(
       ctest --test-dir "$BUILD_DIR" -L gpu --show-only=json-v1 2>/dev/null | python3 -c '
@@ -211,6 +211,9 @@ for b in fsdp_train fsdp_prepare fsdp_merge; do add_exe "$BUILD_DIR/$b"; done
 if [[ -x "$BUILD_DIR/bench_kernels" && -z "${GPU_BUNDLE_NO_BENCH_KERNELS:-}" ]]; then
   add_exe "$BUILD_DIR/bench_kernels"
 fi
+# The host optimizer's bandwidth bench (tools/bench_host_optimizer.cpp, CPU only; docs/
+# benchmarks.md "Host optimizer"): `gpu_bundle/bin/bench_host_optimizer` on the GPU machine.
+if [[ -x "$BUILD_DIR/bench_host_optimizer" ]]; then add_exe "$BUILD_DIR/bench_host_optimizer"; fi
 while IFS= read -r f; do [[ -n "$f" ]] && add_exe "$f"; done <<<"$TEST_FILES"
 
 # Tools the GPU machine runs beside the binaries, when the tree has them: tools/gpu_check.sh
