@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -242,6 +243,90 @@ TEST(Offload, PlanEqualsTheMeasuredDeviceAndHostPeaks) {
     EXPECT_EQ(r.plan.unsharded_params, dev(MemCategory::unsharded_params)) << k.tag();
     EXPECT_EQ(r.plan.host.comm_buffers, host(MemCategory::comm_buffers)) << k.tag();
     EXPECT_EQ(r.plan.host.grads, host(MemCategory::grads)) << k.tag();
+  }
+}
+
+// fsdp.offload_optimizer (DeepSpeed's offload_optimizer without offload_param): the master
+// shards, gradients and optimizer state on the host as with cpu_offload, the param_dtype
+// shards resident on the device. The same arithmetic in the same order: equal to the run
+// without offload bit for bit, for every strategy and dtype, with micro-batches and fp16.
+TEST(OffloadOptimizer, EqualsTheRunWithoutOffloadBitForBit) {
+  struct Variant {
+    const char* name;
+    void (*apply)(Config&);
+  };
+  const Variant variants[] = {
+      {"default", [](Config&) {}},
+      {"micro-batches of 1", [](Config& c) { c.train.micro_batch_size = 1; }},
+      {"fp16, sgd", [](Config& c) {
+         c.mixed_precision.param_dtype = fsdp::DType::f16;
+         c.mixed_precision.reduce_dtype = fsdp::DType::f16;
+         c.optim.name = fsdp::OptimizerKind::sgd;
+       }},
+  };
+  for (ShardingStrategy s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                             ShardingStrategy::HYBRID_SHARD}) {
+    for (fsdp::DType dt : {fsdp::DType::f32, fsdp::DType::bf16}) {
+      for (const Variant& v : variants) {
+        const Case k{s, dt};
+        // fp32 at one shard: without offload the model's backward accumulates each
+        // micro-batch into the fp32 shard inside its GEMMs (beta = 1), with offload into a
+        // zeroed full gradient then added whole: equal sums, other roundings (cpu_offload
+        // the same; its test above runs micro-batches in bf16 for that reason).
+        if (dt == fsdp::DType::f32 && world_size() == 1 && std::string(v.name) != "default") {
+          continue;
+        }
+        Config c = offload_config("offopt_ref", k);
+        v.apply(c);
+        const std::string what = k.tag() + " " + v.name;
+        const TrainResult ref = run(c, On::world);
+        c.train.run_dir = fresh_dir("offopt_on");
+        c.fsdp.offload_optimizer = true;
+        const TrainResult off = run(c, On::world);
+        expect_same_run(ref, off, what);
+        ASSERT_TRUE(off.plan.offload) << what;
+      }
+    }
+  }
+}
+
+// The plan's rows equal the measured peaks, and against cpu_offload the device holds exactly
+// the param_dtype shards more (2 or 4 bytes a shard element) while the host rows are equal.
+TEST(OffloadOptimizer, PlanEqualsTheMeasuredPeaksAndHoldsTheParamDtypeShardsOnTheDevice) {
+  for (fsdp::DType dt : {fsdp::DType::f32, fsdp::DType::bf16}) {
+    for (int64_t micro : {int64_t{0}, int64_t{1}}) {
+      const Case k{ShardingStrategy::FULL_SHARD, dt};
+      Config c = offload_config("offopt_plan", k);
+      c.train.micro_batch_size = micro;
+      c.fsdp.offload_optimizer = true;
+      const TrainResult r = run(c, On::world);
+      const std::string what = k.tag() + " micro " + std::to_string(micro);
+      auto dev = [&](MemCategory m) { return r.peak_bytes[static_cast<std::size_t>(m)]; };
+      auto host = [&](MemCategory m) { return r.host_peak_bytes[static_cast<std::size_t>(m)]; };
+      const fsdp::EngineMemoryPlan& p = r.plan;
+      const std::pair<MemCategory, std::array<int64_t, 2>> rows[] = {
+          {MemCategory::sharded_params, {p.sharded_params, p.host.sharded_params}},
+          {MemCategory::grads, {p.grads, p.host.grads}},
+          {MemCategory::optimizer_state, {p.optimizer_state, p.host.optimizer_state}},
+          {MemCategory::unsharded_params, {p.unsharded_params, p.host.unsharded_params}},
+          {MemCategory::unsharded_grads, {p.unsharded_grads, p.host.unsharded_grads}},
+          {MemCategory::comm_buffers, {p.comm_buffers, p.host.comm_buffers}}};
+      for (const auto& [m, planned] : rows) {
+        EXPECT_EQ(planned[0], dev(m)) << what << " device " << fsdp::to_string(m);
+        EXPECT_EQ(planned[1], host(m)) << what << " host " << fsdp::to_string(m);
+      }
+      Config full = c;
+      full.fsdp.offload_optimizer = false;
+      full.fsdp.cpu_offload = true;
+      const fsdp::EngineMemoryPlan q =
+          fsdp::plan_memory(fsdp::model_family(c.model.type).modules(c.model), full,
+                            world_size(), world_size(), fsdp::num_optimizer_states(c.optim.name));
+      const int64_t bytes = static_cast<int64_t>(fsdp::dtype_size(dt));
+      EXPECT_EQ(p.sharded_params, q.host.sharded_params / 4 * bytes) << what;
+      EXPECT_EQ(p.host.sharded_params, q.host.sharded_params) << what;
+      EXPECT_EQ(p.host.optimizer_state, q.host.optimizer_state) << what;
+      EXPECT_EQ(p.host.grads, q.host.grads) << what;
+    }
   }
 }
 

@@ -193,6 +193,10 @@ void visit_keys(C& c, F&& f) {
   f("fsdp", "cpu_offload", c.fsdp.cpu_offload,
     {kMayChange, kAny, "PyTorch FSDP CPUOffload(offload_params)",
      "Keep the fp32 shards, their gradients and the optimizer state in host memory."});
+  f("fsdp", "offload_optimizer", c.fsdp.offload_optimizer,
+    {kMayChange, kAny, "DeepSpeed zero_optimization.offload_optimizer",
+     "Keep the fp32 master shards, their gradients and the optimizer state in host memory, "
+     "the param_dtype shards on the device."});
   f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype,
     {kFixed, kAny, "PyTorch FSDP MixedPrecision.param_dtype",
      "Dtype of the unsharded parameters and of the compute (GEMMs, activations)."});

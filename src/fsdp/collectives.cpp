@@ -81,7 +81,11 @@ AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
                                    const FlatParamLayout& layout, const DeviceBuffer& shard_param,
                                    DType param_dtype, Stream& stream, const CollectiveTrace& trace,
                                    const HostUpload* upload) {
-  check_shard(layout, shard_param, "shard_param");
+  // fp32, or (without an upload) already param_dtype: a resident device shard
+  const bool resident = upload == nullptr && shard_param.dtype() == param_dtype;
+  if (!resident || shard_param.numel() != layout.shard_numel) {
+    check_shard(layout, shard_param, "shard_param");
+  }
   if (layout.num_shards != shard.size()) {
     throw Error("FSDP collectives: unit " + layout.unit_name + " has " +
                 std::to_string(layout.num_shards) + " shards, its shard group " +
@@ -107,7 +111,7 @@ AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
       r.ready = be.create_event();
       r.ready->record(*upload->stream);
     }
-  } else if (param_dtype != DType::f32) {
+  } else if (shard_param.dtype() != param_dtype) {
     be.cast(slot, shard_param.view());
     send = slot.data;
   } else if (layout.num_shards == 1) {

@@ -110,8 +110,10 @@ FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig&
 namespace {
 DeviceRuntime& shard_runtime_of(const FsdpConfig& config, DeviceRuntime& backend,
                                 DeviceRuntime* offload) {
-  if (!config.cpu_offload) return backend;
-  if (offload == nullptr) throw Error("FSDP: fsdp.cpu_offload needs an offload runtime");
+  if (!config.offloaded()) return backend;
+  if (offload == nullptr) {
+    throw Error("FSDP: fsdp.cpu_offload / fsdp.offload_optimizer needs an offload runtime");
+  }
   return *offload;
 }
 }  // namespace
@@ -124,6 +126,7 @@ FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig&
   ctx_.be = &backend;
   ctx_.sh = &shard_runtime_of(config, backend, offload);
   ctx_.mp = mixed_precision;
+  ctx_.resident = config.params_resident();
   ctx_.shard = &shard;
   ctx_.replicate = &replicate;
   build(modules, seed, initialise);
@@ -187,7 +190,7 @@ void FsdpEngine::plan_prefetch(const std::vector<ModuleDecl>& modules) {
 void FsdpEngine::params_updated() {
   if (!offloaded()) return;
   copy_stream_->synchronize();  // no upload still reads a host copy (or an fp32 shard)
-  for (auto& u : units_) u->cast_host_copy();
+  for (auto& u : units_) u->refresh_copies();
   params_cast_ = true;
 }
 

@@ -74,7 +74,7 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
       shards_for(config.fsdp.sharding_strategy, world_size, shard_group_size));
   SilentCommunicator shard(shards), replicate(world_size / shards);
   CountingRuntime be, host;  // host: fsdp.cpu_offload's shards, gradients, optimizer state
-  const bool offload = config.fsdp.cpu_offload;
+  const bool offload = config.fsdp.offloaded();
   FsdpEngine engine(modules, config.fsdp, config.mixed_precision, shard, replicate, be,
                     config.train.seed, /*initialise=*/false, offload ? &host : nullptr);
   GradNormClipper clipper(engine);  // its scalars, allocated where the trainer allocates them

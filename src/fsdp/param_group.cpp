@@ -23,6 +23,9 @@ FsdpParamGroup::FsdpParamGroup(int index, FlatParamLayout layout, const ParamGro
   if (ctx_.offloaded() && ctx_.mp.param_dtype != DType::f32) {
     host_param_ = DeviceBuffer(*ctx_.sh, ctx_.mp.param_dtype, n, MemCategory::comm_buffers);
   }
+  if (ctx_.resident) {
+    device_param_ = DeviceBuffer(*ctx_.be, ctx_.mp.param_dtype, n, MemCategory::sharded_params);
+  }
 }
 
 FsdpParamGroup::~FsdpParamGroup() = default;
@@ -102,8 +105,18 @@ void FsdpParamGroup::init_shard(uint64_t seed) {
   ctx_.sh->copy_from_host(shard_param_.view(), host.data());
 }
 
-void FsdpParamGroup::cast_host_copy() {
+void FsdpParamGroup::refresh_copies() {
   if (host_param_) ctx_.sh->cast(host_param_.view(), shard_param_.view());
+  if (!device_param_) return;
+  DeviceRuntime& be = *ctx_.be;
+  const std::shared_ptr<Event> read = be.create_event();  // gathers still sending from it
+  read->record(be.compute_stream());
+  ctx_.copy_stream->wait(*read);
+  be.copy_from_host_async(device_param_.view(),
+                          host_param_ ? host_param_.data() : shard_param_.data(),
+                          *ctx_.copy_stream);
+  uploaded_ = be.create_event();
+  uploaded_->record(*ctx_.copy_stream);
 }
 
 // ---- state ----
@@ -189,19 +202,29 @@ bool FsdpParamGroup::post_backward() {
 void FsdpParamGroup::unshard(bool host_copy_ready) {
   if (sharded_ == ShardedState::UNSHARDED || !needs_full()) return;
   HostUpload upload;
-  if (ctx_.offloaded()) {
-    if (!host_copy_ready) {
+  if (ctx_.offloaded() && !host_copy_ready) {
       throw Error("FSDP: unit " + std::to_string(index_) + " (" + name() +
                   ") unsharded before params_updated(): with fsdp.cpu_offload the engine must "
                   "be told when this rank's shards were written (initialisation, a checkpoint "
                   "load, model.init_from, the optimizer step)");
-    }
-    upload.src = host_param_ ? host_param_.data() : shard_param_.data();
-    upload.stream = ctx_.copy_stream;
   }
-  AllGatherResult r = foreach_all_gather(*ctx_.be, *ctx_.shard, layout_, shard_param_,
-                                         ctx_.mp.param_dtype, ctx_.be->compute_stream(), trace(),
-                                         ctx_.offloaded() ? &upload : nullptr);
+  Stream& compute = ctx_.be->compute_stream();
+  AllGatherResult r;
+  if (ctx_.resident) {  // gathered from the device shard, once its refresh has landed
+    if (uploaded_) {
+      compute.wait(*uploaded_);
+      uploaded_.reset();
+    }
+    r = foreach_all_gather(*ctx_.be, *ctx_.shard, layout_, device_param_, ctx_.mp.param_dtype,
+                           compute, trace());
+  } else {
+    if (ctx_.offloaded()) {
+      upload.src = host_param_ ? host_param_.data() : shard_param_.data();
+      upload.stream = ctx_.copy_stream;
+    }
+    r = foreach_all_gather(*ctx_.be, *ctx_.shard, layout_, shard_param_, ctx_.mp.param_dtype,
+                           compute, trace(), ctx_.offloaded() ? &upload : nullptr);
+  }
   full_param_ = std::move(r.full_param);
   gather_ = std::move(r.work);
   ready_ = std::move(r.ready);

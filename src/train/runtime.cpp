@@ -236,7 +236,7 @@ void Runtime::configure(Communicator& group, const Config& config) {
     const int threads = plan.threads;
     memory_budget_ = host_memory_budget_;
     backend_ = make_cpu_backend(threads);
-    if (config.fsdp.cpu_offload) offload_ = make_cpu_backend(threads);
+    if (config.fsdp.offloaded()) offload_ = make_cpu_backend(threads);
     mesh_ = std::move(host_mesh_);  // host memory: the MPI groups are the mesh
     peak_flops_ = peak_or_device(config, [&] {
       return cpu_peak_flops(read_cpu_info(),
@@ -260,7 +260,7 @@ void Runtime::configure(Communicator& group, const Config& config) {
                             std::to_string(sharing) + (sharing == 1 ? " rank" : " ranks");
   }
   backend_ = cuda::make_cuda_backend(device);
-  if (config.fsdp.cpu_offload) {  // the optimizer's cores: train.num_threads, bound as on CPU
+  if (config.fsdp.offloaded()) {  // the optimizer's cores: train.num_threads, bound as on CPU
     const CpuThreadPlan plan = setup_cpu_threads(static_cast<int>(config.train.num_threads),
                                                  hm.local_rank(), std::max(1, hm.local_size()));
     offload_ = make_cpu_backend(plan.threads, pinned_or_pageable());

@@ -319,6 +319,16 @@ struct FsdpConfig {
   // the alias fsdp.offload_params): fp32 shards, gradient shards and optimizer state in host
   // memory, the optimizer step on the host's cores (fsdp/fsdp/engine.hpp).
   bool cpu_offload = false;
+  // DeepSpeed ZeRO's offload_optimizer without offload_param: the fp32 master shards, their
+  // gradients and the optimizer state in host memory as with cpu_offload, but each unit's
+  // param_dtype shard stays resident on the device between steps, refreshed once per
+  // optimizer step (one upload per step instead of one per unshard). cpu_offload wins when
+  // both are set.
+  bool offload_optimizer = false;
+  // Whether the shards live in host memory (either key).
+  bool offloaded() const { return cpu_offload || offload_optimizer; }
+  // Whether the param_dtype shards stay on the device (offload_optimizer alone).
+  bool params_resident() const { return offload_optimizer && !cpu_offload; }
   friend bool operator==(const FsdpConfig&, const FsdpConfig&) = default;
 };
 

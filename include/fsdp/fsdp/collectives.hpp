@@ -79,8 +79,10 @@ struct HostUpload {
 // fp32: the shard is sent as is), then all-gathers over `shard` (issued after `stream`) into
 // full_param, in place. With one shard (layout.num_shards == 1) nothing is issued: work is
 // null and full_param holds the cast shard. full_param may be read on `stream` after
-// work->wait(); it must outlive work. Throws fsdp::Error if layout.num_shards differs from
-// shard.size() or shard_param is not fp32 [shard_numel]; a communicator's errors propagate.
+// work->wait(); it must outlive work. shard_param may also be the shard already in
+// param_dtype (fsdp.offload_optimizer's device-resident copy): it is then sent (or, at one
+// shard, copied) as is. Throws fsdp::Error if layout.num_shards differs from shard.size() or
+// shard_param is not fp32 or param_dtype [shard_numel]; a communicator's errors propagate.
 // `upload` (CPU offload: shard_param is in host memory, only checked for its size here):
 // the slot is filled from upload->src by a copy on upload->stream (be.copy_from_host_async)
 // that starts once `stream`'s work so far is done (the slot may reuse memory it freed), and

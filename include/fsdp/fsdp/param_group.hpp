@@ -102,7 +102,10 @@ struct ParamGroupContext {
   Communicator* shard = nullptr;       // the group the parameters shard over
   Communicator* replicate = nullptr;   // the group gradients are then averaged over (HSDP)
   Stream* reduce_stream = nullptr;     // HSDP's all-reduces; offload's gradient copies
-  Stream* copy_stream = nullptr;       // cpu_offload: the parameter uploads; else null
+  Stream* copy_stream = nullptr;       // offload: the parameter uploads; else null
+  // fsdp.offload_optimizer: each unit's param_dtype shard stays on the device between
+  // steps (refresh_copies uploads it once per update); unshards gather from it.
+  bool resident = false;
   StepTimer* timer = nullptr;          // comm waits are Phase::comm_wait (null: none)
   Profiler* profiler = nullptr;        // issue / wait host ranges (null: none)
   bool offloaded() const { return sh != be; }
@@ -139,9 +142,12 @@ class FsdpParamGroup {
   // init(seed, key(name), k) whatever the world size (counter-based RNG, core/rng.hpp), so
   // any thread count gives the same values; vocabulary padding rows are 0.
   void init_shard(uint64_t seed);
-  // CPU offload: casts the fp32 shard into the host param_dtype copy (no-op without one).
-  // The caller makes sure no upload still reads it.
-  void cast_host_copy();
+  // Offload, after this rank's shard was written: casts the fp32 shard into the host
+  // param_dtype copy (if any) and, resident, enqueues its upload into the device shard on
+  // the copy stream (after the compute stream's work so far, which may still gather from
+  // it); the next unshard's compute stream waits for that upload. The caller makes sure no
+  // upload still reads the host copy. No-op without offload.
+  void refresh_copies();
 
   // ---- state (see TrainingState, ShardedState, GradState) ----
   TrainingState training_state() const { return training_; }
@@ -232,8 +238,13 @@ class FsdpParamGroup {
   // cpu_offload: full_param is filled once `ready` completes (the upload, then the gather).
   std::shared_ptr<Event> ready_;
   // cpu_offload with a 16-bit param_dtype: the shard cast to param_dtype once per update,
-  // what each unshard uploads: [shard_numel], MemCategory::comm_buffers of the host.
+  // what each unshard (resident: each update) uploads: [shard_numel], MemCategory::comm_buffers
+  // of the host.
   DeviceBuffer host_param_;
+  // fsdp.offload_optimizer: this rank's param_dtype shard on the device, [shard_numel],
+  // MemCategory::sharded_params; `uploaded` completes when the last refresh has landed.
+  DeviceBuffer device_param_;
+  std::shared_ptr<Event> uploaded_;
   // cpu_offload between gradient accumulation boundaries: the reduced gradients of the
   // step's micro-batches so far, fp32 [shard_numel] on the device (MemCategory::grads).
   DeviceBuffer grad_acc_;
