@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
 
 #include "fsdp/core/error.hpp"
@@ -56,4 +57,17 @@ TEST(Process, WriteLineIsOneWrite) {
   ::close(fds[1]);
   ASSERT_EQ(n, static_cast<ssize_t>(line.size() + 1));
   EXPECT_EQ(buf.substr(0, static_cast<std::size_t>(n)), line + "\n");
+}
+
+// The process's age from /proc advances with the wall clock (clock-tick resolution) and
+// started before this test did.
+TEST(Process, SecondsSinceStartFollowTheWallClock) {
+  const double t0 = fsdp::seconds_since_process_start();
+  ASSERT_GE(t0, 0.0);
+  const auto w0 = std::chrono::steady_clock::now();
+  volatile double sink = 0;  // real work, no sleep: about 0.2 s of the wall clock
+  while (std::chrono::steady_clock::now() - w0 < std::chrono::milliseconds(200)) sink = sink + 1;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  const double t1 = fsdp::seconds_since_process_start();
+  EXPECT_NEAR(t1 - t0, wall, 0.03);  // two readings of 10 ms ticks, plus scheduling
 }

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <fstream>
 #include <numeric>
 
@@ -116,6 +117,26 @@ Config timing_config(const std::string& dir) {
   c.checkpoint.every = 2;
   c.fsdp.sharding_strategy = fsdp::ShardingStrategy::FULL_SHARD;
   return c;
+}
+
+// Start-up (issue 31 item 5): train() names where its start-up went, in order, and those
+// phases cover no more than the call itself took.
+TEST(StepTiming, StartupPhasesAreListedInOrder) {
+  const Config c = timing_config(fresh_dir("startup"));
+  const auto t0 = std::chrono::steady_clock::now();
+  const TrainResult r = run(c, On::world);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<std::string> names;
+  double in_train = 0;
+  for (const auto& [name, s] : r.startup) {
+    names.push_back(name);
+    EXPECT_GE(s, 0.0) << name;
+    if (name != "launch") in_train += s;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"launch", "world", "plan", "run_dir", "model",
+                                              "restore"}));
+  EXPECT_LE(in_train, wall);
+  EXPECT_GT(r.startup.front().second, 0.0);  // this process started before the test ran
 }
 
 TEST(StepTiming, PhasesAddUpToTheStepTime) {

@@ -5,6 +5,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
+#include <string>
+#include <sstream>
+#include <fstream>
 #include <cstdlib>
 
 namespace fsdp {
@@ -48,6 +52,29 @@ int usable_cpus() noexcept {
   if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
   const int n = CPU_COUNT(&set);
   return n > 0 ? n : 1;
+}
+
+double seconds_since_process_start() noexcept {
+  try {
+    std::ifstream stat("/proc/self/stat"), uptime("/proc/uptime");
+    std::string line;
+    double up = 0;
+    if (!std::getline(stat, line) || !(uptime >> up)) return -1;
+    // Fields after the command name (which may hold spaces): state is field 3, starttime 22.
+    const std::size_t close = line.rfind(')');
+    if (close == std::string::npos) return -1;
+    std::istringstream rest(line.substr(close + 2));
+    std::string field;
+    for (int i = 3; i < 22 && rest >> field; ++i) {
+    }
+    unsigned long long ticks = 0;
+    if (!(rest >> ticks)) return -1;
+    const long hz = sysconf(_SC_CLK_TCK);
+    if (hz <= 0) return -1;
+    return std::max(0.0, up - static_cast<double>(ticks) / static_cast<double>(hz));
+  } catch (...) {
+    return -1;
+  }
 }
 
 }  // namespace fsdp

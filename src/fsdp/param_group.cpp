@@ -80,14 +80,16 @@ void FsdpParamGroup::init_shard(uint64_t seed) {
   const auto& L = layout_;
   const int rank = ctx_.shard->rank();
   const int64_t begin = L.shard_begin(rank), end = L.shard_end(rank);
-  std::vector<float> host(static_cast<std::size_t>(L.shard_numel), 0.f);
+  // Not zeroed here: each thread zeroes and fills its own chunk (parallel first touch).
+  const std::unique_ptr<float[]> host(new float[static_cast<std::size_t>(L.shard_numel)]);
   const int64_t threads =
       std::clamp<int64_t>(L.shard_numel >> 20, 1, static_cast<int64_t>(usable_cpus()));
   const int64_t chunk = (L.shard_numel + threads - 1) / threads;
   auto fill = [&](int64_t from, int64_t to) {  // flat elements [from, to) of the shard range
+    if (from < to) std::fill(host.get() + (from - begin), host.get() + (to - begin), 0.f);
     for (const auto& e : L.entries) {
       const int64_t lo = std::max(from, e.offset), hi = std::min(to, e.offset + e.spec.numel());
-      if (lo < hi) init_elements(e, seed, lo, hi, host.data() + (lo - begin));
+      if (lo < hi) init_elements(e, seed, lo, hi, host.get() + (lo - begin));
     }
   };
   auto part = [&](int64_t t) {  // the t-th chunk of the shard range
@@ -102,7 +104,7 @@ void FsdpParamGroup::init_shard(uint64_t seed) {
   part(0);
   for (int64_t t = started; t < threads; ++t) part(t);
   for (auto& th : pool) th.join();
-  ctx_.sh->copy_from_host(shard_param_.view(), host.data());
+  ctx_.sh->copy_from_host(shard_param_.view(), host.get());
 }
 
 void FsdpParamGroup::refresh_copies() {

@@ -148,6 +148,9 @@ nlohmann::json metrics_line(const Job& job, const StepReport& r);
 void write_trace(Job& job, Profiler* prof);
 // Tokens of one sample (the objective's input plus target lengths).
 int64_t tokens_per_sample(const Config& cfg);
+// "start-up: 12.3 s from process start = launch 0.4 + world 0.2 + ... (seconds)":
+// TrainResult::startup for rank 0's log ("since train() began" without a launch phase).
+std::string format_startup(const std::vector<std::pair<std::string, double>>& phases);
 // "data 0.0 + fwd 0.7 + ...": a step's phases in milliseconds, for the progress line.
 std::string format_step_times(const StepTimes& t);
 // Rank 0's banner: the resolved config, device, mesh, model, units (`list_units`), data, MFU.

@@ -29,6 +29,23 @@ double flops_per_token(const Config& cfg) {
          static_cast<double>(tokens_per_sample(cfg));
 }
 
+std::string format_startup(const std::vector<std::pair<std::string, double>>& phases) {
+  double total = 0;
+  bool launch = false;
+  for (const auto& [name, s] : phases) {
+    total += s;
+    launch = launch || name == "launch";
+  }
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2) << "start-up: " << total << " s from "
+     << (launch ? "process start" : "train()") << " =";
+  for (std::size_t i = 0; i < phases.size(); ++i) {
+    os << (i == 0 ? " " : " + ") << phases[i].first << " " << phases[i].second;
+  }
+  os << " (seconds; model = allocation and initialisation of the shards and optimizer state)";
+  return os.str();
+}
+
 // "152.3 ms = data 0.8 + fwd 50.1 + bwd 80.2 + comm 10.0 + opt 11.2 (+ eval, ckpt when
 // non-zero)": the progress line's phase breakdown, milliseconds.
 std::string format_step_times(const StepTimes& t) {

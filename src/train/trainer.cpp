@@ -28,6 +28,7 @@
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/host_memory.hpp"
+#include "fsdp/core/process.hpp"
 #include "fsdp/data/batch.hpp"
 #include "fsdp/data/sampler.hpp"
 #include "fsdp/data/samples.hpp"
@@ -271,6 +272,15 @@ void build_model(Job& job) {
 // planned_activation_bytes (and init_bytes_read). Throws what the guards agree on.
 Setup setup(Job& job, TrainResult& result) {
   const Config& cfg = job.cfg;
+  auto last = Clock::now();
+  auto phase = [&](const char* name) {  // the time since the previous phase's end
+    const auto now = Clock::now();
+    result.startup.emplace_back(name, std::chrono::duration<double>(now - last).count());
+    last = now;
+  };
+  if (const double launch = seconds_since_process_start(); launch >= 0) {
+    result.startup.emplace_back("launch", launch);
+  }
   job.scaler = GradScaler(cfg.mixed_precision);
   // A Config built in code gets parse_config's checks (a parsed one passes them again).
   collective_guard(job.host, [&] { check_config(cfg); });
@@ -283,6 +293,7 @@ Setup setup(Job& job, TrainResult& result) {
   const int64_t act_bytes =
       job.family.activation_bytes(cfg.model, job.micro_batch, s.shape,
                                   cfg.mixed_precision.param_dtype, cfg.fsdp.activation_checkpointing);
+  phase("world");
   if (job.opt.dry_run) {
     plan_dry_run(job, result, act_bytes);
     s.done = true;
@@ -296,8 +307,11 @@ Setup setup(Job& job, TrainResult& result) {
                               job.mesh->shard_size(), num_optimizer_states(cfg.optim.name));
     check_memory_fits(job, result.plan, act_bytes);
   });
+  phase("plan");
   s.resume = open_run(job);
+  phase("run_dir");
   build_model(job);
+  phase("model");
   result.num_params = job.engine->num_params();
   result.planned_activation_bytes = act_bytes;
   print_banner(job, job.engine->layouts(), /*list_units=*/false);
@@ -308,6 +322,8 @@ Setup setup(Job& job, TrainResult& result) {
   collective_guard(job.host, [&] {
     if (job.rank0()) job.run_dir.open_metrics(s.resume);
   });
+  phase("restore");
+  job.log(format_startup(result.startup));
   return s;
 }
 

@@ -22,6 +22,10 @@ int world_rank() noexcept;
 // "rank R on HOST" ("rank ? on HOST" when the rank is unknown).
 std::string where();
 
+// Seconds since this process started (its start time in /proc/self/stat against
+// /proc/uptime, clock-tick resolution: 10 ms), or -1 where /proc cannot tell. Never throws.
+double seconds_since_process_start() noexcept;
+
 // CPUs the calling thread may run on (sched_getaffinity: the rank's own cores once the
 // Runtime has bound them), at least 1. Never throws.
 int usable_cpus() noexcept;

@@ -75,6 +75,13 @@ struct TrainResult {
   // model.init_from: payload bytes of the Hugging Face weights this rank read to fill its own
   // shards (about 1/shard_size of the model's bytes); 0 without init_from or on --resume.
   int64_t init_bytes_read = 0;
+  // Where this rank's start-up time went, in order (seconds): "launch" (process start to
+  // train(): MPI, devices, the config), "world" (config checks, runtime and data),
+  // "plan" (memory plan and check), "run_dir", "model" (model, engine: shard allocation and
+  // initialisation, optimizer state), "restore" (checkpoint or model.init_from, metrics).
+  // Rank 0 prints them as one "start-up:" line before the first step. "launch" is missing
+  // where /proc cannot tell the process's start.
+  std::vector<std::pair<std::string, double>> startup;
   // Stopped by a signal (TrainOptions::pending_signal) before train.max_steps: its number
   // (0 if the run was not stopped), the lowest rank of `group` that received it, and on that
   // rank only the line to print: "received SIGTERM on rank R (host H); saved checkpoint
