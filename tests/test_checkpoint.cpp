@@ -1536,6 +1536,7 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
                        "optim.decay_steps", "optim.grad_clip", "fsdp.sharding_strategy",
                        "fsdp.backward_prefetch", "fsdp.forward_prefetch",
                        "fsdp.limit_all_gathers", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
+                       "fsdp.offload_optimizer",
                        "mesh.shard_size", "comm.backend", "comm.timeout_s", "checkpoint.every",
                        "checkpoint.async_save", "eval.every", "eval.max_windows", "eval.on_start"}))
         << type;

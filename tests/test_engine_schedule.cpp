@@ -316,12 +316,12 @@ TEST(EngineSchedule, AnOffloadedUnshardBeforeParamsUpdatedThrows) {
   engine.begin_step(false);
   try {
     engine.pre_forward(0);
-    ADD_FAILURE() << "an unshard before params_updated() did not throw";
+    ADD_FAILURE() << "an unshard before the shards were written did not throw";
   } catch (const fsdp::Error& err) {
-    EXPECT_NE(std::string(err.what()).find("params_updated()"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("write_shards"), std::string::npos) << err.what();
   }
   engine.end_step();
-  engine.params_updated();
+  engine.write_shards([] {});
   engine.begin_step(false);
   EXPECT_NO_THROW(engine.pre_forward(0));
   engine.post_forward(0);

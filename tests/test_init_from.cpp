@@ -316,7 +316,7 @@ TEST_P(InitFrom, RunStartsAtTheSourceRunsFinalValidationLoss) {
   EXPECT_EQ(r.init_bytes_read, owned_bytes(layouts_of(c)));
 
   // With fsdp.cpu_offload in bf16 the device reads the host's bf16 copies of the shards, which
-  // must be cast again once init_from has filled the shards (FsdpEngine::params_updated): the
+  // must be cast again once init_from has filled the shards (FsdpEngine::write_shards): the
   // step-0 loss is the bf16 run's without offload, exactly.
   Config b = c;
   b.mixed_precision.param_dtype = fsdp::DType::bf16;

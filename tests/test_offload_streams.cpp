@@ -310,8 +310,8 @@ Trained train(bool offload, int64_t micro, Group group) {
     double host_loss = 0;
     be->copy_to_host(&host_loss, loss.view());
     r.losses.push_back(host_loss);
-    opt.step(oc.lr);
-    engine.params_updated();
+    opt.begin_update();
+    engine.update_shards([&](int u) { opt.step_shard(u, oc.lr); });
   }
   r.params = engine.gather_full_params();
   r.deferred_copies = deferred.deferred_copies;

@@ -162,7 +162,7 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
     }
   }
   plan_prefetch(modules);
-  if (initialise) params_updated();
+  if (initialise) refresh_all();
 }
 
 // Prefetch targets (PyTorch FSDP's execution order): forward prefetches the unit whose
@@ -184,13 +184,29 @@ void FsdpEngine::plan_prefetch(const std::vector<ModuleDecl>& modules) {
   fwd_next_.assign(units_.size(), -1);
   bwd_next_.assign(units_.size(), -1);
   for (std::size_t i = 0; i + 1 < units_.size(); ++i) fwd_next_[by_first[i]] = by_first[i + 1];
+  fwd_order_ = by_first;
   for (std::size_t i = 1; i < units_.size(); ++i) bwd_next_[by_last[i]] = by_last[i - 1];
 }
 
-void FsdpEngine::params_updated() {
-  if (!offloaded()) return;
-  copy_stream_->synchronize();  // no upload still reads a host copy (or an fp32 shard)
+// Offload: no upload may still read a host copy (or an fp32 shard) being rewritten.
+void FsdpEngine::refresh_all() {
+  if (copy_stream_) copy_stream_->synchronize();
   for (auto& u : units_) u->refresh_copies();
+  params_cast_ = true;
+}
+
+void FsdpEngine::write_shards(const std::function<void()>& write) {
+  if (copy_stream_) copy_stream_->synchronize();
+  write();
+  refresh_all();
+}
+
+void FsdpEngine::update_shards(const std::function<void(int unit)>& write) {
+  if (copy_stream_) copy_stream_->synchronize();
+  for (const int u : fwd_order_) {
+    write(u);
+    unit(u).refresh_copies();
+  }
   params_cast_ = true;
 }
 

@@ -86,7 +86,7 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
                                                      MemCategory::optimizer_state));
     }
   }
-  engine.params_updated();  // what the trainer does once the shards hold their values
+  engine.write_shards([] {});  // what the trainer does once the shards hold their values
   // One training pass, modules entered in declaration order and left in reverse (the
   // ModuleHooks contract), then the pass's end as the trainer runs it.
   const int M = static_cast<int>(modules.size());

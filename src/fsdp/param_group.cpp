@@ -206,9 +206,10 @@ void FsdpParamGroup::unshard(bool host_copy_ready) {
   HostUpload upload;
   if (ctx_.offloaded() && !host_copy_ready) {
       throw Error("FSDP: unit " + std::to_string(index_) + " (" + name() +
-                  ") unsharded before params_updated(): with fsdp.cpu_offload the engine must "
-                  "be told when this rank's shards were written (initialisation, a checkpoint "
-                  "load, model.init_from, the optimizer step)");
+                  ") unsharded before its shards were written: with offload the shards are "
+                  "written through FsdpEngine::write_shards / update_shards (initialisation, a "
+                  "checkpoint load, model.init_from, the optimizer step), which make the copies "
+                  "the unshards upload");
   }
   Stream& compute = ctx_.be->compute_stream();
   AllGatherResult r;

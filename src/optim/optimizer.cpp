@@ -47,23 +47,30 @@ void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
 }
 
 void Optimizer::step(double lr) {
-  const int64_t step = ++updates_;
+  begin_update();
+  for (int i = 0; i < num_shards(); ++i) step_shard(i, lr);
+}
+
+// One update of a shard: the weight decay applies on its decayed segments only (and its
+// compute_copy, if any, is written in the same pass).
+void Optimizer::step_shard(int index, double lr) {
+  if (index < 0 || index >= num_shards()) {
+    throw Error("optimizer: step_shard(" + std::to_string(index) + "): " +
+                std::to_string(num_shards()) + " shards are registered");
+  }
+  Shard& s = shards_[static_cast<std::size_t>(index)];
   const auto flr = static_cast<float>(lr);
-  // One update per shard: the weight decay applies on its decayed segments only (and its
-  // compute_copy, if any, is written in the same pass).
-  for (auto& s : shards_) {
-    const WeightDecay wd(static_cast<float>(cfg_.weight_decay), &s.decayed);
-    switch (cfg_.name) {
-      case OptimizerKind::adamw:
-        be_.adamw_update(s.param, s.grad, s.s0.view(), s.s1.view(), flr,
-                         static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-                         static_cast<float>(cfg_.eps), wd, step, s.compute_copy);
-        break;
-      case OptimizerKind::sgd:
-        be_.sgd_update(s.param, s.grad, s.s0.view(), flr, static_cast<float>(cfg_.momentum), wd,
-                       step, s.compute_copy);
-        break;
-    }
+  const WeightDecay wd(static_cast<float>(cfg_.weight_decay), &s.decayed);
+  switch (cfg_.name) {
+    case OptimizerKind::adamw:
+      be_.adamw_update(s.param, s.grad, s.s0.view(), s.s1.view(), flr,
+                       static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+                       static_cast<float>(cfg_.eps), wd, updates_, s.compute_copy);
+      break;
+    case OptimizerKind::sgd:
+      be_.sgd_update(s.param, s.grad, s.s0.view(), flr, static_cast<float>(cfg_.momentum), wd,
+                     updates_, s.compute_copy);
+      break;
   }
 }
 

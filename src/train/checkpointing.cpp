@@ -282,8 +282,8 @@ bool restore_state(Job& job, TrainResult& result, bool resume) {
     job.launch_id.assign(ids + 32, 32);
   }
   if (resume) {
-    const ckpt::CheckpointMeta saved = load_checkpoint(job);  // guarded inside
-    job.engine->params_updated();
+    ckpt::CheckpointMeta saved;
+    job.engine->write_shards([&] { saved = load_checkpoint(job); });  // guarded inside
     const int world = job.world;
     const int shard_size = job.engine->num_shards();
     if (saved.world_size != world || saved.shard_size != shard_size) {
@@ -305,8 +305,9 @@ bool restore_state(Job& job, TrainResult& result, bool resume) {
     }
   } else if (!cfg.model.init_from.empty()) {
     ckpt::InitFromResult init;
-    collective_guard(job.host, [&] { init = load_init_from(job); });
-    job.engine->params_updated();
+    job.engine->write_shards([&] {
+      collective_guard(job.host, [&] { init = load_init_from(job); });
+    });
     result.init_bytes_read = static_cast<int64_t>(init.bytes_read);
     std::ostringstream os;
     os << "init_from: " << cfg.model.init_from << ": " << init.num_tensors << " tensors ("

@@ -538,8 +538,8 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
   if (o.skipped) {
     result.skipped_steps.push_back(o.step);
   } else if (!o.nonfinite) {
-    job.optimizer->step(o.lr);
-    job.engine->params_updated();  // cpu_offload: the param_dtype copies the uploads read
+    job.optimizer->begin_update();  // optimizer shard u is unit u's (build_model)
+    job.engine->update_shards([&](int u) { job.optimizer->step_shard(u, o.lr); });
   }
   job.scaler.update(o.skipped);
   job.engine->zero_grad();

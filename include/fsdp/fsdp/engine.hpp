@@ -29,8 +29,9 @@
 // backend: host memory), and so does the optimizer state the trainer allocates through
 // shard_runtime(), so the optimizer steps on the host's cores. Every unit then has a full
 // buffer on the device.
-//  - Parameters: after each update (params_updated) the host casts every shard to
-//    param_dtype once, into a host copy (page-locked on CUDA); each unshard copies that into
+//  - Parameters: after each write of the shards (update_shards, write_shards) the host
+//    casts each written shard to param_dtype once, into a host copy (page-locked on CUDA);
+//    each unshard copies that into
 //    the unit's slot on the engine's copy stream and issues the all-gather after the copy,
 //    so a prefetched unit's upload and gather overlap the current unit's compute.
 //  - Gradients: a unit's reduced gradient shard (reduce_dtype, on the device) is copied to
@@ -86,6 +87,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -212,13 +214,20 @@ class FsdpEngine final : public ModuleHooks {
   // Sets every gradient shard to zero (optimizer.zero_grad()); gradients of later steps
   // accumulate until then.
   void zero_grad();
-  // CPU offload: call after writing this rank's fp32 shards (the optimizer step, a checkpoint
-  // load, model.init_from); casts each shard to param_dtype into its host copy, what the
-  // unshards upload until the next call (one cast per update, not one per all-gather). Waits
-  // for uploads still reading the copies first. The constructor calls it after initialising;
-  // an unshard of an engine built without initialisation before the first call throws
-  // fsdp::Error. No-op without offload.
-  void params_updated();
+  // ---- writing this rank's fp32 shards ----
+  // Every write to the shards goes through one of these two, so the param_dtype copies the
+  // unshards read (offload: the host copy and, with fsdp.offload_optimizer, the device
+  // shard) are made current right after; there is nothing else to call. Both first wait for
+  // uploads still reading the host copies.
+  // update_shards: write(u) for every unit u, in forward order (the order the next forward
+  // unshards them), each unit's copies refreshed as soon as its write returns: the optimizer
+  // step (Optimizer::begin_update, then Optimizer::step_shard(u, lr) in write).
+  void update_shards(const std::function<void(int unit)>& write);
+  // write_shards: write() writes any of the shards (a checkpoint load, model.init_from,
+  // tests), then every unit's copies are refreshed. The constructor does this after
+  // initialising; an unshard of an engine built without initialisation before its first
+  // write throws fsdp::Error (offload: it has no copy to upload).
+  void write_shards(const std::function<void()>& write);
   // DeepSpeed's gradient accumulation boundary (default true): false for the passes of a
   // step's micro-batches but the last. With cpu_offload, a pass that is not a boundary adds
   // each unit's reduced gradient into an fp32 accumulator on the device (MemCategory::grads,
@@ -273,6 +282,7 @@ class FsdpEngine final : public ModuleHooks {
   };
   void build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise);
   void plan_prefetch(const std::vector<ModuleDecl>& modules);
+  void refresh_all();
   FsdpParamGroup& unit(int u) { return *units_[u]; }
   void unshard(int unit);
   void wait_unshard(int unit);
@@ -299,11 +309,12 @@ class FsdpEngine final : public ModuleHooks {
   };
   static constexpr std::size_t kStagedCopies = 2;
   std::deque<Staged> staged_;
-  bool params_cast_ = false;       // params_updated() has run (offload)
+  bool params_cast_ = false;       // the copies were made once (offload; write_shards)
   bool boundary_ = true;           // set_gradient_accumulation_boundary
   std::vector<int> module_unit_;   // module -> unit
   std::vector<ParamLoc> param_loc_;  // param -> (unit, offset in the flat buffer, shape)
   std::vector<int> fwd_next_, bwd_next_;  // prefetch target per unit (-1: none)
+  std::vector<int> fwd_order_;     // units by their first module (forward order)
   bool training_ = false;
   int unsharded_blocks_ = 0;       // units besides the root UNSHARDED (O(1) for
                                    // limit_all_gathers, which asks before every prefetch)

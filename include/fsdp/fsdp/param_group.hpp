@@ -179,8 +179,8 @@ class FsdpParamGroup {
   // ---- unshard / reshard ----
   // Issues the unshard (foreach_all_gather; offloaded: after the upload of the host copy,
   // both on the copy stream); UNSHARDED. No-op if already UNSHARDED or !needs_full().
-  // Offloaded, throws fsdp::Error unless `host_copy_ready` (the engine was told the shards
-  // were written, FsdpEngine::params_updated).
+  // Offloaded, throws fsdp::Error unless `host_copy_ready` (the shards were written through
+  // FsdpEngine::write_shards / update_shards, which refresh the copies).
   void unshard(bool host_copy_ready);
   // The compute stream waits for the pending all-gather (and offloaded, the upload): a
   // Phase::comm_wait, ranged "all_gather wait unit U (name)".

@@ -68,6 +68,12 @@ class Optimizer {
   // (torch.optim's per-parameter `step`, used by AdamW's bias correction) advances by one.
   // A step skipped for overflow (fp16 loss scaling) does not call this, as GradScaler.
   void step(double lr);
+  // The same update one shard at a time (what FsdpEngine::update_shards drives, unit by unit):
+  // begin_update() advances the update count once, then step_shard(i, lr) updates shard i
+  // (registration order) as step() would. step(lr) is begin_update() and every shard in order.
+  // Throws fsdp::Error for an index that is not a registered shard.
+  void begin_update() { ++updates_; }
+  void step_shard(int index, double lr);
   // Updates applied so far (checkpointed; a resumed run sets it back).
   int64_t num_updates() const { return updates_; }
   void set_num_updates(int64_t n) { updates_ = n; }
