@@ -10,8 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -297,7 +301,7 @@ TEST(EngineSchedule, OffloadIssuesTheSameCollectivesInTheSameOrder) {
   }
 }
 
-TEST(EngineSchedule, AnOffloadedUnshardBeforeParamsUpdatedThrows) {
+TEST(EngineSchedule, AnOffloadedUnshardBeforeTheShardsWereWrittenThrows) {
   // An engine built without initialisation has no param_dtype host copies yet: uploading
   // them would send garbage, so the first unshard names the missing call.
   const fsdp::Gpt2Config mc = tiny_gpt2(1);
@@ -326,6 +330,64 @@ TEST(EngineSchedule, AnOffloadedUnshardBeforeParamsUpdatedThrows) {
   EXPECT_NO_THROW(engine.pre_forward(0));
   engine.post_forward(0);
   engine.end_step();
+}
+
+// Offload (issue 31 item 4): update_shards returns while its host thread still writes, the
+// next pass's first unit is unsharded as soon as its own write is done (the last unit's
+// write is held until then, so an engine that waited for every write would fail here, not
+// hang: the hold ends after 60 s), and an exception of a write reaches the next wait.
+TEST(EngineSchedule, AnOffloadedUpdateOverlapsTheNextForwardUnitByUnit) {
+  const fsdp::Gpt2Config mc = tiny_gpt2(2);
+  auto be = fsdp::make_cpu_backend(1);
+  auto host = fsdp::make_cpu_backend(1);
+  fsdp::Gpt2Model model(mc, *be);
+  fsdp::FsdpConfig fc;
+  fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
+  fc.cpu_offload = true;
+  Log log;
+  RecordingCommunicator shard(1, log), replicate(1, log);
+  fsdp::FsdpEngine engine(model.modules(), fc, fsdp::MixedPrecisionConfig{}, shard, replicate,
+                          *be, 1, true, host.get());
+  const int last = engine.num_units() - 1;  // h.1: units are the root, h.0, h.1
+  ASSERT_EQ(last, 2);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::vector<int> order;
+  std::mutex order_mutex;
+  engine.update_shards([&](int u) {
+    if (u == last && released.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      throw std::runtime_error("the last unit's write was never released");
+    }
+    const std::lock_guard<std::mutex> lock(order_mutex);
+    order.push_back(u);
+  });
+  engine.begin_step(false);
+  engine.pre_forward(0);  // wte, a root module: unit 0 is written and unsharded
+  engine.post_forward(0);
+  {
+    const std::lock_guard<std::mutex> lock(order_mutex);
+    ASSERT_FALSE(order.empty());
+    EXPECT_EQ(order.front(), 0);  // forward order: the root first
+    EXPECT_EQ(std::count(order.begin(), order.end(), last), 0);  // still held
+  }
+  release.set_value();
+  for (int m = 1; m < static_cast<int>(model.modules().size()); ++m) {
+    engine.pre_forward(m);
+    engine.post_forward(m);
+  }
+  engine.end_step();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+
+  engine.update_shards([](int u) {
+    if (u == 1) throw fsdp::Error("write of unit 1 failed");
+  });
+  try {
+    engine.wait_shard_writes();
+    ADD_FAILURE() << "the write's exception did not reach the wait";
+  } catch (const fsdp::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("unit 1 failed"), std::string::npos) << err.what();
+  }
+  EXPECT_NO_THROW(engine.wait_shard_writes());  // reported once
 }
 
 // A FULL_SHARD engine over the recording communicator for the state tests.

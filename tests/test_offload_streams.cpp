@@ -311,7 +311,7 @@ Trained train(bool offload, int64_t micro, Group group) {
     be->copy_to_host(&host_loss, loss.view());
     r.losses.push_back(host_loss);
     opt.begin_update();
-    engine.update_shards([&](int u) { opt.step_shard(u, oc.lr); });
+    engine.update_shards([&opt, lr = oc.lr](int u) { opt.step_shard(u, lr); });
   }
   r.params = engine.gather_full_params();
   r.deferred_copies = deferred.deferred_copies;

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <system_error>
 #include <thread>
@@ -196,18 +199,76 @@ void FsdpEngine::refresh_all() {
 }
 
 void FsdpEngine::write_shards(const std::function<void()>& write) {
+  wait_shard_writes();
   if (copy_stream_) copy_stream_->synchronize();
   write();
   refresh_all();
 }
 
+struct FsdpEngine::ShardWriter {
+  std::thread thread;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<char> written;  // per unit, under mutex
+  std::exception_ptr error;   // what a write threw (the units after it are never written)
+};
+
 void FsdpEngine::update_shards(const std::function<void(int unit)>& write) {
-  if (copy_stream_) copy_stream_->synchronize();
-  for (const int u : fwd_order_) {
-    write(u);
-    unit(u).refresh_copies();
-  }
+  wait_shard_writes();
+  if (copy_stream_) copy_stream_->synchronize();  // no upload still reads a host copy
   params_cast_ = true;
+  if (!offloaded()) {
+    for (const int u : fwd_order_) {
+      write(u);
+      unit(u).refresh_copies();
+      unit(u).zero_grad();
+    }
+    return;
+  }
+  writer_ = std::make_unique<ShardWriter>();
+  writer_->written.assign(units_.size(), 0);
+  ShardWriter* w = writer_.get();
+  // The host work only (the optimizer on the shards' runtime, the cast, zeroing the gradient
+  // shard); the resident upload is the main thread's, at the unit's unshard.
+  w->thread = std::thread([this, w, write] {
+    for (const int u : fwd_order_) {
+      try {
+        write(u);
+        unit(u).cast_host_copy();
+        unit(u).zero_grad();
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(w->mutex);
+        w->error = std::current_exception();
+        w->changed.notify_all();
+        return;
+      }
+      const std::lock_guard<std::mutex> lock(w->mutex);
+      w->written[static_cast<std::size_t>(u)] = 1;
+      w->changed.notify_all();
+    }
+  });
+}
+
+void FsdpEngine::wait_written(int u) {
+  if (!writer_) return;
+  bool failed = false;
+  {
+    StepTimer::Scope waiting(ctx_.timer, Phase::optimizer);
+    std::unique_lock<std::mutex> lock(writer_->mutex);
+    writer_->changed.wait(lock, [&] {
+      return writer_->written[static_cast<std::size_t>(u)] != 0 || writer_->error != nullptr;
+    });
+    failed = writer_->error != nullptr;
+  }
+  if (failed) wait_shard_writes();  // joins and rethrows
+}
+
+void FsdpEngine::wait_shard_writes() {
+  if (!writer_) return;
+  writer_->thread.join();
+  const std::exception_ptr error = writer_->error;
+  writer_.reset();
+  if (error) std::rethrow_exception(error);
 }
 
 void FsdpEngine::set_gradient_accumulation_boundary(bool boundary) { boundary_ = boundary; }
@@ -215,6 +276,10 @@ void FsdpEngine::set_gradient_accumulation_boundary(bool boundary) { boundary_ =
 // Pending Work completes in its destructor. Copies to or from host memory (offload) may
 // still be in flight when a step is cut short: they finish before that memory is freed.
 FsdpEngine::~FsdpEngine() {
+  try {
+    wait_shard_writes();
+  } catch (...) {  // the write's error: the run is already ending
+  }
   for (Stream* s : {reduce_stream_.get(), copy_stream_.get()}) {
     if (s == nullptr) continue;
     try {
@@ -235,8 +300,14 @@ std::vector<FlatParamLayout> FsdpEngine::layouts() const {
   return out;
 }
 int64_t FsdpEngine::shard_numel(int u) const { return units_[u]->layout().shard_numel; }
-TensorView FsdpEngine::shard_param(int u) { return unit(u).shard_param().view(); }
-TensorView FsdpEngine::shard_grad(int u) { return unit(u).shard_grad().view(); }
+TensorView FsdpEngine::shard_param(int u) {
+  wait_shard_writes();
+  return unit(u).shard_param().view();
+}
+TensorView FsdpEngine::shard_grad(int u) {
+  wait_shard_writes();
+  return unit(u).shard_grad().view();
+}
 
 int64_t FsdpEngine::num_params() const {
   int64_t n = 0;
@@ -258,6 +329,10 @@ int FsdpEngine::unsharded_blocks() const {
 
 void FsdpEngine::unshard(int u) {
   FsdpParamGroup& g = unit(u);
+  if (g.sharded_state() == ShardedState::SHARDED) {
+    wait_written(u);
+    g.upload_resident();
+  }
   const bool was_sharded = g.sharded_state() == ShardedState::SHARDED;
   g.unshard(params_cast_);
   if (was_sharded && g.sharded_state() == ShardedState::UNSHARDED && u != 0) ++unsharded_blocks_;
@@ -355,6 +430,7 @@ void FsdpEngine::end_step() {
 }
 
 void FsdpEngine::zero_grad() {
+  wait_shard_writes();
   for (auto& u : units_) u->zero_grad();
 }
 
@@ -371,6 +447,7 @@ TensorView FsdpEngine::grad(int p) {
 }
 
 std::map<std::string, std::vector<float>> FsdpEngine::gather_full_params() {
+  wait_shard_writes();
   DeviceRuntime& be = backend();
   std::map<std::string, std::vector<float>> out;
   for (auto& up : units_) {

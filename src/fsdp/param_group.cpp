@@ -108,8 +108,18 @@ void FsdpParamGroup::init_shard(uint64_t seed) {
 }
 
 void FsdpParamGroup::refresh_copies() {
+  cast_host_copy();
+  upload_resident();
+}
+
+void FsdpParamGroup::cast_host_copy() {
   if (host_param_) ctx_.sh->cast(host_param_.view(), shard_param_.view());
-  if (!device_param_) return;
+  upload_due_ = static_cast<bool>(device_param_);
+}
+
+void FsdpParamGroup::upload_resident() {
+  if (!upload_due_) return;
+  upload_due_ = false;
   DeviceRuntime& be = *ctx_.be;
   const std::shared_ptr<Event> read = be.create_event();  // gathers still sending from it
   read->record(be.compute_stream());

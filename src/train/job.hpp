@@ -98,6 +98,10 @@ struct Job {
   // file, in which case the directory can survive (a later save or --resume removes it;
   // `latest` never names it).
   ~Job() {
+    try {  // the optimizer (destroyed before the engine) may still be stepping (offload)
+      if (engine) engine->wait_shard_writes();
+    } catch (...) {
+    }
     try {
       writer.wait();
     } catch (...) {

@@ -539,10 +539,14 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
     result.skipped_steps.push_back(o.step);
   } else if (!o.nonfinite) {
     job.optimizer->begin_update();  // optimizer shard u is unit u's (build_model)
-    job.engine->update_shards([&](int u) { job.optimizer->step_shard(u, o.lr); });
+    // By value: offloaded, the writes outlive this function.
+    job.engine->update_shards(
+        [optimizer = job.optimizer.get(), lr = o.lr](int u) { optimizer->step_shard(u, lr); });
   }
   job.scaler.update(o.skipped);
-  job.engine->zero_grad();
+  // update_shards consumed (zeroed) the gradients; offloaded, the host step goes on beside
+  // the next forward (FsdpEngine::update_shards).
+  if (o.skipped || o.nonfinite) job.engine->zero_grad();
   be.synchronize();
   o.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const AllocatorStats a1 = be.allocator_stats();

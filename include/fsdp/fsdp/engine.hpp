@@ -199,6 +199,7 @@ class FsdpEngine final : public ModuleHooks {
   DeviceRuntime& backend() { return *ctx_.be; }  // the compute backend
   bool offloaded() const { return ctx_.offloaded(); }
   int64_t shard_numel(int unit) const;
+  // This rank's fp32 shard / gradient shard of `unit` (both wait for pending writes first).
   TensorView shard_param(int unit);
   TensorView shard_grad(int unit);
 
@@ -220,9 +221,21 @@ class FsdpEngine final : public ModuleHooks {
   // shard) are made current right after; there is nothing else to call. Both first wait for
   // uploads still reading the host copies.
   // update_shards: write(u) for every unit u, in forward order (the order the next forward
-  // unshards them), each unit's copies refreshed as soon as its write returns: the optimizer
-  // step (Optimizer::begin_update, then Optimizer::step_shard(u, lr) in write).
+  // unshards them), each unit's copies refreshed and its gradient shard zeroed (the update
+  // consumed it) as soon as its write returns: the optimizer step (Optimizer::begin_update,
+  // then Optimizer::step_shard(u, lr) in write); a step without an update calls zero_grad.
+  // With offload the writes run on a host thread and update_shards returns at once: the next
+  // pass's unshard of unit u waits only for u's write and cast (ZeRO-Offload's overlap of the
+  // host step with the device's next forward, without its one-step delay: the same update),
+  // charged to Phase::optimizer while it blocks; every other access to the shards
+  // (shard_param, shard_grad, zero_grad, gather_full_params, write_shards, the next
+  // update_shards, the destructor) waits for all of them. `write` runs on that thread, so it
+  // may only touch host memory (the shard runtime's); an exception it throws is rethrown by
+  // the next of those waits.
   void update_shards(const std::function<void(int unit)>& write);
+  // Waits for the writes update_shards left running (rethrowing their exception); returns
+  // at once when none are.
+  void wait_shard_writes();
   // write_shards: write() writes any of the shards (a checkpoint load, model.init_from,
   // tests), then every unit's copies are refreshed. The constructor does this after
   // initialising; an unshard of an engine built without initialisation before its first
@@ -301,6 +314,10 @@ class FsdpEngine final : public ModuleHooks {
   std::unique_ptr<Stream> copy_stream_;
   ParamGroupContext ctx_;  // what every unit shares; outlives units_
   std::vector<std::unique_ptr<FsdpParamGroup>> units_;
+  // Offload: update_shards' host thread and the units it has written (engine.cpp).
+  struct ShardWriter;
+  std::unique_ptr<ShardWriter> writer_;
+  void wait_written(int unit);  // blocks until update_shards' write of `unit` is done
   // cpu_offload: reduced gradients copied to host memory, not yet added into their unit's
   // shard (oldest first). At most kStagedCopies stay pending after a unit's reduction.
   struct Staged {

@@ -148,6 +148,11 @@ class FsdpParamGroup {
   // it); the next unshard's compute stream waits for that upload. The caller makes sure no
   // upload still reads the host copy. No-op without offload.
   void refresh_copies();
+  // refresh_copies in two halves: the host's (the cast; no device call, so another host
+  // thread may run it) and the device's (the resident upload; the thread that owns the
+  // device's streams), which does nothing unless a cast since the last upload left one due.
+  void cast_host_copy();
+  void upload_resident();
 
   // ---- state (see TrainingState, ShardedState, GradState) ----
   TrainingState training_state() const { return training_; }
@@ -245,6 +250,7 @@ class FsdpParamGroup {
   // MemCategory::sharded_params; `uploaded` completes when the last refresh has landed.
   DeviceBuffer device_param_;
   std::shared_ptr<Event> uploaded_;
+  bool upload_due_ = false;  // resident: cast_host_copy ran since the last upload
   // cpu_offload between gradient accumulation boundaries: the reduced gradients of the
   // step's micro-batches so far, fp32 [shard_numel] on the device (MemCategory::grads).
   DeviceBuffer grad_acc_;
