@@ -301,22 +301,32 @@ TEST(EngineSchedule, OffloadIssuesTheSameCollectivesInTheSameOrder) {
   }
 }
 
+// An offloaded (fsdp.cpu_offload) tiny GPT-2 engine over the recording communicator, its
+// host runtime apart.
+struct OffloadedEngine {
+  OffloadedEngine(int n_layer, int shards, fsdp::DType param_dtype, bool initialise)
+      : model(tiny_gpt2(n_layer), *be), shard(shards, log), replicate(1, log) {
+    fsdp::FsdpConfig fc;
+    fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
+    fc.cpu_offload = true;
+    fsdp::MixedPrecisionConfig mp;
+    mp.param_dtype = param_dtype;
+    engine = std::make_unique<fsdp::FsdpEngine>(model.modules(), fc, mp, shard, replicate, *be,
+                                                1, initialise, host.get());
+  }
+  std::unique_ptr<fsdp::Backend> be = fsdp::make_cpu_backend(1);
+  std::unique_ptr<fsdp::Backend> host = fsdp::make_cpu_backend(1);
+  fsdp::Gpt2Model model;
+  Log log;
+  RecordingCommunicator shard, replicate;
+  std::unique_ptr<fsdp::FsdpEngine> engine;
+};
+
 TEST(EngineSchedule, AnOffloadedUnshardBeforeTheShardsWereWrittenThrows) {
   // An engine built without initialisation has no param_dtype host copies yet: uploading
   // them would send garbage, so the first unshard names the missing call.
-  const fsdp::Gpt2Config mc = tiny_gpt2(1);
-  auto be = fsdp::make_cpu_backend(1);
-  auto host = fsdp::make_cpu_backend(1);
-  fsdp::Gpt2Model model(mc, *be);
-  fsdp::FsdpConfig fc;
-  fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
-  fc.cpu_offload = true;
-  fsdp::MixedPrecisionConfig mp;
-  mp.param_dtype = fsdp::DType::bf16;
-  Log log;
-  RecordingCommunicator shard(2, log), replicate(1, log);
-  fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, *be, 1,
-                          /*initialise=*/false, host.get());
+  OffloadedEngine e(1, 2, fsdp::DType::bf16, /*initialise=*/false);
+  fsdp::FsdpEngine& engine = *e.engine;
   engine.begin_step(false);
   try {
     engine.pre_forward(0);
@@ -337,17 +347,9 @@ TEST(EngineSchedule, AnOffloadedUnshardBeforeTheShardsWereWrittenThrows) {
 // write is held until then, so an engine that waited for every write would fail here, not
 // hang: the hold ends after 60 s), and an exception of a write reaches the next wait.
 TEST(EngineSchedule, AnOffloadedUpdateOverlapsTheNextForwardUnitByUnit) {
-  const fsdp::Gpt2Config mc = tiny_gpt2(2);
-  auto be = fsdp::make_cpu_backend(1);
-  auto host = fsdp::make_cpu_backend(1);
-  fsdp::Gpt2Model model(mc, *be);
-  fsdp::FsdpConfig fc;
-  fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
-  fc.cpu_offload = true;
-  Log log;
-  RecordingCommunicator shard(1, log), replicate(1, log);
-  fsdp::FsdpEngine engine(model.modules(), fc, fsdp::MixedPrecisionConfig{}, shard, replicate,
-                          *be, 1, true, host.get());
+  OffloadedEngine e(2, 1, fsdp::DType::f32, /*initialise=*/true);
+  fsdp::FsdpEngine& engine = *e.engine;
+  const fsdp::Gpt2Model& model = e.model;
   const int last = engine.num_units() - 1;  // h.1: units are the root, h.0, h.1
   ASSERT_EQ(last, 2);
   std::promise<void> release;
