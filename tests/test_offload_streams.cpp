@@ -7,8 +7,12 @@
 // synchronized, or its stream synchronized, as a GPU's copy engine may finish long after the
 // host has moved on. A missing wait then reads stale memory and changes the losses.
 //
-// GPT-2 in bf16 with AdamW and clipping, offloaded on the deferred runtime, must equal the same
-// run without offload bit for bit: one micro-batch a step (the gradient staged in
+// Every operand is also checked against the side that allocated it (MemoryMap): a device
+// operation on a host shard, or a host one on a device buffer, throws.
+//
+// GPT-2 in bf16 with AdamW and clipping, offloaded on the deferred runtime (fsdp.cpu_offload,
+// and fsdp.offload_optimizer's resident device shards), must equal the same run without
+// offload bit for bit: one micro-batch a step (the gradient staged in
 // reduce_dtype) and several (the device accumulator, staged once at the boundary), for 3
 // steps; alone, and at 2 ranks sharded (all-gather after the upload, reduce-scatter) or
 // replicated (all-reduce). MPI collectives run on the host at once, so there the
@@ -21,6 +25,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <utility>
+#include <cstdint>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -89,10 +96,49 @@ class DeferredEvent final : public Event {
   int64_t position_ = 0;
 };
 
-// The CPU backend `inner`, with its asynchronous copies on side streams deferred.
+// Which runtime allocated each live buffer of an offloaded run: the device's (the engine's
+// backend) or the host's (the offload runtime). On the CPU backend both are host memory, so
+// a device operation on a host shard (or a host operation on a device buffer) would compute
+// the right numbers here and fault or read garbage on a GPU; the runtimes below check every
+// argument against this map and throw instead. Thread-safe (the host step runs on a thread).
+enum class Side { device, host };
+class MemoryMap {
+ public:
+  void add(const void* p, std::size_t bytes, Side side) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    live_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, side};
+  }
+  void remove(const void* p) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    live_.erase(reinterpret_cast<std::uintptr_t>(p));
+  }
+  // Throws if `p` lies in a live buffer of the other side than `side`.
+  void expect(const void* p, Side side, const char* op) const {
+    if (p == nullptr) return;
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    const std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.upper_bound(a);
+    if (it == live_.begin()) return;
+    --it;
+    if (a < it->first + it->second.first && it->second.second != side) {
+      throw fsdp::Error(std::string("offload: ") + op + " reads or writes " +
+                        (side == Side::device ? "host" : "device") + " memory on the " +
+                        (side == Side::device ? "device" : "host") + " runtime");
+    }
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::uintptr_t, std::pair<std::size_t, Side>> live_;
+};
+
+// The CPU backend `inner` as one side of an offloaded run: its allocations recorded in `map`
+// and every operand checked against it (MemoryMap); on the device side its asynchronous
+// copies on side streams are deferred.
 class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
  public:
-  explicit DeferredCopyRuntime(fsdp::DeviceRuntime& inner) : in_(inner) {}
+  DeferredCopyRuntime(fsdp::DeviceRuntime& inner, MemoryMap& map, Side side)
+      : in_(inner), map_(map), side_(side) {}
   int64_t deferred_copies = 0;  // how many copies waited in a queue
 
   fsdp::Device device() const override { return in_.device(); }
@@ -100,52 +146,84 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<DeferredStream>(); }
   std::unique_ptr<Event> create_event() override { return std::make_unique<DeferredEvent>(); }
   void* allocate(std::size_t bytes, fsdp::MemCategory category) override {
-    return in_.allocate(bytes, category);
+    void* p = in_.allocate(bytes, category);
+    map_.add(p, bytes, side_);
+    return p;
   }
   void deallocate(void* ptr, std::size_t bytes, fsdp::MemCategory category,
                   std::shared_ptr<Event> pending) noexcept override {
+    map_.remove(ptr);
     in_.deallocate(ptr, bytes, category, std::move(pending));
   }
   fsdp::MemoryTracker& memory() override { return in_.memory(); }
   const fsdp::AllocatorStats& allocator_stats() const override { return in_.allocator_stats(); }
-  void fill_zero(const TensorView& dst) override { in_.fill_zero(dst); }
-  void copy(const TensorView& dst, const TensorView& src) override { in_.copy(dst, src); }
-  void cast(const TensorView& dst, const TensorView& src) override { in_.cast(dst, src); }
+  void fill_zero(const TensorView& dst) override { in_.fill_zero(mine(dst, "fill_zero")); }
+  void copy(const TensorView& dst, const TensorView& src) override {
+    in_.copy(mine(dst, "copy"), mine(src, "copy"));
+  }
+  void cast(const TensorView& dst, const TensorView& src) override {
+    in_.cast(mine(dst, "cast"), mine(src, "cast"));
+  }
   void copy_to_host(void* host_dst, const TensorView& src) override {
-    in_.copy_to_host(host_dst, src);
+    in_.copy_to_host(host(host_dst, "copy_to_host"), mine(src, "copy_to_host"));
   }
   void copy_from_host(const TensorView& dst, const void* host_src) override {
-    in_.copy_from_host(dst, host_src);
+    in_.copy_from_host(mine(dst, "copy_from_host"), host(host_src, "copy_from_host"));
   }
   void copy_to_host_async(void* host_dst, const TensorView& src, Stream& stream) override {
+    host(host_dst, "copy_to_host_async");
+    mine(src, "copy_to_host_async");
     defer(stream, [this, host_dst, src] { in_.copy_to_host(host_dst, src); });
   }
   void copy_from_host_async(const TensorView& dst, const void* host_src, Stream& stream) override {
+    mine(dst, "copy_from_host_async");
+    host(host_src, "copy_from_host_async");
     defer(stream, [this, dst, host_src] { in_.copy_from_host(dst, host_src); });
   }
   void synchronize() override { in_.synchronize(); }
-  void axpy(const TensorView& y, float alpha, const TensorView& x) override { in_.axpy(y, alpha, x); }
-  void squared_norm(const TensorView& acc, const TensorView& x) override { in_.squared_norm(acc, x); }
+  void axpy(const TensorView& y, float alpha, const TensorView& x) override {
+    in_.axpy(mine(y, "axpy"), alpha, mine(x, "axpy"));
+  }
+  void squared_norm(const TensorView& acc, const TensorView& x) override {
+    in_.squared_norm(mine(acc, "squared_norm"), mine(x, "squared_norm"));
+  }
   void clip_coefficient(const TensorView& norm, const TensorView& coef, const TensorView& parts,
                         double max_norm) override {
-    in_.clip_coefficient(norm, coef, parts, max_norm);
+    in_.clip_coefficient(mine(norm, "clip_coefficient"), mine(coef, "clip_coefficient"),
+                         mine(parts, "clip_coefficient"), max_norm);
   }
-  void scale_by(const TensorView& x, const TensorView& coef) override { in_.scale_by(x, coef); }
+  void scale_by(const TensorView& x, const TensorView& coef) override {
+    in_.scale_by(mine(x, "scale_by"), mine(coef, "scale_by"));
+  }
   void unscale_and_check(const TensorView& x, float inv_scale, const TensorView& found) override {
-    in_.unscale_and_check(x, inv_scale, found);
+    in_.unscale_and_check(mine(x, "unscale_and_check"), inv_scale, mine(found, "unscale_and_check"));
   }
   void adamw_update(const TensorView& p, const TensorView& g, const TensorView& m,
                     const TensorView& v, float lr, float b1, float b2, float eps,
                     const fsdp::WeightDecay& wd, int64_t step, const TensorView& copy) override {
-    in_.adamw_update(p, g, m, v, lr, b1, b2, eps, wd, step, copy);
+    in_.adamw_update(mine(p, "adamw"), mine(g, "adamw"), mine(m, "adamw"), mine(v, "adamw"), lr,
+                     b1, b2, eps, wd, step, mine(copy, "adamw"));
   }
   void sgd_update(const TensorView& p, const TensorView& g, const TensorView& buf, float lr,
                   float momentum, const fsdp::WeightDecay& wd, int64_t step,
                   const TensorView& copy) override {
-    in_.sgd_update(p, g, buf, lr, momentum, wd, step, copy);
+    in_.sgd_update(mine(p, "sgd"), mine(g, "sgd"), mine(buf, "sgd"), lr, momentum, wd, step,
+                   mine(copy, "sgd"));
   }
 
  private:
+  const TensorView& mine(const TensorView& v, const char* op) const {
+    map_.expect(v.data, side_, op);
+    return v;
+  }
+  const void* host(const void* p, const char* op) const {
+    map_.expect(p, Side::host, op);
+    return p;
+  }
+  void* host(void* p, const char* op) const {
+    map_.expect(p, Side::host, op);
+    return p;
+  }
   void defer(Stream& stream, std::function<void()> op) {
     auto* s = dynamic_cast<DeferredStream*>(&stream);
     if (s == nullptr) return op();  // the compute stream: at once
@@ -153,6 +231,8 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
     s->enqueue(std::move(op));
   }
   fsdp::DeviceRuntime& in_;
+  MemoryMap& map_;
+  Side side_;
 };
 
 // This rank alone: every collective is a copy (or nothing).
@@ -247,10 +327,12 @@ struct Trained {
 // 3 AdamW steps of a 3-block GPT-2 (bf16 compute and reduction, clipping at 0.5, weight
 // decay) on one random batch of 4 sequences per rank, `micro` at a time; offloaded on the deferred
 // runtime, or on the plain CPU backend without offload.
-Trained train(bool offload, int64_t micro, Group group) {
+Trained train(bool offload, int64_t micro, Group group, bool resident = false) {
   auto be = fsdp::make_cpu_backend(1);
-  auto host = fsdp::make_cpu_backend(1);
-  DeferredCopyRuntime deferred(*be);
+  auto host_backend = fsdp::make_cpu_backend(1);
+  MemoryMap map;
+  DeferredCopyRuntime deferred(*be, map, Side::device);
+  DeferredCopyRuntime host(*host_backend, map, Side::host);
   fsdp::Gpt2Config mc;
   mc.n_layer = 3;
   mc.n_head = 2;
@@ -260,7 +342,8 @@ Trained train(bool offload, int64_t micro, Group group) {
   fsdp::Gpt2Model model(mc, *be, DType::bf16);
   fsdp::FsdpConfig fc;
   fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
-  fc.cpu_offload = offload;
+  fc.cpu_offload = offload && !resident;
+  fc.offload_optimizer = offload && resident;
   fsdp::MixedPrecisionConfig mp;
   mp.param_dtype = DType::bf16;
   mp.reduce_dtype = DType::bf16;
@@ -272,7 +355,7 @@ Trained train(bool offload, int64_t micro, Group group) {
       group == Group::replicated ? static_cast<fsdp::Communicator&>(world) : solo;
   fsdp::DeviceRuntime& rt = offload ? static_cast<fsdp::DeviceRuntime&>(deferred) : *be;
   fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, rt, 7, true,
-                          offload ? host.get() : nullptr);
+                          offload ? &host : nullptr);
   fsdp::GradNormClipper clipper(engine);
   fsdp::OptimConfig oc;
   oc.lr = 1e-2;
@@ -318,6 +401,26 @@ Trained train(bool offload, int64_t micro, Group group) {
   return r;
 }
 
+// The memory map catches what only a GPU would: a device operation on a host buffer, a host
+// operation on a device buffer, an asynchronous copy whose host side is device memory.
+TEST(OffloadStreams, OperationsOnTheOtherSidesMemoryAreCaught) {
+  auto be = fsdp::make_cpu_backend(1);
+  auto host_backend = fsdp::make_cpu_backend(1);
+  MemoryMap map;
+  DeferredCopyRuntime device(*be, map, Side::device);
+  DeferredCopyRuntime host(*host_backend, map, Side::host);
+  fsdp::DeviceBuffer d = fsdp::DeviceBuffer::floats(device, 8, fsdp::MemCategory::other);
+  fsdp::DeviceBuffer h = fsdp::DeviceBuffer::floats(host, 8, fsdp::MemCategory::other);
+  EXPECT_NO_THROW(device.fill_zero(d.view()));
+  EXPECT_NO_THROW(host.fill_zero(h.view()));
+  EXPECT_NO_THROW(device.copy_from_host(d.view(), h.data()));
+  EXPECT_THROW(device.axpy(d.view(), 1.f, h.view()), fsdp::Error);
+  EXPECT_THROW(device.fill_zero(h.view().slice(2, 4)), fsdp::Error);  // inside, not at the start
+  EXPECT_THROW(host.axpy(h.view(), 1.f, d.view()), fsdp::Error);
+  std::unique_ptr<Stream> side = device.create_stream();
+  EXPECT_THROW(device.copy_to_host_async(d.data(), d.view(), *side), fsdp::Error);
+}
+
 TEST(OffloadStreams, DeferredCopiesGiveTheRunWithoutOffloadBitForBit) {
   int ranks = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
@@ -328,17 +431,20 @@ TEST(OffloadStreams, DeferredCopiesGiveTheRunWithoutOffloadBitForBit) {
     SCOPED_TRACE(std::string(group == Group::alone ? "alone" : group == Group::sharded ? "sharded" : "replicated") +
                  ", micro-batches of " + std::to_string(micro));
     const Trained plain = train(false, micro, group);
-    const Trained off = train(true, micro, group);
-    // Uploads (every unit, forward and backward, every micro-batch) and the gradient copies
-    // all went through the queues.
-    EXPECT_GE(off.deferred_copies, 3 * 4 * 2 * (4 / micro));
-    ASSERT_EQ(off.losses.size(), plain.losses.size());
-    for (std::size_t i = 0; i < plain.losses.size(); ++i) {
-      EXPECT_EQ(off.losses[i], plain.losses[i]) << "step " << i + 1;
-    }
     EXPECT_LT(plain.losses.back(), plain.losses.front());
-    for (const auto& [name, values] : plain.params) {
-      EXPECT_EQ(off.params.at(name), values) << name;
+    for (bool resident : {false, true}) {  // fsdp.cpu_offload, fsdp.offload_optimizer
+      SCOPED_TRACE(resident ? "offload_optimizer" : "cpu_offload");
+      const Trained off = train(true, micro, group, resident);
+      // Uploads (cpu_offload: every unit, forward and backward, every micro-batch; resident:
+      // each unit once a step) and the gradient copies all went through the queues.
+      EXPECT_GE(off.deferred_copies, resident ? 3 * 4 : 3 * 4 * 2 * (4 / micro));
+      ASSERT_EQ(off.losses.size(), plain.losses.size());
+      for (std::size_t i = 0; i < plain.losses.size(); ++i) {
+        EXPECT_EQ(off.losses[i], plain.losses[i]) << "step " << i + 1;
+      }
+      for (const auto& [name, values] : plain.params) {
+        EXPECT_EQ(off.params.at(name), values) << name;
+      }
     }
   }
 }
