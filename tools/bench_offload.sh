@@ -19,10 +19,18 @@
 # micro-batch a step (MODELS=gpt2-1.5b CONTENDERS="fsdp_train fsdp_train:offload"
 # tools/bench_gpu.sh) it cannot come near the issue's 0.75.
 # PARTS ("7b cost") picks the parts: "7b" the 7B run, "cost" the 1.5B comparison.
+# MODES ("offload_optimizer cpu_offload") picks the offload modes each part runs: fsdp.cpu_offload
+# (every unshard uploads) and fsdp.offload_optimizer (the param_dtype shards resident on the
+# device, one upload a step; issue 31). Each 7B line also gives MFU and the start-up line.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STEPS="${STEPS:-20}" N_LAYERS="${N_LAYERS:-32 28 24 20 16}" RUN_TIMEOUT="${RUN_TIMEOUT:-500}"
 COST_ROUNDS="${COST_ROUNDS:-1}" ACCUM="${ACCUM:-32}" PARTS="${PARTS:-7b cost}"
+MODES="${MODES:-offload_optimizer cpu_offload}"
+keys() {  # $1 = none | cpu_offload | offload_optimizer: the two keys' --set arguments
+  echo "--set fsdp.cpu_offload=$([[ $1 == cpu_offload ]] && echo true || echo false)" \
+       "--set fsdp.offload_optimizer=$([[ $1 == offload_optimizer ]] && echo true || echo false)"
+}
 BUNDLE="${FSDP_BUNDLE:-$REPO/gpu_bundle}"
 if [[ -f "$BUNDLE/env.sh" ]]; then
   in_ours() { ( source "$BUNDLE/env.sh" >/dev/null 2>&1; "$@" ); }
@@ -37,48 +45,54 @@ MD="$OUTDIR/bench_offload.md"
 : >"$MD"
 say() { echo "$*" | tee -a "$MD"; }
 
-train() {  # $1 = n_layer, $2 = true|false (offload); exit code of fsdp_train, log in $WORK/log
+train() {  # $1 = n_layer, $2 = none | cpu_offload | offload_optimizer; exit code, log in $WORK/log
   rm -rf "$WORK/run"
+  # shellcheck disable=SC2046
   in_ours timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" "$REPO/inputs/gpt_7b.toml" \
-    --set "model.n_layer=$1" --set "fsdp.cpu_offload=$2" --set "train.max_steps=$STEPS" \
+    --set "model.n_layer=$1" $(keys "$2") --set "train.max_steps=$STEPS" \
     --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
 }
 
 say "## CPU offload on one GPU ($(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1), host $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo))"
+for MODE in $MODES; do
 for L in $N_LAYERS; do
   [[ " $PARTS " == *" 7b "* ]] || break
   t0=$SECONDS
-  train "$L" true; rc=$?
+  train "$L" "$MODE"; rc=$?
   if [[ $rc == 2 ]] && grep -q "memory plan: host" "$WORK/log"; then
-    say "- n_layer $L with offload: refused by the plan ($(grep -m1 'memory plan:' "$WORK/log" | cut -c1-240))"
+    say "- n_layer $L with $MODE: refused by the plan ($(grep -m1 'memory plan:' "$WORK/log" | cut -c1-240))"
     continue
   fi
   if [[ $rc != 0 ]]; then
-    say "- n_layer $L with offload: FAILED (exit $rc): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"
+    say "- n_layer $L with $MODE: FAILED (exit $rc): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"
     tail -20 "$WORK/log"
     exit 1
   fi
-  python3 - "$WORK/run/metrics.jsonl" "$L" "$((SECONDS - t0))" <<'PY' | tee -a "$MD"
+  python3 - "$WORK/run/metrics.jsonl" "$L" "$((SECONDS - t0))" "$MODE" <<'PY' | tee -a "$MD"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 timed = [r for r in rows if r["step"] > 3 and "tokens_per_sec" in r]
-print("- n_layer %s with fsdp.cpu_offload: %d steps in %s s; median %.0f tok/s (steps 4..), step %.2f s "
+print("- n_layer %s with fsdp.%s: %d steps in %s s; median %.0f tok/s, MFU %.1f %% (steps 4..), step %.2f s "
       "(forward %.2f, backward %.2f, optimizer %.2f); device peak %.1f GiB, host peak %.1f GiB; "
       "loss %.4f -> %.4f" % (
-          sys.argv[2], len(rows), sys.argv[3], statistics.median(r["tokens_per_sec"] for r in timed),
+          sys.argv[2], sys.argv[4], len(rows), sys.argv[3], statistics.median(r["tokens_per_sec"] for r in timed),
+          100 * statistics.median(r.get("mfu", 0) for r in timed),
           statistics.median(r["step_s"] for r in timed), statistics.median(r["forward_s"] for r in timed),
           statistics.median(r["backward_s"] for r in timed), statistics.median(r["optimizer_s"] for r in timed),
           max(r["peak_mem_bytes"] for r in rows) / 2**30,
           max(r.get("host_peak_mem_bytes", 0) for r in rows) / 2**30, rows[0]["loss"], rows[-1]["loss"]))
 PY
+  grep -m1 "^start-up:" "$WORK/log" | sed 's/^/    /' | tee -a "$MD"
   grep -A18 "^memory plan per rank" "$WORK/log" | sed 's/^/    /' >>"$MD"
-  train "$L" false; rc=$?
+  [[ $MODE == "${MODES%% *}" ]] || break  # the refusal without offload: once
+  train "$L" none; rc=$?
   if [[ $rc == 2 ]] && grep -q "does not fit" "$WORK/log"; then
     say "- n_layer $L without offload: refused before allocating: $(grep -m1 'memory plan:' "$WORK/log" | cut -c1-300)"
   else
     say "- n_layer $L without offload: NOT refused (exit $rc)"
   fi
   break
+done
 done
 
 # ---- offload's cost at 1.5B ------------------------------------------------------------------
@@ -89,11 +103,12 @@ for A in $ACCUM; do
 say ""
 say "### Offload's cost at GPT-2 1.5B ($((4 * A)) sequences of 1024 a step, micro-batch 4)"
 for ((r = 1; r <= COST_ROUNDS; r++)); do
-  for off in false true; do
+  for off in none $MODES; do
     rm -rf "$WORK/run"
+    # shellcheck disable=SC2046
     in_ours timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" "$WORK/1.5b.toml" \
       --set "train.global_batch_size=$((4 * A))" --set train.micro_batch_size=4 \
-      --set "fsdp.cpu_offload=$off" --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
+      $(keys "$off") --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
     rc=$?
     if [[ $rc != 0 ]]; then
       say "- round $r offload=$off: FAILED (exit $rc): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"
