@@ -162,6 +162,10 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
 // Rank 0 prints the per-rank memory plan (and the host rows under offload) with `acts`
 // activation bytes.
 void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts);
+// --dry-run: rank 0 prints the banner with one line per FSDP unit and the memory plan of
+// the (possibly planned, --world-size) world; fills result.plan, planned_activation_bytes
+// (`act_bytes`, bytes per rank) and num_params. Allocates nothing of the model. One guard.
+void plan_dry_run(Job& job, TrainResult& result, int64_t act_bytes);
 // Refuses (InputError naming train.check_memory) a plan larger than this rank's memory,
 // printing it first.
 void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts);

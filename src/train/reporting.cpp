@@ -224,4 +224,20 @@ void write_trace(Job& job, Profiler* prof) {
                 [&](const std::string& line) { job.log(line); });
 }
 
+void plan_dry_run(Job& job, TrainResult& result, int64_t act_bytes) {
+  const Config& cfg = job.cfg;
+  collective_guard(job.host, [&] {
+    const std::vector<ModuleDecl> modules = job.family.modules(cfg.model);
+    const int num_shards = static_cast<int>(
+        shards_for(cfg.fsdp.sharding_strategy, job.world, job.mesh_shard_size()));
+    const auto layouts = build_unit_layouts(modules, cfg.fsdp, num_shards);
+    print_banner(job, layouts, /*list_units=*/true);
+    result.plan = plan_memory(modules, cfg, job.world, job.mesh_shard_size(),
+                              num_optimizer_states(cfg.optim.name));
+    result.planned_activation_bytes = act_bytes;
+    print_memory_plan(job, result.plan, act_bytes);
+    for (const auto& l : layouts) result.num_params += l.numel;
+  });
+}
+
 }  // namespace fsdp::train_impl

@@ -195,25 +195,6 @@ void configure_world(Job& job) {
   });
 }
 
-// --dry-run: rank 0 prints the banner with one line per FSDP unit and the memory plan of
-// the (possibly planned, --world-size) world; fills result.plan, planned_activation_bytes
-// (`act_bytes`, bytes per rank) and num_params. Allocates nothing of the model. One guard.
-void plan_dry_run(Job& job, TrainResult& result, int64_t act_bytes) {
-  const Config& cfg = job.cfg;
-  collective_guard(job.host, [&] {
-    const std::vector<ModuleDecl> modules = job.family.modules(cfg.model);
-    const int num_shards = static_cast<int>(
-        shards_for(cfg.fsdp.sharding_strategy, job.world, job.mesh_shard_size()));
-    const auto layouts = build_unit_layouts(modules, cfg.fsdp, num_shards);
-    print_banner(job, layouts, /*list_units=*/true);
-    result.plan = plan_memory(modules, cfg, job.world, job.mesh_shard_size(),
-                              num_optimizer_states(cfg.optim.name));
-    result.planned_activation_bytes = act_bytes;
-    print_memory_plan(job, result.plan, act_bytes);
-    for (const auto& l : layouts) result.num_params += l.numel;
-  });
-}
-
 // Whether the run resumes: --resume, or --resume auto when rank 0 finds checkpoints/latest
 // (one guard and one broadcast over job.host; every rank follows rank 0's answer, and a
 // malformed `latest` fails here as it would for --resume). Then rank 0 locks train.run_dir
