@@ -235,7 +235,7 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write) {
       try {
         write(u);
         unit(u).cast_host_copy();
-        unit(u).zero_grad();
+        unit(u).zero_grad_shard();
       } catch (...) {
         const std::lock_guard<std::mutex> lock(w->mutex);
         w->error = std::current_exception();

@@ -347,8 +347,12 @@ void FsdpParamGroup::finish_reduction() {
 }
 
 void FsdpParamGroup::zero_grad() {
-  ctx_.sh->fill_zero(shard_grad_.view());
   grad_acc_.reset();  // a step that never reached its boundary
+  zero_grad_shard();
+}
+
+void FsdpParamGroup::zero_grad_shard() {
+  ctx_.sh->fill_zero(shard_grad_.view());
   grad_ = GradState::EMPTY;
 }
 

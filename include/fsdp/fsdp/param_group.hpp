@@ -214,6 +214,10 @@ class FsdpParamGroup {
   void finish_reduction();
   // Sets the gradient shard to 0 and drops the accumulator; EMPTY.
   void zero_grad();
+  // The host half of zero_grad after a completed step (the accumulator was staged at the
+  // boundary, so there is none): the gradient shard to 0, EMPTY. No device call, so the
+  // engine's host thread may run it.
+  void zero_grad_shard();
   // Test hook: +inf into element 0 of the gradient shard; ACCUMULATED.
   void inject_nonfinite_grad();
 
