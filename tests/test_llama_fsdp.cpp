@@ -11,6 +11,8 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -30,7 +32,7 @@ namespace {
 // A 2-layer GQA Llama (4 query heads, 2 K/V heads, head_dim 4, untied, llama3 RoPE) on the
 // learnable byte dataset.
 Config llama_config(const std::string& run_dir, std::vector<std::string> overrides = {}) {
-  Config c = fsdp::parse_config(R"(
+  return small_run(R"(
 [model]
 type = "llama"
 num_hidden_layers = 2
@@ -42,26 +44,7 @@ max_position_embeddings = 16
 vocab_size = 256
 rope_theta = 500000.0
 rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8 }
-[data]
-seq_len = 12
-path = "unset"
-[train]
-global_batch_size = 8
-max_steps = 5
-seed = 7
-[optim]
-lr = 1e-2
-min_lr = 1e-3
-warmup_steps = 2
-weight_decay = 0.1
-grad_clip = 1.0
-[eval]
-every = 0
-max_windows = 4
-)", "llama_config", overrides);
-  c.train.run_dir = run_dir;
-  c.data.path = text_dataset();
-  return c;
+)", run_dir, std::move(overrides));
 }
 
 const TrainResult& reference(bool tied) {

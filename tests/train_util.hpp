@@ -75,15 +75,9 @@ inline std::string text_dataset() {
   return path;
 }
 
-inline Config small_config(const std::string& run_dir) {
-  // 2 blocks, C=16, vocab 256 (numel not a multiple of 4: padding appears), AdamW with decay.
-  Config c = fsdp::parse_config(R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 16
-n_positions = 16
-vocab_size = 256
+// The small runs' recipe after a [model] table: 8 sequences of 12 bytes of text_dataset() a
+// step, 5 steps, AdamW with warmup, decay and clipping, no evaluation during the run.
+inline constexpr const char* kSmallRecipe = R"(
 [data]
 seq_len = 12
 path = "unset"
@@ -100,10 +94,27 @@ grad_clip = 1.0
 [eval]
 every = 0
 max_windows = 4
-)", "train_util", {});
+)";
+
+// `model_toml` (a [model] table) with kSmallRecipe, into `run_dir`, on text_dataset().
+inline Config small_run(const std::string& model_toml, const std::string& run_dir,
+                        const std::vector<std::string>& overrides = {}) {
+  Config c = fsdp::parse_config(model_toml + kSmallRecipe, "train_util", overrides);
   c.train.run_dir = run_dir;
   c.data.path = text_dataset();
   return c;
+}
+
+inline Config small_config(const std::string& run_dir) {
+  // 2 blocks, C=16, vocab 256 (numel not a multiple of 4: padding appears), AdamW with decay.
+  return small_run(R"(
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 16
+n_positions = 16
+vocab_size = 256
+)", run_dir);
 }
 
 inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
