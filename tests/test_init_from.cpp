@@ -84,13 +84,7 @@ max_windows = 4
 // Tiny GPT-2 on synthetic tokens (no shared token file: other test binaries running at the
 // same time remove and rebuild test_util's text dataset).
 Config gpt2_config(const std::string& run_dir) {
-  Config c = fsdp::parse_config(R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 16
-n_positions = 16
-vocab_size = 256
+  Config c = fsdp::parse_config(std::string(kSmallGpt2) + R"(
 [data]
 source = "synthetic"
 seq_len = 12

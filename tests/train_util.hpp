@@ -105,17 +105,17 @@ inline Config small_run(const std::string& model_toml, const std::string& run_di
   return c;
 }
 
-inline Config small_config(const std::string& run_dir) {
-  // 2 blocks, C=16, vocab 256 (numel not a multiple of 4: padding appears), AdamW with decay.
-  return small_run(R"(
+// The small GPT-2: 2 blocks, C=16, vocab 256 (numel not a multiple of 4: padding appears).
+inline constexpr const char* kSmallGpt2 = R"(
 [model]
 n_layer = 2
 n_head = 2
 n_embd = 16
 n_positions = 16
 vocab_size = 256
-)", run_dir);
-}
+)";
+
+inline Config small_config(const std::string& run_dir) { return small_run(kSmallGpt2, run_dir); }
 
 inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
