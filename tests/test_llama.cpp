@@ -24,6 +24,7 @@
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/llama.hpp"
 #include "fsdp/model/model.hpp"
+#include "model_fixture.hpp"
 #include "reference_file.hpp"
 
 namespace {
@@ -46,59 +47,14 @@ fsdp::FsdpConfig llama_wrap() {
   return fc;
 }
 
-struct ModelOptions {
-  fsdp::LlamaConfig model = tiny_model();
-  fsdp::MixedPrecisionConfig mp{};
-  bool activation_checkpointing = false;
-  MPI_Comm comm = MPI_COMM_SELF;
-  int64_t B = 2, T = 6;
+// The tiny GQA Llama by default (model_fixture.hpp).
+struct ModelOptions : test_util::CausalLmOptions<fsdp::LlamaConfig> {
+  ModelOptions() { model = tiny_model(); }
 };
 
-struct Fixture {
-  std::unique_ptr<fsdp::Backend> be = fsdp::make_cpu_backend(1);
-  fsdp::MpiCommunicator comm;
-  fsdp::DeviceMesh mesh;
-  fsdp::LlamaModel model;
-  fsdp::FsdpEngine engine;
-  fsdp::DeviceBuffer loss_dev{*be, fsdp::DType::f64, 1, fsdp::MemCategory::other};
-  std::vector<int32_t> tokens, targets;
-  int64_t B, T;
-
+struct Fixture : test_util::CausalLmFixture<fsdp::LlamaModel, fsdp::LlamaConfig> {
   explicit Fixture(const ModelOptions& o = {}, const fsdp::FsdpConfig& fc = llama_wrap())
-      : comm(o.comm),
-        mesh(fsdp::DeviceMesh::create(comm, 0)),
-        model(o.model, *be, o.mp.param_dtype, o.activation_checkpointing),
-        engine(model.modules(), fc, o.mp, mesh, *be, 42),
-        B(o.B),
-        T(o.T) {
-    std::mt19937 gen(3);
-    const auto V = static_cast<uint32_t>(o.model.vocab_size);
-    for (int64_t i = 0; i < B * T; ++i) {
-      tokens.push_back(static_cast<int32_t>(gen() % V));
-      targets.push_back(static_cast<int32_t>(gen() % V));
-    }
-  }
-  double read_loss() {
-    double s = 0;
-    be->copy_to_host(&s, loss_dev.view());
-    return s / static_cast<double>(B * T);
-  }
-  double loss() {
-    be->fill_zero(loss_dev.view());
-    engine.begin_step(false);
-    model.forward_loss(tokens.data(), targets.data(), B, T, engine, loss_dev.view());
-    engine.end_step();
-    return read_loss();
-  }
-  double loss_and_grads() {
-    be->fill_zero(loss_dev.view());
-    engine.zero_grad();
-    engine.begin_step(true);
-    model.forward_backward(tokens.data(), targets.data(), B, T, 1.f / static_cast<float>(B * T),
-                           engine, loss_dev.view());
-    engine.end_step();
-    return read_loss();
-  }
+      : CausalLmFixture(o, fc) {}
 };
 
 // Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).

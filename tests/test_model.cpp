@@ -25,6 +25,7 @@
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/gpt2.hpp"
 #include "fsdp/model/model.hpp"
+#include "model_fixture.hpp"
 #include "reference_file.hpp"
 
 namespace {
@@ -46,59 +47,16 @@ fsdp::FsdpConfig gpt2_wrap() {
   return fc;
 }
 
-// Model options of a Fixture: activations in mp.param_dtype, optional activation
-// checkpointing, and the communicator the engine shards over (MPI_COMM_SELF: one rank).
-struct ModelOptions {
-  fsdp::Gpt2Config model = tiny_model();
-  fsdp::MixedPrecisionConfig mp{};
-  bool activation_checkpointing = false;
-  MPI_Comm comm = MPI_COMM_SELF;
+// Model options of a Fixture: the tiny model by default (model_fixture.hpp).
+struct ModelOptions : test_util::CausalLmOptions<fsdp::Gpt2Config> {
+  ModelOptions() { model = tiny_model(); }
 };
 
-struct Fixture {
-  std::unique_ptr<fsdp::Backend> be = fsdp::make_cpu_backend(1);
-  fsdp::MpiCommunicator comm;
-  fsdp::DeviceMesh mesh;
-  fsdp::Gpt2Model model;
-  fsdp::FsdpEngine engine;
-  fsdp::DeviceBuffer loss_dev{*be, fsdp::DType::f64, 1, fsdp::MemCategory::other};
-  std::vector<int32_t> tokens, targets;
-  static constexpr int64_t B = 2, T = 6;
-
+// The tiny GPT-2 under its engine with a 2 x 6 batch (model_fixture.hpp).
+struct Fixture : test_util::CausalLmFixture<fsdp::Gpt2Model, fsdp::Gpt2Config> {
+  static constexpr int64_t kB = 2, kT = 6;
   explicit Fixture(const fsdp::FsdpConfig& fc = gpt2_wrap(), const ModelOptions& o = {})
-      : comm(o.comm),
-        mesh(fsdp::DeviceMesh::create(comm, 0)),
-        model(o.model, *be, o.mp.param_dtype, o.activation_checkpointing),
-        engine(model.modules(), fc, o.mp, mesh, *be, 42) {
-    std::mt19937 gen(3);
-    const auto V = static_cast<uint32_t>(o.model.vocab_size);
-    for (int64_t i = 0; i < B * T; ++i) {
-      tokens.push_back(static_cast<int32_t>(gen() % V));
-      targets.push_back(static_cast<int32_t>(gen() % V));
-    }
-  }
-  // Mean cross-entropy, in double from the kernels' double sums.
-  double read_loss() {
-    double s = 0;
-    be->copy_to_host(&s, loss_dev.view());
-    return s / (B * T);
-  }
-  double loss() {
-    be->fill_zero(loss_dev.view());
-    engine.begin_step(false);
-    model.forward_loss(tokens.data(), targets.data(), B, T, engine, loss_dev.view());
-    engine.end_step();
-    return read_loss();
-  }
-  double loss_and_grads() {
-    be->fill_zero(loss_dev.view());
-    engine.zero_grad();
-    engine.begin_step(true);
-    model.forward_backward(tokens.data(), targets.data(), B, T, 1.f / (B * T), engine,
-                           loss_dev.view());
-    engine.end_step();
-    return read_loss();
-  }
+      : CausalLmFixture(o, fc) {}
 };
 
 TEST(Gpt2, FiniteDifferenceGradientOfEveryParameter) {
@@ -174,8 +132,8 @@ void check_reference(const std::string& file) {
   const fsdp::ModelConfig mc = family.from_hf_config(nlohmann::json::parse(config_json), file);
   ModelOptions o;
   o.model = fsdp::Gpt2Config::from(mc);
-  ASSERT_EQ(B, Fixture::B) << file;
-  ASSERT_EQ(T, Fixture::T) << file;
+  ASSERT_EQ(B, Fixture::kB) << file;
+  ASSERT_EQ(T, Fixture::kT) << file;
   Fixture f(gpt2_wrap(), o);
   f.tokens = tokens;
   f.targets = targets;
@@ -347,7 +305,7 @@ TEST(Gpt2, ActivationCheckpointingIsBitIdentical) {
 }
 
 TEST(Gpt2, ActivationBytesWithCheckpointingArePlannedAndMeasured) {
-  const int64_t B = Fixture::B, T = Fixture::T;
+  const int64_t B = Fixture::kB, T = Fixture::kT;
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
     const std::string what(fsdp::to_string(dtype));
     int64_t prev_on = 0;

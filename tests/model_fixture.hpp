@@ -1,0 +1,83 @@
+// tests/model_fixture.hpp: one causal LM (GPT-2 or Llama) under a one-process FSDP engine on
+// the CPU backend, with a random batch, for the models' finite-difference and reference
+// tests (test_model.cpp, test_llama.cpp).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/comm/device_mesh.hpp"
+#include "fsdp/comm/mpi_communicator.hpp"
+#include "fsdp/fsdp/engine.hpp"
+
+namespace test_util {
+
+// The model's options: its configuration, activations in mp.param_dtype, optional
+// activation checkpointing, the communicator the engine shards over (MPI_COMM_SELF: one
+// rank) and the batch shape.
+template <class ModelConfig>
+struct CausalLmOptions {
+  ModelConfig model;
+  fsdp::MixedPrecisionConfig mp{};
+  bool activation_checkpointing = false;
+  MPI_Comm comm = MPI_COMM_SELF;
+  int64_t B = 2, T = 6;
+};
+
+// `Model` built from `o`, its engine over `fc` (seed 42), and B x T random tokens and targets
+// (seed 3) of the model's vocabulary.
+template <class Model, class ModelConfig>
+struct CausalLmFixture {
+  std::unique_ptr<fsdp::Backend> be = fsdp::make_cpu_backend(1);
+  fsdp::MpiCommunicator comm;
+  fsdp::DeviceMesh mesh;
+  Model model;
+  fsdp::FsdpEngine engine;
+  fsdp::DeviceBuffer loss_dev{*be, fsdp::DType::f64, 1, fsdp::MemCategory::other};
+  std::vector<int32_t> tokens, targets;
+  int64_t B, T;
+
+  CausalLmFixture(const CausalLmOptions<ModelConfig>& o, const fsdp::FsdpConfig& fc)
+      : comm(o.comm),
+        mesh(fsdp::DeviceMesh::create(comm, 0)),
+        model(o.model, *be, o.mp.param_dtype, o.activation_checkpointing),
+        engine(model.modules(), fc, o.mp, mesh, *be, 42),
+        B(o.B),
+        T(o.T) {
+    std::mt19937 gen(3);
+    const auto V = static_cast<uint32_t>(o.model.vocab_size);
+    for (int64_t i = 0; i < B * T; ++i) {
+      tokens.push_back(static_cast<int32_t>(gen() % V));
+      targets.push_back(static_cast<int32_t>(gen() % V));
+    }
+  }
+  // Mean cross-entropy, in double from the kernels' double sums.
+  double read_loss() {
+    double s = 0;
+    be->copy_to_host(&s, loss_dev.view());
+    return s / static_cast<double>(B * T);
+  }
+  double loss() {
+    be->fill_zero(loss_dev.view());
+    engine.begin_step(false);
+    model.forward_loss(tokens.data(), targets.data(), B, T, engine, loss_dev.view());
+    engine.end_step();
+    return read_loss();
+  }
+  double loss_and_grads() {
+    be->fill_zero(loss_dev.view());
+    engine.zero_grad();
+    engine.begin_step(true);
+    model.forward_backward(tokens.data(), targets.data(), B, T, 1.f / static_cast<float>(B * T),
+                           engine, loss_dev.view());
+    engine.end_step();
+    return read_loss();
+  }
+};
+
+}  // namespace test_util
