@@ -1528,7 +1528,9 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
       if (k.resume_may_change) may.insert(k.key);
     }
     EXPECT_EQ(may, (std::set<std::string>{
-                       "model.init_from", "model.pad_vocab_multiple", "data.path",
+                       "model.init_from", "model.pad_vocab_multiple",
+                       "model.fused_linear_cross_entropy",
+                       "model.fused_linear_cross_entropy_chunk_rows", "data.path",
                        "train.micro_batch_size", "train.max_steps", "train.run_dir",
                        "train.log_every", "train.num_threads", "train.device",
                        "train.skip_nonfinite", "train.check_memory", "train.peak_flops",

@@ -921,7 +921,9 @@ TEST(Config, DocsListEveryKeyWithItsDefault) {
       EXPECT_TRUE(documented.emplace(type + "|" + key, def).second) << key << " documented twice";
     }
   }
-  const std::vector<std::string> common = {"model.type", "model.init_from", "model.pad_vocab_multiple"};
+  const std::vector<std::string> common = {"model.type", "model.init_from", "model.pad_vocab_multiple",
+                                           "model.fused_linear_cross_entropy",
+                                           "model.fused_linear_cross_entropy_chunk_rows"};
   int checked = 0;
   for (const std::string t : {"gpt2", "t5"}) {
     // model.type t, data.source synthetic (so no key is required).

@@ -98,6 +98,13 @@ void visit_keys(C& c, F&& f) {
     std::visit([&](auto& v) { f("model", name.c_str(), v, KeyInfo{kFixed, kAny, "", ""}); },
                value);
   }
+  // The causal LMs' LM-head execution (after the family's keys: not a config.json attribute).
+  f("model", "fused_linear_cross_entropy", c.model.fused_linear_cross_entropy,
+    {kMayChange, kAny, "Liger-Kernel fused_linear_cross_entropy",
+     "Compute the LM head and the cross-entropy over chunks of rows, so no [tokens, vocabulary] "
+     "logits are kept."});
+  f("model", "fused_linear_cross_entropy_chunk_rows", c.model.fused_linear_cross_entropy_chunk_rows,
+    {kMayChange, at_least(0), "", "Rows (tokens) per chunk of `fused_linear_cross_entropy`."});
   f("data", "source", c.data.source, {kFixed, kAny, "", "Where tokens come from."});
   f("data", "path", c.data.path, {kMayChange, kAny, "", "HDF5 token file (see docs/data.md)."});
   f("data", "objective", c.data.objective, {kFixed, kAny, "", "What a sample is (docs/data.md)."});

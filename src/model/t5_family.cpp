@@ -178,6 +178,11 @@ class T5Family final : public ModelFamily {
                      std::to_string(kByT5MinVocab) + ": pad, eos, unk and 256 bytes, as ByT5)");
     }
     check_max_distance(t, [&](auto member) { return a.key(member); }, fail);
+    if (c.model.fused_linear_cross_entropy) {
+      throw fail("model.fused_linear_cross_entropy",
+                 "true is not supported for model.type = \"t5\" (only the causal LMs, gpt2 and "
+                 "llama, chunk their LM head)");
+    }
   }
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
     return t5_modules(T5Config::from(c));

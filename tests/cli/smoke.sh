@@ -298,7 +298,9 @@ print(n)' "$OUT"
                 '^fsdp.sharding_strategy = "FULL_SHARD"' '^model.n_layer = 4 ' '^model.d_kv = 32 ' \
                 '^    Hidden size.  \[HF T5Config.d_model\]$' '^eval.on_start = false' \
                 '^fsdp.transformer_layer_cls_to_wrap = \["GPT2Block"\]' \
-                '^model.num_key_value_heads = 0 '; do
+                '^model.num_key_value_heads = 0 ' \
+                '^model.fused_linear_cross_entropy = false  (boolean; --resume may change it)$' \
+                '^model.fused_linear_cross_entropy_chunk_rows = 0  (integer >= 0; --resume may change it)$'; do
       n=$(grep -c -- "$want" "$OUT")
       if [ "$n" -ne 1 ]; then fail "--list-keys: '$want' printed $n times, expected once"; fi
     done

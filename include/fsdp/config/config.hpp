@@ -211,6 +211,16 @@ struct ModelConfig {
   // rows are zero, take no part in the softmax (zero gradient) and never leave fsdp_train:
   // merges and init_from see the model's own vocab_size. Integer >= 1; 1 = no padding.
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
+  // model.fused_linear_cross_entropy (Liger-Kernel's fused_linear_cross_entropy): the causal
+  // LMs (GPT-2, Llama) run the LM head and the cross-entropy over chunks of rows inside the
+  // head's backward, so no [tokens, vocabulary] logits are kept (fsdp/model/causal_lm.hpp).
+  // An execution knob, as fsdp.activation_checkpointing: the same GEMMs, the loss and
+  // gradients up to the order of the LM-head weight gradient's sums; not carried by
+  // checkpoints or config.json.
+  bool fused_linear_cross_entropy = false;
+  // model.fused_linear_cross_entropy_chunk_rows: rows (tokens) per chunk; 0 = auto (a chunk's
+  // logits about the size of the [tokens, hidden] activations, Liger's heuristic).
+  int64_t fused_linear_cross_entropy_chunk_rows = 0;
 
   // The family's defaults: type, every key at its default (model_defaults(type) in
   // fsdp/model/model.hpp looks the family up by name).
