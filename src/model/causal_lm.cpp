@@ -1,6 +1,9 @@
 // The decoder-only families' shared entry points (see fsdp/model/causal_lm.hpp).
 #include "fsdp/model/causal_lm.hpp"
 
+#include <algorithm>
+
+#include "fsdp/backend/kernels.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {
@@ -10,13 +13,68 @@ void require_causal(const data::Batch& batch, const char* family) {
     throw Error(std::string(family) + ": a causal-LM batch has target_len == L");
   }
 }
+// Rows [r0, r0 + n) of a contiguous [R, width] view.
+TensorView row_block(const TensorView& v, int64_t r0, int64_t n, int64_t width) {
+  return v.slice(r0 * width, n * width).reshape({n, width});
+}
+void check_chunks(const LmHeadChunks& h, const char* what) {
+  if (h.R > 0 && (h.chunk <= 0 || h.chunk * h.Vp > h.scratch.numel())) {
+    throw Error(std::string(what) + ": " + std::to_string(h.chunk) + " rows of " +
+                std::to_string(h.Vp) + " logits do not fit the scratch of " +
+                std::to_string(h.scratch.numel()) + " elements");
+  }
+}
 }  // namespace
+
+int64_t FusedLinearCrossEntropy::chunk_for(int64_t rows, int64_t hidden,
+                                           int64_t padded_vocab) const {
+  if (rows <= 0) return 0;
+  int64_t chunk = chunk_rows;
+  if (chunk <= 0) {
+    const int64_t factor = std::max<int64_t>(1, (padded_vocab + hidden - 1) / std::max<int64_t>(hidden, 1));
+    const int64_t want = (rows + factor - 1) / factor;
+    chunk = 1;
+    while (chunk < want) chunk *= 2;
+  }
+  return std::min(chunk, rows);
+}
+
+void lm_head_chunks_backward(Kernels& be, const LmHeadChunks& h, float grad_scale,
+                             const TensorView& loss, const TensorView& dweight,
+                             const TensorView& dx) {
+  check_chunks(h, "lm_head_chunks_backward");
+  for (int64_t r0 = 0; r0 < h.R; r0 += h.chunk) {
+    const int64_t n = std::min(h.chunk, h.R - r0);
+    const TensorView x = row_block(h.x, r0, n, h.C), logits = row_block(h.scratch, 0, n, h.Vp);
+    be.gemm(false, true, n, h.Vp, h.C, 1.f, x, h.weight, 0.f, logits);
+    be.cross_entropy_forward_backward(loss, logits, h.targets.slice(r0, n), n, h.V, h.Vp,
+                                      grad_scale);
+    be.gemm(true, false, h.Vp, h.C, n, 1.f, logits, x, 1.f, dweight);
+    be.gemm(false, false, n, h.C, h.Vp, 1.f, logits, h.weight, 0.f, row_block(dx, r0, n, h.C));
+  }
+}
+
+void lm_head_chunks_loss(Kernels& be, const LmHeadChunks& h, const TensorView& loss) {
+  check_chunks(h, "lm_head_chunks_loss");
+  for (int64_t r0 = 0; r0 < h.R; r0 += h.chunk) {
+    const int64_t n = std::min(h.chunk, h.R - r0);
+    const TensorView logits = row_block(h.scratch, 0, n, h.Vp);
+    be.gemm(false, true, n, h.Vp, h.C, 1.f, row_block(h.x, r0, n, h.C), h.weight, 0.f, logits);
+    be.cross_entropy_forward(loss, logits, h.targets.slice(r0, n), n, h.V, h.Vp);
+  }
+}
+
+Error CausalLm::fused_logits_error() const {
+  return Error(std::string(family_name()) +
+               ": last_logits() is unavailable with model.fused_linear_cross_entropy = true (the "
+               "LM head keeps no [tokens, vocabulary] logits; set it to false to read them)");
+}
 
 void CausalLm::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
                                 int64_t T, float grad_scale, ModuleHooks& hooks,
                                 const TensorView& loss) {
   forward(tokens, targets, B, T, hooks, true, grad_scale, loss);
-  backward(B, T, hooks);
+  backward(B, T, hooks, grad_scale, loss);
 }
 
 void CausalLm::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,

@@ -44,7 +44,8 @@ struct Gpt2Model::Acts {
   // One Layer per block, or (activation checkpointing) one shared by every block.
   std::vector<Layer> layers;
   Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[l]; }
-  DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;           // logits [BT,Vp] (dlogits after CE)
+  // logits [BT,Vp] (dlogits after CE); [chunk,Vp] under model.fused_linear_cross_entropy
+  DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;
   DeviceBuffer dres, dln, dqkv, dfc;                       // backward scratch
   DeviceBuffer targets_dev, tokens_dev;                    // [BT] int32 on the device
 };
@@ -101,10 +102,11 @@ int64_t block_buffer_sets(const Gpt2Config& c, bool checkpointing) {
 ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T, bool checkpointing) {
   const int64_t BT = B * T, C = c.n_embd, H = c.n_head, V = c.padded_vocab(), L = c.n_layer;
   const int64_t S = block_buffer_sets(c, checkpointing);
+  const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, V);  // BT, or one chunk
   ActCounts n;
   n.act = (L + 1) * BT * C                                               // residual streams
           + S * BT * (C + 3 * C + C + C + C + 4 * C + 4 * C)
-          + BT * C + BT * V                                              // ln_f, logits
+          + BT * C + logit_rows * V                                      // ln_f, logits
           + BT * C * 2 + BT * 3 * C + BT * 4 * C;                        // backward scratch
   n.f32 = S * (4 * BT + B * H * T) + 2 * BT;  // LN mean/rstd, attention lse
   n.i32 = 2 * BT;                                 // tokens, targets
@@ -141,7 +143,8 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
     ly.ln2 = f(BT * C); ly.ln2_mean = f32(BT); ly.ln2_rstd = f32(BT);
     ly.fc = f(BT * 4 * C); ly.gelu = f(BT * 4 * C);
   }
-  a->lnf = f(BT * C); a->lnf_mean = f32(BT); a->lnf_rstd = f32(BT); a->logits = f(BT * V);
+  a->lnf = f(BT * C); a->lnf_mean = f32(BT); a->lnf_rstd = f32(BT);
+  a->logits = f(cfg_.fused_lce.logits_rows(BT, C, V) * V);
   a->dres = f(BT * C); a->dln = f(BT * C); a->dqkv = f(BT * 3 * C); a->dfc = f(BT * 4 * C);
   a->tokens_dev = DeviceBuffer(rt_, DType::i32, BT, cat);
   a->targets_dev = DeviceBuffer(rt_, DType::i32, BT, cat);
@@ -177,22 +180,45 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
 
   // ln_f and the tied LM head: logits [BT,Vp] = ln_f(res[L]) @ wte[Vp,C]^T; the loss reads
   // the first V columns of each row (the padding columns take no part in the softmax).
+  // Chunked (model.fused_linear_cross_entropy): evaluation computes the loss chunk by chunk
+  // here; training leaves the head to backward.
   const int mf = static_cast<int>(L + 1);
   const int pf = static_cast<int>(2 + kBlockParams * L);
-  const TensorView lnf = rows(a.lnf, C), logits = rows(a.logits, Vp);
+  const TensorView lnf = rows(a.lnf, C);
   hooks.pre_forward(mf);
   be_.layernorm_forward(lnf, a.lnf_mean.view({BT}), a.lnf_rstd.view({BT}), rows(a.res[L], C),
                         hooks.param(pf), hooks.param(pf + 1), BT, C, eps);
-  be_.gemm(false, true, BT, Vp, C, 1.f, lnf, hooks.param(kWte), 0.f, logits);
-  if (with_backward) {
-    be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, Vp, grad_scale);
+  if (cfg_.fused_lce.enabled) {
+    if (!with_backward) lm_head_chunks_loss(be_, head_chunks(BT, hooks), loss);
   } else {
-    be_.cross_entropy_forward(loss, logits, targets, BT, V, Vp);
+    const TensorView logits = rows(a.logits, Vp);
+    be_.gemm(false, true, BT, Vp, C, 1.f, lnf, hooks.param(kWte), 0.f, logits);
+    if (with_backward) {
+      be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, Vp, grad_scale);
+    } else {
+      be_.cross_entropy_forward(loss, logits, targets, BT, V, Vp);
+    }
   }
   hooks.post_forward(mf);
 }
 
+LmHeadChunks Gpt2Model::head_chunks(int64_t BT, ModuleHooks& hooks) const {
+  const int64_t C = cfg_.n_embd, Vp = cfg_.padded_vocab();
+  LmHeadChunks h;
+  h.x = acts_->lnf.view({BT, C});
+  h.weight = hooks.param(kWte);
+  h.targets = acts_->targets_dev.view({BT});
+  h.scratch = acts_->logits.view();
+  h.R = BT;
+  h.C = C;
+  h.V = cfg_.vocab_size;
+  h.Vp = Vp;
+  h.chunk = cfg_.fused_lce.chunk_for(BT, C, Vp);
+  return h;
+}
+
 TensorView Gpt2Model::last_logits() const {
+  if (cfg_.fused_lce.enabled) throw fused_logits_error();
   if (!acts_ || last_rows_ == 0) return {};
   return acts_->logits.view({last_rows_, cfg_.padded_vocab()});
 }
@@ -237,7 +263,8 @@ void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
   be_.add(y, y, res2);
 }
 
-void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
+void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
+                         const TensorView& loss) {
   Acts& a = *acts_;
   const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, Vp = cfg_.padded_vocab();
   const int64_t L = cfg_.n_layer;
@@ -248,13 +275,18 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
   const TensorView dfc = rows(a.dfc, 4 * C), dqkv = rows(a.dqkv, 3 * C);
 
   // LM head and ln_f. a.logits holds dlogits [BT,Vp] after the fused cross-entropy, 0 in the
-  // padding columns: the pad rows of wte get a zero gradient and add nothing to dln.
+  // padding columns: the pad rows of wte get a zero gradient and add nothing to dln. Chunked
+  // (model.fused_linear_cross_entropy): the head's forward, loss and backward, chunk by chunk.
   const int mf = static_cast<int>(L + 1);
   const int pf = static_cast<int>(2 + kBlockParams * L);
-  const TensorView dlogits = rows(a.logits, Vp);
   hooks.pre_backward(mf);
-  be_.gemm(true, false, Vp, C, BT, 1.f, dlogits, rows(a.lnf, C), 1.f, hooks.grad(kWte));
-  be_.gemm(false, false, BT, C, Vp, 1.f, dlogits, hooks.param(kWte), 0.f, dln);
+  if (cfg_.fused_lce.enabled) {
+    lm_head_chunks_backward(be_, head_chunks(BT, hooks), grad_scale, loss, hooks.grad(kWte), dln);
+  } else {
+    const TensorView dlogits = rows(a.logits, Vp);
+    be_.gemm(true, false, Vp, C, BT, 1.f, dlogits, rows(a.lnf, C), 1.f, hooks.grad(kWte));
+    be_.gemm(false, false, BT, C, Vp, 1.f, dlogits, hooks.param(kWte), 0.f, dln);
+  }
   rt_.fill_zero(dres);
   be_.layernorm_backward(dres, hooks.grad(pf), hooks.grad(pf + 1), dln, rows(a.res[L], C),
                          hooks.param(pf), a.lnf_mean.view({BT}), a.lnf_rstd.view({BT}), BT, C);
@@ -476,6 +508,7 @@ class Gpt2Family final : public ModelFamily {
 Gpt2Config Gpt2Config::from(const ModelConfig& c) {
   Gpt2Config g = gpt2_args().read(c);
   g.pad_vocab_multiple = c.pad_vocab_multiple;
+  g.fused_lce = FusedLinearCrossEntropy::from(c);
   return g;
 }
 

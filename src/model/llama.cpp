@@ -173,7 +173,8 @@ struct LlamaModel::Acts {
   };
   std::vector<Layer> layers;  // one per layer, or one shared (activation checkpointing)
   Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[static_cast<std::size_t>(l)]; }
-  DeviceBuffer lnf, lnf_rstd, logits;            // logits [BT,Vp] (dlogits after CE)
+  // logits [BT,Vp] (dlogits after CE); [chunk,Vp] under model.fused_linear_cross_entropy
+  DeviceBuffer lnf, lnf_rstd, logits;
   DeviceBuffer dres, dln, dI1, dI2, datty, dq, dk, dv;  // backward scratch
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, D/2]
   DeviceBuffer tokens_dev, targets_dev;          // [BT] int32
@@ -192,10 +193,11 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T, bool checkpoint
   const int64_t BT = B * T, C = c.hidden_size, H = c.num_attention_heads, D = c.head_size();
   const int64_t Q = H * D, KV = c.kv_heads() * D, I = c.intermediate_size, Vp = c.padded_vocab();
   const int64_t S = layer_buffer_sets(c, checkpointing);
+  const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, Vp);  // BT, or one chunk
   ActCounts n;
   n.act = (c.num_hidden_layers + 1) * BT * C                            // residual streams
           + S * BT * (C + Q + 2 * KV + Q + C + C + 3 * I)                 // ln1 q k v atty res2 ln2 gate up act
-          + BT * C + BT * Vp                                              // norm, logits
+          + BT * C + logit_rows * Vp                                      // norm, logits
           + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
   n.f32 = S * (2 * BT + B * H * T) + BT + 2 * T * (D / 2);  // rstd x2, lse; norm rstd; RoPE
   n.i32 = 2 * BT;
@@ -238,7 +240,8 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
     y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C); y.ln2 = f(BT * C);
     y.ln2_rstd = f32(BT); y.gate = f(BT * I); y.up = f(BT * I); y.act = f(BT * I);
   }
-  a->lnf = f(BT * C); a->lnf_rstd = f32(BT); a->logits = f(BT * Vp);
+  a->lnf = f(BT * C); a->lnf_rstd = f32(BT);
+  a->logits = f(cfg_.fused_lce.logits_rows(BT, C, Vp) * Vp);
   a->dres = f(BT * C); a->dln = f(BT * C); a->dI1 = f(BT * I); a->dI2 = f(BT * I);
   a->datty = f(BT * Q); a->dq = f(BT * Q); a->dk = f(BT * KV); a->dv = f(BT * KV);
   // RoPE tables for positions 0..T-1: angle t * inv_freq[i] in float64, stored fp32.
@@ -263,6 +266,7 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
 }
 
 TensorView LlamaModel::last_logits() const {
+  if (cfg_.fused_lce.enabled) throw fused_logits_error();
   if (!acts_ || last_rows_ == 0) return {};
   return acts_->logits.view({last_rows_, cfg_.padded_vocab()});
 }
@@ -299,10 +303,17 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
   const int m_norm = static_cast<int>(1 + L), p_norm = static_cast<int>(1 + count * L);
   const bool tied = cfg_.tie_word_embeddings;
   const int p_head = tied ? 0 : p_norm + 1;
-  const TensorView lnf = rows(a.lnf, C), logits = rows(a.logits, Vp);
+  const TensorView lnf = rows(a.lnf, C);
   // logits [BT,Vp] = norm(x) @ W^T, W the LM head (or the tied embedding) [Vp,C]; tied, the
-  // head runs inside the norm module (as GPT-2's ln_f), else in its own.
+  // head runs inside the norm module (as GPT-2's ln_f), else in its own. Chunked
+  // (model.fused_linear_cross_entropy): evaluation computes the loss chunk by chunk here;
+  // training leaves the head to backward.
   auto head = [&] {
+    if (cfg_.fused_lce.enabled) {
+      if (!with_backward) lm_head_chunks_loss(be_, head_chunks(BT, hooks.param(p_head)), loss);
+      return;
+    }
+    const TensorView logits = rows(a.logits, Vp);
     be_.gemm(false, true, BT, Vp, C, 1.f, lnf, hooks.param(p_head), 0.f, logits);
     if (with_backward) {
       be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, Vp, grad_scale);
@@ -365,7 +376,23 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   be_.add(out, out, res2);
 }
 
-void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
+LmHeadChunks LlamaModel::head_chunks(int64_t BT, const TensorView& weight) const {
+  const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab();
+  LmHeadChunks h;
+  h.x = acts_->lnf.view({BT, C});
+  h.weight = weight;
+  h.targets = acts_->targets_dev.view({BT});
+  h.scratch = acts_->logits.view();
+  h.R = BT;
+  h.C = C;
+  h.V = cfg_.vocab_size;
+  h.Vp = Vp;
+  h.chunk = cfg_.fused_lce.chunk_for(BT, C, Vp);
+  return h;
+}
+
+void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
+                          const TensorView& loss) {
   Acts& a = *acts_;
   const LayerIndex x = layer_index(cfg_);
   const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads,
@@ -378,14 +405,20 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks) {
   const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
 
   // LM head and norm. a.logits holds dlogits [BT,Vp] after the fused cross-entropy (0 in the
-  // padding columns).
+  // padding columns). Chunked (model.fused_linear_cross_entropy): the head's forward, loss
+  // and backward, chunk by chunk.
   const bool tied = cfg_.tie_word_embeddings;
   const int m_norm = static_cast<int>(1 + L), p_norm = static_cast<int>(1 + x.count * L);
   const int m_head = tied ? m_norm : m_norm + 1, p_head = tied ? 0 : p_norm + 1;
-  const TensorView dlogits = rows(a.logits, Vp);
   hooks.pre_backward(m_head);
-  be_.gemm(true, false, Vp, C, BT, 1.f, dlogits, rows(a.lnf, C), 1.f, hooks.grad(p_head));
-  be_.gemm(false, false, BT, C, Vp, 1.f, dlogits, hooks.param(p_head), 0.f, dln);
+  if (cfg_.fused_lce.enabled) {
+    lm_head_chunks_backward(be_, head_chunks(BT, hooks.param(p_head)), grad_scale, loss,
+                            hooks.grad(p_head), dln);
+  } else {
+    const TensorView dlogits = rows(a.logits, Vp);
+    be_.gemm(true, false, Vp, C, BT, 1.f, dlogits, rows(a.lnf, C), 1.f, hooks.grad(p_head));
+    be_.gemm(false, false, BT, C, Vp, 1.f, dlogits, hooks.param(p_head), 0.f, dln);
+  }
   if (!tied) {
     hooks.post_backward(m_head);
     hooks.pre_backward(m_norm);
@@ -581,6 +614,7 @@ class LlamaFamily final : public ModelFamily {
 LlamaConfig LlamaConfig::from(const ModelConfig& c) {
   LlamaConfig g = llama_args().read(c);
   g.pad_vocab_multiple = c.pad_vocab_multiple;
+  g.fused_lce = FusedLinearCrossEntropy::from(c);
   return g;
 }
 

@@ -7,12 +7,58 @@
 #include <cstdint>
 #include <string>
 
+#include "fsdp/config/config.hpp"
+#include "fsdp/core/error.hpp"
 #include "fsdp/core/tensor.hpp"
 #include "fsdp/data/batch.hpp"
 #include "fsdp/fsdp/module.hpp"
 #include "fsdp/model/model.hpp"
 
 namespace fsdp {
+
+class Kernels;
+
+// model.fused_linear_cross_entropy and model.fused_linear_cross_entropy_chunk_rows (Liger-
+// Kernel's FusedLinearCrossEntropy, Hsu et al. 2024): the LM head's logits exist one chunk of
+// rows at a time. Training: forward stops after the final norm; the head's backward (the first
+// module of backward, where the head weight's gradient may be written) runs, per chunk of
+// rows, logits = x_chunk @ W^T, the fused cross-entropy forward-backward (loss += the chunk's
+// summed loss, dlogits in place), dW += dlogits^T @ x_chunk and dx_chunk = dlogits @ W: the
+// same four GEMM shapes as the unfused head, split over rows, no recomputation. Evaluation:
+// logits and the loss chunk by chunk. The [rows, Vp] logits buffer shrinks to [chunk, Vp].
+struct FusedLinearCrossEntropy {
+  bool enabled = false;
+  int64_t chunk_rows = 0;  // 0 = auto (chunk_for)
+
+  static FusedLinearCrossEntropy from(const ModelConfig& config) {
+    return {config.fused_linear_cross_entropy, config.fused_linear_cross_entropy_chunk_rows};
+  }
+  // Rows per chunk for `rows` rows of width `hidden` over `padded_vocab` logits columns: the
+  // configured chunk_rows, or (0) Liger's heuristic: rows / ceil(Vp / hidden) rounded up to a
+  // power of two, so a chunk's logits are about the [rows, hidden] activations' size; at most
+  // `rows`, at least 1. Nondecreasing in `rows` (a smaller batch fits the buffers of a larger).
+  int64_t chunk_for(int64_t rows, int64_t hidden, int64_t padded_vocab) const;
+  // Rows of the logits buffer: chunk_for(rows, ...) when enabled, else `rows`.
+  int64_t logits_rows(int64_t rows, int64_t hidden, int64_t padded_vocab) const {
+    return enabled ? chunk_for(rows, hidden, padded_vocab) : rows;
+  }
+};
+
+// The chunked LM head on `kernels` (CPU or CUDA: row-offset views of contiguous buffers).
+// x: [R,C] the final norm's output; weight: [Vp,C] the head (or tied embedding); targets: [R]
+// int32; scratch: a buffer of at least chunk * Vp elements of the activation dtype.
+struct LmHeadChunks {
+  TensorView x, weight, targets, scratch;
+  int64_t R = 0, C = 0, V = 0, Vp = 0, chunk = 0;
+};
+// Training: loss[0] += the summed cross-entropy (each chunk's rows summed in order, the chunk
+// sums added in chunk order: deterministic); dweight += dlogits^T x (beta = 1);
+// dx [R,C] = dlogits @ weight. dlogits are the unfused head's (grad_scale folded in).
+void lm_head_chunks_backward(Kernels& kernels, const LmHeadChunks& h, float grad_scale,
+                             const TensorView& loss, const TensorView& dweight,
+                             const TensorView& dx);
+// Evaluation: loss[0] += the summed cross-entropy.
+void lm_head_chunks_loss(Kernels& kernels, const LmHeadChunks& h, const TensorView& loss);
 
 class CausalLm : public Model {
  public:
@@ -36,17 +82,23 @@ class CausalLm : public Model {
   // b*T + t for position t of sequence b; the columns past vocab_size are the vocabulary
   // padding (never read by the loss). After forward_backward the buffer holds dlogits instead
   // (the fused cross-entropy overwrites it). An empty view before the first forward. For tests
-  // against a reference model, as llm.c's test_gpt2 reads logits.
+  // against a reference model, as llm.c's test_gpt2 reads logits. Throws fsdp::Error under
+  // model.fused_linear_cross_entropy (no such buffer is kept).
   virtual TensorView last_logits() const = 0;
 
  protected:
   // "GPT-2", "Llama": for messages.
   virtual const char* family_name() const = 0;
   // The family's forward (with the loss, and dlogits when `backward`) and backward passes.
+  // Under model.fused_linear_cross_entropy a training forward leaves the loss to backward,
+  // which takes the same grad_scale and loss.
   virtual void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                        ModuleHooks& hooks, bool backward, float grad_scale,
                        const TensorView& loss) = 0;
-  virtual void backward(int64_t B, int64_t T, ModuleHooks& hooks) = 0;
+  virtual void backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
+                        const TensorView& loss) = 0;
+  // The fsdp::Error last_logits() throws under model.fused_linear_cross_entropy.
+  Error fused_logits_error() const;
 };
 
 }  // namespace fsdp

@@ -36,6 +36,8 @@ struct Gpt2Config {
   double layer_norm_epsilon = 1e-5;
   // model.pad_vocab_multiple (not a GPT2Config key): wte has padded_vocab() rows in training.
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
+  // model.fused_linear_cross_entropy[_chunk_rows] (not GPT2Config keys): the chunked LM head.
+  FusedLinearCrossEntropy fused_lce;
   // vocab_size rounded up to a multiple of pad_vocab_multiple (50257 -> 50304 at 128).
   int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
   // From the [model] section (type "gpt2"); throws fsdp::Error on a missing key.
@@ -70,11 +72,13 @@ class Gpt2Model final : public CausalLm {
   // (class "GPT2Block"), "ln_f" (ln_f.weight, ln_f.bias [C]; also reads the tied wte).
   const std::vector<ModuleDecl>& modules() const override { return modules_; }
   // [B*T, padded_vocab()] (CausalLm::last_logits; tools/gpt2_reference.py's tests read it).
+  // Throws fsdp::Error under model.fused_linear_cross_entropy.
   TensorView last_logits() const override;
 
   // Bytes of activations (saved for backward, and their gradients) for a [B,T] micro-batch
   // with activations stored in `activation_dtype`, with or without activation
-  // checkpointing; exactly what forward allocates.
+  // checkpointing; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
+  // them under config.fused_lce).
   static int64_t activation_bytes(const Gpt2Config& config, int64_t B, int64_t T,
                                   DType activation_dtype, bool activation_checkpointing = false);
 
@@ -84,10 +88,13 @@ class Gpt2Model final : public CausalLm {
   void ensure_buffers(int64_t B, int64_t T);
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss) override;
-  void backward(int64_t B, int64_t T, ModuleHooks& hooks) override;
+  void backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
+                const TensorView& loss) override;
   // Block l's forward kernels (no hooks): res[l] -> its saved internals and, when
   // `write_output`, res[l+1]. Used by forward and by the checkpointing recompute.
   void block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks, bool write_output);
+  // The chunked LM head's views for BT rows (model.fused_linear_cross_entropy).
+  LmHeadChunks head_chunks(int64_t BT, ModuleHooks& hooks) const;
 
   Gpt2Config cfg_;
   Kernels& be_;

@@ -65,6 +65,8 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
+  // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
+  FusedLinearCrossEntropy fused_lce;
 
   int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
@@ -107,10 +109,12 @@ class LlamaModel final : public CausalLm {
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   const std::vector<ModuleDecl>& modules() const override { return modules_; }
+  // Throws fsdp::Error under model.fused_linear_cross_entropy.
   TensorView last_logits() const override;
 
   // Bytes of activations (saved for backward, their gradients, scratch, the RoPE tables) for a
-  // [B,T] micro-batch; exactly what forward allocates.
+  // [B,T] micro-batch; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
+  // them under config.fused_lce).
   static int64_t activation_bytes(const LlamaConfig& config, int64_t B, int64_t T,
                                   DType activation_dtype, bool activation_checkpointing = false);
 
@@ -120,8 +124,11 @@ class LlamaModel final : public CausalLm {
   void ensure_buffers(int64_t B, int64_t T);
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss) override;
-  void backward(int64_t B, int64_t T, ModuleHooks& hooks) override;
+  void backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
+                const TensorView& loss) override;
   void layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks, bool write_output);
+  // The chunked LM head's views for BT rows (model.fused_linear_cross_entropy).
+  LmHeadChunks head_chunks(int64_t BT, const TensorView& weight) const;
 
   LlamaConfig cfg_;
   Kernels& be_;
