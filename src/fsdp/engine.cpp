@@ -104,11 +104,12 @@ Communicator& replicate_group_of(ShardingStrategy s, const DeviceMesh& mesh) {
 
 FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
                        const MixedPrecisionConfig& mixed_precision, const DeviceMesh& mesh,
-                       DeviceRuntime& backend, uint64_t seed, DeviceRuntime* offload)
+                       DeviceRuntime& backend, uint64_t seed, DeviceRuntime* offload,
+                       bool init_params)
     : FsdpEngine(modules, config, mixed_precision,
                  shard_group_of(config.sharding_strategy, mesh),
                  replicate_group_of(config.sharding_strategy, mesh), backend, seed, true,
-                 offload) {}
+                 offload, init_params) {}
 
 namespace {
 DeviceRuntime& shard_runtime_of(const FsdpConfig& config, DeviceRuntime& backend,
@@ -124,7 +125,7 @@ DeviceRuntime& shard_runtime_of(const FsdpConfig& config, DeviceRuntime& backend
 FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
                        const MixedPrecisionConfig& mixed_precision, Communicator& shard,
                        Communicator& replicate, DeviceRuntime& backend, uint64_t seed,
-                       bool initialise, DeviceRuntime* offload)
+                       bool initialise, DeviceRuntime* offload, bool init_params)
     : config_(config), traits_(strategy_traits(config.sharding_strategy)) {
   ctx_.be = &backend;
   ctx_.sh = &shard_runtime_of(config, backend, offload);
@@ -132,10 +133,11 @@ FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig&
   ctx_.resident = config.params_resident();
   ctx_.shard = &shard;
   ctx_.replicate = &replicate;
-  build(modules, seed, initialise);
+  build(modules, seed, initialise, init_params);
 }
 
-void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise) {
+void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise,
+                       bool init_params) {
   reduce_stream_ = ctx_.be->create_stream();
   if (offloaded()) copy_stream_ = ctx_.be->create_stream();
   ctx_.reduce_stream = reduce_stream_.get();
@@ -145,7 +147,7 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
   for (auto& layout : layouts) {
     units_.push_back(std::make_unique<FsdpParamGroup>(num_units(), std::move(layout), ctx_,
                                                       initialise));
-    if (initialise) units_.back()->init_shard(seed);
+    if (initialise && init_params) units_.back()->init_shard(seed);
   }
   // Parameter ids run over modules in order; within a unit, entries follow the same order.
   std::vector<int> next_entry(units_.size(), 0);
@@ -165,7 +167,7 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
     }
   }
   plan_prefetch(modules);
-  if (initialise) refresh_all();
+  if (initialise && init_params) refresh_all();
 }
 
 // Prefetch targets (PyTorch FSDP's execution order): forward prefetches the unit whose
@@ -437,6 +439,10 @@ void FsdpEngine::zero_grad() {
 void FsdpEngine::inject_nonfinite_grad() { unit(0).inject_nonfinite_grad(); }
 
 TensorView FsdpEngine::param(int p) {
+  if (!params_cast_) {
+    throw Error("FSDP: a parameter read before this rank's shards were written (an engine "
+                "built with init_params = false fills them through write_shards first)");
+  }
   const ParamLoc& loc = param_loc_[p];
   return unit(loc.unit).param(loc.offset, loc.shape);
 }

@@ -225,15 +225,18 @@ bool open_run(Job& job) {
 }
 
 // Creates the model (activations in mixed_precision.param_dtype), the FSDP engine (its
-// shards initialised from train.seed) and the optimizer over every unit's shard. One guard.
-void build_model(Job& job) {
+// shards initialised from train.seed unless `init_params` is false: a checkpoint or
+// model.init_from writes every element next) and the optimizer over every unit's shard.
+// One guard.
+void build_model(Job& job, bool init_params) {
   const Config& cfg = job.cfg;
   collective_guard(job.host, [&] {
     job.model = job.family.create(cfg.model, *job.backend, cfg.mixed_precision.param_dtype,
                                   cfg.fsdp.activation_checkpointing);
     job.engine = std::make_unique<FsdpEngine>(job.model->modules(), cfg.fsdp,
                                               cfg.mixed_precision, *job.mesh, *job.backend,
-                                              cfg.train.seed, job.rt.offload_runtime());
+                                              cfg.train.seed, job.rt.offload_runtime(),
+                                              init_params);
     job.clipper = std::make_unique<GradNormClipper>(*job.engine);
     // The optimizer state lives with the shards (host memory with fsdp.cpu_offload).
     job.optimizer = std::make_unique<Optimizer>(cfg.optim, job.engine->shard_runtime());
@@ -291,7 +294,7 @@ Setup setup(Job& job, TrainResult& result) {
   phase("plan");
   s.resume = open_run(job);
   phase("run_dir");
-  build_model(job);
+  build_model(job, !s.resume && cfg.model.init_from.empty());
   phase("model");
   result.num_params = job.engine->num_params();
   result.planned_activation_bytes = act_bytes;

@@ -169,16 +169,21 @@ class FsdpEngine final : public ModuleHooks {
   // fsdp.cpu_offload needs `offload`: the host runtime (a CPU backend) that holds the fp32
   // shards, gradient shards and, through shard_runtime(), the optimizer state; it is not
   // owned and must outlive the engine. Throws fsdp::Error if cpu_offload is set without one.
+  // init_params = false leaves the parameter shards unwritten for a caller that fills every
+  // element through write_shards before the first pass (a checkpoint load, model.init_from):
+  // generating the initial normals is most of a large model's start-up (~76 ns a parameter
+  // per core). Until that write, any read of a parameter throws fsdp::Error.
   FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
              const MixedPrecisionConfig& mixed_precision, const DeviceMesh& mesh,
-             DeviceRuntime& backend, uint64_t seed, DeviceRuntime* offload = nullptr);
+             DeviceRuntime& backend, uint64_t seed, DeviceRuntime* offload = nullptr,
+             bool init_params = true);
   // The same over explicit groups: params shard over `shard`, gradients are then averaged
-  // over `replicate`; world = shard x replicate. initialise = false leaves the shards
-  // uninitialised (the memory plan).
+  // over `replicate`; world = shard x replicate. initialise = false leaves the shards and the
+  // gradient shards uninitialised (the memory plan).
   FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
              const MixedPrecisionConfig& mixed_precision, Communicator& shard,
              Communicator& replicate, DeviceRuntime& backend, uint64_t seed, bool initialise,
-             DeviceRuntime* offload = nullptr);
+             DeviceRuntime* offload = nullptr, bool init_params = true);
   ~FsdpEngine() override;
 
   // ---- structure ----
@@ -293,7 +298,8 @@ class FsdpEngine final : public ModuleHooks {
     int64_t offset;
     Shape shape;
   };
-  void build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise);
+  void build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise,
+             bool init_params);
   void plan_prefetch(const std::vector<ModuleDecl>& modules);
   void refresh_all();
   FsdpParamGroup& unit(int u) { return *units_[u]; }
@@ -326,7 +332,7 @@ class FsdpEngine final : public ModuleHooks {
   };
   static constexpr std::size_t kStagedCopies = 2;
   std::deque<Staged> staged_;
-  bool params_cast_ = false;       // the copies were made once (offload; write_shards)
+  bool params_cast_ = false;       // the shards (and copies) were written once
   bool boundary_ = true;           // set_gradient_accumulation_boundary
   std::vector<int> module_unit_;   // module -> unit
   std::vector<ParamLoc> param_loc_;  // param -> (unit, offset in the flat buffer, shape)
