@@ -35,6 +35,7 @@ int64_t FusedLinearCrossEntropy::chunk_for(int64_t rows, int64_t hidden,
     const int64_t want = (rows + factor - 1) / factor;
     chunk = 1;
     while (chunk < want) chunk *= 2;
+    chunk = std::max(chunk, kMinAutoChunkRows);
   }
   return std::min(chunk, rows);
 }

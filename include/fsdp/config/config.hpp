@@ -219,7 +219,8 @@ struct ModelConfig {
   // checkpoints or config.json.
   bool fused_linear_cross_entropy = false;
   // model.fused_linear_cross_entropy_chunk_rows: rows (tokens) per chunk; 0 = auto (a chunk's
-  // logits about the size of the [tokens, hidden] activations, Liger's heuristic).
+  // logits about the size of the [tokens, hidden] activations, Liger's heuristic, at least
+  // 256 rows).
   int64_t fused_linear_cross_entropy_chunk_rows = 0;
 
   // The family's defaults: type, every key at its default (model_defaults(type) in

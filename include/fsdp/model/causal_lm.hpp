@@ -34,10 +34,17 @@ struct FusedLinearCrossEntropy {
     return {config.fused_linear_cross_entropy, config.fused_linear_cross_entropy_chunk_rows};
   }
   // Rows per chunk for `rows` rows of width `hidden` over `padded_vocab` logits columns: the
-  // configured chunk_rows, or (0) Liger's heuristic: rows / ceil(Vp / hidden) rounded up to a
-  // power of two, so a chunk's logits are about the [rows, hidden] activations' size; at most
-  // `rows`, at least 1. Nondecreasing in `rows` (a smaller batch fits the buffers of a larger).
+  // configured chunk_rows, or (0) Liger's heuristic, rows / ceil(Vp / hidden) rounded up to a
+  // power of two (a chunk's logits about the [rows, hidden] activations' size), but at least
+  // kMinAutoChunkRows; at most `rows`. Nondecreasing in `rows` (a smaller batch fits the
+  // buffers of a larger).
   int64_t chunk_for(int64_t rows, int64_t hidden, int64_t padded_vocab) const;
+  // The auto chunk's floor. Each chunk's three GEMMs read the whole [Vp, C] head weight (and
+  // read and write its gradient), so below a few hundred rows the head's time grows as
+  // 1 / chunk: GPT-2 2 x 256 wide, vocabulary 50257, 1024 tokens on this project's CPU VM
+  // (docs/benchmarks.md): forward + backward +200% at 8 rows (Liger's value there), +32% at
+  // 64, +8% at 256, equal at 1024. 256 rows is also a full tensor-core tile height on GPUs.
+  static constexpr int64_t kMinAutoChunkRows = 256;
   // Rows of the logits buffer: chunk_for(rows, ...) when enabled, else `rows`.
   int64_t logits_rows(int64_t rows, int64_t hidden, int64_t padded_vocab) const {
     return enabled ? chunk_for(rows, hidden, padded_vocab) : rows;
