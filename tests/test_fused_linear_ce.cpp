@@ -222,20 +222,6 @@ max_position_embeddings = 16
 vocab_size = 256
 )";
 
-int64_t measured(const TrainResult& r, MemCategory c) {
-  return r.peak_bytes[static_cast<std::size_t>(c)];
-}
-
-void expect_plan_equals_peak(const TrainResult& r, const std::string& what) {
-  EXPECT_EQ(r.plan.sharded_params, measured(r, MemCategory::sharded_params)) << what;
-  EXPECT_EQ(r.plan.grads, measured(r, MemCategory::grads)) << what;
-  EXPECT_EQ(r.plan.optimizer_state, measured(r, MemCategory::optimizer_state)) << what;
-  EXPECT_EQ(r.plan.unsharded_params, measured(r, MemCategory::unsharded_params)) << what;
-  EXPECT_EQ(r.plan.unsharded_grads, measured(r, MemCategory::unsharded_grads)) << what;
-  EXPECT_EQ(r.plan.comm_buffers, measured(r, MemCategory::comm_buffers)) << what;
-  EXPECT_EQ(r.planned_activation_bytes, measured(r, MemCategory::activations)) << what;
-}
-
 // 5 AdamW steps (warmup, clipping) of FULL_SHARD over the world, evaluation every 2 steps:
 // the fused runs' losses, validation losses and final parameters against the unfused run's.
 // Tolerances (relative; measured over chunks 4 to 32 rows at 1 and 2 ranks: fp32 losses

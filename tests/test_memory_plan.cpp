@@ -33,20 +33,6 @@ using fsdp::MemCategory;
 
 namespace {
 
-int64_t measured(const TrainResult& r, MemCategory c) {
-  return r.peak_bytes[static_cast<std::size_t>(c)];
-}
-
-void expect_plan_equals_peak(const TrainResult& r, const std::string& what) {
-  EXPECT_EQ(r.plan.sharded_params, measured(r, MemCategory::sharded_params)) << what;
-  EXPECT_EQ(r.plan.grads, measured(r, MemCategory::grads)) << what;
-  EXPECT_EQ(r.plan.optimizer_state, measured(r, MemCategory::optimizer_state)) << what;
-  EXPECT_EQ(r.plan.unsharded_params, measured(r, MemCategory::unsharded_params)) << what;
-  EXPECT_EQ(r.plan.unsharded_grads, measured(r, MemCategory::unsharded_grads)) << what;
-  EXPECT_EQ(r.plan.comm_buffers, measured(r, MemCategory::comm_buffers)) << what;
-  EXPECT_EQ(r.planned_activation_bytes, measured(r, MemCategory::activations)) << what;
-}
-
 // GPT-2 (small_config, 4 blocks) or T5 (t5_config, 2 encoder + 2 decoder blocks).
 Config model_config(const std::string& model, const std::string& run_dir) {
   if (model == "gpt2") {

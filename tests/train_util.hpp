@@ -5,6 +5,7 @@
 
 #include <cerrno>  // program_invocation_short_name (GNU)
 
+#include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -116,6 +117,23 @@ vocab_size = 256
 )";
 
 inline Config small_config(const std::string& run_dir) { return small_run(kSmallGpt2, run_dir); }
+
+// This rank's measured peak of category `c` in a run.
+inline int64_t measured(const TrainResult& r, fsdp::MemCategory c) {
+  return r.peak_bytes[static_cast<std::size_t>(c)];
+}
+
+// The run's memory plan equals its measured device peaks, row by row, activations included.
+inline void expect_plan_equals_peak(const TrainResult& r, const std::string& what) {
+  using fsdp::MemCategory;
+  EXPECT_EQ(r.plan.sharded_params, measured(r, MemCategory::sharded_params)) << what;
+  EXPECT_EQ(r.plan.grads, measured(r, MemCategory::grads)) << what;
+  EXPECT_EQ(r.plan.optimizer_state, measured(r, MemCategory::optimizer_state)) << what;
+  EXPECT_EQ(r.plan.unsharded_params, measured(r, MemCategory::unsharded_params)) << what;
+  EXPECT_EQ(r.plan.unsharded_grads, measured(r, MemCategory::unsharded_grads)) << what;
+  EXPECT_EQ(r.plan.comm_buffers, measured(r, MemCategory::comm_buffers)) << what;
+  EXPECT_EQ(r.planned_activation_bytes, measured(r, MemCategory::activations)) << what;
+}
 
 inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;

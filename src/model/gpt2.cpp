@@ -204,17 +204,8 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
 
 LmHeadChunks Gpt2Model::head_chunks(int64_t BT, ModuleHooks& hooks) const {
   const int64_t C = cfg_.n_embd, Vp = cfg_.padded_vocab();
-  LmHeadChunks h;
-  h.x = acts_->lnf.view({BT, C});
-  h.weight = hooks.param(kWte);
-  h.targets = acts_->targets_dev.view({BT});
-  h.scratch = acts_->logits.view();
-  h.R = BT;
-  h.C = C;
-  h.V = cfg_.vocab_size;
-  h.Vp = Vp;
-  h.chunk = cfg_.fused_lce.chunk_for(BT, C, Vp);
-  return h;
+  return {acts_->lnf.view({BT, C}), hooks.param(kWte), acts_->targets_dev.view({BT}),
+          acts_->logits.view(), BT, C, cfg_.vocab_size, Vp, cfg_.fused_lce.chunk_for(BT, C, Vp)};
 }
 
 TensorView Gpt2Model::last_logits() const {

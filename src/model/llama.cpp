@@ -378,17 +378,8 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
 
 LmHeadChunks LlamaModel::head_chunks(int64_t BT, const TensorView& weight) const {
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab();
-  LmHeadChunks h;
-  h.x = acts_->lnf.view({BT, C});
-  h.weight = weight;
-  h.targets = acts_->targets_dev.view({BT});
-  h.scratch = acts_->logits.view();
-  h.R = BT;
-  h.C = C;
-  h.V = cfg_.vocab_size;
-  h.Vp = Vp;
-  h.chunk = cfg_.fused_lce.chunk_for(BT, C, Vp);
-  return h;
+  return {acts_->lnf.view({BT, C}), weight, acts_->targets_dev.view({BT}), acts_->logits.view(),
+          BT, C, cfg_.vocab_size, Vp, cfg_.fused_lce.chunk_for(BT, C, Vp)};
 }
 
 void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
