@@ -193,11 +193,10 @@ void FsdpEngine::plan_prefetch(const std::vector<ModuleDecl>& modules) {
   for (std::size_t i = 1; i < units_.size(); ++i) bwd_next_[by_last[i]] = by_last[i - 1];
 }
 
-// Offload: no upload may still read a host copy (or an fp32 shard) being rewritten.
+// The caller made sure no upload still reads a host copy (or an fp32 shard).
 void FsdpEngine::refresh_all() {
-  if (copy_stream_) copy_stream_->synchronize();
   for (auto& u : units_) u->refresh_copies();
-  params_cast_ = true;
+  shards_written_ = true;
 }
 
 void FsdpEngine::write_shards(const std::function<void()>& write) {
@@ -218,7 +217,7 @@ struct FsdpEngine::ShardWriter {
 void FsdpEngine::update_shards(const std::function<void(int unit)>& write) {
   wait_shard_writes();
   if (copy_stream_) copy_stream_->synchronize();  // no upload still reads a host copy
-  params_cast_ = true;
+  shards_written_ = true;
   if (!offloaded()) {
     for (const int u : fwd_order_) {
       write(u);
@@ -331,13 +330,10 @@ int FsdpEngine::unsharded_blocks() const {
 
 void FsdpEngine::unshard(int u) {
   FsdpParamGroup& g = unit(u);
-  if (g.sharded_state() == ShardedState::SHARDED) {
-    wait_written(u);
-    g.upload_resident();
-  }
-  const bool was_sharded = g.sharded_state() == ShardedState::SHARDED;
-  g.unshard(params_cast_);
-  if (was_sharded && g.sharded_state() == ShardedState::UNSHARDED && u != 0) ++unsharded_blocks_;
+  if (g.sharded_state() == ShardedState::UNSHARDED) return;
+  wait_written(u);
+  g.unshard(shards_written_);
+  if (g.sharded_state() == ShardedState::UNSHARDED && u != 0) ++unsharded_blocks_;
 }
 
 void FsdpEngine::wait_unshard(int u) {
@@ -439,7 +435,7 @@ void FsdpEngine::zero_grad() {
 void FsdpEngine::inject_nonfinite_grad() { unit(0).inject_nonfinite_grad(); }
 
 TensorView FsdpEngine::param(int p) {
-  if (!params_cast_) {
+  if (!shards_written_) {
     throw Error("FSDP: a parameter read before this rank's shards were written (an engine "
                 "built with init_params = false fills them through write_shards first)");
   }

@@ -213,17 +213,17 @@ bool FsdpParamGroup::post_backward() {
 // the host copy on the copy stream first.
 void FsdpParamGroup::unshard(bool host_copy_ready) {
   if (sharded_ == ShardedState::UNSHARDED || !needs_full()) return;
-  HostUpload upload;
   if (ctx_.offloaded() && !host_copy_ready) {
-      throw Error("FSDP: unit " + std::to_string(index_) + " (" + name() +
-                  ") unsharded before its shards were written: with offload the shards are "
-                  "written through FsdpEngine::write_shards / update_shards (initialisation, a "
-                  "checkpoint load, model.init_from, the optimizer step), which make the copies "
-                  "the unshards upload");
+    throw Error("FSDP: unit " + std::to_string(index_) + " (" + name() +
+                ") unsharded before its shards were written: with offload the shards are "
+                "written through FsdpEngine::write_shards / update_shards (initialisation, a "
+                "checkpoint load, model.init_from, the optimizer step), which make the copies "
+                "the unshards upload");
   }
   Stream& compute = ctx_.be->compute_stream();
   AllGatherResult r;
   if (ctx_.resident) {  // gathered from the device shard, once its refresh has landed
+    upload_resident();  // a cast on the host thread left it due (update_shards)
     if (uploaded_) {
       compute.wait(*uploaded_);
       uploaded_.reset();
@@ -231,6 +231,7 @@ void FsdpParamGroup::unshard(bool host_copy_ready) {
     r = foreach_all_gather(*ctx_.be, *ctx_.shard, layout_, device_param_, ctx_.mp.param_dtype,
                            compute, trace());
   } else {
+    HostUpload upload;
     if (ctx_.offloaded()) {
       upload.src = host_param_ ? host_param_.data() : shard_param_.data();
       upload.stream = ctx_.copy_stream;

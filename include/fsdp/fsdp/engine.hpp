@@ -332,7 +332,7 @@ class FsdpEngine final : public ModuleHooks {
   };
   static constexpr std::size_t kStagedCopies = 2;
   std::deque<Staged> staged_;
-  bool params_cast_ = false;       // the shards (and copies) were written once
+  bool shards_written_ = false;       // the shards (and copies) were written once
   bool boundary_ = true;           // set_gradient_accumulation_boundary
   std::vector<int> module_unit_;   // module -> unit
   std::vector<ParamLoc> param_loc_;  // param -> (unit, offset in the flat buffer, shape)

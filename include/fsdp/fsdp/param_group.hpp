@@ -148,11 +148,10 @@ class FsdpParamGroup {
   // it); the next unshard's compute stream waits for that upload. The caller makes sure no
   // upload still reads the host copy. No-op without offload.
   void refresh_copies();
-  // refresh_copies in two halves: the host's (the cast; no device call, so another host
-  // thread may run it) and the device's (the resident upload; the thread that owns the
-  // device's streams), which does nothing unless a cast since the last upload left one due.
+  // refresh_copies' host half: the cast, no device call, so another host thread may run it;
+  // the resident upload it leaves due is enqueued by the next unshard (the thread that owns
+  // the device's streams).
   void cast_host_copy();
-  void upload_resident();
 
   // ---- state (see TrainingState, ShardedState, GradState) ----
   TrainingState training_state() const { return training_; }
@@ -233,6 +232,9 @@ class FsdpParamGroup {
 
  private:
   void transition(TrainingState from, TrainingState to, const char* hook);
+  // refresh_copies' device half: the resident upload, if a cast since the last one left it
+  // due; nothing otherwise.
+  void upload_resident();
   HostStaging stage_accumulator();
 
   int index_;
