@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
@@ -108,6 +109,51 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(fsdp::to_string(info.param.strategy)) + "_" + info.param.optimizer;
     });
 
+// The initial normals are standard normal: a Kolmogorov-Smirnov distance below the 1 %
+// critical value 1.63 / sqrt(n), the mean, variance and kurtosis within ~5 standard errors,
+// the two halves of a Box-Muller pair and neighbouring pairs uncorrelated, and fill() of any
+// odd range equal to at() element by element.
+TEST(Init, NormalStreamIsStandardNormal) {
+  constexpr int64_t n = 1 << 20;
+  const fsdp::rng::NormalStream normal(1234, fsdp::rng::key_of("h.0.mlp.c_fc.weight"));
+  std::vector<float> z(n);
+  normal.fill(0, n, 1.f, z.data());
+  double m1 = 0, m2 = 0, m4 = 0, pair = 0, next = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double v = z[static_cast<std::size_t>(k)];
+    m1 += v;
+    m2 += v * v;
+    m4 += v * v * v * v;
+    if (k % 2 == 0) pair += v * z[static_cast<std::size_t>(k + 1)];
+    if (k + 2 < n) next += v * z[static_cast<std::size_t>(k + 2)];
+  }
+  m1 /= n, m2 /= n, m4 /= n, pair /= n / 2, next /= n - 2;
+  EXPECT_LT(std::abs(m1), 5.0 / std::sqrt(n));
+  EXPECT_LT(std::abs(m2 - 1.0), 5.0 * std::sqrt(2.0 / n));
+  EXPECT_LT(std::abs(m4 / (m2 * m2) - 3.0), 5.0 * std::sqrt(24.0 / n));
+  EXPECT_LT(std::abs(pair), 5.0 / std::sqrt(n / 2));
+  EXPECT_LT(std::abs(next), 5.0 / std::sqrt(n));
+  std::vector<float> sorted = z;
+  std::sort(sorted.begin(), sorted.end());
+  double ks = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double cdf = 0.5 * std::erfc(-sorted[static_cast<std::size_t>(k)] / std::sqrt(2.0));
+    ks = std::max({ks, std::abs(cdf - static_cast<double>(k) / n), std::abs(cdf - static_cast<double>(k + 1) / n)});
+  }
+  EXPECT_LT(ks, 1.63 / std::sqrt(n)) << "Kolmogorov-Smirnov distance";
+  EXPECT_LT(std::max(-sorted.front(), sorted.back()), 5.9f);  // the documented tail cut
+  for (const auto [first, count] : {std::pair<uint64_t, int64_t>{1, 1}, {3, 6}, {7, 7}, {10, 5}, {0, 0}}) {
+    std::vector<float> part(static_cast<std::size_t>(count) + 1, -7.f);
+    normal.fill(first, count, 0.5f, part.data());
+    for (int64_t j = 0; j < count; ++j) {
+      EXPECT_EQ(part[static_cast<std::size_t>(j)], 0.5f * normal.at(first + static_cast<uint64_t>(j)))
+          << "fill(" << first << ", " << count << ")[" << j << "]";
+      EXPECT_EQ(0.5f * normal.at(first + static_cast<uint64_t>(j)), 0.5f * z[first + static_cast<uint64_t>(j)]);
+    }
+    EXPECT_EQ(part.back(), -7.f) << "fill(" << first << ", " << count << ") wrote past its end";
+  }
+}
+
 // The engine fills each rank's shard with as many threads as the rank may use, one per 2^20
 // elements at most (FsdpEngine::init_shard): every element, gathered over the ranks, is
 // still std * normal(seed, name, k) (0 for vocabulary pad rows, 1 for ones), so the values
@@ -142,7 +188,7 @@ TEST(Init, ThreadedShardFillEqualsTheCounterBasedFormula) {
   for (const auto& p : params) {
     const std::vector<float>& got = full.at(p.name);
     ASSERT_EQ(static_cast<int64_t>(got.size()), p.numel()) << p.name;
-    const uint64_t key = fsdp::rng::key_of(p.name);
+    const fsdp::rng::NormalStream normal(kSeed, fsdp::rng::key_of(p.name));
     const int64_t own = p.unpadded_numel();
     int64_t wrong = 0;
     for (int64_t k = 0; k < p.numel(); ++k) {
@@ -150,7 +196,7 @@ TEST(Init, ThreadedShardFillEqualsTheCounterBasedFormula) {
       if (k < own) {
         want = p.init == fsdp::InitKind::ones
                    ? 1.f
-                   : static_cast<float>(p.init_std * fsdp::rng::normal(kSeed, key, static_cast<uint64_t>(k)));
+                   : p.init_std * normal.at(static_cast<uint64_t>(k));
       }
       if (got[static_cast<std::size_t>(k)] != want && ++wrong <= 3) {
         ADD_FAILURE() << p.name << "[" << k << "] = " << got[static_cast<std::size_t>(k)] << ", want " << want;

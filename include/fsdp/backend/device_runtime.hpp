@@ -79,6 +79,10 @@ class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
   virtual Device device() const = 0;
+  // True when memory from allocate() is ordinary host memory that any host thread may read and
+  // write directly while nothing is enqueued on it (the CPU backend, pageable or page-locked);
+  // a writer may then skip a host staging copy (FsdpParamGroup::init_shard does).
+  virtual bool host_addressable() const { return false; }
 
   // ---- streams and events ----
   // The stream every operation here and every kernel (fsdp/backend/kernels.hpp) is enqueued on.

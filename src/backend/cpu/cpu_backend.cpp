@@ -180,6 +180,7 @@ class CpuBackend final : public Backend {
         alloc_(std::move(allocator.allocate), std::move(allocator.free), memory_) {}
 
   Device device() const override { return Device::cpu; }
+  bool host_addressable() const override { return true; }
 
   // ---- streams and events ----
   Stream& compute_stream() override { return stream_; }
@@ -334,14 +335,54 @@ class CpuBackend final : public Backend {
 // ---------------------------------------------------------------------------------------
 // memory and casts
 
+namespace {
+// Applies f(lo, hi) to byte ranges covering [0, bytes): split over `threads` OpenMP threads
+// when the range is large (at least 8 MiB a thread, in 4 KiB-aligned pieces), else one call.
+// A large zeroing or copy is mostly first touch of fresh pages (the optimizer state's zeros,
+// a shard's upload), which the kernel serves per faulting thread: one thread ran the 3.2 GB
+// of AdamW state of a 404M model in 7 s on the CI VM.
+template <typename F>
+void for_byte_ranges(std::size_t bytes, int threads, const F& f) {
+  constexpr std::size_t kPerThread = std::size_t{8} << 20, kPage = 4096;
+  const int nt = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(std::max(threads, 1)),
+                                                        bytes / kPerThread));
+  if (nt <= 1) {
+    if (bytes) f(std::size_t{0}, bytes);
+    return;
+  }
+  const std::size_t piece = (bytes / static_cast<std::size_t>(nt) + kPage - 1) / kPage * kPage;
+#pragma omp parallel for num_threads(nt) schedule(static, 1)
+  for (int t = 0; t < nt; ++t) {
+    const std::size_t lo = std::min(bytes, static_cast<std::size_t>(t) * piece);
+    const std::size_t hi = std::min(bytes, lo + piece);
+    if (lo < hi) f(lo, hi);
+  }
+}
+
+// dst <- src for `bytes` bytes: in parallel pieces when the two do not overlap, else one
+// memmove (the only overlap callers make is dst == src, which copies nothing).
+void copy_bytes(void* dst, const void* src, std::size_t bytes, int threads) {
+  if (!bytes || dst == src) return;
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (d < s + bytes && s < d + bytes) {
+    std::memmove(d, s, bytes);
+    return;
+  }
+  for_byte_ranges(bytes, threads, [&](std::size_t lo, std::size_t hi) { std::memcpy(d + lo, s + lo, hi - lo); });
+}
+}  // namespace
+
 void CpuBackend::fill_zero(const TensorView& dst) {
   Chk::fill_zero(dst);
-  if (dst.bytes()) std::memset(dst.data, 0, dst.bytes());
+  auto* d = static_cast<char*>(dst.data);
+  for_byte_ranges(dst.bytes(), k_.num_threads(),
+                  [&](std::size_t lo, std::size_t hi) { std::memset(d + lo, 0, hi - lo); });
 }
 
 void CpuBackend::copy(const TensorView& dst, const TensorView& src) {
   Chk::copy(dst, src);
-  if (dst.bytes() && dst.data != src.data) std::memmove(dst.data, src.data, dst.bytes());
+  copy_bytes(dst.data, src.data, dst.bytes(), k_.num_threads());
 }
 
 void CpuBackend::cast(const TensorView& dst, const TensorView& src) {
@@ -351,12 +392,12 @@ void CpuBackend::cast(const TensorView& dst, const TensorView& src) {
 
 void CpuBackend::copy_to_host(void* host_dst, const TensorView& src) {
   Chk::copy_to_host(src);
-  if (src.bytes() && host_dst != src.data) std::memmove(host_dst, src.data, src.bytes());
+  copy_bytes(host_dst, src.data, src.bytes(), k_.num_threads());
 }
 
 void CpuBackend::copy_from_host(const TensorView& dst, const void* host_src) {
   Chk::copy_from_host(dst);
-  if (dst.bytes() && dst.data != host_src) std::memmove(dst.data, host_src, dst.bytes());
+  copy_bytes(dst.data, host_src, dst.bytes(), k_.num_threads());
 }
 
 // ---------------------------------------------------------------------------------------
