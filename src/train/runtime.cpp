@@ -169,8 +169,9 @@ DeviceChoice choose_device(Communicator& group, DeviceKind device, CommBackend c
 namespace {
 // fsdp.cpu_offload's host memory on CUDA: page-locked (fast copies to and from the device);
 // where the driver cannot pin more, pageable aligned memory instead (slower copies, same
-// results: aligned_host_allocator). Each pointer is freed the way it was allocated.
-HostAllocator pinned_or_pageable() {
+// results: aligned_host_allocator). Each pointer is freed the way it was allocated. Large
+// blocks are first touched by `threads` threads (cuda::pinned_host_alloc).
+HostAllocator pinned_or_pageable(int threads) {
   struct Pageable {
     HostAllocator aligned = aligned_host_allocator();
     std::mutex mu;
@@ -178,8 +179,8 @@ HostAllocator pinned_or_pageable() {
   };
   auto pageable = std::make_shared<Pageable>();
   HostAllocator a;
-  a.allocate = [pageable](std::size_t bytes) -> void* {
-    if (void* p = cuda::pinned_host_alloc(bytes)) return p;
+  a.allocate = [pageable, threads](std::size_t bytes) -> void* {
+    if (void* p = cuda::pinned_host_alloc(bytes, threads)) return p;
     void* p = pageable->aligned.allocate(bytes);
     if (p) {
       std::lock_guard<std::mutex> lock(pageable->mu);
@@ -263,7 +264,7 @@ void Runtime::configure(Communicator& group, const Config& config) {
   if (config.fsdp.offloaded()) {  // the optimizer's cores: train.num_threads, bound as on CPU
     const CpuThreadPlan plan = setup_cpu_threads(static_cast<int>(config.train.num_threads),
                                                  hm.local_rank(), std::max(1, hm.local_size()));
-    offload_ = make_cpu_backend(plan.threads, pinned_or_pageable());
+    offload_ = make_cpu_backend(plan.threads, pinned_or_pageable(plan.threads));
   }
   const bool nccl = choice.nccl;
   const double timeout = config.comm.timeout_s;
