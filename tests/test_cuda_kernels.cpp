@@ -652,6 +652,93 @@ TEST(CudaBackend, NormsUnalignedAndMixedTypes) {
   }
 }
 
+// The residual add fused into the norm (add_bias_residual, add_layernorm_forward,
+// add_rmsnorm_forward) against the CPU backend, and against the CUDA kernels they fuse
+// (add_bias, add, then the norm) bit for bit, at every norm shape (row kernels of every
+// layout, element and pack accesses, the generic kernels past 8192), with and without the
+// projection bias; then mixed storage types and unaligned views (the unfused fallback and the
+// element-wise paths).
+TEST(CudaBackend, ResidualNorms) {
+  std::mt19937 rng(31);
+  for (DType t : kFloatTypes) {
+    for (const auto& sh : kNormShapes) {
+      for (const bool with_bias : {true, false}) {
+        const int64_t R = sh[0], C = sh[1];
+        SCOPED_TRACE(name(t) + " R=" + std::to_string(R) + " C=" + std::to_string(C) +
+                     (with_bias ? " proj_bias" : " no proj_bias"));
+        const Vec h0 = uniform(R * C, rng, -2.0f, 3.0f);
+        Pair x = make(t, uniform(R * C, rng, -2.0f, 2.0f)), pb = make(t, uniform(C, rng));
+        Pair w = make(t, uniform(C, rng, 0.5f, 1.5f)), b = make(t, uniform(C, rng));
+        auto bias = [&](Side s) { return with_bias ? pb.v(s) : TensorView{}; };
+        // unfused on the GPU: hu = h0 (+ proj_bias) + x
+        auto unfused = [&](Pair& hu) {
+          if (with_bias) gpu().add_bias(hu.v(kGpu), pb.v(kGpu), R, C);
+          gpu().add(hu.v(kGpu), hu.v(kGpu), x.v(kGpu));
+        };
+
+        Pair h = make(t, h0), hu = make(t, h0);
+        both([&](Backend& be, Side s) { be.add_bias_residual(h.v(s), bias(s), x.v(s), R, C); });
+        check(h, tol_for(t, kElemF32), "add_bias_residual");
+        unfused(hu);
+        expect_bytes(h, read_bytes(gpu(), hu.v(kGpu)), "add_bias_residual vs add_bias + add");
+
+        Pair hl = make(t, h0), out = make(t, Vec(R * C)), mean = make(DType::f32, Vec(R)),
+             rstd = make(DType::f32, Vec(R));
+        both([&](Backend& be, Side s) {
+          be.add_layernorm_forward(hl.v(s), out.v(s), mean.v(s), rstd.v(s), x.v(s), bias(s), w.v(s),
+                                   b.v(s), R, C, 1e-5f);
+        });
+        check(hl, tol_for(t, kElemF32), "add_layernorm_forward h");
+        check(out, tol_for(t, {1e-5, 1e-5}), "add_layernorm_forward out");
+        check(mean, {1e-5, 1e-6}, "add_layernorm_forward mean");
+        check(rstd, {1e-5, 0.0}, "add_layernorm_forward rstd");
+        Pair hl2 = make(t, h0), out2 = make(t, Vec(R * C)), mean2 = make(DType::f32, Vec(R)),
+             rstd2 = make(DType::f32, Vec(R));
+        unfused(hl2);
+        gpu().layernorm_forward(out2.v(kGpu), mean2.v(kGpu), rstd2.v(kGpu), hl2.v(kGpu), w.v(kGpu),
+                                b.v(kGpu), R, C, 1e-5f);
+        expect_bytes(hl, read_bytes(gpu(), hl2.v(kGpu)), "add_layernorm_forward h vs unfused");
+        expect_bytes(out, read_bytes(gpu(), out2.v(kGpu)), "add_layernorm_forward out vs unfused");
+        expect_bytes(mean, read_bytes(gpu(), mean2.v(kGpu)), "add_layernorm_forward mean vs unfused");
+        expect_bytes(rstd, read_bytes(gpu(), rstd2.v(kGpu)), "add_layernorm_forward rstd vs unfused");
+
+        Pair hr = make(t, h0), outr = make(t, Vec(R * C)), rstdr = make(DType::f32, Vec(R));
+        both([&](Backend& be, Side s) {
+          be.add_rmsnorm_forward(hr.v(s), outr.v(s), rstdr.v(s), x.v(s), bias(s), w.v(s), R, C, 1e-6f);
+        });
+        check(hr, tol_for(t, kElemF32), "add_rmsnorm_forward h");
+        check(outr, tol_for(t, {1e-5, 1e-5}), "add_rmsnorm_forward out");
+        check(rstdr, {1e-5, 0.0}, "add_rmsnorm_forward rstd");
+        Pair hr2 = make(t, h0), outr2 = make(t, Vec(R * C)), rstdr2 = make(DType::f32, Vec(R));
+        unfused(hr2);
+        gpu().rmsnorm_forward(outr2.v(kGpu), rstdr2.v(kGpu), hr2.v(kGpu), w.v(kGpu), R, C, 1e-6f);
+        expect_bytes(hr, read_bytes(gpu(), hr2.v(kGpu)), "add_rmsnorm_forward h vs unfused");
+        expect_bytes(outr, read_bytes(gpu(), outr2.v(kGpu)), "add_rmsnorm_forward out vs unfused");
+        expect_bytes(rstdr, read_bytes(gpu(), rstdr2.v(kGpu)), "add_rmsnorm_forward rstd vs unfused");
+      }
+    }
+  }
+  // bf16 h and out with an fp32 residual (mixed: add_bias_residual's fallback, then the norm),
+  // and every view one element off 16-byte alignment (the row kernel's element path).
+  const int64_t R = 45, C = 64;
+  for (const auto& [res_t, off] : {std::pair<DType, int64_t>{DType::f32, 0}, {DType::bf16, 1}}) {
+    SCOPED_TRACE("residual " + name(res_t) + " offset " + std::to_string(off));
+    const int64_t n = R * C + off;
+    Pair h = make(DType::bf16, uniform(n, rng, -2.0f, 2.0f)), x = make(res_t, uniform(n, rng));
+    Pair pb = make(DType::bf16, uniform(C, rng)), w = make(DType::bf16, uniform(C, rng, 0.5f, 1.5f));
+    Pair b = make(DType::bf16, uniform(C, rng)), out = make(DType::bf16, Vec(n));
+    Pair mean = make(DType::f32, Vec(R)), rstd = make(DType::f32, Vec(R));
+    auto rc = [&](const Pair& p, Side s) { return p.v(s, off, R * C); };
+    both([&](Backend& be, Side s) {
+      be.add_layernorm_forward(rc(h, s), rc(out, s), mean.v(s), rstd.v(s), rc(x, s), pb.v(s), w.v(s),
+                               b.v(s), R, C, 1e-5f);
+    });
+    check(h, kBf16, "h");
+    check(out, tol_for(DType::bf16, {1e-5, 1e-5}), "out");
+    check(rstd, {1e-5, 0.0}, "rstd");
+  }
+}
+
 // The fused bias + GELU of the GPT-2 MLP against the CPU backend, and against the CUDA
 // kernels it fuses (the same bits: same fp32 operations, same roundings).
 TEST(CudaBackend, BiasGelu) {

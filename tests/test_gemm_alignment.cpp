@@ -98,6 +98,13 @@ class GemmRecorder final : public fsdp::Kernels {
   void layernorm_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                           const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                           int64_t, int64_t) override {}
+  void add_bias_residual(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                         int64_t) override {}
+  void add_layernorm_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                             const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                             int64_t, int64_t, float) override {}
+  void add_rmsnorm_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                           const TensorView&, const TensorView&, int64_t, int64_t, float) override {}
   void gelu_forward(const TensorView&, const TensorView&) override {}
   void gelu_backward(const TensorView&, const TensorView&, const TensorView&) override {}
   void bias_gelu_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,

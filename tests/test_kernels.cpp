@@ -997,6 +997,75 @@ TEST_F(Kernels, BiasGeluEqualsTheKernelsItFuses) {
   }
 }
 
+// add_bias_residual / add_layernorm_forward / add_rmsnorm_forward give exactly the values of
+// the kernels they fuse (add_bias, add, then the norm of h as stored), in every storage dtype,
+// with and without the projection bias; R = 1000 takes the threaded paths.
+TEST_F(Kernels, ResidualNormsEqualTheKernelsTheyFuse) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (const auto& [R, C] : {std::pair<int64_t, int64_t>{1, 1}, {7, 13}, {300, 96}, {1000, 77}}) {
+      for (const bool with_bias : {true, false}) {
+        SCOPED_TRACE(std::string(to_string(dt)) + " R=" + std::to_string(R) + " C=" +
+                     std::to_string(C) + (with_bias ? " proj_bias" : " no proj_bias"));
+        const Vec h0 = rounded(random_vec(R * C, rng, -3.0f, 3.0f), dt);
+        const Vec x0 = rounded(random_vec(R * C, rng, -3.0f, 3.0f), dt);
+        const Vec pb0 = rounded(random_vec(C, rng), dt), w0 = rounded(random_vec(C, rng), dt);
+        const Vec b0 = rounded(random_vec(C, rng), dt);
+        Store x(dt, x0), pb(dt, pb0), w(dt, w0), b(dt, b0);
+        const TensorView bias = with_bias ? pb.view() : TensorView{};
+        auto unfused_h = [&](Store& h) {
+          if (with_bias) be->add_bias(h.view(), pb.view(), R, C);
+          be->add(h.view(), h.view(), x.view());
+        };
+        Store ha(dt, h0), hb(dt, h0);
+        be->add_bias_residual(ha.view(), bias, x.view(), R, C);
+        unfused_h(hb);
+        expect_rounded(dt, hb.values(), ha.values(), "add_bias_residual");
+
+        Store hl(dt, h0), hu(dt, h0), ol(dt, Vec(R * C, 9.0f)), ou(dt, Vec(R * C, 9.0f));
+        Vec ml(R, 9.0f), rl(R, 9.0f), mu(R, 9.0f), ru(R, 9.0f);
+        be->add_layernorm_forward(hl.view(), ol.view(), f32(ml), f32(rl), x.view(), bias, w.view(),
+                                  b.view(), R, C, 1e-5f);
+        unfused_h(hu);
+        be->layernorm_forward(ou.view(), f32(mu), f32(ru), hu.view(), w.view(), b.view(), R, C, 1e-5f);
+        expect_rounded(dt, hu.values(), hl.values(), "add_layernorm_forward h");
+        expect_rounded(dt, ou.values(), ol.values(), "add_layernorm_forward out");
+        expect_rounded(DType::f32, mu, ml, "add_layernorm_forward mean");
+        expect_rounded(DType::f32, ru, rl, "add_layernorm_forward rstd");
+
+        Store hr(dt, h0), hv(dt, h0), orr(dt, Vec(R * C, 9.0f)), ov(dt, Vec(R * C, 9.0f));
+        Vec sr(R, 9.0f), sv(R, 9.0f);
+        be->add_rmsnorm_forward(hr.view(), orr.view(), f32(sr), x.view(), bias, w.view(), R, C, 1e-6f);
+        unfused_h(hv);
+        be->rmsnorm_forward(ov.view(), f32(sv), hv.view(), w.view(), R, C, 1e-6f);
+        expect_rounded(dt, hv.values(), hr.values(), "add_rmsnorm_forward h");
+        expect_rounded(dt, ov.values(), orr.values(), "add_rmsnorm_forward out");
+        expect_rounded(DType::f32, sv, sr, "add_rmsnorm_forward rstd");
+      }
+    }
+  }
+  // The residual must be the sum's other operand, not h itself (the CUDA kernel reads both
+  // rows into registers; aliasing would hide a stale read), and out distinct from both.
+  Vec h(64, 0.5f), o(64, 0.5f), w(8, 1.0f), bb(8, 0.0f), m(8), r(8);
+  expect_arg_error([&] { be->add_bias_residual(f32(h), TensorView{}, f32(h), 8, 8); },
+                   "add_bias_residual", "h");
+  expect_arg_error(
+      [&] {
+        be->add_layernorm_forward(f32(h), f32(h), f32(m), f32(r), f32(o), TensorView{}, f32(w),
+                                  f32(bb), 8, 8, 1e-5f);
+      },
+      "add_layernorm_forward", "out");
+  expect_arg_error(
+      [&] { be->add_rmsnorm_forward(f32(h), f32(o), f32(r), f32(o), TensorView{}, f32(w), 8, 8, 1e-6f); },
+      "add_rmsnorm_forward", "out");
+  expect_arg_error(
+      [&] { be->add_rmsnorm_forward(f32(h), f32(o), f32(r), f32(bb), f32(w).slice(0, 7), f32(w), 8, 8, 1e-6f); },
+      "add_rmsnorm_forward", "residual");
+  expect_arg_error(
+      [&] { be->add_layernorm_forward(f32(h), f32(o), f32(m), f32(r), f32(h).slice(0, 0), f32(w).slice(0, 7),
+                                      f32(w), f32(bb), 8, 8, 1e-5f); },
+      "add_layernorm_forward", "residual");
+}
+
 TEST_F(Kernels, StoreContractElementwise) {
   for (DType dt : k16) {
     for (int64_t n : {int64_t{13}, int64_t{70001}}) {  // tail only / threaded

@@ -169,6 +169,15 @@ class CudaBackend final : public Backend {
                           const TensorView& dout, const TensorView& x, const TensorView& weight,
                           const TensorView& mean, const TensorView& rstd, int64_t R,
                           int64_t C) override;
+  void add_bias_residual(const TensorView& h, const TensorView& proj_bias,
+                         const TensorView& residual, int64_t R, int64_t C) override;
+  void add_layernorm_forward(const TensorView& h, const TensorView& out, const TensorView& mean,
+                             const TensorView& rstd, const TensorView& residual,
+                             const TensorView& proj_bias, const TensorView& weight,
+                             const TensorView& bias, int64_t R, int64_t C, float eps) override;
+  void add_rmsnorm_forward(const TensorView& h, const TensorView& out, const TensorView& rstd,
+                           const TensorView& residual, const TensorView& proj_bias,
+                           const TensorView& weight, int64_t R, int64_t C, float eps) override;
   void gelu_forward(const TensorView& out, const TensorView& x) override;
   void gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
   void bias_gelu_forward(const TensorView& out, const TensorView& fc, const TensorView& bias,
@@ -603,6 +612,39 @@ void CudaBackend::layernorm_forward(const TensorView& out_, const TensorView& me
   Chk::layernorm_forward(out_, mean, rstd, x, weight, bias, R, C);
   k::layernorm_forward(out(out_), static_cast<float*>(mean.data), static_cast<float*>(rstd.data),
                        in(x), in(weight), in(bias), R, C, eps, s());
+}
+
+// The fused residual adds (fsdp/backend/kernels.hpp): an empty proj_bias is a null In.
+namespace {
+k::In optional_in(const TensorView& v, DType otherwise) {
+  return v.data ? in(v) : k::In{nullptr, st(otherwise)};
+}
+}  // namespace
+
+void CudaBackend::add_bias_residual(const TensorView& h, const TensorView& proj_bias,
+                                    const TensorView& residual, int64_t R, int64_t C) {
+  Chk::add_bias_residual(h, proj_bias, residual, R, C);
+  k::add_bias_residual(out(h), optional_in(proj_bias, h.dtype), in(residual), R, C, s());
+}
+
+void CudaBackend::add_layernorm_forward(const TensorView& h, const TensorView& out_,
+                                        const TensorView& mean, const TensorView& rstd,
+                                        const TensorView& residual, const TensorView& proj_bias,
+                                        const TensorView& weight, const TensorView& bias,
+                                        int64_t R, int64_t C, float eps) {
+  Chk::add_layernorm_forward(h, out_, mean, rstd, residual, proj_bias, weight, bias, R, C);
+  k::add_layernorm_forward(out(h), out(out_), static_cast<float*>(mean.data),
+                           static_cast<float*>(rstd.data), in(residual),
+                           optional_in(proj_bias, h.dtype), in(weight), in(bias), R, C, eps, s());
+}
+
+void CudaBackend::add_rmsnorm_forward(const TensorView& h, const TensorView& out_,
+                                      const TensorView& rstd, const TensorView& residual,
+                                      const TensorView& proj_bias, const TensorView& weight,
+                                      int64_t R, int64_t C, float eps) {
+  Chk::add_rmsnorm_forward(h, out_, rstd, residual, proj_bias, weight, R, C);
+  k::add_rmsnorm_forward(out(h), out(out_), static_cast<float*>(rstd.data), in(residual),
+                         optional_in(proj_bias, h.dtype), in(weight), R, C, eps, s());
 }
 
 void CudaBackend::layernorm_backward(const TensorView& dx, const TensorView& dweight,

@@ -80,6 +80,9 @@ void scale_by(Out x, const float* coef, int64_t n, cudaStream_t s);  // coef: de
 void gelu_forward(Out out, In x, int64_t n, cudaStream_t s);
 void gelu_backward(Out dx, In x, In dout, int64_t n, cudaStream_t s);  // dx may alias dout
 void add_bias(Out out, In bias, int64_t R, int64_t C, cudaStream_t s);
+// h[R,C] = round(round(h + bias[C]) + residual[R,C]) (bias.p null: round(h + residual)):
+// add_bias then add in one pass. h must not alias residual.
+void add_bias_residual(Out h, In bias, In residual, int64_t R, int64_t C, cudaStream_t s);
 // fc[R,C] += bias[C], then out = gelu(fc as stored): add_bias + gelu_forward in one pass.
 void bias_gelu_forward(Out out, Out fc, In bias, int64_t R, int64_t C, cudaStream_t s);
 void relu_forward(Out out, In x, int64_t n, cudaStream_t s);
@@ -114,7 +117,15 @@ int64_t layernorm_backward_scratch_floats(int64_t R, int64_t C);
 void layernorm_backward(Out dx, Out dweight, Out dbias, In dout, In x, In weight, const float* mean,
                         const float* rstd, int64_t R, int64_t C, float* scratch, cudaStream_t s);
 
+// add_bias_residual(h, proj_bias, residual), then layernorm_forward(out, .., h as stored, ..):
+// one launch (kernels_layernorm.cu). out must alias neither h nor residual.
+void add_layernorm_forward(Out h, Out out, float* mean, float* rstd, In residual, In proj_bias,
+                           In weight, In bias, int64_t R, int64_t C, float eps, cudaStream_t s);
+
 // ---- RMSNorm (kernels_layernorm.cu): rstd in fp32, sum of squares in fp64 ----
+// add_bias_residual, then rmsnorm_forward of h as stored, in one launch.
+void add_rmsnorm_forward(Out h, Out out, float* rstd, In residual, In proj_bias, In weight,
+                         int64_t R, int64_t C, float eps, cudaStream_t s);
 void rmsnorm_forward(Out out, float* rstd, In x, In weight, int64_t R, int64_t C, float eps,
                      cudaStream_t s);
 int64_t rmsnorm_backward_scratch_floats(int64_t R, int64_t C);

@@ -11,7 +11,8 @@
 // (cast of equal types: one cudaMemcpyAsync, none in place). Map ops read their inputs and
 // write out once (unary: 2 n s, binary: 3 n s); add_bias reads and writes out (2 R C s);
 // bias_gelu_forward reads fc, writes fc and out (3 R C s; add_bias + gelu_forward: 4 R C s
-// in 2 launches); check_indices reads n int32 in one block.
+// in 2 launches); add_bias_residual reads h and residual, writes h (3 R C s; add_bias + add:
+// 5 R C s in 2 launches); check_indices reads n int32 in one block.
 #include <climits>
 #include <type_traits>
 
@@ -216,6 +217,37 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// h[r, c] = (h + bias[c], rounded to T) + residual[r, c], rounded to T (no bias: h +
+// residual): exactly add_bias then add. Rows over blocks, columns over threads (8 per thread
+// with 16-byte accesses when vec).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    bias_residual_kernel(T* h, const T* bias, const T* residual, int64_t R, int64_t C, bool vec) {
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const int64_t base = r * C;
+    if (vec) {
+      for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < C; c += 8 * blockDim.x) {
+        Pack8<T> ph = load8(h + base + c);
+        const Pack8<T> px = load8(residual + base + c);
+        if (bias) {
+          const Pack8<T> pb = load8(bias + c);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) ph.v[k] = from_f<T>(to_f(ph.v[k]) + to_f(pb.v[k]));
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ph.v[k] = from_f<T>(to_f(ph.v[k]) + to_f(px.v[k]));
+        store8(h + base + c, ph);
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        T v = h[base + c];
+        if (bias) v = from_f<T>(to_f(v) + to_f(bias[c]));
+        h[base + c] = from_f<T>(to_f(v) + to_f(residual[base + c]));
+      }
+    }
+  }
+}
+
 // bias + GELU (GPT-2 MLP): fc[r, c] += bias[c], rounded to T, then out = gelu of that stored
 // value (exactly add_bias then gelu_forward). Rows over blocks, columns over threads (8 per
 // thread with 16-byte accesses when vec). fc is stored before out, so out may alias fc.
@@ -380,6 +412,26 @@ void add_bias(Out out, In bias, int64_t R, int64_t C, cudaStream_t s) {
     const bool vec = C % 8 == 0 && aligned16(out.p) && aligned16(bias.p);
     const int blocks = static_cast<int>(R < kMaxBlocks ? R : kMaxBlocks);
     add_bias_kernel<T><<<blocks, kThreads, 0, s>>>(wr<T>(out), rd<T>(bias), R, C, vec);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void add_bias_residual(Out h, In bias, In residual, int64_t R, int64_t C, cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  if (residual.t != h.t || (bias.p && bias.t != h.t)) {  // mixed storage: the kernels it fuses
+    if (bias.p) add_bias(h, bias, R, C, s);
+    add(h, In{h.p, h.t}, residual, R * C, s);
+    return;
+  }
+  dispatch_float("add_bias_residual", h.t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const bool vec = C % 8 == 0 && aligned16(h.p) && aligned16(residual.p) &&
+                     (!bias.p || aligned16(bias.p));
+    const int blocks = static_cast<int>(R < kMaxBlocks ? R : kMaxBlocks);
+    bias_residual_kernel<T><<<blocks, kThreads, 0, s>>>(static_cast<T*>(h.p),
+                                                        static_cast<const T*>(bias.p),
+                                                        static_cast<const T*>(residual.p), R, C,
+                                                        vec);
     FSDP_CHECK_LAUNCH();
   });
 }

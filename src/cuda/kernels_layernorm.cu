@@ -10,6 +10,12 @@
 //                                  [2, G, C] that the second launch reads and adds into
 //                                  dweight, dbias (G <= about 1024 blocks, G C << R C)
 //   rmsnorm_backward    2 launches the same with rstd only and partials [1, G, C]
+//   add_layernorm_forward / add_rmsnorm_forward
+//                       1 launch   reads h, residual (2 R C s) + proj_bias, weight, bias;
+//                                  writes h, out (2 R C s), the statistics; the unfused
+//                                  add_bias + add + norm: 3 launches, 7 R C s (2 and 5
+//                                  without the bias). Mixed storage types or C > 8192:
+//                                  add_bias_residual's launch, then the norm's.
 // so a backward moves 4 R C s bytes (bf16 GPT-2 124M, R = 8192, C = 768: 50 MB) and a
 // forward 2 R C s.
 //
@@ -168,16 +174,42 @@ __device__ __forceinline__ V row_sum(V v) {
 // LayerNorm (kRms false): out = (x - mean) rstd weight + bias, mean and variance in fp64.
 // RMSNorm (kRms true): out = weight (x rstd), rstd = 1/sqrt(mean(x^2) + eps) (bias unused).
 // x, out: [R, C]; weight, bias: [C]; mean, rstd: [R] fp32. Grid: ceil(R / groups) blocks.
-template <class T, bool kRms, int kTPR, int kJ>
+// kAdd (add_layernorm_forward / add_rmsnorm_forward): x is h, and the row is first made
+// h = round(round(h + proj_bias) + residual) (no proj_bias: round(h + residual)), stored back
+// to h, and normalised from those rounded values: add_bias, add and the norm in one pass.
+template <class T, bool kRms, int kTPR, int kJ, bool kAdd = false>
 __global__ void __launch_bounds__(kThreads)
     norm_forward_kernel(T* out, float* mean, float* rstd, const T* x, const T* weight,
-                        const T* bias, int64_t R, int64_t C, float eps, bool vec) {
+                        const T* bias, int64_t R, int64_t C, float eps, bool vec,
+                        T* h = nullptr, const T* residual = nullptr,
+                        const T* proj_bias = nullptr) {
   constexpr int kGroups = kThreads / kTPR;
   const int t = static_cast<int>(threadIdx.x) % kTPR;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kGroups + threadIdx.x / kTPR;
   const bool active = r < R;  // inactive groups still join the block's reductions
   Pack8<T> xr[kJ];
   if (active) load_row<kTPR>(xr, x + r * C, t, C, vec);
+  if constexpr (kAdd) {
+    if (active) {
+      Pack8<T> rr[kJ];
+      load_row<kTPR>(rr, residual + r * C, t, C, vec);
+      if (proj_bias) {
+        Pack8<T> pb[kJ];
+        load_row<kTPR>(pb, proj_bias, t, C, vec);
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) xr[j].v[k] = from_f<T>(to_f(xr[j].v[k]) + to_f(pb[j].v[k]));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) xr[j].v[k] = from_f<T>(to_f(xr[j].v[k]) + to_f(rr[j].v[k]));
+      }
+      store_row<kTPR>(h + r * C, xr, t, C, vec);  // past C: zeros + zeros, not stored
+    }
+  }
   double mu = 0.0;
   if constexpr (!kRms) {
     double s = 0.0;
@@ -522,21 +554,28 @@ bool same_type(std::initializer_list<ST> types) {
   return *types.begin() != ST::f64;
 }
 
-// The row kernels' launch: T is the common storage type of the row arguments.
-template <bool kRms>
+// The row kernels' launch: T is the common storage type of the row arguments. kAdd: x is h,
+// and residual (and proj_bias, when not null) are added into it first (norm_forward_kernel).
+template <bool kRms, bool kAdd = false>
 void launch_forward(Out out, float* mean, float* rstd, In x, In weight, In bias, int64_t R,
-                    int64_t C, float eps, RowShape shape, cudaStream_t s) {
+                    int64_t C, float eps, RowShape shape, cudaStream_t s, In residual = {},
+                    In proj_bias = {}) {
   const bool vec = C % 8 == 0 && aligned16(out.p) && aligned16(x.p) && aligned16(weight.p) &&
-                   (kRms || aligned16(bias.p));
-  dispatch_float(kRms ? "rmsnorm_forward" : "layernorm_forward", x.t, [&](auto tag) {
+                   (kRms || aligned16(bias.p)) &&
+                   (!kAdd || (aligned16(residual.p) && (!proj_bias.p || aligned16(proj_bias.p))));
+  const char* what = kAdd ? (kRms ? "add_rmsnorm_forward" : "add_layernorm_forward")
+                          : (kRms ? "rmsnorm_forward" : "layernorm_forward");
+  dispatch_float(what, x.t, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_shape(shape, [&](auto sh) {
       using S = decltype(sh);
       constexpr int kGroups = kThreads / S::kTPR;
       const auto blocks = static_cast<unsigned>((R + kGroups - 1) / kGroups);
-      norm_forward_kernel<T, kRms, S::kTPR, S::kJ><<<blocks, kThreads, 0, s>>>(
+      norm_forward_kernel<T, kRms, S::kTPR, S::kJ, kAdd><<<blocks, kThreads, 0, s>>>(
           static_cast<T*>(out.p), mean, rstd, static_cast<const T*>(x.p),
-          static_cast<const T*>(weight.p), static_cast<const T*>(bias.p), R, C, eps, vec);
+          static_cast<const T*>(weight.p), static_cast<const T*>(bias.p), R, C, eps, vec,
+          kAdd ? static_cast<T*>(const_cast<void*>(x.p)) : nullptr,
+          static_cast<const T*>(residual.p), static_cast<const T*>(proj_bias.p));
       FSDP_CHECK_LAUNCH();
     });
   });
@@ -639,6 +678,38 @@ void layernorm_forward(Out out, float* mean, float* rstd, In x, In weight, In bi
         wr<T>(out), mean, rstd, rd<T>(x), rd<T>(weight), rd<T>(bias), R, C, eps);
     FSDP_CHECK_LAUNCH();
   });
+}
+
+// The fused residual adds: one launch of the row kernel when every row argument has one
+// storage type and C fits it; otherwise add_bias_residual's launch, then the norm's.
+void add_layernorm_forward(Out h, Out out, float* mean, float* rstd, In residual, In proj_bias,
+                           In weight, In bias, int64_t R, int64_t C, float eps, cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  const RowShape shape = row_shape(C);
+  const In hin{h.p, h.t};
+  if (shape.tpr > 0 && same_type({h.t, out.t, residual.t, weight.t, bias.t}) &&
+      (!proj_bias.p || proj_bias.t == h.t)) {
+    launch_forward<false, true>(out, mean, rstd, hin, weight, bias, R, C, eps, shape, s, residual,
+                                proj_bias);
+    return;
+  }
+  add_bias_residual(h, proj_bias, residual, R, C, s);
+  layernorm_forward(out, mean, rstd, hin, weight, bias, R, C, eps, s);
+}
+
+void add_rmsnorm_forward(Out h, Out out, float* rstd, In residual, In proj_bias, In weight,
+                         int64_t R, int64_t C, float eps, cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  const RowShape shape = row_shape(C);
+  const In hin{h.p, h.t};
+  if (shape.tpr > 0 && same_type({h.t, out.t, residual.t, weight.t}) &&
+      (!proj_bias.p || proj_bias.t == h.t)) {
+    launch_forward<true, true>(out, nullptr, rstd, hin, weight, weight, R, C, eps, shape, s,
+                               residual, proj_bias);
+    return;
+  }
+  add_bias_residual(h, proj_bias, residual, R, C, s);
+  rmsnorm_forward(out, rstd, hin, weight, R, C, eps, s);
 }
 
 int64_t layernorm_backward_scratch_floats(int64_t R, int64_t C) {

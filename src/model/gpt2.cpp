@@ -238,11 +238,10 @@ void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
   be_.add_bias(qkv, W(kAttnB), BT, 3 * C);
   be_.attention_forward(atty, ly.lse.view({B, H, T}), qkv, B, T, C, H);
   // res2 [BT,C] = x + atty @ c_proj.weight[C,C]^T + bias
+  // ln2 = LayerNorm(res2), in the same pass as the bias and the residual
   be_.gemm(false, true, BT, C, C, 1.f, atty, W(kAttnProjW), 0.f, res2);
-  be_.add_bias(res2, W(kAttnProjB), BT, C);
-  be_.add(res2, res2, x);
-  be_.layernorm_forward(ln2, ly.ln2_mean.view({BT}), ly.ln2_rstd.view({BT}), res2, W(kLn2W),
-                        W(kLn2B), BT, C, eps);
+  be_.add_layernorm_forward(res2, ln2, ly.ln2_mean.view({BT}), ly.ln2_rstd.view({BT}), x,
+                            W(kAttnProjB), W(kLn2W), W(kLn2B), BT, C, eps);
   // fc [BT,4C] = ln2 @ c_fc.weight[4C,C]^T + bias; gelu = GELU_tanh(fc)
   be_.gemm(false, true, BT, 4 * C, C, 1.f, ln2, W(kFcW), 0.f, fc);
   be_.bias_gelu_forward(gelu, fc, W(kFcB), BT, 4 * C);
@@ -250,8 +249,7 @@ void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
   // res[l+1] [BT,C] = res2 + gelu @ mlp.c_proj.weight[C,4C]^T + bias
   const TensorView y = rows(a.res[l + 1], C);
   be_.gemm(false, true, BT, C, 4 * C, 1.f, gelu, W(kMlpProjW), 0.f, y);
-  be_.add_bias(y, W(kMlpProjB), BT, C);
-  be_.add(y, y, res2);
+  be_.add_bias_residual(y, W(kMlpProjB), res2, BT, C);
 }
 
 void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,

@@ -364,16 +364,18 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   be_.rope_forward(k, k, cos, sin, B, T, Hkv, D);
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
                             1.f / std::sqrt(static_cast<float>(D)));
-  linear(res2, atty, x.o_w, x.o_b, C, Q);
-  be_.add(res2, res2, in);
-  be_.rmsnorm_forward(ln2, y.ln2_rstd.view({BT}), res2, W(x.ln_post), BT, C, eps);
+  // res2 = in + o_proj(atty); ln2 = RMSNorm(res2): the bias, residual and norm in one pass
+  auto bias = [&](int b) { return b >= 0 ? W(b) : TensorView{}; };
+  be_.gemm(false, true, BT, C, Q, 1.f, atty, W(x.o_w), 0.f, res2);
+  be_.add_rmsnorm_forward(res2, ln2, y.ln2_rstd.view({BT}), in, bias(x.o_b), W(x.ln_post), BT, C,
+                          eps);
   linear(gate, ln2, x.gate_w, x.gate_b, I, C);
   linear(up, ln2, x.up_w, x.up_b, I, C);
   be_.swiglu_forward(act, gate, up);
   if (!write_output) return;
   const TensorView out = rows(a.res[l + 1], C);
-  linear(out, act, x.down_w, x.down_b, C, I);
-  be_.add(out, out, res2);
+  be_.gemm(false, true, BT, C, I, 1.f, act, W(x.down_w), 0.f, out);
+  be_.add_bias_residual(out, bias(x.down_b), res2, BT, C);
 }
 
 LmHeadChunks LlamaModel::head_chunks(int64_t BT, const TensorView& weight) const {

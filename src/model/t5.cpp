@@ -513,7 +513,9 @@ struct FF {
   }
 };
 // T5LayerSelfAttention of one block (layer.0), the same in both stacks:
-// h1 [R,D] = x + o(mha(q, k, v; bias, key_mask, causal)), q, k, v = ln0(x) @ W^T, R = B*T.
+// h1 [R,D] = o(mha(q, k, v; bias, key_mask, causal)), q, k, v = ln0(x) @ W^T, R = B*T; the
+// caller adds the residual x in the next norm's pass (add_rmsnorm_forward), so that h1 ends
+// as x + o(...) before anything reads it.
 // The stack's position bias [H,T,T] is computed by block 0 (`owns_bias`) from its table and
 // read by every block; in backward every block adds its score gradient into dbias and block 0
 // turns the sum into its table's gradient.
@@ -538,8 +540,9 @@ struct SelfAttention {
     if (compute_bias) be.position_bias_forward(bias, hooks.param(b.rel_bias), buckets, H, T, T);
     be.mha_forward(atty, y.lse.view({B, H, T}), q, k, v, bias, key_mask, B, T, T, H, c.d_kv,
                    1.f, causal);
+    // h1 = o(atty) only: the caller adds the residual x in its norm's pass
+    // (add_rmsnorm_forward).
     be.gemm(false, true, R, D, I, 1.f, atty, hooks.param(b.o), 0.f, h1);
-    be.add(h1, h1, x);
   }
   // dres [R,D]: d h1 on entry, d x on exit (accumulated). Scratch: dq, dk, dv, datty [R,I],
   // dln [R,D]; dbias fp32 [H,T,T] accumulates. key_mask and causal as in forward.
@@ -582,7 +585,8 @@ void T5Model::encoder_block_forward(int64_t l, int64_t B, int64_t Te, ModuleHook
   SelfAttention{be_, cfg_, hooks, b, B, Te, bias, buckets}.forward(
       y, x, a.enc_mask.view({B, Te}), /*causal=*/false, l == 0 && !recompute, eps);
   const TensorView ln1 = y.ln1.view({R, D});
-  be_.rmsnorm_forward(ln1, y.rstd1.view({R}), h1, hooks.param(b.ln_ff), R, D, eps);
+  be_.add_rmsnorm_forward(h1, ln1, y.rstd1.view({R}), x, TensorView{}, hooks.param(b.ln_ff), R, D,
+                          eps);
   const TensorView out = a.res_e[static_cast<std::size_t>(l + 1)].view({R, D});
   FF{be_, cfg_, hooks, b, R}.forward(ln1, y, a.dff0.view({R, cfg_.d_ff}), out, write_output);
   if (write_output) be_.add(out, out, h1);
@@ -606,17 +610,18 @@ void T5Model::decoder_block_forward(int64_t l, int64_t B, int64_t Te, int64_t Td
   const TensorView ln1 = y.ln1.view({R, D}), cq = y.cq.view({R, I}), ck = y.ck.view({Re, I});
   const TensorView cv = y.cv.view({Re, I}), catty = y.catty.view({R, I}), h2 = y.h2.view({R, D});
   const TensorView enc = a.enc_out.view({Re, D});
-  be_.rmsnorm_forward(ln1, y.rstd1.view({R}), h1, hooks.param(b.ln1), R, D, eps);
+  be_.add_rmsnorm_forward(h1, ln1, y.rstd1.view({R}), x, TensorView{}, hooks.param(b.ln1), R, D,
+                          eps);
   be_.gemm(false, true, R, I, D, 1.f, ln1, hooks.param(b.cq), 0.f, cq);
   be_.gemm(false, true, Re, I, D, 1.f, enc, hooks.param(b.ck), 0.f, ck);
   be_.gemm(false, true, Re, I, D, 1.f, enc, hooks.param(b.cv), 0.f, cv);
   be_.mha_forward(catty, y.clse.view({B, H, Td}), cq, ck, cv, TensorView{},
                   a.enc_mask.view({B, Te}), B, Td, Te, H, cfg_.d_kv, 1.f, false);
   be_.gemm(false, true, R, D, I, 1.f, catty, hooks.param(b.co), 0.f, h2);
-  be_.add(h2, h2, h1);
   // feed-forward
   const TensorView ln2 = y.ln2.view({R, D});
-  be_.rmsnorm_forward(ln2, y.rstd2.view({R}), h2, hooks.param(b.ln_ff), R, D, eps);
+  be_.add_rmsnorm_forward(h2, ln2, y.rstd2.view({R}), h1, TensorView{}, hooks.param(b.ln_ff), R, D,
+                          eps);
   const TensorView out = a.res_d[static_cast<std::size_t>(l + 1)].view({R, D});
   FF{be_, cfg_, hooks, b, R}.forward(ln2, y, a.dff0.view({R, cfg_.d_ff}), out, write_output);
   if (write_output) be_.add(out, out, h2);

@@ -50,6 +50,16 @@ struct ArgChecks {
     }
     size(kernel, arg, v, n);
   }
+  // Two views whose bytes must not overlap (an output a fused kernel writes while reading
+  // the other).
+  static void distinct(const char* kernel, const char* a, const TensorView& va, const char* b,
+                       const TensorView& vb) {
+    const auto* pa = static_cast<const char*>(va.data);
+    const auto* pb = static_cast<const char*>(vb.data);
+    if (pa && pb && pa < pb + vb.bytes() && pb < pa + va.bytes()) {
+      error(kernel, a, std::string("overlaps ") + b + " (expected distinct memory)");
+    }
+  }
   // A device scalar: fp64 with at least one element.
   static double* scalar64(const char* kernel, const char* arg, const TensorView& v) {
     need_dtype(kernel, arg, v, DType::f64, 1);
@@ -191,6 +201,48 @@ struct ArgChecks {
     need_float(k, "x", x, R * C);
     need_float(k, "weight", weight, C);
     need_float(k, "bias", bias, C);
+  }
+  // The fused residual adds (kernels.hpp): proj_bias empty or [C]; h and residual [R,C]
+  // distinct; out [R,C] distinct from both.
+  static void add_bias_residual(const char* k, const TensorView& h, const TensorView& proj_bias,
+                                const TensorView& residual, int64_t R, int64_t C) {
+    dim(k, "R", R);
+    dim(k, "C", C);
+    need_float(k, "h", h, R * C);
+    need_float(k, "residual", residual, R * C);
+    if (proj_bias.data) need_float(k, "proj_bias", proj_bias, C);
+    distinct(k, "h", h, "residual", residual);
+  }
+  static void add_bias_residual(const TensorView& h, const TensorView& proj_bias,
+                                const TensorView& residual, int64_t R, int64_t C) {
+    add_bias_residual("add_bias_residual", h, proj_bias, residual, R, C);
+  }
+  static void add_layernorm_forward(const TensorView& h, const TensorView& out,
+                                    const TensorView& mean, const TensorView& rstd,
+                                    const TensorView& residual, const TensorView& proj_bias,
+                                    const TensorView& weight, const TensorView& bias, int64_t R,
+                                    int64_t C) {
+    const char* k = "add_layernorm_forward";
+    add_bias_residual(k, h, proj_bias, residual, R, C);
+    need_float(k, "out", out, R * C);
+    need_dtype(k, "mean", mean, DType::f32, R);
+    need_dtype(k, "rstd", rstd, DType::f32, R);
+    need_float(k, "weight", weight, C);
+    need_float(k, "bias", bias, C);
+    distinct(k, "out", out, "h", h);
+    distinct(k, "out", out, "residual", residual);
+  }
+  static void add_rmsnorm_forward(const TensorView& h, const TensorView& out,
+                                  const TensorView& rstd, const TensorView& residual,
+                                  const TensorView& proj_bias, const TensorView& weight, int64_t R,
+                                  int64_t C) {
+    const char* k = "add_rmsnorm_forward";
+    add_bias_residual(k, h, proj_bias, residual, R, C);
+    need_float(k, "out", out, R * C);
+    need_dtype(k, "rstd", rstd, DType::f32, R);
+    need_float(k, "weight", weight, C);
+    distinct(k, "out", out, "h", h);
+    distinct(k, "out", out, "residual", residual);
   }
   static void layernorm_backward(const TensorView& dx, const TensorView& dweight,
                                  const TensorView& dbias, const TensorView& dout,

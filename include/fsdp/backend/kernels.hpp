@@ -66,6 +66,28 @@ class Kernels {
                                   const TensorView& mean, const TensorView& rstd, int64_t R,
                                   int64_t C) = 0;
 
+  // ---- the residual add fused into what follows it (llm.c's fused_residual_forward; Apex's
+  // and Megatron's fused add + norm): one pass over the rows instead of two or three, the same
+  // values as the unfused calls, bit for bit in every dtype (each step rounds to h's dtype as
+  // the unfused call would). proj_bias may be an empty view (data == nullptr): no bias. ----
+  // h[R,C] += proj_bias[C]; h += residual[R,C]: the values of add_bias(h, proj_bias, R, C)
+  // then add(h, h, residual). h must not alias residual.
+  virtual void add_bias_residual(const TensorView& h, const TensorView& proj_bias,
+                                 const TensorView& residual, int64_t R, int64_t C) = 0;
+  // add_bias_residual(h, proj_bias, residual, R, C), then layernorm_forward(out, mean, rstd,
+  // h, weight, bias, R, C, eps) of h as stored. out must alias neither h nor residual.
+  virtual void add_layernorm_forward(const TensorView& h, const TensorView& out,
+                                     const TensorView& mean, const TensorView& rstd,
+                                     const TensorView& residual, const TensorView& proj_bias,
+                                     const TensorView& weight, const TensorView& bias, int64_t R,
+                                     int64_t C, float eps) = 0;
+  // add_bias_residual(h, proj_bias, residual, R, C), then rmsnorm_forward(out, rstd, h, weight,
+  // R, C, eps) of h as stored. out must alias neither h nor residual.
+  virtual void add_rmsnorm_forward(const TensorView& h, const TensorView& out,
+                                   const TensorView& rstd, const TensorView& residual,
+                                   const TensorView& proj_bias, const TensorView& weight,
+                                   int64_t R, int64_t C, float eps) = 0;
+
   // GELU, tanh approximation (GPT-2 "gelu_new"):
   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Writes out[n], n = out.numel().
   virtual void gelu_forward(const TensorView& out, const TensorView& x) = 0;

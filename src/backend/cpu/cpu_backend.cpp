@@ -244,6 +244,15 @@ class CpuBackend final : public Backend {
                           const TensorView& dout, const TensorView& x, const TensorView& weight,
                           const TensorView& mean, const TensorView& rstd, int64_t R,
                           int64_t C) override;
+  void add_bias_residual(const TensorView& h, const TensorView& proj_bias,
+                         const TensorView& residual, int64_t R, int64_t C) override;
+  void add_layernorm_forward(const TensorView& h, const TensorView& out, const TensorView& mean,
+                             const TensorView& rstd, const TensorView& residual,
+                             const TensorView& proj_bias, const TensorView& weight,
+                             const TensorView& bias, int64_t R, int64_t C, float eps) override;
+  void add_rmsnorm_forward(const TensorView& h, const TensorView& out, const TensorView& rstd,
+                           const TensorView& residual, const TensorView& proj_bias,
+                           const TensorView& weight, int64_t R, int64_t C, float eps) override;
   void gelu_forward(const TensorView& out, const TensorView& x) override;
   void gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
   void bias_gelu_forward(const TensorView& out, const TensorView& fc, const TensorView& bias,
@@ -319,6 +328,9 @@ class CpuBackend final : public Backend {
 
  private:
   F32In in(const TensorView& v, int64_t n) { return F32In(k_, scratch_, v, n); }
+  // add_bias_residual after its argument checks (the fused norms run theirs first).
+  void bias_residual_checked(const TensorView& h, const TensorView& proj_bias,
+                             const TensorView& residual, int64_t R, int64_t C);
   F32Out out(const TensorView& v, int64_t n, bool load) { return F32Out(k_, scratch_, v, n, load); }
   // The values of tokens [n] (int32, already checked by ArgChecks) in [0, V) (no upper
   // bound when V < 0); `rows_of` names the table.
@@ -436,6 +448,45 @@ void CpuBackend::add(const TensorView& out_, const TensorView& a, const TensorVi
   const F32In fa = in(a, n), fb = in(b, n);
   const F32Out o = out(out_, n, false);
   k_.add(o, fa, fb, n);
+}
+
+// The fused residual adds (kernels.hpp): one pass in fp32; in bf16/fp16 the unfused calls
+// in order, which round h after each step exactly as the contract says.
+void CpuBackend::add_bias_residual(const TensorView& h, const TensorView& proj_bias,
+                                   const TensorView& residual, int64_t R, int64_t C) {
+  Chk::add_bias_residual(h, proj_bias, residual, R, C);
+  bias_residual_checked(h, proj_bias, residual, R, C);
+}
+
+void CpuBackend::bias_residual_checked(const TensorView& h, const TensorView& proj_bias,
+                                       const TensorView& residual, int64_t R, int64_t C) {
+  const TensorView hv = h.slice(0, R * C);
+  if (h.dtype != DType::f32) {
+    if (proj_bias.data) add_bias(hv, proj_bias, R, C);
+    add(hv, hv, residual.slice(0, R * C));
+    return;
+  }
+  const F32In b = in(proj_bias, proj_bias.data ? C : 0), x = in(residual, R * C);
+  k_.add_bias_residual(static_cast<float*>(h.data), b, x, R, C);
+}
+
+void CpuBackend::add_layernorm_forward(const TensorView& h, const TensorView& out_,
+                                       const TensorView& mean, const TensorView& rstd,
+                                       const TensorView& residual, const TensorView& proj_bias,
+                                       const TensorView& weight, const TensorView& bias,
+                                       int64_t R, int64_t C, float eps) {
+  Chk::add_layernorm_forward(h, out_, mean, rstd, residual, proj_bias, weight, bias, R, C);
+  bias_residual_checked(h, proj_bias, residual, R, C);
+  layernorm_forward(out_, mean, rstd, h, weight, bias, R, C, eps);
+}
+
+void CpuBackend::add_rmsnorm_forward(const TensorView& h, const TensorView& out_,
+                                     const TensorView& rstd, const TensorView& residual,
+                                     const TensorView& proj_bias, const TensorView& weight,
+                                     int64_t R, int64_t C, float eps) {
+  Chk::add_rmsnorm_forward(h, out_, rstd, residual, proj_bias, weight, R, C);
+  bias_residual_checked(h, proj_bias, residual, R, C);
+  rmsnorm_forward(out_, rstd, h, weight, R, C, eps);
 }
 
 void CpuBackend::axpy(const TensorView& y, float alpha, const TensorView& x) {

@@ -314,6 +314,22 @@ void CpuKernels::add(float* out, const float* a, const float* b, int64_t n) cons
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+void CpuKernels::add_bias_residual(float* h, const float* bias, const float* residual, int64_t R,
+                                   int64_t C) const {
+#pragma omp parallel for num_threads(threads_for(R * C, kParallelMinElems)) schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    float* o = h + r * C;
+    const float* x = residual + r * C;
+    if (bias) {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] = (o[c] + bias[c]) + x[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) o[c] += x[c];
+    }
+  }
+}
+
 void CpuKernels::axpy(float* y, float alpha, const float* x, int64_t n) const {
 #pragma omp parallel for simd num_threads(threads_for(n, kParallelMinElems)) schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];

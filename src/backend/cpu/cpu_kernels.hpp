@@ -56,6 +56,10 @@ class CpuKernels {
   void bias_backward(float* dbias, const float* dout, int64_t R,
                      int64_t C) const;  // dbias[C] += colsum
   void add(float* out, const float* a, const float* b, int64_t n) const;
+  // h[R,C] = (h + bias[C]) + residual[R,C] in fp32 (bias may be null: h + residual): the
+  // values of add_bias then add, in one pass.
+  void add_bias_residual(float* h, const float* bias, const float* residual, int64_t R,
+                         int64_t C) const;
   void axpy(float* y, float alpha, const float* x, int64_t n) const;
   void scale(float* x, float alpha, int64_t n) const;
   // sum of x[i]^2 over n elements in double (fixed chunks summed in order).
