@@ -653,90 +653,153 @@ TEST(CudaBackend, NormsUnalignedAndMixedTypes) {
 }
 
 // The residual add fused into the norm (add_bias_residual, add_layernorm_forward,
-// add_rmsnorm_forward) against the CPU backend, and against the CUDA kernels they fuse
-// (add_bias, add, then the norm) bit for bit, at every norm shape (row kernels of every
-// layout, element and pack accesses, the generic kernels past 8192), with and without the
-// projection bias; then mixed storage types and unaligned views (the unfused fallback and the
-// element-wise paths).
+// add_rmsnorm_forward): one case, h0 (+ proj_bias) + residual, against the CPU backend and
+// against the CUDA kernels they fuse (add_bias, add, then the norm) bit for bit.
+struct ResidualCase {
+  DType t;               // h, out, proj_bias, weight, bias
+  DType res_t;           // residual
+  int64_t R, C;
+  bool with_bias;        // proj_bias given (else an empty view: no bias)
+  int64_t off, res_off;  // element offsets of the [R, C] views of h and out, of residual
+};
+
+void check_residual_norms(const ResidualCase& k, std::mt19937& rng) {
+  const int64_t R = k.R, C = k.C, n = R * C;
+  SCOPED_TRACE(name(k.t) + " residual " + name(k.res_t) + " R=" + std::to_string(R) +
+               " C=" + std::to_string(C) + (k.with_bias ? " proj_bias" : " no proj_bias") +
+               " offsets " + std::to_string(k.off) + ", " + std::to_string(k.res_off));
+  const Vec h0 = uniform(n + k.off, rng, -2.0f, 3.0f);
+  Pair x = make(k.res_t, uniform(n + k.res_off, rng, -2.0f, 2.0f));
+  Pair pb = make(k.t, uniform(C, rng)), w = make(k.t, uniform(C, rng, 0.5f, 1.5f));
+  Pair b = make(k.t, uniform(C, rng));
+  auto rc = [&](const Pair& p, Side s) { return p.v(s, k.off, n); };
+  auto res = [&](Side s) { return x.v(s, k.res_off, n); };
+  auto bias = [&](Side s) { return k.with_bias ? pb.v(s) : TensorView{}; };
+  // The unfused calls on the GPU: h = h0 (+ proj_bias) + residual.
+  auto unfused = [&](const Pair& h) {
+    if (k.with_bias) gpu().add_bias(rc(h, kGpu), pb.v(kGpu), R, C);
+    gpu().add(rc(h, kGpu), rc(h, kGpu), res(kGpu));
+  };
+  const Tol th = tol_for(k.t, kElemF32), tout = tol_for(k.t, {1e-5, 1e-5});
+  auto same_bits = [](const Pair& fused, const Pair& ref, const std::string& what) {
+    expect_bytes(fused, read_bytes(gpu(), ref.v(kGpu)), what + " vs the unfused calls");
+  };
+
+  Pair h = make(k.t, h0), hu = make(k.t, h0);
+  both([&](Backend& be, Side s) { be.add_bias_residual(rc(h, s), bias(s), res(s), R, C); });
+  check(h, th, "add_bias_residual");
+  unfused(hu);
+  same_bits(h, hu, "add_bias_residual");
+
+  Pair hl = make(k.t, h0), out = make(k.t, Vec(n + k.off));
+  Pair mean = make(DType::f32, Vec(R)), rstd = make(DType::f32, Vec(R));
+  both([&](Backend& be, Side s) {
+    be.add_layernorm_forward(rc(hl, s), rc(out, s), mean.v(s), rstd.v(s), res(s), bias(s),
+                             w.v(s), b.v(s), R, C, 1e-5f);
+  });
+  check(hl, th, "add_layernorm_forward h");
+  check(out, tout, "add_layernorm_forward out");
+  check(mean, {1e-5, 1e-6}, "add_layernorm_forward mean");
+  check(rstd, {1e-5, 0.0}, "add_layernorm_forward rstd");
+  Pair hl2 = make(k.t, h0), out2 = make(k.t, Vec(n + k.off));
+  Pair mean2 = make(DType::f32, Vec(R)), rstd2 = make(DType::f32, Vec(R));
+  unfused(hl2);
+  gpu().layernorm_forward(rc(out2, kGpu), mean2.v(kGpu), rstd2.v(kGpu), rc(hl2, kGpu), w.v(kGpu),
+                          b.v(kGpu), R, C, 1e-5f);
+  same_bits(hl, hl2, "add_layernorm_forward h");
+  same_bits(out, out2, "add_layernorm_forward out");
+  same_bits(mean, mean2, "add_layernorm_forward mean");
+  same_bits(rstd, rstd2, "add_layernorm_forward rstd");
+
+  Pair hr = make(k.t, h0), outr = make(k.t, Vec(n + k.off)), rstdr = make(DType::f32, Vec(R));
+  both([&](Backend& be, Side s) {
+    be.add_rmsnorm_forward(rc(hr, s), rc(outr, s), rstdr.v(s), res(s), bias(s), w.v(s), R, C,
+                           1e-6f);
+  });
+  check(hr, th, "add_rmsnorm_forward h");
+  check(outr, tout, "add_rmsnorm_forward out");
+  check(rstdr, {1e-5, 0.0}, "add_rmsnorm_forward rstd");
+  Pair hr2 = make(k.t, h0), outr2 = make(k.t, Vec(n + k.off)), rstdr2 = make(DType::f32, Vec(R));
+  unfused(hr2);
+  gpu().rmsnorm_forward(rc(outr2, kGpu), rstdr2.v(kGpu), rc(hr2, kGpu), w.v(kGpu), R, C, 1e-6f);
+  same_bits(hr, hr2, "add_rmsnorm_forward h");
+  same_bits(outr, outr2, "add_rmsnorm_forward out");
+  same_bits(rstdr, rstdr2, "add_rmsnorm_forward rstd");
+}
+
+// Every norm shape (row kernels of every layout, element and pack accesses, the generic
+// kernels past 8192) in every float type, with and without the projection bias; then C = 100
+// (elements) and 8200 (generic), a mixed residual type (the unfused fallback), every [R, C]
+// view off 16-byte alignment (the row kernel's element path), and the residual alone off it
+// (the fallback that keeps the norm's packed column layout).
 TEST(CudaBackend, ResidualNorms) {
   std::mt19937 rng(31);
   for (DType t : kFloatTypes) {
     for (const auto& sh : kNormShapes) {
       for (const bool with_bias : {true, false}) {
-        const int64_t R = sh[0], C = sh[1];
-        SCOPED_TRACE(name(t) + " R=" + std::to_string(R) + " C=" + std::to_string(C) +
-                     (with_bias ? " proj_bias" : " no proj_bias"));
-        const Vec h0 = uniform(R * C, rng, -2.0f, 3.0f);
-        Pair x = make(t, uniform(R * C, rng, -2.0f, 2.0f)), pb = make(t, uniform(C, rng));
-        Pair w = make(t, uniform(C, rng, 0.5f, 1.5f)), b = make(t, uniform(C, rng));
-        auto bias = [&](Side s) { return with_bias ? pb.v(s) : TensorView{}; };
-        // unfused on the GPU: hu = h0 (+ proj_bias) + x
-        auto unfused = [&](Pair& hu) {
-          if (with_bias) gpu().add_bias(hu.v(kGpu), pb.v(kGpu), R, C);
-          gpu().add(hu.v(kGpu), hu.v(kGpu), x.v(kGpu));
-        };
-
-        Pair h = make(t, h0), hu = make(t, h0);
-        both([&](Backend& be, Side s) { be.add_bias_residual(h.v(s), bias(s), x.v(s), R, C); });
-        check(h, tol_for(t, kElemF32), "add_bias_residual");
-        unfused(hu);
-        expect_bytes(h, read_bytes(gpu(), hu.v(kGpu)), "add_bias_residual vs add_bias + add");
-
-        Pair hl = make(t, h0), out = make(t, Vec(R * C)), mean = make(DType::f32, Vec(R)),
-             rstd = make(DType::f32, Vec(R));
-        both([&](Backend& be, Side s) {
-          be.add_layernorm_forward(hl.v(s), out.v(s), mean.v(s), rstd.v(s), x.v(s), bias(s), w.v(s),
-                                   b.v(s), R, C, 1e-5f);
-        });
-        check(hl, tol_for(t, kElemF32), "add_layernorm_forward h");
-        check(out, tol_for(t, {1e-5, 1e-5}), "add_layernorm_forward out");
-        check(mean, {1e-5, 1e-6}, "add_layernorm_forward mean");
-        check(rstd, {1e-5, 0.0}, "add_layernorm_forward rstd");
-        Pair hl2 = make(t, h0), out2 = make(t, Vec(R * C)), mean2 = make(DType::f32, Vec(R)),
-             rstd2 = make(DType::f32, Vec(R));
-        unfused(hl2);
-        gpu().layernorm_forward(out2.v(kGpu), mean2.v(kGpu), rstd2.v(kGpu), hl2.v(kGpu), w.v(kGpu),
-                                b.v(kGpu), R, C, 1e-5f);
-        expect_bytes(hl, read_bytes(gpu(), hl2.v(kGpu)), "add_layernorm_forward h vs unfused");
-        expect_bytes(out, read_bytes(gpu(), out2.v(kGpu)), "add_layernorm_forward out vs unfused");
-        expect_bytes(mean, read_bytes(gpu(), mean2.v(kGpu)), "add_layernorm_forward mean vs unfused");
-        expect_bytes(rstd, read_bytes(gpu(), rstd2.v(kGpu)), "add_layernorm_forward rstd vs unfused");
-
-        Pair hr = make(t, h0), outr = make(t, Vec(R * C)), rstdr = make(DType::f32, Vec(R));
-        both([&](Backend& be, Side s) {
-          be.add_rmsnorm_forward(hr.v(s), outr.v(s), rstdr.v(s), x.v(s), bias(s), w.v(s), R, C, 1e-6f);
-        });
-        check(hr, tol_for(t, kElemF32), "add_rmsnorm_forward h");
-        check(outr, tol_for(t, {1e-5, 1e-5}), "add_rmsnorm_forward out");
-        check(rstdr, {1e-5, 0.0}, "add_rmsnorm_forward rstd");
-        Pair hr2 = make(t, h0), outr2 = make(t, Vec(R * C)), rstdr2 = make(DType::f32, Vec(R));
-        unfused(hr2);
-        gpu().rmsnorm_forward(outr2.v(kGpu), rstdr2.v(kGpu), hr2.v(kGpu), w.v(kGpu), R, C, 1e-6f);
-        expect_bytes(hr, read_bytes(gpu(), hr2.v(kGpu)), "add_rmsnorm_forward h vs unfused");
-        expect_bytes(outr, read_bytes(gpu(), outr2.v(kGpu)), "add_rmsnorm_forward out vs unfused");
-        expect_bytes(rstdr, read_bytes(gpu(), rstdr2.v(kGpu)), "add_rmsnorm_forward rstd vs unfused");
+        check_residual_norms({t, t, sh[0], sh[1], with_bias, 0, 0}, rng);
       }
     }
   }
-  // bf16 h and out with an fp32 residual (mixed: add_bias_residual's fallback, then the norm),
-  // and every view one element off 16-byte alignment (the row kernel's element path).
-  const int64_t R = 45, C = 64;
-  for (const auto& [res_t, off] : {std::pair<DType, int64_t>{DType::f32, 0}, {DType::bf16, 1}}) {
-    SCOPED_TRACE("residual " + name(res_t) + " offset " + std::to_string(off));
-    const int64_t n = R * C + off;
-    Pair h = make(DType::bf16, uniform(n, rng, -2.0f, 2.0f)), x = make(res_t, uniform(n, rng));
-    Pair pb = make(DType::bf16, uniform(C, rng)), w = make(DType::bf16, uniform(C, rng, 0.5f, 1.5f));
-    Pair b = make(DType::bf16, uniform(C, rng)), out = make(DType::bf16, Vec(n));
-    Pair mean = make(DType::f32, Vec(R)), rstd = make(DType::f32, Vec(R));
-    auto rc = [&](const Pair& p, Side s) { return p.v(s, off, R * C); };
-    both([&](Backend& be, Side s) {
-      be.add_layernorm_forward(rc(h, s), rc(out, s), mean.v(s), rstd.v(s), rc(x, s), pb.v(s), w.v(s),
-                               b.v(s), R, C, 1e-5f);
-    });
-    check(h, kBf16, "h");
-    check(out, tol_for(DType::bf16, {1e-5, 1e-5}), "out");
-    check(rstd, {1e-5, 0.0}, "rstd");
+  for (const ResidualCase& k : {ResidualCase{DType::bf16, DType::bf16, 64, 100, true, 0, 0},
+                                ResidualCase{DType::f16, DType::f16, 5, 8200, true, 0, 0},
+                                ResidualCase{DType::bf16, DType::f32, 45, 64, true, 0, 0},
+                                ResidualCase{DType::f32, DType::bf16, 45, 64, false, 0, 0},
+                                ResidualCase{DType::bf16, DType::bf16, 45, 64, true, 1, 1},
+                                ResidualCase{DType::f32, DType::f32, 45, 64, false, 3, 3},
+                                ResidualCase{DType::bf16, DType::bf16, 45, 64, true, 0, 1},
+                                ResidualCase{DType::f16, DType::f16, 64, 768, false, 0, 3}}) {
+    check_residual_norms(k, rng);
   }
+}
+
+// GeGLU (T5 v1.1's gated-GELU) against the CPU backend, and against the CUDA chain it fuses
+// bit for bit (forward: gelu_forward, mul; backward: mul, mul, gelu_backward), aligned and
+// not, with dgate aliasing dout; then mixed storage types (the run-time-typed kernels).
+TEST(CudaBackend, Geglu) {
+  std::mt19937 rng(32);
+  for (DType t : kFloatTypes) {
+    for (const int64_t n : {int64_t{1}, int64_t{13}, int64_t{4096}, int64_t{100003}}) {
+      for (const int64_t off : {int64_t{0}, int64_t{1}}) {
+        SCOPED_TRACE(name(t) + " n=" + std::to_string(n) + " offset " + std::to_string(off));
+        const int64_t m = n + off;
+        const Vec d0 = uniform(m, rng, -2.0f, 2.0f);
+        Pair gate = make(t, uniform(m, rng, -5.0f, 5.0f)), up = make(t, uniform(m, rng, -2.0f, 2.0f));
+        auto v = [&](const Pair& p, Side s) { return p.v(s, off, n); };
+        Pair out = make(t, Vec(m));
+        both([&](Backend& be, Side s) { be.geglu_forward(v(out, s), v(gate, s), v(up, s)); });
+        check(out, tol_for(t, kElemF32), "geglu_forward");
+        Pair gl = make(t, Vec(m)), ref = make(t, Vec(m));
+        gpu().gelu_forward(v(gl, kGpu), v(gate, kGpu));
+        gpu().mul(v(ref, kGpu), v(gl, kGpu), v(up, kGpu));
+        expect_bytes(out, read_bytes(gpu(), ref.v(kGpu)), "geglu_forward vs gelu_forward + mul");
+
+        Pair dg = make(t, d0), du = make(t, Vec(m));  // dgate aliases dout
+        both([&](Backend& be, Side s) {
+          be.geglu_backward(v(dg, s), v(du, s), v(dg, s), v(gate, s), v(up, s));
+        });
+        check(dg, tol_for(t, kElemF32), "geglu_backward dgate");
+        check(du, tol_for(t, kElemF32), "geglu_backward dup");
+        Pair tt = make(t, d0), rdu = make(t, Vec(m));
+        gpu().mul(v(rdu, kGpu), v(tt, kGpu), v(gl, kGpu));
+        gpu().mul(v(tt, kGpu), v(tt, kGpu), v(up, kGpu));
+        gpu().gelu_backward(v(tt, kGpu), v(gate, kGpu), v(tt, kGpu));
+        expect_bytes(dg, read_bytes(gpu(), tt.v(kGpu)), "geglu_backward dgate vs the chain");
+        expect_bytes(du, read_bytes(gpu(), rdu.v(kGpu)), "geglu_backward dup vs the chain");
+      }
+    }
+  }
+  const int64_t n = 777;
+  Pair gate = make(DType::f32, uniform(n, rng, -4.0f, 4.0f)), up = make(DType::bf16, uniform(n, rng));
+  Pair out = make(DType::bf16, Vec(n)), dout = make(DType::bf16, uniform(n, rng));
+  Pair dg = make(DType::f32, Vec(n)), du = make(DType::bf16, Vec(n));
+  both([&](Backend& be, Side s) { be.geglu_forward(out.v(s), gate.v(s), up.v(s)); });
+  check(out, kBf16, "geglu_forward fp32 gate, bf16 up and out");
+  both([&](Backend& be, Side s) {
+    be.geglu_backward(dg.v(s), du.v(s), dout.v(s), gate.v(s), up.v(s));
+  });
+  check(dg, kBf16, "geglu_backward fp32 dgate from bf16 dout and up");
+  check(du, kBf16, "geglu_backward bf16 dup");
 }
 
 // The fused bias + GELU of the GPT-2 MLP against the CPU backend, and against the CUDA

@@ -130,6 +130,9 @@ class GemmRecorder final : public fsdp::Kernels {
   void relu_forward(const TensorView&, const TensorView&) override {}
   void relu_backward(const TensorView&, const TensorView&, const TensorView&) override {}
   void mul(const TensorView&, const TensorView&, const TensorView&) override {}
+  void geglu_forward(const TensorView&, const TensorView&, const TensorView&) override {}
+  void geglu_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                      const TensorView&) override {}
   void position_bias_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
                              int64_t, int64_t) override {}
   void position_bias_backward(const TensorView&, const TensorView&, const TensorView&, int64_t,

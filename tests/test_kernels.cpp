@@ -1066,6 +1066,44 @@ TEST_F(Kernels, ResidualNormsEqualTheKernelsTheyFuse) {
       "add_layernorm_forward", "residual");
 }
 
+// geglu_forward / geglu_backward give exactly the values of the chain they fuse (T5's
+// gated-GELU before: gelu_forward into a gate-typed buffer, mul; mul, mul, gelu_backward),
+// in every storage dtype, with dgate aliasing dout; n = 70001 takes the threaded path.
+TEST_F(Kernels, GegluEqualsTheKernelsItFuses) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (const int64_t n : {int64_t{1}, int64_t{13}, int64_t{70001}}) {
+      SCOPED_TRACE(std::string(to_string(dt)) + " n=" + std::to_string(n));
+      const Vec g0 = rounded(random_vec(n, rng, -5.0f, 5.0f), dt);
+      const Vec u0 = rounded(random_vec(n, rng, -2.0f, 2.0f), dt);
+      const Vec d0 = rounded(random_vec(n, rng, -2.0f, 2.0f), dt);
+      Store gate(dt, g0), up(dt, u0);
+      Store out(dt, Vec(n, 9.0f)), gl(dt, Vec(n, 9.0f)), ref(dt, Vec(n, 9.0f));
+      be->geglu_forward(out.view(), gate.view(), up.view());
+      be->gelu_forward(gl.view(), gate.view());
+      be->mul(ref.view(), gl.view(), up.view());
+      expect_rounded(dt, ref.values(), out.values(), "geglu_forward");
+
+      Store dg(dt, d0), du(dt, Vec(n, 9.0f));  // dgate aliases dout
+      be->geglu_backward(dg.view(), du.view(), dg.view(), gate.view(), up.view());
+      Store rdu(dt, Vec(n, 9.0f)), t(dt, d0);
+      be->mul(rdu.view(), t.view(), gl.view());  // d up = d prod * gelu(gate)
+      be->mul(t.view(), t.view(), up.view());    // d gelu = d prod * up
+      be->gelu_backward(t.view(), gate.view(), t.view());
+      expect_rounded(dt, rdu.values(), du.values(), "geglu_backward dup");
+      expect_rounded(dt, t.values(), dg.values(), "geglu_backward dgate");
+      Store dout(dt, d0), dg2(dt, Vec(n, 9.0f)), du2(dt, Vec(n, 9.0f));
+      be->geglu_backward(dg2.view(), du2.view(), dout.view(), gate.view(), up.view());
+      expect_rounded(dt, t.values(), dg2.values(), "geglu_backward dgate (dout apart)");
+      expect_rounded(dt, dout.values(), rounded(d0, dt), "geglu_backward leaves dout");
+    }
+  }
+  Vec a(64, 0.5f), b(64, 0.5f);
+  expect_arg_error([&] { be->geglu_forward(f32(a), f32(b).slice(0, 63), f32(b)); }, "geglu_forward",
+                   "gate");
+  expect_arg_error([&] { be->geglu_backward(f32(a), f32(b), f32(b), f32(a), f32(a)); },
+                   "geglu_backward", "dup");
+}
+
 TEST_F(Kernels, StoreContractElementwise) {
   for (DType dt : k16) {
     for (int64_t n : {int64_t{13}, int64_t{70001}}) {  // tail only / threaded

@@ -1,8 +1,8 @@
 // tools/bench_kernels.cpp: time the CUDA backend's memory-bound transformer kernels alone -
-// LayerNorm and RMSNorm forward/backward and the GPT-2 MLP's fused bias + GELU (with the
-// unfused kernels it replaces beside it) - at the shapes of the models we train, in bf16,
-// through the Backend interface (so per-call scratch from the caching allocator is
-// included, as in training).
+// LayerNorm and RMSNorm forward/backward, the residual add fused into the norm forward, and
+// the GPT-2 MLP's fused bias + GELU (each fused op with the unfused kernels it replaces
+// beside it) - at the shapes of the models we train, in bf16, through the Backend interface
+// (so per-call scratch from the caching allocator is included, as in training).
 //
 //   build_cuda/bench_kernels [CALLS]      (default 50; CUDA build only)
 //
@@ -10,12 +10,14 @@
 // C = 768), GPT-2 1.5B (B 4 x 1024: R = 4096, C = 1600), t5-small (B 32 x 462 encoder
 // tokens: R = 14784, C = 512). Per op: microseconds per call (CUDA events around CALLS calls
 // after 3 warm-up calls), the bytes the op must move at least (each [R, C] operand read or
-// written once - norm forward 2, backward 4 (dx accumulates: read and written), bias + GELU
-// 3 - leaving out the weight, bias and statistic vectors and the partial-sum scratch; the
-// unfused rows are charged the fused op's bytes, so their GB/s is the effective rate) and
-// the bandwidth that gives (H100 SXM HBM3: about 3350 GB/s peak). tools/bench_kernels_torch.py times PyTorch's
+// written once - norm forward 2, backward 4 (dx accumulates: read and written), residual add
+// + norm forward 4 (h and residual read, h and out written), bias + GELU 3 - leaving out the
+// weight, bias and statistic vectors and the partial-sum scratch; the unfused rows are
+// charged the fused op's bytes, so their GB/s is the effective rate) and the bandwidth that
+// gives (H100 SXM HBM3: about 3350 GB/s peak). tools/bench_kernels_torch.py times PyTorch's
 // kernels at the same shapes with the same byte counts, so the two tables compare row by
-// row (run both in one GPU session: gpu_check.sh's conditions).
+// row (run both in one GPU session: gpu_check.sh's conditions; it has no rows for the fused
+// residual adds yet).
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -93,6 +95,28 @@ void bench(Backend& be, const Model& m, int calls) {
       }, calls));
   row(m, "rmsnorm_backward", 4 * n * e, seconds_per_call(be, [&] {
         be.rmsnorm_backward(V(dx), V(dw), V(dout), V(x), V(w), V(rstd), R, C);
+      }, calls));
+
+  // The residual add fused into the next norm (gpt2.cpp's ln2 with the attention projection's
+  // bias; llama.cpp's and t5.cpp's without): h += proj_bias + residual each call, so h drifts
+  // by at most 1 + 2 (|bias| < 1, |residual| < 2) per call and stays finite.
+  DeviceBuffer h = random_bf16(be, n, rng, -2.0f, 2.0f), res = random_bf16(be, n, rng, -2.0f, 2.0f);
+  row(m, "add_layernorm_forward", 4 * n * e, seconds_per_call(be, [&] {
+        be.add_layernorm_forward(V(h), V(out), V(mean), V(rstd), V(res), V(b), V(w), V(b), R, C,
+                                 1e-5f);
+      }, calls));
+  row(m, "add_bias + add + layernorm_forward", 4 * n * e, seconds_per_call(be, [&] {
+        be.add_bias(V(h), V(b), R, C);
+        be.add(V(h), V(h), V(res));
+        be.layernorm_forward(V(out), V(mean), V(rstd), V(h), V(w), V(b), R, C, 1e-5f);
+      }, calls));
+  row(m, "add_rmsnorm_forward", 4 * n * e, seconds_per_call(be, [&] {
+        be.add_rmsnorm_forward(V(h), V(out), V(rstd), V(res), fsdp::TensorView{}, V(w), R, C,
+                               1e-6f);
+      }, calls));
+  row(m, "add + rmsnorm_forward", 4 * n * e, seconds_per_call(be, [&] {
+        be.add(V(h), V(h), V(res));
+        be.rmsnorm_forward(V(out), V(rstd), V(h), V(w), R, C, 1e-6f);
       }, calls));
 
   // MLP: fc [R, 4C]. bias_gelu_forward adds the bias to fc in place each call; the values

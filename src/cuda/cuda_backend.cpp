@@ -208,6 +208,9 @@ class CudaBackend final : public Backend {
   void relu_forward(const TensorView& out, const TensorView& x) override;
   void relu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
   void mul(const TensorView& out, const TensorView& a, const TensorView& b) override;
+  void geglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override;
+  void geglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
+                      const TensorView& gate, const TensorView& up) override;
   void position_bias_forward(const TensorView& bias, const TensorView& table,
                              const TensorView& buckets, int64_t H, int64_t Tq,
                              int64_t Tk) override;
@@ -850,6 +853,19 @@ void CudaBackend::mul(const TensorView& out_, const TensorView& a, const TensorV
   const int64_t n = out_.numel();
   Chk::binary("mul", out_, a, b);
   k::mul(out(out_), in(a), in(b), n, s());
+}
+
+void CudaBackend::geglu_forward(const TensorView& out_, const TensorView& gate,
+                                const TensorView& up) {
+  Chk::geglu_forward(out_, gate, up);
+  k::geglu_forward(out(out_), in(gate), in(up), out_.numel(), s());
+}
+
+void CudaBackend::geglu_backward(const TensorView& dgate, const TensorView& dup,
+                                 const TensorView& dout, const TensorView& gate,
+                                 const TensorView& up) {
+  Chk::geglu_backward(dgate, dup, dout, gate, up);
+  k::geglu_backward(out(dgate), out(dup), in(dout), in(gate), in(up), dgate.numel(), s());
 }
 
 void CudaBackend::position_bias_forward(const TensorView& bias, const TensorView& table,

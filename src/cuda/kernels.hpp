@@ -88,6 +88,11 @@ void bias_gelu_forward(Out out, Out fc, In bias, int64_t R, int64_t C, cudaStrea
 void relu_forward(Out out, In x, int64_t n, cudaStream_t s);
 void relu_backward(Out dx, In x, In dout, int64_t n, cudaStream_t s);  // dx may alias dout
 void mul(Out out, In a, In b, int64_t n, cudaStream_t s);              // out may alias a or b
+// GeGLU: out = gelu(gate) (rounded to gate's type) * up; out may alias gate or up.
+void geglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s);
+// dup = dout * gelu(gate) (rounded as above), dgate = gelu'(gate) * (dout * up, rounded to
+// dgate's type); dgate may alias dout.
+void geglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s);
 // x (fp32) *= inv_scale; *found_inf = 1.0 if any x was inf or NaN (untouched otherwise).
 void unscale_and_check(float* x, float inv_scale, int64_t n, double* found_inf, cudaStream_t s);
 

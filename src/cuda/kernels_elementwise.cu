@@ -217,34 +217,123 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// h[r, c] = (h + bias[c], rounded to T) + residual[r, c], rounded to T (no bias: h +
-// residual): exactly add_bias then add. Rows over blocks, columns over threads (8 per thread
-// with 16-byte accesses when vec).
+// h[i] = (h[i] + bias[i % C], rounded to T) + residual[i], rounded to T (no bias: h[i] +
+// residual[i]): exactly add_bias then add. A grid-stride loop over all n = R C elements, 8 per
+// thread and step with 16-byte accesses when vec (C % 8 == 0: a pack never crosses a row), so
+// every thread has work whatever C is (rows over threads would leave 160 of 256 idle at
+// C = 768); each thread carries its column along (two divisions per thread, none per step).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    bias_residual_kernel(T* h, const T* bias, const T* residual, int64_t R, int64_t C, bool vec) {
-  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-    const int64_t base = r * C;
-    if (vec) {
-      for (int64_t c = 8 * static_cast<int64_t>(threadIdx.x); c < C; c += 8 * blockDim.x) {
-        Pack8<T> ph = load8(h + base + c);
-        const Pack8<T> px = load8(residual + base + c);
-        if (bias) {
-          const Pack8<T> pb = load8(bias + c);
+    bias_residual_kernel(T* h, const T* bias, const T* residual, int64_t n, int64_t C, bool vec) {
+  const int64_t w = vec ? 8 : 1;  // elements per step
+  const int64_t step = w * static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = w * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  const int64_t cstep = step % C;
+  int64_t c = first % C;  // = i % C
+  if (vec) {
+    for (int64_t i = first; i < n; i += step) {
+      Pack8<T> ph = load8(h + i);
+      const Pack8<T> px = load8(residual + i);
+      if (bias) {
+        const Pack8<T> pb = load8(bias + c);
 #pragma unroll
-          for (int k = 0; k < 8; ++k) ph.v[k] = from_f<T>(to_f(ph.v[k]) + to_f(pb.v[k]));
-        }
+        for (int k = 0; k < 8; ++k) ph.v[k] = from_f<T>(to_f(ph.v[k]) + to_f(pb.v[k]));
+      }
 #pragma unroll
-        for (int k = 0; k < 8; ++k) ph.v[k] = from_f<T>(to_f(ph.v[k]) + to_f(px.v[k]));
-        store8(h + base + c, ph);
-      }
-    } else {
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        T v = h[base + c];
-        if (bias) v = from_f<T>(to_f(v) + to_f(bias[c]));
-        h[base + c] = from_f<T>(to_f(v) + to_f(residual[base + c]));
-      }
+      for (int k = 0; k < 8; ++k) ph.v[k] = from_f<T>(to_f(ph.v[k]) + to_f(px.v[k]));
+      store8(h + i, ph);
+      c += cstep;
+      if (c >= C) c -= C;
     }
+  } else {
+    for (int64_t i = first; i < n; i += step) {
+      T v = h[i];
+      if (bias) v = from_f<T>(to_f(v) + to_f(bias[c]));
+      h[i] = from_f<T>(to_f(v) + to_f(residual[i]));
+      c += cstep;
+      if (c >= C) c -= C;
+    }
+  }
+}
+
+// v rounded to the storage type (T, or t at run time for Dyn), as a store then a load would.
+template <class T>
+__device__ __forceinline__ float round_as(float v, ST t) {
+  if constexpr (kIsDyn<T>) {
+    switch (t) {
+      case ST::bf16:
+        return to_f(from_f<__nv_bfloat16>(v));
+      case ST::f16:
+        return to_f(from_f<__half>(v));
+      default:
+        return v;
+    }
+  } else {
+    return to_f(from_f<T>(v));
+  }
+}
+
+// GeGLU (T5 v1.1 gated-GELU): out = round_gate(gelu(gate)) * up, the values of gelu_forward
+// into a gate-typed buffer then mul. Grid-stride, packs of 8 when `vec`.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    geglu_fwd_kernel(Wr<T> out, Rd<T> gate, Rd<T> up, ST gate_t, int64_t n, bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if constexpr (!kIsDyn<T>) {
+    if (vec) {
+      const int64_t packs = n / 8;
+      for (int64_t v = first; v < packs; v += stride) {
+        const Pack8<T> pg = load8(gate.p + 8 * v), pu = load8(up.p + 8 * v);
+        Pack8<T> po;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          po.v[k] = from_f<T>(round_as<T>(gelu(to_f(pg.v[k])), gate_t) * to_f(pu.v[k]));
+        }
+        store8(out.p + 8 * v, po);
+      }
+      done = packs * 8;
+    }
+  }
+  for (int64_t i = done + first; i < n; i += stride) {
+    out.set(i, round_as<T>(gelu(gate[i]), gate_t) * up[i]);
+  }
+}
+
+// Its backward: dup = dout * round_gate(gelu(gate)), dgate = gelu_grad(gate, round_dgate(dout
+// * up)): mul, mul and gelu_backward in one pass. Each element's inputs are read before its
+// outputs are written (dgate may alias dout).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    geglu_bwd_kernel(Wr<T> dgate, Wr<T> dup, Rd<T> dout, Rd<T> gate, Rd<T> up, ST gate_t,
+                     ST dgate_t, int64_t n, bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if constexpr (!kIsDyn<T>) {
+    if (vec) {
+      const int64_t packs = n / 8;
+      for (int64_t v = first; v < packs; v += stride) {
+        const Pack8<T> pd = load8(dout.p + 8 * v), pg = load8(gate.p + 8 * v),
+                       pu = load8(up.p + 8 * v);
+        Pack8<T> og, ou;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float d = to_f(pd.v[k]), g = to_f(pg.v[k]);
+          ou.v[k] = from_f<T>(d * round_as<T>(gelu(g), gate_t));
+          og.v[k] = from_f<T>(gelu_grad(g, round_as<T>(d * to_f(pu.v[k]), dgate_t)));
+        }
+        store8(dgate.p + 8 * v, og);
+        store8(dup.p + 8 * v, ou);
+      }
+      done = packs * 8;
+    }
+  }
+  for (int64_t i = done + first; i < n; i += stride) {
+    const float d = dout[i], g = gate[i], u = up[i];
+    dup.set(i, d * round_as<T>(gelu(g), gate_t));
+    dgate.set(i, gelu_grad(g, round_as<T>(d * u, dgate_t)));
   }
 }
 
@@ -416,6 +505,29 @@ void add_bias(Out out, In bias, int64_t R, int64_t C, cudaStream_t s) {
   });
 }
 
+void geglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch_uniform("geglu_forward", {out.t, gate.t, up.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    const bool vec = aligned16(out.p) && aligned16(gate.p) && aligned16(up.p);
+    geglu_fwd_kernel<V><<<blocks_for(vec ? (n + 7) / 8 : n, kThreads), kThreads, 0, s>>>(
+        wr<V>(out), rd<V>(gate), rd<V>(up), gate.t, n, vec);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void geglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch_uniform("geglu_backward", {dgate.t, dup.t, dout.t, gate.t, up.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    const bool vec = aligned16(dgate.p) && aligned16(dup.p) && aligned16(dout.p) &&
+                     aligned16(gate.p) && aligned16(up.p);
+    geglu_bwd_kernel<V><<<blocks_for(vec ? (n + 7) / 8 : n, kThreads), kThreads, 0, s>>>(
+        wr<V>(dgate), wr<V>(dup), rd<V>(dout), rd<V>(gate), rd<V>(up), gate.t, dgate.t, n, vec);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
 void add_bias_residual(Out h, In bias, In residual, int64_t R, int64_t C, cudaStream_t s) {
   if (R <= 0 || C <= 0) return;
   if (residual.t != h.t || (bias.p && bias.t != h.t)) {  // mixed storage: the kernels it fuses
@@ -427,10 +539,11 @@ void add_bias_residual(Out h, In bias, In residual, int64_t R, int64_t C, cudaSt
     using T = typename decltype(tag)::type;
     const bool vec = C % 8 == 0 && aligned16(h.p) && aligned16(residual.p) &&
                      (!bias.p || aligned16(bias.p));
-    const int blocks = static_cast<int>(R < kMaxBlocks ? R : kMaxBlocks);
+    const int64_t n = R * C;
+    const int blocks = blocks_for(vec ? n / 8 : n, kThreads);
     bias_residual_kernel<T><<<blocks, kThreads, 0, s>>>(static_cast<T*>(h.p),
                                                         static_cast<const T*>(bias.p),
-                                                        static_cast<const T*>(residual.p), R, C,
+                                                        static_cast<const T*>(residual.p), n, C,
                                                         vec);
     FSDP_CHECK_LAUNCH();
   });

@@ -10,14 +10,17 @@
 //                                  [2, G, C] that the second launch reads and adds into
 //                                  dweight, dbias (G <= about 1024 blocks, G C << R C)
 //   rmsnorm_backward    2 launches the same with rstd only and partials [1, G, C]
+// so a backward moves 4 R C s bytes (bf16 GPT-2 124M, R = 8192, C = 768: 50 MB) and a
+// forward 2 R C s. The residual add fused into the forward (kernels.hpp):
 //   add_layernorm_forward / add_rmsnorm_forward
 //                       1 launch   reads h, residual (2 R C s) + proj_bias, weight, bias;
-//                                  writes h, out (2 R C s), the statistics; the unfused
-//                                  add_bias + add + norm: 3 launches, 7 R C s (2 and 5
-//                                  without the bias). Mixed storage types or C > 8192:
-//                                  add_bias_residual's launch, then the norm's.
-// so a backward moves 4 R C s bytes (bf16 GPT-2 124M, R = 8192, C = 768: 50 MB) and a
-// forward 2 R C s.
+//                                  writes h, out (2 R C s), the statistics: 4 R C s; the
+//                                  unfused add_bias + add + norm: 3 launches, 7 R C s (2
+//                                  launches, 5 R C s without proj_bias). Mixed storage
+//                                  types, C > 8192, or a residual / proj_bias less aligned
+//                                  than the norm's arguments: add_bias_residual's launch
+//                                  (3 R C s), then the norm's (2 launches, 5 R C s).
+// (add_bias_residual alone: kernels_elementwise.cu.)
 //
 // Row kernels (every float argument of one storage type, 0 < C <= 8192): a row group of
 // kTPR = 32, 64, 128 or 256 threads (the smallest that holds the row in at most three
@@ -27,7 +30,10 @@
 // element otherwise. Element e = 8 j + k of thread t is column 8 (t + kTPR j) + k with
 // packs, t + kTPR e without.
 //  - Forward: one read of the row; mean and variance summed in fp64 (from the registers,
-//    two reductions over the group) as the CPU backend does; mean/rstd stored in fp32.
+//    two reductions over the group) as the CPU backend does; mean/rstd stored in fp32. The
+//    fused residual adds (kAdd) read h's and residual's rows instead, add and round in the
+//    registers, store h, and go on from those registers: the unfused calls' values and, with
+//    the same column layout, the same sums in the same order.
 //  - Backward: block g owns the fixed rows [g rpb, (g + 1) rpb) (rpb from R and C only), its
 //    groups take rows g rpb + group, + groups, ... Per row: x, dout, dx and (once per block)
 //    weight in registers, the two row sums of dx over the group, dx += ... stored; each
@@ -680,15 +686,28 @@ void layernorm_forward(Out out, float* mean, float* rstd, In x, In weight, In bi
   });
 }
 
-// The fused residual adds: one launch of the row kernel when every row argument has one
-// storage type and C fits it; otherwise add_bias_residual's launch, then the norm's.
+// The fused residual adds: one launch of the row kernel when it gives the unfused calls' bits
+// - every row argument of one storage type, C within the row kernels, and residual and
+// proj_bias 16-byte aligned whenever the norm's own arguments are (the norm's column layout,
+// hence the order of its row sums, must not change) - otherwise add_bias_residual's launch,
+// then the norm's (the unfused calls themselves).
+namespace {
+bool fused_add_fits(RowShape shape, std::initializer_list<ST> types, In h, In proj_bias,
+                    In residual, bool norm_vec) {
+  return shape.tpr > 0 && same_type(types) && (!proj_bias.p || proj_bias.t == h.t) &&
+         (!norm_vec || (aligned16(residual.p) && (!proj_bias.p || aligned16(proj_bias.p))));
+}
+}  // namespace
+
 void add_layernorm_forward(Out h, Out out, float* mean, float* rstd, In residual, In proj_bias,
                            In weight, In bias, int64_t R, int64_t C, float eps, cudaStream_t s) {
-  if (R <= 0 || C <= 0) return;
+  if (R <= 0 || C <= 0) return;  // as layernorm_forward
   const RowShape shape = row_shape(C);
   const In hin{h.p, h.t};
-  if (shape.tpr > 0 && same_type({h.t, out.t, residual.t, weight.t, bias.t}) &&
-      (!proj_bias.p || proj_bias.t == h.t)) {
+  const bool norm_vec = C % 8 == 0 && aligned16(out.p) && aligned16(h.p) &&
+                        aligned16(weight.p) && aligned16(bias.p);
+  if (fused_add_fits(shape, {h.t, out.t, residual.t, weight.t, bias.t}, hin, proj_bias,
+                     residual, norm_vec)) {
     launch_forward<false, true>(out, mean, rstd, hin, weight, bias, R, C, eps, shape, s, residual,
                                 proj_bias);
     return;
@@ -699,11 +718,12 @@ void add_layernorm_forward(Out h, Out out, float* mean, float* rstd, In residual
 
 void add_rmsnorm_forward(Out h, Out out, float* rstd, In residual, In proj_bias, In weight,
                          int64_t R, int64_t C, float eps, cudaStream_t s) {
-  if (R <= 0 || C <= 0) return;
+  if (R <= 0) return;  // as rmsnorm_forward (C = 0 still writes rstd: the fallback below)
   const RowShape shape = row_shape(C);
   const In hin{h.p, h.t};
-  if (shape.tpr > 0 && same_type({h.t, out.t, residual.t, weight.t}) &&
-      (!proj_bias.p || proj_bias.t == h.t)) {
+  const bool norm_vec = C % 8 == 0 && aligned16(out.p) && aligned16(h.p) && aligned16(weight.p);
+  if (fused_add_fits(shape, {h.t, out.t, residual.t, weight.t}, hin, proj_bias, residual,
+                     norm_vec)) {
     launch_forward<true, true>(out, nullptr, rstd, hin, weight, weight, R, C, eps, shape, s,
                                residual, proj_bias);
     return;

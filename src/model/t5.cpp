@@ -170,18 +170,18 @@ std::vector<ModuleDecl> build_modules(const T5Config& c, IdTable& t) {
 // ---- activations: one table for the allocation and activation_bytes ----
 
 // One block's saved internals (self-attention: ln0 .. h1; decoder cross-attention: ln1 .. h2;
-// feed-forward: the norm in ln1 (encoder) / ln2 (decoder), ff0..ff2: relu -> ff0 = relu(wi x);
-// gated -> ff0 = wi_0 x, ff1 = gelu_new(ff0), ff2 = wi_1 x).
+// feed-forward: the norm in ln1 (encoder) / ln2 (decoder), then relu -> ff0 = relu(wi x);
+// gated -> ff0 = wi_0 x, ff1 = wi_1 x (gelu_new(ff0) is recomputed by geglu_backward, not kept).
 struct LayerBufs {
   DeviceBuffer ln0, rstd0, q, k, v, lse, atty, h1, ln1, rstd1;
   DeviceBuffer cq, ck, cv, clse, catty, h2, ln2, rstd2;
-  DeviceBuffer ff0, ff1, ff2;
+  DeviceBuffer ff0, ff1;
 };
 // Element counts of LayerBufs' fields, in the same order.
 struct LayerSizes {
   int64_t ln0 = 0, rstd0 = 0, q = 0, k = 0, v = 0, lse = 0, atty = 0, h1 = 0, ln1 = 0, rstd1 = 0;
   int64_t cq = 0, ck = 0, cv = 0, clse = 0, catty = 0, h2 = 0, ln2 = 0, rstd2 = 0;
-  int64_t ff0 = 0, ff1 = 0, ff2 = 0;
+  int64_t ff0 = 0, ff1 = 0;
 };
 
 LayerSizes layer_sizes(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool decoder) {
@@ -196,7 +196,7 @@ LayerSizes layer_sizes(const T5Config& c, int64_t B, int64_t Te, int64_t Td, boo
     s.h2 = R * D; s.ln2 = R * D; s.rstd2 = R;
   }
   s.ff0 = R * F;
-  if (gated) s.ff1 = s.ff2 = R * F;
+  if (gated) s.ff1 = R * F;
   return s;
 }
 
@@ -209,7 +209,6 @@ LayerSizes max_sizes(const LayerSizes& a, const LayerSizes& b) {
   m.ck = mx(a.ck, b.ck); m.cv = mx(a.cv, b.cv); m.clse = mx(a.clse, b.clse);
   m.catty = mx(a.catty, b.catty); m.h2 = mx(a.h2, b.h2); m.ln2 = mx(a.ln2, b.ln2);
   m.rstd2 = mx(a.rstd2, b.rstd2); m.ff0 = mx(a.ff0, b.ff0); m.ff1 = mx(a.ff1, b.ff1);
-  m.ff2 = mx(a.ff2, b.ff2);
   return m;
 }
 
@@ -273,7 +272,6 @@ void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool
     f(L(&LayerBufs::catty), Kind::act, z.catty); f(L(&LayerBufs::h2), Kind::act, z.h2);
     f(L(&LayerBufs::ln2), Kind::act, z.ln2);     f(L(&LayerBufs::rstd2), Kind::f32, z.rstd2);
     f(L(&LayerBufs::ff0), Kind::act, z.ff0);     f(L(&LayerBufs::ff1), Kind::act, z.ff1);
-    f(L(&LayerBufs::ff2), Kind::act, z.ff2);
   }
   f(at(&ActBuffers::enc_out), Kind::act, Re * D);
   f(at(&ActBuffers::enc_rstd), Kind::f32, Re);
@@ -466,7 +464,7 @@ struct FF {
   const BlockIds& b;
   int64_t R;
   // out [R,D] (= when `accumulate`, out += ...) = wo(act(x)); x [R,D] = the normed input.
-  // y: the block's saved ff0..ff2; scratch: [R,F] (the gated product).
+  // y: the block's saved ff0, ff1; scratch: [R,F] (the gated product).
   void forward(const TensorView& x, LayerBufs& y, const TensorView& scratch, const TensorView& out,
                bool write_output) const {
     const int64_t D = c.d_model, F = c.d_ff;
@@ -476,11 +474,11 @@ struct FF {
       be.relu_forward(y.ff0.view({R, F}), scratch);
       if (write_output) be.gemm(false, true, R, D, F, 1.f, y.ff0.view({R, F}), hooks.param(b.wo), 0.f, out);
     } else {
+      // gelu_new(wi_0 x) * (wi_1 x) in one pass (geglu_forward)
       be.gemm(false, true, R, F, D, 1.f, x, hooks.param(b.wi0), 0.f, y.ff0.view({R, F}));
-      be.gelu_forward(y.ff1.view({R, F}), y.ff0.view({R, F}));
-      be.gemm(false, true, R, F, D, 1.f, x, hooks.param(b.wi1), 0.f, y.ff2.view({R, F}));
+      be.gemm(false, true, R, F, D, 1.f, x, hooks.param(b.wi1), 0.f, y.ff1.view({R, F}));
       if (!write_output) return;
-      be.mul(scratch, y.ff1.view({R, F}), y.ff2.view({R, F}));
+      be.geglu_forward(scratch, y.ff0.view({R, F}), y.ff1.view({R, F}));
       be.gemm(false, true, R, D, F, 1.f, scratch, hooks.param(b.wo), 0.f, out);
     }
   }
@@ -497,14 +495,12 @@ struct FF {
       be.gemm(true, false, F, D, R, 1.f, s0, x, 1.f, hooks.grad(b.wi));
       be.gemm(false, false, R, D, F, 1.f, s0, hooks.param(b.wi), 0.f, dx);
     } else {
-      const TensorView g0 = y.ff0.view({R, F}), gl = y.ff1.view({R, F}), g1 = y.ff2.view({R, F});
+      const TensorView g0 = y.ff0.view({R, F}), g1 = y.ff1.view({R, F});
       const TensorView s1 = s1_buf.view({R, F});
-      be.mul(s0, gl, g1);  // the product wo read in forward
+      be.geglu_forward(s0, g0, g1);  // the product wo read in forward
       be.gemm(true, false, D, F, R, 1.f, dout, s0, 1.f, hooks.grad(b.wo));
       be.gemm(false, false, R, F, D, 1.f, dout, hooks.param(b.wo), 0.f, s0);  // d prod
-      be.mul(s1, s0, gl);            // d g1 = d prod * gelu(g0)
-      be.mul(s0, s0, g1);            // d gelu = d prod * g1
-      be.gelu_backward(s0, g0, s0);  // d g0
+      be.geglu_backward(s0, s1, s0, g0, g1);  // d g0 into s0, d g1 into s1
       be.gemm(true, false, F, D, R, 1.f, s0, x, 1.f, hooks.grad(b.wi0));
       be.gemm(true, false, F, D, R, 1.f, s1, x, 1.f, hooks.grad(b.wi1));
       be.gemm(false, false, R, D, F, 1.f, s0, hooks.param(b.wi0), 0.f, dx);

@@ -481,8 +481,19 @@ struct ArgChecks {
                             const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) {
     rope("rope_backward", "dx", dx, "dout", dout, cos, sin, B, T, H, D);
   }
-  static void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) {
-    const char* k = "swiglu_forward";
+  static void geglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) {
+    swiglu_forward(out, gate, up, "geglu_forward");
+  }
+  static void geglu_backward(const TensorView& dgate, const TensorView& dup,
+                             const TensorView& dout, const TensorView& gate,
+                             const TensorView& up) {
+    swiglu_backward(dgate, dup, dout, gate, up, "geglu_backward");
+    distinct("geglu_backward", "dup", dup, "dout", dout);
+    distinct("geglu_backward", "dup", dup, "gate", gate);
+    distinct("geglu_backward", "dup", dup, "up", up);
+  }
+  static void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up,
+                             const char* k = "swiglu_forward") {
     const int64_t n = out.numel();
     need_float(k, "out", out, n);
     need_float(k, "gate", gate, n);
@@ -490,8 +501,7 @@ struct ArgChecks {
   }
   static void swiglu_backward(const TensorView& dgate, const TensorView& dup,
                               const TensorView& dout, const TensorView& gate,
-                              const TensorView& up) {
-    const char* k = "swiglu_backward";
+                              const TensorView& up, const char* k = "swiglu_backward") {
     const int64_t n = dgate.numel();
     need_float(k, "dgate", dgate, n);
     need_float(k, "dup", dup, n);

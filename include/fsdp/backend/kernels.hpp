@@ -184,9 +184,25 @@ class Kernels {
   // Writes dx[n] = x[n] > 0 ? dout[n] : 0. dx may alias dout.
   virtual void relu_backward(const TensorView& dx, const TensorView& x,
                              const TensorView& dout) = 0;
-  // Writes out[n] = a[n] * b[n], n = out.numel() (gated-GELU's gate; its gradient is two
-  // more products). out may alias a or b.
+  // Writes out[n] = a[n] * b[n], n = out.numel(). out may alias a or b. (The models' gated
+  // products use geglu_* / swiglu_* below; this is the unfused product their tests compare
+  // against.)
   virtual void mul(const TensorView& out, const TensorView& a, const TensorView& b) = 0;
+  // GeGLU, T5 v1.1's gated-GELU (Shazeer 2020, "GLU Variants Improve Transformer"; HF
+  // T5DenseGatedActDense with "gelu_new"): out[n] = gelu(gate[n]) * up[n], with gelu(gate)
+  // rounded to gate's dtype first: the values of gelu_forward(g, gate) then mul(out, g, up)
+  // for a g of gate's dtype, in one pass and without g. n = out.numel(); out may alias gate
+  // or up.
+  virtual void geglu_forward(const TensorView& out, const TensorView& gate,
+                             const TensorView& up) = 0;
+  // Its backward in one pass, the values of the unfused chain with g = gelu(gate) as above:
+  // WRITES dup[n] = dout[n] * g[n], and dgate[n] = gelu'(gate[n]) * t[n] with t = dout[n] *
+  // up[n] rounded to dgate's dtype (mul(dup, dout, g), mul(t, dout, up), gelu_backward(dgate,
+  // gate, t)). n = dgate.numel(). dgate may alias dout (each element's inputs are read before
+  // its outputs are written); dup aliases none of the inputs.
+  virtual void geglu_backward(const TensorView& dgate, const TensorView& dup,
+                              const TensorView& dout, const TensorView& gate,
+                              const TensorView& up) = 0;
 
   // T5 relative position bias: bias[h,i,j] = table[buckets[i,j], h] (fp32 out).
   // table: [NB,H] (relative_attention_bias.weight, float; NB = table.numel() / H); buckets:

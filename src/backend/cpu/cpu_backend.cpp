@@ -283,6 +283,9 @@ class CpuBackend final : public Backend {
   void relu_forward(const TensorView& out, const TensorView& x) override;
   void relu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
   void mul(const TensorView& out, const TensorView& a, const TensorView& b) override;
+  void geglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override;
+  void geglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
+                      const TensorView& gate, const TensorView& up) override;
   void position_bias_forward(const TensorView& bias, const TensorView& table,
                              const TensorView& buckets, int64_t H, int64_t Tq,
                              int64_t Tk) override;
@@ -894,6 +897,28 @@ void CpuBackend::rope_backward(const TensorView& dx, const TensorView& dout, con
   const F32Out g = out(dx, n, false);
   k_.rope(g, d, static_cast<const float*>(cos.data), static_cast<const float*>(sin.data), B, T, H,
           D, true);
+}
+
+void CpuBackend::geglu_forward(const TensorView& out_, const TensorView& gate,
+                               const TensorView& up) {
+  // out[n] = round_gate(gelu(gate[n])) up[n], n = out.numel() (out may alias gate or up)
+  const int64_t n = out_.numel();
+  Chk::geglu_forward(out_, gate, up);
+  const F32In g = in(gate, n), u = in(up, n);
+  const F32Out o = out(out_, n, false);
+  k_.geglu_forward(o, g, u, n, gate.dtype);
+}
+
+void CpuBackend::geglu_backward(const TensorView& dgate, const TensorView& dup,
+                                const TensorView& dout, const TensorView& gate,
+                                const TensorView& up) {
+  // dup = dout round_gate(gelu(gate)), dgate = gelu'(gate) round_dgate(dout up),
+  // n = dgate.numel() (dgate may alias dout)
+  const int64_t n = dgate.numel();
+  Chk::geglu_backward(dgate, dup, dout, gate, up);
+  const F32In d = in(dout, n), g = in(gate, n), u = in(up, n);
+  const F32Out gg = out(dgate, n, false), gu = out(dup, n, false);
+  k_.geglu_backward(gg, gu, d, g, u, n, gate.dtype, dgate.dtype);
 }
 
 void CpuBackend::swiglu_forward(const TensorView& out_, const TensorView& gate,

@@ -523,6 +523,42 @@ void CpuKernels::gelu_backward(float* dx, const float* x, const float* dout, int
   }
 }
 
+namespace {
+// x rounded to the precision of storage type t (to nearest even, as every 16-bit store).
+inline f8 round8(f8 x, DType t) {
+  if (t == DType::bf16) {
+    for (int k = 0; k < 8; ++k) x[k] = bf16_to_f32(f32_to_bf16(x[k]));
+  } else if (t == DType::f16) {
+    for (int k = 0; k < 8; ++k) x[k] = f16_to_f32(f32_to_f16(x[k]));
+  }
+  return x;
+}
+}  // namespace
+
+void CpuKernels::geglu_forward(float* out, const float* gate, const float* up, int64_t n,
+                               DType gate_t) const {
+  const int64_t nv = (n + 7) / 8;
+#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t m = std::min<int64_t>(8, n - 8 * v);
+    const f8 g = load_partial(gate + 8 * v, m, 0.0f), u = load_partial(up + 8 * v, m, 0.0f);
+    store_partial(out + 8 * v, round8(gelu8(g), gate_t) * u, m);
+  }
+}
+
+void CpuKernels::geglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                                const float* up, int64_t n, DType gate_t, DType dgate_t) const {
+  const int64_t nv = (n + 7) / 8;
+#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t m = std::min<int64_t>(8, n - 8 * v);
+    const f8 d = load_partial(dout + 8 * v, m, 0.0f), g = load_partial(gate + 8 * v, m, 0.0f);
+    const f8 u = load_partial(up + 8 * v, m, 0.0f);
+    store_partial(dup + 8 * v, d * round8(gelu8(g), gate_t), m);
+    store_partial(dgate + 8 * v, gelu_grad8(g, round8(d * u, dgate_t)), m);
+  }
+}
+
 // GELU of one row: out[0, n) = gelu(x[0, n)) (8 lanes at a time, as gelu_forward).
 namespace {
 inline void gelu_row(float* out, const float* x, int64_t n) {

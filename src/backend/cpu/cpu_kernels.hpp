@@ -111,6 +111,11 @@ class CpuKernels {
   void relu_forward(float* out, const float* x, int64_t n) const;
   void relu_backward(float* dx, const float* x, const float* dout, int64_t n) const;
   void mul(float* out, const float* a, const float* b, int64_t n) const;
+  // GeGLU (kernels.hpp geglu_forward/backward) in fp32 with the intermediate roundings of the
+  // unfused chain: gelu(gate) to gate_t, dout * up to dgate_t (fp32: none).
+  void geglu_forward(float* out, const float* gate, const float* up, int64_t n, DType gate_t) const;
+  void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                      const float* up, int64_t n, DType gate_t, DType dgate_t) const;
   // table [NB,H]; buckets [Tq,Tk] (in [0,NB), checked by the caller); bias [H,Tq,Tk].
   void position_bias_forward(float* bias, const float* table, const int32_t* buckets, int64_t H,
                              int64_t Tq, int64_t Tk) const;
