@@ -288,4 +288,116 @@ void dispatch_uniform(const char* what, std::initializer_list<ST> types, F&& f) 
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// gated linear units (SwiGLU, GeGLU; kernels_llama.cu, kernels_elementwise.cu)
+
+// v rounded to the storage type (T, or t at run time for Dyn), as a store then a load would.
+template <class T>
+__device__ __forceinline__ float round_as(float v, ST t) {
+  if constexpr (std::is_same_v<T, Dyn>) {
+    switch (t) {
+      case ST::bf16:
+        return to_f(from_f<__nv_bfloat16>(v));
+      case ST::f16:
+        return to_f(from_f<__half>(v));
+      default:
+        return v;
+    }
+  } else {
+    return to_f(from_f<T>(v));
+  }
+}
+
+// out[i] = op.fwd<T>(gate[i], up[i]); dgate[i], dup[i] = op.bwd<T>(gate[i], up[i], dout[i]).
+// Grid-stride over n elements, 8 per 16-byte pack when `vec` (T a storage type, not Dyn).
+// Every thread reads all the inputs of an element before it writes its outputs, which is what
+// makes the aliasing of kernels.hpp safe (out = gate or up; dgate = gate or dout).
+constexpr int kGluThreads = 256;
+
+template <class T, class Op>
+__global__ void __launch_bounds__(kGluThreads)
+    glu_fwd_kernel(Wr<T> out, Rd<T> gate, Rd<T> up, int64_t n, bool vec, Op op) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if constexpr (!std::is_same_v<T, Dyn>) {
+    if (vec) {
+      const int64_t packs = n / 8;
+      for (int64_t v = first; v < packs; v += stride) {
+        const Pack8<T> pg = load8(gate.p + 8 * v), pu = load8(up.p + 8 * v);
+        Pack8<T> po;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          po.v[k] = from_f<T>(op.template fwd<T>(to_f(pg.v[k]), to_f(pu.v[k])));
+        }
+        store8(out.p + 8 * v, po);
+      }
+      done = packs * 8;
+    }
+  }
+  for (int64_t i = done + first; i < n; i += stride) out.set(i, op.template fwd<T>(gate[i], up[i]));
+}
+
+template <class T, class Op>
+__global__ void __launch_bounds__(kGluThreads)
+    glu_bwd_kernel(Wr<T> dgate, Wr<T> dup, Rd<T> dout, Rd<T> gate, Rd<T> up, int64_t n, bool vec,
+                   Op op) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if constexpr (!std::is_same_v<T, Dyn>) {
+    if (vec) {
+      const int64_t packs = n / 8;
+      for (int64_t v = first; v < packs; v += stride) {
+        const Pack8<T> pd = load8(dout.p + 8 * v), pg = load8(gate.p + 8 * v),
+                       pu = load8(up.p + 8 * v);
+        Pack8<T> og, ou;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          float dg, du;
+          op.template bwd<T>(to_f(pg.v[k]), to_f(pu.v[k]), to_f(pd.v[k]), dg, du);
+          og.v[k] = from_f<T>(dg);
+          ou.v[k] = from_f<T>(du);
+        }
+        store8(dgate.p + 8 * v, og);
+        store8(dup.p + 8 * v, ou);
+      }
+      done = packs * 8;
+    }
+  }
+  for (int64_t i = done + first; i < n; i += stride) {
+    float dg, du;
+    op.template bwd<T>(gate[i], up[i], dout[i], dg, du);
+    dgate.set(i, dg);
+    dup.set(i, du);
+  }
+}
+
+// Host: the two launches, T = the common storage type of the arguments (Dyn if mixed).
+template <class Op>
+void glu_forward(const char* what, Out out, In gate, In up, int64_t n, Op op, cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch_uniform(what, {out.t, gate.t, up.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    const bool vec = aligned16(out.p) && aligned16(gate.p) && aligned16(up.p);
+    glu_fwd_kernel<V><<<blocks_for(vec ? (n + 7) / 8 : n, kGluThreads), kGluThreads, 0, s>>>(
+        wr<V>(out), rd<V>(gate), rd<V>(up), n, vec, op);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+template <class Op>
+void glu_backward(const char* what, Out dgate, Out dup, In dout, In gate, In up, int64_t n, Op op,
+                  cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch_uniform(what, {dgate.t, dup.t, dout.t, gate.t, up.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    const bool vec = aligned16(dgate.p) && aligned16(dup.p) && aligned16(dout.p) &&
+                     aligned16(gate.p) && aligned16(up.p);
+    glu_bwd_kernel<V><<<blocks_for(vec ? (n + 7) / 8 : n, kGluThreads), kGluThreads, 0, s>>>(
+        wr<V>(dgate), wr<V>(dup), rd<V>(dout), rd<V>(gate), rd<V>(up), n, vec, op);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
 }  // namespace fsdp::cuda::kernels

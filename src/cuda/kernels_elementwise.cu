@@ -256,86 +256,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// v rounded to the storage type (T, or t at run time for Dyn), as a store then a load would.
-template <class T>
-__device__ __forceinline__ float round_as(float v, ST t) {
-  if constexpr (kIsDyn<T>) {
-    switch (t) {
-      case ST::bf16:
-        return to_f(from_f<__nv_bfloat16>(v));
-      case ST::f16:
-        return to_f(from_f<__half>(v));
-      default:
-        return v;
-    }
-  } else {
-    return to_f(from_f<T>(v));
+// GeGLU (T5 v1.1 gated-GELU) for glu_fwd/bwd_kernel: out = round_gate(gelu(gate)) * up (the
+// values of gelu_forward into a gate-typed buffer, then mul); dup = dout * round_gate(gelu(
+// gate)), dgate = gelu_grad(gate, round_dgate(dout * up)) (mul, mul, gelu_backward).
+struct GegluOp {
+  ST gate_t, dgate_t;
+  template <class T>
+  __device__ float fwd(float g, float u) const {
+    return round_as<T>(gelu(g), gate_t) * u;
   }
-}
-
-// GeGLU (T5 v1.1 gated-GELU): out = round_gate(gelu(gate)) * up, the values of gelu_forward
-// into a gate-typed buffer then mul. Grid-stride, packs of 8 when `vec`.
-template <class T>
-__global__ void __launch_bounds__(kThreads)
-    geglu_fwd_kernel(Wr<T> out, Rd<T> gate, Rd<T> up, ST gate_t, int64_t n, bool vec) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if constexpr (!kIsDyn<T>) {
-    if (vec) {
-      const int64_t packs = n / 8;
-      for (int64_t v = first; v < packs; v += stride) {
-        const Pack8<T> pg = load8(gate.p + 8 * v), pu = load8(up.p + 8 * v);
-        Pack8<T> po;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          po.v[k] = from_f<T>(round_as<T>(gelu(to_f(pg.v[k])), gate_t) * to_f(pu.v[k]));
-        }
-        store8(out.p + 8 * v, po);
-      }
-      done = packs * 8;
-    }
+  template <class T>
+  __device__ void bwd(float g, float u, float d, float& dg, float& du) const {
+    du = d * round_as<T>(gelu(g), gate_t);
+    dg = gelu_grad(g, round_as<T>(d * u, dgate_t));
   }
-  for (int64_t i = done + first; i < n; i += stride) {
-    out.set(i, round_as<T>(gelu(gate[i]), gate_t) * up[i]);
-  }
-}
-
-// Its backward: dup = dout * round_gate(gelu(gate)), dgate = gelu_grad(gate, round_dgate(dout
-// * up)): mul, mul and gelu_backward in one pass. Each element's inputs are read before its
-// outputs are written (dgate may alias dout).
-template <class T>
-__global__ void __launch_bounds__(kThreads)
-    geglu_bwd_kernel(Wr<T> dgate, Wr<T> dup, Rd<T> dout, Rd<T> gate, Rd<T> up, ST gate_t,
-                     ST dgate_t, int64_t n, bool vec) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if constexpr (!kIsDyn<T>) {
-    if (vec) {
-      const int64_t packs = n / 8;
-      for (int64_t v = first; v < packs; v += stride) {
-        const Pack8<T> pd = load8(dout.p + 8 * v), pg = load8(gate.p + 8 * v),
-                       pu = load8(up.p + 8 * v);
-        Pack8<T> og, ou;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float d = to_f(pd.v[k]), g = to_f(pg.v[k]);
-          ou.v[k] = from_f<T>(d * round_as<T>(gelu(g), gate_t));
-          og.v[k] = from_f<T>(gelu_grad(g, round_as<T>(d * to_f(pu.v[k]), dgate_t)));
-        }
-        store8(dgate.p + 8 * v, og);
-        store8(dup.p + 8 * v, ou);
-      }
-      done = packs * 8;
-    }
-  }
-  for (int64_t i = done + first; i < n; i += stride) {
-    const float d = dout[i], g = gate[i], u = up[i];
-    dup.set(i, d * round_as<T>(gelu(g), gate_t));
-    dgate.set(i, gelu_grad(g, round_as<T>(d * u, dgate_t)));
-  }
-}
+};
 
 // bias + GELU (GPT-2 MLP): fc[r, c] += bias[c], rounded to T, then out = gelu of that stored
 // value (exactly add_bias then gelu_forward). Rows over blocks, columns over threads (8 per
@@ -506,26 +441,11 @@ void add_bias(Out out, In bias, int64_t R, int64_t C, cudaStream_t s) {
 }
 
 void geglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s) {
-  if (n <= 0) return;
-  dispatch_uniform("geglu_forward", {out.t, gate.t, up.t}, [&](auto tag) {
-    using V = typename decltype(tag)::type;
-    const bool vec = aligned16(out.p) && aligned16(gate.p) && aligned16(up.p);
-    geglu_fwd_kernel<V><<<blocks_for(vec ? (n + 7) / 8 : n, kThreads), kThreads, 0, s>>>(
-        wr<V>(out), rd<V>(gate), rd<V>(up), gate.t, n, vec);
-    FSDP_CHECK_LAUNCH();
-  });
+  glu_forward("geglu_forward", out, gate, up, n, GegluOp{gate.t, gate.t}, s);
 }
 
 void geglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s) {
-  if (n <= 0) return;
-  dispatch_uniform("geglu_backward", {dgate.t, dup.t, dout.t, gate.t, up.t}, [&](auto tag) {
-    using V = typename decltype(tag)::type;
-    const bool vec = aligned16(dgate.p) && aligned16(dup.p) && aligned16(dout.p) &&
-                     aligned16(gate.p) && aligned16(up.p);
-    geglu_bwd_kernel<V><<<blocks_for(vec ? (n + 7) / 8 : n, kThreads), kThreads, 0, s>>>(
-        wr<V>(dgate), wr<V>(dup), rd<V>(dout), rd<V>(gate), rd<V>(up), gate.t, dgate.t, n, vec);
-    FSDP_CHECK_LAUNCH();
-  });
+  glu_backward("geglu_backward", dgate, dup, dout, gate, up, n, GegluOp{gate.t, dgate.t}, s);
 }
 
 void add_bias_residual(Out h, In bias, In residual, int64_t R, int64_t C, cudaStream_t s) {

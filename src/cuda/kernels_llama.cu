@@ -13,9 +13,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <class T>
-constexpr bool kDyn = std::is_same_v<T, Dyn>;
-
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 // out[i] = silu(g) u
@@ -47,65 +44,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- SwiGLU ----
-// out[i] = silu(gate[i]) up[i]; 8 elements per 16-byte pack when `vec`.
-template <class T>
-__global__ void __launch_bounds__(kThreads)
-    swiglu_fwd_kernel(Wr<T> out, Rd<T> gate, Rd<T> up, int64_t n, bool vec) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if constexpr (!kDyn<T>) {
-    if (vec) {
-      const int64_t packs = n / 8;
-      for (int64_t v = first; v < packs; v += stride) {
-        const Pack8<T> pg = load8(gate.p + 8 * v), pu = load8(up.p + 8 * v);
-        Pack8<T> po;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) po.v[k] = from_f<T>(swiglu(to_f(pg.v[k]), to_f(pu.v[k])));
-        store8(out.p + 8 * v, po);
-      }
-      done = packs * 8;
-    }
+// ---- SwiGLU, for glu_fwd/bwd_kernel (kernels_common.cuh) ----
+struct SwigluOp {
+  template <class T>
+  __device__ float fwd(float g, float u) const {
+    return swiglu(g, u);
   }
-  for (int64_t i = done + first; i < n; i += stride) out.set(i, swiglu(gate[i], up[i]));
-}
-
-// dgate[i] = dout up silu'(gate), dup[i] = dout silu(gate); packs of 8 when `vec`.
-template <class T>
-__global__ void __launch_bounds__(kThreads)
-    swiglu_bwd_kernel(Wr<T> dgate, Wr<T> dup, Rd<T> dout, Rd<T> gate, Rd<T> up, int64_t n,
-                      bool vec) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if constexpr (!kDyn<T>) {
-    if (vec) {
-      const int64_t packs = n / 8;
-      for (int64_t v = first; v < packs; v += stride) {
-        const Pack8<T> pd = load8(dout.p + 8 * v), pg = load8(gate.p + 8 * v),
-                       pu = load8(up.p + 8 * v);
-        Pack8<T> og, ou;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          float dg, du;
-          swiglu_grad(to_f(pg.v[k]), to_f(pu.v[k]), to_f(pd.v[k]), dg, du);
-          og.v[k] = from_f<T>(dg);
-          ou.v[k] = from_f<T>(du);
-        }
-        store8(dgate.p + 8 * v, og);
-        store8(dup.p + 8 * v, ou);
-      }
-      done = packs * 8;
-    }
+  template <class T>
+  __device__ void bwd(float g, float u, float d, float& dg, float& du) const {
+    swiglu_grad(g, u, d, dg, du);
   }
-  for (int64_t i = done + first; i < n; i += stride) {
-    float dg, du;
-    swiglu_grad(gate[i], up[i], dout[i], dg, du);
-    dgate.set(i, dg);
-    dup.set(i, du);
-  }
-}
+};
 
 }  // namespace
 
@@ -122,26 +71,11 @@ void rope(Out out, In x, const float* cos, const float* sin, int64_t B, int64_t 
 }
 
 void swiglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s) {
-  if (n <= 0) return;
-  dispatch_uniform("swiglu_forward", {out.t, gate.t, up.t}, [&](auto tag) {
-    using V = typename decltype(tag)::type;
-    const bool vec = aligned16(out.p) && aligned16(gate.p) && aligned16(up.p);
-    swiglu_fwd_kernel<V><<<blocks_for(vec ? (n + 7) / 8 : n, kThreads), kThreads, 0, s>>>(
-        wr<V>(out), rd<V>(gate), rd<V>(up), n, vec);
-    FSDP_CHECK_LAUNCH();
-  });
+  glu_forward("swiglu_forward", out, gate, up, n, SwigluOp{}, s);
 }
 
 void swiglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s) {
-  if (n <= 0) return;
-  dispatch_uniform("swiglu_backward", {dgate.t, dup.t, dout.t, gate.t, up.t}, [&](auto tag) {
-    using V = typename decltype(tag)::type;
-    const bool vec = aligned16(dgate.p) && aligned16(dup.p) && aligned16(dout.p) &&
-                     aligned16(gate.p) && aligned16(up.p);
-    swiglu_bwd_kernel<V><<<blocks_for(vec ? (n + 7) / 8 : n, kThreads), kThreads, 0, s>>>(
-        wr<V>(dgate), wr<V>(dup), rd<V>(dout), rd<V>(gate), rd<V>(up), n, vec);
-    FSDP_CHECK_LAUNCH();
-  });
+  glu_backward("swiglu_backward", dgate, dup, dout, gate, up, n, SwigluOp{}, s);
 }
 
 }  // namespace fsdp::cuda::kernels
