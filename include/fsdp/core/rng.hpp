@@ -37,11 +37,6 @@ constexpr uint64_t bits(uint64_t seed, uint64_t stream, uint64_t counter) {
   return mix64(mix64(mix64(seed) ^ stream) ^ counter);
 }
 
-// Uniform in [0, 1) from the top 53 random bits.
-inline double uniform(uint64_t seed, uint64_t stream, uint64_t counter) {
-  return static_cast<double>(bits(seed, stream, counter) >> 11) * 0x1.0p-53;
-}
-
 // Standard normals for one stream, e.g. a parameter's initial values (element k of the
 // parameter = at(k)). Box-Muller in float on a pair of 32-bit uniforms: pair i = elements
 // 2i and 2i+1 = r cos(pi a), r sin(pi a) with a uniform in [-1, 1) (the low 32 bits of
@@ -49,7 +44,7 @@ inline double uniform(uint64_t seed, uint64_t stream, uint64_t counter) {
 // sqrt(-2 ln b), b uniform in (0, 1) (the top 24 bits, offset by half a step). One 64-bit mix,
 // one logf and one sincosf per two normals: 8.4 ns a normal per core on the 2-core CI VM
 // (x86-64-v3), against 25.4 ns for the double-precision draw it replaced, so GPT 7B's 6.7e9
-// take ~3.5 s on 16 cores (tools: docs/benchmarks.md "start-up"). Tails are cut at
+// take ~3.5 s on 16 cores (docs/benchmarks.md, "Start-up"). Tails are cut at
 // sqrt(-2 ln 2^-25) = 5.9 standard deviations (for an initialisation of std 0.02, at 0.12).
 // Each value is a function of (seed, stream, k) alone: any split of [0, n) into ranks,
 // shards or threads gives the same values.
