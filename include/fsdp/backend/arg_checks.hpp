@@ -191,8 +191,7 @@ struct ArgChecks {
   static void layernorm_forward(const TensorView& out, const TensorView& mean,
                                 const TensorView& rstd, const TensorView& x,
                                 const TensorView& weight, const TensorView& bias, int64_t R,
-                                int64_t C) {
-    const char* k = "layernorm_forward";
+                                int64_t C, const char* k = "layernorm_forward") {
     dim(k, "R", R);
     dim(k, "C", C);
     need_float(k, "out", out, R * C);
@@ -203,7 +202,7 @@ struct ArgChecks {
     need_float(k, "bias", bias, C);
   }
   // The fused residual adds (kernels.hpp): proj_bias empty or [C]; h and residual [R,C]
-  // distinct; out [R,C] distinct from both.
+  // distinct; then the norm's own checks (h as its x) and out distinct from h and residual.
   static void add_bias_residual(const char* k, const TensorView& h, const TensorView& proj_bias,
                                 const TensorView& residual, int64_t R, int64_t C) {
     dim(k, "R", R);
@@ -224,11 +223,7 @@ struct ArgChecks {
                                     int64_t C) {
     const char* k = "add_layernorm_forward";
     add_bias_residual(k, h, proj_bias, residual, R, C);
-    need_float(k, "out", out, R * C);
-    need_dtype(k, "mean", mean, DType::f32, R);
-    need_dtype(k, "rstd", rstd, DType::f32, R);
-    need_float(k, "weight", weight, C);
-    need_float(k, "bias", bias, C);
+    layernorm_forward(out, mean, rstd, h, weight, bias, R, C, k);
     distinct(k, "out", out, "h", h);
     distinct(k, "out", out, "residual", residual);
   }
@@ -238,9 +233,7 @@ struct ArgChecks {
                                   int64_t C) {
     const char* k = "add_rmsnorm_forward";
     add_bias_residual(k, h, proj_bias, residual, R, C);
-    need_float(k, "out", out, R * C);
-    need_dtype(k, "rstd", rstd, DType::f32, R);
-    need_float(k, "weight", weight, C);
+    rmsnorm_forward(out, rstd, h, weight, R, C, k);
     distinct(k, "out", out, "h", h);
     distinct(k, "out", out, "residual", residual);
   }
@@ -360,8 +353,8 @@ struct ArgChecks {
     return C > 0 ? dtable.numel() / C : -1;
   }
   static void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
-                              const TensorView& weight, int64_t R, int64_t C) {
-    const char* k = "rmsnorm_forward";
+                              const TensorView& weight, int64_t R, int64_t C,
+                              const char* k = "rmsnorm_forward") {
     dim(k, "R", R);
     dim(k, "C", C);
     need_float(k, "out", out, R * C);
