@@ -562,13 +562,24 @@ bool same_type(std::initializer_list<ST> types) {
 
 // The row kernels' launch: T is the common storage type of the row arguments. kAdd: x is h,
 // and residual (and proj_bias, when not null) are added into it first (norm_forward_kernel).
+// Whether the norm forward's row kernel takes 16-byte packs (its column layout, hence the
+// order of its row sums).
+template <bool kRms>
+bool forward_vec(Out out, In x, In weight, In bias, int64_t C) {
+  return C % 8 == 0 && aligned16(out.p) && aligned16(x.p) && aligned16(weight.p) &&
+         (kRms || aligned16(bias.p));
+}
+// Whether the fused residual's extra rows allow packs too.
+bool add_vec(In residual, In proj_bias) {
+  return aligned16(residual.p) && (!proj_bias.p || aligned16(proj_bias.p));
+}
+
 template <bool kRms, bool kAdd = false>
 void launch_forward(Out out, float* mean, float* rstd, In x, In weight, In bias, int64_t R,
                     int64_t C, float eps, RowShape shape, cudaStream_t s, In residual = {},
                     In proj_bias = {}) {
-  const bool vec = C % 8 == 0 && aligned16(out.p) && aligned16(x.p) && aligned16(weight.p) &&
-                   (kRms || aligned16(bias.p)) &&
-                   (!kAdd || (aligned16(residual.p) && (!proj_bias.p || aligned16(proj_bias.p))));
+  const bool vec =
+      forward_vec<kRms>(out, x, weight, bias, C) && (!kAdd || add_vec(residual, proj_bias));
   const char* what = kAdd ? (kRms ? "add_rmsnorm_forward" : "add_layernorm_forward")
                           : (kRms ? "rmsnorm_forward" : "layernorm_forward");
   dispatch_float(what, x.t, [&](auto tag) {
@@ -695,7 +706,7 @@ namespace {
 bool fused_add_fits(RowShape shape, std::initializer_list<ST> types, In h, In proj_bias,
                     In residual, bool norm_vec) {
   return shape.tpr > 0 && same_type(types) && (!proj_bias.p || proj_bias.t == h.t) &&
-         (!norm_vec || (aligned16(residual.p) && (!proj_bias.p || aligned16(proj_bias.p))));
+         (!norm_vec || add_vec(residual, proj_bias));
 }
 }  // namespace
 
@@ -704,10 +715,8 @@ void add_layernorm_forward(Out h, Out out, float* mean, float* rstd, In residual
   if (R <= 0 || C <= 0) return;  // as layernorm_forward
   const RowShape shape = row_shape(C);
   const In hin{h.p, h.t};
-  const bool norm_vec = C % 8 == 0 && aligned16(out.p) && aligned16(h.p) &&
-                        aligned16(weight.p) && aligned16(bias.p);
   if (fused_add_fits(shape, {h.t, out.t, residual.t, weight.t, bias.t}, hin, proj_bias,
-                     residual, norm_vec)) {
+                     residual, forward_vec<false>(out, hin, weight, bias, C))) {
     launch_forward<false, true>(out, mean, rstd, hin, weight, bias, R, C, eps, shape, s, residual,
                                 proj_bias);
     return;
@@ -721,9 +730,8 @@ void add_rmsnorm_forward(Out h, Out out, float* rstd, In residual, In proj_bias,
   if (R <= 0) return;  // as rmsnorm_forward (C = 0 still writes rstd: the fallback below)
   const RowShape shape = row_shape(C);
   const In hin{h.p, h.t};
-  const bool norm_vec = C % 8 == 0 && aligned16(out.p) && aligned16(h.p) && aligned16(weight.p);
   if (fused_add_fits(shape, {h.t, out.t, residual.t, weight.t}, hin, proj_bias, residual,
-                     norm_vec)) {
+                     forward_vec<true>(out, hin, weight, weight, C))) {
     launch_forward<true, true>(out, nullptr, rstd, hin, weight, weight, R, C, eps, shape, s,
                                residual, proj_bias);
     return;
