@@ -7,6 +7,9 @@
 #include <atomic>
 #include <algorithm>
 #include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
 #include <sstream>
 #include <fstream>
 #include <cstdlib>
@@ -52,6 +55,18 @@ int usable_cpus() noexcept {
   if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
   const int n = CPU_COUNT(&set);
   return n > 0 ? n : 1;
+}
+
+void run_parts(int64_t parts, const std::function<void(int64_t)>& part) {
+  std::vector<std::thread> pool;
+  int64_t started = 1;  // parts 1 .. started-1 have a thread
+  try {
+    for (; started < parts; ++started) pool.emplace_back(part, started);
+  } catch (const std::system_error&) {  // no more threads: the rest on this one
+  }
+  if (parts > 0) part(0);
+  for (int64_t t = started; t < parts; ++t) part(t);
+  for (auto& th : pool) th.join();
 }
 
 double seconds_since_process_start() noexcept {

@@ -8,9 +8,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
-#include <vector>
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/process.hpp"
@@ -74,18 +72,10 @@ void touch_pages(char* p, std::size_t bytes, int threads) {
   const std::size_t pages = (bytes + kPage - 1) / kPage;
   const auto n = static_cast<std::size_t>(std::clamp<std::size_t>(
       static_cast<std::size_t>(std::max(threads, 1)), 1, std::max<std::size_t>(pages / 4096, 1)));
-  auto part = [&](std::size_t t) {
-    for (std::size_t i = pages * t / n; i < pages * (t + 1) / n; ++i) p[i * kPage] = 0;
-  };
-  std::vector<std::thread> pool;
-  std::size_t started = 1;
-  try {
-    for (; started < n; ++started) pool.emplace_back(part, started);
-  } catch (const std::system_error&) {
-  }
-  part(0);
-  for (std::size_t t = started; t < n; ++t) part(t);
-  for (auto& th : pool) th.join();
+  run_parts(static_cast<int64_t>(n), [&](int64_t t) {
+    const auto u = static_cast<std::size_t>(t);
+    for (std::size_t i = pages * u / n; i < pages * (u + 1) / n; ++i) p[i * kPage] = 0;
+  });
 }
 }  // namespace
 

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <system_error>
-#include <thread>
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/process.hpp"
@@ -96,15 +94,7 @@ void FsdpParamGroup::init_shard(uint64_t seed) {
   auto part = [&](int64_t t) {  // the t-th chunk of the shard range
     fill(std::min(end, begin + t * chunk), std::min(end, begin + (t + 1) * chunk));
   };
-  std::vector<std::thread> pool;
-  int64_t started = 1;  // chunks 1 .. started-1 have a thread
-  try {
-    for (; started < threads; ++started) pool.emplace_back(part, started);
-  } catch (const std::system_error&) {  // no more threads: the rest on this one
-  }
-  part(0);
-  for (int64_t t = started; t < threads; ++t) part(t);
-  for (auto& th : pool) th.join();
+  run_parts(threads, part);
   if (staging) ctx_.sh->copy_from_host(shard_param_.view(), staging.get());
 }
 

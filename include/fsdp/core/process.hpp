@@ -4,6 +4,8 @@
 // run directory's lock).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 namespace fsdp {
@@ -29,5 +31,11 @@ double seconds_since_process_start() noexcept;
 // CPUs the calling thread may run on (sched_getaffinity: the rank's own cores once the
 // Runtime has bound them), at least 1. Never throws.
 int usable_cpus() noexcept;
+
+// Runs part(0) .. part(parts - 1) and returns when all are done: each on a thread of its own
+// where one can be started, part(0) and any part no thread could be started for on the
+// calling thread. For first-touch fills of large host arrays (a shard's initial values,
+// page-locked blocks). part must not throw.
+void run_parts(int64_t parts, const std::function<void(int64_t)>& part);
 
 }  // namespace fsdp
