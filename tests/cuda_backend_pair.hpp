@@ -57,7 +57,6 @@ struct Tol {
 };
 inline constexpr Tol kExact{0.0, 0.0};
 inline constexpr Tol kElemF32{1e-5, 1e-6};
-inline constexpr Tol kOptimF32{1e-5, 1e-7};
 inline constexpr Tol kReduceF32{1e-4, 1e-5};
 inline constexpr Tol kBf16{1e-2, 2e-3};
 inline constexpr Tol kF16{2e-3, 5e-4};

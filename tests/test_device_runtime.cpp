@@ -25,6 +25,7 @@
 #include "cpu_backend_util.hpp"
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/backend/optimizer_math.hpp"
 #include "fsdp/core/caching_allocator.hpp"
 #include "fsdp/core/error.hpp"
 
@@ -217,6 +218,51 @@ TEST_F(CpuRuntime, SgdMatchesTorch) {
   for (int s = 0; s < 3; ++s) {
     be->sgd_update(f32(q), f32(kGrads[s]), TensorView{}, 0.1f, 0.0f, 0.01f, s + 1);
     expect_close(q, p0_want[s], 2e-6, "param (momentum 0)", s + 1);
+  }
+}
+
+// The CPU backend's vectorised, threaded AdamW and SGD equal fsdp/backend/optimizer_math.hpp's
+// element updates applied one element at a time, bit for bit, with decay on some elements and
+// not others. The CUDA kernels call the same functions (kernels_optim.cu), so an offloaded
+// update (host) and a device update of the same shard agree bit for bit (issue 31: they used
+// to differ in the last bits, each compiler contracting its own products into FMAs);
+// tests/test_cuda_device_runtime.cpp (AdamWAndSgd) checks the CUDA side against this backend
+// exactly. A loop that rounds p * (1 - lr wd) on its own first, as torch.optim and this
+// backend did before, fails here.
+TEST_F(CpuRuntime, UpdatesAreTheSharedElementOps) {
+  const int64_t n = 70001;
+  const std::vector<fsdp::ElementRange> ranges = {{3, 20000}, {35000, 35001}, {50000, n}};
+  auto decayed = [&](int64_t i) {
+    for (const auto& r : ranges) if (i >= r.begin && i < r.end) return true;
+    return false;
+  };
+  Vec p = random_vec(n, rng), m(n, 0.f), v(n, 0.f);
+  Vec q = p, mq = m, vq = v;
+  for (int step = 1; step <= 3; ++step) {
+    const Vec g = random_vec(n, rng);
+    be->adamw_update(f32(p), f32(g), f32(m), f32(v), 1e-2f, 0.9f, 0.95f, 1e-8f,
+                     fsdp::WeightDecay(0.1f, &ranges), step);
+    const AdamWCoefficients c = adamw_coefficients(1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    for (int64_t i = 0; i < n; ++i) {
+      adamw_element(q[i], g[i], mq[i], vq[i], decayed(i) ? c.decay : 1.0f, c);
+    }
+    ASSERT_EQ(p, q) << "adamw param, step " << step;
+    ASSERT_EQ(m, mq) << "adamw exp_avg, step " << step;
+    ASSERT_EQ(v, vq) << "adamw exp_avg_sq, step " << step;
+  }
+  for (float momentum : {0.0f, 0.9f}) {
+    Vec a = random_vec(n, rng), b = a, buf(n, 0.f), bufq(n, 0.f);
+    for (int step = 1; step <= 2; ++step) {
+      const Vec g = random_vec(n, rng);
+      be->sgd_update(f32(a), f32(g), momentum == 0 ? TensorView{} : f32(buf), 0.05f, momentum,
+                     fsdp::WeightDecay(0.1f, &ranges), step);
+      for (int64_t i = 0; i < n; ++i) {
+        sgd_element(b[i], g[i], bufq[i], 0.05f, momentum, decayed(i) ? 0.1f : 0.0f, step == 1,
+                    momentum != 0.0f);
+      }
+      ASSERT_EQ(a, b) << "sgd momentum " << momentum << " step " << step;
+      ASSERT_EQ(buf, bufq) << "sgd momentum buffer " << momentum << " step " << step;
+    }
   }
 }
 

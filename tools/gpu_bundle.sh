@@ -521,8 +521,10 @@ NVCC="$(cache CMAKE_CUDA_COMPILER)"
 # ---- 10. size -----------------------------------------------------------------------------------
 BYTES="$(du -sb "$B" | cut -f1)"
 MIB="$(awk -v b="$BYTES" 'BEGIN { printf "%.1f", b / 1048576 }')"
+# (A file deleted but not yet staged is still in `git ls-files`: du skips it, and its error must
+# not stop the script, hence `|| true`.)
 TREE="$(cd "$REPO" && { git ls-files -z; git ls-files -z --others --exclude-standard; } |
-  xargs -0 du -cb 2>/dev/null | awk '$2 == "total" { t += $1 } END { print t + 0 }')"
+  xargs -0 du -cb 2>/dev/null | awk '$2 == "total" { t += $1 } END { print t + 0 }' || true)"
 {
   echo "size_bytes=$BYTES"
   echo "size_files=$(find "$B" -type f -printf '%s %P\n' | sort -rn | awk '{ printf "%s%s:%s", (NR > 1 ? " " : ""), $2, $1 }')"

@@ -31,7 +31,7 @@
 #include <string>
 #include <system_error>
 
-#include "fsdp/backend/adamw_coefficients.hpp"
+#include "fsdp/backend/optimizer_math.hpp"
 #include "fsdp/backend/arg_checks.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/cuda/check.hpp"
@@ -1127,17 +1127,9 @@ void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
     throw Error("cuda backend: adamw_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
   }
-  // fsdp/backend/adamw_coefficients.hpp (torch.optim's formulas, shared with the CPU backend)
-  const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, weight_decay.rate, step);
-  k::AdamWArgs a{};
-  a.decay = c.decay;
-  a.neg_step_size = c.neg_step_size;
-  a.bc2_sqrt = c.bc2_sqrt;
-  a.beta1 = beta1;
-  a.beta2 = beta2;
-  a.one_m_b1 = c.one_m_b1;
-  a.one_m_b2 = c.one_m_b2;
-  a.eps = eps;
+  // fsdp/backend/optimizer_math.hpp (torch.optim's formulas; scalars and element update
+  // shared with the CPU backend)
+  const AdamWCoefficients a = adamw_coefficients(lr, beta1, beta2, eps, weight_decay.rate, step);
   auto* p = static_cast<float*>(param.data);
   const auto* g = static_cast<const float*>(grad.data);
   auto* m = static_cast<float*>(exp_avg.data);

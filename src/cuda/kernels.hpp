@@ -27,6 +27,8 @@
 #include <memory>
 #include <tuple>
 
+#include "fsdp/backend/optimizer_math.hpp"
+
 namespace fsdp::cuda::kernels {
 
 // Storage types (fsdp::DType's f32, bf16, f16, f64).
@@ -218,12 +220,6 @@ void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, int
                    cudaStream_t s);
 
 // ---- optimizers (kernels_optim.cu), fp32 flat shards ----
-struct AdamWArgs {      // precomputed as the CPU backend does (torch.optim semantics)
-  float decay;          // 1 - lr * wd
-  float neg_step_size;  // -lr / (1 - beta1^step)
-  float bc2_sqrt;       // sqrt(1 - beta2^step)
-  float beta1, beta2, one_m_b1, one_m_b2, eps;
-};
 // The elements that take weight decay, passed by value to the kernel: count < 0 means every
 // element, else the sorted, disjoint ranges [begin[k], end[k]) for k < count (0: none). A
 // shard with more ranges is updated piece by piece (cuda_backend.cpp).
@@ -233,10 +229,11 @@ struct DecayRanges {
   int64_t begin[kMaxDecayRanges] = {};
   int64_t end[kMaxDecayRanges] = {};
 };
-// AdamWArgs::decay applies where `decay` says, 1 elsewhere. copy: none (copy.p null) or n
+// a: fsdp/backend/optimizer_math.hpp's scalars; a.decay applies where `decay` says, 1 elsewhere. copy: none (copy.p null) or n
 // bf16 / fp16 elements written in the same pass with the updated param, rounded as cast.
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWArgs& a, const DecayRanges& decay, Out copy, cudaStream_t s);
+                  const AdamWCoefficients& a, const DecayRanges& decay, Out copy,
+                  cudaStream_t s);
 // weight_decay applies where `decay` says, 0 elsewhere. copy: as adamw_update's.
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, const DecayRanges& decay, bool first_step,

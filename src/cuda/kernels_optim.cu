@@ -1,9 +1,9 @@
 // src/cuda/kernels_optim.cu: AdamW and SGD updates over fp32 flat shards, one launch per
 // shard with its weight-decay ranges
-// (see kernels.hpp). The per-element operations are the CPU backend's, in the same order
-// (torch.optim's single-tensor path); the step-dependent scalars are computed on the host,
-// as there. Grid-stride loops, float4 accesses when every pointer is 16-byte aligned. An
-// optional bf16 / fp16 copy of the updated param is written in the same pass (from_f: the
+// (see kernels.hpp). The per-element operations are the CPU backend's own functions
+// (fsdp/backend/optimizer_math.hpp, explicit FMAs: bit for bit the same); the step-dependent
+// scalars are computed on the host, as there. Grid-stride loops, float4 accesses when every
+// pointer is 16-byte aligned. An optional bf16 / fp16 copy of the updated param is written in the same pass (from_f: the
 // rounding of cast).
 #include "kernels_common.cuh"
 
@@ -12,16 +12,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// The element updates are fsdp/backend/optimizer_math.hpp's, shared with the CPU backend.
 struct AdamW {
-  AdamWArgs a;
+  AdamWCoefficients c;
   // p, m, v updated in place from g; decayed: whether the weight decay applies to p.
   __device__ __forceinline__ void operator()(float& p, float g, float& m, float& v,
                                              bool decayed) const {
-    const float pd = p * (decayed ? a.decay : 1.0f);
-    m = m * a.beta1 + a.one_m_b1 * g;
-    v = v * a.beta2 + a.one_m_b2 * g * g;
-    const float denom = sqrtf(v) / a.bc2_sqrt + a.eps;
-    p = pd + a.neg_step_size * m / denom;
+    adamw_element(p, g, m, v, decayed ? c.decay : 1.0f, c);
   }
 };
 
@@ -30,12 +27,7 @@ struct Sgd {
   bool first, use_buf;
   __device__ __forceinline__ void operator()(float& p, float g, float& buf, float&,
                                              bool decayed) const {
-    g = g + (decayed ? weight_decay : 0.0f) * p;
-    if (use_buf) {
-      buf = first ? g : momentum * buf + g;
-      g = buf;
-    }
-    p -= lr * g;
+    sgd_element(p, g, buf, lr, momentum, decayed ? weight_decay : 0.0f, first, use_buf);
   }
 };
 
@@ -122,7 +114,8 @@ void launch_update(float* p, const float* g, float* s1, float* s2, int64_t n, bo
 }  // namespace
 
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWArgs& a, const DecayRanges& decay, Out copy, cudaStream_t s) {
+                  const AdamWCoefficients& a, const DecayRanges& decay, Out copy,
+                  cudaStream_t s) {
   if (n <= 0) return;
   const bool vec =
       aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);

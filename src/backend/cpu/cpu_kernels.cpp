@@ -35,7 +35,7 @@
 #include <system_error>
 #include <vector>
 
-#include "fsdp/backend/adamw_coefficients.hpp"
+#include "fsdp/backend/optimizer_math.hpp"
 #include "fsdp/core/error.hpp"
 
 // The 8-lane helpers below pass 32-byte vectors by value between inline functions; the ABI
@@ -1280,32 +1280,17 @@ void CpuKernels::adamw_update(float* param, const float* grad, float* exp_avg,
                 " (expected >= 1, 1-based)");
   }
   check_copy_dtype("adamw_update", copy, copy_dtype);
-  // fsdp/backend/adamw_coefficients.hpp (torch.optim's formulas, shared with the CUDA backend);
-  // only `decay` depends on the rate, and it is exactly 1 where the rate is 0.
-  const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, weight_decay.rate, step);
-  const float neg_step_size = c.neg_step_size, bc2_sqrt = c.bc2_sqrt;
-  const float one_m_b1 = c.one_m_b1, one_m_b2 = c.one_m_b2;
+  // fsdp/backend/optimizer_math.hpp: the scalars and the element update, shared with the CUDA
+  // kernel so that the two agree bit for bit. Only `decay` depends on the rate: exactly 1
+  // where the rate is 0.
+  const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, eps, weight_decay.rate, step);
   decay_pieces_parallel(n, threads_for(n, kParallelMinElems), weight_decay,
                         [&](int64_t lo, int64_t hi, float rate) {
     const float decay = rate == 0.f ? 1.f : c.decay;
     for_tiles(lo, hi, [&](int64_t a, int64_t b) {
-      // p * decay is rounded to fp32 before the step is added (torch's mul_ then addcdiv_):
-      // its own loop over the tile (in L1), so it cannot be contracted into an FMA with that
-      // add. Where the rate is 0 the decay is exactly 1 and the loop is skipped.
-      if (decay != 1.f) {
-#pragma omp simd
-        for (int64_t i = a; i < b; ++i) param[i] *= decay;
-      }
 #pragma omp simd
       for (int64_t i = a; i < b; ++i) {
-        const float g = grad[i];
-        const float p = param[i];
-        const float m = exp_avg[i] * beta1 + one_m_b1 * g;
-        const float v = exp_avg_sq[i] * beta2 + one_m_b2 * g * g;
-        exp_avg[i] = m;
-        exp_avg_sq[i] = v;
-        const float denom = std::sqrt(v) / bc2_sqrt + eps;
-        param[i] = p + neg_step_size * m / denom;
+        adamw_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], decay, c);
       }
       if (copy != nullptr) write_copy(copy, copy_dtype, param, a, b);
     });
@@ -1324,19 +1309,20 @@ void CpuKernels::sgd_update(float* param, const float* grad, float* momentum_buf
   const bool first = step == 1;
   decay_pieces_parallel(n, nt, weight_decay, [&](int64_t lo, int64_t hi, float wd) {
     for_tiles(lo, hi, [&](int64_t a, int64_t b) {
-      if (momentum == 0.0f) {  // torch keeps no buffer; momentum_buf is not touched (may be null)
+      // fsdp/backend/optimizer_math.hpp, shared with the CUDA kernel. torch keeps no buffer
+      // without momentum: momentum_buf is then not touched (may be null). The scalars are
+      // copied first: read through the lambda's captures, GCC does not vectorise the momentum
+      // loop.
+      const float r = lr, mu = momentum, w = wd;
+      const bool f = first;
+      if (mu == 0.0f) {
+        float unused = 0.0f;
 #pragma omp simd
-        for (int64_t i = a; i < b; ++i) {
-          const float g = grad[i] + wd * param[i];
-          param[i] -= lr * g;
-        }
+        for (int64_t i = a; i < b; ++i) sgd_element(param[i], grad[i], unused, r, mu, w, f, false);
       } else {
 #pragma omp simd
         for (int64_t i = a; i < b; ++i) {
-          const float g = grad[i] + wd * param[i];
-          const float bb = first ? g : momentum * momentum_buf[i] + g;
-          momentum_buf[i] = bb;
-          param[i] -= lr * bb;
+          sgd_element(param[i], grad[i], momentum_buf[i], r, mu, w, f, true);
         }
       }
       if (copy != nullptr) write_copy(copy, copy_dtype, param, a, b);
