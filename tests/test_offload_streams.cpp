@@ -1,18 +1,28 @@
 // CPU offload's stream ordering, checked on the CPU backend (issue 22: the CUDA path overlaps
 // its copies with compute, and no GPU has run it yet). The CPU backend's streams run
-// everything at once, so an engine that read a buffer before waiting for the copy filling
-// it would still pass every other CPU test. Here the engine runs on DeferredCopyRuntime: the
-// CPU backend, except that an asynchronous copy enqueued on a side stream (the engine's copy
-// and reduction streams) happens only when an event recorded after it is waited on or
-// synchronized, or its stream synchronized, as a GPU's copy engine may finish long after the
-// host has moved on. A missing wait then reads stale memory and changes the losses.
+// everything at once, so an engine that left out a wait between two streams would still pass
+// every other CPU test. Here the engine runs on DeferredCopyRuntime, the CPU backend under one
+// of two adversarial schedules, each a legal order of a GPU's streams:
+//  - side streams late (Schedule::side_late): an asynchronous copy enqueued on a side stream
+//    (the engine's copy and reduction streams) happens only when an event recorded after it
+//    is waited on or synchronized, or its stream synchronized, as a GPU's copy engine may
+//    finish long after the host has moved on; the compute stream runs at once. A host read
+//    (or a compute-stream read) that did not wait for a copy then reads stale memory.
+//  - compute late (Schedule::compute_late, issue 31 item 1): the other way round. Every
+//    compute-stream operation (the model's kernels through DeferredKernels, the engine's and
+//    optimizer's device arithmetic) waits in a queue until something needs it done (an event
+//    after it synchronized or waited on by another stream, a blocking copy, a synchronize, a
+//    collective ordered after the stream), while side-stream copies run at once, as a copy
+//    engine may run ahead of a busy compute stream. A copy that did not wait for the compute
+//    work before it (filling a block that a queued kernel still reads, or reading a gradient
+//    a queued kernel has not yet written) then changes the losses.
 //
 // Every operand is also checked against the side that allocated it (MemoryMap): a device
 // operation on a host shard, or a host one on a device buffer, throws.
 //
 // GPT-2 in bf16 with AdamW and clipping, offloaded on the deferred runtime (fsdp.cpu_offload,
 // and fsdp.offload_optimizer's resident device shards), must equal the same run without
-// offload bit for bit: one micro-batch a step (the gradient staged in
+// offload bit for bit under both schedules: one micro-batch a step (the gradient staged in
 // reduce_dtype) and several (the device accumulator, staged once at the boundary), for 3
 // steps; alone, and at 2 ranks sharded (all-gather after the upload, reduce-scatter) or
 // replicated (all-reduce). MPI collectives run on the host at once, so there the
@@ -20,6 +30,7 @@
 // wait for it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -52,17 +63,56 @@ using fsdp::Event;
 using fsdp::Stream;
 using fsdp::TensorView;
 
-// A side stream whose operations wait in a queue until something needs them done.
+class DeferredStream;
+
+// The device side's deferred streams. Under Schedule::shuffled, after each enqueue some queued
+// operations of a random stream run (a random legal interleaving of the streams). One lock for
+// all of them: the offloaded host step's thread may enqueue too.
+class StreamGroup {
+ public:
+  explicit StreamGroup(bool shuffled, unsigned seed) : shuffled_(shuffled), rng_(seed) {}
+  std::recursive_mutex& mutex() { return mutex_; }
+  void add(DeferredStream* s) {
+    const std::lock_guard<std::recursive_mutex> lock(mutex_);
+    streams_.push_back(s);
+  }
+  void remove(DeferredStream* s) {
+    const std::lock_guard<std::recursive_mutex> lock(mutex_);
+    streams_.erase(std::find(streams_.begin(), streams_.end(), s));
+  }
+  void after_enqueue();
+
+ private:
+  const bool shuffled_;
+  std::mt19937 rng_;
+  std::recursive_mutex mutex_;
+  std::vector<DeferredStream*> streams_;
+};
+
+// A stream whose operations wait in a queue until something needs them done, or (eager) run
+// as they are enqueued. Destroyed, it runs what it holds (as cudaStreamDestroy lets the work
+// finish).
 class DeferredStream final : public Stream {
  public:
+  explicit DeferredStream(StreamGroup& group, bool eager = false) : group_(group), eager_(eager) {
+    group_.add(this);
+  }
+  ~DeferredStream() override {
+    synchronize();
+    group_.remove(this);
+  }
   fsdp::Device device() const override { return fsdp::Device::cpu; }
   void wait(Event& event) override { event.synchronize(); }  // conservative: done now
-  void synchronize() override { run_until(enqueued_); }
+  void synchronize() override { run_until(enqueued()); }
   void enqueue(std::function<void()> op) {
+    const std::lock_guard<std::recursive_mutex> lock(group_.mutex());
     queue_.push_back(std::move(op));
     ++enqueued_;
+    if (eager_) run_until(enqueued_);
+    group_.after_enqueue();
   }
   void run_until(int64_t position) {
+    const std::lock_guard<std::recursive_mutex> lock(group_.mutex());
     while (done_ < position) {
       std::function<void()> op = std::move(queue_.front());
       queue_.pop_front();
@@ -70,29 +120,56 @@ class DeferredStream final : public Stream {
       op();
     }
   }
-  int64_t enqueued() const { return enqueued_; }
-  int64_t done() const { return done_; }
+  int64_t enqueued() const {
+    const std::lock_guard<std::recursive_mutex> lock(group_.mutex());
+    return enqueued_;
+  }
+  int64_t done() const {
+    const std::lock_guard<std::recursive_mutex> lock(group_.mutex());
+    return done_;
+  }
+  // Expires when the stream is destroyed (an event recorded on it is then complete).
+  std::weak_ptr<int> alive() const { return alive_; }
 
  private:
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
+  StreamGroup& group_;
+  const bool eager_;
   std::deque<std::function<void()>> queue_;
   int64_t enqueued_ = 0, done_ = 0;
 };
 
+void StreamGroup::after_enqueue() {
+  if (!shuffled_ || streams_.empty()) return;
+  // Half the time nothing; else 1 .. all of a random stream's queued operations.
+  if (std::uniform_int_distribution<int>(0, 1)(rng_) == 0) return;
+  std::uniform_int_distribution<std::size_t> pick(0, streams_.size() - 1);
+  DeferredStream* s = streams_[pick(rng_)];
+  const int64_t pending = s->enqueued() - s->done();
+  if (pending == 0) return;
+  s->run_until(s->done() + std::uniform_int_distribution<int64_t>(1, pending)(rng_));
+}
+
 // Complete once its stream has run what was enqueued before record(); on any other stream
-// (the compute stream, which runs everything at once) complete at once.
+// (a stream that runs everything at once) complete at once.
 class DeferredEvent final : public Event {
  public:
   void record(Stream& stream) override {
-    stream_ = dynamic_cast<DeferredStream*>(&stream);
-    position_ = stream_ ? stream_->enqueued() : 0;
+    auto* s = dynamic_cast<DeferredStream*>(&stream);
+    stream_ = s;
+    alive_ = s ? s->alive() : std::weak_ptr<int>();
+    position_ = s ? s->enqueued() : 0;
   }
+  // A stream destroyed since record() ran all its work (the caching allocator may hold an
+  // event past the end of the run).
   void synchronize() override {
-    if (stream_) stream_->run_until(position_);
+    if (stream_ && !alive_.expired()) stream_->run_until(position_);
   }
-  bool query() override { return !stream_ || stream_->done() >= position_; }
+  bool query() override { return !stream_ || alive_.expired() || stream_->done() >= position_; }
 
  private:
   DeferredStream* stream_ = nullptr;
+  std::weak_ptr<int> alive_;
   int64_t position_ = 0;
 };
 
@@ -132,18 +209,43 @@ class MemoryMap {
   std::map<std::uintptr_t, std::pair<std::size_t, Side>> live_;
 };
 
+enum class Schedule { side_late, compute_late, shuffled };
+
 // The CPU backend `inner` as one side of an offloaded run: its allocations recorded in `map`
-// and every operand checked against it (MemoryMap); on the device side its asynchronous
-// copies on side streams are deferred.
+// and every operand checked against it (MemoryMap). On the device side, `schedule` orders its
+// streams: side_late defers the asynchronous copies on side streams; compute_late defers
+// every compute-stream operation instead and runs side-stream copies at once; shuffled
+// defers both and runs a random part of a random stream's queue after each enqueue (`seed`).
+// The host side runs everything at once.
 class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
  public:
-  DeferredCopyRuntime(fsdp::DeviceRuntime& inner, MemoryMap& map, Side side)
-      : in_(inner), map_(map), side_(side) {}
-  int64_t deferred_copies = 0;  // how many copies waited in a queue
+  DeferredCopyRuntime(fsdp::DeviceRuntime& inner, MemoryMap& map, Side side,
+                      Schedule schedule = Schedule::side_late, unsigned seed = 0)
+      : in_(inner), map_(map), side_(side),
+        late_compute_(side == Side::device && schedule != Schedule::side_late),
+        eager_side_(schedule == Schedule::compute_late),
+        group_(side == Side::device && schedule == Schedule::shuffled, seed),
+        compute_(group_) {}
+  ~DeferredCopyRuntime() override { compute_.synchronize(); }
+  int64_t deferred_copies = 0;  // how many side-stream copies were queued (side_late, shuffled)
+  int64_t deferred_ops = 0;     // how many compute-stream operations (compute_late, shuffled)
+
+  // Runs `op` on the compute stream: queued (compute_late) or at once.
+  void later(std::function<void()> op) {
+    if (!late_compute_) return op();
+    ++deferred_ops;
+    compute_.enqueue(std::move(op));
+  }
+  // Runs what the compute stream holds (before a blocking operation).
+  void flush() { compute_.synchronize(); }
 
   fsdp::Device device() const override { return in_.device(); }
-  Stream& compute_stream() override { return in_.compute_stream(); }
-  std::unique_ptr<Stream> create_stream() override { return std::make_unique<DeferredStream>(); }
+  Stream& compute_stream() override {
+    return late_compute_ ? static_cast<Stream&>(compute_) : in_.compute_stream();
+  }
+  std::unique_ptr<Stream> create_stream() override {
+    return std::make_unique<DeferredStream>(group_, eager_side_);
+  }
   std::unique_ptr<Event> create_event() override { return std::make_unique<DeferredEvent>(); }
   void* allocate(std::size_t bytes, fsdp::MemCategory category) override {
     void* p = in_.allocate(bytes, category);
@@ -157,17 +259,28 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   }
   fsdp::MemoryTracker& memory() override { return in_.memory(); }
   const fsdp::AllocatorStats& allocator_stats() const override { return in_.allocator_stats(); }
-  void fill_zero(const TensorView& dst) override { in_.fill_zero(mine(dst, "fill_zero")); }
+  void fill_zero(const TensorView& dst) override {
+    mine(dst, "fill_zero");
+    later([=, this] { in_.fill_zero(dst); });
+  }
   void copy(const TensorView& dst, const TensorView& src) override {
-    in_.copy(mine(dst, "copy"), mine(src, "copy"));
+    mine(dst, "copy");
+    mine(src, "copy");
+    later([=, this] { in_.copy(dst, src); });
   }
   void cast(const TensorView& dst, const TensorView& src) override {
-    in_.cast(mine(dst, "cast"), mine(src, "cast"));
+    mine(dst, "cast");
+    mine(src, "cast");
+    later([=, this] { in_.cast(dst, src); });
   }
+  // Blocking copies: after everything enqueued on the compute stream (cudaMemcpyAsync on it,
+  // then a stream synchronize).
   void copy_to_host(void* host_dst, const TensorView& src) override {
+    flush();
     in_.copy_to_host(host(host_dst, "copy_to_host"), mine(src, "copy_to_host"));
   }
   void copy_from_host(const TensorView& dst, const void* host_src) override {
+    flush();
     in_.copy_from_host(mine(dst, "copy_from_host"), host(host_src, "copy_from_host"));
   }
   void copy_to_host_async(void* host_dst, const TensorView& src, Stream& stream) override {
@@ -180,35 +293,50 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
     host(host_src, "copy_from_host_async");
     defer(stream, [this, dst, host_src] { in_.copy_from_host(dst, host_src); });
   }
-  void synchronize() override { in_.synchronize(); }
+  void synchronize() override {
+    flush();
+    in_.synchronize();
+  }
   void axpy(const TensorView& y, float alpha, const TensorView& x) override {
-    in_.axpy(mine(y, "axpy"), alpha, mine(x, "axpy"));
+    mine(y, "axpy");
+    mine(x, "axpy");
+    later([=, this] { in_.axpy(y, alpha, x); });
   }
   void squared_norm(const TensorView& acc, const TensorView& x) override {
-    in_.squared_norm(mine(acc, "squared_norm"), mine(x, "squared_norm"));
+    mine(acc, "squared_norm");
+    mine(x, "squared_norm");
+    later([=, this] { in_.squared_norm(acc, x); });
   }
   void clip_coefficient(const TensorView& norm, const TensorView& coef, const TensorView& parts,
                         double max_norm) override {
-    in_.clip_coefficient(mine(norm, "clip_coefficient"), mine(coef, "clip_coefficient"),
-                         mine(parts, "clip_coefficient"), max_norm);
+    mine(norm, "clip_coefficient");
+    mine(coef, "clip_coefficient");
+    mine(parts, "clip_coefficient");
+    later([=, this] { in_.clip_coefficient(norm, coef, parts, max_norm); });
   }
   void scale_by(const TensorView& x, const TensorView& coef) override {
-    in_.scale_by(mine(x, "scale_by"), mine(coef, "scale_by"));
+    mine(x, "scale_by");
+    mine(coef, "scale_by");
+    later([=, this] { in_.scale_by(x, coef); });
   }
   void unscale_and_check(const TensorView& x, float inv_scale, const TensorView& found) override {
-    in_.unscale_and_check(mine(x, "unscale_and_check"), inv_scale, mine(found, "unscale_and_check"));
+    mine(x, "unscale_and_check");
+    mine(found, "unscale_and_check");
+    later([=, this] { in_.unscale_and_check(x, inv_scale, found); });
   }
   void adamw_update(const TensorView& p, const TensorView& g, const TensorView& m,
                     const TensorView& v, float lr, float b1, float b2, float eps,
                     const fsdp::WeightDecay& wd, int64_t step, const TensorView& copy) override {
-    in_.adamw_update(mine(p, "adamw"), mine(g, "adamw"), mine(m, "adamw"), mine(v, "adamw"), lr,
-                     b1, b2, eps, wd, step, mine(copy, "adamw"));
+    for (const TensorView* t : {&p, &g, &m, &v, &copy}) mine(*t, "adamw");
+    flush();  // WeightDecay points at the caller's ranges: not kept for later
+    in_.adamw_update(p, g, m, v, lr, b1, b2, eps, wd, step, copy);
   }
   void sgd_update(const TensorView& p, const TensorView& g, const TensorView& buf, float lr,
                   float momentum, const fsdp::WeightDecay& wd, int64_t step,
                   const TensorView& copy) override {
-    in_.sgd_update(mine(p, "sgd"), mine(g, "sgd"), mine(buf, "sgd"), lr, momentum, wd, step,
-                   mine(copy, "sgd"));
+    for (const TensorView* t : {&p, &g, &buf, &copy}) mine(*t, "sgd");
+    flush();
+    in_.sgd_update(p, g, buf, lr, momentum, wd, step, copy);
   }
 
  private:
@@ -224,15 +352,219 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
     map_.expect(p, Side::host, op);
     return p;
   }
+  // An asynchronous copy on `stream`: on the compute stream in its order; on a side stream
+  // queued (side_late) or at once (compute_late: the side streams are eager).
   void defer(Stream& stream, std::function<void()> op) {
+    if (&stream == &compute_stream()) return later(std::move(op));
     auto* s = dynamic_cast<DeferredStream*>(&stream);
-    if (s == nullptr) return op();  // the compute stream: at once
-    ++deferred_copies;
+    if (s == nullptr) return op();
+    if (!eager_side_) ++deferred_copies;
     s->enqueue(std::move(op));
   }
   fsdp::DeviceRuntime& in_;
   MemoryMap& map_;
   Side side_;
+  const bool late_compute_, eager_side_;
+  StreamGroup group_;
+  DeferredStream compute_;  // used when late_compute_
+};
+
+// The model's kernels on `rt`'s compute stream (queued under Schedule::compute_late); the
+// CPU backend `inner` computes them.
+class DeferredKernels final : public fsdp::Kernels {
+ public:
+  DeferredKernels(fsdp::Kernels& inner, DeferredCopyRuntime& rt) : in_(inner), rt_(rt) {}
+  fsdp::DeviceRuntime& runtime() override { return rt_; }
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const TensorView& A, const TensorView& B, float beta, const TensorView& C) override {
+    later([=, this] { in_.gemm(trans_a, trans_b, M, N, K, alpha, A, B, beta, C); });
+  }
+  void add_bias(const TensorView& out, const TensorView& bias, int64_t R, int64_t C) override {
+    later([=, this] { in_.add_bias(out, bias, R, C); });
+  }
+  void bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
+                     int64_t C) override {
+    later([=, this] { in_.bias_backward(dbias, dout, R, C); });
+  }
+  void add(const TensorView& out, const TensorView& a, const TensorView& b) override {
+    later([=, this] { in_.add(out, a, b); });
+  }
+  void scale(const TensorView& x, float alpha) override {
+    later([=, this] { in_.scale(x, alpha); });
+  }
+  void embedding_forward(const TensorView& out, const TensorView& tokens, const TensorView& wte,
+                         const TensorView& wpe, int64_t B, int64_t T, int64_t C) override {
+    later([=, this] { in_.embedding_forward(out, tokens, wte, wpe, B, T, C); });
+  }
+  void embedding_backward(const TensorView& dwte, const TensorView& dwpe, const TensorView& dout,
+                          const TensorView& tokens, int64_t B, int64_t T, int64_t C) override {
+    later([=, this] { in_.embedding_backward(dwte, dwpe, dout, tokens, B, T, C); });
+  }
+  void layernorm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
+                         const TensorView& x, const TensorView& weight, const TensorView& bias,
+                         int64_t R, int64_t C, float eps) override {
+    later([=, this] { in_.layernorm_forward(out, mean, rstd, x, weight, bias, R, C, eps); });
+  }
+  void layernorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dbias,
+                          const TensorView& dout, const TensorView& x, const TensorView& weight,
+                          const TensorView& mean, const TensorView& rstd, int64_t R,
+                          int64_t C) override {
+    later([=, this] {
+      in_.layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, R, C);
+    });
+  }
+  void add_bias_residual(const TensorView& h, const TensorView& proj_bias,
+                         const TensorView& residual, int64_t R, int64_t C) override {
+    later([=, this] { in_.add_bias_residual(h, proj_bias, residual, R, C); });
+  }
+  void add_layernorm_forward(const TensorView& h, const TensorView& out, const TensorView& mean,
+                             const TensorView& rstd, const TensorView& residual,
+                             const TensorView& proj_bias, const TensorView& weight,
+                             const TensorView& bias, int64_t R, int64_t C, float eps) override {
+    later([=, this] {
+      in_.add_layernorm_forward(h, out, mean, rstd, residual, proj_bias, weight, bias, R, C, eps);
+    });
+  }
+  void add_rmsnorm_forward(const TensorView& h, const TensorView& out, const TensorView& rstd,
+                           const TensorView& residual, const TensorView& proj_bias,
+                           const TensorView& weight, int64_t R, int64_t C, float eps) override {
+    later([=, this] {
+      in_.add_rmsnorm_forward(h, out, rstd, residual, proj_bias, weight, R, C, eps);
+    });
+  }
+  void gelu_forward(const TensorView& out, const TensorView& x) override {
+    later([=, this] { in_.gelu_forward(out, x); });
+  }
+  void gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override {
+    later([=, this] { in_.gelu_backward(dx, x, dout); });
+  }
+  void bias_gelu_forward(const TensorView& out, const TensorView& fc, const TensorView& bias,
+                         int64_t R, int64_t C) override {
+    later([=, this] { in_.bias_gelu_forward(out, fc, bias, R, C); });
+  }
+  void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias, const TensorView& fc,
+                          const TensorView& dout, int64_t R, int64_t C) override {
+    later([=, this] { in_.gelu_bias_backward(dfc, dbias, fc, dout, R, C); });
+  }
+  void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& qkv,
+                         int64_t B, int64_t T, int64_t C, int64_t H) override {
+    later([=, this] { in_.attention_forward(out, lse, qkv, B, T, C, H); });
+  }
+  void attention_backward(const TensorView& dqkv, const TensorView& dout, const TensorView& qkv,
+                          const TensorView& out, const TensorView& lse, int64_t B, int64_t T,
+                          int64_t C, int64_t H) override {
+    later([=, this] { in_.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, H); });
+  }
+  void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
+                                      const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                                      float grad_scale) override {
+    later([=, this] {
+      in_.cross_entropy_forward_backward(loss, logits, targets, R, V, ld, grad_scale);
+    });
+  }
+  void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
+                             const TensorView& targets, int64_t R, int64_t V, int64_t ld) override {
+    later([=, this] { in_.cross_entropy_forward(loss, logits, targets, R, V, ld); });
+  }
+  void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
+                                const TensorView& table, int64_t N, int64_t C) override {
+    later([=, this] { in_.embedding_lookup_forward(out, tokens, table, N, C); });
+  }
+  void embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
+                                 const TensorView& tokens, int64_t N, int64_t C) override {
+    later([=, this] { in_.embedding_lookup_backward(dtable, dout, tokens, N, C); });
+  }
+  void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                       const TensorView& weight, int64_t R, int64_t C, float eps) override {
+    later([=, this] { in_.rmsnorm_forward(out, rstd, x, weight, R, C, eps); });
+  }
+  void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
+                        const TensorView& x, const TensorView& weight, const TensorView& rstd,
+                        int64_t R, int64_t C) override {
+    later([=, this] { in_.rmsnorm_backward(dx, dweight, dout, x, weight, rstd, R, C); });
+  }
+  void relu_forward(const TensorView& out, const TensorView& x) override {
+    later([=, this] { in_.relu_forward(out, x); });
+  }
+  void relu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override {
+    later([=, this] { in_.relu_backward(dx, x, dout); });
+  }
+  void mul(const TensorView& out, const TensorView& a, const TensorView& b) override {
+    later([=, this] { in_.mul(out, a, b); });
+  }
+  void geglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override {
+    later([=, this] { in_.geglu_forward(out, gate, up); });
+  }
+  void geglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
+                      const TensorView& gate, const TensorView& up) override {
+    later([=, this] { in_.geglu_backward(dgate, dup, dout, gate, up); });
+  }
+  void position_bias_forward(const TensorView& bias, const TensorView& table,
+                             const TensorView& buckets, int64_t H, int64_t Tq,
+                             int64_t Tk) override {
+    later([=, this] { in_.position_bias_forward(bias, table, buckets, H, Tq, Tk); });
+  }
+  void position_bias_backward(const TensorView& dtable, const TensorView& dbias,
+                              const TensorView& buckets, int64_t H, int64_t Tq,
+                              int64_t Tk) override {
+    later([=, this] { in_.position_bias_backward(dtable, dbias, buckets, H, Tq, Tk); });
+  }
+  void mha_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
+                   const TensorView& k, const TensorView& v, const TensorView& bias,
+                   const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                   int64_t D, float scale, bool causal) override {
+    later([=, this] {
+      in_.mha_forward(out, lse, q, k, v, bias, key_mask, B, Tq, Tk, H, D, scale, causal);
+    });
+  }
+  void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                    const TensorView& dbias, const TensorView& dout, const TensorView& q,
+                    const TensorView& k, const TensorView& v, const TensorView& out,
+                    const TensorView& lse, const TensorView& bias, const TensorView& key_mask,
+                    int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
+                    bool causal) override {
+    later([=, this] {
+      in_.mha_backward(dq, dk, dv, dbias, dout, q, k, v, out, lse, bias, key_mask, B, Tq, Tk, H, D,
+                       scale, causal);
+    });
+  }
+  void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
+                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override {
+    later([=, this] { in_.rope_forward(out, x, cos, sin, B, T, H, D); });
+  }
+  void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
+                     const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override {
+    later([=, this] { in_.rope_backward(dx, dout, cos, sin, B, T, H, D); });
+  }
+  void swiglu_forward(const TensorView& out, const TensorView& gate,
+                      const TensorView& up) override {
+    later([=, this] { in_.swiglu_forward(out, gate, up); });
+  }
+  void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
+                       const TensorView& gate, const TensorView& up) override {
+    later([=, this] { in_.swiglu_backward(dgate, dup, dout, gate, up); });
+  }
+  void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
+                             const TensorView& k, const TensorView& v, int64_t B, int64_t T,
+                             int64_t H, int64_t Hkv, int64_t D, float scale) override {
+    later([=, this] { in_.gqa_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D, scale); });
+  }
+  void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                              const TensorView& dout, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& out, const TensorView& lse,
+                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                              float scale) override {
+    later([=, this] {
+      in_.gqa_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, scale);
+    });
+  }
+
+ private:
+  void later(std::function<void()> op) {
+    rt_.later(std::move(op));
+  }
+  fsdp::Kernels& in_;
+  DeferredCopyRuntime& rt_;
 };
 
 // This rank alone: every collective is a copy (or nothing).
@@ -252,23 +584,29 @@ class SoloCommunicator final : public fsdp::Communicator {
     void wait() override {}
     std::shared_ptr<Event> done() override { return std::make_shared<fsdp::HostEvent>(); }
   };
-  static std::unique_ptr<fsdp::Work> copied(void* recv, const void* send, std::size_t bytes) {
+  // After what the stream it is ordered after holds (a queued compute stream), at once.
+  static std::unique_ptr<fsdp::Work> copied(void* recv, const void* send, std::size_t bytes,
+                                            Stream& after) {
+    after.synchronize();
     if (recv != send && bytes > 0) std::memmove(recv, send, bytes);
     return std::make_unique<Done>();
   }
   std::unique_ptr<fsdp::Work> all_gather_impl(const void* send, void* recv, std::size_t n,
-                                              DType t, Stream&) override {
-    return copied(recv, send, n * fsdp::dtype_size(t));
+                                              DType t, Stream& after) override {
+    return copied(recv, send, n * fsdp::dtype_size(t), after);
   }
   std::unique_ptr<fsdp::Work> reduce_scatter_impl(const void* send, void* recv, std::size_t n,
-                                                  DType t, fsdp::ReduceOp, Stream&) override {
-    return copied(recv, send, n * fsdp::dtype_size(t));
+                                                  DType t, fsdp::ReduceOp,
+                                                  Stream& after) override {
+    return copied(recv, send, n * fsdp::dtype_size(t), after);
   }
   std::unique_ptr<fsdp::Work> all_reduce_impl(const void* send, void* recv, std::size_t n,
-                                              DType t, fsdp::ReduceOp, Stream&) override {
-    return copied(recv, send, n * fsdp::dtype_size(t));
+                                              DType t, fsdp::ReduceOp, Stream& after) override {
+    return copied(recv, send, n * fsdp::dtype_size(t), after);
   }
-  std::unique_ptr<fsdp::Work> broadcast_impl(void*, std::size_t, DType, int, Stream&) override {
+  std::unique_ptr<fsdp::Work> broadcast_impl(void*, std::size_t, DType, int,
+                                             Stream& after) override {
+    after.synchronize();
     return std::make_unique<Done>();
   }
 
@@ -322,28 +660,33 @@ struct Trained {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> params;
   int64_t deferred_copies = 0;
+  int64_t deferred_ops = 0;
 };
 
 // 3 AdamW steps of a 3-block GPT-2 (bf16 compute and reduction, clipping at 0.5, weight
-// decay) on one random batch of 4 sequences per rank, `micro` at a time; offloaded on the deferred
-// runtime, or on the plain CPU backend without offload.
-Trained train(bool offload, int64_t micro, Group group, bool resident = false) {
+// decay) on one random batch of 4 sequences per rank, `micro` at a time; offloaded on the
+// deferred runtime under `schedule`, or on the plain CPU backend without offload.
+Trained train(bool offload, int64_t micro, Group group, bool resident = false,
+              Schedule schedule = Schedule::side_late, unsigned seed = 0) {
   auto be = fsdp::make_cpu_backend(1);
   auto host_backend = fsdp::make_cpu_backend(1);
   MemoryMap map;
-  DeferredCopyRuntime deferred(*be, map, Side::device);
+  DeferredCopyRuntime deferred(*be, map, Side::device, schedule, seed);
   DeferredCopyRuntime host(*host_backend, map, Side::host);
+  DeferredKernels deferred_kernels(*be, deferred);
   fsdp::Gpt2Config mc;
   mc.n_layer = 3;
   mc.n_head = 2;
   mc.n_embd = 16;
   mc.n_positions = 16;
   mc.vocab_size = 64;
-  fsdp::Gpt2Model model(mc, *be, DType::bf16);
+  fsdp::Kernels& kernels = offload ? static_cast<fsdp::Kernels&>(deferred_kernels) : *be;
+  fsdp::Gpt2Model model(mc, kernels, DType::bf16);
   fsdp::FsdpConfig fc;
   fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
   fc.cpu_offload = offload && !resident;
   fc.offload_optimizer = offload && resident;
+  fsdp::DeviceRuntime& rt = offload ? static_cast<fsdp::DeviceRuntime&>(deferred) : *be;
   fsdp::MixedPrecisionConfig mp;
   mp.param_dtype = DType::bf16;
   mp.reduce_dtype = DType::bf16;
@@ -353,7 +696,7 @@ Trained train(bool offload, int64_t micro, Group group, bool resident = false) {
   fsdp::Communicator& shard = group == Group::sharded ? static_cast<fsdp::Communicator&>(world) : solo;
   fsdp::Communicator& replicate =
       group == Group::replicated ? static_cast<fsdp::Communicator&>(world) : solo;
-  fsdp::DeviceRuntime& rt = offload ? static_cast<fsdp::DeviceRuntime&>(deferred) : *be;
+
   fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, rt, 7, true,
                           offload ? &host : nullptr);
   fsdp::GradNormClipper clipper(engine);
@@ -365,8 +708,8 @@ Trained train(bool offload, int64_t micro, Group group, bool resident = false) {
     opt.add_shard(engine.shard_param(u), engine.shard_grad(u),
                   fsdp::decayed_ranges(engine.layout(u), engine.shard_index()));
   }
-  fsdp::DeviceBuffer loss(*be, DType::f64, 1, fsdp::MemCategory::other);
-  fsdp::DeviceBuffer norm(*be, DType::f64, 1, fsdp::MemCategory::other);
+  fsdp::DeviceBuffer loss(rt, DType::f64, 1, fsdp::MemCategory::other);
+  fsdp::DeviceBuffer norm(rt, DType::f64, 1, fsdp::MemCategory::other);
   std::mt19937 rng(3 + static_cast<unsigned>(world_mpi.rank()));  // each rank its own data
   std::uniform_int_distribution<int32_t> token(0, 63);
   const int64_t B = 4, L = 12;
@@ -381,7 +724,7 @@ Trained train(bool offload, int64_t micro, Group group, bool resident = false) {
   }
   for (int step = 1; step <= 3; ++step) {
     engine.zero_grad();
-    be->fill_zero(loss.view());
+    rt.fill_zero(loss.view());
     for (int64_t m0 = 0; m0 < B; m0 += micro) {
       engine.set_gradient_accumulation_boundary(m0 + micro >= B);
       engine.begin_step(true);
@@ -391,13 +734,15 @@ Trained train(bool offload, int64_t micro, Group group, bool resident = false) {
     }
     clipper.clip(0.5, norm.view());
     double host_loss = 0;
-    be->copy_to_host(&host_loss, loss.view());
+    rt.copy_to_host(&host_loss, loss.view());
     r.losses.push_back(host_loss);
     opt.begin_update();
     engine.update_shards([&opt, lr = oc.lr](int u) { opt.step_shard(u, lr); });
   }
   r.params = engine.gather_full_params();
+  deferred.flush();
   r.deferred_copies = deferred.deferred_copies;
+  r.deferred_ops = deferred.deferred_ops;
   return r;
 }
 
@@ -421,23 +766,34 @@ TEST(OffloadStreams, OperationsOnTheOtherSidesMemoryAreCaught) {
   EXPECT_THROW(device.copy_to_host_async(d.data(), d.view(), *side), fsdp::Error);
 }
 
-TEST(OffloadStreams, DeferredCopiesGiveTheRunWithoutOffloadBitForBit) {
+// Under each schedule, every offloaded run equals the plain run bit for bit.
+void expect_offload_equals_plain(Schedule schedule, unsigned seed = 0) {
   int ranks = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   std::vector<Group> groups = {Group::alone};
   if (ranks > 1) groups = {Group::sharded, Group::replicated};
   for (Group group : groups)
   for (int64_t micro : {4, 1}) {
-    SCOPED_TRACE(std::string(group == Group::alone ? "alone" : group == Group::sharded ? "sharded" : "replicated") +
+    SCOPED_TRACE(std::string(group == Group::alone     ? "alone"
+                             : group == Group::sharded ? "sharded"
+                                                       : "replicated") +
                  ", micro-batches of " + std::to_string(micro));
     const Trained plain = train(false, micro, group);
     EXPECT_LT(plain.losses.back(), plain.losses.front());
     for (bool resident : {false, true}) {  // fsdp.cpu_offload, fsdp.offload_optimizer
       SCOPED_TRACE(resident ? "offload_optimizer" : "cpu_offload");
-      const Trained off = train(true, micro, group, resident);
-      // Uploads (cpu_offload: every unit, forward and backward, every micro-batch; resident:
-      // each unit once a step) and the gradient copies all went through the queues.
-      EXPECT_GE(off.deferred_copies, resident ? 3 * 4 : 3 * 4 * 2 * (4 / micro));
+      const Trained off = train(true, micro, group, resident, schedule, seed);
+      if (schedule == Schedule::shuffled) {
+        EXPECT_GE(off.deferred_ops, 3 * (4 / micro) * 40);
+        EXPECT_GE(off.deferred_copies, resident ? 3 * 4 : 3 * 4 * 2 * (4 / micro));
+      } else if (schedule == Schedule::side_late) {
+        // Uploads (cpu_offload: every unit, forward and backward, every micro-batch;
+        // resident: each unit once a step) and the gradient copies all went through the
+        // queues.
+        EXPECT_GE(off.deferred_copies, resident ? 3 * 4 : 3 * 4 * 2 * (4 / micro));
+      } else {  // every kernel of every micro-batch waited in the compute queue
+        EXPECT_GE(off.deferred_ops, 3 * (4 / micro) * 40);
+      }
       ASSERT_EQ(off.losses.size(), plain.losses.size());
       for (std::size_t i = 0; i < plain.losses.size(); ++i) {
         EXPECT_EQ(off.losses[i], plain.losses[i]) << "step " << i + 1;
@@ -446,6 +802,22 @@ TEST(OffloadStreams, DeferredCopiesGiveTheRunWithoutOffloadBitForBit) {
         EXPECT_EQ(off.params.at(name), values) << name;
       }
     }
+  }
+}
+
+TEST(OffloadStreams, DeferredCopiesGiveTheRunWithoutOffloadBitForBit) {
+  expect_offload_equals_plain(Schedule::side_late);
+}
+
+TEST(OffloadStreams, DeferredComputeGivesTheRunWithoutOffloadBitForBit) {
+  expect_offload_equals_plain(Schedule::compute_late);
+}
+
+// Random legal interleavings of the compute, copy and reduction streams (32 seeds).
+TEST(OffloadStreams, ShuffledStreamsGiveTheRunWithoutOffloadBitForBit) {
+  for (unsigned seed = 1; seed <= 32; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    expect_offload_equals_plain(Schedule::shuffled, seed);
   }
 }
 
