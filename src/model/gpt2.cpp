@@ -39,14 +39,20 @@ struct Gpt2Model::Acts {
   std::vector<DeviceBuffer> res;  // L+1 residual streams [BT,C]: res[0] embeddings, res[l+1] block l out
   struct Layer {
     // lse: fp32 [B,H,T], attention's row logsumexp (kernels.hpp: no [B,H,T,T] is kept)
-    DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fc, gelu;
+    // fc: the MLP's pre-activation (bias added). GELU(fc) is not kept: see dfc below.
+    DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fc;
   };
   // One Layer per block, or (activation checkpointing) one shared by every block.
   std::vector<Layer> layers;
   Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[l]; }
   // logits [BT,Vp] (dlogits after CE); [chunk,Vp] under model.fused_linear_cross_entropy
   DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;
-  DeviceBuffer dres, dln, dqkv, dfc;                       // backward scratch
+  // Backward scratch. dfc [BT,4C] also holds GELU(fc) where only one block needs it: in
+  // forward each block's, read by its c_proj GEMM; in backward the block's own, recomputed
+  // from its fc for the c_proj weight gradient before dfc is overwritten (torch.compile's
+  // partitioner recomputes such pointwise ops too). L [BT,4C] activations fewer for one
+  // elementwise pass per block in backward.
+  DeviceBuffer dres, dln, dqkv, dfc;
   DeviceBuffer targets_dev, tokens_dev;                    // [BT] int32 on the device
 };
 
@@ -105,7 +111,7 @@ ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T, bool checkpointi
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, V);  // BT, or one chunk
   ActCounts n;
   n.act = (L + 1) * BT * C                                               // residual streams
-          + S * BT * (C + 3 * C + C + C + C + 4 * C + 4 * C)
+          + S * BT * (C + 3 * C + C + C + C + 4 * C)                     // ln1 .. fc
           + BT * C + logit_rows * V                                      // ln_f, logits
           + BT * C * 2 + BT * 3 * C + BT * 4 * C;                        // backward scratch
   n.f32 = S * (4 * BT + B * H * T) + 2 * BT;  // LN mean/rstd, attention lse
@@ -141,7 +147,7 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
     ly.ln1 = f(BT * C); ly.ln1_mean = f32(BT); ly.ln1_rstd = f32(BT);
     ly.qkv = f(BT * 3 * C); ly.lse = f32(B * H * T); ly.atty = f(BT * C); ly.res2 = f(BT * C);
     ly.ln2 = f(BT * C); ly.ln2_mean = f32(BT); ly.ln2_rstd = f32(BT);
-    ly.fc = f(BT * 4 * C); ly.gelu = f(BT * 4 * C);
+    ly.fc = f(BT * 4 * C);
   }
   a->lnf = f(BT * C); a->lnf_mean = f32(BT); a->lnf_rstd = f32(BT);
   a->logits = f(cfg_.fused_lce.logits_rows(BT, C, V) * V);
@@ -230,7 +236,7 @@ void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
   const TensorView x = rows(a.res[l], C);  // [BT,C]
   const TensorView ln1 = rows(ly.ln1, C), qkv = rows(ly.qkv, 3 * C), atty = rows(ly.atty, C);
   const TensorView res2 = rows(ly.res2, C), ln2 = rows(ly.ln2, C);
-  const TensorView fc = rows(ly.fc, 4 * C), gelu = rows(ly.gelu, 4 * C);
+  const TensorView fc = rows(ly.fc, 4 * C), gelu = rows(a.dfc, 4 * C);  // Acts::dfc
   be_.layernorm_forward(ln1, ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), x, W(kLn1W),
                         W(kLn1B), BT, C, eps);
   // qkv [BT,3C] = ln1 [BT,C] @ c_attn.weight[3C,C]^T + bias
@@ -291,8 +297,10 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_sc
     // Activation checkpointing: recompute this block's internals from res[l] with the
     // parameters pre_backward has just gathered (no pre/post_forward: not a forward pass).
     if (checkpointing_) block_forward(l, B, T, hooks, /*write_output=*/false);
-    // dres = d res[l+1]. MLP c_proj: out = gelu @ W^T + b.
-    be_.gemm(true, false, C, 4 * C, BT, 1.f, dres, rows(ly.gelu, 4 * C), 1.f, G(kMlpProjW));
+    // dres = d res[l+1]. MLP c_proj: out = gelu @ W^T + b; gelu = GELU(fc) into dfc (the
+    // checkpointing recompute has just put it there).
+    if (!checkpointing_) be_.gelu_forward(dfc, rows(ly.fc, 4 * C));
+    be_.gemm(true, false, C, 4 * C, BT, 1.f, dres, dfc, 1.f, G(kMlpProjW));
     be_.bias_backward(G(kMlpProjB), dres, BT, C);
     be_.gemm(false, false, BT, 4 * C, C, 1.f, dres, W(kMlpProjW), 0.f, dfc);  // d gelu
     be_.gelu_bias_backward(dfc, G(kFcB), rows(ly.fc, 4 * C), dfc, BT, 4 * C);  // d fc, d bias

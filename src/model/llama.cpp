@@ -168,14 +168,19 @@ struct LlamaModel::Acts {
   int64_t B = 0, T = 0;  // capacity
   std::vector<DeviceBuffer> res;  // L+1 residual streams [BT,C]
   struct Layer {
-    // q [BT,Q] and k [BT,KV] after RoPE; lse fp32 [B,H,T]; act = silu(gate) * up
-    DeviceBuffer ln1, ln1_rstd, q, k, v, lse, atty, res2, ln2, ln2_rstd, gate, up, act;
+    // q [BT,Q] and k [BT,KV] after RoPE; lse fp32 [B,H,T]. silu(gate) * up is not kept:
+    // see dI1 below.
+    DeviceBuffer ln1, ln1_rstd, q, k, v, lse, atty, res2, ln2, ln2_rstd, gate, up;
   };
   std::vector<Layer> layers;  // one per layer, or one shared (activation checkpointing)
   Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[static_cast<std::size_t>(l)]; }
   // logits [BT,Vp] (dlogits after CE); [chunk,Vp] under model.fused_linear_cross_entropy
   DeviceBuffer lnf, lnf_rstd, logits;
-  DeviceBuffer dres, dln, dI1, dI2, datty, dq, dk, dv;  // backward scratch
+  // Backward scratch. dI1 [BT,I] also holds act = silu(gate) * up where one layer needs it:
+  // in forward each layer's, read by its down_proj GEMM; in backward the layer's own,
+  // recomputed from its gate and up for the down_proj weight gradient before dI1 is
+  // overwritten (torch.compile's partitioner recomputes such pointwise ops too).
+  DeviceBuffer dres, dln, dI1, dI2, datty, dq, dk, dv;
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, D/2]
   DeviceBuffer tokens_dev, targets_dev;          // [BT] int32
 };
@@ -196,7 +201,7 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T, bool checkpoint
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, Vp);  // BT, or one chunk
   ActCounts n;
   n.act = (c.num_hidden_layers + 1) * BT * C                            // residual streams
-          + S * BT * (C + Q + 2 * KV + Q + C + C + 3 * I)                 // ln1 q k v atty res2 ln2 gate up act
+          + S * BT * (C + Q + 2 * KV + Q + C + C + 2 * I)                 // ln1 q k v atty res2 ln2 gate up
           + BT * C + logit_rows * Vp                                      // norm, logits
           + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
   n.f32 = S * (2 * BT + B * H * T) + BT + 2 * T * (D / 2);  // rstd x2, lse; norm rstd; RoPE
@@ -238,7 +243,7 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   for (auto& y : a->layers) {
     y.ln1 = f(BT * C); y.ln1_rstd = f32(BT); y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
     y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C); y.ln2 = f(BT * C);
-    y.ln2_rstd = f32(BT); y.gate = f(BT * I); y.up = f(BT * I); y.act = f(BT * I);
+    y.ln2_rstd = f32(BT); y.gate = f(BT * I); y.up = f(BT * I);
   }
   a->lnf = f(BT * C); a->lnf_rstd = f32(BT);
   a->logits = f(cfg_.fused_lce.logits_rows(BT, C, Vp) * Vp);
@@ -348,7 +353,7 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   const TensorView in = rows(a.res[l], C), ln1 = rows(y.ln1, C), q = rows(y.q, Q),
                    k = rows(y.k, KV), v = rows(y.v, KV), atty = rows(y.atty, Q),
                    res2 = rows(y.res2, C), ln2 = rows(y.ln2, C), gate = rows(y.gate, I),
-                   up = rows(y.up, I), act = rows(y.act, I);
+                   up = rows(y.up, I), act = rows(a.dI1, I);  // Acts::dI1
   const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
   // out [BT,n] = inp [BT,m] @ W[n,m]^T (+ b)
   auto linear = [&](const TensorView& out, const TensorView& inp, int w, int b, int64_t n,
@@ -437,7 +442,10 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
       be_.gemm(false, false, BT, m_in, n, 1.f, dout, W(w), accumulate ? 1.f : 0.f, din);
     };
     // MLP: dres = d res[l+1] = d (res2 + down(act))
-    linear_backward(dI1, dres, rows(y.act, I), x.down_w, x.down_b, C, I, false);  // d act
+    // act = silu(gate) * up into dI1 (the checkpointing recompute has just put it there);
+    // linear_backward reads it for the weight gradient before it writes d act over it.
+    if (!checkpointing_) be_.swiglu_forward(dI1, rows(y.gate, I), rows(y.up, I));
+    linear_backward(dI1, dres, dI1, x.down_w, x.down_b, C, I, false);  // d act
     be_.swiglu_backward(dI1, dI2, dI1, rows(y.gate, I), rows(y.up, I));          // d gate, d up
     linear_backward(dln, dI1, rows(y.ln2, C), x.gate_w, x.gate_b, I, C, false);
     linear_backward(dln, dI2, rows(y.ln2, C), x.up_w, x.up_b, I, C, true);       // d ln2
