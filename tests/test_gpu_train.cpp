@@ -124,7 +124,9 @@ void print_divergence(const std::string& tag, const TrainResult& got, const Trai
     std::printf(" %.3g", std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
   }
   std::vector<std::pair<double, std::string>> worst;
-  for (const auto& [name, values] : ref.params) worst.push_back({rel_diff(got.params.at(name), values), name});
+  for (const auto& [name, values] : ref.params) {
+    worst.push_back({rel_diff(got.params.at(name), values), name});
+  }
   std::sort(worst.rbegin(), worst.rend());
   std::printf("; params %.3g; largest:", params_rel_diff(got, ref));
   for (std::size_t i = 0; i < std::min<std::size_t>(3, worst.size()); ++i) {

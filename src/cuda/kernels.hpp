@@ -229,8 +229,9 @@ struct DecayRanges {
   int64_t begin[kMaxDecayRanges] = {};
   int64_t end[kMaxDecayRanges] = {};
 };
-// a: fsdp/backend/optimizer_math.hpp's scalars; a.decay applies where `decay` says, 1 elsewhere. copy: none (copy.p null) or n
-// bf16 / fp16 elements written in the same pass with the updated param, rounded as cast.
+// a: fsdp/backend/optimizer_math.hpp's scalars; a.decay applies where `decay` says, 1
+// elsewhere. copy: none (copy.p null) or n bf16 / fp16 elements written in the same pass with
+// the updated param, rounded as cast.
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                   const AdamWCoefficients& a, const DecayRanges& decay, Out copy,
                   cudaStream_t s);

@@ -1,10 +1,9 @@
 // src/cuda/kernels_optim.cu: AdamW and SGD updates over fp32 flat shards, one launch per
-// shard with its weight-decay ranges
-// (see kernels.hpp). The per-element operations are the CPU backend's own functions
-// (fsdp/backend/optimizer_math.hpp, explicit FMAs: bit for bit the same); the step-dependent
-// scalars are computed on the host, as there. Grid-stride loops, float4 accesses when every
-// pointer is 16-byte aligned. An optional bf16 / fp16 copy of the updated param is written in the same pass (from_f: the
-// rounding of cast).
+// shard with its weight-decay ranges (see kernels.hpp). The per-element operations are the
+// CPU backend's own functions (fsdp/backend/optimizer_math.hpp, explicit FMAs: bit for bit
+// the same); the step-dependent scalars are computed on the host, as there. Grid-stride
+// loops, float4 accesses when every pointer is 16-byte aligned. An optional bf16 / fp16 copy
+// of the updated param is written in the same pass (from_f: the rounding of cast).
 #include "kernels_common.cuh"
 
 namespace fsdp::cuda::kernels {

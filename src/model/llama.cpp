@@ -201,7 +201,7 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T, bool checkpoint
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, Vp);  // BT, or one chunk
   ActCounts n;
   n.act = (c.num_hidden_layers + 1) * BT * C                            // residual streams
-          + S * BT * (C + Q + 2 * KV + Q + C + C + 2 * I)                 // ln1 q k v atty res2 ln2 gate up
+          + S * BT * (C + Q + 2 * KV + Q + C + C + 2 * I)  // ln1 q k v atty res2 ln2 gate up
           + BT * C + logit_rows * Vp                                      // norm, logits
           + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
   n.f32 = S * (2 * BT + B * H * T) + BT + 2 * T * (D / 2);  // rstd x2, lse; norm rstd; RoPE
