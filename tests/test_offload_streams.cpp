@@ -2,7 +2,7 @@
 // its copies with compute, and no GPU has run it yet). The CPU backend's streams run
 // everything at once, so an engine that left out a wait between two streams would still pass
 // every other CPU test. Here the engine runs on DeferredCopyRuntime, the CPU backend under one
-// of two adversarial schedules, each a legal order of a GPU's streams:
+// of three adversarial schedules, each a legal order of a GPU's streams:
 //  - side streams late (Schedule::side_late): an asynchronous copy enqueued on a side stream
 //    (the engine's copy and reduction streams) happens only when an event recorded after it
 //    is waited on or synchronized, or its stream synchronized, as a GPU's copy engine may
@@ -16,13 +16,16 @@
 //    engine may run ahead of a busy compute stream. A copy that did not wait for the compute
 //    work before it (filling a block that a queued kernel still reads, or reading a gradient
 //    a queued kernel has not yet written) then changes the losses.
+//  - shuffled (Schedule::shuffled, 32 seeds): both kinds of stream queued, and after each
+//    enqueue a random part of a random stream's queue runs: random interleavings between
+//    the two extremes, which catch both kinds of missing wait.
 //
 // Every operand is also checked against the side that allocated it (MemoryMap): a device
 // operation on a host shard, or a host one on a device buffer, throws.
 //
 // GPT-2 in bf16 with AdamW and clipping, offloaded on the deferred runtime (fsdp.cpu_offload,
 // and fsdp.offload_optimizer's resident device shards), must equal the same run without
-// offload bit for bit under both schedules: one micro-batch a step (the gradient staged in
+// offload bit for bit under every schedule: one micro-batch a step (the gradient staged in
 // reduce_dtype) and several (the device accumulator, staged once at the boundary), for 3
 // steps; alone, and at 2 ranks sharded (all-gather after the upload, reduce-scatter) or
 // replicated (all-reduce). MPI collectives run on the host at once, so there the
