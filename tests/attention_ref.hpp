@@ -7,7 +7,8 @@
 // sum_j P_ij v_j; lse_i = log sum_j exp(s_j) (+inf, out 0 for a row with no key).
 // Backward from dout: dP_ij = dout_i . v_j, dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik),
 // dq_i = scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dout_i,
-// dbias[h,i,j] = sum over b of dS_ij.
+// dbias[h,i,j] = sum over b of dS_ij. (The backends take T5's bias and its gradient by
+// relative position, [H, Tq + Tk - 1]: expand_rel_bias and contract_rel_dbias below convert.)
 #pragma once
 
 #include <algorithm>
@@ -102,6 +103,35 @@ inline AttnRef naive_attention(const AttnShape& s, const std::vector<float>& q,
     }
   }
   return r;
+}
+
+// T5's bias by relative position (fsdp/backend/kernels.hpp, relative_positions): rel
+// [H, Tq + Tk - 1] -> the [H,Tq,Tk] bias naive_attention takes, element (h, i, j) =
+// rel[h, j - i + Tq - 1]. Empty in, empty out.
+inline std::vector<float> expand_rel_bias(const std::vector<float>& rel, int64_t H, int64_t Tq,
+                                          int64_t Tk) {
+  if (rel.empty()) return {};
+  const int64_t P = Tq + Tk - 1;
+  std::vector<float> full(static_cast<std::size_t>(H * Tq * Tk));
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t i = 0; i < Tq; ++i) {
+      for (int64_t j = 0; j < Tk; ++j) full[(h * Tq + i) * Tk + j] = rel[h * P + j - i + Tq - 1];
+    }
+  }
+  return full;
+}
+// The reverse for gradients: dbias [H,Tq,Tk] -> [H, Tq + Tk - 1], element (h, o) = the sum of
+// dbias[h,i,j] over the (i, j) with j - i + Tq - 1 = o (i ascending), in double.
+inline std::vector<double> contract_rel_dbias(const std::vector<double>& dbias, int64_t H,
+                                              int64_t Tq, int64_t Tk) {
+  const int64_t P = Tq > 0 && Tk > 0 ? Tq + Tk - 1 : 0;
+  std::vector<double> rel(static_cast<std::size_t>(H * P), 0.0);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t i = 0; i < Tq; ++i) {
+      for (int64_t j = 0; j < Tk; ++j) rel[h * P + j - i + Tq - 1] += dbias[(h * Tq + i) * Tk + j];
+    }
+  }
+  return rel;
 }
 
 // GPT-2's packed layout: qkv [B,T,3C] <-> q, k, v [B,T,C] (C = H*D).

@@ -5,8 +5,10 @@
 // the tile sizes (64 queries: T = 1, 63, 64, 65; 256 keys: 255, 256, 257) and T = 1024 (16
 // query and 4 key tiles, small B, H, D), GPT-2's
 // causal packed attention and T5's mha: causal + bias (decoder self-attention), key padding
-// + bias (encoder), Tq != Tk with padding (cross-attention), fully padded batch rows. Also:
-// results independent of the thread count bit for bit, and dbias accumulates.
+// + bias (encoder), Tq != Tk with padding (cross-attention), fully padded batch rows. T5's
+// bias and dbias are by relative position, [H, Tq + Tk - 1] (kernels.hpp): a random bias is
+// expanded to the reference's [H,Tq,Tk] and the reference's dbias summed along its diagonals.
+// Also: results independent of the thread count bit for bit, and dbias accumulates.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 
 #include "attention_ref.hpp"
 #include "fsdp/backend/cpu_backend.hpp"
+#include "fsdp/backend/kernels.hpp"
 
 namespace fsdp {
 namespace {
@@ -105,7 +108,7 @@ Tokens padding_mask(int64_t B, int64_t Tk, bool full_row) {
 void check_mha(Backend& be, std::mt19937& rng, const MhaCase& c, bool full_row = false) {
   const AttnShape& s = c.s;
   const int64_t HD = s.H * s.D, nq = s.B * s.Tq * HD, nk = s.B * s.Tk * HD;
-  const int64_t nb = s.H * s.Tq * s.Tk;
+  const int64_t nb = s.H * relative_positions(s.Tq, s.Tk);  // bias, dbias [H,P]
   const Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
             v = random_vec(nk, rng), dout = random_vec(nq, rng);
   const Vec bias = c.bias ? random_vec(nb, rng, -2.0f, 2.0f) : Vec{};
@@ -118,7 +121,8 @@ void check_mha(Backend& be, std::mt19937& rng, const MhaCase& c, bool full_row =
                  s.scale, s.causal);
   be.mha_backward(f32(dq), f32(dk), f32(dv), f32(dbias), f32(dout), f32(q), f32(k), f32(v),
                   f32(out), f32(lse), bv, mv, s.B, s.Tq, s.Tk, s.H, s.D, s.scale, s.causal);
-  const AttnRef r = test_util::naive_attention(s, q, k, v, bias, mask, dout);
+  const AttnRef r = test_util::naive_attention(
+      s, q, k, v, test_util::expand_rel_bias(bias, s.H, s.Tq, s.Tk), mask, dout);
   const std::string what = "mha " + describe(s) + (c.bias ? " bias" : "") + (c.mask ? " mask" : "");
   expect_close(out, r.out, what + " out");
   expect_close(lse, r.lse, what + " lse");
@@ -126,7 +130,7 @@ void check_mha(Backend& be, std::mt19937& rng, const MhaCase& c, bool full_row =
   expect_close(dk, r.dk, what + " dk");
   expect_close(dv, r.dv, what + " dv");
   for (auto& g : dbias) g -= 0.25f;
-  expect_close(dbias, r.dbias, what + " dbias");
+  expect_close(dbias, test_util::contract_rel_dbias(r.dbias, s.H, s.Tq, s.Tk), what + " dbias");
   // padded keys: exactly zero dk and dv
   for (int64_t b = 0; b < (c.mask ? s.B : 0); ++b) {
     for (int64_t j = 0; j < s.Tk; ++j) {
@@ -196,7 +200,7 @@ TEST_F(BlockedAttention, FullyPaddedRowsGiveZeroOutputAndGradients) {
 }
 
 TEST_F(BlockedAttention, ResultsIndependentOfThreadCount) {
-  auto one = make_cpu_backend(1);
+  auto one = make_cpu_backend(1), five = make_cpu_backend(5);
   // GPT-2: 3 x 2 heads x 3 query tiles
   {
     const int64_t B = 3, T = 150, H = 2, C = 32;
@@ -214,16 +218,18 @@ TEST_F(BlockedAttention, ResultsIndependentOfThreadCount) {
     EXPECT_EQ(l[0], l[1]);
     EXPECT_EQ(g[0], g[1]);
   }
-  // mha with bias, padding and dbias (summed over the batch)
-  {
-    const AttnShape s{4, 70, 90, 3, 16, 1.0f, false};
+  // mha with bias, padding and dbias (summed over the batch and the diagonals; 1, 2 and 5
+  // threads over 4 x 3 (b, head) units), causal and not
+  for (bool causal : {false, true}) {
+    const AttnShape s{4, 70, 90, 3, 16, 1.0f, causal};
     const int64_t HD = s.H * s.D, nq = s.B * s.Tq * HD, nk = s.B * s.Tk * HD;
+    const int64_t nb = s.H * relative_positions(s.Tq, s.Tk);
     const Vec q = random_vec(nq, rng), k = random_vec(nk, rng), v = random_vec(nk, rng),
-              bias = random_vec(s.H * s.Tq * s.Tk, rng), dout = random_vec(nq, rng);
+              bias = random_vec(nb, rng), dout = random_vec(nq, rng);
     const Tokens mask = padding_mask(s.B, s.Tk, false);
-    Vec res[2][6];
-    Backend* bes[2] = {be.get(), one.get()};
-    for (int r = 0; r < 2; ++r) {
+    Vec res[3][6];
+    Backend* bes[3] = {be.get(), one.get(), five.get()};
+    for (int r = 0; r < 3; ++r) {
       Vec& o = res[r][0];
       Vec& l = res[r][1];
       o.assign(nq, 0.0f);
@@ -231,14 +237,17 @@ TEST_F(BlockedAttention, ResultsIndependentOfThreadCount) {
       res[r][2].assign(nq, 0.0f);
       res[r][3].assign(nk, 0.0f);
       res[r][4].assign(nk, 0.0f);
-      res[r][5].assign(s.H * s.Tq * s.Tk, 0.0f);
+      res[r][5].assign(nb, 0.5f);
       bes[r]->mha_forward(f32(o), f32(l), f32(q), f32(k), f32(v), f32(bias), i32(mask), s.B, s.Tq,
                           s.Tk, s.H, s.D, s.scale, s.causal);
       bes[r]->mha_backward(f32(res[r][2]), f32(res[r][3]), f32(res[r][4]), f32(res[r][5]),
                            f32(dout), f32(q), f32(k), f32(v), f32(o), f32(l), f32(bias), i32(mask),
                            s.B, s.Tq, s.Tk, s.H, s.D, s.scale, s.causal);
     }
-    for (int i = 0; i < 6; ++i) EXPECT_EQ(res[0][i], res[1][i]) << "output " << i;
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_EQ(res[0][i], res[1][i]) << "output " << i << " causal " << causal;
+      EXPECT_EQ(res[2][i], res[1][i]) << "output " << i << " causal " << causal;
+    }
   }
 }
 

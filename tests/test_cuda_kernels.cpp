@@ -950,17 +950,16 @@ TEST(CudaBackend, PositionBias) {
       const int64_t NB = sh[0], H = sh[1], Tq = sh[2], Tk = sh[3];
       SCOPED_TRACE(name(t) + " NB=" + std::to_string(NB) + " H=" + std::to_string(H) +
                    " Tq=" + std::to_string(Tq) + " Tk=" + std::to_string(Tk));
-      std::vector<int32_t> bk(static_cast<std::size_t>(Tq * Tk));
-      for (int64_t i = 0; i < Tq; ++i) {
-        for (int64_t j = 0; j < Tk; ++j) bk[i * Tk + j] = static_cast<int32_t>((j - i + 4 * NB) % NB);
-      }
+      const int64_t P = relative_positions(Tq, Tk);  // bias by relative position j - i
+      std::vector<int32_t> bk(static_cast<std::size_t>(P));
+      for (int64_t o = 0; o < P; ++o) bk[o] = static_cast<int32_t>((o * 7 + 3) % NB);
       Pair buckets = make_i32(bk), table = make(t, uniform(NB * H, rng)),
-           bias = make(DType::f32, Vec(H * Tq * Tk));
+           bias = make(DType::f32, Vec(H * P));
       both([&](Backend& be, Side s) {
         be.position_bias_forward(bias.v(s), table.v(s), buckets.v(s), H, Tq, Tk);
       });
       check(bias, kExact, "position_bias_forward");
-      Pair dbias = make(DType::f32, uniform(H * Tq * Tk, rng));
+      Pair dbias = make(DType::f32, uniform(H * P, rng));
       both([&](Backend& be, Side s) {
         be.position_bias_backward(table.v(s), dbias.v(s), buckets.v(s), H, Tq, Tk);
       });
@@ -982,7 +981,8 @@ void run_mha(DType t, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, b
   const int64_t HD = H * D, nq = B * Tq * HD, nk = B * Tk * HD, nl = B * H * Tq;
   Pair q = make(t, uniform(nq, rng, -1.5f, 1.5f)), k = make(t, uniform(nk, rng, -1.5f, 1.5f)),
        v = make(t, uniform(nk, rng));
-  Pair bias = make(DType::f32, uniform(with_bias ? H * Tq * Tk : 0, rng, -2.0f, 2.0f));
+  const int64_t P = relative_positions(Tq, Tk);  // bias and dbias by relative position
+  Pair bias = make(DType::f32, uniform(with_bias ? H * P : 0, rng, -2.0f, 2.0f));
   std::vector<int32_t> mk;
   if (mask_kind > 0) {
     mk.assign(static_cast<std::size_t>(B * Tk), 1);
@@ -1005,7 +1005,7 @@ void run_mha(DType t, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, b
   lse.cpu_to_gpu();
   Pair dout = make(out_t, uniform(nq, rng));
   Pair dq = make(t, uniform(nq, rng)), dk = make(t, uniform(nk, rng)), dv = make(t, uniform(nk, rng));
-  Pair dbias = make(DType::f32, uniform(with_bias ? H * Tq * Tk : 0, rng));
+  Pair dbias = make(DType::f32, uniform(with_bias ? H * P : 0, rng));
   both([&](Backend& be, Side s) {
     be.mha_backward(dq.v(s), dk.v(s), dv.v(s), with_bias ? dbias.v(s) : TensorView{}, dout.v(s),
                     q.v(s), k.v(s), v.v(s), out.v(s), lse.v(s), bias_v(s), mask_v(s), B, Tq, Tk, H,
@@ -1044,6 +1044,10 @@ TEST(CudaBackend, Mha) {
     run_mha(t, 2, 100, 63, 2, 128, false, true, 1, 0.5f, rng, t);
     run_mha(t, 2, 70, 65, 2, 64, true, true, 1, 0.7f, rng, t);     // causal Tq != Tk
     run_mha(t, 1, 1024, 1024, 1, 64, true, true, 0, 1.0f, rng, t);
+    // T5's encoder / decoder at a small batch: several query tiles and a partial last key
+    // tile, every (b, h, query tile) summing its dbias share (issue 32 item 3)
+    run_mha(t, 4, 200, 200, 3, 64, false, true, 1, 1.0f, rng, t);
+    run_mha(t, 4, 104, 104, 3, 64, true, true, 0, 1.0f, rng, t);
     run_mha(t, 2, 1024, 1024, 1, 64, false, true, 2, 1.0f, rng, t);
   }
   run_mha(DType::f32, 2, 130, 129, 2, 64, false, true, 1, 1.0f, rng, DType::f32);
@@ -1095,24 +1099,25 @@ TEST(CudaBackend, CrossEntropyIgnoreIndex) {
 TEST(CudaBackend, T5ReductionsAreBitwiseRepeatable) {
   std::mt19937 rng(27);
   const int64_t N = 1000, C = 96, V = 61, NB = 32, H = 4, Tq = 50, Tk = 70, B = 3;
-  std::vector<int32_t> tok(N), bk(Tq * Tk);
+  const int64_t P = relative_positions(Tq, Tk);
+  std::vector<int32_t> tok(N), bk(P);
   for (auto& x : tok) x = static_cast<int32_t>(rng() % V);
   for (auto& x : bk) x = static_cast<int32_t>(rng() % NB);
   Pair tokens = make_i32(tok), buckets = make_i32(bk);
   for (DType t : {DType::f32, DType::bf16}) {
     for (int64_t D : {16, 64}) {  // SIMT and (bf16) tensor-core kernels
       SCOPED_TRACE(name(t) + " D=" + std::to_string(D));
-      const Vec dout0 = uniform(N * C, rng), dbias0 = uniform(H * Tq * Tk, rng);
+      const Vec dout0 = uniform(N * C, rng), dbias0 = uniform(H * P, rng);
       const Vec q0 = uniform(B * Tq * H * D, rng), k0 = uniform(B * Tk * H * D, rng);
       Pair q = make(t, q0), k = make(t, k0), v = make(t, k0), lse = make(DType::f32, Vec(B * H * Tq)),
-           o = make(t, Vec(B * Tq * H * D)), bias = make(DType::f32, uniform(H * Tq * Tk, rng));
+           o = make(t, Vec(B * Tq * H * D)), bias = make(DType::f32, uniform(H * P, rng));
       Backend& g = gpu();
       g.mha_forward(o.v(kGpu), lse.v(kGpu), q.v(kGpu), k.v(kGpu), v.v(kGpu), bias.v(kGpu),
                     TensorView{}, B, Tq, Tk, H, D, 1.0f, false);
       Bytes first[6];
       for (int run = 0; run < 2; ++run) {
         Pair dtable = make(t, Vec(V * C)), ptable = make(t, Vec(NB * H)), d = make(t, dout0),
-             db = make(DType::f32, dbias0), mb = make(DType::f32, Vec(H * Tq * Tk));
+             db = make(DType::f32, dbias0), mb = make(DType::f32, Vec(H * P));
         Pair dq = make(t, Vec(B * Tq * H * D)), dk = make(t, Vec(B * Tk * H * D)),
              dv = make(t, Vec(B * Tk * H * D));
         g.embedding_lookup_backward(dtable.v(kGpu), d.v(kGpu), tokens.v(kGpu), N, C);

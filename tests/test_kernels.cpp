@@ -675,35 +675,52 @@ TEST_F(Kernels, ReluAndMulValuesAndGradients) {
 }
 
 TEST_F(Kernels, PositionBiasForwardAndGradient) {
-  const int64_t NB = 5, H = 3, Tq = 4, Tk = 6;
-  Tokens buckets(Tq * Tk);
-  for (int64_t i = 0; i < Tq; ++i) {
-    for (int64_t j = 0; j < Tk; ++j) buckets[i * Tk + j] = static_cast<int32_t>((j - i + 8) % NB);
+  // By relative position: P = Tq + Tk - 1 = 9 entries o = j - i + Tq - 1 per head.
+  const int64_t NB = 5, H = 3, Tq = 4, Tk = 6, P = relative_positions(Tq, Tk);
+  ASSERT_EQ(P, 9);
+  const Tokens buckets = {3, 2, 1, 0, 4, 4, 1, 2, 3};
+  // table[nb, h] = 10 nb + h: bias[h, o] = 10 buckets[o] + h
+  Vec table(NB * H);
+  for (int64_t nb = 0; nb < NB; ++nb) {
+    for (int64_t h = 0; h < H; ++h) table[nb * H + h] = static_cast<float>(10 * nb + h);
   }
-  Vec table = random_vec(NB * H, rng);
-  Vec bias(H * Tq * Tk, std::numeric_limits<float>::quiet_NaN());
+  Vec bias(H * P, std::numeric_limits<float>::quiet_NaN());
   be->position_bias_forward(f32(bias), f32(table), i32(buckets), H, Tq, Tk);
+  EXPECT_EQ(bias, (Vec{30, 20, 10, 0, 40, 40, 10, 20, 30,    // h = 0
+                       31, 21, 11, 1, 41, 41, 11, 21, 31,    // h = 1
+                       32, 22, 12, 2, 42, 42, 12, 22, 32}));  // h = 2
+  // dbias[h, o] = 100 h + o: dtable[nb, h] += the sum over the o with buckets[o] == nb
+  Vec db(H * P), dtable(NB * H, 0.5f);
   for (int64_t h = 0; h < H; ++h) {
-    for (int64_t ij = 0; ij < Tq * Tk; ++ij) {
-      ASSERT_EQ(bias[h * Tq * Tk + ij], table[buckets[ij] * H + h]);
+    for (int64_t o = 0; o < P; ++o) db[h * P + o] = static_cast<float>(100 * h + o);
+  }
+  be->position_bias_backward(f32(dtable), f32(db), i32(buckets), H, Tq, Tk);
+  // bucket 0: o = 3; 1: o = 2, 6; 2: o = 1, 7; 3: o = 0, 8; 4: o = 4, 5
+  const int64_t count[NB] = {1, 2, 2, 2, 2}, osum[NB] = {3, 8, 8, 8, 9};
+  for (int64_t nb = 0; nb < NB; ++nb) {
+    for (int64_t h = 0; h < H; ++h) {
+      EXPECT_EQ(dtable[nb * H + h], 0.5f + static_cast<float>(100 * h * count[nb] + osum[nb]))
+          << "bucket " << nb << " head " << h;
     }
   }
-  const Vec Rw = random_vec(H * Tq * Tk, rng);
+  // random table and dbias: finite differences, and each entry the sum of dbias over the
+  // relative positions of its bucket
+  table = random_vec(NB * H, rng);
+  const Vec Rw = random_vec(H * P, rng);
   auto loss = [&] {
-    Vec b(H * Tq * Tk);
+    Vec b(H * P);
     be->position_bias_forward(f32(b), f32(table), i32(buckets), H, Tq, Tk);
     return dot(b, Rw);
   };
-  Vec dtable(NB * H, -1.0f);
+  dtable.assign(NB * H, -1.0f);
   be->position_bias_backward(f32(dtable), f32(Rw), i32(buckets), H, Tq, Tk);
   for (auto& g : dtable) g += 1.0f;
   EXPECT_LT(rel_err(dtable, numeric_grad(table, loss, 1e-2f)), 2e-5);
-  // each entry is the sum of dbias over the positions of its bucket
   for (int64_t nb = 0; nb < NB; ++nb) {
     for (int64_t h = 0; h < H; ++h) {
       double s = 0.0;
-      for (int64_t ij = 0; ij < Tq * Tk; ++ij) {
-        if (buckets[ij] == nb) s += Rw[h * Tq * Tk + ij];
+      for (int64_t o = 0; o < P; ++o) {
+        if (buckets[o] == nb) s += Rw[h * P + o];
       }
       EXPECT_NEAR(dtable[nb * H + h], s, 1e-5);
     }
@@ -712,6 +729,12 @@ TEST_F(Kernels, PositionBiasForwardAndGradient) {
   bad[7] = NB;
   EXPECT_THROW(be->position_bias_forward(f32(bias), f32(table), i32(bad), H, Tq, Tk), Error);
   EXPECT_THROW(be->position_bias_backward(f32(dtable), f32(Rw), i32(bad), H, Tq, Tk), Error);
+  // buckets and bias sized [P] and [H,P]: one element short throws
+  const Tokens short_b(buckets.begin(), buckets.end() - 1);
+  EXPECT_THROW(be->position_bias_forward(f32(bias), f32(table), i32(short_b), H, Tq, Tk), Error);
+  EXPECT_THROW(be->position_bias_forward(f32(bias).slice(0, H * P - 1), f32(table), i32(buckets),
+                                         H, Tq, Tk),
+               Error);
 }
 
 using test_util::AttnShape;
@@ -722,12 +745,13 @@ struct MhaCase {
   bool with_bias, with_mask;
 };
 
-// Forward against the naive reference (out and lse); finite-difference check of dq, dk, dv
-// and dbias (dbias accumulates into a pre-filled buffer); padded keys get zero dk, dv.
+// Forward against the naive reference (out and lse; the [H,P] bias by relative position
+// expanded to its [H,Tq,Tk]); finite-difference check of dq, dk, dv and dbias [H,P] (dbias
+// accumulates into a pre-filled buffer); padded keys get zero dk, dv.
 void check_mha(Backend& be, std::mt19937& rng, const MhaCase& c) {
   const MhaShape& s = c.s;
   const int64_t HD = s.H * s.D, nq = s.B * s.Tq * HD, nk = s.B * s.Tk * HD;
-  const int64_t nl = s.B * s.H * s.Tq, nb = s.H * s.Tq * s.Tk;
+  const int64_t nl = s.B * s.H * s.Tq, nb = s.H * relative_positions(s.Tq, s.Tk);
   Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
       v = random_vec(nk, rng);
   Vec bias = c.with_bias ? random_vec(nb, rng, -2.0f, 2.0f) : Vec{};
@@ -743,7 +767,8 @@ void check_mha(Backend& be, std::mt19937& rng, const MhaCase& c) {
   Vec out(nq, std::numeric_limits<float>::quiet_NaN()), lse(nl, std::numeric_limits<float>::quiet_NaN());
   be.mha_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), bias_v, mask_v, s.B, s.Tq, s.Tk, s.H,
                  s.D, s.scale, s.causal);
-  const test_util::AttnRef ref = test_util::naive_attention(s, q, k, v, bias, mask);
+  const test_util::AttnRef ref = test_util::naive_attention(
+      s, q, k, v, test_util::expand_rel_bias(bias, s.H, s.Tq, s.Tk), mask);
   for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << i;
   for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << i;
   const Vec Rw = random_vec(nq, rng);
@@ -809,7 +834,8 @@ TEST_F(Kernels, MhaPaddedKeysDoNotMatterAndFullyMaskedRowIsZero) {
   const int64_t nl = s.B * s.H * s.Tq;
   const Vec q = random_vec(nq, rng);
   Vec k = random_vec(nk, rng), v = random_vec(nk, rng);
-  const Vec bias = random_vec(s.H * s.Tq * s.Tk, rng);
+  const int64_t P = relative_positions(s.Tq, s.Tk);  // 7
+  const Vec bias = random_vec(s.H * P, rng);
   // batch 0: keys 3, 4 padded; batch 1: every key padded
   Tokens mask = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
   Vec out1(nq), lse1(nl), out2(nq), lse2(nl);
@@ -817,7 +843,7 @@ TEST_F(Kernels, MhaPaddedKeysDoNotMatterAndFullyMaskedRowIsZero) {
                   s.Tk, s.H, s.D, s.scale, s.causal);
   const Vec dout = random_vec(nq, rng);
   auto grads = [&](const Vec& out, const Vec& lse) {
-    std::vector<Vec> g = {Vec(nq), Vec(nk), Vec(nk), Vec(s.H * s.Tq * s.Tk, 0.0f)};
+    std::vector<Vec> g = {Vec(nq), Vec(nk), Vec(nk), Vec(s.H * P, 0.0f)};
     be->mha_backward(f32(g[0]), f32(g[1]), f32(g[2]), f32(g[3]), f32(dout), f32(q), f32(k), f32(v),
                      f32(out), f32(lse), f32(bias), i32(mask), s.B, s.Tq, s.Tk, s.H, s.D, s.scale,
                      s.causal);
@@ -843,11 +869,11 @@ TEST_F(Kernels, MhaPaddedKeysDoNotMatterAndFullyMaskedRowIsZero) {
   for (int64_t i = s.H * s.Tq; i < nl; ++i) ASSERT_EQ(lse1[i], std::numeric_limits<float>::infinity());
   for (int64_t i = s.Tq * HD; i < nq; ++i) ASSERT_EQ(g1[0][i], 0.0f);
   for (int64_t i = s.Tk * HD; i < nk; ++i) ASSERT_EQ(g1[1][i] + g1[2][i], 0.0f);
-  // dbias of padded positions is 0 (batch 1 contributes nothing)
+  // dbias of relative positions whose keys are all padded is 0 (batch 1 contributes
+  // nothing): j - i >= 3, i.e. o = j - i + Tq - 1 >= 5, has j >= 3 for every query i
   for (int64_t h = 0; h < s.H; ++h) {
-    for (int64_t i = 0; i < s.Tq; ++i) {
-      for (int64_t j = 3; j < s.Tk; ++j) EXPECT_EQ(g1[3][(h * s.Tq + i) * s.Tk + j], 0.0f);
-    }
+    for (int64_t o = 5; o < P; ++o) EXPECT_EQ(g1[3][h * P + o], 0.0f) << o;
+    EXPECT_NE(g1[3][h * P + 4], 0.0f);  // (i, j) = (0, 2) is a key of batch 0
   }
 }
 
@@ -1310,16 +1336,16 @@ TEST_F(Kernels, StoreContractT5Kernels) {
     }
     // position bias: 16-bit table, fp32 bias
     {
-      const int64_t NB = 32, H = 4, Tq = 20, Tk = 30;
-      Tokens buckets(Tq * Tk);
-      for (int64_t i = 0; i < Tq * Tk; ++i) buckets[i] = static_cast<int32_t>((i * 5) % NB);
+      const int64_t NB = 32, H = 4, Tq = 20, Tk = 30, P = relative_positions(Tq, Tk);
+      Tokens buckets(P);
+      for (int64_t i = 0; i < P; ++i) buckets[i] = static_cast<int32_t>((i * 5) % NB);
       const Vec table = rounded(random_vec(NB * H, rng), dt), dt0 = rounded(random_vec(NB * H, rng), dt);
-      const Vec dbias = random_vec(H * Tq * Tk, rng);
+      const Vec dbias = random_vec(H * P, rng);
       expect_store_contract(
           dt,
           [&](DType st) {
             Store t(st, table), g(st, dt0);
-            Vec bias(H * Tq * Tk);
+            Vec bias(H * P);
             be->position_bias_forward(f32(bias), t.view(), i32(buckets), H, Tq, Tk);
             be->position_bias_backward(g.view(), f32(dbias), i32(buckets), H, Tq, Tk);
             return Outputs{{g.values()}, {bias}, {}};
@@ -1330,9 +1356,10 @@ TEST_F(Kernels, StoreContractT5Kernels) {
     {
       const int64_t B = 2, Tq = 9, Tk = 11, H = 2, D = 5, HD = H * D;
       const int64_t nq = B * Tq * HD, nk = B * Tk * HD, nl = B * H * Tq;
+      const int64_t P = relative_positions(Tq, Tk);
       const Vec q = rounded(random_vec(nq, rng, -1.5f, 1.5f), dt), k = rounded(random_vec(nk, rng), dt),
                 v = rounded(random_vec(nk, rng), dt), dout = rounded(random_vec(nq, rng), dt);
-      const Vec bias = random_vec(H * Tq * Tk, rng);
+      const Vec bias = random_vec(H * P, rng);
       Tokens mask(B * Tk, 1);
       mask[Tk + 9] = mask[Tk + 10] = 0;
       for (bool causal : {false, true}) {
@@ -1346,7 +1373,7 @@ TEST_F(Kernels, StoreContractT5Kernels) {
               Store sq(st, q), sk(st, k), sv(st, v), o(st, Vec(nq, 0.0f)), d(st, dout),
                   o_in(st, out), dq(st, Vec(nq, 0.0f)), dk(st, Vec(nk, 0.0f)),
                   dv(st, Vec(nk, 0.0f));
-              Vec l(nl), dbias(H * Tq * Tk, 0.5f);
+              Vec l(nl), dbias(H * P, 0.5f);
               be->mha_forward(o.view(), f32(l), sq.view(), sk.view(), sv.view(), f32(bias),
                               i32(mask), B, Tq, Tk, H, D, 1.0f, causal);
               be->mha_backward(dq.view(), dk.view(), dv.view(), f32(dbias), d.view(), sq.view(),
@@ -1367,10 +1394,11 @@ TEST_F(Kernels, MhaBf16StorageWithinTolerance) {
   const int64_t B = 2, Tq = 8, Tk = 10, H = 2, D = 6, HD = H * D;
   const int64_t nq = B * Tq * HD, nk = B * Tk * HD, nl = B * H * Tq;
   const Vec q = random_vec(nq, rng), k = random_vec(nk, rng), v = random_vec(nk, rng);
-  const Vec bias = random_vec(H * Tq * Tk, rng), dout = random_vec(nq, rng);
+  const int64_t P = relative_positions(Tq, Tk);
+  const Vec bias = random_vec(H * P, rng), dout = random_vec(nq, rng);
   Tokens mask(B * Tk, 1);
   mask[Tk + 8] = mask[Tk + 9] = 0;
-  Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk), db32(H * Tq * Tk, 0.0f);
+  Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk), db32(H * P, 0.0f);
   be->mha_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), f32(bias), i32(mask), B, Tq, Tk, H, D,
                   1.0f, true);
   be->mha_backward(f32(dq), f32(dk), f32(dv), f32(db32), f32(dout), f32(q), f32(k), f32(v),
@@ -1378,7 +1406,7 @@ TEST_F(Kernels, MhaBf16StorageWithinTolerance) {
   Store sq(DType::bf16, q), sk(DType::bf16, k), sv(DType::bf16, v), so(DType::bf16, Vec(nq)),
       sd(DType::bf16, dout), gq(DType::bf16, Vec(nq)), gk(DType::bf16, Vec(nk)),
       gv(DType::bf16, Vec(nk));
-  Vec l16(nl), db16(H * Tq * Tk, 0.0f);
+  Vec l16(nl), db16(H * P, 0.0f);
   be->mha_forward(so.view(), f32(l16), sq.view(), sk.view(), sv.view(), f32(bias), i32(mask), B,
                   Tq, Tk, H, D, 1.0f, true);
   be->mha_backward(gq.view(), gk.view(), gv.view(), f32(db16), sd.view(), sq.view(), sk.view(),
@@ -1552,7 +1580,7 @@ TEST_F(Kernels, T5KernelsRejectWrongDtypesAndSmallViews) {
                    "position_bias_forward", "bias");
   expect_arg_error([&] { be->position_bias_backward(f32(a), f32(b), f32(c), 2, 2, 4); },
                    "position_bias_backward", "buckets");
-  // B*Tq*H*D = 2*3*2*4 = 48; B*H*Tq = 12; H*Tq*Tk = 18
+  // B*Tq*H*D = 2*3*2*4 = 48; B*H*Tq = 12; H*P = H*(Tq+Tk-1) = 10
   expect_arg_error(
       [&] {
         be->mha_forward(f32(a), f32(b), f32(c).slice(0, 40), f32(c), f32(c), TensorView{},
@@ -1591,7 +1619,7 @@ TEST_F(Kernels, T5KernelsRejectWrongDtypesAndSmallViews) {
       "mha_backward", "lse");
   expect_arg_error(
       [&] {
-        be->mha_backward(f32(a), f32(b), f32(c), f32(a).slice(0, 17), f32(b), f32(a), f32(b), f32(c),
+        be->mha_backward(f32(a), f32(b), f32(c), f32(a).slice(0, 9), f32(b), f32(a), f32(b), f32(c),
                          f32(a), f32(b), TensorView{}, TensorView{}, 2, 3, 3, 2, 4, 1.0f, false);
       },
       "mha_backward", "dbias");

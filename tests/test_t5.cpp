@@ -162,12 +162,20 @@ TEST(T5, RelativePositionBucketsMatchTorch) {
   EXPECT_EQ(fsdp::t5_relative_position_bucket(3, true, 32, 128), 19);
   EXPECT_EQ(fsdp::t5_relative_position_bucket(5, false, 32, 128), 0);
   EXPECT_EQ(fsdp::t5_relative_position_bucket(-1000, false, 32, 128), 31);
-  // The [Tq,Tk] table is bucket(j - i).
+  // The table by relative position: [Tq + Tk - 1], element o = bucket(o - (Tq - 1)), i.e.
+  // the bucket of every (i, j) with j - i + Tq - 1 = o. Tq = 3, Tk = 5: j - i in -2..4;
+  // bidirectional, 32 buckets: 16 per half, exact below 8, rp > 0 in the upper half.
   const auto t = fsdp::t5_relative_position_buckets(3, 5, true, 32, 128);
-  ASSERT_EQ(t.size(), 15u);
+  EXPECT_EQ(t, (std::vector<int32_t>{2, 1, 0, 17, 18, 19, 20}));
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 5; ++j)
-      EXPECT_EQ(t[static_cast<std::size_t>(i * 5 + j)], fsdp::t5_relative_position_bucket(j - i, true, 32, 128));
+      EXPECT_EQ(t[static_cast<std::size_t>(j - i + 2)],
+                fsdp::t5_relative_position_bucket(j - i, true, 32, 128));
+  // Causal (decoder), Tq = Tk = 4: j - i in -3..3, bucket max(-(j - i), 0).
+  EXPECT_EQ(fsdp::t5_relative_position_buckets(4, 4, false, 32, 128),
+            (std::vector<int32_t>{3, 2, 1, 0, 0, 0, 0}));
+  EXPECT_TRUE(fsdp::t5_relative_position_buckets(0, 5, true, 32, 128).empty());
+  EXPECT_TRUE(fsdp::t5_relative_position_buckets(3, 0, true, 32, 128).empty());
 }
 
 TEST(T5, ShiftRightBuildsDecoderInputs) {

@@ -700,7 +700,8 @@ void CudaBackend::gelu_bias_backward(const TensorView& dfc, const TensorView& db
 void CudaBackend::flash_backward(const k::FlashProblem& p, const void* q, const void* kk,
                                  const void* v, const void* out, const float* lse,
                                  const void* dout, void* dq, void* dk, void* dv, float* dbias) {
-  Scratch di(*this, static_cast<std::size_t>(k::flash_backward_scratch_floats(p)) * sizeof(float));
+  const int64_t floats = k::flash_backward_scratch_floats(p, dbias != nullptr);
+  Scratch di(*this, static_cast<std::size_t>(floats) * sizeof(float));
   k::flash_backward(p, q, kk, v, out, lse, dout, dq, dk, dv, dbias, di.as<float>(), s());
 }
 
@@ -871,22 +872,25 @@ void CudaBackend::geglu_backward(const TensorView& dgate, const TensorView& dup,
 void CudaBackend::position_bias_forward(const TensorView& bias, const TensorView& table,
                                         const TensorView& buckets, int64_t H, int64_t Tq,
                                         int64_t Tk) {
-  // table: [NB,H]; buckets: [Tq,Tk] int32 in [0,NB); bias: [H,Tq,Tk] fp32. NB = numel / H.
+  // table: [NB,H]; buckets: [P] int32 in [0,NB); bias: [H,P] fp32, by relative position
+  // (P = relative_positions(Tq, Tk)). NB = numel / H.
   const int64_t NB = Chk::position_bias_forward(bias, table, buckets, H, Tq, Tk);
   const auto* bk = static_cast<const int32_t*>(buckets.data);
   const int64_t bound = NB >= 0 ? NB : std::numeric_limits<int32_t>::max() + int64_t{1};
-  k::check_indices(bk, Tq * Tk, bound, k::kErrPositionBiasForward, dev_error_, s());
+  k::check_indices(bk, relative_positions(Tq, Tk), bound, k::kErrPositionBiasForward, dev_error_,
+                   s());
   k::position_bias_forward(static_cast<float*>(bias.data), in(table), bk, NB, H, Tq, Tk, s());
 }
 
 void CudaBackend::position_bias_backward(const TensorView& dtable, const TensorView& dbias,
                                          const TensorView& buckets, int64_t H, int64_t Tq,
                                          int64_t Tk) {
-  // dtable: [NB,H] +=; dbias: [H,Tq,Tk] fp32; buckets: [Tq,Tk] int32 in [0,NB).
+  // dtable: [NB,H] +=; dbias: [H,P] fp32; buckets: [P] int32 in [0,NB).
   const int64_t NB = Chk::position_bias_backward(dtable, dbias, buckets, H, Tq, Tk);
   const auto* bk = static_cast<const int32_t*>(buckets.data);
   const int64_t bound = NB >= 0 ? NB : std::numeric_limits<int32_t>::max() + int64_t{1};
-  k::check_indices(bk, Tq * Tk, bound, k::kErrPositionBiasBackward, dev_error_, s());
+  k::check_indices(bk, relative_positions(Tq, Tk), bound, k::kErrPositionBiasBackward, dev_error_,
+                   s());
   k::position_bias_backward(out(dtable), static_cast<const float*>(dbias.data), bk, NB, H, Tq, Tk,
                             s());
 }
@@ -915,8 +919,8 @@ void CudaBackend::mha_forward(const TensorView& out_, const TensorView& lse, con
                               const TensorView& k, const TensorView& v, const TensorView& bias,
                               const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
                               int64_t H, int64_t D, float scale, bool causal) {
-  // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; bias: [H,Tq,Tk] fp32 or none; key_mask: [B,Tk] int32 or
-  // none; out: [B,Tq,H*D]; lse: [B,H,Tq] fp32.
+  // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; bias: [H,Tq+Tk-1] fp32 (by relative position) or none;
+  // key_mask: [B,Tk] int32 or none; out: [B,Tq,H*D]; lse: [B,H,Tq] fp32.
   Chk::mha_forward(out_, lse, q, k, v, bias, key_mask, B, Tq, Tk, H, D, check_mha_limits);
   const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D;
   auto* l = static_cast<float*>(lse.data);
@@ -941,7 +945,7 @@ void CudaBackend::mha_backward(const TensorView& dq, const TensorView& dk, const
                                const TensorView& bias, const TensorView& key_mask, int64_t B,
                                int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
                                bool causal) {
-  // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq,Tk] fp32 += or none; dout, out:
+  // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq+Tk-1] fp32 += or none; dout, out:
   // [B,Tq,H*D]; q, k, v, lse, bias, key_mask as in forward.
   Chk::mha_backward(dq, dk, dv, dbias, dout, q, k, v, out_, lse, bias, key_mask, B, Tq, Tk, H, D,
                     check_mha_limits);

@@ -161,10 +161,11 @@ void embedding_lookup_backward(Out dtable, In dout, const int32_t* tokens, int64
 
 // ---- T5 relative position bias (kernels_t5.cu); buckets checked by check_indices first,
 // out-of-range ones give 0 / are skipped ----
-// bias (fp32) [H, Tq*Tk] = table[buckets[ij], h]; table [NB, H].
+// By relative position, P = Tq + Tk - 1 (fsdp::relative_positions): bias (fp32) [H, P] =
+// table[buckets[o], h]; table [NB, H]; buckets [P].
 void position_bias_forward(float* bias, In table, const int32_t* buckets, int64_t NB, int64_t H,
                            int64_t Tq, int64_t Tk, cudaStream_t s);
-// dtable[nb, h] += sum over ij (fixed order, fp64) of dbias[h, ij] with buckets[ij] == nb.
+// dtable[nb, h] += sum over o ascending (fp64) of dbias[h, o] with buckets[o] == nb.
 void position_bias_backward(Out dtable, const float* dbias, const int32_t* buckets, int64_t NB,
                             int64_t H, int64_t Tq, int64_t Tk, cudaStream_t s);
 
@@ -193,7 +194,7 @@ struct FlashProblem {
   int64_t ldq, ldk, ldv, ldo;
   float scale;
   bool causal;              // key j masked for query i when j > i
-  const float* bias;        // fp32 [H,Tq,Tk] or null
+  const float* bias;        // fp32 [H, Tq+Tk-1] by relative position j - i + Tq - 1, or null
   const int32_t* key_mask;  // int32 [B,Tk] (0 = padding) or null
   ST t;
   int64_t group = 1;        // query heads per key/value head (H % group == 0)
@@ -201,10 +202,14 @@ struct FlashProblem {
 // Writes out and lse. One launch.
 void flash_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
                    float* lse, cudaStream_t s);
-// fp32 scratch of flash_backward (D_i = rowsum(dO * O), [B,H,Tq]).
-int64_t flash_backward_scratch_floats(const FlashProblem& p);
-// Writes dq, dk, dv; dbias (fp32 [H,Tq,Tk] or null) += dS summed over b in order. Three
-// launches (D_i, dK/dV, dQ/dbias); deterministic.
+// fp32 scratch of flash_backward: D_i = rowsum(dO * O), [B,H,Tq], and with a bias gradient
+// the dQ kernels' partial rows of it (the larger of the two paths' needs: for the
+// tensor-core path B*H*ceil(Tq/64)*(64*ceil(Tk/64) + 64) floats, 1/16 of a [B,H,Tq,Tk]
+// fp32 tensor).
+int64_t flash_backward_scratch_floats(const FlashProblem& p, bool dbias);
+// Writes dq, dk, dv; dbias (fp32 [H, Tq+Tk-1] by relative position, or null) += dS summed
+// over b and each relative position (kernels_flash.cuh, DbiasPartials). Three launches (D_i,
+// dK/dV, dQ), and a fourth that adds the partial rows into dbias; deterministic.
 void flash_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
                     const void* out, const float* lse, const void* dout, void* dq, void* dk,
                     void* dv, float* dbias, float* scratch, cudaStream_t s);

@@ -20,9 +20,12 @@
 //    over the group's query heads and their query tiles (flash_bwd_dkdv, accumulators in
 //    registers / shared memory), and dQ per query tile looping over key tiles (flash_bwd_dq,
 //    a separate pass that recomputes P and dS: no atomics, deterministic). With a bias
-//    gradient the dQ kernel's block owns (head, query tile) and loops over the batch in
-//    order, adding dS into dbias (fp32) for b = 0, 1, ...: every dbias element has one writer
-//    and a fixed order.
+//    gradient each dQ block also sums its dS tile by relative position into a partial row
+//    of its own (kernels_flash.cuh, DbiasPartials), and a fourth launch (dbias_reduce) adds
+//    the rows into dbias [H, Tq+Tk-1]: every sum has one writer and a fixed order. Before,
+//    dbias was [H,Tq,Tk] and the dQ kernel's block owned (head, query tile) and looped over
+//    the batch to keep one writer per element: at T5's shapes 64 blocks (encoder) and 16
+//    (decoder) on a 132-SM GPU, each adding dS element by element into global memory.
 #include <string>
 
 #include "kernels_flash.cuh"
@@ -51,6 +54,27 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// dbias[h, o] += sum over chunks c, then query tiles, ascending, of the partial rows' entry
+// for relative position o (kernels_flash.cuh, DbiasPartials); a thread per (h, o).
+__global__ void __launch_bounds__(256)
+    dbias_reduce(float* dbias, const float* partials, flash::DbiasPartials L, int64_t H,
+                 int64_t Tq, int64_t P) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < H * P;
+       e += stride) {
+    const int64_t h = e / P, o = e % P;
+    float acc = 0.0f;
+    for (int64_t c = 0; c < L.chunks; ++c) {
+      const float* rows = partials + (c * H + h) * L.nqt * L.stride;
+      for (int64_t tile = 0; tile < L.nqt; ++tile) {
+        const int64_t lo = o - Tq + tile * L.rows + L.rows;
+        if (lo >= 0 && lo < L.stride) acc += rows[tile * L.stride + lo];
+      }
+    }
+    dbias[e] += acc;
+  }
+}
+
 // group >= 1 dividing H (the backend's argument checks guarantee it; a bad group would read
 // outside k, v).
 void check_group(const FlashProblem& p, const char* what) {
@@ -73,7 +97,13 @@ void flash_forward(const FlashProblem& p, const void* q, const void* k, const vo
   }
 }
 
-int64_t flash_backward_scratch_floats(const FlashProblem& p) { return p.B * p.H * p.Tq; }
+int64_t flash_backward_scratch_floats(const FlashProblem& p, bool dbias) {
+  const int64_t di = p.B * p.H * p.Tq;
+  if (!dbias || p.B <= 0 || p.H <= 0 || p.Tq <= 0 || p.Tk <= 0) return di;
+  const int64_t mma = flash::mma_dbias_partials(p).floats(p.H);
+  const int64_t simt = flash::simt_dbias_partials(p).floats(p.H);
+  return di + (mma > simt ? mma : simt);
+}
 
 void flash_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
                     const void* out, const float* lse, const void* dout, void* dq, void* dk,
@@ -82,6 +112,9 @@ void flash_backward(const FlashProblem& p, const void* q, const void* k, const v
   check_group(p, "attention backward");
   const Dev d = flash::to_dev(p);
   float* di = scratch;
+  float* partials = scratch + p.B * p.H * p.Tq;  // flash_backward_scratch_floats(p, true)
+  // With Tq or Tk = 0 there is no relative position: dbias [H, 0] gets nothing.
+  if (p.Tq <= 0 || p.Tk <= 0) dbias = nullptr;
   dispatch_float("attention backward", p.t, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.Tq > 0) {
@@ -90,10 +123,18 @@ void flash_backward(const FlashProblem& p, const void* q, const void* k, const v
       FSDP_CHECK_LAUNCH();
     }
   });
+  flash::DbiasPartials layout{};
   if (flash::mma_fits(p, {q, k, v, out, dout, dq, dk, dv})) {
-    flash::mma_backward(p, q, k, v, dout, lse, di, dq, dk, dv, dbias, s);
+    flash::mma_backward(p, q, k, v, dout, lse, di, dq, dk, dv, dbias, partials, s);
+    layout = flash::mma_dbias_partials(p);
   } else {
-    flash::simt_backward(p, q, k, v, dout, lse, di, dq, dk, dv, dbias, s);
+    flash::simt_backward(p, q, k, v, dout, lse, di, dq, dk, dv, dbias, partials, s);
+    layout = flash::simt_dbias_partials(p);
+  }
+  if (dbias) {
+    const int64_t P = p.Tq + p.Tk - 1;
+    dbias_reduce<<<blocks_for(p.H * P, 256), 256, 0, s>>>(dbias, partials, layout, p.H, p.Tq, P);
+    FSDP_CHECK_LAUNCH();
   }
 }
 

@@ -30,7 +30,7 @@ struct Dev {
   int64_t ldq, ldk, ldv, ldo;
   float scale;
   bool causal;
-  const float* bias;        // [H,Tq,Tk] or null
+  const float* bias;        // [H, Tq+Tk-1] by relative position j - i + Tq - 1, or null
   const int32_t* key_mask;  // [B,Tk] or null
   int64_t group;            // query heads per key/value head: head h reads k, v of h / group
 };
@@ -47,8 +47,11 @@ __device__ __forceinline__ bool visible(const Dev& p, int64_t b, int64_t i, int6
          !(p.key_mask && p.key_mask[b * p.Tk + j] == 0);
 }
 // The score of a visible (i, j) from the raw dot product q_i . k_j.
+// The bias is stored by relative position (kernels.hpp, relative_positions): a row of
+// Tq + Tk - 1 floats per head, small enough to stay in L1 across a tile.
 __device__ __forceinline__ float score(const Dev& p, int64_t h, int64_t i, int64_t j, float dot) {
-  return dot * p.scale + (p.bias ? p.bias[(h * p.Tq + i) * p.Tk + j] : 0.0f);
+  return dot * p.scale +
+         (p.bias ? p.bias[h * (p.Tq + p.Tk - 1) + (j - i + p.Tq - 1)] : 0.0f);
 }
 // Keys [0, end) that queries [i0, i0 + rows) may see.
 __device__ __forceinline__ int64_t key_end(const Dev& p, int64_t i0, int64_t rows) {
@@ -84,6 +87,23 @@ inline unsigned grid_for(int64_t blocks, const char* what) {
 }
 
 // ---------------------------------------------------------------------------------------
+// The bias gradient's partial rows. With dbias the dQ kernels' block (batch chunk c, head h,
+// query tile) also sums its dS by relative position into a partial row of its own: the
+// diagonal d of its [rows x key tile] dS tile (d = col - row + rows - 1, rows ascending) adds
+// into partial[j0 + d] for the tile starting at key j0, key tiles ascending, separated by
+// barriers; so entry lo of the row holds relative position o = lo + Tq - i0 - rows for the
+// block's first query i0. The block zeroes its row first. flash_backward then adds the rows
+// into dbias, c and tile ascending (dbias_reduce in kernels_flash.cu). Every sum has one
+// writer and an order fixed by the shapes: deterministic, no atomics.
+struct DbiasPartials {
+  int64_t chunks;  // batch chunks: block c covers batch rows [c*B/chunks ...) (mma: B, simt: 1)
+  int64_t nqt;     // query tiles
+  int64_t rows;    // queries per tile
+  int64_t stride;  // floats per partial row (key tiles x key tile width + rows)
+  int64_t floats(int64_t H) const { return chunks * H * nqt * stride; }
+};
+
+// ---------------------------------------------------------------------------------------
 // the two paths. Each launcher writes what flash_forward / flash_backward (kernels.hpp)
 // document, for a problem the entry point has checked (B, H > 0; group >= 1 divides H).
 // Backward's di is D_i = rowsum(dO * O) [B,H,Tq], computed by the entry point.
@@ -91,17 +111,22 @@ inline unsigned grid_for(int64_t blocks, const char* what) {
 // kernels_flash_mma.cu: whether the tensor-core kernels take this problem: 16-bit storage,
 // head dim 64 or 128, and every row of `arrays` (and every stride) 16-byte aligned.
 bool mma_fits(const FlashProblem& p, std::initializer_list<const void*> arrays);
+// The partial rows each path's dQ kernel writes when dbias is wanted (see DbiasPartials).
+DbiasPartials mma_dbias_partials(const FlashProblem& p);
+DbiasPartials simt_dbias_partials(const FlashProblem& p);
 void mma_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
                  float* lse, cudaStream_t s);
+// partials: mma_dbias_partials(p).floats(p.H) floats when dbias is not null (else unused);
+// they are written, dbias is left to the caller.
 void mma_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
                   const void* dout, const float* lse, const float* di, void* dq, void* dk,
-                  void* dv, float* dbias, cudaStream_t s);
+                  void* dv, float* dbias, float* partials, cudaStream_t s);
 
 // kernels_flash_simt.cu: any problem of fp32, bf16 or fp16 storage.
 void simt_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
                   float* lse, cudaStream_t s);
 void simt_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
                    const void* dout, const float* lse, const float* di, void* dq, void* dk,
-                   void* dv, float* dbias, cudaStream_t s);
+                   void* dv, float* dbias, float* partials, cudaStream_t s);
 
 }  // namespace fsdp::cuda::kernels::flash

@@ -337,92 +337,106 @@ constexpr std::size_t fwd_smem(std::size_t t_size) {
 
 // ---- backward: dQ (and dbias) ---------------------------------------------------------------
 
-// Block = (b, h, query tile), or with dbias (h, query tile) looping over b = 0..B-1 in order
-// (every dbias element has one writer and a fixed order). Shared: Q, dO, then K and V twice.
-template <class T, int D>
+// Block = (b, h, query tile). Shared: Q, dO, then K and V twice; with the bias gradient
+// (kDbias) also the fp32 dS tile [64][kLdS], whose 127 diagonals threads 0..126 sum (rows
+// ascending) into the block's partial row (kernels_flash.cuh, DbiasPartials: chunk = b,
+// rows = 64, key tiles of 64).
+constexpr int kLdS = kRows + 1;  // fp32 dS tile row: diagonal reads conflict-free
+
+template <class T, int D, bool kDbias>
 __global__ void __launch_bounds__(kThreads)
     flash_bwd_dq(Dev p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
-                 const float* di, T* dq, float* dbias, int64_t nqt) {
+                 const float* di, T* dq, float* partials, int64_t nqt, int64_t stride) {
   using L = Lay<D>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + L::tile;
   T* sK = sdO + L::tile;     // [2][64][ld]
   T* sV = sK + 2 * L::tile;  // [2][64][ld]
+  float* sS = reinterpret_cast<float*>(sV + 2 * L::tile);  // kDbias: [64][kLdS]
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t tile = nqt - 1 - static_cast<int64_t>(blockIdx.x) % nqt;
-  const int64_t grp = static_cast<int64_t>(blockIdx.x) / nqt;
-  const int64_t h = dbias ? grp : grp % p.H;
-  const int64_t b_begin = dbias ? 0 : grp / p.H, b_end = dbias ? p.B : b_begin + 1;
+  const int64_t bh = static_cast<int64_t>(blockIdx.x) / nqt, b = bh / p.H, h = bh % p.H;
   const int64_t i0 = tile * kRows, rows = imin(kRows, p.Tq - i0);
   const int64_t ntiles = (key_end(p, i0, rows) + kRows - 1) / kRows;
   const int64_t ia = i0 + 16 * w + g;
   const int64_t hk = h / p.group;  // key/value head
-  for (int64_t b = b_begin; b < b_end; ++b) {
-    const int64_t bh = b * p.H + h;
-    const T* kb = k + b * p.Tk * p.ldk + hk * D;
-    const T* vb = v + b * p.Tk * p.ldv + hk * D;
-    __syncthreads();  // the previous batch row's tiles are no longer read
-    cp_tile<T, D>(sQ, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, rows);
-    cp_tile<T, D>(sdO, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo, rows);
-    if (ntiles > 0) {
-      cp_tile<T, D>(sK, kb, p.ldk, imin(kRows, p.Tk));
-      cp_tile<T, D>(sV, vb, p.ldv, imin(kRows, p.Tk));
+  float* part = kDbias ? partials + (bh * nqt + tile) * stride : nullptr;
+  if constexpr (kDbias) {
+    for (int64_t idx = threadIdx.x; idx < stride; idx += kThreads) part[idx] = 0.0f;
+  }
+  const T* kb = k + b * p.Tk * p.ldk + hk * D;
+  const T* vb = v + b * p.Tk * p.ldv + hk * D;
+  cp_tile<T, D>(sQ, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, rows);
+  cp_tile<T, D>(sdO, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo, rows);
+  if (ntiles > 0) {
+    cp_tile<T, D>(sK, kb, p.ldk, imin(kRows, p.Tk));
+    cp_tile<T, D>(sV, vb, p.ldv, imin(kRows, p.Tk));
+  }
+  cp_commit();
+  float lse_r[2], di_r[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = ia + 8 * r;
+    lse_r[r] = i < p.Tq ? lse[bh * p.Tq + i] : INFINITY;
+    di_r[r] = i < p.Tq ? di[bh * p.Tq + i] : 0.0f;
+  }
+  cp_wait_all();
+  __syncthreads();  // also orders the partial row's zeros before the first diagonal sums
+  float acc[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  for (int64_t jt = 0; jt < ntiles; ++jt) {
+    const int buf = static_cast<int>(jt & 1);
+    const T* cK = sK + buf * L::tile;
+    const T* cV = sV + buf * L::tile;
+    const int64_t j0 = jt * kRows;
+    if (jt + 1 < ntiles) {
+      const int64_t jn = j0 + kRows;
+      cp_tile<T, D>(sK + (buf ^ 1) * L::tile, kb + jn * p.ldk, p.ldk, imin(kRows, p.Tk - jn));
+      cp_tile<T, D>(sV + (buf ^ 1) * L::tile, vb + jn * p.ldv, p.ldv, imin(kRows, p.Tk - jn));
     }
     cp_commit();
-    float lse_r[2], di_r[2];
+    float s[8][4], dp[8][4];
+    warp_abt<T, D>(s, sQ, cK, w, g, t);    // S = Q K^T (raw)
+    warp_abt<T, D>(dp, sdO, cV, w, g, t);  // dP = dO V^T
+    const bool all_visible = tile_unmasked(p, i0, j0);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t i = ia + 8 * r;
-      lse_r[r] = i < p.Tq ? lse[bh * p.Tq + i] : INFINITY;
-      di_r[r] = i < p.Tq ? di[bh * p.Tq + i] : 0.0f;
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const int64_t i = ia + 8 * r, j = j0 + 8 * n + 2 * t + (e & 1);
+        float ds = 0.0f;
+        if (all_visible || visible(p, b, i, j)) {
+          const float pr = __expf(score(p, h, i, j, s[n][e]) - lse_r[r]);
+          ds = pr * (dp[n][e] - di_r[r]);
+        }
+        s[n][e] = ds;
+        if constexpr (kDbias) sS[(16 * w + g + 8 * r) * kLdS + 8 * n + 2 * t + (e & 1)] = ds;
+      }
+    }
+    warp_a_b<T, D>(acc, s, cK, lane);  // dQ += dS K (scaled at the end)
+    if constexpr (kDbias) {
+      __syncthreads();  // the whole dS tile is in sS
+      const int d = threadIdx.x;  // diagonal col - row + 63, rows ascending
+      if (d < 2 * kRows - 1) {
+        const int r_lo = d < kRows ? kRows - 1 - d : 0;
+        const int r_hi = d < kRows ? kRows : 2 * kRows - 1 - d;
+        float sum = 0.0f;
+        for (int r = r_lo; r < r_hi; ++r) sum += sS[r * kLdS + r + d - (kRows - 1)];
+        part[j0 + d] += sum;  // the next tile's writer of this entry waits at the barrier below
+      }
     }
     cp_wait_all();
     __syncthreads();
-    float acc[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int64_t jt = 0; jt < ntiles; ++jt) {
-      const int buf = static_cast<int>(jt & 1);
-      const T* cK = sK + buf * L::tile;
-      const T* cV = sV + buf * L::tile;
-      const int64_t j0 = jt * kRows;
-      if (jt + 1 < ntiles) {
-        const int64_t jn = j0 + kRows;
-        cp_tile<T, D>(sK + (buf ^ 1) * L::tile, kb + jn * p.ldk, p.ldk, imin(kRows, p.Tk - jn));
-        cp_tile<T, D>(sV + (buf ^ 1) * L::tile, vb + jn * p.ldv, p.ldv, imin(kRows, p.Tk - jn));
-      }
-      cp_commit();
-      float s[8][4], dp[8][4];
-      warp_abt<T, D>(s, sQ, cK, w, g, t);    // S = Q K^T (raw)
-      warp_abt<T, D>(dp, sdO, cV, w, g, t);  // dP = dO V^T
-      const bool all_visible = tile_unmasked(p, i0, j0);
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          const int64_t i = ia + 8 * r, j = j0 + 8 * n + 2 * t + (e & 1);
-          float ds = 0.0f;
-          if (all_visible || visible(p, b, i, j)) {
-            const float pr = __expf(score(p, h, i, j, s[n][e]) - lse_r[r]);
-            ds = pr * (dp[n][e] - di_r[r]);
-            if (dbias) dbias[(h * p.Tq + i) * p.Tk + j] += ds;
-          }
-          s[n][e] = ds;
-        }
-      }
-      warp_a_b<T, D>(acc, s, cK, lane);  // dQ += dS K (scaled at the end)
-      cp_wait_all();
-      __syncthreads();
-    }
-    store_rows<T, D>(dq + b * p.Tq * p.ldq + h * D, p.ldq, ia, p.Tq, acc, p.scale, t);
   }
+  store_rows<T, D>(dq + b * p.Tq * p.ldq + h * D, p.ldq, ia, p.Tq, acc, p.scale, t);
 }
 
 template <int D>
-constexpr std::size_t dq_smem(std::size_t t_size) {
-  return 6 * Lay<D>::tile * t_size;
+constexpr std::size_t dq_smem(std::size_t t_size, bool dbias) {
+  return 6 * Lay<D>::tile * t_size + (dbias ? kRows * kLdS * sizeof(float) : 0);
 }
 
 // ---- backward: dK and dV ---------------------------------------------------------------------
@@ -559,6 +573,11 @@ bool mma_fits(const FlashProblem& p, std::initializer_list<const void*> arrays) 
          p.D % per == 0;
 }
 
+DbiasPartials mma_dbias_partials(const FlashProblem& p) {
+  const int64_t nqt = (p.Tq + kRows - 1) / kRows, nkt = (p.Tk + kRows - 1) / kRows;
+  return {p.B, nqt, kRows, nkt * kRows + kRows};
+}
+
 void mma_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
                  float* lse, cudaStream_t s) {
   const Dev d = to_dev(p);
@@ -577,7 +596,7 @@ void mma_forward(const FlashProblem& p, const void* q, const void* k, const void
 
 void mma_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
                   const void* dout, const float* lse, const float* di, void* dq, void* dk,
-                  void* dv, float* dbias, cudaStream_t s) {
+                  void* dv, float* dbias, float* partials, cudaStream_t s) {
   const Dev d = to_dev(p);
   const int64_t hkv = p.H / p.group;  // the dK/dV kernel's blocks are (b, kv head, key tile)
   dispatch_mma(p, [&](auto tag, auto dim) {
@@ -597,11 +616,19 @@ void mma_backward(const FlashProblem& p, const void* q, const void* k, const voi
     }
     if (p.Tq > 0) {
       const int64_t nqt = (p.Tq + kRows - 1) / kRows;
-      const std::size_t smem = dq_smem<D>(sizeof(T));
-      set_smem(flash_bwd_dq<T, D>, smem, "attention backward");
-      const int64_t blocks = (dbias ? p.H : p.B * p.H) * nqt;
-      flash_bwd_dq<T, D><<<grid_for(blocks, "attention backward"), kThreads, smem, s>>>(
-          d, qt, kt, vt, dot, lse, di, static_cast<T*>(dq), dbias, nqt);
+      const unsigned grid = grid_for(p.B * p.H * nqt, "attention backward");
+      if (dbias) {
+        const std::size_t smem = dq_smem<D>(sizeof(T), true);
+        set_smem(flash_bwd_dq<T, D, true>, smem, "attention backward");
+        flash_bwd_dq<T, D, true><<<grid, kThreads, smem, s>>>(
+            d, qt, kt, vt, dot, lse, di, static_cast<T*>(dq), partials, nqt,
+            mma_dbias_partials(p).stride);
+      } else {
+        const std::size_t smem = dq_smem<D>(sizeof(T), false);
+        set_smem(flash_bwd_dq<T, D, false>, smem, "attention backward");
+        flash_bwd_dq<T, D, false><<<grid, kThreads, smem, s>>>(
+            d, qt, kt, vt, dot, lse, di, static_cast<T*>(dq), nullptr, nqt, 0);
+      }
       FSDP_CHECK_LAUNCH();
     }
   });

@@ -5,7 +5,8 @@
 // the head dim for the accumulations, tiles of 32 rows in shared memory. Masking, scores and
 // grouped-query heads as kernels_flash.cuh defines them; launches as kernels_flash.cu counts
 // them (forward 1; backward dK/dV per key tile looping over the group's query heads and their
-// query tiles, then dQ per query tile, looping over the batch in order when dbias is wanted).
+// query tiles, then dQ per query tile, looping over the batch in order when dbias is wanted,
+// summing dS by relative position into the block's partial row: kernels_flash.cuh).
 #include "kernels_flash.cuh"
 
 namespace fsdp::cuda::kernels::flash {
@@ -176,11 +177,16 @@ std::size_t simt_dkdv_smem(int64_t D) {
 }
 
 // Backward, dQ (and dbias). Block = (b, h, 8 queries), or with dbias (h, 8 queries) looping
-// over b in order; a warp per query, lanes are the keys of a 32-key tile.
+// over b in order; a warp per query, lanes are the keys of a 32-key tile. With dbias the
+// block's partial row (DbiasPartials: one chunk, rows = 8, key tiles of 32; `partials` at
+// the block's row, `stride` floats) gets, per key tile, the 39 diagonals of the [8 x 32] dS
+// tile (threads 0..38, warps ascending), b ascending.
 template <class T>
 __global__ void __launch_bounds__(kSimtThreads)
     flash_bwd_dq_simt(Dev p, const T* q, const T* k, const T* v, const T* dout,
-                      const float* lse, const float* di, T* dq, float* dbias, int64_t nqt) {
+                      const float* lse, const float* di, T* dq, float* partials,
+                      int64_t stride, int64_t nqt) {
+  const bool dbias = partials != nullptr;
   extern __shared__ float fsm[];
   const int64_t D = p.D, ldt = D + 1;
   float* sK = fsm;                        // [32][D+1]
@@ -201,9 +207,13 @@ __global__ void __launch_bounds__(kSimtThreads)
   float* dqw = sdQ + w * D;
   float* dsw = sdS + w * kSimtTile;
   const int64_t hk = h / p.group;  // key/value head
+  float* part = dbias ? partials + (h * nqt + tile) * stride : nullptr;
+  if (dbias) {
+    for (int64_t idx = threadIdx.x; idx < stride; idx += blockDim.x) part[idx] = 0.0f;
+  }
   for (int64_t b = b_begin; b < b_end; ++b) {
     const int64_t bh = b * p.H + h;
-    __syncthreads();
+    __syncthreads();  // (first b: also orders the partial row's zeros)
     load_rows_f32(sQ, D, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, D, kRowsPerBlock, rows);
     load_rows_f32(sdO, D, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo, D, kRowsPerBlock, rows);
     for (int64_t idx = threadIdx.x; idx < kRowsPerBlock * D; idx += blockDim.x) sdQ[idx] = 0.0f;
@@ -224,10 +234,21 @@ __global__ void __launch_bounds__(kSimtThreads)
           dp += dow[e] * sV[lane * ldt + e];
         }
         ds = expf(score(p, h, i, j, dot) - lse_i) * (dp - di_i);
-        if (dbias) dbias[(h * p.Tq + i) * p.Tk + j] += ds;
       }
       dsw[lane] = ds;
       __syncwarp();
+      if (dbias) {  // uniform over the block
+        __syncthreads();  // every warp's dS row is in sdS
+        const int dg = static_cast<int>(threadIdx.x);  // diagonal lane - warp + 7
+        if (dg < kSimtTile + kRowsPerBlock - 1) {
+          float sum = 0.0f;
+          for (int r = 0; r < kRowsPerBlock; ++r) {
+            const int c = dg + r - (kRowsPerBlock - 1);
+            if (c >= 0 && c < kSimtTile) sum += sdS[r * kSimtTile + c];
+          }
+          part[j0 + dg] += sum;  // the next tile's writer of this entry waits at its barrier
+        }
+      }
       for (int64_t e = lane; e < D; e += 32) {
         float g2 = dqw[e];
         for (int c = 0; c < kSimtTile; ++c) g2 += dsw[c] * sK[c * ldt + e];
@@ -250,6 +271,12 @@ std::size_t simt_dq_smem(int64_t D) {
 
 }  // namespace
 
+DbiasPartials simt_dbias_partials(const FlashProblem& p) {
+  const int64_t nqt = (p.Tq + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t nkt = (p.Tk + kSimtTile - 1) / kSimtTile;
+  return {1, nqt, kRowsPerBlock, nkt * kSimtTile + kRowsPerBlock};
+}
+
 void simt_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
                   float* lse, cudaStream_t s) {
   const Dev d = to_dev(p);
@@ -267,7 +294,7 @@ void simt_forward(const FlashProblem& p, const void* q, const void* k, const voi
 
 void simt_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
                    const void* dout, const float* lse, const float* di, void* dq, void* dk,
-                   void* dv, float* dbias, cudaStream_t s) {
+                   void* dv, float* dbias, float* partials, cudaStream_t s) {
   const Dev d = to_dev(p);
   const int64_t hkv = p.H / p.group;  // the dK/dV kernel's blocks are (b, kv head, key tile)
   dispatch_float("attention backward", p.t, [&](auto tag) {
@@ -289,7 +316,8 @@ void simt_backward(const FlashProblem& p, const void* q, const void* k, const vo
       const int64_t blocks = (dbias ? p.H : p.B * p.H) * nqt;
       flash_bwd_dq_simt<T><<<grid_for(blocks, "attention backward"), kSimtThreads, smem, s>>>(
           d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-          static_cast<const T*>(dout), lse, di, static_cast<T*>(dq), dbias, nqt);
+          static_cast<const T*>(dout), lse, di, static_cast<T*>(dq), dbias ? partials : nullptr,
+          simt_dbias_partials(p).stride, nqt);
       FSDP_CHECK_LAUNCH();
     }
   });

@@ -40,18 +40,13 @@ int32_t t5_relative_position_bucket(int64_t relative_position, bool bidirectiona
 std::vector<int32_t> t5_relative_position_buckets(int64_t query_length, int64_t key_length,
                                                   bool bidirectional, int64_t num_buckets,
                                                   int64_t max_distance) {
-  // Buckets depend on j - i only: compute each distinct relative position once.
-  std::vector<int32_t> by_rp(static_cast<std::size_t>(query_length + key_length));
-  for (int64_t rp = -(query_length - 1); rp <= key_length - 1; ++rp) {
-    by_rp[static_cast<std::size_t>(rp + query_length - 1)] =
-        t5_relative_position_bucket(rp, bidirectional, num_buckets, max_distance);
-  }
-  std::vector<int32_t> out(static_cast<std::size_t>(query_length * key_length));
-  for (int64_t i = 0; i < query_length; ++i) {
-    for (int64_t j = 0; j < key_length; ++j) {
-      out[static_cast<std::size_t>(i * key_length + j)] =
-          by_rp[static_cast<std::size_t>(j - i + query_length - 1)];
-    }
+  // [P]: element o holds relative position j - i = o - (query_length - 1).
+  const int64_t P = relative_positions(query_length, key_length);
+  std::vector<int32_t> out(static_cast<std::size_t>(P));
+  for (int64_t o = 0; o < P; ++o) {
+    out[static_cast<std::size_t>(o)] =
+        t5_relative_position_bucket(o - (query_length - 1), bidirectional, num_buckets,
+                                    max_distance);
   }
   return out;
 }
@@ -225,11 +220,14 @@ struct ActBuffers {
   }
   DeviceBuffer enc_out, enc_rstd;       // encoder final norm [Re,D], fp32 [Re]
   DeviceBuffer lnf, lnf_rstd, logits;   // decoder final norm (scaled when tied) [Rd,D]; [Rd,Vp]
-  DeviceBuffer enc_bias, dec_bias;      // fp32 [H,Te,Te], [H,Td,Td]
-  DeviceBuffer enc_dbias, dec_dbias;    // their gradients (fp32)
+  // fp32 [H,Pe], [H,Pd] by relative position (Pe = relative_positions(Te, Te) = 2Te - 1,
+  // Pd alike; kernels.hpp), and their gradients (fp32, same shapes).
+  DeviceBuffer enc_bias, dec_bias;
+  DeviceBuffer enc_dbias, dec_dbias;
   // Backward scratch (forward also uses dff0 for the feed-forward's transient product).
   DeviceBuffer dres_e, dres_d, denc_out, dln, dq, dk, dv, datty, dff0, dff1;
-  DeviceBuffer enc_ids, enc_mask, dec_ids, labels, enc_buckets, dec_buckets;  // int32
+  // int32; enc_buckets [Pe], dec_buckets [Pd] (t5_relative_position_buckets)
+  DeviceBuffer enc_ids, enc_mask, dec_ids, labels, enc_buckets, dec_buckets;
   int64_t buckets_Te = -1, buckets_Td = -1;  // lengths the uploaded buckets are for
 };
 
@@ -243,6 +241,7 @@ void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool
   const int64_t D = c.d_model, I = c.num_heads * c.d_kv, F = c.d_ff, H = c.num_heads;
   const int64_t Vp = c.padded_vocab(), Le = c.num_layers, Ld = c.num_decoder_layers;
   const int64_t Re = B * Te, Rd = B * Td, Rmax = std::max(Re, Rd);
+  const int64_t Pe = relative_positions(Te, Te), Pd = relative_positions(Td, Td);
   const bool gated = c.feed_forward_proj == T5FeedForward::gated_gelu;
   auto at = [&](DeviceBuffer ActBuffers::*m) { return a ? &(a->*m) : nullptr; };
   if (a) {
@@ -278,10 +277,10 @@ void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool
   f(at(&ActBuffers::lnf), Kind::act, Rd * D);
   f(at(&ActBuffers::lnf_rstd), Kind::f32, Rd);
   f(at(&ActBuffers::logits), Kind::act, Rd * Vp);
-  f(at(&ActBuffers::enc_bias), Kind::f32, H * Te * Te);
-  f(at(&ActBuffers::dec_bias), Kind::f32, H * Td * Td);
-  f(at(&ActBuffers::enc_dbias), Kind::f32, H * Te * Te);
-  f(at(&ActBuffers::dec_dbias), Kind::f32, H * Td * Td);
+  f(at(&ActBuffers::enc_bias), Kind::f32, H * Pe);
+  f(at(&ActBuffers::dec_bias), Kind::f32, H * Pd);
+  f(at(&ActBuffers::enc_dbias), Kind::f32, H * Pe);
+  f(at(&ActBuffers::dec_dbias), Kind::f32, H * Pd);
   f(at(&ActBuffers::dres_e), Kind::act, Re * D);
   f(at(&ActBuffers::dres_d), Kind::act, Rd * D);
   f(at(&ActBuffers::denc_out), Kind::act, Re * D);
@@ -296,8 +295,8 @@ void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool
   f(at(&ActBuffers::enc_mask), Kind::i32, Re);
   f(at(&ActBuffers::dec_ids), Kind::i32, Rd);
   f(at(&ActBuffers::labels), Kind::i32, Rd);
-  f(at(&ActBuffers::enc_buckets), Kind::i32, Te * Te);
-  f(at(&ActBuffers::dec_buckets), Kind::i32, Td * Td);
+  f(at(&ActBuffers::enc_buckets), Kind::i32, Pe);
+  f(at(&ActBuffers::dec_buckets), Kind::i32, Pd);
 }
 
 DType dtype_of(Kind k, DType act) {
@@ -394,12 +393,12 @@ void T5Model::forward(const data::Batch& batch, ModuleHooks& hooks, bool with_ba
   const int64_t NB = cfg_.relative_attention_num_buckets, MD = cfg_.relative_attention_max_distance;
   if (a.buckets_Te != Te) {
     const auto bk = t5_relative_position_buckets(Te, Te, true, NB, MD);
-    rt_.copy_from_host(a.enc_buckets.view({Te, Te}), bk.data());
+    rt_.copy_from_host(a.enc_buckets.view({relative_positions(Te, Te)}), bk.data());
     a.buckets_Te = Te;
   }
   if (a.buckets_Td != Td) {
     const auto bk = t5_relative_position_buckets(Td, Td, false, NB, MD);
-    rt_.copy_from_host(a.dec_buckets.view({Td, Td}), bk.data());
+    rt_.copy_from_host(a.dec_buckets.view({relative_positions(Td, Td)}), bk.data());
     a.buckets_Td = Td;
   }
 
@@ -512,17 +511,18 @@ struct FF {
 // h1 [R,D] = o(mha(q, k, v; bias, key_mask, causal)), q, k, v = ln0(x) @ W^T, R = B*T; the
 // caller adds the residual x in the next norm's pass (add_rmsnorm_forward), so that h1 ends
 // as x + o(...) before anything reads it.
-// The stack's position bias [H,T,T] is computed by block 0 (`owns_bias`) from its table and
-// read by every block; in backward every block adds its score gradient into dbias and block 0
-// turns the sum into its table's gradient.
+// The stack's position bias [H,P] (by relative position, P = relative_positions(T, T)) is
+// computed by block 0 (`owns_bias`) from its table and read by every block; in backward every
+// block adds its score gradient into dbias [H,P] and block 0 turns the sum into its table's
+// gradient.
 struct SelfAttention {
   Kernels& be;
   const T5Config& c;
   ModuleHooks& hooks;
   const BlockIds& b;
   int64_t B, T;
-  TensorView bias;     // fp32 [H,T,T]
-  TensorView buckets;  // int32 [T,T]
+  TensorView bias;     // fp32 [H,P], P = relative_positions(T, T)
+  TensorView buckets;  // int32 [P]
   // compute_bias: block 0's forward (not its recompute, which finds the bias in place).
   void forward(LayerBufs& y, const TensorView& x, const TensorView& key_mask, bool causal,
                bool compute_bias, float eps) const {
@@ -541,7 +541,7 @@ struct SelfAttention {
     be.gemm(false, true, R, D, I, 1.f, atty, hooks.param(b.o), 0.f, h1);
   }
   // dres [R,D]: d h1 on entry, d x on exit (accumulated). Scratch: dq, dk, dv, datty [R,I],
-  // dln [R,D]; dbias fp32 [H,T,T] accumulates. key_mask and causal as in forward.
+  // dln [R,D]; dbias fp32 [H,P] accumulates. key_mask and causal as in forward.
   void backward(LayerBufs& y, const TensorView& x, const TensorView& dres, const TensorView& dq,
                 const TensorView& dk, const TensorView& dv, const TensorView& datty,
                 const TensorView& dln, const TensorView& key_mask, bool causal,
@@ -577,7 +577,8 @@ void T5Model::encoder_block_forward(int64_t l, int64_t B, int64_t Te, ModuleHook
   const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
   LayerBufs& y = a.enc_layer(l);
   const TensorView x = a.res_e[static_cast<std::size_t>(l)].view({R, D}), h1 = y.h1.view({R, D});
-  const TensorView bias = a.enc_bias.view({H, Te, Te}), buckets = a.enc_buckets.view({Te, Te});
+  const int64_t P = relative_positions(Te, Te);
+  const TensorView bias = a.enc_bias.view({H, P}), buckets = a.enc_buckets.view({P});
   SelfAttention{be_, cfg_, hooks, b, B, Te, bias, buckets}.forward(
       y, x, a.enc_mask.view({B, Te}), /*causal=*/false, l == 0 && !recompute, eps);
   const TensorView ln1 = y.ln1.view({R, D});
@@ -599,7 +600,8 @@ void T5Model::decoder_block_forward(int64_t l, int64_t B, int64_t Te, int64_t Td
   const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
   LayerBufs& y = a.dec_layer(l);
   const TensorView x = a.res_d[static_cast<std::size_t>(l)].view({R, D}), h1 = y.h1.view({R, D});
-  const TensorView bias = a.dec_bias.view({H, Td, Td}), buckets = a.dec_buckets.view({Td, Td});
+  const int64_t P = relative_positions(Td, Td);
+  const TensorView bias = a.dec_bias.view({H, P}), buckets = a.dec_buckets.view({P});
   SelfAttention{be_, cfg_, hooks, b, B, Td, bias, buckets}.forward(
       y, x, TensorView{}, /*causal=*/true, l == 0 && !recompute, eps);
   // EncDecAttention
@@ -629,8 +631,8 @@ void T5Model::backward(int64_t B, int64_t Te, int64_t Td, ModuleHooks& hooks) {
   const int64_t D = cfg_.d_model, V = cfg_.padded_vocab(), H = cfg_.num_heads;  // dlogits' width
   const int64_t Re = B * Te, Rd = B * Td;
   const int64_t Le = cfg_.num_layers, Ld = cfg_.num_decoder_layers;
-  rt_.fill_zero(a.enc_dbias.view({H * Te * Te}));
-  rt_.fill_zero(a.dec_dbias.view({H * Td * Td}));
+  rt_.fill_zero(a.enc_dbias.view({H * relative_positions(Te, Te)}));
+  rt_.fill_zero(a.dec_dbias.view({H * relative_positions(Td, Td)}));
   rt_.fill_zero(a.denc_out.view({Re * D}));
   const TensorView dlogits = a.logits.view({Rd, V}), lnf = a.lnf.view({Rd, D});
   const TensorView dln = a.dln.view({Rd, D}), dres_d = a.dres_d.view({Rd, D});
@@ -703,10 +705,10 @@ void T5Model::encoder_block_backward(int64_t l, int64_t B, int64_t Te, ModuleHoo
   FF{be_, cfg_, hooks, b, R}.backward(dres, ln1, y, a.dff0.view({R, F}), a.dff1, dln);
   be_.rmsnorm_backward(dres, G(b.ln_ff), dln, h1, W(b.ln_ff), y.rstd1.view({R}), R, D);  // d h1
   // self-attention: h1 = x + o(mha(q, k, v) + bias); dres becomes d x
-  SelfAttention{be_, cfg_, hooks, b, B, Te, a.enc_bias.view({H, Te, Te}),
-                a.enc_buckets.view({Te, Te})}
+  const int64_t P = relative_positions(Te, Te);
+  SelfAttention{be_, cfg_, hooks, b, B, Te, a.enc_bias.view({H, P}), a.enc_buckets.view({P})}
       .backward(y, a.res_e[static_cast<std::size_t>(l)].view({R, D}), dres, dq, dk, dv, datty,
-                dln, a.enc_mask.view({B, Te}), /*causal=*/false, a.enc_dbias.view({H, Te, Te}),
+                dln, a.enc_mask.view({B, Te}), /*causal=*/false, a.enc_dbias.view({H, P}),
                 l == 0);
 }
 
@@ -746,11 +748,11 @@ void T5Model::decoder_block_backward(int64_t l, int64_t B, int64_t Te, int64_t T
     be_.rmsnorm_backward(dres, G(b.ln1), dln, y.h1.view({R, D}), W(b.ln1), y.rstd1.view({R}), R, D);
   }
   // causal self-attention: h1 = x + o(mha(q, k, v) + bias); dres becomes d x
-  SelfAttention{be_, cfg_, hooks, b, B, Td, a.dec_bias.view({H, Td, Td}),
-                a.dec_buckets.view({Td, Td})}
+  const int64_t P = relative_positions(Td, Td);
+  SelfAttention{be_, cfg_, hooks, b, B, Td, a.dec_bias.view({H, P}), a.dec_buckets.view({P})}
       .backward(y, a.res_d[static_cast<std::size_t>(l)].view({R, D}), dres, a.dq.view({R, I}),
                 a.dk.view({R, I}), a.dv.view({R, I}), a.datty.view({R, I}), dln, TensorView{},
-                /*causal=*/true, a.dec_dbias.view({H, Td, Td}), l == 0);
+                /*causal=*/true, a.dec_dbias.view({H, P}), l == 0);
 }
 
 }  // namespace fsdp

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "fsdp/backend/device_runtime.hpp"
+#include "fsdp/backend/kernels.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/tensor.hpp"
 
@@ -384,8 +385,8 @@ struct ArgChecks {
     dim(k, "Tq", Tq);
     dim(k, "Tk", Tk);
     need_float(k, "table", table, 0);
-    need_dtype(k, "buckets", buckets, DType::i32, Tq * Tk);
-    need_dtype(k, "bias", bias, DType::f32, H * Tq * Tk);
+    need_dtype(k, "buckets", buckets, DType::i32, relative_positions(Tq, Tk));
+    need_dtype(k, "bias", bias, DType::f32, H * relative_positions(Tq, Tk));
     return H > 0 ? table.numel() / H : -1;
   }
   static int64_t position_bias_backward(const TensorView& dtable, const TensorView& dbias,
@@ -396,8 +397,8 @@ struct ArgChecks {
     dim(k, "Tq", Tq);
     dim(k, "Tk", Tk);
     need_float(k, "dtable", dtable, 0);
-    need_dtype(k, "buckets", buckets, DType::i32, Tq * Tk);
-    need_dtype(k, "dbias", dbias, DType::f32, H * Tq * Tk);
+    need_dtype(k, "buckets", buckets, DType::i32, relative_positions(Tq, Tk));
+    need_dtype(k, "dbias", dbias, DType::f32, H * relative_positions(Tq, Tk));
     return H > 0 ? dtable.numel() / H : -1;
   }
   // mha_forward/backward: `limits` (may be null) is a backend's own shape check, run after
@@ -425,7 +426,7 @@ struct ArgChecks {
     need_float(k, "q", q, nq);
     need_float(k, "k", kv_k, nk);
     need_float(k, "v", v, nk);
-    if (bias) need_dtype(k, "bias", bias, DType::f32, H * Tq * Tk);
+    if (bias) need_dtype(k, "bias", bias, DType::f32, H * relative_positions(Tq, Tk));
     if (key_mask) need_dtype(k, "key_mask", key_mask, DType::i32, B * Tk);
   }
   static void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
@@ -440,14 +441,14 @@ struct ArgChecks {
     need_float(k, "dq", dq, nq);
     need_float(k, "dk", dk, nk);
     need_float(k, "dv", dv, nk);
-    if (dbias) need_dtype(k, "dbias", dbias, DType::f32, H * Tq * Tk);
+    if (dbias) need_dtype(k, "dbias", dbias, DType::f32, H * relative_positions(Tq, Tk));
     need_float(k, "dout", dout, nq);
     need_float(k, "q", q, nq);
     need_float(k, "k", kv_k, nk);
     need_float(k, "v", v, nk);
     need_float(k, "out", out, nq);
     need_dtype(k, "lse", lse, DType::f32, B * H * Tq);
-    if (bias) need_dtype(k, "bias", bias, DType::f32, H * Tq * Tk);
+    if (bias) need_dtype(k, "bias", bias, DType::f32, H * relative_positions(Tq, Tk));
     if (key_mask) need_dtype(k, "key_mask", key_mask, DType::i32, B * Tk);
   }
 

@@ -16,6 +16,15 @@ namespace fsdp {
 // Target id whose row the cross-entropy kernels skip (torch's ignore_index default).
 inline constexpr int32_t kIgnoreIndex = -100;
 
+// Relative positions of Tq queries and Tk keys: o = j - i + Tq - 1 in [0, Tq + Tk - 1) for
+// query i and key j (0 when either length is 0). T5's position bias depends on j - i alone
+// (HF T5Attention.compute_bias: relative_position = memory_position - context_position), so
+// the kernels below keep it, and its gradient, as [H, relative_positions(Tq, Tk)] rather
+// than [H, Tq, Tk]: the bias of (i, j) is bias[h, j - i + Tq - 1].
+inline constexpr int64_t relative_positions(int64_t Tq, int64_t Tk) {
+  return Tq > 0 && Tk > 0 ? Tq + Tk - 1 : 0;
+}
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -204,16 +213,18 @@ class Kernels {
                               const TensorView& dout, const TensorView& gate,
                               const TensorView& up) = 0;
 
-  // T5 relative position bias: bias[h,i,j] = table[buckets[i,j], h] (fp32 out).
+  // T5 relative position bias by relative position (relative_positions above; P =
+  // relative_positions(Tq, Tk)): bias[h,o] = table[buckets[o], h] (fp32 out), the bias of
+  // every (i, j) with j - i + Tq - 1 = o.
   // table: [NB,H] (relative_attention_bias.weight, float; NB = table.numel() / H); buckets:
-  // [Tq,Tk] int32 in [0,NB) (computed by the caller, HF's _relative_position_bucket); writes
-  // bias: [H,Tq,Tk] fp32. A bucket out of range throws fsdp::Error (CUDA: at the next
-  // synchronisation, as token indices).
+  // [P] int32 in [0,NB) (computed by the caller: t5_relative_position_buckets, HF's
+  // _relative_position_bucket of j - i); writes bias: [H,P] fp32. A bucket out of range
+  // throws fsdp::Error (CUDA: at the next synchronisation, as token indices).
   virtual void position_bias_forward(const TensorView& bias, const TensorView& table,
                                      const TensorView& buckets, int64_t H, int64_t Tq,
                                      int64_t Tk) = 0;
-  // Accumulates dtable[buckets[i,j], h] += dbias[h,i,j] (dbias fp32 [H,Tq,Tk]); summed per
-  // table entry in a fixed order (deterministic).
+  // Accumulates dtable[buckets[o], h] += dbias[h,o] (dbias fp32 [H,P]); each table entry's
+  // sum taken over o ascending in fp64 and added once (deterministic).
   virtual void position_bias_backward(const TensorView& dtable, const TensorView& dbias,
                                       const TensorView& buckets, int64_t H, int64_t Tq,
                                       int64_t Tk) = 0;
@@ -222,10 +233,11 @@ class Kernels {
   // lengths and a head width D independent of the model width (T5's d_kv), computed as the
   // attention block above.
   // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; head h uses columns [h*D, (h+1)*D).
-  // scores[b,h,i,j] = scale * q_i . k_j + bias[h,i,j] (bias: fp32 [H,Tq,Tk] shared over the
-  // batch, or an empty view for none); key j is masked out (probability exactly 0) when
-  // key_mask is given (int32 [B,Tk], 0 = padding) and key_mask[b,j] == 0, or when `causal`
-  // and j > i. Softmax in fp32 over the unmasked keys. Writes out: [B,Tq,H*D] and lse: fp32
+  // scores[b,h,i,j] = scale * q_i . k_j + bias[h, j - i + Tq - 1] (bias: fp32 [H,P] by
+  // relative position, P = relative_positions(Tq, Tk), shared over the batch: T5's position
+  // bias, which depends on j - i alone; or an empty view for none); key j is masked out
+  // (probability exactly 0) when key_mask is given (int32 [B,Tk], 0 = padding) and
+  // key_mask[b,j] == 0, or when `causal` and j > i. Softmax in fp32 over the unmasked keys. Writes out: [B,Tq,H*D] and lse: fp32
   // [B,H,Tq] (saved for backward). T5 passes scale = 1 (no 1/sqrt(D)). "Empty" means a view
   // with data == nullptr (TensorView{}).
   // Matches HF T5Attention (scores + position_bias + mask, softmax in fp32) and
@@ -237,10 +249,14 @@ class Kernels {
                            int64_t H, int64_t D, float scale, bool causal) = 0;
   // Writes dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] from dout: [B,Tq,H*D], using q, k, v, out and
   // lse from forward and the same bias, key_mask, scale and causal. If dbias is not empty
-  // (fp32 [H,Tq,Tk]) ACCUMULATES the score gradient summed over the batch into it (HF T5:
-  // the gradient of position_bias, which broadcasts over the batch): dbias[h,i,j] +=
-  // sum over b of dS[b,h,i,j], b ascending in fp32, deterministic (no atomics) on both
-  // backends.
+  // (fp32 [H,P], as bias) ACCUMULATES the score gradient summed over the batch and over each
+  // relative position into it (HF T5: the gradient of position_bias, which broadcasts over
+  // the batch, reduced to the relative positions it was gathered from): dbias[h,o] += sum of
+  // dS[b,h,i,j] over b and the (i, j) with j - i + Tq - 1 = o, in fp32, in an order fixed by
+  // the shapes alone (no atomics): deterministic and independent of the thread count on each
+  // backend, the two backends equal to rounding. Every (b, h, query tile) works in
+  // parallel: on CUDA each block sums its tile's diagonals into a partial row of its own and
+  // one more pass adds the partial rows, b and tile ascending (kernels_flash.cu).
   virtual void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                             const TensorView& dbias, const TensorView& dout, const TensorView& q,
                             const TensorView& k, const TensorView& v, const TensorView& out,

@@ -13,9 +13,11 @@
 //    position bias). Feed-forward: relu (T5 v1.0: wo(relu(wi x))) or gated-gelu (T5 v1.1:
 //    wo(gelu_new(wi_0 x) * wi_1 x), gelu_new = tanh approximation).
 //  - Relative position bias: block 0 of each stack owns relative_attention_bias [NB, H] and
-//    computes bias[h,i,j] = table[bucket(j - i), h] once; later blocks reuse that activation
-//    (HF passes position_bias along), so the bias gradient of every block is summed and turned
-//    into block 0's table gradient in block 0's backward.
+//    computes the bias once, by relative position: fp32 [H, 2T - 1], bias[h, j - i + T - 1] =
+//    table[bucket(j - i), h] (kernels.hpp relative_positions; HF's [1, H, T, T] position_bias
+//    holds the same value along each diagonal). Later blocks reuse that activation (HF passes
+//    position_bias along), so the bias gradient of every block is summed and turned into
+//    block 0's table gradient in block 0's backward.
 //  - final_layer_norm on each stack. LM head: tied -> logits = (x * d_model^-0.5) @ shared^T;
 //    untied -> logits = x @ lm_head.weight^T (no scaling). Dropout is always off.
 //  - Decoder input: labels shifted right with decoder_start_token_id = pad = 0, kIgnoreIndex
@@ -116,8 +118,11 @@ void validate_t5_config(const T5Config& c);
 // (buckets - max_exact)), buckets - 1). Returns a bucket in [0, num_buckets).
 int32_t t5_relative_position_bucket(int64_t relative_position, bool bidirectional,
                                     int64_t num_buckets, int64_t max_distance);
-// buckets[i * key_length + j] = bucket(j - i): int32 [query_length, key_length], as HF's
-// T5Attention.compute_bias (bidirectional for the encoder, causal for the decoder).
+// The bucket of every relative position, as the position_bias kernels take them
+// (fsdp/backend/kernels.hpp): int32 [relative_positions(query_length, key_length)] =
+// [query_length + key_length - 1] (empty when either length is 0), element o =
+// bucket(o - (query_length - 1)), the bucket of every (i, j) with j - i = o - query_length + 1,
+// as HF's T5Attention.compute_bias (bidirectional for the encoder, causal for the decoder).
 std::vector<int32_t> t5_relative_position_buckets(int64_t query_length, int64_t key_length,
                                                   bool bidirectional, int64_t num_buckets,
                                                   int64_t max_distance);

@@ -800,9 +800,11 @@ void CpuBackend::mul(const TensorView& out_, const TensorView& a, const TensorVi
 void CpuBackend::position_bias_forward(const TensorView& bias, const TensorView& table,
                                        const TensorView& buckets, int64_t H, int64_t Tq,
                                        int64_t Tk) {
-  // table: [NB,H]; buckets: [Tq,Tk] int32 in [0,NB); bias: [H,Tq,Tk] fp32. NB = numel / H.
+  // table: [NB,H]; buckets: [P] int32 in [0,NB); bias: [H,P] fp32, P =
+  // relative_positions(Tq, Tk). NB = numel / H.
   const int64_t NB = Chk::position_bias_forward(bias, table, buckets, H, Tq, Tk);
-  check_tokens("position_bias_forward", buckets, Tq * Tk, NB, "buckets", "table");
+  check_tokens("position_bias_forward", buckets, relative_positions(Tq, Tk), NB, "buckets",
+               "table");
   const F32In t = in(table, std::max<int64_t>(NB, 0) * H);
   k_.position_bias_forward(static_cast<float*>(bias.data), t,
                            static_cast<const int32_t*>(buckets.data), H, Tq, Tk);
@@ -811,9 +813,11 @@ void CpuBackend::position_bias_forward(const TensorView& bias, const TensorView&
 void CpuBackend::position_bias_backward(const TensorView& dtable, const TensorView& dbias,
                                         const TensorView& buckets, int64_t H, int64_t Tq,
                                         int64_t Tk) {
-  // dtable: [NB,H] +=; dbias: [H,Tq,Tk] fp32; buckets: [Tq,Tk] int32 in [0,NB).
+  // dtable: [NB,H] +=; dbias: [H,P] fp32; buckets: [P] int32 in [0,NB), P =
+  // relative_positions(Tq, Tk).
   const int64_t NB = Chk::position_bias_backward(dtable, dbias, buckets, H, Tq, Tk);
-  check_tokens("position_bias_backward", buckets, Tq * Tk, NB, "buckets", "dtable");
+  check_tokens("position_bias_backward", buckets, relative_positions(Tq, Tk), NB, "buckets",
+               "dtable");
   const int64_t nb = std::max<int64_t>(NB, 0);
   const F32Out g = out(dtable, nb * H, true);
   k_.position_bias_backward(g, static_cast<const float*>(dbias.data),
@@ -844,8 +848,9 @@ void CpuBackend::mha_forward(const TensorView& out_, const TensorView& lse, cons
                              const TensorView& k, const TensorView& v, const TensorView& bias,
                              const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk,
                              int64_t H, int64_t D, float scale, bool causal) {
-  // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; bias: [H,Tq,Tk] fp32 or none; key_mask: [B,Tk] int32 or
-  // none; out: [B,Tq,H*D]; lse: [B,H,Tq] fp32.
+  // q: [B,Tq,H*D]; k, v: [B,Tk,H*D]; bias: [H,P] fp32 by relative position (P =
+  // relative_positions(Tq, Tk)) or none; key_mask: [B,Tk] int32 or none; out: [B,Tq,H*D];
+  // lse: [B,H,Tq] fp32.
   Chk::mha_forward(out_, lse, q, k, v, bias, key_mask, B, Tq, Tk, H, D);
   const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D;
   const F32In fq = in(q, nq), fk = in(k, nk), fv = in(v, nk);
@@ -861,7 +866,7 @@ void CpuBackend::mha_backward(const TensorView& dq, const TensorView& dk, const 
                               const TensorView& bias, const TensorView& key_mask, int64_t B,
                               int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
                               bool causal) {
-  // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,Tq,Tk] fp32 += or none; dout, out:
+  // dq: [B,Tq,H*D], dk, dv: [B,Tk,H*D] written; dbias: [H,P] fp32 += or none; dout, out:
   // [B,Tq,H*D]; q, k, v, lse, bias, key_mask as in forward.
   Chk::mha_backward(dq, dk, dv, dbias, dout, q, k, v, out_, lse, bias, key_mask, B, Tq, Tk, H, D);
   const int64_t nq = B * Tq * H * D, nk = B * Tk * H * D;

@@ -35,6 +35,7 @@
 #include <system_error>
 #include <vector>
 
+#include "fsdp/backend/kernels.hpp"
 #include "fsdp/backend/optimizer_math.hpp"
 #include "fsdp/core/error.hpp"
 
@@ -782,24 +783,25 @@ void CpuKernels::swiglu_backward(float* dgate, float* dup, const float* dout, co
 
 void CpuKernels::position_bias_forward(float* bias, const float* table, const int32_t* buckets,
                                        int64_t H, int64_t Tq, int64_t Tk) const {
-  const int64_t n = Tq * Tk;
+  // bias [H,P]: bias[h,o] = table[buckets[o], h], P = relative_positions(Tq, Tk).
+  const int64_t n = relative_positions(Tq, Tk);
 #pragma omp parallel for num_threads(threads_for(H * n, kParallelMinElems)) schedule(static)
   for (int64_t h = 0; h < H; ++h) {
     float* o = bias + h * n;
-    for (int64_t ij = 0; ij < n; ++ij) o[ij] = table[static_cast<int64_t>(buckets[ij]) * H + h];
+    for (int64_t r = 0; r < n; ++r) o[r] = table[static_cast<int64_t>(buckets[r]) * H + h];
   }
 }
 
 void CpuKernels::position_bias_backward(float* dtable, const float* dbias, const int32_t* buckets,
                                         int64_t NB, int64_t H, int64_t Tq, int64_t Tk) const {
-  // Per head (one thread each): every bucket's sum over (i, j) in row-major order, in
-  // double, added to dtable once. Independent of the thread count.
-  const int64_t n = Tq * Tk;
+  // Per head (one thread each): every bucket's sum over the relative positions o ascending,
+  // in double, added to dtable once. Independent of the thread count.
+  const int64_t n = relative_positions(Tq, Tk);
 #pragma omp parallel for num_threads(threads_for(H * n, kParallelMinElems)) schedule(static)
   for (int64_t h = 0; h < H; ++h) {
     std::vector<double> acc(static_cast<std::size_t>(NB), 0.0);
     const float* d = dbias + h * n;
-    for (int64_t ij = 0; ij < n; ++ij) acc[static_cast<std::size_t>(buckets[ij])] += d[ij];
+    for (int64_t r = 0; r < n; ++r) acc[static_cast<std::size_t>(buckets[r])] += d[r];
     for (int64_t b = 0; b < NB; ++b) dtable[b * H + h] += static_cast<float>(acc[b]);
   }
 }
@@ -814,12 +816,14 @@ void CpuKernels::position_bias_backward(float* dtable, const float* dbias, const
 // l = l exp(m - m') + rowsum P, O = O exp(m - m') + P V_j. Then O /= l, lse = m + log l.
 // Backward, per (b, h): for each query tile, D_i = rowsum(dO_i * O_i), and for each key tile
 // P = exp(S - lse) recomputed, dP = dO_i V_j^T, dS = P (dP - D_i), dV_j += P^T dO_i,
-// dK_j += scale dS^T Q_i, dQ_i += scale dS K_j (dQ_i in a tile buffer, written once), and
-// dbias[h] += dS. A thread owns a whole (b, key/value head) (dK, dV accumulate over query
-// tiles and over the group's query heads, ascending) or, when dbias is wanted, a key/value
-// head with every b in ascending order (dbias sums over b); so results do not depend on the
-// thread count. Grouped-query attention (Hkv < H) reads key/value head h / (H/Hkv). GEMMs
-// on tiles are single-threaded OpenBLAS calls.
+// dK_j += scale dS^T Q_i, dQ_i += scale dS K_j (dQ_i in a tile buffer, written once), and,
+// when dbias is wanted, dS summed along its diagonals into a partial row of (b, h) (bias
+// and dbias are [H, Tq + Tk - 1] by relative position j - i + Tq - 1). A thread owns a whole
+// (b, key/value head) (dK, dV accumulate over query tiles and over the group's query heads,
+// ascending); after the parallel region dbias[h] += the partial rows of h summed over b
+// ascending. So results do not depend on the thread count. Grouped-query attention
+// (Hkv < H) reads key/value head h / (H/Hkv). GEMMs on tiles are single-threaded OpenBLAS
+// calls.
 
 namespace {
 
@@ -882,8 +886,8 @@ void score_tile(const AttentionProblem& p, const float* qh, const float* kh, int
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * kAttnKTile;
     const int64_t i = i0 + r;
-    if (p.bias) {
-      const float* br = p.bias + (h * p.Tq + i) * p.Tk + j0;
+    if (p.bias) {  // [H,P] by relative position: keys j0.. of query i are contiguous
+      const float* br = p.bias + h * relative_positions(p.Tq, p.Tk) + (j0 - i + p.Tq - 1);
 #pragma omp simd
       for (int64_t c = 0; c < cols; ++c) row[c] += br[c];
     }
@@ -1016,9 +1020,14 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
     }
     return;
   }
+  // dbias: fp32 partial rows [B,H,P] (P = relative_positions(Tq, Tk)), one per (b, h),
+  // written by that head alone, then summed over b into dbias below.
+  const int64_t P = relative_positions(p.Tq, p.Tk);
+  std::vector<float> partial(dbias ? static_cast<std::size_t>(p.B * p.H * P) : 0);
   // One (b, h): dk, dv of its key/value head g = h / group zeroed by the group's first head
   // and accumulated over query tiles (and the group's heads, called in ascending order by the
-  // same thread), dq written per query tile.
+  // same thread), dq written per query tile; with dbias, partial row (b, h) zeroed, then
+  // dS added along its diagonals (tiles in order, rows ascending).
   // ws: P [QT, KT], dP / dS [QT, KT], the dQ tile [QT, D], D_i [QT].
   auto head = [&](int64_t b, int64_t h, float* ws) {
     const int64_t g = h / group;
@@ -1035,6 +1044,8 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
     float* dkh = dk + b * p.Tk * p.ldk + g * D;
     float* dvh = dv + b * p.Tk * p.ldv + g * D;
     const float* lh = lse + (b * p.H + h) * p.Tq;
+    float* prow = dbias ? partial.data() + (b * p.H + h) * P : nullptr;
+    if (prow) std::fill(prow, prow + P, 0.0f);
     if (h % group == 0) {
       for (int64_t j = 0; j < p.Tk; ++j) {
         zero_row(dkh + j * p.ldk, D);
@@ -1079,9 +1090,9 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
                   1.0f, dkh + j0 * p.ldk, p.ldk);
         tile_gemm(false, false, rows, D, cols, p.scale, ds, kAttnKTile, kh + j0 * p.ldk, p.ldk,
                   1.0f, dqt, D);
-        if (dbias) {
+        if (prow) {  // dS[r, c] of (i, j) adds into prow[j - i + Tq - 1]: contiguous in c
           for (int64_t r = 0; r < rows; ++r) {
-            float* g = dbias + (h * p.Tq + i0 + r) * p.Tk + j0;
+            float* g = prow + (j0 - (i0 + r) + p.Tq - 1);
             const float* dsr = ds + r * kAttnKTile;
 #pragma omp simd
             for (int64_t c = 0; c < cols; ++c) g[c] += dsr[c];
@@ -1095,19 +1106,6 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
   };
   const std::size_t ws_floats = static_cast<std::size_t>(kAttnQTile * (2 * kAttnKTile + D + 1));
   const int nt = threads_for(p.B * p.H * p.Tq * std::max<int64_t>(p.Tk, 1), 4096);
-  if (dbias) {  // a thread per key/value head, b ascending: dbias[h] sums over b in order
-#pragma omp parallel num_threads(nt)
-    {
-      std::vector<float> ws(ws_floats);
-#pragma omp for schedule(static)
-      for (int64_t g = 0; g < hkv; ++g) {
-        for (int64_t b = 0; b < p.B; ++b) {
-          for (int64_t h = g * group; h < (g + 1) * group; ++h) head(b, h, ws.data());
-        }
-      }
-    }
-    return;
-  }
   // A thread per (b, key/value head), its group's query heads in ascending order.
 #pragma omp parallel num_threads(nt)
   {
@@ -1117,6 +1115,15 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
       const int64_t b = bg / hkv, g = bg % hkv;
       for (int64_t h = g * group; h < (g + 1) * group; ++h) head(b, h, ws.data());
     }
+  }
+  if (!dbias || p.B == 0) return;
+  // dbias[h,o] += the partial rows (b, h) summed over b ascending in fp32 (one (h, o) each).
+  const int64_t HP = p.H * P;
+#pragma omp parallel for num_threads(threads_for(p.B * HP, kParallelMinElems)) schedule(static)
+  for (int64_t ho = 0; ho < HP; ++ho) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < p.B; ++b) acc += partial[static_cast<std::size_t>(b * HP + ho)];
+    dbias[ho] += acc;
   }
 }
 

@@ -38,7 +38,9 @@ struct AttentionProblem {
   int64_t Hkv = 0;
   float scale = 1.0f;
   bool causal = false;             // key j masked for query i when j > i
-  const float* bias = nullptr;     // [H,Tq,Tk] or null
+  // [H,P] by relative position (P = relative_positions(Tq, Tk), kernels.hpp): the bias of
+  // query i, key j is bias[h * P + j - i + Tq - 1]; or null.
+  const float* bias = nullptr;
   const int32_t* key_mask = nullptr;  // [B,Tk] (0 = padding) or null
 };
 
@@ -116,7 +118,9 @@ class CpuKernels {
   void geglu_forward(float* out, const float* gate, const float* up, int64_t n, DType gate_t) const;
   void geglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                       const float* up, int64_t n, DType gate_t, DType dgate_t) const;
-  // table [NB,H]; buckets [Tq,Tk] (in [0,NB), checked by the caller); bias [H,Tq,Tk].
+  // table [NB,H]; buckets [P] (in [0,NB), checked by the caller); bias, dbias [H,P] fp32,
+  // P = relative_positions(Tq, Tk). Backward: per head, each bucket's sum over o ascending in
+  // double, added to dtable once.
   void position_bias_forward(float* bias, const float* table, const int32_t* buckets, int64_t H,
                              int64_t Tq, int64_t Tk) const;
   void position_bias_backward(float* dtable, const float* dbias, const int32_t* buckets,
@@ -135,8 +139,9 @@ class CpuKernels {
   // GPT-2's attention_* (causal, packed qkv) and T5's mha_* are both this problem.
   void attention_forward(const AttentionProblem& p, const float* q, const float* k,
                          const float* v, float* out, float* lse) const;
-  // dq, dk, dv written (row strides ldq, ldk, ldv as q, k, v); dbias [H,Tq,Tk] accumulated
-  // (or null).
+  // dq, dk, dv written (row strides ldq, ldk, ldv as q, k, v); dbias [H,P] (as p.bias)
+  // accumulated (or null): dS summed over b and each relative position, in an order fixed by
+  // the shapes (independent of the thread count).
   void attention_backward(const AttentionProblem& p, const float* q, const float* k,
                           const float* v, const float* out, const float* lse,
                           const float* dout, float* dq, float* dk, float* dv,
