@@ -140,6 +140,41 @@ TEST(CudaBackend, GemmShapesAndAlignment) {
   }
 }
 
+// gemm_bias and gemm_bias_gelu (cuBLASLt's BIAS and GELU_AUX_BIAS epilogues where cuBLASLt
+// takes them) against the CPU twin (gemm, then add_bias / bias_gelu_forward): C, fc and out
+// within one rounding of the storage dtype; GELU's tolerance for fp32 is tight enough to tell
+// the tanh approximation from erf's GELU (up to 4.7e-4 apart). GPT-2's shapes (ln @ W^T)
+// and a plain one; bias offsets 0 (16-byte aligned: the epilogue) and 1 (the fallback).
+TEST(CudaBackend, GemmEpilogues) {
+  std::mt19937 rng(41);
+  const int64_t shapes[][3] = {{37, 64, 40}, {512, 3072, 64}, {256, 2304, 96}};
+  for (DType t : kFloatTypes) {
+    for (const auto& sh : shapes) {
+      for (const bool tb : {true, false}) {
+        for (const int64_t off : {int64_t{0}, int64_t{1}}) {
+          const int64_t M = sh[0], N = sh[1], K = sh[2];
+          SCOPED_TRACE(name(t) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                       " K=" + std::to_string(K) + " tb=" + std::to_string(tb) +
+                       " bias offset " + std::to_string(off));
+          Pair A = make(t, uniform(M * K, rng, -0.5f, 0.5f)),
+               B = make(t, uniform(K * N, rng, -0.5f, 0.5f)),
+               bias = make(t, uniform(N + off, rng));
+          Pair C = make(t, uniform(M * N, rng)), fc = make(t, uniform(M * N, rng)),
+               out = make(t, uniform(M * N, rng));
+          both([&](Backend& be, Side s) {
+            be.gemm_bias(false, tb, M, N, K, A.v(s), B.v(s), bias.v(s, off, N), C.v(s));
+            be.gemm_bias_gelu(false, tb, M, N, K, A.v(s), B.v(s), bias.v(s, off, N), fc.v(s),
+                              out.v(s));
+          });
+          check(C, tol_for(t, kReduceF32), "gemm_bias C");
+          check(fc, tol_for(t, kReduceF32), "gemm_bias_gelu fc");
+          check(out, tol_for(t, Tol{2e-4, 5e-5}), "gemm_bias_gelu out = GELU(fc)");
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaBackend, GemmDegenerateShapes) {
   std::mt19937 rng(5);
   Pair A = make(DType::f32, uniform(16, rng)), B = make(DType::f32, uniform(16, rng));

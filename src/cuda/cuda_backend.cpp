@@ -26,6 +26,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <string>
@@ -143,6 +145,11 @@ class CudaBackend final : public Backend {
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
             const TensorView& A, const TensorView& B, float beta, const TensorView& C) override;
   void add_bias(const TensorView& out, const TensorView& bias, int64_t R, int64_t C) override;
+  void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const TensorView& A,
+                 const TensorView& B, const TensorView& bias, const TensorView& C) override;
+  void gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                      const TensorView& A, const TensorView& B, const TensorView& bias,
+                      const TensorView& fc, const TensorView& out) override;
   void bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
                      int64_t C) override;
   void add(const TensorView& out, const TensorView& a, const TensorView& b) override;
@@ -309,6 +316,9 @@ class CudaBackend final : public Backend {
   CudaStream stream_;
   CachingAllocator alloc_;
   k::Blas blas_;
+  // cuBLASLt epilogues in gemm_bias / gemm_bias_gelu; FSDP_GEMM_EPILOGUES=0 in the
+  // environment turns them off (the unfused kernels: an A/B in one binary).
+  bool epilogues_ = true;
   k::DeviceError* dev_error_ = nullptr;   // device memory
   k::DeviceError* host_error_ = nullptr;  // pinned host mirror
 };
@@ -318,6 +328,7 @@ CudaBackend::CudaBackend(int device)
       stream_(0),
       alloc_(raw_alloc, raw_free, memory_),
       blas_(stream_.handle()) {
+  if (const char* e = std::getenv("FSDP_GEMM_EPILOGUES")) epilogues_ = std::string(e) != "0";
   try {
     FSDP_CHECK_CUDA(cudaMalloc(&dev_error_, sizeof(k::DeviceError)));
     FSDP_CHECK_CUDA(cudaMallocHost(&host_error_, sizeof(k::DeviceError)));
@@ -499,6 +510,54 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   c32 = std::make_unique<F32Copy>(*this, C, M * N, beta != 0.0f);
   blas_.gemm(trans_a, trans_b, M, N, K, alpha, pa, pb, ab, beta, c32->view.data, k::ST::f32);
   k::cast(out(C), {c32->view.data, k::ST::f32}, M * N, s());
+}
+
+namespace {
+// Whether every pointer is 16-byte aligned (what the epilogue paths ask of bias and aux).
+bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
+}  // namespace
+
+void CudaBackend::gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                            const TensorView& A, const TensorView& B, const TensorView& bias,
+                            const TensorView& C) {
+  // C [M,N] = op(A) op(B) + bias [N]: one cuBLASLt call with the BIAS epilogue when it takes
+  // it (one dtype, aligned bias), else gemm + add_bias.
+  Chk::gemm(M, N, K, A, B, C);
+  Chk::need_float("gemm_bias", "bias", bias, N);
+  const DType t = C.dtype;
+  if (epilogues_ && M > 0 && N > 0 && K > 0 && A.dtype == t && B.dtype == t &&
+      bias.dtype == t && t != DType::f64 && aligned16({bias.data}) &&
+      blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), C.data,
+                          k::Blas::Epilogue::bias, bias.data, nullptr)) {
+    return;
+  }
+  Backend::gemm_bias(trans_a, trans_b, M, N, K, A, B, bias, C);
+}
+
+void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                 const TensorView& A, const TensorView& B,
+                                 const TensorView& bias, const TensorView& fc,
+                                 const TensorView& out_) {
+  // fc [M,N] = op(A) op(B) + bias [N], out = GELU(fc): one cuBLASLt call with the
+  // GELU_AUX_BIAS epilogue (D = out, aux = fc) when it takes it, else gemm +
+  // bias_gelu_forward.
+  Chk::gemm(M, N, K, A, B, fc);
+  Chk::need_float("gemm_bias_gelu", "bias", bias, N);
+  Chk::need_float("gemm_bias_gelu", "out", out_, M * N);
+  const DType t = fc.dtype;
+  if (epilogues_ && M > 0 && N > 0 && K > 0 && N % 8 == 0 && A.dtype == t && B.dtype == t &&
+      bias.dtype == t && out_.dtype == t && t != DType::f64 &&
+      aligned16({bias.data, fc.data, out_.data}) && out_.data != fc.data &&
+      blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), out_.data,
+                          k::Blas::Epilogue::gelu_aux_bias, bias.data, fc.data)) {
+    return;
+  }
+  Backend::gemm_bias_gelu(trans_a, trans_b, M, N, K, A, B, bias, fc, out_);
 }
 
 void CudaBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_t R, int64_t C) {

@@ -261,6 +261,18 @@ class Blas {
   // C[M,N] = alpha op(A) op(B) + beta C (backend.hpp's gemm), M, N, K > 0, direct types.
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
             const void* B, ST ab, float beta, void* C, ST c);
+  // cuBLASLt epilogues (as llm.c's matmul_cublaslt uses them). bias: C[M,N] = op(A) op(B) +
+  // bias[N]; gelu_aux_bias: aux[M,N] = op(A) op(B) + bias[N] (row stride N) and C = GELU(aux)
+  // (cuBLASLt's GELU is the tanh approximation), GELU taken of the fp32 value before aux is
+  // rounded. alpha 1, beta 0; A, B, C, bias and aux of one type (cuBLASLt's bias and aux
+  // types default to D's: it refuses an aux type that is not D's).
+  enum class Epilogue : int { none = 0, bias = 1, gelu_aux_bias = 2 };
+  // Enqueues the GEMM with `epilogue` and returns true, or returns false with nothing
+  // enqueued when cuBLASLt has no algorithm for it or refuses it (the caller then runs the
+  // unfused kernels). M, N, K > 0; pointers as gemm's, bias [N], aux [M,N] (gelu_aux_bias).
+  bool gemm_epilogue(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A,
+                     const void* B, ST t, void* C, Epilogue epilogue, const void* bias,
+                     void* aux);
   // For each i < batch: C_i = alpha op(A_i) op(B_i) + beta C_i with X_i = X + i * stride_x
   // (elements), leading dims = stored row widths; direct types.
   void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
@@ -270,7 +282,9 @@ class Blas {
 
  private:
   struct Plan;
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int>;
+  // (transposes, M, N, K, A/B type, C type, alignments of A, B, C, epilogue, alignment of
+  // the epilogue's aux matrix)
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, int, int>;
   Plan& plan(const Key& key);
   void gemm_fallback(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                      const void* A, const void* B, ST ab, float beta, void* C, ST c);

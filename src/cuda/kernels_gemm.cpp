@@ -11,7 +11,9 @@
 // layout descriptors, the first algorithm of the heuristic) is cached per (transposes,
 // shape, types, pointer alignments): a training step's GEMM shapes repeat. If cuBLASLt
 // offers no algorithm or refuses one, the call falls back to cublasGemmEx with the same
-// arguments.
+// arguments. Epilogues (gemm_epilogue: bias, and bias + GELU with its input kept for the
+// backward) have plans of their own; refused, they report it and the caller runs the
+// unfused kernels.
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -108,7 +110,7 @@ bool Blas::direct(ST ab, ST c) {
 Blas::Plan& Blas::plan(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [ta, tb, M, N, K, ab_i, c_i, align_a, align_b, align_c] = key;
+  const auto [ta, tb, M, N, K, ab_i, c_i, align_a, align_b, align_c, epi_i, align_aux] = key;
   const auto ab = static_cast<ST>(ab_i), ct = static_cast<ST>(c_i);
   auto p = std::make_unique<Plan>();
   FSDP_CHECK_CUBLAS(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -117,6 +119,21 @@ Blas::Plan& Blas::plan(const Key& key) {
                                                    sizeof op_first));
   FSDP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                                    sizeof op_second));
+  // Epilogue: in the column-major view D^T [N, M], so the bias is per row of D^T (our
+  // columns, length N) and the aux matrix has D^T's shape with leading dimension N.
+  static_cast<void>(align_aux);  // only in the key: a plan per alignment of aux
+  const auto epi = static_cast<Epilogue>(epi_i);
+  if (epi != Epilogue::none) {
+    const cublasLtEpilogue_t e =
+        epi == Epilogue::bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    FSDP_CHECK_CUBLAS(
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
+    if (epi == Epilogue::gelu_aux_bias) {
+      const int64_t ld = N;
+      FSDP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                       &ld, sizeof ld));
+    }
+  }
   // First operand: row-major B ([K,N], or [N,K] if trans_b) = column-major [N,K] / [K,N].
   const auto rows_first = static_cast<uint64_t>(tb ? K : N),
              cols_first = static_cast<uint64_t>(tb ? N : K);
@@ -169,9 +186,9 @@ Blas::Plan& Blas::plan(const Key& key) {
 
 void Blas::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                 const void* A, const void* B, ST ab, float beta, void* C, ST c) {
-  const Key key{
-      trans_a,      trans_b,      M,           N, K, static_cast<int>(ab), static_cast<int>(c),
-      alignment(A), alignment(B), alignment(C)};
+  const Key key{trans_a,      trans_b,      M,           N, K, static_cast<int>(ab),
+                static_cast<int>(c), alignment(A), alignment(B), alignment(C),
+                static_cast<int>(Epilogue::none), 0};
   Plan& p = plan(key);
   if (p.usable) {
     // beta == 0: cuBLASLt does not read C (BLAS semantics), so NaN there is ignored.
@@ -185,6 +202,36 @@ void Blas::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, flo
     p.usable = false;  // refused before running: use cublasGemmEx from now on
   }
   gemm_fallback(trans_a, trans_b, M, N, K, alpha, A, B, ab, beta, C, c);
+}
+
+bool Blas::gemm_epilogue(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                         const void* A, const void* B, ST t, void* C, Epilogue epilogue,
+                         const void* bias, void* aux) {
+  if (epilogue == Epilogue::none || t == ST::f64) return false;
+  const int align_aux = epilogue == Epilogue::gelu_aux_bias ? alignment(aux) : 0;
+  const Key key{trans_a,      trans_b,      M,           N, K, static_cast<int>(t),
+                static_cast<int>(t), alignment(A), alignment(B), alignment(C),
+                static_cast<int>(epilogue), align_aux};
+  Plan& p = plan(key);
+  if (!p.usable) return false;
+  // The pointers are this call's (the plan is shared by every call of its key).
+  cublasStatus_t st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                     sizeof bias);
+  if (st == CUBLAS_STATUS_SUCCESS && epilogue == Epilogue::gelu_aux_bias) {
+    st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                        sizeof aux);
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    const float alpha = 1.0f, beta = 0.0f;
+    st = cublasLtMatmul(lt_, p.op, &alpha, B, p.first, A, p.second, &beta, C, p.c, C, p.c, &p.algo,
+                        workspace_, workspace_bytes_, stream_);
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) return true;
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) {
+    FSDP_CHECK_CUBLAS(st);
+  }
+  p.usable = false;  // refused before running: the unfused kernels from now on
+  return false;
 }
 
 void Blas::gemm_fallback(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -239,18 +239,17 @@ void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
   const TensorView fc = rows(ly.fc, 4 * C), gelu = rows(a.dfc, 4 * C);  // Acts::dfc
   be_.layernorm_forward(ln1, ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), x, W(kLn1W),
                         W(kLn1B), BT, C, eps);
-  // qkv [BT,3C] = ln1 [BT,C] @ c_attn.weight[3C,C]^T + bias
-  be_.gemm(false, true, BT, 3 * C, C, 1.f, ln1, W(kAttnW), 0.f, qkv);
-  be_.add_bias(qkv, W(kAttnB), BT, 3 * C);
+  // qkv [BT,3C] = ln1 [BT,C] @ c_attn.weight[3C,C]^T + bias (the bias in the GEMM's epilogue)
+  be_.gemm_bias(false, true, BT, 3 * C, C, ln1, W(kAttnW), W(kAttnB), qkv);
   be_.attention_forward(atty, ly.lse.view({B, H, T}), qkv, B, T, C, H);
   // res2 [BT,C] = x + atty @ c_proj.weight[C,C]^T + bias
   // ln2 = LayerNorm(res2), in the same pass as the bias and the residual
   be_.gemm(false, true, BT, C, C, 1.f, atty, W(kAttnProjW), 0.f, res2);
   be_.add_layernorm_forward(res2, ln2, ly.ln2_mean.view({BT}), ly.ln2_rstd.view({BT}), x,
                             W(kAttnProjB), W(kLn2W), W(kLn2B), BT, C, eps);
-  // fc [BT,4C] = ln2 @ c_fc.weight[4C,C]^T + bias; gelu = GELU_tanh(fc)
-  be_.gemm(false, true, BT, 4 * C, C, 1.f, ln2, W(kFcW), 0.f, fc);
-  be_.bias_gelu_forward(gelu, fc, W(kFcB), BT, 4 * C);
+  // fc [BT,4C] = ln2 @ c_fc.weight[4C,C]^T + bias; gelu = GELU_tanh(fc): bias and GELU in
+  // the GEMM's epilogue (gemm_bias_gelu), fc kept for the backward
+  be_.gemm_bias_gelu(false, true, BT, 4 * C, C, ln2, W(kFcW), W(kFcB), fc, gelu);
   if (!write_output) return;
   // res[l+1] [BT,C] = res2 + gelu @ mlp.c_proj.weight[C,4C]^T + bias
   const TensorView y = rows(a.res[l + 1], C);

@@ -41,6 +41,19 @@ class Kernels {
                     const TensorView& C) = 0;
   // out[R,C] += bias[C] broadcast over rows.
   virtual void add_bias(const TensorView& out, const TensorView& bias, int64_t R, int64_t C) = 0;
+  // GEMM with the bias in its epilogue (cuBLASLt's CUBLASLT_EPILOGUE_BIAS, as llm.c's
+  // matmul_cublaslt): C[M,N] = op(A) op(B) + bias[N] (alpha 1, beta 0; shapes and dtypes as
+  // gemm; bias [N] broadcast over rows). The values of gemm(trans_a, trans_b, M, N, K, 1, A,
+  // B, 0, C) then add_bias(C, bias, M, N), except that a backend may add the bias to the
+  // fp32 accumulator and round C once (the CUDA backend where cuBLASLt takes the epilogue:
+  // C, A, B and bias of one dtype, bias 16-byte aligned): equal to one rounding of C's dtype.
+  // This default makes the two calls (the CPU backend's twin, and CUDA's fallback).
+  virtual void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                         const TensorView& A, const TensorView& B, const TensorView& bias,
+                         const TensorView& C) {
+    gemm(trans_a, trans_b, M, N, K, 1.f, A, B, 0.f, C);
+    add_bias(C, bias, M, N);
+  }
   // dbias[C] += sum over rows of dout[R,C].
   virtual void bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
                              int64_t C) = 0;
@@ -108,6 +121,20 @@ class Kernels {
   // by gelu_forward(out, fc). out may alias fc (then fc ends as GELU(fc + bias)).
   virtual void bias_gelu_forward(const TensorView& out, const TensorView& fc,
                                  const TensorView& bias, int64_t R, int64_t C) = 0;
+  // The GPT-2 MLP's c_fc with its bias and GELU in the GEMM's epilogue (cuBLASLt's
+  // CUBLASLT_EPILOGUE_GELU_AUX_BIAS, as llm.c): fc[M,N] = op(A) op(B) + bias[N] (GELU's input,
+  // kept for the backward) and out[M,N] = GELU(fc). The values of gemm(trans_a, trans_b, M,
+  // N, K, 1, A, B, 0, fc) then bias_gelu_forward(out, fc, bias, M, N), except that a backend
+  // may round fc once after the bias and take GELU of the unrounded fp32 value (the CUDA
+  // backend where cuBLASLt takes the epilogue: A, B, fc, out and bias of one dtype, bias and
+  // fc 16-byte aligned, N % 8 == 0): equal to rounding of the storage dtype. out must not
+  // alias fc. This default makes the two calls (the CPU backend's twin, CUDA's fallback).
+  virtual void gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                              const TensorView& A, const TensorView& B, const TensorView& bias,
+                              const TensorView& fc, const TensorView& out) {
+    gemm(trans_a, trans_b, M, N, K, 1.f, A, B, 0.f, fc);
+    bias_gelu_forward(out, fc, bias, M, N);
+  }
   // Its backward in one pass: writes dfc[R,C] = dout * gelu'(fc) (dfc may alias dout) and
   // ACCUMULATES dbias[C] += sum over rows of dfc as stored: the values of gelu_backward(dfc,
   // fc, dout) followed by bias_backward(dbias, dfc, R, C).
