@@ -19,6 +19,9 @@
 # bundle's "new", interleaved, and step 3 profiles both (the kernel tables before and after).
 # Make one with: git worktree add /tmp/base COMMIT; build its fsdp_train with the bundle's
 # CMake arguments; strip; xz -c > gpu_base/fsdp_train.xz; carry ["gpu_bundle", "gpu_base"].
+# AB_BASE_ENV="VAR=VALUE ..." runs the base contender with those environment variables: alone
+# (no AB_BASE), the bundle's own fsdp_train with a switch flipped, e.g.
+# AB_BASE_ENV=FSDP_GEMM_EPILOGUES=0 (GPT-2's cuBLASLt epilogues off: unfused bias and GELU).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -48,10 +51,14 @@ if [[ -n "${AB_BASE:-}" ]]; then
   base_bin="$WORK/fsdp_train_base"
   if [[ "$AB_BASE" == *.xz ]]; then xz -dc "$AB_BASE" >"$base_bin"; else cp "$AB_BASE" "$base_bin"; fi
   chmod +x "$base_bin"
-  LABELS=(new base) BINS=(fsdp_train "$base_bin")
-  echo "base: $AB_BASE ($(inb "$base_bin" --version 2>&1 | head -1))" | tee -a "$SUMMARY"
+  LABELS=(new base) BINS=(fsdp_train "$base_bin") ENVS=("" "${AB_BASE_ENV:-}")
+  echo "base: $AB_BASE ($(inb "$base_bin" --version 2>&1 | head -1))${AB_BASE_ENV:+ with $AB_BASE_ENV}" |
+    tee -a "$SUMMARY"
+elif [[ -n "${AB_BASE_ENV:-}" ]]; then
+  LABELS=(new base) BINS=(fsdp_train fsdp_train) ENVS=("" "$AB_BASE_ENV")
+  echo "base: the bundle's fsdp_train with $AB_BASE_ENV" | tee -a "$SUMMARY"
 else
-  LABELS=(new) BINS=(fsdp_train)
+  LABELS=(new) BINS=(fsdp_train) ENVS=("")
 fi
 NC=${#LABELS[@]}
 
@@ -65,7 +72,8 @@ for model in $AB_MODELS; do
     for i in $(seq 0 $((NC - 1))); do
       k="${LABELS[$i]}"
       run="$WORK/run_${model}_${k}_$r"
-      inb timeout -k 5 40 mpirun -np 1 --bind-to none \
+      # shellcheck disable=SC2086  # ENVS[i]: VAR=VALUE words for env
+      inb timeout -k 5 40 mpirun -np 1 --bind-to none env ${ENVS[$i]} \
         "${BINS[$i]}" "$WORK/$model.toml" --set "train.run_dir=\"$run\"" >"$run.log" 2>&1
       rc=$?
       python3 - "$run/metrics.jsonl" "$r" "$k" "$rc" "$WARMUP" <<'EOF' | tee -a "$SUMMARY"
@@ -91,8 +99,9 @@ EOF
   for i in $(seq 0 $((NPROF - 1))); do
     echo; echo "## profile, $model, ${LABELS[$i]} (--profile 3:4)" | tee -a "$SUMMARY"
     prof="$WORK/prof_${model}_${LABELS[$i]}"
-    inb timeout -k 5 40 mpirun -np 1 --bind-to none "${BINS[$i]}" "$WORK/$model.toml" \
-      --set "train.run_dir=\"$prof\"" --profile 3:4 >"$prof.log" 2>&1
+    # shellcheck disable=SC2086
+    inb timeout -k 5 40 mpirun -np 1 --bind-to none env ${ENVS[$i]} "${BINS[$i]}" \
+      "$WORK/$model.toml" --set "train.run_dir=\"$prof\"" --profile 3:4 >"$prof.log" 2>&1
     python3 tools/profile_summary.py --top 15 --markdown --only kernels "$prof"/profile/rank_0.trace.json \
       2>&1 | tee -a "$SUMMARY"
     traces+=("$prof/profile/rank_0.trace.json")
