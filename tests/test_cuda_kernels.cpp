@@ -140,9 +140,9 @@ TEST(CudaBackend, GemmShapesAndAlignment) {
   }
 }
 
-// gemm_bias and gemm_bias_gelu (cuBLASLt's BIAS and GELU_AUX_BIAS epilogues where cuBLASLt
-// takes them) against the CPU twin (gemm, then add_bias / bias_gelu_forward): C, fc and out
-// within one rounding of the storage dtype; GELU's tolerance for fp32 is tight enough to tell
+// gemm_bias, gemm_bias_gelu, gemm_dgelu_bias_grad and gemm_weight_bias_grad (cuBLASLt's BIAS,
+// GELU_AUX_BIAS, DGELU_BGRAD and BGRADB epilogues where cuBLASLt takes them) against the CPU
+// twin (the unfused calls): every output within one rounding of the storage dtype; GELU's tolerance for fp32 is tight enough to tell
 // the tanh approximation from erf's GELU (up to 4.7e-4 apart). GPT-2's shapes (ln @ W^T)
 // and a plain one; bias offsets 0 (16-byte aligned: the epilogue) and 1 (the fallback).
 TEST(CudaBackend, GemmEpilogues) {
@@ -169,6 +169,25 @@ TEST(CudaBackend, GemmEpilogues) {
           check(C, tol_for(t, kReduceF32), "gemm_bias C");
           check(fc, tol_for(t, kReduceF32), "gemm_bias_gelu fc");
           check(out, tol_for(t, Tol{2e-4, 5e-5}), "gemm_bias_gelu out = GELU(fc)");
+          // Backward: d fc = (dY W) gelu'(fc) with the c_fc bias gradient (DGELU_BGRAD),
+          // then the weight gradient W += d fc^T X with its bias gradient (BGRADB); both
+          // bias gradients accumulate into pre-filled values. fc as the CPU wrote it.
+          fc.cpu_to_gpu();
+          Pair dfc = make(t, uniform(M * N, rng)), db = make(t, uniform(N + off, rng));
+          both([&](Backend& be, Side s) {
+            be.gemm_dgelu_bias_grad(false, tb, M, N, K, A.v(s), B.v(s), fc.v(s), dfc.v(s),
+                                    db.v(s, off, N));
+          });
+          check(dfc, tol_for(t, Tol{2e-4, 5e-5}), "gemm_dgelu_bias_grad dfc");
+          check(db, tol_for(t, kReduceF32), "gemm_dgelu_bias_grad dbias (accumulates)");
+          dfc.cpu_to_gpu();
+          Pair dW = make(t, uniform(N * K, rng)), dbw = make(t, uniform(N + off, rng));
+          both([&](Backend& be, Side s) {  // dW [N,K] += dfc^T [N,M] A [M,K]
+            be.gemm_weight_bias_grad(false, N, K, M, dfc.v(s), A.v(s), dW.v(s),
+                                     dbw.v(s, off, N));
+          });
+          check(dW, tol_for(t, kReduceF32), "gemm_weight_bias_grad C (accumulates)");
+          check(dbw, tol_for(t, kReduceF32), "gemm_weight_bias_grad dbias (accumulates)");
         }
       }
     }

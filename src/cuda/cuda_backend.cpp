@@ -150,6 +150,12 @@ class CudaBackend final : public Backend {
   void gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                       const TensorView& A, const TensorView& B, const TensorView& bias,
                       const TensorView& fc, const TensorView& out) override;
+  void gemm_dgelu_bias_grad(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                            const TensorView& A, const TensorView& B, const TensorView& fc,
+                            const TensorView& dfc, const TensorView& dbias) override;
+  void gemm_weight_bias_grad(bool trans_b, int64_t M, int64_t N, int64_t K, const TensorView& A,
+                             const TensorView& B, const TensorView& C,
+                             const TensorView& dbias) override;
   void bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
                      int64_t C) override;
   void add(const TensorView& out, const TensorView& a, const TensorView& b) override;
@@ -532,7 +538,7 @@ void CudaBackend::gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, in
   const DType t = C.dtype;
   if (epilogues_ && M > 0 && N > 0 && K > 0 && A.dtype == t && B.dtype == t &&
       bias.dtype == t && t != DType::f64 && aligned16({bias.data}) &&
-      blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), C.data,
+      blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, C.data,
                           k::Blas::Epilogue::bias, bias.data, nullptr)) {
     return;
   }
@@ -553,11 +559,52 @@ void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t 
   if (epilogues_ && M > 0 && N > 0 && K > 0 && N % 8 == 0 && A.dtype == t && B.dtype == t &&
       bias.dtype == t && out_.dtype == t && t != DType::f64 &&
       aligned16({bias.data, fc.data, out_.data}) && out_.data != fc.data &&
-      blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), out_.data,
+      blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, out_.data,
                           k::Blas::Epilogue::gelu_aux_bias, bias.data, fc.data)) {
     return;
   }
   Backend::gemm_bias_gelu(trans_a, trans_b, M, N, K, A, B, bias, fc, out_);
+}
+
+void CudaBackend::gemm_dgelu_bias_grad(bool trans_a, bool trans_b, int64_t M, int64_t N,
+                                       int64_t K, const TensorView& A, const TensorView& B,
+                                       const TensorView& fc, const TensorView& dfc,
+                                       const TensorView& dbias) {
+  // dfc [M,N] = (op(A) op(B)) gelu'(fc); dbias [N] += colsum(dfc): DGELU_BGRAD writes the
+  // column sums (dfc's dtype) into scratch, added to dbias after.
+  Chk::gemm(M, N, K, A, B, dfc);
+  Chk::need_float("gemm_dgelu_bias_grad", "fc", fc, M * N);
+  Chk::need_float("gemm_dgelu_bias_grad", "dbias", dbias, N);
+  const DType t = dfc.dtype;
+  if (epilogues_ && M > 0 && N > 0 && K > 0 && N % 8 == 0 && A.dtype == t && B.dtype == t &&
+      fc.dtype == t && aligned16({fc.data, dfc.data}) && fc.data != dfc.data) {
+    Scratch sums(*this, static_cast<std::size_t>(N) * dtype_size(t));
+    if (blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, dfc.data,
+                            k::Blas::Epilogue::dgelu_bgrad, sums.as<void>(), fc.data)) {
+      k::axpy(out(dbias), 1.0f, k::In{sums.as<void>(), st(t)}, N, s());
+      return;
+    }
+  }
+  Backend::gemm_dgelu_bias_grad(trans_a, trans_b, M, N, K, A, B, fc, dfc, dbias);
+}
+
+void CudaBackend::gemm_weight_bias_grad(bool trans_b, int64_t M, int64_t N, int64_t K,
+                                        const TensorView& A, const TensorView& B,
+                                        const TensorView& C, const TensorView& dbias) {
+  // C [M,N] += A^T op(B), A stored [K,M]; dbias [M] += colsum(A): BGRADB writes the sums
+  // (C's dtype) into scratch, added to dbias after.
+  Chk::gemm(M, N, K, A, B, C);
+  Chk::need_float("gemm_weight_bias_grad", "dbias", dbias, M);
+  const DType t = C.dtype;
+  if (epilogues_ && M > 0 && N > 0 && K > 0 && A.dtype == t && B.dtype == t) {
+    Scratch sums(*this, static_cast<std::size_t>(M) * dtype_size(t));
+    if (blas_.gemm_epilogue(true, trans_b, M, N, K, A.data, B.data, st(t), 1.0f, C.data,
+                            k::Blas::Epilogue::bgradb, sums.as<void>(), nullptr)) {
+      k::axpy(out(dbias), 1.0f, k::In{sums.as<void>(), st(t)}, M, s());
+      return;
+    }
+  }
+  Backend::gemm_weight_bias_grad(trans_b, M, N, K, A, B, C, dbias);
 }
 
 void CudaBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_t R, int64_t C) {

@@ -261,18 +261,25 @@ class Blas {
   // C[M,N] = alpha op(A) op(B) + beta C (backend.hpp's gemm), M, N, K > 0, direct types.
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
             const void* B, ST ab, float beta, void* C, ST c);
-  // cuBLASLt epilogues (as llm.c's matmul_cublaslt uses them). bias: C[M,N] = op(A) op(B) +
-  // bias[N]; gelu_aux_bias: aux[M,N] = op(A) op(B) + bias[N] (row stride N) and C = GELU(aux)
-  // (cuBLASLt's GELU is the tanh approximation), GELU taken of the fp32 value before aux is
-  // rounded. alpha 1, beta 0; A, B, C, bias and aux of one type (cuBLASLt's bias and aux
-  // types default to D's: it refuses an aux type that is not D's).
-  enum class Epilogue : int { none = 0, bias = 1, gelu_aux_bias = 2 };
+  // cuBLASLt epilogues (as llm.c's matmul_cublaslt uses them), alpha 1:
+  //  - bias: C[M,N] = op(A) op(B) + bias[N] (beta 0);
+  //  - gelu_aux_bias: aux[M,N] = op(A) op(B) + bias[N] (row stride N) and C = GELU(aux)
+  //    (cuBLASLt's GELU is the tanh approximation), GELU taken of the fp32 value before aux
+  //    is rounded (beta 0);
+  //  - dgelu_bgrad: C[M,N] = (op(A) op(B)) * GELU'(aux[M,N]) (aux read, row stride N) and
+  //    bias[N] = the column sums of C (written, not accumulated; beta 0);
+  //  - bgradb: C[M,N] = op(A) op(B) + beta C and bias[M] = sum over k of op(A)[m, k], i.e. the
+  //    column sums of A as stored [K, M] (written; trans_a must be true: cuBLASLt sums its
+  //    second operand, which is A here, only when that operand is transposed).
+  // A, B, C, bias and aux of one type (cuBLASLt's bias and aux types default to D's, and it
+  // refuses an aux type that is not D's).
+  enum class Epilogue : int { none = 0, bias = 1, gelu_aux_bias = 2, dgelu_bgrad = 3, bgradb = 4 };
   // Enqueues the GEMM with `epilogue` and returns true, or returns false with nothing
   // enqueued when cuBLASLt has no algorithm for it or refuses it (the caller then runs the
-  // unfused kernels). M, N, K > 0; pointers as gemm's, bias [N], aux [M,N] (gelu_aux_bias).
+  // unfused kernels). M, N, K > 0; pointers as gemm's; bias and aux as above.
   bool gemm_epilogue(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A,
-                     const void* B, ST t, void* C, Epilogue epilogue, const void* bias,
-                     void* aux);
+                     const void* B, ST t, float beta, void* C, Epilogue epilogue,
+                     const void* bias, const void* aux);
   // For each i < batch: C_i = alpha op(A_i) op(B_i) + beta C_i with X_i = X + i * stride_x
   // (elements), leading dims = stored row widths; direct types.
   void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -124,11 +124,17 @@ Blas::Plan& Blas::plan(const Key& key) {
   static_cast<void>(align_aux);  // only in the key: a plan per alignment of aux
   const auto epi = static_cast<Epilogue>(epi_i);
   if (epi != Epilogue::none) {
-    const cublasLtEpilogue_t e =
-        epi == Epilogue::bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_BIAS;
+    switch (epi) {
+      case Epilogue::none:
+      case Epilogue::bias: break;
+      case Epilogue::gelu_aux_bias: e = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
+      case Epilogue::dgelu_bgrad: e = CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
+      case Epilogue::bgradb: e = CUBLASLT_EPILOGUE_BGRADB; break;
+    }
     FSDP_CHECK_CUBLAS(
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
-    if (epi == Epilogue::gelu_aux_bias) {
+    if (epi == Epilogue::gelu_aux_bias || epi == Epilogue::dgelu_bgrad) {
       const int64_t ld = N;
       FSDP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                        &ld, sizeof ld));
@@ -205,10 +211,12 @@ void Blas::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, flo
 }
 
 bool Blas::gemm_epilogue(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                         const void* A, const void* B, ST t, void* C, Epilogue epilogue,
-                         const void* bias, void* aux) {
+                         const void* A, const void* B, ST t, float beta, void* C,
+                         Epilogue epilogue, const void* bias, const void* aux) {
   if (epilogue == Epilogue::none || t == ST::f64) return false;
-  const int align_aux = epilogue == Epilogue::gelu_aux_bias ? alignment(aux) : 0;
+  if (epilogue == Epilogue::bgradb && !trans_a) return false;
+  const bool with_aux = epilogue == Epilogue::gelu_aux_bias || epilogue == Epilogue::dgelu_bgrad;
+  const int align_aux = with_aux ? alignment(aux) : 0;
   const Key key{trans_a,      trans_b,      M,           N, K, static_cast<int>(t),
                 static_cast<int>(t), alignment(A), alignment(B), alignment(C),
                 static_cast<int>(epilogue), align_aux};
@@ -217,12 +225,12 @@ bool Blas::gemm_epilogue(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
   // The pointers are this call's (the plan is shared by every call of its key).
   cublasStatus_t st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                      sizeof bias);
-  if (st == CUBLAS_STATUS_SUCCESS && epilogue == Epilogue::gelu_aux_bias) {
+  if (st == CUBLAS_STATUS_SUCCESS && with_aux) {
     st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
                                         sizeof aux);
   }
   if (st == CUBLAS_STATUS_SUCCESS) {
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f;
     st = cublasLtMatmul(lt_, p.op, &alpha, B, p.first, A, p.second, &beta, C, p.c, C, p.c, &p.algo,
                         workspace_, workspace_bytes_, stream_);
   }

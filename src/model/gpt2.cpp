@@ -299,23 +299,23 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_sc
     // dres = d res[l+1]. MLP c_proj: out = gelu @ W^T + b; gelu = GELU(fc) into dfc (the
     // checkpointing recompute has just put it there).
     if (!checkpointing_) be_.gelu_forward(dfc, rows(ly.fc, 4 * C));
-    be_.gemm(true, false, C, 4 * C, BT, 1.f, dres, dfc, 1.f, G(kMlpProjW));
-    be_.bias_backward(G(kMlpProjB), dres, BT, C);
-    be_.gemm(false, false, BT, 4 * C, C, 1.f, dres, W(kMlpProjW), 0.f, dfc);  // d gelu
-    be_.gelu_bias_backward(dfc, G(kFcB), rows(ly.fc, 4 * C), dfc, BT, 4 * C);  // d fc, d bias
+    // (each weight gradient with its bias gradient, and d fc with GELU' and the c_fc bias
+    // gradient, in the GEMM's epilogue where the backend has one: kernels.hpp)
+    be_.gemm_weight_bias_grad(false, C, 4 * C, BT, dres, dfc, G(kMlpProjW), G(kMlpProjB));
+    be_.gemm_dgelu_bias_grad(false, false, BT, 4 * C, C, dres, W(kMlpProjW),
+                             rows(ly.fc, 4 * C), dfc, G(kFcB));  // d fc (over gelu), d bias
     be_.gemm(true, false, 4 * C, C, BT, 1.f, dfc, rows(ly.ln2, C), 1.f, G(kFcW));
     be_.gemm(false, false, BT, C, 4 * C, 1.f, dfc, W(kFcW), 0.f, dln);       // d ln2
     // residual: dres (= d res2 after this) += LN2 backward
     be_.layernorm_backward(dres, G(kLn2W), G(kLn2B), dln, rows(ly.res2, C), W(kLn2W),
                            ly.ln2_mean.view({BT}), ly.ln2_rstd.view({BT}), BT, C);
     // attention c_proj: res2 = x + atty @ W^T + b
-    be_.gemm(true, false, C, C, BT, 1.f, dres, rows(ly.atty, C), 1.f, G(kAttnProjW));
-    be_.bias_backward(G(kAttnProjB), dres, BT, C);
+    be_.gemm_weight_bias_grad(false, C, C, BT, dres, rows(ly.atty, C), G(kAttnProjW),
+                              G(kAttnProjB));
     be_.gemm(false, false, BT, C, C, 1.f, dres, W(kAttnProjW), 0.f, dln);     // d atty
     be_.attention_backward(dqkv, dln, rows(ly.qkv, 3 * C), rows(ly.atty, C),
                            ly.lse.view({B, H, T}), B, T, C, H);
-    be_.gemm(true, false, 3 * C, C, BT, 1.f, dqkv, rows(ly.ln1, C), 1.f, G(kAttnW));
-    be_.bias_backward(G(kAttnB), dqkv, BT, 3 * C);
+    be_.gemm_weight_bias_grad(false, 3 * C, C, BT, dqkv, rows(ly.ln1, C), G(kAttnW), G(kAttnB));
     be_.gemm(false, false, BT, C, 3 * C, 1.f, dqkv, W(kAttnW), 0.f, dln);     // d ln1
     be_.layernorm_backward(dres, G(kLn1W), G(kLn1B), dln, rows(a.res[l], C), W(kLn1W),
                            ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), BT, C);  // dres = d res[l]

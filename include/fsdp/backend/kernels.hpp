@@ -141,6 +141,36 @@ class Kernels {
   virtual void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias,
                                   const TensorView& fc, const TensorView& dout, int64_t R,
                                   int64_t C) = 0;
+  // The GEMM that produces GELU's output gradient with gelu_bias_backward in its epilogue
+  // (cuBLASLt's CUBLASLT_EPILOGUE_DGELU_BGRAD, reading fc as its aux): dfc[M,N] =
+  // (op(A) op(B)) * gelu'(fc[M,N]) and ACCUMULATES dbias[N] += the column sums of dfc. The
+  // values of gemm(trans_a, trans_b, M, N, K, 1, A, B, 0, dfc) then gelu_bias_backward(dfc,
+  // dbias, fc, dfc, M, N), except that a backend may apply gelu' to the fp32 product and sum
+  // the columns before rounding (the CUDA backend where cuBLASLt takes the epilogue: A, B,
+  // fc, dfc of one dtype, fc 16-byte aligned, N % 8 == 0; the sums come back in dfc's dtype
+  // and are added to dbias): equal to rounding of the storage dtype. dfc must not alias fc.
+  // This default makes the two calls (the CPU backend's twin, CUDA's fallback).
+  virtual void gemm_dgelu_bias_grad(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                    const TensorView& A, const TensorView& B,
+                                    const TensorView& fc, const TensorView& dfc,
+                                    const TensorView& dbias) {
+    gemm(trans_a, trans_b, M, N, K, 1.f, A, B, 0.f, dfc);
+    gelu_bias_backward(dfc, dbias, fc, dfc, M, N);
+  }
+  // A weight gradient with its bias gradient in the epilogue (cuBLASLt's
+  // CUBLASLT_EPILOGUE_BGRADB): C[M,N] += A^T op(B) (A stored [K,M]: the output gradient, K =
+  // rows) and ACCUMULATES dbias[M] += the column sums of A as stored. The values of
+  // gemm(true, trans_b, M, N, K, 1, A, B, 1, C) then bias_backward(dbias, A, K, M), except
+  // that a backend may sum in the GEMM (the CUDA backend where cuBLASLt takes the epilogue:
+  // A, B, C of one dtype; the sums come back in C's dtype and are added to dbias): equal to
+  // rounding of the storage dtype. This default makes the two calls (the CPU backend's twin,
+  // CUDA's fallback).
+  virtual void gemm_weight_bias_grad(bool trans_b, int64_t M, int64_t N, int64_t K,
+                                     const TensorView& A, const TensorView& B,
+                                     const TensorView& C, const TensorView& dbias) {
+    gemm(true, trans_b, M, N, K, 1.f, A, B, 1.f, C);
+    bias_backward(dbias, A, K, M);
+  }
 
   // ---- attention (FlashAttention-2: Dao 2023, "FlashAttention-2: Faster Attention with
   // Better Parallelism and Work Partitioning", Algorithms 1 and 2) ----
