@@ -140,8 +140,9 @@ TEST(CudaBackend, GemmShapesAndAlignment) {
   }
 }
 
-// gemm_bias, gemm_bias_gelu, gemm_dgelu_bias_grad and gemm_weight_bias_grad (cuBLASLt's BIAS,
-// GELU_AUX_BIAS, DGELU_BGRAD and BGRADB epilogues where cuBLASLt takes them) against the CPU
+// gemm_relu, gemm_bias, gemm_bias_gelu, gemm_dgelu_bias_grad and gemm_weight_bias_grad
+// (cuBLASLt's RELU, BIAS, GELU_AUX_BIAS, DGELU_BGRAD and BGRADB epilogues where cuBLASLt
+// takes them) against the CPU
 // twin (the unfused calls): every output within one rounding of the storage dtype; GELU's tolerance for fp32 is tight enough to tell
 // the tanh approximation from erf's GELU (up to 4.7e-4 apart). GPT-2's shapes (ln @ W^T)
 // and a plain one; bias offsets 0 (16-byte aligned: the epilogue) and 1 (the fallback).
@@ -166,6 +167,11 @@ TEST(CudaBackend, GemmEpilogues) {
             be.gemm_bias_gelu(false, tb, M, N, K, A.v(s), B.v(s), bias.v(s, off, N), fc.v(s),
                               out.v(s));
           });
+          Pair relu = make(t, uniform(M * N, rng));
+          both([&](Backend& be, Side s) {
+            be.gemm_relu(false, tb, M, N, K, A.v(s), B.v(s), relu.v(s));
+          });
+          check(relu, tol_for(t, kReduceF32), "gemm_relu");
           check(C, tol_for(t, kReduceF32), "gemm_bias C");
           check(fc, tol_for(t, kReduceF32), "gemm_bias_gelu fc");
           check(out, tol_for(t, Tol{2e-4, 5e-5}), "gemm_bias_gelu out = GELU(fc)");

@@ -156,6 +156,8 @@ class CudaBackend final : public Backend {
   void gemm_weight_bias_grad(bool trans_b, int64_t M, int64_t N, int64_t K, const TensorView& A,
                              const TensorView& B, const TensorView& C,
                              const TensorView& dbias) override;
+  void gemm_relu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const TensorView& A,
+                 const TensorView& B, const TensorView& out) override;
   void bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
                      int64_t C) override;
   void add(const TensorView& out, const TensorView& a, const TensorView& b) override;
@@ -322,8 +324,9 @@ class CudaBackend final : public Backend {
   CudaStream stream_;
   CachingAllocator alloc_;
   k::Blas blas_;
-  // cuBLASLt epilogues in gemm_bias / gemm_bias_gelu; FSDP_GEMM_EPILOGUES=0 in the
-  // environment turns them off (the unfused kernels: an A/B in one binary).
+  // cuBLASLt epilogues in gemm_bias, gemm_bias_gelu, gemm_dgelu_bias_grad,
+  // gemm_weight_bias_grad and gemm_relu; FSDP_GEMM_EPILOGUES=0 in the environment turns them off (the
+  // unfused kernels: an A/B in one binary).
   bool epilogues_ = true;
   k::DeviceError* dev_error_ = nullptr;   // device memory
   k::DeviceError* host_error_ = nullptr;  // pinned host mirror
@@ -605,6 +608,20 @@ void CudaBackend::gemm_weight_bias_grad(bool trans_b, int64_t M, int64_t N, int6
     }
   }
   Backend::gemm_weight_bias_grad(trans_b, M, N, K, A, B, C, dbias);
+}
+
+void CudaBackend::gemm_relu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                            const TensorView& A, const TensorView& B, const TensorView& out_) {
+  // out [M,N] = max(op(A) op(B), 0): one cuBLASLt call with the RELU epilogue when it takes
+  // it (one dtype), else gemm + relu_forward in place.
+  Chk::gemm(M, N, K, A, B, out_);
+  const DType t = out_.dtype;
+  if (epilogues_ && M > 0 && N > 0 && K > 0 && A.dtype == t && B.dtype == t &&
+      blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, out_.data,
+                          k::Blas::Epilogue::relu, nullptr, nullptr)) {
+    return;
+  }
+  Backend::gemm_relu(trans_a, trans_b, M, N, K, A, B, out_);
 }
 
 void CudaBackend::add_bias(const TensorView& out_, const TensorView& bias, int64_t R, int64_t C) {

@@ -263,6 +263,7 @@ class Blas {
             const void* B, ST ab, float beta, void* C, ST c);
   // cuBLASLt epilogues (as llm.c's matmul_cublaslt uses them), alpha 1:
   //  - bias: C[M,N] = op(A) op(B) + bias[N] (beta 0);
+  //  - relu: C[M,N] = max(op(A) op(B), 0) (beta 0; no bias);
   //  - gelu_aux_bias: aux[M,N] = op(A) op(B) + bias[N] (row stride N) and C = GELU(aux)
   //    (cuBLASLt's GELU is the tanh approximation), GELU taken of the fp32 value before aux
   //    is rounded (beta 0);
@@ -273,7 +274,14 @@ class Blas {
   //    second operand, which is A here, only when that operand is transposed).
   // A, B, C, bias and aux of one type (cuBLASLt's bias and aux types default to D's, and it
   // refuses an aux type that is not D's).
-  enum class Epilogue : int { none = 0, bias = 1, gelu_aux_bias = 2, dgelu_bgrad = 3, bgradb = 4 };
+  enum class Epilogue : int {
+    none = 0,
+    bias = 1,
+    gelu_aux_bias = 2,
+    dgelu_bgrad = 3,
+    bgradb = 4,
+    relu = 5
+  };
   // Enqueues the GEMM with `epilogue` and returns true, or returns false with nothing
   // enqueued when cuBLASLt has no algorithm for it or refuses it (the caller then runs the
   // unfused kernels). M, N, K > 0; pointers as gemm's; bias and aux as above.

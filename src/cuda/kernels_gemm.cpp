@@ -11,9 +11,9 @@
 // layout descriptors, the first algorithm of the heuristic) is cached per (transposes,
 // shape, types, pointer alignments): a training step's GEMM shapes repeat. If cuBLASLt
 // offers no algorithm or refuses one, the call falls back to cublasGemmEx with the same
-// arguments. Epilogues (gemm_epilogue: bias, and bias + GELU with its input kept for the
-// backward) have plans of their own; refused, they report it and the caller runs the
-// unfused kernels.
+// arguments. Epilogues (gemm_epilogue: bias, bias + GELU keeping GELU's input, GELU's
+// backward with the bias gradient, a weight gradient with its bias gradient, ReLU) have
+// plans of their own; refused, they report it and the caller runs the unfused kernels.
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -131,6 +131,7 @@ Blas::Plan& Blas::plan(const Key& key) {
       case Epilogue::gelu_aux_bias: e = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
       case Epilogue::dgelu_bgrad: e = CUBLASLT_EPILOGUE_DGELU_BGRAD; break;
       case Epilogue::bgradb: e = CUBLASLT_EPILOGUE_BGRADB; break;
+      case Epilogue::relu: e = CUBLASLT_EPILOGUE_RELU; break;
     }
     FSDP_CHECK_CUBLAS(
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
@@ -223,8 +224,11 @@ bool Blas::gemm_epilogue(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
   Plan& p = plan(key);
   if (!p.usable) return false;
   // The pointers are this call's (the plan is shared by every call of its key).
-  cublasStatus_t st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                     sizeof bias);
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  if (epilogue != Epilogue::relu) {
+    st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                        sizeof bias);
+  }
   if (st == CUBLAS_STATUS_SUCCESS && with_aux) {
     st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
                                         sizeof aux);

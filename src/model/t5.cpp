@@ -468,9 +468,8 @@ struct FF {
                bool write_output) const {
     const int64_t D = c.d_model, F = c.d_ff;
     if (c.feed_forward_proj == T5FeedForward::relu) {
-      // h = x @ wi^T into scratch, ff0 = relu(h)
-      be.gemm(false, true, R, F, D, 1.f, x, hooks.param(b.wi), 0.f, scratch);
-      be.relu_forward(y.ff0.view({R, F}), scratch);
+      // ff0 = relu(x @ wi^T), the ReLU in the GEMM's epilogue where the backend has one
+      be.gemm_relu(false, true, R, F, D, x, hooks.param(b.wi), y.ff0.view({R, F}));
       if (write_output) be.gemm(false, true, R, D, F, 1.f, y.ff0.view({R, F}), hooks.param(b.wo), 0.f, out);
     } else {
       // gelu_new(wi_0 x) * (wi_1 x) in one pass (geglu_forward)

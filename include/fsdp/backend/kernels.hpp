@@ -250,6 +250,16 @@ class Kernels {
   // Writes dx[n] = x[n] > 0 ? dout[n] : 0. dx may alias dout.
   virtual void relu_backward(const TensorView& dx, const TensorView& x,
                              const TensorView& dout) = 0;
+  // T5's wi with its ReLU in the GEMM's epilogue (cuBLASLt's CUBLASLT_EPILOGUE_RELU): out[M,N]
+  // = max(op(A) op(B), 0). The values of gemm(trans_a, trans_b, M, N, K, 1, A, B, 0, out)
+  // then relu_forward(out, out) exactly (rounding commutes with max(., 0)); the CUDA backend
+  // runs one cuBLASLt call where cuBLASLt takes it (A, B, out of one dtype). This default
+  // makes the two calls (the CPU backend's twin, CUDA's fallback).
+  virtual void gemm_relu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                         const TensorView& A, const TensorView& B, const TensorView& out) {
+    gemm(trans_a, trans_b, M, N, K, 1.f, A, B, 0.f, out);
+    relu_forward(out, out);
+  }
   // Writes out[n] = a[n] * b[n], n = out.numel(). out may alias a or b. (The models' gated
   // products use geglu_* / swiglu_* below; this is the unfused product their tests compare
   // against.)
