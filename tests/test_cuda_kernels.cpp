@@ -142,9 +142,9 @@ TEST(CudaBackend, GemmShapesAndAlignment) {
 
 // gemm_relu, gemm_bias, gemm_bias_gelu, gemm_dgelu_bias_grad and gemm_weight_bias_grad
 // (cuBLASLt's RELU, BIAS, GELU_AUX_BIAS, DGELU_BGRAD and BGRADB epilogues where cuBLASLt
-// takes them) against the CPU
-// twin (the unfused calls): every output within one rounding of the storage dtype; GELU's tolerance for fp32 is tight enough to tell
-// the tanh approximation from erf's GELU (up to 4.7e-4 apart). GPT-2's shapes (ln @ W^T)
+// takes them) against the CPU twin (the unfused calls): every output within one rounding of
+// the storage dtype; GELU's tolerance for fp32 is tight enough to tell the tanh
+// approximation from erf's GELU (up to 4.7e-4 apart). GPT-2's shapes (ln @ W^T)
 // and a plain one; bias offsets 0 (16-byte aligned: the epilogue) and 1 (the fallback).
 TEST(CudaBackend, GemmEpilogues) {
   std::mt19937 rng(41);

@@ -52,8 +52,8 @@ if [[ -n "${AB_BASE:-}" ]]; then
   if [[ "$AB_BASE" == *.xz ]]; then xz -dc "$AB_BASE" >"$base_bin"; else cp "$AB_BASE" "$base_bin"; fi
   chmod +x "$base_bin"
   LABELS=(new base) BINS=(fsdp_train "$base_bin") ENVS=("" "${AB_BASE_ENV:-}")
-  echo "base: $AB_BASE ($(inb "$base_bin" --version 2>&1 | head -1))${AB_BASE_ENV:+ with $AB_BASE_ENV}" |
-    tee -a "$SUMMARY"
+  base_version="$(inb "$base_bin" --version 2>&1 | head -1)"
+  echo "base: $AB_BASE ($base_version)${AB_BASE_ENV:+ with $AB_BASE_ENV}" | tee -a "$SUMMARY"
 elif [[ -n "${AB_BASE_ENV:-}" ]]; then
   LABELS=(new base) BINS=(fsdp_train fsdp_train) ENVS=("" "$AB_BASE_ENV")
   echo "base: the bundle's fsdp_train with $AB_BASE_ENV" | tee -a "$SUMMARY"

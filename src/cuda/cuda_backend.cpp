@@ -325,8 +325,8 @@ class CudaBackend final : public Backend {
   CachingAllocator alloc_;
   k::Blas blas_;
   // cuBLASLt epilogues in gemm_bias, gemm_bias_gelu, gemm_dgelu_bias_grad,
-  // gemm_weight_bias_grad and gemm_relu; FSDP_GEMM_EPILOGUES=0 in the environment turns them off (the
-  // unfused kernels: an A/B in one binary).
+  // gemm_weight_bias_grad and gemm_relu; FSDP_GEMM_EPILOGUES=0 in the environment turns
+  // them off (the unfused kernels: an A/B in one binary).
   bool epilogues_ = true;
   k::DeviceError* dev_error_ = nullptr;   // device memory
   k::DeviceError* host_error_ = nullptr;  // pinned host mirror

@@ -304,9 +304,9 @@ class Kernels {
   // relative position, P = relative_positions(Tq, Tk), shared over the batch: T5's position
   // bias, which depends on j - i alone; or an empty view for none); key j is masked out
   // (probability exactly 0) when key_mask is given (int32 [B,Tk], 0 = padding) and
-  // key_mask[b,j] == 0, or when `causal` and j > i. Softmax in fp32 over the unmasked keys. Writes out: [B,Tq,H*D] and lse: fp32
-  // [B,H,Tq] (saved for backward). T5 passes scale = 1 (no 1/sqrt(D)). "Empty" means a view
-  // with data == nullptr (TensorView{}).
+  // key_mask[b,j] == 0, or when `causal` and j > i. Softmax in fp32 over the unmasked keys.
+  // Writes out: [B,Tq,H*D] and lse: fp32 [B,H,Tq] (saved for backward). T5 passes scale = 1
+  // (no 1/sqrt(D)). "Empty" means a view with data == nullptr (TensorView{}).
   // Matches HF T5Attention (scores + position_bias + mask, softmax in fp32) and
   // torch.nn.functional.scaled_dot_product_attention with a boolean mask, except that a
   // fully masked row gives 0 rather than NaN. D == 0 or Tk == 0 are allowed (out = 0).
