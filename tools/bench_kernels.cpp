@@ -2,7 +2,10 @@
 // LayerNorm and RMSNorm forward/backward, the residual add fused into the norm forward, and
 // the GPT-2 MLP's fused bias + GELU (each fused op with the unfused kernels it replaces
 // beside it) - at the shapes of the models we train, in bf16, through the Backend interface
-// (so per-call scratch from the caching allocator is included, as in training).
+// (so per-call scratch from the caching allocator is included, as in training). A second
+// table times the GEMMs with cuBLASLt epilogues (gemm_bias, gemm_bias_gelu,
+// gemm_dgelu_bias_grad, gemm_weight_bias_grad at GPT-2's shapes, gemm_relu at T5's), each
+// beside the GEMM and the kernel it replaces, in microseconds per call and TFLOP/s (2 M N K).
 //
 //   build_cuda/bench_kernels [CALLS]      (default 50; CUDA build only)
 //
@@ -142,6 +145,72 @@ void bench(Backend& be, const Model& m, int calls) {
       }, calls));
 }
 
+void gemm_row(const char* model, const char* op, int64_t M, int64_t N, int64_t K, double s) {
+  std::printf("| %s | %s | %lld x %lld x %lld | %.1f | %.1f |\n", model, op,
+              static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+              s * 1e6, 2.0 * M * N * K / s / 1e12);
+}
+
+// The epilogue GEMMs against the GEMM + kernel pairs they replace (kernels.hpp): GPT-2's
+// c_attn (bias), c_fc (bias + GELU) and its backward (d GELU + bias gradient), a weight
+// gradient with its bias gradient (mlp c_proj: [C, 4C] += dres^T gelu); T5's wi (ReLU).
+void bench_epilogues(Backend& be, int calls) {
+  std::mt19937 rng(2);
+  const auto V = [](const DeviceBuffer& d) { return d.view(); };
+  for (const Model& m : kModels) {
+    const int64_t R = m.R, C = m.C, F = 4 * C;
+    DeviceBuffer x = random_bf16(be, R * C, rng, -1.0f, 1.0f);
+    DeviceBuffer w = random_bf16(be, F * C, rng, -0.05f, 0.05f);
+    DeviceBuffer bias = random_bf16(be, F, rng, -0.1f, 0.1f);
+    DeviceBuffer fc = random_bf16(be, R * F, rng, -2.0f, 2.0f);
+    DeviceBuffer out = random_bf16(be, R * F, rng, -1.0f, 1.0f);
+    DeviceBuffer db = random_bf16(be, F, rng, -1.0f, 1.0f);
+    DeviceBuffer dres = random_bf16(be, R * C, rng, -1.0f, 1.0f);
+    DeviceBuffer dw = random_bf16(be, C * F, rng, -1.0f, 1.0f);
+    const char* n = m.name;
+    if (m.C == 512) {  // t5-small: wi [d_ff = 2048, d_model = 512], ReLU
+      gemm_row(n, "gemm_relu", R, F, C, seconds_per_call(be, [&] {
+        be.gemm_relu(false, true, R, F, C, V(x), V(w), V(out));
+      }, calls));
+      gemm_row(n, "gemm + relu_forward", R, F, C, seconds_per_call(be, [&] {
+        be.gemm(false, true, R, F, C, 1.f, V(x), V(w), 0.f, V(fc));
+        be.relu_forward(V(out), V(fc));
+      }, calls));
+      continue;
+    }
+    gemm_row(n, "gemm_bias (c_fc shape)", R, F, C, seconds_per_call(be, [&] {
+      be.gemm_bias(false, true, R, F, C, V(x), V(w), V(bias), V(out));
+    }, calls));
+    gemm_row(n, "gemm + add_bias", R, F, C, seconds_per_call(be, [&] {
+      be.gemm(false, true, R, F, C, 1.f, V(x), V(w), 0.f, V(out));
+      be.add_bias(V(out), V(bias), R, F);
+    }, calls));
+    gemm_row(n, "gemm_bias_gelu", R, F, C, seconds_per_call(be, [&] {
+      be.gemm_bias_gelu(false, true, R, F, C, V(x), V(w), V(bias), V(fc), V(out));
+    }, calls));
+    gemm_row(n, "gemm + bias_gelu_forward", R, F, C, seconds_per_call(be, [&] {
+      be.gemm(false, true, R, F, C, 1.f, V(x), V(w), 0.f, V(fc));
+      be.bias_gelu_forward(V(out), V(fc), V(bias), R, F);
+    }, calls));
+    // d fc = (dres @ W_proj) * gelu'(fc), W_proj [C, 4C] (w read as it)
+    gemm_row(n, "gemm_dgelu_bias_grad", R, F, C, seconds_per_call(be, [&] {
+      be.gemm_dgelu_bias_grad(false, false, R, F, C, V(dres), V(w), V(fc), V(out), V(db));
+    }, calls));
+    gemm_row(n, "gemm + gelu_bias_backward", R, F, C, seconds_per_call(be, [&] {
+      be.gemm(false, false, R, F, C, 1.f, V(dres), V(w), 0.f, V(out));
+      be.gelu_bias_backward(V(out), V(db), V(fc), V(out), R, F);
+    }, calls));
+    // mlp c_proj's weight gradient [C, 4C] += dres^T [C, R] gelu [R, 4C], bias gradient [C]
+    gemm_row(n, "gemm_weight_bias_grad", C, F, R, seconds_per_call(be, [&] {
+      be.gemm_weight_bias_grad(false, C, F, R, V(dres), V(out), V(dw), V(db));
+    }, calls));
+    gemm_row(n, "gemm + bias_backward", C, F, R, seconds_per_call(be, [&] {
+      be.gemm(true, false, C, F, R, 1.f, V(dres), V(out), 1.f, V(dw));
+      be.bias_backward(V(db), V(dres), R, C);
+    }, calls));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,6 +224,9 @@ int main(int argc, char** argv) {
     std::printf("| model | op | R x C | us per call | MB moved | GB/s |\n");
     std::printf("|---|---|---:|---:|---:|---:|\n");
     for (const Model& m : kModels) bench(*be, m, calls);
+    std::printf("\n| model | op | M x N x K | us per call | TFLOP/s |\n");
+    std::printf("|---|---|---:|---:|---:|\n");
+    bench_epilogues(*be, calls);
   } catch (const fsdp::Error& e) {
     std::fprintf(stderr, "bench_kernels: %s\n", e.what());
     return 1;
