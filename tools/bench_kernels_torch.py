@@ -11,6 +11,12 @@ gelu(x + b, approximate="tanh") forward and backward (dx, dbias) on [R, 4C]. Bac
 torch.autograd.grad on a graph kept across calls, so no .grad accumulation is timed. The
 bytes per call are bench_kernels' (each [R, C] operand once), so the GB/s columns of the two
 tables compare directly, and "within 1.3x of PyTorch" reads off the microsecond columns.
+
+A second table matches bench_kernels' epilogue GEMMs with what eager PyTorch runs for the
+same work: F.linear with its bias (cuBLASLt's bias epilogue inside torch), F.linear then
+gelu(tanh) (the c_fc forward), the c_fc backward through gelu to (fc, bias) from the next
+linear's output gradient (d gelu GEMM, gelu backward, bias sum), the weight and bias
+gradients of a linear (mlp c_proj: dW = dY^T X, db = sum dY), and T5's relu(F.linear(x, wi)).
 """
 import sys
 
@@ -83,6 +89,52 @@ def bench(name, R, C, calls):
         seconds_per_call(lambda: torch.autograd.grad(y, (fc, fb), dg, retain_graph=True), calls))
 
 
+def gemm_row(name, op, M, N, K, s):
+    print(f"| {name} | {op} | {M} x {N} x {K} | {s * 1e6:.1f} | {2.0 * M * N * K / s / 1e12:.1f} |")
+
+
+def bench_epilogues(name, R, C, calls, dev="cuda"):
+    """bench_kernels.cpp's bench_epilogues rows, PyTorch eager (same M x N x K)."""
+    dt = torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(2)
+
+    def rand(*shape, lo=-1.0, hi=1.0, grad=False):
+        t = (torch.rand(*shape, device=dev, generator=g) * (hi - lo) + lo).to(dt)
+        return t.requires_grad_(grad)
+
+    Fc = 4 * C
+    x = rand(R, C)
+    w = rand(Fc, C, lo=-0.05, hi=0.05)
+    if C == 512:  # t5-small: wi, ReLU
+        with torch.no_grad():
+            gemm_row(name, "relu(linear(x, wi))", R, Fc, C,
+                     seconds_per_call(lambda: F.relu(F.linear(x, w)), calls))
+        return
+    bias = rand(Fc, lo=-0.1, hi=0.1)
+    with torch.no_grad():
+        gemm_row(name, "linear(x, W, b) (c_fc shape)", R, Fc, C,
+                 seconds_per_call(lambda: F.linear(x, w, bias), calls))
+        gemm_row(name, "gelu(linear(x, W, b), tanh)", R, Fc, C,
+                 seconds_per_call(lambda: F.gelu(F.linear(x, w, bias), approximate="tanh"), calls))
+    # c_fc backward: z = linear(gelu(fc + b), W_proj [C, 4C]); grad to (fc, b) from dres
+    fc = rand(R, Fc, lo=-2.0, hi=2.0, grad=True)
+    fb = rand(Fc, lo=-0.1, hi=0.1, grad=True)
+    wp = rand(C, Fc, lo=-0.05, hi=0.05)
+    dres = rand(R, C)
+    z = F.linear(F.gelu(fc + fb, approximate="tanh"), wp)
+    gemm_row(name, "d(linear(gelu(fc + b)))/d(fc, b)", R, Fc, C,
+             seconds_per_call(lambda: torch.autograd.grad(z, (fc, fb), dres, retain_graph=True),
+                              calls))
+    # mlp c_proj's weight and bias gradients: y = linear(h [R, 4C], W [C, 4C], b [C])
+    h = rand(R, Fc)
+    wc = rand(C, Fc, lo=-0.05, hi=0.05, grad=True)
+    bc = rand(C, grad=True)
+    y = F.linear(h, wc, bc)
+    gemm_row(name, "d(linear(h, W, b))/d(W, b)", C, Fc, R,
+             seconds_per_call(lambda: torch.autograd.grad(y, (wc, bc), dres, retain_graph=True),
+                              calls))
+
+
 def main():
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 50
     if calls < 1 or not torch.cuda.is_available():
@@ -92,6 +144,11 @@ def main():
     print("|---|---|---:|---:|---:|---:|")
     for name, R, C in MODELS:
         bench(name, R, C, calls)
+    print()
+    print("| model | op | M x N x K | us per call | TFLOP/s |")
+    print("|---|---|---:|---:|---:|")
+    for name, R, C in MODELS:
+        bench_epilogues(name, R, C, calls)
 
 
 if __name__ == "__main__":
