@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <string>
@@ -521,16 +520,6 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   k::cast(out(C), {c32->view.data, k::ST::f32}, M * N, s());
 }
 
-namespace {
-// Whether every pointer is 16-byte aligned (what the epilogue paths ask of bias and aux).
-bool aligned16(std::initializer_list<const void*> ptrs) {
-  for (const void* p : ptrs) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  }
-  return true;
-}
-}  // namespace
-
 void CudaBackend::gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                             const TensorView& A, const TensorView& B, const TensorView& bias,
                             const TensorView& C) {
@@ -540,7 +529,7 @@ void CudaBackend::gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, in
   Chk::need_float("gemm_bias", "bias", bias, N);
   const DType t = C.dtype;
   if (epilogues_ && M > 0 && N > 0 && K > 0 && A.dtype == t && B.dtype == t &&
-      bias.dtype == t && t != DType::f64 && aligned16({bias.data}) &&
+      bias.dtype == t && t != DType::f64 && k::aligned16(bias.data) &&
       blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, C.data,
                           k::Blas::Epilogue::bias, bias.data, nullptr)) {
     return;
@@ -561,7 +550,8 @@ void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t 
   const DType t = fc.dtype;
   if (epilogues_ && M > 0 && N > 0 && K > 0 && N % 8 == 0 && A.dtype == t && B.dtype == t &&
       bias.dtype == t && out_.dtype == t && t != DType::f64 &&
-      aligned16({bias.data, fc.data, out_.data}) && out_.data != fc.data &&
+      k::aligned16(bias.data) && k::aligned16(fc.data) &&
+      k::aligned16(out_.data) && out_.data != fc.data &&
       blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, out_.data,
                           k::Blas::Epilogue::gelu_aux_bias, bias.data, fc.data)) {
     return;
@@ -580,7 +570,8 @@ void CudaBackend::gemm_dgelu_bias_grad(bool trans_a, bool trans_b, int64_t M, in
   Chk::need_float("gemm_dgelu_bias_grad", "dbias", dbias, N);
   const DType t = dfc.dtype;
   if (epilogues_ && M > 0 && N > 0 && K > 0 && N % 8 == 0 && A.dtype == t && B.dtype == t &&
-      fc.dtype == t && aligned16({fc.data, dfc.data}) && fc.data != dfc.data) {
+      fc.dtype == t && k::aligned16(fc.data) &&
+      k::aligned16(dfc.data) && fc.data != dfc.data) {
     Scratch sums(*this, static_cast<std::size_t>(N) * dtype_size(t));
     if (blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, dfc.data,
                             k::Blas::Epilogue::dgelu_bgrad, sums.as<void>(), fc.data)) {

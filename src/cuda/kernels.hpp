@@ -31,6 +31,10 @@
 
 namespace fsdp::cuda::kernels {
 
+// Whether p is 16-byte aligned (vector accesses in the kernels; cuBLASLt epilogues' bias and
+// aux in cuda_backend.cpp).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 // Storage types (fsdp::DType's f32, bf16, f16, f64).
 enum class ST : int { f32 = 0, bf16 = 1, f16 = 2, f64 = 3 };
 inline std::size_t st_size(ST t) { return t == ST::f64 ? 8 : t == ST::f32 ? 4 : 2; }

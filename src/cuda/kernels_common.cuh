@@ -38,7 +38,6 @@ inline int blocks_for(int64_t work, int64_t per_block) {
   return static_cast<int>(b);
 }
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Rows per block of a deterministic two-pass reduction over rows (column sums, LayerNorm's
 // gamma/beta gradients): ceil(R / max_blocks), at least min_rows, rounded up to a multiple of

@@ -358,8 +358,11 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   // out [BT,n] = inp [BT,m] @ W[n,m]^T (+ b)
   auto linear = [&](const TensorView& out, const TensorView& inp, int w, int b, int64_t n,
                     int64_t m) {
-    be_.gemm(false, true, BT, n, m, 1.f, inp, W(w), 0.f, out);
-    if (b >= 0) be_.add_bias(out, W(b), BT, n);
+    if (b >= 0) {  // the bias in the GEMM's epilogue where the backend has one (kernels.hpp)
+      be_.gemm_bias(false, true, BT, n, m, inp, W(w), W(b), out);
+    } else {
+      be_.gemm(false, true, BT, n, m, 1.f, inp, W(w), 0.f, out);
+    }
   };
   be_.rmsnorm_forward(ln1, y.ln1_rstd.view({BT}), in, W(x.ln_in), BT, C, eps);
   linear(q, ln1, x.q_w, x.q_b, Q, C);
@@ -437,8 +440,11 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     // din (=, or += when `accumulate`) dout @ W.
     auto linear_backward = [&](const TensorView& din, const TensorView& dout, const TensorView& inp,
                                int w, int b, int64_t n, int64_t m_in, bool accumulate) {
-      be_.gemm(true, false, n, m_in, BT, 1.f, dout, inp, 1.f, G(w));
-      if (b >= 0) be_.bias_backward(G(b), dout, BT, n);
+      if (b >= 0) {  // weight and bias gradients in one GEMM where the backend has it
+        be_.gemm_weight_bias_grad(false, n, m_in, BT, dout, inp, G(w), G(b));
+      } else {
+        be_.gemm(true, false, n, m_in, BT, 1.f, dout, inp, 1.f, G(w));
+      }
       be_.gemm(false, false, BT, m_in, n, 1.f, dout, W(w), accumulate ? 1.f : 0.f, din);
     };
     // MLP: dres = d res[l+1] = d (res2 + down(act))
