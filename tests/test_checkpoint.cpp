@@ -1532,7 +1532,7 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
                        "model.fused_linear_cross_entropy",
                        "model.fused_linear_cross_entropy_chunk_rows", "data.path",
                        "train.micro_batch_size", "train.max_steps", "train.run_dir",
-                       "train.log_every", "train.num_threads", "train.device",
+                       "train.log_every", "train.num_threads", "train.device", "train.cuda_graphs",
                        "train.skip_nonfinite", "train.check_memory", "train.peak_flops",
                        "train.profile_steps", "optim.lr", "optim.min_lr", "optim.warmup_steps",
                        "optim.decay_steps", "optim.grad_clip", "fsdp.sharding_strategy",

@@ -15,6 +15,9 @@
 //  - the profiler (train.profile_steps = [2, 3]) traces CUPTI's kernels on their streams
 //    ("stream N" tracks, grid and block in args), each inside one profiled step's host range
 //    (50 us for the GPU-to-host clock translation), summing to no more than the step;
+//  - train.cuda_graphs = "on" equals "off" bit for bit (GPT-2 bf16 FULL_SHARD with two
+//    micro-batches over the world, both T5 shapes on one rank; 6 steps with an evaluation),
+//    with graphs replayed and at least 40% of the kernel calls inside graphs;
 //  - T5 (tests/t5_util.hpp's tiny seq2seq model, relu/tied and gated-gelu/untied): 5 steps in
 //    fp32 on the GPU give the CPU backend's losses within 1e-4 relative and parameters within
 //    1e-4, and bf16 on the GPU tracks fp32 on the GPU within 3% per step over 20 steps (on the
@@ -408,6 +411,46 @@ TEST(GpuTrainT5, Fp32MatchesTheCpuBackend) {
     EXPECT_NEAR(gpu.val_losses[0].second, cpu.val_losses[0].second, 1e-4 * cpu.val_losses[0].second)
         << what;
     EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << what;
+  }
+}
+
+// Graph replays run the kernels, cuBLASLt algorithms and arguments of the eager calls (the
+// CPU twin's checks are in tests/test_cuda_graphs.cpp), so the runs are bitwise equal.
+TEST(GpuTrain, CudaGraphsEqualEagerBitForBit) {
+  auto both = [](Config c, const std::string& name, On where) {
+    c = on(c, fsdp::DeviceKind::cuda);
+    c.train.max_steps = 6;
+    c.eval.every = 3;
+    c.train.cuda_graphs = fsdp::CudaGraphs::off;
+    c.train.run_dir = where == On::world ? fresh_dir(name + "_eager") : rank_dir(name + "_eager");
+    const TrainResult eager = run(c, where);
+    c.train.cuda_graphs = fsdp::CudaGraphs::on;
+    c.train.run_dir = where == On::world ? fresh_dir(name + "_graphs") : rank_dir(name + "_graphs");
+    const TrainResult graphs = run(c, where);
+    ASSERT_EQ(graphs.losses.size(), 6u) << name;
+    EXPECT_EQ(graphs.losses, eager.losses) << name;
+    EXPECT_EQ(graphs.val_losses, eager.val_losses) << name;
+    for (const auto& [p, values] : eager.params) {
+      EXPECT_EQ(graphs.params.at(p), values) << name << " " << p;
+    }
+    EXPECT_GT(graphs.graphs.replays, 0) << name;
+    EXPECT_GE(5 * graphs.graphs.graphed_calls, 2 * graphs.graphs.calls) << name;  // >= 40%
+    std::printf("[rank %d] cuda_graphs %s: %lld segments, %lld replayed, %lld captured, "
+                "%lld eager; %lld of %lld calls in graphs\n", world_rank(), name.c_str(),
+                static_cast<long long>(graphs.graphs.segments),
+                static_cast<long long>(graphs.graphs.replays),
+                static_cast<long long>(graphs.graphs.captures),
+                static_cast<long long>(graphs.graphs.eager),
+                static_cast<long long>(graphs.graphs.graphed_calls),
+                static_cast<long long>(graphs.graphs.calls));
+  };
+  Config g = small_config("");
+  g.mixed_precision.param_dtype = fsdp::DType::bf16;
+  g.mesh.shard_size = std::min(2, world_size());
+  g.train.micro_batch_size = g.train.global_batch_size / world_size() / 2;
+  both(g, "gpu_graphs_gpt2", On::world);
+  for (auto [ff, tied] : {std::pair{"relu", true}, std::pair{"gated-gelu", false}}) {
+    both(t5_shape(t5_config(""), ff, tied), std::string("gpu_graphs_t5_") + ff, On::self);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/config/config.hpp"
@@ -117,6 +118,24 @@ vocab_size = 256
 )";
 
 inline Config small_config(const std::string& run_dir) { return small_run(kSmallGpt2, run_dir); }
+
+// A 2-layer GQA Llama (4 query heads, 2 K/V heads, head_dim 4, untied, llama3 RoPE) on the
+// learnable byte dataset.
+inline Config llama_config(const std::string& run_dir, std::vector<std::string> overrides = {}) {
+  return small_run(R"(
+[model]
+type = "llama"
+num_hidden_layers = 2
+hidden_size = 16
+num_attention_heads = 4
+num_key_value_heads = 2
+intermediate_size = 40
+max_position_embeddings = 16
+vocab_size = 256
+rope_theta = 500000.0
+rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, original_max_position_embeddings = 8 }
+)", run_dir, std::move(overrides));
+}
 
 // This rank's measured peak of category `c` in a run.
 inline int64_t measured(const TrainResult& r, fsdp::MemCategory c) {

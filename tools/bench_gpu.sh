@@ -76,7 +76,8 @@
 #                  WRAP:MODE, WRAP none | hf | fsdp2, MODE eager | compile | compile-block |
 #                  autotune (fsdp2: eager | compile, its compile is per block);
 #                  "fsdp_train:offload" adds fsdp_train with fsdp.cpu_offload = true (issue 22:
-#                  its tok/s ÷ fsdp_train is offload's cost; host_mem_bytes its host peak)
+#                  its tok/s ÷ fsdp_train is offload's cost; host_mem_bytes its host peak);
+#                  "fsdp_train:graphs" fsdp_train with train.cuda_graphs = "on" (issue 32)
 #   AUTOTUNE (1; 0: no none:autotune rows)  AUTOTUNE_NEED_S (180): seconds of budget an
 #                  autotune run needs before its first run (then its previous run's time)
 #   RUN_TIMEOUT (240) seconds per run at most;  T5_FSDP2 (1; 0 leaves
@@ -216,10 +217,11 @@ run_limit() {
   echo "$t"
 }
 
-run_ours() {  # $1 = model, $2 = round, $3 = time limit, $4 = fsdp_train | fsdp_train:offload
+run_ours() {  # $1 = model, $2 = round, $3 = time limit, $4 = fsdp_train[:offload|:graphs]
   local m=$1 r=$2 who=${4:-fsdp_train} lim=$3 t0=$SECONDS smi rc res
   local tag="ours_$1_${who/:/_}_$2" dir="$WORK/run_ours_$1_${who/:/_}_$2" extra=()
   [[ "$who" == fsdp_train:offload ]] && extra=(--set fsdp.cpu_offload=true)
+  [[ "$who" == fsdp_train:graphs ]] && extra=(--set 'train.cuda_graphs="on"')
   rm -rf "$dir"
   smi_start "$tag"
   FSDP_BENCH_TAG="$tag" in_ours timeout -k 10 "$lim" mpirun -np 1 --bind-to none "$BIN" "$WORK/$m.toml" \
@@ -270,8 +272,9 @@ torch_args() {  # $1 = wrap:mode
 }
 for m in $MODELS; do
   for who in $(contenders "$m"); do
-    [[ "$who" == fsdp_train || "$who" == fsdp_train:offload ]] || torch_args "$who" >/dev/null ||
-      die "unknown contender '$who' (CONTENDERS): fsdp_train, fsdp_train:offload or WRAP:MODE, WRAP none|hf|fsdp2, MODE eager|compile|compile-block|autotune (compile-block, autotune: none and hf only)"
+    [[ "$who" == fsdp_train || "$who" == fsdp_train:offload || "$who" == fsdp_train:graphs ]] ||
+      torch_args "$who" >/dev/null ||
+      die "unknown contender '$who' (CONTENDERS): fsdp_train, fsdp_train:offload, fsdp_train:graphs or WRAP:MODE, WRAP none|hf|fsdp2, MODE eager|compile|compile-block|autotune (compile-block, autotune: none and hf only)"
   done
 done
 
@@ -340,6 +343,7 @@ models = "$MODELS".split()
 LABEL = {
     "fsdp_train": "fsdp_train (bf16 over fp32 master, FULL_SHARD, world 1)",
     "fsdp_train:offload": "fsdp_train, fsdp.cpu_offload (master, grads, AdamW on the host)",
+    "fsdp_train:graphs": "fsdp_train, train.cuda_graphs = \"on\" (kernels between hooks as CUDA graphs)",
     "none:eager": "PyTorch, one GPU, eager",
     "none:compile-block": "PyTorch, one GPU, torch.compile per block",
     "none:compile": "PyTorch, one GPU, torch.compile (whole model + loss)",
@@ -447,6 +451,11 @@ for m in models:
                      "(issue 22: at least 0.75 at 1.5B)" % (m, host / 1048576, fmt(ratio, "%.2f")))
     if base.get("tps") and torch_best:
         notes.append("%s: fsdp_train ÷ best PyTorch (%s) = **%.2f**" % (m, LABEL[torch_best[1]], base["tps"] / torch_best[0]))
+    gr = agg.get("fsdp_train:graphs")
+    if gr and gr["tps"] and base.get("tps"):
+        notes.append("%s: train.cuda_graphs = \"on\": %.2f x fsdp_train%s" % (
+            m, gr["tps"] / base["tps"],
+            ", %.2f x best PyTorch" % (gr["tps"] / torch_best[0]) if torch_best else ""))
     own = med([r["result"].get("own_mfu") for r in base.get("ok", [])])
     if own is not None and base.get("tps") and peak:
         notes.append("%s: fsdp_train's own metrics.jsonl mfu %.1f%% (train.peak_flops = the peak above) "

@@ -22,6 +22,9 @@
 # AB_BASE_ENV="VAR=VALUE ..." runs the base contender with those environment variables: alone
 # (no AB_BASE), the bundle's own fsdp_train with a switch flipped, e.g.
 # AB_BASE_ENV=FSDP_GEMM_EPILOGUES=0 (GPT-2's cuBLASLt epilogues off: unfused bias and GELU).
+# AB_NEW_SETS / AB_BASE_SETS="KEY=VALUE ..." add `--set KEY=VALUE` to one contender's runs (with
+# neither AB_BASE nor AB_BASE_ENV, the base is the bundle's own fsdp_train), e.g. CUDA graphs
+# against eager in one binary: AB_NEW_SETS='train.cuda_graphs="on"'.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -52,14 +55,20 @@ if [[ -n "${AB_BASE:-}" ]]; then
   if [[ "$AB_BASE" == *.xz ]]; then xz -dc "$AB_BASE" >"$base_bin"; else cp "$AB_BASE" "$base_bin"; fi
   chmod +x "$base_bin"
   LABELS=(new base) BINS=(fsdp_train "$base_bin") ENVS=("" "${AB_BASE_ENV:-}")
+  SETS=("${AB_NEW_SETS:-}" "${AB_BASE_SETS:-}")
   base_version="$(inb "$base_bin" --version 2>&1 | head -1)"
   echo "base: $AB_BASE ($base_version)${AB_BASE_ENV:+ with $AB_BASE_ENV}" | tee -a "$SUMMARY"
-elif [[ -n "${AB_BASE_ENV:-}" ]]; then
-  LABELS=(new base) BINS=(fsdp_train fsdp_train) ENVS=("" "$AB_BASE_ENV")
-  echo "base: the bundle's fsdp_train with $AB_BASE_ENV" | tee -a "$SUMMARY"
+elif [[ -n "${AB_BASE_ENV:-}${AB_NEW_SETS:-}${AB_BASE_SETS:-}" ]]; then
+  LABELS=(new base) BINS=(fsdp_train fsdp_train) ENVS=("" "${AB_BASE_ENV:-}")
+  SETS=("${AB_NEW_SETS:-}" "${AB_BASE_SETS:-}")
+  echo "base: the bundle's fsdp_train${AB_BASE_ENV:+ with $AB_BASE_ENV}" \
+    "${AB_BASE_SETS:+--set $AB_BASE_SETS}" | tee -a "$SUMMARY"
 else
-  LABELS=(new) BINS=(fsdp_train) ENVS=("")
+  LABELS=(new) BINS=(fsdp_train) ENVS=("") SETS=("${AB_NEW_SETS:-}")
 fi
+[[ -n "${AB_NEW_SETS:-}" ]] && echo "new: --set $AB_NEW_SETS" | tee -a "$SUMMARY"
+# "K=V K2=V2" -> --set K=V --set K2=V2 (one word each: values without spaces)
+set_args() { for kv in $1; do printf '%s\n' --set "$kv"; done; }
 NC=${#LABELS[@]}
 
 for model in $AB_MODELS; do
@@ -73,8 +82,10 @@ for model in $AB_MODELS; do
       k="${LABELS[$i]}"
       run="$WORK/run_${model}_${k}_$r"
       # shellcheck disable=SC2086  # ENVS[i]: VAR=VALUE words for env
+      mapfile -t extra < <(set_args "${SETS[$i]}")
       inb timeout -k 5 40 mpirun -np 1 --bind-to none env ${ENVS[$i]} \
-        "${BINS[$i]}" "$WORK/$model.toml" --set "train.run_dir=\"$run\"" >"$run.log" 2>&1
+        "${BINS[$i]}" "$WORK/$model.toml" --set "train.run_dir=\"$run\"" "${extra[@]}" \
+        >"$run.log" 2>&1
       rc=$?
       python3 - "$run/metrics.jsonl" "$r" "$k" "$rc" "$WARMUP" <<'EOF' | tee -a "$SUMMARY"
 import json, statistics, sys
@@ -100,8 +111,10 @@ EOF
     echo; echo "## profile, $model, ${LABELS[$i]} (--profile 3:4)" | tee -a "$SUMMARY"
     prof="$WORK/prof_${model}_${LABELS[$i]}"
     # shellcheck disable=SC2086
+    mapfile -t extra < <(set_args "${SETS[$i]}")
     inb timeout -k 5 40 mpirun -np 1 --bind-to none env ${ENVS[$i]} "${BINS[$i]}" \
-      "$WORK/$model.toml" --set "train.run_dir=\"$prof\"" --profile 3:4 >"$prof.log" 2>&1
+      "$WORK/$model.toml" --set "train.run_dir=\"$prof\"" "${extra[@]}" --profile 3:4 \
+      >"$prof.log" 2>&1
     python3 tools/profile_summary.py --top 15 --markdown --only kernels "$prof"/profile/rank_0.trace.json \
       2>&1 | tee -a "$SUMMARY"
     traces+=("$prof/profile/rank_0.trace.json")

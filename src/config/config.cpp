@@ -140,6 +140,9 @@ void visit_keys(C& c, F&& f) {
   f("train", "num_threads", c.train.num_threads,
     {kMayChange, at_least(0), "torch.set_num_threads", "CPU threads per rank."});
   f("train", "device", c.train.device, {kMayChange, kAny, "torch.device", "Where the model runs."});
+  f("train", "cuda_graphs", c.train.cuda_graphs,
+    {kMayChange, kAny, "torch.compile mode=\"reduce-overhead\"",
+     "Capture the model's kernels between the FSDP hooks as CUDA graphs and replay them."});
   f("train", "skip_nonfinite", c.train.skip_nonfinite,
     {kMayChange, kAny, "", "The non-finite guard."});
   f("train", "check_memory", c.train.check_memory,

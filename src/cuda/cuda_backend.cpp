@@ -27,10 +27,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "fsdp/backend/optimizer_math.hpp"
 #include "fsdp/backend/arg_checks.hpp"
@@ -139,6 +141,9 @@ class CudaBackend final : public Backend {
   void copy_to_host_async(void* host_dst, const TensorView& src, Stream& stream) override;
   void copy_from_host_async(const TensorView& dst, const void* host_src, Stream& stream) override;
   void synchronize() override;
+
+  // ---- graphs (train.cuda_graphs) ----
+  std::unique_ptr<KernelGraph> capture_graph(std::function<void()> enqueue) override;
 
   // ---- dense algebra ----
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -273,11 +278,15 @@ class CudaBackend final : public Backend {
   // as MemCategory::other (kernel workspace: the plan's categories, activations included,
   // stay exactly what the model and engine hold). Returned without an event: everything that uses it is enqueued on the
   // compute stream, and the allocator hands memory out for use on that stream.
+  // While a graph is being captured, scratch comes from the graph arena instead (below).
   class Scratch {
    public:
     Scratch(CudaBackend& be, std::size_t bytes)
-        : be_(be), bytes_(bytes), p_(be.allocate(bytes, MemCategory::other)) {}
-    ~Scratch() { be_.deallocate(p_, bytes_, MemCategory::other, nullptr); }
+        : be_(be), bytes_(bytes), in_graph_(be.capturing_),
+          p_(in_graph_ ? be.graph_scratch(bytes) : be.allocate(bytes, MemCategory::other)) {}
+    ~Scratch() {
+      if (!in_graph_) be_.deallocate(p_, bytes_, MemCategory::other, nullptr);
+    }
     Scratch(const Scratch&) = delete;
     Scratch& operator=(const Scratch&) = delete;
     template <class T>
@@ -288,6 +297,7 @@ class CudaBackend final : public Backend {
    private:
     CudaBackend& be_;
     std::size_t bytes_;
+    bool in_graph_;
     void* p_;
   };
   // A device copy of `v` converted to fp32 (scratch), for the mixed-type fallbacks.
@@ -302,6 +312,13 @@ class CudaBackend final : public Backend {
   };
 
   cudaStream_t s() const { return stream_.handle(); }
+  // Kernel scratch of a call being captured: the next `bytes` of the graph arena. Every
+  // graph runs on stream_, one after another, and its scratch is dead once its call ends, so
+  // all graphs share the arena: each capture starts again at its beginning. A graph keeps
+  // the addresses it was captured with, so the arena never moves or shrinks: a capture that
+  // needs more adds a chunk (cudaMalloc under relaxed capture mode, as PyTorch's private
+  // graph pools do). Counted as MemCategory::other; freed with the backend.
+  void* graph_scratch(std::size_t bytes);
   // The values of tokens [n] (int32 and size already checked by ArgChecks), on the device,
   // against [0, V) (no upper bound if V < 0).
   void check_tokens(const char* kernel, const TensorView& tokens, int64_t n, int64_t V, int code);
@@ -329,6 +346,13 @@ class CudaBackend final : public Backend {
   bool epilogues_ = true;
   k::DeviceError* dev_error_ = nullptr;   // device memory
   k::DeviceError* host_error_ = nullptr;  // pinned host mirror
+  bool capturing_ = false;                // inside capture_graph's enqueue
+  struct ArenaChunk {
+    void* ptr;
+    std::size_t bytes;
+  };
+  std::vector<ArenaChunk> arena_;         // graph scratch (graph_scratch)
+  std::size_t arena_chunk_ = 0, arena_offset_ = 0;  // the current capture's next bytes
 };
 
 CudaBackend::CudaBackend(int device)
@@ -353,6 +377,7 @@ CudaBackend::CudaBackend(int device)
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   cudaStreamSynchronize(s());  // errors ignored: destructors never throw
+  for (const ArenaChunk& c : arena_) cudaFree(c.ptr);
   cudaFreeHost(host_error_);
   cudaFree(dev_error_);
 }
@@ -361,6 +386,101 @@ std::unique_ptr<Stream> CudaBackend::create_stream() {
   int least = 0, greatest = 0;
   FSDP_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   return std::make_unique<CudaStream>(greatest);  // communication streams: highest priority
+}
+
+// ---------------------------------------------------------------------------------------
+// graphs (train.cuda_graphs; fsdp/model/graphed_kernels.hpp)
+
+namespace {
+
+// One captured segment: a cudaGraphExec_t launched on the backend's compute stream.
+class CudaKernelGraph final : public KernelGraph {
+ public:
+  CudaKernelGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaKernelGraph() override {
+    cudaStreamSynchronize(stream_);  // a launch may still run; errors ignored (never throws)
+    cudaGraphExecDestroy(exec_);
+  }
+  CudaKernelGraph(const CudaKernelGraph&) = delete;
+  CudaKernelGraph& operator=(const CudaKernelGraph&) = delete;
+  void launch() override { FSDP_CHECK_CUDA(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+// cudaThreadExchangeStreamCaptureMode as a scope: this thread's capture mode set to `mode`.
+class CaptureModeScope {
+ public:
+  explicit CaptureModeScope(cudaStreamCaptureMode mode) : mode_(mode) {
+    FSDP_CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode_));
+  }
+  ~CaptureModeScope() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  CaptureModeScope(const CaptureModeScope&) = delete;
+  CaptureModeScope& operator=(const CaptureModeScope&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_;
+};
+
+}  // namespace
+
+void* CudaBackend::graph_scratch(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  bytes = (bytes + 255) / 256 * 256;  // the allocator's alignment
+  for (; arena_chunk_ < arena_.size(); ++arena_chunk_, arena_offset_ = 0) {
+    const ArenaChunk& c = arena_[arena_chunk_];
+    if (arena_offset_ + bytes <= c.bytes) {
+      void* p = static_cast<char*>(c.ptr) + arena_offset_;
+      arena_offset_ += bytes;
+      return p;
+    }
+  }
+  const std::size_t chunk = std::max<std::size_t>(bytes, std::size_t{8} << 20);
+  void* p = nullptr;
+  cudaError_t rc;
+  {
+    const CaptureModeScope relaxed(cudaStreamCaptureModeRelaxed);
+    rc = cudaMalloc(&p, chunk);
+  }
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    throw Error("train.cuda_graphs: no device memory for " + std::to_string(chunk) +
+                " bytes of graph kernel scratch (" + cudaGetErrorString(rc) +
+                "); train.cuda_graphs = \"off\" runs without");
+  }
+  arena_.push_back({p, chunk});
+  memory_.on_alloc(MemCategory::other, chunk);
+  arena_chunk_ = arena_.size() - 1;
+  arena_offset_ = bytes;
+  return p;
+}
+
+std::unique_ptr<KernelGraph> CudaBackend::capture_graph(std::function<void()> enqueue) {
+  if (capturing_) throw Error("cuda backend: capture_graph inside a capture");
+  // ThreadLocal: only this thread's unsafe calls are refused; the host-step and checkpoint
+  // threads go on with their own streams.
+  FSDP_CHECK_CUDA(cudaStreamBeginCapture(s(), cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+  arena_chunk_ = 0;
+  arena_offset_ = 0;
+  cudaGraph_t graph = nullptr;
+  try {
+    enqueue();
+  } catch (...) {
+    capturing_ = false;
+    if (cudaStreamEndCapture(s(), &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
+  }
+  capturing_ = false;
+  FSDP_CHECK_CUDA(cudaStreamEndCapture(s(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t rc = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  FSDP_CHECK_CUDA(rc);
+  return std::make_unique<CudaKernelGraph>(exec, s());
 }
 
 // ---------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/fsdp/grad_clip.hpp"
 #include "fsdp/fsdp/step_timer.hpp"
+#include "fsdp/model/graphed_kernels.hpp"
 #include "fsdp/model/model.hpp"
 #include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/collective_guard.hpp"
@@ -61,6 +62,10 @@ struct Job {
   Backend* backend = nullptr;
   std::unique_ptr<data::SampleSource> train_src, val_src;
   std::optional<data::DistributedSampler> sampler;
+  // train.cuda_graphs = "on": the kernels the model is built on, recording its calls into
+  // graphed segments (fsdp/model/graphed_kernels.hpp); null: the backend's, eager. Declared
+  // before `model`, which frees its buffers through it.
+  std::unique_ptr<GraphedKernels> graphs;
   std::unique_ptr<Model> model;
   std::unique_ptr<FsdpEngine> engine;
   std::unique_ptr<GradNormClipper> clipper;  // optim.grad_clip over the engine's shards
@@ -111,6 +116,12 @@ struct Job {
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
   bool rank0() const { return host.rank() == 0; }
+  // The hooks the model is given: the engine, behind the graphed segments' boundaries with
+  // train.cuda_graphs. end_model_call() launches the last segment of a model call.
+  ModuleHooks& model_hooks() { return graphs ? graphs->hooks(*engine) : *engine; }
+  void end_model_call() {
+    if (graphs) graphs->flush();
+  }
   void log(const std::string& line) {
     if (rank0() && !opt.quiet) out << line << std::endl;
   }

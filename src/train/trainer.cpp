@@ -81,7 +81,8 @@ double evaluate(Job& job) {
     const data::Batch batch = job.val_src->load(r.indices());
     if (!dummy) targets += batch.num_targets();
     job.engine->begin_step(false);
-    job.model->forward_loss(batch, *job.engine, dummy ? discard.view() : sum.view());
+    job.model->forward_loss(batch, job.model_hooks(), dummy ? discard.view() : sum.view());
+    job.end_model_call();
     job.engine->end_step();
   }
   job.mesh->world().all_reduce(sum.data(), sum.data(), 1, DType::f64, ReduceOp::sum,
@@ -231,7 +232,17 @@ bool open_run(Job& job) {
 void build_model(Job& job, bool init_params) {
   const Config& cfg = job.cfg;
   collective_guard(job.host, [&] {
-    job.model = job.family.create(cfg.model, *job.backend, cfg.mixed_precision.param_dtype,
+    // train.cuda_graphs: "auto" stays eager until a GPU has run the graphed == eager test.
+    if (cfg.train.cuda_graphs == CudaGraphs::on) {
+      GraphedKernels::Options o;
+      o.on_capture_failure = [rank = job.host.rank()](const std::string& why) {
+        write_line(2, "warning: rank " + std::to_string(rank) + ": train.cuda_graphs: a capture "
+                      "failed (" + why + "); this rank runs its kernels eagerly from here on");
+      };
+      job.graphs = std::make_unique<GraphedKernels>(*job.backend, std::move(o));
+    }
+    Kernels& kernels = job.graphs ? static_cast<Kernels&>(*job.graphs) : *job.backend;
+    job.model = job.family.create(cfg.model, kernels, cfg.mixed_precision.param_dtype,
                                   cfg.fsdp.activation_checkpointing);
     job.engine = std::make_unique<FsdpEngine>(job.model->modules(), cfg.fsdp,
                                               cfg.mixed_precision, *job.mesh, *job.backend,
@@ -415,7 +426,8 @@ int64_t forward_backward_step(Job& job, StepState& st, const data::Batch& batch)
     job.engine->set_gradient_accumulation_boundary(m0 + micro >= B);
     job.engine->begin_step(true);
     job.model->forward_backward(micro == B ? batch : batch.rows(m0, micro), grad_scale,
-                                *job.engine, st.loss_dev);
+                                job.model_hooks(), st.loss_dev);
+    job.end_model_call();
     job.engine->end_step();
   }
   return global_targets;
@@ -666,6 +678,16 @@ void run_loop(Job& job, const Setup& s, TrainResult& result) {
     }
   }
   if (job.opt.gather_params) result.params = job.engine->gather_full_params();
+  if (job.graphs) {
+    const KernelGraphStats& g = job.graphs->stats();
+    result.graphs = g;
+    std::ostringstream os;
+    os << "cuda_graphs: " << g.segments << " segments: " << g.replays << " replayed, "
+       << g.captures << " captured, " << g.eager << " eager; " << g.graphed_calls << " of "
+       << g.calls << " kernel calls in graphs (" << job.graphs->graphs() << " graphs kept"
+       << (g.capture_failed ? "; a capture failed on rank 0: eager since" : "") << ")";
+    job.log(os.str());
+  }
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include "fsdp/backend/device_runtime.hpp"
 
@@ -25,12 +27,30 @@ inline constexpr int64_t relative_positions(int64_t Tq, int64_t Tk) {
   return Tq > 0 && Tk > 0 ? Tq + Tk - 1 : 0;
 }
 
+// A captured sequence of kernel calls that launch() enqueues again on the compute stream,
+// with the same arguments (the same pointers: it reads and writes the memory it was captured
+// with): CUDA Graphs' cudaGraphExec_t, or on the CPU its twin, the calls themselves.
+class KernelGraph {
+ public:
+  virtual ~KernelGraph() = default;
+  virtual void launch() = 0;
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
   // The runtime whose memory and compute stream these kernels use (for the model's
   // activation buffers, input copies and zero fills).
   virtual DeviceRuntime& runtime() = 0;
+
+  // ---- graphs (train.cuda_graphs; fsdp/model/graphed_kernels.hpp records the calls) ----
+  // Captures the kernels that `enqueue` issues through this object into a graph, without
+  // running them (torch.cuda.graph's capture). `enqueue` may call the kernels below only:
+  // nothing of the runtime (no allocation, copy or synchronisation; CUDA: the capture fails).
+  // Kernel scratch taken during the capture belongs to the graph for its lifetime (PyTorch's
+  // graph-private memory pool). The default, the CPU twin, keeps `enqueue` and calls it
+  // again at each launch(). Throws fsdp::Error if the capture fails.
+  virtual std::unique_ptr<KernelGraph> capture_graph(std::function<void()> enqueue);
 
   // ---- dense algebra ----
   // C[M,N] = alpha * op(A) @ op(B) + beta * C. op(A) is [M,K] (A stored [K,M] if trans_a),

@@ -132,6 +132,16 @@ struct EnumNames<DeviceKind> {
   static constexpr EnumName<DeviceKind> table[] = {
       {DeviceKind::auto_, "auto"}, {DeviceKind::cpu, "cpu"}, {DeviceKind::cuda, "cuda"}};
 };
+// train.cuda_graphs: capture the model's kernels between the engine's hooks as graphs and
+// replay them (fsdp/model/graphed_kernels.hpp). "auto" = off for now: no GPU has yet run the
+// graphed == eager test (docs/gpu.md); "on" graphs on CUDA and, on the CPU, replays the
+// recorded calls (the twin the tests use).
+enum class CudaGraphs { auto_, on, off };
+template <>
+struct EnumNames<CudaGraphs> {
+  static constexpr EnumName<CudaGraphs> table[] = {
+      {CudaGraphs::auto_, "auto"}, {CudaGraphs::on, "on"}, {CudaGraphs::off, "off"}};
+};
 // The communicator of the mesh: "auto" = NCCL when the CUDA backend runs, else MPI.
 enum class CommBackend { auto_, nccl, mpi };
 template <>
@@ -281,6 +291,7 @@ struct TrainConfig {
   int64_t log_every = 1;              // steps between log lines
   int64_t num_threads = 0;            // CPU threads per rank; 0 = cores / local ranks
   DeviceKind device = DeviceKind::auto_;  // "auto" | "cpu" | "cuda"
+  CudaGraphs cuda_graphs = CudaGraphs::auto_;  // "auto" | "on" | "off"
   bool skip_nonfinite = false;        // a step with non-finite loss/grad norm: skip (true) or stop
   bool check_memory = true;           // refuse a memory plan larger than the rank's memory
   double peak_flops = 0;              // FLOP/s per rank for MFU; 0 = the device's known peak

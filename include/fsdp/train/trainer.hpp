@@ -22,6 +22,7 @@
 #include "fsdp/core/memory.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/fsdp/step_timer.hpp"
+#include "fsdp/model/graphed_kernels.hpp"
 #include "fsdp/train/runtime.hpp"
 #include "fsdp/train/signals.hpp"
 
@@ -89,6 +90,8 @@ struct TrainResult {
   int stop_signal = 0;
   int stop_rank = -1;
   std::string stop_message;
+  // train.cuda_graphs = "on": what this rank's graphed segments did (all 0 when off).
+  KernelGraphStats graphs;
 };
 
 // Runs the job on the ranks of `group` (runtime.world(), or runtime.self() for a one-rank

@@ -1,0 +1,227 @@
+// fsdp/model/graphed_kernels.hpp: train.cuda_graphs, the model's kernels captured once and
+// replayed as graphs (CUDA Graphs; issue 32 item 2), segment by segment.
+//
+// A training step cannot be one graph: between a unit's kernels the FSDP engine's hooks wait
+// on all-gathers, record events, take blocks from the caching allocator and decide on the
+// host (fsdp/fsdp/engine.hpp). What lies between two hooks is a run of kernels only, and that
+// is what GraphedKernels graphs. It is a Kernels decorator the model is built on:
+//  - each kernel call is recorded (an op id, its pointers, dtypes, shapes and scalars)
+//    instead of enqueued;
+//  - the segment ends at the next hook (SegmentHooks wraps the engine's ModuleHooks), at any
+//    call of the model into the runtime (runtime() is a DeviceRuntime that ends the segment
+//    before each call), and at flush(), which the trainer calls after each model call;
+//  - at its end the segment's record is looked up: a graph captured from an identical record
+//    (every pointer and scalar equal) is launched; a record seen once before is captured
+//    (Kernels::capture_graph) and launched; otherwise the calls run one by one, as without
+//    graphs. So a graph only ever runs on the memory and values it was captured with, and a
+//    changed pointer (a unit unsharded into another block, a new batch shape, T5's loss scale
+//    over a padded batch) falls back to eager for that segment instead of replaying stale
+//    arguments. Capturing at the second sighting is PyTorch's warm-up before capture: the
+//    first run finds the cuBLASLt algorithms and kernel attributes outside capture.
+// On CUDA the graphs are cudaGraphExec_t's launched on the compute stream, each holding its
+// own kernel scratch; on the CPU the twin replays the recorded calls, so the CPU tests check
+// the segmenting, the cache and the ordering against the runtime (graphed == eager bit for
+// bit). Not thread-safe: one per model, driven from the thread that runs it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "fsdp/backend/kernels.hpp"
+#include "fsdp/fsdp/module.hpp"
+
+namespace fsdp {
+
+// What the segments did since construction (reported in the run's banner and summary).
+struct KernelGraphStats {
+  int64_t segments = 0;  // non-empty segments ended
+  int64_t replays = 0;   // segments launched as a graph captured earlier
+  int64_t captures = 0;  // graphs captured (each launched at once)
+  int64_t eager = 0;     // segments run call by call (first sighting, or too short)
+  int64_t calls = 0;     // kernel calls recorded
+  int64_t graphed_calls = 0;  // of those, run inside a graph (replayed or just captured)
+  int64_t evictions = 0;      // graphs dropped to stay within max_graphs
+  bool capture_failed = false;  // a capture threw: every segment since ran eagerly
+};
+
+class GraphedKernels final : public Kernels {
+ public:
+  struct Options {
+    int64_t min_calls = 2;      // shorter segments run eagerly (a graph saves nothing there)
+    int64_t max_graphs = 1024;  // graphs kept; the least recently launched goes first
+    // Told, once, why a capture failed (Kernels::capture_graph threw fsdp::Error): that
+    // segment and every later one then run eagerly (torch.compile's cudagraph trees also fall
+    // back to eager), so the run goes on, bit for bit the same. Null: not told.
+    std::function<void(const std::string&)> on_capture_failure;
+  };
+  // `inner`: the backend's kernels, which run everything (it must outlive this object).
+  explicit GraphedKernels(Kernels& inner);
+  GraphedKernels(Kernels& inner, Options options);
+  ~GraphedKernels() override;
+  GraphedKernels(const GraphedKernels&) = delete;
+  GraphedKernels& operator=(const GraphedKernels&) = delete;
+
+  // Ends the current segment: launches its calls (a graph or one by one). The pending record
+  // is taken first, so an exception from a call leaves no segment pending.
+  void flush();
+  // Drops the pending calls without running them (after a failed model call).
+  void discard() { pending_.clear(); }
+  // Hooks that end the segment before each pre/post hook of `inner` (param/grad/training
+  // pass through). The model's hooks while graphing.
+  ModuleHooks& hooks(ModuleHooks& inner);
+  const KernelGraphStats& stats() const { return stats_; }
+  int64_t graphs() const { return static_cast<int64_t>(lru_.size()); }
+
+  // ---- Kernels: record (see fsdp/backend/kernels.hpp for each call's contract) ----
+  DeviceRuntime& runtime() override;
+  std::unique_ptr<KernelGraph> capture_graph(std::function<void()> enqueue) override;
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const TensorView& A, const TensorView& B, float beta, const TensorView& C) override;
+  void add_bias(const TensorView& out, const TensorView& bias, int64_t R, int64_t C) override;
+  void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const TensorView& A,
+                 const TensorView& B, const TensorView& bias, const TensorView& C) override;
+  void bias_backward(const TensorView& dbias, const TensorView& dout, int64_t R,
+                     int64_t C) override;
+  void add(const TensorView& out, const TensorView& a, const TensorView& b) override;
+  void scale(const TensorView& x, float alpha) override;
+  void embedding_forward(const TensorView& out, const TensorView& tokens, const TensorView& wte,
+                         const TensorView& wpe, int64_t B, int64_t T, int64_t C) override;
+  void embedding_backward(const TensorView& dwte, const TensorView& dwpe, const TensorView& dout,
+                          const TensorView& tokens, int64_t B, int64_t T, int64_t C) override;
+  void layernorm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
+                         const TensorView& x, const TensorView& weight, const TensorView& bias,
+                         int64_t R, int64_t C, float eps) override;
+  void layernorm_backward(const TensorView& dx, const TensorView& dweight,
+                          const TensorView& dbias, const TensorView& dout, const TensorView& x,
+                          const TensorView& weight, const TensorView& mean,
+                          const TensorView& rstd, int64_t R, int64_t C) override;
+  void add_bias_residual(const TensorView& h, const TensorView& proj_bias,
+                         const TensorView& residual, int64_t R, int64_t C) override;
+  void add_layernorm_forward(const TensorView& h, const TensorView& out, const TensorView& mean,
+                             const TensorView& rstd, const TensorView& residual,
+                             const TensorView& proj_bias, const TensorView& weight,
+                             const TensorView& bias, int64_t R, int64_t C, float eps) override;
+  void add_rmsnorm_forward(const TensorView& h, const TensorView& out, const TensorView& rstd,
+                           const TensorView& residual, const TensorView& proj_bias,
+                           const TensorView& weight, int64_t R, int64_t C, float eps) override;
+  void gelu_forward(const TensorView& out, const TensorView& x) override;
+  void gelu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
+  void bias_gelu_forward(const TensorView& out, const TensorView& fc, const TensorView& bias,
+                         int64_t R, int64_t C) override;
+  void gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                      const TensorView& A, const TensorView& B, const TensorView& bias,
+                      const TensorView& fc, const TensorView& out) override;
+  void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias, const TensorView& fc,
+                          const TensorView& dout, int64_t R, int64_t C) override;
+  void gemm_dgelu_bias_grad(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                            const TensorView& A, const TensorView& B, const TensorView& fc,
+                            const TensorView& dfc, const TensorView& dbias) override;
+  void gemm_weight_bias_grad(bool trans_b, int64_t M, int64_t N, int64_t K, const TensorView& A,
+                             const TensorView& B, const TensorView& C,
+                             const TensorView& dbias) override;
+  void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& qkv,
+                         int64_t B, int64_t T, int64_t C, int64_t H) override;
+  void attention_backward(const TensorView& dqkv, const TensorView& dout, const TensorView& qkv,
+                          const TensorView& out, const TensorView& lse, int64_t B, int64_t T,
+                          int64_t C, int64_t H) override;
+  void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
+                                      const TensorView& targets, int64_t R, int64_t V,
+                                      int64_t ld, float grad_scale) override;
+  void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
+                             const TensorView& targets, int64_t R, int64_t V,
+                             int64_t ld) override;
+  void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
+                                const TensorView& table, int64_t N, int64_t C) override;
+  void embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
+                                 const TensorView& tokens, int64_t N, int64_t C) override;
+  void rmsnorm_forward(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                       const TensorView& weight, int64_t R, int64_t C, float eps) override;
+  void rmsnorm_backward(const TensorView& dx, const TensorView& dweight, const TensorView& dout,
+                        const TensorView& x, const TensorView& weight, const TensorView& rstd,
+                        int64_t R, int64_t C) override;
+  void relu_forward(const TensorView& out, const TensorView& x) override;
+  void relu_backward(const TensorView& dx, const TensorView& x, const TensorView& dout) override;
+  void gemm_relu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const TensorView& A,
+                 const TensorView& B, const TensorView& out) override;
+  void mul(const TensorView& out, const TensorView& a, const TensorView& b) override;
+  void geglu_forward(const TensorView& out, const TensorView& gate,
+                     const TensorView& up) override;
+  void geglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
+                      const TensorView& gate, const TensorView& up) override;
+  void position_bias_forward(const TensorView& bias, const TensorView& table,
+                             const TensorView& buckets, int64_t H, int64_t Tq,
+                             int64_t Tk) override;
+  void position_bias_backward(const TensorView& dtable, const TensorView& dbias,
+                              const TensorView& buckets, int64_t H, int64_t Tq,
+                              int64_t Tk) override;
+  void mha_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
+                   const TensorView& k, const TensorView& v, const TensorView& bias,
+                   const TensorView& key_mask, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                   int64_t D, float scale, bool causal) override;
+  void mha_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                    const TensorView& dbias, const TensorView& dout, const TensorView& q,
+                    const TensorView& k, const TensorView& v, const TensorView& out,
+                    const TensorView& lse, const TensorView& bias, const TensorView& key_mask,
+                    int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
+                    bool causal) override;
+  void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
+                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override;
+  void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
+                     const TensorView& sin, int64_t B, int64_t T, int64_t H,
+                     int64_t D) override;
+  void swiglu_forward(const TensorView& out, const TensorView& gate,
+                      const TensorView& up) override;
+  void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
+                       const TensorView& gate, const TensorView& up) override;
+  void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
+                             const TensorView& k, const TensorView& v, int64_t B, int64_t T,
+                             int64_t H, int64_t Hkv, int64_t D, float scale) override;
+  void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                              const TensorView& dout, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& out, const TensorView& lse,
+                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                              float scale) override;
+
+ private:
+  class FlushingRuntime;
+  class SegmentHooks;
+  using Call = std::function<void(Kernels&)>;
+  struct Cached {
+    std::vector<uint64_t> record;
+    std::unique_ptr<KernelGraph> graph;
+  };
+  // Appends one call: its op id and arguments to the record, the call itself to the segment.
+  template <class... P, class... A>
+  void record(uint64_t op, void (Kernels::*fn)(P...), const A&... args);
+  void put(const TensorView& v);
+  void put(int64_t v) { pending_.record.push_back(static_cast<uint64_t>(v)); }
+  void put(bool v) { pending_.record.push_back(v ? 1 : 0); }
+  void put(float v);
+  void run_eager(const std::vector<Call>& calls);
+
+  struct Segment {
+    std::vector<uint64_t> record;
+    std::vector<Call> calls;
+    void clear() {
+      record.clear();
+      calls.clear();
+    }
+  };
+  Kernels& inner_;
+  Options options_;
+  std::unique_ptr<FlushingRuntime> runtime_;
+  std::unique_ptr<SegmentHooks> hooks_;
+  Segment pending_;
+  KernelGraphStats stats_;
+  // Graphs by their record's hash, most recently launched at the front of lru_.
+  std::list<Cached> lru_;
+  std::unordered_multimap<uint64_t, std::list<Cached>::iterator> by_hash_;
+  std::unordered_map<uint64_t, int> seen_;  // hashes of records run eagerly once
+};
+
+}  // namespace fsdp
