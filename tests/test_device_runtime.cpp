@@ -912,6 +912,31 @@ TEST(CachingAllocatorTest, EmptyCacheReleasesCompletedBlocks) {
   EXPECT_EQ(raw.live, 0u);  // the destructor returned the cached blocks
 }
 
+// Default reuse takes the oldest block whose work is done; ordered reuse (train.cuda_graphs)
+// takes the oldest freed whatever the device's progress, the stream waiting on its work.
+TEST(CachingAllocatorTest, OrderedReuseTakesTheOldestFreedBlock) {
+  MemoryTracker mem;
+  HostStream stream;
+  CachingAllocator alloc([](std::size_t n) { return std::aligned_alloc(256, n); },
+                         [](void* p) { std::free(p); }, mem);
+  for (const bool ordered : {false, true}) {
+    alloc.set_ordered_reuse(ordered);
+    void* a = alloc.allocate(1000, MemCategory::other, stream);
+    void* b = alloc.allocate(1000, MemCategory::other, stream);
+    auto busy = std::make_shared<ManualEvent>();
+    alloc.deallocate(a, 1000, MemCategory::other, busy);  // older, its work not done
+    alloc.deallocate(b, 1000, MemCategory::other);
+    void* got = alloc.allocate(1000, MemCategory::other, stream);
+    EXPECT_EQ(got, ordered ? a : b) << (ordered ? "ordered" : "default");
+    EXPECT_EQ(busy->syncs, ordered ? 1 : 0) << "the stream waits on the work it reuses after";
+    void* other = alloc.allocate(1000, MemCategory::other, stream);
+    EXPECT_EQ(other, ordered ? b : a);
+    alloc.deallocate(got, 1000, MemCategory::other);
+    alloc.deallocate(other, 1000, MemCategory::other);
+    alloc.empty_cache();
+  }
+}
+
 TEST(CachingAllocatorTest, OutOfMemoryEmptiesCacheThenThrows) {
   BudgetRaw raw{3072};
   MemoryTracker mem;

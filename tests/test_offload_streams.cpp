@@ -262,6 +262,7 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   }
   fsdp::MemoryTracker& memory() override { return in_.memory(); }
   const fsdp::AllocatorStats& allocator_stats() const override { return in_.allocator_stats(); }
+  void set_ordered_reuse(bool on) override { in_.set_ordered_reuse(on); }
   void fill_zero(const TensorView& dst) override {
     mine(dst, "fill_zero");
     later([=, this] { in_.fill_zero(dst); });

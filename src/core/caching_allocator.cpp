@@ -26,9 +26,9 @@ void* CachingAllocator::allocate(std::size_t bytes, MemCategory category, Stream
   if (it != cache_.end() && !it->second.empty()) {
     auto& blocks = it->second;
     // Prefer a block whose pending work is done; otherwise order the stream after the
-    // oldest pending one (the first freed).
+    // oldest pending one (the first freed). Ordered reuse: the oldest, always.
     std::size_t pick = 0;
-    for (std::size_t i = 0; i < blocks.size(); ++i) {
+    for (std::size_t i = 0; !ordered_ && i < blocks.size(); ++i) {
       if (!blocks[i].pending || blocks[i].pending->query()) {
         pick = i;
         break;

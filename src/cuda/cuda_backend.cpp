@@ -133,6 +133,7 @@ class CudaBackend final : public Backend {
   }
   MemoryTracker& memory() override { return memory_; }
   const AllocatorStats& allocator_stats() const override { return alloc_.stats(); }
+  void set_ordered_reuse(bool on) override { alloc_.set_ordered_reuse(on); }
   void fill_zero(const TensorView& dst) override;
   void copy(const TensorView& dst, const TensorView& src) override;
   void cast(const TensorView& dst, const TensorView& src) override;

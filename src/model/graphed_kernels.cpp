@@ -54,6 +54,7 @@ class GraphedKernels::FlushingRuntime final : public DeviceRuntime {
   }
   MemoryTracker& memory() override { return rt_.memory(); }
   const AllocatorStats& allocator_stats() const override { return rt_.allocator_stats(); }
+  void set_ordered_reuse(bool on) override { rt_.set_ordered_reuse(on); }
   void fill_zero(const TensorView& dst) override {
     g_.flush();
     rt_.fill_zero(dst);

@@ -240,6 +240,7 @@ void build_model(Job& job, bool init_params) {
                       "failed (" + why + "); this rank runs its kernels eagerly from here on");
       };
       job.graphs = std::make_unique<GraphedKernels>(*job.backend, std::move(o));
+      job.backend->set_ordered_reuse(true);  // the same blocks each step, so records repeat
     }
     Kernels& kernels = job.graphs ? static_cast<Kernels&>(*job.graphs) : *job.backend;
     job.model = job.family.create(cfg.model, kernels, cfg.mixed_precision.param_dtype,

@@ -27,6 +27,7 @@ class CountingRuntime final : public DeviceRuntime {
                   std::shared_ptr<Event>) noexcept override;
   MemoryTracker& memory() override { return memory_; }
   const AllocatorStats& allocator_stats() const override { return stats_; }
+  void set_ordered_reuse(bool) override {}  // no memory behind it
   void fill_zero(const TensorView&) override {}
   void copy(const TensorView&, const TensorView&) override {}
   void cast(const TensorView&, const TensorView&) override {}
