@@ -69,8 +69,9 @@
 #   WARMUP_MAX (30): PyTorch warm-up steps at most when the step time does not settle
 #   BENCH_BUDGET_S (450): no run starts that its previous round's time says would not end in
 #                  it; each run is also cut there, so the script ends by itself with its table
-#   CONTENDERS (every model's default: "fsdp_train none:eager none:compile-block none:compile
-#                  fsdp2:eager fsdp2:compile none:autotune"; llama-1b: "fsdp_train none:eager
+#   CONTENDERS (every model's default: "fsdp_train fsdp_train:graphs none:eager
+#                  none:compile-block none:compile fsdp2:eager fsdp2:compile none:autotune";
+#                  llama-1b: "fsdp_train fsdp_train:graphs none:eager
 #                  none:compile-block none:compile hf:eager hf:compile none:autotune") e.g.
 #                  "fsdp_train none:compile" for a short call; a PyTorch contender is
 #                  WRAP:MODE, WRAP none | hf | fsdp2, MODE eager | compile | compile-block |
@@ -165,7 +166,7 @@ for m in $MODELS; do
 done
 contenders() {  # $1 = model
   if [[ -n "${CONTENDERS:-}" ]]; then echo "$CONTENDERS"; return; fi
-  local c="fsdp_train none:eager none:compile-block none:compile"
+  local c="fsdp_train fsdp_train:graphs none:eager none:compile-block none:compile"
   case "$1" in
     t5*) [[ "$T5_FSDP2" == 1 ]] && c+=" fsdp2:eager fsdp2:compile" ;;
     llama*) c+=" hf:eager hf:compile"; [[ "$LLAMA_FSDP2" == 1 ]] && c+=" fsdp2:eager fsdp2:compile" ;;
