@@ -1,7 +1,7 @@
 // tests/test_cuda_kernels.cpp: every model kernel of the CUDA backend (fsdp/backend/
 // kernels.hpp) against its CPU twin (make_cpu_backend(1), the numerical reference), plus what
-// only the CUDA backend has: kernel scratch from the caching allocator, device-side index
-// errors, bitwise repeatability of the reductions. Method and tolerances:
+// only the CUDA backend has: kernel scratch from the caching allocator, captured graphs,
+// device-side index errors, bitwise repeatability of the reductions. Method and tolerances:
 // tests/cuda_backend_pair.hpp. The DeviceRuntime half (memory, copies, casts, streams, the
 // optimizers' and the engine's arithmetic) is tests/test_cuda_device_runtime.cpp's. Runs only
 // where a CUDA device is visible (gpu_main.cpp exits 77, "not run", elsewhere).
@@ -73,6 +73,109 @@ TEST(CudaBackend, KernelScratchComesFromTheCache) {
   step();
   EXPECT_EQ(g.allocator_stats().raw_allocs, raw);
   EXPECT_EQ(g.memory().current(MemCategory::activations), act);  // scratch returned
+}
+
+// ---------------------------------------------------------------------------------------
+// graphs (train.cuda_graphs)
+
+TEST(CudaBackend, CapturedGraphReplaysTheEagerCallsBitForBit) {
+  // Kernels with scratch (attention backward's D_i, norm and bias-gradient partials, the
+  // DGELU_BGRAD sums, T5's dbias rows) and with cuBLASLt epilogues, captured once: the capture
+  // runs nothing; each launch equals the eager calls on the inputs present at launch, bit for
+  // bit, even after the caching allocator's blocks (where eager scratch lived) were handed
+  // out and overwritten, since a graph's scratch is the graph arena's.
+  const int64_t B = 2, T = 17, C = 24, H = 3, R = B * T, F = 4 * C, Dk = C / H;
+  const DType t = DType::bf16;
+  Backend& g = gpu();
+  std::vector<Pair> bufs;
+  auto add = [&](DType d, int64_t n) -> Pair& {
+    bufs.push_back(make(d, Vec(static_cast<std::size_t>(n))));
+    return bufs.back();
+  };
+  bufs.reserve(32);
+  Pair& qkv = add(t, R * 3 * C);
+  Pair& out = add(t, R * C);
+  Pair& lse = add(DType::f32, B * H * T);
+  Pair& dqkv = add(t, R * 3 * C);
+  Pair& x = add(t, R * C);
+  Pair& w = add(t, C);
+  Pair& mean = add(DType::f32, R);
+  Pair& rstd = add(DType::f32, R);
+  Pair& dx = add(t, R * C);
+  Pair& dw = add(t, C);
+  Pair& db = add(t, C);
+  Pair& W1 = add(t, F * C);
+  Pair& fc = add(t, R * F);
+  Pair& dfc = add(t, R * F);
+  Pair& dfb = add(t, F);
+  Pair& bias = add(DType::f32, H * relative_positions(T, T));
+  Pair& dbias = add(DType::f32, H * relative_positions(T, T));
+  Pair& mo = add(t, R * C);
+  Pair& mlse = add(DType::f32, B * H * T);
+  Pair& mdq = add(t, R * C);
+  Pair& mdk = add(t, R * C);
+  Pair& mdv = add(t, R * C);
+  auto fill = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    for (Pair& p : bufs) {
+      gpu().copy_from_host(p.v(kGpu), encode(p.t, uniform(static_cast<std::size_t>(p.n), rng,
+                                                          -0.5f, 0.5f)).data());
+    }
+  };
+  auto step = [&] {
+    g.attention_forward(out.v(kGpu), lse.v(kGpu), qkv.v(kGpu), B, T, C, H);
+    g.attention_backward(dqkv.v(kGpu), out.v(kGpu), qkv.v(kGpu), out.v(kGpu), lse.v(kGpu), B, T,
+                         C, H);
+    g.layernorm_forward(x.v(kGpu), mean.v(kGpu), rstd.v(kGpu), out.v(kGpu), w.v(kGpu), w.v(kGpu),
+                        R, C, 1e-5f);
+    g.layernorm_backward(dx.v(kGpu), dw.v(kGpu), db.v(kGpu), x.v(kGpu), out.v(kGpu), w.v(kGpu),
+                         mean.v(kGpu), rstd.v(kGpu), R, C);
+    g.bias_backward(db.v(kGpu), dx.v(kGpu), R, C);
+    g.gemm_dgelu_bias_grad(false, true, R, F, C, dx.v(kGpu), W1.v(kGpu), fc.v(kGpu), dfc.v(kGpu),
+                           dfb.v(kGpu));
+    const TensorView q = x.v(kGpu), k = dx.v(kGpu), v = out.v(kGpu);
+    g.mha_forward(mo.v(kGpu), mlse.v(kGpu), q, k, v, bias.v(kGpu), {}, B, T, T, H, Dk, 1.0f,
+                  true);
+    g.mha_backward(mdq.v(kGpu), mdk.v(kGpu), mdv.v(kGpu), dbias.v(kGpu), mo.v(kGpu), q, k, v,
+                   mo.v(kGpu), mlse.v(kGpu), bias.v(kGpu), {}, B, T, T, H, Dk, 1.0f, true);
+  };
+  auto snapshot = [&] {
+    g.synchronize();
+    std::vector<Bytes> all;
+    for (const Pair& p : bufs) all.push_back(read_bytes(g, p.v(kGpu)));
+    return all;
+  };
+  fill(1);
+  step();
+  const std::vector<Bytes> eager1 = snapshot();
+  fill(2);
+  step();
+  const std::vector<Bytes> eager2 = snapshot();
+
+  fill(1);
+  const std::vector<Bytes> before = snapshot();
+  std::unique_ptr<KernelGraph> graph = g.capture_graph(step);
+  EXPECT_TRUE(snapshot() == before) << "the capture ran kernels";
+  // The blocks eager scratch came from, handed out and overwritten.
+  std::vector<DeviceBuffer> held;
+  for (int64_t n = 256; n <= (int64_t{1} << 20); n *= 2) {
+    held.emplace_back(g, DType::f32, n / 4, MemCategory::other);
+    g.copy_from_host(held.back().view(), Vec(static_cast<std::size_t>(n / 4), 7.f).data());
+  }
+  graph->launch();
+  EXPECT_TRUE(snapshot() == eager1) << "launch after capture";
+  fill(2);
+  graph->launch();
+  EXPECT_TRUE(snapshot() == eager2) << "launch on new inputs at the same addresses";
+  fill(1);
+  graph->launch();
+  graph->launch();  // accumulating outputs accumulate twice: not eager1 any more
+  EXPECT_FALSE(snapshot() == eager1);
+  EXPECT_THROW(g.capture_graph([&] { g.capture_graph([] {}); }), Error);
+  graph.reset();
+  fill(1);
+  step();
+  EXPECT_TRUE(snapshot() == eager1) << "eager after a failed capture and a destroyed graph";
 }
 
 // ---------------------------------------------------------------------------------------
