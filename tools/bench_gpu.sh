@@ -69,16 +69,20 @@
 #   WARMUP_MAX (30): PyTorch warm-up steps at most when the step time does not settle
 #   BENCH_BUDGET_S (450): no run starts that its previous round's time says would not end in
 #                  it; each run is also cut there, so the script ends by itself with its table
-#   CONTENDERS (every model's default: "fsdp_train fsdp_train:graphs none:eager
-#                  none:compile-block none:compile fsdp2:eager fsdp2:compile none:autotune";
-#                  llama-1b: "fsdp_train fsdp_train:graphs none:eager
+#   CONTENDERS (every model's default: "fsdp_train fsdp_train:graphs
+#                  fsdp_train:graphs+fused_ce none:eager none:compile-block none:compile
+#                  fsdp2:eager fsdp2:compile none:autotune"; llama-1b: "fsdp_train
+#                  fsdp_train:graphs fsdp_train:graphs+fused_ce none:eager
 #                  none:compile-block none:compile hf:eager hf:compile none:autotune") e.g.
 #                  "fsdp_train none:compile" for a short call; a PyTorch contender is
 #                  WRAP:MODE, WRAP none | hf | fsdp2, MODE eager | compile | compile-block |
 #                  autotune (fsdp2: eager | compile, its compile is per block);
 #                  "fsdp_train:offload" adds fsdp_train with fsdp.cpu_offload = true (issue 22:
 #                  its tok/s ÷ fsdp_train is offload's cost; host_mem_bytes its host peak);
-#                  "fsdp_train:graphs" fsdp_train with train.cuda_graphs = "on" (issue 32)
+#                  fsdp_train:OPT[+OPT...] adds options, OPT graphs (train.cuda_graphs =
+#                  "on", issue 32), fused_ce (model.fused_linear_cross_entropy: no
+#                  [tokens, vocab] logits), offload (fsdp.cpu_offload), e.g.
+#                  "fsdp_train:graphs+fused_ce"
 #   AUTOTUNE (1; 0: no none:autotune rows)  AUTOTUNE_NEED_S (180): seconds of budget an
 #                  autotune run needs before its first run (then its previous run's time)
 #   RUN_TIMEOUT (240) seconds per run at most;  T5_FSDP2 (1; 0 leaves
@@ -166,7 +170,8 @@ for m in $MODELS; do
 done
 contenders() {  # $1 = model
   if [[ -n "${CONTENDERS:-}" ]]; then echo "$CONTENDERS"; return; fi
-  local c="fsdp_train fsdp_train:graphs none:eager none:compile-block none:compile"
+  local c="fsdp_train fsdp_train:graphs fsdp_train:graphs+fused_ce none:eager"
+  c+=" none:compile-block none:compile"
   case "$1" in
     t5*) [[ "$T5_FSDP2" == 1 ]] && c+=" fsdp2:eager fsdp2:compile" ;;
     llama*) c+=" hf:eager hf:compile"; [[ "$LLAMA_FSDP2" == 1 ]] && c+=" fsdp2:eager fsdp2:compile" ;;
@@ -218,11 +223,25 @@ run_limit() {
   echo "$t"
 }
 
-run_ours() {  # $1 = model, $2 = round, $3 = time limit, $4 = fsdp_train[:offload|:graphs]
-  local m=$1 r=$2 who=${4:-fsdp_train} lim=$3 t0=$SECONDS smi rc res
-  local tag="ours_$1_${who/:/_}_$2" dir="$WORK/run_ours_$1_${who/:/_}_$2" extra=()
-  [[ "$who" == fsdp_train:offload ]] && extra=(--set fsdp.cpu_offload=true)
-  [[ "$who" == fsdp_train:graphs ]] && extra=(--set 'train.cuda_graphs="on"')
+# fsdp_train[:OPT[+OPT...]] -> its --set arguments, one per line; false for an unknown OPT.
+ours_sets() {  # $1 = contender
+  [[ "$1" == fsdp_train ]] && return 0
+  [[ "$1" == fsdp_train:* ]] || return 1
+  local opt
+  for opt in $(tr '+' ' ' <<<"${1#fsdp_train:}"); do
+    case "$opt" in
+      offload) printf '%s\n' --set fsdp.cpu_offload=true ;;
+      graphs) printf '%s\n' --set 'train.cuda_graphs="on"' ;;
+      fused_ce) printf '%s\n' --set model.fused_linear_cross_entropy=true ;;
+      *) return 1 ;;
+    esac
+  done
+}
+
+run_ours() {  # $1 = model, $2 = round, $3 = time limit, $4 = fsdp_train[:OPT[+OPT...]]
+  local m=$1 r=$2 who=${4:-fsdp_train} lim=$3 t0=$SECONDS smi rc res extra=()
+  local tag="ours_$1_${who//[:+]/_}_$2" dir="$WORK/run_ours_$1_${who//[:+]/_}_$2"
+  mapfile -t extra < <(ours_sets "$who")
   rm -rf "$dir"
   smi_start "$tag"
   FSDP_BENCH_TAG="$tag" in_ours timeout -k 10 "$lim" mpirun -np 1 --bind-to none "$BIN" "$WORK/$m.toml" \
@@ -273,9 +292,8 @@ torch_args() {  # $1 = wrap:mode
 }
 for m in $MODELS; do
   for who in $(contenders "$m"); do
-    [[ "$who" == fsdp_train || "$who" == fsdp_train:offload || "$who" == fsdp_train:graphs ]] ||
-      torch_args "$who" >/dev/null ||
-      die "unknown contender '$who' (CONTENDERS): fsdp_train, fsdp_train:offload, fsdp_train:graphs or WRAP:MODE, WRAP none|hf|fsdp2, MODE eager|compile|compile-block|autotune (compile-block, autotune: none and hf only)"
+    ours_sets "$who" >/dev/null || torch_args "$who" >/dev/null ||
+      die "unknown contender '$who' (CONTENDERS): fsdp_train[:OPT[+OPT]] (OPT offload, graphs, fused_ce) or WRAP:MODE, WRAP none|hf|fsdp2, MODE eager|compile|compile-block|autotune (compile-block, autotune: none and hf only)"
   done
 done
 
@@ -341,10 +359,13 @@ results_path, work, peak = sys.argv[1], sys.argv[2], sys.argv[3]
 peak = float(peak) * 1e12 if peak else None
 rows = [json.loads(l) for l in open(results_path) if l.strip()]
 models = "$MODELS".split()
+OPT = {  # fsdp_train:OPT[+OPT...] (ours_sets in the script)
+    "offload": "fsdp.cpu_offload (master, grads, AdamW on the host)",
+    "graphs": "train.cuda_graphs = \"on\" (kernels between hooks as CUDA graphs)",
+    "fused_ce": "model.fused_linear_cross_entropy (no logits kept)",
+}
 LABEL = {
     "fsdp_train": "fsdp_train (bf16 over fp32 master, FULL_SHARD, world 1)",
-    "fsdp_train:offload": "fsdp_train, fsdp.cpu_offload (master, grads, AdamW on the host)",
-    "fsdp_train:graphs": "fsdp_train, train.cuda_graphs = \"on\" (kernels between hooks as CUDA graphs)",
     "none:eager": "PyTorch, one GPU, eager",
     "none:compile-block": "PyTorch, one GPU, torch.compile per block",
     "none:compile": "PyTorch, one GPU, torch.compile (whole model + loss)",
@@ -356,6 +377,11 @@ LABEL = {
     "fsdp2:eager": "PyTorch FSDP2, eager",
     "fsdp2:compile": "PyTorch FSDP2 + torch.compile per block",
 }
+ours = [w for w in dict.fromkeys(r["who"] for r in rows) if w.startswith("fsdp_train:")]
+LABEL = {"fsdp_train": LABEL["fsdp_train"],
+         **{w: "fsdp_train, " + ", ".join(OPT[o] for o in w.split(":", 1)[1].split("+"))
+            for w in ours},
+         **{w: l for w, l in LABEL.items() if w != "fsdp_train"}}
 def med(v):
     v = [x for x in v if x is not None]
     return statistics.median(v) if v else None
@@ -452,11 +478,18 @@ for m in models:
                      "(issue 22: at least 0.75 at 1.5B)" % (m, host / 1048576, fmt(ratio, "%.2f")))
     if base.get("tps") and torch_best:
         notes.append("%s: fsdp_train ÷ best PyTorch (%s) = **%.2f**" % (m, LABEL[torch_best[1]], base["tps"] / torch_best[0]))
-    gr = agg.get("fsdp_train:graphs")
-    if gr and gr["tps"] and base.get("tps"):
-        notes.append("%s: train.cuda_graphs = \"on\": %.2f x fsdp_train%s" % (
-            m, gr["tps"] / base["tps"],
-            ", %.2f x best PyTorch" % (gr["tps"] / torch_best[0]) if torch_best else ""))
+    # Each fsdp_train variant against fsdp_train and against the best PyTorch row: speed, and
+    # program peak memory (issue 32: >= 1.2x its speed at <= its memory).
+    tb_mem = agg[torch_best[1]]["mem"] if torch_best else None
+    for w in [w for w in agg if w.startswith("fsdp_train:") and w != "fsdp_train:offload"]:
+        a = agg[w]
+        if not a["tps"] or not base.get("tps"):
+            continue
+        notes.append("%s: %s: %.2f x fsdp_train%s%s" % (
+            m, w, a["tps"] / base["tps"],
+            ", %.2f x best PyTorch" % (a["tps"] / torch_best[0]) if torch_best else "",
+            ", peak %.0f MiB = %.2f x best PyTorch's" % (a["mem"] / 1048576, a["mem"] / tb_mem)
+            if a["mem"] and tb_mem else ""))
     own = med([r["result"].get("own_mfu") for r in base.get("ok", [])])
     if own is not None and base.get("tps") and peak:
         notes.append("%s: fsdp_train's own metrics.jsonl mfu %.1f%% (train.peak_flops = the peak above) "
