@@ -71,7 +71,8 @@
 #                  it; each run is also cut there, so the script ends by itself with its table
 #   CONTENDERS (every model's default: "fsdp_train fsdp_train:graphs
 #                  fsdp_train:graphs+fused_ce none:eager none:compile-block none:compile
-#                  fsdp2:eager fsdp2:compile none:autotune"; llama-1b: "fsdp_train
+#                  fsdp2:eager fsdp2:compile none:autotune", T5 without graphs+fused_ce,
+#                  which only the causal LMs have; llama-1b: "fsdp_train
 #                  fsdp_train:graphs fsdp_train:graphs+fused_ce none:eager
 #                  none:compile-block none:compile hf:eager hf:compile none:autotune") e.g.
 #                  "fsdp_train none:compile" for a short call; a PyTorch contender is
@@ -170,8 +171,9 @@ for m in $MODELS; do
 done
 contenders() {  # $1 = model
   if [[ -n "${CONTENDERS:-}" ]]; then echo "$CONTENDERS"; return; fi
-  local c="fsdp_train fsdp_train:graphs fsdp_train:graphs+fused_ce none:eager"
-  c+=" none:compile-block none:compile"
+  local c="fsdp_train fsdp_train:graphs"
+  [[ "$1" == t5* ]] || c+=" fsdp_train:graphs+fused_ce"  # causal LMs only
+  c+=" none:eager none:compile-block none:compile"
   case "$1" in
     t5*) [[ "$T5_FSDP2" == 1 ]] && c+=" fsdp2:eager fsdp2:compile" ;;
     llama*) c+=" hf:eager hf:compile"; [[ "$LLAMA_FSDP2" == 1 ]] && c+=" fsdp2:eager fsdp2:compile" ;;
