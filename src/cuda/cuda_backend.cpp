@@ -348,8 +348,11 @@ class CudaBackend final : public Backend {
   k::DeviceError* dev_error_ = nullptr;   // device memory
   k::DeviceError* host_error_ = nullptr;  // pinned host mirror
   bool capturing_ = false;                // inside capture_graph's enqueue
+  struct CudaFree {
+    void operator()(void* p) const noexcept { cudaFree(p); }
+  };
   struct ArenaChunk {
-    void* ptr;
+    std::unique_ptr<void, CudaFree> ptr;  // freed after the destructor synchronised stream_
     std::size_t bytes;
   };
   std::vector<ArenaChunk> arena_;         // graph scratch (graph_scratch)
@@ -378,7 +381,6 @@ CudaBackend::CudaBackend(int device)
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   cudaStreamSynchronize(s());  // errors ignored: destructors never throw
-  for (const ArenaChunk& c : arena_) cudaFree(c.ptr);
   cudaFreeHost(host_error_);
   cudaFree(dev_error_);
 }
@@ -433,7 +435,7 @@ void* CudaBackend::graph_scratch(std::size_t bytes) {
   for (; arena_chunk_ < arena_.size(); ++arena_chunk_, arena_offset_ = 0) {
     const ArenaChunk& c = arena_[arena_chunk_];
     if (arena_offset_ + bytes <= c.bytes) {
-      void* p = static_cast<char*>(c.ptr) + arena_offset_;
+      void* p = static_cast<char*>(c.ptr.get()) + arena_offset_;
       arena_offset_ += bytes;
       return p;
     }
@@ -451,7 +453,8 @@ void* CudaBackend::graph_scratch(std::size_t bytes) {
                 " bytes of graph kernel scratch (" + cudaGetErrorString(rc) +
                 "); train.cuda_graphs = \"off\" runs without");
   }
-  arena_.push_back({p, chunk});
+  std::unique_ptr<void, CudaFree> owned(p);
+  arena_.push_back({std::move(owned), chunk});
   memory_.on_alloc(MemCategory::other, chunk);
   arena_chunk_ = arena_.size() - 1;
   arena_offset_ = bytes;
