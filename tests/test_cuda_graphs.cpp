@@ -13,7 +13,8 @@
 //  - Training: GPT-2, T5 and Llama with train.cuda_graphs = "on" equal "off" bit for bit
 //    (losses, validation losses, parameters) at 1, 2 and 4 ranks, FULL_SHARD with
 //    micro-batches, at least 40% of the kernel calls inside graphs; also with activation
-//    checkpointing and CPU offload (GPT-2) and the fused linear + cross-entropy (Llama).
+//    checkpointing and CPU offload (GPT-2) and the fused linear + cross-entropy (Llama); a
+//    graphed run stopped and resumed equals an eager run.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -267,6 +268,25 @@ TEST(CudaGraphsCpuTwin, GraphedTrainingEqualsEagerBitForBit) {
     const TrainResult on = run(graphed(c, name, true), On::world);
     expect_same_run(on, off, name + " at " + std::to_string(world) + " ranks");
   }
+}
+
+// Stopped after step 3 with graphs on and resumed with them: the checkpoint and the resumed
+// steps equal an eager run's bit for bit (graphs change nothing a checkpoint holds).
+TEST(CudaGraphsCpuTwin, ResumedGraphedRunEqualsAnEagerRun) {
+  Config c = small_config("");
+  c.train.max_steps = 6;
+  c.checkpoint.every = 3;
+  c.train.cuda_graphs = fsdp::CudaGraphs::off;
+  c.train.run_dir = fresh_dir("graphs_resume_eager");
+  const TrainResult eager = run(c, On::world);
+  c.train.cuda_graphs = fsdp::CudaGraphs::on;
+  c.train.run_dir = fresh_dir("graphs_resume_graphed");
+  run(c, On::world, /*stop_after=*/3);
+  const TrainResult resumed = run(c, On::world, 0, /*resume=*/true);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], eager.losses[i + 3]) << "step " << i + 4;
+  for (const auto& [name, values] : eager.params) EXPECT_EQ(resumed.params.at(name), values) << name;
+  EXPECT_GT(resumed.graphs.replays, 0);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -913,26 +914,35 @@ TEST(CachingAllocatorTest, EmptyCacheReleasesCompletedBlocks) {
 }
 
 // Default reuse takes the oldest block whose work is done; ordered reuse (train.cuda_graphs)
-// takes the oldest freed whatever the device's progress, the stream waiting on its work.
-TEST(CachingAllocatorTest, OrderedReuseTakesTheOldestFreedBlock) {
+// takes the lowest address whatever the device's progress, the stream waiting on its work.
+TEST(CachingAllocatorTest, OrderedReuseTakesTheLowestAddress) {
   MemoryTracker mem;
   HostStream stream;
   CachingAllocator alloc([](std::size_t n) { return std::aligned_alloc(256, n); },
                          [](void* p) { std::free(p); }, mem);
   for (const bool ordered : {false, true}) {
     alloc.set_ordered_reuse(ordered);
-    void* a = alloc.allocate(1000, MemCategory::other, stream);
-    void* b = alloc.allocate(1000, MemCategory::other, stream);
+    void* x = alloc.allocate(1000, MemCategory::other, stream);
+    void* y = alloc.allocate(1000, MemCategory::other, stream);
+    void* lo = std::less<void*>()(x, y) ? x : y;
+    void* hi = lo == x ? y : x;
     auto busy = std::make_shared<ManualEvent>();
-    alloc.deallocate(a, 1000, MemCategory::other, busy);  // older, its work not done
-    alloc.deallocate(b, 1000, MemCategory::other);
+    alloc.deallocate(lo, 1000, MemCategory::other, busy);  // older, its work not done
+    alloc.deallocate(hi, 1000, MemCategory::other);
     void* got = alloc.allocate(1000, MemCategory::other, stream);
-    EXPECT_EQ(got, ordered ? a : b) << (ordered ? "ordered" : "default");
+    EXPECT_EQ(got, ordered ? lo : hi) << (ordered ? "ordered" : "default");
     EXPECT_EQ(busy->syncs, ordered ? 1 : 0) << "the stream waits on the work it reuses after";
     void* other = alloc.allocate(1000, MemCategory::other, stream);
-    EXPECT_EQ(other, ordered ? b : a);
+    EXPECT_EQ(other, ordered ? hi : lo);
+    // Freed and taken again in another order: ordered reuse hands out the same places.
     alloc.deallocate(got, 1000, MemCategory::other);
     alloc.deallocate(other, 1000, MemCategory::other);
+    if (ordered) {
+      EXPECT_EQ(alloc.allocate(1000, MemCategory::other, stream), lo);
+      EXPECT_EQ(alloc.allocate(1000, MemCategory::other, stream), hi);
+      alloc.deallocate(lo, 1000, MemCategory::other);
+      alloc.deallocate(hi, 1000, MemCategory::other);
+    }
     alloc.empty_cache();
   }
 }

@@ -1,6 +1,8 @@
 // Stream-ordered caching allocator (see fsdp/core/caching_allocator.hpp).
 #include "fsdp/core/caching_allocator.hpp"
 
+#include <functional>
+
 #include <sstream>
 
 #include "fsdp/core/error.hpp"
@@ -26,12 +28,18 @@ void* CachingAllocator::allocate(std::size_t bytes, MemCategory category, Stream
   if (it != cache_.end() && !it->second.empty()) {
     auto& blocks = it->second;
     // Prefer a block whose pending work is done; otherwise order the stream after the
-    // oldest pending one (the first freed). Ordered reuse: the oldest, always.
+    // oldest pending one (the first freed). Ordered reuse: the lowest address, always.
     std::size_t pick = 0;
-    for (std::size_t i = 0; !ordered_ && i < blocks.size(); ++i) {
-      if (!blocks[i].pending || blocks[i].pending->query()) {
-        pick = i;
-        break;
+    if (ordered_) {
+      for (std::size_t i = 1; i < blocks.size(); ++i) {
+        if (std::less<void*>()(blocks[i].ptr, blocks[pick].ptr)) pick = i;
+      }
+    } else {
+      for (std::size_t i = 0; i < blocks.size(); ++i) {
+        if (!blocks[i].pending || blocks[i].pending->query()) {
+          pick = i;
+          break;
+        }
       }
     }
     Cached b = std::move(blocks[pick]);

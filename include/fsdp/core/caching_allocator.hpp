@@ -53,12 +53,14 @@ class CachingAllocator {
                   std::shared_ptr<Event> pending = nullptr) noexcept;
   // Returns all cached blocks whose pending work is complete to the system.
   void empty_cache();
-  // true: blocks of a size class are reused strictly in the order they were freed (the oldest
-  // first, the stream made to wait on its pending work if any), so which block an allocation
-  // gets depends only on the sequence of allocate and deallocate calls, never on how far the
-  // device has got: train.cuda_graphs needs that for a segment's pointers, and so its record,
-  // to repeat step after step (fsdp/model/graphed_kernels.hpp). false (the default): the
-  // oldest block whose pending work is done, else the oldest.
+  // true: an allocation takes the cached block of its size class with the lowest address (the
+  // stream made to wait on its pending work if any; PyTorch's allocator also picks by
+  // address), so which block it gets depends only on which blocks are cached, never on how
+  // far the device has got, and a step that frees and allocates the same blocks as the step
+  // before gets them in the same places (taking the oldest instead would rotate them).
+  // train.cuda_graphs needs that for a segment's pointers, and so its record, to repeat step
+  // after step (fsdp/model/graphed_kernels.hpp). false (the default): the oldest block whose
+  // pending work is done, else the oldest.
   void set_ordered_reuse(bool on) { ordered_ = on; }
   const AllocatorStats& stats() const { return stats_; }
   static std::size_t round_size(std::size_t bytes) { return (bytes + 511) / 512 * 512; }
