@@ -112,6 +112,7 @@ struct Job {
     } catch (...) {
     }
     if (pending && rank0()) ckpt::discard_tmp_step_dir(pending->tmp);
+    if (graphs && backend) backend->set_ordered_reuse(false);  // the Runtime outlives the job
   }
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
