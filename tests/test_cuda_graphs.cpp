@@ -285,7 +285,9 @@ TEST(CudaGraphsCpuTwin, ResumedGraphedRunEqualsAnEagerRun) {
   const TrainResult resumed = run(c, On::world, 0, /*resume=*/true);
   ASSERT_EQ(resumed.losses.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], eager.losses[i + 3]) << "step " << i + 4;
-  for (const auto& [name, values] : eager.params) EXPECT_EQ(resumed.params.at(name), values) << name;
+  for (const auto& [name, values] : eager.params) {
+    EXPECT_EQ(resumed.params.at(name), values) << name;
+  }
   EXPECT_GT(resumed.graphs.replays, 0);
 }
 
