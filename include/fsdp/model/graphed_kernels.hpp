@@ -18,10 +18,14 @@
 //    over a padded batch) falls back to eager for that segment instead of replaying stale
 //    arguments. Capturing at the second sighting is PyTorch's warm-up before capture: the
 //    first run finds the cuBLASLt algorithms and kernel attributes outside capture.
-// On CUDA the graphs are cudaGraphExec_t's launched on the compute stream, each holding its
-// own kernel scratch; on the CPU the twin replays the recorded calls, so the CPU tests check
-// the segmenting, the cache and the ordering against the runtime (graphed == eager bit for
-// bit). Not thread-safe: one per model, driven from the thread that runs it.
+// On CUDA the graphs are cudaGraphExec_t's launched on the compute stream, their kernel
+// scratch in an arena all graphs share (src/cuda/cuda_backend.cpp, graph_scratch); on the CPU
+// the twin replays the recorded calls, so the CPU tests check the segmenting, the cache and
+// the ordering against the runtime (graphed == eager bit for bit). Replays need the caching
+// allocator to hand a unit the same blocks each step: the trainer sets its ordered reuse
+// (DeviceRuntime::set_ordered_reuse). Not thread-safe: one per model, driven from the thread
+// that runs it. Errors: a kernel's fsdp::Error surfaces at the flush that runs it (a hook, a
+// runtime call or flush()); a failed capture does not throw (Options::on_capture_failure).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +41,8 @@
 
 namespace fsdp {
 
-// What the segments did since construction (reported in the run's banner and summary).
+// What the segments did since construction (the run's last `cuda_graphs:` line and
+// TrainResult::graphs).
 struct KernelGraphStats {
   int64_t segments = 0;  // non-empty segments ended
   int64_t replays = 0;   // segments launched as a graph captured earlier
@@ -69,8 +74,6 @@ class GraphedKernels final : public Kernels {
   // Ends the current segment: launches its calls (a graph or one by one). The pending record
   // is taken first, so an exception from a call leaves no segment pending.
   void flush();
-  // Drops the pending calls without running them (after a failed model call).
-  void discard() { pending_.clear(); }
   // Hooks that end the segment before each pre/post hook of `inner` (param/grad/training
   // pass through). The model's hooks while graphing.
   ModuleHooks& hooks(ModuleHooks& inner);
