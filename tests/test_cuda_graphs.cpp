@@ -272,8 +272,8 @@ TEST(CudaGraphsCpuTwin, GraphedTrainingEqualsEagerBitForBit) {
 
 // Stopped after step 3 with graphs on and resumed with them: the checkpoint and the resumed
 // steps equal an eager run's bit for bit (graphs change nothing a checkpoint holds). Five
-// resumed steps: a fresh model's first step allocates its blocks (its records are its own),
-// the second is seen once, the third captured, so replays start at the fourth.
+// resumed steps: a fresh model's first step allocates its blocks (its records may be its
+// own), the next is seen once, the one after captured, so replays start by the fourth.
 TEST(CudaGraphsCpuTwin, ResumedGraphedRunEqualsAnEagerRun) {
   Config c = small_config("");
   c.train.max_steps = 8;
