@@ -55,17 +55,16 @@ if [[ -n "${AB_BASE:-}" ]]; then
   if [[ "$AB_BASE" == *.xz ]]; then xz -dc "$AB_BASE" >"$base_bin"; else cp "$AB_BASE" "$base_bin"; fi
   chmod +x "$base_bin"
   LABELS=(new base) BINS=(fsdp_train "$base_bin") ENVS=("" "${AB_BASE_ENV:-}")
-  SETS=("${AB_NEW_SETS:-}" "${AB_BASE_SETS:-}")
   base_version="$(inb "$base_bin" --version 2>&1 | head -1)"
   echo "base: $AB_BASE ($base_version)${AB_BASE_ENV:+ with $AB_BASE_ENV}" | tee -a "$SUMMARY"
 elif [[ -n "${AB_BASE_ENV:-}${AB_NEW_SETS:-}${AB_BASE_SETS:-}" ]]; then
   LABELS=(new base) BINS=(fsdp_train fsdp_train) ENVS=("" "${AB_BASE_ENV:-}")
-  SETS=("${AB_NEW_SETS:-}" "${AB_BASE_SETS:-}")
   echo "base: the bundle's fsdp_train${AB_BASE_ENV:+ with $AB_BASE_ENV}" \
     "${AB_BASE_SETS:+--set $AB_BASE_SETS}" | tee -a "$SUMMARY"
 else
-  LABELS=(new) BINS=(fsdp_train) ENVS=("") SETS=("${AB_NEW_SETS:-}")
+  LABELS=(new) BINS=(fsdp_train) ENVS=("")
 fi
+SETS=("${AB_NEW_SETS:-}" "${AB_BASE_SETS:-}")  # by contender index, as LABELS
 [[ -n "${AB_NEW_SETS:-}" ]] && echo "new: --set $AB_NEW_SETS" | tee -a "$SUMMARY"
 # "K=V K2=V2" -> --set K=V --set K2=V2 (one word each: values without spaces)
 set_args() { for kv in $1; do printf '%s\n' --set "$kv"; done; }

@@ -216,12 +216,7 @@ void GraphedKernels::flush() {
   pending_.clear();
   ++stats_.segments;
   const auto n = static_cast<int64_t>(seg.calls.size());
-  if (n < options_.min_calls) {
-    ++stats_.eager;
-    run_eager(seg.calls);
-    return;
-  }
-  if (stats_.capture_failed) {
+  if (n < options_.min_calls || stats_.capture_failed) {
     ++stats_.eager;
     run_eager(seg.calls);
     return;
@@ -238,7 +233,7 @@ void GraphedKernels::flush() {
   }
   if (seen_.find(h) == seen_.end()) {  // first sighting: warm-up, eagerly
     if (seen_.size() >= kMaxSeen) seen_.clear();
-    seen_.emplace(h, 1);
+    seen_.insert(h);
     ++stats_.eager;
     run_eager(seg.calls);
     return;
@@ -260,7 +255,7 @@ void GraphedKernels::flush() {
   }
   if (static_cast<int64_t>(lru_.size()) >= options_.max_graphs) {
     const auto victim = std::prev(lru_.end());
-    const auto [vlo, vhi] = by_hash_.equal_range(hash_record(victim->record));
+    const auto [vlo, vhi] = by_hash_.equal_range(victim->hash);
     for (auto it = vlo; it != vhi; ++it) {
       if (it->second == victim) {
         by_hash_.erase(it);
@@ -270,7 +265,7 @@ void GraphedKernels::flush() {
     lru_.erase(victim);
     ++stats_.evictions;
   }
-  lru_.push_front(Cached{std::move(seg.record), std::move(graph)});
+  lru_.push_front(Cached{h, std::move(seg.record), std::move(graph)});
   by_hash_.emplace(h, lru_.begin());
   ++stats_.captures;
   stats_.graphed_calls += n;

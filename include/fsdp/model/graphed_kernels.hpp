@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "fsdp/backend/kernels.hpp"
@@ -195,6 +196,7 @@ class GraphedKernels final : public Kernels {
   class SegmentHooks;
   using Call = std::function<void(Kernels&)>;
   struct Cached {
+    uint64_t hash;  // of record: its key in by_hash_
     std::vector<uint64_t> record;
     std::unique_ptr<KernelGraph> graph;
   };
@@ -224,7 +226,7 @@ class GraphedKernels final : public Kernels {
   // Graphs by their record's hash, most recently launched at the front of lru_.
   std::list<Cached> lru_;
   std::unordered_multimap<uint64_t, std::list<Cached>::iterator> by_hash_;
-  std::unordered_map<uint64_t, int> seen_;  // hashes of records run eagerly once
+  std::unordered_set<uint64_t> seen_;  // hashes of records run eagerly once
 };
 
 }  // namespace fsdp
