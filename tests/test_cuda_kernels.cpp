@@ -247,7 +247,8 @@ TEST(CudaBackend, GemmShapesAndAlignment) {
 // (cuBLASLt's RELU, BIAS, GELU_AUX_BIAS, DGELU_BGRAD and BGRADB epilogues where cuBLASLt
 // takes them) against the CPU twin (the unfused calls): every output within one rounding of
 // the storage dtype; GELU's tolerance for fp32 is tight enough to tell the tanh
-// approximation from erf's GELU (up to 4.7e-4 apart). GPT-2's shapes (ln @ W^T)
+// approximation from erf's GELU (up to 4.7e-4 apart) and from the GELU epilogues' fast tanh
+// (so fp32 takes the unfused kernels there). GPT-2's shapes (ln @ W^T)
 // and a plain one; bias offsets 0 (16-byte aligned: the epilogue) and 1 (the fallback).
 TEST(CudaBackend, GemmEpilogues) {
   std::mt19937 rng(41);
@@ -1212,6 +1213,13 @@ TEST(CudaBackend, Mha) {
     run_mha(t, 4, 200, 200, 3, 64, false, true, 1, 1.0f, rng, t);
     run_mha(t, 4, 104, 104, 3, 64, true, true, 0, 1.0f, rng, t);
     run_mha(t, 2, 1024, 1024, 1, 64, false, true, 2, 1.0f, rng, t);
+    // no queries (every dk, dv 0), no keys (out 0, dq 0), causal keys past the last query
+    // (their dk, dv 0): the loops over tiles run zero times
+    for (int64_t D : {16, 64}) {
+      run_mha(t, 2, 0, 70, 2, D, false, false, 0, 1.0f, rng, t);
+      run_mha(t, 2, 40, 0, 2, D, false, false, 0, 1.0f, rng, t);
+      run_mha(t, 2, 9, 140, 2, D, true, false, 0, 1.0f, rng, t);
+    }
   }
   run_mha(DType::f32, 2, 130, 129, 2, 64, false, true, 1, 1.0f, rng, DType::f32);
   // Mixed storage types (fp32 fallback on the GPU).

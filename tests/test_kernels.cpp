@@ -877,6 +877,60 @@ TEST_F(Kernels, MhaPaddedKeysDoNotMatterAndFullyMaskedRowIsZero) {
   }
 }
 
+// Empty lengths (kernels.hpp: Tk == 0 is allowed): no queries leave every key's dk, dv zero;
+// no keys give out 0, lse +inf and dq 0; dbias ([H, 0]) is untouched. Causal with keys past
+// the last query: those keys get zero dk, dv.
+TEST_F(Kernels, MhaEmptyLengthsAndUnseenKeysGiveZeroGradients) {
+  const int64_t B = 2, H = 2, D = 3;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  {  // Tq = 0, Tk = 5
+    const int64_t Tk = 5, nk = B * Tk * H * D;
+    const Vec k = random_vec(nk, rng), v = random_vec(nk, rng);
+    Vec none, dk(nk, nan), dv(nk, nan);
+    be->mha_backward(f32(none), f32(dk), f32(dv), TensorView{}, f32(none), f32(none), f32(k),
+                     f32(v), f32(none), f32(none), TensorView{}, TensorView{}, B, 0, Tk, H, D,
+                     1.0f, false);
+    for (int64_t i = 0; i < nk; ++i) ASSERT_EQ(dk[i], 0.0f) << i;
+    for (int64_t i = 0; i < nk; ++i) ASSERT_EQ(dv[i], 0.0f) << i;
+  }
+  {  // Tq = 4, Tk = 0
+    const int64_t Tq = 4, nq = B * Tq * H * D, nl = B * H * Tq;
+    const Vec q = random_vec(nq, rng), dout = random_vec(nq, rng);
+    Vec none, out(nq, nan), lse(nl, nan), dq(nq, nan);
+    be->mha_forward(f32(out), f32(lse), f32(q), f32(none), f32(none), TensorView{}, TensorView{},
+                    B, Tq, 0, H, D, 1.0f, false);
+    for (int64_t i = 0; i < nq; ++i) ASSERT_EQ(out[i], 0.0f) << i;
+    for (int64_t i = 0; i < nl; ++i) ASSERT_EQ(lse[i], std::numeric_limits<float>::infinity());
+    be->mha_backward(f32(dq), f32(none), f32(none), TensorView{}, f32(dout), f32(q), f32(none),
+                     f32(none), f32(out), f32(lse), TensorView{}, TensorView{}, B, Tq, 0, H, D,
+                     1.0f, false);
+    for (int64_t i = 0; i < nq; ++i) ASSERT_EQ(dq[i], 0.0f) << i;
+  }
+  {  // causal, Tq = 3 queries, Tk = 9 keys: keys 3..8 are seen by no query
+    const int64_t Tq = 3, Tk = 9, nq = B * Tq * H * D, nk = B * Tk * H * D, nl = B * H * Tq;
+    const Vec q = random_vec(nq, rng), k = random_vec(nk, rng), v = random_vec(nk, rng),
+              dout = random_vec(nq, rng);
+    Vec out(nq), lse(nl), dq(nq, nan), dk(nk, nan), dv(nk, nan);
+    be->mha_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), TensorView{}, TensorView{}, B, Tq,
+                    Tk, H, D, 1.0f, true);
+    be->mha_backward(f32(dq), f32(dk), f32(dv), TensorView{}, f32(dout), f32(q), f32(k), f32(v),
+                     f32(out), f32(lse), TensorView{}, TensorView{}, B, Tq, Tk, H, D, 1.0f, true);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < Tk; ++j) {
+        for (int64_t e = 0; e < H * D; ++e) {
+          const int64_t i = (b * Tk + j) * H * D + e;
+          if (j >= Tq) {
+            ASSERT_EQ(dk[i], 0.0f) << "b " << b << " key " << j;
+            ASSERT_EQ(dv[i], 0.0f) << "b " << b << " key " << j;
+          } else {
+            ASSERT_TRUE(std::isfinite(dk[i]) && std::isfinite(dv[i]));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(Kernels, MhaCausalRowZeroSeesOnlyKeyZeroAndScaleMatters) {
   const Vec q = {1, 2, 3, 4, 5, 6}, k = {0.5f, -1, 2, 0.25f, -0.5f, 1}, v = {1, 2, 3, 4, 5, 6};
   Vec out(6), lse(3);

@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(kSimtThreads)
     sdK[idx] = 0.0f;
     sdV[idx] = 0.0f;
   }
+  __syncthreads();  // the zeros are read below even when no query tile is visible (Tq == 0)
   const float* kw = sK + w * D;
   const float* vw = sV + w * D;
   float* dkw = sdK + w * D;
@@ -217,6 +218,7 @@ __global__ void __launch_bounds__(kSimtThreads)
     load_rows_f32(sQ, D, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, D, kRowsPerBlock, rows);
     load_rows_f32(sdO, D, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo, D, kRowsPerBlock, rows);
     for (int64_t idx = threadIdx.x; idx < kRowsPerBlock * D; idx += blockDim.x) sdQ[idx] = 0.0f;
+    __syncthreads();  // the zeros are read below even when no key tile is (Tk == 0)
     const float lse_i = i < p.Tq ? lse[bh * p.Tq + i] : INFINITY;
     const float di_i = i < p.Tq ? di[bh * p.Tq + i] : 0.0f;
     for (int64_t j0 = 0; j0 < jend; j0 += kSimtTile) {
