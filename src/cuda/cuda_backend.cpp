@@ -280,13 +280,22 @@ class CudaBackend final : public Backend {
   // stay exactly what the model and engine hold). Returned without an event: everything that uses it is enqueued on the
   // compute stream, and the allocator hands memory out for use on that stream.
   // While a graph is being captured, scratch comes from the graph arena instead (below).
+  struct ArenaAt {  // a place in the graph arena: chunk index, byte offset in it
+    std::size_t chunk = 0, offset = 0;
+  };
   class Scratch {
    public:
     Scratch(CudaBackend& be, std::size_t bytes)
-        : be_(be), bytes_(bytes), in_graph_(be.capturing_),
+        : be_(be), bytes_(bytes), in_graph_(be.capturing_), mark_(be.arena_at_),
           p_(in_graph_ ? be.graph_scratch(bytes) : be.allocate(bytes, MemCategory::other)) {}
     ~Scratch() {
-      if (!in_graph_) be_.deallocate(p_, bytes_, MemCategory::other, nullptr);
+      // In a capture the arena is a stack: a captured stream's kernels run one after the
+      // other, so the next call's scratch may take these bytes again.
+      if (in_graph_) {
+        be_.arena_at_ = mark_;
+      } else {
+        be_.deallocate(p_, bytes_, MemCategory::other, nullptr);
+      }
     }
     Scratch(const Scratch&) = delete;
     Scratch& operator=(const Scratch&) = delete;
@@ -299,6 +308,7 @@ class CudaBackend final : public Backend {
     CudaBackend& be_;
     std::size_t bytes_;
     bool in_graph_;
+    ArenaAt mark_;  // the arena's next bytes before this scratch (in a capture)
     void* p_;
   };
   // A device copy of `v` converted to fp32 (scratch), for the mixed-type fallbacks.
@@ -356,7 +366,7 @@ class CudaBackend final : public Backend {
     std::size_t bytes;
   };
   std::vector<ArenaChunk> arena_;         // graph scratch (graph_scratch)
-  std::size_t arena_chunk_ = 0, arena_offset_ = 0;  // the current capture's next bytes
+  ArenaAt arena_at_;                      // the current capture's next bytes
 };
 
 CudaBackend::CudaBackend(int device)
@@ -400,10 +410,9 @@ namespace {
 class CudaKernelGraph final : public KernelGraph {
  public:
   CudaKernelGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
-  ~CudaKernelGraph() override {
-    cudaStreamSynchronize(stream_);  // a launch may still run; errors ignored (never throws)
-    cudaGraphExecDestroy(exec_);
-  }
+  // A launch still in flight is not stopped: CUDA frees the exec when it completes
+  // (cudaGraphExecDestroy), so an eviction does not wait for the stream.
+  ~CudaKernelGraph() override { cudaGraphExecDestroy(exec_); }
   CudaKernelGraph(const CudaKernelGraph&) = delete;
   CudaKernelGraph& operator=(const CudaKernelGraph&) = delete;
   void launch() override { FSDP_CHECK_CUDA(cudaGraphLaunch(exec_, stream_)); }
@@ -432,11 +441,12 @@ class CaptureModeScope {
 void* CudaBackend::graph_scratch(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   bytes = (bytes + 255) / 256 * 256;  // the allocator's alignment
-  for (; arena_chunk_ < arena_.size(); ++arena_chunk_, arena_offset_ = 0) {
-    const ArenaChunk& c = arena_[arena_chunk_];
-    if (arena_offset_ + bytes <= c.bytes) {
-      void* p = static_cast<char*>(c.ptr.get()) + arena_offset_;
-      arena_offset_ += bytes;
+  ArenaAt& at = arena_at_;
+  for (; at.chunk < arena_.size(); ++at.chunk, at.offset = 0) {
+    const ArenaChunk& c = arena_[at.chunk];
+    if (at.offset + bytes <= c.bytes) {
+      void* p = static_cast<char*>(c.ptr.get()) + at.offset;
+      at.offset += bytes;
       return p;
     }
   }
@@ -456,8 +466,7 @@ void* CudaBackend::graph_scratch(std::size_t bytes) {
   std::unique_ptr<void, CudaFree> owned(p);
   arena_.push_back({std::move(owned), chunk});
   memory_.on_alloc(MemCategory::other, chunk);
-  arena_chunk_ = arena_.size() - 1;
-  arena_offset_ = bytes;
+  at = {arena_.size() - 1, bytes};
   return p;
 }
 
@@ -465,10 +474,18 @@ std::unique_ptr<KernelGraph> CudaBackend::capture_graph(std::function<void()> en
   if (capturing_) throw Error("cuda backend: capture_graph inside a capture");
   // ThreadLocal: only this thread's unsafe calls are refused; the host-step and checkpoint
   // threads go on with their own streams.
-  FSDP_CHECK_CUDA(cudaStreamBeginCapture(s(), cudaStreamCaptureModeThreadLocal));
+  // Every failure below clears the thread's last error before it throws: the caller runs
+  // the segment eagerly next (GraphedKernels), and a stale error would fail its first
+  // launch check (FSDP_CHECK_LAUNCH reads cudaGetLastError).
+  const auto fail = [](const char* what, cudaError_t rc) {
+    cudaGetLastError();
+    return Error(std::string("cuda backend: capture_graph: ") + what + ": " +
+                 cudaGetErrorString(rc));
+  };
+  cudaError_t rc = cudaStreamBeginCapture(s(), cudaStreamCaptureModeThreadLocal);
+  if (rc != cudaSuccess) throw fail("cudaStreamBeginCapture", rc);
   capturing_ = true;
-  arena_chunk_ = 0;
-  arena_offset_ = 0;
+  arena_at_ = {};
   cudaGraph_t graph = nullptr;
   try {
     enqueue();
@@ -479,11 +496,15 @@ std::unique_ptr<KernelGraph> CudaBackend::capture_graph(std::function<void()> en
     throw;
   }
   capturing_ = false;
-  FSDP_CHECK_CUDA(cudaStreamEndCapture(s(), &graph));
+  rc = cudaStreamEndCapture(s(), &graph);
+  if (rc != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    throw fail("cudaStreamEndCapture", rc);
+  }
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t rc = cudaGraphInstantiate(&exec, graph, 0);
+  rc = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
-  FSDP_CHECK_CUDA(rc);
+  if (rc != cudaSuccess) throw fail("cudaGraphInstantiate", rc);
   return std::make_unique<CudaKernelGraph>(exec, s());
 }
 
@@ -667,13 +688,14 @@ void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t 
                                  const TensorView& out_) {
   // fc [M,N] = op(A) op(B) + bias [N], out = GELU(fc): one cuBLASLt call with the
   // GELU_AUX_BIAS epilogue (D = out, aux = fc) when it takes it, else gemm +
-  // bias_gelu_forward.
+  // bias_gelu_forward. 16-bit types only: the epilogue's tanh is an approximation (CUTLASS's
+  // fast tanh, ~2^-11 relative) whose error an fp32 output would show, not a 16-bit one.
   Chk::gemm(M, N, K, A, B, fc);
   Chk::need_float("gemm_bias_gelu", "bias", bias, N);
   Chk::need_float("gemm_bias_gelu", "out", out_, M * N);
   const DType t = fc.dtype;
   if (epilogues_ && M > 0 && N > 0 && K > 0 && N % 8 == 0 && A.dtype == t && B.dtype == t &&
-      bias.dtype == t && out_.dtype == t && t != DType::f64 &&
+      bias.dtype == t && out_.dtype == t && (t == DType::bf16 || t == DType::f16) &&
       k::aligned16(bias.data) && k::aligned16(fc.data) &&
       k::aligned16(out_.data) && out_.data != fc.data &&
       blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, out_.data,
@@ -688,13 +710,14 @@ void CudaBackend::gemm_dgelu_bias_grad(bool trans_a, bool trans_b, int64_t M, in
                                        const TensorView& fc, const TensorView& dfc,
                                        const TensorView& dbias) {
   // dfc [M,N] = (op(A) op(B)) gelu'(fc); dbias [N] += colsum(dfc): DGELU_BGRAD writes the
-  // column sums (dfc's dtype) into scratch, added to dbias after.
+  // column sums (dfc's dtype) into scratch, added to dbias after. 16-bit types only, as
+  // gemm_bias_gelu.
   Chk::gemm(M, N, K, A, B, dfc);
   Chk::need_float("gemm_dgelu_bias_grad", "fc", fc, M * N);
   Chk::need_float("gemm_dgelu_bias_grad", "dbias", dbias, N);
   const DType t = dfc.dtype;
   if (epilogues_ && M > 0 && N > 0 && K > 0 && N % 8 == 0 && A.dtype == t && B.dtype == t &&
-      fc.dtype == t && k::aligned16(fc.data) &&
+      (t == DType::bf16 || t == DType::f16) && fc.dtype == t && k::aligned16(fc.data) &&
       k::aligned16(dfc.data) && fc.data != dfc.data) {
     Scratch sums(*this, static_cast<std::size_t>(N) * dtype_size(t));
     if (blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, dfc.data,

@@ -301,10 +301,15 @@ class Blas {
 
  private:
   struct Plan;
-  // (transposes, M, N, K, A/B type, C type, alignments of A, B, C, epilogue, alignment of
-  // the epilogue's aux matrix)
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, int, int>;
-  Plan& plan(const Key& key);
+  // (transposes, M, N, K, A/B type, C type, alignments of A, B, C, epilogue, alignments of
+  // the epilogue's bias vector and aux matrix)
+  using Key =
+      std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int, int, int, int, int>;
+  // The plan of `key`, made at its first call. An epilogue's `bias` and `aux` (that first
+  // call's) are set before the algorithm search: cublasLtMatmulAlgoGetHeuristic reads their
+  // addresses for the alignment it may assume (cublasLt.h, BIAS_POINTER / AUX_POINTER), so
+  // every later call of the key has pointers of the same alignments.
+  Plan& plan(const Key& key, const void* bias = nullptr, const void* aux = nullptr);
   void gemm_fallback(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                      const void* A, const void* B, ST ab, float beta, void* C, ST c);
 

@@ -107,10 +107,11 @@ bool Blas::direct(ST ab, ST c) {
   return c == ab || c == ST::f32;
 }
 
-Blas::Plan& Blas::plan(const Key& key) {
+Blas::Plan& Blas::plan(const Key& key, const void* bias, const void* aux) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [ta, tb, M, N, K, ab_i, c_i, align_a, align_b, align_c, epi_i, align_aux] = key;
+  const auto [ta, tb, M, N, K, ab_i, c_i, align_a, align_b, align_c, epi_i, align_bias,
+              align_aux] = key;
   const auto ab = static_cast<ST>(ab_i), ct = static_cast<ST>(c_i);
   auto p = std::make_unique<Plan>();
   FSDP_CHECK_CUBLAS(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -121,7 +122,8 @@ Blas::Plan& Blas::plan(const Key& key) {
                                                    sizeof op_second));
   // Epilogue: in the column-major view D^T [N, M], so the bias is per row of D^T (our
   // columns, length N) and the aux matrix has D^T's shape with leading dimension N.
-  static_cast<void>(align_aux);  // only in the key: a plan per alignment of aux
+  static_cast<void>(align_bias);  // only in the key: a plan per alignment of bias and aux
+  static_cast<void>(align_aux);
   const auto epi = static_cast<Epilogue>(epi_i);
   if (epi != Epilogue::none) {
     cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_BIAS;
@@ -139,6 +141,12 @@ Blas::Plan& Blas::plan(const Key& key) {
       const int64_t ld = N;
       FSDP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                        &ld, sizeof ld));
+      FSDP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(
+          p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    }
+    if (epi != Epilogue::relu) {
+      FSDP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &bias, sizeof bias));
     }
   }
   // First operand: row-major B ([K,N], or [N,K] if trans_b) = column-major [N,K] / [K,N].
@@ -195,7 +203,7 @@ void Blas::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, flo
                 const void* A, const void* B, ST ab, float beta, void* C, ST c) {
   const Key key{trans_a,      trans_b,      M,           N, K, static_cast<int>(ab),
                 static_cast<int>(c), alignment(A), alignment(B), alignment(C),
-                static_cast<int>(Epilogue::none), 0};
+                static_cast<int>(Epilogue::none), 0, 0};
   Plan& p = plan(key);
   if (p.usable) {
     // beta == 0: cuBLASLt does not read C (BLAS semantics), so NaN there is ignored.
@@ -217,11 +225,12 @@ bool Blas::gemm_epilogue(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
   if (epilogue == Epilogue::none || t == ST::f64) return false;
   if (epilogue == Epilogue::bgradb && !trans_a) return false;
   const bool with_aux = epilogue == Epilogue::gelu_aux_bias || epilogue == Epilogue::dgelu_bgrad;
+  const int align_bias = epilogue != Epilogue::relu ? alignment(bias) : 0;
   const int align_aux = with_aux ? alignment(aux) : 0;
   const Key key{trans_a,      trans_b,      M,           N, K, static_cast<int>(t),
                 static_cast<int>(t), alignment(A), alignment(B), alignment(C),
-                static_cast<int>(epilogue), align_aux};
-  Plan& p = plan(key);
+                static_cast<int>(epilogue), align_bias, align_aux};
+  Plan& p = plan(key, bias, aux);
   if (!p.usable) return false;
   // The pointers are this call's (the plan is shared by every call of its key).
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;

@@ -146,8 +146,8 @@ class Kernels {
   // kept for the backward) and out[M,N] = GELU(fc). The values of gemm(trans_a, trans_b, M,
   // N, K, 1, A, B, 0, fc) then bias_gelu_forward(out, fc, bias, M, N), except that a backend
   // may round fc once after the bias and take GELU of the unrounded fp32 value (the CUDA
-  // backend where cuBLASLt takes the epilogue: A, B, fc, out and bias of one dtype, bias and
-  // fc 16-byte aligned, N % 8 == 0): equal to rounding of the storage dtype. out must not
+  // backend where cuBLASLt takes the epilogue: A, B, fc, out and bias of one 16-bit dtype,
+  // bias and fc 16-byte aligned, N % 8 == 0): equal to rounding of the storage dtype. out must not
   // alias fc. This default makes the two calls (the CPU backend's twin, CUDA's fallback).
   virtual void gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                               const TensorView& A, const TensorView& B, const TensorView& bias,
@@ -167,7 +167,7 @@ class Kernels {
   // values of gemm(trans_a, trans_b, M, N, K, 1, A, B, 0, dfc) then gelu_bias_backward(dfc,
   // dbias, fc, dfc, M, N), except that a backend may apply gelu' to the fp32 product and sum
   // the columns before rounding (the CUDA backend where cuBLASLt takes the epilogue: A, B,
-  // fc, dfc of one dtype, fc 16-byte aligned, N % 8 == 0; the sums come back in dfc's dtype
+  // fc, dfc of one 16-bit dtype, fc 16-byte aligned, N % 8 == 0; the sums come back in dfc's dtype
   // and are added to dbias): equal to rounding of the storage dtype. dfc must not alias fc.
   // This default makes the two calls (the CPU backend's twin, CUDA's fallback).
   virtual void gemm_dgelu_bias_grad(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
