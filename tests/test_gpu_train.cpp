@@ -2,6 +2,7 @@
 // CUDA device). Run under mpirun at 1, 2 and 4 ranks on one GPU:
 //  - 5 steps in fp32 on the CUDA backend give the CPU backend's losses within 1e-4 relative
 //    and parameters within 1e-4 (cuBLAS's summation order differs from OpenBLAS's);
+//  - the same for Llama, and for GPT-2 and Llama with the fused linear + cross-entropy;
 //  - bf16 on the GPU tracks fp32 on the GPU within 2% per step over 20 steps;
 //  - N ranks sharing the GPU (the mesh then uses MPI, staged through host memory, since NCCL
 //    needs a GPU per rank) equal 1 rank on the GPU within 1e-4, for FULL_SHARD and
@@ -99,6 +100,30 @@ TEST(GpuTrain, Bf16TracksFp32) {
     EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 2e-2 * fp32.losses[i]) << "step " << i + 1;
   }
   EXPECT_NE(bf16.losses, fp32.losses);
+}
+
+// The Llama kernels (RoPE, GQA attention, SwiGLU, RMSNorm) and the fused linear +
+// cross-entropy (chunks of 8 rows: several per micro-batch) on the GPU give the CPU
+// backend's losses and parameters within 1e-4, as GPT-2 does above.
+TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
+  const std::vector<std::string> fused = {"model.fused_linear_cross_entropy=true",
+                                          "model.fused_linear_cross_entropy_chunk_rows=8"};
+  const std::vector<std::pair<std::string, Config>> cases = {
+      {"gpt2 fused_ce", small_run(kSmallGpt2, "", fused)},
+      {"llama", llama_config("")},
+      {"llama fused_ce", llama_config("", fused)}};
+  for (const auto& [what, base] : cases) {
+    Config c = base;
+    c.fsdp.sharding_strategy = fsdp::ShardingStrategy::NO_SHARD;
+    c.train.run_dir = rank_dir("gpu_llama_lce_cpu");
+    const TrainResult cpu = run(on(c, fsdp::DeviceKind::cpu), On::self);
+    c.train.run_dir = rank_dir("gpu_llama_lce_gpu");
+    const TrainResult gpu = run(on(c, fsdp::DeviceKind::cuda), On::self);
+    ASSERT_EQ(gpu.losses.size(), 5u) << what;
+    EXPECT_LE(max_rel_loss_diff(gpu, cpu), 1e-4) << what;
+    EXPECT_LE(params_rel_diff(gpu, cpu), 1e-4) << what;
+    EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << what;
+  }
 }
 
 TEST(GpuTrain, RanksSharingOneGpuEqualOneRank) {
