@@ -9,7 +9,10 @@
 #      the bundled mpirun, with ctest's ENVIRONMENT and GTEST_COLOR=no; the 1-rank ones first),
 #      GPU_CHECK_REPEAT (3) times: all tests, then all again, ...; a test passes when every run
 #      passed. Each run under `timeout`: a crash, a hang or exit 77 (no device seen) is a
-#      failure and the next run goes on
+#      failure and the next run goes on. A run is not started when what is left of the budget
+#      is under 20 s or (rounds 2+) under its round-1 time + 5 s ("NOT RUN: out of budget"),
+#      and one cut at the budget is "cut by budget": neither counts as a failure. The tests'
+#      [offload] and cuda_graphs lines are copied into the summary (the first 40)
 #   4. tools/hf_check.py: GPT-2, T5 (2 cases) and Llama (GQA with llama3 RoPE, untied and tied
 #      with biases) merged by fsdp_merge load in transformers and give fsdp_train's validation
 #      loss (<= 1e-5)
@@ -26,8 +29,8 @@
 # leaves what was done; plus gpu_check.log (everything printed) and gpu_logs.tar.gz (each
 # test run's log, the profile's trace) beside it.
 # Exit: 0 every run of every gpu test passed and the later steps passed or were skipped for
-# time; 1 a test run failed, timed out or was not run, a later step failed, or the bundle is
-# unusable.
+# time; 1 a test run failed or timed out, a later step failed, or the bundle is unusable
+# (result **FAILED**), or a test run was not run or cut by the budget (**INCOMPLETE**).
 #
 # Environment (optional): GPU_BUNDLE_DIR (default ./gpu_bundle); GPU_CHECK_BUDGET_S (570: whole
 # script, the run tool allows 600 s a call); GPU_CHECK_REPEAT (3: runs of each test);
@@ -75,8 +78,8 @@ reap() {
 
 # ---- summary: sections kept in files, the whole file rewritten after each step --------------
 S_HEAD="$WORK/s_head" S_VER="$WORK/s_ver" S_TESTS="$WORK/s_tests" S_HF="$WORK/s_hf" S_PROF="$WORK/s_prof"
-S_PHASES="$WORK/s_phases" S_END="$WORK/s_end"
-: >"$S_VER"; : >"$S_TESTS"; : >"$S_HF"; : >"$S_PROF"; : >"$S_PHASES"; : >"$S_END"
+S_PHASES="$WORK/s_phases" S_END="$WORK/s_end" S_LINES="$WORK/s_lines"
+: >"$S_VER"; : >"$S_TESTS"; : >"$S_HF"; : >"$S_PROF"; : >"$S_PHASES"; : >"$S_END"; : >"$S_LINES"
 write_summary() {
   {
     cat "$S_HEAD"
@@ -86,6 +89,10 @@ write_summary() {
       echo "| test | ranks | run | result | time s | gtest |"; echo "|---|---:|---:|---|---:|---|"; cat "$S_TESTS"
     else
       echo "(not run yet)"
+    fi
+    if [[ -s "$S_LINES" ]]; then
+      echo; echo "### The tests' [offload] and cuda_graphs lines (first 40 of $(wc -l <"$S_LINES"))"
+      echo; echo '```'; head -40 "$S_LINES"; echo '```'
     fi
     echo; echo "## Hugging Face transformers loads our merges (tools/hf_check.py)"; echo
     if [[ -s "$S_HF" ]]; then cat "$S_HF"; else echo "(not run yet)"; fi
@@ -209,9 +216,10 @@ if [[ "${GPU_CHECK_SKIP_TESTS:-0}" != 1 ]]; then
     TESTS+=("$line")
   done < <(grep -v -e '^#' -e '^$' "$BUNDLE/gpu_tests.txt" | sort -t $'\t' -s -k2,2n)  # np 1 first
 fi
-NT=${#TESTS[@]} NRUNS=0 NRUN_PASS=0 NFAIL=0
-FAILED_NAMES=()
-declare -A TEST_FAILED=()
+NT=${#TESTS[@]} NRUNS=0 NRUN_PASS=0 NFAIL=0 NTBAD=0
+FAILED_NAMES=() UNRUN_NAMES=()
+# TEST_UNRUN: a run not started or cut for the budget (not a failure); TEST_DT: round 1's time
+declare -A TEST_FAILED=() TEST_UNRUN=() TEST_DT=()
 reserve=$POST_RESERVE; [[ "${GPU_CHECK_SKIP_POST:-0}" == 1 ]] && reserve=0
 for ((k = 1; k <= REPEAT; k++)); do
   for line in "${TESTS[@]}"; do
@@ -221,11 +229,13 @@ for ((k = 1; k <= REPEAT; k++)); do
     NRUNS=$((NRUNS + 1))
     avail=$(( $(left) - reserve ))
     t="$TEST_CAP"; (( tmo > 0 && tmo < t )) && t=$tmo
-    if (( avail < 20 )); then
-      echo "| $name | $np | $k/$REPEAT | **NOT RUN: out of time** (budget ${BUDGET} s) | 0 | |" >>"$S_TESTS"
-      TEST_FAILED[$name]=1; write_summary; continue
+    need=$(( ${TEST_DT[$name]:-0} + 5 )); (( need < 20 )) && need=20
+    if (( avail < need )); then
+      echo "| $name | $np | $k/$REPEAT | NOT RUN: out of budget ($((avail > 0 ? avail : 0)) s" \
+        "left, needs ${need} s) | 0 | |" >>"$S_TESTS"
+      TEST_UNRUN[$name]=1; write_summary; continue
     fi
-    (( t > avail )) && t=$avail
+    capped=0; (( t > avail )) && t=$avail capped=1
     eval "args=($cmd)"
     args=("${args[@]//@BUNDLE@/$BUNDLE}")
     args=("${args[@]//@REPO@/$REPO}")
@@ -241,17 +251,26 @@ for ((k = 1; k <= REPEAT; k++)); do
     rc=$?
     reap "$name"
     dt=$((SECONDS - t0))
+    (( k == 1 )) && TEST_DT[$name]=$dt
     okc="$(plain "$log" | grep -c '^\[       OK \]')"
-    failed="$(plain "$log" | grep '^\[  FAILED  \]' | grep -v 'listed below' | sed 's/^\[  FAILED  \] //; s/ (.*//' | sort -u | tr '\n' ' ')"
+    # rank 0's gtest lines, and tests/rank_printer.hpp's of the other ranks: [rank N] FAILED X.Y
+    failed="$(plain "$log" | grep -E '^\[  FAILED  \] |^\[rank [0-9]+\] FAILED ' \
+      | grep -v 'listed below' | sed -E -e 's/^\[  FAILED  \] //' \
+        -e 's/^\[rank [0-9]+\] FAILED //; s/[ ,].*//' | sort -u | tr '\n' ' ')"
+    plain "$log" | grep -E '^\[offload\]|cuda_graphs' | sed "s/^/$name run $k: /" >>"$S_LINES"
     gt="$okc ok"; [[ -n "$failed" ]] && gt+=", failed: $failed"
     if [[ $rc == 0 ]]; then
       res="PASS"; NRUN_PASS=$((NRUN_PASS + 1))
     else
-      if [[ $rc == 124 || $rc == 137 ]]; then res="**TIMEOUT** (${t} s)"
+      # Killed at a limit cut to the budget: "cut by budget" unless a case failed before.
+      if [[ $rc == 124 || $rc == 137 ]] && (( capped )); then res="cut by budget (${t} s)"
+      elif [[ $rc == 124 || $rc == 137 ]]; then res="**TIMEOUT** (${t} s)"
       elif [[ -n "$skip" && $rc == "$skip" ]]; then res="**NOT RUN** (exit $rc: no CUDA device seen)"
       elif (( rc > 128 )); then res="**CRASH** (signal $((rc - 128)))"
       else res="**FAIL** (exit $rc)"; fi
-      if [[ -n "$skip" && $rc == "$skip" && "${GPU_CHECK_ALLOW_NOT_RUN:-0}" == 1 ]]; then
+      if [[ $res == cut* && -z "$failed" ]]; then
+        TEST_UNRUN[$name]=1
+      elif [[ -n "$skip" && $rc == "$skip" && "${GPU_CHECK_ALLOW_NOT_RUN:-0}" == 1 ]]; then
         NRUN_PASS=$((NRUN_PASS + 1))
       else
         TEST_FAILED[$name]=1
@@ -266,7 +285,11 @@ for ((k = 1; k <= REPEAT; k++)); do
 done
 for line in "${TESTS[@]}"; do
   name="${line%%$'\t'*}"
-  if [[ -n "${TEST_FAILED[$name]:-}" ]]; then NFAIL=$((NFAIL + 1)); FAILED_NAMES+=("$name"); fi
+  if [[ -n "${TEST_FAILED[$name]:-}" ]]; then
+    NFAIL=$((NFAIL + 1)) NTBAD=$((NTBAD + 1)); FAILED_NAMES+=("$name")
+  elif [[ -n "${TEST_UNRUN[$name]:-}" ]]; then
+    NTBAD=$((NTBAD + 1)); UNRUN_NAMES+=("$name")
+  fi
 done
 if [[ "${GPU_CHECK_SKIP_TESTS:-0}" == 1 ]]; then
   echo "| (skipped: GPU_CHECK_SKIP_TESTS=1) | | | | | |" >>"$S_TESTS"
@@ -368,13 +391,19 @@ fi
 write_summary
 
 # ---- result -------------------------------------------------------------------------------------
-TESTS_LINE="$((NT - ${#TEST_FAILED[@]})) of $NT gpu tests passed all $REPEAT runs ($NRUN_PASS of $NRUNS runs)"
+TESTS_LINE="$((NT - NTBAD)) of $NT gpu tests passed all $REPEAT runs ($NRUN_PASS of $NRUNS runs)"
+UNRUN_NOTE=""
+(( ${#UNRUN_NAMES[@]} > 0 )) && UNRUN_NOTE="; not run or cut by budget: ${UNRUN_NAMES[*]}"
 if (( NFAIL > 0 )) || [[ "$SMOKE_OK" != 1 || "$SMI_OK" != 1 || -n "$MISSING" ]]; then
   RESULT_LINE="**FAILED**: $TESTS_LINE"
   (( NFAIL > 0 )) && RESULT_LINE+="; failed or not run: ${FAILED_NAMES[*]}"
+  RESULT_LINE+="$UNRUN_NOTE"
   [[ "$SMOKE_OK" == 1 ]] || RESULT_LINE+="; smoke checks failed"
   [[ "$SMI_OK" == 1 ]] || RESULT_LINE+="; nvidia-smi failed"
   [[ -z "$MISSING" ]] || RESULT_LINE+="; CUDA libraries missing: $MISSING"
+  finish 1
+elif (( ${#UNRUN_NAMES[@]} > 0 )); then
+  RESULT_LINE="**INCOMPLETE** (no failure): $TESTS_LINE$UNRUN_NOTE"
   finish 1
 else
   RESULT_LINE="**PASSED**: $TESTS_LINE"
