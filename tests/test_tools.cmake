@@ -32,3 +32,13 @@ add_test(NAME tools_hf_check_reference
                  --bin-dir $<TARGET_FILE_DIR:fsdp_train> --work ${CMAKE_CURRENT_BINARY_DIR}/tools_hf_check)
 set_tests_properties(tools_hf_check_reference PROPERTIES ENVIRONMENT "${FSDP_TEST_ENV}"
                      LABELS "cpu;tools" TIMEOUT 300 SKIP_RETURN_CODE 77)
+# gpu_kit_stubbed.sh: tools/gpu_check.sh and tools/gpu_kernel_ab.sh, run as docs/gpu.md's
+# next-lease command runs them, against a fake bundle of stubs (fsdp_train, gtest binaries
+# with a rank-1 failure, mpirun, nvidia-smi): the summaries name the failures, keep the
+# [offload] / cuda_graphs lines, read "NOT RUN: out of budget" for runs that do not fit, and
+# stdout ends with the recap; the exit codes. No GPU, MPI run or torch; a few seconds.
+add_test(NAME tools_gpu_kit_stubbed
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/gpu_kit_stubbed.sh)
+set_tests_properties(tools_gpu_kit_stubbed PROPERTIES
+                     ENVIRONMENT "FSDP_TEST_PYTHON=${FSDP_TEST_PYTHON}"
+                     LABELS "cpu;tools" TIMEOUT 120)
