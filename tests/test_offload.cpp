@@ -5,6 +5,8 @@
 //    for FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD, with fp32 and bf16 parameters (bf16
 //    reduce too), with gradient clipping and AdamW; SGD and fp16 loss scaling (the unscale
 //    path) once each; gradient accumulation over micro-batches;
+//  - a last-bit difference moves GPT-2's loss-invariant key bias far more than anything else
+//    (why the equality tests ask for bits, not a tolerance);
 //  - the engine keeps the shards, gradient shards and optimizer state in the offload runtime
 //    (the backend holds none of them) and every unit is unsharded on the device;
 //  - resuming an offloaded run continues it bit for bit, and a checkpoint of an offloaded run
@@ -20,7 +22,9 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -84,6 +88,53 @@ TEST(Offload, EqualsTheRunWithoutOffloadBitForBit) {
       const TrainResult off = run(c, On::world);
       expect_same_run(ref, off, k.tag());
       EXPECT_GT(ref.losses.front(), ref.losses.back()) << k.tag() << ": the model should learn";
+    }
+  }
+}
+
+// Why the offload equality tests, here and on the GPU (GpuTrain.*OffloadOptimizer*,
+// *CpuOffload*), ask for bit equality rather than a tolerance (issue 31 item 1): GPT-2's key
+// bias (c_attn.bias[C, 2C)) adds q . b_k to every score of a softmax row, so the loss does not
+// depend on it and its gradient is rounding noise, which AdamW scales up to steps of about
+// lr. A difference in the last bit of anything upstream (here: the learning rate times
+// 1 + 1e-6) reorders that noise, and after 5 steps in bf16 the parameters differ by ~2e-3
+// while the loss moves ~1e-5: the signature of the GPU failure at 1ab5425 (params 2.1e-3, loss
+// 9.5e-6), whose last-bit difference was the two optimizers' FMA contraction (fixed since:
+// fsdp/backend/optimizer_math.hpp). In fp32 the key bias moves just as far ahead of the rest.
+TEST(Offload, ALastBitDifferenceMovesTheLossInvariantKeyBiasFurthest) {
+  for (fsdp::DType dt : {fsdp::DType::f32, fsdp::DType::bf16}) {
+    const std::string what(fsdp::to_string(dt));
+    Config c = small_config(fresh_dir("keybias_a"));
+    c.mixed_precision.param_dtype = dt;
+    c.train.micro_batch_size = 1;
+    const TrainResult a = run(c, On::world);
+    c.train.run_dir = fresh_dir("keybias_b");
+    c.optim.lr *= 1.0 + 1e-6;
+    const TrainResult b = run(c, On::world);
+    ASSERT_EQ(a.losses.size(), 5u) << what;
+    double loss = 0.0;
+    for (std::size_t i = 0; i < a.losses.size(); ++i) {
+      loss = std::max(loss, std::abs(a.losses[i] - b.losses[i]) / std::abs(a.losses[i]));
+    }
+    std::vector<float> all_a, all_b;
+    for (const auto& [name, values] : a.params) {
+      all_a.insert(all_a.end(), values.begin(), values.end());
+      all_b.insert(all_b.end(), b.params.at(name).begin(), b.params.at(name).end());
+    }
+    const double params = rel_diff(all_b, all_a);
+    EXPECT_LT(loss, 1e-4) << what;
+    if (dt == fsdp::DType::bf16) EXPECT_GT(params, 3e-4) << what << " loss " << loss;
+    for (const char* name : {"h.0.attn.c_attn.bias", "h.1.attn.c_attn.bias"}) {
+      const std::vector<float>& x = a.params.at(name);
+      const std::vector<float>& y = b.params.at(name);
+      const auto third = [&](const std::vector<float>& v, int64_t k) {
+        const auto n = static_cast<std::ptrdiff_t>(v.size() / 3);
+        return std::vector<float>(v.begin() + k * n, v.begin() + (k + 1) * n);
+      };
+      const double q = rel_diff(third(y, 0), third(x, 0)), k = rel_diff(third(y, 1), third(x, 1)),
+                   v = rel_diff(third(y, 2), third(x, 2));
+      EXPECT_GT(k, 10 * std::max(q, v)) << what << " " << name << ": q " << q << " k " << k
+                                        << " v " << v;
     }
   }
 }
