@@ -94,6 +94,7 @@
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$REPO/tools/kit_lib.sh"
 MODELS="${MODELS:-gpt2-124m gpt2-1.5b t5-small-byt5}"
 ROUNDS="${ROUNDS:-3}" WARMUP="${WARMUP:-3}" STEPS="${STEPS:-10}"
 BUDGET="${BENCH_BUDGET_S:-450}"
@@ -183,16 +184,9 @@ contenders() {  # $1 = model
   echo "$c"
 }
 
-# Kill what a timed-out run leaves behind (Open MPI gives each rank its own process group, which
-# `timeout` does not reach): every process of a run carries FSDP_BENCH_TAG=<tag>; by pid.
-reap() {
-  local f p
-  while IFS= read -r f; do
-    p="${f#/proc/}" p="${p%%/*}"
-    [[ "$p" == "$$" || "$p" == "$BASHPID" ]] || kill -9 "$p" 2>/dev/null
-  done < <(grep -lzx -- "FSDP_BENCH_TAG=$1" /proc/[0-9]*/environ 2>/dev/null)
-  return 0
-}
+# Kill what a timed-out run leaves behind: every process of a run carries FSDP_BENCH_TAG=<tag>
+# (tools/kit_lib.sh kill_tagged).
+reap() { kill_tagged FSDP_BENCH_TAG "$1" >/dev/null; }
 # nvidia-smi sampler: started before a run, stopped after; prints the peak MiB above the value
 # before the run.
 smi_start() {

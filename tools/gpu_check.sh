@@ -44,6 +44,7 @@
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$REPO/tools/kit_lib.sh"
 START=$SECONDS
 BUDGET="${GPU_CHECK_BUDGET_S:-570}"
 TEST_CAP="${GPU_TEST_TIMEOUT:-240}"
@@ -63,16 +64,11 @@ say() { echo "[gpu_check $(date -u +%H:%M:%S) +$((SECONDS - START))s] $*"; }
 left() { echo $((BUDGET - (SECONDS - START))); }
 # Run a command in the bundle's environment (a subshell: python3 and nvidia-smi keep the system's).
 inb() { ( source "$BUNDLE/env.sh" 2>/dev/null; "$@" ); }
-# Kill what a timed-out test leaves behind: Open MPI puts each rank in its own process group, so
-# `timeout` does not reach them. Every process of a test carries FSDP_GPU_CHECK_TAG=<tag> in its
-# environment (mpirun passes it on); those are killed, by pid.
+# Kill what a timed-out test leaves behind: every process of a test carries
+# FSDP_GPU_CHECK_TAG=<tag> (tools/kit_lib.sh kill_tagged).
 reap() {
-  local f p n=0
-  while IFS= read -r f; do
-    p="${f#/proc/}" p="${p%%/*}"
-    [[ "$p" == "$$" || "$p" == "$BASHPID" ]] && continue
-    kill -9 "$p" 2>/dev/null && n=$((n + 1))
-  done < <(grep -lzx -- "FSDP_GPU_CHECK_TAG=$1" /proc/[0-9]*/environ 2>/dev/null)
+  local n
+  n="$(kill_tagged FSDP_GPU_CHECK_TAG "$1")"
   (( n == 0 )) || say "  killed $n leftover process(es) of $1"
 }
 

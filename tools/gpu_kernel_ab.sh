@@ -31,6 +31,7 @@
 # against eager in one binary: AB_NEW_SETS='train.cuda_graphs="on"'.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$REPO/tools/kit_lib.sh"
 cd "$REPO" || exit 1
 DEST="${OUT:-$PWD}"
 SUMMARY="$DEST/kernel_ab.md"
@@ -51,16 +52,9 @@ cap() {
   (( l > $1 )) && l=$1
   (( l >= 10 )) && echo "$l"
 }
-# Kill what a timed-out run leaves behind (Open MPI gives each rank its own process group, which
-# `timeout` does not reach): every process of a run carries FSDP_AB_TAG=<tag>; by pid.
-reap() {
-  local f p
-  while IFS= read -r f; do
-    p="${f#/proc/}" p="${p%%/*}"
-    [[ "$p" == "$$" || "$p" == "$BASHPID" ]] || kill -9 "$p" 2>/dev/null
-  done < <(grep -lzx -- "FSDP_AB_TAG=$1" /proc/[0-9]*/environ 2>/dev/null)
-  return 0
-}
+# Kill what a timed-out run leaves behind: every process of a run carries FSDP_AB_TAG=<tag>
+# (tools/kit_lib.sh kill_tagged).
+reap() { kill_tagged FSDP_AB_TAG "$1" >/dev/null; }
 ended() {  # $1 = exit code, $2 = time limit: "exit N", "(timed out at N s)" for 124 and 137
   echo "exit $1$( (( $1 == 124 || $1 == 137 )) && echo " (timed out at $2 s)")"
 }

@@ -75,7 +75,8 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$STATE" "$T/stubbin" "$T/repo/tools" "$T/repo/gpu_bundle/bin"
-for f in gpu_check.sh gpu_kernel_ab.sh bench_torch_gpu.py bench_torch_gpt2.py profile_summary.py
+for f in gpu_check.sh gpu_kernel_ab.sh kit_lib.sh bench_torch_gpu.py bench_torch_gpt2.py \
+    profile_summary.py
 do
   cp "$SRC_DIR/tools/$f" "$T/repo/tools/" || { echo "cannot copy tools/$f" >&2; exit 1; }
 done
