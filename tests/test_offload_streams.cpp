@@ -20,6 +20,12 @@
 //    enqueue a random part of a random stream's queue runs: random interleavings between
 //    the two extremes, which catch both kinds of missing wait.
 //
+// A stream's wait on an event orders only that stream (cudaStreamWaitEvent): a marker in its
+// queue runs the event's stream as far as the event covered when wait() was called, and
+// neither the host nor other streams are held. So a wait placed on the wrong stream fails
+// here too (tried: the compute stream's wait for an unshard's upload moved onto the copy
+// stream fails side_late and shuffled; when wait() synchronized the event at once, it passed).
+//
 // Every operand is also checked against the side that allocated it (MemoryMap): a device
 // operation on a host shard, or a host one on a device buffer, throws.
 //
@@ -27,7 +33,7 @@
 // and fsdp.offload_optimizer's resident device shards), must equal the same run without
 // offload bit for bit under every schedule: one micro-batch a step (the gradient staged in
 // reduce_dtype) and several (the device accumulator, staged once at the boundary), for 3
-// steps; alone, and at 2 ranks sharded (all-gather after the upload, reduce-scatter) or
+// steps, reduce_dtype bf16 and fp32; alone, and at 2 ranks sharded (all-gather after the upload, reduce-scatter) or
 // replicated (all-reduce). MPI collectives run on the host at once, so there the
 // communicator first runs what the stream it is ordered after holds, as NCCL's stream would
 // wait for it.
@@ -105,7 +111,10 @@ class DeferredStream final : public Stream {
     group_.remove(this);
   }
   fsdp::Device device() const override { return fsdp::Device::cpu; }
-  void wait(Event& event) override { event.synchronize(); }  // conservative: done now
+  // cudaStreamWaitEvent: this stream's later operations wait for what `event` covered when
+  // wait() was called (a marker in the queue runs the event's stream that far); other streams
+  // and the host are not held. Defined below DeferredEvent.
+  void wait(Event& event) override;
   void synchronize() override { run_until(enqueued()); }
   void enqueue(std::function<void()> op) {
     const std::lock_guard<std::recursive_mutex> lock(group_.mutex());
@@ -169,12 +178,24 @@ class DeferredEvent final : public Event {
     if (stream_ && !alive_.expired()) stream_->run_until(position_);
   }
   bool query() override { return !stream_ || alive_.expired() || stream_->done() >= position_; }
+  // What synchronize() would run, as of now (a later record() does not change it).
+  std::function<void()> completion() const {
+    return [s = stream_, alive = alive_, pos = position_] {
+      if (s && !alive.expired()) s->run_until(pos);
+    };
+  }
 
  private:
   DeferredStream* stream_ = nullptr;
   std::weak_ptr<int> alive_;
   int64_t position_ = 0;
 };
+
+void DeferredStream::wait(Event& event) {
+  auto* deferred = dynamic_cast<DeferredEvent*>(&event);
+  if (deferred == nullptr) return event.synchronize();  // another runtime's: done now
+  enqueue(deferred->completion());  // an eager stream runs it at once
+}
 
 // Which runtime allocated each live buffer of an offloaded run: the device's (the engine's
 // backend) or the host's (the offload runtime). On the CPU backend both are host memory, so
@@ -667,10 +688,10 @@ struct Trained {
   int64_t deferred_ops = 0;
 };
 
-// 3 AdamW steps of a 3-block GPT-2 (bf16 compute and reduction, clipping at 0.5, weight
-// decay) on one random batch of 4 sequences per rank, `micro` at a time; offloaded on the
-// deferred runtime under `schedule`, or on the plain CPU backend without offload.
-Trained train(bool offload, int64_t micro, Group group, bool resident = false,
+// 3 AdamW steps of a 3-block GPT-2 (bf16 compute, `reduce` reduction, clipping at 0.5,
+// weight decay) on one random batch of 4 sequences per rank, `micro` at a time; offloaded on
+// the deferred runtime under `schedule`, or on the plain CPU backend without offload.
+Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resident = false,
               Schedule schedule = Schedule::side_late, unsigned seed = 0) {
   auto be = fsdp::make_cpu_backend(1);
   auto host_backend = fsdp::make_cpu_backend(1);
@@ -693,7 +714,7 @@ Trained train(bool offload, int64_t micro, Group group, bool resident = false,
   fsdp::DeviceRuntime& rt = offload ? static_cast<fsdp::DeviceRuntime&>(deferred) : *be;
   fsdp::MixedPrecisionConfig mp;
   mp.param_dtype = DType::bf16;
-  mp.reduce_dtype = DType::bf16;
+  mp.reduce_dtype = reduce;
   SoloCommunicator solo;
   fsdp::MpiCommunicator world_mpi(MPI_COMM_WORLD);
   StreamOrdered world(world_mpi);
@@ -776,17 +797,21 @@ void expect_offload_equals_plain(Schedule schedule, unsigned seed = 0) {
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   std::vector<Group> groups = {Group::alone};
   if (ranks > 1) groups = {Group::sharded, Group::replicated};
+  // reduce_dtype bf16 stages 16-bit gradients; fp32 (the GPU tests' choice) lands the first
+  // reduction straight in the fresh accumulator or the empty shard
+  for (DType reduce : {DType::bf16, DType::f32})
   for (Group group : groups)
   for (int64_t micro : {4, 1}) {
     SCOPED_TRACE(std::string(group == Group::alone     ? "alone"
                              : group == Group::sharded ? "sharded"
                                                        : "replicated") +
-                 ", micro-batches of " + std::to_string(micro));
-    const Trained plain = train(false, micro, group);
+                 ", micro-batches of " + std::to_string(micro) + ", reduce_dtype " +
+                 std::string(fsdp::to_string(reduce)));
+    const Trained plain = train(false, micro, group, reduce);
     EXPECT_LT(plain.losses.back(), plain.losses.front());
     for (bool resident : {false, true}) {  // fsdp.cpu_offload, fsdp.offload_optimizer
       SCOPED_TRACE(resident ? "offload_optimizer" : "cpu_offload");
-      const Trained off = train(true, micro, group, resident, schedule, seed);
+      const Trained off = train(true, micro, group, reduce, resident, schedule, seed);
       if (schedule == Schedule::shuffled) {
         EXPECT_GE(off.deferred_ops, 3 * (4 / micro) * 40);
         EXPECT_GE(off.deferred_copies, resident ? 3 * 4 : 3 * 4 * 2 * (4 / micro));
