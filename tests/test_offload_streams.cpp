@@ -40,6 +40,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -58,6 +59,7 @@
 #include "fsdp/backend/cpu_backend.hpp"
 #include "fsdp/comm/communicator.hpp"
 #include "fsdp/comm/mpi_communicator.hpp"
+#include "fsdp/core/caching_allocator.hpp"
 #include "fsdp/core/stream.hpp"
 #include "fsdp/data/batch.hpp"
 #include "fsdp/fsdp/engine.hpp"
@@ -249,7 +251,9 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
         late_compute_(side == Side::device && schedule != Schedule::side_late),
         eager_side_(schedule == Schedule::compute_late),
         group_(side == Side::device && schedule == Schedule::shuffled, seed),
-        compute_(group_) {}
+        compute_(group_),
+        alloc_([](std::size_t n) { return std::aligned_alloc(256, (n + 255) / 256 * 256); },
+               [](void* p) { std::free(p); }, memory_) {}
   ~DeferredCopyRuntime() override { compute_.synchronize(); }
   int64_t deferred_copies = 0;  // how many side-stream copies were queued (side_late, shuffled)
   int64_t deferred_ops = 0;     // how many compute-stream operations (compute_late, shuffled)
@@ -271,19 +275,36 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
     return std::make_unique<DeferredStream>(group_, eager_side_);
   }
   std::unique_ptr<Event> create_event() override { return std::make_unique<DeferredEvent>(); }
+  // The device side allocates as the CUDA backend does: a stream-ordered caching allocator
+  // whose reuse of a block with pending work makes the compute stream wait (a marker in its
+  // queue when it is deferred), never the host; and a block comes with garbage, written in
+  // the compute stream's order (all bytes 0xff: NaN in every float type), so a read before
+  // the first write, or a side-stream write not ordered after the allocation, shows in the
+  // losses. The host side is the CPU backend's.
   void* allocate(std::size_t bytes, fsdp::MemCategory category) override {
-    void* p = in_.allocate(bytes, category);
+    if (side_ == Side::host) {
+      void* p = in_.allocate(bytes, category);
+      map_.add(p, bytes, side_);
+      return p;
+    }
+    void* p = alloc_.allocate(bytes, category, compute_stream());
     map_.add(p, bytes, side_);
+    later([p, bytes] { std::memset(p, 0xff, bytes); });
     return p;
   }
   void deallocate(void* ptr, std::size_t bytes, fsdp::MemCategory category,
                   std::shared_ptr<Event> pending) noexcept override {
     map_.remove(ptr);
-    in_.deallocate(ptr, bytes, category, std::move(pending));
+    if (side_ == Side::host) return in_.deallocate(ptr, bytes, category, std::move(pending));
+    alloc_.deallocate(ptr, bytes, category, std::move(pending));
   }
-  fsdp::MemoryTracker& memory() override { return in_.memory(); }
-  const fsdp::AllocatorStats& allocator_stats() const override { return in_.allocator_stats(); }
-  void set_ordered_reuse(bool on) override { in_.set_ordered_reuse(on); }
+  fsdp::MemoryTracker& memory() override {
+    return side_ == Side::host ? in_.memory() : memory_;
+  }
+  const fsdp::AllocatorStats& allocator_stats() const override {
+    return side_ == Side::host ? in_.allocator_stats() : alloc_.stats();
+  }
+  void set_ordered_reuse(bool on) override { alloc_.set_ordered_reuse(on); }
   void fill_zero(const TensorView& dst) override {
     mine(dst, "fill_zero");
     later([=, this] { in_.fill_zero(dst); });
@@ -392,6 +413,8 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   const bool late_compute_, eager_side_;
   StreamGroup group_;
   DeferredStream compute_;  // used when late_compute_
+  fsdp::MemoryTracker memory_;     // the device side's (allocate)
+  fsdp::CachingAllocator alloc_;
 };
 
 // The model's kernels on `rt`'s compute stream (queued under Schedule::compute_late); the
