@@ -34,9 +34,9 @@
 // offload bit for bit under every schedule: one micro-batch a step (the gradient staged in
 // reduce_dtype) and several (the device accumulator, staged once at the boundary), for 3
 // steps, reduce_dtype bf16 and fp32; alone, and at 2 ranks sharded (all-gather after the
-// upload, reduce-scatter) or replicated (all-reduce). MPI collectives run on the host at once, so there the
-// communicator first runs what the stream it is ordered after holds, as NCCL's stream would
-// wait for it.
+// upload, reduce-scatter) or replicated (all-reduce). MPI collectives run on the host at
+// once, so there the communicator first runs what the stream it is ordered after holds, as
+// NCCL's stream would wait for it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
