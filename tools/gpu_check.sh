@@ -200,10 +200,7 @@ if [[ -n "$BUILD_ORIG" && ! -e "$BUILD_ORIG" ]]; then
 fi
 
 # ---- 4. gpu tests, GPU_CHECK_REPEAT rounds -------------------------------------------------------
-# gtest's [ OK ] / [ FAILED ] lines of a run's log, without colour codes: mpirun hands the ranks
-# a pty, so gtest colours even into a file (GTEST_COLOR=no is set too; issue 19), and the pty
-# ends lines with \r.
-plain() { sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' -e 's/\r$//' "$1"; }
+# gtest's [ OK ] / [ FAILED ] lines of a run's log are read through plain (tools/kit_lib.sh).
 TESTS=()
 if [[ "${GPU_CHECK_SKIP_TESTS:-0}" != 1 ]]; then
   while IFS= read -r line; do

@@ -43,8 +43,6 @@ WORK="$(mktemp -d /tmp/kernel_ab.XXXXXX)"
 RECAP="$WORK/recap"  # the rows and lines repeated at the end (the run tool returns the tail)
 : >"$RECAP"
 inb() { ( source gpu_bundle/env.sh >/dev/null 2>&1; "$@" ); }
-# A log without colour codes and the pty's \r (mpirun hands the ranks a pty).
-plain() { sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' -e 's/\r$//' "$1"; }
 # The time limit of a step: its own cap $1, cut to what is left of the budget less 5 s (the
 # kill grace of `timeout -k 5`); prints nothing and fails when that is under 10 s.
 cap() {

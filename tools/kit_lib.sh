@@ -15,3 +15,7 @@ kill_tagged() {
   done < <(grep -lzx -- "$1=$2" /proc/[0-9]*/environ 2>/dev/null)
   echo "$n"
 }
+
+# plain LOG: the log without colour codes and without the \r that ends each line: mpirun hands
+# the ranks a pty, so gtest colours even into a file (GTEST_COLOR=no is set too; issue 19).
+plain() { sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' -e 's/\r$//' "$1"; }

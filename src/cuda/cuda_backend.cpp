@@ -358,11 +358,8 @@ class CudaBackend final : public Backend {
   k::DeviceError* dev_error_ = nullptr;   // device memory
   k::DeviceError* host_error_ = nullptr;  // pinned host mirror
   bool capturing_ = false;                // inside capture_graph's enqueue
-  struct CudaFree {
-    void operator()(void* p) const noexcept { cudaFree(p); }
-  };
   struct ArenaChunk {
-    std::unique_ptr<void, CudaFree> ptr;  // freed after the destructor synchronised stream_
+    std::unique_ptr<void, void (*)(void*)> ptr;  // raw_free, after the dtor synchronised stream_
     std::size_t bytes;
   };
   std::vector<ArenaChunk> arena_;         // graph scratch (graph_scratch)
@@ -463,7 +460,7 @@ void* CudaBackend::graph_scratch(std::size_t bytes) {
                 " bytes of graph kernel scratch (" + cudaGetErrorString(rc) +
                 "); train.cuda_graphs = \"off\" runs without");
   }
-  std::unique_ptr<void, CudaFree> owned(p);
+  std::unique_ptr<void, void (*)(void*)> owned(p, raw_free);
   arena_.push_back({std::move(owned), chunk});
   memory_.on_alloc(MemCategory::other, chunk);
   at = {arena_.size() - 1, bytes};

@@ -101,8 +101,9 @@ class DeviceRuntime {
   // (e.g. the Work event of a collective still reading it). Never throws.
   virtual void deallocate(void* ptr, std::size_t bytes, MemCategory category,
                           std::shared_ptr<Event> pending = nullptr) noexcept = 0;
-  // The caching allocator's reuse order (CachingAllocator::set_ordered_reuse): blocks in the
-  // order they were freed, whatever the device's progress (train.cuda_graphs sets it).
+  // The caching allocator's reuse order (CachingAllocator::set_ordered_reuse): true, the
+  // cached block of the lowest address, whatever the device's progress (train.cuda_graphs
+  // sets it); false, the oldest whose work is done.
   virtual void set_ordered_reuse(bool on) = 0;
   virtual MemoryTracker& memory() = 0;                 // logical bytes by category
   virtual const AllocatorStats& allocator_stats() const = 0;  // raw allocations underneath
