@@ -257,6 +257,9 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   ~DeferredCopyRuntime() override { compute_.synchronize(); }
   int64_t deferred_copies = 0;  // how many side-stream copies were queued (side_late, shuffled)
   int64_t deferred_ops = 0;     // how many compute-stream operations (compute_late, shuffled)
+  // Elements written by whole-buffer passes (more than one element: not the scalars):
+  // fill_zero, axpy, and casts into fp32 (on the host: a gradient shard's first copy).
+  int64_t fill_elements = 0, axpy_elements = 0, cast_f32_elements = 0;
 
   // Runs `op` on the compute stream: queued (compute_late) or at once.
   void later(std::function<void()> op) {
@@ -307,6 +310,7 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   void set_ordered_reuse(bool on) override { alloc_.set_ordered_reuse(on); }
   void fill_zero(const TensorView& dst) override {
     mine(dst, "fill_zero");
+    if (dst.numel() > 1) fill_elements += dst.numel();
     later([=, this] { in_.fill_zero(dst); });
   }
   void copy(const TensorView& dst, const TensorView& src) override {
@@ -317,6 +321,7 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   void cast(const TensorView& dst, const TensorView& src) override {
     mine(dst, "cast");
     mine(src, "cast");
+    if (dst.dtype == DType::f32) cast_f32_elements += dst.numel();
     later([=, this] { in_.cast(dst, src); });
   }
   // Blocking copies: after everything enqueued on the compute stream (cudaMemcpyAsync on it,
@@ -346,6 +351,7 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   void axpy(const TensorView& y, float alpha, const TensorView& x) override {
     mine(y, "axpy");
     mine(x, "axpy");
+    if (y.numel() > 1) axpy_elements += y.numel();
     later([=, this] { in_.axpy(y, alpha, x); });
   }
   void squared_norm(const TensorView& acc, const TensorView& x) override {
@@ -709,11 +715,17 @@ struct Trained {
   std::map<std::string, std::vector<float>> params;
   int64_t deferred_copies = 0;
   int64_t deferred_ops = 0;
+  // The host side's whole-buffer passes during the 3 steps (DeferredCopyRuntime's counts) and
+  // the gradient shards' elements (the sum of shard_numel).
+  int64_t host_fill = 0, host_axpy = 0, host_cast_f32 = 0, grad_elements = 0;
+  int64_t nonzero_grads_after_update = 0;  // what reading the gradient shards then gives
 };
 
 // 3 AdamW steps of a 3-block GPT-2 (bf16 compute, `reduce` reduction, clipping at 0.5,
 // weight decay) on one random batch of 4 sequences per rank, `micro` at a time; offloaded on
-// the deferred runtime under `schedule`, or on the plain CPU backend without offload.
+// the deferred runtime under `schedule`, or on the plain CPU backend without offload. As the
+// trainer does, nothing zeroes the gradients between steps but update_shards (offloaded: the
+// discarded shard the next reduction's first copy overwrites).
 Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resident = false,
               Schedule schedule = Schedule::side_late, unsigned seed = 0) {
   auto be = fsdp::make_cpu_backend(1);
@@ -770,8 +782,8 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
     batch.inputs.push_back(token(rng));
     batch.targets.push_back(token(rng));
   }
+  host.fill_elements = host.axpy_elements = host.cast_f32_elements = 0;
   for (int step = 1; step <= 3; ++step) {
-    engine.zero_grad();
     rt.fill_zero(loss.view());
     for (int64_t m0 = 0; m0 < B; m0 += micro) {
       engine.set_gradient_accumulation_boundary(m0 + micro >= B);
@@ -788,9 +800,19 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
     engine.update_shards([&opt, lr = oc.lr](int u) { opt.step_shard(u, lr); });
   }
   r.params = engine.gather_full_params();
+  r.host_fill = host.fill_elements;
+  r.host_axpy = host.axpy_elements;
+  r.host_cast_f32 = host.cast_f32_elements;
+  for (int u = 0; u < engine.num_units(); ++u) {  // read as zeros, discarded or not
+    const TensorView g = engine.shard_grad(u);
+    std::vector<float> values(static_cast<std::size_t>(g.numel()));
+    engine.shard_runtime().copy_to_host(values.data(), g);
+    for (float v : values) r.nonzero_grads_after_update += v != 0.f;
+  }
   deferred.flush();
   r.deferred_copies = deferred.deferred_copies;
   r.deferred_ops = deferred.deferred_ops;
+  for (int u = 0; u < engine.num_units(); ++u) r.grad_elements += engine.shard_numel(u);
   return r;
 }
 
@@ -854,6 +876,34 @@ void expect_offload_equals_plain(Schedule schedule, unsigned seed = 0) {
         EXPECT_EQ(off.params.at(name), values) << name;
       }
     }
+  }
+}
+
+// The host writes each step's gradient shards once (issue 31 item 3: bytes per parameter of
+// the host step): update_shards discards them instead of writing zeros, and the first copy of
+// a step lands in the shard (fp32: the device copies into it, no host pass) or is cast into
+// it (16-bit), never added onto zeros. Only a second copy (the accumulator, then a
+// communicated boundary gradient) is added.
+TEST(OffloadStreams, TheHostWritesEachGradientShardOnceAStep) {
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  const Group group = ranks > 1 ? Group::sharded : Group::alone;
+  for (DType reduce : {DType::bf16, DType::f32})
+  for (int64_t micro : {4, 1})
+  for (bool resident : {false, true}) {
+    SCOPED_TRACE("micro-batches of " + std::to_string(micro) + ", reduce_dtype " +
+                 std::string(fsdp::to_string(reduce)) + (resident ? ", resident" : ""));
+    const Trained off = train(true, micro, group, reduce, resident);
+    const int64_t steps = 3, n = off.grad_elements;
+    EXPECT_EQ(off.host_fill, 0);
+    // An accumulator (micro-batches) is fp32; one micro-batch stages reduce_dtype, or alone
+    // (nothing communicated) the bf16 gradient itself when reduce_dtype is fp32.
+    const bool lands = micro < 4 || (reduce == DType::f32 && group != Group::alone);
+    EXPECT_EQ(off.host_cast_f32, lands ? 0 : steps * n);
+    // Sharded with micro-batches, the boundary's reduce-scatter follows the accumulator.
+    EXPECT_EQ(off.host_axpy, group == Group::sharded && micro < 4 ? steps * n : 0);
+    // A discarded shard still reads as zeros (the engine writes them for a reader).
+    EXPECT_EQ(off.nonzero_grads_after_update, 0);
   }
 }
 

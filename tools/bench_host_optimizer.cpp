@@ -14,6 +14,12 @@
 //   adamw+fp16 fused                                                      30
 //   sgd                p, g, buf read, p, buf written (momentum 0.9)      20
 //   sgd+bf16 fused / sgd, then cast                                       22 / 26
+// Then the whole host step of CPU offload per element (fsdp.offload_optimizer, one rank; the
+// gradient norm, AdamW, the bf16 copy the upload reads), with the gradient's way in:
+//   gradient landed           the device's copy wrote it (DMA): norm, adamw, cast        38
+//   gradient zeroed + added   what the engine did before: zero 4, add an fp32 copy 12    54
+//   16-bit gradient cast in   one micro-batch, bf16 staged: cast 6, then as landed       44
+//   16-bit zeroed + added     before: zero 4, add the bf16 copy 10, then as landed       52
 // Each row is the best of R timed calls after one warm-up (weight decay 0.1 on every element,
 // steps >= 2); GB/s = bytes / time, and the % is of the copy bandwidth. The fused copies are
 // checked to equal the separate cast bit for bit. Defaults: N = 64M (1.2 GiB of buffers),
@@ -84,7 +90,9 @@ int main(int argc, char** argv) {
   const auto cat = MemCategory::other;
   DeviceBuffer p = DeviceBuffer::floats(*be, n, cat), g = DeviceBuffer::floats(*be, n, cat),
                m = DeviceBuffer::floats(*be, n, cat), v = DeviceBuffer::floats(*be, n, cat),
-               copy(*be, DType::bf16, n, cat), ref(*be, DType::bf16, n, cat);
+               copy(*be, DType::bf16, n, cat), ref(*be, DType::bf16, n, cat),
+               staged = DeviceBuffer::floats(*be, n, cat), staged16(*be, DType::bf16, n, cat),
+               norm = DeviceBuffer(*be, DType::f64, 1, cat);
   float *pp = p.view().f32(), *gp = g.view().f32(), *mp = m.view().f32(), *vp = v.view().f32();
   // First touch by the threads that use each share; values of a realistic scale.
 #pragma omp parallel num_threads(threads)
@@ -100,7 +108,10 @@ int main(int argc, char** argv) {
     }
     std::memset(static_cast<uint16_t*>(copy.view().data) + lo, 0, static_cast<std::size_t>(hi - lo) * 2);
     std::memset(static_cast<uint16_t*>(ref.view().data) + lo, 0, static_cast<std::size_t>(hi - lo) * 2);
+    std::memcpy(staged.view().f32() + lo, gp + lo, static_cast<std::size_t>(hi - lo) * 4);
+    std::memset(static_cast<uint16_t*>(staged16.view().data) + lo, 0, static_cast<std::size_t>(hi - lo) * 2);
   }
+  be->cast(staged16.view(), staged.view());
 
   // Every row runs once per round, rounds interleaved (one warm-up round, then `reps`), and
   // each row keeps its best time: load from other processes hits the rows alike.
@@ -168,6 +179,29 @@ int main(int argc, char** argv) {
   rows.push_back({"sgd, then cast to bf16", 26, [&](int r) {
                     sgd(r, {});
                     be->cast(R, P);
+                  }});
+  // The host step: the gradient's way in, then the norm, AdamW and the bf16 copy.
+  const TensorView S = staged.view(), S16 = staged16.view(), N = norm.view();
+  auto step = [&](int r) {
+    be->fill_zero(N);
+    be->squared_norm(N, G);
+    adamw(r, {});
+    be->cast(R, P);
+  };
+  rows.push_back({"host step, gradient landed", 38, [&](int r) { step(r); }});
+  rows.push_back({"host step, gradient zeroed + added", 54, [&](int r) {
+                    be->fill_zero(G);
+                    be->axpy(G, 1.f, S);
+                    step(r);
+                  }});
+  rows.push_back({"host step, 16-bit gradient cast in", 44, [&](int r) {
+                    be->cast(G, S16);
+                    step(r);
+                  }});
+  rows.push_back({"host step, 16-bit zeroed + added", 52, [&](int r) {
+                    be->fill_zero(G);
+                    be->axpy(G, 1.f, S16);
+                    step(r);
                   }});
   for (int round = 0; round <= reps; ++round) {
     for (Bench& b : copies) {

@@ -47,9 +47,11 @@ struct Traced {
 // CPU offload: once the unit's last collective completes (with none, once `stream` has
 // produced the gradient), the reduction stream copies the reduced shard into host staging.
 // On a host stream (MPI on the CPU backend) waiting for the collective blocks here.
+// An fp32 copy lands in shard_grad when that holds nothing (`empty`); a 16-bit one is then
+// written (cast) into it by the host instead of added.
 void stage_reduced(DeviceRuntime& be, DeviceRuntime& host, ReduceResult& r, Stream& stream,
                    Stream& reduce_stream, const CollectiveTrace& trace, const Communicator& shard,
-                   const Communicator& replicate) {
+                   const Communicator& replicate, DeviceBuffer& shard_grad, bool empty) {
   Work* last = r.all_reduce ? r.all_reduce.get() : r.reduce_scatter.get();
   if (last != nullptr) {
     StepTimer::Scope waiting(trace.timer, Phase::comm_wait);
@@ -57,21 +59,29 @@ void stage_reduced(DeviceRuntime& be, DeviceRuntime& host, ReduceResult& r, Stre
                 r.all_reduce ? replicate : shard, r.reduced.numel(), r.reduced.dtype());
     reduce_stream.wait(*last->done());
   }
-  r.staged = stage_to_host(be, host, r.reduced, last != nullptr ? nullptr : &stream, reduce_stream);
+  const bool land = empty && r.reduced.dtype() == DType::f32;
+  r.staged = stage_to_host(be, host, r.reduced, last != nullptr ? nullptr : &stream, reduce_stream,
+                           land ? shard_grad.data() : nullptr);
+  r.staged.assign = empty && !land;
 }
 
 }  // namespace
 
 HostStaging stage_to_host(DeviceRuntime& be, DeviceRuntime& host_runtime, DeviceBuffer& device,
-                          Stream* after, Stream& copy_stream) {
+                          Stream* after, Stream& copy_stream, void* into) {
   if (after != nullptr) {
     const std::shared_ptr<Event> produced = be.create_event();
     produced->record(*after);
     copy_stream.wait(*produced);
   }
-  HostStaging s{DeviceBuffer(host_runtime, device.dtype(), device.numel(), MemCategory::comm_buffers),
-                be.create_event()};
-  be.copy_to_host_async(s.host.data(), device.view(), copy_stream);
+  HostStaging s;
+  s.copied = be.create_event();
+  s.landed = into != nullptr;
+  if (!s.landed) {
+    s.host = DeviceBuffer(host_runtime, device.dtype(), device.numel(), MemCategory::comm_buffers);
+    into = s.host.data();
+  }
+  be.copy_to_host_async(into, device.view(), copy_stream);
   s.copied->record(copy_stream);
   device.reset(s.copied);
   return s;
@@ -156,7 +166,8 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
       be.axpy(shard_grad.view(), 1.f, add->view());
     } else {  // offload: staged to the host, where the caller adds it with the same axpy
       r.reduced = add == &src ? std::move(src) : std::move(cast);
-      stage_reduced(be, *host, r, stream, reduce_stream, trace, shard, replicate);
+      stage_reduced(be, *host, r, stream, reduce_stream, trace, shard, replicate, shard_grad,
+                    shard_grad_empty);
     }
     return r;
   }
@@ -172,7 +183,10 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
       r.all_reduce = replicate.all_reduce(r.reduced.data(), r.reduced.data(),
                                           static_cast<std::size_t>(n), rd, ReduceOp::avg, stream);
     }
-    if (host != nullptr) stage_reduced(be, *host, r, stream, reduce_stream, trace, shard, replicate);
+    if (host != nullptr) {
+      stage_reduced(be, *host, r, stream, reduce_stream, trace, shard, replicate, shard_grad,
+                    shard_grad_empty);
+    }
     return r;
   }
   void* recv = nullptr;
@@ -203,7 +217,10 @@ ReduceResult foreach_reduce(DeviceRuntime& be, Communicator& shard, Communicator
                                         reduce_stream);
     r.all_reduce_on_reduce_stream = true;
   }
-  if (host != nullptr) stage_reduced(be, *host, r, stream, reduce_stream, trace, shard, replicate);
+  if (host != nullptr) {
+    stage_reduced(be, *host, r, stream, reduce_stream, trace, shard, replicate, shard_grad,
+                  shard_grad_empty);
+  }
   return r;
 }
 

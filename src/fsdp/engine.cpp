@@ -229,14 +229,14 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write) {
   writer_ = std::make_unique<ShardWriter>();
   writer_->written.assign(units_.size(), 0);
   ShardWriter* w = writer_.get();
-  // The host work only (the optimizer on the shards' runtime, the cast, zeroing the gradient
-  // shard); the resident upload is the main thread's, at the unit's unshard.
+  // The host work only (the optimizer on the shards' runtime, the cast, discarding the
+  // gradient shard); the resident upload is the main thread's, at the unit's unshard.
   w->thread = std::thread([this, w, write] {
     for (const int u : fwd_order_) {
       try {
         write(u);
         unit(u).cast_host_copy();
-        unit(u).zero_grad_shard();
+        unit(u).discard_grad_shard();  // the next reduction's first copy overwrites it
       } catch (...) {
         const std::lock_guard<std::mutex> lock(w->mutex);
         w->error = std::current_exception();
@@ -307,6 +307,7 @@ TensorView FsdpEngine::shard_param(int u) {
 }
 TensorView FsdpEngine::shard_grad(int u) {
   wait_shard_writes();
+  unit(u).settle_grad();
   return unit(u).shard_grad().view();
 }
 
@@ -394,21 +395,26 @@ void FsdpEngine::post_backward(int module) {
   if (config_.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch(bwd_next_[u], true);
   unit(u).reduce(boundary_, [this, u](HostStaging copy) {
     staged_.push_back({u, std::move(copy)});
+    if (!staged_.back().copy.landed) ++staged_waiting_;
     drain_staged(kStagedCopies);
   });
   reshard(u);
 }
 
-// Adds the oldest host copies of reduced gradients into their units' fp32 shards (in the
-// order they were staged) until at most `keep` are pending.
+// Hands the oldest host copies of reduced gradients to their units (add_staged: an add, a
+// cast, or nothing for a copy that landed in the shard), in the order they were staged,
+// until at most `keep` copies into staging memory are pending (copies that landed hold none:
+// the host never waits for them before end_step). A unit's copies run in order on the
+// reduction stream, so a completed copy implies its unit's earlier ones.
 void FsdpEngine::drain_staged(std::size_t keep) {
-  while (staged_.size() > keep) {
+  while (staged_waiting_ > keep || (keep == 0 && !staged_.empty())) {
     Staged& s = staged_.front();
     {
       StepTimer::Scope waiting(ctx_.timer, Phase::comm_wait);
       s.copy.copied->synchronize();
     }
-    ctx_.sh->axpy(unit(s.unit).shard_grad().view(), 1.f, s.copy.host.view());
+    unit(s.unit).add_staged(s.copy);
+    if (!s.copy.landed) --staged_waiting_;
     staged_.pop_front();
   }
 }
@@ -416,11 +422,15 @@ void FsdpEngine::drain_staged(std::size_t keep) {
 // Reduce-scatters first (in unit order on every rank; HSDP's all-reduces were issued after
 // them during backward), then the all-reduces and the adds into the fp32 gradient shards,
 // then (offload) the host's adds of the copies staged during backward, the same axpy in the
-// same order.
+// same order; at the accumulation boundary a discarded gradient shard that no copy wrote (a
+// unit without a backward) gets its zeros.
 void FsdpEngine::end_step() {
   for (auto& u : units_) u->wait_reduce_scatter();
   for (auto& u : units_) u->finish_reduction();
   drain_staged(0);
+  if (training_ && boundary_) {
+    for (auto& u : units_) u->settle_grad();
+  }
   if (offloaded()) copy_stream_->synchronize();  // no upload reads the host shards after this
   for (int i = 0; i < num_units(); ++i) reshard(i);
   for (auto& u : units_) u->end_pass();
@@ -432,7 +442,10 @@ void FsdpEngine::zero_grad() {
   for (auto& u : units_) u->zero_grad();
 }
 
-void FsdpEngine::inject_nonfinite_grad() { unit(0).inject_nonfinite_grad(); }
+void FsdpEngine::inject_nonfinite_grad() {
+  wait_shard_writes();
+  unit(0).inject_nonfinite_grad();
+}
 
 TensorView FsdpEngine::param(int p) {
   if (!shards_written_) {

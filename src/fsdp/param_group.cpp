@@ -271,7 +271,7 @@ void FsdpParamGroup::reduce(bool boundary, const StagedSink& to_host) {
     return;
   }
   // Offloaded, between gradient accumulation boundaries (and at the boundary where nothing
-  // is communicated and an accumulator exists: one device-to-host copy and one host add
+  // is communicated and an accumulator exists: one device-to-host copy and no host add
   // instead of two), the reduced gradient goes into the unit's fp32 accumulator on the device.
   const bool local = layout_.num_shards == 1 && ctx_.replicate->size() == 1;
   if (ctx_.offloaded() && (!boundary || (local && grad_acc_))) {
@@ -287,18 +287,33 @@ void FsdpParamGroup::reduce(bool boundary, const StagedSink& to_host) {
     return;
   }
   if (ctx_.offloaded() && grad_acc_) to_host(stage_accumulator());  // earlier micro-batches first
+  const bool empty = ctx_.offloaded() ? shard_unwritten_ : shard_was_empty;
   reduction_ = foreach_reduce(be, *ctx_.shard, *ctx_.replicate, layout_, std::move(full_grad_),
-                              shard_grad_, shard_was_empty, ctx_.mp.reduce_dtype,
-                              be.compute_stream(), *ctx_.reduce_stream, trace(),
-                              ctx_.offloaded() ? ctx_.sh : nullptr);
-  if (reduction_.staged) to_host(std::move(reduction_.staged));
+                              shard_grad_, empty, ctx_.mp.reduce_dtype, be.compute_stream(),
+                              *ctx_.reduce_stream, trace(), ctx_.offloaded() ? ctx_.sh : nullptr);
+  if (reduction_.staged) {
+    shard_unwritten_ = grad_dead_ = false;  // the copy lands or is cast: every element written
+    to_host(std::move(reduction_.staged));
+  }
 }
 
-// Copies the device accumulator (complete on the compute stream) to host staging on the
-// reduction stream, freed behind the copy.
+// Copies the device accumulator (complete on the compute stream) to the host on the
+// reduction stream, freed behind the copy: straight into the gradient shard if that holds
+// nothing yet (the accumulator is fp32).
 HostStaging FsdpParamGroup::stage_accumulator() {
-  return stage_to_host(*ctx_.be, *ctx_.sh, grad_acc_, &ctx_.be->compute_stream(),
-                       *ctx_.reduce_stream);
+  HostStaging s = stage_to_host(*ctx_.be, *ctx_.sh, grad_acc_, &ctx_.be->compute_stream(),
+                                *ctx_.reduce_stream, shard_unwritten_ ? shard_grad_.data() : nullptr);
+  shard_unwritten_ = grad_dead_ = false;
+  return s;
+}
+
+void FsdpParamGroup::add_staged(const HostStaging& copy) {
+  if (copy.landed) return;
+  if (copy.assign) {
+    ctx_.sh->cast(shard_grad_.view(), copy.host.view());
+  } else {
+    ctx_.sh->axpy(shard_grad_.view(), 1.f, copy.host.view());
+  }
 }
 
 void FsdpParamGroup::wait_reduce_scatter() {
@@ -346,12 +361,27 @@ void FsdpParamGroup::zero_grad() {
 void FsdpParamGroup::zero_grad_shard() {
   ctx_.sh->fill_zero(shard_grad_.view());
   grad_ = GradState::EMPTY;
+  shard_unwritten_ = true;
+  grad_dead_ = false;
+}
+
+void FsdpParamGroup::discard_grad_shard() {
+  grad_ = GradState::EMPTY;
+  shard_unwritten_ = grad_dead_ = true;
+}
+
+void FsdpParamGroup::settle_grad() {
+  if (!grad_dead_) return;
+  ctx_.sh->fill_zero(shard_grad_.view());
+  grad_dead_ = false;
 }
 
 void FsdpParamGroup::inject_nonfinite_grad() {
+  settle_grad();
   const float inf = std::numeric_limits<float>::infinity();
   ctx_.sh->copy_from_host(shard_grad_.view().slice(0, 1), &inf);
   grad_ = GradState::ACCUMULATED;
+  shard_unwritten_ = false;
 }
 
 // ---- views ----

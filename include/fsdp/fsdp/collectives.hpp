@@ -98,20 +98,26 @@ AllGatherResult foreach_all_gather(DeviceRuntime& be, Communicator& shard,
 
 // ---- reduce ----
 
-// A device buffer's copy in host memory (CPU offload's gradient staging): `host` holds it once
-// `copied` completes.
+// A device buffer's copy in host memory (CPU offload's gradient staging), complete once
+// `copied` completes. Either it went into new host memory (`host`) that the caller then adds
+// into (or, `assign`, writes into: the destination held nothing) the destination, or it
+// `landed` in the destination itself (`host` empty): the copy is the result, nothing to add.
 struct HostStaging {
   DeviceBuffer host;
   std::shared_ptr<Event> copied;
-  explicit operator bool() const { return static_cast<bool>(host); }
+  bool landed = false;  // the copy went straight into the destination
+  bool assign = false;  // !landed: the destination holds nothing; write it instead of adding
+  explicit operator bool() const { return copied != nullptr; }
 };
 
 // Enqueues on `copy_stream`, after the work enqueued on `after` so far (null: after only what
-// copy_stream already waits for), a copy of `device` into new host memory of `host_runtime`
-// (same dtype and size, MemCategory::comm_buffers), and frees `device` behind the copy (the
-// allocator reuses it once the copy has read it). Nothing blocks the host on a device stream.
+// copy_stream already waits for), a copy of `device` into `into` (host memory of at least
+// device.numel() elements of device.dtype(), e.g. a page-locked gradient shard: the result is
+// `landed`) or, with `into` null, into new host memory of `host_runtime` (same dtype and size,
+// MemCategory::comm_buffers), and frees `device` behind the copy (the allocator reuses it once
+// the copy has read it). Nothing blocks the host on a device stream.
 HostStaging stage_to_host(DeviceRuntime& be, DeviceRuntime& host_runtime, DeviceBuffer& device,
-                          Stream* after, Stream& copy_stream);
+                          Stream* after, Stream& copy_stream, void* into = nullptr);
 
 // FSDP2's foreach_reduce result: where the reduced gradient shard lands and the collectives
 // producing it. The caller waits for the works (reduce_scatter first), then adds `reduced`
@@ -125,10 +131,10 @@ struct ReduceResult {
   // completion (HSDP): all_reduce->wait() orders that stream, so the caller's stream must
   // wait on all_reduce->done().
   bool all_reduce_on_reduce_stream = false;
-  // CPU offload: the reduced shard copied into host memory (reduce_dtype [shard_numel]) on
-  // the reduction stream; `reduced` is then empty (freed once the copy has read it). The
-  // caller waits for the works, then staged.copied->synchronize(), then adds staged.host into
-  // the shard.
+  // CPU offload: the reduced shard copied to the host (reduce_dtype [shard_numel]) on the
+  // reduction stream; `reduced` is then empty (freed once the copy has read it). The caller
+  // waits for the works, then staged.copied->synchronize(), then adds staged.host into the
+  // shard (writes it, staged.assign), or nothing if the copy landed in the shard.
   HostStaging staged;
 };
 
@@ -154,11 +160,13 @@ struct ReduceResult {
 //    empty.
 // `host` (CPU offload): shard_grad lives in that runtime's (host) memory. A reduce-scatter
 // then never lands in it: once the last collective of the unit completes, the reduction stream
-// copies the reduced shard into `staged` (host memory) and the device buffer is freed
-// behind that copy, so the copy overlaps the rest of backward on CUDA; at world size 1 the
-// gradient (or its 16-bit reduce_dtype cast, as above) is staged the same way once `stream`
-// has produced it. The caller waits for the works, then staged.copied->synchronize(), and
-// adds staged.host into shard_grad.
+// copies the reduced shard to the host (`staged`) and the device buffer is freed behind that
+// copy, so the copy overlaps the rest of backward on CUDA; at world size 1 the gradient (or
+// its 16-bit reduce_dtype cast, as above) is staged the same way once `stream` has produced
+// it. With shard_grad_empty, an fp32 copy lands in shard_grad itself (its 0 + x is exact, as
+// the reduce-scatter's above) and a 16-bit one is marked `assign`. The caller waits for the
+// works, then staged.copied->synchronize(), and adds (assign: casts) staged.host into
+// shard_grad unless the copy landed there.
 // Every rank of a group must call this for the same units in the same order (the
 // collectives' order). Throws fsdp::Error on mismatched sizes (full_grad not
 // [padded_numel], shard_grad not fp32 [shard_numel]); a communicator's errors propagate.

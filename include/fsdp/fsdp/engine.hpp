@@ -35,9 +35,13 @@
 //    the unit's slot on the engine's copy stream and issues the all-gather after the copy,
 //    so a prefetched unit's upload and gather overlap the current unit's compute.
 //  - Gradients: a unit's reduced gradient shard (reduce_dtype, on the device) is copied to
-//    host staging on the reduction stream as soon as its collectives complete (overlapping
-//    the rest of backward on CUDA) and added into the host fp32 gradient shard by the host
-//    a few units later (at most kStagedCopies copies wait), the rest in end_step. Between
+//    the host on the reduction stream as soon as its collectives complete (overlapping the
+//    rest of backward on CUDA). The step's first copy into a shard writes it: an fp32 one
+//    lands in the host fp32 gradient shard itself (no host pass), a 16-bit one goes to
+//    staging and is cast into it; a later one (the boundary's gradient after the
+//    accumulator) is staged and added. The host does so a few units later (at most
+//    kStagedCopies staged copies wait), the rest in end_step. update_shards leaves the
+//    shards discarded, not zeroed: the next step's first copy overwrites them. Between
 //    gradient accumulation boundaries (set_gradient_accumulation_boundary: the micro-batches
 //    of a step but the last) the reduced gradients are added into an fp32 accumulator on
 //    the device instead, sent to the host once at the boundary: the host adds once per step.
@@ -324,14 +328,16 @@ class FsdpEngine final : public ModuleHooks {
   struct ShardWriter;
   std::unique_ptr<ShardWriter> writer_;
   void wait_written(int unit);  // blocks until update_shards' write of `unit` is done
-  // cpu_offload: reduced gradients copied to host memory, not yet added into their unit's
-  // shard (oldest first). At most kStagedCopies stay pending after a unit's reduction.
+  // cpu_offload: reduced gradients copied to the host, not yet handed to their unit (oldest
+  // first). At most kStagedCopies copies into staging memory (not landed in the shard) stay
+  // pending after a unit's reduction; staged_waiting_ counts those.
   struct Staged {
     int unit;
-    HostStaging copy;  // reduce_dtype or fp32 [shard_numel], host comm_buffers
+    HostStaging copy;  // reduce_dtype or fp32 [shard_numel]: host comm_buffers, or landed
   };
   static constexpr std::size_t kStagedCopies = 2;
   std::deque<Staged> staged_;
+  std::size_t staged_waiting_ = 0;
   bool shards_written_ = false;       // the shards (and copies) were written once
   bool boundary_ = true;           // set_gradient_accumulation_boundary
   std::vector<int> module_unit_;   // module -> unit

@@ -201,9 +201,11 @@ class FsdpParamGroup {
   //    boundary is then staged to the host;
   //  - else foreach_reduce into the shard (offloaded: staged to host memory, the
   //    accumulator of earlier micro-batches staged first).
-  // Offloaded, each host copy to add into shard_grad goes to `to_host` as soon as it is
-  // issued (the earlier micro-batches' accumulator before this reduction is issued): the
-  // caller adds them, in that order, with ctx.sh->axpy once their `copied` event completes.
+  // Offloaded, each host copy for shard_grad goes to `to_host` as soon as it is issued (the
+  // earlier micro-batches' accumulator before this reduction is issued): the caller hands
+  // each, in that order, to add_staged once its `copied` event completes. The first copy
+  // since the shard was zeroed or discarded writes it: an fp32 one lands in it (the device
+  // copies into the host shard, nothing for the host to add), a 16-bit one is cast into it.
   using StagedSink = std::function<void(HostStaging)>;
   void reduce(bool boundary, const StagedSink& to_host);
   // Waits for the pending reduce-scatter (a Phase::comm_wait).
@@ -211,12 +213,25 @@ class FsdpParamGroup {
   // Waits for the pending all-reduce and adds the reduced gradient (if it did not land in
   // place) into the accumulator or shard on the compute stream.
   void finish_reduction();
+  // Offload: a host copy from reduce() whose `copied` event has completed goes into the
+  // gradient shard: nothing if it landed there, a cast if it is the first since the shard
+  // held nothing (`assign`), else ctx.sh->axpy (the sum the device path makes). Host work only.
+  void add_staged(const HostStaging& copy);
   // Sets the gradient shard to 0 and drops the accumulator; EMPTY.
   void zero_grad();
   // The host half of zero_grad after a completed step (the accumulator was staged at the
   // boundary, so there is none): the gradient shard to 0, EMPTY. No device call, so the
   // engine's host thread may run it.
   void zero_grad_shard();
+  // As zero_grad_shard without writing the shard: its contents are dead and read as 0. The
+  // next reduction's first host copy writes every element (lands or is cast), so the 4 bytes
+  // a parameter of zeroes are never written; settle_grad writes them for a shard that no
+  // reduction wrote. Offload's host thread calls this after each update.
+  void discard_grad_shard();
+  // Writes the zeros a discarded gradient shard stands for, if nothing wrote it since (a unit
+  // without a backward this step); nothing otherwise. Host work only. The engine calls it at
+  // the accumulation boundary's end_step and before anyone reads the shard.
+  void settle_grad();
   // Test hook: +inf into element 0 of the gradient shard; ACCUMULATED.
   void inject_nonfinite_grad();
 
@@ -267,6 +282,12 @@ class FsdpParamGroup {
   TrainingState training_ = TrainingState::IDLE;
   ShardedState sharded_ = ShardedState::SHARDED;
   GradState grad_ = GradState::EMPTY;
+  // Offload: shard_grad has received no host copy since it was zeroed or discarded (so the
+  // next copy writes it: reduce's first staging lands or is cast), and it was discarded, its
+  // zeros not written (settle_grad writes them if no copy comes). An accumulator may hold
+  // micro-batches meanwhile: grad_ is then ACCUMULATED while the shard is still unwritten.
+  bool shard_unwritten_ = true;
+  bool grad_dead_ = false;
   int fwd_done_ = 0;  // modules of this unit done in forward this pass
   int bwd_done_ = 0;  // modules of this unit done in backward this pass
 };
