@@ -264,6 +264,31 @@ TEST(Config, CpuOffloadAndItsAccelerateAlias) {
   }
 }
 
+// fsdp.delayed_parameter_update needs the resident param_dtype shards of offload_optimizer
+// (and cpu_offload off: it wins when both are set); one line naming the key, exit 2.
+TEST(Config, DelayedParameterUpdateNeedsOffloadOptimizer) {
+  EXPECT_FALSE(parse_config("", "dpu.toml", {"data.path=t.h5"}).fsdp.delayed_parameter_update);
+  const Config ok = parse_config("[fsdp]\noffload_optimizer = true\ndelayed_parameter_update = true\n",
+                                 "dpu.toml", {"data.path=t.h5"});
+  EXPECT_TRUE(ok.fsdp.delayed_parameter_update);
+  EXPECT_EQ(parse_config(to_toml(ok), "dpu.toml", {}), ok);
+  const std::string why =
+      "dpu.toml: fsdp.delayed_parameter_update: needs fsdp.offload_optimizer = true and "
+      "fsdp.cpu_offload = false (the delayed update keeps the device's param_dtype shards from "
+      "before it)";
+  for (const std::string& text : {std::string("[fsdp]\ndelayed_parameter_update = true\n"),
+                                  std::string("[fsdp]\ncpu_offload = true\noffload_optimizer = true\n"
+                                              "delayed_parameter_update = true\n")}) {
+    try {
+      parse_config(text, "dpu.toml", {"data.path=t.h5"});
+      ADD_FAILURE() << "no error: " << text;
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(std::string(e.what()), why);
+      EXPECT_EQ(e.exit_code(), 2);
+    }
+  }
+}
+
 TEST(Config, EnumAndMixedPrecisionOverrides) {
   const Config c = parse_config(
       kMinimal, "min.toml",

@@ -234,6 +234,55 @@ TEST(Offload, ResumeContinuesBitForBitAndAcrossOffloadOnAndOff) {
   }
 }
 
+// fsdp.delayed_parameter_update through the trainer: step 1 is the undelayed run's, step 2
+// (taken at the initial parameters) is not (with warm-up steps, the first delayed one is); a checkpoint completes the pending update, so a
+// run stopped at the checkpoint and resumed, with the delay or without it, continues the
+// uninterrupted delayed run bit for bit (its step after the save uses the saved parameters).
+TEST(Offload, DelayedUpdateResumesBitForBit) {
+  const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
+  Config c = offload_config("offload_delayed_full", k);
+  c.train.max_steps = 6;
+  c.checkpoint.every = 3;
+  c.fsdp.offload_optimizer = true;
+  const TrainResult undelayed = run(c, On::world);
+  c.train.run_dir = fresh_dir("offload_delayed_full2");
+  c.fsdp.delayed_parameter_update = true;
+  const TrainResult full = run(c, On::world);
+  ASSERT_EQ(full.losses.size(), 6u);
+  EXPECT_EQ(full.losses[0], undelayed.losses[0]);
+  EXPECT_NE(full.losses[1], undelayed.losses[1]);
+  EXPECT_LT(full.losses.back(), full.losses.front());
+  // Two steps of warm-up (no checkpoint at step 3, whose save would complete update 3):
+  // steps 1-3 are the undelayed run's, step 4 is taken at the parameters before update 3.
+  c.train.run_dir = fresh_dir("offload_delayed_warm");
+  c.fsdp.delayed_parameter_update_warmup_steps = 2;
+  c.checkpoint.every = 0;
+  const TrainResult warm = run(c, On::world);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(warm.losses[i], undelayed.losses[i]) << "step " << i + 1;
+  EXPECT_NE(warm.losses[3], undelayed.losses[3]);
+  c.checkpoint.every = 3;
+  c.fsdp.delayed_parameter_update_warmup_steps = 0;
+  for (bool second_delayed : {true, false}) {
+    c.train.run_dir = fresh_dir("offload_delayed_part");
+    c.fsdp.delayed_parameter_update = true;
+    const TrainResult first = run(c, On::world, /*stop_after=*/3);
+    ASSERT_EQ(first.losses.size(), 3u);
+    c.fsdp.delayed_parameter_update = second_delayed;
+    const TrainResult second = run(c, On::world, 0, /*resume=*/true);
+    ASSERT_EQ(second.losses.size(), 3u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(first.losses[i], full.losses[i]) << "step " << i + 1;
+    // Resumed with the delay: the rest of the delayed run. Without it, step 4 (at the
+    // parameters of step 3's save, as the delayed run's step 4) is the same too.
+    EXPECT_EQ(second.losses[0], full.losses[3]) << second_delayed;
+    if (second_delayed) {
+      for (int i = 1; i < 3; ++i) EXPECT_EQ(second.losses[i], full.losses[i + 3]) << "step " << i + 4;
+      for (const auto& [name, values] : full.params) EXPECT_EQ(second.params.at(name), values) << name;
+    } else {
+      EXPECT_NE(second.losses[2], full.losses[5]);
+    }
+  }
+}
+
 TEST(Offload, PlanEqualsTheMeasuredDeviceAndHostPeaks) {
   for (ShardingStrategy s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP,
                              ShardingStrategy::HYBRID_SHARD}) {

@@ -719,33 +719,62 @@ struct Trained {
   // the gradient shards' elements (the sum of shard_numel).
   int64_t host_fill = 0, host_axpy = 0, host_cast_f32 = 0, grad_elements = 0;
   int64_t nonzero_grads_after_update = 0;  // what reading the gradient shards then gives
+  double eval_loss = 0;  // an evaluation pass after the last update
 };
 
-// 3 AdamW steps of a 3-block GPT-2 (bf16 compute, `reduce` reduction, clipping at 0.5,
-// weight decay) on one random batch of 4 sequences per rank, `micro` at a time; offloaded on
-// the deferred runtime under `schedule`, or on the plain CPU backend without offload. As the
-// trainer does, nothing zeroes the gradients between steps but update_shards (offloaded: the
-// discarded shard the next reduction's first copy overwrites).
-Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resident = false,
-              Schedule schedule = Schedule::side_late, unsigned seed = 0) {
-  auto be = fsdp::make_cpu_backend(1);
-  auto host_backend = fsdp::make_cpu_backend(1);
-  MemoryMap map;
-  DeferredCopyRuntime deferred(*be, map, Side::device, schedule, seed);
-  DeferredCopyRuntime host(*host_backend, map, Side::host);
-  DeferredKernels deferred_kernels(*be, deferred);
+// The model, batch and optimizer settings every run here shares.
+fsdp::Gpt2Config test_model() {
   fsdp::Gpt2Config mc;
   mc.n_layer = 3;
   mc.n_head = 2;
   mc.n_embd = 16;
   mc.n_positions = 16;
   mc.vocab_size = 64;
+  return mc;
+}
+fsdp::OptimConfig test_optim() {
+  fsdp::OptimConfig oc;
+  oc.lr = 1e-2;
+  oc.weight_decay = 0.1;
+  return oc;
+}
+// The same random batch of 4 sequences of 12 every step (each rank its own): the loss must fall.
+fsdp::data::Batch test_batch(int rank) {
+  std::mt19937 rng(3 + static_cast<unsigned>(rank));
+  std::uniform_int_distribution<int32_t> token(0, 63);
+  fsdp::data::Batch batch;
+  batch.B = 4;
+  batch.L = 12;
+  batch.target_len = 12;
+  for (int64_t i = 0; i < batch.B * batch.L; ++i) {
+    batch.inputs.push_back(token(rng));
+    batch.targets.push_back(token(rng));
+  }
+  return batch;
+}
+
+// 3 AdamW steps of a 3-block GPT-2 (bf16 compute, `reduce` reduction, clipping at 0.5,
+// weight decay) on one random batch of 4 sequences per rank, `micro` at a time; offloaded on
+// the deferred runtime under `schedule`, or on the plain CPU backend without offload. As the
+// trainer does, nothing zeroes the gradients between steps but update_shards (offloaded: the
+// discarded shard the next reduction's first copy overwrites). `delayed` (resident only):
+// fsdp.delayed_parameter_update. After the steps, one evaluation pass of the same batch.
+Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resident = false,
+              Schedule schedule = Schedule::side_late, unsigned seed = 0, bool delayed = false) {
+  auto be = fsdp::make_cpu_backend(1);
+  auto host_backend = fsdp::make_cpu_backend(1);
+  MemoryMap map;
+  DeferredCopyRuntime deferred(*be, map, Side::device, schedule, seed);
+  DeferredCopyRuntime host(*host_backend, map, Side::host);
+  DeferredKernels deferred_kernels(*be, deferred);
+  const fsdp::Gpt2Config mc = test_model();
   fsdp::Kernels& kernels = offload ? static_cast<fsdp::Kernels&>(deferred_kernels) : *be;
   fsdp::Gpt2Model model(mc, kernels, DType::bf16);
   fsdp::FsdpConfig fc;
   fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
   fc.cpu_offload = offload && !resident;
   fc.offload_optimizer = offload && resident;
+  fc.delayed_parameter_update = delayed;
   fsdp::DeviceRuntime& rt = offload ? static_cast<fsdp::DeviceRuntime&>(deferred) : *be;
   fsdp::MixedPrecisionConfig mp;
   mp.param_dtype = DType::bf16;
@@ -760,9 +789,7 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, rt, 7, true,
                           offload ? &host : nullptr);
   fsdp::GradNormClipper clipper(engine);
-  fsdp::OptimConfig oc;
-  oc.lr = 1e-2;
-  oc.weight_decay = 0.1;
+  const fsdp::OptimConfig oc = test_optim();
   fsdp::Optimizer opt(oc, engine.shard_runtime());
   for (int u = 0; u < engine.num_units(); ++u) {
     opt.add_shard(engine.shard_param(u), engine.shard_grad(u),
@@ -770,18 +797,9 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   }
   fsdp::DeviceBuffer loss(rt, DType::f64, 1, fsdp::MemCategory::other);
   fsdp::DeviceBuffer norm(rt, DType::f64, 1, fsdp::MemCategory::other);
-  std::mt19937 rng(3 + static_cast<unsigned>(world_mpi.rank()));  // each rank its own data
-  std::uniform_int_distribution<int32_t> token(0, 63);
-  const int64_t B = 4, L = 12;
+  const fsdp::data::Batch batch = test_batch(world_mpi.rank());
+  const int64_t B = batch.B, L = batch.L;
   Trained r;
-  fsdp::data::Batch batch;  // the same batch every step: the loss must fall
-  batch.B = B;
-  batch.L = L;
-  batch.target_len = L;
-  for (int64_t i = 0; i < B * L; ++i) {
-    batch.inputs.push_back(token(rng));
-    batch.targets.push_back(token(rng));
-  }
   host.fill_elements = host.axpy_elements = host.cast_f32_elements = 0;
   for (int step = 1; step <= 3; ++step) {
     rt.fill_zero(loss.view());
@@ -799,10 +817,15 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
     opt.begin_update();
     engine.update_shards([&opt, lr = oc.lr](int u) { opt.step_shard(u, lr); });
   }
-  r.params = engine.gather_full_params();
   r.host_fill = host.fill_elements;
   r.host_axpy = host.axpy_elements;
   r.host_cast_f32 = host.cast_f32_elements;
+  engine.begin_step(false);
+  rt.fill_zero(loss.view());
+  model.forward_loss(batch, engine, loss.view());
+  engine.end_step();
+  rt.copy_to_host(&r.eval_loss, loss.view());
+  r.params = engine.gather_full_params();
   for (int u = 0; u < engine.num_units(); ++u) {  // read as zeros, discarded or not
     const TensorView g = engine.shard_grad(u);
     std::vector<float> values(static_cast<std::size_t>(g.numel()));
@@ -813,6 +836,81 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   r.deferred_copies = deferred.deferred_copies;
   r.deferred_ops = deferred.deferred_ops;
   for (int u = 0; u < engine.num_units(); ++u) r.grad_elements += engine.shard_numel(u);
+  return r;
+}
+
+// What fsdp.delayed_parameter_update computes, spelled out on the plain CPU backend without
+// offload: step n's forward and backward run at the parameters before update n-1 (written in
+// for the pass, the current ones written back before the clip and the update), so each
+// gradient is one update late; the evaluation after the last step sees the updated ones.
+Trained train_delayed_reference(int64_t micro, Group group, DType reduce) {
+  auto be = fsdp::make_cpu_backend(1);
+  fsdp::Gpt2Model model(test_model(), *be, DType::bf16);
+  fsdp::FsdpConfig fc;
+  fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
+  fsdp::MixedPrecisionConfig mp;
+  mp.param_dtype = DType::bf16;
+  mp.reduce_dtype = reduce;
+  SoloCommunicator solo;
+  fsdp::MpiCommunicator world_mpi(MPI_COMM_WORLD);
+  fsdp::Communicator& shard = group == Group::sharded ? static_cast<fsdp::Communicator&>(world_mpi) : solo;
+  fsdp::Communicator& replicate =
+      group == Group::replicated ? static_cast<fsdp::Communicator&>(world_mpi) : solo;
+  fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, *be, 7, true);
+  fsdp::GradNormClipper clipper(engine);
+  const fsdp::OptimConfig oc = test_optim();
+  fsdp::Optimizer opt(oc, engine.shard_runtime());
+  for (int u = 0; u < engine.num_units(); ++u) {
+    opt.add_shard(engine.shard_param(u), engine.shard_grad(u),
+                  fsdp::decayed_ranges(engine.layout(u), engine.shard_index()));
+  }
+  using Shards = std::vector<std::vector<float>>;
+  auto read = [&] {
+    Shards s(static_cast<std::size_t>(engine.num_units()));
+    for (int u = 0; u < engine.num_units(); ++u) {
+      const TensorView p = engine.shard_param(u);
+      s[u].resize(static_cast<std::size_t>(p.numel()));
+      be->copy_to_host(s[u].data(), p);
+    }
+    return s;
+  };
+  auto write = [&](const Shards& s) {
+    engine.write_shards([&] {
+      for (int u = 0; u < engine.num_units(); ++u) be->copy_from_host(engine.shard_param(u), s[u].data());
+    });
+  };
+  fsdp::DeviceBuffer loss(*be, DType::f64, 1, fsdp::MemCategory::other);
+  fsdp::DeviceBuffer norm(*be, DType::f64, 1, fsdp::MemCategory::other);
+  const fsdp::data::Batch batch = test_batch(world_mpi.rank());
+  const int64_t B = batch.B, L = batch.L;
+  Trained r;
+  Shards before = read();  // the parameters before the last update
+  for (int step = 1; step <= 3; ++step) {
+    const Shards current = read();
+    write(before);
+    be->fill_zero(loss.view());
+    for (int64_t m0 = 0; m0 < B; m0 += micro) {
+      engine.set_gradient_accumulation_boundary(m0 + micro >= B);
+      engine.begin_step(true);
+      model.forward_backward(micro == B ? batch : batch.rows(m0, micro), 1.0f / (B * L), engine,
+                             loss.view());
+      engine.end_step();
+    }
+    write(current);
+    clipper.clip(0.5, norm.view());
+    double host_loss = 0;
+    be->copy_to_host(&host_loss, loss.view());
+    r.losses.push_back(host_loss);
+    opt.begin_update();
+    engine.update_shards([&opt, lr = oc.lr](int u) { opt.step_shard(u, lr); });
+    before = current;
+  }
+  engine.begin_step(false);
+  be->fill_zero(loss.view());
+  model.forward_loss(batch, engine, loss.view());
+  engine.end_step();
+  be->copy_to_host(&r.eval_loss, loss.view());
+  r.params = engine.gather_full_params();
   return r;
 }
 
@@ -904,6 +1002,40 @@ TEST(OffloadStreams, TheHostWritesEachGradientShardOnceAStep) {
     EXPECT_EQ(off.host_axpy, group == Group::sharded && micro < 4 ? steps * n : 0);
     // A discarded shard still reads as zeros (the engine writes them for a reader).
     EXPECT_EQ(off.nonzero_grads_after_update, 0);
+  }
+}
+
+// fsdp.delayed_parameter_update under every schedule equals its definition
+// (train_delayed_reference) bit for bit: the passes gather the device shards from before the
+// host's update while it runs, each unit's new gradient lands only after its update read the
+// old one, and its upload follows its last use. It differs from the undelayed run from step 2.
+TEST(OffloadStreams, DelayedParameterUpdateIsTheUpdateOneStepLate) {
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  const Group group = ranks > 1 ? Group::sharded : Group::alone;
+  for (DType reduce : {DType::bf16, DType::f32})
+  for (int64_t micro : {4, 1}) {
+    SCOPED_TRACE("micro-batches of " + std::to_string(micro) + ", reduce_dtype " +
+                 std::string(fsdp::to_string(reduce)));
+    const Trained ref = train_delayed_reference(micro, group, reduce);
+    const Trained undelayed = train(false, micro, group, reduce);
+    ASSERT_EQ(ref.losses.size(), 3u);
+    EXPECT_EQ(ref.losses[0], undelayed.losses[0]);
+    EXPECT_EQ(ref.losses[1], undelayed.losses[0]);  // step 2 still at the initial parameters
+    EXPECT_NE(ref.losses[2], undelayed.losses[2]);
+    EXPECT_LT(ref.losses[2], ref.losses[0]);
+    const std::vector<std::pair<Schedule, unsigned>> schedules = {
+        {Schedule::side_late, 0}, {Schedule::compute_late, 0}, {Schedule::shuffled, 1},
+        {Schedule::shuffled, 2}, {Schedule::shuffled, 3}, {Schedule::shuffled, 4}};
+    for (const auto& [schedule, seed] : schedules) {
+      SCOPED_TRACE("schedule " + std::to_string(static_cast<int>(schedule)) + ", seed " +
+                   std::to_string(seed));
+      const Trained off = train(true, micro, group, reduce, true, schedule, seed, true);
+      EXPECT_EQ(off.losses, ref.losses);
+      EXPECT_EQ(off.eval_loss, ref.eval_loss);
+      for (const auto& [name, values] : ref.params) EXPECT_EQ(off.params.at(name), values) << name;
+      EXPECT_EQ(off.nonzero_grads_after_update, 0);
+    }
   }
 }
 

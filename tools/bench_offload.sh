@@ -19,17 +19,20 @@
 # micro-batch a step (MODELS=gpt2-1.5b CONTENDERS="fsdp_train fsdp_train:offload"
 # tools/bench_gpu.sh) it cannot come near the issue's 0.75.
 # PARTS ("7b cost") picks the parts: "7b" the 7B run, "cost" the 1.5B comparison.
-# MODES ("offload_optimizer cpu_offload") picks the offload modes each part runs: fsdp.cpu_offload
-# (every unshard uploads) and fsdp.offload_optimizer (the param_dtype shards resident on the
-# device, one upload a step; issue 31). Each 7B line also gives MFU and the start-up line.
+# MODES ("offload_optimizer delayed cpu_offload") picks the offload modes each part runs:
+# fsdp.cpu_offload (every unshard uploads), fsdp.offload_optimizer (the param_dtype shards
+# resident on the device, one upload a step; issue 31) and "delayed" (offload_optimizer with
+# fsdp.delayed_parameter_update: the host's update beside the next step's forward and
+# backward). Each 7B line also gives MFU and the start-up line.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STEPS="${STEPS:-20}" N_LAYERS="${N_LAYERS:-32 28 24 20 16}" RUN_TIMEOUT="${RUN_TIMEOUT:-500}"
 COST_ROUNDS="${COST_ROUNDS:-1}" ACCUM="${ACCUM:-32}" PARTS="${PARTS:-7b cost}"
-MODES="${MODES:-offload_optimizer cpu_offload}"
-keys() {  # $1 = none | cpu_offload | offload_optimizer: the two keys' --set arguments
+MODES="${MODES:-offload_optimizer delayed cpu_offload}"
+keys() {  # $1 = none | cpu_offload | offload_optimizer | delayed: the three keys' --set arguments
   echo "--set fsdp.cpu_offload=$([[ $1 == cpu_offload ]] && echo true || echo false)" \
-       "--set fsdp.offload_optimizer=$([[ $1 == offload_optimizer ]] && echo true || echo false)"
+       "--set fsdp.offload_optimizer=$([[ $1 == offload_optimizer || $1 == delayed ]] && echo true || echo false)" \
+       "--set fsdp.delayed_parameter_update=$([[ $1 == delayed ]] && echo true || echo false)"
 }
 BUNDLE="${FSDP_BUNDLE:-$REPO/gpu_bundle}"
 if [[ -f "$BUNDLE/env.sh" ]]; then
@@ -45,7 +48,7 @@ MD="$OUTDIR/bench_offload.md"
 : >"$MD"
 say() { echo "$*" | tee -a "$MD"; }
 
-train() {  # $1 = n_layer, $2 = none | cpu_offload | offload_optimizer; exit code, log in $WORK/log
+train() {  # $1 = n_layer, $2 = none or a mode (keys); exit code, log in $WORK/log
   rm -rf "$WORK/run"
   # shellcheck disable=SC2046
   in_ours timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" "$REPO/inputs/gpt_7b.toml" \
@@ -72,10 +75,11 @@ for L in $N_LAYERS; do
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 timed = [r for r in rows if r["step"] > 3 and "tokens_per_sec" in r]
+mode = {"delayed": "offload_optimizer + delayed_parameter_update"}.get(sys.argv[4], sys.argv[4])
 print("- n_layer %s with fsdp.%s: %d steps in %s s; median %.0f tok/s, MFU %.1f %% (steps 4..), step %.2f s "
       "(forward %.2f, backward %.2f, optimizer %.2f); device peak %.1f GiB, host peak %.1f GiB; "
       "loss %.4f -> %.4f" % (
-          sys.argv[2], sys.argv[4], len(rows), sys.argv[3], statistics.median(r["tokens_per_sec"] for r in timed),
+          sys.argv[2], mode, len(rows), sys.argv[3], statistics.median(r["tokens_per_sec"] for r in timed),
           100 * statistics.median(r.get("mfu", 0) for r in timed),
           statistics.median(r["step_s"] for r in timed), statistics.median(r["forward_s"] for r in timed),
           statistics.median(r["backward_s"] for r in timed), statistics.median(r["optimizer_s"] for r in timed),

@@ -207,6 +207,13 @@ void visit_keys(C& c, F&& f) {
     {kMayChange, kAny, "DeepSpeed zero_optimization.offload_optimizer",
      "Keep the fp32 master shards, their gradients and the optimizer state in host memory, "
      "the param_dtype shards on the device."});
+  f("fsdp", "delayed_parameter_update", c.fsdp.delayed_parameter_update,
+    {kMayChange, kAny, "ZeRO-Offload one-step delayed parameter update (DPU)",
+     "With offload_optimizer: run the host's update of each step beside the next step's "
+     "forward and backward, which then use the parameters from before that update."});
+  f("fsdp", "delayed_parameter_update_warmup_steps", c.fsdp.delayed_parameter_update_warmup_steps,
+    {kMayChange, at_least(0), "",
+     "Steps whose update is not delayed before delayed_parameter_update takes effect."});
   f("mixed_precision", "param_dtype", c.mixed_precision.param_dtype,
     {kFixed, kAny, "PyTorch FSDP MixedPrecision.param_dtype",
      "Dtype of the unsharded parameters and of the compute (GEMMs, activations)."});
@@ -634,6 +641,11 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
   }
   if (c.comm.backend == CommBackend::nccl && c.train.device == DeviceKind::cpu) {
     throw fail("comm.backend", "\"nccl\" needs train.device = \"cuda\" or \"auto\"");
+  }
+  if (c.fsdp.delayed_parameter_update && !c.fsdp.params_resident()) {
+    throw fail("fsdp.delayed_parameter_update",
+               "needs fsdp.offload_optimizer = true and fsdp.cpu_offload = false (the delayed "
+               "update keeps the device's param_dtype shards from before it)");
   }
 }
 

@@ -131,6 +131,10 @@ FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig&
   ctx_.sh = &shard_runtime_of(config, backend, offload);
   ctx_.mp = mixed_precision;
   ctx_.resident = config.params_resident();
+  if (config.delayed_parameter_update && (!ctx_.resident || !ctx_.offloaded())) {
+    throw Error("FSDP: fsdp.delayed_parameter_update needs fsdp.offload_optimizer (and an "
+                "offload runtime): the delayed update keeps the device shards from before it");
+  }
   ctx_.shard = &shard;
   ctx_.replicate = &replicate;
   build(modules, seed, initialise, init_params);
@@ -201,6 +205,7 @@ void FsdpEngine::refresh_all() {
 
 void FsdpEngine::write_shards(const std::function<void()>& write) {
   wait_shard_writes();
+  delayed_pending_ = false;  // refresh_all uploads every unit
   if (copy_stream_) copy_stream_->synchronize();
   write();
   refresh_all();
@@ -214,7 +219,7 @@ struct FsdpEngine::ShardWriter {
   std::exception_ptr error;   // what a write threw (the units after it are never written)
 };
 
-void FsdpEngine::update_shards(const std::function<void(int unit)>& write) {
+void FsdpEngine::update_shards(const std::function<void(int unit)>& write, bool delay) {
   wait_shard_writes();
   if (copy_stream_) copy_stream_->synchronize();  // no upload still reads a host copy
   shards_written_ = true;
@@ -229,10 +234,15 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write) {
   writer_ = std::make_unique<ShardWriter>();
   writer_->written.assign(units_.size(), 0);
   ShardWriter* w = writer_.get();
+  // Delayed: in the order the boundary's backward waits for them.
+  std::vector<int> order = fwd_order_;
+  delayed_pending_ = config_.delayed_parameter_update && delay;
+  if (delayed_pending_) std::reverse(order.begin(), order.end());
   // The host work only (the optimizer on the shards' runtime, the cast, discarding the
-  // gradient shard); the resident upload is the main thread's, at the unit's unshard.
-  w->thread = std::thread([this, w, write] {
-    for (const int u : fwd_order_) {
+  // gradient shard); the resident upload is the main thread's, at the unit's unshard (delayed:
+  // at its post_backward in the boundary's backward, or complete_update).
+  w->thread = std::thread([this, w, write, order] {
+    for (const int u : order) {
       try {
         write(u);
         unit(u).cast_host_copy();
@@ -248,6 +258,13 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write) {
       w->changed.notify_all();
     }
   });
+}
+
+void FsdpEngine::complete_update() {
+  if (!delayed_pending_) return;
+  wait_shard_writes();
+  for (auto& u : units_) u->upload_resident();  // those the boundary's backward did not
+  delayed_pending_ = false;
 }
 
 void FsdpEngine::wait_written(int u) {
@@ -332,8 +349,12 @@ int FsdpEngine::unsharded_blocks() const {
 void FsdpEngine::unshard(int u) {
   FsdpParamGroup& g = unit(u);
   if (g.sharded_state() == ShardedState::UNSHARDED) return;
-  wait_written(u);
-  g.unshard(shards_written_);
+  if (delayed_pending_) {  // the device shard from before the update running on the host
+    g.unshard(shards_written_, false);
+  } else {
+    wait_written(u);
+    g.unshard(shards_written_);
+  }
   if (g.sharded_state() == ShardedState::UNSHARDED && u != 0) ++unsharded_blocks_;
 }
 
@@ -359,6 +380,7 @@ void FsdpEngine::prefetch(int unit, bool backward) {
 }
 
 void FsdpEngine::begin_step(bool training) {
+  if (!training) complete_update();  // evaluation sees the updated parameters
   for (auto& u : units_) u->begin_pass();
   training_ = training;
 }
@@ -393,6 +415,12 @@ void FsdpEngine::post_backward(int module) {
   const int u = module_unit_[module];
   if (!unit(u).post_backward()) return;
   if (config_.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch(bwd_next_[u], true);
+  if (delayed_pending_ && boundary_) {
+    // The delayed update of this unit: done before its new gradient lands in the shard the
+    // update read; its upload after this step's last use of the old device shard.
+    wait_written(u);
+    unit(u).upload_resident();
+  }
   unit(u).reduce(boundary_, [this, u](HostStaging copy) {
     staged_.push_back({u, std::move(copy)});
     if (!staged_.back().copy.landed) ++staged_waiting_;
@@ -429,6 +457,7 @@ void FsdpEngine::end_step() {
   for (auto& u : units_) u->finish_reduction();
   drain_staged(0);
   if (training_ && boundary_) {
+    complete_update();  // units without a backward this step are written and uploaded now
     for (auto& u : units_) u->settle_grad();
   }
   if (offloaded()) copy_stream_->synchronize();  // no upload reads the host shards after this

@@ -202,7 +202,7 @@ bool FsdpParamGroup::post_backward() {
 // Casts this rank's fp32 shard to param_dtype into its slot of the full buffer, then
 // all-gathers in place (fp32: straight from the shard); offloaded, the slot is uploaded from
 // the host copy on the copy stream first.
-void FsdpParamGroup::unshard(bool host_copy_ready) {
+void FsdpParamGroup::unshard(bool host_copy_ready, bool refresh) {
   if (sharded_ == ShardedState::UNSHARDED || !needs_full()) return;
   if (ctx_.offloaded() && !host_copy_ready) {
     throw Error("FSDP: unit " + std::to_string(index_) + " (" + name() +
@@ -214,7 +214,7 @@ void FsdpParamGroup::unshard(bool host_copy_ready) {
   Stream& compute = ctx_.be->compute_stream();
   AllGatherResult r;
   if (ctx_.resident) {  // gathered from the device shard, once its refresh has landed
-    upload_resident();  // a cast on the host thread left it due (update_shards)
+    if (refresh) upload_resident();  // a cast on the host thread left it due (update_shards)
     if (uploaded_) {
       compute.wait(*uploaded_);
       uploaded_.reset();

@@ -113,9 +113,12 @@ void finish_pending_save(Job& job) {
 // shards into host buffers and starts the background writer; the save stays pending until
 // finish_pending_save commits it (at the first step boundary after every rank's write
 // finished, or before the next save, or at the end of the run). A save always finishes the
-// previous pending one first.
+// previous pending one first. A delayed parameter update (fsdp.delayed_parameter_update) is
+// completed first, as a resumed run starts from it: the step after a save uses the updated
+// parameters in both.
 void save_checkpoint(Job& job, bool async) {
   finish_pending_save(job);
+  job.engine->complete_update();
   const auto t0 = Clock::now();
   const std::string& run_dir = job.cfg.train.run_dir;
   const std::string tmp = ckpt::tmp_step_dir(run_dir, job.step);

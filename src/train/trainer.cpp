@@ -538,7 +538,8 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
     job.optimizer->begin_update();  // optimizer shard u is unit u's (build_model)
     // By value: offloaded, the writes outlive this function.
     job.engine->update_shards(
-        [optimizer = job.optimizer.get(), lr = o.lr](int u) { optimizer->step_shard(u, lr); });
+        [optimizer = job.optimizer.get(), lr = o.lr](int u) { optimizer->step_shard(u, lr); },
+        job.step > cfg.fsdp.delayed_parameter_update_warmup_steps);
   }
   job.scaler.update(o.skipped);
   // update_shards consumed (zeroed) the gradients; offloaded, the host step goes on beside

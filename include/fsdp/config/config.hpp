@@ -347,6 +347,15 @@ struct FsdpConfig {
   // optimizer step (one upload per step instead of one per unshard). cpu_offload wins when
   // both are set.
   bool offload_optimizer = false;
+  // ZeRO-Offload's one-step delayed parameter update (DPU; Ren et al., USENIX ATC 2021, sec.
+  // 5.2), with offload_optimizer only: the host's update of step n runs beside step n+1's
+  // forward and backward, which use the parameters from before it, so each gradient is taken
+  // one update late (fsdp/fsdp/engine.hpp update_shards). Evaluation, checkpoints and the run's
+  // end complete the pending update first.
+  bool delayed_parameter_update = false;
+  // Steps trained undelayed first (the update of steps 1..N completes before the next step),
+  // since stale gradients hurt most while the loss still falls fast.
+  int64_t delayed_parameter_update_warmup_steps = 0;
   // Whether the shards live in host memory (either key).
   bool offloaded() const { return cpu_offload || offload_optimizer; }
   // Whether the param_dtype shards stay on the device (offload_optimizer alone).

@@ -241,7 +241,23 @@ class FsdpEngine final : public ModuleHooks {
   // update_shards, the destructor) waits for all of them. `write` runs on that thread, so it
   // may only touch host memory (the shard runtime's); an exception it throws is rethrown by
   // the next of those waits.
-  void update_shards(const std::function<void(int unit)>& write);
+  // fsdp.delayed_parameter_update (with offload_optimizer; ZeRO-Offload's one-step delayed
+  // parameter update): the host thread writes the units in backward order instead, and the
+  // next passes neither wait for it nor upload: they gather the device shards from before the
+  // update, until the accumulation boundary's backward, where each unit's post_backward waits
+  // for its write (its new gradient then lands in the shard the update has read) and enqueues
+  // its upload once this step's last use of the old shard is behind the compute stream. So
+  // the update of step n runs beside step n+1's forward and backward, and step n+1's
+  // gradient is taken at the parameters before update n (each gradient one update late; the
+  // update rule is unchanged). An evaluation pass (begin_step(false)), write_shards and
+  // complete_update finish the pending update first. `delay` false runs this update
+  // undelayed (fsdp.delayed_parameter_update_warmup_steps).
+  void update_shards(const std::function<void(int unit)>& write, bool delay = true);
+  // fsdp.delayed_parameter_update: waits for the pending update's writes and enqueues the
+  // uploads of the units not yet uploaded, so the next pass uses the updated parameters
+  // (what the trainer does before a checkpoint, so a resumed run equals the uninterrupted
+  // one). Nothing without a pending update.
+  void complete_update();
   // Waits for the writes update_shards left running (rethrowing their exception); returns
   // at once when none are.
   void wait_shard_writes();
@@ -328,6 +344,9 @@ class FsdpEngine final : public ModuleHooks {
   struct ShardWriter;
   std::unique_ptr<ShardWriter> writer_;
   void wait_written(int unit);  // blocks until update_shards' write of `unit` is done
+  // delayed_parameter_update: an update is running on the host thread whose uploads are not
+  // all enqueued; passes gather the shards from before it (main thread only).
+  bool delayed_pending_ = false;
   // cpu_offload: reduced gradients copied to the host, not yet handed to their unit (oldest
   // first). At most kStagedCopies copies into staging memory (not landed in the shard) stay
   // pending after a unit's reduction; staged_waiting_ counts those.

@@ -184,8 +184,11 @@ class FsdpParamGroup {
   // Issues the unshard (foreach_all_gather; offloaded: after the upload of the host copy,
   // both on the copy stream); UNSHARDED. No-op if already UNSHARDED or !needs_full().
   // Offloaded, throws fsdp::Error unless `host_copy_ready` (the shards were written through
-  // FsdpEngine::write_shards / update_shards, which refresh the copies).
-  void unshard(bool host_copy_ready);
+  // FsdpEngine::write_shards / update_shards, which refresh the copies). Resident
+  // (offload_optimizer), the device shard is first refreshed if a cast left it due, unless
+  // `refresh` is false (a delayed update's host thread may be writing the host copy: the
+  // gather then sends the device shard from before it).
+  void unshard(bool host_copy_ready, bool refresh = true);
   // The compute stream waits for the pending all-gather (and offloaded, the upload): a
   // Phase::comm_wait, ranged "all_gather wait unit U (name)".
   void wait_for_unshard();
@@ -213,6 +216,11 @@ class FsdpParamGroup {
   // Waits for the pending all-reduce and adds the reduced gradient (if it did not land in
   // place) into the accumulator or shard on the compute stream.
   void finish_reduction();
+  // refresh_copies' device half (offload_optimizer): the upload of the host copy into the
+  // device shard on the copy stream, after the compute stream's work so far, if a cast since
+  // the last one left it due; nothing otherwise. Main thread only (it reads what the host
+  // thread's cast wrote: the engine waits for that write first).
+  void upload_resident();
   // Offload: a host copy from reduce() whose `copied` event has completed goes into the
   // gradient shard: nothing if it landed there, a cast if it is the first since the shard
   // held nothing (`assign`), else ctx.sh->axpy (the sum the device path makes). Host work only.
@@ -247,9 +255,6 @@ class FsdpParamGroup {
 
  private:
   void transition(TrainingState from, TrainingState to, const char* hook);
-  // refresh_copies' device half: the resident upload, if a cast since the last one left it
-  // due; nothing otherwise.
-  void upload_resident();
   HostStaging stage_accumulator();
 
   int index_;
