@@ -753,6 +753,27 @@ fsdp::data::Batch test_batch(int rank) {
   return batch;
 }
 
+// Every unit's shard to the optimizer (the trainer's build_model does the same).
+void add_shards(fsdp::Optimizer& opt, fsdp::FsdpEngine& engine) {
+  for (int u = 0; u < engine.num_units(); ++u) {
+    opt.add_shard(engine.shard_param(u), engine.shard_grad(u),
+                  fsdp::decayed_ranges(engine.layout(u), engine.shard_index()));
+  }
+}
+// One step's forward and backward, `micro` sequences a pass (the last the accumulation
+// boundary), the loss summed into `loss`.
+void forward_backward(fsdp::FsdpEngine& engine, fsdp::Gpt2Model& model,
+                      const fsdp::data::Batch& batch, int64_t micro, const TensorView& loss) {
+  const int64_t B = batch.B;
+  for (int64_t m0 = 0; m0 < B; m0 += micro) {
+    engine.set_gradient_accumulation_boundary(m0 + micro >= B);
+    engine.begin_step(true);
+    model.forward_backward(micro == B ? batch : batch.rows(m0, micro),
+                           1.0f / static_cast<float>(B * batch.L), engine, loss);
+    engine.end_step();
+  }
+}
+
 // 3 AdamW steps of a 3-block GPT-2 (bf16 compute, `reduce` reduction, clipping at 0.5,
 // weight decay) on one random batch of 4 sequences per rank, `micro` at a time; offloaded on
 // the deferred runtime under `schedule`, or on the plain CPU backend without offload. As the
@@ -791,25 +812,15 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   fsdp::GradNormClipper clipper(engine);
   const fsdp::OptimConfig oc = test_optim();
   fsdp::Optimizer opt(oc, engine.shard_runtime());
-  for (int u = 0; u < engine.num_units(); ++u) {
-    opt.add_shard(engine.shard_param(u), engine.shard_grad(u),
-                  fsdp::decayed_ranges(engine.layout(u), engine.shard_index()));
-  }
+  add_shards(opt, engine);
   fsdp::DeviceBuffer loss(rt, DType::f64, 1, fsdp::MemCategory::other);
   fsdp::DeviceBuffer norm(rt, DType::f64, 1, fsdp::MemCategory::other);
   const fsdp::data::Batch batch = test_batch(world_mpi.rank());
-  const int64_t B = batch.B, L = batch.L;
   Trained r;
   host.fill_elements = host.axpy_elements = host.cast_f32_elements = 0;
   for (int step = 1; step <= 3; ++step) {
     rt.fill_zero(loss.view());
-    for (int64_t m0 = 0; m0 < B; m0 += micro) {
-      engine.set_gradient_accumulation_boundary(m0 + micro >= B);
-      engine.begin_step(true);
-      model.forward_backward(micro == B ? batch : batch.rows(m0, micro), 1.0f / (B * L), engine,
-                             loss.view());
-      engine.end_step();
-    }
+    forward_backward(engine, model, batch, micro, loss.view());
     clipper.clip(0.5, norm.view());
     double host_loss = 0;
     rt.copy_to_host(&host_loss, loss.view());
@@ -860,10 +871,7 @@ Trained train_delayed_reference(int64_t micro, Group group, DType reduce) {
   fsdp::GradNormClipper clipper(engine);
   const fsdp::OptimConfig oc = test_optim();
   fsdp::Optimizer opt(oc, engine.shard_runtime());
-  for (int u = 0; u < engine.num_units(); ++u) {
-    opt.add_shard(engine.shard_param(u), engine.shard_grad(u),
-                  fsdp::decayed_ranges(engine.layout(u), engine.shard_index()));
-  }
+  add_shards(opt, engine);
   using Shards = std::vector<std::vector<float>>;
   auto read = [&] {
     Shards s(static_cast<std::size_t>(engine.num_units()));
@@ -882,20 +890,13 @@ Trained train_delayed_reference(int64_t micro, Group group, DType reduce) {
   fsdp::DeviceBuffer loss(*be, DType::f64, 1, fsdp::MemCategory::other);
   fsdp::DeviceBuffer norm(*be, DType::f64, 1, fsdp::MemCategory::other);
   const fsdp::data::Batch batch = test_batch(world_mpi.rank());
-  const int64_t B = batch.B, L = batch.L;
   Trained r;
   Shards before = read();  // the parameters before the last update
   for (int step = 1; step <= 3; ++step) {
     const Shards current = read();
     write(before);
     be->fill_zero(loss.view());
-    for (int64_t m0 = 0; m0 < B; m0 += micro) {
-      engine.set_gradient_accumulation_boundary(m0 + micro >= B);
-      engine.begin_step(true);
-      model.forward_backward(micro == B ? batch : batch.rows(m0, micro), 1.0f / (B * L), engine,
-                             loss.view());
-      engine.end_step();
-    }
+    forward_backward(engine, model, batch, micro, loss.view());
     write(current);
     clipper.clip(0.5, norm.view());
     double host_loss = 0;
