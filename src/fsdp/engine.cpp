@@ -220,6 +220,7 @@ struct FsdpEngine::ShardWriter {
 };
 
 void FsdpEngine::update_shards(const std::function<void(int unit)>& write, bool delay) {
+  complete_update();  // a delayed update no boundary completed (not the trainer's order)
   wait_shard_writes();
   if (copy_stream_) copy_stream_->synchronize();  // no upload still reads a host copy
   shards_written_ = true;
