@@ -169,14 +169,18 @@ for r, g in zip(ref, got):
         assert abs(r[k] - g[k]) <= 1e-6 * max(1.0, abs(r[k])), (r["step"], k, r[k], g[k])
 EOF
     ;;
-  sigusr1_rank | sigusr1_offload | sigusr1_offload_optimizer)
+  sigusr1_rank | sigusr1_offload | sigusr1_offload_optimizer | sigusr1_delayed_update)
     # sigusr1_offload (issue 22): SIGUSR1 to rank 1 of an offloaded run saves the host shards
     # (the host step of the step before may still be running beside the forward: the save
     # waits for it); the checkpoint resumes without offload (the shard files are the same).
     # sigusr1_offload_optimizer (issue 31): the same with the param_dtype shards resident.
+    # sigusr1_delayed_update: and with fsdp.delayed_parameter_update, whose pending update
+    # (running beside the step the signal arrives in) the save completes first.
     rank=0 extra=()
     [ "$CASE" = sigusr1_offload ] && rank=1 extra=(--set fsdp.cpu_offload=true)
     [ "$CASE" = sigusr1_offload_optimizer ] && rank=1 extra=(--set fsdp.offload_optimizer=true)
+    [ "$CASE" = sigusr1_delayed_update ] && rank=1 \
+      extra=(--set fsdp.offload_optimizer=true --set fsdp.delayed_parameter_update=true)
     start_train -- tiny.toml "${LONG[@]}" "${extra[@]}"
     await_steps 3
     pid=$(rank_pid "$rank") || { fail "no process of rank $rank under mpirun $MPIRUN_PID"; finish; }
