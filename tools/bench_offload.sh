@@ -23,7 +23,9 @@
 # fsdp.cpu_offload (every unshard uploads), fsdp.offload_optimizer (the param_dtype shards
 # resident on the device, one upload a step; issue 31) and "delayed" (offload_optimizer with
 # fsdp.delayed_parameter_update: the host's update beside the next step's forward and
-# backward). Each 7B line also gives MFU and the start-up line.
+# backward). Each 7B line also gives MFU, the start-up line and the step split: forward,
+# backward, optimizer (the host step's exposed part: waits for its writes) and comm_wait (with
+# offload, the waits for the gradients' device-to-host copies at the step's end).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STEPS="${STEPS:-20}" N_LAYERS="${N_LAYERS:-32 28 24 20 16}" RUN_TIMEOUT="${RUN_TIMEOUT:-500}"
@@ -77,12 +79,13 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 timed = [r for r in rows if r["step"] > 3 and "tokens_per_sec" in r]
 mode = {"delayed": "offload_optimizer + delayed_parameter_update"}.get(sys.argv[4], sys.argv[4])
 print("- n_layer %s with fsdp.%s: %d steps in %s s; median %.0f tok/s, MFU %.1f %% (steps 4..), step %.2f s "
-      "(forward %.2f, backward %.2f, optimizer %.2f); device peak %.1f GiB, host peak %.1f GiB; "
+      "(forward %.2f, backward %.2f, optimizer %.2f, comm_wait %.2f); device peak %.1f GiB, host peak %.1f GiB; "
       "loss %.4f -> %.4f" % (
           sys.argv[2], mode, len(rows), sys.argv[3], statistics.median(r["tokens_per_sec"] for r in timed),
           100 * statistics.median(r.get("mfu", 0) for r in timed),
           statistics.median(r["step_s"] for r in timed), statistics.median(r["forward_s"] for r in timed),
           statistics.median(r["backward_s"] for r in timed), statistics.median(r["optimizer_s"] for r in timed),
+          statistics.median(r.get("comm_wait_s", 0) for r in timed),
           max(r["peak_mem_bytes"] for r in rows) / 2**30,
           max(r.get("host_peak_mem_bytes", 0) for r in rows) / 2**30, rows[0]["loss"], rows[-1]["loss"]))
 PY
