@@ -258,8 +258,9 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   int64_t deferred_copies = 0;  // how many side-stream copies were queued (side_late, shuffled)
   int64_t deferred_ops = 0;     // how many compute-stream operations (compute_late, shuffled)
   // Elements written by whole-buffer passes (more than one element: not the scalars):
-  // fill_zero, axpy, and casts into fp32 (on the host: a gradient shard's first copy).
-  int64_t fill_elements = 0, axpy_elements = 0, cast_f32_elements = 0;
+  // fill_zero, axpy, casts into fp32 (on the host: a gradient shard's first copy) and
+  // squared_norm (the clip's read of a shard).
+  int64_t fill_elements = 0, axpy_elements = 0, cast_f32_elements = 0, norm_elements = 0;
 
   // Runs `op` on the compute stream: queued (compute_late) or at once.
   void later(std::function<void()> op) {
@@ -357,6 +358,7 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   void squared_norm(const TensorView& acc, const TensorView& x) override {
     mine(acc, "squared_norm");
     mine(x, "squared_norm");
+    if (x.numel() > 1) norm_elements += x.numel();
     later([=, this] { in_.squared_norm(acc, x); });
   }
   void clip_coefficient(const TensorView& norm, const TensorView& coef, const TensorView& parts,
@@ -717,7 +719,7 @@ struct Trained {
   int64_t deferred_ops = 0;
   // The host side's whole-buffer passes during the 3 steps (DeferredCopyRuntime's counts) and
   // the gradient shards' elements (the sum of shard_numel).
-  int64_t host_fill = 0, host_axpy = 0, host_cast_f32 = 0, grad_elements = 0;
+  int64_t host_fill = 0, host_axpy = 0, host_cast_f32 = 0, host_norm = 0, grad_elements = 0;
   int64_t nonzero_grads_after_update = 0;  // what reading the gradient shards then gives
   double eval_loss = 0;  // an evaluation pass after the last update
 };
@@ -817,7 +819,7 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   fsdp::DeviceBuffer norm(rt, DType::f64, 1, fsdp::MemCategory::other);
   const fsdp::data::Batch batch = test_batch(world_mpi.rank());
   Trained r;
-  host.fill_elements = host.axpy_elements = host.cast_f32_elements = 0;
+  host.fill_elements = host.axpy_elements = host.cast_f32_elements = host.norm_elements = 0;
   for (int step = 1; step <= 3; ++step) {
     rt.fill_zero(loss.view());
     forward_backward(engine, model, batch, micro, loss.view());
@@ -831,6 +833,7 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   r.host_fill = host.fill_elements;
   r.host_axpy = host.axpy_elements;
   r.host_cast_f32 = host.cast_f32_elements;
+  r.host_norm = host.norm_elements;
   engine.begin_step(false);
   rt.fill_zero(loss.view());
   model.forward_loss(batch, engine, loss.view());
@@ -982,7 +985,8 @@ void expect_offload_equals_plain(Schedule schedule, unsigned seed = 0) {
 // the host step): update_shards discards them instead of writing zeros, and the first copy of
 // a step lands in the shard (fp32: the device copies into it, no host pass) or is cast into
 // it (16-bit), never added onto zeros. Only a second copy (the accumulator, then a
-// communicated boundary gradient) is added.
+// communicated boundary gradient) is added. Where the shard is the accumulator alone, the
+// clip's squared norm comes from the device too.
 TEST(OffloadStreams, TheHostWritesEachGradientShardOnceAStep) {
   int ranks = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
@@ -1001,6 +1005,9 @@ TEST(OffloadStreams, TheHostWritesEachGradientShardOnceAStep) {
     EXPECT_EQ(off.host_cast_f32, lands ? 0 : steps * n);
     // Sharded with micro-batches, the boundary's reduce-scatter follows the accumulator.
     EXPECT_EQ(off.host_axpy, group == Group::sharded && micro < 4 ? steps * n : 0);
+    // The clip reads a shard on the host unless the device summed its norm before the copy
+    // (alone with micro-batches: the shard is the accumulator).
+    EXPECT_EQ(off.host_norm, group == Group::alone && micro < 4 ? 0 : steps * n);
     // A discarded shard still reads as zeros (the engine writes them for a reader).
     EXPECT_EQ(off.nonzero_grads_after_update, 0);
   }

@@ -131,6 +131,7 @@ FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig&
   ctx_.sh = &shard_runtime_of(config, backend, offload);
   ctx_.mp = mixed_precision;
   ctx_.resident = config.params_resident();
+  ctx_.device_norms = ctx_.offloaded() && !mixed_precision.uses_fp16();
   if (config.delayed_parameter_update && (!ctx_.resident || !ctx_.offloaded())) {
     throw Error("FSDP: fsdp.delayed_parameter_update needs fsdp.offload_optimizer (and an "
                 "offload runtime): the delayed update keeps the device shards from before it");
@@ -323,6 +324,11 @@ TensorView FsdpEngine::shard_param(int u) {
   wait_shard_writes();
   return unit(u).shard_param().view();
 }
+bool FsdpEngine::grad_norm_sq_on_device(int u, double& value) {
+  wait_shard_writes();
+  return unit(u).grad_norm_sq(value);
+}
+
 TensorView FsdpEngine::shard_grad(int u) {
   wait_shard_writes();
   unit(u).settle_grad();

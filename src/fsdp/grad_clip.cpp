@@ -26,7 +26,16 @@ void GradNormClipper::clip(double max_norm, const TensorView& norm) {
   double host_norm = 0.0;
   const TensorView acc = offloaded ? TensorView(&host_norm, DType::f64, {1}) : local;
   sh.fill_zero(acc);
-  for (int u = 0; u < engine_.num_units(); ++u) sh.squared_norm(acc, engine_.shard_grad(u));
+  for (int u = 0; u < engine_.num_units(); ++u) {
+    // Offloaded, a unit whose norm the device summed before its copy: one add, the same
+    // as squared_norm's (acc += the shard's sum), without reading the host shard.
+    double on_device = 0.0;
+    if (offloaded && engine_.grad_norm_sq_on_device(u, on_device)) {
+      host_norm += on_device;
+    } else {
+      sh.squared_norm(acc, engine_.shard_grad(u));
+    }
+  }
   if (offloaded) be.copy_from_host(local, &host_norm);  // the slot the gather sends
   // Every shard's partial sum, added in shard order, so the norm is bitwise identical on
   // every rank (an all-reduce need not be).

@@ -283,9 +283,19 @@ void FsdpParamGroup::reduce(bool boundary, const StagedSink& to_host) {
     reduction_ = foreach_reduce(be, *ctx_.shard, *ctx_.replicate, layout_, std::move(full_grad_),
                                 grad_acc_, fresh, ctx_.mp.reduce_dtype, be.compute_stream(),
                                 *ctx_.reduce_stream, trace());
-    if (boundary) to_host(stage_accumulator());  // local: the sum is complete on the compute stream
+    if (boundary) {  // local: the sum is complete on the compute stream
+      const bool lands = shard_unwritten_;
+      if (lands && ctx_.device_norms) {  // the shard will be this buffer exactly
+        if (!norm_sq_) norm_sq_ = DeviceBuffer(be, DType::f64, 1, MemCategory::other);
+        be.fill_zero(norm_sq_.view());
+        be.squared_norm(norm_sq_.view(), grad_acc_.view());
+      }
+      to_host(stage_accumulator());
+      norm_sq_valid_ = lands && ctx_.device_norms;
+    }
     return;
   }
+  norm_sq_valid_ = false;  // the shard gets this reduction, added or alone
   if (ctx_.offloaded() && grad_acc_) to_host(stage_accumulator());  // earlier micro-batches first
   const bool empty = ctx_.offloaded() ? shard_unwritten_ : shard_was_empty;
   reduction_ = foreach_reduce(be, *ctx_.shard, *ctx_.replicate, layout_, std::move(full_grad_),
@@ -307,8 +317,15 @@ HostStaging FsdpParamGroup::stage_accumulator() {
   return s;
 }
 
+bool FsdpParamGroup::grad_norm_sq(double& value) {
+  if (!norm_sq_valid_) return false;
+  ctx_.be->copy_to_host(&value, norm_sq_.view());
+  return true;
+}
+
 void FsdpParamGroup::add_staged(const HostStaging& copy) {
   if (copy.landed) return;
+  norm_sq_valid_ = false;
   if (copy.assign) {
     ctx_.sh->cast(shard_grad_.view(), copy.host.view());
   } else {
@@ -360,18 +377,21 @@ void FsdpParamGroup::zero_grad() {
 
 void FsdpParamGroup::zero_grad_shard() {
   ctx_.sh->fill_zero(shard_grad_.view());
+  norm_sq_valid_ = false;
   grad_ = GradState::EMPTY;
   shard_unwritten_ = true;
   grad_dead_ = false;
 }
 
 void FsdpParamGroup::discard_grad_shard() {
+  norm_sq_valid_ = false;
   grad_ = GradState::EMPTY;
   shard_unwritten_ = grad_dead_ = true;
 }
 
 void FsdpParamGroup::settle_grad() {
   if (!grad_dead_) return;
+  norm_sq_valid_ = false;
   ctx_.sh->fill_zero(shard_grad_.view());
   grad_dead_ = false;
 }
@@ -380,6 +400,7 @@ void FsdpParamGroup::inject_nonfinite_grad() {
   settle_grad();
   const float inf = std::numeric_limits<float>::infinity();
   ctx_.sh->copy_from_host(shard_grad_.view().slice(0, 1), &inf);
+  norm_sq_valid_ = false;
   grad_ = GradState::ACCUMULATED;
   shard_unwritten_ = false;
 }

@@ -211,6 +211,11 @@ class FsdpEngine final : public ModuleHooks {
   // This rank's fp32 shard / gradient shard of `unit` (both wait for pending writes first).
   TensorView shard_param(int unit);
   TensorView shard_grad(int unit);
+  // Offload without loss scaling, where the unit's gradient shard is exactly the device's
+  // accumulator copied across (one rank alone, micro-batches): true and `value` = its squared
+  // norm, summed on the device (fp64) as the shard runtime's squared_norm would sum the
+  // shard, so the clip need not read the host shard (GradNormClipper). false otherwise.
+  bool grad_norm_sq_on_device(int unit, double& value);
 
   // ---- step ----
   // Starts a forward(+backward) pass. training = false: evaluation, units reshard after

@@ -106,6 +106,10 @@ struct ParamGroupContext {
   // fsdp.offload_optimizer: each unit's param_dtype shard stays on the device between
   // steps (refresh_copies uploads it once per update); unshards gather from it.
   bool resident = false;
+  // Offload without loss scaling: a gradient shard that is exactly a device buffer copied
+  // across (the local accumulator) gets its squared norm computed on the device too, so the
+  // host's clip need not read it again (FsdpParamGroup::grad_norm_sq).
+  bool device_norms = false;
   StepTimer* timer = nullptr;          // comm waits are Phase::comm_wait (null: none)
   Profiler* profiler = nullptr;        // issue / wait host ranges (null: none)
   bool offloaded() const { return sh != be; }
@@ -221,6 +225,12 @@ class FsdpParamGroup {
   // the last one left it due; nothing otherwise. Main thread only (it reads what the host
   // thread's cast wrote: the engine waits for that write first).
   void upload_resident();
+  // Offload (ctx.device_norms): when the gradient shard is exactly what the device copied
+  // across (the local accumulator's landing, nothing added since), `value` = its squared
+  // norm in fp64, summed on the device as DeviceRuntime::squared_norm sums it (what the
+  // host's squared_norm of the shard would add, bit for bit on the CPU backend); blocks on
+  // the compute stream. false (value untouched) otherwise.
+  bool grad_norm_sq(double& value);
   // Offload: a host copy from reduce() whose `copied` event has completed goes into the
   // gradient shard: nothing if it landed there, a cast if it is the first since the shard
   // held nothing (`assign`), else ctx.sh->axpy (the sum the device path makes). Host work only.
@@ -293,6 +303,10 @@ class FsdpParamGroup {
   // micro-batches meanwhile: grad_ is then ACCUMULATED while the shard is still unwritten.
   bool shard_unwritten_ = true;
   bool grad_dead_ = false;
+  // ctx.device_norms: fp64 [1] on the device, the squared norm of the accumulator that landed
+  // in the shard; valid until anything else writes the shard.
+  DeviceBuffer norm_sq_;
+  bool norm_sq_valid_ = false;
   int fwd_done_ = 0;  // modules of this unit done in forward this pass
   int bwd_done_ = 0;  // modules of this unit done in backward this pass
 };
