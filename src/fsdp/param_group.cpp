@@ -284,25 +284,24 @@ void FsdpParamGroup::reduce(bool boundary, const StagedSink& to_host) {
                                 grad_acc_, fresh, ctx_.mp.reduce_dtype, be.compute_stream(),
                                 *ctx_.reduce_stream, trace());
     if (boundary) {  // local: the sum is complete on the compute stream
-      const bool lands = shard_unwritten_;
-      if (lands && ctx_.device_norms) {  // the shard will be this buffer exactly
+      const bool norm = shard_unwritten() && ctx_.device_norms;  // the shard will be it exactly
+      if (norm) {
         if (!norm_sq_) norm_sq_ = DeviceBuffer(be, DType::f64, 1, MemCategory::other);
         be.fill_zero(norm_sq_.view());
         be.squared_norm(norm_sq_.view(), grad_acc_.view());
       }
       to_host(stage_accumulator());
-      norm_sq_valid_ = lands && ctx_.device_norms;
+      if (norm) shard_grad_holds_ = ShardGrad::accumulator;
     }
     return;
   }
-  norm_sq_valid_ = false;  // the shard gets this reduction, added or alone
   if (ctx_.offloaded() && grad_acc_) to_host(stage_accumulator());  // earlier micro-batches first
-  const bool empty = ctx_.offloaded() ? shard_unwritten_ : shard_was_empty;
+  const bool empty = ctx_.offloaded() ? shard_unwritten() : shard_was_empty;
   reduction_ = foreach_reduce(be, *ctx_.shard, *ctx_.replicate, layout_, std::move(full_grad_),
                               shard_grad_, empty, ctx_.mp.reduce_dtype, be.compute_stream(),
                               *ctx_.reduce_stream, trace(), ctx_.offloaded() ? ctx_.sh : nullptr);
   if (reduction_.staged) {
-    shard_unwritten_ = grad_dead_ = false;  // the copy lands or is cast: every element written
+    shard_grad_holds_ = ShardGrad::sum;  // the copy lands, is cast or added: all written
     to_host(std::move(reduction_.staged));
   }
 }
@@ -311,21 +310,21 @@ void FsdpParamGroup::reduce(bool boundary, const StagedSink& to_host) {
 // reduction stream, freed behind the copy: straight into the gradient shard if that holds
 // nothing yet (the accumulator is fp32).
 HostStaging FsdpParamGroup::stage_accumulator() {
+  void* into = shard_unwritten() ? shard_grad_.data() : nullptr;
   HostStaging s = stage_to_host(*ctx_.be, *ctx_.sh, grad_acc_, &ctx_.be->compute_stream(),
-                                *ctx_.reduce_stream, shard_unwritten_ ? shard_grad_.data() : nullptr);
-  shard_unwritten_ = grad_dead_ = false;
+                                *ctx_.reduce_stream, into);
+  shard_grad_holds_ = ShardGrad::sum;
   return s;
 }
 
 bool FsdpParamGroup::grad_norm_sq(double& value) {
-  if (!norm_sq_valid_) return false;
+  if (shard_grad_holds_ != ShardGrad::accumulator) return false;
   ctx_.be->copy_to_host(&value, norm_sq_.view());
   return true;
 }
 
 void FsdpParamGroup::add_staged(const HostStaging& copy) {
   if (copy.landed) return;
-  norm_sq_valid_ = false;
   if (copy.assign) {
     ctx_.sh->cast(shard_grad_.view(), copy.host.view());
   } else {
@@ -377,32 +376,27 @@ void FsdpParamGroup::zero_grad() {
 
 void FsdpParamGroup::zero_grad_shard() {
   ctx_.sh->fill_zero(shard_grad_.view());
-  norm_sq_valid_ = false;
   grad_ = GradState::EMPTY;
-  shard_unwritten_ = true;
-  grad_dead_ = false;
+  shard_grad_holds_ = ShardGrad::zero;
 }
 
 void FsdpParamGroup::discard_grad_shard() {
-  norm_sq_valid_ = false;
   grad_ = GradState::EMPTY;
-  shard_unwritten_ = grad_dead_ = true;
+  shard_grad_holds_ = ShardGrad::discarded;
 }
 
 void FsdpParamGroup::settle_grad() {
-  if (!grad_dead_) return;
-  norm_sq_valid_ = false;
+  if (shard_grad_holds_ != ShardGrad::discarded) return;
   ctx_.sh->fill_zero(shard_grad_.view());
-  grad_dead_ = false;
+  shard_grad_holds_ = ShardGrad::zero;
 }
 
 void FsdpParamGroup::inject_nonfinite_grad() {
   settle_grad();
   const float inf = std::numeric_limits<float>::infinity();
   ctx_.sh->copy_from_host(shard_grad_.view().slice(0, 1), &inf);
-  norm_sq_valid_ = false;
   grad_ = GradState::ACCUMULATED;
-  shard_unwritten_ = false;
+  shard_grad_holds_ = ShardGrad::sum;
 }
 
 // ---- views ----

@@ -297,16 +297,20 @@ class FsdpParamGroup {
   TrainingState training_ = TrainingState::IDLE;
   ShardedState sharded_ = ShardedState::SHARDED;
   GradState grad_ = GradState::EMPTY;
-  // Offload: shard_grad has received no host copy since it was zeroed or discarded (so the
-  // next copy writes it: reduce's first staging lands or is cast), and it was discarded, its
-  // zeros not written (settle_grad writes them if no copy comes). An accumulator may hold
-  // micro-batches meanwhile: grad_ is then ACCUMULATED while the shard is still unwritten.
-  bool shard_unwritten_ = true;
-  bool grad_dead_ = false;
-  // ctx.device_norms: fp64 [1] on the device, the squared norm of the accumulator that landed
-  // in the shard; valid until anything else writes the shard.
-  DeviceBuffer norm_sq_;
-  bool norm_sq_valid_ = false;
+  // Offload: what shard_grad holds. An accumulator may hold micro-batches meanwhile: grad_ is
+  // then ACCUMULATED while the shard is still zero or discarded.
+  enum class ShardGrad {
+    zero,         // zeros written: the next host copy writes it (lands or is cast)
+    discarded,    // reads as zeros, not written (settle_grad writes them if no copy comes)
+    accumulator,  // exactly the local accumulator that landed in it, its squared norm in
+                  // norm_sq_ (ctx.device_norms)
+    sum,          // anything else
+  };
+  ShardGrad shard_grad_holds_ = ShardGrad::zero;
+  bool shard_unwritten() const {  // no host copy since it was zeroed or discarded
+    return shard_grad_holds_ == ShardGrad::zero || shard_grad_holds_ == ShardGrad::discarded;
+  }
+  DeviceBuffer norm_sq_;  // ctx.device_norms: fp64 [1] on the device
   int fwd_done_ = 0;  // modules of this unit done in forward this pass
   int bwd_done_ = 0;  // modules of this unit done in backward this pass
 };
