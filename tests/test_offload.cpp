@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -203,6 +204,19 @@ TEST(Offload, ShardsGradientsAndOptimizerStateLiveInTheOffloadRuntime) {
   expect_same_run(plain, off, "NO_SHARD fp32 on one rank");
 }
 
+// `c` (checkpoint.every = 3) run to its step 3 and stopped there, then resumed to
+// train.max_steps with `resumed` applied to its config: {first 3 steps, the rest}.
+std::pair<TrainResult, TrainResult> stop_at_3_and_resume(
+    Config c, const std::function<void(Config&)>& resumed) {
+  c.train.run_dir = fresh_dir("offload_resume_part");
+  TrainResult first = run(c, On::world, /*stop_after=*/3);
+  EXPECT_EQ(first.losses.size(), 3u);
+  resumed(c);
+  TrainResult second = run(c, On::world, 0, /*resume=*/true);
+  EXPECT_EQ(second.losses.size(), static_cast<std::size_t>(c.train.max_steps - 3));
+  return {std::move(first), std::move(second)};
+}
+
 TEST(Offload, ResumeContinuesBitForBitAndAcrossOffloadOnAndOff) {
   const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
   Config c = offload_config("offload_resume_full", k);
@@ -217,12 +231,10 @@ TEST(Offload, ResumeContinuesBitForBitAndAcrossOffloadOnAndOff) {
        {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
     const std::string tag = std::string(first_offload ? "on" : "off") + " -> " +
                             (second_offload ? "on" : "off");
-    c.train.run_dir = fresh_dir("offload_resume_part");
     c.fsdp.cpu_offload = first_offload;
-    const TrainResult first = run(c, On::world, /*stop_after=*/3);
+    const auto [first, second] = stop_at_3_and_resume(
+        c, [second_offload = second_offload](Config& r) { r.fsdp.cpu_offload = second_offload; });
     ASSERT_EQ(first.losses.size(), 3u) << tag;
-    c.fsdp.cpu_offload = second_offload;
-    const TrainResult second = run(c, On::world, 0, /*resume=*/true);
     ASSERT_EQ(second.losses.size(), 3u) << tag;
     for (int i = 0; i < 3; ++i) {
       EXPECT_EQ(first.losses[i], full.losses[i]) << tag << " step " << i + 1;
@@ -235,9 +247,10 @@ TEST(Offload, ResumeContinuesBitForBitAndAcrossOffloadOnAndOff) {
 }
 
 // fsdp.delayed_parameter_update through the trainer: step 1 is the undelayed run's, step 2
-// (taken at the initial parameters) is not (with warm-up steps, the first delayed one is); a checkpoint completes the pending update, so a
-// run stopped at the checkpoint and resumed, with the delay or without it, continues the
-// uninterrupted delayed run bit for bit (its step after the save uses the saved parameters).
+// (taken at the initial parameters) is not (with warm-up steps, the first delayed one is);
+// a checkpoint completes the pending update, so a run stopped at the checkpoint and resumed,
+// with the delay or without it, continues the uninterrupted delayed run bit for bit (its
+// step after the save uses the saved parameters).
 TEST(Offload, DelayedUpdateResumesBitForBit) {
   const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
   Config c = offload_config("offload_delayed_full", k);
@@ -263,20 +276,24 @@ TEST(Offload, DelayedUpdateResumesBitForBit) {
   c.checkpoint.every = 3;
   c.fsdp.delayed_parameter_update_warmup_steps = 0;
   for (bool second_delayed : {true, false}) {
-    c.train.run_dir = fresh_dir("offload_delayed_part");
     c.fsdp.delayed_parameter_update = true;
-    const TrainResult first = run(c, On::world, /*stop_after=*/3);
+    const auto [first, second] = stop_at_3_and_resume(
+        c, [second_delayed = second_delayed](Config& r) {
+          r.fsdp.delayed_parameter_update = second_delayed;
+        });
     ASSERT_EQ(first.losses.size(), 3u);
-    c.fsdp.delayed_parameter_update = second_delayed;
-    const TrainResult second = run(c, On::world, 0, /*resume=*/true);
     ASSERT_EQ(second.losses.size(), 3u);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(first.losses[i], full.losses[i]) << "step " << i + 1;
     // Resumed with the delay: the rest of the delayed run. Without it, step 4 (at the
     // parameters of step 3's save, as the delayed run's step 4) is the same too.
     EXPECT_EQ(second.losses[0], full.losses[3]) << second_delayed;
     if (second_delayed) {
-      for (int i = 1; i < 3; ++i) EXPECT_EQ(second.losses[i], full.losses[i + 3]) << "step " << i + 4;
-      for (const auto& [name, values] : full.params) EXPECT_EQ(second.params.at(name), values) << name;
+      for (int i = 1; i < 3; ++i) {
+        EXPECT_EQ(second.losses[i], full.losses[i + 3]) << "step " << i + 4;
+      }
+      for (const auto& [name, values] : full.params) {
+        EXPECT_EQ(second.params.at(name), values) << name;
+      }
     } else {
       EXPECT_NE(second.losses[2], full.losses[5]);
     }

@@ -867,7 +867,8 @@ Trained train_delayed_reference(int64_t micro, Group group, DType reduce) {
   mp.reduce_dtype = reduce;
   SoloCommunicator solo;
   fsdp::MpiCommunicator world_mpi(MPI_COMM_WORLD);
-  fsdp::Communicator& shard = group == Group::sharded ? static_cast<fsdp::Communicator&>(world_mpi) : solo;
+  fsdp::Communicator& shard =
+      group == Group::sharded ? static_cast<fsdp::Communicator&>(world_mpi) : solo;
   fsdp::Communicator& replicate =
       group == Group::replicated ? static_cast<fsdp::Communicator&>(world_mpi) : solo;
   fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, *be, 7, true);
@@ -887,7 +888,9 @@ Trained train_delayed_reference(int64_t micro, Group group, DType reduce) {
   };
   auto write = [&](const Shards& s) {
     engine.write_shards([&] {
-      for (int u = 0; u < engine.num_units(); ++u) be->copy_from_host(engine.shard_param(u), s[u].data());
+      for (int u = 0; u < engine.num_units(); ++u) {
+        be->copy_from_host(engine.shard_param(u), s[u].data());
+      }
     });
   };
   fsdp::DeviceBuffer loss(*be, DType::f64, 1, fsdp::MemCategory::other);
