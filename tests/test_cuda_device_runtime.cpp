@@ -249,17 +249,19 @@ TEST(CudaRuntime, SquaredNormClipCoefficientUnscale) {
 // optimizers
 
 // Bit for bit equal to the CPU backend: both run fsdp/backend/optimizer_math.hpp's element
-// updates (explicit FMAs), so an offloaded step on the host and a step on the device agree.
+// updates (explicit FMAs), so an offloaded step on the host and a step on the device agree;
+// the same with a grad_scale (the clip coefficient, read from a device scalar) at step 2.
 TEST(CudaRuntime, AdamWAndSgd) {
   std::mt19937 rng(16);
   for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{65539}}) {
     SCOPED_TRACE("n=" + std::to_string(n));
     Pair p = make(DType::f32, uniform(n, rng)), m = make(DType::f32, Vec(n)),
-         v = make(DType::f32, Vec(n));
+         v = make(DType::f32, Vec(n)), coef = make(DType::f32, Vec{0.37f});
     for (int64_t step = 1; step <= 3; ++step) {
       Pair g = make(DType::f32, uniform(n, rng, -0.1f, 0.1f));
       both([&](Backend& be, Side s) {
-        be.adamw_update(p.v(s), g.v(s), m.v(s), v.v(s), 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, step);
+        be.adamw_update(p.v(s), g.v(s), m.v(s), v.v(s), 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, step,
+                        TensorView(), step == 2 ? coef.v(s) : TensorView());
       });
       check_sync(p, kExact, "adamw param");
       check_sync(m, kExact, "adamw exp_avg");
@@ -271,7 +273,8 @@ TEST(CudaRuntime, AdamWAndSgd) {
         Pair g = make(DType::f32, uniform(n, rng));
         both([&](Backend& be, Side s) {
           const TensorView b = momentum == 0.0f ? TensorView() : buf.v(s);
-          be.sgd_update(p.v(s), g.v(s), b, 0.05f, momentum, 1e-2f, step);
+          be.sgd_update(p.v(s), g.v(s), b, 0.05f, momentum, 1e-2f, step, TensorView(),
+                        step == 2 ? coef.v(s) : TensorView());
         });
         check_sync(p, kExact, "sgd param");
         if (momentum != 0.0f) check_sync(buf, kExact, "sgd momentum");

@@ -392,6 +392,71 @@ TEST_F(CpuRuntime, ComputeCopyEqualsACastOfTheUpdate) {
   }
 }
 
+// An update's grad_scale (the clip coefficient folded into the step) equals scale_by on the
+// gradient followed by the update without it, bit for bit, and leaves the gradient as it is:
+// AdamW and SGD with and without momentum, a coefficient below 1 and exactly 1, weight-decay
+// ranges, a fused compute_copy, 1 and 2 threads, non-finite and subnormal gradients. A
+// grad_scale that is not an fp32 scalar throws naming it.
+TEST_F(CpuRuntime, GradScaleEqualsScaleByThenTheUpdate) {
+  const std::vector<fsdp::ElementRange> ranges = {{0, 17}, {18, 2047}, {2049, 20000}};
+  const int64_t n = 30001;
+  const fsdp::WeightDecay wd(0.1f, &ranges);
+  for (const float c : {0.37f, 1.0f})
+  for (const int threads : {1, 2})
+  for (int opt = 0; opt < 3; ++opt) {  // adamw, sgd with momentum, sgd without
+    SCOPED_TRACE("coefficient " + std::to_string(c) + " threads " + std::to_string(threads) +
+                 " optimizer " + std::to_string(opt));
+    const auto b = make_cpu_backend(threads);
+    Vec pa = random_vec(n, rng, -2.0f, 2.0f), pb = pa;
+    Vec ma = random_vec(n, rng, 0.0f, 1e-3f), mb = ma, va = ma, vb = ma;
+    std::vector<uint16_t> copy_a(static_cast<std::size_t>(n)), copy_b = copy_a;
+    Vec coef{c};
+    const float mom = opt == 1 ? 0.9f : 0.0f;
+    for (int step = 1; step <= 3; ++step) {
+      Vec g = random_vec(n, rng, -0.1f, 0.1f);
+      g[1] = std::numeric_limits<float>::infinity();
+      g[2] = 1e-40f;  // subnormal
+      g[3] = -0.0f;
+      const Vec g0 = g;
+      Vec scaled = g;
+      b->scale_by(f32(scaled), f32(coef));
+      const TensorView ca(copy_a.data(), DType::bf16, {n}), cb(copy_b.data(), DType::bf16, {n});
+      if (opt == 0) {
+        b->adamw_update(f32(pa), f32(g), f32(ma), f32(va), 1e-2f, 0.9f, 0.95f, 1e-8f, wd, step,
+                        ca, f32(coef));
+        b->adamw_update(f32(pb), f32(scaled), f32(mb), f32(vb), 1e-2f, 0.9f, 0.95f, 1e-8f, wd,
+                        step, cb);
+      } else {
+        b->sgd_update(f32(pa), f32(g), mom == 0 ? TensorView{} : f32(ma), 0.05f, mom, wd, step,
+                      ca, f32(coef));
+        b->sgd_update(f32(pb), f32(scaled), mom == 0 ? TensorView{} : f32(mb), 0.05f, mom, wd,
+                      step, cb);
+      }
+      ASSERT_EQ(std::memcmp(g.data(), g0.data(), g.size() * 4), 0) << "grad written, step " << step;
+      ASSERT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 4), 0) << "param, step " << step;
+      ASSERT_EQ(std::memcmp(ma.data(), mb.data(), ma.size() * 4), 0) << "state, step " << step;
+      ASSERT_EQ(std::memcmp(va.data(), vb.data(), va.size() * 4), 0) << "state, step " << step;
+      ASSERT_EQ(copy_a, copy_b) << "compute_copy, step " << step;
+    }
+  }
+  Vec p(8, 1.0f), g(8, 1.0f), m(8), v(8);
+  double wide = 1.0;
+  uint16_t half = 0x3f80;  // bf16 1.0
+  for (const TensorView bad : {TensorView(&wide, DType::f64, {1}), TensorView(&half, DType::bf16, {1}),
+                               TensorView(m.data(), DType::f32, {0})}) {
+    try {
+      be->adamw_update(f32(p), f32(g), f32(m), f32(v), 1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, {},
+                       bad);
+      ADD_FAILURE() << "expected fsdp::Error";
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("adamw_update: grad_scale"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(be->sgd_update(f32(p), f32(g), f32(m), 0.1f, 0.9f, 0.0f, 1, {}, bad),
+                 fsdp::Error);
+  }
+}
+
 // The CPU backend's fp32 -> fp16 conversion (a branch-free twin of fsdp::f32_to_f16, so that
 // casts and the fused compute_copy vectorise) gives f32_to_f16's bits: a sweep of the 2^32
 // patterns, every pattern near the subnormal, overflow and infinity boundaries, both signs.

@@ -311,6 +311,50 @@ TEST(Merge, SafetensorsEqualTheRunsFullParameters) {
 
 }  // namespace
 
+// The trainer clips the update as torch.nn.utils.clip_grad_norm_ then the optimizer would:
+// one plain SGD step (no momentum, no decay, constant lr) with optim.grad_clip at a tenth of
+// the gradient's norm moves every parameter by the unclipped step times max_norm / (norm +
+// 1e-6). The gradient and its norm come from the unclipped step's move (lr g); the initial
+// parameters from a step whose lr is too small to change an fp32 parameter. The coefficient
+// reaches the update folded in (GradNormClipper::coefficient), not by scaling the shards, so
+// this is what checks that the trainer passes it on. FULL_SHARD over the world.
+TEST(GradClip, TheTrainerClipsTheUpdate) {
+  auto step = [](double lr, double grad_clip) {
+    const std::string dir = fresh_dir("grad_clip");
+    Config c = small_config(dir);
+    c.optim.name = fsdp::OptimizerKind::sgd;
+    c.optim.momentum = 0;
+    c.optim.weight_decay = 0;
+    c.optim.warmup_steps = 0;
+    c.optim.lr = c.optim.min_lr = lr;
+    c.optim.grad_clip = grad_clip;
+    c.train.max_steps = 1;
+    return run(c, On::world).params;
+  };
+  const double lr = 0.1;
+  const auto p0 = step(1e-12, 0.0), unclipped = step(lr, 0.0);
+  std::map<std::string, std::vector<float>> moved;
+  double sq = 0;
+  for (const auto& [name, values] : unclipped) {
+    std::vector<float>& d = moved[name];
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      d.push_back(values[i] - p0.at(name)[i]);
+      sq += static_cast<double>(d.back()) * d.back();
+    }
+  }
+  const double norm = std::sqrt(sq) / lr, max_norm = norm / 10, coef = max_norm / (norm + 1e-6);
+  ASSERT_GT(norm, 0.0);
+  const auto clipped = step(lr, max_norm);
+  std::vector<float> got, want;
+  for (const auto& [name, values] : clipped) {
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      got.push_back(values[i] - p0.at(name)[i]);
+      want.push_back(static_cast<float>(coef * moved.at(name)[i]));
+    }
+  }
+  EXPECT_LT(rel_diff(got, want), 1e-4);
+}
+
 // Optimizer state is typed: each optimizer has its own states (torch.optim's state-dict names,
 // which are also the checkpoint dataset names), and asking for another optimizer's state
 // throws fsdp::Error naming the optimizer and the state.

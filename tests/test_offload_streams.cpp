@@ -40,6 +40,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -259,8 +260,9 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   int64_t deferred_ops = 0;     // how many compute-stream operations (compute_late, shuffled)
   // Elements written by whole-buffer passes (more than one element: not the scalars):
   // fill_zero, axpy, casts into fp32 (on the host: a gradient shard's first copy) and
-  // squared_norm (the clip's read of a shard).
+  // squared_norm (the clip's read of a shard) and scale_by (a clip that scales the shards).
   int64_t fill_elements = 0, axpy_elements = 0, cast_f32_elements = 0, norm_elements = 0;
+  int64_t scale_elements = 0;
 
   // Runs `op` on the compute stream: queued (compute_late) or at once.
   void later(std::function<void()> op) {
@@ -371,6 +373,7 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   void scale_by(const TensorView& x, const TensorView& coef) override {
     mine(x, "scale_by");
     mine(coef, "scale_by");
+    if (x.numel() > 1) scale_elements += x.numel();
     later([=, this] { in_.scale_by(x, coef); });
   }
   void unscale_and_check(const TensorView& x, float inv_scale, const TensorView& found) override {
@@ -380,17 +383,18 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   }
   void adamw_update(const TensorView& p, const TensorView& g, const TensorView& m,
                     const TensorView& v, float lr, float b1, float b2, float eps,
-                    const fsdp::WeightDecay& wd, int64_t step, const TensorView& copy) override {
-    for (const TensorView* t : {&p, &g, &m, &v, &copy}) mine(*t, "adamw");
+                    const fsdp::WeightDecay& wd, int64_t step, const TensorView& copy,
+                    const TensorView& scale) override {
+    for (const TensorView* t : {&p, &g, &m, &v, &copy, &scale}) mine(*t, "adamw");
     flush();  // WeightDecay points at the caller's ranges: not kept for later
-    in_.adamw_update(p, g, m, v, lr, b1, b2, eps, wd, step, copy);
+    in_.adamw_update(p, g, m, v, lr, b1, b2, eps, wd, step, copy, scale);
   }
   void sgd_update(const TensorView& p, const TensorView& g, const TensorView& buf, float lr,
                   float momentum, const fsdp::WeightDecay& wd, int64_t step,
-                  const TensorView& copy) override {
-    for (const TensorView* t : {&p, &g, &buf, &copy}) mine(*t, "sgd");
+                  const TensorView& copy, const TensorView& scale) override {
+    for (const TensorView* t : {&p, &g, &buf, &copy, &scale}) mine(*t, "sgd");
     flush();
-    in_.sgd_update(p, g, buf, lr, momentum, wd, step, copy);
+    in_.sgd_update(p, g, buf, lr, momentum, wd, step, copy, scale);
   }
 
  private:
@@ -719,7 +723,8 @@ struct Trained {
   int64_t deferred_ops = 0;
   // The host side's whole-buffer passes during the 3 steps (DeferredCopyRuntime's counts) and
   // the gradient shards' elements (the sum of shard_numel).
-  int64_t host_fill = 0, host_axpy = 0, host_cast_f32 = 0, host_norm = 0, grad_elements = 0;
+  int64_t host_fill = 0, host_axpy = 0, host_cast_f32 = 0, host_norm = 0, host_scale = 0;
+  int64_t grad_elements = 0;
   int64_t nonzero_grads_after_update = 0;  // what reading the gradient shards then gives
   double eval_loss = 0;  // an evaluation pass after the last update
 };
@@ -820,6 +825,7 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   const fsdp::data::Batch batch = test_batch(world_mpi.rank());
   Trained r;
   host.fill_elements = host.axpy_elements = host.cast_f32_elements = host.norm_elements = 0;
+  host.scale_elements = 0;
   for (int step = 1; step <= 3; ++step) {
     rt.fill_zero(loss.view());
     forward_backward(engine, model, batch, micro, loss.view());
@@ -828,9 +834,12 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
     rt.copy_to_host(&host_loss, loss.view());
     r.losses.push_back(host_loss);
     opt.begin_update();
-    engine.update_shards([&opt, lr = oc.lr](int u) { opt.step_shard(u, lr); });
+    engine.update_shards([&opt, lr = oc.lr, coef = clipper.coefficient()](int u) {
+      opt.step_shard(u, lr, coef);
+    });
   }
   r.host_fill = host.fill_elements;
+  r.host_scale = host.scale_elements;
   r.host_axpy = host.axpy_elements;
   r.host_cast_f32 = host.cast_f32_elements;
   r.host_norm = host.norm_elements;
@@ -909,7 +918,9 @@ Trained train_delayed_reference(int64_t micro, Group group, DType reduce) {
     be->copy_to_host(&host_loss, loss.view());
     r.losses.push_back(host_loss);
     opt.begin_update();
-    engine.update_shards([&opt, lr = oc.lr](int u) { opt.step_shard(u, lr); });
+    engine.update_shards([&opt, lr = oc.lr, coef = clipper.coefficient()](int u) {
+      opt.step_shard(u, lr, coef);
+    });
     before = current;
   }
   engine.begin_step(false);
@@ -989,7 +1000,7 @@ void expect_offload_equals_plain(Schedule schedule, unsigned seed = 0) {
 // a step lands in the shard (fp32: the device copies into it, no host pass) or is cast into
 // it (16-bit), never added onto zeros. Only a second copy (the accumulator, then a
 // communicated boundary gradient) is added. Where the shard is the accumulator alone, the
-// clip's squared norm comes from the device too.
+// clip's squared norm comes from the device too, and the clip's scaling is the update's.
 TEST(OffloadStreams, TheHostWritesEachGradientShardOnceAStep) {
   int ranks = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
@@ -1011,6 +1022,9 @@ TEST(OffloadStreams, TheHostWritesEachGradientShardOnceAStep) {
     // The clip reads a shard on the host unless the device summed its norm before the copy
     // (alone with micro-batches: the shard is the accumulator).
     EXPECT_EQ(off.host_norm, group == Group::alone && micro < 4 ? 0 : steps * n);
+    // The clip's coefficient is applied by the update as it reads the gradient: no pass
+    // scales the shards (the run clips at 0.5, so the coefficient is below 1).
+    EXPECT_EQ(off.host_scale, 0);
     // A discarded shard still reads as zeros (the engine writes them for a reader).
     EXPECT_EQ(off.nonzero_grads_after_update, 0);
   }
@@ -1063,6 +1077,71 @@ TEST(OffloadStreams, ShuffledStreamsGiveTheRunWithoutOffloadBitForBit) {
   for (unsigned seed = 1; seed <= 32; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     expect_offload_equals_plain(Schedule::shuffled, seed);
+  }
+}
+
+// GradNormClipper is torch.nn.utils.clip_grad_norm_ with its scaling left to the update: the
+// norm is the gradient's L2 norm over the world (within 1e-12 of the host's sum in double),
+// coefficient() is torch's max_norm / (norm + 1e-6) when the norm exceeds max_norm and 1
+// otherwise, in the shard runtime's memory, none for max_norm 0, and the gradient shards are
+// left as they are (the update applies it: CpuRuntime.GradScaleEqualsScaleByThenTheUpdate).
+// Without offload, with cpu_offload and with offload_optimizer, sharded over the world.
+TEST(GradClip, TorchsCoefficientLeftForTheUpdate) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  for (int mode = 0; mode < 3; ++mode)      // no offload, cpu_offload, offload_optimizer
+  for (double ratio : {0.25, 4.0, 0.0}) {   // max_norm = ratio * norm: clipped, not, no clip
+    SCOPED_TRACE("offload mode " + std::to_string(mode) + ", max_norm / norm " +
+                 std::to_string(ratio));
+    auto be = fsdp::make_cpu_backend(1);
+    auto host = fsdp::make_cpu_backend(1);
+    fsdp::Gpt2Model model(test_model(), *be, DType::bf16);
+    fsdp::FsdpConfig fc;
+    fc.cpu_offload = mode == 1;
+    fc.offload_optimizer = mode == 2;
+    fsdp::MixedPrecisionConfig mp;
+    mp.param_dtype = DType::bf16;
+    mp.reduce_dtype = DType::f32;
+    fsdp::MpiCommunicator world(MPI_COMM_WORLD);
+    SoloCommunicator solo;
+    fsdp::FsdpEngine engine(model.modules(), fc, mp, world, solo, *be, 7, true,
+                            mode > 0 ? host.get() : nullptr);
+    fsdp::GradNormClipper clipper(engine);
+    EXPECT_FALSE(clipper.coefficient());
+    fsdp::DeviceBuffer loss(*be, DType::f64, 1, fsdp::MemCategory::other);
+    fsdp::DeviceBuffer norm(*be, DType::f64, 1, fsdp::MemCategory::other);
+    forward_backward(engine, model, test_batch(rank), 2, loss.view());
+    fsdp::DeviceRuntime& sh = engine.shard_runtime();
+    std::vector<std::vector<float>> grads;
+    double local = 0;
+    for (int u = 0; u < engine.num_units(); ++u) {
+      const TensorView g = engine.shard_grad(u);
+      grads.emplace_back(static_cast<std::size_t>(g.numel()));
+      sh.copy_to_host(grads.back().data(), g);
+      for (const float x : grads.back()) local += static_cast<double>(x) * x;
+    }
+    double total = 0;
+    MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    const double want = std::sqrt(total), max_norm = ratio * want;
+    ASSERT_GT(want, 0.0);
+    clipper.clip(max_norm, norm.view());
+    double got = 0;
+    be->copy_to_host(&got, norm.view());
+    EXPECT_NEAR(got, want, 1e-12 * want);
+    const TensorView coef = clipper.coefficient();
+    if (ratio == 0.0) {
+      EXPECT_FALSE(coef);
+    } else {
+      ASSERT_TRUE(coef);
+      float c = 0;
+      sh.copy_to_host(&c, coef);
+      EXPECT_EQ(c, ratio < 1 ? static_cast<float>(max_norm / (got + 1e-6)) : 1.0f);
+    }
+    for (int u = 0; u < engine.num_units(); ++u) {
+      std::vector<float> after(grads[static_cast<std::size_t>(u)].size());
+      sh.copy_to_host(after.data(), engine.shard_grad(u));
+      EXPECT_EQ(after, grads[static_cast<std::size_t>(u)]) << "unit " << u << " scaled";
+    }
   }
 }
 

@@ -20,6 +20,9 @@
 //   gradient zeroed + added   what the engine did before: zero 4, add an fp32 copy 12    54
 //   16-bit gradient cast in   one micro-batch, bf16 staged: cast 6, then as landed       44
 //   16-bit zeroed + added     before: zero 4, add the bf16 copy 10, then as landed       52
+// and, where the clip scales the gradient (its norm above optim.grad_clip), the clip's way:
+//   clipped, scale pass       before: scale_by 8 (read, write), then as landed           46
+//   clipped, in the update    the coefficient is adamw's grad_scale, then as landed      38
 // Each row is the best of R timed calls after one warm-up (weight decay 0.1 on every element,
 // steps >= 2); GB/s = bytes / time, and the % is of the copy bandwidth. The fused copies are
 // checked to equal the separate cast bit for bit. Defaults: N = 64M (1.2 GiB of buffers),
@@ -202,6 +205,24 @@ int main(int argc, char** argv) {
                     be->fill_zero(G);
                     be->axpy(G, 1.f, S16);
                     step(r);
+                  }});
+  // Clipped: coefficients 0.5 and 2 in turn (exact, so the gradient's scale is kept).
+  float coef_value = 0.5f;
+  const TensorView K(&coef_value, DType::f32, {1});
+  rows.push_back({"host step, clipped: scale pass, then the update", 46, [&](int r) {
+                    coef_value = r % 2 == 0 ? 0.5f : 2.0f;
+                    be->fill_zero(N);
+                    be->squared_norm(N, G);
+                    be->scale_by(G, K);
+                    adamw(r, {});
+                    be->cast(R, P);
+                  }});
+  rows.push_back({"host step, clipped in the update (grad_scale)", 38, [&](int r) {
+                    coef_value = r % 2 == 0 ? 0.5f : 2.0f;
+                    be->fill_zero(N);
+                    be->squared_norm(N, G);
+                    be->adamw_update(P, G, M, V, 1e-4f, 0.9f, 0.95f, 1e-8f, wd, r + 2, {}, K);
+                    be->cast(R, P);
                   }});
   for (int round = 0; round <= reps; ++round) {
     for (Bench& b : copies) {

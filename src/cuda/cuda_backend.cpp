@@ -269,10 +269,10 @@ class CudaBackend final : public Backend {
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
                     const WeightDecay& weight_decay, int64_t step,
-                    const TensorView& compute_copy) override;
+                    const TensorView& compute_copy, const TensorView& grad_scale) override;
   void sgd_update(const TensorView& param, const TensorView& grad, const TensorView& momentum_buf,
                   float lr, float momentum, const WeightDecay& weight_decay, int64_t step,
-                  const TensorView& compute_copy) override;
+                  const TensorView& compute_copy, const TensorView& grad_scale) override;
 
  private:
   // Device memory for the duration of one call (kernel scratch), from the caching allocator
@@ -1380,10 +1380,11 @@ k::Out copy_part(const TensorView& copy, int64_t lo) {
 void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
                                const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
                                float beta1, float beta2, float eps, const WeightDecay& weight_decay,
-                               int64_t step, const TensorView& compute_copy) {
+                               int64_t step, const TensorView& compute_copy,
+                               const TensorView& grad_scale) {
   // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel(); compute_copy: none or [n]
-  // bf16/fp16, written by the same kernel.
-  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq, weight_decay, compute_copy);
+  // bf16/fp16, written by the same kernel; grad_scale: none or fp32 [1] device memory.
+  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq, weight_decay, compute_copy, grad_scale);
   const int64_t n = param.numel();
   if (step < 1) {
     throw Error("cuda backend: adamw_update: step = " + std::to_string(step) +
@@ -1398,17 +1399,18 @@ void CudaBackend::adamw_update(const TensorView& param, const TensorView& grad,
   auto* v = static_cast<float*>(exp_avg_sq.data);
   with_decay_ranges(n, weight_decay, [&](int64_t lo, int64_t hi, const k::DecayRanges& r) {
     k::adamw_update(p + lo, g + lo, m + lo, v + lo, hi - lo, a, r, copy_part(compute_copy, lo),
-                    s());
+                    static_cast<const float*>(grad_scale.data), s());
   });
 }
 
 void CudaBackend::sgd_update(const TensorView& param, const TensorView& grad,
                              const TensorView& momentum_buf, float lr, float momentum,
                              const WeightDecay& weight_decay, int64_t step,
-                             const TensorView& compute_copy) {
+                             const TensorView& compute_copy, const TensorView& grad_scale) {
   // param, grad, momentum_buf: [n] fp32, n = param.numel(); momentum_buf unused (may be
-  // empty) when momentum == 0; compute_copy: none or [n] bf16/fp16, written by the same kernel.
-  Chk::sgd_update(param, grad, momentum_buf, momentum, weight_decay, compute_copy);
+  // empty) when momentum == 0; compute_copy: none or [n] bf16/fp16, written by the same kernel;
+  // grad_scale: none or fp32 [1] device memory.
+  Chk::sgd_update(param, grad, momentum_buf, momentum, weight_decay, compute_copy, grad_scale);
   const int64_t n = param.numel();
   if (step < 1) {
     throw Error("cuda backend: sgd_update: step = " + std::to_string(step) +
@@ -1419,7 +1421,8 @@ void CudaBackend::sgd_update(const TensorView& param, const TensorView& grad,
   auto* b = static_cast<float*>(momentum_buf.data);
   with_decay_ranges(n, weight_decay, [&](int64_t lo, int64_t hi, const k::DecayRanges& r) {
     k::sgd_update(p + lo, g + lo, b == nullptr ? nullptr : b + lo, hi - lo, lr, momentum,
-                  weight_decay.rate, r, step == 1, copy_part(compute_copy, lo), s());
+                  weight_decay.rate, r, step == 1, copy_part(compute_copy, lo),
+                  static_cast<const float*>(grad_scale.data), s());
   });
 }
 

@@ -240,14 +240,15 @@ struct DecayRanges {
 };
 // a: fsdp/backend/optimizer_math.hpp's scalars; a.decay applies where `decay` says, 1
 // elsewhere. copy: none (copy.p null) or n bf16 / fp16 elements written in the same pass with
-// the updated param, rounded as cast.
+// the updated param, rounded as cast. grad_scale: null, or a device fp32 [1] each gradient
+// element is multiplied by as it is read (the clip coefficient).
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                   const AdamWCoefficients& a, const DecayRanges& decay, Out copy,
-                  cudaStream_t s);
-// weight_decay applies where `decay` says, 0 elsewhere. copy: as adamw_update's.
+                  const float* grad_scale, cudaStream_t s);
+// weight_decay applies where `decay` says, 0 elsewhere. copy, grad_scale: as adamw_update's.
 void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, const DecayRanges& decay, bool first_step,
-                Out copy, cudaStream_t s);
+                Out copy, const float* grad_scale, cudaStream_t s);
 
 // ---- GEMMs (kernels_gemm.cpp) ----
 // Row-major GEMMs through cuBLASLt (single) and cuBLAS (strided batched), fp32 compute

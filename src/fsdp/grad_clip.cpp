@@ -16,6 +16,8 @@ GradNormClipper::GradNormClipper(FsdpEngine& engine)
 // The shard arithmetic runs on the shards' runtime; offloaded, its scalars are host copies
 // of the backend's (copied in before, out after).
 void GradNormClipper::clip(double max_norm, const TensorView& norm) {
+  engine_.wait_shard_writes();  // an update still reading host_coef_
+  has_coef_ = false;
   DeviceRuntime& be = engine_.backend();
   DeviceRuntime& sh = engine_.shard_runtime();
   const bool offloaded = engine_.offloaded();
@@ -54,10 +56,13 @@ void GradNormClipper::clip(double max_norm, const TensorView& norm) {
   }
   be.clip_coefficient(norm, clip_coef_.view(), parts, max_norm);
   if (max_norm <= 0) return;
-  float host_coef = 0.f;
-  const TensorView coef = offloaded ? TensorView(&host_coef, DType::f32, {1}) : clip_coef_.view();
-  if (offloaded) be.copy_to_host(&host_coef, clip_coef_.view());
-  for (int u = 0; u < engine_.num_units(); ++u) sh.scale_by(engine_.shard_grad(u), coef);
+  if (offloaded) be.copy_to_host(&host_coef_, clip_coef_.view());
+  has_coef_ = true;
+}
+
+TensorView GradNormClipper::coefficient() {
+  if (!has_coef_) return {};
+  return engine_.offloaded() ? TensorView(&host_coef_, DType::f32, {1}) : clip_coef_.view();
 }
 
 GradScaler::GradScaler(const MixedPrecisionConfig& mp)

@@ -113,16 +113,17 @@ class GraphedKernels::FlushingRuntime final : public DeviceRuntime {
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
                     const WeightDecay& weight_decay, int64_t step,
-                    const TensorView& compute_copy) override {
+                    const TensorView& compute_copy, const TensorView& grad_scale) override {
     g_.flush();
     rt_.adamw_update(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step,
-                     compute_copy);
+                     compute_copy, grad_scale);
   }
   void sgd_update(const TensorView& param, const TensorView& grad, const TensorView& momentum_buf,
                   float lr, float momentum, const WeightDecay& weight_decay, int64_t step,
-                  const TensorView& compute_copy) override {
+                  const TensorView& compute_copy, const TensorView& grad_scale) override {
     g_.flush();
-    rt_.sgd_update(param, grad, momentum_buf, lr, momentum, weight_decay, step, compute_copy);
+    rt_.sgd_update(param, grad, momentum_buf, lr, momentum, weight_decay, step, compute_copy,
+                   grad_scale);
   }
 
  private:

@@ -46,14 +46,14 @@ void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
   shards_.push_back(std::move(s));
 }
 
-void Optimizer::step(double lr) {
+void Optimizer::step(double lr, const TensorView& grad_scale) {
   begin_update();
-  for (int i = 0; i < num_shards(); ++i) step_shard(i, lr);
+  for (int i = 0; i < num_shards(); ++i) step_shard(i, lr, grad_scale);
 }
 
 // One update of a shard: the weight decay applies on its decayed segments only (and its
-// compute_copy, if any, is written in the same pass).
-void Optimizer::step_shard(int index, double lr) {
+// compute_copy, if any, is written in the same pass; the gradient is scaled as it is read).
+void Optimizer::step_shard(int index, double lr, const TensorView& grad_scale) {
   if (index < 0 || index >= num_shards()) {
     throw Error("optimizer: step_shard(" + std::to_string(index) + "): " +
                 std::to_string(num_shards()) + " shards are registered");
@@ -65,11 +65,11 @@ void Optimizer::step_shard(int index, double lr) {
     case OptimizerKind::adamw:
       be_.adamw_update(s.param, s.grad, s.s0.view(), s.s1.view(), flr,
                        static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-                       static_cast<float>(cfg_.eps), wd, updates_, s.compute_copy);
+                       static_cast<float>(cfg_.eps), wd, updates_, s.compute_copy, grad_scale);
       break;
     case OptimizerKind::sgd:
       be_.sgd_update(s.param, s.grad, s.s0.view(), flr, static_cast<float>(cfg_.momentum), wd,
-                     updates_, s.compute_copy);
+                     updates_, s.compute_copy, grad_scale);
       break;
   }
 }

@@ -536,9 +536,12 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
     result.skipped_steps.push_back(o.step);
   } else if (!o.nonfinite) {
     job.optimizer->begin_update();  // optimizer shard u is unit u's (build_model)
-    // By value: offloaded, the writes outlive this function.
+    // By value: offloaded, the writes outlive this function. The clip coefficient is applied
+    // as the update reads each gradient (it stays valid until the next clip).
     job.engine->update_shards(
-        [optimizer = job.optimizer.get(), lr = o.lr](int u) { optimizer->step_shard(u, lr); },
+        [optimizer = job.optimizer.get(), lr = o.lr, coef = job.clipper->coefficient()](int u) {
+          optimizer->step_shard(u, lr, coef);
+        },
         job.step > cfg.fsdp.delayed_parameter_update_warmup_steps);
   }
   job.scaler.update(o.skipped);

@@ -575,7 +575,8 @@ struct ArgChecks {
   }
   static void adamw_update(const TensorView& param, const TensorView& grad,
                            const TensorView& exp_avg, const TensorView& exp_avg_sq,
-                           const WeightDecay& wd, const TensorView& copy = {}) {
+                           const WeightDecay& wd, const TensorView& copy = {},
+                           const TensorView& grad_scale = {}) {
     const char* k = "adamw_update";
     const int64_t n = param.numel();
     decay_ranges(k, wd, n);
@@ -584,10 +585,11 @@ struct ArgChecks {
     need_dtype(k, "exp_avg", exp_avg, DType::f32, n);
     need_dtype(k, "exp_avg_sq", exp_avg_sq, DType::f32, n);
     compute_copy(k, copy, n);
+    if (grad_scale) need_dtype(k, "grad_scale", grad_scale, DType::f32, 1);
   }
   static void sgd_update(const TensorView& param, const TensorView& grad,
                          const TensorView& momentum_buf, float momentum, const WeightDecay& wd,
-                         const TensorView& copy = {}) {
+                         const TensorView& copy = {}, const TensorView& grad_scale = {}) {
     const char* k = "sgd_update";
     const int64_t n = param.numel();
     decay_ranges(k, wd, n);
@@ -595,6 +597,7 @@ struct ArgChecks {
     need_dtype(k, "grad", grad, DType::f32, n);
     if (momentum != 0.0f) need_dtype(k, "momentum_buf", momentum_buf, DType::f32, n);
     compute_copy(k, copy, n);
+    if (grad_scale) need_dtype(k, "grad_scale", grad_scale, DType::f32, 1);
   }
 };
 

@@ -43,9 +43,10 @@ class CountingRuntime final : public DeviceRuntime {
   void unscale_and_check(const TensorView&, float, const TensorView&) override {}
   void adamw_update(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                     float, float, float, float, const WeightDecay&, int64_t,
-                    const TensorView& = {}) override {}
+                    const TensorView& = {}, const TensorView& = {}) override {}
   void sgd_update(const TensorView&, const TensorView&, const TensorView&, float, float,
-                  const WeightDecay&, int64_t, const TensorView& = {}) override {}
+                  const WeightDecay&, int64_t, const TensorView& = {},
+                  const TensorView& = {}) override {}
 
  private:
   HostStream stream_;

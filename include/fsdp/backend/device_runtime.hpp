@@ -162,17 +162,25 @@ class DeviceRuntime {
   // that the same pass writes with the updated param, rounded to nearest even: the bits
   // cast(compute_copy, param) would write after the update, without its second pass over
   // the shard (CPU offload's param_dtype copy of the host shard, fsdp/optim/optimizer.hpp).
+  // grad_scale (optional; an empty view is none): an fp32 [1] scalar in this runtime's memory
+  // that each gradient element is multiplied by as it is read, grad itself left as it is:
+  // what scale_by(grad, grad_scale) followed by the unscaled update makes, bit for bit (g * s
+  // rounded to fp32 either way; s == 1 is exact), without scale_by's pass over the shard (the
+  // clip coefficient: torch.nn.utils.clip_grad_norm_'s g *= coef folded into the step, as
+  // DeepSpeed's cpu_adam folds its combined scale; fsdp/fsdp/grad_clip.hpp).
   virtual void adamw_update(const TensorView& param, const TensorView& grad,
                             const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
                             float beta1, float beta2, float eps, const WeightDecay& weight_decay,
-                            int64_t step, const TensorView& compute_copy = {}) = 0;
+                            int64_t step, const TensorView& compute_copy = {},
+                            const TensorView& grad_scale = {}) = 0;
   // SGD with momentum, torch.optim.SGD semantics (dampening 0, nesterov off, coupled wd):
   // g += wd * p; buf = momentum * buf + g (buf = g at step 1); p -= lr * buf.
-  // compute_copy: as adamw_update's.
+  // compute_copy, grad_scale: as adamw_update's.
   virtual void sgd_update(const TensorView& param, const TensorView& grad,
                           const TensorView& momentum_buf, float lr, float momentum,
                           const WeightDecay& weight_decay, int64_t step,
-                          const TensorView& compute_copy = {}) = 0;
+                          const TensorView& compute_copy = {},
+                          const TensorView& grad_scale = {}) = 0;
 };
 
 }  // namespace fsdp

@@ -48,8 +48,9 @@
 //    Where nothing is communicated (world size 1) the boundary's gradient joins the
 //    accumulator on the device too, and only the accumulator is copied; a step of one
 //    micro-batch copies its reduce_dtype gradient, as with collectives.
-//  - Norms, clipping and loss-scale unscaling run on the host shards, their device scalars
-//    copied across.
+//  - Norms and loss-scale unscaling run on the host shards, their device scalars copied
+//    across; the clip coefficient is applied by the host optimizer as it reads each gradient
+//    (fsdp/fsdp/grad_clip.hpp).
 // The host does the same arithmetic in the same order as the device would on the CPU
 // backend, so offloaded runs equal non-offloaded ones bit for bit there.
 //

@@ -15,7 +15,8 @@
 
 namespace fsdp {
 
-// torch.nn.utils.clip_grad_norm_ over the engine's gradient shards.
+// torch.nn.utils.clip_grad_norm_ over the engine's gradient shards, with its in-place scaling
+// folded into the optimizer's update.
 class GradNormClipper {
  public:
   // Allocates the scalars clip() uses on the engine's backend (MemCategory::other:
@@ -24,16 +25,29 @@ class GradNormClipper {
   // The global L2 norm of the gradient (of this rank's shard group; replicas hold equal
   // shards) is written to norm[0] (fp64 [1] device scalar), bitwise identical on every rank
   // (per-shard partial sums are all-gathered and added in shard order, not all-reduced); if
-  // max_norm > 0 and the norm exceeds it, the gradient shards are scaled by
-  // max_norm / (norm + 1e-6), torch's formula. Nothing waits for the device but the
-  // all-gather (a Phase::comm_wait, ranged "all_gather issue/wait grad_norm"). Collective over
-  // the engine's shard group.
+  // max_norm > 0, coefficient() then holds what the gradient is to be multiplied by:
+  // max_norm / (norm + 1e-6) where the norm exceeds max_norm, else 1 (torch's formula and
+  // clamp). The shards are not scaled here: torch's clip_grad_norm_ scales them in place, a
+  // pass over every gradient (8 bytes a parameter; with CPU offload on the host's memory,
+  // before the host step may start), while the optimizer multiplies as it reads
+  // (Optimizer::step's grad_scale), the same update bit for bit. Joins the engine's shard
+  // writes first (FsdpEngine::update_shards' host thread may still read the previous
+  // coefficient). Nothing waits for the device but the all-gather (a Phase::comm_wait, ranged
+  // "all_gather issue/wait grad_norm") and, offloaded, the coefficient's copy to the host.
+  // Collective over the engine's shard group.
   void clip(double max_norm, const TensorView& norm);
+  // The last clip()'s coefficient: fp32 [1] in the memory of the engine's shard runtime (the
+  // device's; the host's with CPU offload), what Optimizer::step takes as grad_scale. Empty
+  // when that clip had max_norm <= 0 (nothing to scale) or before the first clip. Valid
+  // until the next clip().
+  TensorView coefficient();
 
  private:
   FsdpEngine& engine_;
   DeviceBuffer norm_parts_;  // fp64 [1 + num_shards]: local sum, then gathered parts
   DeviceBuffer clip_coef_;   // fp32 [1]
+  float host_coef_ = 1.0f;   // offload: clip_coef_ copied to the host
+  bool has_coef_ = false;    // the last clip had max_norm > 0
 };
 
 // fp16 dynamic loss scaling (torch.amp.GradScaler with init_scale, growth_factor,

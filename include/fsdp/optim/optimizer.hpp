@@ -67,13 +67,17 @@ class Optimizer {
   // if it has one, in the same pass); the update count
   // (torch.optim's per-parameter `step`, used by AdamW's bias correction) advances by one.
   // A step skipped for overflow (fp16 loss scaling) does not call this, as GradScaler.
-  void step(double lr);
+  // grad_scale (optional): an fp32 [1] scalar in the optimizer's runtime memory that the
+  // gradients are multiplied by as the update reads them (GradNormClipper::coefficient: the
+  // clip folded into the update, DeviceRuntime::adamw_update's grad_scale); the gradient
+  // shards are not written.
+  void step(double lr, const TensorView& grad_scale = {});
   // The same update one shard at a time (what FsdpEngine::update_shards drives, unit by unit):
-  // begin_update() advances the update count once, then step_shard(i, lr) updates shard i
-  // (registration order) as step() would. step(lr) is begin_update() and every shard in order.
-  // Throws fsdp::Error for an index that is not a registered shard.
+  // begin_update() advances the update count once, then step_shard(i, lr, grad_scale) updates
+  // shard i (registration order) as step() would. step() is begin_update() and every shard in
+  // order. Throws fsdp::Error for an index that is not a registered shard.
   void begin_update() { ++updates_; }
-  void step_shard(int index, double lr);
+  void step_shard(int index, double lr, const TensorView& grad_scale = {});
   // Updates applied so far (checkpointed; a resumed run sets it back).
   int64_t num_updates() const { return updates_; }
   void set_num_updates(int64_t n) { updates_ = n; }

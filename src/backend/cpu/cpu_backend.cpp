@@ -325,10 +325,10 @@ class CpuBackend final : public Backend {
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
                     const WeightDecay& weight_decay, int64_t step,
-                    const TensorView& compute_copy) override;
+                    const TensorView& compute_copy, const TensorView& grad_scale) override;
   void sgd_update(const TensorView& param, const TensorView& grad, const TensorView& momentum_buf,
                   float lr, float momentum, const WeightDecay& weight_decay, int64_t step,
-                  const TensorView& compute_copy) override;
+                  const TensorView& compute_copy, const TensorView& grad_scale) override;
 
  private:
   F32In in(const TensorView& v, int64_t n) { return F32In(k_, scratch_, v, n); }
@@ -999,30 +999,38 @@ void CpuBackend::gqa_attention_backward(const TensorView& dq, const TensorView& 
 // ---------------------------------------------------------------------------------------
 // optimizers (fp32 shards only: no conversions)
 
+// An optional fp32 [1] host scalar's value; 1 (the gradient as it is) when there is none.
+float scalar_or_one(const TensorView& s) {
+  return s ? *static_cast<const float*>(s.data) : 1.0f;
+}
+
 void CpuBackend::adamw_update(const TensorView& param, const TensorView& grad,
                               const TensorView& exp_avg, const TensorView& exp_avg_sq, float lr,
                               float beta1, float beta2, float eps, const WeightDecay& weight_decay,
-                              int64_t step, const TensorView& compute_copy) {
+                              int64_t step, const TensorView& compute_copy,
+                              const TensorView& grad_scale) {
   // param, grad, exp_avg, exp_avg_sq: [n] fp32, n = param.numel(); compute_copy: none or
-  // [n] bf16/fp16, written in the same pass.
-  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq, weight_decay, compute_copy);
+  // [n] bf16/fp16, written in the same pass; grad_scale: none or fp32 [1] (host memory).
+  Chk::adamw_update(param, grad, exp_avg, exp_avg_sq, weight_decay, compute_copy, grad_scale);
   const int64_t n = param.numel();
   k_.adamw_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
                   static_cast<float*>(exp_avg.data), static_cast<float*>(exp_avg_sq.data), n, lr,
-                  beta1, beta2, eps, weight_decay, step, compute_copy.data, compute_copy.dtype);
+                  beta1, beta2, eps, weight_decay, step, compute_copy.data, compute_copy.dtype,
+                  scalar_or_one(grad_scale));
 }
 
 void CpuBackend::sgd_update(const TensorView& param, const TensorView& grad,
                             const TensorView& momentum_buf, float lr, float momentum,
                             const WeightDecay& weight_decay, int64_t step,
-                            const TensorView& compute_copy) {
+                            const TensorView& compute_copy, const TensorView& grad_scale) {
   // param, grad, momentum_buf: [n] fp32, n = param.numel(); momentum_buf unused (may be
-  // empty) when momentum == 0; compute_copy: none or [n] bf16/fp16, written in the same pass.
-  Chk::sgd_update(param, grad, momentum_buf, momentum, weight_decay, compute_copy);
+  // empty) when momentum == 0; compute_copy: none or [n] bf16/fp16, written in the same pass;
+  // grad_scale: none or fp32 [1] (host memory).
+  Chk::sgd_update(param, grad, momentum_buf, momentum, weight_decay, compute_copy, grad_scale);
   const int64_t n = param.numel();
   k_.sgd_update(static_cast<float*>(param.data), static_cast<const float*>(grad.data),
                 static_cast<float*>(momentum_buf.data), n, lr, momentum, weight_decay, step,
-                compute_copy.data, compute_copy.dtype);
+                compute_copy.data, compute_copy.dtype, scalar_or_one(grad_scale));
 }
 
 }  // namespace

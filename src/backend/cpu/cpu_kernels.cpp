@@ -1281,7 +1281,7 @@ void check_copy_dtype(const char* kernel, const void* copy, DType to) {
 void CpuKernels::adamw_update(float* param, const float* grad, float* exp_avg,
                               float* exp_avg_sq, int64_t n, float lr, float beta1, float beta2,
                               float eps, const WeightDecay& weight_decay, int64_t step,
-                              void* copy, DType copy_dtype) const {
+                              void* copy, DType copy_dtype, float grad_scale) const {
   if (step < 1) {
     throw Error("cpu backend: adamw_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
@@ -1293,11 +1293,11 @@ void CpuKernels::adamw_update(float* param, const float* grad, float* exp_avg,
   const AdamWCoefficients c = adamw_coefficients(lr, beta1, beta2, eps, weight_decay.rate, step);
   decay_pieces_parallel(n, threads_for(n, kParallelMinElems), weight_decay,
                         [&](int64_t lo, int64_t hi, float rate) {
-    const float decay = rate == 0.f ? 1.f : c.decay;
+    const float decay = rate == 0.f ? 1.f : c.decay, s = grad_scale;
     for_tiles(lo, hi, [&](int64_t a, int64_t b) {
 #pragma omp simd
       for (int64_t i = a; i < b; ++i) {
-        adamw_element(param[i], grad[i], exp_avg[i], exp_avg_sq[i], decay, c);
+        adamw_element(param[i], grad[i] * s, exp_avg[i], exp_avg_sq[i], decay, c);
       }
       if (copy != nullptr) write_copy(copy, copy_dtype, param, a, b);
     });
@@ -1306,7 +1306,7 @@ void CpuKernels::adamw_update(float* param, const float* grad, float* exp_avg,
 
 void CpuKernels::sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n,
                             float lr, float momentum, const WeightDecay& weight_decay,
-                            int64_t step, void* copy, DType copy_dtype) const {
+                            int64_t step, void* copy, DType copy_dtype, float grad_scale) const {
   if (step < 1) {
     throw Error("cpu backend: sgd_update: step = " + std::to_string(step) +
                 " (expected >= 1, 1-based)");
@@ -1320,16 +1320,18 @@ void CpuKernels::sgd_update(float* param, const float* grad, float* momentum_buf
       // without momentum: momentum_buf is then not touched (may be null). The scalars are
       // copied first: read through the lambda's captures, GCC does not vectorise the momentum
       // loop.
-      const float r = lr, mu = momentum, w = wd;
+      const float r = lr, mu = momentum, w = wd, s = grad_scale;
       const bool f = first;
       if (mu == 0.0f) {
         float unused = 0.0f;
 #pragma omp simd
-        for (int64_t i = a; i < b; ++i) sgd_element(param[i], grad[i], unused, r, mu, w, f, false);
+        for (int64_t i = a; i < b; ++i) {
+          sgd_element(param[i], grad[i] * s, unused, r, mu, w, f, false);
+        }
       } else {
 #pragma omp simd
         for (int64_t i = a; i < b; ++i) {
-          sgd_element(param[i], grad[i], momentum_buf[i], r, mu, w, f, true);
+          sgd_element(param[i], grad[i] * s, momentum_buf[i], r, mu, w, f, true);
         }
       }
       if (copy != nullptr) write_copy(copy, copy_dtype, param, a, b);

@@ -151,12 +151,15 @@ class CpuKernels {
   // One pass over the shard on all threads. copy (optional, null = none): n values of
   // copy_dtype (bf16 or fp16 bit patterns) written in the same pass with the updated param
   // rounded to nearest even, the bits from_f32 gives (the param_dtype copy, fused).
+  // grad_scale: each grad element is multiplied by it as it is read (1: exactly the gradient).
   void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                     float lr, float beta1, float beta2, float eps, const WeightDecay& weight_decay,
-                    int64_t step, void* copy = nullptr, DType copy_dtype = DType::bf16) const;
+                    int64_t step, void* copy = nullptr, DType copy_dtype = DType::bf16,
+                    float grad_scale = 1.0f) const;
   void sgd_update(float* param, const float* grad, float* momentum_buf, int64_t n, float lr,
                   float momentum, const WeightDecay& weight_decay, int64_t step,
-                  void* copy = nullptr, DType copy_dtype = DType::bf16) const;
+                  void* copy = nullptr, DType copy_dtype = DType::bf16,
+                  float grad_scale = 1.0f) const;
 
   // ---- conversions (n elements; 16-bit values are their bit patterns) ----
   // dst (fp32) = src of dtype `from` (fp32, bf16 or fp16; exact).
