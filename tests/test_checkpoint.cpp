@@ -1538,8 +1538,8 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
                        "optim.decay_steps", "optim.grad_clip", "fsdp.sharding_strategy",
                        "fsdp.backward_prefetch", "fsdp.forward_prefetch",
                        "fsdp.limit_all_gathers", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
-                       "fsdp.offload_optimizer", "fsdp.delayed_parameter_update",
-                       "fsdp.delayed_parameter_update_warmup_steps",
+                       "fsdp.offload_optimizer", "fsdp.offload_optimizer_ratio",
+                       "fsdp.delayed_parameter_update", "fsdp.delayed_parameter_update_warmup_steps",
                        "mesh.shard_size", "comm.backend", "comm.timeout_s", "checkpoint.every",
                        "checkpoint.async_save", "eval.every", "eval.max_windows", "eval.on_start"}))
         << type;

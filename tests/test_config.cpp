@@ -264,6 +264,45 @@ TEST(Config, CpuOffloadAndItsAccelerateAlias) {
   }
 }
 
+// fsdp.offload_optimizer_ratio: (0, 1], below 1 only with offload_optimizer alone and without
+// the delayed update; one line naming the key, exit 2.
+TEST(Config, OffloadOptimizerRatioNeedsOffloadOptimizer) {
+  EXPECT_EQ(parse_config("", "r.toml", {"data.path=t.h5"}).fsdp.offload_optimizer_ratio, 1.0);
+  const Config ok =
+      parse_config("[fsdp]\noffload_optimizer = true\noffload_optimizer_ratio = 0.3\n", "r.toml",
+                   {"data.path=t.h5"});
+  EXPECT_EQ(ok.fsdp.offload_optimizer_ratio, 0.3);
+  EXPECT_EQ(ok.fsdp.offloaded_fraction(), 0.3);
+  EXPECT_EQ(parse_config(to_toml(ok), "r.toml", {}), ok);
+  const std::pair<std::string, std::string> bad[] = {
+      {"[fsdp]\noffload_optimizer_ratio = 0.5\n",
+       "r.toml: fsdp.offload_optimizer_ratio: below 1 needs fsdp.offload_optimizer = true and "
+       "fsdp.cpu_offload = false (the units it keeps on the device step there as without "
+       "offload)"},
+      {"[fsdp]\ncpu_offload = true\noffload_optimizer = true\noffload_optimizer_ratio = 0.5\n",
+       "r.toml: fsdp.offload_optimizer_ratio: below 1 needs fsdp.offload_optimizer = true and "
+       "fsdp.cpu_offload = false (the units it keeps on the device step there as without "
+       "offload)"},
+      {"[fsdp]\noffload_optimizer = true\noffload_optimizer_ratio = 0.5\n"
+       "delayed_parameter_update = true\n",
+       "r.toml: fsdp.offload_optimizer_ratio: below 1 is not supported with "
+       "fsdp.delayed_parameter_update (the units on the device would step undelayed)"},
+      {"[fsdp]\noffload_optimizer = true\noffload_optimizer_ratio = 0\n",
+       "r.toml: fsdp.offload_optimizer_ratio: 0 is out of range"},
+      {"[fsdp]\noffload_optimizer = true\noffload_optimizer_ratio = 1.5\n",
+       "r.toml: fsdp.offload_optimizer_ratio: 1.5 is out of range"},
+  };
+  for (const auto& [text, why] : bad) {
+    try {
+      parse_config(text, "r.toml", {"data.path=t.h5"});
+      ADD_FAILURE() << "no error: " << text;
+    } catch (const fsdp::Error& e) {
+      EXPECT_THAT(std::string(e.what()), HasSubstr(why));
+      EXPECT_EQ(e.exit_code(), 2);
+    }
+  }
+}
+
 // fsdp.delayed_parameter_update needs the resident param_dtype shards of offload_optimizer
 // (and cpu_offload off: it wins when both are set); one line naming the key, exit 2.
 TEST(Config, DelayedParameterUpdateNeedsOffloadOptimizer) {

@@ -233,6 +233,36 @@ TEST(GpuTrain, CpuOffloadMatchesTheDeviceOptimizer) { expect_offload_equals_devi
 
 TEST(GpuTrain, OffloadOptimizerMatchesTheDeviceOptimizer) { expect_offload_equals_device(true); }
 
+// fsdp.offload_optimizer_ratio 0.5 on cuda: the first units step on the device (the CUDA
+// kernels, the clip coefficient read from a device scalar), the others on the host, the
+// clip's sum of both added on the host: equal to the device optimizer within 1e-6,
+// with and without micro-batches, FULL_SHARD in bf16; both sides hold optimizer state, as
+// planned.
+TEST(GpuTrain, OffloadOptimizerRatioMatchesTheDeviceOptimizer) {
+  for (int64_t micro : {0, 1}) {
+    const std::string tag = "offload_optimizer_ratio 0.5 micro " + std::to_string(micro);
+    Config c = on(small_config(fresh_dir("gpu_ratio_ref")), fsdp::DeviceKind::cuda);
+    c.mesh.shard_size = std::min(2, world_size());
+    c.mixed_precision.param_dtype = fsdp::DType::bf16;
+    c.train.micro_batch_size = micro;
+    const TrainResult ref = run(c, On::world);
+    c.train.run_dir = fresh_dir("gpu_ratio_on");
+    c.fsdp.offload_optimizer = true;
+    c.fsdp.offload_optimizer_ratio = 0.5;
+    const TrainResult off = run(c, On::world);
+    ASSERT_EQ(off.losses.size(), ref.losses.size()) << tag;
+    print_divergence(tag, off, ref);
+    EXPECT_LE(max_rel_loss_diff(off, ref), 1e-6) << tag;
+    EXPECT_LE(params_rel_diff(off, ref), 1e-6) << tag;
+    const auto state = fsdp::MemCategory::optimizer_state;
+    EXPECT_GT(off.peak_bytes[static_cast<std::size_t>(state)], 0) << tag;
+    EXPECT_GT(off.host_peak_bytes[static_cast<std::size_t>(state)], 0) << tag;
+    EXPECT_EQ(off.plan.optimizer_state, off.peak_bytes[static_cast<std::size_t>(state)]) << tag;
+    EXPECT_EQ(off.plan.host.optimizer_state, off.host_peak_bytes[static_cast<std::size_t>(state)])
+        << tag;
+  }
+}
+
 // fsdp.delayed_parameter_update on the GPU (the host's update beside the next step's passes,
 // each unit's gradient landing after its write, its upload after its last use, on real
 // streams) gives the CPU backend's delayed run (tests/test_offload_streams.cpp: its definition

@@ -217,6 +217,32 @@ std::pair<TrainResult, TrainResult> stop_at_3_and_resume(
   return {std::move(first), std::move(second)};
 }
 
+// fsdp.offload_optimizer_ratio changes where each unit's shards live, not the checkpoint: a
+// run resumed with another ratio (all offloaded -> half -> none) continues the uninterrupted
+// run bit for bit.
+TEST(OffloadOptimizer, ResumeAcrossOffloadRatios) {
+  const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
+  Config c = offload_config("offratio_full", k);
+  c.train.max_steps = 6;
+  c.checkpoint.every = 3;
+  c.fsdp.offload_optimizer = true;
+  const TrainResult full = run(c, On::world);
+  for (const auto& [first_ratio, second_ratio] : {std::pair{1.0, 0.5}, std::pair{0.5, 1.0}}) {
+    const std::string tag = std::to_string(first_ratio) + " -> " + std::to_string(second_ratio);
+    c.fsdp.offload_optimizer_ratio = first_ratio;
+    const auto [first, second] = stop_at_3_and_resume(
+        c, [r = second_ratio](Config& x) { x.fsdp.offload_optimizer_ratio = r; });
+    ASSERT_EQ(second.losses.size(), 3u) << tag;
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(first.losses[i], full.losses[i]) << tag << " step " << i + 1;
+      EXPECT_EQ(second.losses[i], full.losses[i + 3]) << tag << " step " << i + 4;
+    }
+    for (const auto& [name, values] : full.params) {
+      EXPECT_EQ(second.params.at(name), values) << tag << " " << name;
+    }
+  }
+}
+
 TEST(Offload, ResumeContinuesBitForBitAndAcrossOffloadOnAndOff) {
   const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
   Config c = offload_config("offload_resume_full", k);
@@ -407,6 +433,11 @@ TEST(OffloadOptimizer, EqualsTheRunWithoutOffloadBitForBit) {
         const TrainResult off = run(c, On::world);
         expect_same_run(ref, off, what);
         ASSERT_TRUE(off.plan.offload) << what;
+        // fsdp.offload_optimizer_ratio 0.5: the root and the first block on the device,
+        // stepping there beside the host's units.
+        c.train.run_dir = fresh_dir("offopt_half");
+        c.fsdp.offload_optimizer_ratio = 0.5;
+        expect_same_run(ref, run(c, On::world), what + " ratio 0.5");
       }
     }
   }
@@ -450,6 +481,38 @@ TEST(OffloadOptimizer, PlanEqualsTheMeasuredPeaksAndHoldsTheParamDtypeShardsOnTh
       EXPECT_EQ(p.host.grads, q.host.grads) << what;
     }
   }
+}
+
+// fsdp.offload_optimizer_ratio 0.5: the plan's device and host rows equal the measured peaks,
+// and the units kept on the device take their fp32 shards, gradients and optimizer state off
+// the host rows: the host holds less, and device plus host hold the fully offloaded plan's
+// fp32 state.
+TEST(OffloadOptimizer, RatioPlanEqualsTheMeasuredPeaks) {
+  const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
+  Config c = offload_config("offratio_plan", k);
+  c.fsdp.offload_optimizer = true;
+  c.fsdp.offload_optimizer_ratio = 0.5;
+  const TrainResult r = run(c, On::world);
+  auto dev = [&](MemCategory m) { return r.peak_bytes[static_cast<std::size_t>(m)]; };
+  auto host = [&](MemCategory m) { return r.host_peak_bytes[static_cast<std::size_t>(m)]; };
+  const fsdp::EngineMemoryPlan& p = r.plan;
+  EXPECT_EQ(p.sharded_params, dev(MemCategory::sharded_params));
+  EXPECT_EQ(p.grads, dev(MemCategory::grads));
+  EXPECT_EQ(p.optimizer_state, dev(MemCategory::optimizer_state));
+  EXPECT_EQ(p.comm_buffers, dev(MemCategory::comm_buffers));
+  EXPECT_EQ(p.host.sharded_params, host(MemCategory::sharded_params));
+  EXPECT_EQ(p.host.grads, host(MemCategory::grads));
+  EXPECT_EQ(p.host.optimizer_state, host(MemCategory::optimizer_state));
+  EXPECT_EQ(p.host.comm_buffers, host(MemCategory::comm_buffers));
+  Config all = c;
+  all.fsdp.offload_optimizer_ratio = 1.0;
+  const fsdp::EngineMemoryPlan q =
+      fsdp::plan_memory(fsdp::model_family(c.model.type).modules(c.model), all, world_size(),
+                        world_size(), fsdp::num_optimizer_states(c.optim.name));
+  EXPECT_GT(p.optimizer_state, 0);
+  EXPECT_EQ(p.optimizer_state + p.host.optimizer_state, q.host.optimizer_state);
+  EXPECT_LT(p.host.sharded_params, q.host.sharded_params);
+  EXPECT_LT(p.host.total, q.host.total);
 }
 
 // The plan of inputs/gpt_7b.toml on one rank (world size 1) and its activation bytes.

@@ -651,6 +651,15 @@ class SoloCommunicator final : public fsdp::Communicator {
     if (recv != send && bytes > 0) std::memmove(recv, send, bytes);
     return std::make_unique<Done>();
   }
+  // Every collective of a group of one is Communicator's trivial case, which reaches only
+  // local_impl (the *_impl below are never called): ordered after `after`, as NCCL's copy on
+  // its stream would be. (The base class's copies at once: a gather from a device shard whose
+  // update or target's allocation fill still waits in a deferred compute queue would then
+  // read or be overwritten out of order.)
+  std::unique_ptr<fsdp::Work> local_impl(const char*, const void* send, void* recv,
+                                         std::size_t n, DType t, Stream& after) override {
+    return copied(recv, send, n * fsdp::dtype_size(t), after);
+  }
   std::unique_ptr<fsdp::Work> all_gather_impl(const void* send, void* recv, std::size_t n,
                                               DType t, Stream& after) override {
     return copied(recv, send, n * fsdp::dtype_size(t), after);
@@ -764,7 +773,8 @@ fsdp::data::Batch test_batch(int rank) {
 void add_shards(fsdp::Optimizer& opt, fsdp::FsdpEngine& engine) {
   for (int u = 0; u < engine.num_units(); ++u) {
     opt.add_shard(engine.shard_param(u), engine.shard_grad(u),
-                  fsdp::decayed_ranges(engine.layout(u), engine.shard_index()));
+                  fsdp::decayed_ranges(engine.layout(u), engine.shard_index()), {},
+                  &engine.shard_runtime(u));
   }
 }
 // One step's forward and backward, `micro` sequences a pass (the last the accumulation
@@ -788,7 +798,8 @@ void forward_backward(fsdp::FsdpEngine& engine, fsdp::Gpt2Model& model,
 // discarded shard the next reduction's first copy overwrites). `delayed` (resident only):
 // fsdp.delayed_parameter_update. After the steps, one evaluation pass of the same batch.
 Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resident = false,
-              Schedule schedule = Schedule::side_late, unsigned seed = 0, bool delayed = false) {
+              Schedule schedule = Schedule::side_late, unsigned seed = 0, bool delayed = false,
+              double ratio = 1.0) {
   auto be = fsdp::make_cpu_backend(1);
   auto host_backend = fsdp::make_cpu_backend(1);
   MemoryMap map;
@@ -803,6 +814,7 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   fc.cpu_offload = offload && !resident;
   fc.offload_optimizer = offload && resident;
   fc.delayed_parameter_update = delayed;
+  fc.offload_optimizer_ratio = ratio;
   fsdp::DeviceRuntime& rt = offload ? static_cast<fsdp::DeviceRuntime&>(deferred) : *be;
   fsdp::MixedPrecisionConfig mp;
   mp.param_dtype = DType::bf16;
@@ -818,7 +830,7 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
                           offload ? &host : nullptr);
   fsdp::GradNormClipper clipper(engine);
   const fsdp::OptimConfig oc = test_optim();
-  fsdp::Optimizer opt(oc, engine.shard_runtime());
+  fsdp::Optimizer opt(oc, engine.backend());
   add_shards(opt, engine);
   fsdp::DeviceBuffer loss(rt, DType::f64, 1, fsdp::MemCategory::other);
   fsdp::DeviceBuffer norm(rt, DType::f64, 1, fsdp::MemCategory::other);
@@ -834,8 +846,8 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
     rt.copy_to_host(&host_loss, loss.view());
     r.losses.push_back(host_loss);
     opt.begin_update();
-    engine.update_shards([&opt, lr = oc.lr, coef = clipper.coefficient()](int u) {
-      opt.step_shard(u, lr, coef);
+    engine.update_shards([&opt, &clipper, lr = oc.lr](int u) {
+      opt.step_shard(u, lr, clipper.coefficient(u));
     });
   }
   r.host_fill = host.fill_elements;
@@ -852,7 +864,7 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   for (int u = 0; u < engine.num_units(); ++u) {  // read as zeros, discarded or not
     const TensorView g = engine.shard_grad(u);
     std::vector<float> values(static_cast<std::size_t>(g.numel()));
-    engine.shard_runtime().copy_to_host(values.data(), g);
+    engine.shard_runtime(u).copy_to_host(values.data(), g);
     for (float v : values) r.nonzero_grads_after_update += v != 0.f;
   }
   deferred.flush();
@@ -883,7 +895,7 @@ Trained train_delayed_reference(int64_t micro, Group group, DType reduce) {
   fsdp::FsdpEngine engine(model.modules(), fc, mp, shard, replicate, *be, 7, true);
   fsdp::GradNormClipper clipper(engine);
   const fsdp::OptimConfig oc = test_optim();
-  fsdp::Optimizer opt(oc, engine.shard_runtime());
+  fsdp::Optimizer opt(oc, engine.backend());
   add_shards(opt, engine);
   using Shards = std::vector<std::vector<float>>;
   auto read = [&] {
@@ -918,8 +930,8 @@ Trained train_delayed_reference(int64_t micro, Group group, DType reduce) {
     be->copy_to_host(&host_loss, loss.view());
     r.losses.push_back(host_loss);
     opt.begin_update();
-    engine.update_shards([&opt, lr = oc.lr, coef = clipper.coefficient()](int u) {
-      opt.step_shard(u, lr, coef);
+    engine.update_shards([&opt, &clipper, lr = oc.lr](int u) {
+      opt.step_shard(u, lr, clipper.coefficient(u));
     });
     before = current;
   }
@@ -970,17 +982,22 @@ void expect_offload_equals_plain(Schedule schedule, unsigned seed = 0) {
                  std::string(fsdp::to_string(reduce)));
     const Trained plain = train(false, micro, group, reduce);
     EXPECT_LT(plain.losses.back(), plain.losses.front());
-    for (bool resident : {false, true}) {  // fsdp.cpu_offload, fsdp.offload_optimizer
-      SCOPED_TRACE(resident ? "offload_optimizer" : "cpu_offload");
-      const Trained off = train(true, micro, group, reduce, resident, schedule, seed);
+    // fsdp.cpu_offload, fsdp.offload_optimizer, and offload_optimizer_ratio 0.5 (the root and
+    // the first block on the device, stepping there beside the host's units)
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool resident = variant > 0;
+      SCOPED_TRACE(variant == 0 ? "cpu_offload" : variant == 1 ? "offload_optimizer" : "half");
+      const Trained off = train(true, micro, group, reduce, resident, schedule, seed, false,
+                                variant == 2 ? 0.5 : 1.0);
+      const int64_t units = variant == 2 ? 2 : 4;  // offloaded
       if (schedule == Schedule::shuffled) {
         EXPECT_GE(off.deferred_ops, 3 * (4 / micro) * 40);
-        EXPECT_GE(off.deferred_copies, resident ? 3 * 4 : 3 * 4 * 2 * (4 / micro));
+        EXPECT_GE(off.deferred_copies, resident ? 3 * units : 3 * 4 * 2 * (4 / micro));
       } else if (schedule == Schedule::side_late) {
         // Uploads (cpu_offload: every unit, forward and backward, every micro-batch;
-        // resident: each unit once a step) and the gradient copies all went through the
-        // queues.
-        EXPECT_GE(off.deferred_copies, resident ? 3 * 4 : 3 * 4 * 2 * (4 / micro));
+        // resident: each offloaded unit once a step) and the gradient copies all went
+        // through the queues.
+        EXPECT_GE(off.deferred_copies, resident ? 3 * units : 3 * 4 * 2 * (4 / micro));
       } else {  // every kernel of every micro-batch waited in the compute queue
         EXPECT_GE(off.deferred_ops, 3 * (4 / micro) * 40);
       }
@@ -1082,14 +1099,15 @@ TEST(OffloadStreams, ShuffledStreamsGiveTheRunWithoutOffloadBitForBit) {
 
 // GradNormClipper is torch.nn.utils.clip_grad_norm_ with its scaling left to the update: the
 // norm is the gradient's L2 norm over the world (within 1e-12 of the host's sum in double),
-// coefficient() is torch's max_norm / (norm + 1e-6) when the norm exceeds max_norm and 1
-// otherwise, in the shard runtime's memory, none for max_norm 0, and the gradient shards are
-// left as they are (the update applies it: CpuRuntime.GradScaleEqualsScaleByThenTheUpdate).
-// Without offload, with cpu_offload and with offload_optimizer, sharded over the world.
+// coefficient(unit) is torch's max_norm / (norm + 1e-6) when the norm exceeds max_norm and 1
+// otherwise, in the unit's shard runtime's memory, none for max_norm 0, and the gradient
+// shards are left as they are (the update applies it: CpuRuntime.GradScaleEqualsScaleBy-
+// ThenTheUpdate). Without offload, with cpu_offload, with offload_optimizer, and with half of
+// it offloaded (fsdp.offload_optimizer_ratio 0.5: units on both sides), sharded over the world.
 TEST(GradClip, TorchsCoefficientLeftForTheUpdate) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  for (int mode = 0; mode < 3; ++mode)      // no offload, cpu_offload, offload_optimizer
+  for (int mode = 0; mode < 4; ++mode)      // no offload, cpu_offload, offload_optimizer, half
   for (double ratio : {0.25, 4.0, 0.0}) {   // max_norm = ratio * norm: clipped, not, no clip
     SCOPED_TRACE("offload mode " + std::to_string(mode) + ", max_norm / norm " +
                  std::to_string(ratio));
@@ -1097,8 +1115,10 @@ TEST(GradClip, TorchsCoefficientLeftForTheUpdate) {
     auto host = fsdp::make_cpu_backend(1);
     fsdp::Gpt2Model model(test_model(), *be, DType::bf16);
     fsdp::FsdpConfig fc;
+    fc.transformer_layer_cls_to_wrap = {"GPT2Block"};
     fc.cpu_offload = mode == 1;
-    fc.offload_optimizer = mode == 2;
+    fc.offload_optimizer = mode >= 2;
+    fc.offload_optimizer_ratio = mode == 3 ? 0.5 : 1.0;
     fsdp::MixedPrecisionConfig mp;
     mp.param_dtype = DType::bf16;
     mp.reduce_dtype = DType::f32;
@@ -1107,17 +1127,20 @@ TEST(GradClip, TorchsCoefficientLeftForTheUpdate) {
     fsdp::FsdpEngine engine(model.modules(), fc, mp, world, solo, *be, 7, true,
                             mode > 0 ? host.get() : nullptr);
     fsdp::GradNormClipper clipper(engine);
-    EXPECT_FALSE(clipper.coefficient());
+    EXPECT_FALSE(clipper.coefficient(0));
+    int offloaded_units = 0;  // half: the root and the first block stay on the device
+    for (int u = 0; u < engine.num_units(); ++u) offloaded_units += engine.offloaded(u);
+    EXPECT_EQ(offloaded_units, mode == 0 ? 0 : mode == 3 ? 2 : engine.num_units());
+    if (mode == 3) EXPECT_FALSE(engine.offloaded(0) || engine.offloaded(1));
     fsdp::DeviceBuffer loss(*be, DType::f64, 1, fsdp::MemCategory::other);
     fsdp::DeviceBuffer norm(*be, DType::f64, 1, fsdp::MemCategory::other);
     forward_backward(engine, model, test_batch(rank), 2, loss.view());
-    fsdp::DeviceRuntime& sh = engine.shard_runtime();
     std::vector<std::vector<float>> grads;
     double local = 0;
     for (int u = 0; u < engine.num_units(); ++u) {
       const TensorView g = engine.shard_grad(u);
       grads.emplace_back(static_cast<std::size_t>(g.numel()));
-      sh.copy_to_host(grads.back().data(), g);
+      engine.shard_runtime(u).copy_to_host(grads.back().data(), g);
       for (const float x : grads.back()) local += static_cast<double>(x) * x;
     }
     double total = 0;
@@ -1128,16 +1151,17 @@ TEST(GradClip, TorchsCoefficientLeftForTheUpdate) {
     double got = 0;
     be->copy_to_host(&got, norm.view());
     EXPECT_NEAR(got, want, 1e-12 * want);
-    const TensorView coef = clipper.coefficient();
-    if (ratio == 0.0) {
-      EXPECT_FALSE(coef);
-    } else {
-      ASSERT_TRUE(coef);
-      float c = 0;
-      sh.copy_to_host(&c, coef);
-      EXPECT_EQ(c, ratio < 1 ? static_cast<float>(max_norm / (got + 1e-6)) : 1.0f);
-    }
     for (int u = 0; u < engine.num_units(); ++u) {
+      fsdp::DeviceRuntime& sh = engine.shard_runtime(u);
+      const TensorView coef = clipper.coefficient(u);
+      if (ratio == 0.0) {
+        EXPECT_FALSE(coef);
+      } else {
+        ASSERT_TRUE(coef);
+        float c = 0;
+        sh.copy_to_host(&c, coef);
+        EXPECT_EQ(c, ratio < 1 ? static_cast<float>(max_norm / (got + 1e-6)) : 1.0f);
+      }
       std::vector<float> after(grads[static_cast<std::size_t>(u)].size());
       sh.copy_to_host(after.data(), engine.shard_grad(u));
       EXPECT_EQ(after, grads[static_cast<std::size_t>(u)]) << "unit " << u << " scaled";

@@ -19,9 +19,12 @@
 # micro-batch a step (MODELS=gpt2-1.5b CONTENDERS="fsdp_train fsdp_train:offload"
 # tools/bench_gpu.sh) it cannot come near the issue's 0.75.
 # PARTS ("7b cost") picks the parts: "7b" the 7B run, "cost" the 1.5B comparison.
-# MODES ("offload_optimizer delayed cpu_offload") picks the offload modes each part runs:
-# fsdp.cpu_offload (every unshard uploads), fsdp.offload_optimizer (the param_dtype shards
-# resident on the device, one upload a step; issue 31) and "delayed" (offload_optimizer with
+# MODES ("offload_optimizer ratio delayed cpu_offload") picks the offload modes each part
+# runs: fsdp.cpu_offload (every unshard uploads), fsdp.offload_optimizer (the param_dtype
+# shards resident on the device, one upload a step; issue 31), "ratio" (offload_optimizer
+# with fsdp.offload_optimizer_ratio=RATIO, default 0.5: the first units' optimizer on the
+# device, the host's step and copies RATIO of the model's; a plan the device refuses is
+# reported, and the next mode runs) and "delayed" (offload_optimizer with
 # fsdp.delayed_parameter_update: the host's update beside the next step's forward and
 # backward). Each 7B line also gives MFU, the start-up line and the step split: forward,
 # backward, optimizer (the host step's exposed part: waits for its writes) and comm_wait (with
@@ -30,10 +33,11 @@ set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STEPS="${STEPS:-20}" N_LAYERS="${N_LAYERS:-32 28 24 20 16}" RUN_TIMEOUT="${RUN_TIMEOUT:-500}"
 COST_ROUNDS="${COST_ROUNDS:-1}" ACCUM="${ACCUM:-32}" PARTS="${PARTS:-7b cost}"
-MODES="${MODES:-offload_optimizer delayed cpu_offload}"
-keys() {  # $1 = none | cpu_offload | offload_optimizer | delayed: the three keys' --set arguments
+MODES="${MODES:-offload_optimizer ratio delayed cpu_offload}" RATIO="${RATIO:-0.5}"
+keys() {  # $1 = none | cpu_offload | offload_optimizer | ratio | delayed: the keys' --set arguments
   echo "--set fsdp.cpu_offload=$([[ $1 == cpu_offload ]] && echo true || echo false)" \
-       "--set fsdp.offload_optimizer=$([[ $1 == offload_optimizer || $1 == delayed ]] && echo true || echo false)" \
+       "--set fsdp.offload_optimizer=$([[ $1 == offload_optimizer || $1 == ratio || $1 == delayed ]] && echo true || echo false)" \
+       "--set fsdp.offload_optimizer_ratio=$([[ $1 == ratio ]] && echo "$RATIO" || echo 1)" \
        "--set fsdp.delayed_parameter_update=$([[ $1 == delayed ]] && echo true || echo false)"
 }
 BUNDLE="${FSDP_BUNDLE:-$REPO/gpu_bundle}"
@@ -68,16 +72,21 @@ for L in $N_LAYERS; do
     say "- n_layer $L with $MODE: refused by the plan ($(grep -m1 'memory plan:' "$WORK/log" | cut -c1-240))"
     continue
   fi
+  if [[ $rc == 2 && $MODE == ratio ]] && grep -q "memory plan: device" "$WORK/log"; then
+    say "- n_layer $L with offload_optimizer_ratio $RATIO: refused by the device's plan ($(grep -m1 'memory plan:' "$WORK/log" | cut -c1-240)); try a higher RATIO"
+    break
+  fi
   if [[ $rc != 0 ]]; then
     say "- n_layer $L with $MODE: FAILED (exit $rc): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"
     tail -20 "$WORK/log"
     exit 1
   fi
-  python3 - "$WORK/run/metrics.jsonl" "$L" "$((SECONDS - t0))" "$MODE" <<'PY' | tee -a "$MD"
+  python3 - "$WORK/run/metrics.jsonl" "$L" "$((SECONDS - t0))" "$MODE" "$RATIO" <<'PY' | tee -a "$MD"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 timed = [r for r in rows if r["step"] > 3 and "tokens_per_sec" in r]
-mode = {"delayed": "offload_optimizer + delayed_parameter_update"}.get(sys.argv[4], sys.argv[4])
+mode = {"delayed": "offload_optimizer + delayed_parameter_update",
+        "ratio": "offload_optimizer + offload_optimizer_ratio " + sys.argv[5]}.get(sys.argv[4], sys.argv[4])
 print("- n_layer %s with fsdp.%s: %d steps in %s s; median %.0f tok/s, MFU %.1f %% (steps 4..), step %.2f s "
       "(forward %.2f, backward %.2f, optimizer %.2f, comm_wait %.2f); device peak %.1f GiB, host peak %.1f GiB; "
       "loss %.4f -> %.4f" % (

@@ -136,6 +136,11 @@ FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig&
     throw Error("FSDP: fsdp.delayed_parameter_update needs fsdp.offload_optimizer (and an "
                 "offload runtime): the delayed update keeps the device shards from before it");
   }
+  if (config.offloaded_fraction() < 1 && ctx_.offloaded() &&
+      (!ctx_.resident || config.delayed_parameter_update)) {
+    throw Error("FSDP: fsdp.offload_optimizer_ratio < 1 needs fsdp.offload_optimizer without "
+                "cpu_offload and without delayed_parameter_update");
+  }
   ctx_.shard = &shard;
   ctx_.replicate = &replicate;
   build(modules, seed, initialise, init_params);
@@ -147,11 +152,17 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
   if (offloaded()) copy_stream_ = ctx_.be->create_stream();
   ctx_.reduce_stream = reduce_stream_.get();
   ctx_.copy_stream = copy_stream_.get();
+  device_ctx_ = ctx_;  // fsdp.offload_optimizer_ratio's units on the device: not offloaded
+  device_ctx_.sh = ctx_.be;
+  device_ctx_.resident = false;
+  device_ctx_.device_norms = false;
   module_unit_ = wrap_modules(modules, config_);
   std::vector<FlatParamLayout> layouts = build_unit_layouts(modules, config_, ctx_.shard->size());
+  const std::vector<char> on_device = units_on_device(layouts);
   for (auto& layout : layouts) {
-    units_.push_back(std::make_unique<FsdpParamGroup>(num_units(), std::move(layout), ctx_,
-                                                      initialise));
+    const bool device = on_device[units_.size()] != 0;
+    units_.push_back(std::make_unique<FsdpParamGroup>(num_units(), std::move(layout),
+                                                      device ? device_ctx_ : ctx_, initialise));
     if (initialise && init_params) units_.back()->init_shard(seed);
   }
   // Parameter ids run over modules in order; within a unit, entries follow the same order.
@@ -173,6 +184,33 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
   }
   plan_prefetch(modules);
   if (initialise && init_params) refresh_all();
+}
+
+// fsdp.offload_optimizer_ratio: the units in forward order (by their first module) while
+// their parameters fit in the part of the model not offloaded, 1 - ratio of its parameters
+// (so at least one unit stays offloaded for any ratio > 0). None without offload or at 1.
+std::vector<char> FsdpEngine::units_on_device(
+    const std::vector<FlatParamLayout>& layouts) const {
+  std::vector<char> device(layouts.size(), 0);
+  const double fraction = config_.offloaded_fraction();
+  if (!ctx_.offloaded() || fraction >= 1) return device;
+  std::vector<int> first(layouts.size(), -1);
+  for (std::size_t m = 0; m < module_unit_.size(); ++m) {
+    if (first[module_unit_[m]] < 0) first[module_unit_[m]] = static_cast<int>(m);
+  }
+  std::vector<int> order(layouts.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return first[a] < first[b]; });
+  int64_t total = 0;
+  for (const auto& l : layouts) total += l.numel;
+  const double keep = (1.0 - fraction) * static_cast<double>(total);
+  int64_t kept = 0;
+  for (const int u : order) {
+    if (static_cast<double>(kept + layouts[u].numel) > keep) break;
+    kept += layouts[u].numel;
+    device[u] = 1;
+  }
+  return device;
 }
 
 // Prefetch targets (PyTorch FSDP's execution order): forward prefetches the unit whose
@@ -225,19 +263,26 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write, bool 
   wait_shard_writes();
   if (copy_stream_) copy_stream_->synchronize();  // no upload still reads a host copy
   shards_written_ = true;
-  if (!offloaded()) {
-    for (const int u : fwd_order_) {
-      write(u);
-      unit(u).refresh_copies();
-      unit(u).zero_grad();
+  // Units not offloaded (all of them without offload): the update on the device, from this
+  // thread, before the host's.
+  std::vector<int> order;
+  for (const int u : fwd_order_) {
+    if (offloaded(u)) {
+      order.push_back(u);
+      continue;
     }
-    return;
+    write(u);
+    unit(u).refresh_copies();
+    unit(u).zero_grad();
   }
+  if (order.empty()) return;
   writer_ = std::make_unique<ShardWriter>();
   writer_->written.assign(units_.size(), 0);
+  for (int u = 0; u < num_units(); ++u) {
+    writer_->written[static_cast<std::size_t>(u)] = !offloaded(u);  // written above
+  }
   ShardWriter* w = writer_.get();
   // Delayed: in the order the boundary's backward waits for them.
-  std::vector<int> order = fwd_order_;
   delayed_pending_ = config_.delayed_parameter_update && delay;
   if (delayed_pending_) std::reverse(order.begin(), order.end());
   // The host work only (the optimizer on the shards' runtime, the cast, discarding the
@@ -506,11 +551,12 @@ std::map<std::string, std::vector<float>> FsdpEngine::gather_full_params() {
     const FlatParamLayout& L = u.layout();
     DeviceBuffer full = DeviceBuffer::floats(be, L.padded_numel, MemCategory::other);
     DeviceBuffer staged;  // offload: the host shard on the device, for the communicator
-    if (offloaded()) {
+    const bool on_host = u.context().offloaded();
+    if (on_host) {
       staged = DeviceBuffer::floats(be, L.shard_numel, MemCategory::other);
       be.copy_from_host(staged.view(), u.shard_param().data());
     }
-    ctx_.shard->all_gather(offloaded() ? staged.data() : u.shard_param().data(), full.data(),
+    ctx_.shard->all_gather(on_host ? staged.data() : u.shard_param().data(), full.data(),
                            static_cast<std::size_t>(L.shard_numel), DType::f32,
                            be.compute_stream())->wait();
     std::vector<float> host(static_cast<std::size_t>(L.padded_numel));

@@ -82,7 +82,8 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
   std::vector<DeviceBuffer> optimizer_state;
   for (int u = 0; u < engine.num_units(); ++u) {
     for (int i = 0; i < optimizer_states; ++i) {
-      optimizer_state.push_back(DeviceBuffer::floats(engine.shard_runtime(), engine.shard_param(u).numel(),
+      optimizer_state.push_back(DeviceBuffer::floats(engine.shard_runtime(u),
+                                                     engine.shard_param(u).numel(),
                                                      MemCategory::optimizer_state));
     }
   }

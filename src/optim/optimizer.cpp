@@ -25,7 +25,8 @@ double learning_rate(const OptimConfig& o, int64_t max_steps, int64_t step) {
 Optimizer::Optimizer(const OptimConfig& config, DeviceRuntime& backend) : cfg_(config), be_(backend) {}
 
 void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
-                          std::vector<ElementRange> decayed, TensorView compute_copy) {
+                          std::vector<ElementRange> decayed, TensorView compute_copy,
+                          DeviceRuntime* runtime) {
   if (param.dtype != DType::f32 || grad.dtype != DType::f32 || grad.numel() != param.numel()) {
     throw Error("Optimizer::add_shard: param and grad must be fp32 views of equal size");
   }
@@ -35,13 +36,14 @@ void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
                 " " + compute_copy.shape.str() + " (expected bf16 or fp16 of the param's " +
                 std::to_string(param.numel()) + " elements)");
   }
-  Shard s{param, grad, std::move(decayed), compute_copy, {}, {}};
+  DeviceRuntime& rt = runtime != nullptr ? *runtime : be_;
+  Shard s{param, grad, std::move(decayed), compute_copy, &rt, {}, {}};
   const int64_t n = param.numel();
-  s.s0 = DeviceBuffer::floats(be_, n, MemCategory::optimizer_state);
-  be_.fill_zero(s.s0.view());
+  s.s0 = DeviceBuffer::floats(rt, n, MemCategory::optimizer_state);
+  rt.fill_zero(s.s0.view());
   if (cfg_.name == OptimizerKind::adamw) {
-    s.s1 = DeviceBuffer::floats(be_, n, MemCategory::optimizer_state);
-    be_.fill_zero(s.s1.view());
+    s.s1 = DeviceBuffer::floats(rt, n, MemCategory::optimizer_state);
+    rt.fill_zero(s.s1.view());
   }
   shards_.push_back(std::move(s));
 }
@@ -63,12 +65,12 @@ void Optimizer::step_shard(int index, double lr, const TensorView& grad_scale) {
   const WeightDecay wd(static_cast<float>(cfg_.weight_decay), &s.decayed);
   switch (cfg_.name) {
     case OptimizerKind::adamw:
-      be_.adamw_update(s.param, s.grad, s.s0.view(), s.s1.view(), flr,
+      s.rt->adamw_update(s.param, s.grad, s.s0.view(), s.s1.view(), flr,
                        static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
                        static_cast<float>(cfg_.eps), wd, updates_, s.compute_copy, grad_scale);
       break;
     case OptimizerKind::sgd:
-      be_.sgd_update(s.param, s.grad, s.s0.view(), flr, static_cast<float>(cfg_.momentum), wd,
+      s.rt->sgd_update(s.param, s.grad, s.s0.view(), flr, static_cast<float>(cfg_.momentum), wd,
                      updates_, s.compute_copy, grad_scale);
       break;
   }
@@ -80,6 +82,14 @@ std::vector<OptimState> optimizer_states(OptimizerKind kind) {
     case OptimizerKind::sgd: return {OptimState::momentum_buffer};
   }
   throw Error("optimizer_states: unknown optimizer kind");
+}
+
+DeviceRuntime& Optimizer::runtime(int index) {
+  if (index < 0 || index >= num_shards()) {
+    throw Error("optimizer: runtime(" + std::to_string(index) + "): " +
+                std::to_string(num_shards()) + " shards are registered");
+  }
+  return *shards_[static_cast<std::size_t>(index)].rt;
 }
 
 TensorView Optimizer::state(int index, OptimState which) {

@@ -35,8 +35,7 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
 std::vector<ckpt::UnitShardView> shard_views(Job& job, bool stage,
                                              std::vector<std::vector<float>>& scratch) {
   std::size_t next = 0;
-  DeviceRuntime& shards = job.engine->shard_runtime();  // host memory with fsdp.cpu_offload
-  auto host = [&](const TensorView& v) -> const float* {
+  auto host = [&](DeviceRuntime& shards, const TensorView& v) -> const float* {
     if (stage) {
       float* dst = job.writer.buffer(next++, v.numel());
       shards.copy_to_host(dst, v);
@@ -51,10 +50,12 @@ std::vector<ckpt::UnitShardView> shard_views(Job& job, bool stage,
                   (1 + job.optimizer->states().size()));
   std::vector<ckpt::UnitShardView> views;
   for (int u = 0; u < job.engine->num_units(); ++u) {
-    ckpt::UnitShardView v{&job.engine->layout(u), host(job.engine->shard_param(u)), {}};
+    // The unit's runtime: host memory for an offloaded unit.
+    DeviceRuntime& shards = job.engine->shard_runtime(u);
+    ckpt::UnitShardView v{&job.engine->layout(u), host(shards, job.engine->shard_param(u)), {}};
     // Dataset names: the torch.optim state names (to_string(OptimState)), as always.
     for (const OptimState st : job.optimizer->states()) {
-      v.state.push_back({to_string(st), host(job.optimizer->state(u, st))});
+      v.state.push_back({to_string(st), host(shards, job.optimizer->state(u, st))});
     }
     views.push_back(std::move(v));
   }
@@ -220,7 +221,7 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
         ckpt::read_resharded(set, layouts[static_cast<std::size_t>(u)], s, dataset, out);
       };
       // Read into host memory, then into the shards' runtime (in place in host memory).
-      DeviceRuntime& shards = job.engine->shard_runtime();
+      DeviceRuntime& shards = job.engine->shard_runtime(u);
       auto read = [&](const std::string& dataset, const TensorView& dst) {
         if (shards.device() == Device::cpu) return fill(dataset, dst.f32());
         std::vector<float> host(static_cast<std::size_t>(dst.numel()));
@@ -246,12 +247,12 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
 ckpt::InitFromResult load_init_from(Job& job) {
   const int n = job.engine->num_units();
   const std::vector<FlatParamLayout> layouts = job.engine->layouts();
-  DeviceRuntime& shards_rt = job.engine->shard_runtime();
-  const bool in_place = shards_rt.device() == Device::cpu;
-  std::vector<std::vector<float>> staged(in_place ? 0 : static_cast<std::size_t>(n));
+  // Each unit's shard in place where it is host memory, else through a host copy.
+  auto in_place = [&](int u) { return job.engine->shard_runtime(u).device() == Device::cpu; };
+  std::vector<std::vector<float>> staged(static_cast<std::size_t>(n));
   std::vector<float*> shards;
   for (int u = 0; u < n; ++u) {
-    if (in_place) {
+    if (in_place(u)) {
       shards.push_back(job.engine->shard_param(u).f32());
     } else {
       staged[static_cast<std::size_t>(u)].resize(static_cast<std::size_t>(layouts[u].shard_numel));
@@ -260,11 +261,10 @@ ckpt::InitFromResult load_init_from(Job& job) {
   }
   ckpt::InitFromResult r = ckpt::load_hf_shards(job.cfg.model.init_from, job.cfg.model, layouts,
                                                 job.engine->shard_index(), shards);
-  if (!in_place) {
-    for (int u = 0; u < n; ++u) {
-      shards_rt.copy_from_host(job.engine->shard_param(u),
-                               staged[static_cast<std::size_t>(u)].data());
-    }
+  for (int u = 0; u < n; ++u) {
+    if (in_place(u)) continue;
+    job.engine->shard_runtime(u).copy_from_host(job.engine->shard_param(u),
+                                                staged[static_cast<std::size_t>(u)].data());
   }
   return r;
 }

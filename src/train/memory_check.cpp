@@ -55,14 +55,16 @@ std::string memory_refusal(const EngineMemoryPlan& plan, int64_t activation_byte
   }
   if (device.bytes >= 0 && need > device.bytes) {
     return refusal(offload && !device_is_host ? "device " : "", need, device, largest,
-                   offload ? "use more ranks, FULL_SHARD, fsdp.activation_checkpointing or a "
-                             "smaller train.micro_batch_size"
+                   offload ? "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, a "
+                             "smaller train.micro_batch_size or a higher "
+                             "fsdp.offload_optimizer_ratio"
                            : "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, "
                              "fsdp.cpu_offload or a smaller train.micro_batch_size");
   }
   if (offload && !device_is_host && host.bytes >= 0 && host_need > host.bytes) {
     return refusal("host ", host_need, host, largest_of(host_rows(plan.host)),
-                   "use more ranks (the host rows shrink with the shard group) or FULL_SHARD");
+                   "use more ranks (the host rows shrink with the shard group), FULL_SHARD or, "
+                   "with fsdp.offload_optimizer, a lower fsdp.offload_optimizer_ratio");
   }
   return "";
 }

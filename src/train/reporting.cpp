@@ -140,8 +140,14 @@ void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
       os << "  (grads: the fp32 accumulator of the micro-batches before each step's last; "
             "train.micro_batch_size = the per-rank batch has none)\n";
     }
-    os << (job.cfg.fsdp.params_resident() ? "host (fsdp.offload_optimizer):\n"
-                                          : "host (fsdp.cpu_offload):\n");
+    if (!job.cfg.fsdp.params_resident()) {
+      os << "host (fsdp.cpu_offload):\n";
+    } else if (job.cfg.fsdp.offload_optimizer_ratio < 1) {
+      os << "host (fsdp.offload_optimizer, ratio " << job.cfg.fsdp.offload_optimizer_ratio
+         << " of the parameters):\n";
+    } else {
+      os << "host (fsdp.offload_optimizer):\n";
+    }
     print_rows(host_rows(p.host));
   }
   const MemoryBudget& budget = job.rt.memory_budget();

@@ -250,11 +250,12 @@ void build_model(Job& job, bool init_params) {
                                               cfg.train.seed, job.rt.offload_runtime(),
                                               init_params);
     job.clipper = std::make_unique<GradNormClipper>(*job.engine);
-    // The optimizer state lives with the shards (host memory with fsdp.cpu_offload).
-    job.optimizer = std::make_unique<Optimizer>(cfg.optim, job.engine->shard_runtime());
+    // The optimizer state lives with each unit's shards (host memory when offloaded).
+    job.optimizer = std::make_unique<Optimizer>(cfg.optim, job.engine->backend());
     for (int u = 0; u < job.engine->num_units(); ++u) {
       job.optimizer->add_shard(job.engine->shard_param(u), job.engine->shard_grad(u),
-                               decayed_ranges(job.engine->layout(u), job.engine->shard_index()));
+                               decayed_ranges(job.engine->layout(u), job.engine->shard_index()),
+                               {}, &job.engine->shard_runtime(u));
     }
   });
 }
@@ -539,8 +540,8 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
     // By value: offloaded, the writes outlive this function. The clip coefficient is applied
     // as the update reads each gradient (it stays valid until the next clip).
     job.engine->update_shards(
-        [optimizer = job.optimizer.get(), lr = o.lr, coef = job.clipper->coefficient()](int u) {
-          optimizer->step_shard(u, lr, coef);
+        [optimizer = job.optimizer.get(), lr = o.lr, clipper = job.clipper.get()](int u) {
+          optimizer->step_shard(u, lr, clipper->coefficient(u));
         },
         job.step > cfg.fsdp.delayed_parameter_update_warmup_steps);
   }
@@ -585,7 +586,7 @@ bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o
                                      : 0,
                        job.writer.finished() ? 0 : 1,
                        offload ? static_cast<int64_t>(
-                                     job.engine->shard_runtime().memory().peak_total())
+                                     job.engine->offload_runtime()->memory().peak_total())
                                : 0};
   {
     StepTimer::Scope waiting(&timer, Phase::comm_wait);
@@ -673,7 +674,7 @@ void run_loop(Job& job, const Setup& s, TrainResult& result) {
   write_trace(job, st.prof);  // a run that ended before the window's last step
   result.final_step = job.step;
   Backend& be = *job.backend;
-  DeviceRuntime* offload = job.engine->offloaded() ? &job.engine->shard_runtime() : nullptr;
+  DeviceRuntime* offload = job.engine->offload_runtime();
   for (int c = 0; c < kNumMemCategories; ++c) {
     result.peak_bytes[static_cast<std::size_t>(c)] =
         static_cast<int64_t>(be.memory().peak(static_cast<MemCategory>(c)));

@@ -347,6 +347,12 @@ struct FsdpConfig {
   // optimizer step (one upload per step instead of one per unshard). cpu_offload wins when
   // both are set.
   bool offload_optimizer = false;
+  // DeepSpeed's offload_optimizer.ratio (ZeRO-Offload++ "Twin-Flow"): with offload_optimizer,
+  // the fraction of the parameters whose master shards, gradients and optimizer state are
+  // offloaded; the units in forward order up to the rest (1 - ratio of the parameters) keep
+  // theirs on the device and step there, as without offload (fsdp/fsdp/engine.hpp). 1: all
+  // offloaded.
+  double offload_optimizer_ratio = 1.0;
   // ZeRO-Offload's one-step delayed parameter update (DPU; Ren et al., USENIX ATC 2021, sec.
   // 5.2), with offload_optimizer only: the host's update of step n runs beside step n+1's
   // forward and backward, which use the parameters from before it, so each gradient is taken
@@ -360,6 +366,11 @@ struct FsdpConfig {
   bool offloaded() const { return cpu_offload || offload_optimizer; }
   // Whether the param_dtype shards stay on the device (offload_optimizer alone).
   bool params_resident() const { return offload_optimizer && !cpu_offload; }
+  // The fraction of the parameters offloaded: offload_optimizer_ratio with offload_optimizer
+  // alone, 1 with cpu_offload, 0 without offload.
+  double offloaded_fraction() const {
+    return !offloaded() ? 0.0 : params_resident() ? offload_optimizer_ratio : 1.0;
+  }
   friend bool operator==(const FsdpConfig&, const FsdpConfig&) = default;
 };
 

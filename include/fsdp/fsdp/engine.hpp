@@ -27,7 +27,7 @@
 // CPU offload (fsdp.cpu_offload; PyTorch's CPUOffload(offload_params=True), DeepSpeed
 // ZeRO-Offload): the fp32 shards and gradient shards live in an offload runtime (a CPU
 // backend: host memory), and so does the optimizer state the trainer allocates through
-// shard_runtime(), so the optimizer steps on the host's cores. Every unit then has a full
+// shard_runtime(unit), so the optimizer steps on the host's cores. Every unit then has a full
 // buffer on the device.
 //  - Parameters: after each write of the shards (update_shards, write_shards) the host
 //    casts each written shard to param_dtype once, into a host copy (page-locked on CUDA);
@@ -53,6 +53,13 @@
 //    (fsdp/fsdp/grad_clip.hpp).
 // The host does the same arithmetic in the same order as the device would on the CPU
 // backend, so offloaded runs equal non-offloaded ones bit for bit there.
+// fsdp.offload_optimizer_ratio < 1 (DeepSpeed's offload_optimizer.ratio, ZeRO-Offload++
+// "Twin-Flow"): only that fraction of the parameters is offloaded. The units in forward order
+// whose parameters fit in the rest (1 - ratio of the model) are not offloaded at all: their
+// shards, gradient shards and optimizer state stay on the device and they step there, on the
+// main thread, before update_shards hands the offloaded units to the host thread; the host's
+// step and the gradients' copies shrink by the same fraction, and the next forward's first
+// units need no host write. shard_runtime(unit) says where each unit's shards live.
 //
 // Collectives: unshard and reduce are fsdp/fsdp/collectives.hpp's foreach_all_gather and
 // foreach_reduce (PyTorch FSDP2's names), which return the buffer they fill and its Work;
@@ -172,7 +179,7 @@ class FsdpEngine final : public ModuleHooks {
   // Builds the units and their layouts for the strategy's groups of `mesh`, allocates this
   // rank's shards and initialises them from `seed` (only this rank's slice is generated).
   // fsdp.cpu_offload needs `offload`: the host runtime (a CPU backend) that holds the fp32
-  // shards, gradient shards and, through shard_runtime(), the optimizer state; it is not
+  // shards, gradient shards and, through shard_runtime(unit), the optimizer state; it is not
   // owned and must outlive the engine. Throws fsdp::Error if cpu_offload is set without one.
   // init_params = false leaves the parameter shards unwritten for a caller that fills every
   // element through write_shards before the first pass (a checkpoint load, model.init_from):
@@ -202,12 +209,17 @@ class FsdpEngine final : public ModuleHooks {
   int64_t num_params() const;  // model parameters (unpadded)
 
   // ---- this rank's shards: shard_numel(unit) fp32 elements each ----
-  // The runtime whose memory holds the shards, gradient shards (and the optimizer state the
-  // trainer allocates): the offload runtime with fsdp.cpu_offload, else the backend. Copies
-  // of shard views (checkpoints) go through it.
-  DeviceRuntime& shard_runtime() { return *ctx_.sh; }
+  // The runtime whose memory holds `unit`'s shard and gradient shard (and the optimizer state
+  // the trainer allocates for it): the offload runtime for an offloaded unit, else the
+  // backend. Copies of its shard views (checkpoints) go through it.
+  DeviceRuntime& shard_runtime(int unit) const { return *units_.at(unit)->context().sh; }
   DeviceRuntime& backend() { return *ctx_.be; }  // the compute backend
+  // Whether any unit is offloaded (fsdp.cpu_offload / offload_optimizer), and whether `unit` is
+  // (all of them but those fsdp.offload_optimizer_ratio keeps on the device).
   bool offloaded() const { return ctx_.offloaded(); }
+  bool offloaded(int unit) const { return units_.at(unit)->context().offloaded(); }
+  // The offload runtime (host memory) when any unit is offloaded, else null.
+  DeviceRuntime* offload_runtime() const { return offloaded() ? ctx_.sh : nullptr; }
   int64_t shard_numel(int unit) const;
   // This rank's fp32 shard / gradient shard of `unit` (both wait for pending writes first).
   TensorView shard_param(int unit);
@@ -290,14 +302,14 @@ class FsdpEngine final : public ModuleHooks {
   // (all-gather before a unit's use, HYBRID's reduce-scatter -> all-reduce hand-off in
   // post_backward, the reductions in end_step; GradNormClipper's all-gather) is a
   // Phase::comm_wait scope.
-  void set_step_timer(StepTimer* timer) { ctx_.timer = timer; }
+  void set_step_timer(StepTimer* timer) { ctx_.timer = device_ctx_.timer = timer; }
   StepTimer* step_timer() const { return ctx_.timer; }
   // Records the issue and the wait of every collective as a host range of `profiler` (null:
   // none; not owned), named after the collective and the unit: "all_gather issue unit 3
   // (h.2)", "reduce_scatter wait unit 0 (root)", "all_reduce wait unit 1 (h.0)",
   // "all_gather issue grad_norm"; args: unit, unit_name, in_bytes and out_bytes (this rank's
   // input and output buffers), dtype, ranks (the group's size).
-  void set_profiler(Profiler* profiler) { ctx_.profiler = profiler; }
+  void set_profiler(Profiler* profiler) { ctx_.profiler = device_ctx_.profiler = profiler; }
   Profiler* profiler() const { return ctx_.profiler; }
 
   // Test hook: adds +inf to element 0 of this rank's gradient shard of unit 0 (an overflow).
@@ -327,6 +339,7 @@ class FsdpEngine final : public ModuleHooks {
   void build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise,
              bool init_params);
   void plan_prefetch(const std::vector<ModuleDecl>& modules);
+  std::vector<char> units_on_device(const std::vector<FlatParamLayout>& layouts) const;
   void refresh_all();
   FsdpParamGroup& unit(int u) { return *units_[u]; }
   void unshard(int unit);
@@ -345,6 +358,9 @@ class FsdpEngine final : public ModuleHooks {
   std::unique_ptr<Stream> reduce_stream_;
   std::unique_ptr<Stream> copy_stream_;
   ParamGroupContext ctx_;  // what every unit shares; outlives units_
+  // fsdp.offload_optimizer_ratio: what the units kept on the device share instead (ctx_ with
+  // the backend as their shards' runtime: not offloaded).
+  ParamGroupContext device_ctx_;
   std::vector<std::unique_ptr<FsdpParamGroup>> units_;
   // Offload: update_shards' host thread and the units it has written (engine.cpp).
   struct ShardWriter;

@@ -20,12 +20,13 @@ namespace fsdp {
 class GradNormClipper {
  public:
   // Allocates the scalars clip() uses on the engine's backend (MemCategory::other:
-  // fp64 [1 + num_shards] partial sums, fp32 [1] coefficient); `engine` must outlive it.
+  // fp64 [1 + num_shards] partial sums, fp32 [1] coefficient, and with units both offloaded
+  // and on the device fp64 [num_units]); `engine` must outlive it.
   explicit GradNormClipper(FsdpEngine& engine);
   // The global L2 norm of the gradient (of this rank's shard group; replicas hold equal
   // shards) is written to norm[0] (fp64 [1] device scalar), bitwise identical on every rank
   // (per-shard partial sums are all-gathered and added in shard order, not all-reduced); if
-  // max_norm > 0, coefficient() then holds what the gradient is to be multiplied by:
+  // max_norm > 0, coefficient(unit) then holds what the gradient is to be multiplied by:
   // max_norm / (norm + 1e-6) where the norm exceeds max_norm, else 1 (torch's formula and
   // clamp). The shards are not scaled here: torch's clip_grad_norm_ scales them in place, a
   // pass over every gradient (8 bytes a parameter; with CPU offload on the host's memory,
@@ -36,16 +37,19 @@ class GradNormClipper {
   // "all_gather issue/wait grad_norm") and, offloaded, the coefficient's copy to the host.
   // Collective over the engine's shard group.
   void clip(double max_norm, const TensorView& norm);
-  // The last clip()'s coefficient: fp32 [1] in the memory of the engine's shard runtime (the
-  // device's; the host's with CPU offload), what Optimizer::step takes as grad_scale. Empty
-  // when that clip had max_norm <= 0 (nothing to scale) or before the first clip. Valid
-  // until the next clip().
-  TensorView coefficient();
+  // The last clip()'s coefficient for `unit`'s update: fp32 [1] in the memory of the unit's
+  // shard runtime (FsdpEngine::shard_runtime: the device's, or the host's for an offloaded
+  // unit), what Optimizer::step_shard takes as grad_scale. Empty when that clip had
+  // max_norm <= 0 (nothing to scale) or before the first clip. Valid until the next clip().
+  TensorView coefficient(int unit);
 
  private:
   FsdpEngine& engine_;
   DeviceBuffer norm_parts_;  // fp64 [1 + num_shards]: local sum, then gathered parts
   DeviceBuffer clip_coef_;   // fp32 [1]
+  // fsdp.offload_optimizer_ratio < 1: fp64 [num_units], the squared norms of the units on the
+  // device (the others' slots unused), copied to the host in one copy.
+  DeviceBuffer unit_norms_;
   float host_coef_ = 1.0f;   // offload: clip_coef_ copied to the host
   bool has_coef_ = false;    // the last clip had max_norm > 0
 };

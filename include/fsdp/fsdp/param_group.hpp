@@ -130,6 +130,7 @@ class FsdpParamGroup {
 
   // ---- structure ----
   int index() const { return index_; }
+  const ParamGroupContext& context() const { return ctx_; }
   const FlatParamLayout& layout() const { return layout_; }
   const std::string& name() const { return layout_.unit_name; }
   // The modules (ModuleDecl indices) of the unit, in declaration order.

@@ -61,8 +61,13 @@ class Optimizer {
   // all-gather), and it replaces the engine's separate cast pass over the shard after each
   // update (one pass over the shard instead of two: the host optimizer is memory bound).
   // Throws fsdp::Error on another dtype or size.
+  // runtime (optional; null: the optimizer's): the runtime whose memory holds param and grad,
+  // where the shard's state is allocated and its updates run (FsdpEngine::shard_runtime(unit):
+  // the host's for an offloaded unit, the device's for one fsdp.offload_optimizer_ratio keeps
+  // there).
   void add_shard(const TensorView& param, const TensorView& grad,
-                 std::vector<ElementRange> decayed, TensorView compute_copy = {});
+                 std::vector<ElementRange> decayed, TensorView compute_copy = {},
+                 DeviceRuntime* runtime = nullptr);
   // One update of every registered shard with learning rate `lr` (and of its compute_copy,
   // if it has one, in the same pass); the update count
   // (torch.optim's per-parameter `step`, used by AdamW's bias correction) advances by one.
@@ -85,7 +90,9 @@ class Optimizer {
   OptimizerKind kind() const { return cfg_.name; }
   // The states this optimizer keeps: optimizer_states(kind()).
   std::vector<OptimState> states() const { return optimizer_states(kind()); }
-  // State `s` of shard `index` ([n] fp32, device memory). Throws fsdp::Error naming the
+  // The runtime shard `index`'s state lives in and its updates run on (add_shard's).
+  DeviceRuntime& runtime(int index);
+  // State `s` of shard `index` ([n] fp32, runtime(index)'s memory). Throws fsdp::Error naming the
   // optimizer and the state when this optimizer has no such state (e.g. exp_avg of sgd), or
   // when index is not a registered shard.
   TensorView state(int index, OptimState s);
@@ -96,6 +103,7 @@ class Optimizer {
     TensorView param, grad;
     std::vector<ElementRange> decayed;  // the segments with decay: one update per shard
     TensorView compute_copy;            // bf16/fp16 copy written by the update, or none
+    DeviceRuntime* rt;                  // where the shard, its state and its update live
     DeviceBuffer s0, s1;  // adamw: exp_avg, exp_avg_sq; sgd: momentum_buffer, (none)
   };
   OptimConfig cfg_;
