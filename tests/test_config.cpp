@@ -264,8 +264,9 @@ TEST(Config, CpuOffloadAndItsAccelerateAlias) {
   }
 }
 
-// fsdp.offload_optimizer_ratio: (0, 1], below 1 only with offload_optimizer alone and without
-// the delayed update; one line naming the key, exit 2.
+// fsdp.offload_optimizer_ratio: [0, 1] (0: auto), ignored unless offload_optimizer alone is on
+// (a file's ratio survives --set fsdp.offload_optimizer=false), an error beside the delayed
+// update; one line naming the key, exit 2.
 TEST(Config, OffloadOptimizerRatioNeedsOffloadOptimizer) {
   EXPECT_EQ(parse_config("", "r.toml", {"data.path=t.h5"}).fsdp.offload_optimizer_ratio, 1.0);
   const Config ok =
@@ -274,21 +275,25 @@ TEST(Config, OffloadOptimizerRatioNeedsOffloadOptimizer) {
   EXPECT_EQ(ok.fsdp.offload_optimizer_ratio, 0.3);
   EXPECT_EQ(ok.fsdp.offloaded_fraction(), 0.3);
   EXPECT_EQ(parse_config(to_toml(ok), "r.toml", {}), ok);
+  for (const char* ignored : {"[fsdp]\noffload_optimizer_ratio = 0.5\n",
+                              "[fsdp]\ncpu_offload = true\noffload_optimizer = true\n"
+                              "offload_optimizer_ratio = 0.5\n",
+                              "[fsdp]\noffload_optimizer_ratio = 0\n"}) {
+    EXPECT_EQ(parse_config(ignored, "r.toml", {"data.path=t.h5"}).fsdp.offloaded_fraction(),
+              std::string(ignored).find("cpu_offload") == std::string::npos ? 0.0 : 1.0)
+        << ignored;
+  }
+  EXPECT_EQ(parse_config("[fsdp]\noffload_optimizer = true\noffload_optimizer_ratio = 0\n",
+                         "r.toml", {"data.path=t.h5"})
+                .fsdp.offloaded_fraction(),
+            1.0);  // auto, until the trainer resolves it
   const std::pair<std::string, std::string> bad[] = {
-      {"[fsdp]\noffload_optimizer_ratio = 0.5\n",
-       "r.toml: fsdp.offload_optimizer_ratio: below 1 needs fsdp.offload_optimizer = true and "
-       "fsdp.cpu_offload = false (the units it keeps on the device step there as without "
-       "offload)"},
-      {"[fsdp]\ncpu_offload = true\noffload_optimizer = true\noffload_optimizer_ratio = 0.5\n",
-       "r.toml: fsdp.offload_optimizer_ratio: below 1 needs fsdp.offload_optimizer = true and "
-       "fsdp.cpu_offload = false (the units it keeps on the device step there as without "
-       "offload)"},
       {"[fsdp]\noffload_optimizer = true\noffload_optimizer_ratio = 0.5\n"
        "delayed_parameter_update = true\n",
        "r.toml: fsdp.offload_optimizer_ratio: below 1 is not supported with "
        "fsdp.delayed_parameter_update (the units on the device would step undelayed)"},
-      {"[fsdp]\noffload_optimizer = true\noffload_optimizer_ratio = 0\n",
-       "r.toml: fsdp.offload_optimizer_ratio: 0 is out of range"},
+      {"[fsdp]\noffload_optimizer = true\noffload_optimizer_ratio = -0.1\n",
+       "r.toml: fsdp.offload_optimizer_ratio: -0.1 is out of range"},
       {"[fsdp]\noffload_optimizer = true\noffload_optimizer_ratio = 1.5\n",
        "r.toml: fsdp.offload_optimizer_ratio: 1.5 is out of range"},
   };

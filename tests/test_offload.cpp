@@ -217,6 +217,22 @@ std::pair<TrainResult, TrainResult> stop_at_3_and_resume(
   return {std::move(first), std::move(second)};
 }
 
+// `c` (6 steps, checkpoint.every = 3) stopped at step 3 and resumed with `resumed` applied
+// continues `full`, the uninterrupted run, bit for bit: every loss and the final parameters.
+void expect_resume_continues(const TrainResult& full, const Config& c,
+                             const std::function<void(Config&)>& resumed, const std::string& tag) {
+  const auto [first, second] = stop_at_3_and_resume(c, resumed);
+  ASSERT_EQ(first.losses.size(), 3u) << tag;
+  ASSERT_EQ(second.losses.size(), 3u) << tag;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(first.losses[i], full.losses[i]) << tag << " step " << i + 1;
+    EXPECT_EQ(second.losses[i], full.losses[i + 3]) << tag << " step " << i + 4;
+  }
+  for (const auto& [name, values] : full.params) {
+    EXPECT_EQ(second.params.at(name), values) << tag << " " << name;
+  }
+}
+
 // fsdp.offload_optimizer_ratio changes where each unit's shards live, not the checkpoint: a
 // run resumed with another ratio (all offloaded -> half -> none) continues the uninterrupted
 // run bit for bit.
@@ -228,18 +244,10 @@ TEST(OffloadOptimizer, ResumeAcrossOffloadRatios) {
   c.fsdp.offload_optimizer = true;
   const TrainResult full = run(c, On::world);
   for (const auto& [first_ratio, second_ratio] : {std::pair{1.0, 0.5}, std::pair{0.5, 1.0}}) {
-    const std::string tag = std::to_string(first_ratio) + " -> " + std::to_string(second_ratio);
     c.fsdp.offload_optimizer_ratio = first_ratio;
-    const auto [first, second] = stop_at_3_and_resume(
-        c, [r = second_ratio](Config& x) { x.fsdp.offload_optimizer_ratio = r; });
-    ASSERT_EQ(second.losses.size(), 3u) << tag;
-    for (int i = 0; i < 3; ++i) {
-      EXPECT_EQ(first.losses[i], full.losses[i]) << tag << " step " << i + 1;
-      EXPECT_EQ(second.losses[i], full.losses[i + 3]) << tag << " step " << i + 4;
-    }
-    for (const auto& [name, values] : full.params) {
-      EXPECT_EQ(second.params.at(name), values) << tag << " " << name;
-    }
+    expect_resume_continues(
+        full, c, [r = second_ratio](Config& x) { x.fsdp.offload_optimizer_ratio = r; },
+        std::to_string(first_ratio) + " -> " + std::to_string(second_ratio));
   }
 }
 
@@ -255,20 +263,10 @@ TEST(Offload, ResumeContinuesBitForBitAndAcrossOffloadOnAndOff) {
   // the uninterrupted offloaded run's, bit for bit.
   for (const auto& [first_offload, second_offload] :
        {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
-    const std::string tag = std::string(first_offload ? "on" : "off") + " -> " +
-                            (second_offload ? "on" : "off");
     c.fsdp.cpu_offload = first_offload;
-    const auto [first, second] = stop_at_3_and_resume(
-        c, [second_offload = second_offload](Config& r) { r.fsdp.cpu_offload = second_offload; });
-    ASSERT_EQ(first.losses.size(), 3u) << tag;
-    ASSERT_EQ(second.losses.size(), 3u) << tag;
-    for (int i = 0; i < 3; ++i) {
-      EXPECT_EQ(first.losses[i], full.losses[i]) << tag << " step " << i + 1;
-      EXPECT_EQ(second.losses[i], full.losses[i + 3]) << tag << " step " << i + 4;
-    }
-    for (const auto& [name, values] : full.params) {
-      EXPECT_EQ(second.params.at(name), values) << tag << " " << name;
-    }
+    expect_resume_continues(
+        full, c, [on = second_offload](Config& r) { r.fsdp.cpu_offload = on; },
+        std::string(first_offload ? "on" : "off") + " -> " + (second_offload ? "on" : "off"));
   }
 }
 
@@ -515,14 +513,32 @@ TEST(OffloadOptimizer, RatioPlanEqualsTheMeasuredPeaks) {
   EXPECT_LT(p.host.total, q.host.total);
 }
 
+// fsdp.offload_optimizer_ratio = 0 ("auto") through the trainer on the CPU backend, whose
+// device is the host's memory: resolved to 1 (everything offloaded: no optimizer state on the
+// device), the same run as without offload.
+TEST(OffloadOptimizer, AutoRatioOnTheCpuBackendOffloadsEverything) {
+  const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
+  Config c = offload_config("offauto_ref", k);
+  const TrainResult ref = run(c, On::world);
+  c.train.run_dir = fresh_dir("offauto_on");
+  c.fsdp.offload_optimizer = true;
+  c.fsdp.offload_optimizer_ratio = 0;
+  const TrainResult off = run(c, On::world);
+  expect_same_run(ref, off, "auto");
+  EXPECT_EQ(off.plan.optimizer_state, 0);
+  EXPECT_GT(off.plan.host.optimizer_state, 0);
+}
+
 // The plan of inputs/gpt_7b.toml on one rank (world size 1) and its activation bytes.
 struct Plan {
   fsdp::EngineMemoryPlan engine;
   int64_t activations = 0;
 };
-// global_batch 0: the file's (8 micro-batches of one sequence).
+// global_batch 0: the file's (8 micro-batches of one sequence). offload: fsdp.cpu_offload (the
+// file's own offload_optimizer off either way).
 Plan plan_7b(bool offload, int64_t n_layer = 32, int64_t global_batch = 0) {
   std::vector<std::string> sets = {"fsdp.cpu_offload=" + std::string(offload ? "true" : "false"),
+                                   "fsdp.offload_optimizer=false",
                                    "model.n_layer=" + std::to_string(n_layer)};
   if (global_batch > 0) sets.push_back("train.global_batch_size=" + std::to_string(global_batch));
   Config c = fsdp::load_config(std::string(FSDP_SOURCE_DIR) + "/inputs/gpt_7b.toml", sets);
@@ -583,6 +599,44 @@ TEST(Offload, A7BPlanFitsOneGpuWithOffloadAndNotWithout) {
   EXPECT_THAT(fsdp::memory_refusal(on.engine, on.activations, cpu, cpu, true),
               HasSubstr("memory plan: 13"));
   EXPECT_EQ(fsdp::memory_refusal(on.engine, on.activations, {-1, "unknown"}, {-1, "unknown"}, false), "");
+}
+
+// fsdp.offload_optimizer_ratio = 0 ("auto") for GPT 7B on one 80 GB GPU: the ratio
+// auto_offload_ratio picks fits 90 % of the device's budget, no ratio on a grid of 1/64 below
+// it does (the bisection found the smallest, to the units' granularity), and it keeps a good
+// part of the optimizer on the device; a 40 GB device fits only full offload (1); no budget,
+// or the CPU backend, gives 1.
+TEST(OffloadOptimizer, AutoRatioIsTheSmallestThatFitsTheDevice) {
+  constexpr int64_t GiB = int64_t{1} << 30;
+  Config c = fsdp::load_config(std::string(FSDP_SOURCE_DIR) + "/inputs/gpt_7b.toml",
+                               {"fsdp.cpu_offload=false", "fsdp.offload_optimizer=true",
+                                "fsdp.offload_optimizer_ratio=0"});
+  const fsdp::ModelFamily& family = fsdp::model_family(c.model.type);
+  const auto modules = family.modules(c.model);
+  const int states = fsdp::num_optimizer_states(c.optim.name);
+  const int64_t acts = family.activation_bytes(c.model, c.train.micro_batch_size,
+                                               fsdp::data::batch_shape(c),
+                                               c.mixed_precision.param_dtype,
+                                               c.fsdp.activation_checkpointing);
+  auto fits = [&](double ratio, int64_t budget) {
+    Config r = c;
+    r.fsdp.offload_optimizer_ratio = ratio;
+    const fsdp::EngineMemoryPlan p = fsdp::plan_memory(modules, r, 1, 1, states);
+    return fsdp::memory_refusal(p, acts, {budget, "test"}, {}, false).empty();
+  };
+  const fsdp::MemoryBudget h100{79 * GiB, "cuda:0 free 79.0 GiB / 1 rank"};
+  const double auto_ratio = fsdp::auto_offload_ratio(modules, c, 1, 1, states, acts, h100, false);
+  const auto usable = static_cast<int64_t>(79 * GiB * (1 - fsdp::kAutoOffloadHeadroom));
+  EXPECT_TRUE(fits(auto_ratio, usable)) << auto_ratio;
+  EXPECT_FALSE(fits(auto_ratio, usable - GiB)) << auto_ratio;  // it uses what it may
+  for (int i = 1; i < 64 && i / 64.0 < auto_ratio - 1.0 / 64; ++i) {
+    EXPECT_FALSE(fits(i / 64.0, usable)) << i << "/64 fits below " << auto_ratio;
+  }
+  EXPECT_GT(auto_ratio, 0.4);
+  EXPECT_LT(auto_ratio, 0.7);
+  EXPECT_EQ(fsdp::auto_offload_ratio(modules, c, 1, 1, states, acts, {40 * GiB, "40"}, false), 1.0);
+  EXPECT_EQ(fsdp::auto_offload_ratio(modules, c, 1, 1, states, acts, {}, false), 1.0);
+  EXPECT_EQ(fsdp::auto_offload_ratio(modules, c, 1, 1, states, acts, h100, true), 1.0);
 }
 
 // The CPU backend's HostAllocator (what the offload runtime on CUDA fills with page-locked

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench_offload.sh: issue 22's GPU acceptance on ONE GPU: GPT 7B (inputs/gpt_7b.toml:
 # 32 x 4096, 32 heads, seq 2048, vocab 50257, bf16, activation checkpointing) trains STEPS
-# steps with fsdp.cpu_offload; without offload the same plan must be refused before anything
+# steps offloaded (MODES below); without offload the same plan must be refused before anything
 # is allocated. If the host cannot hold the offloaded state (~100 GiB; the plan says so), the
 # largest depth of N_LAYERS the plan accepts is trained instead, and refused without offload.
 # Prints one summary line per run and writes bench_offload.md into $OUT (or BENCH_OUT_DIR).
@@ -22,9 +22,10 @@
 # MODES ("offload_optimizer ratio delayed cpu_offload") picks the offload modes each part
 # runs: fsdp.cpu_offload (every unshard uploads), fsdp.offload_optimizer (the param_dtype
 # shards resident on the device, one upload a step; issue 31), "ratio" (offload_optimizer
-# with fsdp.offload_optimizer_ratio=RATIO, default 0.5: the first units' optimizer on the
-# device, the host's step and copies RATIO of the model's; a plan the device refuses is
-# reported, and the next mode runs) and "delayed" (offload_optimizer with
+# with fsdp.offload_optimizer_ratio=RATIO, default 0 = auto, what inputs/gpt_7b.toml runs:
+# the first units' optimizer on the device, as many as 90 % of it fits, the host's step and
+# copies the rest; its line gives the ratio chosen; a plan the device refuses is reported,
+# and the next mode runs) and "delayed" (offload_optimizer with
 # fsdp.delayed_parameter_update: the host's update beside the next step's forward and
 # backward). Each 7B line also gives MFU, the start-up line and the step split: forward,
 # backward, optimizer (the host step's exposed part: waits for its writes) and comm_wait (with
@@ -33,7 +34,7 @@ set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STEPS="${STEPS:-20}" N_LAYERS="${N_LAYERS:-32 28 24 20 16}" RUN_TIMEOUT="${RUN_TIMEOUT:-500}"
 COST_ROUNDS="${COST_ROUNDS:-1}" ACCUM="${ACCUM:-32}" PARTS="${PARTS:-7b cost}"
-MODES="${MODES:-offload_optimizer ratio delayed cpu_offload}" RATIO="${RATIO:-0.5}"
+MODES="${MODES:-offload_optimizer ratio delayed cpu_offload}" RATIO="${RATIO:-0}"
 keys() {  # $1 = none | cpu_offload | offload_optimizer | ratio | delayed: the keys' --set arguments
   echo "--set fsdp.cpu_offload=$([[ $1 == cpu_offload ]] && echo true || echo false)" \
        "--set fsdp.offload_optimizer=$([[ $1 == offload_optimizer || $1 == ratio || $1 == delayed ]] && echo true || echo false)" \
@@ -86,7 +87,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 timed = [r for r in rows if r["step"] > 3 and "tokens_per_sec" in r]
 mode = {"delayed": "offload_optimizer + delayed_parameter_update",
-        "ratio": "offload_optimizer + offload_optimizer_ratio " + sys.argv[5]}.get(sys.argv[4], sys.argv[4])
+        "ratio": "offload_optimizer + offload_optimizer_ratio " + (
+            "auto" if float(sys.argv[5]) == 0 else sys.argv[5])}.get(sys.argv[4], sys.argv[4])
 print("- n_layer %s with fsdp.%s: %d steps in %s s; median %.0f tok/s, MFU %.1f %% (steps 4..), step %.2f s "
       "(forward %.2f, backward %.2f, optimizer %.2f, comm_wait %.2f); device peak %.1f GiB, host peak %.1f GiB; "
       "loss %.4f -> %.4f" % (
@@ -99,6 +101,7 @@ print("- n_layer %s with fsdp.%s: %d steps in %s s; median %.0f tok/s, MFU %.1f 
           max(r.get("host_peak_mem_bytes", 0) for r in rows) / 2**30, rows[0]["loss"], rows[-1]["loss"]))
 PY
   grep -m1 "^start-up:" "$WORK/log" | sed 's/^/    /' | tee -a "$MD"
+  grep -m1 "offload_optimizer_ratio = 0 (auto)" "$WORK/log" | sed 's/^/    /' | tee -a "$MD"
   grep -A18 "^memory plan per rank" "$WORK/log" | sed 's/^/    /' >>"$MD"
   [[ $MODE == "${MODES%% *}" ]] || break  # the refusal without offload: once
   train "$L" none; rc=$?

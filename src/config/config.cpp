@@ -60,8 +60,8 @@ constexpr Range kPadVocabRange{true, Range::closed, Range::closed, 1,
 constexpr Range kAtLeastOne{false, Range::closed, Range::none, 1, 0, "x", ""};
 constexpr Range kPeakFlopsRange{false, Range::closed, Range::none, 0, 0, "x",
                                 " FLOP/s; 0 = the device's peak"};
-constexpr Range kOffloadRatioRange{false, Range::open, Range::closed, 0, 1, "x",
-                                   "; 1 = all offloaded"};
+constexpr Range kOffloadRatioRange{false, Range::closed, Range::closed, 0, 1, "x",
+                                   "; 0 = auto: the most on the device that the plan fits"};
 constexpr Range kLearningRateRange{false, Range::open, Range::closed, 0, kMaxLearningRate,
                                    "lr", ""};
 
@@ -213,7 +213,7 @@ void visit_keys(C& c, F&& f) {
     {kMayChange, kOffloadRatioRange, "DeepSpeed zero_optimization.offload_optimizer.ratio",
      "With offload_optimizer: the fraction of the parameters whose master shards, gradients "
      "and optimizer state are offloaded; the first units in forward order keep the rest's on "
-     "the device."});
+     "the device (0: the smallest fraction whose memory plan fits the device)."});
   f("fsdp", "delayed_parameter_update", c.fsdp.delayed_parameter_update,
     {kMayChange, kAny, "ZeRO-Offload one-step delayed parameter update (DPU)",
      "With offload_optimizer: run the host's update of each step beside the next step's "
@@ -649,12 +649,10 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
   if (c.comm.backend == CommBackend::nccl && c.train.device == DeviceKind::cpu) {
     throw fail("comm.backend", "\"nccl\" needs train.device = \"cuda\" or \"auto\"");
   }
-  if (c.fsdp.offload_optimizer_ratio < 1 && !c.fsdp.params_resident()) {
-    throw fail("fsdp.offload_optimizer_ratio",
-               "below 1 needs fsdp.offload_optimizer = true and fsdp.cpu_offload = false (the "
-               "units it keeps on the device step there as without offload)");
-  }
-  if (c.fsdp.offload_optimizer_ratio < 1 && c.fsdp.delayed_parameter_update) {
+  // offload_optimizer_ratio is ignored unless offload_optimizer alone is on (as DeepSpeed's
+  // ratio, inside its offload_optimizer block); beside the delayed update it is an error.
+  if (c.fsdp.offload_optimizer_ratio < 1 && c.fsdp.params_resident() &&
+      c.fsdp.delayed_parameter_update) {
     throw fail("fsdp.offload_optimizer_ratio",
                "below 1 is not supported with fsdp.delayed_parameter_update (the units on the "
                "device would step undelayed)");

@@ -52,7 +52,9 @@ using Clock = std::chrono::steady_clock;
 struct Job {
   Job(const Config& c, const TrainOptions& o, std::ostream& s, Runtime& r, Communicator& h)
       : cfg(c), opt(o), out(s), rt(r), host(h), family(model_family(c.model.type)) {}
-  const Config& cfg;
+  // The run's config, with what the trainer resolves before building anything
+  // (fsdp.offload_optimizer_ratio = 0: resolve_offload_ratio in trainer.cpp).
+  Config cfg;
   const TrainOptions& opt;
   std::ostream& out;
   Runtime& rt;

@@ -42,6 +42,31 @@ std::string refusal(const char* where, int64_t need, const MemoryBudget& budget,
 
 }  // namespace
 
+double auto_offload_ratio(const std::vector<ModuleDecl>& modules, const Config& config,
+                          int world_size, int shard_group_size, int optimizer_states,
+                          int64_t activation_bytes, const MemoryBudget& device,
+                          bool device_is_host) {
+  if (device.bytes < 0 || device_is_host) return 1.0;
+  const MemoryBudget usable{
+      static_cast<int64_t>(static_cast<double>(device.bytes) * (1.0 - kAutoOffloadHeadroom)),
+      device.source};
+  const MemoryBudget unmeasured{};
+  Config c = config;
+  auto fits = [&](double ratio) {
+    c.fsdp.offload_optimizer_ratio = ratio;
+    const EngineMemoryPlan p =
+        plan_memory(modules, c, world_size, shard_group_size, optimizer_states);
+    return memory_refusal(p, activation_bytes, usable, unmeasured, false).empty();
+  };
+  double lo = 0.0, hi = 1.0;  // hi fits (or nothing does); lo: more than fits, or 0
+  if (!fits(hi)) return 1.0;
+  for (int i = 0; i < 12; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (fits(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
 std::string memory_refusal(const EngineMemoryPlan& plan, int64_t activation_bytes,
                            const MemoryBudget& device, const MemoryBudget& host,
                            bool device_is_host) {

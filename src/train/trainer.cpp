@@ -260,10 +260,42 @@ void build_model(Job& job, bool init_params) {
   });
 }
 
+// fsdp.offload_optimizer_ratio = 0 ("auto"): every rank asks the memory plan for the smallest
+// ratio that fits its device (auto_offload_ratio), and all take the largest of those (it
+// fits every rank); logged with the budget it was fitted to. A --world-size plan has no
+// device to fit and the CPU backend one memory for both: 1 there.
+void resolve_offload_ratio(Job& job, int64_t act_bytes) {
+  FsdpConfig& f = job.cfg.fsdp;
+  if (!f.params_resident() || f.offload_optimizer_ratio > 0) return;
+  double ratio = 1.0;
+  const bool cpu = job.backend->device() == Device::cpu;
+  collective_guard(job.host, [&] {
+    if (job.planning()) return;
+    ratio = auto_offload_ratio(job.family.modules(job.cfg.model), job.cfg, job.world,
+                               job.mesh_shard_size(), num_optimizer_states(job.cfg.optim.name),
+                               act_bytes, job.rt.memory_budget(), cpu);
+  });
+  job.host.all_reduce(&ratio, &ratio, 1, DType::f64, ReduceOp::max)->wait();
+  f.offload_optimizer_ratio = ratio;
+  std::ostringstream os;
+  os << "fsdp.offload_optimizer_ratio = 0 (auto): " << ratio;
+  if (job.planning()) {
+    os << " (a --world-size plan has no device budget to fit)";
+  } else if (cpu) {
+    os << " (the CPU backend: the device is the host's memory)";
+  } else {
+    const MemoryBudget& b = job.rt.memory_budget();
+    os << " (the smallest whose plan fits " << 100 * (1 - kAutoOffloadHeadroom) << " % of "
+       << (b.bytes < 0 ? std::string("an unmeasured budget") : b.source) << ")";
+  }
+  job.log(os.str());
+}
+
 // Everything before the first step, in guarded phases (collective over job.host, the same
 // calls in the same order on every rank): the config's checks (check_config), the runtime
-// and the data (configure_world), the
-// dry run's plan (then done), the memory check before allocation (InputError if the plan
+// and the data (configure_world), fsdp.offload_optimizer_ratio = 0 resolved
+// (resolve_offload_ratio), the dry run's plan (then done), the memory check before
+// allocation (InputError if the plan
 // cannot fit), the run directory and the resume decision, the model, engine and optimizer,
 // the banner, the checkpoint or init_from, and metrics.jsonl. Fills result.plan, num_params,
 // planned_activation_bytes (and init_bytes_read). Throws what the guards agree on.
@@ -290,6 +322,7 @@ Setup setup(Job& job, TrainResult& result) {
   const int64_t act_bytes =
       job.family.activation_bytes(cfg.model, job.micro_batch, s.shape,
                                   cfg.mixed_precision.param_dtype, cfg.fsdp.activation_checkpointing);
+  resolve_offload_ratio(job, act_bytes);
   phase("world");
   if (job.opt.dry_run) {
     plan_dry_run(job, result, act_bytes);

@@ -173,12 +173,15 @@ EOF
     # sigusr1_offload (issue 22): SIGUSR1 to rank 1 of an offloaded run saves the host shards
     # (the host step of the step before may still be running beside the forward: the save
     # waits for it); the checkpoint resumes without offload (the shard files are the same).
-    # sigusr1_offload_optimizer (issue 31): the same with the param_dtype shards resident.
+    # sigusr1_offload_optimizer (issue 31): the same with the param_dtype shards resident, and
+    # half the model's optimizer on the device (fsdp.offload_optimizer_ratio: the save reads
+    # each unit where it lives).
     # sigusr1_delayed_update: and with fsdp.delayed_parameter_update, whose pending update
     # (running beside the step the signal arrives in) the save completes first.
     rank=0 extra=()
     [ "$CASE" = sigusr1_offload ] && rank=1 extra=(--set fsdp.cpu_offload=true)
-    [ "$CASE" = sigusr1_offload_optimizer ] && rank=1 extra=(--set fsdp.offload_optimizer=true)
+    [ "$CASE" = sigusr1_offload_optimizer ] && rank=1 \
+      extra=(--set fsdp.offload_optimizer=true --set fsdp.offload_optimizer_ratio=0.5)
     [ "$CASE" = sigusr1_delayed_update ] && rank=1 \
       extra=(--set fsdp.offload_optimizer=true --set fsdp.delayed_parameter_update=true)
     start_train -- tiny.toml "${LONG[@]}" "${extra[@]}"

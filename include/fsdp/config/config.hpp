@@ -351,7 +351,9 @@ struct FsdpConfig {
   // the fraction of the parameters whose master shards, gradients and optimizer state are
   // offloaded; the units in forward order up to the rest (1 - ratio of the parameters) keep
   // theirs on the device and step there, as without offload (fsdp/fsdp/engine.hpp). 1: all
-  // offloaded.
+  // offloaded. 0: "auto", the smallest ratio whose memory plan fits the device
+  // (auto_offload_ratio, fsdp/train/memory_check.hpp), chosen by the trainer before it builds
+  // anything; an engine given 0 offloads everything.
   double offload_optimizer_ratio = 1.0;
   // ZeRO-Offload's one-step delayed parameter update (DPU; Ren et al., USENIX ATC 2021, sec.
   // 5.2), with offload_optimizer only: the host's update of step n runs beside step n+1's
@@ -367,9 +369,10 @@ struct FsdpConfig {
   // Whether the param_dtype shards stay on the device (offload_optimizer alone).
   bool params_resident() const { return offload_optimizer && !cpu_offload; }
   // The fraction of the parameters offloaded: offload_optimizer_ratio with offload_optimizer
-  // alone, 1 with cpu_offload, 0 without offload.
+  // alone (1 for "auto" not yet resolved), 1 with cpu_offload, 0 without offload.
   double offloaded_fraction() const {
-    return !offloaded() ? 0.0 : params_resident() ? offload_optimizer_ratio : 1.0;
+    if (!offloaded()) return 0.0;
+    return params_resident() && offload_optimizer_ratio > 0 ? offload_optimizer_ratio : 1.0;
   }
   friend bool operator==(const FsdpConfig&, const FsdpConfig&) = default;
 };

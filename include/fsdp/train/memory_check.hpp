@@ -37,4 +37,23 @@ std::string memory_refusal(const EngineMemoryPlan& plan, int64_t activation_byte
                            const MemoryBudget& device, const MemoryBudget& host,
                            bool device_is_host);
 
+// The share of the device's budget fsdp.offload_optimizer_ratio = 0 ("auto") leaves to what
+// the plan does not count (the CUDA context's later growth, cuBLAS workspaces, NCCL's buffers,
+// the caching allocator's fragmentation).
+inline constexpr double kAutoOffloadHeadroom = 0.10;
+
+// fsdp.offload_optimizer_ratio = 0 ("auto", with fsdp.offload_optimizer): the smallest ratio
+// (the most units kept on the device, DeepSpeed's offload_optimizer.ratio chosen for the user)
+// whose plan (plan_memory of `config` with that ratio, world_size / shard_group_size /
+// optimizer_states as there, plus `activation_bytes`) fits in the device's budget less
+// kAutoOffloadHeadroom of it; the device's need falls as the ratio rises, so a bisection
+// over (0, 1] finds it to 1/4096 (unit boundaries are coarser). 1 (everything offloaded) when
+// the budget is unmeasured (bytes < 0), when the device is the host (the CPU backend: one
+// memory, nothing to gain) or when nothing more fits. The host's budget is checked afterwards
+// by memory_refusal, as for any ratio. `config`'s ratio itself is not read.
+double auto_offload_ratio(const std::vector<ModuleDecl>& modules, const Config& config,
+                          int world_size, int shard_group_size, int optimizer_states,
+                          int64_t activation_bytes, const MemoryBudget& device,
+                          bool device_is_host);
+
 }  // namespace fsdp
