@@ -25,7 +25,14 @@ void CudaStream::wait(Event& event) {
 void CudaStream::synchronize() { FSDP_CHECK_CUDA(cudaStreamSynchronize(stream_)); }
 
 CudaEvent::CudaEvent(bool timing) : timing_(timing) {
+  FSDP_CHECK_CUDA(cudaGetDevice(&device_));
   FSDP_CHECK_CUDA(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+}
+
+void CudaEvent::make_device_current() const {
+  int current = -1;
+  FSDP_CHECK_CUDA(cudaGetDevice(&current));
+  if (current != device_) FSDP_CHECK_CUDA(cudaSetDevice(device_));
 }
 
 CudaEvent::~CudaEvent() {
@@ -33,9 +40,13 @@ CudaEvent::~CudaEvent() {
 }
 
 void CudaEvent::record(Stream& stream) { FSDP_CHECK_CUDA(cudaEventRecord(event_, native(stream))); }
-void CudaEvent::synchronize() { FSDP_CHECK_CUDA(cudaEventSynchronize(event_)); }
+void CudaEvent::synchronize() {
+  make_device_current();
+  FSDP_CHECK_CUDA(cudaEventSynchronize(event_));
+}
 
 bool CudaEvent::query() {
+  make_device_current();
   const cudaError_t rc = cudaEventQuery(event_);
   if (rc == cudaErrorNotReady) return false;
   FSDP_CHECK_CUDA(rc);

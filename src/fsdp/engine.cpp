@@ -183,6 +183,7 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
     }
   }
   plan_prefetch(modules);
+  landing_.assign(units_.size(), nullptr);
   if (initialise && init_params) refresh_all();
 }
 
@@ -275,7 +276,27 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write, bool 
     unit(u).refresh_copies();
     unit(u).zero_grad();
   }
-  if (order.empty()) return;
+  if (order.empty()) {
+    landing_order_.clear();
+    return;
+  }
+  // Gradients still landing (end_step did not wait for them): the units in the order their
+  // copies were issued, each as soon as its copy has landed, the others after them (delayed:
+  // the boundary backward's order below, which that is too).
+  const bool delayed = config_.delayed_parameter_update && delay;
+  if (!landing_order_.empty() && !delayed) {
+    std::vector<int> landed;
+    for (const int u : landing_order_) {
+      if (offloaded(u) && std::find(landed.begin(), landed.end(), u) == landed.end()) {
+        landed.push_back(u);
+      }
+    }
+    for (const int u : order) {
+      if (std::find(landed.begin(), landed.end(), u) == landed.end()) landed.push_back(u);
+    }
+    order = std::move(landed);
+    landing_order_.clear();
+  }
   writer_ = std::make_unique<ShardWriter>();
   writer_->written.assign(units_.size(), 0);
   for (int u = 0; u < num_units(); ++u) {
@@ -283,7 +304,8 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write, bool 
   }
   ShardWriter* w = writer_.get();
   // Delayed: in the order the boundary's backward waits for them.
-  delayed_pending_ = config_.delayed_parameter_update && delay;
+  landing_order_.clear();
+  delayed_pending_ = delayed;
   if (delayed_pending_) std::reverse(order.begin(), order.end());
   // The host work only (the optimizer on the shards' runtime, the cast, discarding the
   // gradient shard); the resident upload is the main thread's, at the unit's unshard (delayed:
@@ -291,6 +313,7 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write, bool 
   w->thread = std::thread([this, w, write, order] {
     for (const int u : order) {
       try {
+        wait_landed(u);  // its gradient copy (main thread: untouched until u is written)
         write(u);
         unit(u).cast_host_copy();
         unit(u).discard_grad_shard();  // the next reduction's first copy overwrites it
@@ -376,6 +399,7 @@ bool FsdpEngine::grad_norm_sq_on_device(int u, double& value) {
 
 TensorView FsdpEngine::shard_grad(int u) {
   wait_shard_writes();
+  wait_landed(u);
   unit(u).settle_grad();
   return unit(u).shard_grad().view();
 }
@@ -489,14 +513,27 @@ void FsdpEngine::post_backward(int module) {
 void FsdpEngine::drain_staged(std::size_t keep) {
   while (staged_waiting_ > keep || (keep == 0 && !staged_.empty())) {
     Staged& s = staged_.front();
-    {
-      StepTimer::Scope waiting(ctx_.timer, Phase::comm_wait);
-      s.copy.copied->synchronize();
+    if (s.copy.landed) {  // nothing for the host to do: whoever reads the shard waits for it
+      landing_[static_cast<std::size_t>(s.unit)] = s.copy.copied;
+      landing_order_.push_back(s.unit);
+    } else {
+      wait_landed(s.unit);  // the add goes onto what landed first
+      {
+        StepTimer::Scope waiting(ctx_.timer, Phase::comm_wait);
+        s.copy.copied->synchronize();
+      }
+      unit(s.unit).add_staged(s.copy);
+      --staged_waiting_;
     }
-    unit(s.unit).add_staged(s.copy);
-    if (!s.copy.landed) --staged_waiting_;
     staged_.pop_front();
   }
+}
+
+void FsdpEngine::wait_landed(int u) {
+  std::shared_ptr<Event>& landing = landing_[static_cast<std::size_t>(u)];
+  if (!landing) return;
+  landing->synchronize();
+  landing.reset();
 }
 
 // Reduce-scatters first (in unit order on every rank; HSDP's all-reduces were issued after
@@ -520,11 +557,16 @@ void FsdpEngine::end_step() {
 
 void FsdpEngine::zero_grad() {
   wait_shard_writes();
-  for (auto& u : units_) u->zero_grad();
+  for (int u = 0; u < num_units(); ++u) {
+    wait_landed(u);  // a copy still landing would overwrite the zeros
+    unit(u).zero_grad();
+  }
+  landing_order_.clear();
 }
 
 void FsdpEngine::inject_nonfinite_grad() {
   wait_shard_writes();
+  wait_landed(0);
   unit(0).inject_nonfinite_grad();
 }
 

@@ -29,6 +29,10 @@ class CudaStream final : public Stream {
 
 // A CUDA event; `timing` = true creates it with timing enabled (the StepTimer's device
 // clock: seconds_since), otherwise with cudaEventDisableTiming (cheaper to record and wait).
+// It may be waited on from any host thread (FsdpEngine::update_shards' host thread waits for
+// each unit's gradient copy): synchronize and query first make the event's device current on
+// the calling thread, so a thread that never chose one does not bind (and create) device 0's
+// context.
 class CudaEvent final : public TimedEvent {
  public:
   explicit CudaEvent(bool timing = false);
@@ -44,8 +48,10 @@ class CudaEvent final : public TimedEvent {
   cudaEvent_t handle() const { return event_; }
 
  private:
+  void make_device_current() const;
   cudaEvent_t event_ = nullptr;
   bool timing_ = false;
+  int device_ = 0;  // the device current when it was created
 };
 
 // The CUDA stream behind `stream`; throws fsdp::Error if it is not a CudaStream.

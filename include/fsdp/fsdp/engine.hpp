@@ -40,7 +40,11 @@
 //    lands in the host fp32 gradient shard itself (no host pass), a 16-bit one goes to
 //    staging and is cast into it; a later one (the boundary's gradient after the
 //    accumulator) is staged and added. The host does so a few units later (at most
-//    kStagedCopies staged copies wait), the rest in end_step. update_shards leaves the
+//    kStagedCopies staged copies wait), the rest in end_step. Copies that land are not
+//    waited for by end_step: whoever next touches that shard on the host waits for its own
+//    copy (shard_grad, zero_grad, a staged add), and update_shards' host thread writes the
+//    units in the order their copies were issued, each once its copy has landed, so the
+//    host step overlaps the copies still in flight. update_shards leaves the
 //    shards discarded, not zeroed: the next step's first copy overwrites them. Between
 //    gradient accumulation boundaries (set_gradient_accumulation_boundary: the micro-batches
 //    of a step but the last) the reduced gradients are added into an fp32 accumulator on
@@ -366,6 +370,17 @@ class FsdpEngine final : public ModuleHooks {
   struct ShardWriter;
   std::unique_ptr<ShardWriter> writer_;
   void wait_written(int unit);  // blocks until update_shards' write of `unit` is done
+  // Offload: the device-to-host copies that landed straight in a gradient shard (the
+  // accumulator's, an fp32 reduction's) are not waited for at end_step: landing_[u] is the
+  // event of unit u's copy still in flight, landing_order_ the units in the order their copies
+  // were issued. Whoever reads or writes u's gradient shard on the host first waits for it
+  // (wait_landed): shard_grad, zero_grad, a staged add after it, and update_shards' host
+  // thread, which writes the units in landing order, each once its copy has landed, so the
+  // host step overlaps the copies still in flight. Main thread, but for update_shards' thread,
+  // which owns a unit's entry until it has written that unit.
+  std::vector<std::shared_ptr<Event>> landing_;
+  std::vector<int> landing_order_;
+  void wait_landed(int unit);
   // delayed_parameter_update: an update is running on the host thread whose uploads are not
   // all enqueued; passes gather the shards from before it (main thread only).
   bool delayed_pending_ = false;
