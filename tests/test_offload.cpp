@@ -217,7 +217,15 @@ std::pair<TrainResult, TrainResult> stop_at_3_and_resume(
   return {std::move(first), std::move(second)};
 }
 
-// `c` (6 steps, checkpoint.every = 3) stopped at step 3 and resumed with `resumed` applied
+// The resume tests' run: FULL_SHARD in bf16, 6 steps, a checkpoint every 3.
+Config resume_config(const std::string& name) {
+  Config c = offload_config(name, Case{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16});
+  c.train.max_steps = 6;
+  c.checkpoint.every = 3;
+  return c;
+}
+
+// `c` (resume_config's) stopped at step 3 and resumed with `resumed` applied
 // continues `full`, the uninterrupted run, bit for bit: every loss and the final parameters.
 void expect_resume_continues(const TrainResult& full, const Config& c,
                              const std::function<void(Config&)>& resumed, const std::string& tag) {
@@ -237,10 +245,7 @@ void expect_resume_continues(const TrainResult& full, const Config& c,
 // run resumed with another ratio (all offloaded -> half -> none) continues the uninterrupted
 // run bit for bit.
 TEST(OffloadOptimizer, ResumeAcrossOffloadRatios) {
-  const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
-  Config c = offload_config("offratio_full", k);
-  c.train.max_steps = 6;
-  c.checkpoint.every = 3;
+  Config c = resume_config("offratio_full");
   c.fsdp.offload_optimizer = true;
   const TrainResult full = run(c, On::world);
   for (const auto& [first_ratio, second_ratio] : {std::pair{1.0, 0.5}, std::pair{0.5, 1.0}}) {
@@ -252,10 +257,7 @@ TEST(OffloadOptimizer, ResumeAcrossOffloadRatios) {
 }
 
 TEST(Offload, ResumeContinuesBitForBitAndAcrossOffloadOnAndOff) {
-  const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
-  Config c = offload_config("offload_resume_full", k);
-  c.train.max_steps = 6;
-  c.checkpoint.every = 3;
+  Config c = resume_config("offload_resume_full");
   c.fsdp.cpu_offload = true;
   const TrainResult full = run(c, On::world);
 
@@ -276,10 +278,7 @@ TEST(Offload, ResumeContinuesBitForBitAndAcrossOffloadOnAndOff) {
 // with the delay or without it, continues the uninterrupted delayed run bit for bit (its
 // step after the save uses the saved parameters).
 TEST(Offload, DelayedUpdateResumesBitForBit) {
-  const Case k{ShardingStrategy::FULL_SHARD, fsdp::DType::bf16};
-  Config c = offload_config("offload_delayed_full", k);
-  c.train.max_steps = 6;
-  c.checkpoint.every = 3;
+  Config c = resume_config("offload_delayed_full");
   c.fsdp.offload_optimizer = true;
   const TrainResult undelayed = run(c, On::world);
   c.train.run_dir = fresh_dir("offload_delayed_full2");
