@@ -30,10 +30,16 @@
 # backward). Each 7B line also gives MFU, the start-up line and the step split: forward,
 # backward, optimizer (the host step's exposed part: waits for its writes) and comm_wait (with
 # offload, the waits for the gradients' device-to-host copies at the step's end).
+# PROFILE_STEP (6; empty: none) profiles that step of each 7B run (train.profile_steps): the
+# summary gets tools/profile_summary.py's tables (top kernels, the GPU's idle gaps charged to
+# what ended them, host ranges) and $OUT gets the gzipped trace, offload_<mode>.trace.json.gz
+# (every kernel and copy on its stream's track: whether the step's small device-to-host reads
+# waited behind the gradients' copies).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STEPS="${STEPS:-20}" N_LAYERS="${N_LAYERS:-32 28 24 20 16}" RUN_TIMEOUT="${RUN_TIMEOUT:-500}"
 COST_ROUNDS="${COST_ROUNDS:-1}" ACCUM="${ACCUM:-32}" PARTS="${PARTS:-7b cost}"
+PROFILE_STEP="${PROFILE_STEP-6}"
 MODES="${MODES:-offload_optimizer ratio delayed cpu_offload}" RATIO="${RATIO:-0}"
 keys() {  # $1 = none | cpu_offload | offload_optimizer | ratio | delayed: the keys' --set arguments
   echo "--set fsdp.cpu_offload=$([[ $1 == cpu_offload ]] && echo true || echo false)" \
@@ -57,11 +63,16 @@ say() { echo "$*" | tee -a "$MD"; }
 
 train() {  # $1 = n_layer, $2 = none or a mode (keys); exit code, log in $WORK/log
   rm -rf "$WORK/run"
+  local profile=()
+  [[ -n $PROFILE_STEP && $2 != none && $PROFILE_STEP -le $STEPS ]] &&
+    profile=(--set "train.profile_steps=[$PROFILE_STEP,$PROFILE_STEP]")
   # shellcheck disable=SC2046
   in_ours timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" "$REPO/inputs/gpt_7b.toml" \
-    --set "model.n_layer=$1" $(keys "$2") --set "train.max_steps=$STEPS" \
+    --set "model.n_layer=$1" $(keys "$2") --set "train.max_steps=$STEPS" "${profile[@]}" \
     --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
 }
+PROFILE_SUMMARY="$REPO/tools/profile_summary.py"
+[[ -f "$PROFILE_SUMMARY" ]] || PROFILE_SUMMARY="$BUNDLE/tools/profile_summary.py"
 
 say "## CPU offload on one GPU ($(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1), host $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo))"
 for MODE in $MODES; do
@@ -102,6 +113,12 @@ print("- n_layer %s with fsdp.%s: %d steps in %s s; median %.0f tok/s, MFU %.1f 
 PY
   grep -m1 "^start-up:" "$WORK/log" | sed 's/^/    /' | tee -a "$MD"
   grep -m1 "offload_optimizer_ratio = 0 (auto)" "$WORK/log" | sed 's/^/    /' | tee -a "$MD"
+  trace="$WORK/run/profile/rank_0.trace.json"
+  if [[ -f $trace && -f $PROFILE_SUMMARY ]]; then
+    say "    profile of step $PROFILE_STEP ($MODE; offload_$MODE.trace.json.gz):"
+    python3 "$PROFILE_SUMMARY" "$trace" --top 12 --markdown --name-width 60 >>"$MD" 2>&1
+    gzip -c "$trace" >"$OUTDIR/offload_$MODE.trace.json.gz"
+  fi
   grep -A18 "^memory plan per rank" "$WORK/log" | sed 's/^/    /' >>"$MD"
   [[ $MODE == "${MODES%% *}" ]] || break  # the refusal without offload: once
   train "$L" none; rc=$?
