@@ -3,6 +3,7 @@
 #include "fsdp/fsdp/grad_clip.hpp"
 
 #include <memory>
+#include <vector>
 
 #include "fsdp/fsdp/collectives.hpp"
 
