@@ -634,6 +634,16 @@ TEST(OffloadOptimizer, AutoRatioIsTheSmallestThatFitsTheDevice) {
   EXPECT_GT(auto_ratio, 0.4);
   EXPECT_LT(auto_ratio, 0.7);
   EXPECT_EQ(fsdp::auto_offload_ratio(modules, c, 1, 1, states, acts, {40 * GiB, "40"}, false), 1.0);
+  // An H200 (139 GiB) fits all but the last unit (at least one unit stays offloaded), and the
+  // plan without offload (102.2 GiB) fits its budget too (the trainer's log says so).
+  const fsdp::MemoryBudget h200{139 * GiB, "cuda:0 free 139.0 GiB / 1 rank"};
+  EXPECT_LT(fsdp::auto_offload_ratio(modules, c, 1, 1, states, acts, h200, false), 0.05);
+  Config plain = c;
+  plain.fsdp.offload_optimizer = false;
+  EXPECT_EQ(fsdp::memory_refusal(fsdp::plan_memory(modules, plain, 1, 1, states), acts,
+                                 fsdp::auto_offload_budget(h200), {}, false),
+            "");
+  EXPECT_EQ(fsdp::auto_offload_budget({}).bytes, -1);
   EXPECT_EQ(fsdp::auto_offload_ratio(modules, c, 1, 1, states, acts, {}, false), 1.0);
   EXPECT_EQ(fsdp::auto_offload_ratio(modules, c, 1, 1, states, acts, h100, true), 1.0);
 }

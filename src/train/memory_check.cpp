@@ -42,14 +42,18 @@ std::string refusal(const char* where, int64_t need, const MemoryBudget& budget,
 
 }  // namespace
 
+MemoryBudget auto_offload_budget(const MemoryBudget& device) {
+  if (device.bytes < 0) return device;
+  return {static_cast<int64_t>(static_cast<double>(device.bytes) * (1.0 - kAutoOffloadHeadroom)),
+          device.source};
+}
+
 double auto_offload_ratio(const std::vector<ModuleDecl>& modules, const Config& config,
                           int world_size, int shard_group_size, int optimizer_states,
                           int64_t activation_bytes, const MemoryBudget& device,
                           bool device_is_host) {
   if (device.bytes < 0 || device_is_host) return 1.0;
-  const MemoryBudget usable{
-      static_cast<int64_t>(static_cast<double>(device.bytes) * (1.0 - kAutoOffloadHeadroom)),
-      device.source};
+  const MemoryBudget usable = auto_offload_budget(device);
   const MemoryBudget unmeasured{};
   Config c = config;
   auto fits = [&](double ratio) {

@@ -262,8 +262,9 @@ void build_model(Job& job, bool init_params) {
 
 // fsdp.offload_optimizer_ratio = 0 ("auto"): every rank asks the memory plan for the smallest
 // ratio that fits its device (auto_offload_ratio), and all take the largest of those (it
-// fits every rank); logged with the budget it was fitted to. A --world-size plan has no
-// device to fit and the CPU backend one memory for both: 1 there.
+// fits every rank); logged with the budget it was fitted to, and with a hint when rank 0's
+// plan fits the same budget without offload at all (no host step). A --world-size plan has
+// no device to fit and the CPU backend one memory for both: 1 there.
 void resolve_offload_ratio(Job& job, int64_t act_bytes) {
   FsdpConfig& f = job.cfg.fsdp;
   if (!f.params_resident() || f.offload_optimizer_ratio > 0) return;
@@ -287,6 +288,18 @@ void resolve_offload_ratio(Job& job, int64_t act_bytes) {
     const MemoryBudget& b = job.rt.memory_budget();
     os << " (the smallest whose plan fits " << 100 * (1 - kAutoOffloadHeadroom) << " % of "
        << (b.bytes < 0 ? std::string("an unmeasured budget") : b.source) << ")";
+    if (b.bytes >= 0 && job.rank0()) {
+      Config plain = job.cfg;
+      plain.fsdp.offload_optimizer = false;
+      const EngineMemoryPlan p =
+          plan_memory(job.family.modules(plain.model), plain, job.world, job.mesh_shard_size(),
+                      num_optimizer_states(plain.optim.name));
+      if (memory_refusal(p, act_bytes, auto_offload_budget(b), {}, false).empty()) {
+        os << "; the plan fits this device without offload too ("
+           << human_bytes(static_cast<double>(p.total + act_bytes))
+           << "): fsdp.offload_optimizer = false trains without a host step";
+      }
+    }
   }
   job.log(os.str());
 }

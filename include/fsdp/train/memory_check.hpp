@@ -41,6 +41,9 @@ std::string memory_refusal(const EngineMemoryPlan& plan, int64_t activation_byte
 // the plan does not count (the CUDA context's later growth, cuBLAS workspaces, NCCL's buffers,
 // the caching allocator's fragmentation).
 inline constexpr double kAutoOffloadHeadroom = 0.10;
+// What fsdp.offload_optimizer_ratio = 0 fits plans into: `device` less kAutoOffloadHeadroom
+// of it (an unmeasured budget stays unmeasured).
+MemoryBudget auto_offload_budget(const MemoryBudget& device);
 
 // fsdp.offload_optimizer_ratio = 0 ("auto", with fsdp.offload_optimizer): the smallest ratio
 // (the most units kept on the device, DeepSpeed's offload_optimizer.ratio chosen for the user)
