@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
 
   // ---- the optimizer rows
   const fsdp::WeightDecay wd(weight_decay);  // every element (the common case)
-  auto adamw = [&](int r, const TensorView& c) {
-    be->adamw_update(P, G, M, V, 1e-4f, 0.9f, 0.95f, 1e-8f, wd, r + 2, c);
+  auto adamw = [&](int r, const TensorView& c, const TensorView& grad_scale = {}) {
+    be->adamw_update(P, G, M, V, 1e-4f, 0.9f, 0.95f, 1e-8f, wd, r + 2, c, grad_scale);
   };
   auto sgd = [&](int r, const TensorView& c) { be->sgd_update(P, G, M, 1e-4f, 0.9f, wd, r + 2, c); };
   rows.push_back({"adamw", 28, [&](int r) { adamw(r, {}); }});
@@ -185,10 +185,10 @@ int main(int argc, char** argv) {
                   }});
   // The host step: the gradient's way in, then the norm, AdamW and the bf16 copy.
   const TensorView S = staged.view(), S16 = staged16.view(), N = norm.view();
-  auto step = [&](int r) {
+  auto step = [&](int r, const TensorView& grad_scale = {}) {
     be->fill_zero(N);
     be->squared_norm(N, G);
-    adamw(r, {});
+    adamw(r, {}, grad_scale);
     be->cast(R, P);
   };
   rows.push_back({"host step, gradient landed", 38, [&](int r) { step(r); }});
@@ -211,18 +211,12 @@ int main(int argc, char** argv) {
   const TensorView K(&coef_value, DType::f32, {1});
   rows.push_back({"host step, clipped: scale pass, then the update", 46, [&](int r) {
                     coef_value = r % 2 == 0 ? 0.5f : 2.0f;
-                    be->fill_zero(N);
-                    be->squared_norm(N, G);
-                    be->scale_by(G, K);
-                    adamw(r, {});
-                    be->cast(R, P);
+                    be->scale_by(G, K);  // (before the norm here: the same bytes)
+                    step(r);
                   }});
   rows.push_back({"host step, clipped in the update (grad_scale)", 38, [&](int r) {
                     coef_value = r % 2 == 0 ? 0.5f : 2.0f;
-                    be->fill_zero(N);
-                    be->squared_norm(N, G);
-                    be->adamw_update(P, G, M, V, 1e-4f, 0.9f, 0.95f, 1e-8f, wd, r + 2, {}, K);
-                    be->cast(R, P);
+                    step(r, K);
                   }});
   for (int round = 0; round <= reps; ++round) {
     for (Bench& b : copies) {

@@ -136,10 +136,11 @@ FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig&
     throw Error("FSDP: fsdp.delayed_parameter_update needs fsdp.offload_optimizer (and an "
                 "offload runtime): the delayed update keeps the device shards from before it");
   }
-  if (config.offloaded_fraction() < 1 && ctx_.offloaded() &&
-      (!ctx_.resident || config.delayed_parameter_update)) {
-    throw Error("FSDP: fsdp.offload_optimizer_ratio < 1 needs fsdp.offload_optimizer without "
-                "cpu_offload and without delayed_parameter_update");
+  // offloaded_fraction() is below 1 only with offload_optimizer alone (the key is ignored
+  // otherwise), so the delayed update is the one conflict left.
+  if (ctx_.offloaded() && config.offloaded_fraction() < 1 && config.delayed_parameter_update) {
+    throw Error("FSDP: fsdp.offload_optimizer_ratio < 1 is not supported with "
+                "fsdp.delayed_parameter_update");
   }
   ctx_.shard = &shard;
   ctx_.replicate = &replicate;
@@ -158,6 +159,7 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
   device_ctx_.device_norms = false;
   module_unit_ = wrap_modules(modules, config_);
   std::vector<FlatParamLayout> layouts = build_unit_layouts(modules, config_, ctx_.shard->size());
+  plan_prefetch(layouts.size());  // fwd_order_, which units_on_device reads
   const std::vector<char> on_device = units_on_device(layouts);
   for (auto& layout : layouts) {
     const bool device = on_device[units_.size()] != 0;
@@ -182,31 +184,23 @@ void FsdpEngine::build(const std::vector<ModuleDecl>& modules, uint64_t seed, bo
       param_loc_.push_back({u, e.offset, shape});
     }
   }
-  plan_prefetch(modules);
   landing_.assign(units_.size(), nullptr);
   if (initialise && init_params) refresh_all();
 }
 
-// fsdp.offload_optimizer_ratio: the units in forward order (by their first module) while
-// their parameters fit in the part of the model not offloaded, 1 - ratio of its parameters
-// (so at least one unit stays offloaded for any ratio > 0). None without offload or at 1.
+// fsdp.offload_optimizer_ratio: the units in forward order (fwd_order_) while their
+// parameters fit in the part of the model not offloaded, 1 - ratio of its parameters (so at
+// least one unit stays offloaded for any ratio > 0). None without offload or at 1.
 std::vector<char> FsdpEngine::units_on_device(
     const std::vector<FlatParamLayout>& layouts) const {
   std::vector<char> device(layouts.size(), 0);
   const double fraction = config_.offloaded_fraction();
   if (!ctx_.offloaded() || fraction >= 1) return device;
-  std::vector<int> first(layouts.size(), -1);
-  for (std::size_t m = 0; m < module_unit_.size(); ++m) {
-    if (first[module_unit_[m]] < 0) first[module_unit_[m]] = static_cast<int>(m);
-  }
-  std::vector<int> order(layouts.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return first[a] < first[b]; });
   int64_t total = 0;
   for (const auto& l : layouts) total += l.numel;
   const double keep = (1.0 - fraction) * static_cast<double>(total);
   int64_t kept = 0;
-  for (const int u : order) {
+  for (const int u : fwd_order_) {
     if (static_cast<double>(kept + layouts[u].numel) > keep) break;
     kept += layouts[u].numel;
     device[u] = 1;
@@ -218,23 +212,23 @@ std::vector<char> FsdpEngine::units_on_device(
 // forward starts next (units ordered by their first module); backward prefetches the unit
 // whose forward ended just before this one's (ordered by last module: the root, holding
 // ln_f, ends last, so its backward prefetches the last block).
-void FsdpEngine::plan_prefetch(const std::vector<ModuleDecl>& modules) {
-  std::vector<int> first(units_.size(), -1), last(units_.size(), -1);
-  for (std::size_t m = 0; m < modules.size(); ++m) {
+void FsdpEngine::plan_prefetch(std::size_t n_units) {
+  std::vector<int> first(n_units, -1), last(n_units, -1);
+  for (std::size_t m = 0; m < module_unit_.size(); ++m) {
     const int u = module_unit_[m];
     if (first[u] < 0) first[u] = static_cast<int>(m);
     last[u] = static_cast<int>(m);
   }
-  std::vector<int> by_first(units_.size()), by_last(units_.size());
+  std::vector<int> by_first(n_units), by_last(n_units);
   std::iota(by_first.begin(), by_first.end(), 0);
   std::iota(by_last.begin(), by_last.end(), 0);
   std::sort(by_first.begin(), by_first.end(), [&](int a, int b) { return first[a] < first[b]; });
   std::sort(by_last.begin(), by_last.end(), [&](int a, int b) { return last[a] < last[b]; });
-  fwd_next_.assign(units_.size(), -1);
-  bwd_next_.assign(units_.size(), -1);
-  for (std::size_t i = 0; i + 1 < units_.size(); ++i) fwd_next_[by_first[i]] = by_first[i + 1];
+  fwd_next_.assign(n_units, -1);
+  bwd_next_.assign(n_units, -1);
+  for (std::size_t i = 0; i + 1 < n_units; ++i) fwd_next_[by_first[i]] = by_first[i + 1];
   fwd_order_ = by_first;
-  for (std::size_t i = 1; i < units_.size(); ++i) bwd_next_[by_last[i]] = by_last[i - 1];
+  for (std::size_t i = 1; i < n_units; ++i) bwd_next_[by_last[i]] = by_last[i - 1];
 }
 
 // The caller made sure no upload still reads a host copy (or an fp32 shard).
@@ -295,7 +289,6 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write, bool 
       if (std::find(landed.begin(), landed.end(), u) == landed.end()) landed.push_back(u);
     }
     order = std::move(landed);
-    landing_order_.clear();
   }
   writer_ = std::make_unique<ShardWriter>();
   writer_->written.assign(units_.size(), 0);

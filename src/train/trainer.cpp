@@ -270,9 +270,10 @@ void resolve_offload_ratio(Job& job, int64_t act_bytes) {
   if (!f.params_resident() || f.offload_optimizer_ratio > 0) return;
   double ratio = 1.0;
   const bool cpu = job.backend->device() == Device::cpu;
+  const std::vector<ModuleDecl> modules = job.family.modules(job.cfg.model);
   collective_guard(job.host, [&] {
     if (job.planning()) return;
-    ratio = auto_offload_ratio(job.family.modules(job.cfg.model), job.cfg, job.world,
+    ratio = auto_offload_ratio(modules, job.cfg, job.world,
                                job.mesh_shard_size(), num_optimizer_states(job.cfg.optim.name),
                                act_bytes, job.rt.memory_budget(), cpu);
   });
@@ -291,9 +292,8 @@ void resolve_offload_ratio(Job& job, int64_t act_bytes) {
     if (b.bytes >= 0 && job.rank0()) {
       Config plain = job.cfg;
       plain.fsdp.offload_optimizer = false;
-      const EngineMemoryPlan p =
-          plan_memory(job.family.modules(plain.model), plain, job.world, job.mesh_shard_size(),
-                      num_optimizer_states(plain.optim.name));
+      const EngineMemoryPlan p = plan_memory(modules, plain, job.world, job.mesh_shard_size(),
+                                             num_optimizer_states(plain.optim.name));
       if (memory_refusal(p, act_bytes, auto_offload_budget(b), {}, false).empty()) {
         os << "; the plan fits this device without offload too ("
            << human_bytes(static_cast<double>(p.total + act_bytes))

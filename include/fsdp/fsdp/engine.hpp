@@ -342,7 +342,8 @@ class FsdpEngine final : public ModuleHooks {
   };
   void build(const std::vector<ModuleDecl>& modules, uint64_t seed, bool initialise,
              bool init_params);
-  void plan_prefetch(const std::vector<ModuleDecl>& modules);
+  // fwd_order_, fwd_next_, bwd_next_ from module_unit_ for `n_units` units.
+  void plan_prefetch(std::size_t n_units);
   std::vector<char> units_on_device(const std::vector<FlatParamLayout>& layouts) const;
   void refresh_all();
   FsdpParamGroup& unit(int u) { return *units_[u]; }
