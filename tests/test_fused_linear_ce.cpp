@@ -86,19 +86,27 @@ void perturb_shards(F& f) {
 // 0 = auto (one chunk here: the auto chunk is at least 256 rows).
 const int64_t kChunks[] = {1, 4, 5, kBT, 100, 0};
 
-// Tolerances, measured on this machine and justified:
-//  - loss: the per-row losses are the same numbers (the same logits GEMM per row, the same
-//    kernel); only their fp64 sum is regrouped into per-chunk sums, which moves a sum of
-//    R = 12 positive terms by at most ~R * 2^-53 = 1.3e-15 relative (measured: 2.9e-16, one
-//    ulp): 1e-14;
+// Tolerances, measured and justified. The chunked head computes each row's logits and dx
+// with a GEMM over its chunk of rows instead of all of them: the same dot products, but
+// whether a BLAS sums a row the same way for any number of rows in the call is its own
+// choice. OpenBLAS's SkylakeX sgemm kernels do (every check below was then bit-equal but the
+// head weight's gradient); its Haswell/Zen kernels, which 0.3.21 picks on AMD CPUs, AVX-512
+// ones included, do not (each fp32 row within a few ulps).
+//  - loss: a reassociated dot product of C = 16 terms per logit, at most ~C * 2^-24 = 9.5e-7
+//    relative, then the per-chunk fp64 sums (~12 * 2^-53); measured on an AMD EPYC with
+//    Haswell kernels: fp32 8.9e-9, bf16 1.7e-16 (its rounding to bf16 absorbs it): 1e-6;
 //  - the head weight's gradient: dW = sum over rows of dlogits^T x becomes a sum over chunks
 //    of such sums (beta = 1). fp32: a reassociation of at most 12 fp32 terms, ~R * 2^-24
-//    (measured: 5.1e-8 at most): 1e-6; bf16: each chunk's sum is added into the bf16
+//    (measured: 3.3e-7 at most): 1e-6; bf16: each chunk's sum is added into the bf16
 //    gradient buffer, one bf16 rounding (2^-9 relative) per chunk, as Liger's torch.addmm
-//    into grad_weight (measured: 3.8e-3 at most, at chunk 1): 1e-2. Every other gradient is
-//    bit-equal (dx = dlogits @ W per row is the same dot product).
-constexpr double kLossTol = 1e-14;
+//    into grad_weight (measured: 3.8e-3 at most, at chunk 1): 1e-2;
+//  - every gradient below the head: the same dx rows up to that GEMM's order (a dot product
+//    over the 256 padded vocabulary columns, ~V * 2^-24 = 1.5e-5 at worst) and what the
+//    backward makes of them. Measured: fp32 3.8e-7, bf16 0 (bit-equal with SkylakeX's
+//    kernels): fp32 1e-5; bf16 1e-2, one bf16 rounding flipped per element at most.
+double loss_tol(DType) { return 1e-6; }
 double head_grad_tol(DType d) { return d == DType::f32 ? 1e-6 : 1e-2; }
+double below_head_tol(DType d) { return d == DType::f32 ? 1e-5 : 1e-2; }
 
 // Model-level check of one family: `off` and `on` fixtures from the same options but the key.
 // `head_unit`: the FSDP unit holding the LM-head weight; C: the hidden size.
@@ -107,7 +115,7 @@ void expect_chunked_head_equals_unfused(const Cfg& model, int64_t C, const fsdp:
                                         int head_unit, const std::string& family) {
   using Fixture = CausalLmFixture<Model, Cfg>;
   struct {
-    double loss = 0, head_f32 = 0, head_bf16 = 0;
+    double loss_f32 = 0, loss_bf16 = 0, head_f32 = 0, head_bf16 = 0, below_f32 = 0, below_bf16 = 0;
   } worst;
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
@@ -130,8 +138,9 @@ void expect_chunked_head_equals_unfused(const Cfg& model, int64_t C, const fsdp:
         for (int step = 0; step < 2; ++step) {  // the second pass reuses the buffers
           const double loss_off = off.loss_and_grads(), loss_on = on.loss_and_grads();
           ASSERT_TRUE(std::isfinite(loss_off)) << what;
-          EXPECT_NEAR(loss_on, loss_off, kLossTol * std::abs(loss_off)) << what;
-          worst.loss = std::max(worst.loss, std::abs(loss_on - loss_off) / std::abs(loss_off));
+          EXPECT_NEAR(loss_on, loss_off, loss_tol(dtype) * std::abs(loss_off)) << what;
+          double& wl = dtype == DType::f32 ? worst.loss_f32 : worst.loss_bf16;
+          wl = std::max(wl, std::abs(loss_on - loss_off) / std::abs(loss_off));
           for (int u = 0; u < off.engine.num_units(); ++u) {
             const int64_t n = off.engine.shard_numel(u);
             const float* a = off.engine.shard_grad(u).f32();
@@ -143,11 +152,15 @@ void expect_chunked_head_equals_unfused(const Cfg& model, int64_t C, const fsdp:
               double& w = dtype == DType::f32 ? worst.head_f32 : worst.head_bf16;
               w = std::max(w, d);
             } else {
-              // Below the head, the same dx rows (dlogits @ W per row): the same bits.
-              EXPECT_EQ(va, vb) << what << ": unit " << u;
+              // Below the head, the same dx rows (dlogits @ W per row) up to the GEMM's
+              // summation order, and what follows from them.
+              const double d = rel_diff(vb, va);
+              EXPECT_LE(d, below_head_tol(dtype)) << what << ": unit " << u;
+              double& w = dtype == DType::f32 ? worst.below_f32 : worst.below_bf16;
+              w = std::max(w, d);
             }
           }
-          EXPECT_NEAR(on.loss(), off.loss(), kLossTol * std::abs(loss_off)) << what << " eval";
+          EXPECT_NEAR(on.loss(), off.loss(), loss_tol(dtype) * std::abs(loss_off)) << what << " eval";
         }
         // The activation table follows the key, and is what was allocated.
         const int64_t Vp = model.padded_vocab();
@@ -167,9 +180,10 @@ void expect_chunked_head_equals_unfused(const Cfg& model, int64_t C, const fsdp:
     }
   }
   if (world_rank() == 0) {
-    std::printf("%s: largest relative differences to the unfused head: loss %.3g, head weight "
-                "gradient fp32 %.3g, bf16 %.3g\n",
-                family.c_str(), worst.loss, worst.head_f32, worst.head_bf16);
+    std::printf("%s: largest relative differences to the unfused head, fp32 / bf16: loss %.3g / "
+                "%.3g, head weight gradient %.3g / %.3g, the gradients below it %.3g / %.3g\n",
+                family.c_str(), worst.loss_f32, worst.loss_bf16, worst.head_f32, worst.head_bf16,
+                worst.below_f32, worst.below_bf16);
   }
 }
 
@@ -271,7 +285,9 @@ TEST(FusedLinearCrossEntropy, TrainerRunsMatchAndPlanEqualsPeak) {
           EXPECT_NEAR(on.losses[i], off.losses[i], tol * off.losses[i]) << what << " step " << i + 1;
           worst = std::max(worst, std::abs(on.losses[i] - off.losses[i]) / off.losses[i]);
         }
-        EXPECT_DOUBLE_EQ(on.losses[0], off.losses[0]) << what << ": the first step's loss";
+        // The first step's loss: the same parameters, only the head's GEMMs (above).
+        EXPECT_NEAR(on.losses[0], off.losses[0], loss_tol(dtype) * off.losses[0])
+            << what << ": the first step's loss";
         EXPECT_LT(on.losses.back(), on.losses.front()) << what << ": it trains";
         ASSERT_EQ(on.val_losses.size(), off.val_losses.size()) << what;
         ASSERT_FALSE(off.val_losses.empty()) << what;

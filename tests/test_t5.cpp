@@ -183,6 +183,35 @@ TEST(T5, ShiftRightBuildsDecoderInputs) {
   EXPECT_EQ(fsdp::t5_shift_right(labels, 2, 4), (std::vector<int32_t>{0, 5, 6, 1, 0, 7, 1, 0}));
 }
 
+// The slope at t = 0 of the least-squares polynomial of degree `deg` through (t[k], y[k]),
+// in units of s = t / h (normal equations, Gaussian elimination with partial pivoting; well
+// conditioned for deg <= 4 on s in [-1, 1]).
+double fitted_slope(const std::vector<double>& t, const std::vector<double>& y, int deg, double h) {
+  const int n = deg + 1;
+  std::vector<std::vector<double>> a(n, std::vector<double>(n + 1, 0.0));
+  for (std::size_t k = 0; k < t.size(); ++k) {
+    std::vector<double> pw(2 * n, 1.0);
+    for (int i = 1; i < 2 * n; ++i) pw[i] = pw[i - 1] * (t[k] / h);
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j) a[i][j] += pw[i + j];
+      a[i][n] += pw[i] * y[k];
+    }
+  }
+  for (int col = 0; col < n; ++col) {
+    int piv = col;
+    for (int r = col + 1; r < n; ++r) {
+      if (std::abs(a[r][col]) > std::abs(a[piv][col])) piv = r;
+    }
+    std::swap(a[col], a[piv]);
+    for (int r = 0; r < n; ++r) {
+      if (r == col) continue;
+      const double f = a[r][col] / a[col][col];
+      for (int j = col; j <= n; ++j) a[r][j] -= f * a[col][j];
+    }
+  }
+  return a[1][n] / a[1][1] / h;  // the coefficient of s, per unit of t
+}
+
 // Directional finite differences of the mean loss for every parameter tensor.
 void check_gradients(const T5Config& c) {
   Options o;
@@ -211,8 +240,11 @@ void check_gradients(const T5Config& c) {
         norm_g += static_cast<double>(grad[e.offset + i]) * grad[e.offset + i];
         norm_d += static_cast<double>(d[i]) * d[i];
       }
-      // Loss along the direction: L(t) = loss(p + t d). Richardson-extrapolated differences
-      // (error O(h^2) on a smooth piece): central, and one-sided from t = 0 forward and backward.
+      // Loss along the direction: L(t) = loss(p + t d) at 2K + 1 points t = h k / K. Each
+      // loss carries the fp32 forward's rounding, which does not shrink with h, so the slope
+      // is a least-squares fit, not a difference of two or four points: a quartic through
+      // all of them (central; exact to O(h^4) on a smooth piece) and cubics through k >= 0
+      // and k <= 0 (one-sided, forward and backward).
       std::vector<float> saved(p + e.offset, p + e.offset + m);
       auto L = [&](float t) {
         for (int64_t i = 0; i < m; ++i) p[e.offset + i] = saved[i] + t * d[i];
@@ -221,10 +253,19 @@ void check_gradients(const T5Config& c) {
         return l;
       };
       const float h = 2e-3f;
-      const double l0 = L(0), lp = L(h), lp2 = L(h / 2), lm = L(-h), lm2 = L(-h / 2);
-      const double central = (4 * (lp2 - lm2) / h - (lp - lm) / (2 * h)) / 3;
-      const double forward = 2 * (lp2 - l0) / (h / 2) - (lp - l0) / h;
-      const double backward = 2 * (l0 - lm2) / (h / 2) - (l0 - lm) / h;
+      constexpr int K = 8;
+      std::vector<double> ts, ls, tf, lf, tb, lb;
+      for (int k = -K; k <= K; ++k) {
+        const float t = h * static_cast<float>(k) / K;
+        const double l = L(t);
+        ts.push_back(t);
+        ls.push_back(l);
+        if (k >= 0) tf.push_back(t), lf.push_back(l);
+        if (k <= 0) tb.push_back(t), lb.push_back(l);
+      }
+      const double central = fitted_slope(ts, ls, 4, h);
+      const double forward = fitted_slope(tf, lf, 3, h);
+      const double backward = fitted_slope(tb, lb, 3, h);
       const double scale = std::sqrt(norm_g * norm_d);
       const double tol = 2e-3 * scale + 1e-6;
       EXPECT_GT(scale, 1e-6) << e.spec.name << ": gradient vanished";
