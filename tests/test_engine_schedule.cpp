@@ -356,7 +356,7 @@ TEST(EngineSchedule, AnOffloadedUpdateOverlapsTheNextForwardUnitByUnit) {
   std::shared_future<void> released = release.get_future().share();
   std::vector<int> order;
   std::mutex order_mutex;
-  engine.update_shards([&](int u) {
+  engine.update_shards([&](int u, const fsdp::TensorView&) {
     if (u == last && released.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
       throw std::runtime_error("the last unit's write was never released");
     }
@@ -380,7 +380,7 @@ TEST(EngineSchedule, AnOffloadedUpdateOverlapsTheNextForwardUnitByUnit) {
   engine.end_step();
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
 
-  engine.update_shards([](int u) {
+  engine.update_shards([](int u, const fsdp::TensorView&) {
     if (u == 1) throw fsdp::Error("write of unit 1 failed");
   });
   try {

@@ -388,9 +388,9 @@ TEST(OptimizerState, TypedPerOptimizer) {
   }
 }
 
-// add_shard's compute_copy (CPU offload's param_dtype copy of the host shard): step() writes
-// it in the update's pass, bit for bit the cast of the updated param that it replaces, and the
-// fp32 params are those of an optimizer without it. Another dtype or size throws.
+// step_shard's compute_copy (offload's param_dtype copy of the host shard): the update writes
+// it in its own pass, bit for bit the cast of the updated param that it replaces, and the fp32
+// params are those of an optimizer without it. Another dtype or size throws.
 TEST(OptimizerState, ComputeCopyIsTheCastOfTheUpdatedShard) {
   const auto be = fsdp::make_cpu_backend(2);
   const int64_t n = 40007;  // not a multiple of the SIMD width; split over both threads
@@ -410,11 +410,12 @@ TEST(OptimizerState, ComputeCopyIsTheCastOfTheUpdatedShard) {
       float* g = grad.view().f32();
       for (int64_t i = 0; i < n; ++i) a[i] = b[i] = std::sin(0.37 * static_cast<double>(i));
       const std::vector<fsdp::ElementRange> decayed = {{0, 100}, {5000, 30000}};
-      fused.add_shard(pa.view(), grad.view(), decayed, copy.view());
+      fused.add_shard(pa.view(), grad.view(), decayed);
       plain.add_shard(pb.view(), grad.view(), decayed);
       for (int step = 1; step <= 3; ++step) {
         for (int64_t i = 0; i < n; ++i) g[i] = 0.01f * static_cast<float>(std::cos(0.11 * static_cast<double>(i * step)));
-        fused.step(1e-2);
+        fused.begin_update();
+        fused.step_shard(0, 1e-2, {}, copy.view());
         plain.step(1e-2);
         be->cast(cast.view(), pb.view());
         ASSERT_EQ(std::memcmp(a, b, static_cast<std::size_t>(n) * 4), 0) << "param, step " << step;
@@ -423,8 +424,8 @@ TEST(OptimizerState, ComputeCopyIsTheCastOfTheUpdatedShard) {
       }
       fsdp::DeviceBuffer wrong(*be, fsdp::DType::f32, n, fsdp::MemCategory::other),
           small(*be, t, n - 1, fsdp::MemCategory::other);
-      EXPECT_THROW(fused.add_shard(pa.view(), grad.view(), {}, wrong.view()), fsdp::Error);
-      EXPECT_THROW(fused.add_shard(pa.view(), grad.view(), {}, small.view()), fsdp::Error);
+      EXPECT_THROW(fused.step_shard(0, 1e-2, {}, wrong.view()), fsdp::Error);
+      EXPECT_THROW(fused.step_shard(0, 1e-2, {}, small.view()), fsdp::Error);
     }
   }
 }

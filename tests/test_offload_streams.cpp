@@ -272,10 +272,11 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
   int64_t pending_side_ops() { return group_.pending_except(&compute_); }
   int64_t deferred_ops = 0;     // how many compute-stream operations (compute_late, shuffled)
   // Elements written by whole-buffer passes (more than one element: not the scalars):
-  // fill_zero, axpy, casts into fp32 (on the host: a gradient shard's first copy) and
-  // squared_norm (the clip's read of a shard) and scale_by (a clip that scales the shards).
+  // fill_zero, axpy, casts into fp32 (on the host: a gradient shard's first copy) and into
+  // 16 bits (a separate pass making the param_dtype copy the uploads read), squared_norm (the
+  // clip's read of a shard) and scale_by (a clip that scales the shards).
   int64_t fill_elements = 0, axpy_elements = 0, cast_f32_elements = 0, norm_elements = 0;
-  int64_t scale_elements = 0;
+  int64_t scale_elements = 0, cast_16_elements = 0;
 
   // Runs `op` on the compute stream: queued (compute_late) or at once.
   void later(std::function<void()> op) {
@@ -338,6 +339,7 @@ class DeferredCopyRuntime final : public fsdp::DeviceRuntime {
     mine(dst, "cast");
     mine(src, "cast");
     if (dst.dtype == DType::f32) cast_f32_elements += dst.numel();
+    if (fsdp::dtype_size(dst.dtype) == 2 && dst.numel() > 1) cast_16_elements += dst.numel();
     later([=, this] { in_.cast(dst, src); });
   }
   // Blocking copies: after everything enqueued on the compute stream (cudaMemcpyAsync on it,
@@ -746,6 +748,7 @@ struct Trained {
   // The host side's whole-buffer passes during the 3 steps (DeferredCopyRuntime's counts) and
   // the gradient shards' elements (the sum of shard_numel).
   int64_t host_fill = 0, host_axpy = 0, host_cast_f32 = 0, host_norm = 0, host_scale = 0;
+  int64_t host_cast_16 = 0;
   int64_t grad_elements = 0;
   int64_t nonzero_grads_after_update = 0;  // what reading the gradient shards then gives
   // Side-stream operations still queued right after a step's last end_step (the most over the
@@ -789,7 +792,7 @@ fsdp::data::Batch test_batch(int rank) {
 void add_shards(fsdp::Optimizer& opt, fsdp::FsdpEngine& engine) {
   for (int u = 0; u < engine.num_units(); ++u) {
     opt.add_shard(engine.shard_param(u), engine.shard_grad(u),
-                  fsdp::decayed_ranges(engine.layout(u), engine.shard_index()), {},
+                  fsdp::decayed_ranges(engine.layout(u), engine.shard_index()),
                   &engine.shard_runtime(u));
   }
 }
@@ -853,7 +856,7 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   const fsdp::data::Batch batch = test_batch(world_mpi.rank());
   Trained r;
   host.fill_elements = host.axpy_elements = host.cast_f32_elements = host.norm_elements = 0;
-  host.scale_elements = 0;
+  host.scale_elements = host.cast_16_elements = 0;
   for (int step = 1; step <= 3; ++step) {
     rt.fill_zero(loss.view());
     forward_backward(engine, model, batch, micro, loss.view());
@@ -865,8 +868,8 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
     rt.copy_to_host(&host_loss, loss.view());
     r.losses.push_back(host_loss);
     opt.begin_update();
-    engine.update_shards([&opt, &clipper, lr = oc.lr](int u) {
-      opt.step_shard(u, lr, clipper.coefficient(u));
+    engine.update_shards([&opt, &clipper, lr = oc.lr](int u, const TensorView& copy) {
+      opt.step_shard(u, lr, clipper.coefficient(u), copy);
     });
   }
   r.host_fill = host.fill_elements;
@@ -874,6 +877,7 @@ Trained train(bool offload, int64_t micro, Group group, DType reduce, bool resid
   r.host_axpy = host.axpy_elements;
   r.host_cast_f32 = host.cast_f32_elements;
   r.host_norm = host.norm_elements;
+  r.host_cast_16 = host.cast_16_elements;
   engine.begin_step(false);
   rt.fill_zero(loss.view());
   model.forward_loss(batch, engine, loss.view());
@@ -949,8 +953,8 @@ Trained train_delayed_reference(int64_t micro, Group group, DType reduce) {
     be->copy_to_host(&host_loss, loss.view());
     r.losses.push_back(host_loss);
     opt.begin_update();
-    engine.update_shards([&opt, &clipper, lr = oc.lr](int u) {
-      opt.step_shard(u, lr, clipper.coefficient(u));
+    engine.update_shards([&opt, &clipper, lr = oc.lr](int u, const TensorView& copy) {
+      opt.step_shard(u, lr, clipper.coefficient(u), copy);
     });
     before = current;
   }
@@ -1062,6 +1066,9 @@ TEST(OffloadStreams, TheHostWritesEachGradientShardOnceAStep) {
     // The clip's coefficient is applied by the update as it reads the gradient: no pass
     // scales the shards (the run clips at 0.5, so the coefficient is below 1).
     EXPECT_EQ(off.host_scale, 0);
+    // The bf16 copy the uploads read is written by the update's own pass (step_shard's
+    // compute_copy), not by a cast after it.
+    EXPECT_EQ(off.host_cast_16, 0);
     // A discarded shard still reads as zeros (the engine writes them for a reader).
     EXPECT_EQ(off.nonzero_grads_after_update, 0);
     // Alone with micro-batches (GPT 7B's case) every gradient lands in its shard, and the

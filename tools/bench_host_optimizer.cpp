@@ -23,6 +23,8 @@
 // and, where the clip scales the gradient (its norm above optim.grad_clip), the clip's way:
 //   clipped, scale pass       before: scale_by 8 (read, write), then as landed           46
 //   clipped, in the update    the coefficient is adamw's grad_scale, then as landed      38
+//   clipped, in the update,   and the bf16 copy written by adamw's pass (what the        34
+//     fused copy              engine does now: Optimizer::step_shard's compute_copy)
 // Each row is the best of R timed calls after one warm-up (weight decay 0.1 on every element,
 // steps >= 2); GB/s = bytes / time, and the % is of the copy bandwidth. The fused copies are
 // checked to equal the separate cast bit for bit. Defaults: N = 64M (1.2 GiB of buffers),
@@ -185,11 +187,11 @@ int main(int argc, char** argv) {
                   }});
   // The host step: the gradient's way in, then the norm, AdamW and the bf16 copy.
   const TensorView S = staged.view(), S16 = staged16.view(), N = norm.view();
-  auto step = [&](int r, const TensorView& grad_scale = {}) {
+  auto step = [&](int r, const TensorView& grad_scale = {}, bool fused = false) {
     be->fill_zero(N);
     be->squared_norm(N, G);
-    adamw(r, {}, grad_scale);
-    be->cast(R, P);
+    adamw(r, fused ? R : TensorView{}, grad_scale);
+    if (!fused) be->cast(R, P);
   };
   rows.push_back({"host step, gradient landed", 38, [&](int r) { step(r); }});
   rows.push_back({"host step, gradient zeroed + added", 54, [&](int r) {
@@ -217,6 +219,10 @@ int main(int argc, char** argv) {
   rows.push_back({"host step, clipped in the update (grad_scale)", 38, [&](int r) {
                     coef_value = r % 2 == 0 ? 0.5f : 2.0f;
                     step(r, K);
+                  }});
+  rows.push_back({"host step, clipped in the update, fused copy", 34, [&](int r) {
+                    coef_value = r % 2 == 0 ? 0.5f : 2.0f;
+                    step(r, K, true);
                   }});
   for (int round = 0; round <= reps; ++round) {
     for (Bench& b : copies) {

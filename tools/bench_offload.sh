@@ -18,7 +18,10 @@
 # ZeRO-Offload that is hidden only at a batch large enough; at bench_gpu.sh's one
 # micro-batch a step (MODELS=gpt2-1.5b CONTENDERS="fsdp_train fsdp_train:offload"
 # tools/bench_gpu.sh) it cannot come near the issue's 0.75.
-# PARTS ("7b cost") picks the parts: "7b" the 7B run, "cost" the 1.5B comparison.
+# PARTS ("host 7b cost") picks the parts: "host" the host optimizer's bandwidth on this machine
+# (bench_host_optimizer --elements HOST_ELEMENTS (268435456), all cores: its table, the host
+# step's bytes per parameter against the host's copy bandwidth), "7b" the 7B run, "cost" the
+# 1.5B comparison.
 # MODES ("offload_optimizer ratio delayed cpu_offload") picks the offload modes each part
 # runs: fsdp.cpu_offload (every unshard uploads), fsdp.offload_optimizer (the param_dtype
 # shards resident on the device, one upload a step; issue 31), "ratio" (offload_optimizer
@@ -38,7 +41,8 @@
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STEPS="${STEPS:-20}" N_LAYERS="${N_LAYERS:-32 28 24 20 16}" RUN_TIMEOUT="${RUN_TIMEOUT:-500}"
-COST_ROUNDS="${COST_ROUNDS:-1}" ACCUM="${ACCUM:-32}" PARTS="${PARTS:-7b cost}"
+COST_ROUNDS="${COST_ROUNDS:-1}" ACCUM="${ACCUM:-32}" PARTS="${PARTS:-host 7b cost}"
+HOST_ELEMENTS="${HOST_ELEMENTS:-268435456}"
 PROFILE_STEP="${PROFILE_STEP-6}"
 MODES="${MODES:-offload_optimizer ratio delayed cpu_offload}" RATIO="${RATIO:-0}"
 keys() {  # $1 = none | cpu_offload | offload_optimizer | ratio | delayed: the keys' --set arguments
@@ -75,6 +79,18 @@ PROFILE_SUMMARY="$REPO/tools/profile_summary.py"
 [[ -f "$PROFILE_SUMMARY" ]] || PROFILE_SUMMARY="$BUNDLE/tools/profile_summary.py"
 
 say "## CPU offload on one GPU ($(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1), host $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo))"
+if [[ " $PARTS " == *" host "* ]]; then
+  say ""
+  say "### Host optimizer (bench_host_optimizer --elements $HOST_ELEMENTS, $(nproc) CPUs)"
+  say ""
+  if [[ -f "$BUNDLE/env.sh" ]]; then HOST_BENCH=bench_host_optimizer
+  else HOST_BENCH="${FSDP_BUILD_DIR:-$REPO/build-gpu}/bench_host_optimizer"; fi
+  in_ours timeout -k 10 "$RUN_TIMEOUT" "$HOST_BENCH" --elements "$HOST_ELEMENTS" \
+    </dev/null >"$WORK/host.log" 2>&1
+  rc=$?
+  tee -a "$MD" <"$WORK/host.log"
+  [[ $rc == 0 ]] || say "bench_host_optimizer: exit $rc"
+fi
 for MODE in $MODES; do
 for L in $N_LAYERS; do
   [[ " $PARTS " == *" 7b "* ]] || break

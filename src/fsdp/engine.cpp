@@ -253,7 +253,7 @@ struct FsdpEngine::ShardWriter {
   std::exception_ptr error;   // what a write threw (the units after it are never written)
 };
 
-void FsdpEngine::update_shards(const std::function<void(int unit)>& write, bool delay) {
+void FsdpEngine::update_shards(const ShardWrite& write, bool delay) {
   complete_update();  // a delayed update no boundary completed (not the trainer's order)
   wait_shard_writes();
   if (copy_stream_) copy_stream_->synchronize();  // no upload still reads a host copy
@@ -266,7 +266,7 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write, bool 
       order.push_back(u);
       continue;
     }
-    write(u);
+    write(u, {});
     unit(u).refresh_copies();
     unit(u).zero_grad();
   }
@@ -300,15 +300,21 @@ void FsdpEngine::update_shards(const std::function<void(int unit)>& write, bool 
   landing_order_.clear();
   delayed_pending_ = delayed;
   if (delayed_pending_) std::reverse(order.begin(), order.end());
-  // The host work only (the optimizer on the shards' runtime, the cast, discarding the
-  // gradient shard); the resident upload is the main thread's, at the unit's unshard (delayed:
-  // at its post_backward in the boundary's backward, or complete_update).
+  // The host work only (the optimizer on the shards' runtime writing the host copy in its
+  // pass, discarding the gradient shard); the resident upload is the main thread's, at the
+  // unit's unshard (delayed: at its post_backward in the boundary's backward, or
+  // complete_update).
   w->thread = std::thread([this, w, write, order] {
     for (const int u : order) {
       try {
         wait_landed(u);  // its gradient copy (main thread: untouched until u is written)
-        write(u);
-        unit(u).cast_host_copy();
+        const TensorView copy = unit(u).host_copy();
+        write(u, copy);
+        if (copy) {
+          unit(u).host_copy_written();
+        } else {
+          unit(u).cast_host_copy();  // an fp32 param_dtype: no copy to write
+        }
         unit(u).discard_grad_shard();  // the next reduction's first copy overwrites it
       } catch (...) {
         const std::lock_guard<std::mutex> lock(w->mutex);

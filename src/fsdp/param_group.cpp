@@ -105,7 +105,7 @@ void FsdpParamGroup::refresh_copies() {
 
 void FsdpParamGroup::cast_host_copy() {
   if (host_param_) ctx_.sh->cast(host_param_.view(), shard_param_.view());
-  upload_due_ = static_cast<bool>(device_param_);
+  host_copy_written();
 }
 
 void FsdpParamGroup::upload_resident() {

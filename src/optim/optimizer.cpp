@@ -25,19 +25,12 @@ double learning_rate(const OptimConfig& o, int64_t max_steps, int64_t step) {
 Optimizer::Optimizer(const OptimConfig& config, DeviceRuntime& backend) : cfg_(config), be_(backend) {}
 
 void Optimizer::add_shard(const TensorView& param, const TensorView& grad,
-                          std::vector<ElementRange> decayed, TensorView compute_copy,
-                          DeviceRuntime* runtime) {
+                          std::vector<ElementRange> decayed, DeviceRuntime* runtime) {
   if (param.dtype != DType::f32 || grad.dtype != DType::f32 || grad.numel() != param.numel()) {
     throw Error("Optimizer::add_shard: param and grad must be fp32 views of equal size");
   }
-  if (compute_copy && ((compute_copy.dtype != DType::bf16 && compute_copy.dtype != DType::f16) ||
-                       compute_copy.numel() != param.numel())) {
-    throw Error("Optimizer::add_shard: compute_copy is " + std::string(to_string(compute_copy.dtype)) +
-                " " + compute_copy.shape.str() + " (expected bf16 or fp16 of the param's " +
-                std::to_string(param.numel()) + " elements)");
-  }
   DeviceRuntime& rt = runtime != nullptr ? *runtime : be_;
-  Shard s{param, grad, std::move(decayed), compute_copy, &rt, {}, {}};
+  Shard s{param, grad, std::move(decayed), &rt, {}, {}};
   const int64_t n = param.numel();
   s.s0 = DeviceBuffer::floats(rt, n, MemCategory::optimizer_state);
   rt.fill_zero(s.s0.view());
@@ -53,25 +46,33 @@ void Optimizer::step(double lr, const TensorView& grad_scale) {
   for (int i = 0; i < num_shards(); ++i) step_shard(i, lr, grad_scale);
 }
 
-// One update of a shard: the weight decay applies on its decayed segments only (and its
+// One update of a shard: the weight decay applies on its decayed segments only (and
 // compute_copy, if any, is written in the same pass; the gradient is scaled as it is read).
-void Optimizer::step_shard(int index, double lr, const TensorView& grad_scale) {
+void Optimizer::step_shard(int index, double lr, const TensorView& grad_scale,
+                           const TensorView& compute_copy) {
   if (index < 0 || index >= num_shards()) {
     throw Error("optimizer: step_shard(" + std::to_string(index) + "): " +
                 std::to_string(num_shards()) + " shards are registered");
   }
   Shard& s = shards_[static_cast<std::size_t>(index)];
+  if (compute_copy && ((compute_copy.dtype != DType::bf16 && compute_copy.dtype != DType::f16) ||
+                       compute_copy.numel() != s.param.numel())) {
+    throw Error("optimizer: step_shard(" + std::to_string(index) + "): compute_copy is " +
+                std::string(to_string(compute_copy.dtype)) + " " + compute_copy.shape.str() +
+                " (expected bf16 or fp16 of the shard's " + std::to_string(s.param.numel()) +
+                " elements)");
+  }
   const auto flr = static_cast<float>(lr);
   const WeightDecay wd(static_cast<float>(cfg_.weight_decay), &s.decayed);
   switch (cfg_.name) {
     case OptimizerKind::adamw:
       s.rt->adamw_update(s.param, s.grad, s.s0.view(), s.s1.view(), flr,
                        static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-                       static_cast<float>(cfg_.eps), wd, updates_, s.compute_copy, grad_scale);
+                       static_cast<float>(cfg_.eps), wd, updates_, compute_copy, grad_scale);
       break;
     case OptimizerKind::sgd:
       s.rt->sgd_update(s.param, s.grad, s.s0.view(), flr, static_cast<float>(cfg_.momentum), wd,
-                     updates_, s.compute_copy, grad_scale);
+                     updates_, compute_copy, grad_scale);
       break;
   }
 }

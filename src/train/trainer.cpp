@@ -255,7 +255,7 @@ void build_model(Job& job, bool init_params) {
     for (int u = 0; u < job.engine->num_units(); ++u) {
       job.optimizer->add_shard(job.engine->shard_param(u), job.engine->shard_grad(u),
                                decayed_ranges(job.engine->layout(u), job.engine->shard_index()),
-                               {}, &job.engine->shard_runtime(u));
+                               &job.engine->shard_runtime(u));
     }
   });
 }
@@ -584,10 +584,12 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
   } else if (!o.nonfinite) {
     job.optimizer->begin_update();  // optimizer shard u is unit u's (build_model)
     // By value: offloaded, the writes outlive this function. The clip coefficient is applied
-    // as the update reads each gradient (it stays valid until the next clip).
+    // as the update reads each gradient (it stays valid until the next clip), and an
+    // offloaded unit's upload copy is written in the same pass.
     job.engine->update_shards(
-        [optimizer = job.optimizer.get(), lr = o.lr, clipper = job.clipper.get()](int u) {
-          optimizer->step_shard(u, lr, clipper->coefficient(u));
+        [optimizer = job.optimizer.get(), lr = o.lr,
+         clipper = job.clipper.get()](int u, const TensorView& compute_copy) {
+          optimizer->step_shard(u, lr, clipper->coefficient(u), compute_copy);
         },
         job.step > cfg.fsdp.delayed_parameter_update_warmup_steps);
   }

@@ -251,10 +251,16 @@ class FsdpEngine final : public ModuleHooks {
   // unshards read (offload: the host copy and, with fsdp.offload_optimizer, the device
   // shard) are made current right after; there is nothing else to call. Both first wait for
   // uploads still reading the host copies.
-  // update_shards: write(u) for every unit u, in forward order (the order the next forward
-  // unshards them), each unit's copies refreshed and its gradient shard zeroed (the update
-  // consumed it) as soon as its write returns: the optimizer step (Optimizer::begin_update,
-  // then Optimizer::step_shard(u, lr) in write); a step without an update calls zero_grad.
+  // update_shards: write(u, compute_copy) for every unit u, in forward order (the order the
+  // next forward unshards them), each unit's copies refreshed and its gradient shard zeroed
+  // (the update consumed it) as soon as its write returns: the optimizer step
+  // (Optimizer::begin_update, then Optimizer::step_shard(u, lr, scale, compute_copy) in
+  // write); a step without an update calls zero_grad. compute_copy, when not empty, is the
+  // unit's host param_dtype copy (offloaded with a 16-bit param_dtype: [shard_numel] bf16 or
+  // fp16, host memory) and write must leave it equal to the cast of the updated fp32 shard,
+  // as Optimizer::step_shard does in the update's own pass (issue 31 item 3: one pass over
+  // the shard instead of the update and then the cast); where it is empty the engine makes
+  // the unit's copies itself.
   // With offload the writes run on a host thread and update_shards returns at once: the next
   // pass's unshard of unit u waits only for u's write and cast (ZeRO-Offload's overlap of the
   // host step with the device's next forward, without its one-step delay: the same update),
@@ -274,7 +280,8 @@ class FsdpEngine final : public ModuleHooks {
   // update rule is unchanged). An evaluation pass (begin_step(false)), write_shards and
   // complete_update finish the pending update first. `delay` false runs this update
   // undelayed (fsdp.delayed_parameter_update_warmup_steps).
-  void update_shards(const std::function<void(int unit)>& write, bool delay = true);
+  using ShardWrite = std::function<void(int unit, const TensorView& compute_copy)>;
+  void update_shards(const ShardWrite& write, bool delay = true);
   // fsdp.delayed_parameter_update: waits for the pending update's writes and enqueues the
   // uploads of the units not yet uploaded, so the next pass uses the updated parameters
   // (what the trainer does before a checkpoint, so a resumed run equals the uninterrupted

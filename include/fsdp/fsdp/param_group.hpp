@@ -157,6 +157,14 @@ class FsdpParamGroup {
   // the resident upload it leaves due is enqueued by the next unshard (the thread that owns
   // the device's streams).
   void cast_host_copy();
+  // The host param_dtype copy ([shard_numel] bf16 or fp16 in ctx.sh's memory) that the
+  // uploads read, which an update may write in its own pass instead of the cast
+  // (Optimizer::step_shard's compute_copy); an empty view when the unit has none (not
+  // offloaded, or an fp32 param_dtype).
+  TensorView host_copy() const { return host_param_ ? host_param_.view() : TensorView{}; }
+  // cast_host_copy without the cast: the update wrote host_copy() itself. Leaves the
+  // resident upload due as cast_host_copy does.
+  void host_copy_written() { upload_due_ = static_cast<bool>(device_param_); }
 
   // ---- state (see TrainingState, ShardedState, GradState) ----
   TrainingState training_state() const { return training_; }

@@ -53,23 +53,13 @@ class Optimizer {
   // the caller) whose elements in `decayed` (sorted, disjoint, shard-local [begin, end))
   // take weight decay. Allocates its state (MemCategory::optimizer_state): the
   // optimizer_states(kind) tensors of n fp32 each, zero-initialised.
-  // compute_copy (optional; the default empty view is none): an [n] bf16 or fp16 view in the
-  // backend's memory, owned by the caller, that step() writes in the same pass as the update
-  // with the updated param rounded to nearest even: bit for bit what the backend's
-  // cast(compute_copy, param) writes after step(). With fsdp.cpu_offload and a 16-bit
-  // param_dtype it is the host shard's param_dtype copy (what is uploaded for the
-  // all-gather), and it replaces the engine's separate cast pass over the shard after each
-  // update (one pass over the shard instead of two: the host optimizer is memory bound).
-  // Throws fsdp::Error on another dtype or size.
   // runtime (optional; null: the optimizer's): the runtime whose memory holds param and grad,
   // where the shard's state is allocated and its updates run (FsdpEngine::shard_runtime(unit):
   // the host's for an offloaded unit, the device's for one fsdp.offload_optimizer_ratio keeps
   // there).
   void add_shard(const TensorView& param, const TensorView& grad,
-                 std::vector<ElementRange> decayed, TensorView compute_copy = {},
-                 DeviceRuntime* runtime = nullptr);
-  // One update of every registered shard with learning rate `lr` (and of its compute_copy,
-  // if it has one, in the same pass); the update count
+                 std::vector<ElementRange> decayed, DeviceRuntime* runtime = nullptr);
+  // One update of every registered shard with learning rate `lr`; the update count
   // (torch.optim's per-parameter `step`, used by AdamW's bias correction) advances by one.
   // A step skipped for overflow (fp16 loss scaling) does not call this, as GradScaler.
   // grad_scale (optional): an fp32 [1] scalar in the optimizer's runtime memory that the
@@ -81,8 +71,17 @@ class Optimizer {
   // begin_update() advances the update count once, then step_shard(i, lr, grad_scale) updates
   // shard i (registration order) as step() would. step() is begin_update() and every shard in
   // order. Throws fsdp::Error for an index that is not a registered shard.
+  // compute_copy (optional; the default empty view is none): an [n] bf16 or fp16 view in the
+  // shard runtime's memory that the update writes in its own pass with the updated param
+  // rounded to nearest even: bit for bit what the runtime's cast(compute_copy, param) writes
+  // after it. With offload and a 16-bit param_dtype it is the unit's host param_dtype copy
+  // (what is uploaded for the all-gather, FsdpEngine::update_shards' compute_copy): one pass
+  // over the shard instead of the update and then the engine's cast (the host step is memory
+  // bound: 30 bytes a parameter instead of 34; DeepSpeed's cpu_adam writes its fp16 copy the
+  // same way). Throws fsdp::Error on another dtype or size.
   void begin_update() { ++updates_; }
-  void step_shard(int index, double lr, const TensorView& grad_scale = {});
+  void step_shard(int index, double lr, const TensorView& grad_scale = {},
+                  const TensorView& compute_copy = {});
   // Updates applied so far (checkpointed; a resumed run sets it back).
   int64_t num_updates() const { return updates_; }
   void set_num_updates(int64_t n) { updates_ = n; }
@@ -102,7 +101,6 @@ class Optimizer {
   struct Shard {
     TensorView param, grad;
     std::vector<ElementRange> decayed;  // the segments with decay: one update per shard
-    TensorView compute_copy;            // bf16/fp16 copy written by the update, or none
     DeviceRuntime* rt;                  // where the shard, its state and its update live
     DeviceBuffer s0, s1;  // adamw: exp_avg, exp_avg_sq; sgd: momentum_buffer, (none)
   };
