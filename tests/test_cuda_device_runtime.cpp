@@ -9,13 +9,16 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_backend_pair.hpp"
@@ -116,6 +119,72 @@ TEST(CudaRuntime, PinnedHostAllocBothWays) {
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   }
   cuda::pinned_host_free(nullptr);
+}
+
+// FSDP_SMALL_READS=kernel: copy_to_host of at most 4096 bytes goes through one kernel into
+// mapped host memory (words or bytes), larger reads through cudaMemcpyAsync as before; both
+// return the device's bytes, an index error recorded on the device is raised by the read that
+// follows it (once) and by synchronize(), and another value of the variable is refused.
+TEST(CudaRuntime, KernelSmallReadsReturnTheDeviceBytesAndErrors) {
+  auto backend_with = [](const char* value) {
+    ::setenv("FSDP_SMALL_READS", value, 1);
+    std::unique_ptr<Backend> be;
+    std::string error;
+    try {
+      be = cuda::make_cuda_backend(0);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    ::unsetenv("FSDP_SMALL_READS");
+    return std::make_pair(std::move(be), error);
+  };
+  auto [be, error] = backend_with("kernel");
+  ASSERT_TRUE(be) << error;
+  std::mt19937 rng(5);
+  // bytes: empty, odd (the byte path), words, the limit, one past it, and a large read
+  for (const int64_t bytes : {0, 1, 3, 6, 8, 24, 264, 4095, 4096, 4097, 1 << 20}) {
+    SCOPED_TRACE(bytes);
+    Bytes want(static_cast<std::size_t>(bytes));
+    for (auto& b : want) b = static_cast<unsigned char>(rng());
+    DeviceBuffer buf(*be, DType::u8, bytes, MemCategory::other);
+    if (bytes > 0) be->copy_from_host(buf.view(), want.data());
+    Bytes got(static_cast<std::size_t>(bytes) + 1, 0xAB);  // one guard byte after
+    be->copy_to_host(got.data(), buf.view());
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()));
+    EXPECT_EQ(got.back(), 0xAB) << "wrote past the read";
+    if (bytes >= 8) {  // a read at an odd device address (the byte path)
+      Bytes tail(static_cast<std::size_t>(bytes - 1));
+      be->copy_to_host(tail.data(), TensorView(static_cast<unsigned char*>(buf.view().data) + 1,
+                                               DType::u8, {bytes - 1}));
+      EXPECT_TRUE(std::equal(want.begin() + 1, want.end(), tail.begin()));
+    }
+  }
+  // An index error: raised by the small read after the kernel that recorded it, then cleared.
+  DeviceBuffer tokens(*be, DType::i32, 3, MemCategory::other);
+  const int32_t bad[3] = {0, 7, 1};
+  be->copy_from_host(tokens.view(), bad);
+  DeviceBuffer wte = DeviceBuffer::floats(*be, 4 * 8, MemCategory::other);
+  DeviceBuffer wpe = DeviceBuffer::floats(*be, 3 * 8, MemCategory::other);
+  DeviceBuffer out = DeviceBuffer::floats(*be, 3 * 8, MemCategory::other);
+  be->fill_zero(wte.view());
+  be->fill_zero(wpe.view());
+  be->embedding_forward(out.view(), tokens.view(), wte.view(), wpe.view(), 1, 3, 8);
+  float first = -1;
+  try {
+    be->copy_to_host(&first, TensorView(out.view().data, DType::f32, {1}));
+    ADD_FAILURE() << "no error for token 7 of 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokens holds 7 at position 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(be->copy_to_host(&first, TensorView(out.view().data, DType::f32, {1})));
+  be->embedding_forward(out.view(), tokens.view(), wte.view(), wpe.view(), 1, 3, 8);
+  EXPECT_THROW(be->synchronize(), Error);  // fetch_device_error's kernel path
+  EXPECT_NO_THROW(be->synchronize());
+  // Another value is refused, naming the variable.
+  auto [refused, why] = backend_with("dma");
+  EXPECT_FALSE(refused);
+  EXPECT_NE(why.find("FSDP_SMALL_READS=dma"), std::string::npos) << why;
 }
 
 // ---------------------------------------------------------------------------------------

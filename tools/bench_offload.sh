@@ -33,6 +33,10 @@
 # backward). Each 7B line also gives MFU, the start-up line and the step split: forward,
 # backward, optimizer (the host step's exposed part: waits for its writes) and comm_wait (with
 # offload, the waits for the gradients' device-to-host copies at the step's end).
+# A mode with the suffix +kernel_reads (e.g. ratio+kernel_reads) runs with FSDP_SMALL_READS=
+# kernel: the step's small device-to-host reads (loss, norms, clip coefficient) through a
+# kernel into mapped host memory instead of the copy engines (cuda_backend.hpp), the A/B for
+# whether they wait behind the gradients' bulk copies.
 # PROFILE_STEP (6; empty: none) profiles that step of each 7B run (train.profile_steps): the
 # summary gets tools/profile_summary.py's tables (top kernels, the GPU's idle gaps charged to
 # what ended them, host ranges) and $OUT gets the gzipped trace, offload_<mode>.trace.json.gz
@@ -45,6 +49,9 @@ COST_ROUNDS="${COST_ROUNDS:-1}" ACCUM="${ACCUM:-32}" PARTS="${PARTS:-host 7b cos
 HOST_ELEMENTS="${HOST_ELEMENTS:-268435456}"
 PROFILE_STEP="${PROFILE_STEP-6}"
 MODES="${MODES:-offload_optimizer ratio delayed cpu_offload}" RATIO="${RATIO:-0}"
+reads() {  # $1 = a mode: FSDP_SMALL_READS's value for it (+kernel_reads: kernel)
+  [[ $1 == *+kernel_reads ]] && echo kernel || echo copy
+}
 keys() {  # $1 = none | cpu_offload | offload_optimizer | ratio | delayed: the keys' --set arguments
   echo "--set fsdp.cpu_offload=$([[ $1 == cpu_offload ]] && echo true || echo false)" \
        "--set fsdp.offload_optimizer=$([[ $1 == offload_optimizer || $1 == ratio || $1 == delayed ]] && echo true || echo false)" \
@@ -65,14 +72,15 @@ MD="$OUTDIR/bench_offload.md"
 : >"$MD"
 say() { echo "$*" | tee -a "$MD"; }
 
-train() {  # $1 = n_layer, $2 = none or a mode (keys); exit code, log in $WORK/log
+train() {  # $1 = n_layer, $2 = none or a mode (keys[+kernel_reads]); exit code, log in $WORK/log
   rm -rf "$WORK/run"
   local profile=()
   [[ -n $PROFILE_STEP && $2 != none && $PROFILE_STEP -le $STEPS ]] &&
     profile=(--set "train.profile_steps=[$PROFILE_STEP,$PROFILE_STEP]")
   # shellcheck disable=SC2046
-  in_ours timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" "$REPO/inputs/gpt_7b.toml" \
-    --set "model.n_layer=$1" $(keys "$2") --set "train.max_steps=$STEPS" "${profile[@]}" \
+  in_ours env FSDP_SMALL_READS="$(reads "$2")" timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none \
+    "$BIN" "$REPO/inputs/gpt_7b.toml" \
+    --set "model.n_layer=$1" $(keys "${2%+kernel_reads}") --set "train.max_steps=$STEPS" "${profile[@]}" \
     --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
 }
 PROFILE_SUMMARY="$REPO/tools/profile_summary.py"
@@ -100,7 +108,7 @@ for L in $N_LAYERS; do
     say "- n_layer $L with $MODE: refused by the plan ($(grep -m1 'memory plan:' "$WORK/log" | cut -c1-240))"
     continue
   fi
-  if [[ $rc == 2 && $MODE == ratio ]] && grep -q "memory plan: device" "$WORK/log"; then
+  if [[ $rc == 2 && ${MODE%+kernel_reads} == ratio ]] && grep -q "memory plan: device" "$WORK/log"; then
     say "- n_layer $L with offload_optimizer_ratio $RATIO: refused by the device's plan ($(grep -m1 'memory plan:' "$WORK/log" | cut -c1-240)); try a higher RATIO"
     break
   fi
@@ -113,9 +121,11 @@ for L in $N_LAYERS; do
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 timed = [r for r in rows if r["step"] > 3 and "tokens_per_sec" in r]
+base, kernel_reads = sys.argv[4].removesuffix("+kernel_reads"), sys.argv[4].endswith("+kernel_reads")
 mode = {"delayed": "offload_optimizer + delayed_parameter_update",
         "ratio": "offload_optimizer + offload_optimizer_ratio " + (
-            "auto" if float(sys.argv[5]) == 0 else sys.argv[5])}.get(sys.argv[4], sys.argv[4])
+            "auto" if float(sys.argv[5]) == 0 else sys.argv[5])}.get(base, base)
+mode += " (FSDP_SMALL_READS=kernel)" if kernel_reads else ""
 print("- n_layer %s with fsdp.%s: %d steps in %s s; median %.0f tok/s, MFU %.1f %% (steps 4..), step %.2f s "
       "(forward %.2f, backward %.2f, optimizer %.2f, comm_wait %.2f); device peak %.1f GiB, host peak %.1f GiB; "
       "loss %.4f -> %.4f" % (
@@ -131,9 +141,9 @@ PY
   grep -m1 "offload_optimizer_ratio = 0 (auto)" "$WORK/log" | sed 's/^/    /' | tee -a "$MD"
   trace="$WORK/run/profile/rank_0.trace.json"
   if [[ -f $trace && -f $PROFILE_SUMMARY ]]; then
-    say "    profile of step $PROFILE_STEP ($MODE; offload_$MODE.trace.json.gz):"
+    say "    profile of step $PROFILE_STEP ($MODE; offload_${MODE/+/_}.trace.json.gz):"
     python3 "$PROFILE_SUMMARY" "$trace" --top 12 --markdown --name-width 60 >>"$MD" 2>&1
-    gzip -c "$trace" >"$OUTDIR/offload_$MODE.trace.json.gz"
+    gzip -c "$trace" >"$OUTDIR/offload_${MODE/+/_}.trace.json.gz"
   fi
   grep -A18 "^memory plan per rank" "$WORK/log" | sed 's/^/    /' >>"$MD"
   [[ $MODE == "${MODES%% *}" ]] || break  # the refusal without offload: once
@@ -158,9 +168,10 @@ for ((r = 1; r <= COST_ROUNDS; r++)); do
   for off in none $MODES; do
     rm -rf "$WORK/run"
     # shellcheck disable=SC2046
-    in_ours timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none "$BIN" "$WORK/1.5b.toml" \
+    in_ours env FSDP_SMALL_READS="$(reads "$off")" timeout -k 10 "$RUN_TIMEOUT" \
+      mpirun -np 1 --bind-to none "$BIN" "$WORK/1.5b.toml" \
       --set "train.global_batch_size=$((4 * A))" --set train.micro_batch_size=4 \
-      $(keys "$off") --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
+      $(keys "${off%+kernel_reads}") --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
     rc=$?
     if [[ $rc != 0 ]]; then
       say "- round $r offload=$off: FAILED (exit $rc): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"

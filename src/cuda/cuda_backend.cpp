@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -356,7 +357,20 @@ class CudaBackend final : public Backend {
   // them off (the unfused kernels: an A/B in one binary).
   bool epilogues_ = true;
   k::DeviceError* dev_error_ = nullptr;   // device memory
-  k::DeviceError* host_error_ = nullptr;  // pinned host mirror
+  k::DeviceError* host_error_ = nullptr;  // pinned host mirror (mapped for kernel reads)
+  // FSDP_SMALL_READS=kernel (default "copy"): copy_to_host of at most kSmallRead bytes, and
+  // the device error word, are read by k::read_to_mapped (the SMs store into mapped host
+  // memory) instead of cudaMemcpyAsync, whose copy engine may serve the reduction stream's
+  // bulk gradient copies first (issue 31: the step's norm, clip and loss reads behind the
+  // offloaded gradients' device-to-host copies). An A/B in one binary, as FSDP_GEMM_EPILOGUES.
+  static constexpr int64_t kSmallRead = 4096;
+  bool kernel_reads_ = false;
+  struct FreePinned {
+    void operator()(void* p) const { cudaFreeHost(p); }
+  };
+  std::unique_ptr<void, FreePinned> small_read_;  // kSmallRead bytes, mapped (kernel reads)
+  void* small_read_dev_ = nullptr;                 // its device address
+  k::DeviceError* host_error_dev_ = nullptr;       // host_error_'s device address
   bool capturing_ = false;                // inside capture_graph's enqueue
   struct ArenaChunk {
     std::unique_ptr<void, void (*)(void*)> ptr;  // raw_free, after the dtor synchronised stream_
@@ -372,10 +386,29 @@ CudaBackend::CudaBackend(int device)
       alloc_(raw_alloc, raw_free, memory_),
       blas_(stream_.handle()) {
   if (const char* e = std::getenv("FSDP_GEMM_EPILOGUES")) epilogues_ = std::string(e) != "0";
+  if (const char* r = std::getenv("FSDP_SMALL_READS")) {
+    const std::string v(r);
+    if (v != "kernel" && v != "copy") {
+      throw Error("FSDP_SMALL_READS=" + v + " (expected kernel or copy)");
+    }
+    kernel_reads_ = v == "kernel";
+  }
   try {
     FSDP_CHECK_CUDA(cudaMalloc(&dev_error_, sizeof(k::DeviceError)));
-    FSDP_CHECK_CUDA(cudaMallocHost(&host_error_, sizeof(k::DeviceError)));
+    void* mirror = nullptr;
+    FSDP_CHECK_CUDA(cudaHostAlloc(&mirror, sizeof(k::DeviceError),
+                                  kernel_reads_ ? cudaHostAllocMapped : cudaHostAllocDefault));
+    host_error_ = static_cast<k::DeviceError*>(mirror);
     *host_error_ = k::DeviceError{};
+    if (kernel_reads_) {
+      void* p = nullptr;
+      FSDP_CHECK_CUDA(cudaHostAlloc(&p, kSmallRead, cudaHostAllocMapped));
+      small_read_.reset(p);
+      FSDP_CHECK_CUDA(cudaHostGetDevicePointer(&small_read_dev_, p, 0));
+      void* e = nullptr;
+      FSDP_CHECK_CUDA(cudaHostGetDevicePointer(&e, host_error_, 0));
+      host_error_dev_ = static_cast<k::DeviceError*>(e);
+    }
     FSDP_CHECK_CUDA(cudaMemsetAsync(dev_error_, 0, sizeof(k::DeviceError), s()));
     FSDP_CHECK_CUDA(cudaStreamSynchronize(s()));
   } catch (...) {
@@ -536,6 +569,14 @@ void CudaBackend::cast(const TensorView& dst, const TensorView& src) {
 
 void CudaBackend::copy_to_host(void* host_dst, const TensorView& src) {
   Chk::copy_to_host(src);
+  const auto bytes = static_cast<int64_t>(src.bytes());
+  if (kernel_reads_ && bytes <= kSmallRead) {  // the value and the error word in one kernel
+    k::read_to_mapped(small_read_dev_, src.data, bytes, host_error_dev_, dev_error_, s());
+    FSDP_CHECK_CUDA(cudaStreamSynchronize(s()));
+    if (bytes > 0) std::memcpy(host_dst, small_read_.get(), static_cast<std::size_t>(bytes));
+    raise_device_error();
+    return;
+  }
   if (src.bytes()) {
     FSDP_CHECK_CUDA(cudaMemcpyAsync(host_dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, s()));
   }
@@ -575,6 +616,10 @@ void CudaBackend::synchronize() {
 }
 
 void CudaBackend::fetch_device_error() {
+  if (kernel_reads_) {
+    k::read_to_mapped(nullptr, nullptr, 0, host_error_dev_, dev_error_, s());
+    return;
+  }
   FSDP_CHECK_CUDA(cudaMemcpyAsync(host_error_, dev_error_, sizeof(k::DeviceError),
                                   cudaMemcpyDeviceToHost, s()));
 }

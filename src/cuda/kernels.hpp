@@ -76,6 +76,15 @@ struct DeviceError {
 // [0, bound) (and, with allow_ignore, not kIgnoreTarget), unless *err already holds an error.
 void check_indices(const int32_t* idx, int64_t n, int64_t bound, int code, DeviceError* err,
                    cudaStream_t s, bool allow_ignore = false);
+// A small device-to-host read without the copy engines: one block stores `bytes` bytes of
+// `src` (device memory) into `dst` and *err into *err_dst (skipped where err_dst is null),
+// both the device addresses of page-locked, mapped host memory (cudaHostGetDevicePointer).
+// The stores are the SMs' own writes over PCIe, so the read does not queue behind bulk
+// cudaMemcpyAsync transfers on other streams that a copy engine serves first. Visible to
+// the host once the stream has synchronised. bytes >= 0 (4-byte words when both addresses
+// and the size allow, else bytes).
+void read_to_mapped(void* dst, const void* src, int64_t bytes, DeviceError* err_dst,
+                    const DeviceError* err, cudaStream_t s);
 
 // ---- elementwise (kernels_elementwise.cu) ----
 void cast(Out dst, In src, int64_t n, cudaStream_t s);     // any of f32/f64/bf16/f16 to any

@@ -14,6 +14,7 @@
 // in 2 launches); add_bias_residual reads h and residual, writes h (3 R C s; add_bias + add:
 // 5 R C s in 2 launches); check_indices reads n int32 in one block.
 #include <climits>
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels_common.cuh"
@@ -489,6 +490,28 @@ void bias_gelu_forward(Out out, Out fc, In bias, int64_t R, int64_t C, cudaStrea
 void unscale_and_check(float* x, float inv_scale, int64_t n, double* found_inf, cudaStream_t s) {
   if (n <= 0) return;
   unscale_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, inv_scale, n, found_inf);
+  FSDP_CHECK_LAUNCH();
+}
+
+__global__ void read_to_mapped_kernel(void* dst, const void* src, int64_t bytes, bool words,
+                                      DeviceError* err_dst, const DeviceError* err) {
+  if (words) {
+    auto* d = static_cast<uint32_t*>(dst);
+    const auto* x = static_cast<const uint32_t*>(src);
+    for (int64_t i = threadIdx.x; i < bytes / 4; i += blockDim.x) d[i] = x[i];
+  } else {
+    auto* d = static_cast<unsigned char*>(dst);
+    const auto* x = static_cast<const unsigned char*>(src);
+    for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) d[i] = x[i];
+  }
+  if (err_dst != nullptr && threadIdx.x == 0) *err_dst = *err;
+}
+
+void read_to_mapped(void* dst, const void* src, int64_t bytes, DeviceError* err_dst,
+                    const DeviceError* err, cudaStream_t s) {
+  const bool words = bytes % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 4 == 0 &&
+                     reinterpret_cast<uintptr_t>(src) % 4 == 0;
+  read_to_mapped_kernel<<<1, 256, 0, s>>>(dst, src, bytes, words, err_dst, err);
   FSDP_CHECK_LAUNCH();
 }
 

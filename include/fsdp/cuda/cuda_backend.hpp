@@ -16,6 +16,14 @@
 //    of range is recorded by the kernel (which skips it) and reported as fsdp::Error by the
 //    next synchronize() or copy_to_host(), naming the kernel, the position and the value.
 //
+// The environment, read once by the constructor (A/Bs in one binary):
+//  - FSDP_GEMM_EPILOGUES=0: cuBLASLt's fused bias / GELU epilogues off (unfused kernels);
+//  - FSDP_SMALL_READS=kernel|copy (default copy): with `kernel`, copy_to_host of at most
+//    4096 bytes (a step's loss, norms, clip coefficient, overflow flag) and the error word
+//    are read by one kernel storing into mapped page-locked memory instead of
+//    cudaMemcpyAsync, so they cannot queue behind another stream's bulk device-to-host
+//    copies in a copy engine (offload's gradients). Another value throws fsdp::Error.
+//
 // Determinism: no kernel uses floating-point atomics; every reduction (bias and LayerNorm
 // parameter gradients, embedding gradients, squared norms, losses) has a fixed order that
 // depends on the shapes only, so a step's results are bitwise repeatable on one GPU model.
@@ -30,7 +38,8 @@
 namespace fsdp::cuda {
 
 // The backend on device `device_ordinal` (cudaSetDevice on the calling thread, which must
-// be the thread that drives the backend). Throws fsdp::Error if the device cannot be used.
+// be the thread that drives the backend). Throws fsdp::Error if the device cannot be used
+// or FSDP_SMALL_READS holds neither kernel nor copy.
 std::unique_ptr<Backend> make_cuda_backend(int device_ordinal);
 
 }  // namespace fsdp::cuda
