@@ -2,7 +2,8 @@
 # Installs every Debian package fsdp_train needs to build, test and run its main job.
 # Idempotent: packages already installed are left alone, and apt-get runs only if needed.
 #   tools/install_deps.sh          build + test + main-job packages
-#   tools/install_deps.sh --bench  also python3-torch for tools/bench_cpu.sh
+#   tools/install_deps.sh --bench  the same (python3-torch, which tools/bench_cpu.sh needs, is
+#                                  now a test package; the flag is kept for its callers)
 set -euo pipefail
 
 packages=(
@@ -15,12 +16,14 @@ packages=(
   libsentencepiece-dev sentencepiece    # fsdp_prepare --tokenizer (SentencePiece; spm_train for tests)
   python3-sentencepiece                 # tests: the Python encoder cross-checks fsdp_prepare's ids
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
+  python3-torch                         # tests: tools_hf_check_reference (the float64 torch
+                                        # models read fsdp_merge's files) and tools_bench_shapes'
+                                        # Llama check; without it they skip (exit 77 / a part)
   python3-matplotlib                    # tools/plot_run.py (the main job's plot; its test)
   clang libclang-rt-14-dev              # tests/fuzz_safetensors.sh (clang++, libFuzzer + ASan runtime)
   fortunes                              # the main job's text corpus
   wordnet-base                          # the T5 main job's seq2seq pairs (tools/prepare_wordnet.sh)
 )
-if [[ "${1:-}" == "--bench" ]]; then packages+=(python3-torch); fi
 
 missing=()
 for p in "${packages[@]}"; do
