@@ -14,8 +14,8 @@ bench_torch_gpu.py's FLOPs per token. This checks, without a GPU, for each model
      checked against that count on the GPU, is fsdp_train's), and its banner's model FLOPs per
      token (ModelFamily::train_flops_per_sample, printed to 3 significant digits) equal
      `--describe`'s within that rounding;
-  3. Llama only, where torch is importable (Debian's python3-torch 1.13 will do; skipped with
-     a note otherwise): bench_torch_gpu.py's plain PyTorch Llama (`--impl plain`) computes
+  3. Llama only, with torch (Debian's python3-torch 1.13 will do; tools/install_deps.sh
+     installs it, and without it this check fails, naming the package): bench_torch_gpu.py's plain PyTorch Llama (`--impl plain`) computes
      tools/llama_reference.py's LlamaForCausalLM (float64, written from HF's modeling_llama.py)
      on that script's tiny seeded cases -- GQA / MQA, tied / untied, llama3 / default RoPE,
      with and without biases -- with the same HF state-dict names (load_state_dict strict), the
@@ -162,7 +162,8 @@ def check_plain_llama(bench, bad):
         sys.path.insert(0, TOOLS)
         import llama_reference
     except ImportError as e:
-        print("plain Llama    against tools/llama_reference.py: skipped (%s in %s)" % (e, sys.executable))
+        bad.append("plain Llama against tools/llama_reference.py cannot run: %s in %s "
+                   "(install python3-torch: tools/install_deps.sh)" % (e, sys.executable))
         return
     if bench.torch is None:
         bad.append("bench_torch_gpu.py did not import torch although %s has it" % sys.executable)
