@@ -52,11 +52,12 @@ MODES="${MODES:-offload_optimizer ratio delayed cpu_offload}" RATIO="${RATIO:-0}
 reads() {  # $1 = a mode: FSDP_SMALL_READS's value for it (+kernel_reads: kernel)
   [[ $1 == *+kernel_reads ]] && echo kernel || echo copy
 }
-keys() {  # $1 = none | cpu_offload | offload_optimizer | ratio | delayed: the keys' --set arguments
-  echo "--set fsdp.cpu_offload=$([[ $1 == cpu_offload ]] && echo true || echo false)" \
-       "--set fsdp.offload_optimizer=$([[ $1 == offload_optimizer || $1 == ratio || $1 == delayed ]] && echo true || echo false)" \
-       "--set fsdp.offload_optimizer_ratio=$([[ $1 == ratio ]] && echo "$RATIO" || echo 1)" \
-       "--set fsdp.delayed_parameter_update=$([[ $1 == delayed ]] && echo true || echo false)"
+keys() {  # $1 = none | cpu_offload | offload_optimizer | ratio | delayed [+kernel_reads]: the keys' --set arguments
+  local m=${1%+kernel_reads}
+  echo "--set fsdp.cpu_offload=$([[ $m == cpu_offload ]] && echo true || echo false)" \
+       "--set fsdp.offload_optimizer=$([[ $m == offload_optimizer || $m == ratio || $m == delayed ]] && echo true || echo false)" \
+       "--set fsdp.offload_optimizer_ratio=$([[ $m == ratio ]] && echo "$RATIO" || echo 1)" \
+       "--set fsdp.delayed_parameter_update=$([[ $m == delayed ]] && echo true || echo false)"
 }
 BUNDLE="${FSDP_BUNDLE:-$REPO/gpu_bundle}"
 if [[ -f "$BUNDLE/env.sh" ]]; then
@@ -80,7 +81,7 @@ train() {  # $1 = n_layer, $2 = none or a mode (keys[+kernel_reads]); exit code,
   # shellcheck disable=SC2046
   in_ours env FSDP_SMALL_READS="$(reads "$2")" timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none \
     "$BIN" "$REPO/inputs/gpt_7b.toml" \
-    --set "model.n_layer=$1" $(keys "${2%+kernel_reads}") --set "train.max_steps=$STEPS" "${profile[@]}" \
+    --set "model.n_layer=$1" $(keys "$2") --set "train.max_steps=$STEPS" "${profile[@]}" \
     --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
 }
 PROFILE_SUMMARY="$REPO/tools/profile_summary.py"
@@ -171,7 +172,7 @@ for ((r = 1; r <= COST_ROUNDS; r++)); do
     in_ours env FSDP_SMALL_READS="$(reads "$off")" timeout -k 10 "$RUN_TIMEOUT" \
       mpirun -np 1 --bind-to none "$BIN" "$WORK/1.5b.toml" \
       --set "train.global_batch_size=$((4 * A))" --set train.micro_batch_size=4 \
-      $(keys "${off%+kernel_reads}") --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
+      $(keys "$off") --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
     rc=$?
     if [[ $rc != 0 ]]; then
       say "- round $r offload=$off: FAILED (exit $rc): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"

@@ -308,13 +308,8 @@ void FsdpEngine::update_shards(const ShardWrite& write, bool delay) {
     for (const int u : order) {
       try {
         wait_landed(u);  // its gradient copy (main thread: untouched until u is written)
-        const TensorView copy = unit(u).host_copy();
-        write(u, copy);
-        if (copy) {
-          unit(u).host_copy_written();
-        } else {
-          unit(u).cast_host_copy();  // an fp32 param_dtype: no copy to write
-        }
+        write(u, unit(u).host_copy());  // fills the copy, if the unit has one
+        unit(u).host_copy_written();
         unit(u).discard_grad_shard();  // the next reduction's first copy overwrites it
       } catch (...) {
         const std::lock_guard<std::mutex> lock(w->mutex);

@@ -99,13 +99,9 @@ void FsdpParamGroup::init_shard(uint64_t seed) {
 }
 
 void FsdpParamGroup::refresh_copies() {
-  cast_host_copy();
-  upload_resident();
-}
-
-void FsdpParamGroup::cast_host_copy() {
   if (host_param_) ctx_.sh->cast(host_param_.view(), shard_param_.view());
   host_copy_written();
+  upload_resident();
 }
 
 void FsdpParamGroup::upload_resident() {
@@ -214,7 +210,7 @@ void FsdpParamGroup::unshard(bool host_copy_ready, bool refresh) {
   Stream& compute = ctx_.be->compute_stream();
   AllGatherResult r;
   if (ctx_.resident) {  // gathered from the device shard, once its refresh has landed
-    if (refresh) upload_resident();  // a cast on the host thread left it due (update_shards)
+    if (refresh) upload_resident();  // update_shards' host thread left it due
     if (uploaded_) {
       compute.wait(*uploaded_);
       uploaded_.reset();

@@ -153,17 +153,14 @@ class FsdpParamGroup {
   // it); the next unshard's compute stream waits for that upload. The caller makes sure no
   // upload still reads the host copy. No-op without offload.
   void refresh_copies();
-  // refresh_copies' host half: the cast, no device call, so another host thread may run it;
-  // the resident upload it leaves due is enqueued by the next unshard (the thread that owns
-  // the device's streams).
-  void cast_host_copy();
   // The host param_dtype copy ([shard_numel] bf16 or fp16 in ctx.sh's memory) that the
-  // uploads read, which an update may write in its own pass instead of the cast
+  // uploads read, which an update writes in its own pass instead of a cast
   // (Optimizer::step_shard's compute_copy); an empty view when the unit has none (not
   // offloaded, or an fp32 param_dtype).
   TensorView host_copy() const { return host_param_ ? host_param_.view() : TensorView{}; }
-  // cast_host_copy without the cast: the update wrote host_copy() itself. Leaves the
-  // resident upload due as cast_host_copy does.
+  // refresh_copies' host half after an update that wrote host_copy() itself (or where there
+  // is none): no device call, so update_shards' host thread runs it; the resident upload it
+  // leaves due is enqueued by the next unshard (the thread that owns the device's streams).
   void host_copy_written() { upload_due_ = static_cast<bool>(device_param_); }
 
   // ---- state (see TrainingState, ShardedState, GradState) ----
@@ -230,9 +227,9 @@ class FsdpParamGroup {
   // place) into the accumulator or shard on the compute stream.
   void finish_reduction();
   // refresh_copies' device half (offload_optimizer): the upload of the host copy into the
-  // device shard on the copy stream, after the compute stream's work so far, if a cast since
-  // the last one left it due; nothing otherwise. Main thread only (it reads what the host
-  // thread's cast wrote: the engine waits for that write first).
+  // device shard on the copy stream, after the compute stream's work so far, if a refresh or
+  // an update since the last one left it due; nothing otherwise. Main thread only (it reads
+  // what the host thread's update wrote: the engine waits for that write first).
   void upload_resident();
   // Offload (ctx.device_norms): when the gradient shard is exactly what the device copied
   // across (the local accumulator's landing, nothing added since), `value` = its squared
@@ -295,7 +292,7 @@ class FsdpParamGroup {
   // MemCategory::sharded_params; `uploaded` completes when the last refresh has landed.
   DeviceBuffer device_param_;
   std::shared_ptr<Event> uploaded_;
-  bool upload_due_ = false;  // resident: cast_host_copy ran since the last upload
+  bool upload_due_ = false;  // resident: the host copy changed since the last upload
   // cpu_offload between gradient accumulation boundaries: the reduced gradients of the
   // step's micro-batches so far, fp32 [shard_numel] on the device (MemCategory::grads).
   DeviceBuffer grad_acc_;
