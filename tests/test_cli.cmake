@@ -5,13 +5,33 @@
 # checks the watchdog. Included by tests/CMakeLists.txt.
 set(FSDP_CLI_ARGS $<TARGET_FILE:fsdp_train> $<TARGET_FILE:fsdp_prepare> ${MPIEXEC_EXECUTABLE})
 
-# fsdp_cli_tests(SCRIPT PREFIX NP CASE...): one ctest PREFIX_CASE per case of tests/cli/SCRIPT.sh.
+# fsdp_cli_tests(SCRIPT PREFIX NP CASE... [ENV VAR=VALUE...] [SKIP_RETURN_CODE CODE]
+#                [MPIRUN_TEARDOWN]): one ctest PREFIX_CASE per case of tests/cli/SCRIPT.sh, on
+# NP processors, with FSDP_TEST_ENV plus the ENV entries. SKIP_RETURN_CODE: the code with which
+# a case says it cannot run here (77: no mount, no spm_train), reported as not run.
+#
+# mpirun waits odls_base_sigkill_timeout (Open MPI's default: 1 s) before it ends a job in
+# which a rank exited non-zero, even when every rank has already exited (mpirun -np 2 of a
+# program whose ranks call MPI_Finalize and return 2: 1.8 s, 0.8 s with the timeout 0). A run
+# that fails through the agreed error path ends that way: every rank prints or not, calls
+# MPI_Finalize and exits by itself, so the wait only costs time, and the cases set it to 0
+# (cli_bad_input, cli_integrity and cli_profile: 143 s -> 61 s). MPIRUN_TEARDOWN keeps the
+# default for scripts whose runs mpirun itself ends (SIGTERM to the survivors, SIGKILL after
+# that timeout): the teardown users get is what they test.
 function(fsdp_cli_tests SCRIPT PREFIX NP)
-  foreach(case IN LISTS ARGN)
+  cmake_parse_arguments(C "MPIRUN_TEARDOWN" "SKIP_RETURN_CODE" "ENV" ${ARGN})
+  set(env ${FSDP_TEST_ENV} ${C_ENV})
+  if(NOT C_MPIRUN_TEARDOWN)
+    list(APPEND env OMPI_MCA_odls_base_sigkill_timeout=0)
+  endif()
+  foreach(case IN LISTS C_UNPARSED_ARGUMENTS)
     add_test(NAME ${PREFIX}_${case}
              COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/${SCRIPT}.sh ${FSDP_CLI_ARGS} ${case})
-    set_tests_properties(${PREFIX}_${case} PROPERTIES ENVIRONMENT "${FSDP_TEST_ENV}"
+    set_tests_properties(${PREFIX}_${case} PROPERTIES ENVIRONMENT "${env}"
                          LABELS "cpu;cli" TIMEOUT 300 PROCESSORS ${NP})
+    if(DEFINED C_SKIP_RETURN_CODE)
+      set_tests_properties(${PREFIX}_${case} PROPERTIES SKIP_RETURN_CODE ${C_SKIP_RETURN_CODE})
+    endif()
   endforeach()
 endfunction()
 
@@ -36,28 +56,21 @@ fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_inp
 # fsdp_prepare --tokenizer (SentencePiece) and --token-file (llm.c, nanoGPT), and training on
 # their files (tests/cli/tokenizers.sh). spm_train (Debian package sentencepiece) trains the
 # models: exit 77 (skipped) without it.
-set(FSDP_TOKENIZER_CASES sentencepiece_ok sentencepiece_errors token_files_ok token_files_errors train)
-fsdp_cli_tests(tokenizers cli_tokenizers 2 ${FSDP_TOKENIZER_CASES})
-foreach(case IN LISTS FSDP_TOKENIZER_CASES)
-  set_tests_properties(cli_tokenizers_${case} PROPERTIES SKIP_RETURN_CODE 77)
-endforeach()
+fsdp_cli_tests(tokenizers cli_tokenizers 2 sentencepiece_ok sentencepiece_errors token_files_ok
+  token_files_errors train SKIP_RETURN_CODE 77)
 # A small tmpfs as train.run_dir: needs root and mount; exit 77 (skipped) otherwise.
-fsdp_cli_tests(disk_full cli_disk_full 2 save_enospc save_enospc_async metrics_enospc)
-set_tests_properties(cli_disk_full_save_enospc cli_disk_full_save_enospc_async cli_disk_full_metrics_enospc
-                     PROPERTIES SKIP_RETURN_CODE 77)
+fsdp_cli_tests(disk_full cli_disk_full 2 save_enospc save_enospc_async metrics_enospc
+  SKIP_RETURN_CODE 77)
 # checkpoint.async_save (tests/cli/async_save.sh): same bytes as synchronous saves, SIGKILL
 # while a background write is in flight.
-fsdp_cli_tests(async_save cli_async_save 2 same_as_sync sigkill_during_write signal_with_save_in_flight)
-foreach(case same_as_sync sigkill_during_write signal_with_save_in_flight)
-  set_tests_properties(cli_async_save_${case} PROPERTIES ENVIRONMENT
-    "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>")
-endforeach()
+fsdp_cli_tests(async_save cli_async_save 2 same_as_sync sigkill_during_write signal_with_save_in_flight
+  ENV FSDP_MERGE=$<TARGET_FILE:fsdp_merge> MPIRUN_TEARDOWN)
 fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_stops_async diverge_skips
   memory_too_large memory_too_large_offload)
 fsdp_cli_tests(signals cli_signals 2
   sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun sigusr1_mpirun second_sigint_exits_now sigstop_rank
   sigkill_rank sigusr1_offload
-  sigusr1_offload_optimizer sigusr1_delayed_update)
+  sigusr1_offload_optimizer sigusr1_delayed_update MPIRUN_TEARDOWN)
 
 # Checkpoint integrity (tests/cli/integrity.sh): corrupted, mixed-step, mixed-run and
 # incompatible checkpoints. fsdp_h5_poke edits HDF5 attributes, finds dataset offsets and
@@ -70,22 +83,13 @@ target_link_libraries(fsdp_h5_poke PRIVATE hdf5::hdf5 fsdp::checkpoint)
 set(FSDP_INTEGRITY_CASES shard_from_other_step flipped_byte resume_changed_key bad_step_attr
     max_steps_below garbage_latest shard_from_other_run run_id_kept_on_resume tampered_metadata
     merge_into_checkpoints)
-fsdp_cli_tests(integrity cli_integrity 2 ${FSDP_INTEGRITY_CASES})
-foreach(case IN LISTS FSDP_INTEGRITY_CASES)
-  set_tests_properties(cli_integrity_${case} PROPERTIES ENVIRONMENT
-    "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>;FSDP_H5_POKE=$<TARGET_FILE:fsdp_h5_poke>")
-endforeach()
+fsdp_cli_tests(integrity cli_integrity 2 ${FSDP_INTEGRITY_CASES}
+  ENV FSDP_MERGE=$<TARGET_FILE:fsdp_merge> FSDP_H5_POKE=$<TARGET_FILE:fsdp_h5_poke>)
 
 # The merged model's loss is the trainer's (tests/cli/merge_loss.sh; check_merge.py's numpy GPT-2).
-fsdp_cli_tests(merge_loss cli_merge_loss 2 gpt2 llama)
-foreach(case gpt2 llama)
-  set_tests_properties(cli_merge_loss_${case} PROPERTIES ENVIRONMENT
-    "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>;FSDP_TEST_PYTHON=${FSDP_TEST_PYTHON}")
-endforeach()
+fsdp_cli_tests(merge_loss cli_merge_loss 2 gpt2 llama
+  ENV FSDP_MERGE=$<TARGET_FILE:fsdp_merge> FSDP_TEST_PYTHON=${FSDP_TEST_PYTHON})
 
 # Resume on another world size or mesh (tests/cli/reshard.sh): phases under mpirun -np 4, 2, 1.
-fsdp_cli_tests(reshard cli_reshard 4 np_4_2_1_4 hybrid_to_full)
-foreach(case np_4_2_1_4 hybrid_to_full)
-  set_tests_properties(cli_reshard_${case} PROPERTIES ENVIRONMENT
-    "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>")
-endforeach()
+fsdp_cli_tests(reshard cli_reshard 4 np_4_2_1_4 hybrid_to_full
+  ENV FSDP_MERGE=$<TARGET_FILE:fsdp_merge>)

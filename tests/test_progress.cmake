@@ -4,9 +4,4 @@
 fsdp_add_test(test_progress SOURCES test_progress.cpp LIBS fsdp NP 1)
 # tests/cli/progress.sh: under a pseudo-terminal (`script`) the tools draw the line; piped
 # they print exactly what they printed before.
-set(FSDP_PROGRESS_CASES prepare_tty merge_tty)
-fsdp_cli_tests(progress cli_progress 2 ${FSDP_PROGRESS_CASES})
-foreach(case IN LISTS FSDP_PROGRESS_CASES)
-  set_tests_properties(cli_progress_${case} PROPERTIES ENVIRONMENT
-    "${FSDP_TEST_ENV};FSDP_MERGE=$<TARGET_FILE:fsdp_merge>")
-endforeach()
+fsdp_cli_tests(progress cli_progress 2 prepare_tty merge_tty ENV FSDP_MERGE=$<TARGET_FILE:fsdp_merge>)
