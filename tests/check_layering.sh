@@ -110,8 +110,10 @@ for layer in $layers; do
     [[ -z $hit ]] && continue
     file=${hit%%:*} rest=${hit#*:}
     line=${rest%%:*} text=${rest#*:}
-    header=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^>"]*)[>"].*/\1/' <<<"$text")
-    other=$(cut -d/ -f2 <<<"$header")
+    # bash's own matching, no sed/cut per line: forking two processes for each of ~1000
+    # includes took 12 of the check's 13 s.
+    [[ $text =~ include[[:space:]]*[\<\"]([^\>\"]*) ]] && header=${BASH_REMATCH[1]}
+    other=${header#*/} other=${other%%/*}
     [[ $other == "$layer" ]] && continue
     if [[ -z ${is_layer[$other]:-} ]]; then
       bad "$(rel "$file"):$line: includes $header: fsdp/$other/ is no layer of CMakeLists.txt"
