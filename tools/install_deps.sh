@@ -17,8 +17,8 @@ packages=(
   python3-sentencepiece                 # tests: the Python encoder cross-checks fsdp_prepare's ids
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
   python3-torch                         # tests: tools_hf_check_reference (the float64 torch
-                                        # models read fsdp_merge's files) and tools_bench_shapes'
-                                        # Llama check; without it they skip (exit 77 / a part)
+                                        # models read fsdp_merge's files; exit 77 without it) and
+                                        # tools_bench_shapes' Llama check (fails without it)
   python3-matplotlib                    # tools/plot_run.py (the main job's plot; its test)
   clang libclang-rt-14-dev              # tests/fuzz_safetensors.sh (clang++, libFuzzer + ASan runtime)
   fortunes                              # the main job's text corpus
