@@ -14,10 +14,11 @@ set(FSDP_CLI_ARGS $<TARGET_FILE:fsdp_train> $<TARGET_FILE:fsdp_prepare> ${MPIEXE
 # which a rank exited non-zero, even when every rank has already exited (mpirun -np 2 of a
 # program whose ranks call MPI_Finalize and return 2: 1.8 s, 0.8 s with the timeout 0). A run
 # that fails through the agreed error path ends that way: every rank prints or not, calls
-# MPI_Finalize and exits by itself, so the wait only costs time, and the cases set it to 0
-# (cli_bad_input, cli_integrity and cli_profile: 143 s -> 61 s). MPIRUN_TEARDOWN keeps the
-# default for scripts whose runs mpirun itself ends (SIGTERM to the survivors, SIGKILL after
-# that timeout): the teardown users get is what they test.
+# MPI_Finalize and exits by itself, so the wait only costs time: the cases run with it 0
+# (cli_bad_input, cli_integrity and cli_profile: 143 s -> 61 s; a run that a rank's abort
+# ends instead sees its survivors killed at once, never later than with the default). MPIRUN_TEARDOWN keeps the
+# default for scripts whose runs mpirun itself ends (SIGCONT, SIGTERM, SIGKILL, that timeout
+# apart: docs/checkpoint.md "Signals"): the teardown users get is what they test.
 function(fsdp_cli_tests SCRIPT PREFIX NP)
   cmake_parse_arguments(C "MPIRUN_TEARDOWN" "SKIP_RETURN_CODE" "ENV" ${ARGN})
   set(env ${FSDP_TEST_ENV} ${C_ENV})
