@@ -53,7 +53,7 @@ fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused 
 # A read-only tmpfs: needs root and mount; exit 77 (skipped) otherwise.
 set_tests_properties(cli_run_dir_checkpoints_read_only_fs PROPERTIES SKIP_RETURN_CODE 77)
 fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_input_dir fifo_input
-  fifo_data_path group_not_dataset corrupted_header)
+  fifo_data_path group_not_dataset corrupted_header concurrent_output)
 # fsdp_prepare --tokenizer (SentencePiece) and --token-file (llm.c, nanoGPT), and training on
 # their files (tests/cli/tokenizers.sh). spm_train (Debian package sentencepiece) trains the
 # models: exit 77 (skipped) without it.
@@ -83,7 +83,7 @@ add_executable(fsdp_h5_poke cli/h5_poke.cpp)
 target_link_libraries(fsdp_h5_poke PRIVATE hdf5::hdf5 fsdp::checkpoint)
 set(FSDP_INTEGRITY_CASES shard_from_other_step flipped_byte resume_changed_key bad_step_attr
     max_steps_below garbage_latest shard_from_other_run run_id_kept_on_resume tampered_metadata
-    merge_into_checkpoints)
+    merge_into_checkpoints merge_concurrent)
 fsdp_cli_tests(integrity cli_integrity 2 ${FSDP_INTEGRITY_CASES}
   ENV FSDP_MERGE=$<TARGET_FILE:fsdp_merge> FSDP_H5_POKE=$<TARGET_FILE:fsdp_h5_poke>)
 

@@ -12,6 +12,7 @@
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/output_lock.hpp"
 #include "fsdp/core/progress.hpp"
 #include "fsdp/model/model.hpp"
 
@@ -148,6 +149,12 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw InputError(out_dir + ": cannot create output directory: " + ec.message());
+  // One merge into out_dir at a time (a second one would remove this one's files as stale):
+  // the lock file is out_dir's sibling "<out_dir>.lock", whatever trailing separators the
+  // argument has, so no file of the Hugging Face directory is added.
+  std::string locked = out_dir;
+  while (locked.size() > 1 && locked.back() == '/') locked.pop_back();
+  const OutputLock lock(locked, "OUT_DIR");
 
   MergeStats stats;
   if (progress) {

@@ -14,6 +14,7 @@
 
 #include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/output_lock.hpp"
 #include "fsdp/core/progress.hpp"
 #include "fsdp/h5/hdf5.hpp"
 
@@ -119,6 +120,16 @@ void check_output_folder(const std::string& out) {
   if (!fs::is_directory(parent, ec)) {
     throw InputError(out + ": output folder " + parent.string() + " does not exist (expected an existing folder)");
   }
+}
+
+// The output's checks (its folder exists, it is none of `inputs` and not inside one), then its
+// lock, held by the caller until it returns: taken before any input is read, so a second
+// fsdp_prepare of the same output is refused at once instead of deleting the first one's
+// temporary (fsdp/core/output_lock.hpp).
+OutputLock claim_output(const std::string& out, const std::vector<std::string>& inputs) {
+  check_output_folder(out);
+  check_output_not_input(out, inputs);
+  return OutputLock(out, "-o/--output");
 }
 
 }  // namespace
@@ -228,8 +239,7 @@ void write_byte_token_file(const std::string& out, const ByteSplit& split, const
 PrepareSummary prepare_byte_dataset(const std::vector<std::string>& inputs, const std::string& out,
                                     double val_fraction, ProgressMeter* progress) {
   val_token_count(0, val_fraction);
-  check_output_folder(out);
-  check_output_not_input(out, inputs);
+  const OutputLock lock = claim_output(out, inputs);
   PrepareSummary summary;
   const auto files = collect_input_files(inputs, &summary.skipped);
   const ByteSplit split = build_byte_split(files, val_fraction, progress);
@@ -373,8 +383,7 @@ PairsSummary summarize_pairs(const PairSplit& split) {
 PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction,
                                    ProgressMeter* progress) {
   val_token_count(0, val_fraction);
-  check_output_folder(out);
-  check_output_not_input(out, {tsv});
+  const OutputLock lock = claim_output(out, {tsv});
   const PairSplit split = split_pairs(read_pairs_tsv(tsv, progress), val_fraction);
   write_pairs_file(out, split, "fsdp_prepare --pairs (ByT5 ids b + 3, eos 1): " + tsv);
   return summarize_pairs(split);
@@ -555,10 +564,9 @@ SentencePieceSummary prepare_sentencepiece_dataset(const std::vector<std::string
                                                    double val_fraction, const SentencePieceOptions& options,
                                                    ProgressMeter* progress) {
   val_token_count(0, val_fraction);
-  check_output_folder(out);
   std::vector<std::string> all_inputs = inputs;
   all_inputs.push_back(options.model);
-  check_output_not_input(out, all_inputs);
+  const OutputLock lock = claim_output(out, all_inputs);
   const SentencePieceTokenizer tok(options.model);
   const bool add_bos = resolve_special(options.add_bos, tok.bos_id(), "--add-bos", options.model);
   const bool add_eos = resolve_special(options.add_eos, tok.eos_id(), "--add-eos", options.model);
@@ -603,10 +611,9 @@ TokenFilesSummary prepare_token_file_dataset(const TokenFileOptions& options, co
   if (options.files.empty()) throw InputError("--token-file: none given (expected llm.c or nanoGPT token files)");
   const bool val_from_files = !options.val_files.empty();
   if (!val_from_files) val_token_count(0, val_fraction);
-  check_output_folder(out);
   std::vector<std::string> all = options.files;
   all.insert(all.end(), options.val_files.begin(), options.val_files.end());
-  check_output_not_input(out, all);
+  const OutputLock lock = claim_output(out, all);
 
   // Inspect every file before writing anything: one format (and one llm.c magic) for all.
   std::vector<TokenFileInfo> infos;

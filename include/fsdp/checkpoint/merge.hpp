@@ -39,7 +39,10 @@ namespace fsdp::ckpt {
 // missing/inconsistent shard file, an unsupported model_type, a missing, duplicated,
 // unknown or wrongly-shaped parameter, and naming the file and tensor on a dataset whose
 // checksum does not match or that holds a non-finite value (CheckpointSet::verify_all runs
-// before out_dir is created, so a refused checkpoint leaves no output); InputError if
+// before out_dir is created, so a refused checkpoint leaves no output); InputError "OUT_DIR:
+// <out_dir> is being written by another process (it holds <out_dir>.lock); ..." while another
+// merge into out_dir runs (fsdp::OutputLock on out_dir's sibling <out_dir>.lock, held from
+// out_dir's creation to the return, so two merges never remove each other's files); InputError if
 // options.max_shard_size < 1 (before anything is read); fsdp::Error (exit 1) on an I/O
 // failure, e.g. a full disk (the weights of out_dir then load as before the merge, or, if a
 // previous merge of the same shard count was being replaced, do not load at all: never a

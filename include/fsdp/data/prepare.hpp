@@ -14,6 +14,12 @@
 // Token files (fsdp_prepare --token-file FILE...): ids tokenized by llm.c or nanoGPT,
 // imported as they are and checked against a given vocabulary size (tokenizer "llm.c" or
 // "nanogpt"). Formats in fsdp/data/tokenizer.hpp.
+//
+// Every prepare_*_dataset checks its output path (its folder exists, it is none of the inputs
+// and not inside an input folder), then holds an fsdp::OutputLock on it
+// (fsdp/core/output_lock.hpp: `out + ".lock"`) until it returns, before reading any input:
+// while another process writes the same output it throws InputError (exit 2) "-o/--output:
+// <out> is being written by another process (it holds <out>.lock); ...".
 #pragma once
 
 #include <cstdint>
