@@ -149,12 +149,10 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw InputError(out_dir + ": cannot create output directory: " + ec.message());
-  // One merge into out_dir at a time (a second one would remove this one's files as stale):
-  // the lock file is out_dir's sibling "<out_dir>.lock", whatever trailing separators the
-  // argument has, so no file of the Hugging Face directory is added.
-  std::string locked = out_dir;
-  while (locked.size() > 1 && locked.back() == '/') locked.pop_back();
-  const OutputLock lock(locked, "OUT_DIR");
+  // One merge into out_dir at a time (a second one would remove this one's files as stale).
+  // The lock file is inside out_dir, which the merge must be able to write anyway (its parent
+  // need not be writable); it exists only while held.
+  const OutputLock lock(out_dir, (fs::path(out_dir) / kMergeLockName).string(), "OUT_DIR");
 
   MergeStats stats;
   if (progress) {

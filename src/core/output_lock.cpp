@@ -8,13 +8,14 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {
 
-OutputLock::OutputLock(const std::string& output, const std::string& key)
-    : lock_path_(output + ".lock") {
+OutputLock::OutputLock(const std::string& output, std::string lock_path, const std::string& key)
+    : lock_path_(std::move(lock_path)) {
   const std::string name = printable(lock_path_);
   for (;;) {
     const int fd = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);

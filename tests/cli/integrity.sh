@@ -33,11 +33,11 @@
 #                             written.
 # CASE merge_into_checkpoints fsdp_merge STEP STEP (and STEP/hf, checkpoints/, checkpoints/hf):
 #                             exit 2, one line, nothing written; run_dir/hf beside it is fine.
-# CASE merge_concurrent       while another process holds OUT_DIR.lock (util-linux flock(1), as
-#                             a second fsdp_merge into OUT_DIR would), fsdp_merge exits 2 with
-#                             one line naming OUT_DIR and the lock file; OUT_DIR's earlier
-#                             files are unchanged. Released, it merges (OUT_DIR spelled with a
-#                             trailing slash: the same lock) and no OUT_DIR.lock stays.
+# CASE merge_concurrent       while another process holds OUT_DIR/.fsdp_merge.lock (util-linux
+#                             flock(1), as a second fsdp_merge into OUT_DIR would), fsdp_merge
+#                             exits 2 with one line naming OUT_DIR and the lock file; OUT_DIR's
+#                             files are unchanged. Released (flock(1) leaves its file: a killed
+#                             merge's leftover), it merges the same bytes and removes the file.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -287,18 +287,21 @@ case "$CASE" in
     train_two_steps
     run_merge "$CK/step_00000002" "$WORK/hf"
     expect_rc 0
+    if [ -e "$WORK/hf/.fsdp_merge.lock" ]; then fail "a merge left its lock file"; fi
     before=$(snapshot "$WORK/hf")
     RC=0
-    timeout 60 flock "$WORK/hf.lock" "$FSDP_MERGE" "$CK/step_00000002" "$WORK/hf" \
+    timeout 60 flock "$WORK/hf/.fsdp_merge.lock" "$FSDP_MERGE" "$CK/step_00000002" "$WORK/hf" \
       >"$OUT" 2>"$ERR" </dev/null || RC=$?
     expect_rc 2
     expect_one_error fsdp_merge "OUT_DIR: $WORK/hf is being written by another process" \
-      "it holds $WORK/hf.lock" "wait for it to end"
-    if [ "$before" != "$(snapshot "$WORK/hf")" ]; then fail "the refused merge changed $WORK/hf"; fi
-    run_merge "$CK/step_00000002" "$WORK/hf/"
+      "it holds $WORK/hf/.fsdp_merge.lock" "wait for it to end"
+    without_lock=$(cd "$WORK/hf" && find . -type f ! -name .fsdp_merge.lock -print0 | sort -z |
+                       xargs -0 sha256sum)
+    if [ "$before" != "$without_lock" ]; then fail "the refused merge changed $WORK/hf"; fi
+    run_merge "$CK/step_00000002" "$WORK/hf"
     expect_rc 0
     if [ "$before" != "$(snapshot "$WORK/hf")" ]; then fail "the same merge wrote other bytes"; fi
-    if [ -e "$WORK/hf.lock" ] || [ -e "$WORK/hf/.lock" ]; then fail "a lock file stayed behind"; fi
+    if [ -e "$WORK/hf/.fsdp_merge.lock" ]; then fail "the leftover lock file stayed"; fi
     ;;
   *)
     echo "integrity.sh: unknown case '$CASE'" >&2

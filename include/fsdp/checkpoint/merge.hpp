@@ -26,6 +26,10 @@ class ProgressMeter;  // fsdp/core/progress.hpp
 
 namespace fsdp::ckpt {
 
+// The file in OUT_DIR that merge_to_hf holds an fsdp::OutputLock on while it writes there
+// (removed when it returns; a killed merge's leftover holds no lock and is taken over).
+inline constexpr const char* kMergeLockName = ".fsdp_merge.lock";
+
 // Merges the checkpoint in `step_dir` into `out_dir` (created if missing): the weights as
 // safetensors::ModelWriter writes them (out_dir/model.safetensors when the tensors' fp32 bytes
 // are at most options.max_shard_size, else out_dir/model-0000k-of-0000N.safetensors and
@@ -40,9 +44,10 @@ namespace fsdp::ckpt {
 // unknown or wrongly-shaped parameter, and naming the file and tensor on a dataset whose
 // checksum does not match or that holds a non-finite value (CheckpointSet::verify_all runs
 // before out_dir is created, so a refused checkpoint leaves no output); InputError "OUT_DIR:
-// <out_dir> is being written by another process (it holds <out_dir>.lock); ..." while another
-// merge into out_dir runs (fsdp::OutputLock on out_dir's sibling <out_dir>.lock, held from
-// out_dir's creation to the return, so two merges never remove each other's files); InputError if
+// <out_dir> is being written by another process (it holds <out_dir>/.fsdp_merge.lock); ..."
+// while another merge into out_dir runs (fsdp::OutputLock on kMergeLockName in out_dir, held
+// from out_dir's creation to the return, so two merges never remove each other's files);
+// InputError if
 // options.max_shard_size < 1 (before anything is read); fsdp::Error (exit 1) on an I/O
 // failure, e.g. a full disk (the weights of out_dir then load as before the merge, or, if a
 // previous merge of the same shard count was being replaced, do not load at all: never a
