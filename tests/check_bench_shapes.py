@@ -15,7 +15,8 @@ bench_torch_gpu.py's FLOPs per token. This checks, without a GPU, for each model
      token (ModelFamily::train_flops_per_sample, printed to 3 significant digits) equal
      `--describe`'s within that rounding;
   3. Llama only, with torch (Debian's python3-torch 1.13 will do; tools/install_deps.sh
-     installs it, and without it this check fails, naming the package): bench_torch_gpu.py's plain PyTorch Llama (`--impl plain`) computes
+     installs it, and without it this check fails, naming the package): bench_torch_gpu.py's
+     plain PyTorch Llama (`--impl plain`) computes
      tools/llama_reference.py's LlamaForCausalLM (float64, written from HF's modeling_llama.py)
      on that script's tiny seeded cases -- GQA / MQA, tied / untied, llama3 / default RoPE,
      with and without biases -- with the same HF state-dict names (load_state_dict strict), the

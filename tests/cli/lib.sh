@@ -143,11 +143,12 @@ make_text_dir() {
   yes "pack my box with five dozen liquor jugs" | head -c 2000 >"$1/sub/b.txt"
 }
 
-# snapshot DIR: checksums of every file under DIR, sorted by path, except the run_dir lock
-# file (a refused run may create it; it is empty again once released). Compare two
-# snapshots to prove a command left DIR byte-identical.
+# snapshot DIR [NAME]: checksums of every file under DIR, sorted by path, except the run_dir
+# lock file (a refused run may create it; it is empty again once released) and files named
+# NAME. Compare two snapshots to prove a command left DIR byte-identical.
 snapshot() {
-  (cd "$1" && find . -type f ! -name fsdp_train.lock -print0 | sort -z | xargs -0 sha256sum)
+  (cd "$1" && find . -type f ! -name fsdp_train.lock ! -name "${2:-fsdp_train.lock}" -print0 |
+     sort -z | xargs -0 sha256sum)
 }
 
 # wait_for SECONDS CMD...: runs CMD every 0.05 s until it succeeds (0) or SECONDS pass (1):

@@ -28,8 +28,9 @@
 #              after it exits 2 with one line naming the file, no HDF5 error stack.
 # CASE concurrent_output: while another process holds OUT.h5.lock (util-linux flock(1), as a
 #              second fsdp_prepare of OUT.h5 would), fsdp_prepare -o OUT.h5 exits 2 with one
-#              line naming -o/--output, OUT.h5 and the lock file; the earlier OUT.h5 and the holder's lock file are unchanged. A lock file left
-#              by a dead writer is taken over; no OUT.h5.lock or OUT.h5.tmp stays after a run.
+#              line naming -o/--output, OUT.h5 and the lock file; the earlier OUT.h5 and the
+#              holder's lock file are unchanged. A lock file left by a dead writer is taken
+#              over; no OUT.h5.lock or OUT.h5.tmp stays after a run.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -229,11 +230,12 @@ case "$CASE" in
     run_prepare -o "$WORK/out.h5" "$WORK/text"
     expect_rc 0
     before=$(sha256sum <"$WORK/out.h5")
-    # flock(1) holds the lock on its own descriptor while it runs fsdp_prepare.
+    # This shell holds the lock on descriptor 9 (flock(1)); fsdp_prepare does not inherit it.
     head -c 9000 /dev/zero | tr '\0' 'y' >"$WORK/other.txt"
-    RC=0
-    timeout 60 flock "$WORK/out.h5.lock" "$FSDP_PREPARE" -o "$WORK/out.h5" "$WORK/other.txt" \
-      >"$OUT" 2>"$ERR" </dev/null || RC=$?
+    exec 9>"$WORK/out.h5.lock"
+    flock -n 9 || fail "flock(1) could not take $WORK/out.h5.lock"
+    run_prepare -o "$WORK/out.h5" "$WORK/other.txt" 9>&-
+    exec 9>&-
     expect_rc 2
     expect_one_error fsdp_prepare "-o/--output: $WORK/out.h5 is being written by another process" \
       "it holds $WORK/out.h5.lock" "wait for it to end"
@@ -241,7 +243,7 @@ case "$CASE" in
       fail "the refused run changed out.h5"
     fi
     if [ -e "$WORK/out.h5.tmp" ]; then fail "the refused run left out.h5.tmp"; fi
-    # flock(1) created the lock file and never removes it: it stands for a dead writer's.
+    # The holder created the lock file and does not remove it: it stands for a dead writer's.
     if [ ! -e "$WORK/out.h5.lock" ]; then fail "the refused run removed the holder's lock file"; fi
     run_prepare -o "$WORK/out.h5" --val-fraction 0.1 "$WORK/text"
     expect_rc 0

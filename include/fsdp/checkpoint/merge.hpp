@@ -47,11 +47,10 @@ inline constexpr const char* kMergeLockName = ".fsdp_merge.lock";
 // <out_dir> is being written by another process (it holds <out_dir>/.fsdp_merge.lock); ..."
 // while another merge into out_dir runs (fsdp::OutputLock on kMergeLockName in out_dir, held
 // from out_dir's creation to the return, so two merges never remove each other's files);
-// InputError if
-// options.max_shard_size < 1 (before anything is read); fsdp::Error (exit 1) on an I/O
-// failure, e.g. a full disk (the weights of out_dir then load as before the merge, or, if a
-// previous merge of the same shard count was being replaced, do not load at all: never a
-// mix of the two; config.json is written after the weights).
+// InputError if options.max_shard_size < 1 (before anything is read); fsdp::Error (exit 1)
+// on an I/O failure, e.g. a full disk (the weights of out_dir then load as before the merge,
+// or, if a previous merge of the same shard count was being replaced, do not load at all:
+// never a mix of the two; config.json is written after the weights).
 // `progress` (optional; fsdp_merge's status line on a terminal): a kItems meter counting
 // tensors, told set_total(tensors, their fp32 bytes) once the checkpoint is verified and
 // checked, then update(tensors written, bytes written) after each tensor; never finish()ed
