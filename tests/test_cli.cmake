@@ -54,11 +54,12 @@ fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused 
 set_tests_properties(cli_run_dir_checkpoints_read_only_fs PROPERTIES SKIP_RETURN_CODE 77)
 fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_input_dir fifo_input
   fifo_data_path group_not_dataset corrupted_header concurrent_output)
-# fsdp_prepare --tokenizer (SentencePiece) and --token-file (llm.c, nanoGPT), and training on
-# their files (tests/cli/tokenizers.sh). spm_train (Debian package sentencepiece) trains the
-# models: exit 77 (skipped) without it.
+# fsdp_prepare --tokenizer (SentencePiece, tokenizer.json) and --token-file (llm.c, nanoGPT),
+# and training on their files (tests/cli/tokenizers.sh). spm_train (Debian package
+# sentencepiece) trains the models and js-tiktoken (npm, tools/install_deps.sh) is the BPE
+# reference: exit 77 (skipped) without them.
 fsdp_cli_tests(tokenizers cli_tokenizers 2 sentencepiece_ok sentencepiece_errors token_files_ok
-  token_files_errors train SKIP_RETURN_CODE 77)
+  token_files_errors hf_bpe_gpt2 hf_bpe_llama3 hf_bpe_errors train SKIP_RETURN_CODE 77)
 # A small tmpfs as train.run_dir: needs root and mount; exit 77 (skipped) otherwise.
 fsdp_cli_tests(disk_full cli_disk_full 2 save_enospc save_enospc_async metrics_enospc
   SKIP_RETURN_CODE 77)

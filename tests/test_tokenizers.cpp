@@ -196,9 +196,9 @@ TEST_F(SentencePiece, PrepareFilesMatchesProcessor) {
   write_file(d.file("in/a.txt"), c.substr(5000, 4000));
   write_file(d.file("in/sub/c.txt"), c.substr(9000));
   write_file(d.file("in/empty.txt"), "");  // no document: no bos/eos either
-  fsdp::data::SentencePieceOptions o;
+  fsdp::data::TokenizerOptions o;
   o.model = llama_;
-  const auto s = fsdp::data::prepare_sentencepiece_dataset({d.file("in")}, d.file("out.h5"), 0.1, o);
+  const auto s = fsdp::data::prepare_tokenized_dataset({d.file("in")}, d.file("out.h5"), 0.1, o);
   auto sp = load(llama_);
   std::vector<int32_t> want;
   for (const char* f : {"in/a.txt", "in/b.txt", "in/sub/c.txt"}) {
@@ -245,11 +245,11 @@ TEST_F(SentencePiece, PrepareFilesMatchesProcessor) {
 TEST_F(SentencePiece, PrepareLinesNoBos) {
   TempDir d("lines");
   write_file(d.file("a.txt"), "first line über\r\n\nsecond line\n  \nlast without newline");
-  fsdp::data::SentencePieceOptions o;
+  fsdp::data::TokenizerOptions o;
   o.model = llama_;
   o.document = fsdp::data::DocumentUnit::line;
   o.add_bos = false;
-  const auto s = fsdp::data::prepare_sentencepiece_dataset({d.file("a.txt")}, d.file("out.h5"), 0.2, o);
+  const auto s = fsdp::data::prepare_tokenized_dataset({d.file("a.txt")}, d.file("out.h5"), 0.2, o);
   auto sp = load(llama_);
   std::vector<int32_t> want;
   for (const char* line : {"first line über", "second line", "  ", "last without newline"}) {
@@ -270,11 +270,11 @@ TEST_F(SentencePiece, NoSpecialsIsPlainConcatenation) {
   TempDir d("plain");
   const std::string c = corpus_lines(50, 3);
   write_file(d.file("a.txt"), c);
-  fsdp::data::SentencePieceOptions o;
+  fsdp::data::TokenizerOptions o;
   o.model = llama_;
   o.add_bos = false;
   o.add_eos = false;
-  fsdp::data::prepare_sentencepiece_dataset({d.file("a.txt")}, d.file("out.h5"), 0.1, o);
+  fsdp::data::prepare_tokenized_dataset({d.file("a.txt")}, d.file("out.h5"), 0.1, o);
   EXPECT_EQ(read_stream(d.file("out.h5")), reference_ids(*load(llama_), c));
 }
 
@@ -284,9 +284,9 @@ TEST_F(SentencePiece, ModelWithoutBos) {
   TempDir d("t5");
   const std::string c = corpus_lines(40, 5);
   write_file(d.file("a.txt"), c);
-  fsdp::data::SentencePieceOptions o;
+  fsdp::data::TokenizerOptions o;
   o.model = t5_;
-  const auto s = fsdp::data::prepare_sentencepiece_dataset({d.file("a.txt")}, d.file("out.h5"), 0.1, o);
+  const auto s = fsdp::data::prepare_tokenized_dataset({d.file("a.txt")}, d.file("out.h5"), 0.1, o);
   auto want = reference_ids(*load(t5_), c);
   want.push_back(1);
   EXPECT_EQ(read_stream(d.file("out.h5")), want);
@@ -294,7 +294,7 @@ TEST_F(SentencePiece, ModelWithoutBos) {
   EXPECT_EQ(s.eos_id, 1);
   EXPECT_EQ(fsdp::data::read_tokenizer_record(d.file("out.h5")).bos_id, -1);
   o.add_bos = true;
-  expect_input_error([&] { fsdp::data::prepare_sentencepiece_dataset({d.file("a.txt")}, d.file("out2.h5"), 0.1, o); },
+  expect_input_error([&] { fsdp::data::prepare_tokenized_dataset({d.file("a.txt")}, d.file("out2.h5"), 0.1, o); },
                      {"--add-bos", "t5.model", "no BOS"});
   EXPECT_FALSE(fs::exists(d.file("out2.h5")));
 }
@@ -310,11 +310,11 @@ TEST_F(SentencePiece, MatchesPythonSentencePiece) {
   write_file(d.file("in/1.txt"), c.substr(0, 6000));
   write_file(d.file("in/2.txt"), "café, naïve, 日本語; unseen Ωmega ✓\n" + c.substr(6000));
   for (const bool lines : {false, true}) {
-    fsdp::data::SentencePieceOptions o;
+    fsdp::data::TokenizerOptions o;
     o.model = llama_;
     if (lines) o.document = fsdp::data::DocumentUnit::line;
     const std::string out = d.file(lines ? "lines.h5" : "files.h5");
-    fsdp::data::prepare_sentencepiece_dataset({d.file("in")}, out, 0.05, o);
+    fsdp::data::prepare_tokenized_dataset({d.file("in")}, out, 0.05, o);
     write_file(d.file("enc.py"),
                "import sys, sentencepiece as spm\n"
                "sp = spm.SentencePieceProcessor(model_file=sys.argv[1])\n"
@@ -345,6 +345,7 @@ TEST_F(SentencePiece, BadModelFiles) {
   write_file(d.file("garbage.model"), std::string(3000, '\xff'));
   write_file(d.file("truncated.model"), read_file(llama_).substr(0, 1000));
   write_file(d.file("tokenizer.json"), "{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\"}}");
+  write_file(d.file("tiktoken.model"), "IQ== 0\nIg== 1\nIw== 2\n");  // Llama 3's original tokenizer.model
   fs::create_directories(d.file("dir.model"));
   const std::string out = d.file("out.h5");
   struct Case {
@@ -353,20 +354,22 @@ TEST_F(SentencePiece, BadModelFiles) {
   for (const Case& c : {Case{d.file("missing.model"), "not found"}, Case{d.file("empty.model"), "empty"},
                         Case{d.file("garbage.model"), "not a SentencePiece model"},
                         Case{d.file("truncated.model"), "not a SentencePiece model"},
-                        Case{d.file("tokenizer.json"), "--token-file"}, Case{d.file("dir.model"), "a directory"}}) {
-    fsdp::data::SentencePieceOptions o;
+                        Case{d.file("tokenizer.json"), "not a byte-level BPE"},
+                        Case{d.file("tiktoken.model"), "give the model's tokenizer.json"},
+                        Case{d.file("dir.model"), "neither tokenizer.json nor tokenizer.model"}}) {
+    fsdp::data::TokenizerOptions o;
     o.model = c.model;
-    expect_input_error([&] { fsdp::data::prepare_sentencepiece_dataset({d.file("in")}, out, 0.1, o); },
+    expect_input_error([&] { fsdp::data::prepare_tokenized_dataset({d.file("in")}, out, 0.1, o); },
                        {c.model + ": ", c.needle});
     EXPECT_FALSE(fs::exists(out)) << c.model;
     EXPECT_FALSE(fs::exists(out + ".tmp")) << c.model;
   }
   // Too little text for both splits.
   write_file(d.file("tiny/a.txt"), "x");
-  fsdp::data::SentencePieceOptions o;
+  fsdp::data::TokenizerOptions o;
   o.model = t5_;
   o.add_eos = false;
-  expect_input_error([&] { fsdp::data::prepare_sentencepiece_dataset({d.file("tiny")}, out, 0.1, o); },
+  expect_input_error([&] { fsdp::data::prepare_tokenized_dataset({d.file("tiny")}, out, 0.1, o); },
                      {"--val-fraction", "empty validation split"});
 }
 

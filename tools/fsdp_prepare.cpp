@@ -2,7 +2,7 @@
 //
 //   fsdp_prepare -o OUT.h5 [--val-fraction F] INPUT...
 //   fsdp_prepare --tokenizer MODEL -o OUT.h5 [--add-bos|--no-add-bos] [--add-eos|--no-add-eos]
-//                [--document file|line] [--val-fraction F] INPUT...
+//                [--bos-token T] [--eos-token T] [--document file|line] [--val-fraction F] INPUT...
 //   fsdp_prepare --token-file FILE... --vocab-size N -o OUT.h5 [--val-token-file FILE...]
 //                [--token-format auto|llm.c|nanogpt] [--val-fraction F]
 //   fsdp_prepare --pairs FILE.tsv [-o] OUT.h5 [--val-fraction F]
@@ -14,8 +14,9 @@
 // "bytes"); the last F (default 0.05) of them are the validation split.
 // Pairs mode (seq2seq): one `input<TAB>target` per line; bytes -> ByT5 ids b + 3, eos 1
 // appended to both; the last F of the pairs are the validation split.
-// --tokenizer: the same inputs encoded with a SentencePiece model, each document (a file, or
-// with --document line a line) between the model's BOS and EOS where it has them.
+// --tokenizer: the same inputs encoded with a SentencePiece model or a Hugging Face byte-level
+// BPE tokenizer.json (GPT-2, Llama 3), each document (a file, or with --document line a line)
+// between the tokenizer's BOS and EOS where it has them.
 // --token-file: ids tokenized by llm.c (header magic 20240520 / 20240801) or nanoGPT (raw
 // uint16), imported as they are; --vocab-size is required and every id is checked.
 // Exit code 2 on bad input.
@@ -62,13 +63,14 @@ void refuse_options(const po::variables_map& vm, const std::string& mode, std::i
 int main(int argc, char** argv) {
   std::string out;
   double val_fraction = 0.05;
-  std::string pairs, tokenizer, document = "file", token_format = "auto";
+  std::string pairs, tokenizer, document = "file", token_format = "auto", bos_token, eos_token;
   std::vector<std::string> inputs, token_files, val_token_files;
   int64_t vocab_size = 0;
   po::options_description opts(
       "fsdp_prepare -o OUT.h5 [--val-fraction F] INPUT...                     (bytes)\n"
       "fsdp_prepare --tokenizer MODEL -o OUT.h5 [--add-bos|--no-add-bos] [--add-eos|--no-add-eos]\n"
-      "             [--document file|line] [--val-fraction F] INPUT...        (SentencePiece)\n"
+      "             [--bos-token T] [--eos-token T] [--document file|line] [--val-fraction F] INPUT...\n"
+      "                                           (SentencePiece .model, or byte-level BPE tokenizer.json)\n"
       "fsdp_prepare --token-file FILE... --vocab-size N -o OUT.h5 [--val-token-file FILE...]\n"
       "             [--token-format auto|llm.c|nanogpt] [--val-fraction F]     (llm.c / nanoGPT ids)\n"
       "fsdp_prepare --pairs FILE.tsv [-o] OUT.h5 [--val-fraction F]            (seq2seq, ByT5 ids)\noptions");
@@ -80,12 +82,18 @@ int main(int argc, char** argv) {
       ("val-fraction", po::value(&val_fraction)->default_value(0.05, "0.05"),
        "fraction of the tokens (with --pairs: of the pairs), taken from the end, used for validation, in (0, 1)")
       ("tokenizer", po::value(&tokenizer),
-       "SentencePiece model (tokenizer.model of Llama 2, Mistral, T5; or spm_train's): encode the INPUTs with "
-       "it; vocab_size = its piece count")
+       "encode the INPUTs with a SentencePiece model (tokenizer.model of Llama 2, Mistral, T5; or spm_train's), "
+       "a Hugging Face byte-level BPE tokenizer.json (GPT-2, Llama 3), or the one in a model folder; "
+       "vocab_size = its largest id + 1")
       ("add-bos", "--tokenizer: put the model's BOS before each document (default: if the model has one)")
       ("no-add-bos", "--tokenizer: no BOS")
-      ("add-eos", "--tokenizer: put the model's EOS after each document (default: if the model has one)")
+      ("add-eos", "--tokenizer: put the model's EOS after each document (default: if the model has one and "
+                  "it is not the BOS added)")
       ("no-add-eos", "--tokenizer: no EOS")
+      ("bos-token", po::value(&bos_token),
+       "--tokenizer tokenizer.json: the BOS token's text, e.g. '<|endoftext|>' (default: tokenizer_config.json's "
+       "bos_token beside it, else the post_processor's)")
+      ("eos-token", po::value(&eos_token), "--tokenizer tokenizer.json: the EOS token's text (default as BOS)")
       ("document", po::value(&document)->default_value("file"),
        "--tokenizer: what one document is: file (a whole input file) or line (each line; empty ones skipped)")
       ("token-file", po::value(&token_files)->multitoken()->composing(),
@@ -117,7 +125,7 @@ int main(int argc, char** argv) {
     if (modes > 1) {
       throw fsdp::InputError("--pairs, --tokenizer and --token-file: more than one given (expected one mode)");
     }
-    const auto sp_only = {"add-bos", "no-add-bos", "add-eos", "no-add-eos", "document"};
+    const auto sp_only = {"add-bos", "no-add-bos", "add-eos", "no-add-eos", "document", "bos-token", "eos-token"};
     const auto tf_only = {"val-token-file", "vocab-size", "token-format"};
     if (!vm.count("tokenizer")) refuse_options(vm, "without --tokenizer", sp_only);
     if (!vm.count("token-file")) refuse_options(vm, "without --token-file", tf_only);
@@ -174,13 +182,14 @@ int main(int argc, char** argv) {
     if (out.empty()) throw fsdp::InputError("-o/--output: missing (expected the output .h5 path)");
     if (inputs.empty()) throw fsdp::InputError("INPUT: none given (expected files or folders of text)");
     if (vm.count("tokenizer")) {
-      fsdp::data::SentencePieceOptions o;
+      fsdp::data::TokenizerOptions o;
       o.model = tokenizer;
+      o.specials = {bos_token, eos_token};
       o.add_bos = switch_pair(vm, "add-bos");
       o.add_eos = switch_pair(vm, "add-eos");
       o.document = fsdp::data::parse_document_unit(document);
       auto progress = fsdp::ProgressMeter::on_terminal({.label = "fsdp_prepare"});
-      const auto s = fsdp::data::prepare_sentencepiece_dataset(inputs, out, val_fraction, o, &progress);
+      const auto s = fsdp::data::prepare_tokenized_dataset(inputs, out, val_fraction, o, &progress);
       progress.finish();
       for (const auto& skipped : s.skipped) {
         std::fprintf(stderr, "fsdp_prepare: warning: skipped %s: only regular files are read\n", skipped.c_str());
@@ -190,10 +199,11 @@ int main(int argc, char** argv) {
       if (s.eos_id >= 0) specials += (specials.empty() ? "" : " + ") + std::string("eos ") + std::to_string(s.eos_id);
       specials = specials.empty() ? "no bos/eos" : specials + " per document";
       std::printf("fsdp_prepare: %s: %lld files, %lld documents, %lld train tokens, %lld val tokens "
-                  "(vocab %lld, sentencepiece %s, %s)\n",
+                  "(vocab %lld, %s %s, %s)\n",
                   out.c_str(), static_cast<long long>(s.files), static_cast<long long>(s.documents),
                   static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens),
-                  static_cast<long long>(s.vocab_size), fsdp::printable(tokenizer).c_str(), specials.c_str());
+                  static_cast<long long>(s.vocab_size), s.kind.c_str(), fsdp::printable(tokenizer).c_str(),
+                  specials.c_str());
       return 0;
     }
     // Declared in the try block: on an error its destructor ends the line before the catch

@@ -14,7 +14,8 @@ packages=(
   libxxhash-dev                         # checkpoint checksums (XXH3-64)
   libtomlplusplus-dev nlohmann-json3-dev libboost-program-options-dev
   libsentencepiece-dev sentencepiece    # fsdp_prepare --tokenizer (SentencePiece; spm_train for tests)
-  python3-sentencepiece                 # tests: the Python encoder cross-checks fsdp_prepare's ids
+  libonig-dev                           # fsdp_prepare --tokenizer tokenizer.json (BPE regexes)
+  python3-sentencepiece python3-h5py    # tests: the Python encoder cross-checks fsdp_prepare's ids
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
   python3-torch                         # tests: tools_hf_check_reference (the float64 torch
                                         # models read fsdp_merge's files; exit 77 without it) and
@@ -31,10 +32,28 @@ for p in "${packages[@]}"; do
 done
 if ((${#missing[@]} == 0)); then
   echo "install_deps: all packages present"
-  exit 0
+else
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  echo "install_deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "install_deps: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# Tests: js-tiktoken (npm), OpenAI's tiktoken vocabularies in JavaScript, the reference that
+# tests/cli/tokenizers.sh hf_bpe_* compares fsdp_prepare's tokenizer.json reader with
+# (tools/tiktoken_reference.cjs). Into .deps/node of the repository (ignored by git). Without
+# npm or the registry it says so and goes on: those cases then exit 77 and ctest reports them
+# as not run.
+JS_TIKTOKEN=js-tiktoken@1.0.21
+deps=$(cd "$(dirname "$0")/.." && pwd)/.deps/node
+if [[ -f $deps/node_modules/js-tiktoken/package.json ]] &&
+   grep -q "\"version\": \"${JS_TIKTOKEN#*@}\"" "$deps/node_modules/js-tiktoken/package.json"; then
+  echo "install_deps: $JS_TIKTOKEN present"
+elif command -v npm >/dev/null && command -v node >/dev/null; then
+  mkdir -p "$deps"
+  timeout 300 npm install --silent --no-audit --no-fund --no-save --prefix "$deps" "$JS_TIKTOKEN" ||
+    echo "install_deps: npm install $JS_TIKTOKEN failed: the hf_bpe tokenizer cases will not run"
+else
+  echo "install_deps: no node/npm: $JS_TIKTOKEN not installed, the hf_bpe tokenizer cases will not run"
+fi

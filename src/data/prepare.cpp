@@ -445,7 +445,7 @@ struct InputFault {
 void set_record_attrs(h5::File& f, const TokenizerRecord& r) {
   f.set_attr("/", "vocab_size", r.vocab_size);
   f.set_attr("/", "tokenizer", r.kind);
-  if (r.kind == "sentencepiece") {
+  if (!r.model_path.empty()) {  // sentencepiece, hf-bpe
     f.set_attr("/", "tokenizer_model", r.model_path);
     f.set_attr("/", "tokenizer_model_bytes", r.model_bytes);
     f.set_attr("/", "tokenizer_model_sha256", r.model_sha256);
@@ -473,20 +473,19 @@ DocumentUnit parse_document_unit(const std::string& name) {
 }
 
 bool resolve_special(const std::optional<bool>& want, int32_t id, const std::string& flag, const std::string& model) {
-  if (!want) return id >= 0;
+  if (!want) return id >= 0;  // (prepare_tokenized_dataset adds one token for BOS == EOS)
   if (*want && id < 0) {
     throw InputError(flag + ": the tokenizer model " + printable(model) + " has no " +
-                     (flag.find("bos") != std::string::npos ? "BOS" : "EOS") + " piece (id -1) (expected --no-" +
-                     flag.substr(2) + ", or leave it out: the piece is added only where the model has one)");
+                     (flag.find("bos") != std::string::npos ? "BOS" : "EOS") + " token (id -1) (expected --no-" +
+                     flag.substr(2) + ", or leave it out: the token is added only where the model has one)");
   }
   return *want;
 }
 
 int token_dtype_bytes(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
-TokenSplit build_sentencepiece_split(const std::vector<fs::path>& files, const SentencePieceTokenizer& tok,
-                                     bool add_bos, bool add_eos, DocumentUnit document, double val_fraction,
-                                     ProgressMeter* progress) {
+TokenSplit build_tokenized_split(const std::vector<fs::path>& files, const TextTokenizer& tok, bool add_bos,
+                                 bool add_eos, DocumentUnit document, double val_fraction, ProgressMeter* progress) {
   val_token_count(0, val_fraction);  // validate before reading anything
   TokenSplit s;
   if (progress) {
@@ -560,28 +559,32 @@ void write_token_stream_file(const std::string& out, const TokenSplit& split, co
   });
 }
 
-SentencePieceSummary prepare_sentencepiece_dataset(const std::vector<std::string>& inputs, const std::string& out,
-                                                   double val_fraction, const SentencePieceOptions& options,
-                                                   ProgressMeter* progress) {
+TokenizedSummary prepare_tokenized_dataset(const std::vector<std::string>& inputs, const std::string& out,
+                                           double val_fraction, const TokenizerOptions& options,
+                                           ProgressMeter* progress) {
   val_token_count(0, val_fraction);
   std::vector<std::string> all_inputs = inputs;
   all_inputs.push_back(options.model);
   const OutputLock lock = claim_output(out, all_inputs);
-  const SentencePieceTokenizer tok(options.model);
-  const bool add_bos = resolve_special(options.add_bos, tok.bos_id(), "--add-bos", options.model);
-  const bool add_eos = resolve_special(options.add_eos, tok.eos_id(), "--add-eos", options.model);
-  SentencePieceSummary summary;
+  const std::unique_ptr<TextTokenizer> tok = load_text_tokenizer(options.model, options.specials);
+  const bool add_bos = resolve_special(options.add_bos, tok->bos_id(), "--add-bos", tok->path());
+  // One token for both (GPT-2's <|endoftext|>): by default once per document, not twice.
+  const bool same = tok->eos_id() >= 0 && tok->eos_id() == tok->bos_id();
+  const bool add_eos = !options.add_eos && same && add_bos
+                           ? false
+                           : resolve_special(options.add_eos, tok->eos_id(), "--add-eos", tok->path());
+  TokenizedSummary summary;
   const auto files = collect_input_files(inputs, &summary.skipped);
   const TokenSplit split =
-      build_sentencepiece_split(files, tok, add_bos, add_eos, options.document, val_fraction, progress);
+      build_tokenized_split(files, *tok, add_bos, add_eos, options.document, val_fraction, progress);
   TokenizerRecord r;
-  r.kind = "sentencepiece";
-  r.vocab_size = tok.vocab_size();
-  r.model_path = absolute_path(options.model);
-  r.model_bytes = tok.model_bytes();
-  r.model_sha256 = tok.model_sha256();
-  r.bos_id = tok.bos_id();
-  r.eos_id = tok.eos_id();
+  r.kind = tok->kind();
+  r.vocab_size = tok->vocab_size();
+  r.model_path = absolute_path(tok->path());
+  r.model_bytes = tok->model_bytes();
+  r.model_sha256 = tok->model_sha256();
+  r.bos_id = tok->bos_id();
+  r.eos_id = tok->eos_id();
   r.add_bos = add_bos;
   r.add_eos = add_eos;
   r.num_documents = split.num_documents;
@@ -589,13 +592,14 @@ SentencePieceSummary prepare_sentencepiece_dataset(const std::vector<std::string
                        (options.document == DocumentUnit::line ? " --document line" : "") + ":";
   for (const auto& in : inputs) source += " " + in;
   write_token_stream_file(out, split, r, source);
+  summary.kind = r.kind;
   summary.files = split.num_files;
   summary.documents = split.num_documents;
   summary.train_tokens = split.train_tokens;
   summary.val_tokens = split.val_tokens();
   summary.vocab_size = r.vocab_size;
-  summary.bos_id = add_bos ? tok.bos_id() : -1;
-  summary.eos_id = add_eos ? tok.eos_id() : -1;
+  summary.bos_id = add_bos ? tok->bos_id() : -1;
+  summary.eos_id = add_eos ? tok->eos_id() : -1;
   return summary;
 }
 

@@ -127,8 +127,8 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
                                 ? std::string("its bytes do not parse as a sentencepiece ModelProto")
                                 : "sentencepiece: " + printable(status.ToString(), 300);
     throw InputError(printable(model_path) + ": not a SentencePiece model (" + why +
-                     "; expected a .model file such as Llama 2's tokenizer.model; for tokenizer.json or tiktoken "
-                     "vocabularies, tokenize with their project and import the ids with --token-file)");
+                     "; expected a .model file such as Llama 2's tokenizer.model; for a tiktoken file such as Llama "
+                     "3's original tokenizer.model, give the model's tokenizer.json instead)");
   }
   if (impl_->sp.GetPieceSize() < 1) {
     throw InputError(printable(model_path) + ": SentencePiece model has no pieces (expected a trained model)");

@@ -21,6 +21,21 @@
 #              that disagrees with the size, odd-length nanoGPT file, an id >= --vocab-size, an
 #              empty file, a missing --vocab-size, mixed formats: exit 2, one line naming the
 #              file (and position/value), no output.
+# CASE hf_bpe_gpt2: a GPT-2 tokenizer.json + tokenizer_config.json (tiktoken's GPT-2 ranks
+#              from js-tiktoken, tools/tiktoken_reference.cjs; exit 77 = skipped without it)
+#              encodes the fortunes corpus and a generated Unicode stress corpus: the ids equal
+#              tiktoken's, <|endoftext|> once before each document (BOS = EOS), the record
+#              (tokenizer hf-bpe, vocab_size 50257, sha256sum of the file, uint16); the folder and
+#              the file both load; --no-add-bos puts it after each document instead.
+# CASE hf_bpe_llama3: cl100k_base in Meta-Llama-3's tokenizer.json layout (Split + ByteLevel,
+#              ignore_merges, merges as pairs, BOS from the TemplateProcessing): ids equal
+#              tiktoken's with <|begin_of_text|> first, uint32 ids; --document line with
+#              --eos-token '<|end_of_text|>' puts both around every non-empty line.
+# CASE hf_bpe_errors: tokenizer.json files that are not JSON, not BPE, not byte-level, with a
+#              normalizer, a merge of an unknown token, a bad regex; an unknown --bos-token,
+#              --add-eos without an EOS, --eos-token with a SentencePiece model, a folder with no
+#              tokenizer file, an input that is not UTF-8: each exits 2 with one line naming the
+#              file or option, no output.
 # CASE train: fsdp_train trains on a SentencePiece-prepared file (model.vocab_size = the
 #              model's piece count) and on imported llm.c ids; a model.vocab_size below the
 #              file's recorded vocab_size exits 2 naming both.
@@ -90,6 +105,102 @@ EOF
 
 have_py_h5() { "$PY" -c 'import h5py, numpy, sentencepiece' 2>/dev/null; }
 
+# tiktoken_reference ARGS...: tools/tiktoken_reference.cjs (exit 77 where node or js-tiktoken
+# is missing: tools/install_deps.sh installs it).
+tiktoken_reference() {
+  if ! command -v node >/dev/null; then
+    echo "node not found: the tiktoken reference cannot run: skipped"
+    exit 77
+  fi
+  node "$SRC_DIR/tools/tiktoken_reference.cjs" "$@" >"$WORK/node.log" 2>&1
+  local rc=$?
+  if [ "$rc" -eq 77 ]; then cat "$WORK/node.log"; exit 77; fi
+  if [ "$rc" -ne 0 ]; then fail "tiktoken_reference.cjs $1 failed: $(tail -3 "$WORK/node.log")"; finish; fi
+}
+
+# input_files DIR: the regular files of DIR (recursive, *.dat and symbolic links left out),
+# sorted by path as fsdp_prepare reads them.
+input_files() {
+  "$PY" - "$1" <<'EOF'
+import os, sys
+print("\n".join(sorted(os.path.join(r, f) for r, _, fs in os.walk(sys.argv[1]) for f in fs
+                       if not f.endswith(".dat") and not os.path.islink(os.path.join(r, f)))))
+EOF
+}
+
+# expect_tiktoken_ids H5 ENCODING BOS EOS DIR: the token stream of H5 (train then val) equals
+# [BOS] + tiktoken's ids + [EOS] for each file of DIR in order (-1: none), and the record's
+# add_bos / add_eos say so.
+expect_tiktoken_ids() {
+  local h5=$1 encoding=$2 bos=$3 eos=$4 dir=$5
+  local files
+  mapfile -t files < <(input_files "$dir")
+  tiktoken_reference encode "$encoding" "$WORK/want.json" "${files[@]}"
+  "$PY" - "$h5" "$WORK/want.json" "$bos" "$eos" <<'EOF' || fail "$h5: ids differ from tiktoken's ($encoding)"
+import json, sys, h5py, numpy as np
+h5, want_json, bos, eos = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+f = h5py.File(h5, "r")
+got = np.concatenate([f["/train/tokens"][:], f["/val/tokens"][:]]).astype(np.int64)
+want = []
+for ids in json.load(open(want_json)):
+    want += ([bos] if bos >= 0 else []) + ids + ([eos] if eos >= 0 else [])
+want = np.array(want, dtype=np.int64)
+n = min(len(got), len(want))
+diff = np.nonzero(got[:n] != want[:n])[0]
+if len(got) != len(want) or len(diff):
+    i = int(diff[0]) if len(diff) else n
+    sys.exit("%d ids, tiktoken %d; first difference at %d: %s vs %s" %
+             (len(got), len(want), i, got[i:i + 8].tolist(), want[i:i + 8].tolist()))
+a = f.attrs
+assert a["add_bos"] == (bos >= 0) and a["add_eos"] == (eos >= 0), dict(a)
+print("%s: %d ids equal to tiktoken's" % (h5, len(got)))
+EOF
+}
+
+# make_stress_corpus DIR: text that exercises the pre-tokenizer's regex: contractions in both
+# cases, digits of several scripts, CR LF and whitespace runs, CJK, emoji with modifiers,
+# combining marks, control bytes, a special token's spelling, a long letter run.
+make_stress_corpus() {
+  mkdir -p "$1"
+  "$PY" - "$1" <<'EOF'
+import random, sys
+rng = random.Random(3)
+pieces = ["Hello", " world", "IT'S", "they'Re", "don't", "'ll", "12345678", "３４５", "٣٤٥", "\r\n",
+          "\n\n\n", "   ", "\t\t", " \u00a0 ", "日本語のテキスト", "한국어", "emoji 😀👍🏽", "e\u0301",
+          "naïve café", "Ωμέγα", "—", "...", "!!!", "$$$", "<|endoftext|>", "\u200b", "x" * 300,
+          "\u2028", "ǅ", "ﬁ", "  \n  ", "a1b2c3", "3.14159", "foo_bar-baz", "\x00\x01\x7f",
+          "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "     end"]
+for k in range(3):
+    with open("%s/s%d.txt" % (sys.argv[1], k), "w", encoding="utf-8") as f:
+        f.write("".join(rng.choice(pieces) + rng.choice(["", " ", "\n"]) for _ in range(3000)))
+EOF
+}
+
+FORTUNES=/usr/share/games/fortunes  # the main job's corpus (Debian package fortunes)
+need_fortunes() {
+  if [ ! -d "$FORTUNES" ]; then fail "$FORTUNES missing (Debian package fortunes, tools/install_deps.sh)"; finish; fi
+}
+
+# bpe_json FILE [EDIT]: a minimal valid byte-level BPE tokenizer.json (the 256 byte tokens, the
+# merge "t h" -> 256, the added token <eos> 257), after the Python statement EDIT on its dict t.
+bpe_json() {
+  "$PY" - "$1" "${2:-pass}" <<'EOF'
+import json, sys
+chars, n = [], 256
+for b in range(256):
+    printable = 33 <= b <= 126 or 161 <= b <= 172 or b >= 174
+    chars.append(chr(b) if printable else chr(n))
+    n += 0 if printable else 1
+vocab = {c: i for i, c in enumerate(chars)}
+vocab["th"] = 256
+t = {"normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+     "added_tokens": [{"id": 257, "content": "<eos>", "special": True}],
+     "model": {"type": "BPE", "vocab": vocab, "merges": ["t h"]}}
+exec(sys.argv[2])
+json.dump(t, open(sys.argv[1], "w"))
+EOF
+}
+
 case "$CASE" in
   sentencepiece_ok)
     make_corpus "$WORK/corpus"
@@ -146,7 +257,7 @@ EOF
     run_prepare --tokenizer "$WORK/truncated.model" -o "$WORK/out.h5" "$WORK/corpus"
     expect_prepare_error "$WORK/truncated.model" "not a SentencePiece model"
     run_prepare --tokenizer "$WORK/dir.model" -o "$WORK/out.h5" "$WORK/corpus"
-    expect_prepare_error "$WORK/dir.model" "a directory"
+    expect_prepare_error "$WORK/dir.model" "neither tokenizer.json nor tokenizer.model"
     run_prepare --tokenizer "$WORK/nobos.model" --add-bos -o "$WORK/out.h5" "$WORK/corpus"
     expect_prepare_error "--add-bos" "nobos.model" "no BOS"
     run_prepare --tokenizer "$WORK/m.model" --add-bos --no-add-bos -o "$WORK/out.h5" "$WORK/corpus"
@@ -234,6 +345,109 @@ EOF
     expect_prepare_error "--val-fraction" "--val-token-file"
     run_prepare --vocab-size 50257 -o "$WORK/out.h5" "$WORK/ok.bin"
     expect_prepare_error "--vocab-size" "without --token-file"
+    ;;
+  hf_bpe_gpt2)
+    need_fortunes
+    tiktoken_reference tokenizer gpt2 gpt2 "$WORK/gpt2"
+    make_stress_corpus "$WORK/stress"
+    run_prepare --tokenizer "$WORK/gpt2" -o "$WORK/f.h5" "$FORTUNES"
+    expect_rc 0
+    if ! grep -Eq "^fsdp_prepare: $WORK/f.h5: [0-9]+ files, [0-9]+ documents, [0-9]+ train tokens, [0-9]+ val tokens \(vocab 50257, hf-bpe $WORK/gpt2, bos 50256 per document\)$" "$OUT"; then
+      fail "summary line"
+    fi
+    if [ -s "$ERR" ]; then fail "stderr not empty on success"; fi
+    expect_tiktoken_ids "$WORK/f.h5" gpt2 50256 -1 "$FORTUNES"
+    "$PY" - "$WORK/f.h5" "$WORK/gpt2/tokenizer.json" "$(sha256sum <"$WORK/gpt2/tokenizer.json" | cut -d' ' -f1)" <<'EOF' || fail "record"
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+a = f.attrs
+assert a["tokenizer"] == "hf-bpe" and a["vocab_size"] == 50257, dict(a)
+assert a["tokenizer_model"] == sys.argv[2] and a["tokenizer_model_sha256"] == sys.argv[3], dict(a)
+assert a["bos_id"] == 50256 and a["eos_id"] == 50256, dict(a)
+assert f["/train/tokens"].dtype == np.uint16, f["/train/tokens"].dtype
+EOF
+    # The file itself (not its folder), the stress corpus, EOS after each document instead.
+    run_prepare --tokenizer "$WORK/gpt2/tokenizer.json" --no-add-bos -o "$WORK/s.h5" "$WORK/stress"
+    expect_rc 0
+    if ! grep -qF "(vocab 50257, hf-bpe $WORK/gpt2/tokenizer.json, eos 50256 per document)" "$OUT"; then
+      fail "--no-add-bos summary"
+    fi
+    expect_tiktoken_ids "$WORK/s.h5" gpt2 -1 50256 "$WORK/stress"
+    ;;
+  hf_bpe_llama3)
+    need_fortunes
+    tiktoken_reference tokenizer cl100k_base llama3 "$WORK/l3"
+    make_stress_corpus "$WORK/stress"
+    for corpus in "$FORTUNES" "$WORK/stress"; do
+      run_prepare --tokenizer "$WORK/l3/tokenizer.json" -o "$WORK/l.h5" "$corpus"
+      expect_rc 0
+      if ! grep -qF "(vocab 100279, hf-bpe $WORK/l3/tokenizer.json, bos 100277 per document)" "$OUT"; then
+        fail "summary line ($corpus)"
+      fi
+      expect_tiktoken_ids "$WORK/l.h5" cl100k_base 100277 -1 "$corpus"
+      "$PY" -c 'import sys, h5py, numpy as np; assert h5py.File(sys.argv[1], "r")["/val/tokens"].dtype == np.uint32' \
+        "$WORK/l.h5" || fail "ids above 65535 not stored as uint32"
+      rm -f "$WORK/l.h5"
+    done
+    # --document line and an explicit EOS: BOS line EOS for every non-empty line; the reference
+    # encodes the same lines as files.
+    mkdir -p "$WORK/lines" "$WORK/lines_as_files"
+    printf 'First line.\r\nSecond: 42 cats\n\nthird\n' >"$WORK/lines/a.txt"
+    printf 'First line.' >"$WORK/lines_as_files/1.txt"
+    printf 'Second: 42 cats' >"$WORK/lines_as_files/2.txt"
+    printf 'third' >"$WORK/lines_as_files/3.txt"
+    run_prepare --tokenizer "$WORK/l3" --document line --eos-token '<|end_of_text|>' --val-fraction 0.3 \
+      -o "$WORK/lines.h5" "$WORK/lines"
+    expect_rc 0
+    if ! grep -q "1 files, 3 documents, .*bos 100277 + eos 100278 per document)$" "$OUT"; then
+      fail "--document line summary"
+    fi
+    expect_tiktoken_ids "$WORK/lines.h5" cl100k_base 100277 100278 "$WORK/lines_as_files"
+    ;;
+  hf_bpe_errors)
+    make_corpus "$WORK/corpus"
+    bpe_json "$WORK/ok.json"
+    run_prepare --tokenizer "$WORK/ok.json" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_rc 0
+    if ! grep -qF "(vocab 258, hf-bpe $WORK/ok.json, no bos/eos)" "$OUT"; then fail "minimal tokenizer.json summary"; fi
+    rm -f "$WORK/out.h5"
+    printf '{"model": {"type": "BPE", "vocab": {' >"$WORK/truncated.json"
+    run_prepare --tokenizer "$WORK/truncated.json" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/truncated.json" "not a tokenizer.json" "JSON parse error at byte"
+    bpe_json "$WORK/wordpiece.json" 't["model"]["type"] = "WordPiece"'
+    run_prepare --tokenizer "$WORK/wordpiece.json" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/wordpiece.json" "model WordPiece is not BPE"
+    bpe_json "$WORK/nfc.json" 't["normalizer"] = {"type": "NFC"}'
+    run_prepare --tokenizer "$WORK/nfc.json" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/nfc.json" "normalizer NFC is not supported"
+    bpe_json "$WORK/metaspace.json" 't["pre_tokenizer"] = {"type": "Metaspace", "replacement": "_"}'
+    run_prepare --tokenizer "$WORK/metaspace.json" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/metaspace.json" "pre_tokenizer Metaspace last, not ByteLevel"
+    bpe_json "$WORK/nobyte.json" 'del t["model"]["vocab"][chars[0]]'
+    run_prepare --tokenizer "$WORK/nobyte.json" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/nobyte.json" "byte 0x00 has no token"
+    bpe_json "$WORK/badmerge.json" 't["model"]["merges"].append(["q", "zz"])'
+    run_prepare --tokenizer "$WORK/badmerge.json" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/badmerge.json" "merge 1 (q zz): zz is not in the vocabulary"
+    bpe_json "$WORK/regex.json" 't["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": "(?<x"}, "behavior": "Isolated", "invert": False},
+      {"type": "ByteLevel", "use_regex": False}]}'
+    run_prepare --tokenizer "$WORK/regex.json" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/regex.json" "pre_tokenizer 0 (Split)" "regex rejected by Oniguruma"
+    run_prepare --tokenizer "$WORK/ok.json" --bos-token '<bos>' -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "--bos-token <bos> is not in the vocabulary or added_tokens of $WORK/ok.json"
+    run_prepare --tokenizer "$WORK/ok.json" --add-eos -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "--add-eos" "ok.json" "no EOS token"
+    mkdir -p "$WORK/empty_model_dir"
+    run_prepare --tokenizer "$WORK/empty_model_dir" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/empty_model_dir" "neither tokenizer.json nor tokenizer.model"
+    printf 'caf\xe9 au lait\n' >"$WORK/corpus/latin1.txt"
+    run_prepare --tokenizer "$WORK/ok.json" -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/corpus/latin1.txt" "not valid UTF-8 at byte 3"
+    rm "$WORK/corpus/latin1.txt"
+    train_spm "$WORK/m" --model_type=bpe --vocab_size=150
+    run_prepare --tokenizer "$WORK/m.model" --eos-token '</s>' -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "--eos-token" "only with a tokenizer.json" "m.model"
     ;;
   train)
     make_corpus "$WORK/corpus"

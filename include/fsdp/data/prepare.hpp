@@ -8,8 +8,9 @@
 // TSV file; each side's bytes become ByT5 ids b + 3 with eos (1) appended; the last
 // val_fraction of the pairs become /val, the rest /train (schema in docs/data.md).
 //
-// SentencePiece (fsdp_prepare --tokenizer MODEL): the same input files, each document
-// encoded by the model with its BOS / EOS around it (tokenizer "sentencepiece").
+// Tokenizers (fsdp_prepare --tokenizer MODEL): the same input files, each document encoded
+// by a SentencePiece model (tokenizer "sentencepiece") or a Hugging Face byte-level BPE
+// tokenizer.json (tokenizer "hf-bpe", fsdp/data/bpe_tokenizer.hpp) with its BOS / EOS around it.
 //
 // Token files (fsdp_prepare --token-file FILE...): ids tokenized by llm.c or nanoGPT,
 // imported as they are and checked against a given vocabulary size (tokenizer "llm.c" or
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/data/bpe_tokenizer.hpp"
 #include "fsdp/data/tokenizer.hpp"
 
 namespace fsdp {
@@ -145,7 +147,7 @@ PairsSummary summarize_pairs(const PairSplit& split);
 PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& out, double val_fraction,
                                    ProgressMeter* progress = nullptr);
 
-// ---- SentencePiece (--tokenizer) ----
+// ---- tokenizers (--tokenizer: SentencePiece, tokenizer.json) ----
 
 // What one document is (--document): `file`, a whole input file (the default; its bytes as
 // they are, newlines included); `line`, each line of each file (the newline and a trailing
@@ -155,16 +157,22 @@ enum class DocumentUnit { file, line };
 // "file" / "line"; throws fsdp::InputError naming --document otherwise.
 DocumentUnit parse_document_unit(const std::string& name);
 
-struct SentencePieceOptions {
-  std::string model;              // the .model file (--tokenizer)
-  // --add-bos / --no-add-bos, --add-eos / --no-add-eos. Unset (the default): add the piece
-  // if the model has one (bos_id / eos_id >= 0): Llama 2 and Mistral get <s> ... </s>, T5
-  // (no BOS) ... </s>. true with a model that has none is an error.
+struct TokenizerOptions {
+  // --tokenizer: a SentencePiece .model, a tokenizer.json, or a folder holding one
+  // (load_text_tokenizer).
+  std::string model;
+  BpeSpecialTokens specials;  // --bos-token / --eos-token (tokenizer.json only)
+  // --add-bos / --no-add-bos, --add-eos / --no-add-eos. Unset (the default): add the token
+  // if the tokenizer has one (bos_id / eos_id >= 0): Llama 2 and Mistral get <s> ... </s>, T5
+  // (no BOS) ... </s>, Llama 3 <|begin_of_text|> ... <|end_of_text|>. When BOS and EOS are
+  // one token (GPT-2's <|endoftext|>), the default adds it once, before each document (as
+  // llm.c's fineweb.py does), or after it with --no-add-bos. true with a tokenizer that has
+  // none is an error.
   std::optional<bool> add_bos, add_eos;
   DocumentUnit document = DocumentUnit::file;
 };
 
-// Whether to add a BOS (`flag` "--add-bos") or EOS piece whose id in the model is `id`
+// Whether to add a BOS (`flag` "--add-bos") or EOS token whose id in the tokenizer is `id`
 // (-1: none), given the option `want`. Throws fsdp::InputError naming `flag` and `model` if
 // `want` is true and id < 0.
 bool resolve_special(const std::optional<bool>& want, int32_t id, const std::string& flag,
@@ -184,10 +192,9 @@ struct TokenSplit {
 // splits off the last val_token_count(n, val_fraction) ids as validation. Throws
 // fsdp::InputError naming a file that cannot be read, or --val-fraction if either split
 // would be empty. `progress`: total = the files' sizes, add() per document (batched per MiB).
-TokenSplit build_sentencepiece_split(const std::vector<std::filesystem::path>& files,
-                                     const SentencePieceTokenizer& tok, bool add_bos, bool add_eos,
-                                     DocumentUnit document, double val_fraction,
-                                     ProgressMeter* progress = nullptr);
+TokenSplit build_tokenized_split(const std::vector<std::filesystem::path>& files, const TextTokenizer& tok,
+                                 bool add_bos, bool add_eos, DocumentUnit document, double val_fraction,
+                                 ProgressMeter* progress = nullptr);
 
 // HDF5 dataset type of a token stream with ids < vocab_size: 2 bytes (uint16) up to 65536,
 // else 4 (uint32).
@@ -195,25 +202,26 @@ int token_dtype_bytes(int64_t vocab_size);
 
 // Writes /train/tokens and /val/tokens (uint16 or uint32: token_dtype_bytes(record.vocab_size))
 // and the root attributes of `record` (TokenizerRecord: tokenizer, vocab_size, and for
-// sentencepiece tokenizer_model, tokenizer_model_bytes, tokenizer_model_sha256, bos_id,
+// sentencepiece and hf-bpe tokenizer_model, tokenizer_model_bytes, tokenizer_model_sha256, bos_id,
 // eos_id, add_bos, add_eos, num_documents), source = `source`, num_files. Written atomically
 // like write_byte_token_file. Throws fsdp::Error naming `out` on failure.
 void write_token_stream_file(const std::string& out, const TokenSplit& split, const TokenizerRecord& record,
                              const std::string& source);
 
-struct SentencePieceSummary {
+struct TokenizedSummary {
+  std::string kind;  // TextTokenizer::kind(): "sentencepiece" or "hf-bpe"
   int64_t files = 0, documents = 0, train_tokens = 0, val_tokens = 0, vocab_size = 0;
   int32_t bos_id = -1, eos_id = -1;  // the ids added to each document, -1 where none is added
   std::vector<std::string> skipped;  // as PrepareSummary::skipped
 };
 
-// Loads the model (SentencePieceTokenizer: errors name it), resolves BOS/EOS, checks the
+// Loads the tokenizer (load_text_tokenizer: errors name it), resolves BOS/EOS, checks the
 // output (folder exists, not an input nor the model), collect_input_files (sorted),
-// build_sentencepiece_split, write_token_stream_file (record: tokenizer "sentencepiece",
-// vocab_size = GetPieceSize(), the model's absolute path, size and SHA-256).
-SentencePieceSummary prepare_sentencepiece_dataset(const std::vector<std::string>& inputs, const std::string& out,
-                                                   double val_fraction, const SentencePieceOptions& options,
-                                                   ProgressMeter* progress = nullptr);
+// build_tokenized_split, write_token_stream_file (record: tokenizer kind, vocab_size, the
+// model file's absolute path, size and SHA-256).
+TokenizedSummary prepare_tokenized_dataset(const std::vector<std::string>& inputs, const std::string& out,
+                                           double val_fraction, const TokenizerOptions& options,
+                                           ProgressMeter* progress = nullptr);
 
 // ---- token files of other projects (--token-file) ----
 

@@ -36,10 +36,31 @@ std::string sha256_hex(std::string_view bytes);
 // cannot be read.
 std::string read_whole_file(const std::string& path, const std::string& what_it_is);
 
+// ---------------------------------------------------------------- text tokenizers
+
+// A tokenizer of text (fsdp_prepare --tokenizer): SentencePieceTokenizer below, or
+// BpeTokenizer (fsdp/data/bpe_tokenizer.hpp, a Hugging Face tokenizer.json). Ids are int32 in
+// [0, vocab_size()).
+class TextTokenizer {
+ public:
+  virtual ~TextTokenizer() = default;
+  // The HDF5 attribute `tokenizer`: "sentencepiece" or "hf-bpe".
+  virtual std::string kind() const = 0;
+  virtual const std::string& path() const = 0;          // the model file, as given
+  virtual int64_t model_bytes() const = 0;              // its size in bytes
+  virtual const std::string& model_sha256() const = 0;  // sha256_hex of its bytes
+  virtual int64_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;  // -1: none
+  virtual int32_t eos_id() const = 0;  // -1: none
+  // Appends the ids of `text` (UTF-8) to `out`, no BOS / EOS; `where` names the input in
+  // errors (fsdp::InputError).
+  virtual void encode(std::string_view text, std::vector<int32_t>& out, const std::string& where) const = 0;
+};
+
 // ---------------------------------------------------------------- SentencePiece
 
 // One loaded SentencePiece model. Not copyable (the processor is not); movable.
-class SentencePieceTokenizer {
+class SentencePieceTokenizer final : public TextTokenizer {
  public:
   // Loads `model_path` (a SentencePiece .model file: Llama 2's / Mistral's / T5's
   // tokenizer.model, or one made by spm_train). The file is read once: the digest below and
@@ -47,23 +68,24 @@ class SentencePieceTokenizer {
   // line, exit code 2) if it is missing, not a regular file, empty, or not a valid model
   // (the sentencepiece library's reason in parentheses).
   explicit SentencePieceTokenizer(const std::string& model_path);
-  ~SentencePieceTokenizer();
+  ~SentencePieceTokenizer() override;
   SentencePieceTokenizer(SentencePieceTokenizer&&) noexcept;
   SentencePieceTokenizer& operator=(SentencePieceTokenizer&&) noexcept;
 
-  const std::string& path() const { return path_; }        // as given
-  int64_t model_bytes() const { return model_bytes_; }    // the file's size in bytes
-  const std::string& model_sha256() const { return sha256_; }  // sha256_hex of the file
-  int64_t vocab_size() const;  // GetPieceSize(): ids are in [0, vocab_size)
-  int32_t bos_id() const;      // the model's BOS id (Llama: 1), -1 if it has none (T5)
-  int32_t eos_id() const;      // the model's EOS id (Llama: 2, T5: 1), -1 if it has none
+  std::string kind() const override { return "sentencepiece"; }
+  const std::string& path() const override { return path_; }        // as given
+  int64_t model_bytes() const override { return model_bytes_; }    // the file's size in bytes
+  const std::string& model_sha256() const override { return sha256_; }  // sha256_hex of the file
+  int64_t vocab_size() const override;  // GetPieceSize(): ids are in [0, vocab_size)
+  int32_t bos_id() const override;      // the model's BOS id (Llama: 1), -1 if it has none (T5)
+  int32_t eos_id() const override;      // the model's EOS id (Llama: 2, T5: 1), -1 if it has none
 
   // Appends the ids of `text` (UTF-8; one SentencePieceProcessor::Encode call, so the
   // model's normalizer and dummy prefix apply once, at the start of `text`, exactly as
   // `sp.encode(text)` in Python) to `out`; no BOS/EOS (the caller adds them). `where`
   // names the input in errors. Throws fsdp::InputError "<where>: SentencePiece encode
   // failed (<reason>)".
-  void encode(std::string_view text, std::vector<int32_t>& out, const std::string& where) const;
+  void encode(std::string_view text, std::vector<int32_t>& out, const std::string& where) const override;
 
  private:
   struct Impl;
@@ -156,10 +178,10 @@ class TokenFileReader {
 // written before these attributes existed have `tokenizer` (or not) and `vocab_size` only;
 // read_tokenizer_record fills the rest with the defaults below.
 struct TokenizerRecord {
-  std::string kind = "unknown";  // attribute tokenizer: "bytes" | "sentencepiece" | "llm.c" | "nanogpt" | ...
+  std::string kind = "unknown";  // attribute tokenizer: "bytes" | "sentencepiece" | "hf-bpe" | "llm.c" | ...
   int64_t vocab_size = 0;        // attribute vocab_size: ids are in [0, vocab_size)
-  // sentencepiece only (absent otherwise):
-  std::string model_path;        // tokenizer_model: absolute path of the .model file
+  // sentencepiece and hf-bpe only (absent otherwise):
+  std::string model_path;        // tokenizer_model: absolute path of the .model / tokenizer.json
   int64_t model_bytes = -1;      // tokenizer_model_bytes
   std::string model_sha256;      // tokenizer_model_sha256 (sha256sum of the file)
   int64_t bos_id = -1, eos_id = -1;  // bos_id, eos_id: the model's (-1: none)

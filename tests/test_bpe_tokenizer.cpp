@@ -1,0 +1,243 @@
+// tests/test_bpe_tokenizer.cpp: the tokenizer.json reader (fsdp/data/bpe_tokenizer.hpp) on
+// small tokenizers built here, each checking one rule of Hugging Face tokenizers' byte-level BPE
+// whose result is worked out by hand: merge order and the leftmost tie, ignore_merges, Split's
+// Isolated pieces (the text between matches kept, empty matches skipped), add_prefix_space,
+// both merge spellings, ids of added tokens, BOS / EOS from the flags, tokenizer_config.json
+// and the post_processor in that order, and the UTF-8 check. Real vocabularies against
+// tiktoken: tests/cli/tokenizers.sh hf_bpe_*.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fsdp/core/error.hpp"
+#include "fsdp/data/bpe_tokenizer.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using fsdp::data::BpeSpecialTokens;
+using fsdp::data::BpeTokenizer;
+using Ids = std::vector<int32_t>;
+
+namespace {
+
+// GPT-2's bytes_to_unicode spelled as UTF-8: byte b's character in a vocabulary.
+std::string byte_char(int b) {
+  int cp = b;
+  if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)) {
+    int n = 0;
+    for (int c = 0; c < b; ++c)
+      n += (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174 ? 0 : 1;
+    cp = 256 + n;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// A byte-level tokenizer.json: token b (0..255) is byte b; `extra` tokens get ids 256, 257, ...
+// in order (spelled in raw ASCII, which byte level leaves as it is); merges as "a b" strings;
+// pre_tokenizer ByteLevel without regex unless changed.
+json tokenizer(const std::vector<std::string>& extra, const std::vector<std::string>& merges) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  for (std::size_t i = 0; i < extra.size(); ++i) vocab[extra[i]] = 256 + static_cast<int>(i);
+  return {
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}},
+      {"added_tokens", json::array()},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+}
+
+class BpeFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(FSDP_BINARY_DIR) / "test_tmp" /
+           ("bpe_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write(const std::string& name, const json& j) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << j.dump();
+    return path;
+  }
+  Ids encode(const json& j, const std::string& text) {
+    BpeTokenizer tok(write("tokenizer.json", j));
+    Ids ids;
+    tok.encode(text, ids, "text");
+    return ids;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(BpeFiles, MergesApplyInRankOrderLeftmostFirst) {
+  // "b c" ranks before "a b": abc -> a + bc, although ab comes first in the text.
+  EXPECT_EQ(encode(tokenizer({"bc", "ab"}, {"b c", "a b"}), "abc"), (Ids{'a', 256}));
+  EXPECT_EQ(encode(tokenizer({"bc", "ab"}, {"a b", "b c"}), "abc"), (Ids{257, 'c'}));
+  // Equal ranks: the leftmost pair first. aaa -> aa + a; aaaa -> aa + aa, then aaaa.
+  EXPECT_EQ(encode(tokenizer({"aa"}, {"a a"}), "aaa"), (Ids{256, 'a'}));
+  EXPECT_EQ(encode(tokenizer({"aa", "aaaa"}, {"a a", "aa aa"}), "aaaaa"), (Ids{257, 'a'}));
+  // A merge's result takes part in later merges (th + e -> the).
+  EXPECT_EQ(encode(tokenizer({"th", "the"}, {"t h", "th e"}), "thethe"), (Ids{257, 257}));
+}
+
+TEST_F(BpeFiles, MergesAsPairsEqualMergesAsStrings) {
+  json pairs = tokenizer({"th", "the"}, {});
+  pairs["model"]["merges"] = json::array({json::array({"t", "h"}), json::array({"th", "e"})});
+  EXPECT_EQ(encode(pairs, "the other"),
+            encode(tokenizer({"th", "the"}, {"t h", "th e"}), "the other"));
+  EXPECT_EQ(encode(pairs, "the"), (Ids{257}));
+}
+
+TEST_F(BpeFiles, IgnoreMergesTakesAWholePieceFromTheVocabulary) {
+  // "abc" is a token that no merge reaches (ab + c has no merge).
+  json j = tokenizer({"ab", "abc"}, {"a b"});
+  EXPECT_EQ(encode(j, "abc"), (Ids{256, 'c'}));
+  j["model"]["ignore_merges"] = true;
+  EXPECT_EQ(encode(j, "abc"), (Ids{257}));
+  EXPECT_EQ(encode(j, "abcd"), (Ids{256, 'c', 'd'}));  // not itself in the vocabulary: merges
+}
+
+TEST_F(BpeFiles, SplitKeepsMatchesAndTheTextBetween) {
+  // Isolated: "ab12cd" -> ab | 12 | cd; merges never cross a piece (b1 has a merge).
+  json j = tokenizer({"b1", "ab", "12"}, {"b 1", "a b", "1 2"});
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern", {{"Regex", "\\d+"}}},
+         {"behavior", "Isolated"},
+         {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  EXPECT_EQ(encode(j, "ab12cd"), (Ids{257, 258, 'c', 'd'}));
+  EXPECT_EQ(encode(tokenizer({"b1", "ab", "12"}, {"b 1", "a b", "1 2"}), "ab12cd"),
+            (Ids{'a', 256, '2', 'c', 'd'}));
+  // A pattern that matches empty strings: they are skipped, not looped on.
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "1*";
+  EXPECT_EQ(encode(j, "ab12cd"), (Ids{257, '1', '2', 'c', 'd'}));
+}
+
+TEST_F(BpeFiles, ByteLevelRegexIsGpt2sPattern) {
+  // use_regex: "hi  you" -> "hi" | " " | " you": the space before a word stays with it.
+  json j = tokenizer({" y", " yo", " you", "hi"}, {"Ġ y", "Ġy o", "Ġyo u", "h i"});
+  j["model"]["vocab"].erase(" y"), j["model"]["vocab"].erase(" yo"),
+      j["model"]["vocab"].erase(" you");
+  j["model"]["vocab"]["Ġy"] = 256, j["model"]["vocab"]["Ġyo"] = 257,
+  j["model"]["vocab"]["Ġyou"] = 258;
+  j["pre_tokenizer"]["use_regex"] = true;
+  EXPECT_EQ(encode(j, "hi  you"), (Ids{259, ' ', 258}));
+  j["pre_tokenizer"]["use_regex"] = false;  // one piece: no merge joins i and the spaces here
+  EXPECT_EQ(encode(j, "hi  you"), (Ids{259, ' ', 258}));
+  EXPECT_EQ(encode(j, "hiyou"), (Ids{259, 'y', 'o', 'u'}));
+  j["pre_tokenizer"]["add_prefix_space"] = true;  // " you" as a text of its own
+  EXPECT_EQ(encode(j, "you"), (Ids{258}));
+  EXPECT_EQ(encode(j, " you"), (Ids{258}));  // already starts with a space: none added
+}
+
+TEST_F(BpeFiles, VocabSizeAndAddedTokens) {
+  json j = tokenizer({"ab"}, {"a b"});
+  j["added_tokens"] = json::array({{{"id", 300}, {"content", "<|eot|>"}, {"special", true}}});
+  BpeTokenizer tok(write("tokenizer.json", j));
+  EXPECT_EQ(tok.vocab_size(), 301);
+  EXPECT_EQ(tok.token_id("<|eot|>"), 300);
+  EXPECT_EQ(tok.token_id("ab"), 256);
+  EXPECT_EQ(tok.token_id("nope"), -1);
+  EXPECT_EQ(tok.num_merges(), 1);
+  EXPECT_EQ(tok.bos_id(), -1);
+  EXPECT_EQ(tok.eos_id(), -1);
+  EXPECT_EQ(tok.kind(), "hf-bpe");
+  // The added token's spelling in text is ordinary text.
+  Ids ids;
+  tok.encode("<|eot|>", ids, "text");
+  EXPECT_EQ(ids, (Ids{'<', '|', 'e', 'o', 't', '|', '>'}));
+}
+
+TEST_F(BpeFiles, BosAndEosComeFromFlagsThenConfigThenTemplate) {
+  json j = tokenizer({}, {});
+  j["added_tokens"] = json::array({{{"id", 256}, {"content", "<s>"}},
+                                   {{"id", 257}, {"content", "</s>"}},
+                                   {{"id", 258}, {"content", "<x>"}}});
+  j["post_processor"] = {{"type", "Sequence"},
+                         {"processors",
+                          {{{"type", "ByteLevel"}},
+                           {{"type", "TemplateProcessing"},
+                            {"single",
+                             {{{"SpecialToken", {{"id", "<s>"}}}},
+                              {{"Sequence", {{"id", "A"}}}},
+                              {{"SpecialToken", {{"id", "</s>"}}}}}}}}}};
+  const std::string path = write("tokenizer.json", j);
+  {
+    BpeTokenizer tok(path);  // no config: the template's
+    EXPECT_EQ(tok.bos_id(), 256);
+    EXPECT_EQ(tok.eos_id(), 257);
+  }
+  write("tokenizer_config.json",
+        {{"bos_token", {{"content", "<x>"}, {"__type", "AddedToken"}}}, {"eos_token", nullptr}});
+  {
+    BpeTokenizer tok(path);  // the config's: an AddedToken object, and null for none
+    EXPECT_EQ(tok.bos_id(), 258);
+    EXPECT_EQ(tok.eos_id(), -1);
+  }
+  write("tokenizer_config.json", {{"model_max_length", 1024}});
+  {
+    BpeTokenizer tok(path, BpeSpecialTokens{"</s>", ""});  // flag first; EOS from the template
+    EXPECT_EQ(tok.bos_id(), 257);
+    EXPECT_EQ(tok.eos_id(), 257);
+  }
+  std::ofstream(dir_ / "tokenizer_config.json") << "{not json";
+  try {
+    BpeTokenizer tok(path);
+    FAIL() << "a tokenizer_config.json that is not JSON was read";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: not JSON"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(BpeFiles, TextMustBeUtf8) {
+  BpeTokenizer tok(write("tokenizer.json", tokenizer({}, {})));
+  Ids ids;
+  tok.encode("caf\xc3\xa9", ids, "x");  // é
+  EXPECT_EQ(ids, (Ids{'c', 'a', 'f', 0xc3, 0xa9}));
+  for (const auto& [text, offset] :
+       std::vector<std::pair<std::string, int>>{{"ok\xff", 2},
+                                                {"a\xc3", 1},
+                                                {"\xed\xa0\x80", 0} /* a surrogate */,
+                                                {"ab\xc0\xaf", 2} /* overlong */}) {
+    try {
+      tok.encode(text, ids, "doc.txt");
+      ADD_FAILURE() << "accepted invalid UTF-8 at " << offset;
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("doc.txt: not valid UTF-8 at byte " + std::to_string(offset)),
+          std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST_F(BpeFiles, LoadTextTokenizerPicksTheFormat) {
+  const std::string path = write("tokenizer.json", tokenizer({}, {}));
+  EXPECT_TRUE(fsdp::data::is_tokenizer_json(path));
+  EXPECT_TRUE(fsdp::data::is_tokenizer_json(dir_.string()));
+  EXPECT_EQ(fsdp::data::load_text_tokenizer(dir_.string())->kind(), "hf-bpe");
+  std::ofstream(dir_ / "x.model") << "\x0a\x05garbage";
+  EXPECT_FALSE(fsdp::data::is_tokenizer_json((dir_ / "x.model").string()));
+  EXPECT_THROW(fsdp::data::load_text_tokenizer((dir_ / "x.model").string()), fsdp::Error);
+}
+
+}  // namespace
