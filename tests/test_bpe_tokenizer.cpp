@@ -3,8 +3,9 @@
 // whose result is worked out by hand: merge order and the leftmost tie, ignore_merges, Split's
 // Isolated pieces (the text between matches kept, empty matches skipped), add_prefix_space,
 // both merge spellings, ids of added tokens, BOS / EOS from the flags, tokenizer_config.json
-// and the post_processor in that order, and the UTF-8 check. Real vocabularies against
-// tiktoken: tests/cli/tokenizers.sh hf_bpe_*.
+// and the post_processor in that order, and the UTF-8 check; encode_documents gives the same
+// stream on any number of threads and batch size, and reports the first bad document in
+// order. Real vocabularies against tiktoken: tests/cli/tokenizers.sh hf_bpe_*.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 
 #include "fsdp/core/error.hpp"
 #include "fsdp/data/bpe_tokenizer.hpp"
+#include "fsdp/data/prepare.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -238,6 +240,103 @@ TEST_F(BpeFiles, LoadTextTokenizerPicksTheFormat) {
   std::ofstream(dir_ / "x.model") << "\x0a\x05garbage";
   EXPECT_FALSE(fsdp::data::is_tokenizer_json((dir_ / "x.model").string()));
   EXPECT_THROW(fsdp::data::load_text_tokenizer((dir_ / "x.model").string()), fsdp::Error);
+}
+
+// A corpus of several files of lines (words with merges, digits, blank lines), a BPE with
+// merges and a regex: encode_documents on 1 thread in one batch is the reference.
+class EncodeDocuments : public BpeFiles {
+ protected:
+  void SetUp() override {
+    BpeFiles::SetUp();
+    json j = tokenizer({"th", "the", " the", "he"}, {"t h", "th e", "Ġ the", "h e"});
+    j["model"]["vocab"].erase(" the");
+    j["model"]["vocab"]["Ġthe"] = 258;
+    j["pre_tokenizer"]["use_regex"] = true;
+    j["added_tokens"] =
+        json::array({{{"id", 260}, {"content", "<s>"}}, {{"id", 261}, {"content", "</s>"}}});
+    tok_ =
+        std::make_unique<BpeTokenizer>(write("tokenizer.json", j), BpeSpecialTokens{"<s>", "</s>"});
+    for (int f = 0; f < 5; ++f) {
+      std::string text;
+      for (int l = 0; l < 40 + 13 * f; ++l) {
+        text += (l % 7 == 3) ? "\n" : "the other " + std::to_string(l * f) + " hethe\n";
+      }
+      const fs::path p = dir_ / "corpus" / ("f" + std::to_string(f) + ".txt");
+      fs::create_directories(p.parent_path());
+      std::ofstream(p) << text;
+      files_.push_back(p);
+    }
+  }
+  Ids stream(fsdp::data::DocumentUnit unit, int threads, std::size_t batch_bytes,
+             fsdp::data::TokenStreamCounts* counts = nullptr) {
+    Ids all;
+    const auto c = fsdp::data::encode_documents(
+        files_, *tok_, true, true, unit, threads,
+        [&](const int32_t* ids, std::size_t n) { all.insert(all.end(), ids, ids + n); }, nullptr,
+        batch_bytes);
+    if (counts) *counts = c;
+    return all;
+  }
+  std::unique_ptr<BpeTokenizer> tok_;
+  std::vector<fs::path> files_;
+};
+
+TEST_F(EncodeDocuments, SameStreamOnAnyThreadsAndBatches) {
+  for (const auto unit : {fsdp::data::DocumentUnit::file, fsdp::data::DocumentUnit::line}) {
+    fsdp::data::TokenStreamCounts ref_counts;
+    const Ids ref = stream(unit, 1, std::size_t{1} << 30, &ref_counts);
+    // The reference itself: one document's ids by hand.
+    Ids first;
+    tok_->encode(unit == fsdp::data::DocumentUnit::file ? std::string("the other 0 hethe\n")
+                                                        : std::string("the other 0 hethe"),
+                 first, "x");
+    ASSERT_GE(ref.size(), first.size() + 2);
+    EXPECT_EQ(ref[0], 260);
+    if (unit == fsdp::data::DocumentUnit::line) {
+      EXPECT_EQ(Ids(ref.begin() + 1, ref.begin() + 1 + first.size()), first);
+      EXPECT_EQ(ref[1 + first.size()], 261);
+      // the | " other" | " 0" | " hethe": in " hethe", t h (rank 0) then th e go before h e.
+      EXPECT_EQ(first, (Ids{257, ' ', 'o', 257, 'r', ' ', '0', ' ', 259, 257}));
+    }
+    EXPECT_EQ(ref_counts.files, 5);
+    EXPECT_EQ(ref_counts.tokens, static_cast<int64_t>(ref.size()));
+    for (const int threads : {2, 3, 8}) {
+      for (const std::size_t batch : {std::size_t{1}, std::size_t{100}, std::size_t{1} << 30}) {
+        fsdp::data::TokenStreamCounts c;
+        EXPECT_EQ(stream(unit, threads, batch, &c), ref) << threads << " threads, batch " << batch;
+        EXPECT_EQ(c.documents, ref_counts.documents);
+        EXPECT_EQ(c.tokens, ref_counts.tokens);
+      }
+    }
+  }
+}
+
+TEST_F(EncodeDocuments, FirstBadDocumentInOrderIsReported) {
+  std::ofstream(files_[1], std::ios::app) << "bad \xff byte\n";
+  std::ofstream(files_[3], std::ios::app) << "also \xfe bad\n";
+  for (const auto& [threads, batch] : std::vector<std::pair<int, std::size_t>>{
+           {1, 1}, {4, 1}, {4, std::size_t{1} << 30}, {8, std::size_t{1} << 30}}) {
+    try {
+      stream(fsdp::data::DocumentUnit::line, threads, batch);  // both bad lines in one batch
+      ADD_FAILURE() << "invalid UTF-8 accepted on " << threads << " threads";
+    } catch (const fsdp::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("f1.txt:"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("not valid UTF-8 at byte 4"), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST_F(EncodeDocuments, HandlesShareTheModel) {
+  const auto clone = tok_->clone_for_thread();
+  EXPECT_EQ(clone->vocab_size(), tok_->vocab_size());
+  EXPECT_EQ(clone->bos_id(), 260);
+  EXPECT_EQ(clone->eos_id(), 261);
+  EXPECT_EQ(clone->model_sha256(), tok_->model_sha256());
+  Ids a, b;
+  tok_->encode("the other hethe", a, "x");
+  clone->encode("the other hethe", b, "x");
+  EXPECT_EQ(a, b);
 }
 
 }  // namespace

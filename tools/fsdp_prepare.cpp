@@ -2,7 +2,8 @@
 //
 //   fsdp_prepare -o OUT.h5 [--val-fraction F] INPUT...
 //   fsdp_prepare --tokenizer MODEL -o OUT.h5 [--add-bos|--no-add-bos] [--add-eos|--no-add-eos]
-//                [--bos-token T] [--eos-token T] [--document file|line] [--val-fraction F] INPUT...
+//                [--bos-token T] [--eos-token T] [--document file|line] [--num-threads N]
+//                [--val-fraction F] INPUT...
 //   fsdp_prepare --token-file FILE... --vocab-size N -o OUT.h5 [--val-token-file FILE...]
 //                [--token-format auto|llm.c|nanogpt] [--val-fraction F]
 //   fsdp_prepare --pairs FILE.tsv [-o] OUT.h5 [--val-fraction F]
@@ -66,10 +67,12 @@ int main(int argc, char** argv) {
   std::string pairs, tokenizer, document = "file", token_format = "auto", bos_token, eos_token;
   std::vector<std::string> inputs, token_files, val_token_files;
   int64_t vocab_size = 0;
+  int num_threads = 0;
   po::options_description opts(
       "fsdp_prepare -o OUT.h5 [--val-fraction F] INPUT...                     (bytes)\n"
       "fsdp_prepare --tokenizer MODEL -o OUT.h5 [--add-bos|--no-add-bos] [--add-eos|--no-add-eos]\n"
-      "             [--bos-token T] [--eos-token T] [--document file|line] [--val-fraction F] INPUT...\n"
+      "             [--bos-token T] [--eos-token T] [--document file|line] [--num-threads N]\n"
+      "             [--val-fraction F] INPUT...\n"
       "                                           (SentencePiece .model, or byte-level BPE tokenizer.json)\n"
       "fsdp_prepare --token-file FILE... --vocab-size N -o OUT.h5 [--val-token-file FILE...]\n"
       "             [--token-format auto|llm.c|nanogpt] [--val-fraction F]     (llm.c / nanoGPT ids)\n"
@@ -94,6 +97,9 @@ int main(int argc, char** argv) {
        "--tokenizer tokenizer.json: the BOS token's text, e.g. '<|endoftext|>' (default: tokenizer_config.json's "
        "bos_token beside it, else the post_processor's)")
       ("eos-token", po::value(&eos_token), "--tokenizer tokenizer.json: the EOS token's text (default as BOS)")
+      ("num-threads", po::value(&num_threads)->default_value(0),
+       "--tokenizer: encoding threads (default 0: every CPU this process may run on); the output is "
+       "the same for any number")
       ("document", po::value(&document)->default_value("file"),
        "--tokenizer: what one document is: file (a whole input file) or line (each line; empty ones skipped)")
       ("token-file", po::value(&token_files)->multitoken()->composing(),
@@ -125,7 +131,8 @@ int main(int argc, char** argv) {
     if (modes > 1) {
       throw fsdp::InputError("--pairs, --tokenizer and --token-file: more than one given (expected one mode)");
     }
-    const auto sp_only = {"add-bos", "no-add-bos", "add-eos", "no-add-eos", "document", "bos-token", "eos-token"};
+    const auto sp_only = {"add-bos",  "no-add-bos", "add-eos",  "no-add-eos",
+                          "document", "bos-token",  "eos-token", "num-threads"};
     const auto tf_only = {"val-token-file", "vocab-size", "token-format"};
     if (!vm.count("tokenizer")) refuse_options(vm, "without --tokenizer", sp_only);
     if (!vm.count("token-file")) refuse_options(vm, "without --token-file", tf_only);
@@ -185,6 +192,11 @@ int main(int argc, char** argv) {
       fsdp::data::TokenizerOptions o;
       o.model = tokenizer;
       o.specials = {bos_token, eos_token};
+      if (num_threads < 0) {
+        throw fsdp::InputError("--num-threads: " + std::to_string(num_threads) +
+                               " (expected 0, every CPU, or a count >= 1)");
+      }
+      o.num_threads = num_threads;
       o.add_bos = switch_pair(vm, "add-bos");
       o.add_eos = switch_pair(vm, "add-eos");
       o.document = fsdp::data::parse_document_unit(document);

@@ -52,8 +52,11 @@ if [[ -f $deps/node_modules/js-tiktoken/package.json ]] &&
   echo "install_deps: $JS_TIKTOKEN present"
 elif command -v npm >/dev/null && command -v node >/dev/null; then
   mkdir -p "$deps"
-  timeout 300 npm install --silent --no-audit --no-fund --no-save --prefix "$deps" "$JS_TIKTOKEN" ||
+  if timeout 300 npm install --silent --no-audit --no-fund --no-save --prefix "$deps" "$JS_TIKTOKEN"; then
+    echo "install_deps: installed $JS_TIKTOKEN into $deps"
+  else
     echo "install_deps: npm install $JS_TIKTOKEN failed: the hf_bpe tokenizer cases will not run"
+  fi
 else
   echo "install_deps: no node/npm: $JS_TIKTOKEN not installed, the hf_bpe tokenizer cases will not run"
 fi

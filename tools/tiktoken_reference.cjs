@@ -13,6 +13,9 @@
 //                 ["a", "b"], ignore_merges, added tokens <|begin_of_text|> and
 //                 <|end_of_text|> after the specials, and a TemplateProcessing that puts
 //                 <|begin_of_text|> first (Meta-Llama-3's tokenizer.json layout); no config.
+//   node tools/tiktoken_reference.cjs time ENCODING FILE...
+//       Prints "SECONDS TOKENS": js-tiktoken's time to encode the files' texts (read first,
+//       ranks loaded first; one thread), for tools/bench_prepare.sh.
 //   node tools/tiktoken_reference.cjs encode ENCODING OUT.json FILE...
 //       Writes [[ids of FILE 1], ...]: each file's text (UTF-8) encoded by js-tiktoken as
 //       ordinary text (no special tokens), the ids tiktoken's encode_ordinary gives.
@@ -195,14 +198,26 @@ function encodeFiles(encoding, out, files) {
   fs.writeFileSync(out, JSON.stringify(ids));
 }
 
+function timeFiles(encoding, files) {
+  const enc = new Tiktoken(loadRanks(encoding));
+  const texts = files.map((f) => fs.readFileSync(f, "utf8"));
+  const t0 = process.hrtime.bigint();
+  let tokens = 0;
+  for (const t of texts) tokens += enc.encode(t, [], []).length;
+  console.log(`${Number(process.hrtime.bigint() - t0) / 1e9} ${tokens}`);
+}
+
 const [cmd, ...args] = process.argv.slice(2);
 if (cmd === "tokenizer" && args.length === 3) {
   writeTokenizer(args[0], args[1], args[2]);
+} else if (cmd === "time" && args.length >= 2) {
+  timeFiles(args[0], args.slice(1));
 } else if (cmd === "encode" && args.length >= 3) {
   encodeFiles(args[0], args[1], args.slice(2));
 } else {
   console.error(
-    "usage: tiktoken_reference.cjs tokenizer ENCODING gpt2|llama3 OUT_DIR | encode ENCODING OUT.json FILE...",
+    "usage: tiktoken_reference.cjs tokenizer ENCODING gpt2|llama3 OUT_DIR | time ENCODING FILE... | " +
+      "encode ENCODING OUT.json FILE...",
   );
   process.exit(2);
 }

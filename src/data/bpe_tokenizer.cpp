@@ -174,10 +174,12 @@ uint64_t pair_key(int32_t a, int32_t b) {
 
 }  // namespace
 
-struct BpeTokenizer::Impl {
-  // The pre-tokenizer: Split steps (Isolated) in order, then ByteLevel.
-  std::vector<std::unique_ptr<OnigRegex>> splits;
-  std::unique_ptr<OnigRegex> byte_level_regex;  // ByteLevel use_regex: GPT-2's pattern
+// What a tokenizer.json says: read once, then shared, unchanged, by every handle on it
+// (clone_for_thread).
+struct BpeModel {
+  // The pre-tokenizer: Split regexes (Isolated) in order, then ByteLevel.
+  std::vector<std::string> split_patterns;
+  bool byte_level_regex = true;  // ByteLevel use_regex: GPT-2's pattern
   bool add_prefix_space = false;
   bool ignore_merges = false;
 
@@ -189,19 +191,40 @@ struct BpeTokenizer::Impl {
     int32_t rank, new_id;
   };
   std::unordered_map<uint64_t, Merge> merges;
+};
+
+// One handle's own state: its compiled regexes (Oniguruma's match state is per regex) and
+// its cache of encoded pieces.
+struct BpeTokenizer::Impl {
+  using Merge = BpeModel::Merge;
+  std::shared_ptr<const BpeModel> model;
+  std::vector<std::unique_ptr<OnigRegex>> splits;
+  std::unique_ptr<OnigRegex> byte_level_regex;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
 
+  // Compiles the model's regexes; `where` names the file in errors.
+  Impl(std::shared_ptr<const BpeModel> m, const std::string& where) : model(std::move(m)) {
+    for (std::size_t i = 0; i < model->split_patterns.size(); ++i) {
+      splits.push_back(std::make_unique<OnigRegex>(
+          model->split_patterns[i], where + ": pre_tokenizer " + std::to_string(i) + " (Split)"));
+    }
+    if (model->byte_level_regex) {
+      byte_level_regex =
+          std::make_unique<OnigRegex>(std::string(kGpt2Pattern), where + ": ByteLevel");
+    }
+  }
+
   const Merge* find_merge(int32_t a, int32_t b) const {
-    const auto it = merges.find(pair_key(a, b));
-    return it == merges.end() ? nullptr : &it->second;
+    const auto it = model->merges.find(pair_key(a, b));
+    return it == model->merges.end() ? nullptr : &it->second;
   }
 
   // Tokenizers' Word::merge_all (no dropout): a min-heap of (rank, position) over adjacent
   // pairs; a popped pair whose symbols changed since it was pushed is skipped.
   void bpe(std::string_view piece, std::vector<int32_t>& out) const {
-    if (ignore_merges) {
-      const auto it = raw_vocab.find(std::string(piece));
-      if (it != raw_vocab.end()) {
+    if (model->ignore_merges) {
+      const auto it = model->raw_vocab.find(std::string(piece));
+      if (it != model->raw_vocab.end()) {
         out.push_back(it->second);
         return;
       }
@@ -220,7 +243,8 @@ struct BpeTokenizer::Impl {
     const auto n = static_cast<int32_t>(piece.size());
     std::vector<Symbol> sym(static_cast<std::size_t>(n));
     for (int32_t i = 0; i < n; ++i) {
-      sym[i] = {byte_id[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1, 1};
+      sym[i] = {model->byte_id[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1,
+                1};
     }
     struct Candidate {
       int32_t rank, pos, new_id;
@@ -265,7 +289,7 @@ struct BpeTokenizer::Impl {
 
   void byte_level(std::string_view piece, std::vector<int32_t>& out) const {
     std::string prefixed;
-    if (add_prefix_space && (piece.empty() || piece.front() != ' ')) {
+    if (model->add_prefix_space && (piece.empty() || piece.front() != ' ')) {
       prefixed.reserve(piece.size() + 1);
       prefixed.push_back(' ');
       prefixed.append(piece);
@@ -282,7 +306,7 @@ struct BpeTokenizer::Impl {
 };
 
 BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens& specials)
-    : impl_(std::make_unique<Impl>()), path_(json_path) {
+    : path_(json_path) {
   const std::string name = printable(json_path);
   const std::string bytes = read_whole_file(json_path, "tokenizer.json");
   json doc;
@@ -302,7 +326,8 @@ BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens&
   if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object()) {
     refuse("no \"model\" object: not a tokenizer.json");
   }
-  Impl& m = *impl_;
+  auto shared = std::make_shared<BpeModel>();
+  BpeModel& m = *shared;
 
   // ---- normalizer
   if (doc.contains("normalizer") && !doc["normalizer"].is_null()) {
@@ -329,7 +354,6 @@ BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens&
   }
   for (std::size_t i = 0; i + 1 < steps.size(); ++i) {
     const json& s = steps[i];
-    const std::string where = name + ": pre_tokenizer " + std::to_string(i) + " (Split)";
     if (type_of(s) != "Split")
       refuse("pre_tokenizer " + type_of(s) + " is not supported (only Split and ByteLevel)");
     if (!s.contains("pattern") || !s["pattern"].is_object() || !s["pattern"].contains("Regex") ||
@@ -341,15 +365,11 @@ BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens&
              " is not supported (only Isolated)");
     }
     if (s.value("invert", false)) refuse("pre_tokenizer Split with invert is not supported");
-    m.splits.push_back(
-        std::make_unique<OnigRegex>(s["pattern"]["Regex"].get<std::string>(), where));
+    m.split_patterns.push_back(s["pattern"]["Regex"].get<std::string>());  // compiled by Impl
   }
   const json& bl = steps.back();
   m.add_prefix_space = bl.value("add_prefix_space", false);
-  if (bl.value("use_regex", true)) {
-    m.byte_level_regex =
-        std::make_unique<OnigRegex>(std::string(kGpt2Pattern), name + ": ByteLevel");
-  }
+  m.byte_level_regex = bl.value("use_regex", true);
 
   // ---- model: BPE
   const json& model = doc["model"];
@@ -439,7 +459,7 @@ BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens&
     }
     // The first merge of a pair wins, as tokenizers' BPE builder keeps one rank per pair.
     m.merges.emplace(pair_key(ia->second, ib->second),
-                     Impl::Merge{static_cast<int32_t>(r), iab->second});
+                     BpeModel::Merge{static_cast<int32_t>(r), iab->second});
   }
 
   // ---- added tokens
@@ -453,6 +473,8 @@ BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens&
     }
   }
   vocab_size_ = max_id + 1;
+
+  impl_ = std::make_unique<Impl>(std::move(shared), name);  // compiles the regexes
 
   // ---- BOS / EOS: the flags, else tokenizer_config.json (a key set to null is none), else the
   // post_processor's template.
@@ -521,13 +543,28 @@ BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens&
 
 BpeTokenizer::~BpeTokenizer() = default;
 
-int64_t BpeTokenizer::num_merges() const { return static_cast<int64_t>(impl_->merges.size()); }
+std::unique_ptr<TextTokenizer> BpeTokenizer::clone_for_thread() const {
+  std::unique_ptr<BpeTokenizer> copy(new BpeTokenizer());
+  copy->impl_ = std::make_unique<Impl>(impl_->model, printable(path_));
+  copy->path_ = path_;
+  copy->sha256_ = sha256_;
+  copy->model_bytes_ = model_bytes_;
+  copy->vocab_size_ = vocab_size_;
+  copy->bos_id_ = bos_id_;
+  copy->eos_id_ = eos_id_;
+  return copy;
+}
+
+int64_t BpeTokenizer::num_merges() const {
+  return static_cast<int64_t>(impl_->model->merges.size());
+}
 
 int32_t BpeTokenizer::token_id(std::string_view content) const {
   const std::string key(content);
-  if (const auto it = impl_->added.find(key); it != impl_->added.end()) return it->second;
-  if (const auto it = impl_->spelled.find(key); it != impl_->spelled.end()) return it->second;
-  if (const auto it = impl_->raw_vocab.find(key); it != impl_->raw_vocab.end()) return it->second;
+  const BpeModel& m = *impl_->model;
+  if (const auto it = m.added.find(key); it != m.added.end()) return it->second;
+  if (const auto it = m.spelled.find(key); it != m.spelled.end()) return it->second;
+  if (const auto it = m.raw_vocab.find(key); it != m.raw_vocab.end()) return it->second;
   return -1;
 }
 

@@ -2,19 +2,30 @@
 // (see fsdp/data/prepare.hpp and docs/data.md).
 #include "fsdp/data/prepare.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <optional>
 #include <sstream>
 #include <system_error>
+#include <thread>
+#include <tuple>
 #include <utility>
 
 #include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/output_lock.hpp"
+#include "fsdp/core/process.hpp"
 #include "fsdp/core/progress.hpp"
 #include "fsdp/h5/hdf5.hpp"
 
@@ -484,10 +495,137 @@ bool resolve_special(const std::optional<bool>& want, int32_t id, const std::str
 
 int token_dtype_bytes(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
-TokenSplit build_tokenized_split(const std::vector<fs::path>& files, const TextTokenizer& tok, bool add_bos,
-                                 bool add_eos, DocumentUnit document, double val_fraction, ProgressMeter* progress) {
-  val_token_count(0, val_fraction);  // validate before reading anything
-  TokenSplit s;
+namespace {
+
+// An unnamed temporary file in `dir` holding the token stream as int32 ids, written in order
+// and read back once: O_TMPFILE, so it has no name and nothing is left whatever ends the
+// process; where the file system lacks O_TMPFILE, mkstemp and an unlink at once. The one
+// owner of its descriptor.
+class TokenSpill {
+ public:
+  // `out` names the output in errors.
+  TokenSpill(const fs::path& dir, const std::string& out) : out_(out) {
+    const std::string d = dir.empty() ? std::string(".") : dir.string();
+    fd_ = ::open(d.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd_ < 0) {
+      std::string name = (fs::path(d) / ".fsdp_prepare_tokens.XXXXXX").string();
+      fd_ = ::mkstemp(name.data());
+      if (fd_ >= 0) ::unlink(name.c_str());
+    }
+    if (fd_ < 0) fail("cannot create a temporary file in " + printable(d));
+  }
+  ~TokenSpill() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  TokenSpill(const TokenSpill&) = delete;
+  TokenSpill& operator=(const TokenSpill&) = delete;
+
+  void append(const int32_t* ids, std::size_t n) {
+    buf_.insert(buf_.end(), ids, ids + n);
+    if (buf_.size() >= kBufferIds) flush();
+  }
+  // Writes the buffered ids. Throws fsdp::Error naming the output (and strerror: a full
+  // disk is ENOSPC).
+  void flush() {
+    const auto* p = reinterpret_cast<const char*>(buf_.data());
+    std::size_t left = buf_.size() * sizeof(int32_t);
+    while (left > 0) {
+      const ssize_t w = ::pwrite(fd_, p, left, bytes_);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail("cannot write the token stream's temporary file");
+      p += w;
+      bytes_ += w;
+      left -= static_cast<std::size_t>(w);
+    }
+    buf_.clear();
+  }
+  int64_t size() const {
+    return static_cast<int64_t>(bytes_ / static_cast<off_t>(sizeof(int32_t)) + buf_.size());
+  }
+  // Reads ids [offset, offset + count) (after flush()).
+  void read(int64_t offset, int64_t count, int32_t* out) const {
+    auto* p = reinterpret_cast<char*>(out);
+    std::size_t left = static_cast<std::size_t>(count) * sizeof(int32_t);
+    off_t at = static_cast<off_t>(offset) * static_cast<off_t>(sizeof(int32_t));
+    while (left > 0) {
+      const ssize_t r = ::pread(fd_, p, left, at);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) fail("cannot read back the token stream's temporary file");
+      p += r;
+      at += r;
+      left -= static_cast<std::size_t>(r);
+    }
+  }
+
+ private:
+  static constexpr std::size_t kBufferIds = std::size_t{1} << 20;
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(printable(out_) + ": " + what + " (" + std::strerror(errno) + ")");
+  }
+  std::string out_;
+  int fd_ = -1;
+  std::vector<int32_t> buf_;
+  off_t bytes_ = 0;  // written to the file
+};
+
+// One document of a batch: its text and where it came from (file index; line number, 0 for a
+// whole file).
+struct Document {
+  std::string text;
+  int32_t file = 0;
+  int64_t line = 0;
+};
+
+// Encodes one batch: document i's ids into ids[i], on up to handles.size() threads (one
+// handle each), each thread taking the next document not yet taken. The first failure in
+// document order is rethrown once every thread has stopped.
+void encode_batch(const std::vector<Document>& docs, const std::vector<std::string>& names,
+                  const std::vector<std::unique_ptr<TextTokenizer>>& handles,
+                  std::vector<std::vector<int32_t>>& ids) {
+  ids.assign(docs.size(), {});
+  const auto where = [&](const Document& d) {
+    return d.line > 0 ? names[d.file] + ":" + std::to_string(d.line) : names[d.file];
+  };
+  const std::size_t threads = std::min(handles.size(), docs.size());
+  if (threads <= 1) {
+    for (std::size_t i = 0; i < docs.size(); ++i) {
+      handles[0]->encode(docs[i].text, ids[i], where(docs[i]));
+    }
+    return;
+  }
+  // After a failure at document k, documents after k are skipped but those before it are
+  // still encoded: one of them may fail too, and the first in order is the one reported.
+  std::atomic<std::size_t> next{0}, first_bad{docs.size()};
+  std::vector<std::exception_ptr> errors(docs.size());
+  auto work = [&](std::size_t t) {
+    for (;;) {
+      const std::size_t i = next.fetch_add(1);
+      if (i >= first_bad.load()) return;
+      try {
+        handles[t]->encode(docs[i].text, ids[i], where(docs[i]));
+      } catch (...) {
+        errors[i] = std::current_exception();
+        for (std::size_t k = first_bad.load(); i < k && !first_bad.compare_exchange_weak(k, i);) {
+        }
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(threads - 1);
+  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+}  // namespace
+
+TokenStreamCounts encode_documents(const std::vector<fs::path>& files, const TextTokenizer& tok,
+                                   bool add_bos, bool add_eos, DocumentUnit document, int num_threads,
+                                   const std::function<void(const int32_t*, std::size_t)>& emit,
+                                   ProgressMeter* progress, std::size_t batch_bytes) {
   if (progress) {
     int64_t expected = 0;
     for (const auto& f : files) {
@@ -497,66 +635,63 @@ TokenSplit build_tokenized_split(const std::vector<fs::path>& files, const TextT
     }
     progress->set_total(expected);
   }
+  const int threads = num_threads > 0 ? num_threads : usable_cpus();
+  std::vector<std::unique_ptr<TextTokenizer>> handles;
+  for (int t = 0; t < threads; ++t) handles.push_back(tok.clone_for_thread());
+  // A batch holds batch_bytes of text per thread (4 MiB): enough documents to share out, and
+  // the memory (the batch's text and ids) does not grow with the corpus.
+  const std::size_t batch_limit =
+      std::max<std::size_t>(1, batch_bytes) * static_cast<std::size_t>(threads);
+  std::vector<std::string> names;
+  for (const auto& f : files) names.push_back(printable(f.string()));
   const int32_t bos = tok.bos_id(), eos = tok.eos_id();
-  auto add_document = [&](std::string_view text, const std::string& where) {
-    if (text.empty()) return;
-    if (add_bos) s.tokens.push_back(bos);
-    tok.encode(text, s.tokens, where);
-    if (add_eos) s.tokens.push_back(eos);
-    ++s.num_documents;
+  TokenStreamCounts counts;
+  std::vector<Document> batch;
+  std::size_t pending_bytes = 0;  // input bytes read for the batch (newlines included)
+  std::vector<std::vector<int32_t>> ids;
+  auto run_batch = [&] {
+    encode_batch(batch, names, handles, ids);
+    for (const auto& v : ids) {
+      if (add_bos) emit(&bos, 1);
+      emit(v.data(), v.size());
+      if (add_eos) emit(&eos, 1);
+      counts.tokens += static_cast<int64_t>(v.size()) + (add_bos ? 1 : 0) + (add_eos ? 1 : 0);
+    }
+    counts.documents += static_cast<int64_t>(batch.size());
+    if (progress) progress->add(static_cast<int64_t>(pending_bytes));
+    batch.clear();
+    pending_bytes = 0;
   };
-  for (const auto& f : files) {
-    const std::string name = printable(f.string());
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw InputError(name + ": cannot read input file");
+  auto add_document = [&](std::string&& text, int32_t file, int64_t line, std::size_t bytes_read) {
+    pending_bytes += bytes_read;
+    if (!text.empty()) batch.push_back(Document{std::move(text), file, line});
+    if (pending_bytes >= batch_limit) run_batch();
+  };
+  for (std::size_t fi = 0; fi < files.size(); ++fi) {
+    const auto file = static_cast<int32_t>(fi);
+    std::ifstream in(files[fi], std::ios::binary);
+    if (!in) throw InputError(names[fi] + ": cannot read input file");
     if (document == DocumentUnit::file) {
       std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (in.bad()) throw InputError(name + ": error while reading input file");
-      add_document(text, name);
-      if (progress) progress->add(static_cast<int64_t>(text.size()));
+      if (in.bad()) throw InputError(names[fi] + ": error while reading input file");
+      const std::size_t n = text.size();
+      add_document(std::move(text), file, 0, n);
     } else {
       std::string line;
-      int64_t lineno = 0, unreported = 0;
+      int64_t lineno = 0;
       while (std::getline(in, line)) {
         ++lineno;
-        unreported += static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
+        const std::size_t n = line.size() + (in.eof() ? 0 : 1);
         if (!line.empty() && line.back() == '\r') line.pop_back();
-        add_document(line, name + ":" + std::to_string(lineno));
-        if (progress && unreported >= (int64_t{1} << 20)) {
-          progress->add(unreported);
-          unreported = 0;
-        }
+        add_document(std::move(line), file, lineno, n);
+        line = std::string();
       }
-      if (in.bad()) throw InputError(name + ": error while reading input file");
-      if (progress) progress->add(unreported);
+      if (in.bad()) throw InputError(names[fi] + ": error while reading input file");
     }
-    ++s.num_files;
+    ++counts.files;
   }
-  const auto n = static_cast<int64_t>(s.tokens.size());
-  const int64_t n_val = val_token_count(n, val_fraction);
-  s.train_tokens = n - n_val;
-  if (n_val == 0 || s.train_tokens == 0) {
-    std::ostringstream os;
-    os << "--val-fraction: " << val_fraction << " of " << n << " tokens (" << s.num_documents
-       << " documents) leaves an empty " << (n_val == 0 ? "validation" : "training")
-       << " split (expected more text or another fraction)";
-    throw InputError(os.str());
-  }
-  return s;
-}
-
-void write_token_stream_file(const std::string& out, const TokenSplit& split, const TokenizerRecord& record,
-                             const std::string& source) {
-  const int dtype = token_dtype_bytes(record.vocab_size);
-  write_atomically(out, [&](h5::File& f) {
-    TokenStreamWriter train(f, "/train/tokens", split.train_tokens, dtype);
-    train.append(split.tokens.data(), split.train_tokens);
-    TokenStreamWriter val(f, "/val/tokens", split.val_tokens(), dtype);
-    val.append(split.tokens.data() + split.train_tokens, split.val_tokens());
-    set_record_attrs(f, record);
-    f.set_attr("/", "source", source);
-    f.set_attr("/", "num_files", split.num_files);
-  });
+  if (!batch.empty() || pending_bytes > 0) run_batch();
+  return counts;
 }
 
 TokenizedSummary prepare_tokenized_dataset(const std::vector<std::string>& inputs, const std::string& out,
@@ -575,8 +710,23 @@ TokenizedSummary prepare_tokenized_dataset(const std::vector<std::string>& input
                            : resolve_special(options.add_eos, tok->eos_id(), "--add-eos", tok->path());
   TokenizedSummary summary;
   const auto files = collect_input_files(inputs, &summary.skipped);
-  const TokenSplit split =
-      build_tokenized_split(files, *tok, add_bos, add_eos, options.document, val_fraction, progress);
+  // The stream goes to an unnamed file beside the output, so memory stays one batch whatever
+  // the corpus; the split is known once its length is.
+  TokenSpill spill(fs::path(out).parent_path(), out);
+  const TokenStreamCounts counts =
+      encode_documents(files, *tok, add_bos, add_eos, options.document, options.num_threads,
+                       [&](const int32_t* ids, std::size_t n) { spill.append(ids, n); }, progress);
+  spill.flush();
+  const int64_t n = spill.size();
+  const int64_t n_val = val_token_count(n, val_fraction);
+  const int64_t n_train = n - n_val;
+  if (n_val == 0 || n_train == 0) {
+    std::ostringstream os;
+    os << "--val-fraction: " << val_fraction << " of " << n << " tokens (" << counts.documents
+       << " documents) leaves an empty " << (n_val == 0 ? "validation" : "training")
+       << " split (expected more text or another fraction)";
+    throw InputError(os.str());
+  }
   TokenizerRecord r;
   r.kind = tok->kind();
   r.vocab_size = tok->vocab_size();
@@ -587,16 +737,33 @@ TokenizedSummary prepare_tokenized_dataset(const std::vector<std::string>& input
   r.eos_id = tok->eos_id();
   r.add_bos = add_bos;
   r.add_eos = add_eos;
-  r.num_documents = split.num_documents;
+  r.num_documents = counts.documents;
   std::string source = "fsdp_prepare --tokenizer " + options.model +
                        (options.document == DocumentUnit::line ? " --document line" : "") + ":";
   for (const auto& in : inputs) source += " " + in;
-  write_token_stream_file(out, split, r, source);
+  const int dtype = token_dtype_bytes(r.vocab_size);
+  write_atomically(out, [&](h5::File& f) {
+    std::vector<int32_t> chunk;
+    using Part = std::tuple<const char*, int64_t, int64_t>;  // dataset, first id, count
+    for (const auto& [name, begin, count] :
+         {Part{"/train/tokens", 0, n_train}, Part{"/val/tokens", n_train, n_val}}) {
+      TokenStreamWriter w(f, name, count, dtype);
+      for (int64_t at = 0; at < count; at += int64_t{1} << 20) {
+        const int64_t k = std::min<int64_t>(int64_t{1} << 20, count - at);
+        chunk.resize(static_cast<std::size_t>(k));
+        spill.read(begin + at, k, chunk.data());
+        w.append(chunk.data(), k);
+      }
+    }
+    set_record_attrs(f, r);
+    f.set_attr("/", "source", source);
+    f.set_attr("/", "num_files", counts.files);
+  });
   summary.kind = r.kind;
-  summary.files = split.num_files;
-  summary.documents = split.num_documents;
-  summary.train_tokens = split.train_tokens;
-  summary.val_tokens = split.val_tokens();
+  summary.files = counts.files;
+  summary.documents = counts.documents;
+  summary.train_tokens = n_train;
+  summary.val_tokens = n_val;
   summary.vocab_size = r.vocab_size;
   summary.bos_id = add_bos ? tok->bos_id() : -1;
   summary.eos_id = add_eos ? tok->eos_id() : -1;

@@ -114,13 +114,13 @@ struct SentencePieceTokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
 };
 
-SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
-    : impl_(std::make_unique<Impl>()), path_(model_path) {
+SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path) : path_(model_path) {
+  auto impl = std::make_shared<Impl>();
   const std::string bytes = read_whole_file(model_path, "tokenizer model");
   if (bytes.empty()) {
     throw InputError(printable(model_path) + ": tokenizer model is empty (expected a SentencePiece .model file)");
   }
-  const auto status = impl_->sp.LoadFromSerializedProto(bytes);
+  const auto status = impl->sp.LoadFromSerializedProto(bytes);
   if (!status.ok()) {
     // The library's message names its source line; a parse failure is said plainly.
     const std::string why = std::string(status.message()).find("ParseFromArray") != std::string::npos
@@ -130,14 +130,24 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
                      "; expected a .model file such as Llama 2's tokenizer.model; for a tiktoken file such as Llama "
                      "3's original tokenizer.model, give the model's tokenizer.json instead)");
   }
-  if (impl_->sp.GetPieceSize() < 1) {
+  if (impl->sp.GetPieceSize() < 1) {
     throw InputError(printable(model_path) + ": SentencePiece model has no pieces (expected a trained model)");
   }
   model_bytes_ = static_cast<int64_t>(bytes.size());
   sha256_ = sha256_hex(bytes);
+  impl_ = std::move(impl);
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
+
+std::unique_ptr<TextTokenizer> SentencePieceTokenizer::clone_for_thread() const {
+  std::unique_ptr<SentencePieceTokenizer> copy(new SentencePieceTokenizer());
+  copy->impl_ = impl_;
+  copy->path_ = path_;
+  copy->sha256_ = sha256_;
+  copy->model_bytes_ = model_bytes_;
+  return copy;
+}
 SentencePieceTokenizer::SentencePieceTokenizer(SentencePieceTokenizer&&) noexcept = default;
 SentencePieceTokenizer& SentencePieceTokenizer::operator=(SentencePieceTokenizer&&) noexcept = default;
 

@@ -28,14 +28,15 @@
 #              (tokenizer hf-bpe, vocab_size 50257, sha256sum of the file, uint16); the folder and
 #              the file both load; --no-add-bos puts it after each document instead.
 # CASE hf_bpe_llama3: cl100k_base in Meta-Llama-3's tokenizer.json layout (Split + ByteLevel,
-#              ignore_merges, merges as pairs, BOS from the TemplateProcessing): ids equal
-#              tiktoken's with <|begin_of_text|> first, uint32 ids; --document line with
-#              --eos-token '<|end_of_text|>' puts both around every non-empty line.
+#              ignore_merges, merges as pairs, BOS from the TemplateProcessing), encoded on 3
+#              threads: ids equal tiktoken's with <|begin_of_text|> first, uint32 ids;
+#              --document line with --eos-token '<|end_of_text|>' puts both around every
+#              non-empty line.
 # CASE hf_bpe_errors: tokenizer.json files that are not JSON, not BPE, not byte-level, with a
 #              normalizer, a merge of an unknown token, a bad regex; an unknown --bos-token,
-#              --add-eos without an EOS, --eos-token with a SentencePiece model, a folder with no
-#              tokenizer file, an input that is not UTF-8: each exits 2 with one line naming the
-#              file or option, no output.
+#              --add-eos without an EOS, --eos-token with a SentencePiece model, --num-threads
+#              -2, a folder with no tokenizer file, an input that is not UTF-8: each exits 2 with
+#              one line naming the file or option, no output.
 # CASE train: fsdp_train trains on a SentencePiece-prepared file (model.vocab_size = the
 #              model's piece count) and on imported llm.c ids; a model.vocab_size below the
 #              file's recorded vocab_size exits 2 naming both.
@@ -378,8 +379,8 @@ EOF
     need_fortunes
     tiktoken_reference tokenizer cl100k_base llama3 "$WORK/l3"
     make_stress_corpus "$WORK/stress"
-    for corpus in "$FORTUNES" "$WORK/stress"; do
-      run_prepare --tokenizer "$WORK/l3/tokenizer.json" -o "$WORK/l.h5" "$corpus"
+    for corpus in "$FORTUNES" "$WORK/stress"; do  # on 3 threads: the same ids as on one
+      run_prepare --tokenizer "$WORK/l3/tokenizer.json" --num-threads 3 -o "$WORK/l.h5" "$corpus"
       expect_rc 0
       if ! grep -qF "(vocab 100279, hf-bpe $WORK/l3/tokenizer.json, bos 100277 per document)" "$OUT"; then
         fail "summary line ($corpus)"
@@ -414,30 +415,28 @@ EOF
     printf '{"model": {"type": "BPE", "vocab": {' >"$WORK/truncated.json"
     run_prepare --tokenizer "$WORK/truncated.json" -o "$WORK/out.h5" "$WORK/corpus"
     expect_prepare_error "$WORK/truncated.json" "not a tokenizer.json" "JSON parse error at byte"
-    bpe_json "$WORK/wordpiece.json" 't["model"]["type"] = "WordPiece"'
-    run_prepare --tokenizer "$WORK/wordpiece.json" -o "$WORK/out.h5" "$WORK/corpus"
-    expect_prepare_error "$WORK/wordpiece.json" "model WordPiece is not BPE"
-    bpe_json "$WORK/nfc.json" 't["normalizer"] = {"type": "NFC"}'
-    run_prepare --tokenizer "$WORK/nfc.json" -o "$WORK/out.h5" "$WORK/corpus"
-    expect_prepare_error "$WORK/nfc.json" "normalizer NFC is not supported"
-    bpe_json "$WORK/metaspace.json" 't["pre_tokenizer"] = {"type": "Metaspace", "replacement": "_"}'
-    run_prepare --tokenizer "$WORK/metaspace.json" -o "$WORK/out.h5" "$WORK/corpus"
-    expect_prepare_error "$WORK/metaspace.json" "pre_tokenizer Metaspace last, not ByteLevel"
-    bpe_json "$WORK/nobyte.json" 'del t["model"]["vocab"][chars[0]]'
-    run_prepare --tokenizer "$WORK/nobyte.json" -o "$WORK/out.h5" "$WORK/corpus"
-    expect_prepare_error "$WORK/nobyte.json" "byte 0x00 has no token"
-    bpe_json "$WORK/badmerge.json" 't["model"]["merges"].append(["q", "zz"])'
-    run_prepare --tokenizer "$WORK/badmerge.json" -o "$WORK/out.h5" "$WORK/corpus"
-    expect_prepare_error "$WORK/badmerge.json" "merge 1 (q zz): zz is not in the vocabulary"
-    bpe_json "$WORK/regex.json" 't["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+    # bad_bpe NAME EDIT NEEDLE...: NAME.json = bpe_json after EDIT is refused, naming it.
+    bad_bpe() {
+      local name=$1 edit=$2; shift 2
+      bpe_json "$WORK/$name.json" "$edit"
+      run_prepare --tokenizer "$WORK/$name.json" -o "$WORK/out.h5" "$WORK/corpus"
+      expect_prepare_error "$WORK/$name.json" "$@"
+    }
+    bad_bpe wordpiece 't["model"]["type"] = "WordPiece"' "model WordPiece is not BPE"
+    bad_bpe nfc 't["normalizer"] = {"type": "NFC"}' "normalizer NFC is not supported"
+    bad_bpe metaspace 't["pre_tokenizer"] = {"type": "Metaspace", "replacement": "_"}' \
+      "pre_tokenizer Metaspace last, not ByteLevel"
+    bad_bpe nobyte 'del t["model"]["vocab"][chars[0]]' "byte 0x00 has no token"
+    bad_bpe badmerge 't["model"]["merges"].append(["q", "zz"])' "merge 1 (q zz): zz is not in the vocabulary"
+    bad_bpe regex 't["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
       {"type": "Split", "pattern": {"Regex": "(?<x"}, "behavior": "Isolated", "invert": False},
-      {"type": "ByteLevel", "use_regex": False}]}'
-    run_prepare --tokenizer "$WORK/regex.json" -o "$WORK/out.h5" "$WORK/corpus"
-    expect_prepare_error "$WORK/regex.json" "pre_tokenizer 0 (Split)" "regex rejected by Oniguruma"
+      {"type": "ByteLevel", "use_regex": False}]}' "pre_tokenizer 0 (Split)" "regex rejected by Oniguruma"
     run_prepare --tokenizer "$WORK/ok.json" --bos-token '<bos>' -o "$WORK/out.h5" "$WORK/corpus"
     expect_prepare_error "--bos-token <bos> is not in the vocabulary or added_tokens of $WORK/ok.json"
     run_prepare --tokenizer "$WORK/ok.json" --add-eos -o "$WORK/out.h5" "$WORK/corpus"
     expect_prepare_error "--add-eos" "ok.json" "no EOS token"
+    run_prepare --tokenizer "$WORK/ok.json" --num-threads -2 -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "--num-threads: -2"
     mkdir -p "$WORK/empty_model_dir"
     run_prepare --tokenizer "$WORK/empty_model_dir" -o "$WORK/out.h5" "$WORK/corpus"
     expect_prepare_error "$WORK/empty_model_dir" "neither tokenizer.json nor tokenizer.model"

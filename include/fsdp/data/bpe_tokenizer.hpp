@@ -44,7 +44,8 @@ struct BpeSpecialTokens {
 };
 
 // One loaded byte-level BPE tokenizer.json. Not thread-safe: encode() keeps a cache of the
-// pieces it has seen (tokenizers' BPE cache).
+// pieces it has seen (tokenizers' BPE cache) and Oniguruma's match state; each thread takes
+// its own clone_for_thread().
 class BpeTokenizer final : public TextTokenizer {
  public:
   // Loads `json_path` (a tokenizer.json file). Throws fsdp::InputError, one line naming the
@@ -74,12 +75,16 @@ class BpeTokenizer final : public TextTokenizer {
   void encode(std::string_view text, std::vector<int32_t>& out,
               const std::string& where) const override;
 
+  // A handle with its own regexes and cache on the same loaded model.
+  std::unique_ptr<TextTokenizer> clone_for_thread() const override;
+
   // The id of a token given by its content (an added token's content, or a vocabulary entry
   // in raw bytes); -1 if there is none.
   int32_t token_id(std::string_view content) const;
 
  private:
   struct Impl;
+  BpeTokenizer() = default;
   std::unique_ptr<Impl> impl_;
   std::string path_, sha256_;
   int64_t model_bytes_ = 0, vocab_size_ = 0;

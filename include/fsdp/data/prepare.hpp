@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -170,6 +171,7 @@ struct TokenizerOptions {
   // none is an error.
   std::optional<bool> add_bos, add_eos;
   DocumentUnit document = DocumentUnit::file;
+  int num_threads = 0;  // --num-threads: encoding threads (0: usable_cpus())
 };
 
 // Whether to add a BOS (`flag` "--add-bos") or EOS token whose id in the tokenizer is `id`
@@ -178,35 +180,29 @@ struct TokenizerOptions {
 bool resolve_special(const std::optional<bool>& want, int32_t id, const std::string& flag,
                      const std::string& model);
 
-// A token stream split at train_tokens: [0, train_tokens) train, the rest validation.
-struct TokenSplit {
-  std::vector<int32_t> tokens;
-  int64_t train_tokens = 0;
-  int64_t num_files = 0;
-  int64_t num_documents = 0;
-  int64_t val_tokens() const { return static_cast<int64_t>(tokens.size()) - train_tokens; }
+// What encode_documents read and emitted.
+struct TokenStreamCounts {
+  int64_t files = 0, documents = 0, tokens = 0;
 };
 
-// Encodes `files` (in the given order) document by document with `tok`: for each non-empty
-// document [bos if add_bos] + tok.encode(document) + [eos if add_eos], concatenated; then
-// splits off the last val_token_count(n, val_fraction) ids as validation. Throws
-// fsdp::InputError naming a file that cannot be read, or --val-fraction if either split
-// would be empty. `progress`: total = the files' sizes, add() per document (batched per MiB).
-TokenSplit build_tokenized_split(const std::vector<std::filesystem::path>& files, const TextTokenizer& tok,
-                                 bool add_bos, bool add_eos, DocumentUnit document, double val_fraction,
-                                 ProgressMeter* progress = nullptr);
+// Encodes `files` (in the given order) document by document with `tok` and hands the stream
+// to `emit` in order: for each non-empty document [bos if add_bos] + tok.encode(document) +
+// [eos if add_eos]. Documents are encoded in batches (`batch_bytes` of input per thread) on
+// `num_threads` threads (0: usable_cpus()), each with its own tok.clone_for_thread(); the
+// stream is the same for every thread count and batch size. Memory: one batch's text and
+// ids, or the largest document if it is larger. Throws fsdp::InputError naming a file that
+// cannot be read, and the tokenizer's errors (the first document in order that failed). `progress`:
+// total = the files' sizes, add() per batch.
+TokenStreamCounts encode_documents(const std::vector<std::filesystem::path>& files,
+                                   const TextTokenizer& tok, bool add_bos, bool add_eos,
+                                   DocumentUnit document, int num_threads,
+                                   const std::function<void(const int32_t*, std::size_t)>& emit,
+                                   ProgressMeter* progress = nullptr,
+                                   std::size_t batch_bytes = 4 << 20);
 
 // HDF5 dataset type of a token stream with ids < vocab_size: 2 bytes (uint16) up to 65536,
 // else 4 (uint32).
 int token_dtype_bytes(int64_t vocab_size);
-
-// Writes /train/tokens and /val/tokens (uint16 or uint32: token_dtype_bytes(record.vocab_size))
-// and the root attributes of `record` (TokenizerRecord: tokenizer, vocab_size, and for
-// sentencepiece and hf-bpe tokenizer_model, tokenizer_model_bytes, tokenizer_model_sha256, bos_id,
-// eos_id, add_bos, add_eos, num_documents), source = `source`, num_files. Written atomically
-// like write_byte_token_file. Throws fsdp::Error naming `out` on failure.
-void write_token_stream_file(const std::string& out, const TokenSplit& split, const TokenizerRecord& record,
-                             const std::string& source);
 
 struct TokenizedSummary {
   std::string kind;  // TextTokenizer::kind(): "sentencepiece" or "hf-bpe"
@@ -215,10 +211,15 @@ struct TokenizedSummary {
   std::vector<std::string> skipped;  // as PrepareSummary::skipped
 };
 
-// Loads the tokenizer (load_text_tokenizer: errors name it), resolves BOS/EOS, checks the
-// output (folder exists, not an input nor the model), collect_input_files (sorted),
-// build_tokenized_split, write_token_stream_file (record: tokenizer kind, vocab_size, the
-// model file's absolute path, size and SHA-256).
+// Checks the output (folder exists, not an input nor the model) and holds its lock, loads the
+// tokenizer (load_text_tokenizer: errors name it), resolves BOS/EOS, collect_input_files
+// (sorted), encode_documents into an unnamed temporary file in the output's folder (int32 ids:
+// 4 bytes a token of disk there until it returns; nothing left behind whatever ends the
+// process), then writes /train/tokens and /val/tokens (the last val_token_count ids) as
+// uint16 or uint32 (token_dtype_bytes) with the record (tokenizer kind, vocab_size, the model
+// file's absolute path, size and SHA-256, bos_id, eos_id, add_bos, add_eos, num_documents),
+// source and num_files, atomically like write_byte_token_file. Throws fsdp::InputError naming
+// --val-fraction for an empty split, fsdp::Error naming the output for a write that fails.
 TokenizedSummary prepare_tokenized_dataset(const std::vector<std::string>& inputs, const std::string& out,
                                            double val_fraction, const TokenizerOptions& options,
                                            ProgressMeter* progress = nullptr);

@@ -53,8 +53,11 @@ class TextTokenizer {
   virtual int32_t bos_id() const = 0;  // -1: none
   virtual int32_t eos_id() const = 0;  // -1: none
   // Appends the ids of `text` (UTF-8) to `out`, no BOS / EOS; `where` names the input in
-  // errors (fsdp::InputError).
+  // errors (fsdp::InputError). Not thread-safe on one object: see clone_for_thread.
   virtual void encode(std::string_view text, std::vector<int32_t>& out, const std::string& where) const = 0;
+  // Another handle on the same tokenizer, for another thread: encode() may run on different
+  // handles at once. Shares the loaded model (no file is read again); its ids are this one's.
+  virtual std::unique_ptr<TextTokenizer> clone_for_thread() const = 0;
 };
 
 // ---------------------------------------------------------------- SentencePiece
@@ -86,10 +89,13 @@ class SentencePieceTokenizer final : public TextTokenizer {
   // names the input in errors. Throws fsdp::InputError "<where>: SentencePiece encode
   // failed (<reason>)".
   void encode(std::string_view text, std::vector<int32_t>& out, const std::string& where) const override;
+  // Shares the processor: its Encode is const and safe to call from several threads.
+  std::unique_ptr<TextTokenizer> clone_for_thread() const override;
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  SentencePieceTokenizer() = default;
+  std::shared_ptr<const Impl> impl_;
   std::string path_, sha256_;
   int64_t model_bytes_ = 0;
 };
