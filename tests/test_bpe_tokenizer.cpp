@@ -1,6 +1,7 @@
 // tests/test_bpe_tokenizer.cpp: the tokenizer.json reader (fsdp/data/bpe_tokenizer.hpp) on
 // small tokenizers built here, each checking one rule of Hugging Face tokenizers' byte-level BPE
-// whose result is worked out by hand: merge order and the leftmost tie, ignore_merges, Split's
+// whose result is worked out by hand: merge order and the leftmost tie, ignore_merges, the
+// Unicode normalizers, Split's
 // Isolated pieces (the text between matches kept, empty matches skipped), add_prefix_space,
 // both merge spellings, ids of added tokens, BOS / EOS from the flags, tokenizer_config.json
 // and the post_processor in that order, and the UTF-8 check; encode_documents gives the same
@@ -148,6 +149,22 @@ TEST_F(BpeFiles, ByteLevelRegexIsGpt2sPattern) {
   j["pre_tokenizer"]["add_prefix_space"] = true;  // " you" as a text of its own
   EXPECT_EQ(encode(j, "you"), (Ids{258}));
   EXPECT_EQ(encode(j, " you"), (Ids{258}));  // already starts with a space: none added
+}
+
+TEST_F(BpeFiles, NormalizersApplyTheirUnicodeForm) {
+  json j = tokenizer({}, {});
+  const std::string e_acute = "e\xcc\x81", composed = "\xc3\xa9", fi = "\xef\xac\x81";  // é, ﬁ
+  EXPECT_EQ(encode(j, e_acute), (Ids{'e', 0xcc, 0x81}));  // no normalizer: as it is
+  j["normalizer"] = {{"type", "NFC"}};
+  EXPECT_EQ(encode(j, e_acute + fi), (Ids{0xc3, 0xa9, 0xef, 0xac, 0x81}));
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFD"}}}}};
+  EXPECT_EQ(encode(j, composed), (Ids{'e', 0xcc, 0x81}));
+  j["normalizer"] = {{"type", "NFKC"}};
+  EXPECT_EQ(encode(j, e_acute + fi), (Ids{0xc3, 0xa9, 'f', 'i'}));
+  j["normalizer"] = {{"type", "NFKD"}};
+  EXPECT_EQ(encode(j, composed + fi), (Ids{'e', 0xcc, 0x81, 'f', 'i'}));
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
+  EXPECT_EQ(encode(j, e_acute), (Ids{'e', 0xcc, 0x81}));
 }
 
 TEST_F(BpeFiles, VocabSizeAndAddedTokens) {

@@ -14,7 +14,7 @@ packages=(
   libxxhash-dev                         # checkpoint checksums (XXH3-64)
   libtomlplusplus-dev nlohmann-json3-dev libboost-program-options-dev
   libsentencepiece-dev sentencepiece    # fsdp_prepare --tokenizer (SentencePiece; spm_train for tests)
-  libonig-dev                           # fsdp_prepare --tokenizer tokenizer.json (BPE regexes)
+  libonig-dev libutf8proc-dev           # fsdp_prepare --tokenizer tokenizer.json (regexes, NFC)
   python3-sentencepiece python3-h5py    # tests: the Python encoder cross-checks fsdp_prepare's ids
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
   python3-torch                         # tests: tools_hf_check_reference (the float64 torch

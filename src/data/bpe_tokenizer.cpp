@@ -2,9 +2,11 @@
 #include "fsdp/data/bpe_tokenizer.hpp"
 
 #include <oniguruma.h>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <mutex>
@@ -83,6 +85,19 @@ std::size_t first_invalid_utf8(std::string_view s) {
     i += n;
   }
   return std::string_view::npos;
+}
+
+// `text` (valid UTF-8) in the Unicode normalization form `options` selects (utf8proc_map:
+// UAX #15, the forms tokenizers' NFC / NFD / NFKC / NFKD normalizers apply).
+std::string normalize_utf8(std::string_view text, int options, const std::string& where) {
+  utf8proc_uint8_t* raw = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                          static_cast<utf8proc_ssize_t>(text.size()), &raw,
+                                          static_cast<utf8proc_option_t>(options));
+  const std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(raw, &std::free);
+  if (n < 0)
+    throw InputError(where + ": Unicode normalization failed (" + utf8proc_errmsg(n) + ")");
+  return std::string(reinterpret_cast<const char*>(raw), static_cast<std::size_t>(n));
 }
 
 void initialize_oniguruma() {
@@ -177,6 +192,8 @@ uint64_t pair_key(int32_t a, int32_t b) {
 // What a tokenizer.json says: read once, then shared, unchanged, by every handle on it
 // (clone_for_thread).
 struct BpeModel {
+  // The normalizer: utf8proc_map options of a Unicode normalization form, 0 for none.
+  int normalization = 0;
   // The pre-tokenizer: Split regexes (Isolated) in order, then ByteLevel.
   std::vector<std::string> split_patterns;
   bool byte_level_regex = true;  // ByteLevel use_regex: GPT-2's pattern
@@ -329,12 +346,30 @@ BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens&
   auto shared = std::make_shared<BpeModel>();
   BpeModel& m = *shared;
 
-  // ---- normalizer
+  // ---- normalizer: none, or one Unicode normalization form (alone or in a Sequence)
   if (doc.contains("normalizer") && !doc["normalizer"].is_null()) {
+    std::vector<json> forms;
     const json& nz = doc["normalizer"];
-    const bool empty_sequence = type_of(nz) == "Sequence" && nz.contains("normalizers") &&
-                                nz["normalizers"].is_array() && nz["normalizers"].empty();
-    if (!empty_sequence) refuse("normalizer " + type_of(nz) + " is not supported (only none)");
+    if (type_of(nz) == "Sequence" && nz.contains("normalizers") && nz["normalizers"].is_array()) {
+      for (const auto& n : nz["normalizers"]) forms.push_back(n);
+    } else {
+      forms.push_back(nz);
+    }
+    if (forms.size() > 1)
+      refuse("a Sequence of " + std::to_string(forms.size()) + " normalizers is not supported");
+    if (!forms.empty()) {
+      const std::string type = type_of(forms[0]);
+      const std::array<std::pair<const char*, int>, 4> known = {
+          {{"NFC", UTF8PROC_STABLE | UTF8PROC_COMPOSE},
+           {"NFD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE},
+           {"NFKC", UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT},
+           {"NFKD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT}}};
+      const auto it =
+          std::find_if(known.begin(), known.end(), [&](const auto& k) { return type == k.first; });
+      if (it == known.end())
+        refuse("normalizer " + type + " is not supported (only NFC, NFD, NFKC, NFKD)");
+      m.normalization = it->second;
+    }
   }
 
   // ---- pre_tokenizer: Split* then ByteLevel
@@ -574,6 +609,11 @@ void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out,
   if (bad != std::string_view::npos) {
     throw InputError(where + ": not valid UTF-8 at byte " + std::to_string(bad) +
                      " (a tokenizer.json encodes UTF-8 text; convert the file, e.g. with iconv)");
+  }
+  std::string normalized;
+  if (impl_->model->normalization != 0) {
+    normalized = normalize_utf8(text, impl_->model->normalization, where);
+    text = normalized;
   }
   std::vector<std::string_view> pieces{text}, next;
   for (const auto& split : impl_->splits) {

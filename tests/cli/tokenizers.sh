@@ -26,7 +26,8 @@
 #              encodes the fortunes corpus and a generated Unicode stress corpus: the ids equal
 #              tiktoken's, <|endoftext|> once before each document (BOS = EOS), the record
 #              (tokenizer hf-bpe, vocab_size 50257, sha256sum of the file, uint16); the folder and
-#              the file both load; --no-add-bos puts it after each document instead.
+#              the file both load; --no-add-bos puts it after each document instead; with an
+#              NFC or NFKC normalizer added, the ids equal tiktoken's of Python's normalized text.
 # CASE hf_bpe_llama3: cl100k_base in Meta-Llama-3's tokenizer.json layout (Split + ByteLevel,
 #              ignore_merges, merges as pairs, BOS from the TemplateProcessing), encoded on 3
 #              threads: ids equal tiktoken's with <|begin_of_text|> first, uint32 ids;
@@ -374,6 +375,28 @@ EOF
       fail "--no-add-bos summary"
     fi
     expect_tiktoken_ids "$WORK/s.h5" gpt2 -1 50256 "$WORK/stress"
+    # Normalizers (Qwen2's tokenizer.json has NFC): GPT-2's file with NFC or NFKC added encodes
+    # the stress corpus (e + combining acute, ﬁ, fullwidth digits, ǅ) as tiktoken encodes
+    # Python's unicodedata.normalize of it; no tokenizer_config.json there: no BOS/EOS.
+    for form in NFC NFKC; do
+      "$PY" - "$form" "$WORK" <<'EOF'
+import json, os, sys, unicodedata
+form, w = sys.argv[1], sys.argv[2]
+t = json.load(open(w + "/gpt2/tokenizer.json"))
+t["normalizer"] = {"type": "Sequence", "normalizers": [{"type": form}]}
+os.makedirs("%s/gpt2_%s" % (w, form))
+json.dump(t, open("%s/gpt2_%s/tokenizer.json" % (w, form), "w"))
+os.makedirs("%s/stress_%s" % (w, form))
+for f in os.listdir(w + "/stress"):
+    text = open(w + "/stress/" + f, encoding="utf-8", newline="").read()
+    assert unicodedata.normalize(form, text) != text
+    open("%s/stress_%s/%s" % (w, form, f), "w", encoding="utf-8", newline="").write(
+        unicodedata.normalize(form, text))
+EOF
+      run_prepare --tokenizer "$WORK/gpt2_$form" -o "$WORK/$form.h5" "$WORK/stress"
+      expect_rc 0
+      expect_tiktoken_ids "$WORK/$form.h5" gpt2 -1 -1 "$WORK/stress_$form"
+    done
     ;;
   hf_bpe_llama3)
     need_fortunes
@@ -423,7 +446,9 @@ EOF
       expect_prepare_error "$WORK/$name.json" "$@"
     }
     bad_bpe wordpiece 't["model"]["type"] = "WordPiece"' "model WordPiece is not BPE"
-    bad_bpe nfc 't["normalizer"] = {"type": "NFC"}' "normalizer NFC is not supported"
+    bad_bpe lowercase 't["normalizer"] = {"type": "Lowercase"}' "normalizer Lowercase is not supported"
+    bad_bpe two_forms 't["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "NFKC"}]}' \
+      "a Sequence of 2 normalizers is not supported"
     bad_bpe metaspace 't["pre_tokenizer"] = {"type": "Metaspace", "replacement": "_"}' \
       "pre_tokenizer Metaspace last, not ByteLevel"
     bad_bpe nobyte 'del t["model"]["vocab"][chars[0]]' "byte 0x00 has no token"

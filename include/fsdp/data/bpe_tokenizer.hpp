@@ -4,7 +4,9 @@
 //
 // What a tokenizer.json holds and how it is applied (tokenizers' TokenizerImpl::encode, matched
 // here for the parts byte-level BPE files use; anything else is refused when loading):
-//  - normalizer: null (GPT-2, Llama 3). Others (NFC of Qwen2, ...) are refused.
+//  - normalizer: null (GPT-2, Llama 3), or one Unicode normalization form, NFC (Qwen2), NFD,
+//    NFKC or NFKD, alone or in a Sequence, applied with utf8proc (Debian's libutf8proc) before
+//    the pre-tokenizer. Others (Lowercase, Replace, Prepend, several in a Sequence) are refused.
 //  - pre_tokenizer: ByteLevel {add_prefix_space, use_regex}, or Split {pattern: {Regex},
 //    behavior: Isolated, invert: false} followed by ByteLevel {use_regex: false} in a Sequence
 //    (Llama 3's layout). A Split cuts each piece at the regex's matches and keeps matches and
