@@ -322,7 +322,9 @@ struct BpeTokenizer::Impl {
   }
 };
 
-BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens& specials)
+// A field of the wrong JSON type (nlohmann's type_error, say a number where a string belongs)
+// becomes one InputError naming the file, like every other fault of the file.
+BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens& specials) try
     : path_(json_path) {
   const std::string name = printable(json_path);
   const std::string bytes = read_whole_file(json_path, "tokenizer.json");
@@ -574,6 +576,9 @@ BpeTokenizer::BpeTokenizer(const std::string& json_path, const BpeSpecialTokens&
 
   model_bytes_ = static_cast<int64_t>(bytes.size());
   sha256_ = sha256_hex(bytes);
+} catch (const nlohmann::json::exception& e) {
+  throw InputError(printable(json_path) + ": not a valid tokenizer.json (" +
+                   printable(e.what(), 200) + ")");
 }
 
 BpeTokenizer::~BpeTokenizer() = default;

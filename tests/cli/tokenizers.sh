@@ -34,10 +34,11 @@
 #              --document line with --eos-token '<|end_of_text|>' puts both around every
 #              non-empty line.
 # CASE hf_bpe_errors: tokenizer.json files that are not JSON, not BPE, not byte-level, with a
-#              normalizer, a merge of an unknown token, a bad regex; an unknown --bos-token,
-#              --add-eos without an EOS, --eos-token with a SentencePiece model, --num-threads
-#              -2, a folder with no tokenizer file, an input that is not UTF-8: each exits 2 with
-#              one line naming the file or option, no output.
+#              Lowercase normalizer, a field of the wrong type, a merge of an unknown token, a
+#              bad regex; an unknown --bos-token, --add-eos without an EOS, --eos-token with a
+#              SentencePiece model, --num-threads -2, a folder with no tokenizer file, an input
+#              that is not UTF-8: each exits 2 with one line naming the file or option, no
+#              output.
 # CASE train: fsdp_train trains on a SentencePiece-prepared file (model.vocab_size = the
 #              model's piece count) and on imported llm.c ids; a model.vocab_size below the
 #              file's recorded vocab_size exits 2 naming both.
@@ -452,6 +453,7 @@ EOF
     bad_bpe metaspace 't["pre_tokenizer"] = {"type": "Metaspace", "replacement": "_"}' \
       "pre_tokenizer Metaspace last, not ByteLevel"
     bad_bpe nobyte 'del t["model"]["vocab"][chars[0]]' "byte 0x00 has no token"
+    bad_bpe wrong_type 't["pre_tokenizer"]["use_regex"] = "yes"' "not a valid tokenizer.json" "type must be boolean"
     bad_bpe badmerge 't["model"]["merges"].append(["q", "zz"])' "merge 1 (q zz): zz is not in the vocabulary"
     bad_bpe regex 't["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
       {"type": "Split", "pattern": {"Regex": "(?<x"}, "behavior": "Isolated", "invert": False},
