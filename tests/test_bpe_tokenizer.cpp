@@ -5,8 +5,9 @@
 // Isolated pieces (the text between matches kept, empty matches skipped), add_prefix_space,
 // both merge spellings, ids of added tokens, BOS / EOS from the flags, tokenizer_config.json
 // and the post_processor in that order, and the UTF-8 check; encode_documents gives the same
-// stream on any number of threads and batch size, and reports the first bad document in
-// order. Real vocabularies against tiktoken: tests/cli/tokenizers.sh hf_bpe_*.
+// stream on any number of threads and batch size, reports the first bad document in order,
+// and reads JSON Lines records' text fields. Real vocabularies against tiktoken:
+// tests/cli/tokenizers.sh hf_bpe_*.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -340,6 +341,53 @@ TEST_F(EncodeDocuments, FirstBadDocumentInOrderIsReported) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find("f1.txt:"), std::string::npos) << msg;
       EXPECT_NE(msg.find("not valid UTF-8 at byte 4"), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST_F(EncodeDocuments, JsonLinesAreTheTextFieldsOfTheirLines) {
+  // Each line of each file as a record {"n": i, "text": line} (empty lines as ""), one blank
+  // line between records: the same stream as --document line over the files themselves.
+  std::vector<fs::path> jsonl;
+  for (const auto& f : files_) {
+    std::ifstream in(f);
+    const fs::path p = dir_ / "jsonl" / (f.stem().string() + ".jsonl");
+    fs::create_directories(p.parent_path());
+    std::ofstream out(p);
+    int n = 0;
+    for (std::string line; std::getline(in, line);) {
+      out << json{{"n", n++}, {"text", line}}.dump() << "\n\n";
+    }
+    jsonl.push_back(p);
+  }
+  const auto run = [&](const std::vector<fs::path>& files, const fsdp::data::DocumentFormat& format,
+                       int threads) {
+    Ids all;
+    fsdp::data::encode_documents(
+        files, *tok_, true, false, format, threads,
+        [&](const int32_t* ids, std::size_t n) { all.insert(all.end(), ids, ids + n); });
+    return all;
+  };
+  const Ids lines = run(files_, fsdp::data::DocumentUnit::line, 1);
+  EXPECT_EQ(run(jsonl, fsdp::data::DocumentUnit::jsonl, 1), lines);
+  EXPECT_EQ(run(jsonl, fsdp::data::DocumentUnit::jsonl, 3), lines);
+  // JSON escapes are decoded; another key by --text-key.
+  const fs::path esc = dir_ / "esc.jsonl";
+  std::ofstream(esc) << R"({"body": "caf\u00e9\nthe", "text": 7})"
+                     << "\n";
+  Ids want{260};
+  tok_->encode("caf\xc3\xa9\nthe", want, "x");
+  EXPECT_EQ(run({esc}, {fsdp::data::DocumentUnit::jsonl, "body"}, 1), want);
+  for (const auto& [line, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"body": "x", "text": 7})", "esc.jsonl:1: no string field \"text\""},
+           {R"(["text"])", "esc.jsonl:1: no string field \"text\""},
+           {R"({"text": "unterminated)", "esc.jsonl:1: not JSON (parse error at byte"}}) {
+    std::ofstream(esc) << line << "\n";
+    try {
+      run({esc}, fsdp::data::DocumentUnit::jsonl, 1);
+      ADD_FAILURE() << "accepted " << line;
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   }
 }

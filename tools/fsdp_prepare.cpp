@@ -2,7 +2,8 @@
 //
 //   fsdp_prepare -o OUT.h5 [--val-fraction F] INPUT...
 //   fsdp_prepare --tokenizer MODEL -o OUT.h5 [--add-bos|--no-add-bos] [--add-eos|--no-add-eos]
-//                [--bos-token T] [--eos-token T] [--document file|line] [--num-threads N]
+//                [--bos-token T] [--eos-token T] [--document file|line|jsonl [--text-key K]]
+//                [--num-threads N]
 //                [--val-fraction F] INPUT...
 //   fsdp_prepare --token-file FILE... --vocab-size N -o OUT.h5 [--val-token-file FILE...]
 //                [--token-format auto|llm.c|nanogpt] [--val-fraction F]
@@ -65,13 +66,15 @@ int main(int argc, char** argv) {
   std::string out;
   double val_fraction = 0.05;
   std::string pairs, tokenizer, document = "file", token_format = "auto", bos_token, eos_token;
+  std::string text_key = "text";
   std::vector<std::string> inputs, token_files, val_token_files;
   int64_t vocab_size = 0;
   int num_threads = 0;
   po::options_description opts(
       "fsdp_prepare -o OUT.h5 [--val-fraction F] INPUT...                     (bytes)\n"
       "fsdp_prepare --tokenizer MODEL -o OUT.h5 [--add-bos|--no-add-bos] [--add-eos|--no-add-eos]\n"
-      "             [--bos-token T] [--eos-token T] [--document file|line] [--num-threads N]\n"
+      "             [--bos-token T] [--eos-token T] [--document file|line|jsonl] [--text-key K]\n"
+      "             [--num-threads N]\n"
       "             [--val-fraction F] INPUT...\n"
       "                                           (SentencePiece .model, or byte-level BPE tokenizer.json)\n"
       "fsdp_prepare --token-file FILE... --vocab-size N -o OUT.h5 [--val-token-file FILE...]\n"
@@ -101,7 +104,10 @@ int main(int argc, char** argv) {
        "--tokenizer: encoding threads (default 0: every CPU this process may run on); the output is "
        "the same for any number")
       ("document", po::value(&document)->default_value("file"),
-       "--tokenizer: what one document is: file (a whole input file) or line (each line; empty ones skipped)")
+       "--tokenizer: what one document is: file (a whole input file), line (each line; empty ones skipped) "
+       "or jsonl (each line a JSON object: its --text-key string)")
+      ("text-key", po::value(&text_key)->default_value("text"),
+       "--document jsonl: the field holding each record's text")
       ("token-file", po::value(&token_files)->multitoken()->composing(),
        "token ids from llm.c (header magic 20240520 uint16 / 20240801 uint32) or nanoGPT (raw uint16 .bin), "
        "imported as they are; several files are concatenated in the order given")
@@ -132,7 +138,7 @@ int main(int argc, char** argv) {
       throw fsdp::InputError("--pairs, --tokenizer and --token-file: more than one given (expected one mode)");
     }
     const auto sp_only = {"add-bos",  "no-add-bos", "add-eos",  "no-add-eos",
-                          "document", "bos-token",  "eos-token", "num-threads"};
+                          "document", "bos-token",  "eos-token", "num-threads", "text-key"};
     const auto tf_only = {"val-token-file", "vocab-size", "token-format"};
     if (!vm.count("tokenizer")) refuse_options(vm, "without --tokenizer", sp_only);
     if (!vm.count("token-file")) refuse_options(vm, "without --token-file", tf_only);
@@ -199,7 +205,11 @@ int main(int argc, char** argv) {
       o.num_threads = num_threads;
       o.add_bos = switch_pair(vm, "add-bos");
       o.add_eos = switch_pair(vm, "add-eos");
-      o.document = fsdp::data::parse_document_unit(document);
+      o.document = {fsdp::data::parse_document_unit(document), text_key};
+      if (vm.count("text-key") && !vm["text-key"].defaulted() &&
+          o.document.unit != fsdp::data::DocumentUnit::jsonl) {
+        throw fsdp::InputError("--text-key: only with --document jsonl");
+      }
       auto progress = fsdp::ProgressMeter::on_terminal({.label = "fsdp_prepare"});
       const auto s = fsdp::data::prepare_tokenized_dataset(inputs, out, val_fraction, o, &progress);
       progress.finish();

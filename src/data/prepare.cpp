@@ -15,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <system_error>
@@ -480,7 +481,8 @@ std::string absolute_path(const std::string& p) {
 DocumentUnit parse_document_unit(const std::string& name) {
   if (name == "file") return DocumentUnit::file;
   if (name == "line") return DocumentUnit::line;
-  throw InputError("--document: '" + printable(name, 64) + "' (expected file or line)");
+  if (name == "jsonl") return DocumentUnit::jsonl;
+  throw InputError("--document: '" + printable(name, 64) + "' (expected file, line or jsonl)");
 }
 
 bool resolve_special(const std::optional<bool>& want, int32_t id, const std::string& flag, const std::string& model) {
@@ -568,6 +570,25 @@ class TokenSpill {
   off_t bytes_ = 0;  // written to the file
 };
 
+// The text of one JSON Lines record: its string field `key`; "" for a blank line. Throws
+// InputError "<where>: ..." for a line that is not a JSON object or lacks the string field.
+std::string jsonl_text(const std::string& line, const std::string& key, const std::string& where) {
+  if (line.find_first_not_of(" \t") == std::string::npos) return {};
+  nlohmann::json record;
+  try {
+    record = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(where + ": not JSON (parse error at byte " + std::to_string(e.byte) +
+                     "; --document jsonl reads one JSON object per line)");
+  }
+  const auto it = record.is_object() ? record.find(key) : record.end();
+  if (it == record.end() || !it->is_string()) {
+    throw InputError(where + ": no string field \"" + printable(key, 64) +
+                     "\" (--document jsonl reads each line's --text-key field, default \"text\")");
+  }
+  return it->get<std::string>();
+}
+
 // One document of a batch: its text and where it came from (file index; line number, 0 for a
 // whole file).
 struct Document {
@@ -623,7 +644,8 @@ void encode_batch(const std::vector<Document>& docs, const std::vector<std::stri
 }  // namespace
 
 TokenStreamCounts encode_documents(const std::vector<fs::path>& files, const TextTokenizer& tok,
-                                   bool add_bos, bool add_eos, DocumentUnit document, int num_threads,
+                                   bool add_bos, bool add_eos, const DocumentFormat& document,
+                                   int num_threads,
                                    const std::function<void(const int32_t*, std::size_t)>& emit,
                                    ProgressMeter* progress, std::size_t batch_bytes) {
   if (progress) {
@@ -671,7 +693,7 @@ TokenStreamCounts encode_documents(const std::vector<fs::path>& files, const Tex
     const auto file = static_cast<int32_t>(fi);
     std::ifstream in(files[fi], std::ios::binary);
     if (!in) throw InputError(names[fi] + ": cannot read input file");
-    if (document == DocumentUnit::file) {
+    if (document.unit == DocumentUnit::file) {
       std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       if (in.bad()) throw InputError(names[fi] + ": error while reading input file");
       const std::size_t n = text.size();
@@ -683,6 +705,9 @@ TokenStreamCounts encode_documents(const std::vector<fs::path>& files, const Tex
         ++lineno;
         const std::size_t n = line.size() + (in.eof() ? 0 : 1);
         if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (document.unit == DocumentUnit::jsonl) {
+          line = jsonl_text(line, document.text_key, names[fi] + ":" + std::to_string(lineno));
+        }
         add_document(std::move(line), file, lineno, n);
         line = std::string();
       }
@@ -739,7 +764,11 @@ TokenizedSummary prepare_tokenized_dataset(const std::vector<std::string>& input
   r.add_eos = add_eos;
   r.num_documents = counts.documents;
   std::string source = "fsdp_prepare --tokenizer " + options.model +
-                       (options.document == DocumentUnit::line ? " --document line" : "") + ":";
+                       (options.document.unit == DocumentUnit::line    ? " --document line"
+                        : options.document.unit == DocumentUnit::jsonl ? " --document jsonl --text-key " +
+                                                                             options.document.text_key
+                                                                       : "") +
+                       ":";
   for (const auto& in : inputs) source += " " + in;
   const int dtype = token_dtype_bytes(r.vocab_size);
   write_atomically(out, [&](h5::File& f) {

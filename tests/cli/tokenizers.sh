@@ -32,12 +32,12 @@
 #              ignore_merges, merges as pairs, BOS from the TemplateProcessing), encoded on 3
 #              threads: ids equal tiktoken's with <|begin_of_text|> first, uint32 ids;
 #              --document line with --eos-token '<|end_of_text|>' puts both around every
-#              non-empty line.
+#              non-empty line; --document jsonl --text-key content reads JSON Lines records.
 # CASE hf_bpe_errors: tokenizer.json files that are not JSON, not BPE, not byte-level, with a
 #              Lowercase normalizer, a field of the wrong type, a merge of an unknown token, a
 #              bad regex; an unknown --bos-token, --add-eos without an EOS, --eos-token with a
-#              SentencePiece model, --num-threads -2, a folder with no tokenizer file, an input
-#              that is not UTF-8: each exits 2 with one line naming the file or option, no
+#              SentencePiece model, --num-threads -2, --text-key without jsonl, plain text as
+#              jsonl, a folder with no tokenizer file, an input that is not UTF-8: each exits 2 with one line naming the file or option, no
 #              output.
 # CASE train: fsdp_train trains on a SentencePiece-prepared file (model.vocab_size = the
 #              model's piece count) and on imported llm.c ids; a model.vocab_size below the
@@ -428,6 +428,25 @@ EOF
       fail "--document line summary"
     fi
     expect_tiktoken_ids "$WORK/lines.h5" cl100k_base 100277 100278 "$WORK/lines_as_files"
+    # --document jsonl --text-key content: JSON Lines records (escapes decoded, a blank line
+    # skipped, other fields ignored); the reference encodes the same texts as files.
+    "$PY" - "$WORK" <<'EOF'
+import json, os, sys
+w = sys.argv[1]
+texts = ["First line.", "Second: 42 cats\nand a caf\u00e9\t\u00e9t\u00e9", "third \U0001F600"]
+os.makedirs(w + "/jsonl")
+os.makedirs(w + "/jsonl_as_files")
+with open(w + "/jsonl/a.jsonl", "w") as f:
+    for i, t in enumerate(texts):
+        f.write(json.dumps({"id": i, "content": t, "text": "not this"}) + ("\n\n" if i == 0 else "\n"))
+for i, t in enumerate(texts):
+    open("%s/jsonl_as_files/%d.txt" % (w, i), "w", encoding="utf-8", newline="").write(t)
+EOF
+    run_prepare --tokenizer "$WORK/l3" --document jsonl --text-key content --val-fraction 0.3 \
+      -o "$WORK/jsonl.h5" "$WORK/jsonl"
+    expect_rc 0
+    if ! grep -q "1 files, 3 documents, .*bos 100277 per document)$" "$OUT"; then fail "--document jsonl summary"; fi
+    expect_tiktoken_ids "$WORK/jsonl.h5" cl100k_base 100277 -1 "$WORK/jsonl_as_files"
     ;;
   hf_bpe_errors)
     make_corpus "$WORK/corpus"
@@ -464,6 +483,10 @@ EOF
     expect_prepare_error "--add-eos" "ok.json" "no EOS token"
     run_prepare --tokenizer "$WORK/ok.json" --num-threads -2 -o "$WORK/out.h5" "$WORK/corpus"
     expect_prepare_error "--num-threads: -2"
+    run_prepare --tokenizer "$WORK/ok.json" --text-key body -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "--text-key: only with --document jsonl"
+    run_prepare --tokenizer "$WORK/ok.json" --document jsonl -o "$WORK/out.h5" "$WORK/corpus"
+    expect_prepare_error "$WORK/corpus/a.txt:1: not JSON (parse error at byte"
     mkdir -p "$WORK/empty_model_dir"
     run_prepare --tokenizer "$WORK/empty_model_dir" -o "$WORK/out.h5" "$WORK/corpus"
     expect_prepare_error "$WORK/empty_model_dir" "neither tokenizer.json nor tokenizer.model"

@@ -152,11 +152,22 @@ PairsSummary prepare_pairs_dataset(const std::string& tsv, const std::string& ou
 
 // What one document is (--document): `file`, a whole input file (the default; its bytes as
 // they are, newlines included); `line`, each line of each file (the newline and a trailing
-// CR removed; one document per line, as in a JSONL-like text dump). Documents of zero bytes
-// (empty files, empty lines) are skipped: they get no BOS/EOS either.
-enum class DocumentUnit { file, line };
-// "file" / "line"; throws fsdp::InputError naming --document otherwise.
+// CR removed; one document per line); `jsonl`, each line of each file is a JSON object and
+// the document is its string field DocumentFormat::text_key ("text": the JSON Lines that
+// Hugging Face datasets' to_json, FineWeb, RedPajama and Dolma ship), JSON escapes decoded.
+// Documents of zero bytes (empty files, empty lines, empty texts) and blank lines are
+// skipped: they get no BOS/EOS either.
+enum class DocumentUnit { file, line, jsonl };
+// "file" / "line" / "jsonl"; throws fsdp::InputError naming --document otherwise.
 DocumentUnit parse_document_unit(const std::string& name);
+
+// --document and --text-key.
+struct DocumentFormat {
+  DocumentFormat(DocumentUnit u = DocumentUnit::file, std::string key = "text")
+      : unit(u), text_key(std::move(key)) {}
+  DocumentUnit unit;
+  std::string text_key;  // jsonl only: the field that holds a document's text
+};
 
 struct TokenizerOptions {
   // --tokenizer: a SentencePiece .model, a tokenizer.json, or a folder holding one
@@ -170,7 +181,7 @@ struct TokenizerOptions {
   // llm.c's fineweb.py does), or after it with --no-add-bos. true with a tokenizer that has
   // none is an error.
   std::optional<bool> add_bos, add_eos;
-  DocumentUnit document = DocumentUnit::file;
+  DocumentFormat document;  // --document, --text-key
   int num_threads = 0;  // --num-threads: encoding threads (0: usable_cpus())
 };
 
@@ -187,7 +198,9 @@ struct TokenStreamCounts {
 
 // Encodes `files` (in the given order) document by document with `tok` and hands the stream
 // to `emit` in order: for each non-empty document [bos if add_bos] + tok.encode(document) +
-// [eos if add_eos]. Documents are encoded in batches (`batch_bytes` of input per thread) on
+// [eos if add_eos]. A jsonl line that is not a JSON object with a string field
+// document.text_key is an fsdp::InputError "FILE:LINE: ..." naming the key. Documents are
+// encoded in batches (`batch_bytes` of input per thread) on
 // `num_threads` threads (0: usable_cpus()), each with its own tok.clone_for_thread(); the
 // stream is the same for every thread count and batch size. Memory: one batch's text and
 // ids, or the largest document if it is larger. Throws fsdp::InputError naming a file that
@@ -195,7 +208,7 @@ struct TokenStreamCounts {
 // total = the files' sizes, add() per batch.
 TokenStreamCounts encode_documents(const std::vector<std::filesystem::path>& files,
                                    const TextTokenizer& tok, bool add_bos, bool add_eos,
-                                   DocumentUnit document, int num_threads,
+                                   const DocumentFormat& document, int num_threads,
                                    const std::function<void(const int32_t*, std::size_t)>& emit,
                                    ProgressMeter* progress = nullptr,
                                    std::size_t batch_bytes = 4 << 20);
