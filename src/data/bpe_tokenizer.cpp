@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -239,8 +240,9 @@ struct BpeTokenizer::Impl {
   // Tokenizers' Word::merge_all (no dropout): a min-heap of (rank, position) over adjacent
   // pairs; a popped pair whose symbols changed since it was pushed is skipped.
   void bpe(std::string_view piece, std::vector<int32_t>& out) const {
+    const std::string key(piece);  // the lookups' key, made once
     if (model->ignore_merges) {
-      const auto it = model->raw_vocab.find(std::string(piece));
+      const auto it = model->raw_vocab.find(key);
       if (it != model->raw_vocab.end()) {
         out.push_back(it->second);
         return;
@@ -248,7 +250,7 @@ struct BpeTokenizer::Impl {
     }
     const bool cacheable = piece.size() <= kCacheMaxPieceBytes;
     if (cacheable) {
-      const auto it = cache.find(std::string(piece));
+      const auto it = cache.find(key);
       if (it != cache.end()) {
         out.insert(out.end(), it->second.begin(), it->second.end());
         return;
@@ -300,7 +302,7 @@ struct BpeTokenizer::Impl {
     for (int32_t i = n > 0 ? 0 : -1; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
     if (cacheable) {
       if (cache.size() >= kCacheMaxEntries) cache.clear();
-      cache.emplace(std::string(piece), std::vector<int32_t>(out.begin() + first, out.end()));
+      cache.emplace(key, std::vector<int32_t>(out.begin() + first, out.end()));
     }
   }
 
@@ -633,13 +635,11 @@ bool is_tokenizer_json(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return fs::is_regular_file(fs::path(path) / "tokenizer.json", ec);
   if (!fs::is_regular_file(path, ec)) return false;
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return false;
-  int c;
-  while ((c = std::fgetc(f)) != EOF && (c == ' ' || c == '\t' || c == '\n' || c == '\r')) {
+  std::ifstream in(path, std::ios::binary);
+  char c = 0;
+  while (in.get(c) && (c == ' ' || c == '\t' || c == '\n' || c == '\r')) {
   }
-  std::fclose(f);
-  return c == '{';
+  return in && c == '{';
 }
 
 std::unique_ptr<TextTokenizer> load_text_tokenizer(const std::string& path,

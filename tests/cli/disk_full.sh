@@ -17,7 +17,7 @@
 # CASE metrics_enospc: the tmpfs has room for the start-up probes and a few lines of
 #   metrics.jsonl only. The run stops with exit 1 and one line naming metrics.jsonl and "No
 #   space left on device"; every line left in metrics.jsonl is complete JSON.
-# CASE prepare_enospc: fsdp_prepare --tokenizer (a byte-level tokenizer.json) writes into a
+# CASE prepare_enospc: fsdp_prepare --tokenizer (lib.sh's bpe_json) writes into a
 #   1 MiB tmpfs that holds its earlier output; the token stream's unnamed temporary file (4
 #   bytes a token, in the output's folder) runs out of room. Exit 1, one line naming the
 #   output and "No space left on device"; the earlier out.h5 is byte-identical and nothing
@@ -130,17 +130,10 @@ EOF
     ;;
   prepare_enospc)
     mount_disk 1m
-    python3 - "$WORK/tokenizer.json" "$WORK/small" "$WORK/large" <<'EOF'
-import json, os, sys
-chars, n = [], 256
-for b in range(256):  # GPT-2's bytes_to_unicode: one token per byte, no merges
-    printable = 33 <= b <= 126 or 161 <= b <= 172 or b >= 174
-    chars.append(chr(b) if printable else chr(n))
-    n += 0 if printable else 1
-json.dump({"pre_tokenizer": {"type": "ByteLevel", "use_regex": True},
-           "model": {"type": "BPE", "vocab": {c: i for i, c in enumerate(chars)}, "merges": []}},
-          open(sys.argv[1], "w"))
-for d, kib in ((sys.argv[2], 8), (sys.argv[3], 600)):
+    bpe_json "$WORK/tokenizer.json"
+    python3 - "$WORK/small" "$WORK/large" <<'EOF'
+import os, sys
+for d, kib in ((sys.argv[1], 8), (sys.argv[2], 600)):
     os.makedirs(d)
     open(d + "/a.txt", "w").write(("All work and no play makes Jack a dull boy.\n" * 24)[:1024] * kib)
 EOF

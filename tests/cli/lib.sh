@@ -161,3 +161,24 @@ wait_for() {
     sleep 0.05
   done
 }
+
+# bpe_json FILE [EDIT]: a minimal valid byte-level BPE tokenizer.json (the 256 byte tokens, the
+# merge "t h" -> 256, the added token <eos> 257), after the Python statement EDIT on its dict t
+# (json only: any python3). tests/cli/tokenizers.sh, disk_full.sh.
+bpe_json() {
+  python3 - "$1" "${2:-pass}" <<'EOF'
+import json, sys
+chars, n = [], 256
+for b in range(256):
+    printable = 33 <= b <= 126 or 161 <= b <= 172 or b >= 174
+    chars.append(chr(b) if printable else chr(n))
+    n += 0 if printable else 1
+vocab = {c: i for i, c in enumerate(chars)}
+vocab["th"] = 256
+t = {"normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+     "added_tokens": [{"id": 257, "content": "<eos>", "special": True}],
+     "model": {"type": "BPE", "vocab": vocab, "merges": ["t h"]}}
+exec(sys.argv[2])
+json.dump(t, open(sys.argv[1], "w"))
+EOF
+}
