@@ -493,7 +493,7 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
       {"[train]\nseed = -1\n", {}, {"train.seed: -1 is negative"}},
       // model
       {"[model]\ntype = \"t6\"\n", {},
-       {"input.toml: model.type: unknown value \"t6\" (expected one of gpt2, t5, llama)"}},
+       {"input.toml: model.type: unknown value \"t6\" (expected one of gpt2, t5, llama, mistral, qwen2, qwen3)"}},
       {"", {"model.type=bert"}, {"--set model.type=bert: model.type: unknown value \"bert\""}},
       // [model] keys belong to the chosen family.
       {"[model]\ntype = \"t5\"\nn_layer = 2\n", {},
@@ -943,7 +943,7 @@ std::vector<std::string> cells(const std::string& row) {
 }
 
 // docs/config.md documents exactly the keys of the key table, each under its section ([model]'s
-// family keys under `type = "gpt2"` / `type = "t5"`), and each row says what the table says
+// family keys under `type = "gpt2"`, `type = "t5"`, ... for every model.type), and each row says what the table says
 // (describe_keys): the type column states the table's bounds where it has some, the "PyTorch /
 // HF name" column is the table's peer name ("—" for none), the meaning starts with the table's
 // one-line doc (its final period may be another punctuation mark in the docs), and each
@@ -954,7 +954,8 @@ TEST(Config, DocsListEveryKeyWithItsDefault) {
   std::ifstream in(std::string(FSDP_SOURCE_DIR) + "/docs/config.md");
   ASSERT_TRUE(in) << "docs/config.md missing";
   std::map<std::string, KeyDescription> table;  // "type|section.key" -> the key table's row
-  for (const std::string t : {"gpt2", "t5"}) {
+  const std::vector<std::string> types = {"gpt2", "t5", "llama", "mistral", "qwen2", "qwen3"};
+  for (const std::string& t : types) {
     for (KeyDescription& d : describe_keys(model_schema(model_schemas(), t))) {
       table.emplace(t + "|" + d.key, std::move(d));
     }
@@ -994,7 +995,7 @@ TEST(Config, DocsListEveryKeyWithItsDefault) {
                                            "model.fused_linear_cross_entropy",
                                            "model.fused_linear_cross_entropy_chunk_rows"};
   int checked = 0;
-  for (const std::string t : {"gpt2", "t5"}) {
+  for (const std::string& t : types) {
     // model.type t, data.source synthetic (so no key is required).
     const std::string base = "[model]\ntype = \"" + t + "\"\n[data]\nsource = \"synthetic\"\n";
     const std::string defaults = to_toml(parse_config(base, "keys", {}));

@@ -1,7 +1,9 @@
 // Llama model tests: logits, loss and every gradient against the stored float64 PyTorch
 // reference of HF LlamaForCausalLM (tools/llama_reference.py, tests/data/llama/: 1 and 3
 // layers, MHA / GQA / MQA, tied and untied, rope_theta 1e4 and 5e5 with llama3 scaling, with
-// and without biases), a finite-difference check of every parameter tensor, the model built
+// and without biases; and MistralForCausalLM, Qwen2ForCausalLM's q/k/v biases and
+// Qwen3ForCausalLM's per-head q/k norms, each from its own config.json), a finite-difference
+// check of every parameter tensor, the model built
 // from each fixture's config.json (init_from's path), activation checkpointing bit-identical
 // on one rank and sharded over the world, the activation plan equal to what is allocated, and
 // the llama3 frequency scaling's three regimes.
@@ -41,9 +43,10 @@ fsdp::LlamaConfig tiny_model() {
   return m;
 }
 
-fsdp::FsdpConfig llama_wrap() {
+// One unit per decoder layer: LlamaDecoderLayer, Qwen3DecoderLayer, ...
+fsdp::FsdpConfig llama_wrap(fsdp::LlamaArch arch = fsdp::LlamaArch::llama) {
   fsdp::FsdpConfig fc;
-  fc.transformer_layer_cls_to_wrap = {"LlamaDecoderLayer"};
+  fc.transformer_layer_cls_to_wrap = {std::string(fsdp::llama_arch_prefix(arch)) + "DecoderLayer"};
   return fc;
 }
 
@@ -53,8 +56,8 @@ struct ModelOptions : test_util::CausalLmOptions<fsdp::LlamaConfig> {
 };
 
 struct Fixture : test_util::CausalLmFixture<fsdp::LlamaModel, fsdp::LlamaConfig> {
-  explicit Fixture(const ModelOptions& o = {}, const fsdp::FsdpConfig& fc = llama_wrap())
-      : CausalLmFixture(o, fc) {}
+  explicit Fixture(const ModelOptions& o = {}) : CausalLmFixture(o, llama_wrap(o.model.arch)) {}
+  Fixture(const ModelOptions& o, const fsdp::FsdpConfig& fc) : CausalLmFixture(o, fc) {}
 };
 
 // Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).
@@ -71,15 +74,26 @@ bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; 
 
 // Directional finite differences of every parameter tensor, for a few shapes of the family.
 TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
+  using fsdp::LlamaArch;
   struct Case {
     const char* what;
     int64_t kv_heads;
     bool tied, attention_bias, mlp_bias, llama3;
+    LlamaArch arch = LlamaArch::llama;
+    int64_t head_dim = 0;
   };
   for (const Case& c : {Case{"GQA untied", 2, false, false, false, false},
                         Case{"MQA tied, biases, llama3", 1, true, true, true, true},
-                        Case{"MHA untied, attention bias", 4, false, true, false, false}}) {
+                        Case{"MHA untied, attention bias", 4, false, true, false, false},
+                        Case{"Qwen2 GQA untied (q/k/v biases)", 2, false, false, false, false,
+                             LlamaArch::qwen2},
+                        Case{"Qwen3 MQA tied, head_dim 6, llama3", 1, true, false, false, true,
+                             LlamaArch::qwen3, 6},
+                        Case{"Qwen3 GQA untied, attention bias", 2, false, true, false, false,
+                             LlamaArch::qwen3}}) {
     ModelOptions o;
+    o.model.arch = c.arch;
+    o.model.head_dim = c.head_dim;
     o.model.num_key_value_heads = c.kv_heads;
     o.model.tie_word_embeddings = c.tied;
     o.model.attention_bias = c.attention_bias;
@@ -128,7 +142,8 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         ++checked;
       }
     }
-    const int per_layer = 9 + (c.attention_bias ? 4 : 0) + (c.mlp_bias ? 3 : 0);
+    const int per_layer = 9 + (c.attention_bias ? 4 : 0) + (c.arch == LlamaArch::qwen2 ? 3 : 0) +
+                          (c.arch == LlamaArch::qwen3 ? 2 : 0) + (c.mlp_bias ? 3 : 0);
     EXPECT_EQ(checked, 1 + 2 * per_layer + 1 + (c.tied ? 0 : 1)) << c.what;
   }
 }
@@ -144,8 +159,9 @@ void check_reference(const std::string& file) {
   if (testing::Test::HasFatalFailure()) return;
   const auto batch = ref.as<int64_t>("batch");
   ASSERT_EQ(batch.size(), 2u) << file << ": batch B T";
-  const fsdp::ModelFamily& family = fsdp::model_family("llama");
-  const fsdp::ModelConfig mc = family.from_hf_config(nlohmann::json::parse(ref.config_json), file);
+  const nlohmann::json hf = nlohmann::json::parse(ref.config_json);
+  const fsdp::ModelFamily& family = fsdp::model_family(hf.at("model_type").get<std::string>());
+  const fsdp::ModelConfig mc = family.from_hf_config(hf, file);
   ModelOptions o;
   o.model = fsdp::LlamaConfig::from(mc);
   o.B = batch[0];
@@ -223,18 +239,20 @@ TEST(Llama, MatchesTorchReference) {
     check_reference(name);
     ++files;
   }
-  EXPECT_GE(files, 7) << "tests/data/llama: the fixtures of tools/llama_reference.py";
+  EXPECT_GE(files, 11) << "tests/data/llama: the fixtures of tools/llama_reference.py";
 }
 
 TEST(Llama, ActivationCheckpointingIsBitIdentical) {
-  fsdp::LlamaConfig mc = tiny_model();
-  mc.num_hidden_layers = 3;
+  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3})
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
     for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
-      const std::string what = std::string(fsdp::to_string(dtype)) +
+      const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
+                               std::string(fsdp::to_string(dtype)) +
                                (comm == MPI_COMM_SELF ? " one rank" : " world");
       ModelOptions o;
-      o.model = mc;
+      o.model = tiny_model();
+      o.model.num_hidden_layers = 3;
+      o.model.arch = arch;
       o.mp.param_dtype = dtype;
       o.comm = comm;
       Fixture off(o);
@@ -265,10 +283,12 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
 }
 
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
+  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3})
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
     for (bool ckpt : {false, true}) {
       for (bool tied : {false, true}) {
         ModelOptions o;
+        o.model.arch = arch;
         o.model.tie_word_embeddings = tied;
         o.model.num_hidden_layers = 3;
         o.mp.param_dtype = dtype;
@@ -277,7 +297,8 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
         f.loss_and_grads();
         EXPECT_EQ(static_cast<int64_t>(f.be->memory().peak(fsdp::MemCategory::activations)),
                   fsdp::LlamaModel::activation_bytes(o.model, o.B, o.T, dtype, ckpt))
-            << fsdp::to_string(dtype) << " checkpointing " << ckpt << " tied " << tied;
+            << fsdp::llama_arch_prefix(arch) << " " << fsdp::to_string(dtype) << " checkpointing "
+            << ckpt << " tied " << tied;
       }
     }
   }

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <typeindex>
+#include <typeinfo>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -177,11 +179,15 @@ bool allowed(const std::string& name, const std::string& path) {
 }
 
 TEST(ModelArgs, EveryKeyIsSpelledOnceInSrc) {
-  // name -> the number of families that declare it (each table spells it once).
-  std::map<std::string, int> declared;
+  // name -> the number of family classes that declare it (each class's table spells it once;
+  // one class may serve several model.types, as LlamaFamily serves llama, mistral, qwen2 and
+  // qwen3 from one table builder).
+  std::map<std::string, std::set<std::type_index>> classes;
   for (const ModelFamily* f : fsdp::model_families()) {
-    for (const ModelKey& k : f->keys()) ++declared[k.name];
+    for (const ModelKey& k : f->keys()) classes[k.name].insert(std::type_index(typeid(*f)));
   }
+  std::map<std::string, int> declared;
+  for (const auto& [name, c] : classes) declared[name] = static_cast<int>(c.size());
   ASSERT_FALSE(declared.empty());
   const fs::path root = FSDP_SOURCE_DIR;
   ASSERT_TRUE(fs::is_directory(root / "src")) << root / "src";
@@ -213,8 +219,8 @@ TEST(ModelArgs, EveryKeyIsSpelledOnceInSrc) {
       total += k;
       where += "\n  " + path + ": " + std::to_string(k);
     }
-    EXPECT_EQ(total, families) << "\"" << name << "\" is a key of " << families << " famil"
-                               << (families == 1 ? "y" : "ies")
+    EXPECT_EQ(total, families) << "\"" << name << "\" is a key of " << families << " family class"
+                               << (families == 1 ? "" : "es")
                                << " and should be spelled once in each table, as a string "
                                   "literal; spelled in src/:"
                                << where;
@@ -303,6 +309,100 @@ TEST(ModelArgs, HfConfigFieldsThatChangeTheMathAreChecked) {
   old.erase("num_key_value_heads");
   old.erase("head_dim");
   EXPECT_EQ(llama.from_hf_config(old, "d.json"), llama.canonical(defaults));
+}
+
+// Mistral, Qwen2 and Qwen3 are the Llama model under their own HF classes: each config.json
+// names its class and has that class's attributes only; each reads back to the same [model];
+// a config.json of another class, Qwen's layer_types other than the flags give, and a sliding
+// window shorter than the sequences are one line naming the field or key.
+TEST(ModelArgs, LlamaFamilyClassesHaveTheirOwnConfigJson) {
+  struct Want {
+    const char* type;
+    const char* architecture;
+    std::vector<std::string> present, absent;
+  };
+  for (const Want& w : {Want{"mistral", "MistralForCausalLM", {"head_dim", "sliding_window"},
+                             {"attention_bias", "mlp_bias", "use_sliding_window", "pretraining_tp"}},
+                        Want{"qwen2", "Qwen2ForCausalLM",
+                             {"use_sliding_window", "sliding_window", "max_window_layers"},
+                             {"head_dim", "attention_bias", "mlp_bias", "pretraining_tp"}},
+                        Want{"qwen3", "Qwen3ForCausalLM",
+                             {"head_dim", "attention_bias", "use_sliding_window", "max_window_layers"},
+                             {"mlp_bias", "pretraining_tp"}}}) {
+    SCOPED_TRACE(w.type);
+    const ModelFamily& f = fsdp::model_family(w.type);
+    const ModelConfig defaults = fsdp::model_defaults(w.type);
+    const nlohmann::json hf = f.hf_config(defaults);
+    EXPECT_EQ(hf["model_type"], w.type);
+    EXPECT_EQ(hf["architectures"], nlohmann::json::array({w.architecture}));
+    for (const std::string& k : w.present) EXPECT_TRUE(hf.contains(k)) << k;
+    for (const std::string& k : w.absent) EXPECT_FALSE(hf.contains(k)) << k;
+    EXPECT_EQ(f.wrap_classes(), std::vector<std::string>{std::string(w.architecture).substr(
+                                    0, std::string(w.architecture).find("For")) + "DecoderLayer"});
+    EXPECT_EQ(f.from_hf_config(hf, "config.json"), f.canonical(defaults));
+    EXPECT_NE(hf_error(w.type, fsdp::model_family("llama").hf_config(fsdp::model_defaults("llama")))
+                  .find("\"model_type\" is not \"" + std::string(w.type) + "\""),
+              std::string::npos);
+  }
+
+  // Mistral: HF's null window is 0 both ways.
+  const ModelFamily& mistral = fsdp::model_family("mistral");
+  nlohmann::json m = mistral.hf_config(fsdp::model_defaults("mistral"));
+  m["sliding_window"] = nullptr;
+  const ModelConfig none = mistral.from_hf_config(m, "config.json");
+  EXPECT_EQ(std::get<int64_t>(*none.find("sliding_window")), 0);
+  EXPECT_TRUE(mistral.hf_config(none)["sliding_window"].is_null());
+  m.erase("sliding_window");  // absent: MistralConfig's 4096
+  EXPECT_EQ(std::get<int64_t>(*mistral.from_hf_config(m, "config.json").find("sliding_window")), 4096);
+
+  // Qwen3 without head_dim reads as Qwen3Config's 128; layer_types must match the flags.
+  const ModelFamily& qwen3 = fsdp::model_family("qwen3");
+  nlohmann::json q = qwen3.hf_config(fsdp::model_defaults("qwen3"));
+  q.erase("head_dim");
+  EXPECT_EQ(std::get<int64_t>(*qwen3.from_hf_config(q, "config.json").find("head_dim")), 128);
+  q = qwen3.hf_config(fsdp::model_defaults("qwen3"));
+  const int64_t layers = q["num_hidden_layers"].get<int64_t>();
+  q["layer_types"] = std::vector<std::string>(static_cast<std::size_t>(layers), "full_attention");
+  EXPECT_EQ(hf_error("qwen3", q), "");
+  q["layer_types"][layers - 1] = "sliding_attention";
+  EXPECT_NE(hf_error("qwen3", q).find("\"layer_types\""), std::string::npos);
+  q["use_sliding_window"] = true;
+  q["max_window_layers"] = layers - 1;
+  EXPECT_EQ(hf_error("qwen3", q), "") << "the last layer slides, as the flags say";
+
+  // The window must cover data.seq_len wherever a layer slides.
+  auto config_error = [](const std::string& model_keys, int64_t seq_len) -> std::string {
+    try {
+      fsdp::parse_config("[model]\n" + model_keys + "\n[data]\nsource = \"synthetic\"\nseq_len = " +
+                             std::to_string(seq_len) + "\n",
+                         "input.toml", {});
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.exit_code(), fsdp::kExitInputError) << e.what();
+      return e.what();
+    }
+    return "";
+  };
+  const std::string mistral_short = config_error("type = \"mistral\"\nsliding_window = 64", 128);
+  EXPECT_NE(mistral_short.find("model.sliding_window: 64 is shorter than data.seq_len = 128"),
+            std::string::npos) << mistral_short;
+  EXPECT_NE(mistral_short.find("or 0 for none"), std::string::npos) << mistral_short;
+  EXPECT_EQ(config_error("type = \"mistral\"\nsliding_window = 128", 128), "");
+  EXPECT_EQ(config_error("type = \"mistral\"\nsliding_window = 0", 128), "");
+  const std::string qwen_keys = "type = \"qwen2\"\nsliding_window = 64\nnum_hidden_layers = 4\n";
+  EXPECT_EQ(config_error(qwen_keys + "use_sliding_window = false", 128), "");
+  EXPECT_EQ(config_error(qwen_keys + "use_sliding_window = true\nmax_window_layers = 4", 128), "")
+      << "no layer from max_window_layers on: nothing slides";
+  const std::string qwen_short =
+      config_error(qwen_keys + "use_sliding_window = true\nmax_window_layers = 3", 128);
+  EXPECT_NE(qwen_short.find("model.sliding_window: 64 is shorter than data.seq_len = 128"),
+            std::string::npos) << qwen_short;
+  EXPECT_NE(qwen_short.find("model.use_sliding_window = false"), std::string::npos) << qwen_short;
+  // Qwen2 has no head_dim key: hidden_size / heads must be whole and even.
+  EXPECT_NE(config_error("type = \"qwen2\"\nhead_dim = 8", 16).find("model.head_dim"),
+            std::string::npos);
+  EXPECT_NE(config_error("type = \"qwen2\"\nhidden_size = 36\nnum_attention_heads = 4", 16)
+                .find("model.hidden_size: 36 / model.num_attention_heads = 9 is odd"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 """tools/hf_check.py: fsdp_merge's output loads in Hugging Face transformers and gives our loss.
 
 For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneration, ByT5
-bytes, seq2seq; gated-gelu untied and relu tied) and Llama (LlamaForCausalLM, causal LM on the
+bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
+MistralForCausalLM (LLAMA_CASES below) and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
 scaling set so that its three branches (kept, smoothed, scaled) all occur: untied with
@@ -56,10 +57,18 @@ LLAMA_COMMON = {"vocab_size": 300, "intermediate_size": 64, "num_hidden_layers":
                 "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 128},
                 "initializer_range": 0.3}
+# "type" (default llama) is model.type, HF's model_type: Qwen2 adds its q/k/v biases, Qwen3 its
+# per-head q/k RMSNorms (with head_dim 12 != 32 / 4), Mistral its sliding window (here 1024,
+# covering every sequence); each through AutoModelForCausalLM and its own config.json.
 LLAMA_CASES = {
     "llama gqa untied llama3": {"hidden_size": 48, "head_dim": 8, "tie_word_embeddings": False},
     "llama gqa tied llama3 biases": {"hidden_size": 32, "tie_word_embeddings": True,
                                      "attention_bias": True, "mlp_bias": True},
+    "qwen2 gqa untied llama3": {"type": "qwen2", "hidden_size": 32, "tie_word_embeddings": False},
+    "qwen3 gqa tied llama3 head_dim": {"type": "qwen3", "hidden_size": 32, "head_dim": 12,
+                                       "tie_word_embeddings": True},
+    "mistral gqa untied llama3": {"type": "mistral", "hidden_size": 32, "sliding_window": 1024,
+                                  "tie_word_embeddings": False},
 }
 # Real text: the project's own words, repeated with variations (no download needed).
 SENTENCES = [
@@ -245,6 +254,7 @@ max_target_len = 64
 def llama_toml(name, work, h5, seq_len):
     """fsdp_train's configuration of a Llama case (LLAMA_CASES) on the byte corpus."""
     keys = dict(LLAMA_COMMON, **LLAMA_CASES[name])
+    model_type = keys.pop("type", "llama")
 
     def value(v):
         if isinstance(v, bool):
@@ -254,7 +264,7 @@ def llama_toml(name, work, h5, seq_len):
         if isinstance(v, dict):
             return "{ " + ", ".join("%s = %s" % (k, value(x)) for k, x in v.items()) + " }"
         return repr(v)
-    model = "[model]\ntype = \"llama\"\n" + "".join("%s = %s\n" % (k, value(v)) for k, v in keys.items())
+    model = "[model]\ntype = %s\n" % json.dumps(model_type) + "".join("%s = %s\n" % (k, value(v)) for k, v in keys.items())
     tag = name.replace(" ", "_")
     return (model + "[data]\npath = %s\nseq_len = %d\n" % (json.dumps(os.path.join(work, h5)), seq_len) +
             common_toml(tag, work))
@@ -268,8 +278,11 @@ def check_llama(work, env_file, torch, name, impl):
     n = (len(val) - 1) // L
     ids = torch.tensor([list(val[i * L:i * L + L + 1]) for i in range(n)], dtype=torch.long)
     if impl == "hf":
-        from transformers import LlamaForCausalLM
-        model = LlamaForCausalLM.from_pretrained(hf).double().eval()
+        from transformers import AutoModelForCausalLM  # the class config.json's model_type names
+        model = AutoModelForCausalLM.from_pretrained(hf).double().eval()
+        want = json.load(open(os.path.join(hf, "config.json")))["architectures"][0]
+        if type(model).__name__ != want:
+            raise RuntimeError("from_pretrained made a %s, config.json names %s" % (type(model).__name__, want))
         with torch.no_grad():
             logits = model(ids[:, :-1]).logits
     else:  # tools/llama_reference.py's float64 forward, on the merged weights and config.json

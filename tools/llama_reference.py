@@ -21,9 +21,14 @@ the llama3 RoPE branches):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
-VARIANT = <layers>l_<attn>_<tied>_<rope>[_attnbias][_mlpbias] (see VARIANTS below), e.g.
+VARIANT = <layers>l_<attn>_<tied>_<rope>[_<arch>][_attnbias][_mlpbias] (see VARIANTS below), e.g.
 3l_gqa_untied_llama3: attn is mha (num_key_value_heads 4), gqa (2) or mqa (1); rope is rope1e4
-(rope_theta 1e4, rope_scaling null) or llama3 (rope_theta 5e5 with Llama 3.1's rope_scaling).
+(rope_theta 1e4, rope_scaling null) or llama3 (rope_theta 5e5 with Llama 3.1's rope_scaling);
+arch is absent (LlamaForCausalLM) or the Llama-family class of the same math with its own
+config attributes (other_arch_config): mistral (MistralForCausalLM, a sliding window covering
+every sequence), qwen2 (Qwen2ForCausalLM: q/k/v biases, none on o_proj; modeling_qwen2.py) or
+qwen3 (Qwen3ForCausalLM: q_norm / k_norm, an RMSNorm over each head of q and k before RoPE, and
+head_dim 12 != hidden / heads; modeling_qwen3.py).
 A tiny Llama (hidden 32, 4 heads of head_dim 8, intermediate 40, vocab 37: not a multiple of
 anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
@@ -67,6 +72,8 @@ B, T = 2, 7
 LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.1,
                   "original_max_position_embeddings": 8, "rope_type": "llama3"}
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
+ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}  # HF class prefix
+HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
     "1l_mha_untied_rope1e4",
     "1l_gqa_tied_llama3",
@@ -75,17 +82,27 @@ VARIANTS = [
     "1l_mha_tied_llama3_mlpbias",
     "3l_gqa_untied_llama3",
     "3l_mqa_tied_rope1e4_attnbias_mlpbias",
+    "1l_gqa_untied_rope1e4_mistral",
+    "1l_gqa_untied_rope1e4_qwen2",
+    "1l_gqa_untied_rope1e4_qwen3",
+    "3l_mqa_tied_llama3_qwen3_attnbias",
 ]
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
 
 
 def hf_config(variant):
-    """The config.json of a LlamaForCausalLM of this variant (keys in a fixed order)."""
+    """The config.json of a LlamaForCausalLM (MistralForCausalLM, Qwen2ForCausalLM,
+    Qwen3ForCausalLM with the word mistral, qwen2, qwen3) of this variant (keys in a fixed
+    order)."""
     words = variant.split("_")
     layers, attn, tied, rope, flags = words[0], words[1], words[2], words[3], set(words[4:])
     assert layers.endswith("l") and layers[:-1].isdigit(), variant
     assert attn in KV_HEADS and tied in ("tied", "untied") and rope in ("rope1e4", "llama3"), variant
-    assert flags <= {"attnbias", "mlpbias"}, variant
+    assert flags <= {"attnbias", "mlpbias"} | set(ARCHS), variant
+    archs = flags & set(ARCHS)
+    assert len(archs) <= 1, variant
+    if archs:
+        return other_arch_config(archs.pop(), int(layers[:-1]), attn, tied, rope, flags)
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
         "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
@@ -101,21 +118,70 @@ def hf_config(variant):
     }
 
 
+def other_arch_config(arch, layers, attn, tied, rope, flags):
+    """config.json of the Mistral / Qwen2 / Qwen3 variants: each class's own attributes
+    (MistralConfig: head_dim, sliding_window; Qwen2Config: no head_dim, attention_bias or
+    mlp_bias; Qwen3Config: head_dim, attention_bias; both Qwen: use_sliding_window,
+    max_window_layers). Sliding windows are off or cover every sequence."""
+    assert "mlpbias" not in flags and ("attnbias" not in flags or arch == "qwen3"), (arch, flags)
+    cfg = {"architectures": [ARCHS[arch] + "ForCausalLM"], "model_type": arch, "vocab_size": VOCAB,
+           "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+           "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn]}
+    if arch != "qwen2":
+        cfg["head_dim"] = HEAD_DIM_QWEN3 if arch == "qwen3" else HEAD_DIM
+    cfg.update({"max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+                "rope_theta": 10000.0 if rope == "rope1e4" else 500000.0,
+                "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else None})
+    if arch == "qwen3":
+        cfg["attention_bias"] = "attnbias" in flags
+    if arch == "mistral":
+        cfg["sliding_window"] = MAX_POS
+    else:
+        cfg.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": layers})
+    cfg.update({"attention_dropout": 0.0, "tie_word_embeddings": tied == "tied", "hidden_act": "silu",
+                "initializer_range": 0.02, "torch_dtype": "float32", "bos_token_id": 1,
+                "eos_token_id": 2, "use_cache": True})
+    return cfg
+
+
+# What each class makes of its config (HF's getattr defaults for the attributes it lacks).
+def head_dim(cfg):
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def qkv_bias(cfg):  # Qwen2Attention: q/k/v always biased, o_proj never
+    return cfg.get("attention_bias", False) or cfg["model_type"] == "qwen2"
+
+
+def o_bias(cfg):
+    return cfg.get("attention_bias", False)
+
+
+def mlp_bias(cfg):
+    return cfg.get("mlp_bias", False)
+
+
+def qk_norm(cfg):  # Qwen3Attention's q_norm / k_norm over each head
+    return cfg["model_type"] == "qwen3"
+
+
 def param_shapes(cfg):
-    """HF LlamaForCausalLM state-dict names and shapes, in state-dict order."""
+    """HF state-dict names and shapes of the variant's class, in state-dict order."""
     C, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     shapes = [("model.embed_tokens.weight", (V, C))]
     for l in range(cfg["num_hidden_layers"]):
         a, m = f"model.layers.{l}.self_attn.", f"model.layers.{l}.mlp."
-        for name, out, inp in (("q_proj", H * D, C), ("k_proj", Hkv * D, C),
-                               ("v_proj", Hkv * D, C), ("o_proj", C, H * D)):
+        for name, out, inp, bias in (("q_proj", H * D, C, qkv_bias(cfg)), ("k_proj", Hkv * D, C, qkv_bias(cfg)),
+                                     ("v_proj", Hkv * D, C, qkv_bias(cfg)), ("o_proj", C, H * D, o_bias(cfg))):
             shapes.append((a + name + ".weight", (out, inp)))
-            if cfg["attention_bias"]:
+            if bias:
                 shapes.append((a + name + ".bias", (out,)))
+        if qk_norm(cfg):
+            shapes += [(a + "q_norm.weight", (D,)), (a + "k_norm.weight", (D,))]
         for name, out, inp in (("gate_proj", I, C), ("up_proj", I, C), ("down_proj", C, I)):
             shapes.append((m + name + ".weight", (out, inp)))
-            if cfg["mlp_bias"]:
+            if mlp_bias(cfg):
                 shapes.append((m + name + ".bias", (out,)))
         shapes.append((f"model.layers.{l}.input_layernorm.weight", (C,)))
         shapes.append((f"model.layers.{l}.post_attention_layernorm.weight", (C,)))
@@ -162,7 +228,7 @@ def llama3_branch(cfg, wavelen):
 
 def inv_freq(cfg):
     """RoPE inverse frequencies [head_dim / 2], float64, with the llama3 rescaling if configured."""
-    D = cfg["head_dim"]
+    D = head_dim(cfg)
     inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
     s = cfg["rope_scaling"]
     if s is None:
@@ -190,7 +256,7 @@ def rotate_half(x):
 def forward(p, cfg, tokens):
     """Logits [B, T, V] of LlamaForCausalLM (eval: no dropout), float64."""
     Bn, Tn = tokens.shape
-    H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     eps = cfg["rms_norm_eps"]
 
     def linear(x, name, bias):
@@ -204,10 +270,14 @@ def forward(p, cfg, tokens):
     x = p["model.embed_tokens.weight"][tokens]
     for l in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{l}."
-        a, ab = pre + "self_attn.", cfg["attention_bias"]
+        a, ab = pre + "self_attn.", qkv_bias(cfg)
         h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
-        q = linear(h, a + "q_proj", ab).view(Bn, Tn, H, D).transpose(1, 2)  # [B, H, T, D]
-        k = linear(h, a + "k_proj", ab).view(Bn, Tn, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
+        q = linear(h, a + "q_proj", ab).view(Bn, Tn, H, D)
+        k = linear(h, a + "k_proj", ab).view(Bn, Tn, Hkv, D)
+        if qk_norm(cfg):  # over each head's D values, before RoPE
+            q = rms_norm(q, p[a + "q_norm.weight"], eps)
+            k = rms_norm(k, p[a + "k_norm.weight"], eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
         v = linear(h, a + "v_proj", ab).view(Bn, Tn, Hkv, D).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -216,8 +286,8 @@ def forward(p, cfg, tokens):
         att = (q @ k.transpose(-1, -2)) / math.sqrt(D)
         att = att.masked_fill(~causal, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
-        x = x + linear(y, a + "o_proj", ab)
-        m, mb = pre + "mlp.", cfg["mlp_bias"]
+        x = x + linear(y, a + "o_proj", o_bias(cfg))
+        m, mb = pre + "mlp.", mlp_bias(cfg)
         h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
         g = linear(h, m + "gate_proj", mb)
         x = x + linear(g * torch.sigmoid(g) * linear(h, m + "up_proj", mb), m + "down_proj", mb)
@@ -328,7 +398,7 @@ def naive_loss(p, cfg, tokens, targets):
     """The same model again, element by element: explicit per-pair rotation angles, per-head loops
     with the key/value head h // (H / Hkv), a hand-written softmax and cross-entropy, and the
     llama3 frequencies from Python floats. Slow; a check of the vectorised forward only."""
-    H, D, C = cfg["num_attention_heads"], cfg["head_dim"], cfg["hidden_size"]
+    H, D, C = cfg["num_attention_heads"], head_dim(cfg), cfg["hidden_size"]
     eps, group = cfg["rms_norm_eps"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
     inv = []
     for i in range(D // 2):
@@ -345,7 +415,8 @@ def naive_loss(p, cfg, tokens, targets):
         inv.append(f)
 
     def norm(x, w):
-        return x / torch.sqrt(sum(x[c] * x[c] for c in range(C)) / C + eps) * w
+        n = x.shape[0]
+        return x / torch.sqrt(sum(x[c] * x[c] for c in range(n)) / n + eps) * w
 
     def lin(x, name, bias):
         y = torch.mv(p[name + ".weight"], x)
@@ -364,24 +435,29 @@ def naive_loss(p, cfg, tokens, targets):
         xs = [p["model.embed_tokens.weight"][int(tokens[b, t])] for t in range(tokens.shape[1])]
         for l in range(cfg["num_hidden_layers"]):
             pre = f"model.layers.{l}."
-            a, ab, mb = pre + "self_attn.", cfg["attention_bias"], cfg["mlp_bias"]
+            a, ab, mb = pre + "self_attn.", qkv_bias(cfg), mlp_bias(cfg)
             hs = [norm(x, p[pre + "input_layernorm.weight"]) for x in xs]
             qs = [lin(h, a + "q_proj", ab) for h in hs]
             ks = [lin(h, a + "k_proj", ab) for h in hs]
             vs = [lin(h, a + "v_proj", ab) for h in hs]
             new = []
+
+            def head(x, i, which):  # head i of a q or k row, through Qwen3's norm if any
+                y = x[i * D:(i + 1) * D]
+                return norm(y, p[a + which + "_norm.weight"]) if qk_norm(cfg) else y
+
             for t in range(len(xs)):
                 heads = []
                 for hd in range(H):
                     kv = hd // group
-                    q = rope(qs[t][hd * D:(hd + 1) * D], t)
-                    scores = [torch.dot(q, rope(ks[s][kv * D:(kv + 1) * D], s)) / math.sqrt(D)
+                    q = rope(head(qs[t], hd, "q"), t)
+                    scores = [torch.dot(q, rope(head(ks[s], kv, "k"), s)) / math.sqrt(D)
                               for s in range(t + 1)]
                     top = max(float(sc) for sc in scores)
                     w = [torch.exp(sc - top) for sc in scores]
                     z = sum(w)
                     heads.append(sum(w[s] / z * vs[s][kv * D:(kv + 1) * D] for s in range(t + 1)))
-                new.append(xs[t] + lin(torch.cat(heads), a + "o_proj", ab))
+                new.append(xs[t] + lin(torch.cat(heads), a + "o_proj", o_bias(cfg)))
             xs = new
             new = []
             for x in xs:
@@ -412,7 +488,7 @@ def selftest():
 
     # 1. llama3 RoPE branches.
     cfg = hf_config("1l_gqa_tied_llama3")
-    D = cfg["head_dim"]
+    D = head_dim(cfg)
     base = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
     wl = (2 * math.pi / base).tolist()
     branches = [llama3_branch(cfg, w) for w in wl]
@@ -470,9 +546,10 @@ def selftest():
     # 3. GQA / MQA == MHA with each key/value head repeated for its query heads; the GQA k/v
     #    gradients are the sums over the copies. And Hkv == H through the same code is plain MHA
     #    (the loop-by-loop model above checks that on the mha variants).
-    for v in ("1l_gqa_tied_llama3", "1l_mqa_untied_llama3_attnbias_mlpbias", "3l_gqa_untied_llama3"):
+    for v in ("1l_gqa_tied_llama3", "1l_mqa_untied_llama3_attnbias_mlpbias", "3l_gqa_untied_llama3",
+              "1l_gqa_untied_rope1e4_qwen3"):
         cfg, params32, tokens, targets = make_case(v)
-        H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
         mha = dict(cfg, num_key_value_heads=H)
         rows = torch.cat([torch.arange(kv * D, (kv + 1) * D) for kv in range(Hkv) for _ in range(H // Hkv)])
         expanded = {n: (t[rows] if (".k_proj." in n or ".v_proj." in n) else t) for n, t in params32.items()}

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "fsdp/backend/buffer.hpp"
@@ -15,26 +16,45 @@
 namespace fsdp {
 namespace {
 
-// LlamaConfig's attributes fsdp_train trains: the only place a Llama [model] key is spelled.
-const ModelArgs<LlamaConfig>& llama_args() {
+// The [model] key table of each Llama-family type: the only place one of their keys is
+// spelled. The rows are HF's config attributes of that class (LlamaConfig, MistralConfig,
+// Qwen2Config, Qwen3Config), with the class's own default for an attribute a config.json
+// leaves out.
+ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   using A = ModelArg<LlamaConfig>;
   using L = LlamaConfig;
-  static const ModelArgs<LlamaConfig> args({
-      A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true, int64_t{32000}},
+  const bool llama = arch == LlamaArch::llama, mistral = arch == LlamaArch::mistral;
+  const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3;
+  // HF's defaults by class: llama, mistral, qwen2/qwen3.
+  auto by = [&](auto l, auto m, auto q) { return llama ? l : mistral ? m : q; };
+  const char* layers_doc = by("Number of LlamaDecoderLayer blocks.",
+                              "Number of MistralDecoderLayer blocks.",
+                              arch == LlamaArch::qwen2 ? "Number of Qwen2DecoderLayer blocks."
+                                                       : "Number of Qwen3DecoderLayer blocks.");
+  std::vector<A> rows = {
+      A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
+        by(int64_t{32000}, int64_t{32000}, int64_t{151936})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true, int64_t{4096}},
       A{"intermediate_size", &L::intermediate_size, "Width of the SwiGLU MLP.", KeyRange::size(1), {},
-        true, int64_t{11008}},
-      A{"num_hidden_layers", &L::num_hidden_layers, "Number of LlamaDecoderLayer blocks.",
-        KeyRange::layers(), {}, true, int64_t{32}},
+        true, by(int64_t{11008}, int64_t{14336}, int64_t{22016})},
+      A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
+        true, int64_t{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
         true, int64_t{32}},
+      // HF's absent num_key_value_heads: Llama's None (MHA), Mistral's 8, Qwen's 32.
       A{"num_key_value_heads", &L::num_key_value_heads,
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
-        KeyRange::size(0), {}, true, int64_t{0}},
-      A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
-        "num_attention_heads.", KeyRange::size(0), {}, true, int64_t{0}},
+        KeyRange::size(0), {}, true, by(int64_t{0}, int64_t{8}, int64_t{32})},
+  };
+  if (arch != LlamaArch::qwen2) {  // Qwen2Config has no head_dim: hidden_size / heads
+    rows.push_back(A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
+                     "num_attention_heads.", KeyRange::size(0), {}, true,
+                     arch == LlamaArch::qwen3 ? int64_t{128} : int64_t{0}});
+  }
+  rows.insert(rows.end(), {
       A{"max_position_embeddings", &L::max_position_embeddings,
-        "Longest sequence the model is trained for.", KeyRange::size(1), {}, true, int64_t{2048}},
+        "Longest sequence the model is trained for.", KeyRange::size(1), {}, true,
+        by(int64_t{2048}, int64_t{131072}, int64_t{32768})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true, 1e-6},
       A{"rope_theta", &L::rope_theta, "RoPE base period.", KeyRange::above(0), {}, true, 10000.0},
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
@@ -51,24 +71,57 @@ const ModelArgs<LlamaConfig>& llama_args() {
       A{"rope_scaling.original_max_position_embeddings", &L::rope_original_max_position_embeddings,
         "llama3: the context length the model was pre-trained with.", KeyRange::size(1), {}, true,
         int64_t{8192}},
-      A{"attention_bias", &L::attention_bias, "Biases on q_proj, k_proj, v_proj and o_proj.", {},
-        {}, true, false},
-      A{"mlp_bias", &L::mlp_bias, "Biases on gate_proj, up_proj and down_proj.", {}, {}, true,
-        false},
+  });
+  if (llama || arch == LlamaArch::qwen3) {
+    rows.push_back(A{"attention_bias", &L::attention_bias,
+                     "Biases on q_proj, k_proj, v_proj and o_proj.", {}, {}, true, false});
+  }
+  if (llama) {
+    rows.push_back(A{"mlp_bias", &L::mlp_bias, "Biases on gate_proj, up_proj and down_proj.", {},
+                     {}, true, false});
+  }
+  if (qwen) {
+    rows.push_back(A{"use_sliding_window", &L::use_sliding_window,
+                     "Sliding-window attention on the layers from max_window_layers on.", {}, {},
+                     true, false});
+  }
+  if (mistral || qwen) {  // Mistral's 0 is HF's null; Qwen's window applies under the flag
+    rows.push_back(A{"sliding_window", &L::sliding_window,
+                     mistral ? "Sliding-window attention span (positions per query, itself "
+                               "included); 0 = none."
+                             : "Sliding-window attention span (positions per query, itself "
+                               "included) under use_sliding_window.",
+                     KeyRange::size(mistral ? 0 : 1), {}, true, int64_t{4096}});
+  }
+  if (qwen) {
+    rows.push_back(A{"max_window_layers", &L::max_window_layers,
+                     "Layers 0 .. max_window_layers - 1 attend fully; later ones slide under "
+                     "use_sliding_window.", KeyRange::size(0), {}, true, int64_t{28}});
+  }
+  rows.insert(rows.end(), {
       A{"tie_word_embeddings", &L::tie_word_embeddings,
         "Whether the LM head is the token embedding.", {}, {}, true, false},
       A{"initializer_range", &L::initializer_range,
         "Standard deviation of the weights' normal initialisation.", KeyRange::above(0), {}, true,
         0.02},
   });
-  return args;
+  LlamaConfig defaults;
+  defaults.arch = arch;
+  return ModelArgs<LlamaConfig>(std::move(rows), defaults);
 }
 
-// Indices of one layer's parameters among its module's (-1: absent bias), in HF's
-// state-dict order: self_attn q, k, v, o; mlp gate, up, down; the two norms.
+const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
+  static const ModelArgs<LlamaConfig> tables[] = {
+      make_llama_args(LlamaArch::llama), make_llama_args(LlamaArch::mistral),
+      make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3)};
+  return tables[static_cast<int>(arch)];
+}
+
+// Indices of one layer's parameters among its module's (-1: absent), in HF's state-dict
+// order: self_attn q, k, v, o (then Qwen3's q_norm, k_norm); mlp gate, up, down; the two norms.
 struct LayerIndex {
-  int q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, gate_w, gate_b, up_w, up_b, down_w, down_b, ln_in,
-      ln_post, count;
+  int q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, q_norm, k_norm, gate_w, gate_b, up_w, up_b, down_w,
+      down_b, ln_in, ln_post, count;
 };
 LayerIndex layer_index(const LlamaConfig& c) {
   LayerIndex x{};
@@ -77,10 +130,12 @@ LayerIndex layer_index(const LlamaConfig& c) {
     w = n++;
     b = bias ? n++ : -1;
   };
-  lin(x.q_w, x.q_b, c.attention_bias);
-  lin(x.k_w, x.k_b, c.attention_bias);
-  lin(x.v_w, x.v_b, c.attention_bias);
-  lin(x.o_w, x.o_b, c.attention_bias);
+  lin(x.q_w, x.q_b, c.qkv_bias());
+  lin(x.k_w, x.k_b, c.qkv_bias());
+  lin(x.v_w, x.v_b, c.qkv_bias());
+  lin(x.o_w, x.o_b, c.o_bias());
+  x.q_norm = c.qk_norm() ? n++ : -1;
+  x.k_norm = c.qk_norm() ? n++ : -1;
   lin(x.gate_w, x.gate_b, c.mlp_bias);
   lin(x.up_w, x.up_b, c.mlp_bias);
   lin(x.down_w, x.down_b, c.mlp_bias);
@@ -91,6 +146,27 @@ LayerIndex layer_index(const LlamaConfig& c) {
 }
 
 }  // namespace
+
+const char* llama_arch_prefix(LlamaArch arch) {
+  switch (arch) {
+    case LlamaArch::mistral: return "Mistral";
+    case LlamaArch::qwen2: return "Qwen2";
+    case LlamaArch::qwen3: return "Qwen3";
+    case LlamaArch::llama: break;
+  }
+  return "Llama";
+}
+
+int64_t LlamaConfig::attention_window() const {
+  switch (arch) {
+    case LlamaArch::mistral: return sliding_window;
+    case LlamaArch::qwen2:
+    case LlamaArch::qwen3:  // HF's layer_types: sliding from layer max_window_layers on
+      return use_sliding_window && num_hidden_layers > max_window_layers ? sliding_window : 0;
+    case LlamaArch::llama: break;
+  }
+  return 0;
+}
 
 std::vector<double> llama_inv_freq(const LlamaConfig& c) {
   const int64_t D = c.head_size();
@@ -122,13 +198,14 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
   const int64_t I = c.intermediate_size;
   const float std0 = static_cast<float>(c.initializer_range);
   const LayerIndex x = layer_index(c);
+  const std::string prefix = llama_arch_prefix(c.arch);
   std::vector<ModuleDecl> modules;
   ModuleDecl emb{"model.embed_tokens", "Embedding", {}};
   emb.params.push_back({"model.embed_tokens.weight", {Vp, C}, InitKind::normal, std0, false, V});
   modules.push_back(std::move(emb));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string m = "model.layers." + std::to_string(l);
-    ModuleDecl layer{m, "LlamaDecoderLayer", {}};
+    ModuleDecl layer{m, prefix + "DecoderLayer", {}};
     layer.params.resize(static_cast<std::size_t>(x.count));
     auto put = [&](int i, const std::string& name, std::vector<int64_t> shape, InitKind init,
                    bool decay) {
@@ -145,6 +222,8 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
     linear(x.k_w, x.k_b, "self_attn.k_proj", KV, C);
     linear(x.v_w, x.v_b, "self_attn.v_proj", KV, C);
     linear(x.o_w, x.o_b, "self_attn.o_proj", C, Q);
+    put(x.q_norm, "self_attn.q_norm.weight", {c.head_size()}, InitKind::ones, false);
+    put(x.k_norm, "self_attn.k_norm.weight", {c.head_size()}, InitKind::ones, false);
     linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
     linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
     linear(x.down_w, x.down_b, "mlp.down_proj", C, I);
@@ -152,7 +231,7 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
     put(x.ln_post, "post_attention_layernorm.weight", {C}, InitKind::ones, false);
     modules.push_back(std::move(layer));
   }
-  modules.push_back({"model.norm", "LlamaRMSNorm",
+  modules.push_back({"model.norm", prefix + "RMSNorm",
                      {ParamSpec{"model.norm.weight", {C}, InitKind::ones, 0.f, false}}});
   if (!c.tie_word_embeddings) {
     ModuleDecl head{"lm_head", "Linear", {}};
@@ -169,8 +248,10 @@ struct LlamaModel::Acts {
   std::vector<DeviceBuffer> res;  // L+1 residual streams [BT,C]
   struct Layer {
     // q [BT,Q] and k [BT,KV] after RoPE; lse fp32 [B,H,T]. silu(gate) * up is not kept:
-    // see dI1 below.
+    // see dI1 below. Under qk_norm(): q_raw, k_raw the projections before the per-head
+    // RMSNorm, q_rstd [BT*H] and k_rstd [BT*Hkv] fp32 its statistics (else empty).
     DeviceBuffer ln1, ln1_rstd, q, k, v, lse, atty, res2, ln2, ln2_rstd, gate, up;
+    DeviceBuffer q_raw, k_raw, q_rstd, k_rstd;
   };
   std::vector<Layer> layers;  // one per layer, or one shared (activation checkpointing)
   Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[static_cast<std::size_t>(l)]; }
@@ -205,6 +286,10 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T, bool checkpoint
           + BT * C + logit_rows * Vp                                      // norm, logits
           + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
   n.f32 = S * (2 * BT + B * H * T) + BT + 2 * T * (D / 2);  // rstd x2, lse; norm rstd; RoPE
+  if (c.qk_norm()) {
+    n.act += S * BT * (Q + KV);                  // q_raw, k_raw
+    n.f32 += S * BT * (H + c.kv_heads());        // q_rstd, k_rstd
+  }
   n.i32 = 2 * BT;
   return n;
 }
@@ -244,6 +329,10 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
     y.ln1 = f(BT * C); y.ln1_rstd = f32(BT); y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
     y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C); y.ln2 = f(BT * C);
     y.ln2_rstd = f32(BT); y.gate = f(BT * I); y.up = f(BT * I);
+    if (cfg_.qk_norm()) {
+      y.q_raw = f(BT * Q); y.k_raw = f(BT * KV);
+      y.q_rstd = f32(BT * H); y.k_rstd = f32(BT * cfg_.kv_heads());
+    }
   }
   a->lnf = f(BT * C); a->lnf_rstd = f32(BT);
   a->logits = f(cfg_.fused_lce.logits_rows(BT, C, Vp) * Vp);
@@ -365,8 +454,17 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
     }
   };
   be_.rmsnorm_forward(ln1, y.ln1_rstd.view({BT}), in, W(x.ln_in), BT, C, eps);
-  linear(q, ln1, x.q_w, x.q_b, Q, C);
-  linear(k, ln1, x.k_w, x.k_b, KV, C);
+  if (cfg_.qk_norm()) {  // Qwen3: q = q_norm(q_proj(ln1)) over each head's D values; k alike
+    linear(rows(y.q_raw, Q), ln1, x.q_w, x.q_b, Q, C);
+    linear(rows(y.k_raw, KV), ln1, x.k_w, x.k_b, KV, C);
+    be_.rmsnorm_forward(y.q.view({BT * H, D}), y.q_rstd.view({BT * H}), y.q_raw.view({BT * H, D}),
+                        W(x.q_norm), BT * H, D, eps);
+    be_.rmsnorm_forward(y.k.view({BT * Hkv, D}), y.k_rstd.view({BT * Hkv}),
+                        y.k_raw.view({BT * Hkv, D}), W(x.k_norm), BT * Hkv, D, eps);
+  } else {
+    linear(q, ln1, x.q_w, x.q_b, Q, C);
+    linear(k, ln1, x.k_w, x.k_b, KV, C);
+  }
   linear(v, ln1, x.v_w, x.v_b, KV, C);
   be_.rope_forward(q, q, cos, sin, B, T, H, D);
   be_.rope_forward(k, k, cos, sin, B, T, Hkv, D);
@@ -464,8 +562,24 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
                                1.f / std::sqrt(static_cast<float>(D)));
     be_.rope_backward(dq, dq, cos, sin, B, T, H, D);
     be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D);
-    linear_backward(dln, dq, rows(y.ln1, C), x.q_w, x.q_b, Q, C, false);
-    linear_backward(dln, dk, rows(y.ln1, C), x.k_w, x.k_b, KV, C, true);
+    if (cfg_.qk_norm()) {
+      // d q_raw into datty (free since the attention's backward), d k_raw into dq (free once
+      // q_proj's backward has read d q_raw): rmsnorm_backward accumulates into zeros.
+      rt_.fill_zero(datty);
+      be_.rmsnorm_backward(a.datty.view({BT * H, D}), G(x.q_norm), a.dq.view({BT * H, D}),
+                           y.q_raw.view({BT * H, D}), W(x.q_norm), y.q_rstd.view({BT * H}),
+                           BT * H, D);
+      linear_backward(dln, datty, rows(y.ln1, C), x.q_w, x.q_b, Q, C, false);
+      const TensorView dk_raw = a.dq.view({BT, KV});
+      rt_.fill_zero(dk_raw);
+      be_.rmsnorm_backward(a.dq.view({BT * Hkv, D}), G(x.k_norm), a.dk.view({BT * Hkv, D}),
+                           y.k_raw.view({BT * Hkv, D}), W(x.k_norm), y.k_rstd.view({BT * Hkv}),
+                           BT * Hkv, D);
+      linear_backward(dln, dk_raw, rows(y.ln1, C), x.k_w, x.k_b, KV, C, true);
+    } else {
+      linear_backward(dln, dq, rows(y.ln1, C), x.q_w, x.q_b, Q, C, false);
+      linear_backward(dln, dk, rows(y.ln1, C), x.k_w, x.k_b, KV, C, true);
+    }
     linear_backward(dln, dv, rows(y.ln1, C), x.v_w, x.v_b, KV, C, true);          // d ln1
     be_.rmsnorm_backward(dres, G(x.ln_in), dln, rows(a.res[l], C), W(x.ln_in),
                          y.ln1_rstd.view({BT}), BT, C);                           // dres = d res[l]
@@ -480,24 +594,31 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
 // ---- the "llama" model family (registry entry) ----
 namespace {
 
+// One entry per LlamaArch: the same model, HF's class names, keys and config.json of each.
 class LlamaFamily final : public ModelFamily {
  public:
-  std::string type() const override { return "llama"; }
-  std::vector<ModelKey> keys() const override { return llama_args().keys(); }
-  std::string hf_config_class() const override { return "LlamaConfig"; }
-  std::vector<std::string> wrap_classes() const override { return {"LlamaDecoderLayer"}; }
+  explicit LlamaFamily(LlamaArch arch) : arch_(arch) {}
+  std::string type() const override { return std::string(enum_name(arch_)); }
+  std::vector<ModelKey> keys() const override { return args().keys(); }
+  std::string hf_config_class() const override { return prefix() + "Config"; }
+  std::vector<std::string> wrap_classes() const override { return {prefix() + "DecoderLayer"}; }
   std::vector<Objective> objectives() const override { return {Objective::causal_lm}; }
   void validate(const Config& c, const KeyFail& fail) const override {
     const LlamaConfig g = LlamaConfig::from(c.model);
-    const auto& a = llama_args();
+    const auto& a = args();
     const auto n = [](int64_t v) { return std::to_string(v); };
+    const bool has_head_dim = arch_ != LlamaArch::qwen2;
     if (g.head_dim == 0 && g.hidden_size % g.num_attention_heads != 0) {
       throw fail(a.key(&LlamaConfig::hidden_size),
                  n(g.hidden_size) + " is not divisible by " + a.key(&LlamaConfig::num_attention_heads) +
-                     " = " + n(g.num_attention_heads) + " (or set " + a.key(&LlamaConfig::head_dim) + ")");
+                     " = " + n(g.num_attention_heads) +
+                     (has_head_dim ? " (or set " + a.key(&LlamaConfig::head_dim) + ")" : ""));
     }
     if (g.head_size() % 2 != 0) {
-      throw fail(a.key(&LlamaConfig::head_dim), n(g.head_size()) + " is odd (RoPE rotates pairs)");
+      throw fail(has_head_dim ? a.key(&LlamaConfig::head_dim) : a.key(&LlamaConfig::hidden_size),
+                 has_head_dim ? n(g.head_size()) + " is odd (RoPE rotates pairs)"
+                              : n(g.hidden_size) + " / " + a.key(&LlamaConfig::num_attention_heads) +
+                                    " = " + n(g.head_size()) + " is odd (RoPE rotates pairs)");
     }
     if (g.num_attention_heads % g.kv_heads() != 0) {
       throw fail(a.key(&LlamaConfig::num_key_value_heads),
@@ -516,6 +637,17 @@ class LlamaFamily final : public ModelFamily {
                                      a.key(&LlamaConfig::max_position_embeddings) + " = " +
                                      n(g.max_position_embeddings) +
                                      " (expected 1 <= seq_len <= max_position_embeddings)");
+    }
+    // A window that covers every sequence masks nothing causal attention does not; a shorter
+    // one would need banded attention kernels, which fsdp_train does not have.
+    if (const int64_t w = g.attention_window(); w > 0 && w < c.data.seq_len) {
+      throw fail(a.key(&LlamaConfig::sliding_window),
+                 n(w) + " is shorter than data.seq_len = " + n(c.data.seq_len) +
+                     ": sliding-window attention is not implemented (expected a window >= "
+                     "seq_len, " +
+                     (arch_ == LlamaArch::mistral ? std::string("or 0 for none)")
+                                                  : "or " + a.key(&LlamaConfig::use_sliding_window) +
+                                                        " = false)"));
     }
   }
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
@@ -562,28 +694,37 @@ class LlamaFamily final : public ModelFamily {
     // HF's None for the derived sizes is spelled out: the values every reader agrees on.
     g.num_key_value_heads = g.kv_heads();
     g.head_dim = g.head_size();
-    nlohmann::json out = llama_args().to_hf(g);
-    out["architectures"] = {"LlamaForCausalLM"};
-    out["model_type"] = "llama";
+    nlohmann::json out = args().to_hf(g);
+    out["architectures"] = {prefix() + "ForCausalLM"};
+    out["model_type"] = type();
     if (g.rope_type == LlamaConfig::RopeType::default_) out["rope_scaling"] = nullptr;
+    if (arch_ == LlamaArch::mistral && g.sliding_window == 0) {
+      out[args().name(&LlamaConfig::sliding_window)] = nullptr;  // HF's spelling of none
+    }
     out["hidden_act"] = "silu";
     out["attention_dropout"] = 0.0;
-    out["pretraining_tp"] = 1;
+    if (arch_ == LlamaArch::llama) out["pretraining_tp"] = 1;
     out["use_cache"] = true;
     out["torch_dtype"] = "float32";
     return out;
   }
-  // LlamaConfig attributes that change the math and are not keys must be what fsdp_train
+  // Config attributes that change the math and are not keys must be what fsdp_train
   // implements. Accepts transformers 5's `rope_parameters` (rope_theta and the scaling in one
-  // dict) and the legacy rope_scaling "type" spelling.
+  // dict) and the legacy rope_scaling "type" spelling; Mistral's null sliding_window is 0.
+  // Qwen's explicit layer_types must be the list use_sliding_window and max_window_layers
+  // give (MistralConfig ignores layer_types, as here).
   ModelConfig from_hf_config(const nlohmann::json& hf_in, const std::string& origin) const override {
-    if (hf_in.value("model_type", std::string()) != "llama") {
-      throw InputError(origin + ": \"model_type\" is not \"llama\"");
+    if (hf_in.value("model_type", std::string()) != type()) {
+      throw InputError(origin + ": \"model_type\" is not \"" + type() + "\"");
     }
     nlohmann::json hf = hf_in;
+    if (arch_ == LlamaArch::mistral) {
+      const std::string window = args().name(&LlamaConfig::sliding_window);
+      if (hf.contains(window) && hf[window].is_null()) hf[window] = 0;
+    }
     if (hf.contains("rope_parameters") && hf["rope_parameters"].is_object()) {
       const nlohmann::json rp = hf["rope_parameters"];
-      const std::string theta = llama_args().name(&LlamaConfig::rope_theta);
+      const std::string theta = args().name(&LlamaConfig::rope_theta);
       if (!hf.contains(theta) && rp.contains(theta)) hf[theta] = rp[theta];
       if (!hf.contains("rope_scaling") || hf["rope_scaling"].is_null()) hf["rope_scaling"] = rp;
     }
@@ -600,9 +741,22 @@ class LlamaFamily final : public ModelFamily {
         hf["attention_dropout"].get<double>() != 0.0) {
       throw refuse("attention_dropout", "0.0");
     }
-    const LlamaConfig g = llama_args().from_hf(hf, origin, LlamaConfig{});
-    ModelConfig c = model_defaults("llama");
-    llama_args().write(g, &c);
+    LlamaConfig base;
+    base.arch = arch_;
+    const LlamaConfig g = args().from_hf(hf, origin, base);
+    if (arch_ != LlamaArch::mistral && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
+      nlohmann::json want = nlohmann::json::array();
+      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+        const bool slides = g.use_sliding_window && l >= g.max_window_layers;
+        want.push_back(slides ? "sliding_attention" : "full_attention");
+      }
+      if (hf["layer_types"] != want) {
+        throw refuse("layer_types", want.dump() + ", the layers use_sliding_window and "
+                                    "max_window_layers give");
+      }
+    }
+    ModelConfig c = model_defaults(type());
+    args().write(g, &c);
     return canonical(c);
   }
   // The derived sizes spelled as HF's None (0) when they equal what None means.
@@ -611,23 +765,31 @@ class LlamaFamily final : public ModelFamily {
     if (g.num_key_value_heads == g.num_attention_heads) g.num_key_value_heads = 0;
     if (g.num_attention_heads > 0 && g.head_dim * g.num_attention_heads == g.hidden_size) g.head_dim = 0;
     ModelConfig out = c;
-    llama_args().write(g, &out);
+    args().write(g, &out);
     return out;
   }
+
+ private:
+  const ModelArgs<LlamaConfig>& args() const { return llama_args(arch_); }
+  std::string prefix() const { return llama_arch_prefix(arch_); }
+  LlamaArch arch_;
 };
 
 }  // namespace
 
 LlamaConfig LlamaConfig::from(const ModelConfig& c) {
-  LlamaConfig g = llama_args().read(c);
+  const std::optional<LlamaArch> arch = enum_from_name<LlamaArch>(c.type);
+  if (!arch) throw Error("LlamaConfig::from: model.type \"" + c.type + "\" is not a Llama-family type");
+  LlamaConfig g = llama_args(*arch).read(c);
   g.pad_vocab_multiple = c.pad_vocab_multiple;
   g.fused_lce = FusedLinearCrossEntropy::from(c);
   return g;
 }
 
-const ModelFamily& llama_family() {
-  static const LlamaFamily family;
-  return family;
+const ModelFamily& llama_family(LlamaArch arch) {
+  static const LlamaFamily families[] = {LlamaFamily(LlamaArch::llama), LlamaFamily(LlamaArch::mistral),
+                                         LlamaFamily(LlamaArch::qwen2), LlamaFamily(LlamaArch::qwen3)};
+  return families[static_cast<int>(arch)];
 }
 
 }  // namespace fsdp

@@ -15,7 +15,13 @@ const ModelSchemas& model_schemas() {
 }
 
 const std::vector<const ModelFamily*>& model_families() {
-  static const std::vector<const ModelFamily*> families = {&gpt2_family(), &t5_family(), &llama_family()};
+  static const std::vector<const ModelFamily*> families = {
+      &gpt2_family(),
+      &t5_family(),
+      &llama_family(LlamaArch::llama),
+      &llama_family(LlamaArch::mistral),
+      &llama_family(LlamaArch::qwen2),
+      &llama_family(LlamaArch::qwen3)};
   return families;
 }
 

@@ -462,7 +462,7 @@ class ModelSchema {
 // The families a configuration may name, in a fixed order.
 using ModelSchemas = std::vector<const ModelSchema*>;
 // The schema of model.type `type` among `models`; throws InputError `model.type: unknown
-// value "x" (expected one of gpt2, t5, llama)`.
+// value "x" (expected one of gpt2, t5, llama, mistral, qwen2, qwen3)`.
 const ModelSchema& model_schema(const ModelSchemas& models, const std::string& type);
 
 // Why [first, last] is not a valid profiling window (train.profile_steps, --profile): "" if it

@@ -1,10 +1,18 @@
-// fsdp/model/llama.hpp: Llama-family decoder with the exact architecture of Hugging Face
-// LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/modeling_llama.py), the
-// architecture of Llama 2/3, TinyLlama, SmolLM and Mistral-style models without a sliding
-// window:
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of four Hugging Face
+// classes, one model.type each (HF's model_type), sharing this one model:
 //
+//  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
+//    modeling_llama.py): Llama 2/3, TinyLlama, SmolLM;
+//  - "mistral": MistralForCausalLM (models/mistral): Llama without biases, plus a sliding window
+//    that must cover data.seq_len (then it changes nothing; a shorter window is refused);
+//  - "qwen2": Qwen2ForCausalLM (models/qwen2): Qwen2 and Qwen2.5, biases on q_proj, k_proj and
+//    v_proj (not o_proj), the sliding window as Mistral's when use_sliding_window;
+//  - "qwen3": Qwen3ForCausalLM (models/qwen3): Qwen3, an RMSNorm over each head of q and k
+//    (self_attn.q_norm, k_norm [head_dim]) before RoPE, attention_bias as Llama's.
+//
+// The decoder:
 //  - embed_tokens [V, C] (no position embedding);
-//  - num_hidden_layers LlamaDecoderLayer: x + o_proj(attn(RoPE(q_proj(n1)), RoPE(k_proj(n1)),
+//  - num_hidden_layers decoder layers: x + o_proj(attn(RoPE(q_proj(n1)), RoPE(k_proj(n1)),
 //    v_proj(n1))), n1 = input_layernorm(x); then h + down_proj(silu(gate_proj(n2)) *
 //    up_proj(n2)), n2 = post_attention_layernorm(h). RMSNorm (Zhang & Sennrich 2019) in fp32,
 //    then scaled by its weight (HF LlamaRMSNorm). RoPE (Su et al. 2021) in HF's rotate-half
@@ -12,16 +20,19 @@
 //    attention (Ainslie et al. 2023): num_key_value_heads K/V heads, each shared by
 //    num_attention_heads / num_key_value_heads query heads (HF repeat_kv), causal, scaled by
 //    1/sqrt(head_dim). Optional biases on q/k/v/o (attention_bias) and the MLP (mlp_bias);
+//    Qwen3's q_norm / k_norm: RMSNorm of each head's D values with weight [D], as HF's
+//    Qwen3Attention applies them to q_proj(n1) and k_proj(n1) viewed [.., heads, D];
 //  - final `norm` (RMSNorm) and lm_head [V, C], or the embedding when tie_word_embeddings.
 //
 // Parameter and module names are HF's state-dict and module names ("model.layers.3.mlp.
 // up_proj.weight", module "model.layers.3"): merges and init_from need no renaming, and
-// nn.Linear's [out, in] layout is ours. FSDP units: one per LlamaDecoderLayer (the wrap
-// class); embed_tokens, norm and lm_head in the root unit. The vocabulary is padded to
-// model.pad_vocab_multiple rows as for GPT-2 (fsdp/model/gpt2.hpp). Initialisation is HF
-// LlamaPreTrainedModel._init_weights: Linear and Embedding N(0, initializer_range), biases 0,
-// RMSNorm weights 1 (pad rows 0). AdamW decays the Linear weights only (not the norms, biases
-// or embedding), as fsdp_train's GPT-2 and T5.
+// nn.Linear's [out, in] layout is ours. FSDP units: one per decoder layer (the wrap class:
+// LlamaDecoderLayer, MistralDecoderLayer, Qwen2DecoderLayer or Qwen3DecoderLayer); embed_tokens,
+// norm and lm_head in the root unit. The vocabulary is padded to model.pad_vocab_multiple rows
+// as for GPT-2 (fsdp/model/gpt2.hpp). Initialisation is HF LlamaPreTrainedModel._init_weights
+// (which the other three classes inherit): Linear and Embedding N(0, initializer_range),
+// biases 0, RMSNorm weights 1 (pad rows 0). AdamW decays the Linear weights only (not the
+// norms, biases or embedding), as fsdp_train's GPT-2 and T5.
 #pragma once
 
 #include <cstdint>
@@ -38,12 +49,31 @@
 
 namespace fsdp {
 
-// Hugging Face LlamaConfig's fields ([model] with type = "llama"; same names, meanings and,
-// where HF has them, defaults; sizes default to a small CPU model). The [model] key table,
-// with docs and ranges, is llama_args() in src/model/llama.cpp.
+// Which Hugging Face class a Llama-family model is: model.type, HF's model_type.
+enum class LlamaArch { llama, mistral, qwen2, qwen3 };
+
+template <>
+struct EnumNames<LlamaArch> {
+  static constexpr EnumName<LlamaArch> table[] = {{LlamaArch::llama, "llama"},
+                                                  {LlamaArch::mistral, "mistral"},
+                                                  {LlamaArch::qwen2, "qwen2"},
+                                                  {LlamaArch::qwen3, "qwen3"}};
+};
+
+// HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3" (the classes
+// <prefix>Config, <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM).
+const char* llama_arch_prefix(LlamaArch arch);
+
+// Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config and Qwen3Config
+// ([model] with type = "llama", "mistral", "qwen2" or "qwen3"; same names, meanings and,
+// where HF has them, defaults; sizes default to a small CPU model). Each type's [model] key
+// table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp: a field that is
+// not one of its type's keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or
+// head_dim; only Qwen's have use_sliding_window and max_window_layers).
 struct LlamaConfig {
   enum class RopeType { default_, llama3 };
 
+  LlamaArch arch = LlamaArch::llama;  // model.type (not a [model] key)
   int64_t vocab_size = 256;
   int64_t hidden_size = 128;
   int64_t intermediate_size = 344;
@@ -62,6 +92,13 @@ struct LlamaConfig {
   int64_t rope_original_max_position_embeddings = 8192;
   bool attention_bias = false;
   bool mlp_bias = false;
+  // Sliding-window attention (Mistral; Qwen2/3 when use_sliding_window, on the layers from
+  // max_window_layers on): each query attends to the `sliding_window` latest positions, itself
+  // included. Mistral's 0 is HF's null (no window). Only windows that cover data.seq_len are
+  // accepted (validation), where the window changes nothing.
+  bool use_sliding_window = false;
+  int64_t sliding_window = 4096;
+  int64_t max_window_layers = 28;
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
@@ -71,7 +108,17 @@ struct LlamaConfig {
   int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
-  // From the [model] section (type "llama"); throws fsdp::Error on a missing key.
+  // Biases on q_proj, k_proj, v_proj (Qwen2 always; the others with attention_bias) and on
+  // o_proj (attention_bias).
+  bool qkv_bias() const { return attention_bias || arch == LlamaArch::qwen2; }
+  bool o_bias() const { return attention_bias; }
+  // Qwen3's per-head RMSNorm of q and k (self_attn.q_norm, k_norm).
+  bool qk_norm() const { return arch == LlamaArch::qwen3; }
+  // The window of the layers that slide (HF's layer_types "sliding_attention"), 0 when every
+  // layer attends to all earlier positions.
+  int64_t attention_window() const;
+  // From the [model] section (type llama, mistral, qwen2 or qwen3); throws fsdp::Error on a
+  // missing key.
   static LlamaConfig from(const ModelConfig& config);
 };
 
@@ -88,12 +135,13 @@ struct EnumNames<LlamaConfig::RopeType> {
 // divided by factor, below original/high_freq_factor kept, smoothly interpolated between).
 std::vector<double> llama_inv_freq(const LlamaConfig& c);
 
-// The "llama" entry of the model registry (fsdp/model/model.hpp).
-const ModelFamily& llama_family();
+// The registry's entry of model.type `arch` (fsdp/model/model.hpp).
+const ModelFamily& llama_family(LlamaArch arch = LlamaArch::llama);
 
 // Modules in forward order: "model.embed_tokens" (class "Embedding": embed_tokens.weight
-// [Vp,C]), "model.layers.{l}" (class "LlamaDecoderLayer"), "model.norm" (class
-// "LlamaRMSNorm"), and "lm_head" (class "Linear", lm_head.weight [Vp,C]) unless tied.
+// [Vp,C]), "model.layers.{l}" (class "<prefix>DecoderLayer"), "model.norm" (class
+// "<prefix>RMSNorm"), and "lm_head" (class "Linear", lm_head.weight [Vp,C]) unless tied;
+// <prefix> is llama_arch_prefix(config.arch).
 std::vector<ModuleDecl> llama_modules(const LlamaConfig& config);
 
 class LlamaModel final : public CausalLm {
@@ -120,7 +168,7 @@ class LlamaModel final : public CausalLm {
 
  private:
   struct Acts;
-  const char* family_name() const override { return "Llama"; }
+  const char* family_name() const override { return llama_arch_prefix(cfg_.arch); }
   void ensure_buffers(int64_t B, int64_t T);
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss) override;

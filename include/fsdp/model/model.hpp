@@ -109,7 +109,7 @@ const std::vector<const ModelFamily*>& model_families();
 // The same as config's schemas (what parse_config takes).
 const ModelSchemas& model_schemas();
 // The family of `type`; throws InputError `model.type: unknown value "x" (expected one of
-// gpt2, t5, llama)` (config's model_schema).
+// gpt2, t5, llama, mistral, qwen2, qwen3)` (config's model_schema).
 const ModelFamily& model_family(const std::string& type);
 // The family's [model] defaults (ModelConfig::of); throws as model_family.
 ModelConfig model_defaults(const std::string& type);
