@@ -187,4 +187,52 @@ TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// Mistral, Qwen2 and Qwen3 (the same model under their HF classes: Qwen2's q/k/v biases,
+// Qwen3's per-head q/k norms at head_dim 6 != 16 / 4): FULL_SHARD over the world equals one
+// rank's NO_SHARD (each class its own wrap class), and the merge names the class, with the
+// class's extra tensors in model.safetensors.
+TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
+  struct Case {
+    const char* type;
+    std::vector<std::string> keys;
+    const char* architecture;
+    const char* extra;  // a tensor Llama's config would not have ("" = none)
+  };
+  for (const Case& k : {Case{"mistral", {"model.sliding_window=16"}, "MistralForCausalLM", ""},
+                        Case{"qwen2", {}, "Qwen2ForCausalLM", "model.layers.1.self_attn.v_proj.bias"},
+                        Case{"qwen3", {"model.head_dim=6"}, "Qwen3ForCausalLM",
+                             "model.layers.0.self_attn.k_norm.weight"}}) {
+    std::vector<std::string> keys = k.keys;
+    keys.push_back(std::string("model.type=\"") + k.type + "\"");
+    Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +
+                                  std::to_string(world_rank()),
+                              keys);
+    one.fsdp.sharding_strategy = ShardingStrategy::NO_SHARD;
+    const TrainResult ref = run(one, On::self);
+    EXPECT_LT(ref.losses.back(), ref.losses.front()) << k.type << " trains";
+    Config c = llama_config(fresh_dir(std::string(k.type) + "_world"), keys);
+    c.fsdp.sharding_strategy = ShardingStrategy::FULL_SHARD;
+    const TrainResult got = run(c, On::world);
+    expect_close(got, ref, 1e-5, k.type);
+    if (std::string(k.extra) != "") EXPECT_TRUE(got.params.count(k.extra)) << k.extra;
+    EXPECT_FALSE(got.params.count("model.layers.0.self_attn.o_proj.bias")) << k.type;
+    if (world_rank() == 0) {
+      const auto latest = fsdp::ckpt::find_latest(c.train.run_dir);
+      ASSERT_TRUE(latest.has_value());
+      const std::string out = c.train.run_dir + "/hf";
+      fsdp::ckpt::merge_to_hf(*latest, out);
+      const fsdp::safetensors::Reader st(out + "/model.safetensors");
+      EXPECT_EQ(st.names().size(), got.params.size()) << k.type;
+      std::ifstream in(out + "/config.json");
+      const nlohmann::json hf = nlohmann::json::parse(in);
+      EXPECT_EQ(hf["architectures"][0], k.architecture);
+      EXPECT_EQ(hf["model_type"], k.type);
+      const fsdp::ModelFamily& family = fsdp::model_family(k.type);
+      EXPECT_EQ(family.canonical(family.from_hf_config(hf, "config.json")),
+                family.canonical(c.model));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
 }  // namespace

@@ -405,4 +405,76 @@ TEST(ModelArgs, LlamaFamilyClassesHaveTheirOwnConfigJson) {
             std::string::npos);
 }
 
+// Published config.json files (Qwen/Qwen3-0.6B, Qwen/Qwen2.5-0.5B, mistralai/Mistral-7B-v0.3
+// on the Hugging Face Hub, as saved by transformers 4.40-4.51: integer rope_theta, null
+// sliding_window, token ids and transformers_version that are not keys) read as the
+// published sizes, and write back the same numbers.
+TEST(ModelArgs, PublishedQwenAndMistralConfigsRead) {
+  struct Published {
+    const char* type;
+    const char* json;
+    std::vector<std::pair<std::string, fsdp::ModelValue>> want;
+  };
+  const std::vector<Published> files = {
+      {"qwen3",
+       R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+           "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+           "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+           "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+           "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+           "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+           "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+           "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+           "vocab_size": 151936})",
+       {{"head_dim", int64_t{128}}, {"num_key_value_heads", int64_t{8}},
+        {"rope_theta", 1e6}, {"tie_word_embeddings", true}, {"vocab_size", int64_t{151936}}}},
+      {"qwen2",
+       R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+           "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+           "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+           "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2",
+           "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+           "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+           "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+           "transformers_version": "4.40.1", "use_cache": true, "use_sliding_window": false,
+           "vocab_size": 151936})",
+       {{"hidden_size", int64_t{896}}, {"num_key_value_heads", int64_t{2}},
+        {"sliding_window", int64_t{32768}}, {"use_sliding_window", false}}},
+      {"mistral",
+       R"({"architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+           "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
+           "initializer_range": 0.02, "intermediate_size": 14336,
+           "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+           "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+           "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false,
+           "torch_dtype": "bfloat16", "transformers_version": "4.42.0.dev0", "use_cache": true,
+           "vocab_size": 32768})",
+       {{"head_dim", int64_t{0}}, {"sliding_window", int64_t{0}}, {"rms_norm_eps", 1e-5},
+        {"vocab_size", int64_t{32768}}}},
+  };
+  for (const Published& p : files) {
+    SCOPED_TRACE(p.type);
+    const ModelFamily& f = fsdp::model_family(p.type);
+    const nlohmann::json in = nlohmann::json::parse(p.json);
+    const ModelConfig c = f.from_hf_config(in, "config.json");
+    for (const auto& [key, value] : p.want) {
+      ASSERT_NE(c.find(key), nullptr) << key;
+      EXPECT_EQ(*c.find(key), value) << key;
+    }
+    const nlohmann::json out = f.hf_config(c);
+    for (const auto& [key, value] : in.items()) {
+      if (key == "torch_dtype" || key == "transformers_version" || key.find("token_id") != std::string::npos) {
+        continue;  // not the model's math
+      }
+      if (key == "head_dim" || key == "num_key_value_heads" || value.is_number()) {
+        EXPECT_EQ(out.at(key).get<double>(), value.get<double>()) << key;
+      } else if (key == "sliding_window" && p.type != std::string("mistral")) {
+        EXPECT_TRUE(out.contains(key)) << key;  // Qwen's unused window: 4096 for null, as HF
+      } else {
+        EXPECT_EQ(out.at(key), value) << key;
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -289,7 +289,7 @@ print(n)' "$OUT"
     if [ "$n" -ne 1 ]; then fail "version line printed $n times, expected once"; fi
     ;;
   list_keys)
-    # The key table (describe_keys), printed once by rank 0: every section, both families'
+    # The key table (describe_keys), printed once by rank 0: every section, every model.type's
     # [model] keys, defaults, PyTorch/HF names and docs.
     run_train --list-keys
     expect_rc 0
@@ -298,7 +298,10 @@ print(n)' "$OUT"
                 '^fsdp.sharding_strategy = "FULL_SHARD"' '^model.n_layer = 4 ' '^model.d_kv = 32 ' \
                 '^    Hidden size.  \[HF T5Config.d_model\]$' '^eval.on_start = false' \
                 '^fsdp.transformer_layer_cls_to_wrap = \["GPT2Block"\]' \
-                '^model.num_key_value_heads = 0 ' \
+                '^    Number of LlamaDecoderLayer blocks.  \[HF LlamaConfig.num_hidden_layers\]$' \
+                '^# model.type = "mistral" (MistralConfig): its \[model\] keys$' \
+                '^# model.type = "qwen2" (Qwen2Config): its \[model\] keys$' \
+                '^    Number of Qwen3DecoderLayer blocks.  \[HF Qwen3Config.num_hidden_layers\]$' \
                 '^model.fused_linear_cross_entropy = false  (boolean; --resume may change it)$' \
                 '^model.fused_linear_cross_entropy_chunk_rows = 0  (integer >= 0; --resume may change it)$'; do
       n=$(grep -c -- "$want" "$OUT")
