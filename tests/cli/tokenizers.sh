@@ -427,6 +427,42 @@ EOF
     expect_rc 0
     if ! grep -q "1 files, 3 documents, .*bos 100277 per document)$" "$OUT"; then fail "--document jsonl summary"; fi
     expect_tiktoken_ids "$WORK/jsonl.h5" cl100k_base 100277 -1 "$WORK/jsonl_as_files"
+    # Qwen2 / Qwen3's layout (their tokenizer.json over this vocabulary): NFC, Qwen's Split
+    # pattern (single digits: \p{N}, where Llama 3's takes \p{N}{1,3}), a ByteLevel
+    # post_processor, and tokenizer_config.json's null bos_token with EOS <|endoftext|>: no BOS,
+    # EOS after each document, "2026" four digit tokens.
+    mkdir -p "$WORK/qwen" "$WORK/qwen_docs"
+    "$PY" - "$WORK" <<'EOF'
+import json, sys
+w = sys.argv[1]
+t = json.load(open(w + "/l3/tokenizer.json", encoding="utf-8"))
+t["normalizer"] = {"type": "NFC"}
+t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = (
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+t["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                       "use_regex": False}
+json.dump(t, open(w + "/qwen/tokenizer.json", "w", encoding="utf-8"), ensure_ascii=False)
+json.dump({"bos_token": None, "eos_token": "<|endoftext|>", "tokenizer_class": "Qwen2Tokenizer"},
+          open(w + "/qwen/tokenizer_config.json", "w"))
+open(w + "/qwen_docs/a.txt", "w").write("a 2026\n")
+open(w + "/qwen_docs/b.txt", "w").write("b 7\n")
+EOF
+    run_prepare --tokenizer "$WORK/qwen" --val-fraction 0.4 -o "$WORK/qwen.h5" "$WORK/qwen_docs"
+    expect_rc 0
+    if ! grep -qF "hf-bpe $WORK/qwen, eos 100257 per document)" "$OUT"; then
+      fail "Qwen layout summary: $(tail -1 "$OUT")"
+    fi
+    "$PY" - "$WORK" <<'EOF' || fail "Qwen layout ids"
+import json, sys, h5py
+w = sys.argv[1]
+vocab = json.load(open(w + "/qwen/tokenizer.json", encoding="utf-8"))["model"]["vocab"]
+f = h5py.File(w + "/qwen.h5", "r")
+got = [int(x) for x in list(f["/train/tokens"][:]) + list(f["/val/tokens"][:])]
+want = [vocab[p] for p in ["a", "\u0120", "2", "0", "2", "6", "\u010a"]] + [100257] + \
+    [vocab[p] for p in ["b", "\u0120", "7", "\u010a"]] + [100257]
+assert got == want, (got, want)
+EOF
     ;;
   hf_bpe_errors)
     make_corpus "$WORK/corpus"
