@@ -71,15 +71,23 @@ def read_safetensors(path):
         fail(f"{path}: __metadata__.format is {meta.get('format')!r}, expected 'pt'")
     tensors = {}
     spans = []
+    sizes = {"F32": 4, "BF16": 2, "F16": 2}  # what fsdp_merge writes (--dtype)
     for name, e in header.items():
-        if e["dtype"] != "F32":
+        if e["dtype"] not in sizes:
             fail(f"{path}: {name} dtype {e['dtype']}")
         b, end = e["data_offsets"]
         numel = int(np.prod(e["shape"])) if e["shape"] else 1
-        if end - b != 4 * numel:
+        if end - b != sizes[e["dtype"]] * numel:
             fail(f"{path}: {name} offsets {b},{end} do not match shape {e['shape']}")
         spans.append((b, end))
-        tensors[name] = np.frombuffer(data[b:end], dtype="<f4").reshape(e["shape"])
+        raw_t = data[b:end]
+        if e["dtype"] == "F32":
+            t = np.frombuffer(raw_t, dtype="<f4")
+        elif e["dtype"] == "F16":
+            t = np.frombuffer(raw_t, dtype="<f2").astype(np.float32)
+        else:  # bfloat16: the high half of a float32
+            t = (np.frombuffer(raw_t, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        tensors[name] = t.reshape(e["shape"])
     spans.sort()
     pos = 0
     for b, end in spans:
@@ -407,6 +415,46 @@ def compare_merge(merge, step_dir, expected, out_dir, extra=()):
     return out, read_weights(out_dir)[2]
 
 
+def round_bf16(x):
+    """float32 -> the nearest bfloat16 (ties to even), as float32 (finite x)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return (u.astype(np.uint32) << 16).view(np.float32)
+
+
+def check_dtypes(merge, step_dir, expected, work):
+    """--dtype bf16 / fp16: each tensor the library's fp32 merge rounded to nearest-even
+    (numpy's float16 cast; bfloat16 by the bits), config.json the same but for torch_dtype;
+    an unknown --dtype is one line, exit 2, and no output directory."""
+    _, ref = read_safetensors(os.path.join(expected, "model.safetensors"))
+    with open(os.path.join(expected, "config.json")) as g:
+        ref_cfg = json.load(g)
+    for dtype, torch_name, st_name, rnd in (("bf16", "bfloat16", "BF16", round_bf16),
+                                            ("fp16", "float16", "F16",
+                                             lambda x: x.astype(np.float16).astype(np.float32))):
+        out_dir = os.path.join(work, "out_" + dtype)
+        rc, out = run([merge, step_dir, out_dir, "--dtype", dtype])
+        if rc != 0:
+            fail(f"--dtype {dtype}: rc {rc}, output {out!r}")
+        names, got = read_safetensors(os.path.join(out_dir, "model.safetensors"))
+        with open(os.path.join(out_dir, "model.safetensors"), "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        if set(got) != set(ref) or any(header[k]["dtype"] != st_name for k in got):
+            fail(f"--dtype {dtype}: tensors or dtypes differ: {sorted(got)}")
+        for k in ref:
+            if not np.array_equal(got[k], rnd(ref[k])):
+                fail(f"--dtype {dtype}: {k} is not the fp32 merge rounded to nearest-even")
+        with open(os.path.join(out_dir, "config.json")) as f:
+            cfg = json.load(f)
+        if cfg.get("torch_dtype") != torch_name or dict(cfg, torch_dtype=None) != dict(ref_cfg, torch_dtype=None):
+            fail(f"--dtype {dtype}: config.json torch_dtype {cfg.get('torch_dtype')!r} or other fields differ")
+    bad_out = os.path.join(work, "out_f8")
+    rc, out = run([merge, step_dir, bad_out, "--dtype", "f8"])
+    if rc != 2 or len(out.strip().splitlines()) != 1 or "--dtype" not in out or os.path.exists(bad_out):
+        fail(f"--dtype f8: rc {rc} (expected 2, one line naming --dtype, no output), output {out!r}")
+
+
 def check_sharded(merge, step_dir, expected, out_dir, size, limit):
     """--max-shard-size `size` (= `limit` bytes, below the largest tensor's bytes): shards and
     index like save_pretrained's; merges into the same directory replace each other."""
@@ -519,6 +567,7 @@ def main():
     if "--max-shard-size" not in out:
         fail(f"--help does not document --max-shard-size: {out!r}")
     compare_merge(a.merge, a.step_dir, a.expected, os.path.join(a.work, "out"))
+    check_dtypes(a.merge, a.step_dir, a.expected, a.work)
     # The tiny GPT-2 fixture's largest tensor is 256 bytes, T5's 8288.
     check_sharded(a.merge, a.step_dir, a.expected, os.path.join(a.work, "out_sharded"), "100", 100)
     if a.t5_step_dir:

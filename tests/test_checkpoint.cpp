@@ -713,6 +713,96 @@ TEST_F(CheckpointTest, MergeTinyGpt2IntoHuggingFaceLayout) {
   fs::copy(path("hf"), keep / "hf_expected", fs::copy_options::recursive);
 }
 
+// BF16 and F16 tensors: the header's dtype and offsets (2 bytes per element), the bytes
+// torch's round-to-nearest-even gives (f32_to_bf16 / f32_to_f16: ties to even, checked on
+// values chosen to tie), read back as those values; an fp16 overflow is an input error naming
+// the tensor and leaves no file; shards are sized by the stored bytes.
+TEST_F(CheckpointTest, SafetensorsWritesBf16AndF16RoundedToNearestEven) {
+  using fsdp::DType;
+  // 1 + 2^-8 ties between bf16's 1 and 1 + 2^-7 (to 1: even); 1 + 3 * 2^-8 ties to 1 + 2^-6;
+  // 1 + 2^-11 ties in fp16 (to 1). 65504 is fp16's largest; 1e-8 is below fp16's subnormals.
+  const std::vector<float> x = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-11f, -2.5f,
+                                65504.0f, 1e-8f, 0.0f, -0.0f, 3.14159265f};
+  const int64_t n = static_cast<int64_t>(x.size());
+  const std::string file = path("h.safetensors");
+  {
+    safetensors::Writer w(file, {{"b", {n}, DType::bf16}, {"h", {n}, DType::f16}, {"f", {n}}});
+    for (int i = 0; i < 3; ++i) w.write_next(x.data(), n);
+    w.finish();
+  }
+  const safetensors::Reader r(file);
+  EXPECT_EQ(fs::file_size(file), 8 + r.header_size() + (2 + 2 + 4) * static_cast<uint64_t>(n));
+  EXPECT_EQ(r.entry("b").dtype, "BF16");
+  EXPECT_EQ(r.entry("h").dtype, "F16");
+  EXPECT_EQ(r.entry("f").dtype, "F32");
+  EXPECT_EQ(r.entry("h").begin, 2 * n);
+  EXPECT_EQ(r.entry("f").begin, 4 * n);
+  const std::vector<float> b = r.read_f32("b"), h = r.read_f32("h");
+  EXPECT_EQ(b[0], 1.0f);
+  EXPECT_EQ(b[1], 1.0f + 0x1p-6f);
+  EXPECT_EQ(h[2], 1.0f);
+  EXPECT_EQ(h[4], 65504.0f);
+  EXPECT_EQ(h[5], 0.0f);
+  EXPECT_TRUE(std::signbit(b[7]) && std::signbit(h[7]));
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(b[i], fsdp::bf16_to_f32(fsdp::f32_to_bf16(x[i]))) << i;
+    EXPECT_EQ(h[i], fsdp::f16_to_f32(fsdp::f32_to_f16(x[i]))) << i;
+  }
+  EXPECT_EQ(r.read_f32("f"), x);
+  {
+    safetensors::Writer w(path("o.safetensors"), {{"big", {2}, DType::f16}});
+    const std::vector<float> big = {1.0f, 70000.0f};
+    expect_input_error([&] { w.write_next(big.data(), 2); }, {"\"big\"", "element 1", "70000", "fp16"});
+  }
+  EXPECT_FALSE(fs::exists(path("o.safetensors")));
+  EXPECT_FALSE(fs::exists(path("o.safetensors.tmp")));
+  // 3 tensors of 6 bf16 elements (12 bytes each) in 24-byte shards: two per shard.
+  EXPECT_EQ(safetensors::assign_shards({{"a", {6}, DType::bf16}, {"b", {6}, DType::bf16}, {"c", {6}, DType::bf16}}, 24),
+            (std::vector<int>{0, 0, 1}));
+  EXPECT_EQ(safetensors::assign_shards({{"a", {6}}, {"b", {6}}, {"c", {6}}}, 24), (std::vector<int>{0, 1, 2}));
+}
+
+// fsdp_merge --dtype bf16 / fp16: every tensor is the fp32 merge's value rounded, the file
+// half the size, config.json's torch_dtype the dtype; nothing else changes.
+TEST_F(CheckpointTest, MergeToBf16OrFp16RoundsEveryTensor) {
+  const std::vector<FlatParamLayout> layouts{make_layout("root", root_specs(), 2), make_layout("h.0", block_specs(), 2)};
+  const std::string dir = path("run/checkpoints/step_00000007");
+  write_tiny(dir, layouts, 2);
+  const MergeStats f32 = merge_to_hf(dir, path("hf32"));
+  const safetensors::Reader ref(path("hf32/model.safetensors"));
+  std::ifstream ref_in(path("hf32/config.json"));
+  json ref_cfg = json::parse(ref_in);
+  for (const fsdp::DType t : {fsdp::DType::bf16, fsdp::DType::f16}) {
+    const std::string name = fsdp::to_string(t) == std::string_view("bf16") ? "bf16" : "fp16";
+    fsdp::ckpt::MergeOptions options;
+    options.dtype = t;
+    const MergeStats st = merge_to_hf(dir, path("hf_" + name), nullptr, options);
+    EXPECT_EQ(st.num_elements, f32.num_elements) << name;
+    EXPECT_EQ(st.total_size, 2 * st.num_elements) << name;
+    EXPECT_EQ(f32.total_size, 4 * f32.num_elements);
+    const safetensors::Reader r(path("hf_" + name + "/model.safetensors"));
+    ASSERT_EQ(r.names(), ref.names()) << name;
+    for (const std::string& tensor : ref.names()) {
+      EXPECT_EQ(r.entry(tensor).dtype, t == fsdp::DType::bf16 ? "BF16" : "F16") << tensor;
+      EXPECT_EQ(r.entry(tensor).shape, ref.entry(tensor).shape) << tensor;
+      std::vector<float> want = ref.read_f32(tensor);
+      for (float& v : want) v = fsdp::round_to(t, v);
+      EXPECT_EQ(r.read_f32(tensor), want) << name << " " << tensor;
+    }
+    std::ifstream in(path("hf_" + name + "/config.json"));
+    json cfg = json::parse(in);
+    EXPECT_EQ(cfg["torch_dtype"], t == fsdp::DType::bf16 ? "bfloat16" : "float16");
+    cfg.erase("torch_dtype");
+    json ref_rest = ref_cfg;
+    ref_rest.erase("torch_dtype");
+    EXPECT_EQ(cfg, ref_rest) << name;
+  }
+  fsdp::ckpt::MergeOptions bad;
+  bad.dtype = fsdp::DType::i32;
+  expect_input_error([&] { merge_to_hf(dir, path("hf_i32"), nullptr, bad); }, {"dtype int32", "fp32, bf16 or fp16"});
+  EXPECT_FALSE(fs::exists(path("hf_i32")));
+}
+
 TEST_F(CheckpointTest, MergeFindsParametersByNameWhateverTheWrapping) {
   // NO_WRAP-like: one unit holding everything, block first, 7 shards (300 elements + 1 padding).
   auto all = block_specs();

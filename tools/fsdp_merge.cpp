@@ -4,10 +4,13 @@
 //
 //   fsdp_merge run/checkpoints/step_00001000 out/gpt2-xl --max-shard-size 2GB
 //
+//   fsdp_merge run/checkpoints/step_00001000 out/qwen3 --dtype bf16
+//
 // Reads every shard file of the step directory (checked complete and consistent), rebuilds
-// each full parameter from its flat shards, and writes OUT_DIR/model.safetensors (fp32, the
-// Hugging Face names and layouts of the checkpoint's model family: GPT2LMHeadModel with its
-// Conv1D layout, T5ForConditionalGeneration) and OUT_DIR/config.json, which load with
+// each full parameter from its flat shards, and writes OUT_DIR/model.safetensors (fp32, or
+// bf16 / fp16 with --dtype; the Hugging Face names and layouts of the checkpoint's model
+// family: GPT2LMHeadModel with its Conv1D layout, T5ForConditionalGeneration,
+// LlamaForCausalLM, ...) and OUT_DIR/config.json, which load with
 // transformers' <Class>.from_pretrained(OUT_DIR) and with fsdp_train's model.init_from. When
 // the weights exceed --max-shard-size (save_pretrained's max_shard_size and its parsing,
 // default "5GB" = 5 * 10^9 bytes), they are written as save_pretrained shards them:
@@ -22,18 +25,38 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "fsdp/checkpoint/merge.hpp"
+#include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/progress.hpp"
+#include "fsdp/model/model.hpp"
 
 namespace po = boost::program_options;
 
+namespace {
+// "gpt2: GPT2LMHeadModel, t5: T5ForConditionalGeneration, ...": every registered model type
+// and the class its config.json names.
+std::string model_classes() {
+  std::string out;
+  for (const fsdp::ModelFamily* f : fsdp::model_families()) {
+    const auto hf = f->hf_config(fsdp::model_defaults(f->type()));
+    out += (out.empty() ? "" : ", ") + f->type() + ": " + hf.at("architectures")[0].get<std::string>();
+  }
+  return out;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
-  std::string step_dir, out_dir, max_shard_size = "5GB";
+  std::string step_dir, out_dir, max_shard_size = "5GB", dtype = "fp32";
   po::options_description visible("Options");
   visible.add_options()("help,h", "print this help and exit")(
+      "dtype", po::value<std::string>(&dtype)->value_name("fp32|bf16|fp16"),
+      "dtype of the weights written (default fp32, the checkpoint's master weights exactly); "
+      "bf16 or fp16 round each value to nearest-even, as model.to(dtype).save_pretrained() "
+      "does, in half the bytes; config.json's torch_dtype says which")(
       "max-shard-size", po::value<std::string>(&max_shard_size)->value_name("SIZE"),
       "largest weight file, as save_pretrained's max_shard_size (default 5GB): bytes, or "
       "an integer with KB/MB/GB (10^3, 10^6, 10^9 bytes) or KiB/MiB/GiB (2^10, 2^20, 2^30); "
@@ -46,12 +69,12 @@ int main(int argc, char** argv) {
   all.add(visible).add(hidden);
   po::positional_options_description pos;
   pos.add("step-dir", 1).add("out-dir", 1);
-  const char* usage =
-      "usage: fsdp_merge STEP_DIR OUT_DIR [--max-shard-size SIZE]\n"
+  const std::string usage =
+      "usage: fsdp_merge STEP_DIR OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size SIZE]\n"
       "  Merges the sharded checkpoint STEP_DIR (e.g. run/checkpoints/step_00001000) into\n"
       "  OUT_DIR/model.safetensors and OUT_DIR/config.json: a Hugging Face model directory\n"
-      "  of the checkpoint's model type (gpt2: GPT2LMHeadModel, t5:\n"
-      "  T5ForConditionalGeneration), loadable with from_pretrained or model.init_from.\n"
+      "  of the checkpoint's model type, loadable with from_pretrained or model.init_from:\n"
+      "    " + model_classes() + ".\n"
       "  Weights of more than SIZE bytes (default 5GB) are written as save_pretrained\n"
       "  shards them: model-00001-of-0000N.safetensors ... and model.safetensors.index.json.\n";
   try {
@@ -71,6 +94,14 @@ int main(int argc, char** argv) {
     return fsdp::kExitInputError;
   }
   fsdp::ckpt::MergeOptions options;
+  const std::optional<fsdp::DType> parsed = fsdp::enum_from_name<fsdp::DType>(dtype);
+  if (!parsed || (*parsed != fsdp::DType::f32 && *parsed != fsdp::DType::bf16 &&
+                  *parsed != fsdp::DType::f16)) {
+    fsdp::write_line(2, "fsdp_merge: --dtype: unknown value \"" + fsdp::printable(dtype, 40) +
+                               "\" (expected one of fp32, bf16, fp16)");
+    return fsdp::kExitInputError;
+  }
+  options.dtype = *parsed;
   try {
     options.max_shard_size = fsdp::safetensors::parse_shard_size(max_shard_size, "--max-shard-size");
   } catch (const fsdp::Error& e) {

@@ -83,6 +83,8 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
                        const MergeOptions& options) {
   if (options.max_shard_size < 1)
     throw InputError("max_shard_size " + std::to_string(options.max_shard_size) + " is below 1 byte");
+  if (options.dtype != DType::f32 && options.dtype != DType::bf16 && options.dtype != DType::f16)
+    throw InputError("dtype " + std::string(to_string(options.dtype)) + " (expected fp32, bf16 or fp16)");
   check_merge_output_dir(step_dir, out_dir);  // before anything is read or written
   const CheckpointSet set = CheckpointSet::open(step_dir);
   // Every dataset's checksum and finiteness first: a corrupted checkpoint is refused
@@ -140,7 +142,7 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
     // The Hugging Face tensor is the model's own rows: vocabulary padding
     // (model_config's pad_vocab_multiple) stays in the checkpoint.
     hf.push_back(*family.hf_tensor(model_cfg, p.name, p.unpadded_shape()));
-    infos.push_back({hf.back().name, hf.back().shape});
+    infos.push_back({hf.back().name, hf.back().shape, options.dtype});
   }
   if (where.size() != expected.size())
     throw InputError(first + ": " + std::to_string(where.size()) + " parameters stored, model_config needs " +
@@ -156,9 +158,8 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
 
   MergeStats stats;
   if (progress) {
-    int64_t total_bytes = 0;  // fp32 payload of the weight files (their headers not counted)
-    for (const ParamSpec& p : expected)
-      total_bytes += p.unpadded_numel() * static_cast<int64_t>(sizeof(float));
+    int64_t total_bytes = 0;  // payload of the weight files (their headers not counted)
+    for (const safetensors::TensorInfo& t : infos) total_bytes += t.bytes();
     progress->set_total(static_cast<int64_t>(expected.size()), total_bytes);
   }
   {
@@ -184,13 +185,17 @@ MergeStats merge_to_hf(const std::string& step_dir, const std::string& out_dir, 
       writer.write_next(data, n);
       stats.num_tensors += 1;
       stats.num_elements += n;
-      if (progress) progress->update(stats.num_tensors, stats.num_elements * static_cast<int64_t>(sizeof(float)));
+      if (progress) {
+        progress->update(stats.num_tensors,
+                         stats.num_elements * static_cast<int64_t>(dtype_size(options.dtype)));
+      }
     }
     writer.finish();
     stats.total_size = writer.total_size();
     stats.files = writer.files();
     stats.sharded = writer.sharded();
   }
+  hf_config["torch_dtype"] = safetensors::torch_dtype_name(options.dtype);
   const std::string cfg_path = (fs::path(out_dir) / "config.json").string();
   write_file_atomically(cfg_path, hf_config.dump(2) + "\n");
   return stats;

@@ -27,6 +27,21 @@ namespace fsdp::safetensors {
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; a big-endian host needs byte swaps");
 
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+    default: break;
+  }
+  throw Error("safetensors: the writer does not store " + std::string(to_string(t)));
+}
+
+const char* torch_dtype_name(DType t) {
+  (void)dtype_name(t);  // the same set of dtypes
+  return t == DType::f32 ? "float32" : t == DType::bf16 ? "bfloat16" : "float16";
+}
+
 std::string Writer::encode_header(const std::vector<TensorInfo>& tensors,
                                   const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -43,8 +58,9 @@ std::string Writer::encode_header(const std::vector<TensorInfo>& tensors,
       throw Error("safetensors: duplicate tensor name \"" + t.name + "\"");
     for (int64_t d : t.shape)
       if (d < 0) throw Error("safetensors: negative dimension in tensor \"" + t.name + "\"");
-    const int64_t bytes = t.numel() * static_cast<int64_t>(sizeof(float));
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    const int64_t bytes = t.bytes();
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string json = header.dump();
@@ -80,10 +96,32 @@ void Writer::write_next(const float* data, int64_t count) {
   if (count != t.numel())
     throw Error(file_.path() + ": safetensors writer: tensor \"" + t.name + "\" has " +
                 std::to_string(t.numel()) + " elements, got " + std::to_string(count));
-  out_.write(reinterpret_cast<const char*>(data),
-             static_cast<std::streamsize>(count * static_cast<int64_t>(sizeof(float))));
-  if (!out_) {
-    throw Error(file_.path() + ": write failed for tensor \"" + t.name + "\": " + std::strerror(errno));
+  auto failed = [&] {
+    return Error(file_.path() + ": write failed for tensor \"" + t.name + "\": " + std::strerror(errno));
+  };
+  if (t.dtype == DType::f32) {
+    out_.write(reinterpret_cast<const char*>(data),
+               static_cast<std::streamsize>(count * static_cast<int64_t>(sizeof(float))));
+    if (!out_) throw failed();
+  } else {  // rounded in chunks: memory stays at one tensor
+    const bool bf16 = t.dtype == DType::bf16;
+    std::vector<uint16_t> buf;
+    constexpr int64_t kChunk = int64_t{1} << 16;
+    for (int64_t at = 0; at < count; at += kChunk) {
+      const int64_t n = std::min(kChunk, count - at);
+      buf.resize(static_cast<std::size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = data[at + i];
+        buf[static_cast<std::size_t>(i)] = bf16 ? f32_to_bf16(x) : f32_to_f16(x);
+        if (!bf16 && std::isfinite(x) && !std::isfinite(f16_to_f32(buf[static_cast<std::size_t>(i)]))) {
+          throw InputError(file_.path() + ": tensor \"" + t.name + "\": element " +
+                           std::to_string(at + i) + " = " + format_number(x) +
+                           " is beyond fp16's range (|x| <= 65504); keep it fp32 or bf16");
+        }
+      }
+      out_.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(2 * n));
+      if (!out_) throw failed();
+    }
   }
   ++next_;
 }
@@ -772,7 +810,7 @@ std::vector<int> assign_shards(const std::vector<TensorInfo>& tensors, int64_t m
   int shard = 0;
   int64_t size = 0;  // tensor bytes in `shard` so far
   for (const TensorInfo& t : tensors) {
-    const int64_t bytes = t.numel() * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes = t.bytes();
     if (!shard_of.empty() && bytes > max_shard_size - size) {
       ++shard;
       size = 0;
@@ -823,7 +861,7 @@ ModelWriter::ModelWriter(std::string dir, std::vector<TensorInfo> tensors, int64
   shard_of_ = assign_shards(tensors_, max_shard_size);
   const int n = shard_of_.empty() ? 1 : shard_of_.back() + 1;
   for (int k = 0; k < n; ++k) files_.push_back(n == 1 ? std::string(kSingleFileName) : shard_file_name(k, n));
-  for (const TensorInfo& t : tensors_) total_size_ += t.numel() * static_cast<int64_t>(sizeof(float));
+  for (const TensorInfo& t : tensors_) total_size_ += t.bytes();
   open_shard(0);
 }
 

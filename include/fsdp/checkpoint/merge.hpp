@@ -4,7 +4,8 @@
 // a process): read every shard file of a step directory, rebuild each full parameter from
 // the flat shards, rename and re-lay it as the model family's Hugging Face class expects
 // (ModelFamily::hf_tensor: GPT2LMHeadModel, T5ForConditionalGeneration, ...), and stream it into
-// OUT_DIR/model.safetensors (fp32) with OUT_DIR/config.json (ModelFamily::hf_config) beside
+// OUT_DIR/model.safetensors (fp32, or bf16 / fp16 rounded to nearest-even: MergeOptions::dtype,
+// config.json's torch_dtype saying so) with OUT_DIR/config.json (ModelFamily::hf_config) beside
 // it, or, when the tensors' bytes exceed MergeOptions::max_shard_size (save_pretrained's
 // max_shard_size, default "5GB"), into Hugging Face's sharded layout:
 // OUT_DIR/model-00001-of-0000N.safetensors ... and OUT_DIR/model.safetensors.index.json
@@ -31,7 +32,7 @@ namespace fsdp::ckpt {
 inline constexpr const char* kMergeLockName = ".fsdp_merge.lock";
 
 // Merges the checkpoint in `step_dir` into `out_dir` (created if missing): the weights as
-// safetensors::ModelWriter writes them (out_dir/model.safetensors when the tensors' fp32 bytes
+// safetensors::ModelWriter writes them (out_dir/model.safetensors when the tensors' bytes
 // are at most options.max_shard_size, else out_dir/model-0000k-of-0000N.safetensors and
 // out_dir/model.safetensors.index.json, in that writer's crash-safe order; a previous merge's
 // weight files in out_dir are removed once the new ones are in place), then out_dir/config.json,
@@ -47,23 +48,30 @@ inline constexpr const char* kMergeLockName = ".fsdp_merge.lock";
 // <out_dir> is being written by another process (it holds <out_dir>/.fsdp_merge.lock); ..."
 // while another merge into out_dir runs (fsdp::OutputLock on kMergeLockName in out_dir, held
 // from out_dir's creation to the return, so two merges never remove each other's files);
-// InputError if options.max_shard_size < 1 (before anything is read); fsdp::Error (exit 1)
+// InputError if options.max_shard_size < 1 or options.dtype is not f32, bf16 or f16 (before
+// anything is read); fsdp::Error (exit 1)
 // on an I/O failure, e.g. a full disk (the weights of out_dir then load as before the merge,
 // or, if a previous merge of the same shard count was being replaced, do not load at all:
 // never a mix of the two; config.json is written after the weights).
 // `progress` (optional; fsdp_merge's status line on a terminal): a kItems meter counting
-// tensors, told set_total(tensors, their fp32 bytes) once the checkpoint is verified and
-// checked, then update(tensors written, bytes written) after each tensor; never finish()ed
+// tensors, told set_total(tensors, their bytes in the output dtype) once the checkpoint is verified and
+// checked, then update(tensors written, bytes written) after each tensor (bytes of the
+// output dtype); never finish()ed
 // here (the caller owns it).
 struct MergeOptions {
   // Bytes of tensor data per weight file at most (a tensor larger than this gets a file of
   // its own); save_pretrained's max_shard_size. safetensors::parse_shard_size reads "5GB".
   int64_t max_shard_size = safetensors::kDefaultMaxShardSize;
+  // The weights' dtype: f32 (the checkpoint's master weights exactly), bf16 or f16 (each value
+  // rounded to nearest-even, as model.to(torch.bfloat16).save_pretrained() writes; half the
+  // bytes). Another dtype is InputError before anything is read; an fp16 overflow is
+  // InputError naming the tensor (safetensors::Writer::write_next), with out_dir as before.
+  DType dtype = DType::f32;
 };
 struct MergeStats {
   int64_t num_tensors = 0;
   int64_t num_elements = 0;
-  int64_t total_size = 0;           // bytes of tensor data (4 x num_elements)
+  int64_t total_size = 0;           // bytes of tensor data (num_elements x the dtype's size)
   std::vector<std::string> files;   // weight files written in out_dir, shard order
   bool sharded = false;             // files are shards named by model.safetensors.index.json
 };

@@ -7,7 +7,8 @@
 // then the byte buffer: raw little-endian, row-major tensor data. data_offsets are bytes,
 // relative to the start of the buffer (byte 8 + N of the file), end exclusive.
 //
-// Writer: fp32 only. Pads the JSON with spaces so N is a multiple of 8 (the buffer starts
+// Writer: F32, BF16 or F16 tensors (each TensorInfo's dtype; the data always arrives as
+// fp32 and is rounded to nearest-even on the way out). Pads the JSON with spaces so N is a multiple of 8 (the buffer starts
 // 8-byte aligned) and lays tensors out contiguously in header order with no gaps. It is
 // streaming: it takes the (name, shape) list first, writes the header, then accepts the
 // tensors' data one at a time in that order, so memory stays at one tensor.
@@ -29,18 +30,29 @@
 #include <vector>
 
 #include "fsdp/core/atomic_file.hpp"
+#include "fsdp/core/dtype.hpp"
 
 namespace fsdp::safetensors {
 
 struct TensorInfo {
   std::string name;
   std::vector<int64_t> shape;  // row-major; {} is a scalar (1 element)
+  DType dtype = DType::f32;    // as stored: f32, bf16 or f16 (what Writer writes)
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     return n;
   }
+  // Bytes of the stored data: numel x the dtype's size.
+  int64_t bytes() const { return numel() * static_cast<int64_t>(fsdp::dtype_size(dtype)); }
 };
+
+// The safetensors dtype name Writer stores for `t` ("F32", "BF16", "F16"); throws
+// fsdp::Error for a dtype Writer does not write.
+const char* dtype_name(DType t);
+// transformers' name of `t` in config.json's torch_dtype ("float32", "bfloat16",
+// "float16"); throws fsdp::Error as dtype_name.
+const char* torch_dtype_name(DType t);
 
 // Writes `path` atomically through fsdp::AtomicFile: everything goes to `path + ".tmp"`,
 // fsynced and renamed by finish(). If the writer is destroyed before finish() (an
@@ -57,8 +69,11 @@ class Writer {
   Writer& operator=(const Writer&) = delete;
   ~Writer();
 
-  // Appends the data of the next tensor in header order: `count` must equal its numel.
-  // Throws fsdp::Error if all tensors were written already or the count differs.
+  // Appends the data of the next tensor in header order: `count` must equal its numel. The
+  // fp32 values are rounded to the tensor's dtype (to nearest, ties to even: what torch's
+  // .to(torch.bfloat16) / .half() do). Throws fsdp::Error if all tensors were written already
+  // or the count differs; InputError (exit 2) naming the tensor and the value if a finite
+  // value is beyond F16's range (|x| > 65504 rounds to inf; torch would store the inf).
   void write_next(const float* data, int64_t count);
   // Name of the tensor write_next expects next ("" when all are written).
   std::string next_name() const;
@@ -108,7 +123,7 @@ inline constexpr int64_t kDefaultMaxShardSize = 5'000'000'000;
 int64_t parse_shard_size(const std::string& text, const std::string& what = "max_shard_size");
 
 // The shard each tensor goes to (0-based, non-decreasing, one entry per tensor), for tensor
-// data of 4 bytes per element (what Writer stores): tensors in the given order, a new shard
+// data of TensorInfo::bytes() each (what Writer stores): tensors in the given order, a new shard
 // started when adding the next tensor to a non-empty shard would take the shard's tensor
 // bytes above `max_shard_size` (headers not counted), so a tensor larger than the limit is
 // alone in its shard. This is transformers' shard_checkpoint (what save_pretrained used until
@@ -167,7 +182,7 @@ class ModelWriter {
   bool sharded() const { return files_.size() > 1; }
   // File names in DIR, shard order: {"model.safetensors"} or the shard names.
   const std::vector<std::string>& files() const { return files_; }
-  // Tensor bytes (4 x numel summed): the index's total_size.
+  // Tensor bytes (TensorInfo::bytes() summed): the index's total_size.
   int64_t total_size() const { return total_size_; }
   // The index text for these tensors (sharded() only; exposed for tests).
   std::string index_json() const;
