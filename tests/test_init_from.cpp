@@ -296,6 +296,36 @@ TEST_P(InitFrom, ShardsEqualTheMergedTensorsBitForBitAndEachRankReadsItsShare) {
               static_cast<long long>(l.result.model_bytes), share, 1.0 / N);
 }
 
+// A merge written in bf16 (fsdp_merge --dtype bf16, as published checkpoints are) loads as
+// the fp32 merge's values rounded to bfloat16, bit for bit, each rank reading its share of
+// the 2-byte elements.
+TEST_P(InitFrom, Bf16MergeLoadsTheRoundedWeights) {
+  const Source& src = source(GetParam());
+  const std::string dir = fresh_dir("init_bf16_" + GetParam().name);
+  if (world_rank() == 0) {
+    fsdp::ckpt::MergeOptions options;
+    options.dtype = fsdp::DType::bf16;
+    fsdp::ckpt::merge_to_hf(fsdp::ckpt::step_dir(src.cfg.train.run_dir, src.cfg.train.max_steps), dir,
+                            nullptr, options);
+  }
+  barrier();
+  const Loaded f32 = load(src.hf, src.cfg), bf16 = load(dir, src.cfg);
+  ASSERT_EQ(bf16.shards.size(), f32.shards.size());
+  int64_t changed = 0;
+  for (std::size_t u = 0; u < f32.shards.size(); ++u) {
+    std::vector<float> want = f32.shards[u];
+    for (float& x : want) {
+      const float r = fsdp::round_to(fsdp::DType::bf16, x);
+      changed += r != x;
+      x = r;
+    }
+    ASSERT_EQ(std::memcmp(want.data(), bf16.shards[u].data(), want.size() * sizeof(float)), 0) << "unit " << u;
+  }
+  EXPECT_GT(changed, 0) << "fp32 weights that bf16 represents exactly would not test the rounding";
+  EXPECT_EQ(2 * bf16.result.bytes_read, f32.result.bytes_read);
+  EXPECT_TRUE(bf16.result.unused.empty());
+}
+
 TEST_P(InitFrom, RunStartsAtTheSourceRunsFinalValidationLoss) {
   const Source& src = source(GetParam());
   Config c = GetParam().config(fresh_dir("init_dst_" + GetParam().name));

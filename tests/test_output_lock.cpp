@@ -3,6 +3,7 @@
 // open file description, so two OutputLocks of this one process exclude each other as two
 // processes do (tests/cli/prepare.sh concurrent_output holds the lock from another process).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/file_lock.hpp"
 #include "fsdp/core/output_lock.hpp"
 
 namespace fs = std::filesystem;
@@ -96,6 +98,37 @@ TEST_F(OutputLockTest, AMissingFolderOrALinkedLockFileIsOneClearError) {
   std::string line;
   std::getline(target, line);
   EXPECT_EQ(line, "keep");
+}
+
+// try_lock_file (fsdp/core/file_lock.hpp), what OutputLock and the run directory's lock share:
+// a second open file description finds it held and gets the descriptor to read the holder's
+// note; a FIFO is refused as not a regular file (opening it read-write does not block); the
+// descriptor closes with its owner, releasing the lock.
+TEST_F(OutputLockTest, TryLockFileHoldsOnceAndRefusesWhatIsNotARegularFile) {
+  const std::string file = path("x.lock");
+  {
+    fsdp::LockFile first = fsdp::try_lock_file(file, "key");
+    ASSERT_TRUE(first.held);
+    ASSERT_EQ(::write(first.fd.get(), "holder\n", 7), 7);
+    fsdp::LockFile second = fsdp::try_lock_file(file, "key");
+    EXPECT_FALSE(second.held);
+    ASSERT_TRUE(second.fd);
+    char buf[8] = {};
+    EXPECT_EQ(::pread(second.fd.get(), buf, 7, 0), 7);
+    EXPECT_EQ(std::string(buf), "holder\n");
+    fsdp::UniqueFd moved = std::move(first.fd);
+    EXPECT_FALSE(first.fd);
+    EXPECT_FALSE(fsdp::try_lock_file(file, "key").held) << "the moved descriptor still holds it";
+  }
+  EXPECT_TRUE(fsdp::try_lock_file(file, "key").held) << "closing the owner released the lock";
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
+  try {
+    fsdp::try_lock_file(path("fifo"), "train.run_dir");
+    ADD_FAILURE() << "locked a FIFO";
+  } catch (const fsdp::Error& e) {
+    EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
+    EXPECT_EQ(std::string(e.what()), "train.run_dir: cannot lock " + path("fifo") + ": not a regular file");
+  }
 }
 
 }  // namespace

@@ -11,33 +11,13 @@
 #include <utility>
 
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/file_lock.hpp"
 
 namespace fs = std::filesystem;
 
 namespace fsdp {
 
 namespace {
-
-// Owns one file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now; returns close(2)'s result (a deferred write error shows up here on NFS).
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
 
 std::string parent_or_dot(const std::string& path) {
   const fs::path p = fs::path(path).parent_path();
@@ -47,7 +27,7 @@ std::string parent_or_dot(const std::string& path) {
 }  // namespace
 
 void fsync_path(const std::string& path, bool directory) {
-  Fd fd(::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY | O_CLOEXEC) : (O_RDONLY | O_CLOEXEC)));
+  UniqueFd fd(::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY | O_CLOEXEC) : (O_RDONLY | O_CLOEXEC)));
   if (fd.get() < 0) throw Error(path + ": cannot open for fsync: " + std::strerror(errno));
   if (::fsync(fd.get()) != 0) throw Error(path + ": fsync failed: " + std::strerror(errno));
 }
@@ -76,7 +56,7 @@ void AtomicFile::commit() {
   if (committed_) throw Error(path_ + ": AtomicFile::commit called twice");
   try {
     {
-      Fd fd(::open(tmp_path_.c_str(), O_RDONLY | O_CLOEXEC));
+      UniqueFd fd(::open(tmp_path_.c_str(), O_RDONLY | O_CLOEXEC));
       if (fd.get() < 0) throw Error(path_ + ": cannot open " + tmp_path_ + " for fsync: " + std::strerror(errno));
       if (::fsync(fd.get()) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
     }
@@ -112,7 +92,7 @@ void AtomicFile::write(const std::function<void(const std::string& tmp)>& fill) 
 void write_file_atomically(const std::string& path, std::string_view bytes) {
   AtomicFile file(path);
   file.write([&](const std::string& tmp) {
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) throw Error(path + ": cannot create " + tmp + ": " + std::strerror(errno));
     std::size_t done = 0;
     while (done < bytes.size()) {

@@ -185,30 +185,24 @@ void MetricsFile::append_line(std::string_view line) {
 
 RunDir::RunDir() = default;
 
-RunDir::RunDir(RunDir&& o) noexcept
-    : path_(std::move(o.path_)), lock_fd_(o.lock_fd_), stale_holder_(std::move(o.stale_holder_)),
-      metrics_(std::move(o.metrics_)) {
-  o.lock_fd_ = -1;
-}
+RunDir::RunDir(RunDir&& o) noexcept = default;
 
 RunDir& RunDir::operator=(RunDir&& o) noexcept {
   if (this != &o) {
     RunDir old(std::move(*this));  // releases our lock at end of scope
     path_ = std::move(o.path_);
-    lock_fd_ = o.lock_fd_;
+    lock_ = std::move(o.lock_);
     stale_holder_ = std::move(o.stale_holder_);
     metrics_ = std::move(o.metrics_);
-    o.lock_fd_ = -1;
   }
   return *this;
 }
 
 RunDir::~RunDir() {
-  if (lock_fd_ < 0) return;
-  (void)!::ftruncate(lock_fd_, 0);  // an empty lock file is a released one, not a stale one
-  ::flock(lock_fd_, LOCK_UN);
-  ::close(lock_fd_);
-}
+  if (!lock_) return;
+  (void)!::ftruncate(lock_.get(), 0);  // an empty lock file is a released one, not a stale one
+  ::flock(lock_.get(), LOCK_UN);
+}  // then lock_ closes
 
 RunDir open_run_dir(const std::string& run_dir, bool resume) {
   RunDir rd;
@@ -217,31 +211,17 @@ RunDir open_run_dir(const std::string& run_dir, bool resume) {
   const std::string lock_path = (fs::path(run_dir) / kRunDirLockName).string();
   {
     // Owned here until the lock is ours: only then may RunDir's destructor empty the file.
-    struct Fd {
-      int fd;
-      ~Fd() {
-        if (fd >= 0) ::close(fd);
-      }
-    } fd{::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644)};
-    if (fd.fd < 0) throw InputError("train.run_dir: cannot create " + lock_path + ": " + errno_text());
-    struct stat st {};
-    if (::fstat(fd.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      throw InputError("train.run_dir: " + lock_path + " is not a regular file");
+    LockFile lock = try_lock_file(lock_path, "train.run_dir");
+    if (!lock.held) {
+      throw InputError("train.run_dir: " + run_dir + " is in use by another fsdp_train run (" +
+                       describe_holder(read_all(lock.fd.get()), false) + "); wait for it to end or choose another " +
+                       "train.run_dir (lock file " + lock_path + ")");
     }
-    if (::flock(fd.fd, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      if (err == EWOULDBLOCK) {
-        throw InputError("train.run_dir: " + run_dir + " is in use by another fsdp_train run (" +
-                         describe_holder(read_all(fd.fd), false) + "); wait for it to end or choose another " +
-                         "train.run_dir (lock file " + lock_path + ")");
-      }
-      throw InputError("train.run_dir: cannot lock " + lock_path + ": " + std::strerror(err));
-    }
-    rd.lock_fd_ = std::exchange(fd.fd, -1);
+    rd.lock_ = std::move(lock.fd);
   }
-  const std::string previous = read_all(rd.lock_fd_);
+  const std::string previous = read_all(rd.lock_.get());
   if (!previous.empty()) rd.stale_holder_ = describe_holder(previous, true);
-  write_all(rd.lock_fd_, holder_line() + "\n", lock_path);
+  write_all(rd.lock_.get(), holder_line() + "\n", lock_path);
 
   if (!resume) {
     const std::string earlier = earlier_run_contents(run_dir);

@@ -10,8 +10,8 @@
 // (a second merge would remove the first one's files as stale).
 //
 // The lock is an exclusive flock(2) on a lock file (`output + ".lock"` unless the caller names
-// another) that exists only while it is held: open (create, O_NOFOLLOW), flock(LOCK_EX |
-// LOCK_NB), then check that the name still names the file locked (a holder that was
+// another) that exists only while it is held: try_lock_file (fsdp/core/file_lock.hpp: open,
+// create, O_NOFOLLOW, flock(LOCK_EX | LOCK_NB)), then check that the name still names the file locked (a holder that was
 // releasing may have unlinked it: then try again).
 // Release: unlink the file while still holding the lock, then close it. A process that dies
 // releases the flock with its descriptors and leaves the empty file, which the next writer
@@ -20,6 +20,8 @@
 #pragma once
 
 #include <string>
+
+#include "fsdp/core/file_lock.hpp"
 
 namespace fsdp {
 
@@ -44,7 +46,7 @@ class OutputLock {
 
  private:
   std::string lock_path_;
-  int fd_ = -1;
+  UniqueFd fd_;  // holds the flock
 };
 
 }  // namespace fsdp

@@ -22,6 +22,8 @@
 #include <string>
 #include <string_view>
 
+#include "fsdp/core/file_lock.hpp"
+
 namespace fsdp {
 
 // Creates and removes a probe file in `dir`: proves files can be created there (checkpoints/
@@ -72,7 +74,7 @@ class RunDir {
  private:
   friend RunDir open_run_dir(const std::string& run_dir, bool resume);
   std::string path_;
-  int lock_fd_ = -1;
+  UniqueFd lock_;  // run_dir/fsdp_train.lock, flock held
   std::string stale_holder_;
   MetricsFile metrics_;
 };
