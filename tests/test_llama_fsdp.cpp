@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/checkpoint/checkpoint.hpp"
+#include "fsdp/checkpoint/init_from.hpp"
 #include "fsdp/checkpoint/merge.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/model/model.hpp"
@@ -230,6 +231,29 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
       const fsdp::ModelFamily& family = fsdp::model_family(k.type);
       EXPECT_EQ(family.canonical(family.from_hf_config(hf, "config.json")),
                 family.canonical(c.model));
+      // init_from's check: the same [model] passes; another head_dim is named with the value
+      // the file holds (4, which the canonical form spells 0) and the key's.
+      fsdp::ckpt::check_hf_config(out, c.model);
+      fsdp::ModelConfig other = c.model;
+      other.set("num_key_value_heads", int64_t{4});
+      try {
+        fsdp::ckpt::check_hf_config(out, other);
+        ADD_FAILURE() << k.type << ": a config.json of another shape was accepted";
+      } catch (const fsdp::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("num_key_value_heads = 2 but model.num_key_value_heads = 4"),
+                  std::string::npos) << e.what();
+      }
+      if (std::string(k.type) == "mistral") {
+        other = c.model;
+        other.set("head_dim", int64_t{8});
+        try {
+          fsdp::ckpt::check_hf_config(out, other);
+          ADD_FAILURE() << "head_dim 8 accepted against the file's 4";
+        } catch (const fsdp::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("head_dim = 4 but model.head_dim = 8"), std::string::npos)
+              << e.what();
+        }
+      }
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }

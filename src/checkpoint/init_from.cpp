@@ -10,7 +10,6 @@
 #include <iterator>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -29,10 +28,7 @@ std::string value_str(const ModelValue& v) {
   if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
   if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
   if (const auto* s = std::get_if<std::string>(&v)) return json(*s).dump();
-  std::ostringstream os;
-  os.precision(17);
-  os << std::get<double>(v);
-  return os.str();
+  return json(std::get<double>(v)).dump();  // the shortest text that reads back the same
 }
 
 std::string origin_of(const std::string& dir) {
@@ -110,8 +106,13 @@ void check_hf_config(const std::string& dir, const ModelConfig& config) {
     const ModelValue *a = theirs.find(k.name), *b = ours.find(k.name);
     if (!a || !b) continue;
     if (*a != *b) {
-      throw InputError(path + ": " + k.name + " = " + value_str(*a) + " but model." + k.name +
-                       " = " + value_str(*b) + origin_of(dir));
+      // Compared in canonical form (Llama's head_dim 8 of hidden 16 / 2 heads is its 0), told
+      // as written: the file's attribute and the key's value.
+      const std::string file_value =
+          hf.contains(k.name) && !hf[k.name].is_null() ? hf[k.name].dump() : value_str(*a);
+      const ModelValue* given = config.find(k.name);
+      throw InputError(path + ": " + k.name + " = " + file_value + " but model." + k.name + " = " +
+                       value_str(given ? *given : *b) + origin_of(dir));
     }
   }
 }
