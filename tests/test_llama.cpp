@@ -340,6 +340,48 @@ TEST(Llama, Llama3RopeScalingRegimes) {
   EXPECT_DOUBLE_EQ(s[3], plain[3] / 8);
 }
 
+// YaRN (transformers' _compute_yarn_parameters) at head_dim 8, theta 1e4, original 2048,
+// factor 4: beta_fast 32 and beta_slow 1 rotations sit at dimensions 1.008 and 2.51, truncated
+// to [1, 3], so pair 2 is half interpolated; untruncated, (2 - 1.008) / (2.51 - 1.008) of it.
+// cos and sin scale by 1 + 0.1 ln 4 unless attention_factor is given (and by 1 for factor <= 1).
+// linear divides every frequency by its factor.
+TEST(Llama, YarnAndLinearRopeScaling) {
+  fsdp::LlamaConfig c;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.rope_theta = 1e4;
+  const std::vector<double> plain = fsdp::llama_inv_freq(c);
+  EXPECT_EQ(fsdp::llama_rope_attention_scaling(c), 1.0);
+  c.rope_type = fsdp::LlamaConfig::RopeType::linear;
+  c.rope_factor = 2;
+  std::vector<double> f = fsdp::llama_inv_freq(c);
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(f[i], plain[i] / 2) << i;
+  EXPECT_EQ(fsdp::llama_rope_attention_scaling(c), 1.0);
+
+  c.rope_type = fsdp::LlamaConfig::RopeType::yarn;
+  c.rope_factor = 4;
+  c.rope_original_max_position_embeddings = 2048;
+  f = fsdp::llama_inv_freq(c);
+  const double want_ratio[4] = {1, 1, 0.625, 0.25};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(f[i] / plain[i], want_ratio[i], 1e-15) << i;
+  EXPECT_DOUBLE_EQ(fsdp::llama_rope_attention_scaling(c), 1 + 0.1 * std::log(4.0));
+  const double pi = 3.14159265358979323846;
+  auto dim = [&](double r) { return 8 * std::log(2048 / (2 * pi * r)) / (2 * std::log(1e4)); };
+  EXPECT_NEAR(dim(32), 1.008, 1e-3);
+  EXPECT_NEAR(dim(1), 2.51, 1e-2);
+  c.rope_truncate = false;
+  f = fsdp::llama_inv_freq(c);
+  const double ramp = (2 - dim(32)) / (dim(1) - dim(32));
+  EXPECT_NEAR(f[1] / plain[1], 1 - 0.75 * std::max(0.0, (1 - dim(32)) / (dim(1) - dim(32))), 1e-15);
+  EXPECT_NEAR(f[2] / plain[2], (1 - ramp) + ramp / 4, 1e-15);
+  EXPECT_NEAR(f[3] / plain[3], 0.25, 1e-15);
+  c.rope_attention_factor = 0.7;
+  EXPECT_EQ(fsdp::llama_rope_attention_scaling(c), 0.7);
+  c.rope_attention_factor = 0;
+  c.rope_factor = 0.5;
+  EXPECT_EQ(fsdp::llama_rope_attention_scaling(c), 1.0);
+}
+
 TEST(Llama, InitialisationFollowsHf) {
   ModelOptions o;
   o.model.attention_bias = true;

@@ -283,8 +283,9 @@ TEST(ModelArgs, HfConfigFieldsThatChangeTheMathAreChecked) {
   EXPECT_NE(hf_error("llama", with("hidden_act", "gelu")).find("\"hidden_act\""), std::string::npos);
   EXPECT_NE(hf_error("llama", with("attention_dropout", 0.1)).find("\"attention_dropout\""),
             std::string::npos);
-  EXPECT_NE(hf_error("llama", with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}))
-                .find("\"rope_scaling.rope_type\": unknown value \"yarn\" (expected one of default, llama3)"),
+  EXPECT_NE(hf_error("llama", with("rope_scaling", {{"rope_type", "dynamic"}, {"factor", 4.0}}))
+                .find("\"rope_scaling.rope_type\": unknown value \"dynamic\" (expected one of default, "
+                      "linear, llama3, yarn)"),
             std::string::npos);
   EXPECT_NE(hf_error("llama", with("num_hidden_layers", "4")).find("\"num_hidden_layers\""),
             std::string::npos);
@@ -309,6 +310,36 @@ TEST(ModelArgs, HfConfigFieldsThatChangeTheMathAreChecked) {
   old.erase("num_key_value_heads");
   old.erase("head_dim");
   EXPECT_EQ(llama.from_hf_config(old, "d.json"), llama.canonical(defaults));
+
+  // Each rope type's config.json carries its own fields only, and reads back the same; yarn's
+  // attention_factor 0 is HF's None (left out); DeepSeek's mscale and a yarn without
+  // original_max_position_embeddings are refused by name.
+  const nlohmann::json yarn = {{"rope_type", "yarn"}, {"factor", 4.0},
+                               {"original_max_position_embeddings", 32768}};
+  const ModelConfig y = llama.from_hf_config(with("rope_scaling", yarn), "e.json");
+  const nlohmann::json y_out = llama.hf_config(y)["rope_scaling"];
+  EXPECT_EQ(y_out, nlohmann::json({{"rope_type", "yarn"}, {"factor", 4.0},
+                                   {"original_max_position_embeddings", 32768}, {"beta_fast", 32.0},
+                                   {"beta_slow", 1.0}, {"truncate", true}}));
+  EXPECT_EQ(llama.from_hf_config(with("rope_scaling", y_out), "f.json"), y);
+  nlohmann::json y_af = yarn;
+  y_af["attention_factor"] = 0.8;
+  EXPECT_EQ(llama.hf_config(llama.from_hf_config(with("rope_scaling", y_af), "g.json"))["rope_scaling"]["attention_factor"],
+            0.8);
+  EXPECT_EQ(llama.hf_config(a)["rope_scaling"].size(), 5u) << "llama3: rope_type and its four fields";
+  const nlohmann::json linear = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_EQ(llama.hf_config(llama.from_hf_config(with("rope_scaling", linear), "h.json"))["rope_scaling"], linear);
+  nlohmann::json deepseek = yarn;
+  deepseek["mscale"] = 0.707;
+  EXPECT_NE(hf_error("llama", with("rope_scaling", deepseek)).find("\"rope_scaling.mscale\""), std::string::npos);
+  nlohmann::json no_orig = yarn;
+  no_orig.erase("original_max_position_embeddings");
+  EXPECT_NE(hf_error("qwen3", [&] {
+              nlohmann::json q = fsdp::model_family("qwen3").hf_config(fsdp::model_defaults("qwen3"));
+              q["rope_scaling"] = no_orig;
+              return q;
+            }()).find("\"rope_scaling.original_max_position_embeddings\" missing"),
+            std::string::npos);
 }
 
 // Mistral, Qwen2 and Qwen3 are the Llama model under their own HF classes: each config.json

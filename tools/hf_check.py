@@ -69,6 +69,11 @@ LLAMA_CASES = {
                                        "tie_word_embeddings": True},
     "mistral gqa untied llama3": {"type": "mistral", "hidden_size": 32, "sliding_window": 1024,
                                   "tie_word_embeddings": False},
+    # YaRN as Qwen2.5 / Qwen3 extend their context (head_dim 8, theta 1e4, original 256: pairs
+    # 0 and 1 kept, 2 blended, 3 interpolated; cos and sin scaled by 1 + 0.1 ln 4).
+    "qwen3 gqa tied yarn": {"type": "qwen3", "hidden_size": 32, "head_dim": 8, "tie_word_embeddings": True,
+                            "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                             "original_max_position_embeddings": 256}},
 }
 # Real text: the project's own words, repeated with variations (no download needed).
 SENTENCES = [

@@ -69,6 +69,12 @@ import torch
 HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCAB = 32, 4, 8, 40, 37
 MAX_POS, EPS = 16, 1e-6
 B, T = 2, 7
+# YaRN at head_dim 8, theta 1e4, original 2048: beta_fast 32 / beta_slow 1 turn at dimensions
+# 1.008 / 2.51, truncated to the range [1, 3]: pairs 0 and 1 keep their frequency, pair 2 is
+# half interpolated, pair 3 divided by factor; cos and sin scaled by 0.1 ln 4 + 1.
+YARN_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+LINEAR_SCALING = {"rope_type": "linear", "factor": 2.0}
+SCALINGS = {"rope1e4": None, "yarn": YARN_SCALING, "linear": LINEAR_SCALING}
 LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.1,
                   "original_max_position_embeddings": 8, "rope_type": "llama3"}
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
@@ -86,6 +92,8 @@ VARIANTS = [
     "1l_gqa_untied_rope1e4_qwen2",
     "1l_gqa_untied_rope1e4_qwen3",
     "3l_mqa_tied_llama3_qwen3_attnbias",
+    "1l_gqa_untied_yarn",
+    "1l_mha_tied_linear_qwen2",
 ]
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
 
@@ -97,7 +105,7 @@ def hf_config(variant):
     words = variant.split("_")
     layers, attn, tied, rope, flags = words[0], words[1], words[2], words[3], set(words[4:])
     assert layers.endswith("l") and layers[:-1].isdigit(), variant
-    assert attn in KV_HEADS and tied in ("tied", "untied") and rope in ("rope1e4", "llama3"), variant
+    assert attn in KV_HEADS and tied in ("tied", "untied") and rope in ("rope1e4", "llama3", "yarn", "linear"), variant
     assert flags <= {"attnbias", "mlpbias"} | set(ARCHS), variant
     archs = flags & set(ARCHS)
     assert len(archs) <= 1, variant
@@ -109,8 +117,8 @@ def hf_config(variant):
         "num_hidden_layers": int(layers[:-1]), "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS[attn], "head_dim": HEAD_DIM,
         "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
-        "rope_theta": 10000.0 if rope == "rope1e4" else 500000.0,
-        "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else None,
+        "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
+        "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
         "attention_bias": "attnbias" in flags, "attention_dropout": 0.0,
         "mlp_bias": "mlpbias" in flags, "tie_word_embeddings": tied == "tied",
         "hidden_act": "silu", "initializer_range": 0.02, "torch_dtype": "float32",
@@ -130,8 +138,8 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
     if arch != "qwen2":
         cfg["head_dim"] = HEAD_DIM_QWEN3 if arch == "qwen3" else HEAD_DIM
     cfg.update({"max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
-                "rope_theta": 10000.0 if rope == "rope1e4" else 500000.0,
-                "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else None})
+                "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
+                "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope])})
     if arch == "qwen3":
         cfg["attention_bias"] = "attnbias" in flags
     if arch == "mistral":
@@ -226,13 +234,46 @@ def llama3_branch(cfg, wavelen):
     return "smoothed"
 
 
+def yarn_range(cfg):
+    """(low, high): YaRN's correction range in dimensions (modeling_rope_utils'
+    find_correction_range), from beta_fast / beta_slow rotations over the original context."""
+    s, D, base = cfg["rope_scaling"], head_dim(cfg), cfg["rope_theta"]
+    orig = s["original_max_position_embeddings"]
+
+    def dim(rotations):
+        return D * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    low, high = dim(s.get("beta_fast") or 32), dim(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, D - 1)
+    return low, (high + 0.001 if high == low else high)
+
+
+def attention_scaling(cfg):
+    """The factor HF's rotary embedding multiplies cos and sin by: yarn's attention_factor, else
+    0.1 ln(factor) + 1 (1 for factor <= 1); 1 for every other rope type."""
+    s = cfg["rope_scaling"]
+    if s is None or s["rope_type"] != "yarn":
+        return 1.0
+    if s.get("attention_factor") is not None:
+        return s["attention_factor"]
+    return 1.0 if s["factor"] <= 1 else 0.1 * math.log(s["factor"]) + 1.0
+
+
 def inv_freq(cfg):
-    """RoPE inverse frequencies [head_dim / 2], float64, with the llama3 rescaling if configured."""
+    """RoPE inverse frequencies [head_dim / 2], float64, with the configured rescaling: linear
+    (/ factor), llama3 or yarn (modeling_rope_utils.py)."""
     D = head_dim(cfg)
     inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
     s = cfg["rope_scaling"]
     if s is None:
         return inv
+    if s["rope_type"] == "linear":
+        return inv / s["factor"]
+    if s["rope_type"] == "yarn":
+        low, high = yarn_range(cfg)
+        ramp = ((torch.arange(D // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        return inv / s["factor"] * ramp + inv * (1 - ramp)
     assert s["rope_type"] == "llama3"
     factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
     orig = s["original_max_position_embeddings"]
@@ -265,7 +306,7 @@ def forward(p, cfg, tokens):
 
     freqs = torch.outer(torch.arange(Tn, dtype=torch.float64), inv_freq(cfg))
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-    cos, sin = emb.cos(), emb.sin()
+    cos, sin = emb.cos() * attention_scaling(cfg), emb.sin() * attention_scaling(cfg)
     causal = torch.tril(torch.ones(Tn, Tn, dtype=torch.bool))
     x = p["model.embed_tokens.weight"][tokens]
     for l in range(cfg["num_hidden_layers"]):
@@ -401,10 +442,21 @@ def naive_loss(p, cfg, tokens, targets):
     H, D, C = cfg["num_attention_heads"], head_dim(cfg), cfg["hidden_size"]
     eps, group = cfg["rms_norm_eps"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
     inv = []
+    s = cfg["rope_scaling"]
+    scale = 1.0
+    if s is not None and s["rope_type"] == "yarn":  # the paper's notation, loop by loop
+        orig, b = s["original_max_position_embeddings"], cfg["rope_theta"]
+        r_dim = [D * math.log(orig / (2 * math.pi * r)) / (2 * math.log(b)) for r in (32, 1)]
+        lo, hi = max(math.floor(r_dim[0]), 0), min(math.ceil(r_dim[1]), D - 1)
+        scale = 0.1 * math.log(s["factor"]) + 1.0
     for i in range(D // 2):
         f = cfg["rope_theta"] ** (-2.0 * i / D)
-        s = cfg["rope_scaling"]
-        if s is not None:
+        if s is not None and s["rope_type"] == "linear":
+            f = f / s["factor"]
+        elif s is not None and s["rope_type"] == "yarn":
+            gamma = min(max((i - lo) / (hi - lo), 0.0), 1.0)  # 0: extrapolate, 1: interpolate
+            f = gamma * f / s["factor"] + (1 - gamma) * f
+        elif s is not None:
             wl, orig = 2 * math.pi / f, s["original_max_position_embeddings"]
             branch = llama3_branch(cfg, wl)
             if branch == "scaled":
@@ -425,9 +477,9 @@ def naive_loss(p, cfg, tokens, targets):
     def rope(x, t):  # x [D]: pairs (i, i + D/2) rotated by t * inv[i]
         out = []
         for i in range(D // 2):
-            c, s = math.cos(t * inv[i]), math.sin(t * inv[i])
-            out.append((i, x[i] * c - x[i + D // 2] * s))
-            out.append((i + D // 2, x[i + D // 2] * c + x[i] * s))
+            c, sn = scale * math.cos(t * inv[i]), scale * math.sin(t * inv[i])
+            out.append((i, x[i] * c - x[i + D // 2] * sn))
+            out.append((i + D // 2, x[i + D // 2] * c + x[i] * sn))
         return torch.stack([v for _, v in sorted(out, key=lambda e: e[0])])
 
     total = 0.0
@@ -498,6 +550,17 @@ def selftest():
     f = cfg["rope_scaling"]["factor"]
     expect(scaled[0] == base[0] and torch.allclose(scaled[2:], base[2:] / f, rtol=0, atol=0)
            and base[1] / f < scaled[1] < base[1], "llama3: untouched kept, scaled divided by factor, smoothed strictly between")
+
+    # 1b. yarn: the correction range, each pair's blend and the cos/sin scale (YARN_SCALING).
+    cfg = hf_config("1l_gqa_untied_yarn")
+    base = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    ratio = (inv_freq(cfg) / base).tolist()
+    print("yarn range %s, frequency ratios %s, scale %.6f" % (yarn_range(cfg), ratio, attention_scaling(cfg)))
+    expect(yarn_range(cfg) == (1, 3) and all(abs(a - b) < 1e-15 for a, b in zip(ratio, [1, 1, 0.625, 0.25]))
+           and abs(attention_scaling(cfg) - (1 + 0.1 * math.log(4))) < 1e-15,
+           "yarn: pairs 0, 1 kept, 2 half interpolated, 3 divided by factor; cos/sin scaled by 1 + 0.1 ln 4")
+    cfg = hf_config("1l_mha_tied_linear_qwen2")
+    expect(torch.equal(inv_freq(cfg), base / 2), "linear: every frequency halved")
 
     # 2. Per variant: the vectorised model against the loop-by-loop one, and finite differences.
     rng = random.Random(0)

@@ -58,10 +58,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true, 1e-6},
       A{"rope_theta", &L::rope_theta, "RoPE base period.", KeyRange::above(0), {}, true, 10000.0},
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
-        "RoPE frequency scaling: default (none) or Llama 3.1's llama3.", {},
+        "RoPE frequency scaling: default (none), linear (position interpolation), Llama 3.1's "
+        "llama3 or yarn.", {},
         enum_names<L::RopeType>(), true, std::string(enum_name(L::RopeType::default_))},
-      A{"rope_scaling.factor", &L::rope_factor, "llama3: how much longer than the original "
-        "context the model runs.", KeyRange::above(0), {}, true, 8.0},
+      A{"rope_scaling.factor", &L::rope_factor, "linear, llama3, yarn: how much longer than "
+        "the original context the model runs.", KeyRange::above(0), {}, true, 8.0},
       A{"rope_scaling.low_freq_factor", &L::rope_low_freq_factor,
         "llama3: wavelengths above original / low_freq_factor are scaled by 1 / factor.",
         KeyRange::above(0), {}, true, 1.0},
@@ -69,8 +70,17 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         "llama3: wavelengths below original / high_freq_factor are kept.", KeyRange::above(0), {},
         true, 4.0},
       A{"rope_scaling.original_max_position_embeddings", &L::rope_original_max_position_embeddings,
-        "llama3: the context length the model was pre-trained with.", KeyRange::size(1), {}, true,
-        int64_t{8192}},
+        "llama3, yarn: the context length the model was pre-trained with.", KeyRange::size(1), {},
+        true, int64_t{8192}},
+      A{"rope_scaling.beta_fast", &L::rope_beta_fast, "yarn: dimensions turning more than "
+        "beta_fast times over the original context keep their frequency.", KeyRange::above(0), {},
+        true, 32.0},
+      A{"rope_scaling.beta_slow", &L::rope_beta_slow, "yarn: dimensions turning fewer than "
+        "beta_slow times are interpolated (frequency / factor).", KeyRange::above(0), {}, true, 1.0},
+      A{"rope_scaling.attention_factor", &L::rope_attention_factor, "yarn: the factor cos and "
+        "sin are scaled by; 0 = 0.1 ln(factor) + 1.", KeyRange::nonnegative(), {}, true, 0.0},
+      A{"rope_scaling.truncate", &L::rope_truncate, "yarn: round the correction range out to "
+        "whole dimensions.", {}, {}, true, true},
   });
   if (llama || arch == LlamaArch::qwen3) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
@@ -115,6 +125,32 @@ const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
       make_llama_args(LlamaArch::llama), make_llama_args(LlamaArch::mistral),
       make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3)};
   return tables[static_cast<int>(arch)];
+}
+
+// The rope_scaling fields (config.json's names inside the dict) each rope type reads
+// (transformers' modeling_rope_utils.py): what config.json carries for it; the other fields
+// keep their defaults and are not written.
+std::vector<std::string> rope_fields(const ModelArgs<LlamaConfig>& a, LlamaConfig::RopeType t) {
+  using L = LlamaConfig;
+  using R = L::RopeType;
+  auto f = [&](auto member) {  // "rope_scaling.factor" -> "factor"
+    const std::string key = a.name(member);
+    return key.substr(key.find('.') + 1);
+  };
+  std::vector<std::string> out = {"rope_type"};
+  if (t == R::default_) return {};
+  out.push_back(f(&L::rope_factor));
+  if (t == R::llama3) {
+    for (double L::*m : {&L::rope_low_freq_factor, &L::rope_high_freq_factor}) out.push_back(f(m));
+  }
+  if (t == R::llama3 || t == R::yarn) out.push_back(f(&L::rope_original_max_position_embeddings));
+  if (t == R::yarn) {
+    for (double L::*m : {&L::rope_beta_fast, &L::rope_beta_slow, &L::rope_attention_factor}) {
+      out.push_back(f(m));
+    }
+    out.push_back(f(&L::rope_truncate));
+  }
+  return out;
 }
 
 // Indices of one layer's parameters among its module's (-1: absent), in HF's state-dict
@@ -175,8 +211,33 @@ std::vector<double> llama_inv_freq(const LlamaConfig& c) {
     f[static_cast<std::size_t>(i)] =
         1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(D));
   }
-  if (c.rope_type != LlamaConfig::RopeType::llama3) return f;
+  using R = LlamaConfig::RopeType;
+  if (c.rope_type == R::default_) return f;
+  if (c.rope_type == R::linear) {
+    for (double& x : f) x /= c.rope_factor;
+    return f;
+  }
   const double orig = static_cast<double>(c.rope_original_max_position_embeddings);
+  if (c.rope_type == R::yarn) {
+    const double d = static_cast<double>(D), two_pi = 2 * 3.14159265358979323846;
+    auto dim_of = [&](double rotations) {  // the dimension that turns `rotations` times
+      return d * std::log(orig / (rotations * two_pi)) / (2 * std::log(c.rope_theta));
+    };
+    double low = dim_of(c.rope_beta_fast), high = dim_of(c.rope_beta_slow);
+    if (c.rope_truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, d - 1);
+    if (low == high) high += 0.001;  // HF's guard against a zero-width ramp
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      double& x = f[static_cast<std::size_t>(i)];
+      x = x / c.rope_factor * ramp + x * (1 - ramp);  // extrapolation weight 1 - ramp
+    }
+    return f;
+  }
   const double low_wl = orig / c.rope_low_freq_factor, high_wl = orig / c.rope_high_freq_factor;
   const double pi = 3.14159265358979323846;
   for (double& x : f) {
@@ -190,6 +251,12 @@ std::vector<double> llama_inv_freq(const LlamaConfig& c) {
     }
   }
   return f;
+}
+
+double llama_rope_attention_scaling(const LlamaConfig& c) {
+  if (c.rope_type != LlamaConfig::RopeType::yarn) return 1.0;
+  if (c.rope_attention_factor > 0) return c.rope_attention_factor;
+  return c.rope_factor <= 1 ? 1.0 : 0.1 * std::log(c.rope_factor) + 1.0;
 }
 
 std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
@@ -343,12 +410,13 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   a->rope_sin = f32(T * (D / 2));
   {
     const std::vector<double> inv = llama_inv_freq(cfg_);
+    const double scale = llama_rope_attention_scaling(cfg_);  // yarn's; 1 otherwise
     std::vector<float> cs(static_cast<std::size_t>(T * (D / 2))), sn(cs.size());
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t i = 0; i < D / 2; ++i) {
         const double ang = static_cast<double>(t) * inv[static_cast<std::size_t>(i)];
-        cs[static_cast<std::size_t>(t * (D / 2) + i)] = static_cast<float>(std::cos(ang));
-        sn[static_cast<std::size_t>(t * (D / 2) + i)] = static_cast<float>(std::sin(ang));
+        cs[static_cast<std::size_t>(t * (D / 2) + i)] = static_cast<float>(scale * std::cos(ang));
+        sn[static_cast<std::size_t>(t * (D / 2) + i)] = static_cast<float>(scale * std::sin(ang));
       }
     }
     rt_.copy_from_host(a->rope_cos.view({T, D / 2}), cs.data());
@@ -697,7 +765,17 @@ class LlamaFamily final : public ModelFamily {
     nlohmann::json out = args().to_hf(g);
     out["architectures"] = {prefix() + "ForCausalLM"};
     out["model_type"] = type();
-    if (g.rope_type == LlamaConfig::RopeType::default_) out["rope_scaling"] = nullptr;
+    if (g.rope_type == LlamaConfig::RopeType::default_) {
+      out["rope_scaling"] = nullptr;
+    } else {  // the fields of its type; yarn's attention_factor 0 is HF's None (left out)
+      nlohmann::json rs = nlohmann::json::object();
+      for (const std::string& f : rope_fields(args(), g.rope_type)) rs[f] = out["rope_scaling"][f];
+      if (g.rope_attention_factor == 0.0) {
+        const std::string key = args().name(&LlamaConfig::rope_attention_factor);
+        rs.erase(key.substr(key.find('.') + 1));
+      }
+      out["rope_scaling"] = rs;
+    }
     if (arch_ == LlamaArch::mistral && g.sliding_window == 0) {
       out[args().name(&LlamaConfig::sliding_window)] = nullptr;  // HF's spelling of none
     }
@@ -731,6 +809,22 @@ class LlamaFamily final : public ModelFamily {
     if (hf.contains("rope_scaling") && hf["rope_scaling"].is_object()) {
       nlohmann::json& rs = hf["rope_scaling"];
       if (!rs.contains("rope_type") && rs.contains("type")) rs["rope_type"] = rs["type"];
+      // DeepSeek's yarn attention factor (mscale / mscale_all_dim) is not implemented: refuse
+      // rather than scale differently.
+      for (const char* f : {"mscale", "mscale_all_dim"}) {
+        if (rs.contains(f) && !rs[f].is_null()) {
+          throw InputError(origin + ": \"rope_scaling." + f + "\" " + rs[f].dump() +
+                           " is not supported (expected none: fsdp_train's yarn takes attention_factor)");
+        }
+      }
+      // transformers 5 requires yarn's original_max_position_embeddings: no default here either.
+      const std::string orig = args().name(&LlamaConfig::rope_original_max_position_embeddings);
+      const std::string orig_field = orig.substr(orig.find('.') + 1);
+      if (rs.value("rope_type", std::string()) ==
+              enum_name(LlamaConfig::RopeType::yarn) &&
+          (!rs.contains(orig_field) || rs[orig_field].is_null())) {
+        throw InputError(origin + ": \"" + orig + "\" missing (yarn needs the pre-training context length)");
+      }
     }
     auto refuse = [&](const char* field, const std::string& expected) {
       return InputError(origin + ": \"" + field + "\" " + hf[field].dump() +

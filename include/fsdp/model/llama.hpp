@@ -16,7 +16,8 @@
 //    v_proj(n1))), n1 = input_layernorm(x); then h + down_proj(silu(gate_proj(n2)) *
 //    up_proj(n2)), n2 = post_attention_layernorm(h). RMSNorm (Zhang & Sennrich 2019) in fp32,
 //    then scaled by its weight (HF LlamaRMSNorm). RoPE (Su et al. 2021) in HF's rotate-half
-//    layout on q and k, optionally with Llama 3.1's "llama3" frequency scaling; grouped-query
+//    layout on q and k, optionally with linear, Llama 3.1's "llama3" or YaRN frequency scaling
+//    (llama_inv_freq; YaRN also scales cos and sin, llama_rope_attention_scaling); grouped-query
 //    attention (Ainslie et al. 2023): num_key_value_heads K/V heads, each shared by
 //    num_attention_heads / num_key_value_heads query heads (HF repeat_kv), causal, scaled by
 //    1/sqrt(head_dim). Optional biases on q/k/v/o (attention_bias) and the MLP (mlp_bias);
@@ -71,7 +72,7 @@ const char* llama_arch_prefix(LlamaArch arch);
 // not one of its type's keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or
 // head_dim; only Qwen's have use_sliding_window and max_window_layers).
 struct LlamaConfig {
-  enum class RopeType { default_, llama3 };
+  enum class RopeType { default_, linear, llama3, yarn };
 
   LlamaArch arch = LlamaArch::llama;  // model.type (not a [model] key)
   int64_t vocab_size = 256;
@@ -84,12 +85,17 @@ struct LlamaConfig {
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
-  // rope_scaling: HF's dict, here its fields; default_ = no scaling (rope_scaling null).
+  // rope_scaling: HF's dict, here its fields; default_ = no scaling (rope_scaling null). Which
+  // fields each type reads: rope_fields() in src/model/llama.cpp.
   RopeType rope_type = RopeType::default_;
   double rope_factor = 8.0;
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_position_embeddings = 8192;
+  double rope_beta_fast = 32.0;         // yarn
+  double rope_beta_slow = 1.0;          // yarn
+  double rope_attention_factor = 0.0;   // yarn; 0 = HF's None: 0.1 ln(factor) + 1
+  bool rope_truncate = true;            // yarn
   bool attention_bias = false;
   bool mlp_bias = false;
   // Sliding-window attention (Mistral; Qwen2/3 when use_sliding_window, on the layers from
@@ -126,14 +132,31 @@ struct LlamaConfig {
 template <>
 struct EnumNames<LlamaConfig::RopeType> {
   static constexpr EnumName<LlamaConfig::RopeType> table[] = {
-      {LlamaConfig::RopeType::default_, "default"}, {LlamaConfig::RopeType::llama3, "llama3"}};
+      {LlamaConfig::RopeType::default_, "default"},
+      {LlamaConfig::RopeType::linear, "linear"},
+      {LlamaConfig::RopeType::llama3, "llama3"},
+      {LlamaConfig::RopeType::yarn, "yarn"}};
 };
 
 // The D/2 RoPE inverse frequencies (radians per position) of `c`, in float64: HF's
-// rope_init_fn, 1 / rope_theta^(2i/D), then for rope_type llama3 Llama 3.1's scaling
-// (transformers' _compute_llama3_parameters: wavelengths above original/low_freq_factor
-// divided by factor, below original/high_freq_factor kept, smoothly interpolated between).
+// rope_init_fn, 1 / rope_theta^(2i/D), then by rope_type (transformers'
+// modeling_rope_utils.py):
+//  - linear (Position Interpolation, Chen et al. 2023; _compute_linear_scaling_rope_parameters):
+//    every frequency divided by factor;
+//  - llama3 (Llama 3.1; _compute_llama3_parameters): wavelengths above
+//    original/low_freq_factor divided by factor, below original/high_freq_factor kept,
+//    smoothly interpolated between;
+//  - yarn (Peng et al. 2023, YaRN; _compute_yarn_parameters): dimension i keeps its frequency
+//    (extrapolates) below the correction range [low, high] and is divided by factor
+//    (interpolates) above it, linearly in between, where low / high are the dimensions
+//    d(r) = D ln(original / (2 pi r)) / (2 ln theta) of beta_fast and beta_slow rotations
+//    over original_max_position_embeddings (floored / ceiled when truncate), clamped to
+//    [0, D - 1].
 std::vector<double> llama_inv_freq(const LlamaConfig& c);
+// What HF multiplies cos and sin by (LlamaRotaryEmbedding's attention_scaling; q.k then
+// scales by its square): yarn's attention_factor, or 0.1 ln(factor) + 1 when that is 0 (HF's
+// None) and factor > 1 (1 for factor <= 1); 1 for the other types.
+double llama_rope_attention_scaling(const LlamaConfig& c);
 
 // The registry's entry of model.type `arch` (fsdp/model/model.hpp).
 const ModelFamily& llama_family(LlamaArch arch = LlamaArch::llama);
