@@ -309,11 +309,17 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
 // 2048) the first two are kept, the third smoothed, the fourth divided by factor; with original
 // 1024 / 1 / 32 (bounds 1024, 32) the first is kept, the second smoothed, the rest divided.
 // Smoothed: (1 - s) f / factor + s f with s = (original / wavelength - low) / (high - low).
-TEST(Llama, Llama3RopeScalingRegimes) {
+// The RoPE tests' model: 4 heads of head_dim 8 (4 frequencies) at base period `theta`.
+fsdp::LlamaConfig rope_model(double theta) {
   fsdp::LlamaConfig c;
   c.hidden_size = 32;
   c.num_attention_heads = 4;
-  c.rope_theta = 5e5;
+  c.rope_theta = theta;
+  return c;
+}
+
+TEST(Llama, Llama3RopeScalingRegimes) {
+  fsdp::LlamaConfig c = rope_model(5e5);
   const std::vector<double> plain = fsdp::llama_inv_freq(c);
   ASSERT_EQ(plain.size(), 4u);
   for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(plain[i], 1.0 / std::pow(5e5, 2.0 * i / 8.0));
@@ -346,10 +352,7 @@ TEST(Llama, Llama3RopeScalingRegimes) {
 // cos and sin scale by 1 + 0.1 ln 4 unless attention_factor is given (and by 1 for factor <= 1).
 // linear divides every frequency by its factor.
 TEST(Llama, YarnAndLinearRopeScaling) {
-  fsdp::LlamaConfig c;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.rope_theta = 1e4;
+  fsdp::LlamaConfig c = rope_model(1e4);
   const std::vector<double> plain = fsdp::llama_inv_freq(c);
   EXPECT_EQ(fsdp::llama_rope_attention_scaling(c), 1.0);
   c.rope_type = fsdp::LlamaConfig::RopeType::linear;
