@@ -566,6 +566,18 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
       {"[optim]\nmin_lr = -1\n", {}, {"optim.min_lr: -1"}},
       {"[optim]\nwarmup_steps = -1\n", {}, {"optim.warmup_steps: -1"}},
       {"[optim]\ndecay_steps = 10\n", {}, {"optim.decay_steps: 10 is less than optim.warmup_steps"}},
+      {"[optim]\nlr_scheduler_type = \"cosine_with_restarts\"\n", {},
+       {"optim.lr_scheduler_type: unknown value \"cosine_with_restarts\" (expected one of cosine, "
+        "linear, constant_with_warmup, warmup_stable_decay)"}},
+      {"[optim]\nlr_scheduler_type = \"warmup_stable_decay\"\n", {},
+       {"optim.num_decay_steps: 0 is out of range for optim.lr_scheduler_type = "
+        "\"warmup_stable_decay\" (expected 1 <= num_decay_steps <= train.max_steps - "
+        "optim.warmup_steps = "}},
+      {"[optim]\nlr_scheduler_type = \"warmup_stable_decay\"\nwarmup_steps = 10\n"
+       "decay_steps = 50\nnum_decay_steps = 41\n",
+       {}, {"optim.num_decay_steps: 41", "optim.decay_steps - optim.warmup_steps = 40)"}},
+      {"[optim]\ndecay_type = \"sqrt\"\n", {},
+       {"optim.decay_type: unknown value \"sqrt\" (expected one of cosine, linear, 1-sqrt)"}},
       {"[optim]\nweight_decay = -0.1\n", {}, {"optim.weight_decay: -0.1"}},
       {"[optim]\ngrad_clip = -1\n", {}, {"optim.grad_clip: -1"}},
       {"[optim]\nbeta1 = 1\n", {}, {"optim.beta1: 1 is out of range (expected 0 <= x < 1)"}},

@@ -158,13 +158,22 @@ void visit_keys(C& c, F&& f) {
   f("optim", "lr", c.optim.lr,
     {kMayChange, kLearningRateRange, "torch.optim.AdamW lr", "Peak learning rate."});
   f("optim", "min_lr", c.optim.min_lr,
-    {kMayChange, nonnegative(), "torch CosineAnnealingLR eta_min", "Floor of the cosine decay."});
+    {kMayChange, nonnegative(), "torch CosineAnnealingLR eta_min", "Floor of the decay."});
+  f("optim", "lr_scheduler_type", c.optim.lr_scheduler_type,
+    {kMayChange, kAny, "HF TrainingArguments.lr_scheduler_type",
+     "The learning-rate schedule after warmup."});
   f("optim", "warmup_steps", c.optim.warmup_steps,
     {kMayChange, at_least(0), "HF TrainingArguments.warmup_steps",
      "Linear warmup from 0 to `lr` over this many steps."});
   f("optim", "decay_steps", c.optim.decay_steps,
     {kMayChange, at_least(0), "torch CosineAnnealingLR T_max",
-     "Step at which the cosine decay reaches `min_lr`, counted from step 0 (warmup included)."});
+     "Step at which the decay reaches `min_lr`, counted from step 0 (warmup included)."});
+  f("optim", "num_decay_steps", c.optim.num_decay_steps,
+    {kMayChange, at_least(0), "HF get_wsd_schedule num_decay_steps",
+     "warmup_stable_decay: steps of the final decay, which ends at `decay_steps`."});
+  f("optim", "decay_type", c.optim.decay_type,
+    {kMayChange, kAny, "HF get_wsd_schedule decay_type",
+     "warmup_stable_decay: the shape of the final decay."});
   f("optim", "weight_decay", c.optim.weight_decay,
     {kFixed, nonnegative(), "torch.optim.AdamW weight_decay",
      "Decoupled weight decay for AdamW (`torch.optim.AdamW`)."});
@@ -631,6 +640,16 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
                                         " is less than optim.warmup_steps = " +
                                         std::to_string(o.warmup_steps) +
                                         " (expected 0 or >= warmup_steps)");
+  }
+  if (o.lr_scheduler_type == LrSchedulerType::warmup_stable_decay) {
+    const int64_t end = o.decay_steps > 0 ? o.decay_steps : c.train.max_steps;
+    if (o.num_decay_steps < 1 || o.num_decay_steps > end - o.warmup_steps) {
+      throw fail("optim.num_decay_steps",
+                 std::to_string(o.num_decay_steps) + " is out of range for optim.lr_scheduler_type = "
+                 "\"warmup_stable_decay\" (expected 1 <= num_decay_steps <= " +
+                     std::string(o.decay_steps > 0 ? "optim.decay_steps" : "train.max_steps") + " - optim.warmup_steps = " +
+                     std::to_string(end - o.warmup_steps) + ")");
+    }
   }
   const std::vector<std::string> classes = family.wrap_classes();
   for (const auto& cls : c.fsdp.transformer_layer_cls_to_wrap) {

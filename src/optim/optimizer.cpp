@@ -15,11 +15,31 @@ double learning_rate(const OptimConfig& o, int64_t max_steps, int64_t step) {
   if (o.warmup_steps > 0 && step <= o.warmup_steps) {
     return o.lr * static_cast<double>(step) / static_cast<double>(o.warmup_steps);
   }
+  if (o.lr_scheduler_type == LrSchedulerType::constant_with_warmup) return o.lr;
   if (step >= decay_steps) return o.min_lr;
-  const double progress = static_cast<double>(step - o.warmup_steps) /
-                          static_cast<double>(std::max<int64_t>(1, decay_steps - o.warmup_steps));
   const double pi = 3.14159265358979323846;
-  return o.min_lr + 0.5 * (1.0 + std::cos(pi * progress)) * (o.lr - o.min_lr);
+  auto at = [&](double f) { return o.min_lr + f * (o.lr - o.min_lr); };  // f: 1 -> 0
+  auto progress = [](int64_t done, int64_t len) {
+    return static_cast<double>(done) / static_cast<double>(std::max<int64_t>(1, len));
+  };
+  switch (o.lr_scheduler_type) {
+    case LrSchedulerType::linear:
+      return at(1.0 - progress(step - o.warmup_steps, decay_steps - o.warmup_steps));
+    case LrSchedulerType::warmup_stable_decay: {
+      const int64_t start = decay_steps - o.num_decay_steps;
+      if (step <= start) return o.lr;
+      const double p = progress(step - start, o.num_decay_steps);
+      switch (o.decay_type) {
+        case DecayType::linear: return at(1.0 - p);
+        case DecayType::one_minus_sqrt: return at(1.0 - std::sqrt(p));
+        case DecayType::cosine: break;
+      }
+      return at(0.5 * (1.0 + std::cos(pi * p)));
+    }
+    case LrSchedulerType::cosine:
+    case LrSchedulerType::constant_with_warmup: break;
+  }
+  return at(0.5 * (1.0 + std::cos(pi * progress(step - o.warmup_steps, decay_steps - o.warmup_steps))));
 }
 
 Optimizer::Optimizer(const OptimConfig& config, DeviceRuntime& backend) : cfg_(config), be_(backend) {}

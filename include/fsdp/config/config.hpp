@@ -158,6 +158,26 @@ struct EnumNames<OptimizerKind> {
                                                       {OptimizerKind::sgd, "sgd"}};
 };
 
+// The learning-rate schedule after warmup (optim.lr_scheduler_type), named as Hugging Face
+// TrainingArguments.lr_scheduler_type names them (fsdp/optim/optimizer.hpp learning_rate).
+enum class LrSchedulerType { cosine, linear, constant_with_warmup, warmup_stable_decay };
+template <>
+struct EnumNames<LrSchedulerType> {
+  static constexpr EnumName<LrSchedulerType> table[] = {
+      {LrSchedulerType::cosine, "cosine"},
+      {LrSchedulerType::linear, "linear"},
+      {LrSchedulerType::constant_with_warmup, "constant_with_warmup"},
+      {LrSchedulerType::warmup_stable_decay, "warmup_stable_decay"}};
+};
+// The shape of warmup_stable_decay's decay (HF get_wsd_schedule's decay_type).
+enum class DecayType { cosine, linear, one_minus_sqrt };
+template <>
+struct EnumNames<DecayType> {
+  static constexpr EnumName<DecayType> table[] = {{DecayType::cosine, "cosine"},
+                                                  {DecayType::linear, "linear"},
+                                                  {DecayType::one_minus_sqrt, "1-sqrt"}};
+};
+
 // The [model] section: `type` picks a model family from the registry
 // (fsdp/model/model.hpp: "gpt2", "t5"); every other key belongs to that family, is named as
 // its Hugging Face config names it, and is declared with its default by the family alone
@@ -317,9 +337,12 @@ inline constexpr double kMaxLearningRate = 10.0;
 struct OptimConfig {
   OptimizerKind name = OptimizerKind::adamw;  // "adamw" | "sgd"
   double lr = 1e-3;                   // peak learning rate
-  double min_lr = 1e-4;               // cosine floor
+  double min_lr = 1e-4;               // floor of the decay
+  LrSchedulerType lr_scheduler_type = LrSchedulerType::cosine;
   int64_t warmup_steps = 100;         // linear warmup from 0
-  int64_t decay_steps = 0;            // cosine length incl. warmup; 0 = train.max_steps
+  int64_t decay_steps = 0;            // step the decay ends at, warmup included; 0 = train.max_steps
+  int64_t num_decay_steps = 0;        // warmup_stable_decay: steps of the decay, ending at decay_steps
+  DecayType decay_type = DecayType::cosine;  // warmup_stable_decay's decay
   double weight_decay = 0.1;
   double grad_clip = 1.0;             // max global L2 norm; 0 disables clipping
   double beta1 = 0.9;

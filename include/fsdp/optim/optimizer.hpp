@@ -22,8 +22,16 @@
 
 namespace fsdp {
 
-// Learning rate at 1-based `step`: linear warmup 0 -> lr over warmup_steps, then cosine decay
-// to min_lr at decay_steps (0 = max_steps), then min_lr (nanoGPT / llm.c schedule).
+// Learning rate at 1-based `step` (docs/config.md "[optim]"): linear warmup 0 -> lr over
+// warmup_steps W, then by optim.lr_scheduler_type up to D = decay_steps (0 = max_steps):
+//  - cosine: min_lr + (lr - min_lr) (1 + cos(pi (s - W) / (D - W))) / 2 (nanoGPT / llm.c);
+//  - linear: min_lr + (lr - min_lr) (1 - (s - W) / (D - W)) (HF get_linear_schedule_with_warmup
+//    with a floor);
+//  - constant_with_warmup: lr (no decay; min_lr and D unused);
+//  - warmup_stable_decay (WSD; Hu et al. 2024, MiniCPM; HF get_wsd_schedule): lr until
+//    S = D - num_decay_steps, then min_lr + (lr - min_lr) f(p), p = (s - S) / num_decay_steps,
+//    f = (1 + cos(pi p)) / 2, 1 - p or 1 - sqrt(p) by decay_type;
+// then min_lr from D on (except constant_with_warmup). A pure function of its arguments.
 double learning_rate(const OptimConfig& optim, int64_t max_steps, int64_t step);
 
 // An optimizer state tensor, named as torch.optim's state_dict names it: AdamW has exp_avg and
