@@ -25,11 +25,13 @@ if ! echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned 
   die "$cxx cannot link -fsanitize=fuzzer,address: the libFuzzer/ASan runtime is missing (Debian: libclang-rt-14-dev for clang 14; tools/install_deps.sh)"
 fi
 
-# The Writer publishes through fsdp::AtomicFile; names are escaped by fsdp::printable.
+# The Writer publishes through fsdp::AtomicFile (its descriptors owned by fsdp::UniqueFd,
+# file_lock.cpp); names are escaped by fsdp::printable.
 sources=("$src/tests/fuzz_safetensors.cpp" "$src/src/checkpoint/safetensors.cpp"
-         "$src/src/core/atomic_file.cpp" "$src/src/core/printable.cpp")
+         "$src/src/core/atomic_file.cpp" "$src/src/core/file_lock.cpp" "$src/src/core/printable.cpp")
 deps=("${sources[@]}" "$src/include/fsdp/checkpoint/safetensors.hpp" "$src/include/fsdp/core/error.hpp"
-      "$src/include/fsdp/core/atomic_file.hpp" "$0")
+      "$src/include/fsdp/core/atomic_file.hpp" "$src/include/fsdp/core/file_lock.hpp"
+      "$src/include/fsdp/core/dtype.hpp" "$0")
 rebuild=0
 [[ -x "$bin" ]] || rebuild=1
 for d in "${deps[@]}"; do [[ "$d" -nt "$bin" ]] && rebuild=1; done

@@ -137,9 +137,8 @@ std::vector<std::string> rope_fields(const ModelArgs<LlamaConfig>& a, LlamaConfi
     const std::string key = a.name(member);
     return key.substr(key.find('.') + 1);
   };
-  std::vector<std::string> out = {"rope_type"};
-  if (t == R::default_) return {};
-  out.push_back(f(&L::rope_factor));
+  if (t == R::default_) return {};  // rope_scaling null
+  std::vector<std::string> out = {"rope_type", f(&L::rope_factor)};
   if (t == R::llama3) {
     for (double L::*m : {&L::rope_low_freq_factor, &L::rope_high_freq_factor}) out.push_back(f(m));
   }
