@@ -41,7 +41,8 @@ TEST(LrSchedule, CosineAndLinearDecayToMinLrAtDecaySteps) {
   const fsdp::OptimConfig lin = schedule(LrSchedulerType::linear);
   for (int s = 5; s <= 11; ++s) {  // (s - 4) / 8 of the way from lr to min_lr
     const double p = (s - 4) / 8.0;
-    EXPECT_DOUBLE_EQ(fsdp::learning_rate(cos, 100, s), 0.1 + 0.9 * 0.5 * (1 + std::cos(kPi * p))) << s;
+    EXPECT_DOUBLE_EQ(fsdp::learning_rate(cos, 100, s), 0.1 + 0.9 * 0.5 * (1 + std::cos(kPi * p)))
+        << s;
     EXPECT_DOUBLE_EQ(fsdp::learning_rate(lin, 100, s), 0.1 + 0.9 * (1 - p)) << s;
   }
   EXPECT_DOUBLE_EQ(fsdp::learning_rate(lin, 100, 8), 0.55);  // half way
@@ -70,7 +71,7 @@ TEST(LrSchedule, WarmupStableDecayHoldsThenDecaysByItsType) {
     for (int s = 5; s <= 8; ++s) EXPECT_EQ(fsdp::learning_rate(o, 100, s), 1.0) << s;
     for (int s = 9; s <= 11; ++s) {
       const double p = (s - 8) / 4.0;
-      const double f = d == DecayType::linear ? 1 - p
+      const double f = d == DecayType::linear           ? 1 - p
                        : d == DecayType::one_minus_sqrt ? 1 - std::sqrt(p)
                                                         : 0.5 * (1 + std::cos(kPi * p));
       EXPECT_DOUBLE_EQ(fsdp::learning_rate(o, 100, s), 0.1 + 0.9 * f) << s;

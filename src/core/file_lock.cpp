@@ -25,7 +25,8 @@ int UniqueFd::close() {
 
 LockFile try_lock_file(const std::string& path, const std::string& key) {
   const std::string name = printable(path);
-  LockFile lock{UniqueFd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644)), false};
+  LockFile lock{UniqueFd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644)),
+                false};
   if (!lock.fd) throw InputError(key + ": cannot create " + name + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(lock.fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
