@@ -13,9 +13,10 @@
 #      is under 20 s or (rounds 2+) under its round-1 time + 5 s ("NOT RUN: out of budget"),
 #      and one cut at the budget is "cut by budget": neither counts as a failure. The tests'
 #      [offload] and cuda_graphs lines are copied into the summary (the first 40)
-#   4. tools/hf_check.py: GPT-2, T5 (2 cases) and Llama (GQA with llama3 RoPE, untied and tied
-#      with biases) merged by fsdp_merge load in transformers and give fsdp_train's validation
-#      loss (<= 1e-5)
+#   4. tools/hf_check.py: GPT-2, T5 (2 cases), Llama (GQA with llama3 RoPE, untied and tied
+#      with biases), Qwen2, Qwen3 (head_dim != hidden / heads; and with YaRN) and Mistral merged
+#      by fsdp_merge load in transformers (AutoModelForCausalLM) and give fsdp_train's validation
+#      loss (<= 1e-5); up to GPU_CHECK_HF_TIMEOUT s (default 200: 9 cases, 5 before)
 #   5. the profiler once on GPT-2 124M (tools/bench_torch_gpu.py's gpt2-124m configuration:
 #      `fsdp_train CONFIG --profile 3:4`) and `tools/profile_summary.py --top 20 --markdown` of its
 #      rank_0 trace: the top-20 kernel table (not run while the tree has no profile_summary.py)
@@ -293,6 +294,7 @@ fi
 write_summary
 
 # Later steps: each runs when its time limit fits in what is left, else is recorded as skipped.
+HF_TIMEOUT=${GPU_CHECK_HF_TIMEOUT:-200}
 post_skip() {  # $1 = summary file, $2 = the step's time limit: true (and a note) when it is skipped
   if [[ "${GPU_CHECK_SKIP_POST:-0}" == 1 ]]; then echo "(skipped: GPU_CHECK_SKIP_POST=1)" >"$1"; return 0; fi
   if (( $(left) < $2 )); then
@@ -308,10 +310,10 @@ post_skip() {  # $1 = summary file, $2 = the step's time limit: true (and a note
 # GPU_CHECK_HF_ONLY (e.g. llama) runs only the cases whose name holds it (hf_check.py --only).
 if [[ "${GPU_CHECK_SKIP_HF:-0}" == 1 ]]; then
   echo "(skipped: GPU_CHECK_SKIP_HF=1)" >"$S_HF"
-elif ! post_skip "$S_HF" 120; then
+elif ! post_skip "$S_HF" "$HF_TIMEOUT"; then
   say "Hugging Face check: tools/hf_check.py"
   mkdir -p "$WORK/logs/hf_check"
-  timeout -k 10 120 python3 "$REPO/tools/hf_check.py" --env "$BUNDLE/env.sh" --work "$WORK/logs/hf_check" \
+  timeout -k 10 "$HF_TIMEOUT" python3 "$REPO/tools/hf_check.py" --env "$BUNDLE/env.sh" --work "$WORK/logs/hf_check" \
     ${GPU_CHECK_HF_ONLY:+--only "$GPU_CHECK_HF_ONLY"} </dev/null >"$S_HF" 2>"$WORK/logs/hf_check.err"
   rc=$?
   find "$WORK/logs/hf_check" -name '*.h5' -delete 2>/dev/null
