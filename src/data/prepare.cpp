@@ -25,6 +25,7 @@
 
 #include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
+#include "fsdp/core/file_lock.hpp"
 #include "fsdp/core/output_lock.hpp"
 #include "fsdp/core/process.hpp"
 #include "fsdp/core/progress.hpp"
@@ -501,26 +502,21 @@ namespace {
 
 // An unnamed temporary file in `dir` holding the token stream as int32 ids, written in order
 // and read back once: O_TMPFILE, so it has no name and nothing is left whatever ends the
-// process; where the file system lacks O_TMPFILE, mkstemp and an unlink at once. The one
-// owner of its descriptor.
+// process; where the file system lacks O_TMPFILE, mkstemp and an unlink at once. Its
+// descriptor is owned by a UniqueFd.
 class TokenSpill {
  public:
   // `out` names the output in errors.
   TokenSpill(const fs::path& dir, const std::string& out) : out_(out) {
     const std::string d = dir.empty() ? std::string(".") : dir.string();
-    fd_ = ::open(d.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-    if (fd_ < 0) {
+    fd_.reset(::open(d.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+    if (!fd_) {
       std::string name = (fs::path(d) / ".fsdp_prepare_tokens.XXXXXX").string();
-      fd_ = ::mkstemp(name.data());
-      if (fd_ >= 0) ::unlink(name.c_str());
+      fd_.reset(::mkstemp(name.data()));
+      if (fd_) ::unlink(name.c_str());
     }
-    if (fd_ < 0) fail("cannot create a temporary file in " + printable(d));
+    if (!fd_) fail("cannot create a temporary file in " + printable(d));
   }
-  ~TokenSpill() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  TokenSpill(const TokenSpill&) = delete;
-  TokenSpill& operator=(const TokenSpill&) = delete;
 
   void append(const int32_t* ids, std::size_t n) {
     buf_.insert(buf_.end(), ids, ids + n);
@@ -532,7 +528,7 @@ class TokenSpill {
     const auto* p = reinterpret_cast<const char*>(buf_.data());
     std::size_t left = buf_.size() * sizeof(int32_t);
     while (left > 0) {
-      const ssize_t w = ::pwrite(fd_, p, left, bytes_);
+      const ssize_t w = ::pwrite(fd_.get(), p, left, bytes_);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) fail("cannot write the token stream's temporary file");
       p += w;
@@ -550,7 +546,7 @@ class TokenSpill {
     std::size_t left = static_cast<std::size_t>(count) * sizeof(int32_t);
     off_t at = static_cast<off_t>(offset) * static_cast<off_t>(sizeof(int32_t));
     while (left > 0) {
-      const ssize_t r = ::pread(fd_, p, left, at);
+      const ssize_t r = ::pread(fd_.get(), p, left, at);
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) fail("cannot read back the token stream's temporary file");
       p += r;
@@ -565,7 +561,7 @@ class TokenSpill {
     throw Error(printable(out_) + ": " + what + " (" + std::strerror(errno) + ")");
   }
   std::string out_;
-  int fd_ = -1;
+  UniqueFd fd_;
   std::vector<int32_t> buf_;
   off_t bytes_ = 0;  // written to the file
 };

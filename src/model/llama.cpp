@@ -130,13 +130,17 @@ const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
 // The rope_scaling fields (config.json's names inside the dict) each rope type reads
 // (transformers' modeling_rope_utils.py): what config.json carries for it; the other fields
 // keep their defaults and are not written.
+// The name of a rope_scaling member inside config.json's dict: "rope_scaling.factor" -> "factor".
+template <class M>
+std::string rope_field(const ModelArgs<LlamaConfig>& a, M member) {
+  const std::string key = a.name(member);
+  return key.substr(key.find('.') + 1);
+}
+
 std::vector<std::string> rope_fields(const ModelArgs<LlamaConfig>& a, LlamaConfig::RopeType t) {
   using L = LlamaConfig;
   using R = L::RopeType;
-  auto f = [&](auto member) {  // "rope_scaling.factor" -> "factor"
-    const std::string key = a.name(member);
-    return key.substr(key.find('.') + 1);
-  };
+  auto f = [&](auto member) { return rope_field(a, member); };
   if (t == R::default_) return {};  // rope_scaling null
   std::vector<std::string> out = {"rope_type", f(&L::rope_factor)};
   if (t == R::llama3) {
@@ -191,6 +195,13 @@ const char* llama_arch_prefix(LlamaArch arch) {
   }
   return "Llama";
 }
+
+namespace {
+// The module class of one decoder layer (the FSDP wrap class): "Qwen3DecoderLayer", ...
+std::string layer_class(LlamaArch arch) {
+  return std::string(llama_arch_prefix(arch)) + "DecoderLayer";
+}
+}  // namespace
 
 int64_t LlamaConfig::attention_window() const {
   switch (arch) {
@@ -271,7 +282,7 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
   modules.push_back(std::move(emb));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string m = "model.layers." + std::to_string(l);
-    ModuleDecl layer{m, prefix + "DecoderLayer", {}};
+    ModuleDecl layer{m, layer_class(c.arch), {}};
     layer.params.resize(static_cast<std::size_t>(x.count));
     auto put = [&](int i, const std::string& name, std::vector<int64_t> shape, InitKind init,
                    bool decay) {
@@ -668,7 +679,7 @@ class LlamaFamily final : public ModelFamily {
   std::string type() const override { return std::string(enum_name(arch_)); }
   std::vector<ModelKey> keys() const override { return args().keys(); }
   std::string hf_config_class() const override { return prefix() + "Config"; }
-  std::vector<std::string> wrap_classes() const override { return {prefix() + "DecoderLayer"}; }
+  std::vector<std::string> wrap_classes() const override { return {layer_class(arch_)}; }
   std::vector<Objective> objectives() const override { return {Objective::causal_lm}; }
   void validate(const Config& c, const KeyFail& fail) const override {
     const LlamaConfig g = LlamaConfig::from(c.model);
@@ -770,8 +781,7 @@ class LlamaFamily final : public ModelFamily {
       nlohmann::json rs = nlohmann::json::object();
       for (const std::string& f : rope_fields(args(), g.rope_type)) rs[f] = out["rope_scaling"][f];
       if (g.rope_attention_factor == 0.0) {
-        const std::string key = args().name(&LlamaConfig::rope_attention_factor);
-        rs.erase(key.substr(key.find('.') + 1));
+        rs.erase(rope_field(args(), &LlamaConfig::rope_attention_factor));
       }
       out["rope_scaling"] = rs;
     }
@@ -818,7 +828,8 @@ class LlamaFamily final : public ModelFamily {
       }
       // transformers 5 requires yarn's original_max_position_embeddings: no default here either.
       const std::string orig = args().name(&LlamaConfig::rope_original_max_position_embeddings);
-      const std::string orig_field = orig.substr(orig.find('.') + 1);
+      const std::string orig_field =
+          rope_field(args(), &LlamaConfig::rope_original_max_position_embeddings);
       if (rs.value("rope_type", std::string()) ==
               enum_name(LlamaConfig::RopeType::yarn) &&
           (!rs.contains(orig_field) || rs[orig_field].is_null())) {

@@ -54,10 +54,9 @@ inline constexpr const char* kMergeLockName = ".fsdp_merge.lock";
 // or, if a previous merge of the same shard count was being replaced, do not load at all:
 // never a mix of the two; config.json is written after the weights).
 // `progress` (optional; fsdp_merge's status line on a terminal): a kItems meter counting
-// tensors, told set_total(tensors, their bytes in the output dtype) once the checkpoint is verified and
-// checked, then update(tensors written, bytes written) after each tensor (bytes of the
-// output dtype); never finish()ed
-// here (the caller owns it).
+// tensors, told set_total(tensors, their bytes in the output dtype) once the checkpoint is
+// verified and checked, then update(tensors written, bytes written) after each tensor (bytes
+// of the output dtype); never finish()ed here (the caller owns it).
 struct MergeOptions {
   // Bytes of tensor data per weight file at most (a tensor larger than this gets a file of
   // its own); save_pretrained's max_shard_size. safetensors::parse_shard_size reads "5GB".

@@ -8,8 +8,9 @@
 // relative to the start of the buffer (byte 8 + N of the file), end exclusive.
 //
 // Writer: F32, BF16 or F16 tensors (each TensorInfo's dtype; the data always arrives as
-// fp32 and is rounded to nearest-even on the way out). Pads the JSON with spaces so N is a multiple of 8 (the buffer starts
-// 8-byte aligned) and lays tensors out contiguously in header order with no gaps. It is
+// fp32 and is rounded to nearest-even on the way out). Pads the JSON with spaces so N is a
+// multiple of 8 (the buffer starts 8-byte aligned) and lays tensors out contiguously in header
+// order with no gaps. It is
 // streaming: it takes the (name, shape) list first, writes the header, then accepts the
 // tensors' data one at a time in that order, so memory stays at one tensor.
 //

@@ -11,8 +11,8 @@
 //
 // The lock is an exclusive flock(2) on a lock file (`output + ".lock"` unless the caller names
 // another) that exists only while it is held: try_lock_file (fsdp/core/file_lock.hpp: open,
-// create, O_NOFOLLOW, flock(LOCK_EX | LOCK_NB)), then check that the name still names the file locked (a holder that was
-// releasing may have unlinked it: then try again).
+// create, O_NOFOLLOW, flock(LOCK_EX | LOCK_NB)), then check that the name still names the
+// file locked (a holder that was releasing may have unlinked it: then try again).
 // Release: unlink the file while still holding the lock, then close it. A process that dies
 // releases the flock with its descriptors and leaves the empty file, which the next writer
 // takes over and removes. flock is advisory and per open file description (two OutputLocks
