@@ -507,6 +507,51 @@ TEST_F(CheckpointTest, DirectoryNamesCommitAndLatest) {
   expect_input_error([&] { find_latest(run); }, {"latest", "step_00000009", "does not exist"});
 }
 
+// checkpoint.save_total_limit: the newest `keep` complete checkpoints up to `latest` stay;
+// nothing else in checkpoints/ is touched, and an interrupted removal's leftover goes.
+TEST_F(CheckpointTest, PruneKeepsTheNewestCheckpointsUpToLatest) {
+  const std::string run = path("run");
+  const fs::path ck = fs::path(run) / "checkpoints";
+  for (int64_t s : {1, 2, 3, 4, 5, 9}) {
+    fs::create_directories(fs::path(step_dir(run, s)) / "sub");
+    std::ofstream(step_dir(run, s) + "/shard_00000-of-00001.h5") << s;
+  }
+  fs::create_directories(tmp_step_dir(run, 3));                        // a crashed save
+  fs::create_directories(ck / "step_00000007.deleting" / "deep");      // an interrupted prune
+  std::ofstream(ck / "step_00000007.deleting" / "deep" / "f") << "x";
+  fs::create_directories(path("elsewhere"));
+  std::ofstream(path("elsewhere") + "/keep") << "x";
+  fs::create_directory_symlink(path("elsewhere"), ck / "step_00000000");  // not ours: kept
+  std::ofstream(ck / "step_00000001x") << "not a step directory";
+  publish_latest(run, 5);
+
+  EXPECT_TRUE(prune_step_dirs(run, 5, 0).removed.empty());  // 0: keep all
+  EXPECT_TRUE(fs::exists(step_dir(run, 1)));
+
+  const PruneResult r = prune_step_dirs(run, 5, 2);
+  EXPECT_EQ(r.removed,
+            (std::vector<std::string>{"step_00000001", "step_00000002", "step_00000003"}));
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  std::set<std::string> left;
+  for (const auto& e : fs::directory_iterator(ck)) left.insert(e.path().filename().string());
+  // step 9 is above `latest` (a rewound latest): not the prune's to judge.
+  EXPECT_EQ(left, (std::set<std::string>{"latest", "step_00000000", "step_00000001x",
+                                         "step_00000003.tmp", "step_00000004", "step_00000005",
+                                         "step_00000009"}));
+  EXPECT_TRUE(fs::exists(path("elsewhere") + "/keep"));
+  EXPECT_EQ(find_latest(run), step_dir(run, 5));
+
+  EXPECT_EQ(prune_step_dirs(run, 5, 1).removed, std::vector<std::string>{"step_00000004"});
+  EXPECT_TRUE(fs::exists(step_dir(run, 5) + "/shard_00000-of-00001.h5"));
+  EXPECT_TRUE(prune_step_dirs(run, 5, 1).removed.empty());  // nothing left to remove
+
+  // No checkpoints directory: one error line naming it, nothing thrown.
+  const PruneResult missing = prune_step_dirs(path("nowhere"), 5, 1);
+  ASSERT_EQ(missing.errors.size(), 1u);
+  EXPECT_NE(missing.errors[0].find("nowhere/checkpoints: cannot list"), std::string::npos)
+      << missing.errors[0];
+}
+
 TEST_F(CheckpointTest, SafetensorsRoundTrip) {
   const std::string file = path("t.safetensors");
   const std::vector<safetensors::TensorInfo> infos{{"b", {2, 3}}, {"a", {5}}, {"scalar", {}}, {"long.name.x", {1, 1, 3}}};
@@ -1632,7 +1677,8 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
                        "fsdp.offload_optimizer", "fsdp.offload_optimizer_ratio",
                        "fsdp.delayed_parameter_update", "fsdp.delayed_parameter_update_warmup_steps",
                        "mesh.shard_size", "comm.backend", "comm.timeout_s", "checkpoint.every",
-                       "checkpoint.async_save", "eval.every", "eval.max_windows", "eval.on_start"}))
+                       "checkpoint.async_save", "checkpoint.save_total_limit", "eval.every",
+                       "eval.max_windows", "eval.on_start"}))
         << type;
   }
 

@@ -913,6 +913,53 @@ void publish_latest(const std::string& run_dir, int64_t step) {
                         step_dir_name(step) + "\n");
 }
 
+PruneResult prune_step_dirs(const std::string& run_dir, int64_t latest_step, int64_t keep) {
+  PruneResult r;
+  if (keep < 1) return r;
+  const fs::path dir = checkpoints_dir(run_dir);
+  static const std::regex step_pat(R"(step_([0-9]{8,18}))");
+  static const std::regex doomed_pat(R"(step_[0-9]{8,18}\.deleting)");
+  std::vector<std::pair<int64_t, std::string>> older;  // complete step dirs before latest_step
+  std::vector<std::string> leftovers;                  // step_N.deleting of an interrupted prune
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::smatch m;
+    std::error_code dec;
+    if (!it->is_directory(dec) || it->is_symlink(dec)) continue;
+    if (std::regex_match(name, m, step_pat)) {
+      const int64_t step = std::stoll(m[1].str());
+      if (step < latest_step) older.emplace_back(step, name);
+    } else if (std::regex_match(name, doomed_pat)) {
+      leftovers.push_back(name);
+    }
+  }
+  if (ec) {
+    r.errors.push_back(dir.string() + ": cannot list: " + ec.message());
+    return r;
+  }
+  auto remove = [&](const fs::path& p) {
+    fs::remove_all(p, ec);
+    if (ec) r.errors.push_back(p.string() + ": cannot remove: " + ec.message());
+  };
+  std::sort(leftovers.begin(), leftovers.end());
+  for (const std::string& name : leftovers) remove(dir / name);
+  std::sort(older.begin(), older.end());
+  const auto excess = static_cast<int64_t>(older.size()) - (keep - 1);
+  for (int64_t i = 0; i < excess; ++i) {
+    const std::string& name = older[static_cast<std::size_t>(i)].second;
+    const fs::path doomed = dir / (name + ".deleting");
+    fs::rename(dir / name, doomed, ec);
+    if (ec) {
+      r.errors.push_back((dir / name).string() + ": cannot rename: " + ec.message());
+      continue;
+    }
+    r.removed.push_back(name);
+    remove(doomed);
+  }
+  return r;
+}
+
 std::optional<std::string> find_latest(const std::string& run_dir) {
   const fs::path dir = checkpoints_dir(run_dir);
   const std::string path = (dir / "latest").string();

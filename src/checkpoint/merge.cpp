@@ -47,7 +47,8 @@ bool within(const fs::path& p, const fs::path& base) {
 // (named "checkpoints", holding `latest` or a step_<digits> directory) or a step directory
 // (holding shard_<i>-of-<n>.h5 files).
 std::string checkpoint_role(const fs::path& dir) {
-  static const std::regex shard(R"(shard_\d{5,}-of-\d{5,}\.h5)"), step(R"(step_\d{8,}(\.tmp|\.old)?)");
+  static const std::regex shard(R"(shard_\d{5,}-of-\d{5,}\.h5)");
+  static const std::regex step(R"(step_\d{8,}(\.tmp|\.old|\.deleting)?)");
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return "";
   const bool named = dir.filename() == "checkpoints";

@@ -261,6 +261,9 @@ void visit_keys(C& c, F&& f) {
   f("checkpoint", "async_save", c.checkpoint.async_save,
     {kMayChange, kAny, "torch.distributed.checkpoint.async_save",
      "Write periodic checkpoints from a background thread while training goes on."});
+  f("checkpoint", "save_total_limit", c.checkpoint.save_total_limit,
+    {kMayChange, at_least(0), "HF TrainingArguments.save_total_limit",
+     "Checkpoints kept in `run_dir/checkpoints/`; the oldest beyond it are removed."});
   f("eval", "every", c.eval.every,
     {kMayChange, at_least(0), "HF TrainingArguments.eval_steps",
      "Steps between validation passes (mean loss over the validation split)."});

@@ -72,13 +72,25 @@ struct DiscardUnlessCommitted {
   }
 };
 
-// Rank 0 renames step_N.tmp to step_N and points `latest` at it (guarded).
+// Rank 0 renames step_N.tmp to step_N and points `latest` at it (guarded), then, with
+// checkpoint.save_total_limit, removes the oldest checkpoints beyond it. A removal that fails
+// is a warning line: the new checkpoint is committed and the run goes on.
 void commit_save(Job& job, int64_t step, const std::string& tmp) {
   collective_guard(job.host, [&] {
     if (!job.rank0()) return;
     ckpt::commit_step_dir(tmp, ckpt::step_dir(job.cfg.train.run_dir, step));
     ckpt::publish_latest(job.cfg.train.run_dir, step);
   });
+  const int64_t limit = job.cfg.checkpoint.save_total_limit;
+  if (!job.rank0() || limit == 0) return;
+  const ckpt::PruneResult pruned = ckpt::prune_step_dirs(job.cfg.train.run_dir, step, limit);
+  for (const std::string& name : pruned.removed) {
+    job.log("checkpoint: removed " + name + " (checkpoint.save_total_limit = " +
+            std::to_string(limit) + ")");
+  }
+  for (const std::string& e : pruned.errors) {
+    write_line(2, "warning: checkpoint.save_total_limit: " + e);
+  }
 }
 
 // Finishes the async save in flight: every rank joins its writer (blocks until its file is

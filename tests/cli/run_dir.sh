@@ -32,6 +32,10 @@
 #   run refuses) resumes from it like --resume ("resumed from step 2"), appends to
 #   metrics.jsonl and writes step_00000004 (written `--resume auto`, the spaced form);
 #   --resume=maybe is a command-line error.
+# CASE save_total_limit: checkpoint.save_total_limit = 2 with a save every step (async saves)
+#   leaves the two newest checkpoints, logging each removal; a --resume with limit 3 (sync
+#   saves) keeps three, removes an interrupted removal's leftover step_N.deleting and leaves
+#   a step directory above `latest` (a rewound latest) alone.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -48,6 +52,32 @@ case "$CASE" in
     if [ "$before" != "$after" ]; then
       fail "the refused run changed $WORK/run:"$'\n'"$(diff <(echo "$before") <(echo "$after"))"
     fi
+    ;;
+  save_total_limit)
+    tiny_config tiny.toml
+    ck=$WORK/run/checkpoints
+    run_train tiny.toml --set train.max_steps=4 --set optim.decay_steps=6 --set checkpoint.every=1 \
+      --set checkpoint.async_save=true --set checkpoint.save_total_limit=2
+    expect_rc 0
+    left=$(cd "$ck" 2>/dev/null && ls | tr '\n' ' ')
+    if [ "$left" != "latest step_00000003 step_00000004 " ]; then fail "checkpoints/ holds '$left'"; fi
+    for s in 1 2; do
+      if ! grep -qx "checkpoint: removed step_0000000$s (checkpoint.save_total_limit = 2)" "$OUT"; then
+        fail "no removal line for step $s"
+      fi
+    done
+    mkdir -p "$ck/step_00000002.deleting/x" && echo partial >"$ck/step_00000002.deleting/x/f"
+    mkdir -p "$ck/step_00000009" && echo rewound >"$ck/step_00000009/f"
+    run_train tiny.toml --set train.max_steps=6 --set optim.decay_steps=6 --set checkpoint.every=1 \
+      --set checkpoint.save_total_limit=3 --resume
+    expect_rc 0
+    if ! grep -q "resumed from step 4" "$OUT"; then fail "no 'resumed from step 4' line"; fi
+    left=$(cd "$ck" 2>/dev/null && ls | tr '\n' ' ')
+    if [ "$left" != "latest step_00000004 step_00000005 step_00000006 step_00000009 " ]; then
+      fail "checkpoints/ holds '$left' after the resumed run"
+    fi
+    if [ "$(tr -d '[:space:]' <"$ck/latest")" != step_00000006 ]; then fail "latest is not step 6"; fi
+    if [ -s "$ERR" ] && grep -q warning "$ERR"; then fail "warnings: $(cat "$ERR")"; fi
     ;;
   resume_auto_fresh)
     tiny_config tiny.toml

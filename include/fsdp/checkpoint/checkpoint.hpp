@@ -322,6 +322,21 @@ void commit_step_dir(const std::string& tmp, const std::string& final_dir);
 // (write_file_atomically: temp file, fsync, rename, directory fsync). Throws fsdp::Error
 // naming checkpoints/latest and strerror; the previous `latest` is then unchanged.
 void publish_latest(const std::string& run_dir, int64_t step);
+// checkpoint.save_total_limit (HF TrainingArguments.save_total_limit, torchtitan's
+// checkpoint.keep_latest_k): keeps the `keep` newest checkpoints, the one of `latest_step`
+// (the step `latest` names, already published) counted; removes the other complete step
+// directories of lower steps, oldest first. Step directories above `latest_step` (left by a
+// `latest` rewound by hand) and `.tmp` / `.old` directories are not touched. Each removal is
+// rename(step_N -> step_N.deleting), then a recursive delete, so an interrupted one leaves
+// no directory that looks complete; leftover `step_N.deleting` directories are removed too.
+// Never throws: what could not be renamed or removed is returned, one line per path
+// (strerror), and the caller warns (a checkpoint that stays is not worth the run).
+// keep < 1: nothing is done.
+struct PruneResult {
+  std::vector<std::string> removed;  // step directory names, oldest first ("step_00000100")
+  std::vector<std::string> errors;   // "PATH: cannot remove: Permission denied"
+};
+PruneResult prune_step_dirs(const std::string& run_dir, int64_t latest_step, int64_t keep);
 // The step directory named by run_dir/checkpoints/latest, as a path; nullopt if there is
 // no `latest` file. InputError naming `latest` if it is empty, longer than 4 KiB, not of the
 // form step_<8 or more digits> (the content is quoted escaped, \xNN, and cut to 64 bytes:

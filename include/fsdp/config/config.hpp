@@ -432,6 +432,9 @@ struct CheckpointConfig {
   // the commit waits until every rank's write finished (docs/checkpoint.md). torch DCP's
   // async_save. The final save and the save on a stop signal are synchronous.
   bool async_save = false;
+  // Checkpoints kept in run_dir/checkpoints: after each commit the oldest beyond this many are
+  // removed (ckpt::prune_step_dirs); 0 = all. HF TrainingArguments.save_total_limit.
+  int64_t save_total_limit = 0;
   friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
 };
 
