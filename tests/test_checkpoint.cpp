@@ -1666,6 +1666,7 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
                        "model.init_from", "model.pad_vocab_multiple",
                        "model.fused_linear_cross_entropy",
                        "model.fused_linear_cross_entropy_chunk_rows", "data.path",
+                       "data.paths", "data.weights",
                        "train.micro_batch_size", "train.max_steps", "train.run_dir",
                        "train.log_every", "train.num_threads", "train.device", "train.cuda_graphs",
                        "train.skip_nonfinite", "train.check_memory", "train.peak_flops",

@@ -39,13 +39,13 @@ endfunction()
 fsdp_cli_tests(bad_input cli_bad_input 2
   malformed_toml unknown_key unknown_key_set unknown_section wrong_type out_of_range_set
   negative_peak_flops pad_vocab_multiple
-  bad_set_syntax missing_config no_config_argument unknown_option missing_data_path
+  bad_set_syntax missing_config no_config_argument unknown_option mixture_errors missing_data_path
   missing_data_file not_hdf5_file truncated_hdf5 missing_val_dataset vocab_mismatch seq_len_too_long
   seq_len_longer_than_data sliding_window_short key_of_another_class unknown_strategy unknown_dtype micro_batch_not_dividing n_embd_not_divisible batch_not_divisible
   shard_size_not_dividing shard_size_not_dividing_full_shard world_size_without_dry_run
   world_size_not_divisible
   resume_without_checkpoint init_from_missing_dir init_from_wrong_shape)
-fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixed_precision dry_run dry_run_world_size t5_dry_run
+fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixture mixed_precision dry_run dry_run_world_size t5_dry_run
   threads_bound_by_mpirun help version list_keys input_headers)
 fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused stale_lock_taken_over
   refuse_step_dirs_without_latest refuse_metrics_only checkpoints_unwritable_at_start

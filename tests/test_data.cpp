@@ -396,6 +396,82 @@ TEST(Sampler, RejectsBadBatchSizes) {
   EXPECT_EQ(fsdp::data::num_samples_of(1024, 128), 7);
 }
 
+// A data mixture (data.paths): Megatron's blending rule, checked against a direct
+// transcription of it; every part's draws within one of weight x positions at every step;
+// each part runs through its own permuted epochs; the global batch independent of the world
+// size; a query of an earlier step (a resumed run) gives what the first pass gave.
+TEST(Sampler, MixtureDrawsEachPartByWeightThroughItsOwnEpochs) {
+  const std::vector<int64_t> parts = {7, 40, 3};
+  const std::vector<double> weights = {0.5, 0.3, 0.2};
+  const std::vector<int64_t> offsets = {0, 7, 47};
+  const int64_t G = 4;
+  fsdp::data::DistributedSampler s(parts, weights, G, 0, 1, 11);
+  EXPECT_EQ(s.num_samples(), 50);
+  EXPECT_EQ(s.steps_per_epoch(), 12);
+  // The rule, written out: position j goes to argmax_d w_d (j + 1) - c_d, lowest d on ties.
+  std::vector<int64_t> c(3, 0);
+  std::vector<std::vector<int64_t>> seen(3);  // each part's local samples, in draw order
+  for (int64_t step = 0; step < 80; ++step) {
+    const auto batch = s.global_indices(step);
+    ASSERT_EQ(static_cast<int64_t>(batch.size()), G);
+    for (int64_t k = 0; k < G; ++k) {
+      const int64_t j = step * G + k;
+      int best = 0;
+      for (int d = 1; d < 3; ++d) {
+        if (weights[d] * (j + 1) - c[d] > weights[best] * (j + 1) - c[best]) best = d;
+      }
+      ++c[best];
+      const int64_t i = batch[static_cast<std::size_t>(k)];
+      ASSERT_GE(i, offsets[best]) << "position " << j;
+      ASSERT_LT(i, offsets[best] + parts[best]) << "position " << j;
+      seen[best].push_back(i - offsets[best]);
+    }
+    for (int d = 0; d < 3; ++d) {
+      EXPECT_LE(std::abs(static_cast<double>(c[d]) - weights[d] * (step + 1) * G), 1.0)
+          << "part " << d << " after step " << step;
+    }
+  }
+  EXPECT_EQ(s.part_draws(320), c);
+  // Each part's draws: whole epochs are permutations of its samples, and epochs differ.
+  for (int d = 0; d < 3; ++d) {
+    const int64_t n = parts[d];
+    std::vector<int64_t> ident(static_cast<std::size_t>(n));
+    std::iota(ident.begin(), ident.end(), int64_t{0});
+    ASSERT_GE(static_cast<int64_t>(seen[d].size()), 2 * n) << "part " << d;
+    std::vector<int64_t> e0(seen[d].begin(), seen[d].begin() + n),
+        e1(seen[d].begin() + n, seen[d].begin() + 2 * n);
+    if (n > 3) EXPECT_NE(e0, e1) << "part " << d;
+    std::sort(e0.begin(), e0.end());
+    std::sort(e1.begin(), e1.end());
+    EXPECT_EQ(e0, ident) << "part " << d;
+    EXPECT_EQ(e1, ident) << "part " << d;
+  }
+  // World-size independent, and an earlier step (a resumed run replays) gives the same batch.
+  fsdp::data::DistributedSampler fresh(parts, weights, G, 0, 1, 11);
+  for (int64_t step : {37, 3, 59, 0}) {
+    const auto global = fresh.global_indices(step);
+    EXPECT_EQ(s.global_indices(step), global) << "step " << step;
+    std::vector<int64_t> uni;
+    for (int r = 0; r < 2; ++r) {
+      const auto mine =
+          fsdp::data::DistributedSampler(parts, weights, G, r, 2, 11).sample_indices(step);
+      uni.insert(uni.end(), mine.begin(), mine.end());
+    }
+    EXPECT_EQ(uni, global) << "step " << step;
+  }
+  // No weights: the parts' sizes. Another seed, another order within the parts.
+  fsdp::data::DistributedSampler natural(parts, {}, G, 0, 1, 11);
+  EXPECT_EQ(natural.part_draws(50), parts);
+  EXPECT_NE(fsdp::data::DistributedSampler(parts, weights, G, 0, 1, 12).global_indices(0),
+            s.global_indices(0));
+  // Weights of any scale; a part smaller than the batch is fine (it repeats).
+  EXPECT_EQ(fsdp::data::DistributedSampler(parts, {5, 3, 2}, G, 0, 1, 11).global_indices(9),
+            s.global_indices(9));
+  expect_error([&] { fsdp::data::DistributedSampler(parts, weights, 6, 0, 4, 1); }, 2,
+               {"train.global_batch_size"});
+  expect_error([&] { fsdp::data::DistributedSampler({3, 0}, {}, 2, 0, 1, 1); }, 1, {"part 1"});
+}
+
 // ---------------------------------------------------------------- batches and validation
 
 TEST(Batch, ShiftedWindowsOfSamples) {
@@ -524,6 +600,62 @@ TEST(Samples, CausalLmEqualsLoadBatch) {
   const fsdp::data::SyntheticTokens vref(64 * 8 + 1, 1000, 100);
   EXPECT_EQ(sv->num_samples(), 64);
   EXPECT_EQ(sv->load({63}).inputs, fsdp::data::load_batch(vref, {63}, 8).inputs);
+}
+
+// data.paths: each file's samples one after the other, its rows what it loads alone; each
+// file's val split capped on its own; a file's error names data.paths[d].
+TEST(Samples, MixtureConcatenatesTheFilesSamples) {
+  TempDir dir("mixture");
+  write_text(dir.path() / "a.txt", std::string(700, 'a') + "the quick brown fox");
+  write_text(dir.path() / "b.txt", std::string(1500, 'b') + "jumps over the lazy dog");
+  fsdp::data::prepare_byte_dataset({dir.file("a.txt")}, dir.file("a.h5"), 0.25);
+  fsdp::data::prepare_byte_dataset({dir.file("b.txt")}, dir.file("b.h5"), 0.25);
+  auto c = data_config(fsdp::Objective::causal_lm, "");
+  c.data.source = fsdp::DataSource::hdf5;
+  c.data.paths = {dir.file("a.h5"), dir.file("b.h5")};
+  c.data.seq_len = 16;
+  c.eval.max_windows = 3;
+  auto one = [&](const std::string& path, fsdp::data::Split split) {
+    auto o = c;
+    o.data.paths.clear();
+    o.data.path = path;
+    return fsdp::data::open_samples(o, split, 256);
+  };
+  const auto a = one(dir.file("a.h5"), fsdp::data::Split::train);
+  const auto b = one(dir.file("b.h5"), fsdp::data::Split::train);
+  const auto mix = fsdp::data::open_samples(c, fsdp::data::Split::train, 256);
+  const int64_t na = a->num_samples(), nb = b->num_samples();
+  EXPECT_EQ(mix->part_samples(), (std::vector<int64_t>{na, nb}));
+  EXPECT_EQ(mix->num_samples(), na + nb);
+  EXPECT_EQ(mix->num_tokens(), a->num_tokens() + b->num_tokens());
+  EXPECT_EQ(mix->fixed_targets_per_sample(), 16);
+  const auto rows = mix->load({na + 2, 1, na + nb - 1, 0, na});
+  const auto ra = a->load({1, 0}), rb = b->load({2, nb - 1, 0});
+  EXPECT_EQ(in_row(rows, 0), in_row(rb, 0));
+  EXPECT_EQ(in_row(rows, 1), in_row(ra, 0));
+  EXPECT_EQ(in_row(rows, 2), in_row(rb, 1));
+  EXPECT_EQ(in_row(rows, 3), in_row(ra, 1));
+  EXPECT_EQ(in_row(rows, 4), in_row(rb, 2));
+  EXPECT_EQ(tgt_row(rows, 1), tgt_row(ra, 0));
+  expect_error([&] { mix->load({na + nb}); }, 1, {"sample"});
+  const auto val = fsdp::data::open_samples(c, fsdp::data::Split::val, 256);
+  EXPECT_EQ(val->num_samples(), one(dir.file("a.h5"), fsdp::data::Split::val)->num_samples() +
+                                    one(dir.file("b.h5"), fsdp::data::Split::val)->num_samples());
+  EXPECT_EQ(val->num_samples(), 6);  // eval.max_windows = 3 per file
+  // Errors name the file's place in data.paths.
+  c.data.paths = {dir.file("a.h5"), dir.file("missing.h5")};
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 256); }, 2,
+               {"data.paths[1]", "missing.h5"});
+  c.data.paths = {dir.file("b.h5"), dir.file("a.h5")};
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 50); }, 2,
+               {"data.paths[0]: ", "b.h5", "vocab"});
+  c.data.seq_len = 1000;  // a.h5 holds fewer tokens: TokenDataset's own check
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 256); }, 2,
+               {"data.paths[1]: data.seq_len: 1000", "a.h5"});
+  c.data.objective = fsdp::Objective::span_corruption;  // tokens / L samples: none in a.h5
+  c.data.seq_len = 600;
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 1000); }, 2,
+               {"data.paths[1]: data.seq_len: 600", "a.h5"});
 }
 
 namespace {

@@ -109,6 +109,12 @@ void visit_keys(C& c, F&& f) {
     {kMayChange, at_least(0), "", "Rows (tokens) per chunk of `fused_linear_cross_entropy`."});
   f("data", "source", c.data.source, {kFixed, kAny, "", "Where tokens come from."});
   f("data", "path", c.data.path, {kMayChange, kAny, "", "HDF5 token file (see docs/data.md)."});
+  f("data", "paths", c.data.paths,
+    {kMayChange, kAny, "Megatron-LM --data-path",
+     "HDF5 token files of a data mixture, sampled by `weights` (docs/data.md \"Data mixtures\")."});
+  f("data", "weights", c.data.weights,
+    {kMayChange, kAny, "Megatron-LM --data-path weights",
+     "Sampling weight of each file of `paths`, in order."});
   f("data", "objective", c.data.objective, {kFixed, kAny, "", "What a sample is (docs/data.md)."});
   f("data", "seq_len", c.data.seq_len,
     {kFixed, at_least(1), "HF run_clm.py --block_size", "Sample length in tokens."});
@@ -552,6 +558,24 @@ void convert(const toml::node& node, const std::string& origin, const std::strin
       out.push_back(i->get());
     }
     field = std::move(out);
+  } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+    const auto* a = node.as_array();
+    if (!a) throw wrong("an array of numbers");
+    std::vector<double> out;
+    for (const auto& e : *a) {
+      const auto v = e.value<double>();  // a float, or an integer read as one
+      if (!v || e.is_boolean()) {
+        const std::string t = type_name(e.type());
+        throw InputError(origin + ": " + key + ": expected an array of numbers, got " +
+                         (t.find_first_of("aeiou") == 0 ? "an " : "a ") + t + " element");
+      }
+      if (!std::isfinite(*v)) {
+        throw InputError(origin + ": " + key + ": expected finite numbers, got " +
+                         (std::isnan(*v) ? "nan" : "inf"));
+      }
+      out.push_back(*v);
+    }
+    field = std::move(out);
   } else if constexpr (kIsConfigEnum<T>) {
     // An enum (ShardingStrategy, AutoWrapPolicy, BackwardPrefetch, DataSource, Objective,
     // OptimizerKind, DType, ...): a string spelled exactly as one of ConfigValues<T>.
@@ -619,7 +643,34 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
 
   // What a range cannot say: keys required or related to others. (The enum keys were
   // checked on conversion.)
-  if (c.data.source == DataSource::hdf5 && c.data.path.empty()) {
+  if (!c.data.paths.empty()) {
+    if (c.data.source != DataSource::hdf5) {
+      throw fail("data.paths", std::string("needs data.source = \"hdf5\" (got \"") +
+                                   to_string(c.data.source) + "\")");
+    }
+    if (!c.data.path.empty()) {
+      throw fail("data.paths", "give data.path (one file) or data.paths (a mixture), not both");
+    }
+    for (std::size_t i = 0; i < c.data.paths.size(); ++i) {
+      if (c.data.paths[i].empty()) {
+        throw fail("data.paths", "element " + std::to_string(i) + " is an empty path");
+      }
+    }
+  }
+  if (!c.data.weights.empty()) {
+    if (c.data.weights.size() != c.data.paths.size()) {
+      throw fail("data.weights", std::to_string(c.data.weights.size()) + " weights for " +
+                                     std::to_string(c.data.paths.size()) +
+                                     " data.paths (expected one weight per file, or none)");
+    }
+    for (std::size_t i = 0; i < c.data.weights.size(); ++i) {
+      if (!(c.data.weights[i] > 0)) {
+        throw fail("data.weights", "element " + std::to_string(i) + " is " +
+                                       num(c.data.weights[i]) + " (expected > 0)");
+      }
+    }
+  }
+  if (c.data.source == DataSource::hdf5 && c.data.path.empty() && c.data.paths.empty()) {
     throw fail("data.path", "required (path to an HDF5 token file, see docs/data.md)");
   }
   if (c.train.run_dir.empty()) throw fail("train.run_dir", "must not be empty");
@@ -726,6 +777,11 @@ std::string toml_value(E v) {
 std::string toml_value(const std::vector<int64_t>& v) {
   std::vector<std::string> items;
   for (int64_t i : v) items.push_back(std::to_string(i));
+  return "[" + join(items) + "]";
+}
+std::string toml_value(const std::vector<double>& v) {
+  std::vector<std::string> items;
+  for (double d : v) items.push_back(toml_value(d));
   return "[" + join(items) + "]";
 }
 std::string toml_value(const std::vector<std::string>& v) {
@@ -958,6 +1014,7 @@ std::string type_text() {
   else if constexpr (std::is_same_v<T, std::string>) return "string";
   else if constexpr (std::is_same_v<T, std::vector<std::string>>) return "array of strings";
   else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "array of integers";
+  else if constexpr (std::is_same_v<T, std::vector<double>>) return "array of floats";
   else if constexpr (kIsConfigEnum<T>) return "one of " + join(config_names<T>());
   else static_assert(!sizeof(T), "type_text: a field type the key table does not describe");
 }

@@ -15,9 +15,10 @@ int64_t num_samples_of(int64_t num_tokens, int64_t seq_len) {
   return num_tokens < 1 ? 0 : (num_tokens - 1) / seq_len;
 }
 
-DistributedSampler::DistributedSampler(int64_t num_samples, int64_t global_batch, int dp_rank, int dp_size,
-                                       uint64_t seed)
-    : num_samples_(num_samples), global_batch_(global_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
+namespace {
+
+// The checks of both constructors on the batch and the data-parallel split.
+void check_batch_split(int64_t global_batch, int dp_rank, int dp_size) {
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
     throw Error("DistributedSampler: data-parallel rank " + std::to_string(dp_rank) + " of " +
                 std::to_string(dp_size) + " (expected 0 <= rank < size)");
@@ -30,6 +31,27 @@ DistributedSampler::DistributedSampler(int64_t num_samples, int64_t global_batch
                      " is not a multiple of the data-parallel world size " + std::to_string(dp_size) +
                      " (expected global_batch_size % data-parallel ranks == 0)");
   }
+}
+
+// [0, n) shuffled by Fisher-Yates (Durstenfeld): step i swaps with
+// rng::below(i + 1, seed, stream, counter = i).
+std::vector<int64_t> shuffled(int64_t n, uint64_t seed, uint64_t stream) {
+  std::vector<int64_t> p(static_cast<std::size_t>(n));
+  std::iota(p.begin(), p.end(), int64_t{0});
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(
+        rng::below(static_cast<uint64_t>(i + 1), seed, stream, static_cast<uint64_t>(i)));
+    std::swap(p[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(j)]);
+  }
+  return p;
+}
+
+}  // namespace
+
+DistributedSampler::DistributedSampler(int64_t num_samples, int64_t global_batch, int dp_rank, int dp_size,
+                                       uint64_t seed)
+    : num_samples_(num_samples), global_batch_(global_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
+  check_batch_split(global_batch, dp_rank, dp_size);
   if (num_samples < global_batch) {
     throw InputError("train.global_batch_size: " + std::to_string(global_batch) + " exceeds the " +
                      std::to_string(num_samples) +
@@ -38,15 +60,84 @@ DistributedSampler::DistributedSampler(int64_t num_samples, int64_t global_batch
   }
 }
 
-std::vector<int64_t> DistributedSampler::epoch_permutation(int64_t epoch) const {
-  std::vector<int64_t> p(static_cast<std::size_t>(num_samples_));
-  std::iota(p.begin(), p.end(), int64_t{0});
-  const uint64_t stream = rng::mix64(rng::key_of("data.sampler.epoch") ^ static_cast<uint64_t>(epoch));
-  for (int64_t i = num_samples_ - 1; i > 0; --i) {  // Fisher-Yates (Durstenfeld)
-    const auto j = static_cast<int64_t>(rng::below(static_cast<uint64_t>(i + 1), seed_, stream, static_cast<uint64_t>(i)));
-    std::swap(p[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(j)]);
+DistributedSampler::DistributedSampler(std::vector<int64_t> part_samples,
+                                       std::vector<double> weights, int64_t global_batch,
+                                       int dp_rank, int dp_size, uint64_t seed)
+    : num_samples_(0), global_batch_(global_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
+  check_batch_split(global_batch, dp_rank, dp_size);
+  if (part_samples.empty()) throw Error("DistributedSampler: a mixture of no parts");
+  if (weights.empty()) weights.assign(part_samples.begin(), part_samples.end());
+  if (weights.size() != part_samples.size()) {
+    throw Error("DistributedSampler: " + std::to_string(weights.size()) + " weights for " +
+                std::to_string(part_samples.size()) + " parts");
   }
-  return p;
+  double total = 0;
+  for (std::size_t d = 0; d < part_samples.size(); ++d) {
+    if (part_samples[d] < 1 || !(weights[d] > 0)) {
+      throw Error("DistributedSampler: part " + std::to_string(d) + " has " +
+                  std::to_string(part_samples[d]) + " samples and weight " +
+                  std::to_string(weights[d]) + " (expected >= 1 and > 0)");
+    }
+    part_offsets_.push_back(num_samples_);
+    num_samples_ += part_samples[d];
+    total += weights[d];
+  }
+  for (double w : weights) part_weights_.push_back(w / total);
+  part_samples_ = std::move(part_samples);
+  blend_draws_.assign(part_samples_.size(), 0);
+  part_epoch_.assign(part_samples_.size(), -1);
+  part_perm_.resize(part_samples_.size());
+}
+
+std::vector<int64_t> DistributedSampler::epoch_permutation(int64_t epoch) const {
+  return shuffled(num_samples_, seed_,
+                  rng::mix64(rng::key_of("data.sampler.epoch") ^ static_cast<uint64_t>(epoch)));
+}
+
+int64_t DistributedSampler::draw_part() const {
+  std::size_t best = 0;
+  double best_gap = 0;
+  for (std::size_t d = 0; d < part_weights_.size(); ++d) {
+    const double gap = part_weights_[d] * static_cast<double>(blend_pos_ + 1) -
+                       static_cast<double>(blend_draws_[d]);
+    if (d == 0 || gap > best_gap) {
+      best = d;
+      best_gap = gap;
+    }
+  }
+  return static_cast<int64_t>(best);
+}
+
+void DistributedSampler::advance_blend(int64_t position) const {
+  if (position < blend_pos_) {
+    blend_pos_ = 0;
+    std::fill(blend_draws_.begin(), blend_draws_.end(), 0);
+  }
+  for (; blend_pos_ < position; ++blend_pos_) ++blend_draws_[static_cast<std::size_t>(draw_part())];
+}
+
+std::vector<int64_t> DistributedSampler::part_draws(int64_t positions) const {
+  if (part_samples_.empty()) throw Error("DistributedSampler::part_draws: not a mixture");
+  advance_blend(positions);
+  return blend_draws_;
+}
+
+std::vector<int64_t> DistributedSampler::blended_indices(int64_t step) const {
+  advance_blend(step * global_batch_);
+  std::vector<int64_t> out;
+  out.reserve(static_cast<std::size_t>(global_batch_));
+  for (int64_t k = 0; k < global_batch_; ++k, ++blend_pos_) {
+    const auto d = static_cast<std::size_t>(draw_part());
+    const int64_t c = blend_draws_[d]++;
+    const int64_t n = part_samples_[d], epoch = c / n;
+    if (part_epoch_[d] != epoch) {
+      const uint64_t part = rng::mix64(rng::key_of("data.mixture.part") ^ static_cast<uint64_t>(d));
+      part_perm_[d] = shuffled(n, seed_, rng::mix64(part ^ static_cast<uint64_t>(epoch)));
+      part_epoch_[d] = epoch;
+    }
+    out.push_back(part_offsets_[d] + part_perm_[d][static_cast<std::size_t>(c % n)]);
+  }
+  return out;
 }
 
 const std::vector<int64_t>& DistributedSampler::permutation(int64_t epoch) const {
@@ -59,6 +150,7 @@ const std::vector<int64_t>& DistributedSampler::permutation(int64_t epoch) const
 
 std::vector<int64_t> DistributedSampler::global_indices(int64_t step) const {
   if (step < 0) throw Error("DistributedSampler: negative step " + std::to_string(step));
+  if (!part_samples_.empty()) return blended_indices(step);
   const auto& p = permutation(epoch_of(step));
   const auto begin = p.begin() + position_in_epoch(step) * global_batch_;
   return std::vector<int64_t>(begin, begin + global_batch_);
@@ -66,6 +158,11 @@ std::vector<int64_t> DistributedSampler::global_indices(int64_t step) const {
 
 std::vector<int64_t> DistributedSampler::sample_indices(int64_t step) const {
   if (step < 0) throw Error("DistributedSampler: negative step " + std::to_string(step));
+  if (!part_samples_.empty()) {
+    const std::vector<int64_t> all = blended_indices(step);
+    const auto begin = all.begin() + dp_rank_ * local_batch();
+    return std::vector<int64_t>(begin, begin + local_batch());
+  }
   const auto& p = permutation(epoch_of(step));
   const auto begin = p.begin() + position_in_epoch(step) * global_batch_ + dp_rank_ * local_batch();
   return std::vector<int64_t>(begin, begin + local_batch());

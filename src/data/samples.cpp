@@ -327,6 +327,85 @@ std::unique_ptr<SampleSource> open_seq2seq(const Config& c, Split split, int64_t
                                           c.data.max_target_len);
 }
 
+// ---------------------------------------------------------------- data mixtures
+
+// The samples of several files one after the other: part d owns indices offset_d + [0, n_d)
+// (the order DistributedSampler's mixture mode indexes). A load reads each part's rows in
+// one call and puts them back in the order asked.
+class ConcatSamples final : public SampleSource {
+ public:
+  explicit ConcatSamples(std::vector<std::unique_ptr<SampleSource>> parts)
+      : parts_(std::move(parts)) {
+    for (const auto& p : parts_) {
+      offsets_.push_back(n_);
+      n_ += p->num_samples();
+    }
+  }
+  int64_t num_samples() const override { return n_; }
+  int64_t num_tokens() const override {
+    int64_t t = 0;
+    for (const auto& p : parts_) t += p->num_tokens();
+    return t;
+  }
+  BatchShape shape() const override { return parts_.front()->shape(); }
+  int64_t fixed_targets_per_sample() const override {
+    return parts_.front()->fixed_targets_per_sample();
+  }
+  int64_t num_truncated() const override {
+    int64_t t = 0;
+    for (const auto& p : parts_) t += p->num_truncated();
+    return t;
+  }
+  std::vector<int64_t> part_samples() const override {
+    std::vector<int64_t> n;
+    for (const auto& p : parts_) n.push_back(p->num_samples());
+    return n;
+  }
+  Batch load(const std::vector<int64_t>& indices) const override {
+    const BatchShape sh = shape();
+    Batch b;
+    b.B = static_cast<int64_t>(indices.size());
+    b.L = sh.L;
+    b.target_len = sh.target_len;
+    b.inputs.resize(static_cast<std::size_t>(b.B * b.L));
+    b.targets.resize(static_cast<std::size_t>(b.B * b.target_len));
+    for (std::size_t d = 0; d < parts_.size(); ++d) {
+      std::vector<int64_t> local, rows;  // part d's sample indices and their rows in b
+      for (std::size_t r = 0; r < indices.size(); ++r) {
+        const int64_t i = indices[r];
+        check_index("data.paths", i, n_);
+        if (i >= offsets_[d] && i - offsets_[d] < parts_[d]->num_samples()) {
+          local.push_back(i - offsets_[d]);
+          rows.push_back(static_cast<int64_t>(r));
+        }
+      }
+      if (local.empty()) continue;
+      const Batch part = parts_[d]->load(local);
+      for (std::size_t k = 0; k < rows.size(); ++k) {
+        std::copy_n(part.inputs.begin() + static_cast<std::ptrdiff_t>(k) * b.L, b.L,
+                    b.inputs.begin() + rows[k] * b.L);
+        std::copy_n(part.targets.begin() + static_cast<std::ptrdiff_t>(k) * b.target_len,
+                    b.target_len, b.targets.begin() + rows[k] * b.target_len);
+      }
+    }
+    return b;
+  }
+
+ private:
+  std::vector<std::unique_ptr<SampleSource>> parts_;
+  std::vector<int64_t> offsets_;
+  int64_t n_ = 0;
+};
+
+std::unique_ptr<SampleSource> open_one(const Config& config, Split split, int64_t vocab_size) {
+  switch (config.data.objective) {
+    case Objective::causal_lm: return open_causal_lm(config, split, vocab_size);
+    case Objective::seq2seq: return open_seq2seq(config, split, vocab_size);
+    case Objective::span_corruption: return open_span_corruption(config, split, vocab_size);
+  }
+  throw Error("open_samples: unknown data.objective");
+}
+
 }  // namespace
 
 BatchShape batch_shape(const Config& config) {
@@ -345,12 +424,24 @@ BatchShape batch_shape(const Config& config) {
 }
 
 std::unique_ptr<SampleSource> open_samples(const Config& config, Split split, int64_t vocab_size) {
-  switch (config.data.objective) {
-    case Objective::causal_lm: return open_causal_lm(config, split, vocab_size);
-    case Objective::seq2seq: return open_seq2seq(config, split, vocab_size);
-    case Objective::span_corruption: return open_span_corruption(config, split, vocab_size);
+  if (config.data.paths.empty()) return open_one(config, split, vocab_size);
+  std::vector<std::unique_ptr<SampleSource>> parts;
+  for (std::size_t d = 0; d < config.data.paths.size(); ++d) {
+    // Each file opened as data.path would be; its errors name it as data.paths[d].
+    const std::string key = "data.paths[" + std::to_string(d) + "]";
+    Config one = config;
+    one.data.path = config.data.paths[d];
+    one.data.paths.clear();
+    one.data.weights.clear();
+    try {
+      parts.push_back(open_one(one, split, vocab_size));
+    } catch (const Error& e) {
+      std::string m = e.what();
+      if (m.rfind("data.path: ", 0) == 0) m.erase(0, 11);
+      throw Error(key + ": " + m, e.exit_code());
+    }
   }
-  throw Error("open_samples: unknown data.objective");
+  return std::make_unique<ConcatSamples>(std::move(parts));
 }
 
 }  // namespace fsdp::data

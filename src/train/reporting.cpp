@@ -106,6 +106,12 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
      << " train tokens, " << job.val_src->num_tokens() << " val tokens; "
      << job.sampler->steps_per_epoch() << " steps per epoch; " << job.sampler->local_batch()
      << " sequences per rank per step";
+  for (std::size_t d = 0; d < job.sampler->part_samples().size(); ++d) {
+    os << "\n  data.paths[" << d << "] " << cfg.data.paths[d] << ": "
+       << job.sampler->part_samples()[d] << " training samples, " << std::fixed
+       << std::setprecision(1) << 100 * job.sampler->part_weights()[d]
+       << " % of the samples drawn" << std::defaultfloat;
+  }
   {
     const double per_token = flops_per_token(cfg);
     const PeakFlops& peak = job.rt.peak_flops();

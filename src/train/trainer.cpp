@@ -55,8 +55,14 @@ void open_data(Job& job) {
   job.train_src = data::open_samples(cfg, data::Split::train, V);
   job.val_src = data::open_samples(cfg, data::Split::val, V);
   // A planned world (--world-size) samples as its rank 0 would.
-  job.sampler.emplace(job.train_src->num_samples(), cfg.train.global_batch_size,
-                      job.planning() ? 0 : job.host.rank(), job.world, cfg.train.seed);
+  const int dp_rank = job.planning() ? 0 : job.host.rank();
+  if (cfg.data.paths.empty()) {
+    job.sampler.emplace(job.train_src->num_samples(), cfg.train.global_batch_size, dp_rank,
+                        job.world, cfg.train.seed);
+  } else {
+    job.sampler.emplace(job.train_src->part_samples(), cfg.data.weights,
+                        cfg.train.global_batch_size, dp_rank, job.world, cfg.train.seed);
+  }
 }
 
 // Mean validation loss: summed cross-entropy over every target token of the split's

@@ -99,6 +99,27 @@ case "$CASE" in
     expect_input_error "nonexistent.h5"
     if [ -e "$WORK/run/checkpoints" ]; then fail "a failed run created checkpoints"; fi
     ;;
+  mixture_errors)
+    # data.paths / data.weights (docs/data.md "Data mixtures"): each mistake one line naming
+    # the key, or the file by its place in data.paths.
+    make_token_file
+    tiny_config good.toml
+    two="data.paths=[\"$WORK/tokens.h5\", \"$WORK/tokens.h5\"]"
+    run_train good.toml --set data.source=hdf5 --set data.path="$WORK/tokens.h5" --set "$two"
+    expect_input_error "data.paths" "not both"
+    run_train good.toml --set data.source=hdf5 --set "$two" --set "data.weights=[1]"
+    expect_input_error "data.weights" "1 weights for 2 data.paths"
+    run_train good.toml --set data.source=hdf5 --set "$two" --set "data.weights=[1, -2]"
+    expect_input_error "data.weights" "element 1 is -2"
+    run_train good.toml --set "$two"
+    expect_input_error "data.paths" "data.source"
+    run_train good.toml --set data.source=hdf5 \
+      --set "data.paths=[\"$WORK/tokens.h5\", \"$WORK/nonexistent.h5\"]"
+    expect_input_error "data.paths[1]: $WORK/nonexistent.h5"
+    run_train good.toml --set data.source=hdf5 --set "$two" --set model.vocab_size=50
+    expect_input_error "data.paths[0]: $WORK/tokens.h5" "vocab_size"
+    if [ -e "$WORK/run/checkpoints" ]; then fail "a refused run created checkpoints"; fi
+    ;;
   not_hdf5_file)
     tiny_config good.toml
     printf 'this is plain text, not an HDF5 file\n' >garbage.h5

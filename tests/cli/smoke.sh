@@ -10,6 +10,10 @@
 #               checkpoints/step_00000005 plus `latest`; the banner has the mfu line and the
 #               last progress line shows mfu and every phase, eval and ckpt included.
 # CASE hdf5:    the same on a token file made by fsdp_prepare (data.source = "hdf5").
+# CASE mixture: a data mixture (data.paths = two fsdp_prepare files, data.weights = [3, 1]):
+#               the banner lists each file with its samples and 75.0 / 25.0 % of the draws;
+#               2 ranks equal 1 rank (loss within 1e-5 relative, same tokens); 2 steps then
+#               --resume to 4 print the same losses, lr and grad_norm as 4 uninterrupted steps.
 # CASE mixed_precision: bf16 params + fp32 reduce, then fp16 with loss scaling, 3 steps each:
 #               finite losses near ln(256); fp16 lines carry loss_scale and skipped; the
 #               banner names the dtypes.
@@ -120,6 +124,45 @@ assert all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in recs), recs
 assert "val_loss" in recs[-1] and math.isfinite(recs[-1]["val_loss"]), recs[-1]
 EOF
     check_checkpoint "$WORK/run" 3 2
+    ;;
+  mixture)
+    make_text_dir "$WORK/text_a"
+    mkdir -p "$WORK/text_b"
+    yes "sphinx of black quartz, judge my vow" | head -c 4000 >"$WORK/text_b/c.txt"
+    run_prepare -o "$WORK/a.h5" --val-fraction 0.2 "$WORK/text_a"
+    expect_rc 0
+    run_prepare -o "$WORK/b.h5" --val-fraction 0.2 "$WORK/text_b"
+    expect_rc 0
+    tiny_config tiny.toml
+    mix=(--set data.source=hdf5 --set "data.paths=[\"$WORK/a.h5\", \"$WORK/b.h5\"]"
+         --set "data.weights=[3, 1]" --set optim.decay_steps=4)
+    run_train tiny.toml "${mix[@]}" --set train.max_steps=4 --set train.run_dir="$WORK/np2"
+    expect_rc 0
+    for idx in 0 1; do
+      f=$([ $idx = 0 ] && echo a || echo b)
+      share=$([ $idx = 0 ] && echo 75.0 || echo 25.0)
+      if ! grep -Eq "^  data.paths\[$idx\] $WORK/$f.h5: [0-9]+ training samples, $share % of the samples drawn$" "$OUT"; then
+        fail "banner lacks data.paths[$idx] with $share %"
+      fi
+    done
+    run_train -np 1 tiny.toml "${mix[@]}" --set train.max_steps=4 --set train.run_dir="$WORK/np1"
+    expect_rc 0
+    run_train tiny.toml "${mix[@]}" --set train.max_steps=2 --set train.run_dir="$WORK/res"
+    expect_rc 0
+    run_train tiny.toml "${mix[@]}" --set train.max_steps=4 --set train.run_dir="$WORK/res" --resume
+    expect_rc 0
+    python3 - "$WORK/np2/metrics.jsonl" "$WORK/np1/metrics.jsonl" "$WORK/res/metrics.jsonl" <<'EOF' || fail "mixture runs differ"
+import json, sys
+np2, np1, res = ([json.loads(l) for l in open(p).read().splitlines()] for p in sys.argv[1:])
+assert [r["step"] for r in np2] == [1, 2, 3, 4], np2
+for a, b in zip(np2, np1):
+    assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (a, b)
+    assert a["tokens"] == b["tokens"], (a, b)
+assert [r["step"] for r in res] == [1, 2, 3, 4], res
+for a, b in zip(np2, res):
+    for k in ("loss", "lr", "grad_norm"):
+        assert a[k] == b[k], (k, a, b)
+EOF
     ;;
   mixed_precision)
     tiny_config tiny.toml

@@ -293,6 +293,10 @@ struct EnumNames<DataSource> {
 struct DataConfig {
   DataSource source = DataSource::hdf5;
   std::string path;                   // HDF5 token file; required when source == hdf5
+  // A data mixture instead of `path` (docs/data.md "Data mixtures"): HDF5 token files, each
+  // sampled with its weight (> 0; empty = in proportion to its training samples).
+  std::vector<std::string> paths;
+  std::vector<double> weights;
   Objective objective = Objective::causal_lm;
   int64_t seq_len = 128;              // causal_lm / span_corruption: stream tokens per sample
   int64_t max_input_len = 128;        // seq2seq: encoder tokens per row (longer ones truncated)

@@ -40,6 +40,9 @@ class SampleSource {
   virtual int64_t fixed_targets_per_sample() const { return 0; }
   // Examples truncated to fit the row lengths so far (seq2seq; 0 otherwise).
   virtual int64_t num_truncated() const { return 0; }
+  // The samples of each file of a data mixture (data.paths), in order: indices
+  // [0, n_0) are the first file's, [n_0, n_0 + n_1) the second's, ...; one file: {num_samples()}.
+  virtual std::vector<int64_t> part_samples() const { return {num_samples()}; }
 };
 
 // The row lengths of config's batches (what activation memory is planned for):
@@ -67,6 +70,10 @@ BatchShape batch_shape(const Config& config);
 // `config` is a checked one (parse_config, or check_config for a Config built in code, as
 // train() does): the keys config validation checks (data.path present for data.source =
 // "hdf5", data.max_input_len, data.max_target_len, eval.max_windows) are not checked again.
+//  data.paths (a mixture): each file opened as data.path would be, the split's samples
+//    their concatenation (part_samples() says where each file's begin; each file's val capped
+//    at eval.max_windows on its own); an error of file d (one too short for a sample
+//    included) names data.paths[d] (exit code unchanged).
 std::unique_ptr<SampleSource> open_samples(const Config& config, Split split, int64_t vocab_size);
 
 }  // namespace fsdp::data
