@@ -63,7 +63,8 @@ DistributedSampler::DistributedSampler(int64_t num_samples, int64_t global_batch
 DistributedSampler::DistributedSampler(std::vector<int64_t> part_samples,
                                        std::vector<double> weights, int64_t global_batch,
                                        int dp_rank, int dp_size, uint64_t seed)
-    : num_samples_(0), global_batch_(global_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
+    : num_samples_(0), global_batch_(global_batch), dp_rank_(dp_rank), dp_size_(dp_size),
+      seed_(seed) {
   check_batch_split(global_batch, dp_rank, dp_size);
   if (part_samples.empty()) throw Error("DistributedSampler: a mixture of no parts");
   if (weights.empty()) weights.assign(part_samples.begin(), part_samples.end());
