@@ -150,16 +150,27 @@ struct StepReport {
   double mfu = -1;             // model FLOPs utilisation, 0..1; < 0: unknown peak, none
   double loss_scale = 1;       // the scale the step used (fp16; else 1)
   std::optional<double> val_loss;  // the evaluation after the step, if one ran
+  std::vector<double> val_loss_per_path;  // with it, a mixture's per file (data.paths order)
   StepTimes times;             // the step's phases (StepTimer)
+};
+
+// A validation pass (trainer.cpp evaluate): the mean cross-entropy over every target token,
+// nats, and with a data mixture each file's, in data.paths order (empty for one file).
+struct Evaluation {
+  double loss = 0;
+  std::vector<double> per_path;
 };
 
 // ---- reporting.cpp ----
 // Rank 0's progress line of a step: "step N/M | loss | lr | grad_norm | tok/s [| mfu] | peak
 // mem [| loss_scale] [| val_loss] | <format_step_times>".
 std::string progress_line(const Job& job, const StepReport& r);
+// "2.6101" or, with a mixture, "2.6101 (per path 2.5012, 2.9300)".
+std::string format_val_loss(const Evaluation& e);
 // The step's metrics.jsonl object: step, loss, lr, grad_norm, tokens, tokens_per_sec,
 // peak_mem_bytes [, mfu][, host_peak_mem_bytes][, loss_scale, skipped (fp16)][, nonfinite,
-// skipped][, val_loss], step_s and <phase>_s (seconds, to the microsecond).
+// skipped][, val_loss[, val_loss_per_path]], step_s and <phase>_s (seconds, to the
+// microsecond).
 nlohmann::json metrics_line(const Job& job, const StepReport& r);
 // Writes the profiler's trace (collective over job.host; write_profile) unless profiling is
 // off (`prof` null) or it was written already.

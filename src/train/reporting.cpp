@@ -183,6 +183,15 @@ void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts) {
   throw InputError(why);
 }
 
+std::string format_val_loss(const Evaluation& e) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(4) << e.loss;
+  for (std::size_t d = 0; d < e.per_path.size(); ++d) {
+    os << (d == 0 ? " (per path " : ", ") << e.per_path[d] << (d + 1 == e.per_path.size() ? ")" : "");
+  }
+  return os.str();
+}
+
 std::string progress_line(const Job& job, const StepReport& r) {
   const StepOutcome& o = r.outcome;
   std::ostringstream os;
@@ -195,7 +204,7 @@ std::string progress_line(const Job& job, const StepReport& r) {
   if (job.cfg.mixed_precision.uses_fp16()) {
     os << " | loss_scale " << r.loss_scale << (o.skipped ? " (skipped)" : "");
   }
-  if (r.val_loss) os << " | val_loss " << std::setprecision(4) << *r.val_loss;
+  if (r.val_loss) os << " | val_loss " << format_val_loss({*r.val_loss, r.val_loss_per_path});
   os << " | " << format_step_times(r.times);
   return os.str();
 }
@@ -220,6 +229,7 @@ nlohmann::json metrics_line(const Job& job, const StepReport& r) {
     line["skipped"] = true;
   }
   if (r.val_loss) line["val_loss"] = *r.val_loss;
+  if (!r.val_loss_per_path.empty()) line["val_loss_per_path"] = r.val_loss_per_path;
   // Seconds to the microsecond (the clocks' useful resolution).
   auto us = [](double s) { return std::round(s * 1e6) / 1e6; };
   line["step_s"] = us(r.times.step_s);

@@ -66,37 +66,63 @@ void open_data(Job& job) {
 }
 
 // Mean validation loss: summed cross-entropy over every target token of the split's
-// samples (eval.max_windows caps them) divided by their number of target tokens. The
-// per-rank sum stays on the device until one all-reduce and one copy at the end.
-double evaluate(Job& job) {
-  const int64_t samples = job.val_src->num_samples();
-  const data::WindowRange mine = data::rank_windows(samples, job.host.rank(), job.host.size());
+// samples (eval.max_windows caps them) divided by their number of target tokens; with a data
+// mixture also each file's (its windows only), in data.paths order. Each file's windows are
+// split over the ranks in contiguous blocks and run in chunks of the micro-batch; the
+// per-rank sums stay on the device until one all-reduce and one copy at the end. (One file:
+// the whole split as one part, as before mixtures existed.)
+Evaluation evaluate(Job& job) {
+  const std::vector<int64_t> parts = job.val_src->part_samples();
+  const auto P = static_cast<int64_t>(parts.size());
   const int64_t B = std::max<int64_t>(1, job.micro_batch);  // samples per forward
-  // Every rank runs the same number of forward passes (they hold collectives); a rank with
-  // no samples left runs sample 0 and discards the result.
-  int64_t chunks = (mine.size() + B - 1) / B;
-  job.host.all_reduce(&chunks, &chunks, 1, DType::i64, ReduceOp::max)->wait();
-  DeviceBuffer sum(*job.backend, DType::f64, 1, MemCategory::other);
-  DeviceBuffer discard(*job.backend, DType::f64, 1, MemCategory::other);
-  job.backend->fill_zero(sum.view());
-  int64_t targets = 0;
-  for (int64_t c = 0; c < chunks; ++c) {
-    data::WindowRange r{mine.begin + c * B, std::min(mine.end, mine.begin + (c + 1) * B)};
-    const bool dummy = r.size() <= 0;
-    if (dummy) r = {0, 1};
-    const data::Batch batch = job.val_src->load(r.indices());
-    if (!dummy) targets += batch.num_targets();
-    job.engine->begin_step(false);
-    job.model->forward_loss(batch, job.model_hooks(), dummy ? discard.view() : sum.view());
-    job.end_model_call();
-    job.engine->end_step();
+  std::vector<data::WindowRange> mine;
+  std::vector<int64_t> chunks;
+  for (int64_t d = 0, offset = 0; d < P; offset += parts[static_cast<std::size_t>(d)], ++d) {
+    data::WindowRange r =
+        data::rank_windows(parts[static_cast<std::size_t>(d)], job.host.rank(), job.host.size());
+    mine.push_back({offset + r.begin, offset + r.end});
+    chunks.push_back((r.size() + B - 1) / B);
   }
-  job.mesh->world().all_reduce(sum.data(), sum.data(), 1, DType::f64, ReduceOp::sum,
+  // Every rank runs the same number of forward passes per file (they hold collectives); a
+  // rank with no samples left runs sample 0 and discards the result.
+  job.host.all_reduce(chunks.data(), chunks.data(), P, DType::i64, ReduceOp::max)->wait();
+  DeviceBuffer sums(*job.backend, DType::f64, P, MemCategory::other);
+  DeviceBuffer discard(*job.backend, DType::f64, 1, MemCategory::other);
+  job.backend->fill_zero(sums.view());
+  std::vector<int64_t> targets(static_cast<std::size_t>(P), 0);
+  for (int64_t d = 0; d < P; ++d) {
+    const data::WindowRange& m = mine[static_cast<std::size_t>(d)];
+    for (int64_t c = 0; c < chunks[static_cast<std::size_t>(d)]; ++c) {
+      data::WindowRange r{m.begin + c * B, std::min(m.end, m.begin + (c + 1) * B)};
+      const bool dummy = r.size() <= 0;
+      if (dummy) r = {0, 1};
+      const data::Batch batch = job.val_src->load(r.indices());
+      if (!dummy) targets[static_cast<std::size_t>(d)] += batch.num_targets();
+      job.engine->begin_step(false);
+      job.model->forward_loss(batch, job.model_hooks(),
+                              dummy ? discard.view() : sums.view().slice(d, 1));
+      job.end_model_call();
+      job.engine->end_step();
+    }
+  }
+  job.mesh->world().all_reduce(sums.data(), sums.data(), P, DType::f64, ReduceOp::sum,
                                job.backend->compute_stream())->wait();
-  job.host.all_reduce(&targets, &targets, 1, DType::i64, ReduceOp::sum)->wait();
-  double total = 0.0;
-  job.backend->copy_to_host(&total, sum.view());
-  return targets > 0 ? total / static_cast<double>(targets) : std::nan("");
+  job.host.all_reduce(targets.data(), targets.data(), P, DType::i64, ReduceOp::sum)->wait();
+  std::vector<double> total(static_cast<std::size_t>(P), 0.0);
+  job.backend->copy_to_host(total.data(), sums.view());
+  Evaluation e;
+  double sum = 0;
+  int64_t count = 0;
+  for (std::size_t d = 0; d < total.size(); ++d) {
+    sum += total[d];
+    count += targets[d];
+    if (P > 1) {
+      e.per_path.push_back(targets[d] > 0 ? total[d] / static_cast<double>(targets[d])
+                                          : std::nan(""));
+    }
+  }
+  e.loss = count > 0 ? sum / static_cast<double>(count) : std::nan("");
+  return e;
 }
 
 // "grad_norm is nan (loss 8.3033)": which of a step's loss and gradient norm is not finite.
@@ -658,8 +684,10 @@ bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o
   const bool stopping = agreed[1] != 0 && !last;  // a signal: evaluate nothing more
   if (!stopping && (last || (cfg.eval.every > 0 && job.step % cfg.eval.every == 0))) {
     timer.enter(Phase::eval);
-    report.val_loss = evaluate(job);
-    result.val_losses.push_back({job.step, *report.val_loss});
+    const Evaluation e = evaluate(job);
+    report.val_loss = e.loss;
+    report.val_loss_per_path = e.per_path;
+    result.val_losses.push_back({job.step, e.loss});
   }
   // Every background write finished (agreed[2]): commit the pending save (a failed write
   // stops the run here, on every rank).
@@ -700,14 +728,15 @@ bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o
 void run_loop(Job& job, const Setup& s, TrainResult& result) {
   const Config& cfg = job.cfg;
   if (cfg.eval.on_start && job.step == 0) {  // HF TrainingArguments.eval_on_start
-    const double val = evaluate(job);
-    result.val_losses.push_back({0, val});
+    const Evaluation e = evaluate(job);
+    result.val_losses.push_back({0, e.loss});
     std::ostringstream os;
-    os << "step 0/" << cfg.train.max_steps << " | val_loss " << std::fixed << std::setprecision(4)
-       << val;
+    os << "step 0/" << cfg.train.max_steps << " | val_loss " << format_val_loss(e);
     job.log(os.str());
+    nlohmann::json line{{"step", 0}, {"tokens", 0}, {"val_loss", e.loss}};
+    if (!e.per_path.empty()) line["val_loss_per_path"] = e.per_path;
     collective_guard(job.host, [&] {
-      if (job.rank0()) job.run_dir.metrics().append_line(nlohmann::json{{"step", 0}, {"tokens", 0}, {"val_loss", val}}.dump());
+      if (job.rank0()) job.run_dir.metrics().append_line(line.dump());
     });
   }
   StepState st(job, s);

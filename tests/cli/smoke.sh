@@ -13,7 +13,10 @@
 # CASE mixture: a data mixture (data.paths = two fsdp_prepare files, data.weights = [3, 1]):
 #               the banner lists each file with its samples and 75.0 / 25.0 % of the draws;
 #               2 ranks equal 1 rank (loss within 1e-5 relative, same tokens); 2 steps then
-#               --resume to 4 print the same losses, lr and grad_norm as 4 uninterrupted steps.
+#               --resume to 4 print the same losses, lr and grad_norm as 4 uninterrupted steps;
+#               an evaluation reports val_loss_per_path, and at step 0 (eval.on_start) each
+#               file's equals that file's val_loss alone (data.path) bit for bit, and val_loss
+#               their mean weighted by each file's validation windows.
 # CASE mixed_precision: bf16 params + fp32 reduce, then fp16 with loss scaling, 3 steps each:
 #               finite losses near ln(256); fp16 lines carry loss_scale and skipped; the
 #               banner names the dtypes.
@@ -129,15 +132,21 @@ EOF
     make_text_dir "$WORK/text_a"
     mkdir -p "$WORK/text_b"
     yes "sphinx of black quartz, judge my vow" | head -c 4000 >"$WORK/text_b/c.txt"
-    run_prepare -o "$WORK/a.h5" --val-fraction 0.2 "$WORK/text_a"
-    expect_rc 0
-    run_prepare -o "$WORK/b.h5" --val-fraction 0.2 "$WORK/text_b"
-    expect_rc 0
+    val_tokens=()
+    for f in a b; do
+      run_prepare -o "$WORK/$f.h5" --val-fraction 0.2 "$WORK/text_$f"
+      expect_rc 0
+      val_tokens+=("$(grep -o '[0-9]* val tokens' "$OUT" | cut -d' ' -f1)")
+    done
     tiny_config tiny.toml
     mix=(--set data.source=hdf5 --set "data.paths=[\"$WORK/a.h5\", \"$WORK/b.h5\"]"
          --set "data.weights=[3, 1]" --set optim.decay_steps=4)
-    run_train tiny.toml "${mix[@]}" --set train.max_steps=4 --set train.run_dir="$WORK/np2"
+    run_train tiny.toml "${mix[@]}" --set train.max_steps=4 --set train.run_dir="$WORK/np2" \
+      --set eval.on_start=true
     expect_rc 0
+    if ! grep -Eq '^step 0/4 \| val_loss [0-9.]+ \(per path [0-9.]+, [0-9.]+\)$' "$OUT"; then
+      fail "no step 0 line with the per-path val_loss"
+    fi
     for idx in 0 1; do
       f=$([ $idx = 0 ] && echo a || echo b)
       share=$([ $idx = 0 ] && echo 75.0 || echo 25.0)
@@ -145,15 +154,32 @@ EOF
         fail "banner lacks data.paths[$idx] with $share %"
       fi
     done
-    run_train -np 1 tiny.toml "${mix[@]}" --set train.max_steps=4 --set train.run_dir="$WORK/np1"
+    for f in a b; do
+      run_train tiny.toml --set data.source=hdf5 --set data.path="$WORK/$f.h5" --set eval.on_start=true \
+        --set train.max_steps=1 --set train.run_dir="$WORK/only_$f"
+      expect_rc 0
+    done
+    run_train -np 1 tiny.toml "${mix[@]}" --set train.max_steps=4 --set train.run_dir="$WORK/np1" \
+      --set eval.on_start=true
     expect_rc 0
     run_train tiny.toml "${mix[@]}" --set train.max_steps=2 --set train.run_dir="$WORK/res"
     expect_rc 0
     run_train tiny.toml "${mix[@]}" --set train.max_steps=4 --set train.run_dir="$WORK/res" --resume
     expect_rc 0
-    python3 - "$WORK/np2/metrics.jsonl" "$WORK/np1/metrics.jsonl" "$WORK/res/metrics.jsonl" <<'EOF' || fail "mixture runs differ"
+    python3 - "$WORK/np2/metrics.jsonl" "$WORK/np1/metrics.jsonl" "$WORK/res/metrics.jsonl" \
+      "$WORK/only_a/metrics.jsonl" "$WORK/only_b/metrics.jsonl" "${val_tokens[@]}" <<'EOF' || fail "mixture runs differ"
 import json, sys
-np2, np1, res = ([json.loads(l) for l in open(p).read().splitlines()] for p in sys.argv[1:])
+np2, np1, res, only_a, only_b = ([json.loads(l) for l in open(p).read().splitlines()] for p in sys.argv[1:6])
+# Step 0: each file's loss is that file's alone; the total is weighted by target tokens.
+zero = np2.pop(0)
+assert zero["step"] == 0, zero
+assert zero["val_loss_per_path"] == [only_a[0]["val_loss"], only_b[0]["val_loss"]], (zero, only_a[0], only_b[0])
+windows = [(int(n) - 1) // 16 for n in sys.argv[6:8]]  # tiny.toml: seq_len 16
+mean = sum(w * l for w, l in zip(windows, zero["val_loss_per_path"])) / sum(windows)
+assert abs(zero["val_loss"] - mean) <= 1e-12 * mean, (zero, windows, mean)
+assert len(np2[-1]["val_loss_per_path"]) == 2, np2[-1]
+assert "val_loss_per_path" not in only_a[-1], only_a[-1]
+np1.pop(0)
 assert [r["step"] for r in np2] == [1, 2, 3, 4], np2
 for a, b in zip(np2, np1):
     assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (a, b)
