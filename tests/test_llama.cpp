@@ -90,7 +90,10 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
                         Case{"Qwen3 MQA tied, head_dim 6, llama3", 1, true, false, false, true,
                              LlamaArch::qwen3, 6},
                         Case{"Qwen3 GQA untied, attention bias", 2, false, true, false, false,
-                             LlamaArch::qwen3}}) {
+                             LlamaArch::qwen3},
+                        Case{"OLMo 2 GQA untied", 2, false, false, false, false, LlamaArch::olmo2},
+                        Case{"OLMo 2 MQA tied, attention bias, llama3", 1, true, true, false, true,
+                             LlamaArch::olmo2}}) {
     ModelOptions o;
     o.model.arch = c.arch;
     o.model.head_dim = c.head_dim;
@@ -143,7 +146,8 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
       }
     }
     const int per_layer = 9 + (c.attention_bias ? 4 : 0) + (c.arch == LlamaArch::qwen2 ? 3 : 0) +
-                          (c.arch == LlamaArch::qwen3 ? 2 : 0) + (c.mlp_bias ? 3 : 0);
+                          (c.arch == LlamaArch::qwen3 || c.arch == LlamaArch::olmo2 ? 2 : 0) +
+                          (c.mlp_bias ? 3 : 0);
     EXPECT_EQ(checked, 1 + 2 * per_layer + 1 + (c.tied ? 0 : 1)) << c.what;
   }
 }
@@ -239,11 +243,11 @@ TEST(Llama, MatchesTorchReference) {
     check_reference(name);
     ++files;
   }
-  EXPECT_GE(files, 11) << "tests/data/llama: the fixtures of tools/llama_reference.py";
+  EXPECT_GE(files, 15) << "tests/data/llama: the fixtures of tools/llama_reference.py";
 }
 
 TEST(Llama, ActivationCheckpointingIsBitIdentical) {
-  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3})
+  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2})
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
     for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
       const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -283,7 +287,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
 }
 
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
-  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3})
+  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2})
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
     for (bool ckpt : {false, true}) {
       for (bool tied : {false, true}) {

@@ -188,8 +188,9 @@ TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// Mistral, Qwen2 and Qwen3 (the same model under their HF classes: Qwen2's q/k/v biases,
-// Qwen3's per-head q/k norms at head_dim 6 != 16 / 4): FULL_SHARD over the world equals one
+// Mistral, Qwen2, Qwen3 and OLMo 2 (the same model under their HF classes: Qwen2's q/k/v
+// biases, Qwen3's per-head q/k norms at head_dim 6 != 16 / 4, OLMo 2's output norms and
+// whole-row q/k norms): FULL_SHARD over the world equals one
 // rank's NO_SHARD (each class its own wrap class), and the merge names the class, with the
 // class's extra tensors in model.safetensors.
 TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
@@ -202,7 +203,9 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
   for (const Case& k : {Case{"mistral", {"model.sliding_window=16"}, "MistralForCausalLM", ""},
                         Case{"qwen2", {}, "Qwen2ForCausalLM", "model.layers.1.self_attn.v_proj.bias"},
                         Case{"qwen3", {"model.head_dim=6"}, "Qwen3ForCausalLM",
-                             "model.layers.0.self_attn.k_norm.weight"}}) {
+                             "model.layers.0.self_attn.k_norm.weight"},
+                        Case{"olmo2", {}, "Olmo2ForCausalLM",
+                             "model.layers.1.post_feedforward_layernorm.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

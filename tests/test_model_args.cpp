@@ -342,7 +342,7 @@ TEST(ModelArgs, HfConfigFieldsThatChangeTheMathAreChecked) {
             std::string::npos);
 }
 
-// Mistral, Qwen2 and Qwen3 are the Llama model under their own HF classes: each config.json
+// Mistral, Qwen2, Qwen3 and OLMo 2 are the Llama model under their own HF classes: each config.json
 // names its class and has that class's attributes only; each reads back to the same [model];
 // a config.json of another class, Qwen's layer_types other than the flags give, and a sliding
 // window shorter than the sequences are one line naming the field or key.
@@ -359,7 +359,10 @@ TEST(ModelArgs, LlamaFamilyClassesHaveTheirOwnConfigJson) {
                              {"head_dim", "attention_bias", "mlp_bias", "pretraining_tp"}},
                         Want{"qwen3", "Qwen3ForCausalLM",
                              {"head_dim", "attention_bias", "use_sliding_window", "max_window_layers"},
-                             {"mlp_bias", "pretraining_tp"}}}) {
+                             {"mlp_bias", "pretraining_tp"}},
+                        Want{"olmo2", "Olmo2ForCausalLM", {"attention_bias", "rms_norm_eps"},
+                             {"head_dim", "mlp_bias", "sliding_window", "use_sliding_window",
+                              "pretraining_tp"}}}) {
     SCOPED_TRACE(w.type);
     const ModelFamily& f = fsdp::model_family(w.type);
     const ModelConfig defaults = fsdp::model_defaults(w.type);
@@ -385,6 +388,12 @@ TEST(ModelArgs, LlamaFamilyClassesHaveTheirOwnConfigJson) {
   EXPECT_TRUE(mistral.hf_config(none)["sliding_window"].is_null());
   m.erase("sliding_window");  // absent: MistralConfig's 4096
   EXPECT_EQ(std::get<int64_t>(*mistral.from_hf_config(m, "config.json").find("sliding_window")), 4096);
+
+  // OLMo 2 without rms_norm_eps reads as Olmo2Config's 1e-5 (LlamaConfig's is 1e-6).
+  const ModelFamily& olmo2 = fsdp::model_family("olmo2");
+  nlohmann::json o = olmo2.hf_config(fsdp::model_defaults("olmo2"));
+  o.erase("rms_norm_eps");
+  EXPECT_EQ(std::get<double>(*olmo2.from_hf_config(o, "config.json").find("rms_norm_eps")), 1e-5);
 
   // Qwen3 without head_dim reads as Qwen3Config's 128; layer_types must match the flags.
   const ModelFamily& qwen3 = fsdp::model_family("qwen3");
@@ -436,11 +445,12 @@ TEST(ModelArgs, LlamaFamilyClassesHaveTheirOwnConfigJson) {
             std::string::npos);
 }
 
-// Published config.json files (Qwen/Qwen3-0.6B, Qwen/Qwen2.5-0.5B, mistralai/Mistral-7B-v0.3
+// Published config.json files (Qwen/Qwen3-0.6B, Qwen/Qwen2.5-0.5B, mistralai/Mistral-7B-v0.3,
+// an OLMo 2 7B
 // on the Hugging Face Hub, as saved by transformers 4.40-4.51: integer rope_theta, null
 // sliding_window, token ids and transformers_version that are not keys) read as the
 // published sizes, and write back the same numbers.
-TEST(ModelArgs, PublishedQwenAndMistralConfigsRead) {
+TEST(ModelArgs, PublishedLlamaFamilyConfigsRead) {
   struct Published {
     const char* type;
     const char* json;
@@ -482,6 +492,20 @@ TEST(ModelArgs, PublishedQwenAndMistralConfigsRead) {
            "vocab_size": 32768})",
        {{"head_dim", int64_t{0}}, {"sliding_window", int64_t{0}}, {"rms_norm_eps", 1e-5},
         {"vocab_size", int64_t{32768}}}},
+      // OLMo 2 7B's shape (allenai/OLMo-2-1124-7B: the model card's 32 layers, hidden 4096, 32
+      // heads, context 4096; the OLMo 2 paper's RoPE theta 5e5 and padded vocabulary 100352),
+      // written as transformers 4.47 saves an Olmo2Config: no head_dim, pad_token_id.
+      {"olmo2",
+       R"({"architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+           "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096,
+           "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
+           "model_type": "olmo2", "num_attention_heads": 32, "num_hidden_layers": 32,
+           "num_key_value_heads": 32, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+           "rope_scaling": null, "rope_theta": 500000, "tie_word_embeddings": false,
+           "torch_dtype": "float32", "transformers_version": "4.47.0.dev0", "use_cache": true,
+           "vocab_size": 100352})",
+       {{"num_key_value_heads", int64_t{0}}, {"rope_theta", 5e5}, {"rms_norm_eps", 1e-6},
+        {"max_position_embeddings", int64_t{4096}}, {"vocab_size", int64_t{100352}}}},
   };
   for (const Published& p : files) {
     SCOPED_TRACE(p.type);

@@ -59,7 +59,8 @@ LLAMA_COMMON = {"vocab_size": 300, "intermediate_size": 64, "num_hidden_layers":
                 "initializer_range": 0.3}
 # "type" (default llama) is model.type, HF's model_type: Qwen2 adds its q/k/v biases, Qwen3 its
 # per-head q/k RMSNorms (with head_dim 12 != 32 / 4), Mistral its sliding window (here 1024,
-# covering every sequence); each through AutoModelForCausalLM and its own config.json.
+# covering every sequence), OLMo 2 its output norms; each through AutoModelForCausalLM and its
+# own config.json.
 LLAMA_CASES = {
     "llama gqa untied llama3": {"hidden_size": 48, "head_dim": 8, "tie_word_embeddings": False},
     "llama gqa tied llama3 biases": {"hidden_size": 32, "tie_word_embeddings": True,
@@ -69,6 +70,9 @@ LLAMA_CASES = {
                                        "tie_word_embeddings": True},
     "mistral gqa untied llama3": {"type": "mistral", "hidden_size": 32, "sliding_window": 1024,
                                   "tie_word_embeddings": False},
+    # OLMo 2: the norms on the sublayers' outputs and q/k norms over whole rows (Olmo2Config
+    # has no head_dim: 32 / 4 = 8).
+    "olmo2 gqa untied llama3": {"type": "olmo2", "hidden_size": 32, "tie_word_embeddings": False},
     # YaRN as Qwen2.5 / Qwen3 extend their context (head_dim 8, theta 1e4, original 256: pairs
     # 0 and 1 kept, 2 blended, 3 interpolated; cos and sin scaled by 1 + 0.1 ln 4).
     "qwen3 gqa tied yarn": {"type": "qwen3", "hidden_size": 32, "head_dim": 8, "tie_word_embeddings": True,

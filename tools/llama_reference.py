@@ -28,7 +28,10 @@ arch is absent (LlamaForCausalLM) or the Llama-family class of the same math wit
 config attributes (other_arch_config): mistral (MistralForCausalLM, a sliding window covering
 every sequence), qwen2 (Qwen2ForCausalLM: q/k/v biases, none on o_proj; modeling_qwen2.py) or
 qwen3 (Qwen3ForCausalLM: q_norm / k_norm, an RMSNorm over each head of q and k before RoPE, and
-head_dim 12 != hidden / heads; modeling_qwen3.py).
+head_dim 12 != hidden / heads; modeling_qwen3.py) or olmo2 (Olmo2ForCausalLM, modeling_olmo2.py:
+the norms moved to the sublayers' outputs, x + post_attention_layernorm(attn(x)) and
+h + post_feedforward_layernorm(mlp(h)), and q_norm / k_norm over the whole q and k projections
+[H*D] and [Hkv*D] before RoPE).
 A tiny Llama (hidden 32, 4 heads of head_dim 8, intermediate 40, vocab 37: not a multiple of
 anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
@@ -78,7 +81,8 @@ SCALINGS = {"rope1e4": None, "yarn": YARN_SCALING, "linear": LINEAR_SCALING}
 LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.1,
                   "original_max_position_embeddings": 8, "rope_type": "llama3"}
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
-ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}  # HF class prefix
+ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
+         "olmo2": "Olmo2"}  # HF class prefix
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
     "1l_mha_untied_rope1e4",
@@ -94,6 +98,8 @@ VARIANTS = [
     "3l_mqa_tied_llama3_qwen3_attnbias",
     "1l_gqa_untied_yarn",
     "1l_mha_tied_linear_qwen2",
+    "1l_gqa_untied_rope1e4_olmo2",
+    "3l_mqa_tied_llama3_olmo2_attnbias",
 ]
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
 
@@ -131,20 +137,20 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
     (MistralConfig: head_dim, sliding_window; Qwen2Config: no head_dim, attention_bias or
     mlp_bias; Qwen3Config: head_dim, attention_bias; both Qwen: use_sliding_window,
     max_window_layers). Sliding windows are off or cover every sequence."""
-    assert "mlpbias" not in flags and ("attnbias" not in flags or arch == "qwen3"), (arch, flags)
+    assert "mlpbias" not in flags and ("attnbias" not in flags or arch in ("qwen3", "olmo2")), (arch, flags)
     cfg = {"architectures": [ARCHS[arch] + "ForCausalLM"], "model_type": arch, "vocab_size": VOCAB,
            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn]}
-    if arch != "qwen2":
+    if arch not in ("qwen2", "olmo2"):  # Qwen2Config and Olmo2Config have no head_dim
         cfg["head_dim"] = HEAD_DIM_QWEN3 if arch == "qwen3" else HEAD_DIM
     cfg.update({"max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
                 "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
                 "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope])})
-    if arch == "qwen3":
+    if arch in ("qwen3", "olmo2"):
         cfg["attention_bias"] = "attnbias" in flags
     if arch == "mistral":
         cfg["sliding_window"] = MAX_POS
-    else:
+    elif arch != "olmo2":
         cfg.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": layers})
     cfg.update({"attention_dropout": 0.0, "tie_word_embeddings": tied == "tied", "hidden_act": "silu",
                 "initializer_range": 0.02, "torch_dtype": "float32", "bos_token_id": 1,
@@ -173,6 +179,16 @@ def qk_norm(cfg):  # Qwen3Attention's q_norm / k_norm over each head
     return cfg["model_type"] == "qwen3"
 
 
+def olmo2(cfg):  # Olmo2: sublayer outputs normalised, q_norm / k_norm over the whole projections
+    return cfg["model_type"] == "olmo2"
+
+
+def layer_norm_names(cfg):  # a decoder layer's two RMSNorms, in state-dict order
+    if olmo2(cfg):
+        return "post_attention_layernorm", "post_feedforward_layernorm"
+    return "input_layernorm", "post_attention_layernorm"
+
+
 def param_shapes(cfg):
     """HF state-dict names and shapes of the variant's class, in state-dict order."""
     C, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
@@ -187,12 +203,14 @@ def param_shapes(cfg):
                 shapes.append((a + name + ".bias", (out,)))
         if qk_norm(cfg):
             shapes += [(a + "q_norm.weight", (D,)), (a + "k_norm.weight", (D,))]
+        if olmo2(cfg):
+            shapes += [(a + "q_norm.weight", (H * D,)), (a + "k_norm.weight", (Hkv * D,))]
         for name, out, inp in (("gate_proj", I, C), ("up_proj", I, C), ("down_proj", C, I)):
             shapes.append((m + name + ".weight", (out, inp)))
             if mlp_bias(cfg):
                 shapes.append((m + name + ".bias", (out,)))
-        shapes.append((f"model.layers.{l}.input_layernorm.weight", (C,)))
-        shapes.append((f"model.layers.{l}.post_attention_layernorm.weight", (C,)))
+        for norm in layer_norm_names(cfg):
+            shapes.append((f"model.layers.{l}.{norm}.weight", (C,)))
     shapes.append(("model.norm.weight", (C,)))
     if not cfg["tie_word_embeddings"]:
         shapes.append(("lm_head.weight", (V, C)))
@@ -312,9 +330,11 @@ def forward(p, cfg, tokens):
     for l in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{l}."
         a, ab = pre + "self_attn.", qkv_bias(cfg)
-        h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
-        q = linear(h, a + "q_proj", ab).view(Bn, Tn, H, D)
-        k = linear(h, a + "k_proj", ab).view(Bn, Tn, Hkv, D)
+        h = x if olmo2(cfg) else rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+        q, k = linear(h, a + "q_proj", ab), linear(h, a + "k_proj", ab)
+        if olmo2(cfg):  # over the whole projection, before the split into heads
+            q, k = rms_norm(q, p[a + "q_norm.weight"], eps), rms_norm(k, p[a + "k_norm.weight"], eps)
+        q, k = q.view(Bn, Tn, H, D), k.view(Bn, Tn, Hkv, D)
         if qk_norm(cfg):  # over each head's D values, before RoPE
             q = rms_norm(q, p[a + "q_norm.weight"], eps)
             k = rms_norm(k, p[a + "k_norm.weight"], eps)
@@ -327,8 +347,14 @@ def forward(p, cfg, tokens):
         att = (q @ k.transpose(-1, -2)) / math.sqrt(D)
         att = att.masked_fill(~causal, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
-        x = x + linear(y, a + "o_proj", o_bias(cfg))
         m, mb = pre + "mlp.", mlp_bias(cfg)
+        if olmo2(cfg):
+            x = x + rms_norm(linear(y, a + "o_proj", o_bias(cfg)), p[pre + "post_attention_layernorm.weight"], eps)
+            g = linear(x, m + "gate_proj", mb)
+            mlp = linear(g * torch.sigmoid(g) * linear(x, m + "up_proj", mb), m + "down_proj", mb)
+            x = x + rms_norm(mlp, p[pre + "post_feedforward_layernorm.weight"], eps)
+            continue
+        x = x + linear(y, a + "o_proj", o_bias(cfg))
         h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
         g = linear(h, m + "gate_proj", mb)
         x = x + linear(g * torch.sigmoid(g) * linear(h, m + "up_proj", mb), m + "down_proj", mb)
@@ -488,9 +514,12 @@ def naive_loss(p, cfg, tokens, targets):
         for l in range(cfg["num_hidden_layers"]):
             pre = f"model.layers.{l}."
             a, ab, mb = pre + "self_attn.", qkv_bias(cfg), mlp_bias(cfg)
-            hs = [norm(x, p[pre + "input_layernorm.weight"]) for x in xs]
+            hs = xs if olmo2(cfg) else [norm(x, p[pre + "input_layernorm.weight"]) for x in xs]
             qs = [lin(h, a + "q_proj", ab) for h in hs]
             ks = [lin(h, a + "k_proj", ab) for h in hs]
+            if olmo2(cfg):  # Olmo2's norms over the whole q and k rows
+                qs = [norm(q, p[a + "q_norm.weight"]) for q in qs]
+                ks = [norm(k, p[a + "k_norm.weight"]) for k in ks]
             vs = [lin(h, a + "v_proj", ab) for h in hs]
             new = []
 
@@ -509,13 +538,19 @@ def naive_loss(p, cfg, tokens, targets):
                     w = [torch.exp(sc - top) for sc in scores]
                     z = sum(w)
                     heads.append(sum(w[s] / z * vs[s][kv * D:(kv + 1) * D] for s in range(t + 1)))
-                new.append(xs[t] + lin(torch.cat(heads), a + "o_proj", o_bias(cfg)))
+                o = lin(torch.cat(heads), a + "o_proj", o_bias(cfg))
+                if olmo2(cfg):
+                    o = norm(o, p[pre + "post_attention_layernorm.weight"])
+                new.append(xs[t] + o)
             xs = new
             new = []
             for x in xs:
-                h = norm(x, p[pre + "post_attention_layernorm.weight"])
+                h = x if olmo2(cfg) else norm(x, p[pre + "post_attention_layernorm.weight"])
                 g, u = lin(h, pre + "mlp.gate_proj", mb), lin(h, pre + "mlp.up_proj", mb)
-                new.append(x + lin(g / (1 + torch.exp(-g)) * u, pre + "mlp.down_proj", mb))
+                m = lin(g / (1 + torch.exp(-g)) * u, pre + "mlp.down_proj", mb)
+                if olmo2(cfg):
+                    m = norm(m, p[pre + "post_feedforward_layernorm.weight"])
+                new.append(x + m)
             xs = new
         head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
         for t, x in enumerate(xs):
@@ -610,7 +645,7 @@ def selftest():
     #    gradients are the sums over the copies. And Hkv == H through the same code is plain MHA
     #    (the loop-by-loop model above checks that on the mha variants).
     for v in ("1l_gqa_tied_llama3", "1l_mqa_untied_llama3_attnbias_mlpbias", "3l_gqa_untied_llama3",
-              "1l_gqa_untied_rope1e4_qwen3"):
+              "1l_gqa_untied_rope1e4_qwen3"):  # (not olmo2: its k_norm spans all kv heads)
         cfg, params32, tokens, targets = make_case(v)
         H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
         mha = dict(cfg, num_key_value_heads=H)

@@ -25,15 +25,17 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   using L = LlamaConfig;
   const bool llama = arch == LlamaArch::llama, mistral = arch == LlamaArch::mistral;
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3;
-  // HF's defaults by class: llama, mistral, qwen2/qwen3.
-  auto by = [&](auto l, auto m, auto q) { return llama ? l : mistral ? m : q; };
-  const char* layers_doc = by("Number of LlamaDecoderLayer blocks.",
-                              "Number of MistralDecoderLayer blocks.",
-                              arch == LlamaArch::qwen2 ? "Number of Qwen2DecoderLayer blocks."
-                                                       : "Number of Qwen3DecoderLayer blocks.");
+  const bool olmo2 = arch == LlamaArch::olmo2;
+  // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3.
+  auto by = [&](auto l, auto m, auto q) { return llama || olmo2 ? l : mistral ? m : q; };
+  static const std::string layers_docs[] = {
+      "Number of LlamaDecoderLayer blocks.", "Number of MistralDecoderLayer blocks.",
+      "Number of Qwen2DecoderLayer blocks.", "Number of Qwen3DecoderLayer blocks.",
+      "Number of Olmo2DecoderLayer blocks."};
+  const char* layers_doc = layers_docs[static_cast<int>(arch)].c_str();
   std::vector<A> rows = {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
-        by(int64_t{32000}, int64_t{32000}, int64_t{151936})},
+        olmo2 ? int64_t{50304} : by(int64_t{32000}, int64_t{32000}, int64_t{151936})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true, int64_t{4096}},
       A{"intermediate_size", &L::intermediate_size, "Width of the SwiGLU MLP.", KeyRange::size(1), {},
         true, by(int64_t{11008}, int64_t{14336}, int64_t{22016})},
@@ -46,7 +48,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
         KeyRange::size(0), {}, true, by(int64_t{0}, int64_t{8}, int64_t{32})},
   };
-  if (arch != LlamaArch::qwen2) {  // Qwen2Config has no head_dim: hidden_size / heads
+  if (arch != LlamaArch::qwen2 && !olmo2) {  // no head_dim in Qwen2Config, Olmo2Config
     rows.push_back(A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
                      "num_attention_heads.", KeyRange::size(0), {}, true,
                      arch == LlamaArch::qwen3 ? int64_t{128} : int64_t{0}});
@@ -55,7 +57,8 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"max_position_embeddings", &L::max_position_embeddings,
         "Longest sequence the model is trained for.", KeyRange::size(1), {}, true,
         by(int64_t{2048}, int64_t{131072}, int64_t{32768})},
-      A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true, 1e-6},
+      A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
+        olmo2 ? 1e-5 : 1e-6},
       A{"rope_theta", &L::rope_theta, "RoPE base period.", KeyRange::above(0), {}, true, 10000.0},
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
         "RoPE frequency scaling: default (none), linear (position interpolation), Llama 3.1's "
@@ -82,7 +85,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"rope_scaling.truncate", &L::rope_truncate, "yarn: round the correction range out to "
         "whole dimensions.", {}, {}, true, true},
   });
-  if (llama || arch == LlamaArch::qwen3) {
+  if (llama || arch == LlamaArch::qwen3 || olmo2) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
                      "Biases on q_proj, k_proj, v_proj and o_proj.", {}, {}, true, false});
   }
@@ -123,7 +126,8 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
 const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
   static const ModelArgs<LlamaConfig> tables[] = {
       make_llama_args(LlamaArch::llama), make_llama_args(LlamaArch::mistral),
-      make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3)};
+      make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3),
+      make_llama_args(LlamaArch::olmo2)};
   return tables[static_cast<int>(arch)];
 }
 
@@ -157,7 +161,9 @@ std::vector<std::string> rope_fields(const ModelArgs<LlamaConfig>& a, LlamaConfi
 }
 
 // Indices of one layer's parameters among its module's (-1: absent), in HF's state-dict
-// order: self_attn q, k, v, o (then Qwen3's q_norm, k_norm); mlp gate, up, down; the two norms.
+// order: self_attn q, k, v, o (then q_norm, k_norm); mlp gate, up, down; the two norms
+// (ln_in: input_layernorm, OLMo 2's post_attention_layernorm; ln_post: post_attention_layernorm,
+// OLMo 2's post_feedforward_layernorm).
 struct LayerIndex {
   int q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, q_norm, k_norm, gate_w, gate_b, up_w, up_b, down_w,
       down_b, ln_in, ln_post, count;
@@ -184,6 +190,17 @@ LayerIndex layer_index(const LlamaConfig& c) {
   return x;
 }
 
+// The row views of the q/k norms over BT tokens: Qwen3's rows are heads (BT*H rows of D),
+// OLMo 2's tokens (BT rows of H*D, and of Hkv*D for k).
+struct QkNormRows {
+  int64_t q, q_width, k, k_width;
+};
+QkNormRows qk_norm_rows(const LlamaConfig& c, int64_t BT) {
+  const int64_t H = c.num_attention_heads, Hkv = c.kv_heads(), D = c.head_size();
+  if (c.qk_norm_per_head()) return {BT * H, D, BT * Hkv, D};
+  return {BT, H * D, BT, Hkv * D};
+}
+
 }  // namespace
 
 const char* llama_arch_prefix(LlamaArch arch) {
@@ -191,6 +208,7 @@ const char* llama_arch_prefix(LlamaArch arch) {
     case LlamaArch::mistral: return "Mistral";
     case LlamaArch::qwen2: return "Qwen2";
     case LlamaArch::qwen3: return "Qwen3";
+    case LlamaArch::olmo2: return "Olmo2";
     case LlamaArch::llama: break;
   }
   return "Llama";
@@ -209,6 +227,7 @@ int64_t LlamaConfig::attention_window() const {
     case LlamaArch::qwen2:
     case LlamaArch::qwen3:  // HF's layer_types: sliding from layer max_window_layers on
       return use_sliding_window && num_hidden_layers > max_window_layers ? sliding_window : 0;
+    case LlamaArch::olmo2:
     case LlamaArch::llama: break;
   }
   return 0;
@@ -299,13 +318,19 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
     linear(x.k_w, x.k_b, "self_attn.k_proj", KV, C);
     linear(x.v_w, x.v_b, "self_attn.v_proj", KV, C);
     linear(x.o_w, x.o_b, "self_attn.o_proj", C, Q);
-    put(x.q_norm, "self_attn.q_norm.weight", {c.head_size()}, InitKind::ones, false);
-    put(x.k_norm, "self_attn.k_norm.weight", {c.head_size()}, InitKind::ones, false);
+    const bool per_head = c.qk_norm_per_head();
+    put(x.q_norm, "self_attn.q_norm.weight", {per_head ? c.head_size() : Q}, InitKind::ones,
+        false);
+    put(x.k_norm, "self_attn.k_norm.weight", {per_head ? c.head_size() : KV}, InitKind::ones,
+        false);
     linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
     linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
     linear(x.down_w, x.down_b, "mlp.down_proj", C, I);
-    put(x.ln_in, "input_layernorm.weight", {C}, InitKind::ones, false);
-    put(x.ln_post, "post_attention_layernorm.weight", {C}, InitKind::ones, false);
+    const bool after = c.norm_after();
+    put(x.ln_in, after ? "post_attention_layernorm.weight" : "input_layernorm.weight", {C},
+        InitKind::ones, false);
+    put(x.ln_post, after ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight",
+        {C}, InitKind::ones, false);
     modules.push_back(std::move(layer));
   }
   modules.push_back({"model.norm", prefix + "RMSNorm",
@@ -325,8 +350,11 @@ struct LlamaModel::Acts {
   std::vector<DeviceBuffer> res;  // L+1 residual streams [BT,C]
   struct Layer {
     // q [BT,Q] and k [BT,KV] after RoPE; lse fp32 [B,H,T]. silu(gate) * up is not kept:
-    // see dI1 below. Under qk_norm(): q_raw, k_raw the projections before the per-head
-    // RMSNorm, q_rstd [BT*H] and k_rstd [BT*Hkv] fp32 its statistics (else empty).
+    // see dI1 below. Under qk_norm(): q_raw, k_raw the projections before their RMSNorm,
+    // q_rstd and k_rstd fp32 its statistics ([BT*H], [BT*Hkv] per head; [BT] each for OLMo
+    // 2's whole-row norms; else empty). norm_after() (OLMo 2, no input norms): ln1 holds
+    // o_proj's output and ln2 down_proj's, the inputs of the two output norms (their
+    // statistics in ln1_rstd, ln2_rstd).
     DeviceBuffer ln1, ln1_rstd, q, k, v, lse, atty, res2, ln2, ln2_rstd, gate, up;
     DeviceBuffer q_raw, k_raw, q_rstd, k_rstd;
   };
@@ -365,7 +393,7 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T, bool checkpoint
   n.f32 = S * (2 * BT + B * H * T) + BT + 2 * T * (D / 2);  // rstd x2, lse; norm rstd; RoPE
   if (c.qk_norm()) {
     n.act += S * BT * (Q + KV);                  // q_raw, k_raw
-    n.f32 += S * BT * (H + c.kv_heads());        // q_rstd, k_rstd
+    n.f32 += S * BT * (c.qk_norm_per_head() ? H + c.kv_heads() : 2);  // q_rstd, k_rstd
   }
   n.i32 = 2 * BT;
   return n;
@@ -408,7 +436,8 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
     y.ln2_rstd = f32(BT); y.gate = f(BT * I); y.up = f(BT * I);
     if (cfg_.qk_norm()) {
       y.q_raw = f(BT * Q); y.k_raw = f(BT * KV);
-      y.q_rstd = f32(BT * H); y.k_rstd = f32(BT * cfg_.kv_heads());
+      const bool per_head = cfg_.qk_norm_per_head();
+      y.q_rstd = f32(per_head ? BT * H : BT); y.k_rstd = f32(per_head ? BT * cfg_.kv_heads() : BT);
     }
   }
   a->lnf = f(BT * C); a->lnf_rstd = f32(BT);
@@ -531,23 +560,45 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
       be_.gemm(false, true, BT, n, m, 1.f, inp, W(w), 0.f, out);
     }
   };
-  be_.rmsnorm_forward(ln1, y.ln1_rstd.view({BT}), in, W(x.ln_in), BT, C, eps);
-  if (cfg_.qk_norm()) {  // Qwen3: q = q_norm(q_proj(ln1)) over each head's D values; k alike
-    linear(rows(y.q_raw, Q), ln1, x.q_w, x.q_b, Q, C);
-    linear(rows(y.k_raw, KV), ln1, x.k_w, x.k_b, KV, C);
-    be_.rmsnorm_forward(y.q.view({BT * H, D}), y.q_rstd.view({BT * H}), y.q_raw.view({BT * H, D}),
-                        W(x.q_norm), BT * H, D, eps);
-    be_.rmsnorm_forward(y.k.view({BT * Hkv, D}), y.k_rstd.view({BT * Hkv}),
-                        y.k_raw.view({BT * Hkv, D}), W(x.k_norm), BT * Hkv, D, eps);
+  // The projections read input_layernorm(in), or `in` itself when the norms come after the
+  // sublayers (OLMo 2).
+  const bool after = cfg_.norm_after();
+  if (!after) be_.rmsnorm_forward(ln1, y.ln1_rstd.view({BT}), in, W(x.ln_in), BT, C, eps);
+  const TensorView xin = after ? in : ln1;
+  if (cfg_.qk_norm()) {  // q = q_norm(q_proj(xin)) (Qwen3: per head; OLMo 2: per row); k alike
+    const QkNormRows n = qk_norm_rows(cfg_, BT);
+    linear(rows(y.q_raw, Q), xin, x.q_w, x.q_b, Q, C);
+    linear(rows(y.k_raw, KV), xin, x.k_w, x.k_b, KV, C);
+    be_.rmsnorm_forward(y.q.view({n.q, n.q_width}), y.q_rstd.view({n.q}),
+                        y.q_raw.view({n.q, n.q_width}), W(x.q_norm), n.q, n.q_width, eps);
+    be_.rmsnorm_forward(y.k.view({n.k, n.k_width}), y.k_rstd.view({n.k}),
+                        y.k_raw.view({n.k, n.k_width}), W(x.k_norm), n.k, n.k_width, eps);
   } else {
-    linear(q, ln1, x.q_w, x.q_b, Q, C);
-    linear(k, ln1, x.k_w, x.k_b, KV, C);
+    linear(q, xin, x.q_w, x.q_b, Q, C);
+    linear(k, xin, x.k_w, x.k_b, KV, C);
   }
-  linear(v, ln1, x.v_w, x.v_b, KV, C);
+  linear(v, xin, x.v_w, x.v_b, KV, C);
   be_.rope_forward(q, q, cos, sin, B, T, H, D);
   be_.rope_forward(k, k, cos, sin, B, T, Hkv, D);
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
                             1.f / std::sqrt(static_cast<float>(D)));
+  if (after) {
+    // res2 = in + post_attention_layernorm(o), o = o_proj(atty) kept in ln1 (no input norm)
+    linear(ln1, atty, x.o_w, x.o_b, C, Q);
+    be_.rmsnorm_forward(res2, y.ln1_rstd.view({BT}), ln1, W(x.ln_in), BT, C, eps);
+    be_.add_bias_residual(res2, TensorView{}, in, BT, C);
+    linear(gate, res2, x.gate_w, x.gate_b, I, C);
+    linear(up, res2, x.up_w, x.up_b, I, C);
+    be_.swiglu_forward(act, gate, up);
+    // out = res2 + post_feedforward_layernorm(m), m = down_proj(act) kept in ln2. The
+    // recompute of activation checkpointing needs m and the norm's statistics, not the
+    // output: the norm then writes into the free dln.
+    linear(ln2, act, x.down_w, x.down_b, C, I);
+    const TensorView out = write_output ? rows(a.res[l + 1], C) : rows(a.dln, C);
+    be_.rmsnorm_forward(out, y.ln2_rstd.view({BT}), ln2, W(x.ln_post), BT, C, eps);
+    if (write_output) be_.add_bias_residual(out, TensorView{}, res2, BT, C);
+    return;
+  }
   // res2 = in + o_proj(atty); ln2 = RMSNorm(res2): the bias, residual and norm in one pass
   auto bias = [&](int b) { return b >= 0 ? W(b) : TensorView{}; };
   be_.gemm(false, true, BT, C, Q, 1.f, atty, W(x.o_w), 0.f, res2);
@@ -623,44 +674,65 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
       }
       be_.gemm(false, false, BT, m_in, n, 1.f, dout, W(w), accumulate ? 1.f : 0.f, din);
     };
-    // MLP: dres = d res[l+1] = d (res2 + down(act))
+    // MLP: dres = d res[l+1] = d (res2 + down(act)), OLMo 2: d (res2 + norm(down(act)))
     // act = silu(gate) * up into dI1 (the checkpointing recompute has just put it there);
     // linear_backward reads it for the weight gradient before it writes d act over it.
+    const bool after = cfg_.norm_after();
+    if (after) {  // d m (m = down(act) in ln2) into dln: rmsnorm_backward adds to zeros
+      rt_.fill_zero(dln);
+      be_.rmsnorm_backward(dln, G(x.ln_post), dres, rows(y.ln2, C), W(x.ln_post),
+                           y.ln2_rstd.view({BT}), BT, C);
+    }
     if (!checkpointing_) be_.swiglu_forward(dI1, rows(y.gate, I), rows(y.up, I));
-    linear_backward(dI1, dres, dI1, x.down_w, x.down_b, C, I, false);  // d act
+    linear_backward(dI1, after ? dln : dres, dI1, x.down_w, x.down_b, C, I, false);  // d act
     be_.swiglu_backward(dI1, dI2, dI1, rows(y.gate, I), rows(y.up, I));          // d gate, d up
-    linear_backward(dln, dI1, rows(y.ln2, C), x.gate_w, x.gate_b, I, C, false);
-    linear_backward(dln, dI2, rows(y.ln2, C), x.up_w, x.up_b, I, C, true);       // d ln2
-    be_.rmsnorm_backward(dres, G(x.ln_post), dln, rows(y.res2, C), W(x.ln_post),
-                         y.ln2_rstd.view({BT}), BT, C);                           // dres = d res2
-    // attention: res2 = in + o_proj(atty)
-    linear_backward(datty, dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false);
+    if (after) {  // the MLP read res2 itself: its input gradient adds to dres = d res2
+      linear_backward(dres, dI1, rows(y.res2, C), x.gate_w, x.gate_b, I, C, true);
+      linear_backward(dres, dI2, rows(y.res2, C), x.up_w, x.up_b, I, C, true);
+      // res2 = in + post_attention_layernorm(o), o = o_proj(atty) in ln1: d o into dln
+      rt_.fill_zero(dln);
+      be_.rmsnorm_backward(dln, G(x.ln_in), dres, rows(y.ln1, C), W(x.ln_in),
+                           y.ln1_rstd.view({BT}), BT, C);
+    } else {
+      linear_backward(dln, dI1, rows(y.ln2, C), x.gate_w, x.gate_b, I, C, false);
+      linear_backward(dln, dI2, rows(y.ln2, C), x.up_w, x.up_b, I, C, true);       // d ln2
+      be_.rmsnorm_backward(dres, G(x.ln_post), dln, rows(y.res2, C), W(x.ln_post),
+                           y.ln2_rstd.view({BT}), BT, C);                           // dres = d res2
+    }
+    // attention: res2 = in + o_proj(atty) (OLMo 2: d o in dln)
+    linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false);
     be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
                                1.f / std::sqrt(static_cast<float>(D)));
     be_.rope_backward(dq, dq, cos, sin, B, T, H, D);
     be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D);
+    // The projections' input xin: ln1, whose gradient goes to dln (then through the input
+    // norm), or (OLMo 2) res[l] itself, whose gradient adds to dres.
+    const TensorView xin = after ? rows(a.res[l], C) : rows(y.ln1, C), dxin = after ? dres : dln;
     if (cfg_.qk_norm()) {
       // d q_raw into datty (free since the attention's backward), d k_raw into dq (free once
       // q_proj's backward has read d q_raw): rmsnorm_backward accumulates into zeros.
+      const QkNormRows n = qk_norm_rows(cfg_, BT);
       rt_.fill_zero(datty);
-      be_.rmsnorm_backward(a.datty.view({BT * H, D}), G(x.q_norm), a.dq.view({BT * H, D}),
-                           y.q_raw.view({BT * H, D}), W(x.q_norm), y.q_rstd.view({BT * H}),
-                           BT * H, D);
-      linear_backward(dln, datty, rows(y.ln1, C), x.q_w, x.q_b, Q, C, false);
+      be_.rmsnorm_backward(a.datty.view({n.q, n.q_width}), G(x.q_norm), a.dq.view({n.q, n.q_width}),
+                           y.q_raw.view({n.q, n.q_width}), W(x.q_norm), y.q_rstd.view({n.q}), n.q,
+                           n.q_width);
+      linear_backward(dxin, datty, xin, x.q_w, x.q_b, Q, C, after);
       const TensorView dk_raw = a.dq.view({BT, KV});
       rt_.fill_zero(dk_raw);
-      be_.rmsnorm_backward(a.dq.view({BT * Hkv, D}), G(x.k_norm), a.dk.view({BT * Hkv, D}),
-                           y.k_raw.view({BT * Hkv, D}), W(x.k_norm), y.k_rstd.view({BT * Hkv}),
-                           BT * Hkv, D);
-      linear_backward(dln, dk_raw, rows(y.ln1, C), x.k_w, x.k_b, KV, C, true);
+      be_.rmsnorm_backward(a.dq.view({n.k, n.k_width}), G(x.k_norm), a.dk.view({n.k, n.k_width}),
+                           y.k_raw.view({n.k, n.k_width}), W(x.k_norm), y.k_rstd.view({n.k}), n.k,
+                           n.k_width);
+      linear_backward(dxin, dk_raw, xin, x.k_w, x.k_b, KV, C, true);
     } else {
-      linear_backward(dln, dq, rows(y.ln1, C), x.q_w, x.q_b, Q, C, false);
-      linear_backward(dln, dk, rows(y.ln1, C), x.k_w, x.k_b, KV, C, true);
+      linear_backward(dxin, dq, xin, x.q_w, x.q_b, Q, C, after);
+      linear_backward(dxin, dk, xin, x.k_w, x.k_b, KV, C, true);
     }
-    linear_backward(dln, dv, rows(y.ln1, C), x.v_w, x.v_b, KV, C, true);          // d ln1
-    be_.rmsnorm_backward(dres, G(x.ln_in), dln, rows(a.res[l], C), W(x.ln_in),
-                         y.ln1_rstd.view({BT}), BT, C);                           // dres = d res[l]
+    linear_backward(dxin, dv, xin, x.v_w, x.v_b, KV, C, true);                    // d xin
+    if (!after) {
+      be_.rmsnorm_backward(dres, G(x.ln_in), dln, rows(a.res[l], C), W(x.ln_in),
+                           y.ln1_rstd.view({BT}), BT, C);                         // dres = d res[l]
+    }
     hooks.post_backward(m);
   }
 
@@ -685,7 +757,7 @@ class LlamaFamily final : public ModelFamily {
     const LlamaConfig g = LlamaConfig::from(c.model);
     const auto& a = args();
     const auto n = [](int64_t v) { return std::to_string(v); };
-    const bool has_head_dim = arch_ != LlamaArch::qwen2;
+    const bool has_head_dim = arch_ != LlamaArch::qwen2 && arch_ != LlamaArch::olmo2;
     if (g.head_dim == 0 && g.hidden_size % g.num_attention_heads != 0) {
       throw fail(a.key(&LlamaConfig::hidden_size),
                  n(g.hidden_size) + " is not divisible by " + a.key(&LlamaConfig::num_attention_heads) +
@@ -848,7 +920,8 @@ class LlamaFamily final : public ModelFamily {
     LlamaConfig base;
     base.arch = arch_;
     const LlamaConfig g = args().from_hf(hf, origin, base);
-    if (arch_ != LlamaArch::mistral && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
+    const bool qwen = arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3;
+    if (qwen && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
       nlohmann::json want = nlohmann::json::array();
       for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
         const bool slides = g.use_sliding_window && l >= g.max_window_layers;
@@ -891,8 +964,9 @@ LlamaConfig LlamaConfig::from(const ModelConfig& c) {
 }
 
 const ModelFamily& llama_family(LlamaArch arch) {
-  static const LlamaFamily families[] = {LlamaFamily(LlamaArch::llama), LlamaFamily(LlamaArch::mistral),
-                                         LlamaFamily(LlamaArch::qwen2), LlamaFamily(LlamaArch::qwen3)};
+  static const LlamaFamily families[] = {
+      LlamaFamily(LlamaArch::llama), LlamaFamily(LlamaArch::mistral), LlamaFamily(LlamaArch::qwen2),
+      LlamaFamily(LlamaArch::qwen3), LlamaFamily(LlamaArch::olmo2)};
   return families[static_cast<int>(arch)];
 }
 

@@ -21,7 +21,8 @@ const std::vector<const ModelFamily*>& model_families() {
       &llama_family(LlamaArch::llama),
       &llama_family(LlamaArch::mistral),
       &llama_family(LlamaArch::qwen2),
-      &llama_family(LlamaArch::qwen3)};
+      &llama_family(LlamaArch::qwen3),
+      &llama_family(LlamaArch::olmo2)};
   return families;
 }
 

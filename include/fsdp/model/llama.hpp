@@ -1,4 +1,4 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of four Hugging Face
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of five Hugging Face
 // classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
@@ -8,7 +8,11 @@
 //  - "qwen2": Qwen2ForCausalLM (models/qwen2): Qwen2 and Qwen2.5, biases on q_proj, k_proj and
 //    v_proj (not o_proj), the sliding window as Mistral's when use_sliding_window;
 //  - "qwen3": Qwen3ForCausalLM (models/qwen3): Qwen3, an RMSNorm over each head of q and k
-//    (self_attn.q_norm, k_norm [head_dim]) before RoPE, attention_bias as Llama's.
+//    (self_attn.q_norm, k_norm [head_dim]) before RoPE, attention_bias as Llama's;
+//  - "olmo2": Olmo2ForCausalLM (models/olmo2; OLMo 2, Team OLMo 2024, "2 OLMo 2 Furious"): the
+//    norms moved from the sublayers' inputs to their outputs, x + post_attention_layernorm(
+//    attn(x)) and h + post_feedforward_layernorm(mlp(h)), and q_norm / k_norm over the whole
+//    q and k projections ([H*D], [Hkv*D]) before RoPE; attention_bias as Llama's, no head_dim.
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding);
@@ -28,10 +32,10 @@
 // Parameter and module names are HF's state-dict and module names ("model.layers.3.mlp.
 // up_proj.weight", module "model.layers.3"): merges and init_from need no renaming, and
 // nn.Linear's [out, in] layout is ours. FSDP units: one per decoder layer (the wrap class:
-// LlamaDecoderLayer, MistralDecoderLayer, Qwen2DecoderLayer or Qwen3DecoderLayer); embed_tokens,
+// <prefix>DecoderLayer: LlamaDecoderLayer, ..., Olmo2DecoderLayer); embed_tokens,
 // norm and lm_head in the root unit. The vocabulary is padded to model.pad_vocab_multiple rows
 // as for GPT-2 (fsdp/model/gpt2.hpp). Initialisation is HF LlamaPreTrainedModel._init_weights
-// (which the other three classes inherit): Linear and Embedding N(0, initializer_range),
+// (the other classes initialise alike): Linear and Embedding N(0, initializer_range),
 // biases 0, RMSNorm weights 1 (pad rows 0). AdamW decays the Linear weights only (not the
 // norms, biases or embedding), as fsdp_train's GPT-2 and T5.
 #pragma once
@@ -51,26 +55,28 @@
 namespace fsdp {
 
 // Which Hugging Face class a Llama-family model is: model.type, HF's model_type.
-enum class LlamaArch { llama, mistral, qwen2, qwen3 };
+enum class LlamaArch { llama, mistral, qwen2, qwen3, olmo2 };
 
 template <>
 struct EnumNames<LlamaArch> {
   static constexpr EnumName<LlamaArch> table[] = {{LlamaArch::llama, "llama"},
                                                   {LlamaArch::mistral, "mistral"},
                                                   {LlamaArch::qwen2, "qwen2"},
-                                                  {LlamaArch::qwen3, "qwen3"}};
+                                                  {LlamaArch::qwen3, "qwen3"},
+                                                  {LlamaArch::olmo2, "olmo2"}};
 };
 
-// HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3" (the classes
+// HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2" (the classes
 // <prefix>Config, <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM).
 const char* llama_arch_prefix(LlamaArch arch);
 
-// Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config and Qwen3Config
-// ([model] with type = "llama", "mistral", "qwen2" or "qwen3"; same names, meanings and,
-// where HF has them, defaults; sizes default to a small CPU model). Each type's [model] key
-// table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp: a field that is
-// not one of its type's keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or
-// head_dim; only Qwen's have use_sliding_window and max_window_layers).
+// Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config and
+// Olmo2Config ([model] with type = "llama", "mistral", "qwen2", "qwen3" or "olmo2"; same
+// names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
+// type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp: a
+// field that is not one of its type's keys keeps the default here (Qwen2 has no
+// attention_bias, mlp_bias or head_dim, OLMo 2 no mlp_bias or head_dim; only Qwen's have
+// use_sliding_window and max_window_layers).
 struct LlamaConfig {
   enum class RopeType { default_, linear, llama3, yarn };
 
@@ -118,12 +124,19 @@ struct LlamaConfig {
   // o_proj (attention_bias).
   bool qkv_bias() const { return attention_bias || arch == LlamaArch::qwen2; }
   bool o_bias() const { return attention_bias; }
-  // Qwen3's per-head RMSNorm of q and k (self_attn.q_norm, k_norm).
-  bool qk_norm() const { return arch == LlamaArch::qwen3; }
+  // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
+  // Qwen3's over each head's D values (weight [D]), OLMo 2's over the whole projection
+  // (weights [H*D], [Hkv*D]).
+  bool qk_norm() const { return arch == LlamaArch::qwen3 || arch == LlamaArch::olmo2; }
+  bool qk_norm_per_head() const { return arch == LlamaArch::qwen3; }
+  // OLMo 2's layer: no norm on the sublayers' inputs; the attention's and the MLP's outputs
+  // are normalised before their residual adds (post_attention_layernorm,
+  // post_feedforward_layernorm).
+  bool norm_after() const { return arch == LlamaArch::olmo2; }
   // The window of the layers that slide (HF's layer_types "sliding_attention"), 0 when every
   // layer attends to all earlier positions.
   int64_t attention_window() const;
-  // From the [model] section (type llama, mistral, qwen2 or qwen3); throws fsdp::Error on a
+  // From the [model] section (type llama, mistral, qwen2, qwen3 or olmo2); throws fsdp::Error on a
   // missing key.
   static LlamaConfig from(const ModelConfig& config);
 };
@@ -162,7 +175,9 @@ double llama_rope_attention_scaling(const LlamaConfig& c);
 const ModelFamily& llama_family(LlamaArch arch = LlamaArch::llama);
 
 // Modules in forward order: "model.embed_tokens" (class "Embedding": embed_tokens.weight
-// [Vp,C]), "model.layers.{l}" (class "<prefix>DecoderLayer"), "model.norm" (class
+// [Vp,C]), "model.layers.{l}" (class "<prefix>DecoderLayer"; its norms input_layernorm and
+// post_attention_layernorm, OLMo 2's post_attention_layernorm and
+// post_feedforward_layernorm), "model.norm" (class
 // "<prefix>RMSNorm"), and "lm_head" (class "Linear", lm_head.weight [Vp,C]) unless tied;
 // <prefix> is llama_arch_prefix(config.arch).
 std::vector<ModuleDecl> llama_modules(const LlamaConfig& config);
