@@ -3,7 +3,8 @@
 // and CUDA attention tests. Semantics: backend.hpp's mha_forward / mha_backward.
 //
 // Forward, per (b, h, i): s_j = scale q_i . k_j + bias[h,i,j] over the keys j that are not
-// masked (key_mask[b,j] != 0, and j <= i when causal); P_ij = softmax_j(s); out_i =
+// masked (key_mask[b,j] != 0, j <= i when causal, and j > i - window when window > 0: the
+// sliding window of gqa_attention_*); P_ij = softmax_j(s); out_i =
 // sum_j P_ij v_j; lse_i = log sum_j exp(s_j) (+inf, out 0 for a row with no key).
 // Backward from dout: dP_ij = dout_i . v_j, dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik),
 // dq_i = scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dout_i,
@@ -23,6 +24,7 @@ struct AttnShape {
   int64_t B, Tq, Tk, H, D;
   float scale;
   bool causal;
+  int64_t window = 0;  // > 0: also masked where j <= i - window
 };
 
 struct AttnRef {
@@ -57,7 +59,8 @@ inline AttnRef naive_attention(const AttnShape& s, const std::vector<float>& q,
       for (int64_t i = 0; i < s.Tq; ++i) {
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < s.Tk; ++j) {
-          on[j] = !(s.causal && j > i) && (mask.empty() || mask[b * s.Tk + j] != 0);
+          on[j] = !(s.causal && j > i) && !(s.window > 0 && j <= i - s.window) &&
+                  (mask.empty() || mask[b * s.Tk + j] != 0);
           if (!on[j]) continue;
           double d = 0.0;
           for (int64_t e = 0; e < s.D; ++e) {

@@ -1454,10 +1454,11 @@ TEST(CudaBackend, Swiglu) {
 // on both from the CPU's out and lse (outputs pre-filled: they are written), then the GPU's
 // backward once more, bitwise equal (the dK/dV group sums have a fixed order).
 void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, std::mt19937& rng,
-             DType out_t) {
+             DType out_t, int64_t window = 0) {
   SCOPED_TRACE("q " + name(t) + " out " + name(out_t) + " B=" + std::to_string(B) +
                " T=" + std::to_string(T) + " H=" + std::to_string(H) + " Hkv=" +
-               std::to_string(Hkv) + " D=" + std::to_string(D));
+               std::to_string(Hkv) + " D=" + std::to_string(D) + " window=" +
+               std::to_string(window));
   const Tol tol = attn_tol(t == DType::f32 ? out_t : t);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
@@ -1465,7 +1466,8 @@ void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, s
        v = make(t, uniform(nk, rng));
   Pair out = make(out_t, uniform(nq, rng)), lse = make(DType::f32, uniform(nl, rng));
   both([&](Backend& be, Side s) {
-    be.gqa_attention_forward(out.v(s), lse.v(s), q.v(s), k.v(s), v.v(s), B, T, H, Hkv, D, scale);
+    be.gqa_attention_forward(out.v(s), lse.v(s), q.v(s), k.v(s), v.v(s), B, T, H, Hkv, D, scale,
+                             window);
   });
   check(out, tol, "out");
   check(lse, tol, "lse");
@@ -1475,7 +1477,7 @@ void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, s
   Pair dq = make(t, uniform(nq, rng)), dk = make(t, uniform(nk, rng)), dv = make(t, uniform(nk, rng));
   both([&](Backend& be, Side s) {
     be.gqa_attention_backward(dq.v(s), dk.v(s), dv.v(s), dout.v(s), q.v(s), k.v(s), v.v(s),
-                              out.v(s), lse.v(s), B, T, H, Hkv, D, scale);
+                              out.v(s), lse.v(s), B, T, H, Hkv, D, scale, window);
   });
   check(dq, tol, "dq");
   check(dk, tol, "dk");
@@ -1485,7 +1487,7 @@ void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, s
   Pair dq2 = make(t, Vec(nq)), dk2 = make(t, Vec(nk)), dv2 = make(t, Vec(nk));
   gpu().gqa_attention_backward(dq2.v(kGpu), dk2.v(kGpu), dv2.v(kGpu), dout.v(kGpu), q.v(kGpu),
                                k.v(kGpu), v.v(kGpu), out.v(kGpu), lse.v(kGpu), B, T, H, Hkv, D,
-                               scale);
+                               scale, window);
   expect_bytes(dq2, first[0], "dq rerun");
   expect_bytes(dk2, first[1], "dk rerun");
   expect_bytes(dv2, first[2], "dv rerun");
@@ -1503,6 +1505,11 @@ TEST(CudaBackend, GqaAttention) {
     run_gqa(t, 1, 200, 4, 1, 128, rng, t);  // MQA, D 128
     run_gqa(t, 1, 129, 6, 3, 128, rng, t);
     run_gqa(t, 1, 512, 32, 8, 64, rng, t);  // Llama-like: 4 query heads per kv head
+    // Sliding windows (Mistral): SIMT; tensor cores with windows inside one 64-key tile,
+    // across tiles and not a multiple of 64 (tile_unmasked must see the window).
+    run_gqa(t, 2, 37, 4, 2, 8, rng, t, 5);
+    for (int64_t w : {1, 48, 64, 100}) run_gqa(t, 1, 300, 8, 2, 64, rng, t, w);
+    run_gqa(t, 1, 260, 4, 1, 128, rng, t, 130);
   }
   run_gqa(DType::bf16, 2, 33, 4, 2, 64, rng, DType::f32);  // mixed storage: fp32 fallback
 }
@@ -1519,11 +1526,11 @@ TEST(CudaBackend, LlamaWrongArgumentsThrow) {
                "cuda backend: swiglu_forward: gate is fp32 [100]");
   expect_error([&] { g.swiglu_backward(F, F, F, F, F.slice(0, 3)); },
                "cuda backend: swiglu_backward: up is fp32 [3]");
-  expect_error([&] { g.gqa_attention_forward(F, F, F, F, F, 1, 2, 6, 4, 4, 0.5f); },
+  expect_error([&] { g.gqa_attention_forward(F, F, F, F, F, 1, 2, 6, 4, 4, 0.5f, 0); },
                "cuda backend: gqa_attention_forward: Hkv = 4");
-  expect_error([&] { g.gqa_attention_backward(F, F, F, F, F, F, F, F, F, 1, 2, 6, 0, 4, 0.5f); },
+  expect_error([&] { g.gqa_attention_backward(F, F, F, F, F, F, F, F, F, 1, 2, 6, 0, 4, 0.5f, 0); },
                "cuda backend: gqa_attention_backward: Hkv = 0");
-  expect_error([&] { g.gqa_attention_forward(F, Hb, F, F, F, 1, 2, 6, 3, 4, 0.5f); },
+  expect_error([&] { g.gqa_attention_forward(F, Hb, F, F, F, 1, 2, 6, 3, 4, 0.5f, 0); },
                "cuda backend: gqa_attention_forward: lse is bf16");
   g.synchronize();
 }

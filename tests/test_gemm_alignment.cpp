@@ -153,11 +153,11 @@ class GemmRecorder final : public fsdp::Kernels {
                        const TensorView&) override {}
   void gqa_attention_forward(const TensorView&, const TensorView&, const TensorView&,
                              const TensorView&, const TensorView&, int64_t, int64_t, int64_t,
-                             int64_t, int64_t, float) override {}
+                             int64_t, int64_t, float, int64_t) override {}
   void gqa_attention_backward(const TensorView&, const TensorView&, const TensorView&,
                               const TensorView&, const TensorView&, const TensorView&,
                               const TensorView&, const TensorView&, const TensorView&, int64_t,
-                              int64_t, int64_t, int64_t, int64_t, float) override {}
+                              int64_t, int64_t, int64_t, int64_t, float, int64_t) override {}
 
  private:
   fsdp::CountingRuntime runtime_;

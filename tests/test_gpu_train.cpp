@@ -114,8 +114,8 @@ TEST(GpuTrain, Bf16TracksFp32) {
 // The Llama kernels (RoPE, GQA attention, SwiGLU, RMSNorm) and the fused linear +
 // cross-entropy (chunks of 8 rows: several per micro-batch) on the GPU give the CPU
 // backend's losses and parameters within 1e-4, as GPT-2 does above; so do Qwen2's q/k/v
-// biases, Qwen3's per-head q/k RMSNorm (rows of head_dim 6: the unvectorised path) and OLMo
-// 2's output norms and whole-row q/k norms.
+// biases, Qwen3's per-head q/k RMSNorm (rows of head_dim 6: the unvectorised path), OLMo 2's
+// output norms and whole-row q/k norms, and Mistral's sliding window (5 < the 12-token rows).
 TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
   const std::vector<std::string> fused = {"model.fused_linear_cross_entropy=true",
                                           "model.fused_linear_cross_entropy_chunk_rows=8"};
@@ -125,7 +125,8 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
       {"llama fused_ce", llama_config("", fused)},
       {"qwen2", llama_config("", {"model.type=\"qwen2\""})},
       {"qwen3 head_dim 6", llama_config("", {"model.type=\"qwen3\"", "model.head_dim=6"})},
-      {"olmo2", llama_config("", {"model.type=\"olmo2\""})}};
+      {"olmo2", llama_config("", {"model.type=\"olmo2\""})},
+      {"mistral window 5", llama_config("", {"model.type=\"mistral\"", "model.sliding_window=5"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

@@ -188,9 +188,10 @@ TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// Mistral, Qwen2, Qwen3 and OLMo 2 (the same model under their HF classes: Qwen2's q/k/v
-// biases, Qwen3's per-head q/k norms at head_dim 6 != 16 / 4, OLMo 2's output norms and
-// whole-row q/k norms): FULL_SHARD over the world equals one
+// Mistral, Qwen2, Qwen3 and OLMo 2 (the same model under their HF classes: Mistral's sliding
+// window of 5 and Qwen2's of 4 on its second layer, both shorter than the 12-token sequences;
+// Qwen2's q/k/v biases, Qwen3's per-head q/k norms at head_dim 6 != 16 / 4, OLMo 2's output
+// norms and whole-row q/k norms): FULL_SHARD over the world equals one
 // rank's NO_SHARD (each class its own wrap class), and the merge names the class, with the
 // class's extra tensors in model.safetensors.
 TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
@@ -200,8 +201,11 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
     const char* architecture;
     const char* extra;  // a tensor Llama's config would not have ("" = none)
   };
-  for (const Case& k : {Case{"mistral", {"model.sliding_window=16"}, "MistralForCausalLM", ""},
-                        Case{"qwen2", {}, "Qwen2ForCausalLM", "model.layers.1.self_attn.v_proj.bias"},
+  for (const Case& k : {Case{"mistral", {"model.sliding_window=5"}, "MistralForCausalLM", ""},
+                        Case{"qwen2",
+                             {"model.use_sliding_window=true", "model.sliding_window=4",
+                              "model.max_window_layers=1"},
+                             "Qwen2ForCausalLM", "model.layers.1.self_attn.v_proj.bias"},
                         Case{"qwen3", {"model.head_dim=6"}, "Qwen3ForCausalLM",
                              "model.layers.0.self_attn.k_norm.weight"},
                         Case{"olmo2", {}, "Olmo2ForCausalLM",

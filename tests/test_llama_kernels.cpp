@@ -361,7 +361,7 @@ void check_gqa_equals_repeated_mha(Backend& be, std::mt19937& rng, const GqaShap
 
   Vec out(nq, nan), lse(nl, nan), mout(nq, nan), mlse(nl, nan);
   be.gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                           scale);
+                           scale, 0);
   be.mha_forward(f32(mout), f32(mlse), f32(q), f32(kr), f32(vr), TensorView{}, TensorView{}, s.B,
                  s.T, s.T, s.H, s.D, scale, true);
   expect_near_all(out, mout, 1e-6, "out vs mha " + what);
@@ -374,7 +374,7 @@ void check_gqa_equals_repeated_mha(Backend& be, std::mt19937& rng, const GqaShap
 
   Vec dq(nq, nan), dk(nk, nan), dv(nk, nan), mdq(nq, nan), mdk(nq, nan), mdv(nq, nan);
   be.gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v), f32(out),
-                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale);
+                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0);
   be.mha_backward(f32(mdq), f32(mdk), f32(mdv), TensorView{}, f32(dout), f32(q), f32(kr), f32(vr),
                   f32(mout), f32(mlse), TensorView{}, TensorView{}, s.B, s.T, s.T, s.H, s.D, scale,
                   true);
@@ -415,14 +415,14 @@ void gqa_gradient_check(Backend& be, std::mt19937& rng, const GqaShape& s, float
   const Vec Rw = random_vec(nq, rng);
   Vec out(nq), lse(nl);
   be.gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                           scale);
+                           scale, 0);
   Vec dq(nq), dk(nk), dv(nk);
   be.gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
-                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale);
+                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0);
   auto loss = [&] {
     Vec o(nq), l(nl);
     be.gqa_attention_forward(f32(o), f32(l), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                             scale);
+                             scale, 0);
     return dot(o, Rw);
   };
   EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4) << "dq " << what;
@@ -436,11 +436,84 @@ TEST_F(LlamaKernels, GqaGradientCheck) {
   gqa_gradient_check(*be, rng, {1, 4, 2, 2, 6}, 0.4f);   // MHA
 }
 
+// The sliding window (Mistral, Qwen2's sliding layers): key j visible to query i iff
+// i - window < j <= i, against the double-precision naive attention with that mask, forward
+// and backward, across query and key tiles (T = 300: the CPU's 64-query tiles start their
+// keys inside a 256-key tile), GQA groups; a window of T or more equals no window bit for bit,
+// and window 1 is each query's own value. Finite differences at a window of 2.
+TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
+  for (const auto& [s, window] : std::vector<std::pair<GqaShape, int64_t>>{
+           {{2, 7, 4, 2, 8}, 3}, {{1, 300, 4, 2, 8}, 70}, {{1, 300, 2, 1, 4}, 257}, {{2, 5, 2, 2, 4}, 1}}) {
+    const std::string what = describe(s) + " window=" + std::to_string(window);
+    const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+    const Vec q = random_vec(nq, rng, -2.0f, 2.0f), k = random_vec(nk, rng, -2.0f, 2.0f),
+              v = random_vec(nk, rng), dout = random_vec(nq, rng);
+    Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
+    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv,
+                              s.D, scale, window);
+    be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
+                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window);
+    test_util::AttnShape as{s.B, s.T, s.T, s.H, s.D, scale, true};
+    as.window = window;
+    const test_util::AttnRef ref =
+        test_util::naive_attention(as, q, repeat_kv(k, s), repeat_kv(v, s), {}, {}, dout);
+    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << "out " << what << " " << i;
+    for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << "lse " << what << " " << i;
+    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(dq[i], ref.dq[i], 2e-5) << "dq " << what << " " << i;
+    Vec rdk(nq), rdv(nq);
+    for (int64_t i = 0; i < nq; ++i) {
+      rdk[i] = static_cast<float>(ref.dk[i]);
+      rdv[i] = static_cast<float>(ref.dv[i]);
+    }
+    expect_near_all(dk, sum_groups(rdk, s), 3e-5, "dk " + what);
+    expect_near_all(dv, sum_groups(rdv, s), 3e-5, "dv " + what);
+    if (window == 1) {  // each query sees only itself: out = v of its own position
+      for (int64_t bt = 0; bt < s.B * s.T; ++bt) {
+        for (int64_t h = 0; h < s.H; ++h) {
+          for (int64_t e = 0; e < s.D; ++e) {
+            ASSERT_EQ(out[(bt * s.H + h) * s.D + e], v[(bt * s.Hkv + h / (s.H / s.Hkv)) * s.D + e])
+                << what;
+          }
+        }
+      }
+    }
+    // A window of T (or more) masks nothing the causal mask does not.
+    Vec full(nq), full_lse(nl), wide(nq), wide_lse(nl);
+    be->gqa_attention_forward(f32(full), f32(full_lse), f32(q), f32(k), f32(v), s.B, s.T, s.H,
+                              s.Hkv, s.D, scale, 0);
+    be->gqa_attention_forward(f32(wide), f32(wide_lse), f32(q), f32(k), f32(v), s.B, s.T, s.H,
+                              s.Hkv, s.D, scale, s.T);
+    expect_same_bits(wide, full, "window T vs none " + what);
+    expect_same_bits(wide_lse, full_lse, "lse, window T vs none " + what);
+  }
+  // Finite differences through the window.
+  const GqaShape s{1, 6, 2, 1, 4};
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
+  Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
+      v = random_vec(nk, rng);
+  const Vec Rw = random_vec(nq, rng);
+  Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
+  be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                            0.5f, 2);
+  be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
+                             f32(lse), s.B, s.T, s.H, s.Hkv, s.D, 0.5f, 2);
+  auto loss = [&] {
+    Vec o(nq), l(nl);
+    be->gqa_attention_forward(f32(o), f32(l), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                              0.5f, 2);
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4);
+  EXPECT_LT(rel_err(dk, numeric_grad(k, loss, 1e-2f)), 5e-4);
+  EXPECT_LT(rel_err(dv, numeric_grad(v, loss, 1e-2f)), 5e-4);
+}
+
 TEST_F(LlamaKernels, GqaCausalRowZeroSeesOnlyKeyZero) {
   // B = 1, T = 2, H = 2 query heads on Hkv = 1: row 0 of each head equals v[0] exactly
   const Vec q = {1, 2, -1, 0.5f, 3, 4, 0.25f, -2}, k = {0.5f, -1, 2, 0.25f}, v = {1, 2, 3, 4};
   Vec out(8), lse(4);
-  be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), 1, 2, 2, 1, 2, 1.0f);
+  be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), 1, 2, 2, 1, 2, 1.0f, 0);
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[1], 2.0f);
   EXPECT_EQ(out[2], 1.0f);
@@ -463,9 +536,9 @@ TEST_F(LlamaKernels, GqaResultsIndependentOfThreadCount) {
   auto run = [&](Backend& b) {
     std::vector<Vec> r = {Vec(nq), Vec(nl), Vec(nq), Vec(nk), Vec(nk)};
     b.gqa_attention_forward(f32(r[0]), f32(r[1]), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv,
-                            s.D, 0.25f);
+                            s.D, 0.25f, 0);
     b.gqa_attention_backward(f32(r[2]), f32(r[3]), f32(r[4]), f32(dout), f32(q), f32(k), f32(v),
-                             f32(r[0]), f32(r[1]), s.B, s.T, s.H, s.Hkv, s.D, 0.25f);
+                             f32(r[0]), f32(r[1]), s.B, s.T, s.H, s.Hkv, s.D, 0.25f, 0);
     return r;
   };
   auto one = make_cpu_backend(1), three = make_cpu_backend(3);
@@ -481,20 +554,20 @@ TEST_F(LlamaKernels, GqaArgumentErrors) {
   Vec q(B * T * 6 * D), kv(B * T * 6 * D), out(q.size()), lse(B * 6 * T), g(q.size());
   // H = 6 on Hkv = 4: 6 % 4 != 0
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 4,
-                                         D, 0.5f),
+                                         D, 0.5f, 0),
                Error);
   EXPECT_THROW(be->gqa_attention_backward(f32(g), f32(g), f32(g), f32(g), f32(q), f32(kv), f32(kv),
-                                          f32(out), f32(lse), B, T, 6, 4, D, 0.5f),
+                                          f32(out), f32(lse), B, T, 6, 4, D, 0.5f, 0),
                Error);
   // Hkv = 0 and Hkv > H
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 0,
-                                         D, 0.5f),
+                                         D, 0.5f, 0),
                Error);
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 2, 4,
-                                         D, 0.5f),
+                                         D, 0.5f, 0),
                Error);
   try {
-    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 4, D, 0.5f);
+    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 4, D, 0.5f, 0);
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("gqa_attention_forward: Hkv"), std::string::npos)
         << e.what();
@@ -502,18 +575,18 @@ TEST_F(LlamaKernels, GqaArgumentErrors) {
   // valid: 6 on 3, 2 and 1
   for (int64_t hkv : {6, 3, 2, 1}) {
     EXPECT_NO_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T,
-                                              6, hkv, D, 0.5f))
+                                              6, hkv, D, 0.5f, 0))
         << hkv;
   }
   // k too small for Hkv = 3; lse not fp32
   Vec ksmall(B * T * 3 * D - 1);
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(ksmall), f32(kv), B, T, 6,
-                                         3, D, 0.5f),
+                                         3, D, 0.5f, 0),
                Error);
   std::vector<uint16_t> lse16(lse.size());
   EXPECT_THROW(be->gqa_attention_forward(f32(out),
                                          TensorView(lse16.data(), DType::bf16, {B * 6 * T}),
-                                         f32(q), f32(kv), f32(kv), B, T, 6, 3, D, 0.5f),
+                                         f32(q), f32(kv), f32(kv), B, T, 6, 3, D, 0.5f, 0),
                Error);
 }
 
@@ -611,19 +684,19 @@ TEST_F(LlamaKernels, StoreContractGqaAttention) {
     // fp32 on the rounded values; backward reads out as stored (rounded)
     Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
     be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                              scale);
+                              scale, 0);
     const Vec out_r = rounded(out, dt);
     be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
-                               f32(out_r), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale);
+                               f32(out_r), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0);
     Store sq(dt, q), sk(dt, k), sv(dt, v), sd(dt, dout), so(dt, Vec(nq)), gq(dt, Vec(nq)),
         gk(dt, Vec(nk)), gv(dt, Vec(nk));
     Vec lse16(nl);
     be->gqa_attention_forward(so.view(), f32(lse16), sq.view(), sk.view(), sv.view(), s.B, s.T, s.H,
-                              s.Hkv, s.D, scale);
+                              s.Hkv, s.D, scale, 0);
     expect_rounded(dt, out, so.values(), "gqa out");
     expect_same_bits(lse, lse16, std::string("gqa lse ") + std::string(to_string(dt)));
     be->gqa_attention_backward(gq.view(), gk.view(), gv.view(), sd.view(), sq.view(), sk.view(),
-                               sv.view(), so.view(), f32(lse16), s.B, s.T, s.H, s.Hkv, s.D, scale);
+                               sv.view(), so.view(), f32(lse16), s.B, s.T, s.H, s.Hkv, s.D, scale, 0);
     expect_rounded(dt, dq, gq.values(), "gqa dq");
     expect_rounded(dt, dk, gk.values(), "gqa dk");
     expect_rounded(dt, dv, gv.values(), "gqa dv");

@@ -14,9 +14,10 @@
 #      and one cut at the budget is "cut by budget": neither counts as a failure. The tests'
 #      [offload] and cuda_graphs lines are copied into the summary (the first 40)
 #   4. tools/hf_check.py: GPT-2, T5 (2 cases), Llama (GQA with llama3 RoPE, untied and tied
-#      with biases), Qwen2, Qwen3 (head_dim != hidden / heads; and with YaRN), Mistral and OLMo 2
-#      merged by fsdp_merge load in transformers (AutoModelForCausalLM) and give fsdp_train's
-#      validation loss (<= 1e-5); up to GPU_CHECK_HF_TIMEOUT s (default 220: 10 cases)
+#      with biases), Qwen2, Qwen3 (head_dim != hidden / heads; and with YaRN), Mistral (and with
+#      a window of 8 < the 32-token rows) and OLMo 2 merged by fsdp_merge load in transformers
+#      (AutoModelForCausalLM) and give fsdp_train's validation loss (<= 1e-5); up to
+#      GPU_CHECK_HF_TIMEOUT s (default 240: 11 cases)
 #   5. the profiler once on GPT-2 124M (tools/bench_torch_gpu.py's gpt2-124m configuration:
 #      `fsdp_train CONFIG --profile 3:4`) and `tools/profile_summary.py --top 20 --markdown` of its
 #      rank_0 trace: the top-20 kernel table (not run while the tree has no profile_summary.py)
@@ -294,7 +295,7 @@ fi
 write_summary
 
 # Later steps: each runs when its time limit fits in what is left, else is recorded as skipped.
-HF_TIMEOUT=${GPU_CHECK_HF_TIMEOUT:-220}
+HF_TIMEOUT=${GPU_CHECK_HF_TIMEOUT:-240}
 post_skip() {  # $1 = summary file, $2 = the step's time limit: true (and a note) when it is skipped
   if [[ "${GPU_CHECK_SKIP_POST:-0}" == 1 ]]; then echo "(skipped: GPU_CHECK_SKIP_POST=1)" >"$1"; return 0; fi
   if (( $(left) < $2 )); then

@@ -70,6 +70,9 @@ LLAMA_CASES = {
                                        "tie_word_embeddings": True},
     "mistral gqa untied llama3": {"type": "mistral", "hidden_size": 32, "sliding_window": 1024,
                                   "tie_word_embeddings": False},
+    # A window of 8 over the 32-token rows: transformers' sliding-window mask.
+    "mistral gqa tied window 8": {"type": "mistral", "hidden_size": 32, "sliding_window": 8,
+                                  "tie_word_embeddings": True},
     # OLMo 2: the norms on the sublayers' outputs and q/k norms over whole rows (Olmo2Config
     # has no head_dim: 32 / 4 = 8).
     "olmo2 gqa untied llama3": {"type": "olmo2", "hidden_size": 32, "tie_word_embeddings": False},

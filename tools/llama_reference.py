@@ -21,13 +21,15 @@ the llama3 RoPE branches):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
-VARIANT = <layers>l_<attn>_<tied>_<rope>[_<arch>][_attnbias][_mlpbias] (see VARIANTS below), e.g.
+VARIANT = <layers>l_<attn>_<tied>_<rope>[_<arch>][_attnbias][_mlpbias][_swa] (see VARIANTS), e.g.
 3l_gqa_untied_llama3: attn is mha (num_key_value_heads 4), gqa (2) or mqa (1); rope is rope1e4
 (rope_theta 1e4, rope_scaling null) or llama3 (rope_theta 5e5 with Llama 3.1's rope_scaling);
 arch is absent (LlamaForCausalLM) or the Llama-family class of the same math with its own
 config attributes (other_arch_config): mistral (MistralForCausalLM, a sliding window covering
-every sequence), qwen2 (Qwen2ForCausalLM: q/k/v biases, none on o_proj; modeling_qwen2.py) or
-qwen3 (Qwen3ForCausalLM: q_norm / k_norm, an RMSNorm over each head of q and k before RoPE, and
+every sequence; with _swa a window of 3 < T: each query sees itself and the 2 positions
+before it, transformers' kv_idx > q_idx - sliding_window), qwen2 (Qwen2ForCausalLM: q/k/v
+biases, none on o_proj; modeling_qwen2.py; with _swa, use_sliding_window and the window 3 on
+the layers from max_window_layers = 1 on), qwen3 (Qwen3ForCausalLM: q_norm / k_norm, an RMSNorm over each head of q and k before RoPE, and
 head_dim 12 != hidden / heads; modeling_qwen3.py) or olmo2 (Olmo2ForCausalLM, modeling_olmo2.py:
 the norms moved to the sublayers' outputs, x + post_attention_layernorm(attn(x)) and
 h + post_feedforward_layernorm(mlp(h)), and q_norm / k_norm over the whole q and k projections
@@ -100,7 +102,10 @@ VARIANTS = [
     "1l_mha_tied_linear_qwen2",
     "1l_gqa_untied_rope1e4_olmo2",
     "3l_mqa_tied_llama3_olmo2_attnbias",
+    "1l_gqa_untied_rope1e4_mistral_swa",
+    "3l_mqa_tied_llama3_qwen2_swa",
 ]
+SWA_WINDOW = 3  # the _swa variants' sliding window: shorter than T = 7
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
 
 
@@ -112,7 +117,7 @@ def hf_config(variant):
     layers, attn, tied, rope, flags = words[0], words[1], words[2], words[3], set(words[4:])
     assert layers.endswith("l") and layers[:-1].isdigit(), variant
     assert attn in KV_HEADS and tied in ("tied", "untied") and rope in ("rope1e4", "llama3", "yarn", "linear"), variant
-    assert flags <= {"attnbias", "mlpbias"} | set(ARCHS), variant
+    assert flags <= {"attnbias", "mlpbias", "swa"} | set(ARCHS), variant
     archs = flags & set(ARCHS)
     assert len(archs) <= 1, variant
     if archs:
@@ -148,8 +153,12 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
                 "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope])})
     if arch in ("qwen3", "olmo2"):
         cfg["attention_bias"] = "attnbias" in flags
+    swa = "swa" in flags  # a window shorter than the sequence (Qwen: layers 1.. slide)
+    assert not swa or arch in ("mistral", "qwen2", "qwen3"), (arch, flags)
     if arch == "mistral":
-        cfg["sliding_window"] = MAX_POS
+        cfg["sliding_window"] = SWA_WINDOW if swa else MAX_POS
+    elif arch != "olmo2" and swa:
+        cfg.update({"use_sliding_window": True, "sliding_window": SWA_WINDOW, "max_window_layers": 1})
     elif arch != "olmo2":
         cfg.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": layers})
     cfg.update({"attention_dropout": 0.0, "tie_word_embeddings": tied == "tied", "hidden_act": "silu",
@@ -181,6 +190,17 @@ def qk_norm(cfg):  # Qwen3Attention's q_norm / k_norm over each head
 
 def olmo2(cfg):  # Olmo2: sublayer outputs normalised, q_norm / k_norm over the whole projections
     return cfg["model_type"] == "olmo2"
+
+
+def layer_window(cfg, layer):
+    """The sliding window of a layer (0: none): Mistral's every layer; Qwen's from
+    max_window_layers on under use_sliding_window (HF's layer_types). Query t sees keys
+    s > t - window (transformers' sliding_window_overlay)."""
+    if cfg["model_type"] == "mistral":
+        return cfg.get("sliding_window") or 0
+    if cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+        return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
+    return 0
 
 
 def layer_norm_names(cfg):  # a decoder layer's two RMSNorms, in state-dict order
@@ -345,7 +365,10 @@ def forward(p, cfg, tokens):
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
         att = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-        att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+        visible = causal
+        if layer_window(cfg, l):
+            visible = causal & ~torch.tril(torch.ones(Tn, Tn, dtype=torch.bool), -layer_window(cfg, l))
+        att = att.masked_fill(~visible, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
         m, mb = pre + "mlp.", mlp_bias(cfg)
         if olmo2(cfg):
@@ -532,12 +555,13 @@ def naive_loss(p, cfg, tokens, targets):
                 for hd in range(H):
                     kv = hd // group
                     q = rope(head(qs[t], hd, "q"), t)
-                    scores = [torch.dot(q, rope(head(ks[s], kv, "k"), s)) / math.sqrt(D)
-                              for s in range(t + 1)]
+                    first = max(0, t - layer_window(cfg, l) + 1) if layer_window(cfg, l) else 0
+                    seen = range(first, t + 1)
+                    scores = [torch.dot(q, rope(head(ks[s], kv, "k"), s)) / math.sqrt(D) for s in seen]
                     top = max(float(sc) for sc in scores)
                     w = [torch.exp(sc - top) for sc in scores]
                     z = sum(w)
-                    heads.append(sum(w[s] / z * vs[s][kv * D:(kv + 1) * D] for s in range(t + 1)))
+                    heads.append(sum(w[n] / z * vs[s][kv * D:(kv + 1) * D] for n, s in enumerate(seen)))
                 o = lin(torch.cat(heads), a + "o_proj", o_bias(cfg))
                 if olmo2(cfg):
                     o = norm(o, p[pre + "post_attention_layernorm.weight"])
@@ -675,6 +699,19 @@ def selftest():
         others = max(rel_err(pu[n].grad, pt[n].grad) for n in pt if n != "model.embed_tokens.weight")
         expect(err < 1e-14 and gerr < 1e-12 and others < 1e-12,
                f"{v}: equals untied with a copied lm_head (logits {err:.1e}, embed grad {gerr:.1e}, others {others:.1e})")
+
+    # 4b. The _swa windows change the model (a window that masked nothing would pass the
+    #     comparisons above), and a window covering the sequence changes nothing.
+    for v in (x for x in VARIANTS if x.endswith("_swa")):
+        cfg, params32, tokens, targets = make_case(v)
+        wide = dict(cfg, sliding_window=MAX_POS)
+        none = dict(cfg, sliding_window=None, use_sliding_window=False) if "use_sliding_window" in cfg else None
+        _, _, loss = run(cfg, params32, tokens, targets)
+        _, _, loss_wide = run(wide, params32, tokens, targets)
+        same = none is None or run(none, params32, tokens, targets)[2].item() == loss_wide.item()
+        expect(abs(loss.item() - loss_wide.item()) > 1e-3 * abs(loss_wide.item()) and same,
+               f"{v}: window {cfg['sliding_window']} changes the loss ({loss.item():.6f} vs "
+               f"{loss_wide.item():.6f} with a window covering the sequence, = no window)")
 
     # 5. The fixture text parses back to the run's numbers.
     v = VARIANTS[0]

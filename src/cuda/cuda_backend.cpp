@@ -259,12 +259,12 @@ class CudaBackend final : public Backend {
                        const TensorView& gate, const TensorView& up) override;
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
-                             int64_t H, int64_t Hkv, int64_t D, float scale) override;
+                             int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window) override;
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                              float scale) override;
+                              float scale, int64_t window) override;
 
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
@@ -1317,13 +1317,14 @@ void CudaBackend::swiglu_backward(const TensorView& dgate, const TensorView& dup
 }
 
 namespace {
-// Llama's attention as a FlashProblem: q, out [B,T,H*D], k, v [B,T,Hkv*D], causal, query
-// head h on key/value head h / (H/Hkv).
+// Llama's attention as a FlashProblem: q, out [B,T,H*D], k, v [B,T,Hkv*D], causal (within
+// `window` positions when window > 0), query head h on key/value head h / (H/Hkv).
 k::FlashProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
-                            k::ST t) {
+                            k::ST t, int64_t window) {
   k::FlashProblem p{B,     T,    T,       H,       D, H * D, Hkv * D, Hkv * D, H * D,
                     scale, true, nullptr, nullptr, t};
   p.group = H / Hkv;
+  p.window = window;
   return p;
 }
 }  // namespace
@@ -1331,21 +1332,21 @@ k::FlashProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_
 void CudaBackend::gqa_attention_forward(const TensorView& out_, const TensorView& lse,
                                         const TensorView& q, const TensorView& k,
                                         const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                        int64_t Hkv, int64_t D, float scale) {
+                                        int64_t Hkv, int64_t D, float scale, int64_t window) {
   // q, out: [B,T,H*D]; k, v: [B,T,Hkv*D]; lse: [B,H,T] fp32.
-  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, check_mha_limits);
+  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, window, check_mha_limits);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   auto* l = static_cast<float*>(lse.data);
   const DType dt = q.dtype;
   if (k.dtype == dt && v.dtype == dt && out_.dtype == dt) {
-    k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, st(dt)), q.data, k.data, v.data,
+    k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, st(dt), window), q.data, k.data, v.data,
                      out_.data, l, s());
     return;
   }
   // Mixed storage types: run in fp32 and round the output once.
   const F32Copy fq(*this, q, nq, true), fk(*this, k, nk, true), fv(*this, v, nk, true);
   const F32Copy fo(*this, out_, nq, false);
-  k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32), fq.view.data, fk.view.data,
+  k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window), fq.view.data, fk.view.data,
                    fv.view.data, fo.view.data, l, s());
   if (nq > 0) k::cast(out(out_), in(fo.view), nq, s());
 }
@@ -1355,10 +1356,10 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
                                          const TensorView& q, const TensorView& k,
                                          const TensorView& v, const TensorView& out_,
                                          const TensorView& lse, int64_t B, int64_t T, int64_t H,
-                                         int64_t Hkv, int64_t D, float scale) {
+                                         int64_t Hkv, int64_t D, float scale, int64_t window) {
   // dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] written; dout, out: [B,T,H*D]; q, k, v, lse as in
   // forward.
-  Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D,
+  Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D, window,
                               check_mha_limits);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   if (H == 0) {  // no query head reads the key/value heads (the flash kernels write nothing)
@@ -1373,14 +1374,14 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
   bool same = true;
   for (const TensorView* x : {&dq, &dk, &dv, &dout, &k, &v, &out_}) same = same && x->dtype == dt;
   if (same) {
-    flash_backward(gqa_problem(B, T, H, Hkv, D, scale, st(dt)), q.data, k.data, v.data,
+    flash_backward(gqa_problem(B, T, H, Hkv, D, scale, st(dt), window), q.data, k.data, v.data,
                    out_.data, l, dout.data, dq.data, dk.data, dv.data, nullptr);
     return;
   }
   const F32Copy fd(*this, dout, nq, true), fq(*this, q, nq, true), fk(*this, k, nk, true),
       fv(*this, v, nk, true), fo(*this, out_, nq, true);
   const F32Copy gq(*this, dq, nq, false), gk(*this, dk, nk, false), gv(*this, dv, nk, false);
-  flash_backward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32), fq.view.data, fk.view.data,
+  flash_backward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window), fq.view.data, fk.view.data,
                  fv.view.data, fo.view.data, l, fd.view.data, gq.view.data, gk.view.data,
                  gv.view.data, nullptr);
   if (nq > 0) k::cast(out(dq), in(gq.view), nq, s());

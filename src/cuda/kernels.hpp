@@ -211,6 +211,7 @@ struct FlashProblem {
   const int32_t* key_mask;  // int32 [B,Tk] (0 = padding) or null
   ST t;
   int64_t group = 1;        // query heads per key/value head (H % group == 0)
+  int64_t window = 0;       // > 0 (causal only): key j also masked for query i when j <= i - window
 };
 // Writes out and lse. One launch.
 void flash_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,

@@ -9,7 +9,9 @@
 // launchers.
 //
 // Masking: key j is invisible to query i when j >= Tk, i >= Tq, key_mask[b, j] == 0, or
-// causal and j > i; its score is -inf and its probability exactly 0. A row with no visible
+// causal and j > i, or j <= i - window (a sliding window, window > 0); its score is -inf and
+// its probability exactly 0 (the kernels still visit the key tiles left of a window: they
+// cost time, not correctness). A row with no visible
 // key gets out 0 and lse +inf (flash-attention's softmax.h), so exp(s - lse) = 0 in backward.
 // Grouped-query attention: query head h reads the keys and values of head h / group.
 #pragma once
@@ -33,17 +35,18 @@ struct Dev {
   const float* bias;        // [H, Tq+Tk-1] by relative position j - i + Tq - 1, or null
   const int32_t* key_mask;  // [B,Tk] or null
   int64_t group;            // query heads per key/value head: head h reads k, v of h / group
+  int64_t window;           // > 0: key j also masked for query i when j <= i - window
 };
 
 inline Dev to_dev(const FlashProblem& p) {
-  return {p.B,      p.Tq,   p.Tk,       p.H,    p.D,   p.ldq, p.ldk, p.ldv, p.ldo, p.scale,
-          p.causal, p.bias, p.key_mask, p.group};
+  return {p.B,      p.Tq,   p.Tk,       p.H,     p.D,     p.ldq, p.ldk, p.ldv, p.ldo, p.scale,
+          p.causal, p.bias, p.key_mask, p.group, p.window};
 }
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 __device__ __forceinline__ bool visible(const Dev& p, int64_t b, int64_t i, int64_t j) {
-  return i < p.Tq && j < p.Tk && !(p.causal && j > i) &&
+  return i < p.Tq && j < p.Tk && !(p.causal && j > i) && !(p.window > 0 && j <= i - p.window) &&
          !(p.key_mask && p.key_mask[b * p.Tk + j] == 0);
 }
 // The score of a visible (i, j) from the raw dot product q_i . k_j.

@@ -212,10 +212,11 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // Whether no element of the (query tile i0, key tile j0) pair is masked: every key and query
-// in range, no padding mask, and causal only strictly below the diagonal.
+// in range, no padding mask, causal only strictly below the diagonal, and a sliding window
+// covering the whole tile (its first key within the window of its last query).
 __device__ __forceinline__ bool tile_unmasked(const Dev& p, int64_t i0, int64_t j0) {
   return !p.key_mask && j0 + kRows <= p.Tk && i0 + kRows <= p.Tq &&
-         !(p.causal && j0 + kRows - 1 > i0);
+         !(p.causal && j0 + kRows - 1 > i0) && !(p.window > 0 && j0 <= i0 + kRows - 1 - p.window);
 }
 
 // ---- forward ---------------------------------------------------------------------------------

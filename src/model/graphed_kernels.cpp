@@ -487,17 +487,18 @@ void GraphedKernels::swiglu_backward(const TensorView& dgate, const TensorView& 
 void GraphedKernels::gqa_attention_forward(const TensorView& out, const TensorView& lse,
                                            const TensorView& q, const TensorView& k,
                                            const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                           int64_t Hkv, int64_t D, float scale) {
-  FSDP_RECORD(gqa_attention_forward, out, lse, q, k, v, B, T, H, Hkv, D, scale);
+                                           int64_t Hkv, int64_t D, float scale, int64_t window) {
+  FSDP_RECORD(gqa_attention_forward, out, lse, q, k, v, B, T, H, Hkv, D, scale, window);
 }
 void GraphedKernels::gqa_attention_backward(const TensorView& dq, const TensorView& dk,
                                             const TensorView& dv, const TensorView& dout,
                                             const TensorView& q, const TensorView& k,
                                             const TensorView& v, const TensorView& out,
                                             const TensorView& lse, int64_t B, int64_t T,
-                                            int64_t H, int64_t Hkv, int64_t D, float scale) {
+                                            int64_t H, int64_t Hkv, int64_t D, float scale,
+                                            int64_t window) {
   FSDP_RECORD(gqa_attention_backward, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D,
-              scale);
+              scale, window);
 }
 
 #undef FSDP_RECORD

@@ -221,12 +221,12 @@ std::string layer_class(LlamaArch arch) {
 }
 }  // namespace
 
-int64_t LlamaConfig::attention_window() const {
+int64_t LlamaConfig::layer_window(int64_t layer) const {
   switch (arch) {
     case LlamaArch::mistral: return sliding_window;
     case LlamaArch::qwen2:
     case LlamaArch::qwen3:  // HF's layer_types: sliding from layer max_window_layers on
-      return use_sliding_window && num_hidden_layers > max_window_layers ? sliding_window : 0;
+      return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
     case LlamaArch::olmo2:
     case LlamaArch::llama: break;
   }
@@ -581,7 +581,7 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   be_.rope_forward(q, q, cos, sin, B, T, H, D);
   be_.rope_forward(k, k, cos, sin, B, T, Hkv, D);
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
-                            1.f / std::sqrt(static_cast<float>(D)));
+                            1.f / std::sqrt(static_cast<float>(D)), cfg_.layer_window(l));
   if (after) {
     // res2 = in + post_attention_layernorm(o), o = o_proj(atty) kept in ln1 (no input norm)
     linear(ln1, atty, x.o_w, x.o_b, C, Q);
@@ -703,7 +703,7 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false);
     be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
-                               1.f / std::sqrt(static_cast<float>(D)));
+                               1.f / std::sqrt(static_cast<float>(D)), cfg_.layer_window(l));
     be_.rope_backward(dq, dq, cos, sin, B, T, H, D);
     be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D);
     // The projections' input xin: ln1, whose gradient goes to dln (then through the input
@@ -787,17 +787,6 @@ class LlamaFamily final : public ModelFamily {
                                      a.key(&LlamaConfig::max_position_embeddings) + " = " +
                                      n(g.max_position_embeddings) +
                                      " (expected 1 <= seq_len <= max_position_embeddings)");
-    }
-    // A window that covers every sequence masks nothing causal attention does not; a shorter
-    // one would need banded attention kernels, which fsdp_train does not have.
-    if (const int64_t w = g.attention_window(); w > 0 && w < c.data.seq_len) {
-      throw fail(a.key(&LlamaConfig::sliding_window),
-                 n(w) + " is shorter than data.seq_len = " + n(c.data.seq_len) +
-                     ": sliding-window attention is not implemented (expected a window >= "
-                     "seq_len, " +
-                     (arch_ == LlamaArch::mistral ? std::string("or 0 for none)")
-                                                  : "or " + a.key(&LlamaConfig::use_sliding_window) +
-                                                        " = false)"));
     }
   }
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {

@@ -163,15 +163,6 @@ case "$CASE" in
       --set model.n_positions=512 --set data.seq_len=300
     expect_input_error "tokens.h5" "data.seq_len"
     ;;
-  sliding_window_short)
-    # Mistral with a 32-position window over 64-token sequences: banded attention is not
-    # implemented, so it is refused by name (a window of 64 or 0 would train).
-    tiny_config good.toml
-    sed -i '/^\[model\]/,/^\[/{/^\[model\]/!{/^\[/!d}}' good.toml
-    sed -i 's/^\[model\]$/[model]\ntype = "mistral"\nhidden_size = 32\nnum_attention_heads = 2\nintermediate_size = 48\nnum_hidden_layers = 1\nvocab_size = 256\nsliding_window = 32/' good.toml
-    run_train good.toml --set data.seq_len=64
-    expect_input_error "model.sliding_window: 32 is shorter than data.seq_len = 64" "or 0 for none"
-    ;;
   key_of_another_class)
     # Qwen2Config has no head_dim (hidden_size / heads): the key is unknown for type qwen2.
     tiny_config good.toml

@@ -503,15 +503,17 @@ struct ArgChecks {
     need_float(k, "gate", gate, n);
     need_float(k, "up", up, n);
   }
-  // gqa_attention_forward/backward: dimensions, Hkv >= 1 dividing H, then `limits` (may be
-  // null; the backend's own check of mha_forward, called with Tq = Tk = T), then the views.
+  // gqa_attention_forward/backward: dimensions, the window, Hkv >= 1 dividing H, then `limits`
+  // (may be null; the backend's own check of mha_forward, called with Tq = Tk = T), then the
+  // views.
   static void gqa_dims(const char* k, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                       MhaLimits limits) {
+                       int64_t window, MhaLimits limits) {
     dim(k, "B", B);
     dim(k, "T", T);
     dim(k, "H", H);
     dim(k, "Hkv", Hkv);
     dim(k, "D", D);
+    dim(k, "window", window);
     if (Hkv < 1 || H % Hkv != 0) {
       error(k, "Hkv", "= " + std::to_string(Hkv) + " (expected >= 1 and dividing H = " +
                           std::to_string(H) + ")");
@@ -521,9 +523,10 @@ struct ArgChecks {
   static void gqa_attention_forward(const TensorView& out, const TensorView& lse,
                                     const TensorView& q, const TensorView& kv_k,
                                     const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                    int64_t Hkv, int64_t D, MhaLimits limits = nullptr) {
+                                    int64_t Hkv, int64_t D, int64_t window,
+                                    MhaLimits limits = nullptr) {
     const char* k = "gqa_attention_forward";
-    gqa_dims(k, B, T, H, Hkv, D, limits);
+    gqa_dims(k, B, T, H, Hkv, D, window, limits);
     const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
     need_float(k, "out", out, nq);
     need_dtype(k, "lse", lse, DType::f32, B * H * T);
@@ -536,9 +539,10 @@ struct ArgChecks {
                                      const TensorView& q, const TensorView& kv_k,
                                      const TensorView& v, const TensorView& out,
                                      const TensorView& lse, int64_t B, int64_t T, int64_t H,
-                                     int64_t Hkv, int64_t D, MhaLimits limits = nullptr) {
+                                     int64_t Hkv, int64_t D, int64_t window,
+                                     MhaLimits limits = nullptr) {
     const char* k = "gqa_attention_backward";
-    gqa_dims(k, B, T, H, Hkv, D, limits);
+    gqa_dims(k, B, T, H, Hkv, D, window, limits);
     const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
     need_float(k, "dq", dq, nq);
     need_float(k, "dk", dk, nk);

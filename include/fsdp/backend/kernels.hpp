@@ -395,14 +395,17 @@ class Kernels {
   // q: [B,T,H*D]; k, v: [B,T,Hkv*D]; H % Hkv == 0 (Hkv < 1 or H % Hkv != 0 throws
   // fsdp::Error); query head h reads kv head h / (H/Hkv) (repeat_kv's repeat_interleave
   // order). scores = scale * q.k (Llama: scale = 1/sqrt(D)), key j visible to query i iff
-  // j <= i. Hkv == H is MHA (the values of mha_forward with causal = true and no bias or
+  // j <= i and, when window > 0, j > i - window (a sliding window of `window` positions, the
+  // query's own included: transformers' sliding_window_overlay, Mistral / Qwen2; window < 0
+  // throws). Hkv == H is MHA (the values of mha_forward with causal = true and no bias or
   // mask), Hkv == 1 is MQA. Writes out: [B,T,H*D] and lse: fp32 [B,H,T] (saved for backward).
   virtual void gqa_attention_forward(const TensorView& out, const TensorView& lse,
                                      const TensorView& q, const TensorView& k,
                                      const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                     int64_t Hkv, int64_t D, float scale) = 0;
+                                     int64_t Hkv, int64_t D, float scale, int64_t window) = 0;
   // WRITES dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] from dout: [B,T,H*D] using q, k, v, out, lse of
-  // forward. dk/dv of a kv head are the sum over its group's H/Hkv query heads, in ascending
+  // forward (the same scale and window). dk/dv of a kv head are the sum over its group's H/Hkv
+  // query heads, in ascending
   // head order, in fp32, deterministic (no atomics) on both backends (= mha_backward's dk/dv
   // of k, v repeated H/Hkv times, summed over each group).
   virtual void gqa_attention_backward(const TensorView& dq, const TensorView& dk,
@@ -410,7 +413,7 @@ class Kernels {
                                       const TensorView& q, const TensorView& k,
                                       const TensorView& v, const TensorView& out,
                                       const TensorView& lse, int64_t B, int64_t T, int64_t H,
-                                      int64_t Hkv, int64_t D, float scale) = 0;
+                                      int64_t Hkv, int64_t D, float scale, int64_t window) = 0;
 };
 
 }  // namespace fsdp

@@ -4,7 +4,7 @@
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
 //    modeling_llama.py): Llama 2/3, TinyLlama, SmolLM;
 //  - "mistral": MistralForCausalLM (models/mistral): Llama without biases, plus a sliding window
-//    that must cover data.seq_len (then it changes nothing; a shorter window is refused);
+//    (each query attends to its sliding_window latest positions);
 //  - "qwen2": Qwen2ForCausalLM (models/qwen2): Qwen2 and Qwen2.5, biases on q_proj, k_proj and
 //    v_proj (not o_proj), the sliding window as Mistral's when use_sliding_window;
 //  - "qwen3": Qwen3ForCausalLM (models/qwen3): Qwen3, an RMSNorm over each head of q and k
@@ -106,8 +106,8 @@ struct LlamaConfig {
   bool mlp_bias = false;
   // Sliding-window attention (Mistral; Qwen2/3 when use_sliding_window, on the layers from
   // max_window_layers on): each query attends to the `sliding_window` latest positions, itself
-  // included. Mistral's 0 is HF's null (no window). Only windows that cover data.seq_len are
-  // accepted (validation), where the window changes nothing.
+  // included (transformers' kv_idx > q_idx - sliding_window). Mistral's 0 is HF's null (no
+  // window).
   bool use_sliding_window = false;
   int64_t sliding_window = 4096;
   int64_t max_window_layers = 28;
@@ -133,9 +133,10 @@ struct LlamaConfig {
   // are normalised before their residual adds (post_attention_layernorm,
   // post_feedforward_layernorm).
   bool norm_after() const { return arch == LlamaArch::olmo2; }
-  // The window of the layers that slide (HF's layer_types "sliding_attention"), 0 when every
-  // layer attends to all earlier positions.
-  int64_t attention_window() const;
+  // The sliding window of decoder layer `layer` (HF's layer_types "sliding_attention": every
+  // Mistral layer with a window; Qwen's from max_window_layers on under use_sliding_window),
+  // 0 for a layer that attends to every earlier position.
+  int64_t layer_window(int64_t layer) const;
   // From the [model] section (type llama, mistral, qwen2, qwen3 or olmo2); throws fsdp::Error on a
   // missing key.
   static LlamaConfig from(const ModelConfig& config);

@@ -314,12 +314,12 @@ class CpuBackend final : public Backend {
                        const TensorView& gate, const TensorView& up) override;
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
-                             int64_t H, int64_t Hkv, int64_t D, float scale) override;
+                             int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window) override;
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                              float scale) override;
+                              float scale, int64_t window) override;
 
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
@@ -950,9 +950,10 @@ void CpuBackend::swiglu_backward(const TensorView& dgate, const TensorView& dup,
 }
 
 namespace {
-// Llama's attention as an attention problem: q [B,T,H*D], k, v [B,T,Hkv*D], causal.
+// Llama's attention as an attention problem: q [B,T,H*D], k, v [B,T,Hkv*D], causal, within
+// `window` positions when window > 0.
 cpu::AttentionProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                                  float scale) {
+                                  float scale, int64_t window) {
   cpu::AttentionProblem p;
   p.B = B;
   p.Tq = p.Tk = T;
@@ -963,6 +964,7 @@ cpu::AttentionProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, 
   p.ldk = p.ldv = Hkv * D;
   p.scale = scale;
   p.causal = true;
+  p.window = window;
   return p;
 }
 }  // namespace
@@ -970,13 +972,13 @@ cpu::AttentionProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, 
 void CpuBackend::gqa_attention_forward(const TensorView& out_, const TensorView& lse,
                                        const TensorView& q, const TensorView& k,
                                        const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                       int64_t Hkv, int64_t D, float scale) {
+                                       int64_t Hkv, int64_t D, float scale, int64_t window) {
   // q, out: [B,T,H*D]; k, v: [B,T,Hkv*D]; lse: [B,H,T] fp32.
-  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D);
+  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, window);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   const F32In fq = in(q, nq), fk = in(k, nk), fv = in(v, nk);
   const F32Out o = out(out_, nq, false);
-  k_.attention_forward(gqa_problem(B, T, H, Hkv, D, scale), fq, fk, fv, o,
+  k_.attention_forward(gqa_problem(B, T, H, Hkv, D, scale, window), fq, fk, fv, o,
                        static_cast<float*>(lse.data));
 }
 
@@ -985,14 +987,14 @@ void CpuBackend::gqa_attention_backward(const TensorView& dq, const TensorView& 
                                         const TensorView& q, const TensorView& k,
                                         const TensorView& v, const TensorView& out_,
                                         const TensorView& lse, int64_t B, int64_t T, int64_t H,
-                                        int64_t Hkv, int64_t D, float scale) {
+                                        int64_t Hkv, int64_t D, float scale, int64_t window) {
   // dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] written; dout, out: [B,T,H*D]; q, k, v, lse as in
   // forward.
-  Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D);
+  Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D, window);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   const F32In d = in(dout, nq), fq = in(q, nq), fk = in(k, nk), fv = in(v, nk), o = in(out_, nq);
   const F32Out gq = out(dq, nq, false), gk = out(dk, nk, false), gv = out(dv, nk, false);
-  k_.attention_backward(gqa_problem(B, T, H, Hkv, D, scale), fq, fk, fv, o,
+  k_.attention_backward(gqa_problem(B, T, H, Hkv, D, scale, window), fq, fk, fv, o,
                         static_cast<const float*>(lse.data), d, gq, gk, gv, nullptr);
 }
 

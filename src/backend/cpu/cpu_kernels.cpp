@@ -870,9 +870,13 @@ int64_t check_attention_problem(const AttentionProblem& p) {
   return p.H > 0 ? p.H / hkv : 1;
 }
 
-// Keys [0, end) that query tile [i0, i0 + rows) may see.
+// Keys [key_begin, key_end) that query tile [i0, i0 + rows) may see: causal, up to the tile's
+// last query; with a sliding window, from its first query's first key on.
 inline int64_t key_end(const AttentionProblem& p, int64_t i0, int64_t rows) {
   return p.causal ? std::min(p.Tk, i0 + rows) : p.Tk;
+}
+inline int64_t key_begin(const AttentionProblem& p, int64_t i0) {
+  return p.window > 0 ? std::max<int64_t>(0, i0 - p.window + 1) : 0;
 }
 
 // s[r, c] (row stride kAttnKTile) = the score of query i0 + r against key j0 + c of head h of
@@ -898,6 +902,10 @@ void score_tile(const AttentionProblem& p, const float* qh, const float* kh, int
     }
     if (p.causal) {
       for (int64_t c = std::max<int64_t>(0, i + 1 - j0); c < cols; ++c) row[c] = ninf;
+    }
+    if (p.window > 0) {  // keys j <= i - window: the columns before i - window + 1 - j0
+      const int64_t end = std::min<int64_t>(cols, i - p.window + 1 - j0);
+      for (int64_t c = 0; c < end; ++c) row[c] = ninf;
     }
   }
 }
@@ -964,7 +972,7 @@ void CpuKernels::attention_forward(const AttentionProblem& p, const float* q, co
       std::fill(m, m + rows, ninf);
       std::fill(l, l + rows, 0.0f);
       const int64_t jend = key_end(p, i0, rows);
-      for (int64_t j0 = 0; j0 < jend; j0 += kAttnKTile) {
+      for (int64_t j0 = key_begin(p, i0); j0 < jend; j0 += kAttnKTile) {
         const int64_t cols = std::min(kAttnKTile, jend - j0);
         score_tile(p, qh, kh, b, h, i0, rows, j0, cols, s);
         for (int64_t r = 0; r < rows; ++r) {
@@ -1064,7 +1072,7 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
       }
       std::fill(dqt, dqt + rows * D, 0.0f);
       const int64_t jend = key_end(p, i0, rows);
-      for (int64_t j0 = 0; j0 < jend; j0 += kAttnKTile) {
+      for (int64_t j0 = key_begin(p, i0); j0 < jend; j0 += kAttnKTile) {
         const int64_t cols = std::min(kAttnKTile, jend - j0);
         score_tile(p, qh, kh, b, h, i0, rows, j0, cols, s);
         for (int64_t r = 0; r < rows; ++r) {  // P (0 where masked)

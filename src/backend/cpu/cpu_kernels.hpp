@@ -38,6 +38,9 @@ struct AttentionProblem {
   int64_t Hkv = 0;
   float scale = 1.0f;
   bool causal = false;             // key j masked for query i when j > i
+  // Sliding window (with causal): key j also masked for query i when j <= i - window, so a
+  // query sees its `window` latest positions, itself included (HF's sliding_window). 0: none.
+  int64_t window = 0;
   // [H,P] by relative position (P = relative_positions(Tq, Tk), kernels.hpp): the bias of
   // query i, key j is bias[h * P + j - i + Tq - 1]; or null.
   const float* bias = nullptr;
