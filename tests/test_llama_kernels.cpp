@@ -443,7 +443,10 @@ TEST_F(LlamaKernels, GqaGradientCheck) {
 // and window 1 is each query's own value. Finite differences at a window of 2.
 TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
   for (const auto& [s, window] : std::vector<std::pair<GqaShape, int64_t>>{
-           {{2, 7, 4, 2, 8}, 3}, {{1, 300, 4, 2, 8}, 70}, {{1, 300, 2, 1, 4}, 257}, {{2, 5, 2, 2, 4}, 1}}) {
+           {{2, 7, 4, 2, 8}, 3},
+           {{1, 300, 4, 2, 8}, 70},
+           {{1, 300, 2, 1, 4}, 257},
+           {{2, 5, 2, 2, 4}, 1}}) {
     const std::string what = describe(s) + " window=" + std::to_string(window);
     const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
@@ -458,9 +461,9 @@ TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
     as.window = window;
     const test_util::AttnRef ref =
         test_util::naive_attention(as, q, repeat_kv(k, s), repeat_kv(v, s), {}, {}, dout);
-    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << "out " << what << " " << i;
-    for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << "lse " << what << " " << i;
-    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(dq[i], ref.dq[i], 2e-5) << "dq " << what << " " << i;
+    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << what << " out " << i;
+    for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << what << " lse " << i;
+    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(dq[i], ref.dq[i], 2e-5) << what << " dq " << i;
     Vec rdk(nq), rdv(nq);
     for (int64_t i = 0; i < nq; ++i) {
       rdk[i] = static_cast<float>(ref.dk[i]);
@@ -696,7 +699,8 @@ TEST_F(LlamaKernels, StoreContractGqaAttention) {
     expect_rounded(dt, out, so.values(), "gqa out");
     expect_same_bits(lse, lse16, std::string("gqa lse ") + std::string(to_string(dt)));
     be->gqa_attention_backward(gq.view(), gk.view(), gv.view(), sd.view(), sq.view(), sk.view(),
-                               sv.view(), so.view(), f32(lse16), s.B, s.T, s.H, s.Hkv, s.D, scale, 0);
+                               sv.view(), so.view(), f32(lse16), s.B, s.T, s.H, s.Hkv, s.D, scale,
+                               0);
     expect_rounded(dt, dq, gq.values(), "gqa dq");
     expect_rounded(dt, dk, gk.values(), "gqa dk");
     expect_rounded(dt, dv, gv.values(), "gqa dv");

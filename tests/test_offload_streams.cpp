@@ -621,8 +621,11 @@ class DeferredKernels final : public fsdp::Kernels {
   }
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
-                             int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window) override {
-    later([=, this] { in_.gqa_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D, scale, window); });
+                             int64_t H, int64_t Hkv, int64_t D, float scale,
+                             int64_t window) override {
+    later([=, this] {
+      in_.gqa_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D, scale, window);
+    });
   }
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
@@ -630,7 +633,8 @@ class DeferredKernels final : public fsdp::Kernels {
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                               float scale, int64_t window) override {
     later([=, this] {
-      in_.gqa_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, scale, window);
+      in_.gqa_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, scale,
+                                 window);
     });
   }
 

@@ -259,7 +259,8 @@ class CudaBackend final : public Backend {
                        const TensorView& gate, const TensorView& up) override;
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
-                             int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window) override;
+                             int64_t H, int64_t Hkv, int64_t D, float scale,
+                             int64_t window) override;
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
@@ -1346,7 +1347,8 @@ void CudaBackend::gqa_attention_forward(const TensorView& out_, const TensorView
   // Mixed storage types: run in fp32 and round the output once.
   const F32Copy fq(*this, q, nq, true), fk(*this, k, nk, true), fv(*this, v, nk, true);
   const F32Copy fo(*this, out_, nq, false);
-  k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window), fq.view.data, fk.view.data,
+  k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window), fq.view.data,
+                   fk.view.data,
                    fv.view.data, fo.view.data, l, s());
   if (nq > 0) k::cast(out(out_), in(fo.view), nq, s());
 }
@@ -1381,7 +1383,8 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
   const F32Copy fd(*this, dout, nq, true), fq(*this, q, nq, true), fk(*this, k, nk, true),
       fv(*this, v, nk, true), fo(*this, out_, nq, true);
   const F32Copy gq(*this, dq, nq, false), gk(*this, dk, nk, false), gv(*this, dv, nk, false);
-  flash_backward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window), fq.view.data, fk.view.data,
+  flash_backward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window), fq.view.data,
+                 fk.view.data,
                  fv.view.data, fo.view.data, l, fd.view.data, gq.view.data, gk.view.data,
                  gv.view.data, nullptr);
   if (nq > 0) k::cast(out(dq), in(gq.view), nq, s());

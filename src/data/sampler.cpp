@@ -48,9 +48,10 @@ std::vector<int64_t> shuffled(int64_t n, uint64_t seed, uint64_t stream) {
 
 }  // namespace
 
-DistributedSampler::DistributedSampler(int64_t num_samples, int64_t global_batch, int dp_rank, int dp_size,
-                                       uint64_t seed)
-    : num_samples_(num_samples), global_batch_(global_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
+DistributedSampler::DistributedSampler(int64_t num_samples, int64_t global_batch, int dp_rank,
+                                       int dp_size, uint64_t seed)
+    : num_samples_(num_samples), global_batch_(global_batch), dp_rank_(dp_rank), dp_size_(dp_size),
+      seed_(seed) {
   check_batch_split(global_batch, dp_rank, dp_size);
   if (num_samples < global_batch) {
     throw InputError("train.global_batch_size: " + std::to_string(global_batch) + " exceeds the " +

@@ -187,8 +187,9 @@ std::string format_val_loss(const Evaluation& e) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(4) << e.loss;
   for (std::size_t d = 0; d < e.per_path.size(); ++d) {
-    os << (d == 0 ? " (per path " : ", ") << e.per_path[d] << (d + 1 == e.per_path.size() ? ")" : "");
+    os << (d == 0 ? " (per path " : ", ") << e.per_path[d];
   }
+  if (!e.per_path.empty()) os << ")";
   return os.str();
 }
 
