@@ -459,6 +459,9 @@ TEST(Sampler, MixtureDrawsEachPartByWeightThroughItsOwnEpochs) {
     }
     EXPECT_EQ(uni, global) << "step " << step;
   }
+  // A step asked twice (global, then this rank's) is the same batch, without a replay.
+  EXPECT_EQ(fresh.sample_indices(59), fresh.global_indices(59));
+  EXPECT_EQ(fresh.global_indices(60), s.global_indices(60));
   // No weights: the parts' sizes. Another seed, another order within the parts.
   fsdp::data::DistributedSampler natural(parts, {}, G, 0, 1, 11);
   EXPECT_EQ(natural.part_draws(50), parts);

@@ -125,6 +125,8 @@ std::vector<int64_t> DistributedSampler::part_draws(int64_t positions) const {
 }
 
 std::vector<int64_t> DistributedSampler::blended_indices(int64_t step) const {
+  // The same step again (global_indices then sample_indices): no replay from position 0.
+  if (step == blend_step_) return blend_batch_;
   advance_blend(step * global_batch_);
   std::vector<int64_t> out;
   out.reserve(static_cast<std::size_t>(global_batch_));
@@ -139,6 +141,8 @@ std::vector<int64_t> DistributedSampler::blended_indices(int64_t step) const {
     }
     out.push_back(part_offsets_[d] + part_perm_[d][static_cast<std::size_t>(c % n)]);
   }
+  blend_step_ = step;
+  blend_batch_ = out;
   return out;
 }
 

@@ -98,6 +98,8 @@ class DistributedSampler {
   std::vector<double> part_weights_;
   mutable int64_t blend_pos_ = 0;
   mutable std::vector<int64_t> blend_draws_;
+  mutable int64_t blend_step_ = -1;          // the last step computed, and its global batch
+  mutable std::vector<int64_t> blend_batch_;
   mutable std::vector<int64_t> part_epoch_;
   mutable std::vector<std::vector<int64_t>> part_perm_;
 };
