@@ -913,24 +913,33 @@ void publish_latest(const std::string& run_dir, int64_t step) {
                         step_dir_name(step) + "\n");
 }
 
+namespace {
+// The step of a step directory's name ("step_00000100" -> 100: step_ and 8 to 18 digits, what
+// step_dir_name writes), nullopt for any other name.
+std::optional<int64_t> step_of_dir_name(const std::string& name) {
+  static const std::regex pat(R"(step_([0-9]{8,18}))");
+  std::smatch m;
+  if (!std::regex_match(name, m, pat)) return std::nullopt;
+  return std::stoll(m[1].str());
+}
+}  // namespace
+
 PruneResult prune_step_dirs(const std::string& run_dir, int64_t latest_step, int64_t keep) {
   PruneResult r;
   if (keep < 1) return r;
   const fs::path dir = checkpoints_dir(run_dir);
-  static const std::regex step_pat(R"(step_([0-9]{8,18}))");
-  static const std::regex doomed_pat(R"(step_[0-9]{8,18}\.deleting)");
+  const std::string doomed = ".deleting";
   std::vector<std::pair<int64_t, std::string>> older;  // complete step dirs before latest_step
   std::vector<std::string> leftovers;                  // step_N.deleting of an interrupted prune
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    std::smatch m;
     std::error_code dec;
     if (!it->is_directory(dec) || it->is_symlink(dec)) continue;
-    if (std::regex_match(name, m, step_pat)) {
-      const int64_t step = std::stoll(m[1].str());
-      if (step < latest_step) older.emplace_back(step, name);
-    } else if (std::regex_match(name, doomed_pat)) {
+    if (const std::optional<int64_t> step = step_of_dir_name(name)) {
+      if (*step < latest_step) older.emplace_back(*step, name);
+    } else if (name.size() > doomed.size() && name.ends_with(doomed) &&
+               step_of_dir_name(name.substr(0, name.size() - doomed.size()))) {
       leftovers.push_back(name);
     }
   }
@@ -948,14 +957,14 @@ PruneResult prune_step_dirs(const std::string& run_dir, int64_t latest_step, int
   const auto excess = static_cast<int64_t>(older.size()) - (keep - 1);
   for (int64_t i = 0; i < excess; ++i) {
     const std::string& name = older[static_cast<std::size_t>(i)].second;
-    const fs::path doomed = dir / (name + ".deleting");
-    fs::rename(dir / name, doomed, ec);
+    const fs::path renamed = dir / (name + doomed);
+    fs::rename(dir / name, renamed, ec);
     if (ec) {
       r.errors.push_back((dir / name).string() + ": cannot rename: " + ec.message());
       continue;
     }
     r.removed.push_back(name);
-    remove(doomed);
+    remove(renamed);
   }
   return r;
 }
@@ -977,8 +986,7 @@ std::optional<std::string> find_latest(const std::string& run_dir) {
     throw InputError(path + ": longer than " + std::to_string(kMaxLatest) + " bytes" + expected);
   std::string name = content.substr(0, content.find('\n'));
   while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
-  static const std::regex step_pat(R"(step_[0-9]{8,18})");
-  if (!std::regex_match(name, step_pat)) {
+  if (!step_of_dir_name(name)) {
     const bool cut = name.size() > 64;
     throw InputError(path + ": invalid content \"" + safetensors::escape_name(name.substr(0, 64)) +
                      (cut ? "...\"" : "\"") + expected);

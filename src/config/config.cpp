@@ -366,6 +366,10 @@ std::string type_name(toml::node_type t) {
 }
 
 std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+// "an integer", "a string": a type name as an error message puts it.
+std::string with_article(const std::string& noun) {
+  return (noun.find_first_of("aeiou") == 0 ? "an " : "a ") + noun;
+}
 
 std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
   std::string out;
@@ -551,9 +555,8 @@ void convert(const toml::node& node, const std::string& origin, const std::strin
     for (const auto& e : *a) {
       const auto* i = e.as_integer();
       if (!i) {
-        const std::string t = type_name(e.type());
         throw InputError(origin + ": " + key + ": expected an array of integers, got " +
-                         (t.find_first_of("aeiou") == 0 ? "an " : "a ") + t + " element");
+                         with_article(type_name(e.type())) + " element");
       }
       out.push_back(i->get());
     }
@@ -565,9 +568,8 @@ void convert(const toml::node& node, const std::string& origin, const std::strin
     for (const auto& e : *a) {
       const auto v = e.value<double>();  // a float, or an integer read as one
       if (!v || e.is_boolean()) {
-        const std::string t = type_name(e.type());
         throw InputError(origin + ": " + key + ": expected an array of numbers, got " +
-                         (t.find_first_of("aeiou") == 0 ? "an " : "a ") + t + " element");
+                         with_article(type_name(e.type())) + " element");
       }
       if (!std::isfinite(*v)) {
         throw InputError(origin + ": " + key + ": expected finite numbers, got " +

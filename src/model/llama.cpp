@@ -913,8 +913,7 @@ class LlamaFamily final : public ModelFamily {
     if (qwen && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
       nlohmann::json want = nlohmann::json::array();
       for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
-        const bool slides = g.use_sliding_window && l >= g.max_window_layers;
-        want.push_back(slides ? "sliding_attention" : "full_attention");
+        want.push_back(g.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
       }
       if (hf["layer_types"] != want) {
         throw refuse("layer_types", want.dump() + ", the layers use_sliding_window and "
