@@ -308,6 +308,24 @@ TEST(Config, OffloadOptimizerRatioNeedsOffloadOptimizer) {
   }
 }
 
+// checkpoint.enable (torchtitan's): true by default; false round-trips through to_toml, and
+// beside a periodic checkpoint.every it is one line naming every, exit 2.
+TEST(Config, CheckpointEnableFalseRefusesAPeriodicSave) {
+  EXPECT_TRUE(parse_config("", "c.toml", {"data.path=t.h5"}).checkpoint.enable);
+  const Config off = parse_config("[checkpoint]\nenable = false\n", "c.toml", {"data.path=t.h5"});
+  EXPECT_FALSE(off.checkpoint.enable);
+  EXPECT_EQ(parse_config(to_toml(off), "c.toml", {}), off);
+  try {
+    parse_config("[checkpoint]\nenable = false\nevery = 10\n", "c.toml", {"data.path=t.h5"});
+    ADD_FAILURE() << "no error";
+  } catch (const fsdp::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "c.toml: checkpoint.every: must be 0 with checkpoint.enable = false (no checkpoint "
+              "is written; or set checkpoint.enable = true)");
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+}
+
 // fsdp.delayed_parameter_update needs the resident param_dtype shards of offload_optimizer
 // (and cpu_offload off: it wins when both are set); one line naming the key, exit 2.
 TEST(Config, DelayedParameterUpdateNeedsOffloadOptimizer) {

@@ -245,7 +245,7 @@ run_ours() {  # $1 = model, $2 = round, $3 = time limit, $4 = fsdp_train[:OPT[+O
   rc=$?
   reap "$tag"
   smi="$(smi_stop "$tag")"
-  rm -rf "$dir/checkpoints"  # the final checkpoint is not part of the benchmark (1.5B: 18.7 GB)
+  rm -rf "$dir/checkpoints"  # none: the tomls set checkpoint.enable = false (1.5B: 18.7 GB a save)
   cp "$dir/metrics.jsonl" "$WORK/logs/$tag.metrics.jsonl" 2>/dev/null
   if [[ $rc == 0 ]] && res="$("$PYTHON" - "$dir/metrics.jsonl" "$WARMUP" <<'PY'
 import json, statistics, sys

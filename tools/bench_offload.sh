@@ -82,6 +82,7 @@ train() {  # $1 = n_layer, $2 = none or a mode (keys[+kernel_reads]); exit code,
   in_ours env FSDP_SMALL_READS="$(reads "$2")" timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none \
     "$BIN" "$REPO/inputs/gpt_7b.toml" \
     --set "model.n_layer=$1" $(keys "$2") --set "train.max_steps=$STEPS" "${profile[@]}" \
+    --set checkpoint.enable=false \
     --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
 }
 PROFILE_SUMMARY="$REPO/tools/profile_summary.py"
@@ -172,7 +173,8 @@ for ((r = 1; r <= COST_ROUNDS; r++)); do
     in_ours env FSDP_SMALL_READS="$(reads "$off")" timeout -k 10 "$RUN_TIMEOUT" \
       mpirun -np 1 --bind-to none "$BIN" "$WORK/1.5b.toml" \
       --set "train.global_batch_size=$((4 * A))" --set train.micro_batch_size=4 \
-      $(keys "$off") --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
+      $(keys "$off") --set checkpoint.enable=false --set "train.run_dir=\"$WORK/run\"" \
+      </dev/null >"$WORK/log" 2>&1
     rc=$?
     if [[ $rc != 0 ]]; then
       say "- round $r offload=$off: FAILED (exit $rc): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"

@@ -263,7 +263,7 @@ def fsdp_train_toml(name, max_steps, seed):
             "[fsdp]\nsharding_strategy = \"FULL_SHARD\"\nauto_wrap_policy = \"TRANSFORMER_BASED_WRAP\"\n"
             "transformer_layer_cls_to_wrap = [\"%s\"]\nactivation_checkpointing = false\n\n"
             "[mixed_precision]\nparam_dtype = \"bf16\"\nreduce_dtype = \"fp32\"\n\n"
-            "[comm]\nbackend = \"auto\"\n\n[checkpoint]\nevery = 0\n\n[eval]\nevery = 0\nmax_windows = 1\n"
+            "[comm]\nbackend = \"auto\"\n\n[checkpoint]\nenable = false\n\n[eval]\nevery = 0\nmax_windows = 1\n"
             % (name, model, data, m["batch"], max_steps, seed, block))
 
 

@@ -261,6 +261,9 @@ void visit_keys(C& c, F&& f) {
   f("comm", "timeout_s", c.comm.timeout_s,
     {kMayChange, above(0), "torch.distributed.init_process_group timeout",
      "Seconds a rank may wait for a collective."});
+  f("checkpoint", "enable", c.checkpoint.enable,
+    {kMayChange, kAny, "torchtitan checkpoint.enable",
+     "Write checkpoints (periodic, final and on a stop signal)."});
   f("checkpoint", "every", c.checkpoint.every,
     {kMayChange, at_least(0), "HF TrainingArguments.save_steps",
      "Steps between sharded checkpoints under `run_dir/checkpoints/`."});
@@ -731,6 +734,11 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
     throw fail("fsdp.offload_optimizer_ratio",
                "below 1 is not supported with fsdp.delayed_parameter_update (the units on the "
                "device would step undelayed)");
+  }
+  if (!c.checkpoint.enable && c.checkpoint.every > 0) {
+    throw fail("checkpoint.every",
+               "must be 0 with checkpoint.enable = false (no checkpoint is written; or set "
+               "checkpoint.enable = true)");
   }
   if (c.fsdp.delayed_parameter_update && !c.fsdp.params_resident()) {
     throw fail("fsdp.delayed_parameter_update",

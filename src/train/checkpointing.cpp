@@ -2,6 +2,8 @@
 // CheckpointManager role (see job.hpp, docs/checkpoint.md).
 #include "job.hpp"
 
+#include <sys/statvfs.h>
+
 namespace fsdp::train_impl {
 
 ckpt::CheckpointMeta checkpoint_meta(Job& job) {
@@ -177,6 +179,35 @@ void save_checkpoint(Job& job, bool async) {
      << std::setprecision(1) << std::chrono::duration<double, std::milli>(Clock::now() - t0).count()
      << " ms)";
   job.log(os.str());
+}
+
+int64_t save_bytes(Job& job) {
+  int64_t bytes = 0;
+  if (job.engine->replicate_comm().rank() == 0) {  // replicas hold the same shards
+    const auto per = static_cast<int64_t>(1 + job.optimizer->states().size());
+    for (int u = 0; u < job.engine->num_units(); ++u) {
+      bytes += job.engine->shard_param(u).numel() * static_cast<int64_t>(sizeof(float)) * per;
+    }
+  }
+  job.host.all_reduce(&bytes, &bytes, 1, DType::i64, ReduceOp::sum)->wait();
+  return bytes;
+}
+
+void warn_if_save_does_not_fit(Job& job) {
+  if (!job.cfg.checkpoint.enable) return;
+  const int64_t need = save_bytes(job);
+  if (!job.rank0()) return;
+  const std::string& dir = job.cfg.train.run_dir;
+  struct statvfs fs_info{};
+  if (statvfs(dir.c_str(), &fs_info) != 0) return;  // the save will say what is wrong
+  const auto avail = static_cast<int64_t>(fs_info.f_bavail) *
+                     static_cast<int64_t>(fs_info.f_frsize);
+  if (need <= avail) return;
+  write_line(2, "warning: checkpoint: a save writes " + human_bytes(static_cast<double>(need)) +
+                    " (every shard's fp32 parameters and optimizer state) but train.run_dir (" +
+                    dir + ") has " + human_bytes(static_cast<double>(avail)) +
+                    " free: the final save will fail unless space is freed; move "
+                    "train.run_dir or set checkpoint.enable = false");
 }
 
 // Resume, in two guarded phases. 1: rank 0 opens the metadata of every shard file of the

@@ -208,6 +208,16 @@ void finish_pending_save(Job& job);
 void save_checkpoint(Job& job, bool async);
 // --resume: loads run_dir/checkpoints/latest into the engine, optimizer and job state.
 ckpt::CheckpointMeta load_checkpoint(Job& job);
+// Bytes one save writes (collective over job.host): every shard owner's fp32 parameters and
+// optimizer state, summed over the ranks (the shard files' datasets; HDF5's metadata aside).
+int64_t save_bytes(Job& job);
+// Unless checkpoint.enable is false: when one save (save_bytes) is larger than the space
+// train.run_dir's file system has free for this user (statvfs f_bavail), rank 0 writes one
+// warning line to stderr naming both sizes and the keys that help, since the final save is
+// then bound to fail with ENOSPC (after the whole run). A warning, not a refusal: space may
+// be freed while the run trains, and a file system may report less than it holds (quotas).
+// Collective over job.host.
+void warn_if_save_does_not_fit(Job& job);
 // model.init_from: each rank reads its shards' bytes of the Hugging Face weights.
 ckpt::InitFromResult load_init_from(Job& job);
 

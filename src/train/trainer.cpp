@@ -390,6 +390,7 @@ Setup setup(Job& job, TrainResult& result) {
   result.num_params = job.engine->num_params();
   result.planned_activation_bytes = act_bytes;
   print_banner(job, job.engine->layouts(), /*list_units=*/false);
+  warn_if_save_does_not_fit(job);
   if (restore_state(job, result, s.resume)) {
     s.done = true;
     return s;
@@ -643,10 +644,11 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
 // job.host agreeing on [0] the peak memory (bytes), [1] a stop signal (docs/checkpoint.md
 // "Signals") and [2] whether a background checkpoint write is still running; evaluation
 // (eval.every and the last step, not on a stop); the pending async save's commit; a
-// checkpoint (checkpoint.every, the last step, a stop; synchronous at the last step and on a
-// stop); the end of the StepTimer step (result.step_times); rank 0's progress line
-// (train.log_every, the last step, an evaluation) and the step's metrics.jsonl line (a failed
-// write stops every rank, one line naming the file); the profiler window's trace. Returns
+// checkpoint (checkpoint.every, the last step, a stop, unless checkpoint.enable is false;
+// synchronous at the last step and on a stop); the end of the StepTimer step
+// (result.step_times); rank 0's progress line (train.log_every, the last step, an
+// evaluation) and the step's metrics.jsonl line (a failed write stops every rank, one line
+// naming the file); the profiler window's trace. Returns
 // true when a signal stops the run, with result.stop_signal, stop_rank and (on that rank)
 // stop_message set.
 bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o) {
@@ -693,7 +695,8 @@ bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o
   // stops the run here, on every rank).
   timer.enter(Phase::checkpoint);
   if (job.pending && agreed[2] == 0) finish_pending_save(job);
-  if (last || stopping || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0)) {
+  if (cfg.checkpoint.enable &&
+      (last || stopping || (cfg.checkpoint.every > 0 && job.step % cfg.checkpoint.every == 0))) {
     // The final save and the save on a stop signal are synchronous.
     save_checkpoint(job, cfg.checkpoint.async_save && !last && !stopping);
   }
@@ -712,10 +715,14 @@ bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o
   result.stop_signal = static_cast<int>(agreed[1] & 0xff);
   result.stop_rank = world - static_cast<int>(agreed[1] >> 8);
   if (job.host.rank() == result.stop_rank) {
-    result.stop_message = "received " + signal_name(result.stop_signal) + " on rank " +
-                          std::to_string(result.stop_rank) + " (host " + host_name() +
-                          "); saved checkpoint " + ckpt::step_dir(cfg.train.run_dir, job.step) +
-                          " at step " + std::to_string(job.step) + "; resume with --resume";
+    const std::string step = std::to_string(job.step);
+    result.stop_message =
+        "received " + signal_name(result.stop_signal) + " on rank " +
+        std::to_string(result.stop_rank) + " (host " + host_name() + "); " +
+        (cfg.checkpoint.enable ? "saved checkpoint " + ckpt::step_dir(cfg.train.run_dir, job.step) +
+                                     " at step " + step + "; resume with --resume"
+                               : "stopped at step " + step +
+                                     " without saving (checkpoint.enable = false)");
   }
   return true;
 }

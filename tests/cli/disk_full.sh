@@ -14,6 +14,11 @@
 #   they were before; no *.tmp file or step_*.tmp directory is left, the lock is released.
 # CASE save_enospc_async: the same with checkpoint.async_save = true and max_steps = 6: the
 #   background write of step 4 fails; the run stops with the same line and leaves the same.
+# CASE save_too_big_warned: the tmpfs holds half a checkpoint. A fresh 2-step run prints one
+#   start-up warning naming train.run_dir and both sizes (the save's and the space free), then
+#   its final save runs out of space (exit 1, the line naming step_00000002); the same run with
+#   checkpoint.enable = false trains to the end (exit 0), warns nothing and writes no
+#   checkpoint.
 # CASE metrics_enospc: the tmpfs has room for the start-up probes and a few lines of
 #   metrics.jsonl only. The run stops with exit 1 and one line naming metrics.jsonl and "No
 #   space left on device"; every line left in metrics.jsonl is complete JSON.
@@ -64,6 +69,31 @@ expect_no_tmp() {
 }
 
 case "$CASE" in
+  save_too_big_warned)
+    tiny_config tiny.toml
+    run_train tiny.toml --set train.max_steps=2 --set train.run_dir="$WORK/measure"
+    expect_rc 0
+    ckpt_kb=$(du -sk "$WORK/measure/checkpoints/step_00000002" | cut -f1)
+    echo "one checkpoint: ${ckpt_kb} KiB; tmpfs: $((ckpt_kb / 2)) KiB"
+    mount_disk "$((ckpt_kb / 2))k"
+    run_train tiny.toml --set train.max_steps=2 --set train.run_dir="$DISK/a"
+    expect_rc 1
+    if [ "$(grep -c "^warning: checkpoint: a save writes .* but train.run_dir ($DISK/a) has .* free" "$ERR")" -ne 1 ]; then
+      fail "expected one start-up warning that the save does not fit: $(cat "$ERR")"
+    fi
+    if ! grep -q "^fsdp_train: .*step_00000002.*No space left on device" "$ERR"; then
+      fail "the final save did not fail with the ENOSPC line: $(cat "$ERR")"
+    fi
+    rm -rf "$DISK/a"
+    run_train tiny.toml --set train.max_steps=2 --set train.run_dir="$DISK/b" \
+      --set checkpoint.enable=false
+    expect_rc 0
+    if grep -q "warning" "$ERR"; then fail "a warning with checkpoint.enable = false: $(cat "$ERR")"; fi
+    if [ -n "$(find "$DISK/b" -path '*checkpoints/*')" ]; then
+      fail "checkpoint.enable = false wrote: $(find "$DISK/b" -path '*checkpoints/*')"
+    fi
+    if ! grep -q '"step":2' "$DISK/b/metrics.jsonl"; then fail "the run did not reach step 2"; fi
+    ;;
   save_enospc)
     # Step 2 saved (fits), then resumed to step 4 with checkpoint.every = 2: the save of step
     # 4 does not fit next to step 2.

@@ -431,6 +431,9 @@ struct CommConfig {
 };
 
 struct CheckpointConfig {
+  // false: no checkpoint is written (periodic, final or on a stop signal); --resume still
+  // reads one. torchtitan's [checkpoint] enable.
+  bool enable = true;
   int64_t every = 0;                  // steps between checkpoints; 0 = only at the end
   // Periodic saves stage the shards in host memory and write them from a background thread;
   // the commit waits until every rank's write finished (docs/checkpoint.md). torch DCP's
