@@ -320,6 +320,16 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create_owned(
 }
 
 void NcclCommunicator::init() {
+  // A group of one makes no NCCL communicator: every collective on it is local_impl's copy
+  // and barrier() returns at once, so none would ever be called, while ncclCommInitRank and
+  // its destruction cost ~0.5 s per group (the H200 of 2026-11-28: each NCCL case of
+  // test_nccl_comm at 1 rank took 0.52 s, the staged ones 0-0.1 s; a world of one builds
+  // four groups, world, shard, replicate and self, 2 s a run). The flights, the watchdog and
+  // the timeouts are those of every other group.
+  if (size_ == 1) {
+    watchdog_ = std::thread(watchdog_main, state_);
+    return;
+  }
   // 1. Rank 0 makes the unique id and broadcasts it with a success flag (so a failure there
   //    is reported on every rank instead of leaving them in the broadcast).
   struct {

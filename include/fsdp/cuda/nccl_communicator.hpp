@@ -12,9 +12,10 @@
 // The communicator keeps a duplicate of the bootstrap communicator: split() and split_node()
 // split it (MPI_Comm_split semantics, collective over this communicator's ranks) and run the
 // same creation over each result, i.e. every sub-group gets a fresh ncclUniqueId and
-// ncclCommInitRankConfig (not ncclCommSplit, which has no split_node). A group of one still
-// initialises an NCCL communicator (for barrier, abort and the same code path), but its
-// collectives are plain cudaMemcpyAsync copies.
+// ncclCommInitRankConfig (not ncclCommSplit, which has no split_node). A group of one makes
+// no NCCL communicator (nothing would call it; its init and destruction cost ~0.5 s): its
+// collectives are plain cudaMemcpyAsync copies on the communication stream, with the same
+// flights, watchdog, timeouts and abort as every other group.
 //
 // Streams (PyTorch ProcessGroupNCCL's scheme): a collective issued after `stream` records an
 // event on it, makes the communicator's own communication stream (a CudaStream of the
@@ -121,6 +122,7 @@ class NcclCommunicator final : public Communicator {
   static std::unique_ptr<NcclCommunicator> create_owned(std::unique_ptr<Communicator> bootstrap,
                                                         int device, double timeout_s);
   void init();  // unique-id exchange, ncclCommInitRankConfig, agreement, watchdog start
+               // (a group of one: the watchdog only)
   void shutdown() noexcept;
   template <class Enqueue>
   std::unique_ptr<Work> issue(const char* name, cudaStream_t after, Enqueue&& enqueue);
