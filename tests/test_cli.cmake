@@ -73,7 +73,7 @@ fsdp_cli_tests(guards cli_guards 2 lr_too_large diverge_stops diverge_stops_asyn
 fsdp_cli_tests(signals cli_signals 2
   sigterm_rank sigusr1_rank sigterm_mpirun sigint_mpirun sigusr1_mpirun second_sigint_exits_now sigstop_rank
   sigkill_rank sigusr1_offload
-  sigusr1_offload_optimizer sigusr1_delayed_update MPIRUN_TEARDOWN)
+  sigusr1_offload_optimizer sigusr1_delayed_update sigusr1_checkpoint_disabled MPIRUN_TEARDOWN)
 
 # Checkpoint integrity (tests/cli/integrity.sh): corrupted, mixed-step, mixed-run and
 # incompatible checkpoints. fsdp_h5_poke edits HDF5 attributes, finds dataset offsets and

@@ -14,6 +14,9 @@
 #   step_N with N > 0, and --resume to N + 2 gives the losses of an uninterrupted run.
 # CASE sigusr1_rank: SIGUSR1 to rank 0: exit code 3, the line names SIGUSR1 and rank 0, the
 #   checkpoint resumes.
+# CASE sigusr1_checkpoint_disabled: checkpoint.enable = false, SIGUSR1 to rank 1: exit code
+#   3, the line "received SIGUSR1 on rank 1 (host H); stopped at step N without saving
+#   (checkpoint.enable = false)" with N the last step logged, and no checkpoint written.
 # CASE sigterm_mpirun / sigint_mpirun: SIGTERM / SIGINT to mpirun started with
 #   `--mca odls_base_sigkill_timeout 5`: mpirun sends SIGTERM to both ranks (after 5 s),
 #   which save the step and exit before its SIGKILL; mpirun exits with 1 (its own code for an
@@ -192,6 +195,26 @@ EOF
     end_train
     expect_stop_line SIGUSR1 "$rank"
     [ "$STOP_STEP" -gt 0 ] && expect_resumes "$STOP_STEP"
+    ;;
+  sigusr1_checkpoint_disabled)
+    # checkpoint.enable = false: SIGUSR1 to rank 1 stops the run at the step boundary (exit
+    # 3) with one line saying nothing was saved; no checkpoint directory is written.
+    start_train -- tiny.toml "${LONG[@]}" --set checkpoint.enable=false
+    await_steps 3
+    pid=$(rank_pid 1) || { fail "no process of rank 1 under mpirun $MPIRUN_PID"; finish; }
+    T0=$SECONDS
+    kill -USR1 "$pid"
+    end_train
+    expect_rc 3
+    if [ "$(grep -c "^fsdp_train: " "$ERR")" -ne 1 ]; then fail "expected one 'fsdp_train: ...' line"; fi
+    re="^fsdp_train: received SIGUSR1 on rank 1 \\(host $(hostname)\\); stopped at step ([0-9]+) without saving \\(checkpoint.enable = false\\)\$"
+    line=$(grep "^fsdp_train: " "$ERR" | head -n 1)
+    echo "stop line: $line"
+    if ! [[ "$line" =~ $re ]]; then fail "stop line does not match /$re/"; fi
+    if [ "${BASH_REMATCH[1]:-0}" -ne "$(wc -l <"$WORK/run/metrics.jsonl")" ]; then
+      fail "the stop line's step is not metrics.jsonl's last"
+    fi
+    if [ -n "$(find "$WORK/run" -path '*checkpoints/*')" ]; then fail "a checkpoint was written"; fi
     ;;
   sigterm_mpirun | sigint_mpirun)
     # mpirun (Open MPI 4.1) aborting on SIGTERM / SIGINT: SIGCONT to the ranks, sleep
