@@ -6,7 +6,9 @@
 // (shuffle=True, drop_last=True, set_epoch(e) every epoch) adapted so that the GLOBAL batch
 // of a step does not depend on the world size:
 //   * epoch e visits the samples in the order of a permutation that is a pure function of
-//     (seed, e): Fisher-Yates with swap j = rng::below(i + 1, seed, stream(e), counter = i);
+//     (seed, e), computed per position without a table (a keyed Feistel bijection, cycle-
+//     walked into [0, num_samples): tf.random.experimental.index_shuffle's idea; sampler.cpp
+//     IndexShuffle), so neither memory nor set-up time grows with the dataset;
 //   * an epoch is floor(num_samples / G) steps of G = global_batch_size samples (the tail that
 //     does not fill a global batch is dropped, like drop_last); global step s belongs to epoch
 //     s / steps_per_epoch and takes the permutation's entries [p*G, p*G + G), p = s % steps;
@@ -24,7 +26,7 @@
 //     drawn round(w_d * n) samples give or take one, at every step and for any batch size;
 //   * the c-th draw of part d is its sample perm_d(c / n_d)[c % n_d]: each part runs through
 //     its own epochs, each a permutation of its samples that is a pure function of (seed, d,
-//     epoch), so a part drawn more than its size repeats itself only after it has shown every
+//     epoch) (the same table-free bijection), so a part drawn more than its size repeats itself only after it has shown every
 //     sample, and a part drawn less shows a different subset in each of its epochs.
 // The ranks' slices and the world-size independence are as above; the resume state is still
 // the global step (a resumed sampler replays the blending rule from position 0: D operations
@@ -65,7 +67,8 @@ class DistributedSampler {
   // Index of `step` within its epoch, in [0, steps_per_epoch()).
   int64_t position_in_epoch(int64_t step) const { return step % steps_per_epoch(); }
 
-  // The order of the samples in `epoch` (a permutation of [0, num_samples)).
+  // The order of the samples in `epoch` (a permutation of [0, num_samples)), materialised
+  // (num_samples entries: for tests; the sampler itself never builds it).
   std::vector<int64_t> epoch_permutation(int64_t epoch) const;
   // A mixture's parts: samples and normalised weights (sum 1); empty for one file.
   const std::vector<int64_t>& part_samples() const { return part_samples_; }
@@ -79,7 +82,8 @@ class DistributedSampler {
   std::vector<int64_t> sample_indices(int64_t step) const;
 
  private:
-  const std::vector<int64_t>& permutation(int64_t epoch) const;  // cached per epoch
+  // Positions [first, first + count) of `step`'s global batch in its epoch's order.
+  std::vector<int64_t> positions(int64_t step, int64_t first, int64_t count) const;
   std::vector<int64_t> blended_indices(int64_t step) const;  // a mixture's global_indices
   void advance_blend(int64_t position) const;  // blend state to `position` (replays if behind)
   int64_t draw_part() const;                   // the part of position blend_pos_ (no advance)
@@ -89,19 +93,14 @@ class DistributedSampler {
   int dp_rank_;
   int dp_size_;
   uint64_t seed_;
-  mutable int64_t cached_epoch_ = -1;
-  mutable std::vector<int64_t> cached_perm_;
   // A mixture: its parts (empty: one file, the plain sampler), their normalised weights,
-  // the blend's replay state (next position, draws per part so far) and each part's cached
-  // epoch permutation.
+  // the blend's replay state (next position, draws per part so far).
   std::vector<int64_t> part_samples_, part_offsets_;
   std::vector<double> part_weights_;
   mutable int64_t blend_pos_ = 0;
   mutable std::vector<int64_t> blend_draws_;
   mutable int64_t blend_step_ = -1;          // the last step computed, and its global batch
   mutable std::vector<int64_t> blend_batch_;
-  mutable std::vector<int64_t> part_epoch_;
-  mutable std::vector<std::vector<int64_t>> part_perm_;
 };
 
 }  // namespace fsdp::data
