@@ -1677,9 +1677,9 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
                        "fsdp.limit_all_gathers", "fsdp.activation_checkpointing", "fsdp.cpu_offload",
                        "fsdp.offload_optimizer", "fsdp.offload_optimizer_ratio",
                        "fsdp.delayed_parameter_update", "fsdp.delayed_parameter_update_warmup_steps",
-                       "mesh.shard_size", "comm.backend", "comm.timeout_s", "checkpoint.every",
-                       "checkpoint.async_save", "checkpoint.save_total_limit", "eval.every",
-                       "eval.max_windows", "eval.on_start"}))
+                       "mesh.shard_size", "comm.backend", "comm.timeout_s", "checkpoint.enable",
+                       "checkpoint.every", "checkpoint.async_save", "checkpoint.save_total_limit",
+                       "eval.every", "eval.max_windows", "eval.on_start"}))
         << type;
   }
 

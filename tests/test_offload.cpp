@@ -102,6 +102,8 @@ TEST(Offload, EqualsTheRunWithoutOffloadBitForBit) {
 // while the loss moves ~1e-5: the signature of the GPU failure at 1ab5425 (params 2.1e-3, loss
 // 9.5e-6), whose last-bit difference was the two optimizers' FMA contraction (fixed since:
 // fsdp/backend/optimizer_math.hpp). In fp32 the key bias moves just as far ahead of the rest.
+// (Here, with this small config's data: parameters > 1e-4 apart, 2.7e-4 since the sampler's
+// order changed on 2026-11-28; 3.7e-4 before.)
 TEST(Offload, ALastBitDifferenceMovesTheLossInvariantKeyBiasFurthest) {
   for (fsdp::DType dt : {fsdp::DType::f32, fsdp::DType::bf16}) {
     const std::string what(fsdp::to_string(dt));
@@ -124,7 +126,7 @@ TEST(Offload, ALastBitDifferenceMovesTheLossInvariantKeyBiasFurthest) {
     }
     const double params = rel_diff(all_b, all_a);
     EXPECT_LT(loss, 1e-4) << what;
-    if (dt == fsdp::DType::bf16) EXPECT_GT(params, 3e-4) << what << " loss " << loss;
+    if (dt == fsdp::DType::bf16) EXPECT_GT(params, 1e-4) << what << " loss " << loss;
     for (const char* name : {"h.0.attn.c_attn.bias", "h.1.attn.c_attn.bias"}) {
       const std::vector<float>& x = a.params.at(name);
       const std::vector<float>& y = b.params.at(name);

@@ -8,7 +8,8 @@
 #
 # CASE save_enospc: the tmpfs holds one checkpoint and a half (sized from a checkpoint of
 #   the same model on the ordinary disk). A run saves step 2; resumed with checkpoint.every
-#   = 2 and max_steps = 4, its save of step 4 runs out of space. That run exits 1 (not 139:
+#   = 2 and max_steps = 4, its save of step 4 runs out of space (the start-up warning said a
+#   save would not fit: expect_save_warning). That run exits 1 (not 139:
 #   no crash in HDF5 at exit) with one line naming the file of step_00000004 and "No space
 #   left on device"; `latest` still names step_00000002, and both are byte-identical to what
 #   they were before; no *.tmp file or step_*.tmp directory is left, the lock is released.
@@ -61,6 +62,17 @@ disk_with_one_checkpoint() {
   BEFORE=$(cd "$DISK/run/checkpoints" && sha256sum latest step_00000002/*)
 }
 
+# expect_save_warning: exactly one start-up warning on $ERR that a save does not fit the free
+# space of train.run_dir, which is then removed from $ERR (expect_one_error wants nothing else).
+expect_save_warning() {
+  local n
+  n=$(grep -c "^warning: checkpoint: a save writes .* but train.run_dir (.*) has .* free" "$ERR")
+  if [ "$n" -ne 1 ]; then
+    fail "expected one start-up warning that a save does not fit, found $n"
+  fi
+  sed -i '/^warning: checkpoint: a save writes /d' "$ERR"
+}
+
 # expect_no_tmp DIR: no *.tmp file or directory under DIR.
 expect_no_tmp() {
   local left
@@ -102,6 +114,7 @@ case "$CASE" in
     run_train tiny.toml --set train.max_steps=4 --set optim.decay_steps=4 --set checkpoint.every=2 --resume
     if [ "$RC" -eq 139 ] || grep -q "Segmentation fault\|signal 11" "$ERR"; then fail "fsdp_train crashed (exit $RC)"; fi
     expect_rc 1
+    expect_save_warning
     expect_one_error fsdp_train "step_00000004" "No space left on device"
     if [ "$(tr -d '[:space:]' <"$DISK/run/checkpoints/latest")" != step_00000002 ]; then
       fail "latest does not name step_00000002 after the failed save"
@@ -123,6 +136,7 @@ case "$CASE" in
       --set checkpoint.async_save=true --resume
     if [ "$RC" -eq 139 ] || grep -q "Segmentation fault\|signal 11" "$ERR"; then fail "fsdp_train crashed (exit $RC)"; fi
     expect_rc 1
+    expect_save_warning
     expect_one_error fsdp_train "step_00000004" "No space left on device"
     grep -q "^checkpoint: $DISK/run/checkpoints/step_00000004 staged in" "$OUT" || fail "step 4 was not saved in the background"
     if [ "$(tr -d '[:space:]' <"$DISK/run/checkpoints/latest")" != step_00000002 ]; then
@@ -147,6 +161,7 @@ case "$CASE" in
     run_train tiny.toml --set train.max_steps=200 --set checkpoint.every=0
     if [ "$RC" -eq 139 ]; then fail "fsdp_train crashed (exit 139)"; fi
     expect_rc 1
+    expect_save_warning  # the final save would not fit either
     expect_one_error fsdp_train "$DISK/run/metrics.jsonl" "No space left on device"
     python3 - "$DISK/run/metrics.jsonl" <<'EOF' || fail "metrics.jsonl holds an incomplete line"
 import json, sys
