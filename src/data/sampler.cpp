@@ -37,8 +37,8 @@ void check_batch_split(int64_t global_batch, int dp_rank, int dp_size) {
 // tf.random.experimental.index_shuffle and Grain's index_shuffle do the same): a balanced
 // Feistel network of kRounds rounds over the 2h-bit domain [0, 4^h), 4^h the smallest power
 // of 4 >= n (h >= 1), whose round function is rng::mix64 of (key, round, right half), then
-// cycle-walked into [0, n) (a value >= n is enciphered again; 4^h < 4n, so under 4 rounds
-// trips on average). A Feistel network is a bijection of its domain for any round function,
+// cycle-walked into [0, n) (a value >= n is enciphered again; 4^h < 4n, so fewer than 4
+// encipherings on average). A Feistel network is a bijection of its domain for any round function,
 // and cycle-walking a bijection of [0, 4^h) restricted to the cycles' elements below n is
 // one of [0, n). 8 bytes of state instead of 8 bytes a sample: 10^9 samples cost no memory
 // and no time to set up an epoch (Fisher-Yates needed both, 8 GB a rank).

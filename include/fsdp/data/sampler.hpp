@@ -26,8 +26,9 @@
 //     drawn round(w_d * n) samples give or take one, at every step and for any batch size;
 //   * the c-th draw of part d is its sample perm_d(c / n_d)[c % n_d]: each part runs through
 //     its own epochs, each a permutation of its samples that is a pure function of (seed, d,
-//     epoch) (the same table-free bijection), so a part drawn more than its size repeats itself only after it has shown every
-//     sample, and a part drawn less shows a different subset in each of its epochs.
+//     epoch) (the same table-free bijection), so a part drawn more than its size repeats
+//     itself only after it has shown every sample, and a part drawn less shows a different
+//     subset in each of its epochs.
 // The ranks' slices and the world-size independence are as above; the resume state is still
 // the global step (a resumed sampler replays the blending rule from position 0: D operations
 // per position, 1.0 s per 10^8 positions with 3 files, docs/data.md).
