@@ -90,7 +90,8 @@ case "$CASE" in
     mount_disk "$((ckpt_kb / 2))k"
     run_train tiny.toml --set train.max_steps=2 --set train.run_dir="$DISK/a"
     expect_rc 1
-    if [ "$(grep -c "^warning: checkpoint: a save writes .* but train.run_dir ($DISK/a) has .* free" "$ERR")" -ne 1 ]; then
+    warned="^warning: checkpoint: a save writes .* but train.run_dir ($DISK/a) has .* free"
+    if [ "$(grep -c "$warned" "$ERR")" -ne 1 ]; then
       fail "expected one start-up warning that the save does not fit: $(cat "$ERR")"
     fi
     if ! grep -q "^fsdp_train: .*step_00000002.*No space left on device" "$ERR"; then
