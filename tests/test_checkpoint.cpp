@@ -1255,6 +1255,85 @@ TEST_F(CheckpointTest, NonFiniteValuesAreRefusedOnLoadAndSave) {
   EXPECT_FALSE(fs::exists(path("bad/shard_00001-of-00002.h5.tmp")));
 }
 
+// A view of another memory (a device unit in a synchronous save) is read through its fetch,
+// one dataset at a time into one reused host buffer, never through its pointers: here those
+// point at NaN-filled stand-ins for device memory and the fetch copies the real values. The
+// file equals the host views' dataset for dataset (unit 0 fetched, unit 1 in place, as with
+// offload_optimizer_ratio), every fetch is one dataset, and a non-finite fetched value is
+// the same refusal with nothing left on disk.
+TEST_F(CheckpointTest, FetchedViewsWriteTheSameFileOneDatasetAtATime) {
+  const auto layouts = two_units(2);
+  auto full = full_buffers(layouts);
+  write_checkpoint(path("host"), make_meta(2, 0), layouts, full);
+  auto device = full;  // the stand-in "device" buffers: NaN everywhere
+  for (auto& unit : device)
+    for (auto& [name, buf] : unit) std::fill(buf.begin(), buf.end(), std::nanf(""));
+  int64_t fetches = 0, largest = 0;
+  auto write_fetched = [&](const std::string& dir, int s) {
+    CheckpointMeta m = make_meta(2, 0);
+    m.shard_index = s;
+    std::vector<UnitShardView> views;
+    for (std::size_t u = 0; u < layouts.size(); ++u) {
+      UnitShardView v;
+      v.layout = &layouts[u];
+      const int64_t off = layouts[u].shard_begin(s);
+      const bool fetched = u == 0;
+      auto& src = fetched ? device[u] : full[u];
+      for (auto& [name, buf] : src) {
+        if (name == "param") v.param = buf.data() + off;
+        else v.state.emplace_back(name, buf.data() + off);
+      }
+      if (fetched) {
+        v.fetch = [&, u](const float* p, float* dst, int64_t n) {
+          ++fetches;
+          largest = std::max(largest, n);
+          for (auto& [name, buf] : device[u]) {
+            if (p >= buf.data() && p < buf.data() + buf.size()) {
+              const float* real = full[u].at(name).data() + (p - buf.data());
+              std::copy(real, real + n, dst);
+              return;
+            }
+          }
+          FAIL() << "fetch of a pointer outside the device buffers";
+        };
+      }
+      views.push_back(std::move(v));
+    }
+    fs::create_directories(dir);
+    write_shard_file((fs::path(dir) / shard_file_name(s, 2)).string(), m, views);
+  };
+  for (int s = 0; s < 2; ++s) write_fetched(path("fetched"), s);
+  EXPECT_EQ(fetches, 2 * 3);  // unit 0's param, exp_avg, exp_avg_sq on each shard
+  EXPECT_EQ(largest, layouts[0].shard_numel);
+  for (int s = 0; s < 2; ++s) {
+    const ShardFile a = ShardFile::open((fs::path(path("host")) / shard_file_name(s, 2)).string());
+    const ShardFile b =
+        ShardFile::open((fs::path(path("fetched")) / shard_file_name(s, 2)).string());
+    for (int u = 0; u < 2; ++u) {
+      const auto n = static_cast<std::size_t>(layouts[static_cast<std::size_t>(u)].shard_numel);
+      for (const char* d : {"param", "exp_avg", "exp_avg_sq"}) {
+        std::vector<float> x(n), y(n);
+        a.read_unit(u, d, x.data());
+        b.read_unit(u, d, y.data());  // verifies the stored checksum and finiteness too
+        EXPECT_EQ(x, y) << "shard " << s << " unit " << u << " " << d;
+      }
+    }
+  }
+  full[0].at("exp_avg")[layouts[0].shard_begin(1) + 1] = std::numeric_limits<float>::infinity();
+  try {
+    write_fetched(path("bad"), 1);
+    ADD_FAILURE() << "expected fsdp::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitRuntimeError);
+    const std::string msg = e.what();
+    for (const char* n : {"refusing to save step 1234", "tensor /units/0/exp_avg", "element 1",
+                          "is inf", "shard_00001-of-00002.h5"})
+      EXPECT_NE(msg.find(n), std::string::npos) << msg << "\n  lacks: " << n;
+  }
+  EXPECT_FALSE(fs::exists(path("bad/shard_00001-of-00002.h5")));
+  EXPECT_FALSE(fs::exists(path("bad/shard_00001-of-00002.h5.tmp")));
+}
+
 TEST_F(CheckpointTest, Version1FilesLoadWithoutChecksums) {
   const auto layouts = two_units(2);
   const auto full = full_buffers(layouts);

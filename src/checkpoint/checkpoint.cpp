@@ -342,23 +342,27 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
   // Never publish a non-finite value: a resume would load it and every later step be NaN.
   // The same pass (one read of each buffer, hashed block by block while in cache) computes
   // the checksums: param, then the state datasets, unit by unit.
+  // Fetched views are scanned as they are written (below), with the same error.
+  auto scanned = [&](std::size_t u, const std::string& dataset, const float* data) {
+    const UnitShardView& v = units[u];
+    IntegrityScan scan;
+    scan.update(data, v.layout->shard_numel);
+    if (const int64_t bad = scan.first_bad(); bad >= 0)
+      throw Error(path + ": refusing to save step " + std::to_string(meta.step) + ": " +
+                  tensor_name(static_cast<int>(u), v.layout->unit_name, dataset) + " element " +
+                  std::to_string(bad) + " (" +
+                  flat_element_name(*v.layout, meta.shard_index * v.layout->shard_numel + bad) +
+                  ") is " + float_name(scan.bad_value()));
+    return hex64(scan.digest());
+  };
   std::vector<std::string> sums;
   for (std::size_t u = 0; u < units.size(); ++u) {
     const UnitShardView& v = units[u];
-    auto check = [&](const std::string& dataset, const float* data) {
-      IntegrityScan scan;
-      scan.update(data, v.layout->shard_numel);
-      if (const int64_t bad = scan.first_bad(); bad >= 0)
-        throw Error(path + ": refusing to save step " + std::to_string(meta.step) + ": " +
-                    tensor_name(static_cast<int>(u), v.layout->unit_name, dataset) + " element " +
-                    std::to_string(bad) + " (" +
-                    flat_element_name(*v.layout, meta.shard_index * v.layout->shard_numel + bad) +
-                    ") is " + float_name(scan.bad_value()));
-      sums.push_back(hex64(scan.digest()));
-    };
-    check("param", v.param);
-    for (const auto& [name, ptr] : v.state) check(name, ptr);
+    if (v.fetch) continue;
+    sums.push_back(scanned(u, "param", v.param));
+    for (const auto& [name, ptr] : v.state) sums.push_back(scanned(u, name, ptr));
   }
+  std::vector<float> staged;  // a fetched dataset's host copy, reused
 
   AtomicFile out(path);
   out.write([&](const std::string& tmp) {
@@ -402,8 +406,17 @@ void write_shard_file(const std::string& path, const CheckpointMeta& meta,
       f.set_attr(g, "state", names.dump());
       const std::vector<hsize_t> shape{static_cast<hsize_t>(l.shard_numel)};
       auto write = [&](const std::string& dataset, const float* data) {
+        std::string sum;
+        if (v.fetch) {
+          staged.resize(static_cast<std::size_t>(l.shard_numel));
+          v.fetch(data, staged.data(), l.shard_numel);
+          data = staged.data();
+          sum = scanned(u, dataset, data);
+        } else {
+          sum = sums.at(next_sum++);
+        }
         f.write_f32(g + "/" + dataset, data, shape);
-        f.set_attr(g + "/" + dataset, kChecksumAttr, sums.at(next_sum++));
+        f.set_attr(g + "/" + dataset, kChecksumAttr, sum);
       };
       write("param", v.param);
       for (const auto& [name, ptr] : v.state) write(name, ptr);

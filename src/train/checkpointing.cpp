@@ -32,10 +32,10 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
 // The views of this rank's shards (parameters, then optimizer state, unit by unit) for
 // write_shard_file. With `stage` (async saves) every buffer is copied into the writer's
 // reused staging buffers, so training may change the shards while the file is written;
-// without it device shards are staged through temporary host copies and the CPU backend's
-// memory is used in place.
-std::vector<ckpt::UnitShardView> shard_views(Job& job, bool stage,
-                                             std::vector<std::vector<float>>& scratch) {
+// without it host memory (the CPU backend's, an offloaded unit's) is read in place and a
+// device unit's view fetches each dataset as the writer reaches it (ckpt::ShardFetch: one
+// dataset in host memory at a time).
+std::vector<ckpt::UnitShardView> shard_views(Job& job, bool stage) {
   std::size_t next = 0;
   auto host = [&](DeviceRuntime& shards, const TensorView& v) -> const float* {
     if (stage) {
@@ -43,18 +43,19 @@ std::vector<ckpt::UnitShardView> shard_views(Job& job, bool stage,
       shards.copy_to_host(dst, v);
       return dst;
     }
-    if (shards.device() == Device::cpu) return v.f32();
-    scratch.emplace_back(static_cast<std::size_t>(v.numel()));
-    shards.copy_to_host(scratch.back().data(), v);
-    return scratch.back().data();
+    return v.f32();  // a device pointer when fetched (below)
   };
-  scratch.reserve(static_cast<std::size_t>(job.engine->num_units()) *
-                  (1 + job.optimizer->states().size()));
   std::vector<ckpt::UnitShardView> views;
   for (int u = 0; u < job.engine->num_units(); ++u) {
     // The unit's runtime: host memory for an offloaded unit.
     DeviceRuntime& shards = job.engine->shard_runtime(u);
-    ckpt::UnitShardView v{&job.engine->layout(u), host(shards, job.engine->shard_param(u)), {}};
+    ckpt::UnitShardView v{&job.engine->layout(u), host(shards, job.engine->shard_param(u)), {},
+                          {}};
+    if (!stage && shards.device() != Device::cpu) {
+      v.fetch = [&shards](const float* src, float* dst, int64_t n) {
+        shards.copy_to_host(dst, TensorView(src, DType::f32, Shape{n}));
+      };
+    }
     // Dataset names: the torch.optim state names (to_string(OptimState)), as always.
     for (const OptimState st : job.optimizer->states()) {
       v.state.push_back({to_string(st), host(shards, job.optimizer->state(u, st))});
@@ -147,8 +148,7 @@ void save_checkpoint(Job& job, bool async) {
     cleanup.committed = true;  // from here on the pending save (or ~Job) owns the directory
     collective_guard(job.host, [&] {
       if (!writes) return;
-      std::vector<std::vector<float>> unused;
-      auto views = shard_views(job, /*stage=*/true, unused);
+      auto views = shard_views(job, /*stage=*/true);
       const auto meta = checkpoint_meta(job);
       job.writer.start(
           (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string(),
@@ -165,8 +165,7 @@ void save_checkpoint(Job& job, bool async) {
   collective_guard(job.host, [&] {
     if (!writes) return;
     const auto meta = checkpoint_meta(job);
-    std::vector<std::vector<float>> scratch;
-    const auto views = shard_views(job, /*stage=*/false, scratch);
+    const auto views = shard_views(job, /*stage=*/false);
     const std::string file =
         (fs::path(tmp) / ckpt::shard_file_name(meta.shard_index, meta.shard_size)).string();
     ckpt::write_shard_file(file, meta, views);
