@@ -114,10 +114,14 @@ for L in $N_LAYERS; do
     say "- n_layer $L with offload_optimizer_ratio $RATIO: refused by the device's plan ($(grep -m1 'memory plan:' "$WORK/log" | cut -c1-240)); try a higher RATIO"
     break
   fi
+  failed=0
   if [[ $rc != 0 ]]; then
-    say "- n_layer $L with $MODE: FAILED (exit $rc): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"
+    # A failed run does not end the bench: the next mode runs. The steps it finished (at
+    # least 4: steps 4.. are timed) still give its line below, marked by this one.
+    say "- n_layer $L with $MODE: FAILED (exit $rc$([[ $rc == 124 ]] && echo ", cut by RUN_TIMEOUT = $RUN_TIMEOUT s")): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"
     tail -20 "$WORK/log"
-    exit 1
+    failed=1
+    [[ -s $WORK/run/metrics.jsonl && $(wc -l <"$WORK/run/metrics.jsonl") -ge 4 ]] || break
   fi
   python3 - "$WORK/run/metrics.jsonl" "$L" "$((SECONDS - t0))" "$MODE" "$RATIO" <<'PY' | tee -a "$MD"
 import json, statistics, sys
@@ -140,6 +144,7 @@ print("- n_layer %s with fsdp.%s: %d steps in %s s; median %.0f tok/s, MFU %.1f 
           max(r.get("host_peak_mem_bytes", 0) for r in rows) / 2**30, rows[0]["loss"], rows[-1]["loss"]))
 PY
   grep -m1 "^start-up:" "$WORK/log" | sed 's/^/    /' | tee -a "$MD"
+  [[ $failed == 0 ]] || break  # its profile and the run without offload: not after a failure
   grep -m1 "offload_optimizer_ratio = 0 (auto)" "$WORK/log" | sed 's/^/    /' | tee -a "$MD"
   trace="$WORK/run/profile/rank_0.trace.json"
   if [[ -f $trace && -f $PROFILE_SUMMARY ]]; then
