@@ -105,6 +105,19 @@ CheckpointMeta make_meta(int shard_size, int shard_index) {
   return m;
 }
 
+// Shard `s` of one unit whose full padded flat buffers (per dataset) are `bufs`.
+UnitShardView shard_view(const FlatParamLayout& layout, int s,
+                         const std::map<std::string, std::vector<float>>& bufs) {
+  UnitShardView v;
+  v.layout = &layout;
+  const int64_t off = layout.shard_begin(s);
+  for (const auto& [name, buf] : bufs) {
+    if (name == "param") v.param = buf.data() + off;
+    else v.state.emplace_back(name, buf.data() + off);
+  }
+  return v;
+}
+
 // Writes the shard files of `layouts` whose full padded flat buffers are `full` (per unit,
 // per dataset) into `dir`, shard_size files.
 void write_checkpoint(const std::string& dir, const CheckpointMeta& base,
@@ -116,14 +129,7 @@ void write_checkpoint(const std::string& dir, const CheckpointMeta& base,
     m.shard_index = s;
     std::vector<UnitShardView> views;
     for (std::size_t u = 0; u < layouts.size(); ++u) {
-      UnitShardView v;
-      v.layout = &layouts[u];
-      const int64_t off = layouts[u].shard_begin(s);
-      for (const auto& [name, buf] : full[u]) {
-        if (name == "param") v.param = buf.data() + off;
-        else v.state.emplace_back(name, buf.data() + off);
-      }
-      views.push_back(std::move(v));
+      views.push_back(shard_view(layouts[u], s, full[u]));
     }
     write_shard_file((fs::path(dir) / shard_file_name(s, base.shard_size)).string(), m, views);
   }
@@ -1274,15 +1280,8 @@ TEST_F(CheckpointTest, FetchedViewsWriteTheSameFileOneDatasetAtATime) {
     m.shard_index = s;
     std::vector<UnitShardView> views;
     for (std::size_t u = 0; u < layouts.size(); ++u) {
-      UnitShardView v;
-      v.layout = &layouts[u];
-      const int64_t off = layouts[u].shard_begin(s);
       const bool fetched = u == 0;
-      auto& src = fetched ? device[u] : full[u];
-      for (auto& [name, buf] : src) {
-        if (name == "param") v.param = buf.data() + off;
-        else v.state.emplace_back(name, buf.data() + off);
-      }
+      UnitShardView v = shard_view(layouts[u], s, fetched ? device[u] : full[u]);
       if (fetched) {
         v.fetch = [&, u](const float* p, float* dst, int64_t n) {
           ++fetches;
