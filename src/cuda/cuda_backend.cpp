@@ -1348,8 +1348,7 @@ void CudaBackend::gqa_attention_forward(const TensorView& out_, const TensorView
   const F32Copy fq(*this, q, nq, true), fk(*this, k, nk, true), fv(*this, v, nk, true);
   const F32Copy fo(*this, out_, nq, false);
   k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window), fq.view.data,
-                   fk.view.data,
-                   fv.view.data, fo.view.data, l, s());
+                   fk.view.data, fv.view.data, fo.view.data, l, s());
   if (nq > 0) k::cast(out(out_), in(fo.view), nq, s());
 }
 
@@ -1384,9 +1383,8 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
       fv(*this, v, nk, true), fo(*this, out_, nq, true);
   const F32Copy gq(*this, dq, nq, false), gk(*this, dk, nk, false), gv(*this, dv, nk, false);
   flash_backward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window), fq.view.data,
-                 fk.view.data,
-                 fv.view.data, fo.view.data, l, fd.view.data, gq.view.data, gk.view.data,
-                 gv.view.data, nullptr);
+                 fk.view.data, fv.view.data, fo.view.data, l, fd.view.data, gq.view.data,
+                 gk.view.data, gv.view.data, nullptr);
   if (nq > 0) k::cast(out(dq), in(gq.view), nq, s());
   if (nk > 0) {
     k::cast(out(dk), in(gk.view), nk, s());

@@ -38,10 +38,10 @@ void check_batch_split(int64_t global_batch, int dp_rank, int dp_size) {
 // Feistel network of kRounds rounds over the 2h-bit domain [0, 4^h), 4^h the smallest power
 // of 4 >= n (h >= 1), whose round function is rng::mix64 of (key, round, right half), then
 // cycle-walked into [0, n) (a value >= n is enciphered again; 4^h < 4n, so fewer than 4
-// encipherings on average). A Feistel network is a bijection of its domain for any round function,
-// and cycle-walking a bijection of [0, 4^h) restricted to the cycles' elements below n is
-// one of [0, n). 8 bytes of state instead of 8 bytes a sample: 10^9 samples cost no memory
-// and no time to set up an epoch (Fisher-Yates needed both, 8 GB a rank).
+// encipherings on average). A Feistel network is a bijection of its domain for any round
+// function, and cycle-walking a bijection of [0, 4^h) restricted to the cycles' elements
+// below n is one of [0, n). 8 bytes of state instead of 8 bytes a sample: 10^9 samples cost
+// no memory and no time to set up an epoch (Fisher-Yates needed both, 8 GB a rank).
 class IndexShuffle {
  public:
   IndexShuffle(int64_t n, uint64_t key) : n_(static_cast<uint64_t>(n)), key_(key) {
@@ -75,11 +75,15 @@ class IndexShuffle {
   unsigned half_bits_ = 1;
 };
 
-// Epoch `epoch`'s order of the sampler's num_samples (a stream of `seed`).
-IndexShuffle epoch_shuffle(int64_t n, uint64_t seed, int64_t epoch) {
-  const uint64_t stream =
-      rng::mix64(rng::key_of("data.sampler.epoch") ^ static_cast<uint64_t>(epoch));
+// The order of n samples drawn from stream `stream` of `seed`.
+IndexShuffle keyed_shuffle(int64_t n, uint64_t seed, uint64_t stream) {
   return IndexShuffle(n, rng::mix64(rng::mix64(seed) ^ stream));
+}
+
+// Epoch `epoch`'s order of the sampler's num_samples.
+IndexShuffle epoch_shuffle(int64_t n, uint64_t seed, int64_t epoch) {
+  static const uint64_t key = rng::key_of("data.sampler.epoch");
+  return keyed_shuffle(n, seed, rng::mix64(key ^ static_cast<uint64_t>(epoch)));
 }
 
 }  // namespace
@@ -170,9 +174,10 @@ std::vector<int64_t> DistributedSampler::blended_indices(int64_t step) const {
     const auto d = static_cast<std::size_t>(draw_part());
     const int64_t c = blend_draws_[d]++;
     const int64_t n = part_samples_[d], epoch = c / n;
-    const uint64_t part = rng::mix64(rng::key_of("data.mixture.part") ^ static_cast<uint64_t>(d));
-    const uint64_t stream = rng::mix64(part ^ static_cast<uint64_t>(epoch));
-    const IndexShuffle order(n, rng::mix64(rng::mix64(seed_) ^ stream));
+    static const uint64_t key = rng::key_of("data.mixture.part");
+    const uint64_t part = rng::mix64(key ^ static_cast<uint64_t>(d));
+    const IndexShuffle order =
+        keyed_shuffle(n, seed_, rng::mix64(part ^ static_cast<uint64_t>(epoch)));
     out.push_back(part_offsets_[d] + order(c % n));
   }
   blend_step_ = step;

@@ -29,6 +29,10 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
   return m;
 }
 
+// Whether this rank writes a shard file: replica 0 of its shard group (replicas hold the same
+// shards).
+bool writes_shard_file(Job& job) { return job.engine->replicate_comm().rank() == 0; }
+
 // The views of this rank's shards (parameters, then optimizer state, unit by unit) for
 // write_shard_file. With `stage` (async saves) every buffer is copied into the writer's
 // reused staging buffers, so training may change the shards while the file is written;
@@ -142,7 +146,7 @@ void save_checkpoint(Job& job, bool async) {
   collective_guard(job.host, [&] {
     if (job.rank0()) ckpt::prepare_tmp_step_dir(tmp);
   });
-  const bool writes = job.engine->replicate_comm().rank() == 0;  // replicas hold the same shards
+  const bool writes = writes_shard_file(job);
   if (async) {
     job.pending = Job::PendingSave{job.step, tmp, t0};
     cleanup.committed = true;  // from here on the pending save (or ~Job) owns the directory
@@ -182,10 +186,10 @@ void save_checkpoint(Job& job, bool async) {
 
 int64_t save_bytes(Job& job) {
   int64_t bytes = 0;
-  if (job.engine->replicate_comm().rank() == 0) {  // replicas hold the same shards
-    const auto per = static_cast<int64_t>(1 + job.optimizer->states().size());
-    for (int u = 0; u < job.engine->num_units(); ++u) {
-      bytes += job.engine->shard_param(u).numel() * static_cast<int64_t>(sizeof(float)) * per;
+  if (writes_shard_file(job)) {  // the datasets a save writes: shard_views, unstaged
+    for (const ckpt::UnitShardView& v : shard_views(job, /*stage=*/false)) {
+      const auto datasets = static_cast<int64_t>(1 + v.state.size());
+      bytes += v.layout->shard_numel * datasets * static_cast<int64_t>(sizeof(float));
     }
   }
   job.host.all_reduce(&bytes, &bytes, 1, DType::i64, ReduceOp::sum)->wait();
