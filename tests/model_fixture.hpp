@@ -24,7 +24,7 @@ template <class ModelConfig>
 struct CausalLmOptions {
   ModelConfig model;
   fsdp::MixedPrecisionConfig mp{};
-  bool activation_checkpointing = false;
+  fsdp::ActivationCheckpointing activation_checkpointing;  // none
   MPI_Comm comm = MPI_COMM_SELF;
   int64_t B = 2, T = 6;
 };

@@ -225,6 +225,14 @@ TEST(Config, AccumulationAndCheckpointingKeys) {
   EXPECT_TRUE(c.fsdp.activation_checkpointing);
   Config again = parse_config(to_toml(c), "acc.toml", {});
   EXPECT_EQ(again, c);
+  // fsdp.recompute_num_layers: -1 (every block) unless set; the models take both keys as one.
+  EXPECT_EQ(d.fsdp.recompute_num_layers, -1);
+  EXPECT_EQ(d.fsdp.checkpointing(), fsdp::ActivationCheckpointing(false));
+  EXPECT_EQ(c.fsdp.checkpointing(), fsdp::ActivationCheckpointing(true));
+  const Config first = parse_config("[fsdp]\nactivation_checkpointing = true\nrecompute_num_layers = 3\n",
+                                    "acc.toml", {"data.path=tokens.h5"});
+  EXPECT_EQ(first.fsdp.checkpointing(), fsdp::ActivationCheckpointing::first_blocks(3));
+  EXPECT_EQ(parse_config(to_toml(first), "acc.toml", {}), first);
   try {
     parse_config("", "acc.toml", {"data.path=tokens.h5", "train.micro_batch_size=-1"});
     ADD_FAILURE() << "no error";
@@ -505,6 +513,22 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
       {"[optim]\nlr = \"fast\"\n", {}, {"optim.lr: expected a number, got string"}},
       {"[optim]\nlr = nan\n", {}, {"optim.lr: expected a finite number"}},
       {"[fsdp]\nlimit_all_gathers = 1\n", {}, {"fsdp.limit_all_gathers: expected a boolean"}},
+      {"[fsdp]\nrecompute_num_layers = 2\n", {},
+       {"input.toml: fsdp.recompute_num_layers: must be -1 with fsdp.activation_checkpointing = "
+        "false (no block recomputes; or set fsdp.activation_checkpointing = true)"}},
+      {"[fsdp]\nactivation_checkpointing = true\nrecompute_num_layers = -2\n", {},
+       {"input.toml: fsdp.recompute_num_layers: -2 is out of range (expected an integer >= -1; "
+        "-1 = every block)"}},
+      {"[model]\nn_layer = 4\n[fsdp]\nactivation_checkpointing = true\nrecompute_num_layers = 5\n",
+       {}, {"input.toml: fsdp.recompute_num_layers: 5 exceeds the model's 4 transformer blocks "
+            "(expected -1 <= x <= 4)"}},
+      {"[model]\ntype = \"t5\"\nnum_layers = 2\nnum_decoder_layers = 3\n", {
+           "fsdp.activation_checkpointing=true", "fsdp.recompute_num_layers=6"},
+       {"--set fsdp.recompute_num_layers=6: fsdp.recompute_num_layers: 6 exceeds the model's 5 "
+        "transformer blocks"}},
+      {"[model]\ntype = \"llama\"\nnum_hidden_layers = 2\n[fsdp]\nactivation_checkpointing = "
+       "true\nrecompute_num_layers = 3\n", {},
+       {"fsdp.recompute_num_layers: 3 exceeds the model's 2 transformer blocks"}},
       {"[data]\nsource = 5\n", {}, {"data.source: expected a string, got integer"}},
       {"[fsdp]\ntransformer_layer_cls_to_wrap = [1]\n", {},
        {"fsdp.transformer_layer_cls_to_wrap: expected an array of strings"}},

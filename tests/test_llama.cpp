@@ -260,7 +260,11 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
       o.mp.param_dtype = dtype;
       o.comm = comm;
       Fixture off(o);
-      o.activation_checkpointing = true;
+      // Every layer on one rank; over the world the first of 3 (fsdp.recompute_num_layers:
+      // layer 0 recomputes into the set layer 1 keeps, layer 2 has its own).
+      o.activation_checkpointing = comm == MPI_COMM_SELF
+                                       ? fsdp::ActivationCheckpointing(true)
+                                       : fsdp::ActivationCheckpointing::first_blocks(1);
       Fixture on(o);
       perturb_shards(off);
       perturb_shards(on);
@@ -289,7 +293,8 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2})
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
-    for (bool ckpt : {false, true}) {
+    for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
+                      fsdp::ActivationCheckpointing::first_blocks(2)}) {
       for (bool tied : {false, true}) {
         ModelOptions o;
         o.model.arch = arch;
@@ -301,8 +306,8 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
         f.loss_and_grads();
         EXPECT_EQ(static_cast<int64_t>(f.be->memory().peak(fsdp::MemCategory::activations)),
                   fsdp::LlamaModel::activation_bytes(o.model, o.B, o.T, dtype, ckpt))
-            << fsdp::llama_arch_prefix(arch) << " " << fsdp::to_string(dtype) << " checkpointing "
-            << ckpt << " tied " << tied;
+            << fsdp::llama_arch_prefix(arch) << " " << fsdp::to_string(dtype) << " recomputed "
+            << ckpt.recomputed(3) << " tied " << tied;
       }
     }
   }

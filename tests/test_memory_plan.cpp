@@ -277,6 +277,16 @@ TEST_P(PerModel, ActivationCheckpointingShrinksPlanAndPeakAlike) {
   EXPECT_LT(on.planned_activation_bytes, off.planned_activation_bytes);
   expect_plan_equals_peak(on, "activation_checkpointing");
   expect_plan_equals_peak(off, "no activation_checkpointing");
+  // Only the first block recomputing (fsdp.recompute_num_layers = 1): the same run again,
+  // with the plan between the two.
+  c.train.run_dir = fresh_dir("ac_first");
+  c.fsdp.recompute_num_layers = 1;
+  const TrainResult first = run(c, On::world);
+  EXPECT_EQ(first.losses, off.losses);
+  for (const auto& [name, values] : off.params) EXPECT_EQ(first.params.at(name), values) << name;
+  EXPECT_LT(first.planned_activation_bytes, off.planned_activation_bytes);
+  EXPECT_GT(first.planned_activation_bytes, on.planned_activation_bytes);
+  expect_plan_equals_peak(first, "recompute_num_layers = 1");
 }
 
 TEST_P(PerModel, SteadyStateStepsAllocateNothing) {

@@ -263,43 +263,47 @@ bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; 
 TEST(Gpt2, ActivationCheckpointingIsBitIdentical) {
   // Same kernels on the same inputs: with checkpointing, the loss, the eval loss and every
   // gradient shard equal those without, bit for bit; fp32 and bf16 activations (param_dtype),
-  // on one rank and FULL_SHARD over the world (parameters re-gathered for backward).
+  // on one rank and FULL_SHARD over the world (parameters re-gathered for backward); every
+  // block recomputing, and only the first 1 or 2 of 3 (fsdp.recompute_num_layers: those and
+  // the block after them share one buffer set, a later block keeps its own).
   fsdp::Gpt2Config mc = tiny_model();
   mc.n_layer = 3;
-  for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
-    for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
-      const std::string what = std::string(fsdp::to_string(dtype)) +
-                               (comm == MPI_COMM_SELF ? " one rank" : " world");
-      ModelOptions o;
-      o.model = mc;
-      o.mp.param_dtype = dtype;
-      o.comm = comm;
-      Fixture off({}, o);
-      o.activation_checkpointing = true;
-      Fixture on({}, o);
-      perturb_shards(off);
-      perturb_shards(on);
-      for (int step = 0; step < 2; ++step) {  // the second step reuses the buffers
-        const double loss_off = off.loss_and_grads(), loss_on = on.loss_and_grads();
-        EXPECT_TRUE(std::isfinite(loss_off)) << what;
-        EXPECT_TRUE(same_bits(loss_off, loss_on)) << what << ": " << loss_off << " vs " << loss_on;
-        ASSERT_EQ(off.engine.num_units(), on.engine.num_units());
-        double grad_norm2 = 0;
-        for (int u = 0; u < off.engine.num_units(); ++u) {
-          const int64_t n = off.engine.shard_numel(u);
-          ASSERT_EQ(n, on.engine.shard_numel(u));
-          const float* g_off = off.engine.shard_grad(u).f32();
-          const float* g_on = on.engine.shard_grad(u).f32();
-          EXPECT_EQ(std::memcmp(g_off, g_on, static_cast<std::size_t>(n) * sizeof(float)), 0)
-              << what << ": unit " << u << " step " << step;
-          for (int64_t i = 0; i < n; ++i) grad_norm2 += static_cast<double>(g_off[i]) * g_off[i];
-        }
-        double total = grad_norm2;
-        MPI_Allreduce(&grad_norm2, &total, 1, MPI_DOUBLE, MPI_SUM, comm);
-        EXPECT_GT(total, 0.0) << what << ": gradients vanished";
-        // Evaluation (forward only) runs every block through the one shared buffer set.
-        EXPECT_TRUE(same_bits(off.loss(), on.loss())) << what;
+  for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16})
+  for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD})
+  for (int64_t first : {int64_t{-1}, int64_t{1}, int64_t{2}}) {
+    const std::string what = std::string(fsdp::to_string(dtype)) +
+                             (comm == MPI_COMM_SELF ? " one rank" : " world") +
+                             " recompute_num_layers " + std::to_string(first);
+    ModelOptions o;
+    o.model = mc;
+    o.mp.param_dtype = dtype;
+    o.comm = comm;
+    Fixture off({}, o);
+    o.activation_checkpointing = first < 0 ? fsdp::ActivationCheckpointing(true)
+                                           : fsdp::ActivationCheckpointing::first_blocks(first);
+    Fixture on({}, o);
+    perturb_shards(off);
+    perturb_shards(on);
+    for (int step = 0; step < 2; ++step) {  // the second step reuses the buffers
+      const double loss_off = off.loss_and_grads(), loss_on = on.loss_and_grads();
+      EXPECT_TRUE(std::isfinite(loss_off)) << what;
+      EXPECT_TRUE(same_bits(loss_off, loss_on)) << what << ": " << loss_off << " vs " << loss_on;
+      ASSERT_EQ(off.engine.num_units(), on.engine.num_units());
+      double grad_norm2 = 0;
+      for (int u = 0; u < off.engine.num_units(); ++u) {
+        const int64_t n = off.engine.shard_numel(u);
+        ASSERT_EQ(n, on.engine.shard_numel(u));
+        const float* g_off = off.engine.shard_grad(u).f32();
+        const float* g_on = on.engine.shard_grad(u).f32();
+        EXPECT_EQ(std::memcmp(g_off, g_on, static_cast<std::size_t>(n) * sizeof(float)), 0)
+            << what << ": unit " << u << " step " << step;
+        for (int64_t i = 0; i < n; ++i) grad_norm2 += static_cast<double>(g_off[i]) * g_off[i];
       }
+      double total = grad_norm2;
+      MPI_Allreduce(&grad_norm2, &total, 1, MPI_DOUBLE, MPI_SUM, comm);
+      EXPECT_GT(total, 0.0) << what << ": gradients vanished";
+      // Evaluation (forward only) runs the recomputing blocks through their shared set.
+      EXPECT_TRUE(same_bits(off.loss(), on.loss())) << what;
     }
   }
 }
@@ -325,8 +329,18 @@ TEST(Gpt2, ActivationBytesWithCheckpointingArePlannedAndMeasured) {
         EXPECT_EQ(on, off) << what << ": one block, one buffer set either way";
       }
       prev_on = on;
-      // The plan equals what a training micro-batch allocates, with and without.
-      for (bool ckpt : {false, true}) {
+      // Only the first k blocks recomputing (fsdp.recompute_num_layers): they and the block
+      // after them share one set of internals and every later block keeps its own, so each
+      // recomputing block saves one block's set, (off - on) / (L - 1), up to L - 1 of them.
+      for (int64_t k = 0; k <= L; ++k) {
+        const int64_t first = fsdp::Gpt2Model::activation_bytes(
+            mc, B, T, dtype, fsdp::ActivationCheckpointing::first_blocks(k));
+        EXPECT_EQ(first, off - (L > 1 ? std::min(k, L - 1) * (off - on) / (L - 1) : 0))
+            << what << " n_layer " << L << " first " << k;
+      }
+      // The plan equals what a training micro-batch allocates: none, every block, the first 2.
+      for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
+                        fsdp::ActivationCheckpointing::first_blocks(2)}) {
         ModelOptions o;
         o.model = mc;
         o.mp.param_dtype = dtype;
@@ -334,8 +348,8 @@ TEST(Gpt2, ActivationBytesWithCheckpointingArePlannedAndMeasured) {
         Fixture f({}, o);
         f.loss_and_grads();
         EXPECT_EQ(static_cast<int64_t>(f.be->memory().peak(fsdp::MemCategory::activations)),
-                  ckpt ? on : off)
-            << what << " n_layer " << L << " checkpointing " << ckpt;
+                  fsdp::Gpt2Model::activation_bytes(mc, B, T, dtype, ckpt))
+            << what << " n_layer " << L << " recomputed " << ckpt.recomputed(L);
       }
     }
   }

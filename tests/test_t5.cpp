@@ -66,7 +66,7 @@ fsdp::data::Batch sample_batch(int64_t V, unsigned seed = 3) {
 struct Options {
   T5Config model = tiny();
   fsdp::MixedPrecisionConfig mp{};
-  bool activation_checkpointing = false;
+  fsdp::ActivationCheckpointing activation_checkpointing;  // none
   MPI_Comm comm = MPI_COMM_SELF;
   fsdp::AutoWrapPolicy wrap = fsdp::AutoWrapPolicy::TRANSFORMER_BASED_WRAP;
 };
@@ -339,18 +339,23 @@ TEST(T5, PaddingDoesNotChangeAnExample) {
 }
 
 TEST(T5, ActivationCheckpointingIsBitIdentical) {
+  // Every block, the first 2 (encoder blocks only) and the first 4 (the 3 encoder blocks and
+  // the first decoder block) of 5 (fsdp.recompute_num_layers).
+  for (int64_t first : {int64_t{-1}, int64_t{2}, int64_t{4}})
   for (auto ff : {T5FeedForward::relu, T5FeedForward::gated_gelu}) {
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(to_string(ff)) + " " + std::string(fsdp::to_string(dtype)) +
-                                 (comm == MPI_COMM_SELF ? " one rank" : " world");
+                                 (comm == MPI_COMM_SELF ? " one rank" : " world") +
+                                 " recompute_num_layers " + std::to_string(first);
         Options o;
         o.model = tiny(ff, ff == T5FeedForward::relu);
         o.model.num_layers = 3;  // encoder and decoder of different depths
         o.mp.param_dtype = dtype;
         o.comm = comm;
         Fixture off(o);
-        o.activation_checkpointing = true;
+        o.activation_checkpointing = first < 0 ? fsdp::ActivationCheckpointing(true)
+                                               : fsdp::ActivationCheckpointing::first_blocks(first);
         Fixture on(o);
         perturb_shards(off);
         perturb_shards(on);
@@ -385,7 +390,11 @@ TEST(T5, ActivationBytesArePlannedAndMeasured) {
         const int64_t on = fsdp::T5Model::activation_bytes(c, 2, shape, dtype, true);
         EXPECT_EQ(off, fsdp::T5Model::activation_bytes(c, 2, shape, dtype)) << "default is off";
         if (layers >= 2) EXPECT_LT(on, off);
-        for (bool ckpt : {false, true}) {
+        // The first blocks only (fsdp.recompute_num_layers): the encoder's, and the encoder's
+        // and the first decoder block.
+        for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
+                          fsdp::ActivationCheckpointing::first_blocks(layers),
+                          fsdp::ActivationCheckpointing::first_blocks(layers + 1)}) {
           Options o;
           o.model = c;
           o.mp.param_dtype = dtype;
@@ -393,9 +402,20 @@ TEST(T5, ActivationBytesArePlannedAndMeasured) {
           Fixture f(o);
           f.loss_and_grads();
           EXPECT_EQ(static_cast<int64_t>(f.be->memory().peak(fsdp::MemCategory::activations)),
-                    ckpt ? on : off)
-              << to_string(ff) << " " << fsdp::to_string(dtype) << " layers " << layers << " ckpt " << ckpt;
+                    fsdp::T5Model::activation_bytes(c, 2, shape, dtype, ckpt))
+              << to_string(ff) << " " << fsdp::to_string(dtype) << " layers " << layers
+              << " recomputed " << ckpt.recomputed(2 * layers);
         }
+        const int64_t enc_only = fsdp::T5Model::activation_bytes(
+            c, 2, shape, dtype, fsdp::ActivationCheckpointing::first_blocks(layers));
+        const int64_t into_dec = fsdp::T5Model::activation_bytes(
+            c, 2, shape, dtype, fsdp::ActivationCheckpointing::first_blocks(layers + 1));
+        // The recomputing blocks and the one after them share one set (the largest of their
+        // internals, field by field); each later block keeps its own.
+        EXPECT_LT(enc_only, off);
+        EXPECT_EQ(into_dec == on, layers <= 2)  // the shared set then spans every block
+            << to_string(ff) << " " << fsdp::to_string(dtype) << " layers " << layers;
+        if (layers >= 2) EXPECT_LT(into_dec, enc_only);
       }
     }
   }

@@ -57,6 +57,8 @@ constexpr Range unit_interval() { return KeyRange::unit_interval(); }
 // The ranges with their own wording.
 constexpr Range kPadVocabRange{true, Range::closed, Range::closed, 1,
                                static_cast<double>(kMaxPadVocabMultiple), "x", "; 1 = no padding"};
+constexpr Range kRecomputeLayersRange{true, Range::closed, Range::none, -1, 0, "x",
+                                      "; -1 = every block"};
 constexpr Range kAtLeastOne{false, Range::closed, Range::none, 1, 0, "x", ""};
 constexpr Range kPeakFlopsRange{false, Range::closed, Range::none, 0, 0, "x",
                                 " FLOP/s; 0 = the device's peak"};
@@ -217,6 +219,10 @@ void visit_keys(C& c, F&& f) {
   f("fsdp", "activation_checkpointing", c.fsdp.activation_checkpointing,
     {kMayChange, kAny, "Accelerate fsdp_activation_checkpointing",
      "Keep only each wrapped block's input during forward and recompute the rest in backward."});
+  f("fsdp", "recompute_num_layers", c.fsdp.recompute_num_layers,
+    {kMayChange, kRecomputeLayersRange, "Megatron-LM recompute_num_layers (recompute_method block)",
+     "With activation_checkpointing: only the first N transformer blocks in forward order "
+     "recompute; the others keep their internals from forward (-1: every block)."});
   f("fsdp", "cpu_offload", c.fsdp.cpu_offload,
     {kMayChange, kAny, "PyTorch FSDP CPUOffload(offload_params)",
      "Keep the fp32 shards, their gradients and the optimizer state in host memory."});
@@ -735,6 +741,11 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
                "below 1 is not supported with fsdp.delayed_parameter_update (the units on the "
                "device would step undelayed)");
   }
+  if (!c.fsdp.activation_checkpointing && c.fsdp.recompute_num_layers >= 0) {
+    throw fail("fsdp.recompute_num_layers",
+               "must be -1 with fsdp.activation_checkpointing = false (no block recomputes; or "
+               "set fsdp.activation_checkpointing = true)");
+  }
   if (!c.checkpoint.enable && c.checkpoint.every > 0) {
     throw fail("checkpoint.every",
                "must be 0 with checkpoint.enable = false (no checkpoint is written; or set "
@@ -746,6 +757,19 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
                "update keeps the device's param_dtype shards from before it)");
   }
 }
+
+}  // namespace
+
+void check_recompute_num_layers(const Config& c, int64_t num_blocks, const KeyFail& fail) {
+  if (c.fsdp.activation_checkpointing && c.fsdp.recompute_num_layers > num_blocks) {
+    throw fail("fsdp.recompute_num_layers",
+               std::to_string(c.fsdp.recompute_num_layers) + " exceeds the model's " +
+                   std::to_string(num_blocks) + " transformer blocks (expected -1 <= x <= " +
+                   std::to_string(num_blocks) + ")");
+  }
+}
+
+namespace {
 
 // TOML text of one value, read back exactly by toml++.
 std::string toml_value(const std::string& s) {

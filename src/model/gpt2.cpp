@@ -42,9 +42,11 @@ struct Gpt2Model::Acts {
     // fc: the MLP's pre-activation (bias added). GELU(fc) is not kept: see dfc below.
     DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fc;
   };
-  // One Layer per block, or (activation checkpointing) one shared by every block.
+  // Layers: one shared by the blocks that recompute (activation checkpointing: the first
+  // `recomputed`), then one per other block.
   std::vector<Layer> layers;
-  Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[l]; }
+  ActivationCheckpointing checkpointing;
+  Layer& layer(int64_t l) { return layers[static_cast<std::size_t>(checkpointing.buffer_set(l))]; }
   // logits [BT,Vp] (dlogits after CE); [chunk,Vp] under model.fused_linear_cross_entropy
   DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;
   // Backward scratch. dfc [BT,4C] also holds GELU(fc) where only one block needs it: in
@@ -57,7 +59,7 @@ struct Gpt2Model::Acts {
 };
 
 Gpt2Model::Gpt2Model(const Gpt2Config& config, Kernels& kernels, DType activation_dtype,
-                     bool activation_checkpointing)
+                     ActivationCheckpointing activation_checkpointing)
     : cfg_(config), be_(kernels), rt_(kernels.runtime()), act_dtype_(activation_dtype),
       checkpointing_(activation_checkpointing), modules_(gpt2_modules(config)) {}
 
@@ -100,14 +102,9 @@ namespace {
 struct ActCounts {
   int64_t act = 0, f32 = 0, i32 = 0;
 };
-// Sets of per-block internals (Acts::Layer): one per block, or one shared by every block
-// under activation checkpointing.
-int64_t block_buffer_sets(const Gpt2Config& c, bool checkpointing) {
-  return checkpointing ? std::min<int64_t>(c.n_layer, 1) : c.n_layer;
-}
-ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T, bool checkpointing) {
+ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T, ActivationCheckpointing checkpointing) {
   const int64_t BT = B * T, C = c.n_embd, H = c.n_head, V = c.padded_vocab(), L = c.n_layer;
-  const int64_t S = block_buffer_sets(c, checkpointing);
+  const int64_t S = checkpointing.buffer_sets(L);
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, V);  // BT, or one chunk
   ActCounts n;
   n.act = (L + 1) * BT * C                                               // residual streams
@@ -121,7 +118,7 @@ ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T, bool checkpointi
 }  // namespace
 
 int64_t Gpt2Model::activation_bytes(const Gpt2Config& c, int64_t B, int64_t T, DType act,
-                                    bool activation_checkpointing) {
+                                    ActivationCheckpointing activation_checkpointing) {
   const ActCounts n = act_counts(c, B, T, activation_checkpointing);
   return n.act * static_cast<int64_t>(dtype_size(act)) + 4 * n.f32 + 4 * n.i32;
 }
@@ -142,7 +139,8 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
   auto f = [&](int64_t n) { return DeviceBuffer(rt_, act_dtype_, n, cat); };
   auto f32 = [&](int64_t n) { return DeviceBuffer(rt_, DType::f32, n, cat); };
   for (int64_t l = 0; l <= cfg_.n_layer; ++l) a->res.push_back(f(BT * C));
-  a->layers.resize(static_cast<std::size_t>(block_buffer_sets(cfg_, checkpointing_)));
+  a->layers.resize(static_cast<std::size_t>(checkpointing_.buffer_sets(cfg_.n_layer)));
+  a->checkpointing = checkpointing_;
   for (auto& ly : a->layers) {
     ly.ln1 = f(BT * C); ly.ln1_mean = f32(BT); ly.ln1_rstd = f32(BT);
     ly.qkv = f(BT * 3 * C); ly.lse = f32(B * H * T); ly.atty = f(BT * C); ly.res2 = f(BT * C);
@@ -295,10 +293,11 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_sc
     hooks.pre_backward(m);
     // Activation checkpointing: recompute this block's internals from res[l] with the
     // parameters pre_backward has just gathered (no pre/post_forward: not a forward pass).
-    if (checkpointing_) block_forward(l, B, T, hooks, /*write_output=*/false);
+    const bool recompute = checkpointing_.recomputes(l);
+    if (recompute) block_forward(l, B, T, hooks, /*write_output=*/false);
     // dres = d res[l+1]. MLP c_proj: out = gelu @ W^T + b; gelu = GELU(fc) into dfc (the
     // checkpointing recompute has just put it there).
-    if (!checkpointing_) be_.gelu_forward(dfc, rows(ly.fc, 4 * C));
+    if (!recompute) be_.gelu_forward(dfc, rows(ly.fc, 4 * C));
     // (each weight gradient with its bias gradient, and d fc with GELU' and the c_fc bias
     // gradient, in the GEMM's epilogue where the backend has one: kernels.hpp)
     be_.gemm_weight_bias_grad(false, C, 4 * C, BT, dres, dfc, G(kMlpProjW), G(kMlpProjB));
@@ -371,16 +370,17 @@ class Gpt2Family final : public ModelFamily {
                                      std::to_string(g.n_positions) +
                                      " (expected 1 <= seq_len <= n_positions)");
     }
+    check_recompute_num_layers(c, g.n_layer, fail);
   }
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
     return gpt2_modules(Gpt2Config::from(c));
   }
   std::unique_ptr<Model> create(const ModelConfig& c, Kernels& kernels, DType act,
-                                bool checkpointing) const override {
+                                ActivationCheckpointing checkpointing) const override {
     return std::make_unique<Gpt2Model>(Gpt2Config::from(c), kernels, act, checkpointing);
   }
   int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
-                           DType act, bool checkpointing) const override {
+                           DType act, ActivationCheckpointing checkpointing) const override {
     return Gpt2Model::activation_bytes(Gpt2Config::from(c), rows, shape.L, act, checkpointing);
   }
   int64_t vocab_size(const ModelConfig& c) const override { return Gpt2Config::from(c).vocab_size; }

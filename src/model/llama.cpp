@@ -358,8 +358,10 @@ struct LlamaModel::Acts {
     DeviceBuffer ln1, ln1_rstd, q, k, v, lse, atty, res2, ln2, ln2_rstd, gate, up;
     DeviceBuffer q_raw, k_raw, q_rstd, k_rstd;
   };
-  std::vector<Layer> layers;  // one per layer, or one shared (activation checkpointing)
-  Layer& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[static_cast<std::size_t>(l)]; }
+  // One shared by the layers that recompute (activation checkpointing), one per other layer.
+  std::vector<Layer> layers;
+  ActivationCheckpointing checkpointing;
+  Layer& layer(int64_t l) { return layers[static_cast<std::size_t>(checkpointing.buffer_set(l))]; }
   // logits [BT,Vp] (dlogits after CE); [chunk,Vp] under model.fused_linear_cross_entropy
   DeviceBuffer lnf, lnf_rstd, logits;
   // Backward scratch. dI1 [BT,I] also holds act = silu(gate) * up where one layer needs it:
@@ -375,15 +377,12 @@ namespace {
 struct ActCounts {
   int64_t act = 0, f32 = 0, i32 = 0;
 };
-int64_t layer_buffer_sets(const LlamaConfig& c, bool checkpointing) {
-  return checkpointing ? std::min<int64_t>(c.num_hidden_layers, 1) : c.num_hidden_layers;
-}
 // Element counts of what ensure_buffers allocates, by storage class: one table for the
 // allocation and the memory plan.
-ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T, bool checkpointing) {
+ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T, ActivationCheckpointing checkpointing) {
   const int64_t BT = B * T, C = c.hidden_size, H = c.num_attention_heads, D = c.head_size();
   const int64_t Q = H * D, KV = c.kv_heads() * D, I = c.intermediate_size, Vp = c.padded_vocab();
-  const int64_t S = layer_buffer_sets(c, checkpointing);
+  const int64_t S = checkpointing.buffer_sets(c.num_hidden_layers);
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, Vp);  // BT, or one chunk
   ActCounts n;
   n.act = (c.num_hidden_layers + 1) * BT * C                            // residual streams
@@ -401,13 +400,13 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T, bool checkpoint
 }  // namespace
 
 int64_t LlamaModel::activation_bytes(const LlamaConfig& c, int64_t B, int64_t T, DType act,
-                                     bool checkpointing) {
+                                     ActivationCheckpointing checkpointing) {
   const ActCounts n = act_counts(c, B, T, checkpointing);
   return n.act * static_cast<int64_t>(dtype_size(act)) + 4 * n.f32 + 4 * n.i32;
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& config, Kernels& kernels, DType activation_dtype,
-                       bool activation_checkpointing)
+                       ActivationCheckpointing activation_checkpointing)
     : cfg_(config), be_(kernels), rt_(kernels.runtime()), act_dtype_(activation_dtype),
       checkpointing_(activation_checkpointing), modules_(llama_modules(config)) {}
 
@@ -429,7 +428,8 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   auto f = [&](int64_t n) { return DeviceBuffer(rt_, act_dtype_, n, cat); };
   auto f32 = [&](int64_t n) { return DeviceBuffer(rt_, DType::f32, n, cat); };
   for (int64_t l = 0; l <= cfg_.num_hidden_layers; ++l) a->res.push_back(f(BT * C));
-  a->layers.resize(static_cast<std::size_t>(layer_buffer_sets(cfg_, checkpointing_)));
+  a->layers.resize(static_cast<std::size_t>(checkpointing_.buffer_sets(cfg_.num_hidden_layers)));
+  a->checkpointing = checkpointing_;
   for (auto& y : a->layers) {
     y.ln1 = f(BT * C); y.ln1_rstd = f32(BT); y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
     y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C); y.ln2 = f(BT * C);
@@ -662,7 +662,8 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     auto G = [&](int k) { return hooks.grad(p0 + k); };
     auto& y = a.layer(l);
     hooks.pre_backward(m);
-    if (checkpointing_) layer_forward(l, B, T, hooks, /*write_output=*/false);
+    const bool recompute = checkpointing_.recomputes(l);
+    if (recompute) layer_forward(l, B, T, hooks, /*write_output=*/false);
     // Linear out = inp @ W^T + b, given dout: dW += dout^T inp, db += sum dout, and
     // din (=, or += when `accumulate`) dout @ W.
     auto linear_backward = [&](const TensorView& din, const TensorView& dout, const TensorView& inp,
@@ -683,7 +684,7 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
       be_.rmsnorm_backward(dln, G(x.ln_post), dres, rows(y.ln2, C), W(x.ln_post),
                            y.ln2_rstd.view({BT}), BT, C);
     }
-    if (!checkpointing_) be_.swiglu_forward(dI1, rows(y.gate, I), rows(y.up, I));
+    if (!recompute) be_.swiglu_forward(dI1, rows(y.gate, I), rows(y.up, I));
     linear_backward(dI1, after ? dln : dres, dI1, x.down_w, x.down_b, C, I, false);  // d act
     be_.swiglu_backward(dI1, dI2, dI1, rows(y.gate, I), rows(y.up, I));          // d gate, d up
     if (after) {  // the MLP read res2 itself: its input gradient adds to dres = d res2
@@ -788,16 +789,17 @@ class LlamaFamily final : public ModelFamily {
                                      n(g.max_position_embeddings) +
                                      " (expected 1 <= seq_len <= max_position_embeddings)");
     }
+    check_recompute_num_layers(c, g.num_hidden_layers, fail);
   }
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
     return llama_modules(LlamaConfig::from(c));
   }
   std::unique_ptr<Model> create(const ModelConfig& c, Kernels& kernels, DType act,
-                                bool checkpointing) const override {
+                                ActivationCheckpointing checkpointing) const override {
     return std::make_unique<LlamaModel>(LlamaConfig::from(c), kernels, act, checkpointing);
   }
   int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
-                           DType act, bool checkpointing) const override {
+                           DType act, ActivationCheckpointing checkpointing) const override {
     return LlamaModel::activation_bytes(LlamaConfig::from(c), rows, shape.L, act, checkpointing);
   }
   int64_t vocab_size(const ModelConfig& c) const override { return LlamaConfig::from(c).vocab_size; }

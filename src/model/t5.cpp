@@ -210,13 +210,17 @@ LayerSizes max_sizes(const LayerSizes& a, const LayerSizes& b) {
 struct ActBuffers {
   int64_t B = 0, Te = 0, Td = 0;   // capacity
   int64_t num_enc = 0;             // encoder blocks
-  bool shared_set = false;         // activation checkpointing: one LayerBufs for every block
+  // Layers: one shared by the blocks that recompute (activation checkpointing; blocks in
+  // forward order, the encoder's then the decoder's), one per other block.
+  ActivationCheckpointing checkpointing;
   std::vector<DeviceBuffer> res_e;  // num_layers+1 encoder residual streams [Re,D]
   std::vector<DeviceBuffer> res_d;  // num_decoder_layers+1 decoder residual streams [Rd,D]
   std::vector<LayerBufs> layers;
-  LayerBufs& enc_layer(int64_t l) { return shared_set ? layers[0] : layers[static_cast<std::size_t>(l)]; }
+  LayerBufs& enc_layer(int64_t l) {
+    return layers[static_cast<std::size_t>(checkpointing.buffer_set(l))];
+  }
   LayerBufs& dec_layer(int64_t l) {
-    return shared_set ? layers[0] : layers[static_cast<std::size_t>(num_enc + l)];
+    return layers[static_cast<std::size_t>(checkpointing.buffer_set(num_enc + l))];
   }
   DeviceBuffer enc_out, enc_rstd;       // encoder final norm [Re,D], fp32 [Re]
   DeviceBuffer lnf, lnf_rstd, logits;   // decoder final norm (scaled when tied) [Rd,D]; [Rd,Vp]
@@ -236,7 +240,7 @@ enum class Kind { act, f32, i32 };
 // THE activation table: calls f(DeviceBuffer* slot, Kind, numel) for every buffer of a
 // micro-batch of B rows, Te encoder and Td decoder tokens (slot is null when a is null).
 template <class Fn>
-void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool ckpt,
+void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, ActivationCheckpointing ckpt,
                       ActBuffers* a, Fn&& f) {
   const int64_t D = c.d_model, I = c.num_heads * c.d_kv, F = c.d_ff, H = c.num_heads;
   const int64_t Vp = c.padded_vocab(), Le = c.num_layers, Ld = c.num_decoder_layers;
@@ -251,14 +255,19 @@ void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, bool
   for (int64_t l = 0; l <= Le; ++l) f(a ? &a->res_e[static_cast<std::size_t>(l)] : nullptr, Kind::act, Re * D);
   for (int64_t l = 0; l <= Ld; ++l) f(a ? &a->res_d[static_cast<std::size_t>(l)] : nullptr, Kind::act, Rd * D);
   const LayerSizes enc = layer_sizes(c, B, Te, Td, false), dec = layer_sizes(c, B, Te, Td, true);
-  const int64_t sets = ckpt ? 1 : Le + Ld;
+  const int64_t sets = ckpt.buffer_sets(Le + Ld), recomputed = ckpt.recomputed(Le + Ld);
   if (a) {
     a->layers.resize(static_cast<std::size_t>(sets));
     a->num_enc = Le;
-    a->shared_set = ckpt;
+    a->checkpointing = ckpt;
   }
   for (int64_t s = 0; s < sets; ++s) {
-    const LayerSizes z = ckpt ? max_sizes(enc, dec) : (s < Le ? enc : dec);
+    // The shared set (ActivationCheckpointing::buffer_set) holds the largest of its blocks'
+    // internals, field by field: blocks 0 .. recomputed (the first after the recomputing
+    // ones included); another set, its one block's.
+    const bool shared = recomputed > 0 && s == 0;
+    const int64_t block = shared ? std::min(recomputed, Le + Ld - 1) : s + recomputed;
+    const LayerSizes z = shared && block >= Le ? max_sizes(enc, dec) : (block < Le ? enc : dec);
     LayerBufs* y = a ? &a->layers[static_cast<std::size_t>(s)] : nullptr;
     auto L = [&](DeviceBuffer LayerBufs::*m) { return y ? &(y->*m) : nullptr; };
     f(L(&LayerBufs::ln0), Kind::act, z.ln0);     f(L(&LayerBufs::rstd0), Kind::f32, z.rstd0);
@@ -314,7 +323,7 @@ std::vector<ModuleDecl> t5_modules(const T5Config& c) {
 }
 
 int64_t T5Model::activation_bytes(const T5Config& c, int64_t B, const data::BatchShape& shape,
-                                  DType act, bool activation_checkpointing) {
+                                  DType act, ActivationCheckpointing activation_checkpointing) {
   int64_t bytes = 0;
   activation_table(c, B, shape.L, shape.target_len, activation_checkpointing, nullptr,
                    [&](DeviceBuffer*, Kind k, int64_t n) {
@@ -324,7 +333,7 @@ int64_t T5Model::activation_bytes(const T5Config& c, int64_t B, const data::Batc
 }
 
 T5Model::T5Model(const T5Config& config, Kernels& kernels, DType activation_dtype,
-                 bool activation_checkpointing)
+                 ActivationCheckpointing activation_checkpointing)
     : cfg_(config), be_(kernels), rt_(kernels.runtime()), act_dtype_(activation_dtype),
       checkpointing_(activation_checkpointing), ids_(std::make_unique<Ids>()) {
   modules_ = build_modules(cfg_, *ids_);
@@ -660,7 +669,7 @@ void T5Model::backward(int64_t B, int64_t Te, int64_t Td, ModuleHooks& hooks) {
 
   for (int64_t l = Ld - 1; l >= 0; --l) {
     hooks.pre_backward(id.m_dec(l));
-    if (checkpointing_) decoder_block_forward(l, B, Te, Td, hooks, false, true);
+    if (checkpointing_.recomputes(Le + l)) decoder_block_forward(l, B, Te, Td, hooks, false, true);
     decoder_block_backward(l, B, Te, Td, hooks);
     hooks.post_backward(id.m_dec(l));
   }
@@ -676,7 +685,7 @@ void T5Model::backward(int64_t B, int64_t Te, int64_t Td, ModuleHooks& hooks) {
 
   for (int64_t l = Le - 1; l >= 0; --l) {
     hooks.pre_backward(id.m_enc(l));
-    if (checkpointing_) encoder_block_forward(l, B, Te, hooks, false, true);
+    if (checkpointing_.recomputes(l)) encoder_block_forward(l, B, Te, hooks, false, true);
     encoder_block_backward(l, B, Te, hooks);
     hooks.post_backward(id.m_enc(l));
   }

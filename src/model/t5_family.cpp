@@ -183,16 +183,17 @@ class T5Family final : public ModelFamily {
                  "true is not supported for model.type = \"t5\" (only the causal LMs, gpt2 and "
                  "llama, chunk their LM head)");
     }
+    check_recompute_num_layers(c, t.num_layers + t.num_decoder_layers, fail);
   }
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
     return t5_modules(T5Config::from(c));
   }
   std::unique_ptr<Model> create(const ModelConfig& c, Kernels& kernels, DType act,
-                                bool checkpointing) const override {
+                                ActivationCheckpointing checkpointing) const override {
     return std::make_unique<T5Model>(T5Config::from(c), kernels, act, checkpointing);
   }
   int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
-                           DType act, bool checkpointing) const override {
+                           DType act, ActivationCheckpointing checkpointing) const override {
     return T5Model::activation_bytes(T5Config::from(c), rows, shape, act, checkpointing);
   }
   int64_t vocab_size(const ModelConfig& c) const override { return T5Config::from(c).vocab_size; }

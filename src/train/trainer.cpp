@@ -276,7 +276,7 @@ void build_model(Job& job, bool init_params) {
     }
     Kernels& kernels = job.graphs ? static_cast<Kernels&>(*job.graphs) : *job.backend;
     job.model = job.family.create(cfg.model, kernels, cfg.mixed_precision.param_dtype,
-                                  cfg.fsdp.activation_checkpointing);
+                                  cfg.fsdp.checkpointing());
     job.engine = std::make_unique<FsdpEngine>(job.model->modules(), cfg.fsdp,
                                               cfg.mixed_precision, *job.mesh, *job.backend,
                                               cfg.train.seed, job.rt.offload_runtime(),
@@ -366,7 +366,7 @@ Setup setup(Job& job, TrainResult& result) {
   s.shape = data::batch_shape(cfg);
   const int64_t act_bytes =
       job.family.activation_bytes(cfg.model, job.micro_batch, s.shape,
-                                  cfg.mixed_precision.param_dtype, cfg.fsdp.activation_checkpointing);
+                                  cfg.mixed_precision.param_dtype, cfg.fsdp.checkpointing());
   resolve_offload_ratio(job, act_bytes);
   phase("world");
   if (job.opt.dry_run) {

@@ -356,6 +356,55 @@ struct OptimConfig {
   friend bool operator==(const OptimConfig&, const OptimConfig&) = default;
 };
 
+// Which transformer blocks recompute their internals in backward instead of keeping them
+// from forward (activation checkpointing): none, every block (Accelerate's
+// fsdp_activation_checkpointing), or the first N in forward order (Megatron-LM's
+// recompute_method "block"). Recomputing runs the same kernels on the same inputs, so
+// results do not depend on it; only memory (each recomputed block's internals share one set
+// of buffers) and time (one more forward of each recomputed block) do.
+class ActivationCheckpointing {
+ public:
+  constexpr ActivationCheckpointing() = default;
+  // Every block (true) or none (false).
+  constexpr ActivationCheckpointing(bool every_block)  // NOLINT: a bool is the common case
+      : first_(every_block ? kEvery : 0) {}
+  // No integer converts to the bool above.
+  template <class T>
+  ActivationCheckpointing(T) = delete;
+  // The first n blocks (n >= 0).
+  static constexpr ActivationCheckpointing first_blocks(int64_t n) {
+    ActivationCheckpointing a;
+    a.first_ = n < 0 ? 0 : n;
+    return a;
+  }
+  // Whether block `block` (0-based, forward order) recomputes.
+  constexpr bool recomputes(int64_t block) const { return block < first_; }
+  // How many of a model's `num_blocks` blocks recompute.
+  constexpr int64_t recomputed(int64_t num_blocks) const {
+    return first_ < num_blocks ? first_ : num_blocks;
+  }
+  constexpr bool any() const { return first_ > 0; }
+  // Sets of per-block internals a model of `num_blocks` blocks keeps: set 0 is shared by the
+  // blocks that recompute (each refills it in its backward) and the first block after them
+  // (its forward writes set 0 last, and its backward reads it before any recompute does);
+  // every later block has its own. So recomputing n < num_blocks blocks saves n sets.
+  constexpr int64_t buffer_sets(int64_t num_blocks) const {
+    const int64_t n = recomputed(num_blocks);
+    if (n == 0) return num_blocks;
+    return num_blocks - n > 1 ? num_blocks - n : 1;
+  }
+  // Block `block`'s set among them.
+  constexpr int64_t buffer_set(int64_t block) const {
+    if (first_ == 0) return block;
+    return block <= first_ ? 0 : block - first_;
+  }
+  friend constexpr bool operator==(ActivationCheckpointing, ActivationCheckpointing) = default;
+
+ private:
+  static constexpr int64_t kEvery = INT64_MAX;
+  int64_t first_ = 0;
+};
+
 struct FsdpConfig {
   ShardingStrategy sharding_strategy = ShardingStrategy::FULL_SHARD;
   AutoWrapPolicy auto_wrap_policy = AutoWrapPolicy::TRANSFORMER_BASED_WRAP;  // NO_WRAP: one root unit
@@ -363,7 +412,14 @@ struct FsdpConfig {
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
   bool forward_prefetch = false;      // all-gather the next unit before this unit's forward
   bool limit_all_gathers = true;      // at most two units (besides the root) unsharded at once
-  bool activation_checkpointing = false;  // keep each wrapped block's input only; recompute
+  // Accelerate's fsdp_activation_checkpointing: keep each wrapped block's input only and
+  // recompute its internals in backward; recompute_num_layers limits it to the first blocks.
+  bool activation_checkpointing = false;
+  // Megatron-LM's recompute_num_layers with recompute_method "block": with
+  // activation_checkpointing, only the first N transformer blocks in forward order (T5: the
+  // encoder's, then the decoder's) recompute; the others keep their internals from forward.
+  // -1: every block. Each family's validate refuses N above its block count.
+  int64_t recompute_num_layers = -1;
   // PyTorch's CPUOffload(offload_params=True), Accelerate's fsdp_offload_params (accepted as
   // the alias fsdp.offload_params): fp32 shards, gradient shards and optimizer state in host
   // memory, the optimizer step on the host's cores (fsdp/fsdp/engine.hpp).
@@ -391,6 +447,12 @@ struct FsdpConfig {
   // Steps trained undelayed first (the update of steps 1..N completes before the next step),
   // since stale gradients hurt most while the loss still falls fast.
   int64_t delayed_parameter_update_warmup_steps = 0;
+  // The two keys above as the models take them.
+  ActivationCheckpointing checkpointing() const {
+    if (!activation_checkpointing) return ActivationCheckpointing(false);
+    return recompute_num_layers < 0 ? ActivationCheckpointing(true)
+                                    : ActivationCheckpointing::first_blocks(recompute_num_layers);
+  }
   // Whether the shards live in host memory (either key).
   bool offloaded() const { return cpu_offload || offload_optimizer; }
   // Whether the param_dtype shards stay on the device (offload_optimizer alone).
@@ -492,6 +554,9 @@ class ModelSchema {
   // lengths); throws fail(key, what).
   virtual void validate(const Config& config, const KeyFail& fail) const = 0;
 };
+// For a family's validate: throws fail("fsdp.recompute_num_layers", ...) when it names more
+// blocks than the model's `num_blocks` (with activation_checkpointing on).
+void check_recompute_num_layers(const Config& config, int64_t num_blocks, const KeyFail& fail);
 // The families a configuration may name, in a fixed order.
 using ModelSchemas = std::vector<const ModelSchema*>;
 // The schema of model.type `type` among `models`; throws InputError `model.type: unknown

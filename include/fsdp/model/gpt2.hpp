@@ -63,7 +63,7 @@ class Gpt2Model final : public CausalLm {
   // backward, after the engine's pre_backward has all-gathered its parameters. Same kernels
   // on the same inputs: results are bit-identical to activation_checkpointing = false.
   Gpt2Model(const Gpt2Config& config, Kernels& kernels, DType activation_dtype = DType::f32,
-            bool activation_checkpointing = false);
+            ActivationCheckpointing activation_checkpointing = {});
   ~Gpt2Model() override;
   Gpt2Model(const Gpt2Model&) = delete;
   Gpt2Model& operator=(const Gpt2Model&) = delete;
@@ -80,7 +80,7 @@ class Gpt2Model final : public CausalLm {
   // checkpointing; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
   // them under config.fused_lce).
   static int64_t activation_bytes(const Gpt2Config& config, int64_t B, int64_t T,
-                                  DType activation_dtype, bool activation_checkpointing = false);
+                                  DType activation_dtype, ActivationCheckpointing activation_checkpointing = {});
 
  private:
   struct Acts;
@@ -100,7 +100,7 @@ class Gpt2Model final : public CausalLm {
   Kernels& be_;
   DeviceRuntime& rt_;  // be_.runtime(): activation buffers, input copies, zero fills
   DType act_dtype_;
-  bool checkpointing_;
+  ActivationCheckpointing checkpointing_;
   std::vector<ModuleDecl> modules_;
   std::unique_ptr<Acts> acts_;
   int64_t last_rows_ = 0;  // B*T of the last forward

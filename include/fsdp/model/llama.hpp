@@ -190,7 +190,7 @@ class LlamaModel final : public CausalLm {
   // activation_checkpointing: as Gpt2Model (one shared set of per-layer buffers, recomputed in
   // each layer's backward; bit-identical results).
   LlamaModel(const LlamaConfig& config, Kernels& kernels, DType activation_dtype = DType::f32,
-             bool activation_checkpointing = false);
+             ActivationCheckpointing activation_checkpointing = {});
   ~LlamaModel() override;
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -203,7 +203,7 @@ class LlamaModel final : public CausalLm {
   // [B,T] micro-batch; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
   // them under config.fused_lce).
   static int64_t activation_bytes(const LlamaConfig& config, int64_t B, int64_t T,
-                                  DType activation_dtype, bool activation_checkpointing = false);
+                                  DType activation_dtype, ActivationCheckpointing activation_checkpointing = {});
 
  private:
   struct Acts;
@@ -221,7 +221,7 @@ class LlamaModel final : public CausalLm {
   Kernels& be_;
   DeviceRuntime& rt_;
   DType act_dtype_;
-  bool checkpointing_;
+  ActivationCheckpointing checkpointing_;
   std::vector<ModuleDecl> modules_;
   std::unique_ptr<Acts> acts_;
   int64_t last_rows_ = 0;

@@ -66,13 +66,13 @@ class ModelFamily : public ModelSchema {
   // fsdp.activation_checkpointing.
   virtual std::unique_ptr<Model> create(const ModelConfig& config, Kernels& kernels,
                                         DType activation_dtype,
-                                        bool activation_checkpointing) const = 0;
+                                        ActivationCheckpointing activation_checkpointing) const = 0;
   // Bytes of activations (saved for backward, their gradients and scratch) that create()'s
   // model allocates for a micro-batch of `batch_rows` rows of `shape`; the same table the
   // model allocates from.
   virtual int64_t activation_bytes(const ModelConfig& config, int64_t batch_rows,
                                    const data::BatchShape& shape, DType activation_dtype,
-                                   bool activation_checkpointing) const = 0;
+                                   ActivationCheckpointing activation_checkpointing) const = 0;
   // The model's own token vocabulary (config.json's vocab_size; the embedding's rows before
   // model.pad_vocab_multiple's padding): what the data's token ids must stay below.
   virtual int64_t vocab_size(const ModelConfig& config) const = 0;

@@ -188,7 +188,7 @@ class T5Model final : public Model {
   // kernels on the same inputs: results are bit-identical to activation_checkpointing = false.
   // Throws as validate_t5_config.
   T5Model(const T5Config& config, Kernels& kernels, DType activation_dtype = DType::f32,
-          bool activation_checkpointing = false);
+          ActivationCheckpointing activation_checkpointing = {});
   ~T5Model() override;
   T5Model(const T5Model&) = delete;
   T5Model& operator=(const T5Model&) = delete;
@@ -213,7 +213,7 @@ class T5Model final : public Model {
   // target_len decoder tokens) stored in `activation_dtype`, with or without activation
   // checkpointing: exactly what forward allocates (one table serves both).
   static int64_t activation_bytes(const T5Config& config, int64_t B, const data::BatchShape& shape,
-                                  DType activation_dtype, bool activation_checkpointing = false);
+                                  DType activation_dtype, ActivationCheckpointing activation_checkpointing = {});
 
  private:
   struct Acts;
@@ -236,7 +236,7 @@ class T5Model final : public Model {
   Kernels& be_;
   DeviceRuntime& rt_;  // be_.runtime(): activation buffers, input copies, zero fills
   DType act_dtype_;
-  bool checkpointing_;
+  ActivationCheckpointing checkpointing_;
   std::vector<ModuleDecl> modules_;
   std::unique_ptr<Ids> ids_;
   std::unique_ptr<Acts> acts_;
