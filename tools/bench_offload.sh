@@ -37,6 +37,15 @@
 # kernel: the step's small device-to-host reads (loss, norms, clip coefficient) through a
 # kernel into mapped host memory instead of the copy engines (cuda_backend.hpp), the A/B for
 # whether they wait behind the gradients' bulk copies.
+# SEQS (empty: the toml's 8) sets the 7B runs' train.global_batch_size: sequences of 2048 a
+# step, one per micro-batch (issue 31's "32 micro-batches a step": SEQS=32). SETS (empty)
+# adds --set arguments to every 7B run, e.g. SETS='fsdp.activation_checkpointing=true' for
+# the toml's setting before 2026-11-28 (every block recomputed), or
+# 'fsdp.activation_checkpointing=true fsdp.recompute_num_layers=16'.
+# SKIP_NONE (empty) set skips the run without offload after the first mode (refused on an
+# 80 GB device; on an H200 the plan without recomputation, 107.5 GiB, fits and it trains).
+# BENCH_TAG (empty) names the summary bench_offload_<tag>.md, so several runs (e.g. two SEQS)
+# keep theirs in one $OUT; the profile traces get the tag too.
 # PROFILE_STEP (6; empty: none) profiles that step of each 7B run (train.profile_steps): the
 # summary gets tools/profile_summary.py's tables (top kernels, the GPU's idle gaps charged to
 # what ended them, host ranges) and $OUT gets the gzipped trace, offload_<mode>.trace.json.gz
@@ -48,6 +57,10 @@ STEPS="${STEPS:-20}" N_LAYERS="${N_LAYERS:-32 28 24 20 16}" RUN_TIMEOUT="${RUN_T
 COST_ROUNDS="${COST_ROUNDS:-1}" ACCUM="${ACCUM:-32}" PARTS="${PARTS:-host 7b cost}"
 HOST_ELEMENTS="${HOST_ELEMENTS:-268435456}"
 PROFILE_STEP="${PROFILE_STEP-6}"
+SEQS="${SEQS:-}" SETS="${SETS:-}"
+extra_sets=()  # SEQS and SETS as --set arguments
+[[ -n $SEQS ]] && extra_sets+=(--set "train.global_batch_size=$SEQS")
+for kv in $SETS; do extra_sets+=(--set "$kv"); done
 MODES="${MODES:-offload_optimizer ratio delayed cpu_offload}" RATIO="${RATIO:-0}"
 reads() {  # $1 = a mode: FSDP_SMALL_READS's value for it (+kernel_reads: kernel)
   [[ $1 == *+kernel_reads ]] && echo kernel || echo copy
@@ -69,7 +82,7 @@ else
 fi
 OUTDIR="${OUT:-${BENCH_OUT_DIR:-$REPO}}"
 WORK="$(mktemp -d)"; trap 'rm -rf "$WORK"' EXIT
-MD="$OUTDIR/bench_offload.md"
+MD="$OUTDIR/bench_offload${BENCH_TAG:+_$BENCH_TAG}.md"  # BENCH_TAG: several runs in one $OUT
 : >"$MD"
 say() { echo "$*" | tee -a "$MD"; }
 
@@ -82,13 +95,37 @@ train() {  # $1 = n_layer, $2 = none or a mode (keys[+kernel_reads]); exit code,
   in_ours env FSDP_SMALL_READS="$(reads "$2")" timeout -k 10 "$RUN_TIMEOUT" mpirun -np 1 --bind-to none \
     "$BIN" "$REPO/inputs/gpt_7b.toml" \
     --set "model.n_layer=$1" $(keys "$2") --set "train.max_steps=$STEPS" "${profile[@]}" \
-    --set checkpoint.enable=false \
+    "${extra_sets[@]}" --set checkpoint.enable=false \
     --set "train.run_dir=\"$WORK/run\"" </dev/null >"$WORK/log" 2>&1
+}
+summary() {  # $1 = n_layer, $2 = seconds, $3 = mode (or none): the run's line from metrics.jsonl
+  python3 - "$WORK/run/metrics.jsonl" "$1" "$2" "$3" "$RATIO" <<'PY' | tee -a "$MD"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+timed = [r for r in rows if r["step"] > 3 and "tokens_per_sec" in r]
+base, kernel_reads = sys.argv[4].removesuffix("+kernel_reads"), sys.argv[4].endswith("+kernel_reads")
+mode = {"none": "no offload", "delayed": "offload_optimizer + delayed_parameter_update",
+        "ratio": "offload_optimizer + offload_optimizer_ratio " + (
+            "auto" if float(sys.argv[5]) == 0 else sys.argv[5])}.get(base, base)
+mode = mode if base == "none" else "fsdp." + mode
+mode += " (FSDP_SMALL_READS=kernel)" if kernel_reads else ""
+print("- n_layer %s with %s: %d steps in %s s; median %.0f tok/s, MFU %.1f %% (steps 4..), step %.2f s "
+      "(forward %.2f, backward %.2f, optimizer %.2f, comm_wait %.2f); device peak %.1f GiB, host peak %.1f GiB; "
+      "loss %.4f -> %.4f" % (
+          sys.argv[2], mode, len(rows), sys.argv[3], statistics.median(r["tokens_per_sec"] for r in timed),
+          100 * statistics.median(r.get("mfu", 0) for r in timed),
+          statistics.median(r["step_s"] for r in timed), statistics.median(r["forward_s"] for r in timed),
+          statistics.median(r["backward_s"] for r in timed), statistics.median(r["optimizer_s"] for r in timed),
+          statistics.median(r.get("comm_wait_s", 0) for r in timed),
+          max(r["peak_mem_bytes"] for r in rows) / 2**30,
+          max(r.get("host_peak_mem_bytes", 0) for r in rows) / 2**30, rows[0]["loss"], rows[-1]["loss"]))
+PY
 }
 PROFILE_SUMMARY="$REPO/tools/profile_summary.py"
 [[ -f "$PROFILE_SUMMARY" ]] || PROFILE_SUMMARY="$BUNDLE/tools/profile_summary.py"
 
 say "## CPU offload on one GPU ($(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1), host $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo))"
+[[ -n $SEQS || -n $SETS ]] && say "(7B runs: inputs/gpt_7b.toml${SEQS:+ with train.global_batch_size=$SEQS}${SETS:+ and --set $SETS})"
 if [[ " $PARTS " == *" host "* ]]; then
   say ""
   say "### Host optimizer (bench_host_optimizer --elements $HOST_ELEMENTS, $(nproc) CPUs)"
@@ -123,42 +160,26 @@ for L in $N_LAYERS; do
     failed=1
     [[ -s $WORK/run/metrics.jsonl && $(wc -l <"$WORK/run/metrics.jsonl") -ge 4 ]] || break
   fi
-  python3 - "$WORK/run/metrics.jsonl" "$L" "$((SECONDS - t0))" "$MODE" "$RATIO" <<'PY' | tee -a "$MD"
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-timed = [r for r in rows if r["step"] > 3 and "tokens_per_sec" in r]
-base, kernel_reads = sys.argv[4].removesuffix("+kernel_reads"), sys.argv[4].endswith("+kernel_reads")
-mode = {"delayed": "offload_optimizer + delayed_parameter_update",
-        "ratio": "offload_optimizer + offload_optimizer_ratio " + (
-            "auto" if float(sys.argv[5]) == 0 else sys.argv[5])}.get(base, base)
-mode += " (FSDP_SMALL_READS=kernel)" if kernel_reads else ""
-print("- n_layer %s with fsdp.%s: %d steps in %s s; median %.0f tok/s, MFU %.1f %% (steps 4..), step %.2f s "
-      "(forward %.2f, backward %.2f, optimizer %.2f, comm_wait %.2f); device peak %.1f GiB, host peak %.1f GiB; "
-      "loss %.4f -> %.4f" % (
-          sys.argv[2], mode, len(rows), sys.argv[3], statistics.median(r["tokens_per_sec"] for r in timed),
-          100 * statistics.median(r.get("mfu", 0) for r in timed),
-          statistics.median(r["step_s"] for r in timed), statistics.median(r["forward_s"] for r in timed),
-          statistics.median(r["backward_s"] for r in timed), statistics.median(r["optimizer_s"] for r in timed),
-          statistics.median(r.get("comm_wait_s", 0) for r in timed),
-          max(r["peak_mem_bytes"] for r in rows) / 2**30,
-          max(r.get("host_peak_mem_bytes", 0) for r in rows) / 2**30, rows[0]["loss"], rows[-1]["loss"]))
-PY
+  summary "$L" "$((SECONDS - t0))" "$MODE"
   grep -m1 "^start-up:" "$WORK/log" | sed 's/^/    /' | tee -a "$MD"
   [[ $failed == 0 ]] || break  # its profile and the run without offload: not after a failure
   grep -m1 "offload_optimizer_ratio = 0 (auto)" "$WORK/log" | sed 's/^/    /' | tee -a "$MD"
   trace="$WORK/run/profile/rank_0.trace.json"
   if [[ -f $trace && -f $PROFILE_SUMMARY ]]; then
-    say "    profile of step $PROFILE_STEP ($MODE; offload_${MODE/+/_}.trace.json.gz):"
+    say "    profile of step $PROFILE_STEP ($MODE; offload_${BENCH_TAG:+${BENCH_TAG}_}${MODE/+/_}.trace.json.gz):"
     python3 "$PROFILE_SUMMARY" "$trace" --top 12 --markdown --name-width 60 >>"$MD" 2>&1
-    gzip -c "$trace" >"$OUTDIR/offload_${MODE/+/_}.trace.json.gz"
+    gzip -c "$trace" >"$OUTDIR/offload_${BENCH_TAG:+${BENCH_TAG}_}${MODE/+/_}.trace.json.gz"
   fi
   grep -A18 "^memory plan per rank" "$WORK/log" | sed 's/^/    /' >>"$MD"
-  [[ $MODE == "${MODES%% *}" ]] || break  # the refusal without offload: once
+  [[ $MODE == "${MODES%% *}" && -z ${SKIP_NONE:-} ]] || break  # the run without offload: once
+  t0=$SECONDS
   train "$L" none; rc=$?
   if [[ $rc == 2 ]] && grep -q "does not fit" "$WORK/log"; then
     say "- n_layer $L without offload: refused before allocating: $(grep -m1 'memory plan:' "$WORK/log" | cut -c1-300)"
+  elif [[ $rc == 0 ]]; then  # a device that fits it (an H200): the baseline offload is against
+    summary "$L" "$((SECONDS - t0))" none
   else
-    say "- n_layer $L without offload: NOT refused (exit $rc)"
+    say "- n_layer $L without offload: NOT refused, and failed (exit $rc): $(grep -m1 -E '^fsdp_train:|rror' "$WORK/log" | cut -c1-300)"
   fi
   break
 done
