@@ -25,7 +25,9 @@
 # CMake arguments; strip; xz -c > gpu_base/fsdp_train.xz; carry ["gpu_bundle", "gpu_base"].
 # AB_BASE_ENV="VAR=VALUE ..." runs the base contender with those environment variables: alone
 # (no AB_BASE), the bundle's own fsdp_train with a switch flipped, e.g.
-# AB_BASE_ENV=FSDP_GEMM_EPILOGUES=0 (GPT-2's cuBLASLt epilogues off: unfused bias and GELU).
+# AB_BASE_ENV=FSDP_GEMM_EPILOGUES=0 (GPT-2's cuBLASLt epilogues off: unfused bias and GELU),
+# or one of them off, e.g. AB_BASE_ENV=FSDP_GEMM_EPILOGUES=-dgelu_bgrad (names: bias,
+# gelu_aux_bias, dgelu_bgrad, bgradb, relu; src/cuda/cuda_backend.cpp epilogue_mask).
 # AB_NEW_SETS / AB_BASE_SETS="KEY=VALUE ..." add `--set KEY=VALUE` to one contender's runs (with
 # neither AB_BASE nor AB_BASE_ENV, the base is the bundle's own fsdp_train), e.g. CUDA graphs
 # against eager in one binary: AB_NEW_SETS='train.cuda_graphs="on"'.

@@ -64,6 +64,40 @@ void check_attention_shapes(const char* kernel, int64_t B, int64_t T, int64_t C,
   }
 }
 
+// FSDP_GEMM_EPILOGUES: which cuBLASLt epilogues the backend uses, one bit per
+// k::Blas::Epilogue. "1" (or empty) every one, "0" none, else a comma-separated list of names
+// (bias, gelu_aux_bias, dgelu_bgrad, bgradb, relu): only those, or, when every name has a
+// leading '-', all but those (e.g. -dgelu_bgrad). Throws fsdp::Error on another name.
+unsigned epilogue_mask(const std::string& spec) {
+  static constexpr const char* kNames[] = {"", "bias", "gelu_aux_bias", "dgelu_bgrad",
+                                           "bgradb", "relu"};
+  if (spec.empty() || spec == "1") return ~0u;
+  if (spec == "0") return 0u;
+  std::vector<std::string> items;
+  for (std::size_t at = 0; at <= spec.size();) {
+    const std::size_t comma = std::min(spec.find(',', at), spec.size());
+    items.push_back(spec.substr(at, comma - at));
+    at = comma + 1;
+  }
+  const bool except = std::all_of(items.begin(), items.end(),
+                                  [](const std::string& i) { return i.rfind('-', 0) == 0; });
+  unsigned mask = except ? ~0u : 0u;
+  for (std::string item : items) {
+    if (except) item.erase(0, 1);
+    int bit = 0;
+    for (int b = 1; b < static_cast<int>(std::size(kNames)); ++b) {
+      if (item == kNames[b]) bit = b;
+    }
+    if (bit == 0) {
+      throw Error("FSDP_GEMM_EPILOGUES=" + spec + ": unknown epilogue '" + item +
+                  "' (expected 1, 0, or names of bias, gelu_aux_bias, dgelu_bgrad, bgradb, relu, "
+                  "each with a leading - to leave it out)");
+    }
+    mask = except ? mask & ~(1u << bit) : mask | (1u << bit);
+  }
+  return mask;
+}
+
 // ---------------------------------------------------------------------------------------
 // DType -> storage type, typed pointers
 
@@ -354,9 +388,10 @@ class CudaBackend final : public Backend {
   CachingAllocator alloc_;
   k::Blas blas_;
   // cuBLASLt epilogues in gemm_bias, gemm_bias_gelu, gemm_dgelu_bias_grad,
-  // gemm_weight_bias_grad and gemm_relu; FSDP_GEMM_EPILOGUES=0 in the environment turns
-  // them off (the unfused kernels: an A/B in one binary).
-  bool epilogues_ = true;
+  // gemm_weight_bias_grad and gemm_relu, one bit per k::Blas::Epilogue; FSDP_GEMM_EPILOGUES
+  // in the environment picks them (epilogue_mask: an A/B in one binary).
+  unsigned epilogues_ = ~0u;
+  bool epilogue(k::Blas::Epilogue e) const { return (epilogues_ >> static_cast<int>(e)) & 1u; }
   k::DeviceError* dev_error_ = nullptr;   // device memory
   k::DeviceError* host_error_ = nullptr;  // pinned host mirror (mapped for kernel reads)
   // FSDP_SMALL_READS=kernel (default "copy"): copy_to_host of at most kSmallRead bytes, and
@@ -386,7 +421,7 @@ CudaBackend::CudaBackend(int device)
       stream_(0),
       alloc_(raw_alloc, raw_free, memory_),
       blas_(stream_.handle()) {
-  if (const char* e = std::getenv("FSDP_GEMM_EPILOGUES")) epilogues_ = std::string(e) != "0";
+  if (const char* e = std::getenv("FSDP_GEMM_EPILOGUES")) epilogues_ = epilogue_mask(e);
   if (const char* r = std::getenv("FSDP_SMALL_READS")) {
     const std::string v(r);
     if (v != "kernel" && v != "copy") {
@@ -716,8 +751,8 @@ void CudaBackend::gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, in
   Chk::gemm(M, N, K, A, B, C);
   Chk::need_float("gemm_bias", "bias", bias, N);
   const DType t = C.dtype;
-  if (epilogues_ && M > 0 && N > 0 && K > 0 && A.dtype == t && B.dtype == t &&
-      bias.dtype == t && t != DType::f64 && k::aligned16(bias.data) &&
+  if (epilogue(k::Blas::Epilogue::bias) && M > 0 && N > 0 && K > 0 && A.dtype == t &&
+      B.dtype == t && bias.dtype == t && t != DType::f64 && k::aligned16(bias.data) &&
       blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, C.data,
                           k::Blas::Epilogue::bias, bias.data, nullptr)) {
     return;
@@ -737,8 +772,8 @@ void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t 
   Chk::need_float("gemm_bias_gelu", "bias", bias, N);
   Chk::need_float("gemm_bias_gelu", "out", out_, M * N);
   const DType t = fc.dtype;
-  if (epilogues_ && M > 0 && N > 0 && K > 0 && N % 8 == 0 && A.dtype == t && B.dtype == t &&
-      bias.dtype == t && out_.dtype == t && (t == DType::bf16 || t == DType::f16) &&
+  if (epilogue(k::Blas::Epilogue::gelu_aux_bias) && M > 0 && N > 0 && K > 0 && N % 8 == 0 &&
+      A.dtype == t && B.dtype == t && bias.dtype == t && out_.dtype == t && (t == DType::bf16 || t == DType::f16) &&
       k::aligned16(bias.data) && k::aligned16(fc.data) &&
       k::aligned16(out_.data) && out_.data != fc.data &&
       blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, out_.data,
@@ -759,8 +794,8 @@ void CudaBackend::gemm_dgelu_bias_grad(bool trans_a, bool trans_b, int64_t M, in
   Chk::need_float("gemm_dgelu_bias_grad", "fc", fc, M * N);
   Chk::need_float("gemm_dgelu_bias_grad", "dbias", dbias, N);
   const DType t = dfc.dtype;
-  if (epilogues_ && M > 0 && N > 0 && K > 0 && N % 8 == 0 && A.dtype == t && B.dtype == t &&
-      (t == DType::bf16 || t == DType::f16) && fc.dtype == t && k::aligned16(fc.data) &&
+  if (epilogue(k::Blas::Epilogue::dgelu_bgrad) && M > 0 && N > 0 && K > 0 && N % 8 == 0 &&
+      A.dtype == t && B.dtype == t && (t == DType::bf16 || t == DType::f16) && fc.dtype == t && k::aligned16(fc.data) &&
       k::aligned16(dfc.data) && fc.data != dfc.data) {
     Scratch sums(*this, static_cast<std::size_t>(N) * dtype_size(t));
     if (blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, dfc.data,
@@ -780,7 +815,8 @@ void CudaBackend::gemm_weight_bias_grad(bool trans_b, int64_t M, int64_t N, int6
   Chk::gemm(M, N, K, A, B, C);
   Chk::need_float("gemm_weight_bias_grad", "dbias", dbias, M);
   const DType t = C.dtype;
-  if (epilogues_ && M > 0 && N > 0 && K > 0 && A.dtype == t && B.dtype == t) {
+  if (epilogue(k::Blas::Epilogue::bgradb) && M > 0 && N > 0 && K > 0 && A.dtype == t &&
+      B.dtype == t) {
     Scratch sums(*this, static_cast<std::size_t>(M) * dtype_size(t));
     if (blas_.gemm_epilogue(true, trans_b, M, N, K, A.data, B.data, st(t), 1.0f, C.data,
                             k::Blas::Epilogue::bgradb, sums.as<void>(), nullptr)) {
@@ -797,7 +833,8 @@ void CudaBackend::gemm_relu(bool trans_a, bool trans_b, int64_t M, int64_t N, in
   // it (one dtype), else gemm + relu_forward in place.
   Chk::gemm(M, N, K, A, B, out_);
   const DType t = out_.dtype;
-  if (epilogues_ && M > 0 && N > 0 && K > 0 && A.dtype == t && B.dtype == t &&
+  if (epilogue(k::Blas::Epilogue::relu) && M > 0 && N > 0 && K > 0 && A.dtype == t &&
+      B.dtype == t &&
       blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, out_.data,
                           k::Blas::Epilogue::relu, nullptr, nullptr)) {
     return;
