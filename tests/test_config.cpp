@@ -229,8 +229,9 @@ TEST(Config, AccumulationAndCheckpointingKeys) {
   EXPECT_EQ(d.fsdp.recompute_num_layers, -1);
   EXPECT_EQ(d.fsdp.checkpointing(), fsdp::ActivationCheckpointing(false));
   EXPECT_EQ(c.fsdp.checkpointing(), fsdp::ActivationCheckpointing(true));
-  const Config first = parse_config("[fsdp]\nactivation_checkpointing = true\nrecompute_num_layers = 3\n",
-                                    "acc.toml", {"data.path=tokens.h5"});
+  const Config first =
+      parse_config("[fsdp]\nactivation_checkpointing = true\nrecompute_num_layers = 3\n",
+                   "acc.toml", {"data.path=tokens.h5"});
   EXPECT_EQ(first.fsdp.checkpointing(), fsdp::ActivationCheckpointing::first_blocks(3));
   EXPECT_EQ(parse_config(to_toml(first), "acc.toml", {}), first);
   try {

@@ -255,13 +255,17 @@ TEST(CudaGraphsCpuTwin, GraphedTrainingEqualsEagerBitForBit) {
       {"gpt2", sharded(small_config(""))},
       {"t5", sharded(t5_config(""))},
       {"llama", sharded(llama_config("", {"mixed_precision.param_dtype=\"bf16\""}))},
-      // recompute in backward, the optimizer on the host, the loss over vocabulary chunks
+      // every block recomputed in backward, the optimizer on the host
       {"gpt2_recompute_offload",
        sharded(small_run(kSmallGpt2, "", {"fsdp.activation_checkpointing=true",
                                           "fsdp.cpu_offload=true"}))},
-      {"llama_fused_ce",
+      // the loss over vocabulary chunks; only the first of 3 layers recomputing (into the set
+      // the second keeps; the third has its own)
+      {"llama_fused_ce_recompute_first",
        sharded(llama_config("", {"model.fused_linear_cross_entropy=true",
-                                 "model.fused_linear_cross_entropy_chunk_rows=8"}))},
+                                 "model.fused_linear_cross_entropy_chunk_rows=8",
+                                 "model.num_hidden_layers=3", "fsdp.activation_checkpointing=true",
+                                 "fsdp.recompute_num_layers=1"}))},
   };
   for (const auto& [name, c] : models) {
     const TrainResult off = run(graphed(c, name, false), On::world);

@@ -773,8 +773,8 @@ void CudaBackend::gemm_bias_gelu(bool trans_a, bool trans_b, int64_t M, int64_t 
   Chk::need_float("gemm_bias_gelu", "out", out_, M * N);
   const DType t = fc.dtype;
   if (epilogue(k::Blas::Epilogue::gelu_aux_bias) && M > 0 && N > 0 && K > 0 && N % 8 == 0 &&
-      A.dtype == t && B.dtype == t && bias.dtype == t && out_.dtype == t && (t == DType::bf16 || t == DType::f16) &&
-      k::aligned16(bias.data) && k::aligned16(fc.data) &&
+      A.dtype == t && B.dtype == t && bias.dtype == t && out_.dtype == t &&
+      (t == DType::bf16 || t == DType::f16) && k::aligned16(bias.data) && k::aligned16(fc.data) &&
       k::aligned16(out_.data) && out_.data != fc.data &&
       blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, out_.data,
                           k::Blas::Epilogue::gelu_aux_bias, bias.data, fc.data)) {
@@ -795,8 +795,8 @@ void CudaBackend::gemm_dgelu_bias_grad(bool trans_a, bool trans_b, int64_t M, in
   Chk::need_float("gemm_dgelu_bias_grad", "dbias", dbias, N);
   const DType t = dfc.dtype;
   if (epilogue(k::Blas::Epilogue::dgelu_bgrad) && M > 0 && N > 0 && K > 0 && N % 8 == 0 &&
-      A.dtype == t && B.dtype == t && (t == DType::bf16 || t == DType::f16) && fc.dtype == t && k::aligned16(fc.data) &&
-      k::aligned16(dfc.data) && fc.data != dfc.data) {
+      A.dtype == t && B.dtype == t && (t == DType::bf16 || t == DType::f16) && fc.dtype == t &&
+      k::aligned16(fc.data) && k::aligned16(dfc.data) && fc.data != dfc.data) {
     Scratch sums(*this, static_cast<std::size_t>(N) * dtype_size(t));
     if (blas_.gemm_epilogue(trans_a, trans_b, M, N, K, A.data, B.data, st(t), 0.0f, dfc.data,
                             k::Blas::Epilogue::dgelu_bgrad, sums.as<void>(), fc.data)) {

@@ -102,7 +102,8 @@ namespace {
 struct ActCounts {
   int64_t act = 0, f32 = 0, i32 = 0;
 };
-ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T, ActivationCheckpointing checkpointing) {
+ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T,
+                     ActivationCheckpointing checkpointing) {
   const int64_t BT = B * T, C = c.n_embd, H = c.n_head, V = c.padded_vocab(), L = c.n_layer;
   const int64_t S = checkpointing.buffer_sets(L);
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, V);  // BT, or one chunk

@@ -379,7 +379,8 @@ struct ActCounts {
 };
 // Element counts of what ensure_buffers allocates, by storage class: one table for the
 // allocation and the memory plan.
-ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T, ActivationCheckpointing checkpointing) {
+ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
+                     ActivationCheckpointing checkpointing) {
   const int64_t BT = B * T, C = c.hidden_size, H = c.num_attention_heads, D = c.head_size();
   const int64_t Q = H * D, KV = c.kv_heads() * D, I = c.intermediate_size, Vp = c.padded_vocab();
   const int64_t S = checkpointing.buffer_sets(c.num_hidden_layers);

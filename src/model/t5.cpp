@@ -240,8 +240,8 @@ enum class Kind { act, f32, i32 };
 // THE activation table: calls f(DeviceBuffer* slot, Kind, numel) for every buffer of a
 // micro-batch of B rows, Te encoder and Td decoder tokens (slot is null when a is null).
 template <class Fn>
-void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td, ActivationCheckpointing ckpt,
-                      ActBuffers* a, Fn&& f) {
+void activation_table(const T5Config& c, int64_t B, int64_t Te, int64_t Td,
+                      ActivationCheckpointing ckpt, ActBuffers* a, Fn&& f) {
   const int64_t D = c.d_model, I = c.num_heads * c.d_kv, F = c.d_ff, H = c.num_heads;
   const int64_t Vp = c.padded_vocab(), Le = c.num_layers, Ld = c.num_decoder_layers;
   const int64_t Re = B * Te, Rd = B * Td, Rmax = std::max(Re, Rd);

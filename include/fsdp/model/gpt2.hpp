@@ -56,12 +56,13 @@ class Gpt2Model final : public CausalLm {
  public:
   // activation_dtype: storage of activations and their gradients (the mixed-precision
   // param_dtype); LayerNorm statistics stay fp32.
-  // activation_checkpointing (Accelerate's fsdp_activation_checkpointing, per GPT2Block):
-  // forward keeps only each block's input (the residual stream) plus ln_f and the logits;
-  // each block's internals (ln_1, qkv, attention, c_proj, ln_2, c_fc, GELU and the LN
-  // statistics) live in ONE shared set of buffers and are recomputed inside the block's
-  // backward, after the engine's pre_backward has all-gathered its parameters. Same kernels
-  // on the same inputs: results are bit-identical to activation_checkpointing = false.
+  // activation_checkpointing (Accelerate's fsdp_activation_checkpointing, per GPT2Block;
+  // every block or the first N): forward keeps only a recomputing block's input (the
+  // residual stream); its internals (ln_1, qkv, attention, c_proj, ln_2, c_fc, GELU and the
+  // LN statistics) live in ONE set of buffers shared with the other recomputing blocks and
+  // the block after them (ActivationCheckpointing::buffer_set) and are recomputed inside the
+  // block's backward, after the engine's pre_backward has all-gathered its parameters. Same
+  // kernels on the same inputs: results are bit-identical to activation_checkpointing = false.
   Gpt2Model(const Gpt2Config& config, Kernels& kernels, DType activation_dtype = DType::f32,
             ActivationCheckpointing activation_checkpointing = {});
   ~Gpt2Model() override;
@@ -80,7 +81,8 @@ class Gpt2Model final : public CausalLm {
   // checkpointing; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
   // them under config.fused_lce).
   static int64_t activation_bytes(const Gpt2Config& config, int64_t B, int64_t T,
-                                  DType activation_dtype, ActivationCheckpointing activation_checkpointing = {});
+                                  DType activation_dtype,
+                                  ActivationCheckpointing activation_checkpointing = {});
 
  private:
   struct Acts;

@@ -187,8 +187,8 @@ class LlamaModel final : public CausalLm {
  public:
   // activation_dtype: storage of activations and their gradients (the mixed-precision
   // param_dtype); RMSNorm statistics, attention's logsumexp and the RoPE tables stay fp32.
-  // activation_checkpointing: as Gpt2Model (one shared set of per-layer buffers, recomputed in
-  // each layer's backward; bit-identical results).
+  // activation_checkpointing: as Gpt2Model (every layer or the first N; one shared set of
+  // per-layer buffers, recomputed in each such layer's backward; bit-identical results).
   LlamaModel(const LlamaConfig& config, Kernels& kernels, DType activation_dtype = DType::f32,
              ActivationCheckpointing activation_checkpointing = {});
   ~LlamaModel() override;
@@ -203,7 +203,8 @@ class LlamaModel final : public CausalLm {
   // [B,T] micro-batch; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
   // them under config.fused_lce).
   static int64_t activation_bytes(const LlamaConfig& config, int64_t B, int64_t T,
-                                  DType activation_dtype, ActivationCheckpointing activation_checkpointing = {});
+                                  DType activation_dtype,
+                                  ActivationCheckpointing activation_checkpointing = {});
 
  private:
   struct Acts;

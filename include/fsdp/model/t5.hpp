@@ -180,12 +180,13 @@ class T5Model final : public Model {
  public:
   // activation_dtype: storage of activations and their gradients (the mixed-precision
   // param_dtype); RMSNorm statistics, the position bias and its gradient stay fp32.
-  // activation_checkpointing (Accelerate's fsdp_activation_checkpointing, per T5Block): forward
-  // keeps only each block's input (the residual streams), the position biases, the encoder
-  // output, the final norms and the logits; each block's internals live in ONE shared set of
-  // buffers (sized for the larger of an encoder and a decoder block) and are recomputed inside
-  // the block's backward after the engine's pre_backward has gathered its parameters. Same
-  // kernels on the same inputs: results are bit-identical to activation_checkpointing = false.
+  // activation_checkpointing (Accelerate's fsdp_activation_checkpointing, per T5Block; every
+  // block or the first N, the encoder's then the decoder's): forward keeps only a recomputing
+  // block's input (the residual streams); its internals live in ONE set of buffers shared
+  // with the other recomputing blocks and the block after them (sized for the largest of
+  // them, field by field) and are recomputed inside the block's backward after the engine's
+  // pre_backward has gathered its parameters. Same kernels on the same inputs: results are
+  // bit-identical to activation_checkpointing = false.
   // Throws as validate_t5_config.
   T5Model(const T5Config& config, Kernels& kernels, DType activation_dtype = DType::f32,
           ActivationCheckpointing activation_checkpointing = {});
@@ -213,7 +214,8 @@ class T5Model final : public Model {
   // target_len decoder tokens) stored in `activation_dtype`, with or without activation
   // checkpointing: exactly what forward allocates (one table serves both).
   static int64_t activation_bytes(const T5Config& config, int64_t B, const data::BatchShape& shape,
-                                  DType activation_dtype, ActivationCheckpointing activation_checkpointing = {});
+                                  DType activation_dtype,
+                                  ActivationCheckpointing activation_checkpointing = {});
 
  private:
   struct Acts;
