@@ -640,7 +640,7 @@ TEST(OffloadOptimizer, AutoRatioIsTheSmallestThatFitsTheDevice) {
   EXPECT_LT(auto_ratio, 0.7);
   EXPECT_EQ(fsdp::auto_offload_ratio(modules, c, 1, 1, states, acts, {40 * GiB, "40"}, false), 1.0);
   // An H200 (139 GiB) fits all but the last unit (at least one unit stays offloaded), and the
-  // plan without offload (107.5 GiB) fits its budget too (the trainer's log says so).
+  // plan without offload (106.5 GiB) fits its budget too (the trainer's log says so).
   const fsdp::MemoryBudget h200{139 * GiB, "cuda:0 free 139.0 GiB / 1 rank"};
   EXPECT_LT(fsdp::auto_offload_ratio(modules, c, 1, 1, states, acts, h200, false), 0.05);
   Config plain = c;

@@ -40,7 +40,8 @@ struct Gpt2Model::Acts {
   struct Layer {
     // lse: fp32 [B,H,T], attention's row logsumexp (kernels.hpp: no [B,H,T,T] is kept)
     // fc: the MLP's pre-activation (bias added). GELU(fc) is not kept: see dfc below.
-    DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fc;
+    // The LayerNorms' outputs are not kept either, only their statistics: see dln below.
+    DeviceBuffer ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2_mean, ln2_rstd, fc;
   };
   // Layers: one shared by the blocks that recompute (activation checkpointing: the first
   // `recomputed`), then one per other block.
@@ -54,6 +55,11 @@ struct Gpt2Model::Acts {
   // from its fc for the c_proj weight gradient before dfc is overwritten (torch.compile's
   // partitioner recomputes such pointwise ops too). L [BT,4C] activations fewer for one
   // elementwise pass per block in backward.
+  // dln [BT,C] also holds ln_1's and ln_2's outputs where one block needs them: in forward for
+  // the GEMM each feeds; in backward recomputed (layernorm_forward of the kept block input and
+  // res2: the same kernel on the same values, so the same bits) just before the weight
+  // gradient that reads it, where dln is free. Two [BT,C] activations fewer per block for
+  // two LayerNorm passes in backward (torch.compile's partitioner recomputes norms too).
   DeviceBuffer dres, dln, dqkv, dfc;
   DeviceBuffer targets_dev, tokens_dev;                    // [BT] int32 on the device
 };
@@ -109,7 +115,7 @@ ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T,
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, V);  // BT, or one chunk
   ActCounts n;
   n.act = (L + 1) * BT * C                                               // residual streams
-          + S * BT * (C + 3 * C + C + C + C + 4 * C)                     // ln1 .. fc
+          + S * BT * (3 * C + C + C + 4 * C)                             // qkv atty res2 fc
           + BT * C + logit_rows * V                                      // ln_f, logits
           + BT * C * 2 + BT * 3 * C + BT * 4 * C;                        // backward scratch
   n.f32 = S * (4 * BT + B * H * T) + 2 * BT;  // LN mean/rstd, attention lse
@@ -143,9 +149,9 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
   a->layers.resize(static_cast<std::size_t>(checkpointing_.buffer_sets(cfg_.n_layer)));
   a->checkpointing = checkpointing_;
   for (auto& ly : a->layers) {
-    ly.ln1 = f(BT * C); ly.ln1_mean = f32(BT); ly.ln1_rstd = f32(BT);
+    ly.ln1_mean = f32(BT); ly.ln1_rstd = f32(BT);
     ly.qkv = f(BT * 3 * C); ly.lse = f32(B * H * T); ly.atty = f(BT * C); ly.res2 = f(BT * C);
-    ly.ln2 = f(BT * C); ly.ln2_mean = f32(BT); ly.ln2_rstd = f32(BT);
+    ly.ln2_mean = f32(BT); ly.ln2_rstd = f32(BT);
     ly.fc = f(BT * 4 * C);
   }
   a->lnf = f(BT * C); a->lnf_mean = f32(BT); a->lnf_rstd = f32(BT);
@@ -233,8 +239,9 @@ void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
   auto W = [&](int k) { return hooks.param(p0 + k); };
   auto& ly = a.layer(l);
   const TensorView x = rows(a.res[l], C);  // [BT,C]
-  const TensorView ln1 = rows(ly.ln1, C), qkv = rows(ly.qkv, 3 * C), atty = rows(ly.atty, C);
-  const TensorView res2 = rows(ly.res2, C), ln2 = rows(ly.ln2, C);
+  // ln_1's and ln_2's outputs in the dln scratch (Acts::dln), each read by the GEMM after it
+  const TensorView ln1 = rows(a.dln, C), qkv = rows(ly.qkv, 3 * C), atty = rows(ly.atty, C);
+  const TensorView res2 = rows(ly.res2, C), ln2 = rows(a.dln, C);
   const TensorView fc = rows(ly.fc, 4 * C), gelu = rows(a.dfc, 4 * C);  // Acts::dfc
   be_.layernorm_forward(ln1, ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), x, W(kLn1W),
                         W(kLn1B), BT, C, eps);
@@ -261,6 +268,7 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_sc
   Acts& a = *acts_;
   const int64_t BT = B * T, C = cfg_.n_embd, H = cfg_.n_head, Vp = cfg_.padded_vocab();
   const int64_t L = cfg_.n_layer;
+  const float eps = static_cast<float>(cfg_.layer_norm_epsilon);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
   const TensorView tokens = a.tokens_dev.view({B, T});
   const TensorView dres = rows(a.dres, C);  // gradient of the residual stream, [BT,C]
@@ -304,7 +312,13 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_sc
     be_.gemm_weight_bias_grad(false, C, 4 * C, BT, dres, dfc, G(kMlpProjW), G(kMlpProjB));
     be_.gemm_dgelu_bias_grad(false, false, BT, 4 * C, C, dres, W(kMlpProjW),
                              rows(ly.fc, 4 * C), dfc, G(kFcB));  // d fc (over gelu), d bias
-    be_.gemm(true, false, 4 * C, C, BT, 1.f, dfc, rows(ly.ln2, C), 1.f, G(kFcW));
+    // ln_2's output again (Acts::dln), for c_fc's weight gradient; the checkpointing
+    // recompute has left it there
+    if (!recompute) {
+      be_.layernorm_forward(dln, ly.ln2_mean.view({BT}), ly.ln2_rstd.view({BT}),
+                            rows(ly.res2, C), W(kLn2W), W(kLn2B), BT, C, eps);
+    }
+    be_.gemm(true, false, 4 * C, C, BT, 1.f, dfc, dln, 1.f, G(kFcW));
     be_.gemm(false, false, BT, C, 4 * C, 1.f, dfc, W(kFcW), 0.f, dln);       // d ln2
     // residual: dres (= d res2 after this) += LN2 backward
     be_.layernorm_backward(dres, G(kLn2W), G(kLn2B), dln, rows(ly.res2, C), W(kLn2W),
@@ -315,7 +329,10 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_sc
     be_.gemm(false, false, BT, C, C, 1.f, dres, W(kAttnProjW), 0.f, dln);     // d atty
     be_.attention_backward(dqkv, dln, rows(ly.qkv, 3 * C), rows(ly.atty, C),
                            ly.lse.view({B, H, T}), B, T, C, H);
-    be_.gemm_weight_bias_grad(false, 3 * C, C, BT, dqkv, rows(ly.ln1, C), G(kAttnW), G(kAttnB));
+    // ln_1's output again (Acts::dln, free after attention_backward), for c_attn's gradients
+    be_.layernorm_forward(dln, ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), rows(a.res[l], C),
+                          W(kLn1W), W(kLn1B), BT, C, eps);
+    be_.gemm_weight_bias_grad(false, 3 * C, C, BT, dqkv, dln, G(kAttnW), G(kAttnB));
     be_.gemm(false, false, BT, C, 3 * C, 1.f, dqkv, W(kAttnW), 0.f, dln);     // d ln1
     be_.layernorm_backward(dres, G(kLn1W), G(kLn1B), dln, rows(a.res[l], C), W(kLn1W),
                            ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), BT, C);  // dres = d res[l]
