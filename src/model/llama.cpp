@@ -352,9 +352,10 @@ struct LlamaModel::Acts {
     // q [BT,Q] and k [BT,KV] after RoPE; lse fp32 [B,H,T]. silu(gate) * up is not kept:
     // see dI1 below. Under qk_norm(): q_raw, k_raw the projections before their RMSNorm,
     // q_rstd and k_rstd fp32 its statistics ([BT*H], [BT*Hkv] per head; [BT] each for OLMo
-    // 2's whole-row norms; else empty). norm_after() (OLMo 2, no input norms): ln1 holds
-    // o_proj's output and ln2 down_proj's, the inputs of the two output norms (their
-    // statistics in ln1_rstd, ln2_rstd).
+    // 2's whole-row norms; else empty). The input norms' outputs are not kept, only their
+    // statistics (ln1_rstd, ln2_rstd): see dln below. norm_after() (OLMo 2, no input norms):
+    // ln1 holds o_proj's output and ln2 down_proj's, the inputs of the two output norms
+    // (their statistics in ln1_rstd, ln2_rstd); empty otherwise.
     DeviceBuffer ln1, ln1_rstd, q, k, v, lse, atty, res2, ln2, ln2_rstd, gate, up;
     DeviceBuffer q_raw, k_raw, q_rstd, k_rstd;
   };
@@ -368,6 +369,11 @@ struct LlamaModel::Acts {
   // in forward each layer's, read by its down_proj GEMM; in backward the layer's own,
   // recomputed from its gate and up for the down_proj weight gradient before dI1 is
   // overwritten (torch.compile's partitioner recomputes such pointwise ops too).
+  // dln [BT,C] also holds input_layernorm's and post_attention_layernorm's outputs where one
+  // layer needs them (not under norm_after()): in forward for the projections they feed; in
+  // backward recomputed (rmsnorm_forward of the kept layer input and res2: the same kernel on
+  // the same values, so the same bits) before the projections' weight gradients, which run
+  // before their input gradients overwrite dln. Two [BT,C] activations fewer per layer.
   DeviceBuffer dres, dln, dI1, dI2, datty, dq, dk, dv;
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, D/2]
   DeviceBuffer tokens_dev, targets_dev;          // [BT] int32
@@ -387,7 +393,8 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, Vp);  // BT, or one chunk
   ActCounts n;
   n.act = (c.num_hidden_layers + 1) * BT * C                            // residual streams
-          + S * BT * (C + Q + 2 * KV + Q + C + C + 2 * I)  // ln1 q k v atty res2 ln2 gate up
+          + S * BT * (Q + 2 * KV + Q + C + 2 * I)          // q k v atty res2 gate up
+          + (c.norm_after() ? S * BT * 2 * C : 0)           // ln1 ln2 (OLMo 2's norm inputs)
           + BT * C + logit_rows * Vp                                      // norm, logits
           + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
   n.f32 = S * (2 * BT + B * H * T) + BT + 2 * T * (D / 2);  // rstd x2, lse; norm rstd; RoPE
@@ -432,8 +439,9 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   a->layers.resize(static_cast<std::size_t>(checkpointing_.buffer_sets(cfg_.num_hidden_layers)));
   a->checkpointing = checkpointing_;
   for (auto& y : a->layers) {
-    y.ln1 = f(BT * C); y.ln1_rstd = f32(BT); y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
-    y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C); y.ln2 = f(BT * C);
+    if (cfg_.norm_after()) { y.ln1 = f(BT * C); y.ln2 = f(BT * C); }
+    y.ln1_rstd = f32(BT); y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
+    y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C);
     y.ln2_rstd = f32(BT); y.gate = f(BT * I); y.up = f(BT * I);
     if (cfg_.qk_norm()) {
       y.q_raw = f(BT * Q); y.k_raw = f(BT * KV);
@@ -547,9 +555,12 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   const int p0 = static_cast<int>(1 + x.count * l);
   auto W = [&](int k) { return hooks.param(p0 + k); };
   auto& y = a.layer(l);
-  const TensorView in = rows(a.res[l], C), ln1 = rows(y.ln1, C), q = rows(y.q, Q),
-                   k = rows(y.k, KV), v = rows(y.v, KV), atty = rows(y.atty, Q),
-                   res2 = rows(y.res2, C), ln2 = rows(y.ln2, C), gate = rows(y.gate, I),
+  // The input norms' outputs in the dln scratch (Acts::dln); OLMo 2's norm inputs kept.
+  const bool after = cfg_.norm_after();
+  const TensorView in = rows(a.res[l], C), ln1 = rows(after ? y.ln1 : a.dln, C),
+                   q = rows(y.q, Q), k = rows(y.k, KV), v = rows(y.v, KV),
+                   atty = rows(y.atty, Q), res2 = rows(y.res2, C),
+                   ln2 = rows(after ? y.ln2 : a.dln, C), gate = rows(y.gate, I),
                    up = rows(y.up, I), act = rows(a.dI1, I);  // Acts::dI1
   const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
   // out [BT,n] = inp [BT,m] @ W[n,m]^T (+ b)
@@ -563,7 +574,6 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   };
   // The projections read input_layernorm(in), or `in` itself when the norms come after the
   // sublayers (OLMo 2).
-  const bool after = cfg_.norm_after();
   if (!after) be_.rmsnorm_forward(ln1, y.ln1_rstd.view({BT}), in, W(x.ln_in), BT, C, eps);
   const TensorView xin = after ? in : ln1;
   if (cfg_.qk_norm()) {  // q = q_norm(q_proj(xin)) (Qwen3: per head; OLMo 2: per row); k alike
@@ -627,6 +637,7 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
   const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads,
                 Hkv = cfg_.kv_heads(), D = cfg_.head_size(), I = cfg_.intermediate_size;
   const int64_t Q = H * D, KV = Hkv * D, Vp = cfg_.padded_vocab(), L = cfg_.num_hidden_layers;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
   const TensorView dres = rows(a.dres, C), dln = rows(a.dln, C), dI1 = rows(a.dI1, I),
                    dI2 = rows(a.dI2, I), datty = rows(a.datty, Q), dq = rows(a.dq, Q),
@@ -665,16 +676,24 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     hooks.pre_backward(m);
     const bool recompute = checkpointing_.recomputes(l);
     if (recompute) layer_forward(l, B, T, hooks, /*write_output=*/false);
-    // Linear out = inp @ W^T + b, given dout: dW += dout^T inp, db += sum dout, and
-    // din (=, or += when `accumulate`) dout @ W.
-    auto linear_backward = [&](const TensorView& din, const TensorView& dout, const TensorView& inp,
-                               int w, int b, int64_t n, int64_t m_in, bool accumulate) {
+    // Linear out = inp @ W^T + b, given dout: dW += dout^T inp, db += sum dout
+    // (linear_wgrad), and din (=, or += when `accumulate`) dout @ W (linear_dgrad).
+    auto linear_wgrad = [&](const TensorView& dout, const TensorView& inp, int w, int b,
+                            int64_t n, int64_t m_in) {
       if (b >= 0) {  // weight and bias gradients in one GEMM where the backend has it
         be_.gemm_weight_bias_grad(false, n, m_in, BT, dout, inp, G(w), G(b));
       } else {
         be_.gemm(true, false, n, m_in, BT, 1.f, dout, inp, 1.f, G(w));
       }
+    };
+    auto linear_dgrad = [&](const TensorView& din, const TensorView& dout, int w, int64_t n,
+                            int64_t m_in, bool accumulate) {
       be_.gemm(false, false, BT, m_in, n, 1.f, dout, W(w), accumulate ? 1.f : 0.f, din);
+    };
+    auto linear_backward = [&](const TensorView& din, const TensorView& dout, const TensorView& inp,
+                               int w, int b, int64_t n, int64_t m_in, bool accumulate) {
+      linear_wgrad(dout, inp, w, b, n, m_in);
+      linear_dgrad(din, dout, w, n, m_in, accumulate);
     };
     // MLP: dres = d res[l+1] = d (res2 + down(act)), OLMo 2: d (res2 + norm(down(act)))
     // act = silu(gate) * up into dI1 (the checkpointing recompute has just put it there);
@@ -696,8 +715,16 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
       be_.rmsnorm_backward(dln, G(x.ln_in), dres, rows(y.ln1, C), W(x.ln_in),
                            y.ln1_rstd.view({BT}), BT, C);
     } else {
-      linear_backward(dln, dI1, rows(y.ln2, C), x.gate_w, x.gate_b, I, C, false);
-      linear_backward(dln, dI2, rows(y.ln2, C), x.up_w, x.up_b, I, C, true);       // d ln2
+      // ln2 = post_attention_layernorm(res2) again into dln (Acts::dln; the checkpointing
+      // recompute has left it there), read by both weight gradients before d ln2 replaces it
+      if (!recompute) {
+        be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), rows(y.res2, C), W(x.ln_post), BT, C,
+                            eps);
+      }
+      linear_wgrad(dI1, dln, x.gate_w, x.gate_b, I, C);
+      linear_wgrad(dI2, dln, x.up_w, x.up_b, I, C);
+      linear_dgrad(dln, dI1, x.gate_w, I, C, false);
+      linear_dgrad(dln, dI2, x.up_w, I, C, true);                                   // d ln2
       be_.rmsnorm_backward(dres, G(x.ln_post), dln, rows(y.res2, C), W(x.ln_post),
                            y.ln2_rstd.view({BT}), BT, C);                           // dres = d res2
     }
@@ -708,29 +735,36 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
                                1.f / std::sqrt(static_cast<float>(D)), cfg_.layer_window(l));
     be_.rope_backward(dq, dq, cos, sin, B, T, H, D);
     be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D);
-    // The projections' input xin: ln1, whose gradient goes to dln (then through the input
-    // norm), or (OLMo 2) res[l] itself, whose gradient adds to dres.
-    const TensorView xin = after ? rows(a.res[l], C) : rows(y.ln1, C), dxin = after ? dres : dln;
+    // The projections' gradients: d q and d k, or under qk_norm() d q_raw into datty (free
+    // since the attention's backward) and d k_raw into dq (free once q_norm's backward has
+    // read d q): rmsnorm_backward accumulates into zeros.
+    TensorView dq_proj = dq, dk_proj = dk;
     if (cfg_.qk_norm()) {
-      // d q_raw into datty (free since the attention's backward), d k_raw into dq (free once
-      // q_proj's backward has read d q_raw): rmsnorm_backward accumulates into zeros.
       const QkNormRows n = qk_norm_rows(cfg_, BT);
       rt_.fill_zero(datty);
       be_.rmsnorm_backward(a.datty.view({n.q, n.q_width}), G(x.q_norm), a.dq.view({n.q, n.q_width}),
                            y.q_raw.view({n.q, n.q_width}), W(x.q_norm), y.q_rstd.view({n.q}), n.q,
                            n.q_width);
-      linear_backward(dxin, datty, xin, x.q_w, x.q_b, Q, C, after);
-      const TensorView dk_raw = a.dq.view({BT, KV});
-      rt_.fill_zero(dk_raw);
+      dq_proj = datty;
+      dk_proj = a.dq.view({BT, KV});
+      rt_.fill_zero(dk_proj);
       be_.rmsnorm_backward(a.dq.view({n.k, n.k_width}), G(x.k_norm), a.dk.view({n.k, n.k_width}),
                            y.k_raw.view({n.k, n.k_width}), W(x.k_norm), y.k_rstd.view({n.k}), n.k,
                            n.k_width);
-      linear_backward(dxin, dk_raw, xin, x.k_w, x.k_b, KV, C, true);
-    } else {
-      linear_backward(dxin, dq, xin, x.q_w, x.q_b, Q, C, after);
-      linear_backward(dxin, dk, xin, x.k_w, x.k_b, KV, C, true);
     }
-    linear_backward(dxin, dv, xin, x.v_w, x.v_b, KV, C, true);                    // d xin
+    // The projections' input xin: ln1 = input_layernorm(res[l]) again into dln (Acts::dln),
+    // read by the three weight gradients before the input gradients replace it with d ln1
+    // (then through the input norm); or (OLMo 2) res[l] itself, whose gradient adds to dres.
+    if (!after) {
+      be_.rmsnorm_forward(dln, y.ln1_rstd.view({BT}), rows(a.res[l], C), W(x.ln_in), BT, C, eps);
+    }
+    const TensorView xin = after ? rows(a.res[l], C) : dln, dxin = after ? dres : dln;
+    linear_wgrad(dq_proj, xin, x.q_w, x.q_b, Q, C);
+    linear_wgrad(dk_proj, xin, x.k_w, x.k_b, KV, C);
+    linear_wgrad(dv, xin, x.v_w, x.v_b, KV, C);
+    linear_dgrad(dxin, dq_proj, x.q_w, Q, C, after);
+    linear_dgrad(dxin, dk_proj, x.k_w, KV, C, true);
+    linear_dgrad(dxin, dv, x.v_w, KV, C, true);                                      // d xin
     if (!after) {
       be_.rmsnorm_backward(dres, G(x.ln_in), dln, rows(a.res[l], C), W(x.ln_in),
                            y.ln1_rstd.view({BT}), BT, C);                         // dres = d res[l]
