@@ -312,7 +312,7 @@ TEST(Gpt2, ActivationBytesWithCheckpointingArePlannedAndMeasured) {
   const int64_t B = Fixture::kB, T = Fixture::kT;
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
     const std::string what(fsdp::to_string(dtype));
-    int64_t prev_on = 0;
+    int64_t prev_on = 0, prev_off = 0;
     for (int64_t L : {1, 2, 3, 4}) {
       fsdp::Gpt2Config mc = tiny_model();
       mc.n_layer = L;
@@ -320,6 +320,14 @@ TEST(Gpt2, ActivationBytesWithCheckpointingArePlannedAndMeasured) {
       const int64_t on = fsdp::Gpt2Model::activation_bytes(mc, B, T, dtype, true);
       EXPECT_EQ(off, fsdp::Gpt2Model::activation_bytes(mc, B, T, dtype)) << "default is off";
       if (L >= 2) {
+        // Without checkpointing one more block keeps its residual stream, qkv [3C], the
+        // attention output, res2 and the MLP's pre-activation [4C] (10 C per row; not the two
+        // LayerNorm outputs, recomputed in backward), its four LayerNorm statistics and the
+        // attention's logsumexp [H per row] in fp32.
+        EXPECT_EQ(off - prev_off,
+                  B * T * 10 * mc.n_embd * static_cast<int64_t>(fsdp::dtype_size(dtype)) +
+                      4 * (4 * B * T + B * mc.n_head * T))
+            << what << " n_layer " << L;
         EXPECT_LT(on, off) << what << " n_layer " << L;
         // One more block costs one more saved residual stream [B*T, C], nothing else.
         EXPECT_EQ(on - prev_on,
@@ -329,6 +337,7 @@ TEST(Gpt2, ActivationBytesWithCheckpointingArePlannedAndMeasured) {
         EXPECT_EQ(on, off) << what << ": one block, one buffer set either way";
       }
       prev_on = on;
+      prev_off = off;
       // Only the first k blocks recomputing (fsdp.recompute_num_layers): they and the block
       // after them share one set of internals and every later block keeps its own, so each
       // recomputing block saves one block's set, (off - on) / (L - 1), up to L - 1 of them.
