@@ -167,6 +167,27 @@ void print_divergence(const std::string& tag, const TrainResult& got, const Trai
   std::printf("\n");
 }
 
+// The device-optimizer run the offload tests compare with: small_config on cuda, shard group
+// min(2, world), the given strategy, param_dtype and micro-batch size. Run once per process
+// and kept (cpu_offload, offload_optimizer and the ratio test share each), which cuts a
+// gpu_check round by ~10 runs per rank count.
+const TrainResult& device_reference(fsdp::ShardingStrategy strategy, fsdp::DType dt,
+                                    int64_t micro) {
+  static std::map<std::string, TrainResult> refs;
+  const std::string key = std::string(fsdp::to_string(strategy)) + "/" +
+                          std::string(fsdp::to_string(dt)) + "/" + std::to_string(micro);
+  auto it = refs.find(key);
+  if (it == refs.end()) {
+    Config c = on(small_config(fresh_dir("gpu_offload_ref")), fsdp::DeviceKind::cuda);
+    c.fsdp.sharding_strategy = strategy;
+    c.mesh.shard_size = std::min(2, world_size());
+    c.mixed_precision.param_dtype = dt;
+    c.train.micro_batch_size = micro;
+    it = refs.emplace(key, run(c, On::world)).first;
+  }
+  return it->second;
+}
+
 // The offloaded optimizer (issue 22 fsdp.cpu_offload, issue 31 fsdp.offload_optimizer) on
 // cuda: the fp32 shards, gradients and Adam state in host memory, the optimizer on the CPU
 // backend's kernels, whose element updates are the CUDA kernels' own functions
@@ -191,13 +212,12 @@ void expect_offload_equals_device(bool resident) {
       // zeroed full gradient added whole: equal sums, other roundings, which AdamW amplifies
       // (tests/test_offload.cpp leaves the same case out on the CPU for the same reason).
       if (dt == fsdp::DType::f32 && micro == 1 && world_size() == 1) continue;
-      Config c = on(small_config(fresh_dir("gpu_offload_ref")), fsdp::DeviceKind::cuda);
+      const TrainResult& ref = device_reference(strategy, dt, micro);
+      Config c = on(small_config(fresh_dir("gpu_offload_on")), fsdp::DeviceKind::cuda);
       c.fsdp.sharding_strategy = strategy;
       c.mesh.shard_size = std::min(2, world_size());
       c.mixed_precision.param_dtype = dt;
       c.train.micro_batch_size = micro;
-      const TrainResult ref = run(c, On::world);
-      c.train.run_dir = fresh_dir("gpu_offload_on");
       (resident ? c.fsdp.offload_optimizer : c.fsdp.cpu_offload) = true;
       const TrainResult off = run(c, On::world);
       ASSERT_EQ(off.losses.size(), ref.losses.size()) << tag;
@@ -247,12 +267,12 @@ TEST(GpuTrain, OffloadOptimizerMatchesTheDeviceOptimizer) { expect_offload_equal
 TEST(GpuTrain, OffloadOptimizerRatioMatchesTheDeviceOptimizer) {
   for (int64_t micro : {0, 1}) {
     const std::string tag = "offload_optimizer_ratio 0.5 micro " + std::to_string(micro);
-    Config c = on(small_config(fresh_dir("gpu_ratio_ref")), fsdp::DeviceKind::cuda);
+    const TrainResult& ref =
+        device_reference(fsdp::ShardingStrategy::FULL_SHARD, fsdp::DType::bf16, micro);
+    Config c = on(small_config(fresh_dir("gpu_ratio_on")), fsdp::DeviceKind::cuda);
     c.mesh.shard_size = std::min(2, world_size());
     c.mixed_precision.param_dtype = fsdp::DType::bf16;
     c.train.micro_batch_size = micro;
-    const TrainResult ref = run(c, On::world);
-    c.train.run_dir = fresh_dir("gpu_ratio_on");
     c.fsdp.offload_optimizer = true;
     c.fsdp.offload_optimizer_ratio = 0.5;
     const TrainResult off = run(c, On::world);
