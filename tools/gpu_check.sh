@@ -12,7 +12,8 @@
 #      failure and the next run goes on. A run is not started when what is left of the budget
 #      is under 20 s or (rounds 2+) under its round-1 time + 5 s ("NOT RUN: out of budget"),
 #      and one cut at the budget is "cut by budget": neither counts as a failure. The tests'
-#      [offload] and cuda_graphs lines are copied into the summary (the first 40)
+#      [offload] and cuda_graphs lines are copied into the summary (the first 40), and each
+#      test's 4 slowest gtest cases of its first run (where a round's time goes)
 #   4. tools/hf_check.py: GPT-2, T5 (2 cases), Llama (GQA with llama3 RoPE, untied and tied
 #      with biases), Qwen2, Qwen3 (head_dim != hidden / heads; and with YaRN), Mistral (and with
 #      a window of 8 < the 32-token rows) and OLMo 2 merged by fsdp_merge load in transformers
@@ -76,8 +77,9 @@ reap() {
 
 # ---- summary: sections kept in files, the whole file rewritten after each step --------------
 S_HEAD="$WORK/s_head" S_VER="$WORK/s_ver" S_TESTS="$WORK/s_tests" S_HF="$WORK/s_hf" S_PROF="$WORK/s_prof"
-S_PHASES="$WORK/s_phases" S_END="$WORK/s_end" S_LINES="$WORK/s_lines"
+S_PHASES="$WORK/s_phases" S_END="$WORK/s_end" S_LINES="$WORK/s_lines" S_SLOW="$WORK/s_slow"
 : >"$S_VER"; : >"$S_TESTS"; : >"$S_HF"; : >"$S_PROF"; : >"$S_PHASES"; : >"$S_END"; : >"$S_LINES"
+: >"$S_SLOW"
 write_summary() {
   {
     cat "$S_HEAD"
@@ -91,6 +93,9 @@ write_summary() {
     if [[ -s "$S_LINES" ]]; then
       echo; echo "### The tests' [offload] and cuda_graphs lines (first 40 of $(wc -l <"$S_LINES"))"
       echo; echo '```'; head -40 "$S_LINES"; echo '```'
+    fi
+    if [[ -s "$S_SLOW" ]]; then  # where a round's time goes, for trimming it
+      echo; echo "### The slowest gtest cases of each test (run 1)"; echo; cat "$S_SLOW"
     fi
     echo; echo "## Hugging Face transformers loads our merges (tools/hf_check.py)"; echo
     if [[ -s "$S_HF" ]]; then cat "$S_HF"; else echo "(not run yet)"; fi
@@ -253,6 +258,11 @@ for ((k = 1; k <= REPEAT; k++)); do
       | grep -v 'listed below' | sed -E -e 's/^\[  FAILED  \] //' \
         -e 's/^\[rank [0-9]+\] FAILED //; s/[ ,].*//' | sort -u | tr '\n' ' ')"
     plain "$log" | grep -E '^\[offload\]|cuda_graphs' | sed "s/^/$name run $k: /" >>"$S_LINES"
+    if (( k == 1 )); then  # "- name: Suite.Case 812 ms, ..." (the 4 slowest passed cases)
+      slow="$(plain "$log" | sed -nE 's/^\[       OK \] ([^ ]+) \(([0-9]+) ms\)$/\2 \1/p' |
+        sort -rn | head -4 | awk '{printf "%s%s %s ms", (NR > 1 ? ", " : ""), $2, $1}')"
+      [[ -n "$slow" ]] && echo "- $name: $slow" >>"$S_SLOW"
+    fi
     gt="$okc ok"; [[ -n "$failed" ]] && gt+=", failed: $failed"
     if [[ $rc == 0 ]]; then
       res="PASS"; NRUN_PASS=$((NRUN_PASS + 1))

@@ -343,6 +343,8 @@ for k in 1 2; do
   expect exact "$S" "test_gpu_train_np1 run $k: $OFFLOAD_T" 'offload'
   expect exact "$S" "test_gpu_train_np1 run $k: $GRAPHS_T" 'cuda_graphs'
 done
+expect exact "$S" "- test_gpu_train_np1: GpuTrain.CudaGraphsEqualEagerBitForBit 812 ms, \
+GpuTrain.CpuOffloadMatchesTheDeviceOptimizer 640 ms" '^- test_gpu'
 expect_count "$S" $'\r|\033' 0 "lines with \\r or ESC (plain())"
 for s in HF POST PHASES; do expect exact "$S" "(skipped: GPU_CHECK_SKIP_$s=1)" '^\(skipped'; done
 expect line "$S" "bundle gpu_bundle: commit $COMMIT (0 modified tracked files)" '^Host'
