@@ -14,6 +14,9 @@
 
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/core/host_memory.hpp"
+#include "fsdp/model/model.hpp"
+#include "fsdp/optim/optimizer.hpp"
+#include "fsdp/train/memory_check.hpp"
 #include "fsdp/train/collective_guard.hpp"
 #include "train_util.hpp"
 
@@ -118,6 +121,104 @@ TEST(MemoryCheck, RefusesAPlanLargerThanTheMachineBeforeAllocating) {
   const std::string& source = runtime().memory_budget().source;
   EXPECT_TRUE(source.find("MemAvailable") != std::string::npos ||
               source.find("cgroup") != std::string::npos) << source;
+}
+
+// checkpoint.async_save stages a periodic save in host memory (one copy of the rank's shard
+// file: fp32 parameter shards and optimizer state). The plan counts it as save_staging, equal
+// to the writer's buffers after the run; nothing when no periodic save stages (every = 0, or
+// the only save is the last step's, which is synchronous).
+TEST(MemoryCheck, AsyncSaveStagingIsPlannedAsMeasured) {
+  for (const int64_t every : {2, 0, 5}) {
+    Config c = small_config(fresh_dir("async_staging_" + std::to_string(every)));
+    c.train.max_steps = 5;
+    c.checkpoint.every = every;
+    c.checkpoint.async_save = true;
+    const TrainResult r = run(c, On::world);
+    const std::string what = "checkpoint.every = " + std::to_string(every);
+    if (every == 2) {
+      EXPECT_GT(r.plan.save_staging, 0) << what;
+      EXPECT_EQ(r.plan.save_staging, r.plan.sharded_params + r.plan.optimizer_state) << what;
+    } else {
+      EXPECT_EQ(r.plan.save_staging, 0) << what;
+    }
+    EXPECT_EQ(r.save_staging_bytes, r.plan.save_staging) << what;
+  }
+}
+
+// The staging must fit with the rest: on the CPU backend in the one memory, on a device in the
+// host's budget; the refusal names it as its largest row and advises async_save = false.
+TEST(MemoryCheck, AsyncSaveStagingMustFitTheHost) {
+  Config c = small_config(fresh_dir("async_staging_budgets"));
+  c.checkpoint.every = 2;
+  c.checkpoint.async_save = true;
+  const auto modules = fsdp::model_family(c.model.type).modules(c.model);
+  const int states = fsdp::num_optimizer_states(c.optim.name);
+  const fsdp::EngineMemoryPlan p = fsdp::plan_memory(modules, c, 1, 1, states);
+  ASSERT_GT(p.save_staging, 0);
+  EXPECT_EQ(p.host_total(), p.save_staging);
+  const int64_t acts = 1000;
+  const fsdp::MemoryBudget none{};
+  const int64_t need = p.total + acts + p.save_staging;
+  EXPECT_EQ(fsdp::memory_refusal(p, acts, {need, "cpu"}, none, true), "");
+  const std::string cpu = fsdp::memory_refusal(p, acts, {need - 1, "cpu"}, none, true);
+  EXPECT_EQ(cpu.rfind("memory plan: ", 0), 0u) << cpu;
+  EXPECT_NE(cpu.find("largest row: save_staging"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("checkpoint.async_save = false"), std::string::npos) << cpu;
+  const fsdp::MemoryBudget gpu{p.total + acts, "gpu"};
+  EXPECT_EQ(fsdp::memory_refusal(p, acts, gpu, {p.save_staging, "host"}, false), "");
+  const std::string host = fsdp::memory_refusal(p, acts, gpu, {p.save_staging - 1, "host"}, false);
+  EXPECT_EQ(host.rfind("memory plan: host ", 0), 0u) << host;
+  EXPECT_NE(host.find("largest row: save_staging"), std::string::npos) << host;
+  EXPECT_NE(host.find("checkpoint.async_save = false"), std::string::npos) << host;
+  // Without async_save nothing is staged and the same budgets take the plan.
+  c.checkpoint.async_save = false;
+  const fsdp::EngineMemoryPlan q = fsdp::plan_memory(modules, c, 1, 1, states);
+  EXPECT_EQ(q.save_staging, 0);
+  EXPECT_EQ(q.total, p.total);
+  EXPECT_EQ(fsdp::memory_refusal(q, acts, {p.total + acts, "cpu"}, none, true), "");
+  EXPECT_EQ(fsdp::memory_refusal(q, acts, gpu, {0, "host"}, false), "");
+}
+
+// A run whose model fits this machine but whose async saves' staging does not is refused at
+// start-up, before anything is allocated, instead of failing at its first periodic save.
+TEST(MemoryCheck, RefusesAnAsyncSaveStagingLargerThanTheMachineBeforeAllocating) {
+  Config c = small_config(fresh_dir("async_staging_refused"));
+  c.model.set("n_embd", int64_t{1024});
+  c.checkpoint.every = 2;
+  c.checkpoint.async_save = true;
+  const int64_t budget = runtime().memory_budget().bytes;
+  ASSERT_GT(budget, 0);
+  const int states = fsdp::num_optimizer_states(c.optim.name);
+  auto plan_of = [&](int64_t layers, bool async) {
+    Config d = c;
+    d.model.set("n_layer", layers);
+    d.checkpoint.async_save = async;
+    return fsdp::plan_memory(fsdp::model_family(d.model.type).modules(d.model), d, world_size(),
+                             world_size(), states);
+  };
+  // The fewest layers whose plan with the staging exceeds the budget (bisection; the plan
+  // grows with the layers); without the staging that plan must fit with room to spare.
+  int64_t lo = 1, hi = 1;
+  auto refused = [&](int64_t layers) {
+    const fsdp::EngineMemoryPlan p = plan_of(layers, true);
+    return p.total + p.save_staging > budget;
+  };
+  while (!refused(hi)) lo = hi, hi *= 2;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (refused(mid) ? hi : lo) = mid;
+  }
+  const int64_t layers = hi;
+  ASSERT_LT(plan_of(layers, false).total, budget * 3 / 4) << layers << " layers";
+  c.model.set("n_layer", layers);
+  const Failure f = run_expecting_failure(c);
+  EXPECT_EQ(f.exit_code, fsdp::kExitInputError);
+  if (world_rank() == 0) {
+    EXPECT_NE(f.message.find("memory plan: "), std::string::npos) << f.message;
+    EXPECT_NE(f.message.find("largest row: save_staging"), std::string::npos) << f.message;
+    EXPECT_NE(f.message.find("checkpoint.async_save = false"), std::string::npos) << f.message;
+  }
+  EXPECT_EQ(runtime().backend().memory().peak_total(), 0u);
 }
 
 TEST(HostMemory, ParsesMeminfoAndCgroupStat) {

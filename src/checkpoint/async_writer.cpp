@@ -21,6 +21,14 @@ float* AsyncShardWriter::buffer(std::size_t i, int64_t numel) {
   return buffers_[i].data();
 }
 
+int64_t AsyncShardWriter::staged_bytes() const {
+  int64_t bytes = 0;
+  for (const std::vector<float>& b : buffers_) {
+    bytes += static_cast<int64_t>(b.size() * sizeof(float));
+  }
+  return bytes;
+}
+
 void AsyncShardWriter::start(std::string path, CheckpointMeta meta,
                              std::vector<UnitShardView> units) {
   if (busy()) throw Error("checkpoint: " + path + ": a shard write is already in flight");

@@ -129,6 +129,14 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
   static_cast<MemoryRows&>(p) = rows(be.memory());
   p.offload = offload;
   if (offload) p.host = rows(host.memory());
+  if (config.stages_async_saves()) {
+    // What an async save stages (src/train/checkpointing.cpp shard_views): each unit's fp32
+    // parameter shard and its optimizer state, as the shard file holds them.
+    for (int u = 0; u < engine.num_units(); ++u) {
+      p.save_staging += engine.shard_param(u).numel() * (1 + optimizer_states) *
+                        static_cast<int64_t>(sizeof(float));
+    }
+  }
   return p;
 }
 

@@ -15,10 +15,15 @@ std::vector<std::pair<const char*, int64_t>> plan_rows(const MemoryRows& p,
           {"comm_buffers", p.comm_buffers},       {"total", p.total + activation_bytes}};
 }
 
-std::vector<std::pair<const char*, int64_t>> host_rows(const MemoryRows& h) {
-  return {{"sharded_params", h.sharded_params}, {"grads", h.grads},
-          {"optimizer_state", h.optimizer_state}, {"comm_buffers", h.comm_buffers},
-          {"total", h.total}};
+std::vector<std::pair<const char*, int64_t>> host_rows(const EngineMemoryPlan& p) {
+  std::vector<std::pair<const char*, int64_t>> rows;
+  if (p.offload) {
+    rows = {{"sharded_params", p.host.sharded_params}, {"grads", p.host.grads},
+            {"optimizer_state", p.host.optimizer_state}, {"comm_buffers", p.host.comm_buffers}};
+  }
+  if (p.save_staging > 0) rows.emplace_back("save_staging", p.save_staging);
+  rows.emplace_back("total", p.host_total());
+  return rows;
 }
 
 namespace {
@@ -32,7 +37,7 @@ Row largest_of(std::vector<Row> rows) {
 }
 
 std::string refusal(const char* where, int64_t need, const MemoryBudget& budget, Row largest,
-                    const char* advice) {
+                    const std::string& advice) {
   return std::string("memory plan: ") + where + human_bytes(static_cast<double>(need)) +
          " per rank does not fit in the " + human_bytes(static_cast<double>(budget.bytes)) +
          " this rank may use (" + budget.source + "); largest row: " + largest.first + " " +
@@ -75,25 +80,34 @@ std::string memory_refusal(const EngineMemoryPlan& plan, int64_t activation_byte
                            const MemoryBudget& device, const MemoryBudget& host,
                            bool device_is_host) {
   const bool offload = plan.offload;
-  const int64_t host_need = offload ? plan.host.total : 0;
+  const bool staging = plan.save_staging > 0;
+  const int64_t host_need = plan.host_total();
   const int64_t need = plan.total + activation_bytes + (device_is_host ? host_need : 0);
   Row largest = largest_of(plan_rows(plan, activation_bytes));
-  if (device_is_host && offload) {
-    const Row h = largest_of(host_rows(plan.host));
+  if (device_is_host && host_need > 0) {
+    const Row h = largest_of(host_rows(plan));
     if (h.second > largest.second) largest = h;
   }
+  // checkpoint.async_save's staging is the first thing to give up where it counts.
+  const std::string no_staging = "checkpoint.async_save = false (a synchronous save stages "
+                                 "nothing), ";
   if (device.bytes >= 0 && need > device.bytes) {
+    const std::string advice =
+        (device_is_host && staging ? no_staging : std::string()) +
+        (offload ? "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, a smaller "
+                   "train.micro_batch_size or a higher fsdp.offload_optimizer_ratio"
+                 : "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, "
+                   "fsdp.cpu_offload or a smaller train.micro_batch_size");
     return refusal(offload && !device_is_host ? "device " : "", need, device, largest,
-                   offload ? "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, a "
-                             "smaller train.micro_batch_size or a higher "
-                             "fsdp.offload_optimizer_ratio"
-                           : "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, "
-                             "fsdp.cpu_offload or a smaller train.micro_batch_size");
+                   advice);
   }
-  if (offload && !device_is_host && host.bytes >= 0 && host_need > host.bytes) {
-    return refusal("host ", host_need, host, largest_of(host_rows(plan.host)),
-                   "use more ranks (the host rows shrink with the shard group), FULL_SHARD or, "
-                   "with fsdp.offload_optimizer, a lower fsdp.offload_optimizer_ratio");
+  if (!device_is_host && host_need > 0 && host.bytes >= 0 && host_need > host.bytes) {
+    const std::string advice =
+        (staging ? no_staging : std::string()) +
+        (offload ? "use more ranks (the host rows shrink with the shard group), FULL_SHARD or, "
+                   "with fsdp.offload_optimizer, a lower fsdp.offload_optimizer_ratio"
+                 : "use more ranks (the staging shrinks with the shard group) or FULL_SHARD");
+    return refusal("host ", host_need, host, largest_of(host_rows(plan)), advice);
   }
   return "";
 }

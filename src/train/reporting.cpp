@@ -139,7 +139,7 @@ void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
     }
   };
   os << "memory plan per rank (bytes; peaks of one training step)"
-     << (p.offload ? ", device:\n" : ":\n");
+     << (p.host_total() > 0 ? ", device:\n" : ":\n");
   print_rows(plan_rows(p, acts));
   if (p.offload) {
     if (p.grads > 0) {
@@ -154,14 +154,17 @@ void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
     } else {
       os << "host (fsdp.offload_optimizer):\n";
     }
-    print_rows(host_rows(p.host));
+    print_rows(host_rows(p));
+  } else if (p.save_staging > 0) {
+    os << "host (checkpoint.async_save):\n";
+    print_rows(host_rows(p));
   }
   const MemoryBudget& budget = job.rt.memory_budget();
   if (budget.bytes >= 0 && !job.planning()) {  // this machine's budget says nothing of a planned one
     os << "  available per rank: " << human_bytes(static_cast<double>(budget.bytes)) << " ("
        << budget.source << ")\n";
     const MemoryBudget& host = job.rt.host_memory_budget();
-    if (p.offload && job.backend->device() != Device::cpu && host.bytes >= 0) {
+    if (p.host_total() > 0 && job.backend->device() != Device::cpu && host.bytes >= 0) {
       os << "  host available per rank: " << human_bytes(static_cast<double>(host.bytes)) << " ("
          << host.source << ")\n";
     }

@@ -773,6 +773,7 @@ void run_loop(Job& job, const Setup& s, TrainResult& result) {
           static_cast<int64_t>(offload->memory().peak(static_cast<MemCategory>(c)));
     }
   }
+  result.save_staging_bytes = job.writer.staged_bytes();
   if (job.opt.gather_params) result.params = job.engine->gather_full_params();
   if (job.graphs) {
     const KernelGraphStats& g = job.graphs->stats();

@@ -40,6 +40,10 @@ class AsyncShardWriter {
   // (the main thread may use HDF5 meanwhile); wait() then reports it the same way.
   void start(std::string path, CheckpointMeta meta, std::vector<UnitShardView> units);
 
+  // Bytes of the staging buffers as last sized (numel x 4 each): after a save, one copy of
+  // this rank's shard file's datasets.
+  int64_t staged_bytes() const;
+
   // True between start() and the wait() that joins it.
   bool busy() const { return thread_.joinable(); }
   // True when no write is in flight or the thread has finished (successfully or not):

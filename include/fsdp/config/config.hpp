@@ -528,6 +528,14 @@ struct Config {
   CheckpointConfig checkpoint;
   EvalConfig eval;
   std::string source_path;            // the TOML file it came from (for messages)
+  // Whether a periodic save is staged in host memory (checkpoint.async_save with a save
+  // every checkpoint.every steps before train.max_steps; the final save is synchronous):
+  // the run then holds one host copy of its shard file's datasets (the plan's
+  // save_staging row).
+  bool stages_async_saves() const {
+    return checkpoint.enable && checkpoint.async_save && checkpoint.every > 0 &&
+           checkpoint.every < train.max_steps;
+  }
   // Field-by-field equality (source_path included).
   friend bool operator==(const Config&, const Config&) = default;
 };

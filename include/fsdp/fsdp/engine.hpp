@@ -174,6 +174,12 @@ struct MemoryRows {
 struct EngineMemoryPlan : MemoryRows {  // the device's rows (the only ones without offload)
   bool offload = false;                 // fsdp.cpu_offload
   MemoryRows host;                      // offload: the host's rows; all 0 otherwise
+  // Config::stages_async_saves(): host bytes of a writing rank's staging buffers (its fp32
+  // parameter shards and every optimizer state, what its shard file holds; allocated at the
+  // first periodic save and reused); 0 otherwise.
+  int64_t save_staging = 0;
+  // Host bytes the plan needs beside the device's: the offloaded rows and the staging.
+  int64_t host_total() const { return (offload ? host.total : 0) + save_staging; }
 };
 EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Config& config,
                              int world_size, int shard_group_size, int optimizer_states);

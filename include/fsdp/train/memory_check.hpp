@@ -23,16 +23,18 @@ struct MemoryBudget {
 // last.
 std::vector<std::pair<const char*, int64_t>> plan_rows(const MemoryRows& p,
                                                        int64_t activation_bytes);
-// The host rows of fsdp.cpu_offload (shards, gradients, optimizer state, staging of the
-// copies), in print order; "total" last.
-std::vector<std::pair<const char*, int64_t>> host_rows(const MemoryRows& h);
+// The host rows (bytes), in print order: with offload its shards, gradients, optimizer state
+// and the copies' staging; with checkpoint.async_save the save's staging (save_staging);
+// "total" (EngineMemoryPlan::host_total) last.
+std::vector<std::pair<const char*, int64_t>> host_rows(const EngineMemoryPlan& p);
 
 // Why `plan` does not fit, as the one line of the InputError the trainer throws (naming what
 // is needed, the budget and how it was measured, the largest row and what to change), or ""
 // when it fits. Without offload the device rows plus `activation_bytes` must fit in
-// `device`. With plan.offload the host rows must also fit in `host`; where the device is the
-// host (`device_is_host`: the CPU backend) the two are one memory, so their sum must fit in
-// `device`. An unmeasured budget (bytes < 0) accepts anything.
+// `device`. The host rows (plan.offload's, checkpoint.async_save's staging) must also fit in
+// `host`; where the device is the host (`device_is_host`: the CPU backend) the two are one
+// memory, so their sum must fit in `device`. With staging the line's advice starts with
+// checkpoint.async_save = false. An unmeasured budget (bytes < 0) accepts anything.
 std::string memory_refusal(const EngineMemoryPlan& plan, int64_t activation_bytes,
                            const MemoryBudget& device, const MemoryBudget& host,
                            bool device_is_host);

@@ -72,6 +72,9 @@ struct TrainResult {
   // fsdp.cpu_offload: this rank's measured peaks of the host (offload) runtime; 0 otherwise.
   std::array<int64_t, kNumMemCategories> host_peak_bytes{};
   EngineMemoryPlan plan;                   // the memory plan for this run (all categories)
+  // checkpoint.async_save: host bytes of this rank's staging buffers at the end (0 if no
+  // periodic save staged anything); the plan's save_staging on a writing rank.
+  int64_t save_staging_bytes = 0;
   int64_t planned_activation_bytes = 0;
   // model.init_from: payload bytes of the Hugging Face weights this rank read to fill its own
   // shards (about 1/shard_size of the model's bytes); 0 without init_from or on --resume.
