@@ -258,6 +258,23 @@ TEST_F(BpeFiles, LoadTextTokenizerPicksTheFormat) {
   std::ofstream(dir_ / "x.model") << "\x0a\x05garbage";
   EXPECT_FALSE(fsdp::data::is_tokenizer_json((dir_ / "x.model").string()));
   EXPECT_THROW(fsdp::data::load_text_tokenizer((dir_ / "x.model").string()), fsdp::Error);
+  // Saved with a UTF-8 byte order mark (as some editors do), under another name: still JSON.
+  const std::string bom = (dir_ / "tok.bom").string();
+  std::ofstream(bom) << "\xef\xbb\xbf\n " << tokenizer({}, {}).dump();
+  EXPECT_TRUE(fsdp::data::is_tokenizer_json(bom));
+  EXPECT_EQ(fsdp::data::load_text_tokenizer(bom)->kind(), "hf-bpe");
+  // A damaged *.json is reported by the JSON parser, not as a bad SentencePiece model.
+  const std::string damaged = (dir_ / "damaged.JSON").string();
+  std::ofstream(damaged) << "garbage{";
+  EXPECT_TRUE(fsdp::data::is_tokenizer_json(damaged));
+  try {
+    fsdp::data::load_text_tokenizer(damaged);
+    ADD_FAILURE() << "a damaged tokenizer.json loaded";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("damaged.JSON: not a tokenizer.json (JSON parse error"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A corpus of several files of lines (words with merges, digits, blank lines), a BPE with

@@ -635,11 +635,18 @@ bool is_tokenizer_json(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return fs::is_regular_file(fs::path(path) / "tokenizer.json", ec);
   if (!fs::is_regular_file(path, ec)) return false;
+  // Named .json: read as JSON, so a damaged one gets the JSON parser's line, not protobuf's.
+  std::string ext = fs::path(path).extension().string();
+  for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (ext == ".json") return true;
   std::ifstream in(path, std::ios::binary);
-  char c = 0;
-  while (in.get(c) && (c == ' ' || c == '\t' || c == '\n' || c == '\r')) {
-  }
-  return in && c == '{';
+  std::string head(4096, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<std::size_t>(in.gcount()));
+  // A UTF-8 byte order mark may come first (some editors save one; JSON parsers skip it).
+  const std::size_t start = head.rfind("\xef\xbb\xbf", 0) == 0 ? 3 : 0;
+  const std::size_t first = head.find_first_not_of(" \t\n\r", start);
+  return first != std::string::npos && head[first] == '{';
 }
 
 std::unique_ptr<TextTokenizer> load_text_tokenizer(const std::string& path,

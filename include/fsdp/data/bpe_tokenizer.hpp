@@ -93,8 +93,9 @@ class BpeTokenizer final : public TextTokenizer {
   int32_t bos_id_ = -1, eos_id_ = -1;
 };
 
-// Whether `path` names a tokenizer.json: a folder holding one, or a file whose first byte
-// that is not whitespace is '{' (a SentencePiece model is a protobuf, which cannot start so).
+// Whether `path` names a tokenizer.json: a folder holding one, a file named *.json (any
+// case), or a file whose first byte that is not whitespace (after a UTF-8 byte order mark) is
+// '{' (a SentencePiece model is a protobuf, which cannot start so).
 bool is_tokenizer_json(const std::string& path);
 
 // The tokenizer --tokenizer names: a tokenizer.json file (BpeTokenizer); a SentencePiece
