@@ -558,6 +558,7 @@ Plan plan_7b(bool offload, int64_t n_layer = 32, int64_t global_batch = 0) {
 
 TEST(Offload, A7BPlanFitsOneGpuWithOffloadAndNotWithout) {
   using testing::HasSubstr;
+  using testing::Not;
   constexpr int64_t GiB = int64_t{1} << 30;
   const fsdp::MemoryBudget gpu{79 * GiB, "cuda:0 free 79.0 GiB / 1 rank"};
   const fsdp::MemoryBudget host{120 * GiB, "MemAvailable 120.0 GiB / 1 rank on this node"};
@@ -599,8 +600,11 @@ TEST(Offload, A7BPlanFitsOneGpuWithOffloadAndNotWithout) {
   // Where the device is the host (the CPU backend), the rows add up: 7B with offload needs
   // its device and host rows together.
   const fsdp::MemoryBudget cpu{100 * GiB, "MemAvailable 100.0 GiB / 1 rank on this node"};
-  EXPECT_THAT(fsdp::memory_refusal(on.engine, on.activations, cpu, cpu, true),
-              HasSubstr("memory plan: 13"));
+  const std::string cpu_no = fsdp::memory_refusal(on.engine, on.activations, cpu, cpu, true);
+  EXPECT_THAT(cpu_no, HasSubstr("memory plan: 13"));
+  // and offload is not advised there: it moves nothing out of the one memory.
+  EXPECT_THAT(cpu_no, HasSubstr("fsdp.activation_checkpointing or a smaller"));
+  EXPECT_THAT(cpu_no, Not(HasSubstr("offload")));
   EXPECT_EQ(fsdp::memory_refusal(on.engine, on.activations, {-1, "unknown"}, {-1, "unknown"}, false), "");
 }
 

@@ -47,6 +47,12 @@ std::string refusal(const char* where, int64_t need, const MemoryBudget& budget,
 
 }  // namespace
 
+EngineMemoryPlan with_staging_share(EngineMemoryPlan plan, int node_writers, int local_size) {
+  const int64_t ranks = std::max(1, local_size);
+  plan.save_staging = (plan.save_staging * node_writers + ranks - 1) / ranks;
+  return plan;
+}
+
 MemoryBudget auto_offload_budget(const MemoryBudget& device) {
   if (device.bytes < 0) return device;
   return {static_cast<int64_t>(static_cast<double>(device.bytes) * (1.0 - kAutoOffloadHeadroom)),
@@ -92,12 +98,15 @@ std::string memory_refusal(const EngineMemoryPlan& plan, int64_t activation_byte
   const std::string no_staging = "checkpoint.async_save = false (a synchronous save stages "
                                  "nothing), ";
   if (device.bytes >= 0 && need > device.bytes) {
+    // On the CPU backend offload moves nothing out of the one memory: not advised there.
     const std::string advice =
         (device_is_host && staging ? no_staging : std::string()) +
-        (offload ? "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, a smaller "
-                   "train.micro_batch_size or a higher fsdp.offload_optimizer_ratio"
-                 : "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, "
-                   "fsdp.cpu_offload or a smaller train.micro_batch_size");
+        (device_is_host ? "use more ranks, FULL_SHARD, fsdp.activation_checkpointing or a "
+                          "smaller train.micro_batch_size"
+         : offload      ? "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, a smaller "
+                          "train.micro_batch_size or a higher fsdp.offload_optimizer_ratio"
+                        : "use more ranks, FULL_SHARD, fsdp.activation_checkpointing, "
+                          "fsdp.cpu_offload or a smaller train.micro_batch_size");
     return refusal(offload && !device_is_host ? "device " : "", need, device, largest,
                    advice);
   }
