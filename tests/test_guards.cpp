@@ -143,6 +143,29 @@ TEST(MemoryCheck, AsyncSaveStagingIsPlannedAsMeasured) {
     }
     EXPECT_EQ(r.save_staging_bytes, r.plan.save_staging) << what;
   }
+  // NO_SHARD: every rank holds the whole model, and only rank 0 (replica 0 of the one shard
+  // position) writes a shard file, so only it stages.
+  Config c = small_config(fresh_dir("async_staging_no_shard"));
+  c.fsdp.sharding_strategy = fsdp::ShardingStrategy::NO_SHARD;
+  c.checkpoint.every = 2;
+  c.checkpoint.async_save = true;
+  const TrainResult r = run(c, On::world);
+  EXPECT_GT(r.plan.save_staging, 0);
+  EXPECT_EQ(r.save_staging_bytes, world_rank() == 0 ? r.plan.save_staging : 0);
+}
+
+// The memory check charges each rank of a node an equal part of the node's staging: the
+// writing ranks' staging spread over all of the node's ranks (whose budgets are equal parts of
+// its memory), rounded up.
+TEST(MemoryCheck, StagingIsChargedAsTheNodesShare) {
+  fsdp::EngineMemoryPlan p;
+  p.total = 7;
+  p.save_staging = 1001;
+  EXPECT_EQ(fsdp::with_staging_share(p, 2, 2).save_staging, 1001);  // every rank writes
+  EXPECT_EQ(fsdp::with_staging_share(p, 1, 2).save_staging, 501);   // NO_SHARD: rank 0 alone
+  EXPECT_EQ(fsdp::with_staging_share(p, 1, 8).save_staging, 126);
+  EXPECT_EQ(fsdp::with_staging_share(p, 0, 8).save_staging, 0);  // a node with no writer
+  EXPECT_EQ(fsdp::with_staging_share(p, 1, 8).total, 7);         // the rest unchanged
 }
 
 // The staging must fit with the rest: on the CPU backend in the one memory, on a device in the

@@ -16,6 +16,9 @@ DeviceMesh DeviceMesh::create(Communicator& world, int64_t shard_size) {
   std::unique_ptr<Communicator> node = world.split_node();
   mesh.local_rank_ = node->rank();
   mesh.local_size_ = node->size();
+  int32_t leader = rank;  // the node's name: the world rank of its first rank
+  node->broadcast(&leader, 1, DType::i32, 0)->wait();
+  mesh.node_leader_ = leader;
 
   int shard_color = 0;
   if (shard_size > 0) {
@@ -27,8 +30,6 @@ DeviceMesh DeviceMesh::create(Communicator& world, int64_t shard_size) {
     shard_color = static_cast<int>(rank / shard_size);
   } else {
     // Shard group = this node. Its colour is the world rank of the node's first rank.
-    int32_t leader = rank;
-    node->broadcast(&leader, 1, DType::i32, 0)->wait();
     shard_color = leader;
     // {max local size, -min local size} in one all-reduce (ReduceOp has no min).
     int32_t extremes[2] = {mesh.local_size_, -mesh.local_size_};
@@ -73,6 +74,7 @@ DeviceMesh DeviceMesh::map(const MakeCommunicator& make) const {
   mesh.self_ = std::move(to[3]);
   mesh.local_rank_ = local_rank_;
   mesh.local_size_ = local_size_;
+  mesh.node_leader_ = node_leader_;
   return mesh;
 }
 

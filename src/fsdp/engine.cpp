@@ -83,7 +83,6 @@ std::vector<int> wrap_modules(const std::vector<ModuleDecl>& modules, const Fsdp
   return unit_of;
 }
 
-namespace {
 Communicator& shard_group_of(ShardingStrategy s, const DeviceMesh& mesh) {
   switch (strategy_traits(s).shard_over) {
     case StrategyTraits::ShardOver::world: return mesh.world();
@@ -100,7 +99,6 @@ Communicator& replicate_group_of(ShardingStrategy s, const DeviceMesh& mesh) {
   }
   return mesh.self();
 }
-}  // namespace
 
 FsdpEngine::FsdpEngine(const std::vector<ModuleDecl>& modules, const FsdpConfig& config,
                        const MixedPrecisionConfig& mixed_precision, const DeviceMesh& mesh,

@@ -29,9 +29,18 @@ ckpt::CheckpointMeta checkpoint_meta(Job& job) {
   return m;
 }
 
-// Whether this rank writes a shard file: replica 0 of its shard group (replicas hold the same
-// shards).
-bool writes_shard_file(Job& job) { return job.engine->replicate_comm().rank() == 0; }
+bool writes_shard_file(const Job& job) {
+  return replicate_group_of(job.cfg.fsdp.sharding_strategy, *job.mesh).rank() == 0;
+}
+
+int node_shard_writers(Job& job) {
+  const int32_t mine[2] = {job.mesh->node_leader(), writes_shard_file(job) ? 1 : 0};
+  std::vector<int32_t> all(2 * static_cast<std::size_t>(job.world));
+  job.host.all_gather(mine, all.data(), 2, DType::i32)->wait();
+  int writers = 0;
+  for (std::size_t r = 0; r < all.size(); r += 2) writers += all[r] == mine[0] ? all[r + 1] : 0;
+  return writers;
+}
 
 // The views of this rank's shards (parameters, then optimizer state, unit by unit) for
 // write_shard_file. With `stage` (async saves) every buffer is copied into the writer's

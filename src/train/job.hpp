@@ -193,9 +193,17 @@ void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts);
 void plan_dry_run(Job& job, TrainResult& result, int64_t act_bytes);
 // Refuses (InputError naming train.check_memory) a plan larger than this rank's memory,
 // printing it first.
-void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts);
+// checkpoint.async_save's staging is charged as this rank's share of its node's
+// (with_staging_share over `node_writers`, node_shard_writers).
+void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts, int node_writers);
 
 // ---- checkpointing.cpp ----
+// Whether this rank writes a shard file at a save: replica 0 of its shard group (replicas
+// hold the same shards).
+bool writes_shard_file(const Job& job);
+// How many ranks of this rank's node write a shard file (an async save's staging is theirs).
+// Collective over job.host.
+int node_shard_writers(Job& job);
 // The model's starting state: with `resume` the checkpoint's (load_checkpoint; job.step,
 // the optimizer's counters and the fp16 loss scale follow it; model.init_from is ignored),
 // else with model.init_from the Hugging Face weights (result.init_bytes_read), else the

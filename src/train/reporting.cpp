@@ -176,13 +176,14 @@ void print_memory_plan(Job& job, const EngineMemoryPlan& p, int64_t acts) {
 // fsdp/train/memory_check.hpp: the device budget, and with fsdp.cpu_offload the host's), else
 // InputError with its line, before the model or the engine allocates anything. Rank 0
 // prints the whole plan. train.check_memory = false skips the check.
-void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts) {
+void check_memory_fits(Job& job, const EngineMemoryPlan& p, int64_t acts, int node_writers) {
   if (!job.cfg.train.check_memory) return;
-  const std::string why = memory_refusal(p, acts, job.rt.memory_budget(),
+  const EngineMemoryPlan charged = with_staging_share(p, node_writers, job.mesh->local_size());
+  const std::string why = memory_refusal(charged, acts, job.rt.memory_budget(),
                                          job.rt.host_memory_budget(),
                                          job.backend->device() == Device::cpu);
   if (why.empty()) return;
-  print_memory_plan(job, p, acts);
+  print_memory_plan(job, charged, acts);
   throw InputError(why);
 }
 

@@ -377,10 +377,11 @@ Setup setup(Job& job, TrainResult& result) {
   // Memory before allocation, and before anything is written: a plan that cannot fit is
   // refused with nothing created.
   // The plan is computed once: checked here, reported in TrainResult::plan.
+  const int node_writers = cfg.stages_async_saves() ? node_shard_writers(job) : 0;
   collective_guard(job.host, [&] {
     result.plan = plan_memory(job.family.modules(cfg.model), cfg, job.world,
                               job.mesh->shard_size(), num_optimizer_states(cfg.optim.name));
-    check_memory_fits(job, result.plan, act_bytes);
+    check_memory_fits(job, result.plan, act_bytes, node_writers);
   });
   phase("plan");
   s.resume = open_run(job);

@@ -49,6 +49,7 @@ class DeviceMesh {
   int replicate_size() const { return replicate_->size(); }
   int local_rank() const { return local_rank_; }      // rank among this node's ranks
   int local_size() const { return local_size_; }      // ranks on this node
+  int node_leader() const { return node_leader_; }    // world rank of this node's local rank 0
 
   Communicator& world() const { return *world_; }
   Communicator& shard_group() const { return *shard_; }
@@ -60,7 +61,7 @@ class DeviceMesh {
  private:
   DeviceMesh() = default;
   std::unique_ptr<Communicator> world_, shard_, replicate_, self_;
-  int local_rank_ = 0, local_size_ = 1;
+  int local_rank_ = 0, local_size_ = 1, node_leader_ = 0;
 };
 
 }  // namespace fsdp

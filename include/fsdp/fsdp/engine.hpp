@@ -143,6 +143,12 @@ std::vector<FlatParamLayout> build_unit_layouts(const std::vector<ModuleDecl>& m
 
 // Number of shards each FlatParameter is split into under `strategy`.
 int64_t shards_for(ShardingStrategy strategy, int world_size, int shard_group_size);
+// The groups of `mesh` a strategy shards over (FULL_SHARD / SHARD_GRAD_OP: the world; HYBRID:
+// the shard group; NO_SHARD: this rank alone) and replicates over (the rest: gradients are
+// averaged there; its rank 0 writes the shard file of a save), as the engine built on `mesh`
+// uses them.
+Communicator& shard_group_of(ShardingStrategy strategy, const DeviceMesh& mesh);
+Communicator& replicate_group_of(ShardingStrategy strategy, const DeviceMesh& mesh);
 
 // The elements of shard `shard` of `layout` that take weight decay (ParamSpec::weight_decay),
 // as shard-local [begin, end) ranges, sorted, adjacent decayed parameters merged into one

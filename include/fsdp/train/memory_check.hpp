@@ -39,6 +39,13 @@ std::string memory_refusal(const EngineMemoryPlan& plan, int64_t activation_byte
                            const MemoryBudget& device, const MemoryBudget& host,
                            bool device_is_host);
 
+// `plan` with save_staging replaced by this rank's share of its node's staging: only the
+// `node_writers` ranks of the node that write a shard file (replica 0 of their shard group)
+// stage an async save, while each of the node's `local_size` ranks is budgeted an equal part
+// of its memory; so each is charged staging x node_writers / local_size (rounded up), and the
+// node's ranks together are charged exactly the node's staging (NO_SHARD: rank 0's alone).
+EngineMemoryPlan with_staging_share(EngineMemoryPlan plan, int node_writers, int local_size);
+
 // The share of the device's budget fsdp.offload_optimizer_ratio = 0 ("auto") leaves to what
 // the plan does not count (the CUDA context's later growth, cuBLAS workspaces, NCCL's buffers,
 // the caching allocator's fragmentation).
