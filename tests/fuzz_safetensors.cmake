@@ -2,7 +2,7 @@
 # with clang++ -fsanitize=fuzzer,address,undefined (whatever compiler builds the rest) and
 # fuzzes for FSDP_FUZZ_SECONDS; any crash, sanitizer report, hang or unexpected exception fails.
 set(FSDP_FUZZ_CXX /usr/bin/clang++ CACHE FILEPATH "clang++ with libFuzzer, for the fuzz_safetensors test")
-set(FSDP_FUZZ_SECONDS 30 CACHE STRING "Seconds the fuzz_safetensors test fuzzes")
+set(FSDP_FUZZ_SECONDS 15 CACHE STRING "Seconds the fuzz_safetensors test fuzzes")
 add_test(NAME fuzz_safetensors
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_safetensors.sh ${PROJECT_SOURCE_DIR}
                  ${CMAKE_CURRENT_BINARY_DIR}/fuzz_safetensors ${FSDP_FUZZ_SECONDS})

@@ -4,7 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
-tools/build.sh
+# CUDA code is compiled for the A100 and H100/H200 (sm_80, sm_90) where a GPU is visible, to
+# run the gpu tests; without one only compiled (the gpu tests exit 77), for sm_90 alone: about
+# a minute less of CI's build. FSDP_CUDA_ARCHS overrides (e.g. "80;90").
+if [[ -z "${FSDP_CUDA_ARCHS:-}" ]]; then
+  if nvidia-smi -L >/dev/null 2>&1; then FSDP_CUDA_ARCHS="80;90"; else FSDP_CUDA_ARCHS=90; fi
+fi
+tools/build.sh "-DCMAKE_CUDA_ARCHITECTURES=$FSDP_CUDA_ARCHS"
 # Open MPI refuses root without these; CI containers run as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd "${FSDP_BUILD_DIR:-build}"
