@@ -129,15 +129,17 @@ EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Confi
   static_cast<MemoryRows&>(p) = rows(be.memory());
   p.offload = offload;
   if (offload) p.host = rows(host.memory());
-  if (config.stages_async_saves()) {
-    // What an async save stages (src/train/checkpointing.cpp shard_views): each unit's fp32
-    // parameter shard and its optimizer state, as the shard file holds them.
-    for (int u = 0; u < engine.num_units(); ++u) {
-      p.save_staging += engine.shard_param(u).numel() * (1 + optimizer_states) *
-                        static_cast<int64_t>(sizeof(float));
-    }
-  }
+  if (config.stages_async_saves()) p.save_staging = shard_file_bytes(engine, optimizer_states);
   return p;
+}
+
+int64_t shard_file_bytes(const FsdpEngine& engine, int optimizer_states) {
+  int64_t bytes = 0;
+  for (int u = 0; u < engine.num_units(); ++u) {
+    bytes += engine.layout(u).shard_numel * (1 + optimizer_states) *
+             static_cast<int64_t>(sizeof(float));
+  }
+  return bytes;
 }
 
 }  // namespace fsdp

@@ -194,13 +194,8 @@ void save_checkpoint(Job& job, bool async) {
 }
 
 int64_t save_bytes(Job& job) {
-  int64_t bytes = 0;
-  if (writes_shard_file(job)) {  // the datasets a save writes: shard_views, unstaged
-    for (const ckpt::UnitShardView& v : shard_views(job, /*stage=*/false)) {
-      const auto datasets = static_cast<int64_t>(1 + v.state.size());
-      bytes += v.layout->shard_numel * datasets * static_cast<int64_t>(sizeof(float));
-    }
-  }
+  const int states = static_cast<int>(job.optimizer->states().size());
+  int64_t bytes = writes_shard_file(job) ? shard_file_bytes(*job.engine, states) : 0;
   job.host.all_reduce(&bytes, &bytes, 1, DType::i64, ReduceOp::sum)->wait();
   return bytes;
 }

@@ -190,6 +190,12 @@ struct EngineMemoryPlan : MemoryRows {  // the device's rows (the only ones with
 EngineMemoryPlan plan_memory(const std::vector<ModuleDecl>& modules, const Config& config,
                              int world_size, int shard_group_size, int optimizer_states);
 
+class FsdpEngine;
+// Bytes of the datasets of this rank's shard file (what a save writes and an async save
+// stages): each unit's fp32 parameter shard and its `optimizer_states` optimizer-state
+// buffers of its shard_numel elements, 4 bytes each (ckpt::UnitShardView's datasets).
+int64_t shard_file_bytes(const FsdpEngine& engine, int optimizer_states);
+
 class FsdpEngine final : public ModuleHooks {
  public:
   // Builds the units and their layouts for the strategy's groups of `mesh`, allocates this
