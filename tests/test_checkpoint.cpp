@@ -513,6 +513,40 @@ TEST_F(CheckpointTest, DirectoryNamesCommitAndLatest) {
   expect_input_error([&] { find_latest(run); }, {"latest", "step_00000009", "does not exist"});
 }
 
+// fsdp_merge's STEP_DIR: a step directory as given; a run directory, its checkpoints directory
+// or the `latest` file itself follow `latest`; anything else is passed on for open() to judge.
+TEST_F(CheckpointTest, ResolveStepDirFollowsLatest) {
+  const std::string run = path("run");
+  const std::string ck = checkpoints_dir(run);
+  for (int64_t step : {3, 5}) {
+    fs::create_directories(step_dir(run, step));
+    std::ofstream(step_dir(run, step) + "/" + shard_file_name(0, 1)) << "h5";
+  }
+  // No `latest` yet: every form is returned as given.
+  for (const std::string& p : {run, ck, step_dir(run, 3), path("nowhere")}) {
+    const StepDirChoice c = resolve_step_dir(p);
+    EXPECT_EQ(c.step_dir, p);
+    EXPECT_EQ(c.latest, "");
+  }
+  publish_latest(run, 3);
+  const std::string latest = (fs::path(ck) / "latest").string();
+  for (const std::string& p : {run, ck, latest, run + "/", ck + "/"}) {
+    const StepDirChoice c = resolve_step_dir(p);
+    const fs::path want = fs::path(step_dir(run, 3)).lexically_normal();
+    EXPECT_EQ(fs::path(c.step_dir).lexically_normal(), want) << p;
+    EXPECT_EQ(fs::path(c.latest).lexically_normal(), fs::path(latest).lexically_normal()) << p;
+  }
+  // A step directory is itself, not `latest`'s step.
+  EXPECT_EQ(resolve_step_dir(step_dir(run, 5)).step_dir, step_dir(run, 5));
+  EXPECT_EQ(resolve_step_dir(step_dir(run, 5)).latest, "");
+  // A bad `latest` is find_latest's error, naming the file.
+  std::ofstream(latest, std::ios::trunc) << "step_xyz\n";
+  for (const std::string& p : {run, ck, latest})
+    expect_input_error([&] { resolve_step_dir(p); }, {"latest", "invalid content", "step_xyz"});
+  publish_latest(run, 9);
+  expect_input_error([&] { resolve_step_dir(run); }, {"latest", "step_00000009", "does not exist"});
+}
+
 // checkpoint.save_total_limit: the newest `keep` complete checkpoints up to `latest` stay;
 // nothing else in checkpoints/ is touched, and an interrupted removal's leftover goes.
 TEST_F(CheckpointTest, PruneKeepsTheNewestCheckpointsUpToLatest) {

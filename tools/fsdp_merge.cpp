@@ -6,6 +6,9 @@
 //
 //   fsdp_merge run/checkpoints/step_00001000 out/qwen3 --dtype bf16
 //
+//   fsdp_merge run out/latest    (run/checkpoints/latest's step; also run/checkpoints or
+//                                 run/checkpoints/latest: ckpt::resolve_step_dir)
+//
 // Reads every shard file of the step directory (checked complete and consistent), rebuilds
 // each full parameter from its flat shards, and writes OUT_DIR/model.safetensors (fp32, or
 // bf16 / fp16 with --dtype; the Hugging Face names and layouts of the checkpoint's model
@@ -28,6 +31,7 @@
 #include <optional>
 #include <string>
 
+#include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/merge.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
@@ -71,9 +75,11 @@ int main(int argc, char** argv) {
   pos.add("step-dir", 1).add("out-dir", 1);
   const std::string usage =
       "usage: fsdp_merge STEP_DIR OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size SIZE]\n"
-      "  Merges the sharded checkpoint STEP_DIR (e.g. run/checkpoints/step_00001000) into\n"
-      "  OUT_DIR/model.safetensors and OUT_DIR/config.json: a Hugging Face model directory\n"
-      "  of the checkpoint's model type, loadable with from_pretrained or model.init_from:\n"
+      "  Merges the sharded checkpoint STEP_DIR (e.g. run/checkpoints/step_00001000; a run\n"
+      "  directory, its checkpoints directory or checkpoints/latest: the step `latest` names)\n"
+      "  into OUT_DIR/model.safetensors and OUT_DIR/config.json: a Hugging Face model\n"
+      "  directory of the checkpoint's model type, loadable with from_pretrained or\n"
+      "  model.init_from:\n"
       "    " + model_classes() + ".\n"
       "  Weights of more than SIZE bytes (default 5GB) are written as save_pretrained\n"
       "  shards them: model-00001-of-0000N.safetensors ... and model.safetensors.index.json.\n";
@@ -112,7 +118,11 @@ int main(int argc, char** argv) {
     // Ended by finish(), or on an error by its destructor before the catch prints.
     auto progress = fsdp::ProgressMeter::on_terminal(
         {.label = "fsdp_merge", .unit = fsdp::ProgressUnit::kItems, .noun = "tensors"});
-    const auto stats = fsdp::ckpt::merge_to_hf(step_dir, out_dir, &progress, options);
+    const fsdp::ckpt::StepDirChoice from = fsdp::ckpt::resolve_step_dir(step_dir);
+    if (!from.latest.empty())
+      std::cout << "fsdp_merge: merging " << from.step_dir << " (named by " << from.latest
+                << ")" << std::endl;
+    const auto stats = fsdp::ckpt::merge_to_hf(from.step_dir, out_dir, &progress, options);
     progress.finish();
     std::cout << "fsdp_merge: wrote " << stats.num_tensors << " tensors (" << stats.num_elements
               << " parameters) to " << out_dir << "/";

@@ -982,8 +982,9 @@ PruneResult prune_step_dirs(const std::string& run_dir, int64_t latest_step, int
   return r;
 }
 
-std::optional<std::string> find_latest(const std::string& run_dir) {
-  const fs::path dir = checkpoints_dir(run_dir);
+namespace {
+// The step directory named by dir/latest (dir: a checkpoints directory); find_latest's rules.
+std::optional<std::string> latest_in(const fs::path& dir) {
   const std::string path = (dir / "latest").string();
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
@@ -1008,6 +1009,29 @@ std::optional<std::string> find_latest(const std::string& run_dir) {
   if (!fs::is_directory(step, ec))
     throw InputError(path + ": names " + name + " but " + step + " does not exist");
   return step;
+}
+}  // namespace
+
+std::optional<std::string> find_latest(const std::string& run_dir) {
+  return latest_in(checkpoints_dir(run_dir));
+}
+
+StepDirChoice resolve_step_dir(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  std::optional<fs::path> dir;  // the checkpoints directory whose `latest` to follow
+  if (fs::is_regular_file(p, ec) && p.filename() == "latest") {
+    dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  } else if (fs::is_directory(p, ec) && shard_counts(path).empty()) {
+    if (fs::is_regular_file(p / "latest", ec)) {
+      dir = p;
+    } else if (fs::is_regular_file(p / "checkpoints" / "latest", ec)) {
+      dir = p / "checkpoints";
+    }
+  }
+  const std::optional<std::string> step = dir ? latest_in(*dir) : std::nullopt;
+  if (!step) return {path, ""};
+  return {*step, (*dir / "latest").string()};
 }
 
 }  // namespace fsdp::ckpt

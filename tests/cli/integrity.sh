@@ -38,6 +38,11 @@
 #                             exits 2 with one line naming OUT_DIR and the lock file; OUT_DIR's
 #                             files are unchanged. Released (the holder leaves its file: a
 #                             killed merge's leftover), it merges the same bytes and removes it.
+# CASE merge_latest           fsdp_merge RUN_DIR, RUN_DIR/checkpoints and checkpoints/latest
+#                             merge the step `latest` names (DeepSpeed's zero_to_fp32 reads its
+#                             folder's `latest` so), saying so: the bytes of merging that step
+#                             directory by name; `latest` set back to step 1 merges step 1; a
+#                             run directory without checkpoints: exit 2, one line, no output.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -304,6 +309,35 @@ case "$CASE" in
     expect_rc 0
     if [ "$before" != "$(snapshot "$WORK/hf")" ]; then fail "the same merge wrote other bytes"; fi
     if [ -e "$WORK/hf/.fsdp_merge.lock" ]; then fail "the leftover lock file stayed"; fi
+    ;;
+  merge_latest)
+    train_two_steps --set checkpoint.every=1
+    for s in 1 2; do
+      run_merge "$CK/step_0000000$s" "$WORK/named_$s"
+      expect_rc 0
+    done
+    for from in "$WORK/run" "$CK" "$CK/latest" "$WORK/run/"; do
+      rm -rf "$WORK/hf"
+      run_merge "$from" "$WORK/hf"
+      expect_rc 0
+      said='^fsdp_merge: merging .*checkpoints/step_00000002 \(named by .*checkpoints/latest\)$'
+      grep -qE "$said" "$OUT" || fail "fsdp_merge $from did not say it merges latest's step_00000002"
+      if [ "$(snapshot "$WORK/named_2")" != "$(snapshot "$WORK/hf")" ]; then
+        fail "fsdp_merge $from wrote other bytes than fsdp_merge $CK/step_00000002"
+      fi
+    done
+    printf 'step_00000001\n' >"$CK/latest"
+    rm -rf "$WORK/hf"
+    run_merge "$WORK/run" "$WORK/hf"
+    expect_rc 0
+    if [ "$(snapshot "$WORK/named_1")" != "$(snapshot "$WORK/hf")" ]; then
+      fail "with latest = step_00000001, fsdp_merge RUN_DIR did not merge step 1"
+    fi
+    mkdir "$WORK/empty_run"
+    run_merge "$WORK/empty_run" "$WORK/hf_none"
+    expect_rc 2
+    expect_one_error fsdp_merge "$WORK/empty_run: no shard files"
+    if [ -e "$WORK/hf_none" ]; then fail "a refused merge created its OUT_DIR"; fi
     ;;
   *)
     echo "integrity.sh: unknown case '$CASE'" >&2

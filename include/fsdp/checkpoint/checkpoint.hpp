@@ -354,4 +354,18 @@ PruneResult prune_step_dirs(const std::string& run_dir, int64_t latest_step, int
 // it may be binary garbage) or names a directory that does not exist.
 std::optional<std::string> find_latest(const std::string& run_dir);
 
+// What a reader of one checkpoint (fsdp_merge's STEP_DIR) is given, as the step directory to
+// open. `path` is taken as given when it is a directory holding shard files, or none of the
+// forms below (CheckpointSet::open then judges it). Otherwise `latest` is followed, as
+// find_latest does (DeepSpeed's zero_to_fp32.py reads the `latest` file of the checkpoint
+// folder it is given the same way): `path` is a file named `latest`, a checkpoints directory
+// holding `latest`, or a run directory holding checkpoints/latest. `latest` is the file
+// followed ("" when `path` is returned as given). Throws find_latest's InputError for a
+// `latest` that is unreadable, malformed or names a missing step directory.
+struct StepDirChoice {
+  std::string step_dir;
+  std::string latest;
+};
+StepDirChoice resolve_step_dir(const std::string& path);
+
 }  // namespace fsdp::ckpt
