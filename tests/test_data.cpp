@@ -289,7 +289,38 @@ TEST(TokenDataset, ErrorsNameFileDatasetAndKey) {
     f.write_f32("/train/tokens", x, {3});
     f.set_attr("/", "vocab_size", int64_t{4});
   }
-  expect_error([&] { fsdp::data::TokenDataset(dir.file("f.h5"), fsdp::data::Split::train); }, 2, {"f.h5", "integers"});
+  expect_error([&] { fsdp::data::TokenDataset(dir.file("f.h5"), fsdp::data::Split::train); }, 2,
+               {"f.h5", "/train/tokens", "tokens are not 8-, 16-, 32- or 64-bit integers"});
+}
+
+// int64 tokens (what h5py writes for a NumPy array of Python ints) are read; a value beyond
+// int32 arrives clipped and is still refused, named as clipped.
+TEST(TokenDataset, ReadsInt64TokensAndRefusesClippedOnes) {
+  TempDir dir("ds64");
+  auto write = [&](const std::string& name, std::vector<int64_t> t, int64_t in_memory_limit) {
+    const std::string path = dir.file(name);
+    {
+      auto f = fsdp::h5::File::create(path);
+      f.write_i64("/train/tokens", t.data(), {static_cast<hsize_t>(t.size())});
+      f.set_attr("/", "vocab_size", int64_t{50257});
+    }
+    return fsdp::data::TokenDataset(path, fsdp::data::Split::train, 50304, 3, in_memory_limit);
+  };
+  for (int64_t limit : {fsdp::data::TokenDataset::kInMemoryLimit, int64_t{0}}) {
+    const auto ds = write("ok.h5", {50256, 0, 40000, 7}, limit);
+    EXPECT_EQ(ds.in_memory(), limit > 0);
+    std::vector<int32_t> w(4);
+    ds.read(0, 4, w.data());
+    EXPECT_EQ(w, (std::vector<int32_t>{50256, 0, 40000, 7}));
+    const int64_t huge = int64_t{1} << 40;
+    const std::string big = dir.file("big.h5");
+    auto read_big = [&] { write("big.h5", {1, 2, huge, 3}, limit).read(0, 4, w.data()); };
+    expect_error(read_big, 2, {big, "/train/tokens", "token 2147483647 or more at position 2",
+                               "vocab_size = 50257"});
+    const std::string neg = dir.file("neg.h5");
+    auto read_neg = [&] { write("neg.h5", {1, -huge, 2, 3}, limit).read(0, 4, w.data()); };
+    expect_error(read_neg, 2, {neg, "token -2147483648 or less at position 1"});
+  }
 }
 
 TEST(TokenDataset, ReadsUint16Tokens) {

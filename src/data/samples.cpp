@@ -203,10 +203,7 @@ Side read_side(const h5::File& f, const std::string& group, const std::string& n
       throw InputError(path + ": " + *d + ": dataset has " + std::to_string(dims.size()) + " dimensions (expected 1)");
     }
   }
-  const std::size_t ts = f.type_size(tok);
-  if (f.type_class(tok) != H5T_INTEGER || (ts != 1 && ts != 2 && ts != 4)) {
-    throw InputError(path + ": " + tok + ": tokens are not 8-, 16- or 32-bit integers (expected int32)");
-  }
+  check_token_type(f, tok);
   if (f.type_class(off) != H5T_INTEGER || f.type_size(off) != 8) {
     throw InputError(path + ": " + off + ": offsets are not 64-bit integers (expected int64)");
   }
@@ -237,10 +234,7 @@ Side read_side(const h5::File& f, const std::string& group, const std::string& n
   }
   for (int64_t p = 0; p < nt; ++p) {
     const int32_t t = s.tokens[static_cast<std::size_t>(p)];
-    if (t < 0 || t >= V) {
-      throw InputError(path + ": " + tok + ": token " + std::to_string(t) + " at position " + std::to_string(p) +
-                       " is outside [0, model.vocab_size = " + std::to_string(V) + ")");
-    }
+    if (t < 0 || t >= V) token_range_error(path, tok, t, p, V, "model.vocab_size");
   }
   return s;
 }

@@ -2,6 +2,7 @@
 #include "fsdp/data/token_dataset.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -24,10 +25,7 @@ TokenDataset::TokenDataset(const std::string& path, Split split, int64_t expect_
   if (dims.size() != 1) {
     throw InputError(where + ": dataset has " + std::to_string(dims.size()) + " dimensions (expected 1)");
   }
-  const std::size_t tsize = file->type_size(dataset_);
-  if (file->type_class(dataset_) != H5T_INTEGER || (tsize != 1 && tsize != 2 && tsize != 4)) {
-    throw InputError(where + ": tokens are not 8-, 16- or 32-bit integers");
-  }
+  check_token_type(*file, dataset_);
   num_tokens_ = static_cast<int64_t>(dims[0]);
 
   if (!file->has_attr("/", "vocab_size")) {
@@ -62,14 +60,29 @@ TokenDataset::~TokenDataset() = default;
 TokenDataset::TokenDataset(TokenDataset&&) noexcept = default;
 TokenDataset& TokenDataset::operator=(TokenDataset&&) noexcept = default;
 
+void check_token_type(const h5::File& file, const std::string& dataset) {
+  const std::size_t size = file.type_size(dataset);
+  if (file.type_class(dataset) != H5T_INTEGER || (size != 1 && size != 2 && size != 4 && size != 8))
+    throw InputError(file.path() + ": " + dataset +
+                     ": tokens are not 8-, 16-, 32- or 64-bit integers");
+}
+
+void token_range_error(const std::string& path, const std::string& dataset, int64_t value,
+                       int64_t position, int64_t vocab_size, const char* bound) {
+  // Tokens beyond int32 (uint32 >= 2^31, 64-bit ones) arrive clipped by HDF5's conversion.
+  std::string v = std::to_string(value);
+  if (value == INT32_MAX) v += " or more";
+  if (value == INT32_MIN) v += " or less";
+  throw InputError(path + ": " + dataset + ": token " + v + " at position " +
+                   std::to_string(position) + " is outside [0, " + bound + " = " +
+                   std::to_string(vocab_size) + ")");
+}
+
 void TokenDataset::check_tokens(const int32_t* t, int64_t n, int64_t offset) const {
   const int32_t vocab = static_cast<int32_t>(vocab_size_);
   for (int64_t i = 0; i < n; ++i) {
-    if (t[i] < 0 || t[i] >= vocab) {
-      // Note: uint32 tokens >= 2^31 arrive as INT32_MAX after HDF5's clipping conversion.
-      throw InputError(path_ + ": " + dataset_ + ": token " + std::to_string(t[i]) + " at position " +
-                       std::to_string(offset + i) + " is outside [0, vocab_size = " + std::to_string(vocab_size_) + ")");
-    }
+    if (t[i] < 0 || t[i] >= vocab)
+      token_range_error(path_, dataset_, t[i], offset + i, vocab_size_);
   }
 }
 

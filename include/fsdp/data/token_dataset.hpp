@@ -1,8 +1,9 @@
 // fsdp/data/token_dataset.hpp: one split of an HDF5 token file (schema in docs/data.md).
 //
-// The file holds 1-D integer datasets /train/tokens and /val/tokens (uint8, uint16 or
-// 32-bit; signed or unsigned) and root attributes vocab_size (int64) and tokenizer
-// (string, "bytes" for byte-level). Like nanoGPT's train.bin/val.bin, but self-describing.
+// The file holds 1-D integer datasets /train/tokens and /val/tokens (8-, 16-, 32- or 64-bit,
+// signed or unsigned: h5py's default int64 too) and root attributes vocab_size (int64) and
+// tokenizer (string, "bytes" for byte-level). Like nanoGPT's train.bin/val.bin, but
+// self-describing.
 //
 // Splits of up to kInMemoryLimit tokens (256 MiB as int32) are read whole at open, and every
 // token is checked against vocab_size then; larger splits stay on disk and each read() is
@@ -21,6 +22,19 @@ namespace fsdp::h5 { class File; }
 
 namespace fsdp::data {
 
+// Refuses a token dataset whose type is not an integer of 1, 2, 4 or 8 bytes: InputError
+// "<file>: <dataset>: tokens are not 8-, 16-, 32- or 64-bit integers". Every size is read as
+// int32 by HDF5's conversion, which clips values outside int32 to INT32_MIN / INT32_MAX: both
+// lie outside [0, vocab_size) (vocab_size < 2^31), so a clipped token is still refused by the
+// range check, which says the value may be larger (token_range_error).
+void check_token_type(const h5::File& file, const std::string& dataset);
+// The InputError for token `value` at `position` of `dataset` in `path`, outside
+// [0, <bound> = vocab_size) (bound: the key that sets it, "vocab_size" or "model.vocab_size");
+// INT32_MAX / INT32_MIN are named as clipped ("2147483647 or more").
+[[noreturn]] void token_range_error(const std::string& path, const std::string& dataset,
+                                    int64_t value, int64_t position, int64_t vocab_size,
+                                    const char* bound = "vocab_size");
+
 class TokenDataset final : public TokenSource {
  public:
   static constexpr int64_t kInMemoryLimit = int64_t{1} << 26;
@@ -32,7 +46,7 @@ class TokenDataset final : public TokenSource {
   // sample: seq_len inputs plus the shifted target).
   // Throws fsdp::InputError (exit code 2) naming the file and dataset for: a missing or
   // unreadable file, a missing dataset or vocab_size attribute, a dataset that is not 1-D
-  // integer of 1, 2 or 4 bytes, vocab_size outside [1, 2^31), a token < 0 or >= vocab_size;
+  // integer (check_token_type), vocab_size outside [1, 2^31), a token < 0 or >= vocab_size;
   // naming data.path and model.vocab_size for a vocabulary mismatch; naming data.seq_len for
   // too few tokens. Splits of more than in_memory_limit tokens are read from disk on demand.
   TokenDataset(const std::string& path, Split split, int64_t expect_vocab_size = 0,
