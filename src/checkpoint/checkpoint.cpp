@@ -1016,13 +1016,18 @@ std::optional<std::string> find_latest(const std::string& run_dir) {
   return latest_in(checkpoints_dir(run_dir));
 }
 
+bool is_step_dir(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir, ec) && !shard_counts(dir).empty();
+}
+
 StepDirChoice resolve_step_dir(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
   std::optional<fs::path> dir;  // the checkpoints directory whose `latest` to follow
   if (fs::is_regular_file(p, ec) && p.filename() == "latest") {
     dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-  } else if (fs::is_directory(p, ec) && shard_counts(path).empty()) {
+  } else if (fs::is_directory(p, ec) && !is_step_dir(path)) {
     if (fs::is_regular_file(p / "latest", ec)) {
       dir = p;
     } else if (fs::is_regular_file(p / "checkpoints" / "latest", ec)) {

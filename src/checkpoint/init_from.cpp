@@ -71,6 +71,17 @@ void check_finite(const safetensors::SafetensorsCheckpoint& ckpt, const Source& 
                    param + "): the weights hold a non-finite value" + origin_of(dir));
 }
 
+// Whether model.init_from names one of fsdp_merge's STEP_DIR forms (a step directory, a run
+// directory, its checkpoints directory or `latest`) instead of a Hugging Face directory.
+bool names_a_checkpoint(const std::string& dir) {
+  if (is_step_dir(dir)) return true;
+  try {
+    return !resolve_step_dir(dir).latest.empty();
+  } catch (const Error&) {
+    return true;  // a `latest` there, unreadable or naming nothing: a checkpoints tree still
+  }
+}
+
 }  // namespace
 
 void check_hf_config(const std::string& dir, const ModelConfig& config) {
@@ -81,6 +92,12 @@ void check_hf_config(const std::string& dir, const ModelConfig& config) {
                      "config.json and model.safetensors)");
   }
   const std::string path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(path, ec) && names_a_checkpoint(dir)) {
+    throw InputError("model.init_from: " + json(dir).dump() +
+                     " is an fsdp_train checkpoint, not a Hugging Face model directory (no "
+                     "config.json): fsdp_merge " + dir + " OUT writes one to set as "
+                     "model.init_from; --resume continues that run");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open" + origin_of(dir));
   // config.json is small; a huge one is not a config (same cap as the safetensors header).

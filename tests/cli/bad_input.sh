@@ -238,6 +238,19 @@ case "$CASE" in
     expect_input_error "model.init_from" "$WORK/no_such_hf_dir"
     if [ -e "$WORK/run/metrics.jsonl" ]; then fail "a failed init_from run started training"; fi
     ;;
+  init_from_checkpoint)
+    # An fsdp_train checkpoint given as model.init_from (its step directory, run directory or
+    # checkpoints directory) is named as such, with the way to a Hugging Face directory.
+    tiny_config src.toml
+    run_train src.toml --set train.max_steps=1 --set train.run_dir="$WORK/src_run"
+    expect_rc 0
+    tiny_config good.toml
+    for dir in "$WORK/src_run/checkpoints/step_00000001" "$WORK/src_run" "$WORK/src_run/checkpoints"; do
+      run_train good.toml --set model.init_from="$dir"
+      expect_input_error "model.init_from" "\"$dir\" is an fsdp_train checkpoint" "fsdp_merge $dir OUT"
+      if [ -e "$WORK/run/metrics.jsonl" ]; then fail "a failed init_from run started training"; fi
+    done
+    ;;
   init_from_wrong_shape)
     # A real Hugging Face directory (1 step of the tiny model, merged by fsdp_merge) whose
     # transformer.wpe.weight header says [16,32] instead of [32,16] (same bytes).

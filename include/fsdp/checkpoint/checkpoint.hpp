@@ -362,6 +362,8 @@ std::optional<std::string> find_latest(const std::string& run_dir);
 // holding `latest`, or a run directory holding checkpoints/latest. `latest` is the file
 // followed ("" when `path` is returned as given). Throws find_latest's InputError for a
 // `latest` that is unreadable, malformed or names a missing step directory.
+// Whether `dir` is a directory holding shard_<i>-of-<n>.h5 files (a checkpoint step directory).
+bool is_step_dir(const std::string& dir);
 struct StepDirChoice {
   std::string step_dir;
   std::string latest;
