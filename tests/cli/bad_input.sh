@@ -245,9 +245,11 @@ case "$CASE" in
     run_train src.toml --set train.max_steps=1 --set train.run_dir="$WORK/src_run"
     expect_rc 0
     tiny_config good.toml
-    for dir in "$WORK/src_run/checkpoints/step_00000001" "$WORK/src_run" "$WORK/src_run/checkpoints"; do
+    ck="$WORK/src_run/checkpoints"
+    for dir in "$ck/step_00000001" "$WORK/src_run" "$ck"; do
       run_train good.toml --set model.init_from="$dir"
-      expect_input_error "model.init_from" "\"$dir\" is an fsdp_train checkpoint" "fsdp_merge $dir OUT"
+      expect_input_error "model.init_from" "\"$dir\" is an fsdp_train checkpoint" \
+        "fsdp_merge $dir OUT"
       if [ -e "$WORK/run/metrics.jsonl" ]; then fail "a failed init_from run started training"; fi
     done
     ;;
