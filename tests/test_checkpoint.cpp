@@ -513,6 +513,28 @@ TEST_F(CheckpointTest, DirectoryNamesCommitAndLatest) {
   expect_input_error([&] { find_latest(run); }, {"latest", "step_00000009", "does not exist"});
 }
 
+// The trainer's same-config check names the first differing key (sorted), values as TOML.
+TEST(ConfigDifference, FirstDifferingKeyWithBothValues) {
+  const std::string a = "[optim]\nlr = 0.001\nname = \"adamw\"\n[train]\nseed = 1\n";
+  EXPECT_EQ(first_config_difference(a, a, "a", "b"), std::nullopt);
+  // The same values in another text are equal.
+  const std::string reordered = "[train]\nseed = 1\n[optim]\nname = 'adamw'\nlr = 1e-3\n";
+  EXPECT_EQ(first_config_difference(a, reordered, "a", "b"), std::nullopt);
+  const std::string b = "[optim]\nlr = 0.002\nname = \"sgd\"\n[train]\nseed = 1\n";
+  const auto d = first_config_difference(a, b, "a", "b");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->key, "optim.lr");
+  EXPECT_EQ(d->a_value, "0.001");
+  EXPECT_EQ(d->b_value, "0.002");
+  const std::string no_train = "[optim]\nlr = 0.001\nname = \"adamw\"\n";
+  const auto absent = first_config_difference(a, no_train, "a", "b");
+  ASSERT_TRUE(absent);
+  EXPECT_EQ(absent->key, "train.seed");
+  EXPECT_EQ(absent->b_value, "(absent)");
+  expect_input_error([&] { first_config_difference(a, "[optim", "a", "rank 1's config"); },
+                     {"rank 1's config", "not valid TOML"});
+}
+
 // fsdp_merge's STEP_DIR: a step directory as given; a run directory, its checkpoints directory
 // or the `latest` file itself follow `latest`; anything else is passed on for open() to judge.
 TEST_F(CheckpointTest, ResolveStepDirFollowsLatest) {

@@ -80,4 +80,25 @@ void check_resume_config(const std::string& checkpoint_toml, const std::string& 
   for (const auto& [k, v] : run) check(k, v);
 }
 
+std::optional<ConfigDifference> first_config_difference(const std::string& a_toml,
+                                                        const std::string& b_toml,
+                                                        const std::string& a_origin,
+                                                        const std::string& b_origin) {
+  const auto a = flatten(a_toml, a_origin), b = flatten(b_toml, b_origin);
+  const std::map<std::string, std::string> in_a(a.begin(), a.end()), in_b(b.begin(), b.end());
+  auto value = [](const std::map<std::string, std::string>& m, const std::string& k) {
+    const auto it = m.find(k);
+    return it == m.end() ? std::string("(absent)") : it->second;
+  };
+  // Keys in sorted order over both sides (toml++ tables are sorted, so a's order is too).
+  std::map<std::string, int> keys;
+  for (const auto& kv : a) keys.emplace(kv.first, 0);
+  for (const auto& kv : b) keys.emplace(kv.first, 0);
+  for (const auto& kv : keys) {
+    const std::string va = value(in_a, kv.first), vb = value(in_b, kv.first);
+    if (va != vb) return ConfigDifference{kv.first, va, vb};
+  }
+  return std::nullopt;
+}
+
 }  // namespace fsdp::ckpt

@@ -165,6 +165,29 @@ std::string nonfinite_what(double loss, double norm) {
 
 // ---- Setup: the runtime, the data, the model, resume or init_from -------------------------
 
+// Every rank read the same config: rank 0's resolved TOML (to_toml) is broadcast and each rank
+// compares its own with it. A config file edited while the job started, or nodes reading
+// different copies, would otherwise train different models on different ranks (HYBRID_SHARD
+// replicas drifting apart at another learning rate) or hang in a collective of another size.
+// A differing rank fails with InputError naming the first differing key and both values.
+void check_same_config(Job& job) {
+  const std::string mine = to_toml(job.cfg);
+  int64_t n = static_cast<int64_t>(mine.size());
+  job.host.broadcast(&n, 1, DType::i64, 0)->wait();
+  std::string root = job.rank0() ? mine : std::string(static_cast<std::size_t>(n), '\0');
+  job.host.broadcast(root.data(), n, DType::u8, 0)->wait();
+  collective_guard(job.host, [&] {
+    if (root == mine) return;
+    const std::string r = "rank " + std::to_string(job.host.rank());
+    const auto d = ckpt::first_config_difference(mine, root, r + "'s config", "rank 0's config");
+    if (!d) return;  // the same values in another text
+    throw InputError("the ranks read different configs: " + d->key + " = " + d->a_value +
+                     " on " + r + ", " + d->b_value + " on rank 0 (every rank must read the "
+                     "same file and --set options; was it edited while the job started, or "
+                     "do the nodes see different copies?)");
+  });
+}
+
 // What setup() fixes for the step loop; the Job owns the rest (data, model, engine,
 // optimizer, run_dir, the micro-batch size).
 struct Setup {
@@ -358,6 +381,7 @@ Setup setup(Job& job, TrainResult& result) {
   job.scaler = GradScaler(cfg.mixed_precision);
   // A Config built in code gets parse_config's checks (a parsed one passes them again).
   collective_guard(job.host, [&] { check_config(cfg); });
+  check_same_config(job);
   configure_world(job);
   Setup s;
   s.local_batch = cfg.train.global_batch_size / job.world;

@@ -238,6 +238,18 @@ case "$CASE" in
     expect_input_error "model.init_from" "$WORK/no_such_hf_dir"
     if [ -e "$WORK/run/metrics.jsonl" ]; then fail "a failed init_from run started training"; fi
     ;;
+  config_differs_between_ranks)
+    # Rank 1 reads another learning rate (MPMD here; in a job, a config edited while it
+    # started, or a node's stale copy): exit 2 naming the key and both values, nothing written.
+    tiny_config good.toml
+    sed 's/^lr = .*/lr = 2e-3/' good.toml >other.toml
+    timeout 60 "$MPIEXEC" --oversubscribe --bind-to none -np 1 "$FSDP_TRAIN" good.toml \
+      : -np 1 "$FSDP_TRAIN" other.toml >"$OUT" 2>"$ERR" </dev/null
+    RC=$?
+    expect_input_error "the ranks read different configs" \
+      "optim.lr = 0.002 on rank 1, 0.001 on rank 0"
+    if [ -e "$WORK/run" ]; then fail "a run whose ranks read different configs wrote $WORK/run"; fi
+    ;;
   init_from_checkpoint)
     # An fsdp_train checkpoint given as model.init_from (its step directory, run directory or
     # checkpoints directory) is named as such, with the way to a Hugging Face directory.

@@ -7,6 +7,7 @@
 // ("model.n_head"), so `--set` spells them the same way.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,5 +28,18 @@ std::string config_fingerprint(const std::string& resolved_toml, const std::stri
 // "<file>: attribute train_config is not valid TOML: ..." if the stored text does not parse.
 void check_resume_config(const std::string& checkpoint_toml, const std::string& run_toml,
                          const std::string& file);
+
+// The first key whose value differs between two resolved configs (to_toml of each), every key
+// compared (a key on one side only counts, its missing value printed as "(absent)"):
+// {"optim.lr", "0.001", "0.002"} for a's and b's values; nullopt when they are equal. The
+// trainer's check that every rank read the same config names the key with it. Throws
+// InputError "<a_origin or b_origin> is not valid TOML: ..." if a text does not parse.
+struct ConfigDifference {
+  std::string key, a_value, b_value;
+};
+std::optional<ConfigDifference> first_config_difference(const std::string& a_toml,
+                                                        const std::string& b_toml,
+                                                        const std::string& a_origin,
+                                                        const std::string& b_origin);
 
 }  // namespace fsdp::ckpt
