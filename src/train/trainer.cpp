@@ -65,6 +65,42 @@ void open_data(Job& job) {
   }
 }
 
+// Every rank opened the same data: each split's token count and each file's samples are
+// compared with rank 0's. Nodes reading different copies of data.path (a dataset staged to
+// node-local disk, one copy stale) would otherwise sample from different epochs' orders,
+// training on some samples twice and others never. A differing rank fails with InputError
+// naming the key, the file and both counts. Collective over job.host.
+void check_same_data(Job& job) {
+  const Config& cfg = job.cfg;
+  std::vector<int64_t> mine;
+  std::vector<std::string> what;  // what each entry counts, for the message
+  const bool mixture = !cfg.data.paths.empty();
+  for (const auto* src : {job.train_src.get(), job.val_src.get()}) {
+    const std::string split = src == job.train_src.get() ? "train" : "val";
+    mine.push_back(src->num_tokens());
+    const std::string one = "data.path (\"" + cfg.data.path + "\")";
+    what.push_back((mixture ? std::string("data.paths") : one) + ": " + split + " tokens");
+    const std::vector<int64_t> parts = src->part_samples();
+    for (std::size_t d = 0; d < parts.size(); ++d) {
+      mine.push_back(parts[d]);
+      const std::string file =
+          mixture ? "data.paths[" + std::to_string(d) + "] (\"" + cfg.data.paths[d] + "\")" : one;
+      what.push_back(file + ": " + split + " samples");
+    }
+  }
+  std::vector<int64_t> root = mine;
+  job.host.broadcast(root.data(), static_cast<int64_t>(root.size()), DType::i64, 0)->wait();
+  collective_guard(job.host, [&] {
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      if (mine[i] == root[i]) continue;
+      const std::string r = "rank " + std::to_string(job.host.rank());
+      throw InputError(what[i] + ": the ranks read different data: " + std::to_string(mine[i]) +
+                       " on " + r + ", " + std::to_string(root[i]) + " on rank 0 (do the nodes "
+                       "see different copies of the file?)");
+    }
+  });
+}
+
 // Mean validation loss: summed cross-entropy over every target token of the split's
 // samples (eval.max_windows caps them) divided by their number of target tokens; with a data
 // mixture also each file's (its windows only), in data.paths order. Each file's windows are
@@ -249,6 +285,7 @@ void configure_world(Job& job) {
     }
     open_data(job);
   });
+  check_same_data(job);
 }
 
 // Whether the run resumes: --resume, or --resume auto when rank 0 finds checkpoints/latest

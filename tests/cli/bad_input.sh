@@ -250,6 +250,26 @@ case "$CASE" in
       "optim.lr = 0.002 on rank 1, 0.001 on rank 0"
     if [ -e "$WORK/run" ]; then fail "a run whose ranks read different configs wrote $WORK/run"; fi
     ;;
+  data_differs_between_ranks)
+    # The same relative data.path is another file for rank 1 (its working directory: a node
+    # reading a stale copy staged to local disk): exit 2 naming data.path and both counts.
+    make_text_dir text
+    mkdir a b
+    run_prepare -o a/data.h5 text
+    expect_rc 0
+    run_prepare -o b/data.h5 text/a.txt
+    expect_rc 0
+    tiny_config good.toml
+    set_data=(--set 'data.source="hdf5"' --set 'data.path="data.h5"')
+    timeout 60 "$MPIEXEC" --oversubscribe --bind-to none \
+      -np 1 --wdir "$WORK/a" "$FSDP_TRAIN" "$WORK/good.toml" "${set_data[@]}" \
+      : -np 1 --wdir "$WORK/b" "$FSDP_TRAIN" "$WORK/good.toml" "${set_data[@]}" \
+      >"$OUT" 2>"$ERR" </dev/null
+    RC=$?
+    expect_input_error "data.path (\"data.h5\"): train tokens: the ranks read different data" \
+      "2850 on rank 1, 4750 on rank 0"
+    if [ -e "$WORK/run" ]; then fail "a run whose ranks read different data wrote $WORK/run"; fi
+    ;;
   init_from_checkpoint)
     # An fsdp_train checkpoint given as model.init_from (its step directory, run directory or
     # checkpoints directory) is named as such, with the way to a Hugging Face directory.
