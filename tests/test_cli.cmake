@@ -51,7 +51,7 @@ fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixture mixed_precision dry_run dry_
 fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused stale_lock_taken_over
   refuse_step_dirs_without_latest refuse_metrics_only checkpoints_unwritable_at_start
   checkpoints_read_only_fs resume_auto_fresh resume_auto_continues
-  save_total_limit)
+  save_total_limit not_shared)
 # A read-only tmpfs: needs root and mount; exit 77 (skipped) otherwise.
 set_tests_properties(cli_run_dir_checkpoints_read_only_fs PROPERTIES SKIP_RETURN_CODE 77)
 fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_input_dir fifo_input

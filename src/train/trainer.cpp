@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -26,6 +27,7 @@
 #include "fsdp/checkpoint/init_from.hpp"
 #include "fsdp/checkpoint/resume.hpp"
 #include "fsdp/comm/device_mesh.hpp"
+#include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/host_memory.hpp"
 #include "fsdp/core/process.hpp"
@@ -293,6 +295,45 @@ void configure_world(Job& job) {
 // malformed `latest` fails here as it would for --resume). Then rank 0 locks train.run_dir
 // before anything is written there, refuses a fresh run into an earlier run's directory and
 // proves checkpoints/ writable (open_run_dir; one guard). metrics.jsonl is opened later.
+// Every rank sees rank 0's run directory: several ranks write a checkpoint's shard files into
+// it and every rank reads them on resume, so a train.run_dir on node-local disk (or a relative
+// one from different working directories) would fail at the first save, hours in, or leave
+// `latest` naming a step without the other nodes' shards. Rank 0 writes a probe file of a
+// fresh token into checkpoints/ (a name never used before, so no NFS negative lookup cache
+// hides it), every other rank reads it, then rank 0 removes it. InputError on a rank that
+// does not see it. Collective over job.host; rank 0 has opened the run directory.
+void check_shared_run_dir(Job& job) {
+  if (job.host.size() == 1) return;
+  char token[33] = {};
+  if (job.rank0()) ckpt::new_run_id().copy(token, 32);
+  job.host.broadcast(token, 32, DType::u8, 0)->wait();
+  const std::string dir = ckpt::checkpoints_dir(job.cfg.train.run_dir);
+  const std::string probe = dir + "/.shared_probe." + token;
+  collective_guard(job.host, [&] {
+    if (job.rank0()) write_file_atomically(probe, token);
+  });
+  std::exception_ptr failure;
+  try {
+    collective_guard(job.host, [&] {
+      if (job.rank0()) return;
+      std::ifstream in(probe, std::ios::binary);
+      std::string seen(32, '\0');
+      if (in) in.read(seen.data(), 32);
+      if (in && seen == token) return;
+      throw InputError("train.run_dir: " + where() + " does not see rank 0's run directory " +
+                       job.cfg.train.run_dir + " (" + probe + " is missing there): the ranks "
+                       "write one checkpoint's shard files into it and all read them on resume, "
+                       "so it must be one directory on a file system every node shares (not "
+                       "node-local disk, nor a relative path from other working directories)");
+    });
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  std::error_code ec;
+  if (job.rank0()) std::filesystem::remove(probe, ec);  // after every rank's read
+  if (failure) std::rethrow_exception(failure);
+}
+
 bool open_run(Job& job) {
   const Config& cfg = job.cfg;
   bool resume = job.opt.resume;
@@ -311,6 +352,7 @@ bool open_run(Job& job) {
   collective_guard(job.host, [&] {
     if (job.rank0()) job.run_dir = open_run_dir(cfg.train.run_dir, resume);
   });
+  if (cfg.checkpoint.enable || resume) check_shared_run_dir(job);
   if (!job.run_dir.stale_holder().empty()) {
     job.log("train.run_dir: taking over the stale lock of " + job.run_dir.stale_holder());
   }

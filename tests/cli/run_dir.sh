@@ -36,10 +36,40 @@
 #   leaves the two newest checkpoints, logging each removal; a --resume with limit 3 (sync
 #   saves) keeps three, removes an interrupted removal's leftover step_N.deleting and leaves
 #   a step directory above `latest` (a rewound latest) alone.
+# CASE not_shared: a relative run_dir from two working directories (as node-local disks would
+#   be): rank 1 does not see rank 0's directory, so the run stops at start with exit 2 naming
+#   train.run_dir and the probe file, before any step; rank 0's probe is removed. With
+#   checkpoint.enable = false the run goes ahead (only rank 0 writes there).
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
 case "$CASE" in
+  not_shared)
+    tiny_config cfg.toml
+    mkdir a b
+    on_two_dirs() {
+      timeout 60 "$MPIEXEC" --oversubscribe --bind-to none \
+        -np 1 --wdir "$WORK/a" "$FSDP_TRAIN" "$WORK/cfg.toml" --set 'train.run_dir="run"' "$@" \
+        : -np 1 --wdir "$WORK/b" "$FSDP_TRAIN" "$WORK/cfg.toml" --set 'train.run_dir="run"' "$@" \
+        >"$OUT" 2>"$ERR" </dev/null
+      RC=$?
+    }
+    on_two_dirs
+    expect_input_error "train.run_dir: rank 1 on" "does not see rank 0's run directory run" \
+      "run/checkpoints/.shared_probe." "a file system every node shares"
+    if [ -e "$WORK/a/run/metrics.jsonl" ] || [ -e "$WORK/b/run" ]; then
+      fail "the refused run started: $(find "$WORK/a" "$WORK/b")"
+    fi
+    if compgen -G "$WORK/a/run/checkpoints/.shared_probe.*" >/dev/null; then
+      fail "rank 0's probe file was left behind"
+    fi
+    rm -rf "$WORK/a/run"
+    on_two_dirs --set checkpoint.enable=false
+    expect_rc 0
+    if [ ! -s "$WORK/a/run/metrics.jsonl" ]; then
+      fail "the run without checkpoints wrote no metrics"
+    fi
+    ;;
   refuse_fresh_run)
     tiny_config tiny.toml
     run_train tiny.toml --set train.max_steps=2
