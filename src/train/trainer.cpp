@@ -290,11 +290,6 @@ void configure_world(Job& job) {
   check_same_data(job);
 }
 
-// Whether the run resumes: --resume, or --resume auto when rank 0 finds checkpoints/latest
-// (one guard and one broadcast over job.host; every rank follows rank 0's answer, and a
-// malformed `latest` fails here as it would for --resume). Then rank 0 locks train.run_dir
-// before anything is written there, refuses a fresh run into an earlier run's directory and
-// proves checkpoints/ writable (open_run_dir; one guard). metrics.jsonl is opened later.
 // Every rank sees rank 0's run directory: several ranks write a checkpoint's shard files into
 // it and every rank reads them on resume, so a train.run_dir on node-local disk (or a relative
 // one from different working directories) would fail at the first save, hours in, or leave
@@ -334,6 +329,12 @@ void check_shared_run_dir(Job& job) {
   if (failure) std::rethrow_exception(failure);
 }
 
+// Whether the run resumes: --resume, or --resume auto when rank 0 finds checkpoints/latest
+// (one guard and one broadcast over job.host; every rank follows rank 0's answer, and a
+// malformed `latest` fails here as it would for --resume). Then rank 0 locks train.run_dir
+// before anything is written there, refuses a fresh run into an earlier run's directory and
+// proves checkpoints/ writable (open_run_dir; one guard), and every rank is shown to see it
+// (check_shared_run_dir). metrics.jsonl is opened later.
 bool open_run(Job& job) {
   const Config& cfg = job.cfg;
   bool resume = job.opt.resume;
