@@ -64,7 +64,7 @@ fsdp_cli_tests(tokenizers cli_tokenizers 2 sentencepiece_ok sentencepiece_errors
   token_files_errors hf_bpe_gpt2 hf_bpe_llama3 hf_bpe_errors train SKIP_RETURN_CODE 77)
 # A small tmpfs as train.run_dir: needs root and mount; exit 77 (skipped) otherwise.
 fsdp_cli_tests(disk_full cli_disk_full 2 save_enospc save_enospc_async metrics_enospc prepare_enospc
-  save_too_big_warned SKIP_RETURN_CODE 77)
+  save_too_big_warned merge_enospc SKIP_RETURN_CODE 77)
 # checkpoint.async_save (tests/cli/async_save.sh): same bytes as synchronous saves, SIGKILL
 # while a background write is in flight.
 fsdp_cli_tests(async_save cli_async_save 2 same_as_sync sigkill_during_write signal_with_save_in_flight

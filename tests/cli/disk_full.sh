@@ -28,6 +28,10 @@
 #   bytes a token, in the output's folder) runs out of room. Exit 1, one line naming the
 #   output and "No space left on device"; the earlier out.h5 is byte-identical and nothing
 #   else is on the disk (no temporary, no lock file).
+# CASE merge_enospc: fsdp_merge into a 1 MiB tmpfs that holds an earlier merge of the tiny
+#   model, of a checkpoint whose weights (~2.5 MB) do not fit. Exit 1, one line naming the
+#   output and "No space left on device"; the earlier model.safetensors and config.json are
+#   byte-identical and nothing else is left on the disk (no temporary, no lock file).
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -192,6 +196,27 @@ EOF
     if [ "$(sha256sum <"$DISK/out.h5")" != "$before" ]; then fail "the earlier out.h5 changed"; fi
     left=$(ls -A "$DISK")
     if [ "$left" != out.h5 ]; then fail "left on the disk besides out.h5: $left"; fi
+    ;;
+  merge_enospc)
+    merge=$(dirname "$FSDP_TRAIN")/fsdp_merge
+    tiny_config tiny.toml
+    run_train tiny.toml --set train.max_steps=1 --set train.run_dir="$WORK/small"
+    expect_rc 0
+    run_train tiny.toml --set train.max_steps=1 --set train.run_dir="$WORK/large" \
+      --set model.n_embd=160 --set model.n_layer=2
+    expect_rc 0
+    mount_disk 1m
+    "$merge" "$WORK/small" "$DISK/hf" >"$OUT" 2>"$ERR" </dev/null
+    RC=$?
+    expect_rc 0
+    before=$(snapshot "$DISK")
+    "$merge" "$WORK/large" "$DISK/hf" >"$OUT" 2>"$ERR" </dev/null
+    RC=$?
+    expect_rc 1
+    expect_one_error fsdp_merge "$DISK/hf" "No space left on device"
+    if [ "$(snapshot "$DISK")" != "$before" ]; then
+      fail "the refused merge changed the disk:"$'\n'"$(diff <(echo "$before") <(snapshot "$DISK"))"
+    fi
     ;;
   *)
     echo "disk_full.sh: unknown case '$CASE'" >&2
