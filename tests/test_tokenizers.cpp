@@ -299,6 +299,44 @@ TEST_F(SentencePiece, ModelWithoutBos) {
   EXPECT_FALSE(fs::exists(d.file("out2.h5")));
 }
 
+// A Hugging Face folder of a SentencePiece model (Llama 2, Mistral) holds tokenizer.json
+// (the model converted: Metaspace, byte fallback; not byte-level, which BpeTokenizer reads)
+// beside tokenizer.model: --tokenizer FOLDER encodes with tokenizer.model, saying why.
+TEST_F(SentencePiece, FolderWithAnUnreadableTokenizerJsonUsesTokenizerModel) {
+  TempDir d("hf_spm");
+  fs::create_directories(d.file("model"));
+  fs::copy_file(llama_, d.file("model/tokenizer.model"));
+  write_file(d.file("model/tokenizer.json"),
+             R"({"model": {"type": "BPE", "byte_fallback": true, "vocab": {}, "merges": []},
+                 "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}})");
+  const std::string c = corpus_lines(40, 5);
+  write_file(d.file("a.txt"), c);
+  fsdp::data::TokenizerOptions o;
+  o.model = d.file("model");
+  const auto s = fsdp::data::prepare_tokenized_dataset({d.file("a.txt")}, d.file("out.h5"), 0.1, o);
+  EXPECT_EQ(s.kind, "sentencepiece");
+  auto want = reference_ids(*load(llama_), c);
+  want.insert(want.begin(), 1);  // BOS
+  want.push_back(2);             // EOS
+  EXPECT_EQ(read_stream(d.file("out.h5")), want);
+  EXPECT_NE(s.tokenizer_note.find("model/tokenizer.json: "), std::string::npos) << s.tokenizer_note;
+  const std::string used = "encoding with " + d.file("model/tokenizer.model") + " beside it";
+  EXPECT_NE(s.tokenizer_note.find(used), std::string::npos) << s.tokenizer_note;
+  EXPECT_EQ(fsdp::data::read_tokenizer_record(d.file("out.h5")).model_path,
+            fs::absolute(d.file("model/tokenizer.model")).string());
+  // With --bos-token / --eos-token (tokenizer.json's options) nothing falls back: its error.
+  o.specials.bos_token = "<s>";
+  expect_input_error(
+      [&] { fsdp::data::prepare_tokenized_dataset({d.file("a.txt")}, d.file("out2.h5"), 0.1, o); },
+      {"model/tokenizer.json", "byte"});
+  // A tokenizer.model that does not load either: tokenizer.json's error, the file taken first.
+  o.specials = {};
+  write_file(d.file("model/tokenizer.model"), "\x0a\x05garbage");
+  expect_input_error(
+      [&] { fsdp::data::prepare_tokenized_dataset({d.file("a.txt")}, d.file("out3.h5"), 0.1, o); },
+      {"model/tokenizer.json", "byte"});
+}
+
 // Debian's Python binding (python3-sentencepiece, /usr/bin/python3) encodes the same files
 // to the same ids, BOS/EOS placed as fsdp_prepare places them. Skipped where it is missing.
 TEST_F(SentencePiece, MatchesPythonSentencePiece) {

@@ -213,6 +213,9 @@ int main(int argc, char** argv) {
       auto progress = fsdp::ProgressMeter::on_terminal({.label = "fsdp_prepare"});
       const auto s = fsdp::data::prepare_tokenized_dataset(inputs, out, val_fraction, o, &progress);
       progress.finish();
+      if (!s.tokenizer_note.empty()) {
+        std::fprintf(stderr, "fsdp_prepare: warning: %s\n", s.tokenizer_note.c_str());
+      }
       for (const auto& skipped : s.skipped) {
         std::fprintf(stderr, "fsdp_prepare: warning: skipped %s: only regular files are read\n", skipped.c_str());
       }

@@ -650,15 +650,37 @@ bool is_tokenizer_json(const std::string& path) {
 }
 
 std::unique_ptr<TextTokenizer> load_text_tokenizer(const std::string& path,
-                                                   const BpeSpecialTokens& specials) {
+                                                   const BpeSpecialTokens& specials,
+                                                   std::string* note) {
   std::error_code ec;
   std::string file = path;
   if (fs::is_directory(path, ec)) {
     const fs::path dir(path);
-    if (fs::is_regular_file(dir / "tokenizer.json", ec)) {
-      file = (dir / "tokenizer.json").string();
-    } else if (fs::is_regular_file(dir / "tokenizer.model", ec)) {
-      file = (dir / "tokenizer.model").string();
+    const std::string json_file = (dir / "tokenizer.json").string();
+    const std::string spm_file = (dir / "tokenizer.model").string();
+    const bool spm = fs::is_regular_file(spm_file, ec);
+    if (fs::is_regular_file(json_file, ec) && spm && specials.bos_token.empty() &&
+        specials.eos_token.empty()) {
+      try {
+        return std::make_unique<BpeTokenizer>(json_file, specials);
+      } catch (const Error& json_error) {
+        std::unique_ptr<TextTokenizer> tok;
+        try {
+          tok = std::make_unique<SentencePieceTokenizer>(spm_file);
+        } catch (const Error&) {
+          throw json_error;  // neither loads: tokenizer.json's error, the file taken first
+        }
+        if (note) {
+          *note = std::string(json_error.what()) + "; encoding with " + printable(spm_file) +
+                  " beside it";
+        }
+        return tok;
+      }
+    }
+    if (fs::is_regular_file(json_file, ec)) {
+      file = json_file;
+    } else if (spm) {
+      file = spm_file;
     } else {
       throw InputError(printable(path) +
                        ": a folder with neither tokenizer.json nor tokenizer.model (expected a "

@@ -722,7 +722,9 @@ TokenizedSummary prepare_tokenized_dataset(const std::vector<std::string>& input
   std::vector<std::string> all_inputs = inputs;
   all_inputs.push_back(options.model);
   const OutputLock lock = claim_output(out, all_inputs);
-  const std::unique_ptr<TextTokenizer> tok = load_text_tokenizer(options.model, options.specials);
+  std::string note;
+  const std::unique_ptr<TextTokenizer> tok =
+      load_text_tokenizer(options.model, options.specials, &note);
   const bool add_bos = resolve_special(options.add_bos, tok->bos_id(), "--add-bos", tok->path());
   // One token for both (GPT-2's <|endoftext|>): by default once per document, not twice.
   const bool same = tok->eos_id() >= 0 && tok->eos_id() == tok->bos_id();
@@ -730,6 +732,7 @@ TokenizedSummary prepare_tokenized_dataset(const std::vector<std::string>& input
                            ? false
                            : resolve_special(options.add_eos, tok->eos_id(), "--add-eos", tok->path());
   TokenizedSummary summary;
+  summary.tokenizer_note = note;
   const auto files = collect_input_files(inputs, &summary.skipped);
   // The stream goes to an unnamed file beside the output, so memory stays one batch whatever
   // the corpus; the split is known once its length is.

@@ -101,9 +101,14 @@ bool is_tokenizer_json(const std::string& path);
 // The tokenizer --tokenizer names: a tokenizer.json file (BpeTokenizer); a SentencePiece
 // .model file (SentencePieceTokenizer); or a folder (a Hugging Face model folder) holding
 // tokenizer.json (taken first) or tokenizer.model. `specials` applies to tokenizer.json only.
+// A folder holding both whose tokenizer.json BpeTokenizer refuses (Llama 2's, Mistral's: the
+// SentencePiece model converted, Metaspace and byte fallback, not byte-level) is read through
+// its tokenizer.model when no `specials` are given (transformers' fast and slow tokenizers of
+// such a model encode alike); `note`, if given, is then set to one line saying so and why.
 // Throws fsdp::InputError naming the path for a folder with neither file, and the loaders'
-// errors.
+// errors (tokenizer.json's when tokenizer.model fails too).
 std::unique_ptr<TextTokenizer> load_text_tokenizer(const std::string& path,
-                                                   const BpeSpecialTokens& specials = {});
+                                                   const BpeSpecialTokens& specials = {},
+                                                   std::string* note = nullptr);
 
 }  // namespace fsdp::data

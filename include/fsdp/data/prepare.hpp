@@ -222,6 +222,7 @@ struct TokenizedSummary {
   int64_t files = 0, documents = 0, train_tokens = 0, val_tokens = 0, vocab_size = 0;
   int32_t bos_id = -1, eos_id = -1;  // the ids added to each document, -1 where none is added
   std::vector<std::string> skipped;  // as PrepareSummary::skipped
+  std::string tokenizer_note;        // load_text_tokenizer's note ("" when none)
 };
 
 // Checks the output (folder exists, not an input nor the model) and holds its lock, loads the
