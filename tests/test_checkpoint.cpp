@@ -5,7 +5,10 @@
 // lives in the fsdp layer, which this layer does not link).
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cmath>
 #include <cstring>
@@ -533,6 +536,53 @@ TEST(ConfigDifference, FirstDifferingKeyWithBothValues) {
   EXPECT_EQ(absent->b_value, "(absent)");
   expect_input_error([&] { first_config_difference(a, "[optim", "a", "rank 1's config"); },
                      {"rank 1's config", "not valid TOML"});
+}
+
+// remove_temporaries_on_signal (fsdp_merge, fsdp_prepare): SIGTERM during a write removes
+// the temporaries of the live AtomicFiles (not a committed one's final file) and the process
+// still ends by the signal; a signal the process inherited as ignored stays ignored.
+TEST_F(CheckpointTest, ASignalRemovesTheLiveTemporaries) {
+  const std::string f = path("model.safetensors"), g = path("config.json");
+  write_file_atomically(f, "old");
+  auto in_child = [](auto body) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      body();
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return status;
+  };
+  for (const int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    const int status = in_child([&] {
+      remove_temporaries_on_signal();
+      AtomicFile done(g);
+      done.write([](const std::string& tmp) { std::ofstream(tmp) << "{}"; });
+      AtomicFile live(f);
+      std::ofstream(live.tmp_path()) << "half";
+      ::raise(sig);
+      _exit(3);  // not reached
+    });
+    ASSERT_TRUE(WIFSIGNALED(status)) << "signal " << sig << ": status " << status;
+    EXPECT_EQ(WTERMSIG(status), sig);
+    EXPECT_FALSE(fs::exists(f + ".tmp")) << "signal " << sig;
+    std::ifstream in(f);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "old");
+    EXPECT_TRUE(fs::exists(g));
+    fs::remove(g);
+  }
+  // SIGTERM ignored before: still ignored, the writer goes on to its normal end.
+  const int status = in_child([&] {
+    ::signal(SIGTERM, SIG_IGN);
+    remove_temporaries_on_signal();
+    AtomicFile live(f);
+    std::ofstream(live.tmp_path()) << "half";
+    ::raise(SIGTERM);
+    _exit(4);
+  });
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 4);
 }
 
 // fsdp_merge's STEP_DIR: a step directory as given; a run directory, its checkpoints directory

@@ -33,6 +33,7 @@
 
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/checkpoint/merge.hpp"
+#include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/progress.hpp"
@@ -54,6 +55,13 @@ std::string model_classes() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // SIGTERM / SIGINT / SIGHUP: the output's temporaries are removed, the final files kept.
+  try {
+    fsdp::remove_temporaries_on_signal();
+  } catch (const fsdp::Error& e) {
+    fsdp::write_line(2, std::string("fsdp_merge: ") + e.what());
+    return e.exit_code();
+  }
   std::string step_dir, out_dir, max_shard_size = "5GB", dtype = "fp32";
   po::options_description visible("Options");
   visible.add_options()("help,h", "print this help and exit")(

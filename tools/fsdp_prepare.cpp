@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/progress.hpp"
 #include "fsdp/data/prepare.hpp"
@@ -63,6 +64,13 @@ void refuse_options(const po::variables_map& vm, const std::string& mode, std::i
 }  // namespace
 
 int main(int argc, char** argv) {
+  // SIGTERM / SIGINT / SIGHUP: the output's temporaries are removed, the final files kept.
+  try {
+    fsdp::remove_temporaries_on_signal();
+  } catch (const fsdp::Error& e) {
+    fsdp::write_line(2, std::string("fsdp_prepare: ") + e.what());
+    return e.exit_code();
+  }
   std::string out;
   double val_fraction = 0.05;
   std::string pairs, tokenizer, document = "file", token_format = "auto", bos_token, eos_token;

@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -24,7 +26,63 @@ std::string parent_or_dot(const std::string& path) {
   return p.empty() ? std::string(".") : p.string();
 }
 
+// The live temporaries, for the signal handler: a slot is free (0), being filled (1) or
+// holds the absolute path of a temporary that may exist (2). Lock-free atomics only, so the
+// handler may read them.
+struct TempSlot {
+  std::atomic<int> state{0};
+  char path[4096];
+};
+constexpr int kTempSlots = 32;
+TempSlot g_temps[kTempSlots];
+static_assert(std::atomic<int>::is_always_lock_free);
+
+int register_temporary(const std::string& tmp) noexcept {
+  std::error_code ec;
+  const std::string abs = fs::absolute(tmp, ec).string();
+  if (ec || abs.size() >= sizeof(TempSlot::path)) return -1;
+  for (int i = 0; i < kTempSlots; ++i) {
+    int expected = 0;
+    if (g_temps[i].state.compare_exchange_strong(expected, 1)) {
+      std::memcpy(g_temps[i].path, abs.c_str(), abs.size() + 1);
+      g_temps[i].state.store(2, std::memory_order_release);
+      return i;
+    }
+  }
+  return -1;
+}
+
+void release_temporary(int slot) noexcept {
+  if (slot >= 0) g_temps[slot].state.store(0, std::memory_order_release);
+}
+
+extern "C" void remove_temporaries_and_reraise(int sig) {
+  const int saved = errno;
+  for (TempSlot& t : g_temps) {
+    if (t.state.load(std::memory_order_acquire) == 2) ::unlink(t.path);
+  }
+  ::signal(sig, SIG_DFL);
+  errno = saved;
+  ::raise(sig);
+}
+
 }  // namespace
+
+void remove_temporaries_on_signal() {
+  for (const int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0) {
+      throw Error(std::string("sigaction failed: ") + std::strerror(errno));
+    }
+    if (old.sa_handler == SIG_IGN) continue;  // inherited as ignored: keep it so
+    struct sigaction sa {};
+    sa.sa_handler = remove_temporaries_and_reraise;
+    sigemptyset(&sa.sa_mask);
+    if (::sigaction(sig, &sa, nullptr) != 0) {
+      throw Error(std::string("sigaction failed: ") + std::strerror(errno));
+    }
+  }
+}
 
 void fsync_path(const std::string& path, bool directory) {
   UniqueFd fd(::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY | O_CLOEXEC) : (O_RDONLY | O_CLOEXEC)));
@@ -41,10 +99,12 @@ void rename_durably(const std::string& from, const std::string& to) {
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
   remove_tmp();
+  signal_slot_ = register_temporary(tmp_path_);
 }
 
 AtomicFile::~AtomicFile() {
   if (!committed_) remove_tmp();
+  release_temporary(signal_slot_);
 }
 
 void AtomicFile::remove_tmp() noexcept {
@@ -64,6 +124,8 @@ void AtomicFile::commit() {
       throw Error(path_ + ": cannot rename from " + tmp_path_ + ": " + std::strerror(errno));
     }
     committed_ = true;  // the temporary is gone: nothing to remove any more
+    release_temporary(signal_slot_);
+    signal_slot_ = -1;
     fsync_path(parent_or_dot(path_), true);
   } catch (...) {
     if (!committed_) remove_tmp();

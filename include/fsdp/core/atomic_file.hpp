@@ -54,7 +54,19 @@ class AtomicFile {
   void remove_tmp() noexcept;
   std::string path_, tmp_path_;
   bool committed_ = false;
+  int signal_slot_ = -1;  // this temporary's entry for remove_temporaries_on_signal
 };
+
+// For a tool that ends on SIGTERM, SIGINT or SIGHUP (fsdp_merge, fsdp_prepare; fsdp_train
+// has its own graceful stop): installs a handler that unlinks the temporaries of the
+// AtomicFiles alive at that moment, then restores the default action and raises the signal
+// again, so the process still ends by it (exit status 128 + N in a shell). A killed merge
+// leaves no model.safetensors.tmp (28 GB at 7B) behind; the final files are untouched either
+// way. A signal the process inherited as ignored (SIGINT and SIGQUIT of a background job
+// without job control) stays ignored. unlink(2) is async-signal-safe; the temporaries are
+// kept in a fixed table of 32 absolute paths of < 4096 bytes (one beyond that is left for the
+// next writer's AtomicFile to remove, as after SIGKILL). Throws fsdp::Error if sigaction fails.
+void remove_temporaries_on_signal();
 
 // Writes `bytes` as the whole content of `path`, atomically (AtomicFile with a plain
 // write(2) loop). Throws fsdp::Error "<path>: write failed: <strerror>" (or a commit error).
