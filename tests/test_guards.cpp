@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +19,7 @@
 #include "fsdp/model/model.hpp"
 #include "fsdp/optim/optimizer.hpp"
 #include "fsdp/train/memory_check.hpp"
+#include "fsdp/train/run_dir.hpp"
 #include "fsdp/train/collective_guard.hpp"
 #include "train_util.hpp"
 
@@ -50,6 +53,41 @@ Failure run_expecting_failure(const Config& c, TrainOptions o = {}) {
     f = {e.exit_code(), ""};
   }
   return f;
+}
+
+// metrics.jsonl reopened to append (a resume): an unfinished last line (its writer died
+// mid-write) is cut off first, also one longer than the 4 KiB the scan reads at a time, and a
+// file without any newline; complete files and a truncating open lose nothing extra.
+TEST(MetricsFile, AppendingCutsAnUnfinishedLastLine) {
+  const std::string dir = fresh_dir("metrics_cut");
+  if (world_rank() != 0) return;
+  const std::string path = dir + "/metrics.jsonl";
+  auto read = [&] {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string y(10000, 'y'), z(5000, 'z');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"a\":1}\n{\"b\":2}\n{\"c\"", "{\"a\":1}\n{\"b\":2}\n"},
+      {"complete\n", "complete\n"},
+      {"", ""},
+      {"no newline at all", ""},
+      {"x\n" + y, "x\n"},
+      {z + "\n" + z, z + "\n"},
+  };
+  for (const auto& [content, kept] : cases) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+    fsdp::MetricsFile m(path, /*truncate=*/false);
+    EXPECT_EQ(m.unfinished_bytes(), static_cast<int64_t>(content.size() - kept.size()))
+        << content.substr(0, 40);
+    m.append_line("{\"d\":4}");
+    EXPECT_EQ(read(), kept + "{\"d\":4}\n") << content.substr(0, 40);
+  }
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "old\npartial";
+  fsdp::MetricsFile fresh(path, /*truncate=*/true);
+  EXPECT_EQ(fresh.unfinished_bytes(), 0);
+  fresh.append_line("new");
+  EXPECT_EQ(read(), "new\n");
 }
 
 TEST(NonFiniteGuard, StopsBeforeTheUpdateAndKeepsTheLastCheckpoint) {

@@ -143,17 +143,53 @@ void probe_writable(const std::string& dir, const std::string& key) {
 // ---- MetricsFile ----
 
 MetricsFile::MetricsFile(const std::string& path, bool truncate) : path_(path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0),
+               0644);
   if (fd_ < 0) throw InputError("train.run_dir: cannot write " + path + ": " + errno_text());
+  // The end of the last complete line: scan back from the end in blocks for a newline.
+  const off_t size = ::lseek(fd_, 0, SEEK_END);
+  off_t keep = size;
+  char block[4096];
+  constexpr auto kBlock = static_cast<off_t>(sizeof block);
+  while (keep > 0) {
+    const off_t from = keep > kBlock ? keep - kBlock : 0;
+    const ssize_t n = ::pread(fd_, block, static_cast<std::size_t>(keep - from), from);
+    if (n != keep - from) {
+      const std::string why = n < 0 ? errno_text() : std::string("short read");
+      ::close(fd_);
+      fd_ = -1;
+      throw InputError("train.run_dir: cannot read " + path + ": " + why);
+    }
+    const void* nl = ::memrchr(block, '\n', static_cast<std::size_t>(n));
+    if (nl) {
+      keep = from + (static_cast<const char*>(nl) - block) + 1;
+      break;
+    }
+    keep = from;
+  }
+  if (keep < size) {
+    if (::ftruncate(fd_, keep) != 0) {
+      const std::string why = errno_text();
+      ::close(fd_);
+      fd_ = -1;
+      throw InputError("train.run_dir: cannot cut the unfinished last line of " + path + ": " +
+                       why);
+    }
+    unfinished_bytes_ = size - keep;
+  }
 }
 
-MetricsFile::MetricsFile(MetricsFile&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+MetricsFile::MetricsFile(MetricsFile&& o) noexcept
+    : fd_(o.fd_), path_(std::move(o.path_)), unfinished_bytes_(o.unfinished_bytes_) {
+  o.fd_ = -1;
+}
 
 MetricsFile& MetricsFile::operator=(MetricsFile&& o) noexcept {
   if (this != &o) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = o.fd_;
     path_ = std::move(o.path_);
+    unfinished_bytes_ = o.unfinished_bytes_;
     o.fd_ = -1;
   }
   return *this;

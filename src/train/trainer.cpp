@@ -503,6 +503,11 @@ Setup setup(Job& job, TrainResult& result) {
   collective_guard(job.host, [&] {
     if (job.rank0()) job.run_dir.open_metrics(s.resume);
   });
+  if (job.rank0() && job.run_dir.metrics().unfinished_bytes() > 0) {
+    job.log(job.run_dir.metrics().path() + ": cut off an unfinished last line of " +
+            std::to_string(job.run_dir.metrics().unfinished_bytes()) +
+            " bytes (the run that wrote it ended mid-write)");
+  }
   phase("restore");
   job.log(format_startup(result.startup));
   return s;

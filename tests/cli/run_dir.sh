@@ -7,7 +7,9 @@
 # CASE refuse_fresh_run: a second run without --resume into a run_dir with checkpoints stops
 #   with exit code 2 naming train.run_dir, and leaves the checkpoint, `latest` and
 #   metrics.jsonl byte-for-byte as they were.
-# CASE resume: on an HDF5 token file, 3 steps, then --resume with max_steps = 5, gives the same metrics (loss, lr,
+# CASE resume: on an HDF5 token file, 3 steps (metrics.jsonl ending in an unfinished line,
+#   as if the run died writing it: cut off by the resume, saying so), then --resume with
+#   max_steps = 5, gives the same metrics (loss, lr,
 #   grad_norm, val_loss) as one uninterrupted 5-step run, appends to metrics.jsonl and writes
 #   step_00000005. The resume state is only the global step plus the sharded parameters and
 #   optimizer state (docs/data.md), so the continued run must match the uninterrupted one.
@@ -258,9 +260,15 @@ case "$CASE" in
     # lr schedule: optim.decay_steps pins the cosine end so both runs share one schedule.
     run_train tiny.toml --set train.max_steps=3 --set optim.decay_steps=5
     expect_rc 0
+    # The interrupted run died while writing a line (no newline): the resume cuts it off
+    # instead of appending its lines to it (which made one malformed line of two).
+    printf '{"step": 4, "loss": 5.5' >>"$WORK/run/metrics.jsonl"
     run_train tiny.toml --set train.max_steps=5 --set optim.decay_steps=5 --resume
     expect_rc 0
     if ! grep -q "resumed from step 3" "$OUT"; then fail "no 'resumed from step 3' line"; fi
+    if ! grep -q "metrics.jsonl: cut off an unfinished last line of 23 bytes" "$OUT"; then
+      fail "no line about the unfinished metrics line cut off"
+    fi
     if [ ! -d "$WORK/run/checkpoints/step_00000005" ]; then fail "no step_00000005 after resume"; fi
     if [ "$(tr -d '[:space:]' <"$WORK/run/checkpoints/latest")" != step_00000005 ]; then
       fail "latest does not name step_00000005 after resume"

@@ -36,8 +36,10 @@ void probe_writable(const std::string& dir, const std::string& key);
 class MetricsFile {
  public:
   MetricsFile() = default;
-  // Opens (creates) `path`; `truncate` empties it first. Throws InputError
-  // "train.run_dir: cannot write <path>: <strerror>".
+  // Opens (creates) `path`; `truncate` empties it first. Appending (a resume), an unfinished
+  // last line (no newline: the process that wrote it died mid-write) is cut off first, so the
+  // new lines do not join it into one malformed line; unfinished_bytes() says how much.
+  // Throws InputError "train.run_dir: cannot write <path>: <strerror>".
   MetricsFile(const std::string& path, bool truncate);
   MetricsFile(MetricsFile&&) noexcept;
   MetricsFile& operator=(MetricsFile&&) noexcept;
@@ -46,6 +48,8 @@ class MetricsFile {
   ~MetricsFile();
   bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
+  // Bytes of the unfinished last line cut off at opening (0: none).
+  int64_t unfinished_bytes() const { return unfinished_bytes_; }
   // Appends `line` and a newline. Throws fsdp::Error (exit 1) "<path>: write failed: <strerror>"
   // ("No space left on device" on a full disk); a partly written line is cut off again so the
   // file stays valid JSON lines.
@@ -54,6 +58,7 @@ class MetricsFile {
  private:
   int fd_ = -1;
   std::string path_;
+  int64_t unfinished_bytes_ = 0;
 };
 
 // Rank 0's hold on run_dir: the lock and metrics.jsonl. Move-only.
