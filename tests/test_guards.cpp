@@ -4,6 +4,7 @@
 // than the rank's memory is refused before anything is allocated). Also the host-memory
 // readers they rest on (fsdp/core/host_memory.hpp).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -88,6 +89,19 @@ TEST(MetricsFile, AppendingCutsAnUnfinishedLastLine) {
   EXPECT_EQ(fresh.unfinished_bytes(), 0);
   fresh.append_line("new");
   EXPECT_EQ(read(), "new\n");
+  // A FIFO would block the run once its buffer filled: refused at opening, not hours later.
+  const std::string fifo = dir + "/fifo.jsonl";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  for (const bool truncate : {false, true}) {
+    try {
+      fsdp::MetricsFile f(fifo, truncate);
+      ADD_FAILURE() << "a FIFO was opened as metrics.jsonl";
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "train.run_dir: cannot write " + fifo + ": not a regular file");
+      EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
+    }
+  }
 }
 
 TEST(NonFiniteGuard, StopsBeforeTheUpdateAndKeepsTheLastCheckpoint) {

@@ -146,6 +146,14 @@ MetricsFile::MetricsFile(const std::string& path, bool truncate) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0),
                0644);
   if (fd_ < 0) throw InputError("train.run_dir: cannot write " + path + ": " + errno_text());
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    // A FIFO would block the run once its buffer is full (opened read-write it never blocks
+    // here); anything else cannot take appended lines.
+    ::close(fd_);
+    fd_ = -1;
+    throw InputError("train.run_dir: cannot write " + path + ": not a regular file");
+  }
   // The end of the last complete line: scan back from the end in blocks for a newline.
   const off_t size = ::lseek(fd_, 0, SEEK_END);
   off_t keep = size;

@@ -39,7 +39,8 @@ class MetricsFile {
   // Opens (creates) `path`; `truncate` empties it first. Appending (a resume), an unfinished
   // last line (no newline: the process that wrote it died mid-write) is cut off first, so the
   // new lines do not join it into one malformed line; unfinished_bytes() says how much.
-  // Throws InputError "train.run_dir: cannot write <path>: <strerror>".
+  // Throws InputError "train.run_dir: cannot write <path>: <strerror>" ("...: not a regular
+  // file" for a FIFO, a device, ...).
   MetricsFile(const std::string& path, bool truncate);
   MetricsFile(MetricsFile&&) noexcept;
   MetricsFile& operator=(MetricsFile&&) noexcept;
