@@ -5,7 +5,6 @@
 // lives in the fsdp layer, which this layer does not link).
 #include <gtest/gtest.h>
 #include <hdf5.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -34,6 +33,7 @@
 #include "fsdp/core/atomic_file.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/h5/hdf5.hpp"
+#include "child_process.hpp"
 
 namespace fs = std::filesystem;
 using namespace fsdp;
@@ -544,18 +544,8 @@ TEST(ConfigDifference, FirstDifferingKeyWithBothValues) {
 TEST_F(CheckpointTest, ASignalRemovesTheLiveTemporaries) {
   const std::string f = path("model.safetensors"), g = path("config.json");
   write_file_atomically(f, "old");
-  auto in_child = [](auto body) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      body();
-      _exit(0);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return status;
-  };
   for (const int sig : {SIGTERM, SIGINT, SIGHUP}) {
-    const int status = in_child([&] {
+    const int status = test_util::in_child([&] {
       remove_temporaries_on_signal();
       AtomicFile done(g);
       done.write([](const std::string& tmp) { std::ofstream(tmp) << "{}"; });
@@ -573,7 +563,7 @@ TEST_F(CheckpointTest, ASignalRemovesTheLiveTemporaries) {
     fs::remove(g);
   }
   // SIGTERM ignored before: still ignored, the writer goes on to its normal end.
-  const int status = in_child([&] {
+  const int status = test_util::in_child([&] {
     ::signal(SIGTERM, SIG_IGN);
     remove_temporaries_on_signal();
     AtomicFile live(f);

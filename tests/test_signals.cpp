@@ -13,6 +13,7 @@
 #include "fsdp/checkpoint/checkpoint.hpp"
 #include "fsdp/train/signals.hpp"
 #include "fsdp/train/watchdog.hpp"
+#include "child_process.hpp"
 #include "train_util.hpp"
 
 namespace {
@@ -45,19 +46,6 @@ struct Child {
     }
   }
 };
-
-// Runs `body` in a forked child (no MPI there) and returns its wait status.
-template <class Body>
-int in_child(Body body) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    body();
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return status;
-}
 
 bool state_is(pid_t pid, fsdp::ProcessState state) {
   return fsdp::local_process_state(pid) == state;
