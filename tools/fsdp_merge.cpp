@@ -56,12 +56,7 @@ std::string model_classes() {
 
 int main(int argc, char** argv) {
   // SIGTERM / SIGINT / SIGHUP: the output's temporaries are removed, the final files kept.
-  try {
-    fsdp::remove_temporaries_on_signal();
-  } catch (const fsdp::Error& e) {
-    fsdp::write_line(2, std::string("fsdp_merge: ") + e.what());
-    return e.exit_code();
-  }
+  fsdp::remove_temporaries_on_signal();
   std::string step_dir, out_dir, max_shard_size = "5GB", dtype = "fp32";
   po::options_description visible("Options");
   visible.add_options()("help,h", "print this help and exit")(

@@ -65,12 +65,7 @@ void refuse_options(const po::variables_map& vm, const std::string& mode, std::i
 
 int main(int argc, char** argv) {
   // SIGTERM / SIGINT / SIGHUP: the output's temporaries are removed, the final files kept.
-  try {
-    fsdp::remove_temporaries_on_signal();
-  } catch (const fsdp::Error& e) {
-    fsdp::write_line(2, std::string("fsdp_prepare: ") + e.what());
-    return e.exit_code();
-  }
+  fsdp::remove_temporaries_on_signal();
   std::string out;
   double val_fraction = 0.05;
   std::string pairs, tokenizer, document = "file", token_format = "auto", bos_token, eos_token;

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -90,13 +91,13 @@ std::optional<ConfigDifference> first_config_difference(const std::string& a_tom
     const auto it = m.find(k);
     return it == m.end() ? std::string("(absent)") : it->second;
   };
-  // Keys in sorted order over both sides (toml++ tables are sorted, so a's order is too).
-  std::map<std::string, int> keys;
-  for (const auto& kv : a) keys.emplace(kv.first, 0);
-  for (const auto& kv : b) keys.emplace(kv.first, 0);
-  for (const auto& kv : keys) {
-    const std::string va = value(in_a, kv.first), vb = value(in_b, kv.first);
-    if (va != vb) return ConfigDifference{kv.first, va, vb};
+  // Keys in sorted order over both sides.
+  std::set<std::string> keys;
+  for (const auto& kv : a) keys.insert(kv.first);
+  for (const auto& kv : b) keys.insert(kv.first);
+  for (const std::string& k : keys) {
+    const std::string va = value(in_a, k), vb = value(in_b, k);
+    if (va != vb) return ConfigDifference{k, va, vb};
   }
   return std::nullopt;
 }

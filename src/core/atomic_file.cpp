@@ -68,19 +68,15 @@ extern "C" void remove_temporaries_and_reraise(int sig) {
 
 }  // namespace
 
-void remove_temporaries_on_signal() {
+void remove_temporaries_on_signal() noexcept {
   for (const int sig : {SIGTERM, SIGINT, SIGHUP}) {
     struct sigaction old {};
-    if (::sigaction(sig, nullptr, &old) != 0) {
-      throw Error(std::string("sigaction failed: ") + std::strerror(errno));
-    }
+    ::sigaction(sig, nullptr, &old);
     if (old.sa_handler == SIG_IGN) continue;  // inherited as ignored: keep it so
     struct sigaction sa {};
     sa.sa_handler = remove_temporaries_and_reraise;
     sigemptyset(&sa.sa_mask);
-    if (::sigaction(sig, &sa, nullptr) != 0) {
-      throw Error(std::string("sigaction failed: ") + std::strerror(errno));
-    }
+    ::sigaction(sig, &sa, nullptr);
   }
 }
 

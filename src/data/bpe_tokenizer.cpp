@@ -658,9 +658,8 @@ std::unique_ptr<TextTokenizer> load_text_tokenizer(const std::string& path,
     const fs::path dir(path);
     const std::string json_file = (dir / "tokenizer.json").string();
     const std::string spm_file = (dir / "tokenizer.model").string();
-    const bool spm = fs::is_regular_file(spm_file, ec);
-    if (fs::is_regular_file(json_file, ec) && spm && specials.bos_token.empty() &&
-        specials.eos_token.empty()) {
+    const bool json = fs::is_regular_file(json_file, ec), spm = fs::is_regular_file(spm_file, ec);
+    if (json && spm && specials.bos_token.empty() && specials.eos_token.empty()) {
       try {
         return std::make_unique<BpeTokenizer>(json_file, specials);
       } catch (const Error& json_error) {
@@ -677,7 +676,7 @@ std::unique_ptr<TextTokenizer> load_text_tokenizer(const std::string& path,
         return tok;
       }
     }
-    if (fs::is_regular_file(json_file, ec)) {
+    if (json) {
       file = json_file;
     } else if (spm) {
       file = spm_file;

@@ -146,14 +146,16 @@ MetricsFile::MetricsFile(const std::string& path, bool truncate) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0),
                0644);
   if (fd_ < 0) throw InputError("train.run_dir: cannot write " + path + ": " + errno_text());
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-    // A FIFO would block the run once its buffer is full (opened read-write it never blocks
-    // here); anything else cannot take appended lines.
+  auto fail = [&](const std::string& what) {  // closes the file, then throws
     ::close(fd_);
     fd_ = -1;
-    throw InputError("train.run_dir: cannot write " + path + ": not a regular file");
-  }
+    throw InputError("train.run_dir: " + what);
+  };
+  struct stat st {};
+  // A FIFO would block the run once its buffer is full (opened read-write it never blocks
+  // here); anything else cannot take appended lines.
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))
+    fail("cannot write " + path + ": not a regular file");
   // The end of the last complete line: scan back from the end in blocks for a newline.
   const off_t size = ::lseek(fd_, 0, SEEK_END);
   off_t keep = size;
@@ -162,12 +164,8 @@ MetricsFile::MetricsFile(const std::string& path, bool truncate) : path_(path) {
   while (keep > 0) {
     const off_t from = keep > kBlock ? keep - kBlock : 0;
     const ssize_t n = ::pread(fd_, block, static_cast<std::size_t>(keep - from), from);
-    if (n != keep - from) {
-      const std::string why = n < 0 ? errno_text() : std::string("short read");
-      ::close(fd_);
-      fd_ = -1;
-      throw InputError("train.run_dir: cannot read " + path + ": " + why);
-    }
+    if (n != keep - from)
+      fail("cannot read " + path + ": " + (n < 0 ? errno_text() : std::string("short read")));
     const void* nl = ::memrchr(block, '\n', static_cast<std::size_t>(n));
     if (nl) {
       keep = from + (static_cast<const char*>(nl) - block) + 1;
@@ -176,13 +174,8 @@ MetricsFile::MetricsFile(const std::string& path, bool truncate) : path_(path) {
     keep = from;
   }
   if (keep < size) {
-    if (::ftruncate(fd_, keep) != 0) {
-      const std::string why = errno_text();
-      ::close(fd_);
-      fd_ = -1;
-      throw InputError("train.run_dir: cannot cut the unfinished last line of " + path + ": " +
-                       why);
-    }
+    if (::ftruncate(fd_, keep) != 0)
+      fail("cannot cut the unfinished last line of " + path + ": " + errno_text());
     unfinished_bytes_ = size - keep;
   }
 }

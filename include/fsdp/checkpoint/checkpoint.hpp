@@ -354,6 +354,9 @@ PruneResult prune_step_dirs(const std::string& run_dir, int64_t latest_step, int
 // it may be binary garbage) or names a directory that does not exist.
 std::optional<std::string> find_latest(const std::string& run_dir);
 
+// Whether `dir` is a directory holding shard_<i>-of-<n>.h5 files (a checkpoint step directory).
+bool is_step_dir(const std::string& dir);
+
 // What a reader of one checkpoint (fsdp_merge's STEP_DIR) is given, as the step directory to
 // open. `path` is taken as given when it is a directory holding shard files, or none of the
 // forms below (CheckpointSet::open then judges it). Otherwise `latest` is followed, as
@@ -362,8 +365,6 @@ std::optional<std::string> find_latest(const std::string& run_dir);
 // holding `latest`, or a run directory holding checkpoints/latest. `latest` is the file
 // followed ("" when `path` is returned as given). Throws find_latest's InputError for a
 // `latest` that is unreadable, malformed or names a missing step directory.
-// Whether `dir` is a directory holding shard_<i>-of-<n>.h5 files (a checkpoint step directory).
-bool is_step_dir(const std::string& dir);
 struct StepDirChoice {
   std::string step_dir;
   std::string latest;

@@ -65,8 +65,9 @@ class AtomicFile {
 // way. A signal the process inherited as ignored (SIGINT and SIGQUIT of a background job
 // without job control) stays ignored. unlink(2) is async-signal-safe; the temporaries are
 // kept in a fixed table of 32 absolute paths of < 4096 bytes (one beyond that is left for the
-// next writer's AtomicFile to remove, as after SIGKILL). Throws fsdp::Error if sigaction fails.
-void remove_temporaries_on_signal();
+// next writer's AtomicFile to remove, as after SIGKILL). Never fails: sigaction(2) fails only
+// for an invalid signal or address.
+void remove_temporaries_on_signal() noexcept;
 
 // Writes `bytes` as the whole content of `path`, atomically (AtomicFile with a plain
 // write(2) loop). Throws fsdp::Error "<path>: write failed: <strerror>" (or a commit error).
