@@ -143,27 +143,25 @@ void probe_writable(const std::string& dir, const std::string& key) {
 // ---- MetricsFile ----
 
 MetricsFile::MetricsFile(const std::string& path, bool truncate) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0),
-               0644);
-  if (fd_ < 0) throw InputError("train.run_dir: cannot write " + path + ": " + errno_text());
-  auto fail = [&](const std::string& what) {  // closes the file, then throws
-    ::close(fd_);
-    fd_ = -1;
+  fd_.reset(::open(path.c_str(),
+                   O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644));
+  if (!fd_) throw InputError("train.run_dir: cannot write " + path + ": " + errno_text());
+  auto fail = [](const std::string& what) {  // fd_ closes as the constructor unwinds
     throw InputError("train.run_dir: " + what);
   };
   struct stat st {};
   // A FIFO would block the run once its buffer is full (opened read-write it never blocks
   // here); anything else cannot take appended lines.
-  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))
+  if (::fstat(fd_.get(), &st) != 0 || !S_ISREG(st.st_mode))
     fail("cannot write " + path + ": not a regular file");
   // The end of the last complete line: scan back from the end in blocks for a newline.
-  const off_t size = ::lseek(fd_, 0, SEEK_END);
+  const off_t size = ::lseek(fd_.get(), 0, SEEK_END);
   off_t keep = size;
   char block[4096];
   constexpr auto kBlock = static_cast<off_t>(sizeof block);
   while (keep > 0) {
     const off_t from = keep > kBlock ? keep - kBlock : 0;
-    const ssize_t n = ::pread(fd_, block, static_cast<std::size_t>(keep - from), from);
+    const ssize_t n = ::pread(fd_.get(), block, static_cast<std::size_t>(keep - from), from);
     if (n != keep - from)
       fail("cannot read " + path + ": " + (n < 0 ? errno_text() : std::string("short read")));
     const void* nl = ::memrchr(block, '\n', static_cast<std::size_t>(n));
@@ -174,44 +172,24 @@ MetricsFile::MetricsFile(const std::string& path, bool truncate) : path_(path) {
     keep = from;
   }
   if (keep < size) {
-    if (::ftruncate(fd_, keep) != 0)
+    if (::ftruncate(fd_.get(), keep) != 0)
       fail("cannot cut the unfinished last line of " + path + ": " + errno_text());
     unfinished_bytes_ = size - keep;
   }
 }
 
-MetricsFile::MetricsFile(MetricsFile&& o) noexcept
-    : fd_(o.fd_), path_(std::move(o.path_)), unfinished_bytes_(o.unfinished_bytes_) {
-  o.fd_ = -1;
-}
-
-MetricsFile& MetricsFile::operator=(MetricsFile&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = o.fd_;
-    path_ = std::move(o.path_);
-    unfinished_bytes_ = o.unfinished_bytes_;
-    o.fd_ = -1;
-  }
-  return *this;
-}
-
-MetricsFile::~MetricsFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 void MetricsFile::append_line(std::string_view line) {
-  if (fd_ < 0) throw Error("metrics.jsonl: not open");
-  const off_t start = ::lseek(fd_, 0, SEEK_END);
+  if (!fd_) throw Error("metrics.jsonl: not open");
+  const off_t start = ::lseek(fd_.get(), 0, SEEK_END);
   std::string s(line);
   s += '\n';
   std::size_t done = 0;
   while (done < s.size()) {
-    const ssize_t n = ::write(fd_, s.data() + done, s.size() - done);
+    const ssize_t n = ::write(fd_.get(), s.data() + done, s.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const int err = errno;
-      if (start >= 0 && done > 0) (void)!::ftruncate(fd_, start);  // no half line left behind
+      if (start >= 0 && done > 0) (void)!::ftruncate(fd_.get(), start);  // no half line left behind
       throw Error(path_ + ": write failed: " + std::strerror(err));
     }
     done += static_cast<std::size_t>(n);

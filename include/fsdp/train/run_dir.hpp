@@ -42,12 +42,7 @@ class MetricsFile {
   // Throws InputError "train.run_dir: cannot write <path>: <strerror>" ("...: not a regular
   // file" for a FIFO, a device, ...).
   MetricsFile(const std::string& path, bool truncate);
-  MetricsFile(MetricsFile&&) noexcept;
-  MetricsFile& operator=(MetricsFile&&) noexcept;
-  MetricsFile(const MetricsFile&) = delete;
-  MetricsFile& operator=(const MetricsFile&) = delete;
-  ~MetricsFile();
-  bool is_open() const { return fd_ >= 0; }
+  bool is_open() const { return static_cast<bool>(fd_); }
   const std::string& path() const { return path_; }
   // Bytes of the unfinished last line cut off at opening (0: none).
   int64_t unfinished_bytes() const { return unfinished_bytes_; }
@@ -57,7 +52,7 @@ class MetricsFile {
   void append_line(std::string_view line);
 
  private:
-  int fd_ = -1;
+  UniqueFd fd_;  // move-only, and so is MetricsFile
   std::string path_;
   int64_t unfinished_bytes_ = 0;
 };
