@@ -1,6 +1,7 @@
 // fsdp_train: the training executable.
 //
-//   mpirun -np N fsdp_train CONFIG.toml [--set section.key=value ...] [--resume[=auto]] [--dry-run]
+//   mpirun -np N fsdp_train CONFIG.toml [--set section.key=value ...] [--resume[=auto|=STEP]]
+//       [--dry-run]
 //   fsdp_train CONFIG.toml --dry-run --world-size N --set mesh.shard_size=S
 //   mpirun -np N fsdp_train CONFIG.toml --profile FIRST:LAST
 //
@@ -39,6 +40,7 @@ struct Cli {
   std::vector<std::string> overrides;
   bool resume_must = false;  // --resume
   bool resume_auto = false;  // --resume=auto or --resume auto
+  std::string resume_from;   // --resume=STEP: a step number or step directory ("" = latest)
   bool dry_run = false, help = false, version = false, list_keys = false;
   int world_size = 0;  // --world-size: 0 = the ranks running
   std::string profile;  // --profile FIRST:LAST ("" = not given)
@@ -91,7 +93,9 @@ Cli parse_cli(int argc, char** argv) {
       ("resume", po::bool_switch(&cli.resume_must),
        "continue from train.run_dir/checkpoints/latest (a checkpoint must exist); "
        "--resume=auto (or --resume auto): resume if there is a checkpoint, else start fresh "
-       "(one command line for a job's first run and its requeues)")
+       "(one command line for a job's first run and its requeues); --resume=STEP: continue "
+       "from an earlier checkpoint of the run, a step number or step directory (latest then "
+       "names it)")
       ("dry-run", po::bool_switch(&cli.dry_run),
        "validate, build the mesh and FSDP units, print the per-rank memory plan, and exit")
       ("profile", po::value(&cli.profile)->value_name("FIRST:LAST"),
@@ -112,8 +116,13 @@ Cli parse_cli(int argc, char** argv) {
     if (a == "--resume=auto" || (a == "--resume" && i + 1 < argc && std::string(argv[i + 1]) == "auto")) {
       args.push_back("--resume-auto");
       if (a == "--resume") ++i;
-    } else if (a.rfind("--resume=", 0) == 0) {
-      throw fsdp::InputError("command line: " + a + ": --resume takes no value, or =auto (see --help)");
+    } else if (a.rfind("--resume=", 0) == 0) {  // --resume=STEP
+      cli.resume_from = a.substr(std::string("--resume=").size());
+      if (cli.resume_from.empty()) {
+        throw fsdp::InputError("command line: --resume=: expected auto, a step number or a step "
+                               "directory (see --help)");
+      }
+      args.push_back("--resume");
     } else {
       args.push_back(a);
     }
@@ -221,6 +230,7 @@ int main(int argc, char** argv) {
     } else {
       fsdp::TrainOptions options;
       options.resume = cli.resume_must;
+      options.resume_from = cli.resume_from;
       options.resume_auto = cli.resume_auto;
       options.dry_run = cli.dry_run;
       options.plan_world_size = cli.world_size;

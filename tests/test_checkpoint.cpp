@@ -609,6 +609,50 @@ TEST_F(CheckpointTest, ResolveStepDirFollowsLatest) {
   expect_input_error([&] { resolve_step_dir(run); }, {"latest", "step_00000009", "does not exist"});
 }
 
+// --resume=STEP: a step number or a step directory of this run (also the run directory or
+// `latest`, followed); anything else is one input error naming the choice and what there is.
+TEST_F(CheckpointTest, ResumeStepDirChoosesACheckpointOfThisRun) {
+  const std::string run = path("run");
+  const std::string ck = checkpoints_dir(run);
+  for (int64_t step : {2, 4, 6}) {
+    fs::create_directories(step_dir(run, step));
+    std::ofstream(step_dir(run, step) + "/" + shard_file_name(0, 1)) << "h5";
+  }
+  fs::remove(step_dir(run, 6) + "/" + shard_file_name(0, 1));  // step 6: no shard file
+  fs::create_directories(tmp_step_dir(run, 8));                // a crashed save
+  std::ofstream(tmp_step_dir(run, 8) + "/" + shard_file_name(0, 1)) << "h5";
+  fs::create_directories(path("other/checkpoints/step_00000002"));
+  std::ofstream(path("other/checkpoints/step_00000002/") + shard_file_name(0, 1)) << "h5";
+  EXPECT_EQ(checkpoint_steps(run), (std::vector<int64_t>{2, 4}));
+  EXPECT_TRUE(checkpoint_steps(path("nowhere")).empty());
+
+  auto same = [](const std::string& a, const std::string& b) {
+    return fs::path(a).lexically_normal() == fs::path(b).lexically_normal();
+  };
+  EXPECT_TRUE(same(resume_step_dir(run, "2"), step_dir(run, 2)));
+  EXPECT_TRUE(same(resume_step_dir(run, "00000004"), step_dir(run, 4)));
+  EXPECT_TRUE(same(resume_step_dir(run, step_dir(run, 2)), step_dir(run, 2)));
+  EXPECT_TRUE(same(resume_step_dir(run, step_dir(run, 2) + "/"), step_dir(run, 2)));
+  publish_latest(run, 4);
+  EXPECT_TRUE(same(resume_step_dir(run, run), step_dir(run, 4)));  // latest followed
+  EXPECT_TRUE(same(resume_step_dir(run, ck + "/latest"), step_dir(run, 4)));
+
+  expect_input_error([&] { resume_step_dir(run, "3"); },
+                     {"--resume=3: ", ck, "has no checkpoint of step 3 (its checkpoints: steps 2, 4)"});
+  expect_input_error([&] { resume_step_dir(run, "6"); }, {"--resume=6: ", "no checkpoint of step 6"});
+  expect_input_error([&] { resume_step_dir(run, tmp_step_dir(run, 8)); },
+                     {"step_00000008.tmp is not a complete checkpoint (its checkpoints: steps 2, 4)"});
+  expect_input_error([&] { resume_step_dir(path("other"), "1"); },
+                     {"no checkpoint of step 1 (its checkpoints: step 2)"});
+  expect_input_error([&] { resume_step_dir(path("empty"), "1"); }, {"(it holds no checkpoint)"});
+  for (const std::string& elsewhere : {path("other/checkpoints/step_00000002"), path("nowhere"),
+                                       std::string("-1"), std::string("latest")}) {
+    expect_input_error([&] { resume_step_dir(run, elsewhere); },
+                       {"--resume=" + elsewhere + ": not a checkpoint of train.run_dir = \"" + run,
+                        "fsdp_merge and model.init_from"});
+  }
+}
+
 // checkpoint.save_total_limit: the newest `keep` complete checkpoints up to `latest` stay;
 // nothing else in checkpoints/ is touched, and an interrupted removal's leftover goes.
 TEST_F(CheckpointTest, PruneKeepsTheNewestCheckpointsUpToLatest) {

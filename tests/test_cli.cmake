@@ -86,7 +86,7 @@ add_executable(fsdp_h5_poke cli/h5_poke.cpp)
 target_link_libraries(fsdp_h5_poke PRIVATE hdf5::hdf5 fsdp::checkpoint)
 set(FSDP_INTEGRITY_CASES shard_from_other_step flipped_byte resume_changed_key bad_step_attr
     max_steps_below garbage_latest shard_from_other_run run_id_kept_on_resume tampered_metadata
-    merge_into_checkpoints merge_concurrent merge_latest)
+    merge_into_checkpoints merge_concurrent merge_latest resume_step)
 fsdp_cli_tests(integrity cli_integrity 2 ${FSDP_INTEGRITY_CASES}
   ENV FSDP_MERGE=$<TARGET_FILE:fsdp_merge> FSDP_H5_POKE=$<TARGET_FILE:fsdp_h5_poke>)
 

@@ -1021,6 +1021,57 @@ bool is_step_dir(const std::string& dir) {
   return fs::is_directory(dir, ec) && !shard_counts(dir).empty();
 }
 
+std::vector<int64_t> checkpoint_steps(const std::string& run_dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (fs::directory_iterator it(checkpoints_dir(run_dir), ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::optional<int64_t> step = step_of_dir_name(it->path().filename().string());
+    if (step && is_step_dir(it->path().string())) steps.push_back(*step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::string resume_step_dir(const std::string& run_dir, const std::string& choice) {
+  const std::string what = "--resume=" + choice + ": ";
+  const std::string ckdir = checkpoints_dir(run_dir);
+  auto listed = [&]() -> std::string {
+    const std::vector<int64_t> steps = checkpoint_steps(run_dir);
+    if (steps.empty()) return " (it holds no checkpoint)";
+    std::string s = " (its checkpoints: step";
+    s += steps.size() > 1 ? "s " : " ";
+    const std::size_t from = steps.size() > 8 ? steps.size() - 8 : 0;  // the newest 8
+    if (from > 0) s += "..., ";
+    for (std::size_t i = from; i < steps.size(); ++i)
+      s += (i > from ? ", " : "") + std::to_string(steps[i]);
+    return s + ")";
+  };
+  const bool number = !choice.empty() && choice.size() <= 18 &&
+                      choice.find_first_not_of("0123456789") == std::string::npos;
+  if (number) {
+    const int64_t step = std::stoll(choice);
+    const std::string dir = step_dir(run_dir, step);
+    if (!is_step_dir(dir))
+      throw InputError(what + ckdir + " has no checkpoint of step " + std::to_string(step) + listed());
+    return dir;
+  }
+  const std::string dir = resolve_step_dir(choice).step_dir;
+  fs::path p = fs::path(dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "step_00000004/"
+  std::error_code ec;
+  const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const bool here = fs::equivalent(parent, ckdir, ec) && !ec;
+  if (!here) {
+    throw InputError(what + "not a checkpoint of train.run_dir = \"" + run_dir + "\" (expected a "
+                     "step number or a step directory in " + ckdir + "); a new run starts from "
+                     "another run's weights through fsdp_merge and model.init_from");
+  }
+  if (!step_of_dir_name(p.filename().string()) || !is_step_dir(dir))
+    throw InputError(what + dir + " is not a complete checkpoint" + listed());
+  return p.string();
+}
+
 StepDirChoice resolve_step_dir(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);

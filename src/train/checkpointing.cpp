@@ -4,6 +4,10 @@
 
 #include <sys/statvfs.h>
 
+#include <charconv>
+#include <filesystem>
+#include <limits>
+
 namespace fsdp::train_impl {
 
 ckpt::CheckpointMeta checkpoint_meta(Job& job) {
@@ -217,8 +221,43 @@ void warn_if_save_does_not_fit(Job& job) {
                     "train.run_dir or set checkpoint.enable = false");
 }
 
+// The hint a failed read of the checkpoint in `dir` ends with: the run's checkpoints of lower
+// steps, newest first (up to 3), and the --resume=STEP that continues from the newest; "" when
+// there is none.
+std::string earlier_checkpoints_hint(const std::string& run_dir, const std::string& dir) {
+  const std::string name = std::filesystem::path(dir).filename().string();
+  int64_t failed = std::numeric_limits<int64_t>::max();
+  if (name.rfind("step_", 0) == 0)
+    std::from_chars(name.data() + 5, name.data() + name.size(), failed);
+  std::vector<int64_t> earlier;
+  for (const int64_t s : ckpt::checkpoint_steps(run_dir))
+    if (s < failed) earlier.push_back(s);
+  if (earlier.empty()) return "";
+  std::string list;
+  for (std::size_t i = 0; i < earlier.size() && i < 3; ++i)
+    list += (i ? ", " : "") + ckpt::step_dir_name(earlier[earlier.size() - 1 - i]);
+  return "; earlier checkpoints of this run: " + list + (earlier.size() > 3 ? ", ..." : "") +
+         " (--resume=" + std::to_string(earlier.back()) + " continues from the newest of them)";
+}
+
+// Runs `read`, which opens or reads the checkpoint in `dir`. An input error it throws (a
+// corrupted, truncated or incomplete step directory) is rethrown with
+// earlier_checkpoints_hint appended, so a run whose newest checkpoint is damaged is told
+// which one to continue from.
+template <class Read>
+auto with_earlier_checkpoints(const std::string& run_dir, const std::string& dir, Read&& read) {
+  try {
+    return read();
+  } catch (const Error& e) {
+    if (e.exit_code() != kExitInputError) throw;
+    const std::string hint = earlier_checkpoints_hint(run_dir, dir);
+    if (hint.empty()) throw;
+    throw Error(e.what() + hint, e.exit_code());
+  }
+}
+
 // Resume, in two guarded phases. 1: rank 0 opens the metadata of every shard file of the
-// step `latest` names (CheckpointSet::open: same step, mesh, layouts, fingerprint; a mixed
+// step `latest` names, or --resume=STEP's (CheckpointSet::open: same step, mesh, layouts, fingerprint; a mixed
 // directory fails here, on one rank, instead of ranks disagreeing later), checks the stored
 // config against the run's (ckpt::check_resume_config) and train.max_steps against the step.
 // 2: every rank opens the set's metadata and fills its shards: from the file of its own
@@ -226,20 +265,34 @@ void warn_if_save_does_not_fit(Job& job) {
 // the old files' flat ranges that overlap its new shard (ckpt::read_resharded: a different
 // world size, mesh.shard_size or sharding strategy). Every read verifies the dataset's
 // checksum and finiteness. Nothing is read before phase 1 passed. Returns shard 0's meta
-// (the saving run's world and shard size, for the log).
-ckpt::CheckpointMeta load_checkpoint(Job& job) {
+// (the saving run's world and shard size, for the log) and sets `step_dir` to the directory
+// read. A failed open or read ends with the run's earlier checkpoints
+// (with_earlier_checkpoints); the step directory's name must be its files' step.
+ckpt::CheckpointMeta load_checkpoint(Job& job, std::string& step_dir) {
   const std::string& run_dir = job.cfg.train.run_dir;
   std::optional<std::string> latest;
   std::optional<ckpt::CheckpointSet> validated;  // rank 0: phase 1's set, reused in phase 2
   collective_guard(job.host, [&] {
-    latest = ckpt::find_latest(run_dir);
+    if (!job.opt.resume_from.empty()) {
+      latest = ckpt::resume_step_dir(run_dir, job.opt.resume_from);
+    } else {
+      latest = ckpt::find_latest(run_dir);
+    }
     if (!latest) {
       throw InputError("--resume: no checkpoint in " + ckpt::checkpoints_dir(run_dir) +
                        " (train.run_dir = \"" + run_dir + "\")");
     }
+    step_dir = *latest;
     if (!job.rank0()) return;
-    const ckpt::CheckpointSet& set = validated.emplace(ckpt::CheckpointSet::open(*latest));
+    const ckpt::CheckpointSet& set = validated.emplace(with_earlier_checkpoints(
+        run_dir, *latest, [&] { return ckpt::CheckpointSet::open(*latest); }));
     const std::string& file = set.shard(0).path();
+    if (ckpt::step_dir_name(set.meta().step) !=
+        std::filesystem::path(*latest).lexically_normal().filename().string()) {
+      throw InputError(file + ": step " + std::to_string(set.meta().step) + " is not the step " +
+                       "its directory's name says (" + *latest + "): the step directory was " +
+                       "renamed or its files copied from another step");
+    }
     ckpt::check_resume_config(set.meta().train_config_toml, to_toml(job.cfg), file);
     if (set.meta().step > job.cfg.train.max_steps) {
       throw InputError("train.max_steps = " + std::to_string(job.cfg.train.max_steps) +
@@ -252,7 +305,10 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
     const ckpt::CheckpointMeta expected = checkpoint_meta(job);
     const std::vector<FlatParamLayout> layouts = job.engine->layouts();
     // Metadata of every shard file (no tensor data): a rank may need pieces of several.
-    if (!validated) validated.emplace(ckpt::CheckpointSet::open(*latest));
+    if (!validated) {
+      validated.emplace(with_earlier_checkpoints(
+          run_dir, *latest, [&] { return ckpt::CheckpointSet::open(*latest); }));
+    }
     const ckpt::CheckpointSet& set = *validated;
     const ckpt::CheckpointMeta& m = set.meta();  // shard 0's: step, optimizer counters, scale
     if (m.optimizer != expected.optimizer) {
@@ -265,22 +321,25 @@ ckpt::CheckpointMeta load_checkpoint(Job& job) {
     // rank's new shard are read from the old files (docs/checkpoint.md "Resharding on resume").
     const bool same = m.shard_size == expected.shard_size && ckpt::same_layouts(set.layouts(), layouts);
     const int64_t s = expected.shard_index;
-    for (int u = 0; u < job.engine->num_units(); ++u) {
-      auto fill = [&](const std::string& dataset, float* out) {
-        if (same) return set.shard(static_cast<int>(s)).read_unit(u, dataset, out);
-        ckpt::read_resharded(set, layouts[static_cast<std::size_t>(u)], s, dataset, out);
-      };
-      // Read into host memory, then into the shards' runtime (in place in host memory).
-      DeviceRuntime& shards = job.engine->shard_runtime(u);
-      auto read = [&](const std::string& dataset, const TensorView& dst) {
-        if (shards.device() == Device::cpu) return fill(dataset, dst.f32());
-        std::vector<float> host(static_cast<std::size_t>(dst.numel()));
-        fill(dataset, host.data());
-        shards.copy_from_host(dst, host.data());
-      };
-      read("param", job.engine->shard_param(u));
-      for (const OptimState st : job.optimizer->states()) read(to_string(st), job.optimizer->state(u, st));
-    }
+    with_earlier_checkpoints(run_dir, *latest, [&] {
+      for (int u = 0; u < job.engine->num_units(); ++u) {
+        auto fill = [&](const std::string& dataset, float* out) {
+          if (same) return set.shard(static_cast<int>(s)).read_unit(u, dataset, out);
+          ckpt::read_resharded(set, layouts[static_cast<std::size_t>(u)], s, dataset, out);
+        };
+        // Read into host memory, then into the shards' runtime (in place in host memory).
+        DeviceRuntime& shards = job.engine->shard_runtime(u);
+        auto read = [&](const std::string& dataset, const TensorView& dst) {
+          if (shards.device() == Device::cpu) return fill(dataset, dst.f32());
+          std::vector<float> host(static_cast<std::size_t>(dst.numel()));
+          fill(dataset, host.data());
+          shards.copy_from_host(dst, host.data());
+        };
+        read("param", job.engine->shard_param(u));
+        for (const OptimState st : job.optimizer->states())
+          read(to_string(st), job.optimizer->state(u, st));
+      }
+    });
     job.step = m.step;
     job.last_checkpoint = m.step;
     if (!m.run_id.empty()) job.run_id = m.run_id;  // the run continues (a version-2 file: a new id)
@@ -320,6 +379,30 @@ ckpt::InitFromResult load_init_from(Job& job) {
 }
 
 
+// --resume=STEP loaded `step_dir`: rank 0 points `latest` at it unless it names it already,
+// so a requeued --resume=auto continues from this run, not from the later checkpoints left
+// behind (the run replaces those as it reaches their steps; save_total_limit leaves step
+// directories above `latest` alone). One guard.
+void point_latest_at(Job& job, const std::string& step_dir) {
+  namespace fs = std::filesystem;
+  const std::string& run_dir = job.cfg.train.run_dir;
+  collective_guard(job.host, [&] {
+    if (!job.rank0()) return;
+    std::optional<std::string> latest;
+    try {
+      latest = ckpt::find_latest(run_dir);
+    } catch (const Error&) {  // a damaged `latest`: replaced below
+    }
+    std::error_code ec;
+    if (latest && fs::equivalent(*latest, step_dir, ec)) return;
+    ckpt::publish_latest(run_dir, job.step);
+    job.log("--resume=" + job.opt.resume_from + ": " + ckpt::checkpoints_dir(run_dir) +
+            "/latest now names " + ckpt::step_dir_name(job.step) +
+            (latest ? " (it named " + fs::path(*latest).filename().string() + ")" : "") +
+            "; later step directories are replaced as the run reaches their steps");
+  });
+}
+
 // The model's starting state: with `resume` the checkpoint's (load_checkpoint; job.step,
 // the optimizer's counters and the fp16 loss scale follow it; model.init_from is ignored),
 // else with model.init_from the Hugging Face weights (result.init_bytes_read), else the
@@ -336,7 +419,8 @@ bool restore_state(Job& job, TrainResult& result, bool resume) {
   }
   if (resume) {
     ckpt::CheckpointMeta saved;
-    job.engine->write_shards([&] { saved = load_checkpoint(job); });  // guarded inside
+    std::string step_dir;
+    job.engine->write_shards([&] { saved = load_checkpoint(job, step_dir); });  // guarded inside
     const int world = job.world;
     const int shard_size = job.engine->num_shards();
     if (saved.world_size != world || saved.shard_size != shard_size) {
@@ -356,6 +440,7 @@ bool restore_state(Job& job, TrainResult& result, bool resume) {
       if (job.opt.gather_params) result.params = job.engine->gather_full_params();
       return true;
     }
+    if (!job.opt.resume_from.empty()) point_latest_at(job, step_dir);
   } else if (!cfg.model.init_from.empty()) {
     ckpt::InitFromResult init;
     job.engine->write_shards([&] {

@@ -43,6 +43,14 @@
 #                             folder's `latest` so), saying so: the bytes of merging that step
 #                             directory by name; `latest` set back to step 1 merges step 1; a
 #                             run directory without checkpoints: exit 2, one line, no output.
+# CASE resume_step            --resume=STEP continues from an earlier checkpoint (a step number
+#                             or step directory): the redone steps' losses equal the first
+#                             run's bit for bit, and `latest` names the chosen step until the
+#                             run saves again. A damaged newest checkpoint: --resume exits 2
+#                             naming the earlier ones and the --resume=STEP to use, which then
+#                             continues. A step there is not, a directory of another run, an
+#                             empty --resume= or a renamed step directory: exit 2, one line,
+#                             nothing changed.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -338,6 +346,64 @@ case "$CASE" in
     expect_rc 2
     expect_one_error fsdp_merge "$WORK/empty_run: no shard files"
     if [ -e "$WORK/hf_none" ]; then fail "a refused merge created its OUT_DIR"; fi
+    ;;
+  resume_step)
+    tiny_config tiny.toml
+    run_train tiny.toml --set train.max_steps=3 --set checkpoint.every=1
+    expect_rc 0
+    # same_losses STEP: every metrics.jsonl line of STEP has the same loss; at least 2 of them.
+    same_losses() {
+      python3 - "$WORK/run/metrics.jsonl" "$1" <<'PY' || fail "step $1's losses differ"
+import json, sys
+losses = [r["loss"] for r in map(json.loads, open(sys.argv[1])) if r.get("step") == int(sys.argv[2])]
+print("step", sys.argv[2], "losses:", losses)
+sys.exit(0 if len(losses) >= 2 and len(set(losses)) == 1 else 1)
+PY
+    }
+    run_train tiny.toml --set train.max_steps=3 --resume=1
+    expect_rc 0
+    grep -q "resumed from step 1" "$OUT" || fail "no 'resumed from step 1' line"
+    grep -q "checkpoints/latest now names step_00000001 (it named step_00000003)" "$OUT" ||
+      fail "no line saying latest now names step_00000001"
+    same_losses 2
+    same_losses 3
+    if [ "$(cat "$CK/latest")" != step_00000003 ]; then fail "latest is not step_00000003 after the run"; fi
+    # The newest checkpoint damaged: the error names the earlier ones and the way on.
+    file=$CK/step_00000003/shard_00001-of-00002.h5
+    off=$("$FSDP_H5_POKE" offset "$file" /units/0/param) || { fail "fsdp_h5_poke offset failed"; finish; }
+    flip_byte "$file" $((off + 5))
+    before=$(snapshot "$CK")
+    run_train tiny.toml --set train.max_steps=4 --resume
+    expect_input_error "$file: tensor /units/0/param" "the file is corrupted; earlier checkpoints" \
+      "of this run: step_00000002, step_00000001 (--resume=2 continues from the newest of them)"
+    expect_unchanged "$before"
+    for bad in 7 "$WORK/elsewhere/checkpoints/step_00000002" "$CK/step_00000003.tmp"; do
+      run_train tiny.toml --set train.max_steps=4 --resume="$bad"
+      expect_input_error "--resume=$bad: "
+      expect_unchanged "$before"
+    done
+    grep -q "its checkpoints: steps 1, 2, 3)" "$ERR" || fail "no list of the checkpoints"
+    run_train tiny.toml --set train.max_steps=4 --resume=
+    expect_input_error "command line: --resume=: expected auto, a step number or a step directory"
+    run_train tiny.toml --set train.max_steps=4 --resume=2
+    expect_rc 0
+    grep -q "resumed from step 2" "$OUT" || fail "no 'resumed from step 2' line after the damage"
+    same_losses 3
+    if [ "$(cat "$CK/latest")" != step_00000004 ]; then fail "latest is not step_00000004"; fi
+    # A step directory; without a save after it, the choice stands: latest names it.
+    run_train tiny.toml --set train.max_steps=4 --set checkpoint.enable=false \
+      --resume="$CK/step_00000002/"
+    expect_rc 0
+    grep -q "latest now names step_00000002 (it named step_00000004)" "$OUT" ||
+      fail "no line for --resume=DIR"
+    if [ "$(cat "$CK/latest")" != step_00000002 ]; then fail "latest is not step_00000002"; fi
+    # A renamed step directory: its files' step is not its name's.
+    mv "$CK/step_00000001" "$CK/step_00000009"
+    before=$(snapshot "$CK")
+    run_train tiny.toml --set train.max_steps=12 --resume=9
+    expect_input_error "$CK/step_00000009/shard_00000-of-00002.h5: step 1 is not the step its" \
+      "directory's name says"
+    expect_unchanged "$before"
     ;;
   *)
     echo "integrity.sh: unknown case '$CASE'" >&2

@@ -337,9 +337,10 @@ void publish_latest(const std::string& run_dir, int64_t step);
 // checkpoint.keep_latest_k): keeps the `keep` newest checkpoints, the one of `latest_step`
 // (the step `latest` names, already published) counted; removes the other complete step
 // directories of lower steps, oldest first. Step directories above `latest_step` (left by a
-// `latest` rewound by hand) and `.tmp` / `.old` directories are not touched. Each removal is
-// rename(step_N -> step_N.deleting), then a recursive delete, so an interrupted one leaves
-// no directory that looks complete; leftover `step_N.deleting` directories are removed too.
+// `latest` rewound by --resume=STEP or by hand) and `.tmp` / `.old` directories are not
+// touched. Each removal is rename(step_N -> step_N.deleting), then a recursive delete, so an
+// interrupted one leaves no directory that looks complete; leftover `step_N.deleting`
+// directories are removed too.
 // Never throws: what could not be renamed or removed is returned, one line per path
 // (strerror), and the caller warns (a checkpoint that stays is not worth the run).
 // keep < 1: nothing is done.
@@ -356,6 +357,20 @@ std::optional<std::string> find_latest(const std::string& run_dir);
 
 // Whether `dir` is a directory holding shard_<i>-of-<n>.h5 files (a checkpoint step directory).
 bool is_step_dir(const std::string& dir);
+
+// The steps of the checkpoints in run_dir/checkpoints, ascending: each directory named
+// step_<8 to 18 digits> that holds shard files (is_step_dir; not step_N.tmp, .old or
+// .deleting). Empty when there is none or the directory cannot be listed. Never throws.
+std::vector<int64_t> checkpoint_steps(const std::string& run_dir);
+
+// The step directory `fsdp_train --resume=CHOICE` continues from (HF Trainer's
+// resume_from_checkpoint, DeepSpeed's load_checkpoint tag, torchtitan's checkpoint.load_step):
+// `choice` is a step number ("4": run_dir/checkpoints/step_00000004) or the path of a step
+// directory in run_dir/checkpoints (also run_dir, its checkpoints directory or `latest`,
+// followed as resolve_step_dir does). Throws InputError "--resume=CHOICE: ..." when it names no
+// checkpoint of this run directory (listing the steps there are), or a directory elsewhere
+// (another run's weights start a new run through fsdp_merge and model.init_from).
+std::string resume_step_dir(const std::string& run_dir, const std::string& choice);
 
 // What a reader of one checkpoint (fsdp_merge's STEP_DIR) is given, as the step directory to
 // open. `path` is taken as given when it is a directory holding shard files, or none of the

@@ -32,6 +32,11 @@ struct TrainOptions {
   bool resume = false;        // continue from run_dir/checkpoints/latest (must exist)
   bool resume_auto = false;   // --resume auto: resume if run_dir/checkpoints/latest exists,
                               // else start fresh (a requeued Slurm job's first and later runs)
+  // With `resume`: the checkpoint to continue from instead of `latest`, a step number or a
+  // step directory of run_dir/checkpoints (ckpt::resume_step_dir; --resume=STEP). Once it is
+  // loaded, and there are steps to train, rank 0 points `latest` at it, so a requeued
+  // --resume=auto continues from there, not from the later checkpoints left behind.
+  std::string resume_from;
   bool dry_run = false;       // validate, build mesh and units, print the memory plan, stop
   // > 0 (dry_run only; fsdp_train --world-size): plan for this many ranks instead of the
   // group's, from any number of processes. The plan's mesh has mesh.shard_size ranks per
