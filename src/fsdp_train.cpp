@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fsdp/config/config.hpp"
+#include "fsdp/core/build_info.hpp"
 #include "fsdp/model/model.hpp"  // load_config over the registered families
 #include "fsdp/core/error.hpp"
 #include "fsdp/train/collective_guard.hpp"
@@ -225,7 +226,9 @@ int main(int argc, char** argv) {
     });
     if (cli.help || cli.version || cli.list_keys) {
       if (rank == 0) {
-        std::cout << (cli.help ? cli.usage : cli.version ? "fsdp_train " FSDP_VERSION "\n" : key_list());
+        std::cout << (cli.help      ? cli.usage
+                      : cli.version ? std::string("fsdp_train ") + fsdp::build_id() + "\n"
+                                    : key_list());
       }
     } else {
       fsdp::TrainOptions options;

@@ -44,7 +44,8 @@ fsdp_cli_tests(bad_input cli_bad_input 2
   seq_len_longer_than_data key_of_another_class unknown_strategy unknown_dtype micro_batch_not_dividing n_embd_not_divisible batch_not_divisible
   shard_size_not_dividing shard_size_not_dividing_full_shard world_size_without_dry_run
   world_size_not_divisible
-  config_differs_between_ranks data_differs_between_ranks resume_without_checkpoint
+  config_differs_between_ranks data_differs_between_ranks build_differs_between_ranks
+  resume_without_checkpoint
   init_from_missing_dir init_from_checkpoint init_from_wrong_shape)
 fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixture mixed_precision dry_run dry_run_world_size t5_dry_run
   threads_bound_by_mpirun help version list_keys input_headers)

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/core/atomic_file.hpp"
+#include "fsdp/core/build_info.hpp"
 #include "fsdp/core/error.hpp"
 
 namespace fsdp {
@@ -136,7 +137,7 @@ bool Profiler::write() {
       {"schemaVersion", 1},
       {"displayTimeUnit", "ms"},
       {"otherData",
-       {{"program", std::string("fsdp_train ") + FSDP_VERSION},
+       {{"program", std::string("fsdp_train ") + build_id()},
         {"rank", rank_},
         {"profile_steps", {first_, last_}},
         {"steps_recorded", steps_recorded_},

@@ -1,6 +1,8 @@
 // The trainer's reporting: banner, memory plan, the step line's phases (see job.hpp).
 #include "job.hpp"
 
+#include "fsdp/core/build_info.hpp"
+
 namespace fsdp::train_impl {
 
 // `x` with an SI prefix and 3 significant digits, e.g. "5.73 M" (the unit follows).
@@ -68,7 +70,7 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
   int64_t n = 0;
   for (const auto& l : layouts) n += l.numel;
   std::ostringstream os;
-  os << "fsdp_train " << FSDP_VERSION << (job.opt.dry_run ? " (dry run)" : "");
+  os << "fsdp_train " << build_id() << (job.opt.dry_run ? " (dry run)" : "");
   if (job.planning()) {
     os << "\nplan for " << job.world << " ranks (--world-size; this process runs in a world of "
        << job.host.size() << ")";

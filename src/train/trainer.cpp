@@ -28,6 +28,7 @@
 #include "fsdp/checkpoint/resume.hpp"
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/core/atomic_file.hpp"
+#include "fsdp/core/build_info.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/host_memory.hpp"
 #include "fsdp/core/process.hpp"
@@ -202,6 +203,25 @@ std::string nonfinite_what(double loss, double norm) {
 
 
 // ---- Setup: the runtime, the data, the model, resume or init_from -------------------------
+
+// Every rank runs the same build of fsdp_train (fsdp::build_id: version, git commit,
+// uncommitted diff, build settings): rank 0's id is broadcast and each rank compares its own.
+// Nodes with different installs (a stale copy on node-local disk, a container image updated
+// on some nodes only) would otherwise fail later without naming the cause, or hang in a
+// collective only one build issues. The first check of setup(); InputError on a rank whose
+// build differs, naming both.
+void check_same_build(Job& job) {
+  const std::string mine = build_id();
+  char root[256] = {};  // the id is ~60 characters; a longer one is compared in its first 255
+  if (job.rank0()) mine.copy(root, sizeof root - 1);
+  job.host.broadcast(root, sizeof root, DType::u8, 0)->wait();
+  collective_guard(job.host, [&] {
+    if (mine.substr(0, sizeof root - 1) == root) return;
+    throw InputError("the ranks run different fsdp_train builds: " + mine + " on " + where() +
+                     ", " + root + " on rank 0 (every node must run the same executable: is "
+                     "fsdp_train installed separately on each node?)");
+  });
+}
 
 // Every rank read the same config: rank 0's resolved TOML (to_toml) is broadcast and each rank
 // compares its own with it. A config file edited while the job started, or nodes reading
@@ -458,6 +478,7 @@ Setup setup(Job& job, TrainResult& result) {
   if (const double launch = seconds_since_process_start(); launch >= 0) {
     result.startup.emplace_back("launch", launch);
   }
+  check_same_build(job);
   job.scaler = GradScaler(cfg.mixed_precision);
   // A Config built in code gets parse_config's checks (a parsed one passes them again).
   collective_guard(job.host, [&] { check_config(cfg); });

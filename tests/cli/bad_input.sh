@@ -250,6 +250,35 @@ case "$CASE" in
       "optim.lr = 0.002 on rank 1, 0.001 on rank 0"
     if [ -e "$WORK/run" ]; then fail "a run whose ranks read different configs wrote $WORK/run"; fi
     ;;
+  build_differs_between_ranks)
+    # Rank 1 runs another build (a node with its own, older install): a copy of fsdp_train
+    # whose build id (fsdp::build_id, one string in the executable) is patched to another of
+    # the same length. Exit 2 naming both ids, before anything else is compared or written.
+    id=$("$FSDP_TRAIN" --version | sed 's/^fsdp_train //')
+    python3 - "$FSDP_TRAIN" "$WORK/fsdp_train_other" "$id" <<'PY' || fail "patching the copy failed"
+import re, sys
+src, dst, id_ = sys.argv[1], sys.argv[2], sys.argv[3]
+other = re.sub(r"\+g[0-9a-f]{12}", "+g" + "f" * 12, id_)
+if other == id_:
+    other = id_.replace("+unknown", "+UNKNOWN")
+data = open(src, "rb").read()
+n = data.count(id_.encode() + b"\0")
+if n < 1 or other == id_:
+    sys.exit(f"{n} copies of {id_!r} in {src}")
+open(dst, "wb").write(data.replace(id_.encode() + b"\0", other.encode() + b"\0"))
+print("patched", n, "copies:", other)
+PY
+    chmod +x "$WORK/fsdp_train_other"
+    other=$("$WORK/fsdp_train_other" --version | sed 's/^fsdp_train //')
+    if [ "$other" = "$id" ]; then fail "the patched copy reports the same build id"; fi
+    tiny_config good.toml
+    timeout 60 "$MPIEXEC" --oversubscribe --bind-to none -np 1 "$FSDP_TRAIN" good.toml \
+      : -np 1 "$WORK/fsdp_train_other" good.toml >"$OUT" 2>"$ERR" </dev/null
+    RC=$?
+    expect_input_error "the ranks run different fsdp_train builds: $other on rank 1" \
+      ", $id on rank 0 (every node must run the same executable"
+    if [ -e "$WORK/run" ]; then fail "a run whose ranks run different builds wrote $WORK/run"; fi
+    ;;
   data_differs_between_ranks)
     # The same relative data.path is another file for rank 1 (its working directory: a node
     # reading a stale copy staged to local disk): exit 2 naming data.path and both counts.

@@ -36,7 +36,7 @@
 # CASE threads_bound_by_mpirun: `mpirun -np 1` (Open MPI binds the rank to one core) with
 #               train.num_threads = 2: the banner shows 2 threads on >= 2 CPUs; with
 #               `--bind-to core` too, plus the note that a deliberate binding was overridden.
-# CASE help / version: exit 0, printed once (rank 0 only).
+# CASE help / version: exit 0, printed once (rank 0 only); --version prints fsdp::build_id().
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -354,7 +354,8 @@ print(n)' "$OUT"
   version)
     run_train --version
     expect_rc 0
-    n=$(grep -cE '^fsdp_train [0-9]+\.[0-9]+\.[0-9]+$' "$OUT")
+    # fsdp::build_id: version+g<commit>[.dirty.<diff hash>] (<build type>, <backend>).
+    n=$(grep -cE '^fsdp_train [0-9]+\.[0-9]+\.[0-9]+\+(g[0-9a-f]{12}(\.dirty\.[0-9a-f]{8})?|unknown) \([A-Za-z]*, (CPU only|CUDA sm [0-9,]+)\)$' "$OUT")
     if [ "$n" -ne 1 ]; then fail "version line printed $n times, expected once"; fi
     ;;
   list_keys)
