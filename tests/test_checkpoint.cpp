@@ -638,10 +638,13 @@ TEST_F(CheckpointTest, ResumeStepDirChoosesACheckpointOfThisRun) {
   EXPECT_TRUE(same(resume_step_dir(run, ck + "/latest"), step_dir(run, 4)));
 
   expect_input_error([&] { resume_step_dir(run, "3"); },
-                     {"--resume=3: ", ck, "has no checkpoint of step 3 (its checkpoints: steps 2, 4)"});
-  expect_input_error([&] { resume_step_dir(run, "6"); }, {"--resume=6: ", "no checkpoint of step 6"});
+                     {"--resume=3: ", ck,
+                      "has no checkpoint of step 3 (its checkpoints: steps 2, 4)"});
+  expect_input_error([&] { resume_step_dir(run, "6"); },
+                     {"--resume=6: ", "no checkpoint of step 6"});
   expect_input_error([&] { resume_step_dir(run, tmp_step_dir(run, 8)); },
-                     {"step_00000008.tmp is not a complete checkpoint (its checkpoints: steps 2, 4)"});
+                     {"step_00000008.tmp is not a complete checkpoint (its checkpoints: "
+                      "steps 2, 4)"});
   expect_input_error([&] { resume_step_dir(path("other"), "1"); },
                      {"no checkpoint of step 1 (its checkpoints: step 2)"});
   expect_input_error([&] { resume_step_dir(path("empty"), "1"); }, {"(it holds no checkpoint)"});

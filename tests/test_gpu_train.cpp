@@ -115,7 +115,8 @@ TEST(GpuTrain, Bf16TracksFp32) {
 // cross-entropy (chunks of 8 rows: several per micro-batch) on the GPU give the CPU
 // backend's losses and parameters within 1e-4, as GPT-2 does above; so do Qwen2's q/k/v
 // biases, Qwen3's per-head q/k RMSNorm (rows of head_dim 6: the unvectorised path), OLMo 2's
-// output norms and whole-row q/k norms, and Mistral's sliding window (5 < the 12-token rows).
+// output norms and whole-row q/k norms, Mistral's sliding window (5 < the 12-token rows) and
+// Phi-3's fused projections (GEMMs on row blocks of qkv_proj and gate_up_proj).
 TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
   const std::vector<std::string> fused = {"model.fused_linear_cross_entropy=true",
                                           "model.fused_linear_cross_entropy_chunk_rows=8"};
@@ -126,7 +127,9 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
       {"qwen2", llama_config("", {"model.type=\"qwen2\""})},
       {"qwen3 head_dim 6", llama_config("", {"model.type=\"qwen3\"", "model.head_dim=6"})},
       {"olmo2", llama_config("", {"model.type=\"olmo2\""})},
-      {"mistral window 5", llama_config("", {"model.type=\"mistral\"", "model.sliding_window=5"})}};
+      {"mistral window 5", llama_config("", {"model.type=\"mistral\"", "model.sliding_window=5"})},
+      {"phi3 window 5", llama_config("", {"model.type=\"phi3\"", "model.sliding_window=5",
+                                          "model.rope_scaling.rope_type=\"default\""})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

@@ -1,8 +1,9 @@
 // Llama model tests: logits, loss and every gradient against the stored float64 PyTorch
 // reference of HF LlamaForCausalLM (tools/llama_reference.py, tests/data/llama/: 1 and 3
 // layers, MHA / GQA / MQA, tied and untied, rope_theta 1e4 and 5e5 with llama3 scaling, with
-// and without biases; and MistralForCausalLM, Qwen2ForCausalLM's q/k/v biases and
-// Qwen3ForCausalLM's per-head q/k norms, each from its own config.json), a finite-difference
+// and without biases; and MistralForCausalLM, Qwen2ForCausalLM's q/k/v biases,
+// Qwen3ForCausalLM's per-head q/k norms, Olmo2ForCausalLM and Phi3ForCausalLM's fused
+// projections, each from its own config.json), a finite-difference
 // check of every parameter tensor, the model built
 // from each fixture's config.json (init_from's path), activation checkpointing bit-identical
 // on one rank and sharded over the world, the activation plan equal to what is allocated, and
@@ -93,7 +94,10 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
                              LlamaArch::qwen3},
                         Case{"OLMo 2 GQA untied", 2, false, false, false, false, LlamaArch::olmo2},
                         Case{"OLMo 2 MQA tied, attention bias, llama3", 1, true, true, false, true,
-                             LlamaArch::olmo2}}) {
+                             LlamaArch::olmo2},
+                        Case{"Phi-3 GQA untied (fused qkv_proj, gate_up_proj)", 2, false, false,
+                             false, false, LlamaArch::phi3},
+                        Case{"Phi-3 MQA tied", 1, true, false, false, false, LlamaArch::phi3}}) {
     ModelOptions o;
     o.model.arch = c.arch;
     o.model.head_dim = c.head_dim;
@@ -145,7 +149,8 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         ++checked;
       }
     }
-    const int per_layer = 9 + (c.attention_bias ? 4 : 0) + (c.arch == LlamaArch::qwen2 ? 3 : 0) +
+    const int per_layer = (c.arch == LlamaArch::phi3 ? 6 : 9) + (c.attention_bias ? 4 : 0) +
+                          (c.arch == LlamaArch::qwen2 ? 3 : 0) +
                           (c.arch == LlamaArch::qwen3 || c.arch == LlamaArch::olmo2 ? 2 : 0) +
                           (c.mlp_bias ? 3 : 0);
     EXPECT_EQ(checked, 1 + 2 * per_layer + 1 + (c.tied ? 0 : 1)) << c.what;
@@ -243,11 +248,12 @@ TEST(Llama, MatchesTorchReference) {
     check_reference(name);
     ++files;
   }
-  EXPECT_GE(files, 17) << "tests/data/llama: the fixtures of tools/llama_reference.py";
+  EXPECT_GE(files, 19) << "tests/data/llama: the fixtures of tools/llama_reference.py";
 }
 
 TEST(Llama, ActivationCheckpointingIsBitIdentical) {
-  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2})
+  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
+                    fsdp::LlamaArch::phi3})
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
     for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
       const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -291,7 +297,8 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
 }
 
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
-  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2})
+  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
+                    fsdp::LlamaArch::phi3})
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
     for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                       fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -426,3 +433,53 @@ TEST(Llama, InitialisationFollowsHf) {
 }
 
 }  // namespace
+
+// Phi-3's config.json: what fsdp_train does not implement is refused by name (longrope, a
+// partial rotary embedding, dropout), and so is another rope type in a TOML; Phi-4 14B's own
+// config.json is read as written.
+TEST(Llama, Phi3RefusesWhatIsNotImplemented) {
+  const fsdp::ModelFamily& phi3 = fsdp::model_family("phi3");
+  const nlohmann::json phi4 = {
+      {"architectures", {"Phi3ForCausalLM"}}, {"model_type", "phi3"}, {"vocab_size", 100352},
+      {"hidden_size", 5120}, {"intermediate_size", 17920}, {"num_hidden_layers", 40},
+      {"num_attention_heads", 40}, {"num_key_value_heads", 10},
+      {"max_position_embeddings", 16384}, {"original_max_position_embeddings", 16384},
+      {"rms_norm_eps", 1e-5}, {"rope_theta", 250000.0}, {"rope_scaling", nullptr},
+      {"sliding_window", nullptr}, {"tie_word_embeddings", false}, {"hidden_act", "silu"},
+      {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attention_dropout", 0.0},
+      {"partial_rotary_factor", 1.0}, {"bos_token_id", 100257}, {"eos_token_id", 100265}};
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(phi3.from_hf_config(phi4, "phi4.json"));
+  EXPECT_EQ(g.arch, fsdp::LlamaArch::phi3);
+  EXPECT_EQ(g.kv_heads(), 10);
+  EXPECT_EQ(g.head_size(), 128);
+  EXPECT_EQ(g.sliding_window, 0);
+  EXPECT_EQ(g.rope_theta, 250000.0);
+  auto refused = [&](nlohmann::json hf, const std::string& needle) {
+    try {
+      phi3.from_hf_config(hf, "config.json");
+      ADD_FAILURE() << "accepted: " << hf.dump();
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json hf = phi4;
+  hf["partial_rotary_factor"] = 0.75;  // Phi-4-mini
+  refused(hf, "config.json: \"partial_rotary_factor\" 0.75 is not supported (expected 1.0)");
+  hf = phi4;
+  hf["resid_pdrop"] = 0.1;
+  refused(hf, "\"resid_pdrop\" 0.1 is not supported (expected 0.0)");
+  hf = phi4;
+  hf["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};
+  refused(hf, "longrope");
+  try {
+    fsdp::parse_config("[model]\ntype = \"phi3\"\nrope_scaling = { rope_type = \"yarn\" }\n",
+                       "input.toml", {});
+    ADD_FAILURE() << "phi3 with yarn accepted";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.rope_scaling.rope_type: yarn is not supported "
+                                         "for phi3"),
+              std::string::npos)
+        << e.what();
+  }
+}

@@ -188,10 +188,11 @@ TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// Mistral, Qwen2, Qwen3 and OLMo 2 (the same model under their HF classes: Mistral's sliding
-// window of 5 and Qwen2's of 4 on its second layer, both shorter than the 12-token sequences;
-// Qwen2's q/k/v biases, Qwen3's per-head q/k norms at head_dim 6 != 16 / 4, OLMo 2's output
-// norms and whole-row q/k norms): FULL_SHARD over the world equals one
+// Mistral, Qwen2, Qwen3, OLMo 2 and Phi-3 (the same model under their HF classes: Mistral's
+// and Phi-3's sliding window of 5 and Qwen2's of 4 on its second layer, all shorter than the
+// 12-token sequences; Qwen2's q/k/v biases, Qwen3's per-head q/k norms at head_dim 6 != 16 / 4,
+// OLMo 2's output norms and whole-row q/k norms, Phi-3's fused qkv_proj and gate_up_proj, which
+// a shard boundary may cut anywhere): FULL_SHARD over the world equals one
 // rank's NO_SHARD (each class its own wrap class), and the merge names the class, with the
 // class's extra tensors in model.safetensors.
 TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
@@ -209,7 +210,12 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                         Case{"qwen3", {"model.head_dim=6"}, "Qwen3ForCausalLM",
                              "model.layers.0.self_attn.k_norm.weight"},
                         Case{"olmo2", {}, "Olmo2ForCausalLM",
-                             "model.layers.1.post_feedforward_layernorm.weight"}}) {
+                             "model.layers.1.post_feedforward_layernorm.weight"},
+                        Case{"phi3",
+                             {"model.sliding_window=5",
+                              "model.rope_scaling.rope_type=\"default\""},
+                             "Phi3ForCausalLM",
+                             "model.layers.1.mlp.gate_up_proj.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

@@ -3,7 +3,7 @@
 
 For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneration, ByT5
 bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
-MistralForCausalLM (LLAMA_CASES below) and Llama (LlamaForCausalLM, causal LM on the
+MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM (LLAMA_CASES below) and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
 scaling set so that its three branches (kept, smoothed, scaled) all occur: untied with
@@ -76,6 +76,12 @@ LLAMA_CASES = {
     # OLMo 2: the norms on the sublayers' outputs and q/k norms over whole rows (Olmo2Config
     # has no head_dim: 32 / 4 = 8).
     "olmo2 gqa untied llama3": {"type": "olmo2", "hidden_size": 32, "tie_word_embeddings": False},
+    # Phi-3 (Phi-3-mini, Phi-4): q/k/v in one qkv_proj and gate/up in one gate_up_proj, no
+    # head_dim (32 / 4 = 8), a window of 8 over the 32-token rows, no rope scaling (Phi-3's
+    # longrope is not implemented).
+    "phi3 gqa untied window 8": {"type": "phi3", "hidden_size": 32, "sliding_window": 8,
+                                 "tie_word_embeddings": False,
+                                 "rope_scaling": {"rope_type": "default"}},
     # YaRN as Qwen2.5 / Qwen3 extend their context (head_dim 8, theta 1e4, original 256: pairs
     # 0 and 1 kept, 2 blended, 3 interpolated; cos and sin scaled by 1 + 0.1 ln 4).
     "qwen3 gqa tied yarn": {"type": "qwen3", "hidden_size": 32, "head_dim": 8, "tie_word_embeddings": True,

@@ -33,7 +33,10 @@ the layers from max_window_layers = 1 on), qwen3 (Qwen3ForCausalLM: q_norm / k_n
 head_dim 12 != hidden / heads; modeling_qwen3.py) or olmo2 (Olmo2ForCausalLM, modeling_olmo2.py:
 the norms moved to the sublayers' outputs, x + post_attention_layernorm(attn(x)) and
 h + post_feedforward_layernorm(mlp(h)), and q_norm / k_norm over the whole q and k projections
-[H*D] and [Hkv*D] before RoPE).
+[H*D] and [Hkv*D] before RoPE) or phi3 (Phi3ForCausalLM, modeling_phi3.py: Llama's math with
+q/k/v in one qkv_proj.weight [(H + 2 Hkv) D, C], rows q then k then v, and gate/up in one
+gate_up_proj.weight [2I, C], gate's rows first; no head_dim attribute, no biases; with _swa a
+window of 3 < T, as Mistral's).
 A tiny Llama (hidden 32, 4 heads of head_dim 8, intermediate 40, vocab 37: not a multiple of
 anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
@@ -84,7 +87,7 @@ LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.
                   "original_max_position_embeddings": 8, "rope_type": "llama3"}
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-         "olmo2": "Olmo2"}  # HF class prefix
+         "olmo2": "Olmo2", "phi3": "Phi3"}  # HF class prefix
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
     "1l_mha_untied_rope1e4",
@@ -104,6 +107,8 @@ VARIANTS = [
     "3l_mqa_tied_llama3_olmo2_attnbias",
     "1l_gqa_untied_rope1e4_mistral_swa",
     "3l_mqa_tied_llama3_qwen2_swa",
+    "1l_gqa_untied_rope1e4_phi3",
+    "3l_mqa_tied_rope1e4_phi3_swa",
 ]
 SWA_WINDOW = 3  # the _swa variants' sliding window: shorter than T = 7
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
@@ -154,8 +159,14 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
     if arch in ("qwen3", "olmo2"):
         cfg["attention_bias"] = "attnbias" in flags
     swa = "swa" in flags  # a window shorter than the sequence (Qwen: layers 1.. slide)
-    assert not swa or arch in ("mistral", "qwen2", "qwen3"), (arch, flags)
-    if arch == "mistral":
+    assert not swa or arch in ("mistral", "qwen2", "qwen3", "phi3"), (arch, flags)
+    if arch == "phi3":  # Phi3Config: no head_dim; dropouts; rope_scaling null (no longrope)
+        del cfg["head_dim"]
+        cfg.update({"sliding_window": SWA_WINDOW if swa else None, "resid_pdrop": 0.0,
+                    "embd_pdrop": 0.0, "original_max_position_embeddings": MAX_POS,
+                    "pad_token_id": 0})
+        assert cfg["rope_scaling"] is None, flags
+    elif arch == "mistral":
         cfg["sliding_window"] = SWA_WINDOW if swa else MAX_POS
     elif arch != "olmo2" and swa:
         cfg.update({"use_sliding_window": True, "sliding_window": SWA_WINDOW, "max_window_layers": 1})
@@ -196,11 +207,34 @@ def layer_window(cfg, layer):
     """The sliding window of a layer (0: none): Mistral's every layer; Qwen's from
     max_window_layers on under use_sliding_window (HF's layer_types). Query t sees keys
     s > t - window (transformers' sliding_window_overlay)."""
-    if cfg["model_type"] == "mistral":
+    if cfg["model_type"] in ("mistral", "phi3"):
         return cfg.get("sliding_window") or 0
     if cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
     return 0
+
+
+def phi3(cfg):  # Phi3: q, k, v in one qkv_proj and gate, up in one gate_up_proj (rows stacked)
+    return cfg["model_type"] == "phi3"
+
+
+def unfused(p, cfg):
+    """The params under LlamaForCausalLM's names: Phi-3's qkv_proj.weight [(H + 2 Hkv) D, C]
+    split by rows into q_proj [H D, C], k_proj and v_proj [Hkv D, C] (Phi3Attention's
+    qkv[..., :H D], the next Hkv D, the rest), gate_up_proj.weight [2I, C] into gate_proj (its
+    first I rows) and up_proj (Phi3MLP's chunk(2)). Views: gradients reach the fused tensors."""
+    if not phi3(cfg):
+        return p
+    H, Hkv, D, I = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg), cfg["intermediate_size"]
+    out = dict(p)
+    for l in range(cfg["num_hidden_layers"]):
+        a, m = f"model.layers.{l}.self_attn.", f"model.layers.{l}.mlp."
+        qkv, gu = p[a + "qkv_proj.weight"], p[m + "gate_up_proj.weight"]
+        out[a + "q_proj.weight"] = qkv[:H * D]
+        out[a + "k_proj.weight"] = qkv[H * D:(H + Hkv) * D]
+        out[a + "v_proj.weight"] = qkv[(H + Hkv) * D:]
+        out[m + "gate_proj.weight"], out[m + "up_proj.weight"] = gu[:I], gu[I:]
+    return out
 
 
 def layer_norm_names(cfg):  # a decoder layer's two RMSNorms, in state-dict order
@@ -216,6 +250,11 @@ def param_shapes(cfg):
     shapes = [("model.embed_tokens.weight", (V, C))]
     for l in range(cfg["num_hidden_layers"]):
         a, m = f"model.layers.{l}.self_attn.", f"model.layers.{l}.mlp."
+        if phi3(cfg):
+            shapes += [(a + "qkv_proj.weight", ((H + 2 * Hkv) * D, C)), (a + "o_proj.weight", (C, H * D)),
+                       (m + "gate_up_proj.weight", (2 * I, C)), (m + "down_proj.weight", (C, I))]
+            shapes += [(f"model.layers.{l}.{norm}.weight", (C,)) for norm in layer_norm_names(cfg)]
+            continue
         for name, out, inp, bias in (("q_proj", H * D, C, qkv_bias(cfg)), ("k_proj", Hkv * D, C, qkv_bias(cfg)),
                                      ("v_proj", Hkv * D, C, qkv_bias(cfg)), ("o_proj", C, H * D, o_bias(cfg))):
             shapes.append((a + name + ".weight", (out, inp)))
@@ -334,6 +373,7 @@ def rotate_half(x):
 
 def forward(p, cfg, tokens):
     """Logits [B, T, V] of LlamaForCausalLM (eval: no dropout), float64."""
+    p = unfused(p, cfg)
     Bn, Tn = tokens.shape
     H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     eps = cfg["rms_norm_eps"]
@@ -488,6 +528,7 @@ def naive_loss(p, cfg, tokens, targets):
     """The same model again, element by element: explicit per-pair rotation angles, per-head loops
     with the key/value head h // (H / Hkv), a hand-written softmax and cross-entropy, and the
     llama3 frequencies from Python floats. Slow; a check of the vectorised forward only."""
+    p = unfused(p, cfg)
     H, D, C = cfg["num_attention_heads"], head_dim(cfg), cfg["hidden_size"]
     eps, group = cfg["rms_norm_eps"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
     inv = []

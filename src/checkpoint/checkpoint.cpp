@@ -1053,7 +1053,8 @@ std::string resume_step_dir(const std::string& run_dir, const std::string& choic
     const int64_t step = std::stoll(choice);
     const std::string dir = step_dir(run_dir, step);
     if (!is_step_dir(dir))
-      throw InputError(what + ckdir + " has no checkpoint of step " + std::to_string(step) + listed());
+      throw InputError(what + ckdir + " has no checkpoint of step " + std::to_string(step) +
+                       listed());
     return dir;
   }
   const std::string dir = resolve_step_dir(choice).step_dir;

@@ -16,39 +16,49 @@
 namespace fsdp {
 namespace {
 
+// Whether `arch`'s config has head_dim (Qwen2Config, Olmo2Config and Phi3Config do not: their
+// heads are hidden_size / num_attention_heads wide).
+bool has_head_dim_key(LlamaArch arch) {
+  return arch != LlamaArch::qwen2 && arch != LlamaArch::olmo2 && arch != LlamaArch::phi3;
+}
+
 // The [model] key table of each Llama-family type: the only place one of their keys is
 // spelled. The rows are HF's config attributes of that class (LlamaConfig, MistralConfig,
-// Qwen2Config, Qwen3Config), with the class's own default for an attribute a config.json
-// leaves out.
+// Qwen2Config, Qwen3Config, Olmo2Config, Phi3Config), with the class's own default for an
+// attribute a config.json leaves out.
 ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   using A = ModelArg<LlamaConfig>;
   using L = LlamaConfig;
   const bool llama = arch == LlamaArch::llama, mistral = arch == LlamaArch::mistral;
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3;
-  const bool olmo2 = arch == LlamaArch::olmo2;
-  // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3.
-  auto by = [&](auto l, auto m, auto q) { return llama || olmo2 ? l : mistral ? m : q; };
+  const bool olmo2 = arch == LlamaArch::olmo2, phi3 = arch == LlamaArch::phi3;
+  // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3.
+  auto by = [&](auto l, auto m, auto q, auto p) {
+    return llama || olmo2 ? l : mistral ? m : phi3 ? p : q;
+  };
   static const std::string layers_docs[] = {
       "Number of LlamaDecoderLayer blocks.", "Number of MistralDecoderLayer blocks.",
       "Number of Qwen2DecoderLayer blocks.", "Number of Qwen3DecoderLayer blocks.",
-      "Number of Olmo2DecoderLayer blocks."};
+      "Number of Olmo2DecoderLayer blocks.", "Number of Phi3DecoderLayer blocks."};
   const char* layers_doc = layers_docs[static_cast<int>(arch)].c_str();
   std::vector<A> rows = {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
-        olmo2 ? int64_t{50304} : by(int64_t{32000}, int64_t{32000}, int64_t{151936})},
-      A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true, int64_t{4096}},
+        olmo2 ? int64_t{50304}
+              : by(int64_t{32000}, int64_t{32000}, int64_t{151936}, int64_t{32064})},
+      A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
+        phi3 ? int64_t{3072} : int64_t{4096}},
       A{"intermediate_size", &L::intermediate_size, "Width of the SwiGLU MLP.", KeyRange::size(1), {},
-        true, by(int64_t{11008}, int64_t{14336}, int64_t{22016})},
+        true, by(int64_t{11008}, int64_t{14336}, int64_t{22016}, int64_t{8192})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
         true, int64_t{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
         true, int64_t{32}},
-      // HF's absent num_key_value_heads: Llama's None (MHA), Mistral's 8, Qwen's 32.
+      // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32.
       A{"num_key_value_heads", &L::num_key_value_heads,
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
-        KeyRange::size(0), {}, true, by(int64_t{0}, int64_t{8}, int64_t{32})},
+        KeyRange::size(0), {}, true, by(int64_t{0}, int64_t{8}, int64_t{32}, int64_t{0})},
   };
-  if (arch != LlamaArch::qwen2 && !olmo2) {  // no head_dim in Qwen2Config, Olmo2Config
+  if (has_head_dim_key(arch)) {
     rows.push_back(A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
                      "num_attention_heads.", KeyRange::size(0), {}, true,
                      arch == LlamaArch::qwen3 ? int64_t{128} : int64_t{0}});
@@ -56,9 +66,9 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   rows.insert(rows.end(), {
       A{"max_position_embeddings", &L::max_position_embeddings,
         "Longest sequence the model is trained for.", KeyRange::size(1), {}, true,
-        by(int64_t{2048}, int64_t{131072}, int64_t{32768})},
+        by(int64_t{2048}, int64_t{131072}, int64_t{32768}, int64_t{4096})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
-        olmo2 ? 1e-5 : 1e-6},
+        olmo2 || phi3 ? 1e-5 : 1e-6},
       A{"rope_theta", &L::rope_theta, "RoPE base period.", KeyRange::above(0), {}, true, 10000.0},
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
         "RoPE frequency scaling: default (none), linear (position interpolation), Llama 3.1's "
@@ -98,13 +108,13 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      "Sliding-window attention on the layers from max_window_layers on.", {}, {},
                      true, false});
   }
-  if (mistral || qwen) {  // Mistral's 0 is HF's null; Qwen's window applies under the flag
+  if (mistral || qwen || phi3) {  // Mistral's and Phi-3's 0 is HF's null; Qwen's under the flag
     rows.push_back(A{"sliding_window", &L::sliding_window,
-                     mistral ? "Sliding-window attention span (positions per query, itself "
-                               "included); 0 = none."
-                             : "Sliding-window attention span (positions per query, itself "
-                               "included) under use_sliding_window.",
-                     KeyRange::size(mistral ? 0 : 1), {}, true, int64_t{4096}});
+                     mistral || phi3 ? "Sliding-window attention span (positions per query, "
+                                       "itself included); 0 = none."
+                                     : "Sliding-window attention span (positions per query, "
+                                       "itself included) under use_sliding_window.",
+                     KeyRange::size(qwen ? 1 : 0), {}, true, phi3 ? int64_t{0} : int64_t{4096}});
   }
   if (qwen) {
     rows.push_back(A{"max_window_layers", &L::max_window_layers,
@@ -120,6 +130,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   });
   LlamaConfig defaults;
   defaults.arch = arch;
+  if (phi3) defaults.sliding_window = 0;  // Phi3Config's None: no window
   return ModelArgs<LlamaConfig>(std::move(rows), defaults);
 }
 
@@ -127,7 +138,7 @@ const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
   static const ModelArgs<LlamaConfig> tables[] = {
       make_llama_args(LlamaArch::llama), make_llama_args(LlamaArch::mistral),
       make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3),
-      make_llama_args(LlamaArch::olmo2)};
+      make_llama_args(LlamaArch::olmo2), make_llama_args(LlamaArch::phi3)};
   return tables[static_cast<int>(arch)];
 }
 
@@ -167,6 +178,9 @@ std::vector<std::string> rope_fields(const ModelArgs<LlamaConfig>& a, LlamaConfi
 struct LayerIndex {
   int q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, q_norm, k_norm, gate_w, gate_b, up_w, up_b, down_w,
       down_b, ln_in, ln_post, count;
+  // fused_projections() (Phi-3): the parameters qkv_proj and gate_up_proj; q_w, k_w, v_w,
+  // gate_w and up_w are then slots >= count standing for their rows (layer_slot); -1 otherwise.
+  int qkv = -1, gate_up = -1;
 };
 LayerIndex layer_index(const LlamaConfig& c) {
   LayerIndex x{};
@@ -175,6 +189,23 @@ LayerIndex layer_index(const LlamaConfig& c) {
     w = n++;
     b = bias ? n++ : -1;
   };
+  if (c.fused_projections()) {  // HF's order: qkv_proj, o_proj, gate_up_proj, down_proj, norms
+    x.qkv = n++;
+    x.q_b = x.k_b = x.v_b = x.gate_b = x.up_b = x.down_b = x.o_b = -1;
+    x.o_w = n++;
+    x.q_norm = x.k_norm = -1;
+    x.gate_up = n++;
+    x.down_w = n++;
+    x.ln_in = n++;
+    x.ln_post = n++;
+    x.count = n;
+    x.q_w = n++;  // the slots of the fused rows
+    x.k_w = n++;
+    x.v_w = n++;
+    x.gate_w = n++;
+    x.up_w = n;
+    return x;
+  }
   lin(x.q_w, x.q_b, c.qkv_bias());
   lin(x.k_w, x.k_b, c.qkv_bias());
   lin(x.v_w, x.v_b, c.qkv_bias());
@@ -188,6 +219,26 @@ LayerIndex layer_index(const LlamaConfig& c) {
   x.ln_post = n++;
   x.count = n;
   return x;
+}
+
+// Slot `k` of a layer as a tensor: parameter k itself (`param(k)`: its weight or gradient), or
+// for a slot >= x.count the rows of the fused parameter it stands for, [rows, C] (Phi-3: q, k,
+// v are rows [0, Q), [Q, Q + KV), [Q + KV, Q + 2 KV) of qkv_proj; gate and up rows [0, I) and
+// [I, 2I) of gate_up_proj). Contiguous rows, so the GEMMs read and write them in place.
+template <class Param>
+TensorView layer_slot(const LlamaConfig& c, const LayerIndex& x, int k, Param&& param) {
+  if (k < x.count) return param(k);
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  const int64_t Q = c.num_attention_heads * c.head_size(), KV = c.kv_heads() * c.head_size();
+  auto rows = [&](int p, int64_t first, int64_t n) {
+    return param(p).slice(first * C, n * C).reshape({n, C});
+  };
+  if (k == x.q_w) return rows(x.qkv, 0, Q);
+  if (k == x.k_w) return rows(x.qkv, Q, KV);
+  if (k == x.v_w) return rows(x.qkv, Q + KV, KV);
+  if (k == x.gate_w) return rows(x.gate_up, 0, I);
+  if (k == x.up_w) return rows(x.gate_up, I, I);
+  throw Error("layer_slot: no slot " + std::to_string(k));
 }
 
 // The row views of the q/k norms over BT tokens: Qwen3's rows are heads (BT*H rows of D),
@@ -209,6 +260,7 @@ const char* llama_arch_prefix(LlamaArch arch) {
     case LlamaArch::qwen2: return "Qwen2";
     case LlamaArch::qwen3: return "Qwen3";
     case LlamaArch::olmo2: return "Olmo2";
+    case LlamaArch::phi3: return "Phi3";
     case LlamaArch::llama: break;
   }
   return "Llama";
@@ -223,7 +275,8 @@ std::string layer_class(LlamaArch arch) {
 
 int64_t LlamaConfig::layer_window(int64_t layer) const {
   switch (arch) {
-    case LlamaArch::mistral: return sliding_window;
+    case LlamaArch::mistral:
+    case LlamaArch::phi3: return sliding_window;
     case LlamaArch::qwen2:
     case LlamaArch::qwen3:  // HF's layer_types: sliding from layer max_window_layers on
       return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
@@ -314,17 +367,22 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
       put(w, name + ".weight", {out, in}, InitKind::normal, true);
       put(b, name + ".bias", {out}, InitKind::zeros, false);
     };
-    linear(x.q_w, x.q_b, "self_attn.q_proj", Q, C);
-    linear(x.k_w, x.k_b, "self_attn.k_proj", KV, C);
-    linear(x.v_w, x.v_b, "self_attn.v_proj", KV, C);
+    if (c.fused_projections()) {  // the slots q_w .. up_w are rows of these (layer_slot)
+      put(x.qkv, "self_attn.qkv_proj.weight", {Q + 2 * KV, C}, InitKind::normal, true);
+      put(x.gate_up, "mlp.gate_up_proj.weight", {2 * I, C}, InitKind::normal, true);
+    } else {
+      linear(x.q_w, x.q_b, "self_attn.q_proj", Q, C);
+      linear(x.k_w, x.k_b, "self_attn.k_proj", KV, C);
+      linear(x.v_w, x.v_b, "self_attn.v_proj", KV, C);
+      linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
+      linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
+    }
     linear(x.o_w, x.o_b, "self_attn.o_proj", C, Q);
     const bool per_head = c.qk_norm_per_head();
     put(x.q_norm, "self_attn.q_norm.weight", {per_head ? c.head_size() : Q}, InitKind::ones,
         false);
     put(x.k_norm, "self_attn.k_norm.weight", {per_head ? c.head_size() : KV}, InitKind::ones,
         false);
-    linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
-    linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
     linear(x.down_w, x.down_b, "mlp.down_proj", C, I);
     const bool after = c.norm_after();
     put(x.ln_in, after ? "post_attention_layernorm.weight" : "input_layernorm.weight", {C},
@@ -553,7 +611,9 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
   const int p0 = static_cast<int>(1 + x.count * l);
-  auto W = [&](int k) { return hooks.param(p0 + k); };
+  auto W = [&](int k) {
+    return layer_slot(cfg_, x, k, [&](int i) { return hooks.param(p0 + i); });
+  };
   auto& y = a.layer(l);
   // The input norms' outputs in the dln scratch (Acts::dln); OLMo 2's norm inputs kept.
   const bool after = cfg_.norm_after();
@@ -670,8 +730,12 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
 
   for (int64_t l = L - 1; l >= 0; --l) {
     const int m = static_cast<int>(1 + l), p0 = static_cast<int>(1 + x.count * l);
-    auto W = [&](int k) { return hooks.param(p0 + k); };
-    auto G = [&](int k) { return hooks.grad(p0 + k); };
+    auto W = [&](int k) {
+      return layer_slot(cfg_, x, k, [&](int i) { return hooks.param(p0 + i); });
+    };
+    auto G = [&](int k) {
+      return layer_slot(cfg_, x, k, [&](int i) { return hooks.grad(p0 + i); });
+    };
     auto& y = a.layer(l);
     hooks.pre_backward(m);
     const bool recompute = checkpointing_.recomputes(l);
@@ -793,7 +857,7 @@ class LlamaFamily final : public ModelFamily {
     const LlamaConfig g = LlamaConfig::from(c.model);
     const auto& a = args();
     const auto n = [](int64_t v) { return std::to_string(v); };
-    const bool has_head_dim = arch_ != LlamaArch::qwen2 && arch_ != LlamaArch::olmo2;
+    const bool has_head_dim = has_head_dim_key(arch_);
     if (g.head_dim == 0 && g.hidden_size % g.num_attention_heads != 0) {
       throw fail(a.key(&LlamaConfig::hidden_size),
                  n(g.hidden_size) + " is not divisible by " + a.key(&LlamaConfig::num_attention_heads) +
@@ -810,6 +874,11 @@ class LlamaFamily final : public ModelFamily {
       throw fail(a.key(&LlamaConfig::num_key_value_heads),
                  n(g.kv_heads()) + " does not divide " + a.key(&LlamaConfig::num_attention_heads) +
                      " = " + n(g.num_attention_heads));
+    }
+    if (arch_ == LlamaArch::phi3 && g.rope_type != LlamaConfig::RopeType::default_) {
+      throw fail(a.key(enum_member<LlamaConfig, &LlamaConfig::rope_type>().get),
+                 std::string(enum_name(g.rope_type)) + " is not supported for phi3 (expected "
+                 "default: Phi-3's own scaling, longrope, is not implemented)");
     }
     if (g.rope_type == LlamaConfig::RopeType::llama3 &&
         !(g.rope_high_freq_factor > g.rope_low_freq_factor)) {
@@ -883,8 +952,12 @@ class LlamaFamily final : public ModelFamily {
       }
       out["rope_scaling"] = rs;
     }
-    if (arch_ == LlamaArch::mistral && g.sliding_window == 0) {
+    if ((arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3) && g.sliding_window == 0) {
       out[args().name(&LlamaConfig::sliding_window)] = nullptr;  // HF's spelling of none
+    }
+    if (arch_ == LlamaArch::phi3) {  // Phi3Config's dropouts (0: what fsdp_train trains with)
+      out["resid_pdrop"] = 0.0;
+      out["embd_pdrop"] = 0.0;
     }
     out["hidden_act"] = "silu";
     out["attention_dropout"] = 0.0;
@@ -895,15 +968,16 @@ class LlamaFamily final : public ModelFamily {
   }
   // Config attributes that change the math and are not keys must be what fsdp_train
   // implements. Accepts transformers 5's `rope_parameters` (rope_theta and the scaling in one
-  // dict) and the legacy rope_scaling "type" spelling; Mistral's null sliding_window is 0.
-  // Qwen's explicit layer_types must be the list use_sliding_window and max_window_layers
-  // give (MistralConfig ignores layer_types, as here).
+  // dict) and the legacy rope_scaling "type" spelling; Mistral's and Phi-3's null
+  // sliding_window is 0. Qwen's explicit layer_types must be the list use_sliding_window and
+  // max_window_layers give (MistralConfig ignores layer_types, as here). Dropouts must be 0 and
+  // Phi-3's partial_rotary_factor 1.
   ModelConfig from_hf_config(const nlohmann::json& hf_in, const std::string& origin) const override {
     if (hf_in.value("model_type", std::string()) != type()) {
       throw InputError(origin + ": \"model_type\" is not \"" + type() + "\"");
     }
     nlohmann::json hf = hf_in;
-    if (arch_ == LlamaArch::mistral) {
+    if (arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3) {
       const std::string window = args().name(&LlamaConfig::sliding_window);
       if (hf.contains(window) && hf[window].is_null()) hf[window] = 0;
     }
@@ -939,9 +1013,16 @@ class LlamaFamily final : public ModelFamily {
                         " is not supported (expected " + expected + ")");
     };
     if (hf.contains("hidden_act") && hf["hidden_act"] != "silu") throw refuse("hidden_act", "\"silu\"");
-    if (hf.contains("attention_dropout") && hf["attention_dropout"].is_number() &&
-        hf["attention_dropout"].get<double>() != 0.0) {
-      throw refuse("attention_dropout", "0.0");
+    for (const char* dropout : {"attention_dropout", "resid_pdrop", "embd_pdrop"}) {
+      if (hf.contains(dropout) && hf[dropout].is_number() && hf[dropout].get<double>() != 0.0) {
+        throw refuse(dropout, "0.0");
+      }
+    }
+    // Phi-4-mini's partial rotary embedding (RoPE on the first 3/4 of each head) is not
+    // implemented.
+    if (hf.contains("partial_rotary_factor") && hf["partial_rotary_factor"].is_number() &&
+        hf["partial_rotary_factor"].get<double>() != 1.0) {
+      throw refuse("partial_rotary_factor", "1.0");
     }
     LlamaConfig base;
     base.arch = arch_;
@@ -961,11 +1042,27 @@ class LlamaFamily final : public ModelFamily {
     args().write(g, &c);
     return canonical(c);
   }
-  // The derived sizes spelled as HF's None (0) when they equal what None means.
+  // The derived sizes spelled as HF's None (0) when they equal what None means, and the
+  // rope_scaling fields its rope_type does not read (rope_fields) at their defaults: a
+  // config.json carries only the others, and they change nothing.
   ModelConfig canonical(const ModelConfig& c) const override {
+    using L = LlamaConfig;
     LlamaConfig g = LlamaConfig::from(c);
     if (g.num_key_value_heads == g.num_attention_heads) g.num_key_value_heads = 0;
     if (g.num_attention_heads > 0 && g.head_dim * g.num_attention_heads == g.hidden_size) g.head_dim = 0;
+    const L d;
+    const std::vector<std::string> read = rope_fields(args(), g.rope_type);
+    auto unread = [&](auto member) {
+      return std::find(read.begin(), read.end(), rope_field(args(), member)) == read.end();
+    };
+    for (double L::*m : {&L::rope_factor, &L::rope_low_freq_factor, &L::rope_high_freq_factor,
+                         &L::rope_beta_fast, &L::rope_beta_slow, &L::rope_attention_factor}) {
+      if (unread(m)) g.*m = d.*m;
+    }
+    if (unread(&L::rope_original_max_position_embeddings)) {
+      g.rope_original_max_position_embeddings = d.rope_original_max_position_embeddings;
+    }
+    if (unread(&L::rope_truncate)) g.rope_truncate = d.rope_truncate;
     ModelConfig out = c;
     args().write(g, &out);
     return out;
@@ -991,7 +1088,7 @@ LlamaConfig LlamaConfig::from(const ModelConfig& c) {
 const ModelFamily& llama_family(LlamaArch arch) {
   static const LlamaFamily families[] = {
       LlamaFamily(LlamaArch::llama), LlamaFamily(LlamaArch::mistral), LlamaFamily(LlamaArch::qwen2),
-      LlamaFamily(LlamaArch::qwen3), LlamaFamily(LlamaArch::olmo2)};
+      LlamaFamily(LlamaArch::qwen3), LlamaFamily(LlamaArch::olmo2), LlamaFamily(LlamaArch::phi3)};
   return families[static_cast<int>(arch)];
 }
 

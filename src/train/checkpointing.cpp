@@ -257,7 +257,8 @@ auto with_earlier_checkpoints(const std::string& run_dir, const std::string& dir
 }
 
 // Resume, in two guarded phases. 1: rank 0 opens the metadata of every shard file of the
-// step `latest` names, or --resume=STEP's (CheckpointSet::open: same step, mesh, layouts, fingerprint; a mixed
+// step `latest` names, or --resume=STEP's (CheckpointSet::open: same step, mesh, layouts,
+// fingerprint; a mixed
 // directory fails here, on one rank, instead of ranks disagreeing later), checks the stored
 // config against the run's (ckpt::check_resume_config) and train.max_steps against the step.
 // 2: every rank opens the set's metadata and fills its shards: from the file of its own

@@ -55,7 +55,7 @@
 namespace fsdp {
 
 // Which Hugging Face class a Llama-family model is: model.type, HF's model_type.
-enum class LlamaArch { llama, mistral, qwen2, qwen3, olmo2 };
+enum class LlamaArch { llama, mistral, qwen2, qwen3, olmo2, phi3 };
 
 template <>
 struct EnumNames<LlamaArch> {
@@ -63,20 +63,21 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::mistral, "mistral"},
                                                   {LlamaArch::qwen2, "qwen2"},
                                                   {LlamaArch::qwen3, "qwen3"},
-                                                  {LlamaArch::olmo2, "olmo2"}};
+                                                  {LlamaArch::olmo2, "olmo2"},
+                                                  {LlamaArch::phi3, "phi3"}};
 };
 
-// HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2" (the classes
-// <prefix>Config, <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM).
+// HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3" (the
+// classes <prefix>Config, <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM).
 const char* llama_arch_prefix(LlamaArch arch);
 
-// Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config and
-// Olmo2Config ([model] with type = "llama", "mistral", "qwen2", "qwen3" or "olmo2"; same
-// names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
-// type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp: a
-// field that is not one of its type's keys keeps the default here (Qwen2 has no
-// attention_bias, mlp_bias or head_dim, OLMo 2 no mlp_bias or head_dim; only Qwen's have
-// use_sliding_window and max_window_layers).
+// Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
+// Olmo2Config and Phi3Config ([model] with type = "llama", "mistral", "qwen2", "qwen3",
+// "olmo2" or "phi3"; same names, meanings and, where HF has them, defaults; sizes default to a
+// small CPU model). Each type's [model] key table, with docs and ranges, is llama_args(arch)
+// in src/model/llama.cpp: a field that is not one of its type's keys keeps the default here
+// (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2 no mlp_bias or head_dim, Phi-3 none
+// of the three; only Qwen's have use_sliding_window and max_window_layers).
 struct LlamaConfig {
   enum class RopeType { default_, linear, llama3, yarn };
 
@@ -104,10 +105,10 @@ struct LlamaConfig {
   bool rope_truncate = true;            // yarn
   bool attention_bias = false;
   bool mlp_bias = false;
-  // Sliding-window attention (Mistral; Qwen2/3 when use_sliding_window, on the layers from
-  // max_window_layers on): each query attends to the `sliding_window` latest positions, itself
-  // included (transformers' kv_idx > q_idx - sliding_window). Mistral's 0 is HF's null (no
-  // window).
+  // Sliding-window attention (Mistral and Phi-3; Qwen2/3 when use_sliding_window, on the
+  // layers from max_window_layers on): each query attends to the `sliding_window` latest
+  // positions, itself included (transformers' kv_idx > q_idx - sliding_window). Mistral's and
+  // Phi-3's 0 is HF's null (no window).
   bool use_sliding_window = false;
   int64_t sliding_window = 4096;
   int64_t max_window_layers = 28;
@@ -133,12 +134,17 @@ struct LlamaConfig {
   // are normalised before their residual adds (post_attention_layernorm,
   // post_feedforward_layernorm).
   bool norm_after() const { return arch == LlamaArch::olmo2; }
+  // Phi-3's fused projections: self_attn.qkv_proj.weight [Q + 2 KV, C] holds q_proj's, k_proj's
+  // and v_proj's rows one after the other (Phi3Attention splits its output so), and
+  // mlp.gate_up_proj.weight [2I, C] gate_proj's then up_proj's (Phi3MLP's chunk(2)). The math
+  // is Llama's: each projection is its rows of the fused weight (no biases).
+  bool fused_projections() const { return arch == LlamaArch::phi3; }
   // The sliding window of decoder layer `layer` (HF's layer_types "sliding_attention": every
   // Mistral layer with a window; Qwen's from max_window_layers on under use_sliding_window),
   // 0 for a layer that attends to every earlier position.
   int64_t layer_window(int64_t layer) const;
-  // From the [model] section (type llama, mistral, qwen2, qwen3 or olmo2); throws fsdp::Error on a
-  // missing key.
+  // From the [model] section (type llama, mistral, qwen2, qwen3, olmo2 or phi3); throws
+  // fsdp::Error on a missing key.
   static LlamaConfig from(const ModelConfig& config);
 };
 
@@ -178,7 +184,7 @@ const ModelFamily& llama_family(LlamaArch arch = LlamaArch::llama);
 // Modules in forward order: "model.embed_tokens" (class "Embedding": embed_tokens.weight
 // [Vp,C]), "model.layers.{l}" (class "<prefix>DecoderLayer"; its norms input_layernorm and
 // post_attention_layernorm, OLMo 2's post_attention_layernorm and
-// post_feedforward_layernorm), "model.norm" (class
+// post_feedforward_layernorm; Phi-3's fused qkv_proj and gate_up_proj), "model.norm" (class
 // "<prefix>RMSNorm"), and "lm_head" (class "Linear", lm_head.weight [Vp,C]) unless tied;
 // <prefix> is llama_arch_prefix(config.arch).
 std::vector<ModuleDecl> llama_modules(const LlamaConfig& config);
