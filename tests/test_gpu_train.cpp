@@ -115,8 +115,10 @@ TEST(GpuTrain, Bf16TracksFp32) {
 // cross-entropy (chunks of 8 rows: several per micro-batch) on the GPU give the CPU
 // backend's losses and parameters within 1e-4, as GPT-2 does above; so do Qwen2's q/k/v
 // biases, Qwen3's per-head q/k RMSNorm (rows of head_dim 6: the unvectorised path), OLMo 2's
-// output norms and whole-row q/k norms, Mistral's sliding window (5 < the 12-token rows) and
-// Phi-3's fused projections (GEMMs on row blocks of qkv_proj and gate_up_proj).
+// output norms and whole-row q/k norms, Mistral's sliding window (5 < the 12-token rows),
+// Phi-3's fused projections (GEMMs on row blocks of qkv_proj and gate_up_proj) and Gemma 3's
+// (1 + w) norms (cast and axpy into fp32 weights), GeGLU, scaled embedding, padding row and
+// local / global RoPE.
 TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
   const std::vector<std::string> fused = {"model.fused_linear_cross_entropy=true",
                                           "model.fused_linear_cross_entropy_chunk_rows=8"};
@@ -129,7 +131,12 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
       {"olmo2", llama_config("", {"model.type=\"olmo2\""})},
       {"mistral window 5", llama_config("", {"model.type=\"mistral\"", "model.sliding_window=5"})},
       {"phi3 window 5", llama_config("", {"model.type=\"phi3\"", "model.sliding_window=5",
-                                          "model.rope_scaling.rope_type=\"default\""})}};
+                                          "model.rope_scaling.rope_type=\"default\""})},
+      {"gemma3_text window 5", llama_config("", {"model.type=\"gemma3_text\"",
+                                                 "model.sliding_window=5",
+                                                 "model.sliding_window_pattern=2",
+                                                 "model.query_pre_attn_scalar=3",
+                                                 "model.pad_token_id=32"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

@@ -696,4 +696,48 @@ TEST_P(MergedShards, LoadBitForBitAsTheSingleFileAndEachRankReadsOnlyItsShare) {
 INSTANTIATE_TEST_SUITE_P(Families, MergedShards, testing::ValuesIn(family_types()),
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
+// Gemma 3 4B, 12B and 27B ship as Gemma3ForConditionalGeneration: config.json's text_config is
+// the Gemma3TextConfig, and the text decoder's tensors are prefixed ("language_model.model."
+// in the Hub's files, "model.language_model." as transformers 5 saves them) beside the vision
+// tower's. init_from reads the decoder from either form bit for bit as from the text-only
+// merge, and lists the vision tensors as unused.
+TEST(InitFromGemma3, ConditionalGenerationCheckpointsLoadTheirTextDecoder) {
+  const Source& src = source(family_model("gemma3_text"));
+  std::string dir;
+  for (const bool v5 : {false, true}) {
+    dir = fresh_dir(std::string("init_gemma3_mm") + (v5 ? "_v5" : ""));
+    const std::vector<std::string> vision = {"multi_modal_projector.mm_input_projection_weight",
+                                             "vision_tower.vision_model.post_layernorm.weight"};
+    rewrite(src.hf, dir, [&](std::vector<Tensor>& ts) {
+      for (auto& t : ts) {
+        ASSERT_EQ(t.name.rfind("model.", 0), 0u) << t.name;
+        t.name = v5 ? "model.language_model." + t.name.substr(6) : "language_model." + t.name;
+      }
+      ts.push_back({vision[0], {2, 2}, {1, 2, 3, 4}});
+      ts.push_back({vision[1], {2}, {1, 2}});
+    });
+    if (world_rank() == 0) {
+      std::ifstream in(src.hf + "/config.json");
+      const json mm = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                       {"model_type", "gemma3"},
+                       {"text_config", json::parse(in)},
+                       {"vision_config", {{"model_type", "siglip_vision_model"}}},
+                       {"mm_tokens_per_image", 256}};
+      std::ofstream(dir + "/config.json") << mm.dump(2);
+    }
+    barrier();
+    const Loaded a = load(src.hf, src.cfg), b = load(dir, src.cfg);
+    EXPECT_TRUE(same_bits(a.shards, b.shards)) << "v5 " << v5;
+    EXPECT_EQ(a.result.bytes_read, b.result.bytes_read);
+    std::vector<std::string> unused = b.result.unused;
+    std::sort(unused.begin(), unused.end());
+    EXPECT_EQ(unused, vision);
+  }
+  // Another model inside: named by its text_config.
+  Config other = src.cfg;
+  other.model.set("num_hidden_layers", int64_t{3});
+  expect_input_error([&] { fsdp::ckpt::check_hf_config(dir, other.model); },
+                     {"config.json: num_hidden_layers = 2 but model.num_hidden_layers = 3"});
+}
+
 }  // namespace

@@ -2,8 +2,8 @@
 // reference of HF LlamaForCausalLM (tools/llama_reference.py, tests/data/llama/: 1 and 3
 // layers, MHA / GQA / MQA, tied and untied, rope_theta 1e4 and 5e5 with llama3 scaling, with
 // and without biases; and MistralForCausalLM, Qwen2ForCausalLM's q/k/v biases,
-// Qwen3ForCausalLM's per-head q/k norms, Olmo2ForCausalLM and Phi3ForCausalLM's fused
-// projections, each from its own config.json), a finite-difference
+// Qwen3ForCausalLM's per-head q/k norms, Olmo2ForCausalLM, Phi3ForCausalLM's fused
+// projections and Gemma3ForCausalLM, each from its own config.json), a finite-difference
 // check of every parameter tensor, the model built
 // from each fixture's config.json (init_from's path), activation checkpointing bit-identical
 // on one rank and sharded over the world, the activation plan equal to what is allocated, and
@@ -61,6 +61,17 @@ struct Fixture : test_util::CausalLmFixture<fsdp::LlamaModel, fsdp::LlamaConfig>
   Fixture(const ModelOptions& o, const fsdp::FsdpConfig& fc) : CausalLmFixture(o, fc) {}
 };
 
+// Gemma 3's tiny model: GQA, 2 layers sliding then global (pattern 2, window 3 < T), a local
+// RoPE period far from the global one and a score scale != head_dim^-1/2.
+void make_gemma(fsdp::LlamaConfig& m) {
+  m.arch = fsdp::LlamaArch::gemma3_text;
+  m.query_pre_attn_scalar = 6;
+  m.sliding_window = 3;
+  m.sliding_window_pattern = 2;
+  m.rope_theta = 1e6;
+  m.rope_local_base_freq = 100;
+}
+
 // Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).
 void perturb_shards(Fixture& f, unsigned seed = 7) {
   std::mt19937 gen(seed + static_cast<unsigned>(f.comm.rank()));
@@ -83,22 +94,26 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     LlamaArch arch = LlamaArch::llama;
     int64_t head_dim = 0;
   };
-  for (const Case& c : {Case{"GQA untied", 2, false, false, false, false},
-                        Case{"MQA tied, biases, llama3", 1, true, true, true, true},
-                        Case{"MHA untied, attention bias", 4, false, true, false, false},
-                        Case{"Qwen2 GQA untied (q/k/v biases)", 2, false, false, false, false,
-                             LlamaArch::qwen2},
-                        Case{"Qwen3 MQA tied, head_dim 6, llama3", 1, true, false, false, true,
-                             LlamaArch::qwen3, 6},
-                        Case{"Qwen3 GQA untied, attention bias", 2, false, true, false, false,
-                             LlamaArch::qwen3},
-                        Case{"OLMo 2 GQA untied", 2, false, false, false, false, LlamaArch::olmo2},
-                        Case{"OLMo 2 MQA tied, attention bias, llama3", 1, true, true, false, true,
-                             LlamaArch::olmo2},
-                        Case{"Phi-3 GQA untied (fused qkv_proj, gate_up_proj)", 2, false, false,
-                             false, false, LlamaArch::phi3},
-                        Case{"Phi-3 MQA tied", 1, true, false, false, false, LlamaArch::phi3}}) {
+  for (const Case& c :
+       {Case{"GQA untied", 2, false, false, false, false},
+        Case{"MQA tied, biases, llama3", 1, true, true, true, true},
+        Case{"MHA untied, attention bias", 4, false, true, false, false},
+        Case{"Qwen2 GQA untied (q/k/v biases)", 2, false, false, false, false, LlamaArch::qwen2},
+        Case{"Qwen3 MQA tied, head_dim 6, llama3", 1, true, false, false, true, LlamaArch::qwen3,
+             6},
+        Case{"Qwen3 GQA untied, attention bias", 2, false, true, false, false, LlamaArch::qwen3},
+        Case{"OLMo 2 GQA untied", 2, false, false, false, false, LlamaArch::olmo2},
+        Case{"OLMo 2 MQA tied, attention bias, llama3", 1, true, true, false, true,
+             LlamaArch::olmo2},
+        Case{"Phi-3 GQA untied (fused qkv_proj, gate_up_proj)", 2, false, false, false, false,
+             LlamaArch::phi3},
+        Case{"Phi-3 MQA tied", 1, true, false, false, false, LlamaArch::phi3},
+        Case{"Gemma 3 GQA tied, head_dim 6, sliding + global", 2, true, false, false, false,
+             LlamaArch::gemma3_text, 6},
+        Case{"Gemma 3 MQA untied, attention bias, llama3 (global)", 1, false, true, false, true,
+             LlamaArch::gemma3_text}}) {
     ModelOptions o;
+    if (c.arch == LlamaArch::gemma3_text) make_gemma(o.model);
     o.model.arch = c.arch;
     o.model.head_dim = c.head_dim;
     o.model.num_key_value_heads = c.kv_heads;
@@ -149,10 +164,11 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         ++checked;
       }
     }
+    const bool gemma = c.arch == LlamaArch::gemma3_text;
     const int per_layer = (c.arch == LlamaArch::phi3 ? 6 : 9) + (c.attention_bias ? 4 : 0) +
                           (c.arch == LlamaArch::qwen2 ? 3 : 0) +
                           (c.arch == LlamaArch::qwen3 || c.arch == LlamaArch::olmo2 ? 2 : 0) +
-                          (c.mlp_bias ? 3 : 0);
+                          (gemma ? 4 : 0) + (c.mlp_bias ? 3 : 0);
     EXPECT_EQ(checked, 1 + 2 * per_layer + 1 + (c.tied ? 0 : 1)) << c.what;
   }
 }
@@ -248,76 +264,82 @@ TEST(Llama, MatchesTorchReference) {
     check_reference(name);
     ++files;
   }
-  EXPECT_GE(files, 19) << "tests/data/llama: the fixtures of tools/llama_reference.py";
+  EXPECT_GE(files, 21) << "tests/data/llama: the fixtures of tools/llama_reference.py";
 }
 
 TEST(Llama, ActivationCheckpointingIsBitIdentical) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
-                    fsdp::LlamaArch::phi3})
-  for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
-    for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
-      const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
-                               std::string(fsdp::to_string(dtype)) +
-                               (comm == MPI_COMM_SELF ? " one rank" : " world");
-      ModelOptions o;
-      o.model = tiny_model();
-      o.model.num_hidden_layers = 3;
-      o.model.arch = arch;
-      o.mp.param_dtype = dtype;
-      o.comm = comm;
-      Fixture off(o);
-      // Every layer on one rank; over the world the first of 3 (fsdp.recompute_num_layers:
-      // layer 0 recomputes into the set layer 1 keeps, layer 2 has its own).
-      o.activation_checkpointing = comm == MPI_COMM_SELF
-                                       ? fsdp::ActivationCheckpointing(true)
-                                       : fsdp::ActivationCheckpointing::first_blocks(1);
-      Fixture on(o);
-      perturb_shards(off);
-      perturb_shards(on);
-      for (int step = 0; step < 2; ++step) {
-        const double loss_off = off.loss_and_grads(), loss_on = on.loss_and_grads();
-        EXPECT_TRUE(std::isfinite(loss_off)) << what;
-        EXPECT_TRUE(same_bits(loss_off, loss_on)) << what << ": " << loss_off << " vs " << loss_on;
-        double norm2 = 0;
-        for (int u = 0; u < off.engine.num_units(); ++u) {
-          const int64_t n = off.engine.shard_numel(u);
-          const float* a = off.engine.shard_grad(u).f32();
-          const float* b = on.engine.shard_grad(u).f32();
-          EXPECT_EQ(std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(float)), 0)
-              << what << ": unit " << u;
-          for (int64_t i = 0; i < n; ++i) norm2 += static_cast<double>(a[i]) * a[i];
+                    fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text})
+    for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
+      for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
+        const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
+                                 std::string(fsdp::to_string(dtype)) +
+                                 (comm == MPI_COMM_SELF ? " one rank" : " world");
+        ModelOptions o;
+        o.model = tiny_model();
+        o.model.num_hidden_layers = 3;
+        if (arch == fsdp::LlamaArch::gemma3_text) {
+          make_gemma(o.model);
+          o.model.pad_token_id = 3;  // a token of the batch: its embedding row is skipped
         }
-        double total = norm2;
-        MPI_Allreduce(&norm2, &total, 1, MPI_DOUBLE, MPI_SUM, comm);
-        EXPECT_GT(total, 0.0) << what;
-        EXPECT_TRUE(same_bits(off.loss(), on.loss())) << what;
+        o.model.arch = arch;
+        o.mp.param_dtype = dtype;
+        o.comm = comm;
+        Fixture off(o);
+        // Every layer on one rank; over the world the first of 3 (fsdp.recompute_num_layers:
+        // layer 0 recomputes into the set layer 1 keeps, layer 2 has its own).
+        o.activation_checkpointing = comm == MPI_COMM_SELF
+                                         ? fsdp::ActivationCheckpointing(true)
+                                         : fsdp::ActivationCheckpointing::first_blocks(1);
+        Fixture on(o);
+        perturb_shards(off);
+        perturb_shards(on);
+        for (int step = 0; step < 2; ++step) {
+          const double loss_off = off.loss_and_grads(), loss_on = on.loss_and_grads();
+          EXPECT_TRUE(std::isfinite(loss_off)) << what;
+          EXPECT_TRUE(same_bits(loss_off, loss_on))
+              << what << ": " << loss_off << " vs " << loss_on;
+          double norm2 = 0;
+          for (int u = 0; u < off.engine.num_units(); ++u) {
+            const int64_t n = off.engine.shard_numel(u);
+            const float* a = off.engine.shard_grad(u).f32();
+            const float* b = on.engine.shard_grad(u).f32();
+            EXPECT_EQ(std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(float)), 0)
+                << what << ": unit " << u;
+            for (int64_t i = 0; i < n; ++i) norm2 += static_cast<double>(a[i]) * a[i];
+          }
+          double total = norm2;
+          MPI_Allreduce(&norm2, &total, 1, MPI_DOUBLE, MPI_SUM, comm);
+          EXPECT_GT(total, 0.0) << what;
+          EXPECT_TRUE(same_bits(off.loss(), on.loss())) << what;
+        }
       }
     }
-  }
 }
 
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
-                    fsdp::LlamaArch::phi3})
-  for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
-    for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
-                      fsdp::ActivationCheckpointing::first_blocks(2)}) {
-      for (bool tied : {false, true}) {
-        ModelOptions o;
-        o.model.arch = arch;
-        o.model.tie_word_embeddings = tied;
-        o.model.num_hidden_layers = 3;
-        o.mp.param_dtype = dtype;
-        o.activation_checkpointing = ckpt;
-        Fixture f(o);
-        f.loss_and_grads();
-        EXPECT_EQ(static_cast<int64_t>(f.be->memory().peak(fsdp::MemCategory::activations)),
-                  fsdp::LlamaModel::activation_bytes(o.model, o.B, o.T, dtype, ckpt))
-            << fsdp::llama_arch_prefix(arch) << " " << fsdp::to_string(dtype) << " recomputed "
-            << ckpt.recomputed(3) << " tied " << tied;
+                    fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text})
+    for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
+      for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
+                        fsdp::ActivationCheckpointing::first_blocks(2)}) {
+        for (bool tied : {false, true}) {
+          ModelOptions o;
+          if (arch == fsdp::LlamaArch::gemma3_text) make_gemma(o.model);
+          o.model.arch = arch;
+          o.model.tie_word_embeddings = tied;
+          o.model.num_hidden_layers = 3;
+          o.mp.param_dtype = dtype;
+          o.activation_checkpointing = ckpt;
+          Fixture f(o);
+          f.loss_and_grads();
+          EXPECT_EQ(static_cast<int64_t>(f.be->memory().peak(fsdp::MemCategory::activations)),
+                    fsdp::LlamaModel::activation_bytes(o.model, o.B, o.T, dtype, ckpt))
+              << fsdp::llama_arch_prefix(arch) << " " << fsdp::to_string(dtype) << " recomputed "
+              << ckpt.recomputed(3) << " tied " << tied;
+        }
       }
     }
-  }
 }
 
 // Llama 3.1's scaling (transformers' _compute_llama3_parameters) at head_dim 8, theta 5e5:
@@ -434,6 +456,18 @@ TEST(Llama, InitialisationFollowsHf) {
 
 }  // namespace
 
+// `family` refuses config.json `hf` with an input error (exit 2) whose line holds `needle`.
+void expect_refused(const fsdp::ModelFamily& family, const nlohmann::json& hf,
+                    const std::string& needle) {
+  try {
+    family.from_hf_config(hf, "config.json");
+    ADD_FAILURE() << "accepted: " << hf.dump();
+  } catch (const fsdp::Error& e) {
+    EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 // Phi-3's config.json: what fsdp_train does not implement is refused by name (longrope, a
 // partial rotary embedding, dropout), and so is another rope type in a TOML; Phi-4 14B's own
 // config.json is read as written.
@@ -454,14 +488,8 @@ TEST(Llama, Phi3RefusesWhatIsNotImplemented) {
   EXPECT_EQ(g.head_size(), 128);
   EXPECT_EQ(g.sliding_window, 0);
   EXPECT_EQ(g.rope_theta, 250000.0);
-  auto refused = [&](nlohmann::json hf, const std::string& needle) {
-    try {
-      phi3.from_hf_config(hf, "config.json");
-      ADD_FAILURE() << "accepted: " << hf.dump();
-    } catch (const fsdp::Error& e) {
-      EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+  auto refused = [&](const nlohmann::json& hf, const std::string& needle) {
+    expect_refused(phi3, hf, needle);
   };
   nlohmann::json hf = phi4;
   hf["partial_rotary_factor"] = 0.75;  // Phi-4-mini
@@ -479,6 +507,199 @@ TEST(Llama, Phi3RefusesWhatIsNotImplemented) {
   } catch (const fsdp::Error& e) {
     EXPECT_NE(std::string(e.what()).find("model.rope_scaling.rope_type: yarn is not supported "
                                          "for phi3"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Gemma3TextModel's initialisation: every RMSNorm weight 0 (the norms multiply by 1 + weight)
+// and the padding token's embedding row 0 (nn.Embedding's padding_idx).
+TEST(Llama, Gemma3InitialisesNormsToZeroAndThePaddingRow) {
+  ModelOptions o;
+  make_gemma(o.model);
+  o.model.pad_token_id = 4;
+  o.model.hidden_size = 64;
+  fsdp::FsdpConfig fc = llama_wrap(o.model.arch);
+  fc.auto_wrap_policy = fsdp::AutoWrapPolicy::NO_WRAP;
+  Fixture f(o, fc);
+  const auto params = f.engine.gather_full_params();
+  for (const char* norm :
+       {"model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.1.pre_feedforward_layernorm.weight",
+        "model.layers.1.post_feedforward_layernorm.weight",
+        "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight",
+        "model.norm.weight"}) {
+    ASSERT_TRUE(params.count(norm)) << norm;
+    for (float x : params.at(norm)) EXPECT_EQ(x, 0.f) << norm;
+  }
+  const std::vector<float>& emb = params.at("model.embed_tokens.weight");
+  int zeros = 0, nonzero_rows = 0;
+  for (int64_t r = 0; r < 11; ++r) {
+    bool any = false;
+    for (int64_t c = 0; c < 64; ++c) {
+      const float x = emb[static_cast<std::size_t>(r * 64 + c)];
+      if (r == 4) zeros += x == 0.f;
+      any = any || x != 0.f;
+    }
+    nonzero_rows += any;
+  }
+  EXPECT_EQ(zeros, 64) << "row pad_token_id = 4";
+  EXPECT_EQ(nonzero_rows, 10);
+}
+
+// A parameter's values (`grad`: its gradient) by name on one rank (the shard is the tensor).
+std::vector<float> named(Fixture& f, const std::string& name, bool grad) {
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    const float* p = grad ? f.engine.shard_grad(u).f32() : f.engine.shard_param(u).f32();
+    for (const auto& e : f.engine.layout(u).entries) {
+      if (e.spec.name == name) return {p + e.offset, p + e.offset + e.spec.numel()};
+    }
+  }
+  ADD_FAILURE() << "no parameter " << name;
+  return {};
+}
+void set_named(Fixture& f, const std::string& name, const std::vector<float>& v) {
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    for (const auto& e : f.engine.layout(u).entries) {
+      if (e.spec.name == name)
+        std::copy(v.begin(), v.end(), f.engine.shard_param(u).f32() + e.offset);
+    }
+  }
+}
+
+// The padding row gets nothing from the lookup (nn.Embedding's padding_idx): untied, its
+// gradient is 0; tied, it is exactly the LM head's part, the gradient an untied model with a
+// copied lm_head gives lm_head's row (the model keeps the row across the lookup's backward).
+TEST(Llama, Gemma3PaddingRowGetsNoLookupGradient) {
+  ModelOptions o;
+  make_gemma(o.model);
+  o.model.tie_word_embeddings = false;
+  o.model.pad_token_id = Fixture(o).tokens[2];  // a token of the batch
+  const int64_t pad = o.model.pad_token_id, C = o.model.hidden_size;
+  Fixture untied(o);
+  o.model.tie_word_embeddings = true;
+  Fixture tied(o);
+  perturb_shards(tied);
+  for (int u = 0; u < tied.engine.num_units(); ++u) {
+    for (const auto& e : tied.engine.layout(u).entries) {
+      set_named(untied, e.spec.name, named(tied, e.spec.name, false));
+    }
+  }
+  set_named(untied, "lm_head.weight", named(tied, "model.embed_tokens.weight", false));
+  EXPECT_TRUE(same_bits(untied.loss_and_grads(), tied.loss_and_grads()));
+  auto row = [&](const std::vector<float>& g, int64_t r) {
+    return std::vector<float>(g.begin() + r * C, g.begin() + (r + 1) * C);
+  };
+  const std::vector<float> emb_u = named(untied, "model.embed_tokens.weight", true);
+  const std::vector<float> head_u = named(untied, "lm_head.weight", true);
+  const std::vector<float> emb_t = named(tied, "model.embed_tokens.weight", true);
+  EXPECT_EQ(row(emb_u, pad), std::vector<float>(static_cast<std::size_t>(C), 0.f));
+  EXPECT_NE(row(emb_u, tied.tokens[0] == pad ? tied.tokens[1] : tied.tokens[0]),
+            std::vector<float>(static_cast<std::size_t>(C), 0.f));
+  EXPECT_EQ(row(emb_t, pad), row(head_u, pad));
+  EXPECT_NE(row(emb_t, pad), std::vector<float>(static_cast<std::size_t>(C), 0.f));
+}
+
+// Gemma 3 1B's config.json (google/gemma-3-1b-pt, transformers 4.50's spelling) is read as
+// written; transformers 5's rope_parameters and layer_types spellings give the same model;
+// what fsdp_train does not implement is refused by name.
+TEST(Llama, Gemma3ConfigJson) {
+  const fsdp::ModelFamily& gemma = fsdp::model_family("gemma3_text");
+  const nlohmann::json g1b = {{"architectures", {"Gemma3ForCausalLM"}},
+                              {"attention_bias", false},
+                              {"attention_dropout", 0.0},
+                              {"attn_logit_softcapping", nullptr},
+                              {"bos_token_id", 2},
+                              {"cache_implementation", "hybrid"},
+                              {"eos_token_id", 1},
+                              {"final_logit_softcapping", nullptr},
+                              {"head_dim", 256},
+                              {"hidden_activation", "gelu_pytorch_tanh"},
+                              {"hidden_size", 1152},
+                              {"initializer_range", 0.02},
+                              {"intermediate_size", 6912},
+                              {"max_position_embeddings", 32768},
+                              {"model_type", "gemma3_text"},
+                              {"num_attention_heads", 4},
+                              {"num_hidden_layers", 26},
+                              {"num_key_value_heads", 1},
+                              {"pad_token_id", 0},
+                              {"query_pre_attn_scalar", 256},
+                              {"rms_norm_eps", 1e-06},
+                              {"rope_local_base_freq", 10000},
+                              {"rope_scaling", nullptr},
+                              {"rope_theta", 1000000},
+                              {"sliding_window", 512},
+                              {"sliding_window_pattern", 6},
+                              {"torch_dtype", "bfloat16"},
+                              {"use_cache", true},
+                              {"vocab_size", 262144}};
+  const fsdp::ModelConfig mc = gemma.from_hf_config(g1b, "gemma-3-1b.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  EXPECT_EQ(g.arch, fsdp::LlamaArch::gemma3_text);
+  EXPECT_EQ(g.head_size(), 256);
+  EXPECT_EQ(g.kv_heads(), 1);
+  EXPECT_TRUE(g.tie_word_embeddings);
+  EXPECT_EQ(g.pad_token_id, 0);
+  EXPECT_EQ(g.sliding_window, 512);
+  EXPECT_EQ(g.rope_local_base_freq, 1e4);
+  for (int64_t l = 0; l < 26; ++l) {
+    EXPECT_EQ(g.layer_window(l), (l + 1) % 6 == 0 ? 0 : 512) << l;
+    EXPECT_EQ(g.layer_local_rope(l), (l + 1) % 6 != 0) << l;
+  }
+  EXPECT_DOUBLE_EQ(g.attention_scale(), 1.0 / 16);
+  EXPECT_DOUBLE_EQ(g.embed_scale(), std::sqrt(1152.0));
+  EXPECT_EQ(fsdp::llama_inv_freq(fsdp::llama_local_rope_config(g))[1], std::pow(1e4, -2.0 / 256));
+  // fsdp_merge's config.json reads back to the same model.
+  const nlohmann::json out = gemma.hf_config(mc);
+  EXPECT_EQ(out.at("architectures"), nlohmann::json::array({"Gemma3ForCausalLM"}));
+  EXPECT_EQ(out.at("layer_types").size(), 26u);
+  EXPECT_EQ(out.at("layer_types")[5], "full_attention");
+  EXPECT_FALSE(out.contains("hidden_act"));
+  EXPECT_EQ(gemma.canonical(gemma.from_hf_config(out, "merged.json")), gemma.canonical(mc));
+  // transformers 5: rope_parameters per layer type, layer_types instead of the pattern.
+  nlohmann::json v5 = g1b;
+  v5.erase("rope_theta");
+  v5.erase("rope_local_base_freq");
+  v5.erase("rope_scaling");
+  v5.erase("sliding_window_pattern");
+  v5["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1e6}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  v5["layer_types"] = out.at("layer_types");
+  const fsdp::LlamaConfig g5 = fsdp::LlamaConfig::from(gemma.from_hf_config(v5, "v5.json"));
+  EXPECT_EQ(g5.sliding_window_pattern, 6);
+  EXPECT_EQ(g5.rope_theta, 1e6);
+  EXPECT_EQ(g5.rope_local_base_freq, 1e4);
+  EXPECT_EQ(g5.rope_type, fsdp::LlamaConfig::RopeType::linear);
+  EXPECT_EQ(g5.rope_factor, 8.0);
+  nlohmann::json none = g1b;
+  none["pad_token_id"] = nullptr;
+  EXPECT_EQ(fsdp::LlamaConfig::from(gemma.from_hf_config(none, "c.json")).pad_token_id, -1);
+  auto refused = [&](const nlohmann::json& hf, const std::string& needle) {
+    expect_refused(gemma, hf, needle);
+  };
+  nlohmann::json hf = g1b;
+  hf["final_logit_softcapping"] = 30.0;  // Gemma 2's
+  refused(hf, "config.json: \"final_logit_softcapping\" 30.0 is not supported (expected null)");
+  hf = g1b;
+  hf["hidden_activation"] = "gelu";
+  refused(hf, "\"hidden_activation\" \"gelu\" is not supported");
+  hf = g1b;
+  hf["use_bidirectional_attention"] = true;  // EmbeddingGemma
+  refused(hf, "\"use_bidirectional_attention\" true is not supported");
+  hf = v5;
+  hf["layer_types"][0] = "full_attention";
+  refused(hf, "\"layer_types\"");
+  hf = v5;
+  hf["rope_parameters"]["sliding_attention"]["rope_type"] = "linear";
+  refused(hf, "rope_parameters.sliding_attention.rope_type");
+  try {
+    fsdp::parse_config("[model]\ntype = \"gemma3_text\"\nvocab_size = 8\npad_token_id = 8\n",
+                       "input.toml", {});
+    ADD_FAILURE() << "pad_token_id outside the vocabulary accepted";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.pad_token_id: 8 is out of range"),
               std::string::npos)
         << e.what();
   }

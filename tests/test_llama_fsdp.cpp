@@ -188,11 +188,13 @@ TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// Mistral, Qwen2, Qwen3, OLMo 2 and Phi-3 (the same model under their HF classes: Mistral's
-// and Phi-3's sliding window of 5 and Qwen2's of 4 on its second layer, all shorter than the
-// 12-token sequences; Qwen2's q/k/v biases, Qwen3's per-head q/k norms at head_dim 6 != 16 / 4,
-// OLMo 2's output norms and whole-row q/k norms, Phi-3's fused qkv_proj and gate_up_proj, which
-// a shard boundary may cut anywhere): FULL_SHARD over the world equals one
+// Mistral, Qwen2, Qwen3, OLMo 2, Phi-3 and Gemma 3 (the same model under their HF classes:
+// Mistral's and Phi-3's sliding window of 5 and Qwen2's of 4 on its second layer, all shorter
+// than the 12-token sequences; Qwen2's q/k/v biases, Qwen3's per-head q/k norms at head_dim
+// 6 != 16 / 4, OLMo 2's output norms and whole-row q/k norms, Phi-3's fused qkv_proj and
+// gate_up_proj, which a shard boundary may cut anywhere; Gemma 3's four (1 + w) norms a layer,
+// a sliding then a global layer with their own RoPE, the scaled and tied embedding with the
+// space byte as padding row): FULL_SHARD over the world equals one
 // rank's NO_SHARD (each class its own wrap class), and the merge names the class, with the
 // class's extra tensors in model.safetensors.
 TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
@@ -215,7 +217,13 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                              {"model.sliding_window=5",
                               "model.rope_scaling.rope_type=\"default\""},
                              "Phi3ForCausalLM",
-                             "model.layers.1.mlp.gate_up_proj.weight"}}) {
+                             "model.layers.1.mlp.gate_up_proj.weight"},
+                        Case{"gemma3_text",
+                             {"model.sliding_window=5", "model.sliding_window_pattern=2",
+                              "model.query_pre_attn_scalar=3", "model.head_dim=6",
+                              "model.pad_token_id=32"},
+                             "Gemma3ForCausalLM",
+                             "model.layers.1.pre_feedforward_layernorm.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

@@ -167,6 +167,9 @@ const Allowed kAllowed[] = {
     // config.json (written, and checked on the way in), not gpt2 keys.
     {"tie_word_embeddings", "src/model/gpt2.cpp", "fsdp_train's GPT-2 is always tied: true"},
     {"initializer_range", "src/model/gpt2.cpp", "written as HF's 0.02 (the initialisation's std)"},
+    // T5Config's pad_token_id (a gemma3_text key): a constant of t5's config.json, the 0 its
+    // shifted decoder inputs start with (written, and checked on the way in).
+    {"pad_token_id", "src/model/t5_family.cpp", "T5's decoder inputs pad with 0"},
 };
 
 bool allowed(const std::string& name, const std::string& path) {

@@ -3,7 +3,8 @@
 
 For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneration, ByT5
 bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
-MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM (LLAMA_CASES below) and Llama (LlamaForCausalLM, causal LM on the
+MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM (LLAMA_CASES below)
+and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
 scaling set so that its three branches (kept, smoothed, scaled) all occur: untied with
@@ -82,6 +83,16 @@ LLAMA_CASES = {
     "phi3 gqa untied window 8": {"type": "phi3", "hidden_size": 32, "sliding_window": 8,
                                  "tie_word_embeddings": False,
                                  "rope_scaling": {"rope_type": "default"}},
+    # Gemma 3 (Gemma3ForCausalLM, model_type gemma3_text): (1 + w) norms, four a layer, and
+    # per-head q/k norms; the embedding scaled by sqrt(32); GeGLU; scores scaled by 10^-1/2;
+    # layers sliding (window 8, local RoPE period 1e4) then global (rope_theta 1e6 with
+    # Gemma 3 4B's linear scaling); head_dim 12 != 32 / 4; tied; the space byte as padding row.
+    "gemma3 gqa tied window 8 linear": {"type": "gemma3_text", "hidden_size": 32, "head_dim": 12,
+                                        "rope_theta": 1e6,
+                                        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                                        "query_pre_attn_scalar": 10, "sliding_window": 8,
+                                        "sliding_window_pattern": 2, "pad_token_id": 32,
+                                        "tie_word_embeddings": True},
     # YaRN as Qwen2.5 / Qwen3 extend their context (head_dim 8, theta 1e4, original 256: pairs
     # 0 and 1 kept, 2 blended, 3 interpolated; cos and sin scaled by 1 + 0.1 ln 4).
     "qwen3 gqa tied yarn": {"type": "qwen3", "hidden_size": 32, "head_dim": 8, "tie_word_embeddings": True,

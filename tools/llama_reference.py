@@ -36,7 +36,18 @@ h + post_feedforward_layernorm(mlp(h)), and q_norm / k_norm over the whole q and
 [H*D] and [Hkv*D] before RoPE) or phi3 (Phi3ForCausalLM, modeling_phi3.py: Llama's math with
 q/k/v in one qkv_proj.weight [(H + 2 Hkv) D, C], rows q then k then v, and gate/up in one
 gate_up_proj.weight [2I, C], gate's rows first; no head_dim attribute, no biases; with _swa a
-window of 3 < T, as Mistral's).
+window of 3 < T, as Mistral's) or gemma3 (Gemma3ForCausalLM, model_type gemma3_text,
+modeling_gemma3.py: every RMSNorm multiplies by 1 + weight (the weights drawn as N(0, 0.3)
+offsets); four norms a layer, x + post_attention_layernorm(attn(input_layernorm(x))) and
+h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))); per-head q_norm / k_norm
+as Qwen3's; the embedding times sqrt(hidden) as a float32 number, with padding_idx =
+pad_token_id 5 (the batch holds token 5 twice: the lookup adds nothing to that row's
+gradient); the MLP gelu_tanh(gate) * up; scores scaled by query_pre_attn_scalar 10^-1/2
+(head_dim 12); layer l slides (window sliding_window) unless (l + 1) % sliding_window_pattern
+== 0, and the sliding layers' RoPE has period rope_local_base_freq 1e4 unscaled, the others
+rope_theta 1e6 with rope_scaling (rope word rope1e4: none, linear: factor 2). The 1-layer
+variant: pattern 6, a window covering the sequence; 3l ..._swa: pattern 2 (sliding, global,
+sliding), window 3).
 A tiny Llama (hidden 32, 4 heads of head_dim 8, intermediate 40, vocab 37: not a multiple of
 anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
@@ -87,7 +98,9 @@ LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.
                   "original_max_position_embeddings": 8, "rope_type": "llama3"}
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-         "olmo2": "Olmo2", "phi3": "Phi3"}  # HF class prefix
+         "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3"}  # HF class prefix
+MODEL_TYPES = {"gemma3": "gemma3_text"}  # HF model_type where it is not the variant's word
+GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
     "1l_mha_untied_rope1e4",
@@ -109,6 +122,8 @@ VARIANTS = [
     "3l_mqa_tied_llama3_qwen2_swa",
     "1l_gqa_untied_rope1e4_phi3",
     "3l_mqa_tied_rope1e4_phi3_swa",
+    "1l_gqa_tied_rope1e4_gemma3",
+    "3l_mqa_untied_linear_gemma3_swa",
 ]
 SWA_WINDOW = 3  # the _swa variants' sliding window: shorter than T = 7
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
@@ -148,6 +163,8 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
     mlp_bias; Qwen3Config: head_dim, attention_bias; both Qwen: use_sliding_window,
     max_window_layers). Sliding windows are off or cover every sequence."""
     assert "mlpbias" not in flags and ("attnbias" not in flags or arch in ("qwen3", "olmo2")), (arch, flags)
+    if arch == "gemma3":
+        return gemma3_config(layers, attn, tied, rope, flags)
     cfg = {"architectures": [ARCHS[arch] + "ForCausalLM"], "model_type": arch, "vocab_size": VOCAB,
            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn]}
@@ -178,6 +195,27 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
     return cfg
 
 
+def gemma3_config(layers, attn, tied, rope, flags):
+    """config.json of a Gemma3ForCausalLM variant (Gemma3TextConfig's attributes): head_dim 12
+    != hidden / heads, query_pre_attn_scalar 10 != head_dim, global rope_theta 1e6 with the
+    variant's scaling (rope1e4: none; linear: factor 2), local period 1e4; one layer: pattern
+    6, a sliding layer with a window covering the sequence; three layers (_swa): pattern 2,
+    sliding / global / sliding, window 3 < T."""
+    assert rope in ("rope1e4", "linear") and "attnbias" not in flags, (rope, flags)
+    swa = "swa" in flags
+    return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
+            "head_dim": HEAD_DIM_QWEN3, "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": SCALINGS[rope] and dict(SCALINGS[rope]), "query_pre_attn_scalar": 10,
+            "sliding_window": SWA_WINDOW if swa else MAX_POS, "sliding_window_pattern": 2 if swa else 6,
+            "attention_bias": False, "attention_dropout": 0.0, "hidden_activation": "gelu_pytorch_tanh",
+            "final_logit_softcapping": None, "attn_logit_softcapping": None,
+            "tie_word_embeddings": tied == "tied", "pad_token_id": GEMMA_PAD, "initializer_range": 0.02,
+            "torch_dtype": "float32", "bos_token_id": 2, "eos_token_id": 1, "use_cache": True}
+
+
 # What each class makes of its config (HF's getattr defaults for the attributes it lacks).
 def head_dim(cfg):
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -195,8 +233,48 @@ def mlp_bias(cfg):
     return cfg.get("mlp_bias", False)
 
 
-def qk_norm(cfg):  # Qwen3Attention's q_norm / k_norm over each head
-    return cfg["model_type"] == "qwen3"
+def qk_norm(cfg):  # Qwen3Attention's (and Gemma3Attention's) q_norm / k_norm over each head
+    return cfg["model_type"] in ("qwen3", "gemma3_text")
+
+
+def gemma3(cfg):
+    """Gemma3ForCausalLM: (1 + w) RMSNorms, four a layer (input, post_attention,
+    pre_feedforward, post_feedforward); the embedding times sqrt(hidden) rounded to float32,
+    padding_idx pad_token_id; GeGLU (gelu tanh); scores times query_pre_attn_scalar^-1/2;
+    sliding layers with the local RoPE (rope_local_base_freq, unscaled)."""
+    return cfg["model_type"] == "gemma3_text"
+
+
+def sliding(cfg, layer):
+    """Gemma 3: whether a layer is a "sliding_attention" one (its layer_types entry, else the
+    pattern rule: (layer + 1) % sliding_window_pattern != 0)."""
+    if cfg.get("layer_types"):
+        return cfg["layer_types"][layer] == "sliding_attention"
+    return (layer + 1) % cfg.get("sliding_window_pattern", 6) != 0
+
+
+def norm_weight(cfg, w):  # what an RMSNorm multiplies by: Gemma3RMSNorm's 1 + w
+    return 1.0 + w if gemma3(cfg) else w
+
+
+def embed_scale(cfg):  # Gemma3TextScaledWordEmbedding: sqrt(hidden) as a float32 tensor
+    return torch.tensor(cfg["hidden_size"] ** 0.5, dtype=torch.float32).item() if gemma3(cfg) else 1.0
+
+
+def score_scale(cfg):  # the attention's: query_pre_attn_scalar^-1/2 (Gemma 3), else head_dim^-1/2
+    return cfg["query_pre_attn_scalar"] ** -0.5 if gemma3(cfg) else head_dim(cfg) ** -0.5
+
+
+def rope_cfg(cfg, layer):
+    """The config whose RoPE a layer uses: Gemma 3's sliding layers rope_local_base_freq with no
+    scaling (Gemma3TextModel's rotary_emb_local), every other layer the config itself."""
+    if gemma3(cfg) and sliding(cfg, layer):
+        return dict(cfg, rope_theta=cfg["rope_local_base_freq"], rope_scaling=None)
+    return cfg
+
+
+def gelu_tanh(g):  # "gelu_pytorch_tanh"
+    return 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g * g * g)))
 
 
 def olmo2(cfg):  # Olmo2: sublayer outputs normalised, q_norm / k_norm over the whole projections
@@ -211,6 +289,8 @@ def layer_window(cfg, layer):
         return cfg.get("sliding_window") or 0
     if cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
+    if gemma3(cfg):
+        return cfg["sliding_window"] if sliding(cfg, layer) else 0
     return 0
 
 
@@ -237,7 +317,10 @@ def unfused(p, cfg):
     return out
 
 
-def layer_norm_names(cfg):  # a decoder layer's two RMSNorms, in state-dict order
+def layer_norm_names(cfg):  # a decoder layer's RMSNorms, in state-dict order
+    if gemma3(cfg):
+        return ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                "post_feedforward_layernorm")
     if olmo2(cfg):
         return "post_attention_layernorm", "post_feedforward_layernorm"
     return "input_layernorm", "post_attention_layernorm"
@@ -281,7 +364,7 @@ def make_params(cfg, gen):
     p = {}
     for name, shape in param_shapes(cfg):
         x = torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.3
-        if name.endswith("norm.weight"):
+        if name.endswith("norm.weight") and not gemma3(cfg):  # Gemma's are offsets from 1
             x = 1.0 + x
         p[name] = (torch.round(x.to(torch.float64) * 1000.0) / 1000.0 + 0.0).to(torch.float32)
     return p
@@ -294,6 +377,8 @@ def make_case(variant):
     params = make_params(cfg, gen)
     tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
     targets = torch.randint(0, VOCAB, (B, T), generator=gen)
+    if gemma3(cfg):  # the padding row is looked up (and gets no gradient from it)
+        tokens[0, 2] = tokens[1, 4] = cfg["pad_token_id"]
     return cfg, params, tokens, targets
 
 
@@ -382,46 +467,61 @@ def forward(p, cfg, tokens):
         y = x @ p[name + ".weight"].T
         return y + p[name + ".bias"] if bias else y
 
-    freqs = torch.outer(torch.arange(Tn, dtype=torch.float64), inv_freq(cfg))
-    emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-    cos, sin = emb.cos() * attention_scaling(cfg), emb.sin() * attention_scaling(cfg)
+    def norm(x, name):
+        return rms_norm(x, norm_weight(cfg, p[name + ".weight"]), eps)
+
+    def cos_sin(rc):
+        freqs = torch.outer(torch.arange(Tn, dtype=torch.float64), inv_freq(rc))
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        return emb.cos() * attention_scaling(rc), emb.sin() * attention_scaling(rc)
+
     causal = torch.tril(torch.ones(Tn, Tn, dtype=torch.bool))
-    x = p["model.embed_tokens.weight"][tokens]
+    # nn.Embedding's padding_idx: no gradient into that row from the lookup
+    x = torch.nn.functional.embedding(tokens, p["model.embed_tokens.weight"],
+                                      padding_idx=cfg.get("pad_token_id") if gemma3(cfg) else None)
+    x = x * embed_scale(cfg)
     for l in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{l}."
         a, ab = pre + "self_attn.", qkv_bias(cfg)
-        h = x if olmo2(cfg) else rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+        cos, sin = cos_sin(rope_cfg(cfg, l))
+        h = x if olmo2(cfg) else norm(x, pre + "input_layernorm")
         q, k = linear(h, a + "q_proj", ab), linear(h, a + "k_proj", ab)
         if olmo2(cfg):  # over the whole projection, before the split into heads
-            q, k = rms_norm(q, p[a + "q_norm.weight"], eps), rms_norm(k, p[a + "k_norm.weight"], eps)
+            q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
         q, k = q.view(Bn, Tn, H, D), k.view(Bn, Tn, Hkv, D)
         if qk_norm(cfg):  # over each head's D values, before RoPE
-            q = rms_norm(q, p[a + "q_norm.weight"], eps)
-            k = rms_norm(k, p[a + "k_norm.weight"], eps)
+            q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
         v = linear(h, a + "v_proj", ab).view(Bn, Tn, Hkv, D).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
-        att = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+        att = q @ k.transpose(-1, -2)
+        att = att * score_scale(cfg) if gemma3(cfg) else att / math.sqrt(D)
         visible = causal
         if layer_window(cfg, l):
             visible = causal & ~torch.tril(torch.ones(Tn, Tn, dtype=torch.bool), -layer_window(cfg, l))
         att = att.masked_fill(~visible, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
         m, mb = pre + "mlp.", mlp_bias(cfg)
+        if gemma3(cfg):  # sandwich norms, GeGLU
+            x = x + norm(linear(y, a + "o_proj", o_bias(cfg)), pre + "post_attention_layernorm")
+            h = norm(x, pre + "pre_feedforward_layernorm")
+            mlp = linear(gelu_tanh(linear(h, m + "gate_proj", mb)) * linear(h, m + "up_proj", mb), m + "down_proj", mb)
+            x = x + norm(mlp, pre + "post_feedforward_layernorm")
+            continue
         if olmo2(cfg):
-            x = x + rms_norm(linear(y, a + "o_proj", o_bias(cfg)), p[pre + "post_attention_layernorm.weight"], eps)
+            x = x + norm(linear(y, a + "o_proj", o_bias(cfg)), pre + "post_attention_layernorm")
             g = linear(x, m + "gate_proj", mb)
             mlp = linear(g * torch.sigmoid(g) * linear(x, m + "up_proj", mb), m + "down_proj", mb)
-            x = x + rms_norm(mlp, p[pre + "post_feedforward_layernorm.weight"], eps)
+            x = x + norm(mlp, pre + "post_feedforward_layernorm")
             continue
         x = x + linear(y, a + "o_proj", o_bias(cfg))
-        h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        h = norm(x, pre + "post_attention_layernorm")
         g = linear(h, m + "gate_proj", mb)
         x = x + linear(g * torch.sigmoid(g) * linear(h, m + "up_proj", mb), m + "down_proj", mb)
-    x = rms_norm(x, p["model.norm.weight"], eps)
+    x = norm(x, "model.norm")
     head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
     return x @ head.T
 
@@ -531,6 +631,99 @@ def naive_loss(p, cfg, tokens, targets):
     p = unfused(p, cfg)
     H, D, C = cfg["num_attention_heads"], head_dim(cfg), cfg["hidden_size"]
     eps, group = cfg["rms_norm_eps"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+    tables = {}  # per layer: (RoPE frequencies, cos/sin scale) of its config (rope_cfg)
+    for l in range(cfg["num_hidden_layers"]):
+        rc = rope_cfg(cfg, l)
+        key = (rc["rope_theta"], json.dumps(rc["rope_scaling"], sort_keys=True))
+        tables[l] = tables.get(key) or naive_frequencies(rc, D)
+        tables[key] = tables[l]
+    gemma = gemma3(cfg)
+
+    def norm(x, w):
+        n = x.shape[0]
+        w = 1.0 + w if gemma else w  # Gemma3RMSNorm
+        return x / torch.sqrt(sum(x[c] * x[c] for c in range(n)) / n + eps) * w
+
+    def lin(x, name, bias):
+        y = torch.mv(p[name + ".weight"], x)
+        return y + p[name + ".bias"] if bias else y
+
+    def rope(x, t, l):  # x [D]: pairs (i, i + D/2) rotated by t * inv[i] of layer l's table
+        inv, scale = tables[l]
+        out = []
+        for i in range(D // 2):
+            c, sn = scale * math.cos(t * inv[i]), scale * math.sin(t * inv[i])
+            out.append((i, x[i] * c - x[i + D // 2] * sn))
+            out.append((i + D // 2, x[i + D // 2] * c + x[i] * sn))
+        return torch.stack([v for _, v in sorted(out, key=lambda e: e[0])])
+
+    def act(g):  # SwiGLU's silu, or Gemma's gelu tanh written out
+        if not gemma:
+            return g / (1 + torch.exp(-g))
+        inner = math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)
+        return g * (torch.exp(inner) / (torch.exp(inner) + torch.exp(-inner)))  # = 0.5 g (1 + tanh)
+
+    emb = p["model.embed_tokens.weight"]
+    pad = cfg.get("pad_token_id") if gemma else None
+    # Gemma: sqrt(hidden) as float32; the padding row's lookup detached (padding_idx)
+    escale = float(torch.tensor(C ** 0.5, dtype=torch.float32)) if gemma else 1.0
+    sscale = 1 / math.sqrt(cfg["query_pre_attn_scalar"]) if gemma else 1 / math.sqrt(D)
+    total = 0.0
+    for b in range(tokens.shape[0]):
+        xs = [(emb[int(tokens[b, t])].detach() if int(tokens[b, t]) == pad else emb[int(tokens[b, t])]) * escale
+              for t in range(tokens.shape[1])]
+        for l in range(cfg["num_hidden_layers"]):
+            pre = f"model.layers.{l}."
+            a, ab, mb = pre + "self_attn.", qkv_bias(cfg), mlp_bias(cfg)
+            hs = xs if olmo2(cfg) else [norm(x, p[pre + "input_layernorm.weight"]) for x in xs]
+            qs = [lin(h, a + "q_proj", ab) for h in hs]
+            ks = [lin(h, a + "k_proj", ab) for h in hs]
+            if olmo2(cfg):  # Olmo2's norms over the whole q and k rows
+                qs = [norm(q, p[a + "q_norm.weight"]) for q in qs]
+                ks = [norm(k, p[a + "k_norm.weight"]) for k in ks]
+            vs = [lin(h, a + "v_proj", ab) for h in hs]
+            new = []
+
+            def head(x, i, which):  # head i of a q or k row, through Qwen3's / Gemma's norm if any
+                y = x[i * D:(i + 1) * D]
+                return norm(y, p[a + which + "_norm.weight"]) if qk_norm(cfg) else y
+
+            for t in range(len(xs)):
+                heads = []
+                for hd in range(H):
+                    kv = hd // group
+                    q = rope(head(qs[t], hd, "q"), t, l)
+                    first = max(0, t - layer_window(cfg, l) + 1) if layer_window(cfg, l) else 0
+                    seen = range(first, t + 1)
+                    scores = [torch.dot(q, rope(head(ks[s], kv, "k"), s, l)) * sscale for s in seen]
+                    top = max(float(sc) for sc in scores)
+                    w = [torch.exp(sc - top) for sc in scores]
+                    z = sum(w)
+                    heads.append(sum(w[n] / z * vs[s][kv * D:(kv + 1) * D] for n, s in enumerate(seen)))
+                o = lin(torch.cat(heads), a + "o_proj", o_bias(cfg))
+                if olmo2(cfg) or gemma:
+                    o = norm(o, p[pre + "post_attention_layernorm.weight"])
+                new.append(xs[t] + o)
+            xs = new
+            new = []
+            for x in xs:
+                h = x if olmo2(cfg) else norm(x, p[pre + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")])
+                g, u = lin(h, pre + "mlp.gate_proj", mb), lin(h, pre + "mlp.up_proj", mb)
+                m = lin(act(g) * u, pre + "mlp.down_proj", mb)
+                if olmo2(cfg) or gemma:
+                    m = norm(m, p[pre + "post_feedforward_layernorm.weight"])
+                new.append(x + m)
+            xs = new
+        head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
+        for t, x in enumerate(xs):
+            z = torch.mv(head, norm(x, p["model.norm.weight"]))
+            top = float(z.max())
+            total = total + (top + torch.log(torch.exp(z - top).sum()) - z[int(targets[b, t])])
+    return total / tokens.numel()
+
+
+def naive_frequencies(cfg, D):
+    """(the D/2 RoPE frequencies, the cos/sin scale) of `cfg` from Python floats, rule by rule."""
     inv = []
     s = cfg["rope_scaling"]
     scale = 1.0
@@ -555,74 +748,7 @@ def naive_loss(p, cfg, tokens, targets):
                 sm = (orig / wl - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
                 f = (1 - sm) * f / s["factor"] + sm * f
         inv.append(f)
-
-    def norm(x, w):
-        n = x.shape[0]
-        return x / torch.sqrt(sum(x[c] * x[c] for c in range(n)) / n + eps) * w
-
-    def lin(x, name, bias):
-        y = torch.mv(p[name + ".weight"], x)
-        return y + p[name + ".bias"] if bias else y
-
-    def rope(x, t):  # x [D]: pairs (i, i + D/2) rotated by t * inv[i]
-        out = []
-        for i in range(D // 2):
-            c, sn = scale * math.cos(t * inv[i]), scale * math.sin(t * inv[i])
-            out.append((i, x[i] * c - x[i + D // 2] * sn))
-            out.append((i + D // 2, x[i + D // 2] * c + x[i] * sn))
-        return torch.stack([v for _, v in sorted(out, key=lambda e: e[0])])
-
-    total = 0.0
-    for b in range(tokens.shape[0]):
-        xs = [p["model.embed_tokens.weight"][int(tokens[b, t])] for t in range(tokens.shape[1])]
-        for l in range(cfg["num_hidden_layers"]):
-            pre = f"model.layers.{l}."
-            a, ab, mb = pre + "self_attn.", qkv_bias(cfg), mlp_bias(cfg)
-            hs = xs if olmo2(cfg) else [norm(x, p[pre + "input_layernorm.weight"]) for x in xs]
-            qs = [lin(h, a + "q_proj", ab) for h in hs]
-            ks = [lin(h, a + "k_proj", ab) for h in hs]
-            if olmo2(cfg):  # Olmo2's norms over the whole q and k rows
-                qs = [norm(q, p[a + "q_norm.weight"]) for q in qs]
-                ks = [norm(k, p[a + "k_norm.weight"]) for k in ks]
-            vs = [lin(h, a + "v_proj", ab) for h in hs]
-            new = []
-
-            def head(x, i, which):  # head i of a q or k row, through Qwen3's norm if any
-                y = x[i * D:(i + 1) * D]
-                return norm(y, p[a + which + "_norm.weight"]) if qk_norm(cfg) else y
-
-            for t in range(len(xs)):
-                heads = []
-                for hd in range(H):
-                    kv = hd // group
-                    q = rope(head(qs[t], hd, "q"), t)
-                    first = max(0, t - layer_window(cfg, l) + 1) if layer_window(cfg, l) else 0
-                    seen = range(first, t + 1)
-                    scores = [torch.dot(q, rope(head(ks[s], kv, "k"), s)) / math.sqrt(D) for s in seen]
-                    top = max(float(sc) for sc in scores)
-                    w = [torch.exp(sc - top) for sc in scores]
-                    z = sum(w)
-                    heads.append(sum(w[n] / z * vs[s][kv * D:(kv + 1) * D] for n, s in enumerate(seen)))
-                o = lin(torch.cat(heads), a + "o_proj", o_bias(cfg))
-                if olmo2(cfg):
-                    o = norm(o, p[pre + "post_attention_layernorm.weight"])
-                new.append(xs[t] + o)
-            xs = new
-            new = []
-            for x in xs:
-                h = x if olmo2(cfg) else norm(x, p[pre + "post_attention_layernorm.weight"])
-                g, u = lin(h, pre + "mlp.gate_proj", mb), lin(h, pre + "mlp.up_proj", mb)
-                m = lin(g / (1 + torch.exp(-g)) * u, pre + "mlp.down_proj", mb)
-                if olmo2(cfg):
-                    m = norm(m, p[pre + "post_feedforward_layernorm.weight"])
-                new.append(x + m)
-            xs = new
-        head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
-        for t, x in enumerate(xs):
-            z = torch.mv(head, norm(x, p["model.norm.weight"]))
-            top = float(z.max())
-            total = total + (top + torch.log(torch.exp(z - top).sum()) - z[int(targets[b, t])])
-    return total / tokens.numel()
+    return inv, scale
 
 
 def rel_err(a, b):
@@ -693,8 +819,9 @@ def selftest():
             for n, t in base64.items():
                 for _ in range(2):
                     i = rng.randrange(t.numel())
-                    if n == "model.embed_tokens.weight":  # a row that is looked up
-                        i = int(tokens.flatten()[i % tokens.numel()]) * t.shape[1] + i % t.shape[1]
+                    if n == "model.embed_tokens.weight":  # a row that is looked up (not the
+                        looked = [int(x) for x in tokens.flatten() if int(x) != cfg.get("pad_token_id")]
+                        i = looked[i % len(looked)] * t.shape[1] + i % t.shape[1]  # padding row)
                     flat = t.view(-1)
                     old = flat[i].item()
                     numeric = (4 * central(flat, i, old, h / 2) - central(flat, i, old, h)) / 3
@@ -710,7 +837,8 @@ def selftest():
     #    gradients are the sums over the copies. And Hkv == H through the same code is plain MHA
     #    (the loop-by-loop model above checks that on the mha variants).
     for v in ("1l_gqa_tied_llama3", "1l_mqa_untied_llama3_attnbias_mlpbias", "3l_gqa_untied_llama3",
-              "1l_gqa_untied_rope1e4_qwen3"):  # (not olmo2: its k_norm spans all kv heads)
+              "1l_gqa_untied_rope1e4_qwen3",  # (not olmo2: its k_norm spans all kv heads)
+              "1l_gqa_tied_rope1e4_gemma3"):
         cfg, params32, tokens, targets = make_case(v)
         H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
         mha = dict(cfg, num_key_value_heads=H)
@@ -729,7 +857,7 @@ def selftest():
 
     # 4. Tied == untied with lm_head.weight a copy of embed_tokens.weight; the tied embedding's
     #    gradient is the sum of the untied embedding's and lm_head's.
-    for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias"):
+    for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3"):
         cfg, params32, tokens, targets = make_case(v)
         untied = dict(cfg, tie_word_embeddings=False)
         p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
@@ -753,6 +881,24 @@ def selftest():
         expect(abs(loss.item() - loss_wide.item()) > 1e-3 * abs(loss_wide.item()) and same,
                f"{v}: window {cfg['sliding_window']} changes the loss ({loss.item():.6f} vs "
                f"{loss_wide.item():.6f} with a window covering the sequence, = no window)")
+
+    # 4c. Gemma 3: the padding row gets nothing from the lookup (untied: its gradient is 0,
+    #     another looked-up row's is not; tied: exactly the LM head's part, checked in 4); the
+    #     local RoPE period and query_pre_attn_scalar each change the loss.
+    for v in (x for x in VARIANTS if x.endswith("gemma3") or "_gemma3_" in x):
+        cfg, params32, tokens, targets = make_case(v)
+        params, _, loss = run(cfg, params32, tokens, targets)
+        pad, C = cfg["pad_token_id"], cfg["hidden_size"]
+        g = params["model.embed_tokens.weight"].grad
+        if not cfg["tie_word_embeddings"]:
+            other = int(tokens[0, 0]) if int(tokens[0, 0]) != pad else int(tokens[0, 1])
+            expect(bool((g[pad] == 0).all()) and float(g[other].abs().sum()) > 0,
+                   f"{v}: the padding row {pad} gets no gradient from the lookup")
+        same_rope = run(dict(cfg, rope_local_base_freq=cfg["rope_theta"]), params32, tokens, targets)[2]
+        plain_scale = run(dict(cfg, query_pre_attn_scalar=head_dim(cfg)), params32, tokens, targets)[2]
+        expect(abs(same_rope.item() - loss.item()) > 1e-4 and abs(plain_scale.item() - loss.item()) > 1e-4,
+               f"{v}: the local RoPE period and query_pre_attn_scalar change the loss ({loss.item():.6f} vs "
+               f"{same_rope.item():.6f}, {plain_scale.item():.6f})")
 
     # 5. The fixture text parses back to the run's numbers.
     v = VARIANTS[0]

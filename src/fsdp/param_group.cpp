@@ -60,6 +60,12 @@ void init_elements(const FlatEntry& e, uint64_t seed, int64_t lo, int64_t hi, fl
     case InitKind::zeros: std::fill(out, out + own, 0.f); break;
     case InitKind::ones: std::fill(out, out + own, 1.f); break;
   }
+  if (e.spec.zero_row >= 0 && !e.spec.shape.empty() && e.spec.shape[0] > 0) {
+    const int64_t width = e.spec.numel() / e.spec.shape[0];
+    const int64_t r0 = std::max(e.spec.zero_row * width, k0),
+                  r1 = std::min((e.spec.zero_row + 1) * width, k0 + own);
+    if (r0 < r1) std::fill(out + (r0 - k0), out + (r1 - k0), 0.f);
+  }
   std::fill(out + own, out + (hi - lo), 0.f);
 }
 }  // namespace

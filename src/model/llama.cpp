@@ -32,47 +32,55 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool llama = arch == LlamaArch::llama, mistral = arch == LlamaArch::mistral;
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3;
   const bool olmo2 = arch == LlamaArch::olmo2, phi3 = arch == LlamaArch::phi3;
-  // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3.
-  auto by = [&](auto l, auto m, auto q, auto p) {
-    return llama || olmo2 ? l : mistral ? m : phi3 ? p : q;
+  const bool gemma = arch == LlamaArch::gemma3_text;
+  // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3, gemma3.
+  auto by = [&](auto l, auto m, auto q, auto p, auto g) {
+    return llama || olmo2 ? l : mistral ? m : phi3 ? p : gemma ? g : q;
   };
   static const std::string layers_docs[] = {
       "Number of LlamaDecoderLayer blocks.", "Number of MistralDecoderLayer blocks.",
       "Number of Qwen2DecoderLayer blocks.", "Number of Qwen3DecoderLayer blocks.",
-      "Number of Olmo2DecoderLayer blocks.", "Number of Phi3DecoderLayer blocks."};
+      "Number of Olmo2DecoderLayer blocks.", "Number of Phi3DecoderLayer blocks.",
+      "Number of Gemma3DecoderLayer blocks."};
   const char* layers_doc = layers_docs[static_cast<int>(arch)].c_str();
+  using I64 = int64_t;
   std::vector<A> rows = {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
-        olmo2 ? int64_t{50304}
-              : by(int64_t{32000}, int64_t{32000}, int64_t{151936}, int64_t{32064})},
+        olmo2 ? I64{50304} : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
-        phi3 ? int64_t{3072} : int64_t{4096}},
-      A{"intermediate_size", &L::intermediate_size, "Width of the SwiGLU MLP.", KeyRange::size(1), {},
-        true, by(int64_t{11008}, int64_t{14336}, int64_t{22016}, int64_t{8192})},
+        by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
+      A{"intermediate_size", &L::intermediate_size,
+        gemma ? "Width of the GeGLU MLP." : "Width of the SwiGLU MLP.", KeyRange::size(1), {},
+        true, by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
-        true, int64_t{32}},
+        true, gemma ? I64{26} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
-        true, int64_t{32}},
-      // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32.
+        true, gemma ? I64{8} : I64{32}},
+      // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32,
+      // Gemma 3's 4.
       A{"num_key_value_heads", &L::num_key_value_heads,
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
-        KeyRange::size(0), {}, true, by(int64_t{0}, int64_t{8}, int64_t{32}, int64_t{0})},
+        KeyRange::size(0), {}, true, by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
   };
   if (has_head_dim_key(arch)) {
     rows.push_back(A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
                      "num_attention_heads.", KeyRange::size(0), {}, true,
-                     arch == LlamaArch::qwen3 ? int64_t{128} : int64_t{0}});
+                     arch == LlamaArch::qwen3 ? I64{128} : gemma ? I64{256} : I64{0}});
   }
   rows.insert(rows.end(), {
       A{"max_position_embeddings", &L::max_position_embeddings,
         "Longest sequence the model is trained for.", KeyRange::size(1), {}, true,
-        by(int64_t{2048}, int64_t{131072}, int64_t{32768}, int64_t{4096})},
+        by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
         olmo2 || phi3 ? 1e-5 : 1e-6},
-      A{"rope_theta", &L::rope_theta, "RoPE base period.", KeyRange::above(0), {}, true, 10000.0},
+      A{"rope_theta", &L::rope_theta,
+        gemma ? "RoPE base period of the global (full-attention) layers." : "RoPE base period.",
+        KeyRange::above(0), {}, true, gemma ? 1e6 : 10000.0},
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
-        "RoPE frequency scaling: default (none), linear (position interpolation), Llama 3.1's "
-        "llama3 or yarn.", {},
+        gemma ? "RoPE frequency scaling of the global layers: default (none), linear (position "
+                "interpolation), Llama 3.1's llama3 or yarn."
+              : "RoPE frequency scaling: default (none), linear (position interpolation), Llama "
+                "3.1's llama3 or yarn.", {},
         enum_names<L::RopeType>(), true, std::string(enum_name(L::RopeType::default_))},
       A{"rope_scaling.factor", &L::rope_factor, "linear, llama3, yarn: how much longer than "
         "the original context the model runs.", KeyRange::above(0), {}, true, 8.0},
@@ -95,7 +103,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"rope_scaling.truncate", &L::rope_truncate, "yarn: round the correction range out to "
         "whole dimensions.", {}, {}, true, true},
   });
-  if (llama || arch == LlamaArch::qwen3 || olmo2) {
+  if (gemma) {
+    rows.push_back(A{"rope_local_base_freq", &L::rope_local_base_freq,
+                     "RoPE base period of the sliding layers (never scaled).", KeyRange::above(0),
+                     {}, true, 10000.0});
+  }
+  if (llama || arch == LlamaArch::qwen3 || olmo2 || gemma) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
                      "Biases on q_proj, k_proj, v_proj and o_proj.", {}, {}, true, false});
   }
@@ -108,29 +121,55 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      "Sliding-window attention on the layers from max_window_layers on.", {}, {},
                      true, false});
   }
-  if (mistral || qwen || phi3) {  // Mistral's and Phi-3's 0 is HF's null; Qwen's under the flag
+  // Mistral's and Phi-3's 0 is HF's null; Qwen's under the flag; Gemma 3's on its sliding
+  // layers.
+  if (mistral || qwen || phi3 || gemma) {
     rows.push_back(A{"sliding_window", &L::sliding_window,
                      mistral || phi3 ? "Sliding-window attention span (positions per query, "
                                        "itself included); 0 = none."
-                                     : "Sliding-window attention span (positions per query, "
-                                       "itself included) under use_sliding_window.",
-                     KeyRange::size(qwen ? 1 : 0), {}, true, phi3 ? int64_t{0} : int64_t{4096}});
+                     : gemma ? "Sliding-window attention span of the sliding layers (positions "
+                               "per query, itself included)."
+                             : "Sliding-window attention span (positions per query, "
+                               "itself included) under use_sliding_window.",
+                     KeyRange::size(qwen || gemma ? 1 : 0), {}, true,
+                     phi3 ? int64_t{0} : int64_t{4096}});
   }
   if (qwen) {
     rows.push_back(A{"max_window_layers", &L::max_window_layers,
                      "Layers 0 .. max_window_layers - 1 attend fully; later ones slide under "
                      "use_sliding_window.", KeyRange::size(0), {}, true, int64_t{28}});
   }
+  if (gemma) {
+    rows.insert(rows.end(), {
+        A{"query_pre_attn_scalar", &L::query_pre_attn_scalar,
+          "Attention scores are scaled by query_pre_attn_scalar^-1/2 (not head_dim^-1/2).",
+          KeyRange::size(1), {}, true, I64{256}},
+        A{"sliding_window_pattern", &L::sliding_window_pattern,
+          "Layer l slides unless l + 1 is a multiple of it (6: five sliding layers, then one "
+          "global).", KeyRange::size(1), {}, true, I64{6}},
+    });
+  }
   rows.insert(rows.end(), {
       A{"tie_word_embeddings", &L::tie_word_embeddings,
-        "Whether the LM head is the token embedding.", {}, {}, true, false},
+        "Whether the LM head is the token embedding.", {}, {}, true, gemma},
       A{"initializer_range", &L::initializer_range,
         "Standard deviation of the weights' normal initialisation.", KeyRange::above(0), {}, true,
         0.02},
   });
+  if (gemma) {
+    rows.push_back(A{"pad_token_id", &L::pad_token_id,
+                     "Padding token: its embedding row starts at 0 and gets no gradient from the "
+                     "lookup (nn.Embedding's padding_idx); -1 = none.", KeyRange::at_least(-1), {},
+                     true, I64{0}});
+  }
   LlamaConfig defaults;
   defaults.arch = arch;
   if (phi3) defaults.sliding_window = 0;  // Phi3Config's None: no window
+  if (gemma) {  // Gemma3TextConfig's: tied, padding token 0, Gemma 3's rope_theta
+    defaults.tie_word_embeddings = true;
+    defaults.pad_token_id = 0;
+    defaults.rope_theta = 1e6;
+  }
   return ModelArgs<LlamaConfig>(std::move(rows), defaults);
 }
 
@@ -138,7 +177,8 @@ const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
   static const ModelArgs<LlamaConfig> tables[] = {
       make_llama_args(LlamaArch::llama), make_llama_args(LlamaArch::mistral),
       make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3),
-      make_llama_args(LlamaArch::olmo2), make_llama_args(LlamaArch::phi3)};
+      make_llama_args(LlamaArch::olmo2), make_llama_args(LlamaArch::phi3),
+      make_llama_args(LlamaArch::gemma3_text)};
   return tables[static_cast<int>(arch)];
 }
 
@@ -172,12 +212,13 @@ std::vector<std::string> rope_fields(const ModelArgs<LlamaConfig>& a, LlamaConfi
 }
 
 // Indices of one layer's parameters among its module's (-1: absent), in HF's state-dict
-// order: self_attn q, k, v, o (then q_norm, k_norm); mlp gate, up, down; the two norms
-// (ln_in: input_layernorm, OLMo 2's post_attention_layernorm; ln_post: post_attention_layernorm,
-// OLMo 2's post_feedforward_layernorm).
+// order: self_attn q, k, v, o (then q_norm, k_norm); mlp gate, up, down; the norms by role, in
+// this order: attn_in (input_layernorm), attn_out (OLMo 2's and Gemma 3's
+// post_attention_layernorm), mlp_in (Llama's post_attention_layernorm, Gemma 3's
+// pre_feedforward_layernorm), mlp_out (post_feedforward_layernorm).
 struct LayerIndex {
   int q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, q_norm, k_norm, gate_w, gate_b, up_w, up_b, down_w,
-      down_b, ln_in, ln_post, count;
+      down_b, attn_in, attn_out, mlp_in, mlp_out, count;
   // fused_projections() (Phi-3): the parameters qkv_proj and gate_up_proj; q_w, k_w, v_w,
   // gate_w and up_w are then slots >= count standing for their rows (layer_slot); -1 otherwise.
   int qkv = -1, gate_up = -1;
@@ -189,6 +230,12 @@ LayerIndex layer_index(const LlamaConfig& c) {
     w = n++;
     b = bias ? n++ : -1;
   };
+  auto norms = [&] {
+    x.attn_in = c.norm_before() ? n++ : -1;
+    x.attn_out = c.norm_after() ? n++ : -1;
+    x.mlp_in = c.norm_before() ? n++ : -1;
+    x.mlp_out = c.norm_after() ? n++ : -1;
+  };
   if (c.fused_projections()) {  // HF's order: qkv_proj, o_proj, gate_up_proj, down_proj, norms
     x.qkv = n++;
     x.q_b = x.k_b = x.v_b = x.gate_b = x.up_b = x.down_b = x.o_b = -1;
@@ -196,8 +243,7 @@ LayerIndex layer_index(const LlamaConfig& c) {
     x.q_norm = x.k_norm = -1;
     x.gate_up = n++;
     x.down_w = n++;
-    x.ln_in = n++;
-    x.ln_post = n++;
+    norms();
     x.count = n;
     x.q_w = n++;  // the slots of the fused rows
     x.k_w = n++;
@@ -215,8 +261,7 @@ LayerIndex layer_index(const LlamaConfig& c) {
   lin(x.gate_w, x.gate_b, c.mlp_bias);
   lin(x.up_w, x.up_b, c.mlp_bias);
   lin(x.down_w, x.down_b, c.mlp_bias);
-  x.ln_in = n++;
-  x.ln_post = n++;
+  norms();
   x.count = n;
   return x;
 }
@@ -261,6 +306,7 @@ const char* llama_arch_prefix(LlamaArch arch) {
     case LlamaArch::qwen3: return "Qwen3";
     case LlamaArch::olmo2: return "Olmo2";
     case LlamaArch::phi3: return "Phi3";
+    case LlamaArch::gemma3_text: return "Gemma3";
     case LlamaArch::llama: break;
   }
   return "Llama";
@@ -280,10 +326,32 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::qwen2:
     case LlamaArch::qwen3:  // HF's layer_types: sliding from layer max_window_layers on
       return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
+    case LlamaArch::gemma3_text: return layer_local_rope(layer) ? sliding_window : 0;
     case LlamaArch::olmo2:
     case LlamaArch::llama: break;
   }
   return 0;
+}
+
+bool LlamaConfig::layer_local_rope(int64_t layer) const {
+  return gemma() && (layer + 1) % sliding_window_pattern != 0;
+}
+
+double LlamaConfig::embed_scale() const {
+  return gemma() ? std::sqrt(static_cast<double>(hidden_size)) : 1.0;
+}
+
+double LlamaConfig::attention_scale() const {
+  const double s = gemma() ? static_cast<double>(query_pre_attn_scalar)
+                           : static_cast<double>(head_size());
+  return 1.0 / std::sqrt(s);
+}
+
+LlamaConfig llama_local_rope_config(const LlamaConfig& c) {
+  LlamaConfig local = c;
+  local.rope_theta = c.rope_local_base_freq;
+  local.rope_type = LlamaConfig::RopeType::default_;
+  return local;
 }
 
 std::vector<double> llama_inv_freq(const LlamaConfig& c) {
@@ -348,9 +416,13 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
   const float std0 = static_cast<float>(c.initializer_range);
   const LayerIndex x = layer_index(c);
   const std::string prefix = llama_arch_prefix(c.arch);
+  // RMSNorm weights: 1, or Gemma 3's offsets from 1 at 0.
+  const InitKind norm_init = c.norm_weight_offset() ? InitKind::zeros : InitKind::ones;
   std::vector<ModuleDecl> modules;
-  ModuleDecl emb{"model.embed_tokens", "Embedding", {}};
+  ModuleDecl emb{"model.embed_tokens",
+                 c.gemma() ? "Gemma3TextScaledWordEmbedding" : "Embedding", {}};
   emb.params.push_back({"model.embed_tokens.weight", {Vp, C}, InitKind::normal, std0, false, V});
+  emb.params.back().zero_row = c.pad_token_id;
   modules.push_back(std::move(emb));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string m = "model.layers." + std::to_string(l);
@@ -379,20 +451,19 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
     }
     linear(x.o_w, x.o_b, "self_attn.o_proj", C, Q);
     const bool per_head = c.qk_norm_per_head();
-    put(x.q_norm, "self_attn.q_norm.weight", {per_head ? c.head_size() : Q}, InitKind::ones,
-        false);
-    put(x.k_norm, "self_attn.k_norm.weight", {per_head ? c.head_size() : KV}, InitKind::ones,
-        false);
+    put(x.q_norm, "self_attn.q_norm.weight", {per_head ? c.head_size() : Q}, norm_init, false);
+    put(x.k_norm, "self_attn.k_norm.weight", {per_head ? c.head_size() : KV}, norm_init, false);
     linear(x.down_w, x.down_b, "mlp.down_proj", C, I);
-    const bool after = c.norm_after();
-    put(x.ln_in, after ? "post_attention_layernorm.weight" : "input_layernorm.weight", {C},
-        InitKind::ones, false);
-    put(x.ln_post, after ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight",
-        {C}, InitKind::ones, false);
+    put(x.attn_in, "input_layernorm.weight", {C}, norm_init, false);
+    put(x.attn_out, "post_attention_layernorm.weight", {C}, norm_init, false);
+    put(x.mlp_in,
+        c.gemma() ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight", {C},
+        norm_init, false);
+    put(x.mlp_out, "post_feedforward_layernorm.weight", {C}, norm_init, false);
     modules.push_back(std::move(layer));
   }
   modules.push_back({"model.norm", prefix + "RMSNorm",
-                     {ParamSpec{"model.norm.weight", {C}, InitKind::ones, 0.f, false}}});
+                     {ParamSpec{"model.norm.weight", {C}, norm_init, 0.f, false}}});
   if (!c.tie_word_embeddings) {
     ModuleDecl head{"lm_head", "Linear", {}};
     head.params.push_back({"lm_head.weight", {Vp, C}, InitKind::normal, std0, true, V});
@@ -403,6 +474,46 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
 
 // ---- the model ----
 
+namespace {
+// What a norm of `c` multiplies by: its weight `w` itself, or under norm_weight_offset()
+// (Gemma3RMSNorm's `1.0 + self.weight.float()`) 1 + w in fp32, written into the values
+// [offset, offset + w.numel()) of `scratch` (Acts::norm_w) first: rmsnorm_forward and
+// rmsnorm_backward then run unchanged, and the gradient of 1 + w is the gradient of w.
+TensorView norm_weight(DeviceRuntime& rt, const LlamaConfig& c, const TensorView& w,
+                       const DeviceBuffer& ones, const DeviceBuffer& scratch, int64_t offset) {
+  if (!c.norm_weight_offset()) return w;
+  const int64_t n = w.numel();
+  const TensorView out = scratch.view().slice(offset, n);
+  rt.cast(out, w);
+  rt.axpy(out, 1.f, ones.view().slice(0, n));
+  return out;
+}
+
+// One decoder layer's norm weights as the kernels take them (norm_weight), by role (empty
+// where the layer has none): each in its own part of Acts::norm_w, so all stay valid through
+// the layer's forward or backward.
+struct LayerNorms {
+  TensorView attn_in, attn_out, mlp_in, mlp_out, q, k;
+};
+template <class Param>
+LayerNorms layer_norms(DeviceRuntime& rt, const LlamaConfig& c, const LayerIndex& x, Param&& W,
+                       const DeviceBuffer& ones, const DeviceBuffer& scratch) {
+  const int64_t C = c.hidden_size, D = c.head_size();
+  auto get = [&](int k, int64_t offset) {
+    return k < 0 ? TensorView{} : norm_weight(rt, c, W(k), ones, scratch, offset);
+  };
+  return {get(x.attn_in, 0),      get(x.attn_out, C), get(x.mlp_in, 2 * C),
+          get(x.mlp_out, 3 * C), get(x.q_norm, 4 * C), get(x.k_norm, 4 * C + D)};
+}
+
+// The factor the token embedding's output is multiplied by, as HF applies it: embed_scale()
+// rounded to float32, then to the embedding weight's dtype (Gemma3TextScaledWordEmbedding's
+// `self.embed_scale.to(self.weight.dtype)`; bf16 turns sqrt(3072) = 55.43 into 55.5).
+float embed_alpha(const LlamaConfig& c, DType weight_dtype) {
+  return round_to(weight_dtype, static_cast<float>(c.embed_scale()));
+}
+}  // namespace
+
 struct LlamaModel::Acts {
   int64_t B = 0, T = 0;  // capacity
   std::vector<DeviceBuffer> res;  // L+1 residual streams [BT,C]
@@ -411,11 +522,11 @@ struct LlamaModel::Acts {
     // see dI1 below. Under qk_norm(): q_raw, k_raw the projections before their RMSNorm,
     // q_rstd and k_rstd fp32 its statistics ([BT*H], [BT*Hkv] per head; [BT] each for OLMo
     // 2's whole-row norms; else empty). The input norms' outputs are not kept, only their
-    // statistics (ln1_rstd, ln2_rstd): see dln below. norm_after() (OLMo 2, no input norms):
-    // ln1 holds o_proj's output and ln2 down_proj's, the inputs of the two output norms
-    // (their statistics in ln1_rstd, ln2_rstd); empty otherwise.
+    // statistics (ln1_rstd, ln2_rstd; under norm_before()): see dln below. norm_after()
+    // (OLMo 2, Gemma 3): ln1 holds o_proj's output and ln2 down_proj's, the inputs of the two
+    // output norms, their statistics in o_rstd and m_rstd; empty otherwise.
     DeviceBuffer ln1, ln1_rstd, q, k, v, lse, atty, res2, ln2, ln2_rstd, gate, up;
-    DeviceBuffer q_raw, k_raw, q_rstd, k_rstd;
+    DeviceBuffer q_raw, k_raw, q_rstd, k_rstd, o_rstd, m_rstd;
   };
   // One shared by the layers that recompute (activation checkpointing), one per other layer.
   std::vector<Layer> layers;
@@ -434,6 +545,14 @@ struct LlamaModel::Acts {
   // before their input gradients overwrite dln. Two [BT,C] activations fewer per layer.
   DeviceBuffer dres, dln, dI1, dI2, datty, dq, dk, dv;
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, D/2]
+  // Gemma 3's sliding layers' RoPE (layer_local_rope), fp32 [T, D/2]; else empty.
+  DeviceBuffer rope_local_cos, rope_local_sin;
+  // Gemma 3 (norm_weight_offset()): fp32 ones [max(C, D)], and the (1 + weight) of one
+  // layer's norms [4C + 2D] (attn_in, attn_out, mlp_in, mlp_out, q_norm, k_norm; the final
+  // norm's in its first C), rebuilt before each use (norm_weight, layer_norms). Its first C
+  // values also hold the padding row of the embedding's gradient across the lookup's
+  // backward (pad_token_id). Empty otherwise.
+  DeviceBuffer ones, norm_w;
   DeviceBuffer tokens_dev, targets_dev;          // [BT] int32
 };
 
@@ -452,10 +571,13 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
   ActCounts n;
   n.act = (c.num_hidden_layers + 1) * BT * C                            // residual streams
           + S * BT * (Q + 2 * KV + Q + C + 2 * I)          // q k v atty res2 gate up
-          + (c.norm_after() ? S * BT * 2 * C : 0)           // ln1 ln2 (OLMo 2's norm inputs)
+          + (c.norm_after() ? S * BT * 2 * C : 0)           // ln1 ln2 (output norms' inputs)
           + BT * C + logit_rows * Vp                                      // norm, logits
           + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
-  n.f32 = S * (2 * BT + B * H * T) + BT + 2 * T * (D / 2);  // rstd x2, lse; norm rstd; RoPE
+  const int64_t norms = (c.norm_before() ? 2 : 0) + (c.norm_after() ? 2 : 0);
+  const int64_t rope_tables = c.gemma() ? 2 : 1;   // global (and Gemma 3's local)
+  n.f32 = S * (norms * BT + B * H * T) + BT + rope_tables * 2 * T * (D / 2);  // rstd, lse; ...
+  if (c.norm_weight_offset() || c.pad_token_id >= 0) n.f32 += std::max(C, D) + 4 * C + 2 * D;
   if (c.qk_norm()) {
     n.act += S * BT * (Q + KV);                  // q_raw, k_raw
     n.f32 += S * BT * (c.qk_norm_per_head() ? H + c.kv_heads() : 2);  // q_rstd, k_rstd
@@ -497,10 +619,13 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   a->layers.resize(static_cast<std::size_t>(checkpointing_.buffer_sets(cfg_.num_hidden_layers)));
   a->checkpointing = checkpointing_;
   for (auto& y : a->layers) {
-    if (cfg_.norm_after()) { y.ln1 = f(BT * C); y.ln2 = f(BT * C); }
-    y.ln1_rstd = f32(BT); y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
+    if (cfg_.norm_after()) {
+      y.ln1 = f(BT * C); y.ln2 = f(BT * C); y.o_rstd = f32(BT); y.m_rstd = f32(BT);
+    }
+    if (cfg_.norm_before()) { y.ln1_rstd = f32(BT); y.ln2_rstd = f32(BT); }
+    y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
     y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C);
-    y.ln2_rstd = f32(BT); y.gate = f(BT * I); y.up = f(BT * I);
+    y.gate = f(BT * I); y.up = f(BT * I);
     if (cfg_.qk_norm()) {
       y.q_raw = f(BT * Q); y.k_raw = f(BT * KV);
       const bool per_head = cfg_.qk_norm_per_head();
@@ -512,11 +637,11 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   a->dres = f(BT * C); a->dln = f(BT * C); a->dI1 = f(BT * I); a->dI2 = f(BT * I);
   a->datty = f(BT * Q); a->dq = f(BT * Q); a->dk = f(BT * KV); a->dv = f(BT * KV);
   // RoPE tables for positions 0..T-1: angle t * inv_freq[i] in float64, stored fp32.
-  a->rope_cos = f32(T * (D / 2));
-  a->rope_sin = f32(T * (D / 2));
-  {
-    const std::vector<double> inv = llama_inv_freq(cfg_);
-    const double scale = llama_rope_attention_scaling(cfg_);  // yarn's; 1 otherwise
+  auto rope_table = [&](const LlamaConfig& rc, DeviceBuffer& cos, DeviceBuffer& sin) {
+    cos = f32(T * (D / 2));
+    sin = f32(T * (D / 2));
+    const std::vector<double> inv = llama_inv_freq(rc);
+    const double scale = llama_rope_attention_scaling(rc);  // yarn's; 1 otherwise
     std::vector<float> cs(static_cast<std::size_t>(T * (D / 2))), sn(cs.size());
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t i = 0; i < D / 2; ++i) {
@@ -525,8 +650,17 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
         sn[static_cast<std::size_t>(t * (D / 2) + i)] = static_cast<float>(scale * std::sin(ang));
       }
     }
-    rt_.copy_from_host(a->rope_cos.view({T, D / 2}), cs.data());
-    rt_.copy_from_host(a->rope_sin.view({T, D / 2}), sn.data());
+    rt_.copy_from_host(cos.view({T, D / 2}), cs.data());
+    rt_.copy_from_host(sin.view({T, D / 2}), sn.data());
+  };
+  rope_table(cfg_, a->rope_cos, a->rope_sin);
+  if (cfg_.gemma()) rope_table(llama_local_rope_config(cfg_), a->rope_local_cos, a->rope_local_sin);
+  if (cfg_.norm_weight_offset() || cfg_.pad_token_id >= 0) {
+    const int64_t n1 = std::max(C, D);
+    a->ones = f32(n1);
+    const std::vector<float> one(static_cast<std::size_t>(n1), 1.f);
+    rt_.copy_from_host(a->ones.view({n1}), one.data());
+    a->norm_w = f32(4 * C + 2 * D);
   }
   a->tokens_dev = DeviceBuffer(rt_, DType::i32, BT, cat);
   a->targets_dev = DeviceBuffer(rt_, DType::i32, BT, cat);
@@ -559,6 +693,9 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
 
   hooks.pre_forward(0);
   be_.embedding_lookup_forward(rows(a.res[0], C), tokens, hooks.param(0), BT, C);
+  if (cfg_.embed_scale() != 1.0) {
+    be_.scale(rows(a.res[0], C), embed_alpha(cfg_, hooks.param(0).dtype));
+  }
   hooks.post_forward(0);
 
   for (int64_t l = 0; l < L; ++l) {
@@ -590,7 +727,8 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
     }
   };
   hooks.pre_forward(m_norm);
-  be_.rmsnorm_forward(lnf, a.lnf_rstd.view({BT}), rows(a.res[L], C), hooks.param(p_norm), BT, C,
+  be_.rmsnorm_forward(lnf, a.lnf_rstd.view({BT}), rows(a.res[L], C),
+                      norm_weight(rt_, cfg_, hooks.param(p_norm), a.ones, a.norm_w, 0), BT, C,
                       static_cast<float>(cfg_.rms_norm_eps));
   if (tied) head();
   hooks.post_forward(m_norm);
@@ -615,14 +753,17 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
     return layer_slot(cfg_, x, k, [&](int i) { return hooks.param(p0 + i); });
   };
   auto& y = a.layer(l);
-  // The input norms' outputs in the dln scratch (Acts::dln); OLMo 2's norm inputs kept.
-  const bool after = cfg_.norm_after();
-  const TensorView in = rows(a.res[l], C), ln1 = rows(after ? y.ln1 : a.dln, C),
-                   q = rows(y.q, Q), k = rows(y.k, KV), v = rows(y.v, KV),
-                   atty = rows(y.atty, Q), res2 = rows(y.res2, C),
-                   ln2 = rows(after ? y.ln2 : a.dln, C), gate = rows(y.gate, I),
-                   up = rows(y.up, I), act = rows(a.dI1, I);  // Acts::dI1
-  const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
+  const LayerNorms nw = layer_norms(rt_, cfg_, x, W, a.ones, a.norm_w);
+  // The input norms' outputs in the dln scratch (Acts::dln); the output norms' inputs kept
+  // (ln1: o_proj's output, ln2: down_proj's; norm_after()).
+  const bool before = cfg_.norm_before(), after = cfg_.norm_after();
+  const TensorView in = rows(a.res[l], C), n1 = rows(a.dln, C), q = rows(y.q, Q),
+                   k = rows(y.k, KV), v = rows(y.v, KV), atty = rows(y.atty, Q),
+                   res2 = rows(y.res2, C), gate = rows(y.gate, I), up = rows(y.up, I),
+                   act = rows(a.dI1, I);  // Acts::dI1
+  const bool local = cfg_.layer_local_rope(l);
+  const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, D / 2}),
+                   sin = (local ? a.rope_local_sin : a.rope_sin).view({T, D / 2});
   // out [BT,n] = inp [BT,m] @ W[n,m]^T (+ b)
   auto linear = [&](const TensorView& out, const TensorView& inp, int w, int b, int64_t n,
                     int64_t m) {
@@ -632,18 +773,17 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
       be_.gemm(false, true, BT, n, m, 1.f, inp, W(w), 0.f, out);
     }
   };
-  // The projections read input_layernorm(in), or `in` itself when the norms come after the
-  // sublayers (OLMo 2).
-  if (!after) be_.rmsnorm_forward(ln1, y.ln1_rstd.view({BT}), in, W(x.ln_in), BT, C, eps);
-  const TensorView xin = after ? in : ln1;
-  if (cfg_.qk_norm()) {  // q = q_norm(q_proj(xin)) (Qwen3: per head; OLMo 2: per row); k alike
+  // The projections read input_layernorm(in), or `in` itself without input norms (OLMo 2).
+  if (before) be_.rmsnorm_forward(n1, y.ln1_rstd.view({BT}), in, nw.attn_in, BT, C, eps);
+  const TensorView xin = before ? n1 : in;
+  if (cfg_.qk_norm()) {  // q = q_norm(q_proj(xin)) (Qwen3, Gemma 3: per head; OLMo 2: per row)
     const QkNormRows n = qk_norm_rows(cfg_, BT);
     linear(rows(y.q_raw, Q), xin, x.q_w, x.q_b, Q, C);
     linear(rows(y.k_raw, KV), xin, x.k_w, x.k_b, KV, C);
     be_.rmsnorm_forward(y.q.view({n.q, n.q_width}), y.q_rstd.view({n.q}),
-                        y.q_raw.view({n.q, n.q_width}), W(x.q_norm), n.q, n.q_width, eps);
+                        y.q_raw.view({n.q, n.q_width}), nw.q, n.q, n.q_width, eps);
     be_.rmsnorm_forward(y.k.view({n.k, n.k_width}), y.k_rstd.view({n.k}),
-                        y.k_raw.view({n.k, n.k_width}), W(x.k_norm), n.k, n.k_width, eps);
+                        y.k_raw.view({n.k, n.k_width}), nw.k, n.k, n.k_width, eps);
   } else {
     linear(q, xin, x.q_w, x.q_b, Q, C);
     linear(k, xin, x.k_w, x.k_b, KV, C);
@@ -652,32 +792,46 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   be_.rope_forward(q, q, cos, sin, B, T, H, D);
   be_.rope_forward(k, k, cos, sin, B, T, Hkv, D);
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
-                            1.f / std::sqrt(static_cast<float>(D)), cfg_.layer_window(l));
+                            static_cast<float>(cfg_.attention_scale()), cfg_.layer_window(l));
+  // The MLP's gated activation into `out`: silu(gate) * up, or Gemma 3's gelu_tanh(gate) * up.
+  auto mlp_act = [&](const TensorView& out) {
+    if (cfg_.gelu_mlp()) {
+      be_.geglu_forward(out, gate, up);
+    } else {
+      be_.swiglu_forward(out, gate, up);
+    }
+  };
   if (after) {
-    // res2 = in + post_attention_layernorm(o), o = o_proj(atty) kept in ln1 (no input norm)
-    linear(ln1, atty, x.o_w, x.o_b, C, Q);
-    be_.rmsnorm_forward(res2, y.ln1_rstd.view({BT}), ln1, W(x.ln_in), BT, C, eps);
+    // res2 = in + post_attention_layernorm(o), o = o_proj(atty) kept in ln1
+    const TensorView o = rows(y.ln1, C), m = rows(y.ln2, C);
+    linear(o, atty, x.o_w, x.o_b, C, Q);
+    be_.rmsnorm_forward(res2, y.o_rstd.view({BT}), o, nw.attn_out, BT, C, eps);
     be_.add_bias_residual(res2, TensorView{}, in, BT, C);
-    linear(gate, res2, x.gate_w, x.gate_b, I, C);
-    linear(up, res2, x.up_w, x.up_b, I, C);
-    be_.swiglu_forward(act, gate, up);
+    // The MLP reads res2 itself (OLMo 2) or pre_feedforward_layernorm(res2) in dln (Gemma 3).
+    if (before) be_.rmsnorm_forward(n1, y.ln2_rstd.view({BT}), res2, nw.mlp_in, BT, C, eps);
+    const TensorView hin = before ? n1 : res2;
+    linear(gate, hin, x.gate_w, x.gate_b, I, C);
+    linear(up, hin, x.up_w, x.up_b, I, C);
+    mlp_act(act);
     // out = res2 + post_feedforward_layernorm(m), m = down_proj(act) kept in ln2. The
     // recompute of activation checkpointing needs m and the norm's statistics, not the
     // output: the norm then writes into the free dln.
-    linear(ln2, act, x.down_w, x.down_b, C, I);
-    const TensorView out = write_output ? rows(a.res[l + 1], C) : rows(a.dln, C);
-    be_.rmsnorm_forward(out, y.ln2_rstd.view({BT}), ln2, W(x.ln_post), BT, C, eps);
+    linear(m, act, x.down_w, x.down_b, C, I);
+    const TensorView out = write_output ? rows(a.res[l + 1], C) : n1;
+    be_.rmsnorm_forward(out, y.m_rstd.view({BT}), m, nw.mlp_out, BT, C, eps);
     if (write_output) be_.add_bias_residual(out, TensorView{}, res2, BT, C);
     return;
   }
-  // res2 = in + o_proj(atty); ln2 = RMSNorm(res2): the bias, residual and norm in one pass
+  // res2 = in + o_proj(atty); ln2 = RMSNorm(res2) into dln: the bias, residual and norm in one
+  // pass
   auto bias = [&](int b) { return b >= 0 ? W(b) : TensorView{}; };
+  const TensorView ln2 = n1;
   be_.gemm(false, true, BT, C, Q, 1.f, atty, W(x.o_w), 0.f, res2);
-  be_.add_rmsnorm_forward(res2, ln2, y.ln2_rstd.view({BT}), in, bias(x.o_b), W(x.ln_post), BT, C,
+  be_.add_rmsnorm_forward(res2, ln2, y.ln2_rstd.view({BT}), in, bias(x.o_b), nw.mlp_in, BT, C,
                           eps);
   linear(gate, ln2, x.gate_w, x.gate_b, I, C);
   linear(up, ln2, x.up_w, x.up_b, I, C);
-  be_.swiglu_forward(act, gate, up);
+  mlp_act(act);
   if (!write_output) return;
   const TensorView out = rows(a.res[l + 1], C);
   be_.gemm(false, true, BT, C, I, 1.f, act, W(x.down_w), 0.f, out);
@@ -702,7 +856,6 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
   const TensorView dres = rows(a.dres, C), dln = rows(a.dln, C), dI1 = rows(a.dI1, I),
                    dI2 = rows(a.dI2, I), datty = rows(a.datty, Q), dq = rows(a.dq, Q),
                    dk = rows(a.dk, KV), dv = rows(a.dv, KV);
-  const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
 
   // LM head and norm. a.logits holds dlogits [BT,Vp] after the fused cross-entropy (0 in the
   // padding columns). Chunked (model.fused_linear_cross_entropy): the head's forward, loss
@@ -724,7 +877,8 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     hooks.pre_backward(m_norm);
   }
   rt_.fill_zero(dres);
-  be_.rmsnorm_backward(dres, hooks.grad(p_norm), dln, rows(a.res[L], C), hooks.param(p_norm),
+  be_.rmsnorm_backward(dres, hooks.grad(p_norm), dln, rows(a.res[L], C),
+                       norm_weight(rt_, cfg_, hooks.param(p_norm), a.ones, a.norm_w, 0),
                        a.lnf_rstd.view({BT}), BT, C);
   hooks.post_backward(m_norm);
 
@@ -740,6 +894,10 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     hooks.pre_backward(m);
     const bool recompute = checkpointing_.recomputes(l);
     if (recompute) layer_forward(l, B, T, hooks, /*write_output=*/false);
+    const LayerNorms nw = layer_norms(rt_, cfg_, x, W, a.ones, a.norm_w);
+    const bool local = cfg_.layer_local_rope(l);
+    const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, D / 2}),
+                     sin = (local ? a.rope_local_sin : a.rope_sin).view({T, D / 2});
     // Linear out = inp @ W^T + b, given dout: dW += dout^T inp, db += sum dout
     // (linear_wgrad), and din (=, or += when `accumulate`) dout @ W (linear_dgrad).
     auto linear_wgrad = [&](const TensorView& dout, const TensorView& inp, int w, int b,
@@ -759,44 +917,66 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
       linear_wgrad(dout, inp, w, b, n, m_in);
       linear_dgrad(din, dout, w, n, m_in, accumulate);
     };
-    // MLP: dres = d res[l+1] = d (res2 + down(act)), OLMo 2: d (res2 + norm(down(act)))
-    // act = silu(gate) * up into dI1 (the checkpointing recompute has just put it there);
-    // linear_backward reads it for the weight gradient before it writes d act over it.
-    const bool after = cfg_.norm_after();
+    // MLP: dres = d res[l+1] = d (res2 + down(act)), OLMo 2 and Gemma 3: d (res2 +
+    // norm(down(act))). act = silu(gate) * up (Gemma 3: gelu_tanh(gate) * up) into dI1 (the
+    // checkpointing recompute has just put it there); linear_backward reads it for the weight
+    // gradient before it writes d act over it.
+    const bool before = cfg_.norm_before(), after = cfg_.norm_after();
+    const TensorView gate = rows(y.gate, I), up = rows(y.up, I), res2 = rows(y.res2, C);
     if (after) {  // d m (m = down(act) in ln2) into dln: rmsnorm_backward adds to zeros
       rt_.fill_zero(dln);
-      be_.rmsnorm_backward(dln, G(x.ln_post), dres, rows(y.ln2, C), W(x.ln_post),
-                           y.ln2_rstd.view({BT}), BT, C);
+      be_.rmsnorm_backward(dln, G(x.mlp_out), dres, rows(y.ln2, C), nw.mlp_out,
+                           y.m_rstd.view({BT}), BT, C);
     }
-    if (!recompute) be_.swiglu_forward(dI1, rows(y.gate, I), rows(y.up, I));
+    if (!recompute) {
+      if (cfg_.gelu_mlp()) {
+        be_.geglu_forward(dI1, gate, up);
+      } else {
+        be_.swiglu_forward(dI1, gate, up);
+      }
+    }
     linear_backward(dI1, after ? dln : dres, dI1, x.down_w, x.down_b, C, I, false);  // d act
-    be_.swiglu_backward(dI1, dI2, dI1, rows(y.gate, I), rows(y.up, I));          // d gate, d up
-    if (after) {  // the MLP read res2 itself: its input gradient adds to dres = d res2
-      linear_backward(dres, dI1, rows(y.res2, C), x.gate_w, x.gate_b, I, C, true);
-      linear_backward(dres, dI2, rows(y.res2, C), x.up_w, x.up_b, I, C, true);
+    if (cfg_.gelu_mlp()) {                                                        // d gate, d up
+      be_.geglu_backward(dI1, dI2, dI1, gate, up);
+    } else {
+      be_.swiglu_backward(dI1, dI2, dI1, gate, up);
+    }
+    if (after) {
+      // The MLP read res2 itself (OLMo 2: its input gradient adds to dres = d res2), or
+      // pre_feedforward_layernorm(res2) (Gemma 3: again into dln, read by both weight
+      // gradients before d ln2 replaces it, then through the norm into dres).
+      if (before) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, nw.mlp_in, BT, C, eps);
+      const TensorView hin = before ? dln : res2, dhin = before ? dln : dres;
+      linear_wgrad(dI1, hin, x.gate_w, x.gate_b, I, C);
+      linear_wgrad(dI2, hin, x.up_w, x.up_b, I, C);
+      linear_dgrad(dhin, dI1, x.gate_w, I, C, !before);
+      linear_dgrad(dhin, dI2, x.up_w, I, C, true);
+      if (before) {
+        be_.rmsnorm_backward(dres, G(x.mlp_in), dln, res2, nw.mlp_in, y.ln2_rstd.view({BT}), BT,
+                             C);
+      }
       // res2 = in + post_attention_layernorm(o), o = o_proj(atty) in ln1: d o into dln
       rt_.fill_zero(dln);
-      be_.rmsnorm_backward(dln, G(x.ln_in), dres, rows(y.ln1, C), W(x.ln_in),
-                           y.ln1_rstd.view({BT}), BT, C);
+      be_.rmsnorm_backward(dln, G(x.attn_out), dres, rows(y.ln1, C), nw.attn_out,
+                           y.o_rstd.view({BT}), BT, C);
     } else {
       // ln2 = post_attention_layernorm(res2) again into dln (Acts::dln; the checkpointing
       // recompute has left it there), read by both weight gradients before d ln2 replaces it
       if (!recompute) {
-        be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), rows(y.res2, C), W(x.ln_post), BT, C,
-                            eps);
+        be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, nw.mlp_in, BT, C, eps);
       }
       linear_wgrad(dI1, dln, x.gate_w, x.gate_b, I, C);
       linear_wgrad(dI2, dln, x.up_w, x.up_b, I, C);
       linear_dgrad(dln, dI1, x.gate_w, I, C, false);
       linear_dgrad(dln, dI2, x.up_w, I, C, true);                                   // d ln2
-      be_.rmsnorm_backward(dres, G(x.ln_post), dln, rows(y.res2, C), W(x.ln_post),
-                           y.ln2_rstd.view({BT}), BT, C);                           // dres = d res2
+      be_.rmsnorm_backward(dres, G(x.mlp_in), dln, res2, nw.mlp_in, y.ln2_rstd.view({BT}), BT,
+                           C);                                                      // dres = d res2
     }
-    // attention: res2 = in + o_proj(atty) (OLMo 2: d o in dln)
+    // attention: res2 = in + o_proj(atty) (OLMo 2, Gemma 3: d o in dln)
     linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false);
     be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
-                               1.f / std::sqrt(static_cast<float>(D)), cfg_.layer_window(l));
+                               static_cast<float>(cfg_.attention_scale()), cfg_.layer_window(l));
     be_.rope_backward(dq, dq, cos, sin, B, T, H, D);
     be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D);
     // The projections' gradients: d q and d k, or under qk_norm() d q_raw into datty (free
@@ -807,37 +987,49 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
       const QkNormRows n = qk_norm_rows(cfg_, BT);
       rt_.fill_zero(datty);
       be_.rmsnorm_backward(a.datty.view({n.q, n.q_width}), G(x.q_norm), a.dq.view({n.q, n.q_width}),
-                           y.q_raw.view({n.q, n.q_width}), W(x.q_norm), y.q_rstd.view({n.q}), n.q,
+                           y.q_raw.view({n.q, n.q_width}), nw.q, y.q_rstd.view({n.q}), n.q,
                            n.q_width);
       dq_proj = datty;
       dk_proj = a.dq.view({BT, KV});
       rt_.fill_zero(dk_proj);
       be_.rmsnorm_backward(a.dq.view({n.k, n.k_width}), G(x.k_norm), a.dk.view({n.k, n.k_width}),
-                           y.k_raw.view({n.k, n.k_width}), W(x.k_norm), y.k_rstd.view({n.k}), n.k,
+                           y.k_raw.view({n.k, n.k_width}), nw.k, y.k_rstd.view({n.k}), n.k,
                            n.k_width);
     }
     // The projections' input xin: ln1 = input_layernorm(res[l]) again into dln (Acts::dln),
     // read by the three weight gradients before the input gradients replace it with d ln1
     // (then through the input norm); or (OLMo 2) res[l] itself, whose gradient adds to dres.
-    if (!after) {
-      be_.rmsnorm_forward(dln, y.ln1_rstd.view({BT}), rows(a.res[l], C), W(x.ln_in), BT, C, eps);
+    if (before) {
+      be_.rmsnorm_forward(dln, y.ln1_rstd.view({BT}), rows(a.res[l], C), nw.attn_in, BT, C, eps);
     }
-    const TensorView xin = after ? rows(a.res[l], C) : dln, dxin = after ? dres : dln;
+    const TensorView xin = before ? dln : rows(a.res[l], C), dxin = before ? dln : dres;
     linear_wgrad(dq_proj, xin, x.q_w, x.q_b, Q, C);
     linear_wgrad(dk_proj, xin, x.k_w, x.k_b, KV, C);
     linear_wgrad(dv, xin, x.v_w, x.v_b, KV, C);
-    linear_dgrad(dxin, dq_proj, x.q_w, Q, C, after);
+    linear_dgrad(dxin, dq_proj, x.q_w, Q, C, !before);
     linear_dgrad(dxin, dk_proj, x.k_w, KV, C, true);
     linear_dgrad(dxin, dv, x.v_w, KV, C, true);                                      // d xin
-    if (!after) {
-      be_.rmsnorm_backward(dres, G(x.ln_in), dln, rows(a.res[l], C), W(x.ln_in),
+    if (before) {
+      be_.rmsnorm_backward(dres, G(x.attn_in), dln, rows(a.res[l], C), nw.attn_in,
                            y.ln1_rstd.view({BT}), BT, C);                         // dres = d res[l]
     }
     hooks.post_backward(m);
   }
 
+  // The embedding: Gemma 3's scale (d lookup = d res[0] * alpha, rounded as HF's product's
+  // gradient); nn.Embedding's padding_idx: the lookup adds nothing to row pad_token_id (its
+  // gradient so far, the tied head's, kept in Acts::norm_w across the scatter and put back).
   hooks.pre_backward(0);
-  be_.embedding_lookup_backward(hooks.grad(0), dres, a.tokens_dev.view({BT}), BT, C);
+  if (cfg_.embed_scale() != 1.0) be_.scale(dres, embed_alpha(cfg_, hooks.param(0).dtype));
+  const TensorView dtable = hooks.grad(0);
+  TensorView pad_row, kept;
+  if (cfg_.pad_token_id >= 0) {
+    pad_row = dtable.slice(cfg_.pad_token_id * C, C);
+    kept = a.norm_w.view().slice(0, C);
+    rt_.cast(kept, pad_row);
+  }
+  be_.embedding_lookup_backward(dtable, dres, a.tokens_dev.view({BT}), BT, C);
+  if (pad_row.data != nullptr) rt_.cast(pad_row, kept);
   hooks.post_backward(0);
 }
 
@@ -850,7 +1042,9 @@ class LlamaFamily final : public ModelFamily {
   explicit LlamaFamily(LlamaArch arch) : arch_(arch) {}
   std::string type() const override { return std::string(enum_name(arch_)); }
   std::vector<ModelKey> keys() const override { return args().keys(); }
-  std::string hf_config_class() const override { return prefix() + "Config"; }
+  std::string hf_config_class() const override {
+    return arch_ == LlamaArch::gemma3_text ? "Gemma3TextConfig" : prefix() + "Config";
+  }
   std::vector<std::string> wrap_classes() const override { return {layer_class(arch_)}; }
   std::vector<Objective> objectives() const override { return {Objective::causal_lm}; }
   void validate(const Config& c, const KeyFail& fail) const override {
@@ -886,6 +1080,11 @@ class LlamaFamily final : public ModelFamily {
                  format_number(g.rope_high_freq_factor) + " is out of range (expected > " +
                      a.name(&LlamaConfig::rope_low_freq_factor) + " = " +
                      format_number(g.rope_low_freq_factor) + ")");
+    }
+    if (g.pad_token_id >= g.vocab_size) {
+      throw fail(a.key(&LlamaConfig::pad_token_id),
+                 n(g.pad_token_id) + " is out of range (expected -1 <= pad_token_id < " +
+                     a.key(&LlamaConfig::vocab_size) + " = " + n(g.vocab_size) + ")");
     }
     if (c.data.seq_len > g.max_position_embeddings) {
       throw fail("data.seq_len", n(c.data.seq_len) + " exceeds " +
@@ -929,10 +1128,26 @@ class LlamaFamily final : public ModelFamily {
     }
     return std::nullopt;
   }
-  // A tied checkpoint may also store the head under its own name.
+  // A tied checkpoint may also store the head under its own name. Gemma 3 4B, 12B and 27B
+  // ship as Gemma3ForConditionalGeneration, their text decoder's tensors under
+  // "language_model.model." (transformers 4.5x, the Hub's files) or "model.language_model."
+  // (transformers 5), the head under "language_model.lm_head.weight" / "lm_head.weight".
   std::vector<std::string> hf_aliases(const std::string& hf_name) const override {
-    if (hf_name == "model.embed_tokens.weight") return {"lm_head.weight"};
-    return {};
+    std::vector<std::string> out;
+    if (hf_name == "model.embed_tokens.weight") out.push_back("lm_head.weight");
+    if (arch_ != LlamaArch::gemma3_text) return out;
+    const std::string model = "model.";
+    std::vector<std::string> names = {hf_name};
+    if (hf_name == "model.embed_tokens.weight") names.push_back("lm_head.weight");
+    for (const std::string& n : names) {
+      if (n.rfind(model, 0) == 0) {
+        out.push_back("language_model." + n);
+        out.push_back("model.language_model." + n.substr(model.size()));
+      } else {
+        out.push_back("language_model." + n);
+      }
+    }
+    return out;
   }
   nlohmann::json hf_config(const ModelConfig& c) const override {
     LlamaConfig g = LlamaConfig::from(c);
@@ -952,14 +1167,27 @@ class LlamaFamily final : public ModelFamily {
       }
       out["rope_scaling"] = rs;
     }
+    const bool gemma = arch_ == LlamaArch::gemma3_text;
     if ((arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3) && g.sliding_window == 0) {
       out[args().name(&LlamaConfig::sliding_window)] = nullptr;  // HF's spelling of none
+    }
+    if (gemma) {
+      if (g.pad_token_id < 0) out[args().name(&LlamaConfig::pad_token_id)] = nullptr;
+      // transformers >= 4.53 reads layer_types (older ones the pattern): both, agreeing.
+      nlohmann::json types = nlohmann::json::array();
+      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+        types.push_back(g.layer_local_rope(l) ? "sliding_attention" : "full_attention");
+      }
+      out["layer_types"] = types;
+      out["hidden_activation"] = "gelu_pytorch_tanh";
+      out["final_logit_softcapping"] = nullptr;  // Gemma 3 has neither (Gemma 2's)
+      out["attn_logit_softcapping"] = nullptr;
     }
     if (arch_ == LlamaArch::phi3) {  // Phi3Config's dropouts (0: what fsdp_train trains with)
       out["resid_pdrop"] = 0.0;
       out["embd_pdrop"] = 0.0;
     }
-    out["hidden_act"] = "silu";
+    if (!gemma) out["hidden_act"] = "silu";
     out["attention_dropout"] = 0.0;
     if (arch_ == LlamaArch::llama) out["pretraining_tp"] = 1;
     out["use_cache"] = true;
@@ -973,14 +1201,29 @@ class LlamaFamily final : public ModelFamily {
   // max_window_layers give (MistralConfig ignores layer_types, as here). Dropouts must be 0 and
   // Phi-3's partial_rotary_factor 1.
   ModelConfig from_hf_config(const nlohmann::json& hf_in, const std::string& origin) const override {
+    const bool gemma = arch_ == LlamaArch::gemma3_text;
+    // Gemma 3 4B+ (Gemma3ForConditionalGeneration, model_type "gemma3"): its text decoder is
+    // text_config, a Gemma3TextConfig (what it leaves out takes that class's defaults).
+    if (gemma && hf_in.value("model_type", std::string()) == "gemma3" &&
+        hf_in.contains("text_config") && hf_in["text_config"].is_object()) {
+      nlohmann::json text = hf_in["text_config"];
+      text["model_type"] = type();
+      return from_hf_config(text, origin + " (text_config)");
+    }
     if (hf_in.value("model_type", std::string()) != type()) {
-      throw InputError(origin + ": \"model_type\" is not \"" + type() + "\"");
+      throw InputError(origin + ": \"model_type\" is not \"" + type() + "\"" +
+                       (gemma ? " (or \"gemma3\" with a text_config)" : ""));
     }
     nlohmann::json hf = hf_in;
     if (arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3) {
       const std::string window = args().name(&LlamaConfig::sliding_window);
       if (hf.contains(window) && hf[window].is_null()) hf[window] = 0;
     }
+    auto refuse = [&](const char* field, const std::string& expected) {
+      return InputError(origin + ": \"" + field + "\" " + hf[field].dump() +
+                        " is not supported (expected " + expected + ")");
+    };
+    if (gemma) gemma_from_hf(hf, origin);
     if (hf.contains("rope_parameters") && hf["rope_parameters"].is_object()) {
       const nlohmann::json rp = hf["rope_parameters"];
       const std::string theta = args().name(&LlamaConfig::rope_theta);
@@ -1008,11 +1251,9 @@ class LlamaFamily final : public ModelFamily {
         throw InputError(origin + ": \"" + orig + "\" missing (yarn needs the pre-training context length)");
       }
     }
-    auto refuse = [&](const char* field, const std::string& expected) {
-      return InputError(origin + ": \"" + field + "\" " + hf[field].dump() +
-                        " is not supported (expected " + expected + ")");
-    };
-    if (hf.contains("hidden_act") && hf["hidden_act"] != "silu") throw refuse("hidden_act", "\"silu\"");
+    if (!gemma && hf.contains("hidden_act") && hf["hidden_act"] != "silu") {
+      throw refuse("hidden_act", "\"silu\"");
+    }
     for (const char* dropout : {"attention_dropout", "resid_pdrop", "embd_pdrop"}) {
       if (hf.contains(dropout) && hf[dropout].is_number() && hf[dropout].get<double>() != 0.0) {
         throw refuse(dropout, "0.0");
@@ -1026,7 +1267,14 @@ class LlamaFamily final : public ModelFamily {
     }
     LlamaConfig base;
     base.arch = arch_;
-    const LlamaConfig g = args().from_hf(hf, origin, base);
+    LlamaConfig g = args().from_hf(hf, origin, base);
+    if (gemma) {
+      const std::string pad = args().name(&LlamaConfig::pad_token_id);
+      if (hf.contains(pad) && hf[pad].is_null()) g.pad_token_id = -1;  // HF's None: no padding
+    }
+    if (gemma && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
+      g.sliding_window_pattern = gemma_pattern(hf["layer_types"], g, origin);
+    }
     const bool qwen = arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3;
     if (qwen && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
       nlohmann::json want = nlohmann::json::array();
@@ -1042,9 +1290,73 @@ class LlamaFamily final : public ModelFamily {
     args().write(g, &c);
     return canonical(c);
   }
-  // The derived sizes spelled as HF's None (0) when they equal what None means, and the
-  // rope_scaling fields its rope_type does not read (rope_fields) at their defaults: a
-  // config.json carries only the others, and they change nothing.
+  // The derived sizes spelled as HF's None (0) when they equal what None means, the
+  // rope_scaling fields its rope_type does not read (rope_fields) at their defaults (a
+  // config.json carries only the others, and they change nothing).
+  // Gemma 3's config.json attributes that change the math and are not keys, in place: the
+  // activation must be gelu_pytorch_tanh, the soft-cappings (Gemma 2's) null, attention causal
+  // (use_bidirectional_attention is EmbeddingGemma's); transformers 5's rope_parameters
+  // {"full_attention": {...}, "sliding_attention": {...}} become rope_theta and rope_scaling
+  // (full) and rope_local_base_freq (sliding, which must be unscaled).
+  void gemma_from_hf(nlohmann::json& hf, const std::string& origin) const {
+    auto refuse = [&](const std::string& field, const nlohmann::json& v,
+                      const std::string& expected) {
+      return InputError(origin + ": \"" + field + "\" " + v.dump() +
+                        " is not supported (expected " + expected + ")");
+    };
+    if (hf.contains("hidden_activation") && !hf["hidden_activation"].is_null() &&
+        hf["hidden_activation"] != "gelu_pytorch_tanh") {
+      throw refuse("hidden_activation", hf["hidden_activation"], "\"gelu_pytorch_tanh\"");
+    }
+    for (const char* cap : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+      if (hf.contains(cap) && !hf[cap].is_null()) throw refuse(cap, hf[cap], "null");
+    }
+    if (hf.value("use_bidirectional_attention", false) == true) {
+      throw refuse("use_bidirectional_attention", true, "false");
+    }
+    if (!hf.contains("rope_parameters") || !hf["rope_parameters"].is_object() ||
+        !hf["rope_parameters"].contains("full_attention")) {
+      return;
+    }
+    const nlohmann::json rp = hf["rope_parameters"];
+    hf.erase("rope_parameters");
+    const std::string theta = args().name(&LlamaConfig::rope_theta);  // also the dicts' name
+    nlohmann::json full = rp["full_attention"];
+    if (full.contains(theta)) hf[theta] = full[theta];
+    full.erase(theta);
+    const std::string type = full.value("rope_type", full.value("type", std::string("default")));
+    if (type != "default") hf["rope_scaling"] = full;
+    if (rp.contains("sliding_attention") && rp["sliding_attention"].is_object()) {
+      const nlohmann::json& local = rp["sliding_attention"];
+      const std::string local_type =
+          local.value("rope_type", local.value("type", std::string("default")));
+      if (local_type != "default") {
+        throw refuse("rope_parameters.sliding_attention.rope_type", local_type, "\"default\"");
+      }
+      if (local.contains(theta)) hf[args().name(&LlamaConfig::rope_local_base_freq)] = local[theta];
+    }
+  }
+  // The sliding_window_pattern that gives Gemma 3's `layer_types` list (layer l slides unless
+  // (l + 1) % pattern == 0): g's own when it does (config.json's sliding_window_pattern or its
+  // default), else the smallest that does (L + 1 for sliding layers only); throws InputError
+  // naming the attribute when none does.
+  static int64_t gemma_pattern(const nlohmann::json& types, const LlamaConfig& g,
+                               const std::string& origin) {
+    auto gives = [&](int64_t p) {
+      nlohmann::json want = nlohmann::json::array();
+      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+        want.push_back((l + 1) % p != 0 ? "sliding_attention" : "full_attention");
+      }
+      return types == want;
+    };
+    if (gives(g.sliding_window_pattern)) return g.sliding_window_pattern;
+    for (int64_t p = 1; p <= g.num_hidden_layers + 1; ++p) {
+      if (gives(p)) return p;
+    }
+    throw InputError(origin + ": \"layer_types\" " + types.dump() +
+                     " is not supported (expected every sliding_window_pattern-th layer "
+                     "\"full_attention\", the others \"sliding_attention\")");
+  }
   ModelConfig canonical(const ModelConfig& c) const override {
     using L = LlamaConfig;
     LlamaConfig g = LlamaConfig::from(c);
@@ -1088,7 +1400,8 @@ LlamaConfig LlamaConfig::from(const ModelConfig& c) {
 const ModelFamily& llama_family(LlamaArch arch) {
   static const LlamaFamily families[] = {
       LlamaFamily(LlamaArch::llama), LlamaFamily(LlamaArch::mistral), LlamaFamily(LlamaArch::qwen2),
-      LlamaFamily(LlamaArch::qwen3), LlamaFamily(LlamaArch::olmo2), LlamaFamily(LlamaArch::phi3)};
+      LlamaFamily(LlamaArch::qwen3), LlamaFamily(LlamaArch::olmo2), LlamaFamily(LlamaArch::phi3),
+      LlamaFamily(LlamaArch::gemma3_text)};
   return families[static_cast<int>(arch)];
 }
 

@@ -30,6 +30,9 @@ struct ParamSpec {
   // tensors leave or enter fsdp_train (fsdp_merge, init_from), which see [vocab_rows, ...].
   // 0: not a vocabulary matrix; every row is the model's.
   int64_t vocab_rows = 0;
+  // A row initialised to 0 whatever `init` says (nn.Embedding's padding_idx: HF's
+  // _init_weights zeroes it); -1: none. Initialisation only: training changes it like any row.
+  int64_t zero_row = -1;
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

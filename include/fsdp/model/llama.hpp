@@ -1,4 +1,4 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of five Hugging Face
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of seven Hugging Face
 // classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
@@ -12,7 +12,20 @@
 //  - "olmo2": Olmo2ForCausalLM (models/olmo2; OLMo 2, Team OLMo 2024, "2 OLMo 2 Furious"): the
 //    norms moved from the sublayers' inputs to their outputs, x + post_attention_layernorm(
 //    attn(x)) and h + post_feedforward_layernorm(mlp(h)), and q_norm / k_norm over the whole
-//    q and k projections ([H*D], [Hkv*D]) before RoPE; attention_bias as Llama's, no head_dim.
+//    q and k projections ([H*D], [Hkv*D]) before RoPE; attention_bias as Llama's, no head_dim;
+//  - "phi3": Phi3ForCausalLM (models/phi3): Phi-3 and Phi-4, Llama's math with q/k/v stored in one
+//    qkv_proj and gate/up in one gate_up_proj (fused_projections());
+//  - "gemma3_text": Gemma3ForCausalLM (models/gemma3; Gemma Team 2025, "Gemma 3 Technical
+//    Report"), the text decoder of Gemma 3: every RMSNorm scales by (1 + weight) (Gemma3RMSNorm,
+//    weights initialised to 0); the embedding multiplied by sqrt(hidden_size) rounded to the
+//    weight's dtype (Gemma3TextScaledWordEmbedding) and, as nn.Embedding's padding_idx, no
+//    lookup gradient into row pad_token_id; four norms a layer, x + post_attention_layernorm(
+//    attn(input_layernorm(x))) and h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(
+//    h))); Qwen3's per-head q_norm / k_norm; the MLP gelu_tanh(gate_proj) * up_proj (GeGLU,
+//    "gelu_pytorch_tanh"); scores scaled by query_pre_attn_scalar^-1/2; layer l slides
+//    (sliding_window) unless (l + 1) % sliding_window_pattern == 0, and the sliding layers'
+//    RoPE has period rope_local_base_freq without scaling, the others rope_theta and
+//    rope_scaling (Gemma3TextModel's rotary_emb_local and rotary_emb).
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding);
@@ -55,7 +68,7 @@
 namespace fsdp {
 
 // Which Hugging Face class a Llama-family model is: model.type, HF's model_type.
-enum class LlamaArch { llama, mistral, qwen2, qwen3, olmo2, phi3 };
+enum class LlamaArch { llama, mistral, qwen2, qwen3, olmo2, phi3, gemma3_text };
 
 template <>
 struct EnumNames<LlamaArch> {
@@ -64,20 +77,23 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::qwen2, "qwen2"},
                                                   {LlamaArch::qwen3, "qwen3"},
                                                   {LlamaArch::olmo2, "olmo2"},
-                                                  {LlamaArch::phi3, "phi3"}};
+                                                  {LlamaArch::phi3, "phi3"},
+                                                  {LlamaArch::gemma3_text, "gemma3_text"}};
 };
 
-// HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3" (the
-// classes <prefix>Config, <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM).
+// HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
+// "Gemma3" (the classes <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for
+// Gemma 3's Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
 
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
-// Olmo2Config and Phi3Config ([model] with type = "llama", "mistral", "qwen2", "qwen3",
-// "olmo2" or "phi3"; same names, meanings and, where HF has them, defaults; sizes default to a
-// small CPU model). Each type's [model] key table, with docs and ranges, is llama_args(arch)
-// in src/model/llama.cpp: a field that is not one of its type's keys keeps the default here
-// (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2 no mlp_bias or head_dim, Phi-3 none
-// of the three; only Qwen's have use_sliding_window and max_window_layers).
+// Olmo2Config, Phi3Config and Gemma3TextConfig ([model] with type = "llama", "mistral", "qwen2",
+// "qwen3", "olmo2", "phi3" or "gemma3_text"; same names, meanings and, where HF has them,
+// defaults; sizes default to a small CPU model). Each type's [model] key table, with docs and
+// ranges, is llama_args(arch) in src/model/llama.cpp: a field that is not one of its type's
+// keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2 no
+// mlp_bias or head_dim, Phi-3 none of the three; only Qwen's have use_sliding_window and
+// max_window_layers, only Gemma 3's the four fields below initializer_range).
 struct LlamaConfig {
   enum class RopeType { default_, linear, llama3, yarn };
 
@@ -114,6 +130,13 @@ struct LlamaConfig {
   int64_t max_window_layers = 28;
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
+  // Gemma 3 (Gemma3TextConfig): the sliding layers' RoPE period, the attention's score scale
+  // query_pre_attn_scalar^-1/2, which layers slide (l + 1 not a multiple of
+  // sliding_window_pattern), and nn.Embedding's padding_idx (-1 = HF's None: none).
+  double rope_local_base_freq = 10000.0;
+  int64_t query_pre_attn_scalar = 256;
+  int64_t sliding_window_pattern = 6;
+  int64_t pad_token_id = -1;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
@@ -128,23 +151,41 @@ struct LlamaConfig {
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
   // Qwen3's over each head's D values (weight [D]), OLMo 2's over the whole projection
   // (weights [H*D], [Hkv*D]).
-  bool qk_norm() const { return arch == LlamaArch::qwen3 || arch == LlamaArch::olmo2; }
-  bool qk_norm_per_head() const { return arch == LlamaArch::qwen3; }
-  // OLMo 2's layer: no norm on the sublayers' inputs; the attention's and the MLP's outputs
-  // are normalised before their residual adds (post_attention_layernorm,
-  // post_feedforward_layernorm).
-  bool norm_after() const { return arch == LlamaArch::olmo2; }
+  bool qk_norm() const { return arch == LlamaArch::qwen3 || arch == LlamaArch::olmo2 || gemma(); }
+  bool qk_norm_per_head() const { return arch == LlamaArch::qwen3 || gemma(); }
+  // Norms on the sublayers' inputs (input_layernorm before the attention, Llama's
+  // post_attention_layernorm or Gemma's pre_feedforward_layernorm before the MLP): all but
+  // OLMo 2.
+  bool norm_before() const { return arch != LlamaArch::olmo2; }
+  // Norms on the sublayers' outputs before their residual adds (post_attention_layernorm,
+  // post_feedforward_layernorm): OLMo 2 (instead of the input norms) and Gemma 3 (besides them).
+  bool norm_after() const { return arch == LlamaArch::olmo2 || gemma(); }
+  // Gemma 3 (Gemma3TextConfig).
+  bool gemma() const { return arch == LlamaArch::gemma3_text; }
+  // Every RMSNorm multiplies by (1 + weight) (Gemma3RMSNorm), its weights initialised to 0.
+  bool norm_weight_offset() const { return gemma(); }
+  // The MLP's activation: gelu_tanh(gate) * up ("gelu_pytorch_tanh", GeGLU), not SwiGLU.
+  bool gelu_mlp() const { return gemma(); }
+  // What the token embedding's output is multiplied by (before rounding to the weight's
+  // dtype): sqrt(hidden_size) for Gemma 3, 1 otherwise.
+  double embed_scale() const;
+  // The attention's score scale: query_pre_attn_scalar^-1/2 (Gemma 3), else 1/sqrt(head_dim).
+  double attention_scale() const;
+  // Whether decoder layer `layer` uses the local RoPE (rope_local_base_freq, no scaling):
+  // Gemma 3's sliding layers.
+  bool layer_local_rope(int64_t layer) const;
   // Phi-3's fused projections: self_attn.qkv_proj.weight [Q + 2 KV, C] holds q_proj's, k_proj's
   // and v_proj's rows one after the other (Phi3Attention splits its output so), and
   // mlp.gate_up_proj.weight [2I, C] gate_proj's then up_proj's (Phi3MLP's chunk(2)). The math
   // is Llama's: each projection is its rows of the fused weight (no biases).
   bool fused_projections() const { return arch == LlamaArch::phi3; }
   // The sliding window of decoder layer `layer` (HF's layer_types "sliding_attention": every
-  // Mistral layer with a window; Qwen's from max_window_layers on under use_sliding_window),
-  // 0 for a layer that attends to every earlier position.
+  // Mistral layer with a window; Qwen's from max_window_layers on under use_sliding_window;
+  // Gemma 3's with (layer + 1) % sliding_window_pattern != 0), 0 for a layer that attends to
+  // every earlier position.
   int64_t layer_window(int64_t layer) const;
-  // From the [model] section (type llama, mistral, qwen2, qwen3, olmo2 or phi3); throws
-  // fsdp::Error on a missing key.
+  // From the [model] section (type llama, mistral, qwen2, qwen3, olmo2, phi3 or gemma3_text);
+  // throws fsdp::Error on a missing key.
   static LlamaConfig from(const ModelConfig& config);
 };
 
@@ -173,6 +214,10 @@ struct EnumNames<LlamaConfig::RopeType> {
 //    over original_max_position_embeddings (floored / ceiled when truncate), clamped to
 //    [0, D - 1].
 std::vector<double> llama_inv_freq(const LlamaConfig& c);
+// The config whose llama_inv_freq and llama_rope_attention_scaling are Gemma 3's local RoPE:
+// `c` with rope_theta = rope_local_base_freq and no scaling (Gemma3TextModel's
+// rotary_emb_local).
+LlamaConfig llama_local_rope_config(const LlamaConfig& c);
 // What HF multiplies cos and sin by (LlamaRotaryEmbedding's attention_scaling; q.k then
 // scales by its square): yarn's attention_factor, or 0.1 ln(factor) + 1 when that is 0 (HF's
 // None) and factor > 1 (1 for factor <= 1); 1 for the other types.
@@ -181,9 +226,11 @@ double llama_rope_attention_scaling(const LlamaConfig& c);
 // The registry's entry of model.type `arch` (fsdp/model/model.hpp).
 const ModelFamily& llama_family(LlamaArch arch = LlamaArch::llama);
 
-// Modules in forward order: "model.embed_tokens" (class "Embedding": embed_tokens.weight
-// [Vp,C]), "model.layers.{l}" (class "<prefix>DecoderLayer"; its norms input_layernorm and
-// post_attention_layernorm, OLMo 2's post_attention_layernorm and
+// Modules in forward order: "model.embed_tokens" (class "Embedding", Gemma 3's
+// "Gemma3TextScaledWordEmbedding": embed_tokens.weight [Vp,C], row pad_token_id initialised to
+// 0), "model.layers.{l}" (class "<prefix>DecoderLayer"; its norms input_layernorm and
+// post_attention_layernorm, OLMo 2's post_attention_layernorm and post_feedforward_layernorm,
+// Gemma 3's input_layernorm, post_attention_layernorm, pre_feedforward_layernorm and
 // post_feedforward_layernorm; Phi-3's fused qkv_proj and gate_up_proj), "model.norm" (class
 // "<prefix>RMSNorm"), and "lm_head" (class "Linear", lm_head.weight [Vp,C]) unless tied;
 // <prefix> is llama_arch_prefix(config.arch).
