@@ -8,7 +8,11 @@ rotary position embeddings in HF's rotate-half layout on q and k, grouped-query 
 (query head h reads key/value head h // (H / Hkv)), a residual, a second RMSNorm, the SwiGLU MLP
 down_proj(silu(gate_proj(x)) * up_proj(x)) (+ biases when mlp_bias), a residual; the final
 `norm`, lm_head (or embed_tokens when tie_word_embeddings) and the mean cross-entropy over the
-B*T targets (given per position: HF's own `labels` argument would shift them by one).
+B*T targets (given per position: HF's own `labels` argument would shift them by one). The
+embedding is nn.Embedding with padding_idx = pad_token_id (the class's default when config.json
+has none: Olmo2Config 1, Phi3Config 32000, Gemma3TextConfig 0, else None), as every one of
+these classes builds it: the lookup adds nothing to that row's gradient (the phi3 variants'
+pad_token_id 0 is looked up in 1l_gqa_untied_rope1e4_phi3).
 
 Regenerate the committed fixtures (Debian: apt-get install -y python3-torch; the Debian
 interpreter, /usr/bin/python3, not another one first on PATH) from the repository root:
@@ -253,6 +257,13 @@ def sliding(cfg, layer):
     return (layer + 1) % cfg.get("sliding_window_pattern", 6) != 0
 
 
+def pad_token(cfg):
+    """The class's nn.Embedding padding_idx: config.json's pad_token_id, or the class's default
+    when absent (Olmo2Config 1, Phi3Config 32000, Gemma3TextConfig 0, the others None)."""
+    default = {"olmo2": 1, "phi3": 32000, "gemma3_text": 0}.get(cfg["model_type"])
+    return cfg.get("pad_token_id", default)
+
+
 def norm_weight(cfg, w):  # what an RMSNorm multiplies by: Gemma3RMSNorm's 1 + w
     return 1.0 + w if gemma3(cfg) else w
 
@@ -477,8 +488,7 @@ def forward(p, cfg, tokens):
 
     causal = torch.tril(torch.ones(Tn, Tn, dtype=torch.bool))
     # nn.Embedding's padding_idx: no gradient into that row from the lookup
-    x = torch.nn.functional.embedding(tokens, p["model.embed_tokens.weight"],
-                                      padding_idx=cfg.get("pad_token_id") if gemma3(cfg) else None)
+    x = torch.nn.functional.embedding(tokens, p["model.embed_tokens.weight"], padding_idx=pad_token(cfg))
     x = x * embed_scale(cfg)
     for l in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{l}."
@@ -664,7 +674,7 @@ def naive_loss(p, cfg, tokens, targets):
         return g * (torch.exp(inner) / (torch.exp(inner) + torch.exp(-inner)))  # = 0.5 g (1 + tanh)
 
     emb = p["model.embed_tokens.weight"]
-    pad = cfg.get("pad_token_id") if gemma else None
+    pad = pad_token(cfg)
     # Gemma: sqrt(hidden) as float32; the padding row's lookup detached (padding_idx)
     escale = float(torch.tensor(C ** 0.5, dtype=torch.float32)) if gemma else 1.0
     sscale = 1 / math.sqrt(cfg["query_pre_attn_scalar"]) if gemma else 1 / math.sqrt(D)
@@ -820,7 +830,7 @@ def selftest():
                 for _ in range(2):
                     i = rng.randrange(t.numel())
                     if n == "model.embed_tokens.weight":  # a row that is looked up (not the
-                        looked = [int(x) for x in tokens.flatten() if int(x) != cfg.get("pad_token_id")]
+                        looked = [int(x) for x in tokens.flatten() if int(x) != pad_token(cfg)]
                         i = looked[i % len(looked)] * t.shape[1] + i % t.shape[1]  # padding row)
                     flat = t.view(-1)
                     old = flat[i].item()
@@ -882,18 +892,25 @@ def selftest():
                f"{v}: window {cfg['sliding_window']} changes the loss ({loss.item():.6f} vs "
                f"{loss_wide.item():.6f} with a window covering the sequence, = no window)")
 
-    # 4c. Gemma 3: the padding row gets nothing from the lookup (untied: its gradient is 0,
-    #     another looked-up row's is not; tied: exactly the LM head's part, checked in 4); the
+    # 4c. The padding row gets nothing from the lookup (untied: its gradient is 0, another
+    #     looked-up row's is not; tied: exactly the LM head's part, checked in 4). Gemma 3: the
     #     local RoPE period and query_pre_attn_scalar each change the loss.
+    padded = 0
+    for v in VARIANTS:
+        cfg, params32, tokens, targets = make_case(v)
+        pad = pad_token(cfg)
+        if cfg["tie_word_embeddings"] or pad is None or pad not in tokens.flatten().tolist():
+            continue
+        params, _, _ = run(cfg, params32, tokens, targets)
+        g = params["model.embed_tokens.weight"].grad
+        other = next(int(t) for t in tokens.flatten() if int(t) != pad)
+        expect(bool((g[pad] == 0).all()) and float(g[other].abs().sum()) > 0,
+               f"{v}: the padding row {pad} gets no gradient from the lookup")
+        padded += 1
+    expect(padded >= 2, f"{padded} untied variants look their padding token up (phi3, gemma3)")
     for v in (x for x in VARIANTS if x.endswith("gemma3") or "_gemma3_" in x):
         cfg, params32, tokens, targets = make_case(v)
         params, _, loss = run(cfg, params32, tokens, targets)
-        pad, C = cfg["pad_token_id"], cfg["hidden_size"]
-        g = params["model.embed_tokens.weight"].grad
-        if not cfg["tie_word_embeddings"]:
-            other = int(tokens[0, 0]) if int(tokens[0, 0]) != pad else int(tokens[0, 1])
-            expect(bool((g[pad] == 0).all()) and float(g[other].abs().sum()) > 0,
-                   f"{v}: the padding row {pad} gets no gradient from the lookup")
         same_rope = run(dict(cfg, rope_local_base_freq=cfg["rope_theta"]), params32, tokens, targets)[2]
         plain_scale = run(dict(cfg, query_pre_attn_scalar=head_dim(cfg)), params32, tokens, targets)[2]
         expect(abs(same_rope.item() - loss.item()) > 1e-4 and abs(plain_scale.item() - loss.item()) > 1e-4,

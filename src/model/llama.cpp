@@ -156,12 +156,13 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         "Standard deviation of the weights' normal initialisation.", KeyRange::above(0), {}, true,
         0.02},
   });
-  if (gemma) {
-    rows.push_back(A{"pad_token_id", &L::pad_token_id,
-                     "Padding token: its embedding row starts at 0 and gets no gradient from the "
-                     "lookup (nn.Embedding's padding_idx); -1 = none.", KeyRange::at_least(-1), {},
-                     true, I64{0}});
-  }
+  // Every class builds its embedding as nn.Embedding(vocab, hidden, padding_idx =
+  // config.pad_token_id); a config.json without it means the class's default: None (-1) but
+  // Olmo2Config's 1, Phi3Config's 32000 and Gemma3TextConfig's 0.
+  rows.push_back(A{"pad_token_id", &L::pad_token_id,
+                   "Padding token: its embedding row starts at 0 and gets no gradient from the "
+                   "lookup (nn.Embedding's padding_idx); -1 = none.", KeyRange::at_least(-1), {},
+                   true, olmo2 ? I64{1} : phi3 ? I64{32000} : gemma ? I64{0} : I64{-1}});
   LlamaConfig defaults;
   defaults.arch = arch;
   if (phi3) defaults.sliding_window = 0;  // Phi3Config's None: no window
@@ -1171,8 +1172,8 @@ class LlamaFamily final : public ModelFamily {
     if ((arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3) && g.sliding_window == 0) {
       out[args().name(&LlamaConfig::sliding_window)] = nullptr;  // HF's spelling of none
     }
+    if (g.pad_token_id < 0) out[args().name(&LlamaConfig::pad_token_id)] = nullptr;  // None
     if (gemma) {
-      if (g.pad_token_id < 0) out[args().name(&LlamaConfig::pad_token_id)] = nullptr;
       // transformers >= 4.53 reads layer_types (older ones the pattern): both, agreeing.
       nlohmann::json types = nlohmann::json::array();
       for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
@@ -1268,10 +1269,8 @@ class LlamaFamily final : public ModelFamily {
     LlamaConfig base;
     base.arch = arch_;
     LlamaConfig g = args().from_hf(hf, origin, base);
-    if (gemma) {
-      const std::string pad = args().name(&LlamaConfig::pad_token_id);
-      if (hf.contains(pad) && hf[pad].is_null()) g.pad_token_id = -1;  // HF's None: no padding
-    }
+    const std::string pad = args().name(&LlamaConfig::pad_token_id);
+    if (hf.contains(pad) && hf[pad].is_null()) g.pad_token_id = -1;  // HF's None: no padding
     if (gemma && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
       g.sliding_window_pattern = gemma_pattern(hf["layer_types"], g, origin);
     }

@@ -18,8 +18,7 @@
 //  - "gemma3_text": Gemma3ForCausalLM (models/gemma3; Gemma Team 2025, "Gemma 3 Technical
 //    Report"), the text decoder of Gemma 3: every RMSNorm scales by (1 + weight) (Gemma3RMSNorm,
 //    weights initialised to 0); the embedding multiplied by sqrt(hidden_size) rounded to the
-//    weight's dtype (Gemma3TextScaledWordEmbedding) and, as nn.Embedding's padding_idx, no
-//    lookup gradient into row pad_token_id; four norms a layer, x + post_attention_layernorm(
+//    weight's dtype (Gemma3TextScaledWordEmbedding); four norms a layer, x + post_attention_layernorm(
 //    attn(input_layernorm(x))) and h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(
 //    h))); Qwen3's per-head q_norm / k_norm; the MLP gelu_tanh(gate_proj) * up_proj (GeGLU,
 //    "gelu_pytorch_tanh"); scores scaled by query_pre_attn_scalar^-1/2; layer l slides
@@ -28,7 +27,8 @@
 //    rope_scaling (Gemma3TextModel's rotary_emb_local and rotary_emb).
 //
 // The decoder:
-//  - embed_tokens [V, C] (no position embedding);
+//  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
+//    pad_token_id: the lookup adds nothing to that row's gradient;
 //  - num_hidden_layers decoder layers: x + o_proj(attn(RoPE(q_proj(n1)), RoPE(k_proj(n1)),
 //    v_proj(n1))), n1 = input_layernorm(x); then h + down_proj(silu(gate_proj(n2)) *
 //    up_proj(n2)), n2 = post_attention_layernorm(h). RMSNorm (Zhang & Sennrich 2019) in fp32,
@@ -49,8 +49,9 @@
 // norm and lm_head in the root unit. The vocabulary is padded to model.pad_vocab_multiple rows
 // as for GPT-2 (fsdp/model/gpt2.hpp). Initialisation is HF LlamaPreTrainedModel._init_weights
 // (the other classes initialise alike): Linear and Embedding N(0, initializer_range),
-// biases 0, RMSNorm weights 1 (pad rows 0). AdamW decays the Linear weights only (not the
-// norms, biases or embedding), as fsdp_train's GPT-2 and T5.
+// biases 0, RMSNorm weights 1 (Gemma 3's 0), the pad_token_id row and vocabulary pad rows 0.
+// AdamW decays the Linear weights only (not the norms, biases or embedding), as fsdp_train's
+// GPT-2 and T5.
 #pragma once
 
 #include <cstdint>
@@ -93,7 +94,7 @@ const char* llama_arch_prefix(LlamaArch arch);
 // ranges, is llama_args(arch) in src/model/llama.cpp: a field that is not one of its type's
 // keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2 no
 // mlp_bias or head_dim, Phi-3 none of the three; only Qwen's have use_sliding_window and
-// max_window_layers, only Gemma 3's the four fields below initializer_range).
+// max_window_layers, only Gemma 3's the three fields below pad_token_id).
 struct LlamaConfig {
   enum class RopeType { default_, linear, llama3, yarn };
 
@@ -130,13 +131,15 @@ struct LlamaConfig {
   int64_t max_window_layers = 28;
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
+  // nn.Embedding's padding_idx (every class; -1 = HF's None: none): the row starts at 0 and
+  // the lookup adds nothing to its gradient.
+  int64_t pad_token_id = -1;
   // Gemma 3 (Gemma3TextConfig): the sliding layers' RoPE period, the attention's score scale
   // query_pre_attn_scalar^-1/2, which layers slide (l + 1 not a multiple of
-  // sliding_window_pattern), and nn.Embedding's padding_idx (-1 = HF's None: none).
+  // sliding_window_pattern).
   double rope_local_base_freq = 10000.0;
   int64_t query_pre_attn_scalar = 256;
   int64_t sliding_window_pattern = 6;
-  int64_t pad_token_id = -1;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
