@@ -342,10 +342,9 @@ double LlamaConfig::embed_scale() const {
   return gemma() ? std::sqrt(static_cast<double>(hidden_size)) : 1.0;
 }
 
-double LlamaConfig::attention_scale() const {
-  const double s = gemma() ? static_cast<double>(query_pre_attn_scalar)
-                           : static_cast<double>(head_size());
-  return 1.0 / std::sqrt(s);
+float LlamaConfig::attention_scale() const {
+  if (gemma()) return static_cast<float>(std::pow(static_cast<double>(query_pre_attn_scalar), -0.5));
+  return 1.f / std::sqrt(static_cast<float>(head_size()));
 }
 
 LlamaConfig llama_local_rope_config(const LlamaConfig& c) {
@@ -793,7 +792,7 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   be_.rope_forward(q, q, cos, sin, B, T, H, D);
   be_.rope_forward(k, k, cos, sin, B, T, Hkv, D);
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
-                            static_cast<float>(cfg_.attention_scale()), cfg_.layer_window(l));
+                            cfg_.attention_scale(), cfg_.layer_window(l));
   // The MLP's gated activation into `out`: silu(gate) * up, or Gemma 3's gelu_tanh(gate) * up.
   auto mlp_act = [&](const TensorView& out) {
     if (cfg_.gelu_mlp()) {
@@ -977,7 +976,7 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false);
     be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
-                               static_cast<float>(cfg_.attention_scale()), cfg_.layer_window(l));
+                               cfg_.attention_scale(), cfg_.layer_window(l));
     be_.rope_backward(dq, dq, cos, sin, B, T, H, D);
     be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D);
     // The projections' gradients: d q and d k, or under qk_norm() d q_raw into datty (free

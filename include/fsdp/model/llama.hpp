@@ -172,8 +172,9 @@ struct LlamaConfig {
   // What the token embedding's output is multiplied by (before rounding to the weight's
   // dtype): sqrt(hidden_size) for Gemma 3, 1 otherwise.
   double embed_scale() const;
-  // The attention's score scale: query_pre_attn_scalar^-1/2 (Gemma 3), else 1/sqrt(head_dim).
-  double attention_scale() const;
+  // The attention's score scale: query_pre_attn_scalar^-1/2 (Gemma 3; HF's Python float,
+  // rounded once to fp32), else 1/sqrt(head_dim).
+  float attention_scale() const;
   // Whether decoder layer `layer` uses the local RoPE (rope_local_base_freq, no scaling):
   // Gemma 3's sliding layers.
   bool layer_local_rope(int64_t layer) const;
