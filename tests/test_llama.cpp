@@ -694,6 +694,18 @@ TEST(Llama, Gemma3ConfigJson) {
   hf = v5;
   hf["rope_parameters"]["sliding_attention"]["rope_type"] = "linear";
   refused(hf, "rope_parameters.sliding_attention.rope_type");
+  hf = v5;  // malformed, not a crash: one line naming the attribute
+  hf["rope_parameters"]["full_attention"] = 5;
+  refused(hf, "\"rope_parameters.full_attention\" 5 is not supported (expected a dict)");
+  hf = v5;
+  hf["rope_parameters"]["full_attention"]["rope_type"] = 3;
+  refused(hf, "\"rope_parameters.full_attention.rope_type\" 3 is not supported");
+  hf = g1b;
+  hf["use_bidirectional_attention"] = "yes";
+  refused(hf, "\"use_bidirectional_attention\" \"yes\" is not supported (expected false)");
+  hf = g1b;
+  hf["layer_types"] = "sliding";
+  refused(hf, "\"layer_types\" \"sliding\" is not supported");
   try {
     fsdp::parse_config("[model]\ntype = \"gemma3_text\"\nvocab_size = 8\npad_token_id = 8\n",
                        "input.toml", {});

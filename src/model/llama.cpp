@@ -1309,8 +1309,9 @@ class LlamaFamily final : public ModelFamily {
     for (const char* cap : {"final_logit_softcapping", "attn_logit_softcapping"}) {
       if (hf.contains(cap) && !hf[cap].is_null()) throw refuse(cap, hf[cap], "null");
     }
-    if (hf.value("use_bidirectional_attention", false) == true) {
-      throw refuse("use_bidirectional_attention", true, "false");
+    const char* bidirectional = "use_bidirectional_attention";
+    if (hf.contains(bidirectional) && !hf[bidirectional].is_null() && hf[bidirectional] != false) {
+      throw refuse(bidirectional, hf[bidirectional], "false");
     }
     if (!hf.contains("rope_parameters") || !hf["rope_parameters"].is_object() ||
         !hf["rope_parameters"].contains("full_attention")) {
@@ -1319,15 +1320,23 @@ class LlamaFamily final : public ModelFamily {
     const nlohmann::json rp = hf["rope_parameters"];
     hf.erase("rope_parameters");
     const std::string theta = args().name(&LlamaConfig::rope_theta);  // also the dicts' name
-    nlohmann::json full = rp["full_attention"];
+    // A layer type's dict, and its rope type ("rope_type", or the legacy "type"; "default").
+    auto dict = [&](const char* layer_type) {
+      const std::string field = std::string("rope_parameters.") + layer_type;
+      if (!rp[layer_type].is_object()) throw refuse(field, rp[layer_type], "a dict");
+      const nlohmann::json& d = rp[layer_type];
+      const nlohmann::json type = d.contains("rope_type") ? d["rope_type"]
+                                  : d.contains("type")    ? d["type"]
+                                                          : nlohmann::json("default");
+      if (!type.is_string()) throw refuse(field + ".rope_type", type, "a string");
+      return std::make_pair(d, type.get<std::string>());
+    };
+    auto [full, type] = dict("full_attention");
     if (full.contains(theta)) hf[theta] = full[theta];
     full.erase(theta);
-    const std::string type = full.value("rope_type", full.value("type", std::string("default")));
     if (type != "default") hf["rope_scaling"] = full;
-    if (rp.contains("sliding_attention") && rp["sliding_attention"].is_object()) {
-      const nlohmann::json& local = rp["sliding_attention"];
-      const std::string local_type =
-          local.value("rope_type", local.value("type", std::string("default")));
+    if (rp.contains("sliding_attention")) {
+      const auto [local, local_type] = dict("sliding_attention");
       if (local_type != "default") {
         throw refuse("rope_parameters.sliding_attention.rope_type", local_type, "\"default\"");
       }
