@@ -118,7 +118,7 @@ TEST(GpuTrain, Bf16TracksFp32) {
 // output norms and whole-row q/k norms, Mistral's sliding window (5 < the 12-token rows),
 // Phi-3's fused projections (GEMMs on row blocks of qkv_proj and gate_up_proj) and Gemma 3's
 // (1 + w) norms (cast and axpy into fp32 weights), GeGLU, scaled embedding, padding row and
-// local / global RoPE.
+// local / global RoPE, and SmolLM3's layer without RoPE.
 TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
   const std::vector<std::string> fused = {"model.fused_linear_cross_entropy=true",
                                           "model.fused_linear_cross_entropy_chunk_rows=8"};
@@ -136,7 +136,11 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
                                                  "model.sliding_window=5",
                                                  "model.sliding_window_pattern=2",
                                                  "model.query_pre_attn_scalar=3",
-                                                 "model.pad_token_id=32"})}};
+                                                 "model.pad_token_id=32"})},
+      {"smollm3 nope window 5", llama_config("", {"model.type=\"smollm3\"",
+                                                  "model.no_rope_layer_interval=2",
+                                                  "model.use_sliding_window=true",
+                                                  "model.sliding_window=5"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

@@ -72,6 +72,15 @@ void make_gemma(fsdp::LlamaConfig& m) {
   m.rope_local_base_freq = 100;
 }
 
+// SmolLM3's tiny model: layer 1 of 2 has no RoPE (no_rope_layer_interval 2) and, when
+// `window`, slides over 3 positions (use_sliding_window).
+void make_smollm3(fsdp::LlamaConfig& m, bool window = true) {
+  m.arch = fsdp::LlamaArch::smollm3;
+  m.no_rope_layer_interval = 2;
+  m.use_sliding_window = window;
+  m.sliding_window = 3;
+}
+
 // Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).
 void perturb_shards(Fixture& f, unsigned seed = 7) {
   std::mt19937 gen(seed + static_cast<unsigned>(f.comm.rank()));
@@ -111,9 +120,16 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"Gemma 3 GQA tied, head_dim 6, sliding + global", 2, true, false, false, false,
              LlamaArch::gemma3_text, 6},
         Case{"Gemma 3 MQA untied, attention bias, llama3 (global)", 1, false, true, false, true,
-             LlamaArch::gemma3_text}}) {
+             LlamaArch::gemma3_text},
+        Case{"SmolLM3 GQA tied, llama3, NoPE layer 1 with a window", 2, true, false, false, true,
+             LlamaArch::smollm3},
+        // (no attention_bias: on a NoPE layer k_proj's bias shifts every score of a query
+        // alike, so its gradient is exactly 0, as the test's "gradient vanished" would say)
+        Case{"SmolLM3 MHA untied, MLP biases, NoPE layer 1", 4, false, false, true, false,
+             LlamaArch::smollm3}}) {
     ModelOptions o;
     if (c.arch == LlamaArch::gemma3_text) make_gemma(o.model);
+    if (c.arch == LlamaArch::smollm3) make_smollm3(o.model, /*window=*/c.tied);
     o.model.arch = c.arch;
     o.model.head_dim = c.head_dim;
     o.model.num_key_value_heads = c.kv_heads;
@@ -264,12 +280,13 @@ TEST(Llama, MatchesTorchReference) {
     check_reference(name);
     ++files;
   }
-  EXPECT_GE(files, 21) << "tests/data/llama: the fixtures of tools/llama_reference.py";
+  EXPECT_GE(files, 22) << "tests/data/llama: the fixtures of tools/llama_reference.py";
 }
 
 TEST(Llama, ActivationCheckpointingIsBitIdentical) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
-                    fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text})
+                    fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text,
+                    fsdp::LlamaArch::smollm3})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -282,6 +299,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
           make_gemma(o.model);
           o.model.pad_token_id = 3;  // a token of the batch: its embedding row is skipped
         }
+        if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
         o.model.arch = arch;
         o.mp.param_dtype = dtype;
         o.comm = comm;
@@ -319,13 +337,15 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
 
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
-                    fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text})
+                    fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text,
+                    fsdp::LlamaArch::smollm3})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
         for (bool tied : {false, true}) {
           ModelOptions o;
           if (arch == fsdp::LlamaArch::gemma3_text) make_gemma(o.model);
+          if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
           o.model.arch = arch;
           o.model.tie_word_embeddings = tied;
           o.model.num_hidden_layers = 3;
@@ -715,4 +735,55 @@ TEST(Llama, Gemma3ConfigJson) {
               std::string::npos)
         << e.what();
   }
+}
+
+// SmolLM3-3B's config.json (HuggingFaceTB/SmolLM3-3B's attributes as transformers writes them:
+// no_rope_layers and layer_types spelled out) reads as written; a no_rope_layers list of no
+// interval, or layer_types the keys do not give, is refused by name.
+TEST(Llama, SmolLM3ConfigJson) {
+  const fsdp::ModelFamily& smol = fsdp::model_family("smollm3");
+  nlohmann::json no_rope = nlohmann::json::array(), types = nlohmann::json::array();
+  for (int l = 0; l < 36; ++l) {
+    no_rope.push_back((l + 1) % 4 != 0 ? 1 : 0);
+    types.push_back("full_attention");
+  }
+  const nlohmann::json s3b = {
+      {"architectures", {"SmolLM3ForCausalLM"}}, {"model_type", "smollm3"},
+      {"vocab_size", 128256}, {"hidden_size", 2048}, {"intermediate_size", 11008},
+      {"num_hidden_layers", 36}, {"num_attention_heads", 16}, {"num_key_value_heads", 4},
+      {"max_position_embeddings", 65536}, {"rms_norm_eps", 1e-6}, {"rope_theta", 5000000.0},
+      {"rope_scaling", nullptr}, {"no_rope_layers", no_rope}, {"no_rope_layer_interval", 4},
+      {"layer_types", types}, {"use_sliding_window", false}, {"sliding_window", nullptr},
+      {"attention_bias", false}, {"attention_dropout", 0.0}, {"mlp_bias", false},
+      {"hidden_act", "silu"}, {"tie_word_embeddings", true}, {"pad_token_id", 128004},
+      {"bos_token_id", 128000}, {"eos_token_id", 128012}};
+  const fsdp::ModelConfig mc = smol.from_hf_config(s3b, "smollm3-3b.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  EXPECT_EQ(g.arch, fsdp::LlamaArch::smollm3);
+  EXPECT_EQ(g.head_size(), 128);
+  EXPECT_EQ(g.no_rope_layer_interval, 4);
+  EXPECT_EQ(g.sliding_window, 0);
+  EXPECT_EQ(g.pad_token_id, 128004);
+  for (int64_t l = 0; l < 36; ++l) {
+    EXPECT_EQ(g.layer_rope(l), (l + 1) % 4 != 0) << l;
+    EXPECT_EQ(g.layer_window(l), 0) << l;
+  }
+  const nlohmann::json out = smol.hf_config(mc);
+  EXPECT_EQ(out.at("no_rope_layers"), no_rope);
+  EXPECT_EQ(out.at("layer_types"), types);
+  EXPECT_TRUE(out.at("sliding_window").is_null());
+  EXPECT_EQ(smol.canonical(smol.from_hf_config(out, "merged.json")), smol.canonical(mc));
+  nlohmann::json hf = s3b;  // no interval gives it
+  hf["no_rope_layers"][0] = 0;
+  expect_refused(smol, hf, "\"no_rope_layers\"");
+  hf = s3b;  // a sliding layer the keys do not give (no window)
+  hf["layer_types"][3] = "sliding_attention";
+  expect_refused(smol, hf, "\"layer_types\"");
+  hf = s3b;  // with the window on, the NoPE layers slide
+  hf["use_sliding_window"] = true;
+  hf["sliding_window"] = 4096;
+  hf.erase("layer_types");
+  const fsdp::LlamaConfig w = fsdp::LlamaConfig::from(smol.from_hf_config(hf, "c.json"));
+  EXPECT_EQ(w.layer_window(3), 4096);
+  EXPECT_EQ(w.layer_window(2), 0);
 }

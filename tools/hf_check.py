@@ -3,7 +3,8 @@
 
 For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneration, ByT5
 bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
-MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM (LLAMA_CASES below)
+MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM
+(LLAMA_CASES below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -93,6 +94,10 @@ LLAMA_CASES = {
                                         "query_pre_attn_scalar": 10, "sliding_window": 8,
                                         "sliding_window_pattern": 2, "pad_token_id": 32,
                                         "tie_word_embeddings": True},
+    # SmolLM3: no RoPE on every 2nd layer (NoPE), which slides over 8 positions; tied.
+    "smollm3 gqa tied nope window 8": {"type": "smollm3", "hidden_size": 32,
+                                       "no_rope_layer_interval": 2, "use_sliding_window": True,
+                                       "sliding_window": 8, "tie_word_embeddings": True},
     # YaRN as Qwen2.5 / Qwen3 extend their context (head_dim 8, theta 1e4, original 256: pairs
     # 0 and 1 kept, 2 blended, 3 interpolated; cos and sin scaled by 1 + 0.1 ln 4).
     "qwen3 gqa tied yarn": {"type": "qwen3", "hidden_size": 32, "head_dim": 8, "tie_word_embeddings": True,

@@ -40,7 +40,9 @@ h + post_feedforward_layernorm(mlp(h)), and q_norm / k_norm over the whole q and
 [H*D] and [Hkv*D] before RoPE) or phi3 (Phi3ForCausalLM, modeling_phi3.py: Llama's math with
 q/k/v in one qkv_proj.weight [(H + 2 Hkv) D, C], rows q then k then v, and gate/up in one
 gate_up_proj.weight [2I, C], gate's rows first; no head_dim attribute, no biases; with _swa a
-window of 3 < T, as Mistral's) or gemma3 (Gemma3ForCausalLM, model_type gemma3_text,
+window of 3 < T, as Mistral's) or smollm3 (SmolLM3ForCausalLM, modeling_smollm3.py: Llama's math
+without RoPE on every no_rope_layer_interval-th layer, here 2: layer 1 of 3, which with _swa
+alone has the window of 3; no head_dim attribute) or gemma3 (Gemma3ForCausalLM, model_type gemma3_text,
 modeling_gemma3.py: every RMSNorm multiplies by 1 + weight (the weights drawn as N(0, 0.3)
 offsets); four norms a layer, x + post_attention_layernorm(attn(input_layernorm(x))) and
 h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))); per-head q_norm / k_norm
@@ -102,7 +104,7 @@ LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.
                   "original_max_position_embeddings": 8, "rope_type": "llama3"}
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-         "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3"}  # HF class prefix
+         "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text"}  # HF model_type where it is not the variant's word
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
@@ -128,6 +130,7 @@ VARIANTS = [
     "3l_mqa_tied_rope1e4_phi3_swa",
     "1l_gqa_tied_rope1e4_gemma3",
     "3l_mqa_untied_linear_gemma3_swa",
+    "3l_gqa_tied_llama3_smollm3_swa",
 ]
 SWA_WINDOW = 3  # the _swa variants' sliding window: shorter than T = 7
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
@@ -166,9 +169,11 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
     (MistralConfig: head_dim, sliding_window; Qwen2Config: no head_dim, attention_bias or
     mlp_bias; Qwen3Config: head_dim, attention_bias; both Qwen: use_sliding_window,
     max_window_layers). Sliding windows are off or cover every sequence."""
-    assert "mlpbias" not in flags and ("attnbias" not in flags or arch in ("qwen3", "olmo2")), (arch, flags)
+    assert arch == "smollm3" or "mlpbias" not in flags and ("attnbias" not in flags or arch in ("qwen3", "olmo2")), (arch, flags)
     if arch == "gemma3":
         return gemma3_config(layers, attn, tied, rope, flags)
+    if arch == "smollm3":
+        return smollm3_config(layers, attn, tied, rope, flags)
     cfg = {"architectures": [ARCHS[arch] + "ForCausalLM"], "model_type": arch, "vocab_size": VOCAB,
            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn]}
@@ -220,6 +225,36 @@ def gemma3_config(layers, attn, tied, rope, flags):
             "torch_dtype": "float32", "bos_token_id": 2, "eos_token_id": 1, "use_cache": True}
 
 
+def smollm3_config(layers, attn, tied, rope, flags):
+    """config.json of a SmolLM3ForCausalLM variant (SmolLM3Config's attributes; no head_dim):
+    no_rope_layer_interval 2, so layer 1 of 3 has no RoPE (NoPE) and, with _swa, slides
+    (use_sliding_window, window 3 < T: HF's layer_types); pad_token_id null (SmolLM3Config's
+    128004 is beyond the tiny vocabulary)."""
+    swa = "swa" in flags
+    return {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
+            "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+            "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
+            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
+            "no_rope_layer_interval": 2, "use_sliding_window": swa,
+            "sliding_window": SWA_WINDOW if swa else None, "attention_bias": "attnbias" in flags,
+            "attention_dropout": 0.0, "mlp_bias": "mlpbias" in flags,
+            "tie_word_embeddings": tied == "tied", "pad_token_id": None, "hidden_act": "silu",
+            "initializer_range": 0.02, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+            "use_cache": True}
+
+
+def uses_rope(cfg, layer):
+    """SmolLM3Attention's use_rope: its no_rope_layers entry, else 0 on every
+    no_rope_layer_interval-th layer; every other class rotates every layer."""
+    if cfg["model_type"] != "smollm3":
+        return True
+    if cfg.get("no_rope_layers"):
+        return bool(cfg["no_rope_layers"][layer])
+    return (layer + 1) % cfg.get("no_rope_layer_interval", 4) != 0
+
+
 # What each class makes of its config (HF's getattr defaults for the attributes it lacks).
 def head_dim(cfg):
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -260,7 +295,7 @@ def sliding(cfg, layer):
 def pad_token(cfg):
     """The class's nn.Embedding padding_idx: config.json's pad_token_id, or the class's default
     when absent (Olmo2Config 1, Phi3Config 32000, Gemma3TextConfig 0, the others None)."""
-    default = {"olmo2": 1, "phi3": 32000, "gemma3_text": 0}.get(cfg["model_type"])
+    default = {"olmo2": 1, "phi3": 32000, "gemma3_text": 0, "smollm3": 128004}.get(cfg["model_type"])
     return cfg.get("pad_token_id", default)
 
 
@@ -302,6 +337,8 @@ def layer_window(cfg, layer):
         return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
     if gemma3(cfg):
         return cfg["sliding_window"] if sliding(cfg, layer) else 0
+    if cfg["model_type"] == "smollm3" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+        return cfg["sliding_window"] if not uses_rope(cfg, layer) else 0  # the NoPE layers
     return 0
 
 
@@ -503,8 +540,9 @@ def forward(p, cfg, tokens):
             q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
         v = linear(h, a + "v_proj", ab).view(Bn, Tn, Hkv, D).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        if uses_rope(cfg, l):  # not on SmolLM3's NoPE layers
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
         att = q @ k.transpose(-1, -2)
@@ -659,6 +697,8 @@ def naive_loss(p, cfg, tokens, targets):
         return y + p[name + ".bias"] if bias else y
 
     def rope(x, t, l):  # x [D]: pairs (i, i + D/2) rotated by t * inv[i] of layer l's table
+        if not uses_rope(cfg, l):
+            return x
         inv, scale = tables[l]
         out = []
         for i in range(D // 2):
@@ -916,6 +956,17 @@ def selftest():
         expect(abs(same_rope.item() - loss.item()) > 1e-4 and abs(plain_scale.item() - loss.item()) > 1e-4,
                f"{v}: the local RoPE period and query_pre_attn_scalar change the loss ({loss.item():.6f} vs "
                f"{same_rope.item():.6f}, {plain_scale.item():.6f})")
+
+    # 4d. SmolLM3's NoPE layer changes the model (with every layer rotating, the loss differs).
+    for v in (x for x in VARIANTS if "_smollm3" in x):
+        cfg, params32, tokens, targets = make_case(v)
+        _, _, loss = run(cfg, params32, tokens, targets)
+        rotating = dict(cfg, no_rope_layer_interval=cfg["num_hidden_layers"] + 1, use_sliding_window=False)
+        nope_off = run(rotating, params32, tokens, targets)[2]
+        window_off = run(dict(cfg, use_sliding_window=False), params32, tokens, targets)[2]
+        expect(abs(nope_off.item() - window_off.item()) > 1e-4 and abs(window_off.item() - loss.item()) > 1e-4,
+               f"{v}: the NoPE layer and its window each change the loss ({loss.item():.6f}; no window "
+               f"{window_off.item():.6f}; every layer rotating, no window {nope_off.item():.6f})")
 
     # 5. The fixture text parses back to the run's numbers.
     v = VARIANTS[0]

@@ -19,7 +19,8 @@ namespace {
 // Whether `arch`'s config has head_dim (Qwen2Config, Olmo2Config and Phi3Config do not: their
 // heads are hidden_size / num_attention_heads wide).
 bool has_head_dim_key(LlamaArch arch) {
-  return arch != LlamaArch::qwen2 && arch != LlamaArch::olmo2 && arch != LlamaArch::phi3;
+  return arch != LlamaArch::qwen2 && arch != LlamaArch::olmo2 && arch != LlamaArch::phi3 &&
+         arch != LlamaArch::smollm3;
 }
 
 // The [model] key table of each Llama-family type: the only place one of their keys is
@@ -32,8 +33,9 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool llama = arch == LlamaArch::llama, mistral = arch == LlamaArch::mistral;
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3;
   const bool olmo2 = arch == LlamaArch::olmo2, phi3 = arch == LlamaArch::phi3;
-  const bool gemma = arch == LlamaArch::gemma3_text;
-  // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3, gemma3.
+  const bool gemma = arch == LlamaArch::gemma3_text, smol = arch == LlamaArch::smollm3;
+  // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3, gemma3;
+  // SmolLM3's where it differs, below.
   auto by = [&](auto l, auto m, auto q, auto p, auto g) {
     return llama || olmo2 ? l : mistral ? m : phi3 ? p : gemma ? g : q;
   };
@@ -41,26 +43,28 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       "Number of LlamaDecoderLayer blocks.", "Number of MistralDecoderLayer blocks.",
       "Number of Qwen2DecoderLayer blocks.", "Number of Qwen3DecoderLayer blocks.",
       "Number of Olmo2DecoderLayer blocks.", "Number of Phi3DecoderLayer blocks.",
-      "Number of Gemma3DecoderLayer blocks."};
+      "Number of Gemma3DecoderLayer blocks.", "Number of SmolLM3DecoderLayer blocks."};
   const char* layers_doc = layers_docs[static_cast<int>(arch)].c_str();
   using I64 = int64_t;
   std::vector<A> rows = {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
-        olmo2 ? I64{50304} : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
+        olmo2  ? I64{50304}
+        : smol ? I64{128256}
+               : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
-        by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
+        smol ? I64{2048} : by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
       A{"intermediate_size", &L::intermediate_size,
         gemma ? "Width of the GeGLU MLP." : "Width of the SwiGLU MLP.", KeyRange::size(1), {},
         true, by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
-        true, gemma ? I64{26} : I64{32}},
+        true, gemma ? I64{26} : smol ? I64{36} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
-        true, gemma ? I64{8} : I64{32}},
+        true, gemma ? I64{8} : smol ? I64{16} : I64{32}},
       // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32,
       // Gemma 3's 4.
       A{"num_key_value_heads", &L::num_key_value_heads,
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
-        KeyRange::size(0), {}, true, by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
+        KeyRange::size(0), {}, true, smol ? I64{4} : by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
   };
   if (has_head_dim_key(arch)) {
     rows.push_back(A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
@@ -70,12 +74,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   rows.insert(rows.end(), {
       A{"max_position_embeddings", &L::max_position_embeddings,
         "Longest sequence the model is trained for.", KeyRange::size(1), {}, true,
-        by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
+        smol ? I64{32768} : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
         olmo2 || phi3 ? 1e-5 : 1e-6},
       A{"rope_theta", &L::rope_theta,
         gemma ? "RoPE base period of the global (full-attention) layers." : "RoPE base period.",
-        KeyRange::above(0), {}, true, gemma ? 1e6 : 10000.0},
+        KeyRange::above(0), {}, true, gemma ? 1e6 : smol ? 2e6 : 10000.0},
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
         gemma ? "RoPE frequency scaling of the global layers: default (none), linear (position "
                 "interpolation), Llama 3.1's llama3 or yarn."
@@ -108,31 +112,37 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      "RoPE base period of the sliding layers (never scaled).", KeyRange::above(0),
                      {}, true, 10000.0});
   }
-  if (llama || arch == LlamaArch::qwen3 || olmo2 || gemma) {
+  if (llama || arch == LlamaArch::qwen3 || olmo2 || gemma || smol) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
                      "Biases on q_proj, k_proj, v_proj and o_proj.", {}, {}, true, false});
   }
-  if (llama) {
+  if (llama || smol) {
     rows.push_back(A{"mlp_bias", &L::mlp_bias, "Biases on gate_proj, up_proj and down_proj.", {},
                      {}, true, false});
   }
-  if (qwen) {
+  if (qwen || smol) {
     rows.push_back(A{"use_sliding_window", &L::use_sliding_window,
-                     "Sliding-window attention on the layers from max_window_layers on.", {}, {},
-                     true, false});
+                     smol ? "Sliding-window attention on the NoPE layers."
+                          : "Sliding-window attention on the layers from max_window_layers on.",
+                     {}, {}, true, false});
   }
   // Mistral's and Phi-3's 0 is HF's null; Qwen's under the flag; Gemma 3's on its sliding
   // layers.
-  if (mistral || qwen || phi3 || gemma) {
+  if (mistral || qwen || phi3 || gemma || smol) {
     rows.push_back(A{"sliding_window", &L::sliding_window,
-                     mistral || phi3 ? "Sliding-window attention span (positions per query, "
-                                       "itself included); 0 = none."
+                     mistral || phi3 || smol ? "Sliding-window attention span (positions per "
+                                               "query, itself included); 0 = none."
                      : gemma ? "Sliding-window attention span of the sliding layers (positions "
                                "per query, itself included)."
                              : "Sliding-window attention span (positions per query, "
                                "itself included) under use_sliding_window.",
                      KeyRange::size(qwen || gemma ? 1 : 0), {}, true,
-                     phi3 ? int64_t{0} : int64_t{4096}});
+                     phi3 || smol ? int64_t{0} : int64_t{4096}});
+  }
+  if (smol) {
+    rows.push_back(A{"no_rope_layer_interval", &L::no_rope_layer_interval,
+                     "Layer l has no RoPE (NoPE) when l + 1 is a multiple of it.",
+                     KeyRange::size(1), {}, true, I64{4}});
   }
   if (qwen) {
     rows.push_back(A{"max_window_layers", &L::max_window_layers,
@@ -162,7 +172,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   rows.push_back(A{"pad_token_id", &L::pad_token_id,
                    "Padding token: its embedding row starts at 0 and gets no gradient from the "
                    "lookup (nn.Embedding's padding_idx); -1 = none.", KeyRange::at_least(-1), {},
-                   true, olmo2 ? I64{1} : phi3 ? I64{32000} : gemma ? I64{0} : I64{-1}});
+                   true, olmo2  ? I64{1}
+                         : phi3  ? I64{32000}
+                         : gemma ? I64{0}
+                         : smol  ? I64{128004}
+                                 : I64{-1}});
   LlamaConfig defaults;
   defaults.arch = arch;
   if (phi3) defaults.sliding_window = 0;  // Phi3Config's None: no window
@@ -170,6 +184,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
     defaults.tie_word_embeddings = true;
     defaults.pad_token_id = 0;
     defaults.rope_theta = 1e6;
+  }
+  if (smol) {  // SmolLM3Config's: tied, no window, its rope_theta (not its pad 128004 > vocab)
+    defaults.tie_word_embeddings = true;
+    defaults.sliding_window = 0;
+    defaults.rope_theta = 2e6;
   }
   return ModelArgs<LlamaConfig>(std::move(rows), defaults);
 }
@@ -179,7 +198,7 @@ const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
       make_llama_args(LlamaArch::llama), make_llama_args(LlamaArch::mistral),
       make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3),
       make_llama_args(LlamaArch::olmo2), make_llama_args(LlamaArch::phi3),
-      make_llama_args(LlamaArch::gemma3_text)};
+      make_llama_args(LlamaArch::gemma3_text), make_llama_args(LlamaArch::smollm3)};
   return tables[static_cast<int>(arch)];
 }
 
@@ -308,6 +327,7 @@ const char* llama_arch_prefix(LlamaArch arch) {
     case LlamaArch::olmo2: return "Olmo2";
     case LlamaArch::phi3: return "Phi3";
     case LlamaArch::gemma3_text: return "Gemma3";
+    case LlamaArch::smollm3: return "SmolLM3";
     case LlamaArch::llama: break;
   }
   return "Llama";
@@ -328,10 +348,16 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::qwen3:  // HF's layer_types: sliding from layer max_window_layers on
       return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
     case LlamaArch::gemma3_text: return layer_local_rope(layer) ? sliding_window : 0;
+    case LlamaArch::smollm3:  // HF's layer_types: the NoPE layers slide under the flag
+      return use_sliding_window && !layer_rope(layer) ? sliding_window : 0;
     case LlamaArch::olmo2:
     case LlamaArch::llama: break;
   }
   return 0;
+}
+
+bool LlamaConfig::layer_rope(int64_t layer) const {
+  return arch != LlamaArch::smollm3 || (layer + 1) % no_rope_layer_interval != 0;
 }
 
 bool LlamaConfig::layer_local_rope(int64_t layer) const {
@@ -789,8 +815,10 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
     linear(k, xin, x.k_w, x.k_b, KV, C);
   }
   linear(v, xin, x.v_w, x.v_b, KV, C);
-  be_.rope_forward(q, q, cos, sin, B, T, H, D);
-  be_.rope_forward(k, k, cos, sin, B, T, Hkv, D);
+  if (cfg_.layer_rope(l)) {  // not on SmolLM3's NoPE layers
+    be_.rope_forward(q, q, cos, sin, B, T, H, D);
+    be_.rope_forward(k, k, cos, sin, B, T, Hkv, D);
+  }
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
                             cfg_.attention_scale(), cfg_.layer_window(l));
   // The MLP's gated activation into `out`: silu(gate) * up, or Gemma 3's gelu_tanh(gate) * up.
@@ -977,8 +1005,10 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
                                cfg_.attention_scale(), cfg_.layer_window(l));
-    be_.rope_backward(dq, dq, cos, sin, B, T, H, D);
-    be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D);
+    if (cfg_.layer_rope(l)) {
+      be_.rope_backward(dq, dq, cos, sin, B, T, H, D);
+      be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D);
+    }
     // The projections' gradients: d q and d k, or under qk_norm() d q_raw into datty (free
     // since the attention's backward) and d k_raw into dq (free once q_norm's backward has
     // read d q): rmsnorm_backward accumulates into zeros.
@@ -1168,8 +1198,19 @@ class LlamaFamily final : public ModelFamily {
       out["rope_scaling"] = rs;
     }
     const bool gemma = arch_ == LlamaArch::gemma3_text;
-    if ((arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3) && g.sliding_window == 0) {
+    if ((arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 ||
+         arch_ == LlamaArch::smollm3) &&
+        g.sliding_window == 0) {
       out[args().name(&LlamaConfig::sliding_window)] = nullptr;  // HF's spelling of none
+    }
+    if (arch_ == LlamaArch::smollm3) {  // the lists SmolLM3Config would derive, spelled out
+      nlohmann::json rope = nlohmann::json::array(), types = nlohmann::json::array();
+      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+        rope.push_back(g.layer_rope(l) ? 1 : 0);
+        types.push_back(g.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+      }
+      out["no_rope_layers"] = rope;
+      out["layer_types"] = types;
     }
     if (g.pad_token_id < 0) out[args().name(&LlamaConfig::pad_token_id)] = nullptr;  // None
     if (gemma) {
@@ -1215,7 +1256,7 @@ class LlamaFamily final : public ModelFamily {
                        (gemma ? " (or \"gemma3\" with a text_config)" : ""));
     }
     nlohmann::json hf = hf_in;
-    if (arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3) {
+    if (arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 || arch_ == LlamaArch::smollm3) {
       const std::string window = args().name(&LlamaConfig::sliding_window);
       if (hf.contains(window) && hf[window].is_null()) hf[window] = 0;
     }
@@ -1271,17 +1312,29 @@ class LlamaFamily final : public ModelFamily {
     const std::string pad = args().name(&LlamaConfig::pad_token_id);
     if (hf.contains(pad) && hf[pad].is_null()) g.pad_token_id = -1;  // HF's None: no padding
     if (gemma && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
-      g.sliding_window_pattern = gemma_pattern(hf["layer_types"], g, origin);
+      g.sliding_window_pattern =
+          period_of(hf["layer_types"], g.sliding_window_pattern, g.num_hidden_layers,
+                    "sliding_attention", "full_attention", "layer_types",
+                    args().name(&LlamaConfig::sliding_window_pattern), origin);
+    }
+    const bool smol = arch_ == LlamaArch::smollm3;
+    if (smol && hf.contains("no_rope_layers") && !hf["no_rope_layers"].is_null()) {
+      g.no_rope_layer_interval =
+          period_of(hf["no_rope_layers"], g.no_rope_layer_interval, g.num_hidden_layers, 1, 0,
+                    "no_rope_layers", args().name(&LlamaConfig::no_rope_layer_interval), origin);
     }
     const bool qwen = arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3;
-    if (qwen && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
+    if ((qwen || smol) && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
       nlohmann::json want = nlohmann::json::array();
       for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
         want.push_back(g.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
       }
       if (hf["layer_types"] != want) {
-        throw refuse("layer_types", want.dump() + ", the layers use_sliding_window and "
-                                    "max_window_layers give");
+        throw refuse("layer_types", want.dump() + (qwen ? ", the layers use_sliding_window and "
+                                                          "max_window_layers give"
+                                                        : ", the layers use_sliding_window, "
+                                                          "sliding_window and no_rope_layers "
+                                                          "give"));
       }
     }
     ModelConfig c = model_defaults(type());
@@ -1343,26 +1396,25 @@ class LlamaFamily final : public ModelFamily {
       if (local.contains(theta)) hf[args().name(&LlamaConfig::rope_local_base_freq)] = local[theta];
     }
   }
-  // The sliding_window_pattern that gives Gemma 3's `layer_types` list (layer l slides unless
-  // (l + 1) % pattern == 0): g's own when it does (config.json's sliding_window_pattern or its
-  // default), else the smallest that does (L + 1 for sliding layers only); throws InputError
-  // naming the attribute when none does.
-  static int64_t gemma_pattern(const nlohmann::json& types, const LlamaConfig& g,
-                               const std::string& origin) {
+  // The period p of a per-layer list that config.json spells out (Gemma 3's layer_types,
+  // SmolLM3's no_rope_layers), where layer l's entry is on(l, p) for (l + 1) % p != 0 and
+  // off otherwise: `given` (the config's own period key, or its default) when it gives the
+  // list, else the smallest p that does (L + 1: every entry `on`); throws InputError naming
+  // `attr` and `period_key` when none does.
+  static int64_t period_of(const nlohmann::json& list, int64_t given, int64_t layers,
+                           const nlohmann::json& on, const nlohmann::json& off, const char* attr,
+                           const std::string& period_key, const std::string& origin) {
     auto gives = [&](int64_t p) {
       nlohmann::json want = nlohmann::json::array();
-      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
-        want.push_back((l + 1) % p != 0 ? "sliding_attention" : "full_attention");
-      }
-      return types == want;
+      for (int64_t l = 0; l < layers; ++l) want.push_back((l + 1) % p != 0 ? on : off);
+      return list == want;
     };
-    if (gives(g.sliding_window_pattern)) return g.sliding_window_pattern;
-    for (int64_t p = 1; p <= g.num_hidden_layers + 1; ++p) {
+    if (given >= 1 && gives(given)) return given;
+    for (int64_t p = 1; p <= layers + 1; ++p) {
       if (gives(p)) return p;
     }
-    throw InputError(origin + ": \"layer_types\" " + types.dump() +
-                     " is not supported (expected every sliding_window_pattern-th layer "
-                     "\"full_attention\", the others \"sliding_attention\")");
+    throw InputError(origin + ": \"" + attr + "\" " + list.dump() + " is not supported (expected every " +
+                     period_key + "-th layer " + off.dump() + ", the others " + on.dump() + ")");
   }
   ModelConfig canonical(const ModelConfig& c) const override {
     using L = LlamaConfig;
@@ -1408,7 +1460,7 @@ const ModelFamily& llama_family(LlamaArch arch) {
   static const LlamaFamily families[] = {
       LlamaFamily(LlamaArch::llama), LlamaFamily(LlamaArch::mistral), LlamaFamily(LlamaArch::qwen2),
       LlamaFamily(LlamaArch::qwen3), LlamaFamily(LlamaArch::olmo2), LlamaFamily(LlamaArch::phi3),
-      LlamaFamily(LlamaArch::gemma3_text)};
+      LlamaFamily(LlamaArch::gemma3_text), LlamaFamily(LlamaArch::smollm3)};
   return families[static_cast<int>(arch)];
 }
 

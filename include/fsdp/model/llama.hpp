@@ -1,4 +1,4 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of seven Hugging Face
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of eight Hugging Face
 // classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
@@ -24,7 +24,10 @@
 //    "gelu_pytorch_tanh"); scores scaled by query_pre_attn_scalar^-1/2; layer l slides
 //    (sliding_window) unless (l + 1) % sliding_window_pattern == 0, and the sliding layers'
 //    RoPE has period rope_local_base_freq without scaling, the others rope_theta and
-//    rope_scaling (Gemma3TextModel's rotary_emb_local and rotary_emb).
+//    rope_scaling (Gemma3TextModel's rotary_emb_local and rotary_emb);
+//  - "smollm3": SmolLM3ForCausalLM (models/smollm3): Llama's math with no RoPE on every
+//    no_rope_layer_interval-th layer (NoPE; SmolLM3Attention's use_rope), the sliding window
+//    (use_sliding_window) on those layers only, no head_dim attribute.
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -69,7 +72,7 @@
 namespace fsdp {
 
 // Which Hugging Face class a Llama-family model is: model.type, HF's model_type.
-enum class LlamaArch { llama, mistral, qwen2, qwen3, olmo2, phi3, gemma3_text };
+enum class LlamaArch { llama, mistral, qwen2, qwen3, olmo2, phi3, gemma3_text, smollm3 };
 
 template <>
 struct EnumNames<LlamaArch> {
@@ -79,22 +82,24 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::qwen3, "qwen3"},
                                                   {LlamaArch::olmo2, "olmo2"},
                                                   {LlamaArch::phi3, "phi3"},
-                                                  {LlamaArch::gemma3_text, "gemma3_text"}};
+                                                  {LlamaArch::gemma3_text, "gemma3_text"},
+                                                  {LlamaArch::smollm3, "smollm3"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
-// "Gemma3" (the classes <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for
+// "Gemma3", "SmolLM3" (the classes <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for
 // Gemma 3's Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
 
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
-// Olmo2Config, Phi3Config and Gemma3TextConfig ([model] with type = "llama", "mistral", "qwen2",
-// "qwen3", "olmo2", "phi3" or "gemma3_text"; same names, meanings and, where HF has them,
+// Olmo2Config, Phi3Config, Gemma3TextConfig and SmolLM3Config ([model] with type = "llama",
+// "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text" or "smollm3"; same names, meanings and, where HF has them,
 // defaults; sizes default to a small CPU model). Each type's [model] key table, with docs and
 // ranges, is llama_args(arch) in src/model/llama.cpp: a field that is not one of its type's
 // keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2 no
-// mlp_bias or head_dim, Phi-3 none of the three; only Qwen's have use_sliding_window and
-// max_window_layers, only Gemma 3's the three fields below pad_token_id).
+// mlp_bias or head_dim, Phi-3 none of the three, SmolLM3 no head_dim; only Qwen's have
+// max_window_layers, only Qwen's and SmolLM3's use_sliding_window, only Gemma 3's the three
+// fields below pad_token_id, only SmolLM3's no_rope_layer_interval).
 struct LlamaConfig {
   enum class RopeType { default_, linear, llama3, yarn };
 
@@ -140,6 +145,8 @@ struct LlamaConfig {
   double rope_local_base_freq = 10000.0;
   int64_t query_pre_attn_scalar = 256;
   int64_t sliding_window_pattern = 6;
+  // SmolLM3 (SmolLM3Config): layer l has no RoPE when (l + 1) % no_rope_layer_interval == 0.
+  int64_t no_rope_layer_interval = 4;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
@@ -178,6 +185,8 @@ struct LlamaConfig {
   // Whether decoder layer `layer` uses the local RoPE (rope_local_base_freq, no scaling):
   // Gemma 3's sliding layers.
   bool layer_local_rope(int64_t layer) const;
+  // Whether decoder layer `layer` rotates q and k at all: all but SmolLM3's NoPE layers.
+  bool layer_rope(int64_t layer) const;
   // Phi-3's fused projections: self_attn.qkv_proj.weight [Q + 2 KV, C] holds q_proj's, k_proj's
   // and v_proj's rows one after the other (Phi3Attention splits its output so), and
   // mlp.gate_up_proj.weight [2I, C] gate_proj's then up_proj's (Phi3MLP's chunk(2)). The math
@@ -185,10 +194,10 @@ struct LlamaConfig {
   bool fused_projections() const { return arch == LlamaArch::phi3; }
   // The sliding window of decoder layer `layer` (HF's layer_types "sliding_attention": every
   // Mistral layer with a window; Qwen's from max_window_layers on under use_sliding_window;
-  // Gemma 3's with (layer + 1) % sliding_window_pattern != 0), 0 for a layer that attends to
-  // every earlier position.
+  // Gemma 3's with (layer + 1) % sliding_window_pattern != 0; SmolLM3's NoPE layers under
+  // use_sliding_window), 0 for a layer that attends to every earlier position.
   int64_t layer_window(int64_t layer) const;
-  // From the [model] section (type llama, mistral, qwen2, qwen3, olmo2, phi3 or gemma3_text);
+  // From the [model] section (a type of LlamaArch);
   // throws fsdp::Error on a missing key.
   static LlamaConfig from(const ModelConfig& config);
 };
