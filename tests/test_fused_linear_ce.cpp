@@ -220,6 +220,13 @@ TEST(FusedLinearCrossEntropy, LlamaEqualsUnfusedHead) {
     expect_chunked_head_equals_unfused<fsdp::LlamaModel>(
         tiny_llama(tied), 16, wrap("LlamaDecoderLayer"), 0, tied ? "llama tied" : "llama untied");
   }
+  // Granite's logits divided by logits_scaling: the chunks scale their logits as the head does.
+  fsdp::LlamaConfig granite = tiny_llama(true);
+  granite.arch = fsdp::LlamaArch::granite;
+  granite.logits_scaling = 4.0;
+  granite.residual_multiplier = 0.5;
+  expect_chunked_head_equals_unfused<fsdp::LlamaModel>(granite, 16, wrap("GraniteDecoderLayer"), 0,
+                                                       "granite tied, logits_scaling 4");
 }
 
 // ---- through the trainer ----

@@ -118,7 +118,8 @@ TEST(GpuTrain, Bf16TracksFp32) {
 // output norms and whole-row q/k norms, Mistral's sliding window (5 < the 12-token rows),
 // Phi-3's fused projections (GEMMs on row blocks of qkv_proj and gate_up_proj) and Gemma 3's
 // (1 + w) norms (cast and axpy into fp32 weights), GeGLU, scaled embedding, padding row and
-// local / global RoPE, and SmolLM3's layer without RoPE.
+// local / global RoPE, SmolLM3's layer without RoPE, and Granite's multipliers (with the
+// chunked LM head scaling its logits).
 TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
   const std::vector<std::string> fused = {"model.fused_linear_cross_entropy=true",
                                           "model.fused_linear_cross_entropy_chunk_rows=8"};
@@ -140,7 +141,12 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
       {"smollm3 nope window 5", llama_config("", {"model.type=\"smollm3\"",
                                                   "model.no_rope_layer_interval=2",
                                                   "model.use_sliding_window=true",
-                                                  "model.sliding_window=5"})}};
+                                                  "model.sliding_window=5"})},
+      {"granite multipliers fused_ce",
+       llama_config("", {"model.type=\"granite\"", "model.embedding_multiplier=3.0",
+                         "model.residual_multiplier=0.5", "model.attention_multiplier=0.2",
+                         "model.logits_scaling=4.0", "model.fused_linear_cross_entropy=true",
+                         "model.fused_linear_cross_entropy_chunk_rows=8"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

@@ -81,6 +81,15 @@ void make_smollm3(fsdp::LlamaConfig& m, bool window = true) {
   m.sliding_window = 3;
 }
 
+// Granite's tiny model: its four multipliers away from 1 (Granite 3's are 12, 0.22, 1/128, 8).
+void make_granite(fsdp::LlamaConfig& m) {
+  m.arch = fsdp::LlamaArch::granite;
+  m.embedding_multiplier = 3.0;
+  m.residual_multiplier = 0.5;
+  m.attention_multiplier = 0.2;
+  m.logits_scaling = 4.0;
+}
+
 // Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).
 void perturb_shards(Fixture& f, unsigned seed = 7) {
   std::mt19937 gen(seed + static_cast<unsigned>(f.comm.rank()));
@@ -126,10 +135,14 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         // (no attention_bias: on a NoPE layer k_proj's bias shifts every score of a query
         // alike, so its gradient is exactly 0, as the test's "gradient vanished" would say)
         Case{"SmolLM3 MHA untied, MLP biases, NoPE layer 1", 4, false, false, true, false,
-             LlamaArch::smollm3}}) {
+             LlamaArch::smollm3},
+        Case{"Granite GQA untied, multipliers", 2, false, false, false, false, LlamaArch::granite},
+        Case{"Granite MQA tied, multipliers, llama3", 1, true, false, false, true,
+             LlamaArch::granite}}) {
     ModelOptions o;
     if (c.arch == LlamaArch::gemma3_text) make_gemma(o.model);
     if (c.arch == LlamaArch::smollm3) make_smollm3(o.model, /*window=*/c.tied);
+    if (c.arch == LlamaArch::granite) make_granite(o.model);
     o.model.arch = c.arch;
     o.model.head_dim = c.head_dim;
     o.model.num_key_value_heads = c.kv_heads;
@@ -280,13 +293,13 @@ TEST(Llama, MatchesTorchReference) {
     check_reference(name);
     ++files;
   }
-  EXPECT_GE(files, 22) << "tests/data/llama: the fixtures of tools/llama_reference.py";
+  EXPECT_GE(files, 23) << "tests/data/llama: the fixtures of tools/llama_reference.py";
 }
 
 TEST(Llama, ActivationCheckpointingIsBitIdentical) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text,
-                    fsdp::LlamaArch::smollm3})
+                    fsdp::LlamaArch::smollm3, fsdp::LlamaArch::granite})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -300,6 +313,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
           o.model.pad_token_id = 3;  // a token of the batch: its embedding row is skipped
         }
         if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
+        if (arch == fsdp::LlamaArch::granite) make_granite(o.model);
         o.model.arch = arch;
         o.mp.param_dtype = dtype;
         o.comm = comm;
@@ -338,7 +352,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text,
-                    fsdp::LlamaArch::smollm3})
+                    fsdp::LlamaArch::smollm3, fsdp::LlamaArch::granite})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -346,6 +360,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
           ModelOptions o;
           if (arch == fsdp::LlamaArch::gemma3_text) make_gemma(o.model);
           if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
+          if (arch == fsdp::LlamaArch::granite) make_granite(o.model);
           o.model.arch = arch;
           o.model.tie_word_embeddings = tied;
           o.model.num_hidden_layers = 3;
@@ -786,4 +801,38 @@ TEST(Llama, SmolLM3ConfigJson) {
   const fsdp::LlamaConfig w = fsdp::LlamaConfig::from(smol.from_hf_config(hf, "c.json"));
   EXPECT_EQ(w.layer_window(3), 4096);
   EXPECT_EQ(w.layer_window(2), 0);
+}
+
+// A Granite 3 config.json (GraniteForCausalLM's attributes, Granite 3.1's multipliers) reads as
+// written; the merge's config.json reads back to the same model; biases are refused by name.
+TEST(Llama, GraniteConfigJson) {
+  const fsdp::ModelFamily& granite = fsdp::model_family("granite");
+  const nlohmann::json g3 = {
+      {"architectures", {"GraniteForCausalLM"}}, {"model_type", "granite"},
+      {"vocab_size", 49155}, {"hidden_size", 2048}, {"intermediate_size", 8192},
+      {"num_hidden_layers", 40}, {"num_attention_heads", 32}, {"num_key_value_heads", 8},
+      {"max_position_embeddings", 131072}, {"rms_norm_eps", 1e-5}, {"rope_theta", 5000000.0},
+      {"rope_scaling", nullptr}, {"attention_bias", false}, {"mlp_bias", false},
+      {"attention_dropout", 0.0}, {"embedding_multiplier", 12.0},
+      {"residual_multiplier", 0.22}, {"attention_multiplier", 0.0078125},
+      {"logits_scaling", 8.0}, {"hidden_act", "silu"}, {"tie_word_embeddings", true},
+      {"pad_token_id", 0}, {"bos_token_id", 0}, {"eos_token_id", 0}};
+  const fsdp::ModelConfig mc = granite.from_hf_config(g3, "granite.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  EXPECT_EQ(g.arch, fsdp::LlamaArch::granite);
+  EXPECT_EQ(g.head_size(), 64);
+  EXPECT_EQ(g.embed_scale(), 12.0);
+  EXPECT_EQ(g.residual_scale(), 0.22f);
+  EXPECT_EQ(g.attention_scale(), 0.0078125f);
+  EXPECT_EQ(g.logit_scale(), 0.125f);
+  EXPECT_EQ(granite.canonical(granite.from_hf_config(granite.hf_config(mc), "merged.json")),
+            granite.canonical(mc));
+  try {
+    fsdp::parse_config("[model]\ntype = \"granite\"\nattention_bias = true\n", "input.toml", {});
+    ADD_FAILURE() << "granite with attention_bias accepted";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.attention_bias: true is not supported for granite"),
+              std::string::npos)
+        << e.what();
+  }
 }

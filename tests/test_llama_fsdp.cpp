@@ -194,8 +194,8 @@ TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
 // 6 != 16 / 4, OLMo 2's output norms and whole-row q/k norms, Phi-3's fused qkv_proj and
 // gate_up_proj, which a shard boundary may cut anywhere; Gemma 3's four (1 + w) norms a layer,
 // a sliding then a global layer with their own RoPE, the scaled and tied embedding with the
-// space byte as padding row; SmolLM3's second layer without RoPE, sliding over 5): FULL_SHARD
-// over the world equals one
+// space byte as padding row; SmolLM3's second layer without RoPE, sliding over 5; Granite's
+// four multipliers): FULL_SHARD over the world equals one
 // rank's NO_SHARD (each class its own wrap class), and the merge names the class, with the
 // class's extra tensors in model.safetensors.
 TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
@@ -228,7 +228,11 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                         Case{"smollm3",
                              {"model.no_rope_layer_interval=2", "model.use_sliding_window=true",
                               "model.sliding_window=5"},
-                             "SmolLM3ForCausalLM", ""}}) {
+                             "SmolLM3ForCausalLM", ""},
+                        Case{"granite",
+                             {"model.embedding_multiplier=3.0", "model.residual_multiplier=0.5",
+                              "model.attention_multiplier=0.2", "model.logits_scaling=4.0"},
+                             "GraniteForCausalLM", ""}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

@@ -3,8 +3,8 @@
 
 For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneration, ByT5
 bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
-MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM
-(LLAMA_CASES below)
+MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM,
+GraniteForCausalLM (LLAMA_CASES below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -98,6 +98,12 @@ LLAMA_CASES = {
     "smollm3 gqa tied nope window 8": {"type": "smollm3", "hidden_size": 32,
                                        "no_rope_layer_interval": 2, "use_sliding_window": True,
                                        "sliding_window": 8, "tie_word_embeddings": True},
+    # Granite: the embedding, residual branches, scores and logits multiplied as Granite 3's
+    # (multipliers of its size: 12, 0.22, 1/128 would flatten the 3-step model; these do not).
+    "granite gqa untied multipliers": {"type": "granite", "hidden_size": 32,
+                                       "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+                                       "attention_multiplier": 0.2, "logits_scaling": 4.0,
+                                       "tie_word_embeddings": False},
     # YaRN as Qwen2.5 / Qwen3 extend their context (head_dim 8, theta 1e4, original 256: pairs
     # 0 and 1 kept, 2 blended, 3 interpolated; cos and sin scaled by 1 + 0.1 ln 4).
     "qwen3 gqa tied yarn": {"type": "qwen3", "hidden_size": 32, "head_dim": 8, "tie_word_embeddings": True,

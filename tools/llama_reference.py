@@ -40,7 +40,10 @@ h + post_feedforward_layernorm(mlp(h)), and q_norm / k_norm over the whole q and
 [H*D] and [Hkv*D] before RoPE) or phi3 (Phi3ForCausalLM, modeling_phi3.py: Llama's math with
 q/k/v in one qkv_proj.weight [(H + 2 Hkv) D, C], rows q then k then v, and gate/up in one
 gate_up_proj.weight [2I, C], gate's rows first; no head_dim attribute, no biases; with _swa a
-window of 3 < T, as Mistral's) or smollm3 (SmolLM3ForCausalLM, modeling_smollm3.py: Llama's math
+window of 3 < T, as Mistral's) or granite (GraniteForCausalLM, modeling_granite.py: Llama's math
+with the embedding times embedding_multiplier 3, each sublayer's output times
+residual_multiplier 0.5 before its residual add, scores times attention_multiplier 0.2, logits
+divided by logits_scaling 4; no head_dim attribute) or smollm3 (SmolLM3ForCausalLM, modeling_smollm3.py: Llama's math
 without RoPE on every no_rope_layer_interval-th layer, here 2: layer 1 of 3, which with _swa
 alone has the window of 3; no head_dim attribute) or gemma3 (Gemma3ForCausalLM, model_type gemma3_text,
 modeling_gemma3.py: every RMSNorm multiplies by 1 + weight (the weights drawn as N(0, 0.3)
@@ -104,7 +107,8 @@ LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.
                   "original_max_position_embeddings": 8, "rope_type": "llama3"}
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-         "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3"}  # HF class prefix
+         "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3",
+         "granite": "Granite"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text"}  # HF model_type where it is not the variant's word
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
@@ -131,6 +135,7 @@ VARIANTS = [
     "1l_gqa_tied_rope1e4_gemma3",
     "3l_mqa_untied_linear_gemma3_swa",
     "3l_gqa_tied_llama3_smollm3_swa",
+    "3l_gqa_untied_rope1e4_granite",
 ]
 SWA_WINDOW = 3  # the _swa variants' sliding window: shorter than T = 7
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
@@ -174,6 +179,8 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
         return gemma3_config(layers, attn, tied, rope, flags)
     if arch == "smollm3":
         return smollm3_config(layers, attn, tied, rope, flags)
+    if arch == "granite":
+        return granite_config(layers, attn, tied, rope, flags)
     cfg = {"architectures": [ARCHS[arch] + "ForCausalLM"], "model_type": arch, "vocab_size": VOCAB,
            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn]}
@@ -245,6 +252,27 @@ def smollm3_config(layers, attn, tied, rope, flags):
             "use_cache": True}
 
 
+def granite_config(layers, attn, tied, rope, flags):
+    """config.json of a GraniteForCausalLM variant (GraniteConfig's attributes; no head_dim):
+    its four multipliers away from 1 (Granite 3's are 12, 0.22, 1/128 and 8)."""
+    assert "attnbias" not in flags and "mlpbias" not in flags, flags
+    return {"architectures": ["GraniteForCausalLM"], "model_type": "granite", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
+            "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+            "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
+            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
+            "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
+            "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2,
+            "logits_scaling": 4.0, "tie_word_embeddings": tied == "tied", "hidden_act": "silu",
+            "initializer_range": 0.02, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+            "use_cache": True}
+
+
+def granite(cfg):  # GraniteForCausalLM's four multipliers (1 for the other classes)
+    return cfg["model_type"] == "granite"
+
+
 def uses_rope(cfg, layer):
     """SmolLM3Attention's use_rope: its no_rope_layers entry, else 0 on every
     no_rope_layer_interval-th layer; every other class rotates every layer."""
@@ -304,10 +332,14 @@ def norm_weight(cfg, w):  # what an RMSNorm multiplies by: Gemma3RMSNorm's 1 + w
 
 
 def embed_scale(cfg):  # Gemma3TextScaledWordEmbedding: sqrt(hidden) as a float32 tensor
+    if granite(cfg):
+        return cfg["embedding_multiplier"]
     return torch.tensor(cfg["hidden_size"] ** 0.5, dtype=torch.float32).item() if gemma3(cfg) else 1.0
 
 
-def score_scale(cfg):  # the attention's: query_pre_attn_scalar^-1/2 (Gemma 3), else head_dim^-1/2
+def score_scale(cfg):  # query_pre_attn_scalar^-1/2 (Gemma 3), attention_multiplier (Granite)
+    if granite(cfg):
+        return cfg["attention_multiplier"]
     return cfg["query_pre_attn_scalar"] ** -0.5 if gemma3(cfg) else head_dim(cfg) ** -0.5
 
 
@@ -546,7 +578,7 @@ def forward(p, cfg, tokens):
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
         att = q @ k.transpose(-1, -2)
-        att = att * score_scale(cfg) if gemma3(cfg) else att / math.sqrt(D)
+        att = att * score_scale(cfg) if gemma3(cfg) or granite(cfg) else att / math.sqrt(D)
         visible = causal
         if layer_window(cfg, l):
             visible = causal & ~torch.tril(torch.ones(Tn, Tn, dtype=torch.bool), -layer_window(cfg, l))
@@ -565,13 +597,15 @@ def forward(p, cfg, tokens):
             mlp = linear(g * torch.sigmoid(g) * linear(x, m + "up_proj", mb), m + "down_proj", mb)
             x = x + norm(mlp, pre + "post_feedforward_layernorm")
             continue
-        x = x + linear(y, a + "o_proj", o_bias(cfg))
+        rm = cfg["residual_multiplier"] if granite(cfg) else 1.0
+        x = x + linear(y, a + "o_proj", o_bias(cfg)) * rm
         h = norm(x, pre + "post_attention_layernorm")
         g = linear(h, m + "gate_proj", mb)
-        x = x + linear(g * torch.sigmoid(g) * linear(h, m + "up_proj", mb), m + "down_proj", mb)
+        x = x + linear(g * torch.sigmoid(g) * linear(h, m + "up_proj", mb), m + "down_proj", mb) * rm
     x = norm(x, "model.norm")
     head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
-    return x @ head.T
+    logits = x @ head.T
+    return logits / cfg["logits_scaling"] if granite(cfg) else logits
 
 
 def mean_ce(logits, targets):
@@ -718,6 +752,10 @@ def naive_loss(p, cfg, tokens, targets):
     # Gemma: sqrt(hidden) as float32; the padding row's lookup detached (padding_idx)
     escale = float(torch.tensor(C ** 0.5, dtype=torch.float32)) if gemma else 1.0
     sscale = 1 / math.sqrt(cfg["query_pre_attn_scalar"]) if gemma else 1 / math.sqrt(D)
+    rmul, lscale = 1.0, 1.0
+    if granite(cfg):  # its four multipliers
+        escale, sscale = cfg["embedding_multiplier"], cfg["attention_multiplier"]
+        rmul, lscale = cfg["residual_multiplier"], cfg["logits_scaling"]
     total = 0.0
     for b in range(tokens.shape[0]):
         xs = [(emb[int(tokens[b, t])].detach() if int(tokens[b, t]) == pad else emb[int(tokens[b, t])]) * escale
@@ -753,7 +791,7 @@ def naive_loss(p, cfg, tokens, targets):
                 o = lin(torch.cat(heads), a + "o_proj", o_bias(cfg))
                 if olmo2(cfg) or gemma:
                     o = norm(o, p[pre + "post_attention_layernorm.weight"])
-                new.append(xs[t] + o)
+                new.append(xs[t] + o * rmul)
             xs = new
             new = []
             for x in xs:
@@ -762,11 +800,11 @@ def naive_loss(p, cfg, tokens, targets):
                 m = lin(act(g) * u, pre + "mlp.down_proj", mb)
                 if olmo2(cfg) or gemma:
                     m = norm(m, p[pre + "post_feedforward_layernorm.weight"])
-                new.append(x + m)
+                new.append(x + m * rmul)
             xs = new
         head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
         for t, x in enumerate(xs):
-            z = torch.mv(head, norm(x, p["model.norm.weight"]))
+            z = torch.mv(head, norm(x, p["model.norm.weight"])) / lscale
             top = float(z.max())
             total = total + (top + torch.log(torch.exp(z - top).sum()) - z[int(targets[b, t])])
     return total / tokens.numel()
@@ -967,6 +1005,15 @@ def selftest():
         expect(abs(nope_off.item() - window_off.item()) > 1e-4 and abs(window_off.item() - loss.item()) > 1e-4,
                f"{v}: the NoPE layer and its window each change the loss ({loss.item():.6f}; no window "
                f"{window_off.item():.6f}; every layer rotating, no window {nope_off.item():.6f})")
+
+    # 4e. Granite's multipliers each change the model.
+    for v in (x for x in VARIANTS if "_granite" in x):
+        cfg, params32, tokens, targets = make_case(v)
+        loss = run(cfg, params32, tokens, targets)[2].item()
+        for key in ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"):
+            other = run(dict(cfg, **{key: 1.0}), params32, tokens, targets)[2].item()
+            # (the embedding's only through its share of the residual stream: RMSNorm is scale-free)
+            expect(abs(other - loss) > 1e-6, f"{v}: {key} {cfg[key]} changes the loss ({loss:.8f} vs {other:.8f} at 1)")
 
     # 5. The fixture text parses back to the run's numbers.
     v = VARIANTS[0]

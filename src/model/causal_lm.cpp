@@ -47,11 +47,12 @@ void lm_head_chunks_backward(Kernels& be, const LmHeadChunks& h, float grad_scal
   for (int64_t r0 = 0; r0 < h.R; r0 += h.chunk) {
     const int64_t n = std::min(h.chunk, h.R - r0);
     const TensorView x = row_block(h.x, r0, n, h.C), logits = row_block(h.scratch, 0, n, h.Vp);
-    be.gemm(false, true, n, h.Vp, h.C, 1.f, x, h.weight, 0.f, logits);
+    be.gemm(false, true, n, h.Vp, h.C, h.logit_scale, x, h.weight, 0.f, logits);
     be.cross_entropy_forward_backward(loss, logits, h.targets.slice(r0, n), n, h.V, h.Vp,
                                       grad_scale);
-    be.gemm(true, false, h.Vp, h.C, n, 1.f, logits, x, 1.f, dweight);
-    be.gemm(false, false, n, h.C, h.Vp, 1.f, logits, h.weight, 0.f, row_block(dx, r0, n, h.C));
+    be.gemm(true, false, h.Vp, h.C, n, h.logit_scale, logits, x, 1.f, dweight);
+    be.gemm(false, false, n, h.C, h.Vp, h.logit_scale, logits, h.weight, 0.f,
+            row_block(dx, r0, n, h.C));
   }
 }
 
@@ -60,7 +61,8 @@ void lm_head_chunks_loss(Kernels& be, const LmHeadChunks& h, const TensorView& l
   for (int64_t r0 = 0; r0 < h.R; r0 += h.chunk) {
     const int64_t n = std::min(h.chunk, h.R - r0);
     const TensorView logits = row_block(h.scratch, 0, n, h.Vp);
-    be.gemm(false, true, n, h.Vp, h.C, 1.f, row_block(h.x, r0, n, h.C), h.weight, 0.f, logits);
+    be.gemm(false, true, n, h.Vp, h.C, h.logit_scale, row_block(h.x, r0, n, h.C), h.weight, 0.f,
+            logits);
     be.cross_entropy_forward(loss, logits, h.targets.slice(r0, n), n, h.V, h.Vp);
   }
 }

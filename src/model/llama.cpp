@@ -20,7 +20,7 @@ namespace {
 // heads are hidden_size / num_attention_heads wide).
 bool has_head_dim_key(LlamaArch arch) {
   return arch != LlamaArch::qwen2 && arch != LlamaArch::olmo2 && arch != LlamaArch::phi3 &&
-         arch != LlamaArch::smollm3;
+         arch != LlamaArch::smollm3 && arch != LlamaArch::granite;
 }
 
 // The [model] key table of each Llama-family type: the only place one of their keys is
@@ -34,16 +34,18 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3;
   const bool olmo2 = arch == LlamaArch::olmo2, phi3 = arch == LlamaArch::phi3;
   const bool gemma = arch == LlamaArch::gemma3_text, smol = arch == LlamaArch::smollm3;
+  const bool granite = arch == LlamaArch::granite;
   // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3, gemma3;
   // SmolLM3's where it differs, below.
   auto by = [&](auto l, auto m, auto q, auto p, auto g) {
-    return llama || olmo2 ? l : mistral ? m : phi3 ? p : gemma ? g : q;
+    return llama || olmo2 || granite ? l : mistral ? m : phi3 ? p : gemma ? g : q;
   };
   static const std::string layers_docs[] = {
       "Number of LlamaDecoderLayer blocks.", "Number of MistralDecoderLayer blocks.",
       "Number of Qwen2DecoderLayer blocks.", "Number of Qwen3DecoderLayer blocks.",
       "Number of Olmo2DecoderLayer blocks.", "Number of Phi3DecoderLayer blocks.",
-      "Number of Gemma3DecoderLayer blocks.", "Number of SmolLM3DecoderLayer blocks."};
+      "Number of Gemma3DecoderLayer blocks.", "Number of SmolLM3DecoderLayer blocks.",
+      "Number of GraniteDecoderLayer blocks."};
   const char* layers_doc = layers_docs[static_cast<int>(arch)].c_str();
   using I64 = int64_t;
   std::vector<A> rows = {
@@ -112,11 +114,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      "RoPE base period of the sliding layers (never scaled).", KeyRange::above(0),
                      {}, true, 10000.0});
   }
-  if (llama || arch == LlamaArch::qwen3 || olmo2 || gemma || smol) {
+  if (llama || arch == LlamaArch::qwen3 || olmo2 || gemma || smol || granite) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
                      "Biases on q_proj, k_proj, v_proj and o_proj.", {}, {}, true, false});
   }
-  if (llama || smol) {
+  if (llama || smol || granite) {
     rows.push_back(A{"mlp_bias", &L::mlp_bias, "Biases on gate_proj, up_proj and down_proj.", {},
                      {}, true, false});
   }
@@ -138,6 +140,20 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                                "itself included) under use_sliding_window.",
                      KeyRange::size(qwen || gemma ? 1 : 0), {}, true,
                      phi3 || smol ? int64_t{0} : int64_t{4096}});
+  }
+  if (granite) {
+    rows.insert(rows.end(), {
+        A{"embedding_multiplier", &L::embedding_multiplier,
+          "The token embedding's output is multiplied by it.", KeyRange::above(0), {}, true, 1.0},
+        A{"residual_multiplier", &L::residual_multiplier,
+          "Each sublayer's output is multiplied by it before its residual add.",
+          KeyRange::above(0), {}, true, 1.0},
+        A{"attention_multiplier", &L::attention_multiplier,
+          "The attention scores' scale (instead of 1 / sqrt(head_dim)).", KeyRange::above(0), {},
+          true, 1.0},
+        A{"logits_scaling", &L::logits_scaling, "The logits are divided by it.",
+          KeyRange::above(0), {}, true, 1.0},
+    });
   }
   if (smol) {
     rows.push_back(A{"no_rope_layer_interval", &L::no_rope_layer_interval,
@@ -198,7 +214,8 @@ const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
       make_llama_args(LlamaArch::llama), make_llama_args(LlamaArch::mistral),
       make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3),
       make_llama_args(LlamaArch::olmo2), make_llama_args(LlamaArch::phi3),
-      make_llama_args(LlamaArch::gemma3_text), make_llama_args(LlamaArch::smollm3)};
+      make_llama_args(LlamaArch::gemma3_text), make_llama_args(LlamaArch::smollm3),
+      make_llama_args(LlamaArch::granite)};
   return tables[static_cast<int>(arch)];
 }
 
@@ -328,6 +345,7 @@ const char* llama_arch_prefix(LlamaArch arch) {
     case LlamaArch::phi3: return "Phi3";
     case LlamaArch::gemma3_text: return "Gemma3";
     case LlamaArch::smollm3: return "SmolLM3";
+    case LlamaArch::granite: return "Granite";
     case LlamaArch::llama: break;
   }
   return "Llama";
@@ -351,6 +369,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::smollm3:  // HF's layer_types: the NoPE layers slide under the flag
       return use_sliding_window && !layer_rope(layer) ? sliding_window : 0;
     case LlamaArch::olmo2:
+    case LlamaArch::granite:
     case LlamaArch::llama: break;
   }
   return 0;
@@ -365,10 +384,12 @@ bool LlamaConfig::layer_local_rope(int64_t layer) const {
 }
 
 double LlamaConfig::embed_scale() const {
+  if (arch == LlamaArch::granite) return embedding_multiplier;
   return gemma() ? std::sqrt(static_cast<double>(hidden_size)) : 1.0;
 }
 
 float LlamaConfig::attention_scale() const {
+  if (arch == LlamaArch::granite) return static_cast<float>(attention_multiplier);
   if (gemma()) return static_cast<float>(std::pow(static_cast<double>(query_pre_attn_scalar), -0.5));
   return 1.f / std::sqrt(static_cast<float>(head_size()));
 }
@@ -535,8 +556,10 @@ LayerNorms layer_norms(DeviceRuntime& rt, const LlamaConfig& c, const LayerIndex
 // The factor the token embedding's output is multiplied by, as HF applies it: embed_scale()
 // rounded to float32, then to the embedding weight's dtype (Gemma3TextScaledWordEmbedding's
 // `self.embed_scale.to(self.weight.dtype)`; bf16 turns sqrt(3072) = 55.43 into 55.5).
+// Granite's embedding_multiplier is a Python float times the tensor: not rounded first.
 float embed_alpha(const LlamaConfig& c, DType weight_dtype) {
-  return round_to(weight_dtype, static_cast<float>(c.embed_scale()));
+  const auto alpha = static_cast<float>(c.embed_scale());
+  return c.gemma() ? round_to(weight_dtype, alpha) : alpha;
 }
 }  // namespace
 
@@ -744,8 +767,8 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
       if (!with_backward) lm_head_chunks_loss(be_, head_chunks(BT, hooks.param(p_head)), loss);
       return;
     }
-    const TensorView logits = rows(a.logits, Vp);
-    be_.gemm(false, true, BT, Vp, C, 1.f, lnf, hooks.param(p_head), 0.f, logits);
+    const TensorView logits = rows(a.logits, Vp);  // Granite's: divided by logits_scaling
+    be_.gemm(false, true, BT, Vp, C, cfg_.logit_scale(), lnf, hooks.param(p_head), 0.f, logits);
     if (with_backward) {
       be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, Vp, grad_scale);
     } else {
@@ -854,7 +877,11 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   // pass
   auto bias = [&](int b) { return b >= 0 ? W(b) : TensorView{}; };
   const TensorView ln2 = n1;
+  // Granite's residual_multiplier scales each sublayer's output before its residual add (HF:
+  // residual + hidden_states * residual_multiplier; Granite has no biases here, validate()).
+  const float rs = cfg_.residual_scale();
   be_.gemm(false, true, BT, C, Q, 1.f, atty, W(x.o_w), 0.f, res2);
+  if (rs != 1.f) be_.scale(res2, rs);
   be_.add_rmsnorm_forward(res2, ln2, y.ln2_rstd.view({BT}), in, bias(x.o_b), nw.mlp_in, BT, C,
                           eps);
   linear(gate, ln2, x.gate_w, x.gate_b, I, C);
@@ -863,13 +890,14 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   if (!write_output) return;
   const TensorView out = rows(a.res[l + 1], C);
   be_.gemm(false, true, BT, C, I, 1.f, act, W(x.down_w), 0.f, out);
+  if (rs != 1.f) be_.scale(out, rs);
   be_.add_bias_residual(out, bias(x.down_b), res2, BT, C);
 }
 
 LmHeadChunks LlamaModel::head_chunks(int64_t BT, const TensorView& weight) const {
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab();
   return {acts_->lnf.view({BT, C}), weight, acts_->targets_dev.view({BT}), acts_->logits.view(),
-          BT, C, cfg_.vocab_size, Vp, cfg_.fused_lce.chunk_for(BT, C, Vp)};
+          BT, C, cfg_.vocab_size, Vp, cfg_.fused_lce.chunk_for(BT, C, Vp), cfg_.logit_scale()};
 }
 
 void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
@@ -897,8 +925,9 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
                             hooks.grad(p_head), dln);
   } else {
     const TensorView dlogits = rows(a.logits, Vp);
-    be_.gemm(true, false, Vp, C, BT, 1.f, dlogits, rows(a.lnf, C), 1.f, hooks.grad(p_head));
-    be_.gemm(false, false, BT, C, Vp, 1.f, dlogits, hooks.param(p_head), 0.f, dln);
+    const float ls = cfg_.logit_scale();
+    be_.gemm(true, false, Vp, C, BT, ls, dlogits, rows(a.lnf, C), 1.f, hooks.grad(p_head));
+    be_.gemm(false, false, BT, C, Vp, ls, dlogits, hooks.param(p_head), 0.f, dln);
   }
   if (!tied) {
     hooks.post_backward(m_head);
@@ -927,24 +956,28 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, D / 2}),
                      sin = (local ? a.rope_local_sin : a.rope_sin).view({T, D / 2});
     // Linear out = inp @ W^T + b, given dout: dW += dout^T inp, db += sum dout
-    // (linear_wgrad), and din (=, or += when `accumulate`) dout @ W (linear_dgrad).
+    // (linear_wgrad), and din (=, or += when `accumulate`) dout @ W (linear_dgrad); `alpha`
+    // scales dout (Granite's residual_multiplier on o_proj and down_proj; no bias then).
     auto linear_wgrad = [&](const TensorView& dout, const TensorView& inp, int w, int b,
-                            int64_t n, int64_t m_in) {
+                            int64_t n, int64_t m_in, float alpha = 1.f) {
       if (b >= 0) {  // weight and bias gradients in one GEMM where the backend has it
+        if (alpha != 1.f) throw Error("LlamaModel: a scaled linear with a bias");
         be_.gemm_weight_bias_grad(false, n, m_in, BT, dout, inp, G(w), G(b));
       } else {
-        be_.gemm(true, false, n, m_in, BT, 1.f, dout, inp, 1.f, G(w));
+        be_.gemm(true, false, n, m_in, BT, alpha, dout, inp, 1.f, G(w));
       }
     };
     auto linear_dgrad = [&](const TensorView& din, const TensorView& dout, int w, int64_t n,
-                            int64_t m_in, bool accumulate) {
-      be_.gemm(false, false, BT, m_in, n, 1.f, dout, W(w), accumulate ? 1.f : 0.f, din);
+                            int64_t m_in, bool accumulate, float alpha = 1.f) {
+      be_.gemm(false, false, BT, m_in, n, alpha, dout, W(w), accumulate ? 1.f : 0.f, din);
     };
     auto linear_backward = [&](const TensorView& din, const TensorView& dout, const TensorView& inp,
-                               int w, int b, int64_t n, int64_t m_in, bool accumulate) {
-      linear_wgrad(dout, inp, w, b, n, m_in);
-      linear_dgrad(din, dout, w, n, m_in, accumulate);
+                               int w, int b, int64_t n, int64_t m_in, bool accumulate,
+                               float alpha = 1.f) {
+      linear_wgrad(dout, inp, w, b, n, m_in, alpha);
+      linear_dgrad(din, dout, w, n, m_in, accumulate, alpha);
     };
+    const float rs = cfg_.residual_scale();
     // MLP: dres = d res[l+1] = d (res2 + down(act)), OLMo 2 and Gemma 3: d (res2 +
     // norm(down(act))). act = silu(gate) * up (Gemma 3: gelu_tanh(gate) * up) into dI1 (the
     // checkpointing recompute has just put it there); linear_backward reads it for the weight
@@ -963,7 +996,7 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
         be_.swiglu_forward(dI1, gate, up);
       }
     }
-    linear_backward(dI1, after ? dln : dres, dI1, x.down_w, x.down_b, C, I, false);  // d act
+    linear_backward(dI1, after ? dln : dres, dI1, x.down_w, x.down_b, C, I, false, rs);  // d act
     if (cfg_.gelu_mlp()) {                                                        // d gate, d up
       be_.geglu_backward(dI1, dI2, dI1, gate, up);
     } else {
@@ -1001,7 +1034,7 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
                            C);                                                      // dres = d res2
     }
     // attention: res2 = in + o_proj(atty) (OLMo 2, Gemma 3: d o in dln)
-    linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false);
+    linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false, rs);
     be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
                                cfg_.attention_scale(), cfg_.layer_window(l));
@@ -1110,6 +1143,12 @@ class LlamaFamily final : public ModelFamily {
                  format_number(g.rope_high_freq_factor) + " is out of range (expected > " +
                      a.name(&LlamaConfig::rope_low_freq_factor) + " = " +
                      format_number(g.rope_low_freq_factor) + ")");
+    }
+    if (arch_ == LlamaArch::granite && (g.attention_bias || g.mlp_bias)) {
+      const bool attn = g.attention_bias;
+      throw fail(a.key(attn ? &LlamaConfig::attention_bias : &LlamaConfig::mlp_bias),
+                 "true is not supported for granite (expected false: residual_multiplier's "
+                 "scaled backward has no bias gradient; Granite checkpoints have no biases)");
     }
     if (g.pad_token_id >= g.vocab_size) {
       throw fail(a.key(&LlamaConfig::pad_token_id),
@@ -1460,7 +1499,8 @@ const ModelFamily& llama_family(LlamaArch arch) {
   static const LlamaFamily families[] = {
       LlamaFamily(LlamaArch::llama), LlamaFamily(LlamaArch::mistral), LlamaFamily(LlamaArch::qwen2),
       LlamaFamily(LlamaArch::qwen3), LlamaFamily(LlamaArch::olmo2), LlamaFamily(LlamaArch::phi3),
-      LlamaFamily(LlamaArch::gemma3_text), LlamaFamily(LlamaArch::smollm3)};
+      LlamaFamily(LlamaArch::gemma3_text), LlamaFamily(LlamaArch::smollm3),
+      LlamaFamily(LlamaArch::granite)};
   return families[static_cast<int>(arch)];
 }
 

@@ -1,4 +1,4 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of eight Hugging Face
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of nine Hugging Face
 // classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
@@ -27,7 +27,11 @@
 //    rope_scaling (Gemma3TextModel's rotary_emb_local and rotary_emb);
 //  - "smollm3": SmolLM3ForCausalLM (models/smollm3): Llama's math with no RoPE on every
 //    no_rope_layer_interval-th layer (NoPE; SmolLM3Attention's use_rope), the sliding window
-//    (use_sliding_window) on those layers only, no head_dim attribute.
+//    (use_sliding_window) on those layers only, no head_dim attribute;
+//  - "granite": GraniteForCausalLM (models/granite; IBM Granite 3.x): Llama's math with muP-style
+//    multipliers: the embedding times embedding_multiplier, each sublayer's output times
+//    residual_multiplier before its residual add, scores times attention_multiplier (not
+//    1/sqrt(head_dim)), logits divided by logits_scaling; no head_dim attribute.
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -72,7 +76,7 @@
 namespace fsdp {
 
 // Which Hugging Face class a Llama-family model is: model.type, HF's model_type.
-enum class LlamaArch { llama, mistral, qwen2, qwen3, olmo2, phi3, gemma3_text, smollm3 };
+enum class LlamaArch { llama, mistral, qwen2, qwen3, olmo2, phi3, gemma3_text, smollm3, granite };
 
 template <>
 struct EnumNames<LlamaArch> {
@@ -83,23 +87,26 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::olmo2, "olmo2"},
                                                   {LlamaArch::phi3, "phi3"},
                                                   {LlamaArch::gemma3_text, "gemma3_text"},
-                                                  {LlamaArch::smollm3, "smollm3"}};
+                                                  {LlamaArch::smollm3, "smollm3"},
+                                                  {LlamaArch::granite, "granite"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
-// "Gemma3", "SmolLM3" (the classes <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for
+// "Gemma3", "SmolLM3", "Granite" (the classes <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for
 // Gemma 3's Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
 
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
-// Olmo2Config, Phi3Config, Gemma3TextConfig and SmolLM3Config ([model] with type = "llama",
-// "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text" or "smollm3"; same names, meanings and, where HF has them,
+// Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config and GraniteConfig ([model] with
+// type = "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3" or
+// "granite"; same names, meanings and, where HF has them,
 // defaults; sizes default to a small CPU model). Each type's [model] key table, with docs and
 // ranges, is llama_args(arch) in src/model/llama.cpp: a field that is not one of its type's
 // keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2 no
-// mlp_bias or head_dim, Phi-3 none of the three, SmolLM3 no head_dim; only Qwen's have
+// mlp_bias or head_dim, Phi-3 none of the three, SmolLM3 and Granite no head_dim; only Qwen's have
 // max_window_layers, only Qwen's and SmolLM3's use_sliding_window, only Gemma 3's the three
-// fields below pad_token_id, only SmolLM3's no_rope_layer_interval).
+// fields below pad_token_id, only SmolLM3's no_rope_layer_interval, only Granite's the four
+// multipliers).
 struct LlamaConfig {
   enum class RopeType { default_, linear, llama3, yarn };
 
@@ -147,6 +154,14 @@ struct LlamaConfig {
   int64_t sliding_window_pattern = 6;
   // SmolLM3 (SmolLM3Config): layer l has no RoPE when (l + 1) % no_rope_layer_interval == 0.
   int64_t no_rope_layer_interval = 4;
+  // Granite (GraniteConfig; muP-style, 1 = Llama's math): the embedding's output is multiplied
+  // by embedding_multiplier, each sublayer's output by residual_multiplier before its residual
+  // add, the attention scores by attention_multiplier (instead of 1/sqrt(head_dim)), and the
+  // logits divided by logits_scaling.
+  double embedding_multiplier = 1.0;
+  double residual_multiplier = 1.0;
+  double attention_multiplier = 1.0;
+  double logits_scaling = 1.0;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
@@ -176,12 +191,20 @@ struct LlamaConfig {
   bool norm_weight_offset() const { return gemma(); }
   // The MLP's activation: gelu_tanh(gate) * up ("gelu_pytorch_tanh", GeGLU), not SwiGLU.
   bool gelu_mlp() const { return gemma(); }
-  // What the token embedding's output is multiplied by (before rounding to the weight's
-  // dtype): sqrt(hidden_size) for Gemma 3, 1 otherwise.
+  // What the token embedding's output is multiplied by: sqrt(hidden_size) for Gemma 3 (HF
+  // rounds it to the weight's dtype first), Granite's embedding_multiplier, 1 otherwise.
   double embed_scale() const;
   // The attention's score scale: query_pre_attn_scalar^-1/2 (Gemma 3; HF's Python float,
-  // rounded once to fp32), else 1/sqrt(head_dim).
+  // rounded once to fp32), Granite's attention_multiplier, else 1/sqrt(head_dim).
   float attention_scale() const;
+  // What each sublayer's output is multiplied by before its residual add (Granite's
+  // residual_multiplier; 1 otherwise), and the logits (1 / logits_scaling; 1 otherwise).
+  float residual_scale() const {
+    return arch == LlamaArch::granite ? static_cast<float>(residual_multiplier) : 1.f;
+  }
+  float logit_scale() const {
+    return arch == LlamaArch::granite ? static_cast<float>(1.0 / logits_scaling) : 1.f;
+  }
   // Whether decoder layer `layer` uses the local RoPE (rope_local_base_freq, no scaling):
   // Gemma 3's sliding layers.
   bool layer_local_rope(int64_t layer) const;
