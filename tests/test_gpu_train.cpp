@@ -118,8 +118,8 @@ TEST(GpuTrain, Bf16TracksFp32) {
 // output norms and whole-row q/k norms, Mistral's sliding window (5 < the 12-token rows),
 // Phi-3's fused projections (GEMMs on row blocks of qkv_proj and gate_up_proj) and Gemma 3's
 // (1 + w) norms (cast and axpy into fp32 weights), GeGLU, scaled embedding, padding row and
-// local / global RoPE, SmolLM3's layer without RoPE, and Granite's multipliers (with the
-// chunked LM head scaling its logits).
+// local / global RoPE, SmolLM3's layer without RoPE, Granite's multipliers (with the chunked
+// LM head scaling its logits) and OLMo 3's sliding layer with unscaled RoPE.
 TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
   const std::vector<std::string> fused = {"model.fused_linear_cross_entropy=true",
                                           "model.fused_linear_cross_entropy_chunk_rows=8"};
@@ -146,7 +146,10 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
        llama_config("", {"model.type=\"granite\"", "model.embedding_multiplier=3.0",
                          "model.residual_multiplier=0.5", "model.attention_multiplier=0.2",
                          "model.logits_scaling=4.0", "model.fused_linear_cross_entropy=true",
-                         "model.fused_linear_cross_entropy_chunk_rows=8"})}};
+                         "model.fused_linear_cross_entropy_chunk_rows=8"})},
+      {"olmo3 window 5", llama_config("", {"model.type=\"olmo3\"",
+                                           "model.sliding_window_pattern=2",
+                                           "model.sliding_window=5"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

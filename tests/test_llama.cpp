@@ -90,6 +90,13 @@ void make_granite(fsdp::LlamaConfig& m) {
   m.logits_scaling = 4.0;
 }
 
+// OLMo 3's tiny model: layer 0 slides over 3 positions with unscaled RoPE, layer 1 is global.
+void make_olmo3(fsdp::LlamaConfig& m) {
+  m.arch = fsdp::LlamaArch::olmo3;
+  m.sliding_window_pattern = 2;
+  m.sliding_window = 3;
+}
+
 // Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).
 void perturb_shards(Fixture& f, unsigned seed = 7) {
   std::mt19937 gen(seed + static_cast<unsigned>(f.comm.rank()));
@@ -138,11 +145,14 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
              LlamaArch::smollm3},
         Case{"Granite GQA untied, multipliers", 2, false, false, false, false, LlamaArch::granite},
         Case{"Granite MQA tied, multipliers, llama3", 1, true, false, false, true,
-             LlamaArch::granite}}) {
+             LlamaArch::granite},
+        Case{"OLMo 3 GQA untied, llama3 on the global layer, window 3", 2, false, false, false,
+             true, LlamaArch::olmo3}}) {
     ModelOptions o;
     if (c.arch == LlamaArch::gemma3_text) make_gemma(o.model);
     if (c.arch == LlamaArch::smollm3) make_smollm3(o.model, /*window=*/c.tied);
     if (c.arch == LlamaArch::granite) make_granite(o.model);
+    if (c.arch == LlamaArch::olmo3) make_olmo3(o.model);
     o.model.arch = c.arch;
     o.model.head_dim = c.head_dim;
     o.model.num_key_value_heads = c.kv_heads;
@@ -194,10 +204,13 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
       }
     }
     const bool gemma = c.arch == LlamaArch::gemma3_text;
-    const int per_layer = (c.arch == LlamaArch::phi3 ? 6 : 9) + (c.attention_bias ? 4 : 0) +
-                          (c.arch == LlamaArch::qwen2 ? 3 : 0) +
-                          (c.arch == LlamaArch::qwen3 || c.arch == LlamaArch::olmo2 ? 2 : 0) +
-                          (gemma ? 4 : 0) + (c.mlp_bias ? 3 : 0);
+    const int per_layer =
+        (c.arch == LlamaArch::phi3 ? 6 : 9) + (c.attention_bias ? 4 : 0) +
+        (c.arch == LlamaArch::qwen2 ? 3 : 0) +
+        (c.arch == LlamaArch::qwen3 || c.arch == LlamaArch::olmo2 || c.arch == LlamaArch::olmo3
+             ? 2
+             : 0) +
+        (gemma ? 4 : 0) + (c.mlp_bias ? 3 : 0);
     EXPECT_EQ(checked, 1 + 2 * per_layer + 1 + (c.tied ? 0 : 1)) << c.what;
   }
 }
@@ -293,13 +306,13 @@ TEST(Llama, MatchesTorchReference) {
     check_reference(name);
     ++files;
   }
-  EXPECT_GE(files, 23) << "tests/data/llama: the fixtures of tools/llama_reference.py";
+  EXPECT_GE(files, 24) << "tests/data/llama: the fixtures of tools/llama_reference.py";
 }
 
 TEST(Llama, ActivationCheckpointingIsBitIdentical) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
-                    fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text,
-                    fsdp::LlamaArch::smollm3, fsdp::LlamaArch::granite})
+                    fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
+                    fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -314,6 +327,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
         }
         if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
         if (arch == fsdp::LlamaArch::granite) make_granite(o.model);
+        if (arch == fsdp::LlamaArch::olmo3) make_olmo3(o.model);
         o.model.arch = arch;
         o.mp.param_dtype = dtype;
         o.comm = comm;
@@ -351,8 +365,8 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
 
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
-                    fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text,
-                    fsdp::LlamaArch::smollm3, fsdp::LlamaArch::granite})
+                    fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
+                    fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -361,6 +375,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
           if (arch == fsdp::LlamaArch::gemma3_text) make_gemma(o.model);
           if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
           if (arch == fsdp::LlamaArch::granite) make_granite(o.model);
+          if (arch == fsdp::LlamaArch::olmo3) make_olmo3(o.model);
           o.model.arch = arch;
           o.model.tie_word_embeddings = tied;
           o.model.num_hidden_layers = 3;
@@ -835,4 +850,71 @@ TEST(Llama, GraniteConfigJson) {
               std::string::npos)
         << e.what();
   }
+}
+
+// An OLMo 3 config.json (Olmo3Config: OLMo 2's attributes, sliding_window, layer_types, and a
+// long-context yarn scaling) reads as written: the pattern from layer_types, the yarn on the
+// global layers only; transformers 5's per-layer-type rope_parameters give the same model, a
+// sliding layer with another period or scaling is refused by name.
+TEST(Llama, Olmo3ConfigJson) {
+  const fsdp::ModelFamily& olmo3 = fsdp::model_family("olmo3");
+  nlohmann::json types = nlohmann::json::array();
+  for (int l = 0; l < 32; ++l)
+    types.push_back((l + 1) % 4 != 0 ? "sliding_attention" : "full_attention");
+  const nlohmann::json yarn = {{"rope_type", "yarn"},
+                               {"factor", 8.0},
+                               {"original_max_position_embeddings", 8192},
+                               {"attention_factor", 1.2079441541679836}};
+  const nlohmann::json o3 = {{"architectures", {"Olmo3ForCausalLM"}},
+                             {"model_type", "olmo3"},
+                             {"vocab_size", 100278},
+                             {"hidden_size", 4096},
+                             {"intermediate_size", 11008},
+                             {"num_hidden_layers", 32},
+                             {"num_attention_heads", 32},
+                             {"num_key_value_heads", 32},
+                             {"max_position_embeddings", 65536},
+                             {"rms_norm_eps", 1e-6},
+                             {"rope_theta", 500000},
+                             {"rope_scaling", yarn},
+                             {"attention_bias", false},
+                             {"attention_dropout", 0.0},
+                             {"sliding_window", 4096},
+                             {"layer_types", types},
+                             {"hidden_act", "silu"},
+                             {"tie_word_embeddings", false},
+                             {"pad_token_id", 100277},
+                             {"eos_token_id", 100257}};
+  const fsdp::ModelConfig mc = olmo3.from_hf_config(o3, "olmo3.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  EXPECT_EQ(g.arch, fsdp::LlamaArch::olmo3);
+  EXPECT_EQ(g.sliding_window_pattern, 4);
+  EXPECT_EQ(g.rope_type, fsdp::LlamaConfig::RopeType::yarn);
+  for (int64_t l = 0; l < 32; ++l) {
+    EXPECT_EQ(g.layer_window(l), (l + 1) % 4 != 0 ? 4096 : 0) << l;
+    EXPECT_EQ(g.layer_local_rope(l), (l + 1) % 4 != 0) << l;
+  }
+  const fsdp::LlamaConfig local = fsdp::llama_local_rope_config(g);
+  EXPECT_EQ(local.rope_theta, 500000.0);
+  EXPECT_EQ(local.rope_type, fsdp::LlamaConfig::RopeType::default_);
+  EXPECT_EQ(fsdp::llama_rope_attention_scaling(local), 1.0);
+  const nlohmann::json out = olmo3.hf_config(mc);
+  EXPECT_EQ(out.at("layer_types"), types);
+  EXPECT_FALSE(out.contains("sliding_window_pattern"));
+  EXPECT_EQ(olmo3.canonical(olmo3.from_hf_config(out, "merged.json")), olmo3.canonical(mc));
+  nlohmann::json v5 = o3;
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  nlohmann::json full = yarn;
+  full["rope_theta"] = 500000;
+  v5["rope_parameters"] = {
+      {"full_attention", full},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 500000}}}};
+  EXPECT_EQ(olmo3.canonical(olmo3.from_hf_config(v5, "v5.json")), olmo3.canonical(mc));
+  nlohmann::json hf = v5;
+  hf["rope_parameters"]["sliding_attention"]["rope_theta"] = 10000;
+  expect_refused(olmo3, hf, "rope_parameters.sliding_attention.rope_theta");
+  hf = o3;
+  hf["layer_types"][0] = "full_attention";
+  expect_refused(olmo3, hf, "\"layer_types\"");
 }

@@ -195,7 +195,8 @@ TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
 // gate_up_proj, which a shard boundary may cut anywhere; Gemma 3's four (1 + w) norms a layer,
 // a sliding then a global layer with their own RoPE, the scaled and tied embedding with the
 // space byte as padding row; SmolLM3's second layer without RoPE, sliding over 5; Granite's
-// four multipliers): FULL_SHARD over the world equals one
+// four multipliers; OLMo 3's first layer sliding over 5 with unscaled RoPE): FULL_SHARD over
+// the world equals one
 // rank's NO_SHARD (each class its own wrap class), and the merge names the class, with the
 // class's extra tensors in model.safetensors.
 TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
@@ -232,7 +233,9 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                         Case{"granite",
                              {"model.embedding_multiplier=3.0", "model.residual_multiplier=0.5",
                               "model.attention_multiplier=0.2", "model.logits_scaling=4.0"},
-                             "GraniteForCausalLM", ""}}) {
+                             "GraniteForCausalLM", ""},
+                        Case{"olmo3", {"model.sliding_window_pattern=2", "model.sliding_window=5"},
+                             "Olmo3ForCausalLM", "model.layers.1.post_feedforward_layernorm.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

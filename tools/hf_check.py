@@ -3,8 +3,8 @@
 
 For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneration, ByT5
 bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
-MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM,
-GraniteForCausalLM (LLAMA_CASES below)
+MistralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM,
+SmolLM3ForCausalLM, GraniteForCausalLM (LLAMA_CASES below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -104,6 +104,10 @@ LLAMA_CASES = {
                                        "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
                                        "attention_multiplier": 0.2, "logits_scaling": 4.0,
                                        "tie_word_embeddings": False},
+    # OLMo 3: OLMo 2's layers, the first sliding over 8 positions with unscaled RoPE, the second
+    # global with LLAMA_COMMON's llama3 scaling (Olmo3Model's rotary_embs).
+    "olmo3 gqa untied window 8": {"type": "olmo3", "hidden_size": 32, "sliding_window": 8,
+                                  "sliding_window_pattern": 2, "tie_word_embeddings": False},
     # YaRN as Qwen2.5 / Qwen3 extend their context (head_dim 8, theta 1e4, original 256: pairs
     # 0 and 1 kept, 2 blended, 3 interpolated; cos and sin scaled by 1 + 0.1 ln 4).
     "qwen3 gqa tied yarn": {"type": "qwen3", "hidden_size": 32, "head_dim": 8, "tie_word_embeddings": True,

@@ -40,7 +40,9 @@ h + post_feedforward_layernorm(mlp(h)), and q_norm / k_norm over the whole q and
 [H*D] and [Hkv*D] before RoPE) or phi3 (Phi3ForCausalLM, modeling_phi3.py: Llama's math with
 q/k/v in one qkv_proj.weight [(H + 2 Hkv) D, C], rows q then k then v, and gate/up in one
 gate_up_proj.weight [2I, C], gate's rows first; no head_dim attribute, no biases; with _swa a
-window of 3 < T, as Mistral's) or granite (GraniteForCausalLM, modeling_granite.py: Llama's math
+window of 3 < T, as Mistral's) or olmo3 (Olmo3ForCausalLM, modeling_olmo3.py: OLMo 2's layers,
+the window of 3 on the layers layer_types names sliding_attention (here 0 and 2 of 3), whose
+RoPE is unscaled; the llama3 scaling on the full_attention layer only) or granite (GraniteForCausalLM, modeling_granite.py: Llama's math
 with the embedding times embedding_multiplier 3, each sublayer's output times
 residual_multiplier 0.5 before its residual add, scores times attention_multiplier 0.2, logits
 divided by logits_scaling 4; no head_dim attribute) or smollm3 (SmolLM3ForCausalLM, modeling_smollm3.py: Llama's math
@@ -108,7 +110,7 @@ LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
          "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3",
-         "granite": "Granite"}  # HF class prefix
+         "granite": "Granite", "olmo3": "Olmo3"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text"}  # HF model_type where it is not the variant's word
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
@@ -136,6 +138,7 @@ VARIANTS = [
     "3l_mqa_untied_linear_gemma3_swa",
     "3l_gqa_tied_llama3_smollm3_swa",
     "3l_gqa_untied_rope1e4_granite",
+    "3l_gqa_untied_llama3_olmo3_swa",
 ]
 SWA_WINDOW = 3  # the _swa variants' sliding window: shorter than T = 7
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
@@ -181,6 +184,8 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
         return smollm3_config(layers, attn, tied, rope, flags)
     if arch == "granite":
         return granite_config(layers, attn, tied, rope, flags)
+    if arch == "olmo3":
+        return olmo3_config(layers, attn, tied, rope, flags)
     cfg = {"architectures": [ARCHS[arch] + "ForCausalLM"], "model_type": arch, "vocab_size": VOCAB,
            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn]}
@@ -269,6 +274,24 @@ def granite_config(layers, attn, tied, rope, flags):
             "use_cache": True}
 
 
+def olmo3_config(layers, attn, tied, rope, flags):
+    """config.json of an Olmo3ForCausalLM variant (Olmo3Config: OLMo 2's attributes, its
+    sliding_window and an explicit layer_types: sliding, global, sliding), window 3 < T with
+    _swa; the llama3 scaling applies to the global layer only (Olmo3Model's rotary_embs)."""
+    assert "swa" in flags and "mlpbias" not in flags, flags
+    types = ["sliding_attention" if (l + 1) % 2 else "full_attention" for l in range(layers)]
+    return {"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
+            "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+            "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
+            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
+            "attention_bias": "attnbias" in flags, "attention_dropout": 0.0,
+            "sliding_window": SWA_WINDOW, "layer_types": types, "pad_token_id": None,
+            "tie_word_embeddings": tied == "tied", "hidden_act": "silu", "initializer_range": 0.02,
+            "torch_dtype": "float32", "bos_token_id": None, "eos_token_id": 2, "use_cache": True}
+
+
 def granite(cfg):  # GraniteForCausalLM's four multipliers (1 for the other classes)
     return cfg["model_type"] == "granite"
 
@@ -312,7 +335,7 @@ def gemma3(cfg):
     return cfg["model_type"] == "gemma3_text"
 
 
-def sliding(cfg, layer):
+def sliding(cfg, layer):  # (Gemma 3 and OLMo 3)
     """Gemma 3: whether a layer is a "sliding_attention" one (its layer_types entry, else the
     pattern rule: (layer + 1) % sliding_window_pattern != 0)."""
     if cfg.get("layer_types"):
@@ -323,7 +346,8 @@ def sliding(cfg, layer):
 def pad_token(cfg):
     """The class's nn.Embedding padding_idx: config.json's pad_token_id, or the class's default
     when absent (Olmo2Config 1, Phi3Config 32000, Gemma3TextConfig 0, the others None)."""
-    default = {"olmo2": 1, "phi3": 32000, "gemma3_text": 0, "smollm3": 128004}.get(cfg["model_type"])
+    default = {"olmo2": 1, "olmo3": 1, "phi3": 32000, "gemma3_text": 0,
+               "smollm3": 128004}.get(cfg["model_type"])
     return cfg.get("pad_token_id", default)
 
 
@@ -348,6 +372,8 @@ def rope_cfg(cfg, layer):
     scaling (Gemma3TextModel's rotary_emb_local), every other layer the config itself."""
     if gemma3(cfg) and sliding(cfg, layer):
         return dict(cfg, rope_theta=cfg["rope_local_base_freq"], rope_scaling=None)
+    if cfg["model_type"] == "olmo3" and sliding(cfg, layer):  # rotary_embs["sliding_attention"]
+        return dict(cfg, rope_scaling=None)
     return cfg
 
 
@@ -355,8 +381,8 @@ def gelu_tanh(g):  # "gelu_pytorch_tanh"
     return 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g * g * g)))
 
 
-def olmo2(cfg):  # Olmo2: sublayer outputs normalised, q_norm / k_norm over the whole projections
-    return cfg["model_type"] == "olmo2"
+def olmo2(cfg):  # Olmo2 (and Olmo3): sublayer outputs normalised, q_norm / k_norm over whole rows
+    return cfg["model_type"] in ("olmo2", "olmo3")
 
 
 def layer_window(cfg, layer):
@@ -367,7 +393,7 @@ def layer_window(cfg, layer):
         return cfg.get("sliding_window") or 0
     if cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
-    if gemma3(cfg):
+    if gemma3(cfg) or cfg["model_type"] == "olmo3":
         return cfg["sliding_window"] if sliding(cfg, layer) else 0
     if cfg["model_type"] == "smollm3" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         return cfg["sliding_window"] if not uses_rope(cfg, layer) else 0  # the NoPE layers
@@ -1005,6 +1031,15 @@ def selftest():
         expect(abs(nope_off.item() - window_off.item()) > 1e-4 and abs(window_off.item() - loss.item()) > 1e-4,
                f"{v}: the NoPE layer and its window each change the loss ({loss.item():.6f}; no window "
                f"{window_off.item():.6f}; every layer rotating, no window {nope_off.item():.6f})")
+
+    # 4d'. OLMo 3: the global layer's scaling is its own (scaling every layer changes the loss).
+    for v in (x for x in VARIANTS if "_olmo3" in x):
+        cfg, params32, tokens, targets = make_case(v)
+        loss = run(cfg, params32, tokens, targets)[2].item()
+        scaled_all = run(dict(cfg, layer_types=["full_attention"] * cfg["num_hidden_layers"]),
+                         params32, tokens, targets)[2].item()
+        expect(abs(scaled_all - loss) > 1e-6, f"{v}: the sliding layers' unscaled RoPE and window change the loss "
+               f"({loss:.8f} vs {scaled_all:.8f} with every layer global)")
 
     # 4e. Granite's multipliers each change the model.
     for v in (x for x in VARIANTS if "_granite" in x):

@@ -20,7 +20,7 @@ namespace {
 // heads are hidden_size / num_attention_heads wide).
 bool has_head_dim_key(LlamaArch arch) {
   return arch != LlamaArch::qwen2 && arch != LlamaArch::olmo2 && arch != LlamaArch::phi3 &&
-         arch != LlamaArch::smollm3 && arch != LlamaArch::granite;
+         arch != LlamaArch::smollm3 && arch != LlamaArch::granite && arch != LlamaArch::olmo3;
 }
 
 // The [model] key table of each Llama-family type: the only place one of their keys is
@@ -32,7 +32,9 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   using L = LlamaConfig;
   const bool llama = arch == LlamaArch::llama, mistral = arch == LlamaArch::mistral;
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3;
-  const bool olmo2 = arch == LlamaArch::olmo2, phi3 = arch == LlamaArch::phi3;
+  // OLMo 3's config is OLMo 2's (Olmo3Config derives Olmo2Config) plus its window.
+  const bool olmo3 = arch == LlamaArch::olmo3;
+  const bool olmo2 = arch == LlamaArch::olmo2 || olmo3, phi3 = arch == LlamaArch::phi3;
   const bool gemma = arch == LlamaArch::gemma3_text, smol = arch == LlamaArch::smollm3;
   const bool granite = arch == LlamaArch::granite;
   // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3, gemma3;
@@ -45,7 +47,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       "Number of Qwen2DecoderLayer blocks.", "Number of Qwen3DecoderLayer blocks.",
       "Number of Olmo2DecoderLayer blocks.", "Number of Phi3DecoderLayer blocks.",
       "Number of Gemma3DecoderLayer blocks.", "Number of SmolLM3DecoderLayer blocks.",
-      "Number of GraniteDecoderLayer blocks."};
+      "Number of GraniteDecoderLayer blocks.", "Number of Olmo3DecoderLayer blocks."};
   const char* layers_doc = layers_docs[static_cast<int>(arch)].c_str();
   using I64 = int64_t;
   std::vector<A> rows = {
@@ -130,15 +132,15 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   }
   // Mistral's and Phi-3's 0 is HF's null; Qwen's under the flag; Gemma 3's on its sliding
   // layers.
-  if (mistral || qwen || phi3 || gemma || smol) {
+  if (mistral || qwen || phi3 || gemma || smol || olmo3) {
     rows.push_back(A{"sliding_window", &L::sliding_window,
                      mistral || phi3 || smol ? "Sliding-window attention span (positions per "
                                                "query, itself included); 0 = none."
-                     : gemma ? "Sliding-window attention span of the sliding layers (positions "
-                               "per query, itself included)."
+                     : gemma || olmo3 ? "Sliding-window attention span of the sliding layers "
+                                        "(positions per query, itself included)."
                              : "Sliding-window attention span (positions per query, "
                                "itself included) under use_sliding_window.",
-                     KeyRange::size(qwen || gemma ? 1 : 0), {}, true,
+                     KeyRange::size(qwen || gemma || olmo3 ? 1 : 0), {}, true,
                      phi3 || smol ? int64_t{0} : int64_t{4096}});
   }
   if (granite) {
@@ -166,14 +168,19 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      "use_sliding_window.", KeyRange::size(0), {}, true, int64_t{28}});
   }
   if (gemma) {
-    rows.insert(rows.end(), {
-        A{"query_pre_attn_scalar", &L::query_pre_attn_scalar,
-          "Attention scores are scaled by query_pre_attn_scalar^-1/2 (not head_dim^-1/2).",
-          KeyRange::size(1), {}, true, I64{256}},
-        A{"sliding_window_pattern", &L::sliding_window_pattern,
-          "Layer l slides unless l + 1 is a multiple of it (6: five sliding layers, then one "
-          "global).", KeyRange::size(1), {}, true, I64{6}},
-    });
+    rows.push_back(A{"query_pre_attn_scalar", &L::query_pre_attn_scalar,
+                     "Attention scores are scaled by query_pre_attn_scalar^-1/2 (not "
+                     "head_dim^-1/2).", KeyRange::size(1), {}, true, I64{256}});
+  }
+  // Gemma3TextConfig's attribute; Olmo3Config has layer_types only (an fsdp_train key there:
+  // config.json in and out spell the list).
+  if (gemma || olmo3) {
+    rows.push_back(A{"sliding_window_pattern", &L::sliding_window_pattern,
+                     gemma ? "Layer l slides unless l + 1 is a multiple of it (6: five sliding "
+                             "layers, then one global)."
+                           : "Layer l slides unless l + 1 is a multiple of it (OLMo 3: 4, three "
+                             "sliding layers, then one global).",
+                     KeyRange::size(1), {}, gemma, gemma ? I64{6} : I64{4}});
   }
   rows.insert(rows.end(), {
       A{"tie_word_embeddings", &L::tie_word_embeddings,
@@ -201,6 +208,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
     defaults.pad_token_id = 0;
     defaults.rope_theta = 1e6;
   }
+  if (olmo3) defaults.sliding_window_pattern = 4;  // Olmo3Config's layer_types
   if (smol) {  // SmolLM3Config's: tied, no window, its rope_theta (not its pad 128004 > vocab)
     defaults.tie_word_embeddings = true;
     defaults.sliding_window = 0;
@@ -215,7 +223,7 @@ const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
       make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3),
       make_llama_args(LlamaArch::olmo2), make_llama_args(LlamaArch::phi3),
       make_llama_args(LlamaArch::gemma3_text), make_llama_args(LlamaArch::smollm3),
-      make_llama_args(LlamaArch::granite)};
+      make_llama_args(LlamaArch::granite), make_llama_args(LlamaArch::olmo3)};
   return tables[static_cast<int>(arch)];
 }
 
@@ -346,6 +354,7 @@ const char* llama_arch_prefix(LlamaArch arch) {
     case LlamaArch::gemma3_text: return "Gemma3";
     case LlamaArch::smollm3: return "SmolLM3";
     case LlamaArch::granite: return "Granite";
+    case LlamaArch::olmo3: return "Olmo3";
     case LlamaArch::llama: break;
   }
   return "Llama";
@@ -365,7 +374,8 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::qwen2:
     case LlamaArch::qwen3:  // HF's layer_types: sliding from layer max_window_layers on
       return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
-    case LlamaArch::gemma3_text: return layer_local_rope(layer) ? sliding_window : 0;
+    case LlamaArch::gemma3_text:
+    case LlamaArch::olmo3: return layer_local_rope(layer) ? sliding_window : 0;
     case LlamaArch::smollm3:  // HF's layer_types: the NoPE layers slide under the flag
       return use_sliding_window && !layer_rope(layer) ? sliding_window : 0;
     case LlamaArch::olmo2:
@@ -380,7 +390,7 @@ bool LlamaConfig::layer_rope(int64_t layer) const {
 }
 
 bool LlamaConfig::layer_local_rope(int64_t layer) const {
-  return gemma() && (layer + 1) % sliding_window_pattern != 0;
+  return patterned_window() && (layer + 1) % sliding_window_pattern != 0;
 }
 
 double LlamaConfig::embed_scale() const {
@@ -396,7 +406,7 @@ float LlamaConfig::attention_scale() const {
 
 LlamaConfig llama_local_rope_config(const LlamaConfig& c) {
   LlamaConfig local = c;
-  local.rope_theta = c.rope_local_base_freq;
+  if (c.gemma()) local.rope_theta = c.rope_local_base_freq;
   local.rope_type = LlamaConfig::RopeType::default_;
   return local;
 }
@@ -624,7 +634,7 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
           + BT * C + logit_rows * Vp                                      // norm, logits
           + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
   const int64_t norms = (c.norm_before() ? 2 : 0) + (c.norm_after() ? 2 : 0);
-  const int64_t rope_tables = c.gemma() ? 2 : 1;   // global (and Gemma 3's local)
+  const int64_t rope_tables = c.patterned_window() ? 2 : 1;  // global (and the sliding layers')
   n.f32 = S * (norms * BT + B * H * T) + BT + rope_tables * 2 * T * (D / 2);  // rstd, lse; ...
   if (c.norm_weight_offset() || c.pad_token_id >= 0) n.f32 += std::max(C, D) + 4 * C + 2 * D;
   if (c.qk_norm()) {
@@ -703,7 +713,9 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
     rt_.copy_from_host(sin.view({T, D / 2}), sn.data());
   };
   rope_table(cfg_, a->rope_cos, a->rope_sin);
-  if (cfg_.gemma()) rope_table(llama_local_rope_config(cfg_), a->rope_local_cos, a->rope_local_sin);
+  if (cfg_.patterned_window()) {
+    rope_table(llama_local_rope_config(cfg_), a->rope_local_cos, a->rope_local_sin);
+  }
   if (cfg_.norm_weight_offset() || cfg_.pad_token_id >= 0) {
     const int64_t n1 = std::max(C, D);
     a->ones = f32(n1);
@@ -1252,13 +1264,16 @@ class LlamaFamily final : public ModelFamily {
       out["layer_types"] = types;
     }
     if (g.pad_token_id < 0) out[args().name(&LlamaConfig::pad_token_id)] = nullptr;  // None
-    if (gemma) {
-      // transformers >= 4.53 reads layer_types (older ones the pattern): both, agreeing.
+    if (g.patterned_window()) {
+      // Gemma 3: transformers >= 4.53 reads layer_types (older ones the pattern): both,
+      // agreeing; OLMo 3: layer_types only.
       nlohmann::json types = nlohmann::json::array();
       for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
         types.push_back(g.layer_local_rope(l) ? "sliding_attention" : "full_attention");
       }
       out["layer_types"] = types;
+    }
+    if (gemma) {
       out["hidden_activation"] = "gelu_pytorch_tanh";
       out["final_logit_softcapping"] = nullptr;  // Gemma 3 has neither (Gemma 2's)
       out["attn_logit_softcapping"] = nullptr;
@@ -1304,6 +1319,7 @@ class LlamaFamily final : public ModelFamily {
                         " is not supported (expected " + expected + ")");
     };
     if (gemma) gemma_from_hf(hf, origin);
+    if (gemma || arch_ == LlamaArch::olmo3) layer_type_rope_from_hf(hf, origin);
     if (hf.contains("rope_parameters") && hf["rope_parameters"].is_object()) {
       const nlohmann::json rp = hf["rope_parameters"];
       const std::string theta = args().name(&LlamaConfig::rope_theta);
@@ -1345,12 +1361,13 @@ class LlamaFamily final : public ModelFamily {
         hf["partial_rotary_factor"].get<double>() != 1.0) {
       throw refuse("partial_rotary_factor", "1.0");
     }
-    LlamaConfig base;
-    base.arch = arch_;
-    LlamaConfig g = args().from_hf(hf, origin, base);
+    // The keys config.json does not carry (OLMo 3's sliding_window_pattern) at the type's
+    // defaults; every other one is read or takes its class's default.
+    LlamaConfig g = args().from_hf(hf, origin, args().defaults());
     const std::string pad = args().name(&LlamaConfig::pad_token_id);
     if (hf.contains(pad) && hf[pad].is_null()) g.pad_token_id = -1;  // HF's None: no padding
-    if (gemma && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
+    if ((gemma || arch_ == LlamaArch::olmo3) && hf.contains("layer_types") &&
+        !hf["layer_types"].is_null()) {
       g.sliding_window_pattern =
           period_of(hf["layer_types"], g.sliding_window_pattern, g.num_hidden_layers,
                     "sliding_attention", "full_attention", "layer_types",
@@ -1385,9 +1402,7 @@ class LlamaFamily final : public ModelFamily {
   // config.json carries only the others, and they change nothing).
   // Gemma 3's config.json attributes that change the math and are not keys, in place: the
   // activation must be gelu_pytorch_tanh, the soft-cappings (Gemma 2's) null, attention causal
-  // (use_bidirectional_attention is EmbeddingGemma's); transformers 5's rope_parameters
-  // {"full_attention": {...}, "sliding_attention": {...}} become rope_theta and rope_scaling
-  // (full) and rope_local_base_freq (sliding, which must be unscaled).
+  // (use_bidirectional_attention is EmbeddingGemma's).
   void gemma_from_hf(nlohmann::json& hf, const std::string& origin) const {
     auto refuse = [&](const std::string& field, const nlohmann::json& v,
                       const std::string& expected) {
@@ -1405,6 +1420,16 @@ class LlamaFamily final : public ModelFamily {
     if (hf.contains(bidirectional) && !hf[bidirectional].is_null() && hf[bidirectional] != false) {
       throw refuse(bidirectional, hf[bidirectional], "false");
     }
+  }
+  // Gemma 3's and OLMo 3's transformers 5 rope_parameters, in place: {"full_attention": {...},
+  // "sliding_attention": {...}} become rope_theta and rope_scaling (full) and, for Gemma 3,
+  // rope_local_base_freq (sliding: unscaled; OLMo 3's sliding layers use rope_theta).
+  void layer_type_rope_from_hf(nlohmann::json& hf, const std::string& origin) const {
+    auto refuse = [&](const std::string& field, const nlohmann::json& v,
+                      const std::string& expected) {
+      return InputError(origin + ": \"" + field + "\" " + v.dump() +
+                        " is not supported (expected " + expected + ")");
+    };
     if (!hf.contains("rope_parameters") || !hf["rope_parameters"].is_object() ||
         !hf["rope_parameters"].contains("full_attention")) {
       return;
@@ -1432,7 +1457,13 @@ class LlamaFamily final : public ModelFamily {
       if (local_type != "default") {
         throw refuse("rope_parameters.sliding_attention.rope_type", local_type, "\"default\"");
       }
-      if (local.contains(theta)) hf[args().name(&LlamaConfig::rope_local_base_freq)] = local[theta];
+      if (!local.contains(theta)) return;
+      if (arch_ == LlamaArch::gemma3_text) {
+        hf[args().name(&LlamaConfig::rope_local_base_freq)] = local[theta];
+      } else if (!hf.contains(theta) || local[theta] != hf[theta]) {
+        throw refuse("rope_parameters.sliding_attention.rope_theta", local[theta],
+                     "full_attention's rope_theta: OLMo 3's layers share one period");
+      }
     }
   }
   // The period p of a per-layer list that config.json spells out (Gemma 3's layer_types,
@@ -1500,7 +1531,7 @@ const ModelFamily& llama_family(LlamaArch arch) {
       LlamaFamily(LlamaArch::llama), LlamaFamily(LlamaArch::mistral), LlamaFamily(LlamaArch::qwen2),
       LlamaFamily(LlamaArch::qwen3), LlamaFamily(LlamaArch::olmo2), LlamaFamily(LlamaArch::phi3),
       LlamaFamily(LlamaArch::gemma3_text), LlamaFamily(LlamaArch::smollm3),
-      LlamaFamily(LlamaArch::granite)};
+      LlamaFamily(LlamaArch::granite), LlamaFamily(LlamaArch::olmo3)};
   return families[static_cast<int>(arch)];
 }
 

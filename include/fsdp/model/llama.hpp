@@ -1,4 +1,4 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of nine Hugging Face
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of ten Hugging Face
 // classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
@@ -31,7 +31,10 @@
 //  - "granite": GraniteForCausalLM (models/granite; IBM Granite 3.x): Llama's math with muP-style
 //    multipliers: the embedding times embedding_multiplier, each sublayer's output times
 //    residual_multiplier before its residual add, scores times attention_multiplier (not
-//    1/sqrt(head_dim)), logits divided by logits_scaling; no head_dim attribute.
+//    1/sqrt(head_dim)), logits divided by logits_scaling; no head_dim attribute;
+//  - "olmo3": Olmo3ForCausalLM (models/olmo3; OLMo 3): OLMo 2's layer with a sliding window
+//    on 3 of 4 layers (HF's layer_types: here sliding_window_pattern, an fsdp_train key), whose
+//    RoPE is never scaled (Olmo3Model's rotary_embs["sliding_attention"]).
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -76,7 +79,18 @@
 namespace fsdp {
 
 // Which Hugging Face class a Llama-family model is: model.type, HF's model_type.
-enum class LlamaArch { llama, mistral, qwen2, qwen3, olmo2, phi3, gemma3_text, smollm3, granite };
+enum class LlamaArch {
+  llama,
+  mistral,
+  qwen2,
+  qwen3,
+  olmo2,
+  phi3,
+  gemma3_text,
+  smollm3,
+  granite,
+  olmo3
+};
 
 template <>
 struct EnumNames<LlamaArch> {
@@ -88,18 +102,19 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::phi3, "phi3"},
                                                   {LlamaArch::gemma3_text, "gemma3_text"},
                                                   {LlamaArch::smollm3, "smollm3"},
-                                                  {LlamaArch::granite, "granite"}};
+                                                  {LlamaArch::granite, "granite"},
+                                                  {LlamaArch::olmo3, "olmo3"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
-// "Gemma3", "SmolLM3", "Granite" (the classes <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for
+// "Gemma3", "SmolLM3", "Granite", "Olmo3" (the classes <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for
 // Gemma 3's Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
 
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
-// Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config and GraniteConfig ([model] with
-// type = "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3" or
-// "granite"; same names, meanings and, where HF has them,
+// Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig and Olmo3Config
+// ([model] with type = "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text",
+// "smollm3", "granite" or "olmo3"; same names, meanings and, where HF has them,
 // defaults; sizes default to a small CPU model). Each type's [model] key table, with docs and
 // ranges, is llama_args(arch) in src/model/llama.cpp: a field that is not one of its type's
 // keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2 no
@@ -176,17 +191,21 @@ struct LlamaConfig {
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
   // Qwen3's over each head's D values (weight [D]), OLMo 2's over the whole projection
   // (weights [H*D], [Hkv*D]).
-  bool qk_norm() const { return arch == LlamaArch::qwen3 || arch == LlamaArch::olmo2 || gemma(); }
+  bool qk_norm() const { return arch == LlamaArch::qwen3 || olmo() || gemma(); }
   bool qk_norm_per_head() const { return arch == LlamaArch::qwen3 || gemma(); }
   // Norms on the sublayers' inputs (input_layernorm before the attention, Llama's
   // post_attention_layernorm or Gemma's pre_feedforward_layernorm before the MLP): all but
   // OLMo 2.
-  bool norm_before() const { return arch != LlamaArch::olmo2; }
+  bool norm_before() const { return !olmo(); }
   // Norms on the sublayers' outputs before their residual adds (post_attention_layernorm,
   // post_feedforward_layernorm): OLMo 2 (instead of the input norms) and Gemma 3 (besides them).
-  bool norm_after() const { return arch == LlamaArch::olmo2 || gemma(); }
+  bool norm_after() const { return olmo() || gemma(); }
   // Gemma 3 (Gemma3TextConfig).
   bool gemma() const { return arch == LlamaArch::gemma3_text; }
+  // OLMo 2 and OLMo 3 (Olmo2Config, Olmo3Config: OLMo 3's layers are OLMo 2's).
+  bool olmo() const { return arch == LlamaArch::olmo2 || arch == LlamaArch::olmo3; }
+  // Gemma 3's and OLMo 3's pattern: layer l slides unless (l + 1) % sliding_window_pattern == 0.
+  bool patterned_window() const { return gemma() || arch == LlamaArch::olmo3; }
   // Every RMSNorm multiplies by (1 + weight) (Gemma3RMSNorm), its weights initialised to 0.
   bool norm_weight_offset() const { return gemma(); }
   // The MLP's activation: gelu_tanh(gate) * up ("gelu_pytorch_tanh", GeGLU), not SwiGLU.
@@ -205,8 +224,8 @@ struct LlamaConfig {
   float logit_scale() const {
     return arch == LlamaArch::granite ? static_cast<float>(1.0 / logits_scaling) : 1.f;
   }
-  // Whether decoder layer `layer` uses the local RoPE (rope_local_base_freq, no scaling):
-  // Gemma 3's sliding layers.
+  // Whether decoder layer `layer` uses the local RoPE (llama_local_rope_config: no scaling;
+  // Gemma 3's period rope_local_base_freq): the sliding layers of Gemma 3 and OLMo 3.
   bool layer_local_rope(int64_t layer) const;
   // Whether decoder layer `layer` rotates q and k at all: all but SmolLM3's NoPE layers.
   bool layer_rope(int64_t layer) const;
@@ -250,9 +269,9 @@ struct EnumNames<LlamaConfig::RopeType> {
 //    over original_max_position_embeddings (floored / ceiled when truncate), clamped to
 //    [0, D - 1].
 std::vector<double> llama_inv_freq(const LlamaConfig& c);
-// The config whose llama_inv_freq and llama_rope_attention_scaling are Gemma 3's local RoPE:
-// `c` with rope_theta = rope_local_base_freq and no scaling (Gemma3TextModel's
-// rotary_emb_local).
+// The config whose llama_inv_freq and llama_rope_attention_scaling are the sliding layers'
+// RoPE: `c` without scaling, and for Gemma 3 rope_theta = rope_local_base_freq
+// (Gemma3TextModel's rotary_emb_local, Olmo3Model's rotary_embs["sliding_attention"]).
 LlamaConfig llama_local_rope_config(const LlamaConfig& c);
 // What HF multiplies cos and sin by (LlamaRotaryEmbedding's attention_scaling; q.k then
 // scales by its square): yarn's attention_factor, or 0.1 ln(factor) + 1 when that is 0 (HF's
