@@ -854,6 +854,45 @@ std::string write_raw_pairs(const TempDir& dir, const std::string& name, const R
 }
 }  // namespace
 
+// data.objective = "sft": a row is prompt ++ completion cut to L + 1 tokens; inputs its first
+// L (padded with 0), targets the next token where that token is the completion's (the
+// prompt's and the padding's are kIgnoreIndex); an example cut short is counted.
+TEST(Samples, SftRowsMaskThePromptAndTruncateTheEnd) {
+  TempDir dir("sft");
+  fsdp::data::PairExamples train, val;
+  train.add({11, 12, 13}, {21, 22});                // fits: 5 tokens, L + 1 = 5
+  train.add({31}, {41, 42, 43, 44, 45, 46});       // cut: 7 tokens
+  train.add({51, 52, 53, 54, 55, 56}, {61});       // the prompt alone fills the row
+  train.add({}, {71, 72});                         // no prompt
+  val.add({1, 2}, {3});
+  fsdp::data::write_pairs_file(dir.file("p.h5"), {train, val}, "test");
+  auto c = data_config(fsdp::Objective::sft, dir.file("p.h5"));
+  c.data.seq_len = 4;
+  EXPECT_EQ(fsdp::data::batch_shape(c).L, 4);
+  EXPECT_EQ(fsdp::data::batch_shape(c).target_len, 4);
+  const auto s = fsdp::data::open_samples(c, fsdp::data::Split::train, 300);
+  EXPECT_EQ(s->num_samples(), 4);
+  EXPECT_EQ(s->num_truncated(), 2);
+  EXPECT_EQ(s->fixed_targets_per_sample(), 0);
+  const auto b = s->load({0, 1, 2, 3});
+  const int32_t I = fsdp::data::kIgnoreIndex;
+  EXPECT_EQ(in_row(b, 0), (std::vector<int32_t>{11, 12, 13, 21}));
+  EXPECT_EQ(tgt_row(b, 0), (std::vector<int32_t>{I, I, 21, 22}));
+  EXPECT_EQ(in_row(b, 1), (std::vector<int32_t>{31, 41, 42, 43}));
+  EXPECT_EQ(tgt_row(b, 1), (std::vector<int32_t>{41, 42, 43, 44}));
+  EXPECT_EQ(in_row(b, 2), (std::vector<int32_t>{51, 52, 53, 54}));
+  EXPECT_EQ(tgt_row(b, 2), (std::vector<int32_t>{I, I, I, I}));
+  EXPECT_EQ(in_row(b, 3), (std::vector<int32_t>{71, 0, 0, 0}));
+  EXPECT_EQ(tgt_row(b, 3), (std::vector<int32_t>{72, I, I, I}));
+  EXPECT_EQ(b.num_targets(), 2 + 4 + 0 + 1);
+  const auto v = fsdp::data::open_samples(c, fsdp::data::Split::val, 300)->load({0});
+  EXPECT_EQ(in_row(v, 0), (std::vector<int32_t>{1, 2, 0, 0}));
+  EXPECT_EQ(tgt_row(v, 0), (std::vector<int32_t>{I, 3, I, I}));
+  c.data.source = fsdp::DataSource::synthetic;
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 300); }, 2,
+               {"data.source: \"synthetic\" is not supported with data.objective = \"sft\""});
+}
+
 TEST(Samples, Seq2SeqBadFilesAreInputErrorsNamingFileAndDataset) {
   TempDir dir("s2sbad");
   auto open = [](const std::string& path, fsdp::data::Split split = fsdp::data::Split::train, int64_t vocab = 384) {

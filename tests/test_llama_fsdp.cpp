@@ -20,6 +20,7 @@
 #include "fsdp/checkpoint/init_from.hpp"
 #include "fsdp/checkpoint/merge.hpp"
 #include "fsdp/checkpoint/safetensors.hpp"
+#include "fsdp/data/prepare.hpp"
 #include "fsdp/model/model.hpp"
 #include "train_util.hpp"
 
@@ -293,3 +294,67 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
 }
 
 }  // namespace
+
+namespace {
+
+// A pairs file (docs/data.md's seq2seq schema) of text_dataset()'s causal-LM windows: example
+// i of a split is the window [i*L, i*L + L + 1) of its tokens, its first `prompt` tokens the
+// prompt and the rest the completion. Written by rank 0; all ranks wait.
+std::string window_pairs(const std::string& name, int64_t L, int64_t prompt) {
+  const std::string path = fresh_dir(name) + "/pairs.h5";
+  if (world_rank() == 0) {
+    const std::string text = "Sharded data parallel training: all-gather, compute, reshard. ";
+    std::vector<int32_t> bytes;
+    for (int i = 0; i < 60; ++i) bytes.insert(bytes.end(), text.begin(), text.end());
+    const auto train_tokens = static_cast<int64_t>(bytes.size()) * 9 / 10;  // as text_dataset()
+    auto windows = [&](int64_t begin, int64_t end) {
+      fsdp::data::PairExamples ex;
+      for (int64_t i = 0; begin + i * L + L + 1 <= end; ++i) {
+        const auto* w = bytes.data() + begin + i * L;
+        ex.add(std::vector<int32_t>(w, w + prompt), std::vector<int32_t>(w + prompt, w + L + 1));
+      }
+      return ex;
+    };
+    fsdp::data::PairSplit split{windows(0, train_tokens),
+                                windows(train_tokens, static_cast<int64_t>(bytes.size()))};
+    fsdp::data::write_pairs_file(path, split, "test_llama_fsdp");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
+}  // namespace
+
+// data.objective = "sft" (TRL's completion-only loss on prompt-completion pairs). With empty
+// prompts, each example's completion is text_dataset()'s causal-LM window of the same index,
+// so every SFT row equals the causal_lm row, the step's target count is the same (all-reduced
+// here, computed there) and the runs agree bit for bit: every loss, the validation loss and
+// the parameters, over the world. With 5-token prompts only L - 4 targets a row count: the
+// loss differs, and the run still trains.
+TEST(LlamaFsdp, SftOnWholeWindowsIsTheCausalLmRun) {
+  const int64_t L = 12;
+  auto config = [&](const std::string& dir) {
+    Config c = llama_config(fresh_dir(dir), {"model.vocab_size=300"});  // the pairs' 259 ids
+    c.eval.every = 5;
+    return c;
+  };
+  Config lm = config("sft_causal_lm");
+  const TrainResult want = run(lm, On::world);
+  Config sft = config("sft_whole");
+  sft.data.objective = fsdp::Objective::sft;
+  sft.data.path = window_pairs("sft_pairs_whole", L, 0);
+  const TrainResult got = run(sft, On::world);
+  ASSERT_EQ(got.losses.size(), 5u);
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.val_losses, want.val_losses);
+  ASSERT_FALSE(got.val_losses.empty());
+  EXPECT_EQ(got.params, want.params);
+
+  Config prompted = config("sft_prompted");
+  prompted.data.objective = fsdp::Objective::sft;
+  prompted.data.path = window_pairs("sft_pairs_prompted", L, 5);
+  const TrainResult p = run(prompted, On::world);
+  ASSERT_EQ(p.losses.size(), 5u);
+  EXPECT_NE(p.losses.front(), want.losses.front());
+  EXPECT_LT(p.losses.back(), p.losses.front());
+}

@@ -287,11 +287,67 @@ class Seq2SeqSamples final : public SampleSource {
   int64_t truncated_ = 0;
 };
 
-std::unique_ptr<SampleSource> open_seq2seq(const Config& c, Split split, int64_t V) {
+// Decoder SFT on prompt-completion pairs (TRL's SFTTrainer with completion_only_loss; the
+// pairs file's inputs are the prompts, its targets the completions): a row is the example's
+// prompt ++ completion, cut to its first L + 1 tokens (TRL's truncation keeps the start);
+// inputs are its first L tokens (padded with 0), targets[t] its token t + 1 where that token
+// is a completion token, kIgnoreIndex on the prompt and the padding. An example cut short is
+// counted in num_truncated().
+class SftSamples final : public SampleSource {
+ public:
+  SftSamples(Side prompt, Side completion, int64_t num_samples, int64_t L)
+      : prompt_(std::move(prompt)), completion_(std::move(completion)), n_(num_samples), L_(L) {
+    for (int64_t i = 0; i < n_; ++i) {
+      if (prompt_.len(i) + completion_.len(i) > L_ + 1) ++truncated_;
+    }
+  }
+  int64_t num_samples() const override { return n_; }
+  int64_t num_tokens() const override {
+    return static_cast<int64_t>(prompt_.tokens.size() + completion_.tokens.size());
+  }
+  BatchShape shape() const override { return {L_, L_}; }
+  int64_t num_truncated() const override { return truncated_; }
+  Batch load(const std::vector<int64_t>& indices) const override {
+    for (int64_t i : indices) check_index("sft", i, n_);
+    Batch b;
+    b.B = static_cast<int64_t>(indices.size());
+    b.L = b.target_len = L_;
+    b.inputs.assign(static_cast<std::size_t>(b.B * L_), kPadId);
+    b.targets.assign(static_cast<std::size_t>(b.B * L_), kIgnoreIndex);
+    for (int64_t r = 0; r < b.B; ++r) {
+      const int64_t i = indices[static_cast<std::size_t>(r)];
+      const int64_t np = prompt_.len(i), n = std::min(np + completion_.len(i), L_ + 1);
+      const int32_t* p = prompt_.tokens.data() + prompt_.offsets[static_cast<std::size_t>(i)];
+      const int32_t* c = completion_.tokens.data() + completion_.offsets[static_cast<std::size_t>(i)];
+      auto token = [&](int64_t k) { return k < np ? p[k] : c[k - np]; };
+      int32_t* in = b.inputs.data() + r * L_;
+      int32_t* tgt = b.targets.data() + r * L_;
+      for (int64_t t = 0; t + 1 < n; ++t) {
+        in[t] = token(t);
+        if (t + 1 >= np) tgt[t] = token(t + 1);  // a completion token: its loss counts
+      }
+    }
+    return b;
+  }
+
+ private:
+  Side prompt_, completion_;
+  int64_t n_, L_;
+  int64_t truncated_ = 0;
+};
+
+// A split of a pairs file (seq2seq, sft), read whole and checked: its inputs and targets and
+// the number of examples (val capped at eval.max_windows). `objective` names the key's value
+// in the messages.
+struct PairSides {
+  Side in, tgt;
+  int64_t n = 0;
+};
+PairSides read_pair_split(const Config& c, Split split, int64_t V, const char* objective) {
   if (c.data.source != DataSource::hdf5) {
     throw InputError(std::string("data.source: \"") + to_string(c.data.source) +
-                     "\" is not supported with data.objective = \"seq2seq\" (expected \"hdf5\": a pairs file "
-                     "made by fsdp_prepare --pairs)");
+                     "\" is not supported with data.objective = \"" + objective +
+                     "\" (expected \"hdf5\": a pairs file made by fsdp_prepare --pairs)");
   }
   const h5::File f = h5::File::open_read(c.data.path);
   const std::string group = std::string("/") + to_string(split);
@@ -317,8 +373,18 @@ std::unique_ptr<SampleSource> open_seq2seq(const Config& c, Split split, int64_t
   }
   int64_t n = static_cast<int64_t>(in.offsets.size()) - 1;
   if (split == Split::val) n = cap(n, c.eval.max_windows);
-  return std::make_unique<Seq2SeqSamples>(std::move(in), std::move(tgt), n, c.data.max_input_len,
-                                          c.data.max_target_len);
+  return {std::move(in), std::move(tgt), n};
+}
+
+std::unique_ptr<SampleSource> open_seq2seq(const Config& c, Split split, int64_t V) {
+  PairSides s = read_pair_split(c, split, V, "seq2seq");
+  return std::make_unique<Seq2SeqSamples>(std::move(s.in), std::move(s.tgt), s.n,
+                                          c.data.max_input_len, c.data.max_target_len);
+}
+
+std::unique_ptr<SampleSource> open_sft(const Config& c, Split split, int64_t V) {
+  PairSides s = read_pair_split(c, split, V, "sft");
+  return std::make_unique<SftSamples>(std::move(s.in), std::move(s.tgt), s.n, c.data.seq_len);
 }
 
 // ---------------------------------------------------------------- data mixtures
@@ -396,6 +462,7 @@ std::unique_ptr<SampleSource> open_one(const Config& config, Split split, int64_
     case Objective::causal_lm: return open_causal_lm(config, split, vocab_size);
     case Objective::seq2seq: return open_seq2seq(config, split, vocab_size);
     case Objective::span_corruption: return open_span_corruption(config, split, vocab_size);
+    case Objective::sft: return open_sft(config, split, vocab_size);
   }
   throw Error("open_samples: unknown data.objective");
 }
@@ -406,6 +473,7 @@ BatchShape batch_shape(const Config& config) {
   const DataConfig& d = config.data;
   switch (d.objective) {
     case Objective::causal_lm:
+    case Objective::sft:
       return {d.seq_len, d.seq_len};
     case Objective::seq2seq:
       return {d.max_input_len, d.max_target_len};

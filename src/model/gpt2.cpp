@@ -372,7 +372,7 @@ class Gpt2Family final : public ModelFamily {
   std::vector<ModelKey> keys() const override { return gpt2_args().keys(); }
   std::string hf_config_class() const override { return "GPT2Config"; }
   std::vector<std::string> wrap_classes() const override { return {"GPT2Block"}; }
-  std::vector<Objective> objectives() const override { return {Objective::causal_lm}; }
+  std::vector<Objective> objectives() const override { return {Objective::causal_lm, Objective::sft}; }
   // The ranges are the rows'; what is left relates keys.
   void validate(const Config& c, const KeyFail& fail) const override {
     const Gpt2Config g = Gpt2Config::from(c.model);

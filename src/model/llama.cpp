@@ -1121,7 +1121,9 @@ class LlamaFamily final : public ModelFamily {
     return arch_ == LlamaArch::gemma3_text ? "Gemma3TextConfig" : prefix() + "Config";
   }
   std::vector<std::string> wrap_classes() const override { return {layer_class(arch_)}; }
-  std::vector<Objective> objectives() const override { return {Objective::causal_lm}; }
+  std::vector<Objective> objectives() const override {
+    return {Objective::causal_lm, Objective::sft};
+  }
   void validate(const Config& c, const KeyFail& fail) const override {
     const LlamaConfig g = LlamaConfig::from(c.model);
     const auto& a = args();

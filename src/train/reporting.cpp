@@ -22,7 +22,10 @@ std::string si(double x) {
 // objective has a separate target sequence.
 int64_t tokens_per_sample(const Config& cfg) {
   const data::BatchShape shape = data::batch_shape(cfg);
-  return shape.L + (cfg.data.objective == Objective::causal_lm ? 0 : shape.target_len);
+  // A decoder's rows (causal_lm, sft) are one sequence; T5's an input and a target.
+  const bool decoder =
+      cfg.data.objective == Objective::causal_lm || cfg.data.objective == Objective::sft;
+  return shape.L + (decoder ? 0 : shape.target_len);
 }
 
 // Model FLOPs (ModelFamily::train_flops_per_sample) per token of tokens_per_sample.
@@ -126,8 +129,11 @@ void print_banner(Job& job, const std::vector<FlatParamLayout>& layouts, bool li
     }
   }
   if (const int64_t n = job.train_src->num_truncated() + job.val_src->num_truncated(); n > 0) {
-    os << "\ndata: " << n << " examples longer than data.max_input_len / max_target_len "
-       << "are truncated";
+    const bool sft = job.cfg.data.objective == Objective::sft;
+    os << "\ndata: " << n << " examples longer than "
+       << (sft ? "data.seq_len + 1 tokens (prompt and completion)"
+               : "data.max_input_len / max_target_len")
+       << " are truncated";
   }
   job.log(os.str());
 }

@@ -272,12 +272,17 @@ struct ModelConfig {
 //  causal_lm: next-token prediction over windows of a token stream (GPT-2);
 //  seq2seq: (input, target) example pairs (T5), loss over the target tokens;
 //  span_corruption: T5's pre-training objective over windows of a token stream.
-enum class Objective { causal_lm, seq2seq, span_corruption };
+// What a sample is (docs/data.md "Objectives"): causal_lm windows of a token stream; seq2seq
+// (input, target) pairs (T5); span_corruption (T5 pre-training); sft: a decoder's
+// prompt-completion pairs with the loss on the completion only (TRL SFTTrainer's
+// completion_only_loss).
+enum class Objective { causal_lm, seq2seq, span_corruption, sft };
 template <>
 struct EnumNames<Objective> {
   static constexpr EnumName<Objective> table[] = {{Objective::causal_lm, "causal_lm"},
                                                   {Objective::seq2seq, "seq2seq"},
-                                                  {Objective::span_corruption, "span_corruption"}};
+                                                  {Objective::span_corruption, "span_corruption"},
+                                                  {Objective::sft, "sft"}};
 };
 
 // Where the tokens come from (data.source): an HDF5 file (data.path) or random tokens
