@@ -409,6 +409,57 @@ TEST_F(EncodeDocuments, JsonLinesAreTheTextFieldsOfTheirLines) {
   }
 }
 
+// fsdp_prepare --pairs FILE.jsonl --tokenizer: each {"prompt", "completion"} line becomes
+// [bos] + the prompt's ids and the completion's ids + [eos] (one example of the pairs file
+// data.objective = "sft" reads), the last of them validation; bad lines name file and line.
+TEST_F(EncodeDocuments, PromptCompletionPairsForSft) {
+  const std::string jsonl = (dir_ / "sft.jsonl").string();
+  std::ofstream(jsonl) << "{\"prompt\": \"the other\", \"completion\": \" hethe\", \"x\": 1}\n\n"
+                       << "{\"prompt\": \"\", \"completion\": \"the\"}\n"
+                       << "{\"prompt\": \"he\", \"completion\": \"other\"}\n";
+  fsdp::data::TokenizerOptions o;
+  o.model = (dir_ / "tokenizer.json").string();
+  o.specials = {"<s>", "</s>"};
+  const std::string out = (dir_ / "sft.h5").string();
+  const auto s = fsdp::data::prepare_tokenized_pairs(jsonl, out, 0.34, o);
+  EXPECT_EQ(s.pairs.train_examples, 2);
+  EXPECT_EQ(s.pairs.val_examples, 1);
+  EXPECT_EQ(s.bos_id, 260);
+  EXPECT_EQ(s.eos_id, 261);
+  EXPECT_EQ(s.vocab_size, tok_->vocab_size());
+  auto ids = [&](const std::string& text) {
+    Ids v;
+    tok_->encode(text, v, "x");
+    return v;
+  };
+  const auto ex = fsdp::data::read_prompt_completion_jsonl(jsonl, *tok_, true, true);
+  ASSERT_EQ(ex.size(), 3);
+  Ids p0 = {260}, c0 = ids(" hethe");
+  const Ids t = ids("the other");
+  p0.insert(p0.end(), t.begin(), t.end());
+  c0.push_back(261);
+  EXPECT_EQ(Ids(ex.inputs.begin(), ex.inputs.begin() + ex.input_offsets[1]), p0);
+  EXPECT_EQ(Ids(ex.targets.begin(), ex.targets.begin() + ex.target_offsets[1]), c0);
+  EXPECT_EQ(ex.input_offsets[2] - ex.input_offsets[1], 1);  // an empty prompt: just <s>
+  const auto plain = fsdp::data::read_prompt_completion_jsonl(jsonl, *tok_, false, false);
+  EXPECT_EQ(Ids(plain.inputs.begin(), plain.inputs.begin() + plain.input_offsets[1]), t);
+  for (const auto& [line, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"prompt\": \"a\"}", "sft_bad.jsonl:1: no string \"completion\""},
+           {"{\"prompt\": \"a\", \"completion\": \"\"}", "\"completion\" is empty"},
+           {"[1, 2]", "no string \"prompt\""},
+           {"{oops", "sft_bad.jsonl:1: not a JSON object"}}) {
+    const std::string bad = (dir_ / "sft_bad.jsonl").string();
+    std::ofstream(bad) << line << "\n";
+    try {
+      fsdp::data::read_prompt_completion_jsonl(bad, *tok_, true, true);
+      ADD_FAILURE() << "accepted " << line;
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(EncodeDocuments, HandlesShareTheModel) {
   const auto clone = tok_->clone_for_thread();
   EXPECT_EQ(clone->vocab_size(), tok_->vocab_size());

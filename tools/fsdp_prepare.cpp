@@ -8,6 +8,8 @@
 //   fsdp_prepare --token-file FILE... --vocab-size N -o OUT.h5 [--val-token-file FILE...]
 //                [--token-format auto|llm.c|nanogpt] [--val-fraction F]
 //   fsdp_prepare --pairs FILE.tsv [-o] OUT.h5 [--val-fraction F]
+//   fsdp_prepare --pairs FILE.jsonl --tokenizer MODEL [-o] OUT.h5 [--add-bos|--no-add-bos]
+//                [--add-eos|--no-add-eos] [--bos-token T] [--eos-token T] [--val-fraction F]
 //
 // Text mode: INPUTs are files or folders (searched recursively; symlinks and *.dat skipped;
 // FIFOs, sockets and devices inside folders skipped with a warning, named directly refused).
@@ -15,7 +17,9 @@
 // Their bytes, concatenated in sorted path order, are the tokens (vocab 256, tokenizer
 // "bytes"); the last F (default 0.05) of them are the validation split.
 // Pairs mode (seq2seq): one `input<TAB>target` per line; bytes -> ByT5 ids b + 3, eos 1
-// appended to both; the last F of the pairs are the validation split.
+// appended to both; the last F of the pairs are the validation split. With --tokenizer:
+// {"prompt", "completion"} JSON Lines (TRL's prompt-completion format), the prompt after BOS,
+// the completion before EOS, for data.objective = "sft".
 // --tokenizer: the same inputs encoded with a SentencePiece model or a Hugging Face byte-level
 // BPE tokenizer.json (GPT-2, Llama 3), each document (a file, or with --document line a line)
 // between the tokenizer's BOS and EOS where it has them.
@@ -87,7 +91,8 @@ int main(int argc, char** argv) {
       ("help,h", "print this help")
       ("output,o", po::value(&out), "output HDF5 token file (written atomically via OUT.tmp)")
       ("pairs", po::value(&pairs),
-       "seq2seq pairs: a TSV of input<TAB>target lines (ByT5 ids, eos appended; docs/data.md)")
+       "seq2seq pairs: a TSV of input<TAB>target lines (ByT5 ids, eos appended); with --tokenizer, "
+       "JSON Lines of {\"prompt\", \"completion\"} for data.objective = \"sft\" (docs/data.md)")
       ("val-fraction", po::value(&val_fraction)->default_value(0.05, "0.05"),
        "fraction of the tokens (with --pairs: of the pairs), taken from the end, used for validation, in (0, 1)")
       ("tokenizer", po::value(&tokenizer),
@@ -136,7 +141,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     po::notify(vm);
-    const int modes = (vm.count("pairs") ? 1 : 0) + (vm.count("tokenizer") ? 1 : 0) + (vm.count("token-file") ? 1 : 0);
+    // --pairs with --tokenizer: prompt-completion JSON Lines for data.objective = "sft".
+    const bool sft_pairs = vm.count("pairs") && vm.count("tokenizer");
+    const int modes = (vm.count("pairs") ? 1 : 0) + (vm.count("tokenizer") ? 1 : 0) +
+                      (vm.count("token-file") ? 1 : 0) - (sft_pairs ? 1 : 0);
     if (modes > 1) {
       throw fsdp::InputError("--pairs, --tokenizer and --token-file: more than one given (expected one mode)");
     }
@@ -170,6 +178,46 @@ int main(int argc, char** argv) {
       std::printf("fsdp_prepare: %s: %s, %lld train tokens, %lld val tokens (vocab %lld, %s)\n", out.c_str(),
                   files.c_str(), static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens),
                   static_cast<long long>(s.vocab_size), s.format.c_str());
+      return 0;
+    }
+    if (sft_pairs) {
+      refuse_options(vm, "with --pairs", {"document", "text-key", "num-threads"});
+      if (out.empty() && inputs.size() == 1) {
+        out = inputs.front();
+        inputs.clear();
+      }
+      if (out.empty()) {
+        throw fsdp::InputError("--pairs: missing output (expected --pairs FILE.jsonl --tokenizer MODEL OUT.h5)");
+      }
+      if (!inputs.empty()) {
+        throw fsdp::InputError("--pairs: unexpected argument " + fsdp::printable(inputs.front()) +
+                               " (expected --pairs FILE.jsonl --tokenizer MODEL OUT.h5, one pairs file)");
+      }
+      fsdp::data::TokenizerOptions o;
+      o.model = tokenizer;
+      o.specials = {bos_token, eos_token};
+      o.add_bos = switch_pair(vm, "add-bos");
+      o.add_eos = switch_pair(vm, "add-eos");
+      const auto s = fsdp::data::prepare_tokenized_pairs(pairs, out, val_fraction, o);
+      if (!s.tokenizer_note.empty()) {
+        std::fprintf(stderr, "fsdp_prepare: warning: %s\n", s.tokenizer_note.c_str());
+      }
+      std::string specials;
+      if (s.bos_id >= 0) specials = "bos " + std::to_string(s.bos_id) + " before each prompt";
+      if (s.eos_id >= 0) {
+        specials += (specials.empty() ? "" : ", ") + std::string("eos ") + std::to_string(s.eos_id) +
+                    " after each completion";
+      }
+      if (specials.empty()) specials = "no bos/eos";
+      std::printf("fsdp_prepare: %s: %lld pairs (%lld train, %lld val), %lld prompt tokens, %lld completion "
+                  "tokens, prompt len max %lld mean %.1f, completion len max %lld mean %.1f (vocab %lld, %s, %s; "
+                  "data.objective = \"sft\")\n",
+                  out.c_str(), static_cast<long long>(s.pairs.train_examples + s.pairs.val_examples),
+                  static_cast<long long>(s.pairs.train_examples), static_cast<long long>(s.pairs.val_examples),
+                  static_cast<long long>(s.pairs.input_tokens), static_cast<long long>(s.pairs.target_tokens),
+                  static_cast<long long>(s.pairs.max_input_len), s.pairs.mean_input_len,
+                  static_cast<long long>(s.pairs.max_target_len), s.pairs.mean_target_len,
+                  static_cast<long long>(s.vocab_size), s.kind.c_str(), specials.c_str());
       return 0;
     }
     if (vm.count("pairs")) {

@@ -356,7 +356,8 @@ PairSplit split_pairs(const PairExamples& all, double val_fraction) {
   return s;
 }
 
-void write_pairs_file(const std::string& out, const PairSplit& split, const std::string& source) {
+void write_pairs_file(const std::string& out, const PairSplit& split, const std::string& source,
+                      const PairsVocab& vocab) {
   write_atomically(out, [&](h5::File& f) {
     for (const auto& [name, ex] : {std::pair<std::string, const PairExamples*>{"train", &split.train},
                                    std::pair<std::string, const PairExamples*>{"val", &split.val}}) {
@@ -365,8 +366,8 @@ void write_pairs_file(const std::string& out, const PairSplit& split, const std:
       f.write_i64("/" + name + "/input_offsets", ex->input_offsets.data(), {ex->input_offsets.size()});
       f.write_i64("/" + name + "/target_offsets", ex->target_offsets.data(), {ex->target_offsets.size()});
     }
-    f.set_attr("/", "vocab_size", int64_t{259});
-    f.set_attr("/", "tokenizer", std::string("byt5"));
+    f.set_attr("/", "vocab_size", vocab.vocab_size);
+    f.set_attr("/", "tokenizer", vocab.tokenizer);
     f.set_attr("/", "source", source);
     f.set_attr("/", "num_examples", split.train.size() + split.val.size());
   });
@@ -892,6 +893,66 @@ TokenFilesSummary prepare_token_file_dataset(const TokenFileOptions& options, co
   s.val_tokens = n_val;
   s.vocab_size = options.vocab_size;
   s.format = r.token_format;
+  return s;
+}
+
+// ---------------------------------------------------------------- prompt-completion pairs (sft)
+
+PairExamples read_prompt_completion_jsonl(const std::string& path, const TextTokenizer& tok,
+                                          bool add_bos, bool add_eos) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open (expected JSON Lines of prompt and completion)");
+  PairExamples ex;
+  std::string line;
+  std::vector<int32_t> prompt, completion;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    const std::string where = path + ":" + std::to_string(n);
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      throw InputError(where + ": not a JSON object (expected {\"prompt\": ..., \"completion\": ...})");
+    }
+    for (const char* key : {"prompt", "completion"}) {
+      if (!j.is_object() || !j.contains(key) || !j[key].is_string()) {
+        throw InputError(where + ": no string \"" + key +
+                         "\" (expected {\"prompt\": ..., \"completion\": ...}, TRL's prompt-completion lines)");
+      }
+    }
+    const std::string& c = j["completion"].get_ref<const std::string&>();
+    if (c.empty()) throw InputError(where + ": \"completion\" is empty (expected text to learn)");
+    prompt.clear();
+    completion.clear();
+    if (add_bos) prompt.push_back(tok.bos_id());
+    tok.encode(j["prompt"].get_ref<const std::string&>(), prompt, where);
+    tok.encode(c, completion, where);
+    if (add_eos) completion.push_back(tok.eos_id());
+    ex.add(prompt, completion);
+  }
+  if (in.bad()) throw InputError(path + ": read error");
+  if (ex.size() == 0) throw InputError(path + ": no prompt-completion lines");
+  return ex;
+}
+
+TokenizedPairsSummary prepare_tokenized_pairs(const std::string& jsonl, const std::string& out,
+                                              double val_fraction, const TokenizerOptions& options) {
+  val_token_count(0, val_fraction);
+  const OutputLock lock = claim_output(out, {jsonl, options.model});
+  TokenizedPairsSummary s;
+  const std::unique_ptr<TextTokenizer> tok =
+      load_text_tokenizer(options.model, options.specials, &s.tokenizer_note);
+  const bool add_bos = resolve_special(options.add_bos, tok->bos_id(), "--add-bos", tok->path());
+  const bool add_eos = resolve_special(options.add_eos, tok->eos_id(), "--add-eos", tok->path());
+  const PairSplit split =
+      split_pairs(read_prompt_completion_jsonl(jsonl, *tok, add_bos, add_eos), val_fraction);
+  write_pairs_file(out, split, "fsdp_prepare --pairs " + jsonl + " --tokenizer " + tok->path(),
+                   {tok->vocab_size(), tok->kind()});
+  s.pairs = summarize_pairs(split);
+  s.kind = tok->kind();
+  s.vocab_size = tok->vocab_size();
+  s.bos_id = add_bos ? tok->bos_id() : -1;
+  s.eos_id = add_eos ? tok->eos_id() : -1;
   return s;
 }
 

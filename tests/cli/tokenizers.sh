@@ -200,6 +200,15 @@ case "$CASE" in
     if ! grep -Eq "2 files, 500 documents, .*\(vocab 300, sentencepiece .*, eos 2 per document\)$" "$OUT"; then
       fail "--document line --no-add-bos summary"
     fi
+    # Prompt-completion pairs for data.objective = "sft" (TRL's JSON Lines).
+    for i in $(seq 1 20); do
+      printf '{"prompt": "fully sharded %d", "completion": " data parallel %d", "id": %d}\n' "$i" "$i" "$i"
+    done >"$WORK/sft.jsonl"
+    run_prepare --pairs "$WORK/sft.jsonl" --tokenizer "$WORK/m.model" -o "$WORK/sft.h5" --val-fraction 0.1
+    expect_rc 0
+    if ! grep -Eq "^fsdp_prepare: $WORK/sft.h5: 20 pairs \(18 train, 2 val\), .*\(vocab 300, sentencepiece, bos 1 before each prompt, eos 2 after each completion; data.objective = \"sft\"\)$" "$OUT"; then
+      fail "--pairs --tokenizer summary"
+    fi
     if have_py_h5; then
       "$PY" - "$WORK" "$(sha256sum <"$WORK/m.model" | cut -d' ' -f1)" <<'EOF' || fail "ids or record differ from Python's sentencepiece"
 import sys, h5py, numpy as np, sentencepiece as spm
@@ -218,6 +227,12 @@ assert a["add_bos"] == 1 and a["add_eos"] == 1 and a["bos_id"] == 1 and a["eos_i
 assert f["/train/tokens"].dtype == np.uint16, f["/train/tokens"].dtype
 f, ids = stored(work + "/lines.h5")
 assert ids == sum((sp.encode(l) + [2] for t in texts for l in t.split("\n") if l), []), "lines"
+f = h5py.File(work + "/sft.h5", "r")
+assert f.attrs["vocab_size"] == 300 and f.attrs["tokenizer"] == "sentencepiece", dict(f.attrs)
+o = f["/train/input_offsets"][:]
+assert list(f["/train/inputs"][o[0]:o[1]]) == [1] + sp.encode("fully sharded 1"), "prompt"
+o = f["/train/target_offsets"][:]
+assert list(f["/train/targets"][o[0]:o[1]]) == sp.encode(" data parallel 1") + [2], "completion"
 EOF
     else
       echo "no sentencepiece/h5py in $PY: Python cross-check skipped"
@@ -249,8 +264,13 @@ EOF
     expect_prepare_error "--document" "paragraph"
     run_prepare --no-add-eos -o "$WORK/out.h5" "$WORK/corpus"
     expect_prepare_error "--no-add-eos" "without --tokenizer"
-    run_prepare --tokenizer "$WORK/m.model" --pairs "$WORK/p.tsv" -o "$WORK/out.h5"
-    expect_prepare_error "--pairs" "--tokenizer"
+    run_prepare --tokenizer "$WORK/m.model" --pairs "$WORK/p.jsonl" -o "$WORK/out.h5"
+    expect_prepare_error "p.jsonl" "cannot open"
+    printf '{"prompt": "a", "completion": ""}\n' >"$WORK/empty_completion.jsonl"
+    run_prepare --tokenizer "$WORK/m.model" --pairs "$WORK/empty_completion.jsonl" -o "$WORK/out.h5"
+    expect_prepare_error "empty_completion.jsonl:1" '"completion" is empty'
+    run_prepare --tokenizer "$WORK/m.model" --pairs "$WORK/empty_completion.jsonl" --document line -o "$WORK/out.h5"
+    expect_prepare_error "--document" "with --pairs"
     run_prepare --tokenizer "$WORK/m.model" -o "$WORK/out.h5" "$WORK/missing_dir"
     expect_prepare_error "missing_dir"
     ;;

@@ -128,11 +128,19 @@ struct PairSplit {
 };
 PairSplit split_pairs(const PairExamples& all, double val_fraction);
 
+// The ids' vocabulary and their tokenizer, as a pairs file records them: ByT5's by default
+// (ids < 3 + 256).
+struct PairsVocab {
+  int64_t vocab_size = 259;
+  std::string tokenizer = "byt5";
+};
+
 // Writes the seq2seq schema of docs/data.md: /<split>/{inputs (int32), input_offsets (int64),
-// targets (int32), target_offsets (int64)} for train and val, root attributes vocab_size =
-// 259 (ids are < 3 + 256), tokenizer = "byt5", source = `source`, num_examples. Written
-// atomically like write_byte_token_file. Throws fsdp::Error naming `out` on failure.
-void write_pairs_file(const std::string& out, const PairSplit& split, const std::string& source);
+// targets (int32), target_offsets (int64)} for train and val, root attributes vocab_size and
+// tokenizer (`vocab`), source = `source`, num_examples. Written atomically like
+// write_byte_token_file. Throws fsdp::Error naming `out` on failure.
+void write_pairs_file(const std::string& out, const PairSplit& split, const std::string& source,
+                      const PairsVocab& vocab = {});
 
 // Sizes of a pairs file (lengths are in tokens, eos included; bytes = tokens - 1 per side).
 struct PairsSummary {
@@ -237,6 +245,35 @@ struct TokenizedSummary {
 TokenizedSummary prepare_tokenized_dataset(const std::vector<std::string>& inputs, const std::string& out,
                                            double val_fraction, const TokenizerOptions& options,
                                            ProgressMeter* progress = nullptr);
+
+// ---- prompt-completion pairs with a tokenizer (--pairs FILE.jsonl --tokenizer, sft) ----
+
+// Reads JSON Lines of {"prompt": ..., "completion": ...} (TRL's prompt-completion format;
+// other fields ignored, blank lines skipped) and encodes each: input = [bos if add_bos] +
+// tok.encode(prompt), target = tok.encode(completion) + [eos if add_eos]. Throws
+// fsdp::InputError "FILE:LINE: ..." for a line that is not a JSON object with string fields
+// "prompt" and "completion", or whose completion is empty; "FILE: ..." if the file cannot be
+// read or holds no examples.
+PairExamples read_prompt_completion_jsonl(const std::string& path, const TextTokenizer& tok,
+                                          bool add_bos, bool add_eos);
+
+struct TokenizedPairsSummary {
+  PairsSummary pairs;
+  std::string kind;  // TextTokenizer::kind()
+  int64_t vocab_size = 0;
+  int32_t bos_id = -1, eos_id = -1;  // the ids added (to each prompt, each completion), -1: none
+  std::string tokenizer_note;        // load_text_tokenizer's note ("" when none)
+};
+
+// fsdp_prepare --pairs FILE.jsonl --tokenizer MODEL: claims the output (not an input nor the
+// model), loads the tokenizer (options.model, options.specials) and resolves BOS / EOS as
+// prepare_tokenized_dataset does (options.add_bos, add_eos; one token for both is added to
+// both here: before the prompt and after the completion), reads the pairs, splits off the
+// last val_token_count(n, val_fraction) examples as validation (split_pairs) and writes the
+// pairs file (vocab_size and tokenizer kind of the tokenizer). The file is what
+// data.objective = "sft" trains on.
+TokenizedPairsSummary prepare_tokenized_pairs(const std::string& jsonl, const std::string& out,
+                                              double val_fraction, const TokenizerOptions& options);
 
 // ---- token files of other projects (--token-file) ----
 
