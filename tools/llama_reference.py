@@ -237,41 +237,42 @@ def gemma3_config(layers, attn, tied, rope, flags):
             "torch_dtype": "float32", "bos_token_id": 2, "eos_token_id": 1, "use_cache": True}
 
 
+def sized_config(cls, model_type, layers, attn, rope):
+    """The leading attributes every class without head_dim shares: class, sizes, norm epsilon
+    and RoPE (rope1e4 / linear / yarn: theta 1e4; llama3: theta 5e5 with LLAMA3_SCALING)."""
+    return {"architectures": [cls], "model_type": model_type, "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
+            "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+            "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
+            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope])}
+
+
 def smollm3_config(layers, attn, tied, rope, flags):
     """config.json of a SmolLM3ForCausalLM variant (SmolLM3Config's attributes; no head_dim):
     no_rope_layer_interval 2, so layer 1 of 3 has no RoPE (NoPE) and, with _swa, slides
     (use_sliding_window, window 3 < T: HF's layer_types); pad_token_id null (SmolLM3Config's
     128004 is beyond the tiny vocabulary)."""
     swa = "swa" in flags
-    return {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "vocab_size": VOCAB,
-            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
-            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
-            "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
-            "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
-            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
+    return dict(sized_config("SmolLM3ForCausalLM", "smollm3", layers, attn, rope), **{
             "no_rope_layer_interval": 2, "use_sliding_window": swa,
             "sliding_window": SWA_WINDOW if swa else None, "attention_bias": "attnbias" in flags,
             "attention_dropout": 0.0, "mlp_bias": "mlpbias" in flags,
             "tie_word_embeddings": tied == "tied", "pad_token_id": None, "hidden_act": "silu",
             "initializer_range": 0.02, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
-            "use_cache": True}
+            "use_cache": True})
 
 
 def granite_config(layers, attn, tied, rope, flags):
     """config.json of a GraniteForCausalLM variant (GraniteConfig's attributes; no head_dim):
     its four multipliers away from 1 (Granite 3's are 12, 0.22, 1/128 and 8)."""
     assert "attnbias" not in flags and "mlpbias" not in flags, flags
-    return {"architectures": ["GraniteForCausalLM"], "model_type": "granite", "vocab_size": VOCAB,
-            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
-            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
-            "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
-            "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
-            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
+    return dict(sized_config("GraniteForCausalLM", "granite", layers, attn, rope), **{
             "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
             "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2,
             "logits_scaling": 4.0, "tie_word_embeddings": tied == "tied", "hidden_act": "silu",
             "initializer_range": 0.02, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
-            "use_cache": True}
+            "use_cache": True})
 
 
 def olmo3_config(layers, attn, tied, rope, flags):
@@ -280,16 +281,11 @@ def olmo3_config(layers, attn, tied, rope, flags):
     _swa; the llama3 scaling applies to the global layer only (Olmo3Model's rotary_embs)."""
     assert "swa" in flags and "mlpbias" not in flags, flags
     types = ["sliding_attention" if (l + 1) % 2 else "full_attention" for l in range(layers)]
-    return {"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "vocab_size": VOCAB,
-            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
-            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
-            "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
-            "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
-            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
+    return dict(sized_config("Olmo3ForCausalLM", "olmo3", layers, attn, rope), **{
             "attention_bias": "attnbias" in flags, "attention_dropout": 0.0,
             "sliding_window": SWA_WINDOW, "layer_types": types, "pad_token_id": None,
             "tie_word_embeddings": tied == "tied", "hidden_act": "silu", "initializer_range": 0.02,
-            "torch_dtype": "float32", "bos_token_id": None, "eos_token_id": 2, "use_cache": True}
+            "torch_dtype": "float32", "bos_token_id": None, "eos_token_id": 2, "use_cache": True})
 
 
 def granite(cfg):  # GraniteForCausalLM's four multipliers (1 for the other classes)
