@@ -9,7 +9,9 @@
 //  seq2seq          sample i = example i of the split's pairs (docs/data.md), inputs
 //                   truncated/padded to data.max_input_len, targets to data.max_target_len;
 //  span_corruption  sample i = stream window [i*L, (i+1)*L) corrupted as in the T5 paper,
-//                   with randomness a pure function of (train.seed, split, i).
+//                   with randomness a pure function of (train.seed, split, i);
+//  sft              sample i = example i of the split's pairs as one decoder row: prompt ++
+//                   completion cut to L + 1 tokens, targets on the completion only.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +48,7 @@ class SampleSource {
 };
 
 // The row lengths of config's batches (what activation memory is planned for):
-// causal_lm {seq_len, seq_len}; seq2seq {max_input_len, max_target_len}; span_corruption
+// causal_lm and sft {seq_len, seq_len}; seq2seq {max_input_len, max_target_len}; span_corruption
 // {L - num_noise + num_spans + 1, num_noise + num_spans + 1} (span_corruption.hpp).
 // Throws InputError naming the data.* key for invalid span_corruption parameters.
 BatchShape batch_shape(const Config& config);
@@ -59,6 +61,8 @@ BatchShape batch_shape(const Config& config);
 //  causal_lm: TokenDataset or SyntheticTokens exactly as the trainer builds them (synthetic:
 //    train 1024 * global_batch * L + 1 tokens, seed train.seed; val 64 * L + 1, seed + 1);
 //    val num_samples = num_val_windows(tokens, L, eval.max_windows); load = load_batch.
+//  sft: as seq2seq below (the pairs' inputs are the prompts, their targets the completions),
+//    rows of data.seq_len; an example longer than seq_len + 1 tokens counts in num_truncated().
 //  seq2seq: data.source must be "hdf5" (else InputError naming data.source); the split is
 //    read whole and validated at open; val is capped at eval.max_windows (> 0) examples;
 //    truncation keeps max - 1 tokens + eos and is counted in num_truncated(). Inputs padded
