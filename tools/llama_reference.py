@@ -59,8 +59,8 @@ gradient); the MLP gelu_tanh(gate) * up; scores scaled by query_pre_attn_scalar 
 rope_theta 1e6 with rope_scaling (rope word rope1e4: none, linear: factor 2). The 1-layer
 variant: pattern 6, a window covering the sequence; 3l ..._swa: pattern 2 (sliding, global,
 sliding), window 3).
-A tiny Llama (hidden 32, 4 heads of head_dim 8, intermediate 40, vocab 37: not a multiple of
-anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
+A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, gemma3: 12), intermediate 40, vocab 37:
+not a multiple of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
 biases N(0, 0.3), RMSNorm weights 1 + N(0, 0.3); every value rounded to a multiple of 1e-3 so
 that its short decimal text is exactly the float32 the model ran with), run in float64 on one
@@ -79,7 +79,7 @@ Precision: this is the exact math in float64. HF itself, even for a float64 mode
 pieces in float32 (inv_freq, the llama3 rescaling and cos/sin; RMSNorm's normalisation; the eager
 softmax in recent versions); those differences (~1e-7 relative) are far below what the tests
 resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
-params as short decimals to keep the files small: 1-layer files ~200-250 KB, 3-layer ~500-550 KB.
+params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-610 KB.
 
 llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
 ~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
@@ -978,6 +978,14 @@ def selftest():
         others = max(rel_err(pu[n].grad, pt[n].grad) for n in pt if n != "model.embed_tokens.weight")
         expect(err < 1e-14 and gerr < 1e-12 and others < 1e-12,
                f"{v}: equals untied with a copied lm_head (logits {err:.1e}, embed grad {gerr:.1e}, others {others:.1e})")
+        pad = pad_token(cfg)
+        if pad is not None and pad in tokens.flatten().tolist():  # the padding row: the head's part only
+            tied_row = pt["model.embed_tokens.weight"].grad[pad]
+            head_row = pu["lm_head.weight"].grad[pad]
+            expect(bool((pu["model.embed_tokens.weight"].grad[pad] == 0).all()) and float(head_row.abs().sum()) > 0
+                   and rel_err(tied_row, head_row) < 1e-13,
+                   f"{v}: the tied padding row {pad}'s gradient is the LM head's alone "
+                   f"(rel err {rel_err(tied_row, head_row):.1e} against the untied lm_head row)")
 
     # 4b. The _swa windows change the model (a window that masked nothing would pass the
     #     comparisons above), and a window covering the sequence changes nothing.
