@@ -1111,6 +1111,24 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
 // ---- the "llama" model family (registry entry) ----
 namespace {
 
+// HF's layer_types of `g`: "sliding_attention" for each layer with a window (layer_window),
+// else "full_attention" — the list every class with per-layer windows derives.
+nlohmann::json layer_types_of(const LlamaConfig& g) {
+  nlohmann::json types = nlohmann::json::array();
+  for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+    types.push_back(g.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+  }
+  return types;
+}
+
+// The input error for a config.json attribute fsdp_train does not implement: "<origin>:
+// \"<field>\" <value> is not supported (expected <expected>)".
+Error unsupported(const std::string& origin, const std::string& field, const nlohmann::json& value,
+                  const std::string& expected) {
+  return InputError(origin + ": \"" + field + "\" " + value.dump() +
+                    " is not supported (expected " + expected + ")");
+}
+
 // One entry per LlamaArch: the same model, HF's class names, keys and config.json of each.
 class LlamaFamily final : public ModelFamily {
  public:
@@ -1257,24 +1275,15 @@ class LlamaFamily final : public ModelFamily {
       out[args().name(&LlamaConfig::sliding_window)] = nullptr;  // HF's spelling of none
     }
     if (arch_ == LlamaArch::smollm3) {  // the lists SmolLM3Config would derive, spelled out
-      nlohmann::json rope = nlohmann::json::array(), types = nlohmann::json::array();
-      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
-        rope.push_back(g.layer_rope(l) ? 1 : 0);
-        types.push_back(g.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
-      }
+      nlohmann::json rope = nlohmann::json::array();
+      for (int64_t l = 0; l < g.num_hidden_layers; ++l) rope.push_back(g.layer_rope(l) ? 1 : 0);
       out["no_rope_layers"] = rope;
-      out["layer_types"] = types;
+      out["layer_types"] = layer_types_of(g);
     }
     if (g.pad_token_id < 0) out[args().name(&LlamaConfig::pad_token_id)] = nullptr;  // None
-    if (g.patterned_window()) {
-      // Gemma 3: transformers >= 4.53 reads layer_types (older ones the pattern): both,
-      // agreeing; OLMo 3: layer_types only.
-      nlohmann::json types = nlohmann::json::array();
-      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
-        types.push_back(g.layer_local_rope(l) ? "sliding_attention" : "full_attention");
-      }
-      out["layer_types"] = types;
-    }
+    // Gemma 3: transformers >= 4.53 reads layer_types (older ones the pattern): both, agreeing;
+    // OLMo 3: layer_types only.
+    if (g.patterned_window()) out["layer_types"] = layer_types_of(g);
     if (gemma) {
       out["hidden_activation"] = "gelu_pytorch_tanh";
       out["final_logit_softcapping"] = nullptr;  // Gemma 3 has neither (Gemma 2's)
@@ -1317,8 +1326,7 @@ class LlamaFamily final : public ModelFamily {
       if (hf.contains(window) && hf[window].is_null()) hf[window] = 0;
     }
     auto refuse = [&](const char* field, const std::string& expected) {
-      return InputError(origin + ": \"" + field + "\" " + hf[field].dump() +
-                        " is not supported (expected " + expected + ")");
+      return unsupported(origin, field, hf[field], expected);
     };
     if (gemma) gemma_from_hf(hf, origin);
     if (gemma || arch_ == LlamaArch::olmo3) layer_type_rope_from_hf(hf, origin);
@@ -1383,10 +1391,7 @@ class LlamaFamily final : public ModelFamily {
     }
     const bool qwen = arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3;
     if ((qwen || smol) && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
-      nlohmann::json want = nlohmann::json::array();
-      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
-        want.push_back(g.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
-      }
+      const nlohmann::json want = layer_types_of(g);
       if (hf["layer_types"] != want) {
         throw refuse("layer_types", want.dump() + (qwen ? ", the layers use_sliding_window and "
                                                           "max_window_layers give"
@@ -1408,8 +1413,7 @@ class LlamaFamily final : public ModelFamily {
   void gemma_from_hf(nlohmann::json& hf, const std::string& origin) const {
     auto refuse = [&](const std::string& field, const nlohmann::json& v,
                       const std::string& expected) {
-      return InputError(origin + ": \"" + field + "\" " + v.dump() +
-                        " is not supported (expected " + expected + ")");
+      return unsupported(origin, field, v, expected);
     };
     if (hf.contains("hidden_activation") && !hf["hidden_activation"].is_null() &&
         hf["hidden_activation"] != "gelu_pytorch_tanh") {
@@ -1429,8 +1433,7 @@ class LlamaFamily final : public ModelFamily {
   void layer_type_rope_from_hf(nlohmann::json& hf, const std::string& origin) const {
     auto refuse = [&](const std::string& field, const nlohmann::json& v,
                       const std::string& expected) {
-      return InputError(origin + ": \"" + field + "\" " + v.dump() +
-                        " is not supported (expected " + expected + ")");
+      return unsupported(origin, field, v, expected);
     };
     if (!hf.contains("rope_parameters") || !hf["rope_parameters"].is_object() ||
         !hf["rope_parameters"].contains("full_attention")) {
