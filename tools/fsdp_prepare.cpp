@@ -180,19 +180,22 @@ int main(int argc, char** argv) {
                   static_cast<long long>(s.vocab_size), s.format.c_str());
       return 0;
     }
-    if (sft_pairs) {
-      refuse_options(vm, "with --pairs", {"document", "text-key", "num-threads"});
+    if (vm.count("pairs")) {
+      // OUT may be given as -o OUT or as the one positional argument.
+      const std::string usage =
+          sft_pairs ? "--pairs FILE.jsonl --tokenizer MODEL OUT.h5" : "--pairs FILE.tsv OUT.h5";
       if (out.empty() && inputs.size() == 1) {
         out = inputs.front();
         inputs.clear();
       }
-      if (out.empty()) {
-        throw fsdp::InputError("--pairs: missing output (expected --pairs FILE.jsonl --tokenizer MODEL OUT.h5)");
-      }
+      if (out.empty()) throw fsdp::InputError("--pairs: missing output (expected " + usage + ")");
       if (!inputs.empty()) {
         throw fsdp::InputError("--pairs: unexpected argument " + fsdp::printable(inputs.front()) +
-                               " (expected --pairs FILE.jsonl --tokenizer MODEL OUT.h5, one pairs file)");
+                               " (expected " + usage + ", one pairs file)");
       }
+    }
+    if (sft_pairs) {
+      refuse_options(vm, "with --pairs", {"document", "text-key", "num-threads"});
       fsdp::data::TokenizerOptions o;
       o.model = tokenizer;
       o.specials = {bos_token, eos_token};
@@ -221,16 +224,6 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (vm.count("pairs")) {
-      // OUT may be given as -o OUT or as the one positional argument.
-      if (out.empty() && inputs.size() == 1) {
-        out = inputs.front();
-        inputs.clear();
-      }
-      if (out.empty()) throw fsdp::InputError("--pairs: missing output (expected --pairs FILE.tsv OUT.h5)");
-      if (!inputs.empty()) {
-        throw fsdp::InputError("--pairs: unexpected argument " + inputs.front() +
-                               " (expected --pairs FILE.tsv OUT.h5, one pairs file)");
-      }
       auto progress = fsdp::ProgressMeter::on_terminal({.label = "fsdp_prepare"});
       const auto s = fsdp::data::prepare_pairs_dataset(pairs, out, val_fraction, &progress);
       progress.finish();
