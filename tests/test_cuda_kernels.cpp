@@ -1362,31 +1362,34 @@ void rope_tables(int64_t Tmax, int64_t D, Vec& cos, Vec& sin) {
 TEST(CudaBackend, Rope) {
   std::mt19937 rng(28);
   struct Shape {
-    int64_t B, T, Tmax, H, D;
+    int64_t B, T, Tmax, H, D, R;  // R < D: partial rotary, the other columns copied
   };
   for (DType t : kFloatTypes) {
-    for (const Shape& sh : {Shape{2, 13, 20, 3, 8}, Shape{1, 1, 1, 1, 2}, Shape{3, 7, 7, 2, 6},
-                            Shape{2, 65, 130, 4, 128}, Shape{1, 33, 64, 8, 64}}) {
+    for (const Shape& sh :
+         {Shape{2, 13, 20, 3, 8, 8}, Shape{1, 1, 1, 1, 2, 2}, Shape{3, 7, 7, 2, 6, 6},
+          Shape{2, 65, 130, 4, 128, 128}, Shape{1, 33, 64, 8, 64, 64},
+          Shape{2, 17, 20, 3, 128, 96}, Shape{2, 5, 5, 2, 10, 4}, Shape{1, 3, 3, 2, 7, 2}}) {
       SCOPED_TRACE(name(t) + " B=" + std::to_string(sh.B) + " T=" + std::to_string(sh.T) +
-                   " H=" + std::to_string(sh.H) + " D=" + std::to_string(sh.D));
+                   " H=" + std::to_string(sh.H) + " D=" + std::to_string(sh.D) +
+                   " R=" + std::to_string(sh.R));
       const int64_t n = sh.B * sh.T * sh.H * sh.D;
       Vec cv, sv;
-      rope_tables(sh.Tmax, sh.D, cv, sv);
+      rope_tables(sh.Tmax, sh.R, cv, sv);
       Pair cos = make(DType::f32, cv), sin = make(DType::f32, sv);
       Pair x = make(t, uniform(n, rng, -3.0f, 3.0f)), out = make(t, uniform(n, rng)),
            dx = make(t, uniform(n, rng));
       both([&](Backend& be, Side s) {
-        be.rope_forward(out.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D);
-        be.rope_backward(dx.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D);
+        be.rope_forward(out.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D, sh.R);
+        be.rope_backward(dx.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D, sh.R);
       });
       check(out, tol_for(t, kElemF32), "rope_forward");
       check(dx, tol_for(t, kElemF32), "rope_backward");
       both([&](Backend& be, Side s) {  // in place: out = x, then dx = dout
-        be.rope_forward(x.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D);
+        be.rope_forward(x.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D, sh.R);
       });
       check_sync(x, tol_for(t, kElemF32), "rope_forward in place");
       both([&](Backend& be, Side s) {
-        be.rope_backward(x.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D);
+        be.rope_backward(x.v(s), x.v(s), cos.v(s), sin.v(s), sh.B, sh.T, sh.H, sh.D, sh.R);
       });
       check(x, tol_for(t, kElemF32), "rope_backward in place");
     }
@@ -1396,7 +1399,9 @@ TEST(CudaBackend, Rope) {
   rope_tables(9, 16, cv, sv);
   Pair cos = make(DType::f32, cv), sin = make(DType::f32, sv);
   Pair x = make(DType::bf16, uniform(2 * 9 * 3 * 16, rng)), out = make(DType::f32, Vec(2 * 9 * 3 * 16));
-  both([&](Backend& be, Side s) { be.rope_forward(out.v(s), x.v(s), cos.v(s), sin.v(s), 2, 9, 3, 16); });
+  both([&](Backend& be, Side s) {
+    be.rope_forward(out.v(s), x.v(s), cos.v(s), sin.v(s), 2, 9, 3, 16, 16);
+  });
   check(out, kElemF32, "rope_forward bf16 -> fp32");
 }
 
@@ -1518,9 +1523,9 @@ TEST(CudaBackend, LlamaWrongArgumentsThrow) {
   Backend& g = gpu();
   DeviceBuffer f32(g, DType::f32, 256, MemCategory::other), bf(g, DType::bf16, 64, MemCategory::other);
   const TensorView F = f32.view(), Hb = bf.view();
-  expect_error([&] { g.rope_forward(F.slice(0, 36), F.slice(0, 36), F, F, 1, 3, 4, 3); },
-               "cuda backend: rope_forward: D");
-  expect_error([&] { g.rope_backward(F, F, Hb, F, 1, 3, 4, 4); },
+  expect_error([&] { g.rope_forward(F.slice(0, 36), F.slice(0, 36), F, F, 1, 3, 4, 3, 3); },
+               "cuda backend: rope_forward: R");
+  expect_error([&] { g.rope_backward(F, F, Hb, F, 1, 3, 4, 4, 4); },
                "cuda backend: rope_backward: cos is bf16");
   expect_error([&] { g.swiglu_forward(F, F.slice(0, 100), F); },
                "cuda backend: swiglu_forward: gate is fp32 [100]");

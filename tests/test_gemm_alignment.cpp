@@ -145,9 +145,9 @@ class GemmRecorder final : public fsdp::Kernels {
                     const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                     int64_t, int64_t, int64_t, int64_t, int64_t, float, bool) override {}
   void rope_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                    int64_t, int64_t, int64_t, int64_t) override {}
+                    int64_t, int64_t, int64_t, int64_t, int64_t) override {}
   void rope_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                     int64_t, int64_t, int64_t, int64_t) override {}
+                     int64_t, int64_t, int64_t, int64_t, int64_t) override {}
   void swiglu_forward(const TensorView&, const TensorView&, const TensorView&) override {}
   void swiglu_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                        const TensorView&) override {}

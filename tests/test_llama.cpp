@@ -90,6 +90,17 @@ void make_granite(fsdp::LlamaConfig& m) {
   m.logits_scaling = 4.0;
 }
 
+// Phi-3 with Phi-4-mini's RoPE on the tiny model: half of each head rotated (partial_rotary_
+// factor 0.5 of 4 columns: one frequency), LongRoPE's long factor (T > 4) and its scale.
+void make_phi3_longrope(fsdp::LlamaConfig& m) {
+  m.arch = fsdp::LlamaArch::phi3;
+  m.partial_rotary_factor = 0.5;
+  m.rope_type = fsdp::LlamaConfig::RopeType::longrope;
+  m.original_max_position_embeddings = 4;
+  m.rope_short_factor = {1.5};
+  m.rope_long_factor = {2.0};
+}
+
 // OLMo 3's tiny model: layer 0 slides over 3 positions with unscaled RoPE, layer 1 is global.
 void make_olmo3(fsdp::LlamaConfig& m) {
   m.arch = fsdp::LlamaArch::olmo3;
@@ -118,6 +129,7 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     bool tied, attention_bias, mlp_bias, llama3;
     LlamaArch arch = LlamaArch::llama;
     int64_t head_dim = 0;
+    bool longrope = false;  // make_phi3_longrope
   };
   for (const Case& c :
        {Case{"GQA untied", 2, false, false, false, false},
@@ -133,6 +145,8 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"Phi-3 GQA untied (fused qkv_proj, gate_up_proj)", 2, false, false, false, false,
              LlamaArch::phi3},
         Case{"Phi-3 MQA tied", 1, true, false, false, false, LlamaArch::phi3},
+        Case{"Phi-3 GQA untied, LongRoPE, half of each head rotated", 2, false, false, false,
+             false, LlamaArch::phi3, 0, true},
         Case{"Gemma 3 GQA tied, head_dim 6, sliding + global", 2, true, false, false, false,
              LlamaArch::gemma3_text, 6},
         Case{"Gemma 3 MQA untied, attention bias, llama3 (global)", 1, false, true, false, true,
@@ -153,6 +167,7 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     if (c.arch == LlamaArch::smollm3) make_smollm3(o.model, /*window=*/c.tied);
     if (c.arch == LlamaArch::granite) make_granite(o.model);
     if (c.arch == LlamaArch::olmo3) make_olmo3(o.model);
+    if (c.longrope) make_phi3_longrope(o.model);
     o.model.arch = c.arch;
     o.model.head_dim = c.head_dim;
     o.model.num_key_value_heads = c.kv_heads;
@@ -518,10 +533,10 @@ void expect_refused(const fsdp::ModelFamily& family, const nlohmann::json& hf,
   }
 }
 
-// Phi-3's config.json: what fsdp_train does not implement is refused by name (longrope, a
-// partial rotary embedding, dropout), and so is another rope type in a TOML; Phi-4 14B's own
-// config.json is read as written.
-TEST(Llama, Phi3RefusesWhatIsNotImplemented) {
+// Phi-3's config.json: Phi-4 14B's and Phi-4-mini's (partial rotary embedding, LongRoPE) are
+// read as written, in transformers 4's and 5's spellings; what fsdp_train does not implement
+// (dropout, another rope type) and what disagrees with itself is refused by name.
+TEST(Llama, Phi3ConfigJson) {
   const fsdp::ModelFamily& phi3 = fsdp::model_family("phi3");
   const nlohmann::json phi4 = {
       {"architectures", {"Phi3ForCausalLM"}}, {"model_type", "phi3"}, {"vocab_size", 100352},
@@ -532,32 +547,132 @@ TEST(Llama, Phi3RefusesWhatIsNotImplemented) {
       {"sliding_window", nullptr}, {"tie_word_embeddings", false}, {"hidden_act", "silu"},
       {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attention_dropout", 0.0},
       {"partial_rotary_factor", 1.0}, {"bos_token_id", 100257}, {"eos_token_id", 100265}};
-  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(phi3.from_hf_config(phi4, "phi4.json"));
+  fsdp::LlamaConfig g = fsdp::LlamaConfig::from(phi3.from_hf_config(phi4, "phi4.json"));
   EXPECT_EQ(g.arch, fsdp::LlamaArch::phi3);
   EXPECT_EQ(g.kv_heads(), 10);
   EXPECT_EQ(g.head_size(), 128);
+  EXPECT_EQ(g.rotary_dim(), 128);
   EXPECT_EQ(g.sliding_window, 0);
   EXPECT_EQ(g.rope_theta, 250000.0);
+  EXPECT_EQ(g.rope_type, fsdp::LlamaConfig::RopeType::default_);
+
+  // Phi-4-mini's shape: 24 heads of 128, 96 of them rotated, LongRoPE from 4096 to 131072.
+  std::vector<double> short_f, long_f;
+  for (int i = 0; i < 48; ++i) {
+    short_f.push_back(1.0 + 0.01 * i);
+    long_f.push_back(1.0 + 0.5 * i);
+  }
+  nlohmann::json mini = phi4;
+  mini.update({{"vocab_size", 200064}, {"hidden_size", 3072}, {"intermediate_size", 8192},
+               {"num_hidden_layers", 32}, {"num_attention_heads", 24}, {"num_key_value_heads", 8},
+               {"max_position_embeddings", 131072}, {"original_max_position_embeddings", 4096},
+               {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.75},
+               {"rope_scaling",
+                {{"type", "longrope"}, {"short_factor", short_f}, {"long_factor", long_f}}},
+               {"sliding_window", 262144}, {"tie_word_embeddings", true},
+               {"pad_token_id", 199999}});
+  const fsdp::ModelConfig mc = phi3.from_hf_config(mini, "phi4-mini.json");
+  g = fsdp::LlamaConfig::from(mc);
+  EXPECT_EQ(g.rotary_dim(), 96);
+  EXPECT_EQ(g.rope_type, fsdp::LlamaConfig::RopeType::longrope);
+  EXPECT_EQ(g.rope_short_factor, short_f);
+  EXPECT_EQ(g.rope_long_factor, long_f);
+  EXPECT_EQ(g.original_max_position_embeddings, 4096);
+  // sqrt(1 + ln 32 / ln 4096) = sqrt(17 / 12): the same whichever list is used.
+  EXPECT_DOUBLE_EQ(fsdp::llama_rope_attention_scaling(g),
+                   std::sqrt(1 + std::log(32.0) / std::log(4096.0)));
+  const std::vector<double> at4k = fsdp::llama_inv_freq(g, 4096);
+  const std::vector<double> at8k = fsdp::llama_inv_freq(g, 4097);
+  ASSERT_EQ(at4k.size(), 48u);
+  ASSERT_EQ(at8k.size(), 48u);
+  for (std::size_t i = 0; i < 48; ++i) {
+    const double base = std::pow(10000.0, -2.0 * static_cast<double>(i) / 96.0);
+    EXPECT_DOUBLE_EQ(at4k[i], base / short_f[i]) << i;
+    EXPECT_DOUBLE_EQ(at8k[i], base / long_f[i]) << i;
+  }
+  // merge writes it back as transformers 4's Phi3Config takes it (three rope_scaling fields),
+  // and reading that gives the same config.
+  const nlohmann::json out = phi3.hf_config(mc);
+  EXPECT_EQ(out["rope_scaling"],
+            nlohmann::json(
+                {{"type", "longrope"}, {"short_factor", short_f}, {"long_factor", long_f}}));
+  EXPECT_EQ(out["partial_rotary_factor"], 0.75);
+  EXPECT_EQ(out["original_max_position_embeddings"], 4096);
+  EXPECT_EQ(fsdp::model_config_json(phi3.from_hf_config(out, "merged.json")),
+            fsdp::model_config_json(mc));
+  // transformers 5's spelling: one rope_parameters dict with the theta, type and the fraction.
+  nlohmann::json v5 = mini;
+  v5.erase("rope_scaling");
+  v5.erase("rope_theta");
+  v5.erase("partial_rotary_factor");
+  v5["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0},
+                           {"partial_rotary_factor", 0.75}, {"short_factor", short_f},
+                           {"long_factor", long_f}, {"original_max_position_embeddings", 4096}};
+  EXPECT_EQ(fsdp::model_config_json(phi3.from_hf_config(v5, "v5.json")),
+            fsdp::model_config_json(mc));
+  // Phi-3-128k's legacy "su" is longrope.
+  nlohmann::json su = mini;
+  su["rope_scaling"]["type"] = "su";
+  EXPECT_EQ(fsdp::model_config_json(phi3.from_hf_config(su, "su.json")),
+            fsdp::model_config_json(mc));
+
   auto refused = [&](const nlohmann::json& hf, const std::string& needle) {
     expect_refused(phi3, hf, needle);
   };
   nlohmann::json hf = phi4;
-  hf["partial_rotary_factor"] = 0.75;  // Phi-4-mini
-  refused(hf, "config.json: \"partial_rotary_factor\" 0.75 is not supported (expected 1.0)");
-  hf = phi4;
   hf["resid_pdrop"] = 0.1;
   refused(hf, "\"resid_pdrop\" 0.1 is not supported (expected 0.0)");
-  hf = phi4;
-  hf["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};
-  refused(hf, "longrope");
-  try {
-    fsdp::parse_config("[model]\ntype = \"phi3\"\nrope_scaling = { rope_type = \"yarn\" }\n",
+  hf = mini;
+  hf["rope_scaling"]["factor"] = 16.0;  // transformers 5 would scale by it
+  refused(hf, "\"rope_scaling.factor\" 16.0 is not supported (expected none, or "
+              "max_position_embeddings / original_max_position_embeddings = 131072 / 4096)");
+  hf["rope_scaling"]["factor"] = 32.0;  // the ratio itself is fine
+  EXPECT_NO_THROW(phi3.from_hf_config(hf, "config.json"));
+  hf = v5;
+  hf["partial_rotary_factor"] = 0.5;
+  refused(hf, "\"rope_parameters.partial_rotary_factor\" 0.75 is not supported (expected the "
+              "top-level partial_rotary_factor 0.5)");
+  hf = mini;
+  hf["rope_scaling"]["type"] = "dynamic";
+  refused(hf, "unknown value \"dynamic\" (expected one of default, longrope)");
+
+  // A TOML's: another rope type, factor lists of the wrong length, an odd rotated width.
+  auto toml_error = [](const std::string& model) {
+    try {
+      fsdp::parse_config("[data]\nsource = \"synthetic\"\n[model]\ntype = \"phi3\"\n" + model,
+                         "input.toml", {});
+    } catch (const fsdp::Error& e) {
+      EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(toml_error("rope_scaling = { rope_type = \"yarn\" }\n")
+                .find("model.rope_scaling.rope_type: unknown value \"yarn\" (expected one of "
+                      "default, longrope)"),
+            std::string::npos);
+  // the default 4 heads of 32: 16 rotated columns, 8 frequencies
+  EXPECT_NE(toml_error("rope_scaling = { rope_type = \"longrope\", short_factor = [1.0], "
+                       "long_factor = [1, 1, 1, 1, 1, 1, 1, 1] }\npartial_rotary_factor = 0.5\n")
+                .find("model.rope_scaling.short_factor: 1 numbers (expected rotary_dim / 2 = 8"),
+            std::string::npos);
+  EXPECT_NE(toml_error("rope_scaling = { short_factor = [1.0, -1.0] }\n")
+                .find("model.rope_scaling.short_factor: element 1 = -1 is out of range"),
+            std::string::npos);
+  EXPECT_NE(toml_error("partial_rotary_factor = 0.3\n")
+                .find("model.partial_rotary_factor: 0.3 rotates int(32 * 0.3) = 9 columns of each "
+                      "head (expected an even number >= 2)"),
+            std::string::npos);
+  EXPECT_EQ(toml_error("rope_scaling = { rope_type = \"longrope\", short_factor = [1, 2, 3, 4, 5, "
+                       "6, 7, 8, 9, 10, 11, 12], long_factor = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, "
+                       "12] }\npartial_rotary_factor = 0.75\n"),
+            "accepted");
+  try {  // LongRoPE is Phi-3's
+    fsdp::parse_config("[model]\ntype = \"llama\"\nrope_scaling = { rope_type = \"longrope\" }\n",
                        "input.toml", {});
-    ADD_FAILURE() << "phi3 with yarn accepted";
+    ADD_FAILURE() << "llama with longrope accepted";
   } catch (const fsdp::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model.rope_scaling.rope_type: yarn is not supported "
-                                         "for phi3"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("unknown value \"longrope\""), std::string::npos)
         << e.what();
   }
 }

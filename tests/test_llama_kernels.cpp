@@ -135,7 +135,7 @@ TEST_F(LlamaKernels, RopeMatchesHuggingFaceFormula) {
   rope_tables(Tmax, D, 10000.0, cos, sin);
   const Vec x = random_vec(B * T * H * D, rng);
   Vec out(x.size(), std::numeric_limits<float>::quiet_NaN());
-  be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), B, T, H, D);
+  be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), B, T, H, D, D);
   const DVec ref = rope_ref(x, cos, sin, B, T, H, D);
   for (std::size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-6) << i;
   // position 0 is the identity (cos 1, sin 0); the rotation keeps each pair's norm
@@ -154,7 +154,7 @@ TEST_F(LlamaKernels, RopeMatchesHuggingFaceFormula) {
   // a hand-computed pair: D = 2, one head, position 1 at angle 0.5
   const Vec c1 = {1.0f, std::cos(0.5f)}, s1 = {0.0f, std::sin(0.5f)}, x1 = {9, 9, 3.0f, -2.0f};
   Vec o1(4);
-  be->rope_forward(f32(o1), f32(x1), f32(c1), f32(s1), 1, 2, 1, 2);
+  be->rope_forward(f32(o1), f32(x1), f32(c1), f32(s1), 1, 2, 1, 2, 2);
   EXPECT_FLOAT_EQ(o1[2], 3.0f * std::cos(0.5f) + 2.0f * std::sin(0.5f));
   EXPECT_FLOAT_EQ(o1[3], -2.0f * std::cos(0.5f) + 3.0f * std::sin(0.5f));
 }
@@ -166,10 +166,10 @@ TEST_F(LlamaKernels, RopeBackwardIsTheTransposeAndGradientCheck) {
   Vec x = random_vec(B * T * H * D, rng);
   const Vec Rw = random_vec(x.size(), rng);
   Vec dx(x.size(), std::numeric_limits<float>::quiet_NaN());
-  be->rope_backward(f32(dx), f32(Rw), f32(cos), f32(sin), B, T, H, D);
+  be->rope_backward(f32(dx), f32(Rw), f32(cos), f32(sin), B, T, H, D, D);
   auto loss = [&] {
     Vec o(x.size());
-    be->rope_forward(f32(o), f32(x), f32(cos), f32(sin), B, T, H, D);
+    be->rope_forward(f32(o), f32(x), f32(cos), f32(sin), B, T, H, D, D);
     return dot(o, Rw);
   };
   EXPECT_LT(rel_err(dx, numeric_grad(x, loss, 1e-2f)), 1e-4);
@@ -186,8 +186,8 @@ TEST_F(LlamaKernels, RopeBackwardIsTheTransposeAndGradientCheck) {
   }
   // forward then backward is the identity (a rotation)
   Vec y(x.size()), back(x.size());
-  be->rope_forward(f32(y), f32(x), f32(cos), f32(sin), B, T, H, D);
-  be->rope_backward(f32(back), f32(y), f32(cos), f32(sin), B, T, H, D);
+  be->rope_forward(f32(y), f32(x), f32(cos), f32(sin), B, T, H, D, D);
+  be->rope_backward(f32(back), f32(y), f32(cos), f32(sin), B, T, H, D, D);
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 1e-6);
 }
 
@@ -197,32 +197,80 @@ TEST_F(LlamaKernels, RopeInPlaceEqualsOutOfPlace) {
   rope_tables(T, D, 10000.0, cos, sin);
   const Vec x = random_vec(B * T * H * D, rng);
   Vec out(x.size()), inplace = x;
-  be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), B, T, H, D);
-  be->rope_forward(f32(inplace), f32(inplace), f32(cos), f32(sin), B, T, H, D);
+  be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), B, T, H, D, D);
+  be->rope_forward(f32(inplace), f32(inplace), f32(cos), f32(sin), B, T, H, D, D);
   expect_same_bits(out, inplace, "rope_forward in place");
   Vec dx(x.size()), dinplace = x;
-  be->rope_backward(f32(dx), f32(x), f32(cos), f32(sin), B, T, H, D);
-  be->rope_backward(f32(dinplace), f32(dinplace), f32(cos), f32(sin), B, T, H, D);
+  be->rope_backward(f32(dx), f32(x), f32(cos), f32(sin), B, T, H, D, D);
+  be->rope_backward(f32(dinplace), f32(dinplace), f32(cos), f32(sin), B, T, H, D, D);
   expect_same_bits(dx, dinplace, "rope_backward in place");
+}
+
+// Partial rotary (Phi-4-mini's partial_rotary_factor): HF's cat(rope(x[..., :R]), x[..., R:])
+// with the rotate-half pairs (i, i + R/2); the other D - R columns pass through unchanged,
+// out of place and in place, forward and backward; the backward is still the transpose.
+TEST_F(LlamaKernels, PartialRopeRotatesTheFirstRColumns) {
+  const int64_t B = 2, T = 5, H = 3, D = 10, R = 6;
+  Vec cos, sin;
+  rope_tables(T, R, 10000.0, cos, sin);  // [T, R/2]
+  Vec x = random_vec(B * T * H * D, rng);
+  Vec out(x.size(), std::numeric_limits<float>::quiet_NaN());
+  be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), B, T, H, D, R);
+  // the reference: the rotated part of each head as a D = R rope, the rest copied
+  Vec xr, rest;
+  for (int64_t r = 0; r < B * T * H; ++r) {
+    xr.insert(xr.end(), x.begin() + r * D, x.begin() + r * D + R);
+  }
+  const DVec ref = rope_ref(xr, cos, sin, B, T, H, R);
+  for (int64_t r = 0; r < B * T * H; ++r) {
+    for (int64_t e = 0; e < D; ++e) {
+      if (e < R) {
+        ASSERT_NEAR(out[r * D + e], ref[r * R + e], 1e-6) << r << " " << e;
+      } else {
+        ASSERT_EQ(out[r * D + e], x[r * D + e]) << r << " " << e;
+      }
+    }
+  }
+  Vec inplace = x;
+  be->rope_forward(f32(inplace), f32(inplace), f32(cos), f32(sin), B, T, H, D, R);
+  expect_same_bits(out, inplace, "partial rope_forward in place");
+  const Vec Rw = random_vec(x.size(), rng);
+  Vec dx(x.size(), std::numeric_limits<float>::quiet_NaN());
+  be->rope_backward(f32(dx), f32(Rw), f32(cos), f32(sin), B, T, H, D, R);
+  auto loss = [&] {
+    Vec o(x.size());
+    be->rope_forward(f32(o), f32(x), f32(cos), f32(sin), B, T, H, D, R);
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(dx, numeric_grad(x, loss, 1e-2f)), 1e-4);
+  for (int64_t r = 0; r < B * T * H; ++r) {
+    for (int64_t e = R; e < D; ++e) EXPECT_EQ(dx[r * D + e], Rw[r * D + e]);
+  }
+  Vec dinplace = Rw;
+  be->rope_backward(f32(dinplace), f32(dinplace), f32(cos), f32(sin), B, T, H, D, R);
+  expect_same_bits(dx, dinplace, "partial rope_backward in place");
 }
 
 TEST_F(LlamaKernels, RopeArgumentErrors) {
   Vec x(2 * 3 * 2 * 4), out(x.size()), cos(3 * 2), sin(3 * 2), short_tab(2 * 2);
-  EXPECT_NO_THROW(be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), 2, 3, 2, 4));
-  // odd D
+  EXPECT_NO_THROW(be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), 2, 3, 2, 4, 4));
+  // an odd rotated width, or one outside [2, D]
   Vec xo(2 * 3 * 2 * 3);
-  EXPECT_THROW(be->rope_forward(f32(xo), f32(xo), f32(cos), f32(sin), 2, 3, 2, 3), Error);
-  EXPECT_THROW(be->rope_backward(f32(xo), f32(xo), f32(cos), f32(sin), 2, 3, 2, 3), Error);
+  EXPECT_THROW(be->rope_forward(f32(xo), f32(xo), f32(cos), f32(sin), 2, 3, 2, 3, 3), Error);
+  EXPECT_THROW(be->rope_backward(f32(xo), f32(xo), f32(cos), f32(sin), 2, 3, 2, 3, 3), Error);
+  EXPECT_NO_THROW(be->rope_forward(f32(xo), f32(xo), f32(cos), f32(sin), 2, 3, 2, 3, 2));
+  EXPECT_THROW(be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), 2, 3, 2, 4, 6), Error);
+  EXPECT_THROW(be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), 2, 3, 2, 4, 0), Error);
   // tables shorter than T rows, or not fp32
-  EXPECT_THROW(be->rope_forward(f32(out), f32(x), f32(short_tab), f32(sin), 2, 3, 2, 4), Error);
-  EXPECT_THROW(be->rope_backward(f32(out), f32(x), f32(cos), f32(short_tab), 2, 3, 2, 4), Error);
+  EXPECT_THROW(be->rope_forward(f32(out), f32(x), f32(short_tab), f32(sin), 2, 3, 2, 4, 4), Error);
+  EXPECT_THROW(be->rope_backward(f32(out), f32(x), f32(cos), f32(short_tab), 2, 3, 2, 4, 4), Error);
   std::vector<uint16_t> cos16(cos.size());
   EXPECT_THROW(be->rope_forward(f32(out), f32(x), TensorView(cos16.data(), DType::bf16, {6}),
-                                f32(sin), 2, 3, 2, 4),
+                                f32(sin), 2, 3, 2, 4, 4),
                Error);
   // x too small
-  EXPECT_THROW(be->rope_forward(f32(out), f32(cos), f32(cos), f32(sin), 2, 3, 2, 4), Error);
-  EXPECT_THROW(be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), -1, 3, 2, 4), Error);
+  EXPECT_THROW(be->rope_forward(f32(out), f32(cos), f32(cos), f32(sin), 2, 3, 2, 4, 4), Error);
+  EXPECT_THROW(be->rope_forward(f32(out), f32(x), f32(cos), f32(sin), -1, 3, 2, 4, 4), Error);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -652,18 +700,18 @@ TEST_F(LlamaKernels, StoreContractRopeAndSwiglu) {
     const Vec gate = rounded(random_vec(n, rng, -5.0f, 5.0f), dt), up = rounded(random_vec(n, rng), dt);
     // fp32 references
     Vec ro(n), rd(n), so(n), sg(n), su(n);
-    be->rope_forward(f32(ro), f32(x), f32(cos), f32(sin), B, T, H, D);
-    be->rope_backward(f32(rd), f32(x), f32(cos), f32(sin), B, T, H, D);
+    be->rope_forward(f32(ro), f32(x), f32(cos), f32(sin), B, T, H, D, D);
+    be->rope_backward(f32(rd), f32(x), f32(cos), f32(sin), B, T, H, D, D);
     be->swiglu_forward(f32(so), f32(gate), f32(up));
     be->swiglu_backward(f32(sg), f32(su), f32(x), f32(gate), f32(up));
     // 16-bit storage, also in place (out = x, dgate = gate, dup = up)
     Store sx(dt, x), o(dt, Vec(n)), sgate(dt, gate), sup(dt, up), dg(dt, Vec(n)), du(dt, Vec(n));
-    be->rope_forward(o.view(), sx.view(), f32(cos), f32(sin), B, T, H, D);
+    be->rope_forward(o.view(), sx.view(), f32(cos), f32(sin), B, T, H, D, D);
     expect_rounded(dt, ro, o.values(), "rope_forward");
-    be->rope_backward(o.view(), sx.view(), f32(cos), f32(sin), B, T, H, D);
+    be->rope_backward(o.view(), sx.view(), f32(cos), f32(sin), B, T, H, D, D);
     expect_rounded(dt, rd, o.values(), "rope_backward");
     Store inplace(dt, x);
-    be->rope_forward(inplace.view(), inplace.view(), f32(cos), f32(sin), B, T, H, D);
+    be->rope_forward(inplace.view(), inplace.view(), f32(cos), f32(sin), B, T, H, D, D);
     expect_rounded(dt, ro, inplace.values(), "rope_forward in place");
     be->swiglu_forward(o.view(), sgate.view(), sup.view());
     expect_rounded(dt, so, o.values(), "swiglu_forward");

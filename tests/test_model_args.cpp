@@ -62,9 +62,13 @@ TEST(ModelArgs, EveryKeyHasItsDocAndEveryIntegerKeyItsRange) {
                              : std::get<double>(v);
         EXPECT_TRUE(k.range.contains(x)) << k.name << ": the default is outside its range";
       }
-      if (k.range.bounded()) {
-        EXPECT_TRUE(std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v))
+      if (k.range.bounded()) {  // (an array of numbers: each element in the range)
+        EXPECT_TRUE(std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v) ||
+                    std::holds_alternative<std::vector<double>>(v))
             << k.name << ": a range on a key that is not a number";
+      }
+      if (const auto* a = std::get_if<std::vector<double>>(&v)) {
+        for (double x : *a) EXPECT_TRUE(k.range.contains(x)) << k.name << ": a default element";
       }
       if (!k.choices.empty()) {
         ASSERT_TRUE(std::holds_alternative<std::string>(v))

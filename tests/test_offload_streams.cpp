@@ -604,12 +604,14 @@ class DeferredKernels final : public fsdp::Kernels {
     });
   }
   void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
-                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override {
-    later([=, this] { in_.rope_forward(out, x, cos, sin, B, T, H, D); });
+                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                    int64_t R) override {
+    later([=, this] { in_.rope_forward(out, x, cos, sin, B, T, H, D, R); });
   }
   void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
-                     const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override {
-    later([=, this] { in_.rope_backward(dx, dout, cos, sin, B, T, H, D); });
+                     const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                     int64_t R) override {
+    later([=, this] { in_.rope_backward(dx, dout, cos, sin, B, T, H, D, R); });
   }
   void swiglu_forward(const TensorView& out, const TensorView& gate,
                       const TensorView& up) override {

@@ -79,11 +79,20 @@ LLAMA_CASES = {
     # has no head_dim: 32 / 4 = 8).
     "olmo2 gqa untied llama3": {"type": "olmo2", "hidden_size": 32, "tie_word_embeddings": False},
     # Phi-3 (Phi-3-mini, Phi-4): q/k/v in one qkv_proj and gate/up in one gate_up_proj, no
-    # head_dim (32 / 4 = 8), a window of 8 over the 32-token rows, no rope scaling (Phi-3's
-    # longrope is not implemented).
+    # head_dim (32 / 4 = 8), a window of 8 over the 32-token rows, no rope scaling.
     "phi3 gqa untied window 8": {"type": "phi3", "hidden_size": 32, "sliding_window": 8,
                                  "tie_word_embeddings": False,
                                  "rope_scaling": {"rope_type": "default"}},
+    # Phi-4-mini's RoPE: 6 of each head's 8 columns rotated (partial_rotary_factor 0.75), and
+    # LongRoPE's long factors (the 32-token rows exceed original 16), cos and sin scaled by
+    # sqrt(1 + ln(1024 / 16) / ln 16); tied, as Phi-4-mini.
+    "phi3 gqa tied longrope partial": {"type": "phi3", "hidden_size": 32,
+                                       "partial_rotary_factor": 0.75,
+                                       "original_max_position_embeddings": 16,
+                                       "rope_scaling": {"rope_type": "longrope",
+                                                        "short_factor": [1.0, 1.5, 2.0],
+                                                        "long_factor": [2.0, 4.0, 8.0]},
+                                       "tie_word_embeddings": True},
     # Gemma 3 (Gemma3ForCausalLM, model_type gemma3_text): (1 + w) norms, four a layer, and
     # per-head q/k norms; the embedding scaled by sqrt(32); GeGLU; scores scaled by 10^-1/2;
     # layers sliding (window 8, local RoPE period 1e4) then global (rope_theta 1e6 with

@@ -105,6 +105,13 @@ B, T = 2, 7
 YARN_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
 LINEAR_SCALING = {"rope_type": "linear", "factor": 2.0}
 SCALINGS = {"rope1e4": None, "yarn": YARN_SCALING, "linear": LINEAR_SCALING}
+# Phi-3's LongRoPE (the _longrope variants, phi3 only): frequency i divided by short_factor[i],
+# or long_factor[i] when T = 7 exceeds original_max_position_embeddings: 4 for the _partial
+# variant (long factors), 8 otherwise (short); cos and sin scaled by sqrt(1 + ln s / ln o),
+# s = MAX_POS / o. _partial: partial_rotary_factor 0.75 (6 of the 8 head columns rotated,
+# Phi-4-mini's fraction), so 3 factors each.
+LONGROPE_SHORT, LONGROPE_LONG = [1.0, 1.5, 2.0, 3.0], [2.0, 4.0, 8.0, 16.0]
+PARTIAL_ROTARY = 0.75
 LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.1,
                   "original_max_position_embeddings": 8, "rope_type": "llama3"}
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
@@ -139,6 +146,8 @@ VARIANTS = [
     "3l_gqa_tied_llama3_smollm3_swa",
     "3l_gqa_untied_rope1e4_granite",
     "3l_gqa_untied_llama3_olmo3_swa",
+    "1l_gqa_untied_longrope_phi3_partial",
+    "3l_mqa_tied_longrope_phi3_swa",
 ]
 SWA_WINDOW = 3  # the _swa variants' sliding window: shorter than T = 7
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
@@ -151,8 +160,9 @@ def hf_config(variant):
     words = variant.split("_")
     layers, attn, tied, rope, flags = words[0], words[1], words[2], words[3], set(words[4:])
     assert layers.endswith("l") and layers[:-1].isdigit(), variant
-    assert attn in KV_HEADS and tied in ("tied", "untied") and rope in ("rope1e4", "llama3", "yarn", "linear"), variant
-    assert flags <= {"attnbias", "mlpbias", "swa"} | set(ARCHS), variant
+    assert attn in KV_HEADS and tied in ("tied", "untied") and rope in ("rope1e4", "llama3", "yarn", "linear", "longrope"), variant
+    assert flags <= {"attnbias", "mlpbias", "swa", "partial"} | set(ARCHS), variant
+    assert (rope != "longrope" and "partial" not in flags) or "phi3" in flags, variant
     archs = flags & set(ARCHS)
     assert len(archs) <= 1, variant
     if archs:
@@ -193,17 +203,25 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
         cfg["head_dim"] = HEAD_DIM_QWEN3 if arch == "qwen3" else HEAD_DIM
     cfg.update({"max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
                 "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
-                "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope])})
+                "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS.get(rope) and dict(SCALINGS[rope])})
     if arch in ("qwen3", "olmo2"):
         cfg["attention_bias"] = "attnbias" in flags
     swa = "swa" in flags  # a window shorter than the sequence (Qwen: layers 1.. slide)
     assert not swa or arch in ("mistral", "qwen2", "qwen3", "phi3"), (arch, flags)
-    if arch == "phi3":  # Phi3Config: no head_dim; dropouts; rope_scaling null (no longrope)
+    if arch == "phi3":  # Phi3Config: no head_dim; dropouts; its own LongRoPE and partial rotary
         del cfg["head_dim"]
+        partial = "partial" in flags
         cfg.update({"sliding_window": SWA_WINDOW if swa else None, "resid_pdrop": 0.0,
                     "embd_pdrop": 0.0, "original_max_position_embeddings": MAX_POS,
                     "pad_token_id": 0})
-        assert cfg["rope_scaling"] is None, flags
+        if partial:
+            cfg["partial_rotary_factor"] = PARTIAL_ROTARY
+        if rope == "longrope":  # Phi3Config's three fields, the legacy "type" spelling
+            n = rotary_dim(cfg) // 2
+            cfg["rope_scaling"] = {"type": "longrope", "short_factor": LONGROPE_SHORT[:n],
+                                   "long_factor": LONGROPE_LONG[:n]}
+            cfg["original_max_position_embeddings"] = 4 if partial else 8
+        assert rope in ("rope1e4", "longrope"), flags
     elif arch == "mistral":
         cfg["sliding_window"] = SWA_WINDOW if swa else MAX_POS
     elif arch != "olmo2" and swa:
@@ -305,6 +323,14 @@ def uses_rope(cfg, layer):
 # What each class makes of its config (HF's getattr defaults for the attributes it lacks).
 def head_dim(cfg):
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def rotary_dim(cfg):  # the columns of a head RoPE rotates (Phi3's partial_rotary_factor)
+    return int(head_dim(cfg) * cfg.get("partial_rotary_factor", 1.0))
+
+
+def scaling_type(s):  # rope_scaling's type ("rope_type", or Phi-3's legacy "type")
+    return None if s is None else s.get("rope_type", s.get("type"))
 
 
 def qkv_bias(cfg):  # Qwen2Attention: q/k/v always biased, o_proj never
@@ -517,21 +543,29 @@ def attention_scaling(cfg):
     """The factor HF's rotary embedding multiplies cos and sin by: yarn's attention_factor, else
     0.1 ln(factor) + 1 (1 for factor <= 1); 1 for every other rope type."""
     s = cfg["rope_scaling"]
-    if s is None or s["rope_type"] != "yarn":
+    if scaling_type(s) not in ("yarn", "longrope"):
         return 1.0
     if s.get("attention_factor") is not None:
         return s["attention_factor"]
+    if scaling_type(s) == "longrope":  # Phi-3's ratio, whichever factor list is used
+        orig = cfg["original_max_position_embeddings"]
+        ratio = cfg["max_position_embeddings"] / orig
+        return 1.0 if ratio <= 1 else math.sqrt(1 + math.log(ratio) / math.log(orig))
     return 1.0 if s["factor"] <= 1 else 0.1 * math.log(s["factor"]) + 1.0
 
 
-def inv_freq(cfg):
-    """RoPE inverse frequencies [head_dim / 2], float64, with the configured rescaling: linear
-    (/ factor), llama3 or yarn (modeling_rope_utils.py)."""
-    D = head_dim(cfg)
+def inv_freq(cfg, seq_len=None):
+    """RoPE inverse frequencies [rotary_dim / 2], float64, with the configured rescaling: linear
+    (/ factor), llama3, yarn or longrope (/ long_factor when seq_len > original, else
+    short_factor) (modeling_rope_utils.py)."""
+    D = rotary_dim(cfg)
     inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
     s = cfg["rope_scaling"]
     if s is None:
         return inv
+    if scaling_type(s) == "longrope":
+        long = seq_len is not None and seq_len > cfg["original_max_position_embeddings"]
+        return inv / torch.tensor(s["long_factor" if long else "short_factor"], dtype=torch.float64)
     if s["rope_type"] == "linear":
         return inv / s["factor"]
     if s["rope_type"] == "yarn":
@@ -573,9 +607,15 @@ def forward(p, cfg, tokens):
         return rms_norm(x, norm_weight(cfg, p[name + ".weight"]), eps)
 
     def cos_sin(rc):
-        freqs = torch.outer(torch.arange(Tn, dtype=torch.float64), inv_freq(rc))
-        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        freqs = torch.outer(torch.arange(Tn, dtype=torch.float64), inv_freq(rc, Tn))
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, R]
         return emb.cos() * attention_scaling(rc), emb.sin() * attention_scaling(rc)
+
+    R = rotary_dim(cfg)
+
+    def rotate(x, cos, sin):  # Phi3's apply_rotary_pos_emb: the first R columns, the rest kept
+        r, rest = x[..., :R], x[..., R:]
+        return torch.cat((r * cos + rotate_half(r) * sin, rest), dim=-1)
 
     causal = torch.tril(torch.ones(Tn, Tn, dtype=torch.bool))
     # nn.Embedding's padding_idx: no gradient into that row from the lookup
@@ -595,8 +635,7 @@ def forward(p, cfg, tokens):
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
         v = linear(h, a + "v_proj", ab).view(Bn, Tn, Hkv, D).transpose(1, 2)
         if uses_rope(cfg, l):  # not on SmolLM3's NoPE layers
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
         att = q @ k.transpose(-1, -2)
@@ -735,11 +774,12 @@ def naive_loss(p, cfg, tokens, targets):
     p = unfused(p, cfg)
     H, D, C = cfg["num_attention_heads"], head_dim(cfg), cfg["hidden_size"]
     eps, group = cfg["rms_norm_eps"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
+    R = rotary_dim(cfg)
     tables = {}  # per layer: (RoPE frequencies, cos/sin scale) of its config (rope_cfg)
     for l in range(cfg["num_hidden_layers"]):
         rc = rope_cfg(cfg, l)
         key = (rc["rope_theta"], json.dumps(rc["rope_scaling"], sort_keys=True))
-        tables[l] = tables.get(key) or naive_frequencies(rc, D)
+        tables[l] = tables.get(key) or naive_frequencies(rc, R, tokens.shape[1])
         tables[key] = tables[l]
     gemma = gemma3(cfg)
 
@@ -752,15 +792,15 @@ def naive_loss(p, cfg, tokens, targets):
         y = torch.mv(p[name + ".weight"], x)
         return y + p[name + ".bias"] if bias else y
 
-    def rope(x, t, l):  # x [D]: pairs (i, i + D/2) rotated by t * inv[i] of layer l's table
-        if not uses_rope(cfg, l):
+    def rope(x, t, l):  # x [D]: pairs (i, i + R/2) rotated by t * inv[i] of layer l's table,
+        if not uses_rope(cfg, l):  # columns R.. as they are
             return x
         inv, scale = tables[l]
-        out = []
-        for i in range(D // 2):
+        out = [(j, x[j]) for j in range(R, D)]
+        for i in range(R // 2):
             c, sn = scale * math.cos(t * inv[i]), scale * math.sin(t * inv[i])
-            out.append((i, x[i] * c - x[i + D // 2] * sn))
-            out.append((i + D // 2, x[i + D // 2] * c + x[i] * sn))
+            out.append((i, x[i] * c - x[i + R // 2] * sn))
+            out.append((i + R // 2, x[i + R // 2] * c + x[i] * sn))
         return torch.stack([v for _, v in sorted(out, key=lambda e: e[0])])
 
     def act(g):  # SwiGLU's silu, or Gemma's gelu tanh written out
@@ -832,11 +872,18 @@ def naive_loss(p, cfg, tokens, targets):
     return total / tokens.numel()
 
 
-def naive_frequencies(cfg, D):
-    """(the D/2 RoPE frequencies, the cos/sin scale) of `cfg` from Python floats, rule by rule."""
+def naive_frequencies(cfg, D, T):
+    """(the D/2 RoPE frequencies, the cos/sin scale) of `cfg` for sequences of T tokens from
+    Python floats, rule by rule."""
     inv = []
     s = cfg["rope_scaling"]
     scale = 1.0
+    if scaling_type(s) == "longrope":  # LongRoPE: Phi3LongRoPEScaledRotaryEmbedding's rule
+        o = cfg["original_max_position_embeddings"]
+        ext = s["long_factor"] if T > o else s["short_factor"]
+        ratio = cfg["max_position_embeddings"] / o
+        scale = math.sqrt(1 + math.log(ratio) / math.log(o)) if ratio > 1 else 1.0
+        return [cfg["rope_theta"] ** (-2.0 * i / D) / ext[i] for i in range(D // 2)], scale
     if s is not None and s["rope_type"] == "yarn":  # the paper's notation, loop by loop
         orig, b = s["original_max_position_embeddings"], cfg["rope_theta"]
         r_dim = [D * math.log(orig / (2 * math.pi * r)) / (2 * math.log(b)) for r in (32, 1)]
@@ -1053,6 +1100,31 @@ def selftest():
             other = run(dict(cfg, **{key: 1.0}), params32, tokens, targets)[2].item()
             # (the embedding's only through its share of the residual stream: RMSNorm is scale-free)
             expect(abs(other - loss) > 1e-6, f"{v}: {key} {cfg[key]} changes the loss ({loss:.8f} vs {other:.8f} at 1)")
+
+    # 4f. Phi-3's LongRoPE: the factor list T picks and the cos/sin scale each change the
+    #     loss; the partial variant's pass-through columns are not rotated (rotating them too
+    #     changes the loss, and the frequencies are those of the 6 rotated columns).
+    for v in (x for x in VARIANTS if "_longrope" in x):
+        cfg, params32, tokens, targets = make_case(v)
+        loss = run(cfg, params32, tokens, targets)[2].item()
+        s = cfg["rope_scaling"]
+        other_list = dict(s, short_factor=s["long_factor"], long_factor=s["short_factor"])
+        swapped = run(dict(cfg, rope_scaling=other_list), params32, tokens, targets)[2].item()
+        unscaled = run(dict(cfg, rope_scaling=dict(s, attention_factor=1.0)), params32, tokens, targets)[2].item()
+        long = tokens.shape[1] > cfg["original_max_position_embeddings"]
+        expect(abs(swapped - loss) > 1e-6 and abs(unscaled - loss) > 1e-6 and attention_scaling(cfg) > 1,
+               f"{v}: the {'long' if long else 'short'} factors and the scale {attention_scaling(cfg):.6f} each "
+               f"change the loss ({loss:.8f}; other list {swapped:.8f}; scale 1 {unscaled:.8f})")
+        if "partial_rotary_factor" in cfg:
+            n = head_dim(cfg) // 2
+            full = dict(cfg, partial_rotary_factor=1.0,
+                        rope_scaling=dict(s, short_factor=LONGROPE_SHORT[:n], long_factor=LONGROPE_LONG[:n]))
+            whole = run(full, params32, tokens, targets)[2].item()
+            base = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, 6, 2, dtype=torch.float64) / 6))
+            expect(rotary_dim(cfg) == 6 and abs(whole - loss) > 1e-6
+                   and torch.equal(inv_freq(cfg, 7), base / torch.tensor(LONGROPE_LONG[:3], dtype=torch.float64)),
+                   f"{v}: 6 of 8 columns rotated at 1 / theta^(2i/6) / long_factor; rotating all 8 changes the "
+                   f"loss ({loss:.8f} vs {whole:.8f})")
 
     # 5. The fixture text parses back to the run's numbers.
     v = VARIANTS[0]

@@ -28,6 +28,7 @@ std::string value_str(const ModelValue& v) {
   if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
   if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
   if (const auto* s = std::get_if<std::string>(&v)) return json(*s).dump();
+  if (const auto* a = std::get_if<std::vector<double>>(&v)) return json(*a).dump();
   return json(std::get<double>(v)).dump();  // the shortest text that reads back the same
 }
 

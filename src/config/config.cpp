@@ -10,6 +10,7 @@
 // the value came from (the TOML file, or the `--set ...` text that set it) and names the key.
 #include "fsdp/config/config.hpp"
 
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -808,21 +809,26 @@ template <class E>
 std::string toml_value(E v) {
   return toml_value(name_of(v));
 }
-std::string toml_value(const std::vector<int64_t>& v) {
+// An array of the elements' TOML texts. (Appended, not "[" + ... + "]": GCC 12's -Wrestrict
+// misfires on that concatenation once inlined.)
+template <class T>
+std::string toml_array(const std::vector<T>& v) {
   std::vector<std::string> items;
-  for (int64_t i : v) items.push_back(std::to_string(i));
-  return "[" + join(items) + "]";
+  for (const T& e : v) {
+    if constexpr (std::is_same_v<T, int64_t>) {
+      items.push_back(std::to_string(e));
+    } else {
+      items.push_back(toml_value(e));
+    }
+  }
+  std::string out = "[";
+  out += join(items);
+  out += ']';
+  return out;
 }
-std::string toml_value(const std::vector<double>& v) {
-  std::vector<std::string> items;
-  for (double d : v) items.push_back(toml_value(d));
-  return "[" + join(items) + "]";
-}
-std::string toml_value(const std::vector<std::string>& v) {
-  std::vector<std::string> items;
-  for (const auto& s : v) items.push_back(toml_value(s));
-  return "[" + join(items) + "]";
-}
+std::string toml_value(const std::vector<int64_t>& v) { return toml_array(v); }
+std::string toml_value(const std::vector<double>& v) { return toml_array(v); }
+std::string toml_value(const std::vector<std::string>& v) { return toml_array(v); }
 
 }  // namespace
 
@@ -1074,7 +1080,10 @@ std::vector<KeyDescription> describe_keys(const ModelSchema& family) {
       const ModelKey& k = it->second;
       d.peer = k.hf_name.empty() ? "" : "HF " + family.hf_config_class() + "." + k.hf_name;
       d.doc = k.doc;
-      if (k.range.bounded()) d.type = k.range.doc_type();
+      if (k.range.bounded()) {  // an array's range bounds each element
+        d.type = (std::is_same_v<T, std::vector<double>> ? "array of floats, each " : "") +
+                 k.range.doc_type();
+      }
       if (!k.choices.empty()) d.type = "one of " + join(k.choices);
       d.family_key = true;
     }
@@ -1120,6 +1129,14 @@ std::string KeyRange::doc_type() const {
 
 std::string value_violation(const KeyRange& range, const std::vector<std::string>& choices,
                             const ModelValue& v) {
+  if (const auto* a = std::get_if<std::vector<double>>(&v); a && range.bounded()) {
+    for (std::size_t i = 0; i < a->size(); ++i) {  // each element in the range
+      if (!range.contains((*a)[i])) {
+        return "element " + std::to_string(i) + " = " + format_number((*a)[i]) +
+               " is out of range (expected " + range.text() + ")";
+      }
+    }
+  }
   if (range.bounded() && (v.index() == 0 || v.index() == 1)) {
     const double x = v.index() == 0 ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
     if (!range.contains(x)) {
@@ -1139,7 +1156,39 @@ const char* value_type_name(const ModelValue& v) {
     case 0: return "an integer";
     case 1: return "a number";
     case 2: return "a boolean";
-    default: return "a string";
+    case 3: return "a string";
+    default: return "an array of numbers";
+  }
+}
+
+bool model_value_from_json(const nlohmann::json& v, const ModelValue& like, ModelValue* out) {
+  switch (like.index()) {
+    case 0:
+      if (!v.is_number_integer()) return false;
+      *out = v.get<int64_t>();
+      return true;
+    case 1:
+      if (!v.is_number()) return false;
+      *out = v.get<double>();
+      return true;
+    case 2:
+      if (!v.is_boolean()) return false;
+      *out = v.get<bool>();
+      return true;
+    case 3:
+      if (!v.is_string()) return false;
+      *out = v.get<std::string>();
+      return true;
+    default: {
+      if (!v.is_array()) return false;
+      std::vector<double> a;
+      for (const nlohmann::json& e : v) {
+        if (!e.is_number()) return false;
+        a.push_back(e.get<double>());
+      }
+      *out = std::move(a);
+      return true;
+    }
   }
 }
 

@@ -285,9 +285,11 @@ class CudaBackend final : public Backend {
 
   // ---- Llama pieces ----
   void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
-                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override;
+                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                    int64_t R) override;
   void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
-                     const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override;
+                     const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                     int64_t R) override;
   void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override;
   void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
                        const TensorView& gate, const TensorView& up) override;
@@ -1320,21 +1322,21 @@ void CudaBackend::mha_backward(const TensorView& dq, const TensorView& dk, const
 // FlashProblem::group = H / Hkv.
 
 void CudaBackend::rope_forward(const TensorView& out_, const TensorView& x, const TensorView& cos,
-                               const TensorView& sin, int64_t B, int64_t T, int64_t H,
-                               int64_t D) {
-  // x, out: [B,T,H*D] (out may alias x); cos, sin: fp32 [>= T, D/2].
-  Chk::rope_forward(out_, x, cos, sin, B, T, H, D);
+                               const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                               int64_t R) {
+  // x, out: [B,T,H*D] (out may alias x); cos, sin: fp32 [>= T, R/2].
+  Chk::rope_forward(out_, x, cos, sin, B, T, H, D, R);
   k::rope(out(out_), in(x), static_cast<const float*>(cos.data),
-          static_cast<const float*>(sin.data), B, T, H, D, false, s());
+          static_cast<const float*>(sin.data), B, T, H, D, R, false, s());
 }
 
 void CudaBackend::rope_backward(const TensorView& dx, const TensorView& dout,
                                 const TensorView& cos, const TensorView& sin, int64_t B,
-                                int64_t T, int64_t H, int64_t D) {
-  // dout, dx: [B,T,H*D] (dx written, may alias dout); cos, sin: fp32 [>= T, D/2].
-  Chk::rope_backward(dx, dout, cos, sin, B, T, H, D);
+                                int64_t T, int64_t H, int64_t D, int64_t R) {
+  // dout, dx: [B,T,H*D] (dx written, may alias dout); cos, sin: fp32 [>= T, R/2].
+  Chk::rope_backward(dx, dout, cos, sin, B, T, H, D, R);
   k::rope(out(dx), in(dout), static_cast<const float*>(cos.data),
-          static_cast<const float*>(sin.data), B, T, H, D, true, s());
+          static_cast<const float*>(sin.data), B, T, H, D, R, true, s());
 }
 
 void CudaBackend::swiglu_forward(const TensorView& out_, const TensorView& gate,

@@ -183,10 +183,11 @@ void position_bias_backward(Out dtable, const float* dbias, const int32_t* bucke
                             int64_t H, int64_t Tq, int64_t Tk, cudaStream_t s);
 
 // ---- Llama pieces (kernels_llama.cu) ----
-// x, out [B,T,H*D] (out may alias x); cos, sin: device fp32 [>= T, D/2]. transpose: the
-// backward (rope_backward: dx from dout, sin negated).
+// x, out [B,T,H*D] (out may alias x); cos, sin: device fp32 [>= T, R/2]: the first R columns
+// of each head rotated, the other D - R copied. transpose: the backward (rope_backward: dx
+// from dout, sin negated).
 void rope(Out out, In x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
-          int64_t D, bool transpose, cudaStream_t s);
+          int64_t D, int64_t R, bool transpose, cudaStream_t s);
 // out = silu(gate) up (out may alias gate or up).
 void swiglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s);
 // dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may alias gate or dout, dup up).

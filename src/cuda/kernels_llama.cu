@@ -25,17 +25,30 @@ __device__ __forceinline__ void swiglu_grad(float g, float u, float d, float& dg
 }
 
 // ---- rotary embedding ----
-// One thread per rotated pair (row r = (b*T + t)*H + h, i < D/2): reads x[i], x[i + D/2] of
-// the row, writes out[i], out[i + D/2]. sign = -1 for the transpose (backward).
+// One thread per column pair of a row (row r = (b*T + t)*H + h, (D + 1)/2 pairs): pair i < R/2
+// reads x[i], x[i + R/2] of the row and writes out[i], out[i + R/2] rotated; pair i >= R/2
+// copies the two unrotated columns R + 2 (i - R/2) and the next (partial rotary). sign = -1
+// for the transpose (backward).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(Wr<T> out, Rd<T> x, const float* cos, const float* sin, int64_t T_, int64_t H,
-                int64_t D, int64_t pairs, float sign) {
-  const int64_t half = D / 2;
+                int64_t D, int64_t R, int64_t pairs, float sign) {
+  const int64_t row_pairs = (D + 1) / 2, half = R / 2;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs;
        p += stride) {
-    const int64_t i = p % half, r = p / half, t = (r / H) % T_;
+    const int64_t i = p % row_pairs, r = p / row_pairs;
+    if (i >= half) {  // pass-through columns (none when R = D)
+      const int64_t j = r * D + R + 2 * (i - half);
+      const float a = x[j];
+      out.set(j, a);
+      if (R + 2 * (i - half) + 1 < D) {
+        const float b = x[j + 1];
+        out.set(j + 1, b);
+      }
+      continue;
+    }
+    const int64_t t = (r / H) % T_;
     const float c = cos[t * half + i], sn = sign * sin[t * half + i];
     const int64_t lo = r * D + i, hi = lo + half;
     const float a = x[lo], b = x[hi];
@@ -59,13 +72,13 @@ struct SwigluOp {
 }  // namespace
 
 void rope(Out out, In x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
-          int64_t D, bool transpose, cudaStream_t s) {
-  const int64_t pairs = B * T * H * (D / 2);
+          int64_t D, int64_t R, bool transpose, cudaStream_t s) {
+  const int64_t pairs = B * T * H * ((D + 1) / 2);  // (D + 1) / 2: an odd D's last column
   if (pairs <= 0) return;
   dispatch_uniform(transpose ? "rope_backward" : "rope_forward", {out.t, x.t}, [&](auto tag) {
     using V = typename decltype(tag)::type;
     rope_kernel<V><<<blocks_for(pairs, kThreads), kThreads, 0, s>>>(
-        wr<V>(out), rd<V>(x), cos, sin, T, H, D, pairs, transpose ? -1.0f : 1.0f);
+        wr<V>(out), rd<V>(x), cos, sin, T, H, D, R, pairs, transpose ? -1.0f : 1.0f);
     FSDP_CHECK_LAUNCH();
   });
 }

@@ -467,13 +467,13 @@ void GraphedKernels::mha_backward(const TensorView& dq, const TensorView& dk,
 }
 void GraphedKernels::rope_forward(const TensorView& out, const TensorView& x,
                                   const TensorView& cos, const TensorView& sin, int64_t B,
-                                  int64_t T, int64_t H, int64_t D) {
-  FSDP_RECORD(rope_forward, out, x, cos, sin, B, T, H, D);
+                                  int64_t T, int64_t H, int64_t D, int64_t R) {
+  FSDP_RECORD(rope_forward, out, x, cos, sin, B, T, H, D, R);
 }
 void GraphedKernels::rope_backward(const TensorView& dx, const TensorView& dout,
                                    const TensorView& cos, const TensorView& sin, int64_t B,
-                                   int64_t T, int64_t H, int64_t D) {
-  FSDP_RECORD(rope_backward, dx, dout, cos, sin, B, T, H, D);
+                                   int64_t T, int64_t H, int64_t D, int64_t R) {
+  FSDP_RECORD(rope_backward, dx, dout, cos, sin, B, T, H, D, R);
 }
 void GraphedKernels::swiglu_forward(const TensorView& out, const TensorView& gate,
                                     const TensorView& up) {

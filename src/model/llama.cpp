@@ -87,9 +87,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
         gemma ? "RoPE frequency scaling of the global layers: default (none), linear (position "
                 "interpolation), Llama 3.1's llama3 or yarn."
-              : "RoPE frequency scaling: default (none), linear (position interpolation), Llama "
-                "3.1's llama3 or yarn.", {},
-        enum_names<L::RopeType>(), true, std::string(enum_name(L::RopeType::default_))},
+        : phi3 ? "RoPE frequency scaling: default (none) or longrope (Phi-3's LongRoPE)."
+               : "RoPE frequency scaling: default (none), linear (position interpolation), Llama "
+                 "3.1's llama3 or yarn.", {},
+        phi3 ? std::vector<std::string>{"default", "longrope"}
+             : std::vector<std::string>{"default", "linear", "llama3", "yarn"},
+        true, std::string(enum_name(L::RopeType::default_))},
       A{"rope_scaling.factor", &L::rope_factor, "linear, llama3, yarn: how much longer than "
         "the original context the model runs.", KeyRange::above(0), {}, true, 8.0},
       A{"rope_scaling.low_freq_factor", &L::rope_low_freq_factor,
@@ -106,11 +109,33 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         true, 32.0},
       A{"rope_scaling.beta_slow", &L::rope_beta_slow, "yarn: dimensions turning fewer than "
         "beta_slow times are interpolated (frequency / factor).", KeyRange::above(0), {}, true, 1.0},
-      A{"rope_scaling.attention_factor", &L::rope_attention_factor, "yarn: the factor cos and "
-        "sin are scaled by; 0 = 0.1 ln(factor) + 1.", KeyRange::nonnegative(), {}, true, 0.0},
+      A{"rope_scaling.attention_factor", &L::rope_attention_factor,
+        phi3 ? "longrope: the factor cos and sin are scaled by; 0 = sqrt(1 + ln(s) / "
+               "ln(original_max_position_embeddings)), s = max_position_embeddings / "
+               "original_max_position_embeddings."
+             : "yarn: the factor cos and sin are scaled by; 0 = 0.1 ln(factor) + 1.",
+        KeyRange::nonnegative(), {}, true, 0.0},
       A{"rope_scaling.truncate", &L::rope_truncate, "yarn: round the correction range out to "
         "whole dimensions.", {}, {}, true, true},
   });
+  if (phi3) {  // Phi3Config's LongRoPE and partial rotary embedding
+    rows.insert(rows.end(), {
+        A{"rope_scaling.short_factor", &L::rope_short_factor,
+          "longrope: frequency i is divided by short_factor[i] when data.seq_len <= "
+          "original_max_position_embeddings (rotary_dim / 2 numbers).", KeyRange::above(0), {},
+          true, std::vector<double>{}},
+        A{"rope_scaling.long_factor", &L::rope_long_factor,
+          "longrope: frequency i is divided by long_factor[i] when data.seq_len > "
+          "original_max_position_embeddings (rotary_dim / 2 numbers).", KeyRange::above(0), {},
+          true, std::vector<double>{}},
+        A{"original_max_position_embeddings", &L::original_max_position_embeddings,
+          "longrope: the context length the model was pre-trained with.", KeyRange::size(1), {},
+          true, I64{4096}},
+        A{"partial_rotary_factor", &L::partial_rotary_factor,
+          "RoPE rotates the first int(head_dim * partial_rotary_factor) columns of each q and k "
+          "head; the rest pass through.", KeyRange::unit_above_zero(), {}, true, 1.0},
+    });
+  }
   if (gemma) {
     rows.push_back(A{"rope_local_base_freq", &L::rope_local_base_freq,
                      "RoPE base period of the sliding layers (never scaled).", KeyRange::above(0),
@@ -242,6 +267,10 @@ std::vector<std::string> rope_fields(const ModelArgs<LlamaConfig>& a, LlamaConfi
   using R = L::RopeType;
   auto f = [&](auto member) { return rope_field(a, member); };
   if (t == R::default_) return {};  // rope_scaling null
+  if (t == R::longrope) {  // its factor is max_position_embeddings / original (Phi3Config's)
+    return {"rope_type", f(&L::rope_short_factor), f(&L::rope_long_factor),
+            f(&L::rope_attention_factor)};
+  }
   std::vector<std::string> out = {"rope_type", f(&L::rope_factor)};
   if (t == R::llama3) {
     for (double L::*m : {&L::rope_low_freq_factor, &L::rope_high_freq_factor}) out.push_back(f(m));
@@ -411,8 +440,8 @@ LlamaConfig llama_local_rope_config(const LlamaConfig& c) {
   return local;
 }
 
-std::vector<double> llama_inv_freq(const LlamaConfig& c) {
-  const int64_t D = c.head_size();
+std::vector<double> llama_inv_freq(const LlamaConfig& c, int64_t seq_len) {
+  const int64_t D = c.rotary_dim();  // HF's `dim`: the rotated columns of a head
   std::vector<double> f(static_cast<std::size_t>(D / 2));
   for (int64_t i = 0; i < D / 2; ++i) {
     f[static_cast<std::size_t>(i)] =
@@ -420,6 +449,17 @@ std::vector<double> llama_inv_freq(const LlamaConfig& c) {
   }
   using R = LlamaConfig::RopeType;
   if (c.rope_type == R::default_) return f;
+  if (c.rope_type == R::longrope) {
+    const bool long_seq = seq_len > c.original_max_position_embeddings;
+    const std::vector<double>& ext = long_seq ? c.rope_long_factor : c.rope_short_factor;
+    if (ext.size() != f.size()) {
+      throw Error(std::string("llama_inv_freq: longrope's ") + (long_seq ? "long" : "short") +
+                  "_factor has " + std::to_string(ext.size()) + " entries (expected " +
+                  std::to_string(f.size()) + ")");
+    }
+    for (std::size_t i = 0; i < f.size(); ++i) f[i] /= ext[i];
+    return f;
+  }
   if (c.rope_type == R::linear) {
     for (double& x : f) x /= c.rope_factor;
     return f;
@@ -461,8 +501,14 @@ std::vector<double> llama_inv_freq(const LlamaConfig& c) {
 }
 
 double llama_rope_attention_scaling(const LlamaConfig& c) {
-  if (c.rope_type != LlamaConfig::RopeType::yarn) return 1.0;
+  using R = LlamaConfig::RopeType;
+  if (c.rope_type != R::yarn && c.rope_type != R::longrope) return 1.0;
   if (c.rope_attention_factor > 0) return c.rope_attention_factor;
+  if (c.rope_type == R::longrope) {
+    const double orig = static_cast<double>(c.original_max_position_embeddings);
+    const double s = static_cast<double>(c.max_position_embeddings) / orig;
+    return s <= 1 ? 1.0 : std::sqrt(1 + std::log(s) / std::log(orig));
+  }
   return c.rope_factor <= 1 ? 1.0 : 0.1 * std::log(c.rope_factor) + 1.0;
 }
 
@@ -603,7 +649,7 @@ struct LlamaModel::Acts {
   // the same values, so the same bits) before the projections' weight gradients, which run
   // before their input gradients overwrite dln. Two [BT,C] activations fewer per layer.
   DeviceBuffer dres, dln, dI1, dI2, datty, dq, dk, dv;
-  DeviceBuffer rope_cos, rope_sin;               // fp32 [T, D/2]
+  DeviceBuffer rope_cos, rope_sin;               // fp32 [T, R/2], R = rotary_dim()
   // Gemma 3's sliding layers' RoPE (layer_local_rope), fp32 [T, D/2]; else empty.
   DeviceBuffer rope_local_cos, rope_local_sin;
   // Gemma 3 (norm_weight_offset()): fp32 ones [max(C, D)], and the (1 + weight) of one
@@ -635,7 +681,8 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
           + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
   const int64_t norms = (c.norm_before() ? 2 : 0) + (c.norm_after() ? 2 : 0);
   const int64_t rope_tables = c.patterned_window() ? 2 : 1;  // global (and the sliding layers')
-  n.f32 = S * (norms * BT + B * H * T) + BT + rope_tables * 2 * T * (D / 2);  // rstd, lse; ...
+  const int64_t R = c.rotary_dim();
+  n.f32 = S * (norms * BT + B * H * T) + BT + rope_tables * 2 * T * (R / 2);  // rstd, lse; ...
   if (c.norm_weight_offset() || c.pad_token_id >= 0) n.f32 += std::max(C, D) + 4 * C + 2 * D;
   if (c.qk_norm()) {
     n.act += S * BT * (Q + KV);                  // q_raw, k_raw
@@ -695,22 +742,24 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   a->logits = f(cfg_.fused_lce.logits_rows(BT, C, Vp) * Vp);
   a->dres = f(BT * C); a->dln = f(BT * C); a->dI1 = f(BT * I); a->dI2 = f(BT * I);
   a->datty = f(BT * Q); a->dq = f(BT * Q); a->dk = f(BT * KV); a->dv = f(BT * KV);
-  // RoPE tables for positions 0..T-1: angle t * inv_freq[i] in float64, stored fp32.
+  // RoPE tables for positions 0..T-1 of the R rotated columns: angle t * inv_freq[i] in
+  // float64 (longrope's factors chosen by T), stored fp32.
+  const int64_t half = cfg_.rotary_dim() / 2;
   auto rope_table = [&](const LlamaConfig& rc, DeviceBuffer& cos, DeviceBuffer& sin) {
-    cos = f32(T * (D / 2));
-    sin = f32(T * (D / 2));
-    const std::vector<double> inv = llama_inv_freq(rc);
-    const double scale = llama_rope_attention_scaling(rc);  // yarn's; 1 otherwise
-    std::vector<float> cs(static_cast<std::size_t>(T * (D / 2))), sn(cs.size());
+    cos = f32(T * half);
+    sin = f32(T * half);
+    const std::vector<double> inv = llama_inv_freq(rc, T);
+    const double scale = llama_rope_attention_scaling(rc);  // yarn's, longrope's; 1 otherwise
+    std::vector<float> cs(static_cast<std::size_t>(T * half)), sn(cs.size());
     for (int64_t t = 0; t < T; ++t) {
-      for (int64_t i = 0; i < D / 2; ++i) {
+      for (int64_t i = 0; i < half; ++i) {
         const double ang = static_cast<double>(t) * inv[static_cast<std::size_t>(i)];
-        cs[static_cast<std::size_t>(t * (D / 2) + i)] = static_cast<float>(scale * std::cos(ang));
-        sn[static_cast<std::size_t>(t * (D / 2) + i)] = static_cast<float>(scale * std::sin(ang));
+        cs[static_cast<std::size_t>(t * half + i)] = static_cast<float>(scale * std::cos(ang));
+        sn[static_cast<std::size_t>(t * half + i)] = static_cast<float>(scale * std::sin(ang));
       }
     }
-    rt_.copy_from_host(cos.view({T, D / 2}), cs.data());
-    rt_.copy_from_host(sin.view({T, D / 2}), sn.data());
+    rt_.copy_from_host(cos.view({T, half}), cs.data());
+    rt_.copy_from_host(sin.view({T, half}), sn.data());
   };
   rope_table(cfg_, a->rope_cos, a->rope_sin);
   if (cfg_.patterned_window()) {
@@ -823,8 +872,9 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
                    res2 = rows(y.res2, C), gate = rows(y.gate, I), up = rows(y.up, I),
                    act = rows(a.dI1, I);  // Acts::dI1
   const bool local = cfg_.layer_local_rope(l);
-  const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, D / 2}),
-                   sin = (local ? a.rope_local_sin : a.rope_sin).view({T, D / 2});
+  const int64_t half = cfg_.rotary_dim() / 2;  // RoPE's frequencies (rotated column pairs)
+  const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, half}),
+                   sin = (local ? a.rope_local_sin : a.rope_sin).view({T, half});
   // out [BT,n] = inp [BT,m] @ W[n,m]^T (+ b)
   auto linear = [&](const TensorView& out, const TensorView& inp, int w, int b, int64_t n,
                     int64_t m) {
@@ -851,8 +901,8 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   }
   linear(v, xin, x.v_w, x.v_b, KV, C);
   if (cfg_.layer_rope(l)) {  // not on SmolLM3's NoPE layers
-    be_.rope_forward(q, q, cos, sin, B, T, H, D);
-    be_.rope_forward(k, k, cos, sin, B, T, Hkv, D);
+    be_.rope_forward(q, q, cos, sin, B, T, H, D, cfg_.rotary_dim());
+    be_.rope_forward(k, k, cos, sin, B, T, Hkv, D, cfg_.rotary_dim());
   }
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
                             cfg_.attention_scale(), cfg_.layer_window(l));
@@ -965,8 +1015,9 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     if (recompute) layer_forward(l, B, T, hooks, /*write_output=*/false);
     const LayerNorms nw = layer_norms(rt_, cfg_, x, W, a.ones, a.norm_w);
     const bool local = cfg_.layer_local_rope(l);
-    const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, D / 2}),
-                     sin = (local ? a.rope_local_sin : a.rope_sin).view({T, D / 2});
+    const int64_t half = cfg_.rotary_dim() / 2;
+    const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, half}),
+                     sin = (local ? a.rope_local_sin : a.rope_sin).view({T, half});
     // Linear out = inp @ W^T + b, given dout: dW += dout^T inp, db += sum dout
     // (linear_wgrad), and din (=, or += when `accumulate`) dout @ W (linear_dgrad); `alpha`
     // scales dout (Granite's residual_multiplier on o_proj and down_proj; no bias then).
@@ -1051,8 +1102,8 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
                                cfg_.attention_scale(), cfg_.layer_window(l));
     if (cfg_.layer_rope(l)) {
-      be_.rope_backward(dq, dq, cos, sin, B, T, H, D);
-      be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D);
+      be_.rope_backward(dq, dq, cos, sin, B, T, H, D, cfg_.rotary_dim());
+      be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D, cfg_.rotary_dim());
     }
     // The projections' gradients: d q and d k, or under qk_norm() d q_raw into datty (free
     // since the attention's backward) and d k_raw into dq (free once q_norm's backward has
@@ -1164,10 +1215,24 @@ class LlamaFamily final : public ModelFamily {
                  n(g.kv_heads()) + " does not divide " + a.key(&LlamaConfig::num_attention_heads) +
                      " = " + n(g.num_attention_heads));
     }
-    if (arch_ == LlamaArch::phi3 && g.rope_type != LlamaConfig::RopeType::default_) {
-      throw fail(a.key(enum_member<LlamaConfig, &LlamaConfig::rope_type>().get),
-                 std::string(enum_name(g.rope_type)) + " is not supported for phi3 (expected "
-                 "default: Phi-3's own scaling, longrope, is not implemented)");
+    // (Which rope types a type takes is its rope_type row's choices: Phi-3 default or
+    // longrope, the others not longrope.)
+    const int64_t R2 = g.rotary_dim();
+    if (R2 < 2 || R2 % 2 != 0) {  // (only Phi-3 has the key; 1 elsewhere)
+      throw fail(a.key(&LlamaConfig::partial_rotary_factor),
+                 format_number(g.partial_rotary_factor) + " rotates int(" + n(g.head_size()) +
+                     " * " + format_number(g.partial_rotary_factor) + ") = " + n(R2) +
+                     " columns of each head (expected an even number >= 2)");
+    }
+    if (g.rope_type == LlamaConfig::RopeType::longrope) {
+      for (std::vector<double> LlamaConfig::*m :
+           {&LlamaConfig::rope_short_factor, &LlamaConfig::rope_long_factor}) {
+        if (static_cast<int64_t>((g.*m).size()) != R2 / 2) {
+          throw fail(a.key(m), n(static_cast<int64_t>((g.*m).size())) +
+                                   " numbers (expected rotary_dim / 2 = " + n(R2 / 2) +
+                                   ": one per rotated frequency)");
+        }
+      }
     }
     if (g.rope_type == LlamaConfig::RopeType::llama3 &&
         !(g.rope_high_freq_factor > g.rope_low_freq_factor)) {
@@ -1260,11 +1325,17 @@ class LlamaFamily final : public ModelFamily {
     out["model_type"] = type();
     if (g.rope_type == LlamaConfig::RopeType::default_) {
       out["rope_scaling"] = nullptr;
-    } else {  // the fields of its type; yarn's attention_factor 0 is HF's None (left out)
+    } else {  // the fields of its type; attention_factor 0 is HF's None (left out)
       nlohmann::json rs = nlohmann::json::object();
       for (const std::string& f : rope_fields(args(), g.rope_type)) rs[f] = out["rope_scaling"][f];
       if (g.rope_attention_factor == 0.0) {
         rs.erase(rope_field(args(), &LlamaConfig::rope_attention_factor));
+      }
+      if (g.rope_type == LlamaConfig::RopeType::longrope) {
+        // transformers 4.x's Phi3Config takes exactly {type, short_factor, long_factor}; 5
+        // reads "type" as rope_type.
+        rs.erase("rope_type");
+        rs["type"] = enum_name(g.rope_type);
       }
       out["rope_scaling"] = rs;
     }
@@ -1336,6 +1407,7 @@ class LlamaFamily final : public ModelFamily {
       if (!hf.contains(theta) && rp.contains(theta)) hf[theta] = rp[theta];
       if (!hf.contains("rope_scaling") || hf["rope_scaling"].is_null()) hf["rope_scaling"] = rp;
     }
+    if (arch_ == LlamaArch::phi3) phi3_rope_from_hf(hf, origin);
     if (hf.contains("rope_scaling") && hf["rope_scaling"].is_object()) {
       nlohmann::json& rs = hf["rope_scaling"];
       if (!rs.contains("rope_type") && rs.contains("type")) rs["rope_type"] = rs["type"];
@@ -1364,12 +1436,6 @@ class LlamaFamily final : public ModelFamily {
       if (hf.contains(dropout) && hf[dropout].is_number() && hf[dropout].get<double>() != 0.0) {
         throw refuse(dropout, "0.0");
       }
-    }
-    // Phi-4-mini's partial rotary embedding (RoPE on the first 3/4 of each head) is not
-    // implemented.
-    if (hf.contains("partial_rotary_factor") && hf["partial_rotary_factor"].is_number() &&
-        hf["partial_rotary_factor"].get<double>() != 1.0) {
-      throw refuse("partial_rotary_factor", "1.0");
     }
     // The keys config.json does not carry (OLMo 3's sliding_window_pattern) at the type's
     // defaults; every other one is read or takes its class's default.
@@ -1407,6 +1473,43 @@ class LlamaFamily final : public ModelFamily {
   // The derived sizes spelled as HF's None (0) when they equal what None means, the
   // rope_scaling fields its rope_type does not read (rope_fields) at their defaults (a
   // config.json carries only the others, and they change nothing).
+  // Phi-3's RoPE attributes, in place (Phi3Config): transformers 5 keeps partial_rotary_factor
+  // and original_max_position_embeddings in rope_parameters as well (the top-level ones win,
+  // and must agree); the legacy rope types "su" and "yarn" are longrope; a longrope `factor`
+  // (transformers 5 would use it) must be the ratio every version derives,
+  // max_position_embeddings / original_max_position_embeddings.
+  void phi3_rope_from_hf(nlohmann::json& hf, const std::string& origin) const {
+    if (!hf.contains("rope_scaling") || !hf["rope_scaling"].is_object()) return;
+    nlohmann::json& rs = hf["rope_scaling"];
+    const std::string partial = args().name(&LlamaConfig::partial_rotary_factor);
+    const std::string orig = args().name(&LlamaConfig::original_max_position_embeddings);
+    for (const std::string& attr : {partial, orig}) {
+      if (!rs.contains(attr) || rs[attr].is_null()) continue;
+      if (!hf.contains(attr) || hf[attr].is_null()) {
+        hf[attr] = rs[attr];
+      } else if (hf[attr] != rs[attr]) {
+        throw unsupported(origin, "rope_parameters." + attr, rs[attr],
+                          "the top-level " + attr + " " + hf[attr].dump());
+      }
+    }
+    const char* type_key = rs.contains("rope_type") ? "rope_type" : "type";
+    if (rs.contains(type_key) && (rs[type_key] == "su" || rs[type_key] == "yarn")) {
+      rs[type_key] = enum_name(LlamaConfig::RopeType::longrope);
+    }
+    const std::string factor = rope_field(args(), &LlamaConfig::rope_factor);
+    if (rs.contains(type_key) && rs[type_key] == enum_name(LlamaConfig::RopeType::longrope) &&
+        rs.contains(factor) && !rs[factor].is_null()) {
+      const std::string max_pos = args().name(&LlamaConfig::max_position_embeddings);
+      const nlohmann::json mp = hf.value(max_pos, nlohmann::json(4096));
+      const nlohmann::json op = hf.value(orig, nlohmann::json(4096));
+      if (!rs[factor].is_number() || !mp.is_number() || !op.is_number() ||
+          rs[factor].get<double>() != mp.get<double>() / op.get<double>()) {
+        throw unsupported(origin, "rope_scaling." + factor, rs[factor],
+                          "none, or " + max_pos + " / " + orig + " = " + mp.dump() + " / " +
+                              op.dump());
+      }
+    }
+  }
   // Gemma 3's config.json attributes that change the math and are not keys, in place: the
   // activation must be gelu_pytorch_tanh, the soft-cappings (Gemma 2's) null, attention causal
   // (use_bidirectional_attention is EmbeddingGemma's).
@@ -1509,6 +1612,11 @@ class LlamaFamily final : public ModelFamily {
       g.rope_original_max_position_embeddings = d.rope_original_max_position_embeddings;
     }
     if (unread(&L::rope_truncate)) g.rope_truncate = d.rope_truncate;
+    if (arch_ == LlamaArch::phi3) {  // (the only type with LongRoPE's rows)
+      for (std::vector<double> L::*m : {&L::rope_short_factor, &L::rope_long_factor}) {
+        if (unread(m)) (g.*m).clear();
+      }
+    }
     ModelConfig out = c;
     args().write(g, &out);
     return out;

@@ -148,23 +148,9 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& o
       return InputError(origin + ": model config \"" + k.name + "\": expected " +
                         value_type_name(k.default_value));
     };
-    switch (k.default_value.index()) {
-      case 0:
-        if (!v.is_number_integer()) throw wrong();
-        c.set(k.name, v.get<int64_t>());
-        break;
-      case 1:
-        if (!v.is_number()) throw wrong();
-        c.set(k.name, v.get<double>());
-        break;
-      case 2:
-        if (!v.is_boolean()) throw wrong();
-        c.set(k.name, v.get<bool>());
-        break;
-      default:
-        if (!v.is_string()) throw wrong();
-        c.set(k.name, v.get<std::string>());
-    }
+    ModelValue value;
+    if (!model_value_from_json(v, k.default_value, &value)) throw wrong();
+    c.set(k.name, std::move(value));
   }
   return c;
 }

@@ -455,25 +455,31 @@ struct ArgChecks {
   // Llama pieces.
   static void rope(const char* k, const char* out_name, const TensorView& out,
                    const char* in_name, const TensorView& x, const TensorView& cos,
-                   const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) {
+                   const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                   int64_t R) {
     dim(k, "B", B);
     dim(k, "T", T);
     dim(k, "H", H);
     dim(k, "D", D);
-    if (D % 2 != 0) error(k, "D", "= " + std::to_string(D) + " (expected an even head width)");
+    if (R % 2 != 0 || R < 2 || R > D) {
+      error(k, "R", "= " + std::to_string(R) + " (expected an even rotary width in [2, D = " +
+                        std::to_string(D) + "])");
+    }
     const int64_t n = B * T * H * D;
     need_float(k, out_name, out, n);
     need_float(k, in_name, x, n);
-    need_dtype(k, "cos", cos, DType::f32, T * (D / 2));
-    need_dtype(k, "sin", sin, DType::f32, T * (D / 2));
+    need_dtype(k, "cos", cos, DType::f32, T * (R / 2));
+    need_dtype(k, "sin", sin, DType::f32, T * (R / 2));
   }
   static void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
-                           const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) {
-    rope("rope_forward", "out", out, "x", x, cos, sin, B, T, H, D);
+                           const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                           int64_t R) {
+    rope("rope_forward", "out", out, "x", x, cos, sin, B, T, H, D, R);
   }
   static void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
-                            const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) {
-    rope("rope_backward", "dx", dx, "dout", dout, cos, sin, B, T, H, D);
+                            const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                            int64_t R) {
+    rope("rope_backward", "dx", dx, "dout", dout, cos, sin, B, T, H, D, R);
   }
   static void geglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) {
     swiglu_forward(out, gate, up, "geglu_forward");

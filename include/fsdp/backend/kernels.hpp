@@ -359,21 +359,26 @@ class Kernels {
 
   // Rotary position embedding (Su et al. 2021, RoFormer) in Hugging Face's rotate-half layout
   // (transformers' apply_rotary_pos_emb: x*cos + rotate_half(x)*sin, rotate_half(x) =
-  // cat(-x2, x1)). x, out: [B,T,H*D] (head h = columns [h*D,(h+1)*D)), D even; cos, sin: fp32
-  // [Tmax, D/2] with T <= Tmax (row t = position t; HF's cos/sin have D columns that repeat
-  // these D/2, emb = cat(freqs, freqs)). For each (b,t,h), i < D/2:
-  //   out[i]       = x[i] cos[t,i] - x[i+D/2] sin[t,i];
-  //   out[i+D/2]   = x[i+D/2] cos[t,i] + x[i] sin[t,i].
-  // fp32 math. out may alias x. Throws fsdp::Error when D is odd, or cos/sin are not fp32
-  // with at least T*D/2 elements.
+  // cat(-x2, x1)) on the first R columns of each head, the other D - R passed through
+  // (partial rotary, Phi3Attention's / GPTNeoXAttention's rotary_dim = partial_rotary_factor
+  // * D: cat(rope(x[..., :R]), x[..., R:])). x, out: [B,T,H*D] (head h = columns
+  // [h*D,(h+1)*D)), R even, 2 <= R <= D; cos, sin: fp32 [Tmax, R/2] with T <= Tmax (row t =
+  // position t; HF's cos/sin have R columns that repeat these R/2, emb = cat(freqs, freqs)).
+  // For each (b,t,h), i < R/2, R <= j < D:
+  //   out[i]       = x[i] cos[t,i] - x[i+R/2] sin[t,i];
+  //   out[i+R/2]   = x[i+R/2] cos[t,i] + x[i] sin[t,i];
+  //   out[j]       = x[j].
+  // fp32 math. out may alias x. Throws fsdp::Error when R is odd or outside [2, D], or cos/sin
+  // are not fp32 with at least T*R/2 elements.
   virtual void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
-                            const TensorView& sin, int64_t B, int64_t T, int64_t H,
-                            int64_t D) = 0;
-  // The transpose: dx[i] = dout[i] cos + dout[i+D/2] sin; dx[i+D/2] = dout[i+D/2] cos -
-  // dout[i] sin. WRITES dx: [B,T,H*D]; dx may alias dout. Shapes and errors as rope_forward.
+                            const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                            int64_t R) = 0;
+  // The transpose: dx[i] = dout[i] cos + dout[i+R/2] sin; dx[i+R/2] = dout[i+R/2] cos -
+  // dout[i] sin; dx[j] = dout[j]. WRITES dx: [B,T,H*D]; dx may alias dout. Shapes and errors
+  // as rope_forward.
   virtual void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
-                             const TensorView& sin, int64_t B, int64_t T, int64_t H,
-                             int64_t D) = 0;
+                             const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                             int64_t R) = 0;
 
   // SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"; HF LlamaMLP's
   // act_fn(gate_proj(x)) * up_proj(x) with act "silu"): out[n] = silu(gate[n]) * up[n],

@@ -16,6 +16,8 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "fsdp/core/dtype.hpp"
 #include "fsdp/core/enum_names.hpp"
 #include "fsdp/core/error.hpp"
@@ -87,6 +89,8 @@ struct KeyRange {
   static constexpr KeyRange open_unit() { return {false, open, open, 0, 1, "x", ""}; }
   // Floats in [0, 1).
   static constexpr KeyRange unit_interval() { return {false, closed, open, 0, 1, "x", ""}; }
+  // Floats in (0, 1] (a fraction of something, all of it included).
+  static constexpr KeyRange unit_above_zero() { return {false, open, closed, 0, 1, "x", ""}; }
 };
 
 // Each enum's spellings are its EnumNames table (fsdp/core/enum_names.hpp), read by to_string,
@@ -182,12 +186,18 @@ struct EnumNames<DecayType> {
 // (fsdp/model/model.hpp: "gpt2", "t5"); every other key belongs to that family, is named as
 // its Hugging Face config names it, and is declared with its default by the family alone
 // (ModelSchema::keys). A value keeps the type of the declared default.
-using ModelValue = std::variant<int64_t, double, bool, std::string>;
-// "an integer", "a number", "a boolean" or "a string": the type of `v`, for messages.
+// (An array of numbers: a list attribute such as Phi-3's rope_scaling.short_factor.)
+using ModelValue = std::variant<int64_t, double, bool, std::string, std::vector<double>>;
+// "an integer", "a number", "a boolean", "a string" or "an array of numbers": the type of
+// `v`, for messages.
 const char* value_type_name(const ModelValue& v);
+// `v` (config.json or a checkpoint's model config) as a value of the type of `like`, in
+// `*out`; false when it is of another type (an integer where a number is wanted is one).
+bool model_value_from_json(const nlohmann::json& v, const ModelValue& like, ModelValue* out);
 
 // A [model] key of a family: its name (the Hugging Face config name), its default, whose
-// variant alternative is the key's type (int64_t, double, bool or std::string), and one line
+// variant alternative is the key's type (int64_t, double, bool, std::string or an array of
+// numbers), and one line
 // of doc (the first sentence of its row in docs/config.md).
 // `range` bounds a number key (validation, --list-keys and docs/config.md read it); `choices`
 // lists the values a string key accepts (empty: any); `hf_name` is the attribute of the

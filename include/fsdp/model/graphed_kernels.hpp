@@ -174,10 +174,11 @@ class GraphedKernels final : public Kernels {
                     int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, float scale,
                     bool causal) override;
   void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
-                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override;
+                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                    int64_t R) override;
   void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
                      const TensorView& sin, int64_t B, int64_t T, int64_t H,
-                     int64_t D) override;
+                     int64_t D, int64_t R) override;
   void swiglu_forward(const TensorView& out, const TensorView& gate,
                       const TensorView& up) override;
   void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,

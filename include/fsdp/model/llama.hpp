@@ -13,8 +13,11 @@
 //    norms moved from the sublayers' inputs to their outputs, x + post_attention_layernorm(
 //    attn(x)) and h + post_feedforward_layernorm(mlp(h)), and q_norm / k_norm over the whole
 //    q and k projections ([H*D], [Hkv*D]) before RoPE; attention_bias as Llama's, no head_dim;
-//  - "phi3": Phi3ForCausalLM (models/phi3): Phi-3 and Phi-4, Llama's math with q/k/v stored in one
-//    qkv_proj and gate/up in one gate_up_proj (fused_projections());
+//  - "phi3": Phi3ForCausalLM (models/phi3): Phi-3, Phi-3.5 and Phi-4, Llama's math with q/k/v
+//    stored in one qkv_proj and gate/up in one gate_up_proj (fused_projections()); RoPE on
+//    the first partial_rotary_factor of each head (Phi-4-mini's 3/4) and LongRoPE scaling
+//    (Ding et al. 2024; Phi-3-128k, Phi-3.5, Phi-4-mini: per-frequency short_factor /
+//    long_factor, cos and sin scaled);
 //  - "gemma3_text": Gemma3ForCausalLM (models/gemma3; Gemma Team 2025, "Gemma 3 Technical
 //    Report"), the text decoder of Gemma 3: every RMSNorm scales by (1 + weight) (Gemma3RMSNorm,
 //    weights initialised to 0); the embedding multiplied by sqrt(hidden_size) rounded to the
@@ -123,7 +126,7 @@ const char* llama_arch_prefix(LlamaArch arch);
 // fields below pad_token_id, only SmolLM3's no_rope_layer_interval, only Granite's the four
 // multipliers).
 struct LlamaConfig {
-  enum class RopeType { default_, linear, llama3, yarn };
+  enum class RopeType { default_, linear, llama3, yarn, longrope };
 
   LlamaArch arch = LlamaArch::llama;  // model.type (not a [model] key)
   int64_t vocab_size = 256;
@@ -145,8 +148,19 @@ struct LlamaConfig {
   int64_t rope_original_max_position_embeddings = 8192;
   double rope_beta_fast = 32.0;         // yarn
   double rope_beta_slow = 1.0;          // yarn
-  double rope_attention_factor = 0.0;   // yarn; 0 = HF's None: 0.1 ln(factor) + 1
+  // yarn, longrope; 0 = HF's None (yarn: 0.1 ln(factor) + 1; longrope:
+  // llama_rope_attention_scaling)
+  double rope_attention_factor = 0.0;
   bool rope_truncate = true;            // yarn
+  // longrope (Phi-3's; transformers' _compute_longrope_parameters): frequency i is divided by
+  // short_factor[i], or long_factor[i] when the sequence is longer than
+  // original_max_position_embeddings (rotary_dim() / 2 entries each).
+  std::vector<double> rope_short_factor;
+  std::vector<double> rope_long_factor;
+  // Phi3Config's own attributes: the pre-training context length LongRoPE scales from (a
+  // top-level attribute, not rope_scaling's), and the fraction of each head RoPE rotates.
+  int64_t original_max_position_embeddings = 4096;
+  double partial_rotary_factor = 1.0;
   bool attention_bias = false;
   bool mlp_bias = false;
   // Sliding-window attention (Mistral and Phi-3; Qwen2/3 when use_sliding_window, on the
@@ -183,6 +197,11 @@ struct LlamaConfig {
 
   int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
+  // The columns of each q / k head RoPE rotates, from the first (the rest pass through):
+  // int(head_size() * partial_rotary_factor), as HF's rope init computes `dim`.
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_size()) * partial_rotary_factor);
+  }
   int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
   // Biases on q_proj, k_proj, v_proj (Qwen2 always; the others with attention_bias) and on
   // o_proj (attention_bias).
@@ -251,12 +270,13 @@ struct EnumNames<LlamaConfig::RopeType> {
       {LlamaConfig::RopeType::default_, "default"},
       {LlamaConfig::RopeType::linear, "linear"},
       {LlamaConfig::RopeType::llama3, "llama3"},
-      {LlamaConfig::RopeType::yarn, "yarn"}};
+      {LlamaConfig::RopeType::yarn, "yarn"},
+      {LlamaConfig::RopeType::longrope, "longrope"}};
 };
 
-// The D/2 RoPE inverse frequencies (radians per position) of `c`, in float64: HF's
-// rope_init_fn, 1 / rope_theta^(2i/D), then by rope_type (transformers'
-// modeling_rope_utils.py):
+// The R/2 RoPE inverse frequencies (radians per position) of `c` (R = c.rotary_dim()) for
+// sequences of `seq_len` tokens, in float64: HF's rope_init_fn, 1 / rope_theta^(2i/R), then by
+// rope_type (transformers' modeling_rope_utils.py):
 //  - linear (Position Interpolation, Chen et al. 2023; _compute_linear_scaling_rope_parameters):
 //    every frequency divided by factor;
 //  - llama3 (Llama 3.1; _compute_llama3_parameters): wavelengths above
@@ -267,15 +287,22 @@ struct EnumNames<LlamaConfig::RopeType> {
 //    (interpolates) above it, linearly in between, where low / high are the dimensions
 //    d(r) = D ln(original / (2 pi r)) / (2 ln theta) of beta_fast and beta_slow rotations
 //    over original_max_position_embeddings (floored / ceiled when truncate), clamped to
-//    [0, D - 1].
-std::vector<double> llama_inv_freq(const LlamaConfig& c);
+//    [0, D - 1];
+//  - longrope (LongRoPE, Ding et al. 2024; _compute_longrope_parameters): frequency i divided
+//    by long_factor[i] when seq_len > original_max_position_embeddings (Phi3Config's
+//    attribute), else by short_factor[i] (HF's RotaryEmbedding switches on the batch's
+//    positions, here the data.seq_len the table covers; 0 = short).
+// Throws fsdp::Error when longrope's factor lists do not have R/2 entries.
+std::vector<double> llama_inv_freq(const LlamaConfig& c, int64_t seq_len = 0);
 // The config whose llama_inv_freq and llama_rope_attention_scaling are the sliding layers'
 // RoPE: `c` without scaling, and for Gemma 3 rope_theta = rope_local_base_freq
 // (Gemma3TextModel's rotary_emb_local, Olmo3Model's rotary_embs["sliding_attention"]).
 LlamaConfig llama_local_rope_config(const LlamaConfig& c);
 // What HF multiplies cos and sin by (LlamaRotaryEmbedding's attention_scaling; q.k then
-// scales by its square): yarn's attention_factor, or 0.1 ln(factor) + 1 when that is 0 (HF's
-// None) and factor > 1 (1 for factor <= 1); 1 for the other types.
+// scales by its square): yarn's and longrope's attention_factor, or when that is 0 (HF's
+// None) yarn's 0.1 ln(factor) + 1 (1 for factor <= 1) and longrope's sqrt(1 + ln s / ln o),
+// s = max_position_embeddings / o, o = original_max_position_embeddings (1 for s <= 1:
+// Phi-3's ratio, whatever the sequence length); 1 for the other types.
 double llama_rope_attention_scaling(const LlamaConfig& c);
 
 // The registry's entry of model.type `arch` (fsdp/model/model.hpp).

@@ -55,7 +55,8 @@ EnumMember<Cfg> enum_member() {
 template <class Cfg>
 struct ModelArg {
   using Member =
-      std::variant<int64_t Cfg::*, double Cfg::*, bool Cfg::*, std::string Cfg::*, EnumMember<Cfg>>;
+      std::variant<int64_t Cfg::*, double Cfg::*, bool Cfg::*, std::string Cfg::*,
+                   std::vector<double> Cfg::*, EnumMember<Cfg>>;
   const char* name;  // [model] key == config.json attribute ("a.b": attribute b of dict a)
   Member member;
   const char* doc;   // one line, the first sentence of its docs/config.md row
@@ -169,26 +170,9 @@ class ModelArgs {
         if (!a.hf_default) throw InputError(where + " missing");
         value = *a.hf_default;
       } else {
-        value = get(base, a);  // the row's type
-        auto wrong = [&] {
-          return InputError(where + ": expected " + value_type_name(value) + ", got " + v->dump());
-        };
-        switch (value.index()) {
-          case 0:
-            if (!v->is_number_integer()) throw wrong();
-            value = v->get<int64_t>();
-            break;
-          case 1:
-            if (!v->is_number()) throw wrong();
-            value = v->get<double>();
-            break;
-          case 2:
-            if (!v->is_boolean()) throw wrong();
-            value = v->get<bool>();
-            break;
-          default:
-            if (!v->is_string()) throw wrong();
-            value = v->get<std::string>();
+        const ModelValue like = get(base, a);  // the row's type
+        if (!model_value_from_json(*v, like, &value)) {
+          throw InputError(where + ": expected " + value_type_name(like) + ", got " + v->dump());
         }
       }
       if (const std::string bad = v ? violation(a, value) : std::string(); !bad.empty()) {

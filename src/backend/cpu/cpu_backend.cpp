@@ -306,9 +306,11 @@ class CpuBackend final : public Backend {
 
   // ---- Llama pieces ----
   void rope_forward(const TensorView& out, const TensorView& x, const TensorView& cos,
-                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override;
+                    const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                    int64_t R) override;
   void rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
-                     const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D) override;
+                     const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                     int64_t R) override;
   void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override;
   void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
                        const TensorView& gate, const TensorView& up) override;
@@ -883,27 +885,27 @@ void CpuBackend::mha_backward(const TensorView& dq, const TensorView& dk, const 
 // Llama pieces
 
 void CpuBackend::rope_forward(const TensorView& out_, const TensorView& x, const TensorView& cos,
-                              const TensorView& sin, int64_t B, int64_t T, int64_t H,
-                              int64_t D) {
-  // x, out: [B,T,H*D] (out may alias x); cos, sin: fp32 [>= T, D/2].
-  Chk::rope_forward(out_, x, cos, sin, B, T, H, D);
+                              const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                              int64_t R) {
+  // x, out: [B,T,H*D] (out may alias x); cos, sin: fp32 [>= T, R/2].
+  Chk::rope_forward(out_, x, cos, sin, B, T, H, D, R);
   const int64_t n = B * T * H * D;
   const F32In fx = in(x, n);  // before the output it may alias
   const F32Out o = out(out_, n, false);
   k_.rope(o, fx, static_cast<const float*>(cos.data), static_cast<const float*>(sin.data), B, T,
-          H, D, false);
+          H, D, R, false);
 }
 
 void CpuBackend::rope_backward(const TensorView& dx, const TensorView& dout, const TensorView& cos,
-                               const TensorView& sin, int64_t B, int64_t T, int64_t H,
-                               int64_t D) {
-  // dout, dx: [B,T,H*D] (dx written, may alias dout); cos, sin: fp32 [>= T, D/2].
-  Chk::rope_backward(dx, dout, cos, sin, B, T, H, D);
+                               const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
+                               int64_t R) {
+  // dout, dx: [B,T,H*D] (dx written, may alias dout); cos, sin: fp32 [>= T, R/2].
+  Chk::rope_backward(dx, dout, cos, sin, B, T, H, D, R);
   const int64_t n = B * T * H * D;
   const F32In d = in(dout, n);
   const F32Out g = out(dx, n, false);
   k_.rope(g, d, static_cast<const float*>(cos.data), static_cast<const float*>(sin.data), B, T, H,
-          D, true);
+          D, R, true);
 }
 
 void CpuBackend::geglu_forward(const TensorView& out_, const TensorView& gate,

@@ -727,8 +727,8 @@ inline f8 sigmoid8(f8 g) { return 1.0f / (1.0f + vexp(-g)); }
 }  // namespace
 
 void CpuKernels::rope(float* out, const float* x, const float* cos, const float* sin, int64_t B,
-                      int64_t T, int64_t H, int64_t D, bool transpose) const {
-  const int64_t half = D / 2, rows = B * T;
+                      int64_t T, int64_t H, int64_t D, int64_t R, bool transpose) const {
+  const int64_t half = R / 2, rows = B * T;
   const float sign = transpose ? -1.0f : 1.0f;
 #pragma omp parallel for num_threads(threads_for(rows * H * D, kParallelMinElems)) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -738,6 +738,7 @@ void CpuKernels::rope(float* out, const float* x, const float* cos, const float*
     for (int64_t h = 0; h < H; ++h) {
       const int64_t off = (r * H + h) * D;
       rope_row(out + off, x + off, c, s, sign, half);
+      if (out != x) std::copy(x + off + R, x + off + D, out + off + R);  // not rotated
     }
   }
 }

@@ -129,10 +129,11 @@ class CpuKernels {
   void position_bias_backward(float* dtable, const float* dbias, const int32_t* buckets,
                               int64_t NB, int64_t H, int64_t Tq, int64_t Tk) const;
   // ---- Llama pieces ----
-  // x, out [B,T,H*D] (out may be x); cos, sin [>= T, D/2]. transpose: the backward (sin
-  // negated), rope_backward's dx from dout.
+  // x, out [B,T,H*D] (out may be x); cos, sin [>= T, R/2]: the first R columns of each head
+  // rotated, the rest copied. transpose: the backward (sin negated), rope_backward's dx from
+  // dout.
   void rope(float* out, const float* x, const float* cos, const float* sin, int64_t B, int64_t T,
-            int64_t H, int64_t D, bool transpose) const;
+            int64_t H, int64_t D, int64_t R, bool transpose) const;
   // out = silu(gate) up (out may be gate or up).
   void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) const;
   // dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may be gate or dout, dup up).
