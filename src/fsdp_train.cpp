@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/checkpoint/init_from.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/core/build_info.hpp"
 #include "fsdp/model/model.hpp"  // load_config over the registered families
@@ -43,6 +44,7 @@ struct Cli {
   bool resume_auto = false;  // --resume=auto or --resume auto
   std::string resume_from;   // --resume=STEP: a step number or step directory ("" = latest)
   bool dry_run = false, help = false, version = false, list_keys = false;
+  std::string model_from;  // --model-from DIR ("" = not given)
   int world_size = 0;  // --world-size: 0 = the ranks running
   std::string profile;  // --profile FIRST:LAST ("" = not given)
   std::string usage;
@@ -89,6 +91,9 @@ Cli parse_cli(int argc, char** argv) {
       ("version", po::bool_switch(&cli.version), "print the version and exit")
       ("list-keys", po::bool_switch(&cli.list_keys),
        "print every config key (type, default, PyTorch/HF name, one line of doc) and exit")
+      ("model-from", po::value(&cli.model_from)->value_name("DIR"),
+       "print the [model] section that fine-tunes from the Hugging Face model directory DIR "
+       "(its config.json as fsdp_train's keys, init_from = DIR) and exit")
       ("set,s", po::value(&cli.overrides)->composing(),
        "override a config key: --set section.key=value (repeatable)")
       ("resume", po::bool_switch(&cli.resume_must),
@@ -145,7 +150,11 @@ Cli parse_cli(int argc, char** argv) {
   if (cli.resume_must && cli.resume_auto) {
     throw fsdp::InputError("command line: --resume and --resume=auto are exclusive (see --help)");
   }
-  if (!cli.help && !cli.version && !cli.list_keys && cli.config_path.empty()) {
+  if (argv_has(argc, argv, "--model-from") && cli.model_from.empty()) {
+    throw fsdp::InputError("--model-from: expected a Hugging Face model directory (see --help)");
+  }
+  if (!cli.help && !cli.version && !cli.list_keys && cli.model_from.empty() &&
+      cli.config_path.empty()) {
     throw fsdp::InputError("command line: missing CONFIG.toml (see --help)");
   }
   if (cli.world_size < 0 || (cli.world_size == 0 && argv_has(argc, argv, "--world-size"))) {
@@ -194,6 +203,18 @@ std::string key_list() {
   return os.str();
 }
 
+// --model-from DIR: the [model] section of a config for DIR's Hugging Face model
+// (fsdp::ckpt::hf_model_config), as to_toml prints it, under a comment naming its source.
+std::string model_section(const std::string& dir) {
+  fsdp::Config c;
+  c.model = fsdp::ckpt::hf_model_config(dir);
+  const std::string toml = fsdp::to_toml(c);
+  const std::size_t begin = toml.find("[model]\n");
+  const std::size_t end = toml.find("\n[", begin);
+  return "# " + dir + "/config.json (fsdp_train --model-from); the other sections: docs/config.md\n" +
+         toml.substr(begin, end == std::string::npos ? end : end + 1 - begin);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -218,17 +239,21 @@ int main(int argc, char** argv) {
     fsdp::Communicator& world = runtime->world();
     Cli cli;
     fsdp::Config config;
+    std::string model_text;  // --model-from's output
     fsdp::collective_guard(world, [&] {
       cli = parse_cli(argc, argv);
-      if (!cli.help && !cli.version && !cli.list_keys) {
+      if (!cli.model_from.empty()) {
+        model_text = model_section(cli.model_from);
+      } else if (!cli.help && !cli.version && !cli.list_keys) {
         config = fsdp::load_config(cli.config_path, cli.overrides);
       }
     });
-    if (cli.help || cli.version || cli.list_keys) {
+    if (cli.help || cli.version || cli.list_keys || !cli.model_from.empty()) {
       if (rank == 0) {
-        std::cout << (cli.help      ? cli.usage
-                      : cli.version ? std::string("fsdp_train ") + fsdp::build_id() + "\n"
-                                    : key_list());
+        std::cout << (cli.help                 ? cli.usage
+                      : cli.version            ? std::string("fsdp_train ") + fsdp::build_id() + "\n"
+                      : !cli.model_from.empty() ? model_text
+                                               : key_list());
       }
     } else {
       fsdp::TrainOptions options;

@@ -48,7 +48,7 @@ fsdp_cli_tests(bad_input cli_bad_input 2
   resume_without_checkpoint
   init_from_missing_dir init_from_checkpoint init_from_wrong_shape)
 fsdp_cli_tests(smoke cli_smoke 2 train hdf5 mixture mixed_precision dry_run dry_run_world_size t5_dry_run
-  threads_bound_by_mpirun help version list_keys input_headers)
+  threads_bound_by_mpirun help version list_keys model_from input_headers)
 fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused stale_lock_taken_over
   refuse_step_dirs_without_latest refuse_metrics_only checkpoints_unwritable_at_start
   checkpoints_read_only_fs resume_auto_fresh resume_auto_continues

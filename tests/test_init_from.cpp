@@ -461,6 +461,22 @@ TEST_P(InitFrom, BadDirectoriesAreInputErrorsNamingTheProblem) {
   barrier();
   expect_input_error([&] { load(base + "/mismatch", c); },
                      {base + "/mismatch/config.json", key + " = 32 but model." + key + " = 16"});
+  // fsdp_train --model-from: the same directory checks under its own name; a model_type no
+  // family has, or none, named with the file.
+  expect_input_error([&] { fsdp::ckpt::hf_model_config(base + "/nope"); },
+                     {"--model-from", base + "/nope"});
+  for (const json& type : {json("bert"), json(nullptr)}) {
+    barrier();  // every rank done with the file before rank 0 rewrites it
+    if (world_rank() == 0) {
+      std::ifstream in(src.hf + "/config.json");
+      json j = json::parse(in);
+      j["model_type"] = type;
+      std::ofstream(base + "/mismatch/config.json") << j.dump();
+    }
+    barrier();
+    expect_input_error([&] { fsdp::ckpt::hf_model_config(base + "/mismatch"); },
+                       {base + "/mismatch/config.json", type.is_null() ? "model_type" : "bert"});
+  }
   // A missing tensor; a wrongly shaped one (both shapes named); a malformed file.
   const std::string victim = gpt2 ? "transformer.ln_f.bias" : "decoder.final_layer_norm.weight";
   rewrite(src.hf, base + "/missing", [&](std::vector<Tensor>& ts) {
@@ -680,6 +696,15 @@ TEST_P(MergedShards, LoadBitForBitAsTheSingleFileAndEachRankReadsOnlyItsShare) {
   std::printf("[merged shards %s np%d rank %d] %zu files; read %llu of %lld model bytes\n", m.name.c_str(),
               world_size(), world_rank(), shards.files().size(),
               static_cast<unsigned long long>(many.result.bytes_read), static_cast<long long>(many.result.model_bytes));
+
+  // fsdp_train --model-from: the [model] keys the directory's config.json gives are the run's
+  // (canonical form), with init_from = the directory, and init_from's check accepts them.
+  const fsdp::ModelConfig from = fsdp::ckpt::hf_model_config(dir);
+  EXPECT_EQ(from.type, GetParam());
+  EXPECT_EQ(from.init_from, dir);
+  const fsdp::ModelFamily& family = fsdp::model_family(GetParam());
+  EXPECT_EQ(fsdp::model_config_json(from), fsdp::model_config_json(family.canonical(src.cfg.model)));
+  EXPECT_NO_THROW(fsdp::ckpt::check_hf_config(dir, from));
 
   // A run started from the shards: the source run's final validation loss before its first step.
   Config c = m.config(fresh_dir("init_shards_run_" + m.name));

@@ -83,18 +83,19 @@ bool names_a_checkpoint(const std::string& dir) {
   }
 }
 
-}  // namespace
-
-void check_hf_config(const std::string& dir, const ModelConfig& config) {
+// DIR/config.json of the Hugging Face model directory `dir` (model.init_from's checks: a
+// directory, not a checkpoint, a readable JSON object of at most 100 MiB), and its path.
+// `option` names where dir came from in the messages ("model.init_from", "--model-from").
+std::pair<json, std::string> read_hf_config(const std::string& dir, const std::string& option) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    throw InputError("model.init_from: " + json(dir).dump() +
+    throw InputError(option + ": " + json(dir).dump() +
                      " is not a directory (expected a Hugging Face model directory with "
                      "config.json and model.safetensors)");
   }
   const std::string path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(path, ec) && names_a_checkpoint(dir)) {
-    throw InputError("model.init_from: " + json(dir).dump() +
+    throw InputError(option + ": " + json(dir).dump() +
                      " is an fsdp_train checkpoint, not a Hugging Face model directory (no "
                      "config.json): fsdp_merge " + dir + " OUT writes one to set as "
                      "model.init_from; --resume continues that run");
@@ -117,6 +118,13 @@ void check_hf_config(const std::string& dir, const ModelConfig& config) {
     throw InputError(path + ": not valid JSON: " + e.what());
   }
   if (!hf.is_object()) throw InputError(path + ": not a JSON object");
+  return {std::move(hf), path};
+}
+
+}  // namespace
+
+void check_hf_config(const std::string& dir, const ModelConfig& config) {
+  const auto [hf, path] = read_hf_config(dir, "model.init_from");
   const ModelFamily& family = model_family(config.type);
   const ModelConfig theirs = family.canonical(family.from_hf_config(hf, path));
   const ModelConfig ours = family.canonical(config);
@@ -133,6 +141,24 @@ void check_hf_config(const std::string& dir, const ModelConfig& config) {
                        value_str(given ? *given : *b) + origin_of(dir));
     }
   }
+}
+
+ModelConfig hf_model_config(const std::string& dir) {
+  const auto [hf, path] = read_hf_config(dir, "--model-from");
+  if (!hf.contains("model_type") || !hf["model_type"].is_string()) {
+    throw InputError(path + ": \"model_type\" missing (expected a Hugging Face config.json)");
+  }
+  std::string type = hf["model_type"].get<std::string>();
+  if (type == "gemma3") type = "gemma3_text";  // Gemma 3 4B+: its text_config's decoder
+  const ModelFamily* family = nullptr;
+  try {
+    family = &model_family(type);
+  } catch (const Error& e) {
+    throw InputError(path + ": " + e.what());
+  }
+  ModelConfig c = family->canonical(family->from_hf_config(hf, path));
+  c.init_from = dir;
+  return c;
 }
 
 InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,

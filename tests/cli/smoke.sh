@@ -378,6 +378,30 @@ print(n)' "$OUT"
       if [ "$n" -ne 1 ]; then fail "--list-keys: '$want' printed $n times, expected once"; fi
     done
     ;;
+  model_from)
+    # --model-from prints, once (rank 0), the [model] section of a Hugging Face directory (here
+    # fsdp_merge's of a 1-step tiny run): with the tiny run's other sections it trains from
+    # those weights.
+    tiny_config src.toml
+    run_train src.toml --set train.max_steps=1 --set train.run_dir="$WORK/src_run"
+    expect_rc 0
+    "$(dirname "$FSDP_TRAIN")/fsdp_merge" "$WORK/src_run/checkpoints/step_00000001" "$WORK/hf" \
+      >/dev/null 2>&1 || fail "fsdp_merge of the source run failed"
+    run_train --model-from "$WORK/hf"
+    expect_rc 0
+    for want in '^\[model\]$' '^type = "gpt2"$' "^init_from = \"$WORK/hf\"\$" '^n_embd = '; do
+      n=$(grep -c -- "$want" "$OUT")
+      if [ "$n" -ne 1 ]; then fail "--model-from: '$want' printed $n times, expected once"; fi
+    done
+    if grep -q '^\[data\]' "$OUT"; then fail "--model-from printed more than [model]"; fi
+    { cat "$OUT"; sed -n '/^\[data\]/,$p' "$TINY" | sed "s|^run_dir = .*|run_dir = \"$WORK/run\"|"; } \
+      >from.toml
+    run_train from.toml --set train.max_steps=1
+    expect_rc 0
+    grep -q "^init_from: $WORK/hf: " "$OUT" || fail "the run from --model-from's section did not load $WORK/hf"
+    run_train --model-from "$WORK/no_such_dir"
+    expect_input_error "--model-from" "$WORK/no_such_dir"
+    ;;
   input_headers)
     # Every dry-run command an inputs/*.toml header shows works as written (issue 29 item 7:
     # gpt_7b.toml's exited 2), with build/fsdp_train the fsdp_train under test.

@@ -62,6 +62,15 @@ struct InitFromResult {
 // order.
 void check_hf_config(const std::string& dir, const ModelConfig& config);
 
+// The [model] section that fine-tunes from the Hugging Face model directory `dir`
+// (fsdp_train --model-from): DIR/config.json read by the family its model_type names (HF's
+// "gemma3", Gemma 3 4B+'s multimodal config: "gemma3_text", its text_config), in canonical
+// form (what check_hf_config compares), with init_from = dir; the other [model] keys
+// (pad_vocab_multiple, the fused head) at their defaults. Throws InputError as
+// check_hf_config, and naming config.json when its model_type is missing or not a type of
+// the registry.
+ModelConfig hf_model_config(const std::string& dir);
+
 // Fills this rank's fp32 shards from the Hugging Face directory `dir`.
 //  layouts:     every FSDP unit's FlatParamLayout (the engine's layouts(); all ranks pass the
 //               same), in unit order; parameter names are ours (ModelFamily::modules).
