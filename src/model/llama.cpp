@@ -650,7 +650,7 @@ struct LlamaModel::Acts {
   // before their input gradients overwrite dln. Two [BT,C] activations fewer per layer.
   DeviceBuffer dres, dln, dI1, dI2, datty, dq, dk, dv;
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, R/2], R = rotary_dim()
-  // Gemma 3's sliding layers' RoPE (layer_local_rope), fp32 [T, D/2]; else empty.
+  // Gemma 3's sliding layers' RoPE (layer_local_rope), fp32 [T, R/2]; else empty.
   DeviceBuffer rope_local_cos, rope_local_sin;
   // Gemma 3 (norm_weight_offset()): fp32 ones [max(C, D)], and the (1 + weight) of one
   // layer's norms [4C + 2D] (attn_in, attn_out, mlp_in, mlp_out, q_norm, k_norm; the final
@@ -1217,19 +1217,19 @@ class LlamaFamily final : public ModelFamily {
     }
     // (Which rope types a type takes is its rope_type row's choices: Phi-3 default or
     // longrope, the others not longrope.)
-    const int64_t R2 = g.rotary_dim();
-    if (R2 < 2 || R2 % 2 != 0) {  // (only Phi-3 has the key; 1 elsewhere)
+    const int64_t rotated = g.rotary_dim();
+    if (rotated < 2 || rotated % 2 != 0) {  // (only Phi-3 has the key; 1 elsewhere)
       throw fail(a.key(&LlamaConfig::partial_rotary_factor),
                  format_number(g.partial_rotary_factor) + " rotates int(" + n(g.head_size()) +
-                     " * " + format_number(g.partial_rotary_factor) + ") = " + n(R2) +
+                     " * " + format_number(g.partial_rotary_factor) + ") = " + n(rotated) +
                      " columns of each head (expected an even number >= 2)");
     }
     if (g.rope_type == LlamaConfig::RopeType::longrope) {
       for (std::vector<double> LlamaConfig::*m :
            {&LlamaConfig::rope_short_factor, &LlamaConfig::rope_long_factor}) {
-        if (static_cast<int64_t>((g.*m).size()) != R2 / 2) {
+        if (static_cast<int64_t>((g.*m).size()) != rotated / 2) {
           throw fail(a.key(m), n(static_cast<int64_t>((g.*m).size())) +
-                                   " numbers (expected rotary_dim / 2 = " + n(R2 / 2) +
+                                   " numbers (expected rotary_dim / 2 = " + n(rotated / 2) +
                                    ": one per rotated frequency)");
         }
       }

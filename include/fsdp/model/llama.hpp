@@ -124,7 +124,8 @@ const char* llama_arch_prefix(LlamaArch arch);
 // mlp_bias or head_dim, Phi-3 none of the three, SmolLM3 and Granite no head_dim; only Qwen's have
 // max_window_layers, only Qwen's and SmolLM3's use_sliding_window, only Gemma 3's the three
 // fields below pad_token_id, only SmolLM3's no_rope_layer_interval, only Granite's the four
-// multipliers).
+// multipliers, only Phi-3's the LongRoPE factor lists, original_max_position_embeddings and
+// partial_rotary_factor).
 struct LlamaConfig {
   enum class RopeType { default_, linear, llama3, yarn, longrope };
 
