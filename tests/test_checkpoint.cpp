@@ -1134,6 +1134,28 @@ TEST(ModelConfigJson, CarriesTheVocabularyPadding) {
   }
 }
 
+TEST(ModelConfigJson, KeysAddedLaterReadAsTheirDefaults) {
+  // A checkpoint written before a key existed (here Phi-3's LongRoPE and partial rotary keys,
+  // added after Phi-3) holds no value for it: it reads as the key's default, the old build's
+  // behaviour, so the checkpoint still merges; a key of the wrong type is still refused.
+  fsdp::ModelConfig c = fsdp::model_defaults("phi3");
+  c.set("num_hidden_layers", int64_t{2});
+  json j = fsdp::model_config_json(c);
+  for (const char* k : {"partial_rotary_factor", "original_max_position_embeddings",
+                        "rope_scaling.short_factor", "rope_scaling.long_factor", "pad_token_id"}) {
+    ASSERT_TRUE(j.contains(k)) << k;
+    j.erase(k);
+  }
+  EXPECT_EQ(fsdp::model_config_from_json(j, "f.h5"), c);
+  j["num_hidden_layers"] = "2";
+  expect_input_error([&] { fsdp::model_config_from_json(j, "f.h5"); },
+                     {"f.h5: model config \"num_hidden_layers\": expected an integer"});
+  j["num_hidden_layers"] = 2;
+  j["rope_scaling.short_factor"] = {1.0, "x"};
+  expect_input_error([&] { fsdp::model_config_from_json(j, "f.h5"); },
+                     {"f.h5: model config \"rope_scaling.short_factor\": expected an array of numbers"});
+}
+
 TEST_F(CheckpointTest, MergeOfAVocabularyPaddedCheckpointIsByteIdentical) {
   // A checkpoint of a vocabulary-padded model (model.pad_vocab_multiple = 128: GPT-2 wte
   // [128, 4] for vocab 8; T5 shared and lm_head [384, 8] for vocab 259) merges into exactly

@@ -130,9 +130,11 @@ void check_sizes(const Config& config);
 // "pad_vocab_multiple": m} (the family's keys, then the vocabulary padding the stored
 // tensors have; init_from is not carried).
 nlohmann::json model_config_json(const ModelConfig& config);
-// Inverse of model_config_json; throws InputError naming `origin` on an unknown model_type,
-// a missing key or one of the wrong type. A JSON without "pad_vocab_multiple" (written
-// before it existed, when tensors were never padded) reads as 1.
+// Inverse of model_config_json; throws InputError naming `origin` on an unknown model_type or
+// a key of the wrong type. A JSON without "pad_vocab_multiple" (written before it existed,
+// when tensors were never padded) reads as 1, and one without a family key (written by a
+// build before that key existed, e.g. Phi-3's partial_rotary_factor) reads as the key's
+// default, which is what that build computed.
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& origin);
 
 }  // namespace fsdp
