@@ -25,15 +25,16 @@ __device__ __forceinline__ void swiglu_grad(float g, float u, float d, float& dg
 }
 
 // ---- rotary embedding ----
-// One thread per column pair of a row (row r = (b*T + t)*H + h, (D + 1)/2 pairs): pair i < R/2
-// reads x[i], x[i + R/2] of the row and writes out[i], out[i + R/2] rotated; pair i >= R/2
-// copies the two unrotated columns R + 2 (i - R/2) and the next (partial rotary). sign = -1
-// for the transpose (backward).
+// One thread per column pair of a row (row r = (b*T + t)*H + h, row_pairs pairs): pair
+// i < R/2 reads x[i], x[i + R/2] of the row and writes out[i], out[i + R/2] rotated; pair
+// i >= R/2 copies the two unrotated columns R + 2 (i - R/2) and the next (partial rotary).
+// row_pairs is R/2 when out is x (nothing to copy) and (D + 1)/2 otherwise. sign = -1 for the
+// transpose (backward).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(Wr<T> out, Rd<T> x, const float* cos, const float* sin, int64_t T_, int64_t H,
-                int64_t D, int64_t R, int64_t pairs, float sign) {
-  const int64_t row_pairs = (D + 1) / 2, half = R / 2;
+                int64_t D, int64_t R, int64_t row_pairs, int64_t pairs, float sign) {
+  const int64_t half = R / 2;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs;
        p += stride) {
@@ -73,12 +74,15 @@ struct SwigluOp {
 
 void rope(Out out, In x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
           int64_t D, int64_t R, bool transpose, cudaStream_t s) {
-  const int64_t pairs = B * T * H * ((D + 1) / 2);  // (D + 1) / 2: an odd D's last column
+  // In place the unrotated columns are already there: only the R/2 rotated pairs of a row.
+  // Otherwise (D + 1) / 2 pairs, the last of an odd D holding one column.
+  const int64_t row_pairs = out.p == x.p ? R / 2 : (D + 1) / 2;
+  const int64_t pairs = B * T * H * row_pairs;
   if (pairs <= 0) return;
   dispatch_uniform(transpose ? "rope_backward" : "rope_forward", {out.t, x.t}, [&](auto tag) {
     using V = typename decltype(tag)::type;
     rope_kernel<V><<<blocks_for(pairs, kThreads), kThreads, 0, s>>>(
-        wr<V>(out), rd<V>(x), cos, sin, T, H, D, R, pairs, transpose ? -1.0f : 1.0f);
+        wr<V>(out), rd<V>(x), cos, sin, T, H, D, R, row_pairs, pairs, transpose ? -1.0f : 1.0f);
     FSDP_CHECK_LAUNCH();
   });
 }

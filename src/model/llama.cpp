@@ -872,9 +872,9 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
                    res2 = rows(y.res2, C), gate = rows(y.gate, I), up = rows(y.up, I),
                    act = rows(a.dI1, I);  // Acts::dI1
   const bool local = cfg_.layer_local_rope(l);
-  const int64_t half = cfg_.rotary_dim() / 2;  // RoPE's frequencies (rotated column pairs)
-  const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, half}),
-                   sin = (local ? a.rope_local_sin : a.rope_sin).view({T, half});
+  const int64_t R = cfg_.rotary_dim();  // RoPE's rotated columns of a head; R/2 frequencies
+  const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, R / 2}),
+                   sin = (local ? a.rope_local_sin : a.rope_sin).view({T, R / 2});
   // out [BT,n] = inp [BT,m] @ W[n,m]^T (+ b)
   auto linear = [&](const TensorView& out, const TensorView& inp, int w, int b, int64_t n,
                     int64_t m) {
@@ -901,8 +901,8 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   }
   linear(v, xin, x.v_w, x.v_b, KV, C);
   if (cfg_.layer_rope(l)) {  // not on SmolLM3's NoPE layers
-    be_.rope_forward(q, q, cos, sin, B, T, H, D, cfg_.rotary_dim());
-    be_.rope_forward(k, k, cos, sin, B, T, Hkv, D, cfg_.rotary_dim());
+    be_.rope_forward(q, q, cos, sin, B, T, H, D, R);
+    be_.rope_forward(k, k, cos, sin, B, T, Hkv, D, R);
   }
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
                             cfg_.attention_scale(), cfg_.layer_window(l));
@@ -1015,9 +1015,9 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     if (recompute) layer_forward(l, B, T, hooks, /*write_output=*/false);
     const LayerNorms nw = layer_norms(rt_, cfg_, x, W, a.ones, a.norm_w);
     const bool local = cfg_.layer_local_rope(l);
-    const int64_t half = cfg_.rotary_dim() / 2;
-    const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, half}),
-                     sin = (local ? a.rope_local_sin : a.rope_sin).view({T, half});
+    const int64_t R = cfg_.rotary_dim();
+    const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, R / 2}),
+                     sin = (local ? a.rope_local_sin : a.rope_sin).view({T, R / 2});
     // Linear out = inp @ W^T + b, given dout: dW += dout^T inp, db += sum dout
     // (linear_wgrad), and din (=, or += when `accumulate`) dout @ W (linear_dgrad); `alpha`
     // scales dout (Granite's residual_multiplier on o_proj and down_proj; no bias then).
@@ -1102,8 +1102,8 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
                                cfg_.attention_scale(), cfg_.layer_window(l));
     if (cfg_.layer_rope(l)) {
-      be_.rope_backward(dq, dq, cos, sin, B, T, H, D, cfg_.rotary_dim());
-      be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D, cfg_.rotary_dim());
+      be_.rope_backward(dq, dq, cos, sin, B, T, H, D, R);
+      be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D, R);
     }
     // The projections' gradients: d q and d k, or under qk_norm() d q_raw into datty (free
     // since the attention's backward) and d k_raw into dq (free once q_norm's backward has
@@ -1440,6 +1440,7 @@ class LlamaFamily final : public ModelFamily {
     // The keys config.json does not carry (OLMo 3's sliding_window_pattern) at the type's
     // defaults; every other one is read or takes its class's default.
     LlamaConfig g = args().from_hf(hf, origin, args().defaults());
+    if (arch_ == LlamaArch::phi3) check_longrope_factor(hf, g, origin);
     const std::string pad = args().name(&LlamaConfig::pad_token_id);
     if (hf.contains(pad) && hf[pad].is_null()) g.pad_token_id = -1;  // HF's None: no padding
     if ((gemma || arch_ == LlamaArch::olmo3) && hf.contains("layer_types") &&
@@ -1475,9 +1476,7 @@ class LlamaFamily final : public ModelFamily {
   // config.json carries only the others, and they change nothing).
   // Phi-3's RoPE attributes, in place (Phi3Config): transformers 5 keeps partial_rotary_factor
   // and original_max_position_embeddings in rope_parameters as well (the top-level ones win,
-  // and must agree); the legacy rope types "su" and "yarn" are longrope; a longrope `factor`
-  // (transformers 5 would use it) must be the ratio every version derives,
-  // max_position_embeddings / original_max_position_embeddings.
+  // and must agree); the legacy rope types "su" and "yarn" are longrope.
   void phi3_rope_from_hf(nlohmann::json& hf, const std::string& origin) const {
     if (!hf.contains("rope_scaling") || !hf["rope_scaling"].is_object()) return;
     nlohmann::json& rs = hf["rope_scaling"];
@@ -1496,18 +1495,25 @@ class LlamaFamily final : public ModelFamily {
     if (rs.contains(type_key) && (rs[type_key] == "su" || rs[type_key] == "yarn")) {
       rs[type_key] = enum_name(LlamaConfig::RopeType::longrope);
     }
+  }
+  // A longrope config.json's rope_scaling.factor (transformers 5 would scale by it) must be
+  // the ratio every version derives from `g`'s two lengths (Phi3Config's).
+  void check_longrope_factor(const nlohmann::json& hf, const LlamaConfig& g,
+                             const std::string& origin) const {
     const std::string factor = rope_field(args(), &LlamaConfig::rope_factor);
-    if (rs.contains(type_key) && rs[type_key] == enum_name(LlamaConfig::RopeType::longrope) &&
-        rs.contains(factor) && !rs[factor].is_null()) {
-      const std::string max_pos = args().name(&LlamaConfig::max_position_embeddings);
-      const nlohmann::json mp = hf.value(max_pos, nlohmann::json(4096));
-      const nlohmann::json op = hf.value(orig, nlohmann::json(4096));
-      if (!rs[factor].is_number() || !mp.is_number() || !op.is_number() ||
-          rs[factor].get<double>() != mp.get<double>() / op.get<double>()) {
-        throw unsupported(origin, "rope_scaling." + factor, rs[factor],
-                          "none, or " + max_pos + " / " + orig + " = " + mp.dump() + " / " +
-                              op.dump());
-      }
+    if (g.rope_type != LlamaConfig::RopeType::longrope || !hf["rope_scaling"].contains(factor) ||
+        hf["rope_scaling"][factor].is_null()) {
+      return;
+    }
+    const nlohmann::json& f = hf["rope_scaling"][factor];
+    const double ratio = static_cast<double>(g.max_position_embeddings) /
+                         static_cast<double>(g.original_max_position_embeddings);
+    if (!f.is_number() || f.get<double>() != ratio) {
+      throw unsupported(origin, "rope_scaling." + factor, f,
+                        "none, or " + args().name(&LlamaConfig::max_position_embeddings) +
+                            " / " + args().name(&LlamaConfig::original_max_position_embeddings) +
+                            " = " + std::to_string(g.max_position_embeddings) + " / " +
+                            std::to_string(g.original_max_position_embeddings));
     }
   }
   // Gemma 3's config.json attributes that change the math and are not keys, in place: the
