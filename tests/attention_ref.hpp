@@ -25,6 +25,7 @@ struct AttnShape {
   float scale;
   bool causal;
   int64_t window = 0;  // > 0: also masked where j <= i - window
+  double softcap = 0;  // > 0: scale q.k becomes softcap tanh(scale q.k / softcap) (no bias)
 };
 
 struct AttnRef {
@@ -52,7 +53,7 @@ inline AttnRef naive_attention(const AttnShape& s, const std::vector<float>& q,
   }
   auto qi = [&](int64_t b, int64_t i, int64_t h) { return (b * s.Tq + i) * HD + h * s.D; };
   auto kj = [&](int64_t b, int64_t j, int64_t h) { return (b * s.Tk + j) * HD + h * s.D; };
-  std::vector<double> sc(s.Tk), dp(s.Tk);
+  std::vector<double> sc(s.Tk), dp(s.Tk), dcap(s.Tk, 1.0);
   std::vector<bool> on(s.Tk);
   for (int64_t b = 0; b < s.B; ++b) {
     for (int64_t h = 0; h < s.H; ++h) {
@@ -66,8 +67,13 @@ inline AttnRef naive_attention(const AttnShape& s, const std::vector<float>& q,
           for (int64_t e = 0; e < s.D; ++e) {
             d += static_cast<double>(q[qi(b, i, h) + e]) * k[kj(b, j, h) + e];
           }
-          sc[j] = static_cast<double>(s.scale) * d +
-                  (bias.empty() ? 0.0 : bias[(h * s.Tq + i) * s.Tk + j]);
+          sc[j] = static_cast<double>(s.scale) * d;
+          if (s.softcap > 0) {
+            const double th = std::tanh(sc[j] / s.softcap);
+            sc[j] = s.softcap * th;
+            dcap[j] = 1.0 - th * th;
+          }
+          sc[j] += bias.empty() ? 0.0 : bias[(h * s.Tq + i) * s.Tk + j];
           mx = std::max(mx, sc[j]);
         }
         if (mx == -std::numeric_limits<double>::infinity()) continue;  // no key: 0, lse +inf
@@ -96,9 +102,10 @@ inline AttnRef naive_attention(const AttnShape& s, const std::vector<float>& q,
           if (!on[j]) continue;
           const double ds = prow[j] * (dp[j] - dot);
           r.dbias[(h * s.Tq + i) * s.Tk + j] += ds;
+          const double dsc = ds * dcap[j];  // through the soft-cap
           for (int64_t e = 0; e < s.D; ++e) {
-            r.dq[qi(b, i, h) + e] += s.scale * ds * k[kj(b, j, h) + e];
-            r.dk[kj(b, j, h) + e] += s.scale * ds * q[qi(b, i, h) + e];
+            r.dq[qi(b, i, h) + e] += s.scale * dsc * k[kj(b, j, h) + e];
+            r.dk[kj(b, j, h) + e] += s.scale * dsc * q[qi(b, i, h) + e];
             r.dv[kj(b, j, h) + e] += prow[j] * dout[qi(b, i, h) + e];
           }
         }

@@ -62,7 +62,8 @@ TEST(CudaBackend, KernelScratchComesFromTheCache) {
     g.gelu_bias_backward(dx.v(kGpu), db.v(kGpu), x.v(kGpu), dx.v(kGpu), R, C);
     g.rmsnorm_backward(dx.v(kGpu), dw.v(kGpu), x.v(kGpu), x.v(kGpu), w.v(kGpu), rstd.v(kGpu), R, C);
     g.embedding_backward(wte.v(kGpu), wpe.v(kGpu), x.v(kGpu), tokens.v(kGpu), B, T, C);
-    g.cross_entropy_forward_backward(loss.v(kGpu), logits.v(kGpu), tokens.v(kGpu), R, V, V, 1.0f);
+    g.cross_entropy_forward_backward(loss.v(kGpu), logits.v(kGpu), tokens.v(kGpu), R, V, V, 1.0f,
+                                     0.f);
     g.squared_norm(loss.v(kGpu), x.v(kGpu));
     g.synchronize();
   };
@@ -472,7 +473,7 @@ TEST(CudaBackend, OutOfRangeIndicesThrowAtTheNextSynchronisation) {
   Pair loss = make_f64({0.0});
   EXPECT_THROW(
       {
-        g.cross_entropy_forward(loss.v(kGpu), logits.v(kGpu), targets.v(kGpu), 3, 5, 5);
+        g.cross_entropy_forward(loss.v(kGpu), logits.v(kGpu), targets.v(kGpu), 3, 5, 5, 0.f);
         Bytes b(8);
         g.copy_to_host(b.data(), loss.v(kGpu));
       },
@@ -615,14 +616,16 @@ TEST(CudaBackend, CrossEntropy) {
       Pair targets = make_i32(tg);
       Pair logits = make(t, lv), loss = make_f64({1.25});
       const Bytes before = read_bytes(gpu(), logits.v(kGpu));
+      // Gemma 2's final_logit_softcapping on every other shape (the vector and scalar kernels).
+      const float cap = (&sh - shapes) % 2 == 1 ? 3.0f : 0.f;
       both([&](Backend& be, Side s) {
-        be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V, ld);
+        be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V, ld, cap);
       });
       check_sync(loss, {1e-5, 0.0}, "loss (forward, accumulates)");
       expect_bytes(logits, before, "logits untouched by the forward");
       const float gs = 1.0f / static_cast<float>(R);
       both([&](Backend& be, Side s) {
-        be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, ld, gs);
+        be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, ld, gs, cap);
       });
       check(loss, {1e-5, 0.0}, "loss (forward_backward, accumulates)");
       check(logits, tol_for(t, {1e-5, 1e-7}), "dlogits");
@@ -698,7 +701,7 @@ TEST(CudaBackend, WrongDtypesAndSizesThrow) {
                "cuda backend: layernorm_forward: mean is bf16");
   expect_error([&] { g.embedding_forward(F, F, F, F, 2, 4, 8); },
                "cuda backend: embedding_forward: tokens is fp32");
-  expect_error([&] { g.cross_entropy_forward(F, F, I, 4, 4, 4); },
+  expect_error([&] { g.cross_entropy_forward(F, F, I, 4, 4, 4, 0.f); },
                "cuda backend: cross_entropy_forward: loss is fp32");
   expect_error([&] { g.attention_forward(F, F, F, 1, 2, 6, 4); },
                "cuda backend: attention_forward: bad shape");
@@ -1241,11 +1244,12 @@ TEST(CudaBackend, CrossEntropyIgnoreIndex) {
       Pair targets = make_i32(tg), logits = make(t, uniform(R * ld, rng, -4.0f, 4.0f)),
            loss = make_f64({0.5});
       both([&](Backend& be, Side s) {
-        be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V, ld);
+        be.cross_entropy_forward(loss.v(s), logits.v(s), targets.v(s), R, V, ld, 0.f);
       });
       check_sync(loss, {1e-5, 0.0}, "loss (forward)");
       both([&](Backend& be, Side s) {
-        be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, ld, 0.1f);
+        be.cross_entropy_forward_backward(loss.v(s), logits.v(s), targets.v(s), R, V, ld, 0.1f,
+                                          0.f);
       });
       check(loss, {1e-5, 0.0}, "loss (forward_backward)");
       check(logits, tol_for(t, {1e-5, 1e-7}), "dlogits");
@@ -1263,7 +1267,7 @@ TEST(CudaBackend, CrossEntropyIgnoreIndex) {
   Backend& g = gpu();
   EXPECT_THROW(
       {
-        g.cross_entropy_forward(loss.v(kGpu), logits.v(kGpu), targets.v(kGpu), 2, 5, 5);
+        g.cross_entropy_forward(loss.v(kGpu), logits.v(kGpu), targets.v(kGpu), 2, 5, 5, 0.f);
         g.synchronize();
       },
       Error);
@@ -1459,11 +1463,11 @@ TEST(CudaBackend, Swiglu) {
 // on both from the CPU's out and lse (outputs pre-filled: they are written), then the GPU's
 // backward once more, bitwise equal (the dK/dV group sums have a fixed order).
 void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, std::mt19937& rng,
-             DType out_t, int64_t window = 0) {
+             DType out_t, int64_t window = 0, float softcap = 0.f) {
   SCOPED_TRACE("q " + name(t) + " out " + name(out_t) + " B=" + std::to_string(B) +
-               " T=" + std::to_string(T) + " H=" + std::to_string(H) + " Hkv=" +
-               std::to_string(Hkv) + " D=" + std::to_string(D) + " window=" +
-               std::to_string(window));
+               " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+               " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) +
+               " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap));
   const Tol tol = attn_tol(t == DType::f32 ? out_t : t);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
@@ -1472,7 +1476,7 @@ void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, s
   Pair out = make(out_t, uniform(nq, rng)), lse = make(DType::f32, uniform(nl, rng));
   both([&](Backend& be, Side s) {
     be.gqa_attention_forward(out.v(s), lse.v(s), q.v(s), k.v(s), v.v(s), B, T, H, Hkv, D, scale,
-                             window);
+                             window, softcap);
   });
   check(out, tol, "out");
   check(lse, tol, "lse");
@@ -1482,7 +1486,7 @@ void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, s
   Pair dq = make(t, uniform(nq, rng)), dk = make(t, uniform(nk, rng)), dv = make(t, uniform(nk, rng));
   both([&](Backend& be, Side s) {
     be.gqa_attention_backward(dq.v(s), dk.v(s), dv.v(s), dout.v(s), q.v(s), k.v(s), v.v(s),
-                              out.v(s), lse.v(s), B, T, H, Hkv, D, scale, window);
+                              out.v(s), lse.v(s), B, T, H, Hkv, D, scale, window, softcap);
   });
   check(dq, tol, "dq");
   check(dk, tol, "dk");
@@ -1492,7 +1496,7 @@ void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, s
   Pair dq2 = make(t, Vec(nq)), dk2 = make(t, Vec(nk)), dv2 = make(t, Vec(nk));
   gpu().gqa_attention_backward(dq2.v(kGpu), dk2.v(kGpu), dv2.v(kGpu), dout.v(kGpu), q.v(kGpu),
                                k.v(kGpu), v.v(kGpu), out.v(kGpu), lse.v(kGpu), B, T, H, Hkv, D,
-                               scale, window);
+                               scale, window, softcap);
   expect_bytes(dq2, first[0], "dq rerun");
   expect_bytes(dk2, first[1], "dk rerun");
   expect_bytes(dv2, first[2], "dv rerun");
@@ -1515,6 +1519,10 @@ TEST(CudaBackend, GqaAttention) {
     run_gqa(t, 2, 37, 4, 2, 8, rng, t, 5);
     for (int64_t w : {1, 48, 64, 100}) run_gqa(t, 1, 300, 8, 2, 64, rng, t, w);
     run_gqa(t, 1, 260, 4, 1, 128, rng, t, 130);
+    // Gemma 2's attention soft-cap: SIMT (its head dim 256), tensor cores, with a window.
+    run_gqa(t, 2, 37, 4, 2, 256, rng, t, 0, 0.5f);
+    run_gqa(t, 1, 130, 8, 2, 64, rng, t, 0, 0.5f);
+    run_gqa(t, 1, 300, 8, 2, 128, rng, t, 100, 0.5f);
   }
   run_gqa(DType::bf16, 2, 33, 4, 2, 64, rng, DType::f32);  // mixed storage: fp32 fallback
 }
@@ -1531,11 +1539,12 @@ TEST(CudaBackend, LlamaWrongArgumentsThrow) {
                "cuda backend: swiglu_forward: gate is fp32 [100]");
   expect_error([&] { g.swiglu_backward(F, F, F, F, F.slice(0, 3)); },
                "cuda backend: swiglu_backward: up is fp32 [3]");
-  expect_error([&] { g.gqa_attention_forward(F, F, F, F, F, 1, 2, 6, 4, 4, 0.5f, 0); },
+  expect_error([&] { g.gqa_attention_forward(F, F, F, F, F, 1, 2, 6, 4, 4, 0.5f, 0, 0.f); },
                "cuda backend: gqa_attention_forward: Hkv = 4");
-  expect_error([&] { g.gqa_attention_backward(F, F, F, F, F, F, F, F, F, 1, 2, 6, 0, 4, 0.5f, 0); },
-               "cuda backend: gqa_attention_backward: Hkv = 0");
-  expect_error([&] { g.gqa_attention_forward(F, Hb, F, F, F, 1, 2, 6, 3, 4, 0.5f, 0); },
+  expect_error(
+      [&] { g.gqa_attention_backward(F, F, F, F, F, F, F, F, F, 1, 2, 6, 0, 4, 0.5f, 0, 0.f); },
+      "cuda backend: gqa_attention_backward: Hkv = 0");
+  expect_error([&] { g.gqa_attention_forward(F, Hb, F, F, F, 1, 2, 6, 3, 4, 0.5f, 0, 0.f); },
                "cuda backend: gqa_attention_forward: lse is bf16");
   g.synchronize();
 }

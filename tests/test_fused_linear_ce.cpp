@@ -227,6 +227,14 @@ TEST(FusedLinearCrossEntropy, LlamaEqualsUnfusedHead) {
   granite.residual_multiplier = 0.5;
   expect_chunked_head_equals_unfused<fsdp::LlamaModel>(granite, 16, wrap("GraniteDecoderLayer"), 0,
                                                        "granite tied, logits_scaling 4");
+  // Gemma 2's final soft-cap: each chunk's loss caps its logits as the unchunked head's does.
+  fsdp::LlamaConfig gemma2 = tiny_llama(false);
+  gemma2.arch = fsdp::LlamaArch::gemma2;
+  gemma2.sliding_window = 3;
+  gemma2.final_logit_softcapping = 2.0;
+  gemma2.attn_logit_softcapping = 1.0;
+  expect_chunked_head_equals_unfused<fsdp::LlamaModel>(gemma2, 16, wrap("Gemma2DecoderLayer"), 0,
+                                                       "gemma2 untied, soft-caps 2 and 1");
 }
 
 // ---- through the trainer ----

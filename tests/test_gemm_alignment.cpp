@@ -116,9 +116,9 @@ class GemmRecorder final : public fsdp::Kernels {
   void attention_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                           const TensorView&, int64_t, int64_t, int64_t, int64_t) override {}
   void cross_entropy_forward_backward(const TensorView&, const TensorView&, const TensorView&,
-                                      int64_t, int64_t, int64_t, float) override {}
+                                      int64_t, int64_t, int64_t, float, float) override {}
   void cross_entropy_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
-                             int64_t, int64_t) override {}
+                             int64_t, int64_t, float) override {}
   void embedding_lookup_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
                                 int64_t) override {}
   void embedding_lookup_backward(const TensorView&, const TensorView&, const TensorView&, int64_t,
@@ -153,11 +153,11 @@ class GemmRecorder final : public fsdp::Kernels {
                        const TensorView&) override {}
   void gqa_attention_forward(const TensorView&, const TensorView&, const TensorView&,
                              const TensorView&, const TensorView&, int64_t, int64_t, int64_t,
-                             int64_t, int64_t, float, int64_t) override {}
+                             int64_t, int64_t, float, int64_t, float) override {}
   void gqa_attention_backward(const TensorView&, const TensorView&, const TensorView&,
                               const TensorView&, const TensorView&, const TensorView&,
                               const TensorView&, const TensorView&, const TensorView&, int64_t,
-                              int64_t, int64_t, int64_t, int64_t, float, int64_t) override {}
+                              int64_t, int64_t, int64_t, int64_t, float, int64_t, float) override {}
 
  private:
   fsdp::CountingRuntime runtime_;

@@ -154,7 +154,17 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
                          "model.fused_linear_cross_entropy_chunk_rows=8"})},
       {"olmo3 window 5", llama_config("", {"model.type=\"olmo3\"",
                                            "model.sliding_window_pattern=2",
-                                           "model.sliding_window=5"})}};
+                                           "model.sliding_window=5"})},
+      {"gemma2 window 5 soft-caps fused_ce",
+       llama_config("", {"model.type=\"gemma2\"", "model.sliding_window=5",
+                         "model.query_pre_attn_scalar=3", "model.attn_logit_softcapping=2.0",
+                         "model.final_logit_softcapping=5.0", "model.pad_token_id=32",
+                         "model.fused_linear_cross_entropy=true",
+                         "model.fused_linear_cross_entropy_chunk_rows=8"})},
+      {"gemma2 head_dim 256 soft-caps",  // the SIMT attention kernels (Gemma 2's head width)
+       llama_config("", {"model.type=\"gemma2\"", "model.head_dim=256",
+                         "model.attn_logit_softcapping=2.0",
+                         "model.final_logit_softcapping=5.0"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

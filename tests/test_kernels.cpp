@@ -442,11 +442,11 @@ TEST_F(Kernels, CrossEntropyMatchesLogSumExpAndGradient) {
   }
   const Vec orig = logits;
   double loss = 0.0;
-  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V, V);
+  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V, V, 0.f);
   EXPECT_NEAR(loss, ref, 1e-5 * ref);
   EXPECT_EQ(logits, orig);  // forward-only leaves logits unchanged
   double loss2 = 0.0;
-  be->cross_entropy_forward_backward(f64(loss2), f32(logits), i32(targets), R, V, V, gs);
+  be->cross_entropy_forward_backward(f64(loss2), f32(logits), i32(targets), R, V, V, gs, 0.f);
   EXPECT_NEAR(loss2, ref, 1e-5 * ref);
   EXPECT_EQ(bits(loss2), bits(loss));
   for (int64_t i = 0; i < R * V; ++i) ASSERT_NEAR(logits[i], grad_ref[i], 1e-7);
@@ -458,7 +458,7 @@ TEST_F(Kernels, CrossEntropyMatchesLogSumExpAndGradient) {
   }
   // the loss accumulates into the device scalar
   double acc = 1.5;
-  be->cross_entropy_forward(f64(acc), f32(orig), i32(targets), R, V, V);
+  be->cross_entropy_forward(f64(acc), f32(orig), i32(targets), R, V, V, 0.f);
   EXPECT_EQ(bits(acc), bits(1.5 + loss));
 }
 
@@ -469,14 +469,81 @@ TEST_F(Kernels, CrossEntropyGradientCheck) {
   for (int64_t r = 0; r < R; ++r) targets[r] = static_cast<int32_t>((r * 3 + 1) % V);
   auto loss = [&] {
     double l = 0.0;
-    be->cross_entropy_forward(f64(l), f32(logits), i32(targets), R, V, V);
+    be->cross_entropy_forward(f64(l), f32(logits), i32(targets), R, V, V, 0.f);
     return l;
   };
   const auto num = numeric_grad(logits, loss, 1e-2f);
   Vec g = logits;
   double l = 0.0;
-  be->cross_entropy_forward_backward(f64(l), f32(g), i32(targets), R, V, V, 1.0f);
+  be->cross_entropy_forward_backward(f64(l), f32(g), i32(targets), R, V, V, 1.0f, 0.f);
   EXPECT_LT(rel_err(g, num), 5e-5);
+}
+
+// Gemma 2's final_logit_softcapping: the loss of softcap * tanh(logits / softcap) in double,
+// the gradient against finite differences through the cap, a padded row stride and an
+// ignored row; a cap changes the loss, a negative or infinite one throws.
+TEST_F(Kernels, CrossEntropySoftcapIsTheLossOfCappedLogits) {
+  const int64_t R = 6, V = 13, ld = 16;
+  const float cap = 3.0f;
+  Vec logits(R * ld, 7.0f);  // padding columns: any finite value
+  const Vec raw = random_vec(R * V, rng, -6.0f, 6.0f);
+  for (int64_t r = 0; r < R; ++r) std::copy(&raw[r * V], &raw[r * V] + V, &logits[r * ld]);
+  Tokens targets(R);
+  for (int64_t r = 0; r < R; ++r) targets[r] = static_cast<int32_t>((r * 5 + 2) % V);
+  targets[4] = -100;  // kIgnoreIndex: no loss, a zero row
+  double ref = 0.0, plain = 0.0;
+  for (int64_t r = 0; r < R; ++r) {
+    if (targets[r] < 0) continue;
+    double mx = -1e300, s = 0.0;
+    std::vector<double> c(V);
+    for (int64_t j = 0; j < V; ++j) {
+      c[j] = cap * std::tanh(static_cast<double>(logits[r * ld + j]) / cap);
+      mx = std::max(mx, c[j]);
+    }
+    for (int64_t j = 0; j < V; ++j) s += std::exp(c[j] - mx);
+    ref += mx + std::log(s) - c[targets[r]];
+  }
+  be->cross_entropy_forward(f64(plain), f32(logits), i32(targets), R, V, ld, 0.f);
+  EXPECT_GT(std::abs(plain - ref), 0.1) << "the cap changed nothing";
+  double loss = 0.0;
+  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V, ld, cap);
+  EXPECT_NEAR(loss, ref, 1e-6 * ref);
+  auto f = [&] {
+    double l = 0.0;
+    be->cross_entropy_forward(f64(l), f32(logits), i32(targets), R, V, ld, cap);
+    return l;
+  };
+  const auto num = numeric_grad(logits, f, 1e-2f);
+  Vec g = logits;
+  double l2 = 0.0;
+  be->cross_entropy_forward_backward(f64(l2), f32(g), i32(targets), R, V, ld, 1.0f, cap);
+  EXPECT_EQ(bits(l2), bits(loss));
+  EXPECT_LT(rel_err(g, num), 5e-4);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t j = V; j < ld; ++j) ASSERT_EQ(g[r * ld + j], 0.0f) << "padding column";
+  }
+  for (int64_t j = 0; j < ld; ++j) ASSERT_EQ(g[4 * ld + j], 0.0f) << "ignored row";
+  for (float bad : {-1.0f, std::numeric_limits<float>::infinity()}) {
+    double l = 0.0;
+    EXPECT_THROW(be->cross_entropy_forward(f64(l), f32(logits), i32(targets), R, V, ld, bad),
+                 Error);
+  }
+  // Each row's gradient is its own: the rows in one call or in two (as two ranks' shares of
+  // a batch) are bit-identical, at a vocabulary large enough for the threaded path.
+  const int64_t R2 = 8, V2 = 5000;
+  const Vec big = random_vec(R2 * V2, rng, -8.0f, 8.0f);
+  Tokens t2(R2);
+  for (int64_t r = 0; r < R2; ++r) t2[r] = static_cast<int32_t>((r * 977) % V2);
+  Vec whole = big, halves = big;
+  double lw = 0.0, lh = 0.0;
+  be->cross_entropy_forward_backward(f64(lw), f32(whole), i32(t2), R2, V2, V2, 0.125f, cap);
+  for (int64_t h = 0; h < 2; ++h) {
+    Vec part(halves.begin() + h * (R2 / 2) * V2, halves.begin() + (h + 1) * (R2 / 2) * V2);
+    Tokens tp(t2.begin() + h * (R2 / 2), t2.begin() + (h + 1) * (R2 / 2));
+    be->cross_entropy_forward_backward(f64(lh), f32(part), i32(tp), R2 / 2, V2, V2, 0.125f, cap);
+    std::copy(part.begin(), part.end(), halves.begin() + h * (R2 / 2) * V2);
+  }
+  for (int64_t i = 0; i < R2 * V2; ++i) ASSERT_EQ(bits(whole[i]), bits(halves[i])) << i;
 }
 
 TEST_F(Kernels, CrossEntropyLargeVocabThreaded) {
@@ -492,7 +559,7 @@ TEST_F(Kernels, CrossEntropyLargeVocabThreaded) {
     ref += mx + std::log(s) - logits[r * V + targets[r]];
   }
   double loss = 0.0;
-  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V, V);
+  be->cross_entropy_forward(f64(loss), f32(logits), i32(targets), R, V, V, 0.f);
   EXPECT_NEAR(loss, ref, 1e-6 * ref);
 }
 
@@ -515,13 +582,13 @@ TEST_F(Kernels, CrossEntropyPaddedRowStrideEqualsUnpadded) {
     }
     const Vec padded_in = padded;
     double l_dense = 0.0, l_pad = 0.0, lf_dense = 0.0, lf_pad = 0.0;
-    be->cross_entropy_forward(f64(lf_dense), f32(dense), i32(targets), R, V, V);
-    be->cross_entropy_forward(f64(lf_pad), f32(padded), i32(targets), R, V, ld);
+    be->cross_entropy_forward(f64(lf_dense), f32(dense), i32(targets), R, V, V, 0.f);
+    be->cross_entropy_forward(f64(lf_pad), f32(padded), i32(targets), R, V, ld, 0.f);
     EXPECT_EQ(bits(lf_pad), bits(lf_dense)) << V;
     EXPECT_EQ(padded, padded_in) << V;  // forward-only: unchanged, padding included
     Vec g = dense;
-    be->cross_entropy_forward_backward(f64(l_dense), f32(g), i32(targets), R, V, V, 0.5f);
-    be->cross_entropy_forward_backward(f64(l_pad), f32(padded), i32(targets), R, V, ld, 0.5f);
+    be->cross_entropy_forward_backward(f64(l_dense), f32(g), i32(targets), R, V, V, 0.5f, 0.f);
+    be->cross_entropy_forward_backward(f64(l_pad), f32(padded), i32(targets), R, V, ld, 0.5f, 0.f);
     EXPECT_EQ(bits(l_pad), bits(l_dense)) << V;
     EXPECT_EQ(bits(l_pad), bits(lf_pad)) << V;
     for (int64_t r = 0; r < R; ++r) {
@@ -535,7 +602,7 @@ TEST_F(Kernels, CrossEntropyPaddedRowStrideEqualsUnpadded) {
   Vec logits(2 * 4, 0.0f);
   double loss = 0.0;
   try {
-    be->cross_entropy_forward(f64(loss), f32(logits), i32({0, 1}), 2, 4, 3);
+    be->cross_entropy_forward(f64(loss), f32(logits), i32({0, 1}), 2, 4, 3, 0.f);
     ADD_FAILURE() << "ld < V accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cross_entropy_forward: ld"), std::string::npos) << e.what();
@@ -546,9 +613,9 @@ TEST_F(Kernels, CrossEntropyRejectsBadTarget) {
   Vec logits(2 * 3, 0.0f);
   const Tokens bad_hi = {0, 3}, bad_lo = {-1, 0};  // -100 is kIgnoreIndex, not an error
   double loss = 0.0;
-  EXPECT_THROW(be->cross_entropy_forward(f64(loss), f32(logits), i32(bad_hi), 2, 3, 3), Error);
+  EXPECT_THROW(be->cross_entropy_forward(f64(loss), f32(logits), i32(bad_hi), 2, 3, 3, 0.f), Error);
   EXPECT_THROW(
-      be->cross_entropy_forward_backward(f64(loss), f32(logits), i32(bad_lo), 2, 3, 3, 1.0f),
+      be->cross_entropy_forward_backward(f64(loss), f32(logits), i32(bad_lo), 2, 3, 3, 1.0f, 0.f),
       Error);
   EXPECT_EQ(loss, 0.0);
 }
@@ -991,8 +1058,8 @@ TEST_F(Kernels, ResultsIndependentOfThreadCount) {
   for (std::size_t i = 0; i < tg.size(); ++i) tg[i] = static_cast<int32_t>(i % V);
   const int64_t rows = static_cast<int64_t>(tg.size());
   double c1 = 0.0, c2 = 0.0;
-  one->cross_entropy_forward_backward(f64(c1), f32(l1), i32(tg), rows, V, V, 0.5f);
-  be->cross_entropy_forward_backward(f64(c2), f32(l2), i32(tg), rows, V, V, 0.5f);
+  one->cross_entropy_forward_backward(f64(c1), f32(l1), i32(tg), rows, V, V, 0.5f, 0.f);
+  be->cross_entropy_forward_backward(f64(c2), f32(l2), i32(tg), rows, V, V, 0.5f, 0.f);
   EXPECT_EQ(bits(c1), bits(c2));
   EXPECT_EQ(l1, l2);
 }
@@ -1326,8 +1393,9 @@ TEST_F(Kernels, StoreContractCrossEntropy) {
           [&](DType st) {
             Store x(st, logits), y(st, logits);
             double l1 = 0.5, l2 = 0.0;
-            be->cross_entropy_forward_backward(f64(l1), x.view(), i32(targets), R, V, V, 0.25f);
-            be->cross_entropy_forward(f64(l2), y.view(), i32(targets), R, V, V);
+            be->cross_entropy_forward_backward(f64(l1), x.view(), i32(targets), R, V, V, 0.25f,
+                                               0.f);
+            be->cross_entropy_forward(f64(l2), y.view(), i32(targets), R, V, V, 0.f);
             return Outputs{{x.values(), y.values()}, {}, {l1, l2}};
           },
           "cross_entropy V=" + std::to_string(V));
@@ -1499,7 +1567,7 @@ TEST_F(Kernels, CrossEntropyIgnoreIndexRows) {
   }
   const int64_t Rk = static_cast<int64_t>(kept_t.size());
   double ref = 0.0;
-  be->cross_entropy_forward_backward(f64(ref), f32(kept), i32(kept_t), Rk, V, V, 0.5f);
+  be->cross_entropy_forward_backward(f64(ref), f32(kept), i32(kept_t), Rk, V, V, 0.5f, 0.f);
   double ref_manual = 0.0;
   for (int64_t r = 0; r < R; ++r) {
     if (targets[r] == kIgnoreIndex) continue;
@@ -1511,8 +1579,8 @@ TEST_F(Kernels, CrossEntropyIgnoreIndexRows) {
   EXPECT_NEAR(ref, ref_manual, 1e-5 * ref_manual);
   double loss = 0.0, loss_fwd = 0.0;
   Vec g = logits;
-  be->cross_entropy_forward_backward(f64(loss), f32(g), i32(targets), R, V, V, 0.5f);
-  be->cross_entropy_forward(f64(loss_fwd), f32(logits), i32(targets), R, V, V);
+  be->cross_entropy_forward_backward(f64(loss), f32(g), i32(targets), R, V, V, 0.5f, 0.f);
+  be->cross_entropy_forward(f64(loss_fwd), f32(logits), i32(targets), R, V, V, 0.f);
   EXPECT_EQ(bits(loss), bits(ref));
   EXPECT_EQ(bits(loss_fwd), bits(ref));
   int64_t k = 0;
@@ -1530,14 +1598,16 @@ TEST_F(Kernels, CrossEntropyIgnoreIndexRows) {
   const Tokens all_ignored(R, kIgnoreIndex);
   Store x(DType::bf16, logits);
   double l0 = 0.0;
-  be->cross_entropy_forward_backward(f64(l0), x.view(), i32(all_ignored), R, V, V, 1.0f);
+  be->cross_entropy_forward_backward(f64(l0), x.view(), i32(all_ignored), R, V, V, 1.0f, 0.f);
   EXPECT_EQ(l0, 0.0);
   EXPECT_EQ(x.values(), Vec(R * V, 0.0f));
   // other negative targets are still errors
   Vec lg = logits;
   double l1 = 0.0;
-  EXPECT_THROW(be->cross_entropy_forward(f64(l1), f32(lg), i32({0, -1, 0, 0, 0, 0}), R, V, V), Error);
-  EXPECT_THROW(be->cross_entropy_forward(f64(l1), f32(lg), i32({0, -101, 0, 0, 0, 0}), R, V, V), Error);
+  EXPECT_THROW(be->cross_entropy_forward(f64(l1), f32(lg), i32({0, -1, 0, 0, 0, 0}), R, V, V, 0.f),
+               Error);
+  EXPECT_THROW(
+      be->cross_entropy_forward(f64(l1), f32(lg), i32({0, -101, 0, 0, 0, 0}), R, V, V, 0.f), Error);
 }
 
 
@@ -1584,10 +1654,12 @@ TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
   expect_arg_error(
       [&] { be->embedding_forward(f32(a), i32(tok), f32(c), f32(d).slice(0, 63), 1, 8, 8); },
       "embedding_forward", "wpe");
-  expect_arg_error([&] { be->cross_entropy_forward(f32(a).slice(0, 1), f32(b), i32(tok), 8, 8, 8); },
-                   "cross_entropy_forward", "loss");
-  expect_arg_error([&] { be->cross_entropy_forward_backward(sv(), f32(b), i32(tok), 8, 9, 9, 1.0f); },
-                   "cross_entropy_forward_backward", "logits");
+  expect_arg_error(
+      [&] { be->cross_entropy_forward(f32(a).slice(0, 1), f32(b), i32(tok), 8, 8, 8, 0.f); },
+      "cross_entropy_forward", "loss");
+  expect_arg_error(
+      [&] { be->cross_entropy_forward_backward(sv(), f32(b), i32(tok), 8, 9, 9, 1.0f, 0.f); },
+      "cross_entropy_forward_backward", "logits");
   expect_arg_error([&] { be->bias_gelu_forward(f32(a), f32(b), f32(c).slice(0, 7), 8, 8); },
                    "bias_gelu_forward", "bias");
   expect_arg_error([&] { be->bias_gelu_forward(f32(a), i32(tok), f32(c), 2, 4); },
@@ -1605,7 +1677,8 @@ TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
   Store logits(DType::f16, Vec(6, 3.0f));
   double loss = 0.0;
   EXPECT_THROW(
-      be->cross_entropy_forward_backward(f64(loss), logits.view(), i32({0, 5}), 2, 3, 3, 1.0f), Error);
+      be->cross_entropy_forward_backward(f64(loss), logits.view(), i32({0, 5}), 2, 3, 3, 1.0f, 0.f),
+      Error);
   EXPECT_EQ(logits.values(), Vec(6, 3.0f));
   EXPECT_EQ(loss, 0.0);
 }

@@ -72,6 +72,17 @@ void make_gemma(fsdp::LlamaConfig& m) {
   m.rope_local_base_freq = 100;
 }
 
+// Gemma 2's tiny model: Gemma 3's sizes without q_norm / k_norm, layer 0 sliding over 3
+// positions, layer 1 global, one RoPE, and soft-caps that bend its scores and logits.
+void make_gemma2(fsdp::LlamaConfig& m) {
+  m.arch = fsdp::LlamaArch::gemma2;
+  m.query_pre_attn_scalar = 6;
+  m.sliding_window = 3;
+  m.sliding_window_pattern = 2;
+  m.attn_logit_softcapping = 1.0;
+  m.final_logit_softcapping = 2.0;
+}
+
 // SmolLM3's tiny model: layer 1 of 2 has no RoPE (no_rope_layer_interval 2) and, when
 // `window`, slides over 3 positions (use_sliding_window).
 void make_smollm3(fsdp::LlamaConfig& m, bool window = true) {
@@ -145,8 +156,8 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"Phi-3 GQA untied (fused qkv_proj, gate_up_proj)", 2, false, false, false, false,
              LlamaArch::phi3},
         Case{"Phi-3 MQA tied", 1, true, false, false, false, LlamaArch::phi3},
-        Case{"Phi-3 GQA untied, LongRoPE, half of each head rotated", 2, false, false, false,
-             false, LlamaArch::phi3, 0, true},
+        Case{"Phi-3 GQA untied, LongRoPE, half of each head rotated", 2, false, false, false, false,
+             LlamaArch::phi3, 0, true},
         Case{"Gemma 3 GQA tied, head_dim 6, sliding + global", 2, true, false, false, false,
              LlamaArch::gemma3_text, 6},
         Case{"Gemma 3 MQA untied, attention bias, llama3 (global)", 1, false, true, false, true,
@@ -161,9 +172,14 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"Granite MQA tied, multipliers, llama3", 1, true, false, false, true,
              LlamaArch::granite},
         Case{"OLMo 3 GQA untied, llama3 on the global layer, window 3", 2, false, false, false,
-             true, LlamaArch::olmo3}}) {
+             true, LlamaArch::olmo3},
+        Case{"Gemma 2 GQA tied, head_dim 6, sliding + global, soft-caps", 2, true, false, false,
+             false, LlamaArch::gemma2, 6},
+        Case{"Gemma 2 MQA untied, soft-caps, llama3", 1, false, false, false, true,
+             LlamaArch::gemma2}}) {
     ModelOptions o;
     if (c.arch == LlamaArch::gemma3_text) make_gemma(o.model);
+    if (c.arch == LlamaArch::gemma2) make_gemma2(o.model);
     if (c.arch == LlamaArch::smollm3) make_smollm3(o.model, /*window=*/c.tied);
     if (c.arch == LlamaArch::granite) make_granite(o.model);
     if (c.arch == LlamaArch::olmo3) make_olmo3(o.model);
@@ -225,7 +241,7 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         (c.arch == LlamaArch::qwen3 || c.arch == LlamaArch::olmo2 || c.arch == LlamaArch::olmo3
              ? 2
              : 0) +
-        (gemma ? 4 : 0) + (c.mlp_bias ? 3 : 0);
+        (gemma ? 4 : 0) + (c.arch == LlamaArch::gemma2 ? 2 : 0) + (c.mlp_bias ? 3 : 0);
     EXPECT_EQ(checked, 1 + 2 * per_layer + 1 + (c.tied ? 0 : 1)) << c.what;
   }
 }
@@ -281,10 +297,14 @@ void check_reference(const std::string& file) {
   const std::vector<double> ref_logits = ref.as<double>("logits");
   ASSERT_EQ(static_cast<int64_t>(ref_logits.size()), BT * V);
   double diff = 0, norm = 0;
+  // last_logits() are the head's output; Gemma 2's soft-cap is the loss kernel's (HF's logits
+  // are after it).
+  const double cap = o.model.logit_softcap();
   for (int64_t r = 0; r < BT; ++r) {
     for (int64_t c = 0; c < V; ++c) {
       const double want = ref_logits[static_cast<std::size_t>(r * V + c)];
-      const double d = logits[static_cast<std::size_t>(r * Vp + c)] - want;
+      const double z = logits[static_cast<std::size_t>(r * Vp + c)];
+      const double d = (cap > 0 ? cap * std::tanh(z / cap) : z) - want;
       diff += d * d;
       norm += want * want;
     }
@@ -880,6 +900,106 @@ TEST(Llama, Gemma3ConfigJson) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Gemma 2 2B's config.json (google/gemma-2-2b, transformers 4.42's spelling) is read as
+// written: its soft-caps, the even layers sliding with one RoPE, GeGLU, query_pre_attn_scalar;
+// fsdp_merge's config.json reads back to the same model; null soft-caps are 0 and written null;
+// layer_types other than the even layers sliding, and another activation, are refused.
+TEST(Llama, Gemma2ConfigJson) {
+  const fsdp::ModelFamily& gemma = fsdp::model_family("gemma2");
+  const nlohmann::json g2b = {{"architectures", {"Gemma2ForCausalLM"}},
+                              {"attention_bias", false},
+                              {"attention_dropout", 0.0},
+                              {"attn_logit_softcapping", 50.0},
+                              {"bos_token_id", 2},
+                              {"cache_implementation", "hybrid"},
+                              {"eos_token_id", 1},
+                              {"final_logit_softcapping", 30.0},
+                              {"head_dim", 256},
+                              {"hidden_act", "gelu_pytorch_tanh"},
+                              {"hidden_activation", "gelu_pytorch_tanh"},
+                              {"hidden_size", 2304},
+                              {"initializer_range", 0.02},
+                              {"intermediate_size", 9216},
+                              {"max_position_embeddings", 8192},
+                              {"model_type", "gemma2"},
+                              {"num_attention_heads", 8},
+                              {"num_hidden_layers", 26},
+                              {"num_key_value_heads", 4},
+                              {"pad_token_id", 0},
+                              {"query_pre_attn_scalar", 256},
+                              {"rms_norm_eps", 1e-06},
+                              {"rope_theta", 10000.0},
+                              {"sliding_window", 4096},
+                              {"torch_dtype", "float32"},
+                              {"use_cache", true},
+                              {"vocab_size", 256000}};
+  const fsdp::ModelConfig mc = gemma.from_hf_config(g2b, "gemma-2-2b.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  EXPECT_EQ(g.arch, fsdp::LlamaArch::gemma2);
+  EXPECT_EQ(g.head_size(), 256);
+  EXPECT_EQ(g.kv_heads(), 4);
+  EXPECT_TRUE(g.tie_word_embeddings);
+  EXPECT_EQ(g.pad_token_id, 0);
+  EXPECT_FLOAT_EQ(g.attention_softcap(), 50.f);
+  EXPECT_FLOAT_EQ(g.logit_softcap(), 30.f);
+  for (int64_t l = 0; l < 26; ++l) {
+    EXPECT_EQ(g.layer_window(l), l % 2 == 0 ? 4096 : 0) << l;
+    EXPECT_FALSE(g.layer_local_rope(l)) << l;
+    EXPECT_TRUE(g.layer_rope(l)) << l;
+  }
+  EXPECT_FALSE(g.qk_norm());
+  EXPECT_TRUE(g.norm_after() && g.norm_before() && g.norm_weight_offset() && g.gelu_mlp());
+  EXPECT_DOUBLE_EQ(g.attention_scale(), 1.0 / 16);
+  EXPECT_DOUBLE_EQ(g.embed_scale(), std::sqrt(2304.0));
+  // The module names are Gemma2ForCausalLM's state dict: four norms a layer, no q_norm.
+  std::vector<std::string> layer0;
+  for (const fsdp::ModuleDecl& m : fsdp::llama_modules(g)) {
+    if (m.name != "model.layers.0") continue;
+    EXPECT_EQ(m.cls, "Gemma2DecoderLayer");
+    for (const auto& p : m.params) layer0.push_back(p.name);
+  }
+  const std::string l0 = "model.layers.0.";
+  EXPECT_EQ(
+      layer0,
+      (std::vector<std::string>{
+          l0 + "self_attn.q_proj.weight", l0 + "self_attn.k_proj.weight",
+          l0 + "self_attn.v_proj.weight", l0 + "self_attn.o_proj.weight",
+          l0 + "mlp.gate_proj.weight", l0 + "mlp.up_proj.weight", l0 + "mlp.down_proj.weight",
+          l0 + "input_layernorm.weight", l0 + "post_attention_layernorm.weight",
+          l0 + "pre_feedforward_layernorm.weight", l0 + "post_feedforward_layernorm.weight"}));
+  const nlohmann::json out = gemma.hf_config(mc);
+  EXPECT_EQ(out.at("architectures"), nlohmann::json::array({"Gemma2ForCausalLM"}));
+  EXPECT_EQ(out.at("attn_logit_softcapping"), 50.0);
+  EXPECT_EQ(out.at("final_logit_softcapping"), 30.0);
+  EXPECT_EQ(out.at("hidden_activation"), "gelu_pytorch_tanh");
+  EXPECT_EQ(out.at("layer_types")[0], "sliding_attention");
+  EXPECT_EQ(out.at("layer_types")[1], "full_attention");
+  EXPECT_FALSE(out.contains("sliding_window_pattern"));
+  EXPECT_EQ(gemma.canonical(gemma.from_hf_config(out, "merged.json")), gemma.canonical(mc));
+  // null soft-caps (HF's None) are 0: no cap, and written back as null
+  nlohmann::json uncapped = g2b;
+  uncapped["attn_logit_softcapping"] = nullptr;
+  uncapped["final_logit_softcapping"] = nullptr;
+  const fsdp::ModelConfig mu = gemma.from_hf_config(uncapped, "uncapped.json");
+  EXPECT_EQ(fsdp::LlamaConfig::from(mu).attention_softcap(), 0.f);
+  EXPECT_EQ(fsdp::LlamaConfig::from(mu).logit_softcap(), 0.f);
+  EXPECT_TRUE(gemma.hf_config(mu).at("final_logit_softcapping").is_null());
+  EXPECT_TRUE(gemma.hf_config(mu).at("attn_logit_softcapping").is_null());
+  // transformers 5 spells layer_types out (the even layers sliding): accepted; any other list
+  // is refused by name.
+  nlohmann::json v5 = g2b;
+  v5["layer_types"] = out.at("layer_types");
+  EXPECT_EQ(gemma.canonical(gemma.from_hf_config(v5, "v5.json")), gemma.canonical(mc));
+  v5["layer_types"][0] = "full_attention";
+  expect_refused(gemma, v5, "\"layer_types\"");
+  nlohmann::json hf = g2b;
+  hf["hidden_activation"] = "gelu";
+  expect_refused(gemma, hf, "\"hidden_activation\" \"gelu\" is not supported");
+  hf = g2b;
+  hf["attn_logit_softcapping"] = -1.0;
+  expect_refused(gemma, hf, "attn_logit_softcapping");
 }
 
 // SmolLM3-3B's config.json (HuggingFaceTB/SmolLM3-3B's attributes as transformers writes them:

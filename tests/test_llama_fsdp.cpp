@@ -239,7 +239,18 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                               "model.attention_multiplier=0.2", "model.logits_scaling=4.0"},
                              "GraniteForCausalLM", ""},
                         Case{"olmo3", {"model.sliding_window_pattern=2", "model.sliding_window=5"},
-                             "Olmo3ForCausalLM", "model.layers.1.post_feedforward_layernorm.weight"}}) {
+                             "Olmo3ForCausalLM", "model.layers.1.post_feedforward_layernorm.weight"},
+                        // SGD: AdamW's first updates are about lr * sign(g), so the ~1e-8
+                        // summation-order differences of the near-zero gradients the caps
+                        // produce become 2e-5 of the parameters; under SGD 1 and 2 ranks
+                        // agree to 1e-8 (with or without the caps).
+                        Case{"gemma2",
+                             {"model.sliding_window=5", "model.query_pre_attn_scalar=3",
+                              "model.head_dim=6", "model.attn_logit_softcapping=2.0",
+                              "model.final_logit_softcapping=5.0", "model.pad_token_id=32",
+                              "optim.name=\"sgd\""},
+                             "Gemma2ForCausalLM",
+                             "model.layers.1.pre_feedforward_layernorm.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

@@ -22,6 +22,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_ref.hpp"
@@ -409,7 +410,7 @@ void check_gqa_equals_repeated_mha(Backend& be, std::mt19937& rng, const GqaShap
 
   Vec out(nq, nan), lse(nl, nan), mout(nq, nan), mlse(nl, nan);
   be.gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                           scale, 0);
+                           scale, 0, 0.f);
   be.mha_forward(f32(mout), f32(mlse), f32(q), f32(kr), f32(vr), TensorView{}, TensorView{}, s.B,
                  s.T, s.T, s.H, s.D, scale, true);
   expect_near_all(out, mout, 1e-6, "out vs mha " + what);
@@ -422,7 +423,7 @@ void check_gqa_equals_repeated_mha(Backend& be, std::mt19937& rng, const GqaShap
 
   Vec dq(nq, nan), dk(nk, nan), dv(nk, nan), mdq(nq, nan), mdk(nq, nan), mdv(nq, nan);
   be.gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v), f32(out),
-                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0);
+                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0, 0.f);
   be.mha_backward(f32(mdq), f32(mdk), f32(mdv), TensorView{}, f32(dout), f32(q), f32(kr), f32(vr),
                   f32(mout), f32(mlse), TensorView{}, TensorView{}, s.B, s.T, s.T, s.H, s.D, scale,
                   true);
@@ -463,14 +464,14 @@ void gqa_gradient_check(Backend& be, std::mt19937& rng, const GqaShape& s, float
   const Vec Rw = random_vec(nq, rng);
   Vec out(nq), lse(nl);
   be.gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                           scale, 0);
+                           scale, 0, 0.f);
   Vec dq(nq), dk(nk), dv(nk);
   be.gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
-                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0);
+                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0, 0.f);
   auto loss = [&] {
     Vec o(nq), l(nl);
     be.gqa_attention_forward(f32(o), f32(l), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                             scale, 0);
+                             scale, 0, 0.f);
     return dot(o, Rw);
   };
   EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4) << "dq " << what;
@@ -501,10 +502,10 @@ TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
     const Vec q = random_vec(nq, rng, -2.0f, 2.0f), k = random_vec(nk, rng, -2.0f, 2.0f),
               v = random_vec(nk, rng), dout = random_vec(nq, rng);
     Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
-    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv,
-                              s.D, scale, window);
+    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                              scale, window, 0.f);
     be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
-                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window);
+                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, 0.f);
     test_util::AttnShape as{s.B, s.T, s.T, s.H, s.D, scale, true};
     as.window = window;
     const test_util::AttnRef ref =
@@ -532,9 +533,9 @@ TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
     // A window of T (or more) masks nothing the causal mask does not.
     Vec full(nq), full_lse(nl), wide(nq), wide_lse(nl);
     be->gqa_attention_forward(f32(full), f32(full_lse), f32(q), f32(k), f32(v), s.B, s.T, s.H,
-                              s.Hkv, s.D, scale, 0);
+                              s.Hkv, s.D, scale, 0, 0.f);
     be->gqa_attention_forward(f32(wide), f32(wide_lse), f32(q), f32(k), f32(v), s.B, s.T, s.H,
-                              s.Hkv, s.D, scale, s.T);
+                              s.Hkv, s.D, scale, s.T, 0.f);
     expect_same_bits(wide, full, "window T vs none " + what);
     expect_same_bits(wide_lse, full_lse, "lse, window T vs none " + what);
   }
@@ -546,13 +547,13 @@ TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
   const Vec Rw = random_vec(nq, rng);
   Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
   be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                            0.5f, 2);
+                            0.5f, 2, 0.f);
   be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
-                             f32(lse), s.B, s.T, s.H, s.Hkv, s.D, 0.5f, 2);
+                             f32(lse), s.B, s.T, s.H, s.Hkv, s.D, 0.5f, 2, 0.f);
   auto loss = [&] {
     Vec o(nq), l(nl);
     be->gqa_attention_forward(f32(o), f32(l), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                              0.5f, 2);
+                              0.5f, 2, 0.f);
     return dot(o, Rw);
   };
   EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4);
@@ -560,11 +561,81 @@ TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
   EXPECT_LT(rel_err(dv, numeric_grad(v, loss, 1e-2f)), 5e-4);
 }
 
+// Gemma 2's attention soft-cap (attn_logit_softcapping): scores softcap tanh(scale q.k /
+// softcap), against the double-precision naive attention with the cap, forward and backward,
+// with and without a window, across query and key tiles; a cap changes the result (large
+// scores), finite differences through the cap, and a negative or infinite cap throws.
+TEST_F(LlamaKernels, GqaSoftcapMatchesTanhCappedScores) {
+  for (const auto& [s, window, cap] :
+       std::vector<std::tuple<GqaShape, int64_t, float>>{{{2, 7, 4, 2, 8}, 0, 2.0f},
+                                                         {{1, 300, 4, 2, 8}, 70, 5.0f},
+                                                         {{1, 70, 2, 1, 16}, 0, 1.0f}}) {
+    const std::string what =
+        describe(s) + " window=" + std::to_string(window) + " softcap=" + std::to_string(cap);
+    const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
+    const float scale = 1.0f;  // large scores: the cap bends them
+    const Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
+              v = random_vec(nk, rng), dout = random_vec(nq, rng);
+    Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk), plain(nq), plain_lse(nl);
+    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                              scale, window, cap);
+    be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
+                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, cap);
+    be->gqa_attention_forward(f32(plain), f32(plain_lse), f32(q), f32(k), f32(v), s.B, s.T, s.H,
+                              s.Hkv, s.D, scale, window, 0.f);
+    test_util::AttnShape as{s.B, s.T, s.T, s.H, s.D, scale, true};
+    as.window = window;
+    as.softcap = cap;
+    const test_util::AttnRef ref =
+        test_util::naive_attention(as, q, repeat_kv(k, s), repeat_kv(v, s), {}, {}, dout);
+    double moved = 0.0;
+    for (int64_t i = 0; i < nq; ++i)
+      moved = std::max(moved, std::abs(double(plain[i]) - ref.out[i]));
+    EXPECT_GT(moved, 1e-2) << what << ": the cap changed nothing";
+    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << what << " out " << i;
+    for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << what << " lse " << i;
+    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(dq[i], ref.dq[i], 2e-5) << what << " dq " << i;
+    Vec rdk(nq), rdv(nq);
+    for (int64_t i = 0; i < nq; ++i) {
+      rdk[i] = static_cast<float>(ref.dk[i]);
+      rdv[i] = static_cast<float>(ref.dv[i]);
+    }
+    expect_near_all(dk, sum_groups(rdk, s), 3e-5, "dk " + what);
+    expect_near_all(dv, sum_groups(rdv, s), 3e-5, "dv " + what);
+  }
+  const GqaShape s{1, 6, 2, 1, 4};
+  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
+  Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
+      v = random_vec(nk, rng);
+  const Vec Rw = random_vec(nq, rng);
+  Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
+  be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                            1.0f, 0, 1.5f);
+  be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
+                             f32(lse), s.B, s.T, s.H, s.Hkv, s.D, 1.0f, 0, 1.5f);
+  auto loss = [&] {
+    Vec o(nq), l(nl);
+    be->gqa_attention_forward(f32(o), f32(l), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                              1.0f, 0, 1.5f);
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4);
+  EXPECT_LT(rel_err(dk, numeric_grad(k, loss, 1e-2f)), 5e-4);
+  EXPECT_LT(rel_err(dv, numeric_grad(v, loss, 1e-2f)), 5e-4);
+  for (float bad :
+       {-1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T,
+                                           s.H, s.Hkv, s.D, 1.0f, 0, bad),
+                 Error);
+  }
+}
+
 TEST_F(LlamaKernels, GqaCausalRowZeroSeesOnlyKeyZero) {
   // B = 1, T = 2, H = 2 query heads on Hkv = 1: row 0 of each head equals v[0] exactly
   const Vec q = {1, 2, -1, 0.5f, 3, 4, 0.25f, -2}, k = {0.5f, -1, 2, 0.25f}, v = {1, 2, 3, 4};
   Vec out(8), lse(4);
-  be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), 1, 2, 2, 1, 2, 1.0f, 0);
+  be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), 1, 2, 2, 1, 2, 1.0f, 0,
+                            0.f);
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[1], 2.0f);
   EXPECT_EQ(out[2], 1.0f);
@@ -586,10 +657,10 @@ TEST_F(LlamaKernels, GqaResultsIndependentOfThreadCount) {
             dout = random_vec(nq, rng);
   auto run = [&](Backend& b) {
     std::vector<Vec> r = {Vec(nq), Vec(nl), Vec(nq), Vec(nk), Vec(nk)};
-    b.gqa_attention_forward(f32(r[0]), f32(r[1]), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv,
-                            s.D, 0.25f, 0);
+    b.gqa_attention_forward(f32(r[0]), f32(r[1]), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
+                            0.25f, 0, 0.f);
     b.gqa_attention_backward(f32(r[2]), f32(r[3]), f32(r[4]), f32(dout), f32(q), f32(k), f32(v),
-                             f32(r[0]), f32(r[1]), s.B, s.T, s.H, s.Hkv, s.D, 0.25f, 0);
+                             f32(r[0]), f32(r[1]), s.B, s.T, s.H, s.Hkv, s.D, 0.25f, 0, 0.f);
     return r;
   };
   auto one = make_cpu_backend(1), three = make_cpu_backend(3);
@@ -605,40 +676,41 @@ TEST_F(LlamaKernels, GqaArgumentErrors) {
   Vec q(B * T * 6 * D), kv(B * T * 6 * D), out(q.size()), lse(B * 6 * T), g(q.size());
   // H = 6 on Hkv = 4: 6 % 4 != 0
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 4,
-                                         D, 0.5f, 0),
+                                         D, 0.5f, 0, 0.f),
                Error);
   EXPECT_THROW(be->gqa_attention_backward(f32(g), f32(g), f32(g), f32(g), f32(q), f32(kv), f32(kv),
-                                          f32(out), f32(lse), B, T, 6, 4, D, 0.5f, 0),
+                                          f32(out), f32(lse), B, T, 6, 4, D, 0.5f, 0, 0.f),
                Error);
   // Hkv = 0 and Hkv > H
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 0,
-                                         D, 0.5f, 0),
+                                         D, 0.5f, 0, 0.f),
                Error);
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 2, 4,
-                                         D, 0.5f, 0),
+                                         D, 0.5f, 0, 0.f),
                Error);
   try {
-    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 4, D, 0.5f, 0);
+    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 4, D, 0.5f, 0,
+                              0.f);
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("gqa_attention_forward: Hkv"), std::string::npos)
         << e.what();
   }
   // valid: 6 on 3, 2 and 1
   for (int64_t hkv : {6, 3, 2, 1}) {
-    EXPECT_NO_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T,
-                                              6, hkv, D, 0.5f, 0))
+    EXPECT_NO_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6,
+                                              hkv, D, 0.5f, 0, 0.f))
         << hkv;
   }
   // k too small for Hkv = 3; lse not fp32
   Vec ksmall(B * T * 3 * D - 1);
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(ksmall), f32(kv), B, T, 6,
-                                         3, D, 0.5f, 0),
+                                         3, D, 0.5f, 0, 0.f),
                Error);
   std::vector<uint16_t> lse16(lse.size());
-  EXPECT_THROW(be->gqa_attention_forward(f32(out),
-                                         TensorView(lse16.data(), DType::bf16, {B * 6 * T}),
-                                         f32(q), f32(kv), f32(kv), B, T, 6, 3, D, 0.5f, 0),
-               Error);
+  EXPECT_THROW(
+      be->gqa_attention_forward(f32(out), TensorView(lse16.data(), DType::bf16, {B * 6 * T}),
+                                f32(q), f32(kv), f32(kv), B, T, 6, 3, D, 0.5f, 0, 0.f),
+      Error);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -735,20 +807,20 @@ TEST_F(LlamaKernels, StoreContractGqaAttention) {
     // fp32 on the rounded values; backward reads out as stored (rounded)
     Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
     be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                              scale, 0);
+                              scale, 0, 0.f);
     const Vec out_r = rounded(out, dt);
     be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
-                               f32(out_r), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0);
+                               f32(out_r), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0, 0.f);
     Store sq(dt, q), sk(dt, k), sv(dt, v), sd(dt, dout), so(dt, Vec(nq)), gq(dt, Vec(nq)),
         gk(dt, Vec(nk)), gv(dt, Vec(nk));
     Vec lse16(nl);
     be->gqa_attention_forward(so.view(), f32(lse16), sq.view(), sk.view(), sv.view(), s.B, s.T, s.H,
-                              s.Hkv, s.D, scale, 0);
+                              s.Hkv, s.D, scale, 0, 0.f);
     expect_rounded(dt, out, so.values(), "gqa out");
     expect_same_bits(lse, lse16, std::string("gqa lse ") + std::string(to_string(dt)));
     be->gqa_attention_backward(gq.view(), gk.view(), gv.view(), sd.view(), sq.view(), sk.view(),
                                sv.view(), so.view(), f32(lse16), s.B, s.T, s.H, s.Hkv, s.D, scale,
-                               0);
+                               0, 0.f);
     expect_rounded(dt, dq, gq.values(), "gqa dq");
     expect_rounded(dt, dk, gk.values(), "gqa dk");
     expect_rounded(dt, dv, gv.values(), "gqa dv");

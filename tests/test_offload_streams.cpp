@@ -532,14 +532,15 @@ class DeferredKernels final : public fsdp::Kernels {
   }
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld,
-                                      float grad_scale) override {
+                                      float grad_scale, float softcap) override {
     later([=, this] {
-      in_.cross_entropy_forward_backward(loss, logits, targets, R, V, ld, grad_scale);
+      in_.cross_entropy_forward_backward(loss, logits, targets, R, V, ld, grad_scale, softcap);
     });
   }
   void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                             const TensorView& targets, int64_t R, int64_t V, int64_t ld) override {
-    later([=, this] { in_.cross_entropy_forward(loss, logits, targets, R, V, ld); });
+                             const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                             float softcap) override {
+    later([=, this] { in_.cross_entropy_forward(loss, logits, targets, R, V, ld, softcap); });
   }
   void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
                                 const TensorView& table, int64_t N, int64_t C) override {
@@ -623,20 +624,20 @@ class DeferredKernels final : public fsdp::Kernels {
   }
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
-                             int64_t H, int64_t Hkv, int64_t D, float scale,
-                             int64_t window) override {
+                             int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
+                             float softcap) override {
     later([=, this] {
-      in_.gqa_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D, scale, window);
+      in_.gqa_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D, scale, window, softcap);
     });
   }
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
-                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                              float scale, int64_t window) override {
+                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
+                              int64_t window, float softcap) override {
     later([=, this] {
       in_.gqa_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, scale,
-                                 window);
+                                 window, softcap);
     });
   }
 

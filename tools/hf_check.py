@@ -103,6 +103,14 @@ LLAMA_CASES = {
                                         "query_pre_attn_scalar": 10, "sliding_window": 8,
                                         "sliding_window_pattern": 2, "pad_token_id": 32,
                                         "tie_word_embeddings": True},
+    # Gemma 2 (Gemma2ForCausalLM): Gemma 3's layer without q/k norms, every even layer sliding
+    # (window 8), one RoPE; scores and logits tanh soft-capped at 2 and 5 (small enough to bend
+    # this model's values; Gemma 2's are 50 and 30); untied; the space byte as padding row.
+    "gemma2 gqa untied window 8 softcaps": {"type": "gemma2", "hidden_size": 32, "head_dim": 12,
+                                            "query_pre_attn_scalar": 10, "sliding_window": 8,
+                                            "attn_logit_softcapping": 2.0,
+                                            "final_logit_softcapping": 5.0, "pad_token_id": 32,
+                                            "tie_word_embeddings": False},
     # SmolLM3: no RoPE on every 2nd layer (NoPE), which slides over 8 positions; tied.
     "smollm3 gqa tied nope window 8": {"type": "smollm3", "hidden_size": 32,
                                        "no_rope_layer_interval": 2, "use_sliding_window": True,
@@ -332,7 +340,11 @@ def check_llama(work, env_file, torch, name, impl):
     ids = torch.tensor([list(val[i * L:i * L + L + 1]) for i in range(n)], dtype=torch.long)
     if impl == "hf":
         from transformers import AutoModelForCausalLM  # the class config.json's model_type names
-        model = AutoModelForCausalLM.from_pretrained(hf).double().eval()
+        # Gemma 2's attention soft-cap is in transformers' eager attention (sdpa has no score
+        # hook): its model card asks for eager.
+        eager = json.load(open(os.path.join(hf, "config.json")))["model_type"] == "gemma2"
+        model = AutoModelForCausalLM.from_pretrained(
+            hf, **({"attn_implementation": "eager"} if eager else {})).double().eval()
         want = json.load(open(os.path.join(hf, "config.json")))["architectures"][0]
         if type(model).__name__ != want:
             raise RuntimeError("from_pretrained made a %s, config.json names %s" % (type(model).__name__, want))

@@ -117,7 +117,7 @@ LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
          "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3",
-         "granite": "Granite", "olmo3": "Olmo3"}  # HF class prefix
+         "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text"}  # HF model_type where it is not the variant's word
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
@@ -148,7 +148,12 @@ VARIANTS = [
     "3l_gqa_untied_llama3_olmo3_swa",
     "1l_gqa_untied_longrope_phi3_partial",
     "3l_mqa_tied_longrope_phi3_swa",
+    "1l_gqa_tied_rope1e4_gemma2",
+    "3l_mqa_untied_linear_gemma2_swa",
 ]
+# Gemma 2's soft-caps in the gemma2 variants: small enough to bend this tiny model's scores
+# (|scale q.k| up to ~3) and logits (up to ~10); Gemma 2's own are 50 and 30.
+GEMMA2_ATTN_SOFTCAP, GEMMA2_FINAL_SOFTCAP = 2.0, 5.0
 SWA_WINDOW = 3  # the _swa variants' sliding window: shorter than T = 7
 DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "llama"))
 
@@ -190,6 +195,8 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
     assert arch == "smollm3" or "mlpbias" not in flags and ("attnbias" not in flags or arch in ("qwen3", "olmo2")), (arch, flags)
     if arch == "gemma3":
         return gemma3_config(layers, attn, tied, rope, flags)
+    if arch == "gemma2":
+        return gemma2_config(layers, attn, tied, rope, flags)
     if arch == "smollm3":
         return smollm3_config(layers, attn, tied, rope, flags)
     if arch == "granite":
@@ -251,6 +258,27 @@ def gemma3_config(layers, attn, tied, rope, flags):
             "sliding_window": SWA_WINDOW if swa else MAX_POS, "sliding_window_pattern": 2 if swa else 6,
             "attention_bias": False, "attention_dropout": 0.0, "hidden_activation": "gelu_pytorch_tanh",
             "final_logit_softcapping": None, "attn_logit_softcapping": None,
+            "tie_word_embeddings": tied == "tied", "pad_token_id": GEMMA_PAD, "initializer_range": 0.02,
+            "torch_dtype": "float32", "bos_token_id": 2, "eos_token_id": 1, "use_cache": True}
+
+
+def gemma2_config(layers, attn, tied, rope, flags):
+    """config.json of a Gemma2ForCausalLM variant (Gemma2Config's attributes): head_dim 12 !=
+    hidden / heads, query_pre_attn_scalar 10, one RoPE (rope_theta 1e4 with the variant's
+    scaling) for every layer, the even layers sliding (layer_types spelled out, as transformers
+    5 derives it), window 3 < T with _swa (else the sequence), both soft-caps on."""
+    assert rope in ("rope1e4", "linear") and "attnbias" not in flags, (rope, flags)
+    types = ["sliding_attention" if (l + 1) % 2 else "full_attention" for l in range(layers)]
+    return {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
+            "head_dim": HEAD_DIM_QWEN3, "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+            "rope_theta": 10000.0, "rope_scaling": SCALINGS[rope] and dict(SCALINGS[rope]),
+            "query_pre_attn_scalar": 10, "sliding_window": SWA_WINDOW if "swa" in flags else MAX_POS,
+            "layer_types": types, "attention_bias": False, "attention_dropout": 0.0,
+            "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
+            "final_logit_softcapping": GEMMA2_FINAL_SOFTCAP,
+            "attn_logit_softcapping": GEMMA2_ATTN_SOFTCAP,
             "tie_word_embeddings": tied == "tied", "pad_token_id": GEMMA_PAD, "initializer_range": 0.02,
             "torch_dtype": "float32", "bos_token_id": 2, "eos_token_id": 1, "use_cache": True}
 
@@ -350,11 +378,24 @@ def qk_norm(cfg):  # Qwen3Attention's (and Gemma3Attention's) q_norm / k_norm ov
 
 
 def gemma3(cfg):
-    """Gemma3ForCausalLM: (1 + w) RMSNorms, four a layer (input, post_attention,
-    pre_feedforward, post_feedforward); the embedding times sqrt(hidden) rounded to float32,
-    padding_idx pad_token_id; GeGLU (gelu tanh); scores times query_pre_attn_scalar^-1/2;
-    sliding layers with the local RoPE (rope_local_base_freq, unscaled)."""
+    """Gemma3ForCausalLM alone: q_norm / k_norm; sliding layers with the local RoPE
+    (rope_local_base_freq, unscaled)."""
     return cfg["model_type"] == "gemma3_text"
+
+
+def gemma(cfg):
+    """Gemma2ForCausalLM and Gemma3ForCausalLM: (1 + w) RMSNorms, four a layer (input,
+    post_attention, pre_feedforward, post_feedforward); the embedding times sqrt(hidden)
+    rounded to float32, padding_idx pad_token_id; GeGLU (gelu tanh); scores times
+    query_pre_attn_scalar^-1/2; layer_types' sliding layers."""
+    return cfg["model_type"] in ("gemma2", "gemma3_text")
+
+
+def softcaps(cfg):
+    """Gemma 2's (attn_logit_softcapping, final_logit_softcapping); None: none (the others)."""
+    if cfg["model_type"] != "gemma2":
+        return None, None
+    return cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping")
 
 
 def sliding(cfg, layer):  # (Gemma 3 and OLMo 3)
@@ -368,25 +409,25 @@ def sliding(cfg, layer):  # (Gemma 3 and OLMo 3)
 def pad_token(cfg):
     """The class's nn.Embedding padding_idx: config.json's pad_token_id, or the class's default
     when absent (Olmo2Config 1, Phi3Config 32000, Gemma3TextConfig 0, the others None)."""
-    default = {"olmo2": 1, "olmo3": 1, "phi3": 32000, "gemma3_text": 0,
+    default = {"olmo2": 1, "olmo3": 1, "phi3": 32000, "gemma3_text": 0, "gemma2": 0,
                "smollm3": 128004}.get(cfg["model_type"])
     return cfg.get("pad_token_id", default)
 
 
 def norm_weight(cfg, w):  # what an RMSNorm multiplies by: Gemma3RMSNorm's 1 + w
-    return 1.0 + w if gemma3(cfg) else w
+    return 1.0 + w if gemma(cfg) else w
 
 
 def embed_scale(cfg):  # Gemma3TextScaledWordEmbedding: sqrt(hidden) as a float32 tensor
     if granite(cfg):
         return cfg["embedding_multiplier"]
-    return torch.tensor(cfg["hidden_size"] ** 0.5, dtype=torch.float32).item() if gemma3(cfg) else 1.0
+    return torch.tensor(cfg["hidden_size"] ** 0.5, dtype=torch.float32).item() if gemma(cfg) else 1.0
 
 
 def score_scale(cfg):  # query_pre_attn_scalar^-1/2 (Gemma 3), attention_multiplier (Granite)
     if granite(cfg):
         return cfg["attention_multiplier"]
-    return cfg["query_pre_attn_scalar"] ** -0.5 if gemma3(cfg) else head_dim(cfg) ** -0.5
+    return cfg["query_pre_attn_scalar"] ** -0.5 if gemma(cfg) else head_dim(cfg) ** -0.5
 
 
 def rope_cfg(cfg, layer):
@@ -415,7 +456,7 @@ def layer_window(cfg, layer):
         return cfg.get("sliding_window") or 0
     if cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
-    if gemma3(cfg) or cfg["model_type"] == "olmo3":
+    if gemma(cfg) or cfg["model_type"] == "olmo3":
         return cfg["sliding_window"] if sliding(cfg, layer) else 0
     if cfg["model_type"] == "smollm3" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         return cfg["sliding_window"] if not uses_rope(cfg, layer) else 0  # the NoPE layers
@@ -446,7 +487,7 @@ def unfused(p, cfg):
 
 
 def layer_norm_names(cfg):  # a decoder layer's RMSNorms, in state-dict order
-    if gemma3(cfg):
+    if gemma(cfg):
         return ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                 "post_feedforward_layernorm")
     if olmo2(cfg):
@@ -492,7 +533,7 @@ def make_params(cfg, gen):
     p = {}
     for name, shape in param_shapes(cfg):
         x = torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.3
-        if name.endswith("norm.weight") and not gemma3(cfg):  # Gemma's are offsets from 1
+        if name.endswith("norm.weight") and not gemma(cfg):  # Gemma's are offsets from 1
             x = 1.0 + x
         p[name] = (torch.round(x.to(torch.float64) * 1000.0) / 1000.0 + 0.0).to(torch.float32)
     return p
@@ -505,7 +546,7 @@ def make_case(variant):
     params = make_params(cfg, gen)
     tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
     targets = torch.randint(0, VOCAB, (B, T), generator=gen)
-    if gemma3(cfg):  # the padding row is looked up (and gets no gradient from it)
+    if gemma(cfg):  # the padding row is looked up (and gets no gradient from it)
         tokens[0, 2] = tokens[1, 4] = cfg["pad_token_id"]
     return cfg, params, tokens, targets
 
@@ -639,14 +680,16 @@ def forward(p, cfg, tokens):
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
         att = q @ k.transpose(-1, -2)
-        att = att * score_scale(cfg) if gemma3(cfg) or granite(cfg) else att / math.sqrt(D)
+        att = att * score_scale(cfg) if gemma(cfg) or granite(cfg) else att / math.sqrt(D)
+        if softcaps(cfg)[0]:  # Gemma 2: before the mask
+            att = softcaps(cfg)[0] * torch.tanh(att / softcaps(cfg)[0])
         visible = causal
         if layer_window(cfg, l):
             visible = causal & ~torch.tril(torch.ones(Tn, Tn, dtype=torch.bool), -layer_window(cfg, l))
         att = att.masked_fill(~visible, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
         m, mb = pre + "mlp.", mlp_bias(cfg)
-        if gemma3(cfg):  # sandwich norms, GeGLU
+        if gemma(cfg):  # sandwich norms, GeGLU
             x = x + norm(linear(y, a + "o_proj", o_bias(cfg)), pre + "post_attention_layernorm")
             h = norm(x, pre + "pre_feedforward_layernorm")
             mlp = linear(gelu_tanh(linear(h, m + "gate_proj", mb)) * linear(h, m + "up_proj", mb), m + "down_proj", mb)
@@ -666,6 +709,8 @@ def forward(p, cfg, tokens):
     x = norm(x, "model.norm")
     head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
     logits = x @ head.T
+    if softcaps(cfg)[1]:  # Gemma 2: logits / cap, tanh, * cap
+        logits = softcaps(cfg)[1] * torch.tanh(logits / softcaps(cfg)[1])
     return logits / cfg["logits_scaling"] if granite(cfg) else logits
 
 
@@ -781,7 +826,8 @@ def naive_loss(p, cfg, tokens, targets):
         key = (rc["rope_theta"], json.dumps(rc["rope_scaling"], sort_keys=True))
         tables[l] = tables.get(key) or naive_frequencies(rc, R, tokens.shape[1])
         tables[key] = tables[l]
-    gemma = gemma3(cfg)
+    gemma = globals()["gemma"](cfg)
+    acap, fcap = softcaps(cfg)
 
     def norm(x, w):
         n = x.shape[0]
@@ -846,6 +892,9 @@ def naive_loss(p, cfg, tokens, targets):
                     first = max(0, t - layer_window(cfg, l) + 1) if layer_window(cfg, l) else 0
                     seen = range(first, t + 1)
                     scores = [torch.dot(q, rope(head(ks[s], kv, "k"), s, l)) * sscale for s in seen]
+                    if acap:  # tanh written out: (e^2u - 1) / (e^2u + 1)
+                        scores = [acap * (torch.exp(2 * sc / acap) - 1) / (torch.exp(2 * sc / acap) + 1)
+                                  for sc in scores]
                     top = max(float(sc) for sc in scores)
                     w = [torch.exp(sc - top) for sc in scores]
                     z = sum(w)
@@ -867,6 +916,8 @@ def naive_loss(p, cfg, tokens, targets):
         head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
         for t, x in enumerate(xs):
             z = torch.mv(head, norm(x, p["model.norm.weight"])) / lscale
+            if fcap:
+                z = fcap * (torch.exp(2 * z / fcap) - 1) / (torch.exp(2 * z / fcap) + 1)
             top = float(z.max())
             total = total + (top + torch.log(torch.exp(z - top).sum()) - z[int(targets[b, t])])
     return total / tokens.numel()
@@ -1071,6 +1122,23 @@ def selftest():
         expect(abs(same_rope.item() - loss.item()) > 1e-4 and abs(plain_scale.item() - loss.item()) > 1e-4,
                f"{v}: the local RoPE period and query_pre_attn_scalar change the loss ({loss.item():.6f} vs "
                f"{same_rope.item():.6f}, {plain_scale.item():.6f})")
+
+    # 4c'. Gemma 2: each soft-cap changes the loss (one of 0 would pass the comparisons above),
+    #      and a cap far above every score or logit is no cap.
+    for v in (x for x in VARIANTS if "_gemma2" in x):
+        cfg, params32, tokens, targets = make_case(v)
+        loss = run(cfg, params32, tokens, targets)[2].item()
+        no_attn = run(dict(cfg, attn_logit_softcapping=None), params32, tokens, targets)[2].item()
+        no_final = run(dict(cfg, final_logit_softcapping=None), params32, tokens, targets)[2].item()
+        huge = run(dict(cfg, attn_logit_softcapping=1e9, final_logit_softcapping=1e9), params32, tokens,
+                   targets)[2].item()
+        none = run(dict(cfg, attn_logit_softcapping=None, final_logit_softcapping=None), params32,
+                   tokens, targets)[2].item()
+        expect(abs(no_attn - loss) > 1e-3 * loss and abs(no_final - loss) > 1e-3 * loss
+               and abs(huge - none) < 1e-9 * none,
+               f"{v}: the attention cap and the logit cap each change the loss ({loss:.6f}; without "
+               f"the attention cap {no_attn:.6f}, without the logit cap {no_final:.6f}; caps of 1e9 "
+               f"{huge:.9f} = none {none:.9f})")
 
     # 4d. SmolLM3's NoPE layer changes the model (with every layer rotating, the loss differs).
     for v in (x for x in VARIANTS if "_smollm3" in x):

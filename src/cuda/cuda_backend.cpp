@@ -246,9 +246,10 @@ class CudaBackend final : public Backend {
                           int64_t C, int64_t H) override;
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld,
-                                      float grad_scale) override;
+                                      float grad_scale, float softcap) override;
   void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                             const TensorView& targets, int64_t R, int64_t V, int64_t ld) override;
+                             const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                             float softcap) override;
 
   // ---- T5 pieces ----
   void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
@@ -295,13 +296,13 @@ class CudaBackend final : public Backend {
                        const TensorView& gate, const TensorView& up) override;
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
-                             int64_t H, int64_t Hkv, int64_t D, float scale,
-                             int64_t window) override;
+                             int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
+                             float softcap) override;
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
-                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                              float scale, int64_t window) override;
+                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
+                              int64_t window, float softcap) override;
 
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
@@ -376,8 +377,8 @@ class CudaBackend final : public Backend {
   // After the stream is synchronised: throws the recorded index error, if any (and resets it).
   void raise_device_error();
   void cross_entropy(const char* kernel, const TensorView& loss, const TensorView& logits,
-                     const TensorView& targets, int64_t R, int64_t V, int64_t ld,
-                     float grad_scale, bool backward);
+                     const TensorView& targets, int64_t R, int64_t V, int64_t ld, float grad_scale,
+                     float softcap, bool backward);
   // The fused attention kernels (kernels_flash.cu) on arrays of p.t; backward takes its
   // D_i scratch from the allocator.
   void flash_backward(const k::FlashProblem& p, const void* q, const void* kk, const void* v,
@@ -1109,26 +1110,30 @@ void CudaBackend::attention_backward(const TensorView& dqkv, const TensorView& d
 
 void CudaBackend::cross_entropy(const char* kernel, const TensorView& loss,
                                 const TensorView& logits, const TensorView& targets, int64_t R,
-                                int64_t V, int64_t ld, float grad_scale, bool backward) {
+                                int64_t V, int64_t ld, float grad_scale, float softcap,
+                                bool backward) {
   // loss[0] (fp64) += sum of row losses; logits: [R,ld] (-> dlogits in place if backward,
   // padding columns [V,ld) = 0); targets: [R] int32.
-  double* l = Chk::cross_entropy(kernel, loss, logits, targets, R, V, ld);
+  double* l = Chk::cross_entropy(kernel, loss, logits, targets, R, V, ld, softcap);
   if (R == 0) return;
   const auto* tg = static_cast<const int32_t*>(targets.data);
   k::check_indices(tg, R, V, k::kErrCrossEntropy, dev_error_, s(), /*allow_ignore=*/true);
   Scratch rows(*this, static_cast<std::size_t>(R) * sizeof(double));
-  k::cross_entropy(out(logits), tg, R, V, ld, grad_scale, backward, rows.as<double>(), l, s());
+  k::cross_entropy(out(logits), tg, R, V, ld, grad_scale, softcap, backward, rows.as<double>(), l,
+                   s());
 }
 
 void CudaBackend::cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                                  const TensorView& targets, int64_t R, int64_t V,
-                                                 int64_t ld, float grad_scale) {
-  cross_entropy("cross_entropy_forward_backward", loss, logits, targets, R, V, ld, grad_scale, true);
+                                                 int64_t ld, float grad_scale, float softcap) {
+  cross_entropy("cross_entropy_forward_backward", loss, logits, targets, R, V, ld, grad_scale,
+                softcap, true);
 }
 
 void CudaBackend::cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                                        const TensorView& targets, int64_t R, int64_t V, int64_t ld) {
-  cross_entropy("cross_entropy_forward", loss, logits, targets, R, V, ld, 0.0f, false);
+                                        const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                                        float softcap) {
+  cross_entropy("cross_entropy_forward", loss, logits, targets, R, V, ld, 0.0f, softcap, false);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1360,11 +1365,12 @@ namespace {
 // Llama's attention as a FlashProblem: q, out [B,T,H*D], k, v [B,T,Hkv*D], causal (within
 // `window` positions when window > 0), query head h on key/value head h / (H/Hkv).
 k::FlashProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
-                            k::ST t, int64_t window) {
+                            k::ST t, int64_t window, float softcap) {
   k::FlashProblem p{B,     T,    T,       H,       D, H * D, Hkv * D, Hkv * D, H * D,
                     scale, true, nullptr, nullptr, t};
   p.group = H / Hkv;
   p.window = window;
+  p.softcap = softcap;
   return p;
 }
 }  // namespace
@@ -1372,21 +1378,23 @@ k::FlashProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_
 void CudaBackend::gqa_attention_forward(const TensorView& out_, const TensorView& lse,
                                         const TensorView& q, const TensorView& k,
                                         const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                        int64_t Hkv, int64_t D, float scale, int64_t window) {
+                                        int64_t Hkv, int64_t D, float scale, int64_t window,
+                                        float softcap) {
   // q, out: [B,T,H*D]; k, v: [B,T,Hkv*D]; lse: [B,H,T] fp32.
-  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, window, check_mha_limits);
+  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, window, softcap,
+                             check_mha_limits);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   auto* l = static_cast<float*>(lse.data);
   const DType dt = q.dtype;
   if (k.dtype == dt && v.dtype == dt && out_.dtype == dt) {
-    k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, st(dt), window), q.data, k.data, v.data,
-                     out_.data, l, s());
+    k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, st(dt), window, softcap), q.data, k.data,
+                     v.data, out_.data, l, s());
     return;
   }
   // Mixed storage types: run in fp32 and round the output once.
   const F32Copy fq(*this, q, nq, true), fk(*this, k, nk, true), fv(*this, v, nk, true);
   const F32Copy fo(*this, out_, nq, false);
-  k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window), fq.view.data,
+  k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window, softcap), fq.view.data,
                    fk.view.data, fv.view.data, fo.view.data, l, s());
   if (nq > 0) k::cast(out(out_), in(fo.view), nq, s());
 }
@@ -1396,11 +1404,12 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
                                          const TensorView& q, const TensorView& k,
                                          const TensorView& v, const TensorView& out_,
                                          const TensorView& lse, int64_t B, int64_t T, int64_t H,
-                                         int64_t Hkv, int64_t D, float scale, int64_t window) {
+                                         int64_t Hkv, int64_t D, float scale, int64_t window,
+                                         float softcap) {
   // dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] written; dout, out: [B,T,H*D]; q, k, v, lse as in
   // forward.
   Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D, window,
-                              check_mha_limits);
+                              softcap, check_mha_limits);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   if (H == 0) {  // no query head reads the key/value heads (the flash kernels write nothing)
     if (nk > 0) {
@@ -1414,14 +1423,14 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
   bool same = true;
   for (const TensorView* x : {&dq, &dk, &dv, &dout, &k, &v, &out_}) same = same && x->dtype == dt;
   if (same) {
-    flash_backward(gqa_problem(B, T, H, Hkv, D, scale, st(dt), window), q.data, k.data, v.data,
-                   out_.data, l, dout.data, dq.data, dk.data, dv.data, nullptr);
+    flash_backward(gqa_problem(B, T, H, Hkv, D, scale, st(dt), window, softcap), q.data, k.data,
+                   v.data, out_.data, l, dout.data, dq.data, dk.data, dv.data, nullptr);
     return;
   }
   const F32Copy fd(*this, dout, nq, true), fq(*this, q, nq, true), fk(*this, k, nk, true),
       fv(*this, v, nk, true), fo(*this, out_, nq, true);
   const F32Copy gq(*this, dq, nq, false), gk(*this, dk, nk, false), gv(*this, dv, nk, false);
-  flash_backward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window), fq.view.data,
+  flash_backward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window, softcap), fq.view.data,
                  fk.view.data, fv.view.data, fo.view.data, l, fd.view.data, gq.view.data,
                  gk.view.data, gv.view.data, nullptr);
   if (nq > 0) k::cast(out(dq), in(gq.view), nq, s());

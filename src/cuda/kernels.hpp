@@ -213,6 +213,9 @@ struct FlashProblem {
   ST t;
   int64_t group = 1;        // query heads per key/value head (H % group == 0)
   int64_t window = 0;       // > 0 (causal only): key j also masked for query i when j <= i - window
+  // > 0: the score is softcap * tanh(scale q.k / softcap) (+ bias), Gemma 2's
+  // attn_logit_softcapping; backward multiplies dS by 1 - tanh^2 (not with a bias gradient).
+  float softcap = 0.0f;
 };
 // Writes out and lse. One launch.
 void flash_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,
@@ -234,9 +237,10 @@ void flash_backward(const FlashProblem& p, const void* q, const void* k, const v
 // row_loss[r] = logsumexp(logits[r, 0:V]) - logits[r, target] (0 for a kIgnoreTarget or bad
 // target); with `backward`, logits[r, 0:V] = (softmax - onehot) * grad_scale (a zero row for
 // a kIgnoreTarget or bad target) and logits[r, V:ld] = 0. Then *loss += sum of row_loss in a
-// fixed order. row_loss: device scratch [R].
+// fixed order. row_loss: device scratch [R]. softcap > 0: every logit x reads as
+// softcap * tanh(x / softcap), and the gradient is times 1 - tanh^2.
 void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, int64_t ld,
-                   float grad_scale, bool backward, double* row_loss, double* loss,
+                   float grad_scale, float softcap, bool backward, double* row_loss, double* loss,
                    cudaStream_t s);
 
 // ---- optimizers (kernels_optim.cu), fp32 flat shards ----

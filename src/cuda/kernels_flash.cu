@@ -76,11 +76,14 @@ __global__ void __launch_bounds__(256)
 }
 
 // group >= 1 dividing H (the backend's argument checks guarantee it; a bad group would read
-// outside k, v).
+// outside k, v), and no soft-cap beside a bias (the kernels' dS would be the capped one).
 void check_group(const FlashProblem& p, const char* what) {
   if (p.group < 1 || p.H % p.group != 0) {
     throw Error(std::string("cuda backend: ") + what + ": " + std::to_string(p.H) +
                 " query heads in groups of " + std::to_string(p.group));
+  }
+  if (p.softcap > 0.0f && p.bias) {
+    throw Error(std::string("cuda backend: ") + what + ": a soft-cap with a bias");
   }
 }
 

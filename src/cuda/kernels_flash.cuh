@@ -36,11 +36,12 @@ struct Dev {
   const int32_t* key_mask;  // [B,Tk] or null
   int64_t group;            // query heads per key/value head: head h reads k, v of h / group
   int64_t window;           // > 0: key j also masked for query i when j <= i - window
+  float softcap;            // > 0: scores soft-capped (score, score_dcap)
 };
 
 inline Dev to_dev(const FlashProblem& p) {
-  return {p.B,      p.Tq,   p.Tk,       p.H,     p.D,     p.ldq, p.ldk, p.ldv, p.ldo, p.scale,
-          p.causal, p.bias, p.key_mask, p.group, p.window};
+  return {p.B,   p.Tq,    p.Tk,     p.H,    p.D,        p.ldq,   p.ldk,    p.ldv,
+          p.ldo, p.scale, p.causal, p.bias, p.key_mask, p.group, p.window, p.softcap};
 }
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -52,9 +53,18 @@ __device__ __forceinline__ bool visible(const Dev& p, int64_t b, int64_t i, int6
 // The score of a visible (i, j) from the raw dot product q_i . k_j.
 // The bias is stored by relative position (kernels.hpp, relative_positions): a row of
 // Tq + Tk - 1 floats per head, small enough to stay in L1 across a tile.
+// With a soft-cap: softcap * tanh(dot * scale / softcap) + bias.
 __device__ __forceinline__ float score(const Dev& p, int64_t h, int64_t i, int64_t j, float dot) {
-  return dot * p.scale +
-         (p.bias ? p.bias[h * (p.Tq + p.Tk - 1) + (j - i + p.Tq - 1)] : 0.0f);
+  float x = dot * p.scale;
+  if (p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
+  return x + (p.bias ? p.bias[h * (p.Tq + p.Tk - 1) + (j - i + p.Tq - 1)] : 0.0f);
+}
+// The derivative of the soft-cap at `dot` (1 - tanh^2; 1 without a cap): backward's dS factor
+// for dQ and dK (the bias gradient, when there is one, is dS itself).
+__device__ __forceinline__ float score_dcap(const Dev& p, float dot) {
+  if (p.softcap <= 0.0f) return 1.0f;
+  const float th = tanhf(dot * p.scale / p.softcap);
+  return 1.0f - th * th;
 }
 // Keys [0, end) that queries [i0, i0 + rows) may see.
 __device__ __forceinline__ int64_t key_end(const Dev& p, int64_t i0, int64_t rows) {

@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(kThreads)
           const float pr = __expf(score(p, h, i, j, s[n][e]) - lse_r[r]);
           ds = pr * (dp[n][e] - di_r[r]);
         }
-        s[n][e] = ds;
+        s[n][e] = ds * score_dcap(p, s[n][e]);  // through the soft-cap (dbias: ds itself)
         if constexpr (kDbias) sS[(16 * w + g + 8 * r) * kLdS + 8 * n + 2 * t + (e & 1)] = ds;
       }
     }
@@ -520,7 +520,7 @@ __global__ void __launch_bounds__(kThreads)
         float pr = 0.0f, ds = 0.0f;
         if (all_visible || visible(p, b, i, j)) {
           pr = __expf(score(p, h, i, j, s[n][e]) - cLse[c]);
-          ds = pr * (dp[n][e] - cDi[c]);
+          ds = pr * (dp[n][e] - cDi[c]) * score_dcap(p, s[n][e]);
         }
         s[n][e] = pr;
         dp[n][e] = ds;

@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kSimtThreads)
           dp += sdO[lane * ldt + e] * vw[e];
         }
         pr = expf(score(p, h, i, j, dot) - lse[bh * p.Tq + i]);
-        ds = pr * (dp - di[bh * p.Tq + i]);
+        ds = pr * (dp - di[bh * p.Tq + i]) * score_dcap(p, dot);
       }
       pw[lane] = pr;
       dsw[lane] = ds;
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kSimtThreads)
           dot += qw[e] * sK[lane * ldt + e];
           dp += dow[e] * sV[lane * ldt + e];
         }
-        ds = expf(score(p, h, i, j, dot) - lse_i) * (dp - di_i);
+        ds = expf(score(p, h, i, j, dot) - lse_i) * (dp - di_i) * score_dcap(p, dot);
       }
       dsw[lane] = ds;
       __syncwarp();

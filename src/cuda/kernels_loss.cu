@@ -8,12 +8,27 @@
 // (softmax - onehot) * grad_scale (zeros for a kIgnoreTarget row, which adds no loss) and the
 // padding columns with 0. Then one block adds the row losses in a fixed
 // order into the fp64 device scalar. All math in fp32 except the loss (fp64), as on the CPU.
+// With a soft-cap (Gemma 2's final_logit_softcapping) both passes read
+// softcap * tanh(logit / softcap) for each logit (recomputed in pass 2, which also multiplies
+// the gradient by the cap's derivative 1 - tanh^2).
 #include "kernels_common.cuh"
 
 namespace fsdp::cuda::kernels {
 namespace {
 
 constexpr int kThreads = 512;
+
+// The logit the softmax reads: softcap * tanh(x / softcap) (inv = 1 / softcap), or x when
+// softcap == 0; *dcap = its derivative (1 - tanh^2, or 1).
+__device__ __forceinline__ float capped(float x, float softcap, float inv, float* dcap) {
+  if (softcap == 0.0f) {
+    *dcap = 1.0f;
+    return x;
+  }
+  const float th = tanhf(x * inv);
+  *dcap = 1.0f - th * th;
+  return softcap * th;
+}
 
 // (m, s) <- (m, s) + (m2, s2): sums of exp(x - m) rescaled to the larger max.
 __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) {
@@ -47,18 +62,20 @@ __device__ __forceinline__ void block_combine(float& m, float& s, float* sh_m, f
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    cross_entropy_kernel(Wr<T> logits, const int32_t* targets, int64_t R, int64_t V,
-                         int64_t ld, float grad_scale, bool backward, double* row_loss) {
+    cross_entropy_kernel(Wr<T> logits, const int32_t* targets, int64_t R, int64_t V, int64_t ld,
+                         float grad_scale, float softcap, bool backward, double* row_loss) {
   __shared__ float sh_m[kThreads / 32], sh_s[kThreads / 32];
+  const float inv = softcap == 0.0f ? 0.0f : 1.0f / softcap;
+  float dc;
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     const int64_t base = r * ld;
     const int32_t t = targets[r];
     const bool ok = t >= 0 && t < V;
     // Read before the block synchronises: pass 2 overwrites the row.
-    const float xt = ok ? logits.get(base + t) : 0.0f;
+    const float xt = ok ? capped(logits.get(base + t), softcap, inv, &dc) : 0.0f;
     float m = -INFINITY, s = 0.0f;
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-      const float x = logits.get(base + j);
+      const float x = capped(logits.get(base + j), softcap, inv, &dc);
       if (x > m) {
         s = (m == -INFINITY ? 0.0f : s * expf(m - x)) + 1.0f;
         m = x;
@@ -74,9 +91,9 @@ __global__ void __launch_bounds__(kThreads)
     if (backward && ok) {
       const float f = static_cast<float>(static_cast<double>(grad_scale) / static_cast<double>(s));
       for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-        float g = expf(logits.get(base + j) - m) * f;
+        float g = expf(capped(logits.get(base + j), softcap, inv, &dc) - m) * f;
         if (j == t) g -= grad_scale;
-        logits.set(base + j, g);
+        logits.set(base + j, g * dc);
       }
     } else if (backward) {  // kIgnoreTarget (or a reported bad target): a zero gradient row
       for (int64_t j = threadIdx.x; j < V; j += blockDim.x) logits.set(base + j, 0.0f);
@@ -95,21 +112,24 @@ __global__ void __launch_bounds__(kThreads)
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_vec_kernel(T* logits, const int32_t* targets, int64_t R, int64_t V, int64_t ld,
-                             float grad_scale, bool backward, double* row_loss) {
+                             float grad_scale, float softcap, bool backward, double* row_loss) {
   __shared__ float sh_m[kThreads / 32], sh_s[kThreads / 32];
   const int64_t chunks_v = (V + 7) / 8, chunks_ld = ld / 8;
+  const float inv = softcap == 0.0f ? 0.0f : 1.0f / softcap;
+  float dc;
   for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
     T* row = logits + r * ld;
     const int32_t t = targets[r];
     const bool ok = t >= 0 && t < V;
-    const float xt = ok ? to_f(row[t]) : 0.0f;  // read before pass 2 overwrites the row
+    // Read before pass 2 overwrites the row.
+    const float xt = ok ? capped(to_f(row[t]), softcap, inv, &dc) : 0.0f;
     float m = -INFINITY, s = 0.0f;
     for (int64_t c = threadIdx.x; c < chunks_v; c += blockDim.x) {
       const Pack8<T> pk = load8(row + 8 * c);
       float x[8], cm = -INFINITY;
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        x[k] = 8 * c + k < V ? to_f(pk.v[k]) : -INFINITY;
+        x[k] = 8 * c + k < V ? capped(to_f(pk.v[k]), softcap, inv, &dc) : -INFINITY;
         cm = fmaxf(cm, x[k]);
       }
       if (cm == -INFINITY) continue;
@@ -135,8 +155,9 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t j = 8 * c + k;
         float g = 0.0f;  // padding columns, and every column of a kIgnoreTarget row
         if (ok && j < V) {
-          g = expf(to_f(pk.v[k]) - m) * f;
+          g = expf(capped(to_f(pk.v[k]), softcap, inv, &dc) - m) * f;
           if (j == t) g -= grad_scale;
+          g *= dc;
         }
         pk.v[k] = from_f<T>(g);
       }
@@ -148,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, int64_t ld,
-                   float grad_scale, bool backward, double* row_loss, double* loss,
+                   float grad_scale, float softcap, bool backward, double* row_loss, double* loss,
                    cudaStream_t s) {
   if (R <= 0) return;
   if (V <= 0) return;
@@ -156,13 +177,12 @@ void cross_entropy(Out logits, const int32_t* targets, int64_t R, int64_t V, int
     using TT = typename decltype(tag)::type;
     if (ld % 8 == 0 && aligned16(logits.p)) {
       cross_entropy_vec_kernel<TT><<<blocks_for(R, 1), kThreads, 0, s>>>(
-          static_cast<TT*>(logits.p), targets, R, V, ld, grad_scale, backward, row_loss);
+          static_cast<TT*>(logits.p), targets, R, V, ld, grad_scale, softcap, backward, row_loss);
       FSDP_CHECK_LAUNCH();
       return;
     }
-    cross_entropy_kernel<TT><<<blocks_for(R, 1), kThreads, 0, s>>>(wr<TT>(logits), targets, R, V,
-                                                                   ld, grad_scale, backward,
-                                                                   row_loss);
+    cross_entropy_kernel<TT><<<blocks_for(R, 1), kThreads, 0, s>>>(
+        wr<TT>(logits), targets, R, V, ld, grad_scale, softcap, backward, row_loss);
     FSDP_CHECK_LAUNCH();
   });
   sum_into(loss, row_loss, R, s);

@@ -49,7 +49,7 @@ void lm_head_chunks_backward(Kernels& be, const LmHeadChunks& h, float grad_scal
     const TensorView x = row_block(h.x, r0, n, h.C), logits = row_block(h.scratch, 0, n, h.Vp);
     be.gemm(false, true, n, h.Vp, h.C, h.logit_scale, x, h.weight, 0.f, logits);
     be.cross_entropy_forward_backward(loss, logits, h.targets.slice(r0, n), n, h.V, h.Vp,
-                                      grad_scale);
+                                      grad_scale, h.softcap);
     be.gemm(true, false, h.Vp, h.C, n, h.logit_scale, logits, x, 1.f, dweight);
     be.gemm(false, false, n, h.C, h.Vp, h.logit_scale, logits, h.weight, 0.f,
             row_block(dx, r0, n, h.C));
@@ -63,7 +63,7 @@ void lm_head_chunks_loss(Kernels& be, const LmHeadChunks& h, const TensorView& l
     const TensorView logits = row_block(h.scratch, 0, n, h.Vp);
     be.gemm(false, true, n, h.Vp, h.C, h.logit_scale, row_block(h.x, r0, n, h.C), h.weight, 0.f,
             logits);
-    be.cross_entropy_forward(loss, logits, h.targets.slice(r0, n), n, h.V, h.Vp);
+    be.cross_entropy_forward(loss, logits, h.targets.slice(r0, n), n, h.V, h.Vp, h.softcap);
   }
 }
 

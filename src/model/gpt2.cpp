@@ -205,9 +205,9 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
     const TensorView logits = rows(a.logits, Vp);
     be_.gemm(false, true, BT, Vp, C, 1.f, lnf, hooks.param(kWte), 0.f, logits);
     if (with_backward) {
-      be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, Vp, grad_scale);
+      be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, Vp, grad_scale, 0.f);
     } else {
-      be_.cross_entropy_forward(loss, logits, targets, BT, V, Vp);
+      be_.cross_entropy_forward(loss, logits, targets, BT, V, Vp, 0.f);
     }
   }
   hooks.post_forward(mf);

@@ -386,14 +386,14 @@ void GraphedKernels::attention_backward(const TensorView& dqkv, const TensorView
 }
 void GraphedKernels::cross_entropy_forward_backward(const TensorView& loss,
                                                     const TensorView& logits,
-                                                    const TensorView& targets, int64_t R,
-                                                    int64_t V, int64_t ld, float grad_scale) {
-  FSDP_RECORD(cross_entropy_forward_backward, loss, logits, targets, R, V, ld, grad_scale);
+                                                    const TensorView& targets, int64_t R, int64_t V,
+                                                    int64_t ld, float grad_scale, float softcap) {
+  FSDP_RECORD(cross_entropy_forward_backward, loss, logits, targets, R, V, ld, grad_scale, softcap);
 }
 void GraphedKernels::cross_entropy_forward(const TensorView& loss, const TensorView& logits,
                                            const TensorView& targets, int64_t R, int64_t V,
-                                           int64_t ld) {
-  FSDP_RECORD(cross_entropy_forward, loss, logits, targets, R, V, ld);
+                                           int64_t ld, float softcap) {
+  FSDP_RECORD(cross_entropy_forward, loss, logits, targets, R, V, ld, softcap);
 }
 void GraphedKernels::embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
                                               const TensorView& table, int64_t N, int64_t C) {
@@ -487,18 +487,19 @@ void GraphedKernels::swiglu_backward(const TensorView& dgate, const TensorView& 
 void GraphedKernels::gqa_attention_forward(const TensorView& out, const TensorView& lse,
                                            const TensorView& q, const TensorView& k,
                                            const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                           int64_t Hkv, int64_t D, float scale, int64_t window) {
-  FSDP_RECORD(gqa_attention_forward, out, lse, q, k, v, B, T, H, Hkv, D, scale, window);
+                                           int64_t Hkv, int64_t D, float scale, int64_t window,
+                                           float softcap) {
+  FSDP_RECORD(gqa_attention_forward, out, lse, q, k, v, B, T, H, Hkv, D, scale, window, softcap);
 }
 void GraphedKernels::gqa_attention_backward(const TensorView& dq, const TensorView& dk,
                                             const TensorView& dv, const TensorView& dout,
                                             const TensorView& q, const TensorView& k,
                                             const TensorView& v, const TensorView& out,
-                                            const TensorView& lse, int64_t B, int64_t T,
-                                            int64_t H, int64_t Hkv, int64_t D, float scale,
-                                            int64_t window) {
-  FSDP_RECORD(gqa_attention_backward, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D,
-              scale, window);
+                                            const TensorView& lse, int64_t B, int64_t T, int64_t H,
+                                            int64_t Hkv, int64_t D, float scale, int64_t window,
+                                            float softcap) {
+  FSDP_RECORD(gqa_attention_backward, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, scale,
+              window, softcap);
 }
 
 #undef FSDP_RECORD

@@ -35,10 +35,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   // OLMo 3's config is OLMo 2's (Olmo3Config derives Olmo2Config) plus its window.
   const bool olmo3 = arch == LlamaArch::olmo3;
   const bool olmo2 = arch == LlamaArch::olmo2 || olmo3, phi3 = arch == LlamaArch::phi3;
-  const bool gemma = arch == LlamaArch::gemma3_text, smol = arch == LlamaArch::smollm3;
+  const bool gemma3 = arch == LlamaArch::gemma3_text, gemma2 = arch == LlamaArch::gemma2;
+  const bool gemma = gemma2 || gemma3, smol = arch == LlamaArch::smollm3;
   const bool granite = arch == LlamaArch::granite;
-  // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3, gemma3;
-  // SmolLM3's where it differs, below.
+  // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3, gemma3
+  // (and gemma2 where they agree); SmolLM3's and Gemma 2's where they differ, below.
   auto by = [&](auto l, auto m, auto q, auto p, auto g) {
     return llama || olmo2 || granite ? l : mistral ? m : phi3 ? p : gemma ? g : q;
   };
@@ -47,14 +48,16 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       "Number of Qwen2DecoderLayer blocks.", "Number of Qwen3DecoderLayer blocks.",
       "Number of Olmo2DecoderLayer blocks.", "Number of Phi3DecoderLayer blocks.",
       "Number of Gemma3DecoderLayer blocks.", "Number of SmolLM3DecoderLayer blocks.",
-      "Number of GraniteDecoderLayer blocks.", "Number of Olmo3DecoderLayer blocks."};
+      "Number of GraniteDecoderLayer blocks.", "Number of Olmo3DecoderLayer blocks.",
+      "Number of Gemma2DecoderLayer blocks."};
   const char* layers_doc = layers_docs[static_cast<int>(arch)].c_str();
   using I64 = int64_t;
   std::vector<A> rows = {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
-        olmo2  ? I64{50304}
-        : smol ? I64{128256}
-               : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
+        olmo2    ? I64{50304}
+        : smol   ? I64{128256}
+        : gemma2 ? I64{256000}
+                 : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
         smol ? I64{2048} : by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
       A{"intermediate_size", &L::intermediate_size,
@@ -78,15 +81,17 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   rows.insert(rows.end(), {
       A{"max_position_embeddings", &L::max_position_embeddings,
         "Longest sequence the model is trained for.", KeyRange::size(1), {}, true,
-        smol ? I64{32768} : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
+        smol     ? I64{32768}
+        : gemma2 ? I64{8192}
+                 : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
         olmo2 || phi3 ? 1e-5 : 1e-6},
       A{"rope_theta", &L::rope_theta,
-        gemma ? "RoPE base period of the global (full-attention) layers." : "RoPE base period.",
-        KeyRange::above(0), {}, true, gemma ? 1e6 : smol ? 2e6 : 10000.0},
+        gemma3 ? "RoPE base period of the global (full-attention) layers." : "RoPE base period.",
+        KeyRange::above(0), {}, true, gemma3 ? 1e6 : smol ? 2e6 : 10000.0},
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
-        gemma ? "RoPE frequency scaling of the global layers: default (none), linear (position "
-                "interpolation), Llama 3.1's llama3 or yarn."
+        gemma3 ? "RoPE frequency scaling of the global layers: default (none), linear (position "
+                 "interpolation), Llama 3.1's llama3 or yarn."
         : phi3 ? "RoPE frequency scaling: default (none) or longrope (Phi-3's LongRoPE)."
                : "RoPE frequency scaling: default (none), linear (position interpolation), Llama "
                  "3.1's llama3 or yarn.", {},
@@ -136,7 +141,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
           "head; the rest pass through.", KeyRange::unit_above_zero(), {}, true, 1.0},
     });
   }
-  if (gemma) {
+  if (gemma3) {
     rows.push_back(A{"rope_local_base_freq", &L::rope_local_base_freq,
                      "RoPE base period of the sliding layers (never scaled).", KeyRange::above(0),
                      {}, true, 10000.0});
@@ -198,14 +203,24 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      "head_dim^-1/2).", KeyRange::size(1), {}, true, I64{256}});
   }
   // Gemma3TextConfig's attribute; Olmo3Config has layer_types only (an fsdp_train key there:
-  // config.json in and out spell the list).
-  if (gemma || olmo3) {
+  // config.json in and out spell the list); Gemma 2's pattern is fixed (2, not a key).
+  if (gemma3 || olmo3) {
     rows.push_back(A{"sliding_window_pattern", &L::sliding_window_pattern,
-                     gemma ? "Layer l slides unless l + 1 is a multiple of it (6: five sliding "
-                             "layers, then one global)."
-                           : "Layer l slides unless l + 1 is a multiple of it (OLMo 3: 4, three "
-                             "sliding layers, then one global).",
-                     KeyRange::size(1), {}, gemma, gemma ? I64{6} : I64{4}});
+                     gemma3 ? "Layer l slides unless l + 1 is a multiple of it (6: five sliding "
+                              "layers, then one global)."
+                            : "Layer l slides unless l + 1 is a multiple of it (OLMo 3: 4, three "
+                              "sliding layers, then one global).",
+                     KeyRange::size(1), {}, gemma3, gemma3 ? I64{6} : I64{4}});
+  }
+  if (gemma2) {  // Gemma2Config's soft-caps; config.json's null is 0
+    rows.insert(rows.end(), {
+        A{"attn_logit_softcapping", &L::attn_logit_softcapping,
+          "Attention scores s become c * tanh(s / c) before the mask (c this value); 0 = none.",
+          KeyRange::nonnegative(), {}, true, 50.0},
+        A{"final_logit_softcapping", &L::final_logit_softcapping,
+          "Logits z become c * tanh(z / c) before the loss (c this value); 0 = none.",
+          KeyRange::nonnegative(), {}, true, 30.0},
+    });
   }
   rows.insert(rows.end(), {
       A{"tie_word_embeddings", &L::tie_word_embeddings,
@@ -228,11 +243,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   LlamaConfig defaults;
   defaults.arch = arch;
   if (phi3) defaults.sliding_window = 0;  // Phi3Config's None: no window
-  if (gemma) {  // Gemma3TextConfig's: tied, padding token 0, Gemma 3's rope_theta
+  if (gemma) {  // Gemma2Config's and Gemma3TextConfig's: tied, padding token 0
     defaults.tie_word_embeddings = true;
     defaults.pad_token_id = 0;
-    defaults.rope_theta = 1e6;
   }
+  if (gemma3) defaults.rope_theta = 1e6;
+  if (gemma2) defaults.sliding_window_pattern = 2;  // Gemma2Config's layer_types: even layers
   if (olmo3) defaults.sliding_window_pattern = 4;  // Olmo3Config's layer_types
   if (smol) {  // SmolLM3Config's: tied, no window, its rope_theta (not its pad 128004 > vocab)
     defaults.tie_word_embeddings = true;
@@ -248,7 +264,8 @@ const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
       make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3),
       make_llama_args(LlamaArch::olmo2), make_llama_args(LlamaArch::phi3),
       make_llama_args(LlamaArch::gemma3_text), make_llama_args(LlamaArch::smollm3),
-      make_llama_args(LlamaArch::granite), make_llama_args(LlamaArch::olmo3)};
+      make_llama_args(LlamaArch::granite), make_llama_args(LlamaArch::olmo3),
+      make_llama_args(LlamaArch::gemma2)};
   return tables[static_cast<int>(arch)];
 }
 
@@ -384,6 +401,7 @@ const char* llama_arch_prefix(LlamaArch arch) {
     case LlamaArch::smollm3: return "SmolLM3";
     case LlamaArch::granite: return "Granite";
     case LlamaArch::olmo3: return "Olmo3";
+    case LlamaArch::gemma2: return "Gemma2";
     case LlamaArch::llama: break;
   }
   return "Llama";
@@ -403,8 +421,10 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::qwen2:
     case LlamaArch::qwen3:  // HF's layer_types: sliding from layer max_window_layers on
       return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
+    case LlamaArch::gemma2:
     case LlamaArch::gemma3_text:
-    case LlamaArch::olmo3: return layer_local_rope(layer) ? sliding_window : 0;
+    case LlamaArch::olmo3:
+      return patterned_window() && (layer + 1) % sliding_window_pattern != 0 ? sliding_window : 0;
     case LlamaArch::smollm3:  // HF's layer_types: the NoPE layers slide under the flag
       return use_sliding_window && !layer_rope(layer) ? sliding_window : 0;
     case LlamaArch::olmo2:
@@ -419,7 +439,7 @@ bool LlamaConfig::layer_rope(int64_t layer) const {
 }
 
 bool LlamaConfig::layer_local_rope(int64_t layer) const {
-  return patterned_window() && (layer + 1) % sliding_window_pattern != 0;
+  return local_rope() && (layer + 1) % sliding_window_pattern != 0;
 }
 
 double LlamaConfig::embed_scale() const {
@@ -435,7 +455,7 @@ float LlamaConfig::attention_scale() const {
 
 LlamaConfig llama_local_rope_config(const LlamaConfig& c) {
   LlamaConfig local = c;
-  if (c.gemma()) local.rope_theta = c.rope_local_base_freq;
+  if (c.gemma3()) local.rope_theta = c.rope_local_base_freq;
   local.rope_type = LlamaConfig::RopeType::default_;
   return local;
 }
@@ -523,7 +543,10 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
   const InitKind norm_init = c.norm_weight_offset() ? InitKind::zeros : InitKind::ones;
   std::vector<ModuleDecl> modules;
   ModuleDecl emb{"model.embed_tokens",
-                 c.gemma() ? "Gemma3TextScaledWordEmbedding" : "Embedding", {}};
+                 c.gemma3()  ? "Gemma3TextScaledWordEmbedding"
+                 : c.gemma() ? "GemmaTextScaledWordEmbedding"
+                             : "Embedding",
+                 {}};
   emb.params.push_back({"model.embed_tokens.weight", {Vp, C}, InitKind::normal, std0, false, V});
   emb.params.back().zero_row = c.pad_token_id;
   modules.push_back(std::move(emb));
@@ -680,7 +703,7 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
           + BT * C + logit_rows * Vp                                      // norm, logits
           + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
   const int64_t norms = (c.norm_before() ? 2 : 0) + (c.norm_after() ? 2 : 0);
-  const int64_t rope_tables = c.patterned_window() ? 2 : 1;  // global (and the sliding layers')
+  const int64_t rope_tables = c.local_rope() ? 2 : 1;  // global (and the sliding layers')
   const int64_t R = c.rotary_dim();
   n.f32 = S * (norms * BT + B * H * T) + BT + rope_tables * 2 * T * (R / 2);  // rstd, lse; ...
   if (c.norm_weight_offset() || c.pad_token_id >= 0) n.f32 += std::max(C, D) + 4 * C + 2 * D;
@@ -762,7 +785,7 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
     rt_.copy_from_host(sin.view({T, half}), sn.data());
   };
   rope_table(cfg_, a->rope_cos, a->rope_sin);
-  if (cfg_.patterned_window()) {
+  if (cfg_.local_rope()) {
     rope_table(llama_local_rope_config(cfg_), a->rope_local_cos, a->rope_local_sin);
   }
   if (cfg_.norm_weight_offset() || cfg_.pad_token_id >= 0) {
@@ -831,9 +854,10 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
     const TensorView logits = rows(a.logits, Vp);  // Granite's: divided by logits_scaling
     be_.gemm(false, true, BT, Vp, C, cfg_.logit_scale(), lnf, hooks.param(p_head), 0.f, logits);
     if (with_backward) {
-      be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, Vp, grad_scale);
+      be_.cross_entropy_forward_backward(loss, logits, targets, BT, V, Vp, grad_scale,
+                                         cfg_.logit_softcap());
     } else {
-      be_.cross_entropy_forward(loss, logits, targets, BT, V, Vp);
+      be_.cross_entropy_forward(loss, logits, targets, BT, V, Vp, cfg_.logit_softcap());
     }
   };
   hooks.pre_forward(m_norm);
@@ -905,7 +929,8 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
     be_.rope_forward(k, k, cos, sin, B, T, Hkv, D, R);
   }
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
-                            cfg_.attention_scale(), cfg_.layer_window(l));
+                            cfg_.attention_scale(), cfg_.layer_window(l),
+                            cfg_.attention_softcap());
   // The MLP's gated activation into `out`: silu(gate) * up, or Gemma 3's gelu_tanh(gate) * up.
   auto mlp_act = [&](const TensorView& out) {
     if (cfg_.gelu_mlp()) {
@@ -959,7 +984,8 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
 LmHeadChunks LlamaModel::head_chunks(int64_t BT, const TensorView& weight) const {
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab();
   return {acts_->lnf.view({BT, C}), weight, acts_->targets_dev.view({BT}), acts_->logits.view(),
-          BT, C, cfg_.vocab_size, Vp, cfg_.fused_lce.chunk_for(BT, C, Vp), cfg_.logit_scale()};
+          BT, C, cfg_.vocab_size, Vp, cfg_.fused_lce.chunk_for(BT, C, Vp), cfg_.logit_scale(),
+          cfg_.logit_softcap()};
 }
 
 void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
@@ -1100,7 +1126,8 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false, rs);
     be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
-                               cfg_.attention_scale(), cfg_.layer_window(l));
+                               cfg_.attention_scale(), cfg_.layer_window(l),
+                               cfg_.attention_softcap());
     if (cfg_.layer_rope(l)) {
       be_.rope_backward(dq, dq, cos, sin, B, T, H, D, R);
       be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D, R);
@@ -1161,6 +1188,14 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
 
 // ---- the "llama" model family (registry entry) ----
 namespace {
+
+// Gemma 2's soft-caps, and their config.json names (Gemma 2's keys; Gemma 3's config.json
+// carries them as null).
+constexpr double LlamaConfig::*kSoftcaps[] = {&LlamaConfig::final_logit_softcapping,
+                                              &LlamaConfig::attn_logit_softcapping};
+std::string softcap_name(double LlamaConfig::*cap) {
+  return llama_args(LlamaArch::gemma2).name(cap);
+}
 
 // HF's layer_types of `g`: "sliding_attention" for each layer with a window (layer_window),
 // else "full_attention" — the list every class with per-layer windows derives.
@@ -1339,7 +1374,7 @@ class LlamaFamily final : public ModelFamily {
       }
       out["rope_scaling"] = rs;
     }
-    const bool gemma = arch_ == LlamaArch::gemma3_text;
+    const bool gemma = arch_ == LlamaArch::gemma3_text || arch_ == LlamaArch::gemma2;
     if ((arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 ||
          arch_ == LlamaArch::smollm3) &&
         g.sliding_window == 0) {
@@ -1353,12 +1388,17 @@ class LlamaFamily final : public ModelFamily {
     }
     if (g.pad_token_id < 0) out[args().name(&LlamaConfig::pad_token_id)] = nullptr;  // None
     // Gemma 3: transformers >= 4.53 reads layer_types (older ones the pattern): both, agreeing;
-    // OLMo 3: layer_types only.
+    // OLMo 3: layer_types only; Gemma 2: the list its class derives.
     if (g.patterned_window()) out["layer_types"] = layer_types_of(g);
     if (gemma) {
       out["hidden_activation"] = "gelu_pytorch_tanh";
-      out["final_logit_softcapping"] = nullptr;  // Gemma 3 has neither (Gemma 2's)
-      out["attn_logit_softcapping"] = nullptr;
+      if (arch_ == LlamaArch::gemma2) {
+        out["hidden_act"] = "gelu_pytorch_tanh";  // (the Hub's Gemma 2 files carry both)
+      }
+      // A soft-cap of 0 is HF's None; Gemma 3 has neither (Gemma 2's keys).
+      for (double LlamaConfig::*cap : kSoftcaps) {
+        if (arch_ != LlamaArch::gemma2 || g.*cap == 0.0) out[softcap_name(cap)] = nullptr;
+      }
     }
     if (arch_ == LlamaArch::phi3) {  // Phi3Config's dropouts (0: what fsdp_train trains with)
       out["resid_pdrop"] = 0.0;
@@ -1378,10 +1418,11 @@ class LlamaFamily final : public ModelFamily {
   // max_window_layers give (MistralConfig ignores layer_types, as here). Dropouts must be 0 and
   // Phi-3's partial_rotary_factor 1.
   ModelConfig from_hf_config(const nlohmann::json& hf_in, const std::string& origin) const override {
-    const bool gemma = arch_ == LlamaArch::gemma3_text;
+    const bool gemma3 = arch_ == LlamaArch::gemma3_text, gemma2 = arch_ == LlamaArch::gemma2;
+    const bool gemma = gemma2 || gemma3;
     // Gemma 3 4B+ (Gemma3ForConditionalGeneration, model_type "gemma3"): its text decoder is
     // text_config, a Gemma3TextConfig (what it leaves out takes that class's defaults).
-    if (gemma && hf_in.value("model_type", std::string()) == "gemma3" &&
+    if (gemma3 && hf_in.value("model_type", std::string()) == "gemma3" &&
         hf_in.contains("text_config") && hf_in["text_config"].is_object()) {
       nlohmann::json text = hf_in["text_config"];
       text["model_type"] = type();
@@ -1389,7 +1430,7 @@ class LlamaFamily final : public ModelFamily {
     }
     if (hf_in.value("model_type", std::string()) != type()) {
       throw InputError(origin + ": \"model_type\" is not \"" + type() + "\"" +
-                       (gemma ? " (or \"gemma3\" with a text_config)" : ""));
+                       (gemma3 ? " (or \"gemma3\" with a text_config)" : ""));
     }
     nlohmann::json hf = hf_in;
     if (arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 || arch_ == LlamaArch::smollm3) {
@@ -1400,7 +1441,7 @@ class LlamaFamily final : public ModelFamily {
       return unsupported(origin, field, hf[field], expected);
     };
     if (gemma) gemma_from_hf(hf, origin);
-    if (gemma || arch_ == LlamaArch::olmo3) layer_type_rope_from_hf(hf, origin);
+    if (gemma3 || arch_ == LlamaArch::olmo3) layer_type_rope_from_hf(hf, origin);
     if (hf.contains("rope_parameters") && hf["rope_parameters"].is_object()) {
       const nlohmann::json rp = hf["rope_parameters"];
       const std::string theta = args().name(&LlamaConfig::rope_theta);
@@ -1443,7 +1484,7 @@ class LlamaFamily final : public ModelFamily {
     if (arch_ == LlamaArch::phi3) check_longrope_factor(hf, g, origin);
     const std::string pad = args().name(&LlamaConfig::pad_token_id);
     if (hf.contains(pad) && hf[pad].is_null()) g.pad_token_id = -1;  // HF's None: no padding
-    if ((gemma || arch_ == LlamaArch::olmo3) && hf.contains("layer_types") &&
+    if ((gemma3 || arch_ == LlamaArch::olmo3) && hf.contains("layer_types") &&
         !hf["layer_types"].is_null()) {
       g.sliding_window_pattern =
           period_of(hf["layer_types"], g.sliding_window_pattern, g.num_hidden_layers,
@@ -1457,14 +1498,15 @@ class LlamaFamily final : public ModelFamily {
                     "no_rope_layers", args().name(&LlamaConfig::no_rope_layer_interval), origin);
     }
     const bool qwen = arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3;
-    if ((qwen || smol) && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
+    if ((qwen || smol || gemma2) && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
       const nlohmann::json want = layer_types_of(g);
       if (hf["layer_types"] != want) {
         throw refuse("layer_types", want.dump() + (qwen ? ", the layers use_sliding_window and "
                                                           "max_window_layers give"
-                                                        : ", the layers use_sliding_window, "
-                                                          "sliding_window and no_rope_layers "
-                                                          "give"));
+                                                   : gemma2 ? ", Gemma 2's even layers sliding"
+                                                            : ", the layers use_sliding_window, "
+                                                              "sliding_window and no_rope_layers "
+                                                              "give"));
       }
     }
     ModelConfig c = model_defaults(type());
@@ -1516,9 +1558,9 @@ class LlamaFamily final : public ModelFamily {
                             std::to_string(g.original_max_position_embeddings));
     }
   }
-  // Gemma 3's config.json attributes that change the math and are not keys, in place: the
-  // activation must be gelu_pytorch_tanh, the soft-cappings (Gemma 2's) null, attention causal
-  // (use_bidirectional_attention is EmbeddingGemma's).
+  // Gemma 2's and 3's config.json attributes that change the math and are not keys, in place:
+  // the activation must be gelu_pytorch_tanh, attention causal (use_bidirectional_attention is
+  // EmbeddingGemma's); Gemma 3's soft-cappings null (Gemma 2's keys: null becomes 0).
   void gemma_from_hf(nlohmann::json& hf, const std::string& origin) const {
     auto refuse = [&](const std::string& field, const nlohmann::json& v,
                       const std::string& expected) {
@@ -1528,8 +1570,13 @@ class LlamaFamily final : public ModelFamily {
         hf["hidden_activation"] != "gelu_pytorch_tanh") {
       throw refuse("hidden_activation", hf["hidden_activation"], "\"gelu_pytorch_tanh\"");
     }
-    for (const char* cap : {"final_logit_softcapping", "attn_logit_softcapping"}) {
-      if (hf.contains(cap) && !hf[cap].is_null()) throw refuse(cap, hf[cap], "null");
+    for (double LlamaConfig::*member : kSoftcaps) {
+      const std::string cap = softcap_name(member);
+      if (arch_ == LlamaArch::gemma2) {
+        if (hf.contains(cap) && hf[cap].is_null()) hf[cap] = 0.0;
+      } else if (hf.contains(cap) && !hf[cap].is_null()) {
+        throw refuse(cap, hf[cap], "null");
+      }
     }
     const char* bidirectional = "use_bidirectional_attention";
     if (hf.contains(bidirectional) && !hf[bidirectional].is_null() && hf[bidirectional] != false) {
@@ -1650,7 +1697,8 @@ const ModelFamily& llama_family(LlamaArch arch) {
       LlamaFamily(LlamaArch::llama), LlamaFamily(LlamaArch::mistral), LlamaFamily(LlamaArch::qwen2),
       LlamaFamily(LlamaArch::qwen3), LlamaFamily(LlamaArch::olmo2), LlamaFamily(LlamaArch::phi3),
       LlamaFamily(LlamaArch::gemma3_text), LlamaFamily(LlamaArch::smollm3),
-      LlamaFamily(LlamaArch::granite), LlamaFamily(LlamaArch::olmo3)};
+      LlamaFamily(LlamaArch::granite), LlamaFamily(LlamaArch::olmo3),
+      LlamaFamily(LlamaArch::gemma2)};
   return families[static_cast<int>(arch)];
 }
 

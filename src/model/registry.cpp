@@ -27,7 +27,8 @@ const std::vector<const ModelFamily*>& model_families() {
       &llama_family(LlamaArch::gemma3_text),
       &llama_family(LlamaArch::smollm3),
       &llama_family(LlamaArch::granite),
-      &llama_family(LlamaArch::olmo3)};
+      &llama_family(LlamaArch::olmo3),
+      &llama_family(LlamaArch::gemma2)};
   return families;
 }
 

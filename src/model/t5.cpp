@@ -445,9 +445,10 @@ void T5Model::forward(const data::Batch& batch, ModuleHooks& hooks, bool with_ba
   auto head = [&](const TensorView& W) {
     be_.gemm(false, true, Rd, Vp, D, 1.f, lnf, W, 0.f, logits);
     if (with_backward) {
-      be_.cross_entropy_forward_backward(loss, logits, a.labels.view({Rd}), Rd, V, Vp, grad_scale);
+      be_.cross_entropy_forward_backward(loss, logits, a.labels.view({Rd}), Rd, V, Vp, grad_scale,
+                                         0.f);
     } else {
-      be_.cross_entropy_forward(loss, logits, a.labels.view({Rd}), Rd, V, Vp);
+      be_.cross_entropy_forward(loss, logits, a.labels.view({Rd}), Rd, V, Vp, 0.f);
     }
   };
   if (cfg_.tie_word_embeddings) {

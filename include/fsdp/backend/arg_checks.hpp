@@ -5,6 +5,7 @@
 // `Name` is a type with `static constexpr const char* name` ("cpu backend", "cuda backend").
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -316,12 +317,13 @@ struct ArgChecks {
     need_dtype(k, "lse", lse, DType::f32, B * H * T);
   }
   // cross_entropy_forward(_backward): returns the fp64 loss scalar.
-  static double* cross_entropy(const char* kernel, const TensorView& loss,
-                               const TensorView& logits, const TensorView& targets, int64_t R,
-                               int64_t V, int64_t ld) {
+  static double* cross_entropy(const char* kernel, const TensorView& loss, const TensorView& logits,
+                               const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                               float softcap) {
     double* l = scalar64(kernel, "loss", loss);
     dim(kernel, "R", R);
     dim(kernel, "V", V);
+    softcap_value(kernel, softcap);
     if (ld < V) {
       error(kernel, "ld", "= " + std::to_string(ld) + " (expected the row stride >= V = " +
                               std::to_string(V) + ")");
@@ -509,17 +511,24 @@ struct ArgChecks {
     need_float(k, "gate", gate, n);
     need_float(k, "up", up, n);
   }
-  // gqa_attention_forward/backward: dimensions, the window, Hkv >= 1 dividing H, then `limits`
-  // (may be null; the backend's own check of mha_forward, called with Tq = Tk = T), then the
-  // views.
+  // A logit soft-cap: 0 (none) or a finite positive cap.
+  static void softcap_value(const char* k, float softcap) {
+    if (!(softcap >= 0.f) || std::isinf(softcap)) {
+      error(k, "softcap", "= " + std::to_string(softcap) + " (expected >= 0 and finite; 0 = none)");
+    }
+  }
+  // gqa_attention_forward/backward: dimensions, the window, the soft-cap, Hkv >= 1 dividing H,
+  // then `limits` (may be null; the backend's own check of mha_forward, called with Tq = Tk =
+  // T), then the views.
   static void gqa_dims(const char* k, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                       int64_t window, MhaLimits limits) {
+                       int64_t window, float softcap, MhaLimits limits) {
     dim(k, "B", B);
     dim(k, "T", T);
     dim(k, "H", H);
     dim(k, "Hkv", Hkv);
     dim(k, "D", D);
     dim(k, "window", window);
+    softcap_value(k, softcap);
     if (Hkv < 1 || H % Hkv != 0) {
       error(k, "Hkv", "= " + std::to_string(Hkv) + " (expected >= 1 and dividing H = " +
                           std::to_string(H) + ")");
@@ -529,10 +538,10 @@ struct ArgChecks {
   static void gqa_attention_forward(const TensorView& out, const TensorView& lse,
                                     const TensorView& q, const TensorView& kv_k,
                                     const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                    int64_t Hkv, int64_t D, int64_t window,
+                                    int64_t Hkv, int64_t D, int64_t window, float softcap,
                                     MhaLimits limits = nullptr) {
     const char* k = "gqa_attention_forward";
-    gqa_dims(k, B, T, H, Hkv, D, window, limits);
+    gqa_dims(k, B, T, H, Hkv, D, window, softcap, limits);
     const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
     need_float(k, "out", out, nq);
     need_dtype(k, "lse", lse, DType::f32, B * H * T);
@@ -545,10 +554,10 @@ struct ArgChecks {
                                      const TensorView& q, const TensorView& kv_k,
                                      const TensorView& v, const TensorView& out,
                                      const TensorView& lse, int64_t B, int64_t T, int64_t H,
-                                     int64_t Hkv, int64_t D, int64_t window,
+                                     int64_t Hkv, int64_t D, int64_t window, float softcap,
                                      MhaLimits limits = nullptr) {
     const char* k = "gqa_attention_backward";
-    gqa_dims(k, B, T, H, Hkv, D, window, limits);
+    gqa_dims(k, B, T, H, Hkv, D, window, softcap, limits);
     const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
     need_float(k, "dq", dq, nq);
     need_float(k, "dk", dk, nk);

@@ -234,15 +234,18 @@ class Kernels {
   // loss[0] (fp64 [1] device scalar) += sum over rows of -log softmax(logits[r, 0:V])[target],
   // i.e. exactly the loss of the unpadded [R,V] logits; logits are overwritten in place with
   // dlogits = (softmax - onehot) * grad_scale in columns [0, V) and 0 in the padding columns
-  // (so a GEMM reading dlogits gives the padded rows of the weight a zero gradient). Throws
-  // fsdp::Error when ld < V.
+  // (so a GEMM reading dlogits gives the padded rows of the weight a zero gradient).
+  // softcap > 0 (Gemma 2's final_logit_softcapping; HF Gemma2ForCausalLM: logits / cap, tanh,
+  // * cap before the loss): the softmax reads softcap * tanh(logit / softcap) for every class
+  // and dlogits is times the cap's derivative 1 - tanh^2; 0: the logits as they are. Throws
+  // fsdp::Error when ld < V or softcap is negative or not finite.
   virtual void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                               const TensorView& targets, int64_t R, int64_t V,
-                                              int64_t ld, float grad_scale) = 0;
-  // Same loss without gradient; logits (every column) are left unchanged.
+                                              int64_t ld, float grad_scale, float softcap) = 0;
+  // Same loss (and softcap) without gradient; logits (every column) are left unchanged.
   virtual void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                                     const TensorView& targets, int64_t R, int64_t V,
-                                     int64_t ld) = 0;
+                                     const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                                     float softcap) = 0;
 
   // ---- T5 pieces (Raffel et al. 2020; HF transformers/models/t5/modeling_t5.py) ----
   // Token embedding without positions (T5's `shared`): out[n,:] = table[tokens[n],:].
@@ -403,22 +406,24 @@ class Kernels {
   // j <= i and, when window > 0, j > i - window (a sliding window of `window` positions, the
   // query's own included: transformers' sliding_window_overlay, Mistral / Qwen2; window < 0
   // throws). Hkv == H is MHA (the values of mha_forward with causal = true and no bias or
-  // mask), Hkv == 1 is MQA. Writes out: [B,T,H*D] and lse: fp32 [B,H,T] (saved for backward).
+  // mask), Hkv == 1 is MQA. softcap > 0 (Gemma 2's attn_logit_softcapping; HF's eager
+  // Gemma 2 attention: scores / cap, tanh, * cap before the mask) replaces each score s by
+  // softcap * tanh(s / softcap); 0: none; negative or not finite throws.
+  // Writes out: [B,T,H*D] and lse: fp32 [B,H,T] (saved for backward).
   virtual void gqa_attention_forward(const TensorView& out, const TensorView& lse,
-                                     const TensorView& q, const TensorView& k,
-                                     const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                     int64_t Hkv, int64_t D, float scale, int64_t window) = 0;
+                                     const TensorView& q, const TensorView& k, const TensorView& v,
+                                     int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                     float scale, int64_t window, float softcap) = 0;
   // WRITES dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] from dout: [B,T,H*D] using q, k, v, out, lse of
-  // forward (the same scale and window). dk/dv of a kv head are the sum over its group's H/Hkv
-  // query heads, in ascending
-  // head order, in fp32, deterministic (no atomics) on both backends (= mha_backward's dk/dv
-  // of k, v repeated H/Hkv times, summed over each group).
+  // forward (the same scale, window and softcap). dk/dv of a kv head are the sum over its group's
+  // H/Hkv query heads, in ascending head order, in fp32, deterministic (no atomics) on both
+  // backends (= mha_backward's dk/dv of k, v repeated H/Hkv times, summed over each group).
   virtual void gqa_attention_backward(const TensorView& dq, const TensorView& dk,
                                       const TensorView& dv, const TensorView& dout,
-                                      const TensorView& q, const TensorView& k,
-                                      const TensorView& v, const TensorView& out,
-                                      const TensorView& lse, int64_t B, int64_t T, int64_t H,
-                                      int64_t Hkv, int64_t D, float scale, int64_t window) = 0;
+                                      const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& out, const TensorView& lse, int64_t B,
+                                      int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
+                                      int64_t window, float softcap) = 0;
 };
 
 }  // namespace fsdp

@@ -58,6 +58,7 @@ struct LmHeadChunks {
   TensorView x, weight, targets, scratch;
   int64_t R = 0, C = 0, V = 0, Vp = 0, chunk = 0;
   float logit_scale = 1.f;  // logits = logit_scale * x @ weight^T (Granite: 1 / logits_scaling)
+  float softcap = 0.f;      // the loss reads softcap tanh(logits / softcap) (Gemma 2); 0: none
 };
 // Training: loss[0] += the summed cross-entropy (each chunk's rows summed in order, the chunk
 // sums added in chunk order: deterministic); dweight += dlogits^T x (beta = 1);

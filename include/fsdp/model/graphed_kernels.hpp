@@ -134,11 +134,11 @@ class GraphedKernels final : public Kernels {
                           const TensorView& out, const TensorView& lse, int64_t B, int64_t T,
                           int64_t C, int64_t H) override;
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
-                                      const TensorView& targets, int64_t R, int64_t V,
-                                      int64_t ld, float grad_scale) override;
+                                      const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                                      float grad_scale, float softcap) override;
   void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                             const TensorView& targets, int64_t R, int64_t V,
-                             int64_t ld) override;
+                             const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                             float softcap) override;
   void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
                                 const TensorView& table, int64_t N, int64_t C) override;
   void embedding_lookup_backward(const TensorView& dtable, const TensorView& dout,
@@ -185,13 +185,13 @@ class GraphedKernels final : public Kernels {
                        const TensorView& gate, const TensorView& up) override;
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
-                             int64_t H, int64_t Hkv, int64_t D, float scale,
-                             int64_t window) override;
+                             int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
+                             float softcap) override;
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
-                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                              float scale, int64_t window) override;
+                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
+                              int64_t window, float softcap) override;
 
  private:
   class FlushingRuntime;

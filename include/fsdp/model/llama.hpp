@@ -37,7 +37,14 @@
 //    1/sqrt(head_dim)), logits divided by logits_scaling; no head_dim attribute;
 //  - "olmo3": Olmo3ForCausalLM (models/olmo3; OLMo 3): OLMo 2's layer with a sliding window
 //    on 3 of 4 layers (HF's layer_types: here sliding_window_pattern, an fsdp_train key), whose
-//    RoPE is never scaled (Olmo3Model's rotary_embs["sliding_attention"]).
+//    RoPE is never scaled (Olmo3Model's rotary_embs["sliding_attention"]);
+//  - "gemma2": Gemma2ForCausalLM (models/gemma2; Gemma Team 2024, "Gemma 2: Improving Open
+//    Language Models at a Practical Size"): Gemma 3's (1 + weight) norms, scaled embedding,
+//    four norms a layer, GeGLU and query_pre_attn_scalar, without q_norm / k_norm; every even
+//    layer (l % 2 == 0) slides, all layers share one RoPE; and tanh soft-capping (Gemma 2
+//    section 2): the attention scores become attn_logit_softcapping * tanh(s /
+//    attn_logit_softcapping) before the mask, the logits final_logit_softcapping * tanh(z /
+//    final_logit_softcapping) before the loss.
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -92,7 +99,8 @@ enum class LlamaArch {
   gemma3_text,
   smollm3,
   granite,
-  olmo3
+  olmo3,
+  gemma2
 };
 
 template <>
@@ -106,26 +114,28 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::gemma3_text, "gemma3_text"},
                                                   {LlamaArch::smollm3, "smollm3"},
                                                   {LlamaArch::granite, "granite"},
-                                                  {LlamaArch::olmo3, "olmo3"}};
+                                                  {LlamaArch::olmo3, "olmo3"},
+                                                  {LlamaArch::gemma2, "gemma2"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
-// "Gemma3", "SmolLM3", "Granite", "Olmo3" (the classes <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for
-// Gemma 3's Gemma3TextConfig, <prefix>Config).
+// "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2" (the classes <prefix>DecoderLayer,
+// <prefix>RMSNorm, <prefix>ForCausalLM and, but for Gemma 3's Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
 
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
-// Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig and Olmo3Config
-// ([model] with type = "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text",
-// "smollm3", "granite" or "olmo3"; same names, meanings and, where HF has them,
-// defaults; sizes default to a small CPU model). Each type's [model] key table, with docs and
-// ranges, is llama_args(arch) in src/model/llama.cpp: a field that is not one of its type's
-// keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2 no
-// mlp_bias or head_dim, Phi-3 none of the three, SmolLM3 and Granite no head_dim; only Qwen's have
-// max_window_layers, only Qwen's and SmolLM3's use_sliding_window, only Gemma 3's the three
-// fields below pad_token_id, only SmolLM3's no_rope_layer_interval, only Granite's the four
+// Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config and
+// Gemma2Config ([model] with type = "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3",
+// "gemma3_text", "smollm3", "granite", "olmo3" or "gemma2"; same names, meanings and, where HF
+// has them, defaults; sizes default to a small CPU model). Each type's [model] key table, with
+// docs and ranges, is llama_args(arch) in src/model/llama.cpp: a field that is not one of its
+// type's keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2
+// no mlp_bias or head_dim, Phi-3 none of the three, SmolLM3 and Granite no head_dim; only
+// Qwen's have max_window_layers, only Qwen's and SmolLM3's use_sliding_window, only Gemma 3's
+// the three fields below pad_token_id (Gemma 2 has query_pre_attn_scalar; its pattern is a
+// fixed 2), only SmolLM3's no_rope_layer_interval, only Granite's the four
 // multipliers, only Phi-3's the LongRoPE factor lists, original_max_position_embeddings and
-// partial_rotary_factor).
+// partial_rotary_factor, only Gemma 2's the two soft-caps).
 struct LlamaConfig {
   enum class RopeType { default_, linear, llama3, yarn, longrope };
 
@@ -192,6 +202,10 @@ struct LlamaConfig {
   double residual_multiplier = 1.0;
   double attention_multiplier = 1.0;
   double logits_scaling = 1.0;
+  // Gemma 2 (Gemma2Config; 0 = HF's None): tanh soft-caps of the attention scores and of the
+  // logits (attention_softcap(), logit_softcap()).
+  double attn_logit_softcapping = 50.0;
+  double final_logit_softcapping = 30.0;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
@@ -211,29 +225,34 @@ struct LlamaConfig {
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
   // Qwen3's over each head's D values (weight [D]), OLMo 2's over the whole projection
   // (weights [H*D], [Hkv*D]).
-  bool qk_norm() const { return arch == LlamaArch::qwen3 || olmo() || gemma(); }
-  bool qk_norm_per_head() const { return arch == LlamaArch::qwen3 || gemma(); }
+  bool qk_norm() const { return arch == LlamaArch::qwen3 || olmo() || gemma3(); }
+  bool qk_norm_per_head() const { return arch == LlamaArch::qwen3 || gemma3(); }
   // Norms on the sublayers' inputs (input_layernorm before the attention, Llama's
   // post_attention_layernorm or Gemma's pre_feedforward_layernorm before the MLP): all but
   // OLMo 2.
   bool norm_before() const { return !olmo(); }
   // Norms on the sublayers' outputs before their residual adds (post_attention_layernorm,
-  // post_feedforward_layernorm): OLMo 2 (instead of the input norms) and Gemma 3 (besides them).
+  // post_feedforward_layernorm): OLMo 2 (instead of the input norms) and Gemma 2 and 3
+  // (besides them).
   bool norm_after() const { return olmo() || gemma(); }
-  // Gemma 3 (Gemma3TextConfig).
-  bool gemma() const { return arch == LlamaArch::gemma3_text; }
+  // Gemma 2 and Gemma 3 (Gemma2Config, Gemma3TextConfig): what they share.
+  bool gemma() const { return arch == LlamaArch::gemma2 || gemma3(); }
+  // Gemma 3 (Gemma3TextConfig) alone.
+  bool gemma3() const { return arch == LlamaArch::gemma3_text; }
   // OLMo 2 and OLMo 3 (Olmo2Config, Olmo3Config: OLMo 3's layers are OLMo 2's).
   bool olmo() const { return arch == LlamaArch::olmo2 || arch == LlamaArch::olmo3; }
-  // Gemma 3's and OLMo 3's pattern: layer l slides unless (l + 1) % sliding_window_pattern == 0.
+  // Gemma 2's, Gemma 3's and OLMo 3's pattern: layer l slides unless (l + 1) %
+  // sliding_window_pattern == 0 (Gemma 2: always 2, its even layers slide).
   bool patterned_window() const { return gemma() || arch == LlamaArch::olmo3; }
-  // Every RMSNorm multiplies by (1 + weight) (Gemma3RMSNorm), its weights initialised to 0.
+  // Every RMSNorm multiplies by (1 + weight) (Gemma2RMSNorm, Gemma3RMSNorm), its weights
+  // initialised to 0.
   bool norm_weight_offset() const { return gemma(); }
   // The MLP's activation: gelu_tanh(gate) * up ("gelu_pytorch_tanh", GeGLU), not SwiGLU.
   bool gelu_mlp() const { return gemma(); }
-  // What the token embedding's output is multiplied by: sqrt(hidden_size) for Gemma 3 (HF
+  // What the token embedding's output is multiplied by: sqrt(hidden_size) for Gemma 2, 3 (HF
   // rounds it to the weight's dtype first), Granite's embedding_multiplier, 1 otherwise.
   double embed_scale() const;
-  // The attention's score scale: query_pre_attn_scalar^-1/2 (Gemma 3; HF's Python float,
+  // The attention's score scale: query_pre_attn_scalar^-1/2 (Gemma 2, 3; HF's Python float,
   // rounded once to fp32), Granite's attention_multiplier, else 1/sqrt(head_dim).
   float attention_scale() const;
   // What each sublayer's output is multiplied by before its residual add (Granite's
@@ -244,8 +263,20 @@ struct LlamaConfig {
   float logit_scale() const {
     return arch == LlamaArch::granite ? static_cast<float>(1.0 / logits_scaling) : 1.f;
   }
+  // Gemma 2's soft-caps as the kernels take them (kernels.hpp's softcap; 0: none, and for
+  // every other class).
+  float attention_softcap() const {
+    return arch == LlamaArch::gemma2 ? static_cast<float>(attn_logit_softcapping) : 0.f;
+  }
+  float logit_softcap() const {
+    return arch == LlamaArch::gemma2 ? static_cast<float>(final_logit_softcapping) : 0.f;
+  }
+  // Whether the sliding layers have a RoPE table of their own (llama_local_rope_config):
+  // Gemma 3 and OLMo 3.
+  bool local_rope() const { return gemma3() || arch == LlamaArch::olmo3; }
   // Whether decoder layer `layer` uses the local RoPE (llama_local_rope_config: no scaling;
-  // Gemma 3's period rope_local_base_freq): the sliding layers of Gemma 3 and OLMo 3.
+  // Gemma 3's period rope_local_base_freq): the sliding layers of Gemma 3 and OLMo 3 (Gemma 2's
+  // sliding layers share the global RoPE).
   bool layer_local_rope(int64_t layer) const;
   // Whether decoder layer `layer` rotates q and k at all: all but SmolLM3's NoPE layers.
   bool layer_rope(int64_t layer) const;
@@ -332,7 +363,8 @@ class LlamaModel final : public CausalLm {
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   const std::vector<ModuleDecl>& modules() const override { return modules_; }
-  // Throws fsdp::Error under model.fused_linear_cross_entropy.
+  // The head's output, before Gemma 2's final soft-cap (which the loss kernel applies; HF's
+  // logits are after it). Throws fsdp::Error under model.fused_linear_cross_entropy.
   TensorView last_logits() const override;
 
   // Bytes of activations (saved for backward, their gradients, scratch, the RoPE tables) for a

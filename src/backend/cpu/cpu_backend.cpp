@@ -267,9 +267,10 @@ class CpuBackend final : public Backend {
                           int64_t C, int64_t H) override;
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld,
-                                      float grad_scale) override;
+                                      float grad_scale, float softcap) override;
   void cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                             const TensorView& targets, int64_t R, int64_t V, int64_t ld) override;
+                             const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                             float softcap) override;
 
   // ---- T5 pieces ----
   void embedding_lookup_forward(const TensorView& out, const TensorView& tokens,
@@ -316,13 +317,13 @@ class CpuBackend final : public Backend {
                        const TensorView& gate, const TensorView& up) override;
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
-                             int64_t H, int64_t Hkv, int64_t D, float scale,
-                             int64_t window) override;
+                             int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
+                             float softcap) override;
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
-                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                              float scale, int64_t window) override;
+                              int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
+                              int64_t window, float softcap) override;
 
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
@@ -713,21 +714,24 @@ void CpuBackend::attention_backward(const TensorView& dqkv, const TensorView& do
 
 void CpuBackend::cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                                 const TensorView& targets, int64_t R, int64_t V,
-                                                int64_t ld, float grad_scale) {
+                                                int64_t ld, float grad_scale, float softcap) {
   // loss[0] (fp64) += sum of row losses; logits: [R,ld] -> dlogits in place (padding columns
   // [V,ld) = 0); targets: [R] int32.
-  double& l = *Chk::cross_entropy("cross_entropy_forward_backward", loss, logits, targets, R, V, ld);
+  double& l = *Chk::cross_entropy("cross_entropy_forward_backward", loss, logits, targets, R, V, ld,
+                                  softcap);
   const F32Out x = out(logits, R * ld, true);
   l += k_.cross_entropy_forward_backward(x, static_cast<const int32_t*>(targets.data), R, V, ld,
-                                         grad_scale);
+                                         grad_scale, softcap);
 }
 
 void CpuBackend::cross_entropy_forward(const TensorView& loss, const TensorView& logits,
-                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld) {
+                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld,
+                                       float softcap) {
   // loss[0] (fp64) += sum of row losses; logits: [R,ld] unchanged; targets: [R] int32.
-  double& l = *Chk::cross_entropy("cross_entropy_forward", loss, logits, targets, R, V, ld);
+  double& l =
+      *Chk::cross_entropy("cross_entropy_forward", loss, logits, targets, R, V, ld, softcap);
   const F32In x = in(logits, R * ld);
-  l += k_.cross_entropy_forward(x, static_cast<const int32_t*>(targets.data), R, V, ld);
+  l += k_.cross_entropy_forward(x, static_cast<const int32_t*>(targets.data), R, V, ld, softcap);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -956,7 +960,7 @@ namespace {
 // Llama's attention as an attention problem: q [B,T,H*D], k, v [B,T,Hkv*D], causal, within
 // `window` positions when window > 0.
 cpu::AttentionProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                                  float scale, int64_t window) {
+                                  float scale, int64_t window, float softcap) {
   cpu::AttentionProblem p;
   p.B = B;
   p.Tq = p.Tk = T;
@@ -968,6 +972,7 @@ cpu::AttentionProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, 
   p.scale = scale;
   p.causal = true;
   p.window = window;
+  p.softcap = softcap;
   return p;
 }
 }  // namespace
@@ -975,13 +980,14 @@ cpu::AttentionProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, 
 void CpuBackend::gqa_attention_forward(const TensorView& out_, const TensorView& lse,
                                        const TensorView& q, const TensorView& k,
                                        const TensorView& v, int64_t B, int64_t T, int64_t H,
-                                       int64_t Hkv, int64_t D, float scale, int64_t window) {
+                                       int64_t Hkv, int64_t D, float scale, int64_t window,
+                                       float softcap) {
   // q, out: [B,T,H*D]; k, v: [B,T,Hkv*D]; lse: [B,H,T] fp32.
-  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, window);
+  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, window, softcap);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   const F32In fq = in(q, nq), fk = in(k, nk), fv = in(v, nk);
   const F32Out o = out(out_, nq, false);
-  k_.attention_forward(gqa_problem(B, T, H, Hkv, D, scale, window), fq, fk, fv, o,
+  k_.attention_forward(gqa_problem(B, T, H, Hkv, D, scale, window, softcap), fq, fk, fv, o,
                        static_cast<float*>(lse.data));
 }
 
@@ -990,14 +996,16 @@ void CpuBackend::gqa_attention_backward(const TensorView& dq, const TensorView& 
                                         const TensorView& q, const TensorView& k,
                                         const TensorView& v, const TensorView& out_,
                                         const TensorView& lse, int64_t B, int64_t T, int64_t H,
-                                        int64_t Hkv, int64_t D, float scale, int64_t window) {
+                                        int64_t Hkv, int64_t D, float scale, int64_t window,
+                                        float softcap) {
   // dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] written; dout, out: [B,T,H*D]; q, k, v, lse as in
   // forward.
-  Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D, window);
+  Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D, window,
+                              softcap);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   const F32In d = in(dout, nq), fq = in(q, nq), fk = in(k, nk), fv = in(v, nk), o = in(out_, nq);
   const F32Out gq = out(dq, nq, false), gk = out(dk, nk, false), gv = out(dv, nk, false);
-  k_.attention_backward(gqa_problem(B, T, H, Hkv, D, scale, window), fq, fk, fv, o,
+  k_.attention_backward(gqa_problem(B, T, H, Hkv, D, scale, window, softcap), fq, fk, fv, o,
                         static_cast<const float*>(lse.data), d, gq, gk, gv, nullptr);
 }
 

@@ -861,7 +861,8 @@ int64_t check_attention_problem(const AttentionProblem& p) {
                    p.Tk > INT_MAX || p.ldq > INT_MAX || p.ldk > INT_MAX || p.ldv > INT_MAX ||
                    p.ldo > INT_MAX || p.H * p.D > std::min(p.ldq, p.ldo) ||
                    (p.H > 0 && (hkv <= 0 || p.H % hkv != 0)) ||
-                   hkv * p.D > std::min(p.ldk, p.ldv) || p.H * p.D > INT_MAX;
+                   hkv * p.D > std::min(p.ldk, p.ldv) || p.H * p.D > INT_MAX ||
+                   (p.softcap > 0.0f && p.bias);  // (dbias would need dS before the cap)
   if (bad) {
     throw Error("cpu backend: attention: bad shape B=" + std::to_string(p.B) +
                 " Tq=" + std::to_string(p.Tq) + " Tk=" + std::to_string(p.Tk) +
@@ -881,9 +882,12 @@ inline int64_t key_begin(const AttentionProblem& p, int64_t i0) {
 }
 
 // s[r, c] (row stride kAttnKTile) = the score of query i0 + r against key j0 + c of head h of
-// batch b: scale q.k + bias, or -inf where the key is masked. qh, kh: the head's first rows.
-void score_tile(const AttentionProblem& p, const float* qh, const float* kh, int64_t b,
-                int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s) {
+// batch b: scale q.k (soft-capped: softcap tanh(scale q.k / softcap)) + bias, or -inf where
+// the key is masked. qh, kh: the head's first rows. With a soft-cap and `dcap` (same layout),
+// dcap[r, c] = the cap's derivative 1 - tanh^2 (backward's dS factor).
+void score_tile(const AttentionProblem& p, const float* qh, const float* kh, int64_t b, int64_t h,
+                int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* s,
+                float* dcap = nullptr) {
   tile_gemm(false, true, rows, cols, p.D, p.scale, qh + i0 * p.ldq, p.ldq, kh + j0 * p.ldk,
             p.ldk, 0.0f, s, kAttnKTile);
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -891,6 +895,15 @@ void score_tile(const AttentionProblem& p, const float* qh, const float* kh, int
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * kAttnKTile;
     const int64_t i = i0 + r;
+    if (p.softcap > 0.0f) {
+      const float inv = 1.0f / p.softcap;
+      float* drow = dcap ? dcap + r * kAttnKTile : nullptr;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float th = std::tanh(row[c] * inv);
+        row[c] = p.softcap * th;
+        if (drow) drow[c] = 1.0f - th * th;
+      }
+    }
     if (p.bias) {  // [H,P] by relative position: keys j0.. of query i are contiguous
       const float* br = p.bias + h * relative_positions(p.Tq, p.Tk) + (j0 - i + p.Tq - 1);
 #pragma omp simd
@@ -1037,13 +1050,16 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
   // and accumulated over query tiles (and the group's heads, called in ascending order by the
   // same thread), dq written per query tile; with dbias, partial row (b, h) zeroed, then
   // dS added along its diagonals (tiles in order, rows ascending).
-  // ws: P [QT, KT], dP / dS [QT, KT], the dQ tile [QT, D], D_i [QT].
+  // ws: P [QT, KT], dP / dS [QT, KT], the dQ tile [QT, D], D_i [QT], and with a soft-cap its
+  // derivative [QT, KT].
+  const bool capped = p.softcap > 0.0f;
   auto head = [&](int64_t b, int64_t h, float* ws) {
     const int64_t g = h / group;
     float* s = ws;
     float* ds = s + kAttnQTile * kAttnKTile;
     float* dqt = ds + kAttnQTile * kAttnKTile;
     float* di = dqt + kAttnQTile * D;
+    float* dcap = capped ? di + kAttnQTile : nullptr;
     const float* qh = q + b * p.Tq * p.ldq + h * D;
     const float* kh = k + b * p.Tk * p.ldk + g * D;
     const float* vh = v + b * p.Tk * p.ldv + g * D;
@@ -1075,7 +1091,7 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
       const int64_t jend = key_end(p, i0, rows);
       for (int64_t j0 = key_begin(p, i0); j0 < jend; j0 += kAttnKTile) {
         const int64_t cols = std::min(kAttnKTile, jend - j0);
-        score_tile(p, qh, kh, b, h, i0, rows, j0, cols, s);
+        score_tile(p, qh, kh, b, h, i0, rows, j0, cols, s, dcap);
         for (int64_t r = 0; r < rows; ++r) {  // P (0 where masked)
           float* row = s + r * kAttnKTile;
           const int64_t n = visible_cols(p, i0 + r, j0, cols);
@@ -1091,6 +1107,11 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
           const float d = di[r];
 #pragma omp simd
           for (int64_t c = 0; c < cols; ++c) dsr[c] = pr[c] * (dsr[c] - d);
+          if (capped) {  // through the cap: d (scale q.k) = dS (1 - tanh^2)
+            const float* cr = dcap + r * kAttnKTile;
+#pragma omp simd
+            for (int64_t c = 0; c < cols; ++c) dsr[c] *= cr[c];
+          }
         }
         // dV_j += P^T dO_i; dK_j += scale dS^T Q_i; dQ_i += scale dS K_j
         tile_gemm(true, false, cols, D, rows, 1.0f, s, kAttnKTile, doh + i0 * p.ldo, p.ldo, 1.0f,
@@ -1113,7 +1134,8 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
       }
     }
   };
-  const std::size_t ws_floats = static_cast<std::size_t>(kAttnQTile * (2 * kAttnKTile + D + 1));
+  const std::size_t ws_floats =
+      static_cast<std::size_t>(kAttnQTile * ((capped ? 3 : 2) * kAttnKTile + D + 1));
   const int nt = threads_for(p.B * p.H * p.Tq * std::max<int64_t>(p.Tk, 1), 4096);
   // A thread per (b, key/value head), its group's query heads in ascending order.
 #pragma omp parallel num_threads(nt)
@@ -1155,51 +1177,80 @@ double sum_in_order(const std::vector<double>& v) {
   for (double x : v) s += x;
   return s;
 }
+// c[j] = softcap * tanh(x[j] / softcap) for j < n (Gemma 2's final_logit_softcapping).
+void softcap_row(const float* x, float* c, int64_t n, float softcap) {
+  const float inv = 1.0f / softcap;
+  for (int64_t j = 0; j < n; ++j) c[j] = softcap * std::tanh(x[j] * inv);
+}
 }  // namespace
 
-double CpuKernels::cross_entropy_forward_backward(float* logits, const int32_t* targets,
-                                                  int64_t R, int64_t V, int64_t ld,
-                                                  float grad_scale) const {
+double CpuKernels::cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t R,
+                                                  int64_t V, int64_t ld, float grad_scale,
+                                                  float softcap) const {
   check_targets(targets, R, V);
   std::vector<double> row_loss(static_cast<std::size_t>(R));
-#pragma omp parallel for num_threads(threads_for(R * ld, kParallelMinElems)) schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    float* x = logits + r * ld;
-    std::fill(x + V, x + ld, 0.0f);     // padding columns: no class, zero gradient
-    if (targets[r] == kIgnoreTarget) {  // no loss, zero gradient row
-      row_loss[static_cast<std::size_t>(r)] = 0.0;
-      std::fill(x, x + V, 0.0f);
-      continue;
-    }
-    const int64_t t = targets[r];
-    const float xt = x[t];
-    const float mx = row_max(x, V);
-    const double sum = exp_shift_inplace(x, V, mx);
-    row_loss[static_cast<std::size_t>(r)] =
-        static_cast<double>(mx) + std::log(sum) - static_cast<double>(xt);
-    const float f = static_cast<float>(static_cast<double>(grad_scale) / sum);
+#pragma omp parallel num_threads(threads_for(R * ld, kParallelMinElems))
+  {
+    // With a soft-cap: the capped row c, kept for its derivative 1 - (c / softcap)^2.
+    std::vector<float> capped(softcap > 0.0f ? static_cast<std::size_t>(V) : 0);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      float* x = logits + r * ld;
+      std::fill(x + V, x + ld, 0.0f);     // padding columns: no class, zero gradient
+      if (targets[r] == kIgnoreTarget) {  // no loss, zero gradient row
+        row_loss[static_cast<std::size_t>(r)] = 0.0;
+        std::fill(x, x + V, 0.0f);
+        continue;
+      }
+      const int64_t t = targets[r];
+      if (softcap > 0.0f) {
+        softcap_row(x, capped.data(), V, softcap);
+        std::copy(capped.begin(), capped.end(), x);
+      }
+      const float xt = x[t];
+      const float mx = row_max(x, V);
+      const double sum = exp_shift_inplace(x, V, mx);
+      row_loss[static_cast<std::size_t>(r)] =
+          static_cast<double>(mx) + std::log(sum) - static_cast<double>(xt);
+      const float f = static_cast<float>(static_cast<double>(grad_scale) / sum);
 #pragma omp simd
-    for (int64_t j = 0; j < V; ++j) x[j] *= f;
-    x[t] -= grad_scale;
+      for (int64_t j = 0; j < V; ++j) x[j] *= f;
+      x[t] -= grad_scale;
+      if (softcap > 0.0f) {  // d logit = d capped * (1 - tanh^2)
+        const float inv = 1.0f / softcap;
+        for (int64_t j = 0; j < V; ++j) {
+          const float th = capped[static_cast<std::size_t>(j)] * inv;
+          x[j] *= 1.0f - th * th;
+        }
+      }
+    }
   }
   return sum_in_order(row_loss);
 }
 
 double CpuKernels::cross_entropy_forward(const float* logits, const int32_t* targets, int64_t R,
-                                         int64_t V, int64_t ld) const {
+                                         int64_t V, int64_t ld, float softcap) const {
   check_targets(targets, R, V);
   std::vector<double> row_loss(static_cast<std::size_t>(R));
-#pragma omp parallel for num_threads(threads_for(R * V, kParallelMinElems)) schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    const float* x = logits + r * ld;
-    if (targets[r] == kIgnoreTarget) {
-      row_loss[static_cast<std::size_t>(r)] = 0.0;
-      continue;
+#pragma omp parallel num_threads(threads_for(R * V, kParallelMinElems))
+  {
+    std::vector<float> capped(softcap > 0.0f ? static_cast<std::size_t>(V) : 0);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      const float* x = logits + r * ld;
+      if (targets[r] == kIgnoreTarget) {
+        row_loss[static_cast<std::size_t>(r)] = 0.0;
+        continue;
+      }
+      if (softcap > 0.0f) {
+        softcap_row(x, capped.data(), V, softcap);
+        x = capped.data();
+      }
+      const float mx = row_max(x, V);
+      const double sum = exp_shift_sum(x, V, mx);
+      row_loss[static_cast<std::size_t>(r)] =
+          static_cast<double>(mx) + std::log(sum) - static_cast<double>(x[targets[r]]);
     }
-    const float mx = row_max(x, V);
-    const double sum = exp_shift_sum(x, V, mx);
-    row_loss[static_cast<std::size_t>(r)] =
-        static_cast<double>(mx) + std::log(sum) - static_cast<double>(x[targets[r]]);
   }
   return sum_in_order(row_loss);
 }

@@ -41,6 +41,9 @@ struct AttentionProblem {
   // Sliding window (with causal): key j also masked for query i when j <= i - window, so a
   // query sees its `window` latest positions, itself included (HF's sliding_window). 0: none.
   int64_t window = 0;
+  // Logit soft-cap (Gemma 2's attn_logit_softcapping): > 0 replaces the scaled score s =
+  // scale q.k by softcap * tanh(s / softcap) before the bias and masks; 0: none.
+  float softcap = 0.0f;
   // [H,P] by relative position (P = relative_positions(Tq, Tk), kernels.hpp): the bias of
   // query i, key j is bias[h * P + j - i + Tq - 1]; or null.
   const float* bias = nullptr;
@@ -95,11 +98,11 @@ class CpuKernels {
   // logits [R,ld], classes in columns [0,V), padding columns [V,ld) ignored by the softmax
   // (written 0 with the gradient); targets [R] (throw unless in [0,V) or kIgnoreTarget: such
   // a row adds no loss and, with the gradient, becomes a zero row). Return the summed row
-  // losses.
+  // losses. softcap > 0: the softmax reads softcap * tanh(logit / softcap) (kernels.hpp).
   double cross_entropy_forward_backward(float* logits, const int32_t* targets, int64_t R, int64_t V,
-                                        int64_t ld, float grad_scale) const;
+                                        int64_t ld, float grad_scale, float softcap) const;
   double cross_entropy_forward(const float* logits, const int32_t* targets, int64_t R, int64_t V,
-                               int64_t ld) const;
+                               int64_t ld, float softcap) const;
 
   // ---- T5 pieces ----
   // tokens [N] (in range, checked by the caller); table [V,C]; out [N,C].
