@@ -41,6 +41,33 @@ TEST(ModelArgs, DefaultsRoundTripThroughHfConfig) {
   }
 }
 
+// Every family reads a config.json of its own model.type (init_from, --model-from), each
+// model_type names one family (Gemma 3 4B+'s multimodal "gemma3" the gemma3_text decoder), and
+// an unknown one is one line listing what is read.
+TEST(ModelArgs, EachHfModelTypeNamesOneFamily) {
+  std::map<std::string, std::string> owner;
+  for (const ModelFamily* f : fsdp::model_families()) {
+    const std::vector<std::string> types = f->hf_model_types();
+    EXPECT_TRUE(std::find(types.begin(), types.end(), f->type()) != types.end()) << f->type();
+    for (const std::string& t : types) {
+      EXPECT_TRUE(owner.emplace(t, f->type()).second) << t << ": read by two families";
+      EXPECT_EQ(&fsdp::model_family_of_hf(t), f) << t;
+    }
+  }
+  EXPECT_EQ(fsdp::model_family_of_hf("gemma3").type(), "gemma3_text");
+  try {
+    fsdp::model_family_of_hf("bert");
+    ADD_FAILURE() << "bert has a family";
+  } catch (const fsdp::Error& e) {
+    EXPECT_EQ(e.exit_code(), fsdp::kExitInputError);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("\"model_type\" \"bert\" is not supported (expected one of gpt2, t5, "),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find("gemma3_text, gemma3, "), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
 TEST(ModelArgs, EveryKeyHasItsDocAndEveryIntegerKeyItsRange) {
   for (const ModelFamily* f : fsdp::model_families()) {
     SCOPED_TRACE("model.type = " + f->type());

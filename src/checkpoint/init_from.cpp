@@ -148,11 +148,9 @@ ModelConfig hf_model_config(const std::string& dir) {
   if (!hf.contains("model_type") || !hf["model_type"].is_string()) {
     throw InputError(path + ": \"model_type\" missing (expected a Hugging Face config.json)");
   }
-  std::string type = hf["model_type"].get<std::string>();
-  if (type == "gemma3") type = "gemma3_text";  // Gemma 3 4B+: its text_config's decoder
   const ModelFamily* family = nullptr;
   try {
-    family = &model_family(type);
+    family = &model_family_of_hf(hf["model_type"].get<std::string>());
   } catch (const Error& e) {
     throw InputError(path + ": " + e.what());
   }

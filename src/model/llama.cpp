@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fsdp/backend/buffer.hpp"
 #include "fsdp/core/error.hpp"
@@ -15,6 +18,43 @@
 
 namespace fsdp {
 namespace {
+
+// Every Llama-family class, in LlamaArch order (model.type is EnumNames<LlamaArch>): HF's
+// class-name prefix (<prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM) and config
+// class. The one list the prefix, the key tables, the families and the registry are made from.
+struct ArchNames {
+  LlamaArch arch;
+  const char* prefix;
+  const char* config_class;
+};
+constexpr ArchNames kArchNames[] = {
+    {LlamaArch::llama, "Llama", "LlamaConfig"},
+    {LlamaArch::mistral, "Mistral", "MistralConfig"},
+    {LlamaArch::qwen2, "Qwen2", "Qwen2Config"},
+    {LlamaArch::qwen3, "Qwen3", "Qwen3Config"},
+    {LlamaArch::olmo2, "Olmo2", "Olmo2Config"},
+    {LlamaArch::phi3, "Phi3", "Phi3Config"},
+    {LlamaArch::gemma3_text, "Gemma3", "Gemma3TextConfig"},
+    {LlamaArch::smollm3, "SmolLM3", "SmolLM3Config"},
+    {LlamaArch::granite, "Granite", "GraniteConfig"},
+    {LlamaArch::olmo3, "Olmo3", "Olmo3Config"},
+    {LlamaArch::gemma2, "Gemma2", "Gemma2Config"},
+};
+constexpr bool arch_names_in_enum_order() {
+  if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
+  for (std::size_t i = 0; i < std::size(kArchNames); ++i) {
+    if (kArchNames[i].arch != EnumNames<LlamaArch>::table[i].value ||
+        static_cast<std::size_t>(kArchNames[i].arch) != i) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(arch_names_in_enum_order(), "kArchNames: one row per LlamaArch, in its order");
+const ArchNames& arch_names(LlamaArch arch) { return kArchNames[static_cast<int>(arch)]; }
+// The model_type of Gemma 3 4B+'s Gemma3ForConditionalGeneration config.json, whose
+// text_config is a gemma3_text decoder.
+constexpr const char* kGemma3Multimodal = "gemma3";
 
 // Whether `arch`'s config has head_dim (Qwen2Config, Olmo2Config and Phi3Config do not: their
 // heads are hidden_size / num_attention_heads wide).
@@ -43,14 +83,14 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   auto by = [&](auto l, auto m, auto q, auto p, auto g) {
     return llama || olmo2 || granite ? l : mistral ? m : phi3 ? p : gemma ? g : q;
   };
-  static const std::string layers_docs[] = {
-      "Number of LlamaDecoderLayer blocks.", "Number of MistralDecoderLayer blocks.",
-      "Number of Qwen2DecoderLayer blocks.", "Number of Qwen3DecoderLayer blocks.",
-      "Number of Olmo2DecoderLayer blocks.", "Number of Phi3DecoderLayer blocks.",
-      "Number of Gemma3DecoderLayer blocks.", "Number of SmolLM3DecoderLayer blocks.",
-      "Number of GraniteDecoderLayer blocks.", "Number of Olmo3DecoderLayer blocks.",
-      "Number of Gemma2DecoderLayer blocks."};
-  const char* layers_doc = layers_docs[static_cast<int>(arch)].c_str();
+  static const std::vector<std::string> layers_docs = [] {
+    std::vector<std::string> docs;
+    for (const ArchNames& a : kArchNames) {
+      docs.push_back(std::string("Number of ") + a.prefix + "DecoderLayer blocks.");
+    }
+    return docs;
+  }();
+  const char* layers_doc = layers_docs[static_cast<std::size_t>(arch)].c_str();
   using I64 = int64_t;
   std::vector<A> rows = {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
@@ -259,14 +299,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
 }
 
 const ModelArgs<LlamaConfig>& llama_args(LlamaArch arch) {
-  static const ModelArgs<LlamaConfig> tables[] = {
-      make_llama_args(LlamaArch::llama), make_llama_args(LlamaArch::mistral),
-      make_llama_args(LlamaArch::qwen2), make_llama_args(LlamaArch::qwen3),
-      make_llama_args(LlamaArch::olmo2), make_llama_args(LlamaArch::phi3),
-      make_llama_args(LlamaArch::gemma3_text), make_llama_args(LlamaArch::smollm3),
-      make_llama_args(LlamaArch::granite), make_llama_args(LlamaArch::olmo3),
-      make_llama_args(LlamaArch::gemma2)};
-  return tables[static_cast<int>(arch)];
+  static const std::vector<ModelArgs<LlamaConfig>> tables = [] {
+    std::vector<ModelArgs<LlamaConfig>> t;
+    for (const ArchNames& a : kArchNames) t.push_back(make_llama_args(a.arch));
+    return t;
+  }();
+  return tables[static_cast<std::size_t>(arch)];
 }
 
 // The rope_scaling fields (config.json's names inside the dict) each rope type reads
@@ -390,22 +428,7 @@ QkNormRows qk_norm_rows(const LlamaConfig& c, int64_t BT) {
 
 }  // namespace
 
-const char* llama_arch_prefix(LlamaArch arch) {
-  switch (arch) {
-    case LlamaArch::mistral: return "Mistral";
-    case LlamaArch::qwen2: return "Qwen2";
-    case LlamaArch::qwen3: return "Qwen3";
-    case LlamaArch::olmo2: return "Olmo2";
-    case LlamaArch::phi3: return "Phi3";
-    case LlamaArch::gemma3_text: return "Gemma3";
-    case LlamaArch::smollm3: return "SmolLM3";
-    case LlamaArch::granite: return "Granite";
-    case LlamaArch::olmo3: return "Olmo3";
-    case LlamaArch::gemma2: return "Gemma2";
-    case LlamaArch::llama: break;
-  }
-  return "Llama";
-}
+const char* llama_arch_prefix(LlamaArch arch) { return arch_names(arch).prefix; }
 
 namespace {
 // The module class of one decoder layer (the FSDP wrap class): "Qwen3DecoderLayer", ...
@@ -1221,8 +1244,10 @@ class LlamaFamily final : public ModelFamily {
   explicit LlamaFamily(LlamaArch arch) : arch_(arch) {}
   std::string type() const override { return std::string(enum_name(arch_)); }
   std::vector<ModelKey> keys() const override { return args().keys(); }
-  std::string hf_config_class() const override {
-    return arch_ == LlamaArch::gemma3_text ? "Gemma3TextConfig" : prefix() + "Config";
+  std::string hf_config_class() const override { return arch_names(arch_).config_class; }
+  std::vector<std::string> hf_model_types() const override {
+    if (arch_ == LlamaArch::gemma3_text) return {type(), std::string(kGemma3Multimodal)};
+    return {type()};
   }
   std::vector<std::string> wrap_classes() const override { return {layer_class(arch_)}; }
   std::vector<Objective> objectives() const override {
@@ -1422,7 +1447,7 @@ class LlamaFamily final : public ModelFamily {
     const bool gemma = gemma2 || gemma3;
     // Gemma 3 4B+ (Gemma3ForConditionalGeneration, model_type "gemma3"): its text decoder is
     // text_config, a Gemma3TextConfig (what it leaves out takes that class's defaults).
-    if (gemma3 && hf_in.value("model_type", std::string()) == "gemma3" &&
+    if (gemma3 && hf_in.value("model_type", std::string()) == kGemma3Multimodal &&
         hf_in.contains("text_config") && hf_in["text_config"].is_object()) {
       nlohmann::json text = hf_in["text_config"];
       text["model_type"] = type();
@@ -1430,7 +1455,8 @@ class LlamaFamily final : public ModelFamily {
     }
     if (hf_in.value("model_type", std::string()) != type()) {
       throw InputError(origin + ": \"model_type\" is not \"" + type() + "\"" +
-                       (gemma3 ? " (or \"gemma3\" with a text_config)" : ""));
+                       (gemma3 ? std::string(" (or \"") + kGemma3Multimodal + "\" with a text_config)"
+                               : std::string()));
     }
     nlohmann::json hf = hf_in;
     if (arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 || arch_ == LlamaArch::smollm3) {
@@ -1693,13 +1719,18 @@ LlamaConfig LlamaConfig::from(const ModelConfig& c) {
 }
 
 const ModelFamily& llama_family(LlamaArch arch) {
-  static const LlamaFamily families[] = {
-      LlamaFamily(LlamaArch::llama), LlamaFamily(LlamaArch::mistral), LlamaFamily(LlamaArch::qwen2),
-      LlamaFamily(LlamaArch::qwen3), LlamaFamily(LlamaArch::olmo2), LlamaFamily(LlamaArch::phi3),
-      LlamaFamily(LlamaArch::gemma3_text), LlamaFamily(LlamaArch::smollm3),
-      LlamaFamily(LlamaArch::granite), LlamaFamily(LlamaArch::olmo3),
-      LlamaFamily(LlamaArch::gemma2)};
-  return families[static_cast<int>(arch)];
+  static const std::vector<std::unique_ptr<LlamaFamily>> families = [] {
+    std::vector<std::unique_ptr<LlamaFamily>> f;
+    for (const ArchNames& a : kArchNames) f.push_back(std::make_unique<LlamaFamily>(a.arch));
+    return f;
+  }();
+  return *families[static_cast<std::size_t>(arch)];
+}
+
+std::vector<LlamaArch> llama_archs() {
+  std::vector<LlamaArch> out;
+  for (const ArchNames& a : kArchNames) out.push_back(a.arch);
+  return out;
 }
 
 }  // namespace fsdp

@@ -15,26 +15,29 @@ const ModelSchemas& model_schemas() {
 }
 
 const std::vector<const ModelFamily*>& model_families() {
-  static const std::vector<const ModelFamily*> families = {
-      &gpt2_family(),
-      &t5_family(),
-      &llama_family(LlamaArch::llama),
-      &llama_family(LlamaArch::mistral),
-      &llama_family(LlamaArch::qwen2),
-      &llama_family(LlamaArch::qwen3),
-      &llama_family(LlamaArch::olmo2),
-      &llama_family(LlamaArch::phi3),
-      &llama_family(LlamaArch::gemma3_text),
-      &llama_family(LlamaArch::smollm3),
-      &llama_family(LlamaArch::granite),
-      &llama_family(LlamaArch::olmo3),
-      &llama_family(LlamaArch::gemma2)};
+  static const std::vector<const ModelFamily*> families = [] {
+    std::vector<const ModelFamily*> f = {&gpt2_family(), &t5_family()};
+    for (LlamaArch a : llama_archs()) f.push_back(&llama_family(a));
+    return f;
+  }();
   return families;
 }
 
 const ModelFamily& model_family(const std::string& type) {
   // Every schema of model_schemas() is a family: one lookup, one message.
   return static_cast<const ModelFamily&>(model_schema(model_schemas(), type));
+}
+
+const ModelFamily& model_family_of_hf(const std::string& model_type) {
+  std::string all;
+  for (const ModelFamily* f : model_families()) {
+    for (const std::string& t : f->hf_model_types()) {
+      if (t == model_type) return *f;
+      all += (all.empty() ? "" : ", ") + t;
+    }
+  }
+  throw InputError("\"model_type\" \"" + model_type + "\" is not supported (expected one of " +
+                   all + ")");
 }
 
 ModelConfig model_defaults(const std::string& type) { return ModelConfig::of(model_family(type)); }

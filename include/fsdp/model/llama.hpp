@@ -339,6 +339,8 @@ double llama_rope_attention_scaling(const LlamaConfig& c);
 
 // The registry's entry of model.type `arch` (fsdp/model/model.hpp).
 const ModelFamily& llama_family(LlamaArch arch = LlamaArch::llama);
+// Every LlamaArch, in its order (the registry lists their families so).
+std::vector<LlamaArch> llama_archs();
 
 // Modules in forward order: "model.embed_tokens" (class "Embedding", Gemma 3's
 // "Gemma3TextScaledWordEmbedding": embed_tokens.weight [Vp,C], row pad_token_id initialised to

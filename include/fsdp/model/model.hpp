@@ -102,6 +102,9 @@ class ModelFamily : public ModelSchema {
   // Our ModelConfig from a Hugging Face config.json (init_from). Throws InputError naming
   // `origin` and the field on a missing or unsupported field.
   virtual ModelConfig from_hf_config(const nlohmann::json& hf, const std::string& origin) const = 0;
+  // The config.json model_types from_hf_config reads: type() (and Gemma 3's "gemma3", the
+  // multimodal Gemma3ForConditionalGeneration whose text_config holds the decoder).
+  virtual std::vector<std::string> hf_model_types() const { return {type()}; }
 };
 
 // Every registered family, in a fixed order.
@@ -111,6 +114,9 @@ const ModelSchemas& model_schemas();
 // The family of `type`; throws InputError `model.type: unknown value "x" (expected one of
 // gpt2, t5, llama, mistral, qwen2, qwen3)` (config's model_schema).
 const ModelFamily& model_family(const std::string& type);
+// The family whose hf_model_types() has `model_type` (a config.json's); throws InputError
+// `"model_type" "x" is not supported (expected one of gpt2, t5, ...)` when none has.
+const ModelFamily& model_family_of_hf(const std::string& model_type);
 // The family's [model] defaults (ModelConfig::of); throws as model_family.
 ModelConfig model_defaults(const std::string& type);
 
