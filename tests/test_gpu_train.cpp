@@ -161,6 +161,7 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
                          "model.final_logit_softcapping=5.0", "model.pad_token_id=32",
                          "model.fused_linear_cross_entropy=true",
                          "model.fused_linear_cross_entropy_chunk_rows=8"})},
+      {"gemma", llama_config("", {"model.type=\"gemma\"", "model.pad_token_id=32"})},
       {"gemma2 head_dim 256 soft-caps",  // the SIMT attention kernels (Gemma 2's head width)
        llama_config("", {"model.type=\"gemma2\"", "model.head_dim=256",
                          "model.attn_logit_softcapping=2.0",

@@ -176,10 +176,14 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"Gemma 2 GQA tied, head_dim 6, sliding + global, soft-caps", 2, true, false, false,
              false, LlamaArch::gemma2, 6},
         Case{"Gemma 2 MQA untied, soft-caps, llama3", 1, false, false, false, true,
-             LlamaArch::gemma2}}) {
+             LlamaArch::gemma2},
+        Case{"Gemma GQA tied, head_dim 6", 2, true, false, false, false, LlamaArch::gemma, 6},
+        Case{"Gemma MHA untied, attention bias, llama3", 4, false, true, false, true,
+             LlamaArch::gemma}}) {
     ModelOptions o;
     if (c.arch == LlamaArch::gemma3_text) make_gemma(o.model);
     if (c.arch == LlamaArch::gemma2) make_gemma2(o.model);
+    if (c.arch == LlamaArch::gemma) o.model.pad_token_id = 3;  // a padding row, as Gemma's 0
     if (c.arch == LlamaArch::smollm3) make_smollm3(o.model, /*window=*/c.tied);
     if (c.arch == LlamaArch::granite) make_granite(o.model);
     if (c.arch == LlamaArch::olmo3) make_olmo3(o.model);
@@ -1000,6 +1004,79 @@ TEST(Llama, Gemma2ConfigJson) {
   hf = g2b;
   hf["attn_logit_softcapping"] = -1.0;
   expect_refused(gemma, hf, "attn_logit_softcapping");
+}
+
+// Gemma 7B's config.json as the Hub first had it (google/gemma-7b, transformers 4.38's
+// spelling: hidden_act "gelu", no hidden_activation) reads as Gemma's tanh GeGLU, as does the
+// later file with hidden_activation; Llama's layer (two norms, head_dim^-1/2, no window) with
+// Gemma's norms and embedding; merged back to the same model, with both activation fields;
+// other activations refused by name.
+TEST(Llama, GemmaConfigJson) {
+  const fsdp::ModelFamily& gemma = fsdp::model_family("gemma");
+  const nlohmann::json g7b = {{"architectures", {"GemmaForCausalLM"}},
+                              {"attention_bias", false},
+                              {"attention_dropout", 0.0},
+                              {"bos_token_id", 2},
+                              {"eos_token_id", 1},
+                              {"head_dim", 256},
+                              {"hidden_act", "gelu"},
+                              {"hidden_size", 3072},
+                              {"initializer_range", 0.02},
+                              {"intermediate_size", 24576},
+                              {"max_position_embeddings", 8192},
+                              {"model_type", "gemma"},
+                              {"num_attention_heads", 16},
+                              {"num_hidden_layers", 28},
+                              {"num_key_value_heads", 16},
+                              {"pad_token_id", 0},
+                              {"rms_norm_eps", 1e-06},
+                              {"rope_scaling", nullptr},
+                              {"rope_theta", 10000.0},
+                              {"torch_dtype", "bfloat16"},
+                              {"use_cache", true},
+                              {"vocab_size", 256000}};
+  const fsdp::ModelConfig mc = gemma.from_hf_config(g7b, "gemma-7b.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  EXPECT_EQ(g.arch, fsdp::LlamaArch::gemma);
+  EXPECT_EQ(g.head_size(), 256);
+  EXPECT_EQ(g.kv_heads(), 16);
+  EXPECT_TRUE(g.tie_word_embeddings);
+  EXPECT_EQ(g.pad_token_id, 0);
+  EXPECT_TRUE(g.gemma() && g.norm_weight_offset() && g.gelu_mlp() && g.norm_before());
+  EXPECT_FALSE(g.norm_after() || g.qk_norm() || g.patterned_window() || g.local_rope());
+  for (int64_t l = 0; l < 28; ++l) EXPECT_EQ(g.layer_window(l), 0) << l;
+  EXPECT_EQ(g.attention_softcap(), 0.f);
+  EXPECT_EQ(g.logit_softcap(), 0.f);
+  EXPECT_DOUBLE_EQ(g.attention_scale(), 1.0 / 16);
+  EXPECT_DOUBLE_EQ(g.embed_scale(), std::sqrt(3072.0));
+  std::vector<std::string> layer0;
+  for (const fsdp::ModuleDecl& m : fsdp::llama_modules(g)) {
+    if (m.name == "model.embed_tokens") EXPECT_EQ(m.cls, "GemmaTextScaledWordEmbedding");
+    if (m.name != "model.layers.0") continue;
+    EXPECT_EQ(m.cls, "GemmaDecoderLayer");
+    for (const auto& p : m.params) layer0.push_back(p.name);
+  }
+  ASSERT_EQ(layer0.size(), 9u);
+  EXPECT_EQ(layer0[7], "model.layers.0.input_layernorm.weight");
+  EXPECT_EQ(layer0[8], "model.layers.0.post_attention_layernorm.weight");
+  nlohmann::json later = g7b;  // the Hub's files now also say hidden_activation
+  later["hidden_activation"] = "gelu_pytorch_tanh";
+  EXPECT_EQ(gemma.canonical(gemma.from_hf_config(later, "later.json")), gemma.canonical(mc));
+  const nlohmann::json out = gemma.hf_config(mc);
+  EXPECT_EQ(out.at("architectures"), nlohmann::json::array({"GemmaForCausalLM"}));
+  EXPECT_EQ(out.at("hidden_act"), "gelu_pytorch_tanh");
+  EXPECT_EQ(out.at("hidden_activation"), "gelu_pytorch_tanh");
+  for (const char* absent : {"layer_types", "sliding_window", "query_pre_attn_scalar",
+                             "final_logit_softcapping", "attn_logit_softcapping"}) {
+    EXPECT_FALSE(out.contains(absent)) << absent;
+  }
+  EXPECT_EQ(gemma.canonical(gemma.from_hf_config(out, "merged.json")), gemma.canonical(mc));
+  nlohmann::json hf = g7b;
+  hf["hidden_act"] = "silu";
+  expect_refused(gemma, hf, "\"hidden_act\" \"silu\" is not supported");
+  hf = later;
+  hf["hidden_activation"] = "gelu";
+  expect_refused(gemma, hf, "\"hidden_activation\" \"gelu\" is not supported");
 }
 
 // SmolLM3-3B's config.json (HuggingFaceTB/SmolLM3-3B's attributes as transformers writes them:

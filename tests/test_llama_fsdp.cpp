@@ -250,7 +250,9 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                               "model.final_logit_softcapping=5.0", "model.pad_token_id=32",
                               "optim.name=\"sgd\""},
                              "Gemma2ForCausalLM",
-                             "model.layers.1.pre_feedforward_layernorm.weight"}}) {
+                             "model.layers.1.pre_feedforward_layernorm.weight"},
+                        Case{"gemma", {"model.head_dim=6", "model.pad_token_id=32"},
+                             "GemmaForCausalLM", "model.layers.1.post_attention_layernorm.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

@@ -111,6 +111,10 @@ LLAMA_CASES = {
                                             "attn_logit_softcapping": 2.0,
                                             "final_logit_softcapping": 5.0, "pad_token_id": 32,
                                             "tie_word_embeddings": False},
+    # Gemma 1 (GemmaForCausalLM): Llama's layer with (1 + w) norms, the scaled embedding and
+    # GeGLU; head_dim 12 != 32 / 4; tied; the space byte as padding row.
+    "gemma gqa tied": {"type": "gemma", "hidden_size": 32, "head_dim": 12, "pad_token_id": 32,
+                       "tie_word_embeddings": True},
     # SmolLM3: no RoPE on every 2nd layer (NoPE), which slides over 8 positions; tied.
     "smollm3 gqa tied nope window 8": {"type": "smollm3", "hidden_size": 32,
                                        "no_rope_layer_interval": 2, "use_sliding_window": True,

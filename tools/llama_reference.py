@@ -58,7 +58,10 @@ gradient); the MLP gelu_tanh(gate) * up; scores scaled by query_pre_attn_scalar 
 == 0, and the sliding layers' RoPE has period rope_local_base_freq 1e4 unscaled, the others
 rope_theta 1e6 with rope_scaling (rope word rope1e4: none, linear: factor 2). The 1-layer
 variant: pattern 6, a window covering the sequence; 3l ..._swa: pattern 2 (sliding, global,
-sliding), window 3).
+sliding), window 3) or gemma2 (Gemma2ForCausalLM, modeling_gemma2.py: gemma3's layer without
+q_norm / k_norm or the local RoPE, the even layers sliding, and tanh soft-caps of 2 on the
+scores and 5 on the logits) or gemma (GemmaForCausalLM, modeling_gemma.py: Llama's layer with
+the (1 + w) norms, the scaled embedding, its padding row and GeGLU; head_dim 12).
 A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, gemma3: 12), intermediate 40, vocab 37:
 not a multiple of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
@@ -117,7 +120,7 @@ LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
          "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3",
-         "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2"}  # HF class prefix
+         "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text"}  # HF model_type where it is not the variant's word
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
@@ -150,6 +153,8 @@ VARIANTS = [
     "3l_mqa_tied_longrope_phi3_swa",
     "1l_gqa_tied_rope1e4_gemma2",
     "3l_mqa_untied_linear_gemma2_swa",
+    "1l_mha_tied_rope1e4_gemma",
+    "3l_gqa_untied_llama3_gemma",
 ]
 # Gemma 2's soft-caps in the gemma2 variants: small enough to bend this tiny model's scores
 # (|scale q.k| up to ~3) and logits (up to ~10); Gemma 2's own are 50 and 30.
@@ -197,6 +202,8 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
         return gemma3_config(layers, attn, tied, rope, flags)
     if arch == "gemma2":
         return gemma2_config(layers, attn, tied, rope, flags)
+    if arch == "gemma":
+        return gemma1_config(layers, attn, tied, rope, flags)
     if arch == "smollm3":
         return smollm3_config(layers, attn, tied, rope, flags)
     if arch == "granite":
@@ -281,6 +288,23 @@ def gemma2_config(layers, attn, tied, rope, flags):
             "attn_logit_softcapping": GEMMA2_ATTN_SOFTCAP,
             "tie_word_embeddings": tied == "tied", "pad_token_id": GEMMA_PAD, "initializer_range": 0.02,
             "torch_dtype": "float32", "bos_token_id": 2, "eos_token_id": 1, "use_cache": True}
+
+
+def gemma1_config(layers, attn, tied, rope, flags):
+    """config.json of a GemmaForCausalLM variant (GemmaConfig's attributes): head_dim 12 !=
+    hidden / heads, Llama's two norms and head_dim^-1/2 scores, no window; the Hub's Gemma 1
+    spelling of the activation (hidden_act "gelu", hidden_activation "gelu_pytorch_tanh")."""
+    assert "swa" not in flags and "attnbias" not in flags, flags
+    return {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
+            "head_dim": HEAD_DIM_QWEN3, "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+            "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
+            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
+            "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "gelu",
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": tied == "tied",
+            "pad_token_id": GEMMA_PAD, "initializer_range": 0.02, "torch_dtype": "float32",
+            "bos_token_id": 2, "eos_token_id": 1, "use_cache": True}
 
 
 def sized_config(cls, model_type, layers, attn, rope):
@@ -384,10 +408,16 @@ def gemma3(cfg):
 
 
 def gemma(cfg):
-    """Gemma2ForCausalLM and Gemma3ForCausalLM: (1 + w) RMSNorms, four a layer (input,
-    post_attention, pre_feedforward, post_feedforward); the embedding times sqrt(hidden)
-    rounded to float32, padding_idx pad_token_id; GeGLU (gelu tanh); scores times
-    query_pre_attn_scalar^-1/2; layer_types' sliding layers."""
+    """GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM: (1 + w) RMSNorms; the
+    embedding times sqrt(hidden) rounded to float32, padding_idx pad_token_id; GeGLU (gelu
+    tanh)."""
+    return cfg["model_type"] in ("gemma", "gemma2", "gemma3_text")
+
+
+def gemma2_layer(cfg):
+    """Gemma 2's and 3's layer (not Gemma 1's): four norms (input, post_attention,
+    pre_feedforward, post_feedforward); scores times query_pre_attn_scalar^-1/2; layer_types'
+    sliding layers."""
     return cfg["model_type"] in ("gemma2", "gemma3_text")
 
 
@@ -409,7 +439,7 @@ def sliding(cfg, layer):  # (Gemma 3 and OLMo 3)
 def pad_token(cfg):
     """The class's nn.Embedding padding_idx: config.json's pad_token_id, or the class's default
     when absent (Olmo2Config 1, Phi3Config 32000, Gemma3TextConfig 0, the others None)."""
-    default = {"olmo2": 1, "olmo3": 1, "phi3": 32000, "gemma3_text": 0, "gemma2": 0,
+    default = {"olmo2": 1, "olmo3": 1, "phi3": 32000, "gemma3_text": 0, "gemma2": 0, "gemma": 0,
                "smollm3": 128004}.get(cfg["model_type"])
     return cfg.get("pad_token_id", default)
 
@@ -427,7 +457,7 @@ def embed_scale(cfg):  # Gemma3TextScaledWordEmbedding: sqrt(hidden) as a float3
 def score_scale(cfg):  # query_pre_attn_scalar^-1/2 (Gemma 3), attention_multiplier (Granite)
     if granite(cfg):
         return cfg["attention_multiplier"]
-    return cfg["query_pre_attn_scalar"] ** -0.5 if gemma(cfg) else head_dim(cfg) ** -0.5
+    return cfg["query_pre_attn_scalar"] ** -0.5 if gemma2_layer(cfg) else head_dim(cfg) ** -0.5
 
 
 def rope_cfg(cfg, layer):
@@ -456,7 +486,7 @@ def layer_window(cfg, layer):
         return cfg.get("sliding_window") or 0
     if cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
-    if gemma(cfg) or cfg["model_type"] == "olmo3":
+    if gemma2_layer(cfg) or cfg["model_type"] == "olmo3":
         return cfg["sliding_window"] if sliding(cfg, layer) else 0
     if cfg["model_type"] == "smollm3" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         return cfg["sliding_window"] if not uses_rope(cfg, layer) else 0  # the NoPE layers
@@ -487,7 +517,7 @@ def unfused(p, cfg):
 
 
 def layer_norm_names(cfg):  # a decoder layer's RMSNorms, in state-dict order
-    if gemma(cfg):
+    if gemma2_layer(cfg):
         return ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                 "post_feedforward_layernorm")
     if olmo2(cfg):
@@ -680,7 +710,7 @@ def forward(p, cfg, tokens):
         k = k.repeat_interleave(H // Hkv, dim=1)
         v = v.repeat_interleave(H // Hkv, dim=1)
         att = q @ k.transpose(-1, -2)
-        att = att * score_scale(cfg) if gemma(cfg) or granite(cfg) else att / math.sqrt(D)
+        att = att * score_scale(cfg) if gemma2_layer(cfg) or granite(cfg) else att / math.sqrt(D)
         if softcaps(cfg)[0]:  # Gemma 2: before the mask
             att = softcaps(cfg)[0] * torch.tanh(att / softcaps(cfg)[0])
         visible = causal
@@ -689,7 +719,7 @@ def forward(p, cfg, tokens):
         att = att.masked_fill(~visible, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
         m, mb = pre + "mlp.", mlp_bias(cfg)
-        if gemma(cfg):  # sandwich norms, GeGLU
+        if gemma2_layer(cfg):  # sandwich norms, GeGLU
             x = x + norm(linear(y, a + "o_proj", o_bias(cfg)), pre + "post_attention_layernorm")
             h = norm(x, pre + "pre_feedforward_layernorm")
             mlp = linear(gelu_tanh(linear(h, m + "gate_proj", mb)) * linear(h, m + "up_proj", mb), m + "down_proj", mb)
@@ -705,7 +735,8 @@ def forward(p, cfg, tokens):
         x = x + linear(y, a + "o_proj", o_bias(cfg)) * rm
         h = norm(x, pre + "post_attention_layernorm")
         g = linear(h, m + "gate_proj", mb)
-        x = x + linear(g * torch.sigmoid(g) * linear(h, m + "up_proj", mb), m + "down_proj", mb) * rm
+        act = gelu_tanh(g) if gemma(cfg) else g * torch.sigmoid(g)  # Gemma 1: GeGLU
+        x = x + linear(act * linear(h, m + "up_proj", mb), m + "down_proj", mb) * rm
     x = norm(x, "model.norm")
     head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
     logits = x @ head.T
@@ -826,7 +857,7 @@ def naive_loss(p, cfg, tokens, targets):
         key = (rc["rope_theta"], json.dumps(rc["rope_scaling"], sort_keys=True))
         tables[l] = tables.get(key) or naive_frequencies(rc, R, tokens.shape[1])
         tables[key] = tables[l]
-    gemma = globals()["gemma"](cfg)
+    gemma, sandwich = globals()["gemma"](cfg), gemma2_layer(cfg)
     acap, fcap = softcaps(cfg)
 
     def norm(x, w):
@@ -859,7 +890,7 @@ def naive_loss(p, cfg, tokens, targets):
     pad = pad_token(cfg)
     # Gemma: sqrt(hidden) as float32; the padding row's lookup detached (padding_idx)
     escale = float(torch.tensor(C ** 0.5, dtype=torch.float32)) if gemma else 1.0
-    sscale = 1 / math.sqrt(cfg["query_pre_attn_scalar"]) if gemma else 1 / math.sqrt(D)
+    sscale = 1 / math.sqrt(cfg["query_pre_attn_scalar"]) if sandwich else 1 / math.sqrt(D)
     rmul, lscale = 1.0, 1.0
     if granite(cfg):  # its four multipliers
         escale, sscale = cfg["embedding_multiplier"], cfg["attention_multiplier"]
@@ -900,16 +931,16 @@ def naive_loss(p, cfg, tokens, targets):
                     z = sum(w)
                     heads.append(sum(w[n] / z * vs[s][kv * D:(kv + 1) * D] for n, s in enumerate(seen)))
                 o = lin(torch.cat(heads), a + "o_proj", o_bias(cfg))
-                if olmo2(cfg) or gemma:
+                if olmo2(cfg) or sandwich:
                     o = norm(o, p[pre + "post_attention_layernorm.weight"])
                 new.append(xs[t] + o * rmul)
             xs = new
             new = []
             for x in xs:
-                h = x if olmo2(cfg) else norm(x, p[pre + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")])
+                h = x if olmo2(cfg) else norm(x, p[pre + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")])
                 g, u = lin(h, pre + "mlp.gate_proj", mb), lin(h, pre + "mlp.up_proj", mb)
                 m = lin(act(g) * u, pre + "mlp.down_proj", mb)
-                if olmo2(cfg) or gemma:
+                if olmo2(cfg) or sandwich:
                     m = norm(m, p[pre + "post_feedforward_layernorm.weight"])
                 new.append(x + m * rmul)
             xs = new

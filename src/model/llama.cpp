@@ -39,6 +39,7 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::granite, "Granite", "GraniteConfig"},
     {LlamaArch::olmo3, "Olmo3", "Olmo3Config"},
     {LlamaArch::gemma2, "Gemma2", "Gemma2Config"},
+    {LlamaArch::gemma, "Gemma", "GemmaConfig"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -76,10 +77,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool olmo3 = arch == LlamaArch::olmo3;
   const bool olmo2 = arch == LlamaArch::olmo2 || olmo3, phi3 = arch == LlamaArch::phi3;
   const bool gemma3 = arch == LlamaArch::gemma3_text, gemma2 = arch == LlamaArch::gemma2;
-  const bool gemma = gemma2 || gemma3, smol = arch == LlamaArch::smollm3;
+  const bool gemma1 = arch == LlamaArch::gemma, gemma23 = gemma2 || gemma3;
+  const bool gemma = gemma1 || gemma23, smol = arch == LlamaArch::smollm3;
   const bool granite = arch == LlamaArch::granite;
   // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3, gemma3
-  // (and gemma2 where they agree); SmolLM3's and Gemma 2's where they differ, below.
+  // (and gemma2 where they agree); SmolLM3's, Gemma 2's and Gemma 1's where they differ, below
+  // (GemmaConfig: Gemma 7B's shape).
   auto by = [&](auto l, auto m, auto q, auto p, auto g) {
     return llama || olmo2 || granite ? l : mistral ? m : phi3 ? p : gemma ? g : q;
   };
@@ -96,22 +99,28 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
         olmo2    ? I64{50304}
         : smol   ? I64{128256}
-        : gemma2 ? I64{256000}
-                 : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
+        : gemma2 || gemma1 ? I64{256000}
+                           : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
-        smol ? I64{2048} : by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
+        smol     ? I64{2048}
+        : gemma1 ? I64{3072}
+                 : by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
       A{"intermediate_size", &L::intermediate_size,
         gemma ? "Width of the GeGLU MLP." : "Width of the SwiGLU MLP.", KeyRange::size(1), {},
-        true, by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
+        true,
+        gemma1 ? I64{24576} : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
-        true, gemma ? I64{26} : smol ? I64{36} : I64{32}},
+        true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
-        true, gemma ? I64{8} : smol ? I64{16} : I64{32}},
+        true, gemma1 ? I64{16} : gemma ? I64{8} : smol ? I64{16} : I64{32}},
       // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32,
-      // Gemma 3's 4.
+      // Gemma 2's and 3's 4, Gemma 1's 16 (MHA).
       A{"num_key_value_heads", &L::num_key_value_heads,
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
-        KeyRange::size(0), {}, true, smol ? I64{4} : by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
+        KeyRange::size(0), {}, true,
+        smol     ? I64{4}
+        : gemma1 ? I64{16}
+                 : by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
   };
   if (has_head_dim_key(arch)) {
     rows.push_back(A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
@@ -121,9 +130,9 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   rows.insert(rows.end(), {
       A{"max_position_embeddings", &L::max_position_embeddings,
         "Longest sequence the model is trained for.", KeyRange::size(1), {}, true,
-        smol     ? I64{32768}
-        : gemma2 ? I64{8192}
-                 : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
+        smol               ? I64{32768}
+        : gemma2 || gemma1 ? I64{8192}
+                           : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
         olmo2 || phi3 ? 1e-5 : 1e-6},
       A{"rope_theta", &L::rope_theta,
@@ -200,17 +209,17 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                           : "Sliding-window attention on the layers from max_window_layers on.",
                      {}, {}, true, false});
   }
-  // Mistral's and Phi-3's 0 is HF's null; Qwen's under the flag; Gemma 3's on its sliding
-  // layers.
-  if (mistral || qwen || phi3 || gemma || smol || olmo3) {
+  // Mistral's and Phi-3's 0 is HF's null; Qwen's under the flag; Gemma 2's and 3's on their
+  // sliding layers (Gemma 1 has none).
+  if (mistral || qwen || phi3 || gemma23 || smol || olmo3) {
     rows.push_back(A{"sliding_window", &L::sliding_window,
                      mistral || phi3 || smol ? "Sliding-window attention span (positions per "
                                                "query, itself included); 0 = none."
-                     : gemma || olmo3 ? "Sliding-window attention span of the sliding layers "
-                                        "(positions per query, itself included)."
+                     : gemma23 || olmo3 ? "Sliding-window attention span of the sliding layers "
+                                          "(positions per query, itself included)."
                              : "Sliding-window attention span (positions per query, "
                                "itself included) under use_sliding_window.",
-                     KeyRange::size(qwen || gemma || olmo3 ? 1 : 0), {}, true,
+                     KeyRange::size(qwen || gemma23 || olmo3 ? 1 : 0), {}, true,
                      phi3 || smol ? int64_t{0} : int64_t{4096}});
   }
   if (granite) {
@@ -237,7 +246,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      "Layers 0 .. max_window_layers - 1 attend fully; later ones slide under "
                      "use_sliding_window.", KeyRange::size(0), {}, true, int64_t{28}});
   }
-  if (gemma) {
+  if (gemma23) {
     rows.push_back(A{"query_pre_attn_scalar", &L::query_pre_attn_scalar,
                      "Attention scores are scaled by query_pre_attn_scalar^-1/2 (not "
                      "head_dim^-1/2).", KeyRange::size(1), {}, true, I64{256}});
@@ -283,7 +292,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   LlamaConfig defaults;
   defaults.arch = arch;
   if (phi3) defaults.sliding_window = 0;  // Phi3Config's None: no window
-  if (gemma) {  // Gemma2Config's and Gemma3TextConfig's: tied, padding token 0
+  if (gemma) {  // GemmaConfig's, Gemma2Config's and Gemma3TextConfig's: tied, padding token 0
     defaults.tie_word_embeddings = true;
     defaults.pad_token_id = 0;
   }
@@ -452,6 +461,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
       return use_sliding_window && !layer_rope(layer) ? sliding_window : 0;
     case LlamaArch::olmo2:
     case LlamaArch::granite:
+    case LlamaArch::gemma:
     case LlamaArch::llama: break;
   }
   return 0;
@@ -472,7 +482,9 @@ double LlamaConfig::embed_scale() const {
 
 float LlamaConfig::attention_scale() const {
   if (arch == LlamaArch::granite) return static_cast<float>(attention_multiplier);
-  if (gemma()) return static_cast<float>(std::pow(static_cast<double>(query_pre_attn_scalar), -0.5));
+  if (gemma2_layer()) {
+    return static_cast<float>(std::pow(static_cast<double>(query_pre_attn_scalar), -0.5));
+  }
   return 1.f / std::sqrt(static_cast<float>(head_size()));
 }
 
@@ -606,7 +618,8 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
     put(x.attn_in, "input_layernorm.weight", {C}, norm_init, false);
     put(x.attn_out, "post_attention_layernorm.weight", {C}, norm_init, false);
     put(x.mlp_in,
-        c.gemma() ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight", {C},
+        c.gemma2_layer() ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight",
+        {C},
         norm_init, false);
     put(x.mlp_out, "post_feedforward_layernorm.weight", {C}, norm_init, false);
     modules.push_back(std::move(layer));
@@ -1399,7 +1412,7 @@ class LlamaFamily final : public ModelFamily {
       }
       out["rope_scaling"] = rs;
     }
-    const bool gemma = arch_ == LlamaArch::gemma3_text || arch_ == LlamaArch::gemma2;
+    const bool gemma = g.gemma();
     if ((arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 ||
          arch_ == LlamaArch::smollm3) &&
         g.sliding_window == 0) {
@@ -1417,12 +1430,17 @@ class LlamaFamily final : public ModelFamily {
     if (g.patterned_window()) out["layer_types"] = layer_types_of(g);
     if (gemma) {
       out["hidden_activation"] = "gelu_pytorch_tanh";
-      if (arch_ == LlamaArch::gemma2) {
-        out["hidden_act"] = "gelu_pytorch_tanh";  // (the Hub's Gemma 2 files carry both)
+      if (!g.gemma3()) {
+        // GemmaConfig's activation (v5: hidden_act; 4.x: hidden_activation when set); the
+        // Hub's Gemma 2 files carry both
+        out["hidden_act"] = "gelu_pytorch_tanh";
       }
-      // A soft-cap of 0 is HF's None; Gemma 3 has neither (Gemma 2's keys).
+      // A soft-cap of 0 is HF's None; Gemma 3 has neither (Gemma 2's keys), Gemma 1 no such
+      // attribute.
       for (double LlamaConfig::*cap : kSoftcaps) {
-        if (arch_ != LlamaArch::gemma2 || g.*cap == 0.0) out[softcap_name(cap)] = nullptr;
+        if (g.gemma2_layer() && (arch_ != LlamaArch::gemma2 || g.*cap == 0.0)) {
+          out[softcap_name(cap)] = nullptr;
+        }
       }
     }
     if (arch_ == LlamaArch::phi3) {  // Phi3Config's dropouts (0: what fsdp_train trains with)
@@ -1444,7 +1462,7 @@ class LlamaFamily final : public ModelFamily {
   // Phi-3's partial_rotary_factor 1.
   ModelConfig from_hf_config(const nlohmann::json& hf_in, const std::string& origin) const override {
     const bool gemma3 = arch_ == LlamaArch::gemma3_text, gemma2 = arch_ == LlamaArch::gemma2;
-    const bool gemma = gemma2 || gemma3;
+    const bool gemma = gemma2 || gemma3 || arch_ == LlamaArch::gemma;
     // Gemma 3 4B+ (Gemma3ForConditionalGeneration, model_type "gemma3"): its text decoder is
     // text_config, a Gemma3TextConfig (what it leaves out takes that class's defaults).
     if (gemma3 && hf_in.value("model_type", std::string()) == kGemma3Multimodal &&
@@ -1584,17 +1602,23 @@ class LlamaFamily final : public ModelFamily {
                             std::to_string(g.original_max_position_embeddings));
     }
   }
-  // Gemma 2's and 3's config.json attributes that change the math and are not keys, in place:
-  // the activation must be gelu_pytorch_tanh, attention causal (use_bidirectional_attention is
+  // Gemma's config.json attributes that change the math and are not keys, in place: the
+  // activation must be gelu_pytorch_tanh (hidden_activation; or, Gemma 1 without it, hidden_act,
+  // where the Hub's "gelu" is what transformers 4.39+ reads as gelu_pytorch_tanh, the
+  // approximation Gemma was trained with), attention causal (use_bidirectional_attention is
   // EmbeddingGemma's); Gemma 3's soft-cappings null (Gemma 2's keys: null becomes 0).
   void gemma_from_hf(nlohmann::json& hf, const std::string& origin) const {
     auto refuse = [&](const std::string& field, const nlohmann::json& v,
                       const std::string& expected) {
       return unsupported(origin, field, v, expected);
     };
-    if (hf.contains("hidden_activation") && !hf["hidden_activation"].is_null() &&
-        hf["hidden_activation"] != "gelu_pytorch_tanh") {
+    const bool activation = hf.contains("hidden_activation") && !hf["hidden_activation"].is_null();
+    if (activation && hf["hidden_activation"] != "gelu_pytorch_tanh") {
       throw refuse("hidden_activation", hf["hidden_activation"], "\"gelu_pytorch_tanh\"");
+    }
+    if (arch_ == LlamaArch::gemma && !activation && hf.contains("hidden_act") &&
+        hf["hidden_act"] != "gelu_pytorch_tanh" && hf["hidden_act"] != "gelu") {
+      throw refuse("hidden_act", hf["hidden_act"], "\"gelu_pytorch_tanh\" (or Gemma's \"gelu\")");
     }
     for (double LlamaConfig::*member : kSoftcaps) {
       const std::string cap = softcap_name(member);

@@ -44,7 +44,11 @@
 //    layer (l % 2 == 0) slides, all layers share one RoPE; and tanh soft-capping (Gemma 2
 //    section 2): the attention scores become attn_logit_softcapping * tanh(s /
 //    attn_logit_softcapping) before the mask, the logits final_logit_softcapping * tanh(z /
-//    final_logit_softcapping) before the loss.
+//    final_logit_softcapping) before the loss;
+//  - "gemma": GemmaForCausalLM (models/gemma; Gemma Team 2024, "Gemma: Open Models Based on
+//    Gemini Research and Technology"; Gemma 2B, 7B, CodeGemma): Llama's layer (two norms,
+//    scores scaled by head_dim^-1/2, no window) with Gemma's (1 + weight) norms, scaled
+//    embedding and GeGLU.
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -100,7 +104,8 @@ enum class LlamaArch {
   smollm3,
   granite,
   olmo3,
-  gemma2
+  gemma2,
+  gemma
 };
 
 template <>
@@ -115,18 +120,20 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::smollm3, "smollm3"},
                                                   {LlamaArch::granite, "granite"},
                                                   {LlamaArch::olmo3, "olmo3"},
-                                                  {LlamaArch::gemma2, "gemma2"}};
+                                                  {LlamaArch::gemma2, "gemma2"},
+                                                  {LlamaArch::gemma, "gemma"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
-// "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2" (the classes <prefix>DecoderLayer,
+// "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma" (the classes <prefix>DecoderLayer,
 // <prefix>RMSNorm, <prefix>ForCausalLM and, but for Gemma 3's Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
 
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
-// Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config and
-// Gemma2Config ([model] with type = "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3",
-// "gemma3_text", "smollm3", "granite", "olmo3" or "gemma2"; same names, meanings and, where HF
+// Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
+// Gemma2Config and GemmaConfig ([model] with type = "llama", "mistral", "qwen2", "qwen3",
+// "olmo2", "phi3", "gemma3_text", "smollm3", "granite", "olmo3", "gemma2" or "gemma"; same
+// names, meanings and, where HF
 // has them, defaults; sizes default to a small CPU model). Each type's [model] key table, with
 // docs and ranges, is llama_args(arch) in src/model/llama.cpp: a field that is not one of its
 // type's keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2
@@ -234,22 +241,26 @@ struct LlamaConfig {
   // Norms on the sublayers' outputs before their residual adds (post_attention_layernorm,
   // post_feedforward_layernorm): OLMo 2 (instead of the input norms) and Gemma 2 and 3
   // (besides them).
-  bool norm_after() const { return olmo() || gemma(); }
-  // Gemma 2 and Gemma 3 (Gemma2Config, Gemma3TextConfig): what they share.
-  bool gemma() const { return arch == LlamaArch::gemma2 || gemma3(); }
+  bool norm_after() const { return olmo() || gemma2_layer(); }
+  // Gemma 1, 2 and 3 (GemmaConfig, Gemma2Config, Gemma3TextConfig): the (1 + weight) norms,
+  // GeGLU, the scaled embedding, a padding row.
+  bool gemma() const { return arch == LlamaArch::gemma || gemma2_layer(); }
+  // Gemma 2's layer, Gemma 3's too: four norms, scores scaled by query_pre_attn_scalar^-1/2,
+  // sliding and global layers.
+  bool gemma2_layer() const { return arch == LlamaArch::gemma2 || gemma3(); }
   // Gemma 3 (Gemma3TextConfig) alone.
   bool gemma3() const { return arch == LlamaArch::gemma3_text; }
   // OLMo 2 and OLMo 3 (Olmo2Config, Olmo3Config: OLMo 3's layers are OLMo 2's).
   bool olmo() const { return arch == LlamaArch::olmo2 || arch == LlamaArch::olmo3; }
   // Gemma 2's, Gemma 3's and OLMo 3's pattern: layer l slides unless (l + 1) %
   // sliding_window_pattern == 0 (Gemma 2: always 2, its even layers slide).
-  bool patterned_window() const { return gemma() || arch == LlamaArch::olmo3; }
-  // Every RMSNorm multiplies by (1 + weight) (Gemma2RMSNorm, Gemma3RMSNorm), its weights
-  // initialised to 0.
+  bool patterned_window() const { return gemma2_layer() || arch == LlamaArch::olmo3; }
+  // Every RMSNorm multiplies by (1 + weight) (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm), its
+  // weights initialised to 0.
   bool norm_weight_offset() const { return gemma(); }
   // The MLP's activation: gelu_tanh(gate) * up ("gelu_pytorch_tanh", GeGLU), not SwiGLU.
   bool gelu_mlp() const { return gemma(); }
-  // What the token embedding's output is multiplied by: sqrt(hidden_size) for Gemma 2, 3 (HF
+  // What the token embedding's output is multiplied by: sqrt(hidden_size) for Gemma (HF
   // rounds it to the weight's dtype first), Granite's embedding_multiplier, 1 otherwise.
   double embed_scale() const;
   // The attention's score scale: query_pre_attn_scalar^-1/2 (Gemma 2, 3; HF's Python float,
