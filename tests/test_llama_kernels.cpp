@@ -455,23 +455,26 @@ TEST_F(LlamaKernels, GqaLlamaHeadWidth) {  // D = 64, 8 query heads on 2 kv head
   check_gqa_equals_repeated_mha(*be, rng, {1, 33, 8, 2, 64});
 }
 
-// Finite differences of L = sum(out * Rw) with respect to q, k and v.
-void gqa_gradient_check(Backend& be, std::mt19937& rng, const GqaShape& s, float scale) {
-  const std::string what = describe(s);
+// Finite differences of L = sum(out * Rw) with respect to q, k and v (with a sliding window
+// and a soft-cap when given).
+void gqa_gradient_check(Backend& be, std::mt19937& rng, const GqaShape& s, float scale,
+                        int64_t window = 0, float softcap = 0.f) {
+  const std::string what = describe(s) + " window=" + std::to_string(window) +
+                           " softcap=" + std::to_string(softcap);
   const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
   Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
       v = random_vec(nk, rng);
   const Vec Rw = random_vec(nq, rng);
   Vec out(nq), lse(nl);
   be.gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                           scale, 0, 0.f);
+                           scale, window, softcap);
   Vec dq(nq), dk(nk), dv(nk);
   be.gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
-                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0, 0.f);
+                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, softcap);
   auto loss = [&] {
     Vec o(nq), l(nl);
     be.gqa_attention_forward(f32(o), f32(l), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                             scale, 0, 0.f);
+                             scale, window, softcap);
     return dot(o, Rw);
   };
   EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4) << "dq " << what;
@@ -539,26 +542,7 @@ TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
     expect_same_bits(wide, full, "window T vs none " + what);
     expect_same_bits(wide_lse, full_lse, "lse, window T vs none " + what);
   }
-  // Finite differences through the window.
-  const GqaShape s{1, 6, 2, 1, 4};
-  const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
-  Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
-      v = random_vec(nk, rng);
-  const Vec Rw = random_vec(nq, rng);
-  Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
-  be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                            0.5f, 2, 0.f);
-  be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
-                             f32(lse), s.B, s.T, s.H, s.Hkv, s.D, 0.5f, 2, 0.f);
-  auto loss = [&] {
-    Vec o(nq), l(nl);
-    be->gqa_attention_forward(f32(o), f32(l), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                              0.5f, 2, 0.f);
-    return dot(o, Rw);
-  };
-  EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4);
-  EXPECT_LT(rel_err(dk, numeric_grad(k, loss, 1e-2f)), 5e-4);
-  EXPECT_LT(rel_err(dv, numeric_grad(v, loss, 1e-2f)), 5e-4);
+  gqa_gradient_check(*be, rng, {1, 6, 2, 1, 4}, 0.5f, /*window=*/2);  // through the window
 }
 
 // Gemma 2's attention soft-cap (attn_logit_softcapping): scores softcap tanh(scale q.k /
@@ -603,25 +587,12 @@ TEST_F(LlamaKernels, GqaSoftcapMatchesTanhCappedScores) {
     expect_near_all(dk, sum_groups(rdk, s), 3e-5, "dk " + what);
     expect_near_all(dv, sum_groups(rdv, s), 3e-5, "dv " + what);
   }
+  gqa_gradient_check(*be, rng, {1, 6, 2, 1, 4}, 1.0f, 0, /*softcap=*/1.5f);
+  gqa_gradient_check(*be, rng, {1, 7, 4, 2, 4}, 1.0f, /*window=*/3, /*softcap=*/1.0f);
   const GqaShape s{1, 6, 2, 1, 4};
   const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
-  Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
-      v = random_vec(nk, rng);
-  const Vec Rw = random_vec(nq, rng);
-  Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
-  be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                            1.0f, 0, 1.5f);
-  be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
-                             f32(lse), s.B, s.T, s.H, s.Hkv, s.D, 1.0f, 0, 1.5f);
-  auto loss = [&] {
-    Vec o(nq), l(nl);
-    be->gqa_attention_forward(f32(o), f32(l), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                              1.0f, 0, 1.5f);
-    return dot(o, Rw);
-  };
-  EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4);
-  EXPECT_LT(rel_err(dk, numeric_grad(k, loss, 1e-2f)), 5e-4);
-  EXPECT_LT(rel_err(dv, numeric_grad(v, loss, 1e-2f)), 5e-4);
+  const Vec q(nq, 0.5f), k(nk, 0.5f), v(nk, 0.5f);
+  Vec out(nq), lse(nl);
   for (float bad :
        {-1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T,

@@ -56,14 +56,14 @@ __device__ __forceinline__ bool visible(const Dev& p, int64_t b, int64_t i, int6
 // With a soft-cap: softcap * tanh(dot * scale / softcap) + bias.
 __device__ __forceinline__ float score(const Dev& p, int64_t h, int64_t i, int64_t j, float dot) {
   float x = dot * p.scale;
-  if (p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
+  if (p.softcap > 0.0f) x = p.softcap * tanhf(x * (1.0f / p.softcap));  // as the CPU's
   return x + (p.bias ? p.bias[h * (p.Tq + p.Tk - 1) + (j - i + p.Tq - 1)] : 0.0f);
 }
 // The derivative of the soft-cap at `dot` (1 - tanh^2; 1 without a cap): backward's dS factor
 // for dQ and dK (the bias gradient, when there is one, is dS itself).
 __device__ __forceinline__ float score_dcap(const Dev& p, float dot) {
   if (p.softcap <= 0.0f) return 1.0f;
-  const float th = tanhf(dot * p.scale / p.softcap);
+  const float th = tanhf(dot * p.scale * (1.0f / p.softcap));
   return 1.0f - th * th;
 }
 // Keys [0, end) that queries [i0, i0 + rows) may see.
