@@ -721,48 +721,70 @@ TEST_P(MergedShards, LoadBitForBitAsTheSingleFileAndEachRankReadsOnlyItsShare) {
 INSTANTIATE_TEST_SUITE_P(Families, MergedShards, testing::ValuesIn(family_types()),
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
-// Gemma 3 4B, 12B and 27B ship as Gemma3ForConditionalGeneration: config.json's text_config is
-// the Gemma3TextConfig, and the text decoder's tensors are prefixed ("language_model.model."
-// in the Hub's files, "model.language_model." as transformers 5 saves them) beside the vision
+// Gemma 3 4B, 12B and 27B ship as Gemma3ForConditionalGeneration and Mistral Small 3.1 / 3.2
+// as Mistral3ForConditionalGeneration: config.json's text_config is the decoder's config
+// (Gemma3TextConfig, MistralConfig), and the text decoder's tensors are prefixed
+// ("language_model.model." and "language_model.lm_head." in the Hub's files,
+// "model.language_model." and "lm_head." as transformers 5 saves them) beside the vision
 // tower's. init_from reads the decoder from either form bit for bit as from the text-only
-// merge, and lists the vision tensors as unused.
-TEST(InitFromGemma3, ConditionalGenerationCheckpointsLoadTheirTextDecoder) {
-  const Source& src = source(family_model("gemma3_text"));
-  std::string dir;
-  for (const bool v5 : {false, true}) {
-    dir = fresh_dir(std::string("init_gemma3_mm") + (v5 ? "_v5" : ""));
-    const std::vector<std::string> vision = {"multi_modal_projector.mm_input_projection_weight",
-                                             "vision_tower.vision_model.post_layernorm.weight"};
-    rewrite(src.hf, dir, [&](std::vector<Tensor>& ts) {
-      for (auto& t : ts) {
-        ASSERT_EQ(t.name.rfind("model.", 0), 0u) << t.name;
-        t.name = v5 ? "model.language_model." + t.name.substr(6) : "language_model." + t.name;
+// merge and lists the vision tensors as unused; --model-from prints the decoder's [model].
+TEST(InitFromMultimodal, ConditionalGenerationCheckpointsLoadTheirTextDecoder) {
+  struct Case {
+    const char* type;          // the decoder's model.type
+    const char* model_type;    // the multimodal config.json's
+    const char* architecture;
+    const char* vision_type;
+  };
+  for (const Case& k : {Case{"gemma3_text", "gemma3", "Gemma3ForConditionalGeneration",
+                             "siglip_vision_model"},
+                        Case{"mistral", "mistral3", "Mistral3ForConditionalGeneration",
+                             "pixtral"}}) {
+    SCOPED_TRACE(k.model_type);
+    const Source& src = source(family_model(k.type));
+    std::string dir;
+    for (const bool v5 : {false, true}) {
+      dir = fresh_dir(std::string("init_") + k.model_type + "_mm" + (v5 ? "_v5" : ""));
+      const std::vector<std::string> vision = {"multi_modal_projector.linear_1.weight",
+                                               "vision_tower.transformer.ln_pre.weight"};
+      rewrite(src.hf, dir, [&](std::vector<Tensor>& ts) {
+        for (auto& t : ts) {
+          const bool body = t.name.rfind("model.", 0) == 0;
+          ASSERT_TRUE(body || t.name == "lm_head.weight") << t.name;
+          if (v5) {
+            if (body) t.name = "model.language_model." + t.name.substr(6);
+          } else {
+            t.name = "language_model." + t.name;
+          }
+        }
+        ts.push_back({vision[0], {2, 2}, {1, 2, 3, 4}});
+        ts.push_back({vision[1], {2}, {1, 2}});
+      });
+      if (world_rank() == 0) {
+        std::ifstream in(src.hf + "/config.json");
+        const json mm = {{"architectures", {k.architecture}},
+                         {"model_type", k.model_type},
+                         {"text_config", json::parse(in)},
+                         {"vision_config", {{"model_type", k.vision_type}}},
+                         {"image_token_index", 10}};
+        std::ofstream(dir + "/config.json") << mm.dump(2);
       }
-      ts.push_back({vision[0], {2, 2}, {1, 2, 3, 4}});
-      ts.push_back({vision[1], {2}, {1, 2}});
-    });
-    if (world_rank() == 0) {
-      std::ifstream in(src.hf + "/config.json");
-      const json mm = {{"architectures", {"Gemma3ForConditionalGeneration"}},
-                       {"model_type", "gemma3"},
-                       {"text_config", json::parse(in)},
-                       {"vision_config", {{"model_type", "siglip_vision_model"}}},
-                       {"mm_tokens_per_image", 256}};
-      std::ofstream(dir + "/config.json") << mm.dump(2);
+      barrier();
+      const Loaded a = load(src.hf, src.cfg), b = load(dir, src.cfg);
+      EXPECT_TRUE(same_bits(a.shards, b.shards)) << "v5 " << v5;
+      EXPECT_EQ(a.result.bytes_read, b.result.bytes_read);
+      std::vector<std::string> unused = b.result.unused;
+      std::sort(unused.begin(), unused.end());
+      EXPECT_EQ(unused, vision);
+      const fsdp::ModelConfig from = fsdp::ckpt::hf_model_config(dir);
+      EXPECT_EQ(from.type, k.type);
+      EXPECT_NO_THROW(fsdp::ckpt::check_hf_config(dir, from));
     }
-    barrier();
-    const Loaded a = load(src.hf, src.cfg), b = load(dir, src.cfg);
-    EXPECT_TRUE(same_bits(a.shards, b.shards)) << "v5 " << v5;
-    EXPECT_EQ(a.result.bytes_read, b.result.bytes_read);
-    std::vector<std::string> unused = b.result.unused;
-    std::sort(unused.begin(), unused.end());
-    EXPECT_EQ(unused, vision);
+    // Another model inside: named by its text_config.
+    Config other = src.cfg;
+    other.model.set("num_hidden_layers", int64_t{3});
+    expect_input_error([&] { fsdp::ckpt::check_hf_config(dir, other.model); },
+                       {"config.json: num_hidden_layers = 2 but model.num_hidden_layers = 3"});
   }
-  // Another model inside: named by its text_config.
-  Config other = src.cfg;
-  other.model.set("num_hidden_layers", int64_t{3});
-  expect_input_error([&] { fsdp::ckpt::check_hf_config(dir, other.model); },
-                     {"config.json: num_hidden_layers = 2 but model.num_hidden_layers = 3"});
 }
 
 }  // namespace

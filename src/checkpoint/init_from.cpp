@@ -178,6 +178,17 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
   InitFromResult result;
   std::set<std::string> used;
   std::vector<std::vector<Source>> sources(layouts.size());
+  // The Hugging Face names of the model's own parameters: an alias that is another
+  // parameter's name is that parameter's tensor (an untied head's lm_head.weight is not the
+  // embedding's), never a stand-in.
+  std::set<std::string> own;
+  for (const FlatParamLayout& l : layouts) {
+    for (const FlatEntry& e : l.entries) {
+      if (const auto hf = family.hf_tensor(config, e.spec.name, e.spec.unpadded_shape())) {
+        own.insert(hf->name);
+      }
+    }
+  }
   for (std::size_t u = 0; u < layouts.size(); ++u) {
     for (const FlatEntry& e : layouts[u].entries) {
       // The file holds the model's own rows; vocabulary padding rows are ours alone.
@@ -191,7 +202,7 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
         s.stored = hf->name;
       } else {
         for (const std::string& alias : family.hf_aliases(hf->name)) {
-          if (ckpt.has(alias)) {
+          if (ckpt.has(alias) && !own.count(alias)) {
             s.stored = alias;
             break;
           }

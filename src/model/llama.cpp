@@ -20,21 +20,27 @@ namespace fsdp {
 namespace {
 
 // Every Llama-family class, in LlamaArch order (model.type is EnumNames<LlamaArch>): HF's
-// class-name prefix (<prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM) and config
-// class. The one list the prefix, the key tables, the families and the registry are made from.
+// class-name prefix (<prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM), config
+// class and, where a published multimodal model wraps this decoder, that model's model_type
+// (Gemma3ForConditionalGeneration: Gemma 3 4B-27B; Mistral3ForConditionalGeneration: Mistral
+// Small 3.1 and 3.2): its config.json holds the decoder's as text_config and its files the
+// decoder's tensors under "language_model.model." (transformers 4.5x, the Hub's) or
+// "model.language_model." (transformers 5). The one list the prefix, the key tables, the
+// families and the registry are made from.
 struct ArchNames {
   LlamaArch arch;
   const char* prefix;
   const char* config_class;
+  const char* multimodal = nullptr;
 };
 constexpr ArchNames kArchNames[] = {
     {LlamaArch::llama, "Llama", "LlamaConfig"},
-    {LlamaArch::mistral, "Mistral", "MistralConfig"},
+    {LlamaArch::mistral, "Mistral", "MistralConfig", "mistral3"},
     {LlamaArch::qwen2, "Qwen2", "Qwen2Config"},
     {LlamaArch::qwen3, "Qwen3", "Qwen3Config"},
     {LlamaArch::olmo2, "Olmo2", "Olmo2Config"},
     {LlamaArch::phi3, "Phi3", "Phi3Config"},
-    {LlamaArch::gemma3_text, "Gemma3", "Gemma3TextConfig"},
+    {LlamaArch::gemma3_text, "Gemma3", "Gemma3TextConfig", "gemma3"},
     {LlamaArch::smollm3, "SmolLM3", "SmolLM3Config"},
     {LlamaArch::granite, "Granite", "GraniteConfig"},
     {LlamaArch::olmo3, "Olmo3", "Olmo3Config"},
@@ -53,9 +59,6 @@ constexpr bool arch_names_in_enum_order() {
 }
 static_assert(arch_names_in_enum_order(), "kArchNames: one row per LlamaArch, in its order");
 const ArchNames& arch_names(LlamaArch arch) { return kArchNames[static_cast<int>(arch)]; }
-// The model_type of Gemma 3 4B+'s Gemma3ForConditionalGeneration config.json, whose
-// text_config is a gemma3_text decoder.
-constexpr const char* kGemma3Multimodal = "gemma3";
 
 // Whether `arch`'s config has head_dim (Qwen2Config, Olmo2Config and Phi3Config do not: their
 // heads are hidden_size / num_attention_heads wide).
@@ -1259,7 +1262,7 @@ class LlamaFamily final : public ModelFamily {
   std::vector<ModelKey> keys() const override { return args().keys(); }
   std::string hf_config_class() const override { return arch_names(arch_).config_class; }
   std::vector<std::string> hf_model_types() const override {
-    if (arch_ == LlamaArch::gemma3_text) return {type(), std::string(kGemma3Multimodal)};
+    if (const char* mm = arch_names(arch_).multimodal) return {type(), mm};
     return {type()};
   }
   std::vector<std::string> wrap_classes() const override { return {layer_class(arch_)}; }
@@ -1367,18 +1370,19 @@ class LlamaFamily final : public ModelFamily {
     }
     return std::nullopt;
   }
-  // A tied checkpoint may also store the head under its own name. Gemma 3 4B, 12B and 27B
-  // ship as Gemma3ForConditionalGeneration, their text decoder's tensors under
-  // "language_model.model." (transformers 4.5x, the Hub's files) or "model.language_model."
-  // (transformers 5), the head under "language_model.lm_head.weight" / "lm_head.weight".
+  // A tied checkpoint may also store the head under its own name. The multimodal models of
+  // kArchNames hold the text decoder's tensors under "language_model.model." (transformers
+  // 4.5x, the Hub's files) or "model.language_model." (transformers 5), the head under
+  // "language_model.lm_head.weight" / "lm_head.weight".
+  // The name's own prefixed forms come before the head's.
   std::vector<std::string> hf_aliases(const std::string& hf_name) const override {
-    std::vector<std::string> out;
-    if (hf_name == "model.embed_tokens.weight") out.push_back("lm_head.weight");
-    if (arch_ != LlamaArch::gemma3_text) return out;
-    const std::string model = "model.";
     std::vector<std::string> names = {hf_name};
     if (hf_name == "model.embed_tokens.weight") names.push_back("lm_head.weight");
+    std::vector<std::string> out;
+    const std::string model = "model.";
     for (const std::string& n : names) {
+      if (n != hf_name) out.push_back(n);
+      if (arch_names(arch_).multimodal == nullptr) continue;
       if (n.rfind(model, 0) == 0) {
         out.push_back("language_model." + n);
         out.push_back("model.language_model." + n.substr(model.size()));
@@ -1463,18 +1467,20 @@ class LlamaFamily final : public ModelFamily {
   ModelConfig from_hf_config(const nlohmann::json& hf_in, const std::string& origin) const override {
     const bool gemma3 = arch_ == LlamaArch::gemma3_text, gemma2 = arch_ == LlamaArch::gemma2;
     const bool gemma = gemma2 || gemma3 || arch_ == LlamaArch::gemma;
-    // Gemma 3 4B+ (Gemma3ForConditionalGeneration, model_type "gemma3"): its text decoder is
-    // text_config, a Gemma3TextConfig (what it leaves out takes that class's defaults).
-    if (gemma3 && hf_in.value("model_type", std::string()) == kGemma3Multimodal &&
-        hf_in.contains("text_config") && hf_in["text_config"].is_object()) {
+    // A multimodal model around this decoder (Gemma 3 4B+'s model_type "gemma3", Mistral Small
+    // 3.1's "mistral3"): its text decoder is text_config, of this class (what it leaves out
+    // takes the class's defaults).
+    const char* mm = arch_names(arch_).multimodal;
+    if (mm && hf_in.value("model_type", std::string()) == mm && hf_in.contains("text_config") &&
+        hf_in["text_config"].is_object()) {
       nlohmann::json text = hf_in["text_config"];
       text["model_type"] = type();
       return from_hf_config(text, origin + " (text_config)");
     }
     if (hf_in.value("model_type", std::string()) != type()) {
       throw InputError(origin + ": \"model_type\" is not \"" + type() + "\"" +
-                       (gemma3 ? std::string(" (or \"") + kGemma3Multimodal + "\" with a text_config)"
-                               : std::string()));
+                       (mm ? std::string(" (or \"") + mm + "\" with a text_config)"
+                           : std::string()));
     }
     nlohmann::json hf = hf_in;
     if (arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 || arch_ == LlamaArch::smollm3) {
