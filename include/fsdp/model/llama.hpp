@@ -1,4 +1,4 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of ten Hugging Face
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of twelve Hugging Face
 // classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
@@ -133,16 +133,16 @@ const char* llama_arch_prefix(LlamaArch arch);
 // Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
 // Gemma2Config and GemmaConfig ([model] with type = "llama", "mistral", "qwen2", "qwen3",
 // "olmo2", "phi3", "gemma3_text", "smollm3", "granite", "olmo3", "gemma2" or "gemma"; same
-// names, meanings and, where HF
-// has them, defaults; sizes default to a small CPU model). Each type's [model] key table, with
-// docs and ranges, is llama_args(arch) in src/model/llama.cpp: a field that is not one of its
-// type's keys keeps the default here (Qwen2 has no attention_bias, mlp_bias or head_dim, OLMo 2
-// no mlp_bias or head_dim, Phi-3 none of the three, SmolLM3 and Granite no head_dim; only
-// Qwen's have max_window_layers, only Qwen's and SmolLM3's use_sliding_window, only Gemma 3's
-// the three fields below pad_token_id (Gemma 2 has query_pre_attn_scalar; its pattern is a
-// fixed 2), only SmolLM3's no_rope_layer_interval, only Granite's the four
-// multipliers, only Phi-3's the LongRoPE factor lists, original_max_position_embeddings and
-// partial_rotary_factor, only Gemma 2's the two soft-caps).
+// names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
+// type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp:
+// a field that is not one of its type's keys keeps the default here (Qwen2 has no
+// attention_bias, mlp_bias or head_dim, OLMo 2 no mlp_bias or head_dim, Phi-3 none of the
+// three, SmolLM3 and Granite no head_dim; only Qwen's have max_window_layers, only Qwen's and
+// SmolLM3's use_sliding_window, only Gemma 3's the three fields below pad_token_id (Gemma 2
+// has query_pre_attn_scalar; its pattern is a fixed 2), only SmolLM3's
+// no_rope_layer_interval, only Granite's the four multipliers, only Phi-3's the LongRoPE
+// factor lists, original_max_position_embeddings and partial_rotary_factor, only Gemma 2's
+// the two soft-caps).
 struct LlamaConfig {
   enum class RopeType { default_, linear, llama3, yarn, longrope };
 
@@ -354,10 +354,11 @@ const ModelFamily& llama_family(LlamaArch arch = LlamaArch::llama);
 std::vector<LlamaArch> llama_archs();
 
 // Modules in forward order: "model.embed_tokens" (class "Embedding", Gemma 3's
-// "Gemma3TextScaledWordEmbedding": embed_tokens.weight [Vp,C], row pad_token_id initialised to
-// 0), "model.layers.{l}" (class "<prefix>DecoderLayer"; its norms input_layernorm and
-// post_attention_layernorm, OLMo 2's post_attention_layernorm and post_feedforward_layernorm,
-// Gemma 3's input_layernorm, post_attention_layernorm, pre_feedforward_layernorm and
+// "Gemma3TextScaledWordEmbedding", Gemma 1's and 2's "GemmaTextScaledWordEmbedding":
+// embed_tokens.weight [Vp,C], row pad_token_id initialised to 0), "model.layers.{l}" (class
+// "<prefix>DecoderLayer"; its norms input_layernorm and post_attention_layernorm, OLMo 2's
+// post_attention_layernorm and post_feedforward_layernorm, Gemma 2's and 3's
+// input_layernorm, post_attention_layernorm, pre_feedforward_layernorm and
 // post_feedforward_layernorm; Phi-3's fused qkv_proj and gate_up_proj), "model.norm" (class
 // "<prefix>RMSNorm"), and "lm_head" (class "Linear", lm_head.weight [Vp,C]) unless tied;
 // <prefix> is llama_arch_prefix(config.arch).
