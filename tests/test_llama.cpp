@@ -351,7 +351,8 @@ TEST(Llama, MatchesTorchReference) {
 TEST(Llama, ActivationCheckpointingIsBitIdentical) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
-                    fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3})
+                    fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
+                    fsdp::LlamaArch::gemma})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -367,6 +368,8 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
         if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
         if (arch == fsdp::LlamaArch::granite) make_granite(o.model);
         if (arch == fsdp::LlamaArch::olmo3) make_olmo3(o.model);
+        if (arch == fsdp::LlamaArch::gemma2) make_gemma2(o.model);  // the soft-caps recomputed
+        if (arch == fsdp::LlamaArch::gemma) o.model.pad_token_id = 3;
         o.model.arch = arch;
         o.mp.param_dtype = dtype;
         o.comm = comm;
@@ -405,7 +408,8 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
-                    fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3})
+                    fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
+                    fsdp::LlamaArch::gemma})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
