@@ -10,8 +10,8 @@
 //    sees the kernels before it done).
 //  - Every Kernels call is recorded as one call: the calls with default bodies (pairs of
 //    calls) are overridden, so the CUDA backend's fused version is what a graph captures.
-//  - Training: GPT-2, T5 and Llama with train.cuda_graphs = "on" equal "off" bit for bit
-//    (losses, validation losses, parameters) at 1, 2 and 4 ranks, FULL_SHARD with
+//  - Training: GPT-2, T5, Llama and Gemma 2 with train.cuda_graphs = "on" equal "off" bit for
+//    bit (losses, validation losses, parameters) at 1, 2 and 4 ranks, FULL_SHARD with
 //    micro-batches, at least 40% of the kernel calls inside graphs; also with activation
 //    checkpointing and CPU offload (GPT-2) and the fused linear + cross-entropy (Llama); a
 //    graphed run stopped and resumed equals an eager run.
@@ -255,6 +255,11 @@ TEST(CudaGraphsCpuTwin, GraphedTrainingEqualsEagerBitForBit) {
       {"gpt2", sharded(small_config(""))},
       {"t5", sharded(t5_config(""))},
       {"llama", sharded(llama_config("", {"mixed_precision.param_dtype=\"bf16\""}))},
+      // the attention's and the loss's soft-caps among the recorded arguments
+      {"gemma2_softcaps",
+       sharded(llama_config("", {"model.type=\"gemma2\"", "model.sliding_window=5",
+                                 "model.attn_logit_softcapping=2.0",
+                                 "model.final_logit_softcapping=5.0"}))},
       // every block recomputed in backward, the optimizer on the host
       {"gpt2_recompute_offload",
        sharded(small_run(kSmallGpt2, "", {"fsdp.activation_checkpointing=true",
