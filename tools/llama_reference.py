@@ -857,12 +857,12 @@ def naive_loss(p, cfg, tokens, targets):
         key = (rc["rope_theta"], json.dumps(rc["rope_scaling"], sort_keys=True))
         tables[l] = tables.get(key) or naive_frequencies(rc, R, tokens.shape[1])
         tables[key] = tables[l]
-    gemma, sandwich = globals()["gemma"](cfg), gemma2_layer(cfg)
+    is_gemma, sandwich = gemma(cfg), gemma2_layer(cfg)
     acap, fcap = softcaps(cfg)
 
     def norm(x, w):
         n = x.shape[0]
-        w = 1.0 + w if gemma else w  # Gemma3RMSNorm
+        w = 1.0 + w if is_gemma else w  # GemmaRMSNorm
         return x / torch.sqrt(sum(x[c] * x[c] for c in range(n)) / n + eps) * w
 
     def lin(x, name, bias):
@@ -881,7 +881,7 @@ def naive_loss(p, cfg, tokens, targets):
         return torch.stack([v for _, v in sorted(out, key=lambda e: e[0])])
 
     def act(g):  # SwiGLU's silu, or Gemma's gelu tanh written out
-        if not gemma:
+        if not is_gemma:
             return g / (1 + torch.exp(-g))
         inner = math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)
         return g * (torch.exp(inner) / (torch.exp(inner) + torch.exp(-inner)))  # = 0.5 g (1 + tanh)
@@ -889,7 +889,7 @@ def naive_loss(p, cfg, tokens, targets):
     emb = p["model.embed_tokens.weight"]
     pad = pad_token(cfg)
     # Gemma: sqrt(hidden) as float32; the padding row's lookup detached (padding_idx)
-    escale = float(torch.tensor(C ** 0.5, dtype=torch.float32)) if gemma else 1.0
+    escale = float(torch.tensor(C ** 0.5, dtype=torch.float32)) if is_gemma else 1.0
     sscale = 1 / math.sqrt(cfg["query_pre_attn_scalar"]) if sandwich else 1 / math.sqrt(D)
     rmul, lscale = 1.0, 1.0
     if granite(cfg):  # its four multipliers
