@@ -488,6 +488,24 @@ TEST_F(LlamaKernels, GqaGradientCheck) {
   gqa_gradient_check(*be, rng, {1, 4, 2, 2, 6}, 0.4f);   // MHA
 }
 
+// out, lse, dq against the double-precision naive attention on repeated k/v, and dk, dv
+// against its gradients summed over each group.
+void expect_matches_naive(const Vec& out, const Vec& lse, const Vec& dq, const Vec& dk,
+                          const Vec& dv, const test_util::AttnRef& ref, const GqaShape& s,
+                          const std::string& what) {
+  const int64_t nq = s.B * s.T * s.H * s.D, nl = s.B * s.H * s.T;
+  for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << what << " out " << i;
+  for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << what << " lse " << i;
+  for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(dq[i], ref.dq[i], 2e-5) << what << " dq " << i;
+  Vec rdk(nq), rdv(nq);
+  for (int64_t i = 0; i < nq; ++i) {
+    rdk[i] = static_cast<float>(ref.dk[i]);
+    rdv[i] = static_cast<float>(ref.dv[i]);
+  }
+  expect_near_all(dk, sum_groups(rdk, s), 3e-5, "dk " + what);
+  expect_near_all(dv, sum_groups(rdv, s), 3e-5, "dv " + what);
+}
+
 // The sliding window (Mistral, Qwen2's sliding layers): key j visible to query i iff
 // i - window < j <= i, against the double-precision naive attention with that mask, forward
 // and backward, across query and key tiles (T = 300: the CPU's 64-query tiles start their
@@ -513,16 +531,7 @@ TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
     as.window = window;
     const test_util::AttnRef ref =
         test_util::naive_attention(as, q, repeat_kv(k, s), repeat_kv(v, s), {}, {}, dout);
-    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << what << " out " << i;
-    for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << what << " lse " << i;
-    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(dq[i], ref.dq[i], 2e-5) << what << " dq " << i;
-    Vec rdk(nq), rdv(nq);
-    for (int64_t i = 0; i < nq; ++i) {
-      rdk[i] = static_cast<float>(ref.dk[i]);
-      rdv[i] = static_cast<float>(ref.dv[i]);
-    }
-    expect_near_all(dk, sum_groups(rdk, s), 3e-5, "dk " + what);
-    expect_near_all(dv, sum_groups(rdv, s), 3e-5, "dv " + what);
+    expect_matches_naive(out, lse, dq, dk, dv, ref, s, what);
     if (window == 1) {  // each query sees only itself: out = v of its own position
       for (int64_t bt = 0; bt < s.B * s.T; ++bt) {
         for (int64_t h = 0; h < s.H; ++h) {
@@ -576,16 +585,7 @@ TEST_F(LlamaKernels, GqaSoftcapMatchesTanhCappedScores) {
     for (int64_t i = 0; i < nq; ++i)
       moved = std::max(moved, std::abs(double(plain[i]) - ref.out[i]));
     EXPECT_GT(moved, 1e-2) << what << ": the cap changed nothing";
-    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << what << " out " << i;
-    for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << what << " lse " << i;
-    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(dq[i], ref.dq[i], 2e-5) << what << " dq " << i;
-    Vec rdk(nq), rdv(nq);
-    for (int64_t i = 0; i < nq; ++i) {
-      rdk[i] = static_cast<float>(ref.dk[i]);
-      rdv[i] = static_cast<float>(ref.dv[i]);
-    }
-    expect_near_all(dk, sum_groups(rdk, s), 3e-5, "dk " + what);
-    expect_near_all(dv, sum_groups(rdv, s), 3e-5, "dv " + what);
+    expect_matches_naive(out, lse, dq, dk, dv, ref, s, what);
   }
   gqa_gradient_check(*be, rng, {1, 6, 2, 1, 4}, 1.0f, 0, /*softcap=*/1.5f);
   gqa_gradient_check(*be, rng, {1, 7, 4, 2, 4}, 1.0f, /*window=*/3, /*softcap=*/1.0f);
