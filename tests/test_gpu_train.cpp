@@ -162,6 +162,9 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
                          "model.fused_linear_cross_entropy=true",
                          "model.fused_linear_cross_entropy_chunk_rows=8"})},
       {"gemma", llama_config("", {"model.type=\"gemma\"", "model.pad_token_id=32"})},
+      {"exaone4 window 5 nope global",
+       llama_config("", {"model.type=\"exaone4\"", "model.sliding_window_pattern=2",
+                         "model.sliding_window=5"})},
       {"gemma2 head_dim 256 soft-caps",  // the SIMT attention kernels (Gemma 2's head width)
        llama_config("", {"model.type=\"gemma2\"", "model.head_dim=256",
                          "model.attn_logit_softcapping=2.0",

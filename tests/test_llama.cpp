@@ -83,6 +83,14 @@ void make_gemma2(fsdp::LlamaConfig& m) {
   m.final_logit_softcapping = 2.0;
 }
 
+// EXAONE 4's tiny model: layer 0 slides over 3 positions with RoPE, layer 1 is global without
+// RoPE (NoPE); per-head q/k norms, norms on the sublayers' outputs.
+void make_exaone4(fsdp::LlamaConfig& m) {
+  m.arch = fsdp::LlamaArch::exaone4;
+  m.sliding_window_pattern = 2;
+  m.sliding_window = 3;
+}
+
 // SmolLM3's tiny model: layer 1 of 2 has no RoPE (no_rope_layer_interval 2) and, when
 // `window`, slides over 3 positions (use_sliding_window).
 void make_smollm3(fsdp::LlamaConfig& m, bool window = true) {
@@ -179,11 +187,19 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
              LlamaArch::gemma2},
         Case{"Gemma GQA tied, head_dim 6", 2, true, false, false, false, LlamaArch::gemma, 6},
         Case{"Gemma MHA untied, attention bias, llama3", 4, false, true, false, true,
-             LlamaArch::gemma}}) {
+             LlamaArch::gemma},
+        Case{"EXAONE 4 GQA untied, head_dim 6, llama3 on the sliding layer, NoPE global", 2,
+             false, false, false, true, LlamaArch::exaone4, 6},
+        Case{"EXAONE 4 MQA tied, no window (every layer rotated)", 1, true, false, false, false,
+             LlamaArch::exaone4}}) {
     ModelOptions o;
     if (c.arch == LlamaArch::gemma3_text) make_gemma(o.model);
     if (c.arch == LlamaArch::gemma2) make_gemma2(o.model);
     if (c.arch == LlamaArch::gemma) o.model.pad_token_id = 3;  // a padding row, as Gemma's 0
+    if (c.arch == LlamaArch::exaone4) {
+      make_exaone4(o.model);
+      if (c.tied) o.model.sliding_window = 0;  // HF's null
+    }
     if (c.arch == LlamaArch::smollm3) make_smollm3(o.model, /*window=*/c.tied);
     if (c.arch == LlamaArch::granite) make_granite(o.model);
     if (c.arch == LlamaArch::olmo3) make_olmo3(o.model);
@@ -242,7 +258,8 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     const int per_layer =
         (c.arch == LlamaArch::phi3 ? 6 : 9) + (c.attention_bias ? 4 : 0) +
         (c.arch == LlamaArch::qwen2 ? 3 : 0) +
-        (c.arch == LlamaArch::qwen3 || c.arch == LlamaArch::olmo2 || c.arch == LlamaArch::olmo3
+        (c.arch == LlamaArch::qwen3 || c.arch == LlamaArch::olmo2 || c.arch == LlamaArch::olmo3 ||
+                 c.arch == LlamaArch::exaone4
              ? 2
              : 0) +
         (gemma ? 4 : 0) + (c.arch == LlamaArch::gemma2 ? 2 : 0) + (c.mlp_bias ? 3 : 0);
@@ -352,7 +369,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
-                    fsdp::LlamaArch::gemma})
+                    fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -370,6 +387,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
         if (arch == fsdp::LlamaArch::olmo3) make_olmo3(o.model);
         if (arch == fsdp::LlamaArch::gemma2) make_gemma2(o.model);  // the soft-caps recomputed
         if (arch == fsdp::LlamaArch::gemma) o.model.pad_token_id = 3;
+        if (arch == fsdp::LlamaArch::exaone4) make_exaone4(o.model);
         o.model.arch = arch;
         o.mp.param_dtype = dtype;
         o.comm = comm;
@@ -409,7 +427,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
-                    fsdp::LlamaArch::gemma})
+                    fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -419,6 +437,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
           if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
           if (arch == fsdp::LlamaArch::granite) make_granite(o.model);
           if (arch == fsdp::LlamaArch::olmo3) make_olmo3(o.model);
+          if (arch == fsdp::LlamaArch::exaone4) make_exaone4(o.model);
           o.model.arch = arch;
           o.model.tie_word_embeddings = tied;
           o.model.num_hidden_layers = 3;
@@ -1081,6 +1100,85 @@ TEST(Llama, GemmaConfigJson) {
   hf = later;
   hf["hidden_activation"] = "gelu";
   expect_refused(gemma, hf, "\"hidden_activation\" \"gelu\" is not supported");
+}
+
+// EXAONE 4.0 32B's config.json (LGAI-EXAONE/EXAONE-4.0-32B, transformers 4.54's spelling, its
+// pattern as the string "LLLG" or the int 4, and with layer_types) reads as one model: three
+// sliding layers with RoPE, then a global one without; the 1.2B's null window makes every
+// layer global and rotated; fsdp_merge's config.json reads back; other patterns are refused.
+TEST(Llama, Exaone4ConfigJson) {
+  const fsdp::ModelFamily& exaone = fsdp::model_family("exaone4");
+  const nlohmann::json e32b = {{"architectures", {"Exaone4ForCausalLM"}},
+                               {"attention_dropout", 0.0},
+                               {"bos_token_id", 1},
+                               {"eos_token_id", 361},
+                               {"head_dim", 128},
+                               {"hidden_act", "silu"},
+                               {"hidden_size", 5120},
+                               {"initializer_range", 0.02},
+                               {"intermediate_size", 27392},
+                               {"max_position_embeddings", 131072},
+                               {"model_type", "exaone4"},
+                               {"num_attention_heads", 40},
+                               {"num_hidden_layers", 64},
+                               {"num_key_value_heads", 8},
+                               {"pad_token_id", 0},
+                               {"rms_norm_eps", 1e-05},
+                               {"rope_scaling",
+                                {{"factor", 16.0},
+                                 {"high_freq_factor", 4.0},
+                                 {"low_freq_factor", 1.0},
+                                 {"original_max_position_embeddings", 8192},
+                                 {"rope_type", "llama3"}}},
+                               {"rope_theta", 1000000},
+                               {"sliding_window", 4096},
+                               {"sliding_window_pattern", "LLLG"},
+                               {"tie_word_embeddings", false},
+                               {"torch_dtype", "bfloat16"},
+                               {"use_cache", true},
+                               {"vocab_size", 102400}};
+  const fsdp::ModelConfig mc = exaone.from_hf_config(e32b, "exaone-4.0-32b.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  EXPECT_EQ(g.arch, fsdp::LlamaArch::exaone4);
+  EXPECT_EQ(g.sliding_window_pattern, 4);
+  EXPECT_EQ(g.head_size(), 128);
+  EXPECT_EQ(g.rope_type, fsdp::LlamaConfig::RopeType::llama3);
+  EXPECT_TRUE(g.qk_norm() && g.qk_norm_per_head() && g.norm_after());
+  EXPECT_FALSE(g.norm_before() || g.norm_weight_offset() || g.local_rope());
+  for (int64_t l = 0; l < 64; ++l) {
+    const bool global = (l + 1) % 4 == 0;
+    EXPECT_EQ(g.layer_window(l), global ? 0 : 4096) << l;
+    EXPECT_EQ(g.layer_rope(l), !global) << l;
+  }
+  nlohmann::json as_int = e32b;
+  as_int["sliding_window_pattern"] = 4;
+  EXPECT_EQ(exaone.canonical(exaone.from_hf_config(as_int, "int.json")), exaone.canonical(mc));
+  const nlohmann::json out = exaone.hf_config(mc);
+  EXPECT_EQ(out.at("architectures"), nlohmann::json::array({"Exaone4ForCausalLM"}));
+  EXPECT_EQ(out.at("sliding_window_pattern"), 4);
+  ASSERT_EQ(out.at("layer_types").size(), 64u);
+  EXPECT_EQ(out.at("layer_types")[2], "sliding_attention");
+  EXPECT_EQ(out.at("layer_types")[3], "full_attention");
+  EXPECT_EQ(exaone.canonical(exaone.from_hf_config(out, "merged.json")), exaone.canonical(mc));
+  // The 1.2B: no window (null), every layer global and rotated.
+  nlohmann::json small = e32b;
+  small["sliding_window"] = nullptr;
+  small["sliding_window_pattern"] = nullptr;
+  small["layer_types"] = nlohmann::json::array();
+  for (int l = 0; l < 64; ++l) small["layer_types"].push_back("full_attention");
+  const fsdp::ModelConfig ms = exaone.from_hf_config(small, "exaone-4.0-1.2b.json");
+  const fsdp::LlamaConfig s1 = fsdp::LlamaConfig::from(ms);
+  EXPECT_EQ(s1.sliding_window, 0);
+  for (int64_t l = 0; l < 64; ++l) {
+    EXPECT_EQ(s1.layer_window(l), 0) << l;
+    EXPECT_TRUE(s1.layer_rope(l)) << l;
+  }
+  EXPECT_TRUE(exaone.hf_config(ms).at("sliding_window").is_null());
+  EXPECT_EQ(exaone.canonical(exaone.from_hf_config(exaone.hf_config(ms), "m.json")),
+            exaone.canonical(ms));
+  nlohmann::json hf = e32b;
+  hf["sliding_window_pattern"] = "LGLL";
+  expect_refused(exaone, hf, "\"sliding_window_pattern\" \"LGLL\" is not supported");
 }
 
 // SmolLM3-3B's config.json (HuggingFaceTB/SmolLM3-3B's attributes as transformers writes them:

@@ -252,7 +252,11 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                              "Gemma2ForCausalLM",
                              "model.layers.1.pre_feedforward_layernorm.weight"},
                         Case{"gemma", {"model.head_dim=6", "model.pad_token_id=32"},
-                             "GemmaForCausalLM", "model.layers.1.post_attention_layernorm.weight"}}) {
+                             "GemmaForCausalLM", "model.layers.1.post_attention_layernorm.weight"},
+                        Case{"exaone4",
+                             {"model.sliding_window_pattern=2", "model.sliding_window=5",
+                              "model.head_dim=6"},
+                             "Exaone4ForCausalLM", "model.layers.1.self_attn.k_norm.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

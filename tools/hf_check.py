@@ -115,6 +115,11 @@ LLAMA_CASES = {
     # GeGLU; head_dim 12 != 32 / 4; tied; the space byte as padding row.
     "gemma gqa tied": {"type": "gemma", "hidden_size": 32, "head_dim": 12, "pad_token_id": 32,
                        "tie_word_embeddings": True},
+    # EXAONE 4: OLMo 2's layer with per-head q/k norms; the first layer slides over 8
+    # positions with RoPE (LLAMA_COMMON's llama3 scaling), the second is global without RoPE.
+    "exaone4 gqa untied window 8": {"type": "exaone4", "hidden_size": 32, "head_dim": 12,
+                                    "sliding_window": 8, "sliding_window_pattern": 2,
+                                    "tie_word_embeddings": False},
     # SmolLM3: no RoPE on every 2nd layer (NoPE), which slides over 8 positions; tied.
     "smollm3 gqa tied nope window 8": {"type": "smollm3", "hidden_size": 32,
                                        "no_rope_layer_interval": 2, "use_sliding_window": True,

@@ -61,7 +61,10 @@ variant: pattern 6, a window covering the sequence; 3l ..._swa: pattern 2 (slidi
 sliding), window 3) or gemma2 (Gemma2ForCausalLM, modeling_gemma2.py: gemma3's layer without
 q_norm / k_norm or the local RoPE, the even layers sliding, and tanh soft-caps of 2 on the
 scores and 5 on the logits) or gemma (GemmaForCausalLM, modeling_gemma.py: Llama's layer with
-the (1 + w) norms, the scaled embedding, its padding row and GeGLU; head_dim 12).
+the (1 + w) norms, the scaled embedding, its padding row and GeGLU; head_dim 12) or exaone4
+(Exaone4ForCausalLM, modeling_exaone4.py: OLMo 2's layer with per-head q_norm / k_norm; with
+_swa the window of 3 on layers 0 and 2 of 3 ("LG"), which alone rotate q and k; without, a
+null window: every layer global and rotated; head_dim 12).
 A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, gemma3: 12), intermediate 40, vocab 37:
 not a multiple of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
@@ -120,7 +123,8 @@ LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 0.01, "high_freq_factor": 0.
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
          "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3",
-         "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma"}  # HF class prefix
+         "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma",
+         "exaone4": "Exaone4"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text"}  # HF model_type where it is not the variant's word
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
@@ -155,6 +159,8 @@ VARIANTS = [
     "3l_mqa_untied_linear_gemma2_swa",
     "1l_mha_tied_rope1e4_gemma",
     "3l_gqa_untied_llama3_gemma",
+    "3l_gqa_untied_llama3_exaone4_swa",
+    "1l_mqa_tied_rope1e4_exaone4",
 ]
 # Gemma 2's soft-caps in the gemma2 variants: small enough to bend this tiny model's scores
 # (|scale q.k| up to ~3) and logits (up to ~10); Gemma 2's own are 50 and 30.
@@ -204,6 +210,8 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
         return gemma2_config(layers, attn, tied, rope, flags)
     if arch == "gemma":
         return gemma1_config(layers, attn, tied, rope, flags)
+    if arch == "exaone4":
+        return exaone4_config(layers, attn, tied, rope, flags)
     if arch == "smollm3":
         return smollm3_config(layers, attn, tied, rope, flags)
     if arch == "granite":
@@ -307,6 +315,22 @@ def gemma1_config(layers, attn, tied, rope, flags):
             "bos_token_id": 2, "eos_token_id": 1, "use_cache": True}
 
 
+def exaone4_config(layers, attn, tied, rope, flags):
+    """config.json of an Exaone4ForCausalLM variant (Exaone4Config's attributes, head_dim 12 !=
+    hidden / heads): with _swa a window of 3 and sliding_window_pattern "LG" (layer_types
+    spelled out: sliding, global, sliding), only the sliding layers rotating; without, a null
+    window: every layer global and rotated."""
+    assert "attnbias" not in flags and "mlpbias" not in flags, flags
+    swa = "swa" in flags
+    types = ["sliding_attention" if swa and (l + 1) % 2 else "full_attention" for l in range(layers)]
+    return dict(sized_config("Exaone4ForCausalLM", "exaone4", layers, attn, rope), **{
+            "head_dim": HEAD_DIM_QWEN3, "attention_dropout": 0.0,
+            "sliding_window": SWA_WINDOW if swa else None,
+            "sliding_window_pattern": "LG" if swa else None, "layer_types": types,
+            "tie_word_embeddings": tied == "tied", "hidden_act": "silu", "initializer_range": 0.02,
+            "torch_dtype": "float32", "bos_token_id": 0, "eos_token_id": 2, "use_cache": True})
+
+
 def sized_config(cls, model_type, layers, attn, rope):
     """The leading attributes every class without head_dim shares: class, sizes, norm epsilon
     and RoPE (rope1e4 / linear / yarn: theta 1e4; llama3: theta 5e5 with LLAMA3_SCALING)."""
@@ -364,7 +388,10 @@ def granite(cfg):  # GraniteForCausalLM's four multipliers (1 for the other clas
 
 def uses_rope(cfg, layer):
     """SmolLM3Attention's use_rope: its no_rope_layers entry, else 0 on every
-    no_rope_layer_interval-th layer; every other class rotates every layer."""
+    no_rope_layer_interval-th layer; Exaone4Attention's: with a window, the sliding layers only
+    ("global NoPE for hybrid attention"); every other class rotates every layer."""
+    if cfg["model_type"] == "exaone4":
+        return cfg.get("sliding_window") is None or sliding(cfg, layer)
     if cfg["model_type"] != "smollm3":
         return True
     if cfg.get("no_rope_layers"):
@@ -397,8 +424,8 @@ def mlp_bias(cfg):
     return cfg.get("mlp_bias", False)
 
 
-def qk_norm(cfg):  # Qwen3Attention's (and Gemma3Attention's) q_norm / k_norm over each head
-    return cfg["model_type"] in ("qwen3", "gemma3_text")
+def qk_norm(cfg):  # Qwen3Attention's (Gemma 3's, EXAONE 4's) q_norm / k_norm over each head
+    return cfg["model_type"] in ("qwen3", "gemma3_text", "exaone4")
 
 
 def gemma3(cfg):
@@ -474,8 +501,12 @@ def gelu_tanh(g):  # "gelu_pytorch_tanh"
     return 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g * g * g)))
 
 
-def olmo2(cfg):  # Olmo2 (and Olmo3): sublayer outputs normalised, q_norm / k_norm over whole rows
+def olmo2(cfg):  # Olmo2 (and Olmo3): q_norm / k_norm over whole rows
     return cfg["model_type"] in ("olmo2", "olmo3")
+
+
+def post_norms(cfg):  # Olmo2DecoderLayer (OLMo 2, OLMo 3, EXAONE 4): sublayer outputs normalised
+    return olmo2(cfg) or cfg["model_type"] == "exaone4"
 
 
 def layer_window(cfg, layer):
@@ -486,8 +517,8 @@ def layer_window(cfg, layer):
         return cfg.get("sliding_window") or 0
     if cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
-    if gemma2_layer(cfg) or cfg["model_type"] == "olmo3":
-        return cfg["sliding_window"] if sliding(cfg, layer) else 0
+    if gemma2_layer(cfg) or cfg["model_type"] in ("olmo3", "exaone4"):
+        return (cfg["sliding_window"] or 0) if sliding(cfg, layer) else 0
     if cfg["model_type"] == "smollm3" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         return cfg["sliding_window"] if not uses_rope(cfg, layer) else 0  # the NoPE layers
     return 0
@@ -520,7 +551,7 @@ def layer_norm_names(cfg):  # a decoder layer's RMSNorms, in state-dict order
     if gemma2_layer(cfg):
         return ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                 "post_feedforward_layernorm")
-    if olmo2(cfg):
+    if post_norms(cfg):
         return "post_attention_layernorm", "post_feedforward_layernorm"
     return "input_layernorm", "post_attention_layernorm"
 
@@ -696,7 +727,7 @@ def forward(p, cfg, tokens):
         pre = f"model.layers.{l}."
         a, ab = pre + "self_attn.", qkv_bias(cfg)
         cos, sin = cos_sin(rope_cfg(cfg, l))
-        h = x if olmo2(cfg) else norm(x, pre + "input_layernorm")
+        h = x if post_norms(cfg) else norm(x, pre + "input_layernorm")
         q, k = linear(h, a + "q_proj", ab), linear(h, a + "k_proj", ab)
         if olmo2(cfg):  # over the whole projection, before the split into heads
             q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
@@ -725,7 +756,7 @@ def forward(p, cfg, tokens):
             mlp = linear(gelu_tanh(linear(h, m + "gate_proj", mb)) * linear(h, m + "up_proj", mb), m + "down_proj", mb)
             x = x + norm(mlp, pre + "post_feedforward_layernorm")
             continue
-        if olmo2(cfg):
+        if post_norms(cfg):
             x = x + norm(linear(y, a + "o_proj", o_bias(cfg)), pre + "post_attention_layernorm")
             g = linear(x, m + "gate_proj", mb)
             mlp = linear(g * torch.sigmoid(g) * linear(x, m + "up_proj", mb), m + "down_proj", mb)
@@ -902,7 +933,7 @@ def naive_loss(p, cfg, tokens, targets):
         for l in range(cfg["num_hidden_layers"]):
             pre = f"model.layers.{l}."
             a, ab, mb = pre + "self_attn.", qkv_bias(cfg), mlp_bias(cfg)
-            hs = xs if olmo2(cfg) else [norm(x, p[pre + "input_layernorm.weight"]) for x in xs]
+            hs = xs if post_norms(cfg) else [norm(x, p[pre + "input_layernorm.weight"]) for x in xs]
             qs = [lin(h, a + "q_proj", ab) for h in hs]
             ks = [lin(h, a + "k_proj", ab) for h in hs]
             if olmo2(cfg):  # Olmo2's norms over the whole q and k rows
@@ -931,16 +962,16 @@ def naive_loss(p, cfg, tokens, targets):
                     z = sum(w)
                     heads.append(sum(w[n] / z * vs[s][kv * D:(kv + 1) * D] for n, s in enumerate(seen)))
                 o = lin(torch.cat(heads), a + "o_proj", o_bias(cfg))
-                if olmo2(cfg) or sandwich:
+                if post_norms(cfg) or sandwich:
                     o = norm(o, p[pre + "post_attention_layernorm.weight"])
                 new.append(xs[t] + o * rmul)
             xs = new
             new = []
             for x in xs:
-                h = x if olmo2(cfg) else norm(x, p[pre + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")])
+                h = x if post_norms(cfg) else norm(x, p[pre + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")])
                 g, u = lin(h, pre + "mlp.gate_proj", mb), lin(h, pre + "mlp.up_proj", mb)
                 m = lin(act(g) * u, pre + "mlp.down_proj", mb)
-                if olmo2(cfg) or sandwich:
+                if post_norms(cfg) or sandwich:
                     m = norm(m, p[pre + "post_feedforward_layernorm.weight"])
                 new.append(x + m * rmul)
             xs = new

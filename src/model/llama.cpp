@@ -46,6 +46,7 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::olmo3, "Olmo3", "Olmo3Config"},
     {LlamaArch::gemma2, "Gemma2", "Gemma2Config"},
     {LlamaArch::gemma, "Gemma", "GemmaConfig"},
+    {LlamaArch::exaone4, "Exaone4", "Exaone4Config"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -82,7 +83,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool gemma3 = arch == LlamaArch::gemma3_text, gemma2 = arch == LlamaArch::gemma2;
   const bool gemma1 = arch == LlamaArch::gemma, gemma23 = gemma2 || gemma3;
   const bool gemma = gemma1 || gemma23, smol = arch == LlamaArch::smollm3;
-  const bool granite = arch == LlamaArch::granite;
+  const bool granite = arch == LlamaArch::granite, exaone = arch == LlamaArch::exaone4;
   // HF's defaults by class: llama (and olmo2 unless given), mistral, qwen2/qwen3, phi3, gemma3
   // (and gemma2 where they agree); SmolLM3's, Gemma 2's and Gemma 1's where they differ, below
   // (GemmaConfig: Gemma 7B's shape).
@@ -102,6 +103,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
         olmo2    ? I64{50304}
         : smol   ? I64{128256}
+        : exaone ? I64{102400}
         : gemma2 || gemma1 ? I64{256000}
                            : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
@@ -111,7 +113,9 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"intermediate_size", &L::intermediate_size,
         gemma ? "Width of the GeGLU MLP." : "Width of the SwiGLU MLP.", KeyRange::size(1), {},
         true,
-        gemma1 ? I64{24576} : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
+        gemma1   ? I64{24576}
+        : exaone ? I64{16384}
+                 : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
         true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
@@ -134,10 +138,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"max_position_embeddings", &L::max_position_embeddings,
         "Longest sequence the model is trained for.", KeyRange::size(1), {}, true,
         smol               ? I64{32768}
+        : exaone           ? I64{2048}
         : gemma2 || gemma1 ? I64{8192}
                            : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
-        olmo2 || phi3 ? 1e-5 : 1e-6},
+        olmo2 || phi3 || exaone ? 1e-5 : 1e-6},
       A{"rope_theta", &L::rope_theta,
         gemma3 ? "RoPE base period of the global (full-attention) layers." : "RoPE base period.",
         KeyRange::above(0), {}, true, gemma3 ? 1e6 : smol ? 2e6 : 10000.0},
@@ -214,10 +219,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   }
   // Mistral's and Phi-3's 0 is HF's null; Qwen's under the flag; Gemma 2's and 3's on their
   // sliding layers (Gemma 1 has none).
-  if (mistral || qwen || phi3 || gemma23 || smol || olmo3) {
+  if (mistral || qwen || phi3 || gemma23 || smol || olmo3 || exaone) {
     rows.push_back(A{"sliding_window", &L::sliding_window,
-                     mistral || phi3 || smol ? "Sliding-window attention span (positions per "
-                                               "query, itself included); 0 = none."
+                     exaone ? "Sliding-window attention span of the sliding layers (positions per "
+                              "query, itself included); 0 = none: every layer global and rotated."
+                     : mistral || phi3 || smol ? "Sliding-window attention span (positions per "
+                                                 "query, itself included); 0 = none."
                      : gemma23 || olmo3 ? "Sliding-window attention span of the sliding layers "
                                           "(positions per query, itself included)."
                              : "Sliding-window attention span (positions per query, "
@@ -256,13 +263,15 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   }
   // Gemma3TextConfig's attribute; Olmo3Config has layer_types only (an fsdp_train key there:
   // config.json in and out spell the list); Gemma 2's pattern is fixed (2, not a key).
-  if (gemma3 || olmo3) {
+  if (gemma3 || olmo3 || exaone) {
     rows.push_back(A{"sliding_window_pattern", &L::sliding_window_pattern,
-                     gemma3 ? "Layer l slides unless l + 1 is a multiple of it (6: five sliding "
-                              "layers, then one global)."
-                            : "Layer l slides unless l + 1 is a multiple of it (OLMo 3: 4, three "
-                              "sliding layers, then one global).",
-                     KeyRange::size(1), {}, gemma3, gemma3 ? I64{6} : I64{4}});
+                     gemma3   ? "Layer l slides unless l + 1 is a multiple of it (6: five sliding "
+                                "layers, then one global)."
+                     : exaone ? "Layer l slides unless l + 1 is a multiple of it (EXAONE 4: 4, "
+                                "\"LLLG\"); the global layers have no RoPE."
+                              : "Layer l slides unless l + 1 is a multiple of it (OLMo 3: 4, three "
+                                "sliding layers, then one global).",
+                     KeyRange::size(1), {}, gemma3 || exaone, gemma3 ? I64{6} : I64{4}});
   }
   if (gemma2) {  // Gemma2Config's soft-caps; config.json's null is 0
     rows.insert(rows.end(), {
@@ -301,7 +310,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   }
   if (gemma3) defaults.rope_theta = 1e6;
   if (gemma2) defaults.sliding_window_pattern = 2;  // Gemma2Config's layer_types: even layers
-  if (olmo3) defaults.sliding_window_pattern = 4;  // Olmo3Config's layer_types
+  if (olmo3 || exaone) defaults.sliding_window_pattern = 4;  // Olmo3's layer_types, Exaone4's
   if (smol) {  // SmolLM3Config's: tied, no window, its rope_theta (not its pad 128004 > vocab)
     defaults.tie_word_embeddings = true;
     defaults.sliding_window = 0;
@@ -459,6 +468,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::gemma2:
     case LlamaArch::gemma3_text:
     case LlamaArch::olmo3:
+    case LlamaArch::exaone4:  // (sliding_window 0, HF's null: no sliding layer)
       return patterned_window() && (layer + 1) % sliding_window_pattern != 0 ? sliding_window : 0;
     case LlamaArch::smollm3:  // HF's layer_types: the NoPE layers slide under the flag
       return use_sliding_window && !layer_rope(layer) ? sliding_window : 0;
@@ -471,6 +481,9 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
 }
 
 bool LlamaConfig::layer_rope(int64_t layer) const {
+  // EXAONE 4: with a window only the sliding layers rotate (Exaone4Attention's "global NoPE
+  // for hybrid attention").
+  if (arch == LlamaArch::exaone4) return sliding_window == 0 || layer_window(layer) > 0;
   return arch != LlamaArch::smollm3 || (layer + 1) % no_rope_layer_interval != 0;
 }
 
@@ -1418,7 +1431,7 @@ class LlamaFamily final : public ModelFamily {
     }
     const bool gemma = g.gemma();
     if ((arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 ||
-         arch_ == LlamaArch::smollm3) &&
+         arch_ == LlamaArch::smollm3 || arch_ == LlamaArch::exaone4) &&
         g.sliding_window == 0) {
       out[args().name(&LlamaConfig::sliding_window)] = nullptr;  // HF's spelling of none
     }
@@ -1483,10 +1496,12 @@ class LlamaFamily final : public ModelFamily {
                            : std::string()));
     }
     nlohmann::json hf = hf_in;
-    if (arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 || arch_ == LlamaArch::smollm3) {
+    if (arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 || arch_ == LlamaArch::smollm3 ||
+        arch_ == LlamaArch::exaone4) {
       const std::string window = args().name(&LlamaConfig::sliding_window);
       if (hf.contains(window) && hf[window].is_null()) hf[window] = 0;
     }
+    if (arch_ == LlamaArch::exaone4) exaone4_pattern_from_hf(hf, origin);
     auto refuse = [&](const char* field, const std::string& expected) {
       return unsupported(origin, field, hf[field], expected);
     };
@@ -1534,7 +1549,8 @@ class LlamaFamily final : public ModelFamily {
     if (arch_ == LlamaArch::phi3) check_longrope_factor(hf, g, origin);
     const std::string pad = args().name(&LlamaConfig::pad_token_id);
     if (hf.contains(pad) && hf[pad].is_null()) g.pad_token_id = -1;  // HF's None: no padding
-    if ((gemma3 || arch_ == LlamaArch::olmo3) && hf.contains("layer_types") &&
+    if ((gemma3 || arch_ == LlamaArch::olmo3 || arch_ == LlamaArch::exaone4) &&
+        hf.contains("layer_types") &&
         !hf["layer_types"].is_null()) {
       g.sliding_window_pattern =
           period_of(hf["layer_types"], g.sliding_window_pattern, g.num_hidden_layers,
@@ -1607,6 +1623,25 @@ class LlamaFamily final : public ModelFamily {
                             " = " + std::to_string(g.max_position_embeddings) + " / " +
                             std::to_string(g.original_max_position_embeddings));
     }
+  }
+  // EXAONE 4's sliding_window_pattern, in place: Exaone4Config takes an int or a string of
+  // "L" (local) and "G" (global) layers repeating from layer 0; "L...LG" (k - 1 L's) is the
+  // int k, null (a config without a window) the class's 4. Other strings are refused.
+  void exaone4_pattern_from_hf(nlohmann::json& hf, const std::string& origin) const {
+    const std::string key = args().name(&LlamaConfig::sliding_window_pattern);
+    if (!hf.contains(key)) return;
+    nlohmann::json& p = hf[key];
+    if (p.is_null()) {
+      hf.erase(key);
+      return;
+    }
+    if (!p.is_string()) return;
+    const std::string s = p.get<std::string>();
+    if (s.empty() || s.back() != 'G' ||
+        s.find_first_not_of('L') != s.size() - 1) {
+      throw unsupported(origin, key, p, "an int or \"L...LG\" (layers sliding, then one global)");
+    }
+    p = static_cast<int64_t>(s.size());
   }
   // Gemma's config.json attributes that change the math and are not keys, in place: the
   // activation must be gelu_pytorch_tanh (hidden_activation; or, Gemma 1 without it, hidden_act,

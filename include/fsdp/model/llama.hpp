@@ -1,4 +1,4 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of twelve Hugging Face
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of thirteen Hugging Face
 // classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
@@ -48,7 +48,12 @@
 //  - "gemma": GemmaForCausalLM (models/gemma; Gemma Team 2024, "Gemma: Open Models Based on
 //    Gemini Research and Technology"; Gemma 2B, 7B, CodeGemma): Llama's layer (two norms,
 //    scores scaled by head_dim^-1/2, no window) with Gemma's (1 + weight) norms, scaled
-//    embedding and GeGLU.
+//    embedding and GeGLU;
+//  - "exaone4": Exaone4ForCausalLM (models/exaone4; LG AI Research's EXAONE 4.0): OLMo 2's
+//    layer (norms on the sublayers' outputs only) with Qwen3's per-head q_norm / k_norm; with
+//    a sliding_window, layer l slides unless (l + 1) % sliding_window_pattern == 0 and only
+//    the sliding layers rotate q and k (the global ones are NoPE); without one, every layer
+//    is global and rotated.
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -105,7 +110,8 @@ enum class LlamaArch {
   granite,
   olmo3,
   gemma2,
-  gemma
+  gemma,
+  exaone4
 };
 
 template <>
@@ -121,18 +127,20 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::granite, "granite"},
                                                   {LlamaArch::olmo3, "olmo3"},
                                                   {LlamaArch::gemma2, "gemma2"},
-                                                  {LlamaArch::gemma, "gemma"}};
+                                                  {LlamaArch::gemma, "gemma"},
+                                                  {LlamaArch::exaone4, "exaone4"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
-// "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma" (the classes <prefix>DecoderLayer,
+// "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma", "Exaone4" (the classes <prefix>DecoderLayer,
 // <prefix>RMSNorm, <prefix>ForCausalLM and, but for Gemma 3's Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
 
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
 // Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
-// Gemma2Config and GemmaConfig ([model] with type = "llama", "mistral", "qwen2", "qwen3",
-// "olmo2", "phi3", "gemma3_text", "smollm3", "granite", "olmo3", "gemma2" or "gemma"; same
+// Gemma2Config, GemmaConfig and Exaone4Config ([model] with type = "llama", "mistral",
+// "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3", "granite", "olmo3", "gemma2",
+// "gemma" or "exaone4"; same
 // names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
 // type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp:
 // a field that is not one of its type's keys keeps the default here (Qwen2 has no
@@ -232,16 +240,18 @@ struct LlamaConfig {
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
   // Qwen3's over each head's D values (weight [D]), OLMo 2's over the whole projection
   // (weights [H*D], [Hkv*D]).
-  bool qk_norm() const { return arch == LlamaArch::qwen3 || olmo() || gemma3(); }
-  bool qk_norm_per_head() const { return arch == LlamaArch::qwen3 || gemma3(); }
+  bool qk_norm() const { return arch == LlamaArch::qwen3 || olmo_layer() || gemma3(); }
+  bool qk_norm_per_head() const {
+    return arch == LlamaArch::qwen3 || gemma3() || arch == LlamaArch::exaone4;
+  }
   // Norms on the sublayers' inputs (input_layernorm before the attention, Llama's
   // post_attention_layernorm or Gemma's pre_feedforward_layernorm before the MLP): all but
-  // OLMo 2.
-  bool norm_before() const { return !olmo(); }
+  // OLMo 2's layer.
+  bool norm_before() const { return !olmo_layer(); }
   // Norms on the sublayers' outputs before their residual adds (post_attention_layernorm,
   // post_feedforward_layernorm): OLMo 2 (instead of the input norms) and Gemma 2 and 3
   // (besides them).
-  bool norm_after() const { return olmo() || gemma2_layer(); }
+  bool norm_after() const { return olmo_layer() || gemma2_layer(); }
   // Gemma 1, 2 and 3 (GemmaConfig, Gemma2Config, Gemma3TextConfig): the (1 + weight) norms,
   // GeGLU, the scaled embedding, a padding row.
   bool gemma() const { return arch == LlamaArch::gemma || gemma2_layer(); }
@@ -252,9 +262,14 @@ struct LlamaConfig {
   bool gemma3() const { return arch == LlamaArch::gemma3_text; }
   // OLMo 2 and OLMo 3 (Olmo2Config, Olmo3Config: OLMo 3's layers are OLMo 2's).
   bool olmo() const { return arch == LlamaArch::olmo2 || arch == LlamaArch::olmo3; }
+  // OLMo 2's layer (norms on the sublayers' outputs only): OLMo 2, OLMo 3 and EXAONE 4
+  // (Exaone4DecoderLayer is Olmo2DecoderLayer).
+  bool olmo_layer() const { return olmo() || arch == LlamaArch::exaone4; }
   // Gemma 2's, Gemma 3's and OLMo 3's pattern: layer l slides unless (l + 1) %
   // sliding_window_pattern == 0 (Gemma 2: always 2, its even layers slide).
-  bool patterned_window() const { return gemma2_layer() || arch == LlamaArch::olmo3; }
+  bool patterned_window() const {
+    return gemma2_layer() || arch == LlamaArch::olmo3 || arch == LlamaArch::exaone4;
+  }
   // Every RMSNorm multiplies by (1 + weight) (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm), its
   // weights initialised to 0.
   bool norm_weight_offset() const { return gemma(); }
@@ -289,7 +304,8 @@ struct LlamaConfig {
   // Gemma 3's period rope_local_base_freq): the sliding layers of Gemma 3 and OLMo 3 (Gemma 2's
   // sliding layers share the global RoPE).
   bool layer_local_rope(int64_t layer) const;
-  // Whether decoder layer `layer` rotates q and k at all: all but SmolLM3's NoPE layers.
+  // Whether decoder layer `layer` rotates q and k at all: all but SmolLM3's NoPE layers and
+  // EXAONE 4's global layers (when it has a sliding window).
   bool layer_rope(int64_t layer) const;
   // Phi-3's fused projections: self_attn.qkv_proj.weight [Q + 2 KV, C] holds q_proj's, k_proj's
   // and v_proj's rows one after the other (Phi3Attention splits its output so), and
