@@ -178,17 +178,10 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
   InitFromResult result;
   std::set<std::string> used;
   std::vector<std::vector<Source>> sources(layouts.size());
-  // The Hugging Face names of the model's own parameters: an alias that is another
-  // parameter's name is that parameter's tensor (an untied head's lm_head.weight is not the
-  // embedding's), never a stand-in.
+  // Each parameter's Hugging Face tensor first: their names are the model's own, and an alias
+  // that is another parameter's name is that parameter's tensor (an untied head's
+  // lm_head.weight is not the embedding's), never a stand-in.
   std::set<std::string> own;
-  for (const FlatParamLayout& l : layouts) {
-    for (const FlatEntry& e : l.entries) {
-      if (const auto hf = family.hf_tensor(config, e.spec.name, e.spec.unpadded_shape())) {
-        own.insert(hf->name);
-      }
-    }
-  }
   for (std::size_t u = 0; u < layouts.size(); ++u) {
     for (const FlatEntry& e : layouts[u].entries) {
       // The file holds the model's own rows; vocabulary padding rows are ours alone.
@@ -197,7 +190,15 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
         throw Error("init_from: parameter " + e.spec.name + " has no Hugging Face name in the " +
                     config.type + " family");
       }
-      Source s{*hf, ""};
+      own.insert(hf->name);
+      sources[u].push_back(Source{*hf, ""});
+    }
+  }
+  for (std::size_t u = 0; u < layouts.size(); ++u) {
+    for (std::size_t i = 0; i < layouts[u].entries.size(); ++i) {
+      const FlatEntry& e = layouts[u].entries[i];
+      Source& s = sources[u][i];
+      const HfTensor* const hf = &s.hf;
       if (ckpt.has(hf->name)) {
         s.stored = hf->name;
       } else {
@@ -231,7 +232,6 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
       used.insert(s.stored);
       result.num_tensors += 1;
       result.model_bytes += 4 * e.spec.unpadded_numel();
-      sources[u].push_back(std::move(s));
     }
   }
   // Unused tensors: neither read nor a known duplicate (aliases of an expected tensor, the
