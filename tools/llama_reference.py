@@ -204,20 +204,11 @@ def other_arch_config(arch, layers, attn, tied, rope, flags):
     mlp_bias; Qwen3Config: head_dim, attention_bias; both Qwen: use_sliding_window,
     max_window_layers). Sliding windows are off or cover every sequence."""
     assert arch == "smollm3" or "mlpbias" not in flags and ("attnbias" not in flags or arch in ("qwen3", "olmo2")), (arch, flags)
-    if arch == "gemma3":
-        return gemma3_config(layers, attn, tied, rope, flags)
-    if arch == "gemma2":
-        return gemma2_config(layers, attn, tied, rope, flags)
-    if arch == "gemma":
-        return gemma1_config(layers, attn, tied, rope, flags)
-    if arch == "exaone4":
-        return exaone4_config(layers, attn, tied, rope, flags)
-    if arch == "smollm3":
-        return smollm3_config(layers, attn, tied, rope, flags)
-    if arch == "granite":
-        return granite_config(layers, attn, tied, rope, flags)
-    if arch == "olmo3":
-        return olmo3_config(layers, attn, tied, rope, flags)
+    own = {"gemma3": gemma3_config, "gemma2": gemma2_config, "gemma": gemma1_config,
+           "exaone4": exaone4_config, "smollm3": smollm3_config, "granite": granite_config,
+           "olmo3": olmo3_config}  # the classes with a config function of their own
+    if arch in own:
+        return own[arch](layers, attn, tied, rope, flags)
     cfg = {"architectures": [ARCHS[arch] + "ForCausalLM"], "model_type": arch, "vocab_size": VOCAB,
            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn]}

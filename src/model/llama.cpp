@@ -61,6 +61,13 @@ constexpr bool arch_names_in_enum_order() {
 static_assert(arch_names_in_enum_order(), "kArchNames: one row per LlamaArch, in its order");
 const ArchNames& arch_names(LlamaArch arch) { return kArchNames[static_cast<int>(arch)]; }
 
+// Whether `arch`'s config spells "no sliding window" as a null sliding_window (fsdp_train's
+// 0): MistralConfig, Phi3Config, SmolLM3Config, Exaone4Config.
+bool window_may_be_null(LlamaArch arch) {
+  return arch == LlamaArch::mistral || arch == LlamaArch::phi3 || arch == LlamaArch::smollm3 ||
+         arch == LlamaArch::exaone4;
+}
+
 // Whether `arch`'s config has head_dim (Qwen2Config, Olmo2Config and Phi3Config do not: their
 // heads are hidden_size / num_attention_heads wide).
 bool has_head_dim_key(LlamaArch arch) {
@@ -229,7 +236,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                                           "(positions per query, itself included)."
                              : "Sliding-window attention span (positions per query, "
                                "itself included) under use_sliding_window.",
-                     KeyRange::size(qwen || gemma23 || olmo3 ? 1 : 0), {}, true,
+                     KeyRange::size(window_may_be_null(arch) ? 0 : 1), {}, true,
                      phi3 || smol ? int64_t{0} : int64_t{4096}});
   }
   if (granite) {
@@ -469,7 +476,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::gemma3_text:
     case LlamaArch::olmo3:
     case LlamaArch::exaone4:  // (sliding_window 0, HF's null: no sliding layer)
-      return patterned_window() && (layer + 1) % sliding_window_pattern != 0 ? sliding_window : 0;
+      return pattern_slides(layer) ? sliding_window : 0;
     case LlamaArch::smollm3:  // HF's layer_types: the NoPE layers slide under the flag
       return use_sliding_window && !layer_rope(layer) ? sliding_window : 0;
     case LlamaArch::olmo2:
@@ -488,7 +495,7 @@ bool LlamaConfig::layer_rope(int64_t layer) const {
 }
 
 bool LlamaConfig::layer_local_rope(int64_t layer) const {
-  return local_rope() && (layer + 1) % sliding_window_pattern != 0;
+  return local_rope() && pattern_slides(layer);
 }
 
 double LlamaConfig::embed_scale() const {
@@ -1430,9 +1437,7 @@ class LlamaFamily final : public ModelFamily {
       out["rope_scaling"] = rs;
     }
     const bool gemma = g.gemma();
-    if ((arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 ||
-         arch_ == LlamaArch::smollm3 || arch_ == LlamaArch::exaone4) &&
-        g.sliding_window == 0) {
+    if (window_may_be_null(arch_) && g.sliding_window == 0) {
       out[args().name(&LlamaConfig::sliding_window)] = nullptr;  // HF's spelling of none
     }
     if (arch_ == LlamaArch::smollm3) {  // the lists SmolLM3Config would derive, spelled out
@@ -1478,8 +1483,8 @@ class LlamaFamily final : public ModelFamily {
   // max_window_layers give (MistralConfig ignores layer_types, as here). Dropouts must be 0 and
   // Phi-3's partial_rotary_factor 1.
   ModelConfig from_hf_config(const nlohmann::json& hf_in, const std::string& origin) const override {
-    const bool gemma3 = arch_ == LlamaArch::gemma3_text, gemma2 = arch_ == LlamaArch::gemma2;
-    const bool gemma = gemma2 || gemma3 || arch_ == LlamaArch::gemma;
+    const LlamaConfig& cls = args().defaults();  // the class's predicates
+    const bool gemma3 = cls.gemma3(), gemma2 = arch_ == LlamaArch::gemma2, gemma = cls.gemma();
     // A multimodal model around this decoder (Gemma 3 4B+'s model_type "gemma3", Mistral Small
     // 3.1's "mistral3"): its text decoder is text_config, of this class (what it leaves out
     // takes the class's defaults).
@@ -1496,8 +1501,7 @@ class LlamaFamily final : public ModelFamily {
                            : std::string()));
     }
     nlohmann::json hf = hf_in;
-    if (arch_ == LlamaArch::mistral || arch_ == LlamaArch::phi3 || arch_ == LlamaArch::smollm3 ||
-        arch_ == LlamaArch::exaone4) {
+    if (window_may_be_null(arch_)) {
       const std::string window = args().name(&LlamaConfig::sliding_window);
       if (hf.contains(window) && hf[window].is_null()) hf[window] = 0;
     }

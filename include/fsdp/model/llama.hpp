@@ -305,6 +305,11 @@ struct LlamaConfig {
   // Gemma 3's period rope_local_base_freq): the sliding layers of Gemma 3 and OLMo 3 (Gemma 2's
   // sliding layers share the global RoPE).
   bool layer_local_rope(int64_t layer) const;
+  // Whether decoder layer `layer` is a sliding layer of patterned_window()'s pattern
+  // ((layer + 1) % sliding_window_pattern != 0; false for the other classes).
+  bool pattern_slides(int64_t layer) const {
+    return patterned_window() && (layer + 1) % sliding_window_pattern != 0;
+  }
   // Whether decoder layer `layer` rotates q and k at all: all but SmolLM3's NoPE layers and
   // EXAONE 4's global layers (when it has a sliding window).
   bool layer_rope(int64_t layer) const;
