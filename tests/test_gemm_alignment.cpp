@@ -158,6 +158,15 @@ class GemmRecorder final : public fsdp::Kernels {
                               const TensorView&, const TensorView&, const TensorView&,
                               const TensorView&, const TensorView&, const TensorView&, int64_t,
                               int64_t, int64_t, int64_t, int64_t, float, int64_t, float) override {}
+  void moe_router_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                          int64_t, int64_t, bool) override {}
+  void moe_router_backward(const TensorView&, const TensorView&, const TensorView&,
+                           const TensorView&, int64_t, int64_t, int64_t, bool) override {}
+  void moe_combine_forward(const TensorView&, const TensorView&, const TensorView&,
+                           const TensorView&, int64_t, int64_t, int64_t) override {}
+  void moe_combine_backward(const TensorView&, const TensorView&, const TensorView&,
+                            const TensorView&, const TensorView&, const TensorView&, int64_t,
+                            int64_t, int64_t) override {}
 
  private:
   fsdp::CountingRuntime runtime_;

@@ -11,11 +11,14 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -127,6 +130,21 @@ void make_olmo3(fsdp::LlamaConfig& m) {
   m.sliding_window = 3;
 }
 
+// The Mixture-of-Experts classes' tiny model: 4 experts, each token routed to 2 (Qwen3-MoE's
+// experts 12 wide, Mixtral's and OLMoE's intermediate_size 24), top-k weights renormalised
+// unless `normalize` is false (Mixtral always renormalises).
+void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true) {
+  m.arch = arch;
+  m.num_experts = 4;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 12;
+  m.norm_topk_prob = normalize;
+}
+bool is_moe(fsdp::LlamaArch arch) {
+  return arch == fsdp::LlamaArch::qwen3_moe || arch == fsdp::LlamaArch::mixtral ||
+         arch == fsdp::LlamaArch::olmoe;
+}
+
 // Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).
 void perturb_shards(Fixture& f, unsigned seed = 7) {
   std::mt19937 gen(seed + static_cast<unsigned>(f.comm.rank()));
@@ -138,6 +156,32 @@ void perturb_shards(Fixture& f, unsigned seed = 7) {
 }
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Whether the last forward of `f` (an MoE model, fp32 activations) routed every token of every
+// layer with a margin: its K-th and (K+1)-th router logits at least `gap` apart, and each
+// expert chosen by some token. Finite differences and fp32-vs-fp64 comparisons need both: a
+// near tie flips under a perturbation, and an idle expert has no gradient to check.
+bool clear_routing(Fixture& f, const fsdp::LlamaConfig& m, double gap) {
+  const int64_t E = m.num_experts, K = m.num_experts_per_tok;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+    const fsdp::TensorView v = f.model.router_logits(l);
+    if (v.numel() == 0 || v.dtype != fsdp::DType::f32) return false;
+    std::vector<float> z(static_cast<std::size_t>(v.numel()));
+    f.be->copy_to_host(z.data(), v);
+    std::vector<int> used(static_cast<std::size_t>(E), 0);
+    for (int64_t r = 0; r < v.numel() / E; ++r) {
+      std::vector<std::pair<float, int64_t>> row;
+      for (int64_t e = 0; e < E; ++e) row.emplace_back(z[static_cast<std::size_t>(r * E + e)], e);
+      std::sort(row.begin(), row.end(), std::greater<>());
+      if (K < E && row[static_cast<std::size_t>(K - 1)].first - row[static_cast<std::size_t>(K)].first < gap) {
+        return false;
+      }
+      for (int64_t j = 0; j < K; ++j) used[static_cast<std::size_t>(row[static_cast<std::size_t>(j)].second)] = 1;
+    }
+    if (std::find(used.begin(), used.end(), 0) != used.end()) return false;
+  }
+  return true;
+}
 
 // Directional finite differences of every parameter tensor, for a few shapes of the family.
 TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
@@ -191,8 +235,18 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"EXAONE 4 GQA untied, head_dim 6, llama3 on the sliding layer, NoPE global", 2,
              false, false, false, true, LlamaArch::exaone4, 6},
         Case{"EXAONE 4 MQA tied, no window (every layer rotated)", 1, true, false, false, false,
-             LlamaArch::exaone4}}) {
+             LlamaArch::exaone4},
+        Case{"Qwen3-MoE GQA untied, head_dim 6, 4 experts top 2 renormalised", 2, false, false,
+             false, false, LlamaArch::qwen3_moe, 6},
+        Case{"Qwen3-MoE MQA tied, llama3, top 2 not renormalised", 1, true, false, false, true,
+             LlamaArch::qwen3_moe},
+        Case{"Mixtral GQA untied, 4 experts top 2, window 3", 2, false, false, false, false,
+             LlamaArch::mixtral},
+        Case{"OLMoE MHA untied, attention bias, top 2 not renormalised", 4, false, true, false,
+             false, LlamaArch::olmoe}}) {
     ModelOptions o;
+    if (is_moe(c.arch)) make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias);
+    if (c.arch == LlamaArch::mixtral) o.model.sliding_window = 3;
     if (c.arch == LlamaArch::gemma3_text) make_gemma(o.model);
     if (c.arch == LlamaArch::gemma2) make_gemma2(o.model);
     if (c.arch == LlamaArch::gemma) o.model.pad_token_id = 3;  // a padding row, as Gemma's 0
@@ -217,8 +271,17 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
       o.model.rope_low_freq_factor = 0.01;
       o.model.rope_high_freq_factor = 0.1;
     }
+    // MoE: the first perturbation whose routing is clear (clear_routing)
+    unsigned seed = 5;
+    while (is_moe(c.arch)) {
+      Fixture probe(o);
+      perturb_shards(probe, seed);
+      probe.loss();
+      if (clear_routing(probe, o.model, 0.05)) break;
+      ASSERT_LT(++seed, 100u) << c.what << ": no clear routing";
+    }
     Fixture f(o);
-    perturb_shards(f, 5);
+    perturb_shards(f, seed);
     f.loss_and_grads();
     std::mt19937 gen(11);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -262,7 +325,10 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
                  c.arch == LlamaArch::exaone4
              ? 2
              : 0) +
-        (gemma ? 4 : 0) + (c.arch == LlamaArch::gemma2 ? 2 : 0) + (c.mlp_bias ? 3 : 0);
+        (gemma ? 4 : 0) + (c.arch == LlamaArch::gemma2 ? 2 : 0) + (c.mlp_bias ? 3 : 0) +
+        // the router and 3 projections per expert instead of the MLP's 3; q/k norms
+        (is_moe(c.arch) ? 1 + 3 * o.model.num_experts - 3 : 0) +
+        (c.arch == LlamaArch::qwen3_moe || c.arch == LlamaArch::olmoe ? 2 : 0);
     EXPECT_EQ(checked, 1 + 2 * per_layer + 1 + (c.tied ? 0 : 1)) << c.what;
   }
 }
@@ -369,7 +435,8 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
-                    fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4})
+                    fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
+                    fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -388,6 +455,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
         if (arch == fsdp::LlamaArch::gemma2) make_gemma2(o.model);  // the soft-caps recomputed
         if (arch == fsdp::LlamaArch::gemma) o.model.pad_token_id = 3;
         if (arch == fsdp::LlamaArch::exaone4) make_exaone4(o.model);
+        if (is_moe(arch)) make_moe(o.model, arch, arch != fsdp::LlamaArch::olmoe);
         o.model.arch = arch;
         o.mp.param_dtype = dtype;
         o.comm = comm;
@@ -427,7 +495,8 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
-                    fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4})
+                    fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
+                    fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -438,6 +507,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
           if (arch == fsdp::LlamaArch::granite) make_granite(o.model);
           if (arch == fsdp::LlamaArch::olmo3) make_olmo3(o.model);
           if (arch == fsdp::LlamaArch::exaone4) make_exaone4(o.model);
+          if (is_moe(arch)) make_moe(o.model, arch);
           o.model.arch = arch;
           o.model.tie_word_embeddings = tied;
           o.model.num_hidden_layers = 3;

@@ -640,6 +640,31 @@ class DeferredKernels final : public fsdp::Kernels {
                                  window, softcap);
     });
   }
+  void moe_router_forward(const TensorView& idx, const TensorView& weights,
+                          const TensorView& logits, int64_t R, int64_t E, int64_t K,
+                          bool normalize) override {
+    later([=, this] { in_.moe_router_forward(idx, weights, logits, R, E, K, normalize); });
+  }
+  void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                           const TensorView& logits, const TensorView& idx, int64_t R, int64_t E,
+                           int64_t K, bool normalize) override {
+    later([=, this] {
+      in_.moe_router_backward(dlogits, dweights, logits, idx, R, E, K, normalize);
+    });
+  }
+  void moe_combine_forward(const TensorView& out, const TensorView& rows,
+                           const TensorView& weights, const TensorView& slot, int64_t R, int64_t K,
+                           int64_t C) override {
+    later([=, this] { in_.moe_combine_forward(out, rows, weights, slot, R, K, C); });
+  }
+  void moe_combine_backward(const TensorView& drows, const TensorView& dweights,
+                            const TensorView& dout, const TensorView& rows,
+                            const TensorView& weights, const TensorView& slot, int64_t R,
+                            int64_t K, int64_t C) override {
+    later([=, this] {
+      in_.moe_combine_backward(drows, dweights, dout, rows, weights, slot, R, K, C);
+    });
+  }
 
  private:
   void later(std::function<void()> op) {

@@ -10,7 +10,7 @@ down_proj(silu(gate_proj(x)) * up_proj(x)) (+ biases when mlp_bias), a residual;
 `norm`, lm_head (or embed_tokens when tie_word_embeddings) and the mean cross-entropy over the
 B*T targets (given per position: HF's own `labels` argument would shift them by one). The
 embedding is nn.Embedding with padding_idx = pad_token_id (the class's default when config.json
-has none: Olmo2Config 1, Phi3Config 32000, Gemma3TextConfig 0, else None), as every one of
+has none: Olmo2Config and OlmoeConfig 1, Phi3Config 32000, Gemma3TextConfig 0, else None), as every one of
 these classes builds it: the lookup adds nothing to that row's gradient (the phi3 variants'
 pad_token_id 0 is looked up in 1l_gqa_untied_rope1e4_phi3).
 
@@ -21,7 +21,7 @@ interpreter, /usr/bin/python3, not another one first on PATH) from the repositor
     done
 Check that the committed fixtures are what this script makes, and the script's own self-tests
 (finite differences, a loop-by-loop second implementation, GQA/MHA and tied/untied identities,
-the llama3 RoPE branches):
+the llama3 RoPE branches, the MoE routing margins and the K = E dense identity):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
@@ -64,8 +64,31 @@ scores and 5 on the logits) or gemma (GemmaForCausalLM, modeling_gemma.py: Llama
 the (1 + w) norms, the scaled embedding, its padding row and GeGLU; head_dim 12) or exaone4
 (Exaone4ForCausalLM, modeling_exaone4.py: OLMo 2's layer with per-head q_norm / k_norm; with
 _swa the window of 3 on layers 0 and 2 of 3 ("LG"), which alone rotate q and k; without, a
-null window: every layer global and rotated; head_dim 12).
-A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, gemma3: 12), intermediate 40, vocab 37:
+null window: every layer global and rotated; head_dim 12) or one of the Mixture-of-Experts
+classes, whose layers put a sparse MoE block where the MLP was (the router sizes per variant in
+MOE): qwen3moe (Qwen3MoeForCausalLM, model_type qwen3_moe, modeling_qwen3_moe.py: Qwen3's
+attention, per-head q_norm / k_norm, head_dim 12; every layer sparse (decoder_sparse_step 1,
+mlp_only_layers []); experts moe_intermediate_size wide; the K weights renormalised when
+norm_topk_prob) or mixtral (MixtralForCausalLM, modeling_mixtral.py: Mistral's attention,
+sliding_window null, with _swa 3 < T; the block under block_sparse_moe, experts w1 (gate), w3
+(up), w2 (down) intermediate_size wide; the K weights always renormalised) or olmoe
+(OlmoeForCausalLM, modeling_olmoe.py: Llama's pre-norm layer with OLMo 2's q_norm / k_norm
+over the whole q and k projections [H*D], [Hkv*D] before RoPE; clip_qkv null; experts
+intermediate_size wide; norm_topk_prob; padding_idx OlmoeConfig's 1). The MoE block on a
+token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over the E experts
+(gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending) and their
+experts; w = those p, divided by their sum when renormalised; output sum_j w_j
+down(silu(gate(x)) * up(x)) of expert j, no biases, no shared expert; no auxiliary
+load-balancing loss (output_router_logits false: the loss is the plain cross-entropy). Names:
+model.layers.{l}.mlp.gate.weight and mlp.experts.{e}.{gate_proj, up_proj, down_proj}.weight
+(Qwen3-MoE, OLMoE), model.layers.{l}.block_sparse_moe.gate.weight and
+block_sparse_moe.experts.{e}.{w1, w2, w3}.weight (Mixtral; listed w1, w2, w3), after the
+attention's and before the two norms. The routing is unambiguous in float32: for every token of every layer the
+sorted probabilities p_1 >= ... >= p_K+1 differ by at least ROUTE_MARGIN = 1e-3 relative
+(p_j - p_j+1 >= 1e-3 p_j, j = 1..K), and every expert is chosen by some token; make_case
+re-draws the router weights from the seed crc32("<variant>/router<n>"), n = 1, 2, ..., until
+both hold (asserted; the other draws are unchanged).
+A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3: 12), intermediate 40, vocab 37:
 not a multiple of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
 biases N(0, 0.3), RMSNorm weights 1 + N(0, 0.3); every value rounded to a multiple of 1e-3 so
@@ -85,7 +108,8 @@ Precision: this is the exact math in float64. HF itself, even for a float64 mode
 pieces in float32 (inv_freq, the llama3 rescaling and cos/sin; RMSNorm's normalisation; the eager
 softmax in recent versions); those differences (~1e-7 relative) are far below what the tests
 resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
-params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-610 KB.
+params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-660 KB
+(MoE: 1-layer ~355-390 KB, 3-layer ~770 KB-1.1 MB).
 
 llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
 ~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
@@ -124,8 +148,8 @@ KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
          "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3",
          "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma",
-         "exaone4": "Exaone4"}  # HF class prefix
-MODEL_TYPES = {"gemma3": "gemma3_text"}  # HF model_type where it is not the variant's word
+         "exaone4": "Exaone4", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral", "olmoe": "Olmoe"}  # HF class prefix
+MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}  # HF model_type where it is not the variant's word
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
@@ -161,7 +185,31 @@ VARIANTS = [
     "3l_gqa_untied_llama3_gemma",
     "3l_gqa_untied_llama3_exaone4_swa",
     "1l_mqa_tied_rope1e4_exaone4",
+    "1l_gqa_untied_rope1e4_qwen3moe",
+    "3l_mqa_tied_llama3_qwen3moe",
+    "1l_gqa_untied_rope1e4_mixtral",
+    "3l_gqa_untied_llama3_mixtral_swa",
+    "1l_mha_untied_rope1e4_olmoe",
+    "3l_gqa_tied_llama3_olmoe",
 ]
+# The Mixture-of-Experts variants' routers: (experts E, experts per token K, expert size,
+# norm_topk_prob; None: Mixtral, whose K weights are always renormalised). The expert size is
+# Qwen3MoeConfig's moe_intermediate_size, MixtralConfig's and OlmoeConfig's intermediate_size.
+MOE = {
+    "1l_gqa_untied_rope1e4_qwen3moe": (4, 2, 24, True),
+    "3l_mqa_tied_llama3_qwen3moe": (5, 3, 20, False),
+    "1l_gqa_untied_rope1e4_mixtral": (4, 2, 24, None),
+    "3l_gqa_untied_llama3_mixtral_swa": (3, 2, 24, None),
+    "1l_mha_untied_rope1e4_olmoe": (4, 2, 24, False),
+    "3l_gqa_tied_llama3_olmoe": (6, 2, 20, True),
+}
+# Routing that float32 reproduces: for every token of every MoE layer the sorted softmax
+# probabilities p1 >= p2 >= ... differ by at least ROUTE_MARGIN relative (p_j - p_j+1 >= margin
+# * p_j) for j = 1..K (the K chosen ones among themselves, and the K-th from the (K+1)-th), and
+# every expert is chosen by some token (so that every expert weight has a gradient). make_case
+# re-draws the router weights (seed crc32("<variant>/router<n>"), n = 1, 2, ...) until it holds.
+ROUTE_MARGIN = 1e-3
+ROUTER_REDRAWS = {}  # variant -> the re-draws make_case needed (printed by --selftest)
 # Gemma 2's soft-caps in the gemma2 variants: small enough to bend this tiny model's scores
 # (|scale q.k| up to ~3) and logits (up to ~10); Gemma 2's own are 50 and 30.
 GEMMA2_ATTN_SOFTCAP, GEMMA2_FINAL_SOFTCAP = 2.0, 5.0
@@ -171,8 +219,8 @@ DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file_
 
 def hf_config(variant):
     """The config.json of a LlamaForCausalLM (MistralForCausalLM, Qwen2ForCausalLM,
-    Qwen3ForCausalLM with the word mistral, qwen2, qwen3) of this variant (keys in a fixed
-    order)."""
+    Qwen3ForCausalLM with the word mistral, qwen2, qwen3; the other classes' words in ARCHS;
+    the MoE classes sized by MOE) of this variant (keys in a fixed order)."""
     words = variant.split("_")
     layers, attn, tied, rope, flags = words[0], words[1], words[2], words[3], set(words[4:])
     assert layers.endswith("l") and layers[:-1].isdigit(), variant
@@ -181,6 +229,10 @@ def hf_config(variant):
     assert (rope != "longrope" and "partial" not in flags) or "phi3" in flags, variant
     archs = flags & set(ARCHS)
     assert len(archs) <= 1, variant
+    if archs & {"qwen3moe", "mixtral", "olmoe"}:  # sized by MOE[variant]
+        assert variant in MOE, variant
+        moe_config = {"qwen3moe": qwen3moe_config, "mixtral": mixtral_config, "olmoe": olmoe_config}
+        return moe_config[archs.pop()](MOE[variant], int(layers[:-1]), attn, tied, rope, flags)
     if archs:
         return other_arch_config(archs.pop(), int(layers[:-1]), attn, tied, rope, flags)
     return {
@@ -322,6 +374,68 @@ def exaone4_config(layers, attn, tied, rope, flags):
             "torch_dtype": "float32", "bos_token_id": 0, "eos_token_id": 2, "use_cache": True})
 
 
+def moe_attributes(sizes, *names):
+    """The router attributes of a MoE config (names: the class's spelling of the expert count
+    and of the expert size; norm_topk_prob unless sizes says None, Mixtral's)."""
+    E, K, size, norm = sizes
+    out = {names[0]: E, "num_experts_per_tok": K, names[1]: size}
+    if norm is not None:
+        out["norm_topk_prob"] = norm
+    return out
+
+
+def qwen3moe_config(sizes, layers, attn, tied, rope, flags):
+    """config.json of a Qwen3MoeForCausalLM variant: the qwen3 variants' attributes (head_dim
+    12, no window) and Qwen3MoeConfig's: every layer sparse (decoder_sparse_step 1,
+    mlp_only_layers []), num_experts / num_experts_per_tok / moe_intermediate_size /
+    norm_topk_prob from MOE, no auxiliary loss (output_router_logits false); intermediate_size
+    40, the dense MLP's, unused."""
+    assert "swa" not in flags and "mlpbias" not in flags, flags
+    cfg = {}
+    for key, value in other_arch_config("qwen3", layers, attn, tied, rope, flags).items():
+        cfg[key] = value
+        if key == "attention_dropout":
+            cfg.update({"decoder_sparse_step": 1, "mlp_only_layers": []})
+            cfg.update(moe_attributes(sizes, "num_experts", "moe_intermediate_size"))
+            cfg.update({"output_router_logits": False, "router_aux_loss_coef": 0.001})
+    return dict(cfg, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
+
+
+def mixtral_config(sizes, layers, attn, tied, rope, flags):
+    """config.json of a MixtralForCausalLM variant (MixtralConfig's attributes): Mistral's
+    attention (head_dim 8, no biases; sliding_window null, or 3 < T with _swa),
+    num_local_experts / num_experts_per_tok from MOE, each expert intermediate_size wide; no
+    auxiliary loss, no router jitter."""
+    assert "attnbias" not in flags and "mlpbias" not in flags and sizes[3] is None, (flags, sizes)
+    E, K, size, _ = sizes
+    return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": size, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn], "head_dim": HEAD_DIM,
+            "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+            "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
+            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
+            "sliding_window": SWA_WINDOW if "swa" in flags else None, "attention_dropout": 0.0,
+            "num_local_experts": E, "num_experts_per_tok": K, "output_router_logits": False,
+            "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+            "tie_word_embeddings": tied == "tied", "hidden_act": "silu", "initializer_range": 0.02,
+            "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "use_cache": True}
+
+
+def olmoe_config(sizes, layers, attn, tied, rope, flags):
+    """config.json of an OlmoeForCausalLM variant (OlmoeConfig's attributes; no head_dim, no
+    window, clip_qkv null; pad_token_id absent: the class's 1): num_experts /
+    num_experts_per_tok / norm_topk_prob from MOE, each expert intermediate_size wide; no
+    auxiliary loss."""
+    assert "swa" not in flags and "attnbias" not in flags and "mlpbias" not in flags, flags
+    cfg = sized_config("OlmoeForCausalLM", "olmoe", layers, attn, rope)
+    cfg.update({"attention_bias": False, "attention_dropout": 0.0, "clip_qkv": None})
+    cfg.update(moe_attributes(sizes, "num_experts", "intermediate_size"))  # (keeps its place)
+    cfg.update({"output_router_logits": False, "router_aux_loss_coef": 0.01,
+                "tie_word_embeddings": tied == "tied", "hidden_act": "silu", "initializer_range": 0.02,
+                "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "use_cache": True})
+    return cfg
+
+
 def sized_config(cls, model_type, layers, attn, rope):
     """The leading attributes every class without head_dim shares: class, sizes, norm epsilon
     and RoPE (rope1e4 / linear / yarn: theta 1e4; llama3: theta 5e5 with LLAMA3_SCALING)."""
@@ -415,8 +529,8 @@ def mlp_bias(cfg):
     return cfg.get("mlp_bias", False)
 
 
-def qk_norm(cfg):  # Qwen3Attention's (Gemma 3's, EXAONE 4's) q_norm / k_norm over each head
-    return cfg["model_type"] in ("qwen3", "gemma3_text", "exaone4")
+def qk_norm(cfg):  # Qwen3Attention's (Qwen3-MoE's, Gemma 3's, EXAONE 4's) q_norm / k_norm over each head
+    return cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text", "exaone4")
 
 
 def gemma3(cfg):
@@ -456,9 +570,10 @@ def sliding(cfg, layer):  # (Gemma 3 and OLMo 3)
 
 def pad_token(cfg):
     """The class's nn.Embedding padding_idx: config.json's pad_token_id, or the class's default
-    when absent (Olmo2Config 1, Phi3Config 32000, Gemma3TextConfig 0, the others None)."""
-    default = {"olmo2": 1, "olmo3": 1, "phi3": 32000, "gemma3_text": 0, "gemma2": 0, "gemma": 0,
-               "smollm3": 128004}.get(cfg["model_type"])
+    when absent (Olmo2Config 1, OlmoeConfig 1, Phi3Config 32000, Gemma3TextConfig 0, the others
+    None)."""
+    default = {"olmo2": 1, "olmo3": 1, "olmoe": 1, "phi3": 32000, "gemma3_text": 0, "gemma2": 0,
+               "gemma": 0, "smollm3": 128004}.get(cfg["model_type"])
     return cfg.get("pad_token_id", default)
 
 
@@ -492,21 +607,58 @@ def gelu_tanh(g):  # "gelu_pytorch_tanh"
     return 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g * g * g)))
 
 
-def olmo2(cfg):  # Olmo2 (and Olmo3): q_norm / k_norm over whole rows
-    return cfg["model_type"] in ("olmo2", "olmo3")
+def olmo2(cfg):  # Olmo2 (and Olmo3, OLMoE): q_norm / k_norm over whole rows
+    return cfg["model_type"] in ("olmo2", "olmo3", "olmoe")
 
 
 def post_norms(cfg):  # Olmo2DecoderLayer (OLMo 2, OLMo 3, EXAONE 4): sublayer outputs normalised
-    return olmo2(cfg) or cfg["model_type"] == "exaone4"
+    return cfg["model_type"] in ("olmo2", "olmo3", "exaone4")  # (not OLMoE: pre-norm as Llama)
+
+
+def moe(cfg):  # the Mixture-of-Experts classes
+    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe")
+
+
+def sparse_layer(cfg, layer):
+    """Whether a layer has the sparse MoE block in place of the MLP: Qwen3MoeDecoderLayer's
+    rule (not in mlp_only_layers, and (layer + 1) % decoder_sparse_step == 0); every layer of
+    Mixtral and OLMoE."""
+    if cfg["model_type"] == "qwen3_moe":
+        return layer not in cfg.get("mlp_only_layers", []) and (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
+    return moe(cfg)
+
+
+def moe_prefix(cfg, layer):  # the block's module: Mixtral's block_sparse_moe, the others' mlp
+    return f"model.layers.{layer}." + ("block_sparse_moe." if cfg["model_type"] == "mixtral" else "mlp.")
+
+
+def num_experts(cfg):  # MixtralConfig's num_local_experts, the others' num_experts
+    return cfg["num_local_experts"] if cfg["model_type"] == "mixtral" else cfg["num_experts"]
+
+
+def expert_size(cfg):  # Qwen3-MoE's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
+    return cfg["moe_intermediate_size"] if cfg["model_type"] == "qwen3_moe" else cfg["intermediate_size"]
+
+
+def expert_projs(cfg):
+    """An expert's (gate, up, down) names, and their state-dict order: Mixtral's w1 (gate), w3
+    (up), w2 (down), listed w1, w2, w3; the others' gate_proj, up_proj, down_proj."""
+    if cfg["model_type"] == "mixtral":
+        return ("w1", "w3", "w2"), ("w1", "w2", "w3")
+    return ("gate_proj", "up_proj", "down_proj"), ("gate_proj", "up_proj", "down_proj")
+
+
+def renormalise(cfg):  # the K weights divided by their sum: Mixtral always, the others norm_topk_prob
+    return cfg["model_type"] == "mixtral" or cfg.get("norm_topk_prob", False)
 
 
 def layer_window(cfg, layer):
     """The sliding window of a layer (0: none): Mistral's every layer; Qwen's from
     max_window_layers on under use_sliding_window (HF's layer_types). Query t sees keys
     s > t - window (transformers' sliding_window_overlay)."""
-    if cfg["model_type"] in ("mistral", "phi3"):
+    if cfg["model_type"] in ("mistral", "phi3", "mixtral"):
         return cfg.get("sliding_window") or 0
-    if cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+    if cfg["model_type"] in ("qwen2", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window"):
         return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
     if gemma2_layer(cfg) or cfg["model_type"] in ("olmo3", "exaone4"):
         return (cfg["sliding_window"] or 0) if sliding(cfg, layer) else 0
@@ -568,7 +720,13 @@ def param_shapes(cfg):
             shapes += [(a + "q_norm.weight", (D,)), (a + "k_norm.weight", (D,))]
         if olmo2(cfg):
             shapes += [(a + "q_norm.weight", (H * D,)), (a + "k_norm.weight", (Hkv * D,))]
-        for name, out, inp in (("gate_proj", I, C), ("up_proj", I, C), ("down_proj", C, I)):
+        if sparse_layer(cfg, l):  # the router, then each expert's three matrices
+            x, Im = moe_prefix(cfg, l), expert_size(cfg)
+            shapes.append((x + "gate.weight", (num_experts(cfg), C)))
+            dims = dict(zip(expert_projs(cfg)[0], ((Im, C), (Im, C), (C, Im))))
+            shapes += [(f"{x}experts.{e}.{name}.weight", dims[name])
+                       for e in range(num_experts(cfg)) for name in expert_projs(cfg)[1]]
+        for name, out, inp in () if sparse_layer(cfg, l) else (("gate_proj", I, C), ("up_proj", I, C), ("down_proj", C, I)):
             shapes.append((m + name + ".weight", (out, inp)))
             if mlp_bias(cfg):
                 shapes.append((m + name + ".bias", (out,)))
@@ -580,19 +738,22 @@ def param_shapes(cfg):
     return shapes
 
 
+def draw(cfg, name, shape, gen):
+    """One float32 tensor, each value a multiple of 1e-3 (printed exactly by fmt_param)."""
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.3
+    if name.endswith("norm.weight") and not gemma(cfg):  # Gemma's are offsets from 1
+        x = 1.0 + x
+    return (torch.round(x.to(torch.float64) * 1000.0) / 1000.0 + 0.0).to(torch.float32)
+
+
 def make_params(cfg, gen):
     """float32 values, each a multiple of 1e-3 (printed exactly by fmt_param)."""
-    p = {}
-    for name, shape in param_shapes(cfg):
-        x = torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.3
-        if name.endswith("norm.weight") and not gemma(cfg):  # Gemma's are offsets from 1
-            x = 1.0 + x
-        p[name] = (torch.round(x.to(torch.float64) * 1000.0) / 1000.0 + 0.0).to(torch.float32)
-    return p
+    return {name: draw(cfg, name, shape, gen) for name, shape in param_shapes(cfg)}
 
 
 def make_case(variant):
-    """(config, float32 params, tokens [B, T], targets [B, T]) of a variant, seeded by its name."""
+    """(config, float32 params, tokens [B, T], targets [B, T]) of a variant, seeded by its name.
+    MoE variants: the router weights re-drawn until the routing is unambiguous (ROUTE_MARGIN)."""
     cfg = hf_config(variant)
     gen = torch.Generator().manual_seed(zlib.crc32(variant.encode()))
     params = make_params(cfg, gen)
@@ -600,7 +761,44 @@ def make_case(variant):
     targets = torch.randint(0, VOCAB, (B, T), generator=gen)
     if gemma(cfg):  # the padding row is looked up (and gets no gradient from it)
         tokens[0, 2] = tokens[1, 4] = cfg["pad_token_id"]
+    if moe(cfg):
+        attempt = 0
+        while not routing_ok(cfg, params, tokens):
+            attempt += 1
+            assert attempt <= 100, variant
+            redraw = torch.Generator().manual_seed(zlib.crc32(f"{variant}/router{attempt}".encode()))
+            for name, shape in param_shapes(cfg):
+                if name.endswith(".gate.weight"):
+                    params[name] = draw(cfg, name, shape, redraw)
+        assert routing_ok(cfg, params, tokens), variant
+        ROUTER_REDRAWS[variant] = attempt
     return cfg, params, tokens, targets
+
+
+def router_probs(cfg, params32, tokens):
+    """Each sparse layer's router softmax [B*T, E] of the float64 forward (its routing)."""
+    probe = []
+    with torch.no_grad():
+        forward({n: t.to(torch.float64) for n, t in params32.items()}, cfg, tokens, probe)
+    return probe
+
+
+def routing_margin(cfg, probs):
+    """(the smallest relative gap p_j - p_j+1 over p_j, j = 1..K, of the sorted probabilities of
+    any token of any layer; whether every layer chose every expert)."""
+    K, E = cfg["num_experts_per_tok"], num_experts(cfg)
+    margin, covered = float("inf"), True
+    for pr in probs:
+        top = pr.sort(-1, descending=True).values
+        for j in range(min(K, E - 1)):
+            margin = min(margin, float(((top[:, j] - top[:, j + 1]) / top[:, j]).min()))
+        covered = covered and set(torch.topk(pr, K, dim=-1).indices.flatten().tolist()) == set(range(E))
+    return margin, covered
+
+
+def routing_ok(cfg, params32, tokens):
+    margin, covered = routing_margin(cfg, router_probs(cfg, params32, tokens))
+    return margin >= ROUTE_MARGIN and covered
 
 
 # ---- the model (vectorised) ---------------------------------------------------------------------
@@ -685,8 +883,36 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def forward(p, cfg, tokens):
-    """Logits [B, T, V] of LlamaForCausalLM (eval: no dropout), float64."""
+def moe_block(h, p, cfg, layer, probe=None):
+    """The sparse MoE block on h [B, T, C] (Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
+    OlmoeSparseMoeBlock): router softmax over the E experts, its K largest (torch.topk, in
+    descending order) as the weights, divided by their sum when renormalise(cfg); each token's
+    output the weighted sum of its K experts' SwiGLU MLPs, computed expert by expert over the
+    tokens that chose it (index_add, as HF). probe: a list that gets the router softmax."""
+    Bn, Tn, C = h.shape
+    m, (gate, up, down) = moe_prefix(cfg, layer), expert_projs(cfg)[0]
+    x = h.reshape(Bn * Tn, C)
+    probs = (x @ p[m + "gate.weight"].T).softmax(-1)  # [N, E]
+    if probe is not None:
+        probe.append(probs.detach())
+    w, idx = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)  # [N, K]
+    if renormalise(cfg):
+        w = w / w.sum(-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e in range(num_experts(cfg)):
+        rows, slot = torch.where(idx == e)  # the tokens that chose e, and in which of the K places
+        if rows.numel() == 0:
+            continue
+        ex, xe = f"{m}experts.{e}.", x[rows]
+        g = xe @ p[ex + gate + ".weight"].T
+        y = (g * torch.sigmoid(g) * (xe @ p[ex + up + ".weight"].T)) @ p[ex + down + ".weight"].T
+        out = out.index_add(0, rows, y * w[rows, slot, None])
+    return out.view(Bn, Tn, C)
+
+
+def forward(p, cfg, tokens, probe=None):
+    """Logits [B, T, V] of LlamaForCausalLM (eval: no dropout), float64. probe: a list that gets
+    each sparse MoE layer's router softmax [B*T, E]."""
     p = unfused(p, cfg)
     Bn, Tn = tokens.shape
     H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
@@ -756,6 +982,9 @@ def forward(p, cfg, tokens):
         rm = cfg["residual_multiplier"] if granite(cfg) else 1.0
         x = x + linear(y, a + "o_proj", o_bias(cfg)) * rm
         h = norm(x, pre + "post_attention_layernorm")
+        if sparse_layer(cfg, l):  # Qwen3-MoE, Mixtral, OLMoE: the MoE block in place of the MLP
+            x = x + moe_block(h, p, cfg, l, probe)
+            continue
         g = linear(h, m + "gate_proj", mb)
         act = gelu_tanh(g) if gemma(cfg) else g * torch.sigmoid(g)  # Gemma 1: GeGLU
         x = x + linear(act * linear(h, m + "up_proj", mb), m + "down_proj", mb) * rm
@@ -908,6 +1137,24 @@ def naive_loss(p, cfg, tokens, targets):
         inner = math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)
         return g * (torch.exp(inner) / (torch.exp(inner) + torch.exp(-inner)))  # = 0.5 g (1 + tanh)
 
+    def moe_mlp(h, l):  # one token's MoE block: the router softmax by hand, the K largest picked
+        m, (gate, up, down) = moe_prefix(cfg, l), expert_projs(cfg)[0]  # one by one, each chosen
+        z = [torch.dot(p[m + "gate.weight"][e], h) for e in range(num_experts(cfg))]  # expert's MLP
+        top = max(float(v) for v in z)
+        ez = [torch.exp(v - top) for v in z]
+        prob = [v / sum(ez) for v in ez]
+        chosen = []
+        for _ in range(cfg["num_experts_per_tok"]):
+            chosen.append(max((e for e in range(len(z)) if e not in chosen), key=lambda e: float(prob[e])))
+        w = [prob[e] for e in chosen]
+        if renormalise(cfg):
+            w = [v / sum(w) for v in w]
+        out = 0.0
+        for wj, e in zip(w, chosen):
+            ex = f"{m}experts.{e}."
+            out = out + wj * lin(act(lin(h, ex + gate, False)) * lin(h, ex + up, False), ex + down, False)
+        return out
+
     emb = p["model.embed_tokens.weight"]
     pad = pad_token(cfg)
     # Gemma: sqrt(hidden) as float32; the padding row's lookup detached (padding_idx)
@@ -960,6 +1207,9 @@ def naive_loss(p, cfg, tokens, targets):
             new = []
             for x in xs:
                 h = x if post_norms(cfg) else norm(x, p[pre + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")])
+                if sparse_layer(cfg, l):
+                    new.append(x + moe_mlp(h, l))
+                    continue
                 g, u = lin(h, pre + "mlp.gate_proj", mb), lin(h, pre + "mlp.up_proj", mb)
                 m = lin(act(g) * u, pre + "mlp.down_proj", mb)
                 if post_norms(cfg) or sandwich:
@@ -1098,8 +1348,8 @@ def selftest():
     #    gradients are the sums over the copies. And Hkv == H through the same code is plain MHA
     #    (the loop-by-loop model above checks that on the mha variants).
     for v in ("1l_gqa_tied_llama3", "1l_mqa_untied_llama3_attnbias_mlpbias", "3l_gqa_untied_llama3",
-              "1l_gqa_untied_rope1e4_qwen3",  # (not olmo2: its k_norm spans all kv heads)
-              "1l_gqa_tied_rope1e4_gemma3"):
+              "1l_gqa_untied_rope1e4_qwen3",  # (not olmo2, olmoe: their k_norm spans all kv heads)
+              "1l_gqa_tied_rope1e4_gemma3", "3l_mqa_tied_llama3_qwen3moe", "1l_gqa_untied_rope1e4_mixtral"):
         cfg, params32, tokens, targets = make_case(v)
         H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
         mha = dict(cfg, num_key_value_heads=H)
@@ -1118,7 +1368,8 @@ def selftest():
 
     # 4. Tied == untied with lm_head.weight a copy of embed_tokens.weight; the tied embedding's
     #    gradient is the sum of the untied embedding's and lm_head's.
-    for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3"):
+    for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3",
+              "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe"):
         cfg, params32, tokens, targets = make_case(v)
         untied = dict(cfg, tie_word_embeddings=False)
         p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
@@ -1246,6 +1497,74 @@ def selftest():
                    and torch.equal(inv_freq(cfg, 7), base / torch.tensor(LONGROPE_LONG[:3], dtype=torch.float64)),
                    f"{v}: 6 of 8 columns rotated at 1 / theta^(2i/6) / long_factor; rotating all 8 changes the "
                    f"loss ({loss:.8f} vs {whole:.8f})")
+
+    # 4g. Mixture of Experts: the routing is unambiguous (ROUTE_MARGIN) and covers every expert;
+    #     finite differences of the loss w.r.t. entries of every router, of the three matrices of
+    #     an expert layer 0 chose, and of layer 0's attention, with the routing unchanged at every
+    #     perturbed point; with K = E and the weights renormalised the block is the dense
+    #     softmax-weighted sum of all the experts; norm_topk_prob and K each change the loss.
+    for v in (x for x in VARIANTS if x in MOE):
+        cfg, params32, tokens, targets = make_case(v)
+        E, K, C = num_experts(cfg), cfg["num_experts_per_tok"], cfg["hidden_size"]
+        margin, covered = routing_margin(cfg, router_probs(cfg, params32, tokens))
+        expect(margin >= ROUTE_MARGIN and covered,
+               f"{v}: routing margin {margin:.2e} >= {ROUTE_MARGIN:g} relative, every expert chosen in every "
+               f"layer (E {E}, K {K}; router weights re-drawn {ROUTER_REDRAWS[v]} time(s))")
+        params, _, loss = run(cfg, params32, tokens, targets)
+        base64 = {n: t.to(torch.float64) for n, t in params32.items()}
+
+        def routed():  # (loss, each layer's chosen experts [B*T, K]) at the current base64
+            probe = []
+            value = mean_ce(forward(base64, cfg, tokens, probe), targets).item()
+            return value, [torch.topk(pr, K, dim=-1).indices for pr in probe]
+
+        with torch.no_grad():
+            routes = routed()[1]
+            first = int(routes[0][0, 0])  # the expert token 0 puts first in layer 0
+            names = [n for n in base64 if n.endswith(".gate.weight")]
+            names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, 0)}experts.{first}.")]
+            names += [n for n in base64 if n.startswith("model.layers.0.self_attn.")]
+            h, worst_abs, worst_rel, count, moved = 1e-4, 0.0, 0.0, 0, 0
+            for n in names:
+                flat = base64[n].view(-1)
+                for _ in range(3):
+                    i = rng.randrange(flat.numel())
+                    old, f = flat[i].item(), {}
+                    for step in (h, -h, h / 2, -h / 2):
+                        flat[i] = old + step
+                        f[step], r = routed()
+                        moved += any(not torch.equal(a, b) for a, b in zip(r, routes))
+                    flat[i] = old
+                    numeric = (4 * (f[h / 2] - f[-h / 2]) / h - (f[h] - f[-h]) / (2 * h)) / 3
+                    analytic = params[n].grad.view(-1)[i].item()
+                    worst_abs = max(worst_abs, abs(numeric - analytic))
+                    worst_rel = max(worst_rel, abs(numeric - analytic) / max(abs(analytic), 1e-4))
+                    count += 1
+        expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
+               f"{v}: finite differences of {count} router / expert {first} / attention entries ({len(names)} "
+               f"tensors): routing unchanged at all {4 * count} points ({moved} moved), worst abs err "
+               f"{worst_abs:.1e}, rel err {worst_rel:.1e}")
+        every = dict(cfg, num_experts_per_tok=E, norm_topk_prob=True)
+        hx = torch.randn(B, T, C, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        x, (gate, up, down), err = hx.reshape(-1, C), expert_projs(cfg)[0], 0.0
+        for l in (l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l)):
+            m = moe_prefix(cfg, l)
+            pr = (x @ base64[m + "gate.weight"].T).softmax(-1)
+            dense = 0.0
+            for e in range(E):
+                ex = f"{m}experts.{e}."
+                g = x @ base64[ex + gate + ".weight"].T
+                dense = dense + pr[:, e:e + 1] * ((g * torch.sigmoid(g) * (x @ base64[ex + up + ".weight"].T))
+                                                  @ base64[ex + down + ".weight"].T)
+            err = max(err, rel_err(moe_block(hx, base64, every, l).reshape(-1, C), dense))
+        expect(err < 1e-14, f"{v}: with K = E = {E} and renormalised weights the block is the dense "
+               f"softmax-weighted sum of all experts (rel err {err:.1e})")
+        if cfg["model_type"] != "mixtral":  # (Mixtral's weights are always renormalised)
+            flipped = run(dict(cfg, norm_topk_prob=not cfg["norm_topk_prob"]), params32, tokens, targets)[2].item()
+            expect(abs(flipped - loss.item()) > 1e-6,
+                   f"{v}: norm_topk_prob {cfg['norm_topk_prob']} matters ({loss.item():.8f} vs {flipped:.8f})")
+        more = run(dict(cfg, num_experts_per_tok=K + 1), params32, tokens, targets)[2].item()
+        expect(abs(more - loss.item()) > 1e-6, f"{v}: K = {K} matters ({loss.item():.8f} vs {more:.8f} with K + 1)")
 
     # 5. The fixture text parses back to the run's numbers.
     v = VARIANTS[0]

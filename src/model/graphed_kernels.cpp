@@ -501,6 +501,27 @@ void GraphedKernels::gqa_attention_backward(const TensorView& dq, const TensorVi
   FSDP_RECORD(gqa_attention_backward, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, scale,
               window, softcap);
 }
+void GraphedKernels::moe_router_forward(const TensorView& idx, const TensorView& weights,
+                                        const TensorView& logits, int64_t R, int64_t E, int64_t K,
+                                        bool normalize) {
+  FSDP_RECORD(moe_router_forward, idx, weights, logits, R, E, K, normalize);
+}
+void GraphedKernels::moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                         const TensorView& logits, const TensorView& idx,
+                                         int64_t R, int64_t E, int64_t K, bool normalize) {
+  FSDP_RECORD(moe_router_backward, dlogits, dweights, logits, idx, R, E, K, normalize);
+}
+void GraphedKernels::moe_combine_forward(const TensorView& out, const TensorView& rows,
+                                         const TensorView& weights, const TensorView& slot,
+                                         int64_t R, int64_t K, int64_t C) {
+  FSDP_RECORD(moe_combine_forward, out, rows, weights, slot, R, K, C);
+}
+void GraphedKernels::moe_combine_backward(const TensorView& drows, const TensorView& dweights,
+                                          const TensorView& dout, const TensorView& rows,
+                                          const TensorView& weights, const TensorView& slot,
+                                          int64_t R, int64_t K, int64_t C) {
+  FSDP_RECORD(moe_combine_backward, drows, dweights, dout, rows, weights, slot, R, K, C);
+}
 
 #undef FSDP_RECORD
 

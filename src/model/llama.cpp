@@ -47,6 +47,9 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::gemma2, "Gemma2", "Gemma2Config"},
     {LlamaArch::gemma, "Gemma", "GemmaConfig"},
     {LlamaArch::exaone4, "Exaone4", "Exaone4Config"},
+    {LlamaArch::qwen3_moe, "Qwen3Moe", "Qwen3MoeConfig"},
+    {LlamaArch::mixtral, "Mixtral", "MixtralConfig"},
+    {LlamaArch::olmoe, "Olmoe", "OlmoeConfig"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -62,17 +65,18 @@ static_assert(arch_names_in_enum_order(), "kArchNames: one row per LlamaArch, in
 const ArchNames& arch_names(LlamaArch arch) { return kArchNames[static_cast<int>(arch)]; }
 
 // Whether `arch`'s config spells "no sliding window" as a null sliding_window (fsdp_train's
-// 0): MistralConfig, Phi3Config, SmolLM3Config, Exaone4Config.
+// 0): MistralConfig, Phi3Config, SmolLM3Config, Exaone4Config, MixtralConfig.
 bool window_may_be_null(LlamaArch arch) {
   return arch == LlamaArch::mistral || arch == LlamaArch::phi3 || arch == LlamaArch::smollm3 ||
-         arch == LlamaArch::exaone4;
+         arch == LlamaArch::exaone4 || arch == LlamaArch::mixtral;
 }
 
 // Whether `arch`'s config has head_dim (Qwen2Config, Olmo2Config and Phi3Config do not: their
 // heads are hidden_size / num_attention_heads wide).
 bool has_head_dim_key(LlamaArch arch) {
   return arch != LlamaArch::qwen2 && arch != LlamaArch::olmo2 && arch != LlamaArch::phi3 &&
-         arch != LlamaArch::smollm3 && arch != LlamaArch::granite && arch != LlamaArch::olmo3;
+         arch != LlamaArch::smollm3 && arch != LlamaArch::granite && arch != LlamaArch::olmo3 &&
+         arch != LlamaArch::olmoe;
 }
 
 // The [model] key table of each Llama-family type: the only place one of their keys is
@@ -82,8 +86,12 @@ bool has_head_dim_key(LlamaArch arch) {
 ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   using A = ModelArg<LlamaConfig>;
   using L = LlamaConfig;
-  const bool llama = arch == LlamaArch::llama, mistral = arch == LlamaArch::mistral;
-  const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3;
+  // Mixtral's attention is Mistral's, Qwen3-MoE's Qwen3's (their defaults differ below).
+  const bool mixtral = arch == LlamaArch::mixtral, olmoe = arch == LlamaArch::olmoe;
+  const bool qwen3_moe = arch == LlamaArch::qwen3_moe, moe = mixtral || olmoe || qwen3_moe;
+  const bool llama = arch == LlamaArch::llama || olmoe;
+  const bool mistral = arch == LlamaArch::mistral || mixtral;
+  const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3 || qwen3_moe;
   // OLMo 3's config is OLMo 2's (Olmo3Config derives Olmo2Config) plus its window.
   const bool olmo3 = arch == LlamaArch::olmo3;
   const bool olmo2 = arch == LlamaArch::olmo2 || olmo3, phi3 = arch == LlamaArch::phi3;
@@ -108,31 +116,38 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   using I64 = int64_t;
   std::vector<A> rows = {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
-        olmo2    ? I64{50304}
+        olmo2 || olmoe ? I64{50304}
         : smol   ? I64{128256}
         : exaone ? I64{102400}
         : gemma2 || gemma1 ? I64{256000}
                            : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
-        smol     ? I64{2048}
+        smol || olmoe || qwen3_moe ? I64{2048}
         : gemma1 ? I64{3072}
                  : by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
       A{"intermediate_size", &L::intermediate_size,
-        gemma ? "Width of the GeGLU MLP." : "Width of the SwiGLU MLP.", KeyRange::size(1), {},
-        true,
-        gemma1   ? I64{24576}
-        : exaone ? I64{16384}
+        gemma       ? "Width of the GeGLU MLP."
+        : qwen3_moe ? "Width of a dense MLP (Qwen3MoeConfig's mlp_only_layers: none here, every "
+                      "layer is sparse; unused)."
+        : moe       ? "Width of each expert's SwiGLU MLP."
+                    : "Width of the SwiGLU MLP.",
+        KeyRange::size(1), {}, true,
+        gemma1      ? I64{24576}
+        : exaone    ? I64{16384}
+        : qwen3_moe ? I64{6144}
+        : olmoe     ? I64{2048}
                  : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
-        true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : I64{32}},
+        true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : qwen3_moe ? I64{24}
+              : olmoe ? I64{16} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
-        true, gemma1 ? I64{16} : gemma ? I64{8} : smol ? I64{16} : I64{32}},
+        true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe ? I64{16} : I64{32}},
       // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32,
       // Gemma 2's and 3's 4, Gemma 1's 16 (MHA).
       A{"num_key_value_heads", &L::num_key_value_heads,
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
         KeyRange::size(0), {}, true,
-        smol     ? I64{4}
+        smol || qwen3_moe ? I64{4}
         : gemma1 ? I64{16}
                  : by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
   };
@@ -146,13 +161,14 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         "Longest sequence the model is trained for.", KeyRange::size(1), {}, true,
         smol               ? I64{32768}
         : exaone           ? I64{2048}
+        : olmoe            ? I64{4096}
         : gemma2 || gemma1 ? I64{8192}
                            : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
-        olmo2 || phi3 || exaone ? 1e-5 : 1e-6},
+        olmo2 || phi3 || exaone || mixtral || olmoe ? 1e-5 : 1e-6},
       A{"rope_theta", &L::rope_theta,
         gemma3 ? "RoPE base period of the global (full-attention) layers." : "RoPE base period.",
-        KeyRange::above(0), {}, true, gemma3 ? 1e6 : smol ? 2e6 : 10000.0},
+        KeyRange::above(0), {}, true, gemma3 || mixtral ? 1e6 : smol ? 2e6 : 10000.0},
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
         gemma3 ? "RoPE frequency scaling of the global layers: default (none), linear (position "
                  "interpolation), Llama 3.1's llama3 or yarn."
@@ -210,11 +226,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      "RoPE base period of the sliding layers (never scaled).", KeyRange::above(0),
                      {}, true, 10000.0});
   }
-  if (llama || arch == LlamaArch::qwen3 || olmo2 || gemma || smol || granite) {
+  if ((llama || arch == LlamaArch::qwen3 || qwen3_moe || olmo2 || gemma || smol || granite) &&
+      !mixtral) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
                      "Biases on q_proj, k_proj, v_proj and o_proj.", {}, {}, true, false});
   }
-  if (llama || smol || granite) {
+  if ((llama && !olmoe) || smol || granite) {
     rows.push_back(A{"mlp_bias", &L::mlp_bias, "Biases on gate_proj, up_proj and down_proj.", {},
                      {}, true, false});
   }
@@ -237,7 +254,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                              : "Sliding-window attention span (positions per query, "
                                "itself included) under use_sliding_window.",
                      KeyRange::size(window_may_be_null(arch) ? 0 : 1), {}, true,
-                     phi3 || smol ? int64_t{0} : int64_t{4096}});
+                     phi3 || smol || mixtral ? int64_t{0} : int64_t{4096}});
   }
   if (granite) {
     rows.insert(rows.end(), {
@@ -290,6 +307,26 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
           KeyRange::nonnegative(), {}, true, 30.0},
     });
   }
+  if (moe) {  // the sparse MLP (Qwen3MoeConfig, MixtralConfig, OlmoeConfig)
+    rows.insert(rows.end(), {
+        A{mixtral ? "num_local_experts" : "num_experts", &L::num_experts,
+          "Experts (SwiGLU MLPs) per layer.", KeyRange::size(1), {}, true,
+          qwen3_moe ? I64{128} : olmoe ? I64{64} : I64{8}},
+        A{"num_experts_per_tok", &L::num_experts_per_tok,
+          "Experts each token is routed to (the top k of the router's softmax).",
+          KeyRange::size(1), {}, true, mixtral ? I64{2} : I64{8}},
+    });
+    if (qwen3_moe) {
+      rows.push_back(A{"moe_intermediate_size", &L::moe_intermediate_size,
+                       "Width of each expert's SwiGLU MLP.", KeyRange::size(1), {}, true,
+                       I64{768}});
+    }
+    if (!mixtral) {  // Mixtral always renormalises
+      rows.push_back(A{"norm_topk_prob", &L::norm_topk_prob,
+                       "Divide each token's top-k routing weights by their sum.", {}, {}, true,
+                       false});
+    }
+  }
   rows.insert(rows.end(), {
       A{"tie_word_embeddings", &L::tie_word_embeddings,
         "Whether the LM head is the token embedding.", {}, {}, true, gemma},
@@ -303,14 +340,14 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   rows.push_back(A{"pad_token_id", &L::pad_token_id,
                    "Padding token: its embedding row starts at 0 and gets no gradient from the "
                    "lookup (nn.Embedding's padding_idx); -1 = none.", KeyRange::at_least(-1), {},
-                   true, olmo2  ? I64{1}
+                   true, olmo2 || olmoe ? I64{1}
                          : phi3  ? I64{32000}
                          : gemma ? I64{0}
                          : smol  ? I64{128004}
                                  : I64{-1}});
   LlamaConfig defaults;
   defaults.arch = arch;
-  if (phi3) defaults.sliding_window = 0;  // Phi3Config's None: no window
+  if (phi3 || mixtral) defaults.sliding_window = 0;  // Phi3Config's, MixtralConfig's None
   if (gemma) {  // GemmaConfig's, Gemma2Config's and Gemma3TextConfig's: tied, padding token 0
     defaults.tie_word_embeddings = true;
     defaults.pad_token_id = 0;
@@ -379,6 +416,13 @@ struct LayerIndex {
   // fused_projections() (Phi-3): the parameters qkv_proj and gate_up_proj; q_w, k_w, v_w,
   // gate_w and up_w are then slots >= count standing for their rows (layer_slot); -1 otherwise.
   int qkv = -1, gate_up = -1;
+  // moe() (gate_w .. down_b -1): the router `router` (HF's mlp.gate, [E, C]) and expert e's
+  // gate, up and down projections at expert0 + 3 e + e_gate / e_up / e_down (HF's order:
+  // gate_proj, up_proj, down_proj; Mixtral's w1, w2, w3 = gate, down, up).
+  int router = -1, expert0 = -1, e_gate = 0, e_up = 1, e_down = 2;
+  int expert_gate(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_gate; }
+  int expert_up(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_up; }
+  int expert_down(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_down; }
 };
 LayerIndex layer_index(const LlamaConfig& c) {
   LayerIndex x{};
@@ -415,9 +459,20 @@ LayerIndex layer_index(const LlamaConfig& c) {
   lin(x.o_w, x.o_b, c.o_bias());
   x.q_norm = c.qk_norm() ? n++ : -1;
   x.k_norm = c.qk_norm() ? n++ : -1;
-  lin(x.gate_w, x.gate_b, c.mlp_bias);
-  lin(x.up_w, x.up_b, c.mlp_bias);
-  lin(x.down_w, x.down_b, c.mlp_bias);
+  if (c.moe()) {
+    x.gate_w = x.gate_b = x.up_w = x.up_b = x.down_w = x.down_b = -1;
+    x.router = n++;
+    x.expert0 = n;
+    n += static_cast<int>(3 * c.num_experts);
+    if (c.arch == LlamaArch::mixtral) {  // w1, w2, w3
+      x.e_up = 2;
+      x.e_down = 1;
+    }
+  } else {
+    lin(x.gate_w, x.gate_b, c.mlp_bias);
+    lin(x.up_w, x.up_b, c.mlp_bias);
+    lin(x.down_w, x.down_b, c.mlp_bias);
+  }
   norms();
   x.count = n;
   return x;
@@ -468,9 +523,11 @@ std::string layer_class(LlamaArch arch) {
 int64_t LlamaConfig::layer_window(int64_t layer) const {
   switch (arch) {
     case LlamaArch::mistral:
+    case LlamaArch::mixtral:
     case LlamaArch::phi3: return sliding_window;
     case LlamaArch::qwen2:
-    case LlamaArch::qwen3:  // HF's layer_types: sliding from layer max_window_layers on
+    case LlamaArch::qwen3:
+    case LlamaArch::qwen3_moe:  // HF's layer_types: sliding from layer max_window_layers on
       return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
     case LlamaArch::gemma2:
     case LlamaArch::gemma3_text:
@@ -482,6 +539,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::olmo2:
     case LlamaArch::granite:
     case LlamaArch::gemma:
+    case LlamaArch::olmoe:
     case LlamaArch::llama: break;
   }
   return 0;
@@ -590,15 +648,78 @@ double llama_rope_attention_scaling(const LlamaConfig& c) {
   return c.rope_factor <= 1 ? 1.0 : 0.1 * std::log(c.rope_factor) + 1.0;
 }
 
-std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
-  const int64_t C = c.hidden_size, V = c.vocab_size, Vp = c.padded_vocab();
+namespace {
+// RMSNorm weights: 1, or Gemma's offsets from 1 at 0.
+InitKind norm_init_of(const LlamaConfig& c) {
+  return c.norm_weight_offset() ? InitKind::zeros : InitKind::ones;
+}
+
+// Decoder layer l's module "model.layers.{l}" (llama_modules).
+ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
+  const int64_t C = c.hidden_size;
   const int64_t Q = c.num_attention_heads * c.head_size(), KV = c.kv_heads() * c.head_size();
   const int64_t I = c.intermediate_size;
   const float std0 = static_cast<float>(c.initializer_range);
   const LayerIndex x = layer_index(c);
-  const std::string prefix = llama_arch_prefix(c.arch);
-  // RMSNorm weights: 1, or Gemma 3's offsets from 1 at 0.
-  const InitKind norm_init = c.norm_weight_offset() ? InitKind::zeros : InitKind::ones;
+  const InitKind norm_init = norm_init_of(c);
+  const std::string m = "model.layers." + std::to_string(l);
+  ModuleDecl layer{m, layer_class(c.arch), {}};
+  layer.params.resize(static_cast<std::size_t>(x.count));
+  auto put = [&](int i, const std::string& name, std::vector<int64_t> shape, InitKind init,
+                 bool decay) {
+    if (i >= 0) {
+      layer.params[static_cast<std::size_t>(i)] =
+          ParamSpec{m + "." + name, std::move(shape), init, init == InitKind::normal ? std0 : 0.f, decay};
+    }
+  };
+  auto linear = [&](int w, int b, const std::string& name, int64_t out, int64_t in) {
+    put(w, name + ".weight", {out, in}, InitKind::normal, true);
+    put(b, name + ".bias", {out}, InitKind::zeros, false);
+  };
+  if (c.fused_projections()) {  // the slots q_w .. up_w are rows of these (layer_slot)
+    put(x.qkv, "self_attn.qkv_proj.weight", {Q + 2 * KV, C}, InitKind::normal, true);
+    put(x.gate_up, "mlp.gate_up_proj.weight", {2 * I, C}, InitKind::normal, true);
+  } else {
+    linear(x.q_w, x.q_b, "self_attn.q_proj", Q, C);
+    linear(x.k_w, x.k_b, "self_attn.k_proj", KV, C);
+    linear(x.v_w, x.v_b, "self_attn.v_proj", KV, C);
+    linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
+    linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
+  }
+  if (c.moe()) {  // the router and the experts (HF's names: Mixtral's block_sparse_moe, w1-3)
+    const bool mixtral = c.arch == LlamaArch::mixtral;
+    const std::string moe = mixtral ? "block_sparse_moe" : "mlp";
+    const int64_t Im = c.expert_size();
+    put(x.router, moe + ".gate.weight", {c.num_experts, C}, InitKind::normal, true);
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string ex = moe + ".experts." + std::to_string(e) + ".";
+      put(x.expert_gate(e), ex + (mixtral ? "w1" : "gate_proj") + ".weight", {Im, C},
+          InitKind::normal, true);
+      put(x.expert_up(e), ex + (mixtral ? "w3" : "up_proj") + ".weight", {Im, C},
+          InitKind::normal, true);
+      put(x.expert_down(e), ex + (mixtral ? "w2" : "down_proj") + ".weight", {C, Im},
+          InitKind::normal, true);
+    }
+  }
+  linear(x.o_w, x.o_b, "self_attn.o_proj", C, Q);
+  const bool per_head = c.qk_norm_per_head();
+  put(x.q_norm, "self_attn.q_norm.weight", {per_head ? c.head_size() : Q}, norm_init, false);
+  put(x.k_norm, "self_attn.k_norm.weight", {per_head ? c.head_size() : KV}, norm_init, false);
+  linear(x.down_w, x.down_b, "mlp.down_proj", C, I);
+  put(x.attn_in, "input_layernorm.weight", {C}, norm_init, false);
+  put(x.attn_out, "post_attention_layernorm.weight", {C}, norm_init, false);
+  put(x.mlp_in,
+      c.gemma2_layer() ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight",
+      {C},
+      norm_init, false);
+  put(x.mlp_out, "post_feedforward_layernorm.weight", {C}, norm_init, false);
+  return layer;
+}
+}  // namespace
+
+std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
+  const int64_t C = c.hidden_size, V = c.vocab_size, Vp = c.padded_vocab();
+  const float std0 = static_cast<float>(c.initializer_range);
   std::vector<ModuleDecl> modules;
   ModuleDecl emb{"model.embed_tokens",
                  c.gemma3()  ? "Gemma3TextScaledWordEmbedding"
@@ -608,47 +729,9 @@ std::vector<ModuleDecl> llama_modules(const LlamaConfig& c) {
   emb.params.push_back({"model.embed_tokens.weight", {Vp, C}, InitKind::normal, std0, false, V});
   emb.params.back().zero_row = c.pad_token_id;
   modules.push_back(std::move(emb));
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string m = "model.layers." + std::to_string(l);
-    ModuleDecl layer{m, layer_class(c.arch), {}};
-    layer.params.resize(static_cast<std::size_t>(x.count));
-    auto put = [&](int i, const std::string& name, std::vector<int64_t> shape, InitKind init,
-                   bool decay) {
-      if (i >= 0) {
-        layer.params[static_cast<std::size_t>(i)] =
-            ParamSpec{m + "." + name, std::move(shape), init, init == InitKind::normal ? std0 : 0.f, decay};
-      }
-    };
-    auto linear = [&](int w, int b, const std::string& name, int64_t out, int64_t in) {
-      put(w, name + ".weight", {out, in}, InitKind::normal, true);
-      put(b, name + ".bias", {out}, InitKind::zeros, false);
-    };
-    if (c.fused_projections()) {  // the slots q_w .. up_w are rows of these (layer_slot)
-      put(x.qkv, "self_attn.qkv_proj.weight", {Q + 2 * KV, C}, InitKind::normal, true);
-      put(x.gate_up, "mlp.gate_up_proj.weight", {2 * I, C}, InitKind::normal, true);
-    } else {
-      linear(x.q_w, x.q_b, "self_attn.q_proj", Q, C);
-      linear(x.k_w, x.k_b, "self_attn.k_proj", KV, C);
-      linear(x.v_w, x.v_b, "self_attn.v_proj", KV, C);
-      linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
-      linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
-    }
-    linear(x.o_w, x.o_b, "self_attn.o_proj", C, Q);
-    const bool per_head = c.qk_norm_per_head();
-    put(x.q_norm, "self_attn.q_norm.weight", {per_head ? c.head_size() : Q}, norm_init, false);
-    put(x.k_norm, "self_attn.k_norm.weight", {per_head ? c.head_size() : KV}, norm_init, false);
-    linear(x.down_w, x.down_b, "mlp.down_proj", C, I);
-    put(x.attn_in, "input_layernorm.weight", {C}, norm_init, false);
-    put(x.attn_out, "post_attention_layernorm.weight", {C}, norm_init, false);
-    put(x.mlp_in,
-        c.gemma2_layer() ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight",
-        {C},
-        norm_init, false);
-    put(x.mlp_out, "post_feedforward_layernorm.weight", {C}, norm_init, false);
-    modules.push_back(std::move(layer));
-  }
-  modules.push_back({"model.norm", prefix + "RMSNorm",
-                     {ParamSpec{"model.norm.weight", {C}, norm_init, 0.f, false}}});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) modules.push_back(layer_module(c, l));
+  modules.push_back({"model.norm", std::string(llama_arch_prefix(c.arch)) + "RMSNorm",
+                     {ParamSpec{"model.norm.weight", {C}, norm_init_of(c), 0.f, false}}});
   if (!c.tie_word_embeddings) {
     ModuleDecl head{"lm_head", "Linear", {}};
     head.params.push_back({"lm_head.weight", {Vp, C}, InitKind::normal, std0, true, V});
@@ -714,6 +797,13 @@ struct LlamaModel::Acts {
     // output norms, their statistics in o_rstd and m_rstd; empty otherwise.
     DeviceBuffer ln1, ln1_rstd, q, k, v, lse, atty, res2, ln2, ln2_rstd, gate, up;
     DeviceBuffer q_raw, k_raw, q_rstd, k_rstd, o_rstd, m_rstd;
+    // moe() (gate and up then hold the BT*K routed rows [BT*K, expert_size()], grouped by
+    // expert): the router's logits [BT,E]; the top-k experts idx [BT*K] int32 and weights
+    // [BT*K] fp32 (moe_router_forward); the routed rows' tokens src [BT*K] int32 and each
+    // (token, k)'s row slot [BT*K] int32; the experts' outputs [BT*K, C] (read by the combine's
+    // backward); on the host, expert e's rows [offsets[e], offsets[e + 1]).
+    DeviceBuffer router_logits, moe_idx, moe_w, moe_src, moe_slot, expert_out;
+    std::vector<int64_t> moe_offsets;
   };
   // One shared by the layers that recompute (activation checkpointing), one per other layer.
   std::vector<Layer> layers;
@@ -731,6 +821,10 @@ struct LlamaModel::Acts {
   // the same values, so the same bits) before the projections' weight gradients, which run
   // before their input gradients overwrite dln. Two [BT,C] activations fewer per layer.
   DeviceBuffer dres, dln, dI1, dI2, datty, dq, dk, dv;
+  // moe(): the routed rows' scratch [BT*K, C] (forward: the gathered inputs; backward: the
+  // experts' output gradients, then again the inputs, then their gradients), d weights fp32
+  // [BT*K], d router logits [BT,E]. Empty otherwise.
+  DeviceBuffer moe_rows, moe_dw, moe_dlogits;
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, R/2], R = rotary_dim()
   // Gemma 3's sliding layers' RoPE (layer_local_rope), fp32 [T, R/2]; else empty.
   DeviceBuffer rope_local_cos, rope_local_sin;
@@ -752,15 +846,16 @@ struct ActCounts {
 ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
                      ActivationCheckpointing checkpointing) {
   const int64_t BT = B * T, C = c.hidden_size, H = c.num_attention_heads, D = c.head_size();
-  const int64_t Q = H * D, KV = c.kv_heads() * D, I = c.intermediate_size, Vp = c.padded_vocab();
+  const int64_t Q = H * D, KV = c.kv_heads() * D, Vp = c.padded_vocab();
+  const int64_t MI = BT * c.mlp_rows_per_token() * c.mlp_width();  // gate, up, dI1, dI2 each
   const int64_t S = checkpointing.buffer_sets(c.num_hidden_layers);
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, Vp);  // BT, or one chunk
   ActCounts n;
   n.act = (c.num_hidden_layers + 1) * BT * C                            // residual streams
-          + S * BT * (Q + 2 * KV + Q + C + 2 * I)          // q k v atty res2 gate up
+          + S * (BT * (Q + 2 * KV + Q + C) + 2 * MI)       // q k v atty res2 gate up
           + (c.norm_after() ? S * BT * 2 * C : 0)           // ln1 ln2 (output norms' inputs)
           + BT * C + logit_rows * Vp                                      // norm, logits
-          + BT * (2 * C + 2 * I + 2 * Q + 2 * KV);                        // backward scratch
+          + BT * (2 * C + 2 * Q + 2 * KV) + 2 * MI;                       // backward scratch
   const int64_t norms = (c.norm_before() ? 2 : 0) + (c.norm_after() ? 2 : 0);
   const int64_t rope_tables = c.local_rope() ? 2 : 1;  // global (and the sliding layers')
   const int64_t R = c.rotary_dim();
@@ -771,6 +866,13 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
     n.f32 += S * BT * (c.qk_norm_per_head() ? H + c.kv_heads() : 2);  // q_rstd, k_rstd
   }
   n.i32 = 2 * BT;
+  if (c.moe()) {
+    const int64_t E = c.num_experts, RK = BT * c.num_experts_per_tok;
+    n.act += S * (BT * E + RK * C)  // router logits, expert outputs
+             + RK * C + BT * E;     // scratch: routed rows, d router logits
+    n.f32 += S * RK + RK;           // weights; d weights
+    n.i32 += S * 3 * RK;            // idx, src, slot
+  }
   return n;
 }
 }  // namespace
@@ -799,7 +901,8 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   a->B = B;
   a->T = T;
   const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads, D = cfg_.head_size();
-  const int64_t Q = H * D, KV = cfg_.kv_heads() * D, I = cfg_.intermediate_size, Vp = cfg_.padded_vocab();
+  const int64_t Q = H * D, KV = cfg_.kv_heads() * D, Vp = cfg_.padded_vocab();
+  const int64_t MI = BT * cfg_.mlp_rows_per_token() * cfg_.mlp_width();
   const auto cat = MemCategory::activations;
   auto f = [&](int64_t n) { return DeviceBuffer(rt_, act_dtype_, n, cat); };
   auto f32 = [&](int64_t n) { return DeviceBuffer(rt_, DType::f32, n, cat); };
@@ -813,7 +916,13 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
     if (cfg_.norm_before()) { y.ln1_rstd = f32(BT); y.ln2_rstd = f32(BT); }
     y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
     y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C);
-    y.gate = f(BT * I); y.up = f(BT * I);
+    y.gate = f(MI); y.up = f(MI);
+    if (cfg_.moe()) {
+      const int64_t E = cfg_.num_experts, RK = BT * cfg_.num_experts_per_tok;
+      auto i32 = [&](int64_t n) { return DeviceBuffer(rt_, DType::i32, n, cat); };
+      y.router_logits = f(BT * E); y.expert_out = f(RK * C); y.moe_w = f32(RK);
+      y.moe_idx = i32(RK); y.moe_src = i32(RK); y.moe_slot = i32(RK);
+    }
     if (cfg_.qk_norm()) {
       y.q_raw = f(BT * Q); y.k_raw = f(BT * KV);
       const bool per_head = cfg_.qk_norm_per_head();
@@ -822,7 +931,11 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   }
   a->lnf = f(BT * C); a->lnf_rstd = f32(BT);
   a->logits = f(cfg_.fused_lce.logits_rows(BT, C, Vp) * Vp);
-  a->dres = f(BT * C); a->dln = f(BT * C); a->dI1 = f(BT * I); a->dI2 = f(BT * I);
+  a->dres = f(BT * C); a->dln = f(BT * C); a->dI1 = f(MI); a->dI2 = f(MI);
+  if (cfg_.moe()) {
+    const int64_t RK = BT * cfg_.num_experts_per_tok;
+    a->moe_rows = f(RK * C); a->moe_dw = f32(RK); a->moe_dlogits = f(BT * cfg_.num_experts);
+  }
   a->datty = f(BT * Q); a->dq = f(BT * Q); a->dk = f(BT * KV); a->dv = f(BT * KV);
   // RoPE tables for positions 0..T-1 of the R rotated columns: angle t * inv_freq[i] in
   // float64 (longrope's factors chosen by T), stored fp32.
@@ -863,6 +976,14 @@ TensorView LlamaModel::last_logits() const {
   if (cfg_.fused_lce.enabled) throw fused_logits_error();
   if (!acts_ || last_rows_ == 0) return {};
   return acts_->logits.view({last_rows_, cfg_.padded_vocab()});
+}
+
+TensorView LlamaModel::router_logits(int64_t layer) const {
+  if (!cfg_.moe() || !acts_ || last_rows_ == 0 || layer < 0 || layer >= cfg_.num_hidden_layers ||
+      checkpointing_.recomputes(layer)) {
+    return {};
+  }
+  return acts_->layer(layer).router_logits.view({last_rows_, cfg_.num_experts});
 }
 
 // Parameter ids: embed_tokens 0; layer l: 1 + count*l + k; norm: 1 + count*L; lm_head next.
@@ -937,8 +1058,8 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   Acts& a = *acts_;
   const LayerIndex x = layer_index(cfg_);
   const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads,
-                Hkv = cfg_.kv_heads(), D = cfg_.head_size(), I = cfg_.intermediate_size;
-  const int64_t Q = H * D, KV = Hkv * D;
+                Hkv = cfg_.kv_heads(), D = cfg_.head_size(), I = cfg_.mlp_width();
+  const int64_t Q = H * D, KV = Hkv * D, MR = BT * cfg_.mlp_rows_per_token();
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
   const int p0 = static_cast<int>(1 + x.count * l);
@@ -952,8 +1073,8 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   const bool before = cfg_.norm_before(), after = cfg_.norm_after();
   const TensorView in = rows(a.res[l], C), n1 = rows(a.dln, C), q = rows(y.q, Q),
                    k = rows(y.k, KV), v = rows(y.v, KV), atty = rows(y.atty, Q),
-                   res2 = rows(y.res2, C), gate = rows(y.gate, I), up = rows(y.up, I),
-                   act = rows(a.dI1, I);  // Acts::dI1
+                   res2 = rows(y.res2, C), gate = y.gate.view({MR, I}),
+                   up = y.up.view({MR, I}), act = a.dI1.view({MR, I});  // Acts::dI1
   const bool local = cfg_.layer_local_rope(l);
   const int64_t R = cfg_.rotary_dim();  // RoPE's rotated columns of a head; R/2 frequencies
   const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, R / 2}),
@@ -1030,6 +1151,10 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   if (rs != 1.f) be_.scale(res2, rs);
   be_.add_rmsnorm_forward(res2, ln2, y.ln2_rstd.view({BT}), in, bias(x.o_b), nw.mlp_in, BT, C,
                           eps);
+  if (cfg_.moe()) {
+    moe_forward(l, BT, hooks, write_output);
+    return;
+  }
   linear(gate, ln2, x.gate_w, x.gate_b, I, C);
   linear(up, ln2, x.up_w, x.up_b, I, C);
   mlp_act(act);
@@ -1038,6 +1163,140 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   be_.gemm(false, true, BT, C, I, 1.f, act, W(x.down_w), 0.f, out);
   if (rs != 1.f) be_.scale(out, rs);
   be_.add_bias_residual(out, bias(x.down_b), res2, BT, C);
+}
+
+void LlamaModel::group_routed_rows(int64_t l, int64_t BT) {
+  auto& y = acts_->layer(l);
+  const int64_t E = cfg_.num_experts, K = cfg_.num_experts_per_tok, RK = BT * K;
+  std::vector<int32_t> idx(static_cast<std::size_t>(RK));
+  rt_.copy_to_host(idx.data(), y.moe_idx.view({RK}));
+  std::vector<int64_t>& offsets = y.moe_offsets;
+  offsets.assign(static_cast<std::size_t>(E + 1), 0);
+  for (const int32_t e : idx) {
+    if (e < 0 || e >= E) {
+      throw Error("LlamaModel: layer " + std::to_string(l) + "'s router chose expert " +
+                  std::to_string(e) + " of " + std::to_string(E));
+    }
+    ++offsets[static_cast<std::size_t>(e) + 1];
+  }
+  for (std::size_t e = 0; e < static_cast<std::size_t>(E); ++e) offsets[e + 1] += offsets[e];
+  std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
+  std::vector<int32_t> src(idx.size()), slot(idx.size());
+  for (int64_t i = 0; i < RK; ++i) {  // i = token * K + k, ascending: stable within an expert
+    const int64_t r = next[static_cast<std::size_t>(idx[static_cast<std::size_t>(i)])]++;
+    src[static_cast<std::size_t>(r)] = static_cast<int32_t>(i / K);
+    slot[static_cast<std::size_t>(i)] = static_cast<int32_t>(r);
+  }
+  rt_.copy_from_host(y.moe_src.view({RK}), src.data());
+  rt_.copy_from_host(y.moe_slot.view({RK}), slot.data());
+}
+
+namespace {
+// Expert e's rows [offsets[e], offsets[e + 1]) of a [rows, width] buffer, as [n, width].
+TensorView expert_rows(const DeviceBuffer& b, const std::vector<int64_t>& offsets, int64_t e,
+                       int64_t width) {
+  const int64_t first = offsets[static_cast<std::size_t>(e)];
+  const int64_t n = offsets[static_cast<std::size_t>(e) + 1] - first;
+  return b.view().slice(first * width, n * width).reshape({n, width});
+}
+}  // namespace
+
+void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool write_output) {
+  Acts& a = *acts_;
+  const LayerIndex x = layer_index(cfg_);
+  const int p0 = static_cast<int>(1 + x.count * l);
+  auto W = [&](int k) { return hooks.param(p0 + k); };
+  auto& y = a.layer(l);
+  const int64_t C = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
+  const int64_t I = cfg_.expert_size(), RK = BT * K;
+  const TensorView ln2 = a.dln.view({BT, C}), logits = y.router_logits.view({BT, E});
+  // router_logits = ln2 @ gate^T; the top-k experts and weights of each token
+  be_.gemm(false, true, BT, E, C, 1.f, ln2, W(x.router), 0.f, logits);
+  be_.moe_router_forward(y.moe_idx.view({RK}), y.moe_w.view({RK}), logits, BT, E, K,
+                         cfg_.normalize_top_k());
+  group_routed_rows(l, BT);
+  const std::vector<int64_t>& off = y.moe_offsets;
+  // The routed rows: each token's ln2 once per expert it chose, grouped by expert; then each
+  // expert's SwiGLU MLP on its rows: down(silu(gate(x)) * up(x)).
+  be_.embedding_lookup_forward(a.moe_rows.view({RK, C}), y.moe_src.view({RK}), ln2, RK, C);
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView in = expert_rows(a.moe_rows, off, e, C);
+    if (in.numel() == 0) continue;
+    const int64_t n = in.shape[0];
+    be_.gemm(false, true, n, I, C, 1.f, in, W(x.expert_gate(e)), 0.f,
+             expert_rows(y.gate, off, e, I));
+    be_.gemm(false, true, n, I, C, 1.f, in, W(x.expert_up(e)), 0.f, expert_rows(y.up, off, e, I));
+  }
+  be_.swiglu_forward(a.dI1.view({RK, I}), y.gate.view({RK, I}), y.up.view({RK, I}));
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView act = expert_rows(a.dI1, off, e, I);
+    if (act.numel() == 0) continue;
+    be_.gemm(false, true, act.shape[0], C, I, 1.f, act, W(x.expert_down(e)), 0.f,
+             expert_rows(y.expert_out, off, e, C));
+  }
+  if (!write_output) return;
+  // res[l + 1] = res2 + sum_k weight_k * expert_k(ln2)
+  const TensorView out = a.res[static_cast<std::size_t>(l + 1)].view({BT, C});
+  be_.moe_combine_forward(out, y.expert_out.view({RK, C}), y.moe_w.view({RK}),
+                          y.moe_slot.view({RK}), BT, K, C);
+  be_.add_bias_residual(out, TensorView{}, y.res2.view({BT, C}), BT, C);
+}
+
+void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
+                              const TensorView& norm_weight, bool recompute) {
+  Acts& a = *acts_;
+  const LayerIndex x = layer_index(cfg_);
+  const int p0 = static_cast<int>(1 + x.count * l);
+  auto W = [&](int k) { return hooks.param(p0 + k); };
+  auto G = [&](int k) { return hooks.grad(p0 + k); };
+  auto& y = a.layer(l);
+  const int64_t C = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
+  const int64_t I = cfg_.expert_size(), RK = BT * K;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const std::vector<int64_t>& off = y.moe_offsets;
+  const TensorView dres = a.dres.view({BT, C}), dln = a.dln.view({BT, C}),
+                   res2 = y.res2.view({BT, C}), gate = y.gate.view({RK, I}),
+                   up = y.up.view({RK, I}), act = a.dI1.view({RK, I}), dup = a.dI2.view({RK, I}),
+                   rows = a.moe_rows.view({RK, C}), w = y.moe_w.view({RK}),
+                   slot = y.moe_slot.view({RK}), dw = a.moe_dw.view({RK}),
+                   dlogits = a.moe_dlogits.view({BT, E});
+  // act = silu(gate) * up again into dI1 (the recompute has left it there)
+  if (!recompute) be_.swiglu_forward(act, gate, up);
+  // d expert outputs (into the routed rows) and d weights from dres = d res[l + 1]
+  be_.moe_combine_backward(rows, dw, dres, y.expert_out.view({RK, C}), w, slot, BT, K, C);
+  // down: d W += dy^T act, then d act = dy @ W over act's rows (read first)
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView dy = expert_rows(a.moe_rows, off, e, C);
+    if (dy.numel() == 0) continue;
+    const int64_t n = dy.shape[0];
+    const TensorView act_e = expert_rows(a.dI1, off, e, I);
+    be_.gemm(true, false, C, I, n, 1.f, dy, act_e, 1.f, G(x.expert_down(e)));
+    be_.gemm(false, false, n, I, C, 1.f, dy, W(x.expert_down(e)), 0.f, act_e);
+  }
+  be_.swiglu_backward(act, dup, act, gate, up);  // d gate into dI1, d up into dI2
+  // ln2 = post_attention_layernorm(res2) again into dln, gathered again into the routed rows,
+  // read by the gate and up weight gradients before each expert's input gradient replaces
+  // its rows
+  if (!recompute) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, norm_weight, BT, C, eps);
+  be_.embedding_lookup_forward(rows, y.moe_src.view({RK}), dln, RK, C);
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView in = expert_rows(a.moe_rows, off, e, C);
+    if (in.numel() == 0) continue;
+    const int64_t n = in.shape[0];
+    const TensorView dg = expert_rows(a.dI1, off, e, I), du = expert_rows(a.dI2, off, e, I);
+    be_.gemm(true, false, I, C, n, 1.f, dg, in, 1.f, G(x.expert_gate(e)));
+    be_.gemm(true, false, I, C, n, 1.f, du, in, 1.f, G(x.expert_up(e)));
+    be_.gemm(false, false, n, C, I, 1.f, dg, W(x.expert_gate(e)), 0.f, in);
+    be_.gemm(false, false, n, C, I, 1.f, du, W(x.expert_up(e)), 1.f, in);
+  }
+  // the router: d logits from d weights; d gate += d logits^T ln2
+  be_.moe_router_backward(dlogits, dw, y.router_logits.view({BT, E}), y.moe_idx.view({RK}), BT,
+                          E, K, cfg_.normalize_top_k());
+  be_.gemm(true, false, E, C, BT, 1.f, dlogits, dln, 1.f, G(x.router));
+  // d ln2 = each token's routed rows' gradients summed + d logits @ gate; then the norm
+  be_.moe_combine_forward(dln, rows, TensorView{}, slot, BT, K, C);
+  be_.gemm(false, false, BT, C, E, 1.f, dlogits, W(x.router), 1.f, dln);
+  be_.rmsnorm_backward(dres, G(x.mlp_in), dln, res2, norm_weight, y.ln2_rstd.view({BT}), BT, C);
 }
 
 LmHeadChunks LlamaModel::head_chunks(int64_t BT, const TensorView& weight) const {
@@ -1056,8 +1315,10 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
   const int64_t Q = H * D, KV = Hkv * D, Vp = cfg_.padded_vocab(), L = cfg_.num_hidden_layers;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
-  const TensorView dres = rows(a.dres, C), dln = rows(a.dln, C), dI1 = rows(a.dI1, I),
-                   dI2 = rows(a.dI2, I), datty = rows(a.datty, Q), dq = rows(a.dq, Q),
+  // The dense MLP's views (a sparse one's are moe_backward's)
+  auto mlp_rows = [&](const DeviceBuffer& b) { return cfg_.moe() ? TensorView{} : rows(b, I); };
+  const TensorView dres = rows(a.dres, C), dln = rows(a.dln, C), dI1 = mlp_rows(a.dI1),
+                   dI2 = mlp_rows(a.dI2), datty = rows(a.datty, Q), dq = rows(a.dq, Q),
                    dk = rows(a.dk, KV), dv = rows(a.dv, KV);
 
   // LM head and norm. a.logits holds dlogits [BT,Vp] after the fused cross-entropy (0 in the
@@ -1131,55 +1392,59 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     // checkpointing recompute has just put it there); linear_backward reads it for the weight
     // gradient before it writes d act over it.
     const bool before = cfg_.norm_before(), after = cfg_.norm_after();
-    const TensorView gate = rows(y.gate, I), up = rows(y.up, I), res2 = rows(y.res2, C);
-    if (after) {  // d m (m = down(act) in ln2) into dln: rmsnorm_backward adds to zeros
-      rt_.fill_zero(dln);
-      be_.rmsnorm_backward(dln, G(x.mlp_out), dres, rows(y.ln2, C), nw.mlp_out,
-                           y.m_rstd.view({BT}), BT, C);
-    }
-    if (!recompute) {
-      if (cfg_.gelu_mlp()) {
-        be_.geglu_forward(dI1, gate, up);
-      } else {
-        be_.swiglu_forward(dI1, gate, up);
-      }
-    }
-    linear_backward(dI1, after ? dln : dres, dI1, x.down_w, x.down_b, C, I, false, rs);  // d act
-    if (cfg_.gelu_mlp()) {                                                        // d gate, d up
-      be_.geglu_backward(dI1, dI2, dI1, gate, up);
+    const TensorView gate = mlp_rows(y.gate), up = mlp_rows(y.up), res2 = rows(y.res2, C);
+    if (cfg_.moe()) {
+      moe_backward(l, BT, hooks, nw.mlp_in, recompute);
     } else {
-      be_.swiglu_backward(dI1, dI2, dI1, gate, up);
-    }
-    if (after) {
-      // The MLP read res2 itself (OLMo 2: its input gradient adds to dres = d res2), or
-      // pre_feedforward_layernorm(res2) (Gemma 3: again into dln, read by both weight
-      // gradients before d ln2 replaces it, then through the norm into dres).
-      if (before) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, nw.mlp_in, BT, C, eps);
-      const TensorView hin = before ? dln : res2, dhin = before ? dln : dres;
-      linear_wgrad(dI1, hin, x.gate_w, x.gate_b, I, C);
-      linear_wgrad(dI2, hin, x.up_w, x.up_b, I, C);
-      linear_dgrad(dhin, dI1, x.gate_w, I, C, !before);
-      linear_dgrad(dhin, dI2, x.up_w, I, C, true);
-      if (before) {
-        be_.rmsnorm_backward(dres, G(x.mlp_in), dln, res2, nw.mlp_in, y.ln2_rstd.view({BT}), BT,
-                             C);
+      if (after) {  // d m (m = down(act) in ln2) into dln: rmsnorm_backward adds to zeros
+        rt_.fill_zero(dln);
+        be_.rmsnorm_backward(dln, G(x.mlp_out), dres, rows(y.ln2, C), nw.mlp_out,
+                             y.m_rstd.view({BT}), BT, C);
       }
-      // res2 = in + post_attention_layernorm(o), o = o_proj(atty) in ln1: d o into dln
-      rt_.fill_zero(dln);
-      be_.rmsnorm_backward(dln, G(x.attn_out), dres, rows(y.ln1, C), nw.attn_out,
-                           y.o_rstd.view({BT}), BT, C);
-    } else {
-      // ln2 = post_attention_layernorm(res2) again into dln (Acts::dln; the checkpointing
-      // recompute has left it there), read by both weight gradients before d ln2 replaces it
       if (!recompute) {
-        be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, nw.mlp_in, BT, C, eps);
+        if (cfg_.gelu_mlp()) {
+          be_.geglu_forward(dI1, gate, up);
+        } else {
+          be_.swiglu_forward(dI1, gate, up);
+        }
       }
-      linear_wgrad(dI1, dln, x.gate_w, x.gate_b, I, C);
-      linear_wgrad(dI2, dln, x.up_w, x.up_b, I, C);
-      linear_dgrad(dln, dI1, x.gate_w, I, C, false);
-      linear_dgrad(dln, dI2, x.up_w, I, C, true);                                   // d ln2
-      be_.rmsnorm_backward(dres, G(x.mlp_in), dln, res2, nw.mlp_in, y.ln2_rstd.view({BT}), BT,
-                           C);                                                      // dres = d res2
+      linear_backward(dI1, after ? dln : dres, dI1, x.down_w, x.down_b, C, I, false, rs);  // d act
+      if (cfg_.gelu_mlp()) {                                                        // d gate, d up
+        be_.geglu_backward(dI1, dI2, dI1, gate, up);
+      } else {
+        be_.swiglu_backward(dI1, dI2, dI1, gate, up);
+      }
+      if (after) {
+        // The MLP read res2 itself (OLMo 2: its input gradient adds to dres = d res2), or
+        // pre_feedforward_layernorm(res2) (Gemma 3: again into dln, read by both weight
+        // gradients before d ln2 replaces it, then through the norm into dres).
+        if (before) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, nw.mlp_in, BT, C, eps);
+        const TensorView hin = before ? dln : res2, dhin = before ? dln : dres;
+        linear_wgrad(dI1, hin, x.gate_w, x.gate_b, I, C);
+        linear_wgrad(dI2, hin, x.up_w, x.up_b, I, C);
+        linear_dgrad(dhin, dI1, x.gate_w, I, C, !before);
+        linear_dgrad(dhin, dI2, x.up_w, I, C, true);
+        if (before) {
+          be_.rmsnorm_backward(dres, G(x.mlp_in), dln, res2, nw.mlp_in, y.ln2_rstd.view({BT}), BT,
+                               C);
+        }
+        // res2 = in + post_attention_layernorm(o), o = o_proj(atty) in ln1: d o into dln
+        rt_.fill_zero(dln);
+        be_.rmsnorm_backward(dln, G(x.attn_out), dres, rows(y.ln1, C), nw.attn_out,
+                             y.o_rstd.view({BT}), BT, C);
+      } else {
+        // ln2 = post_attention_layernorm(res2) again into dln (Acts::dln; the checkpointing
+        // recompute has left it there), read by both weight gradients before d ln2 replaces it
+        if (!recompute) {
+          be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, nw.mlp_in, BT, C, eps);
+        }
+        linear_wgrad(dI1, dln, x.gate_w, x.gate_b, I, C);
+        linear_wgrad(dI2, dln, x.up_w, x.up_b, I, C);
+        linear_dgrad(dln, dI1, x.gate_w, I, C, false);
+        linear_dgrad(dln, dI2, x.up_w, I, C, true);  // d ln2
+        be_.rmsnorm_backward(dres, G(x.mlp_in), dln, res2, nw.mlp_in, y.ln2_rstd.view({BT}), BT,
+                             C);  // dres = d res2
+      }
     }
     // attention: res2 = in + o_proj(atty) (OLMo 2, Gemma 3: d o in dln)
     linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false, rs);
@@ -1354,6 +1619,11 @@ class LlamaFamily final : public ModelFamily {
                                      n(g.max_position_embeddings) +
                                      " (expected 1 <= seq_len <= max_position_embeddings)");
     }
+    if (g.moe() && g.num_experts_per_tok > g.num_experts) {
+      throw fail(a.key(&LlamaConfig::num_experts_per_tok),
+                 n(g.num_experts_per_tok) + " exceeds " + a.key(&LlamaConfig::num_experts) +
+                     " = " + n(g.num_experts));
+    }
     check_recompute_num_layers(c, g.num_hidden_layers, fail);
   }
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
@@ -1376,14 +1646,38 @@ class LlamaFamily final : public ModelFamily {
                  L = static_cast<double>(g.num_hidden_layers), V = static_cast<double>(g.vocab_size),
                  Q = static_cast<double>(g.num_attention_heads * g.head_size()),
                  KV = static_cast<double>(g.kv_heads() * g.head_size()),
-                 I = static_cast<double>(g.intermediate_size);
-    const double macs = T * (L * (C * (2 * Q + 2 * KV) + 3 * C * I) + V * C) + L * 2.0 * T * T * Q;
+                 I = static_cast<double>(g.mlp_width());
+    // A sparse MLP: the router (C E) and the K experts each token runs (the active
+    // parameters, as MoE MFU is counted).
+    const double mlp = g.moe() ? static_cast<double>(g.num_experts_per_tok) * 3 * C * I +
+                                     C * static_cast<double>(g.num_experts)
+                               : 3 * C * I;
+    const double macs = T * (L * (C * (2 * Q + 2 * KV) + mlp) + V * C) + L * 2.0 * T * T * Q;
     return 6.0 * macs;
   }
-  // Our names are HF's state-dict names and nn.Linear layouts.
+  // Our names are HF's state-dict names and nn.Linear layouts. A layer's parameter is looked
+  // up in its own layer's module (an MoE model has ~400 a layer).
   std::optional<HfTensor> hf_tensor(const ModelConfig& c, const std::string& name,
                                     const std::vector<int64_t>& shape) const override {
-    for (const ModuleDecl& m : llama_modules(LlamaConfig::from(c))) {
+    const LlamaConfig g = LlamaConfig::from(c);
+    const std::string layers = "model.layers.";
+    if (name.rfind(layers, 0) == 0) {
+      const std::size_t dot = name.find('.', layers.size());
+      const std::string digits = name.substr(layers.size(), dot - layers.size());
+      if (dot == std::string::npos || digits.empty() || digits.size() > 9 ||
+          digits.find_first_not_of("0123456789") != std::string::npos) {
+        return std::nullopt;
+      }
+      const int64_t l = std::stoll(digits);
+      if (l >= g.num_hidden_layers) return std::nullopt;
+      for (const ParamSpec& p : layer_module(g, l).params) {
+        if (p.name == name) return HfTensor{name, shape, false};
+      }
+      return std::nullopt;
+    }
+    LlamaConfig outer = g;
+    outer.num_hidden_layers = 0;  // the embedding, the final norm, the head
+    for (const ModuleDecl& m : llama_modules(outer)) {
       for (const ParamSpec& p : m.params) {
         if (p.name == name) return HfTensor{name, shape, false};
       }
@@ -1469,6 +1763,16 @@ class LlamaFamily final : public ModelFamily {
       out["resid_pdrop"] = 0.0;
       out["embd_pdrop"] = 0.0;
     }
+    if (g.moe()) {  // the load-balancing loss off (none is implemented), as are HF's defaults
+      out["output_router_logits"] = false;
+      out["router_aux_loss_coef"] = arch_ == LlamaArch::olmoe ? 0.01 : 0.001;
+      if (arch_ == LlamaArch::qwen3_moe) {  // every layer sparse
+        out["decoder_sparse_step"] = 1;
+        out["mlp_only_layers"] = nlohmann::json::array();
+      }
+      if (arch_ == LlamaArch::mixtral) out["router_jitter_noise"] = 0.0;
+      if (arch_ == LlamaArch::olmoe) out["clip_qkv"] = nullptr;
+    }
     if (!gemma) out["hidden_act"] = "silu";
     out["attention_dropout"] = 0.0;
     if (arch_ == LlamaArch::llama) out["pretraining_tp"] = 1;
@@ -1547,6 +1851,7 @@ class LlamaFamily final : public ModelFamily {
         throw refuse(dropout, "0.0");
       }
     }
+    if (cls.moe()) moe_from_hf(hf, origin);
     // The keys config.json does not carry (OLMo 3's sliding_window_pattern) at the type's
     // defaults; every other one is read or takes its class's default.
     LlamaConfig g = args().from_hf(hf, origin, args().defaults());
@@ -1567,7 +1872,8 @@ class LlamaFamily final : public ModelFamily {
           period_of(hf["no_rope_layers"], g.no_rope_layer_interval, g.num_hidden_layers, 1, 0,
                     "no_rope_layers", args().name(&LlamaConfig::no_rope_layer_interval), origin);
     }
-    const bool qwen = arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3;
+    const bool qwen =
+        arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3 || arch_ == LlamaArch::qwen3_moe;
     if ((qwen || smol || gemma2) && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
       const nlohmann::json want = layer_types_of(g);
       if (hf["layer_types"] != want) {
@@ -1627,6 +1933,32 @@ class LlamaFamily final : public ModelFamily {
                             " = " + std::to_string(g.max_position_embeddings) + " / " +
                             std::to_string(g.original_max_position_embeddings));
     }
+  }
+  // The sparse MLP's attributes that change the math and are not keys: HF's defaults or
+  // refused: no load-balancing loss (output_router_logits false; its coefficient is then
+  // unused), no router jitter (Mixtral), every layer sparse (Qwen3-MoE's decoder_sparse_step 1
+  // and no mlp_only_layers), no q/k/v clipping (OLMoE's clip_qkv).
+  void moe_from_hf(const nlohmann::json& hf, const std::string& origin) const {
+    auto set = [&](const char* f) { return hf.contains(f) && !hf[f].is_null(); };
+    auto refuse = [&](const char* f, const std::string& expected) {
+      return unsupported(origin, f, hf[f], expected);
+    };
+    if (set("output_router_logits") && hf["output_router_logits"] != false) {
+      throw refuse("output_router_logits",
+                   "false (fsdp_train has no auxiliary load-balancing loss)");
+    }
+    if (set("router_jitter_noise") &&
+        (!hf["router_jitter_noise"].is_number() || hf["router_jitter_noise"].get<double>() != 0)) {
+      throw refuse("router_jitter_noise", "0.0");
+    }
+    if (set("decoder_sparse_step") && hf["decoder_sparse_step"] != 1) {
+      throw refuse("decoder_sparse_step", "1 (every layer sparse)");
+    }
+    if (set("mlp_only_layers") &&
+        !(hf["mlp_only_layers"].is_array() && hf["mlp_only_layers"].empty())) {
+      throw refuse("mlp_only_layers", "[] (every layer sparse)");
+    }
+    if (set("clip_qkv")) throw refuse("clip_qkv", "null");
   }
   // EXAONE 4's sliding_window_pattern, in place: Exaone4Config takes an int or a string of
   // "L" (local) and "G" (global) layers repeating from layer 0; "L...LG" (k - 1 L's) is the

@@ -570,6 +570,68 @@ struct ArgChecks {
     need_dtype(k, "lse", lse, DType::f32, B * H * T);
   }
 
+  // Mixture of experts: R tokens, E experts, K of them per token (1 <= K <= E).
+  static void moe_dims(const char* k, int64_t R, int64_t E, int64_t K) {
+    dim(k, "R", R);
+    dim(k, "E", E);
+    if (K < 1 || K > E) {
+      error(k, "K", "= " + std::to_string(K) + " (expected 1 <= K <= E = " + std::to_string(E) +
+                        ")");
+    }
+  }
+  static void moe_router_forward(const TensorView& idx, const TensorView& weights,
+                                 const TensorView& logits, int64_t R, int64_t E, int64_t K) {
+    const char* k = "moe_router_forward";
+    moe_dims(k, R, E, K);
+    need_dtype(k, "idx", idx, DType::i32, R * K);
+    need_dtype(k, "weights", weights, DType::f32, R * K);
+    need_float(k, "logits", logits, R * E);
+  }
+  static void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                  const TensorView& logits, const TensorView& idx, int64_t R,
+                                  int64_t E, int64_t K) {
+    const char* k = "moe_router_backward";
+    moe_dims(k, R, E, K);
+    need_float(k, "dlogits", dlogits, R * E);
+    need_dtype(k, "dweights", dweights, DType::f32, R * K);
+    need_float(k, "logits", logits, R * E);
+    need_dtype(k, "idx", idx, DType::i32, R * K);
+  }
+  // moe_combine_*: returns N, the rows' count (rows.numel() / C).
+  static int64_t moe_combine_dims(const char* k, const TensorView& rows, const TensorView& slot,
+                                  int64_t R, int64_t K, int64_t C) {
+    dim(k, "R", R);
+    dim(k, "C", C);
+    if (K < 1) error(k, "K", "= " + std::to_string(K) + " (expected >= 1)");
+    need_float(k, "rows", rows, 0);
+    need_dtype(k, "slot", slot, DType::i32, R * K);
+    return C > 0 ? rows.numel() / C : 0;
+  }
+  static int64_t moe_combine_forward(const TensorView& out, const TensorView& rows,
+                                     const TensorView& weights, const TensorView& slot, int64_t R,
+                                     int64_t K, int64_t C) {
+    const char* k = "moe_combine_forward";
+    const int64_t N = moe_combine_dims(k, rows, slot, R, K, C);
+    need_float(k, "out", out, R * C);
+    if (weights) need_dtype(k, "weights", weights, DType::f32, R * K);
+    distinct(k, "out", out, "rows", rows);
+    return N;
+  }
+  static int64_t moe_combine_backward(const TensorView& drows, const TensorView& dweights,
+                                      const TensorView& dout, const TensorView& rows,
+                                      const TensorView& weights, const TensorView& slot,
+                                      int64_t R, int64_t K, int64_t C) {
+    const char* k = "moe_combine_backward";
+    const int64_t N = moe_combine_dims(k, rows, slot, R, K, C);
+    need_float(k, "drows", drows, N * C);
+    need_dtype(k, "dweights", dweights, DType::f32, R * K);
+    need_float(k, "dout", dout, R * C);
+    need_dtype(k, "weights", weights, DType::f32, R * K);
+    distinct(k, "drows", drows, "dout", dout);
+    distinct(k, "drows", drows, "rows", rows);
+    return N;
+  }
+
   // optimizers (fp32 shards)
   static void decay_ranges(const char* k, const WeightDecay& wd, int64_t n) {
     if (wd.ranges == nullptr) return;

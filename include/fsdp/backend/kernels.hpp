@@ -424,6 +424,46 @@ class Kernels {
                                       const TensorView& out, const TensorView& lse, int64_t B,
                                       int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
                                       int64_t window, float softcap) = 0;
+
+  // ---- Mixture of experts (Shazeer et al. 2017, "Outrageously Large Neural Networks"; HF
+  // Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock, OlmoeSparseMoeBlock) ----
+  // A layer routes each of R tokens to K of E experts (these two kernels), runs each expert's
+  // MLP on the rows routed to it (GEMMs on row segments, grouped by the model) and sums the K
+  // outputs of each token weighted by its routing weights (moe_combine_*).
+  //
+  // Top-k routing: p = softmax(logits[r,:]) in fp32; idx[r,j], j < K, the experts of the K
+  // largest p in descending order, ties to the lower expert index (torch.topk's order on
+  // distinct values); weights[r,j] = p[idx[r,j]], divided by the sum of the K when `normalize`
+  // (Qwen3MoeConfig / OlmoeConfig norm_topk_prob; Mixtral always). logits: [R,E] float;
+  // WRITES idx: [R,K] int32 and weights: [R,K] fp32. Throws fsdp::Error unless 1 <= K <= E.
+  virtual void moe_router_forward(const TensorView& idx, const TensorView& weights,
+                                  const TensorView& logits, int64_t R, int64_t E, int64_t K,
+                                  bool normalize) = 0;
+  // Its backward (p recomputed from logits, idx of forward): WRITES dlogits: [R,E] (any float
+  // dtype) from dweights: [R,K] fp32, in fp32 math: with w the forward weights and S the sum of
+  // the K selected p, dp[idx[r,j]] = (dweights[r,j] - sum_i w[r,i] dweights[r,i]) / S when
+  // `normalize`, else dweights[r,j]; dp = 0 at the other experts; dlogits[r,e] = p[e] (dp[e] -
+  // sum_e' p[e'] dp[e']) (softmax's Jacobian). Same errors as forward.
+  virtual void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                   const TensorView& logits, const TensorView& idx, int64_t R,
+                                   int64_t E, int64_t K, bool normalize) = 0;
+  // The weighted sum of each token's K expert outputs: WRITES out[r,:] = sum_j weights[r,j] *
+  // rows[slot[r*K+j],:], j ascending, in fp32, rounded once to out's dtype. rows: [N,C] (the
+  // experts' output rows, grouped by expert; N = rows.numel() / C); slot: [R*K] int32 in
+  // [0,N) (on the CPU a value out of range throws fsdp::Error; CUDA does not check); weights:
+  // [R,K] fp32, or an empty view for weights of 1 (backward's gather-sum of the input
+  // gradient). out: [R,C], must not overlap rows.
+  virtual void moe_combine_forward(const TensorView& out, const TensorView& rows,
+                                   const TensorView& weights, const TensorView& slot, int64_t R,
+                                   int64_t K, int64_t C) = 0;
+  // Its backward: WRITES drows[slot[r*K+j],:] = weights[r,j] * dout[r,:] (rounded to drows'
+  // dtype; rows no slot names are left as they are) and dweights[r,j] = sum_c dout[r,c] *
+  // rows[slot[r*K+j],c] (fp32 accumulation; the order is the backend's). dout: [R,C]; rows,
+  // drows: [N,C], drows must not overlap dout or rows; dweights: [R,K] fp32.
+  virtual void moe_combine_backward(const TensorView& drows, const TensorView& dweights,
+                                    const TensorView& dout, const TensorView& rows,
+                                    const TensorView& weights, const TensorView& slot, int64_t R,
+                                    int64_t K, int64_t C) = 0;
 };
 
 }  // namespace fsdp

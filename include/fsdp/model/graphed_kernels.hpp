@@ -192,6 +192,19 @@ class GraphedKernels final : public Kernels {
                               const TensorView& v, const TensorView& out, const TensorView& lse,
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
                               int64_t window, float softcap) override;
+  void moe_router_forward(const TensorView& idx, const TensorView& weights,
+                          const TensorView& logits, int64_t R, int64_t E, int64_t K,
+                          bool normalize) override;
+  void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                           const TensorView& logits, const TensorView& idx, int64_t R, int64_t E,
+                           int64_t K, bool normalize) override;
+  void moe_combine_forward(const TensorView& out, const TensorView& rows,
+                           const TensorView& weights, const TensorView& slot, int64_t R, int64_t K,
+                           int64_t C) override;
+  void moe_combine_backward(const TensorView& drows, const TensorView& dweights,
+                            const TensorView& dout, const TensorView& rows,
+                            const TensorView& weights, const TensorView& slot, int64_t R,
+                            int64_t K, int64_t C) override;
 
  private:
   class FlushingRuntime;

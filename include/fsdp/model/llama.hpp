@@ -53,7 +53,22 @@
 //    layer (norms on the sublayers' outputs only) with Qwen3's per-head q_norm / k_norm; with
 //    a sliding_window, layer l slides unless (l + 1) % sliding_window_pattern == 0 and only
 //    the sliding layers rotate q and k (the global ones are NoPE); without one, every layer
-//    is global and rotated.
+//    is global and rotated;
+//  - three sparse Mixture-of-Experts decoders (Shazeer et al. 2017; Fedus et al. 2021), whose
+//    MLP is a router and num_experts SwiGLU experts: router_logits = gate(n2) [E], p =
+//    softmax(router_logits) in fp32, each token runs the num_experts_per_tok = K experts of
+//    the K largest p (torch.topk) and sums their outputs weighted by those p (divided by their
+//    sum under norm_topk_prob); no auxiliary load-balancing loss (HF's output_router_logits
+//    false, its default):
+//    "qwen3_moe": Qwen3MoeForCausalLM (models/qwen3_moe; Qwen3-30B-A3B, 235B-A22B): Qwen3's
+//    attention, every layer sparse (decoder_sparse_step 1, no mlp_only_layers), experts of
+//    moe_intermediate_size under mlp.gate / mlp.experts.{e}.{gate,up,down}_proj;
+//    "mixtral": MixtralForCausalLM (models/mixtral; Jiang et al. 2024, "Mixtral of Experts"):
+//    Mistral's attention, the K weights always renormalised, experts of intermediate_size
+//    under block_sparse_moe.gate / block_sparse_moe.experts.{e}.w1 (gate), w2 (down), w3 (up);
+//    "olmoe": OlmoeForCausalLM (models/olmoe; Muennighoff et al. 2024, "OLMoE"): Llama's
+//    pre-norm layer with OLMo 2's q_norm / k_norm over the whole projections, experts of
+//    intermediate_size under Qwen3-MoE's names.
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -111,7 +126,10 @@ enum class LlamaArch {
   olmo3,
   gemma2,
   gemma,
-  exaone4
+  exaone4,
+  qwen3_moe,
+  mixtral,
+  olmoe
 };
 
 template <>
@@ -128,7 +146,10 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::olmo3, "olmo3"},
                                                   {LlamaArch::gemma2, "gemma2"},
                                                   {LlamaArch::gemma, "gemma"},
-                                                  {LlamaArch::exaone4, "exaone4"}};
+                                                  {LlamaArch::exaone4, "exaone4"},
+                                                  {LlamaArch::qwen3_moe, "qwen3_moe"},
+                                                  {LlamaArch::mixtral, "mixtral"},
+                                                  {LlamaArch::olmoe, "olmoe"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
@@ -222,6 +243,15 @@ struct LlamaConfig {
   // logits (attention_softcap(), logit_softcap()).
   double attn_logit_softcapping = 50.0;
   double final_logit_softcapping = 30.0;
+  // Mixture of experts (moe(); Qwen3MoeConfig, MixtralConfig, OlmoeConfig): num_experts
+  // (Mixtral's num_local_experts) SwiGLU experts per layer, num_experts_per_tok of them per
+  // token, of width moe_intermediate_size (Qwen3-MoE; Mixtral's and OLMoE's experts are
+  // intermediate_size wide: expert_size()); the top-k weights divided by their sum under
+  // norm_topk_prob (Mixtral: always, normalize_top_k()).
+  int64_t num_experts = 8;
+  int64_t num_experts_per_tok = 2;
+  int64_t moe_intermediate_size = 96;
+  bool norm_topk_prob = false;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
@@ -234,6 +264,18 @@ struct LlamaConfig {
     return static_cast<int64_t>(static_cast<double>(head_size()) * partial_rotary_factor);
   }
   int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
+  // Qwen3-MoE, Mixtral, OLMoE: each layer's MLP is a router and num_experts experts.
+  bool moe() const {
+    return arch == LlamaArch::qwen3_moe || arch == LlamaArch::mixtral || arch == LlamaArch::olmoe;
+  }
+  int64_t expert_size() const {
+    return arch == LlamaArch::qwen3_moe ? moe_intermediate_size : intermediate_size;
+  }
+  bool normalize_top_k() const { return arch == LlamaArch::mixtral || norm_topk_prob; }
+  // The rows and width of a layer's MLP activations (gate, up, silu(gate) * up): BT tokens of
+  // intermediate_size, or under moe() BT * num_experts_per_tok routed rows of expert_size().
+  int64_t mlp_rows_per_token() const { return moe() ? num_experts_per_tok : 1; }
+  int64_t mlp_width() const { return moe() ? expert_size() : intermediate_size; }
   // Biases on q_proj, k_proj, v_proj (Qwen2 always; the others with attention_bias) and on
   // o_proj (attention_bias).
   bool qkv_bias() const { return attention_bias || arch == LlamaArch::qwen2; }
@@ -241,10 +283,14 @@ struct LlamaConfig {
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
   // Qwen3's over each head's D values (weight [D]), OLMo 2's over the whole projection
   // (weights [H*D], [Hkv*D]).
-  bool qk_norm() const { return arch == LlamaArch::qwen3 || olmo_layer() || gemma3(); }
-  bool qk_norm_per_head() const {
-    return arch == LlamaArch::qwen3 || gemma3() || arch == LlamaArch::exaone4;
+  bool qk_norm() const {
+    return qwen3_attention() || olmo_layer() || gemma3() || arch == LlamaArch::olmoe;
   }
+  bool qk_norm_per_head() const {
+    return qwen3_attention() || gemma3() || arch == LlamaArch::exaone4;
+  }
+  // Qwen3's attention (per-head q_norm / k_norm): Qwen3 and Qwen3-MoE.
+  bool qwen3_attention() const { return arch == LlamaArch::qwen3 || arch == LlamaArch::qwen3_moe; }
   // Norms on the sublayers' inputs (input_layernorm before the attention, Llama's
   // post_attention_layernorm or Gemma's pre_feedforward_layernorm before the MLP): all but
   // OLMo 2's layer.
@@ -402,6 +448,10 @@ class LlamaModel final : public CausalLm {
   // The head's output, before Gemma 2's final soft-cap (which the loss kernel applies; HF's
   // logits are after it). Throws fsdp::Error under model.fused_linear_cross_entropy.
   TensorView last_logits() const override;
+  // moe(): decoder layer `layer`'s router logits of the last forward, [B*T, num_experts] (the
+  // routing's inputs: tests check its margins). Empty before a forward, for a dense model,
+  // and for a layer that shares its buffers with recomputed ones (activation checkpointing).
+  TensorView router_logits(int64_t layer) const;
 
   // Bytes of activations (saved for backward, their gradients, scratch, the RoPE tables) for a
   // [B,T] micro-batch; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
@@ -419,6 +469,20 @@ class LlamaModel final : public CausalLm {
   void backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
                 const TensorView& loss) override;
   void layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks, bool write_output);
+  // moe(): layer l's sparse MLP on its post_attention_layernorm output (in Acts::dln) over BT
+  // tokens: the router, the top-k routing, the grouping of the routed rows by expert, the
+  // experts' SwiGLU MLPs; with write_output res[l + 1] = res2 + the weighted sum of each
+  // token's expert outputs.
+  void moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool write_output);
+  // Its backward from dres (d res[l + 1]): every router and expert weight gradient, and dres
+  // += d res2 through post_attention_layernorm (weight `norm_weight`). `recompute`: the
+  // layer's forward has just been recomputed (act and ln2 in place).
+  void moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks, const TensorView& norm_weight,
+                    bool recompute);
+  // Copies layer l's routing (idx) to the host, groups the BT * K routed rows by expert
+  // (expert-major, then token and k ascending) and uploads each row's token (src) and each
+  // (token, k)'s row (slot); the experts' row ranges stay on the host (Acts::Layer).
+  void group_routed_rows(int64_t l, int64_t BT);
   // The chunked LM head's views for BT rows (model.fused_linear_cross_entropy).
   LmHeadChunks head_chunks(int64_t BT, const TensorView& weight) const;
 

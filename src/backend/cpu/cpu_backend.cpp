@@ -325,6 +325,21 @@ class CpuBackend final : public Backend {
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
                               int64_t window, float softcap) override;
 
+  // ---- mixture of experts ----
+  void moe_router_forward(const TensorView& idx, const TensorView& weights,
+                          const TensorView& logits, int64_t R, int64_t E, int64_t K,
+                          bool normalize) override;
+  void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                           const TensorView& logits, const TensorView& idx, int64_t R, int64_t E,
+                           int64_t K, bool normalize) override;
+  void moe_combine_forward(const TensorView& out, const TensorView& rows,
+                           const TensorView& weights, const TensorView& slot, int64_t R, int64_t K,
+                           int64_t C) override;
+  void moe_combine_backward(const TensorView& drows, const TensorView& dweights,
+                            const TensorView& dout, const TensorView& rows,
+                            const TensorView& weights, const TensorView& slot, int64_t R,
+                            int64_t K, int64_t C) override;
+
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
@@ -1007,6 +1022,57 @@ void CpuBackend::gqa_attention_backward(const TensorView& dq, const TensorView& 
   const F32Out gq = out(dq, nq, false), gk = out(dk, nk, false), gv = out(dv, nk, false);
   k_.attention_backward(gqa_problem(B, T, H, Hkv, D, scale, window, softcap), fq, fk, fv, o,
                         static_cast<const float*>(lse.data), d, gq, gk, gv, nullptr);
+}
+
+// ---------------------------------------------------------------------------------------
+// mixture of experts
+
+void CpuBackend::moe_router_forward(const TensorView& idx, const TensorView& weights,
+                                    const TensorView& logits, int64_t R, int64_t E, int64_t K,
+                                    bool normalize) {
+  // logits: [R,E]; writes idx: [R,K] int32, weights: [R,K] fp32.
+  Chk::moe_router_forward(idx, weights, logits, R, E, K);
+  const F32In x = in(logits, R * E);
+  k_.moe_router_forward(static_cast<int32_t*>(idx.data), static_cast<float*>(weights.data), x, R,
+                        E, K, normalize);
+}
+
+void CpuBackend::moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                     const TensorView& logits, const TensorView& idx, int64_t R,
+                                     int64_t E, int64_t K, bool normalize) {
+  // dlogits: [R,E] written; dweights: [R,K] fp32; logits: [R,E]; idx: [R,K] int32 in [0,E).
+  Chk::moe_router_backward(dlogits, dweights, logits, idx, R, E, K);
+  check_tokens("moe_router_backward", idx, R * K, E, "idx", "logits");
+  const F32In x = in(logits, R * E);
+  const F32Out g = out(dlogits, R * E, false);
+  k_.moe_router_backward(g, static_cast<const float*>(dweights.data), x,
+                         static_cast<const int32_t*>(idx.data), R, E, K, normalize);
+}
+
+void CpuBackend::moe_combine_forward(const TensorView& out_, const TensorView& rows,
+                                     const TensorView& weights, const TensorView& slot, int64_t R,
+                                     int64_t K, int64_t C) {
+  // out: [R,C] written; rows: [N,C]; weights: [R,K] fp32 or none (1); slot: [R*K] in [0,N).
+  const int64_t N = Chk::moe_combine_forward(out_, rows, weights, slot, R, K, C);
+  check_tokens("moe_combine_forward", slot, R * K, N, "slot", "rows");
+  const F32In x = in(rows, N * C);
+  const F32Out o = out(out_, R * C, false);
+  k_.moe_combine_forward(o, x, weights ? static_cast<const float*>(weights.data) : nullptr,
+                         static_cast<const int32_t*>(slot.data), R, K, C);
+}
+
+void CpuBackend::moe_combine_backward(const TensorView& drows, const TensorView& dweights,
+                                      const TensorView& dout, const TensorView& rows,
+                                      const TensorView& weights, const TensorView& slot,
+                                      int64_t R, int64_t K, int64_t C) {
+  // drows: [N,C], the rows slot names written; dweights: [R,K] fp32 written; dout: [R,C].
+  const int64_t N = Chk::moe_combine_backward(drows, dweights, dout, rows, weights, slot, R, K, C);
+  check_tokens("moe_combine_backward", slot, R * K, N, "slot", "rows");
+  const F32In d = in(dout, R * C), x = in(rows, N * C);
+  const F32Out g = out(drows, N * C, true);
+  k_.moe_combine_backward(g, static_cast<float*>(dweights.data), d, x,
+                          static_cast<const float*>(weights.data),
+                          static_cast<const int32_t*>(slot.data), R, K, C);
 }
 
 // ---------------------------------------------------------------------------------------

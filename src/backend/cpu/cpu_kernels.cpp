@@ -755,6 +755,131 @@ void CpuKernels::swiglu_forward(float* out, const float* gate, const float* up, 
   }
 }
 
+// ---- mixture of experts ----
+
+namespace {
+// p = softmax(logits[0, E)) in fp32 (max subtracted, the sum in fp64), into p.
+void moe_softmax(float* p, const float* logits, int64_t E) {
+  float mx = logits[0];
+  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, logits[e]);
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) {
+    p[e] = std::exp(logits[e] - mx);
+    sum += p[e];
+  }
+  const auto inv = static_cast<float>(1.0 / sum);
+  for (int64_t e = 0; e < E; ++e) p[e] *= inv;
+}
+// The K largest of p[0, E) in descending order, ties to the lower index (strictly greater
+// wins), into idx; their values into w (divided by their fp32 sum when normalize).
+void moe_top_k(int32_t* idx, float* w, const float* p, int64_t E, int64_t K, bool normalize) {
+  float sum = 0.f;
+  for (int64_t j = 0; j < K; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken = taken || idx[i] == e;
+      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+    }
+    idx[j] = static_cast<int32_t>(best);
+    w[j] = p[best];
+    sum += w[j];
+  }
+  if (normalize) {
+    for (int64_t j = 0; j < K; ++j) w[j] /= sum;
+  }
+}
+}  // namespace
+
+void CpuKernels::moe_router_forward(int32_t* idx, float* w, const float* logits, int64_t R,
+                                    int64_t E, int64_t K, bool normalize) const {
+#pragma omp parallel num_threads(threads_for(R * E, kParallelMinElems / 8))
+  {
+    std::vector<float> p(static_cast<std::size_t>(E));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      moe_softmax(p.data(), logits + r * E, E);
+      moe_top_k(idx + r * K, w + r * K, p.data(), E, K, normalize);
+    }
+  }
+}
+
+void CpuKernels::moe_router_backward(float* dlogits, const float* dw, const float* logits,
+                                     const int32_t* idx, int64_t R, int64_t E, int64_t K,
+                                     bool normalize) const {
+#pragma omp parallel num_threads(threads_for(R * E, kParallelMinElems / 8))
+  {
+    std::vector<float> p(static_cast<std::size_t>(E)), dp(static_cast<std::size_t>(E));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      moe_softmax(p.data(), logits + r * E, E);
+      const int32_t* ix = idx + r * K;
+      const float* d = dw + r * K;
+      std::fill(dp.begin(), dp.end(), 0.f);
+      if (normalize) {  // w_j = p_j / S: dp_j = (dw_j - sum_i w_i dw_i) / S
+        float S = 0.f;
+        for (int64_t j = 0; j < K; ++j) S += p[static_cast<std::size_t>(ix[j])];
+        float wd = 0.f;
+        for (int64_t j = 0; j < K; ++j) wd += p[static_cast<std::size_t>(ix[j])] / S * d[j];
+        for (int64_t j = 0; j < K; ++j) dp[static_cast<std::size_t>(ix[j])] = (d[j] - wd) / S;
+      } else {
+        for (int64_t j = 0; j < K; ++j) dp[static_cast<std::size_t>(ix[j])] = d[j];
+      }
+      float s = 0.f;  // sum_e p_e dp_e (dp is 0 off the K selected)
+      for (int64_t j = 0; j < K; ++j) {
+        const auto e = static_cast<std::size_t>(ix[j]);
+        s += p[e] * dp[e];
+      }
+      float* g = dlogits + r * E;
+      for (int64_t e = 0; e < E; ++e) {
+        g[e] = p[static_cast<std::size_t>(e)] * (dp[static_cast<std::size_t>(e)] - s);
+      }
+    }
+  }
+}
+
+void CpuKernels::moe_combine_forward(float* out, const float* rows, const float* w,
+                                     const int32_t* slot, int64_t R, int64_t K,
+                                     int64_t C) const {
+#pragma omp parallel for num_threads(threads_for(R * K * C, kParallelMinElems)) schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    float* o = out + r * C;
+    for (int64_t j = 0; j < K; ++j) {
+      const float a = w ? w[r * K + j] : 1.f;
+      const float* x = rows + static_cast<int64_t>(slot[r * K + j]) * C;
+      if (j == 0) {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) o[c] = a * x[c];
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) o[c] += a * x[c];
+      }
+    }
+  }
+}
+
+void CpuKernels::moe_combine_backward(float* drows, float* dw, const float* dout,
+                                      const float* rows, const float* w, const int32_t* slot,
+                                      int64_t R, int64_t K, int64_t C) const {
+#pragma omp parallel for num_threads(threads_for(R * K * C, kParallelMinElems)) schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float* d = dout + r * C;
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t row = static_cast<int64_t>(slot[r * K + j]) * C;
+      const float a = w[r * K + j];
+      const float* x = rows + row;
+      float* g = drows + row;
+      double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < C; ++c) {
+        g[c] = a * d[c];
+        dot += static_cast<double>(d[c]) * x[c];
+      }
+      dw[r * K + j] = static_cast<float>(dot);
+    }
+  }
+}
+
 void CpuKernels::swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                                  const float* up, int64_t n) const {
   // Each 8-lane group's gate, up and dout are loaded before its dgate, dup are stored, so

@@ -142,6 +142,21 @@ class CpuKernels {
   // dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may be gate or dout, dup up).
   void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                        const float* up, int64_t n) const;
+  // ---- mixture of experts (kernels.hpp's moe_*; R tokens, E experts, K per token) ----
+  // logits [R,E]; idx [R,K] (descending p, ties to the lower expert), w [R,K].
+  void moe_router_forward(int32_t* idx, float* w, const float* logits, int64_t R, int64_t E,
+                          int64_t K, bool normalize) const;
+  // dlogits [R,E] written from dw [R,K].
+  void moe_router_backward(float* dlogits, const float* dw, const float* logits,
+                           const int32_t* idx, int64_t R, int64_t E, int64_t K,
+                           bool normalize) const;
+  // out [R,C] = sum_j w[r,j] rows[slot[r*K+j]] (w null: 1), j ascending in fp32.
+  void moe_combine_forward(float* out, const float* rows, const float* w, const int32_t* slot,
+                           int64_t R, int64_t K, int64_t C) const;
+  // drows[slot[r*K+j]] = w[r,j] dout[r]; dw[r,j] = dout[r] . rows[slot[r*K+j]] (fp64 sum).
+  void moe_combine_backward(float* drows, float* dw, const float* dout, const float* rows,
+                            const float* w, const int32_t* slot, int64_t R, int64_t K,
+                            int64_t C) const;
   // ---- attention (FlashAttention-2, blocked; see cpu_kernels.cpp) ----
   // GPT-2's attention_* (causal, packed qkv) and T5's mha_* are both this problem.
   void attention_forward(const AttentionProblem& p, const float* q, const float* k,
