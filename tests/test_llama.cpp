@@ -1251,6 +1251,107 @@ TEST(Llama, Exaone4ConfigJson) {
   expect_refused(exaone, hf, "\"sliding_window_pattern\" \"LGLL\" is not supported");
 }
 
+// The published MoE models' config.json (the attributes of Qwen/Qwen3-30B-A3B,
+// mistralai/Mixtral-8x7B-v0.1 and allenai/OLMoE-1B-7B-0924): each reads as written, declares
+// the model's known parameter count (Mixtral 8x7B: 46,702,792,704; Qwen3-30B-A3B:
+// 30,532,122,624; OLMoE-1B-7B: 6,919,161,856), round-trips through the merge's config.json,
+// and what fsdp_train does not implement is refused by name.
+TEST(Llama, MoeConfigJson) {
+  auto params = [](const fsdp::ModelConfig& mc) {
+    int64_t n = 0;
+    for (const auto& m : fsdp::llama_modules(fsdp::LlamaConfig::from(mc))) {
+      for (const auto& p : m.params) n += p.unpadded_numel();
+    }
+    return n;
+  };
+  const nlohmann::json qwen = {
+      {"architectures", {"Qwen3MoeForCausalLM"}}, {"attention_bias", false},
+      {"attention_dropout", 0.0}, {"bos_token_id", 151643}, {"decoder_sparse_step", 1},
+      {"eos_token_id", 151645}, {"head_dim", 128}, {"hidden_act", "silu"},
+      {"hidden_size", 2048}, {"initializer_range", 0.02}, {"intermediate_size", 6144},
+      {"max_position_embeddings", 40960}, {"max_window_layers", 48},
+      {"mlp_only_layers", nlohmann::json::array()}, {"model_type", "qwen3_moe"},
+      {"moe_intermediate_size", 768}, {"norm_topk_prob", true}, {"num_attention_heads", 32},
+      {"num_experts", 128}, {"num_experts_per_tok", 8}, {"num_hidden_layers", 48},
+      {"num_key_value_heads", 4}, {"output_router_logits", false}, {"rms_norm_eps", 1e-06},
+      {"rope_scaling", nullptr}, {"rope_theta", 1000000.0}, {"router_aux_loss_coef", 0.001},
+      {"sliding_window", nullptr}, {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"},
+      {"use_cache", true}, {"use_sliding_window", false}, {"vocab_size", 151936}};
+  const nlohmann::json mixtral = {
+      {"architectures", {"MixtralForCausalLM"}}, {"attention_dropout", 0.0},
+      {"bos_token_id", 1}, {"eos_token_id", 2}, {"hidden_act", "silu"}, {"hidden_size", 4096},
+      {"initializer_range", 0.02}, {"intermediate_size", 14336},
+      {"max_position_embeddings", 32768}, {"model_type", "mixtral"},
+      {"num_attention_heads", 32}, {"num_experts_per_tok", 2}, {"num_hidden_layers", 32},
+      {"num_key_value_heads", 8}, {"num_local_experts", 8}, {"output_router_logits", false},
+      {"rms_norm_eps", 1e-05}, {"rope_theta", 1e6}, {"router_aux_loss_coef", 0.02},
+      {"sliding_window", nullptr}, {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"},
+      {"use_cache", true}, {"vocab_size", 32000}};
+  const nlohmann::json olmoe = {
+      {"architectures", {"OlmoeForCausalLM"}}, {"attention_bias", false},
+      {"attention_dropout", 0.0}, {"clip_qkv", nullptr}, {"eos_token_id", 50279},
+      {"hidden_act", "silu"}, {"hidden_size", 2048}, {"initializer_range", 0.02},
+      {"intermediate_size", 1024}, {"max_position_embeddings", 4096}, {"model_type", "olmoe"},
+      {"norm_topk_prob", false}, {"num_attention_heads", 16}, {"num_experts", 64},
+      {"num_experts_per_tok", 8}, {"num_hidden_layers", 16}, {"num_key_value_heads", 16},
+      {"output_router_logits", false}, {"pad_token_id", 1}, {"rms_norm_eps", 1e-05},
+      {"rope_scaling", nullptr}, {"rope_theta", 10000.0}, {"router_aux_loss_coef", 0.01},
+      {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"use_cache", true},
+      {"vocab_size", 50304}};
+  struct Case {
+    const nlohmann::json& hf;
+    int64_t params, experts, per_token, expert_size;
+    bool normalize;
+  };
+  for (const Case& c : {Case{qwen, 30532122624, 128, 8, 768, true},
+                        Case{mixtral, 46702792704, 8, 2, 14336, true},
+                        Case{olmoe, 6919161856, 64, 8, 1024, false}}) {
+    const std::string type = c.hf.at("model_type");
+    const fsdp::ModelFamily& family = fsdp::model_family(type);
+    const fsdp::ModelConfig mc = family.from_hf_config(c.hf, type + ".json");
+    const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+    EXPECT_TRUE(g.moe()) << type;
+    EXPECT_EQ(g.num_experts, c.experts) << type;
+    EXPECT_EQ(g.num_experts_per_tok, c.per_token) << type;
+    EXPECT_EQ(g.expert_size(), c.expert_size) << type;
+    EXPECT_EQ(g.normalize_top_k(), c.normalize) << type;
+    EXPECT_EQ(g.layer_window(0), 0) << type;
+    EXPECT_EQ(params(mc), c.params) << type;
+    const nlohmann::json out = family.hf_config(mc);
+    EXPECT_EQ(out.at("model_type"), type);
+    EXPECT_EQ(out.at("output_router_logits"), false) << type;
+    EXPECT_EQ(family.canonical(family.from_hf_config(out, "merged.json")), family.canonical(mc))
+        << type;
+    // Every layer's tensors have HF's names (hf_tensor: the layer's own module).
+    const auto last = "model.layers." + std::to_string(g.num_hidden_layers - 1) + "." +
+                      (type == "mixtral" ? "block_sparse_moe.experts.7.w2.weight"
+                                         : "mlp.experts.7.down_proj.weight");
+    const auto hf = family.hf_tensor(mc, last, {g.hidden_size, g.expert_size()});
+    ASSERT_TRUE(hf.has_value()) << last;
+    EXPECT_EQ(hf->name, last);
+    EXPECT_FALSE(family.hf_tensor(mc, "model.layers.99.mlp.gate.weight", {1}).has_value());
+    EXPECT_FALSE(family.hf_tensor(mc, "model.layers.x.mlp.gate.weight", {1}).has_value());
+  }
+  EXPECT_TRUE(fsdp::LlamaConfig::from(fsdp::model_family("olmoe").from_hf_config(olmoe, "o"))
+                  .qk_norm());
+  nlohmann::json hf = qwen;
+  hf["output_router_logits"] = true;
+  expect_refused(fsdp::model_family("qwen3_moe"), hf,
+                 "\"output_router_logits\" true is not supported (expected false");
+  hf = qwen;
+  hf["mlp_only_layers"] = {0, 5};
+  expect_refused(fsdp::model_family("qwen3_moe"), hf, "\"mlp_only_layers\" [0,5] is not supported");
+  hf = qwen;
+  hf["decoder_sparse_step"] = 2;
+  expect_refused(fsdp::model_family("qwen3_moe"), hf, "\"decoder_sparse_step\" 2 is not supported");
+  hf = mixtral;
+  hf["router_jitter_noise"] = 0.1;
+  expect_refused(fsdp::model_family("mixtral"), hf, "\"router_jitter_noise\" 0.1 is not supported");
+  hf = olmoe;
+  hf["clip_qkv"] = 8.0;
+  expect_refused(fsdp::model_family("olmoe"), hf, "\"clip_qkv\" 8.0 is not supported");
+}
+
 // SmolLM3-3B's config.json (HuggingFaceTB/SmolLM3-3B's attributes as transformers writes them:
 // no_rope_layers and layer_types spelled out) reads as written; a no_rope_layers list of no
 // interval, or layer_types the keys do not give, is refused by name.

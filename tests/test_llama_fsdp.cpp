@@ -196,7 +196,8 @@ TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
 // gate_up_proj, which a shard boundary may cut anywhere; Gemma 3's four (1 + w) norms a layer,
 // a sliding then a global layer with their own RoPE, the scaled and tied embedding with the
 // space byte as padding row; SmolLM3's second layer without RoPE, sliding over 5; Granite's
-// four multipliers; OLMo 3's first layer sliding over 5 with unscaled RoPE): FULL_SHARD over
+// four multipliers; OLMo 3's first layer sliding over 5 with unscaled RoPE; Qwen3-MoE's,
+// Mixtral's and OLMoE's routed experts): FULL_SHARD over
 // the world equals one
 // rank's NO_SHARD (each class its own wrap class), and the merge names the class, with the
 // class's extra tensors in model.safetensors.
@@ -256,7 +257,22 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                         Case{"exaone4",
                              {"model.sliding_window_pattern=2", "model.sliding_window=5",
                               "model.head_dim=6"},
-                             "Exaone4ForCausalLM", "model.layers.1.self_attn.k_norm.weight"}}) {
+                             "Exaone4ForCausalLM", "model.layers.1.self_attn.k_norm.weight"},
+                        // Mixture of experts: 4 experts, 2 per token; a shard boundary may cut
+                        // an expert's tensors anywhere
+                        Case{"qwen3_moe",
+                             {"model.num_experts=4", "model.num_experts_per_tok=2",
+                              "model.moe_intermediate_size=12", "model.norm_topk_prob=true",
+                              "model.head_dim=6"},
+                             "Qwen3MoeForCausalLM",
+                             "model.layers.1.mlp.experts.3.down_proj.weight"},
+                        Case{"mixtral",
+                             {"model.num_local_experts=4", "model.num_experts_per_tok=2",
+                              "model.sliding_window=5"},
+                             "MixtralForCausalLM",
+                             "model.layers.1.block_sparse_moe.experts.3.w2.weight"},
+                        Case{"olmoe", {"model.num_experts=4", "model.num_experts_per_tok=2"},
+                             "OlmoeForCausalLM", "model.layers.0.mlp.gate.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

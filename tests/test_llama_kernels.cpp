@@ -685,6 +685,143 @@ TEST_F(LlamaKernels, GqaArgumentErrors) {
 }
 
 // ---------------------------------------------------------------------------------------
+// mixture of experts
+
+TensorView i32(std::vector<int32_t>& v) {
+  return {v.data(), DType::i32, {static_cast<int64_t>(v.size())}};
+}
+
+// HF's routing in double (Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock): softmax, the K
+// largest in descending order, optionally divided by their sum. Returns (idx, weights).
+std::pair<std::vector<int32_t>, DVec> route_ref(const Vec& logits, int64_t R, int64_t E, int64_t K,
+                                                bool normalize) {
+  std::vector<int32_t> idx(static_cast<std::size_t>(R * K));
+  DVec w(idx.size());
+  for (int64_t r = 0; r < R; ++r) {
+    DVec p(static_cast<std::size_t>(E));
+    double mx = -1e300, sum = 0;
+    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, double(logits[r * E + e]));
+    for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(logits[r * E + e] - mx);
+    std::vector<int64_t> order(static_cast<std::size_t>(E));
+    for (int64_t e = 0; e < E; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    double top = 0;
+    for (int64_t j = 0; j < K; ++j) top += p[order[j]] / sum;
+    for (int64_t j = 0; j < K; ++j) {
+      idx[r * K + j] = static_cast<int32_t>(order[j]);
+      w[r * K + j] = p[order[j]] / sum / (normalize ? top : 1.0);
+    }
+  }
+  return {idx, w};
+}
+
+TEST_F(LlamaKernels, MoeRouterMatchesTopKOfTheSoftmaxAndGradientCheck) {
+  for (bool normalize : {true, false}) {
+    for (auto [R, E, K] : {std::tuple<int64_t, int64_t, int64_t>{7, 4, 2}, {5, 8, 3}, {3, 5, 5},
+                           {4, 6, 1}}) {
+      const std::string what = "R " + std::to_string(R) + " E " + std::to_string(E) + " K " +
+                               std::to_string(K) + (normalize ? " normalised" : "");
+      Vec logits = random_vec(R * E, rng, -3.0f, 3.0f);
+      std::vector<int32_t> idx(R * K, -1);
+      Vec w(R * K, std::numeric_limits<float>::quiet_NaN());
+      be->moe_router_forward(i32(idx), f32(w), f32(logits), R, E, K, normalize);
+      const auto [ref_idx, ref_w] = route_ref(logits, R, E, K, normalize);
+      ASSERT_EQ(idx, ref_idx) << what;
+      for (std::size_t i = 0; i < w.size(); ++i) ASSERT_NEAR(w[i], ref_w[i], 1e-6) << what;
+      // d(sum w * Rw)/d logits with the routing fixed (random logits: no near ties at h)
+      const Vec Rw = random_vec(R * K, rng);
+      Vec dlogits(R * E, std::numeric_limits<float>::quiet_NaN());
+      be->moe_router_backward(f32(dlogits), f32(Rw), f32(logits), i32(idx), R, E, K, normalize);
+      auto loss = [&] {
+        std::vector<int32_t> ix(R * K);
+        Vec ww(R * K);
+        be->moe_router_forward(i32(ix), f32(ww), f32(logits), R, E, K, normalize);
+        EXPECT_EQ(ix, idx) << what << ": the routing moved under the perturbation";
+        return dot(ww, Rw);
+      };
+      EXPECT_LT(rel_err(dlogits, numeric_grad(logits, loss, 1e-3f)), 1e-3) << what;
+    }
+  }
+  // Ties go to the lower expert: all-equal logits pick 0, 1, ... in order.
+  Vec flat(6, 0.5f);
+  std::vector<int32_t> idx(3);
+  Vec w(3);
+  be->moe_router_forward(i32(idx), f32(w), f32(flat), 1, 6, 3, false);
+  EXPECT_EQ(idx, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_FLOAT_EQ(w[0], 1.0f / 6);
+}
+
+TEST_F(LlamaKernels, MoeCombineIsTheWeightedSumAndGradientCheck) {
+  const int64_t R = 5, K = 3, C = 19, N = R * K;
+  std::vector<int32_t> slot(N);
+  for (int64_t i = 0; i < N; ++i) slot[i] = static_cast<int32_t>((i * 7) % N);  // a permutation
+  Vec rows = random_vec(N * C, rng), w = random_vec(R * K, rng, 0.f, 1.f);
+  Vec out(R * C, std::numeric_limits<float>::quiet_NaN());
+  be->moe_combine_forward(f32(out), f32(rows), f32(w), i32(slot), R, K, C);
+  Vec sum(R * C);
+  be->moe_combine_forward(f32(sum), f32(rows), TensorView{}, i32(slot), R, K, C);  // weights 1
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < C; ++c) {
+      double want = 0, plain = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        want += double(w[r * K + j]) * rows[slot[r * K + j] * C + c];
+        plain += rows[slot[r * K + j] * C + c];
+      }
+      ASSERT_NEAR(out[r * C + c], want, 1e-6) << r << " " << c;
+      ASSERT_NEAR(sum[r * C + c], plain, 1e-6) << r << " " << c;
+    }
+  }
+  const Vec Rw = random_vec(R * C, rng);
+  Vec drows(N * C, std::numeric_limits<float>::quiet_NaN()), dw(R * K);
+  be->moe_combine_backward(f32(drows), f32(dw), f32(Rw), f32(rows), f32(w), i32(slot), R, K, C);
+  auto loss = [&] {
+    Vec o(R * C);
+    be->moe_combine_forward(f32(o), f32(rows), f32(w), i32(slot), R, K, C);
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(drows, numeric_grad(rows, loss, 1e-2f)), 1e-4);
+  EXPECT_LT(rel_err(dw, numeric_grad(w, loss, 1e-2f)), 1e-4);
+}
+
+TEST_F(LlamaKernels, MoeArgumentErrors) {
+  Vec logits(12), w(6), dl(12);
+  std::vector<int32_t> idx(6), bad_slot = {0, 1, 2, 3, 4, 6};
+  auto expect_error = [](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  // K > E, K = 0
+  expect_error([&] { be->moe_router_forward(i32(idx), f32(w), f32(logits), 3, 4, 5, true); },
+               "moe_router_forward: K = 5 (expected 1 <= K <= E = 4)");
+  expect_error([&] { be->moe_router_forward(i32(idx), f32(w), f32(logits), 3, 4, 0, true); },
+               "moe_router_forward: K = 0");
+  // idx not int32; logits too small
+  expect_error([&] { be->moe_router_forward(f32(w), f32(w), f32(logits), 3, 4, 2, true); },
+               "moe_router_forward: idx is fp32");
+  expect_error([&] { be->moe_router_forward(i32(idx), f32(w), f32(logits), 4, 4, 2, true); },
+               "moe_router_forward: idx is int32 [6] but needs at least 8 elements");
+  // an expert index out of range in backward; a slot out of range
+  std::vector<int32_t> bad_idx = {0, 1, 2, 3, 0, 4};
+  expect_error([&] {
+    be->moe_router_backward(f32(dl), f32(w), f32(logits), i32(bad_idx), 3, 4, 2, true);
+  }, "moe_router_backward: idx holds 4 at position 5");
+  Vec rows(6 * 2), out(3 * 2), drows(6 * 2);
+  expect_error([&] { be->moe_combine_forward(f32(out), f32(rows), f32(w), i32(bad_slot), 3, 2, 2); },
+               "moe_combine_forward: slot holds 6 at position 5 (expected 0 <= value < 6");
+  // out overlapping rows; drows overlapping dout
+  expect_error([&] {
+    be->moe_combine_forward(f32(rows), f32(rows), f32(w), i32(idx), 3, 2, 2);
+  }, "moe_combine_forward: out overlaps rows");
+  expect_error([&] {
+    be->moe_combine_backward(f32(drows), f32(w), f32(drows), f32(rows), f32(w), i32(idx), 3, 2, 2);
+  }, "moe_combine_backward: drows overlaps dout");
+}
+
+// ---------------------------------------------------------------------------------------
 // "store bf16/fp16, compute fp32": each 16-bit result is round_to(dtype, the fp32 kernel on
 // the same rounded values), bit for bit; fp32 outputs (lse) equal.
 
