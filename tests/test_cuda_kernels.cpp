@@ -15,6 +15,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -1547,6 +1548,212 @@ TEST(CudaBackend, LlamaWrongArgumentsThrow) {
   expect_error([&] { g.gqa_attention_forward(F, Hb, F, F, F, 1, 2, 6, 3, 4, 0.5f, 0, 0.f); },
                "cuda backend: gqa_attention_forward: lse is bf16");
   g.synchronize();
+}
+
+// ---------------------------------------------------------------------------------------
+// Mixture of experts: top-k routing and the weighted combination of the experts' rows.
+// idx must match exactly: a row's logits are distinct multiples of 1/16 (exact in bf16), so
+// neighbouring p differ by a factor e^(1/16) and expf's last bits cannot reorder them.
+// weights and dlogits are fp32 math on identical inputs (kElemF32; dlogits rounded once to
+// 16-bit storage: tol_for); out and drows are rounded once to the storage type (tol_for);
+// dweights, fp32 dot products over C in another order than the CPU's fp64 one, kReduceF32.
+// Every CUDA kernel runs a second time into fresh outputs, which must be bitwise equal.
+
+struct MoeShape {
+  int64_t R, E, K, C;
+};
+// The brief's shapes (one token and top-1; Mixtral-like E 8, K 2; Qwen3-30B-A3B-like E 128,
+// K 8; OLMoE-like E 64, K 8 with an odd C), then E 256 / K 16 (the largest register-cached
+// router) and E 300 (the uncached router).
+const MoeShape kMoeShapes[] = {{1, 4, 1, 8},   {37, 8, 2, 40},   {64, 128, 8, 96},
+                               {5, 64, 8, 33}, {9, 256, 16, 64}, {3, 300, 4, 16}};
+
+std::string moe_trace(DType t, const MoeShape& m) {
+  return name(t) + " R=" + std::to_string(m.R) + " E=" + std::to_string(m.E) +
+         " K=" + std::to_string(m.K) + " C=" + std::to_string(m.C);
+}
+
+// Router logits [R,E]: row r is a random permutation of (e - E/2) / 16, e < E, plus a random
+// row offset in [-2, 2) in steps of 1/16: distinct values, all exact in bf16 (|16 x| < 256).
+Vec moe_logits(int64_t R, int64_t E, std::mt19937& rng) {
+  Vec v(static_cast<std::size_t>(R * E));
+  std::vector<int64_t> perm(static_cast<std::size_t>(E));
+  for (int64_t r = 0; r < R; ++r) {
+    std::iota(perm.begin(), perm.end(), int64_t{0});
+    std::shuffle(perm.begin(), perm.end(), rng);
+    const float off = static_cast<float>(static_cast<int64_t>(rng() % 64) - 32) / 16.0f;
+    for (int64_t e = 0; e < E; ++e) {
+      v[static_cast<std::size_t>(r * E + e)] =
+          static_cast<float>(perm[static_cast<std::size_t>(e)] - E / 2) / 16.0f + off;
+    }
+  }
+  return v;
+}
+
+// Distinct slots: a random permutation of [0, N) cut to its first n.
+std::vector<int32_t> moe_slots(int64_t n, int64_t N, std::mt19937& rng) {
+  std::vector<int32_t> v(static_cast<std::size_t>(N));
+  std::iota(v.begin(), v.end(), 0);
+  std::shuffle(v.begin(), v.end(), rng);
+  v.resize(static_cast<std::size_t>(n));
+  return v;
+}
+
+// Forward on both (outputs pre-filled: they are written), then backward on both from the
+// same idx (dweights random), each CUDA kernel once more into fresh outputs.
+void run_moe_router(DType t, const MoeShape& m, bool normalize, std::mt19937& rng) {
+  SCOPED_TRACE(moe_trace(t, m) + " normalize=" + std::to_string(normalize));
+  const int64_t R = m.R, E = m.E, K = m.K;
+  Pair logits = make(t, moe_logits(R, E, rng));
+  Pair idx = make_i32(std::vector<int32_t>(static_cast<std::size_t>(R * K), -7));
+  Pair w = make(DType::f32, uniform(R * K, rng));
+  both([&](Backend& be, Side s) {
+    be.moe_router_forward(idx.v(s), w.v(s), logits.v(s), R, E, K, normalize);
+  });
+  const Bytes idx1 = read_bytes(gpu(), idx.v(kGpu)), w1 = read_bytes(gpu(), w.v(kGpu));
+  check_sync(idx, kExact, "idx");  // the backward below reads the same picks on both sides
+  check(w, kElemF32, "weights");
+  Pair idx2 = make_i32(std::vector<int32_t>(static_cast<std::size_t>(R * K)));
+  Pair w2 = make(DType::f32, Vec(R * K));
+  gpu().moe_router_forward(idx2.v(kGpu), w2.v(kGpu), logits.v(kGpu), R, E, K, normalize);
+  expect_bytes(idx2, idx1, "idx rerun");
+  expect_bytes(w2, w1, "weights rerun");
+
+  Pair dw = make(DType::f32, uniform(R * K, rng)), dlogits = make(t, uniform(R * E, rng));
+  both([&](Backend& be, Side s) {
+    be.moe_router_backward(dlogits.v(s), dw.v(s), logits.v(s), idx.v(s), R, E, K, normalize);
+  });
+  check(dlogits, tol_for(t, kElemF32), "dlogits");
+  Pair dlogits2 = make(t, Vec(R * E));
+  gpu().moe_router_backward(dlogits2.v(kGpu), dw.v(kGpu), logits.v(kGpu), idx.v(kGpu), R, E, K,
+                            normalize);
+  expect_bytes(dlogits2, read_bytes(gpu(), dlogits.v(kGpu)), "dlogits rerun");
+}
+
+TEST(CudaBackend, MoeRouter) {
+  std::mt19937 rng(31);
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (const MoeShape& m : kMoeShapes) {
+      for (bool normalize : {true, false}) run_moe_router(t, m, normalize, rng);
+    }
+  }
+}
+
+// Forward with routing weights and with an empty weights view (ones); backward with drows
+// pre-filled: its N - R K rows that no slot names must keep their values on both sides.
+void run_moe_combine(DType t, const MoeShape& m, std::mt19937& rng) {
+  SCOPED_TRACE(moe_trace(t, m));
+  const int64_t R = m.R, K = m.K, C = m.C, N = R * K + 3;
+  const Tol tol = tol_for(t, kElemF32);
+  Pair slot = make_i32(moe_slots(R * K, N, rng));
+  Pair rows = make(t, uniform(N * C, rng)), w = make(DType::f32, uniform(R * K, rng, 0.0f, 1.0f));
+  Pair out = make(t, uniform(R * C, rng)), ones = make(t, uniform(R * C, rng));
+  both([&](Backend& be, Side s) {
+    be.moe_combine_forward(out.v(s), rows.v(s), w.v(s), slot.v(s), R, K, C);
+    be.moe_combine_forward(ones.v(s), rows.v(s), TensorView{}, slot.v(s), R, K, C);
+  });
+  check(out, tol, "out");
+  check(ones, tol, "out, empty weights view");
+  Pair out2 = make(t, Vec(R * C)), ones2 = make(t, Vec(R * C));
+  gpu().moe_combine_forward(out2.v(kGpu), rows.v(kGpu), w.v(kGpu), slot.v(kGpu), R, K, C);
+  gpu().moe_combine_forward(ones2.v(kGpu), rows.v(kGpu), TensorView{}, slot.v(kGpu), R, K, C);
+  expect_bytes(out2, read_bytes(gpu(), out.v(kGpu)), "out rerun");
+  expect_bytes(ones2, read_bytes(gpu(), ones.v(kGpu)), "out (empty weights view) rerun");
+
+  const Vec drows0 = uniform(N * C, rng);
+  Pair dout = make(t, uniform(R * C, rng)), drows = make(t, drows0);
+  Pair dw = make(DType::f32, uniform(R * K, rng));
+  both([&](Backend& be, Side s) {
+    be.moe_combine_backward(drows.v(s), dw.v(s), dout.v(s), rows.v(s), w.v(s), slot.v(s), R, K, C);
+  });
+  check(drows, tol, "drows");
+  check(dw, kReduceF32, "dweights");
+  Pair drows2 = make(t, drows0), dw2 = make(DType::f32, Vec(R * K));
+  gpu().moe_combine_backward(drows2.v(kGpu), dw2.v(kGpu), dout.v(kGpu), rows.v(kGpu), w.v(kGpu),
+                             slot.v(kGpu), R, K, C);
+  expect_bytes(drows2, read_bytes(gpu(), drows.v(kGpu)), "drows rerun");
+  expect_bytes(dw2, read_bytes(gpu(), dw.v(kGpu)), "dweights rerun");
+}
+
+TEST(CudaBackend, MoeCombine) {
+  std::mt19937 rng(32);
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (const MoeShape& m : kMoeShapes) run_moe_combine(t, m, rng);
+  }
+}
+
+TEST(CudaBackend, MoeMixedStorage) {
+  // bf16 logits with fp32 dlogits; bf16 rows with fp32 out and dout: the run-time typed
+  // kernels (each output rounded once, to its own type).
+  std::mt19937 rng(33);
+  const int64_t R = 11, E = 16, K = 4, C = 24, N = R * K;
+  Pair logits = make(DType::bf16, moe_logits(R, E, rng));
+  Pair idx = make_i32(std::vector<int32_t>(static_cast<std::size_t>(R * K)));
+  Pair w = make(DType::f32, Vec(R * K)), dw = make(DType::f32, uniform(R * K, rng));
+  Pair dlogits = make(DType::f32, Vec(R * E));
+  both([&](Backend& be, Side s) {
+    be.moe_router_forward(idx.v(s), w.v(s), logits.v(s), R, E, K, true);
+  });
+  check_sync(idx, kExact, "idx");
+  check(w, kElemF32, "weights");
+  both([&](Backend& be, Side s) {
+    be.moe_router_backward(dlogits.v(s), dw.v(s), logits.v(s), idx.v(s), R, E, K, true);
+  });
+  check(dlogits, kElemF32, "dlogits fp32 from bf16 logits");
+  Pair slot = make_i32(moe_slots(R * K, N, rng));
+  Pair rows = make(DType::bf16, uniform(N * C, rng)), out = make(DType::f32, Vec(R * C));
+  Pair dout = make(DType::f32, uniform(R * C, rng)), drows = make(DType::bf16, Vec(N * C));
+  Pair dw2 = make(DType::f32, Vec(R * K));
+  both([&](Backend& be, Side s) {
+    be.moe_combine_forward(out.v(s), rows.v(s), w.v(s), slot.v(s), R, K, C);
+    be.moe_combine_backward(drows.v(s), dw2.v(s), dout.v(s), rows.v(s), w.v(s), slot.v(s), R, K, C);
+  });
+  check(out, kElemF32, "out fp32 from bf16 rows");
+  check(drows, kBf16, "drows bf16 from fp32 dout");
+  check(dw2, kReduceF32, "dweights");
+}
+
+TEST(CudaBackend, MoeZeroTokensIsANoOp) {
+  // R = 0: no launch (a zero grid would fail), every output left as it was.
+  std::mt19937 rng(34);
+  const int64_t E = 4, K = 2, C = 8;
+  Pair logits = make(DType::bf16, uniform(E, rng)), idx = make_i32({1, 3});
+  Pair w = make(DType::f32, uniform(K, rng)), dw = make(DType::f32, uniform(K, rng));
+  Pair dlogits = make(DType::bf16, uniform(E, rng)), rows = make(DType::bf16, uniform(K * C, rng));
+  Pair out = make(DType::bf16, uniform(C, rng)), dout = make(DType::bf16, uniform(C, rng));
+  Pair drows = make(DType::bf16, uniform(K * C, rng));
+  const Pair* outs[] = {&idx, &w, &dw, &dlogits, &out, &drows};
+  std::vector<Bytes> before;
+  for (const Pair* p : outs) before.push_back(read_bytes(gpu(), p->v(kGpu)));
+  both([&](Backend& be, Side s) {
+    be.moe_router_forward(idx.v(s), w.v(s), logits.v(s), 0, E, K, true);
+    be.moe_router_backward(dlogits.v(s), w.v(s), logits.v(s), idx.v(s), 0, E, K, true);
+    be.moe_combine_forward(out.v(s), rows.v(s), w.v(s), idx.v(s), 0, K, C);
+    be.moe_combine_forward(out.v(s), rows.v(s), TensorView{}, idx.v(s), 0, K, C);
+    be.moe_combine_backward(drows.v(s), dw.v(s), dout.v(s), rows.v(s), w.v(s), idx.v(s), 0, K, C);
+  });
+  gpu().synchronize();
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    expect_bytes(*outs[i], before[i], "output " + std::to_string(i) + " untouched");
+  }
+}
+
+TEST(CudaBackend, MoeWrongArgumentsThrow) {
+  Backend& g = gpu();
+  DeviceBuffer f32(g, DType::f32, 64, MemCategory::other),
+      bf(g, DType::bf16, 64, MemCategory::other), i32(g, DType::i32, 64, MemCategory::other);
+  const TensorView F = f32.view(), Hb = bf.view(), I = i32.view();
+  expect_error([&] { g.moe_router_forward(I, F, F, 2, 4, 5, true); },
+               "cuda backend: moe_router_forward: K = 5");
+  expect_error([&] { g.moe_router_forward(I, Hb, F, 2, 4, 2, true); },
+               "cuda backend: moe_router_forward: weights is bf16");
+  expect_error([&] { g.moe_router_backward(F, F, F, F, 2, 4, 2, false); },
+               "cuda backend: moe_router_backward: idx is fp32");
+  expect_error([&] { g.moe_combine_forward(F, F, F, I, 2, 2, 8); },
+               "cuda backend: moe_combine_forward: out overlaps rows");
+  expect_error([&] { g.moe_combine_backward(Hb, F, F, Hb.slice(0, 32), F, I, 2, 2, 8); },
+               "cuda backend: moe_combine_backward: drows overlaps rows");
+  g.synchronize();  // nothing was enqueued by the failed calls
 }
 
 }  // namespace

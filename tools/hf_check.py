@@ -4,7 +4,8 @@
 For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneration, ByT5
 bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
 MistralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM,
-SmolLM3ForCausalLM, GraniteForCausalLM (LLAMA_CASES below)
+SmolLM3ForCausalLM, GraniteForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
+OlmoeForCausalLM (LLAMA_CASES below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -130,6 +131,18 @@ LLAMA_CASES = {
                                        "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
                                        "attention_multiplier": 0.2, "logits_scaling": 4.0,
                                        "tie_word_embeddings": False},
+    # Mixture of experts: 4 SwiGLU experts a layer, each token routed to 2 (Qwen3-MoE: per-head
+    # q/k norms, head_dim 12, experts 24 wide, the top-2 weights renormalised; Mixtral: always
+    # renormalised, a window of 8, tied; OLMoE: whole-row q/k norms, not renormalised).
+    "qwen3_moe gqa untied 4 experts": {"type": "qwen3_moe", "hidden_size": 32, "head_dim": 12,
+                                       "num_experts": 4, "num_experts_per_tok": 2,
+                                       "moe_intermediate_size": 24, "norm_topk_prob": True,
+                                       "tie_word_embeddings": False},
+    "mixtral gqa tied window 8 4 experts": {"type": "mixtral", "hidden_size": 32,
+                                            "num_local_experts": 4, "num_experts_per_tok": 2,
+                                            "sliding_window": 8, "tie_word_embeddings": True},
+    "olmoe gqa untied 4 experts": {"type": "olmoe", "hidden_size": 32, "num_experts": 4,
+                                   "num_experts_per_tok": 2, "tie_word_embeddings": False},
     # OLMo 3: OLMo 2's layers, the first sliding over 8 positions with unscaled RoPE, the second
     # global with LLAMA_COMMON's llama3 scaling (Olmo3Model's rotary_embs).
     "olmo3 gqa untied window 8": {"type": "olmo3", "hidden_size": 32, "sliding_window": 8,

@@ -304,6 +304,20 @@ class CudaBackend final : public Backend {
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
                               int64_t window, float softcap) override;
 
+  // ---- mixture of experts ----
+  void moe_router_forward(const TensorView& idx, const TensorView& weights,
+                          const TensorView& logits, int64_t R, int64_t E, int64_t K,
+                          bool normalize) override;
+  void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                           const TensorView& logits, const TensorView& idx, int64_t R, int64_t E,
+                           int64_t K, bool normalize) override;
+  void moe_combine_forward(const TensorView& out, const TensorView& rows, const TensorView& weights,
+                           const TensorView& slot, int64_t R, int64_t K, int64_t C) override;
+  void moe_combine_backward(const TensorView& drows, const TensorView& dweights,
+                            const TensorView& dout, const TensorView& rows,
+                            const TensorView& weights, const TensorView& slot, int64_t R, int64_t K,
+                            int64_t C) override;
+
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
                     const TensorView& exp_avg_sq, float lr, float beta1, float beta2, float eps,
@@ -1438,6 +1452,49 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
     k::cast(out(dk), in(gk.view), nk, s());
     k::cast(out(dv), in(gv.view), nk, s());
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// mixture of experts (kernels_moe.cu). Indices are not checked on the device: the kernels
+// skip out-of-range picks and slots (the CPU backend throws).
+
+void CudaBackend::moe_router_forward(const TensorView& idx, const TensorView& weights,
+                                     const TensorView& logits, int64_t R, int64_t E, int64_t K,
+                                     bool normalize) {
+  // logits: [R,E]; writes idx: [R,K] int32, weights: [R,K] fp32.
+  Chk::moe_router_forward(idx, weights, logits, R, E, K);
+  k::moe_router_forward(static_cast<int32_t*>(idx.data), static_cast<float*>(weights.data),
+                        in(logits), R, E, K, normalize, s());
+}
+
+void CudaBackend::moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                      const TensorView& logits, const TensorView& idx, int64_t R,
+                                      int64_t E, int64_t K, bool normalize) {
+  // dlogits: [R,E] written; dweights: [R,K] fp32; logits: [R,E]; idx: [R,K] int32.
+  Chk::moe_router_backward(dlogits, dweights, logits, idx, R, E, K);
+  k::moe_router_backward(out(dlogits), static_cast<const float*>(dweights.data), in(logits),
+                         static_cast<const int32_t*>(idx.data), R, E, K, normalize, s());
+}
+
+void CudaBackend::moe_combine_forward(const TensorView& out_, const TensorView& rows,
+                                      const TensorView& weights, const TensorView& slot, int64_t R,
+                                      int64_t K, int64_t C) {
+  // out: [R,C] written; rows: [N,C]; weights: [R,K] fp32 or none (1); slot: [R*K] int32.
+  const int64_t N = Chk::moe_combine_forward(out_, rows, weights, slot, R, K, C);
+  k::moe_combine_forward(out(out_), in(rows),
+                         weights ? static_cast<const float*>(weights.data) : nullptr,
+                         static_cast<const int32_t*>(slot.data), R, K, C, N, s());
+}
+
+void CudaBackend::moe_combine_backward(const TensorView& drows, const TensorView& dweights,
+                                       const TensorView& dout, const TensorView& rows,
+                                       const TensorView& weights, const TensorView& slot, int64_t R,
+                                       int64_t K, int64_t C) {
+  // drows: [N,C], the rows slot names written; dweights: [R,K] fp32 written; dout: [R,C].
+  const int64_t N = Chk::moe_combine_backward(drows, dweights, dout, rows, weights, slot, R, K, C);
+  k::moe_combine_backward(out(drows), static_cast<float*>(dweights.data), in(dout), in(rows),
+                          static_cast<const float*>(weights.data),
+                          static_cast<const int32_t*>(slot.data), R, K, C, N, s());
 }
 
 // ---------------------------------------------------------------------------------------

@@ -193,6 +193,29 @@ void swiglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s);
 // dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may alias gate or dout, dup up).
 void swiglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s);
 
+// ---- mixture of experts (kernels_moe.cu): R tokens, E experts, K picks per token ----
+// Top-k routing: idx (int32 [R,K]) and weights (fp32 [R,K]) from logits [R,E]; p =
+// softmax(logits[r, :]) in fp32 (fp64 sum of exps), the K largest in descending order, ties
+// to the lower expert, divided by their fp32 sum when `normalize`. One warp per row.
+void moe_router_forward(int32_t* idx, float* weights, In logits, int64_t R, int64_t E, int64_t K,
+                        bool normalize, cudaStream_t s);
+// Its backward: dlogits [R,E] (written; may alias logits) from dweights (fp32 [R,K]), p
+// recomputed from logits exactly as the forward does. Picks outside [0, E) are skipped.
+void moe_router_backward(Out dlogits, const float* dweights, In logits, const int32_t* idx,
+                         int64_t R, int64_t E, int64_t K, bool normalize, cudaStream_t s);
+// out[r, :] = sum over j ascending of weights[r, j] rows[slot[r K + j], :] (fp32, rounded
+// once); rows [N,C]; weights fp32 [R,K] or null (ones); a slot outside [0, N) adds nothing.
+// out must not overlap rows.
+void moe_combine_forward(Out out, In rows, const float* weights, const int32_t* slot, int64_t R,
+                         int64_t K, int64_t C, int64_t N, cudaStream_t s);
+// drows[slot[q], :] = weights[q] dout[r, :] and dweights[q] = dout[r, :] . rows[slot[q], :]
+// (fp32, fixed order) for q = r K + j; rows, drows [N,C] (other rows of drows untouched); a
+// slot outside [0, N) writes no row and a zero dweight. drows must overlap neither dout nor
+// rows.
+void moe_combine_backward(Out drows, float* dweights, In dout, In rows, const float* weights,
+                          const int32_t* slot, int64_t R, int64_t K, int64_t C, int64_t N,
+                          cudaStream_t s);
+
 // ---- attention: FlashAttention-2 (kernels_flash.cu; kernels in kernels_flash_{mma,simt}.cu) ----
 // One attention problem (kernels.hpp's attention_*, mha_* and gqa_attention_*). Head h of
 // batch b: queries at q + (b*Tq + i)*ldq + h*D, keys and values of its key/value head

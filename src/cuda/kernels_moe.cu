@@ -1,0 +1,338 @@
+// src/cuda/kernels_moe.cu: mixture-of-experts routing (softmax, top-k) and the weighted
+// combination of the experts' output rows, forward and backward (kernels.hpp "mixture of
+// experts"; fsdp/backend/kernels.hpp states the contracts). fp32 math on loaded values,
+// results rounded once to the storage type, as the CPU backend computes them.
+//
+// Deterministic without atomics: every output element is written by one thread, and every
+// sum runs in a fixed order that depends on the shapes only:
+//  - router: one warp per token row. The softmax's max and fp64 sum of exps are per-lane
+//    loops over experts lane, lane + 32, ... followed by the xor-shuffle tree (warp_max,
+//    warp_sum); the top-k picks are K warp-wide arg-max reductions; the sums over the K
+//    picks (the normalisation, the backward's dot products) run j = 0..K-1 in turn in fp32,
+//    as on the CPU.
+//  - combine forward: one thread per output element (8 consecutive ones with 16-byte
+//    accesses), summing j = 0..K-1 in turn.
+//  - combine backward: one warp per (token, pick) pair; dweights' dot product over C is a
+//    per-lane fp32 sum over the lane's columns in ascending order, then the xor tree.
+#include "kernels_common.cuh"
+
+namespace fsdp::cuda::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Experts per lane the router keeps in registers: E <= 32 * kMaxCached (256; Qwen3-30B-A3B
+// has 128, OLMoE 64, Mixtral 8). Larger E recomputes p from the logits at each pick.
+constexpr int kMaxCached = 8;
+
+// ---- routing: softmax and top-k ----
+
+// Softmax statistics of the E logits at x[base, base + E), computed by the warp (every lane
+// returns the same): mx, their max, and inv = 1 / (the fp64 sum of the fp32 exp(x - mx)),
+// rounded to fp32, as the CPU's moe_softmax.
+template <class T>
+__device__ __forceinline__ void softmax_stats(Rd<T> x, int64_t base, int64_t E, int lane, float& mx,
+                                              float& inv) {
+  float m = -INFINITY;
+  for (int64_t e = lane; e < E; e += 32) m = fmaxf(m, x[base + e]);
+  m = warp_max(m);
+  double sum = 0.0;
+  for (int64_t e = lane; e < E; e += 32) sum += static_cast<double>(expf(x[base + e] - m));
+  sum = warp_sum(sum);
+  mx = m;
+  inv = static_cast<float>(1.0 / sum);
+}
+
+// p = softmax(x)[e] from the statistics above: the one expression forward and backward share,
+// so the backward's p is bit for bit the forward's.
+__device__ __forceinline__ float prob(float x, float mx, float inv) { return expf(x - mx) * inv; }
+
+// Whether candidate (p, e) ranks before (bp, be) in the pick order: p descending, ties to the
+// lower expert index; be < 0 is "none yet".
+__device__ __forceinline__ bool ranks_before(float p, int e, float bp, int be) {
+  return be < 0 || p > bp || (p == bp && e < be);
+}
+
+// idx[r, :], w[r, :] (fp32 [R,K]) = the K largest p of row r of logits ([R,E]) in descending
+// order, ties to the lower expert index, with w = p / (the fp32 sum of the K, j ascending)
+// when `normalize`, else p. One warp per row. Pick j is the best candidate (ranks_before)
+// among the experts that rank after pick j - 1, which is the CPU's "best not yet taken" when
+// no p is NaN: each lane takes its best eligible expert, then a 5-step xor-shuffle arg-max
+// (an order-independent choice) gives every lane the pick. kPer > 0: each lane holds the p
+// of experts lane + 32 i, i < kPer, in registers (E <= 32 kPer); kPer == 0: recomputed.
+template <class T, int kPer>
+__global__ void __launch_bounds__(kThreads)
+    router_forward_kernel(int32_t* idx, float* w, Rd<T> logits, int64_t R, int64_t E, int64_t K,
+                          bool normalize) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < R;
+       r += stride) {
+    const int64_t base = r * E;
+    float mx, inv;
+    softmax_stats(logits, base, E, lane, mx, inv);
+    float cached[kPer > 0 ? kPer : 1];
+    if constexpr (kPer > 0) {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int64_t e = lane + 32 * i;
+        cached[i] = e < E ? prob(logits[base + e], mx, inv) : 0.0f;
+      }
+    }
+    float prev_p = 0.0f, sum = 0.0f;
+    int prev_e = -1;  // the previous pick; -1 before the first
+    for (int64_t j = 0; j < K; ++j) {
+      float bp = 0.0f;
+      int be = -1;
+      auto consider = [&](float p, int e) {
+        const bool after = prev_e < 0 || p < prev_p || (p == prev_p && e > prev_e);
+        if (after && ranks_before(p, e, bp, be)) {
+          bp = p;
+          be = e;
+        }
+      };
+      if constexpr (kPer > 0) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          const int e = lane + 32 * i;
+          if (e < E) consider(cached[i], e);
+        }
+      } else {
+        for (int64_t e = lane; e < E; e += 32) {
+          consider(prob(logits[base + e], mx, inv), static_cast<int>(e));
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float op = __shfl_xor_sync(kFullMask, bp, o);
+        const int oe = __shfl_xor_sync(kFullMask, be, o);
+        if (oe >= 0 && ranks_before(op, oe, bp, be)) {
+          bp = op;
+          be = oe;
+        }
+      }
+      if (lane == (j & 31)) {  // pick j is written, and normalised below, by lane j % 32
+        idx[r * K + j] = be;
+        w[r * K + j] = bp;
+      }
+      sum += bp;
+      prev_p = bp;
+      prev_e = be;
+    }
+    if (normalize) {
+      for (int64_t j = lane; j < K; j += 32) w[r * K + j] = w[r * K + j] / sum;
+    }
+  }
+}
+
+// dlogits[r, :] ([R,E]) from dw[r, :] (fp32 [R,K]), the picks idx[r, :] and p recomputed from
+// logits[r, :] as the forward did. One warp per row. Every lane computes the row's scalars,
+// j = 0..K-1 in turn in fp32 (as the CPU): S = sum p_j, wd = sum (p_j / S) dw_j, dp_j =
+// (dw_j - wd) / S (dw_j without `normalize`), s = sum p_j dp_j. Then each lane writes its
+// experts e (lane, lane + 32, ...): p[e] (dp[e] - s), dp[e] that of the last pick naming e,
+// 0 if none does. The scalars' reads of logits end (__syncwarp) before any lane writes, and
+// a lane reads an expert's logit only before it writes that expert's gradient, so dlogits
+// may be logits. Picks outside [0, E) (the CPU backend rejects them) are skipped.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    router_backward_kernel(Wr<T> dlogits, const float* dw, Rd<T> logits, const int32_t* idx,
+                           int64_t R, int64_t E, int64_t K, bool normalize) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < R;
+       r += stride) {
+    const int64_t base = r * E;
+    const int32_t* ix = idx + r * K;
+    const float* d = dw + r * K;
+    float mx, inv;
+    softmax_stats(logits, base, E, lane, mx, inv);
+    // p of pick j (0 for an out-of-range pick)
+    auto pick_p = [&](int64_t j) {
+      const int32_t e = ix[j];
+      return e >= 0 && e < E ? prob(logits[base + e], mx, inv) : 0.0f;
+    };
+    float S = 0.0f, wd = 0.0f;
+    if (normalize) {
+      for (int64_t j = 0; j < K; ++j) S += pick_p(j);
+      for (int64_t j = 0; j < K; ++j) wd += pick_p(j) / S * d[j];
+    }
+    auto pick_dp = [&](int64_t j) { return normalize ? (d[j] - wd) / S : d[j]; };
+    float s = 0.0f;
+    for (int64_t j = 0; j < K; ++j) s += pick_p(j) * pick_dp(j);
+    __syncwarp();  // every lane's reads of the picks' logits precede the writes below
+    for (int64_t e = lane; e < E; e += 32) {
+      float dp = 0.0f;
+      for (int64_t j = 0; j < K; ++j) {
+        if (ix[j] == e) dp = pick_dp(j);
+      }
+      dlogits.set(base + e, prob(logits[base + e], mx, inv) * (dp - s));
+    }
+  }
+}
+
+// ---- combination of the experts' rows ----
+
+// out[r, c] = sum over j = 0..K-1 in turn of w[r, j] rows[slot[r K + j], c] in fp32 (w null:
+// 1), rounded once. One thread per element (r, c), consecutive threads along c; with `vec`
+// (T a storage type, C % 8 == 0, 16-byte aligned out and rows) one thread per 8 consecutive
+// elements, 16-byte loads and stores. A slot outside [0, N) (the CPU backend rejects it) adds
+// nothing.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    combine_forward_kernel(Wr<T> out, Rd<T> rows, const float* w, const int32_t* slot, int64_t R,
+                           int64_t K, int64_t C, int64_t N, bool vec) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if constexpr (!std::is_same_v<T, Dyn>) {
+    if (vec) {
+      const int64_t packs = C / 8;
+      for (int64_t i = first; i < R * packs; i += stride) {
+        const int64_t r = i / packs, c = (i - r * packs) * 8;
+        float acc[8] = {};
+        for (int64_t j = 0; j < K; ++j) {
+          const int32_t sl = slot[r * K + j];
+          if (sl < 0 || sl >= N) continue;
+          const float a = w ? w[r * K + j] : 1.0f;
+          const Pack8<T> x = load8(rows.p + static_cast<int64_t>(sl) * C + c);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) acc[k] = fmaf(a, to_f(x.v[k]), acc[k]);
+        }
+        Pack8<T> o;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o.v[k] = from_f<T>(acc[k]);
+        store8(out.p + r * C + c, o);
+      }
+      return;
+    }
+  }
+  for (int64_t i = first; i < R * C; i += stride) {
+    const int64_t r = i / C, c = i - r * C;
+    float acc = 0.0f;
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t sl = slot[r * K + j];
+      if (sl < 0 || sl >= N) continue;
+      const float a = w ? w[r * K + j] : 1.0f;
+      acc = fmaf(a, rows[static_cast<int64_t>(sl) * C + c], acc);
+    }
+    out.set(i, acc);
+  }
+}
+
+// For each pair q = r K + j (R K of them), one warp: drows[slot[q], c] = w[q] dout[r, c]
+// (rounded to drows' type) and dw[q] = sum over c of dout[r, c] rows[slot[q], c] (fp32): each
+// lane sums its columns in ascending order (with `vec`, 8 consecutive columns per 16-byte
+// access, lane + 32 i the packs), then the xor-shuffle tree. A slot outside [0, N) (the CPU
+// backend rejects it) writes no row and a zero dw.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    combine_backward_kernel(Wr<T> drows, float* dw, Rd<T> dout, Rd<T> rows, const float* w,
+                            const int32_t* slot, int64_t R, int64_t K, int64_t C, int64_t N,
+                            bool vec) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); q < R * K;
+       q += stride) {
+    const int32_t sl = slot[q];
+    float dot = 0.0f;
+    if (sl >= 0 && sl < N) {
+      const int64_t r = q / K, src = r * C, dst = static_cast<int64_t>(sl) * C;
+      const float a = w[q];
+      bool done = false;
+      if constexpr (!std::is_same_v<T, Dyn>) {
+        if (vec) {
+          for (int64_t c = 8 * lane; c < C; c += 8 * 32) {
+            const Pack8<T> d = load8(dout.p + src + c), x = load8(rows.p + dst + c);
+            Pack8<T> g;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+              const float dk = to_f(d.v[k]);
+              g.v[k] = from_f<T>(a * dk);
+              dot = fmaf(dk, to_f(x.v[k]), dot);
+            }
+            store8(drows.p + dst + c, g);
+          }
+          done = true;
+        }
+      }
+      if (!done) {
+        for (int64_t c = lane; c < C; c += 32) {
+          const float dk = dout[src + c];
+          drows.set(dst + c, a * dk);
+          dot = fmaf(dk, rows[dst + c], dot);
+        }
+      }
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) dw[q] = dot;
+  }
+}
+
+// The router's kernel for E experts: experts cached in registers up to 32 kMaxCached.
+template <class T>
+void launch_router_forward(int32_t* idx, float* w, Rd<T> x, int64_t R, int64_t E, int64_t K,
+                           bool normalize, cudaStream_t s) {
+  static_assert(kMaxCached == 8, "the cases below");
+  const int blocks = blocks_for(R, kWarps);
+  if (E <= 32) {
+    router_forward_kernel<T, 1><<<blocks, kThreads, 0, s>>>(idx, w, x, R, E, K, normalize);
+  } else if (E <= 64) {
+    router_forward_kernel<T, 2><<<blocks, kThreads, 0, s>>>(idx, w, x, R, E, K, normalize);
+  } else if (E <= 128) {
+    router_forward_kernel<T, 4><<<blocks, kThreads, 0, s>>>(idx, w, x, R, E, K, normalize);
+  } else if (E <= 256) {
+    router_forward_kernel<T, 8><<<blocks, kThreads, 0, s>>>(idx, w, x, R, E, K, normalize);
+  } else {
+    router_forward_kernel<T, 0><<<blocks, kThreads, 0, s>>>(idx, w, x, R, E, K, normalize);
+  }
+  FSDP_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void moe_router_forward(int32_t* idx, float* weights, In logits, int64_t R, int64_t E, int64_t K,
+                        bool normalize, cudaStream_t s) {
+  if (R <= 0 || E <= 0 || K <= 0) return;
+  dispatch_float("moe_router_forward", logits.t, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    launch_router_forward<V>(idx, weights, rd<V>(logits), R, E, K, normalize, s);
+  });
+}
+
+void moe_router_backward(Out dlogits, const float* dweights, In logits, const int32_t* idx,
+                         int64_t R, int64_t E, int64_t K, bool normalize, cudaStream_t s) {
+  if (R <= 0 || E <= 0) return;
+  dispatch_uniform("moe_router_backward", {dlogits.t, logits.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    router_backward_kernel<V><<<blocks_for(R, kWarps), kThreads, 0, s>>>(
+        wr<V>(dlogits), dweights, rd<V>(logits), idx, R, E, K, normalize);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void moe_combine_forward(Out out, In rows, const float* weights, const int32_t* slot, int64_t R,
+                         int64_t K, int64_t C, int64_t N, cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  dispatch_uniform("moe_combine_forward", {out.t, rows.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    const bool vec = C % 8 == 0 && aligned16(out.p) && aligned16(rows.p);
+    const int64_t items = vec ? R * (C / 8) : R * C;
+    combine_forward_kernel<V><<<blocks_for(items, kThreads), kThreads, 0, s>>>(
+        wr<V>(out), rd<V>(rows), weights, slot, R, K, C, N, vec);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void moe_combine_backward(Out drows, float* dweights, In dout, In rows, const float* weights,
+                          const int32_t* slot, int64_t R, int64_t K, int64_t C, int64_t N,
+                          cudaStream_t s) {
+  if (R <= 0 || K <= 0) return;
+  dispatch_uniform("moe_combine_backward", {drows.t, dout.t, rows.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    const bool vec = C % 8 == 0 && aligned16(drows.p) && aligned16(dout.p) && aligned16(rows.p);
+    combine_backward_kernel<V><<<blocks_for(R * K, kWarps), kThreads, 0, s>>>(
+        wr<V>(drows), dweights, rd<V>(dout), rd<V>(rows), weights, slot, R, K, C, N, vec);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace fsdp::cuda::kernels
