@@ -1713,6 +1713,41 @@ TEST(CudaBackend, MoeMixedStorage) {
   check(dw2, kReduceF32, "dweights");
 }
 
+// The load-balancing loss's kernels on both backends: the probability sums (accumulating
+// onto a starting psum), the loss term into an fp64 scalar, and the backward accumulating
+// onto dlogits; each CUDA kernel run again for the same bits.
+TEST(CudaBackend, MoeLoadBalancingLoss) {
+  std::mt19937 rng(35);
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (const MoeShape& m : kMoeShapes) {
+      SCOPED_TRACE(moe_trace(t, m));
+      const int64_t R = m.R, E = m.E;
+      Pair logits = make(t, moe_logits(R, E, rng));
+      const Vec start = uniform(E, rng);
+      Pair psum = make(DType::f32, start);
+      both([&](Backend& be, Side s) { be.moe_router_prob_sums(psum.v(s), logits.v(s), R, E); });
+      check(psum, kReduceF32, "psum");
+      Pair psum2 = make(DType::f32, start);
+      gpu().moe_router_prob_sums(psum2.v(kGpu), logits.v(kGpu), R, E);
+      expect_bytes(psum2, read_bytes(gpu(), psum.v(kGpu)), "psum rerun");
+
+      Pair counts = make(DType::f32, uniform(E, rng)), loss = make_f64({0.25});
+      both([&](Backend& be, Side s) { be.moe_aux_loss(loss.v(s), counts.v(s), psum.v(s), E, 0.3); });
+      check(loss, kReduceF32, "loss");
+
+      Pair dprobs = make(DType::f32, uniform(E, rng)), dlogits = make(t, uniform(R * E, rng));
+      const Bytes before = read_bytes(gpu(), dlogits.v(kGpu));
+      both([&](Backend& be, Side s) {
+        be.moe_aux_loss_backward(dlogits.v(s), logits.v(s), dprobs.v(s), R, E);
+      });
+      check(dlogits, tol_for(t, kElemF32), "dlogits");
+      Pair dlogits2 = make_bytes(t, R * E, before);
+      gpu().moe_aux_loss_backward(dlogits2.v(kGpu), logits.v(kGpu), dprobs.v(kGpu), R, E);
+      expect_bytes(dlogits2, read_bytes(gpu(), dlogits.v(kGpu)), "dlogits rerun");
+    }
+  }
+}
+
 TEST(CudaBackend, MoeZeroTokensIsANoOp) {
   // R = 0: no launch (a zero grid would fail), every output left as it was.
   std::mt19937 rng(34);

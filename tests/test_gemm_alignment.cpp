@@ -167,6 +167,11 @@ class GemmRecorder final : public fsdp::Kernels {
   void moe_combine_backward(const TensorView&, const TensorView&, const TensorView&,
                             const TensorView&, const TensorView&, const TensorView&, int64_t,
                             int64_t, int64_t) override {}
+  void moe_router_prob_sums(const TensorView&, const TensorView&, int64_t, int64_t) override {}
+  void moe_aux_loss(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                    double) override {}
+  void moe_aux_loss_backward(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                             int64_t) override {}
 
  private:
   fsdp::CountingRuntime runtime_;

@@ -168,7 +168,20 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
       {"gemma2 head_dim 256 soft-caps",  // the SIMT attention kernels (Gemma 2's head width)
        llama_config("", {"model.type=\"gemma2\"", "model.head_dim=256",
                          "model.attn_logit_softcapping=2.0",
-                         "model.final_logit_softcapping=5.0"})}};
+                         "model.final_logit_softcapping=5.0"})},
+      // Mixture of experts: the routing, grouping and combine kernels, the per-expert GEMMs on
+      // row segments, the load-balancing loss's kernels (Qwen3-MoE, OLMoE)
+      {"qwen3_moe 8 experts top 2 load-balancing loss",
+       llama_config("", {"model.type=\"qwen3_moe\"", "model.num_experts=8",
+                         "model.num_experts_per_tok=2", "model.moe_intermediate_size=24",
+                         "model.norm_topk_prob=true", "model.output_router_logits=true",
+                         "model.router_aux_loss_coef=0.1"})},
+      {"mixtral 4 experts window 5",
+       llama_config("", {"model.type=\"mixtral\"", "model.num_local_experts=4",
+                         "model.num_experts_per_tok=2", "model.sliding_window=5"})},
+      {"olmoe 4 experts load-balancing loss",
+       llama_config("", {"model.type=\"olmoe\"", "model.num_experts=4",
+                         "model.num_experts_per_tok=2", "model.output_router_logits=true"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

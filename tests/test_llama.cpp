@@ -133,8 +133,12 @@ void make_olmo3(fsdp::LlamaConfig& m) {
 // The Mixture-of-Experts classes' tiny model: 4 experts, each token routed to 2 (Qwen3-MoE's
 // experts 12 wide, Mixtral's and OLMoE's intermediate_size 24), top-k weights renormalised
 // unless `normalize` is false (Mixtral always renormalises).
-void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true) {
+// `aux`: with the load-balancing loss (output_router_logits, router_aux_loss_coef 0.1).
+void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true,
+              bool aux = false) {
   m.arch = arch;
+  m.output_router_logits = aux;
+  m.router_aux_loss_coef = 0.1;
   m.num_experts = 4;
   m.num_experts_per_tok = 2;
   m.moe_intermediate_size = 12;
@@ -193,6 +197,7 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     LlamaArch arch = LlamaArch::llama;
     int64_t head_dim = 0;
     bool longrope = false;  // make_phi3_longrope
+    bool aux = false;       // MoE: the load-balancing loss
   };
   for (const Case& c :
        {Case{"GQA untied", 2, false, false, false, false},
@@ -243,9 +248,15 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"Mixtral GQA untied, 4 experts top 2, window 3", 2, false, false, false, false,
              LlamaArch::mixtral},
         Case{"OLMoE MHA untied, attention bias, top 2 not renormalised", 4, false, true, false,
-             false, LlamaArch::olmoe}}) {
+             false, LlamaArch::olmoe},
+        Case{"Qwen3-MoE GQA untied, load-balancing loss", 2, false, false, false, false,
+             LlamaArch::qwen3_moe, 0, false, true},
+        Case{"Mixtral MQA tied, load-balancing loss", 1, true, false, false, true,
+             LlamaArch::mixtral, 0, false, true}}) {
     ModelOptions o;
-    if (is_moe(c.arch)) make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias);
+    if (is_moe(c.arch)) {
+      make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias, c.aux);
+    }
     if (c.arch == LlamaArch::mixtral) o.model.sliding_window = 3;
     if (c.arch == LlamaArch::gemma3_text) make_gemma(o.model);
     if (c.arch == LlamaArch::gemma2) make_gemma2(o.model);
@@ -455,7 +466,11 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
         if (arch == fsdp::LlamaArch::gemma2) make_gemma2(o.model);  // the soft-caps recomputed
         if (arch == fsdp::LlamaArch::gemma) o.model.pad_token_id = 3;
         if (arch == fsdp::LlamaArch::exaone4) make_exaone4(o.model);
-        if (is_moe(arch)) make_moe(o.model, arch, arch != fsdp::LlamaArch::olmoe);
+        // (Qwen3-MoE and OLMoE with the load-balancing loss: a recompute adds nothing to it)
+        if (is_moe(arch)) {
+          make_moe(o.model, arch, arch != fsdp::LlamaArch::olmoe,
+                   /*aux=*/arch != fsdp::LlamaArch::mixtral);
+        }
         o.model.arch = arch;
         o.mp.param_dtype = dtype;
         o.comm = comm;
@@ -507,7 +522,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
           if (arch == fsdp::LlamaArch::granite) make_granite(o.model);
           if (arch == fsdp::LlamaArch::olmo3) make_olmo3(o.model);
           if (arch == fsdp::LlamaArch::exaone4) make_exaone4(o.model);
-          if (is_moe(arch)) make_moe(o.model, arch);
+          if (is_moe(arch)) make_moe(o.model, arch, true, arch != fsdp::LlamaArch::mixtral);
           o.model.arch = arch;
           o.model.tie_word_embeddings = tied;
           o.model.num_hidden_layers = 3;
@@ -1255,7 +1270,8 @@ TEST(Llama, Exaone4ConfigJson) {
 // mistralai/Mixtral-8x7B-v0.1 and allenai/OLMoE-1B-7B-0924): each reads as written, declares
 // the model's known parameter count (Mixtral 8x7B: 46,702,792,704; Qwen3-30B-A3B:
 // 30,532,122,624; OLMoE-1B-7B: 6,919,161,856), round-trips through the merge's config.json,
-// and what fsdp_train does not implement is refused by name.
+// reads the load-balancing loss's attributes, and what fsdp_train does not implement is
+// refused by name.
 TEST(Llama, MoeConfigJson) {
   auto params = [](const fsdp::ModelConfig& mc) {
     int64_t n = 0;
@@ -1334,10 +1350,18 @@ TEST(Llama, MoeConfigJson) {
   }
   EXPECT_TRUE(fsdp::LlamaConfig::from(fsdp::model_family("olmoe").from_hf_config(olmoe, "o"))
                   .qk_norm());
+  // The load-balancing loss's attributes are keys (Mixtral 8x7B's coefficient 0.02).
   nlohmann::json hf = qwen;
   hf["output_router_logits"] = true;
-  expect_refused(fsdp::model_family("qwen3_moe"), hf,
-                 "\"output_router_logits\" true is not supported (expected false");
+  const fsdp::LlamaConfig aux =
+      fsdp::LlamaConfig::from(fsdp::model_family("qwen3_moe").from_hf_config(hf, "aux.json"));
+  EXPECT_TRUE(aux.aux_loss());
+  EXPECT_EQ(aux.router_aux_loss_coef, 0.001);
+  EXPECT_EQ(fsdp::LlamaConfig::from(fsdp::model_family("mixtral").from_hf_config(mixtral, "m"))
+                .router_aux_loss_coef,
+            0.02);
+  EXPECT_FALSE(fsdp::LlamaConfig::from(fsdp::model_family("qwen3_moe").from_hf_config(qwen, "q"))
+                   .aux_loss());
   hf = qwen;
   hf["mlp_only_layers"] = {0, 5};
   expect_refused(fsdp::model_family("qwen3_moe"), hf, "\"mlp_only_layers\" [0,5] is not supported");

@@ -783,6 +783,45 @@ TEST_F(LlamaKernels, MoeCombineIsTheWeightedSumAndGradientCheck) {
   EXPECT_LT(rel_err(dw, numeric_grad(w, loss, 1e-2f)), 1e-4);
 }
 
+// The load-balancing loss (HF's load_balancing_loss_func): the probability sums against a
+// double softmax, the loss term alpha sum_e counts_e psum_e, and the backward against finite
+// differences of that term through the softmax.
+TEST_F(LlamaKernels, MoeLoadBalancingLossAndGradientCheck) {
+  const int64_t R = 9, E = 5;
+  Vec logits = random_vec(R * E, rng, -2.0f, 2.0f);
+  Vec psum = {0.5f, 0.f, 0.f, 1.f, 0.f};  // accumulated onto
+  be->moe_router_prob_sums(f32(psum), f32(logits), R, E);
+  const Vec start = {0.5f, 0.f, 0.f, 1.f, 0.f};
+  DVec want(E, 0.0);
+  for (int64_t r = 0; r < R; ++r) {
+    double mx = -1e300, z = 0;
+    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, double(logits[r * E + e]));
+    for (int64_t e = 0; e < E; ++e) z += std::exp(logits[r * E + e] - mx);
+    for (int64_t e = 0; e < E; ++e) want[e] += std::exp(logits[r * E + e] - mx) / z;
+  }
+  for (int64_t e = 0; e < E; ++e) EXPECT_NEAR(psum[e], start[e] + want[e], 1e-5) << e;
+  const Vec counts = {3.f, 0.f, 7.f, 1.f, 2.f};
+  double loss = 0.125;
+  be->moe_aux_loss(TensorView(&loss, DType::f64, {1}), f32(counts), f32(psum), E, 0.5);
+  double term = 0;
+  for (int64_t e = 0; e < E; ++e) term += double(counts[e]) * psum[e];
+  EXPECT_NEAR(loss, 0.125 + 0.5 * term, 1e-12);
+  // d(sum_e dprobs_e psum_e)/d logits, accumulated onto a starting dlogits
+  const Vec dprobs = random_vec(E, rng);
+  const Vec dstart = random_vec(R * E, rng);
+  Vec dlogits = dstart;
+  be->moe_aux_loss_backward(f32(dlogits), f32(logits), f32(dprobs), R, E);
+  auto objective = [&] {
+    Vec ps(E, 0.f);
+    be->moe_router_prob_sums(f32(ps), f32(logits), R, E);
+    return dot(ps, dprobs);
+  };
+  const DVec numeric = numeric_grad(logits, objective, 1e-2f);
+  Vec added(R * E);
+  for (int64_t i = 0; i < R * E; ++i) added[i] = dlogits[i] - dstart[i];
+  EXPECT_LT(rel_err(added, numeric), 1e-3);
+}
+
 TEST_F(LlamaKernels, MoeArgumentErrors) {
   Vec logits(12), w(6), dl(12);
   std::vector<int32_t> idx(6), bad_slot = {0, 1, 2, 3, 4, 6};

@@ -665,6 +665,18 @@ class DeferredKernels final : public fsdp::Kernels {
       in_.moe_combine_backward(drows, dweights, dout, rows, weights, slot, R, K, C);
     });
   }
+  void moe_router_prob_sums(const TensorView& psum, const TensorView& logits, int64_t R,
+                            int64_t E) override {
+    later([=, this] { in_.moe_router_prob_sums(psum, logits, R, E); });
+  }
+  void moe_aux_loss(const TensorView& loss, const TensorView& counts, const TensorView& psum,
+                    int64_t E, double alpha) override {
+    later([=, this] { in_.moe_aux_loss(loss, counts, psum, E, alpha); });
+  }
+  void moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
+                             const TensorView& dprobs, int64_t R, int64_t E) override {
+    later([=, this] { in_.moe_aux_loss_backward(dlogits, logits, dprobs, R, E); });
+  }
 
  private:
   void later(std::function<void()> op) {

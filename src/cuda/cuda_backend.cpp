@@ -317,6 +317,12 @@ class CudaBackend final : public Backend {
                             const TensorView& dout, const TensorView& rows,
                             const TensorView& weights, const TensorView& slot, int64_t R, int64_t K,
                             int64_t C) override;
+  void moe_router_prob_sums(const TensorView& psum, const TensorView& logits, int64_t R,
+                            int64_t E) override;
+  void moe_aux_loss(const TensorView& loss, const TensorView& counts, const TensorView& psum,
+                    int64_t E, double alpha) override;
+  void moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
+                             const TensorView& dprobs, int64_t R, int64_t E) override;
 
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
@@ -1495,6 +1501,33 @@ void CudaBackend::moe_combine_backward(const TensorView& drows, const TensorView
   k::moe_combine_backward(out(drows), static_cast<float*>(dweights.data), in(dout), in(rows),
                           static_cast<const float*>(weights.data),
                           static_cast<const int32_t*>(slot.data), R, K, C, N, s());
+}
+
+void CudaBackend::moe_router_prob_sums(const TensorView& psum, const TensorView& logits,
+                                       int64_t R, int64_t E) {
+  // psum: [E] fp32 +=; logits: [R,E].
+  Chk::moe_router_prob_sums(psum, logits, R, E);
+  if (R == 0 || E == 0) return;
+  Scratch partial(*this, static_cast<std::size_t>(k::moe_router_prob_sums_scratch_doubles(R, E)) *
+                             sizeof(double));
+  k::moe_router_prob_sums(static_cast<float*>(psum.data), in(logits), R, E,
+                          partial.as<double>(), s());
+}
+
+void CudaBackend::moe_aux_loss(const TensorView& loss, const TensorView& counts,
+                               const TensorView& psum, int64_t E, double alpha) {
+  // loss: fp64 [1] += alpha sum_e counts[e] psum[e]; counts, psum: [E] fp32.
+  double* l = Chk::moe_aux_loss(loss, counts, psum, E);
+  k::moe_aux_loss(l, static_cast<const float*>(counts.data), static_cast<const float*>(psum.data),
+                  E, alpha, s());
+}
+
+void CudaBackend::moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
+                                        const TensorView& dprobs, int64_t R, int64_t E) {
+  // dlogits: [R,E] +=; logits: [R,E]; dprobs: [E] fp32.
+  Chk::moe_aux_loss_backward(dlogits, logits, dprobs, R, E);
+  k::moe_aux_loss_backward(out(dlogits), in(logits), static_cast<const float*>(dprobs.data), R,
+                           E, s());
 }
 
 // ---------------------------------------------------------------------------------------

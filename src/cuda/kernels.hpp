@@ -215,6 +215,17 @@ void moe_combine_forward(Out out, In rows, const float* weights, const int32_t* 
 void moe_combine_backward(Out drows, float* dweights, In dout, In rows, const float* weights,
                           const int32_t* slot, int64_t R, int64_t K, int64_t C, int64_t N,
                           cudaStream_t s);
+// The load-balancing loss: psum[e] += sum_r p[r,e] (fp64 partials of 64-row blocks in
+// `scratch`, moe_router_prob_sums_scratch_doubles(R, E) of them, summed in block order; E <=
+// 1024, else fsdp::Error); loss[0] += alpha sum_e counts[e] psum[e]; dlogits[r,e] += p[r,e]
+// (dprobs[e] - p[r,:] . dprobs).
+int64_t moe_router_prob_sums_scratch_doubles(int64_t R, int64_t E);
+void moe_router_prob_sums(float* psum, In logits, int64_t R, int64_t E, double* scratch,
+                          cudaStream_t s);
+void moe_aux_loss(double* loss, const float* counts, const float* psum, int64_t E, double alpha,
+                  cudaStream_t s);
+void moe_aux_loss_backward(Out dlogits, In logits, const float* dprobs, int64_t R, int64_t E,
+                           cudaStream_t s);
 
 // ---- attention: FlashAttention-2 (kernels_flash.cu; kernels in kernels_flash_{mma,simt}.cu) ----
 // One attention problem (kernels.hpp's attention_*, mha_* and gqa_attention_*). Head h of

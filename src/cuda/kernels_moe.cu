@@ -267,6 +267,80 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- the load-balancing loss ----
+
+// Rows per block of the probability sums: the chunking depends on R alone (deterministic).
+constexpr int64_t kProbRowsPerBlock = 64;
+constexpr int kProbWarps = 4;
+// The largest E the probability sums take (kProbWarps x E doubles of shared memory).
+constexpr int64_t kProbMaxExperts = 1024;
+
+// partial[b, e] = sum over block b's rows r (kProbRowsPerBlock of them) of p[r, e] (fp64):
+// warp w takes rows w, w + kProbWarps, ... of the block, each lane its experts, into its
+// own shared column sums; the block then adds the warps' sums w = 0..kProbWarps-1.
+template <class T>
+__global__ void __launch_bounds__(kProbWarps * 32)
+    prob_partials_kernel(double* partial, Rd<T> logits, int64_t R, int64_t E) {
+  extern __shared__ double acc[];  // [kProbWarps][E]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t i = threadIdx.x; i < kProbWarps * E; i += blockDim.x) acc[i] = 0.0;
+  __syncthreads();
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kProbRowsPerBlock;
+  const int64_t last = min(first + kProbRowsPerBlock, R);
+  for (int64_t r = first + warp; r < last; r += kProbWarps) {
+    float mx, inv;
+    softmax_stats(logits, r * E, E, lane, mx, inv);
+    for (int64_t e = lane; e < E; e += 32) acc[warp * E + e] += prob(logits[r * E + e], mx, inv);
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    double sum = 0.0;
+    for (int w = 0; w < kProbWarps; ++w) sum += acc[w * E + e];
+    partial[static_cast<int64_t>(blockIdx.x) * E + e] = sum;
+  }
+}
+
+// psum[e] += sum over blocks b = 0..nb-1 in turn of partial[b, e], rounded once to fp32.
+__global__ void prob_sums_kernel(float* psum, const double* partial, int64_t nb, int64_t E) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  double sum = 0.0;
+  for (int64_t b = 0; b < nb; ++b) sum += partial[b * E + e];
+  psum[e] += static_cast<float>(sum);
+}
+
+// loss[0] += alpha sum_e counts[e] psum[e], e ascending in fp64 (one thread: E is small).
+__global__ void aux_loss_kernel(double* loss, const float* counts, const float* psum, int64_t E,
+                                double alpha) {
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += static_cast<double>(counts[e]) * psum[e];
+  loss[0] += alpha * sum;
+}
+
+// dlogits[r, e] += p[r, e] (dprobs[e] - s), s = sum_e p[r, e] dprobs[e] (each lane's experts
+// in turn, then the xor tree). One warp per row; p recomputed as the router's.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    aux_loss_backward_kernel(Wr<T> dlogits, Rd<T> logits, const float* dprobs, int64_t R,
+                             int64_t E) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < R;
+       r += stride) {
+    const int64_t base = r * E;
+    float mx, inv;
+    softmax_stats(logits, base, E, lane, mx, inv);
+    float s = 0.0f;
+    for (int64_t e = lane; e < E; e += 32) s += prob(logits[base + e], mx, inv) * dprobs[e];
+    s = warp_sum(s);
+    __syncwarp();  // (dlogits may not alias logits: the reads above end first anyway)
+    for (int64_t e = lane; e < E; e += 32) {
+      const float p = prob(logits[base + e], mx, inv);
+      dlogits.set(base + e, dlogits.get(base + e) + p * (dprobs[e] - s));
+    }
+  }
+}
+
 // The router's kernel for E experts: experts cached in registers up to 32 kMaxCached.
 template <class T>
 void launch_router_forward(int32_t* idx, float* w, Rd<T> x, int64_t R, int64_t E, int64_t K,
@@ -331,6 +405,47 @@ void moe_combine_backward(Out drows, float* dweights, In dout, In rows, const fl
     const bool vec = C % 8 == 0 && aligned16(drows.p) && aligned16(dout.p) && aligned16(rows.p);
     combine_backward_kernel<V><<<blocks_for(R * K, kWarps), kThreads, 0, s>>>(
         wr<V>(drows), dweights, rd<V>(dout), rd<V>(rows), weights, slot, R, K, C, N, vec);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+int64_t moe_router_prob_sums_scratch_doubles(int64_t R, int64_t E) {
+  return R > 0 && E > 0 ? (R + kProbRowsPerBlock - 1) / kProbRowsPerBlock * E : 0;
+}
+
+void moe_router_prob_sums(float* psum, In logits, int64_t R, int64_t E, double* scratch,
+                          cudaStream_t s) {
+  if (R <= 0 || E <= 0) return;
+  if (E > kProbMaxExperts) {
+    throw Error("cuda backend: moe_router_prob_sums: E = " + std::to_string(E) +
+                " (expected at most " + std::to_string(kProbMaxExperts) + ")");
+  }
+  const int64_t nb = (R + kProbRowsPerBlock - 1) / kProbRowsPerBlock;
+  const auto smem = static_cast<std::size_t>(kProbWarps * E) * sizeof(double);
+  dispatch_float("moe_router_prob_sums", logits.t, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    prob_partials_kernel<V><<<static_cast<unsigned>(nb), kProbWarps * 32, smem, s>>>(
+        scratch, rd<V>(logits), R, E);
+    FSDP_CHECK_LAUNCH();
+  });
+  prob_sums_kernel<<<static_cast<unsigned>((E + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      psum, scratch, nb, E);
+  FSDP_CHECK_LAUNCH();
+}
+
+void moe_aux_loss(double* loss, const float* counts, const float* psum, int64_t E, double alpha,
+                  cudaStream_t s) {
+  aux_loss_kernel<<<1, 1, 0, s>>>(loss, counts, psum, E, alpha);
+  FSDP_CHECK_LAUNCH();
+}
+
+void moe_aux_loss_backward(Out dlogits, In logits, const float* dprobs, int64_t R, int64_t E,
+                           cudaStream_t s) {
+  if (R <= 0 || E <= 0) return;
+  dispatch_uniform("moe_aux_loss_backward", {dlogits.t, logits.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    aux_loss_backward_kernel<V><<<blocks_for(R, kWarps), kThreads, 0, s>>>(
+        wr<V>(dlogits), rd<V>(logits), dprobs, R, E);
     FSDP_CHECK_LAUNCH();
   });
 }

@@ -522,6 +522,18 @@ void GraphedKernels::moe_combine_backward(const TensorView& drows, const TensorV
                                           int64_t R, int64_t K, int64_t C) {
   FSDP_RECORD(moe_combine_backward, drows, dweights, dout, rows, weights, slot, R, K, C);
 }
+void GraphedKernels::moe_router_prob_sums(const TensorView& psum, const TensorView& logits,
+                                          int64_t R, int64_t E) {
+  FSDP_RECORD(moe_router_prob_sums, psum, logits, R, E);
+}
+void GraphedKernels::moe_aux_loss(const TensorView& loss, const TensorView& counts,
+                                  const TensorView& psum, int64_t E, double alpha) {
+  FSDP_RECORD(moe_aux_loss, loss, counts, psum, E, alpha);
+}
+void GraphedKernels::moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
+                                           const TensorView& dprobs, int64_t R, int64_t E) {
+  FSDP_RECORD(moe_aux_loss_backward, dlogits, logits, dprobs, R, E);
+}
 
 #undef FSDP_RECORD
 

@@ -326,6 +326,14 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                        "Divide each token's top-k routing weights by their sum.", {}, {}, true,
                        false});
     }
+    rows.insert(rows.end(), {
+        A{"output_router_logits", &L::output_router_logits,
+          "Add the auxiliary load-balancing loss (router_aux_loss_coef times it) to the loss.",
+          {}, {}, true, false},
+        A{"router_aux_loss_coef", &L::router_aux_loss_coef,
+          "Weight of the load-balancing loss under output_router_logits.",
+          KeyRange::nonnegative(), {}, true, olmoe ? 0.01 : 0.001},
+    });
   }
   rows.insert(rows.end(), {
       A{"tie_word_embeddings", &L::tie_word_embeddings,
@@ -348,6 +356,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   LlamaConfig defaults;
   defaults.arch = arch;
   if (phi3 || mixtral) defaults.sliding_window = 0;  // Phi3Config's, MixtralConfig's None
+  if (olmoe) defaults.router_aux_loss_coef = 0.01;  // OlmoeConfig's
   if (gemma) {  // GemmaConfig's, Gemma2Config's and Gemma3TextConfig's: tied, padding token 0
     defaults.tie_word_embeddings = true;
     defaults.pad_token_id = 0;
@@ -825,6 +834,12 @@ struct LlamaModel::Acts {
   // experts' output gradients, then again the inputs, then their gradients), d weights fp32
   // [BT*K], d router logits [BT,E]. Empty otherwise.
   DeviceBuffer moe_rows, moe_dw, moe_dlogits;
+  // aux_loss(): the router probabilities summed over every layer's tokens fp32 [E]
+  // (moe_router_prob_sums), the routed (token, pick) counts [E] fp32 (from the host's
+  // moe_count), and d loss / d p [E] fp32 (the load-balancing loss's backward). Empty
+  // otherwise.
+  DeviceBuffer moe_psum, moe_counts, moe_dprobs;
+  std::vector<double> moe_count;  // host: this forward's counts per expert, all layers
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, R/2], R = rotary_dim()
   // Gemma 3's sliding layers' RoPE (layer_local_rope), fp32 [T, R/2]; else empty.
   DeviceBuffer rope_local_cos, rope_local_sin;
@@ -872,6 +887,7 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
              + RK * C + BT * E;     // scratch: routed rows, d router logits
     n.f32 += S * RK + RK;           // weights; d weights
     n.i32 += S * 3 * RK;            // idx, src, slot
+    if (c.aux_loss()) n.f32 += 3 * E;  // psum, counts, dprobs
   }
   return n;
 }
@@ -935,6 +951,10 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   if (cfg_.moe()) {
     const int64_t RK = BT * cfg_.num_experts_per_tok;
     a->moe_rows = f(RK * C); a->moe_dw = f32(RK); a->moe_dlogits = f(BT * cfg_.num_experts);
+    if (cfg_.aux_loss()) {
+      const int64_t E = cfg_.num_experts;
+      a->moe_psum = f32(E); a->moe_counts = f32(E); a->moe_dprobs = f32(E);
+    }
   }
   a->datty = f(BT * Q); a->dq = f(BT * Q); a->dk = f(BT * KV); a->dv = f(BT * KV);
   // RoPE tables for positions 0..T-1 of the R rotated columns: angle t * inv_freq[i] in
@@ -1004,6 +1024,10 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
   const int count = layer_index(cfg_).count;
 
+  if (cfg_.aux_loss()) {  // the load-balancing loss's sums over this forward's layers
+    rt_.fill_zero(a.moe_psum.view());
+    a.moe_count.assign(static_cast<std::size_t>(cfg_.num_experts), 0.0);
+  }
   hooks.pre_forward(0);
   be_.embedding_lookup_forward(rows(a.res[0], C), tokens, hooks.param(0), BT, C);
   if (cfg_.embed_scale() != 1.0) {
@@ -1017,6 +1041,7 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
     layer_forward(l, B, T, hooks, /*write_output=*/true);
     hooks.post_forward(m);
   }
+  if (cfg_.aux_loss()) aux_loss_forward(targets_host, BT, with_backward, grad_scale, loss);
 
   const int m_norm = static_cast<int>(1 + L), p_norm = static_cast<int>(1 + count * L);
   const bool tied = cfg_.tie_word_embeddings;
@@ -1201,6 +1226,31 @@ TensorView expert_rows(const DeviceBuffer& b, const std::vector<int64_t>& offset
 }
 }  // namespace
 
+void LlamaModel::aux_loss_forward(const int32_t* targets_host, int64_t BT, bool backward,
+                                  float grad_scale, const TensorView& loss) {
+  // HF's load_balancing_loss_func over the L layers' N = L * BT rows: aux = E sum_e (count_e
+  // / N) (psum_e / N). The loss sums cross-entropy over this micro-batch's n target tokens
+  // (the trainer divides by all of the step's), so coef * aux enters it times n: a mean over
+  // micro-batches weighted by their tokens (HF's mean when they are equal).
+  Acts& a = *acts_;
+  const int64_t E = cfg_.num_experts;
+  const double N = static_cast<double>(cfg_.num_hidden_layers * BT);
+  int64_t n = 0;
+  for (int64_t i = 0; i < BT; ++i) n += targets_host[i] != kIgnoreIndex ? 1 : 0;
+  const double alpha = cfg_.router_aux_loss_coef * static_cast<double>(n) *
+                       static_cast<double>(E) / (N * N);
+  std::vector<float> counts(a.moe_count.begin(), a.moe_count.end());  // exact below 2^24
+  rt_.copy_from_host(a.moe_counts.view(), counts.data());
+  be_.moe_aux_loss(loss, a.moe_counts.view(), a.moe_psum.view(), E, alpha);
+  if (!backward) return;
+  // d (grad_scale * alpha sum_e count_e psum_e) / d p[l, t, e]: the same for every row
+  std::vector<float> dprobs(counts.size());
+  for (std::size_t e = 0; e < dprobs.size(); ++e) {
+    dprobs[e] = static_cast<float>(static_cast<double>(grad_scale) * alpha * a.moe_count[e]);
+  }
+  rt_.copy_from_host(a.moe_dprobs.view(), dprobs.data());
+}
+
 void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool write_output) {
   Acts& a = *acts_;
   const LayerIndex x = layer_index(cfg_);
@@ -1216,6 +1266,13 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
                          cfg_.normalize_top_k());
   group_routed_rows(l, BT);
   const std::vector<int64_t>& off = y.moe_offsets;
+  if (cfg_.aux_loss() && write_output) {  // (not again in a recompute)
+    be_.moe_router_prob_sums(a.moe_psum.view(), logits, BT, E);
+    for (int64_t e = 0; e < E; ++e) {
+      a.moe_count[static_cast<std::size_t>(e)] +=
+          static_cast<double>(off[static_cast<std::size_t>(e) + 1] - off[static_cast<std::size_t>(e)]);
+    }
+  }
   // The routed rows: each token's ln2 once per expert it chose, grouped by expert; then each
   // expert's SwiGLU MLP on its rows: down(silu(gate(x)) * up(x)).
   be_.embedding_lookup_forward(a.moe_rows.view({RK, C}), y.moe_src.view({RK}), ln2, RK, C);
@@ -1292,6 +1349,9 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
   // the router: d logits from d weights; d gate += d logits^T ln2
   be_.moe_router_backward(dlogits, dw, y.router_logits.view({BT, E}), y.moe_idx.view({RK}), BT,
                           E, K, cfg_.normalize_top_k());
+  if (cfg_.aux_loss()) {  // the load-balancing loss's gradient through this layer's softmax
+    be_.moe_aux_loss_backward(dlogits, y.router_logits.view({BT, E}), a.moe_dprobs.view(), BT, E);
+  }
   be_.gemm(true, false, E, C, BT, 1.f, dlogits, dln, 1.f, G(x.router));
   // d ln2 = each token's routed rows' gradients summed + d logits @ gate; then the norm
   be_.moe_combine_forward(dln, rows, TensorView{}, slot, BT, K, C);
@@ -1763,9 +1823,7 @@ class LlamaFamily final : public ModelFamily {
       out["resid_pdrop"] = 0.0;
       out["embd_pdrop"] = 0.0;
     }
-    if (g.moe()) {  // the load-balancing loss off (none is implemented), as are HF's defaults
-      out["output_router_logits"] = false;
-      out["router_aux_loss_coef"] = arch_ == LlamaArch::olmoe ? 0.01 : 0.001;
+    if (g.moe()) {
       if (arch_ == LlamaArch::qwen3_moe) {  // every layer sparse
         out["decoder_sparse_step"] = 1;
         out["mlp_only_layers"] = nlohmann::json::array();
@@ -1935,18 +1993,13 @@ class LlamaFamily final : public ModelFamily {
     }
   }
   // The sparse MLP's attributes that change the math and are not keys: HF's defaults or
-  // refused: no load-balancing loss (output_router_logits false; its coefficient is then
-  // unused), no router jitter (Mixtral), every layer sparse (Qwen3-MoE's decoder_sparse_step 1
+  // refused: no router jitter (Mixtral), every layer sparse (Qwen3-MoE's decoder_sparse_step 1
   // and no mlp_only_layers), no q/k/v clipping (OLMoE's clip_qkv).
   void moe_from_hf(const nlohmann::json& hf, const std::string& origin) const {
     auto set = [&](const char* f) { return hf.contains(f) && !hf[f].is_null(); };
     auto refuse = [&](const char* f, const std::string& expected) {
       return unsupported(origin, f, hf[f], expected);
     };
-    if (set("output_router_logits") && hf["output_router_logits"] != false) {
-      throw refuse("output_router_logits",
-                   "false (fsdp_train has no auxiliary load-balancing loss)");
-    }
     if (set("router_jitter_noise") &&
         (!hf["router_jitter_noise"].is_number() || hf["router_jitter_noise"].get<double>() != 0)) {
       throw refuse("router_jitter_noise", "0.0");

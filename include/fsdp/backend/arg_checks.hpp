@@ -632,6 +632,33 @@ struct ArgChecks {
     return N;
   }
 
+  static void moe_router_prob_sums(const TensorView& psum, const TensorView& logits, int64_t R,
+                                   int64_t E) {
+    const char* k = "moe_router_prob_sums";
+    dim(k, "R", R);
+    dim(k, "E", E);
+    need_dtype(k, "psum", psum, DType::f32, E);
+    need_float(k, "logits", logits, R * E);
+  }
+  static double* moe_aux_loss(const TensorView& loss, const TensorView& counts,
+                              const TensorView& psum, int64_t E) {
+    const char* k = "moe_aux_loss";
+    double* l = scalar64(k, "loss", loss);
+    dim(k, "E", E);
+    need_dtype(k, "counts", counts, DType::f32, E);
+    need_dtype(k, "psum", psum, DType::f32, E);
+    return l;
+  }
+  static void moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
+                                    const TensorView& dprobs, int64_t R, int64_t E) {
+    const char* k = "moe_aux_loss_backward";
+    dim(k, "R", R);
+    dim(k, "E", E);
+    need_float(k, "dlogits", dlogits, R * E);
+    need_float(k, "logits", logits, R * E);
+    need_dtype(k, "dprobs", dprobs, DType::f32, E);
+  }
+
   // optimizers (fp32 shards)
   static void decay_ranges(const char* k, const WeightDecay& wd, int64_t n) {
     if (wd.ranges == nullptr) return;

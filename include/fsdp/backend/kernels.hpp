@@ -464,6 +464,25 @@ class Kernels {
                                     const TensorView& dout, const TensorView& rows,
                                     const TensorView& weights, const TensorView& slot, int64_t R,
                                     int64_t K, int64_t C) = 0;
+  // The auxiliary load-balancing loss (Fedus et al. 2021, "Switch Transformers", eq. 4; HF's
+  // load_balancing_loss_func over every layer's router logits): aux = E sum_e f_e P_e, f_e
+  // the fraction of the (token, pick) pairs routed to e, P_e the mean router probability of
+  // e, both over all layers' tokens. The model counts f on the host (its grouping) and sums P
+  // with this kernel: ACCUMULATES psum[e] += sum_r p[r,e], p = softmax(logits[r,:]) in fp32
+  // as moe_router_forward computes it, summed in fp64 in an order fixed by R and E (rounded
+  // once to fp32 per call). logits: [R,E] float; psum: [E] fp32.
+  virtual void moe_router_prob_sums(const TensorView& psum, const TensorView& logits, int64_t R,
+                                    int64_t E) = 0;
+  // loss[0] (fp64 [1]) += alpha * sum_e counts[e] * psum[e], in fp64, e ascending (the
+  // auxiliary loss's value, alpha holding coef * E / N^2 and the loss's token weight).
+  // counts, psum: [E] fp32.
+  virtual void moe_aux_loss(const TensorView& loss, const TensorView& counts,
+                            const TensorView& psum, int64_t E, double alpha) = 0;
+  // The auxiliary loss's backward through the softmax: ACCUMULATES dlogits[r,e] += p[r,e]
+  // (dprobs[e] - sum_e' p[r,e'] dprobs[e']) in fp32 (rounded once to dlogits' dtype), p
+  // recomputed from logits; dprobs: [E] fp32, d aux / d p, the same for every row.
+  virtual void moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
+                                     const TensorView& dprobs, int64_t R, int64_t E) = 0;
 };
 
 }  // namespace fsdp

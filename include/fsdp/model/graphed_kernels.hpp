@@ -28,6 +28,7 @@
 // runtime call or flush()); a failed capture does not throw (Options::on_capture_failure).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -205,6 +206,12 @@ class GraphedKernels final : public Kernels {
                             const TensorView& dout, const TensorView& rows,
                             const TensorView& weights, const TensorView& slot, int64_t R,
                             int64_t K, int64_t C) override;
+  void moe_router_prob_sums(const TensorView& psum, const TensorView& logits, int64_t R,
+                            int64_t E) override;
+  void moe_aux_loss(const TensorView& loss, const TensorView& counts, const TensorView& psum,
+                    int64_t E, double alpha) override;
+  void moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
+                             const TensorView& dprobs, int64_t R, int64_t E) override;
 
  private:
   class FlushingRuntime;
@@ -222,6 +229,7 @@ class GraphedKernels final : public Kernels {
   void put(int64_t v) { pending_.record.push_back(static_cast<uint64_t>(v)); }
   void put(bool v) { pending_.record.push_back(v ? 1 : 0); }
   void put(float v);
+  void put(double v) { pending_.record.push_back(std::bit_cast<uint64_t>(v)); }
   void run_eager(const std::vector<Call>& calls);
 
   struct Segment {

@@ -58,8 +58,9 @@
 //    MLP is a router and num_experts SwiGLU experts: router_logits = gate(n2) [E], p =
 //    softmax(router_logits) in fp32, each token runs the num_experts_per_tok = K experts of
 //    the K largest p (torch.topk) and sums their outputs weighted by those p (divided by their
-//    sum under norm_topk_prob); no auxiliary load-balancing loss (HF's output_router_logits
-//    false, its default):
+//    sum under norm_topk_prob); with output_router_logits (HF's default false) the loss adds
+//    router_aux_loss_coef times the load-balancing loss of HF's load_balancing_loss_func
+//    (Switch Transformers' E sum_e f_e P_e over every layer's tokens of the micro-batch):
 //    "qwen3_moe": Qwen3MoeForCausalLM (models/qwen3_moe; Qwen3-30B-A3B, 235B-A22B): Qwen3's
 //    attention, every layer sparse (decoder_sparse_step 1, no mlp_only_layers), experts of
 //    moe_intermediate_size under mlp.gate / mlp.experts.{e}.{gate,up,down}_proj;
@@ -252,6 +253,10 @@ struct LlamaConfig {
   int64_t num_experts_per_tok = 2;
   int64_t moe_intermediate_size = 96;
   bool norm_topk_prob = false;
+  // The auxiliary load-balancing loss (HF's output_router_logits, router_aux_loss_coef;
+  // aux_loss()): loss + router_aux_loss_coef * E sum_e f_e P_e over all layers' tokens.
+  bool output_router_logits = false;
+  double router_aux_loss_coef = 0.001;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
@@ -272,6 +277,8 @@ struct LlamaConfig {
     return arch == LlamaArch::qwen3_moe ? moe_intermediate_size : intermediate_size;
   }
   bool normalize_top_k() const { return arch == LlamaArch::mixtral || norm_topk_prob; }
+  // Whether the loss has the load-balancing term (a coefficient of 0 adds nothing).
+  bool aux_loss() const { return moe() && output_router_logits && router_aux_loss_coef != 0.0; }
   // The rows and width of a layer's MLP activations (gate, up, silu(gate) * up): BT tokens of
   // intermediate_size, or under moe() BT * num_experts_per_tok routed rows of expert_size().
   int64_t mlp_rows_per_token() const { return moe() ? num_experts_per_tok : 1; }
@@ -483,6 +490,12 @@ class LlamaModel final : public CausalLm {
   // (expert-major, then token and k ascending) and uploads each row's token (src) and each
   // (token, k)'s row (slot); the experts' row ranges stay on the host (Acts::Layer).
   void group_routed_rows(int64_t l, int64_t BT);
+  // aux_loss(): after the layers' forward, loss += the load-balancing loss (router_aux_loss_
+  // coef times HF's load_balancing_loss_func, weighted by the micro-batch's target tokens:
+  // targets_host [BT], kIgnoreIndex not counted); with `backward` also its d / d p for
+  // moe_backward (times grad_scale).
+  void aux_loss_forward(const int32_t* targets_host, int64_t BT, bool backward, float grad_scale,
+                        const TensorView& loss);
   // The chunked LM head's views for BT rows (model.fused_linear_cross_entropy).
   LmHeadChunks head_chunks(int64_t BT, const TensorView& weight) const;
 

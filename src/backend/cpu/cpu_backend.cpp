@@ -339,6 +339,12 @@ class CpuBackend final : public Backend {
                             const TensorView& dout, const TensorView& rows,
                             const TensorView& weights, const TensorView& slot, int64_t R,
                             int64_t K, int64_t C) override;
+  void moe_router_prob_sums(const TensorView& psum, const TensorView& logits, int64_t R,
+                            int64_t E) override;
+  void moe_aux_loss(const TensorView& loss, const TensorView& counts, const TensorView& psum,
+                    int64_t E, double alpha) override;
+  void moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
+                             const TensorView& dprobs, int64_t R, int64_t E) override;
 
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
@@ -1073,6 +1079,34 @@ void CpuBackend::moe_combine_backward(const TensorView& drows, const TensorView&
   k_.moe_combine_backward(g, static_cast<float*>(dweights.data), d, x,
                           static_cast<const float*>(weights.data),
                           static_cast<const int32_t*>(slot.data), R, K, C);
+}
+
+void CpuBackend::moe_router_prob_sums(const TensorView& psum, const TensorView& logits,
+                                      int64_t R, int64_t E) {
+  // psum: [E] fp32 +=; logits: [R,E].
+  Chk::moe_router_prob_sums(psum, logits, R, E);
+  const F32In x = in(logits, R * E);
+  k_.moe_router_prob_sums(static_cast<float*>(psum.data), x, R, E);
+}
+
+void CpuBackend::moe_aux_loss(const TensorView& loss, const TensorView& counts,
+                              const TensorView& psum, int64_t E, double alpha) {
+  // loss: fp64 [1] += alpha sum_e counts[e] psum[e]; counts, psum: [E] fp32.
+  double& l = *Chk::moe_aux_loss(loss, counts, psum, E);
+  const auto* c = static_cast<const float*>(counts.data);
+  const auto* p = static_cast<const float*>(psum.data);
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += static_cast<double>(c[e]) * p[e];
+  l += alpha * sum;
+}
+
+void CpuBackend::moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
+                                       const TensorView& dprobs, int64_t R, int64_t E) {
+  // dlogits: [R,E] +=; logits: [R,E]; dprobs: [E] fp32.
+  Chk::moe_aux_loss_backward(dlogits, logits, dprobs, R, E);
+  const F32In x = in(logits, R * E);
+  const F32Out g = out(dlogits, R * E, true);
+  k_.moe_aux_loss_backward(g, x, static_cast<const float*>(dprobs.data), R, E);
 }
 
 // ---------------------------------------------------------------------------------------

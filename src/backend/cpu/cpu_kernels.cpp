@@ -838,6 +838,33 @@ void CpuKernels::moe_router_backward(float* dlogits, const float* dw, const floa
   }
 }
 
+void CpuKernels::moe_router_prob_sums(float* psum, const float* logits, int64_t R,
+                                      int64_t E) const {
+  std::vector<float> p(static_cast<std::size_t>(E));
+  std::vector<double> sum(static_cast<std::size_t>(E), 0.0);
+  for (int64_t r = 0; r < R; ++r) {  // rows in order: independent of the thread count
+    moe_softmax(p.data(), logits + r * E, E);
+    for (int64_t e = 0; e < E; ++e) sum[static_cast<std::size_t>(e)] += p[static_cast<std::size_t>(e)];
+  }
+  for (int64_t e = 0; e < E; ++e) psum[e] += static_cast<float>(sum[static_cast<std::size_t>(e)]);
+}
+
+void CpuKernels::moe_aux_loss_backward(float* dlogits, const float* logits, const float* dprobs,
+                                       int64_t R, int64_t E) const {
+#pragma omp parallel num_threads(threads_for(R * E, kParallelMinElems / 8))
+  {
+    std::vector<float> p(static_cast<std::size_t>(E));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      moe_softmax(p.data(), logits + r * E, E);
+      float s = 0.f;
+      for (int64_t e = 0; e < E; ++e) s += p[static_cast<std::size_t>(e)] * dprobs[e];
+      float* g = dlogits + r * E;
+      for (int64_t e = 0; e < E; ++e) g[e] += p[static_cast<std::size_t>(e)] * (dprobs[e] - s);
+    }
+  }
+}
+
 void CpuKernels::moe_combine_forward(float* out, const float* rows, const float* w,
                                      const int32_t* slot, int64_t R, int64_t K,
                                      int64_t C) const {

@@ -157,6 +157,11 @@ class CpuKernels {
   void moe_combine_backward(float* drows, float* dw, const float* dout, const float* rows,
                             const float* w, const int32_t* slot, int64_t R, int64_t K,
                             int64_t C) const;
+  // psum[e] += sum_r softmax(logits[r])[e] (rows in order, fp64).
+  void moe_router_prob_sums(float* psum, const float* logits, int64_t R, int64_t E) const;
+  // dlogits[r,e] += p[r,e] (dprobs[e] - p[r,:] . dprobs).
+  void moe_aux_loss_backward(float* dlogits, const float* logits, const float* dprobs, int64_t R,
+                             int64_t E) const;
   // ---- attention (FlashAttention-2, blocked; see cpu_kernels.cpp) ----
   // GPT-2's attention_* (causal, packed qkv) and T5's mha_* are both this problem.
   void attention_forward(const AttentionProblem& p, const float* q, const float* k,
