@@ -222,7 +222,10 @@ TEST(GraphedKernels, CallsWithDefaultBodiesAreRecordedWhole) {
   EXPECT_THROW(g.capture_graph([] {}), fsdp::Error);
 }
 
-void expect_same_run(const TrainResult& on, const TrainResult& off, const std::string& what) {
+// min_graphed: the fraction of the calls graphed at least (MoE: its experts' row counts change
+// every step, so the expert segments record anew and run eagerly).
+void expect_same_run(const TrainResult& on, const TrainResult& off, const std::string& what,
+                     double min_graphed = 0.4) {
   ASSERT_EQ(on.losses.size(), off.losses.size()) << what;
   EXPECT_EQ(on.losses, off.losses) << what;
   EXPECT_EQ(on.val_losses, off.val_losses) << what;
@@ -232,7 +235,9 @@ void expect_same_run(const TrainResult& on, const TrainResult& off, const std::s
   EXPECT_GT(on.graphs.replays, 0) << what;
   // 6 steps of two micro-batches: each segment's first sighting runs eagerly, its second is
   // captured; with CPU offload, units come back in a few different blocks.
-  EXPECT_GE(5 * on.graphs.graphed_calls, 2 * on.graphs.calls) << what;
+  EXPECT_GE(static_cast<double>(on.graphs.graphed_calls),
+            min_graphed * static_cast<double>(on.graphs.calls))
+      << what;
   EXPECT_EQ(off.graphs.calls, 0) << what;
 }
 
@@ -260,6 +265,13 @@ TEST(CudaGraphsCpuTwin, GraphedTrainingEqualsEagerBitForBit) {
        sharded(llama_config("", {"model.type=\"gemma2\"", "model.sliding_window=5",
                                  "model.attn_logit_softcapping=2.0",
                                  "model.final_logit_softcapping=5.0"}))},
+      // mixture of experts: the routing's copy to the host ends its segment; the segments
+      // whose expert row counts change between steps record anew (eager), never replay stale
+      {"qwen3_moe_aux",
+       sharded(llama_config("", {"model.type=\"qwen3_moe\"", "model.num_experts=4",
+                                 "model.num_experts_per_tok=2", "model.moe_intermediate_size=12",
+                                 "model.output_router_logits=true",
+                                 "model.router_aux_loss_coef=0.1"}))},
       // every block recomputed in backward, the optimizer on the host
       {"gpt2_recompute_offload",
        sharded(small_run(kSmallGpt2, "", {"fsdp.activation_checkpointing=true",
@@ -275,7 +287,8 @@ TEST(CudaGraphsCpuTwin, GraphedTrainingEqualsEagerBitForBit) {
   for (const auto& [name, c] : models) {
     const TrainResult off = run(graphed(c, name, false), On::world);
     const TrainResult on = run(graphed(c, name, true), On::world);
-    expect_same_run(on, off, name + " at " + std::to_string(world) + " ranks");
+    expect_same_run(on, off, name + " at " + std::to_string(world) + " ranks",
+                    name.rfind("qwen3_moe", 0) == 0 ? 0.2 : 0.4);
   }
 }
 

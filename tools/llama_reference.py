@@ -191,6 +191,8 @@ VARIANTS = [
     "3l_gqa_untied_llama3_mixtral_swa",
     "1l_mha_untied_rope1e4_olmoe",
     "3l_gqa_tied_llama3_olmoe",
+    "1l_gqa_untied_rope1e4_qwen3moe_aux",
+    "3l_gqa_tied_llama3_olmoe_aux",
 ]
 # The Mixture-of-Experts variants' routers: (experts E, experts per token K, expert size,
 # norm_topk_prob; None: Mixtral, whose K weights are always renormalised). The expert size is
@@ -202,7 +204,15 @@ MOE = {
     "3l_gqa_untied_llama3_mixtral_swa": (3, 2, 24, None),
     "1l_mha_untied_rope1e4_olmoe": (4, 2, 24, False),
     "3l_gqa_tied_llama3_olmoe": (6, 2, 20, True),
+    "1l_gqa_untied_rope1e4_qwen3moe_aux": (4, 2, 24, True),
+    "3l_gqa_tied_llama3_olmoe_aux": (6, 2, 20, True),
 }
+# The _aux variants' auxiliary load-balancing loss (output_router_logits true): its weight
+# router_aux_loss_coef (the classes' defaults, in the other MoE variants' config.json: Qwen3-MoE and
+# Mixtral 0.001, OLMoE 0.01). An _aux variant draws the weights, tokens and targets of its twin
+# without _aux (seed_name): the same logits, the loss and the grads those plus the aux term's.
+AUX_COEF = 0.1
+AUX_DEFAULT_COEF = {"qwen3moe": 0.001, "mixtral": 0.001, "olmoe": 0.01}
 # Routing that float32 reproduces: for every token of every MoE layer the sorted softmax
 # probabilities p1 >= p2 >= ... differ by at least ROUTE_MARGIN relative (p_j - p_j+1 >= margin
 # * p_j) for j = 1..K (the K chosen ones among themselves, and the K-th from the (K+1)-th), and
@@ -225,10 +235,11 @@ def hf_config(variant):
     layers, attn, tied, rope, flags = words[0], words[1], words[2], words[3], set(words[4:])
     assert layers.endswith("l") and layers[:-1].isdigit(), variant
     assert attn in KV_HEADS and tied in ("tied", "untied") and rope in ("rope1e4", "llama3", "yarn", "linear", "longrope"), variant
-    assert flags <= {"attnbias", "mlpbias", "swa", "partial"} | set(ARCHS), variant
+    assert flags <= {"attnbias", "mlpbias", "swa", "partial", "aux"} | set(ARCHS), variant
     assert (rope != "longrope" and "partial" not in flags) or "phi3" in flags, variant
     archs = flags & set(ARCHS)
     assert len(archs) <= 1, variant
+    assert "aux" not in flags or archs & {"qwen3moe", "mixtral", "olmoe"}, variant  # (MoE only)
     if archs & {"qwen3moe", "mixtral", "olmoe"}:  # sized by MOE[variant]
         assert variant in MOE, variant
         moe_config = {"qwen3moe": qwen3moe_config, "mixtral": mixtral_config, "olmoe": olmoe_config}
@@ -384,6 +395,13 @@ def moe_attributes(sizes, *names):
     return out
 
 
+def aux_attributes(arch, flags):
+    """output_router_logits and router_aux_loss_coef: with _aux true and AUX_COEF, else false and
+    the class's default (AUX_DEFAULT_COEF)."""
+    aux = "aux" in flags
+    return {"output_router_logits": aux, "router_aux_loss_coef": AUX_COEF if aux else AUX_DEFAULT_COEF[arch]}
+
+
 def qwen3moe_config(sizes, layers, attn, tied, rope, flags):
     """config.json of a Qwen3MoeForCausalLM variant: the qwen3 variants' attributes (head_dim
     12, no window) and Qwen3MoeConfig's: every layer sparse (decoder_sparse_step 1,
@@ -397,7 +415,7 @@ def qwen3moe_config(sizes, layers, attn, tied, rope, flags):
         if key == "attention_dropout":
             cfg.update({"decoder_sparse_step": 1, "mlp_only_layers": []})
             cfg.update(moe_attributes(sizes, "num_experts", "moe_intermediate_size"))
-            cfg.update({"output_router_logits": False, "router_aux_loss_coef": 0.001})
+            cfg.update(aux_attributes("qwen3moe", flags))
     return dict(cfg, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
 
 
@@ -415,8 +433,8 @@ def mixtral_config(sizes, layers, attn, tied, rope, flags):
             "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
             "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
             "sliding_window": SWA_WINDOW if "swa" in flags else None, "attention_dropout": 0.0,
-            "num_local_experts": E, "num_experts_per_tok": K, "output_router_logits": False,
-            "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+            "num_local_experts": E, "num_experts_per_tok": K, **aux_attributes("mixtral", flags),
+            "router_jitter_noise": 0.0,
             "tie_word_embeddings": tied == "tied", "hidden_act": "silu", "initializer_range": 0.02,
             "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "use_cache": True}
 
@@ -430,8 +448,8 @@ def olmoe_config(sizes, layers, attn, tied, rope, flags):
     cfg = sized_config("OlmoeForCausalLM", "olmoe", layers, attn, rope)
     cfg.update({"attention_bias": False, "attention_dropout": 0.0, "clip_qkv": None})
     cfg.update(moe_attributes(sizes, "num_experts", "intermediate_size"))  # (keeps its place)
-    cfg.update({"output_router_logits": False, "router_aux_loss_coef": 0.01,
-                "tie_word_embeddings": tied == "tied", "hidden_act": "silu", "initializer_range": 0.02,
+    cfg.update(aux_attributes("olmoe", flags))
+    cfg.update({"tie_word_embeddings": tied == "tied", "hidden_act": "silu", "initializer_range": 0.02,
                 "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "use_cache": True})
     return cfg
 
@@ -751,11 +769,19 @@ def make_params(cfg, gen):
     return {name: draw(cfg, name, shape, gen) for name, shape in param_shapes(cfg)}
 
 
+def seed_name(variant):
+    """The name a variant's draws are seeded by: its own, less the _aux flag (an _aux variant
+    shares its twin's weights, tokens and targets)."""
+    return "_".join(w for w in variant.split("_") if w != "aux")
+
+
 def make_case(variant):
-    """(config, float32 params, tokens [B, T], targets [B, T]) of a variant, seeded by its name.
-    MoE variants: the router weights re-drawn until the routing is unambiguous (ROUTE_MARGIN)."""
+    """(config, float32 params, tokens [B, T], targets [B, T]) of a variant, seeded by its name
+    (seed_name). MoE variants: the router weights re-drawn until the routing is unambiguous
+    (ROUTE_MARGIN)."""
     cfg = hf_config(variant)
-    gen = torch.Generator().manual_seed(zlib.crc32(variant.encode()))
+    seed = seed_name(variant)
+    gen = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
     params = make_params(cfg, gen)
     tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
     targets = torch.randint(0, VOCAB, (B, T), generator=gen)
@@ -766,7 +792,7 @@ def make_case(variant):
         while not routing_ok(cfg, params, tokens):
             attempt += 1
             assert attempt <= 100, variant
-            redraw = torch.Generator().manual_seed(zlib.crc32(f"{variant}/router{attempt}".encode()))
+            redraw = torch.Generator().manual_seed(zlib.crc32(f"{seed}/router{attempt}".encode()))
             for name, shape in param_shapes(cfg):
                 if name.endswith(".gate.weight"):
                     params[name] = draw(cfg, name, shape, redraw)
@@ -883,18 +909,22 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def moe_block(h, p, cfg, layer, probe=None):
+def moe_block(h, p, cfg, layer, probe=None, routers=None):
     """The sparse MoE block on h [B, T, C] (Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
     OlmoeSparseMoeBlock): router softmax over the E experts, its K largest (torch.topk, in
     descending order) as the weights, divided by their sum when renormalise(cfg); each token's
     output the weighted sum of its K experts' SwiGLU MLPs, computed expert by expert over the
-    tokens that chose it (index_add, as HF). probe: a list that gets the router softmax."""
+    tokens that chose it (index_add, as HF). probe: a list that gets the router softmax (detached);
+    routers: a list that gets the router logits [B*T, E] (with their graph, for the aux loss)."""
     Bn, Tn, C = h.shape
     m, (gate, up, down) = moe_prefix(cfg, layer), expert_projs(cfg)[0]
     x = h.reshape(Bn * Tn, C)
-    probs = (x @ p[m + "gate.weight"].T).softmax(-1)  # [N, E]
+    logits = x @ p[m + "gate.weight"].T  # [N, E]
+    probs = logits.softmax(-1)
     if probe is not None:
         probe.append(probs.detach())
+    if routers is not None:
+        routers.append(logits)
     w, idx = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)  # [N, K]
     if renormalise(cfg):
         w = w / w.sum(-1, keepdim=True)
@@ -910,9 +940,9 @@ def moe_block(h, p, cfg, layer, probe=None):
     return out.view(Bn, Tn, C)
 
 
-def forward(p, cfg, tokens, probe=None):
+def forward(p, cfg, tokens, probe=None, routers=None):
     """Logits [B, T, V] of LlamaForCausalLM (eval: no dropout), float64. probe: a list that gets
-    each sparse MoE layer's router softmax [B*T, E]."""
+    each sparse MoE layer's router softmax [B*T, E]; routers: one that gets its router logits."""
     p = unfused(p, cfg)
     Bn, Tn = tokens.shape
     H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
@@ -983,7 +1013,7 @@ def forward(p, cfg, tokens, probe=None):
         x = x + linear(y, a + "o_proj", o_bias(cfg)) * rm
         h = norm(x, pre + "post_attention_layernorm")
         if sparse_layer(cfg, l):  # Qwen3-MoE, Mixtral, OLMoE: the MoE block in place of the MLP
-            x = x + moe_block(h, p, cfg, l, probe)
+            x = x + moe_block(h, p, cfg, l, probe, routers)
             continue
         g = linear(h, m + "gate_proj", mb)
         act = gelu_tanh(g) if gemma(cfg) else g * torch.sigmoid(g)  # Gemma 1: GeGLU
@@ -1001,11 +1031,49 @@ def mean_ce(logits, targets):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
 
 
-def run(cfg, params32, tokens, targets):
-    """(float64 params with .grad, logits, loss) of one forward/backward."""
-    params = {n: t.to(torch.float64).requires_grad_(True) for n, t in params32.items()}
-    logits = forward(params, cfg, tokens)
+def load_balancing_loss(router_logits, E, K):
+    """The auxiliary load-balancing loss of the MoE classes (transformers' load_balancing_loss_func
+    with no attention_mask, the Switch Transformer's): the sparse layers' router logits [B*T, E]
+    stacked into [L*B*T, E]; p = their softmax over the E experts (the raw router softmax, not the
+    renormalised top-K weights); the one-hot [L*B*T, K, E] of each token's K largest (torch.topk);
+    E * sum over slots and experts of (the fraction of tokens whose slot k chose e) * (the mean
+    of p_e over the tokens). The selection carries no gradient: only the mean p does."""
+    probs = torch.cat(list(router_logits), dim=0).softmax(-1)  # [L*B*T, E]
+    chosen = torch.topk(probs, K, dim=-1).indices
+    return balance(probs, chosen, E)
+
+
+def balance(probs, chosen, E):
+    """The load-balancing loss of router probabilities [N, E] and each token's K chosen experts
+    [N, K]: E * sum_{k, e} mean_n(chosen[n, k] == e) * mean_n(probs[n, e]). (K when either the
+    mean probabilities or the choices are uniform over the experts.)"""
+    picked = torch.nn.functional.one_hot(chosen, E).to(probs.dtype)  # [N, K, E], no gradient
+    return E * (picked.mean(0) * probs.mean(0)[None, :]).sum()
+
+
+def aux_on(cfg):  # output_router_logits: the loss adds router_aux_loss_coef * the aux loss
+    return moe(cfg) and bool(cfg.get("output_router_logits", False))
+
+
+def model_loss(p, cfg, tokens, targets, probe=None, aux=None):
+    """(logits, the loss HF's *ForCausalLM returns): the mean cross-entropy, plus
+    router_aux_loss_coef times load_balancing_loss of every sparse layer's router logits under
+    output_router_logits. aux: a list that gets that aux loss (detached), if on."""
+    routers = [] if aux_on(cfg) else None
+    logits = forward(p, cfg, tokens, probe, routers)
     loss = mean_ce(logits, targets)
+    if routers is not None:
+        lb = load_balancing_loss(routers, num_experts(cfg), cfg["num_experts_per_tok"])
+        loss = loss + cfg["router_aux_loss_coef"] * lb
+        if aux is not None:
+            aux.append(lb.detach())
+    return logits, loss
+
+
+def run(cfg, params32, tokens, targets):
+    """(float64 params with .grad, logits, loss) of one forward/backward (the loss of model_loss)."""
+    params = {n: t.to(torch.float64).requires_grad_(True) for n, t in params32.items()}
+    logits, loss = model_loss(params, cfg, tokens, targets)
     loss.backward()
     return params, logits.detach(), loss.detach()
 
@@ -1096,8 +1164,10 @@ def check(data_dir):
 
 def naive_loss(p, cfg, tokens, targets):
     """The same model again, element by element: explicit per-pair rotation angles, per-head loops
-    with the key/value head h // (H / Hkv), a hand-written softmax and cross-entropy, and the
-    llama3 frequencies from Python floats. Slow; a check of the vectorised forward only."""
+    with the key/value head h // (H / Hkv), a hand-written softmax and cross-entropy, the
+    llama3 frequencies from Python floats, and under output_router_logits the load-balancing
+    loss from per-expert counts and sums over every token of every sparse layer. Slow; a check
+    of the vectorised forward only."""
     p = unfused(p, cfg)
     H, D, C = cfg["num_attention_heads"], head_dim(cfg), cfg["hidden_size"]
     eps, group = cfg["rms_norm_eps"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
@@ -1146,6 +1216,7 @@ def naive_loss(p, cfg, tokens, targets):
         chosen = []
         for _ in range(cfg["num_experts_per_tok"]):
             chosen.append(max((e for e in range(len(z)) if e not in chosen), key=lambda e: float(prob[e])))
+        routing.append((prob, chosen))  # (for the load-balancing loss)
         w = [prob[e] for e in chosen]
         if renormalise(cfg):
             w = [v / sum(w) for v in w]
@@ -1164,7 +1235,7 @@ def naive_loss(p, cfg, tokens, targets):
     if granite(cfg):  # its four multipliers
         escale, sscale = cfg["embedding_multiplier"], cfg["attention_multiplier"]
         rmul, lscale = cfg["residual_multiplier"], cfg["logits_scaling"]
-    total = 0.0
+    total, routing = 0.0, []  # routing: (the E probabilities, the K chosen experts) per token per sparse layer
     for b in range(tokens.shape[0]):
         xs = [(emb[int(tokens[b, t])].detach() if int(tokens[b, t]) == pad else emb[int(tokens[b, t])]) * escale
               for t in range(tokens.shape[1])]
@@ -1223,7 +1294,14 @@ def naive_loss(p, cfg, tokens, targets):
                 z = fcap * (torch.exp(2 * z / fcap) - 1) / (torch.exp(2 * z / fcap) + 1)
             top = float(z.max())
             total = total + (top + torch.log(torch.exp(z - top).sum()) - z[int(targets[b, t])])
-    return total / tokens.numel()
+    if not aux_on(cfg):
+        return total / tokens.numel()
+    E, n = num_experts(cfg), len(routing)  # n = sparse layers * B * T
+    lb = 0.0
+    for e in range(E):  # E * (share of the n * K choices' slots that picked e, per token) * (mean p_e)
+        picks = sum(1 for _, chosen in routing for c in chosen if c == e)
+        lb = lb + (picks / n) * (sum(prob[e] for prob, _ in routing) / n)
+    return total / tokens.numel() + cfg["router_aux_loss_coef"] * (E * lb)
 
 
 def naive_frequencies(cfg, D, T):
@@ -1313,16 +1391,17 @@ def selftest():
         norms = {n: float(t.grad.norm()) for n, t in params.items()}
         expect(min(norms.values()) > 1e-4,
                f"{v}: every gradient tensor non-negligible (smallest norm {min(norms.values()):.2e}, {min(norms, key=norms.get)})")
-        # Central differences of the float64 loss at steps h and h/2, Richardson-extrapolated
-        # (error O(h^4)), for 2 random elements of every tensor.
+        # Central differences of the float64 loss (model_loss: with the aux term under
+        # output_router_logits) at steps h and h/2, Richardson-extrapolated (error O(h^4)), for 2
+        # random elements of every tensor.
         h, worst_abs, worst_rel, count = 1e-4, 0.0, 0.0, 0
         base64 = {n: t.to(torch.float64) for n, t in params32.items()}
 
         def central(flat, i, old, step):
             flat[i] = old + step
-            up = mean_ce(forward(base64, cfg, tokens), targets).item()
+            up = model_loss(base64, cfg, tokens, targets)[1].item()
             flat[i] = old - step
-            down = mean_ce(forward(base64, cfg, tokens), targets).item()
+            down = model_loss(base64, cfg, tokens, targets)[1].item()
             flat[i] = old
             return (up - down) / (2 * step)
 
@@ -1369,7 +1448,7 @@ def selftest():
     # 4. Tied == untied with lm_head.weight a copy of embed_tokens.weight; the tied embedding's
     #    gradient is the sum of the untied embedding's and lm_head's.
     for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3",
-              "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe"):
+              "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe", "3l_gqa_tied_llama3_olmoe_aux"):
         cfg, params32, tokens, targets = make_case(v)
         untied = dict(cfg, tie_word_embeddings=False)
         p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
@@ -1503,6 +1582,7 @@ def selftest():
     #     an expert layer 0 chose, and of layer 0's attention, with the routing unchanged at every
     #     perturbed point; with K = E and the weights renormalised the block is the dense
     #     softmax-weighted sum of all the experts; norm_topk_prob and K each change the loss.
+    #     (The loss of the _aux variants is model_loss's total: cross-entropy + coef * aux.)
     for v in (x for x in VARIANTS if x in MOE):
         cfg, params32, tokens, targets = make_case(v)
         E, K, C = num_experts(cfg), cfg["num_experts_per_tok"], cfg["hidden_size"]
@@ -1515,7 +1595,7 @@ def selftest():
 
         def routed():  # (loss, each layer's chosen experts [B*T, K]) at the current base64
             probe = []
-            value = mean_ce(forward(base64, cfg, tokens, probe), targets).item()
+            value = model_loss(base64, cfg, tokens, targets, probe)[1].item()
             return value, [torch.topk(pr, K, dim=-1).indices for pr in probe]
 
         with torch.no_grad():
@@ -1541,7 +1621,8 @@ def selftest():
                     worst_rel = max(worst_rel, abs(numeric - analytic) / max(abs(analytic), 1e-4))
                     count += 1
         expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
-               f"{v}: finite differences of {count} router / expert {first} / attention entries ({len(names)} "
+               f"{v}: finite differences of the {'total ' if aux_on(cfg) else ''}loss, {count} router / expert "
+               f"{first} / attention entries ({len(names)} "
                f"tensors): routing unchanged at all {4 * count} points ({moved} moved), worst abs err "
                f"{worst_abs:.1e}, rel err {worst_rel:.1e}")
         every = dict(cfg, num_experts_per_tok=E, norm_topk_prob=True)
@@ -1565,6 +1646,100 @@ def selftest():
                    f"{v}: norm_topk_prob {cfg['norm_topk_prob']} matters ({loss.item():.8f} vs {flipped:.8f})")
         more = run(dict(cfg, num_experts_per_tok=K + 1), params32, tokens, targets)[2].item()
         expect(abs(more - loss.item()) > 1e-6, f"{v}: K = {K} matters ({loss.item():.8f} vs {more:.8f} with K + 1)")
+
+    # 4h. The load-balancing loss (output_router_logits, the _aux variants). The function itself:
+    #     E * sum_e f_e P_e is exactly K when the mean probabilities P are uniform (whatever the
+    #     choices, here balanced ones, and all-zero logits through the softmax and topk path) or
+    #     the choices balanced (whatever P), more when a skewed router keeps choosing the same
+    #     experts. Per variant: the same logits as its twin (the same draws); with coef 0 its loss
+    #     and grads are the twin's exactly; coef 0.1 adds 0.1 aux; the aux term's own gradient
+    #     reaches every router and what is upstream of one, not the last layer's experts, the final
+    #     norm or the untied head; finite differences of the aux term alone w.r.t. entries of every
+    #     router and of layer 0's q_proj (routing unchanged at every perturbed point).
+    N4, E4, K4 = 8, 4, 2
+    uniform = torch.full((N4, E4), 1.0 / E4, dtype=torch.float64)
+    balanced = torch.tensor([[n % E4, (n + 1) % E4] for n in range(N4)])
+    lopsided = torch.tensor([[0, 1]] * N4)
+    skewed = torch.tensor([3.0, 2.0, 0.0, 0.0], dtype=torch.float64).expand(N4, E4)
+    random_p = torch.rand(N4, E4, generator=torch.Generator().manual_seed(2), dtype=torch.float64).softmax(-1)
+    ids = {"uniform p, balanced choices": balance(uniform, balanced, E4).item(),
+           "uniform p, lopsided choices": balance(uniform, lopsided, E4).item(),
+           "zero logits (uniform softmax, tied topk)": load_balancing_loss([torch.zeros(N4, E4, dtype=torch.float64)], E4, K4).item(),
+           "random p, balanced choices": balance(random_p, balanced, E4).item()}
+    skew = load_balancing_loss([skewed], E4, K4).item()
+    expect(all(value == K4 for name, value in ids.items() if not name.startswith("random"))
+           and abs(ids["random p, balanced choices"] - K4) < 1e-15 and skew > K4 + 1,
+           f"load-balancing loss (E {E4}, K {K4}, {N4} tokens): " + ", ".join(f"{name} {value!r}" for name, value in ids.items())
+           + f" (= K); a skewed router, logits (3, 2, 0, 0) for every token: {skew:.6f} > K")
+    aux_variants = [x for x in VARIANTS if aux_on(hf_config(x))]
+    expect(len(aux_variants) >= 2 and all(seed_name(x) in VARIANTS for x in aux_variants),
+           f"{len(aux_variants)} variants with the load-balancing loss, each with its twin: {', '.join(aux_variants)}")
+    for v in aux_variants:
+        cfg, params32, tokens, targets = make_case(v)
+        twin_cfg, twin32, twin_tokens, twin_targets = make_case(seed_name(v))
+        E, K, coef = num_experts(cfg), cfg["num_experts_per_tok"], cfg["router_aux_loss_coef"]
+        same_draws = (torch.equal(tokens, twin_tokens) and torch.equal(targets, twin_targets)
+                      and all(torch.equal(params32[n], twin32[n]) for n in twin32) and set(params32) == set(twin32))
+        params, logits, loss = run(cfg, params32, tokens, targets)
+        tparams, tlogits, tloss = run(twin_cfg, twin32, tokens, targets)
+        zparams, zlogits, zloss = run(dict(cfg, router_aux_loss_coef=0.0), params32, tokens, targets)
+        zero_same = zloss.item() == tloss.item() and all(torch.equal(zparams[n].grad, tparams[n].grad) for n in tparams)
+        with torch.no_grad():
+            got = []
+            model_loss({n: t.to(torch.float64) for n, t in params32.items()}, cfg, tokens, targets, aux=got)
+        lb = got[0].item()
+        added = loss.item() - tloss.item()
+        expect(same_draws and torch.equal(logits, tlogits) and zero_same and coef == AUX_COEF
+               and abs(added - coef * lb) < 1e-13 and abs(added) > 1e-3,
+               f"{v}: the draws and logits of {seed_name(v)}; coef 0 gives its loss {tloss.item():.15f} and grads "
+               f"exactly; aux {lb:.15f} (K {K} at balance), coef {coef:g}: loss {loss.item():.15f} = "
+               f"{tloss.item():.15f} + {added:.15f} (coef * aux {coef * lb:.15f})")
+        # the aux term's own gradient
+        p64 = {n: t.to(torch.float64).requires_grad_(True) for n, t in params32.items()}
+        routers = []
+        forward(p64, cfg, tokens, None, routers)
+        load_balancing_loss(routers, E, K).backward()
+        gnorm = {n: 0.0 if t.grad is None else float(t.grad.norm()) for n, t in p64.items()}
+        last = max(l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l))
+        downstream = [n for n in p64 if n.startswith(f"{moe_prefix(cfg, last)}experts.")
+                      or n in ("model.norm.weight", "lm_head.weight")]
+        upstream = [n for n in p64 if n.endswith(".gate.weight") or n.startswith("model.layers.0.self_attn.")
+                    or n == "model.embed_tokens.weight"]
+        expect(all(gnorm[n] == 0.0 for n in downstream) and min(gnorm[n] for n in upstream) > 1e-6,
+               f"{v}: the aux term's gradient is 0 on the last layer's {len(downstream) - 1 - ('lm_head.weight' in p64)} "
+               f"experts' matrices, the final norm{' and the head' if 'lm_head.weight' in p64 else ''}; "
+               f"non-zero on every router, the embedding and layer 0's attention (smallest norm "
+               f"{min(gnorm[n] for n in upstream):.2e})")
+        base64 = {n: t.to(torch.float64) for n, t in params32.items()}
+
+        def aux_alone():  # (aux, each layer's chosen experts) at the current base64
+            probe, rl = [], []
+            forward(base64, cfg, tokens, probe, rl)
+            return load_balancing_loss(rl, E, K).item(), [torch.topk(pr, K, dim=-1).indices for pr in probe]
+
+        with torch.no_grad():
+            routes = aux_alone()[1]
+            names = [n for n in base64 if n.endswith(".gate.weight")] + ["model.layers.0.self_attn.q_proj.weight"]
+            h, worst_abs, worst_rel, count, moved = 1e-4, 0.0, 0.0, 0, 0
+            for n in names:
+                flat = base64[n].view(-1)
+                for _ in range(4):
+                    i = rng.randrange(flat.numel())
+                    old, f = flat[i].item(), {}
+                    for step in (h, -h, h / 2, -h / 2):
+                        flat[i] = old + step
+                        f[step], r = aux_alone()
+                        moved += any(not torch.equal(a, b) for a, b in zip(r, routes))
+                    flat[i] = old
+                    numeric = (4 * (f[h / 2] - f[-h / 2]) / h - (f[h] - f[-h]) / (2 * h)) / 3
+                    analytic = p64[n].grad.view(-1)[i].item()
+                    worst_abs = max(worst_abs, abs(numeric - analytic))
+                    worst_rel = max(worst_rel, abs(numeric - analytic) / max(abs(analytic), 1e-4))
+                    count += 1
+        expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
+               f"{v}: finite differences of the aux term alone, {count} entries of {len(names) - 1} router(s) and "
+               f"layer 0's q_proj: routing unchanged at all {4 * count} points ({moved} moved), worst abs err "
+               f"{worst_abs:.1e}, rel err {worst_rel:.1e}")
 
     # 5. The fixture text parses back to the run's numbers.
     v = VARIANTS[0]

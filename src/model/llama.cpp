@@ -86,7 +86,8 @@ bool has_head_dim_key(LlamaArch arch) {
 ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   using A = ModelArg<LlamaConfig>;
   using L = LlamaConfig;
-  // Mixtral's attention is Mistral's, Qwen3-MoE's Qwen3's (their defaults differ below).
+  // Mixtral's attention is Mistral's, Qwen3-MoE's Qwen3's, OLMoE's defaults start from Llama's
+  // (each class's own differ below).
   const bool mixtral = arch == LlamaArch::mixtral, olmoe = arch == LlamaArch::olmoe;
   const bool qwen3_moe = arch == LlamaArch::qwen3_moe, moe = mixtral || olmoe || qwen3_moe;
   const bool llama = arch == LlamaArch::llama || olmoe;
@@ -226,8 +227,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      "RoPE base period of the sliding layers (never scaled).", KeyRange::above(0),
                      {}, true, 10000.0});
   }
-  if ((llama || arch == LlamaArch::qwen3 || qwen3_moe || olmo2 || gemma || smol || granite) &&
-      !mixtral) {
+  if (llama || arch == LlamaArch::qwen3 || qwen3_moe || olmo2 || gemma || smol || granite) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
                      "Biases on q_proj, k_proj, v_proj and o_proj.", {}, {}, true, false});
   }
