@@ -1362,6 +1362,22 @@ TEST(Llama, MoeConfigJson) {
             0.02);
   EXPECT_FALSE(fsdp::LlamaConfig::from(fsdp::model_family("qwen3_moe").from_hf_config(qwen, "q"))
                    .aux_loss());
+  // transformers 5.8's num_local_experts for Qwen3-MoE: read alone, or beside num_experts
+  // when equal
+  hf = qwen;
+  hf.erase("num_experts");
+  hf["num_local_experts"] = 16;
+  EXPECT_EQ(fsdp::LlamaConfig::from(fsdp::model_family("qwen3_moe").from_hf_config(hf, "v5"))
+                .num_experts,
+            16);
+  hf["num_experts"] = 16;
+  EXPECT_EQ(fsdp::LlamaConfig::from(fsdp::model_family("qwen3_moe").from_hf_config(hf, "v5"))
+                .num_experts,
+            16);
+  hf["num_experts"] = 32;
+  expect_refused(fsdp::model_family("qwen3_moe"), hf,
+                 "\"num_local_experts\" 16 is not supported (expected the same number as "
+                 "\"num_experts\" 32)");
   hf = qwen;
   hf["mlp_only_layers"] = {0, 5};
   expect_refused(fsdp::model_family("qwen3_moe"), hf, "\"mlp_only_layers\" [0,5] is not supported");

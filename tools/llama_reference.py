@@ -21,11 +21,12 @@ interpreter, /usr/bin/python3, not another one first on PATH) from the repositor
     done
 Check that the committed fixtures are what this script makes, and the script's own self-tests
 (finite differences, a loop-by-loop second implementation, GQA/MHA and tied/untied identities,
-the llama3 RoPE branches, the MoE routing margins and the K = E dense identity):
+the llama3 RoPE branches, the MoE routing margins and the K = E dense identity, the
+load-balancing loss's identities and finite differences):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
-VARIANT = <layers>l_<attn>_<tied>_<rope>[_<arch>][_attnbias][_mlpbias][_swa] (see VARIANTS), e.g.
+VARIANT = <layers>l_<attn>_<tied>_<rope>[_<arch>][_attnbias][_mlpbias][_swa][_aux] (see VARIANTS), e.g.
 3l_gqa_untied_llama3: attn is mha (num_key_value_heads 4), gqa (2) or mqa (1); rope is rope1e4
 (rope_theta 1e4, rope_scaling null) or llama3 (rope_theta 5e5 with Llama 3.1's rope_scaling);
 arch is absent (LlamaForCausalLM) or the Llama-family class of the same math with its own
@@ -79,15 +80,26 @@ token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over
 (gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending) and their
 experts; w = those p, divided by their sum when renormalised; output sum_j w_j
 down(silu(gate(x)) * up(x)) of expert j, no biases, no shared expert; no auxiliary
-load-balancing loss (output_router_logits false: the loss is the plain cross-entropy). Names:
+load-balancing loss (output_router_logits false: the loss is the plain cross-entropy) unless
+_aux (MoE only): output_router_logits true and router_aux_loss_coef 0.1 (else the class's
+default, 0.001, or OLMoE's 0.01), the loss then HF's mean cross-entropy + 0.1 aux, where aux is
+transformers' load_balancing_loss_func without an attention mask (Switch Transformer): every
+sparse layer's router logits [B*T, E] stacked into [L*B*T, E], p their softmax over the E
+experts (the raw router softmax, not the renormalised top-K weights), the one-hot
+[L*B*T, K, E] of each token's topk choices, aux = E sum_{k,e} mean_n(one-hot)[k, e] mean_n(p)[e]
+(K when p or the choices are uniform); the one-hot carries no gradient, only mean p does, so
+the term's gradient reaches the routers and everything before them (not the last layer's
+experts, the final norm or the head); `loss` and every `grad` line are the total's, `logits`
+unchanged. An _aux variant draws the weights, tokens and targets of its twin without _aux
+(seed_name): the same logits and routing. Names:
 model.layers.{l}.mlp.gate.weight and mlp.experts.{e}.{gate_proj, up_proj, down_proj}.weight
 (Qwen3-MoE, OLMoE), model.layers.{l}.block_sparse_moe.gate.weight and
 block_sparse_moe.experts.{e}.{w1, w2, w3}.weight (Mixtral; listed w1, w2, w3), after the
 attention's and before the two norms. The routing is unambiguous in float32: for every token of every layer the
 sorted probabilities p_1 >= ... >= p_K+1 differ by at least ROUTE_MARGIN = 1e-3 relative
 (p_j - p_j+1 >= 1e-3 p_j, j = 1..K), and every expert is chosen by some token; make_case
-re-draws the router weights from the seed crc32("<variant>/router<n>"), n = 1, 2, ..., until
-both hold (asserted; the other draws are unchanged).
+re-draws the router weights from the seed crc32("<variant>/router<n>") (the variant's name less
+_aux), n = 1, 2, ..., until both hold (asserted; the other draws are unchanged).
 A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3: 12), intermediate 40, vocab 37:
 not a multiple of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
@@ -98,16 +110,16 @@ batch of B 2 x T 7 tokens. Lines (the format of tests/reference_file.hpp, as gpt
     batch B T
     tokens <B*T ids>
     targets <B*T ids>
-    loss <mean cross-entropy over the B*T targets>
+    loss <mean cross-entropy over the B*T targets (_aux: + router_aux_loss_coef * aux)>
     logits <B*T*vocab_size values, row-major [B, T, V]>
     param <HF name> <numel> <float32 values, HF state-dict layout (nn.Linear weights [out, in])>
-    grad <HF name> <numel> <d(mean loss)/d(param), float64 rounded to 10 significant digits>
+    grad <HF name> <numel> <d(loss)/d(param), float64 rounded to 10 significant digits>
 The params and grads are listed in HF state-dict order; lm_head.weight only when untied.
 
 Precision: this is the exact math in float64. HF itself, even for a float64 model, computes a few
 pieces in float32 (inv_freq, the llama3 rescaling and cos/sin; RMSNorm's normalisation; the eager
-softmax in recent versions); those differences (~1e-7 relative) are far below what the tests
-resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
+softmax in recent versions; the MoE blocks' router softmax); those differences (~1e-7 relative)
+are far below what the tests resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
 params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-660 KB
 (MoE: 1-layer ~355-390 KB, 3-layer ~770 KB-1.1 MB).
 
@@ -406,8 +418,8 @@ def qwen3moe_config(sizes, layers, attn, tied, rope, flags):
     """config.json of a Qwen3MoeForCausalLM variant: the qwen3 variants' attributes (head_dim
     12, no window) and Qwen3MoeConfig's: every layer sparse (decoder_sparse_step 1,
     mlp_only_layers []), num_experts / num_experts_per_tok / moe_intermediate_size /
-    norm_topk_prob from MOE, no auxiliary loss (output_router_logits false); intermediate_size
-    40, the dense MLP's, unused."""
+    norm_topk_prob from MOE, no auxiliary loss (output_router_logits false; with _aux true,
+    router_aux_loss_coef 0.1); intermediate_size 40, the dense MLP's, unused."""
     assert "swa" not in flags and "mlpbias" not in flags, flags
     cfg = {}
     for key, value in other_arch_config("qwen3", layers, attn, tied, rope, flags).items():
@@ -423,7 +435,8 @@ def mixtral_config(sizes, layers, attn, tied, rope, flags):
     """config.json of a MixtralForCausalLM variant (MixtralConfig's attributes): Mistral's
     attention (head_dim 8, no biases; sliding_window null, or 3 < T with _swa),
     num_local_experts / num_experts_per_tok from MOE, each expert intermediate_size wide; no
-    auxiliary loss, no router jitter."""
+    auxiliary loss (with _aux: output_router_logits, router_aux_loss_coef 0.1), no router
+    jitter."""
     assert "attnbias" not in flags and "mlpbias" not in flags and sizes[3] is None, (flags, sizes)
     E, K, size, _ = sizes
     return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": VOCAB,
@@ -443,7 +456,7 @@ def olmoe_config(sizes, layers, attn, tied, rope, flags):
     """config.json of an OlmoeForCausalLM variant (OlmoeConfig's attributes; no head_dim, no
     window, clip_qkv null; pad_token_id absent: the class's 1): num_experts /
     num_experts_per_tok / norm_topk_prob from MOE, each expert intermediate_size wide; no
-    auxiliary loss."""
+    auxiliary loss (with _aux: output_router_logits, router_aux_loss_coef 0.1)."""
     assert "swa" not in flags and "attnbias" not in flags and "mlpbias" not in flags, flags
     cfg = sized_config("OlmoeForCausalLM", "olmoe", layers, attn, rope)
     cfg.update({"attention_bias": False, "attention_dropout": 0.0, "clip_qkv": None})
@@ -1706,9 +1719,9 @@ def selftest():
         upstream = [n for n in p64 if n.endswith(".gate.weight") or n.startswith("model.layers.0.self_attn.")
                     or n == "model.embed_tokens.weight"]
         expect(all(gnorm[n] == 0.0 for n in downstream) and min(gnorm[n] for n in upstream) > 1e-6,
-               f"{v}: the aux term's gradient is 0 on the last layer's {len(downstream) - 1 - ('lm_head.weight' in p64)} "
-               f"experts' matrices, the final norm{' and the head' if 'lm_head.weight' in p64 else ''}; "
-               f"non-zero on every router, the embedding and layer 0's attention (smallest norm "
+               f"{v}: the aux term's gradient is 0 on the {len(downstream)} tensors after every router (the last "
+               f"layer's experts, the final norm{', the head' if 'lm_head.weight' in p64 else ''}), non-zero on the "
+               f"{len(upstream)} router, embedding and layer 0 attention tensors (smallest norm "
                f"{min(gnorm[n] for n in upstream):.2e})")
         base64 = {n: t.to(torch.float64) for n, t in params32.items()}
 

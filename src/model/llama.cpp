@@ -1824,6 +1824,8 @@ class LlamaFamily final : public ModelFamily {
       out["embd_pdrop"] = 0.0;
     }
     if (g.moe()) {
+      // both names of the experts' number (transformers 5.8+ reads num_local_experts)
+      if (arch_ != LlamaArch::mixtral) out["num_local_experts"] = g.num_experts;
       if (arch_ == LlamaArch::qwen3_moe) {  // every layer sparse
         out["decoder_sparse_step"] = 1;
         out["mlp_only_layers"] = nlohmann::json::array();
@@ -1995,11 +1997,21 @@ class LlamaFamily final : public ModelFamily {
   // The sparse MLP's attributes that change the math and are not keys: HF's defaults or
   // refused: no router jitter (Mixtral), every layer sparse (Qwen3-MoE's decoder_sparse_step 1
   // and no mlp_only_layers), no q/k/v clipping (OLMoE's clip_qkv).
-  void moe_from_hf(const nlohmann::json& hf, const std::string& origin) const {
-    auto set = [&](const char* f) { return hf.contains(f) && !hf[f].is_null(); };
-    auto refuse = [&](const char* f, const std::string& expected) {
+  // transformers 5.8 renamed Qwen3MoeConfig's num_experts to num_local_experts (Mixtral's
+  // name): either spelling is read, in place, and both must agree when both are given.
+  void moe_from_hf(nlohmann::json& hf, const std::string& origin) const {
+    auto set = [&](const std::string& f) { return hf.contains(f) && !hf[f].is_null(); };
+    auto refuse = [&](const std::string& f, const std::string& expected) {
       return unsupported(origin, f, hf[f], expected);
     };
+    const std::string experts = args().name(&LlamaConfig::num_experts);
+    for (const std::string other : {"num_experts", "num_local_experts"}) {
+      if (other == experts || !set(other)) continue;
+      if (set(experts) && hf[experts] != hf[other]) {
+        throw refuse(other, "the same number as \"" + experts + "\" " + hf[experts].dump());
+      }
+      hf[experts] = hf[other];
+    }
     if (set("router_jitter_noise") &&
         (!hf["router_jitter_noise"].is_number() || hf["router_jitter_noise"].get<double>() != 0)) {
       throw refuse("router_jitter_noise", "0.0");
