@@ -31,6 +31,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/train/collective_guard.hpp"
+#include "fsdp/model/llama.hpp"
 #include "fsdp/model/model.hpp"
 #include "train_util.hpp"
 
@@ -784,6 +785,72 @@ TEST(InitFromMultimodal, ConditionalGenerationCheckpointsLoadTheirTextDecoder) {
     other.model.set("num_hidden_layers", int64_t{3});
     expect_input_error([&] { fsdp::ckpt::check_hf_config(dir, other.model); },
                        {"config.json: num_hidden_layers = 2 but model.num_hidden_layers = 3"});
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// transformers 5 keeps a Mixture-of-Experts layer's experts packed (Qwen3MoeExperts,
+// MixtralExperts, OlmoeExperts): model.layers.{l}.mlp.experts.gate_up_proj [E, 2I, C] (expert
+// e's gate rows, then its up rows) and mlp.experts.down_proj [E, C, I], and Mixtral's router
+// under mlp.gate, as checkpoints saved with save_original_format=False (and newer Hub models)
+// hold them. init_from reads that layout bit for bit as the per-expert one the merge writes.
+TEST(InitFromPackedExperts, TransformersFiveLayoutLoadsAsThePerExpertOne) {
+  for (const char* type : {"qwen3_moe", "mixtral", "olmoe"}) {
+    SCOPED_TRACE(type);
+    const Source& src = source(family_model(type));
+    const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(src.cfg.model);
+    const bool mixtral = std::string(type) == "mixtral";
+    const int64_t E = g.num_experts, I = g.expert_size(), C = g.hidden_size;
+    const std::string dir = fresh_dir(std::string("init_packed_") + type);
+    rewrite(src.hf, dir, [&](std::vector<Tensor>& ts) {
+      std::map<std::string, Tensor> by_name;
+      for (auto& t : ts) by_name[t.name] = t;
+      std::vector<Tensor> out;
+      const std::string block = mixtral ? ".block_sparse_moe." : ".mlp.";
+      for (auto& t : ts) {
+        if (t.name.find(".experts.") != std::string::npos) continue;  // packed below
+        if (mixtral && t.name.find(".block_sparse_moe.gate.weight") != std::string::npos) {
+          t.name.replace(t.name.find(".block_sparse_moe."), 18, ".mlp.");
+        }
+        out.push_back(t);
+      }
+      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+        const std::string layer = "model.layers." + std::to_string(l);
+        Tensor gate_up{layer + ".mlp.experts.gate_up_proj", {E, 2 * I, C}, {}};
+        Tensor down{layer + ".mlp.experts.down_proj", {E, C, I}, {}};
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string ex = layer + block + "experts." + std::to_string(e) + ".";
+          for (const char* p : {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj"}) {
+            const Tensor& t = by_name.at(ex + p + ".weight");
+            gate_up.data.insert(gate_up.data.end(), t.data.begin(), t.data.end());
+          }
+          const Tensor& d = by_name.at(ex + (mixtral ? "w2" : "down_proj") + ".weight");
+          down.data.insert(down.data.end(), d.data.begin(), d.data.end());
+        }
+        out.push_back(std::move(gate_up));
+        out.push_back(std::move(down));
+      }
+      ts = std::move(out);
+    });
+    const Loaded a = load(src.hf, src.cfg), b = load(dir, src.cfg);
+    EXPECT_TRUE(same_bits(a.shards, b.shards));
+    EXPECT_TRUE(b.result.unused.empty()) << b.result.unused.front();
+    EXPECT_EQ(a.result.num_tensors, b.result.num_tensors);
+    // A packed tensor of another shape is named with the shape it should have.
+    const std::string bad = fresh_dir(std::string("init_packed_bad_") + type);
+    rewrite(dir, bad, [&](std::vector<Tensor>& ts) {
+      for (auto& t : ts) {
+        if (t.name == "model.layers.0.mlp.experts.down_proj") t.shape = {E, I, C};
+      }
+    });
+    expect_input_error([&] { load(bad, src.cfg); },
+                       {"tensor 'model.layers.0.mlp.experts.down_proj' has shape [" +
+                        std::to_string(E) + "," + std::to_string(I) + "," + std::to_string(C) +
+                        "], expected [" + std::to_string(E) + "," + std::to_string(C) + "," +
+                        std::to_string(I) + "]"});
   }
 }
 

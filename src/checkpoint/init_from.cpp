@@ -39,7 +39,8 @@ std::string origin_of(const std::string& dir) {
 // Where one of our parameters is in the files.
 struct Source {
   HfTensor hf;
-  std::string stored;  // the name found in the files (hf.name or an alias)
+  std::string stored;  // the name found in the files (hf.name, an alias or the packed tensor)
+  int64_t offset = 0;  // packed (ModelFamily::hf_packed): where its elements start in `stored`
 };
 
 // The values just read: `count` fp32 values of tensor `s.stored`, the first being element
@@ -209,6 +210,15 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
           }
         }
       }
+      std::vector<int64_t> stored_shape = hf->shape;
+      if (s.stored.empty()) {  // transformers 5's packed experts
+        if (const std::optional<HfPacked> p = family.hf_packed(config, hf->name);
+            p && ckpt.has(p->name)) {
+          s.stored = p->name;
+          s.offset = p->offset;
+          stored_shape = p->shape;
+        }
+      }
       if (s.stored.empty()) {
         std::string also;
         for (const std::string& alias : family.hf_aliases(hf->name)) also += " or '" + alias + "'";
@@ -216,9 +226,9 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
                          config.type + " parameter " + e.spec.name + ")" + origin_of(dir));
       }
       const safetensors::SafetensorsFile::Entry& info = ckpt.entry(s.stored);
-      if (info.shape != hf->shape) {
+      if (info.shape != stored_shape) {
         throw InputError(ckpt.file_of(s.stored).path() + ": tensor '" + s.stored + "' has shape " +
-                         shape_json(info.shape) + ", expected " + shape_json(hf->shape) +
+                         shape_json(info.shape) + ", expected " + shape_json(stored_shape) +
                          " (the " + config.type + " parameter " + e.spec.name + ")" +
                          origin_of(dir));
       }
@@ -272,8 +282,8 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
       const int64_t k0 = lo - e.offset, k1 = hi - e.offset;
       float* dst = out + (lo - sb);
       if (!s.hf.transpose) {
-        ckpt.read_f32(s.stored, k0, k1 - k0, dst);
-        check_finite(ckpt, s, e.spec.name, config.type, dir, dst, k1 - k0, k0);
+        ckpt.read_f32(s.stored, s.offset + k0, k1 - k0, dst);
+        check_finite(ckpt, s, e.spec.name, config.type, dir, dst, k1 - k0, s.offset + k0);
         continue;
       }
       // Ours [R, Cc] (out, in) = HF [Cc, R] transposed: our (r, c) is HF (c, r). HF row c

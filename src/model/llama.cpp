@@ -1752,6 +1752,13 @@ class LlamaFamily final : public ModelFamily {
   std::vector<std::string> hf_aliases(const std::string& hf_name) const override {
     std::vector<std::string> names = {hf_name};
     if (hf_name == "model.embed_tokens.weight") names.push_back("lm_head.weight");
+    // transformers 5's Mixtral keeps its router under mlp. (block_sparse_moe. in the Hub's
+    // files and 4.x)
+    const std::string sparse = ".block_sparse_moe.gate.weight";
+    if (arch_ == LlamaArch::mixtral && hf_name.size() > sparse.size() &&
+        hf_name.compare(hf_name.size() - sparse.size(), sparse.size(), sparse) == 0) {
+      names.push_back(hf_name.substr(0, hf_name.size() - sparse.size()) + ".mlp.gate.weight");
+    }
     std::vector<std::string> out;
     const std::string model = "model.";
     for (const std::string& n : names) {
@@ -1765,6 +1772,41 @@ class LlamaFamily final : public ModelFamily {
       }
     }
     return out;
+  }
+  // transformers 5's packed experts (Qwen3MoeExperts, MixtralExperts, OlmoeExperts: every
+  // class under mlp.experts.): expert e's gate_proj (Mixtral's w1) is rows [2 e I, 2 e I + I)
+  // of gate_up_proj [E, 2I, C] and its up_proj (w3) the next I rows (gate_up_proj[e] chunked
+  // in two along its rows), its down_proj (w2) down_proj[e] of [E, C, I].
+  std::optional<HfPacked> hf_packed(const ModelConfig& c, const std::string& hf_name) const override {
+    const LlamaConfig g = LlamaConfig::from(c);
+    if (!g.moe()) return std::nullopt;
+    const std::string layers = "model.layers.", experts = ".experts.";
+    const std::size_t at = hf_name.find(experts);
+    if (hf_name.rfind(layers, 0) != 0 || at == std::string::npos) return std::nullopt;
+    const std::size_t dot = hf_name.find('.', layers.size());
+    const std::string layer = hf_name.substr(layers.size(), dot - layers.size());
+    const std::size_t e_begin = at + experts.size(), e_end = hf_name.find('.', e_begin);
+    if (e_end == std::string::npos) return std::nullopt;
+    const std::string digits = hf_name.substr(e_begin, e_end - e_begin);
+    if (digits.empty() || digits.size() > 9 ||
+        digits.find_first_not_of("0123456789") != std::string::npos) {
+      return std::nullopt;
+    }
+    const int64_t e = std::stoll(digits), E = g.num_experts, I = g.expert_size(),
+                  C = g.hidden_size;
+    const std::string proj = hf_name.substr(e_end + 1);
+    const bool mixtral = arch_ == LlamaArch::mixtral;
+    const std::string packed = layers + layer + ".mlp.experts.";
+    if (proj == (mixtral ? "w1.weight" : "gate_proj.weight")) {
+      return HfPacked{packed + "gate_up_proj", {E, 2 * I, C}, e * 2 * I * C};
+    }
+    if (proj == (mixtral ? "w3.weight" : "up_proj.weight")) {
+      return HfPacked{packed + "gate_up_proj", {E, 2 * I, C}, e * 2 * I * C + I * C};
+    }
+    if (proj == (mixtral ? "w2.weight" : "down_proj.weight")) {
+      return HfPacked{packed + "down_proj", {E, C, I}, e * C * I};
+    }
+    return std::nullopt;
   }
   nlohmann::json hf_config(const ModelConfig& c) const override {
     LlamaConfig g = LlamaConfig::from(c);

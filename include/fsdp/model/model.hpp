@@ -54,6 +54,17 @@ struct HfTensor {
   bool transpose = false;      // our [out, in] <-> HF Conv1D [in, out] (2-D only)
 };
 
+// Where a checkpoint may hold a tensor packed with others into one stored tensor (transformers
+// 5's Mixture-of-Experts layout: every expert's gate and up projections in one
+// mlp.experts.gate_up_proj [E, 2I, C], the down projections in mlp.experts.down_proj [E, C,
+// I]): the packed tensor's name and shape, and the element (row-major) where the tensor's own
+// contiguous elements start in it.
+struct HfPacked {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+};
+
 // A model family: the schema config reads (fsdp/config/config.hpp ModelSchema: type, keys,
 // wrap classes, objectives, validate) and everything else the program asks of a model.
 class ModelFamily : public ModelSchema {
@@ -93,6 +104,12 @@ class ModelFamily : public ModelSchema {
   // Extra names a published checkpoint may hold for a tensor we read as `hf_name` (e.g. the
   // "transformer." prefix GPT-2 checkpoints on the Hub omit). Default: none.
   virtual std::vector<std::string> hf_aliases(const std::string& hf_name) const { return {}; }
+  // The packed form of the tensor `hf_name` (of `config`), when checkpoints may hold it so
+  // (init_from reads it when neither the name nor an alias is stored). Default: none.
+  virtual std::optional<HfPacked> hf_packed(const ModelConfig& config,
+                                            const std::string& hf_name) const {
+    return std::nullopt;
+  }
   // The Hugging Face config.json for `config` (architectures, model_type, sizes, ...).
   virtual nlohmann::json hf_config(const ModelConfig& config) const = 0;
   // The form of `config` two configs of the same model compare equal in (init_from's check of
