@@ -1266,6 +1266,43 @@ TEST(Llama, Exaone4ConfigJson) {
   expect_refused(exaone, hf, "\"sliding_window_pattern\" \"LGLL\" is not supported");
 }
 
+// The expert load (Model::take_max_expert_load) is the largest (token, pick) count of one
+// expert in one layer over the training micro-batches since the last call, times E / (B T K):
+// recounted here from the router logits' top k; an evaluation forward adds nothing; taking
+// it resets it; a dense model reports 0.
+TEST(Llama, MaxExpertLoadCountsTheTrainingRouting) {
+  ModelOptions o;
+  make_moe(o.model, fsdp::LlamaArch::qwen3_moe);
+  o.model.num_experts = 5;
+  Fixture f(o);
+  perturb_shards(f, 3);
+  EXPECT_EQ(f.model.take_max_expert_load(), 0.0);
+  f.loss();  // evaluation
+  EXPECT_EQ(f.model.take_max_expert_load(), 0.0);
+  f.loss_and_grads();
+  const int64_t E = o.model.num_experts, K = o.model.num_experts_per_tok, BT = o.B * o.T;
+  double want = 0;
+  for (int64_t l = 0; l < o.model.num_hidden_layers; ++l) {
+    const fsdp::TensorView v = f.model.router_logits(l);
+    std::vector<float> z(static_cast<std::size_t>(v.numel()));
+    f.be->copy_to_host(z.data(), v);
+    std::vector<int64_t> count(static_cast<std::size_t>(E), 0);
+    for (int64_t r = 0; r < BT; ++r) {
+      std::vector<std::pair<float, int64_t>> row;
+      for (int64_t e = 0; e < E; ++e) row.emplace_back(-z[static_cast<std::size_t>(r * E + e)], e);
+      std::sort(row.begin(), row.end());  // descending logits, ties to the lower expert
+      for (int64_t j = 0; j < K; ++j) ++count[static_cast<std::size_t>(row[static_cast<std::size_t>(j)].second)];
+    }
+    for (int64_t n : count) want = std::max(want, static_cast<double>(n * E) / static_cast<double>(BT * K));
+  }
+  EXPECT_GT(want, 1.0);
+  EXPECT_EQ(f.model.take_max_expert_load(), want);
+  EXPECT_EQ(f.model.take_max_expert_load(), 0.0);  // taken
+  Fixture dense{ModelOptions{}};
+  dense.loss_and_grads();
+  EXPECT_EQ(dense.model.take_max_expert_load(), 0.0);
+}
+
 // The published MoE models' config.json (the attributes of Qwen/Qwen3-30B-A3B,
 // mistralai/Mixtral-8x7B-v0.1 and allenai/OLMoE-1B-7B-0924): each reads as written, declares
 // the model's known parameter count (Mixtral 8x7B: 46,702,792,704; Qwen3-30B-A3B:

@@ -287,6 +287,26 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
     expect_close(got, ref, 1e-5, k.type);
     if (std::string(k.extra) != "") EXPECT_TRUE(got.params.count(k.extra)) << k.extra;
     EXPECT_FALSE(got.params.count("model.layers.0.self_attn.o_proj.bias")) << k.type;
+    // metrics.jsonl: a Mixture-of-Experts run's expert load on every step (the max over the
+    // ranks), between balanced (1) and one expert taking every token (E / K = 2); none else
+    const std::string type = k.type;
+    const bool moe = type == "qwen3_moe" || type == "mixtral" || type == "olmoe";
+    if (world_rank() == 0) {
+      std::ifstream metrics(c.train.run_dir + "/metrics.jsonl");
+      std::string line;
+      int lines = 0;
+      while (std::getline(metrics, line)) {
+        const nlohmann::json m = nlohmann::json::parse(line);
+        ++lines;
+        EXPECT_EQ(m.contains("moe_max_expert_load"), moe) << k.type << ": " << line;
+        if (moe) {
+          const double load = m.value("moe_max_expert_load", 0.0);
+          EXPECT_GE(load, 1.0) << k.type;
+          EXPECT_LE(load, 2.0) << k.type;
+        }
+      }
+      EXPECT_EQ(lines, static_cast<int>(got.losses.size())) << k.type;
+    }
     if (world_rank() == 0) {
       const auto latest = fsdp::ckpt::find_latest(c.train.run_dir);
       ASSERT_TRUE(latest.has_value());

@@ -998,6 +998,12 @@ TensorView LlamaModel::last_logits() const {
   return acts_->logits.view({last_rows_, cfg_.padded_vocab()});
 }
 
+double LlamaModel::take_max_expert_load() {
+  const double load = max_expert_load_;
+  max_expert_load_ = 0.0;
+  return load;
+}
+
 TensorView LlamaModel::router_logits(int64_t layer) const {
   if (!cfg_.moe() || !acts_ || last_rows_ == 0 || layer < 0 || layer >= cfg_.num_hidden_layers ||
       checkpointing_.recomputes(layer)) {
@@ -1024,6 +1030,7 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
   const int count = layer_index(cfg_).count;
 
+  training_forward_ = with_backward;
   if (cfg_.aux_loss()) {  // the load-balancing loss's sums over this forward's layers
     rt_.fill_zero(a.moe_psum.view());
     a.moe_count.assign(static_cast<std::size_t>(cfg_.num_experts), 0.0);
@@ -1266,6 +1273,14 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
                          cfg_.normalize_top_k());
   group_routed_rows(l, BT);
   const std::vector<int64_t>& off = y.moe_offsets;
+  if (training_forward_ && write_output) {  // (not again in a recompute)
+    for (int64_t e = 0; e < E; ++e) {
+      const auto n = static_cast<double>(off[static_cast<std::size_t>(e) + 1] -
+                                         off[static_cast<std::size_t>(e)]);
+      max_expert_load_ =
+          std::max(max_expert_load_, n * static_cast<double>(E) / static_cast<double>(RK));
+    }
+  }
   if (cfg_.aux_loss() && write_output) {  // (not again in a recompute)
     be_.moe_router_prob_sums(a.moe_psum.view(), logits, BT, E);
     for (int64_t e = 0; e < E; ++e) {

@@ -149,6 +149,9 @@ struct StepReport {
   double tokens_per_step = 0;  // tokens of one step over all ranks
   double mfu = -1;             // model FLOPs utilisation, 0..1; < 0: unknown peak, none
   double loss_scale = 1;       // the scale the step used (fp16; else 1)
+  // Mixture of experts: the largest expert load over the ranks (Model::take_max_expert_load);
+  // 0 without experts.
+  double max_expert_load = 0;
   std::optional<double> val_loss;  // the evaluation after the step, if one ran
   std::vector<double> val_loss_per_path;  // with it, a mixture's per file (data.paths order)
   StepTimes times;             // the step's phases (StepTimer)
@@ -168,7 +171,8 @@ std::string progress_line(const Job& job, const StepReport& r);
 // "2.6101" or, with a mixture, "2.6101 (per path 2.5012, 2.9300)".
 std::string format_val_loss(const Evaluation& e);
 // The step's metrics.jsonl object: step, loss, lr, grad_norm, tokens, tokens_per_sec,
-// peak_mem_bytes [, mfu][, host_peak_mem_bytes][, loss_scale, skipped (fp16)][, nonfinite,
+// peak_mem_bytes [, mfu][, host_peak_mem_bytes][, moe_max_expert_load][, loss_scale, skipped
+// (fp16)][, nonfinite,
 // skipped][, val_loss[, val_loss_per_path]], step_s and <phase>_s (seconds, to the
 // microsecond).
 nlohmann::json metrics_line(const Job& job, const StepReport& r);

@@ -233,6 +233,7 @@ nlohmann::json metrics_line(const Job& job, const StepReport& r) {
                          {"peak_mem_bytes", r.peak}};
   if (r.mfu >= 0) line["mfu"] = r.mfu;
   if (r.host_peak >= 0) line["host_peak_mem_bytes"] = r.host_peak;
+  if (r.max_expert_load > 0) line["moe_max_expert_load"] = r.max_expert_load;
   if (job.cfg.mixed_precision.uses_fp16()) {
     line["loss_scale"] = r.loss_scale;
     line["skipped"] = o.skipped;

@@ -794,22 +794,26 @@ bool end_step(Job& job, StepState& st, TrainResult& result, const StepOutcome& o
   const int my_signal = job.opt.pending_signal ? job.opt.pending_signal() : 0;
   // [3] fsdp.cpu_offload: this rank's host (offload runtime) peak, max over ranks.
   const bool offload = job.engine->offloaded();
-  int64_t agreed[4] = {static_cast<int64_t>(be.memory().peak_total()),
+  // [4] Mixture of experts: this rank's largest expert load of the step, in millionths.
+  const double expert_load = job.model->take_max_expert_load();
+  int64_t agreed[5] = {static_cast<int64_t>(be.memory().peak_total()),
                        my_signal > 0 ? (int64_t{world - job.host.rank()} << 8) | (my_signal & 0xff)
                                      : 0,
                        job.writer.finished() ? 0 : 1,
                        offload ? static_cast<int64_t>(
                                      job.engine->offload_runtime()->memory().peak_total())
-                               : 0};
+                               : 0,
+                       static_cast<int64_t>(std::llround(expert_load * 1e6))};
   {
     StepTimer::Scope waiting(&timer, Phase::comm_wait);
     ProfileRange range(st.prof, "collective", "all_reduce step_agreement");
-    job.host.all_reduce(agreed, agreed, 4, DType::i64, ReduceOp::max)->wait();
+    job.host.all_reduce(agreed, agreed, 5, DType::i64, ReduceOp::max)->wait();
   }
   StepReport report;
   report.outcome = o;
   report.peak = agreed[0];
   report.host_peak = offload ? agreed[3] : -1;
+  report.max_expert_load = static_cast<double>(agreed[4]) / 1e6;
   report.tokens_per_step = st.tokens_per_step;
   report.mfu = st.peak_flops > 0 ? st.flops_per_step / (o.seconds * world * st.peak_flops) : -1;
   report.loss_scale = result.loss_scales.back();

@@ -459,6 +459,7 @@ class LlamaModel final : public CausalLm {
   // routing's inputs: tests check its margins). Empty before a forward, for a dense model,
   // and for a layer that shares its buffers with recomputed ones (activation checkpointing).
   TensorView router_logits(int64_t layer) const;
+  double take_max_expert_load() override;
 
   // Bytes of activations (saved for backward, their gradients, scratch, the RoPE tables) for a
   // [B,T] micro-batch; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
@@ -500,6 +501,10 @@ class LlamaModel final : public CausalLm {
   LmHeadChunks head_chunks(int64_t BT, const TensorView& weight) const;
 
   LlamaConfig cfg_;
+  // moe(): whether the running forward trains (its routing counts toward the expert load),
+  // and the largest expert load since take_max_expert_load.
+  bool training_forward_ = false;
+  double max_expert_load_ = 0.0;
   Kernels& be_;
   DeviceRuntime& rt_;
   DType act_dtype_;
