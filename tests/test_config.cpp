@@ -532,8 +532,18 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
       {"[model]\ntype = \"t6\"\n", {},
        {"input.toml: model.type: unknown value \"t6\" (expected one of gpt2, t5, llama, mistral, "
         "qwen2, qwen3, olmo2, phi3, gemma3_text, smollm3, granite, olmo3, gemma2, gemma, "
-        "exaone4, qwen3_moe, mixtral, olmoe)"}},
+        "exaone4, qwen3_moe, mixtral, olmoe, qwen2_moe)"}},
       {"", {"model.type=bert"}, {"--set model.type=bert: model.type: unknown value \"bert\""}},
+      // Mixture of experts: more experts per token than experts (each class's key names), a
+      // negative load-balancing coefficient
+      {"[model]\ntype = \"qwen3_moe\"\nnum_experts = 4\nnum_experts_per_tok = 5\n", {},
+       {"input.toml: model.num_experts_per_tok: 5 exceeds model.num_experts = 4"}},
+      {"[model]\ntype = \"mixtral\"\nnum_local_experts = 2\nnum_experts_per_tok = 3\n", {},
+       {"input.toml: model.num_experts_per_tok: 3 exceeds model.num_local_experts = 2"}},
+      {"[model]\ntype = \"olmoe\"\nrouter_aux_loss_coef = -0.1\n", {},
+       {"input.toml: model.router_aux_loss_coef: -0.1 is out of range"}},
+      {"[model]\ntype = \"mixtral\"\nnum_experts = 4\n", {},
+       {"input.toml: unknown key 'model.num_experts'", "for model.type = \"mixtral\""}},
       // [model] keys belong to the chosen family.
       {"[model]\ntype = \"t5\"\nn_layer = 2\n", {},
        {"input.toml: unknown key 'model.n_layer'", "for model.type = \"t5\""}},

@@ -1748,6 +1748,40 @@ TEST(CudaBackend, MoeLoadBalancingLoss) {
   }
 }
 
+// Qwen2-MoE's shared expert gate on both backends: accumulated forward, backward (dshared,
+// dlogit), each CUDA kernel again for the same bits.
+TEST(CudaBackend, MoeSharedGate) {
+  std::mt19937 rng(36);
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (const MoeShape& m : kMoeShapes) {
+      SCOPED_TRACE(moe_trace(t, m));
+      const int64_t R = m.R, C = m.C;
+      Pair shared = make(t, uniform(R * C, rng)), logit = make(t, uniform(R, rng));
+      const Vec start = uniform(R * C, rng);
+      Pair out = make(t, start);
+      both([&](Backend& be, Side s) {
+        be.moe_shared_gate_forward(out.v(s), shared.v(s), logit.v(s), R, C);
+      });
+      check(out, tol_for(t, kElemF32), "out");
+      Pair out2 = make(t, start);
+      gpu().moe_shared_gate_forward(out2.v(kGpu), shared.v(kGpu), logit.v(kGpu), R, C);
+      expect_bytes(out2, read_bytes(gpu(), out.v(kGpu)), "out rerun");
+      Pair dout = make(t, uniform(R * C, rng)), dshared = make(t, Vec(R * C)),
+           dlogit = make(t, Vec(R));
+      both([&](Backend& be, Side s) {
+        be.moe_shared_gate_backward(dshared.v(s), dlogit.v(s), dout.v(s), shared.v(s),
+                                    logit.v(s), R, C);
+      });
+      check(dshared, tol_for(t, kElemF32), "dshared");
+      check(dlogit, tol_for(t, kReduceF32), "dlogit");
+      Pair dlogit2 = make(t, Vec(R)), dshared2 = make(t, Vec(R * C));
+      gpu().moe_shared_gate_backward(dshared2.v(kGpu), dlogit2.v(kGpu), dout.v(kGpu),
+                                     shared.v(kGpu), logit.v(kGpu), R, C);
+      expect_bytes(dlogit2, read_bytes(gpu(), dlogit.v(kGpu)), "dlogit rerun");
+    }
+  }
+}
+
 TEST(CudaBackend, MoeZeroTokensIsANoOp) {
   // R = 0: no launch (a zero grid would fail), every output left as it was.
   std::mt19937 rng(34);

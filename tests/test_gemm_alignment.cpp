@@ -172,6 +172,10 @@ class GemmRecorder final : public fsdp::Kernels {
                     double) override {}
   void moe_aux_loss_backward(const TensorView&, const TensorView&, const TensorView&, int64_t,
                              int64_t) override {}
+  void moe_shared_gate_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                               int64_t) override {}
+  void moe_shared_gate_backward(const TensorView&, const TensorView&, const TensorView&,
+                                const TensorView&, const TensorView&, int64_t, int64_t) override {}
 
  private:
   fsdp::CountingRuntime runtime_;

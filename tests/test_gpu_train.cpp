@@ -181,7 +181,11 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
                          "model.num_experts_per_tok=2", "model.sliding_window=5"})},
       {"olmoe 4 experts load-balancing loss",
        llama_config("", {"model.type=\"olmoe\"", "model.num_experts=4",
-                         "model.num_experts_per_tok=2", "model.output_router_logits=true"})}};
+                         "model.num_experts_per_tok=2", "model.output_router_logits=true"})},
+      {"qwen2_moe 4 experts shared expert",
+       llama_config("", {"model.type=\"qwen2_moe\"", "model.num_experts=4",
+                         "model.num_experts_per_tok=2", "model.moe_intermediate_size=12",
+                         "model.shared_expert_intermediate_size=20"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

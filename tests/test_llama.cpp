@@ -142,11 +142,12 @@ void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true,
   m.num_experts = 4;
   m.num_experts_per_tok = 2;
   m.moe_intermediate_size = 12;
+  m.shared_expert_intermediate_size = 20;  // Qwen2-MoE's
   m.norm_topk_prob = normalize;
 }
 bool is_moe(fsdp::LlamaArch arch) {
   return arch == fsdp::LlamaArch::qwen3_moe || arch == fsdp::LlamaArch::mixtral ||
-         arch == fsdp::LlamaArch::olmoe;
+         arch == fsdp::LlamaArch::olmoe || arch == fsdp::LlamaArch::qwen2_moe;
 }
 
 // Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).
@@ -252,7 +253,11 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"Qwen3-MoE GQA untied, load-balancing loss", 2, false, false, false, false,
              LlamaArch::qwen3_moe, 0, false, true},
         Case{"Mixtral MQA tied, load-balancing loss", 1, true, false, false, true,
-             LlamaArch::mixtral, 0, false, true}}) {
+             LlamaArch::mixtral, 0, false, true},
+        Case{"Qwen2-MoE GQA untied, shared expert, not renormalised", 2, false, false, false,
+             false, LlamaArch::qwen2_moe},
+        Case{"Qwen2-MoE MQA tied, shared expert, load-balancing loss, llama3", 1, true, false,
+             false, true, LlamaArch::qwen2_moe, 0, false, true}}) {
     ModelOptions o;
     if (is_moe(c.arch)) {
       make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias, c.aux);
@@ -331,7 +336,8 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     const bool gemma = c.arch == LlamaArch::gemma3_text;
     const int per_layer =
         (c.arch == LlamaArch::phi3 ? 6 : 9) + (c.attention_bias ? 4 : 0) +
-        (c.arch == LlamaArch::qwen2 ? 3 : 0) +
+        (c.arch == LlamaArch::qwen2 || c.arch == LlamaArch::qwen2_moe ? 3 : 0) +
+        (c.arch == LlamaArch::qwen2_moe ? 4 : 0) +  // the shared expert and its gate
         (c.arch == LlamaArch::qwen3 || c.arch == LlamaArch::olmo2 || c.arch == LlamaArch::olmo3 ||
                  c.arch == LlamaArch::exaone4
              ? 2
@@ -447,7 +453,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
-                    fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe})
+                    fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -511,7 +517,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
-                    fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe})
+                    fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -1304,9 +1310,10 @@ TEST(Llama, MaxExpertLoadCountsTheTrainingRouting) {
 }
 
 // The published MoE models' config.json (the attributes of Qwen/Qwen3-30B-A3B,
-// mistralai/Mixtral-8x7B-v0.1 and allenai/OLMoE-1B-7B-0924): each reads as written, declares
-// the model's known parameter count (Mixtral 8x7B: 46,702,792,704; Qwen3-30B-A3B:
-// 30,532,122,624; OLMoE-1B-7B: 6,919,161,856), round-trips through the merge's config.json,
+// mistralai/Mixtral-8x7B-v0.1, allenai/OLMoE-1B-7B-0924 and Qwen/Qwen1.5-MoE-A2.7B): each
+// reads as written, declares the model's known parameter count (Mixtral 8x7B: 46,702,792,704;
+// Qwen3-30B-A3B: 30,532,122,624; OLMoE-1B-7B: 6,919,161,856; Qwen1.5-MoE-A2.7B: 14.3B, by hand
+// 14,315,784,192 with its shared expert), round-trips through the merge's config.json,
 // reads the load-balancing loss's attributes, and what fsdp_train does not implement is
 // refused by name.
 TEST(Llama, MoeConfigJson) {
@@ -1351,6 +1358,18 @@ TEST(Llama, MoeConfigJson) {
       {"rope_scaling", nullptr}, {"rope_theta", 10000.0}, {"router_aux_loss_coef", 0.01},
       {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"use_cache", true},
       {"vocab_size", 50304}};
+  const nlohmann::json qwen2 = {
+      {"architectures", {"Qwen2MoeForCausalLM"}}, {"attention_dropout", 0.0},
+      {"bos_token_id", 151643}, {"decoder_sparse_step", 1}, {"eos_token_id", 151643},
+      {"hidden_act", "silu"}, {"hidden_size", 2048}, {"initializer_range", 0.02},
+      {"intermediate_size", 5632}, {"max_position_embeddings", 8192}, {"max_window_layers", 21},
+      {"model_type", "qwen2_moe"}, {"moe_intermediate_size", 1408}, {"norm_topk_prob", false},
+      {"num_attention_heads", 16}, {"num_experts", 60}, {"num_experts_per_tok", 4},
+      {"num_hidden_layers", 24}, {"num_key_value_heads", 16}, {"output_router_logits", false},
+      {"rms_norm_eps", 1e-06}, {"rope_theta", 1000000.0}, {"router_aux_loss_coef", 0.001},
+      {"shared_expert_intermediate_size", 5632}, {"sliding_window", 32768},
+      {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"use_cache", true},
+      {"use_sliding_window", false}, {"vocab_size", 151936}};
   struct Case {
     const nlohmann::json& hf;
     int64_t params, experts, per_token, expert_size;
@@ -1358,7 +1377,8 @@ TEST(Llama, MoeConfigJson) {
   };
   for (const Case& c : {Case{qwen, 30532122624, 128, 8, 768, true},
                         Case{mixtral, 46702792704, 8, 2, 14336, true},
-                        Case{olmoe, 6919161856, 64, 8, 1024, false}}) {
+                        Case{olmoe, 6919161856, 64, 8, 1024, false},
+                        Case{qwen2, 14315784192, 60, 4, 1408, false}}) {
     const std::string type = c.hf.at("model_type");
     const fsdp::ModelFamily& family = fsdp::model_family(type);
     const fsdp::ModelConfig mc = family.from_hf_config(c.hf, type + ".json");
@@ -1424,6 +1444,13 @@ TEST(Llama, MoeConfigJson) {
   hf = mixtral;
   hf["router_jitter_noise"] = 0.1;
   expect_refused(fsdp::model_family("mixtral"), hf, "\"router_jitter_noise\" 0.1 is not supported");
+  hf = qwen2;
+  hf["qkv_bias"] = false;
+  expect_refused(fsdp::model_family("qwen2_moe"), hf, "\"qkv_bias\" false is not supported");
+  const nlohmann::json merged = fsdp::model_family("qwen2_moe")
+                                    .hf_config(fsdp::model_family("qwen2_moe").from_hf_config(qwen2, "q"));
+  EXPECT_EQ(merged.at("qkv_bias"), true);
+  EXPECT_EQ(merged.at("layer_types").size(), 24u);
   hf = olmoe;
   hf["clip_qkv"] = 8.0;
   expect_refused(fsdp::model_family("olmoe"), hf, "\"clip_qkv\" 8.0 is not supported");

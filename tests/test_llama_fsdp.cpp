@@ -272,7 +272,12 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                              "MixtralForCausalLM",
                              "model.layers.1.block_sparse_moe.experts.3.w2.weight"},
                         Case{"olmoe", {"model.num_experts=4", "model.num_experts_per_tok=2"},
-                             "OlmoeForCausalLM", "model.layers.0.mlp.gate.weight"}}) {
+                             "OlmoeForCausalLM", "model.layers.0.mlp.gate.weight"},
+                        Case{"qwen2_moe",
+                             {"model.num_experts=4", "model.num_experts_per_tok=2",
+                              "model.moe_intermediate_size=12",
+                              "model.shared_expert_intermediate_size=20"},
+                             "Qwen2MoeForCausalLM", "model.layers.1.mlp.shared_expert_gate.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +
@@ -290,7 +295,8 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
     // metrics.jsonl: a Mixture-of-Experts run's expert load on every step (the max over the
     // ranks), between balanced (1) and one expert taking every token (E / K = 2); none else
     const std::string type = k.type;
-    const bool moe = type == "qwen3_moe" || type == "mixtral" || type == "olmoe";
+    const bool moe =
+        type == "qwen3_moe" || type == "mixtral" || type == "olmoe" || type == "qwen2_moe";
     if (world_rank() == 0) {
       std::ifstream metrics(c.train.run_dir + "/metrics.jsonl");
       std::string line;

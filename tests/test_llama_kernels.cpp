@@ -822,6 +822,33 @@ TEST_F(LlamaKernels, MoeLoadBalancingLossAndGradientCheck) {
   EXPECT_LT(rel_err(added, numeric), 1e-3);
 }
 
+// Qwen2-MoE's shared expert gate: out += sigmoid(logit) * shared, accumulated; its backward
+// against finite differences of sum(out * Rw).
+TEST_F(LlamaKernels, MoeSharedGateAndGradientCheck) {
+  const int64_t R = 6, C = 13;
+  Vec shared = random_vec(R * C, rng), logit = random_vec(R, rng, -3.f, 3.f);
+  const Vec start = random_vec(R * C, rng);
+  Vec out = start;
+  be->moe_shared_gate_forward(f32(out), f32(shared), f32(logit), R, C);
+  for (int64_t r = 0; r < R; ++r) {
+    const double s = 1.0 / (1.0 + std::exp(-double(logit[r])));
+    for (int64_t c = 0; c < C; ++c) {
+      ASSERT_NEAR(out[r * C + c], start[r * C + c] + s * shared[r * C + c], 1e-6);
+    }
+  }
+  const Vec Rw = random_vec(R * C, rng);
+  Vec dshared(R * C, std::numeric_limits<float>::quiet_NaN()), dlogit(R);
+  be->moe_shared_gate_backward(f32(dshared), f32(dlogit), f32(Rw), f32(shared), f32(logit), R,
+                               C);
+  auto loss = [&] {
+    Vec o(R * C, 0.f);
+    be->moe_shared_gate_forward(f32(o), f32(shared), f32(logit), R, C);
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(dshared, numeric_grad(shared, loss, 1e-2f)), 1e-4);
+  EXPECT_LT(rel_err(dlogit, numeric_grad(logit, loss, 1e-3f)), 1e-3);
+}
+
 TEST_F(LlamaKernels, MoeArgumentErrors) {
   Vec logits(12), w(6), dl(12);
   std::vector<int32_t> idx(6), bad_slot = {0, 1, 2, 3, 4, 6};

@@ -677,6 +677,15 @@ class DeferredKernels final : public fsdp::Kernels {
                              const TensorView& dprobs, int64_t R, int64_t E) override {
     later([=, this] { in_.moe_aux_loss_backward(dlogits, logits, dprobs, R, E); });
   }
+  void moe_shared_gate_forward(const TensorView& out, const TensorView& shared,
+                               const TensorView& logit, int64_t R, int64_t C) override {
+    later([=, this] { in_.moe_shared_gate_forward(out, shared, logit, R, C); });
+  }
+  void moe_shared_gate_backward(const TensorView& dshared, const TensorView& dlogit,
+                                const TensorView& dout, const TensorView& shared,
+                                const TensorView& logit, int64_t R, int64_t C) override {
+    later([=, this] { in_.moe_shared_gate_backward(dshared, dlogit, dout, shared, logit, R, C); });
+  }
 
  private:
   void later(std::function<void()> op) {

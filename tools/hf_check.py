@@ -5,7 +5,7 @@ For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneratio
 bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
 MistralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM,
 SmolLM3ForCausalLM, GraniteForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
-OlmoeForCausalLM (LLAMA_CASES below)
+OlmoeForCausalLM, Qwen2MoeForCausalLM (LLAMA_CASES below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -143,6 +143,12 @@ LLAMA_CASES = {
                                             "sliding_window": 8, "tie_word_embeddings": True},
     "olmoe gqa untied 4 experts": {"type": "olmoe", "hidden_size": 32, "num_experts": 4,
                                    "num_experts_per_tok": 2, "tie_word_embeddings": False},
+    # Qwen2-MoE: Qwen2's q/k/v biases, the routed experts and a sigmoid-gated shared expert.
+    "qwen2_moe gqa untied 4 experts shared": {"type": "qwen2_moe", "hidden_size": 32,
+                                              "num_experts": 4, "num_experts_per_tok": 2,
+                                              "moe_intermediate_size": 24,
+                                              "shared_expert_intermediate_size": 28,
+                                              "tie_word_embeddings": False},
     # OLMo 3: OLMo 2's layers, the first sliding over 8 positions with unscaled RoPE, the second
     # global with LLAMA_COMMON's llama3 scaling (Olmo3Model's rotary_embs).
     "olmo3 gqa untied window 8": {"type": "olmo3", "hidden_size": 32, "sliding_window": 8,

@@ -21,8 +21,8 @@ interpreter, /usr/bin/python3, not another one first on PATH) from the repositor
     done
 Check that the committed fixtures are what this script makes, and the script's own self-tests
 (finite differences, a loop-by-loop second implementation, GQA/MHA and tied/untied identities,
-the llama3 RoPE branches, the MoE routing margins and the K = E dense identity, the
-load-balancing loss's identities and finite differences):
+the llama3 RoPE branches, the MoE routing margins and the K = E dense identity, Qwen2-MoE's
+shared expert at a zero gate, the load-balancing loss's identities and finite differences):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
@@ -75,25 +75,35 @@ sliding_window null, with _swa 3 < T; the block under block_sparse_moe, experts 
 (up), w2 (down) intermediate_size wide; the K weights always renormalised) or olmoe
 (OlmoeForCausalLM, modeling_olmoe.py: Llama's pre-norm layer with OLMo 2's q_norm / k_norm
 over the whole q and k projections [H*D], [Hkv*D] before RoPE; clip_qkv null; experts
-intermediate_size wide; norm_topk_prob; padding_idx OlmoeConfig's 1). The MoE block on a
-token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over the E experts
-(gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending) and their
-experts; w = those p, divided by their sum when renormalised; output sum_j w_j
-down(silu(gate(x)) * up(x)) of expert j, no biases, no shared expert; no auxiliary
+intermediate_size wide; norm_topk_prob; padding_idx OlmoeConfig's 1) or qwen2moe
+(Qwen2MoeForCausalLM, model_type qwen2_moe, modeling_qwen2_moe.py: Qwen2's attention, q/k/v
+biases (qkv_bias true), none on o_proj, no head_dim attribute; with _swa use_sliding_window and
+the window 3 on the layers from max_window_layers = 1 on, as qwen2's, and layer_types spelled
+out to match (transformers 5's Qwen2MoeConfig derives another list when it is absent); every
+layer sparse; experts moe_intermediate_size wide; norm_topk_prob; and a shared expert). The MoE
+block on a token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over the
+E experts (gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending)
+and their experts; w = those p, divided by their sum when renormalised; output sum_j w_j
+down(silu(gate(x)) * up(x)) of expert j, no biases; Qwen2-MoE adds its shared expert, a SwiGLU
+MLP shared_expert_intermediate_size wide run on every token, times the token's
+sigmoid(x shared_expert_gate.weight^T) (shared_expert_gate.weight [1, C]): routed sum +
+sigmoid(gate) * shared_expert(x) (the others have no shared expert); no auxiliary
 load-balancing loss (output_router_logits false: the loss is the plain cross-entropy) unless
 _aux (MoE only): output_router_logits true and router_aux_loss_coef 0.1 (else the class's
 default, 0.001, or OLMoE's 0.01), the loss then HF's mean cross-entropy + 0.1 aux, where aux is
 transformers' load_balancing_loss_func without an attention mask (Switch Transformer): every
 sparse layer's router logits [B*T, E] stacked into [L*B*T, E], p their softmax over the E
-experts (the raw router softmax, not the renormalised top-K weights), the one-hot
-[L*B*T, K, E] of each token's topk choices, aux = E sum_{k,e} mean_n(one-hot)[k, e] mean_n(p)[e]
-(K when p or the choices are uniform); the one-hot carries no gradient, only mean p does, so
-the term's gradient reaches the routers and everything before them (not the last layer's
-experts, the final norm or the head); `loss` and every `grad` line are the total's, `logits`
-unchanged. An _aux variant draws the weights, tokens and targets of its twin without _aux
-(seed_name): the same logits and routing. Names:
+experts (the raw router softmax, not the renormalised top-K weights; the routers only, not
+Qwen2-MoE's shared_expert_gate), the one-hot [L*B*T, K, E] of each token's topk choices,
+aux = E sum_{k,e} mean_n(one-hot)[k, e] mean_n(p)[e] (K when p or the choices are uniform); the
+one-hot carries no gradient, only mean p does, so the term's gradient reaches the routers and
+everything before them (not the last layer's experts, the final norm or the head); `loss` and
+every `grad` line are the total's, `logits` unchanged. An _aux variant draws the weights,
+tokens and targets of its twin without _aux (seed_name): the same logits and routing. Names:
 model.layers.{l}.mlp.gate.weight and mlp.experts.{e}.{gate_proj, up_proj, down_proj}.weight
-(Qwen3-MoE, OLMoE), model.layers.{l}.block_sparse_moe.gate.weight and
+(Qwen3-MoE, OLMoE, Qwen2-MoE; Qwen2-MoE's then mlp.shared_expert.{gate_proj, up_proj,
+down_proj}.weight [Is, C], [Is, C], [C, Is] and mlp.shared_expert_gate.weight [1, C]),
+model.layers.{l}.block_sparse_moe.gate.weight and
 block_sparse_moe.experts.{e}.{w1, w2, w3}.weight (Mixtral; listed w1, w2, w3), after the
 attention's and before the two norms. The routing is unambiguous in float32: for every token of every layer the
 sorted probabilities p_1 >= ... >= p_K+1 differ by at least ROUTE_MARGIN = 1e-3 relative
@@ -121,7 +131,7 @@ pieces in float32 (inv_freq, the llama3 rescaling and cos/sin; RMSNorm's normali
 softmax in recent versions; the MoE blocks' router softmax); those differences (~1e-7 relative)
 are far below what the tests resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
 params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-660 KB
-(MoE: 1-layer ~355-390 KB, 3-layer ~770 KB-1.1 MB).
+(MoE: 1-layer ~355-420 KB, 3-layer ~770 KB-1.1 MB).
 
 llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
 ~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
@@ -160,8 +170,10 @@ KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
 ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
          "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3",
          "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma",
-         "exaone4": "Exaone4", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral", "olmoe": "Olmoe"}  # HF class prefix
-MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}  # HF model_type where it is not the variant's word
+         "exaone4": "Exaone4", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral", "olmoe": "Olmoe",
+         "qwen2moe": "Qwen2Moe"}  # HF class prefix
+MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}  # HF model_type where it is not the variant's word
+MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe"}  # the Mixture-of-Experts classes' words
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
@@ -205,10 +217,14 @@ VARIANTS = [
     "3l_gqa_tied_llama3_olmoe",
     "1l_gqa_untied_rope1e4_qwen3moe_aux",
     "3l_gqa_tied_llama3_olmoe_aux",
+    "1l_gqa_untied_rope1e4_qwen2moe",
+    "3l_mqa_tied_llama3_qwen2moe_swa",
 ]
 # The Mixture-of-Experts variants' routers: (experts E, experts per token K, expert size,
-# norm_topk_prob; None: Mixtral, whose K weights are always renormalised). The expert size is
-# Qwen3MoeConfig's moe_intermediate_size, MixtralConfig's and OlmoeConfig's intermediate_size.
+# norm_topk_prob; None: Mixtral, whose K weights are always renormalised[, Qwen2-MoE: the shared
+# expert's size]). The expert size is Qwen3MoeConfig's and Qwen2MoeConfig's
+# moe_intermediate_size, MixtralConfig's and OlmoeConfig's intermediate_size; the shared expert's
+# Qwen2MoeConfig's shared_expert_intermediate_size.
 MOE = {
     "1l_gqa_untied_rope1e4_qwen3moe": (4, 2, 24, True),
     "3l_mqa_tied_llama3_qwen3moe": (5, 3, 20, False),
@@ -218,13 +234,15 @@ MOE = {
     "3l_gqa_tied_llama3_olmoe": (6, 2, 20, True),
     "1l_gqa_untied_rope1e4_qwen3moe_aux": (4, 2, 24, True),
     "3l_gqa_tied_llama3_olmoe_aux": (6, 2, 20, True),
+    "1l_gqa_untied_rope1e4_qwen2moe": (4, 2, 24, False, 28),
+    "3l_mqa_tied_llama3_qwen2moe_swa": (5, 2, 20, True, 24),
 }
 # The _aux variants' auxiliary load-balancing loss (output_router_logits true): its weight
-# router_aux_loss_coef (the classes' defaults, in the other MoE variants' config.json: Qwen3-MoE and
-# Mixtral 0.001, OLMoE 0.01). An _aux variant draws the weights, tokens and targets of its twin
+# router_aux_loss_coef (the classes' defaults, in the other MoE variants' config.json: Qwen3-MoE,
+# Qwen2-MoE and Mixtral 0.001, OLMoE 0.01). An _aux variant draws the weights, tokens and targets of its twin
 # without _aux (seed_name): the same logits, the loss and the grads those plus the aux term's.
 AUX_COEF = 0.1
-AUX_DEFAULT_COEF = {"qwen3moe": 0.001, "mixtral": 0.001, "olmoe": 0.01}
+AUX_DEFAULT_COEF = {"qwen3moe": 0.001, "mixtral": 0.001, "olmoe": 0.01, "qwen2moe": 0.001}
 # Routing that float32 reproduces: for every token of every MoE layer the sorted softmax
 # probabilities p1 >= p2 >= ... differ by at least ROUTE_MARGIN relative (p_j - p_j+1 >= margin
 # * p_j) for j = 1..K (the K chosen ones among themselves, and the K-th from the (K+1)-th), and
@@ -251,10 +269,11 @@ def hf_config(variant):
     assert (rope != "longrope" and "partial" not in flags) or "phi3" in flags, variant
     archs = flags & set(ARCHS)
     assert len(archs) <= 1, variant
-    assert "aux" not in flags or archs & {"qwen3moe", "mixtral", "olmoe"}, variant  # (MoE only)
-    if archs & {"qwen3moe", "mixtral", "olmoe"}:  # sized by MOE[variant]
+    assert "aux" not in flags or archs & MOE_ARCHS, variant  # (MoE only)
+    if archs & MOE_ARCHS:  # sized by MOE[variant]
         assert variant in MOE, variant
-        moe_config = {"qwen3moe": qwen3moe_config, "mixtral": mixtral_config, "olmoe": olmoe_config}
+        moe_config = {"qwen3moe": qwen3moe_config, "mixtral": mixtral_config, "olmoe": olmoe_config,
+                      "qwen2moe": qwen2moe_config}
         return moe_config[archs.pop()](MOE[variant], int(layers[:-1]), attn, tied, rope, flags)
     if archs:
         return other_arch_config(archs.pop(), int(layers[:-1]), attn, tied, rope, flags)
@@ -400,7 +419,7 @@ def exaone4_config(layers, attn, tied, rope, flags):
 def moe_attributes(sizes, *names):
     """The router attributes of a MoE config (names: the class's spelling of the expert count
     and of the expert size; norm_topk_prob unless sizes says None, Mixtral's)."""
-    E, K, size, norm = sizes
+    E, K, size, norm = sizes[:4]
     out = {names[0]: E, "num_experts_per_tok": K, names[1]: size}
     if norm is not None:
         out["norm_topk_prob"] = norm
@@ -429,6 +448,32 @@ def qwen3moe_config(sizes, layers, attn, tied, rope, flags):
             cfg.update(moe_attributes(sizes, "num_experts", "moe_intermediate_size"))
             cfg.update(aux_attributes("qwen3moe", flags))
     return dict(cfg, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe")
+
+
+def qwen2moe_config(sizes, layers, attn, tied, rope, flags):
+    """config.json of a Qwen2MoeForCausalLM variant (Qwen2MoeConfig's attributes): the qwen2
+    variants' attention (no head_dim; q/k/v biases, qkv_bias true; use_sliding_window with the
+    window 3 on the layers from max_window_layers 1 on with _swa, else off) and layer_types
+    spelled out as that rule gives them (transformers 5's Qwen2MoeConfig derives another list
+    when it is absent); every layer sparse (decoder_sparse_step 1, mlp_only_layers []),
+    num_experts / num_experts_per_tok / moe_intermediate_size / norm_topk_prob /
+    shared_expert_intermediate_size from MOE, no auxiliary loss (with _aux: output_router_logits,
+    router_aux_loss_coef 0.1); intermediate_size 40, the dense MLP's, unused."""
+    assert "attnbias" not in flags and "mlpbias" not in flags and len(sizes) == 5, (flags, sizes)
+    base = other_arch_config("qwen2", layers, attn, tied, rope, flags)
+    cfg = {}
+    for key, value in base.items():
+        cfg[key] = value
+        if key == "max_window_layers":
+            cfg["layer_types"] = ["sliding_attention" if base["use_sliding_window"] and l >= value
+                                  else "full_attention" for l in range(layers)]
+        if key == "attention_dropout":
+            cfg.update({"decoder_sparse_step": 1, "mlp_only_layers": []})
+            cfg.update(moe_attributes(sizes, "num_experts", "moe_intermediate_size"))
+            cfg["shared_expert_intermediate_size"] = sizes[4]
+            cfg.update(aux_attributes("qwen2moe", flags))
+            cfg["qkv_bias"] = True
+    return dict(cfg, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe")
 
 
 def mixtral_config(sizes, layers, attn, tied, rope, flags):
@@ -548,7 +593,9 @@ def scaling_type(s):  # rope_scaling's type ("rope_type", or Phi-3's legacy "typ
     return None if s is None else s.get("rope_type", s.get("type"))
 
 
-def qkv_bias(cfg):  # Qwen2Attention: q/k/v always biased, o_proj never
+def qkv_bias(cfg):  # Qwen2Attention: q/k/v always biased, o_proj never (Qwen2-MoE: qkv_bias, default true)
+    if cfg["model_type"] == "qwen2_moe":
+        return cfg.get("qkv_bias", True)
     return cfg.get("attention_bias", False) or cfg["model_type"] == "qwen2"
 
 
@@ -647,14 +694,20 @@ def post_norms(cfg):  # Olmo2DecoderLayer (OLMo 2, OLMo 3, EXAONE 4): sublayer o
 
 
 def moe(cfg):  # the Mixture-of-Experts classes
-    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe")
+    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+
+
+def shared_expert(cfg):
+    """Qwen2-MoE's shared expert: a SwiGLU MLP of shared_expert_intermediate_size on every token
+    of a sparse layer, times sigmoid(x shared_expert_gate.weight^T), added to the routed sum."""
+    return cfg["model_type"] == "qwen2_moe"
 
 
 def sparse_layer(cfg, layer):
-    """Whether a layer has the sparse MoE block in place of the MLP: Qwen3MoeDecoderLayer's
-    rule (not in mlp_only_layers, and (layer + 1) % decoder_sparse_step == 0); every layer of
-    Mixtral and OLMoE."""
-    if cfg["model_type"] == "qwen3_moe":
+    """Whether a layer has the sparse MoE block in place of the MLP: Qwen3MoeDecoderLayer's and
+    Qwen2MoeDecoderLayer's rule (not in mlp_only_layers, and (layer + 1) % decoder_sparse_step
+    == 0); every layer of Mixtral and OLMoE."""
+    if cfg["model_type"] in ("qwen3_moe", "qwen2_moe"):
         return layer not in cfg.get("mlp_only_layers", []) and (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
     return moe(cfg)
 
@@ -667,8 +720,8 @@ def num_experts(cfg):  # MixtralConfig's num_local_experts, the others' num_expe
     return cfg["num_local_experts"] if cfg["model_type"] == "mixtral" else cfg["num_experts"]
 
 
-def expert_size(cfg):  # Qwen3-MoE's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
-    return cfg["moe_intermediate_size"] if cfg["model_type"] == "qwen3_moe" else cfg["intermediate_size"]
+def expert_size(cfg):  # Qwen3-MoE's and Qwen2-MoE's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
+    return cfg["moe_intermediate_size"] if cfg["model_type"] in ("qwen3_moe", "qwen2_moe") else cfg["intermediate_size"]
 
 
 def expert_projs(cfg):
@@ -689,7 +742,7 @@ def layer_window(cfg, layer):
     s > t - window (transformers' sliding_window_overlay)."""
     if cfg["model_type"] in ("mistral", "phi3", "mixtral"):
         return cfg.get("sliding_window") or 0
-    if cfg["model_type"] in ("qwen2", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window"):
+    if cfg["model_type"] in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe") and cfg.get("use_sliding_window"):
         return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
     if gemma2_layer(cfg) or cfg["model_type"] in ("olmo3", "exaone4"):
         return (cfg["sliding_window"] or 0) if sliding(cfg, layer) else 0
@@ -757,6 +810,10 @@ def param_shapes(cfg):
             dims = dict(zip(expert_projs(cfg)[0], ((Im, C), (Im, C), (C, Im))))
             shapes += [(f"{x}experts.{e}.{name}.weight", dims[name])
                        for e in range(num_experts(cfg)) for name in expert_projs(cfg)[1]]
+            if shared_expert(cfg):  # Qwen2-MoE: then the shared expert and its sigmoid gate
+                Is = cfg["shared_expert_intermediate_size"]
+                shapes += [(x + "shared_expert.gate_proj.weight", (Is, C)), (x + "shared_expert.up_proj.weight", (Is, C)),
+                           (x + "shared_expert.down_proj.weight", (C, Is)), (x + "shared_expert_gate.weight", (1, C))]
         for name, out, inp in () if sparse_layer(cfg, l) else (("gate_proj", I, C), ("up_proj", I, C), ("down_proj", C, I)):
             shapes.append((m + name + ".weight", (out, inp)))
             if mlp_bias(cfg):
@@ -924,11 +981,13 @@ def rotate_half(x):
 
 def moe_block(h, p, cfg, layer, probe=None, routers=None):
     """The sparse MoE block on h [B, T, C] (Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
-    OlmoeSparseMoeBlock): router softmax over the E experts, its K largest (torch.topk, in
-    descending order) as the weights, divided by their sum when renormalise(cfg); each token's
-    output the weighted sum of its K experts' SwiGLU MLPs, computed expert by expert over the
-    tokens that chose it (index_add, as HF). probe: a list that gets the router softmax (detached);
-    routers: a list that gets the router logits [B*T, E] (with their graph, for the aux loss)."""
+    OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock): router softmax over the E experts, its K largest
+    (torch.topk, in descending order) as the weights, divided by their sum when renormalise(cfg);
+    each token's output the weighted sum of its K experts' SwiGLU MLPs, computed expert by expert
+    over the tokens that chose it (index_add, as HF); Qwen2-MoE adds to that sum its shared
+    expert's SwiGLU MLP of every token times sigmoid(x shared_expert_gate.weight^T), one gate value
+    per token. probe: a list that gets the router softmax (detached); routers: a list that gets the
+    router logits [B*T, E] (with their graph, for the aux loss)."""
     Bn, Tn, C = h.shape
     m, (gate, up, down) = moe_prefix(cfg, layer), expert_projs(cfg)[0]
     x = h.reshape(Bn * Tn, C)
@@ -950,6 +1009,11 @@ def moe_block(h, p, cfg, layer, probe=None, routers=None):
         g = xe @ p[ex + gate + ".weight"].T
         y = (g * torch.sigmoid(g) * (xe @ p[ex + up + ".weight"].T)) @ p[ex + down + ".weight"].T
         out = out.index_add(0, rows, y * w[rows, slot, None])
+    if shared_expert(cfg):  # routed sum + sigmoid(gate logit [N, 1]) * shared_expert(x)
+        s = m + "shared_expert."
+        g = x @ p[s + "gate_proj.weight"].T
+        y = (g * torch.sigmoid(g) * (x @ p[s + "up_proj.weight"].T)) @ p[s + "down_proj.weight"].T
+        out = out + torch.sigmoid(x @ p[m + "shared_expert_gate.weight"].T) * y
     return out.view(Bn, Tn, C)
 
 
@@ -1237,6 +1301,10 @@ def naive_loss(p, cfg, tokens, targets):
         for wj, e in zip(w, chosen):
             ex = f"{m}experts.{e}."
             out = out + wj * lin(act(lin(h, ex + gate, False)) * lin(h, ex + up, False), ex + down, False)
+        if shared_expert(cfg):  # Qwen2-MoE: + the shared expert, times the logistic of one dot product
+            s = m + "shared_expert."
+            shared = lin(act(lin(h, s + "gate_proj", False)) * lin(h, s + "up_proj", False), s + "down_proj", False)
+            out = out + shared / (1 + torch.exp(-torch.dot(p[m + "shared_expert_gate.weight"][0], h)))
         return out
 
     emb = p["model.embed_tokens.weight"]
@@ -1353,6 +1421,13 @@ def naive_frequencies(cfg, D, T):
     return inv, scale
 
 
+def shared_mlp(x, p, m):
+    """Qwen2-MoE's shared expert (block prefix m) on x [N, C], ungated: down(silu(gate x) * up x)."""
+    s = m + "shared_expert."
+    g = x @ p[s + "gate_proj.weight"].T
+    return (g * torch.sigmoid(g) * (x @ p[s + "up_proj.weight"].T)) @ p[s + "down_proj.weight"].T
+
+
 def rel_err(a, b):
     return float((a - b).norm() / max(float(b.norm()), 1e-300))
 
@@ -1441,7 +1516,8 @@ def selftest():
     #    (the loop-by-loop model above checks that on the mha variants).
     for v in ("1l_gqa_tied_llama3", "1l_mqa_untied_llama3_attnbias_mlpbias", "3l_gqa_untied_llama3",
               "1l_gqa_untied_rope1e4_qwen3",  # (not olmo2, olmoe: their k_norm spans all kv heads)
-              "1l_gqa_tied_rope1e4_gemma3", "3l_mqa_tied_llama3_qwen3moe", "1l_gqa_untied_rope1e4_mixtral"):
+              "1l_gqa_tied_rope1e4_gemma3", "3l_mqa_tied_llama3_qwen3moe", "1l_gqa_untied_rope1e4_mixtral",
+              "3l_mqa_tied_llama3_qwen2moe_swa"):
         cfg, params32, tokens, targets = make_case(v)
         H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
         mha = dict(cfg, num_key_value_heads=H)
@@ -1461,7 +1537,8 @@ def selftest():
     # 4. Tied == untied with lm_head.weight a copy of embed_tokens.weight; the tied embedding's
     #    gradient is the sum of the untied embedding's and lm_head's.
     for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3",
-              "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe", "3l_gqa_tied_llama3_olmoe_aux"):
+              "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe", "3l_gqa_tied_llama3_olmoe_aux",
+              "3l_mqa_tied_llama3_qwen2moe_swa"):
         cfg, params32, tokens, targets = make_case(v)
         untied = dict(cfg, tie_word_embeddings=False)
         p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
@@ -1493,6 +1570,15 @@ def selftest():
         expect(abs(loss.item() - loss_wide.item()) > 1e-3 * abs(loss_wide.item()) and same,
                f"{v}: window {cfg['sliding_window']} changes the loss ({loss.item():.6f} vs "
                f"{loss_wide.item():.6f} with a window covering the sequence, = no window)")
+
+    # 4b'. Qwen2-MoE's config.json spells layer_types out (transformers 5's Qwen2MoeConfig would
+    #      derive another list): it names exactly the layers the use_sliding_window /
+    #      max_window_layers rule (layer_window) slides.
+    for v in (x for x in VARIANTS if "_qwen2moe" in x):
+        cfg = hf_config(v)
+        rule = ["sliding_attention" if layer_window(cfg, l) else "full_attention" for l in range(cfg["num_hidden_layers"])]
+        expect(cfg["layer_types"] == rule, f"{v}: layer_types {cfg['layer_types']} = the max_window_layers "
+               f"{cfg['max_window_layers']} rule's windows {[layer_window(cfg, l) for l in range(cfg['num_hidden_layers'])]}")
 
     # 4c. The padding row gets nothing from the lookup (untied: its gradient is 0, another
     #     looked-up row's is not; tied: exactly the LM head's part, checked in 4). Gemma 3: the
@@ -1592,9 +1678,12 @@ def selftest():
 
     # 4g. Mixture of Experts: the routing is unambiguous (ROUTE_MARGIN) and covers every expert;
     #     finite differences of the loss w.r.t. entries of every router, of the three matrices of
-    #     an expert layer 0 chose, and of layer 0's attention, with the routing unchanged at every
-    #     perturbed point; with K = E and the weights renormalised the block is the dense
-    #     softmax-weighted sum of all the experts; norm_topk_prob and K each change the loss.
+    #     an expert layer 0 chose, and of layer 0's attention (Qwen2-MoE: also of layer 0's shared
+    #     expert and of every shared_expert_gate), with the routing unchanged at every perturbed
+    #     point; with K = E and the weights renormalised the block is the dense softmax-weighted
+    #     sum of all the experts (Qwen2-MoE: plus the gated shared expert); norm_topk_prob and K
+    #     each change the loss. Qwen2-MoE: with shared_expert_gate.weight zeros the shared expert
+    #     adds exactly 0.5 * shared_expert(x) (sigmoid(0)), and removing it changes the loss.
     #     (The loss of the _aux variants is model_loss's total: cross-entropy + coef * aux.)
     for v in (x for x in VARIANTS if x in MOE):
         cfg, params32, tokens, targets = make_case(v)
@@ -1616,6 +1705,8 @@ def selftest():
             first = int(routes[0][0, 0])  # the expert token 0 puts first in layer 0
             names = [n for n in base64 if n.endswith(".gate.weight")]
             names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, 0)}experts.{first}.")]
+            names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, 0)}shared_expert.")]
+            names += [n for n in base64 if n.endswith(".shared_expert_gate.weight")]
             names += [n for n in base64 if n.startswith("model.layers.0.self_attn.")]
             h, worst_abs, worst_rel, count, moved = 1e-4, 0.0, 0.0, 0, 0
             for n in names:
@@ -1635,7 +1726,7 @@ def selftest():
                     count += 1
         expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
                f"{v}: finite differences of the {'total ' if aux_on(cfg) else ''}loss, {count} router / expert "
-               f"{first} / attention entries ({len(names)} "
+               f"{first} / {'shared expert / ' if shared_expert(cfg) else ''}attention entries ({len(names)} "
                f"tensors): routing unchanged at all {4 * count} points ({moved} moved), worst abs err "
                f"{worst_abs:.1e}, rel err {worst_rel:.1e}")
         every = dict(cfg, num_experts_per_tok=E, norm_topk_prob=True)
@@ -1650,9 +1741,36 @@ def selftest():
                 g = x @ base64[ex + gate + ".weight"].T
                 dense = dense + pr[:, e:e + 1] * ((g * torch.sigmoid(g) * (x @ base64[ex + up + ".weight"].T))
                                                   @ base64[ex + down + ".weight"].T)
+            if shared_expert(cfg):
+                dense = dense + torch.sigmoid(x @ base64[m + "shared_expert_gate.weight"].T) * shared_mlp(x, base64, m)
             err = max(err, rel_err(moe_block(hx, base64, every, l).reshape(-1, C), dense))
         expect(err < 1e-14, f"{v}: with K = E = {E} and renormalised weights the block is the dense "
-               f"softmax-weighted sum of all experts (rel err {err:.1e})")
+               f"softmax-weighted sum of all experts{' plus the gated shared expert' if shared_expert(cfg) else ''} "
+               f"(rel err {err:.1e})")
+        if shared_expert(cfg):
+            # shared_expert_gate.weight zeros: sigmoid(0) = 0.5 exactly. With every routed expert's
+            # down_proj zeroed too the block is exactly 0.5 * shared_expert(x); with the routed
+            # experts kept, the routed block (shared down_proj zeroed) + 0.5 * shared_expert(x).
+            exact, err, gates = True, 0.0, []
+            for l in (l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l)):
+                m = moe_prefix(cfg, l)
+                half = 0.5 * shared_mlp(x, base64, m)
+                zero_gate = dict(base64, **{m + "shared_expert_gate.weight": torch.zeros(1, C, dtype=torch.float64)})
+                no_routed = dict(zero_gate, **{f"{m}experts.{e}.{down}.weight": torch.zeros_like(base64[f"{m}experts.{e}.{down}.weight"])
+                                               for e in range(E)})
+                exact = exact and torch.equal(moe_block(hx, no_routed, cfg, l).reshape(-1, C), half)
+                no_shared = dict(base64, **{m + "shared_expert.down_proj.weight": torch.zeros_like(base64[m + "shared_expert.down_proj.weight"])})
+                routed = moe_block(hx, no_shared, cfg, l).reshape(-1, C)
+                err = max(err, rel_err(moe_block(hx, zero_gate, cfg, l).reshape(-1, C), routed + half))
+                gates.append(torch.sigmoid(x @ base64[m + "shared_expert_gate.weight"].T))
+            without = run(cfg, {n: (torch.zeros_like(t) if ".shared_expert.down_proj." in n else t)
+                                for n, t in params32.items()}, tokens, targets)[2].item()
+            spread = torch.cat(gates)
+            expect(exact and err < 1e-14 and abs(without - loss.item()) > 1e-3,
+                   f"{v}: shared_expert_gate zeros: the shared expert adds exactly 0.5 * shared_expert(x) "
+                   f"(bit-equal with the routed experts zeroed; routed + 0.5 shared, rel err {err:.1e}); "
+                   f"its sigmoid gates here {float(spread.min()):.3f}..{float(spread.max()):.3f}; without the shared "
+                   f"expert the loss {without:.8f} vs {loss.item():.8f}")
         if cfg["model_type"] != "mixtral":  # (Mixtral's weights are always renormalised)
             flipped = run(dict(cfg, norm_topk_prob=not cfg["norm_topk_prob"]), params32, tokens, targets)[2].item()
             expect(abs(flipped - loss.item()) > 1e-6,

@@ -323,6 +323,11 @@ class CudaBackend final : public Backend {
                     int64_t E, double alpha) override;
   void moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
                              const TensorView& dprobs, int64_t R, int64_t E) override;
+  void moe_shared_gate_forward(const TensorView& out, const TensorView& shared,
+                               const TensorView& logit, int64_t R, int64_t C) override;
+  void moe_shared_gate_backward(const TensorView& dshared, const TensorView& dlogit,
+                                const TensorView& dout, const TensorView& shared,
+                                const TensorView& logit, int64_t R, int64_t C) override;
 
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
@@ -1528,6 +1533,22 @@ void CudaBackend::moe_aux_loss_backward(const TensorView& dlogits, const TensorV
   Chk::moe_aux_loss_backward(dlogits, logits, dprobs, R, E);
   k::moe_aux_loss_backward(out(dlogits), in(logits), static_cast<const float*>(dprobs.data), R,
                            E, s());
+}
+
+void CudaBackend::moe_shared_gate_forward(const TensorView& out_, const TensorView& shared,
+                                          const TensorView& logit, int64_t R, int64_t C) {
+  // out: [R,C] +=; shared: [R,C]; logit: [R].
+  Chk::moe_shared_gate_forward(out_, shared, logit, R, C);
+  k::moe_shared_gate_forward(out(out_), in(shared), in(logit), R, C, s());
+}
+
+void CudaBackend::moe_shared_gate_backward(const TensorView& dshared, const TensorView& dlogit,
+                                           const TensorView& dout, const TensorView& shared,
+                                           const TensorView& logit, int64_t R, int64_t C) {
+  // dshared: [R,C] written; dlogit: [R] written; dout, shared: [R,C]; logit: [R].
+  Chk::moe_shared_gate_backward(dshared, dlogit, dout, shared, logit, R, C);
+  k::moe_shared_gate_backward(out(dshared), out(dlogit), in(dout), in(shared), in(logit), R, C,
+                              s());
 }
 
 // ---------------------------------------------------------------------------------------

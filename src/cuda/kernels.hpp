@@ -219,6 +219,12 @@ void moe_combine_backward(Out drows, float* dweights, In dout, In rows, const fl
 // `scratch`, moe_router_prob_sums_scratch_doubles(R, E) of them, summed in block order; E <=
 // 1024, else fsdp::Error); loss[0] += alpha sum_e counts[e] psum[e]; dlogits[r,e] += p[r,e]
 // (dprobs[e] - p[r,:] . dprobs).
+// A shared expert's sigmoid gate: out[r,:] += sigmoid(logit[r]) shared[r,:]; backward
+// dshared = s dout, dlogit[r] = s (1 - s) dout[r,:] . shared[r,:] (one warp per row).
+void moe_shared_gate_forward(Out out, In shared, In logit, int64_t R, int64_t C,
+                             cudaStream_t s);
+void moe_shared_gate_backward(Out dshared, Out dlogit, In dout, In shared, In logit, int64_t R,
+                              int64_t C, cudaStream_t s);
 int64_t moe_router_prob_sums_scratch_doubles(int64_t R, int64_t E);
 void moe_router_prob_sums(float* psum, In logits, int64_t R, int64_t E, double* scratch,
                           cudaStream_t s);

@@ -341,6 +341,43 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- a shared expert's sigmoid gate ----
+
+// out[r, c] += sigmoid(logit[r]) shared[r, c] (fp32, rounded once). One thread per element.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    shared_gate_forward_kernel(Wr<T> out, Rd<T> shared, Rd<T> logit, int64_t R, int64_t C) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < R * C;
+       i += stride) {
+    const float s = 1.0f / (1.0f + expf(-logit[i / C]));
+    out.set(i, out.get(i) + s * shared[i]);
+  }
+}
+
+// dshared[r, :] = s dout[r, :], dlogit[r] = s (1 - s) sum_c dout[r, c] shared[r, c],
+// s = sigmoid(logit[r]): one warp per row, each lane's columns in ascending order, then the
+// xor tree.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    shared_gate_backward_kernel(Wr<T> dshared, Wr<T> dlogit, Rd<T> dout, Rd<T> shared,
+                                Rd<T> logit, int64_t R, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < R;
+       r += stride) {
+    const float s = 1.0f / (1.0f + expf(-logit[r]));
+    float dot = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float d = dout[r * C + c];
+      dshared.set(r * C + c, s * d);
+      dot = fmaf(d, shared[r * C + c], dot);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) dlogit.set(r, dot * s * (1.0f - s));
+  }
+}
+
 // The router's kernel for E experts: experts cached in registers up to 32 kMaxCached.
 template <class T>
 void launch_router_forward(int32_t* idx, float* w, Rd<T> x, int64_t R, int64_t E, int64_t K,
@@ -405,6 +442,29 @@ void moe_combine_backward(Out drows, float* dweights, In dout, In rows, const fl
     const bool vec = C % 8 == 0 && aligned16(drows.p) && aligned16(dout.p) && aligned16(rows.p);
     combine_backward_kernel<V><<<blocks_for(R * K, kWarps), kThreads, 0, s>>>(
         wr<V>(drows), dweights, rd<V>(dout), rd<V>(rows), weights, slot, R, K, C, N, vec);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void moe_shared_gate_forward(Out out, In shared, In logit, int64_t R, int64_t C,
+                             cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  dispatch_uniform("moe_shared_gate_forward", {out.t, shared.t, logit.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    shared_gate_forward_kernel<V><<<blocks_for(R * C, kThreads), kThreads, 0, s>>>(
+        wr<V>(out), rd<V>(shared), rd<V>(logit), R, C);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void moe_shared_gate_backward(Out dshared, Out dlogit, In dout, In shared, In logit, int64_t R,
+                              int64_t C, cudaStream_t s) {
+  if (R <= 0) return;
+  dispatch_uniform("moe_shared_gate_backward",
+                   {dshared.t, dlogit.t, dout.t, shared.t, logit.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    shared_gate_backward_kernel<V><<<blocks_for(R, kWarps), kThreads, 0, s>>>(
+        wr<V>(dshared), wr<V>(dlogit), rd<V>(dout), rd<V>(shared), rd<V>(logit), R, C);
     FSDP_CHECK_LAUNCH();
   });
 }

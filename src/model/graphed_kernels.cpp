@@ -534,6 +534,15 @@ void GraphedKernels::moe_aux_loss_backward(const TensorView& dlogits, const Tens
                                            const TensorView& dprobs, int64_t R, int64_t E) {
   FSDP_RECORD(moe_aux_loss_backward, dlogits, logits, dprobs, R, E);
 }
+void GraphedKernels::moe_shared_gate_forward(const TensorView& out, const TensorView& shared,
+                                             const TensorView& logit, int64_t R, int64_t C) {
+  FSDP_RECORD(moe_shared_gate_forward, out, shared, logit, R, C);
+}
+void GraphedKernels::moe_shared_gate_backward(const TensorView& dshared, const TensorView& dlogit,
+                                              const TensorView& dout, const TensorView& shared,
+                                              const TensorView& logit, int64_t R, int64_t C) {
+  FSDP_RECORD(moe_shared_gate_backward, dshared, dlogit, dout, shared, logit, R, C);
+}
 
 #undef FSDP_RECORD
 

@@ -50,6 +50,7 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::qwen3_moe, "Qwen3Moe", "Qwen3MoeConfig"},
     {LlamaArch::mixtral, "Mixtral", "MixtralConfig"},
     {LlamaArch::olmoe, "Olmoe", "OlmoeConfig"},
+    {LlamaArch::qwen2_moe, "Qwen2Moe", "Qwen2MoeConfig"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -76,7 +77,7 @@ bool window_may_be_null(LlamaArch arch) {
 bool has_head_dim_key(LlamaArch arch) {
   return arch != LlamaArch::qwen2 && arch != LlamaArch::olmo2 && arch != LlamaArch::phi3 &&
          arch != LlamaArch::smollm3 && arch != LlamaArch::granite && arch != LlamaArch::olmo3 &&
-         arch != LlamaArch::olmoe;
+         arch != LlamaArch::olmoe && arch != LlamaArch::qwen2_moe;
 }
 
 // The [model] key table of each Llama-family type: the only place one of their keys is
@@ -89,10 +90,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   // Mixtral's attention is Mistral's, Qwen3-MoE's Qwen3's, OLMoE's defaults start from Llama's
   // (each class's own differ below).
   const bool mixtral = arch == LlamaArch::mixtral, olmoe = arch == LlamaArch::olmoe;
-  const bool qwen3_moe = arch == LlamaArch::qwen3_moe, moe = mixtral || olmoe || qwen3_moe;
+  const bool qwen3_moe = arch == LlamaArch::qwen3_moe, qwen2_moe = arch == LlamaArch::qwen2_moe;
+  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe;
   const bool llama = arch == LlamaArch::llama || olmoe;
   const bool mistral = arch == LlamaArch::mistral || mixtral;
-  const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3 || qwen3_moe;
+  const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3 || qwen3_moe || qwen2_moe;
   // OLMo 3's config is OLMo 2's (Olmo3Config derives Olmo2Config) plus its window.
   const bool olmo3 = arch == LlamaArch::olmo3;
   const bool olmo2 = arch == LlamaArch::olmo2 || olmo3, phi3 = arch == LlamaArch::phi3;
@@ -123,33 +125,34 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         : gemma2 || gemma1 ? I64{256000}
                            : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
-        smol || olmoe || qwen3_moe ? I64{2048}
+        smol || olmoe || qwen3_moe || qwen2_moe ? I64{2048}
         : gemma1 ? I64{3072}
                  : by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
       A{"intermediate_size", &L::intermediate_size,
         gemma       ? "Width of the GeGLU MLP."
-        : qwen3_moe ? "Width of a dense MLP (Qwen3MoeConfig's mlp_only_layers: none here, every "
-                      "layer is sparse; unused)."
+        : qwen3_moe || qwen2_moe ? "Width of a dense MLP (mlp_only_layers: none here, every "
+                                   "layer is sparse; unused)."
         : moe       ? "Width of each expert's SwiGLU MLP."
                     : "Width of the SwiGLU MLP.",
         KeyRange::size(1), {}, true,
         gemma1      ? I64{24576}
         : exaone    ? I64{16384}
         : qwen3_moe ? I64{6144}
+        : qwen2_moe ? I64{5632}
         : olmoe     ? I64{2048}
                  : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
-        true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : qwen3_moe ? I64{24}
+        true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : qwen3_moe || qwen2_moe ? I64{24}
               : olmoe ? I64{16} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
-        true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe ? I64{16} : I64{32}},
+        true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe || qwen2_moe ? I64{16} : I64{32}},
       // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32,
       // Gemma 2's and 3's 4, Gemma 1's 16 (MHA).
       A{"num_key_value_heads", &L::num_key_value_heads,
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
         KeyRange::size(0), {}, true,
         smol || qwen3_moe ? I64{4}
-        : gemma1 ? I64{16}
+        : gemma1 || qwen2_moe ? I64{16}
                  : by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
   };
   if (has_head_dim_key(arch)) {
@@ -311,15 +314,20 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
     rows.insert(rows.end(), {
         A{mixtral ? "num_local_experts" : "num_experts", &L::num_experts,
           "Experts (SwiGLU MLPs) per layer.", KeyRange::size(1), {}, true,
-          qwen3_moe ? I64{128} : olmoe ? I64{64} : I64{8}},
+          qwen3_moe ? I64{128} : olmoe ? I64{64} : qwen2_moe ? I64{60} : I64{8}},
         A{"num_experts_per_tok", &L::num_experts_per_tok,
           "Experts each token is routed to (the top k of the router's softmax).",
-          KeyRange::size(1), {}, true, mixtral ? I64{2} : I64{8}},
+          KeyRange::size(1), {}, true, mixtral ? I64{2} : qwen2_moe ? I64{4} : I64{8}},
     });
-    if (qwen3_moe) {
+    if (qwen3_moe || qwen2_moe) {
       rows.push_back(A{"moe_intermediate_size", &L::moe_intermediate_size,
                        "Width of each expert's SwiGLU MLP.", KeyRange::size(1), {}, true,
-                       I64{768}});
+                       qwen2_moe ? I64{1408} : I64{768}});
+    }
+    if (qwen2_moe) {
+      rows.push_back(A{"shared_expert_intermediate_size", &L::shared_expert_intermediate_size,
+                       "Width of the shared expert's SwiGLU MLP (every token runs it, scaled by "
+                       "sigmoid(shared_expert_gate)).", KeyRange::size(1), {}, true, I64{5632}});
     }
     if (!mixtral) {  // Mixtral always renormalises
       rows.push_back(A{"norm_topk_prob", &L::norm_topk_prob,
@@ -429,6 +437,9 @@ struct LayerIndex {
   // gate, up and down projections at expert0 + 3 e + e_gate / e_up / e_down (HF's order:
   // gate_proj, up_proj, down_proj; Mixtral's w1, w2, w3 = gate, down, up).
   int router = -1, expert0 = -1, e_gate = 0, e_up = 1, e_down = 2;
+  // shared_expert() (Qwen2-MoE): the shared expert's gate, up, down projections and its
+  // sigmoid gate (HF's order: mlp.shared_expert.*, then mlp.shared_expert_gate); else -1.
+  int s_gate = -1, s_up = -1, s_down = -1, s_sigmoid = -1;
   int expert_gate(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_gate; }
   int expert_up(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_up; }
   int expert_down(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_down; }
@@ -476,6 +487,12 @@ LayerIndex layer_index(const LlamaConfig& c) {
     if (c.arch == LlamaArch::mixtral) {  // w1, w2, w3
       x.e_up = 2;
       x.e_down = 1;
+    }
+    if (c.shared_expert()) {
+      x.s_gate = n++;
+      x.s_up = n++;
+      x.s_down = n++;
+      x.s_sigmoid = n++;
     }
   } else {
     lin(x.gate_w, x.gate_b, c.mlp_bias);
@@ -536,7 +553,8 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::phi3: return sliding_window;
     case LlamaArch::qwen2:
     case LlamaArch::qwen3:
-    case LlamaArch::qwen3_moe:  // HF's layer_types: sliding from layer max_window_layers on
+    case LlamaArch::qwen3_moe:
+    case LlamaArch::qwen2_moe:  // HF's layer_types: sliding from layer max_window_layers on
       return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
     case LlamaArch::gemma2:
     case LlamaArch::gemma3_text:
@@ -709,6 +727,11 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
       put(x.expert_down(e), ex + (mixtral ? "w2" : "down_proj") + ".weight", {C, Im},
           InitKind::normal, true);
     }
+    const int64_t Is = c.shared_expert_intermediate_size;
+    put(x.s_gate, "mlp.shared_expert.gate_proj.weight", {Is, C}, InitKind::normal, true);
+    put(x.s_up, "mlp.shared_expert.up_proj.weight", {Is, C}, InitKind::normal, true);
+    put(x.s_down, "mlp.shared_expert.down_proj.weight", {C, Is}, InitKind::normal, true);
+    put(x.s_sigmoid, "mlp.shared_expert_gate.weight", {1, C}, InitKind::normal, true);
   }
   linear(x.o_w, x.o_b, "self_attn.o_proj", C, Q);
   const bool per_head = c.qk_norm_per_head();
@@ -813,6 +836,9 @@ struct LlamaModel::Acts {
     // backward); on the host, expert e's rows [offsets[e], offsets[e + 1]).
     DeviceBuffer router_logits, moe_idx, moe_w, moe_src, moe_slot, expert_out;
     std::vector<int64_t> moe_offsets;
+    // shared_expert(): its gate and up projections [BT, Is], its output [BT, C] and its
+    // sigmoid gate's logit [BT] (Is = shared_expert_intermediate_size).
+    DeviceBuffer s_gate, s_up, shared_out, shared_logit;
   };
   // One shared by the layers that recompute (activation checkpointing), one per other layer.
   std::vector<Layer> layers;
@@ -839,6 +865,9 @@ struct LlamaModel::Acts {
   // moe_count), and d loss / d p [E] fp32 (the load-balancing loss's backward). Empty
   // otherwise.
   DeviceBuffer moe_psum, moe_counts, moe_dprobs;
+  // shared_expert(): scratch [BT, Is] x2 (forward: its activation; backward: d gate, d up),
+  // d output [BT, C], d logit [BT].
+  DeviceBuffer s_act, s_dup, s_dout, s_dlogit;
   std::vector<double> moe_count;  // host: this forward's counts per expert, all layers
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, R/2], R = rotary_dim()
   // Gemma 3's sliding layers' RoPE (layer_local_rope), fp32 [T, R/2]; else empty.
@@ -888,6 +917,10 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
     n.f32 += S * RK + RK;           // weights; d weights
     n.i32 += S * 3 * RK;            // idx, src, slot
     if (c.aux_loss()) n.f32 += 3 * E;  // psum, counts, dprobs
+    if (c.shared_expert()) {             // gate, up, output, logit; their scratch
+      const int64_t Is = c.shared_expert_intermediate_size;
+      n.act += (S + 1) * (2 * BT * Is + BT * C + BT);
+    }
   }
   return n;
 }
@@ -938,6 +971,11 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
       auto i32 = [&](int64_t n) { return DeviceBuffer(rt_, DType::i32, n, cat); };
       y.router_logits = f(BT * E); y.expert_out = f(RK * C); y.moe_w = f32(RK);
       y.moe_idx = i32(RK); y.moe_src = i32(RK); y.moe_slot = i32(RK);
+      if (cfg_.shared_expert()) {
+        const int64_t Is = cfg_.shared_expert_intermediate_size;
+        y.s_gate = f(BT * Is); y.s_up = f(BT * Is); y.shared_out = f(BT * C);
+        y.shared_logit = f(BT);
+      }
     }
     if (cfg_.qk_norm()) {
       y.q_raw = f(BT * Q); y.k_raw = f(BT * KV);
@@ -954,6 +992,10 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
     if (cfg_.aux_loss()) {
       const int64_t E = cfg_.num_experts;
       a->moe_psum = f32(E); a->moe_counts = f32(E); a->moe_dprobs = f32(E);
+    }
+    if (cfg_.shared_expert()) {
+      const int64_t Is = cfg_.shared_expert_intermediate_size;
+      a->s_act = f(BT * Is); a->s_dup = f(BT * Is); a->s_dout = f(BT * C); a->s_dlogit = f(BT);
     }
   }
   a->datty = f(BT * Q); a->dq = f(BT * Q); a->dk = f(BT * KV); a->dv = f(BT * KV);
@@ -1306,11 +1348,25 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
     be_.gemm(false, true, act.shape[0], C, I, 1.f, act, W(x.expert_down(e)), 0.f,
              expert_rows(y.expert_out, off, e, C));
   }
+  if (cfg_.shared_expert()) {  // Qwen2-MoE: every token's shared expert and its gate's logit
+    const int64_t Is = cfg_.shared_expert_intermediate_size;
+    const TensorView s_gate = y.s_gate.view({BT, Is}), s_up = y.s_up.view({BT, Is}),
+                     s_act = a.s_act.view({BT, Is});
+    be_.gemm(false, true, BT, 1, C, 1.f, ln2, W(x.s_sigmoid), 0.f, y.shared_logit.view({BT, 1}));
+    be_.gemm(false, true, BT, Is, C, 1.f, ln2, W(x.s_gate), 0.f, s_gate);
+    be_.gemm(false, true, BT, Is, C, 1.f, ln2, W(x.s_up), 0.f, s_up);
+    be_.swiglu_forward(s_act, s_gate, s_up);
+    be_.gemm(false, true, BT, C, Is, 1.f, s_act, W(x.s_down), 0.f, y.shared_out.view({BT, C}));
+  }
   if (!write_output) return;
-  // res[l + 1] = res2 + sum_k weight_k * expert_k(ln2)
+  // res[l + 1] = res2 + sum_k weight_k * expert_k(ln2) (+ Qwen2-MoE's sigmoid(logit) * shared)
   const TensorView out = a.res[static_cast<std::size_t>(l + 1)].view({BT, C});
   be_.moe_combine_forward(out, y.expert_out.view({RK, C}), y.moe_w.view({RK}),
                           y.moe_slot.view({RK}), BT, K, C);
+  if (cfg_.shared_expert()) {
+    be_.moe_shared_gate_forward(out, y.shared_out.view({BT, C}), y.shared_logit.view({BT}), BT,
+                                C);
+  }
   be_.add_bias_residual(out, TensorView{}, y.res2.view({BT, C}), BT, C);
 }
 
@@ -1368,9 +1424,36 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
     be_.moe_aux_loss_backward(dlogits, y.router_logits.view({BT, E}), a.moe_dprobs.view(), BT, E);
   }
   be_.gemm(true, false, E, C, BT, 1.f, dlogits, dln, 1.f, G(x.router));
-  // d ln2 = each token's routed rows' gradients summed + d logits @ gate; then the norm
+  // Qwen2-MoE's shared expert: d output and d logit through the sigmoid gate, then its
+  // SwiGLU's weight gradients (ln2 still in dln); its input gradient joins below
+  const bool shared = cfg_.shared_expert();
+  const int64_t Is = cfg_.shared_expert_intermediate_size;
+  auto view = [&](const DeviceBuffer& buf, int64_t width) {
+    return shared ? buf.view({BT, width}) : TensorView{};
+  };
+  const TensorView s_gate = view(y.s_gate, Is), s_up = view(y.s_up, Is), s_act = view(a.s_act, Is),
+                   s_dup = view(a.s_dup, Is), s_dout = view(a.s_dout, C),
+                   s_dlogit = view(a.s_dlogit, 1);
+  if (shared) {
+    be_.moe_shared_gate_backward(s_dout, a.s_dlogit.view({BT}), dres, y.shared_out.view({BT, C}),
+                                 y.shared_logit.view({BT}), BT, C);
+    be_.swiglu_forward(s_act, s_gate, s_up);  // act again (the same kernel, the same bits)
+    be_.gemm(true, false, C, Is, BT, 1.f, s_dout, s_act, 1.f, G(x.s_down));
+    be_.gemm(false, false, BT, Is, C, 1.f, s_dout, W(x.s_down), 0.f, s_act);  // d act
+    be_.swiglu_backward(s_act, s_dup, s_act, s_gate, s_up);  // d gate into s_act, d up
+    be_.gemm(true, false, Is, C, BT, 1.f, s_act, dln, 1.f, G(x.s_gate));
+    be_.gemm(true, false, Is, C, BT, 1.f, s_dup, dln, 1.f, G(x.s_up));
+    be_.gemm(true, false, 1, C, BT, 1.f, s_dlogit, dln, 1.f, G(x.s_sigmoid));
+  }
+  // d ln2 = each token's routed rows' gradients summed + d logits @ gate (+ the shared
+  // expert's: through its gate and up projections and its sigmoid gate); then the norm
   be_.moe_combine_forward(dln, rows, TensorView{}, slot, BT, K, C);
   be_.gemm(false, false, BT, C, E, 1.f, dlogits, W(x.router), 1.f, dln);
+  if (shared) {
+    be_.gemm(false, false, BT, C, Is, 1.f, s_act, W(x.s_gate), 1.f, dln);
+    be_.gemm(false, false, BT, C, Is, 1.f, s_dup, W(x.s_up), 1.f, dln);
+    be_.gemm(false, false, BT, C, 1, 1.f, s_dlogit, W(x.s_sigmoid), 1.f, dln);
+  }
   be_.rmsnorm_backward(dres, G(x.mlp_in), dln, res2, norm_weight, y.ln2_rstd.view({BT}), BT, C);
 }
 
@@ -1724,8 +1807,11 @@ class LlamaFamily final : public ModelFamily {
                  I = static_cast<double>(g.mlp_width());
     // A sparse MLP: the router (C E) and the K experts each token runs (the active
     // parameters, as MoE MFU is counted).
+    const double shared =
+        g.shared_expert() ? 3 * C * static_cast<double>(g.shared_expert_intermediate_size) + C
+                          : 0.0;
     const double mlp = g.moe() ? static_cast<double>(g.num_experts_per_tok) * 3 * C * I +
-                                     C * static_cast<double>(g.num_experts)
+                                     C * static_cast<double>(g.num_experts) + shared
                                : 3 * C * I;
     const double macs = T * (L * (C * (2 * Q + 2 * KV) + mlp) + V * C) + L * 2.0 * T * T * Q;
     return 6.0 * macs;
@@ -1882,12 +1968,20 @@ class LlamaFamily final : public ModelFamily {
     }
     if (g.moe()) {
       // both names of the experts' number (transformers 5.8+ reads num_local_experts)
-      if (arch_ != LlamaArch::mixtral) out["num_local_experts"] = g.num_experts;
-      if (arch_ == LlamaArch::qwen3_moe) {  // every layer sparse
+      if (arch_ != LlamaArch::mixtral) {
+        out[llama_args(LlamaArch::mixtral).name(&LlamaConfig::num_experts)] = g.num_experts;
+      }
+      if (arch_ == LlamaArch::qwen3_moe || arch_ == LlamaArch::qwen2_moe) {  // every layer sparse
         out["decoder_sparse_step"] = 1;
         out["mlp_only_layers"] = nlohmann::json::array();
       }
       if (arch_ == LlamaArch::mixtral) out["router_jitter_noise"] = 0.0;
+      if (g.shared_expert()) {
+        // Qwen2MoeConfig's q/k/v biases (always ours), and its layer_types spelled out: newer
+        // transformers derive another default list for this class than Qwen2's
+        out["qkv_bias"] = true;
+        out["layer_types"] = layer_types_of(g);
+      }
       if (arch_ == LlamaArch::olmoe) out["clip_qkv"] = nullptr;
     }
     if (!gemma) out["hidden_act"] = "silu";
@@ -1989,8 +2083,8 @@ class LlamaFamily final : public ModelFamily {
           period_of(hf["no_rope_layers"], g.no_rope_layer_interval, g.num_hidden_layers, 1, 0,
                     "no_rope_layers", args().name(&LlamaConfig::no_rope_layer_interval), origin);
     }
-    const bool qwen =
-        arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3 || arch_ == LlamaArch::qwen3_moe;
+    const bool qwen = arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3 ||
+                      arch_ == LlamaArch::qwen3_moe || arch_ == LlamaArch::qwen2_moe;
     if ((qwen || smol || gemma2) && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
       const nlohmann::json want = layer_types_of(g);
       if (hf["layer_types"] != want) {
@@ -2053,7 +2147,8 @@ class LlamaFamily final : public ModelFamily {
   }
   // The sparse MLP's attributes that change the math and are not keys: HF's defaults or
   // refused: no router jitter (Mixtral), every layer sparse (Qwen3-MoE's decoder_sparse_step 1
-  // and no mlp_only_layers), no q/k/v clipping (OLMoE's clip_qkv).
+  // and no mlp_only_layers), no q/k/v clipping (OLMoE's clip_qkv), Qwen2-MoE's q/k/v biases
+  // (qkv_bias true).
   // transformers 5.8 renamed Qwen3MoeConfig's num_experts to num_local_experts (Mixtral's
   // name): either spelling is read, in place, and both must agree when both are given.
   void moe_from_hf(nlohmann::json& hf, const std::string& origin) const {
@@ -2062,7 +2157,8 @@ class LlamaFamily final : public ModelFamily {
       return unsupported(origin, f, hf[f], expected);
     };
     const std::string experts = args().name(&LlamaConfig::num_experts);
-    for (const std::string other : {"num_experts", "num_local_experts"}) {
+    for (const LlamaArch spelling : {LlamaArch::qwen3_moe, LlamaArch::mixtral}) {
+      const std::string other = llama_args(spelling).name(&LlamaConfig::num_experts);
       if (other == experts || !set(other)) continue;
       if (set(experts) && hf[experts] != hf[other]) {
         throw refuse(other, "the same number as \"" + experts + "\" " + hf[experts].dump());
@@ -2081,6 +2177,7 @@ class LlamaFamily final : public ModelFamily {
       throw refuse("mlp_only_layers", "[] (every layer sparse)");
     }
     if (set("clip_qkv")) throw refuse("clip_qkv", "null");
+    if (set("qkv_bias") && hf["qkv_bias"] != true) throw refuse("qkv_bias", "true");
   }
   // EXAONE 4's sliding_window_pattern, in place: Exaone4Config takes an int or a string of
   // "L" (local) and "G" (global) layers repeating from layer 0; "L...LG" (k - 1 L's) is the

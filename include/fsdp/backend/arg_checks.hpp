@@ -659,6 +659,31 @@ struct ArgChecks {
     need_dtype(k, "dprobs", dprobs, DType::f32, E);
   }
 
+  static void moe_shared_gate_forward(const TensorView& out, const TensorView& shared,
+                                      const TensorView& logit, int64_t R, int64_t C) {
+    const char* k = "moe_shared_gate_forward";
+    dim(k, "R", R);
+    dim(k, "C", C);
+    need_float(k, "out", out, R * C);
+    need_float(k, "shared", shared, R * C);
+    need_float(k, "logit", logit, R);
+    distinct(k, "out", out, "shared", shared);
+  }
+  static void moe_shared_gate_backward(const TensorView& dshared, const TensorView& dlogit,
+                                       const TensorView& dout, const TensorView& shared,
+                                       const TensorView& logit, int64_t R, int64_t C) {
+    const char* k = "moe_shared_gate_backward";
+    dim(k, "R", R);
+    dim(k, "C", C);
+    need_float(k, "dshared", dshared, R * C);
+    need_float(k, "dlogit", dlogit, R);
+    need_float(k, "dout", dout, R * C);
+    need_float(k, "shared", shared, R * C);
+    need_float(k, "logit", logit, R);
+    distinct(k, "dshared", dshared, "dout", dout);
+    distinct(k, "dshared", dshared, "shared", shared);
+  }
+
   // optimizers (fp32 shards)
   static void decay_ranges(const char* k, const WeightDecay& wd, int64_t n) {
     if (wd.ranges == nullptr) return;

@@ -483,6 +483,18 @@ class Kernels {
   // recomputed from logits; dprobs: [E] fp32, d aux / d p, the same for every row.
   virtual void moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
                                      const TensorView& dprobs, int64_t R, int64_t E) = 0;
+  // A shared expert's sigmoid gate (HF Qwen2MoeSparseMoeBlock: sigmoid(shared_expert_gate(x))
+  // * shared_expert(x) added to the routed experts' sum): ACCUMULATES out[r,:] +=
+  // sigmoid(logit[r]) * shared[r,:] in fp32 (rounded once to out's dtype). out, shared:
+  // [R,C]; logit: [R] float. out must not overlap shared.
+  virtual void moe_shared_gate_forward(const TensorView& out, const TensorView& shared,
+                                       const TensorView& logit, int64_t R, int64_t C) = 0;
+  // Its backward: WRITES dshared[r,:] = sigmoid(logit[r]) * dout[r,:] and dlogit[r] =
+  // s (1 - s) sum_c dout[r,c] shared[r,c], s = sigmoid(logit[r]) (fp32 accumulation; the
+  // order is the backend's). dshared: [R,C], must not overlap dout or shared; dlogit: [R].
+  virtual void moe_shared_gate_backward(const TensorView& dshared, const TensorView& dlogit,
+                                        const TensorView& dout, const TensorView& shared,
+                                        const TensorView& logit, int64_t R, int64_t C) = 0;
 };
 
 }  // namespace fsdp

@@ -212,6 +212,11 @@ class GraphedKernels final : public Kernels {
                     int64_t E, double alpha) override;
   void moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
                              const TensorView& dprobs, int64_t R, int64_t E) override;
+  void moe_shared_gate_forward(const TensorView& out, const TensorView& shared,
+                               const TensorView& logit, int64_t R, int64_t C) override;
+  void moe_shared_gate_backward(const TensorView& dshared, const TensorView& dlogit,
+                                const TensorView& dout, const TensorView& shared,
+                                const TensorView& logit, int64_t R, int64_t C) override;
 
  private:
   class FlushingRuntime;

@@ -69,7 +69,12 @@
 //    under block_sparse_moe.gate / block_sparse_moe.experts.{e}.w1 (gate), w2 (down), w3 (up);
 //    "olmoe": OlmoeForCausalLM (models/olmoe; Muennighoff et al. 2024, "OLMoE"): Llama's
 //    pre-norm layer with OLMo 2's q_norm / k_norm over the whole projections, experts of
-//    intermediate_size under Qwen3-MoE's names.
+//    intermediate_size under Qwen3-MoE's names;
+//    "qwen2_moe": Qwen2MoeForCausalLM (models/qwen2_moe; Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B):
+//    Qwen2's attention (q/k/v biases) and Qwen3-MoE's routed experts plus a shared expert, a
+//    SwiGLU MLP of shared_expert_intermediate_size on every token scaled by
+//    sigmoid(shared_expert_gate(n2)) (mlp.shared_expert.{gate,up,down}_proj,
+//    mlp.shared_expert_gate [1, C]).
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -130,7 +135,8 @@ enum class LlamaArch {
   exaone4,
   qwen3_moe,
   mixtral,
-  olmoe
+  olmoe,
+  qwen2_moe
 };
 
 template <>
@@ -150,7 +156,8 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::exaone4, "exaone4"},
                                                   {LlamaArch::qwen3_moe, "qwen3_moe"},
                                                   {LlamaArch::mixtral, "mixtral"},
-                                                  {LlamaArch::olmoe, "olmoe"}};
+                                                  {LlamaArch::olmoe, "olmoe"},
+                                                  {LlamaArch::qwen2_moe, "qwen2_moe"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
@@ -252,6 +259,7 @@ struct LlamaConfig {
   int64_t num_experts = 8;
   int64_t num_experts_per_tok = 2;
   int64_t moe_intermediate_size = 96;
+  int64_t shared_expert_intermediate_size = 128;  // Qwen2-MoE's shared expert (shared_expert())
   bool norm_topk_prob = false;
   // The auxiliary load-balancing loss (HF's output_router_logits, router_aux_loss_coef;
   // aux_loss()): loss + router_aux_loss_coef * E sum_e f_e P_e over all layers' tokens.
@@ -271,11 +279,15 @@ struct LlamaConfig {
   int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
   // Qwen3-MoE, Mixtral, OLMoE: each layer's MLP is a router and num_experts experts.
   bool moe() const {
-    return arch == LlamaArch::qwen3_moe || arch == LlamaArch::mixtral || arch == LlamaArch::olmoe;
+    return arch == LlamaArch::qwen3_moe || arch == LlamaArch::mixtral ||
+           arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe;
   }
   int64_t expert_size() const {
-    return arch == LlamaArch::qwen3_moe ? moe_intermediate_size : intermediate_size;
+    return arch == LlamaArch::qwen3_moe || arch == LlamaArch::qwen2_moe ? moe_intermediate_size
+                                                                          : intermediate_size;
   }
+  // Qwen2-MoE: a shared expert beside the routed ones, sigmoid-gated per token.
+  bool shared_expert() const { return arch == LlamaArch::qwen2_moe; }
   bool normalize_top_k() const { return arch == LlamaArch::mixtral || norm_topk_prob; }
   // Whether the loss has the load-balancing term (a coefficient of 0 adds nothing).
   bool aux_loss() const { return moe() && output_router_logits && router_aux_loss_coef != 0.0; }
@@ -285,7 +297,9 @@ struct LlamaConfig {
   int64_t mlp_width() const { return moe() ? expert_size() : intermediate_size; }
   // Biases on q_proj, k_proj, v_proj (Qwen2 always; the others with attention_bias) and on
   // o_proj (attention_bias).
-  bool qkv_bias() const { return attention_bias || arch == LlamaArch::qwen2; }
+  bool qkv_bias() const {
+    return attention_bias || arch == LlamaArch::qwen2 || arch == LlamaArch::qwen2_moe;
+  }
   bool o_bias() const { return attention_bias; }
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
   // Qwen3's over each head's D values (weight [D]), OLMo 2's over the whole projection

@@ -345,6 +345,11 @@ class CpuBackend final : public Backend {
                     int64_t E, double alpha) override;
   void moe_aux_loss_backward(const TensorView& dlogits, const TensorView& logits,
                              const TensorView& dprobs, int64_t R, int64_t E) override;
+  void moe_shared_gate_forward(const TensorView& out, const TensorView& shared,
+                               const TensorView& logit, int64_t R, int64_t C) override;
+  void moe_shared_gate_backward(const TensorView& dshared, const TensorView& dlogit,
+                                const TensorView& dout, const TensorView& shared,
+                                const TensorView& logit, int64_t R, int64_t C) override;
 
   // ---- optimizers ----
   void adamw_update(const TensorView& param, const TensorView& grad, const TensorView& exp_avg,
@@ -1107,6 +1112,25 @@ void CpuBackend::moe_aux_loss_backward(const TensorView& dlogits, const TensorVi
   const F32In x = in(logits, R * E);
   const F32Out g = out(dlogits, R * E, true);
   k_.moe_aux_loss_backward(g, x, static_cast<const float*>(dprobs.data), R, E);
+}
+
+void CpuBackend::moe_shared_gate_forward(const TensorView& out_, const TensorView& shared,
+                                         const TensorView& logit, int64_t R, int64_t C) {
+  // out: [R,C] +=; shared: [R,C]; logit: [R].
+  Chk::moe_shared_gate_forward(out_, shared, logit, R, C);
+  const F32In x = in(shared, R * C), g = in(logit, R);
+  const F32Out o = out(out_, R * C, true);
+  k_.moe_shared_gate_forward(o, x, g, R, C);
+}
+
+void CpuBackend::moe_shared_gate_backward(const TensorView& dshared, const TensorView& dlogit,
+                                          const TensorView& dout, const TensorView& shared,
+                                          const TensorView& logit, int64_t R, int64_t C) {
+  // dshared: [R,C] written; dlogit: [R] written; dout, shared: [R,C]; logit: [R].
+  Chk::moe_shared_gate_backward(dshared, dlogit, dout, shared, logit, R, C);
+  const F32In d = in(dout, R * C), x = in(shared, R * C), g = in(logit, R);
+  const F32Out gs = out(dshared, R * C, false), gl = out(dlogit, R, false);
+  k_.moe_shared_gate_backward(gs, gl, d, x, g, R, C);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -865,6 +865,37 @@ void CpuKernels::moe_aux_loss_backward(float* dlogits, const float* logits, cons
   }
 }
 
+void CpuKernels::moe_shared_gate_forward(float* out, const float* shared, const float* logit,
+                                         int64_t R, int64_t C) const {
+#pragma omp parallel for num_threads(threads_for(R * C, kParallelMinElems)) schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float s = 1.f / (1.f + std::exp(-logit[r]));
+    float* o = out + r * C;
+    const float* x = shared + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] += s * x[c];
+  }
+}
+
+void CpuKernels::moe_shared_gate_backward(float* dshared, float* dlogit, const float* dout,
+                                          const float* shared, const float* logit, int64_t R,
+                                          int64_t C) const {
+#pragma omp parallel for num_threads(threads_for(R * C, kParallelMinElems)) schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    const float s = 1.f / (1.f + std::exp(-logit[r]));
+    const float* d = dout + r * C;
+    const float* x = shared + r * C;
+    float* g = dshared + r * C;
+    double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t c = 0; c < C; ++c) {
+      g[c] = s * d[c];
+      dot += static_cast<double>(d[c]) * x[c];
+    }
+    dlogit[r] = static_cast<float>(dot) * s * (1.f - s);
+  }
+}
+
 void CpuKernels::moe_combine_forward(float* out, const float* rows, const float* w,
                                      const int32_t* slot, int64_t R, int64_t K,
                                      int64_t C) const {

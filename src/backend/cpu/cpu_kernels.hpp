@@ -162,6 +162,13 @@ class CpuKernels {
   // dlogits[r,e] += p[r,e] (dprobs[e] - p[r,:] . dprobs).
   void moe_aux_loss_backward(float* dlogits, const float* logits, const float* dprobs, int64_t R,
                              int64_t E) const;
+  // out[r] += sigmoid(logit[r]) shared[r]; backward: dshared = s dout, dlogit = s (1 - s)
+  // dout[r] . shared[r] (fp64 sum).
+  void moe_shared_gate_forward(float* out, const float* shared, const float* logit, int64_t R,
+                               int64_t C) const;
+  void moe_shared_gate_backward(float* dshared, float* dlogit, const float* dout,
+                                const float* shared, const float* logit, int64_t R,
+                                int64_t C) const;
   // ---- attention (FlashAttention-2, blocked; see cpu_kernels.cpp) ----
   // GPT-2's attention_* (causal, packed qkv) and T5's mha_* are both this problem.
   void attention_forward(const AttentionProblem& p, const float* q, const float* k,
