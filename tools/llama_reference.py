@@ -1432,6 +1432,30 @@ def rel_err(a, b):
     return float((a - b).norm() / max(float(b.norm()), 1e-300))
 
 
+
+def routed_differences(base64, names, per_tensor, value, routes, grads, rng, h=1e-4):
+    """Fourth-order central differences of value()[0] at `per_tensor` random entries of each
+    tensor `names` of base64 (perturbed in place and restored), against grads[n].grad: returns
+    (worst abs err, worst rel err, entries checked, perturbed points whose routing, value()[1],
+    differs from `routes`)."""
+    worst_abs, worst_rel, count, moved = 0.0, 0.0, 0, 0
+    for n in names:
+        flat = base64[n].view(-1)
+        for _ in range(per_tensor):
+            i = rng.randrange(flat.numel())
+            old, f = flat[i].item(), {}
+            for step in (h, -h, h / 2, -h / 2):
+                flat[i] = old + step
+                f[step], r = value()
+                moved += any(not torch.equal(a, b) for a, b in zip(r, routes))
+            flat[i] = old
+            numeric = (4 * (f[h / 2] - f[-h / 2]) / h - (f[h] - f[-h]) / (2 * h)) / 3
+            analytic = grads[n].grad.view(-1)[i].item()
+            worst_abs = max(worst_abs, abs(numeric - analytic))
+            worst_rel = max(worst_rel, abs(numeric - analytic) / max(abs(analytic), 1e-4))
+            count += 1
+    return worst_abs, worst_rel, count, moved
+
 def selftest():
     torch.manual_seed(0)
     fails = []
@@ -1708,22 +1732,8 @@ def selftest():
             names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, 0)}shared_expert.")]
             names += [n for n in base64 if n.endswith(".shared_expert_gate.weight")]
             names += [n for n in base64 if n.startswith("model.layers.0.self_attn.")]
-            h, worst_abs, worst_rel, count, moved = 1e-4, 0.0, 0.0, 0, 0
-            for n in names:
-                flat = base64[n].view(-1)
-                for _ in range(3):
-                    i = rng.randrange(flat.numel())
-                    old, f = flat[i].item(), {}
-                    for step in (h, -h, h / 2, -h / 2):
-                        flat[i] = old + step
-                        f[step], r = routed()
-                        moved += any(not torch.equal(a, b) for a, b in zip(r, routes))
-                    flat[i] = old
-                    numeric = (4 * (f[h / 2] - f[-h / 2]) / h - (f[h] - f[-h]) / (2 * h)) / 3
-                    analytic = params[n].grad.view(-1)[i].item()
-                    worst_abs = max(worst_abs, abs(numeric - analytic))
-                    worst_rel = max(worst_rel, abs(numeric - analytic) / max(abs(analytic), 1e-4))
-                    count += 1
+            worst_abs, worst_rel, count, moved = routed_differences(
+                base64, names, 3, routed, routes, params, rng)
         expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
                f"{v}: finite differences of the {'total ' if aux_on(cfg) else ''}loss, {count} router / expert "
                f"{first} / {'shared expert / ' if shared_expert(cfg) else ''}attention entries ({len(names)} "
@@ -1851,22 +1861,8 @@ def selftest():
         with torch.no_grad():
             routes = aux_alone()[1]
             names = [n for n in base64 if n.endswith(".gate.weight")] + ["model.layers.0.self_attn.q_proj.weight"]
-            h, worst_abs, worst_rel, count, moved = 1e-4, 0.0, 0.0, 0, 0
-            for n in names:
-                flat = base64[n].view(-1)
-                for _ in range(4):
-                    i = rng.randrange(flat.numel())
-                    old, f = flat[i].item(), {}
-                    for step in (h, -h, h / 2, -h / 2):
-                        flat[i] = old + step
-                        f[step], r = aux_alone()
-                        moved += any(not torch.equal(a, b) for a, b in zip(r, routes))
-                    flat[i] = old
-                    numeric = (4 * (f[h / 2] - f[-h / 2]) / h - (f[h] - f[-h]) / (2 * h)) / 3
-                    analytic = p64[n].grad.view(-1)[i].item()
-                    worst_abs = max(worst_abs, abs(numeric - analytic))
-                    worst_rel = max(worst_rel, abs(numeric - analytic) / max(abs(analytic), 1e-4))
-                    count += 1
+            worst_abs, worst_rel, count, moved = routed_differences(
+                base64, names, 4, aux_alone, routes, p64, rng)
         expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
                f"{v}: finite differences of the aux term alone, {count} entries of {len(names) - 1} router(s) and "
                f"layer 0's q_proj: routing unchanged at all {4 * count} points ({moved} moved), worst abs err "
