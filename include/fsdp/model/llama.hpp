@@ -1,5 +1,5 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of thirteen Hugging Face
-// classes, one model.type each (HF's model_type), sharing this one model:
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of seventeen Hugging
+// Face classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
 //    modeling_llama.py): Llama 2/3, TinyLlama, SmolLM;
@@ -168,9 +168,10 @@ const char* llama_arch_prefix(LlamaArch arch);
 
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
 // Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
-// Gemma2Config, GemmaConfig and Exaone4Config ([model] with type = "llama", "mistral",
-// "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3", "granite", "olmo3", "gemma2",
-// "gemma" or "exaone4"; same
+// Gemma2Config, GemmaConfig, Exaone4Config, Qwen3MoeConfig, MixtralConfig, OlmoeConfig and
+// Qwen2MoeConfig ([model] with type = "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3",
+// "gemma3_text", "smollm3", "granite", "olmo3", "gemma2", "gemma", "exaone4", "qwen3_moe",
+// "mixtral", "olmoe" or "qwen2_moe"; same
 // names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
 // type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp:
 // a field that is not one of its type's keys keeps the default here (Qwen2 has no
@@ -180,7 +181,9 @@ const char* llama_arch_prefix(LlamaArch arch);
 // has query_pre_attn_scalar; its pattern is a fixed 2), only SmolLM3's
 // no_rope_layer_interval, only Granite's the four multipliers, only Phi-3's the LongRoPE
 // factor lists, original_max_position_embeddings and partial_rotary_factor, only Gemma 2's
-// the two soft-caps).
+// the two soft-caps, only the MoE classes the experts' fields (Mixtral's number of experts is
+// num_local_experts, it always renormalises; moe_intermediate_size is Qwen's, Mixtral's and
+// OLMoE's experts are intermediate_size wide; only Qwen2-MoE has a shared expert)).
 struct LlamaConfig {
   enum class RopeType { default_, linear, llama3, yarn, longrope };
 
@@ -302,8 +305,8 @@ struct LlamaConfig {
   }
   bool o_bias() const { return attention_bias; }
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
-  // Qwen3's over each head's D values (weight [D]), OLMo 2's over the whole projection
-  // (weights [H*D], [Hkv*D]).
+  // Qwen3's (and Qwen3-MoE's) over each head's D values (weight [D]), OLMo 2's (and OLMoE's)
+  // over the whole projection (weights [H*D], [Hkv*D]).
   bool qk_norm() const {
     return qwen3_attention() || olmo_layer() || gemma3() || arch == LlamaArch::olmoe;
   }

@@ -48,8 +48,8 @@ class Model {
   // Mixture of experts: the largest load of one expert in one layer over the training
   // micro-batches since the last call, as a multiple of the balanced load (the (token, pick)
   // pairs routed to it / (all pairs / num_experts)): 1 when every expert gets as many,
-  // num_experts / num_experts_per_tok when one gets every token (Megatron-LM's and
-  // DeepSpeed's expert-load statistic, here its maximum). Resets. 0 for a model without
+  // num_experts / num_experts_per_tok when one gets every token (the tokens-per-expert
+  // counts MoE trainers log, reduced to their worst ratio). Resets. 0 for a model without
   // experts.
   virtual double take_max_expert_load() { return 0.0; }
 };
