@@ -1732,7 +1732,9 @@ TEST(CudaBackend, MoeLoadBalancingLoss) {
       expect_bytes(psum2, read_bytes(gpu(), psum.v(kGpu)), "psum rerun");
 
       Pair counts = make(DType::f32, uniform(E, rng)), loss = make_f64({0.25});
-      both([&](Backend& be, Side s) { be.moe_aux_loss(loss.v(s), counts.v(s), psum.v(s), E, 0.3); });
+      both([&](Backend& be, Side s) {
+        be.moe_aux_loss(loss.v(s), counts.v(s), psum.v(s), E, 0.3);
+      });
       check(loss, kReduceF32, "loss");
 
       Pair dprobs = make(DType::f32, uniform(E, rng)), dlogits = make(t, uniform(R * E, rng));

@@ -178,10 +178,9 @@ bool clear_routing(Fixture& f, const fsdp::LlamaConfig& m, double gap) {
       std::vector<std::pair<float, int64_t>> row;
       for (int64_t e = 0; e < E; ++e) row.emplace_back(z[static_cast<std::size_t>(r * E + e)], e);
       std::sort(row.begin(), row.end(), std::greater<>());
-      if (K < E && row[static_cast<std::size_t>(K - 1)].first - row[static_cast<std::size_t>(K)].first < gap) {
-        return false;
-      }
-      for (int64_t j = 0; j < K; ++j) used[static_cast<std::size_t>(row[static_cast<std::size_t>(j)].second)] = 1;
+      const auto k = static_cast<std::size_t>(K);
+      if (K < E && row[k - 1].first - row[k].first < gap) return false;
+      for (std::size_t j = 0; j < k; ++j) used[static_cast<std::size_t>(row[j].second)] = 1;
     }
     if (std::find(used.begin(), used.end(), 0) != used.end()) return false;
   }
@@ -1297,9 +1296,13 @@ TEST(Llama, MaxExpertLoadCountsTheTrainingRouting) {
       std::vector<std::pair<float, int64_t>> row;
       for (int64_t e = 0; e < E; ++e) row.emplace_back(-z[static_cast<std::size_t>(r * E + e)], e);
       std::sort(row.begin(), row.end());  // descending logits, ties to the lower expert
-      for (int64_t j = 0; j < K; ++j) ++count[static_cast<std::size_t>(row[static_cast<std::size_t>(j)].second)];
+      for (std::size_t j = 0; j < static_cast<std::size_t>(K); ++j) {
+        ++count[static_cast<std::size_t>(row[j].second)];
+      }
     }
-    for (int64_t n : count) want = std::max(want, static_cast<double>(n * E) / static_cast<double>(BT * K));
+    for (int64_t n : count) {
+      want = std::max(want, static_cast<double>(n * E) / static_cast<double>(BT * K));
+    }
   }
   EXPECT_GT(want, 1.0);
   EXPECT_EQ(f.model.take_max_expert_load(), want);
@@ -1447,8 +1450,8 @@ TEST(Llama, MoeConfigJson) {
   hf = qwen2;
   hf["qkv_bias"] = false;
   expect_refused(fsdp::model_family("qwen2_moe"), hf, "\"qkv_bias\" false is not supported");
-  const nlohmann::json merged = fsdp::model_family("qwen2_moe")
-                                    .hf_config(fsdp::model_family("qwen2_moe").from_hf_config(qwen2, "q"));
+  const fsdp::ModelFamily& q2 = fsdp::model_family("qwen2_moe");
+  const nlohmann::json merged = q2.hf_config(q2.from_hf_config(qwen2, "q"));
   EXPECT_EQ(merged.at("qkv_bias"), true);
   EXPECT_EQ(merged.at("layer_types").size(), 24u);
   hf = olmoe;

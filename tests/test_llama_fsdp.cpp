@@ -277,7 +277,8 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                              {"model.num_experts=4", "model.num_experts_per_tok=2",
                               "model.moe_intermediate_size=12",
                               "model.shared_expert_intermediate_size=20"},
-                             "Qwen2MoeForCausalLM", "model.layers.1.mlp.shared_expert_gate.weight"}}) {
+                             "Qwen2MoeForCausalLM",
+                             "model.layers.1.mlp.shared_expert_gate.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

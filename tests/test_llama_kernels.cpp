@@ -876,8 +876,9 @@ TEST_F(LlamaKernels, MoeArgumentErrors) {
     be->moe_router_backward(f32(dl), f32(w), f32(logits), i32(bad_idx), 3, 4, 2, true);
   }, "moe_router_backward: idx holds 4 at position 5");
   Vec rows(6 * 2), out(3 * 2), drows(6 * 2);
-  expect_error([&] { be->moe_combine_forward(f32(out), f32(rows), f32(w), i32(bad_slot), 3, 2, 2); },
-               "moe_combine_forward: slot holds 6 at position 5 (expected 0 <= value < 6");
+  expect_error(
+      [&] { be->moe_combine_forward(f32(out), f32(rows), f32(w), i32(bad_slot), 3, 2, 2); },
+      "moe_combine_forward: slot holds 6 at position 5 (expected 0 <= value < 6");
   // out overlapping rows; drows overlapping dout
   expect_error([&] {
     be->moe_combine_forward(f32(rows), f32(rows), f32(w), i32(idx), 3, 2, 2);

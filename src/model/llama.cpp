@@ -696,7 +696,8 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
                  bool decay) {
     if (i >= 0) {
       layer.params[static_cast<std::size_t>(i)] =
-          ParamSpec{m + "." + name, std::move(shape), init, init == InitKind::normal ? std0 : 0.f, decay};
+          ParamSpec{m + "." + name, std::move(shape), init,
+                    init == InitKind::normal ? std0 : 0.f, decay};
     }
   };
   auto linear = [&](int w, int b, const std::string& name, int64_t out, int64_t in) {
@@ -1326,8 +1327,8 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
   if (cfg_.aux_loss() && write_output) {  // (not again in a recompute)
     be_.moe_router_prob_sums(a.moe_psum.view(), logits, BT, E);
     for (int64_t e = 0; e < E; ++e) {
-      a.moe_count[static_cast<std::size_t>(e)] +=
-          static_cast<double>(off[static_cast<std::size_t>(e) + 1] - off[static_cast<std::size_t>(e)]);
+      const auto i = static_cast<std::size_t>(e);
+      a.moe_count[i] += static_cast<double>(off[i + 1] - off[i]);
     }
   }
   // The routed rows: each token's ln2 once per expert it chose, grouped by expert; then each
@@ -1878,7 +1879,8 @@ class LlamaFamily final : public ModelFamily {
   // class under mlp.experts.): expert e's gate_proj (Mixtral's w1) is rows [2 e I, 2 e I + I)
   // of gate_up_proj [E, 2I, C] and its up_proj (w3) the next I rows (gate_up_proj[e] chunked
   // in two along its rows), its down_proj (w2) down_proj[e] of [E, C, I].
-  std::optional<HfPacked> hf_packed(const ModelConfig& c, const std::string& hf_name) const override {
+  std::optional<HfPacked> hf_packed(const ModelConfig& c,
+                                    const std::string& hf_name) const override {
     const LlamaConfig g = LlamaConfig::from(c);
     if (!g.moe()) return std::nullopt;
     const std::string layers = "model.layers.", experts = ".experts.";

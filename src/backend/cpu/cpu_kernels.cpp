@@ -844,7 +844,7 @@ void CpuKernels::moe_router_prob_sums(float* psum, const float* logits, int64_t 
   std::vector<double> sum(static_cast<std::size_t>(E), 0.0);
   for (int64_t r = 0; r < R; ++r) {  // rows in order: independent of the thread count
     moe_softmax(p.data(), logits + r * E, E);
-    for (int64_t e = 0; e < E; ++e) sum[static_cast<std::size_t>(e)] += p[static_cast<std::size_t>(e)];
+    for (std::size_t e = 0; e < p.size(); ++e) sum[e] += p[e];
   }
   for (int64_t e = 0; e < E; ++e) psum[e] += static_cast<float>(sum[static_cast<std::size_t>(e)]);
 }
