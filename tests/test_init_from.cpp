@@ -846,6 +846,18 @@ TEST(InitFromPackedExperts, TransformersFiveLayoutLoadsAsThePerExpertOne) {
         if (t.name == "model.layers.0.mlp.experts.down_proj") t.shape = {E, I, C};
       }
     });
+    // Neither layout of an expert: the message names both.
+    const std::string missing = fresh_dir(std::string("init_packed_missing_") + type);
+    rewrite(dir, missing, [&](std::vector<Tensor>& ts) {
+      std::erase_if(ts, [](const Tensor& t) {
+        return t.name == "model.layers.1.mlp.experts.gate_up_proj";
+      });
+    });
+    expect_input_error(
+        [&] { load(missing, src.cfg); },
+        {std::string("no tensor 'model.layers.1.") +
+             (mixtral ? "block_sparse_moe.experts.0.w1.weight" : "mlp.experts.0.gate_proj.weight") +
+             "' or its elements of 'model.layers.1.mlp.experts.gate_up_proj'"});
     expect_input_error([&] { load(bad, src.cfg); },
                        {"tensor 'model.layers.0.mlp.experts.down_proj' has shape [" +
                         std::to_string(E) + "," + std::to_string(I) + "," + std::to_string(C) +

@@ -211,17 +211,17 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
         }
       }
       std::vector<int64_t> stored_shape = hf->shape;
-      if (s.stored.empty()) {  // transformers 5's packed experts
-        if (const std::optional<HfPacked> p = family.hf_packed(config, hf->name);
-            p && ckpt.has(p->name)) {
-          s.stored = p->name;
-          s.offset = p->offset;
-          stored_shape = p->shape;
-        }
+      const std::optional<HfPacked> packed =
+          s.stored.empty() ? family.hf_packed(config, hf->name) : std::nullopt;
+      if (packed && ckpt.has(packed->name)) {  // transformers 5's packed experts
+        s.stored = packed->name;
+        s.offset = packed->offset;
+        stored_shape = packed->shape;
       }
       if (s.stored.empty()) {
         std::string also;
         for (const std::string& alias : family.hf_aliases(hf->name)) also += " or '" + alias + "'";
+        if (packed) also += " or its elements of '" + packed->name + "'";
         throw InputError(where + ": no tensor '" + hf->name + "'" + also + " (the " +
                          config.type + " parameter " + e.spec.name + ")" + origin_of(dir));
       }
