@@ -162,24 +162,39 @@ void perturb_shards(Fixture& f, unsigned seed = 7) {
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+// Each row of layer l's router logits of the last forward (fp32 activations), as (-logit,
+// expert) pairs sorted ascending: the experts by descending logit, ties to the lower one (the
+// routing's order; the softmax keeps it). Empty when the layer has no logits to read.
+std::vector<std::vector<std::pair<float, int64_t>>> ranked_experts(Fixture& f, int64_t l,
+                                                                   int64_t E) {
+  const fsdp::TensorView v = f.model.router_logits(l);
+  if (v.numel() == 0 || v.dtype != fsdp::DType::f32) return {};
+  std::vector<float> z(static_cast<std::size_t>(v.numel()));
+  f.be->copy_to_host(z.data(), v);
+  std::vector<std::vector<std::pair<float, int64_t>>> rows(
+      static_cast<std::size_t>(v.numel() / E));
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    for (int64_t e = 0; e < E; ++e) {
+      rows[r].emplace_back(-z[r * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)], e);
+    }
+    std::sort(rows[r].begin(), rows[r].end());
+  }
+  return rows;
+}
+
 // Whether the last forward of `f` (an MoE model, fp32 activations) routed every token of every
 // layer with a margin: its K-th and (K+1)-th router logits at least `gap` apart, and each
 // expert chosen by some token. Finite differences and fp32-vs-fp64 comparisons need both: a
 // near tie flips under a perturbation, and an idle expert has no gradient to check.
 bool clear_routing(Fixture& f, const fsdp::LlamaConfig& m, double gap) {
   const int64_t E = m.num_experts, K = m.num_experts_per_tok;
+  const auto k = static_cast<std::size_t>(K);
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
-    const fsdp::TensorView v = f.model.router_logits(l);
-    if (v.numel() == 0 || v.dtype != fsdp::DType::f32) return false;
-    std::vector<float> z(static_cast<std::size_t>(v.numel()));
-    f.be->copy_to_host(z.data(), v);
+    const auto rows = ranked_experts(f, l, E);
+    if (rows.empty()) return false;
     std::vector<int> used(static_cast<std::size_t>(E), 0);
-    for (int64_t r = 0; r < v.numel() / E; ++r) {
-      std::vector<std::pair<float, int64_t>> row;
-      for (int64_t e = 0; e < E; ++e) row.emplace_back(z[static_cast<std::size_t>(r * E + e)], e);
-      std::sort(row.begin(), row.end(), std::greater<>());
-      const auto k = static_cast<std::size_t>(K);
-      if (K < E && row[k - 1].first - row[k].first < gap) return false;
+    for (const auto& row : rows) {
+      if (K < E && row[k].first - row[k - 1].first < gap) return false;
       for (std::size_t j = 0; j < k; ++j) used[static_cast<std::size_t>(row[j].second)] = 1;
     }
     if (std::find(used.begin(), used.end(), 0) != used.end()) return false;
@@ -1288,14 +1303,10 @@ TEST(Llama, MaxExpertLoadCountsTheTrainingRouting) {
   const int64_t E = o.model.num_experts, K = o.model.num_experts_per_tok, BT = o.B * o.T;
   double want = 0;
   for (int64_t l = 0; l < o.model.num_hidden_layers; ++l) {
-    const fsdp::TensorView v = f.model.router_logits(l);
-    std::vector<float> z(static_cast<std::size_t>(v.numel()));
-    f.be->copy_to_host(z.data(), v);
+    const auto rows = ranked_experts(f, l, E);
+    ASSERT_EQ(static_cast<int64_t>(rows.size()), BT);
     std::vector<int64_t> count(static_cast<std::size_t>(E), 0);
-    for (int64_t r = 0; r < BT; ++r) {
-      std::vector<std::pair<float, int64_t>> row;
-      for (int64_t e = 0; e < E; ++e) row.emplace_back(-z[static_cast<std::size_t>(r * E + e)], e);
-      std::sort(row.begin(), row.end());  // descending logits, ties to the lower expert
+    for (const auto& row : rows) {
       for (std::size_t j = 0; j < static_cast<std::size_t>(K); ++j) {
         ++count[static_cast<std::size_t>(row[j].second)];
       }

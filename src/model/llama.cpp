@@ -1316,19 +1316,17 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
                          cfg_.normalize_top_k());
   group_routed_rows(l, BT);
   const std::vector<int64_t>& off = y.moe_offsets;
-  if (training_forward_ && write_output) {  // (not again in a recompute)
-    for (int64_t e = 0; e < E; ++e) {
-      const auto n = static_cast<double>(off[static_cast<std::size_t>(e) + 1] -
-                                         off[static_cast<std::size_t>(e)]);
-      max_expert_load_ =
-          std::max(max_expert_load_, n * static_cast<double>(E) / static_cast<double>(RK));
-    }
-  }
-  if (cfg_.aux_loss() && write_output) {  // (not again in a recompute)
-    be_.moe_router_prob_sums(a.moe_psum.view(), logits, BT, E);
-    for (int64_t e = 0; e < E; ++e) {
-      const auto i = static_cast<std::size_t>(e);
-      a.moe_count[i] += static_cast<double>(off[i + 1] - off[i]);
+  // This forward's counts per expert (not again in a recompute): the expert load of a
+  // training forward, the load-balancing loss's counts beside its probability sums.
+  if (write_output && (training_forward_ || cfg_.aux_loss())) {
+    if (cfg_.aux_loss()) be_.moe_router_prob_sums(a.moe_psum.view(), logits, BT, E);
+    for (std::size_t e = 0; e < static_cast<std::size_t>(E); ++e) {
+      const auto n = static_cast<double>(off[e + 1] - off[e]);
+      if (training_forward_) {
+        max_expert_load_ =
+            std::max(max_expert_load_, n * static_cast<double>(E) / static_cast<double>(RK));
+      }
+      if (cfg_.aux_loss()) a.moe_count[e] += n;
     }
   }
   // The routed rows: each token's ln2 once per expert it chose, grouped by expert; then each
@@ -1692,6 +1690,17 @@ nlohmann::json layer_types_of(const LlamaConfig& g) {
 
 // The input error for a config.json attribute fsdp_train does not implement: "<origin>:
 // \"<field>\" <value> is not supported (expected <expected>)".
+// The decimal number of `name` from `at` to the next '.' (a layer's or an expert's index in a
+// parameter name, "model.layers.12.mlp..."), its dot's position in *dot; nullopt unless 1 to
+// 9 digits are followed by a '.'.
+std::optional<int64_t> dotted_index(const std::string& name, std::size_t at, std::size_t* dot) {
+  *dot = name.find('.', at);
+  if (*dot == std::string::npos || *dot == at || *dot - at > 9) return std::nullopt;
+  const std::string digits = name.substr(at, *dot - at);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoll(digits);
+}
+
 Error unsupported(const std::string& origin, const std::string& field, const nlohmann::json& value,
                   const std::string& expected) {
   return InputError(origin + ": \"" + field + "\" " + value.dump() +
@@ -1824,15 +1833,10 @@ class LlamaFamily final : public ModelFamily {
     const LlamaConfig g = LlamaConfig::from(c);
     const std::string layers = "model.layers.";
     if (name.rfind(layers, 0) == 0) {
-      const std::size_t dot = name.find('.', layers.size());
-      const std::string digits = name.substr(layers.size(), dot - layers.size());
-      if (dot == std::string::npos || digits.empty() || digits.size() > 9 ||
-          digits.find_first_not_of("0123456789") != std::string::npos) {
-        return std::nullopt;
-      }
-      const int64_t l = std::stoll(digits);
-      if (l >= g.num_hidden_layers) return std::nullopt;
-      for (const ParamSpec& p : layer_module(g, l).params) {
+      std::size_t dot = 0;
+      const std::optional<int64_t> l = dotted_index(name, layers.size(), &dot);
+      if (!l || *l >= g.num_hidden_layers) return std::nullopt;
+      for (const ParamSpec& p : layer_module(g, *l).params) {
         if (p.name == name) return HfTensor{name, shape, false};
       }
       return std::nullopt;
@@ -1886,20 +1890,14 @@ class LlamaFamily final : public ModelFamily {
     const std::string layers = "model.layers.", experts = ".experts.";
     const std::size_t at = hf_name.find(experts);
     if (hf_name.rfind(layers, 0) != 0 || at == std::string::npos) return std::nullopt;
-    const std::size_t dot = hf_name.find('.', layers.size());
-    const std::string layer = hf_name.substr(layers.size(), dot - layers.size());
-    const std::size_t e_begin = at + experts.size(), e_end = hf_name.find('.', e_begin);
-    if (e_end == std::string::npos) return std::nullopt;
-    const std::string digits = hf_name.substr(e_begin, e_end - e_begin);
-    if (digits.empty() || digits.size() > 9 ||
-        digits.find_first_not_of("0123456789") != std::string::npos) {
-      return std::nullopt;
-    }
-    const int64_t e = std::stoll(digits), E = g.num_experts, I = g.expert_size(),
-                  C = g.hidden_size;
+    std::size_t dot = 0, e_end = 0;
+    const std::optional<int64_t> layer = dotted_index(hf_name, layers.size(), &dot);
+    const std::optional<int64_t> expert = dotted_index(hf_name, at + experts.size(), &e_end);
+    if (!layer || !expert || *expert >= g.num_experts) return std::nullopt;
+    const int64_t e = *expert, E = g.num_experts, I = g.expert_size(), C = g.hidden_size;
     const std::string proj = hf_name.substr(e_end + 1);
     const bool mixtral = arch_ == LlamaArch::mixtral;
-    const std::string packed = layers + layer + ".mlp.experts.";
+    const std::string packed = layers + std::to_string(*layer) + ".mlp.experts.";
     if (proj == (mixtral ? "w1.weight" : "gate_proj.weight")) {
       return HfPacked{packed + "gate_up_proj", {E, 2 * I, C}, e * 2 * I * C};
     }
