@@ -1639,6 +1639,114 @@ TEST(CudaBackend, MoeRouter) {
   }
 }
 
+// DeepSeek-V3 / GLM-4.5 sigmoid routing. The choice values c = sigmoid(logit) + bias are
+// kept well apart, so that expf's last bits cannot reorder them: the bias is an integer in
+// {-1, 0, 1} (exact in bf16), and a row's logits a random permutation of distinct multiples
+// of 1/32 within |x| < 8 (exact in bf16), whose sigmoids differ by more than 2e-5; two
+// experts of different biases differ by more than 1e-3 in c, and every c by more than 9e-4
+// from a masked expert's 0. With n_group > 1 a row is redrawn while two of its group scores
+// lie within 1e-4 (in double). Every fourth row is all zeros (s = 0.5 exactly, so c and the
+// group scores are exact): exact ties, which both backends break to the lower group and the
+// lower expert.
+Vec sigmoid_router_logits(int64_t R, int64_t E, int64_t n_group, const Vec& bias,
+                          std::mt19937& rng) {
+  Vec v(static_cast<std::size_t>(R * E), 0.0f);
+  std::vector<int64_t> perm(static_cast<std::size_t>(E));
+  const int64_t size = E / n_group;
+  for (int64_t r = 0; r < R; ++r) {
+    if (r % 4 == 3) continue;
+    float* x = &v[static_cast<std::size_t>(r * E)];
+    for (bool apart = false; !apart;) {
+      std::iota(perm.begin(), perm.end(), int64_t{0});
+      std::shuffle(perm.begin(), perm.end(), rng);
+      const float off = static_cast<float>(static_cast<int64_t>(rng() % 64) - 32) / 32.0f;
+      for (int64_t e = 0; e < E; ++e) {
+        x[e] = static_cast<float>(perm[static_cast<std::size_t>(e)] - E / 2) / 32.0f + off;
+      }
+      std::vector<double> score;
+      for (int64_t h = 0; n_group > 1 && h < n_group; ++h) {
+        std::vector<double> c;
+        for (int64_t e = h * size; e < (h + 1) * size; ++e) {
+          c.push_back(1.0 / (1.0 + std::exp(-static_cast<double>(x[e]))) +
+                      bias[static_cast<std::size_t>(e)]);
+        }
+        std::partial_sort(c.begin(), c.begin() + 2, c.end(), std::greater<>());
+        score.push_back(c[0] + c[1]);
+      }
+      apart = true;
+      for (std::size_t a = 0; a < score.size(); ++a) {
+        for (std::size_t b = a + 1; b < score.size(); ++b) {
+          apart = apart && std::abs(score[a] - score[b]) >= 1e-4;
+        }
+      }
+    }
+  }
+  return v;
+}
+
+Vec sigmoid_router_bias(int64_t E, std::mt19937& rng) {
+  Vec v(static_cast<std::size_t>(E));
+  for (float& b : v) b = static_cast<float>(static_cast<int64_t>(rng() % 3) - 1);
+  return v;
+}
+
+// As run_moe_router: forward on both (outputs pre-filled), backward on both from the same idx,
+// each CUDA kernel once more into fresh outputs.
+void run_moe_sigmoid_router(DType t, int64_t E, int64_t K, const Kernels::SigmoidRouting& g,
+                            std::mt19937& rng) {
+  const int64_t R = 23;
+  SCOPED_TRACE(name(t) + " E=" + std::to_string(E) + " K=" + std::to_string(K) + " n_group=" +
+               std::to_string(g.n_group) + " topk_group=" + std::to_string(g.topk_group) +
+               " normalize=" + std::to_string(g.normalize));
+  const Vec bias0 = sigmoid_router_bias(E, rng);
+  Pair bias = make(t, bias0), logits = make(t, sigmoid_router_logits(R, E, g.n_group, bias0, rng));
+  Pair idx = make_i32(std::vector<int32_t>(static_cast<std::size_t>(R * K), -7));
+  Pair w = make(DType::f32, uniform(R * K, rng));
+  both([&](Backend& be, Side s) {
+    be.moe_sigmoid_router_forward(idx.v(s), w.v(s), logits.v(s), bias.v(s), R, E, K, g);
+  });
+  const Bytes idx1 = read_bytes(gpu(), idx.v(kGpu)), w1 = read_bytes(gpu(), w.v(kGpu));
+  check_sync(idx, kExact, "idx");  // the backward below reads the same picks on both sides
+  check(w, kElemF32, "weights");
+  Pair idx2 = make_i32(std::vector<int32_t>(static_cast<std::size_t>(R * K)));
+  Pair w2 = make(DType::f32, Vec(R * K));
+  gpu().moe_sigmoid_router_forward(idx2.v(kGpu), w2.v(kGpu), logits.v(kGpu), bias.v(kGpu), R, E, K,
+                                   g);
+  expect_bytes(idx2, idx1, "idx rerun");
+  expect_bytes(w2, w1, "weights rerun");
+
+  Pair dw = make(DType::f32, uniform(R * K, rng)), dlogits = make(t, uniform(R * E, rng));
+  both([&](Backend& be, Side s) {
+    be.moe_sigmoid_router_backward(dlogits.v(s), dw.v(s), logits.v(s), idx.v(s), R, E, K, g);
+  });
+  check(dlogits, tol_for(t, kElemF32), "dlogits");
+  Pair dlogits2 = make(t, Vec(R * E));
+  gpu().moe_sigmoid_router_backward(dlogits2.v(kGpu), dw.v(kGpu), logits.v(kGpu), idx.v(kGpu), R, E,
+                                    K, g);
+  expect_bytes(dlogits2, read_bytes(gpu(), dlogits.v(kGpu)), "dlogits rerun");
+}
+
+TEST(CudaBackend, MoeSigmoidRouter) {
+  // DeepSeek-V3-like (n_group 8 of E 256 there) with 4 groups, 2 kept; and no groups. E 8:
+  // groups of 2, so K 8 also picks masked experts (c = 0, to the lower index).
+  std::mt19937 rng(37);
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (int64_t E : {8, 64, 160, 384}) {
+      for (int64_t K : {1, 2, 8}) {
+        for (int64_t n_group : {1, 4}) {
+          for (bool normalize : {true, false}) {
+            const Kernels::SigmoidRouting g{.n_group = n_group,
+                                            .topk_group = n_group > 1 ? 2 : 1,
+                                            .normalize = normalize,
+                                            .scale = 2.5f};
+            run_moe_sigmoid_router(t, E, K, g, rng);
+          }
+        }
+      }
+    }
+  }
+}
+
 // Forward with routing weights and with an empty weights view (ones); backward with drows
 // pre-filled: its N - R K rows that no slot names must keep their values on both sides.
 void run_moe_combine(DType t, const MoeShape& m, std::mt19937& rng) {
@@ -1700,6 +1808,20 @@ TEST(CudaBackend, MoeMixedStorage) {
     be.moe_router_backward(dlogits.v(s), dw.v(s), logits.v(s), idx.v(s), R, E, K, true);
   });
   check(dlogits, kElemF32, "dlogits fp32 from bf16 logits");
+  // Sigmoid routing: bf16 logits, fp32 bias; fp32 dlogits.
+  const Kernels::SigmoidRouting sg{.n_group = 4, .topk_group = 2, .normalize = true, .scale = 2.5f};
+  const Vec bias0 = sigmoid_router_bias(E, rng);
+  Pair bias = make(DType::f32, bias0);
+  Pair slogits = make(DType::bf16, sigmoid_router_logits(R, E, sg.n_group, bias0, rng));
+  both([&](Backend& be, Side s) {
+    be.moe_sigmoid_router_forward(idx.v(s), w.v(s), slogits.v(s), bias.v(s), R, E, K, sg);
+  });
+  check_sync(idx, kExact, "sigmoid idx, bf16 logits and fp32 bias");
+  check(w, kElemF32, "sigmoid weights");
+  both([&](Backend& be, Side s) {
+    be.moe_sigmoid_router_backward(dlogits.v(s), dw.v(s), slogits.v(s), idx.v(s), R, E, K, sg);
+  });
+  check(dlogits, kElemF32, "sigmoid dlogits fp32 from bf16 logits");
   Pair slot = make_i32(moe_slots(R * K, N, rng));
   Pair rows = make(DType::bf16, uniform(N * C, rng)), out = make(DType::f32, Vec(R * C));
   Pair dout = make(DType::f32, uniform(R * C, rng)), drows = make(DType::bf16, Vec(N * C));
@@ -1796,9 +1918,13 @@ TEST(CudaBackend, MoeZeroTokensIsANoOp) {
   const Pair* outs[] = {&idx, &w, &dw, &dlogits, &out, &drows};
   std::vector<Bytes> before;
   for (const Pair* p : outs) before.push_back(read_bytes(gpu(), p->v(kGpu)));
+  const Kernels::SigmoidRouting g{.n_group = 2, .topk_group = 1, .normalize = true, .scale = 1.f};
+  Pair bias = make(DType::bf16, uniform(E, rng));
   both([&](Backend& be, Side s) {
     be.moe_router_forward(idx.v(s), w.v(s), logits.v(s), 0, E, K, true);
     be.moe_router_backward(dlogits.v(s), w.v(s), logits.v(s), idx.v(s), 0, E, K, true);
+    be.moe_sigmoid_router_forward(idx.v(s), w.v(s), logits.v(s), bias.v(s), 0, E, K, g);
+    be.moe_sigmoid_router_backward(dlogits.v(s), w.v(s), logits.v(s), idx.v(s), 0, E, K, g);
     be.moe_combine_forward(out.v(s), rows.v(s), w.v(s), idx.v(s), 0, K, C);
     be.moe_combine_forward(out.v(s), rows.v(s), TensorView{}, idx.v(s), 0, K, C);
     be.moe_combine_backward(drows.v(s), dw.v(s), dout.v(s), rows.v(s), w.v(s), idx.v(s), 0, K, C);
@@ -1820,6 +1946,30 @@ TEST(CudaBackend, MoeWrongArgumentsThrow) {
                "cuda backend: moe_router_forward: weights is bf16");
   expect_error([&] { g.moe_router_backward(F, F, F, F, 2, 4, 2, false); },
                "cuda backend: moe_router_backward: idx is fp32");
+  using Routing = Kernels::SigmoidRouting;
+  const Routing five_of_four{.n_group = 4, .topk_group = 5};
+  expect_error([&] { g.moe_sigmoid_router_forward(I, F, F, F, 2, 8, 2, five_of_four); },
+               "cuda backend: moe_sigmoid_router_forward: topk_group = 5 (expected 1 <= "
+               "topk_group <= n_group = 4)");
+  expect_error(
+      [&] { g.moe_sigmoid_router_backward(F, F, F, I, 2, 8, 2, Routing{.n_group = 3}); },
+      "cuda backend: moe_sigmoid_router_backward: n_group = 3 (expected 1, or a divisor of E = 8");
+  expect_error(
+      [&] { g.moe_sigmoid_router_forward(I, F, F, F, 2, 8, 2, Routing{.n_group = 8}); },
+      "cuda backend: moe_sigmoid_router_forward: n_group = 8 (expected 1, or a divisor of E = 8 "
+      "into groups of at least 2 experts)");
+  expect_error([&] { g.moe_sigmoid_router_forward(I, F, F, I, 2, 8, 2, Routing{}); },
+               "cuda backend: moe_sigmoid_router_forward: bias is int32");
+  expect_error([&] { g.moe_sigmoid_router_backward(F, F, F, F, 2, 8, 2, Routing{}); },
+               "cuda backend: moe_sigmoid_router_backward: idx is fp32");
+  {
+    // The forward keeps a row in shared memory: E <= 1024 (the backward has no limit).
+    const int64_t E = 1025;
+    DeviceBuffer big(g, DType::f32, E, MemCategory::other);
+    expect_error(
+        [&] { g.moe_sigmoid_router_forward(I, F, big.view(), big.view(), 1, E, 1, Routing{}); },
+        "cuda backend: moe_sigmoid_router_forward: E = 1025 (expected at most 1024)");
+  }
   expect_error([&] { g.moe_combine_forward(F, F, F, I, 2, 2, 8); },
                "cuda backend: moe_combine_forward: out overlaps rows");
   expect_error([&] { g.moe_combine_backward(Hb, F, F, Hb.slice(0, 32), F, I, 2, 2, 8); },

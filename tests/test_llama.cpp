@@ -144,10 +144,22 @@ void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true,
   m.moe_intermediate_size = 12;
   m.shared_expert_intermediate_size = 20;  // Qwen2-MoE's
   m.norm_topk_prob = normalize;
+  if (arch == fsdp::LlamaArch::glm4_moe) {
+    // GLM-4.5's: layer 0 dense, 6 experts in 3 groups of which each token's best 2 are kept,
+    // weights scaled by 1.5, 2 shared experts (24 wide), half of each head rotated
+    m.num_experts = 6;
+    m.n_group = 3;
+    m.topk_group = 2;
+    m.routed_scaling_factor = 1.5;
+    m.n_shared_experts = 2;
+    m.first_k_dense_replace = 1;
+    m.partial_rotary_factor = 0.5;
+  }
 }
 bool is_moe(fsdp::LlamaArch arch) {
   return arch == fsdp::LlamaArch::qwen3_moe || arch == fsdp::LlamaArch::mixtral ||
-         arch == fsdp::LlamaArch::olmoe || arch == fsdp::LlamaArch::qwen2_moe;
+         arch == fsdp::LlamaArch::olmoe || arch == fsdp::LlamaArch::qwen2_moe ||
+         arch == fsdp::LlamaArch::glm4_moe;
 }
 
 // Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).
@@ -162,21 +174,59 @@ void perturb_shards(Fixture& f, unsigned seed = 7) {
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-// Each row of layer l's router logits of the last forward (fp32 activations), as (-logit,
-// expert) pairs sorted ascending: the experts by descending logit, ties to the lower one (the
-// routing's order; the softmax keeps it). Empty when the layer has no logits to read.
-std::vector<std::vector<std::pair<float, int64_t>>> ranked_experts(Fixture& f, int64_t l,
-                                                                   int64_t E) {
+// The values of parameter `name` on this rank (a one-rank fixture holds every parameter).
+std::vector<float> param_values(Fixture& f, const std::string& name) {
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    const float* p = f.engine.shard_param(u).f32();
+    for (const auto& e : f.engine.layout(u).entries) {
+      if (e.spec.name == name) return {p + e.offset, p + e.offset + e.spec.numel()};
+    }
+  }
+  ADD_FAILURE() << "no parameter " << name;
+  return {};
+}
+
+// Each row of layer l's routing scores of the last forward (fp32 activations), as (-score,
+// expert) pairs sorted ascending: the experts in the routing's order, ties to the lower one.
+// The score is the router logit (the softmax keeps its order) or, under sigmoid_routing(),
+// the choice sigmoid(logit) + e_score_correction_bias with the groups left out set to 0; then
+// *group_gap gets the smallest gap between the topk_group-th and the next group score.
+// Empty when the layer has no logits to read (a dense layer, a recomputed one).
+std::vector<std::vector<std::pair<float, int64_t>>> ranked_experts(
+    Fixture& f, const fsdp::LlamaConfig& m, int64_t l, float* group_gap = nullptr) {
+  const int64_t E = m.num_experts;
   const fsdp::TensorView v = f.model.router_logits(l);
-  if (v.numel() == 0 || v.dtype != fsdp::DType::f32) return {};
+  if (v.data == nullptr || v.dtype != fsdp::DType::f32) return {};
   std::vector<float> z(static_cast<std::size_t>(v.numel()));
   f.be->copy_to_host(z.data(), v);
+  const std::vector<float> bias =
+      m.sigmoid_routing()
+          ? param_values(f, "model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias")
+          : std::vector<float>(static_cast<std::size_t>(E), 0.f);
+  if (group_gap) *group_gap = std::numeric_limits<float>::infinity();
   std::vector<std::vector<std::pair<float, int64_t>>> rows(
       static_cast<std::size_t>(v.numel() / E));
   for (std::size_t r = 0; r < rows.size(); ++r) {
-    for (int64_t e = 0; e < E; ++e) {
-      rows[r].emplace_back(-z[r * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)], e);
+    std::vector<float> c(z.begin() + static_cast<std::ptrdiff_t>(r * E),
+                         z.begin() + static_cast<std::ptrdiff_t>((r + 1) * E));
+    if (m.sigmoid_routing()) {
+      for (int64_t e = 0; e < E; ++e) c[e] = 1.f / (1.f + std::exp(-c[e])) + bias[e];
+      const int64_t G = m.n_group, per = E / G;
+      std::vector<std::pair<float, int64_t>> groups;
+      for (int64_t g = 0; g < G && G > 1; ++g) {
+        std::vector<float> in(c.begin() + g * per, c.begin() + (g + 1) * per);
+        std::sort(in.rbegin(), in.rend());
+        groups.emplace_back(-(in[0] + in[1]), g);
+      }
+      std::sort(groups.begin(), groups.end());
+      for (std::size_t j = static_cast<std::size_t>(m.topk_group); j < groups.size(); ++j) {
+        if (group_gap) {
+          *group_gap = std::min(*group_gap, groups[j].first - groups[j - 1].first);
+        }
+        for (int64_t e = groups[j].second * per; e < (groups[j].second + 1) * per; ++e) c[e] = 0;
+      }
     }
+    for (int64_t e = 0; e < E; ++e) rows[r].emplace_back(-c[static_cast<std::size_t>(e)], e);
     std::sort(rows[r].begin(), rows[r].end());
   }
   return rows;
@@ -189,12 +239,17 @@ std::vector<std::vector<std::pair<float, int64_t>>> ranked_experts(Fixture& f, i
 bool clear_routing(Fixture& f, const fsdp::LlamaConfig& m, double gap) {
   const int64_t E = m.num_experts, K = m.num_experts_per_tok;
   const auto k = static_cast<std::size_t>(K);
+  // (GLM-4.5's choices are sigmoids, whose slope is at most 1/4; a perturbed embedding moves
+  // them most: `gap / 2` in them)
+  const double choice_gap = m.sigmoid_routing() ? gap / 2 : gap;
   for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
-    const auto rows = ranked_experts(f, l, E);
-    if (rows.empty()) return false;
+    if (!m.layer_sparse(l)) continue;
+    float group_gap = 0;
+    const auto rows = ranked_experts(f, m, l, &group_gap);
+    if (rows.empty() || group_gap < choice_gap) return false;
     std::vector<int> used(static_cast<std::size_t>(E), 0);
     for (const auto& row : rows) {
-      if (K < E && row[k].first - row[k - 1].first < gap) return false;
+      if (K < E && row[k].first - row[k - 1].first < choice_gap) return false;
       for (std::size_t j = 0; j < k; ++j) used[static_cast<std::size_t>(row[j].second)] = 1;
     }
     if (std::find(used.begin(), used.end(), 0) != used.end()) return false;
@@ -271,7 +326,11 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"Qwen2-MoE GQA untied, shared expert, not renormalised", 2, false, false, false,
              false, LlamaArch::qwen2_moe},
         Case{"Qwen2-MoE MQA tied, shared expert, load-balancing loss, llama3", 1, true, false,
-             false, true, LlamaArch::qwen2_moe, 0, false, true}}) {
+             false, true, LlamaArch::qwen2_moe, 0, false, true},
+        Case{"GLM-4.5 GQA untied, q/k/v biases, layer 0 dense, 2 of 3 groups, not renormalised",
+             2, false, true, false, false, LlamaArch::glm4_moe},
+        Case{"GLM-4.5 MQA tied, q/k norms, llama3, renormalised", 1, true, false, false, true,
+             LlamaArch::glm4_moe}}) {
     ModelOptions o;
     if (is_moe(c.arch)) {
       make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias, c.aux);
@@ -288,6 +347,7 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     if (c.arch == LlamaArch::granite) make_granite(o.model);
     if (c.arch == LlamaArch::olmo3) make_olmo3(o.model);
     if (c.longrope) make_phi3_longrope(o.model);
+    if (c.arch == LlamaArch::glm4_moe) o.model.use_qk_norm = c.tied;
     o.model.arch = c.arch;
     o.model.head_dim = c.head_dim;
     o.model.num_key_value_heads = c.kv_heads;
@@ -333,6 +393,12 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         for (int64_t i = n; i < e.spec.numel(); ++i) {
           ASSERT_EQ(grad[e.offset + i], 0.f) << c.what << ": " << e.spec.name << " pad " << i;
         }
+        if (e.spec.name.find("e_score_correction_bias") != std::string::npos) {
+          // GLM-4.5's buffer: no gradient (it moves the routing only, which is held clear)
+          EXPECT_EQ(norm_g, 0.0) << c.what << ": " << e.spec.name;
+          ++checked;
+          continue;
+        }
         const float h = 2e-3f;
         std::vector<float> saved(p + e.offset, p + e.offset + n);
         for (int64_t i = 0; i < n; ++i) p[e.offset + i] = saved[i] + h * d[i];
@@ -360,7 +426,13 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         // the router and 3 projections per expert instead of the MLP's 3; q/k norms
         (is_moe(c.arch) ? 1 + 3 * o.model.num_experts - 3 : 0) +
         (c.arch == LlamaArch::qwen3_moe || c.arch == LlamaArch::olmoe ? 2 : 0);
-    EXPECT_EQ(checked, 1 + 2 * per_layer + 1 + (c.tied ? 0 : 1)) << c.what;
+    // GLM-4.5: layer 0 dense (q/k/v biases or q/k norms), layer 1 sparse with the router's
+    // bias and the shared experts
+    const int glm_dense = 9 + (c.attention_bias ? 3 : 0) + (c.tied ? 2 : 0);
+    const int layers = c.arch == LlamaArch::glm4_moe
+                           ? glm_dense + glm_dense - 3 + 2 + 3 * static_cast<int>(o.model.num_experts) + 3
+                           : 2 * per_layer;
+    EXPECT_EQ(checked, 1 + layers + 1 + (c.tied ? 0 : 1)) << c.what;
   }
 }
 
@@ -444,6 +516,14 @@ void check_reference(const std::string& file) {
       for (int64_t i = n; i < e.spec.numel(); ++i) {
         ASSERT_EQ(g[e.offset + i], 0.f) << file << ": " << e.spec.name << " pad element " << i;
       }
+      // GLM-4.5's e_score_correction_bias is a buffer: its gradient is 0, ours exactly
+      const std::string buffer = "e_score_correction_bias";
+      if (e.spec.name.size() > buffer.size() &&
+          e.spec.name.compare(e.spec.name.size() - buffer.size(), buffer.size(), buffer) == 0) {
+        EXPECT_EQ(gn, 0.0) << file << ": " << e.spec.name;
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(g[e.offset + i], 0.f) << e.spec.name << i;
+        continue;
+      }
       EXPECT_GT(gn, 0.0) << file << ": " << e.spec.name;
       EXPECT_LE(std::sqrt(gd), 1e-5 * std::sqrt(gn)) << file << ": " << e.spec.name;
     }
@@ -467,7 +547,8 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
-                    fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe})
+                    fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
+                    fsdp::LlamaArch::glm4_moe})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -531,7 +612,8 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
-                    fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe})
+                    fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
+                    fsdp::LlamaArch::glm4_moe})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -1288,12 +1370,15 @@ TEST(Llama, Exaone4ConfigJson) {
 
 // The expert load (Model::take_max_expert_load) is the largest (token, pick) count of one
 // expert in one layer over the training micro-batches since the last call, times E / (B T K):
-// recounted here from the router logits' top k; an evaluation forward adds nothing; taking
-// it resets it; a dense model reports 0.
+// recounted here from the router logits' top k (GLM-4.5's: of its group-limited sigmoid
+// choices, its dense layer 0 counting nothing); an evaluation forward adds nothing; taking it
+// resets it; a dense model reports 0.
 TEST(Llama, MaxExpertLoadCountsTheTrainingRouting) {
+  for (const auto arch : {fsdp::LlamaArch::qwen3_moe, fsdp::LlamaArch::glm4_moe}) {
+  SCOPED_TRACE(fsdp::llama_arch_prefix(arch));
   ModelOptions o;
-  make_moe(o.model, fsdp::LlamaArch::qwen3_moe);
-  o.model.num_experts = 5;
+  make_moe(o.model, arch);
+  if (arch == fsdp::LlamaArch::qwen3_moe) o.model.num_experts = 5;
   Fixture f(o);
   perturb_shards(f, 3);
   EXPECT_EQ(f.model.take_max_expert_load(), 0.0);
@@ -1303,8 +1388,8 @@ TEST(Llama, MaxExpertLoadCountsTheTrainingRouting) {
   const int64_t E = o.model.num_experts, K = o.model.num_experts_per_tok, BT = o.B * o.T;
   double want = 0;
   for (int64_t l = 0; l < o.model.num_hidden_layers; ++l) {
-    const auto rows = ranked_experts(f, l, E);
-    ASSERT_EQ(static_cast<int64_t>(rows.size()), BT);
+    const auto rows = ranked_experts(f, o.model, l);
+    ASSERT_EQ(static_cast<int64_t>(rows.size()), o.model.layer_sparse(l) ? BT : 0) << l;
     std::vector<int64_t> count(static_cast<std::size_t>(E), 0);
     for (const auto& row : rows) {
       for (std::size_t j = 0; j < static_cast<std::size_t>(K); ++j) {
@@ -1318,9 +1403,108 @@ TEST(Llama, MaxExpertLoadCountsTheTrainingRouting) {
   EXPECT_GT(want, 1.0);
   EXPECT_EQ(f.model.take_max_expert_load(), want);
   EXPECT_EQ(f.model.take_max_expert_load(), 0.0);  // taken
+  }
   Fixture dense{ModelOptions{}};
   dense.loss_and_grads();
   EXPECT_EQ(dense.model.take_max_expert_load(), 0.0);
+}
+
+// GLM-4.5-Air's config.json (zai-org/GLM-4.5-Air, transformers 4.54's spelling) reads as
+// written: 106,852,245,504 parameters (HF's num_parameters; the routers' 45 x 128
+// e_score_correction_bias values are buffers beside them), layer 0 dense and the others
+// sparse with sigmoid routing, half of each 128-wide head rotated, q/k/v biases without
+// o_proj's; its multi-token-prediction layer is not built (the merge writes
+// num_nextn_predict_layers 0) and the merged config.json reads back to the same model;
+// transformers 5's rope_parameters are read; impossible groups are refused by key.
+TEST(Llama, Glm4MoeConfigJson) {
+  const fsdp::ModelFamily& glm = fsdp::model_family("glm4_moe");
+  const nlohmann::json air = {
+      {"architectures", {"Glm4MoeForCausalLM"}}, {"attention_bias", true},
+      {"attention_dropout", 0.0}, {"pad_token_id", 151329},
+      {"eos_token_id", {151329, 151336, 151338}}, {"head_dim", 128}, {"hidden_act", "silu"},
+      {"hidden_size", 4096}, {"partial_rotary_factor", 0.5}, {"initializer_range", 0.02},
+      {"intermediate_size", 10944}, {"max_position_embeddings", 131072},
+      {"model_type", "glm4_moe"}, {"moe_intermediate_size", 1408}, {"norm_topk_prob", true},
+      {"num_attention_heads", 96}, {"n_group", 1}, {"topk_group", 1}, {"n_routed_experts", 128},
+      {"n_shared_experts", 1}, {"routed_scaling_factor", 1.0}, {"num_experts_per_tok", 8},
+      {"first_k_dense_replace", 1}, {"num_hidden_layers", 46}, {"num_key_value_heads", 8},
+      {"rms_norm_eps", 1e-05}, {"rope_scaling", nullptr}, {"rope_theta", 1000000},
+      {"num_nextn_predict_layers", 1}, {"tie_word_embeddings", false},
+      {"torch_dtype", "bfloat16"}, {"transformers_version", "4.54.0"}, {"use_cache", true},
+      {"use_qk_norm", false}, {"vocab_size", 151552}};
+  const fsdp::ModelConfig mc = glm.from_hf_config(air, "config.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  int64_t params = 0, buffers = 0;
+  for (const auto& m : fsdp::llama_modules(g)) {
+    for (const auto& p : m.params) {
+      (p.name.find("e_score_correction_bias") != std::string::npos ? buffers : params) +=
+          p.unpadded_numel();
+    }
+  }
+  EXPECT_EQ(params, 106852245504);
+  EXPECT_EQ(buffers, 45 * 128);
+  EXPECT_TRUE(g.moe());
+  EXPECT_TRUE(g.sigmoid_routing());
+  EXPECT_FALSE(g.layer_sparse(0));
+  EXPECT_TRUE(g.layer_sparse(1));
+  EXPECT_TRUE(g.layer_sparse(45));
+  EXPECT_EQ(g.mlp_width(0), 10944);
+  EXPECT_EQ(g.mlp_width(1), 1408);
+  EXPECT_EQ(g.shared_size(), 1408);
+  EXPECT_FALSE(g.shared_expert_gated());
+  EXPECT_EQ(g.rotary_dim(), 64);
+  EXPECT_TRUE(g.qkv_bias());
+  EXPECT_FALSE(g.o_bias());
+  EXPECT_FALSE(g.qk_norm());
+  EXPECT_FALSE(g.aux_loss());
+  EXPECT_EQ(g.pad_token_id, 151329);
+  EXPECT_EQ(g.rope_theta, 1e6);
+  const nlohmann::json out = glm.hf_config(mc);
+  EXPECT_EQ(out.at("num_nextn_predict_layers"), 0);
+  EXPECT_EQ(out.at("n_routed_experts"), 128);
+  EXPECT_FALSE(out.contains("output_router_logits"));
+  EXPECT_FALSE(out.contains("num_local_experts"));
+  EXPECT_EQ(glm.canonical(glm.from_hf_config(out, "merged.json")), glm.canonical(mc));
+  // Names: a dense layer's MLP, a sparse one's router, bias, experts and shared experts.
+  for (const std::string name :
+       {"model.layers.0.mlp.gate_proj.weight", "model.layers.1.mlp.gate.weight",
+        "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.45.mlp.experts.127.down_proj.weight",
+        "model.layers.45.mlp.shared_experts.up_proj.weight",
+        "model.layers.3.self_attn.q_proj.bias"}) {
+    EXPECT_TRUE(glm.hf_tensor(mc, name, {1}).has_value()) << name;
+  }
+  for (const std::string name :
+       {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate_proj.weight",
+        "model.layers.3.self_attn.o_proj.bias", "model.layers.46.mlp.gate.weight"}) {
+    EXPECT_FALSE(glm.hf_tensor(mc, name, {1}).has_value()) << name;
+  }
+  // transformers 5: rope_theta and partial_rotary_factor in rope_parameters
+  nlohmann::json v5 = air;
+  v5.erase("rope_theta");
+  v5.erase("partial_rotary_factor");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0},
+                           {"partial_rotary_factor", 0.5}};
+  EXPECT_EQ(glm.canonical(glm.from_hf_config(v5, "v5.json")), glm.canonical(mc));
+  v5["partial_rotary_factor"] = 1.0;
+  expect_refused(glm, v5, "\"rope_parameters.partial_rotary_factor\" 0.5 is not supported");
+  // groups that do not divide the experts, more kept than there are
+  auto key_error = [](const std::string& model, const std::string& needle) {
+    try {
+      fsdp::parse_config("[data]\nsource = \"synthetic\"\n[model]\ntype = \"glm4_moe\"\n" + model,
+                         "input.toml", {});
+      ADD_FAILURE() << "accepted: " << model;
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  key_error("n_routed_experts = 8\nn_group = 3\n",
+            "model.n_group: 3 does not divide model.n_routed_experts = 8");
+  key_error("n_routed_experts = 8\nn_group = 8\n", "into groups of at least 2 experts");
+  key_error("n_routed_experts = 8\nn_group = 2\ntopk_group = 3\n",
+            "model.topk_group: 3 exceeds model.n_group = 2");
+  key_error("output_router_logits = true\n", "output_router_logits");
 }
 
 // The published MoE models' config.json (the attributes of Qwen/Qwen3-30B-A3B,

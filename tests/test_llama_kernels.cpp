@@ -751,6 +751,132 @@ TEST_F(LlamaKernels, MoeRouterMatchesTopKOfTheSoftmaxAndGradientCheck) {
   EXPECT_FLOAT_EQ(w[0], 1.0f / 6);
 }
 
+// DeepSeek-V3's routing in double (HF DeepseekV3MoE.route_tokens_to_experts, Glm4MoeMoE):
+// sigmoid, + bias for the choice, groups scored by their two largest choices, the best
+// topk_group kept (the rest 0), the K largest choices; weights the sigmoids (over their sum
+// + 1e-20 when normalised) times scale. Returns (idx, weights).
+std::pair<std::vector<int32_t>, DVec> sigmoid_route_ref(const Vec& logits, const Vec& bias,
+                                                        int64_t R, int64_t E, int64_t K,
+                                                        const fsdp::Kernels::SigmoidRouting& g) {
+  std::vector<int32_t> idx(static_cast<std::size_t>(R * K));
+  DVec w(idx.size());
+  const int64_t per = E / g.n_group;
+  for (int64_t r = 0; r < R; ++r) {
+    DVec s(static_cast<std::size_t>(E)), c(s.size());
+    for (int64_t e = 0; e < E; ++e) {
+      s[e] = 1 / (1 + std::exp(-double(logits[r * E + e])));
+      c[e] = s[e] + bias[e];
+    }
+    std::vector<int64_t> groups(static_cast<std::size_t>(g.n_group));
+    DVec score(groups.size());
+    for (int64_t q = 0; q < g.n_group; ++q) {
+      DVec in(c.begin() + q * per, c.begin() + (q + 1) * per);
+      std::sort(in.rbegin(), in.rend());
+      score[q] = in[0] + (per > 1 ? in[1] : 0.0);
+      groups[q] = q;
+    }
+    std::stable_sort(groups.begin(), groups.end(),
+                     [&](int64_t a, int64_t b) { return score[a] > score[b]; });
+    for (int64_t j = g.topk_group; j < g.n_group; ++j) {
+      for (int64_t e = groups[j] * per; e < (groups[j] + 1) * per; ++e) c[e] = 0.0;
+    }
+    std::vector<int64_t> order(static_cast<std::size_t>(E));
+    for (int64_t e = 0; e < E; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return c[a] > c[b]; });
+    double top = 1e-20;
+    for (int64_t j = 0; j < K; ++j) top += s[order[j]];
+    for (int64_t j = 0; j < K; ++j) {
+      idx[r * K + j] = static_cast<int32_t>(order[j]);
+      w[r * K + j] = s[order[j]] / (g.normalize ? top : 1.0) * g.scale;
+    }
+  }
+  return {idx, w};
+}
+
+TEST_F(LlamaKernels, MoeSigmoidRouterMatchesGroupLimitedTopKAndGradientCheck) {
+  using G = fsdp::Kernels::SigmoidRouting;
+  struct Case {
+    int64_t R, E, K;
+    G g;
+  };
+  for (const Case& t : {Case{7, 8, 2, G{4, 2, true, 2.5f}}, Case{5, 6, 3, G{1, 1, false, 1.f}},
+                        Case{6, 12, 4, G{3, 1, true, 1.f}}, Case{4, 8, 8, G{2, 2, false, 0.5f}},
+                        Case{3, 16, 1, G{8, 3, true, 1.f}}}) {
+    const std::string what = "R " + std::to_string(t.R) + " E " + std::to_string(t.E) + " K " +
+                             std::to_string(t.K) + " groups " + std::to_string(t.g.n_group) +
+                             "/" + std::to_string(t.g.topk_group) +
+                             (t.g.normalize ? " normalised" : "");
+    const int64_t R = t.R, E = t.E, K = t.K;
+    Vec logits, bias;
+    std::vector<int32_t> idx(R * K, -1);
+    Vec w(R * K, std::numeric_limits<float>::quiet_NaN());
+    // Draws whose routing no perturbation of 2h (the finite differences' h = 1e-3) moves.
+    auto stable = [&] {
+      for (std::size_t i = 0; i < logits.size(); ++i) {
+        for (float d : {-2e-3f, 2e-3f}) {
+          Vec moved = logits;
+          moved[i] += d;
+          std::vector<int32_t> ix(R * K);
+          Vec ww(R * K);
+          be->moe_sigmoid_router_forward(i32(ix), f32(ww), f32(moved), f32(bias), R, E, K, t.g);
+          if (ix != idx) return false;
+        }
+      }
+      return true;
+    };
+    int draws = 0;
+    do {
+      logits = random_vec(R * E, rng, -3.0f, 3.0f);
+      bias = random_vec(E, rng, -0.2f, 0.2f);
+      be->moe_sigmoid_router_forward(i32(idx), f32(w), f32(logits), f32(bias), R, E, K, t.g);
+      ASSERT_LT(++draws, 100) << what;
+    } while (!stable());
+    const auto [ref_idx, ref_w] = sigmoid_route_ref(logits, bias, R, E, K, t.g);
+    ASSERT_EQ(idx, ref_idx) << what;
+    for (std::size_t i = 0; i < w.size(); ++i) ASSERT_NEAR(w[i], ref_w[i], 2e-6) << what;
+    // The bias picks: without it some token chooses otherwise (it is not a no-op here).
+    if (K < E) {
+      std::vector<int32_t> plain(R * K);
+      Vec pw(R * K), zero(E, 0.f);
+      be->moe_sigmoid_router_forward(i32(plain), f32(pw), f32(logits), f32(zero), R, E, K, t.g);
+      EXPECT_EQ(plain, sigmoid_route_ref(logits, zero, R, E, K, t.g).first) << what;
+    }
+    // d(sum w * Rw)/d logits with the routing fixed; the bias gets no gradient
+    const Vec Rw = random_vec(R * K, rng);
+    Vec dlogits(R * E, std::numeric_limits<float>::quiet_NaN());
+    be->moe_sigmoid_router_backward(f32(dlogits), f32(Rw), f32(logits), i32(idx), R, E, K, t.g);
+    auto loss = [&] {
+      std::vector<int32_t> ix(R * K);
+      Vec ww(R * K);
+      be->moe_sigmoid_router_forward(i32(ix), f32(ww), f32(logits), f32(bias), R, E, K, t.g);
+      EXPECT_EQ(ix, idx) << what << ": the routing moved under the perturbation";
+      return dot(ww, Rw);
+    };
+    EXPECT_LT(rel_err(dlogits, numeric_grad(logits, loss, 1e-3f)), 1e-3) << what;
+    for (int64_t r = 0; r < R; ++r) {  // zero off the chosen experts
+      for (int64_t e = 0; e < E; ++e) {
+        bool chosen = false;
+        for (int64_t j = 0; j < K; ++j) chosen = chosen || idx[r * K + j] == e;
+        if (!chosen) ASSERT_EQ(dlogits[r * E + e], 0.f) << what;
+      }
+    }
+  }
+  // Ties go to the lower group and the lower expert; a masked group's experts score 0 (HF's
+  // masked_fill 0.0), and once the kept ones are taken the lowest of them is next.
+  Vec flat(8, 0.f), nobias(8, 0.f);
+  std::vector<int32_t> idx(3);
+  Vec w(3);
+  be->moe_sigmoid_router_forward(i32(idx), f32(w), f32(flat), f32(nobias), 1, 8, 3,
+                                 G{4, 1, false, 1.f});
+  EXPECT_EQ(idx, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_FLOAT_EQ(w[0], 0.5f);
+  Vec neg = {-0.9f, -0.9f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, low(8, -3.f);
+  low[0] = low[1] = 3.f;  // group 0's sigmoids near 1, minus 0.9: choices ~0.05 > 0
+  be->moe_sigmoid_router_forward(i32(idx), f32(w), f32(low), f32(neg), 1, 8, 3,
+                                 G{4, 1, true, 1.f});
+  EXPECT_EQ(idx, (std::vector<int32_t>{0, 1, 2}));  // then expert 2, masked to 0
+}
+
 TEST_F(LlamaKernels, MoeCombineIsTheWeightedSumAndGradientCheck) {
   const int64_t R = 5, K = 3, C = 19, N = R * K;
   std::vector<int32_t> slot(N);
@@ -870,6 +996,27 @@ TEST_F(LlamaKernels, MoeArgumentErrors) {
                "moe_router_forward: idx is fp32");
   expect_error([&] { be->moe_router_forward(i32(idx), f32(w), f32(logits), 4, 4, 2, true); },
                "moe_router_forward: idx is int32 [6] but needs at least 8 elements");
+  // the sigmoid router's groups: not dividing E, of one expert, more kept than there are
+  using G = fsdp::Kernels::SigmoidRouting;
+  Vec bias(4);
+  expect_error([&] {
+    be->moe_sigmoid_router_forward(i32(idx), f32(w), f32(logits), f32(bias), 3, 4, 2,
+                                   G{3, 1, true, 1.f});
+  }, "moe_sigmoid_router_forward: n_group = 3 (expected 1, or a divisor of E = 4 into groups "
+     "of at least 2 experts)");
+  expect_error([&] {
+    be->moe_sigmoid_router_backward(f32(dl), f32(w), f32(logits), i32(idx), 3, 4, 2,
+                                    G{4, 1, true, 1.f});
+  }, "moe_sigmoid_router_backward: n_group = 4");
+  expect_error([&] {
+    be->moe_sigmoid_router_forward(i32(idx), f32(w), f32(logits), f32(bias), 3, 4, 2,
+                                   G{2, 3, true, 1.f});
+  }, "moe_sigmoid_router_forward: topk_group = 3 (expected 1 <= topk_group <= n_group = 2)");
+  Vec short_bias(3);
+  expect_error([&] {
+    be->moe_sigmoid_router_forward(i32(idx), f32(w), f32(logits), f32(short_bias), 3, 4, 2,
+                                   G{2, 1, true, 1.f});
+  }, "moe_sigmoid_router_forward: bias is fp32 [3] but needs at least 4 elements");
   // an expert index out of range in backward; a slot out of range
   std::vector<int32_t> bad_idx = {0, 1, 2, 3, 0, 4};
   expect_error([&] {

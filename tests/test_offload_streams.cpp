@@ -652,6 +652,18 @@ class DeferredKernels final : public fsdp::Kernels {
       in_.moe_router_backward(dlogits, dweights, logits, idx, R, E, K, normalize);
     });
   }
+  void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
+                                  const TensorView& logits, const TensorView& bias, int64_t R,
+                                  int64_t E, int64_t K, const SigmoidRouting& g) override {
+    later([=, this] { in_.moe_sigmoid_router_forward(idx, weights, logits, bias, R, E, K, g); });
+  }
+  void moe_sigmoid_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                   const TensorView& logits, const TensorView& idx, int64_t R,
+                                   int64_t E, int64_t K, const SigmoidRouting& g) override {
+    later([=, this] {
+      in_.moe_sigmoid_router_backward(dlogits, dweights, logits, idx, R, E, K, g);
+    });
+  }
   void moe_combine_forward(const TensorView& out, const TensorView& rows,
                            const TensorView& weights, const TensorView& slot, int64_t R, int64_t K,
                            int64_t C) override {

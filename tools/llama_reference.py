@@ -10,7 +10,7 @@ down_proj(silu(gate_proj(x)) * up_proj(x)) (+ biases when mlp_bias), a residual;
 `norm`, lm_head (or embed_tokens when tie_word_embeddings) and the mean cross-entropy over the
 B*T targets (given per position: HF's own `labels` argument would shift them by one). The
 embedding is nn.Embedding with padding_idx = pad_token_id (the class's default when config.json
-has none: Olmo2Config and OlmoeConfig 1, Phi3Config 32000, Gemma3TextConfig 0, else None), as every one of
+has none: Olmo2Config and OlmoeConfig 1, Phi3Config 32000, Gemma3TextConfig 0, else None (Glm4MoeConfig too)), as every one of
 these classes builds it: the lookup adds nothing to that row's gradient (the phi3 variants'
 pad_token_id 0 is looked up in 1l_gqa_untied_rope1e4_phi3).
 
@@ -22,7 +22,8 @@ interpreter, /usr/bin/python3, not another one first on PATH) from the repositor
 Check that the committed fixtures are what this script makes, and the script's own self-tests
 (finite differences, a loop-by-loop second implementation, GQA/MHA and tied/untied identities,
 the llama3 RoPE branches, the MoE routing margins and the K = E dense identity, Qwen2-MoE's
-shared expert at a zero gate, the load-balancing loss's identities and finite differences):
+shared expert at a zero gate, GLM-4.5's router bias, groups, scaling and shared experts, the
+load-balancing loss's identities and finite differences):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
@@ -80,14 +81,33 @@ intermediate_size wide; norm_topk_prob; padding_idx OlmoeConfig's 1) or qwen2moe
 biases (qkv_bias true), none on o_proj, no head_dim attribute; with _swa use_sliding_window and
 the window 3 on the layers from max_window_layers = 1 on, as qwen2's, and layer_types spelled
 out to match (transformers 5's Qwen2MoeConfig derives another list when it is absent); every
-layer sparse; experts moe_intermediate_size wide; norm_topk_prob; and a shared expert). The MoE
+layer sparse; experts moe_intermediate_size wide; norm_topk_prob; and a shared expert) or glm4moe
+(Glm4MoeForCausalLM, model_type glm4_moe, modeling_glm4_moe.py, GLM-4.5 and GLM-4.5-Air: Llama's
+pre-norm layer (DeepseekV3's decoder layer); q/k/v biases under attention_bias, none on o_proj;
+per-head q_norm / k_norm (Qwen3's) under use_qk_norm; head_dim 12; partial_rotary_factor 0.5:
+RoPE in the rotate-half layout on the first 6 of each head's 12 columns (pairs (i, i + 3),
+inv_freq over dim 6, Phi-3's _partial rotation), the rest passed through; no window; the first
+first_k_dense_replace layers dense (Llama's MLP, intermediate_size wide), the others sparse with
+DeepseekV3's block, sizes per variant in MOE and GLM4_MOE, as are attention_bias and
+use_qk_norm (no _attnbias word: 1l_gqa_untied_rope1e4_glm4moe's q/k/v are biased, and layer 0
+sparse; 3l_mqa_tied_llama3_glm4moe's heads q/k-normed, layer 0 dense); no auxiliary loss: the
+class has none). The MoE
 block on a token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over the
 E experts (gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending)
 and their experts; w = those p, divided by their sum when renormalised; output sum_j w_j
 down(silu(gate(x)) * up(x)) of expert j, no biases; Qwen2-MoE adds its shared expert, a SwiGLU
 MLP shared_expert_intermediate_size wide run on every token, times the token's
 sigmoid(x shared_expert_gate.weight^T) (shared_expert_gate.weight [1, C]): routed sum +
-sigmoid(gate) * shared_expert(x) (the others have no shared expert); no auxiliary
+sigmoid(gate) * shared_expert(x) (Qwen3-MoE, Mixtral and OLMoE have no shared expert). GLM-4.5's
+block is DeepseekV3's instead: s = sigmoid(x gate.weight^T) (HF's GEMM in float32); choice
+scores c = s + gate.e_score_correction_bias (a float32 buffer [E], in the state dict, never
+trained); the E experts are n_group groups of E / n_group consecutive ones, a group's score the
+sum of its two largest c; the topk_group best groups kept, every other expert's c set to 0.0
+(masked_fill 0.0, not -inf); the K largest masked c chosen (torch.topk); w = the chosen s (not
+c), divided by (their sum + 1e-20) under norm_topk_prob, times routed_scaling_factor; output sum_j
+w_j expert_j(x) + shared_experts(x), a SwiGLU MLP moe_intermediate_size * n_shared_experts wide on
+every token, ungated and unscaled. The choice carries no gradient: the weights' flows through s,
+and the bias gets none (its grad line is zeros, the C++ model's never-trained parameter). No auxiliary
 load-balancing loss (output_router_logits false: the loss is the plain cross-entropy) unless
 _aux (MoE only): output_router_logits true and router_aux_loss_coef 0.1 (else the class's
 default, 0.001, or OLMoE's 0.01), the loss then HF's mean cross-entropy + 0.1 aux, where aux is
@@ -102,15 +122,27 @@ every `grad` line are the total's, `logits` unchanged. An _aux variant draws the
 tokens and targets of its twin without _aux (seed_name): the same logits and routing. Names:
 model.layers.{l}.mlp.gate.weight and mlp.experts.{e}.{gate_proj, up_proj, down_proj}.weight
 (Qwen3-MoE, OLMoE, Qwen2-MoE; Qwen2-MoE's then mlp.shared_expert.{gate_proj, up_proj,
-down_proj}.weight [Is, C], [Is, C], [C, Is] and mlp.shared_expert_gate.weight [1, C]),
+down_proj}.weight [Is, C], [Is, C], [C, Is] and mlp.shared_expert_gate.weight [1, C]); GLM-4.5's
+in another order: mlp.experts.{e}.{gate_proj, up_proj, down_proj}.weight for e = 0..E-1, then
+mlp.gate.weight [E, C], mlp.gate.e_score_correction_bias [E], mlp.shared_experts.{gate_proj,
+up_proj, down_proj}.weight [Is, C], [Is, C], [C, Is] (Is = moe_intermediate_size *
+n_shared_experts), and its dense layers' mlp.{gate_proj, up_proj, down_proj}.weight as Llama's,
 model.layers.{l}.block_sparse_moe.gate.weight and
 block_sparse_moe.experts.{e}.{w1, w2, w3}.weight (Mixtral; listed w1, w2, w3), after the
 attention's and before the two norms. The routing is unambiguous in float32: for every token of every layer the
 sorted probabilities p_1 >= ... >= p_K+1 differ by at least ROUTE_MARGIN = 1e-3 relative
 (p_j - p_j+1 >= 1e-3 p_j, j = 1..K), and every expert is chosen by some token; make_case
 re-draws the router weights from the seed crc32("<variant>/router<n>") (the variant's name less
-_aux), n = 1, 2, ..., until both hold (asserted; the other draws are unchanged).
-A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3: 12), intermediate 40, vocab 37:
+_aux), n = 1, 2, ..., until both hold (asserted; the other draws are unchanged). GLM-4.5's
+routing is checked in float32 (the float64 forward's router logits rounded to float32, the
+float32 bias): the sorted masked choice scores c_j - c_j+1 >= 1e-3 |c_j| for j = 1..K (so the
+chosen c are > 0 wherever a group is masked: a masked 0.0 is never chosen, and a -inf mask would
+choose alike), with n_group > 1 the topk_group-th and the next sorted group score as far apart,
+every expert chosen in every sparse layer, the float64 forward's choices, and the bias changing
+some token's choice against a zero bias; its e_score_correction_bias is drawn N(0, 0.1), rounded
+to 1e-3, from crc32("<variant>/bias") (not from the variant's seed, whose draws skip it); only
+the routers are re-drawn.
+A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe: 12), intermediate 40, vocab 37:
 not a multiple of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
 biases N(0, 0.3), RMSNorm weights 1 + N(0, 0.3); every value rounded to a multiple of 1e-3 so
@@ -131,13 +163,16 @@ pieces in float32 (inv_freq, the llama3 rescaling and cos/sin; RMSNorm's normali
 softmax in recent versions; the MoE blocks' router softmax); those differences (~1e-7 relative)
 are far below what the tests resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
 params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-660 KB
-(MoE: 1-layer ~355-420 KB, 3-layer ~770 KB-1.1 MB).
+(MoE: 1-layer ~355-420 KB, 3-layer ~770 KB-1.1 MB; glm4moe's 8 experts and shared experts 1-layer
+~660 KB, 3-layer ~1.1 MB).
 
 llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
 ~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
 as HF's validation wants), low_freq_factor 0.01 and high_freq_factor 0.1 put the low/high
 wavelength bounds at 800 and 80, so the four frequencies are untouched / smoothed (s ~ 0.42) /
-scaled / scaled: every branch is exercised (checked by --selftest).
+scaled / scaled: every branch is exercised (checked by --selftest). glm4moe rotates 6 of its 12
+columns: 3 frequencies over dim 6, wavelengths ~6.28, ~499, ~4.0e4: untouched / smoothed /
+scaled (checked by --selftest too).
 """
 import json
 import math
@@ -171,9 +206,10 @@ ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwe
          "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3",
          "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma",
          "exaone4": "Exaone4", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral", "olmoe": "Olmoe",
-         "qwen2moe": "Qwen2Moe"}  # HF class prefix
-MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}  # HF model_type where it is not the variant's word
-MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe"}  # the Mixture-of-Experts classes' words
+         "qwen2moe": "Qwen2Moe", "glm4moe": "Glm4Moe"}  # HF class prefix
+MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
+               "glm4moe": "glm4_moe"}  # HF model_type where it is not the variant's word
+MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe", "glm4moe"}  # the Mixture-of-Experts classes' words
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
@@ -219,12 +255,14 @@ VARIANTS = [
     "3l_gqa_tied_llama3_olmoe_aux",
     "1l_gqa_untied_rope1e4_qwen2moe",
     "3l_mqa_tied_llama3_qwen2moe_swa",
+    "1l_gqa_untied_rope1e4_glm4moe",
+    "3l_mqa_tied_llama3_glm4moe",
 ]
 # The Mixture-of-Experts variants' routers: (experts E, experts per token K, expert size,
 # norm_topk_prob; None: Mixtral, whose K weights are always renormalised[, Qwen2-MoE: the shared
-# expert's size]). The expert size is Qwen3MoeConfig's and Qwen2MoeConfig's
-# moe_intermediate_size, MixtralConfig's and OlmoeConfig's intermediate_size; the shared expert's
-# Qwen2MoeConfig's shared_expert_intermediate_size.
+# expert's size; GLM-4.5: its GLM4_MOE row]). The expert size is Qwen3MoeConfig's,
+# Qwen2MoeConfig's and Glm4MoeConfig's moe_intermediate_size, MixtralConfig's and OlmoeConfig's
+# intermediate_size; the shared expert's Qwen2MoeConfig's shared_expert_intermediate_size.
 MOE = {
     "1l_gqa_untied_rope1e4_qwen3moe": (4, 2, 24, True),
     "3l_mqa_tied_llama3_qwen3moe": (5, 3, 20, False),
@@ -236,7 +274,24 @@ MOE = {
     "3l_gqa_tied_llama3_olmoe_aux": (6, 2, 20, True),
     "1l_gqa_untied_rope1e4_qwen2moe": (4, 2, 24, False, 28),
     "3l_mqa_tied_llama3_qwen2moe_swa": (5, 2, 20, True, 24),
+    "1l_gqa_untied_rope1e4_glm4moe": (8, 2, 24, True, "1l_gqa_untied_rope1e4_glm4moe"),
+    "3l_mqa_tied_llama3_glm4moe": (6, 2, 20, False, "3l_mqa_tied_llama3_glm4moe"),
 }
+# The glm4moe variants' other Glm4MoeConfig attributes: the first first_k_dense_replace layers
+# dense (Llama's MLP, intermediate_size wide), the others sparse; n_shared_experts (the shared
+# experts' MLP is moe_intermediate_size * n_shared_experts wide); n_group groups of E / n_group
+# consecutive experts, of which topk_group are kept; routed_scaling_factor; attention_bias (q/k/v
+# only); use_qk_norm (per-head q_norm / k_norm).
+GLM4_MOE = {
+    "1l_gqa_untied_rope1e4_glm4moe": {"first_k_dense_replace": 0, "n_shared_experts": 1, "n_group": 4,
+                                      "topk_group": 2, "routed_scaling_factor": 2.5,
+                                      "attention_bias": True, "use_qk_norm": False},
+    "3l_mqa_tied_llama3_glm4moe": {"first_k_dense_replace": 1, "n_shared_experts": 2, "n_group": 1,
+                                   "topk_group": 1, "routed_scaling_factor": 1.0,
+                                   "attention_bias": False, "use_qk_norm": True},
+}
+GLM_PARTIAL_ROTARY = 0.5  # Glm4MoeConfig's partial_rotary_factor (GLM-4.5's): 6 of head_dim 12 rotated
+GLM_BIAS_STD = 0.1  # the std of the drawn e_score_correction_bias (its own seed; see make_params)
 # The _aux variants' auxiliary load-balancing loss (output_router_logits true): its weight
 # router_aux_loss_coef (the classes' defaults, in the other MoE variants' config.json: Qwen3-MoE,
 # Qwen2-MoE and Mixtral 0.001, OLMoE 0.01). An _aux variant draws the weights, tokens and targets of its twin
@@ -273,7 +328,7 @@ def hf_config(variant):
     if archs & MOE_ARCHS:  # sized by MOE[variant]
         assert variant in MOE, variant
         moe_config = {"qwen3moe": qwen3moe_config, "mixtral": mixtral_config, "olmoe": olmoe_config,
-                      "qwen2moe": qwen2moe_config}
+                      "qwen2moe": qwen2moe_config, "glm4moe": glm4moe_config}
         return moe_config[archs.pop()](MOE[variant], int(layers[:-1]), attn, tied, rope, flags)
     if archs:
         return other_arch_config(archs.pop(), int(layers[:-1]), attn, tied, rope, flags)
@@ -512,6 +567,32 @@ def olmoe_config(sizes, layers, attn, tied, rope, flags):
     return cfg
 
 
+def glm4moe_config(sizes, layers, attn, tied, rope, flags):
+    """config.json of a Glm4MoeForCausalLM variant (Glm4MoeConfig's attributes in its order):
+    head_dim 12 != hidden / heads, partial_rotary_factor 0.5, no window, pad_token_id absent
+    (None); n_routed_experts / num_experts_per_tok / moe_intermediate_size / norm_topk_prob from
+    MOE, the rest from GLM4_MOE; no auxiliary loss (the class has none), no MTP layer
+    (num_nextn_predict_layers 0); intermediate_size 40, the dense layers' MLP."""
+    assert not flags & {"attnbias", "mlpbias", "swa", "aux"} and len(sizes) == 5, (flags, sizes)
+    E, K, size, norm, name = sizes
+    glm = GLM4_MOE[name]
+    assert 0 <= glm["first_k_dense_replace"] < layers and E % glm["n_group"] == 0 and E // glm["n_group"] >= 2
+    return {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "partial_rotary_factor": GLM_PARTIAL_ROTARY,
+            "num_key_value_heads": KV_HEADS[attn], "hidden_act": "silu", "max_position_embeddings": MAX_POS,
+            "initializer_range": 0.02, "rms_norm_eps": EPS, "use_cache": True,
+            "tie_word_embeddings": tied == "tied", "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
+            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else SCALINGS[rope] and dict(SCALINGS[rope]),
+            "attention_bias": glm["attention_bias"], "attention_dropout": 0.0,
+            "moe_intermediate_size": size, "num_experts_per_tok": K,
+            "n_shared_experts": glm["n_shared_experts"], "n_routed_experts": E,
+            "routed_scaling_factor": glm["routed_scaling_factor"], "n_group": glm["n_group"],
+            "topk_group": glm["topk_group"], "first_k_dense_replace": glm["first_k_dense_replace"],
+            "norm_topk_prob": norm, "use_qk_norm": glm["use_qk_norm"], "head_dim": HEAD_DIM_QWEN3,
+            "num_nextn_predict_layers": 0, "torch_dtype": "float32"}
+
+
 def sized_config(cls, model_type, layers, attn, rope):
     """The leading attributes every class without head_dim shares: class, sizes, norm epsilon
     and RoPE (rope1e4 / linear / yarn: theta 1e4; llama3: theta 5e5 with LLAMA3_SCALING)."""
@@ -599,8 +680,8 @@ def qkv_bias(cfg):  # Qwen2Attention: q/k/v always biased, o_proj never (Qwen2-M
     return cfg.get("attention_bias", False) or cfg["model_type"] == "qwen2"
 
 
-def o_bias(cfg):
-    return cfg.get("attention_bias", False)
+def o_bias(cfg):  # (Glm4MoeAttention: o_proj never biased)
+    return cfg.get("attention_bias", False) and not glm4moe(cfg)
 
 
 def mlp_bias(cfg):
@@ -608,6 +689,9 @@ def mlp_bias(cfg):
 
 
 def qk_norm(cfg):  # Qwen3Attention's (Qwen3-MoE's, Gemma 3's, EXAONE 4's) q_norm / k_norm over each head
+    # (GLM-4.5's under use_qk_norm)
+    if glm4moe(cfg):
+        return cfg.get("use_qk_norm", False)
     return cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text", "exaone4")
 
 
@@ -694,7 +778,14 @@ def post_norms(cfg):  # Olmo2DecoderLayer (OLMo 2, OLMo 3, EXAONE 4): sublayer o
 
 
 def moe(cfg):  # the Mixture-of-Experts classes
-    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe")
+
+
+def glm4moe(cfg):
+    """Glm4MoeForCausalLM (DeepseekV3's MoE block): the sigmoid router with
+    e_score_correction_bias, group-limited top-K, routed_scaling_factor, ungated shared experts;
+    the first first_k_dense_replace layers dense."""
+    return cfg["model_type"] == "glm4_moe"
 
 
 def shared_expert(cfg):
@@ -706,7 +797,9 @@ def shared_expert(cfg):
 def sparse_layer(cfg, layer):
     """Whether a layer has the sparse MoE block in place of the MLP: Qwen3MoeDecoderLayer's and
     Qwen2MoeDecoderLayer's rule (not in mlp_only_layers, and (layer + 1) % decoder_sparse_step
-    == 0); every layer of Mixtral and OLMoE."""
+    == 0); Glm4MoeDecoderLayer's: from first_k_dense_replace on; every layer of Mixtral and OLMoE."""
+    if glm4moe(cfg):
+        return layer >= cfg["first_k_dense_replace"]
     if cfg["model_type"] in ("qwen3_moe", "qwen2_moe"):
         return layer not in cfg.get("mlp_only_layers", []) and (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
     return moe(cfg)
@@ -716,12 +809,15 @@ def moe_prefix(cfg, layer):  # the block's module: Mixtral's block_sparse_moe, t
     return f"model.layers.{layer}." + ("block_sparse_moe." if cfg["model_type"] == "mixtral" else "mlp.")
 
 
-def num_experts(cfg):  # MixtralConfig's num_local_experts, the others' num_experts
+def num_experts(cfg):  # MixtralConfig's num_local_experts, Glm4MoeConfig's n_routed_experts, the others' num_experts
+    if glm4moe(cfg):
+        return cfg["n_routed_experts"]
     return cfg["num_local_experts"] if cfg["model_type"] == "mixtral" else cfg["num_experts"]
 
 
-def expert_size(cfg):  # Qwen3-MoE's and Qwen2-MoE's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
-    return cfg["moe_intermediate_size"] if cfg["model_type"] in ("qwen3_moe", "qwen2_moe") else cfg["intermediate_size"]
+def expert_size(cfg):  # Qwen3-MoE's, Qwen2-MoE's, GLM-4.5's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
+    moe_sized = cfg["model_type"] in ("qwen3_moe", "qwen2_moe", "glm4_moe")
+    return cfg["moe_intermediate_size"] if moe_sized else cfg["intermediate_size"]
 
 
 def expert_projs(cfg):
@@ -804,7 +900,15 @@ def param_shapes(cfg):
             shapes += [(a + "q_norm.weight", (D,)), (a + "k_norm.weight", (D,))]
         if olmo2(cfg):
             shapes += [(a + "q_norm.weight", (H * D,)), (a + "k_norm.weight", (Hkv * D,))]
-        if sparse_layer(cfg, l):  # the router, then each expert's three matrices
+        if sparse_layer(cfg, l) and glm4moe(cfg):  # the experts, the router and its bias, the shared experts
+            x, Im, Is = moe_prefix(cfg, l), expert_size(cfg), expert_size(cfg) * cfg["n_shared_experts"]
+            shapes += [(f"{x}experts.{e}.{name}.weight", dims) for e in range(num_experts(cfg))
+                       for name, dims in (("gate_proj", (Im, C)), ("up_proj", (Im, C)), ("down_proj", (C, Im)))]
+            shapes += [(x + "gate.weight", (num_experts(cfg), C)),
+                       (x + "gate.e_score_correction_bias", (num_experts(cfg),))]
+            shapes += [(x + "shared_experts.gate_proj.weight", (Is, C)), (x + "shared_experts.up_proj.weight", (Is, C)),
+                       (x + "shared_experts.down_proj.weight", (C, Is))]
+        elif sparse_layer(cfg, l):  # the router, then each expert's three matrices
             x, Im = moe_prefix(cfg, l), expert_size(cfg)
             shapes.append((x + "gate.weight", (num_experts(cfg), C)))
             dims = dict(zip(expert_projs(cfg)[0], ((Im, C), (Im, C), (C, Im))))
@@ -834,9 +938,17 @@ def draw(cfg, name, shape, gen):
     return (torch.round(x.to(torch.float64) * 1000.0) / 1000.0 + 0.0).to(torch.float32)
 
 
-def make_params(cfg, gen):
-    """float32 values, each a multiple of 1e-3 (printed exactly by fmt_param)."""
-    return {name: draw(cfg, name, shape, gen) for name, shape in param_shapes(cfg)}
+def make_params(cfg, gen, bias_gen=None):
+    """float32 values, each a multiple of 1e-3 (printed exactly by fmt_param); GLM-4.5's
+    e_score_correction_bias drawn from bias_gen instead (draw_bias)."""
+    return {name: draw_bias(shape, bias_gen) if name.endswith(".e_score_correction_bias")
+            else draw(cfg, name, shape, gen) for name, shape in param_shapes(cfg)}
+
+
+def draw_bias(shape, gen):
+    """A GLM-4.5 router's e_score_correction_bias: N(0, GLM_BIAS_STD), a multiple of 1e-3."""
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32) * GLM_BIAS_STD
+    return (torch.round(x.to(torch.float64) * 1000.0) / 1000.0 + 0.0).to(torch.float32)
 
 
 def seed_name(variant):
@@ -848,11 +960,13 @@ def seed_name(variant):
 def make_case(variant):
     """(config, float32 params, tokens [B, T], targets [B, T]) of a variant, seeded by its name
     (seed_name). MoE variants: the router weights re-drawn until the routing is unambiguous
-    (ROUTE_MARGIN)."""
+    (ROUTE_MARGIN). GLM-4.5: the e_score_correction_bias drawn from crc32("<variant>/bias")
+    (the other draws as without it)."""
     cfg = hf_config(variant)
     seed = seed_name(variant)
     gen = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
-    params = make_params(cfg, gen)
+    bias_gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/bias".encode())) if glm4moe(cfg) else None
+    params = make_params(cfg, gen, bias_gen)
     tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
     targets = torch.randint(0, VOCAB, (B, T), generator=gen)
     if gemma(cfg):  # the padding row is looked up (and gets no gradient from it)
@@ -893,8 +1007,74 @@ def routing_margin(cfg, probs):
 
 
 def routing_ok(cfg, params32, tokens):
+    if glm4moe(cfg):
+        r = glm_routing(cfg, params32, tokens)
+        return (r["margin"] >= ROUTE_MARGIN and r["group_margin"] >= ROUTE_MARGIN and r["covered"]
+                and r["same"] and r["bias_moves"] > 0)
     margin, covered = routing_margin(cfg, router_probs(cfg, params32, tokens))
     return margin >= ROUTE_MARGIN and covered
+
+
+def glm_route(logits, bias, cfg):
+    """GLM-4.5's (DeepseekV3's) routing of router logits [N, E] with e_score_correction_bias [E],
+    in the logits' dtype: (s = sigmoid(logits), the group scores [N, n_group], the masked choice
+    scores [N, E], the K chosen experts [N, K] (torch.topk, descending), their weights [N, K]).
+    c = s + bias; a group's score the sum of its two largest c; the topk_group best groups kept,
+    every other group's c set to 0.0; the K largest masked c chosen; the weights the chosen s
+    (not c), / (their sum + 1e-20) when norm_topk_prob, times routed_scaling_factor."""
+    N, E = logits.shape
+    G, K = cfg["n_group"], cfg["num_experts_per_tok"]
+    s = torch.sigmoid(logits)
+    c = s + bias
+    groups = c.view(N, G, E // G).topk(2, dim=-1).values.sum(-1)
+    kept = torch.zeros(N, G, dtype=torch.bool).scatter(1, torch.topk(groups, cfg["topk_group"], dim=-1).indices, True)
+    masked = c.masked_fill(~kept.repeat_interleave(E // G, dim=1), 0.0)
+    idx = torch.topk(masked, K, dim=-1).indices
+    w = s.gather(1, idx)
+    if cfg["norm_topk_prob"]:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    return s, groups, masked, idx, w * cfg["routed_scaling_factor"]
+
+
+def glm_routing(cfg, params32, tokens):
+    """GLM-4.5's routing recomputed in float32 from each sparse layer's router logits (of the
+    float64 forward, rounded to float32: HF's router GEMM is float32) and the float32 bias:
+    margin, the smallest relative gap (c_j - c_j+1) / |c_j|, j = 1..K, of the sorted masked
+    choice scores (0 for a tie); group_margin, that of the topk_group-th and the next sorted group
+    score (inf with one group); covered, whether every layer chose every expert; same, whether the
+    float32 choices are the float64 forward's; bias_moves, the tokens (of all layers) whose chosen
+    set differs with a zero bias; groups_move, those whose chosen set differs with every group
+    kept."""
+    K, E, G, TG = cfg["num_experts_per_tok"], num_experts(cfg), cfg["n_group"], cfg["topk_group"]
+    probe, routers = [], []
+    with torch.no_grad():
+        forward({n: t.to(torch.float64) for n, t in params32.items()}, cfg, tokens, probe, routers)
+    out = {"margin": float("inf"), "group_margin": float("inf"), "covered": True, "same": True,
+           "bias_moves": 0, "groups_move": 0}
+    layers = [l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l)]
+
+    def rel_gap(top, j):  # (top[:, j] - top[:, j + 1]) / |top[:, j]| of each row, 0 where not > 0
+        gap = top[:, j] - top[:, j + 1]
+        return float(torch.where(gap > 0, gap / top[:, j].abs(), torch.zeros_like(gap)).min())
+
+    def chosen_sets(idx):
+        return idx.sort(-1).values
+
+    for l, logits, masked64 in zip(layers, routers, probe):
+        bias = params32[moe_prefix(cfg, l) + "gate.e_score_correction_bias"]
+        _, groups, masked, idx, _ = glm_route(logits.to(torch.float32), bias, cfg)
+        top = masked.sort(-1, descending=True).values
+        out["margin"] = min([out["margin"]] + [rel_gap(top, j) for j in range(K)])
+        if G > 1:
+            out["group_margin"] = min(out["group_margin"], rel_gap(groups.sort(-1, descending=True).values, TG - 1))
+        out["covered"] = out["covered"] and set(idx.flatten().tolist()) == set(range(E))
+        chosen64 = torch.topk(masked64, K, dim=-1).indices
+        out["same"] = out["same"] and torch.equal(chosen_sets(idx), chosen_sets(chosen64))
+        unbiased = glm_route(logits.to(torch.float32), torch.zeros_like(bias), cfg)[3]
+        out["bias_moves"] += int((chosen_sets(unbiased) != chosen_sets(idx)).any(-1).sum())
+        ungrouped = glm_route(logits.to(torch.float32), bias, dict(cfg, topk_group=G))[3]
+        out["groups_move"] += int((chosen_sets(ungrouped) != chosen_sets(idx)).any(-1).sum())
+    return out
 
 
 # ---- the model (vectorised) ---------------------------------------------------------------------
@@ -981,7 +1161,9 @@ def rotate_half(x):
 
 def moe_block(h, p, cfg, layer, probe=None, routers=None):
     """The sparse MoE block on h [B, T, C] (Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
-    OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock): router softmax over the E experts, its K largest
+    OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock; Glm4MoeMoE: glm_route's sigmoid, bias, groups and
+    scaled weights in place of the softmax, plus its shared experts, ungated, and probe gets the
+    masked choice scores): router softmax over the E experts, its K largest
     (torch.topk, in descending order) as the weights, divided by their sum when renormalise(cfg);
     each token's output the weighted sum of its K experts' SwiGLU MLPs, computed expert by expert
     over the tokens that chose it (index_add, as HF); Qwen2-MoE adds to that sum its shared
@@ -992,13 +1174,18 @@ def moe_block(h, p, cfg, layer, probe=None, routers=None):
     m, (gate, up, down) = moe_prefix(cfg, layer), expert_projs(cfg)[0]
     x = h.reshape(Bn * Tn, C)
     logits = x @ p[m + "gate.weight"].T  # [N, E]
-    probs = logits.softmax(-1)
+    if glm4moe(cfg):  # GLM-4.5: sigmoid, the bias (selection only), groups, routed_scaling_factor
+        _, _, masked, idx, w = glm_route(logits, p[m + "gate.e_score_correction_bias"].detach(), cfg)
+        probs = masked  # (probe: the masked choice scores, whose topk is the choice)
+    else:
+        probs = logits.softmax(-1)
     if probe is not None:
         probe.append(probs.detach())
     if routers is not None:
         routers.append(logits)
-    w, idx = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)  # [N, K]
-    if renormalise(cfg):
+    if not glm4moe(cfg):
+        w, idx = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)  # [N, K]
+    if renormalise(cfg) and not glm4moe(cfg):
         w = w / w.sum(-1, keepdim=True)
     out = torch.zeros_like(x)
     for e in range(num_experts(cfg)):
@@ -1014,6 +1201,8 @@ def moe_block(h, p, cfg, layer, probe=None, routers=None):
         g = x @ p[s + "gate_proj.weight"].T
         y = (g * torch.sigmoid(g) * (x @ p[s + "up_proj.weight"].T)) @ p[s + "down_proj.weight"].T
         out = out + torch.sigmoid(x @ p[m + "shared_expert_gate.weight"].T) * y
+    if glm4moe(cfg):  # + the shared experts, ungated and unscaled
+        out = out + shared_mlp(x, p, m, "shared_experts.")
     return out.view(Bn, Tn, C)
 
 
@@ -1152,7 +1341,16 @@ def run(cfg, params32, tokens, targets):
     params = {n: t.to(torch.float64).requires_grad_(True) for n, t in params32.items()}
     logits, loss = model_loss(params, cfg, tokens, targets)
     loss.backward()
+    zero_unused_grads(params)
     return params, logits.detach(), loss.detach()
+
+
+def zero_unused_grads(params):
+    """A gradient of zeros for each tensor the loss does not reach (GLM-4.5's
+    e_score_correction_bias: a buffer used only to choose the experts)."""
+    for t in params.values():
+        if t.grad is None:
+            t.grad = torch.zeros_like(t)
 
 
 # ---- the fixture text ---------------------------------------------------------------------------
@@ -1284,9 +1482,39 @@ def naive_loss(p, cfg, tokens, targets):
         inner = math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)
         return g * (torch.exp(inner) / (torch.exp(inner) + torch.exp(-inner)))  # = 0.5 g (1 + tanh)
 
+    def swiglu(h, pre):  # down(silu(gate h) * up h) of the MLP named pre
+        return lin(act(lin(h, pre + "gate_proj", False)) * lin(h, pre + "up_proj", False), pre + "down_proj", False)
+
+    def glm_mlp(h, l):
+        """One token's GLM-4.5 block, loop by loop: the E sigmoids; the choice scores s + bias as
+        Python floats; each group's two best summed; the topk_group best groups kept, the others'
+        scores 0.0; the K best scores picked one by one; the chosen sigmoids (/ their sum + 1e-20
+        under norm_topk_prob) times routed_scaling_factor; + the shared experts' MLP."""
+        m, E, G = moe_prefix(cfg, l), num_experts(cfg), cfg["n_group"]
+        size = E // G
+        s = [1 / (1 + torch.exp(-torch.dot(p[m + "gate.weight"][e], h))) for e in range(E)]
+        bias = p[m + "gate.e_score_correction_bias"].tolist()
+        c = [float(s[e]) + bias[e] for e in range(E)]
+        score = [sum(sorted(c[g * size:(g + 1) * size], reverse=True)[:2]) for g in range(G)]
+        kept = sorted(range(G), key=lambda g: -score[g])[:cfg["topk_group"]]
+        c = [c[e] if e // size in kept else 0.0 for e in range(E)]
+        chosen = []
+        for _ in range(cfg["num_experts_per_tok"]):
+            chosen.append(max((e for e in range(E) if e not in chosen), key=lambda e: c[e]))
+        w = [s[e] for e in chosen]
+        if cfg["norm_topk_prob"]:
+            total_w = sum(w) + 1e-20
+            w = [v / total_w for v in w]
+        out = swiglu(h, m + "shared_experts.")
+        for wj, e in zip(w, chosen):
+            out = out + (wj * cfg["routed_scaling_factor"]) * swiglu(h, f"{m}experts.{e}.")
+        return out
+
     def moe_mlp(h, l):  # one token's MoE block: the router softmax by hand, the K largest picked
-        m, (gate, up, down) = moe_prefix(cfg, l), expert_projs(cfg)[0]  # one by one, each chosen
-        z = [torch.dot(p[m + "gate.weight"][e], h) for e in range(num_experts(cfg))]  # expert's MLP
+        if glm4moe(cfg):  # one by one, each chosen expert's MLP
+            return glm_mlp(h, l)
+        m, (gate, up, down) = moe_prefix(cfg, l), expert_projs(cfg)[0]
+        z = [torch.dot(p[m + "gate.weight"][e], h) for e in range(num_experts(cfg))]
         top = max(float(v) for v in z)
         ez = [torch.exp(v - top) for v in z]
         prob = [v / sum(ez) for v in ez]
@@ -1421,9 +1649,10 @@ def naive_frequencies(cfg, D, T):
     return inv, scale
 
 
-def shared_mlp(x, p, m):
-    """Qwen2-MoE's shared expert (block prefix m) on x [N, C], ungated: down(silu(gate x) * up x)."""
-    s = m + "shared_expert."
+def shared_mlp(x, p, m, module="shared_expert."):
+    """Qwen2-MoE's shared expert (block prefix m) on x [N, C], ungated: down(silu(gate x) * up x);
+    module "shared_experts.": GLM-4.5's."""
+    s = m + module
     g = x @ p[s + "gate_proj.weight"].T
     return (g * torch.sigmoid(g) * (x @ p[s + "up_proj.weight"].T)) @ p[s + "down_proj.weight"].T
 
@@ -1497,12 +1726,15 @@ def selftest():
         p2 = {n: t.to(torch.float64).requires_grad_(True) for n, t in params32.items()}
         loss2 = naive_loss(p2, cfg, tokens, targets)
         loss2.backward()
+        zero_unused_grads(p2)
         gerr = max(rel_err(p2[n].grad, params[n].grad) for n in params)
         expect(abs(loss2.item() - loss.item()) <= 1e-13 * abs(loss.item()) and gerr < 1e-11,
                f"{v}: loop-by-loop model: loss {loss.item():.15f} vs {loss2.item():.15f}, max grad rel err {gerr:.1e}")
-        norms = {n: float(t.grad.norm()) for n, t in params.items()}
-        expect(min(norms.values()) > 1e-4,
-               f"{v}: every gradient tensor non-negligible (smallest norm {min(norms.values()):.2e}, {min(norms, key=norms.get)})")
+        buffers = [n for n in params if n.endswith(".e_score_correction_bias")]  # (GLM-4.5: never trained)
+        norms = {n: float(t.grad.norm()) for n, t in params.items() if n not in buffers}
+        expect(min(norms.values()) > 1e-4 and all(bool((params[n].grad == 0).all()) for n in buffers),
+               f"{v}: every gradient tensor non-negligible (smallest norm {min(norms.values()):.2e}, {min(norms, key=norms.get)})"
+               + (f"; the {len(buffers)} e_score_correction_bias gradient(s) exactly 0" if buffers else ""))
         # Central differences of the float64 loss (model_loss: with the aux term under
         # output_router_logits) at steps h and h/2, Richardson-extrapolated (error O(h^4)), for 2
         # random elements of every tensor.
@@ -1541,7 +1773,7 @@ def selftest():
     for v in ("1l_gqa_tied_llama3", "1l_mqa_untied_llama3_attnbias_mlpbias", "3l_gqa_untied_llama3",
               "1l_gqa_untied_rope1e4_qwen3",  # (not olmo2, olmoe: their k_norm spans all kv heads)
               "1l_gqa_tied_rope1e4_gemma3", "3l_mqa_tied_llama3_qwen3moe", "1l_gqa_untied_rope1e4_mixtral",
-              "3l_mqa_tied_llama3_qwen2moe_swa"):
+              "3l_mqa_tied_llama3_qwen2moe_swa", "1l_gqa_untied_rope1e4_glm4moe", "3l_mqa_tied_llama3_glm4moe"):
         cfg, params32, tokens, targets = make_case(v)
         H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
         mha = dict(cfg, num_key_value_heads=H)
@@ -1562,7 +1794,7 @@ def selftest():
     #    gradient is the sum of the untied embedding's and lm_head's.
     for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3",
               "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe", "3l_gqa_tied_llama3_olmoe_aux",
-              "3l_mqa_tied_llama3_qwen2moe_swa"):
+              "3l_mqa_tied_llama3_qwen2moe_swa", "3l_mqa_tied_llama3_glm4moe"):
         cfg, params32, tokens, targets = make_case(v)
         untied = dict(cfg, tie_word_embeddings=False)
         p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
@@ -1709,13 +1941,25 @@ def selftest():
     #     each change the loss. Qwen2-MoE: with shared_expert_gate.weight zeros the shared expert
     #     adds exactly 0.5 * shared_expert(x) (sigmoid(0)), and removing it changes the loss.
     #     (The loss of the _aux variants is model_loss's total: cross-entropy + coef * aux.)
+    #     GLM-4.5: the margins of glm_routing (the choice scores and the group scores, in float32,
+    #     the same choices as the float64 forward's), the finite differences also of the shared
+    #     experts and of e_score_correction_bias (0: it only chooses); the K = E block is
+    #     sum_e rsf s_e / sum(s) expert_e + the shared experts; see 4g' for the rest.
     for v in (x for x in VARIANTS if x in MOE):
         cfg, params32, tokens, targets = make_case(v)
         E, K, C = num_experts(cfg), cfg["num_experts_per_tok"], cfg["hidden_size"]
-        margin, covered = routing_margin(cfg, router_probs(cfg, params32, tokens))
-        expect(margin >= ROUTE_MARGIN and covered,
-               f"{v}: routing margin {margin:.2e} >= {ROUTE_MARGIN:g} relative, every expert chosen in every "
-               f"layer (E {E}, K {K}; router weights re-drawn {ROUTER_REDRAWS[v]} time(s))")
+        if glm4moe(cfg):
+            r = glm_routing(cfg, params32, tokens)
+            expect(r["margin"] >= ROUTE_MARGIN and r["group_margin"] >= ROUTE_MARGIN and r["covered"] and r["same"],
+                   f"{v}: float32 routing margins: choice scores {r['margin']:.2e}, group scores "
+                   f"{r['group_margin']:.2e} (n_group {cfg['n_group']}, topk_group {cfg['topk_group']}) >= "
+                   f"{ROUTE_MARGIN:g} relative; every expert chosen in every sparse layer; the float64 forward's "
+                   f"choices (E {E}, K {K}; router weights re-drawn {ROUTER_REDRAWS[v]} time(s))")
+        else:
+            margin, covered = routing_margin(cfg, router_probs(cfg, params32, tokens))
+            expect(margin >= ROUTE_MARGIN and covered,
+                   f"{v}: routing margin {margin:.2e} >= {ROUTE_MARGIN:g} relative, every expert chosen in every "
+                   f"layer (E {E}, K {K}; router weights re-drawn {ROUTER_REDRAWS[v]} time(s))")
         params, _, loss = run(cfg, params32, tokens, targets)
         base64 = {n: t.to(torch.float64) for n, t in params32.items()}
 
@@ -1726,17 +1970,21 @@ def selftest():
 
         with torch.no_grad():
             routes = routed()[1]
-            first = int(routes[0][0, 0])  # the expert token 0 puts first in layer 0
+            first = int(routes[0][0, 0])  # the expert token 0 puts first in the first sparse layer
+            l0 = min(l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l))
             names = [n for n in base64 if n.endswith(".gate.weight")]
-            names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, 0)}experts.{first}.")]
-            names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, 0)}shared_expert.")]
+            names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, l0)}experts.{first}.")]
+            names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, l0)}shared_expert.")]
             names += [n for n in base64 if n.endswith(".shared_expert_gate.weight")]
+            names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, l0)}shared_experts.")]
+            names += [n for n in base64 if n.endswith(".e_score_correction_bias")]
             names += [n for n in base64 if n.startswith("model.layers.0.self_attn.")]
             worst_abs, worst_rel, count, moved = routed_differences(
                 base64, names, 3, routed, routes, params, rng)
         expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
                f"{v}: finite differences of the {'total ' if aux_on(cfg) else ''}loss, {count} router / expert "
-               f"{first} / {'shared expert / ' if shared_expert(cfg) else ''}attention entries ({len(names)} "
+               f"{first} / {'shared expert / ' if shared_expert(cfg) else ''}"
+               f"{'shared experts / router bias / ' if glm4moe(cfg) else ''}attention entries ({len(names)} "
                f"tensors): routing unchanged at all {4 * count} points ({moved} moved), worst abs err "
                f"{worst_abs:.1e}, rel err {worst_rel:.1e}")
         every = dict(cfg, num_experts_per_tok=E, norm_topk_prob=True)
@@ -1745,7 +1993,10 @@ def selftest():
         for l in (l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l)):
             m = moe_prefix(cfg, l)
             pr = (x @ base64[m + "gate.weight"].T).softmax(-1)
-            dense = 0.0
+            if glm4moe(cfg):  # every expert chosen whatever the groups: rsf * s / (sum s + 1e-20)
+                sg = torch.sigmoid(x @ base64[m + "gate.weight"].T)
+                pr = sg / (sg.sum(-1, keepdim=True) + 1e-20) * cfg["routed_scaling_factor"]
+            dense = shared_mlp(x, base64, m, "shared_experts.") if glm4moe(cfg) else 0.0
             for e in range(E):
                 ex = f"{m}experts.{e}."
                 g = x @ base64[ex + gate + ".weight"].T
@@ -1755,7 +2006,9 @@ def selftest():
                 dense = dense + torch.sigmoid(x @ base64[m + "shared_expert_gate.weight"].T) * shared_mlp(x, base64, m)
             err = max(err, rel_err(moe_block(hx, base64, every, l).reshape(-1, C), dense))
         expect(err < 1e-14, f"{v}: with K = E = {E} and renormalised weights the block is the dense "
-               f"softmax-weighted sum of all experts{' plus the gated shared expert' if shared_expert(cfg) else ''} "
+               f"{'sigmoid' if glm4moe(cfg) else 'softmax'}-weighted sum of all experts"
+               f"{' plus the gated shared expert' if shared_expert(cfg) else ''}"
+               f"{' (times routed_scaling_factor) plus the shared experts' if glm4moe(cfg) else ''} "
                f"(rel err {err:.1e})")
         if shared_expert(cfg):
             # shared_expert_gate.weight zeros: sigmoid(0) = 0.5 exactly. With every routed expert's
@@ -1787,6 +2040,74 @@ def selftest():
                    f"{v}: norm_topk_prob {cfg['norm_topk_prob']} matters ({loss.item():.8f} vs {flipped:.8f})")
         more = run(dict(cfg, num_experts_per_tok=K + 1), params32, tokens, targets)[2].item()
         expect(abs(more - loss.item()) > 1e-6, f"{v}: K = {K} matters ({loss.item():.8f} vs {more:.8f} with K + 1)")
+
+    # 4g'. GLM-4.5 (glm4moe): the layers' kinds (first_k_dense_replace); e_score_correction_bias
+    #      changes some token's choice (and gets a zero gradient, checked in 2); with n_group > 1
+    #      the group mask changes some token's choice and the loss; every chosen choice score is
+    #      > 0 wherever a group is masked (so the masked 0.0 and a -inf choose alike here); the
+    #      routed part scales exactly with routed_scaling_factor, which changes the loss; the
+    #      shared experts are added ungated and unscaled (bit-equal with the routed experts
+    #      zeroed) and change the loss; RoPE on 6 of 12 columns (rotating all 12 changes the
+    #      loss; the llama3 variant's 3 frequencies take the untouched / smoothed / scaled branches).
+    for v in (x for x in VARIANTS if x in MOE and glm4moe(hf_config(x))):
+        cfg, params32, tokens, targets = make_case(v)
+        E, K, C, L = num_experts(cfg), cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["num_hidden_layers"]
+        shapes = dict(param_shapes(cfg))
+        kinds = ["sparse" if sparse_layer(cfg, l) else "dense" for l in range(L)]
+        Is = expert_size(cfg) * cfg["n_shared_experts"]
+        expect(all((f"model.layers.{l}.mlp.experts.{E - 1}.down_proj.weight" in shapes
+                    and shapes[f"model.layers.{l}.mlp.shared_experts.gate_proj.weight"] == (Is, C)
+                    and f"model.layers.{l}.mlp.gate_proj.weight" not in shapes) if kind == "sparse"
+                   else shapes.get(f"model.layers.{l}.mlp.gate_proj.weight") == (cfg["intermediate_size"], C)
+                   for l, kind in enumerate(kinds))
+               and kinds == ["dense"] * cfg["first_k_dense_replace"] + ["sparse"] * (L - cfg["first_k_dense_replace"]),
+               f"{v}: first_k_dense_replace {cfg['first_k_dense_replace']}: layers {', '.join(kinds)}")
+        r = glm_routing(cfg, params32, tokens)
+        loss = run(cfg, params32, tokens, targets)[2].item()
+        expect(r["bias_moves"] > 0, f"{v}: e_score_correction_bias changes the choice of {r['bias_moves']} token(s) "
+               f"of {len(tokens.flatten()) * kinds.count('sparse')} (against a zero bias)")
+        if cfg["n_group"] > 1:
+            ungrouped = run(dict(cfg, topk_group=cfg["n_group"]), params32, tokens, targets)[2].item()
+            expect(r["groups_move"] > 0 and abs(ungrouped - loss) > 1e-6,
+                   f"{v}: keeping {cfg['topk_group']} of {cfg['n_group']} groups changes the choice of "
+                   f"{r['groups_move']} token(s) and the loss ({loss:.8f} vs {ungrouped:.8f} with every group kept)")
+        base64 = {n: t.to(torch.float64) for n, t in params32.items()}
+        probe = []
+        with torch.no_grad():
+            forward(base64, cfg, tokens, probe)
+        smallest = min(float(c.topk(K, dim=-1).values[:, -1].min()) for c in probe)
+        expect(cfg["n_group"] == cfg["topk_group"] or smallest > 0,
+               f"{v}: the smallest chosen choice score {smallest:.4f}"
+               + (" > 0: no masked expert (0.0) is chosen, a -inf mask would choose alike"
+                  if cfg["n_group"] > cfg["topk_group"] else " (no group masked)"))
+        hx = torch.randn(B, T, C, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        x, rsf, exact, err = hx.reshape(-1, C), cfg["routed_scaling_factor"], True, 0.0
+        for l in (l for l in range(L) if sparse_layer(cfg, l)):
+            m = moe_prefix(cfg, l)
+            shared = shared_mlp(x, base64, m, "shared_experts.")
+            no_routed = dict(base64, **{f"{m}experts.{e}.down_proj.weight": torch.zeros(C, expert_size(cfg), dtype=torch.float64)
+                                        for e in range(E)})
+            exact = exact and torch.equal(moe_block(hx, no_routed, cfg, l).reshape(-1, C), shared)
+            routed = moe_block(hx, base64, cfg, l).reshape(-1, C) - shared
+            doubled = moe_block(hx, base64, dict(cfg, routed_scaling_factor=2 * rsf), l).reshape(-1, C) - shared
+            err = max(err, rel_err(doubled, 2 * routed))
+        no_shared = run(cfg, {n: (torch.zeros_like(t) if ".shared_experts.down_proj." in n else t)
+                              for n, t in params32.items()}, tokens, targets)[2].item()
+        rsf_doubled = run(dict(cfg, routed_scaling_factor=2 * rsf), params32, tokens, targets)[2].item()
+        expect(exact and err < 1e-13 and abs(no_shared - loss) > 1e-3 and abs(rsf_doubled - loss) > 1e-3,
+               f"{v}: the shared experts add their MLP ungated and unscaled (bit-equal with the routed experts "
+               f"zeroed), without them the loss {no_shared:.8f} vs {loss:.8f}; the routed part scales with "
+               f"routed_scaling_factor (x2: rel err {err:.1e}), routed_scaling_factor {2 * rsf:g} gives {rsf_doubled:.8f}")
+        D, R = head_dim(cfg), rotary_dim(cfg)
+        whole = run(dict(cfg, partial_rotary_factor=1.0), params32, tokens, targets)[2].item()
+        base = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
+        branches = ([llama3_branch(cfg, w) for w in (2 * math.pi / base).tolist()]
+                    if scaling_type(cfg["rope_scaling"]) == "llama3" else None)
+        expect(D == 12 and R == 6 and abs(whole - loss) > 1e-6
+               and (torch.equal(inv_freq(cfg), base) if branches is None else branches == ["untouched", "smoothed", "scaled"]),
+               f"{v}: RoPE on {R} of {D} columns at 1 / theta^(2i/{R})"
+               + (f" (llama3: {', '.join(branches)})" if branches else "")
+               + f"; rotating all {D} changes the loss ({loss:.8f} vs {whole:.8f})")
 
     # 4h. The load-balancing loss (output_router_logits, the _aux variants). The function itself:
     #     E * sum_e f_e P_e is exactly K when the mean probabilities P are uniform (whatever the

@@ -311,6 +311,14 @@ class CudaBackend final : public Backend {
   void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
                            const TensorView& logits, const TensorView& idx, int64_t R, int64_t E,
                            int64_t K, bool normalize) override;
+  // Forward: E <= 1024 (one warp's shared memory holds a row), else fsdp::Error naming the
+  // kernel and E; the backward takes any E.
+  void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
+                                  const TensorView& logits, const TensorView& bias, int64_t R,
+                                  int64_t E, int64_t K, const SigmoidRouting& g) override;
+  void moe_sigmoid_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                   const TensorView& logits, const TensorView& idx, int64_t R,
+                                   int64_t E, int64_t K, const SigmoidRouting& g) override;
   void moe_combine_forward(const TensorView& out, const TensorView& rows, const TensorView& weights,
                            const TensorView& slot, int64_t R, int64_t K, int64_t C) override;
   void moe_combine_backward(const TensorView& drows, const TensorView& dweights,
@@ -1485,6 +1493,32 @@ void CudaBackend::moe_router_backward(const TensorView& dlogits, const TensorVie
   Chk::moe_router_backward(dlogits, dweights, logits, idx, R, E, K);
   k::moe_router_backward(out(dlogits), static_cast<const float*>(dweights.data), in(logits),
                          static_cast<const int32_t*>(idx.data), R, E, K, normalize, s());
+}
+
+// Sigmoid routing with a bias and group-limited choice (DeepSeek-V3, GLM-4.5). The forward
+// takes E <= 1024 (a row's choice values live in one warp's shared memory); a larger E throws
+// fsdp::Error ("cuda backend: moe_sigmoid_router_forward: E = ... (expected at most 1024)"),
+// even when R = 0. The backward has no such limit.
+void CudaBackend::moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
+                                             const TensorView& logits, const TensorView& bias,
+                                             int64_t R, int64_t E, int64_t K,
+                                             const SigmoidRouting& g) {
+  // logits: [R,E]; bias: [E]; writes idx: [R,K] int32, weights: [R,K] fp32.
+  Chk::moe_sigmoid_router_forward(idx, weights, logits, bias, R, E, K, g);
+  k::moe_sigmoid_router_forward(static_cast<int32_t*>(idx.data), static_cast<float*>(weights.data),
+                                in(logits), in(bias), R, E, K,
+                                {g.n_group, g.topk_group, g.normalize, g.scale}, s());
+}
+
+void CudaBackend::moe_sigmoid_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                              const TensorView& logits, const TensorView& idx,
+                                              int64_t R, int64_t E, int64_t K,
+                                              const SigmoidRouting& g) {
+  // dlogits: [R,E] written; dweights: [R,K] fp32; logits: [R,E]; idx: [R,K] int32.
+  Chk::moe_sigmoid_router_backward(dlogits, dweights, logits, idx, R, E, K, g);
+  k::moe_sigmoid_router_backward(out(dlogits), static_cast<const float*>(dweights.data), in(logits),
+                                 static_cast<const int32_t*>(idx.data), R, E, K,
+                                 {g.n_group, g.topk_group, g.normalize, g.scale}, s());
 }
 
 void CudaBackend::moe_combine_forward(const TensorView& out_, const TensorView& rows,

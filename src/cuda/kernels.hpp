@@ -203,6 +203,27 @@ void moe_router_forward(int32_t* idx, float* weights, In logits, int64_t R, int6
 // recomputed from logits exactly as the forward does. Picks outside [0, E) are skipped.
 void moe_router_backward(Out dlogits, const float* dweights, In logits, const int32_t* idx,
                          int64_t R, int64_t E, int64_t K, bool normalize, cudaStream_t s);
+// Sigmoid routing with a selection bias and group-limited choice (DeepSeek-V3 / GLM-4.5;
+// fsdp/backend/kernels.hpp's moe_sigmoid_router_*): the fields of Kernels::SigmoidRouting.
+struct SigmoidRouting {
+  int64_t n_group, topk_group;  // E / n_group consecutive experts a group; groups kept
+  bool normalize;
+  float scale;
+};
+// idx (int32 [R,K]) and weights (fp32 [R,K]) from logits [R,E] and bias [E] (any float
+// types): c = sigmoid(logit) + bias in fp32, the experts outside the topk_group best groups
+// (the sum of a group's two largest c; ties to the lower group) at c = 0, the K largest c in
+// descending order, ties to the lower expert; weights = scale s, s / (their fp32 sum + 1e-20)
+// first when `normalize`. One warp per row, its c in shared memory: E <= 1024, else
+// fsdp::Error (thrown even for R = 0).
+void moe_sigmoid_router_forward(int32_t* idx, float* weights, In logits, In bias, int64_t R,
+                                int64_t E, int64_t K, const SigmoidRouting& g, cudaStream_t s);
+// Its backward: dlogits [R,E] (written; may alias logits) from dweights (fp32 [R,K]), s
+// recomputed from logits exactly as the forward does; no limit on E. Picks outside [0, E)
+// are skipped.
+void moe_sigmoid_router_backward(Out dlogits, const float* dweights, In logits, const int32_t* idx,
+                                 int64_t R, int64_t E, int64_t K, const SigmoidRouting& g,
+                                 cudaStream_t s);
 // out[r, :] = sum over j ascending of weights[r, j] rows[slot[r K + j], :] (fp32, rounded
 // once); rows [N,C]; weights fp32 [R,K] or null (ones); a slot outside [0, N) adds nothing.
 // out must not overlap rows.

@@ -1,7 +1,7 @@
-// src/cuda/kernels_moe.cu: mixture-of-experts routing (softmax, top-k) and the weighted
-// combination of the experts' output rows, forward and backward (kernels.hpp "mixture of
-// experts"; fsdp/backend/kernels.hpp states the contracts). fp32 math on loaded values,
-// results rounded once to the storage type, as the CPU backend computes them.
+// src/cuda/kernels_moe.cu: mixture-of-experts routing (softmax or sigmoid, top-k) and the
+// weighted combination of the experts' output rows, forward and backward (kernels.hpp
+// "mixture of experts"; fsdp/backend/kernels.hpp states the contracts). fp32 math on loaded
+// values, results rounded once to the storage type, as the CPU backend computes them.
 //
 // Deterministic without atomics: every output element is written by one thread, and every
 // sum runs in a fixed order that depends on the shapes only:
@@ -10,6 +10,9 @@
 //    warp_sum); the top-k picks are K warp-wide arg-max reductions; the sums over the K
 //    picks (the normalisation, the backward's dot products) run j = 0..K-1 in turn in fp32,
 //    as on the CPU.
+//  - sigmoid router (DeepSeek-V3's biased, group-limited choice): one warp per row, the
+//    row's choice values in shared memory, group scores per lane (two largest, in fp32), the
+//    K picks as above; its backward as the softmax router's, j = 0..K-1 in turn in fp32.
 //  - combine forward: one thread per output element (8 consecutive ones with 16-byte
 //    accesses), summing j = 0..K-1 in turn.
 //  - combine backward: one warp per (token, pick) pair; dweights' dot product over C is a
@@ -166,6 +169,153 @@ __global__ void __launch_bounds__(kThreads)
         if (ix[j] == e) dp = pick_dp(j);
       }
       dlogits.set(base + e, prob(logits[base + e], mx, inv) * (dp - s));
+    }
+  }
+}
+
+// ---- sigmoid routing: a selection bias, group-limited choice (DeepSeek-V3, GLM-4.5) ----
+
+// Warps per block of the sigmoid router's forward, and the largest E it takes: each warp
+// keeps its row's E choice values and E / 2 group scores in shared memory (24 KiB a block).
+constexpr int kSigmoidWarps = 4;
+constexpr int64_t kSigmoidMaxExperts = 1024;
+
+// s = sigmoid(x) in fp32: the one expression the forward, its weights and the backward share.
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// idx[r, :], w[r, :] (fp32 [R,K]) for row r of logits ([R,E], E <= kSigmoidMaxExperts), one
+// warp per row: c[e] = sigmoid(logit) + bias[e] in shared memory; with n_group > 1 each lane
+// scores its groups (h = lane, lane + 32, ...: the fp32 sum of the group's two largest c),
+// then keeps group h iff fewer than topk_group groups rank before it (a larger score, or an
+// equal one and a lower index), else sets its experts' c to 0. The K picks are warp arg-maxes
+// over c as the softmax router's (ranks_before: c descending, ties to the lower expert; pick
+// j among the experts that rank after pick j - 1). w[r, j] = scale s[pick j], or scale
+// (s / (S + 1e-20)) with S the fp32 sum of the K picked s (j ascending) when `normalize`.
+template <class T>
+__global__ void __launch_bounds__(kSigmoidWarps * 32)
+    sigmoid_router_forward_kernel(int32_t* idx, float* w, Rd<T> logits, Rd<T> bias, int64_t R,
+                                  int64_t E, int64_t K, SigmoidRouting g) {
+  __shared__ float choice[kSigmoidWarps][kSigmoidMaxExperts];
+  __shared__ float group_score[kSigmoidWarps][kSigmoidMaxExperts / 2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* c = choice[warp];
+  float* score = group_score[warp];
+  const int n = static_cast<int>(E);
+  const int n_group = static_cast<int>(g.n_group), topk_group = static_cast<int>(g.topk_group);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kSigmoidWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kSigmoidWarps + warp; r < R; r += stride) {
+    const int64_t base = r * E;
+    __syncwarp();  // the previous row's reads of c and score end before they are overwritten
+    for (int e = lane; e < n; e += 32) c[e] = sigmoid_f(logits[base + e]) + bias[e];
+    __syncwarp();
+    if (n_group > 1) {
+      const int size = n / n_group;  // >= 2 (the argument checks)
+      for (int h = lane; h < n_group; h += 32) {
+        float top1 = -INFINITY, top2 = -INFINITY;
+        for (int e = h * size; e < (h + 1) * size; ++e) {
+          const float v = c[e];
+          if (v > top1) {
+            top2 = top1;
+            top1 = v;
+          } else if (v > top2) {
+            top2 = v;
+          }
+        }
+        score[h] = top1 + top2;
+      }
+      __syncwarp();  // every score is written before any is read, and every c read
+      for (int h = lane; h < n_group; h += 32) {
+        int ahead = 0;  // groups ranking before h
+        for (int o = 0; o < n_group; ++o) {
+          ahead += score[o] > score[h] || (score[o] == score[h] && o < h);
+        }
+        if (ahead >= topk_group) {
+          for (int e = h * size; e < (h + 1) * size; ++e) c[e] = 0.0f;
+        }
+      }
+      __syncwarp();
+    }
+    float prev_c = 0.0f, sum = 0.0f;
+    int prev_e = -1;  // the previous pick; -1 before the first
+    for (int64_t j = 0; j < K; ++j) {
+      float bc = 0.0f;
+      int be = -1;
+      for (int e = lane; e < n; e += 32) {
+        const float v = c[e];
+        const bool after = prev_e < 0 || v < prev_c || (v == prev_c && e > prev_e);
+        if (after && ranks_before(v, e, bc, be)) {
+          bc = v;
+          be = e;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float oc = __shfl_xor_sync(kFullMask, bc, o);
+        const int oe = __shfl_xor_sync(kFullMask, be, o);
+        if (oe >= 0 && ranks_before(oc, oe, bc, be)) {
+          bc = oc;
+          be = oe;
+        }
+      }
+      const float s = be >= 0 ? sigmoid_f(logits[base + be]) : 0.0f;  // (-1: only NaN c)
+      if (lane == (j & 31)) {  // pick j is written, and finished below, by lane j % 32
+        idx[r * K + j] = be;
+        w[r * K + j] = s;
+      }
+      sum += s;
+      prev_c = bc;
+      prev_e = be;
+    }
+    const float denom = sum + 1e-20f;
+    for (int64_t j = lane; j < K; j += 32) {
+      const float s = w[r * K + j];
+      w[r * K + j] = g.normalize ? s / denom * g.scale : s * g.scale;
+    }
+  }
+}
+
+// dlogits[r, :] ([R,E]) from dw[r, :] (fp32 [R,K]), the picks idx[r, :] and s recomputed from
+// logits[r, :] as the forward did. One warp per row. Every lane computes the row's scalars,
+// j = 0..K-1 in turn in fp32: S = sum s_j + 1e-20, wd = sum (s_j / S) dw_j (= sum w_j dw_j /
+// scale), ds_j = scale (dw_j - wd) / S (scale dw_j without `normalize`). Then each lane writes
+// its experts e (lane, lane + 32, ...): ds[e] s[e] (1 - s[e]), ds[e] that of the last pick
+// naming e, 0 if none does. As the softmax router's backward, dlogits may be logits, and picks
+// outside [0, E) are skipped.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    sigmoid_router_backward_kernel(Wr<T> dlogits, const float* dw, Rd<T> logits, const int32_t* idx,
+                                   int64_t R, int64_t E, int64_t K, bool normalize, float scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5); r < R;
+       r += stride) {
+    const int64_t base = r * E;
+    const int32_t* ix = idx + r * K;
+    const float* d = dw + r * K;
+    // s of pick j (0 for an out-of-range pick)
+    auto pick_s = [&](int64_t j) {
+      const int32_t e = ix[j];
+      return e >= 0 && e < E ? sigmoid_f(logits[base + e]) : 0.0f;
+    };
+    float S = 0.0f, wd = 0.0f;
+    if (normalize) {
+      for (int64_t j = 0; j < K; ++j) S += pick_s(j);
+      S += 1e-20f;
+      for (int64_t j = 0; j < K; ++j) wd += pick_s(j) / S * d[j];
+    }
+    __syncwarp();  // every lane's reads of the picks' logits precede the writes below
+    for (int64_t e = lane; e < E; e += 32) {
+      int64_t pick = -1;
+      for (int64_t j = 0; j < K; ++j) {
+        if (ix[j] == e) pick = j;
+      }
+      float grad = 0.0f;
+      if (pick >= 0) {
+        const float ds = normalize ? scale * (d[pick] - wd) / S : scale * d[pick];
+        const float s = sigmoid_f(logits[base + e]);
+        grad = ds * s * (1.0f - s);
+      }
+      dlogits.set(base + e, grad);
     }
   }
 }
@@ -416,6 +566,33 @@ void moe_router_backward(Out dlogits, const float* dweights, In logits, const in
     using V = typename decltype(tag)::type;
     router_backward_kernel<V><<<blocks_for(R, kWarps), kThreads, 0, s>>>(
         wr<V>(dlogits), dweights, rd<V>(logits), idx, R, E, K, normalize);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void moe_sigmoid_router_forward(int32_t* idx, float* weights, In logits, In bias, int64_t R,
+                                int64_t E, int64_t K, const SigmoidRouting& g, cudaStream_t s) {
+  if (E > kSigmoidMaxExperts) {
+    throw Error("cuda backend: moe_sigmoid_router_forward: E = " + std::to_string(E) +
+                " (expected at most " + std::to_string(kSigmoidMaxExperts) + ")");
+  }
+  if (R <= 0 || E <= 0 || K <= 0) return;
+  dispatch_uniform("moe_sigmoid_router_forward", {logits.t, bias.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    sigmoid_router_forward_kernel<V><<<blocks_for(R, kSigmoidWarps), kSigmoidWarps * 32, 0, s>>>(
+        idx, weights, rd<V>(logits), rd<V>(bias), R, E, K, g);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void moe_sigmoid_router_backward(Out dlogits, const float* dweights, In logits, const int32_t* idx,
+                                 int64_t R, int64_t E, int64_t K, const SigmoidRouting& g,
+                                 cudaStream_t s) {
+  if (R <= 0 || E <= 0) return;
+  dispatch_uniform("moe_sigmoid_router_backward", {dlogits.t, logits.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    sigmoid_router_backward_kernel<V><<<blocks_for(R, kWarps), kThreads, 0, s>>>(
+        wr<V>(dlogits), dweights, rd<V>(logits), idx, R, E, K, g.normalize, g.scale);
     FSDP_CHECK_LAUNCH();
   });
 }

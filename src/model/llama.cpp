@@ -51,6 +51,7 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::mixtral, "Mixtral", "MixtralConfig"},
     {LlamaArch::olmoe, "Olmoe", "OlmoeConfig"},
     {LlamaArch::qwen2_moe, "Qwen2Moe", "Qwen2MoeConfig"},
+    {LlamaArch::glm4_moe, "Glm4Moe", "Glm4MoeConfig"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -91,7 +92,8 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   // (each class's own differ below).
   const bool mixtral = arch == LlamaArch::mixtral, olmoe = arch == LlamaArch::olmoe;
   const bool qwen3_moe = arch == LlamaArch::qwen3_moe, qwen2_moe = arch == LlamaArch::qwen2_moe;
-  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe;
+  const bool glm = arch == LlamaArch::glm4_moe;  // GLM-4.5's own defaults below
+  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || glm;
   const bool llama = arch == LlamaArch::llama || olmoe;
   const bool mistral = arch == LlamaArch::mistral || mixtral;
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3 || qwen3_moe || qwen2_moe;
@@ -120,18 +122,21 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   std::vector<A> rows = {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
         olmo2 || olmoe ? I64{50304}
+        : glm    ? I64{151552}
         : smol   ? I64{128256}
         : exaone ? I64{102400}
         : gemma2 || gemma1 ? I64{256000}
                            : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
         smol || olmoe || qwen3_moe || qwen2_moe ? I64{2048}
+        : glm    ? I64{4096}
         : gemma1 ? I64{3072}
                  : by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
       A{"intermediate_size", &L::intermediate_size,
         gemma       ? "Width of the GeGLU MLP."
         : qwen3_moe || qwen2_moe ? "Width of a dense MLP (mlp_only_layers: none here, every "
                                    "layer is sparse; unused)."
+        : glm       ? "Width of the dense layers' SwiGLU MLP (the first first_k_dense_replace)."
         : moe       ? "Width of each expert's SwiGLU MLP."
                     : "Width of the SwiGLU MLP.",
         KeyRange::size(1), {}, true,
@@ -139,13 +144,15 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         : exaone    ? I64{16384}
         : qwen3_moe ? I64{6144}
         : qwen2_moe ? I64{5632}
+        : glm       ? I64{10944}
         : olmoe     ? I64{2048}
                  : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
         true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : qwen3_moe || qwen2_moe ? I64{24}
-              : olmoe ? I64{16} : I64{32}},
+              : olmoe ? I64{16} : glm ? I64{46} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
-        true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe || qwen2_moe ? I64{16} : I64{32}},
+        true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe || qwen2_moe ? I64{16}
+              : glm ? I64{96} : I64{32}},
       // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32,
       // Gemma 2's and 3's 4, Gemma 1's 16 (MHA).
       A{"num_key_value_heads", &L::num_key_value_heads,
@@ -153,6 +160,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         KeyRange::size(0), {}, true,
         smol || qwen3_moe ? I64{4}
         : gemma1 || qwen2_moe ? I64{16}
+        : glm                 ? I64{8}
                  : by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
   };
   if (has_head_dim_key(arch)) {
@@ -166,10 +174,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         smol               ? I64{32768}
         : exaone           ? I64{2048}
         : olmoe            ? I64{4096}
+        : glm              ? I64{131072}
         : gemma2 || gemma1 ? I64{8192}
                            : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
-        olmo2 || phi3 || exaone || mixtral || olmoe ? 1e-5 : 1e-6},
+        olmo2 || phi3 || exaone || mixtral || olmoe || glm ? 1e-5 : 1e-6},
       A{"rope_theta", &L::rope_theta,
         gemma3 ? "RoPE base period of the global (full-attention) layers." : "RoPE base period.",
         KeyRange::above(0), {}, true, gemma3 || mixtral ? 1e6 : smol ? 2e6 : 10000.0},
@@ -220,19 +229,30 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         A{"original_max_position_embeddings", &L::original_max_position_embeddings,
           "longrope: the context length the model was pre-trained with.", KeyRange::size(1), {},
           true, I64{4096}},
-        A{"partial_rotary_factor", &L::partial_rotary_factor,
-          "RoPE rotates the first int(head_dim * partial_rotary_factor) columns of each q and k "
-          "head; the rest pass through.", KeyRange::unit_above_zero(), {}, true, 1.0},
     });
+  }
+  if (phi3 || glm) {  // Phi3Config's and Glm4MoeConfig's partial rotary embedding
+    rows.push_back(A{"partial_rotary_factor", &L::partial_rotary_factor,
+                     "RoPE rotates the first int(head_dim * partial_rotary_factor) columns of "
+                     "each q and k head; the rest pass through.", KeyRange::unit_above_zero(),
+                     {}, true, glm ? 0.5 : 1.0});
   }
   if (gemma3) {
     rows.push_back(A{"rope_local_base_freq", &L::rope_local_base_freq,
                      "RoPE base period of the sliding layers (never scaled).", KeyRange::above(0),
                      {}, true, 10000.0});
   }
-  if (llama || arch == LlamaArch::qwen3 || qwen3_moe || olmo2 || gemma || smol || granite) {
+  if (llama || arch == LlamaArch::qwen3 || qwen3_moe || olmo2 || gemma || smol || granite ||
+      glm) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
-                     "Biases on q_proj, k_proj, v_proj and o_proj.", {}, {}, true, false});
+                     glm ? "Biases on q_proj, k_proj and v_proj (o_proj has none)."
+                         : "Biases on q_proj, k_proj, v_proj and o_proj.",
+                     {}, {}, true, false});
+  }
+  if (glm) {
+    rows.push_back(A{"use_qk_norm", &L::use_qk_norm,
+                     "An RMSNorm over each head of q and k before RoPE (q_norm, k_norm).", {}, {},
+                     true, false});
   }
   if ((llama && !olmoe) || smol || granite) {
     rows.push_back(A{"mlp_bias", &L::mlp_bias, "Biases on gate_proj, up_proj and down_proj.", {},
@@ -312,17 +332,40 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   }
   if (moe) {  // the sparse MLP (Qwen3MoeConfig, MixtralConfig, OlmoeConfig)
     rows.insert(rows.end(), {
-        A{mixtral ? "num_local_experts" : "num_experts", &L::num_experts,
-          "Experts (SwiGLU MLPs) per layer.", KeyRange::size(1), {}, true,
-          qwen3_moe ? I64{128} : olmoe ? I64{64} : qwen2_moe ? I64{60} : I64{8}},
+        A{mixtral ? "num_local_experts" : glm ? "n_routed_experts" : "num_experts",
+          &L::num_experts,
+          glm ? "Routed experts (SwiGLU MLPs) per sparse layer." : "Experts (SwiGLU MLPs) per layer.",
+          KeyRange::size(1), {}, true,
+          qwen3_moe || glm ? I64{128} : olmoe ? I64{64} : qwen2_moe ? I64{60} : I64{8}},
         A{"num_experts_per_tok", &L::num_experts_per_tok,
-          "Experts each token is routed to (the top k of the router's softmax).",
+          glm ? "Experts each token is routed to (the top k of the router's sigmoid scores "
+                "plus e_score_correction_bias)."
+              : "Experts each token is routed to (the top k of the router's softmax).",
           KeyRange::size(1), {}, true, mixtral ? I64{2} : qwen2_moe ? I64{4} : I64{8}},
     });
-    if (qwen3_moe || qwen2_moe) {
+    if (qwen3_moe || qwen2_moe || glm) {
       rows.push_back(A{"moe_intermediate_size", &L::moe_intermediate_size,
                        "Width of each expert's SwiGLU MLP.", KeyRange::size(1), {}, true,
-                       qwen2_moe ? I64{1408} : I64{768}});
+                       qwen2_moe || glm ? I64{1408} : I64{768}});
+    }
+    if (glm) {  // Glm4MoeConfig's (DeepSeek-V3's) routing and layers
+      rows.insert(rows.end(), {
+          A{"n_shared_experts", &L::n_shared_experts,
+            "Shared experts: one SwiGLU MLP n_shared_experts * moe_intermediate_size wide that "
+            "every token runs beside its routed experts.", KeyRange::size(1), {}, true, I64{1}},
+          A{"routed_scaling_factor", &L::routed_scaling_factor,
+            "The routed experts' weights are multiplied by it.", KeyRange::above(0), {}, true,
+            1.0},
+          A{"n_group", &L::n_group,
+            "Groups of consecutive experts (a group scores the sum of its two best choices).",
+            KeyRange::size(1), {}, true, I64{1}},
+          A{"topk_group", &L::topk_group,
+            "Groups each token's experts are chosen from (the best topk_group of n_group).",
+            KeyRange::size(1), {}, true, I64{1}},
+          A{"first_k_dense_replace", &L::first_k_dense_replace,
+            "Layers 0 .. first_k_dense_replace - 1 have a dense MLP (intermediate_size), the "
+            "others experts.", KeyRange::size(0), {}, true, I64{1}},
+      });
     }
     if (qwen2_moe) {
       rows.push_back(A{"shared_expert_intermediate_size", &L::shared_expert_intermediate_size,
@@ -332,16 +375,18 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
     if (!mixtral) {  // Mixtral always renormalises
       rows.push_back(A{"norm_topk_prob", &L::norm_topk_prob,
                        "Divide each token's top-k routing weights by their sum.", {}, {}, true,
-                       false});
+                       glm});
     }
-    rows.insert(rows.end(), {
-        A{"output_router_logits", &L::output_router_logits,
-          "Add the auxiliary load-balancing loss (router_aux_loss_coef times it) to the loss.",
-          {}, {}, true, false},
-        A{"router_aux_loss_coef", &L::router_aux_loss_coef,
-          "Weight of the load-balancing loss under output_router_logits.",
-          KeyRange::nonnegative(), {}, true, olmoe ? 0.01 : 0.001},
-    });
+    if (!glm) {  // (Glm4MoeForCausalLM has no auxiliary loss)
+      rows.insert(rows.end(), {
+          A{"output_router_logits", &L::output_router_logits,
+            "Add the auxiliary load-balancing loss (router_aux_loss_coef times it) to the loss.",
+            {}, {}, true, false},
+          A{"router_aux_loss_coef", &L::router_aux_loss_coef,
+            "Weight of the load-balancing loss under output_router_logits.",
+            KeyRange::nonnegative(), {}, true, olmoe ? 0.01 : 0.001},
+      });
+    }
   }
   rows.insert(rows.end(), {
       A{"tie_word_embeddings", &L::tie_word_embeddings,
@@ -365,6 +410,10 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   defaults.arch = arch;
   if (phi3 || mixtral) defaults.sliding_window = 0;  // Phi3Config's, MixtralConfig's None
   if (olmoe) defaults.router_aux_loss_coef = 0.01;  // OlmoeConfig's
+  if (glm) {  // Glm4MoeConfig's: renormalised top-k weights, half of each head rotated
+    defaults.norm_topk_prob = true;
+    defaults.partial_rotary_factor = 0.5;
+  }
   if (gemma) {  // GemmaConfig's, Gemma2Config's and Gemma3TextConfig's: tied, padding token 0
     defaults.tie_word_embeddings = true;
     defaults.pad_token_id = 0;
@@ -433,18 +482,22 @@ struct LayerIndex {
   // fused_projections() (Phi-3): the parameters qkv_proj and gate_up_proj; q_w, k_w, v_w,
   // gate_w and up_w are then slots >= count standing for their rows (layer_slot); -1 otherwise.
   int qkv = -1, gate_up = -1;
-  // moe() (gate_w .. down_b -1): the router `router` (HF's mlp.gate, [E, C]) and expert e's
-  // gate, up and down projections at expert0 + 3 e + e_gate / e_up / e_down (HF's order:
-  // gate_proj, up_proj, down_proj; Mixtral's w1, w2, w3 = gate, down, up).
-  int router = -1, expert0 = -1, e_gate = 0, e_up = 1, e_down = 2;
-  // shared_expert() (Qwen2-MoE): the shared expert's gate, up, down projections and its
-  // sigmoid gate (HF's order: mlp.shared_expert.*, then mlp.shared_expert_gate); else -1.
+  // A sparse layer (layer_sparse(); gate_w .. down_b -1): the router `router` (HF's mlp.gate,
+  // [E, C]), under sigmoid_routing() its e_score_correction_bias `e_bias` [E] (a buffer: never
+  // trained, see layer_module), and expert e's gate, up and down projections at expert0 + 3 e
+  // + e_gate / e_up / e_down (HF's order: gate_proj, up_proj, down_proj; Mixtral's w1, w2, w3
+  // = gate, down, up).
+  int router = -1, e_bias = -1, expert0 = -1, e_gate = 0, e_up = 1, e_down = 2;
+  // shared_expert(): the shared expert's gate, up, down projections and Qwen2-MoE's sigmoid
+  // gate (shared_expert_gated(); HF's order: mlp.shared_expert.*, then
+  // mlp.shared_expert_gate); else -1.
   int s_gate = -1, s_up = -1, s_down = -1, s_sigmoid = -1;
   int expert_gate(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_gate; }
   int expert_up(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_up; }
   int expert_down(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_down; }
 };
-LayerIndex layer_index(const LlamaConfig& c) {
+// The parameters of a layer: a sparse one (layer_sparse()) or a dense one.
+LayerIndex layer_index(const LlamaConfig& c, bool sparse) {
   LayerIndex x{};
   int n = 0;
   auto lin = [&](int& w, int& b, bool bias) {
@@ -479,9 +532,10 @@ LayerIndex layer_index(const LlamaConfig& c) {
   lin(x.o_w, x.o_b, c.o_bias());
   x.q_norm = c.qk_norm() ? n++ : -1;
   x.k_norm = c.qk_norm() ? n++ : -1;
-  if (c.moe()) {
+  if (sparse) {
     x.gate_w = x.gate_b = x.up_w = x.up_b = x.down_w = x.down_b = -1;
     x.router = n++;
+    x.e_bias = c.sigmoid_routing() ? n++ : -1;
     x.expert0 = n;
     n += static_cast<int>(3 * c.num_experts);
     if (c.arch == LlamaArch::mixtral) {  // w1, w2, w3
@@ -492,7 +546,7 @@ LayerIndex layer_index(const LlamaConfig& c) {
       x.s_gate = n++;
       x.s_up = n++;
       x.s_down = n++;
-      x.s_sigmoid = n++;
+      x.s_sigmoid = c.shared_expert_gated() ? n++ : -1;
     }
   } else {
     lin(x.gate_w, x.gate_b, c.mlp_bias);
@@ -502,6 +556,21 @@ LayerIndex layer_index(const LlamaConfig& c) {
   norms();
   x.count = n;
   return x;
+}
+
+// Decoder layer l's parameters: its LayerIndex and the id of its first parameter (embed_tokens
+// is 0, then the layers' in order; the final norm's is layer_params(c, L).p0).
+struct LayerParams {
+  LayerIndex x;
+  int p0;
+};
+LayerParams layer_params(const LlamaConfig& c, int64_t l) {
+  const int64_t dense_before = !c.moe() ? l
+                               : c.glm4_moe() ? std::min(l, c.first_k_dense_replace)
+                                              : 0;
+  const int64_t dense = layer_index(c, false).count, sparse = c.moe() ? layer_index(c, true).count : 0;
+  const int64_t before = dense_before * dense + (l - dense_before) * sparse;
+  return {layer_index(c, c.layer_sparse(l)), static_cast<int>(1 + before)};
 }
 
 // Slot `k` of a layer as a tensor: parameter k itself (`param(k)`: its weight or gradient), or
@@ -567,6 +636,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::granite:
     case LlamaArch::gemma:
     case LlamaArch::olmoe:
+    case LlamaArch::glm4_moe:
     case LlamaArch::llama: break;
   }
   return 0;
@@ -687,7 +757,8 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
   const int64_t Q = c.num_attention_heads * c.head_size(), KV = c.kv_heads() * c.head_size();
   const int64_t I = c.intermediate_size;
   const float std0 = static_cast<float>(c.initializer_range);
-  const LayerIndex x = layer_index(c);
+  const bool sparse = c.layer_sparse(l);
+  const LayerIndex x = layer_index(c, sparse);
   const InitKind norm_init = norm_init_of(c);
   const std::string m = "model.layers." + std::to_string(l);
   ModuleDecl layer{m, layer_class(c.arch), {}};
@@ -714,11 +785,15 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
     linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
     linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
   }
-  if (c.moe()) {  // the router and the experts (HF's names: Mixtral's block_sparse_moe, w1-3)
+  if (sparse) {  // the router and the experts (HF's names: Mixtral's block_sparse_moe, w1-3)
     const bool mixtral = c.arch == LlamaArch::mixtral;
     const std::string moe = mixtral ? "block_sparse_moe" : "mlp";
     const int64_t Im = c.expert_size();
     put(x.router, moe + ".gate.weight", {c.num_experts, C}, InitKind::normal, true);
+    // GLM-4.5's selection bias, a buffer (HF's register_buffer: in the state dict, not a
+    // parameter): a parameter here that the model never writes a gradient to and AdamW does
+    // not decay, so every optimizer step leaves it as it was (its AdamW moments stay 0).
+    put(x.e_bias, moe + ".gate.e_score_correction_bias", {c.num_experts}, InitKind::zeros, false);
     for (int64_t e = 0; e < c.num_experts; ++e) {
       const std::string ex = moe + ".experts." + std::to_string(e) + ".";
       put(x.expert_gate(e), ex + (mixtral ? "w1" : "gate_proj") + ".weight", {Im, C},
@@ -728,10 +803,12 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
       put(x.expert_down(e), ex + (mixtral ? "w2" : "down_proj") + ".weight", {C, Im},
           InitKind::normal, true);
     }
-    const int64_t Is = c.shared_expert_intermediate_size;
-    put(x.s_gate, "mlp.shared_expert.gate_proj.weight", {Is, C}, InitKind::normal, true);
-    put(x.s_up, "mlp.shared_expert.up_proj.weight", {Is, C}, InitKind::normal, true);
-    put(x.s_down, "mlp.shared_expert.down_proj.weight", {C, Is}, InitKind::normal, true);
+    const int64_t Is = c.shared_size();
+    // Qwen2-MoE's mlp.shared_expert, GLM-4.5's mlp.shared_experts
+    const std::string sh = c.glm4_moe() ? "mlp.shared_experts." : "mlp.shared_expert.";
+    put(x.s_gate, sh + "gate_proj.weight", {Is, C}, InitKind::normal, true);
+    put(x.s_up, sh + "up_proj.weight", {Is, C}, InitKind::normal, true);
+    put(x.s_down, sh + "down_proj.weight", {C, Is}, InitKind::normal, true);
     put(x.s_sigmoid, "mlp.shared_expert_gate.weight", {1, C}, InitKind::normal, true);
   }
   linear(x.o_w, x.o_b, "self_attn.o_proj", C, Q);
@@ -886,18 +963,47 @@ namespace {
 struct ActCounts {
   int64_t act = 0, f32 = 0, i32 = 0;
 };
+// What one set of per-layer buffers (Acts::Layer; activation checkpointing's recomputed
+// layers share one) holds for the MLP of the layers it serves: gate and up of `mlp` elements
+// each (the largest layer's), and the sparse layers' routing buffers when one is sparse.
+struct BufferSet {
+  int64_t mlp = 0;
+  bool sparse = false;
+};
+std::vector<BufferSet> buffer_sets(const LlamaConfig& c, int64_t BT,
+                                   ActivationCheckpointing checkpointing) {
+  std::vector<BufferSet> sets(
+      static_cast<std::size_t>(checkpointing.buffer_sets(c.num_hidden_layers)));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    BufferSet& b = sets[static_cast<std::size_t>(checkpointing.buffer_set(l))];
+    b.mlp = std::max(b.mlp, BT * c.mlp_rows_per_token(l) * c.mlp_width(l));
+    b.sparse = b.sparse || c.layer_sparse(l);
+  }
+  return sets;
+}
+// The router logits' storage: fp32 under sigmoid_routing() (HF's DeepseekV3TopkRouter), else
+// the activations'.
+DType router_dtype(const LlamaConfig& c, DType act) {
+  return c.sigmoid_routing() ? DType::f32 : act;
+}
 // Element counts of what ensure_buffers allocates, by storage class: one table for the
 // allocation and the memory plan.
 ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
                      ActivationCheckpointing checkpointing) {
   const int64_t BT = B * T, C = c.hidden_size, H = c.num_attention_heads, D = c.head_size();
   const int64_t Q = H * D, KV = c.kv_heads() * D, Vp = c.padded_vocab();
-  const int64_t MI = BT * c.mlp_rows_per_token() * c.mlp_width();  // gate, up, dI1, dI2 each
-  const int64_t S = checkpointing.buffer_sets(c.num_hidden_layers);
+  const std::vector<BufferSet> sets = buffer_sets(c, BT, checkpointing);
+  const auto S = static_cast<int64_t>(sets.size());
+  int64_t MI = 0, set_mlp = 0, sparse_sets = 0;  // dI1, dI2 each; gate and up; routing
+  for (const BufferSet& b : sets) {
+    MI = std::max(MI, b.mlp);
+    set_mlp += 2 * b.mlp;
+    sparse_sets += b.sparse ? 1 : 0;
+  }
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, Vp);  // BT, or one chunk
   ActCounts n;
   n.act = (c.num_hidden_layers + 1) * BT * C                            // residual streams
-          + S * (BT * (Q + 2 * KV + Q + C) + 2 * MI)       // q k v atty res2 gate up
+          + S * BT * (Q + 2 * KV + Q + C) + set_mlp        // q k v atty res2 gate up
           + (c.norm_after() ? S * BT * 2 * C : 0)           // ln1 ln2 (output norms' inputs)
           + BT * C + logit_rows * Vp                                      // norm, logits
           + BT * (2 * C + 2 * Q + 2 * KV) + 2 * MI;                       // backward scratch
@@ -911,16 +1017,19 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
     n.f32 += S * BT * (c.qk_norm_per_head() ? H + c.kv_heads() : 2);  // q_rstd, k_rstd
   }
   n.i32 = 2 * BT;
-  if (c.moe()) {
+  if (sparse_sets > 0) {
     const int64_t E = c.num_experts, RK = BT * c.num_experts_per_tok;
-    n.act += S * (BT * E + RK * C)  // router logits, expert outputs
-             + RK * C + BT * E;     // scratch: routed rows, d router logits
-    n.f32 += S * RK + RK;           // weights; d weights
-    n.i32 += S * 3 * RK;            // idx, src, slot
+    // router logits (per set; d router logits scratch), of the router's dtype
+    int64_t& logits = c.sigmoid_routing() ? n.f32 : n.act;
+    logits += (sparse_sets + 1) * BT * E;
+    n.act += sparse_sets * RK * C  // expert outputs
+             + RK * C;             // scratch: routed rows
+    n.f32 += sparse_sets * RK + RK;  // weights; d weights
+    n.i32 += sparse_sets * 3 * RK;   // idx, src, slot
     if (c.aux_loss()) n.f32 += 3 * E;  // psum, counts, dprobs
-    if (c.shared_expert()) {             // gate, up, output, logit; their scratch
-      const int64_t Is = c.shared_expert_intermediate_size;
-      n.act += (S + 1) * (2 * BT * Is + BT * C + BT);
+    if (c.shared_expert()) {  // gate, up (Qwen2-MoE: output, logit); their scratch (d output)
+      const int64_t Is = c.shared_size(), gated = c.shared_expert_gated() ? 1 : 0;
+      n.act += (sparse_sets + 1) * 2 * BT * Is + (sparse_sets + 1) * gated * (BT * C + BT);
     }
   }
   return n;
@@ -929,7 +1038,7 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
 
 int64_t LlamaModel::activation_bytes(const LlamaConfig& c, int64_t B, int64_t T, DType act,
                                      ActivationCheckpointing checkpointing) {
-  const ActCounts n = act_counts(c, B, T, checkpointing);
+  const ActCounts n = act_counts(c, B, T, checkpointing);  // (router logits' dtype included)
   return n.act * static_cast<int64_t>(dtype_size(act)) + 4 * n.f32 + 4 * n.i32;
 }
 
@@ -952,30 +1061,41 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   a->T = T;
   const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads, D = cfg_.head_size();
   const int64_t Q = H * D, KV = cfg_.kv_heads() * D, Vp = cfg_.padded_vocab();
-  const int64_t MI = BT * cfg_.mlp_rows_per_token() * cfg_.mlp_width();
+  const std::vector<BufferSet> sets = buffer_sets(cfg_, BT, checkpointing_);
+  int64_t MI = 0;  // the scratch dI1, dI2: the widest layer's
+  bool any_sparse = false;
+  for (const BufferSet& b : sets) {
+    MI = std::max(MI, b.mlp);
+    any_sparse = any_sparse || b.sparse;
+  }
   const auto cat = MemCategory::activations;
   auto f = [&](int64_t n) { return DeviceBuffer(rt_, act_dtype_, n, cat); };
   auto f32 = [&](int64_t n) { return DeviceBuffer(rt_, DType::f32, n, cat); };
+  auto logits_buf = [&](int64_t n) {
+    return DeviceBuffer(rt_, router_dtype(cfg_, act_dtype_), n, cat);
+  };
   for (int64_t l = 0; l <= cfg_.num_hidden_layers; ++l) a->res.push_back(f(BT * C));
-  a->layers.resize(static_cast<std::size_t>(checkpointing_.buffer_sets(cfg_.num_hidden_layers)));
+  a->layers.resize(sets.size());
   a->checkpointing = checkpointing_;
-  for (auto& y : a->layers) {
+  for (std::size_t i = 0; i < sets.size(); ++i) {
+    Acts::Layer& y = a->layers[i];
+    const BufferSet& set = sets[i];
     if (cfg_.norm_after()) {
       y.ln1 = f(BT * C); y.ln2 = f(BT * C); y.o_rstd = f32(BT); y.m_rstd = f32(BT);
     }
     if (cfg_.norm_before()) { y.ln1_rstd = f32(BT); y.ln2_rstd = f32(BT); }
     y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
     y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C);
-    y.gate = f(MI); y.up = f(MI);
-    if (cfg_.moe()) {
+    y.gate = f(set.mlp); y.up = f(set.mlp);
+    if (set.sparse) {
       const int64_t E = cfg_.num_experts, RK = BT * cfg_.num_experts_per_tok;
       auto i32 = [&](int64_t n) { return DeviceBuffer(rt_, DType::i32, n, cat); };
-      y.router_logits = f(BT * E); y.expert_out = f(RK * C); y.moe_w = f32(RK);
+      y.router_logits = logits_buf(BT * E); y.expert_out = f(RK * C); y.moe_w = f32(RK);
       y.moe_idx = i32(RK); y.moe_src = i32(RK); y.moe_slot = i32(RK);
       if (cfg_.shared_expert()) {
-        const int64_t Is = cfg_.shared_expert_intermediate_size;
-        y.s_gate = f(BT * Is); y.s_up = f(BT * Is); y.shared_out = f(BT * C);
-        y.shared_logit = f(BT);
+        const int64_t Is = cfg_.shared_size();
+        y.s_gate = f(BT * Is); y.s_up = f(BT * Is);
+        if (cfg_.shared_expert_gated()) { y.shared_out = f(BT * C); y.shared_logit = f(BT); }
       }
     }
     if (cfg_.qk_norm()) {
@@ -987,16 +1107,17 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   a->lnf = f(BT * C); a->lnf_rstd = f32(BT);
   a->logits = f(cfg_.fused_lce.logits_rows(BT, C, Vp) * Vp);
   a->dres = f(BT * C); a->dln = f(BT * C); a->dI1 = f(MI); a->dI2 = f(MI);
-  if (cfg_.moe()) {
+  if (any_sparse) {
     const int64_t RK = BT * cfg_.num_experts_per_tok;
-    a->moe_rows = f(RK * C); a->moe_dw = f32(RK); a->moe_dlogits = f(BT * cfg_.num_experts);
+    a->moe_rows = f(RK * C); a->moe_dw = f32(RK); a->moe_dlogits = logits_buf(BT * cfg_.num_experts);
     if (cfg_.aux_loss()) {
       const int64_t E = cfg_.num_experts;
       a->moe_psum = f32(E); a->moe_counts = f32(E); a->moe_dprobs = f32(E);
     }
     if (cfg_.shared_expert()) {
-      const int64_t Is = cfg_.shared_expert_intermediate_size;
-      a->s_act = f(BT * Is); a->s_dup = f(BT * Is); a->s_dout = f(BT * C); a->s_dlogit = f(BT);
+      const int64_t Is = cfg_.shared_size();
+      a->s_act = f(BT * Is); a->s_dup = f(BT * Is);
+      if (cfg_.shared_expert_gated()) { a->s_dout = f(BT * C); a->s_dlogit = f(BT); }
     }
   }
   a->datty = f(BT * Q); a->dq = f(BT * Q); a->dk = f(BT * KV); a->dv = f(BT * KV);
@@ -1048,14 +1169,15 @@ double LlamaModel::take_max_expert_load() {
 }
 
 TensorView LlamaModel::router_logits(int64_t layer) const {
-  if (!cfg_.moe() || !acts_ || last_rows_ == 0 || layer < 0 || layer >= cfg_.num_hidden_layers ||
-      checkpointing_.recomputes(layer)) {
+  if (!acts_ || last_rows_ == 0 || layer < 0 || layer >= cfg_.num_hidden_layers ||
+      !cfg_.layer_sparse(layer) || checkpointing_.recomputes(layer)) {
     return {};
   }
   return acts_->layer(layer).router_logits.view({last_rows_, cfg_.num_experts});
 }
 
-// Parameter ids: embed_tokens 0; layer l: 1 + count*l + k; norm: 1 + count*L; lm_head next.
+// Parameter ids: embed_tokens 0; layer l's from layer_params(l).p0; the final norm's
+// layer_params(L).p0; lm_head next.
 void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host, int64_t B,
                          int64_t T, ModuleHooks& hooks, bool with_backward, float grad_scale,
                          const TensorView& loss) {
@@ -1071,7 +1193,6 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
   rt_.copy_from_host(tokens, tokens_host);
   rt_.copy_from_host(targets, targets_host);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
-  const int count = layer_index(cfg_).count;
 
   training_forward_ = with_backward;
   if (cfg_.aux_loss()) {  // the load-balancing loss's sums over this forward's layers
@@ -1093,7 +1214,7 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
   }
   if (cfg_.aux_loss()) aux_loss_forward(targets_host, BT, with_backward, grad_scale, loss);
 
-  const int m_norm = static_cast<int>(1 + L), p_norm = static_cast<int>(1 + count * L);
+  const int m_norm = static_cast<int>(1 + L), p_norm = layer_params(cfg_, L).p0;
   const bool tied = cfg_.tie_word_embeddings;
   const int p_head = tied ? 0 : p_norm + 1;
   const TensorView lnf = rows(a.lnf, C);
@@ -1131,13 +1252,14 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
 void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
                                bool write_output) {
   Acts& a = *acts_;
-  const LayerIndex x = layer_index(cfg_);
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  const int p0 = lp.p0;
   const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads,
-                Hkv = cfg_.kv_heads(), D = cfg_.head_size(), I = cfg_.mlp_width();
-  const int64_t Q = H * D, KV = Hkv * D, MR = BT * cfg_.mlp_rows_per_token();
+                Hkv = cfg_.kv_heads(), D = cfg_.head_size(), I = cfg_.mlp_width(l);
+  const int64_t Q = H * D, KV = Hkv * D, MR = BT * cfg_.mlp_rows_per_token(l);
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
-  const int p0 = static_cast<int>(1 + x.count * l);
   auto W = [&](int k) {
     return layer_slot(cfg_, x, k, [&](int i) { return hooks.param(p0 + i); });
   };
@@ -1226,7 +1348,7 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   if (rs != 1.f) be_.scale(res2, rs);
   be_.add_rmsnorm_forward(res2, ln2, y.ln2_rstd.view({BT}), in, bias(x.o_b), nw.mlp_in, BT, C,
                           eps);
-  if (cfg_.moe()) {
+  if (cfg_.layer_sparse(l)) {
     moe_forward(l, BT, hooks, write_output);
     return;
   }
@@ -1274,6 +1396,10 @@ TensorView expert_rows(const DeviceBuffer& b, const std::vector<int64_t>& offset
   const int64_t n = offsets[static_cast<std::size_t>(e) + 1] - first;
   return b.view().slice(first * width, n * width).reshape({n, width});
 }
+// GLM-4.5's routing, as moe_sigmoid_router_* take it.
+Kernels::SigmoidRouting sigmoid_routing(const LlamaConfig& c) {
+  return {c.n_group, c.topk_group, c.norm_topk_prob, static_cast<float>(c.routed_scaling_factor)};
+}
 }  // namespace
 
 void LlamaModel::aux_loss_forward(const int32_t* targets_host, int64_t BT, bool backward,
@@ -1284,7 +1410,9 @@ void LlamaModel::aux_loss_forward(const int32_t* targets_host, int64_t BT, bool 
   // micro-batches weighted by their tokens (HF's mean when they are equal).
   Acts& a = *acts_;
   const int64_t E = cfg_.num_experts;
-  const double N = static_cast<double>(cfg_.num_hidden_layers * BT);
+  int64_t sparse_layers = 0;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) sparse_layers += cfg_.layer_sparse(l);
+  const double N = static_cast<double>(sparse_layers * BT);
   int64_t n = 0;
   for (int64_t i = 0; i < BT; ++i) n += targets_host[i] != kIgnoreIndex ? 1 : 0;
   const double alpha = cfg_.router_aux_loss_coef * static_cast<double>(n) *
@@ -1303,17 +1431,23 @@ void LlamaModel::aux_loss_forward(const int32_t* targets_host, int64_t BT, bool 
 
 void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool write_output) {
   Acts& a = *acts_;
-  const LayerIndex x = layer_index(cfg_);
-  const int p0 = static_cast<int>(1 + x.count * l);
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  const int p0 = lp.p0;
   auto W = [&](int k) { return hooks.param(p0 + k); };
   auto& y = a.layer(l);
   const int64_t C = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
   const int64_t I = cfg_.expert_size(), RK = BT * K;
   const TensorView ln2 = a.dln.view({BT, C}), logits = y.router_logits.view({BT, E});
-  // router_logits = ln2 @ gate^T; the top-k experts and weights of each token
+  // router_logits = ln2 @ gate^T (GLM-4.5: fp32); the top-k experts and weights of each token
   be_.gemm(false, true, BT, E, C, 1.f, ln2, W(x.router), 0.f, logits);
-  be_.moe_router_forward(y.moe_idx.view({RK}), y.moe_w.view({RK}), logits, BT, E, K,
-                         cfg_.normalize_top_k());
+  if (cfg_.sigmoid_routing()) {
+    be_.moe_sigmoid_router_forward(y.moe_idx.view({RK}), y.moe_w.view({RK}), logits,
+                                   W(x.e_bias), BT, E, K, sigmoid_routing(cfg_));
+  } else {
+    be_.moe_router_forward(y.moe_idx.view({RK}), y.moe_w.view({RK}), logits, BT, E, K,
+                           cfg_.normalize_top_k());
+  }
   group_routed_rows(l, BT);
   const std::vector<int64_t>& off = y.moe_offsets;
   // This forward's counts per expert (not again in a recompute): the expert load of a
@@ -1347,24 +1481,36 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
     be_.gemm(false, true, act.shape[0], C, I, 1.f, act, W(x.expert_down(e)), 0.f,
              expert_rows(y.expert_out, off, e, C));
   }
-  if (cfg_.shared_expert()) {  // Qwen2-MoE: every token's shared expert and its gate's logit
-    const int64_t Is = cfg_.shared_expert_intermediate_size;
+  // The shared expert on every token: Qwen2-MoE's output and its gate's logit kept;
+  // GLM-4.5's output (ungated) added to the layer's output below
+  const bool gated = cfg_.shared_expert_gated();
+  const int64_t Is = cfg_.shared_size();
+  if (cfg_.shared_expert()) {
     const TensorView s_gate = y.s_gate.view({BT, Is}), s_up = y.s_up.view({BT, Is}),
                      s_act = a.s_act.view({BT, Is});
-    be_.gemm(false, true, BT, 1, C, 1.f, ln2, W(x.s_sigmoid), 0.f, y.shared_logit.view({BT, 1}));
+    if (gated) {
+      be_.gemm(false, true, BT, 1, C, 1.f, ln2, W(x.s_sigmoid), 0.f,
+               y.shared_logit.view({BT, 1}));
+    }
     be_.gemm(false, true, BT, Is, C, 1.f, ln2, W(x.s_gate), 0.f, s_gate);
     be_.gemm(false, true, BT, Is, C, 1.f, ln2, W(x.s_up), 0.f, s_up);
     be_.swiglu_forward(s_act, s_gate, s_up);
-    be_.gemm(false, true, BT, C, Is, 1.f, s_act, W(x.s_down), 0.f, y.shared_out.view({BT, C}));
+    if (gated) {
+      be_.gemm(false, true, BT, C, Is, 1.f, s_act, W(x.s_down), 0.f,
+               y.shared_out.view({BT, C}));
+    }
   }
   if (!write_output) return;
-  // res[l + 1] = res2 + sum_k weight_k * expert_k(ln2) (+ Qwen2-MoE's sigmoid(logit) * shared)
+  // res[l + 1] = res2 + sum_k weight_k * expert_k(ln2) (+ Qwen2-MoE's sigmoid(logit) * shared,
+  // GLM-4.5's shared)
   const TensorView out = a.res[static_cast<std::size_t>(l + 1)].view({BT, C});
   be_.moe_combine_forward(out, y.expert_out.view({RK, C}), y.moe_w.view({RK}),
                           y.moe_slot.view({RK}), BT, K, C);
-  if (cfg_.shared_expert()) {
+  if (cfg_.shared_expert() && gated) {
     be_.moe_shared_gate_forward(out, y.shared_out.view({BT, C}), y.shared_logit.view({BT}), BT,
                                 C);
+  } else if (cfg_.shared_expert()) {
+    be_.gemm(false, true, BT, C, Is, 1.f, a.s_act.view({BT, Is}), W(x.s_down), 1.f, out);
   }
   be_.add_bias_residual(out, TensorView{}, y.res2.view({BT, C}), BT, C);
 }
@@ -1372,8 +1518,9 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
 void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
                               const TensorView& norm_weight, bool recompute) {
   Acts& a = *acts_;
-  const LayerIndex x = layer_index(cfg_);
-  const int p0 = static_cast<int>(1 + x.count * l);
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  const int p0 = lp.p0;
   auto W = [&](int k) { return hooks.param(p0 + k); };
   auto G = [&](int k) { return hooks.grad(p0 + k); };
   auto& y = a.layer(l);
@@ -1416,33 +1563,42 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
     be_.gemm(false, false, n, C, I, 1.f, dg, W(x.expert_gate(e)), 0.f, in);
     be_.gemm(false, false, n, C, I, 1.f, du, W(x.expert_up(e)), 1.f, in);
   }
-  // the router: d logits from d weights; d gate += d logits^T ln2
-  be_.moe_router_backward(dlogits, dw, y.router_logits.view({BT, E}), y.moe_idx.view({RK}), BT,
-                          E, K, cfg_.normalize_top_k());
+  // the router: d logits from d weights; d gate += d logits^T ln2 (GLM-4.5's
+  // e_score_correction_bias, a buffer, gets no gradient)
+  if (cfg_.sigmoid_routing()) {
+    be_.moe_sigmoid_router_backward(dlogits, dw, y.router_logits.view({BT, E}),
+                                    y.moe_idx.view({RK}), BT, E, K, sigmoid_routing(cfg_));
+  } else {
+    be_.moe_router_backward(dlogits, dw, y.router_logits.view({BT, E}), y.moe_idx.view({RK}),
+                            BT, E, K, cfg_.normalize_top_k());
+  }
   if (cfg_.aux_loss()) {  // the load-balancing loss's gradient through this layer's softmax
     be_.moe_aux_loss_backward(dlogits, y.router_logits.view({BT, E}), a.moe_dprobs.view(), BT, E);
   }
   be_.gemm(true, false, E, C, BT, 1.f, dlogits, dln, 1.f, G(x.router));
-  // Qwen2-MoE's shared expert: d output and d logit through the sigmoid gate, then its
-  // SwiGLU's weight gradients (ln2 still in dln); its input gradient joins below
-  const bool shared = cfg_.shared_expert();
-  const int64_t Is = cfg_.shared_expert_intermediate_size;
-  auto view = [&](const DeviceBuffer& buf, int64_t width) {
-    return shared ? buf.view({BT, width}) : TensorView{};
+  // The shared expert: d output (Qwen2-MoE: and d logit through the sigmoid gate; GLM-4.5:
+  // dres itself), then its SwiGLU's weight gradients (ln2 still in dln); its input gradient
+  // joins below
+  const bool shared = cfg_.shared_expert(), gated = cfg_.shared_expert_gated();
+  const int64_t Is = cfg_.shared_size();
+  auto view = [&](const DeviceBuffer& buf, int64_t width, bool has = true) {
+    return shared && has ? buf.view({BT, width}) : TensorView{};
   };
   const TensorView s_gate = view(y.s_gate, Is), s_up = view(y.s_up, Is), s_act = view(a.s_act, Is),
-                   s_dup = view(a.s_dup, Is), s_dout = view(a.s_dout, C),
-                   s_dlogit = view(a.s_dlogit, 1);
+                   s_dup = view(a.s_dup, Is), s_dlogit = view(a.s_dlogit, 1, gated),
+                   s_dout = gated ? view(a.s_dout, C) : dres;
   if (shared) {
-    be_.moe_shared_gate_backward(s_dout, a.s_dlogit.view({BT}), dres, y.shared_out.view({BT, C}),
-                                 y.shared_logit.view({BT}), BT, C);
+    if (gated) {
+      be_.moe_shared_gate_backward(s_dout, a.s_dlogit.view({BT}), dres,
+                                   y.shared_out.view({BT, C}), y.shared_logit.view({BT}), BT, C);
+    }
     be_.swiglu_forward(s_act, s_gate, s_up);  // act again (the same kernel, the same bits)
     be_.gemm(true, false, C, Is, BT, 1.f, s_dout, s_act, 1.f, G(x.s_down));
     be_.gemm(false, false, BT, Is, C, 1.f, s_dout, W(x.s_down), 0.f, s_act);  // d act
     be_.swiglu_backward(s_act, s_dup, s_act, s_gate, s_up);  // d gate into s_act, d up
     be_.gemm(true, false, Is, C, BT, 1.f, s_act, dln, 1.f, G(x.s_gate));
     be_.gemm(true, false, Is, C, BT, 1.f, s_dup, dln, 1.f, G(x.s_up));
-    be_.gemm(true, false, 1, C, BT, 1.f, s_dlogit, dln, 1.f, G(x.s_sigmoid));
+    if (gated) be_.gemm(true, false, 1, C, BT, 1.f, s_dlogit, dln, 1.f, G(x.s_sigmoid));
   }
   // d ln2 = each token's routed rows' gradients summed + d logits @ gate (+ the shared
   // expert's: through its gate and up projections and its sigmoid gate); then the norm
@@ -1451,7 +1607,7 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
   if (shared) {
     be_.gemm(false, false, BT, C, Is, 1.f, s_act, W(x.s_gate), 1.f, dln);
     be_.gemm(false, false, BT, C, Is, 1.f, s_dup, W(x.s_up), 1.f, dln);
-    be_.gemm(false, false, BT, C, 1, 1.f, s_dlogit, W(x.s_sigmoid), 1.f, dln);
+    if (gated) be_.gemm(false, false, BT, C, 1, 1.f, s_dlogit, W(x.s_sigmoid), 1.f, dln);
   }
   be_.rmsnorm_backward(dres, G(x.mlp_in), dln, res2, norm_weight, y.ln2_rstd.view({BT}), BT, C);
 }
@@ -1466,23 +1622,19 @@ LmHeadChunks LlamaModel::head_chunks(int64_t BT, const TensorView& weight) const
 void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
                           const TensorView& loss) {
   Acts& a = *acts_;
-  const LayerIndex x = layer_index(cfg_);
   const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads,
                 Hkv = cfg_.kv_heads(), D = cfg_.head_size(), I = cfg_.intermediate_size;
   const int64_t Q = H * D, KV = Hkv * D, Vp = cfg_.padded_vocab(), L = cfg_.num_hidden_layers;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
-  // The dense MLP's views (a sparse one's are moe_backward's)
-  auto mlp_rows = [&](const DeviceBuffer& b) { return cfg_.moe() ? TensorView{} : rows(b, I); };
-  const TensorView dres = rows(a.dres, C), dln = rows(a.dln, C), dI1 = mlp_rows(a.dI1),
-                   dI2 = mlp_rows(a.dI2), datty = rows(a.datty, Q), dq = rows(a.dq, Q),
-                   dk = rows(a.dk, KV), dv = rows(a.dv, KV);
+  const TensorView dres = rows(a.dres, C), dln = rows(a.dln, C), datty = rows(a.datty, Q),
+                   dq = rows(a.dq, Q), dk = rows(a.dk, KV), dv = rows(a.dv, KV);
 
   // LM head and norm. a.logits holds dlogits [BT,Vp] after the fused cross-entropy (0 in the
   // padding columns). Chunked (model.fused_linear_cross_entropy): the head's forward, loss
   // and backward, chunk by chunk.
   const bool tied = cfg_.tie_word_embeddings;
-  const int m_norm = static_cast<int>(1 + L), p_norm = static_cast<int>(1 + x.count * L);
+  const int m_norm = static_cast<int>(1 + L), p_norm = layer_params(cfg_, L).p0;
   const int m_head = tied ? m_norm : m_norm + 1, p_head = tied ? 0 : p_norm + 1;
   hooks.pre_backward(m_head);
   if (cfg_.fused_lce.enabled) {
@@ -1505,7 +1657,14 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
   hooks.post_backward(m_norm);
 
   for (int64_t l = L - 1; l >= 0; --l) {
-    const int m = static_cast<int>(1 + l), p0 = static_cast<int>(1 + x.count * l);
+    const int m = static_cast<int>(1 + l);
+    const LayerParams lp = layer_params(cfg_, l);
+    const LayerIndex& x = lp.x;
+    const int p0 = lp.p0;
+    // The dense MLP's views (a sparse one's are moe_backward's)
+    const bool sparse = cfg_.layer_sparse(l);
+    auto mlp_rows = [&](const DeviceBuffer& b) { return sparse ? TensorView{} : rows(b, I); };
+    const TensorView dI1 = mlp_rows(a.dI1), dI2 = mlp_rows(a.dI2);
     auto W = [&](int k) {
       return layer_slot(cfg_, x, k, [&](int i) { return hooks.param(p0 + i); });
     };
@@ -1550,7 +1709,7 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     // gradient before it writes d act over it.
     const bool before = cfg_.norm_before(), after = cfg_.norm_after();
     const TensorView gate = mlp_rows(y.gate), up = mlp_rows(y.up), res2 = rows(y.res2, C);
-    if (cfg_.moe()) {
+    if (sparse) {
       moe_backward(l, BT, hooks, nw.mlp_in, recompute);
     } else {
       if (after) {  // d m (m = down(act) in ln2) into dln: rmsnorm_backward adds to zeros
@@ -1792,6 +1951,19 @@ class LlamaFamily final : public ModelFamily {
                  n(g.num_experts_per_tok) + " exceeds " + a.key(&LlamaConfig::num_experts) +
                      " = " + n(g.num_experts));
     }
+    if (g.sigmoid_routing()) {  // moe_sigmoid_router_forward's groups
+      const int64_t E = g.num_experts, G = g.n_group;
+      if (E % G != 0 || (G > 1 && E / G < 2)) {
+        throw fail(a.key(&LlamaConfig::n_group),
+                   n(G) + " does not divide " + a.key(&LlamaConfig::num_experts) + " = " + n(E) +
+                       " into groups of at least 2 experts (a group scores its two best)");
+      }
+      if (g.topk_group > G) {
+        throw fail(a.key(&LlamaConfig::topk_group), n(g.topk_group) + " exceeds " +
+                                                        a.key(&LlamaConfig::n_group) + " = " +
+                                                        n(G));
+      }
+    }
     check_recompute_num_layers(c, g.num_hidden_layers, fail);
   }
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
@@ -1813,17 +1985,20 @@ class LlamaFamily final : public ModelFamily {
     const double T = static_cast<double>(shape.L), C = static_cast<double>(g.hidden_size),
                  L = static_cast<double>(g.num_hidden_layers), V = static_cast<double>(g.vocab_size),
                  Q = static_cast<double>(g.num_attention_heads * g.head_size()),
-                 KV = static_cast<double>(g.kv_heads() * g.head_size()),
-                 I = static_cast<double>(g.mlp_width());
+                 KV = static_cast<double>(g.kv_heads() * g.head_size());
     // A sparse MLP: the router (C E) and the K experts each token runs (the active
-    // parameters, as MoE MFU is counted).
-    const double shared =
-        g.shared_expert() ? 3 * C * static_cast<double>(g.shared_expert_intermediate_size) + C
-                          : 0.0;
-    const double mlp = g.moe() ? static_cast<double>(g.num_experts_per_tok) * 3 * C * I +
+    // parameters, as MoE MFU is counted), and the shared expert (Qwen2-MoE's gate: C more).
+    const double shared = g.shared_expert() ? 3 * C * static_cast<double>(g.shared_size()) +
+                                                  (g.shared_expert_gated() ? C : 0.0)
+                                            : 0.0;
+    double mlp = 0;  // over the layers
+    for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+      const double I = static_cast<double>(g.mlp_width(l));
+      mlp += g.layer_sparse(l) ? static_cast<double>(g.num_experts_per_tok) * 3 * C * I +
                                      C * static_cast<double>(g.num_experts) + shared
                                : 3 * C * I;
-    const double macs = T * (L * (C * (2 * Q + 2 * KV) + mlp) + V * C) + L * 2.0 * T * T * Q;
+    }
+    const double macs = T * (L * C * (2 * Q + 2 * KV) + mlp + V * C) + L * 2.0 * T * T * Q;
     return 6.0 * macs;
   }
   // Our names are HF's state-dict names and nn.Linear layouts. A layer's parameter is looked
@@ -1968,9 +2143,12 @@ class LlamaFamily final : public ModelFamily {
     }
     if (g.moe()) {
       // both names of the experts' number (transformers 5.8+ reads num_local_experts)
-      if (arch_ != LlamaArch::mixtral) {
+      if (arch_ != LlamaArch::mixtral && arch_ != LlamaArch::glm4_moe) {
         out[llama_args(LlamaArch::mixtral).name(&LlamaConfig::num_experts)] = g.num_experts;
       }
+      // GLM-4.5's multi-token-prediction layers are neither built nor trained (HF's causal-LM
+      // loss never runs them): the merged model has none
+      if (arch_ == LlamaArch::glm4_moe) out["num_nextn_predict_layers"] = 0;
       if (arch_ == LlamaArch::qwen3_moe || arch_ == LlamaArch::qwen2_moe) {  // every layer sparse
         out["decoder_sparse_step"] = 1;
         out["mlp_only_layers"] = nlohmann::json::array();
@@ -2032,6 +2210,7 @@ class LlamaFamily final : public ModelFamily {
       if (!hf.contains(theta) && rp.contains(theta)) hf[theta] = rp[theta];
       if (!hf.contains("rope_scaling") || hf["rope_scaling"].is_null()) hf["rope_scaling"] = rp;
     }
+    if (arch_ == LlamaArch::phi3 || arch_ == LlamaArch::glm4_moe) partial_rotary_from_hf(hf, origin);
     if (arch_ == LlamaArch::phi3) phi3_rope_from_hf(hf, origin);
     if (hf.contains("rope_scaling") && hf["rope_scaling"].is_object()) {
       nlohmann::json& rs = hf["rope_scaling"];
@@ -2103,15 +2282,18 @@ class LlamaFamily final : public ModelFamily {
   // The derived sizes spelled as HF's None (0) when they equal what None means, the
   // rope_scaling fields its rope_type does not read (rope_fields) at their defaults (a
   // config.json carries only the others, and they change nothing).
-  // Phi-3's RoPE attributes, in place (Phi3Config): transformers 5 keeps partial_rotary_factor
-  // and original_max_position_embeddings in rope_parameters as well (the top-level ones win,
-  // and must agree); the legacy rope types "su" and "yarn" are longrope.
-  void phi3_rope_from_hf(nlohmann::json& hf, const std::string& origin) const {
+  // partial_rotary_factor, in place (Phi3Config, Glm4MoeConfig): transformers 5 keeps it in
+  // rope_parameters (the top-level one wins, and must agree).
+  void partial_rotary_from_hf(nlohmann::json& hf, const std::string& origin) const {
+    lift_rope_attributes(hf, origin, {args().name(&LlamaConfig::partial_rotary_factor)});
+  }
+  // `attrs` of rope_scaling (or rope_parameters) that are top-level attributes of the class,
+  // in place: a top-level one wins and must agree.
+  void lift_rope_attributes(nlohmann::json& hf, const std::string& origin,
+                            const std::vector<std::string>& attrs) const {
     if (!hf.contains("rope_scaling") || !hf["rope_scaling"].is_object()) return;
     nlohmann::json& rs = hf["rope_scaling"];
-    const std::string partial = args().name(&LlamaConfig::partial_rotary_factor);
-    const std::string orig = args().name(&LlamaConfig::original_max_position_embeddings);
-    for (const std::string& attr : {partial, orig}) {
+    for (const std::string& attr : attrs) {
       if (!rs.contains(attr) || rs[attr].is_null()) continue;
       if (!hf.contains(attr) || hf[attr].is_null()) {
         hf[attr] = rs[attr];
@@ -2120,6 +2302,14 @@ class LlamaFamily final : public ModelFamily {
                           "the top-level " + attr + " " + hf[attr].dump());
       }
     }
+  }
+  // Phi-3's RoPE attributes, in place (Phi3Config): transformers 5 keeps
+  // original_max_position_embeddings in rope_parameters as well (lift_rope_attributes); the
+  // legacy rope types "su" and "yarn" are longrope.
+  void phi3_rope_from_hf(nlohmann::json& hf, const std::string& origin) const {
+    if (!hf.contains("rope_scaling") || !hf["rope_scaling"].is_object()) return;
+    lift_rope_attributes(hf, origin, {args().name(&LlamaConfig::original_max_position_embeddings)});
+    nlohmann::json& rs = hf["rope_scaling"];
     const char* type_key = rs.contains("rope_type") ? "rope_type" : "type";
     if (rs.contains(type_key) && (rs[type_key] == "su" || rs[type_key] == "yarn")) {
       rs[type_key] = enum_name(LlamaConfig::RopeType::longrope);

@@ -597,6 +597,41 @@ struct ArgChecks {
     need_float(k, "logits", logits, R * E);
     need_dtype(k, "idx", idx, DType::i32, R * K);
   }
+  static void sigmoid_routing(const char* k, int64_t R, int64_t E, int64_t K,
+                              const Kernels::SigmoidRouting& g) {
+    moe_dims(k, R, E, K);
+    const std::string groups = "n_group = " + std::to_string(g.n_group);
+    if (g.n_group < 1 || E % g.n_group != 0 || (g.n_group > 1 && E / g.n_group < 2)) {
+      error(k, groups.c_str(), "(expected 1, or a divisor of E = " + std::to_string(E) +
+                                   " into groups of at least 2 experts)");
+    }
+    if (g.topk_group < 1 || g.topk_group > g.n_group) {
+      error(k, "topk_group", "= " + std::to_string(g.topk_group) + " (expected 1 <= topk_group <= " +
+                                 groups + ")");
+    }
+  }
+  static void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
+                                         const TensorView& logits, const TensorView& bias,
+                                         int64_t R, int64_t E, int64_t K,
+                                         const Kernels::SigmoidRouting& g) {
+    const char* k = "moe_sigmoid_router_forward";
+    sigmoid_routing(k, R, E, K, g);
+    need_dtype(k, "idx", idx, DType::i32, R * K);
+    need_dtype(k, "weights", weights, DType::f32, R * K);
+    need_float(k, "logits", logits, R * E);
+    need_float(k, "bias", bias, E);
+  }
+  static void moe_sigmoid_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                          const TensorView& logits, const TensorView& idx,
+                                          int64_t R, int64_t E, int64_t K,
+                                          const Kernels::SigmoidRouting& g) {
+    const char* k = "moe_sigmoid_router_backward";
+    sigmoid_routing(k, R, E, K, g);
+    need_float(k, "dlogits", dlogits, R * E);
+    need_dtype(k, "dweights", dweights, DType::f32, R * K);
+    need_float(k, "logits", logits, R * E);
+    need_dtype(k, "idx", idx, DType::i32, R * K);
+  }
   // moe_combine_*: returns N, the rows' count (rows.numel() / C).
   static int64_t moe_combine_dims(const char* k, const TensorView& rows, const TensorView& slot,
                                   int64_t R, int64_t K, int64_t C) {

@@ -447,6 +447,39 @@ class Kernels {
   virtual void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
                                    const TensorView& logits, const TensorView& idx, int64_t R,
                                    int64_t E, int64_t K, bool normalize) = 0;
+  // Sigmoid top-k routing with a selection bias and group-limited choice (DeepSeek-V3's
+  // auxiliary-loss-free "noaux_tc" routing, DeepSeek-AI 2024, "DeepSeek-V3 Technical Report",
+  // section 2.1.2; HF DeepseekV3MoE.route_tokens_to_experts, which Glm4MoeMoE inherits). Per
+  // row r: s = sigmoid(logits[r,:]) in fp32; c = s + bias (bias: HF's e_score_correction_bias
+  // [E], a buffer that only picks experts); the E experts form g.n_group groups of E / n_group
+  // consecutive experts, a group's score the sum of its two largest c (topk(2)); the
+  // g.topk_group groups of the largest scores (ties to the lower group) keep their c, every
+  // other expert's c becomes 0 (HF's masked_fill(..., 0.0)); idx[r,j], j < K: the experts of
+  // the K largest c in descending order, ties to the lower expert; weights[r,j] = g.scale *
+  // s[idx[r,j]], divided by (sum_j s[idx[r,j]] + 1e-20) first when g.normalize
+  // (norm_topk_prob; g.scale is routed_scaling_factor). logits: [R,E] float (HF's router GEMM
+  // is fp32); bias: [E] float; WRITES idx: [R,K] int32 and weights: [R,K] fp32. Throws
+  // fsdp::Error unless 1 <= K <= E, n_group >= 1 divides E into groups of >= 2 experts (HF's
+  // topk(2)) or n_group == 1, and 1 <= topk_group <= n_group.
+  struct SigmoidRouting {
+    int64_t n_group = 1, topk_group = 1;
+    bool normalize = true;
+    float scale = 1.f;
+  };
+  virtual void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
+                                          const TensorView& logits, const TensorView& bias,
+                                          int64_t R, int64_t E, int64_t K,
+                                          const SigmoidRouting& g) = 0;
+  // Its backward (s recomputed from logits, idx of forward; the bias gets no gradient):
+  // WRITES dlogits: [R,E] (any float dtype; not overlapping logits) from dweights: [R,K]
+  // fp32, in fp32 math: with S = sum_j s[idx[r,j]] + 1e-20, ds[idx[r,j]] = g.scale *
+  // (dweights[r,j] - sum_i dweights[r,i] s[idx[r,i]] / S) / S when g.normalize, else g.scale
+  // * dweights[r,j]; dlogits[r,e] = ds[e] s[e] (1 - s[e]) at the K chosen experts, 0 at the
+  // others. Same errors as forward (CUDA: forward takes E <= 1024).
+  virtual void moe_sigmoid_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                           const TensorView& logits, const TensorView& idx,
+                                           int64_t R, int64_t E, int64_t K,
+                                           const SigmoidRouting& g) = 0;
   // The weighted sum of each token's K expert outputs: WRITES out[r,:] = sum_j weights[r,j] *
   // rows[slot[r*K+j],:], j ascending, in fp32, rounded once to out's dtype. rows: [N,C] (the
   // experts' output rows, grouped by expert; N = rows.numel() / C); slot: [R*K] int32 in

@@ -199,6 +199,12 @@ class GraphedKernels final : public Kernels {
   void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
                            const TensorView& logits, const TensorView& idx, int64_t R, int64_t E,
                            int64_t K, bool normalize) override;
+  void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
+                                  const TensorView& logits, const TensorView& bias, int64_t R,
+                                  int64_t E, int64_t K, const SigmoidRouting& g) override;
+  void moe_sigmoid_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                   const TensorView& logits, const TensorView& idx, int64_t R,
+                                   int64_t E, int64_t K, const SigmoidRouting& g) override;
   void moe_combine_forward(const TensorView& out, const TensorView& rows,
                            const TensorView& weights, const TensorView& slot, int64_t R, int64_t K,
                            int64_t C) override;
@@ -235,6 +241,12 @@ class GraphedKernels final : public Kernels {
   void put(bool v) { pending_.record.push_back(v ? 1 : 0); }
   void put(float v);
   void put(double v) { pending_.record.push_back(std::bit_cast<uint64_t>(v)); }
+  void put(const SigmoidRouting& g) {
+    put(g.n_group);
+    put(g.topk_group);
+    put(g.normalize);
+    put(g.scale);
+  }
   void run_eager(const std::vector<Call>& calls);
 
   struct Segment {

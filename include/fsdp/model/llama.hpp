@@ -136,7 +136,8 @@ enum class LlamaArch {
   qwen3_moe,
   mixtral,
   olmoe,
-  qwen2_moe
+  qwen2_moe,
+  glm4_moe
 };
 
 template <>
@@ -157,7 +158,8 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::qwen3_moe, "qwen3_moe"},
                                                   {LlamaArch::mixtral, "mixtral"},
                                                   {LlamaArch::olmoe, "olmoe"},
-                                                  {LlamaArch::qwen2_moe, "qwen2_moe"}};
+                                                  {LlamaArch::qwen2_moe, "qwen2_moe"},
+                                                  {LlamaArch::glm4_moe, "glm4_moe"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
@@ -264,6 +266,18 @@ struct LlamaConfig {
   int64_t moe_intermediate_size = 96;
   int64_t shared_expert_intermediate_size = 128;  // Qwen2-MoE's shared expert (shared_expert())
   bool norm_topk_prob = false;
+  // GLM-4.5 (Glm4MoeConfig; DeepSeek-V3's MoE block, DeepseekV3MoE): n_shared_experts shared
+  // experts as one SwiGLU MLP n_shared_experts * moe_intermediate_size wide that every token
+  // runs, unscaled; sigmoid routing (sigmoid_routing(): kernels.hpp's
+  // moe_sigmoid_router_forward) limited to the topk_group best of n_group expert groups, the
+  // weights times routed_scaling_factor; the first first_k_dense_replace layers dense (Llama's
+  // MLP of intermediate_size, layer_sparse()); use_qk_norm: Qwen3's per-head q_norm / k_norm.
+  int64_t n_shared_experts = 1;
+  double routed_scaling_factor = 1.0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  int64_t first_k_dense_replace = 1;
+  bool use_qk_norm = false;
   // The auxiliary load-balancing loss (HF's output_router_logits, router_aux_loss_coef;
   // aux_loss()): loss + router_aux_loss_coef * E sum_e f_e P_e over all layers' tokens.
   bool output_router_logits = false;
@@ -280,38 +294,68 @@ struct LlamaConfig {
     return static_cast<int64_t>(static_cast<double>(head_size()) * partial_rotary_factor);
   }
   int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
-  // Qwen3-MoE, Mixtral, OLMoE: each layer's MLP is a router and num_experts experts.
+  // Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE, GLM-4.5: a layer's MLP is a router and num_experts
+  // experts (GLM-4.5's from layer first_k_dense_replace on: layer_sparse()).
   bool moe() const {
     return arch == LlamaArch::qwen3_moe || arch == LlamaArch::mixtral ||
-           arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe;
+           arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe || glm4_moe();
+  }
+  bool glm4_moe() const { return arch == LlamaArch::glm4_moe; }
+  // Whether decoder layer `layer` is sparse (a router and experts) rather than Llama's dense
+  // MLP of intermediate_size: every layer of a moe() class but GLM-4.5's first
+  // first_k_dense_replace.
+  bool layer_sparse(int64_t layer) const {
+    return moe() && (!glm4_moe() || layer >= first_k_dense_replace);
   }
   int64_t expert_size() const {
-    return arch == LlamaArch::qwen3_moe || arch == LlamaArch::qwen2_moe ? moe_intermediate_size
-                                                                          : intermediate_size;
+    return arch == LlamaArch::qwen3_moe || arch == LlamaArch::qwen2_moe || glm4_moe()
+               ? moe_intermediate_size
+               : intermediate_size;
   }
-  // Qwen2-MoE: a shared expert beside the routed ones, sigmoid-gated per token.
-  bool shared_expert() const { return arch == LlamaArch::qwen2_moe; }
+  // A shared expert beside the routed ones that every token runs: Qwen2-MoE's, scaled by a
+  // per-token sigmoid gate (shared_expert_gated()), and GLM-4.5's n_shared_experts, unscaled;
+  // shared_size() wide.
+  bool shared_expert() const { return arch == LlamaArch::qwen2_moe || glm4_moe(); }
+  bool shared_expert_gated() const { return arch == LlamaArch::qwen2_moe; }
+  int64_t shared_size() const {
+    return glm4_moe() ? n_shared_experts * moe_intermediate_size
+                      : shared_expert_intermediate_size;
+  }
+  // DeepSeek-V3's routing (GLM-4.5): sigmoid scores, e_score_correction_bias, groups, the
+  // scaling factor (moe_sigmoid_router_forward); the others: softmax top-k (moe_router_forward).
+  // The router's logits are then fp32, as HF's DeepseekV3TopkRouter computes them.
+  bool sigmoid_routing() const { return glm4_moe(); }
   bool normalize_top_k() const { return arch == LlamaArch::mixtral || norm_topk_prob; }
   // Whether the loss has the load-balancing term (a coefficient of 0 adds nothing).
-  bool aux_loss() const { return moe() && output_router_logits && router_aux_loss_coef != 0.0; }
-  // The rows and width of a layer's MLP activations (gate, up, silu(gate) * up): BT tokens of
-  // intermediate_size, or under moe() BT * num_experts_per_tok routed rows of expert_size().
-  int64_t mlp_rows_per_token() const { return moe() ? num_experts_per_tok : 1; }
-  int64_t mlp_width() const { return moe() ? expert_size() : intermediate_size; }
+  // (GLM-4.5 has none: output_router_logits is not one of its keys.)
+  bool aux_loss() const {
+    return moe() && !glm4_moe() && output_router_logits && router_aux_loss_coef != 0.0;
+  }
+  // The rows and width of layer `layer`'s MLP activations (gate, up, silu(gate) * up): BT
+  // tokens of intermediate_size, or when layer_sparse(layer) BT * num_experts_per_tok routed
+  // rows of expert_size().
+  int64_t mlp_rows_per_token(int64_t layer) const {
+    return layer_sparse(layer) ? num_experts_per_tok : 1;
+  }
+  int64_t mlp_width(int64_t layer) const {
+    return layer_sparse(layer) ? expert_size() : intermediate_size;
+  }
   // Biases on q_proj, k_proj, v_proj (Qwen2 always; the others with attention_bias) and on
   // o_proj (attention_bias).
   bool qkv_bias() const {
     return attention_bias || arch == LlamaArch::qwen2 || arch == LlamaArch::qwen2_moe;
   }
-  bool o_bias() const { return attention_bias; }
+  bool o_bias() const { return attention_bias && !glm4_moe(); }  // (GLM-4.5's o_proj: none)
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
   // Qwen3's (and Qwen3-MoE's) over each head's D values (weight [D]), OLMo 2's (and OLMoE's)
   // over the whole projection (weights [H*D], [Hkv*D]).
   bool qk_norm() const {
-    return qwen3_attention() || olmo_layer() || gemma3() || arch == LlamaArch::olmoe;
+    return qwen3_attention() || olmo_layer() || gemma3() || arch == LlamaArch::olmoe ||
+           (glm4_moe() && use_qk_norm);
   }
   bool qk_norm_per_head() const {
-    return qwen3_attention() || gemma3() || arch == LlamaArch::exaone4;
+    return qwen3_attention() || gemma3() || arch == LlamaArch::exaone4 ||
+           (glm4_moe() && use_qk_norm);
   }
   // Qwen3's attention (per-head q_norm / k_norm): Qwen3 and Qwen3-MoE.
   bool qwen3_attention() const { return arch == LlamaArch::qwen3 || arch == LlamaArch::qwen3_moe; }

@@ -332,6 +332,12 @@ class CpuBackend final : public Backend {
   void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
                            const TensorView& logits, const TensorView& idx, int64_t R, int64_t E,
                            int64_t K, bool normalize) override;
+  void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
+                                  const TensorView& logits, const TensorView& bias, int64_t R,
+                                  int64_t E, int64_t K, const SigmoidRouting& g) override;
+  void moe_sigmoid_router_backward(const TensorView& dlogits, const TensorView& dweights,
+                                   const TensorView& logits, const TensorView& idx, int64_t R,
+                                   int64_t E, int64_t K, const SigmoidRouting& g) override;
   void moe_combine_forward(const TensorView& out, const TensorView& rows,
                            const TensorView& weights, const TensorView& slot, int64_t R, int64_t K,
                            int64_t C) override;
@@ -1058,6 +1064,33 @@ void CpuBackend::moe_router_backward(const TensorView& dlogits, const TensorView
   const F32Out g = out(dlogits, R * E, false);
   k_.moe_router_backward(g, static_cast<const float*>(dweights.data), x,
                          static_cast<const int32_t*>(idx.data), R, E, K, normalize);
+}
+
+void CpuBackend::moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
+                                            const TensorView& logits, const TensorView& bias,
+                                            int64_t R, int64_t E, int64_t K,
+                                            const SigmoidRouting& g) {
+  // logits: [R,E]; bias: [E]; writes idx: [R,K] int32, weights: [R,K] fp32.
+  Chk::moe_sigmoid_router_forward(idx, weights, logits, bias, R, E, K, g);
+  const F32In x = in(logits, R * E);
+  const F32In b = in(bias, E);
+  k_.moe_sigmoid_router_forward(static_cast<int32_t*>(idx.data),
+                                static_cast<float*>(weights.data), x, b, R, E, K, g.n_group,
+                                g.topk_group, g.normalize, g.scale);
+}
+
+void CpuBackend::moe_sigmoid_router_backward(const TensorView& dlogits,
+                                             const TensorView& dweights, const TensorView& logits,
+                                             const TensorView& idx, int64_t R, int64_t E,
+                                             int64_t K, const SigmoidRouting& g) {
+  // dlogits: [R,E] written; dweights: [R,K] fp32; logits: [R,E]; idx: [R,K] int32 in [0,E).
+  Chk::moe_sigmoid_router_backward(dlogits, dweights, logits, idx, R, E, K, g);
+  check_tokens("moe_sigmoid_router_backward", idx, R * K, E, "idx", "logits");
+  const F32In x = in(logits, R * E);
+  const F32Out o = out(dlogits, R * E, false);
+  k_.moe_sigmoid_router_backward(o, static_cast<const float*>(dweights.data), x,
+                                 static_cast<const int32_t*>(idx.data), R, E, K, g.normalize,
+                                 g.scale);
 }
 
 void CpuBackend::moe_combine_forward(const TensorView& out_, const TensorView& rows,

@@ -838,6 +838,101 @@ void CpuKernels::moe_router_backward(float* dlogits, const float* dw, const floa
   }
 }
 
+namespace {
+float moe_sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+}  // namespace
+
+void CpuKernels::moe_sigmoid_router_forward(int32_t* idx, float* w, const float* logits,
+                                            const float* bias, int64_t R, int64_t E, int64_t K,
+                                            int64_t n_group, int64_t topk_group, bool normalize,
+                                            float scale) const {
+  const int64_t per = E / n_group;
+#pragma omp parallel num_threads(threads_for(R * E, kParallelMinElems / 8))
+  {
+    std::vector<float> s(static_cast<std::size_t>(E)), c(s.size()),
+        group(static_cast<std::size_t>(n_group));
+    std::vector<char> kept(group.size());
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t e = 0; e < E; ++e) {
+        s[static_cast<std::size_t>(e)] = moe_sigmoid(logits[r * E + e]);
+        c[static_cast<std::size_t>(e)] = s[static_cast<std::size_t>(e)] + bias[e];
+      }
+      if (n_group > 1) {  // each group's two largest choices summed; the best topk_group kept
+        for (int64_t g = 0; g < n_group; ++g) {
+          float a = -INFINITY, b = -INFINITY;
+          for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+            const float v = c[static_cast<std::size_t>(e)];
+            if (v > a) {
+              b = a;
+              a = v;
+            } else if (v > b) {
+              b = v;
+            }
+          }
+          group[static_cast<std::size_t>(g)] = a + b;
+        }
+        std::fill(kept.begin(), kept.end(), 0);
+        for (int64_t j = 0; j < topk_group; ++j) {
+          int64_t best = -1;
+          for (int64_t g = 0; g < n_group; ++g) {
+            if (!kept[static_cast<std::size_t>(g)] &&
+                (best < 0 || group[static_cast<std::size_t>(g)] >
+                                 group[static_cast<std::size_t>(best)])) {
+              best = g;
+            }
+          }
+          kept[static_cast<std::size_t>(best)] = 1;
+        }
+        for (int64_t e = 0; e < E; ++e) {
+          if (!kept[static_cast<std::size_t>(e / per)]) c[static_cast<std::size_t>(e)] = 0.f;
+        }
+      }
+      int32_t* ix = idx + r * K;
+      float* wr = w + r * K;
+      float sum = 0.f;
+      for (int64_t j = 0; j < K; ++j) {  // the K largest choices, ties to the lower expert
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; ++e) {
+          bool taken = false;
+          for (int64_t i = 0; i < j; ++i) taken = taken || ix[i] == e;
+          if (!taken && (best < 0 || c[static_cast<std::size_t>(e)] >
+                                         c[static_cast<std::size_t>(best)])) {
+            best = e;
+          }
+        }
+        ix[j] = static_cast<int32_t>(best);
+        wr[j] = s[static_cast<std::size_t>(best)];
+        sum += wr[j];
+      }
+      const float denom = sum + 1e-20f;
+      for (int64_t j = 0; j < K; ++j) wr[j] = (normalize ? wr[j] / denom : wr[j]) * scale;
+    }
+  }
+}
+
+void CpuKernels::moe_sigmoid_router_backward(float* dlogits, const float* dw, const float* logits,
+                                             const int32_t* idx, int64_t R, int64_t E, int64_t K,
+                                             bool normalize, float scale) const {
+#pragma omp parallel for schedule(static) num_threads(threads_for(R * E, kParallelMinElems / 8))
+  for (int64_t r = 0; r < R; ++r) {
+    const int32_t* ix = idx + r * K;
+    const float* d = dw + r * K;
+    float* g = dlogits + r * E;
+    std::fill(g, g + E, 0.f);
+    float S = 0.f, sd = 0.f;  // S = sum_j s_j + 1e-20; sd = sum_j s_j d_j / S
+    for (int64_t j = 0; j < K; ++j) S += moe_sigmoid(logits[r * E + ix[j]]);
+    S += 1e-20f;
+    for (int64_t j = 0; j < K; ++j) sd += moe_sigmoid(logits[r * E + ix[j]]) / S * d[j];
+    for (int64_t j = 0; j < K; ++j) {
+      const float s = moe_sigmoid(logits[r * E + ix[j]]);
+      // w_j = scale s_j / S: d s_j = scale (d_j - sum_i s_i d_i / S) / S
+      const float ds = normalize ? scale * (d[j] - sd) / S : scale * d[j];
+      g[ix[j]] = ds * s * (1.f - s);
+    }
+  }
+}
+
 void CpuKernels::moe_router_prob_sums(float* psum, const float* logits, int64_t R,
                                       int64_t E) const {
   std::vector<float> p(static_cast<std::size_t>(E));

@@ -150,6 +150,16 @@ class CpuKernels {
   void moe_router_backward(float* dlogits, const float* dw, const float* logits,
                            const int32_t* idx, int64_t R, int64_t E, int64_t K,
                            bool normalize) const;
+  // Sigmoid routing (kernels.hpp's moe_sigmoid_router_*): s = sigmoid(logits), choice
+  // s + bias among the topk_group best of n_group groups (the others 0); idx [R,K], w [R,K]
+  // = scale * s (/ (sum + 1e-20) when normalize).
+  void moe_sigmoid_router_forward(int32_t* idx, float* w, const float* logits, const float* bias,
+                                  int64_t R, int64_t E, int64_t K, int64_t n_group,
+                                  int64_t topk_group, bool normalize, float scale) const;
+  // dlogits [R,E] written from dw [R,K].
+  void moe_sigmoid_router_backward(float* dlogits, const float* dw, const float* logits,
+                                   const int32_t* idx, int64_t R, int64_t E, int64_t K,
+                                   bool normalize, float scale) const;
   // out [R,C] = sum_j w[r,j] rows[slot[r*K+j]] (w null: 1), j ascending in fp32.
   void moe_combine_forward(float* out, const float* rows, const float* w, const int32_t* slot,
                            int64_t R, int64_t K, int64_t C) const;
