@@ -185,7 +185,14 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
       {"qwen2_moe 4 experts shared expert",
        llama_config("", {"model.type=\"qwen2_moe\"", "model.num_experts=4",
                          "model.num_experts_per_tok=2", "model.moe_intermediate_size=12",
-                         "model.shared_expert_intermediate_size=20"})}};
+                         "model.shared_expert_intermediate_size=20"})},
+      // GLM-4.5: the sigmoid router's kernels (fp32 logits), groups, a dense layer 0, the
+      // shared experts
+      {"glm4_moe 8 experts 4 groups dense layer 0",
+       llama_config("", {"model.type=\"glm4_moe\"", "model.n_routed_experts=8",
+                         "model.num_experts_per_tok=2", "model.moe_intermediate_size=12",
+                         "model.n_group=4", "model.topk_group=2",
+                         "model.routed_scaling_factor=2.5", "model.attention_bias=true"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

@@ -798,7 +798,9 @@ namespace {
 // under mlp.gate, as checkpoints saved with save_original_format=False (and newer Hub models)
 // hold them. init_from reads that layout bit for bit as the per-expert one the merge writes.
 TEST(InitFromPackedExperts, TransformersFiveLayoutLoadsAsThePerExpertOne) {
-  for (const char* type : {"qwen3_moe", "mixtral", "olmoe"}) {
+  // (GLM-4.5's dense layer 0 has no experts; its routers' e_score_correction_bias stays a
+  // tensor of its own, as in transformers 5)
+  for (const char* type : {"qwen3_moe", "mixtral", "olmoe", "glm4_moe"}) {
     SCOPED_TRACE(type);
     const Source& src = source(family_model(type));
     const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(src.cfg.model);
@@ -818,6 +820,7 @@ TEST(InitFromPackedExperts, TransformersFiveLayoutLoadsAsThePerExpertOne) {
         out.push_back(t);
       }
       for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+        if (!g.layer_sparse(l)) continue;
         const std::string layer = "model.layers." + std::to_string(l);
         Tensor gate_up{layer + ".mlp.experts.gate_up_proj", {E, 2 * I, C}, {}};
         Tensor down{layer + ".mlp.experts.down_proj", {E, C, I}, {}};
@@ -840,10 +843,11 @@ TEST(InitFromPackedExperts, TransformersFiveLayoutLoadsAsThePerExpertOne) {
     EXPECT_TRUE(b.result.unused.empty()) << b.result.unused.front();
     EXPECT_EQ(a.result.num_tensors, b.result.num_tensors);
     // A packed tensor of another shape is named with the shape it should have.
+    const std::string last = "model.layers." + std::to_string(g.num_hidden_layers - 1);
     const std::string bad = fresh_dir(std::string("init_packed_bad_") + type);
     rewrite(dir, bad, [&](std::vector<Tensor>& ts) {
       for (auto& t : ts) {
-        if (t.name == "model.layers.0.mlp.experts.down_proj") t.shape = {E, I, C};
+        if (t.name == last + ".mlp.experts.down_proj") t.shape = {E, I, C};
       }
     });
     // Neither layout of an expert: the message names both.
@@ -859,7 +863,7 @@ TEST(InitFromPackedExperts, TransformersFiveLayoutLoadsAsThePerExpertOne) {
              (mixtral ? "block_sparse_moe.experts.0.w1.weight" : "mlp.experts.0.gate_proj.weight") +
              "' or its elements of 'model.layers.1.mlp.experts.gate_up_proj'"});
     expect_input_error([&] { load(bad, src.cfg); },
-                       {"tensor 'model.layers.0.mlp.experts.down_proj' has shape [" +
+                       {"tensor '" + last + ".mlp.experts.down_proj' has shape [" +
                         std::to_string(E) + "," + std::to_string(I) + "," + std::to_string(C) +
                         "], expected [" + std::to_string(E) + "," + std::to_string(C) + "," +
                         std::to_string(I) + "]"});

@@ -5,7 +5,7 @@ For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneratio
 bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
 MistralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM,
 SmolLM3ForCausalLM, GraniteForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
-OlmoeForCausalLM, Qwen2MoeForCausalLM (LLAMA_CASES below)
+OlmoeForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM (LLAMA_CASES below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -149,6 +149,17 @@ LLAMA_CASES = {
                                               "moe_intermediate_size": 24,
                                               "shared_expert_intermediate_size": 28,
                                               "tie_word_embeddings": False},
+    # GLM-4.5 (Glm4MoeForCausalLM): q/k/v biases (o_proj none), half of each 12-wide head
+    # rotated; layer 0 dense, layer 1 sparse with DeepSeek-V3's sigmoid routing over 8 experts
+    # in 4 groups (the best 2 kept), weights scaled by 2.5, and an ungated shared expert.
+    "glm4_moe gqa untied 8 experts 4 groups": {"type": "glm4_moe", "hidden_size": 32,
+                                               "head_dim": 12, "attention_bias": True,
+                                               "n_routed_experts": 8, "num_experts_per_tok": 2,
+                                               "moe_intermediate_size": 24, "n_group": 4,
+                                               "topk_group": 2, "routed_scaling_factor": 2.5,
+                                               "n_shared_experts": 1,
+                                               "first_k_dense_replace": 1,
+                                               "tie_word_embeddings": False},
     # OLMo 3: OLMo 2's layers, the first sliding over 8 positions with unscaled RoPE, the second
     # global with LLAMA_COMMON's llama3 scaling (Olmo3Model's rotary_embs).
     "olmo3 gqa untied window 8": {"type": "olmo3", "hidden_size": 32, "sliding_window": 8,
