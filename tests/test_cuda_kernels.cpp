@@ -1551,6 +1551,147 @@ TEST(CudaBackend, LlamaWrongArgumentsThrow) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Strided copies (kernels.hpp's strided_copy): Multi-head Latent Attention's layout work on
+// [R tokens, H heads, columns] views. dst is pre-filled with random values, so the positions
+// a call does not name must keep theirs on both sides. Copies (one storage type, a widening,
+// or one rounding to dst's type) must equal the CPU's bit for bit; accumulations and group
+// sums are fp32 adds on identical inputs (tol_for(dst, kElemF32)). Every CUDA call runs a
+// second time into a fresh dst, which must be bitwise equal.
+
+struct StridedCase {
+  const char* what;
+  int64_t dn, sn;  // dst's and src's lengths (elements)
+  Kernels::Strided d, s;
+  int64_t R, G, W;
+  bool accumulate;
+  int64_t shift = 0;  // both views start this many elements into their buffers (misaligned)
+};
+
+void run_strided_copy(const StridedCase& k, DType dt, DType st, std::mt19937& rng) {
+  SCOPED_TRACE(std::string(k.what) + ": dst " + name(dt) + ", src " + name(st));
+  const bool sums = k.accumulate || (k.d.group == 0 && k.G > 1);
+  const Tol tol = sums ? tol_for(dt, kElemF32) : kExact;
+  const Vec start = uniform(static_cast<std::size_t>(k.dn + k.shift), rng);
+  Pair src = make(st, uniform(static_cast<std::size_t>(k.sn + k.shift), rng));
+  Pair dst = make(dt, start);
+  both([&](Backend& be, Side s) {
+    be.strided_copy(dst.v(s, k.shift, k.dn), k.d, src.v(s, k.shift, k.sn), k.s, k.R, k.G, k.W,
+                    k.accumulate);
+  });
+  check(dst, tol, "dst");
+  Pair dst2 = make(dt, start);
+  gpu().strided_copy(dst2.v(kGpu, k.shift, k.dn), k.d, src.v(kGpu, k.shift, k.sn), k.s, k.R, k.G,
+                     k.W, k.accumulate);
+  expect_bytes(dst2, read_bytes(gpu(), dst.v(kGpu)), "dst rerun");
+}
+
+TEST(CudaBackend, StridedCopy) {
+  std::mt19937 rng(41);
+  // R tokens, H heads of Dn "nope" and Dr rope columns (Dh = Dn + Dr a head), P rope pairs.
+  const int64_t R = 37, H = 5, Dn = 16, Dr = 8, Dh = Dn + Dr, P = 12, P2 = 2 * P;
+  const int64_t q = R * H * Dh, nope = R * H * Dn, rope = R * H * Dr, pairs = R * H * P2;
+  const StridedCase cases[] = {
+      // q [R, H, Dh] -> q_nope [R, H, Dn], q_rope [R, H, Dr] (16-byte packs), and back.
+      {"split nope", nope, q, {H * Dn, 0, Dn, 1}, {H * Dh, 0, Dh, 1}, R, H, Dn, false},
+      {"split rope", rope, q, {H * Dr, 0, Dr, 1}, {H * Dh, Dn, Dh, 1}, R, H, Dr, false},
+      {"assemble nope", q, nope, {H * Dh, 0, Dh, 1}, {H * Dn, 0, Dn, 1}, R, H, Dn, false},
+      {"assemble rope", q, rope, {H * Dh, Dn, Dh, 1}, {H * Dr, 0, Dr, 1}, R, H, Dr, false},
+      // The same with misaligned views (element by element).
+      {"split nope, shifted", nope, q, {H * Dn, 0, Dn, 1}, {H * Dh, 0, Dh, 1}, R, H, Dn, false, 1},
+      {"assemble rope, shifted", q, rope, {H * Dh, Dn, Dh, 1}, {H * Dr, 0, Dr, 1}, R, H, Dr, false,
+       3},
+      // A column block of a [R, 29] matrix (G = 1, the default group strides 0; odd width).
+      {"column block", R * 13, R * 29, {.row = 13}, {.row = 29, .offset = 3}, R, 1, 13, false},
+      // Broadcast: the shared rope key [R, Dr] into every head's last Dr columns.
+      {"broadcast", q, R * Dr, {H * Dh, Dn, Dh, 1}, {.row = Dr}, R, H, Dr, false},
+      {"broadcast, odd width", q, R * 7, {H * Dh, 3, Dh, 1}, {.row = 7}, R, H, 7, false},
+      // Its gradient: the sum over heads, written and accumulated; odd width.
+      {"group sum", R * Dr, q, {.row = Dr}, {H * Dh, Dn, Dh, 1}, R, H, Dr, false},
+      {"group sum, accumulate", R * Dr, q, {.row = Dr}, {H * Dh, Dn, Dh, 1}, R, H, Dr, true},
+      {"group sum, odd width", R * 7, q, {.row = 7}, {H * Dh, 3, Dh, 1}, R, H, 7, false},
+      {"group sum, odd width, accumulate", R * 7, q, {.row = 7}, {H * Dh, 3, Dh, 1}, R, H, 7,
+       true},
+      {"group sum of a broadcast", R * Dr, R * Dr, {.row = Dr}, {.row = Dr}, R, H, Dr, false},
+      // RoPE pairs (x0 y0 x1 y1 ...) de-interleaved into halves (x0 x1 ... y0 y1 ...), back.
+      {"de-interleave x", pairs, pairs, {H * P2, 0, P2, 1}, {H * P2, 0, P2, 2}, R, H, P, false},
+      {"de-interleave y", pairs, pairs, {H * P2, P, P2, 1}, {H * P2, 1, P2, 2}, R, H, P, false},
+      {"interleave x", pairs, pairs, {H * P2, 0, P2, 2}, {H * P2, 0, P2, 1}, R, H, P, false},
+      {"interleave y", pairs, pairs, {H * P2, 1, P2, 2}, {H * P2, P, P2, 1}, R, H, P, false},
+      // Accumulating copies (16-byte packs, element by element, a broadcast).
+      {"split nope, accumulate", nope, q, {H * Dn, 0, Dn, 1}, {H * Dh, 0, Dh, 1}, R, H, Dn, true},
+      {"interleave y, accumulate", pairs, pairs, {H * P2, 1, P2, 2}, {H * P2, P, P2, 1}, R, H, P,
+       true},
+      {"broadcast, accumulate", q, R * Dr, {H * Dh, Dn, Dh, 1}, {.row = Dr}, R, H, Dr, true},
+  };
+  // One storage type, and the mixed pairs (bf16 into fp32: exact; fp32 into bf16: one rounding).
+  const std::pair<DType, DType> types[] = {{DType::f32, DType::f32},
+                                           {DType::bf16, DType::bf16},
+                                           {DType::f16, DType::f16},
+                                           {DType::f32, DType::bf16},
+                                           {DType::bf16, DType::f32}};
+  for (const StridedCase& k : cases) {
+    for (const auto& [dt, st] : types) run_strided_copy(k, dt, st, rng);
+  }
+}
+
+TEST(CudaBackend, StridedCopyGridStride) {
+  // More outputs than the grid has threads (8192 blocks of 256): each thread's (r, g, c)
+  // carried along the grid-stride loop across column, group and row boundaries.
+  std::mt19937 rng(42);
+  const int64_t R = 4099, G = 17, W = 41;  // 2.86M outputs, element by element
+  run_strided_copy({"copy", R * G * W, R * G * 43, {G * W, 0, W, 1}, {G * 43, 1, 43, 1}, R, G, W,
+                    true},
+                   DType::f32, DType::bf16, rng);
+  const int64_t Rv = 2053, Gv = 128, Wv = 64;  // 2.1M packs of 8
+  run_strided_copy({"packs", Rv * Gv * Wv, Rv * Gv * 72, {Gv * Wv, 0, Wv, 1}, {Gv * 72, 8, 72, 1},
+                    Rv, Gv, Wv, false},
+                   DType::bf16, DType::bf16, rng);
+  const int64_t Rs = 32771, Gs = 3, Ws = 67;  // 2.2M group sums
+  run_strided_copy({"group sum", Rs * Ws, Rs * Gs * Ws, {.row = Ws}, {Gs * Ws, 0, Ws, 1}, Rs, Gs,
+                    Ws, true},
+                   DType::f32, DType::f32, rng);
+}
+
+TEST(CudaBackend, StridedCopyEmptyAndWrongArguments) {
+  Backend& g = gpu();
+  std::mt19937 rng(43);
+  // R G W == 0: nothing written (no launch), whatever the strides.
+  Pair dst = make(DType::bf16, uniform(64, rng)), src = make(DType::f32, uniform(64, rng));
+  const Bytes before = read_bytes(gpu(), dst.v(kGpu));
+  using S = Kernels::Strided;
+  const S d{.row = 8, .offset = 1, .group = 0, .col = 1}, s{.row = 1000, .group = 1000};
+  const int64_t shapes[][3] = {{0, 4, 8}, {4, 0, 8}, {4, 4, 0}};
+  for (const auto& rgw : shapes) {
+    both([&](Backend& be, Side side) {
+      be.strided_copy(dst.v(side), d, src.v(side), s, rgw[0], rgw[1], rgw[2], true);
+    });
+  }
+  g.synchronize();
+  expect_bytes(dst, before, "dst untouched");
+
+  DeviceBuffer f32(g, DType::f32, 64, MemCategory::other),
+      i32(g, DType::i32, 64, MemCategory::other);
+  const TensorView F = f32.view(), I = i32.view();
+  const S dense{.row = 4};  // [2, 4] rows of 4 (G = 1)
+  expect_error([&] { g.strided_copy(F, {.row = -4}, F.slice(0, 8), dense, 2, 1, 4, false); },
+               "cuda backend: strided_copy: dst has a negative stride or offset");
+  expect_error([&] { g.strided_copy(F, dense, F, {.row = 4, .col = -1}, 2, 1, 4, false); },
+               "cuda backend: strided_copy: src has a negative stride or offset");
+  expect_error([&] { g.strided_copy(F, {.row = 4, .col = 0}, F, dense, 2, 1, 4, false); },
+               "cuda backend: strided_copy: dst has column stride 0 (expected >= 1)");
+  expect_error([&] { g.strided_copy(F, dense, F, {.row = 64}, 2, 1, 4, false); },
+               "cuda backend: strided_copy: src is fp32 [64] but needs at least 68 elements");
+  const S short_dst{.row = 8, .offset = 3, .group = 20};
+  expect_error([&] { g.strided_copy(F.slice(0, 30), short_dst, F, dense, 2, 2, 4, false); },
+               "cuda backend: strided_copy: dst is fp32 [30] but needs at least 35 elements");
+  expect_error([&] { g.strided_copy(I, dense, F, dense, 2, 1, 4, false); },
+               "cuda backend: strided_copy: dst is int32");
+  expect_error([&] { g.strided_copy(F, dense, F, dense, -1, 1, 4, false); },
+               "cuda backend: strided_copy: R = -1 (expected >= 0)");
+  g.synchronize();  // nothing was enqueued by the failed calls
+}
+
+// ---------------------------------------------------------------------------------------
 // Mixture of experts: top-k routing and the weighted combination of the experts' rows.
 // idx must match exactly: a row's logits are distinct multiples of 1/16 (exact in bf16), so
 // neighbouring p differ by a factor e^(1/16) and expf's last bits cannot reorder them.

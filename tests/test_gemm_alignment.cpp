@@ -162,6 +162,8 @@ class GemmRecorder final : public fsdp::Kernels {
                           int64_t, int64_t, bool) override {}
   void moe_router_backward(const TensorView&, const TensorView&, const TensorView&,
                            const TensorView&, int64_t, int64_t, int64_t, bool) override {}
+  void strided_copy(const TensorView&, const Strided&, const TensorView&, const Strided&,
+                    int64_t, int64_t, int64_t, bool) override {}
   void moe_sigmoid_router_forward(const TensorView&, const TensorView&, const TensorView&,
                                   const TensorView&, int64_t, int64_t, int64_t,
                                   const SigmoidRouting&) override {}

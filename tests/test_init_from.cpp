@@ -592,7 +592,8 @@ INSTANTIATE_TEST_SUITE_P(Models, InitFrom, testing::ValuesIn(models()),
 
 // A tiny [model] of a family this file has no configuration of (family_model): every integer
 // key named as in Hugging Face configs gets a small value, the others keep their defaults.
-Config tiny_from_hf_names(const std::string& type, const std::string& run_dir) {
+Config tiny_from_hf_names(const std::string& type, const std::string& run_dir,
+                          const std::vector<std::string>& overrides = {}) {
   static const std::map<std::string, int64_t> kSmall = {
       {"vocab_size", 300},  // padded to 384 rows in training (model.pad_vocab_multiple)
       {"n_layer", 2}, {"num_layers", 2}, {"num_hidden_layers", 2}, {"num_decoder_layers", 1},
@@ -625,7 +626,7 @@ every = 0
 max_windows = 4
 )";
   Config c = fsdp::parse_config(
-      toml, "test_init_from: tiny " + type + " from Hugging Face size names (if this fails, give the family a line in family_model())", {});
+      toml, "test_init_from: tiny " + type + " from Hugging Face size names (if this fails, give the family a line in family_model())", overrides);
   c.train.run_dir = run_dir;
   return c;
 }
@@ -635,6 +636,11 @@ max_windows = 4
 Model family_model(const std::string& type) {
   if (type == "gpt2") return models()[0];
   if (type == "t5") return models()[1];  // T5 v1.1: gated-gelu, untied head
+  if (type == "deepseek_v3") {  // MLA's keys and values are per head: as many as the heads
+    return {type, [type](const std::string& dir) {
+              return tiny_from_hf_names(type, dir, {"model.num_key_value_heads=2"});
+            }};
+  }
   return {type, [type](const std::string& dir) { return tiny_from_hf_names(type, dir); }};
 }
 

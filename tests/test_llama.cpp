@@ -144,7 +144,7 @@ void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true,
   m.moe_intermediate_size = 12;
   m.shared_expert_intermediate_size = 20;  // Qwen2-MoE's
   m.norm_topk_prob = normalize;
-  if (arch == fsdp::LlamaArch::glm4_moe) {
+  if (arch == fsdp::LlamaArch::glm4_moe || arch == fsdp::LlamaArch::deepseek_v3) {
     // GLM-4.5's: layer 0 dense, 6 experts in 3 groups of which each token's best 2 are kept,
     // weights scaled by 1.5, 2 shared experts (24 wide), half of each head rotated
     m.num_experts = 6;
@@ -155,20 +155,39 @@ void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true,
     m.first_k_dense_replace = 1;
     m.partial_rotary_factor = 0.5;
   }
+  if (arch == fsdp::LlamaArch::deepseek_v3) {
+    // DeepSeek-V3's attention: queries compressed to 6, keys and values to 8; heads of 4 + 4
+    // columns (the rope pairs interleaved), values 6 wide
+    m.num_key_value_heads = 0;
+    m.q_lora_rank = 6;
+    m.kv_lora_rank = 8;
+    m.qk_nope_head_dim = 4;
+    m.qk_rope_head_dim = 4;
+    m.v_head_dim = 6;
+    m.rope_interleave = true;
+  }
 }
 bool is_moe(fsdp::LlamaArch arch) {
   return arch == fsdp::LlamaArch::qwen3_moe || arch == fsdp::LlamaArch::mixtral ||
          arch == fsdp::LlamaArch::olmoe || arch == fsdp::LlamaArch::qwen2_moe ||
-         arch == fsdp::LlamaArch::glm4_moe;
+         arch == fsdp::LlamaArch::glm4_moe || arch == fsdp::LlamaArch::deepseek_v3;
 }
 
-// Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0).
+// Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0); the
+// routers' e_score_correction_bias (GLM-4.5, DeepSeek-V3) by a tenth of that, as a sigmoid
+// routing's choices differ by less: larger biases would send every token to the same experts.
 void perturb_shards(Fixture& f, unsigned seed = 7) {
   std::mt19937 gen(seed + static_cast<unsigned>(f.comm.rank()));
   std::normal_distribution<float> nd(0.f, 0.3f);
   for (int u = 0; u < f.engine.num_units(); ++u) {
     float* p = f.engine.shard_param(u).f32();
-    for (int64_t i = 0; i < f.engine.shard_numel(u); ++i) p[i] += nd(gen);
+    const int64_t n = f.engine.shard_numel(u), begin = f.engine.shard_index() * n;
+    for (int64_t i = 0; i < n; ++i) p[i] += nd(gen);
+    for (const auto& e : f.engine.layout(u).entries) {  // (the shard's part of each bias)
+      if (e.spec.name.find("e_score_correction_bias") == std::string::npos) continue;
+      const int64_t lo = std::max(e.offset, begin), hi = std::min(e.offset + e.spec.numel(), begin + n);
+      for (int64_t i = lo; i < hi; ++i) p[i - begin] *= 0.1f;
+    }
   }
 }
 
@@ -330,7 +349,11 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"GLM-4.5 GQA untied, q/k/v biases, layer 0 dense, 2 of 3 groups, not renormalised",
              2, false, true, false, false, LlamaArch::glm4_moe},
         Case{"GLM-4.5 MQA tied, q/k norms, llama3, renormalised", 1, true, false, false, true,
-             LlamaArch::glm4_moe}}) {
+             LlamaArch::glm4_moe},
+        Case{"DeepSeek-V3 untied, MLA with compressed queries, interleaved rope pairs, biases",
+             4, false, true, false, false, LlamaArch::deepseek_v3},
+        Case{"DeepSeek-V3 tied, MLA with q_proj, rotate-half, yarn with mscale", 4, true, false,
+             false, false, LlamaArch::deepseek_v3}}) {
     ModelOptions o;
     if (is_moe(c.arch)) {
       make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias, c.aux);
@@ -348,6 +371,19 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     if (c.arch == LlamaArch::olmo3) make_olmo3(o.model);
     if (c.longrope) make_phi3_longrope(o.model);
     if (c.arch == LlamaArch::glm4_moe) o.model.use_qk_norm = c.tied;
+    if (c.arch == LlamaArch::deepseek_v3) {  // (GLM-4.5's cases keep the groups)
+      o.model.n_group = 1;
+      o.model.topk_group = 1;
+    }
+    if (c.arch == LlamaArch::deepseek_v3 && c.tied) {
+      o.model.q_lora_rank = 0;
+      o.model.rope_interleave = false;
+      o.model.rope_type = fsdp::LlamaConfig::RopeType::yarn;
+      o.model.rope_factor = 4.0;
+      o.model.rope_original_max_position_embeddings = 4;
+      o.model.rope_mscale = 1.0;
+      o.model.rope_mscale_all_dim = 0.8;
+    }
     o.model.arch = c.arch;
     o.model.head_dim = c.head_dim;
     o.model.num_key_value_heads = c.kv_heads;
@@ -429,9 +465,16 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     // GLM-4.5: layer 0 dense (q/k/v biases or q/k norms), layer 1 sparse with the router's
     // bias and the shared experts
     const int glm_dense = 9 + (c.attention_bias ? 3 : 0) + (c.tied ? 2 : 0);
-    const int layers = c.arch == LlamaArch::glm4_moe
-                           ? glm_dense + glm_dense - 3 + 2 + 3 * static_cast<int>(o.model.num_experts) + 3
-                           : 2 * per_layer;
+    // DeepSeek-V3: MLA's projections and norms (q_a_proj, q_a_layernorm, q_b_proj or q_proj;
+    // kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; biases on q_a, kv_a and o)
+    const int mla = (o.model.q_lora_rank > 0 ? 7 : 5) +
+                    (c.attention_bias ? (o.model.q_lora_rank > 0 ? 3 : 2) : 0);
+    const int ds_dense = mla + 3 + 2;
+    const int experts = 3 * static_cast<int>(o.model.num_experts);
+    const int layers =
+        c.arch == LlamaArch::glm4_moe ? glm_dense + glm_dense - 3 + 2 + experts + 3
+        : c.arch == LlamaArch::deepseek_v3 ? ds_dense + ds_dense - 3 + 2 + experts + 3
+                                           : 2 * per_layer;
     EXPECT_EQ(checked, 1 + layers + 1 + (c.tied ? 0 : 1)) << c.what;
   }
 }
@@ -548,7 +591,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
-                    fsdp::LlamaArch::glm4_moe})
+                    fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -613,7 +656,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
-                    fsdp::LlamaArch::glm4_moe})
+                    fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -1505,6 +1548,99 @@ TEST(Llama, Glm4MoeConfigJson) {
   key_error("n_routed_experts = 8\nn_group = 2\ntopk_group = 3\n",
             "model.topk_group: 3 exceeds model.n_group = 2");
   key_error("output_router_logits = true\n", "output_router_logits");
+}
+
+// DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3, its remote-code spelling: rope_scaling's
+// legacy "type", integer yarn numbers, fp8 quantization_config) reads as written: 671,026,404,352
+// parameters (the main model's published 671B; the routers' 58 x 256 bias values are buffers
+// beside them), layers 0-2 dense, MLA with compressed queries, the scores scaled by
+// 192^-1/2 (0.1 ln 40 + 1)^2 and cos / sin by 1 (mscale = mscale_all_dim); the merged
+// config.json reads back to the same model; a null q_lora_rank is a plain q_proj;
+// num_key_value_heads other than the heads, and values wider than the q/k heads, are refused.
+TEST(Llama, DeepseekV3ConfigJson) {
+  const fsdp::ModelFamily& ds = fsdp::model_family("deepseek_v3");
+  const nlohmann::json v3 = {
+      {"architectures", {"DeepseekV3ForCausalLM"}}, {"attention_bias", false},
+      {"attention_dropout", 0.0}, {"aux_loss_alpha", 0.001}, {"bos_token_id", 0},
+      {"eos_token_id", 1}, {"ep_size", 1}, {"first_k_dense_replace", 3}, {"hidden_act", "silu"},
+      {"hidden_size", 7168}, {"initializer_range", 0.02}, {"intermediate_size", 18432},
+      {"kv_lora_rank", 512}, {"max_position_embeddings", 163840}, {"model_type", "deepseek_v3"},
+      {"moe_intermediate_size", 2048}, {"moe_layer_freq", 1}, {"n_group", 8},
+      {"n_routed_experts", 256}, {"n_shared_experts", 1}, {"norm_topk_prob", true},
+      {"num_attention_heads", 128}, {"num_experts_per_tok", 8}, {"num_hidden_layers", 61},
+      {"num_key_value_heads", 128}, {"num_nextn_predict_layers", 1}, {"q_lora_rank", 1536},
+      {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64},
+      {"quantization_config",
+       {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+        {"weight_block_size", {128, 128}}}},
+      {"rms_norm_eps", 1e-06},
+      {"rope_scaling",
+       {{"beta_fast", 32}, {"beta_slow", 1}, {"factor", 40}, {"mscale", 1.0},
+        {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}, {"type", "yarn"}}},
+      {"rope_theta", 10000}, {"routed_scaling_factor", 2.5}, {"scoring_func", "sigmoid"},
+      {"seq_aux", true}, {"tie_word_embeddings", false}, {"topk_group", 4},
+      {"topk_method", "noaux_tc"}, {"torch_dtype", "bfloat16"}, {"use_cache", true},
+      {"v_head_dim", 128}, {"vocab_size", 129280}};
+  const fsdp::ModelConfig mc = ds.from_hf_config(v3, "config.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  int64_t params = 0, buffers = 0;
+  for (const auto& m : fsdp::llama_modules(g)) {
+    for (const auto& p : m.params) {
+      (p.name.find("e_score_correction_bias") != std::string::npos ? buffers : params) +=
+          p.unpadded_numel();
+    }
+  }
+  EXPECT_EQ(params, 671026404352);
+  EXPECT_EQ(buffers, 58 * 256);
+  EXPECT_TRUE(g.mla());
+  EXPECT_TRUE(g.sigmoid_routing());
+  EXPECT_FALSE(g.layer_sparse(2));
+  EXPECT_TRUE(g.layer_sparse(3));
+  EXPECT_EQ(g.head_size(), 192);
+  EXPECT_EQ(g.rotary_dim(), 64);
+  EXPECT_EQ(g.kv_heads(), 128);
+  EXPECT_EQ(g.rope_type, fsdp::LlamaConfig::RopeType::yarn);
+  const double m = 0.1 * std::log(40.0) + 1;
+  EXPECT_EQ(g.attention_scale(), static_cast<float>(std::pow(192.0, -0.5) * m * m));
+  EXPECT_EQ(fsdp::llama_rope_attention_scaling(g), 1.0);
+  const nlohmann::json out = ds.hf_config(mc);
+  EXPECT_EQ(out.at("num_key_value_heads"), 128);
+  EXPECT_EQ(out.at("rope_scaling").at("mscale_all_dim"), 1.0);
+  EXPECT_FALSE(out.contains("head_dim"));
+  EXPECT_EQ(ds.canonical(ds.from_hf_config(out, "merged.json")), ds.canonical(mc));
+  for (const std::string name :
+       {"model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.q_a_layernorm.weight",
+        "model.layers.0.self_attn.q_b_proj.weight",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.0.self_attn.kv_a_layernorm.weight", "model.layers.0.self_attn.kv_b_proj.weight",
+        "model.layers.2.mlp.down_proj.weight", "model.layers.3.mlp.gate.e_score_correction_bias",
+        "model.layers.60.mlp.experts.255.up_proj.weight"}) {
+    EXPECT_TRUE(ds.hf_tensor(mc, name, {1}).has_value()) << name;
+  }
+  for (const std::string name : {"model.layers.0.self_attn.q_proj.weight",
+                                 "model.layers.0.self_attn.k_proj.weight",
+                                 "model.layers.61.self_attn.q_a_proj.weight"}) {
+    EXPECT_FALSE(ds.hf_tensor(mc, name, {1}).has_value()) << name;
+  }
+  nlohmann::json hf = v3;  // DeepSeek-V2-Lite's and Moonlight's plain q_proj
+  hf["q_lora_rank"] = nullptr;
+  const fsdp::ModelConfig plain = ds.from_hf_config(hf, "lite.json");
+  EXPECT_EQ(fsdp::LlamaConfig::from(plain).q_lora_rank, 0);
+  EXPECT_TRUE(ds.hf_tensor(plain, "model.layers.0.self_attn.q_proj.weight", {1}).has_value());
+  EXPECT_TRUE(ds.hf_config(plain).at("q_lora_rank").is_null());
+  EXPECT_EQ(ds.canonical(ds.from_hf_config(ds.hf_config(plain), "m.json")), ds.canonical(plain));
+  hf = v3;
+  hf["num_key_value_heads"] = 16;
+  expect_refused(ds, hf, "\"num_key_value_heads\" 16 is not supported (expected 128");
+  try {
+    fsdp::parse_config("[data]\nsource = \"synthetic\"\n[model]\ntype = \"deepseek_v3\"\n"
+                       "qk_nope_head_dim = 4\nqk_rope_head_dim = 4\nv_head_dim = 12\n",
+                       "input.toml", {});
+    ADD_FAILURE() << "v_head_dim > qk head accepted";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.v_head_dim: 12 exceeds"), std::string::npos)
+        << e.what();
+  }
 }
 
 // The published MoE models' config.json (the attributes of Qwen/Qwen3-30B-A3B,

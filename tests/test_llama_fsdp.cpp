@@ -288,7 +288,19 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                               "model.n_shared_experts=2", "model.first_k_dense_replace=1",
                               "model.attention_bias=true"},
                              "Glm4MoeForCausalLM",
-                             "model.layers.1.mlp.gate.e_score_correction_bias"}}) {
+                             "model.layers.1.mlp.gate.e_score_correction_bias"},
+                        // DeepSeek-V3: GLM-4.5's block with Multi-head Latent Attention
+                        // (compressed queries, interleaved rope pairs, values 6 of 8 wide)
+                        Case{"deepseek_v3",
+                             {"model.n_routed_experts=6", "model.num_experts_per_tok=2",
+                              "model.moe_intermediate_size=12", "model.n_group=3",
+                              "model.topk_group=2", "model.first_k_dense_replace=1",
+                              "model.q_lora_rank=6", "model.kv_lora_rank=8",
+                              "model.qk_nope_head_dim=4", "model.qk_rope_head_dim=4",
+                              "model.v_head_dim=6", "model.attention_bias=true",
+                              "model.num_key_value_heads=4"},
+                             "DeepseekV3ForCausalLM",
+                             "model.layers.1.self_attn.kv_a_layernorm.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +
@@ -302,7 +314,10 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
     const TrainResult got = run(c, On::world);
     expect_close(got, ref, 1e-5, k.type);
     if (std::string(k.extra) != "") EXPECT_TRUE(got.params.count(k.extra)) << k.extra;
-    EXPECT_FALSE(got.params.count("model.layers.0.self_attn.o_proj.bias")) << k.type;
+    // (DeepSeek-V3's attention_bias is on o_proj too)
+    EXPECT_EQ(got.params.count("model.layers.0.self_attn.o_proj.bias"),
+              std::string(k.type) == "deepseek_v3" ? 1u : 0u)
+        << k.type;
     if (std::string(k.type) == "glm4_moe") {  // the dense layer 0; the router's bias never trained
       EXPECT_TRUE(got.params.count("model.layers.0.mlp.gate_proj.weight"));
       EXPECT_FALSE(got.params.count("model.layers.0.mlp.gate.weight"));
@@ -312,8 +327,8 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
     // ranks), between balanced (1) and one expert taking every token (E / K = 2); none else
     const std::string type = k.type;
     const bool moe = type == "qwen3_moe" || type == "mixtral" || type == "olmoe" ||
-                     type == "qwen2_moe" || type == "glm4_moe";
-    const double max_load = type == "glm4_moe" ? 3.0 : 2.0;  // E / K
+                     type == "qwen2_moe" || type == "glm4_moe" || type == "deepseek_v3";
+    const double max_load = type == "glm4_moe" || type == "deepseek_v3" ? 3.0 : 2.0;  // E / K
     if (world_rank() == 0) {
       std::ifstream metrics(c.train.run_dir + "/metrics.jsonl");
       std::string line;
@@ -347,14 +362,19 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
       // init_from's check: the same [model] passes; another head_dim is named with the value
       // the file holds (4, which the canonical form spells 0) and the key's.
       fsdp::ckpt::check_hf_config(out, c.model);
+      // (DeepSeek-V3's heads share nothing: its kv_lora_rank instead)
+      const bool mla = std::string(k.type) == "deepseek_v3";
       fsdp::ModelConfig other = c.model;
-      other.set("num_key_value_heads", int64_t{4});
+      other.set(mla ? "kv_lora_rank" : "num_key_value_heads", int64_t{mla ? 12 : 4});
       try {
         fsdp::ckpt::check_hf_config(out, other);
         ADD_FAILURE() << k.type << ": a config.json of another shape was accepted";
       } catch (const fsdp::Error& e) {
-        EXPECT_NE(std::string(e.what()).find("num_key_value_heads = 2 but model.num_key_value_heads = 4"),
-                  std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(mla ? "kv_lora_rank = 8 but model.kv_lora_rank = 12"
+                                                 : "num_key_value_heads = 2 but "
+                                                   "model.num_key_value_heads = 4"),
+                  std::string::npos)
+            << e.what();
       }
       if (std::string(k.type) == "mistral") {
         other = c.model;

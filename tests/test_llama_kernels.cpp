@@ -685,6 +685,89 @@ TEST_F(LlamaKernels, GqaArgumentErrors) {
 }
 
 // ---------------------------------------------------------------------------------------
+// strided copies (Multi-head Latent Attention's layout work)
+
+// strided_copy against the loops of its contract: a column block of each head, a broadcast
+// over the heads, the heads summed (with and without accumulate), a de-interleave (col stride
+// 2) and its inverse, a bf16 destination; argument errors.
+TEST_F(LlamaKernels, StridedCopyMovesBroadcastsAndSumsColumnBlocks) {
+  using S = fsdp::Kernels::Strided;
+  const int64_t R = 5, H = 3, D = 7;
+  const Vec src = random_vec(R * H * D, rng), one = random_vec(R * 4, rng);
+  auto at = [](const S& a, int64_t r, int64_t g, int64_t c) {
+    return r * a.row + a.offset + g * a.group + c * a.col;
+  };
+  struct Case {
+    const char* what;
+    const Vec& from;
+    S d, s;
+    int64_t G, W, dst_size;
+    bool accumulate;
+  };
+  for (const Case& t : {
+           Case{"columns 2..5 of each head", src, S{H * 3, 0, 3, 1}, S{H * D, 2, D, 1}, H, 3,
+                R * H * 3, false},
+           Case{"a broadcast over the heads", one, S{H * D, 3, D, 1}, S{4, 0, 0, 1}, H, 4,
+                R * H * D, false},
+           Case{"the heads summed", src, S{4, 1, 0, 1}, S{H * D, 3, D, 1}, H, 3, R * 4, false},
+           Case{"the heads summed, accumulated", src, S{4, 1, 0, 1}, S{H * D, 3, D, 1}, H, 3,
+                R * 4, true},
+           Case{"evens then odds (de-interleave)", src, S{H * 6, 0, 6, 1}, S{H * D, 0, D, 2}, H,
+                3, R * H * 6, true},
+           Case{"back to pairs (interleave)", src, S{H * 6, 1, 6, 2}, S{H * D, 4, D, 1}, H, 3,
+                R * H * 6, false}}) {
+    Vec dst = random_vec(t.dst_size, rng);
+    DVec want(dst.begin(), dst.end());
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t c = 0; c < t.W; ++c) {
+        if (t.d.group == 0) {
+          double sum = 0;
+          for (int64_t g = 0; g < t.G; ++g) sum += t.from[at(t.s, r, g, c)];
+          want[at(t.d, r, 0, c)] = (t.accumulate ? want[at(t.d, r, 0, c)] : 0.0) + sum;
+          continue;
+        }
+        for (int64_t g = 0; g < t.G; ++g) {
+          double& w = want[at(t.d, r, g, c)];
+          w = (t.accumulate ? w : 0.0) + t.from[at(t.s, r, g, c)];
+        }
+      }
+    }
+    be->strided_copy(f32(dst), t.d, f32(const_cast<Vec&>(t.from)), t.s, R, t.G, t.W,
+                     t.accumulate);
+    for (std::size_t i = 0; i < dst.size(); ++i) ASSERT_NEAR(dst[i], want[i], 1e-6) << t.what << " " << i;
+  }
+  // bf16 destination: each written element rounded once, the others kept bit for bit
+  std::vector<uint16_t> bf(static_cast<std::size_t>(R * H * D), 0x3f80);  // 1.0
+  const fsdp::TensorView bview(bf.data(), fsdp::DType::bf16, {R * H * D});
+  be->strided_copy(bview, S{H * D, 1, D, 2}, f32(const_cast<Vec&>(src)), S{H * D, 0, D, 1}, R, H,
+                   3, false);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t g = 0; g < H; ++g) {
+      for (int64_t c = 0; c < D; ++c) {
+        const uint16_t got = bf[static_cast<std::size_t>(r * H * D + g * D + c)];
+        const bool written = c % 2 == 1 && c / 2 < 3;
+        float v = 1.f;
+        if (written) v = src[static_cast<std::size_t>(r * H * D + g * D + c / 2)];
+        ASSERT_EQ(got, written ? fsdp::f32_to_bf16(v) : uint16_t{0x3f80}) << r << " " << g << " " << c;
+      }
+    }
+  }
+  Vec small(10);
+  EXPECT_THROW(be->strided_copy(f32(small), S{-1, 0, 0, 1}, f32(small), S{}, 1, 1, 1, false),
+               Error);
+  EXPECT_THROW(be->strided_copy(f32(small), S{0, 0, 0, 0}, f32(small), S{}, 1, 1, 1, false),
+               Error);
+  try {
+    be->strided_copy(f32(small), S{4, 0, 1, 1}, f32(const_cast<Vec&>(src)), S{}, 3, 1, 4, false);
+    ADD_FAILURE() << "a view too short accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("strided_copy: dst is fp32 [10] but needs at least 12"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // mixture of experts
 
 TensorView i32(std::vector<int32_t>& v) {

@@ -652,6 +652,11 @@ class DeferredKernels final : public fsdp::Kernels {
       in_.moe_router_backward(dlogits, dweights, logits, idx, R, E, K, normalize);
     });
   }
+  void strided_copy(const TensorView& dst, const Strided& dst_at, const TensorView& src,
+                    const Strided& src_at, int64_t R, int64_t G, int64_t W,
+                    bool accumulate) override {
+    later([=, this] { in_.strided_copy(dst, dst_at, src, src_at, R, G, W, accumulate); });
+  }
   void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
                                   const TensorView& logits, const TensorView& bias, int64_t R,
                                   int64_t E, int64_t K, const SigmoidRouting& g) override {

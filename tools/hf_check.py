@@ -5,7 +5,8 @@ For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneratio
 bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
 MistralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM,
 SmolLM3ForCausalLM, GraniteForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
-OlmoeForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM (LLAMA_CASES below)
+OlmoeForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM (LLAMA_CASES
+below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -160,6 +161,17 @@ LLAMA_CASES = {
                                                "n_shared_experts": 1,
                                                "first_k_dense_replace": 1,
                                                "tie_word_embeddings": False},
+    # DeepSeek-V3 (DeepseekV3ForCausalLM): GLM-4.5's sparse block with Multi-head Latent
+    # Attention: queries compressed to 16, keys and values to 24, heads of 8 + 8 columns (the
+    # rope pairs interleaved), values 12 wide; LLAMA_COMMON's llama3 scaling on the rope part.
+    "deepseek_v3 mla 8 experts 4 groups": {"type": "deepseek_v3", "hidden_size": 32,
+                                           "q_lora_rank": 16, "kv_lora_rank": 24,
+                                           "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+                                           "v_head_dim": 12, "n_routed_experts": 8,
+                                           "num_experts_per_tok": 2,
+                                           "moe_intermediate_size": 24, "n_group": 4,
+                                           "topk_group": 2, "first_k_dense_replace": 1,
+                                           "tie_word_embeddings": False},
     # OLMo 3: OLMo 2's layers, the first sliding over 8 positions with unscaled RoPE, the second
     # global with LLAMA_COMMON's llama3 scaling (Olmo3Model's rotary_embs).
     "olmo3 gqa untied window 8": {"type": "olmo3", "hidden_size": 32, "sliding_window": 8,
@@ -355,6 +367,8 @@ def llama_toml(name, work, h5, seq_len):
     """fsdp_train's configuration of a Llama case (LLAMA_CASES) on the byte corpus."""
     keys = dict(LLAMA_COMMON, **LLAMA_CASES[name])
     model_type = keys.pop("type", "llama")
+    if model_type == "deepseek_v3":  # MLA's keys and values are per head
+        keys["num_key_value_heads"] = keys["num_attention_heads"]
 
     def value(v):
         if isinstance(v, bool):

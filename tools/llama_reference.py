@@ -10,7 +10,8 @@ down_proj(silu(gate_proj(x)) * up_proj(x)) (+ biases when mlp_bias), a residual;
 `norm`, lm_head (or embed_tokens when tie_word_embeddings) and the mean cross-entropy over the
 B*T targets (given per position: HF's own `labels` argument would shift them by one). The
 embedding is nn.Embedding with padding_idx = pad_token_id (the class's default when config.json
-has none: Olmo2Config and OlmoeConfig 1, Phi3Config 32000, Gemma3TextConfig 0, else None (Glm4MoeConfig too)), as every one of
+has none: Olmo2Config and OlmoeConfig 1, Phi3Config 32000, Gemma3TextConfig 0, else None (Glm4MoeConfig and
+DeepseekV3Config too)), as every one of
 these classes builds it: the lookup adds nothing to that row's gradient (the phi3 variants'
 pad_token_id 0 is looked up in 1l_gqa_untied_rope1e4_phi3).
 
@@ -22,14 +23,18 @@ interpreter, /usr/bin/python3, not another one first on PATH) from the repositor
 Check that the committed fixtures are what this script makes, and the script's own self-tests
 (finite differences, a loop-by-loop second implementation, GQA/MHA and tied/untied identities,
 the llama3 RoPE branches, the MoE routing margins and the K = E dense identity, Qwen2-MoE's
-shared expert at a zero gate, GLM-4.5's router bias, groups, scaling and shared experts, the
-load-balancing loss's identities and finite differences):
+shared expert at a zero gate, GLM-4.5's (and DeepSeek-V3's) router bias, groups, scaling and
+shared experts, DeepSeek-V3's Multi-head Latent Attention (rope_interleave against permuted rope
+rows, the lora norms' eps, the yarn mscale factors), the load-balancing loss's identities and
+finite differences):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
 VARIANT = <layers>l_<attn>_<tied>_<rope>[_<arch>][_attnbias][_mlpbias][_swa][_aux] (see VARIANTS), e.g.
 3l_gqa_untied_llama3: attn is mha (num_key_value_heads 4), gqa (2) or mqa (1); rope is rope1e4
-(rope_theta 1e4, rope_scaling null) or llama3 (rope_theta 5e5 with Llama 3.1's rope_scaling);
+(rope_theta 1e4, rope_scaling null), llama3 (rope_theta 5e5 with Llama 3.1's rope_scaling), yarn
+(rope_theta 1e4 with YARN_SCALING; deepseekv3: DEEPSEEK_YARN), linear (factor 2) or longrope
+(phi3 only);
 arch is absent (LlamaForCausalLM) or the Llama-family class of the same math with its own
 config attributes (other_arch_config): mistral (MistralForCausalLM, a sliding window covering
 every sequence; with _swa a window of 3 < T: each query sees itself and the 2 positions
@@ -91,7 +96,35 @@ first_k_dense_replace layers dense (Llama's MLP, intermediate_size wide), the ot
 DeepseekV3's block, sizes per variant in MOE and GLM4_MOE, as are attention_bias and
 use_qk_norm (no _attnbias word: 1l_gqa_untied_rope1e4_glm4moe's q/k/v are biased, and layer 0
 sparse; 3l_mqa_tied_llama3_glm4moe's heads q/k-normed, layer 0 dense); no auxiliary loss: the
-class has none). The MoE
+class has none) or deepseekv3 (DeepseekV3ForCausalLM, model_type deepseek_v3,
+modeling_deepseek_v3.py: DeepSeek-V3 / R1, Kimi K2, Moonlight): Llama's pre-norm layer, GLM-4.5's
+MLP (dense below first_k_dense_replace, else the same DeepseekV3 MoE block, sizes per variant in
+MOE and DEEPSEEK_V3), and Multi-head Latent Attention (the DeepSeek-V2 paper's; mla_attention) in
+place of Llama's attention, on the input_layernorm output x, H heads, dn = qk_nope_head_dim, dr =
+qk_rope_head_dim, dv = v_head_dim, D = dn + dr: q = q_proj(x) [H D] (q_lora_rank null; never
+biased) or q_b_proj(q_a_layernorm(q_a_proj(x))) (q_a_proj [q_lora_rank, C], biased under
+attention_bias; q_b_proj unbiased), each head's D columns [q_nope (dn) | q_rot (dr)]; ckv =
+kv_a_proj_with_mqa(x) [kv_lora_rank + dr] (biased under attention_bias) = [c | k_rot], k_rot one
+rope key for every head; kv_b_proj(kv_a_layernorm(c)) [H (dn + dv)] (unbiased), each head's
+[k_nope (dn) | v (dv)]; both lora norms RMSNorms with eps 1e-6 whatever rms_norm_eps (HF builds
+them with DeepseekV3RMSNorm's default; rms_norm_eps is 1e-3 in these variants so that the two
+differ); RoPE over dim dr (DeepseekV3Config sets head_dim = qk_rope_head_dim; config.json has no
+head_dim) on q_rot and k_rot, Llama's rotate-half (pairs (i, i + dr/2)), or under rope_interleave
+HF's apply_rotary_pos_emb_interleave: the dr columns de-interleaved ([x0, x2, ..., x1, x3, ...])
+and then rotated half, i.e. pairs (2i, 2i+1) at frequency i (the same for q and k: q.k does not
+see the order); key [k_nope | k_rot], query [q_nope | q_rot]; the causal softmax of q.k times
+D^-1/2, times get_mscale(factor, mscale_all_dim)^2 when rope_scaling is set with a nonzero
+mscale_all_dim (get_mscale(s, m) = 0.1 m ln s + 1 for s > 1, else 1); per head P @ v [dv]; o_proj
+[C, H dv] (biased under attention_bias). num_key_value_heads = num_attention_heads (HF's eager
+attention would repeat_kv the H heads otherwise). Layer names in state-dict order:
+self_attn.q_proj.weight, or self_attn.q_a_proj.weight (.bias), q_a_layernorm.weight,
+q_b_proj.weight; then kv_a_proj_with_mqa.weight (.bias), kv_a_layernorm.weight, kv_b_proj.weight,
+o_proj.weight (.bias); then the mlp as GLM-4.5's, input_layernorm, post_attention_layernorm.
+1l_mha_untied_rope1e4_deepseekv3: plain q_proj, dv 6, rotate-half, no biases, layer 0 sparse
+(8 experts in 4 groups, 2 kept, top 2, norm_topk_prob, routed_scaling_factor 2.5, one shared
+expert); 3l_mha_tied_yarn_deepseekv3: q_lora_rank 12, dv 8, rope_interleave, biases, DeepSeek's
+yarn (DEEPSEEK_YARN), layer 0 dense, then 6 experts in one group, top 2, no renormalisation,
+routed_scaling_factor 1, two shared experts. The MoE
 block on a token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over the
 E experts (gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending)
 and their experts; w = those p, divided by their sum when renormalised; output sum_j w_j
@@ -142,8 +175,10 @@ every expert chosen in every sparse layer, the float64 forward's choices, and th
 some token's choice against a zero bias; its e_score_correction_bias is drawn N(0, 0.1), rounded
 to 1e-3, from crc32("<variant>/bias") (not from the variant's seed, whose draws skip it); only
 the routers are re-drawn.
-A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe: 12), intermediate 40, vocab 37:
-not a multiple of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6) with seeded
+A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe: 12; deepseekv3: MLA's
+q/k 12 = 8 nope + 4 rope, v 6 or 8, kv_lora_rank 16), intermediate 40, vocab 37: not a multiple
+of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6 (deepseekv3:
+1e-3, its lora norms 1e-6)) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
 biases N(0, 0.3), RMSNorm weights 1 + N(0, 0.3); every value rounded to a multiple of 1e-3 so
 that its short decimal text is exactly the float32 the model ran with), run in float64 on one
@@ -164,7 +199,7 @@ softmax in recent versions; the MoE blocks' router softmax); those differences (
 are far below what the tests resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
 params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-660 KB
 (MoE: 1-layer ~355-420 KB, 3-layer ~770 KB-1.1 MB; glm4moe's 8 experts and shared experts 1-layer
-~660 KB, 3-layer ~1.1 MB).
+~660 KB, 3-layer ~1.1 MB; deepseekv3's 1-layer ~640 KB, 3-layer ~1.1 MB).
 
 llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
 ~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
@@ -172,7 +207,16 @@ as HF's validation wants), low_freq_factor 0.01 and high_freq_factor 0.1 put the
 wavelength bounds at 800 and 80, so the four frequencies are untouched / smoothed (s ~ 0.42) /
 scaled / scaled: every branch is exercised (checked by --selftest). glm4moe rotates 6 of its 12
 columns: 3 frequencies over dim 6, wavelengths ~6.28, ~499, ~4.0e4: untouched / smoothed /
-scaled (checked by --selftest too).
+scaled (checked by --selftest too). deepseekv3 rotates dr = 4 columns: 2 frequencies, 1 and
+0.01 at theta 1e4; 3l_mha_tied_yarn_deepseekv3's yarn (DEEPSEEK_YARN: factor 4,
+original_max_position_embeddings 4 = max_position_embeddings 16 / 4, beta_fast 32, beta_slow 1,
+mscale 1, mscale_all_dim 0.8) has the correction range [0, 0] (+0.001): frequency 0 kept (the
+extrapolation branch), frequency 1 divided by factor (the interpolation branch) -- no blend, which
+at dr 4 would need original_max_position_embeddings > 628, beyond max_position_embeddings (the
+original 8 would blend nothing either: range [0, 1]; and transformers 4.4x-4.5x read factor as
+max_position_embeddings / original_max_position_embeddings when original is given, 5.x the
+explicit factor: with 4 = 16 / 4 both agree); cos and sin times (1 + 0.1 ln 4) / (1 + 0.08 ln 4)
+~ 1.025, the scores times (1 + 0.08 ln 4)^2 ~ 1.234 (checked by --selftest).
 """
 import json
 import math
@@ -206,10 +250,10 @@ ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwe
          "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3",
          "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma",
          "exaone4": "Exaone4", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral", "olmoe": "Olmoe",
-         "qwen2moe": "Qwen2Moe", "glm4moe": "Glm4Moe"}  # HF class prefix
+         "qwen2moe": "Qwen2Moe", "glm4moe": "Glm4Moe", "deepseekv3": "DeepseekV3"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
-               "glm4moe": "glm4_moe"}  # HF model_type where it is not the variant's word
-MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe", "glm4moe"}  # the Mixture-of-Experts classes' words
+               "glm4moe": "glm4_moe", "deepseekv3": "deepseek_v3"}  # HF model_type where it is not the variant's word
+MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe", "glm4moe", "deepseekv3"}  # the Mixture-of-Experts classes' words
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
@@ -257,11 +301,14 @@ VARIANTS = [
     "3l_mqa_tied_llama3_qwen2moe_swa",
     "1l_gqa_untied_rope1e4_glm4moe",
     "3l_mqa_tied_llama3_glm4moe",
+    "1l_mha_untied_rope1e4_deepseekv3",
+    "3l_mha_tied_yarn_deepseekv3",
 ]
 # The Mixture-of-Experts variants' routers: (experts E, experts per token K, expert size,
 # norm_topk_prob; None: Mixtral, whose K weights are always renormalised[, Qwen2-MoE: the shared
-# expert's size; GLM-4.5: its GLM4_MOE row]). The expert size is Qwen3MoeConfig's,
-# Qwen2MoeConfig's and Glm4MoeConfig's moe_intermediate_size, MixtralConfig's and OlmoeConfig's
+# expert's size; GLM-4.5: its GLM4_MOE row; DeepSeek-V3: its DEEPSEEK_V3 row]). The expert size is
+# Qwen3MoeConfig's, Qwen2MoeConfig's, Glm4MoeConfig's and DeepseekV3Config's moe_intermediate_size,
+# MixtralConfig's and OlmoeConfig's
 # intermediate_size; the shared expert's Qwen2MoeConfig's shared_expert_intermediate_size.
 MOE = {
     "1l_gqa_untied_rope1e4_qwen3moe": (4, 2, 24, True),
@@ -276,6 +323,8 @@ MOE = {
     "3l_mqa_tied_llama3_qwen2moe_swa": (5, 2, 20, True, 24),
     "1l_gqa_untied_rope1e4_glm4moe": (8, 2, 24, True, "1l_gqa_untied_rope1e4_glm4moe"),
     "3l_mqa_tied_llama3_glm4moe": (6, 2, 20, False, "3l_mqa_tied_llama3_glm4moe"),
+    "1l_mha_untied_rope1e4_deepseekv3": (8, 2, 24, True, "1l_mha_untied_rope1e4_deepseekv3"),
+    "3l_mha_tied_yarn_deepseekv3": (6, 2, 20, False, "3l_mha_tied_yarn_deepseekv3"),
 }
 # The glm4moe variants' other Glm4MoeConfig attributes: the first first_k_dense_replace layers
 # dense (Llama's MLP, intermediate_size wide), the others sparse; n_shared_experts (the shared
@@ -290,6 +339,34 @@ GLM4_MOE = {
                                    "topk_group": 1, "routed_scaling_factor": 1.0,
                                    "attention_bias": False, "use_qk_norm": True},
 }
+# The deepseekv3 variants' other DeepseekV3Config attributes: the MoE block's as GLM4_MOE's, and
+# Multi-head Latent Attention's: q_lora_rank (None: a plain q_proj), kv_lora_rank, the per-head
+# widths qk_nope_head_dim (dn), qk_rope_head_dim (dr: the shared rotary key, and the RoPE dim) and
+# v_head_dim (dv), rope_interleave (the dr columns in pairs (2i, 2i+1)) and attention_bias (q_a_proj,
+# kv_a_proj_with_mqa and o_proj biased; never q_proj, q_b_proj or kv_b_proj).
+DEEPSEEK_V3 = {
+    "1l_mha_untied_rope1e4_deepseekv3": {"first_k_dense_replace": 0, "n_shared_experts": 1, "n_group": 4,
+                                         "topk_group": 2, "routed_scaling_factor": 2.5, "q_lora_rank": None,
+                                         "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                                         "v_head_dim": 6, "rope_interleave": False, "attention_bias": False},
+    "3l_mha_tied_yarn_deepseekv3": {"first_k_dense_replace": 1, "n_shared_experts": 2, "n_group": 1,
+                                    "topk_group": 1, "routed_scaling_factor": 1.0, "q_lora_rank": 12,
+                                    "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                                    "v_head_dim": 8, "rope_interleave": True, "attention_bias": True},
+}
+# DeepSeek-V3's YaRN (the deepseekv3 yarn variant), DeepSeek-V3's own keys at tiny sizes: over the
+# dr = 4 rotary columns, theta 1e4, original_max_position_embeddings 4 = max_position_embeddings 16
+# / factor 4 (transformers 4.4x-4.5x replace factor by that ratio whenever
+# original_max_position_embeddings is given, 5.x keeps the explicit factor: equal here, so every
+# version computes the same), beta_fast 32 / beta_slow 1 turn at dimensions -0.85 / -0.098,
+# truncated to [0, 0] (+0.001): pair 0 keeps its frequency, pair 1 is divided by factor (no pair
+# blended: that would need original > 628 with dr 4). cos and sin times get_mscale(4, mscale 1) /
+# get_mscale(4, mscale_all_dim 0.8) = (1 + 0.1 ln 4) / (1 + 0.08 ln 4); the softmax scale D^-1/2
+# times get_mscale(4, 0.8)^2 (D = dn + dr).
+DEEPSEEK_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4, "beta_fast": 32.0,
+                 "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8}
+DEEPSEEK_EPS = 1e-3  # the deepseekv3 variants' rms_norm_eps: not the lora norms' fixed 1e-6
+LORA_EPS = 1e-6  # DeepseekV3RMSNorm's default eps: q_a_layernorm's and kv_a_layernorm's, whatever rms_norm_eps
 GLM_PARTIAL_ROTARY = 0.5  # Glm4MoeConfig's partial_rotary_factor (GLM-4.5's): 6 of head_dim 12 rotated
 GLM_BIAS_STD = 0.1  # the std of the drawn e_score_correction_bias (its own seed; see make_params)
 # The _aux variants' auxiliary load-balancing loss (output_router_logits true): its weight
@@ -328,7 +405,7 @@ def hf_config(variant):
     if archs & MOE_ARCHS:  # sized by MOE[variant]
         assert variant in MOE, variant
         moe_config = {"qwen3moe": qwen3moe_config, "mixtral": mixtral_config, "olmoe": olmoe_config,
-                      "qwen2moe": qwen2moe_config, "glm4moe": glm4moe_config}
+                      "qwen2moe": qwen2moe_config, "glm4moe": glm4moe_config, "deepseekv3": deepseekv3_config}
         return moe_config[archs.pop()](MOE[variant], int(layers[:-1]), attn, tied, rope, flags)
     if archs:
         return other_arch_config(archs.pop(), int(layers[:-1]), attn, tied, rope, flags)
@@ -593,6 +670,38 @@ def glm4moe_config(sizes, layers, attn, tied, rope, flags):
             "num_nextn_predict_layers": 0, "torch_dtype": "float32"}
 
 
+def deepseekv3_config(sizes, layers, attn, tied, rope, flags):
+    """config.json of a DeepseekV3ForCausalLM variant (DeepseekV3Config's attributes in its
+    __init__ order): Multi-head Latent Attention sized by DEEPSEEK_V3 (num_key_value_heads =
+    num_attention_heads: MLA's keys and values are per head; no head_dim attribute: the class sets
+    head_dim = qk_rope_head_dim itself, the RoPE dim), rms_norm_eps 1e-3, pad_token_id absent
+    (None), rope1e4 or DeepSeek's yarn (DEEPSEEK_YARN); n_routed_experts / num_experts_per_tok /
+    moe_intermediate_size / norm_topk_prob from MOE, the rest of GLM-4.5's MoE attributes from
+    DEEPSEEK_V3; no auxiliary loss (the class has none); intermediate_size 40, the dense layers'
+    MLP."""
+    assert not flags & {"attnbias", "mlpbias", "swa", "aux"} and len(sizes) == 5, (flags, sizes)
+    assert attn == "mha" and rope in ("rope1e4", "yarn"), (attn, rope)
+    E, K, size, norm, name = sizes
+    ds = DEEPSEEK_V3[name]
+    assert 0 <= ds["first_k_dense_replace"] < layers and E % ds["n_group"] == 0 and E // ds["n_group"] >= 2
+    assert ds["qk_rope_head_dim"] % 2 == 0
+    return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "moe_intermediate_size": size,
+            "num_hidden_layers": layers, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
+            "n_shared_experts": ds["n_shared_experts"], "n_routed_experts": E,
+            "routed_scaling_factor": ds["routed_scaling_factor"], "kv_lora_rank": ds["kv_lora_rank"],
+            "q_lora_rank": ds["q_lora_rank"], "qk_rope_head_dim": ds["qk_rope_head_dim"],
+            "v_head_dim": ds["v_head_dim"], "qk_nope_head_dim": ds["qk_nope_head_dim"], "n_group": ds["n_group"],
+            "topk_group": ds["topk_group"], "num_experts_per_tok": K,
+            "first_k_dense_replace": ds["first_k_dense_replace"], "norm_topk_prob": norm, "hidden_act": "silu",
+            "max_position_embeddings": MAX_POS, "initializer_range": 0.02, "rms_norm_eps": DEEPSEEK_EPS,
+            "use_cache": True, "bos_token_id": 0, "eos_token_id": 1, "pretraining_tp": 1,
+            "tie_word_embeddings": tied == "tied", "rope_theta": 10000.0,
+            "rope_scaling": dict(DEEPSEEK_YARN) if rope == "yarn" else None,
+            "rope_interleave": ds["rope_interleave"], "attention_bias": ds["attention_bias"],
+            "attention_dropout": 0.0, "torch_dtype": "float32"}
+
+
 def sized_config(cls, model_type, layers, attn, rope):
     """The leading attributes every class without head_dim shares: class, sizes, norm epsilon
     and RoPE (rope1e4 / linear / yarn: theta 1e4; llama3: theta 5e5 with LLAMA3_SCALING)."""
@@ -662,7 +771,9 @@ def uses_rope(cfg, layer):
 
 
 # What each class makes of its config (HF's getattr defaults for the attributes it lacks).
-def head_dim(cfg):
+def head_dim(cfg):  # (DeepseekV3Config sets head_dim = qk_rope_head_dim: its RoPE dim)
+    if mla(cfg):
+        return cfg["qk_rope_head_dim"]
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
@@ -778,7 +889,7 @@ def post_norms(cfg):  # Olmo2DecoderLayer (OLMo 2, OLMo 3, EXAONE 4): sublayer o
 
 
 def moe(cfg):  # the Mixture-of-Experts classes
-    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe")
+    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3")
 
 
 def glm4moe(cfg):
@@ -786,6 +897,33 @@ def glm4moe(cfg):
     e_score_correction_bias, group-limited top-K, routed_scaling_factor, ungated shared experts;
     the first first_k_dense_replace layers dense."""
     return cfg["model_type"] == "glm4_moe"
+
+
+def deepseek_moe(cfg):
+    """DeepseekV3's MoE block (Glm4MoeForCausalLM's and DeepseekV3ForCausalLM's): the sigmoid
+    router with e_score_correction_bias, group-limited top-K, routed_scaling_factor, ungated shared
+    experts; the first first_k_dense_replace layers dense."""
+    return cfg["model_type"] in ("glm4_moe", "deepseek_v3")
+
+
+def mla(cfg):
+    """DeepseekV3ForCausalLM's Multi-head Latent Attention (mla_attention) in place of Llama's."""
+    return cfg["model_type"] == "deepseek_v3"
+
+
+def mla_scale(cfg):
+    """DeepseekV3Attention's softmax scale: (dn + dr)^-1/2, times get_mscale(factor,
+    mscale_all_dim)^2 when rope_scaling is set (not default) with a nonzero mscale_all_dim."""
+    scale = (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) ** -0.5
+    s = cfg["rope_scaling"]
+    if scaling_type(s) not in (None, "default") and s.get("mscale_all_dim"):
+        m = get_mscale(s["factor"], s["mscale_all_dim"])
+        scale = scale * m * m
+    return scale
+
+
+def get_mscale(factor, m=1.0):  # YaRN's 0.1 m ln(factor) + 1 (1 for factor <= 1)
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
 
 
 def shared_expert(cfg):
@@ -798,7 +936,7 @@ def sparse_layer(cfg, layer):
     """Whether a layer has the sparse MoE block in place of the MLP: Qwen3MoeDecoderLayer's and
     Qwen2MoeDecoderLayer's rule (not in mlp_only_layers, and (layer + 1) % decoder_sparse_step
     == 0); Glm4MoeDecoderLayer's: from first_k_dense_replace on; every layer of Mixtral and OLMoE."""
-    if glm4moe(cfg):
+    if deepseek_moe(cfg):
         return layer >= cfg["first_k_dense_replace"]
     if cfg["model_type"] in ("qwen3_moe", "qwen2_moe"):
         return layer not in cfg.get("mlp_only_layers", []) and (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
@@ -810,13 +948,13 @@ def moe_prefix(cfg, layer):  # the block's module: Mixtral's block_sparse_moe, t
 
 
 def num_experts(cfg):  # MixtralConfig's num_local_experts, Glm4MoeConfig's n_routed_experts, the others' num_experts
-    if glm4moe(cfg):
+    if deepseek_moe(cfg):
         return cfg["n_routed_experts"]
     return cfg["num_local_experts"] if cfg["model_type"] == "mixtral" else cfg["num_experts"]
 
 
 def expert_size(cfg):  # Qwen3-MoE's, Qwen2-MoE's, GLM-4.5's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
-    moe_sized = cfg["model_type"] in ("qwen3_moe", "qwen2_moe", "glm4_moe")
+    moe_sized = cfg["model_type"] in ("qwen3_moe", "qwen2_moe", "glm4_moe", "deepseek_v3")
     return cfg["moe_intermediate_size"] if moe_sized else cfg["intermediate_size"]
 
 
@@ -891,8 +1029,12 @@ def param_shapes(cfg):
                        (m + "gate_up_proj.weight", (2 * I, C)), (m + "down_proj.weight", (C, I))]
             shapes += [(f"model.layers.{l}.{norm}.weight", (C,)) for norm in layer_norm_names(cfg)]
             continue
-        for name, out, inp, bias in (("q_proj", H * D, C, qkv_bias(cfg)), ("k_proj", Hkv * D, C, qkv_bias(cfg)),
-                                     ("v_proj", Hkv * D, C, qkv_bias(cfg)), ("o_proj", C, H * D, o_bias(cfg))):
+        for name, out, inp, bias in mla_shapes(cfg) if mla(cfg) else (
+                ("q_proj", H * D, C, qkv_bias(cfg)), ("k_proj", Hkv * D, C, qkv_bias(cfg)),
+                ("v_proj", Hkv * D, C, qkv_bias(cfg)), ("o_proj", C, H * D, o_bias(cfg))):
+            if inp is None:  # (an RMSNorm's weight)
+                shapes.append((a + name + ".weight", (out,)))
+                continue
             shapes.append((a + name + ".weight", (out, inp)))
             if bias:
                 shapes.append((a + name + ".bias", (out,)))
@@ -900,7 +1042,7 @@ def param_shapes(cfg):
             shapes += [(a + "q_norm.weight", (D,)), (a + "k_norm.weight", (D,))]
         if olmo2(cfg):
             shapes += [(a + "q_norm.weight", (H * D,)), (a + "k_norm.weight", (Hkv * D,))]
-        if sparse_layer(cfg, l) and glm4moe(cfg):  # the experts, the router and its bias, the shared experts
+        if sparse_layer(cfg, l) and deepseek_moe(cfg):  # the experts, the router and its bias, the shared experts
             x, Im, Is = moe_prefix(cfg, l), expert_size(cfg), expert_size(cfg) * cfg["n_shared_experts"]
             shapes += [(f"{x}experts.{e}.{name}.weight", dims) for e in range(num_experts(cfg))
                        for name, dims in (("gate_proj", (Im, C)), ("up_proj", (Im, C)), ("down_proj", (C, Im)))]
@@ -928,6 +1070,23 @@ def param_shapes(cfg):
     if not cfg["tie_word_embeddings"]:
         shapes.append(("lm_head.weight", (V, C)))
     return shapes
+
+
+def mla_shapes(cfg):
+    """DeepseekV3Attention's modules in state-dict order: (name, out, in (None: an RMSNorm of out),
+    bias): q_proj [H D, C] (never biased), or q_a_proj [q_lora_rank, C] (+ bias under
+    attention_bias), q_a_layernorm [q_lora_rank], q_b_proj [H D, q_lora_rank]; kv_a_proj_with_mqa
+    [kv_lora_rank + dr, C] (+ bias), kv_a_layernorm [kv_lora_rank], kv_b_proj [H (dn + dv),
+    kv_lora_rank]; o_proj [C, H dv] (+ bias). D = dn + dr."""
+    C, H, ab = cfg["hidden_size"], cfg["num_attention_heads"], cfg["attention_bias"]
+    dn, dr, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    qr, kvr = cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    if qr is None:
+        q = [("q_proj", H * (dn + dr), C, False)]
+    else:
+        q = [("q_a_proj", qr, C, ab), ("q_a_layernorm", qr, None, False), ("q_b_proj", H * (dn + dr), qr, False)]
+    return q + [("kv_a_proj_with_mqa", kvr + dr, C, ab), ("kv_a_layernorm", kvr, None, False),
+                ("kv_b_proj", H * (dn + dv), kvr, False), ("o_proj", C, H * dv, ab)]
 
 
 def draw(cfg, name, shape, gen):
@@ -965,7 +1124,7 @@ def make_case(variant):
     cfg = hf_config(variant)
     seed = seed_name(variant)
     gen = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
-    bias_gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/bias".encode())) if glm4moe(cfg) else None
+    bias_gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/bias".encode())) if deepseek_moe(cfg) else None
     params = make_params(cfg, gen, bias_gen)
     tokens = torch.randint(0, VOCAB, (B, T), generator=gen)
     targets = torch.randint(0, VOCAB, (B, T), generator=gen)
@@ -1007,7 +1166,7 @@ def routing_margin(cfg, probs):
 
 
 def routing_ok(cfg, params32, tokens):
-    if glm4moe(cfg):
+    if deepseek_moe(cfg):
         r = glm_routing(cfg, params32, tokens)
         return (r["margin"] >= ROUTE_MARGIN and r["group_margin"] >= ROUTE_MARGIN and r["covered"]
                 and r["same"] and r["bias_moves"] > 0)
@@ -1108,7 +1267,8 @@ def yarn_range(cfg):
 
 def attention_scaling(cfg):
     """The factor HF's rotary embedding multiplies cos and sin by: yarn's attention_factor, else
-    0.1 ln(factor) + 1 (1 for factor <= 1); 1 for every other rope type."""
+    get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) when both are set and nonzero
+    (DeepSeek's), else 0.1 ln(factor) + 1 (1 for factor <= 1); 1 for every other rope type."""
     s = cfg["rope_scaling"]
     if scaling_type(s) not in ("yarn", "longrope"):
         return 1.0
@@ -1118,7 +1278,9 @@ def attention_scaling(cfg):
         orig = cfg["original_max_position_embeddings"]
         ratio = cfg["max_position_embeddings"] / orig
         return 1.0 if ratio <= 1 else math.sqrt(1 + math.log(ratio) / math.log(orig))
-    return 1.0 if s["factor"] <= 1 else 0.1 * math.log(s["factor"]) + 1.0
+    if s.get("mscale") and s.get("mscale_all_dim"):  # DeepSeek's: get_mscale(f, mscale) / get_mscale(f, mscale_all_dim)
+        return get_mscale(s["factor"], s["mscale"]) / get_mscale(s["factor"], s["mscale_all_dim"])
+    return get_mscale(s["factor"])
 
 
 def inv_freq(cfg, seq_len=None):
@@ -1161,7 +1323,7 @@ def rotate_half(x):
 
 def moe_block(h, p, cfg, layer, probe=None, routers=None):
     """The sparse MoE block on h [B, T, C] (Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
-    OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock; Glm4MoeMoE: glm_route's sigmoid, bias, groups and
+    OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock; Glm4MoeMoE and DeepseekV3MoE: glm_route's sigmoid, bias, groups and
     scaled weights in place of the softmax, plus its shared experts, ungated, and probe gets the
     masked choice scores): router softmax over the E experts, its K largest
     (torch.topk, in descending order) as the weights, divided by their sum when renormalise(cfg);
@@ -1174,7 +1336,7 @@ def moe_block(h, p, cfg, layer, probe=None, routers=None):
     m, (gate, up, down) = moe_prefix(cfg, layer), expert_projs(cfg)[0]
     x = h.reshape(Bn * Tn, C)
     logits = x @ p[m + "gate.weight"].T  # [N, E]
-    if glm4moe(cfg):  # GLM-4.5: sigmoid, the bias (selection only), groups, routed_scaling_factor
+    if deepseek_moe(cfg):  # GLM-4.5, DeepSeek-V3: sigmoid, the bias (selection only), groups, routed_scaling_factor
         _, _, masked, idx, w = glm_route(logits, p[m + "gate.e_score_correction_bias"].detach(), cfg)
         probs = masked  # (probe: the masked choice scores, whose topk is the choice)
     else:
@@ -1183,9 +1345,9 @@ def moe_block(h, p, cfg, layer, probe=None, routers=None):
         probe.append(probs.detach())
     if routers is not None:
         routers.append(logits)
-    if not glm4moe(cfg):
+    if not deepseek_moe(cfg):
         w, idx = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)  # [N, K]
-    if renormalise(cfg) and not glm4moe(cfg):
+    if renormalise(cfg) and not deepseek_moe(cfg):
         w = w / w.sum(-1, keepdim=True)
     out = torch.zeros_like(x)
     for e in range(num_experts(cfg)):
@@ -1201,9 +1363,50 @@ def moe_block(h, p, cfg, layer, probe=None, routers=None):
         g = x @ p[s + "gate_proj.weight"].T
         y = (g * torch.sigmoid(g) * (x @ p[s + "up_proj.weight"].T)) @ p[s + "down_proj.weight"].T
         out = out + torch.sigmoid(x @ p[m + "shared_expert_gate.weight"].T) * y
-    if glm4moe(cfg):  # + the shared experts, ungated and unscaled
+    if deepseek_moe(cfg):  # + the shared experts, ungated and unscaled
         out = out + shared_mlp(x, p, m, "shared_experts.")
     return out.view(Bn, Tn, C)
+
+
+def mla_attention(h, p, cfg, a, cos, sin, causal):
+    """DeepseekV3Attention (Multi-head Latent Attention) on h [B, T, C] (the input_layernorm
+    output), eval: y [B, T, H dv] before o_proj. q = q_proj(h), or q_b_proj(q_a_layernorm(q_a_proj(h)))
+    (the lora norm's eps LORA_EPS), each head's D = dn + dr columns [q_nope | q_rot]; ckv =
+    kv_a_proj_with_mqa(h) = [c (kv_lora_rank) | k_rot (dr, one for every head)]; kv_b_proj(
+    kv_a_layernorm(c)), each head's dn + dv columns [k_nope | v]. RoPE (cos / sin [T, dr]) on q_rot
+    and k_rot: rotate-half, after de-interleaving the dr columns ([x0, x2, ..., x1, x3, ...]) under
+    rope_interleave; key [k_nope | k_rot], query [q_nope | q_rot]; causal softmax of q.k times
+    mla_scale (D^-1/2, times mscale^2 under yarn with mscale_all_dim); P @ v per head."""
+    Bn, Tn, _ = h.shape
+    H, dn, dr, dv = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    kvr, ab = cfg["kv_lora_rank"], cfg["attention_bias"]
+    assert cfg["num_key_value_heads"] == H, "MLA: num_key_value_heads must be num_attention_heads"
+
+    def linear(x, name, bias):
+        y = x @ p[name + ".weight"].T
+        return y + p[name + ".bias"] if bias else y
+
+    if cfg["q_lora_rank"] is None:
+        q = linear(h, a + "q_proj", False)
+    else:
+        q = linear(h, a + "q_a_proj", ab)
+        q = linear(rms_norm(q, p[a + "q_a_layernorm.weight"], LORA_EPS), a + "q_b_proj", False)
+    q = q.view(Bn, Tn, H, dn + dr).transpose(1, 2)  # [B, H, T, D]
+    q_nope, q_rot = q[..., :dn], q[..., dn:]
+    ckv = linear(h, a + "kv_a_proj_with_mqa", ab)
+    c, k_rot = ckv[..., :kvr], ckv[..., kvr:].unsqueeze(1)  # [B, T, kvr], [B, 1, T, dr]
+    kv = linear(rms_norm(c, p[a + "kv_a_layernorm.weight"], LORA_EPS), a + "kv_b_proj", False)
+    kv = kv.view(Bn, Tn, H, dn + dv).transpose(1, 2)  # [B, H, T, dn + dv]
+    k_nope, v = kv[..., :dn], kv[..., dn:]
+    if cfg["rope_interleave"]:  # pairs (2i, 2i+1) -> (i, i + dr/2)
+        q_rot = torch.cat((q_rot[..., 0::2], q_rot[..., 1::2]), dim=-1)
+        k_rot = torch.cat((k_rot[..., 0::2], k_rot[..., 1::2]), dim=-1)
+    q_rot = q_rot * cos + rotate_half(q_rot) * sin
+    k_rot = (k_rot * cos + rotate_half(k_rot) * sin).expand(Bn, H, Tn, dr)
+    q, k = torch.cat((q_nope, q_rot), dim=-1), torch.cat((k_nope, k_rot), dim=-1)
+    att = (q @ k.transpose(-1, -2)) * mla_scale(cfg)
+    att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+    return (att @ v).transpose(1, 2).reshape(Bn, Tn, H * dv)
 
 
 def forward(p, cfg, tokens, probe=None, routers=None):
@@ -1241,27 +1444,30 @@ def forward(p, cfg, tokens, probe=None, routers=None):
         a, ab = pre + "self_attn.", qkv_bias(cfg)
         cos, sin = cos_sin(rope_cfg(cfg, l))
         h = x if post_norms(cfg) else norm(x, pre + "input_layernorm")
-        q, k = linear(h, a + "q_proj", ab), linear(h, a + "k_proj", ab)
-        if olmo2(cfg):  # over the whole projection, before the split into heads
-            q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
-        q, k = q.view(Bn, Tn, H, D), k.view(Bn, Tn, Hkv, D)
-        if qk_norm(cfg):  # over each head's D values, before RoPE
-            q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
-        v = linear(h, a + "v_proj", ab).view(Bn, Tn, Hkv, D).transpose(1, 2)
-        if uses_rope(cfg, l):  # not on SmolLM3's NoPE layers
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        k = k.repeat_interleave(H // Hkv, dim=1)
-        v = v.repeat_interleave(H // Hkv, dim=1)
-        att = q @ k.transpose(-1, -2)
-        att = att * score_scale(cfg) if gemma2_layer(cfg) or granite(cfg) else att / math.sqrt(D)
-        if softcaps(cfg)[0]:  # Gemma 2: before the mask
-            att = softcaps(cfg)[0] * torch.tanh(att / softcaps(cfg)[0])
-        visible = causal
-        if layer_window(cfg, l):
-            visible = causal & ~torch.tril(torch.ones(Tn, Tn, dtype=torch.bool), -layer_window(cfg, l))
-        att = att.masked_fill(~visible, float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
+        if mla(cfg):  # DeepSeek-V3's Multi-head Latent Attention: y [B, T, H dv]
+            y = mla_attention(h, p, cfg, a, cos, sin, causal)
+        else:
+            q, k = linear(h, a + "q_proj", ab), linear(h, a + "k_proj", ab)
+            if olmo2(cfg):  # over the whole projection, before the split into heads
+                q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
+            q, k = q.view(Bn, Tn, H, D), k.view(Bn, Tn, Hkv, D)
+            if qk_norm(cfg):  # over each head's D values, before RoPE
+                q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
+            v = linear(h, a + "v_proj", ab).view(Bn, Tn, Hkv, D).transpose(1, 2)
+            if uses_rope(cfg, l):  # not on SmolLM3's NoPE layers
+                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            k = k.repeat_interleave(H // Hkv, dim=1)
+            v = v.repeat_interleave(H // Hkv, dim=1)
+            att = q @ k.transpose(-1, -2)
+            att = att * score_scale(cfg) if gemma2_layer(cfg) or granite(cfg) else att / math.sqrt(D)
+            if softcaps(cfg)[0]:  # Gemma 2: before the mask
+                att = softcaps(cfg)[0] * torch.tanh(att / softcaps(cfg)[0])
+            visible = causal
+            if layer_window(cfg, l):
+                visible = causal & ~torch.tril(torch.ones(Tn, Tn, dtype=torch.bool), -layer_window(cfg, l))
+            att = att.masked_fill(~visible, float("-inf")).softmax(-1)
+            y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
         m, mb = pre + "mlp.", mlp_bias(cfg)
         if gemma2_layer(cfg):  # sandwich norms, GeGLU
             x = x + norm(linear(y, a + "o_proj", o_bias(cfg)), pre + "post_attention_layernorm")
@@ -1441,8 +1647,9 @@ def naive_loss(p, cfg, tokens, targets):
     """The same model again, element by element: explicit per-pair rotation angles, per-head loops
     with the key/value head h // (H / Hkv), a hand-written softmax and cross-entropy, the
     llama3 frequencies from Python floats, and under output_router_logits the load-balancing
-    loss from per-expert counts and sums over every token of every sparse layer. Slow; a check
-    of the vectorised forward only."""
+    loss from per-expert counts and sums over every token of every sparse layer; DeepSeek-V3's
+    Multi-head Latent Attention token by token and head by head (naive_mla). Slow; a check of the
+    vectorised forward only."""
     p = unfused(p, cfg)
     H, D, C = cfg["num_attention_heads"], head_dim(cfg), cfg["hidden_size"]
     eps, group = cfg["rms_norm_eps"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
@@ -1456,14 +1663,66 @@ def naive_loss(p, cfg, tokens, targets):
     is_gemma, sandwich = gemma(cfg), gemma2_layer(cfg)
     acap, fcap = softcaps(cfg)
 
-    def norm(x, w):
+    def norm(x, w, e=None):  # (e: another epsilon than rms_norm_eps)
         n = x.shape[0]
         w = 1.0 + w if is_gemma else w  # GemmaRMSNorm
-        return x / torch.sqrt(sum(x[c] * x[c] for c in range(n)) / n + eps) * w
+        return x / torch.sqrt(sum(x[c] * x[c] for c in range(n)) / n + (eps if e is None else e)) * w
 
     def lin(x, name, bias):
         y = torch.mv(p[name + ".weight"], x)
         return y + p[name + ".bias"] if bias else y
+
+    def naive_mla(hs, a, l):
+        """DeepseekV3Attention of one sequence (hs: its input_layernorm outputs), token by token and
+        head by head: each token's query (q_proj, or q_a_proj, its RMSNorm with eps 1e-6, q_b_proj),
+        latent (kv_a_proj_with_mqa: c, then the shared rope key), per-head k_nope and v (kv_b_proj
+        of c through its RMSNorm, eps 1e-6); the score of query t and key s the sum of the nope
+        dot product and that of the rope parts, each pair of the dr columns ((2i, 2i+1) under
+        rope_interleave, kept in place; else (i, i + dr/2)) turned by position * frequency i, both
+        times the cos/sin scale; the scores times D^-1/2 mscale^2 (yarn with mscale_all_dim); the
+        o_proj of the heads' softmax-weighted values, per token."""
+        dn, dr, dv, kvr = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+        ab, Dq = cfg["attention_bias"], cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+        inv, cs_scale = tables[l]
+        pairs = [(2 * i, 2 * i + 1) if cfg["rope_interleave"] else (i, i + dr // 2) for i in range(dr // 2)]
+
+        def turn(x, pos):  # x [dr]: each pair turned by pos * inv[i], cos and sin times cs_scale
+            out = [x[j] for j in range(dr)]
+            for i, (j, k) in enumerate(pairs):
+                c, sn = cs_scale * math.cos(pos * inv[i]), cs_scale * math.sin(pos * inv[i])
+                out[j], out[k] = x[j] * c - x[k] * sn, x[k] * c + x[j] * sn
+            return torch.stack(out)
+
+        s = cfg["rope_scaling"]
+        ms = 1.0
+        if s is not None and s.get("mscale_all_dim") and s["factor"] > 1:
+            ms = 1.0 + 0.1 * s["mscale_all_dim"] * math.log(s["factor"])
+        sc_scale = ms * ms / math.sqrt(Dq)
+        queries, nope_keys, rope_keys, values = [], [], [], []
+        for h in hs:
+            if cfg["q_lora_rank"] is None:
+                q = torch.mv(p[a + "q_proj.weight"], h)
+            else:
+                q = torch.mv(p[a + "q_b_proj.weight"], norm(lin(h, a + "q_a_proj", ab), p[a + "q_a_layernorm.weight"], 1e-6))
+            ckv = lin(h, a + "kv_a_proj_with_mqa", ab)
+            kv = torch.mv(p[a + "kv_b_proj.weight"], norm(ckv[:kvr], p[a + "kv_a_layernorm.weight"], 1e-6))
+            queries.append([q[hd * Dq:(hd + 1) * Dq] for hd in range(H)])
+            rope_keys.append(ckv[kvr:kvr + dr])
+            nope_keys.append([kv[hd * (dn + dv):hd * (dn + dv) + dn] for hd in range(H)])
+            values.append([kv[hd * (dn + dv) + dn:(hd + 1) * (dn + dv)] for hd in range(H)])
+        out = []
+        for t in range(len(hs)):
+            heads = []
+            for hd in range(H):
+                qn, qr = queries[t][hd][:dn], turn(queries[t][hd][dn:], t)
+                scores = [(torch.dot(qn, nope_keys[u][hd]) + torch.dot(qr, turn(rope_keys[u], u))) * sc_scale
+                          for u in range(t + 1)]
+                top = max(float(sc) for sc in scores)
+                w = [torch.exp(sc - top) for sc in scores]
+                z = sum(w)
+                heads.append(sum(w[u] / z * values[u][hd] for u in range(t + 1)))
+            out.append(lin(torch.cat(heads), a + "o_proj", o_bias(cfg)))
+        return out
 
     def rope(x, t, l):  # x [D]: pairs (i, i + R/2) rotated by t * inv[i] of layer l's table,
         if not uses_rope(cfg, l):  # columns R.. as they are
@@ -1486,7 +1745,7 @@ def naive_loss(p, cfg, tokens, targets):
         return lin(act(lin(h, pre + "gate_proj", False)) * lin(h, pre + "up_proj", False), pre + "down_proj", False)
 
     def glm_mlp(h, l):
-        """One token's GLM-4.5 block, loop by loop: the E sigmoids; the choice scores s + bias as
+        """One token's GLM-4.5 (and DeepSeek-V3) block, loop by loop: the E sigmoids; the choice scores s + bias as
         Python floats; each group's two best summed; the topk_group best groups kept, the others'
         scores 0.0; the K best scores picked one by one; the chosen sigmoids (/ their sum + 1e-20
         under norm_topk_prob) times routed_scaling_factor; + the shared experts' MLP."""
@@ -1511,7 +1770,7 @@ def naive_loss(p, cfg, tokens, targets):
         return out
 
     def moe_mlp(h, l):  # one token's MoE block: the router softmax by hand, the K largest picked
-        if glm4moe(cfg):  # one by one, each chosen expert's MLP
+        if deepseek_moe(cfg):  # one by one, each chosen expert's MLP
             return glm_mlp(h, l)
         m, (gate, up, down) = moe_prefix(cfg, l), expert_projs(cfg)[0]
         z = [torch.dot(p[m + "gate.weight"][e], h) for e in range(num_experts(cfg))]
@@ -1552,38 +1811,41 @@ def naive_loss(p, cfg, tokens, targets):
             pre = f"model.layers.{l}."
             a, ab, mb = pre + "self_attn.", qkv_bias(cfg), mlp_bias(cfg)
             hs = xs if post_norms(cfg) else [norm(x, p[pre + "input_layernorm.weight"]) for x in xs]
-            qs = [lin(h, a + "q_proj", ab) for h in hs]
-            ks = [lin(h, a + "k_proj", ab) for h in hs]
-            if olmo2(cfg):  # Olmo2's norms over the whole q and k rows
-                qs = [norm(q, p[a + "q_norm.weight"]) for q in qs]
-                ks = [norm(k, p[a + "k_norm.weight"]) for k in ks]
-            vs = [lin(h, a + "v_proj", ab) for h in hs]
-            new = []
+            if mla(cfg):  # DeepSeek-V3: Multi-head Latent Attention
+                xs = [x + o for x, o in zip(xs, naive_mla(hs, a, l))]
+            else:
+                qs = [lin(h, a + "q_proj", ab) for h in hs]
+                ks = [lin(h, a + "k_proj", ab) for h in hs]
+                if olmo2(cfg):  # Olmo2's norms over the whole q and k rows
+                    qs = [norm(q, p[a + "q_norm.weight"]) for q in qs]
+                    ks = [norm(k, p[a + "k_norm.weight"]) for k in ks]
+                vs = [lin(h, a + "v_proj", ab) for h in hs]
+                new = []
 
-            def head(x, i, which):  # head i of a q or k row, through Qwen3's / Gemma's norm if any
-                y = x[i * D:(i + 1) * D]
-                return norm(y, p[a + which + "_norm.weight"]) if qk_norm(cfg) else y
+                def head(x, i, which):  # head i of a q or k row, through Qwen3's / Gemma's norm if any
+                    y = x[i * D:(i + 1) * D]
+                    return norm(y, p[a + which + "_norm.weight"]) if qk_norm(cfg) else y
 
-            for t in range(len(xs)):
-                heads = []
-                for hd in range(H):
-                    kv = hd // group
-                    q = rope(head(qs[t], hd, "q"), t, l)
-                    first = max(0, t - layer_window(cfg, l) + 1) if layer_window(cfg, l) else 0
-                    seen = range(first, t + 1)
-                    scores = [torch.dot(q, rope(head(ks[s], kv, "k"), s, l)) * sscale for s in seen]
-                    if acap:  # tanh written out: (e^2u - 1) / (e^2u + 1)
-                        scores = [acap * (torch.exp(2 * sc / acap) - 1) / (torch.exp(2 * sc / acap) + 1)
-                                  for sc in scores]
-                    top = max(float(sc) for sc in scores)
-                    w = [torch.exp(sc - top) for sc in scores]
-                    z = sum(w)
-                    heads.append(sum(w[n] / z * vs[s][kv * D:(kv + 1) * D] for n, s in enumerate(seen)))
-                o = lin(torch.cat(heads), a + "o_proj", o_bias(cfg))
-                if post_norms(cfg) or sandwich:
-                    o = norm(o, p[pre + "post_attention_layernorm.weight"])
-                new.append(xs[t] + o * rmul)
-            xs = new
+                for t in range(len(xs)):
+                    heads = []
+                    for hd in range(H):
+                        kv = hd // group
+                        q = rope(head(qs[t], hd, "q"), t, l)
+                        first = max(0, t - layer_window(cfg, l) + 1) if layer_window(cfg, l) else 0
+                        seen = range(first, t + 1)
+                        scores = [torch.dot(q, rope(head(ks[s], kv, "k"), s, l)) * sscale for s in seen]
+                        if acap:  # tanh written out: (e^2u - 1) / (e^2u + 1)
+                            scores = [acap * (torch.exp(2 * sc / acap) - 1) / (torch.exp(2 * sc / acap) + 1)
+                                      for sc in scores]
+                        top = max(float(sc) for sc in scores)
+                        w = [torch.exp(sc - top) for sc in scores]
+                        z = sum(w)
+                        heads.append(sum(w[n] / z * vs[s][kv * D:(kv + 1) * D] for n, s in enumerate(seen)))
+                    o = lin(torch.cat(heads), a + "o_proj", o_bias(cfg))
+                    if post_norms(cfg) or sandwich:
+                        o = norm(o, p[pre + "post_attention_layernorm.weight"])
+                    new.append(xs[t] + o * rmul)
+                xs = new
             new = []
             for x in xs:
                 h = x if post_norms(cfg) else norm(x, p[pre + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")])
@@ -1626,16 +1888,20 @@ def naive_frequencies(cfg, D, T):
         scale = math.sqrt(1 + math.log(ratio) / math.log(o)) if ratio > 1 else 1.0
         return [cfg["rope_theta"] ** (-2.0 * i / D) / ext[i] for i in range(D // 2)], scale
     if s is not None and s["rope_type"] == "yarn":  # the paper's notation, loop by loop
-        orig, b = s["original_max_position_embeddings"], cfg["rope_theta"]
-        r_dim = [D * math.log(orig / (2 * math.pi * r)) / (2 * math.log(b)) for r in (32, 1)]
+        orig, b, f = s["original_max_position_embeddings"], cfg["rope_theta"], s["factor"]
+        r_dim = [D * math.log(orig / (2 * math.pi * r)) / (2 * math.log(b))
+                 for r in (s.get("beta_fast") or 32, s.get("beta_slow") or 1)]
         lo, hi = max(math.floor(r_dim[0]), 0), min(math.ceil(r_dim[1]), D - 1)
-        scale = 0.1 * math.log(s["factor"]) + 1.0
+        scale = 0.1 * math.log(f) + 1.0
+        if s.get("mscale") and s.get("mscale_all_dim"):  # DeepSeek's ratio of two mscales
+            scale = (0.1 * s["mscale"] * math.log(f) + 1.0) / (0.1 * s["mscale_all_dim"] * math.log(f) + 1.0)
     for i in range(D // 2):
         f = cfg["rope_theta"] ** (-2.0 * i / D)
         if s is not None and s["rope_type"] == "linear":
             f = f / s["factor"]
         elif s is not None and s["rope_type"] == "yarn":
-            gamma = min(max((i - lo) / (hi - lo), 0.0), 1.0)  # 0: extrapolate, 1: interpolate
+            # 0: extrapolate, 1: interpolate (an empty range, lo == hi: a step after lo)
+            gamma = min(max((i - lo) / (hi - lo), 0.0), 1.0) if hi > lo else float(i > lo)
             f = gamma * f / s["factor"] + (1 - gamma) * f
         elif s is not None:
             wl, orig = 2 * math.pi / f, s["original_max_position_embeddings"]
@@ -1686,6 +1952,7 @@ def routed_differences(base64, names, per_tensor, value, routes, grads, rng, h=1
     return worst_abs, worst_rel, count, moved
 
 def selftest():
+    global LORA_EPS  # (4i: the lora norms' eps changed for one run)
     torch.manual_seed(0)
     fails = []
 
@@ -1717,6 +1984,36 @@ def selftest():
            "yarn: pairs 0, 1 kept, 2 half interpolated, 3 divided by factor; cos/sin scaled by 1 + 0.1 ln 4")
     cfg = hf_config("1l_mha_tied_linear_qwen2")
     expect(torch.equal(inv_freq(cfg), base / 2), "linear: every frequency halved")
+
+    # 1b'. DeepSeek-V3's yarn (DEEPSEEK_YARN) over dr = 4: factor = max_position_embeddings /
+    #      original_max_position_embeddings (so transformers' two readings of factor agree); the
+    #      range [0, 0] (+0.001): pair 0 kept, pair 1 divided by factor; cos/sin scaled by
+    #      get_mscale(4, 1) / get_mscale(4, 0.8); the softmax scale D^-1/2 get_mscale(4, 0.8)^2 (the
+    #      rope1e4 variant: D^-1/2 and unscaled frequencies); the loop-by-loop frequencies agree.
+    for v in (x for x in VARIANTS if x.endswith("_deepseekv3")):
+        cfg = hf_config(v)
+        s, dr, D = cfg["rope_scaling"], cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+        base = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, dr, 2, dtype=torch.float64) / dr))
+        naive_inv, naive_scale = naive_frequencies(cfg, dr, T)
+        same = (max(abs(a - b) for a, b in zip(naive_inv, inv_freq(cfg).tolist())) < 1e-15
+                and abs(naive_scale - attention_scaling(cfg)) < 1e-15)
+        if s is None:
+            expect(head_dim(cfg) == rotary_dim(cfg) == dr and torch.equal(inv_freq(cfg), base)
+                   and attention_scaling(cfg) == 1.0 and mla_scale(cfg) == D ** -0.5 and same,
+                   f"{v}: RoPE over dr = {dr} at 1 / theta^(2i/{dr}), unscaled; softmax scale D^-1/2 = {D}^-1/2")
+            continue
+        f, m_all = s["factor"], 1 + 0.1 * s["mscale_all_dim"] * math.log(s["factor"])
+        ratio = (inv_freq(cfg) / base).tolist()
+        cs = (1 + 0.1 * s["mscale"] * math.log(f)) / m_all
+        print("%s: yarn range %s, frequency ratios %s, cos/sin scale %.12f, softmax scale %.12f"
+              % (v, yarn_range(cfg), ratio, attention_scaling(cfg), mla_scale(cfg)))
+        expect(cfg["max_position_embeddings"] / s["original_max_position_embeddings"] == f
+               and yarn_range(cfg) == (0, 0.001) and ratio == [1.0, 1 / f]
+               and abs(attention_scaling(cfg) - cs) < 1e-15 and abs(mla_scale(cfg) - m_all ** 2 / math.sqrt(D)) < 1e-15
+               and same, f"{v}: yarn over dr = {dr}: max_position_embeddings / original_max_position_embeddings = "
+               f"factor {f:g}; pair 0 kept, pair 1 / factor; cos/sin x {cs:.6f} = get_mscale({f:g}, {s['mscale']:g}) / "
+               f"get_mscale({f:g}, {s['mscale_all_dim']:g}); softmax scale D^-1/2 x {m_all ** 2:.6f}; the loop-by-loop "
+               f"frequencies and scale agree")
 
     # 2. Per variant: the vectorised model against the loop-by-loop one, and finite differences.
     rng = random.Random(0)
@@ -1794,7 +2091,7 @@ def selftest():
     #    gradient is the sum of the untied embedding's and lm_head's.
     for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3",
               "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe", "3l_gqa_tied_llama3_olmoe_aux",
-              "3l_mqa_tied_llama3_qwen2moe_swa", "3l_mqa_tied_llama3_glm4moe"):
+              "3l_mqa_tied_llama3_qwen2moe_swa", "3l_mqa_tied_llama3_glm4moe", "3l_mha_tied_yarn_deepseekv3"):
         cfg, params32, tokens, targets = make_case(v)
         untied = dict(cfg, tie_word_embeddings=False)
         p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
@@ -1948,7 +2245,7 @@ def selftest():
     for v in (x for x in VARIANTS if x in MOE):
         cfg, params32, tokens, targets = make_case(v)
         E, K, C = num_experts(cfg), cfg["num_experts_per_tok"], cfg["hidden_size"]
-        if glm4moe(cfg):
+        if deepseek_moe(cfg):
             r = glm_routing(cfg, params32, tokens)
             expect(r["margin"] >= ROUTE_MARGIN and r["group_margin"] >= ROUTE_MARGIN and r["covered"] and r["same"],
                    f"{v}: float32 routing margins: choice scores {r['margin']:.2e}, group scores "
@@ -1984,7 +2281,7 @@ def selftest():
         expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
                f"{v}: finite differences of the {'total ' if aux_on(cfg) else ''}loss, {count} router / expert "
                f"{first} / {'shared expert / ' if shared_expert(cfg) else ''}"
-               f"{'shared experts / router bias / ' if glm4moe(cfg) else ''}attention entries ({len(names)} "
+               f"{'shared experts / router bias / ' if deepseek_moe(cfg) else ''}attention entries ({len(names)} "
                f"tensors): routing unchanged at all {4 * count} points ({moved} moved), worst abs err "
                f"{worst_abs:.1e}, rel err {worst_rel:.1e}")
         every = dict(cfg, num_experts_per_tok=E, norm_topk_prob=True)
@@ -1993,10 +2290,10 @@ def selftest():
         for l in (l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l)):
             m = moe_prefix(cfg, l)
             pr = (x @ base64[m + "gate.weight"].T).softmax(-1)
-            if glm4moe(cfg):  # every expert chosen whatever the groups: rsf * s / (sum s + 1e-20)
+            if deepseek_moe(cfg):  # every expert chosen whatever the groups: rsf * s / (sum s + 1e-20)
                 sg = torch.sigmoid(x @ base64[m + "gate.weight"].T)
                 pr = sg / (sg.sum(-1, keepdim=True) + 1e-20) * cfg["routed_scaling_factor"]
-            dense = shared_mlp(x, base64, m, "shared_experts.") if glm4moe(cfg) else 0.0
+            dense = shared_mlp(x, base64, m, "shared_experts.") if deepseek_moe(cfg) else 0.0
             for e in range(E):
                 ex = f"{m}experts.{e}."
                 g = x @ base64[ex + gate + ".weight"].T
@@ -2006,9 +2303,9 @@ def selftest():
                 dense = dense + torch.sigmoid(x @ base64[m + "shared_expert_gate.weight"].T) * shared_mlp(x, base64, m)
             err = max(err, rel_err(moe_block(hx, base64, every, l).reshape(-1, C), dense))
         expect(err < 1e-14, f"{v}: with K = E = {E} and renormalised weights the block is the dense "
-               f"{'sigmoid' if glm4moe(cfg) else 'softmax'}-weighted sum of all experts"
+               f"{'sigmoid' if deepseek_moe(cfg) else 'softmax'}-weighted sum of all experts"
                f"{' plus the gated shared expert' if shared_expert(cfg) else ''}"
-               f"{' (times routed_scaling_factor) plus the shared experts' if glm4moe(cfg) else ''} "
+               f"{' (times routed_scaling_factor) plus the shared experts' if deepseek_moe(cfg) else ''} "
                f"(rel err {err:.1e})")
         if shared_expert(cfg):
             # shared_expert_gate.weight zeros: sigmoid(0) = 0.5 exactly. With every routed expert's
@@ -2041,15 +2338,16 @@ def selftest():
         more = run(dict(cfg, num_experts_per_tok=K + 1), params32, tokens, targets)[2].item()
         expect(abs(more - loss.item()) > 1e-6, f"{v}: K = {K} matters ({loss.item():.8f} vs {more:.8f} with K + 1)")
 
-    # 4g'. GLM-4.5 (glm4moe): the layers' kinds (first_k_dense_replace); e_score_correction_bias
+    # 4g'. GLM-4.5 (glm4moe) and DeepSeek-V3 (deepseekv3, the same MoE block): the layers' kinds
+    #      (first_k_dense_replace); e_score_correction_bias
     #      changes some token's choice (and gets a zero gradient, checked in 2); with n_group > 1
     #      the group mask changes some token's choice and the loss; every chosen choice score is
     #      > 0 wherever a group is masked (so the masked 0.0 and a -inf choose alike here); the
     #      routed part scales exactly with routed_scaling_factor, which changes the loss; the
     #      shared experts are added ungated and unscaled (bit-equal with the routed experts
-    #      zeroed) and change the loss; RoPE on 6 of 12 columns (rotating all 12 changes the
+    #      zeroed) and change the loss; GLM-4.5: RoPE on 6 of 12 columns (rotating all 12 changes the
     #      loss; the llama3 variant's 3 frequencies take the untouched / smoothed / scaled branches).
-    for v in (x for x in VARIANTS if x in MOE and glm4moe(hf_config(x))):
+    for v in (x for x in VARIANTS if x in MOE and deepseek_moe(hf_config(x))):
         cfg, params32, tokens, targets = make_case(v)
         E, K, C, L = num_experts(cfg), cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["num_hidden_layers"]
         shapes = dict(param_shapes(cfg))
@@ -2098,6 +2396,8 @@ def selftest():
                f"{v}: the shared experts add their MLP ungated and unscaled (bit-equal with the routed experts "
                f"zeroed), without them the loss {no_shared:.8f} vs {loss:.8f}; the routed part scales with "
                f"routed_scaling_factor (x2: rel err {err:.1e}), routed_scaling_factor {2 * rsf:g} gives {rsf_doubled:.8f}")
+        if not glm4moe(cfg):  # (DeepSeek-V3's attention: 4i)
+            continue
         D, R = head_dim(cfg), rotary_dim(cfg)
         whole = run(dict(cfg, partial_rotary_factor=1.0), params32, tokens, targets)[2].item()
         base = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
@@ -2108,6 +2408,90 @@ def selftest():
                f"{v}: RoPE on {R} of {D} columns at 1 / theta^(2i/{R})"
                + (f" (llama3: {', '.join(branches)})" if branches else "")
                + f"; rotating all {D} changes the loss ({loss:.8f} vs {whole:.8f})")
+
+    # 4i. DeepSeek-V3's Multi-head Latent Attention: the attention modules (names, shapes, which
+    #     are biased); rope_interleave: the model equals the other layout with each rope block's
+    #     rows permuted (q_proj's / q_b_proj's last dr rows of each head, kv_a_proj_with_mqa's
+    #     last dr rows and bias entries): interleaved pair (2i, 2i+1) is rotate-half pair (i, i +
+    #     dr/2), so the logits agree and the grads are the permuted ones; flipping rope_interleave
+    #     alone changes the loss. The lora norms' eps 1e-6 (rms_norm_eps instead changes the loss);
+    #     under yarn, mscale_all_dim 0 (no mscale^2, cos/sin 1 + 0.1 ln 4) changes the loss, and
+    #     so does the mscale^2 softmax factor alone (the cos/sin scale pinned by attention_factor);
+    #     pair 1's scaling (blended instead with original 4096) changes the loss.
+    for v in (x for x in VARIANTS if x.endswith("_deepseekv3")):
+        cfg, params32, tokens, targets = make_case(v)
+        H, C, ab = cfg["num_attention_heads"], cfg["hidden_size"], cfg["attention_bias"]
+        dn, dr, dv, kvr = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+        D, qr = dn + dr, cfg["q_lora_rank"]
+        shapes = dict(param_shapes(cfg))
+        a = "model.layers.0.self_attn."
+        want = ({a + "q_proj.weight": (H * D, C)} if qr is None else
+                dict({a + "q_a_proj.weight": (qr, C), a + "q_a_layernorm.weight": (qr,), a + "q_b_proj.weight": (H * D, qr)},
+                     **({a + "q_a_proj.bias": (qr,)} if ab else {})))
+        want.update({a + "kv_a_proj_with_mqa.weight": (kvr + dr, C), a + "kv_a_layernorm.weight": (kvr,),
+                     a + "kv_b_proj.weight": (H * (dn + dv), kvr), a + "o_proj.weight": (C, H * dv)})
+        if ab:
+            want.update({a + "kv_a_proj_with_mqa.bias": (kvr + dr,), a + "o_proj.bias": (C,)})
+        got = {n: t for n, t in shapes.items() if n.startswith(a)}
+        expect(got == want and list(got) == [n for n in got if n in want],
+               f"{v}: attention modules {', '.join(n[len(a):] for n in got)}")
+        params, logits, loss = run(cfg, params32, tokens, targets)
+        loss = loss.item()
+        # interleaved column 2i + j (j = 0, 1) is rotate-half column i + j dr/2: the other layout's
+        # rows are rows[perm] with perm the de-interleaving order [0, 2, ..., 1, 3, ...]
+        perm = torch.cat((torch.arange(0, dr, 2), torch.arange(1, dr, 2)))
+        order = perm if cfg["rope_interleave"] else torch.argsort(perm)  # new rows = old rows[order]
+        q_name = "q_proj" if qr is None else "q_b_proj"
+        rows = {q_name: torch.cat([torch.cat((torch.arange(h * D, h * D + dn), h * D + dn + order)) for h in range(H)]),
+                "kv_a_proj_with_mqa": torch.cat((torch.arange(kvr), kvr + order))}
+
+        def permuted(n):  # the rows of n to take, or None
+            for key, r in rows.items():
+                if n.endswith(f"self_attn.{key}.weight") or n.endswith(f"self_attn.{key}.bias"):
+                    return r
+            return None
+        other32 = {n: (t[permuted(n)] if permuted(n) is not None else t) for n, t in params32.items()}
+        flipped = dict(cfg, rope_interleave=not cfg["rope_interleave"])
+        po, lo, losso = run(flipped, other32, tokens, targets)
+        gerr = 0.0
+        for n in params:
+            g = params[n].grad
+            if permuted(n) is not None:
+                g = g[permuted(n)]
+            gerr = max(gerr, rel_err(po[n].grad, g))
+        moved = sum(1 for n in params32 if permuted(n) is not None and not torch.equal(other32[n], params32[n]))
+        plain = run(flipped, params32, tokens, targets)[2].item()
+        expect(rel_err(lo, logits) < 1e-14 and gerr < 1e-12 and moved == cfg["num_hidden_layers"] * (2 + ab)
+               and abs(plain - loss) > 1e-3,
+               f"{v}: rope_interleave {cfg['rope_interleave']} equals rope_interleave {not cfg['rope_interleave']} with "
+               f"the rope rows of {q_name} and kv_a_proj_with_mqa{' (and its bias)' if ab else ''} permuted "
+               f"(logits {rel_err(lo, logits):.1e}, grads {gerr:.1e}); without the permutation the loss "
+               f"{plain:.8f} vs {loss:.8f}")
+        saved = LORA_EPS
+        try:
+            LORA_EPS = cfg["rms_norm_eps"]
+            other_eps = run(cfg, params32, tokens, targets)[2].item()
+        finally:
+            LORA_EPS = saved
+        norms = [n for n in shapes if n.endswith("_a_layernorm.weight")]
+        expect(LORA_EPS == 1e-6 != cfg["rms_norm_eps"] and len(norms) == cfg["num_hidden_layers"] * (1 + (qr is not None))
+               and abs(other_eps - loss) > 1e-6,
+               f"{v}: the {len(norms)} lora norms ({', '.join(sorted(set(n.split('.')[-2] for n in norms)))}) use eps 1e-6, "
+               f"not rms_norm_eps {cfg['rms_norm_eps']:g} (which gives {other_eps:.8f} vs {loss:.8f})")
+        s = cfg["rope_scaling"]
+        if s is None:
+            continue
+        no_mscale = run(dict(cfg, rope_scaling=dict(s, mscale_all_dim=0.0)), params32, tokens, targets)[2].item()
+        pinned = dict(s, mscale_all_dim=0.0, attention_factor=attention_scaling(cfg))
+        softmax_only = run(dict(cfg, rope_scaling=pinned), params32, tokens, targets)[2].item()
+        blended = dict(s, original_max_position_embeddings=4096, attention_factor=attention_scaling(cfg))
+        blend_loss = run(dict(cfg, rope_scaling=blended), params32, tokens, targets)[2].item()
+        blend_ratio = (inv_freq(dict(cfg, rope_scaling=blended)) / inv_freq(dict(cfg, rope_scaling=None))).tolist()
+        expect(abs(no_mscale - loss) > 1e-3 and abs(softmax_only - loss) > 1e-3 and abs(blend_loss - loss) > 1e-4
+               and mla_scale(dict(cfg, rope_scaling=pinned)) == D ** -0.5 and blend_ratio[0] == 1.0 and abs(blend_ratio[1] - 0.625) < 1e-15,
+               f"{v}: mscale_all_dim {s['mscale_all_dim']:g} vs 0: loss {loss:.8f} vs {no_mscale:.8f}; the mscale^2 "
+               f"softmax factor alone (cos/sin scale pinned): {softmax_only:.8f}; pair 1 half blended instead of "
+               f"/ factor (original 4096): {blend_loss:.8f}")
 
     # 4h. The load-balancing loss (output_router_logits, the _aux variants). The function itself:
     #     E * sum_e f_e P_e is exactly K when the mean probabilities P are uniform (whatever the

@@ -304,6 +304,11 @@ class CudaBackend final : public Backend {
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
                               int64_t window, float softcap) override;
 
+  // ---- strided copies ----
+  void strided_copy(const TensorView& dst, const Strided& dst_at, const TensorView& src,
+                    const Strided& src_at, int64_t R, int64_t G, int64_t W,
+                    bool accumulate) override;
+
   // ---- mixture of experts ----
   void moe_router_forward(const TensorView& idx, const TensorView& weights,
                           const TensorView& logits, int64_t R, int64_t E, int64_t K,
@@ -1471,6 +1476,20 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
     k::cast(out(dk), in(gk.view), nk, s());
     k::cast(out(dv), in(gv.view), nk, s());
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// strided copies (kernels_elementwise.cu)
+
+void CudaBackend::strided_copy(const TensorView& dst, const Strided& dst_at, const TensorView& src,
+                               const Strided& src_at, int64_t R, int64_t G, int64_t W,
+                               bool accumulate) {
+  // dst, src: float views, element (r, g, c) at r * row + offset + g * group + c * col;
+  // dst(r, g, c) = (or +=) src(r, g, c); dst_at.group == 0: the sum over g, one per (r, c).
+  Chk::strided_copy(dst, dst_at, src, src_at, R, G, W);
+  k::strided_copy(out(dst), {dst_at.row, dst_at.offset, dst_at.group, dst_at.col}, in(src),
+                  {src_at.row, src_at.offset, src_at.group, src_at.col}, R, G, W, accumulate,
+                  s());
 }
 
 // ---------------------------------------------------------------------------------------

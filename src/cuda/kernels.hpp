@@ -108,6 +108,19 @@ void geglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s);
 // dup = dout * gelu(gate) (rounded as above), dgate = gelu'(gate) * (dout * up, rounded to
 // dgate's type); dgate may alias dout.
 void geglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s);
+// fsdp/backend/kernels.hpp's strided_copy: element (r, g, c) of a view at r * row + offset +
+// g * group + c * col (elements, all >= 0; dst.col >= 1). For r < R, g < G, c < W: dst(r, g,
+// c) = src(r, g, c), or += with `accumulate`, in fp32, rounded once to dst's type; src.group
+// == 0 broadcasts; dst.group == 0 writes (adds) the fp32 sum over g ascending, from 0, into
+// one output per (r, c). One thread per output, no atomics: deterministic (8 consecutive
+// outputs per thread with 16-byte accesses when dst and src share a storage type and 16-byte
+// alignment, both col strides are 1, and W, the offsets, row and group strides are multiples
+// of 8). dst must not overlap src. R G W == 0 launches nothing.
+struct Strided {
+  int64_t row, offset, group, col;
+};
+void strided_copy(Out dst, const Strided& d, In src, const Strided& s, int64_t R, int64_t G,
+                  int64_t W, bool accumulate, cudaStream_t st);
 // x (fp32) *= inv_scale; *found_inf = 1.0 if any x was inf or NaN (untouched otherwise).
 void unscale_and_check(float* x, float inv_scale, int64_t n, double* found_inf, cudaStream_t s);
 

@@ -1,5 +1,6 @@
 // src/cuda/kernels_elementwise.cu: casts, add / axpy / scale, GELU, ReLU, mul, bias add, fused
-// bias + GELU, loss-scale unscaling, and the device-side index check (see kernels.hpp).
+// bias + GELU, strided copies (column blocks, broadcasts and group sums), loss-scale
+// unscaling, and the device-side index check (see kernels.hpp).
 //
 // One grid-stride "map" kernel serves the elementwise ops: out[i] = op(a[i], b[i]) in fp32,
 // stored rounded to nearest even. When no argument is run-time typed and all pointers are
@@ -12,7 +13,9 @@
 // write out once (unary: 2 n s, binary: 3 n s); add_bias reads and writes out (2 R C s);
 // bias_gelu_forward reads fc, writes fc and out (3 R C s; add_bias + gelu_forward: 4 R C s
 // in 2 launches); add_bias_residual reads h and residual, writes h (3 R C s; add_bias + add:
-// 5 R C s in 2 launches); check_indices reads n int32 in one block.
+// 5 R C s in 2 launches); strided_copy reads each src element it names once per output
+// that uses it (R G W reads, summed or not) and writes dst once (R G W, or R W when summing
+// groups; accumulate reads it too); check_indices reads n int32 in one block.
 #include <climits>
 #include <cstdint>
 #include <type_traits>
@@ -307,6 +310,99 @@ __global__ void __launch_bounds__(kBiasGeluThreads)
 }
 
 // ---------------------------------------------------------------------------------------
+// strided copies: element (r, g, c) of a view at r * row + offset + g * group + c * col.
+
+// The (r, g, c) of linear index i = (r G + g) W + c along a grid-stride loop: decomposed once
+// at the start, then the stride's own (dr, dg, dc) added with carries (no division per step;
+// c + dc < 2 W and g + dg + carry < 2 G, so one subtraction each suffices).
+struct GridWalk {
+  int64_t r, g, c, dr, dg, dc, G, W;
+  __device__ GridWalk(int64_t first, int64_t stride, int64_t groups, int64_t width)
+      : G(groups), W(width) {
+    c = first % W;
+    g = first / W % G;
+    r = first / W / G;
+    dc = stride % W;
+    dg = stride / W % G;
+    dr = stride / W / G;
+  }
+  __device__ void next() {
+    c += dc;
+    int64_t carry = 0;
+    if (c >= W) {
+      c -= W;
+      carry = 1;
+    }
+    g += dg + carry;
+    if (g >= G) {
+      g -= G;
+      ++r;
+    }
+    r += dr;
+  }
+};
+
+// kReduce false: one thread per output (r, g, c), n = R G Wn of them: dst(r, g, c) = (or +=)
+// src(r, g, c). kReduce true (d.group == 0): one thread per output (r, c), n = R Wn: the fp32
+// sum over g = 0..G-1 in turn, from 0, as the CPU. With `vec` (T a storage type, both col
+// strides 1, W, offsets and row / group strides multiples of 8, 16-byte aligned pointers) a
+// "column" is a pack of 8 consecutive elements (Wn = W / 8) moved with 16-byte accesses.
+template <class T, bool kReduce>
+__global__ void __launch_bounds__(kThreads)
+    strided_copy_kernel(Wr<T> dst, Strided d, Rd<T> src, Strided s, int64_t n, int64_t G,
+                        int64_t Wn, bool vec, bool accumulate) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  GridWalk w(first, stride, kReduce ? 1 : G, Wn);
+  for (int64_t i = first; i < n; i += stride, w.next()) {
+    const int64_t c = vec ? 8 * w.c : w.c;
+    const int64_t so = w.r * s.row + s.offset + w.g * s.group + c * s.col;
+    const int64_t dof = w.r * d.row + d.offset + w.g * d.group + c * d.col;
+    if constexpr (!kIsDyn<T>) {
+      if (vec) {
+        float v[8];
+        if constexpr (kReduce) {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) v[k] = 0.0f;
+          for (int64_t g = 0; g < G; ++g) {
+            const Pack8<T> ps = load8(src.p + so + g * s.group);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[k] += to_f(ps.v[k]);
+          }
+        } else {
+          const Pack8<T> ps = load8(src.p + so);
+          if (!accumulate) {  // a copy in one storage type: the bits as they are
+            store8(dst.p + dof, ps);
+            continue;
+          }
+#pragma unroll
+          for (int k = 0; k < 8; ++k) v[k] = to_f(ps.v[k]);
+        }
+        Pack8<T> po;
+        if (accumulate) {
+          po = load8(dst.p + dof);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) po.v[k] = from_f<T>(to_f(po.v[k]) + v[k]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) po.v[k] = from_f<T>(v[k]);
+        }
+        store8(dst.p + dof, po);
+        continue;
+      }
+    }
+    float v;
+    if constexpr (kReduce) {
+      v = 0.0f;
+      for (int64_t g = 0; g < G; ++g) v += src[so + g * s.group];
+    } else {
+      v = src[so];
+    }
+    dst.set(dof, accumulate ? dst.get(dof) + v : v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(kThreads)
     unscale_kernel(float* x, float inv_scale, int64_t n, double* found_inf) {
@@ -483,6 +579,31 @@ void bias_gelu_forward(Out out, Out fc, In bias, int64_t R, int64_t C, cudaStrea
     const int blocks = static_cast<int>(R < kMaxBlocks ? R : kMaxBlocks);
     bias_gelu_kernel<T><<<blocks, kBiasGeluThreads, 0, s>>>(
         static_cast<T*>(out.p), static_cast<T*>(fc.p), static_cast<const T*>(bias.p), R, C, vec);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void strided_copy(Out dst, const Strided& d, In src, const Strided& s, int64_t R, int64_t G,
+                  int64_t W, bool accumulate, cudaStream_t st) {
+  if (R <= 0 || G <= 0 || W <= 0) return;
+  const bool reduce = d.group == 0;
+  dispatch_uniform("strided_copy", {dst.t, src.t}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto mult8 = [](const Strided& a) {
+      return a.row % 8 == 0 && a.offset % 8 == 0 && a.group % 8 == 0;
+    };
+    const bool vec = !kIsDyn<T> && d.col == 1 && s.col == 1 && W % 8 == 0 && mult8(d) &&
+                     mult8(s) && aligned16(dst.p) && aligned16(src.p);
+    const int64_t Wn = vec ? W / 8 : W;
+    const int64_t n = R * (reduce ? 1 : G) * Wn;
+    const int blocks = blocks_for(n, kThreads);
+    if (reduce) {
+      strided_copy_kernel<T, true><<<blocks, kThreads, 0, st>>>(wr<T>(dst), d, rd<T>(src), s, n, G,
+                                                                Wn, vec, accumulate);
+    } else {
+      strided_copy_kernel<T, false><<<blocks, kThreads, 0, st>>>(wr<T>(dst), d, rd<T>(src), s, n,
+                                                                 G, Wn, vec, accumulate);
+    }
     FSDP_CHECK_LAUNCH();
   });
 }

@@ -511,6 +511,11 @@ void GraphedKernels::moe_router_backward(const TensorView& dlogits, const Tensor
                                          int64_t R, int64_t E, int64_t K, bool normalize) {
   FSDP_RECORD(moe_router_backward, dlogits, dweights, logits, idx, R, E, K, normalize);
 }
+void GraphedKernels::strided_copy(const TensorView& dst, const Strided& dst_at,
+                                  const TensorView& src, const Strided& src_at, int64_t R,
+                                  int64_t G, int64_t W, bool accumulate) {
+  FSDP_RECORD(strided_copy, dst, dst_at, src, src_at, R, G, W, accumulate);
+}
 void GraphedKernels::moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
                                                 const TensorView& logits, const TensorView& bias,
                                                 int64_t R, int64_t E, int64_t K,

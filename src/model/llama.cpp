@@ -52,6 +52,7 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::olmoe, "Olmoe", "OlmoeConfig"},
     {LlamaArch::qwen2_moe, "Qwen2Moe", "Qwen2MoeConfig"},
     {LlamaArch::glm4_moe, "Glm4Moe", "Glm4MoeConfig"},
+    {LlamaArch::deepseek_v3, "DeepseekV3", "DeepseekV3Config"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -78,7 +79,8 @@ bool window_may_be_null(LlamaArch arch) {
 bool has_head_dim_key(LlamaArch arch) {
   return arch != LlamaArch::qwen2 && arch != LlamaArch::olmo2 && arch != LlamaArch::phi3 &&
          arch != LlamaArch::smollm3 && arch != LlamaArch::granite && arch != LlamaArch::olmo3 &&
-         arch != LlamaArch::olmoe && arch != LlamaArch::qwen2_moe;
+         arch != LlamaArch::olmoe && arch != LlamaArch::qwen2_moe &&
+         arch != LlamaArch::deepseek_v3;  // (its heads: qk_nope_head_dim + qk_rope_head_dim)
 }
 
 // The [model] key table of each Llama-family type: the only place one of their keys is
@@ -93,7 +95,9 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool mixtral = arch == LlamaArch::mixtral, olmoe = arch == LlamaArch::olmoe;
   const bool qwen3_moe = arch == LlamaArch::qwen3_moe, qwen2_moe = arch == LlamaArch::qwen2_moe;
   const bool glm = arch == LlamaArch::glm4_moe;  // GLM-4.5's own defaults below
-  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || glm;
+  const bool ds = arch == LlamaArch::deepseek_v3;  // DeepSeek-V3's: its MoE block is GLM-4.5's
+  const bool ds_moe = glm || ds;
+  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || ds_moe;
   const bool llama = arch == LlamaArch::llama || olmoe;
   const bool mistral = arch == LlamaArch::mistral || mixtral;
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3 || qwen3_moe || qwen2_moe;
@@ -123,6 +127,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
         olmo2 || olmoe ? I64{50304}
         : glm    ? I64{151552}
+        : ds     ? I64{129280}
         : smol   ? I64{128256}
         : exaone ? I64{102400}
         : gemma2 || gemma1 ? I64{256000}
@@ -130,13 +135,14 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
         smol || olmoe || qwen3_moe || qwen2_moe ? I64{2048}
         : glm    ? I64{4096}
+        : ds     ? I64{7168}
         : gemma1 ? I64{3072}
                  : by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
       A{"intermediate_size", &L::intermediate_size,
         gemma       ? "Width of the GeGLU MLP."
         : qwen3_moe || qwen2_moe ? "Width of a dense MLP (mlp_only_layers: none here, every "
                                    "layer is sparse; unused)."
-        : glm       ? "Width of the dense layers' SwiGLU MLP (the first first_k_dense_replace)."
+        : ds_moe    ? "Width of the dense layers' SwiGLU MLP (the first first_k_dense_replace)."
         : moe       ? "Width of each expert's SwiGLU MLP."
                     : "Width of the SwiGLU MLP.",
         KeyRange::size(1), {}, true,
@@ -145,14 +151,15 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         : qwen3_moe ? I64{6144}
         : qwen2_moe ? I64{5632}
         : glm       ? I64{10944}
+        : ds        ? I64{18432}
         : olmoe     ? I64{2048}
                  : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
         true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : qwen3_moe || qwen2_moe ? I64{24}
-              : olmoe ? I64{16} : glm ? I64{46} : I64{32}},
+              : olmoe ? I64{16} : glm ? I64{46} : ds ? I64{61} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
         true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe || qwen2_moe ? I64{16}
-              : glm ? I64{96} : I64{32}},
+              : glm ? I64{96} : ds ? I64{128} : I64{32}},
       // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32,
       // Gemma 2's and 3's 4, Gemma 1's 16 (MHA).
       A{"num_key_value_heads", &L::num_key_value_heads,
@@ -161,6 +168,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         smol || qwen3_moe ? I64{4}
         : gemma1 || qwen2_moe ? I64{16}
         : glm                 ? I64{8}
+        : ds                  ? I64{128}
                  : by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
   };
   if (has_head_dim_key(arch)) {
@@ -175,6 +183,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         : exaone           ? I64{2048}
         : olmoe            ? I64{4096}
         : glm              ? I64{131072}
+        : ds               ? I64{4096}
         : gemma2 || gemma1 ? I64{8192}
                            : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
@@ -231,6 +240,16 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
           true, I64{4096}},
     });
   }
+  if (ds) {  // DeepseekV3Config's yarn attention factors
+    rows.insert(rows.end(), {
+        A{"rope_scaling.mscale", &L::rope_mscale, "yarn: with mscale_all_dim, cos and sin are "
+          "scaled by (0.1 mscale ln(factor) + 1) / (0.1 mscale_all_dim ln(factor) + 1); 0 = "
+          "none.", KeyRange::nonnegative(), {}, true, 0.0},
+        A{"rope_scaling.mscale_all_dim", &L::rope_mscale_all_dim, "yarn (any rope_type but "
+          "default): the scores are scaled by (0.1 mscale_all_dim ln(factor) + 1)^2 more; 0 = "
+          "none.", KeyRange::nonnegative(), {}, true, 0.0},
+    });
+  }
   if (phi3 || glm) {  // Phi3Config's and Glm4MoeConfig's partial rotary embedding
     rows.push_back(A{"partial_rotary_factor", &L::partial_rotary_factor,
                      "RoPE rotates the first int(head_dim * partial_rotary_factor) columns of "
@@ -243,11 +262,30 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      {}, true, 10000.0});
   }
   if (llama || arch == LlamaArch::qwen3 || qwen3_moe || olmo2 || gemma || smol || granite ||
-      glm) {
+      ds_moe) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
-                     glm ? "Biases on q_proj, k_proj and v_proj (o_proj has none)."
-                         : "Biases on q_proj, k_proj, v_proj and o_proj.",
+                     glm  ? "Biases on q_proj, k_proj and v_proj (o_proj has none)."
+                     : ds ? "Biases on q_a_proj, kv_a_proj_with_mqa and o_proj."
+                          : "Biases on q_proj, k_proj, v_proj and o_proj.",
                      {}, {}, true, false});
+  }
+  if (ds) {  // Multi-head Latent Attention
+    rows.insert(rows.end(), {
+        A{"q_lora_rank", &L::q_lora_rank, "Width of the queries' compression (q_a_proj, "
+          "q_a_layernorm, q_b_proj); 0 = none (HF's null: one q_proj).", KeyRange::size(0), {},
+          true, I64{1536}},
+        A{"kv_lora_rank", &L::kv_lora_rank, "Width of the keys' and values' compression "
+          "(kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj).", KeyRange::size(1), {}, true,
+          I64{512}},
+        A{"qk_nope_head_dim", &L::qk_nope_head_dim, "Columns of each q and k head without "
+          "RoPE.", KeyRange::size(1), {}, true, I64{128}},
+        A{"qk_rope_head_dim", &L::qk_rope_head_dim, "Columns of each q and k head with RoPE (k's "
+          "shared by all heads).", KeyRange::size(2), {}, true, I64{64}},
+        A{"v_head_dim", &L::v_head_dim, "Width of each value head.", KeyRange::size(1), {}, true,
+          I64{128}},
+        A{"rope_interleave", &L::rope_interleave, "RoPE rotates adjacent pairs (2i, 2i + 1) of "
+          "the rope columns (else the two halves).", {}, {}, true, true},
+    });
   }
   if (glm) {
     rows.push_back(A{"use_qk_norm", &L::use_qk_norm,
@@ -332,39 +370,41 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   }
   if (moe) {  // the sparse MLP (Qwen3MoeConfig, MixtralConfig, OlmoeConfig)
     rows.insert(rows.end(), {
-        A{mixtral ? "num_local_experts" : glm ? "n_routed_experts" : "num_experts",
+        A{mixtral ? "num_local_experts" : ds_moe ? "n_routed_experts" : "num_experts",
           &L::num_experts,
-          glm ? "Routed experts (SwiGLU MLPs) per sparse layer." : "Experts (SwiGLU MLPs) per layer.",
+          ds_moe ? "Routed experts (SwiGLU MLPs) per sparse layer."
+                 : "Experts (SwiGLU MLPs) per layer.",
           KeyRange::size(1), {}, true,
-          qwen3_moe || glm ? I64{128} : olmoe ? I64{64} : qwen2_moe ? I64{60} : I64{8}},
+          qwen3_moe || glm ? I64{128} : ds ? I64{256} : olmoe ? I64{64} : qwen2_moe ? I64{60}
+                                                                                : I64{8}},
         A{"num_experts_per_tok", &L::num_experts_per_tok,
-          glm ? "Experts each token is routed to (the top k of the router's sigmoid scores "
+          ds_moe ? "Experts each token is routed to (the top k of the router's sigmoid scores "
                 "plus e_score_correction_bias)."
               : "Experts each token is routed to (the top k of the router's softmax).",
           KeyRange::size(1), {}, true, mixtral ? I64{2} : qwen2_moe ? I64{4} : I64{8}},
     });
-    if (qwen3_moe || qwen2_moe || glm) {
+    if (qwen3_moe || qwen2_moe || ds_moe) {
       rows.push_back(A{"moe_intermediate_size", &L::moe_intermediate_size,
                        "Width of each expert's SwiGLU MLP.", KeyRange::size(1), {}, true,
-                       qwen2_moe || glm ? I64{1408} : I64{768}});
+                       qwen2_moe || glm ? I64{1408} : ds ? I64{2048} : I64{768}});
     }
-    if (glm) {  // Glm4MoeConfig's (DeepSeek-V3's) routing and layers
+    if (ds_moe) {  // Glm4MoeConfig's and DeepseekV3Config's routing and layers
       rows.insert(rows.end(), {
           A{"n_shared_experts", &L::n_shared_experts,
             "Shared experts: one SwiGLU MLP n_shared_experts * moe_intermediate_size wide that "
             "every token runs beside its routed experts.", KeyRange::size(1), {}, true, I64{1}},
           A{"routed_scaling_factor", &L::routed_scaling_factor,
             "The routed experts' weights are multiplied by it.", KeyRange::above(0), {}, true,
-            1.0},
+            ds ? 2.5 : 1.0},
           A{"n_group", &L::n_group,
             "Groups of consecutive experts (a group scores the sum of its two best choices).",
-            KeyRange::size(1), {}, true, I64{1}},
+            KeyRange::size(1), {}, true, ds ? I64{8} : I64{1}},
           A{"topk_group", &L::topk_group,
             "Groups each token's experts are chosen from (the best topk_group of n_group).",
-            KeyRange::size(1), {}, true, I64{1}},
+            KeyRange::size(1), {}, true, ds ? I64{4} : I64{1}},
           A{"first_k_dense_replace", &L::first_k_dense_replace,
             "Layers 0 .. first_k_dense_replace - 1 have a dense MLP (intermediate_size), the "
-            "others experts.", KeyRange::size(0), {}, true, I64{1}},
+            "others experts.", KeyRange::size(0), {}, true, ds ? I64{3} : I64{1}},
       });
     }
     if (qwen2_moe) {
@@ -375,9 +415,9 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
     if (!mixtral) {  // Mixtral always renormalises
       rows.push_back(A{"norm_topk_prob", &L::norm_topk_prob,
                        "Divide each token's top-k routing weights by their sum.", {}, {}, true,
-                       glm});
+                       ds_moe});
     }
-    if (!glm) {  // (Glm4MoeForCausalLM has no auxiliary loss)
+    if (!ds_moe) {  // (Glm4MoeForCausalLM and DeepseekV3ForCausalLM have no auxiliary loss)
       rows.insert(rows.end(), {
           A{"output_router_logits", &L::output_router_logits,
             "Add the auxiliary load-balancing loss (router_aux_loss_coef times it) to the loss.",
@@ -410,10 +450,8 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   defaults.arch = arch;
   if (phi3 || mixtral) defaults.sliding_window = 0;  // Phi3Config's, MixtralConfig's None
   if (olmoe) defaults.router_aux_loss_coef = 0.01;  // OlmoeConfig's
-  if (glm) {  // Glm4MoeConfig's: renormalised top-k weights, half of each head rotated
-    defaults.norm_topk_prob = true;
-    defaults.partial_rotary_factor = 0.5;
-  }
+  if (ds_moe) defaults.norm_topk_prob = true;  // Glm4MoeConfig's, DeepseekV3Config's
+  if (glm) defaults.partial_rotary_factor = 0.5;  // half of each head rotated
   if (gemma) {  // GemmaConfig's, Gemma2Config's and Gemma3TextConfig's: tied, padding token 0
     defaults.tie_word_embeddings = true;
     defaults.pad_token_id = 0;
@@ -467,6 +505,9 @@ std::vector<std::string> rope_fields(const ModelArgs<LlamaConfig>& a, LlamaConfi
       out.push_back(f(m));
     }
     out.push_back(f(&L::rope_truncate));
+    for (double L::*m : {&L::rope_mscale, &L::rope_mscale_all_dim}) {  // DeepSeek-V3's
+      if (a.has(m)) out.push_back(f(m));
+    }
   }
   return out;
 }
@@ -492,6 +533,10 @@ struct LayerIndex {
   // gate (shared_expert_gated(); HF's order: mlp.shared_expert.*, then
   // mlp.shared_expert_gate); else -1.
   int s_gate = -1, s_up = -1, s_down = -1, s_sigmoid = -1;
+  // mla() (k_w .. v_b -1; q_w is q_proj, or q_b_proj under q_lora_rank): q_a_proj and its
+  // bias, q_a_layernorm (q_lora_rank only), kv_a_proj_with_mqa and its bias, kv_a_layernorm,
+  // kv_b_proj (HF's order); else -1.
+  int qa_w = -1, qa_b = -1, qa_norm = -1, kva_w = -1, kva_b = -1, kva_norm = -1, kvb_w = -1;
   int expert_gate(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_gate; }
   int expert_up(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_up; }
   int expert_down(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_down; }
@@ -526,9 +571,21 @@ LayerIndex layer_index(const LlamaConfig& c, bool sparse) {
     x.up_w = n;
     return x;
   }
-  lin(x.q_w, x.q_b, c.qkv_bias());
-  lin(x.k_w, x.k_b, c.qkv_bias());
-  lin(x.v_w, x.v_b, c.qkv_bias());
+  if (c.mla()) {  // (q_proj and q_b_proj have no bias)
+    if (c.q_lora_rank > 0) {
+      lin(x.qa_w, x.qa_b, c.attention_bias);
+      x.qa_norm = n++;
+    }
+    lin(x.q_w, x.q_b, false);
+    x.k_w = x.k_b = x.v_w = x.v_b = -1;
+    lin(x.kva_w, x.kva_b, c.attention_bias);
+    x.kva_norm = n++;
+    x.kvb_w = n++;
+  } else {
+    lin(x.q_w, x.q_b, c.qkv_bias());
+    lin(x.k_w, x.k_b, c.qkv_bias());
+    lin(x.v_w, x.v_b, c.qkv_bias());
+  }
   lin(x.o_w, x.o_b, c.o_bias());
   x.q_norm = c.qk_norm() ? n++ : -1;
   x.k_norm = c.qk_norm() ? n++ : -1;
@@ -566,7 +623,7 @@ struct LayerParams {
 };
 LayerParams layer_params(const LlamaConfig& c, int64_t l) {
   const int64_t dense_before = !c.moe() ? l
-                               : c.glm4_moe() ? std::min(l, c.first_k_dense_replace)
+                               : c.deepseek_moe() ? std::min(l, c.first_k_dense_replace)
                                               : 0;
   const int64_t dense = layer_index(c, false).count, sparse = c.moe() ? layer_index(c, true).count : 0;
   const int64_t before = dense_before * dense + (l - dense_before) * sparse;
@@ -637,6 +694,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::gemma:
     case LlamaArch::olmoe:
     case LlamaArch::glm4_moe:
+    case LlamaArch::deepseek_v3:
     case LlamaArch::llama: break;
   }
   return 0;
@@ -658,8 +716,21 @@ double LlamaConfig::embed_scale() const {
   return gemma() ? std::sqrt(static_cast<double>(hidden_size)) : 1.0;
 }
 
+namespace {
+// DeepSeek's yarn_get_mscale: 0.1 m ln(s) + 1 for a scale s > 1, else 1.
+double yarn_mscale(double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1.0; }
+}  // namespace
+
 float LlamaConfig::attention_scale() const {
   if (arch == LlamaArch::granite) return static_cast<float>(attention_multiplier);
+  if (mla()) {  // DeepseekV3Attention: qk_head_dim^-1/2, times mscale^2 with a scaled RoPE
+    double scale = std::pow(static_cast<double>(head_size()), -0.5);
+    if (rope_type != RopeType::default_ && rope_mscale_all_dim != 0.0) {
+      const double m = yarn_mscale(rope_factor, rope_mscale_all_dim);
+      scale *= m * m;
+    }
+    return static_cast<float>(scale);
+  }
   if (gemma2_layer()) {
     return static_cast<float>(std::pow(static_cast<double>(query_pre_attn_scalar), -0.5));
   }
@@ -742,6 +813,10 @@ double llama_rope_attention_scaling(const LlamaConfig& c) {
     const double s = static_cast<double>(c.max_position_embeddings) / orig;
     return s <= 1 ? 1.0 : std::sqrt(1 + std::log(s) / std::log(orig));
   }
+  if (c.rope_type == R::yarn && c.rope_mscale != 0.0 && c.rope_mscale_all_dim != 0.0) {
+    return yarn_mscale(c.rope_factor, c.rope_mscale) /
+           yarn_mscale(c.rope_factor, c.rope_mscale_all_dim);  // DeepSeek's
+  }
   return c.rope_factor <= 1 ? 1.0 : 0.1 * std::log(c.rope_factor) + 1.0;
 }
 
@@ -778,6 +853,16 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
   if (c.fused_projections()) {  // the slots q_w .. up_w are rows of these (layer_slot)
     put(x.qkv, "self_attn.qkv_proj.weight", {Q + 2 * KV, C}, InitKind::normal, true);
     put(x.gate_up, "mlp.gate_up_proj.weight", {2 * I, C}, InitKind::normal, true);
+  } else if (c.mla()) {  // DeepSeek-V3's Multi-head Latent Attention
+    const int64_t H = c.num_attention_heads, ql = c.q_lora_rank, r = c.kv_lora_rank;
+    linear(x.qa_w, x.qa_b, "self_attn.q_a_proj", ql, C);
+    put(x.qa_norm, "self_attn.q_a_layernorm.weight", {ql}, InitKind::ones, false);
+    linear(x.q_w, x.q_b, ql > 0 ? "self_attn.q_b_proj" : "self_attn.q_proj", Q, ql > 0 ? ql : C);
+    linear(x.kva_w, x.kva_b, "self_attn.kv_a_proj_with_mqa", r + c.qk_rope_head_dim, C);
+    put(x.kva_norm, "self_attn.kv_a_layernorm.weight", {r}, InitKind::ones, false);
+    linear(x.kvb_w, -1, "self_attn.kv_b_proj", H * (c.qk_nope_head_dim + c.v_head_dim), r);
+    linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
+    linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
   } else {
     linear(x.q_w, x.q_b, "self_attn.q_proj", Q, C);
     linear(x.k_w, x.k_b, "self_attn.k_proj", KV, C);
@@ -805,13 +890,13 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
     }
     const int64_t Is = c.shared_size();
     // Qwen2-MoE's mlp.shared_expert, GLM-4.5's mlp.shared_experts
-    const std::string sh = c.glm4_moe() ? "mlp.shared_experts." : "mlp.shared_expert.";
+    const std::string sh = c.deepseek_moe() ? "mlp.shared_experts." : "mlp.shared_expert.";
     put(x.s_gate, sh + "gate_proj.weight", {Is, C}, InitKind::normal, true);
     put(x.s_up, sh + "up_proj.weight", {Is, C}, InitKind::normal, true);
     put(x.s_down, sh + "down_proj.weight", {C, Is}, InitKind::normal, true);
     put(x.s_sigmoid, "mlp.shared_expert_gate.weight", {1, C}, InitKind::normal, true);
   }
-  linear(x.o_w, x.o_b, "self_attn.o_proj", C, Q);
+  linear(x.o_w, x.o_b, "self_attn.o_proj", C, c.num_attention_heads * c.value_head_size());
   const bool per_head = c.qk_norm_per_head();
   put(x.q_norm, "self_attn.q_norm.weight", {per_head ? c.head_size() : Q}, norm_init, false);
   put(x.k_norm, "self_attn.k_norm.weight", {per_head ? c.head_size() : KV}, norm_init, false);
@@ -917,6 +1002,11 @@ struct LlamaModel::Acts {
     // shared_expert(): its gate and up projections [BT, Is], its output [BT, C] and its
     // sigmoid gate's logit [BT] (Is = shared_expert_intermediate_size).
     DeviceBuffer s_gate, s_up, shared_out, shared_logit;
+    // mla() (q, k, v, atty then hold mla_forward's [BT, H, D] layouts: q and k with their rope
+    // columns first, v padded to D, the attention's D-wide output): q_a_proj's output
+    // [BT, q_lora_rank] and q_a_layernorm's statistics fp32 [BT] (under q_lora_rank), the
+    // compressed kv c [BT, kv_lora_rank] and kv_a_layernorm's statistics fp32 [BT].
+    DeviceBuffer mla_qa, mla_qa_rstd, mla_c, mla_c_rstd;
   };
   // One shared by the layers that recompute (activation checkpointing), one per other layer.
   std::vector<Layer> layers;
@@ -946,6 +1036,12 @@ struct LlamaModel::Acts {
   // shared_expert(): scratch [BT, Is] x2 (forward: its activation; backward: d gate, d up),
   // d output [BT, C], d logit [BT].
   DeviceBuffer s_act, s_dup, s_dout, s_dlogit;
+  // mla(): scratch: kv_b_proj's output (backward: its gradient) [BT, H (dn + dv)]; a lora
+  // norm's output, its gradient and the norm's input gradient [BT, max(q_lora_rank,
+  // kv_lora_rank)] each; o_proj's input (backward: its gradient) [BT, H dv];
+  // kv_a_proj_with_mqa's output (backward: its gradient) [BT, kv_lora_rank + dr]. Empty
+  // otherwise.
+  DeviceBuffer mla_kv, mla_n, mla_dn, mla_dc, mla_o, mla_ckv;
   std::vector<double> moe_count;  // host: this forward's counts per expert, all layers
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, R/2], R = rotary_dim()
   // Gemma 3's sliding layers' RoPE (layer_local_rope), fp32 [T, R/2]; else empty.
@@ -1017,6 +1113,13 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
     n.f32 += S * BT * (c.qk_norm_per_head() ? H + c.kv_heads() : 2);  // q_rstd, k_rstd
   }
   n.i32 = 2 * BT;
+  if (c.mla()) {  // per set: q_a_proj's output, c and their norms' statistics; the scratch
+    const int64_t H = c.num_attention_heads, ql = c.q_lora_rank, r = c.kv_lora_rank;
+    n.act += S * BT * (ql + r) +
+             BT * (H * (c.qk_nope_head_dim + c.v_head_dim) + 3 * std::max(ql, r) +
+                   H * c.v_head_dim + r + c.qk_rope_head_dim);
+    n.f32 += S * BT * ((ql > 0 ? 1 : 0) + 1);
+  }
   if (sparse_sets > 0) {
     const int64_t E = c.num_experts, RK = BT * c.num_experts_per_tok;
     // router logits (per set; d router logits scratch), of the router's dtype
@@ -1098,6 +1201,11 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
         if (cfg_.shared_expert_gated()) { y.shared_out = f(BT * C); y.shared_logit = f(BT); }
       }
     }
+    if (cfg_.mla()) {
+      const int64_t ql = cfg_.q_lora_rank;
+      if (ql > 0) { y.mla_qa = f(BT * ql); y.mla_qa_rstd = f32(BT); }
+      y.mla_c = f(BT * cfg_.kv_lora_rank); y.mla_c_rstd = f32(BT);
+    }
     if (cfg_.qk_norm()) {
       y.q_raw = f(BT * Q); y.k_raw = f(BT * KV);
       const bool per_head = cfg_.qk_norm_per_head();
@@ -1121,6 +1229,12 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
     }
   }
   a->datty = f(BT * Q); a->dq = f(BT * Q); a->dk = f(BT * KV); a->dv = f(BT * KV);
+  if (cfg_.mla()) {
+    const int64_t r = cfg_.kv_lora_rank, lora = std::max(cfg_.q_lora_rank, r);
+    a->mla_kv = f(BT * H * (cfg_.qk_nope_head_dim + cfg_.v_head_dim));
+    a->mla_n = f(BT * lora); a->mla_dn = f(BT * lora); a->mla_dc = f(BT * lora);
+    a->mla_o = f(BT * H * cfg_.v_head_dim); a->mla_ckv = f(BT * (r + cfg_.qk_rope_head_dim));
+  }
   // RoPE tables for positions 0..T-1 of the R rotated columns: angle t * inv_freq[i] in
   // float64 (longrope's factors chosen by T), stored fp32.
   const int64_t half = cfg_.rotary_dim() / 2;
@@ -1288,6 +1402,9 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   // The projections read input_layernorm(in), or `in` itself without input norms (OLMo 2).
   if (before) be_.rmsnorm_forward(n1, y.ln1_rstd.view({BT}), in, nw.attn_in, BT, C, eps);
   const TensorView xin = before ? n1 : in;
+  if (cfg_.mla()) {
+    mla_forward(l, B, T, hooks, xin);
+  } else {
   if (cfg_.qk_norm()) {  // q = q_norm(q_proj(xin)) (Qwen3, Gemma 3: per head; OLMo 2: per row)
     const QkNormRows n = qk_norm_rows(cfg_, BT);
     linear(rows(y.q_raw, Q), xin, x.q_w, x.q_b, Q, C);
@@ -1308,6 +1425,10 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
                             cfg_.attention_scale(), cfg_.layer_window(l),
                             cfg_.attention_softcap());
+  }
+  // o_proj's input: the attention's output, or MLA's heads of v_head_dim (Acts::mla_o)
+  const int64_t Qo = H * cfg_.value_head_size();
+  const TensorView o_in = cfg_.mla() ? a.mla_o.view({BT, Qo}) : atty;
   // The MLP's gated activation into `out`: silu(gate) * up, or Gemma 3's gelu_tanh(gate) * up.
   auto mlp_act = [&](const TensorView& out) {
     if (cfg_.gelu_mlp()) {
@@ -1344,7 +1465,7 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   // Granite's residual_multiplier scales each sublayer's output before its residual add (HF:
   // residual + hidden_states * residual_multiplier; Granite has no biases here, validate()).
   const float rs = cfg_.residual_scale();
-  be_.gemm(false, true, BT, C, Q, 1.f, atty, W(x.o_w), 0.f, res2);
+  be_.gemm(false, true, BT, C, Qo, 1.f, o_in, W(x.o_w), 0.f, res2);
   if (rs != 1.f) be_.scale(res2, rs);
   be_.add_rmsnorm_forward(res2, ln2, y.ln2_rstd.view({BT}), in, bias(x.o_b), nw.mlp_in, BT, C,
                           eps);
@@ -1360,6 +1481,213 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   be_.gemm(false, true, BT, C, I, 1.f, act, W(x.down_w), 0.f, out);
   if (rs != 1.f) be_.scale(out, rs);
   be_.add_bias_residual(out, bias(x.down_b), res2, BT, C);
+}
+
+namespace {
+// The column blocks of MLA's layouts (mla_forward): with H heads, dn = qk_nope_head_dim, dr =
+// qk_rope_head_dim, dv = v_head_dim, D = dn + dr. HF's q head is [nope | rope], kv_b_proj's
+// head [k_nope | v], kv_a_proj_with_mqa's row [c | k_rope]; ours (q, k: the attention's) is
+// [rope | nope], the rope columns de-interleaved under rope_interleave (evens then odds: HF's
+// apply_rotary_pos_emb_interleave order, whose rotate-half pairs are HF's adjacent pairs)
+// so that rope_forward rotates the first dr columns of each head.
+struct MlaLayout {
+  int64_t H, dn, dr, dv, D, r;
+  bool interleave;
+  using S = Kernels::Strided;
+  // Column block [offset, offset + W) of each of G heads `group` apart in rows `row` wide.
+  static S at(int64_t row, int64_t offset, int64_t group, int64_t col = 1) {
+    return {row, offset, group, col};
+  }
+  // A rope part (HF's, `from` in a row `hf_row` wide with heads `hf_group` apart; group 0: one
+  // shared by all heads) to or from ours (the first dr columns of each D-wide head): `to_ours`
+  // copies HF's into ours, else ours into HF's (summed over the heads when hf_group is 0).
+  void rope(Kernels& k, const TensorView& ours, const TensorView& hf, int64_t rows,
+            int64_t hf_row, int64_t from, int64_t hf_group, bool to_ours,
+            bool accumulate = false) const {
+    const int64_t halves = interleave ? 2 : 1, w = dr / halves;
+    for (int64_t h = 0; h < halves; ++h) {  // evens, then odds (or the whole block once)
+      const S o = at(H * D, h * w, D), f = at(hf_row, from + h, hf_group, halves);
+      if (to_ours) {
+        k.strided_copy(ours, o, hf, f, rows, H, w, accumulate);
+      } else {
+        k.strided_copy(hf, f, ours, o, rows, H, w, accumulate);
+      }
+    }
+  }
+};
+MlaLayout mla_layout(const LlamaConfig& c) {
+  const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  return {c.num_attention_heads, dn, dr, c.v_head_dim, dn + dr, c.kv_lora_rank,
+          c.rope_interleave};
+}
+// The eps of MLA's two lora norms: HF builds them as DeepseekV3RMSNorm(width), its default.
+constexpr float kMlaNormEps = 1e-6f;
+}  // namespace
+
+void LlamaModel::mla_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                             const TensorView& xin) {
+  Acts& a = *acts_;
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  auto W = [&](int k) { return hooks.param(lp.p0 + k); };
+  auto& y = a.layer(l);
+  const MlaLayout m = mla_layout(cfg_);
+  const int64_t BT = B * T, C = cfg_.hidden_size, H = m.H, D = m.D, ql = cfg_.q_lora_rank;
+  const int64_t kv_w = H * (m.dn + m.dv), ckv_w = m.r + m.dr;
+  using S = Kernels::Strided;
+  // out [BT,n] = inp [BT,k] @ W[n,k]^T (+ b)
+  auto linear = [&](const TensorView& out, const TensorView& inp, int w, int b, int64_t n,
+                    int64_t k) {
+    if (b >= 0) {
+      be_.gemm_bias(false, true, BT, n, k, inp, W(w), W(b), out);
+    } else {
+      be_.gemm(false, true, BT, n, k, 1.f, inp, W(w), 0.f, out);
+    }
+  };
+  // q (HF's layout) into the free dq: q_proj(xin), or q_b_proj(q_a_layernorm(q_a_proj(xin)))
+  const TensorView q_hf = a.dq.view({BT, H * D});
+  if (ql > 0) {
+    const TensorView qa = y.mla_qa.view({BT, ql}), qn = a.mla_n.view().slice(0, BT * ql);
+    linear(qa, xin, x.qa_w, x.qa_b, ql, C);
+    be_.rmsnorm_forward(qn.reshape({BT, ql}), y.mla_qa_rstd.view({BT}), qa, W(x.qa_norm), BT, ql,
+                        kMlaNormEps);
+    linear(q_hf, qn.reshape({BT, ql}), x.q_w, -1, H * D, ql);
+  } else {
+    linear(q_hf, xin, x.q_w, -1, H * D, C);
+  }
+  // [c | k_rope] = kv_a_proj_with_mqa(xin); c kept; kv = kv_b_proj(kv_a_layernorm(c))
+  const TensorView ckv = a.mla_ckv.view({BT, ckv_w}), c = y.mla_c.view({BT, m.r});
+  linear(ckv, xin, x.kva_w, x.kva_b, ckv_w, C);
+  be_.strided_copy(c, S{m.r, 0, 0, 1}, ckv, S{ckv_w, 0, 0, 1}, BT, 1, m.r, false);
+  const TensorView cn = a.mla_n.view().slice(0, BT * m.r).reshape({BT, m.r});
+  be_.rmsnorm_forward(cn, y.mla_c_rstd.view({BT}), c, W(x.kva_norm), BT, m.r, kMlaNormEps);
+  const TensorView kv = a.mla_kv.view({BT, kv_w});
+  linear(kv, cn, x.kvb_w, -1, kv_w, m.r);
+  // q and k in our layout, rotated; v padded to D
+  const TensorView q = y.q.view({BT, H * D}), k = y.k.view({BT, H * D}),
+                   v = y.v.view({BT, H * D}), atty = y.atty.view({BT, H * D});
+  be_.strided_copy(q, MlaLayout::at(H * D, m.dr, D), q_hf, MlaLayout::at(H * D, 0, D), BT, H,
+                   m.dn, false);
+  m.rope(be_, q, q_hf, BT, H * D, m.dn, D, /*to_ours=*/true);
+  be_.strided_copy(k, MlaLayout::at(H * D, m.dr, D), kv, MlaLayout::at(kv_w, 0, m.dn + m.dv), BT,
+                   H, m.dn, false);
+  m.rope(be_, k, ckv, BT, ckv_w, m.r, /*hf_group=*/0, /*to_ours=*/true);  // one k_rope, H copies
+  const int64_t R = cfg_.rotary_dim();
+  const TensorView cos = a.rope_cos.view({T, R / 2}), sin = a.rope_sin.view({T, R / 2});
+  be_.rope_forward(q, q, cos, sin, B, T, H, D, R);
+  be_.rope_forward(k, k, cos, sin, B, T, H, D, R);
+  rt_.fill_zero(v);
+  be_.strided_copy(v, MlaLayout::at(H * D, 0, D), kv, MlaLayout::at(kv_w, m.dn, m.dn + m.dv), BT,
+                   H, m.dv, false);
+  be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, H, D,
+                            cfg_.attention_scale(), 0, 0.f);
+  // o_proj's input: each head's first dv columns
+  be_.strided_copy(a.mla_o.view({BT, H * m.dv}), MlaLayout::at(H * m.dv, 0, m.dv), atty,
+                   MlaLayout::at(H * D, 0, D), BT, H, m.dv, false);
+}
+
+void LlamaModel::mla_backward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                              const TensorView& norm_weight, const TensorView& norm_grad) {
+  Acts& a = *acts_;
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  auto W = [&](int k) { return hooks.param(lp.p0 + k); };
+  auto G = [&](int k) { return hooks.grad(lp.p0 + k); };
+  auto& y = a.layer(l);
+  const MlaLayout m = mla_layout(cfg_);
+  const int64_t BT = B * T, C = cfg_.hidden_size, H = m.H, D = m.D, ql = cfg_.q_lora_rank;
+  const int64_t kv_w = H * (m.dn + m.dv), ckv_w = m.r + m.dr, Qo = H * m.dv;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  using S = Kernels::Strided;
+  // dW += dout^T inp (and db), then din (=, or += when accumulate) dout @ W; inp may be din
+  auto wgrad = [&](const TensorView& dout, const TensorView& inp, int w, int b, int64_t n,
+                   int64_t k) {
+    if (b >= 0) {
+      be_.gemm_weight_bias_grad(false, n, k, BT, dout, inp, G(w), G(b));
+    } else {
+      be_.gemm(true, false, n, k, BT, 1.f, dout, inp, 1.f, G(w));
+    }
+  };
+  auto dgrad = [&](const TensorView& din, const TensorView& dout, int w, int64_t n, int64_t k,
+                   bool accumulate) {
+    be_.gemm(false, false, BT, k, n, 1.f, dout, W(w), accumulate ? 1.f : 0.f, din);
+  };
+  const TensorView dres = a.dres.view({BT, C}), dln = a.dln.view({BT, C});
+  const TensorView q = y.q.view({BT, H * D}), k = y.k.view({BT, H * D}),
+                   v = y.v.view({BT, H * D}), atty = y.atty.view({BT, H * D});
+  // o_proj: its input again (each head's first dv columns), read by the weight gradient
+  // before d input replaces it; then d atty padded to D
+  const TensorView o = a.mla_o.view({BT, Qo});
+  be_.strided_copy(o, MlaLayout::at(Qo, 0, m.dv), atty, MlaLayout::at(H * D, 0, D), BT, H, m.dv,
+                   false);
+  wgrad(dres, o, x.o_w, x.o_b, C, Qo);
+  dgrad(o, dres, x.o_w, C, Qo, false);
+  const TensorView datty = a.datty.view({BT, H * D}), dq = a.dq.view({BT, H * D}),
+                   dk = a.dk.view({BT, H * D}), dv = a.dv.view({BT, H * D});
+  rt_.fill_zero(datty);
+  be_.strided_copy(datty, MlaLayout::at(H * D, 0, D), o, MlaLayout::at(Qo, 0, m.dv), BT, H, m.dv,
+                   false);
+  be_.gqa_attention_backward(dq, dk, dv, datty, q, k, v, atty, y.lse.view({B, H, T}), B, T, H, H,
+                             D, cfg_.attention_scale(), 0, 0.f);
+  const int64_t R = cfg_.rotary_dim();
+  const TensorView cos = a.rope_cos.view({T, R / 2}), sin = a.rope_sin.view({T, R / 2});
+  be_.rope_backward(dq, dq, cos, sin, B, T, H, D, R);
+  be_.rope_backward(dk, dk, cos, sin, B, T, H, D, R);
+  // d q in HF's layout (into the free datty); d kv (into mla_kv); d [c | k_rope] (mla_ckv):
+  // k_rope's gradient summed over the heads
+  const TensorView dq_hf = datty;
+  be_.strided_copy(dq_hf, MlaLayout::at(H * D, 0, D), dq, MlaLayout::at(H * D, m.dr, D), BT, H,
+                   m.dn, false);
+  m.rope(be_, dq, dq_hf, BT, H * D, m.dn, D, /*to_ours=*/false);
+  const TensorView dkv = a.mla_kv.view({BT, kv_w}), dckv = a.mla_ckv.view({BT, ckv_w});
+  be_.strided_copy(dkv, MlaLayout::at(kv_w, 0, m.dn + m.dv), dk, MlaLayout::at(H * D, m.dr, D),
+                   BT, H, m.dn, false);
+  be_.strided_copy(dkv, MlaLayout::at(kv_w, m.dn, m.dn + m.dv), dv, MlaLayout::at(H * D, 0, D),
+                   BT, H, m.dv, false);
+  m.rope(be_, dk, dckv, BT, ckv_w, m.r, /*hf_group=*/0, /*to_ours=*/false);
+  // kv_b_proj, then kv_a_layernorm: d c into dckv's first r columns
+  const TensorView c = y.mla_c.view({BT, m.r});
+  const TensorView cn = a.mla_n.view().slice(0, BT * m.r).reshape({BT, m.r}),
+                   dcn = a.mla_dn.view().slice(0, BT * m.r).reshape({BT, m.r}),
+                   dc = a.mla_dc.view().slice(0, BT * m.r).reshape({BT, m.r});
+  be_.rmsnorm_forward(cn, y.mla_c_rstd.view({BT}), c, W(x.kva_norm), BT, m.r, kMlaNormEps);
+  wgrad(dkv, cn, x.kvb_w, -1, kv_w, m.r);
+  dgrad(dcn, dkv, x.kvb_w, kv_w, m.r, false);
+  rt_.fill_zero(dc);
+  be_.rmsnorm_backward(dc, G(x.kva_norm), dcn, c, W(x.kva_norm), y.mla_c_rstd.view({BT}), BT,
+                       m.r);
+  be_.strided_copy(dckv, S{ckv_w, 0, 0, 1}, dc, S{m.r, 0, 0, 1}, BT, 1, m.r, false);
+  // q_b_proj and q_a_layernorm: d q_a into mla_dc (under q_lora_rank)
+  const TensorView qa = ql > 0 ? y.mla_qa.view({BT, ql}) : TensorView{};
+  const TensorView dqa = ql > 0 ? a.mla_dc.view().slice(0, BT * ql).reshape({BT, ql})
+                                : TensorView{};
+  if (ql > 0) {
+    const TensorView qn = a.mla_n.view().slice(0, BT * ql).reshape({BT, ql}),
+                     dqn = a.mla_dn.view().slice(0, BT * ql).reshape({BT, ql});
+    be_.rmsnorm_forward(qn, y.mla_qa_rstd.view({BT}), qa, W(x.qa_norm), BT, ql, kMlaNormEps);
+    wgrad(dq_hf, qn, x.q_w, -1, H * D, ql);
+    dgrad(dqn, dq_hf, x.q_w, H * D, ql, false);
+    rt_.fill_zero(dqa);
+    be_.rmsnorm_backward(dqa, G(x.qa_norm), dqn, qa, W(x.qa_norm), y.mla_qa_rstd.view({BT}), BT,
+                         ql);
+  }
+  // The projections' input ln1 = input_layernorm(res[l]) again into dln, read by the weight
+  // gradients before the input gradients replace it; then through the norm into dres
+  const TensorView in = a.res[static_cast<std::size_t>(l)].view({BT, C});
+  be_.rmsnorm_forward(dln, y.ln1_rstd.view({BT}), in, norm_weight, BT, C, eps);
+  wgrad(dckv, dln, x.kva_w, x.kva_b, ckv_w, C);
+  if (ql > 0) {
+    wgrad(dqa, dln, x.qa_w, x.qa_b, ql, C);
+  } else {
+    wgrad(dq_hf, dln, x.q_w, -1, H * D, C);
+  }
+  dgrad(dln, dckv, x.kva_w, ckv_w, C, false);
+  if (ql > 0) {
+    dgrad(dln, dqa, x.qa_w, ql, C, true);
+  } else {
+    dgrad(dln, dq_hf, x.q_w, H * D, C, true);
+  }
+  be_.rmsnorm_backward(dres, norm_grad, dln, in, norm_weight, y.ln1_rstd.view({BT}), BT, C);
 }
 
 void LlamaModel::group_routed_rows(int64_t l, int64_t BT) {
@@ -1762,6 +2090,11 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
                              C);  // dres = d res2
       }
     }
+    if (cfg_.mla()) {  // (a pre-norm layer: dres = d res2)
+      mla_backward(l, B, T, hooks, nw.attn_in, G(x.attn_in));
+      hooks.post_backward(m);
+      continue;
+    }
     // attention: res2 = in + o_proj(atty) (OLMo 2, Gemma 3: d o in dln)
     linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false, rs);
     be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
@@ -1906,7 +2239,21 @@ class LlamaFamily final : public ModelFamily {
     // (Which rope types a type takes is its rope_type row's choices: Phi-3 default or
     // longrope, the others not longrope.)
     const int64_t rotated = g.rotary_dim();
-    if (rotated < 2 || rotated % 2 != 0) {  // (only Phi-3 has the key; 1 elsewhere)
+    if (g.mla()) {  // (qk_rope_head_dim >= 2 by its range)
+      if (rotated % 2 != 0) {
+        throw fail(a.key(&LlamaConfig::qk_rope_head_dim), n(rotated) + " is odd (RoPE rotates pairs)");
+      }
+      if (g.num_key_value_heads != 0 && g.num_key_value_heads != g.num_attention_heads) {
+        throw fail(a.key(&LlamaConfig::num_key_value_heads),
+                   n(g.num_key_value_heads) + " is not " + a.key(&LlamaConfig::num_attention_heads) +
+                       " = " + n(g.num_attention_heads) + " (MLA's keys and values are per head)");
+      }
+      if (g.v_head_dim > g.head_size()) {
+        throw fail(a.key(&LlamaConfig::v_head_dim),
+                   n(g.v_head_dim) + " exceeds qk_nope_head_dim + qk_rope_head_dim = " +
+                       n(g.head_size()) + " (not implemented: values are padded to the q/k width)");
+      }
+    } else if (rotated < 2 || rotated % 2 != 0) {  // (only Phi-3 has the key; 1 elsewhere)
       throw fail(a.key(&LlamaConfig::partial_rotary_factor),
                  format_number(g.partial_rotary_factor) + " rotates int(" + n(g.head_size()) +
                      " * " + format_number(g.partial_rotary_factor) + ") = " + n(rotated) +
@@ -2119,6 +2466,7 @@ class LlamaFamily final : public ModelFamily {
       out["layer_types"] = layer_types_of(g);
     }
     if (g.pad_token_id < 0) out[args().name(&LlamaConfig::pad_token_id)] = nullptr;  // None
+    if (g.mla() && g.q_lora_rank == 0) out[args().name(&LlamaConfig::q_lora_rank)] = nullptr;
     // Gemma 3: transformers >= 4.53 reads layer_types (older ones the pattern): both, agreeing;
     // OLMo 3: layer_types only; Gemma 2: the list its class derives.
     if (g.patterned_window()) out["layer_types"] = layer_types_of(g);
@@ -2143,7 +2491,7 @@ class LlamaFamily final : public ModelFamily {
     }
     if (g.moe()) {
       // both names of the experts' number (transformers 5.8+ reads num_local_experts)
-      if (arch_ != LlamaArch::mixtral && arch_ != LlamaArch::glm4_moe) {
+      if (arch_ != LlamaArch::mixtral && !g.deepseek_moe()) {
         out[llama_args(LlamaArch::mixtral).name(&LlamaConfig::num_experts)] = g.num_experts;
       }
       // GLM-4.5's multi-token-prediction layers are neither built nor trained (HF's causal-LM
@@ -2199,6 +2547,18 @@ class LlamaFamily final : public ModelFamily {
       if (hf.contains(window) && hf[window].is_null()) hf[window] = 0;
     }
     if (arch_ == LlamaArch::exaone4) exaone4_pattern_from_hf(hf, origin);
+    if (cls.mla()) {  // DeepseekV3Config's null q_lora_rank: no query compression (0)
+      const std::string ql = args().name(&LlamaConfig::q_lora_rank);
+      if (hf.contains(ql) && hf[ql].is_null()) hf[ql] = 0;
+      // HF's attention would repeat MLA's per-head keys: only num_attention_heads works
+      const std::string heads = args().name(&LlamaConfig::num_attention_heads);
+      const std::string kv = args().name(&LlamaConfig::num_key_value_heads);
+      if (hf.contains(kv) && !hf[kv].is_null() && hf.contains(heads) && hf[kv] != hf[heads]) {
+        throw unsupported(origin, kv, hf[kv],
+                          hf[heads].dump() + ", num_attention_heads: MLA's keys and values are "
+                          "per head");
+      }
+    }
     auto refuse = [&](const char* field, const std::string& expected) {
       return unsupported(origin, field, hf[field], expected);
     };
@@ -2215,9 +2575,13 @@ class LlamaFamily final : public ModelFamily {
     if (hf.contains("rope_scaling") && hf["rope_scaling"].is_object()) {
       nlohmann::json& rs = hf["rope_scaling"];
       if (!rs.contains("rope_type") && rs.contains("type")) rs["rope_type"] = rs["type"];
-      // DeepSeek's yarn attention factor (mscale / mscale_all_dim) is not implemented: refuse
-      // rather than scale differently.
+      // DeepSeek's yarn attention factors (mscale / mscale_all_dim): DeepSeek-V3's keys (null
+      // is 0, none); another class refuses them rather than scale differently.
       for (const char* f : {"mscale", "mscale_all_dim"}) {
+        if (args().has(&LlamaConfig::rope_mscale)) {
+          if (rs.contains(f) && rs[f].is_null()) rs.erase(f);
+          continue;
+        }
         if (rs.contains(f) && !rs[f].is_null()) {
           throw InputError(origin + ": \"rope_scaling." + f + "\" " + rs[f].dump() +
                            " is not supported (expected none: fsdp_train's yarn takes attention_factor)");

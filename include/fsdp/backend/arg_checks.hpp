@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "fsdp/backend/device_runtime.hpp"
@@ -571,6 +572,26 @@ struct ArgChecks {
   }
 
   // Mixture of experts: R tokens, E experts, K of them per token (1 <= K <= E).
+  // strided_copy: every stride >= 0, dst.col >= 1, and each view long enough for its last
+  // element.
+  static void strided_copy(const TensorView& dst, const Kernels::Strided& d, const TensorView& src,
+                           const Kernels::Strided& s, int64_t R, int64_t G, int64_t W) {
+    const char* k = "strided_copy";
+    dim(k, "R", R);
+    dim(k, "G", G);
+    dim(k, "W", W);
+    for (const auto& [name, v, at] : {std::tuple{"dst", &dst, &d}, std::tuple{"src", &src, &s}}) {
+      if (at->row < 0 || at->offset < 0 || at->group < 0 || at->col < 0) {
+        error(k, name, "has a negative stride or offset");
+      }
+      const int64_t last = R == 0 || G == 0 || W == 0
+                               ? -1
+                               : (R - 1) * at->row + at->offset + (G - 1) * at->group +
+                                     (W - 1) * at->col;
+      need_float(k, name, *v, last + 1);
+    }
+    if (d.col < 1) error(k, "dst", "has column stride " + std::to_string(d.col) + " (expected >= 1)");
+  }
   static void moe_dims(const char* k, int64_t R, int64_t E, int64_t K) {
     dim(k, "R", R);
     dim(k, "E", E);

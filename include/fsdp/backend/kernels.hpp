@@ -425,6 +425,23 @@ class Kernels {
                                       int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
                                       int64_t window, float softcap) = 0;
 
+  // ---- strided copies (torch's narrow / expand / sum over a dim, then copy_) ----
+  // A view of a flat tensor as [R, G, W] elements at r * row + offset + g * group + c * col
+  // (element strides, all >= 0).
+  struct Strided {
+    int64_t row = 0, offset = 0, group = 0, col = 1;
+  };
+  // For r < R, c < W and g < G: dst(r, g, c) = src(r, g, c), or += when `accumulate`, in fp32,
+  // rounded once to dst's dtype. src.group == 0 repeats src's [R, W] block in every group (a
+  // broadcast); dst.group == 0 writes (adds) the sum over g ascending of src(r, g, c), in fp32
+  // (a reduction: MLA's shared rope key and its gradient, DeepSeek-V2's kv_a_proj_with_mqa).
+  // dst's positions must be distinct but for dst.group == 0, and must not overlap src's.
+  // dst, src: any float dtype. Throws fsdp::Error when a stride is negative, dst.col < 1, or an
+  // element reaches past either view.
+  virtual void strided_copy(const TensorView& dst, const Strided& dst_at, const TensorView& src,
+                            const Strided& src_at, int64_t R, int64_t G, int64_t W,
+                            bool accumulate) = 0;
+
   // ---- Mixture of experts (Shazeer et al. 2017, "Outrageously Large Neural Networks"; HF
   // Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock, OlmoeSparseMoeBlock) ----
   // A layer routes each of R tokens to K of E experts (these two kernels), runs each expert's

@@ -199,6 +199,9 @@ class GraphedKernels final : public Kernels {
   void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
                            const TensorView& logits, const TensorView& idx, int64_t R, int64_t E,
                            int64_t K, bool normalize) override;
+  void strided_copy(const TensorView& dst, const Strided& dst_at, const TensorView& src,
+                    const Strided& src_at, int64_t R, int64_t G, int64_t W,
+                    bool accumulate) override;
   void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
                                   const TensorView& logits, const TensorView& bias, int64_t R,
                                   int64_t E, int64_t K, const SigmoidRouting& g) override;
@@ -241,6 +244,12 @@ class GraphedKernels final : public Kernels {
   void put(bool v) { pending_.record.push_back(v ? 1 : 0); }
   void put(float v);
   void put(double v) { pending_.record.push_back(std::bit_cast<uint64_t>(v)); }
+  void put(const Strided& s) {
+    put(s.row);
+    put(s.offset);
+    put(s.group);
+    put(s.col);
+  }
   void put(const SigmoidRouting& g) {
     put(g.n_group);
     put(g.topk_group);

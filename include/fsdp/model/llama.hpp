@@ -1,4 +1,4 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of seventeen Hugging
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of eighteen Hugging
 // Face classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
@@ -74,7 +74,17 @@
 //    Qwen2's attention (q/k/v biases) and Qwen3-MoE's routed experts plus a shared expert, a
 //    SwiGLU MLP of shared_expert_intermediate_size on every token scaled by
 //    sigmoid(shared_expert_gate(n2)) (mlp.shared_expert.{gate,up,down}_proj,
-//    mlp.shared_expert_gate [1, C]).
+//    mlp.shared_expert_gate [1, C]);
+//  - "glm4_moe": Glm4MoeForCausalLM (models/glm4_moe; GLM-4.5, GLM-4.5-Air), whose sparse block
+//    is DeepSeek-V3's (DeepSeek-AI 2024; DeepseekV3MoE): Llama's pre-norm layer with q/k/v
+//    biases (attention_bias; o_proj none), per-head q_norm / k_norm under use_qk_norm and RoPE
+//    on the first partial_rotary_factor of each head; the first first_k_dense_replace layers
+//    dense (Llama's MLP of intermediate_size), the others a router whose fp32 logits are
+//    routed by sigmoid plus the buffer mlp.gate.e_score_correction_bias among the best
+//    topk_group of n_group expert groups (kernels.hpp's moe_sigmoid_router_forward), weights the
+//    sigmoids (renormalised under norm_topk_prob) times routed_scaling_factor, experts of
+//    moe_intermediate_size under mlp.experts.{e}.*, plus n_shared_experts ungated shared
+//    experts (one SwiGLU MLP, mlp.shared_experts.*); no auxiliary loss.
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -137,7 +147,8 @@ enum class LlamaArch {
   mixtral,
   olmoe,
   qwen2_moe,
-  glm4_moe
+  glm4_moe,
+  deepseek_v3
 };
 
 template <>
@@ -159,21 +170,23 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::mixtral, "mixtral"},
                                                   {LlamaArch::olmoe, "olmoe"},
                                                   {LlamaArch::qwen2_moe, "qwen2_moe"},
-                                                  {LlamaArch::glm4_moe, "glm4_moe"}};
+                                                  {LlamaArch::glm4_moe, "glm4_moe"},
+                                                  {LlamaArch::deepseek_v3, "deepseek_v3"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
-// "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma", "Exaone4" (the classes
+// "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma", "Exaone4", "Qwen3Moe",
+// "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe" (the classes
 // <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for Gemma 3's
 // Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
 
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
 // Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
-// Gemma2Config, GemmaConfig, Exaone4Config, Qwen3MoeConfig, MixtralConfig, OlmoeConfig and
-// Qwen2MoeConfig ([model] with type = "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3",
-// "gemma3_text", "smollm3", "granite", "olmo3", "gemma2", "gemma", "exaone4", "qwen3_moe",
-// "mixtral", "olmoe" or "qwen2_moe"; same
+// Gemma2Config, GemmaConfig, Exaone4Config, Qwen3MoeConfig, MixtralConfig, OlmoeConfig,
+// Qwen2MoeConfig and Glm4MoeConfig ([model] with type = "llama", "mistral", "qwen2", "qwen3",
+// "olmo2", "phi3", "gemma3_text", "smollm3", "granite", "olmo3", "gemma2", "gemma", "exaone4",
+// "qwen3_moe", "mixtral", "olmoe", "qwen2_moe" or "glm4_moe"; same
 // names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
 // type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp:
 // a field that is not one of its type's keys keeps the default here (Qwen2 has no
@@ -278,6 +291,25 @@ struct LlamaConfig {
   int64_t topk_group = 1;
   int64_t first_k_dense_replace = 1;
   bool use_qk_norm = false;
+  // DeepSeek-V3 (DeepseekV3Config; mla()): Multi-head Latent Attention (DeepSeek-AI 2024,
+  // "DeepSeek-V2", section 2.1). q = q_proj(x), or with q_lora_rank (0 = HF's None)
+  // q_b_proj(q_a_layernorm(q_a_proj(x))); each head of q is [nope: qk_nope_head_dim | rope:
+  // qk_rope_head_dim]. kv_a_proj_with_mqa(x) = [c: kv_lora_rank | k_rope: qk_rope_head_dim],
+  // k_rope one key part all heads share; kv_b_proj(kv_a_layernorm(c)) gives each head [k_nope:
+  // qk_nope_head_dim | v: v_head_dim]. RoPE on the rope parts, in adjacent pairs (2i, 2i+1)
+  // under rope_interleave (HF's apply_rotary_pos_emb_interleave), else rotate-half. The two
+  // lora norms use eps 1e-6 whatever rms_norm_eps is (HF builds them with the class default).
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 16;
+  int64_t qk_nope_head_dim = 16;
+  int64_t qk_rope_head_dim = 8;
+  int64_t v_head_dim = 16;
+  bool rope_interleave = true;
+  // yarn's mscale and mscale_all_dim (DeepSeek's rope_scaling; 0 = HF's None): cos and sin
+  // scale by get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) and the scores by
+  // get_mscale(factor, mscale_all_dim)^2 (llama_rope_attention_scaling, attention_scale()).
+  double rope_mscale = 0.0;
+  double rope_mscale_all_dim = 0.0;
   // The auxiliary load-balancing loss (HF's output_router_logits, router_aux_loss_coef;
   // aux_loss()): loss + router_aux_loss_coef * E sum_e f_e P_e over all layers' tokens.
   bool output_router_logits = false;
@@ -286,11 +318,25 @@ struct LlamaConfig {
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
 
-  int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
-  int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
+  // Multi-head Latent Attention (DeepSeek-V3): the attention's own projections (q, kv
+  // compressed to kv_lora_rank, per-head k_nope and v), heads of q and k head_size() =
+  // qk_nope_head_dim + qk_rope_head_dim wide, of v v_head_dim wide.
+  bool mla() const { return arch == LlamaArch::deepseek_v3; }
+  int64_t kv_heads() const {
+    if (mla()) return num_attention_heads;  // (MLA's keys and values are per head)
+    return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;
+  }
+  int64_t head_size() const {
+    if (mla()) return qk_nope_head_dim + qk_rope_head_dim;
+    return head_dim > 0 ? head_dim : hidden_size / num_attention_heads;
+  }
+  // The width of each head of the attention's output (o_proj's input: H of them).
+  int64_t value_head_size() const { return mla() ? v_head_dim : head_size(); }
   // The columns of each q / k head RoPE rotates, from the first (the rest pass through):
-  // int(head_size() * partial_rotary_factor), as HF's rope init computes `dim`.
+  // int(head_size() * partial_rotary_factor), as HF's rope init computes `dim`; MLA's
+  // qk_rope_head_dim (HF's DeepseekV3Config.head_dim), which its layout puts first (mla_forward).
   int64_t rotary_dim() const {
+    if (mla()) return qk_rope_head_dim;
     return static_cast<int64_t>(static_cast<double>(head_size()) * partial_rotary_factor);
   }
   int64_t padded_vocab() const { return padded_vocab_size(vocab_size, pad_vocab_multiple); }
@@ -298,38 +344,40 @@ struct LlamaConfig {
   // experts (GLM-4.5's from layer first_k_dense_replace on: layer_sparse()).
   bool moe() const {
     return arch == LlamaArch::qwen3_moe || arch == LlamaArch::mixtral ||
-           arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe || glm4_moe();
+           arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe || deepseek_moe();
   }
-  bool glm4_moe() const { return arch == LlamaArch::glm4_moe; }
+  // DeepSeek-V3's MoE block (DeepseekV3MoE: sigmoid routing, dense first layers, ungated
+  // shared experts), which GLM-4.5 (Glm4MoeMoE) has too.
+  bool deepseek_moe() const { return arch == LlamaArch::glm4_moe || mla(); }
   // Whether decoder layer `layer` is sparse (a router and experts) rather than Llama's dense
   // MLP of intermediate_size: every layer of a moe() class but GLM-4.5's first
   // first_k_dense_replace.
   bool layer_sparse(int64_t layer) const {
-    return moe() && (!glm4_moe() || layer >= first_k_dense_replace);
+    return moe() && (!deepseek_moe() || layer >= first_k_dense_replace);
   }
   int64_t expert_size() const {
-    return arch == LlamaArch::qwen3_moe || arch == LlamaArch::qwen2_moe || glm4_moe()
+    return arch == LlamaArch::qwen3_moe || arch == LlamaArch::qwen2_moe || deepseek_moe()
                ? moe_intermediate_size
                : intermediate_size;
   }
   // A shared expert beside the routed ones that every token runs: Qwen2-MoE's, scaled by a
   // per-token sigmoid gate (shared_expert_gated()), and GLM-4.5's n_shared_experts, unscaled;
   // shared_size() wide.
-  bool shared_expert() const { return arch == LlamaArch::qwen2_moe || glm4_moe(); }
+  bool shared_expert() const { return arch == LlamaArch::qwen2_moe || deepseek_moe(); }
   bool shared_expert_gated() const { return arch == LlamaArch::qwen2_moe; }
   int64_t shared_size() const {
-    return glm4_moe() ? n_shared_experts * moe_intermediate_size
+    return deepseek_moe() ? n_shared_experts * moe_intermediate_size
                       : shared_expert_intermediate_size;
   }
   // DeepSeek-V3's routing (GLM-4.5): sigmoid scores, e_score_correction_bias, groups, the
   // scaling factor (moe_sigmoid_router_forward); the others: softmax top-k (moe_router_forward).
   // The router's logits are then fp32, as HF's DeepseekV3TopkRouter computes them.
-  bool sigmoid_routing() const { return glm4_moe(); }
+  bool sigmoid_routing() const { return deepseek_moe(); }
   bool normalize_top_k() const { return arch == LlamaArch::mixtral || norm_topk_prob; }
   // Whether the loss has the load-balancing term (a coefficient of 0 adds nothing).
   // (GLM-4.5 has none: output_router_logits is not one of its keys.)
   bool aux_loss() const {
-    return moe() && !glm4_moe() && output_router_logits && router_aux_loss_coef != 0.0;
+    return moe() && !deepseek_moe() && output_router_logits && router_aux_loss_coef != 0.0;
   }
   // The rows and width of layer `layer`'s MLP activations (gate, up, silu(gate) * up): BT
   // tokens of intermediate_size, or when layer_sparse(layer) BT * num_experts_per_tok routed
@@ -345,17 +393,19 @@ struct LlamaConfig {
   bool qkv_bias() const {
     return attention_bias || arch == LlamaArch::qwen2 || arch == LlamaArch::qwen2_moe;
   }
-  bool o_bias() const { return attention_bias && !glm4_moe(); }  // (GLM-4.5's o_proj: none)
+  bool o_bias() const {  // (GLM-4.5's o_proj: none; DeepSeek-V3's under attention_bias)
+    return attention_bias && (arch != LlamaArch::glm4_moe);
+  }
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
   // Qwen3's (and Qwen3-MoE's) over each head's D values (weight [D]), OLMo 2's (and OLMoE's)
   // over the whole projection (weights [H*D], [Hkv*D]).
   bool qk_norm() const {
     return qwen3_attention() || olmo_layer() || gemma3() || arch == LlamaArch::olmoe ||
-           (glm4_moe() && use_qk_norm);
+           (arch == LlamaArch::glm4_moe && use_qk_norm);
   }
   bool qk_norm_per_head() const {
     return qwen3_attention() || gemma3() || arch == LlamaArch::exaone4 ||
-           (glm4_moe() && use_qk_norm);
+           (arch == LlamaArch::glm4_moe && use_qk_norm);
   }
   // Qwen3's attention (per-head q_norm / k_norm): Qwen3 and Qwen3-MoE.
   bool qwen3_attention() const { return arch == LlamaArch::qwen3 || arch == LlamaArch::qwen3_moe; }
@@ -516,9 +566,11 @@ class LlamaModel final : public CausalLm {
   // The head's output, before Gemma 2's final soft-cap (which the loss kernel applies; HF's
   // logits are after it). Throws fsdp::Error under model.fused_linear_cross_entropy.
   TensorView last_logits() const override;
-  // moe(): decoder layer `layer`'s router logits of the last forward, [B*T, num_experts] (the
-  // routing's inputs: tests check its margins). Empty before a forward, for a dense model,
-  // and for a layer that shares its buffers with recomputed ones (activation checkpointing).
+  // Decoder layer `layer`'s router logits of the last forward, [B*T, num_experts] (the
+  // routing's inputs: tests check its margins; fp32 under sigmoid_routing(), else the
+  // activations' dtype). A null view (data nullptr) before a forward, for a dense layer (or
+  // model), and for a layer that shares its buffers with recomputed ones (activation
+  // checkpointing).
   TensorView router_logits(int64_t layer) const;
   double take_max_expert_load() override;
 
@@ -548,6 +600,16 @@ class LlamaModel final : public CausalLm {
   // layer's forward has just been recomputed (act and ln2 in place).
   void moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks, const TensorView& norm_weight,
                     bool recompute);
+  // mla(): layer l's Multi-head Latent Attention on xin [BT, C] (input_layernorm's output):
+  // the projections and their norms, q and k laid out per head as [rope (de-interleaved under
+  // rope_interleave) | nope] and rotated, v padded to D, the attention into the layer's atty
+  // (D wide a head) and o_proj's input [BT, H v_head_dim] into Acts::mla_o.
+  void mla_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks, const TensorView& xin);
+  // Its backward from dres = d res2 (o_proj's output gradient, times alpha: Granite's
+  // residual_multiplier, 1 here): every weight gradient of the attention, and dres += d res[l]
+  // through input_layernorm (weight `norm_weight`, its gradient `norm_grad`).
+  void mla_backward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                    const TensorView& norm_weight, const TensorView& norm_grad);
   // Copies layer l's routing (idx) to the host, groups the BT * K routed rows by expert
   // (expert-major, then token and k ascending) and uploads each row's token (src) and each
   // (token, k)'s row (slot); the experts' row ranges stay on the host (Acts::Layer).

@@ -140,6 +140,14 @@ class ModelArgs {
     }
     throw Error("ModelArgs::name: an enum member without a row");
   }
+  // Whether `member` has a row (a key of this table).
+  template <class T>
+  bool has(T Cfg::* member) const {
+    for (const auto& a : args_) {
+      if (const auto* m = std::get_if<T Cfg::*>(&a.member); m && *m == member) return true;
+    }
+    return false;
+  }
   // "model.<name>" of the row of `member` (as name()).
   template <class M>
   std::string key(M member) const {

@@ -332,6 +332,9 @@ class CpuBackend final : public Backend {
   void moe_router_backward(const TensorView& dlogits, const TensorView& dweights,
                            const TensorView& logits, const TensorView& idx, int64_t R, int64_t E,
                            int64_t K, bool normalize) override;
+  void strided_copy(const TensorView& dst, const Strided& dst_at, const TensorView& src,
+                    const Strided& src_at, int64_t R, int64_t G, int64_t W,
+                    bool accumulate) override;
   void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
                                   const TensorView& logits, const TensorView& bias, int64_t R,
                                   int64_t E, int64_t K, const SigmoidRouting& g) override;
@@ -1064,6 +1067,21 @@ void CpuBackend::moe_router_backward(const TensorView& dlogits, const TensorView
   const F32Out g = out(dlogits, R * E, false);
   k_.moe_router_backward(g, static_cast<const float*>(dweights.data), x,
                          static_cast<const int32_t*>(idx.data), R, E, K, normalize);
+}
+
+void CpuBackend::strided_copy(const TensorView& dst, const Strided& dst_at, const TensorView& src,
+                              const Strided& src_at, int64_t R, int64_t G, int64_t W,
+                              bool accumulate) {
+  Chk::strided_copy(dst, dst_at, src, src_at, R, G, W);
+  if (R == 0 || G == 0 || W == 0) return;
+  auto extent = [&](const Strided& a) {
+    return (R - 1) * a.row + a.offset + (G - 1) * a.group + (W - 1) * a.col + 1;
+  };
+  const F32In x = in(src, extent(src_at));
+  const F32Out o = out(dst, extent(dst_at), /*load=*/true);  // the positions not written kept
+  const int64_t d[4] = {dst_at.row, dst_at.offset, dst_at.group, dst_at.col};
+  const int64_t s[4] = {src_at.row, src_at.offset, src_at.group, src_at.col};
+  k_.strided_copy(o, d, x, s, R, G, W, accumulate);
 }
 
 void CpuBackend::moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,

@@ -755,6 +755,29 @@ void CpuKernels::swiglu_forward(float* out, const float* gate, const float* up, 
   }
 }
 
+void CpuKernels::strided_copy(float* dst, const int64_t d[4], const float* src,
+                              const int64_t s[4], int64_t R, int64_t G, int64_t W,
+                              bool accumulate) const {
+  const bool reduce = d[2] == 0;  // one output per (r, c): the groups summed, g ascending
+#pragma omp parallel for schedule(static) num_threads(threads_for(R * G * W, kParallelMinElems))
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < W; ++c) {
+      if (reduce) {
+        float sum = 0.f;
+        for (int64_t g = 0; g < G; ++g) sum += src[r * s[0] + s[1] + g * s[2] + c * s[3]];
+        float& out = dst[r * d[0] + d[1] + c * d[3]];
+        out = accumulate ? out + sum : sum;
+        continue;
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        const float v = src[r * s[0] + s[1] + g * s[2] + c * s[3]];
+        float& out = dst[r * d[0] + d[1] + g * d[2] + c * d[3]];
+        out = accumulate ? out + v : v;
+      }
+    }
+  }
+}
+
 // ---- mixture of experts ----
 
 namespace {

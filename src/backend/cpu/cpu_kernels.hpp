@@ -142,6 +142,10 @@ class CpuKernels {
   // dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may be gate or dout, dup up).
   void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                        const float* up, int64_t n) const;
+  // kernels.hpp's strided_copy on fp32 views: element (r, g, c) at r * row + offset + g *
+  // group + c * col of each ({row, offset, group, col}); d_group 0 sums the groups.
+  void strided_copy(float* dst, const int64_t d[4], const float* src, const int64_t s[4],
+                    int64_t R, int64_t G, int64_t W, bool accumulate) const;
   // ---- mixture of experts (kernels.hpp's moe_*; R tokens, E experts, K per token) ----
   // logits [R,E]; idx [R,K] (descending p, ties to the lower expert), w [R,K].
   void moe_router_forward(int32_t* idx, float* w, const float* logits, int64_t R, int64_t E,
