@@ -626,7 +626,10 @@ every = 0
 max_windows = 4
 )";
   Config c = fsdp::parse_config(
-      toml, "test_init_from: tiny " + type + " from Hugging Face size names (if this fails, give the family a line in family_model())", overrides);
+      toml,
+      "test_init_from: tiny " + type +
+          " from Hugging Face size names (if this fails, give the family a line in family_model())",
+      overrides);
   c.train.run_dir = run_dir;
   return c;
 }
@@ -804,9 +807,9 @@ namespace {
 // under mlp.gate, as checkpoints saved with save_original_format=False (and newer Hub models)
 // hold them. init_from reads that layout bit for bit as the per-expert one the merge writes.
 TEST(InitFromPackedExperts, TransformersFiveLayoutLoadsAsThePerExpertOne) {
-  // (GLM-4.5's dense layer 0 has no experts; its routers' e_score_correction_bias stays a
-  // tensor of its own, as in transformers 5)
-  for (const char* type : {"qwen3_moe", "mixtral", "olmoe", "glm4_moe"}) {
+  // (GLM-4.5's and DeepSeek-V3's dense layer 0 has no experts; their routers'
+  // e_score_correction_bias stays a tensor of its own, as in transformers 5)
+  for (const char* type : {"qwen3_moe", "mixtral", "olmoe", "glm4_moe", "deepseek_v3"}) {
     SCOPED_TRACE(type);
     const Source& src = source(family_model(type));
     const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(src.cfg.model);

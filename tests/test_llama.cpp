@@ -173,6 +173,24 @@ bool is_moe(fsdp::LlamaArch arch) {
          arch == fsdp::LlamaArch::glm4_moe || arch == fsdp::LlamaArch::deepseek_v3;
 }
 
+// Whether parameter `name` is a router's e_score_correction_bias (GLM-4.5, DeepSeek-V3): HF's
+// buffer, never trained (a zero gradient; not counted among HF's parameters).
+bool is_router_bias(const std::string& name) {
+  const std::string suffix = ".mlp.gate.e_score_correction_bias";
+  return name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// HF's num_parameters of `g`, and the values of its routers' bias buffers beside them.
+std::pair<int64_t, int64_t> parameters_and_buffers(const fsdp::LlamaConfig& g) {
+  int64_t params = 0, buffers = 0;
+  for (const auto& m : fsdp::llama_modules(g)) {
+    for (const auto& p : m.params)
+      (is_router_bias(p.name) ? buffers : params) += p.unpadded_numel();
+  }
+  return {params, buffers};
+}
+
 // Every element of this rank's shards += N(0, 0.3) (norm weights != 1, biases != 0); the
 // routers' e_score_correction_bias (GLM-4.5, DeepSeek-V3) by a tenth of that, as a sigmoid
 // routing's choices differ by less: larger biases would send every token to the same experts.
@@ -184,8 +202,9 @@ void perturb_shards(Fixture& f, unsigned seed = 7) {
     const int64_t n = f.engine.shard_numel(u), begin = f.engine.shard_index() * n;
     for (int64_t i = 0; i < n; ++i) p[i] += nd(gen);
     for (const auto& e : f.engine.layout(u).entries) {  // (the shard's part of each bias)
-      if (e.spec.name.find("e_score_correction_bias") == std::string::npos) continue;
-      const int64_t lo = std::max(e.offset, begin), hi = std::min(e.offset + e.spec.numel(), begin + n);
+      if (!is_router_bias(e.spec.name)) continue;
+      const int64_t lo = std::max(e.offset, begin),
+                    hi = std::min(e.offset + e.spec.numel(), begin + n);
       for (int64_t i = lo; i < hi; ++i) p[i - begin] *= 0.1f;
     }
   }
@@ -218,10 +237,10 @@ std::vector<std::vector<std::pair<float, int64_t>>> ranked_experts(
   if (v.data == nullptr || v.dtype != fsdp::DType::f32) return {};
   std::vector<float> z(static_cast<std::size_t>(v.numel()));
   f.be->copy_to_host(z.data(), v);
-  const std::vector<float> bias =
-      m.sigmoid_routing()
-          ? param_values(f, "model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias")
-          : std::vector<float>(static_cast<std::size_t>(E), 0.f);
+  const std::vector<float> bias = m.sigmoid_routing()
+                                      ? param_values(f, "model.layers." + std::to_string(l) +
+                                                            ".mlp.gate.e_score_correction_bias")
+                                      : std::vector<float>(static_cast<std::size_t>(E), 0.f);
   if (group_gap) *group_gap = std::numeric_limits<float>::infinity();
   std::vector<std::vector<std::pair<float, int64_t>>> rows(
       static_cast<std::size_t>(v.numel() / E));
@@ -429,7 +448,7 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         for (int64_t i = n; i < e.spec.numel(); ++i) {
           ASSERT_EQ(grad[e.offset + i], 0.f) << c.what << ": " << e.spec.name << " pad " << i;
         }
-        if (e.spec.name.find("e_score_correction_bias") != std::string::npos) {
+        if (is_router_bias(e.spec.name)) {
           // GLM-4.5's buffer: no gradient (it moves the routing only, which is held clear)
           EXPECT_EQ(norm_g, 0.0) << c.what << ": " << e.spec.name;
           ++checked;
@@ -559,10 +578,8 @@ void check_reference(const std::string& file) {
       for (int64_t i = n; i < e.spec.numel(); ++i) {
         ASSERT_EQ(g[e.offset + i], 0.f) << file << ": " << e.spec.name << " pad element " << i;
       }
-      // GLM-4.5's e_score_correction_bias is a buffer: its gradient is 0, ours exactly
-      const std::string buffer = "e_score_correction_bias";
-      if (e.spec.name.size() > buffer.size() &&
-          e.spec.name.compare(e.spec.name.size() - buffer.size(), buffer.size(), buffer) == 0) {
+      // GLM-4.5's and DeepSeek-V3's router bias is a buffer: its gradient is 0, ours exactly
+      if (is_router_bias(e.spec.name)) {
         EXPECT_EQ(gn, 0.0) << file << ": " << e.spec.name;
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(g[e.offset + i], 0.f) << e.spec.name << i;
         continue;
@@ -1477,13 +1494,7 @@ TEST(Llama, Glm4MoeConfigJson) {
       {"use_qk_norm", false}, {"vocab_size", 151552}};
   const fsdp::ModelConfig mc = glm.from_hf_config(air, "config.json");
   const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
-  int64_t params = 0, buffers = 0;
-  for (const auto& m : fsdp::llama_modules(g)) {
-    for (const auto& p : m.params) {
-      (p.name.find("e_score_correction_bias") != std::string::npos ? buffers : params) +=
-          p.unpadded_numel();
-    }
-  }
+  const auto [params, buffers] = parameters_and_buffers(g);
   EXPECT_EQ(params, 106852245504);
   EXPECT_EQ(buffers, 45 * 128);
   EXPECT_TRUE(g.moe());
@@ -1583,13 +1594,7 @@ TEST(Llama, DeepseekV3ConfigJson) {
       {"v_head_dim", 128}, {"vocab_size", 129280}};
   const fsdp::ModelConfig mc = ds.from_hf_config(v3, "config.json");
   const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
-  int64_t params = 0, buffers = 0;
-  for (const auto& m : fsdp::llama_modules(g)) {
-    for (const auto& p : m.params) {
-      (p.name.find("e_score_correction_bias") != std::string::npos ? buffers : params) +=
-          p.unpadded_numel();
-    }
-  }
+  const auto [params, buffers] = parameters_and_buffers(g);
   EXPECT_EQ(params, 671026404352);
   EXPECT_EQ(buffers, 58 * 256);
   EXPECT_TRUE(g.mla());
@@ -1603,6 +1608,10 @@ TEST(Llama, DeepseekV3ConfigJson) {
   const double m = 0.1 * std::log(40.0) + 1;
   EXPECT_EQ(g.attention_scale(), static_cast<float>(std::pow(192.0, -0.5) * m * m));
   EXPECT_EQ(fsdp::llama_rope_attention_scaling(g), 1.0);
+  // MFU's FLOPs of one token: 6 x its 36.6G multiply-adds (the published 37B active: MLA's
+  // projections, 8 routed and the shared expert, the router, the head) + its one score and value
+  const double macs = 36624596992.0 + 61.0 * (128 * 192 + 128 * 128);
+  EXPECT_DOUBLE_EQ(ds.train_flops_per_sample(mc, {1, 1}), 6 * macs);
   const nlohmann::json out = ds.hf_config(mc);
   EXPECT_EQ(out.at("num_key_value_heads"), 128);
   EXPECT_EQ(out.at("rope_scaling").at("mscale_all_dim"), 1.0);
@@ -1612,8 +1621,9 @@ TEST(Llama, DeepseekV3ConfigJson) {
        {"model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.q_a_layernorm.weight",
         "model.layers.0.self_attn.q_b_proj.weight",
         "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
-        "model.layers.0.self_attn.kv_a_layernorm.weight", "model.layers.0.self_attn.kv_b_proj.weight",
-        "model.layers.2.mlp.down_proj.weight", "model.layers.3.mlp.gate.e_score_correction_bias",
+        "model.layers.0.self_attn.kv_a_layernorm.weight",
+        "model.layers.0.self_attn.kv_b_proj.weight", "model.layers.2.mlp.down_proj.weight",
+        "model.layers.3.mlp.gate.e_score_correction_bias",
         "model.layers.60.mlp.experts.255.up_proj.weight"}) {
     EXPECT_TRUE(ds.hf_tensor(mc, name, {1}).has_value()) << name;
   }

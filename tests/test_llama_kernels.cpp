@@ -734,7 +734,8 @@ TEST_F(LlamaKernels, StridedCopyMovesBroadcastsAndSumsColumnBlocks) {
     }
     be->strided_copy(f32(dst), t.d, f32(const_cast<Vec&>(t.from)), t.s, R, t.G, t.W,
                      t.accumulate);
-    for (std::size_t i = 0; i < dst.size(); ++i) ASSERT_NEAR(dst[i], want[i], 1e-6) << t.what << " " << i;
+    for (std::size_t i = 0; i < dst.size(); ++i)
+      ASSERT_NEAR(dst[i], want[i], 1e-6) << t.what << " " << i;
   }
   // bf16 destination: each written element rounded once, the others kept bit for bit
   std::vector<uint16_t> bf(static_cast<std::size_t>(R * H * D), 0x3f80);  // 1.0
@@ -748,7 +749,8 @@ TEST_F(LlamaKernels, StridedCopyMovesBroadcastsAndSumsColumnBlocks) {
         const bool written = c % 2 == 1 && c / 2 < 3;
         float v = 1.f;
         if (written) v = src[static_cast<std::size_t>(r * H * D + g * D + c / 2)];
-        ASSERT_EQ(got, written ? fsdp::f32_to_bf16(v) : uint16_t{0x3f80}) << r << " " << g << " " << c;
+        ASSERT_EQ(got, written ? fsdp::f32_to_bf16(v) : uint16_t{0x3f80})
+            << r << " " << g << " " << c;
       }
     }
   }

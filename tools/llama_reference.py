@@ -908,7 +908,7 @@ def deepseek_moe(cfg):
 
 def mla(cfg):
     """DeepseekV3ForCausalLM's Multi-head Latent Attention (mla_attention) in place of Llama's."""
-    return cfg["model_type"] == "deepseek_v3"
+    return cfg.get("model_type") == "deepseek_v3"
 
 
 def mla_scale(cfg):

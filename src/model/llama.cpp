@@ -625,7 +625,8 @@ LayerParams layer_params(const LlamaConfig& c, int64_t l) {
   const int64_t dense_before = !c.moe() ? l
                                : c.deepseek_moe() ? std::min(l, c.first_k_dense_replace)
                                               : 0;
-  const int64_t dense = layer_index(c, false).count, sparse = c.moe() ? layer_index(c, true).count : 0;
+  const int64_t dense = layer_index(c, false).count,
+                sparse = c.moe() ? layer_index(c, true).count : 0;
   const int64_t before = dense_before * dense + (l - dense_before) * sparse;
   return {layer_index(c, c.layer_sparse(l)), static_cast<int>(1 + before)};
 }
@@ -1217,7 +1218,9 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   a->dres = f(BT * C); a->dln = f(BT * C); a->dI1 = f(MI); a->dI2 = f(MI);
   if (any_sparse) {
     const int64_t RK = BT * cfg_.num_experts_per_tok;
-    a->moe_rows = f(RK * C); a->moe_dw = f32(RK); a->moe_dlogits = logits_buf(BT * cfg_.num_experts);
+    a->moe_rows = f(RK * C);
+    a->moe_dw = f32(RK);
+    a->moe_dlogits = logits_buf(BT * cfg_.num_experts);
     if (cfg_.aux_loss()) {
       const int64_t E = cfg_.num_experts;
       a->moe_psum = f32(E); a->moe_counts = f32(E); a->moe_dprobs = f32(E);
@@ -2241,12 +2244,14 @@ class LlamaFamily final : public ModelFamily {
     const int64_t rotated = g.rotary_dim();
     if (g.mla()) {  // (qk_rope_head_dim >= 2 by its range)
       if (rotated % 2 != 0) {
-        throw fail(a.key(&LlamaConfig::qk_rope_head_dim), n(rotated) + " is odd (RoPE rotates pairs)");
+        throw fail(a.key(&LlamaConfig::qk_rope_head_dim),
+                   n(rotated) + " is odd (RoPE rotates pairs)");
       }
       if (g.num_key_value_heads != 0 && g.num_key_value_heads != g.num_attention_heads) {
         throw fail(a.key(&LlamaConfig::num_key_value_heads),
-                   n(g.num_key_value_heads) + " is not " + a.key(&LlamaConfig::num_attention_heads) +
-                       " = " + n(g.num_attention_heads) + " (MLA's keys and values are per head)");
+                   n(g.num_key_value_heads) + " is not " +
+                       a.key(&LlamaConfig::num_attention_heads) + " = " + n(g.num_attention_heads) +
+                       " (MLA's keys and values are per head)");
       }
       if (g.v_head_dim > g.head_size()) {
         throw fail(a.key(&LlamaConfig::v_head_dim),
@@ -2325,8 +2330,9 @@ class LlamaFamily final : public ModelFamily {
     return LlamaModel::activation_bytes(LlamaConfig::from(c), rows, shape.L, act, checkpointing);
   }
   int64_t vocab_size(const ModelConfig& c) const override { return LlamaConfig::from(c).vocab_size; }
-  // Per token per layer: q, k, v, o (C (2Q + 2KV) multiply-adds) and the MLP (3 C I); the LM
-  // head V C; attention T Q each for Q K^T and P V (causal mask not discounted, as for GPT-2).
+  // Per token per layer: q, k, v, o (C (2Q + 2KV) multiply-adds; MLA's own projections) and the
+  // MLP (3 C I); the LM head V C; attention T Q each for Q K^T and P V (MLA: T Q and T H dv;
+  // causal mask not discounted, as for GPT-2).
   double train_flops_per_sample(const ModelConfig& c, const data::BatchShape& shape) const override {
     const LlamaConfig g = LlamaConfig::from(c);
     const double T = static_cast<double>(shape.L), C = static_cast<double>(g.hidden_size),
@@ -2345,7 +2351,19 @@ class LlamaFamily final : public ModelFamily {
                                      C * static_cast<double>(g.num_experts) + shared
                                : 3 * C * I;
     }
-    const double macs = T * (L * C * (2 * Q + 2 * KV) + mlp + V * C) + L * 2.0 * T * T * Q;
+    // MLA: its projections (q_a, q_b or q_proj; kv_a, kv_b; o) and the scores over D, the
+    // values over v_head_dim
+    double proj = C * (2 * Q + 2 * KV), scores = 2.0 * Q;
+    if (g.mla()) {
+      const double H = static_cast<double>(g.num_attention_heads),
+                   ql = static_cast<double>(g.q_lora_rank), r = static_cast<double>(g.kv_lora_rank),
+                   dr = static_cast<double>(g.qk_rope_head_dim),
+                   dn = static_cast<double>(g.qk_nope_head_dim),
+                   dv = static_cast<double>(g.v_head_dim);
+      proj = (ql > 0 ? C * ql + ql * Q : C * Q) + C * (r + dr) + r * H * (dn + dv) + H * dv * C;
+      scores = Q + H * dv;
+    }
+    const double macs = T * (L * proj + mlp + V * C) + L * T * T * scores;
     return 6.0 * macs;
   }
   // Our names are HF's state-dict names and nn.Linear layouts. A layer's parameter is looked
@@ -2570,7 +2588,8 @@ class LlamaFamily final : public ModelFamily {
       if (!hf.contains(theta) && rp.contains(theta)) hf[theta] = rp[theta];
       if (!hf.contains("rope_scaling") || hf["rope_scaling"].is_null()) hf["rope_scaling"] = rp;
     }
-    if (arch_ == LlamaArch::phi3 || arch_ == LlamaArch::glm4_moe) partial_rotary_from_hf(hf, origin);
+    if (arch_ == LlamaArch::phi3 || arch_ == LlamaArch::glm4_moe)
+      partial_rotary_from_hf(hf, origin);
     if (arch_ == LlamaArch::phi3) phi3_rope_from_hf(hf, origin);
     if (hf.contains("rope_scaling") && hf["rope_scaling"].is_object()) {
       nlohmann::json& rs = hf["rope_scaling"];

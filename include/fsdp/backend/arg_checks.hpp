@@ -590,7 +590,8 @@ struct ArgChecks {
                                      (W - 1) * at->col;
       need_float(k, name, *v, last + 1);
     }
-    if (d.col < 1) error(k, "dst", "has column stride " + std::to_string(d.col) + " (expected >= 1)");
+    if (d.col < 1)
+      error(k, "dst", "has column stride " + std::to_string(d.col) + " (expected >= 1)");
   }
   static void moe_dims(const char* k, int64_t R, int64_t E, int64_t K) {
     dim(k, "R", R);
@@ -627,8 +628,8 @@ struct ArgChecks {
                                    " into groups of at least 2 experts)");
     }
     if (g.topk_group < 1 || g.topk_group > g.n_group) {
-      error(k, "topk_group", "= " + std::to_string(g.topk_group) + " (expected 1 <= topk_group <= " +
-                                 groups + ")");
+      error(k, "topk_group",
+            "= " + std::to_string(g.topk_group) + " (expected 1 <= topk_group <= " + groups + ")");
     }
   }
   static void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,

@@ -1,4 +1,4 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of eighteen Hugging
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of nineteen Hugging
 // Face classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
@@ -84,7 +84,13 @@
 //    topk_group of n_group expert groups (kernels.hpp's moe_sigmoid_router_forward), weights the
 //    sigmoids (renormalised under norm_topk_prob) times routed_scaling_factor, experts of
 //    moe_intermediate_size under mlp.experts.{e}.*, plus n_shared_experts ungated shared
-//    experts (one SwiGLU MLP, mlp.shared_experts.*); no auxiliary loss.
+//    experts (one SwiGLU MLP, mlp.shared_experts.*); no auxiliary loss;
+//  - "deepseek_v3": DeepseekV3ForCausalLM (models/deepseek_v3; DeepSeek-V3, R1, Kimi K2,
+//    Moonlight): GLM-4.5's layers and sparse block with Multi-head Latent Attention (DeepSeek-AI
+//    2024, "DeepSeek-V2", section 2.1; mla(), LlamaModel::mla_forward): the queries (optionally)
+//    and the keys and values compressed through low-rank projections with their own RMSNorms,
+//    each head's q and k a part without RoPE and a rope part (k's shared by all heads), values
+//    of v_head_dim, yarn's mscale / mscale_all_dim.
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -176,7 +182,7 @@ struct EnumNames<LlamaArch> {
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
 // "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma", "Exaone4", "Qwen3Moe",
-// "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe" (the classes
+// "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe", "DeepseekV3" (the classes
 // <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for Gemma 3's
 // Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
@@ -184,9 +190,10 @@ const char* llama_arch_prefix(LlamaArch arch);
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
 // Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
 // Gemma2Config, GemmaConfig, Exaone4Config, Qwen3MoeConfig, MixtralConfig, OlmoeConfig,
-// Qwen2MoeConfig and Glm4MoeConfig ([model] with type = "llama", "mistral", "qwen2", "qwen3",
-// "olmo2", "phi3", "gemma3_text", "smollm3", "granite", "olmo3", "gemma2", "gemma", "exaone4",
-// "qwen3_moe", "mixtral", "olmoe", "qwen2_moe" or "glm4_moe"; same
+// Qwen2MoeConfig, Glm4MoeConfig and DeepseekV3Config ([model] with type = "llama", "mistral",
+// "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3", "granite", "olmo3", "gemma2",
+// "gemma", "exaone4", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe" or
+// "deepseek_v3"; same
 // names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
 // type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp:
 // a field that is not one of its type's keys keeps the default here (Qwen2 has no
