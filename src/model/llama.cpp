@@ -876,9 +876,9 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
     const std::string moe = mixtral ? "block_sparse_moe" : "mlp";
     const int64_t Im = c.expert_size();
     put(x.router, moe + ".gate.weight", {c.num_experts, C}, InitKind::normal, true);
-    // GLM-4.5's selection bias, a buffer (HF's register_buffer: in the state dict, not a
-    // parameter): a parameter here that the model never writes a gradient to and AdamW does
-    // not decay, so every optimizer step leaves it as it was (its AdamW moments stay 0).
+    // GLM-4.5's and DeepSeek-V3's selection bias, a buffer (HF's register_buffer: in the state
+    // dict, not a parameter): a parameter here that the model never writes a gradient to and AdamW
+    // does not decay, so every optimizer step leaves it as it was (its AdamW moments stay 0).
     put(x.e_bias, moe + ".gate.e_score_correction_bias", {c.num_experts}, InitKind::zeros, false);
     for (int64_t e = 0; e < c.num_experts; ++e) {
       const std::string ex = moe + ".experts." + std::to_string(e) + ".";
@@ -1408,26 +1408,26 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   if (cfg_.mla()) {
     mla_forward(l, B, T, hooks, xin);
   } else {
-  if (cfg_.qk_norm()) {  // q = q_norm(q_proj(xin)) (Qwen3, Gemma 3: per head; OLMo 2: per row)
-    const QkNormRows n = qk_norm_rows(cfg_, BT);
-    linear(rows(y.q_raw, Q), xin, x.q_w, x.q_b, Q, C);
-    linear(rows(y.k_raw, KV), xin, x.k_w, x.k_b, KV, C);
-    be_.rmsnorm_forward(y.q.view({n.q, n.q_width}), y.q_rstd.view({n.q}),
-                        y.q_raw.view({n.q, n.q_width}), nw.q, n.q, n.q_width, eps);
-    be_.rmsnorm_forward(y.k.view({n.k, n.k_width}), y.k_rstd.view({n.k}),
-                        y.k_raw.view({n.k, n.k_width}), nw.k, n.k, n.k_width, eps);
-  } else {
-    linear(q, xin, x.q_w, x.q_b, Q, C);
-    linear(k, xin, x.k_w, x.k_b, KV, C);
-  }
-  linear(v, xin, x.v_w, x.v_b, KV, C);
-  if (cfg_.layer_rope(l)) {  // not on SmolLM3's NoPE layers
-    be_.rope_forward(q, q, cos, sin, B, T, H, D, R);
-    be_.rope_forward(k, k, cos, sin, B, T, Hkv, D, R);
-  }
-  be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
-                            cfg_.attention_scale(), cfg_.layer_window(l),
-                            cfg_.attention_softcap());
+    if (cfg_.qk_norm()) {  // q = q_norm(q_proj(xin)) (Qwen3, Gemma 3: per head; OLMo 2: per row)
+      const QkNormRows n = qk_norm_rows(cfg_, BT);
+      linear(rows(y.q_raw, Q), xin, x.q_w, x.q_b, Q, C);
+      linear(rows(y.k_raw, KV), xin, x.k_w, x.k_b, KV, C);
+      be_.rmsnorm_forward(y.q.view({n.q, n.q_width}), y.q_rstd.view({n.q}),
+                          y.q_raw.view({n.q, n.q_width}), nw.q, n.q, n.q_width, eps);
+      be_.rmsnorm_forward(y.k.view({n.k, n.k_width}), y.k_rstd.view({n.k}),
+                          y.k_raw.view({n.k, n.k_width}), nw.k, n.k, n.k_width, eps);
+    } else {
+      linear(q, xin, x.q_w, x.q_b, Q, C);
+      linear(k, xin, x.k_w, x.k_b, KV, C);
+    }
+    linear(v, xin, x.v_w, x.v_b, KV, C);
+    if (cfg_.layer_rope(l)) {  // not on SmolLM3's NoPE layers
+      be_.rope_forward(q, q, cos, sin, B, T, H, D, R);
+      be_.rope_forward(k, k, cos, sin, B, T, Hkv, D, R);
+    }
+    be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
+                              cfg_.attention_scale(), cfg_.layer_window(l),
+                              cfg_.attention_softcap());
   }
   // o_proj's input: the attention's output, or MLA's heads of v_head_dim (Acts::mla_o)
   const int64_t Qo = H * cfg_.value_head_size();
