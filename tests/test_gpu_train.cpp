@@ -201,6 +201,13 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
                          "model.n_group=4", "model.topk_group=2", "model.q_lora_rank=12",
                          "model.kv_lora_rank=16", "model.qk_nope_head_dim=8",
                          "model.qk_rope_head_dim=8", "model.v_head_dim=12",
+                         "model.num_key_value_heads=4"})},
+      {"deepseek_v2 mla softmax scaled",
+       llama_config("", {"model.type=\"deepseek_v2\"", "model.n_routed_experts=8",
+                         "model.num_experts_per_tok=2", "model.moe_intermediate_size=12",
+                         "model.routed_scaling_factor=2.0", "model.q_lora_rank=0",
+                         "model.kv_lora_rank=16", "model.qk_nope_head_dim=8",
+                         "model.qk_rope_head_dim=8", "model.v_head_dim=12",
                          "model.num_key_value_heads=4"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }

@@ -639,7 +639,7 @@ max_windows = 4
 Model family_model(const std::string& type) {
   if (type == "gpt2") return models()[0];
   if (type == "t5") return models()[1];  // T5 v1.1: gated-gelu, untied head
-  if (type == "deepseek_v3") {  // MLA's keys and values are per head: as many as the heads
+  if (type == "deepseek_v3" || type == "deepseek_v2") {  // MLA's keys and values: per head
     return {type, [type](const std::string& dir) {
               return tiny_from_hf_names(type, dir, {"model.num_key_value_heads=2"});
             }};
@@ -809,7 +809,8 @@ namespace {
 TEST(InitFromPackedExperts, TransformersFiveLayoutLoadsAsThePerExpertOne) {
   // (GLM-4.5's and DeepSeek-V3's dense layer 0 has no experts; their routers'
   // e_score_correction_bias stays a tensor of its own, as in transformers 5)
-  for (const char* type : {"qwen3_moe", "mixtral", "olmoe", "glm4_moe", "deepseek_v3"}) {
+  for (const char* type :
+       {"qwen3_moe", "mixtral", "olmoe", "glm4_moe", "deepseek_v3", "deepseek_v2"}) {
     SCOPED_TRACE(type);
     const Source& src = source(family_model(type));
     const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(src.cfg.model);

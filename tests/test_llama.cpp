@@ -155,9 +155,15 @@ void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true,
     m.first_k_dense_replace = 1;
     m.partial_rotary_factor = 0.5;
   }
-  if (arch == fsdp::LlamaArch::deepseek_v3) {
-    // DeepSeek-V3's attention: queries compressed to 6, keys and values to 8; heads of 4 + 4
-    // columns (the rope pairs interleaved), values 6 wide
+  if (arch == fsdp::LlamaArch::deepseek_v2) {  // DeepSeek-V2's block: softmax top-k, scaled
+    m.num_experts = 6;
+    m.routed_scaling_factor = 1.5;
+    m.n_shared_experts = 2;
+    m.first_k_dense_replace = 1;
+  }
+  if (arch == fsdp::LlamaArch::deepseek_v3 || arch == fsdp::LlamaArch::deepseek_v2) {
+    // DeepSeek-V3's and V2's attention: queries compressed to 6, keys and values to 8; heads of 4 +
+    // 4 columns (the rope pairs interleaved), values 6 wide
     m.num_key_value_heads = 0;
     m.q_lora_rank = 6;
     m.kv_lora_rank = 8;
@@ -170,7 +176,8 @@ void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true,
 bool is_moe(fsdp::LlamaArch arch) {
   return arch == fsdp::LlamaArch::qwen3_moe || arch == fsdp::LlamaArch::mixtral ||
          arch == fsdp::LlamaArch::olmoe || arch == fsdp::LlamaArch::qwen2_moe ||
-         arch == fsdp::LlamaArch::glm4_moe || arch == fsdp::LlamaArch::deepseek_v3;
+         arch == fsdp::LlamaArch::glm4_moe || arch == fsdp::LlamaArch::deepseek_v3 ||
+         arch == fsdp::LlamaArch::deepseek_v2;
 }
 
 // Whether parameter `name` is a router's e_score_correction_bias (GLM-4.5, DeepSeek-V3): HF's
@@ -372,7 +379,9 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"DeepSeek-V3 untied, MLA with compressed queries, interleaved rope pairs, biases",
              4, false, true, false, false, LlamaArch::deepseek_v3},
         Case{"DeepSeek-V3 tied, MLA with q_proj, rotate-half, yarn with mscale", 4, true, false,
-             false, false, LlamaArch::deepseek_v3}}) {
+             false, false, LlamaArch::deepseek_v3},
+        Case{"DeepSeek-V2 untied, MLA with compressed queries, softmax top 2 scaled, biases", 4,
+             false, true, false, false, LlamaArch::deepseek_v2}}) {
     ModelOptions o;
     if (is_moe(c.arch)) {
       make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias, c.aux);
@@ -493,6 +502,7 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     const int layers =
         c.arch == LlamaArch::glm4_moe ? glm_dense + glm_dense - 3 + 2 + experts + 3
         : c.arch == LlamaArch::deepseek_v3 ? ds_dense + ds_dense - 3 + 2 + experts + 3
+        : c.arch == LlamaArch::deepseek_v2 ? ds_dense + ds_dense - 3 + 1 + experts + 3
                                            : 2 * per_layer;
     EXPECT_EQ(checked, 1 + layers + 1 + (c.tied ? 0 : 1)) << c.what;
   }
@@ -608,7 +618,8 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
-                    fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3})
+                    fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3,
+                    fsdp::LlamaArch::deepseek_v2})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -673,7 +684,8 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
                     fsdp::LlamaArch::granite, fsdp::LlamaArch::olmo3, fsdp::LlamaArch::gemma2,
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
-                    fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3})
+                    fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3,
+                    fsdp::LlamaArch::deepseek_v2})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -1651,6 +1663,56 @@ TEST(Llama, DeepseekV3ConfigJson) {
     EXPECT_NE(std::string(e.what()).find("model.v_head_dim: 12 exceeds"), std::string::npos)
         << e.what();
   }
+}
+
+// DeepSeek-V2-Lite's config.json (deepseek-ai/DeepSeek-V2-Lite) reads as written: 15,706,484,224
+// parameters (the published 15.7B; no router bias: softmax routing), layer 0 dense, MLA with a
+// plain q_proj, the scores scaled by 192^-1/2 alone (HF's DeepseekV2Attention has no mscale
+// factor) and cos / sin by 1 (mscale = mscale_all_dim); norm_topk_prob is ignored as HF's class
+// ignores it; group_limited_greedy routing is refused; the merged config.json reads back.
+TEST(Llama, DeepseekV2ConfigJson) {
+  const fsdp::ModelFamily& ds = fsdp::model_family("deepseek_v2");
+  const nlohmann::json lite = {
+      {"architectures", {"DeepseekV2ForCausalLM"}}, {"attention_bias", false},
+      {"attention_dropout", 0.0}, {"aux_loss_alpha", 0.001}, {"bos_token_id", 100000},
+      {"eos_token_id", 100001}, {"first_k_dense_replace", 1}, {"hidden_act", "silu"},
+      {"hidden_size", 2048}, {"initializer_range", 0.02}, {"intermediate_size", 10944},
+      {"kv_lora_rank", 512}, {"max_position_embeddings", 163840}, {"model_type", "deepseek_v2"},
+      {"moe_intermediate_size", 1408}, {"moe_layer_freq", 1}, {"n_group", 1},
+      {"n_routed_experts", 64}, {"n_shared_experts", 2}, {"norm_topk_prob", false},
+      {"num_attention_heads", 16}, {"num_experts_per_tok", 6}, {"num_hidden_layers", 27},
+      {"num_key_value_heads", 16}, {"pretraining_tp", 1}, {"q_lora_rank", nullptr},
+      {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64}, {"rms_norm_eps", 1e-06},
+      {"rope_scaling",
+       {{"beta_fast", 32}, {"beta_slow", 1}, {"factor", 40}, {"mscale", 0.707},
+        {"mscale_all_dim", 0.707}, {"original_max_position_embeddings", 4096}, {"type", "yarn"}}},
+      {"rope_theta", 10000}, {"routed_scaling_factor", 1.0}, {"scoring_func", "softmax"},
+      {"seq_aux", true}, {"tie_word_embeddings", false}, {"topk_group", 1},
+      {"topk_method", "greedy"}, {"torch_dtype", "bfloat16"}, {"use_cache", true},
+      {"v_head_dim", 128}, {"vocab_size", 102400}};
+  const fsdp::ModelConfig mc = ds.from_hf_config(lite, "config.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  const auto [params, buffers] = parameters_and_buffers(g);
+  EXPECT_EQ(params, 15706484224);
+  EXPECT_EQ(buffers, 0);
+  EXPECT_TRUE(g.mla());
+  EXPECT_FALSE(g.sigmoid_routing());
+  EXPECT_FALSE(g.normalize_top_k());
+  EXPECT_EQ(g.q_lora_rank, 0);
+  EXPECT_FALSE(g.layer_sparse(0));
+  EXPECT_TRUE(g.layer_sparse(26));
+  EXPECT_EQ(g.attention_scale(), static_cast<float>(std::pow(192.0, -0.5)));
+  EXPECT_EQ(fsdp::llama_rope_attention_scaling(g), 1.0);
+  EXPECT_TRUE(ds.hf_tensor(mc, "model.layers.1.mlp.gate.weight", {1}).has_value());
+  EXPECT_FALSE(ds.hf_tensor(mc, "model.layers.1.mlp.gate.e_score_correction_bias", {1}));
+  EXPECT_EQ(ds.canonical(ds.from_hf_config(ds.hf_config(mc), "merged.json")), ds.canonical(mc));
+  nlohmann::json hf = lite;
+  hf["norm_topk_prob"] = true;  // (HF's DeepseekV2Moe never renormalises)
+  EXPECT_FALSE(fsdp::LlamaConfig::from(ds.from_hf_config(hf, "n.json")).normalize_top_k());
+  hf = lite;
+  hf["topk_method"] = "group_limited_greedy";
+  expect_refused(ds, hf, "\"topk_method\" \"group_limited_greedy\" is not supported (expected "
+                         "\"greedy\")");
 }
 
 // The published MoE models' config.json (the attributes of Qwen/Qwen3-30B-A3B,

@@ -300,7 +300,16 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                               "model.v_head_dim=6", "model.attention_bias=true",
                               "model.num_key_value_heads=4"},
                              "DeepseekV3ForCausalLM",
-                             "model.layers.1.self_attn.kv_a_layernorm.weight"}}) {
+                             "model.layers.1.self_attn.kv_a_layernorm.weight"},
+                        // DeepSeek-V2: MLA with a plain q_proj, softmax routing scaled by 1.5
+                        Case{"deepseek_v2",
+                             {"model.n_routed_experts=4", "model.num_experts_per_tok=2",
+                              "model.moe_intermediate_size=12", "model.routed_scaling_factor=1.5",
+                              "model.first_k_dense_replace=1", "model.q_lora_rank=0",
+                              "model.kv_lora_rank=8", "model.qk_nope_head_dim=4",
+                              "model.qk_rope_head_dim=4", "model.v_head_dim=6",
+                              "model.num_key_value_heads=4"},
+                             "DeepseekV2ForCausalLM", "model.layers.1.self_attn.q_proj.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +
@@ -327,7 +336,8 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
     // ranks), between balanced (1) and one expert taking every token (E / K = 2); none else
     const std::string type = k.type;
     const bool moe = type == "qwen3_moe" || type == "mixtral" || type == "olmoe" ||
-                     type == "qwen2_moe" || type == "glm4_moe" || type == "deepseek_v3";
+                     type == "qwen2_moe" || type == "glm4_moe" || type == "deepseek_v3" ||
+                     type == "deepseek_v2";
     const double max_load = type == "glm4_moe" || type == "deepseek_v3" ? 3.0 : 2.0;  // E / K
     if (world_rank() == 0) {
       std::ifstream metrics(c.train.run_dir + "/metrics.jsonl");
@@ -363,7 +373,7 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
       // the file holds (4, which the canonical form spells 0) and the key's.
       fsdp::ckpt::check_hf_config(out, c.model);
       // (DeepSeek-V3's heads share nothing: its kv_lora_rank instead)
-      const bool mla = std::string(k.type) == "deepseek_v3";
+      const bool mla = std::string(k.type) == "deepseek_v3" || std::string(k.type) == "deepseek_v2";
       fsdp::ModelConfig other = c.model;
       other.set(mla ? "kv_lora_rank" : "num_key_value_heads", int64_t{mla ? 12 : 4});
       try {

@@ -5,8 +5,8 @@ For GPT-2 (GPT2LMHeadModel, byte-level causal LM), T5 (T5ForConditionalGeneratio
 bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCausalLM,
 MistralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM,
 SmolLM3ForCausalLM, GraniteForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
-OlmoeForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM (LLAMA_CASES
-below)
+OlmoeForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM,
+DeepseekV2ForCausalLM (LLAMA_CASES below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -172,6 +172,17 @@ LLAMA_CASES = {
                                            "moe_intermediate_size": 24, "n_group": 4,
                                            "topk_group": 2, "first_k_dense_replace": 1,
                                            "tie_word_embeddings": False},
+    # DeepSeek-V2 (DeepseekV2ForCausalLM): the same attention with a plain q_proj, softmax
+    # routing scaled by 1.5 (never renormalised), 2 shared experts.
+    "deepseek_v2 mla softmax 8 experts": {"type": "deepseek_v2", "hidden_size": 32,
+                                          "q_lora_rank": 0, "kv_lora_rank": 24,
+                                          "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+                                          "v_head_dim": 12, "n_routed_experts": 8,
+                                          "num_experts_per_tok": 2,
+                                          "moe_intermediate_size": 24,
+                                          "routed_scaling_factor": 1.5, "n_shared_experts": 2,
+                                          "first_k_dense_replace": 1,
+                                          "tie_word_embeddings": False},
     # OLMo 3: OLMo 2's layers, the first sliding over 8 positions with unscaled RoPE, the second
     # global with LLAMA_COMMON's llama3 scaling (Olmo3Model's rotary_embs).
     "olmo3 gqa untied window 8": {"type": "olmo3", "hidden_size": 32, "sliding_window": 8,
@@ -367,7 +378,7 @@ def llama_toml(name, work, h5, seq_len):
     """fsdp_train's configuration of a Llama case (LLAMA_CASES) on the byte corpus."""
     keys = dict(LLAMA_COMMON, **LLAMA_CASES[name])
     model_type = keys.pop("type", "llama")
-    if model_type == "deepseek_v3":  # MLA's keys and values are per head
+    if model_type in ("deepseek_v3", "deepseek_v2"):  # MLA's keys and values are per head
         keys["num_key_value_heads"] = keys["num_attention_heads"]
 
     def value(v):

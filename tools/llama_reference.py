@@ -25,15 +25,16 @@ Check that the committed fixtures are what this script makes, and the script's o
 the llama3 RoPE branches, the MoE routing margins and the K = E dense identity, Qwen2-MoE's
 shared expert at a zero gate, GLM-4.5's (and DeepSeek-V3's) router bias, groups, scaling and
 shared experts, DeepSeek-V3's Multi-head Latent Attention (rope_interleave against permuted rope
-rows, the lora norms' eps, the yarn mscale factors), the load-balancing loss's identities and
-finite differences):
+rows, the lora norms' eps, the yarn mscale factors), DeepSeek-V2's (its pairs against V3's
+rotate-half with permuted rows, no mscale^2) and its MoE block (norm_topk_prob ignored,
+routed_scaling_factor), the load-balancing loss's identities and finite differences):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
 VARIANT = <layers>l_<attn>_<tied>_<rope>[_<arch>][_attnbias][_mlpbias][_swa][_aux] (see VARIANTS), e.g.
 3l_gqa_untied_llama3: attn is mha (num_key_value_heads 4), gqa (2) or mqa (1); rope is rope1e4
 (rope_theta 1e4, rope_scaling null), llama3 (rope_theta 5e5 with Llama 3.1's rope_scaling), yarn
-(rope_theta 1e4 with YARN_SCALING; deepseekv3: DEEPSEEK_YARN), linear (factor 2) or longrope
+(rope_theta 1e4 with YARN_SCALING; deepseekv3, deepseekv2: DEEPSEEK_YARN), linear (factor 2) or longrope
 (phi3 only);
 arch is absent (LlamaForCausalLM) or the Llama-family class of the same math with its own
 config attributes (other_arch_config): mistral (MistralForCausalLM, a sliding window covering
@@ -124,6 +125,25 @@ o_proj.weight (.bias); then the mlp as GLM-4.5's, input_layernorm, post_attentio
 (8 experts in 4 groups, 2 kept, top 2, norm_topk_prob, routed_scaling_factor 2.5, one shared
 expert); 3l_mha_tied_yarn_deepseekv3: q_lora_rank 12, dv 8, rope_interleave, biases, DeepSeek's
 yarn (DEEPSEEK_YARN), layer 0 dense, then 6 experts in one group, top 2, no renormalisation,
+routed_scaling_factor 1, two shared experts. Or deepseekv2 (DeepseekV2ForCausalLM, model_type
+deepseek_v2, modeling_deepseek_v2.py: DeepSeek-V2, DeepSeek-V2-Lite, DeepSeek-Coder-V2-Lite):
+deepseekv3's layers and Multi-head Latent Attention (the same modules, names and lora norms' eps
+1e-6) with three differences: no rope_interleave attribute, the dr columns always rotated in the
+pairs (2i, 2i+1) (HF's apply_rotary_emb: view_as_complex of adjacent pairs times polar(1, freqs),
+times the cos/sin scale: deepseekv3's rope_interleave rotation); the softmax scale D^-1/2 alone
+(DeepseekV2Attention's scaling has no mscale^2, even under yarn); and DeepseekV2Moe in the sparse
+layers (from first_k_dense_replace on; the dense ones Llama's MLP, intermediate_size wide): p =
+softmax(x gate.weight^T) over the E = n_routed_experts experts (gate.weight [E, C], no bias
+buffer, no groups: topk_method "greedy", n_group / topk_group null), the K largest p
+(torch.topk), weights those p times routed_scaling_factor, never renormalised (norm_topk_prob is
+written to config.json, false, and read by no code of the class), output sum_j w_j expert_j(x)
+(moe_intermediate_size wide) + shared_experts(x) (ungated, moe_intermediate_size *
+n_shared_experts wide); in the state dict mlp.experts.{e}.*, mlp.gate.weight,
+mlp.shared_experts.*; its routing checked as the softmax classes' (ROUTE_MARGIN) and config.json
+DeepseekV2Config's attributes in its __init__ order (bos 1, eos 2, mlp_bias false, pad_token_id
+absent). 1l_mha_untied_rope1e4_deepseekv2: plain q_proj, dv 6, no biases, layer 0 sparse (6
+experts, top 2, routed_scaling_factor 2.5, one shared expert); 3l_mha_tied_yarn_deepseekv2:
+q_lora_rank 12, dv 8, biases, DEEPSEEK_YARN, layer 0 dense, then 4 experts, top 2,
 routed_scaling_factor 1, two shared experts. The MoE
 block on a token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over the
 E experts (gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending)
@@ -175,10 +195,10 @@ every expert chosen in every sparse layer, the float64 forward's choices, and th
 some token's choice against a zero bias; its e_score_correction_bias is drawn N(0, 0.1), rounded
 to 1e-3, from crc32("<variant>/bias") (not from the variant's seed, whose draws skip it); only
 the routers are re-drawn.
-A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe: 12; deepseekv3: MLA's
+A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe: 12; deepseekv3, deepseekv2: MLA's
 q/k 12 = 8 nope + 4 rope, v 6 or 8, kv_lora_rank 16), intermediate 40, vocab 37: not a multiple
-of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6 (deepseekv3:
-1e-3, its lora norms 1e-6)) with seeded
+of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6 (deepseekv3,
+deepseekv2: 1e-3, the lora norms 1e-6)) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
 biases N(0, 0.3), RMSNorm weights 1 + N(0, 0.3); every value rounded to a multiple of 1e-3 so
 that its short decimal text is exactly the float32 the model ran with), run in float64 on one
@@ -199,7 +219,8 @@ softmax in recent versions; the MoE blocks' router softmax); those differences (
 are far below what the tests resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
 params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-660 KB
 (MoE: 1-layer ~355-420 KB, 3-layer ~770 KB-1.1 MB; glm4moe's 8 experts and shared experts 1-layer
-~660 KB, 3-layer ~1.1 MB; deepseekv3's 1-layer ~640 KB, 3-layer ~1.1 MB).
+~660 KB, 3-layer ~1.1 MB; deepseekv3's 1-layer ~640 KB, 3-layer ~1.1 MB; deepseekv2's 1-layer
+~535 KB, 3-layer ~930 KB).
 
 llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
 ~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
@@ -216,7 +237,8 @@ at dr 4 would need original_max_position_embeddings > 628, beyond max_position_e
 original 8 would blend nothing either: range [0, 1]; and transformers 4.4x-4.5x read factor as
 max_position_embeddings / original_max_position_embeddings when original is given, 5.x the
 explicit factor: with 4 = 16 / 4 both agree); cos and sin times (1 + 0.1 ln 4) / (1 + 0.08 ln 4)
-~ 1.025, the scores times (1 + 0.08 ln 4)^2 ~ 1.234 (checked by --selftest).
+~ 1.025, the scores times (1 + 0.08 ln 4)^2 ~ 1.234 (checked by --selftest); 3l_mha_tied_yarn_deepseekv2
+the same frequencies and cos/sin scale, its scores times D^-1/2 alone.
 """
 import json
 import math
@@ -250,10 +272,12 @@ ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwe
          "olmo2": "Olmo2", "phi3": "Phi3", "gemma3": "Gemma3", "smollm3": "SmolLM3",
          "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma",
          "exaone4": "Exaone4", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral", "olmoe": "Olmoe",
-         "qwen2moe": "Qwen2Moe", "glm4moe": "Glm4Moe", "deepseekv3": "DeepseekV3"}  # HF class prefix
+         "qwen2moe": "Qwen2Moe", "glm4moe": "Glm4Moe", "deepseekv3": "DeepseekV3",
+         "deepseekv2": "DeepseekV2"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
-               "glm4moe": "glm4_moe", "deepseekv3": "deepseek_v3"}  # HF model_type where it is not the variant's word
-MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe", "glm4moe", "deepseekv3"}  # the Mixture-of-Experts classes' words
+               "glm4moe": "glm4_moe", "deepseekv3": "deepseek_v3",
+               "deepseekv2": "deepseek_v2"}  # HF model_type where it is not the variant's word
+MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe", "glm4moe", "deepseekv3", "deepseekv2"}  # the Mixture-of-Experts classes' words
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
@@ -303,10 +327,13 @@ VARIANTS = [
     "3l_mqa_tied_llama3_glm4moe",
     "1l_mha_untied_rope1e4_deepseekv3",
     "3l_mha_tied_yarn_deepseekv3",
+    "1l_mha_untied_rope1e4_deepseekv2",
+    "3l_mha_tied_yarn_deepseekv2",
 ]
 # The Mixture-of-Experts variants' routers: (experts E, experts per token K, expert size,
 # norm_topk_prob; None: Mixtral, whose K weights are always renormalised[, Qwen2-MoE: the shared
-# expert's size; GLM-4.5: its GLM4_MOE row; DeepSeek-V3: its DEEPSEEK_V3 row]). The expert size is
+# expert's size; GLM-4.5: its GLM4_MOE row; DeepSeek-V3: its DEEPSEEK_V3 row; DeepSeek-V2: its
+# DEEPSEEK_V2 row (norm_topk_prob only written to config.json: DeepseekV2Moe never renormalises)]). The expert size is
 # Qwen3MoeConfig's, Qwen2MoeConfig's, Glm4MoeConfig's and DeepseekV3Config's moe_intermediate_size,
 # MixtralConfig's and OlmoeConfig's
 # intermediate_size; the shared expert's Qwen2MoeConfig's shared_expert_intermediate_size.
@@ -325,6 +352,8 @@ MOE = {
     "3l_mqa_tied_llama3_glm4moe": (6, 2, 20, False, "3l_mqa_tied_llama3_glm4moe"),
     "1l_mha_untied_rope1e4_deepseekv3": (8, 2, 24, True, "1l_mha_untied_rope1e4_deepseekv3"),
     "3l_mha_tied_yarn_deepseekv3": (6, 2, 20, False, "3l_mha_tied_yarn_deepseekv3"),
+    "1l_mha_untied_rope1e4_deepseekv2": (6, 2, 24, False, "1l_mha_untied_rope1e4_deepseekv2"),
+    "3l_mha_tied_yarn_deepseekv2": (4, 2, 20, False, "3l_mha_tied_yarn_deepseekv2"),
 }
 # The glm4moe variants' other Glm4MoeConfig attributes: the first first_k_dense_replace layers
 # dense (Llama's MLP, intermediate_size wide), the others sparse; n_shared_experts (the shared
@@ -354,7 +383,22 @@ DEEPSEEK_V3 = {
                                     "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
                                     "v_head_dim": 8, "rope_interleave": True, "attention_bias": True},
 }
-# DeepSeek-V3's YaRN (the deepseekv3 yarn variant), DeepSeek-V3's own keys at tiny sizes: over the
+# The deepseekv2 variants' other DeepseekV2Config attributes: Multi-head Latent Attention's as
+# DEEPSEEK_V3's, less rope_interleave (DeepseekV2 always rotates the pairs (2i, 2i+1): its
+# apply_rotary_emb's view_as_complex); first_k_dense_replace, n_shared_experts,
+# routed_scaling_factor of DeepseekV2Moe (softmax router, greedy top-K, no bias, no groups:
+# n_group / topk_group null, topk_method "greedy").
+DEEPSEEK_V2 = {
+    "1l_mha_untied_rope1e4_deepseekv2": {"first_k_dense_replace": 0, "n_shared_experts": 1,
+                                         "routed_scaling_factor": 2.5, "q_lora_rank": None,
+                                         "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                                         "v_head_dim": 6, "attention_bias": False},
+    "3l_mha_tied_yarn_deepseekv2": {"first_k_dense_replace": 1, "n_shared_experts": 2,
+                                    "routed_scaling_factor": 1.0, "q_lora_rank": 12,
+                                    "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+                                    "v_head_dim": 8, "attention_bias": True},
+}
+# DeepSeek-V3's YaRN (the deepseekv3 and deepseekv2 yarn variants), DeepSeek-V3's own keys at tiny sizes: over the
 # dr = 4 rotary columns, theta 1e4, original_max_position_embeddings 4 = max_position_embeddings 16
 # / factor 4 (transformers 4.4x-4.5x replace factor by that ratio whenever
 # original_max_position_embeddings is given, 5.x keeps the explicit factor: equal here, so every
@@ -405,7 +449,8 @@ def hf_config(variant):
     if archs & MOE_ARCHS:  # sized by MOE[variant]
         assert variant in MOE, variant
         moe_config = {"qwen3moe": qwen3moe_config, "mixtral": mixtral_config, "olmoe": olmoe_config,
-                      "qwen2moe": qwen2moe_config, "glm4moe": glm4moe_config, "deepseekv3": deepseekv3_config}
+                      "qwen2moe": qwen2moe_config, "glm4moe": glm4moe_config, "deepseekv3": deepseekv3_config,
+                      "deepseekv2": deepseekv2_config}
         return moe_config[archs.pop()](MOE[variant], int(layers[:-1]), attn, tied, rope, flags)
     if archs:
         return other_arch_config(archs.pop(), int(layers[:-1]), attn, tied, rope, flags)
@@ -702,6 +747,35 @@ def deepseekv3_config(sizes, layers, attn, tied, rope, flags):
             "attention_dropout": 0.0, "torch_dtype": "float32"}
 
 
+def deepseekv2_config(sizes, layers, attn, tied, rope, flags):
+    """config.json of a DeepseekV2ForCausalLM variant (DeepseekV2Config's attributes in its
+    __init__ order): Multi-head Latent Attention sized by DEEPSEEK_V2 (num_key_value_heads =
+    num_attention_heads; no head_dim attribute; no rope_interleave: the class always rotates the
+    pairs (2i, 2i+1)), rms_norm_eps 1e-3, pad_token_id absent (None), bos 1, eos 2, rope1e4 or
+    DeepSeek's yarn (DEEPSEEK_YARN); mlp_bias false; n_routed_experts / num_experts_per_tok /
+    moe_intermediate_size / norm_topk_prob (false; DeepseekV2Moe ignores it) from MOE, the rest
+    from DEEPSEEK_V2; topk_method "greedy", n_group / topk_group null; no auxiliary loss (the
+    class has none); intermediate_size 40, the dense layers' MLP."""
+    assert not flags & {"attnbias", "mlpbias", "swa", "aux"} and len(sizes) == 5, (flags, sizes)
+    assert attn == "mha" and rope in ("rope1e4", "yarn"), (attn, rope)
+    E, K, size, norm, name = sizes
+    ds = DEEPSEEK_V2[name]
+    assert 0 <= ds["first_k_dense_replace"] < layers and K < E and ds["qk_rope_head_dim"] % 2 == 0
+    return {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn], "hidden_act": "silu",
+            "max_position_embeddings": MAX_POS, "initializer_range": 0.02, "rms_norm_eps": DEEPSEEK_EPS,
+            "use_cache": True, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": tied == "tied",
+            "rope_theta": 10000.0, "rope_scaling": dict(DEEPSEEK_YARN) if rope == "yarn" else None,
+            "attention_bias": ds["attention_bias"], "attention_dropout": 0.0, "mlp_bias": False,
+            "first_k_dense_replace": ds["first_k_dense_replace"], "kv_lora_rank": ds["kv_lora_rank"],
+            "q_lora_rank": ds["q_lora_rank"], "n_group": None, "n_routed_experts": E,
+            "n_shared_experts": ds["n_shared_experts"], "qk_nope_head_dim": ds["qk_nope_head_dim"],
+            "qk_rope_head_dim": ds["qk_rope_head_dim"], "routed_scaling_factor": ds["routed_scaling_factor"],
+            "topk_group": None, "topk_method": "greedy", "norm_topk_prob": norm, "v_head_dim": ds["v_head_dim"],
+            "num_experts_per_tok": K, "moe_intermediate_size": size, "torch_dtype": "float32"}
+
+
 def sized_config(cls, model_type, layers, attn, rope):
     """The leading attributes every class without head_dim shares: class, sizes, norm epsilon
     and RoPE (rope1e4 / linear / yarn: theta 1e4; llama3: theta 5e5 with LLAMA3_SCALING)."""
@@ -889,7 +963,7 @@ def post_norms(cfg):  # Olmo2DecoderLayer (OLMo 2, OLMo 3, EXAONE 4): sublayer o
 
 
 def moe(cfg):  # the Mixture-of-Experts classes
-    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3")
+    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2")
 
 
 def glm4moe(cfg):
@@ -907,14 +981,31 @@ def deepseek_moe(cfg):
 
 
 def mla(cfg):
-    """DeepseekV3ForCausalLM's Multi-head Latent Attention (mla_attention) in place of Llama's."""
-    return cfg.get("model_type") == "deepseek_v3"
+    """DeepseekV3ForCausalLM's and DeepseekV2ForCausalLM's Multi-head Latent Attention
+    (mla_attention) in place of Llama's."""
+    return cfg.get("model_type") in ("deepseek_v3", "deepseek_v2")
+
+
+def deepseek_v2(cfg):
+    """DeepseekV2ForCausalLM: MLA with the rope pairs (2i, 2i+1) always and the softmax scale
+    D^-1/2 alone; DeepseekV2Moe (softmax router, greedy top-K times routed_scaling_factor, never
+    renormalised, ungated shared experts); the first first_k_dense_replace layers dense."""
+    return cfg.get("model_type") == "deepseek_v2"
+
+
+def rope_interleaved(cfg):
+    """MLA's rope columns in pairs (2i, 2i+1): DeepseekV3's rope_interleave, DeepseekV2's always
+    (apply_rotary_emb: view_as_complex of adjacent pairs)."""
+    return deepseek_v2(cfg) or bool(cfg.get("rope_interleave", False))
 
 
 def mla_scale(cfg):
     """DeepseekV3Attention's softmax scale: (dn + dr)^-1/2, times get_mscale(factor,
-    mscale_all_dim)^2 when rope_scaling is set (not default) with a nonzero mscale_all_dim."""
+    mscale_all_dim)^2 when rope_scaling is set (not default) with a nonzero mscale_all_dim;
+    DeepseekV2Attention's: (dn + dr)^-1/2 alone, whatever rope_scaling."""
     scale = (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) ** -0.5
+    if deepseek_v2(cfg):
+        return scale
     s = cfg["rope_scaling"]
     if scaling_type(s) not in (None, "default") and s.get("mscale_all_dim"):
         m = get_mscale(s["factor"], s["mscale_all_dim"])
@@ -936,7 +1027,7 @@ def sparse_layer(cfg, layer):
     """Whether a layer has the sparse MoE block in place of the MLP: Qwen3MoeDecoderLayer's and
     Qwen2MoeDecoderLayer's rule (not in mlp_only_layers, and (layer + 1) % decoder_sparse_step
     == 0); Glm4MoeDecoderLayer's: from first_k_dense_replace on; every layer of Mixtral and OLMoE."""
-    if deepseek_moe(cfg):
+    if deepseek_moe(cfg) or deepseek_v2(cfg):
         return layer >= cfg["first_k_dense_replace"]
     if cfg["model_type"] in ("qwen3_moe", "qwen2_moe"):
         return layer not in cfg.get("mlp_only_layers", []) and (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
@@ -948,13 +1039,13 @@ def moe_prefix(cfg, layer):  # the block's module: Mixtral's block_sparse_moe, t
 
 
 def num_experts(cfg):  # MixtralConfig's num_local_experts, Glm4MoeConfig's n_routed_experts, the others' num_experts
-    if deepseek_moe(cfg):
+    if deepseek_moe(cfg) or deepseek_v2(cfg):
         return cfg["n_routed_experts"]
     return cfg["num_local_experts"] if cfg["model_type"] == "mixtral" else cfg["num_experts"]
 
 
 def expert_size(cfg):  # Qwen3-MoE's, Qwen2-MoE's, GLM-4.5's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
-    moe_sized = cfg["model_type"] in ("qwen3_moe", "qwen2_moe", "glm4_moe", "deepseek_v3")
+    moe_sized = cfg["model_type"] in ("qwen3_moe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2")
     return cfg["moe_intermediate_size"] if moe_sized else cfg["intermediate_size"]
 
 
@@ -967,6 +1058,8 @@ def expert_projs(cfg):
 
 
 def renormalise(cfg):  # the K weights divided by their sum: Mixtral always, the others norm_topk_prob
+    if deepseek_v2(cfg):  # (DeepseekV2Moe never: norm_topk_prob is read by no code of the class)
+        return False
     return cfg["model_type"] == "mixtral" or cfg.get("norm_topk_prob", False)
 
 
@@ -1048,6 +1141,13 @@ def param_shapes(cfg):
                        for name, dims in (("gate_proj", (Im, C)), ("up_proj", (Im, C)), ("down_proj", (C, Im)))]
             shapes += [(x + "gate.weight", (num_experts(cfg), C)),
                        (x + "gate.e_score_correction_bias", (num_experts(cfg),))]
+            shapes += [(x + "shared_experts.gate_proj.weight", (Is, C)), (x + "shared_experts.up_proj.weight", (Is, C)),
+                       (x + "shared_experts.down_proj.weight", (C, Is))]
+        elif sparse_layer(cfg, l) and deepseek_v2(cfg):  # the experts, the router, the shared experts
+            x, Im, Is = moe_prefix(cfg, l), expert_size(cfg), expert_size(cfg) * cfg["n_shared_experts"]
+            shapes += [(f"{x}experts.{e}.{name}.weight", dims) for e in range(num_experts(cfg))
+                       for name, dims in (("gate_proj", (Im, C)), ("up_proj", (Im, C)), ("down_proj", (C, Im)))]
+            shapes.append((x + "gate.weight", (num_experts(cfg), C)))
             shapes += [(x + "shared_experts.gate_proj.weight", (Is, C)), (x + "shared_experts.up_proj.weight", (Is, C)),
                        (x + "shared_experts.down_proj.weight", (C, Is))]
         elif sparse_layer(cfg, l):  # the router, then each expert's three matrices
@@ -1349,6 +1449,8 @@ def moe_block(h, p, cfg, layer, probe=None, routers=None):
         w, idx = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)  # [N, K]
     if renormalise(cfg) and not deepseek_moe(cfg):
         w = w / w.sum(-1, keepdim=True)
+    if deepseek_v2(cfg):  # DeepseekV2Moe's greedy top-K: the softmax values times routed_scaling_factor
+        w = w * cfg["routed_scaling_factor"]
     out = torch.zeros_like(x)
     for e in range(num_experts(cfg)):
         rows, slot = torch.where(idx == e)  # the tokens that chose e, and in which of the K places
@@ -1363,7 +1465,7 @@ def moe_block(h, p, cfg, layer, probe=None, routers=None):
         g = x @ p[s + "gate_proj.weight"].T
         y = (g * torch.sigmoid(g) * (x @ p[s + "up_proj.weight"].T)) @ p[s + "down_proj.weight"].T
         out = out + torch.sigmoid(x @ p[m + "shared_expert_gate.weight"].T) * y
-    if deepseek_moe(cfg):  # + the shared experts, ungated and unscaled
+    if deepseek_moe(cfg) or deepseek_v2(cfg):  # + the shared experts, ungated and unscaled
         out = out + shared_mlp(x, p, m, "shared_experts.")
     return out.view(Bn, Tn, C)
 
@@ -1398,7 +1500,7 @@ def mla_attention(h, p, cfg, a, cos, sin, causal):
     kv = linear(rms_norm(c, p[a + "kv_a_layernorm.weight"], LORA_EPS), a + "kv_b_proj", False)
     kv = kv.view(Bn, Tn, H, dn + dv).transpose(1, 2)  # [B, H, T, dn + dv]
     k_nope, v = kv[..., :dn], kv[..., dn:]
-    if cfg["rope_interleave"]:  # pairs (2i, 2i+1) -> (i, i + dr/2)
+    if rope_interleaved(cfg):  # pairs (2i, 2i+1) -> (i, i + dr/2)
         q_rot = torch.cat((q_rot[..., 0::2], q_rot[..., 1::2]), dim=-1)
         k_rot = torch.cat((k_rot[..., 0::2], k_rot[..., 1::2]), dim=-1)
     q_rot = q_rot * cos + rotate_half(q_rot) * sin
@@ -1684,7 +1786,7 @@ def naive_loss(p, cfg, tokens, targets):
         dn, dr, dv, kvr = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
         ab, Dq = cfg["attention_bias"], cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
         inv, cs_scale = tables[l]
-        pairs = [(2 * i, 2 * i + 1) if cfg["rope_interleave"] else (i, i + dr // 2) for i in range(dr // 2)]
+        pairs = [(2 * i, 2 * i + 1) if rope_interleaved(cfg) else (i, i + dr // 2) for i in range(dr // 2)]
 
         def turn(x, pos):  # x [dr]: each pair turned by pos * inv[i], cos and sin times cs_scale
             out = [x[j] for j in range(dr)]
@@ -1695,8 +1797,8 @@ def naive_loss(p, cfg, tokens, targets):
 
         s = cfg["rope_scaling"]
         ms = 1.0
-        if s is not None and s.get("mscale_all_dim") and s["factor"] > 1:
-            ms = 1.0 + 0.1 * s["mscale_all_dim"] * math.log(s["factor"])
+        if s is not None and s.get("mscale_all_dim") and s["factor"] > 1 and cfg["model_type"] == "deepseek_v3":
+            ms = 1.0 + 0.1 * s["mscale_all_dim"] * math.log(s["factor"])  # (DeepseekV2: none)
         sc_scale = ms * ms / math.sqrt(Dq)
         queries, nope_keys, rope_keys, values = [], [], [], []
         for h in hs:
@@ -1784,6 +1886,8 @@ def naive_loss(p, cfg, tokens, targets):
         w = [prob[e] for e in chosen]
         if renormalise(cfg):
             w = [v / sum(w) for v in w]
+        if cfg["model_type"] == "deepseek_v2":  # never renormalised; times routed_scaling_factor
+            w = [v * cfg["routed_scaling_factor"] for v in w]
         out = 0.0
         for wj, e in zip(w, chosen):
             ex = f"{m}experts.{e}."
@@ -1792,6 +1896,8 @@ def naive_loss(p, cfg, tokens, targets):
             s = m + "shared_expert."
             shared = lin(act(lin(h, s + "gate_proj", False)) * lin(h, s + "up_proj", False), s + "down_proj", False)
             out = out + shared / (1 + torch.exp(-torch.dot(p[m + "shared_expert_gate.weight"][0], h)))
+        if cfg["model_type"] == "deepseek_v2":  # + the shared experts, ungated
+            out = out + swiglu(h, m + "shared_experts.")
         return out
 
     emb = p["model.embed_tokens.weight"]
@@ -1990,7 +2096,9 @@ def selftest():
     #      range [0, 0] (+0.001): pair 0 kept, pair 1 divided by factor; cos/sin scaled by
     #      get_mscale(4, 1) / get_mscale(4, 0.8); the softmax scale D^-1/2 get_mscale(4, 0.8)^2 (the
     #      rope1e4 variant: D^-1/2 and unscaled frequencies); the loop-by-loop frequencies agree.
-    for v in (x for x in VARIANTS if x.endswith("_deepseekv3")):
+    #      DeepSeek-V2 (deepseekv2): the same frequencies and cos/sin scale, the softmax scale
+    #      D^-1/2 alone (DeepseekV2Attention has no mscale^2).
+    for v in (x for x in VARIANTS if x.endswith("_deepseekv3") or x.endswith("_deepseekv2")):
         cfg = hf_config(v)
         s, dr, D = cfg["rope_scaling"], cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
         base = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, dr, 2, dtype=torch.float64) / dr))
@@ -2005,14 +2113,16 @@ def selftest():
         f, m_all = s["factor"], 1 + 0.1 * s["mscale_all_dim"] * math.log(s["factor"])
         ratio = (inv_freq(cfg) / base).tolist()
         cs = (1 + 0.1 * s["mscale"] * math.log(f)) / m_all
+        sm = 1.0 if deepseek_v2(cfg) else m_all ** 2  # the softmax scale's factor over D^-1/2
         print("%s: yarn range %s, frequency ratios %s, cos/sin scale %.12f, softmax scale %.12f"
               % (v, yarn_range(cfg), ratio, attention_scaling(cfg), mla_scale(cfg)))
         expect(cfg["max_position_embeddings"] / s["original_max_position_embeddings"] == f
                and yarn_range(cfg) == (0, 0.001) and ratio == [1.0, 1 / f]
-               and abs(attention_scaling(cfg) - cs) < 1e-15 and abs(mla_scale(cfg) - m_all ** 2 / math.sqrt(D)) < 1e-15
+               and abs(attention_scaling(cfg) - cs) < 1e-15 and abs(mla_scale(cfg) - sm / math.sqrt(D)) < 1e-15
                and same, f"{v}: yarn over dr = {dr}: max_position_embeddings / original_max_position_embeddings = "
                f"factor {f:g}; pair 0 kept, pair 1 / factor; cos/sin x {cs:.6f} = get_mscale({f:g}, {s['mscale']:g}) / "
-               f"get_mscale({f:g}, {s['mscale_all_dim']:g}); softmax scale D^-1/2 x {m_all ** 2:.6f}; the loop-by-loop "
+               f"get_mscale({f:g}, {s['mscale_all_dim']:g}); softmax scale D^-1/2 x {sm:.6f}"
+               + (" (DeepseekV2: no mscale^2)" if deepseek_v2(cfg) else "") + "; the loop-by-loop "
                f"frequencies and scale agree")
 
     # 2. Per variant: the vectorised model against the loop-by-loop one, and finite differences.
@@ -2091,7 +2201,8 @@ def selftest():
     #    gradient is the sum of the untied embedding's and lm_head's.
     for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3",
               "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe", "3l_gqa_tied_llama3_olmoe_aux",
-              "3l_mqa_tied_llama3_qwen2moe_swa", "3l_mqa_tied_llama3_glm4moe", "3l_mha_tied_yarn_deepseekv3"):
+              "3l_mqa_tied_llama3_qwen2moe_swa", "3l_mqa_tied_llama3_glm4moe", "3l_mha_tied_yarn_deepseekv3",
+              "3l_mha_tied_yarn_deepseekv2"):
         cfg, params32, tokens, targets = make_case(v)
         untied = dict(cfg, tie_word_embeddings=False)
         p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
@@ -2293,7 +2404,10 @@ def selftest():
             if deepseek_moe(cfg):  # every expert chosen whatever the groups: rsf * s / (sum s + 1e-20)
                 sg = torch.sigmoid(x @ base64[m + "gate.weight"].T)
                 pr = sg / (sg.sum(-1, keepdim=True) + 1e-20) * cfg["routed_scaling_factor"]
-            dense = shared_mlp(x, base64, m, "shared_experts.") if deepseek_moe(cfg) else 0.0
+            if deepseek_v2(cfg):  # the softmax (summing to 1 with K = E) times routed_scaling_factor
+                pr = pr * cfg["routed_scaling_factor"]
+            ds_shared = deepseek_moe(cfg) or deepseek_v2(cfg)
+            dense = shared_mlp(x, base64, m, "shared_experts.") if ds_shared else 0.0
             for e in range(E):
                 ex = f"{m}experts.{e}."
                 g = x @ base64[ex + gate + ".weight"].T
@@ -2302,10 +2416,11 @@ def selftest():
             if shared_expert(cfg):
                 dense = dense + torch.sigmoid(x @ base64[m + "shared_expert_gate.weight"].T) * shared_mlp(x, base64, m)
             err = max(err, rel_err(moe_block(hx, base64, every, l).reshape(-1, C), dense))
-        expect(err < 1e-14, f"{v}: with K = E = {E} and renormalised weights the block is the dense "
+        expect(err < 1e-14, f"{v}: with K = E = {E} and renormalised weights"
+               f"{' (DeepseekV2: never renormalised, the softmax of all E sums to 1)' if deepseek_v2(cfg) else ''} the block is the dense "
                f"{'sigmoid' if deepseek_moe(cfg) else 'softmax'}-weighted sum of all experts"
                f"{' plus the gated shared expert' if shared_expert(cfg) else ''}"
-               f"{' (times routed_scaling_factor) plus the shared experts' if deepseek_moe(cfg) else ''} "
+               f"{' (times routed_scaling_factor) plus the shared experts' if deepseek_moe(cfg) or deepseek_v2(cfg) else ''} "
                f"(rel err {err:.1e})")
         if shared_expert(cfg):
             # shared_expert_gate.weight zeros: sigmoid(0) = 0.5 exactly. With every routed expert's
@@ -2331,7 +2446,14 @@ def selftest():
                    f"(bit-equal with the routed experts zeroed; routed + 0.5 shared, rel err {err:.1e}); "
                    f"its sigmoid gates here {float(spread.min()):.3f}..{float(spread.max()):.3f}; without the shared "
                    f"expert the loss {without:.8f} vs {loss.item():.8f}")
-        if cfg["model_type"] != "mixtral":  # (Mixtral's weights are always renormalised)
+        if deepseek_v2(cfg):  # DeepseekV2Moe ignores norm_topk_prob: true changes nothing, though
+            flipped = run(dict(cfg, norm_topk_prob=True), params32, tokens, targets)  # the K weights sum < 1
+            sums = torch.cat([torch.topk(pr, K, dim=-1).values.sum(-1) for pr in router_probs(cfg, params32, tokens)])
+            expect(not cfg["norm_topk_prob"] and flipped[2].item() == loss.item()
+                   and all(torch.equal(flipped[0][n].grad, params[n].grad) for n in params) and float(sums.max()) < 0.999,
+                   f"{v}: norm_topk_prob true in the config changes nothing (loss and grads bit-equal), though the "
+                   f"K chosen probabilities sum to {float(sums.min()):.3f}..{float(sums.max()):.3f}, not 1")
+        elif cfg["model_type"] != "mixtral":  # (Mixtral's weights are always renormalised)
             flipped = run(dict(cfg, norm_topk_prob=not cfg["norm_topk_prob"]), params32, tokens, targets)[2].item()
             expect(abs(flipped - loss.item()) > 1e-6,
                    f"{v}: norm_topk_prob {cfg['norm_topk_prob']} matters ({loss.item():.8f} vs {flipped:.8f})")
@@ -2347,7 +2469,9 @@ def selftest():
     #      shared experts are added ungated and unscaled (bit-equal with the routed experts
     #      zeroed) and change the loss; GLM-4.5: RoPE on 6 of 12 columns (rotating all 12 changes the
     #      loss; the llama3 variant's 3 frequencies take the untouched / smoothed / scaled branches).
-    for v in (x for x in VARIANTS if x in MOE and deepseek_moe(hf_config(x))):
+    #      DeepSeek-V2 (deepseekv2, DeepseekV2Moe): the layers' kinds, the shared experts and
+    #      routed_scaling_factor as above (no bias, no groups; its routing margins in 4g).
+    for v in (x for x in VARIANTS if x in MOE and (deepseek_moe(hf_config(x)) or deepseek_v2(hf_config(x)))):
         cfg, params32, tokens, targets = make_case(v)
         E, K, C, L = num_experts(cfg), cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["num_hidden_layers"]
         shapes = dict(param_shapes(cfg))
@@ -2360,24 +2484,25 @@ def selftest():
                    for l, kind in enumerate(kinds))
                and kinds == ["dense"] * cfg["first_k_dense_replace"] + ["sparse"] * (L - cfg["first_k_dense_replace"]),
                f"{v}: first_k_dense_replace {cfg['first_k_dense_replace']}: layers {', '.join(kinds)}")
-        r = glm_routing(cfg, params32, tokens)
         loss = run(cfg, params32, tokens, targets)[2].item()
-        expect(r["bias_moves"] > 0, f"{v}: e_score_correction_bias changes the choice of {r['bias_moves']} token(s) "
-               f"of {len(tokens.flatten()) * kinds.count('sparse')} (against a zero bias)")
-        if cfg["n_group"] > 1:
-            ungrouped = run(dict(cfg, topk_group=cfg["n_group"]), params32, tokens, targets)[2].item()
-            expect(r["groups_move"] > 0 and abs(ungrouped - loss) > 1e-6,
-                   f"{v}: keeping {cfg['topk_group']} of {cfg['n_group']} groups changes the choice of "
-                   f"{r['groups_move']} token(s) and the loss ({loss:.8f} vs {ungrouped:.8f} with every group kept)")
         base64 = {n: t.to(torch.float64) for n, t in params32.items()}
-        probe = []
-        with torch.no_grad():
-            forward(base64, cfg, tokens, probe)
-        smallest = min(float(c.topk(K, dim=-1).values[:, -1].min()) for c in probe)
-        expect(cfg["n_group"] == cfg["topk_group"] or smallest > 0,
-               f"{v}: the smallest chosen choice score {smallest:.4f}"
-               + (" > 0: no masked expert (0.0) is chosen, a -inf mask would choose alike"
-                  if cfg["n_group"] > cfg["topk_group"] else " (no group masked)"))
+        if deepseek_moe(cfg):  # the router bias and the groups (DeepseekV2Moe's greedy top-K has neither)
+            r = glm_routing(cfg, params32, tokens)
+            expect(r["bias_moves"] > 0, f"{v}: e_score_correction_bias changes the choice of {r['bias_moves']} token(s) "
+                   f"of {len(tokens.flatten()) * kinds.count('sparse')} (against a zero bias)")
+            if cfg["n_group"] > 1:
+                ungrouped = run(dict(cfg, topk_group=cfg["n_group"]), params32, tokens, targets)[2].item()
+                expect(r["groups_move"] > 0 and abs(ungrouped - loss) > 1e-6,
+                       f"{v}: keeping {cfg['topk_group']} of {cfg['n_group']} groups changes the choice of "
+                       f"{r['groups_move']} token(s) and the loss ({loss:.8f} vs {ungrouped:.8f} with every group kept)")
+            probe = []
+            with torch.no_grad():
+                forward(base64, cfg, tokens, probe)
+            smallest = min(float(c.topk(K, dim=-1).values[:, -1].min()) for c in probe)
+            expect(cfg["n_group"] == cfg["topk_group"] or smallest > 0,
+                   f"{v}: the smallest chosen choice score {smallest:.4f}"
+                   + (" > 0: no masked expert (0.0) is chosen, a -inf mask would choose alike"
+                      if cfg["n_group"] > cfg["topk_group"] else " (no group masked)"))
         hx = torch.randn(B, T, C, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
         x, rsf, exact, err = hx.reshape(-1, C), cfg["routed_scaling_factor"], True, 0.0
         for l in (l for l in range(L) if sparse_layer(cfg, l)):
@@ -2418,7 +2543,13 @@ def selftest():
     #     under yarn, mscale_all_dim 0 (no mscale^2, cos/sin 1 + 0.1 ln 4) changes the loss, and
     #     so does the mscale^2 softmax factor alone (the cos/sin scale pinned by attention_factor);
     #     pair 1's scaling (blended instead with original 4096) changes the loss.
-    for v in (x for x in VARIANTS if x.endswith("_deepseekv3")):
+    #     DeepSeek-V2 (no rope_interleave attribute: always pairs (2i, 2i+1)): its attention equals
+    #     DeepseekV3Attention's rotate-half layout (rope_interleave false, mscale_all_dim 0: no
+    #     mscale^2) with the rope rows permuted, and differs without the permutation; under yarn
+    #     DeepseekV3's mscale^2 softmax factor is the V2 attention with q_b_proj times mscale^2 (q
+    #     linear in it), which changes the loss; mscale_all_dim enters through the cos/sin scale
+    #     alone (pinning that scale, mscale_all_dim 0 gives the same loss exactly).
+    for v in (x for x in VARIANTS if x.endswith("_deepseekv3") or x.endswith("_deepseekv2")):
         cfg, params32, tokens, targets = make_case(v)
         H, C, ab = cfg["num_attention_heads"], cfg["hidden_size"], cfg["attention_bias"]
         dn, dr, dv, kvr = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
@@ -2440,7 +2571,7 @@ def selftest():
         # interleaved column 2i + j (j = 0, 1) is rotate-half column i + j dr/2: the other layout's
         # rows are rows[perm] with perm the de-interleaving order [0, 2, ..., 1, 3, ...]
         perm = torch.cat((torch.arange(0, dr, 2), torch.arange(1, dr, 2)))
-        order = perm if cfg["rope_interleave"] else torch.argsort(perm)  # new rows = old rows[order]
+        order = perm if rope_interleaved(cfg) else torch.argsort(perm)  # new rows = old rows[order]
         q_name = "q_proj" if qr is None else "q_b_proj"
         rows = {q_name: torch.cat([torch.cat((torch.arange(h * D, h * D + dn), h * D + dn + order)) for h in range(H)]),
                 "kv_a_proj_with_mqa": torch.cat((torch.arange(kvr), kvr + order))}
@@ -2451,22 +2582,59 @@ def selftest():
                     return r
             return None
         other32 = {n: (t[permuted(n)] if permuted(n) is not None else t) for n, t in params32.items()}
-        flipped = dict(cfg, rope_interleave=not cfg["rope_interleave"])
-        po, lo, losso = run(flipped, other32, tokens, targets)
-        gerr = 0.0
-        for n in params:
-            g = params[n].grad
-            if permuted(n) is not None:
-                g = g[permuted(n)]
-            gerr = max(gerr, rel_err(po[n].grad, g))
-        moved = sum(1 for n in params32 if permuted(n) is not None and not torch.equal(other32[n], params32[n]))
-        plain = run(flipped, params32, tokens, targets)[2].item()
-        expect(rel_err(lo, logits) < 1e-14 and gerr < 1e-12 and moved == cfg["num_hidden_layers"] * (2 + ab)
-               and abs(plain - loss) > 1e-3,
-               f"{v}: rope_interleave {cfg['rope_interleave']} equals rope_interleave {not cfg['rope_interleave']} with "
-               f"the rope rows of {q_name} and kv_a_proj_with_mqa{' (and its bias)' if ab else ''} permuted "
-               f"(logits {rel_err(lo, logits):.1e}, grads {gerr:.1e}); without the permutation the loss "
-               f"{plain:.8f} vs {loss:.8f}")
+        if deepseek_v2(cfg):
+            sc = cfg["rope_scaling"]
+            v3 = dict(cfg, model_type="deepseek_v3", rope_interleave=False,
+                      rope_scaling=sc and dict(sc, mscale_all_dim=0.0))  # (mla_scale D^-1/2)
+            base64 = {n: t.to(torch.float64) for n, t in params32.items()}
+            other64 = {n: t.to(torch.float64) for n, t in other32.items()}
+            hx = torch.randn(B, T, C, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+            freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq(cfg, T))
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = emb.cos() * attention_scaling(cfg), emb.sin() * attention_scaling(cfg)
+            causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+            errs, diffs = 0.0, float("inf")
+            for l in range(cfg["num_hidden_layers"]):
+                al = f"model.layers.{l}.self_attn."
+                y2 = mla_attention(hx, base64, cfg, al, cos, sin, causal)
+                errs = max(errs, rel_err(mla_attention(hx, other64, v3, al, cos, sin, causal), y2))
+                diffs = min(diffs, rel_err(mla_attention(hx, base64, v3, al, cos, sin, causal), y2))
+            expect(errs < 1e-14 and diffs > 1e-3 and "rope_interleave" not in cfg and rope_interleaved(cfg)
+                   and mla_scale(cfg) == D ** -0.5,
+                   f"{v}: every layer's attention (pairs (2i, 2i+1), softmax scale D^-1/2) equals DeepseekV3's "
+                   f"rotate-half one (mscale_all_dim 0) with the rope rows of {q_name} and kv_a_proj_with_mqa"
+                   f"{' (and its bias)' if ab else ''} permuted (rel err {errs:.1e}); without the permutation "
+                   f"rel diff >= {diffs:.2e}")
+            if sc is not None:
+                m2 = get_mscale(sc["factor"], sc["mscale_all_dim"]) ** 2
+                v3i = dict(cfg, model_type="deepseek_v3", rope_interleave=True)  # (its mla_scale D^-1/2 m2)
+                scaled_q = dict(base64, **{n: t * m2 for n, t in base64.items() if n.endswith(f"self_attn.{q_name}.weight")})
+                errs = max(rel_err(mla_attention(hx, scaled_q, cfg, f"model.layers.{l}.self_attn.", cos, sin, causal),
+                                   mla_attention(hx, base64, v3i, f"model.layers.{l}.self_attn.", cos, sin, causal))
+                           for l in range(cfg["num_hidden_layers"]))
+                v3_logits, v3_loss = model_loss(scaled_q, cfg, tokens, targets)
+                v3_loss, v3_dlogit = v3_loss.item(), float((v3_logits - logits).abs().max())
+                expect(q_name == "q_b_proj" and errs < 1e-14 and abs(v3_loss - loss) > 1e-4 and v3_dlogit > 1e-2,
+                       f"{v}: DeepseekV3's mscale^2 = {m2:.6f} softmax factor is the attention with {q_name} x mscale^2 "
+                       f"(rel err {errs:.1e}), which gives the loss {v3_loss:.8f} vs {loss:.8f} (none), logits up to "
+                       f"{v3_dlogit:.4f} apart")
+        else:
+            flipped = dict(cfg, rope_interleave=not cfg["rope_interleave"])
+            po, lo, losso = run(flipped, other32, tokens, targets)
+            gerr = 0.0
+            for n in params:
+                g = params[n].grad
+                if permuted(n) is not None:
+                    g = g[permuted(n)]
+                gerr = max(gerr, rel_err(po[n].grad, g))
+            moved = sum(1 for n in params32 if permuted(n) is not None and not torch.equal(other32[n], params32[n]))
+            plain = run(flipped, params32, tokens, targets)[2].item()
+            expect(rel_err(lo, logits) < 1e-14 and gerr < 1e-12 and moved == cfg["num_hidden_layers"] * (2 + ab)
+                   and abs(plain - loss) > 1e-3,
+                   f"{v}: rope_interleave {cfg['rope_interleave']} equals rope_interleave {not cfg['rope_interleave']} with "
+                   f"the rope rows of {q_name} and kv_a_proj_with_mqa{' (and its bias)' if ab else ''} permuted "
+                   f"(logits {rel_err(lo, logits):.1e}, grads {gerr:.1e}); without the permutation the loss "
+                   f"{plain:.8f} vs {loss:.8f}")
         saved = LORA_EPS
         try:
             LORA_EPS = cfg["rms_norm_eps"]
@@ -2475,7 +2643,7 @@ def selftest():
             LORA_EPS = saved
         norms = [n for n in shapes if n.endswith("_a_layernorm.weight")]
         expect(LORA_EPS == 1e-6 != cfg["rms_norm_eps"] and len(norms) == cfg["num_hidden_layers"] * (1 + (qr is not None))
-               and abs(other_eps - loss) > 1e-6,
+               and abs(other_eps - loss) > 1e-7,
                f"{v}: the {len(norms)} lora norms ({', '.join(sorted(set(n.split('.')[-2] for n in norms)))}) use eps 1e-6, "
                f"not rms_norm_eps {cfg['rms_norm_eps']:g} (which gives {other_eps:.8f} vs {loss:.8f})")
         s = cfg["rope_scaling"]
@@ -2487,11 +2655,14 @@ def selftest():
         blended = dict(s, original_max_position_embeddings=4096, attention_factor=attention_scaling(cfg))
         blend_loss = run(dict(cfg, rope_scaling=blended), params32, tokens, targets)[2].item()
         blend_ratio = (inv_freq(dict(cfg, rope_scaling=blended)) / inv_freq(dict(cfg, rope_scaling=None))).tolist()
-        expect(abs(no_mscale - loss) > 1e-3 and abs(softmax_only - loss) > 1e-3 and abs(blend_loss - loss) > 1e-4
+        expect(abs(no_mscale - loss) > 1e-3 and abs(blend_loss - loss) > 1e-4
+               and (softmax_only == loss if deepseek_v2(cfg) else abs(softmax_only - loss) > 1e-3)
                and mla_scale(dict(cfg, rope_scaling=pinned)) == D ** -0.5 and blend_ratio[0] == 1.0 and abs(blend_ratio[1] - 0.625) < 1e-15,
-               f"{v}: mscale_all_dim {s['mscale_all_dim']:g} vs 0: loss {loss:.8f} vs {no_mscale:.8f}; the mscale^2 "
-               f"softmax factor alone (cos/sin scale pinned): {softmax_only:.8f}; pair 1 half blended instead of "
-               f"/ factor (original 4096): {blend_loss:.8f}")
+               f"{v}: mscale_all_dim {s['mscale_all_dim']:g} vs 0: loss {loss:.8f} vs {no_mscale:.8f}; "
+               + ("mscale_all_dim 0 with the cos/sin scale pinned: the same loss exactly, "
+                  f"{softmax_only:.15f} (no mscale^2 softmax factor)" if deepseek_v2(cfg) else
+                  f"the mscale^2 softmax factor alone (cos/sin scale pinned): {softmax_only:.8f}")
+               + f"; pair 1 half blended instead of / factor (original 4096): {blend_loss:.8f}")
 
     # 4h. The load-balancing loss (output_router_logits, the _aux variants). The function itself:
     #     E * sum_e f_e P_e is exactly K when the mean probabilities P are uniform (whatever the

@@ -53,6 +53,7 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::qwen2_moe, "Qwen2Moe", "Qwen2MoeConfig"},
     {LlamaArch::glm4_moe, "Glm4Moe", "Glm4MoeConfig"},
     {LlamaArch::deepseek_v3, "DeepseekV3", "DeepseekV3Config"},
+    {LlamaArch::deepseek_v2, "DeepseekV2", "DeepseekV2Config"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -80,7 +81,8 @@ bool has_head_dim_key(LlamaArch arch) {
   return arch != LlamaArch::qwen2 && arch != LlamaArch::olmo2 && arch != LlamaArch::phi3 &&
          arch != LlamaArch::smollm3 && arch != LlamaArch::granite && arch != LlamaArch::olmo3 &&
          arch != LlamaArch::olmoe && arch != LlamaArch::qwen2_moe &&
-         arch != LlamaArch::deepseek_v3;  // (its heads: qk_nope_head_dim + qk_rope_head_dim)
+         arch != LlamaArch::deepseek_v3 &&
+         arch != LlamaArch::deepseek_v2;  // (MLA's heads: qk_nope_head_dim + qk_rope_head_dim)
 }
 
 // The [model] key table of each Llama-family type: the only place one of their keys is
@@ -96,7 +98,8 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool qwen3_moe = arch == LlamaArch::qwen3_moe, qwen2_moe = arch == LlamaArch::qwen2_moe;
   const bool glm = arch == LlamaArch::glm4_moe;  // GLM-4.5's own defaults below
   const bool ds = arch == LlamaArch::deepseek_v3;  // DeepSeek-V3's: its MoE block is GLM-4.5's
-  const bool ds_moe = glm || ds;
+  const bool ds2 = arch == LlamaArch::deepseek_v2;  // DeepSeek-V2's: MLA, softmax routing
+  const bool mla = ds || ds2, ds_moe = glm || mla;
   const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || ds_moe;
   const bool llama = arch == LlamaArch::llama || olmoe;
   const bool mistral = arch == LlamaArch::mistral || mixtral;
@@ -128,6 +131,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         olmo2 || olmoe ? I64{50304}
         : glm    ? I64{151552}
         : ds     ? I64{129280}
+        : ds2    ? I64{32000}
         : smol   ? I64{128256}
         : exaone ? I64{102400}
         : gemma2 || gemma1 ? I64{256000}
@@ -136,6 +140,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         smol || olmoe || qwen3_moe || qwen2_moe ? I64{2048}
         : glm    ? I64{4096}
         : ds     ? I64{7168}
+        : ds2    ? I64{4096}
         : gemma1 ? I64{3072}
                  : by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
       A{"intermediate_size", &L::intermediate_size,
@@ -152,11 +157,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         : qwen2_moe ? I64{5632}
         : glm       ? I64{10944}
         : ds        ? I64{18432}
+        : ds2       ? I64{11008}
         : olmoe     ? I64{2048}
                  : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
         true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : qwen3_moe || qwen2_moe ? I64{24}
-              : olmoe ? I64{16} : glm ? I64{46} : ds ? I64{61} : I64{32}},
+              : olmoe ? I64{16} : glm ? I64{46} : ds ? I64{61} : I64{32}},  // (ds2: 32)
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
         true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe || qwen2_moe ? I64{16}
               : glm ? I64{96} : ds ? I64{128} : I64{32}},
@@ -169,6 +175,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         : gemma1 || qwen2_moe ? I64{16}
         : glm                 ? I64{8}
         : ds                  ? I64{128}
+        : ds2                 ? I64{0}
                  : by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
   };
   if (has_head_dim_key(arch)) {
@@ -184,6 +191,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         : olmoe            ? I64{4096}
         : glm              ? I64{131072}
         : ds               ? I64{4096}
+        : ds2              ? I64{2048}
         : gemma2 || gemma1 ? I64{8192}
                            : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
@@ -240,14 +248,14 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
           true, I64{4096}},
     });
   }
-  if (ds) {  // DeepseekV3Config's yarn attention factors
+  if (mla) {  // DeepseekV3Config's and DeepseekV2Config's yarn attention factors
     rows.insert(rows.end(), {
         A{"rope_scaling.mscale", &L::rope_mscale, "yarn: with mscale_all_dim, cos and sin are "
           "scaled by (0.1 mscale ln(factor) + 1) / (0.1 mscale_all_dim ln(factor) + 1); 0 = "
           "none.", KeyRange::nonnegative(), {}, true, 0.0},
         A{"rope_scaling.mscale_all_dim", &L::rope_mscale_all_dim, "yarn (any rope_type but "
-          "default): the scores are scaled by (0.1 mscale_all_dim ln(factor) + 1)^2 more; 0 = "
-          "none.", KeyRange::nonnegative(), {}, true, 0.0},
+          "default; DeepSeek-V3 only): the scores are scaled by (0.1 mscale_all_dim ln(factor) + "
+          "1)^2 more; 0 = none.", KeyRange::nonnegative(), {}, true, 0.0},
     });
   }
   if (phi3 || glm) {  // Phi3Config's and Glm4MoeConfig's partial rotary embedding
@@ -265,11 +273,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       ds_moe) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
                      glm  ? "Biases on q_proj, k_proj and v_proj (o_proj has none)."
-                     : ds ? "Biases on q_a_proj, kv_a_proj_with_mqa and o_proj."
+                     : mla ? "Biases on q_a_proj, kv_a_proj_with_mqa and o_proj."
                           : "Biases on q_proj, k_proj, v_proj and o_proj.",
                      {}, {}, true, false});
   }
-  if (ds) {  // Multi-head Latent Attention
+  if (mla) {  // Multi-head Latent Attention
     rows.insert(rows.end(), {
         A{"q_lora_rank", &L::q_lora_rank, "Width of the queries' compression (q_a_proj, "
           "q_a_layernorm, q_b_proj); 0 = none (HF's null: one q_proj).", KeyRange::size(0), {},
@@ -283,9 +291,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
           "shared by all heads).", KeyRange::size(2), {}, true, I64{64}},
         A{"v_head_dim", &L::v_head_dim, "Width of each value head.", KeyRange::size(1), {}, true,
           I64{128}},
-        A{"rope_interleave", &L::rope_interleave, "RoPE rotates adjacent pairs (2i, 2i + 1) of "
-          "the rope columns (else the two halves).", {}, {}, true, true},
     });
+  }
+  if (ds) {  // (DeepSeek-V2 always rotates adjacent pairs: HF's apply_rotary_emb)
+    rows.push_back(A{"rope_interleave", &L::rope_interleave, "RoPE rotates adjacent pairs (2i, "
+                     "2i + 1) of the rope columns (else the two halves).", {}, {}, true, true});
   }
   if (glm) {
     rows.push_back(A{"use_qk_norm", &L::use_qk_norm,
@@ -375,36 +385,45 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
           ds_moe ? "Routed experts (SwiGLU MLPs) per sparse layer."
                  : "Experts (SwiGLU MLPs) per layer.",
           KeyRange::size(1), {}, true,
-          qwen3_moe || glm ? I64{128} : ds ? I64{256} : olmoe ? I64{64} : qwen2_moe ? I64{60}
-                                                                                : I64{8}},
+          qwen3_moe || glm ? I64{128} : ds ? I64{256} : olmoe || ds2 ? I64{64}
+                                      : qwen2_moe ? I64{60} : I64{8}},
+        // (DeepseekV2Config's None means a dense model: a config.json must give it)
         A{"num_experts_per_tok", &L::num_experts_per_tok,
-          ds_moe ? "Experts each token is routed to (the top k of the router's sigmoid scores "
-                "plus e_score_correction_bias)."
-              : "Experts each token is routed to (the top k of the router's softmax).",
-          KeyRange::size(1), {}, true, mixtral ? I64{2} : qwen2_moe ? I64{4} : I64{8}},
+          ds_moe && !ds2 ? "Experts each token is routed to (the top k of the router's sigmoid "
+                           "scores plus e_score_correction_bias)."
+                         : "Experts each token is routed to (the top k of the router's softmax).",
+          KeyRange::size(1), {}, true,
+          ds2 ? std::optional<ModelValue>()
+              : std::optional<ModelValue>(mixtral ? I64{2} : qwen2_moe ? I64{4} : I64{8})},
     });
     if (qwen3_moe || qwen2_moe || ds_moe) {
       rows.push_back(A{"moe_intermediate_size", &L::moe_intermediate_size,
                        "Width of each expert's SwiGLU MLP.", KeyRange::size(1), {}, true,
-                       qwen2_moe || glm ? I64{1408} : ds ? I64{2048} : I64{768}});
+                       qwen2_moe || glm ? I64{1408} : ds ? I64{2048} : ds2 ? I64{1407}
+                                                                            : I64{768}});
     }
-    if (ds_moe) {  // Glm4MoeConfig's and DeepseekV3Config's routing and layers
+    if (ds_moe) {  // Glm4MoeConfig's, DeepseekV3Config's and DeepseekV2Config's routing, layers
       rows.insert(rows.end(), {
           A{"n_shared_experts", &L::n_shared_experts,
             "Shared experts: one SwiGLU MLP n_shared_experts * moe_intermediate_size wide that "
-            "every token runs beside its routed experts.", KeyRange::size(1), {}, true, I64{1}},
+            "every token runs beside its routed experts.", KeyRange::size(1), {}, true,
+            ds2 ? I64{2} : I64{1}},
           A{"routed_scaling_factor", &L::routed_scaling_factor,
             "The routed experts' weights are multiplied by it.", KeyRange::above(0), {}, true,
             ds ? 2.5 : 1.0},
+          A{"first_k_dense_replace", &L::first_k_dense_replace,
+            "Layers 0 .. first_k_dense_replace - 1 have a dense MLP (intermediate_size), the "
+            "others experts.", KeyRange::size(0), {}, true, ds ? I64{3} : ds2 ? I64{0} : I64{1}},
+      });
+    }
+    if (glm || ds) {  // the sigmoid routing's groups (DeepSeek-V2's group_limited_greedy: refused)
+      rows.insert(rows.end(), {
           A{"n_group", &L::n_group,
             "Groups of consecutive experts (a group scores the sum of its two best choices).",
             KeyRange::size(1), {}, true, ds ? I64{8} : I64{1}},
           A{"topk_group", &L::topk_group,
             "Groups each token's experts are chosen from (the best topk_group of n_group).",
             KeyRange::size(1), {}, true, ds ? I64{4} : I64{1}},
-          A{"first_k_dense_replace", &L::first_k_dense_replace,
-            "Layers 0 .. first_k_dense_replace - 1 have a dense MLP (intermediate_size), the "
-            "others experts.", KeyRange::size(0), {}, true, ds ? I64{3} : I64{1}},
       });
     }
     if (qwen2_moe) {
@@ -412,7 +431,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                        "Width of the shared expert's SwiGLU MLP (every token runs it, scaled by "
                        "sigmoid(shared_expert_gate)).", KeyRange::size(1), {}, true, I64{5632}});
     }
-    if (!mixtral) {  // Mixtral always renormalises
+    if (!mixtral && !ds2) {  // Mixtral always renormalises, DeepseekV2Moe never
       rows.push_back(A{"norm_topk_prob", &L::norm_topk_prob,
                        "Divide each token's top-k routing weights by their sum.", {}, {}, true,
                        ds_moe});
@@ -696,6 +715,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::olmoe:
     case LlamaArch::glm4_moe:
     case LlamaArch::deepseek_v3:
+    case LlamaArch::deepseek_v2:
     case LlamaArch::llama: break;
   }
   return 0;
@@ -725,8 +745,10 @@ double yarn_mscale(double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::lo
 float LlamaConfig::attention_scale() const {
   if (arch == LlamaArch::granite) return static_cast<float>(attention_multiplier);
   if (mla()) {  // DeepseekV3Attention: qk_head_dim^-1/2, times mscale^2 with a scaled RoPE
+    // (DeepseekV2Attention: without it)
     double scale = std::pow(static_cast<double>(head_size()), -0.5);
-    if (rope_type != RopeType::default_ && rope_mscale_all_dim != 0.0) {
+    if (arch == LlamaArch::deepseek_v3 && rope_type != RopeType::default_ &&
+        rope_mscale_all_dim != 0.0) {
       const double m = yarn_mscale(rope_factor, rope_mscale_all_dim);
       scale *= m * m;
     }
@@ -1078,10 +1100,10 @@ std::vector<BufferSet> buffer_sets(const LlamaConfig& c, int64_t BT,
   }
   return sets;
 }
-// The router logits' storage: fp32 under sigmoid_routing() (HF's DeepseekV3TopkRouter), else
-// the activations'.
+// The router logits' storage: fp32 for DeepSeek's block (HF's DeepseekV3TopkRouter and
+// DeepseekV2Moe compute them in fp32), else the activations'.
 DType router_dtype(const LlamaConfig& c, DType act) {
-  return c.sigmoid_routing() ? DType::f32 : act;
+  return c.deepseek_moe() ? DType::f32 : act;
 }
 // Element counts of what ensure_buffers allocates, by storage class: one table for the
 // allocation and the memory plan.
@@ -1124,7 +1146,7 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
   if (sparse_sets > 0) {
     const int64_t E = c.num_experts, RK = BT * c.num_experts_per_tok;
     // router logits (per set; d router logits scratch), of the router's dtype
-    int64_t& logits = c.sigmoid_routing() ? n.f32 : n.act;
+    int64_t& logits = router_dtype(c, DType::bf16) == DType::f32 ? n.f32 : n.act;
     logits += (sparse_sets + 1) * BT * E;
     n.act += sparse_sets * RK * C  // expert outputs
              + RK * C;             // scratch: routed rows
@@ -1778,6 +1800,10 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
   } else {
     be_.moe_router_forward(y.moe_idx.view({RK}), y.moe_w.view({RK}), logits, BT, E, K,
                            cfg_.normalize_top_k());
+    // DeepSeek-V2: the softmax's top-k weights times routed_scaling_factor
+    if (cfg_.deepseek_moe() && cfg_.routed_scaling_factor != 1.0) {
+      be_.scale(y.moe_w.view({RK}), static_cast<float>(cfg_.routed_scaling_factor));
+    }
   }
   group_routed_rows(l, BT);
   const std::vector<int64_t>& off = y.moe_offsets;
@@ -1900,6 +1926,9 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
     be_.moe_sigmoid_router_backward(dlogits, dw, y.router_logits.view({BT, E}),
                                     y.moe_idx.view({RK}), BT, E, K, sigmoid_routing(cfg_));
   } else {
+    if (cfg_.deepseek_moe() && cfg_.routed_scaling_factor != 1.0) {  // DeepSeek-V2's scale
+      be_.scale(dw, static_cast<float>(cfg_.routed_scaling_factor));
+    }
     be_.moe_router_backward(dlogits, dw, y.router_logits.view({BT, E}), y.moe_idx.view({RK}),
                             BT, E, K, cfg_.normalize_top_k());
   }
@@ -2515,6 +2544,7 @@ class LlamaFamily final : public ModelFamily {
       // GLM-4.5's multi-token-prediction layers are neither built nor trained (HF's causal-LM
       // loss never runs them): the merged model has none
       if (arch_ == LlamaArch::glm4_moe) out["num_nextn_predict_layers"] = 0;
+      if (arch_ == LlamaArch::deepseek_v2) out["topk_method"] = "greedy";
       if (arch_ == LlamaArch::qwen3_moe || arch_ == LlamaArch::qwen2_moe) {  // every layer sparse
         out["decoder_sparse_step"] = 1;
         out["mlp_only_layers"] = nlohmann::json::array();
@@ -2565,6 +2595,10 @@ class LlamaFamily final : public ModelFamily {
       if (hf.contains(window) && hf[window].is_null()) hf[window] = 0;
     }
     if (arch_ == LlamaArch::exaone4) exaone4_pattern_from_hf(hf, origin);
+    if (arch_ == LlamaArch::deepseek_v2 && hf.contains("topk_method") &&
+        hf["topk_method"] != "greedy") {  // (DeepseekV2Moe's group_limited_greedy: DeepSeek-V2)
+      throw unsupported(origin, "topk_method", hf["topk_method"], "\"greedy\"");
+    }
     if (cls.mla()) {  // DeepseekV3Config's null q_lora_rank: no query compression (0)
       const std::string ql = args().name(&LlamaConfig::q_lora_rank);
       if (hf.contains(ql) && hf[ql].is_null()) hf[ql] = 0;

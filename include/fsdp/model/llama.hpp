@@ -1,4 +1,4 @@
-// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of nineteen Hugging
+// fsdp/model/llama.hpp: Llama-family decoders with the exact architectures of twenty Hugging
 // Face classes, one model.type each (HF's model_type), sharing this one model:
 //
 //  - "llama": LlamaForCausalLM (Touvron et al. 2023; transformers/models/llama/
@@ -90,7 +90,11 @@
 //    2024, "DeepSeek-V2", section 2.1; mla(), LlamaModel::mla_forward): the queries (optionally)
 //    and the keys and values compressed through low-rank projections with their own RMSNorms,
 //    each head's q and k a part without RoPE and a rope part (k's shared by all heads), values
-//    of v_head_dim, yarn's mscale / mscale_all_dim.
+//    of v_head_dim, yarn's mscale / mscale_all_dim;
+//  - "deepseek_v2": DeepseekV2ForCausalLM (models/deepseek_v2; DeepSeek-V2-Lite,
+//    DeepSeek-Coder-V2-Lite): DeepSeek-V3's MLA (rope pairs always adjacent, the scores without
+//    the mscale factor) and block with softmax routing: the top-k probabilities times
+//    routed_scaling_factor, never renormalised, no router bias (topk_method "greedy" only).
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -154,7 +158,8 @@ enum class LlamaArch {
   olmoe,
   qwen2_moe,
   glm4_moe,
-  deepseek_v3
+  deepseek_v3,
+  deepseek_v2
 };
 
 template <>
@@ -177,12 +182,13 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::olmoe, "olmoe"},
                                                   {LlamaArch::qwen2_moe, "qwen2_moe"},
                                                   {LlamaArch::glm4_moe, "glm4_moe"},
-                                                  {LlamaArch::deepseek_v3, "deepseek_v3"}};
+                                                  {LlamaArch::deepseek_v3, "deepseek_v3"},
+                                                  {LlamaArch::deepseek_v2, "deepseek_v2"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
 // "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma", "Exaone4", "Qwen3Moe",
-// "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe", "DeepseekV3" (the classes
+// "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe", "DeepseekV3", "DeepseekV2" (the classes
 // <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for Gemma 3's
 // Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
@@ -190,10 +196,10 @@ const char* llama_arch_prefix(LlamaArch arch);
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
 // Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
 // Gemma2Config, GemmaConfig, Exaone4Config, Qwen3MoeConfig, MixtralConfig, OlmoeConfig,
-// Qwen2MoeConfig, Glm4MoeConfig and DeepseekV3Config ([model] with type = "llama", "mistral",
-// "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3", "granite", "olmo3", "gemma2",
-// "gemma", "exaone4", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe" or
-// "deepseek_v3"; same
+// Qwen2MoeConfig, Glm4MoeConfig, DeepseekV3Config and DeepseekV2Config ([model] with type =
+// "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3", "granite",
+// "olmo3", "gemma2", "gemma", "exaone4", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe",
+// "glm4_moe", "deepseek_v3" or "deepseek_v2"; same
 // names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
 // type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp:
 // a field that is not one of its type's keys keeps the default here (Qwen2 has no
@@ -328,7 +334,7 @@ struct LlamaConfig {
   // Multi-head Latent Attention (DeepSeek-V3): the attention's own projections (q, kv
   // compressed to kv_lora_rank, per-head k_nope and v), heads of q and k head_size() =
   // qk_nope_head_dim + qk_rope_head_dim wide, of v v_head_dim wide.
-  bool mla() const { return arch == LlamaArch::deepseek_v3; }
+  bool mla() const { return arch == LlamaArch::deepseek_v3 || arch == LlamaArch::deepseek_v2; }
   int64_t kv_heads() const {
     if (mla()) return num_attention_heads;  // (MLA's keys and values are per head)
     return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads;
@@ -353,8 +359,9 @@ struct LlamaConfig {
     return arch == LlamaArch::qwen3_moe || arch == LlamaArch::mixtral ||
            arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe || deepseek_moe();
   }
-  // DeepSeek-V3's MoE block (DeepseekV3MoE: sigmoid routing, dense first layers, ungated
-  // shared experts), which GLM-4.5 (Glm4MoeMoE) has too.
+  // DeepSeek's MoE block (DeepseekV3MoE, DeepseekV2Moe: dense first layers, ungated shared
+  // experts, routed_scaling_factor, fp32 router logits), which GLM-4.5 (Glm4MoeMoE) has too;
+  // DeepSeek-V2's routes by softmax (not sigmoid_routing()).
   bool deepseek_moe() const { return arch == LlamaArch::glm4_moe || mla(); }
   // Whether decoder layer `layer` is sparse (a router and experts) rather than Llama's dense
   // MLP of intermediate_size: every layer of a moe() class but GLM-4.5's first
@@ -379,8 +386,11 @@ struct LlamaConfig {
   // DeepSeek-V3's routing (GLM-4.5): sigmoid scores, e_score_correction_bias, groups, the
   // scaling factor (moe_sigmoid_router_forward); the others: softmax top-k (moe_router_forward).
   // The router's logits are then fp32, as HF's DeepseekV3TopkRouter computes them.
-  bool sigmoid_routing() const { return deepseek_moe(); }
-  bool normalize_top_k() const { return arch == LlamaArch::mixtral || norm_topk_prob; }
+  bool sigmoid_routing() const { return deepseek_moe() && arch != LlamaArch::deepseek_v2; }
+  // (HF's DeepseekV2Moe ignores norm_topk_prob: never.)
+  bool normalize_top_k() const {
+    return arch == LlamaArch::mixtral || (norm_topk_prob && arch != LlamaArch::deepseek_v2);
+  }
   // Whether the loss has the load-balancing term (a coefficient of 0 adds nothing).
   // (GLM-4.5 has none: output_router_logits is not one of its keys.)
   bool aux_loss() const {
