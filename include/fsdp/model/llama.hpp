@@ -304,14 +304,15 @@ struct LlamaConfig {
   int64_t topk_group = 1;
   int64_t first_k_dense_replace = 1;
   bool use_qk_norm = false;
-  // DeepSeek-V3 (DeepseekV3Config; mla()): Multi-head Latent Attention (DeepSeek-AI 2024,
-  // "DeepSeek-V2", section 2.1). q = q_proj(x), or with q_lora_rank (0 = HF's None)
-  // q_b_proj(q_a_layernorm(q_a_proj(x))); each head of q is [nope: qk_nope_head_dim | rope:
-  // qk_rope_head_dim]. kv_a_proj_with_mqa(x) = [c: kv_lora_rank | k_rope: qk_rope_head_dim],
-  // k_rope one key part all heads share; kv_b_proj(kv_a_layernorm(c)) gives each head [k_nope:
-  // qk_nope_head_dim | v: v_head_dim]. RoPE on the rope parts, in adjacent pairs (2i, 2i+1)
-  // under rope_interleave (HF's apply_rotary_pos_emb_interleave), else rotate-half. The two
-  // lora norms use eps 1e-6 whatever rms_norm_eps is (HF builds them with the class default).
+  // DeepSeek-V3 and V2 (DeepseekV3Config, DeepseekV2Config; mla()): Multi-head Latent
+  // Attention (DeepSeek-AI 2024, "DeepSeek-V2", section 2.1). q = q_proj(x), or with
+  // q_lora_rank (0 = HF's None) q_b_proj(q_a_layernorm(q_a_proj(x))); each head of q is [nope:
+  // qk_nope_head_dim | rope: qk_rope_head_dim]. kv_a_proj_with_mqa(x) = [c: kv_lora_rank |
+  // k_rope: qk_rope_head_dim], k_rope one key part all heads share;
+  // kv_b_proj(kv_a_layernorm(c)) gives each head [k_nope: qk_nope_head_dim | v: v_head_dim].
+  // RoPE on the rope parts, in adjacent pairs (2i, 2i+1) under rope_interleave (HF's
+  // apply_rotary_pos_emb_interleave; DeepSeek-V2 always), else rotate-half. The two lora norms
+  // use eps 1e-6 whatever rms_norm_eps is (HF builds them with the class default).
   int64_t q_lora_rank = 0;
   int64_t kv_lora_rank = 16;
   int64_t qk_nope_head_dim = 16;
@@ -320,7 +321,8 @@ struct LlamaConfig {
   bool rope_interleave = true;
   // yarn's mscale and mscale_all_dim (DeepSeek's rope_scaling; 0 = HF's None): cos and sin
   // scale by get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) and the scores by
-  // get_mscale(factor, mscale_all_dim)^2 (llama_rope_attention_scaling, attention_scale()).
+  // get_mscale(factor, mscale_all_dim)^2 (DeepSeek-V3 only; llama_rope_attention_scaling,
+  // attention_scale()).
   double rope_mscale = 0.0;
   double rope_mscale_all_dim = 0.0;
   // The auxiliary load-balancing loss (HF's output_router_logits, router_aux_loss_coef;
