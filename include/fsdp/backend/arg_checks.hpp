@@ -571,7 +571,6 @@ struct ArgChecks {
     need_dtype(k, "lse", lse, DType::f32, B * H * T);
   }
 
-  // Mixture of experts: R tokens, E experts, K of them per token (1 <= K <= E).
   // strided_copy: every stride >= 0, dst.col >= 1, and each view long enough for its last
   // element.
   static void strided_copy(const TensorView& dst, const Kernels::Strided& d, const TensorView& src,
@@ -584,15 +583,14 @@ struct ArgChecks {
       if (at->row < 0 || at->offset < 0 || at->group < 0 || at->col < 0) {
         error(k, name, "has a negative stride or offset");
       }
-      const int64_t last = R == 0 || G == 0 || W == 0
-                               ? -1
-                               : (R - 1) * at->row + at->offset + (G - 1) * at->group +
-                                     (W - 1) * at->col;
-      need_float(k, name, *v, last + 1);
+      need_float(k, name, *v, at->extent(R, G, W));
     }
-    if (d.col < 1)
+    if (d.col < 1) {
       error(k, "dst", "has column stride " + std::to_string(d.col) + " (expected >= 1)");
+    }
   }
+
+  // Mixture of experts: R tokens, E experts, K of them per token (1 <= K <= E).
   static void moe_dims(const char* k, int64_t R, int64_t E, int64_t K) {
     dim(k, "R", R);
     dim(k, "E", E);

@@ -430,6 +430,12 @@ class Kernels {
   // (element strides, all >= 0).
   struct Strided {
     int64_t row = 0, offset = 0, group = 0, col = 1;
+    // The elements a view needs for [R, G, W] of them: its last element's index + 1 (0 when
+    // R, G or W is 0).
+    int64_t extent(int64_t R, int64_t G, int64_t W) const {
+      if (R == 0 || G == 0 || W == 0) return 0;
+      return (R - 1) * row + offset + (G - 1) * group + (W - 1) * col + 1;
+    }
   };
   // For r < R, c < W and g < G: dst(r, g, c) = src(r, g, c), or += when `accumulate`, in fp32,
   // rounded once to dst's dtype. src.group == 0 repeats src's [R, W] block in every group (a

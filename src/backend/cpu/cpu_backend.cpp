@@ -1074,11 +1074,8 @@ void CpuBackend::strided_copy(const TensorView& dst, const Strided& dst_at, cons
                               bool accumulate) {
   Chk::strided_copy(dst, dst_at, src, src_at, R, G, W);
   if (R == 0 || G == 0 || W == 0) return;
-  auto extent = [&](const Strided& a) {
-    return (R - 1) * a.row + a.offset + (G - 1) * a.group + (W - 1) * a.col + 1;
-  };
-  const F32In x = in(src, extent(src_at));
-  const F32Out o = out(dst, extent(dst_at), /*load=*/true);  // the positions not written kept
+  const F32In x = in(src, src_at.extent(R, G, W));
+  const F32Out o = out(dst, dst_at.extent(R, G, W), /*load=*/true);  // the others kept
   const int64_t d[4] = {dst_at.row, dst_at.offset, dst_at.group, dst_at.col};
   const int64_t s[4] = {src_at.row, src_at.offset, src_at.group, src_at.col};
   k_.strided_copy(o, d, x, s, R, G, W, accumulate);

@@ -913,19 +913,10 @@ void CpuKernels::moe_sigmoid_router_forward(int32_t* idx, float* w, const float*
       }
       int32_t* ix = idx + r * K;
       float* wr = w + r * K;
-      float sum = 0.f;
-      for (int64_t j = 0; j < K; ++j) {  // the K largest choices, ties to the lower expert
-        int64_t best = -1;
-        for (int64_t e = 0; e < E; ++e) {
-          bool taken = false;
-          for (int64_t i = 0; i < j; ++i) taken = taken || ix[i] == e;
-          if (!taken && (best < 0 || c[static_cast<std::size_t>(e)] >
-                                         c[static_cast<std::size_t>(best)])) {
-            best = e;
-          }
-        }
-        ix[j] = static_cast<int32_t>(best);
-        wr[j] = s[static_cast<std::size_t>(best)];
+      moe_top_k(ix, wr, c.data(), E, K, false);  // the K largest choices, ties to the lower
+      float sum = 0.f;  // the chosen experts' sigmoids (not their choices) weight them
+      for (int64_t j = 0; j < K; ++j) {
+        wr[j] = s[static_cast<std::size_t>(ix[j])];
         sum += wr[j];
       }
       const float denom = sum + 1e-20f;
