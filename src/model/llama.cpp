@@ -975,6 +975,30 @@ TensorView norm_weight(DeviceRuntime& rt, const LlamaConfig& c, const TensorView
   return out;
 }
 
+// A Linear's forward over R rows: out [R,n] = inp [R,m] @ w[n,m]^T (+ b, in the GEMM's
+// epilogue where the backend has one: kernels.hpp's gemm_bias; b empty: none).
+void linear_forward(Kernels& k, int64_t R, const TensorView& out, const TensorView& inp,
+                    const TensorView& w, const TensorView& b, int64_t n, int64_t m) {
+  if (b.data != nullptr) {
+    k.gemm_bias(false, true, R, n, m, inp, w, b, out);
+  } else {
+    k.gemm(false, true, R, n, m, 1.f, inp, w, 0.f, out);
+  }
+}
+// Its weight gradient from dout [R,n]: gw += alpha dout^T inp (gb += the column sums of dout,
+// in the same GEMM where the backend has it; gb empty: no bias). `alpha` scales dout (Granite's
+// residual_multiplier); a bias with alpha != 1 throws fsdp::Error.
+void linear_weight_grad(Kernels& k, int64_t R, const TensorView& dout, const TensorView& inp,
+                        const TensorView& gw, const TensorView& gb, int64_t n, int64_t m,
+                        float alpha = 1.f) {
+  if (gb.data != nullptr) {
+    if (alpha != 1.f) throw Error("LlamaModel: a scaled linear with a bias");
+    k.gemm_weight_bias_grad(false, n, m, R, dout, inp, gw, gb);
+  } else {
+    k.gemm(true, false, n, m, R, alpha, dout, inp, 1.f, gw);
+  }
+}
+
 // One decoder layer's norm weights as the kernels take them (norm_weight), by role (empty
 // where the layer has none): each in its own part of Acts::norm_w, so all stay valid through
 // the layer's forward or backward.
@@ -1418,11 +1442,7 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   // out [BT,n] = inp [BT,m] @ W[n,m]^T (+ b)
   auto linear = [&](const TensorView& out, const TensorView& inp, int w, int b, int64_t n,
                     int64_t m) {
-    if (b >= 0) {  // the bias in the GEMM's epilogue where the backend has one (kernels.hpp)
-      be_.gemm_bias(false, true, BT, n, m, inp, W(w), W(b), out);
-    } else {
-      be_.gemm(false, true, BT, n, m, 1.f, inp, W(w), 0.f, out);
-    }
+    linear_forward(be_, BT, out, inp, W(w), b >= 0 ? W(b) : TensorView{}, n, m);
   };
   // The projections read input_layernorm(in), or `in` itself without input norms (OLMo 2).
   if (before) be_.rmsnorm_forward(n1, y.ln1_rstd.view({BT}), in, nw.attn_in, BT, C, eps);
@@ -1563,11 +1583,7 @@ void LlamaModel::mla_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks
   // out [BT,n] = inp [BT,k] @ W[n,k]^T (+ b)
   auto linear = [&](const TensorView& out, const TensorView& inp, int w, int b, int64_t n,
                     int64_t k) {
-    if (b >= 0) {
-      be_.gemm_bias(false, true, BT, n, k, inp, W(w), W(b), out);
-    } else {
-      be_.gemm(false, true, BT, n, k, 1.f, inp, W(w), 0.f, out);
-    }
+    linear_forward(be_, BT, out, inp, W(w), b >= 0 ? W(b) : TensorView{}, n, k);
   };
   // q (HF's layout) into the free dq: q_proj(xin), or q_b_proj(q_a_layernorm(q_a_proj(xin)))
   const TensorView q_hf = a.dq.view({BT, H * D});
@@ -1627,11 +1643,7 @@ void LlamaModel::mla_backward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
   // dW += dout^T inp (and db), then din (=, or += when accumulate) dout @ W; inp may be din
   auto wgrad = [&](const TensorView& dout, const TensorView& inp, int w, int b, int64_t n,
                    int64_t k) {
-    if (b >= 0) {
-      be_.gemm_weight_bias_grad(false, n, k, BT, dout, inp, G(w), G(b));
-    } else {
-      be_.gemm(true, false, n, k, BT, 1.f, dout, inp, 1.f, G(w));
-    }
+    linear_weight_grad(be_, BT, dout, inp, G(w), b >= 0 ? G(b) : TensorView{}, n, k);
   };
   auto dgrad = [&](const TensorView& din, const TensorView& dout, int w, int64_t n, int64_t k,
                    bool accumulate) {
@@ -2045,12 +2057,7 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     // scales dout (Granite's residual_multiplier on o_proj and down_proj; no bias then).
     auto linear_wgrad = [&](const TensorView& dout, const TensorView& inp, int w, int b,
                             int64_t n, int64_t m_in, float alpha = 1.f) {
-      if (b >= 0) {  // weight and bias gradients in one GEMM where the backend has it
-        if (alpha != 1.f) throw Error("LlamaModel: a scaled linear with a bias");
-        be_.gemm_weight_bias_grad(false, n, m_in, BT, dout, inp, G(w), G(b));
-      } else {
-        be_.gemm(true, false, n, m_in, BT, alpha, dout, inp, 1.f, G(w));
-      }
+      linear_weight_grad(be_, BT, dout, inp, G(w), b >= 0 ? G(b) : TensorView{}, n, m_in, alpha);
     };
     auto linear_dgrad = [&](const TensorView& din, const TensorView& dout, int w, int64_t n,
                             int64_t m_in, bool accumulate, float alpha = 1.f) {
