@@ -1551,6 +1551,213 @@ TEST(CudaBackend, LlamaWrongArgumentsThrow) {
 }
 
 // ---------------------------------------------------------------------------------------
+// gpt-oss pieces: the clamped SwiGLU on interleaved (gate, up) pairs and the attention sinks
+// on gqa_attention_forward's out and lse. Elementwise math (tol_for(t, kElemF32)); the sinks'
+// gradient is a reduction over B*T rows (kReduceF32; 16-bit dsinks as tol_for), bitwise
+// repeatable on the GPU (one block a head, no atomics).
+
+TEST(CudaBackend, ClampedSwiglu) {
+  std::mt19937 rng(42);
+  const float alpha = 1.702f, limit = 7.0f;  // HF GptOssExperts
+  // (gate, up) pairs on and beyond the bounds: gate == limit passes its gradient, gate >
+  // limit does not; up on -limit or limit passes, outside does not; u = -1 (u + 1 = 0).
+  const float pairs[][2] = {{limit, limit},        {limit, -limit},     {limit + 0.5f, 0.25f},
+                            {100.0f, -limit - 1},  {-limit, limit + 3}, {-30.0f, -100.0f},
+                            {0.0f, -1.0f},         {-limit - 2, 0.5f},  {6.96875f, 7.03125f}};
+  for (DType t : {DType::f32, DType::bf16}) {
+    for (int64_t n : {int64_t{1}, int64_t{9}, int64_t{13}, int64_t{1000}, int64_t{100003}}) {
+      SCOPED_TRACE(name(t) + " n=" + std::to_string(n));
+      Vec gv = uniform(2 * n, rng, -10.0f, 10.0f);
+      for (std::size_t i = 0; i < 9 && 2 * i + 1 < gv.size(); ++i) {
+        gv[2 * i] = pairs[i][0];
+        gv[2 * i + 1] = pairs[i][1];
+      }
+      Pair gate_up = make(t, gv), out = make(t, uniform(n, rng)), dout = make(t, uniform(n, rng)),
+           dgate_up = make(t, uniform(2 * n, rng));
+      const Tol tol = tol_for(t, kElemF32);
+      both([&](Backend& be, Side s) {
+        be.clamped_swiglu_forward(out.v(s), gate_up.v(s), alpha, limit);
+        be.clamped_swiglu_backward(dgate_up.v(s), dout.v(s), gate_up.v(s), alpha, limit);
+      });
+      check(out, tol, "clamped_swiglu_forward");
+      check(dgate_up, tol, "clamped_swiglu_backward");
+      // The clamped inputs' gradients are exactly 0 on both sides.
+      const std::vector<double> got = read(gpu(), dgate_up.v(kGpu));
+      if (n >= 9) {
+        EXPECT_EQ(got[2 * 2], 0.0) << "gate above limit";
+        EXPECT_EQ(got[2 * 3], 0.0) << "gate far above limit";
+        EXPECT_EQ(got[2 * 3 + 1], 0.0) << "up below -limit";
+        EXPECT_EQ(got[2 * 4 + 1], 0.0) << "up above limit";
+        EXPECT_EQ(got[2 * 5 + 1], 0.0) << "up far below -limit";
+        EXPECT_NE(got[0], 0.0) << "gate on limit";
+        EXPECT_NE(got[1], 0.0) << "up on limit";
+        EXPECT_NE(got[3], 0.0) << "up on -limit";
+      }
+      // in place: dgate_up = gate_up
+      Pair gu2 = make(t, gv);
+      both([&](Backend& be, Side s) {
+        be.clamped_swiglu_backward(gu2.v(s), dout.v(s), gu2.v(s), alpha, limit);
+      });
+      check(gu2, tol, "clamped_swiglu_backward dgate_up = gate_up");
+      expect_bytes(gu2, read_bytes(gpu(), dgate_up.v(kGpu)), "in place equals out of place");
+    }
+  }
+  // Another alpha and limit, and mixed storage: bf16 pairs, fp32 out, fp16 dout, fp32 dgate_up.
+  const int64_t n = 77;
+  Pair gate_up = make(DType::bf16, uniform(2 * n, rng, -4.0f, 4.0f)),
+       out = make(DType::f32, Vec(n)), dout = make(DType::f16, uniform(n, rng)),
+       dgate_up = make(DType::f32, Vec(2 * n));
+  both([&](Backend& be, Side s) {
+    be.clamped_swiglu_forward(out.v(s), gate_up.v(s), 1.0f, 2.5f);
+    be.clamped_swiglu_backward(dgate_up.v(s), dout.v(s), gate_up.v(s), 1.0f, 2.5f);
+  });
+  check(out, kElemF32, "clamped_swiglu_forward mixed bf16 -> fp32");
+  check(dgate_up, kElemF32, "clamped_swiglu_backward mixed bf16, fp16 -> fp32");
+}
+
+// Attention sinks after Llama-style attention: gqa_attention_forward on both (out and lse
+// then made equal: the sink kernels' own differences are checked), attention_sink_forward,
+// then attention_sink_backward into dsinks pre-filled with nonzero values (it adds), and the
+// GPU's backward once more into the same start values, bitwise equal. sinks / dsinks have
+// storage type sink_t.
+void run_sink(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, std::mt19937& rng,
+              DType sink_t) {
+  SCOPED_TRACE("out " + name(t) + " sinks " + name(sink_t) + " B=" + std::to_string(B) +
+               " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+               " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
+  Pair q = make(t, uniform(nq, rng, -1.5f, 1.5f)), k = make(t, uniform(nk, rng, -1.5f, 1.5f)),
+       v = make(t, uniform(nk, rng));
+  Pair out = make(t, uniform(nq, rng)), lse = make(DType::f32, uniform(nl, rng));
+  both([&](Backend& be, Side s) {
+    be.gqa_attention_forward(out.v(s), lse.v(s), q.v(s), k.v(s), v.v(s), B, T, H, Hkv, D, scale,
+                             0, 0.f);
+  });
+  check_sync(out, attn_tol(t), "gqa out");
+  check_sync(lse, attn_tol(t), "gqa lse");
+  // Sinks around the rows' logsumexps (about 0 .. log T): both branches of the stable form.
+  Pair sinks = make(sink_t, uniform(H, rng, -3.0f, 6.0f));
+  both([&](Backend& be, Side s) {
+    be.attention_sink_forward(out.v(s), lse.v(s), sinks.v(s), B, T, H, D);
+  });
+  check_sync(out, tol_for(t, kElemF32), "attention_sink_forward out");
+  check_sync(lse, kElemF32, "attention_sink_forward lse");
+  const Vec start = uniform(H, rng, 0.5f, 2.0f);
+  Pair dout = make(t, uniform(nq, rng)), dsinks = make(sink_t, start);
+  both([&](Backend& be, Side s) {
+    be.attention_sink_backward(dsinks.v(s), dout.v(s), out.v(s), lse.v(s), sinks.v(s), B, T, H,
+                               D);
+  });
+  check(dsinks, tol_for(sink_t, kReduceF32), "attention_sink_backward dsinks");
+  Pair dsinks2 = make(sink_t, start);
+  gpu().attention_sink_backward(dsinks2.v(kGpu), dout.v(kGpu), out.v(kGpu), lse.v(kGpu),
+                                sinks.v(kGpu), B, T, H, D);
+  expect_bytes(dsinks2, read_bytes(gpu(), dsinks.v(kGpu)), "dsinks rerun");
+}
+
+TEST(CudaBackend, AttentionSink) {
+  std::mt19937 rng(43);
+  for (DType t : {DType::f32, DType::bf16}) {
+    run_sink(t, 2, 13, 4, 2, 8, rng, t);     // SIMT attention, a few rows a warp
+    run_sink(t, 1, 65, 8, 2, 64, rng, t);    // tensor cores for bf16
+    run_sink(t, 2, 300, 8, 1, 64, rng, t);   // many rows per warp in the backward
+    run_sink(t, 1, 3, 2, 2, 40, rng, t);     // D not a multiple of 32
+  }
+  run_sink(DType::bf16, 2, 33, 4, 2, 64, rng, DType::f32);  // fp32 sinks beside bf16 rows
+  // Rows with lse = +inf (no visible key) are left as they are and add nothing to dsinks;
+  // lse = -inf gives the sink the whole row (out *= 0, lse = sink). Synthetic out and lse.
+  const float inf = std::numeric_limits<float>::infinity();
+  const int64_t B = 2, T = 5, H = 3, D = 6, nq = B * T * H * D, nl = B * H * T;
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE("infinite lse, " + name(t));
+    Vec lv = uniform(nl, rng, -6.0f, 6.0f);
+    lv[0] = inf;
+    lv[7] = inf;
+    lv[nl - 1] = inf;
+    lv[3] = -inf;
+    Pair out = make(t, uniform(nq, rng)), lse = make(DType::f32, lv),
+         sinks = make(t, {-20.0f, 0.5f, 20.0f});
+    const Bytes out0 = read_bytes(gpu(), out.v(kGpu));
+    both([&](Backend& be, Side s) {
+      be.attention_sink_forward(out.v(s), lse.v(s), sinks.v(s), B, T, H, D);
+    });
+    check(out, tol_for(t, kElemF32), "attention_sink_forward out");
+    check(lse, kElemF32, "attention_sink_forward lse");
+    const std::vector<double> l = read(gpu(), lse.v(kGpu));
+    EXPECT_EQ(l[0], inf);
+    EXPECT_EQ(l[nl - 1], inf);
+    EXPECT_EQ(l[3], -20.0);  // (b 0, h 0, t 3): sink -20
+    // Row (b 0, t 0, h 0) has lse[0] = +inf: its D values kept, bit for bit.
+    const Bytes out1 = read_bytes(gpu(), out.v(kGpu));
+    const std::size_t row = static_cast<std::size_t>(D) * dtype_size(t);
+    EXPECT_TRUE(std::equal(out0.begin(), out0.begin() + static_cast<std::ptrdiff_t>(row),
+                           out1.begin()))
+        << "a row with lse = +inf changed";
+    out.cpu_to_gpu();
+    Pair dout = make(t, uniform(nq, rng)), dsinks = make(t, {1.0f, -2.0f, 3.0f});
+    both([&](Backend& be, Side s) {
+      be.attention_sink_backward(dsinks.v(s), dout.v(s), out.v(s), lse.v(s), sinks.v(s), B, T,
+                                 H, D);
+    });
+    check(dsinks, tol_for(t, kReduceF32), "attention_sink_backward dsinks");
+  }
+  // Empty shapes change nothing.
+  Pair dsinks = make(DType::f32, {1.0f, 2.0f});
+  Pair none = make(DType::f32, Vec(1));
+  gpu().attention_sink_forward(none.v(kGpu).slice(0, 0), none.v(kGpu).slice(0, 0),
+                               dsinks.v(kGpu), 0, 4, 2, 8);
+  gpu().attention_sink_backward(dsinks.v(kGpu), none.v(kGpu).slice(0, 0),
+                                none.v(kGpu).slice(0, 0), none.v(kGpu).slice(0, 0),
+                                none.v(kGpu), 2, 0, 1, 8);
+  EXPECT_EQ(read(gpu(), dsinks.v(kGpu)), (std::vector<double>{1.0, 2.0}));
+}
+
+TEST(CudaBackend, GptOssWrongArgumentsThrow) {
+  Backend& g = gpu();
+  DeviceBuffer f32(g, DType::f32, 256, MemCategory::other),
+      bf(g, DType::bf16, 64, MemCategory::other);
+  const TensorView F = f32.view(), Hb = bf.view();
+  const TensorView out = F.slice(0, 16), gate_up = F.slice(32, 32), dout = F.slice(64, 16);
+  expect_error([&] { g.clamped_swiglu_forward(out, gate_up, 1.702f, 0.0f); },
+               "cuda backend: clamped_swiglu_forward: limit = 0");
+  expect_error([&] { g.clamped_swiglu_forward(out, gate_up, 1.702f, -7.0f); },
+               "cuda backend: clamped_swiglu_forward: limit = -7");
+  expect_error(
+      [&] { g.clamped_swiglu_backward(gate_up, dout, gate_up, 1.702f, INFINITY); },
+      "cuda backend: clamped_swiglu_backward: limit = inf");
+  expect_error([&] { g.clamped_swiglu_forward(out, gate_up, NAN, 7.0f); },
+               "cuda backend: clamped_swiglu_forward: alpha");
+  expect_error([&] { g.clamped_swiglu_forward(out, gate_up.slice(0, 31), 1.702f, 7.0f); },
+               "cuda backend: clamped_swiglu_forward: gate_up is fp32 [31] but needs at least 32");
+  expect_error([&] { g.clamped_swiglu_forward(F.slice(40, 16), gate_up, 1.702f, 7.0f); },
+               "cuda backend: clamped_swiglu_forward: out overlaps gate_up");
+  expect_error([&] { g.clamped_swiglu_backward(F.slice(56, 32), dout, gate_up, 1.702f, 7.0f); },
+               "cuda backend: clamped_swiglu_backward: dout overlaps dgate_up");
+  expect_error(
+      [&] { g.clamped_swiglu_backward(F.slice(128, 32), F.slice(40, 16), gate_up, 1.f, 7.f); },
+      "cuda backend: clamped_swiglu_backward: dout overlaps gate_up");
+  // B=1, T=2, H=3, D=4: out, dout [24], lse [6], sinks, dsinks [3].
+  const TensorView o = F.slice(0, 24), l = F.slice(24, 6), sk = F.slice(30, 3),
+                   d = F.slice(40, 24), ds = F.slice(64, 3);
+  expect_error([&] { g.attention_sink_forward(o, Hb.slice(0, 6), sk, 1, 2, 3, 4); },
+               "cuda backend: attention_sink_forward: lse is bf16");
+  expect_error([&] { g.attention_sink_forward(o, l, sk.slice(0, 2), 1, 2, 3, 4); },
+               "cuda backend: attention_sink_forward: sinks is fp32 [2] but needs at least 3");
+  expect_error([&] { g.attention_sink_forward(o, l, sk, -1, 2, 3, 4); },
+               "cuda backend: attention_sink_forward: B = -1");
+  expect_error([&] { g.attention_sink_backward(ds, d, o, l, sk, 1, 2, 3, 5); },
+               "cuda backend: attention_sink_backward: out is fp32 [24] but needs at least 30");
+  expect_error([&] { g.attention_sink_backward(d.slice(4, 3), d, o, l, sk, 1, 2, 3, 4); },
+               "cuda backend: attention_sink_backward: dsinks overlaps dout");
+  expect_error([&] { g.attention_sink_backward(sk, d, o, l, sk, 1, 2, 3, 4); },
+               "cuda backend: attention_sink_backward: dsinks overlaps sinks");
+  expect_error([&] { g.attention_sink_backward(ds, d, o, l, sk.slice(0, 1), 1, 2, 3, 4); },
+               "cuda backend: attention_sink_backward: sinks is fp32 [1]");
+  g.synchronize();  // nothing was enqueued by the failed calls
+}
+
+// ---------------------------------------------------------------------------------------
 // Strided copies (kernels.hpp's strided_copy): Multi-head Latent Attention's layout work on
 // [R tokens, H heads, columns] views. dst is pre-filled with random values, so the positions
 // a call does not name must keep theirs on both sides. Copies (one storage type, a widening,

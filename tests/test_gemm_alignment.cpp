@@ -164,6 +164,14 @@ class GemmRecorder final : public fsdp::Kernels {
                            const TensorView&, int64_t, int64_t, int64_t, bool) override {}
   void strided_copy(const TensorView&, const Strided&, const TensorView&, const Strided&,
                     int64_t, int64_t, int64_t, bool) override {}
+  void clamped_swiglu_forward(const TensorView&, const TensorView&, float, float) override {}
+  void clamped_swiglu_backward(const TensorView&, const TensorView&, const TensorView&, float,
+                               float) override {}
+  void attention_sink_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
+                              int64_t, int64_t, int64_t) override {}
+  void attention_sink_backward(const TensorView&, const TensorView&, const TensorView&,
+                               const TensorView&, const TensorView&, int64_t, int64_t, int64_t,
+                               int64_t) override {}
   void moe_sigmoid_router_forward(const TensorView&, const TensorView&, const TensorView&,
                                   const TensorView&, int64_t, int64_t, int64_t,
                                   const SigmoidRouting&) override {}

@@ -161,6 +161,10 @@ void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true,
     m.n_shared_experts = 2;
     m.first_k_dense_replace = 1;
   }
+  if (arch == fsdp::LlamaArch::gpt_oss) {  // gpt-oss: layer 0 slides over 3 positions
+    m.sliding_window = 3;
+    m.rope_type = fsdp::LlamaConfig::RopeType::default_;
+  }
   if (arch == fsdp::LlamaArch::deepseek_v3 || arch == fsdp::LlamaArch::deepseek_v2) {
     // DeepSeek-V3's and V2's attention: queries compressed to 6, keys and values to 8; heads of 4 +
     // 4 columns (the rope pairs interleaved), values 6 wide
@@ -177,7 +181,7 @@ bool is_moe(fsdp::LlamaArch arch) {
   return arch == fsdp::LlamaArch::qwen3_moe || arch == fsdp::LlamaArch::mixtral ||
          arch == fsdp::LlamaArch::olmoe || arch == fsdp::LlamaArch::qwen2_moe ||
          arch == fsdp::LlamaArch::glm4_moe || arch == fsdp::LlamaArch::deepseek_v3 ||
-         arch == fsdp::LlamaArch::deepseek_v2;
+         arch == fsdp::LlamaArch::deepseek_v2 || arch == fsdp::LlamaArch::gpt_oss;
 }
 
 // Whether parameter `name` is a router's e_score_correction_bias (GLM-4.5, DeepSeek-V3): HF's
@@ -381,7 +385,11 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"DeepSeek-V3 tied, MLA with q_proj, rotate-half, yarn with mscale", 4, true, false,
              false, false, LlamaArch::deepseek_v3},
         Case{"DeepSeek-V2 untied, MLA with compressed queries, softmax top 2 scaled, biases", 4,
-             false, true, false, false, LlamaArch::deepseek_v2}}) {
+             false, true, false, false, LlamaArch::deepseek_v2},
+        Case{"gpt-oss GQA untied, sinks, window 3, packed experts with biases", 2, false, false,
+             false, false, LlamaArch::gpt_oss},
+        Case{"gpt-oss MQA tied, llama3, load-balancing loss", 1, true, false, false, true,
+             LlamaArch::gpt_oss, 0, false, true}}) {
     ModelOptions o;
     if (is_moe(c.arch)) {
       make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias, c.aux);
@@ -503,6 +511,9 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         c.arch == LlamaArch::glm4_moe ? glm_dense + glm_dense - 3 + 2 + experts + 3
         : c.arch == LlamaArch::deepseek_v3 ? ds_dense + ds_dense - 3 + 2 + experts + 3
         : c.arch == LlamaArch::deepseek_v2 ? ds_dense + ds_dense - 3 + 1 + experts + 3
+        // gpt-oss: q/k/v/o and their biases, sinks, the router and its bias, 4 packed expert
+        // tensors, 2 norms
+        : c.arch == LlamaArch::gpt_oss ? 2 * 17
                                            : 2 * per_layer;
     EXPECT_EQ(checked, 1 + layers + 1 + (c.tied ? 0 : 1)) << c.what;
   }

@@ -657,6 +657,25 @@ class DeferredKernels final : public fsdp::Kernels {
                     bool accumulate) override {
     later([=, this] { in_.strided_copy(dst, dst_at, src, src_at, R, G, W, accumulate); });
   }
+  void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
+                              float limit) override {
+    later([=, this] { in_.clamped_swiglu_forward(out, gate_up, alpha, limit); });
+  }
+  void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
+                               const TensorView& gate_up, float alpha, float limit) override {
+    later([=, this] { in_.clamped_swiglu_backward(dgate_up, dout, gate_up, alpha, limit); });
+  }
+  void attention_sink_forward(const TensorView& out, const TensorView& lse,
+                              const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                              int64_t D) override {
+    later([=, this] { in_.attention_sink_forward(out, lse, sinks, B, T, H, D); });
+  }
+  void attention_sink_backward(const TensorView& dsinks, const TensorView& dout,
+                               const TensorView& out, const TensorView& lse,
+                               const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                               int64_t D) override {
+    later([=, this] { in_.attention_sink_backward(dsinks, dout, out, lse, sinks, B, T, H, D); });
+  }
   void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
                                   const TensorView& logits, const TensorView& bias, int64_t R,
                                   int64_t E, int64_t K, const SigmoidRouting& g) override {

@@ -294,6 +294,10 @@ class CudaBackend final : public Backend {
   void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override;
   void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
                        const TensorView& gate, const TensorView& up) override;
+  void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
+                              float limit) override;
+  void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
+                               const TensorView& gate_up, float alpha, float limit) override;
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
                              int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
@@ -303,6 +307,13 @@ class CudaBackend final : public Backend {
                               const TensorView& v, const TensorView& out, const TensorView& lse,
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
                               int64_t window, float softcap) override;
+  void attention_sink_forward(const TensorView& out, const TensorView& lse,
+                              const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                              int64_t D) override;
+  void attention_sink_backward(const TensorView& dsinks, const TensorView& dout,
+                               const TensorView& out, const TensorView& lse,
+                               const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                               int64_t D) override;
 
   // ---- strided copies ----
   void strided_copy(const TensorView& dst, const Strided& dst_at, const TensorView& src,
@@ -1360,9 +1371,9 @@ void CudaBackend::mha_backward(const TensorView& dq, const TensorView& dk, const
 }
 
 // ---------------------------------------------------------------------------------------
-// Llama pieces: rope and SwiGLU in kernels_llama.cu (mixed storage types through the
-// run-time-typed instantiation), grouped-query attention on the flash kernels with
-// FlashProblem::group = H / Hkv.
+// Llama pieces: rope, SwiGLU and clamped SwiGLU in kernels_llama.cu (mixed storage types
+// through the run-time-typed instantiation), grouped-query attention on the flash kernels with
+// FlashProblem::group = H / Hkv, attention sinks in kernels_attention_sink.cu.
 
 void CudaBackend::rope_forward(const TensorView& out_, const TensorView& x, const TensorView& cos,
                                const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
@@ -1397,6 +1408,22 @@ void CudaBackend::swiglu_backward(const TensorView& dgate, const TensorView& dup
   const int64_t n = dgate.numel();
   Chk::swiglu_backward(dgate, dup, dout, gate, up);
   k::swiglu_backward(out(dgate), out(dup), in(dout), in(gate), in(up), n, s());
+}
+
+void CudaBackend::clamped_swiglu_forward(const TensorView& out_, const TensorView& gate_up,
+                                         float alpha, float limit) {
+  // out[n] = (u + 1) g sigmoid(alpha g) of the pairs gate_up[2n] (out must not alias gate_up)
+  const int64_t n = out_.numel();
+  Chk::clamped_swiglu_forward(out_, gate_up, alpha, limit);
+  k::clamped_swiglu_forward(out(out_), in(gate_up), n, alpha, limit, s());
+}
+
+void CudaBackend::clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
+                                          const TensorView& gate_up, float alpha, float limit) {
+  // dgate_up[2n] from dout[n], n = dout.numel() (dgate_up may alias gate_up)
+  const int64_t n = dout.numel();
+  Chk::clamped_swiglu_backward(dgate_up, dout, gate_up, alpha, limit);
+  k::clamped_swiglu_backward(out(dgate_up), in(dout), in(gate_up), n, alpha, limit, s());
 }
 
 namespace {
@@ -1476,6 +1503,25 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
     k::cast(out(dk), in(gk.view), nk, s());
     k::cast(out(dv), in(gv.view), nk, s());
   }
+}
+
+void CudaBackend::attention_sink_forward(const TensorView& out_, const TensorView& lse,
+                                         const TensorView& sinks, int64_t B, int64_t T,
+                                         int64_t H, int64_t D) {
+  // out: [B,T,H*D] and lse: fp32 [B,H,T], in place, from sinks: [H] (kernels_attention_sink.cu)
+  Chk::attention_sink_forward(out_, lse, sinks, B, T, H, D);
+  k::attention_sink_forward(out(out_), static_cast<float*>(lse.data), in(sinks), B, T, H, D,
+                            s());
+}
+
+void CudaBackend::attention_sink_backward(const TensorView& dsinks, const TensorView& dout,
+                                          const TensorView& out_, const TensorView& lse,
+                                          const TensorView& sinks, int64_t B, int64_t T,
+                                          int64_t H, int64_t D) {
+  // dsinks: [H] += -sum over b, t of p_s (dout . out); one block a head, no atomics
+  Chk::attention_sink_backward(dsinks, dout, out_, lse, sinks, B, T, H, D);
+  k::attention_sink_backward(out(dsinks), in(dout), in(out_), static_cast<const float*>(lse.data),
+                             in(sinks), B, T, H, D, s());
 }
 
 // ---------------------------------------------------------------------------------------

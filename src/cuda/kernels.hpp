@@ -205,6 +205,15 @@ void rope(Out out, In x, const float* cos, const float* sin, int64_t B, int64_t 
 void swiglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s);
 // dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may alias gate or dout, dup up).
 void swiglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s);
+// gpt-oss's clamped SwiGLU on interleaved pairs gate_up [2n] (gate even, up odd): out[i] =
+// (u + 1) g sigmoid(alpha g), g = min(gate, limit), u = clamp(up, -limit, limit); out [n]
+// must not alias gate_up.
+void clamped_swiglu_forward(Out out, In gate_up, int64_t n, float alpha, float limit,
+                            cudaStream_t s);
+// dgate_up [2n] from dout [n]: the gate's gradient where gate <= limit, the up's where
+// -limit <= up <= limit, else 0. dgate_up may alias gate_up (not dout).
+void clamped_swiglu_backward(Out dgate_up, In dout, In gate_up, int64_t n, float alpha,
+                             float limit, cudaStream_t s);
 
 // ---- mixture of experts (kernels_moe.cu): R tokens, E experts, K picks per token ----
 // Top-k routing: idx (int32 [R,K]) and weights (fp32 [R,K]) from logits [R,E]; p =
@@ -305,6 +314,16 @@ int64_t flash_backward_scratch_floats(const FlashProblem& p, bool dbias);
 void flash_backward(const FlashProblem& p, const void* q, const void* k, const void* v,
                     const void* out, const float* lse, const void* dout, void* dq, void* dk,
                     void* dv, float* dbias, float* scratch, cudaStream_t s);
+
+// ---- attention sinks (kernels_attention_sink.cu) on flash_forward's results ----
+// out [B,T,H*D], lse fp32 [B,H,T] (at (b*H + h)*T + t), sinks [H]: each row with a finite
+// (or -inf) lse L: out row *= 1 / (1 + exp(s - L)), L = log(exp(L) + exp(s)), in place.
+void attention_sink_forward(Out out, float* lse, In sinks, int64_t B, int64_t T, int64_t H,
+                            int64_t D, cudaStream_t s);
+// dsinks[h] += -(sum over b, t of exp(sinks[h] - L) dout row . out row), one block a head,
+// fixed order (deterministic, no atomics). dsinks [H] must not overlap the others.
+void attention_sink_backward(Out dsinks, In dout, In out, const float* lse, In sinks, int64_t B,
+                             int64_t T, int64_t H, int64_t D, cudaStream_t s);
 
 // ---- cross-entropy (kernels_loss.cu); targets checked by check_indices first ----
 // logits [R,ld] (ld >= V; columns [V,ld) are padding outside the softmax). Per row:

@@ -1,11 +1,13 @@
 // src/cuda/kernels_llama.cu: Llama's elementwise pieces (kernels.hpp "Llama pieces"): the
-// rotary position embedding in Hugging Face's rotate-half layout and SwiGLU, forward and
-// backward. fp32 math on loaded values, results rounded once to the storage type, as the CPU
-// backend computes them (exp differs by an ulp or two: expf here, a Cephes polynomial there).
+// rotary position embedding in Hugging Face's rotate-half layout, SwiGLU and gpt-oss's
+// clamped SwiGLU (interleaved gate/up pairs), forward and backward. fp32 math on loaded
+// values, results rounded once to the storage type, as the CPU backend computes them (exp
+// differs by an ulp or two: expf here, a Cephes polynomial or std::exp there).
 //
 // Every thread reads all the inputs of the elements it owns before it writes them, which is
 // what makes the documented aliasing safe (rope: out = x; SwiGLU: out = gate or up, dgate =
-// gate or dout, dup = up): no element is read by one thread and written by another.
+// gate or dout, dup = up; clamped SwiGLU: dgate_up = gate_up, a pair a thread): no element is
+// read by one thread and written by another.
 #include "kernels_common.cuh"
 
 namespace fsdp::cuda::kernels {
@@ -70,6 +72,46 @@ struct SwigluOp {
   }
 };
 
+// ---- clamped SwiGLU (gpt-oss) on interleaved pairs ----
+// g = min(gate, limit), u = clamp(up, -limit, limit), NaN kept (as std::min / std::clamp).
+__device__ __forceinline__ float clamp_hi(float x, float limit) { return x > limit ? limit : x; }
+__device__ __forceinline__ float clamp_both(float x, float limit) {
+  return x < -limit ? -limit : (x > limit ? limit : x);
+}
+
+// One thread per pair i (grid-stride): out[i] = (u + 1) (g sigmoid(alpha g)).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    clamped_swiglu_fwd_kernel(Wr<T> out, Rd<T> gate_up, int64_t n, float alpha, float limit) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float g = clamp_hi(gate_up[2 * i], limit), u = clamp_both(gate_up[2 * i + 1], limit);
+    const float s = sigmoid(alpha * g);
+    out.set(i, (u + 1.0f) * (g * s));
+  }
+}
+
+// One thread per pair i (grid-stride): reads gate_up[2i], gate_up[2i + 1] and dout[i], then
+// writes dgate_up[2i], dgate_up[2i + 1] (so dgate_up may be gate_up). A clamped input passes
+// no gradient; one on a bound does (torch.clamp's rule).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    clamped_swiglu_bwd_kernel(Wr<T> dgate_up, Rd<T> dout, Rd<T> gate_up, int64_t n, float alpha,
+                              float limit) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float gate = gate_up[2 * i], up = gate_up[2 * i + 1], d = dout[i];
+    const float g = clamp_hi(gate, limit), u = clamp_both(up, limit);
+    const float s = sigmoid(alpha * g);
+    const float dg = gate <= limit ? d * (u + 1.0f) * (s + alpha * g * s * (1.0f - s)) : 0.0f;
+    const float du = up >= -limit && up <= limit ? d * (g * s) : 0.0f;
+    dgate_up.set(2 * i, dg);
+    dgate_up.set(2 * i + 1, du);
+  }
+}
+
 }  // namespace
 
 void rope(Out out, In x, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
@@ -93,6 +135,28 @@ void swiglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s) {
 
 void swiglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s) {
   glu_backward("swiglu_backward", dgate, dup, dout, gate, up, n, SwigluOp{}, s);
+}
+
+void clamped_swiglu_forward(Out out, In gate_up, int64_t n, float alpha, float limit,
+                            cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch_uniform("clamped_swiglu_forward", {out.t, gate_up.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    clamped_swiglu_fwd_kernel<V><<<blocks_for(n, kThreads), kThreads, 0, s>>>(
+        wr<V>(out), rd<V>(gate_up), n, alpha, limit);
+    FSDP_CHECK_LAUNCH();
+  });
+}
+
+void clamped_swiglu_backward(Out dgate_up, In dout, In gate_up, int64_t n, float alpha,
+                             float limit, cudaStream_t s) {
+  if (n <= 0) return;
+  dispatch_uniform("clamped_swiglu_backward", {dgate_up.t, dout.t, gate_up.t}, [&](auto tag) {
+    using V = typename decltype(tag)::type;
+    clamped_swiglu_bwd_kernel<V><<<blocks_for(n, kThreads), kThreads, 0, s>>>(
+        wr<V>(dgate_up), rd<V>(dout), rd<V>(gate_up), n, alpha, limit);
+    FSDP_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace fsdp::cuda::kernels

@@ -516,6 +516,26 @@ void GraphedKernels::strided_copy(const TensorView& dst, const Strided& dst_at,
                                   int64_t G, int64_t W, bool accumulate) {
   FSDP_RECORD(strided_copy, dst, dst_at, src, src_at, R, G, W, accumulate);
 }
+void GraphedKernels::clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up,
+                                            float alpha, float limit) {
+  FSDP_RECORD(clamped_swiglu_forward, out, gate_up, alpha, limit);
+}
+void GraphedKernels::clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
+                                             const TensorView& gate_up, float alpha,
+                                             float limit) {
+  FSDP_RECORD(clamped_swiglu_backward, dgate_up, dout, gate_up, alpha, limit);
+}
+void GraphedKernels::attention_sink_forward(const TensorView& out, const TensorView& lse,
+                                            const TensorView& sinks, int64_t B, int64_t T,
+                                            int64_t H, int64_t D) {
+  FSDP_RECORD(attention_sink_forward, out, lse, sinks, B, T, H, D);
+}
+void GraphedKernels::attention_sink_backward(const TensorView& dsinks, const TensorView& dout,
+                                             const TensorView& out, const TensorView& lse,
+                                             const TensorView& sinks, int64_t B, int64_t T,
+                                             int64_t H, int64_t D) {
+  FSDP_RECORD(attention_sink_backward, dsinks, dout, out, lse, sinks, B, T, H, D);
+}
 void GraphedKernels::moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
                                                 const TensorView& logits, const TensorView& bias,
                                                 int64_t R, int64_t E, int64_t K,

@@ -54,6 +54,7 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::glm4_moe, "Glm4Moe", "Glm4MoeConfig"},
     {LlamaArch::deepseek_v3, "DeepseekV3", "DeepseekV3Config"},
     {LlamaArch::deepseek_v2, "DeepseekV2", "DeepseekV2Config"},
+    {LlamaArch::gpt_oss, "GptOss", "GptOssConfig"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -100,7 +101,8 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool ds = arch == LlamaArch::deepseek_v3;  // DeepSeek-V3's: its MoE block is GLM-4.5's
   const bool ds2 = arch == LlamaArch::deepseek_v2;  // DeepSeek-V2's: MLA, softmax routing
   const bool mla = ds || ds2, ds_moe = glm || mla;
-  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || ds_moe;
+  const bool oss = arch == LlamaArch::gpt_oss;  // gpt-oss's: its own defaults throughout
+  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || ds_moe || oss;
   const bool llama = arch == LlamaArch::llama || olmoe;
   const bool mistral = arch == LlamaArch::mistral || mixtral;
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3 || qwen3_moe || qwen2_moe;
@@ -129,6 +131,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   std::vector<A> rows = {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
         olmo2 || olmoe ? I64{50304}
+        : oss    ? I64{201088}
         : glm    ? I64{151552}
         : ds     ? I64{129280}
         : ds2    ? I64{32000}
@@ -138,6 +141,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                            : by(I64{32000}, I64{32000}, I64{151936}, I64{32064}, I64{262208})},
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
         smol || olmoe || qwen3_moe || qwen2_moe ? I64{2048}
+        : oss    ? I64{2880}
         : glm    ? I64{4096}
         : ds     ? I64{7168}
         : ds2    ? I64{4096}
@@ -148,10 +152,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         : qwen3_moe || qwen2_moe ? "Width of a dense MLP (mlp_only_layers: none here, every "
                                    "layer is sparse; unused)."
         : ds_moe    ? "Width of the dense layers' SwiGLU MLP (the first first_k_dense_replace)."
+        : oss       ? "Width of each expert's clamped SwiGLU MLP (gate_up_proj: 2x it)."
         : moe       ? "Width of each expert's SwiGLU MLP."
                     : "Width of the SwiGLU MLP.",
         KeyRange::size(1), {}, true,
         gemma1      ? I64{24576}
+        : oss       ? I64{2880}
         : exaone    ? I64{16384}
         : qwen3_moe ? I64{6144}
         : qwen2_moe ? I64{5632}
@@ -162,10 +168,10 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                  : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
         true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : qwen3_moe || qwen2_moe ? I64{24}
-              : olmoe ? I64{16} : glm ? I64{46} : ds ? I64{61} : I64{32}},  // (ds2: 32)
+              : olmoe ? I64{16} : glm ? I64{46} : ds ? I64{61} : oss ? I64{36} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
         true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe || qwen2_moe ? I64{16}
-              : glm ? I64{96} : ds ? I64{128} : I64{32}},
+              : glm ? I64{96} : ds ? I64{128} : oss ? I64{64} : I64{32}},
       // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32,
       // Gemma 2's and 3's 4, Gemma 1's 16 (MHA).
       A{"num_key_value_heads", &L::num_key_value_heads,
@@ -173,7 +179,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         KeyRange::size(0), {}, true,
         smol || qwen3_moe ? I64{4}
         : gemma1 || qwen2_moe ? I64{16}
-        : glm                 ? I64{8}
+        : glm || oss          ? I64{8}
         : ds                  ? I64{128}
         : ds2                 ? I64{0}
                  : by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
@@ -181,7 +187,8 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   if (has_head_dim_key(arch)) {
     rows.push_back(A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
                      "num_attention_heads.", KeyRange::size(0), {}, true,
-                     arch == LlamaArch::qwen3 ? I64{128} : gemma ? I64{256} : I64{0}});
+                     arch == LlamaArch::qwen3 ? I64{128} : gemma ? I64{256}
+                     : oss ? I64{64} : I64{0}});
   }
   rows.insert(rows.end(), {
       A{"max_position_embeddings", &L::max_position_embeddings,
@@ -189,16 +196,17 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         smol               ? I64{32768}
         : exaone           ? I64{2048}
         : olmoe            ? I64{4096}
-        : glm              ? I64{131072}
+        : glm || oss       ? I64{131072}
         : ds               ? I64{4096}
         : ds2              ? I64{2048}
         : gemma2 || gemma1 ? I64{8192}
                            : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
-        olmo2 || phi3 || exaone || mixtral || olmoe || glm ? 1e-5 : 1e-6},
+        olmo2 || phi3 || exaone || mixtral || olmoe || glm || oss ? 1e-5 : 1e-6},
       A{"rope_theta", &L::rope_theta,
         gemma3 ? "RoPE base period of the global (full-attention) layers." : "RoPE base period.",
-        KeyRange::above(0), {}, true, gemma3 || mixtral ? 1e6 : smol ? 2e6 : 10000.0},
+        KeyRange::above(0), {}, true,
+        gemma3 || mixtral ? 1e6 : smol ? 2e6 : oss ? 150000.0 : 10000.0},
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
         gemma3 ? "RoPE frequency scaling of the global layers: default (none), linear (position "
                  "interpolation), Llama 3.1's llama3 or yarn."
@@ -207,9 +215,9 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                  "3.1's llama3 or yarn.", {},
         phi3 ? std::vector<std::string>{"default", "longrope"}
              : std::vector<std::string>{"default", "linear", "llama3", "yarn"},
-        true, std::string(enum_name(L::RopeType::default_))},
+        true, std::string(enum_name(oss ? L::RopeType::yarn : L::RopeType::default_))},
       A{"rope_scaling.factor", &L::rope_factor, "linear, llama3, yarn: how much longer than "
-        "the original context the model runs.", KeyRange::above(0), {}, true, 8.0},
+        "the original context the model runs.", KeyRange::above(0), {}, true, oss ? 32.0 : 8.0},
       A{"rope_scaling.low_freq_factor", &L::rope_low_freq_factor,
         "llama3: wavelengths above original / low_freq_factor are scaled by 1 / factor.",
         KeyRange::above(0), {}, true, 1.0},
@@ -218,7 +226,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         true, 4.0},
       A{"rope_scaling.original_max_position_embeddings", &L::rope_original_max_position_embeddings,
         "llama3, yarn: the context length the model was pre-trained with.", KeyRange::size(1), {},
-        true, int64_t{8192}},
+        true, oss ? int64_t{4096} : int64_t{8192}},
       A{"rope_scaling.beta_fast", &L::rope_beta_fast, "yarn: dimensions turning more than "
         "beta_fast times over the original context keep their frequency.", KeyRange::above(0), {},
         true, 32.0},
@@ -231,7 +239,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
              : "yarn: the factor cos and sin are scaled by; 0 = 0.1 ln(factor) + 1.",
         KeyRange::nonnegative(), {}, true, 0.0},
       A{"rope_scaling.truncate", &L::rope_truncate, "yarn: round the correction range out to "
-        "whole dimensions.", {}, {}, true, true},
+        "whole dimensions.", {}, {}, true, !oss},
   });
   if (phi3) {  // Phi3Config's LongRoPE and partial rotary embedding
     rows.insert(rows.end(), {
@@ -314,18 +322,18 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   }
   // Mistral's and Phi-3's 0 is HF's null; Qwen's under the flag; Gemma 2's and 3's on their
   // sliding layers (Gemma 1 has none).
-  if (mistral || qwen || phi3 || gemma23 || smol || olmo3 || exaone) {
+  if (mistral || qwen || phi3 || gemma23 || smol || olmo3 || exaone || oss) {
     rows.push_back(A{"sliding_window", &L::sliding_window,
                      exaone ? "Sliding-window attention span of the sliding layers (positions per "
                               "query, itself included); 0 = none: every layer global and rotated."
                      : mistral || phi3 || smol ? "Sliding-window attention span (positions per "
                                                  "query, itself included); 0 = none."
-                     : gemma23 || olmo3 ? "Sliding-window attention span of the sliding layers "
-                                          "(positions per query, itself included)."
+                     : gemma23 || olmo3 || oss ? "Sliding-window attention span of the sliding "
+                                                 "layers (positions per query, itself included)."
                              : "Sliding-window attention span (positions per query, "
                                "itself included) under use_sliding_window.",
                      KeyRange::size(window_may_be_null(arch) ? 0 : 1), {}, true,
-                     phi3 || smol || mixtral ? int64_t{0} : int64_t{4096}});
+                     phi3 || smol || mixtral ? int64_t{0} : oss ? int64_t{128} : int64_t{4096}});
   }
   if (granite) {
     rows.insert(rows.end(), {
@@ -380,21 +388,24 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   }
   if (moe) {  // the sparse MLP (Qwen3MoeConfig, MixtralConfig, OlmoeConfig)
     rows.insert(rows.end(), {
-        A{mixtral ? "num_local_experts" : ds_moe ? "n_routed_experts" : "num_experts",
+        A{mixtral || oss ? "num_local_experts" : ds_moe ? "n_routed_experts" : "num_experts",
           &L::num_experts,
           ds_moe ? "Routed experts (SwiGLU MLPs) per sparse layer."
+          : oss  ? "Experts (clamped SwiGLU MLPs with biases) per layer."
                  : "Experts (SwiGLU MLPs) per layer.",
           KeyRange::size(1), {}, true,
-          qwen3_moe || glm ? I64{128} : ds ? I64{256} : olmoe || ds2 ? I64{64}
+          qwen3_moe || glm || oss ? I64{128} : ds ? I64{256} : olmoe || ds2 ? I64{64}
                                       : qwen2_moe ? I64{60} : I64{8}},
         // (DeepseekV2Config's None means a dense model: a config.json must give it)
         A{"num_experts_per_tok", &L::num_experts_per_tok,
           ds_moe && !ds2 ? "Experts each token is routed to (the top k of the router's sigmoid "
                            "scores plus e_score_correction_bias)."
+          : oss          ? "Experts each token is routed to (the top k of the router's logits, "
+                           "weighted by their softmax)."
                          : "Experts each token is routed to (the top k of the router's softmax).",
           KeyRange::size(1), {}, true,
           ds2 ? std::optional<ModelValue>()
-              : std::optional<ModelValue>(mixtral ? I64{2} : qwen2_moe ? I64{4} : I64{8})},
+              : std::optional<ModelValue>(mixtral ? I64{2} : qwen2_moe || oss ? I64{4} : I64{8})},
     });
     if (qwen3_moe || qwen2_moe || ds_moe) {
       rows.push_back(A{"moe_intermediate_size", &L::moe_intermediate_size,
@@ -431,7 +442,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                        "Width of the shared expert's SwiGLU MLP (every token runs it, scaled by "
                        "sigmoid(shared_expert_gate)).", KeyRange::size(1), {}, true, I64{5632}});
     }
-    if (!mixtral && !ds2) {  // Mixtral always renormalises, DeepseekV2Moe never
+    if (!mixtral && !ds2 && !oss) {  // Mixtral and gpt-oss always renormalise, DeepseekV2Moe never
       rows.push_back(A{"norm_topk_prob", &L::norm_topk_prob,
                        "Divide each token's top-k routing weights by their sum.", {}, {}, true,
                        ds_moe});
@@ -443,7 +454,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
             {}, {}, true, false},
           A{"router_aux_loss_coef", &L::router_aux_loss_coef,
             "Weight of the load-balancing loss under output_router_logits.",
-            KeyRange::nonnegative(), {}, true, olmoe ? 0.01 : 0.001},
+            KeyRange::nonnegative(), {}, true, olmoe ? 0.01 : oss ? 0.9 : 0.001},
       });
     }
   }
@@ -469,6 +480,15 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   defaults.arch = arch;
   if (phi3 || mixtral) defaults.sliding_window = 0;  // Phi3Config's, MixtralConfig's None
   if (olmoe) defaults.router_aux_loss_coef = 0.01;  // OlmoeConfig's
+  if (oss) {  // GptOssConfig's: yarn 32x from 4096 (not truncated), every other layer sliding
+    defaults.router_aux_loss_coef = 0.9;
+    defaults.rope_type = L::RopeType::yarn;
+    defaults.rope_factor = 32.0;
+    defaults.rope_original_max_position_embeddings = 4096;
+    defaults.rope_truncate = false;
+    defaults.sliding_window = 128;
+    defaults.sliding_window_pattern = 2;
+  }
   if (ds_moe) defaults.norm_topk_prob = true;  // Glm4MoeConfig's, DeepseekV3Config's
   if (glm) defaults.partial_rotary_factor = 0.5;  // half of each head rotated
   if (gemma) {  // GemmaConfig's, Gemma2Config's and Gemma3TextConfig's: tied, padding token 0
@@ -556,6 +576,12 @@ struct LayerIndex {
   // bias, q_a_layernorm (q_lora_rank only), kv_a_proj_with_mqa and its bias, kv_a_layernorm,
   // kv_b_proj (HF's order); else -1.
   int qa_w = -1, qa_b = -1, qa_norm = -1, kva_w = -1, kva_b = -1, kva_norm = -1, kvb_w = -1;
+  // attention_sinks(): self_attn.sinks [H] (after o_proj, HF's order); else -1.
+  int sinks = -1;
+  // packed_experts() (gpt-oss; expert0 -1): the router's bias mlp.router.bias [E], and the
+  // experts as HF stores them: gate_up_proj [E, C, 2I], gate_up_proj_bias [E, 2I], down_proj
+  // [E, I, C], down_proj_bias [E, C] (expert e's slice of each: packed_slice); else -1.
+  int router_b = -1, px_gate_up = -1, px_gate_up_b = -1, px_down = -1, px_down_b = -1;
   int expert_gate(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_gate; }
   int expert_up(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_up; }
   int expert_down(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_down; }
@@ -606,9 +632,18 @@ LayerIndex layer_index(const LlamaConfig& c, bool sparse) {
     lin(x.v_w, x.v_b, c.qkv_bias());
   }
   lin(x.o_w, x.o_b, c.o_bias());
+  x.sinks = c.attention_sinks() ? n++ : -1;
   x.q_norm = c.qk_norm() ? n++ : -1;
   x.k_norm = c.qk_norm() ? n++ : -1;
-  if (sparse) {
+  if (sparse && c.packed_experts()) {  // gpt-oss: mlp.router.{weight,bias}, mlp.experts.*
+    x.gate_w = x.gate_b = x.up_w = x.up_b = x.down_w = x.down_b = -1;
+    x.router = n++;
+    x.router_b = n++;
+    x.px_gate_up = n++;
+    x.px_gate_up_b = n++;
+    x.px_down = n++;
+    x.px_down_b = n++;
+  } else if (sparse) {
     x.gate_w = x.gate_b = x.up_w = x.up_b = x.down_w = x.down_b = -1;
     x.router = n++;
     x.e_bias = c.sigmoid_routing() ? n++ : -1;
@@ -705,6 +740,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::gemma2:
     case LlamaArch::gemma3_text:
     case LlamaArch::olmo3:
+    case LlamaArch::gpt_oss:
     case LlamaArch::exaone4:  // (sliding_window 0, HF's null: no sliding layer)
       return pattern_slides(layer) ? sliding_window : 0;
     case LlamaArch::smollm3:  // HF's layer_types: the NoPE layers slide under the flag
@@ -893,7 +929,16 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
     linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
     linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
   }
-  if (sparse) {  // the router and the experts (HF's names: Mixtral's block_sparse_moe, w1-3)
+  put(x.sinks, "self_attn.sinks", {c.num_attention_heads}, InitKind::normal, false);
+  if (sparse && c.packed_experts()) {  // gpt-oss: HF's GptOssTopKRouter and GptOssExperts
+    const int64_t E = c.num_experts, Im = c.expert_size();
+    put(x.router, "mlp.router.weight", {E, C}, InitKind::normal, true);
+    put(x.router_b, "mlp.router.bias", {E}, InitKind::normal, false);  // (HF: normal too)
+    put(x.px_gate_up, "mlp.experts.gate_up_proj", {E, C, 2 * Im}, InitKind::normal, true);
+    put(x.px_gate_up_b, "mlp.experts.gate_up_proj_bias", {E, 2 * Im}, InitKind::zeros, false);
+    put(x.px_down, "mlp.experts.down_proj", {E, Im, C}, InitKind::normal, true);
+    put(x.px_down_b, "mlp.experts.down_proj_bias", {E, C}, InitKind::zeros, false);
+  } else if (sparse) {  // the router and the experts (HF's names: Mixtral's block_sparse_moe, w1-3)
     const bool mixtral = c.arch == LlamaArch::mixtral;
     const std::string moe = mixtral ? "block_sparse_moe" : "mlp";
     const int64_t Im = c.expert_size();
@@ -1236,7 +1281,11 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
     if (cfg_.norm_before()) { y.ln1_rstd = f32(BT); y.ln2_rstd = f32(BT); }
     y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
     y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C);
-    y.gate = f(set.mlp); y.up = f(set.mlp);
+    if (cfg_.packed_experts()) {  // gate_up [BT*K, 2I] (interleaved), no separate up
+      y.gate = f(2 * set.mlp);
+    } else {
+      y.gate = f(set.mlp); y.up = f(set.mlp);
+    }
     if (set.sparse) {
       const int64_t E = cfg_.num_experts, RK = BT * cfg_.num_experts_per_tok;
       auto i32 = [&](int64_t n) { return DeviceBuffer(rt_, DType::i32, n, cat); };
@@ -1434,7 +1483,8 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   const TensorView in = rows(a.res[l], C), n1 = rows(a.dln, C), q = rows(y.q, Q),
                    k = rows(y.k, KV), v = rows(y.v, KV), atty = rows(y.atty, Q),
                    res2 = rows(y.res2, C), gate = y.gate.view({MR, I}),
-                   up = y.up.view({MR, I}), act = a.dI1.view({MR, I});  // Acts::dI1
+                   up = cfg_.packed_experts() ? TensorView{} : y.up.view({MR, I}),
+                   act = a.dI1.view({MR, I});  // Acts::dI1
   const bool local = cfg_.layer_local_rope(l);
   const int64_t R = cfg_.rotary_dim();  // RoPE's rotated columns of a head; R/2 frequencies
   const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, R / 2}),
@@ -1470,6 +1520,10 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
     be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
                               cfg_.attention_scale(), cfg_.layer_window(l),
                               cfg_.attention_softcap());
+    // gpt-oss's sinks: out and lse become the softmax-with-sink's (the backward reads both)
+    if (cfg_.attention_sinks()) {
+      be_.attention_sink_forward(atty, y.lse.view({B, H, T}), W(x.sinks), B, T, H, D);
+    }
   }
   // o_proj's input: the attention's output, or MLA's heads of v_head_dim (Acts::mla_o)
   const int64_t Qo = H * cfg_.value_head_size();
@@ -1804,8 +1858,10 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
   const int64_t C = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
   const int64_t I = cfg_.expert_size(), RK = BT * K;
   const TensorView ln2 = a.dln.view({BT, C}), logits = y.router_logits.view({BT, E});
-  // router_logits = ln2 @ gate^T (GLM-4.5: fp32); the top-k experts and weights of each token
-  be_.gemm(false, true, BT, E, C, 1.f, ln2, W(x.router), 0.f, logits);
+  // router_logits = ln2 @ gate^T (GLM-4.5: fp32; gpt-oss: + its bias); the top-k experts and
+  // weights of each token
+  linear_forward(be_, BT, logits, ln2, W(x.router), x.router_b >= 0 ? W(x.router_b) : TensorView{},
+                 E, C);
   if (cfg_.sigmoid_routing()) {
     be_.moe_sigmoid_router_forward(y.moe_idx.view({RK}), y.moe_w.view({RK}), logits,
                                    W(x.e_bias), BT, E, K, sigmoid_routing(cfg_));
@@ -1835,6 +1891,9 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
   // The routed rows: each token's ln2 once per expert it chose, grouped by expert; then each
   // expert's SwiGLU MLP on its rows: down(silu(gate(x)) * up(x)).
   be_.embedding_lookup_forward(a.moe_rows.view({RK, C}), y.moe_src.view({RK}), ln2, RK, C);
+  if (cfg_.packed_experts()) {
+    packed_experts_forward(l, BT, hooks);
+  } else {
   for (int64_t e = 0; e < E; ++e) {
     const TensorView in = expert_rows(a.moe_rows, off, e, C);
     if (in.numel() == 0) continue;
@@ -1849,6 +1908,7 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
     if (act.numel() == 0) continue;
     be_.gemm(false, true, act.shape[0], C, I, 1.f, act, W(x.expert_down(e)), 0.f,
              expert_rows(y.expert_out, off, e, C));
+  }
   }
   // The shared expert on every token: Qwen2-MoE's output and its gate's logit kept;
   // GLM-4.5's output (ungated) added to the layer's output below
@@ -1897,15 +1957,22 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
   const int64_t I = cfg_.expert_size(), RK = BT * K;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const std::vector<int64_t>& off = y.moe_offsets;
+  const bool packed = cfg_.packed_experts();
   const TensorView dres = a.dres.view({BT, C}), dln = a.dln.view({BT, C}),
                    res2 = y.res2.view({BT, C}), gate = y.gate.view({RK, I}),
-                   up = y.up.view({RK, I}), act = a.dI1.view({RK, I}), dup = a.dI2.view({RK, I}),
+                   up = packed ? TensorView{} : y.up.view({RK, I}), act = a.dI1.view({RK, I}),
+                   dup = a.dI2.view({RK, I}),
                    rows = a.moe_rows.view({RK, C}), w = y.moe_w.view({RK}),
                    slot = y.moe_slot.view({RK}), dw = a.moe_dw.view({RK}),
                    dlogits = a.moe_dlogits.view({BT, E});
+  // d expert outputs (into the routed rows) and d weights from dres = d res[l + 1]
+  if (packed) {
+    if (!recompute) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, norm_weight, BT, C, eps);
+    be_.moe_combine_backward(rows, dw, dres, y.expert_out.view({RK, C}), w, slot, BT, K, C);
+    packed_experts_backward(l, BT, hooks, recompute);  // (ln2 in dln, kept)
+  } else {
   // act = silu(gate) * up again into dI1 (the recompute has left it there)
   if (!recompute) be_.swiglu_forward(act, gate, up);
-  // d expert outputs (into the routed rows) and d weights from dres = d res[l + 1]
   be_.moe_combine_backward(rows, dw, dres, y.expert_out.view({RK, C}), w, slot, BT, K, C);
   // down: d W += dy^T act, then d act = dy @ W over act's rows (read first)
   for (int64_t e = 0; e < E; ++e) {
@@ -1932,6 +1999,7 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
     be_.gemm(false, false, n, C, I, 1.f, dg, W(x.expert_gate(e)), 0.f, in);
     be_.gemm(false, false, n, C, I, 1.f, du, W(x.expert_up(e)), 1.f, in);
   }
+  }
   // the router: d logits from d weights; d gate += d logits^T ln2 (GLM-4.5's
   // e_score_correction_bias, a buffer, gets no gradient)
   if (cfg_.sigmoid_routing()) {
@@ -1947,7 +2015,8 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
   if (cfg_.aux_loss()) {  // the load-balancing loss's gradient through this layer's softmax
     be_.moe_aux_loss_backward(dlogits, y.router_logits.view({BT, E}), a.moe_dprobs.view(), BT, E);
   }
-  be_.gemm(true, false, E, C, BT, 1.f, dlogits, dln, 1.f, G(x.router));
+  linear_weight_grad(be_, BT, dlogits, dln, G(x.router),
+                     x.router_b >= 0 ? G(x.router_b) : TensorView{}, E, C);
   // The shared expert: d output (Qwen2-MoE: and d logit through the sigmoid gate; GLM-4.5:
   // dres itself), then its SwiGLU's weight gradients (ln2 still in dln); its input gradient
   // joins below
@@ -1982,6 +2051,87 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
     if (gated) be_.gemm(false, false, BT, C, 1, 1.f, s_dlogit, W(x.s_sigmoid), 1.f, dln);
   }
   be_.rmsnorm_backward(dres, G(x.mlp_in), dln, res2, norm_weight, y.ln2_rstd.view({BT}), BT, C);
+}
+
+namespace {
+// Expert e's [rows, cols] slice of a packed expert tensor [E, rows, cols] (gpt-oss's
+// gate_up_proj [E, C, 2I], down_proj [E, I, C], and the biases as [E, 1, n]).
+TensorView packed_slice(const TensorView& t, int64_t e, int64_t rows, int64_t cols) {
+  return t.slice(e * rows * cols, rows * cols).reshape({rows, cols});
+}
+}  // namespace
+
+void LlamaModel::packed_experts_forward(int64_t l, int64_t BT, ModuleHooks& hooks) {
+  Acts& a = *acts_;
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  auto W = [&](int k) { return hooks.param(lp.p0 + k); };
+  auto& y = a.layer(l);
+  const int64_t C = cfg_.hidden_size, E = cfg_.num_experts, I = cfg_.expert_size();
+  const int64_t RK = BT * cfg_.num_experts_per_tok;
+  const std::vector<int64_t>& off = y.moe_offsets;
+  // gate_up [n, 2I] = x @ gate_up_proj[e] + gate_up_proj_bias[e] (HF's layout: [C, 2I], no
+  // transpose), act = clamped SwiGLU of its interleaved pairs into dI1, then down_proj[e]
+  // ([I, C]) and its bias into the experts' outputs
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView in = expert_rows(a.moe_rows, off, e, C);
+    if (in.numel() == 0) continue;
+    be_.gemm_bias(false, false, in.shape[0], 2 * I, C, in,
+                  packed_slice(W(x.px_gate_up), e, C, 2 * I),
+                  packed_slice(W(x.px_gate_up_b), e, 1, 2 * I), expert_rows(y.gate, off, e, 2 * I));
+  }
+  be_.clamped_swiglu_forward(a.dI1.view({RK, I}), y.gate.view({RK, 2 * I}),
+                             LlamaConfig::kClampedSwigluAlpha, LlamaConfig::kClampedSwigluLimit);
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView act = expert_rows(a.dI1, off, e, I);
+    if (act.numel() == 0) continue;
+    be_.gemm_bias(false, false, act.shape[0], C, I, act, packed_slice(W(x.px_down), e, I, C),
+                  packed_slice(W(x.px_down_b), e, 1, C), expert_rows(y.expert_out, off, e, C));
+  }
+}
+
+void LlamaModel::packed_experts_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
+                                         bool recompute) {
+  Acts& a = *acts_;
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  auto W = [&](int k) { return hooks.param(lp.p0 + k); };
+  auto G = [&](int k) { return hooks.grad(lp.p0 + k); };
+  auto& y = a.layer(l);
+  const int64_t C = cfg_.hidden_size, E = cfg_.num_experts, I = cfg_.expert_size();
+  const int64_t RK = BT * cfg_.num_experts_per_tok;
+  const std::vector<int64_t>& off = y.moe_offsets;
+  const float alpha = LlamaConfig::kClampedSwigluAlpha, limit = LlamaConfig::kClampedSwigluLimit;
+  const TensorView gate_up = y.gate.view({RK, 2 * I}), act = a.dI1.view({RK, I});
+  // act again into dI1 (the recompute has left it there)
+  if (!recompute) be_.clamped_swiglu_forward(act, gate_up, alpha, limit);
+  // down: d W[e] += act^T dy, d b[e] += sum dy, then d act = dy @ W[e]^T over act's rows
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView dy = expert_rows(a.moe_rows, off, e, C);
+    if (dy.numel() == 0) continue;
+    const int64_t n = dy.shape[0];
+    const TensorView act_e = expert_rows(a.dI1, off, e, I);
+    be_.gemm(true, false, I, C, n, 1.f, act_e, dy, 1.f, packed_slice(G(x.px_down), e, I, C));
+    be_.bias_backward(packed_slice(G(x.px_down_b), e, 1, C), dy, n, C);
+    be_.gemm(false, true, n, I, C, 1.f, dy, packed_slice(W(x.px_down), e, I, C), 0.f, act_e);
+  }
+  // d gate_up over gate_up itself (the forward's last reader), then the routed rows again
+  // (ln2 in dln), read by the gate_up weight gradients before each expert's input gradient
+  // replaces its rows
+  be_.clamped_swiglu_backward(gate_up, act, gate_up, alpha, limit);
+  be_.embedding_lookup_forward(a.moe_rows.view({RK, C}), y.moe_src.view({RK}),
+                               a.dln.view({BT, C}), RK, C);
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView in = expert_rows(a.moe_rows, off, e, C);
+    if (in.numel() == 0) continue;
+    const int64_t n = in.shape[0];
+    const TensorView dgu = expert_rows(y.gate, off, e, 2 * I);
+    be_.gemm(true, false, C, 2 * I, n, 1.f, in, dgu, 1.f,
+             packed_slice(G(x.px_gate_up), e, C, 2 * I));
+    be_.bias_backward(packed_slice(G(x.px_gate_up_b), e, 1, 2 * I), dgu, n, 2 * I);
+    be_.gemm(false, true, n, C, 2 * I, 1.f, dgu, packed_slice(W(x.px_gate_up), e, C, 2 * I), 0.f,
+             in);
+  }
 }
 
 LmHeadChunks LlamaModel::head_chunks(int64_t BT, const TensorView& weight) const {
@@ -2136,6 +2286,10 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     }
     // attention: res2 = in + o_proj(atty) (OLMo 2, Gemma 3: d o in dln)
     linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false, rs);
+    if (cfg_.attention_sinks()) {  // d sinks from the sinked out and lse (attention_sink_forward)
+      be_.attention_sink_backward(G(x.sinks), datty, rows(y.atty, Q), y.lse.view({B, H, T}),
+                                  W(x.sinks), B, T, H, D);
+    }
     be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
                                cfg_.attention_scale(), cfg_.layer_window(l),
@@ -2564,6 +2718,12 @@ class LlamaFamily final : public ModelFamily {
         out["layer_types"] = layer_types_of(g);
       }
       if (arch_ == LlamaArch::olmoe) out["clip_qkv"] = nullptr;
+      // GptOssConfig's (its class sets attention_bias true whatever it is given, and its
+      // experts hard-code the clamp the Hub's files also spell as swiglu_limit)
+      if (g.gpt_oss()) {
+        out[llama_args(LlamaArch::llama).name(&LlamaConfig::attention_bias)] = true;
+        out["swiglu_limit"] = static_cast<double>(LlamaConfig::kClampedSwigluLimit);
+      }
     }
     if (!gemma) out["hidden_act"] = "silu";
     out["attention_dropout"] = 0.0;
@@ -2666,6 +2826,7 @@ class LlamaFamily final : public ModelFamily {
       }
     }
     if (cls.moe()) moe_from_hf(hf, origin);
+    if (cls.gpt_oss()) gpt_oss_from_hf(hf, origin);
     // The keys config.json does not carry (OLMo 3's sliding_window_pattern) at the type's
     // defaults; every other one is read or takes its class's default.
     LlamaConfig g = args().from_hf(hf, origin, args().defaults());
@@ -2688,12 +2849,15 @@ class LlamaFamily final : public ModelFamily {
     }
     const bool qwen = arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3 ||
                       arch_ == LlamaArch::qwen3_moe || arch_ == LlamaArch::qwen2_moe;
-    if ((qwen || smol || gemma2) && hf.contains("layer_types") && !hf["layer_types"].is_null()) {
+    const bool oss = arch_ == LlamaArch::gpt_oss;
+    if ((qwen || smol || gemma2 || oss) && hf.contains("layer_types") &&
+        !hf["layer_types"].is_null()) {
       const nlohmann::json want = layer_types_of(g);
       if (hf["layer_types"] != want) {
         throw refuse("layer_types", want.dump() + (qwen ? ", the layers use_sliding_window and "
                                                           "max_window_layers give"
                                                    : gemma2 ? ", Gemma 2's even layers sliding"
+                                                   : oss    ? ", gpt-oss's even layers sliding"
                                                             : ", the layers use_sliding_window, "
                                                               "sliding_window and no_rope_layers "
                                                               "give"));
@@ -2706,6 +2870,25 @@ class LlamaFamily final : public ModelFamily {
   // The derived sizes spelled as HF's None (0) when they equal what None means, the
   // rope_scaling fields its rope_type does not read (rope_fields) at their defaults (a
   // config.json carries only the others, and they change nothing).
+  // GptOssConfig's attributes that are not keys: the Hub's MXFP4-quantized experts (the
+  // tensors init_from would need are gate_up_proj_blocks / _scales) are refused by name, and
+  // swiglu_limit, which GptOssExperts never reads (it clamps at 7), must be 7 when given (a
+  // file that says otherwise was not made by this class).
+  void gpt_oss_from_hf(const nlohmann::json& hf, const std::string& origin) const {
+    if (hf.contains("quantization_config") && hf["quantization_config"].is_object()) {
+      throw InputError(origin + ": \"quantization_config\" " +
+                       hf["quantization_config"].value("quant_method", std::string("?")) +
+                       " is not supported (expected an unquantized checkpoint: the bf16 weights, "
+                       "e.g. transformers' Mxfp4Config(dequantize=True) saved with "
+                       "save_pretrained)");
+    }
+    const double limit = LlamaConfig::kClampedSwigluLimit;
+    if (hf.contains("swiglu_limit") && !hf["swiglu_limit"].is_null() &&
+        (!hf["swiglu_limit"].is_number() || hf["swiglu_limit"].get<double>() != limit)) {
+      throw unsupported(origin, "swiglu_limit", hf["swiglu_limit"],
+                        "7.0 (GptOssExperts' fixed clamp)");
+    }
+  }
   // partial_rotary_factor, in place (Phi3Config, Glm4MoeConfig): transformers 5 keeps it in
   // rope_parameters (the top-level one wins, and must agree).
   void partial_rotary_from_hf(nlohmann::json& hf, const std::string& origin) const {

@@ -512,6 +512,33 @@ struct ArgChecks {
     need_float(k, "gate", gate, n);
     need_float(k, "up", up, n);
   }
+  // clamped_swiglu_forward/backward: finite alpha, a finite positive limit, gate_up [2n].
+  static void clamp_values(const char* k, float alpha, float limit) {
+    if (!std::isfinite(alpha)) error(k, "alpha", "= " + std::to_string(alpha) + " (not finite)");
+    if (!(limit > 0.f) || std::isinf(limit)) {
+      error(k, "limit", "= " + std::to_string(limit) + " (expected > 0 and finite)");
+    }
+  }
+  static void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
+                                     float limit) {
+    const char* k = "clamped_swiglu_forward";
+    clamp_values(k, alpha, limit);
+    const int64_t n = out.numel();
+    need_float(k, "out", out, n);
+    need_float(k, "gate_up", gate_up, 2 * n);
+    distinct(k, "out", out, "gate_up", gate_up);
+  }
+  static void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
+                                      const TensorView& gate_up, float alpha, float limit) {
+    const char* k = "clamped_swiglu_backward";
+    clamp_values(k, alpha, limit);
+    const int64_t n = dout.numel();
+    need_float(k, "dgate_up", dgate_up, 2 * n);
+    need_float(k, "dout", dout, n);
+    need_float(k, "gate_up", gate_up, 2 * n);
+    distinct(k, "dout", dout, "dgate_up", dgate_up);
+    distinct(k, "dout", dout, "gate_up", gate_up);
+  }
   // A logit soft-cap: 0 (none) or a finite positive cap.
   static void softcap_value(const char* k, float softcap) {
     if (!(softcap >= 0.f) || std::isinf(softcap)) {
@@ -569,6 +596,33 @@ struct ArgChecks {
     need_float(k, "v", v, nk);
     need_float(k, "out", out, nq);
     need_dtype(k, "lse", lse, DType::f32, B * H * T);
+  }
+
+  // attention_sink_forward/backward: out (and dout) [B,T,H*D], lse fp32 [B,H,T], sinks (and
+  // dsinks) [H].
+  static void attention_sink_forward(const TensorView& out, const TensorView& lse,
+                                     const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                                     int64_t D, const char* k = "attention_sink_forward") {
+    dim(k, "B", B);
+    dim(k, "T", T);
+    dim(k, "H", H);
+    dim(k, "D", D);
+    need_float(k, "out", out, B * T * H * D);
+    need_dtype(k, "lse", lse, DType::f32, B * H * T);
+    need_float(k, "sinks", sinks, H);
+  }
+  static void attention_sink_backward(const TensorView& dsinks, const TensorView& dout,
+                                      const TensorView& out, const TensorView& lse,
+                                      const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                                      int64_t D) {
+    const char* k = "attention_sink_backward";
+    attention_sink_forward(out, lse, sinks, B, T, H, D, k);
+    need_float(k, "dsinks", dsinks, H);
+    need_float(k, "dout", dout, B * T * H * D);
+    for (const auto& [name, v] : {std::pair{"dout", &dout}, std::pair{"out", &out},
+                                  std::pair{"lse", &lse}, std::pair{"sinks", &sinks}}) {
+      distinct(k, "dsinks", dsinks, name, *v);
+    }
   }
 
   // strided_copy: every stride >= 0, dst.col >= 1, and each view long enough for its last

@@ -397,6 +397,22 @@ class Kernels {
                                const TensorView& dout, const TensorView& gate,
                                const TensorView& up) = 0;
 
+  // gpt-oss's clamped SwiGLU (HF GptOssExperts._apply_gate; OpenAI 2025, "gpt-oss-120b &
+  // gpt-oss-20b Model Card") on interleaved pairs: for i < n = out.numel(), with g =
+  // min(gate_up[2i], limit) and u = clamp(gate_up[2i + 1], -limit, limit), out[i] = (u + 1) g
+  // sigmoid(alpha g), fp32 math (HF: alpha 1.702, limit 7). gate_up: [2n] (a row of HF's
+  // gate_up_proj output: gate columns even, up columns odd). out must not alias gate_up.
+  // fsdp::Error when alpha or limit is not finite or limit <= 0.
+  virtual void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up,
+                                      float alpha, float limit) = 0;
+  // WRITES, with s = sigmoid(alpha g): dgate_up[2i] = dout[i] (u + 1) (s + alpha g s (1 - s))
+  // where gate_up[2i] <= limit, else 0; dgate_up[2i + 1] = dout[i] g s where -limit <=
+  // gate_up[2i + 1] <= limit, else 0 (torch.clamp's gradient: a value on a bound passes), n =
+  // dout.numel() (dgate_up, gate_up: 2n). dgate_up may alias gate_up (each pair is read
+  // before it is written); dout must alias neither. Errors as forward.
+  virtual void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
+                                       const TensorView& gate_up, float alpha, float limit) = 0;
+
   // Causal grouped-query self-attention core (Ainslie et al. 2023, "GQA: Training Generalized
   // Multi-Query Transformer Models from Multi-Head Checkpoints"; HF LlamaAttention with
   // repeat_kv), FlashAttention-2 like the attention above (no T x T matrix stored).
@@ -424,6 +440,28 @@ class Kernels {
                                       const TensorView& out, const TensorView& lse, int64_t B,
                                       int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
                                       int64_t window, float softcap) = 0;
+
+  // Attention sinks (gpt-oss; HF GptOssAttention's `sinks` [H] and eager_attention_forward:
+  // a per-head logit joins every query's scores in the softmax, and its column is dropped
+  // before P V), applied to gqa_attention_forward's results, exactly: with L = lse[b,h,t]
+  // (the logsumexp of the visible scores) and s = sinks[h], L' = log(exp(L) + exp(s)) and
+  // out[b,t,h,:] *= exp(L - L') = 1 / (1 + exp(s - L)), lse[b,h,t] = L', in place, fp32 math.
+  // gqa_attention_backward then runs unchanged on these out and lse: its P = exp(score - L')
+  // and D_i = dout . out are the softmax-with-sink's (the sink's column has no value row).
+  // A row with L = +inf (no visible key) is left as it is. out: [B,T,H*D] float; lse: fp32
+  // [B,H,T]; sinks: [H] float. fsdp::Error on a short view, a non-float dtype or lse not fp32.
+  virtual void attention_sink_forward(const TensorView& out, const TensorView& lse,
+                                      const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                                      int64_t D) = 0;
+  // The sinks' gradient: dsinks[h] += -sum over b, t of p_s (dout[b,t,h,:] . out[b,t,h,:]),
+  // p_s = exp(sinks[h] - lse[b,h,t]) the sink's probability, with out and lse as
+  // attention_sink_forward left them; fp32 sums, for each h over b then t ascending
+  // (deterministic), added to dsinks once. dsinks: [H] float (not aliasing the others); dout,
+  // out: [B,T,H*D]; lse fp32 [B,H,T]; sinks [H]. Errors as forward.
+  virtual void attention_sink_backward(const TensorView& dsinks, const TensorView& dout,
+                                       const TensorView& out, const TensorView& lse,
+                                       const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                                       int64_t D) = 0;
 
   // ---- strided copies (torch's narrow / expand / sum over a dim, then copy_) ----
   // A view of a flat tensor as [R, G, W] elements at r * row + offset + g * group + c * col

@@ -202,6 +202,17 @@ class GraphedKernels final : public Kernels {
   void strided_copy(const TensorView& dst, const Strided& dst_at, const TensorView& src,
                     const Strided& src_at, int64_t R, int64_t G, int64_t W,
                     bool accumulate) override;
+  void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
+                              float limit) override;
+  void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
+                               const TensorView& gate_up, float alpha, float limit) override;
+  void attention_sink_forward(const TensorView& out, const TensorView& lse,
+                              const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                              int64_t D) override;
+  void attention_sink_backward(const TensorView& dsinks, const TensorView& dout,
+                               const TensorView& out, const TensorView& lse,
+                               const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                               int64_t D) override;
   void moe_sigmoid_router_forward(const TensorView& idx, const TensorView& weights,
                                   const TensorView& logits, const TensorView& bias, int64_t R,
                                   int64_t E, int64_t K, const SigmoidRouting& g) override;

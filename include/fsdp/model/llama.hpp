@@ -94,7 +94,17 @@
 //  - "deepseek_v2": DeepseekV2ForCausalLM (models/deepseek_v2; DeepSeek-V2-Lite,
 //    DeepSeek-Coder-V2-Lite): DeepSeek-V3's MLA (rope pairs always adjacent, the scores without
 //    the mscale factor) and block with softmax routing: the top-k probabilities times
-//    routed_scaling_factor, never renormalised, no router bias (topk_method "greedy" only).
+//    routed_scaling_factor, never renormalised, no router bias (topk_method "greedy" only);
+//  - "gpt_oss": GptOssForCausalLM (models/gpt_oss; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b
+//    Model Card"): Llama's pre-norm layer with biases on q/k/v/o (always), attention sinks
+//    (self_attn.sinks [H]: a learned per-head logit in each query's softmax whose column is
+//    dropped; kernels.hpp's attention_sink_forward), every even layer sliding (sliding_window
+//    128) and yarn RoPE (factor 32 from 4096, not truncated); every layer sparse: a router with
+//    a bias (mlp.router.weight [E, C], .bias [E]) whose top num_experts_per_tok logits are
+//    softmaxed, and experts stored packed in HF's layout (mlp.experts.gate_up_proj [E, C, 2I]
+//    with gate and up columns interleaved, gate_up_proj_bias [E, 2I], down_proj [E, I, C],
+//    down_proj_bias [E, C]) whose activation is the clamped SwiGLU (u + 1) g sigmoid(1.702 g),
+//    g = min(gate, 7), u = clamp(up, -7, 7) (kernels.hpp's clamped_swiglu_forward).
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -159,7 +169,8 @@ enum class LlamaArch {
   qwen2_moe,
   glm4_moe,
   deepseek_v3,
-  deepseek_v2
+  deepseek_v2,
+  gpt_oss
 };
 
 template <>
@@ -183,12 +194,13 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::qwen2_moe, "qwen2_moe"},
                                                   {LlamaArch::glm4_moe, "glm4_moe"},
                                                   {LlamaArch::deepseek_v3, "deepseek_v3"},
-                                                  {LlamaArch::deepseek_v2, "deepseek_v2"}};
+                                                  {LlamaArch::deepseek_v2, "deepseek_v2"},
+                                                  {LlamaArch::gpt_oss, "gpt_oss"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
 // "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma", "Exaone4", "Qwen3Moe",
-// "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe", "DeepseekV3", "DeepseekV2" (the classes
+// "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe", "DeepseekV3", "DeepseekV2", "GptOss" (the classes
 // <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for Gemma 3's
 // Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
@@ -196,10 +208,11 @@ const char* llama_arch_prefix(LlamaArch arch);
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
 // Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
 // Gemma2Config, GemmaConfig, Exaone4Config, Qwen3MoeConfig, MixtralConfig, OlmoeConfig,
-// Qwen2MoeConfig, Glm4MoeConfig, DeepseekV3Config and DeepseekV2Config ([model] with type =
+// Qwen2MoeConfig, Glm4MoeConfig, DeepseekV3Config, DeepseekV2Config and GptOssConfig ([model]
+// with type =
 // "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3", "granite",
 // "olmo3", "gemma2", "gemma", "exaone4", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe",
-// "glm4_moe", "deepseek_v3" or "deepseek_v2"; same
+// "glm4_moe", "deepseek_v3", "deepseek_v2" or "gpt_oss"; same
 // names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
 // type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp:
 // a field that is not one of its type's keys keeps the default here (Qwen2 has no
@@ -359,8 +372,21 @@ struct LlamaConfig {
   // experts (GLM-4.5's from layer first_k_dense_replace on: layer_sparse()).
   bool moe() const {
     return arch == LlamaArch::qwen3_moe || arch == LlamaArch::mixtral ||
-           arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe || deepseek_moe();
+           arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe || deepseek_moe() || gpt_oss();
   }
+  // gpt-oss (GptOssForCausalLM): attention sinks, a router with a bias, packed experts with
+  // biases and the clamped SwiGLU (packed_experts()).
+  bool gpt_oss() const { return arch == LlamaArch::gpt_oss; }
+  // A learned per-head sink logit in the attention's softmax (self_attn.sinks [H]).
+  bool attention_sinks() const { return gpt_oss(); }
+  // The router has a bias (mlp.router.bias [E], trained) and the experts are HF's packed
+  // tensors with biases (GptOssExperts: gate_up_proj [E, C, 2I] read as x @ W[e], gate and up
+  // columns interleaved; down_proj [E, I, C]) whose activation is clamped_swiglu_forward's.
+  bool packed_experts() const { return gpt_oss(); }
+  // GptOssExperts' fixed constants (HF hard-codes them; config.json's swiglu_limit is not
+  // read by the class).
+  static constexpr float kClampedSwigluAlpha = 1.702f;
+  static constexpr float kClampedSwigluLimit = 7.0f;
   // DeepSeek's MoE block (DeepseekV3MoE, DeepseekV2Moe: dense first layers, ungated shared
   // experts, routed_scaling_factor, fp32 router logits), which GLM-4.5 (Glm4MoeMoE) has too;
   // DeepSeek-V2's routes by softmax (not sigmoid_routing()).
@@ -390,8 +416,10 @@ struct LlamaConfig {
   // The router's logits are then fp32, as HF's DeepseekV3TopkRouter computes them.
   bool sigmoid_routing() const { return deepseek_moe() && arch != LlamaArch::deepseek_v2; }
   // (HF's DeepseekV2Moe ignores norm_topk_prob: never.)
+  // (gpt-oss softmaxes its top-k logits: the same weights, always.)
   bool normalize_top_k() const {
-    return arch == LlamaArch::mixtral || (norm_topk_prob && arch != LlamaArch::deepseek_v2);
+    return arch == LlamaArch::mixtral || gpt_oss() ||
+           (norm_topk_prob && arch != LlamaArch::deepseek_v2);
   }
   // Whether the loss has the load-balancing term (a coefficient of 0 adds nothing).
   // (GLM-4.5 has none: output_router_logits is not one of its keys.)
@@ -410,11 +438,12 @@ struct LlamaConfig {
   // Biases on q_proj, k_proj, v_proj (Qwen2 always; the others with attention_bias) and on
   // o_proj (attention_bias).
   bool qkv_bias() const {
-    return attention_bias || arch == LlamaArch::qwen2 || arch == LlamaArch::qwen2_moe;
+    return attention_bias || arch == LlamaArch::qwen2 || arch == LlamaArch::qwen2_moe ||
+           gpt_oss();
   }
-  bool o_bias() const {  // (GLM-4.5's o_proj: none; DeepSeek-V3's under attention_bias)
-    return attention_bias && (arch != LlamaArch::glm4_moe);
-  }
+  // (GLM-4.5's o_proj: none; DeepSeek-V3's under attention_bias; gpt-oss's always: GptOssConfig
+  // sets attention_bias true whatever it is given)
+  bool o_bias() const { return (attention_bias && arch != LlamaArch::glm4_moe) || gpt_oss(); }
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
   // Qwen3's (and Qwen3-MoE's) over each head's D values (weight [D]), OLMo 2's (and OLMoE's)
   // over the whole projection (weights [H*D], [Hkv*D]).
@@ -452,7 +481,7 @@ struct LlamaConfig {
   // Gemma 2's, Gemma 3's and OLMo 3's pattern: layer l slides unless (l + 1) %
   // sliding_window_pattern == 0 (Gemma 2: always 2, its even layers slide).
   bool patterned_window() const {
-    return gemma2_layer() || arch == LlamaArch::olmo3 || arch == LlamaArch::exaone4;
+    return gemma2_layer() || arch == LlamaArch::olmo3 || arch == LlamaArch::exaone4 || gpt_oss();
   }
   // Every RMSNorm multiplies by (1 + weight) (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm), its
   // weights initialised to 0.
@@ -619,6 +648,12 @@ class LlamaModel final : public CausalLm {
   // layer's forward has just been recomputed (act and ln2 in place).
   void moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks, const TensorView& norm_weight,
                     bool recompute);
+  // packed_experts() (gpt-oss): the experts' part of moe_forward, on the routed rows (in
+  // Acts::moe_rows): gate_up, the clamped SwiGLU, down_proj, into the experts' outputs.
+  void packed_experts_forward(int64_t l, int64_t BT, ModuleHooks& hooks);
+  // Its backward from the experts' output gradients (in Acts::moe_rows; ln2 in Acts::dln): every
+  // expert weight and bias gradient, and each routed row's input gradient into Acts::moe_rows.
+  void packed_experts_backward(int64_t l, int64_t BT, ModuleHooks& hooks, bool recompute);
   // mla(): layer l's Multi-head Latent Attention on xin [BT, C] (input_layernorm's output):
   // the projections and their norms, q and k laid out per head as [rope (de-interleaved under
   // rope_interleave) | nope] and rotated, v padded to D, the attention into the layer's atty

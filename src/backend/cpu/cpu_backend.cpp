@@ -313,6 +313,17 @@ class CpuBackend final : public Backend {
                      const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
                      int64_t R) override;
   void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override;
+  void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
+                              float limit) override;
+  void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
+                               const TensorView& gate_up, float alpha, float limit) override;
+  void attention_sink_forward(const TensorView& out, const TensorView& lse,
+                              const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                              int64_t D) override;
+  void attention_sink_backward(const TensorView& dsinks, const TensorView& dout,
+                               const TensorView& out, const TensorView& lse,
+                               const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                               int64_t D) override;
   void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
                        const TensorView& gate, const TensorView& up) override;
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
@@ -989,6 +1000,45 @@ void CpuBackend::swiglu_backward(const TensorView& dgate, const TensorView& dup,
   const F32In d = in(dout, n), g = in(gate, n), u = in(up, n);
   const F32Out gg = out(dgate, n, false), gu = out(dup, n, false);
   k_.swiglu_backward(gg, gu, d, g, u, n);
+}
+
+void CpuBackend::clamped_swiglu_forward(const TensorView& out_, const TensorView& gate_up,
+                                        float alpha, float limit) {
+  const int64_t n = out_.numel();
+  Chk::clamped_swiglu_forward(out_, gate_up, alpha, limit);
+  const F32In gu = in(gate_up, 2 * n);
+  const F32Out o = out(out_, n, false);
+  k_.clamped_swiglu_forward(o, gu, n, alpha, limit);
+}
+
+void CpuBackend::clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
+                                         const TensorView& gate_up, float alpha, float limit) {
+  // (dgate_up may be gate_up: F32In copies a 16-bit gate_up before the output is written)
+  const int64_t n = dout.numel();
+  Chk::clamped_swiglu_backward(dgate_up, dout, gate_up, alpha, limit);
+  const F32In d = in(dout, n), gu = in(gate_up, 2 * n);
+  const F32Out g = out(dgate_up, 2 * n, false);
+  k_.clamped_swiglu_backward(g, d, gu, n, alpha, limit);
+}
+
+void CpuBackend::attention_sink_forward(const TensorView& out_, const TensorView& lse,
+                                        const TensorView& sinks, int64_t B, int64_t T, int64_t H,
+                                        int64_t D) {
+  Chk::attention_sink_forward(out_, lse, sinks, B, T, H, D);
+  const F32In s = in(sinks, H);
+  const F32Out o = out(out_, B * T * H * D, /*load=*/true);  // scaled in place
+  k_.attention_sink_forward(o, static_cast<float*>(lse.data), s, B, T, H, D);
+}
+
+void CpuBackend::attention_sink_backward(const TensorView& dsinks, const TensorView& dout,
+                                         const TensorView& out_, const TensorView& lse,
+                                         const TensorView& sinks, int64_t B, int64_t T,
+                                         int64_t H, int64_t D) {
+  Chk::attention_sink_backward(dsinks, dout, out_, lse, sinks, B, T, H, D);
+  const int64_t n = B * T * H * D;
+  const F32In d = in(dout, n), o = in(out_, n), s = in(sinks, H);
+  const F32Out g = out(dsinks, H, /*load=*/true);  // accumulated
+  k_.attention_sink_backward(g, d, o, static_cast<const float*>(lse.data), s, B, T, H, D);
 }
 
 namespace {

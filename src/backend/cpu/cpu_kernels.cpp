@@ -755,6 +755,80 @@ void CpuKernels::swiglu_forward(float* out, const float* gate, const float* up, 
   }
 }
 
+void CpuKernels::clamped_swiglu_forward(float* out, const float* gate_up, int64_t n,
+                                        float alpha, float limit) const {
+#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = std::min(gate_up[2 * i], limit);
+    const float u = std::clamp(gate_up[2 * i + 1], -limit, limit);
+    const float s = 1.0f / (1.0f + std::exp(-alpha * g));
+    out[i] = (u + 1.0f) * (g * s);
+  }
+}
+
+void CpuKernels::clamped_swiglu_backward(float* dgate_up, const float* dout, const float* gate_up,
+                                         int64_t n, float alpha, float limit) const {
+  // Each pair is read before it is written: dgate_up may be gate_up.
+#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gate = gate_up[2 * i], up = gate_up[2 * i + 1], d = dout[i];
+    const float g = std::min(gate, limit);
+    const float u = std::clamp(up, -limit, limit);
+    const float s = 1.0f / (1.0f + std::exp(-alpha * g));
+    dgate_up[2 * i] = gate <= limit ? d * (u + 1.0f) * (s + alpha * g * s * (1.0f - s)) : 0.0f;
+    dgate_up[2 * i + 1] = up >= -limit && up <= limit ? d * (g * s) : 0.0f;
+  }
+}
+
+void CpuKernels::attention_sink_forward(float* out, float* lse, const float* sinks, int64_t B,
+                                        int64_t T, int64_t H, int64_t D) const {
+  // Row (b, t, h): f = 1 / (1 + exp(s - L)) and L' = log(exp(L) + exp(s)), each computed
+  // from the larger of the two logits so that neither exponential overflows.
+#pragma omp parallel for num_threads(threads_for(B * T * H * D, kParallelMinElems)) \
+    schedule(static)
+  for (int64_t r = 0; r < B * T * H; ++r) {
+    const int64_t h = r % H, bt = r / H, b = bt / T, t = bt % T;
+    float& L = lse[(b * H + h) * T + t];
+    if (std::isinf(L) && L > 0.0f) continue;  // no visible key: left as it is
+    const float s = sinks[h];
+    float f = 0.0f;
+    if (s > L) {
+      const float e = std::exp(L - s);
+      f = e / (1.0f + e);
+      L = s + std::log1p(e);
+    } else {
+      const float e = std::exp(s - L);
+      f = 1.0f / (1.0f + e);
+      L = L + std::log1p(e);
+    }
+    float* o = out + bt * H * D + h * D;
+    for (int64_t e = 0; e < D; ++e) o[e] *= f;
+  }
+}
+
+void CpuKernels::attention_sink_backward(float* dsinks, const float* dout, const float* out,
+                                         const float* lse, const float* sinks, int64_t B,
+                                         int64_t T, int64_t H, int64_t D) const {
+  // A head a thread; each sums over b, then t ascending.
+#pragma omp parallel for num_threads(threads_for(B * T * H * D, kParallelMinElems)) \
+    schedule(static)
+  for (int64_t h = 0; h < H; ++h) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        const float L = lse[(b * H + h) * T + t];
+        if (std::isinf(L) && L > 0.0f) continue;  // p_s = 0
+        const float* o = out + (b * T + t) * H * D + h * D;
+        const float* d = dout + (b * T + t) * H * D + h * D;
+        float dot = 0.0f;
+        for (int64_t e = 0; e < D; ++e) dot += d[e] * o[e];
+        acc += std::exp(sinks[h] - L) * dot;
+      }
+    }
+    dsinks[h] -= acc;
+  }
+}
+
 void CpuKernels::strided_copy(float* dst, const int64_t d[4], const float* src,
                               const int64_t s[4], int64_t R, int64_t G, int64_t W,
                               bool accumulate) const {

@@ -142,6 +142,18 @@ class CpuKernels {
   // dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may be gate or dout, dup up).
   void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                        const float* up, int64_t n) const;
+  // kernels.hpp's clamped_swiglu_*: out [n] from interleaved gate_up [2n]; dgate_up [2n] (may
+  // be gate_up) from dout [n].
+  void clamped_swiglu_forward(float* out, const float* gate_up, int64_t n, float alpha,
+                              float limit) const;
+  void clamped_swiglu_backward(float* dgate_up, const float* dout, const float* gate_up,
+                               int64_t n, float alpha, float limit) const;
+  // kernels.hpp's attention_sink_*: out, dout [B,T,H*D], lse [B,H,T], sinks, dsinks [H].
+  void attention_sink_forward(float* out, float* lse, const float* sinks, int64_t B, int64_t T,
+                              int64_t H, int64_t D) const;
+  void attention_sink_backward(float* dsinks, const float* dout, const float* out,
+                               const float* lse, const float* sinks, int64_t B, int64_t T,
+                               int64_t H, int64_t D) const;
   // kernels.hpp's strided_copy on fp32 views: element (r, g, c) at r * row + offset + g *
   // group + c * col of each ({row, offset, group, col}); d_group 0 sums the groups.
   void strided_copy(float* dst, const int64_t d[4], const float* src, const int64_t s[4],
