@@ -630,7 +630,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
                     fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3,
-                    fsdp::LlamaArch::deepseek_v2})
+                    fsdp::LlamaArch::deepseek_v2, fsdp::LlamaArch::gpt_oss})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -696,7 +696,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
                     fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3,
-                    fsdp::LlamaArch::deepseek_v2})
+                    fsdp::LlamaArch::deepseek_v2, fsdp::LlamaArch::gpt_oss})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -1724,6 +1724,76 @@ TEST(Llama, DeepseekV2ConfigJson) {
   hf["topk_method"] = "group_limited_greedy";
   expect_refused(ds, hf, "\"topk_method\" \"group_limited_greedy\" is not supported (expected "
                          "\"greedy\")");
+}
+
+// openai/gpt-oss-20b's config.json (its MXFP4 quantization_config left out: the bf16
+// checkpoint's) reads as written: 20,914,757,184 parameters (HF's count; the model card's
+// 20.9B; 116,829,156,672 for gpt-oss-120b's 36 layers of 128 experts), every layer sparse with
+// the router's bias and the packed experts, even layers sliding over 128 positions, yarn 32x
+// from 4096 not truncated, attention biases whatever attention_bias says; the merged
+// config.json reads back; a quantized file, another swiglu_limit and another layer_types list
+// are refused by name.
+TEST(Llama, GptOssConfigJson) {
+  const fsdp::ModelFamily& oss = fsdp::model_family("gpt_oss");
+  nlohmann::json types = nlohmann::json::array();
+  for (int l = 0; l < 24; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  const nlohmann::json published = {
+      {"architectures", {"GptOssForCausalLM"}}, {"attention_bias", true},
+      {"attention_dropout", 0.0}, {"eos_token_id", 200002}, {"experts_per_token", 4},
+      {"head_dim", 64}, {"hidden_act", "silu"}, {"hidden_size", 2880},
+      {"initial_context_length", 4096}, {"initializer_range", 0.02},
+      {"intermediate_size", 2880}, {"layer_types", types}, {"max_position_embeddings", 131072},
+      {"model_type", "gpt_oss"}, {"num_attention_heads", 64}, {"num_experts_per_tok", 4},
+      {"num_hidden_layers", 24}, {"num_key_value_heads", 8}, {"num_local_experts", 32},
+      {"output_router_logits", false}, {"pad_token_id", 199999}, {"rms_norm_eps", 1e-05},
+      {"rope_scaling",
+       {{"beta_fast", 32.0}, {"beta_slow", 1.0}, {"factor", 32.0},
+        {"original_max_position_embeddings", 4096}, {"rope_type", "yarn"}, {"truncate", false}}},
+      {"rope_theta", 150000}, {"router_aux_loss_coef", 0.9}, {"sliding_window", 128},
+      {"swiglu_limit", 7.0}, {"tie_word_embeddings", false}, {"transformers_version", "4.55.0"},
+      {"use_cache", true}, {"vocab_size", 201088}};
+  const fsdp::ModelConfig mc = oss.from_hf_config(published, "config.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  const auto [params, buffers] = parameters_and_buffers(g);
+  EXPECT_EQ(params, 20914757184);
+  EXPECT_EQ(buffers, 0);
+  fsdp::LlamaConfig big = g;
+  big.num_hidden_layers = 36;
+  big.num_experts = 128;
+  EXPECT_EQ(parameters_and_buffers(big).first, 116829156672);
+  EXPECT_TRUE(g.layer_sparse(0) && g.layer_sparse(23));
+  EXPECT_TRUE(g.packed_experts() && g.attention_sinks() && g.normalize_top_k());
+  EXPECT_TRUE(g.qkv_bias() && g.o_bias());
+  EXPECT_EQ(g.layer_window(0), 128);
+  EXPECT_EQ(g.layer_window(1), 0);
+  EXPECT_EQ(g.pad_token_id, 199999);
+  EXPECT_EQ(g.rope_type, fsdp::LlamaConfig::RopeType::yarn);
+  EXPECT_FALSE(g.rope_truncate);
+  EXPECT_EQ(g.rope_factor, 32.0);
+  EXPECT_EQ(g.num_experts, 32);
+  EXPECT_EQ(g.expert_size(), 2880);
+  EXPECT_TRUE(oss.hf_tensor(mc, "model.layers.3.mlp.experts.gate_up_proj", {1}).has_value());
+  EXPECT_TRUE(oss.hf_tensor(mc, "model.layers.3.self_attn.sinks", {1}).has_value());
+  EXPECT_TRUE(oss.hf_tensor(mc, "model.layers.3.mlp.router.bias", {1}).has_value());
+  EXPECT_FALSE(oss.hf_packed(mc, "model.layers.3.mlp.experts.gate_up_proj").has_value());
+  nlohmann::json back = oss.hf_config(mc);
+  EXPECT_EQ(back["attention_bias"], true);
+  EXPECT_EQ(back["swiglu_limit"], 7.0);
+  EXPECT_EQ(back["layer_types"], types);
+  EXPECT_EQ(back["rope_scaling"]["truncate"], false);
+  EXPECT_EQ(oss.canonical(oss.from_hf_config(back, "merged.json")), oss.canonical(mc));
+  nlohmann::json hf = published;
+  hf["attention_bias"] = false;  // (GptOssConfig sets it true whatever it is given)
+  EXPECT_TRUE(fsdp::LlamaConfig::from(oss.from_hf_config(hf, "b.json")).o_bias());
+  hf = published;
+  hf["quantization_config"] = {{"quant_method", "mxfp4"}};
+  expect_refused(oss, hf, "config.json: \"quantization_config\" mxfp4 is not supported");
+  hf = published;
+  hf["swiglu_limit"] = 10.0;
+  expect_refused(oss, hf, "\"swiglu_limit\" 10.0 is not supported (expected 7.0");
+  hf = published;
+  hf["layer_types"][0] = "full_attention";
+  expect_refused(oss, hf, "\"layer_types\"");
 }
 
 // The published MoE models' config.json (the attributes of Qwen/Qwen3-30B-A3B,

@@ -309,7 +309,12 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                               "model.kv_lora_rank=8", "model.qk_nope_head_dim=4",
                               "model.qk_rope_head_dim=4", "model.v_head_dim=6",
                               "model.num_key_value_heads=4"},
-                             "DeepseekV2ForCausalLM", "model.layers.1.self_attn.q_proj.weight"}}) {
+                             "DeepseekV2ForCausalLM", "model.layers.1.self_attn.q_proj.weight"},
+                        // gpt-oss: sinks, biases everywhere, packed experts, layer 0 sliding
+                        Case{"gpt_oss",
+                             {"model.num_local_experts=4", "model.num_experts_per_tok=2",
+                              "model.sliding_window=5"},
+                             "GptOssForCausalLM", "model.layers.1.mlp.experts.gate_up_proj"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +
@@ -323,9 +328,9 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
     const TrainResult got = run(c, On::world);
     expect_close(got, ref, 1e-5, k.type);
     if (std::string(k.extra) != "") EXPECT_TRUE(got.params.count(k.extra)) << k.extra;
-    // (DeepSeek-V3's attention_bias is on o_proj too)
+    // (DeepSeek-V3's attention_bias is on o_proj too; gpt-oss's always)
     EXPECT_EQ(got.params.count("model.layers.0.self_attn.o_proj.bias"),
-              std::string(k.type) == "deepseek_v3" ? 1u : 0u)
+              std::string(k.type) == "deepseek_v3" || std::string(k.type) == "gpt_oss" ? 1u : 0u)
         << k.type;
     if (std::string(k.type) == "glm4_moe") {  // the dense layer 0; the router's bias never trained
       EXPECT_TRUE(got.params.count("model.layers.0.mlp.gate_proj.weight"));
@@ -337,7 +342,7 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
     const std::string type = k.type;
     const bool moe = type == "qwen3_moe" || type == "mixtral" || type == "olmoe" ||
                      type == "qwen2_moe" || type == "glm4_moe" || type == "deepseek_v3" ||
-                     type == "deepseek_v2";
+                     type == "deepseek_v2" || type == "gpt_oss";
     const double max_load = type == "glm4_moe" || type == "deepseek_v3" ? 3.0 : 2.0;  // E / K
     if (world_rank() == 0) {
       std::ifstream metrics(c.train.run_dir + "/metrics.jsonl");
