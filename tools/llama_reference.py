@@ -27,15 +27,16 @@ shared expert at a zero gate, GLM-4.5's (and DeepSeek-V3's) router bias, groups,
 shared experts, DeepSeek-V3's Multi-head Latent Attention (rope_interleave against permuted rope
 rows, the lora norms' eps, the yarn mscale factors), DeepSeek-V2's (its pairs against V3's
 rotate-half with permuted rows, no mscale^2) and its MoE block (norm_topk_prob ignored,
-routed_scaling_factor), the load-balancing loss's identities and finite differences):
+routed_scaling_factor), GPT-OSS's attention sinks, router, clamped interleaved SwiGLU and
+untruncated yarn, the load-balancing loss's identities and finite differences):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
 VARIANT = <layers>l_<attn>_<tied>_<rope>[_<arch>][_attnbias][_mlpbias][_swa][_aux] (see VARIANTS), e.g.
 3l_gqa_untied_llama3: attn is mha (num_key_value_heads 4), gqa (2) or mqa (1); rope is rope1e4
 (rope_theta 1e4, rope_scaling null), llama3 (rope_theta 5e5 with Llama 3.1's rope_scaling), yarn
-(rope_theta 1e4 with YARN_SCALING; deepseekv3, deepseekv2: DEEPSEEK_YARN), linear (factor 2) or longrope
-(phi3 only);
+(rope_theta 1e4 with YARN_SCALING; deepseekv3, deepseekv2: DEEPSEEK_YARN; gptoss: GPTOSS_YARN), linear
+(factor 2) or longrope (phi3 only);
 arch is absent (LlamaForCausalLM) or the Llama-family class of the same math with its own
 config attributes (other_arch_config): mistral (MistralForCausalLM, a sliding window covering
 every sequence; with _swa a window of 3 < T: each query sees itself and the 2 positions
@@ -144,7 +145,36 @@ DeepseekV2Config's attributes in its __init__ order (bos 1, eos 2, mlp_bias fals
 absent). 1l_mha_untied_rope1e4_deepseekv2: plain q_proj, dv 6, no biases, layer 0 sparse (6
 experts, top 2, routed_scaling_factor 2.5, one shared expert); 3l_mha_tied_yarn_deepseekv2:
 q_lora_rank 12, dv 8, biases, DEEPSEEK_YARN, layer 0 dense, then 4 experts, top 2,
-routed_scaling_factor 1, two shared experts. The MoE
+routed_scaling_factor 1, two shared experts. Or gptoss (GptOssForCausalLM, model_type gpt_oss,
+modeling_gpt_oss.py: OpenAI's gpt-oss-20b / 120b; gptoss_config): Llama's pre-norm layer, h = x +
+o_proj(attn(input_layernorm(x))), h + mlp(post_attention_layernorm(h)); q/k/v/o all biased
+(attention_bias true); head_dim 12; RoPE rotate-half (rope1e4: rope_scaling {"rope_type":
+"default"}; yarn: GPTOSS_YARN, truncate false: the correction range not floored / ceiled); GQA;
+scores times head_dim^-1/2, causal, and on the layers layer_types names sliding_attention (the
+even ones, spelled out) the window 3 < T in every gptoss variant (_swa changes nothing); attention
+sinks: self_attn.sinks [H], per head one more logit sinks[h] appended to every query's masked
+score row, the softmax over the row with it, the sink's column dropped before P @ V (rows sum to
+< 1; sink_attention); every layer's MLP GptOssMLP: router logits x router.weight^T + router.bias
+(router.weight [E, C], router.bias [E]), the K largest (torch.topk) and their softmax as the
+weights (the E-way softmax renormalised over the K), the experts packed, not nn.Linear:
+mlp.experts.gate_up_proj [E, C, 2I], gate_up_proj_bias [E, 2I], down_proj [E, I, C],
+down_proj_bias [E, C] (I = intermediate_size, each expert's); expert e on x: gate_up = x
+gate_up_proj[e] + gate_up_proj_bias[e], gate its even columns and up its odd ones
+(interleaved), gate clamped above at 7, up to [-7, 7], out = ((up + 1) * gate * sigmoid(1.702
+gate)) down_proj[e] + down_proj_bias[e] (GptOssExperts' limit and alpha, not config
+attributes; gptoss_glu); the block's output sum_j w_j out_j; its aux loss (_aux) on the raw router
+logits, bias included (transformers 5's router_logits). Names: model.layers.{l}.self_attn.sinks
+first (GptOssAttention's own parameter precedes its submodules in the state dict), then
+self_attn.{q,k,v,o}_proj.{weight,bias}, mlp.router.{weight,bias}, mlp.experts.{gate_up_proj,
+gate_up_proj_bias, down_proj, down_proj_bias}, input_layernorm, post_attention_layernorm; the
+3-D tensors' param / grad lines row-major. Draws: sinks N(0, 1), gate_up_proj_bias N(0, 2.5),
+the rest as below; the routers (weight and bias) re-drawn for ROUTE_MARGIN as the softmax
+classes', then gate_up_proj_bias (crc32("<variant>/experts<n>")) until every layer clamps a few
+routed values at each bound and none lies within 1e-2 of a kink (GPTOSS_MIN_CLAMPED,
+GPTOSS_KINK_GAP; both re-checked after either re-draw). 1l_gqa_untied_yarn_gptoss: 4 experts,
+top 2, I 24, layer 0 sliding, yarn (max_position_embeddings 2048); 3l_mqa_tied_rope1e4_gptoss_swa_aux:
+5 experts, top 2, I 20, layers 0 and 2 sliding, the load-balancing loss (its twin without _aux is
+drawn for --selftest, not a fixture). The MoE
 block on a token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over the
 E experts (gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending)
 and their experts; w = those p, divided by their sum when renormalised; output sum_j w_j
@@ -195,9 +225,10 @@ every expert chosen in every sparse layer, the float64 forward's choices, and th
 some token's choice against a zero bias; its e_score_correction_bias is drawn N(0, 0.1), rounded
 to 1e-3, from crc32("<variant>/bias") (not from the variant's seed, whose draws skip it); only
 the routers are re-drawn.
-A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe: 12; deepseekv3, deepseekv2: MLA's
+A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe, gptoss: 12; deepseekv3, deepseekv2: MLA's
 q/k 12 = 8 nope + 4 rope, v 6 or 8, kv_lora_rank 16), intermediate 40, vocab 37: not a multiple
-of anything, so the C++ model pads it; max_position_embeddings 16, rms_norm_eps 1e-6 (deepseekv3,
+of anything, so the C++ model pads it; max_position_embeddings 16 (1l_gqa_untied_yarn_gptoss:
+2048, GPTOSS_YARN), rms_norm_eps 1e-6 (deepseekv3,
 deepseekv2: 1e-3, the lora norms 1e-6)) with seeded
 float32 weights drawn far from Llama's initialisation so that no term vanishes (matrices and
 biases N(0, 0.3), RMSNorm weights 1 + N(0, 0.3); every value rounded to a multiple of 1e-3 so
@@ -220,7 +251,7 @@ are far below what the tests resolve. The grads are printed to 10 significant di
 params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-660 KB
 (MoE: 1-layer ~355-420 KB, 3-layer ~770 KB-1.1 MB; glm4moe's 8 experts and shared experts 1-layer
 ~660 KB, 3-layer ~1.1 MB; deepseekv3's 1-layer ~640 KB, 3-layer ~1.1 MB; deepseekv2's 1-layer
-~535 KB, 3-layer ~930 KB).
+~535 KB, 3-layer ~930 KB; gptoss's 1-layer ~400 KB, 3-layer ~1.0 MB).
 
 llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
 ~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
@@ -273,11 +304,12 @@ ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwe
          "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma",
          "exaone4": "Exaone4", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral", "olmoe": "Olmoe",
          "qwen2moe": "Qwen2Moe", "glm4moe": "Glm4Moe", "deepseekv3": "DeepseekV3",
-         "deepseekv2": "DeepseekV2"}  # HF class prefix
+         "deepseekv2": "DeepseekV2", "gptoss": "GptOss"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                "glm4moe": "glm4_moe", "deepseekv3": "deepseek_v3",
-               "deepseekv2": "deepseek_v2"}  # HF model_type where it is not the variant's word
-MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe", "glm4moe", "deepseekv3", "deepseekv2"}  # the Mixture-of-Experts classes' words
+               "deepseekv2": "deepseek_v2", "gptoss": "gpt_oss"}  # HF model_type where it is not the variant's word
+MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe", "glm4moe", "deepseekv3", "deepseekv2",
+             "gptoss"}  # the Mixture-of-Experts classes' words
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
@@ -329,9 +361,11 @@ VARIANTS = [
     "3l_mha_tied_yarn_deepseekv3",
     "1l_mha_untied_rope1e4_deepseekv2",
     "3l_mha_tied_yarn_deepseekv2",
+    "1l_gqa_untied_yarn_gptoss",
+    "3l_mqa_tied_rope1e4_gptoss_swa_aux",
 ]
 # The Mixture-of-Experts variants' routers: (experts E, experts per token K, expert size,
-# norm_topk_prob; None: Mixtral, whose K weights are always renormalised[, Qwen2-MoE: the shared
+# norm_topk_prob; None: Mixtral and GPT-OSS, whose K weights are always renormalised[, Qwen2-MoE: the shared
 # expert's size; GLM-4.5: its GLM4_MOE row; DeepSeek-V3: its DEEPSEEK_V3 row; DeepSeek-V2: its
 # DEEPSEEK_V2 row (norm_topk_prob only written to config.json: DeepseekV2Moe never renormalises)]). The expert size is
 # Qwen3MoeConfig's, Qwen2MoeConfig's, Glm4MoeConfig's and DeepseekV3Config's moe_intermediate_size,
@@ -354,6 +388,9 @@ MOE = {
     "3l_mha_tied_yarn_deepseekv3": (6, 2, 20, False, "3l_mha_tied_yarn_deepseekv3"),
     "1l_mha_untied_rope1e4_deepseekv2": (6, 2, 24, False, "1l_mha_untied_rope1e4_deepseekv2"),
     "3l_mha_tied_yarn_deepseekv2": (4, 2, 20, False, "3l_mha_tied_yarn_deepseekv2"),
+    "1l_gqa_untied_yarn_gptoss": (4, 2, 24, None),
+    "3l_mqa_tied_rope1e4_gptoss_swa_aux": (5, 2, 20, None),
+    "3l_mqa_tied_rope1e4_gptoss_swa": (5, 2, 20, None),  # (the _aux variant's twin: drawn, not a fixture)
 }
 # The glm4moe variants' other Glm4MoeConfig attributes: the first first_k_dense_replace layers
 # dense (Llama's MLP, intermediate_size wide), the others sparse; n_shared_experts (the shared
@@ -413,12 +450,36 @@ DEEPSEEK_EPS = 1e-3  # the deepseekv3 variants' rms_norm_eps: not the lora norms
 LORA_EPS = 1e-6  # DeepseekV3RMSNorm's default eps: q_a_layernorm's and kv_a_layernorm's, whatever rms_norm_eps
 GLM_PARTIAL_ROTARY = 0.5  # Glm4MoeConfig's partial_rotary_factor (GLM-4.5's): 6 of head_dim 12 rotated
 GLM_BIAS_STD = 0.1  # the std of the drawn e_score_correction_bias (its own seed; see make_params)
+# GptOssForCausalLM (the gptoss variants): GptOssExperts' clamped SwiGLU constants alpha and limit
+# (hard-coded in modeling_gpt_oss.py, not config.json attributes); the stds of the drawn attention
+# sinks (N(0, 1): they move the softmax) and expert gate_up_proj_bias (N(0, 2.5): a few routed
+# pre-activations beyond +-limit, the rest N(0, 0.3) as every other weight); make_case re-draws
+# gate_up_proj_bias (seed crc32("<variant>/experts<n>")) until every layer clamps at least
+# GPTOSS_MIN_CLAMPED routed gate values above +limit, up values above +limit and up values below
+# -limit, and no routed pre-activation lies within GPTOSS_KINK_GAP of a kink (gate's +limit, up's
+# +-limit): float32 clamps them alike and the gradient is unambiguous.
+GPTOSS_ALPHA, GPTOSS_LIMIT = 1.702, 7.0
+GPTOSS_SINK_STD, GPTOSS_GATE_UP_BIAS_STD = 1.0, 2.5
+GPTOSS_KINK_GAP, GPTOSS_MIN_CLAMPED = 1e-2, 3
+CLAMP_REDRAWS = {}  # variant -> the gate_up_proj_bias re-draws make_case needed (printed by --selftest)
+GPTOSS_CHUNKED = False  # (--selftest only: gate / up as gate_up's two halves instead of interleaved)
+# 1l_gqa_untied_yarn_gptoss's YaRN: gpt-oss's keys (truncate false) at tiny sizes, rope_theta 1e4,
+# head_dim 12; factor 4 = max_position_embeddings 2048 / original_max_position_embeddings 512
+# (transformers 4.55's yarn reads factor as that ratio, 5.x the explicit factor: equal here). An
+# original of 4 (16 / 4) would put the whole correction range below 0 (every dimension turns less
+# than beta_slow = 1 time in 4 positions): no pair blended, truncated or not. With 512: beta_fast
+# 32 / beta_slow 1 turn at dimensions 0.609 / 2.867; untruncated (truncate false) the ramp over the
+# 6 pairs is 0, 0.173, 0.616, 1, 1, 1 (pair 0 kept, 1 and 2 blended, 3 to 5 / factor), where
+# truncating to [0, 3] would give 0, 1/3, 2/3, 1, 1, 1; cos and sin times 0.1 ln 4 + 1.
+GPTOSS_YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+               "original_max_position_embeddings": 512}
+GPTOSS_YARN_MAX_POS = 2048
 # The _aux variants' auxiliary load-balancing loss (output_router_logits true): its weight
 # router_aux_loss_coef (the classes' defaults, in the other MoE variants' config.json: Qwen3-MoE,
 # Qwen2-MoE and Mixtral 0.001, OLMoE 0.01). An _aux variant draws the weights, tokens and targets of its twin
 # without _aux (seed_name): the same logits, the loss and the grads those plus the aux term's.
 AUX_COEF = 0.1
-AUX_DEFAULT_COEF = {"qwen3moe": 0.001, "mixtral": 0.001, "olmoe": 0.01, "qwen2moe": 0.001}
+AUX_DEFAULT_COEF = {"qwen3moe": 0.001, "mixtral": 0.001, "olmoe": 0.01, "qwen2moe": 0.001, "gptoss": 0.001}
 # Routing that float32 reproduces: for every token of every MoE layer the sorted softmax
 # probabilities p1 >= p2 >= ... differ by at least ROUTE_MARGIN relative (p_j - p_j+1 >= margin
 # * p_j) for j = 1..K (the K chosen ones among themselves, and the K-th from the (K+1)-th), and
@@ -450,7 +511,7 @@ def hf_config(variant):
         assert variant in MOE, variant
         moe_config = {"qwen3moe": qwen3moe_config, "mixtral": mixtral_config, "olmoe": olmoe_config,
                       "qwen2moe": qwen2moe_config, "glm4moe": glm4moe_config, "deepseekv3": deepseekv3_config,
-                      "deepseekv2": deepseekv2_config}
+                      "deepseekv2": deepseekv2_config, "gptoss": gptoss_config}
         return moe_config[archs.pop()](MOE[variant], int(layers[:-1]), attn, tied, rope, flags)
     if archs:
         return other_arch_config(archs.pop(), int(layers[:-1]), attn, tied, rope, flags)
@@ -776,6 +837,34 @@ def deepseekv2_config(sizes, layers, attn, tied, rope, flags):
             "num_experts_per_tok": K, "moe_intermediate_size": size, "torch_dtype": "float32"}
 
 
+def gptoss_config(sizes, layers, attn, tied, rope, flags):
+    """config.json of a GptOssForCausalLM variant (GptOssConfig's attributes): head_dim 12 != hidden /
+    heads; q/k/v/o biased (attention_bias true, always); the even layers sliding (layer_types
+    spelled out, GptOssConfig's default rule) with the window 3 < T, every variant (the _swa word
+    changes nothing); rope_theta 1e4 with gpt-oss's yarn (GPTOSS_YARN, truncate false, and
+    max_position_embeddings 2048 = factor * original), or rope1e4: rope_scaling {"rope_type":
+    "default"} (not null: transformers 5's GptOssConfig takes a null rope_scaling for its own yarn
+    default, 4.55 for none; "default" is plain RoPE in both); num_local_experts /
+    num_experts_per_tok / intermediate_size (each expert's) from MOE; no auxiliary loss (with
+    _aux: output_router_logits, router_aux_loss_coef 0.1); pad_token_id null (GptOssConfig's
+    None)."""
+    assert not flags & {"attnbias", "mlpbias"} and rope in ("rope1e4", "yarn") and sizes[3] is None, (flags, rope, sizes)
+    E, K, size, _ = sizes
+    assert K < E
+    yarn = rope == "yarn"
+    return {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": size, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn], "head_dim": HEAD_DIM_QWEN3,
+            "max_position_embeddings": GPTOSS_YARN_MAX_POS if yarn else MAX_POS, "rms_norm_eps": EPS,
+            "rope_theta": 10000.0, "rope_scaling": dict(GPTOSS_YARN) if yarn else {"rope_type": "default"},
+            "sliding_window": SWA_WINDOW,
+            "layer_types": ["sliding_attention" if (l + 1) % 2 else "full_attention" for l in range(layers)],
+            "num_local_experts": E, "num_experts_per_tok": K, **aux_attributes("gptoss", flags),
+            "tie_word_embeddings": tied == "tied", "initializer_range": 0.02, "attention_bias": True,
+            "hidden_act": "silu", "attention_dropout": 0.0, "pad_token_id": None, "torch_dtype": "float32",
+            "use_cache": True}
+
+
 def sized_config(cls, model_type, layers, attn, rope):
     """The leading attributes every class without head_dim shares: class, sizes, norm epsilon
     and RoPE (rope1e4 / linear / yarn: theta 1e4; llama3: theta 5e5 with LLAMA3_SCALING)."""
@@ -907,7 +996,7 @@ def softcaps(cfg):
     return cfg.get("attn_logit_softcapping"), cfg.get("final_logit_softcapping")
 
 
-def sliding(cfg, layer):  # (Gemma 3 and OLMo 3)
+def sliding(cfg, layer):  # (Gemma 3, OLMo 3, EXAONE 4, GPT-OSS)
     """Gemma 3: whether a layer is a "sliding_attention" one (its layer_types entry, else the
     pattern rule: (layer + 1) % sliding_window_pattern != 0)."""
     if cfg.get("layer_types"):
@@ -963,7 +1052,17 @@ def post_norms(cfg):  # Olmo2DecoderLayer (OLMo 2, OLMo 3, EXAONE 4): sublayer o
 
 
 def moe(cfg):  # the Mixture-of-Experts classes
-    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2")
+    return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2",
+                                 "gpt_oss")
+
+
+def gptoss(cfg):
+    """GptOssForCausalLM: attention sinks (self_attn.sinks [H], one extra logit per head in every
+    softmax row, dropped before P @ V), q/k/v/o biases, the even layers sliding; GptOssMLP in every
+    layer: router.weight [E, C] and router.bias [E], the top-K router logits' softmax as the
+    weights, packed experts (gate_up_proj [E, C, 2I] with gate / up interleaved, down_proj [E, I,
+    C], both biased) with the clamped SwiGLU (gptoss_glu)."""
+    return cfg.get("model_type") == "gpt_oss"
 
 
 def glm4moe(cfg):
@@ -1038,10 +1137,10 @@ def moe_prefix(cfg, layer):  # the block's module: Mixtral's block_sparse_moe, t
     return f"model.layers.{layer}." + ("block_sparse_moe." if cfg["model_type"] == "mixtral" else "mlp.")
 
 
-def num_experts(cfg):  # MixtralConfig's num_local_experts, Glm4MoeConfig's n_routed_experts, the others' num_experts
+def num_experts(cfg):  # MixtralConfig's (GptOssConfig's) num_local_experts, Glm4MoeConfig's n_routed_experts, the others' num_experts
     if deepseek_moe(cfg) or deepseek_v2(cfg):
         return cfg["n_routed_experts"]
-    return cfg["num_local_experts"] if cfg["model_type"] == "mixtral" else cfg["num_experts"]
+    return cfg["num_local_experts"] if cfg["model_type"] in ("mixtral", "gpt_oss") else cfg["num_experts"]
 
 
 def expert_size(cfg):  # Qwen3-MoE's, Qwen2-MoE's, GLM-4.5's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
@@ -1071,7 +1170,7 @@ def layer_window(cfg, layer):
         return cfg.get("sliding_window") or 0
     if cfg["model_type"] in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe") and cfg.get("use_sliding_window"):
         return cfg["sliding_window"] if layer >= cfg["max_window_layers"] else 0
-    if gemma2_layer(cfg) or cfg["model_type"] in ("olmo3", "exaone4"):
+    if gemma2_layer(cfg) or cfg["model_type"] in ("olmo3", "exaone4", "gpt_oss"):
         return (cfg["sliding_window"] or 0) if sliding(cfg, layer) else 0
     if cfg["model_type"] == "smollm3" and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         return cfg["sliding_window"] if not uses_rope(cfg, layer) else 0  # the NoPE layers
@@ -1122,6 +1221,8 @@ def param_shapes(cfg):
                        (m + "gate_up_proj.weight", (2 * I, C)), (m + "down_proj.weight", (C, I))]
             shapes += [(f"model.layers.{l}.{norm}.weight", (C,)) for norm in layer_norm_names(cfg)]
             continue
+        if gptoss(cfg):  # GptOssAttention's own parameter before its submodules' (state-dict order)
+            shapes.append((a + "sinks", (H,)))
         for name, out, inp, bias in mla_shapes(cfg) if mla(cfg) else (
                 ("q_proj", H * D, C, qkv_bias(cfg)), ("k_proj", Hkv * D, C, qkv_bias(cfg)),
                 ("v_proj", Hkv * D, C, qkv_bias(cfg)), ("o_proj", C, H * D, o_bias(cfg))):
@@ -1135,7 +1236,12 @@ def param_shapes(cfg):
             shapes += [(a + "q_norm.weight", (D,)), (a + "k_norm.weight", (D,))]
         if olmo2(cfg):
             shapes += [(a + "q_norm.weight", (H * D,)), (a + "k_norm.weight", (Hkv * D,))]
-        if sparse_layer(cfg, l) and deepseek_moe(cfg):  # the experts, the router and its bias, the shared experts
+        if gptoss(cfg):  # GptOssMLP: router (weight, bias), then the packed experts (GptOssExperts' order)
+            x, E, Im = moe_prefix(cfg, l), num_experts(cfg), expert_size(cfg)
+            shapes += [(x + "router.weight", (E, C)), (x + "router.bias", (E,)),
+                       (x + "experts.gate_up_proj", (E, C, 2 * Im)), (x + "experts.gate_up_proj_bias", (E, 2 * Im)),
+                       (x + "experts.down_proj", (E, Im, C)), (x + "experts.down_proj_bias", (E, C))]
+        elif sparse_layer(cfg, l) and deepseek_moe(cfg):  # the experts, the router and its bias, the shared experts
             x, Im, Is = moe_prefix(cfg, l), expert_size(cfg), expert_size(cfg) * cfg["n_shared_experts"]
             shapes += [(f"{x}experts.{e}.{name}.weight", dims) for e in range(num_experts(cfg))
                        for name, dims in (("gate_proj", (Im, C)), ("up_proj", (Im, C)), ("down_proj", (C, Im)))]
@@ -1190,8 +1296,15 @@ def mla_shapes(cfg):
 
 
 def draw(cfg, name, shape, gen):
-    """One float32 tensor, each value a multiple of 1e-3 (printed exactly by fmt_param)."""
-    x = torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.3
+    """One float32 tensor, each value a multiple of 1e-3 (printed exactly by fmt_param): N(0, 0.3)
+    (RMSNorm weights 1 + N(0, 0.3)); GPT-OSS's sinks N(0, GPTOSS_SINK_STD), gate_up_proj_bias
+    N(0, GPTOSS_GATE_UP_BIAS_STD)."""
+    std = 0.3
+    if gptoss(cfg) and name.endswith(".sinks"):
+        std = GPTOSS_SINK_STD
+    if gptoss(cfg) and name.endswith(".gate_up_proj_bias"):
+        std = GPTOSS_GATE_UP_BIAS_STD
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32) * std
     if name.endswith("norm.weight") and not gemma(cfg):  # Gemma's are offsets from 1
         x = 1.0 + x
     return (torch.round(x.to(torch.float64) * 1000.0) / 1000.0 + 0.0).to(torch.float32)
@@ -1219,7 +1332,8 @@ def seed_name(variant):
 def make_case(variant):
     """(config, float32 params, tokens [B, T], targets [B, T]) of a variant, seeded by its name
     (seed_name). MoE variants: the router weights re-drawn until the routing is unambiguous
-    (ROUTE_MARGIN). GLM-4.5: the e_score_correction_bias drawn from crc32("<variant>/bias")
+    (ROUTE_MARGIN); GPT-OSS's router weights and biases, and then its gate_up_proj_bias until the
+    clamps are exercised and unambiguous (clamps_ok), each re-draw re-checking both. GLM-4.5: the e_score_correction_bias drawn from crc32("<variant>/bias")
     (the other draws as without it)."""
     cfg = hf_config(variant)
     seed = seed_name(variant)
@@ -1231,16 +1345,29 @@ def make_case(variant):
     if gemma(cfg):  # the padding row is looked up (and gets no gradient from it)
         tokens[0, 2] = tokens[1, 4] = cfg["pad_token_id"]
     if moe(cfg):
-        attempt = 0
-        while not routing_ok(cfg, params, tokens):
-            attempt += 1
-            assert attempt <= 100, variant
-            redraw = torch.Generator().manual_seed(zlib.crc32(f"{seed}/router{attempt}".encode()))
-            for name, shape in param_shapes(cfg):
-                if name.endswith(".gate.weight"):
-                    params[name] = draw(cfg, name, shape, redraw)
+        attempt, clamp_attempt = 0, 0
+        while True:
+            if not routing_ok(cfg, params, tokens):
+                attempt += 1
+                assert attempt <= 100, variant
+                redraw = torch.Generator().manual_seed(zlib.crc32(f"{seed}/router{attempt}".encode()))
+                for name, shape in param_shapes(cfg):
+                    if name.endswith(".gate.weight") or name.endswith(".router.weight") or name.endswith(".router.bias"):
+                        params[name] = draw(cfg, name, shape, redraw)
+                continue
+            if gptoss(cfg) and not clamps_ok(gptoss_clamps(cfg, params, tokens)):
+                clamp_attempt += 1
+                assert clamp_attempt <= 100, variant
+                redraw = torch.Generator().manual_seed(zlib.crc32(f"{seed}/experts{clamp_attempt}".encode()))
+                for name, shape in param_shapes(cfg):
+                    if name.endswith(".gate_up_proj_bias"):
+                        params[name] = draw(cfg, name, shape, redraw)
+                continue
+            break
         assert routing_ok(cfg, params, tokens), variant
         ROUTER_REDRAWS[variant] = attempt
+        if gptoss(cfg):
+            CLAMP_REDRAWS[variant] = clamp_attempt
     return cfg, params, tokens, targets
 
 
@@ -1263,6 +1390,31 @@ def routing_margin(cfg, probs):
             margin = min(margin, float(((top[:, j] - top[:, j + 1]) / top[:, j]).min()))
         covered = covered and set(torch.topk(pr, K, dim=-1).indices.flatten().tolist()) == set(range(E))
     return margin, covered
+
+
+def gptoss_clamps(cfg, params32, tokens):
+    """GPT-OSS's routed expert pre-activations of the float64 forward, per layer: {"gate_high",
+    "up_high", "up_low": the counts of routed gate values > limit, up values > limit, up values <
+    -limit, one per layer; "gap": the smallest distance of a routed pre-activation to a kink
+    (gate's +limit, up's +-limit); "pairs": the (token, expert) pairs per layer}. Gate / up
+    interleaved (or chunked under GPTOSS_CHUNKED, as gptoss_glu)."""
+    acts = []
+    with torch.no_grad():
+        forward({n: t.to(torch.float64) for n, t in params32.items()}, cfg, tokens, acts=acts)
+    L, lim = cfg["num_hidden_layers"], GPTOSS_LIMIT
+    out = {"gate_high": [0] * L, "up_high": [0] * L, "up_low": [0] * L, "gap": float("inf"), "pairs": [0] * L}
+    for l, gu in acts:
+        gate, up = gate_up_split(gu)
+        out["gate_high"][l] += int((gate > lim).sum())
+        out["up_high"][l] += int((up > lim).sum())
+        out["up_low"][l] += int((up < -lim).sum())
+        out["pairs"][l] += gu.shape[0]
+        out["gap"] = min(out["gap"], float((gate - lim).abs().min()), float((up.abs() - lim).abs().min()))
+    return out
+
+
+def clamps_ok(c):
+    return c["gap"] >= GPTOSS_KINK_GAP and min(c["gate_high"] + c["up_high"] + c["up_low"]) >= GPTOSS_MIN_CLAMPED
 
 
 def routing_ok(cfg, params32, tokens):
@@ -1390,7 +1542,7 @@ def inv_freq(cfg, seq_len=None):
     D = rotary_dim(cfg)
     inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
     s = cfg["rope_scaling"]
-    if s is None:
+    if s is None or scaling_type(s) == "default":  # (GPT-OSS's rope1e4: {"rope_type": "default"})
         return inv
     if scaling_type(s) == "longrope":
         long = seq_len is not None and seq_len > cfg["original_max_position_embeddings"]
@@ -1421,7 +1573,65 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def moe_block(h, p, cfg, layer, probe=None, routers=None):
+def gate_up_split(gu):
+    """GptOssExperts' gate and up of gate_up [..., 2I]: the even and odd columns (gate_up[..., ::2],
+    gate_up[..., 1::2]); under GPTOSS_CHUNKED (--selftest only) the two halves instead."""
+    if GPTOSS_CHUNKED:
+        return gu.chunk(2, dim=-1)
+    return gu[..., 0::2], gu[..., 1::2]
+
+
+def gptoss_glu(gu):
+    """GptOssExperts._apply_gate on gate_up [..., 2I]: gate clamped above at limit, up to
+    [-limit, limit]; (up + 1) * gate * sigmoid(alpha * gate)."""
+    gate, up = gate_up_split(gu)
+    gate = gate.clamp(max=GPTOSS_LIMIT)
+    up = up.clamp(min=-GPTOSS_LIMIT, max=GPTOSS_LIMIT)
+    return (up + 1) * (gate * torch.sigmoid(gate * GPTOSS_ALPHA))
+
+
+def gptoss_moe(x, p, cfg, m, probe=None, routers=None, acts=None, layer=None):
+    """GptOssMLP on x [N, C] (block prefix m): router logits x router.weight^T + router.bias [N, E];
+    the K largest (torch.topk, descending) and their softmax as the weights (= the softmax
+    probabilities renormalised over the K); each chosen expert e: gate_up = x gate_up_proj[e] +
+    gate_up_proj_bias[e] [2I], gptoss_glu, then down_proj[e] + down_proj_bias[e]; the weighted sum,
+    expert by expert over the tokens that chose it (index_add, as HF). probe gets the softmax of
+    the logits over the E experts (its topk is the choice), routers the logits (with the bias; the
+    aux loss's), acts (layer, gate_up of the tokens routed to e) per expert."""
+    logits = x @ p[m + "router.weight"].T + p[m + "router.bias"]  # [N, E]
+    if probe is not None:
+        probe.append(logits.softmax(-1).detach())
+    if routers is not None:
+        routers.append(logits)
+    top, idx = torch.topk(logits, cfg["num_experts_per_tok"], dim=-1)  # [N, K]
+    w = top.softmax(-1)
+    out = torch.zeros_like(x)
+    ex = m + "experts."
+    for e in range(num_experts(cfg)):
+        rows, slot = torch.where(idx == e)
+        if rows.numel() == 0:
+            continue
+        gu = x[rows] @ p[ex + "gate_up_proj"][e] + p[ex + "gate_up_proj_bias"][e]
+        if acts is not None:
+            acts.append((layer, gu.detach()))
+        y = gptoss_glu(gu) @ p[ex + "down_proj"][e] + p[ex + "down_proj_bias"][e]
+        out = out.index_add(0, rows, y * w[rows, slot, None])
+    return out
+
+
+def sink_attention(q, k, v, sinks, visible, scale):
+    """GPT-OSS's eager attention on q [B, H, T, D] and k, v [B, H, T, D] (repeated for GQA): the
+    scores q k^T * scale, -inf where not visible [T, T], one more column per row, the head's sink
+    logit sinks[h]; the softmax over the row with it; the sink column dropped (rows sum < 1) before
+    P @ v."""
+    Bn, H, Tn, _ = q.shape
+    att = (q @ k.transpose(-1, -2)) * scale
+    att = att.masked_fill(~visible, float("-inf"))
+    att = torch.cat((att, sinks.view(1, H, 1, 1).expand(Bn, H, Tn, 1)), dim=-1).softmax(-1)[..., :-1]
+    return att @ v
+
+
+def moe_block(h, p, cfg, layer, probe=None, routers=None, acts=None):
     """The sparse MoE block on h [B, T, C] (Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
     OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock; Glm4MoeMoE and DeepseekV3MoE: glm_route's sigmoid, bias, groups and
     scaled weights in place of the softmax, plus its shared experts, ungated, and probe gets the
@@ -1433,6 +1643,9 @@ def moe_block(h, p, cfg, layer, probe=None, routers=None):
     per token. probe: a list that gets the router softmax (detached); routers: a list that gets the
     router logits [B*T, E] (with their graph, for the aux loss)."""
     Bn, Tn, C = h.shape
+    if gptoss(cfg):  # GptOssMLP
+        return gptoss_moe(h.reshape(Bn * Tn, C), p, cfg, moe_prefix(cfg, layer), probe, routers, acts,
+                          layer).view(Bn, Tn, C)
     m, (gate, up, down) = moe_prefix(cfg, layer), expert_projs(cfg)[0]
     x = h.reshape(Bn * Tn, C)
     logits = x @ p[m + "gate.weight"].T  # [N, E]
@@ -1511,9 +1724,10 @@ def mla_attention(h, p, cfg, a, cos, sin, causal):
     return (att @ v).transpose(1, 2).reshape(Bn, Tn, H * dv)
 
 
-def forward(p, cfg, tokens, probe=None, routers=None):
+def forward(p, cfg, tokens, probe=None, routers=None, acts=None):
     """Logits [B, T, V] of LlamaForCausalLM (eval: no dropout), float64. probe: a list that gets
-    each sparse MoE layer's router softmax [B*T, E]; routers: one that gets its router logits."""
+    each sparse MoE layer's router softmax [B*T, E]; routers: one that gets its router logits;
+    acts: one that gets GPT-OSS's routed expert pre-activations (gptoss_moe)."""
     p = unfused(p, cfg)
     Bn, Tn = tokens.shape
     H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
@@ -1561,13 +1775,18 @@ def forward(p, cfg, tokens, probe=None, routers=None):
                 q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             k = k.repeat_interleave(H // Hkv, dim=1)
             v = v.repeat_interleave(H // Hkv, dim=1)
+            visible = causal
+            if layer_window(cfg, l):
+                visible = causal & ~torch.tril(torch.ones(Tn, Tn, dtype=torch.bool), -layer_window(cfg, l))
+            if gptoss(cfg):  # the attention sinks
+                y = sink_attention(q, k, v, p[a + "sinks"], visible, D ** -0.5).transpose(1, 2).reshape(Bn, Tn, H * D)
+                x = x + linear(y, a + "o_proj", o_bias(cfg))
+                x = x + moe_block(norm(x, pre + "post_attention_layernorm"), p, cfg, l, probe, routers, acts)
+                continue
             att = q @ k.transpose(-1, -2)
             att = att * score_scale(cfg) if gemma2_layer(cfg) or granite(cfg) else att / math.sqrt(D)
             if softcaps(cfg)[0]:  # Gemma 2: before the mask
                 att = softcaps(cfg)[0] * torch.tanh(att / softcaps(cfg)[0])
-            visible = causal
-            if layer_window(cfg, l):
-                visible = causal & ~torch.tril(torch.ones(Tn, Tn, dtype=torch.bool), -layer_window(cfg, l))
             att = att.masked_fill(~visible, float("-inf")).softmax(-1)
             y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
         m, mb = pre + "mlp.", mlp_bias(cfg)
@@ -1871,9 +2090,46 @@ def naive_loss(p, cfg, tokens, targets):
             out = out + (wj * cfg["routed_scaling_factor"]) * swiglu(h, f"{m}experts.{e}.")
         return out
 
+    def gptoss_mlp(h, l):
+        """One token's GptOssMLP, loop by loop: the E router logits (dot + bias), the K largest
+        picked one by one, their softmax by hand; each chosen expert's gate_up column by column
+        (h . gate_up_proj[e, :, j] + bias), gate the even columns and up the odd ones (chunked
+        halves under GPTOSS_CHUNKED), each clamped by comparison, (up + 1) gate / (1 +
+        e^(-alpha gate)), then output column by column (act . down_proj[e, :, c] + bias)."""
+        m = moe_prefix(cfg, l)
+        W, bias = p[m + "router.weight"], p[m + "router.bias"]
+        z = [torch.dot(W[e], h) + bias[e] for e in range(num_experts(cfg))]
+        top = max(float(v) for v in z)
+        ez = [torch.exp(v - top) for v in z]
+        chosen = []
+        for _ in range(cfg["num_experts_per_tok"]):
+            chosen.append(max((e for e in range(len(z)) if e not in chosen), key=lambda e: float(z[e])))
+        routing.append(([v / sum(ez) for v in ez], chosen))  # (the aux loss: the softmax of the logits over E)
+        ztop = max(float(z[e]) for e in chosen)
+        wexp = [torch.exp(z[e] - ztop) for e in chosen]
+        w = [v / sum(wexp) for v in wexp]
+        gu_w, gu_b = p[m + "experts.gate_up_proj"], p[m + "experts.gate_up_proj_bias"]
+        dn_w, dn_b = p[m + "experts.down_proj"], p[m + "experts.down_proj_bias"]
+        I = expert_size(cfg)
+        out = 0.0
+        for wj, e in zip(w, chosen):
+            gu = [torch.dot(h, gu_w[e, :, j]) + gu_b[e, j] for j in range(2 * I)]
+            act = []
+            for i in range(I):
+                g, u = (gu[i], gu[I + i]) if GPTOSS_CHUNKED else (gu[2 * i], gu[2 * i + 1])
+                g = g if float(g) <= GPTOSS_LIMIT else g * 0 + GPTOSS_LIMIT
+                u = u if -GPTOSS_LIMIT <= float(u) <= GPTOSS_LIMIT else u * 0 + math.copysign(GPTOSS_LIMIT, float(u))
+                act.append((u + 1) * g / (1 + torch.exp(-GPTOSS_ALPHA * g)))
+            act = torch.stack(act)
+            y = torch.stack([torch.dot(act, dn_w[e, :, c]) + dn_b[e, c] for c in range(C)])
+            out = out + wj * y
+        return out
+
     def moe_mlp(h, l):  # one token's MoE block: the router softmax by hand, the K largest picked
         if deepseek_moe(cfg):  # one by one, each chosen expert's MLP
             return glm_mlp(h, l)
+        if gptoss(cfg):
+            return gptoss_mlp(h, l)
         m, (gate, up, down) = moe_prefix(cfg, l), expert_projs(cfg)[0]
         z = [torch.dot(p[m + "gate.weight"][e], h) for e in range(num_experts(cfg))]
         top = max(float(v) for v in z)
@@ -1943,9 +2199,15 @@ def naive_loss(p, cfg, tokens, targets):
                         if acap:  # tanh written out: (e^2u - 1) / (e^2u + 1)
                             scores = [acap * (torch.exp(2 * sc / acap) - 1) / (torch.exp(2 * sc / acap) + 1)
                                       for sc in scores]
-                        top = max(float(sc) for sc in scores)
-                        w = [torch.exp(sc - top) for sc in scores]
-                        z = sum(w)
+                        if gptoss(cfg):  # the head's sink: one more logit in the sum, no value
+                            sink = p[a + "sinks"][hd]
+                            top = max([float(sc) for sc in scores] + [float(sink)])
+                            w = [torch.exp(sc - top) for sc in scores]
+                            z = sum(w) + torch.exp(sink - top)
+                        else:
+                            top = max(float(sc) for sc in scores)
+                            w = [torch.exp(sc - top) for sc in scores]
+                            z = sum(w)
                         heads.append(sum(w[n] / z * vs[s][kv * D:(kv + 1) * D] for n, s in enumerate(seen)))
                     o = lin(torch.cat(heads), a + "o_proj", o_bias(cfg))
                     if post_norms(cfg) or sandwich:
@@ -1993,11 +2255,15 @@ def naive_frequencies(cfg, D, T):
         ratio = cfg["max_position_embeddings"] / o
         scale = math.sqrt(1 + math.log(ratio) / math.log(o)) if ratio > 1 else 1.0
         return [cfg["rope_theta"] ** (-2.0 * i / D) / ext[i] for i in range(D // 2)], scale
+    if s is not None and s["rope_type"] == "default":
+        s = None
     if s is not None and s["rope_type"] == "yarn":  # the paper's notation, loop by loop
         orig, b, f = s["original_max_position_embeddings"], cfg["rope_theta"], s["factor"]
         r_dim = [D * math.log(orig / (2 * math.pi * r)) / (2 * math.log(b))
                  for r in (s.get("beta_fast") or 32, s.get("beta_slow") or 1)]
-        lo, hi = max(math.floor(r_dim[0]), 0), min(math.ceil(r_dim[1]), D - 1)
+        if s.get("truncate", True):  # (GPT-OSS: truncate false, the range as it falls)
+            r_dim = [math.floor(r_dim[0]), math.ceil(r_dim[1])]
+        lo, hi = max(r_dim[0], 0), min(r_dim[1], D - 1)
         scale = 0.1 * math.log(f) + 1.0
         if s.get("mscale") and s.get("mscale_all_dim"):  # DeepSeek's ratio of two mscales
             scale = (0.1 * s["mscale"] * math.log(f) + 1.0) / (0.1 * s["mscale_all_dim"] * math.log(f) + 1.0)
@@ -2058,7 +2324,8 @@ def routed_differences(base64, names, per_tensor, value, routes, grads, rng, h=1
     return worst_abs, worst_rel, count, moved
 
 def selftest():
-    global LORA_EPS  # (4i: the lora norms' eps changed for one run)
+    global LORA_EPS, GPTOSS_CHUNKED, GPTOSS_LIMIT  # (4i: the lora norms' eps, 4j: the gate / up split and the clamp
+    # limit, each changed for one run)
     torch.manual_seed(0)
     fails = []
 
@@ -2180,7 +2447,8 @@ def selftest():
     for v in ("1l_gqa_tied_llama3", "1l_mqa_untied_llama3_attnbias_mlpbias", "3l_gqa_untied_llama3",
               "1l_gqa_untied_rope1e4_qwen3",  # (not olmo2, olmoe: their k_norm spans all kv heads)
               "1l_gqa_tied_rope1e4_gemma3", "3l_mqa_tied_llama3_qwen3moe", "1l_gqa_untied_rope1e4_mixtral",
-              "3l_mqa_tied_llama3_qwen2moe_swa", "1l_gqa_untied_rope1e4_glm4moe", "3l_mqa_tied_llama3_glm4moe"):
+              "3l_mqa_tied_llama3_qwen2moe_swa", "1l_gqa_untied_rope1e4_glm4moe", "3l_mqa_tied_llama3_glm4moe",
+              "1l_gqa_untied_yarn_gptoss", "3l_mqa_tied_rope1e4_gptoss_swa_aux"):
         cfg, params32, tokens, targets = make_case(v)
         H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
         mha = dict(cfg, num_key_value_heads=H)
@@ -2202,7 +2470,7 @@ def selftest():
     for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3",
               "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe", "3l_gqa_tied_llama3_olmoe_aux",
               "3l_mqa_tied_llama3_qwen2moe_swa", "3l_mqa_tied_llama3_glm4moe", "3l_mha_tied_yarn_deepseekv3",
-              "3l_mha_tied_yarn_deepseekv2"):
+              "3l_mha_tied_yarn_deepseekv2", "3l_mqa_tied_rope1e4_gptoss_swa_aux"):
         cfg, params32, tokens, targets = make_case(v)
         untied = dict(cfg, tie_word_embeddings=False)
         p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
@@ -2380,8 +2648,9 @@ def selftest():
             routes = routed()[1]
             first = int(routes[0][0, 0])  # the expert token 0 puts first in the first sparse layer
             l0 = min(l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l))
-            names = [n for n in base64 if n.endswith(".gate.weight")]
+            names = [n for n in base64 if n.endswith(".gate.weight") or ".router." in n]
             names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, l0)}experts.{first}.")]
+            names += [n for n in base64 if gptoss(cfg) and n.startswith(f"{moe_prefix(cfg, l0)}experts.")]  # (packed)
             names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, l0)}shared_expert.")]
             names += [n for n in base64 if n.endswith(".shared_expert_gate.weight")]
             names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, l0)}shared_experts.")]
@@ -2390,8 +2659,9 @@ def selftest():
             worst_abs, worst_rel, count, moved = routed_differences(
                 base64, names, 3, routed, routes, params, rng)
         expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
-               f"{v}: finite differences of the {'total ' if aux_on(cfg) else ''}loss, {count} router / expert "
-               f"{first} / {'shared expert / ' if shared_expert(cfg) else ''}"
+               f"{v}: finite differences of the {'total ' if aux_on(cfg) else ''}loss, {count} router / "
+               f"{'packed experts (and router bias) / ' if gptoss(cfg) else f'expert {first} / '}"
+               f"{'shared expert / ' if shared_expert(cfg) else ''}"
                f"{'shared experts / router bias / ' if deepseek_moe(cfg) else ''}attention entries ({len(names)} "
                f"tensors): routing unchanged at all {4 * count} points ({moved} moved), worst abs err "
                f"{worst_abs:.1e}, rel err {worst_rel:.1e}")
@@ -2400,6 +2670,14 @@ def selftest():
         x, (gate, up, down), err = hx.reshape(-1, C), expert_projs(cfg)[0], 0.0
         for l in (l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l)):
             m = moe_prefix(cfg, l)
+            if gptoss(cfg):  # the softmax of the biased logits over all E, each expert's clamped SwiGLU and biases
+                pr = (x @ base64[m + "router.weight"].T + base64[m + "router.bias"]).softmax(-1)
+                ex = m + "experts."
+                dense = sum(pr[:, e:e + 1] * (gptoss_glu(x @ base64[ex + "gate_up_proj"][e] + base64[ex + "gate_up_proj_bias"][e])
+                                              @ base64[ex + "down_proj"][e] + base64[ex + "down_proj_bias"][e])
+                            for e in range(E))
+                err = max(err, rel_err(moe_block(hx, base64, every, l).reshape(-1, C), dense))
+                continue
             pr = (x @ base64[m + "gate.weight"].T).softmax(-1)
             if deepseek_moe(cfg):  # every expert chosen whatever the groups: rsf * s / (sum s + 1e-20)
                 sg = torch.sigmoid(x @ base64[m + "gate.weight"].T)
@@ -2453,7 +2731,7 @@ def selftest():
                    and all(torch.equal(flipped[0][n].grad, params[n].grad) for n in params) and float(sums.max()) < 0.999,
                    f"{v}: norm_topk_prob true in the config changes nothing (loss and grads bit-equal), though the "
                    f"K chosen probabilities sum to {float(sums.min()):.3f}..{float(sums.max()):.3f}, not 1")
-        elif cfg["model_type"] != "mixtral":  # (Mixtral's weights are always renormalised)
+        elif cfg["model_type"] not in ("mixtral", "gpt_oss"):  # (Mixtral's, GPT-OSS's weights are always renormalised)
             flipped = run(dict(cfg, norm_topk_prob=not cfg["norm_topk_prob"]), params32, tokens, targets)[2].item()
             expect(abs(flipped - loss.item()) > 1e-6,
                    f"{v}: norm_topk_prob {cfg['norm_topk_prob']} matters ({loss.item():.8f} vs {flipped:.8f})")
@@ -2689,8 +2967,9 @@ def selftest():
            f"load-balancing loss (E {E4}, K {K4}, {N4} tokens): " + ", ".join(f"{name} {value!r}" for name, value in ids.items())
            + f" (= K); a skewed router, logits (3, 2, 0, 0) for every token: {skew:.6f} > K")
     aux_variants = [x for x in VARIANTS if aux_on(hf_config(x))]
-    expect(len(aux_variants) >= 2 and all(seed_name(x) in VARIANTS for x in aux_variants),
-           f"{len(aux_variants)} variants with the load-balancing loss, each with its twin: {', '.join(aux_variants)}")
+    expect(len(aux_variants) >= 2 and all(seed_name(x) in VARIANTS or seed_name(x) in MOE for x in aux_variants),
+           f"{len(aux_variants)} variants with the load-balancing loss, each with its twin (a fixture, or in MOE): "
+           f"{', '.join(aux_variants)}")
     for v in aux_variants:
         cfg, params32, tokens, targets = make_case(v)
         twin_cfg, twin32, twin_tokens, twin_targets = make_case(seed_name(v))
@@ -2720,8 +2999,8 @@ def selftest():
         last = max(l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l))
         downstream = [n for n in p64 if n.startswith(f"{moe_prefix(cfg, last)}experts.")
                       or n in ("model.norm.weight", "lm_head.weight")]
-        upstream = [n for n in p64 if n.endswith(".gate.weight") or n.startswith("model.layers.0.self_attn.")
-                    or n == "model.embed_tokens.weight"]
+        upstream = [n for n in p64 if n.endswith(".gate.weight") or ".router." in n
+                    or n.startswith("model.layers.0.self_attn.") or n == "model.embed_tokens.weight"]
         expect(all(gnorm[n] == 0.0 for n in downstream) and min(gnorm[n] for n in upstream) > 1e-6,
                f"{v}: the aux term's gradient is 0 on the {len(downstream)} tensors after every router (the last "
                f"layer's experts, the final norm{', the head' if 'lm_head.weight' in p64 else ''}), non-zero on the "
@@ -2736,13 +3015,146 @@ def selftest():
 
         with torch.no_grad():
             routes = aux_alone()[1]
-            names = [n for n in base64 if n.endswith(".gate.weight")] + ["model.layers.0.self_attn.q_proj.weight"]
+            names = [n for n in base64 if n.endswith(".gate.weight") or ".router." in n]
+            names += ["model.layers.0.self_attn.q_proj.weight"]
             worst_abs, worst_rel, count, moved = routed_differences(
                 base64, names, 4, aux_alone, routes, p64, rng)
         expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
-               f"{v}: finite differences of the aux term alone, {count} entries of {len(names) - 1} router(s) and "
+               f"{v}: finite differences of the aux term alone, {count} entries of {len(names) - 1} router tensor(s) and "
                f"layer 0's q_proj: routing unchanged at all {4 * count} points ({moved} moved), worst abs err "
                f"{worst_abs:.1e}, rel err {worst_rel:.1e}")
+
+    # 4j. GPT-OSS (gptoss): the layer's parameters in state-dict order (self_attn.sinks, GptOssAttention's
+    #     own, before the four biased projections; the router's weight and bias; the packed experts);
+    #     layer_types spelled out as GptOssConfig's default rule, the window 3 on the even layers
+    #     (a window covering the sequence changes the loss); the sink softmax against a loop-by-loop
+    #     one on random scores, with rows summing to < 1, and sinks of -inf giving the plain softmax
+    #     attention exactly (and another loss); the router's weights the softmax of the top-K logits
+    #     = the E-way softmax renormalised over the K, and its bias changes the loss; every layer
+    #     clamps routed gate values above +limit and up values beyond either bound (no routed value
+    #     within GPTOSS_KINK_GAP of a kink), and without the clamps the loss differs; gate / up taken
+    #     as gate_up's two halves instead of interleaved changes the loss; the yarn variant's
+    #     untruncated correction range (truncate false) against the truncated one: other
+    #     frequencies and another loss, the loop-by-loop frequencies agreeing with both; rope1e4's
+    #     {"rope_type": "default"} is no scaling (bit-equal to rope_scaling null).
+    for v in (x for x in VARIANTS if "_gptoss" in x):
+        cfg, params32, tokens, targets = make_case(v)
+        H, Hkv, D, C, L = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg), cfg["hidden_size"], cfg["num_hidden_layers"]
+        E, K, I = num_experts(cfg), cfg["num_experts_per_tok"], expert_size(cfg)
+        a, m = "model.layers.0.self_attn.", "model.layers.0.mlp."
+        got = [(n, dims) for n, dims in param_shapes(cfg) if n.startswith("model.layers.0.")]
+        want = [(a + "sinks", (H,))]
+        for name, out, inp in (("q_proj", H * D, C), ("k_proj", Hkv * D, C), ("v_proj", Hkv * D, C), ("o_proj", C, H * D)):
+            want += [(a + name + ".weight", (out, inp)), (a + name + ".bias", (out,))]
+        want += [(m + "router.weight", (E, C)), (m + "router.bias", (E,)), (m + "experts.gate_up_proj", (E, C, 2 * I)),
+                 (m + "experts.gate_up_proj_bias", (E, 2 * I)), (m + "experts.down_proj", (E, I, C)),
+                 (m + "experts.down_proj_bias", (E, C)), ("model.layers.0.input_layernorm.weight", (C,)),
+                 ("model.layers.0.post_attention_layernorm.weight", (C,))]
+        expect(got == want, f"{v}: layer 0's parameters in state-dict order: " + ", ".join(n[len("model.layers.0."):] for n, _ in got))
+        params, logits, loss = run(cfg, params32, tokens, targets)
+        loss = loss.item()
+        rule = ["sliding_attention" if (l + 1) % 2 else "full_attention" for l in range(L)]
+        wide = run(dict(cfg, sliding_window=MAX_POS), params32, tokens, targets)[2].item()
+        expect(cfg["layer_types"] == rule and [layer_window(cfg, l) for l in range(L)] == [SWA_WINDOW if r == rule[0] else 0 for r in rule]
+               and abs(wide - loss) > 1e-3,
+               f"{v}: layer_types {rule} (GptOssConfig's rule), windows {[layer_window(cfg, l) for l in range(L)]}; a window "
+               f"covering the sequence gives {wide:.8f} vs {loss:.8f}")
+        # the sink softmax, vectorised against loops, on random q, k, v and the windowed mask
+        g = torch.Generator().manual_seed(5)
+        q, k, vv = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(3))
+        sinks = params32[a + "sinks"].to(torch.float64)
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        visible = causal & ~torch.tril(torch.ones(T, T, dtype=torch.bool), -SWA_WINDOW)
+        fast = sink_attention(q, k, vv, sinks, visible, D ** -0.5)
+        err, sums = 0.0, []
+        for b in range(B):
+            for hd in range(H):
+                for t in range(T):
+                    seen = [s for s in range(T) if t - SWA_WINDOW < s <= t]
+                    sc = [float(torch.dot(q[b, hd, t], k[b, hd, s])) / math.sqrt(D) for s in seen]
+                    top = max(sc + [float(sinks[hd])])
+                    ws = [math.exp(x - top) for x in sc]
+                    z = sum(ws) + math.exp(float(sinks[hd]) - top)
+                    sums.append(sum(ws) / z)
+                    slow = sum(w / z * vv[b, hd, s] for w, s in zip(ws, seen))
+                    err = max(err, float((slow - fast[b, hd, t]).abs().max()) / float(fast.abs().max()))
+        plain = (((q @ k.transpose(-1, -2)) * D ** -0.5).masked_fill(~visible, float("-inf")).softmax(-1)) @ vv
+        no_sink = sink_attention(q, k, vv, torch.full((H,), float("-inf"), dtype=torch.float64), visible, D ** -0.5)
+        minus_inf = {n: (torch.full_like(t, float("-inf")) if n.endswith(".sinks") else t) for n, t in params32.items()}
+        with torch.no_grad():
+            sinkless = model_loss({n: t.to(torch.float64) for n, t in minus_inf.items()}, cfg, tokens, targets)[1].item()
+        expect(err < 1e-14 and max(sums) < 1 and torch.equal(no_sink, plain) and abs(sinkless - loss) > 1e-3,
+               f"{v}: the sink softmax equals a loop-by-loop one (rel err {err:.1e}; its rows sum to {min(sums):.4f}.."
+               f"{max(sums):.4f} < 1); sinks of -inf give the plain softmax attention exactly and the loss "
+               f"{sinkless:.8f} vs {loss:.8f} (sinks {', '.join(f'{x:.3f}' for x in params32[a + 'sinks'].tolist())})")
+        # the router
+        routers, probe = [], []
+        with torch.no_grad():
+            forward({n: t.to(torch.float64) for n, t in params32.items()}, cfg, tokens, probe, routers)
+        werr = 0.0
+        for lg, pr in zip(routers, probe):
+            top, idx = torch.topk(lg, K, dim=-1)
+            renorm = pr.gather(1, idx) / pr.gather(1, idx).sum(-1, keepdim=True)
+            werr = max(werr, rel_err(top.softmax(-1), renorm))
+        unbiased = run(cfg, {n: (torch.zeros_like(t) if n.endswith(".router.bias") else t) for n, t in params32.items()},
+                       tokens, targets)[2].item()
+        expect(werr < 1e-14 and abs(unbiased - loss) > 1e-3,
+               f"{v}: the K weights softmax(top-K logits) = the E-way softmax renormalised over the K (rel err "
+               f"{werr:.1e}); zero router biases give {unbiased:.8f} vs {loss:.8f}")
+        # the clamps
+        c = gptoss_clamps(cfg, params32, tokens)
+        saved = GPTOSS_LIMIT
+        try:
+            GPTOSS_LIMIT = 1e9
+            unclamped = run(cfg, params32, tokens, targets)[2].item()
+        finally:
+            GPTOSS_LIMIT = saved
+        expect(clamps_ok(c) and min(c["gate_high"] + c["up_high"] + c["up_low"]) >= GPTOSS_MIN_CLAMPED
+               and c["gap"] >= GPTOSS_KINK_GAP and abs(unclamped - loss) > 1e-3,
+               f"{v}: clamped per layer, of {c['pairs']} routed (token, expert) pairs x {I}: gate > {GPTOSS_LIMIT:g} "
+               f"{c['gate_high']}, up > {GPTOSS_LIMIT:g} {c['up_high']}, up < -{GPTOSS_LIMIT:g} {c['up_low']}; the nearest "
+               f"routed pre-activation {c['gap']:.4f} from a kink (>= {GPTOSS_KINK_GAP:g}); gate_up_proj_bias re-drawn "
+               f"{CLAMP_REDRAWS[v]} time(s); without the clamps the loss {unclamped:.8f} vs {loss:.8f}")
+        try:
+            GPTOSS_CHUNKED = True
+            chunked = run(cfg, params32, tokens, targets)[2].item()
+            p2 = {n: t.to(torch.float64).requires_grad_(True) for n, t in params32.items()}
+            chunked_naive = naive_loss(p2, cfg, tokens, targets).item()
+        finally:
+            GPTOSS_CHUNKED = False
+        expect(abs(chunked - loss) > 1e-3 and abs(chunked_naive - chunked) < 1e-12 * abs(chunked),
+               f"{v}: gate / up as gate_up's halves instead of its even / odd columns gives {chunked:.8f} (the "
+               f"loop-by-loop model alike, {chunked_naive:.8f}) vs {loss:.8f}")
+        s = cfg["rope_scaling"]
+        if scaling_type(s) == "default":
+            base_cfg = dict(cfg, rope_scaling=None)
+            expect(torch.equal(inv_freq(cfg), inv_freq(base_cfg)) and attention_scaling(cfg) == 1.0
+                   and run(base_cfg, params32, tokens, targets)[2].item() == loss,
+                   f"{v}: rope_scaling {json.dumps(s)} is no scaling (frequencies, scale and loss those of null)")
+            continue
+        base = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+        truncated = dict(cfg, rope_scaling=dict(s, truncate=True))
+        lo, hi = yarn_range(cfg)
+        ramp = [min(max((i - lo) / (hi - lo), 0.0), 1.0) for i in range(D // 2)]
+        f = s["factor"]
+        want = [b / f * r + b * (1 - r) for b, r in zip(base.tolist(), ramp)]
+        agree = all(max(abs(x - y) for x, y in zip(naive_frequencies(c2, D, T)[0], inv_freq(c2).tolist())) < 1e-15
+                    for c2 in (cfg, truncated))
+        t_loss = run(truncated, params32, tokens, targets)[2].item()
+        t_ramp = ((1 - inv_freq(truncated) / base) / (1 - 1 / f)).tolist()  # (inv = base (1 - r + r / f))
+        print(f"{v}: yarn range untruncated ({lo:.6f}, {hi:.6f}), ramp {[round(r, 6) for r in ramp]}; truncated "
+              f"{yarn_range(truncated)}, ramp {[round(r, 6) for r in t_ramp]}")
+        expect(s["truncate"] is False and cfg["max_position_embeddings"] / s["original_max_position_embeddings"] == f
+               and 0 < lo < 1 and 2 < hi < 3 and yarn_range(truncated) == (0, 3)
+               and max(abs(x - y) for x, y in zip(want, inv_freq(cfg).tolist())) < 1e-15
+               and [round(r, 3) for r in ramp] == [0.0, 0.173, 0.616, 1.0, 1.0, 1.0]
+               and max(abs(x - y) for x, y in zip(t_ramp, [0, 1 / 3, 2 / 3, 1, 1, 1])) < 1e-14
+               and not torch.equal(inv_freq(cfg), inv_freq(truncated)) and agree
+               and abs(attention_scaling(cfg) - (1 + 0.1 * math.log(f))) < 1e-15 and abs(t_loss - loss) > 1e-5,
+               f"{v}: yarn with truncate false: range ({lo:.3f}, {hi:.3f}), pair 0 kept, 1 and 2 blended, 3 to 5 / "
+               f"factor {f:g} (= max_position_embeddings / original); truncated (0, 3) blends 1 and 2 by 1/3 and 2/3 "
+               f"instead and gives the loss {t_loss:.8f} vs {loss:.8f}; the loop-by-loop frequencies agree with both; "
+               f"cos/sin x 1 + 0.1 ln {f:g}")
 
     # 5. The fixture text parses back to the run's numbers.
     v = VARIANTS[0]
