@@ -208,7 +208,12 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
                          "model.routed_scaling_factor=2.0", "model.q_lora_rank=0",
                          "model.kv_lora_rank=16", "model.qk_nope_head_dim=8",
                          "model.qk_rope_head_dim=8", "model.v_head_dim=12",
-                         "model.num_key_value_heads=4"})}};
+                         "model.num_key_value_heads=4"})},
+      // gpt-oss: the attention sinks' kernels on the flash attention's out and lse, the
+      // router's bias, the packed experts' GEMMs (no transpose) with biases, the clamped SwiGLU
+      {"gpt_oss sinks packed experts",
+       llama_config("", {"model.type=\"gpt_oss\"", "model.num_local_experts=8",
+                         "model.num_experts_per_tok=2", "model.sliding_window=5"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 
