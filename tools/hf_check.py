@@ -6,7 +6,7 @@ bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCaus
 MistralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM,
 SmolLM3ForCausalLM, GraniteForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
 OlmoeForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM,
-DeepseekV2ForCausalLM (LLAMA_CASES below)
+DeepseekV2ForCausalLM, GptOssForCausalLM (LLAMA_CASES below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -183,6 +183,16 @@ LLAMA_CASES = {
                                           "routed_scaling_factor": 1.5, "n_shared_experts": 2,
                                           "first_k_dense_replace": 1,
                                           "tie_word_embeddings": False},
+    # gpt-oss (GptOssForCausalLM): attention sinks, q/k/v/o biases, layer 0 sliding over 8
+    # positions, yarn not truncated (head_dim 8, theta 1e4, original 256: pair 1 blended by
+    # 0.59, 0.5 if truncated), the router's bias, 8 packed experts with biases and the clamped
+    # SwiGLU.
+    "gpt_oss sinks packed 8 experts yarn": {"type": "gpt_oss", "hidden_size": 32, "head_dim": 8,
+                                            "num_local_experts": 8, "num_experts_per_tok": 2,
+                                            "sliding_window": 8, "tie_word_embeddings": False,
+                                            "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                             "original_max_position_embeddings": 256,
+                                                             "truncate": False}},
     # OLMo 3: OLMo 2's layers, the first sliding over 8 positions with unscaled RoPE, the second
     # global with LLAMA_COMMON's llama3 scaling (Olmo3Model's rotary_embs).
     "olmo3 gqa untied window 8": {"type": "olmo3", "hidden_size": 32, "sliding_window": 8,
