@@ -1894,21 +1894,21 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
   if (cfg_.packed_experts()) {
     packed_experts_forward(l, BT, hooks);
   } else {
-  for (int64_t e = 0; e < E; ++e) {
-    const TensorView in = expert_rows(a.moe_rows, off, e, C);
-    if (in.numel() == 0) continue;
-    const int64_t n = in.shape[0];
-    be_.gemm(false, true, n, I, C, 1.f, in, W(x.expert_gate(e)), 0.f,
-             expert_rows(y.gate, off, e, I));
-    be_.gemm(false, true, n, I, C, 1.f, in, W(x.expert_up(e)), 0.f, expert_rows(y.up, off, e, I));
-  }
-  be_.swiglu_forward(a.dI1.view({RK, I}), y.gate.view({RK, I}), y.up.view({RK, I}));
-  for (int64_t e = 0; e < E; ++e) {
-    const TensorView act = expert_rows(a.dI1, off, e, I);
-    if (act.numel() == 0) continue;
-    be_.gemm(false, true, act.shape[0], C, I, 1.f, act, W(x.expert_down(e)), 0.f,
-             expert_rows(y.expert_out, off, e, C));
-  }
+    for (int64_t e = 0; e < E; ++e) {
+      const TensorView in = expert_rows(a.moe_rows, off, e, C);
+      if (in.numel() == 0) continue;
+      const int64_t n = in.shape[0];
+      be_.gemm(false, true, n, I, C, 1.f, in, W(x.expert_gate(e)), 0.f,
+               expert_rows(y.gate, off, e, I));
+      be_.gemm(false, true, n, I, C, 1.f, in, W(x.expert_up(e)), 0.f, expert_rows(y.up, off, e, I));
+    }
+    be_.swiglu_forward(a.dI1.view({RK, I}), y.gate.view({RK, I}), y.up.view({RK, I}));
+    for (int64_t e = 0; e < E; ++e) {
+      const TensorView act = expert_rows(a.dI1, off, e, I);
+      if (act.numel() == 0) continue;
+      be_.gemm(false, true, act.shape[0], C, I, 1.f, act, W(x.expert_down(e)), 0.f,
+               expert_rows(y.expert_out, off, e, C));
+    }
   }
   // The shared expert on every token: Qwen2-MoE's output and its gate's logit kept;
   // GLM-4.5's output (ungated) added to the layer's output below
@@ -1971,34 +1971,34 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
     be_.moe_combine_backward(rows, dw, dres, y.expert_out.view({RK, C}), w, slot, BT, K, C);
     packed_experts_backward(l, BT, hooks, recompute);  // (ln2 in dln, kept)
   } else {
-  // act = silu(gate) * up again into dI1 (the recompute has left it there)
-  if (!recompute) be_.swiglu_forward(act, gate, up);
-  be_.moe_combine_backward(rows, dw, dres, y.expert_out.view({RK, C}), w, slot, BT, K, C);
-  // down: d W += dy^T act, then d act = dy @ W over act's rows (read first)
-  for (int64_t e = 0; e < E; ++e) {
-    const TensorView dy = expert_rows(a.moe_rows, off, e, C);
-    if (dy.numel() == 0) continue;
-    const int64_t n = dy.shape[0];
-    const TensorView act_e = expert_rows(a.dI1, off, e, I);
-    be_.gemm(true, false, C, I, n, 1.f, dy, act_e, 1.f, G(x.expert_down(e)));
-    be_.gemm(false, false, n, I, C, 1.f, dy, W(x.expert_down(e)), 0.f, act_e);
-  }
-  be_.swiglu_backward(act, dup, act, gate, up);  // d gate into dI1, d up into dI2
-  // ln2 = post_attention_layernorm(res2) again into dln, gathered again into the routed rows,
-  // read by the gate and up weight gradients before each expert's input gradient replaces
-  // its rows
-  if (!recompute) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, norm_weight, BT, C, eps);
-  be_.embedding_lookup_forward(rows, y.moe_src.view({RK}), dln, RK, C);
-  for (int64_t e = 0; e < E; ++e) {
-    const TensorView in = expert_rows(a.moe_rows, off, e, C);
-    if (in.numel() == 0) continue;
-    const int64_t n = in.shape[0];
-    const TensorView dg = expert_rows(a.dI1, off, e, I), du = expert_rows(a.dI2, off, e, I);
-    be_.gemm(true, false, I, C, n, 1.f, dg, in, 1.f, G(x.expert_gate(e)));
-    be_.gemm(true, false, I, C, n, 1.f, du, in, 1.f, G(x.expert_up(e)));
-    be_.gemm(false, false, n, C, I, 1.f, dg, W(x.expert_gate(e)), 0.f, in);
-    be_.gemm(false, false, n, C, I, 1.f, du, W(x.expert_up(e)), 1.f, in);
-  }
+    // act = silu(gate) * up again into dI1 (the recompute has left it there)
+    if (!recompute) be_.swiglu_forward(act, gate, up);
+    be_.moe_combine_backward(rows, dw, dres, y.expert_out.view({RK, C}), w, slot, BT, K, C);
+    // down: d W += dy^T act, then d act = dy @ W over act's rows (read first)
+    for (int64_t e = 0; e < E; ++e) {
+      const TensorView dy = expert_rows(a.moe_rows, off, e, C);
+      if (dy.numel() == 0) continue;
+      const int64_t n = dy.shape[0];
+      const TensorView act_e = expert_rows(a.dI1, off, e, I);
+      be_.gemm(true, false, C, I, n, 1.f, dy, act_e, 1.f, G(x.expert_down(e)));
+      be_.gemm(false, false, n, I, C, 1.f, dy, W(x.expert_down(e)), 0.f, act_e);
+    }
+    be_.swiglu_backward(act, dup, act, gate, up);  // d gate into dI1, d up into dI2
+    // ln2 = post_attention_layernorm(res2) again into dln, gathered again into the routed rows,
+    // read by the gate and up weight gradients before each expert's input gradient replaces
+    // its rows
+    if (!recompute) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, norm_weight, BT, C, eps);
+    be_.embedding_lookup_forward(rows, y.moe_src.view({RK}), dln, RK, C);
+    for (int64_t e = 0; e < E; ++e) {
+      const TensorView in = expert_rows(a.moe_rows, off, e, C);
+      if (in.numel() == 0) continue;
+      const int64_t n = in.shape[0];
+      const TensorView dg = expert_rows(a.dI1, off, e, I), du = expert_rows(a.dI2, off, e, I);
+      be_.gemm(true, false, I, C, n, 1.f, dg, in, 1.f, G(x.expert_gate(e)));
+      be_.gemm(true, false, I, C, n, 1.f, du, in, 1.f, G(x.expert_up(e)));
+      be_.gemm(false, false, n, C, I, 1.f, dg, W(x.expert_gate(e)), 0.f, in);
+      be_.gemm(false, false, n, C, I, 1.f, du, W(x.expert_up(e)), 1.f, in);
+    }
   }
   // the router: d logits from d weights; d gate += d logits^T ln2 (GLM-4.5's
   // e_score_correction_bias, a buffer, gets no gradient)
