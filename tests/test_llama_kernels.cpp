@@ -1,13 +1,19 @@
 // tests/test_llama_kernels.cpp: the CPU backend's Llama kernels (kernels.hpp "Llama pieces"):
-// rotary embedding, SwiGLU and causal grouped-query attention.
+// rotary embedding, SwiGLU and causal grouped-query attention; and gpt-oss's pieces: the
+// clamped SwiGLU on interleaved gate/up pairs (clamped_swiglu_forward/backward) and attention
+// sinks (attention_sink_forward/backward, after gqa_attention_forward).
 //  - Values against double-precision references written from Hugging Face's formulas
 //    (apply_rotary_pos_emb with rotate_half and cos/sin = cat(freqs, freqs); LlamaMLP's
-//    silu(gate) * up; LlamaAttention with repeat_kv).
+//    silu(gate) * up; LlamaAttention with repeat_kv; GptOssExperts._apply_gate with its
+//    clamps, on and beyond the bounds; eager_attention_forward's softmax with a sink column).
 //  - Finite-difference gradient checks: L = sum(out * Rw) with fixed random Rw, dout = Rw fed
 //    to the backward, central differences of L (L summed in double, forward in fp32).
 //  - GQA against the existing mha_forward/backward on k, v repeated H/Hkv times
 //    (repeat_interleave order): forward equal, dq equal, dk/dv equal to mha's summed over each
 //    group; MHA (Hkv == H) and MQA (Hkv == 1), across query tiles.
+//    Attention sinks: the gradients of the kernel pair (attention_sink_backward adding to
+//    dsinks, then gqa_attention_backward on the sinked out and lse) with respect to q, k, v
+//    and the sinks; a row without keys (lse +inf) left as it is.
 //  - The documented aliasing (in-place results equal out-of-place ones bit for bit), the
 //    "store bf16/fp16, compute fp32" contract, independence from the thread count, and the
 //    argument errors.
@@ -1235,6 +1241,468 @@ TEST_F(LlamaKernels, StoreContractGqaAttention) {
     const Vec o16 = so.values();
     for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(o16[i], out[i], 1e-2) << i;
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// gpt-oss pieces: the clamped SwiGLU on interleaved gate/up pairs and attention sinks
+
+// kernels.hpp's clamped_swiglu_forward/backward in double: g = min(gate, limit), u =
+// clamp(up, -limit, limit), out = (u + 1) g sigmoid(alpha g); d gate passes where gate <=
+// limit, d up where -limit <= up <= limit (a value on a bound passes).
+struct ClampedRef {
+  DVec out, dgate_up;
+};
+ClampedRef clamped_swiglu_ref(const Vec& gate_up, const Vec& dout, float alpha, float limit) {
+  const std::size_t n = gate_up.size() / 2;
+  const double a = alpha, lim = limit;
+  ClampedRef r{DVec(n), DVec(2 * n)};
+  for (std::size_t i = 0; i < n; ++i) {
+    const double gate = gate_up[2 * i], up = gate_up[2 * i + 1];
+    const double g = std::min(gate, lim), u = std::clamp(up, -lim, lim);
+    const double s = 1.0 / (1.0 + std::exp(-a * g));
+    r.out[i] = (u + 1.0) * g * s;
+    r.dgate_up[2 * i] = gate <= lim ? dout[i] * (u + 1.0) * (s + a * g * s * (1.0 - s)) : 0.0;
+    r.dgate_up[2 * i + 1] = up >= -lim && up <= lim ? dout[i] * g * s : 0.0;
+  }
+  return r;
+}
+
+// Values against the double formulas (forward and backward), then finite differences of
+// L = sum(out * Rw) on `fd` (its values at least 0.5 away from the bounds +-limit).
+void check_clamped_swiglu(Backend& be, std::mt19937& rng, const Vec& gate_up, Vec fd, float alpha,
+                          float limit, const std::string& what) {
+  const int64_t n = static_cast<int64_t>(gate_up.size() / 2);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Vec dout = random_vec(n, rng);
+  Vec out(n, nan), dgu(2 * n, nan);
+  be.clamped_swiglu_forward(f32(out), f32(gate_up), alpha, limit);
+  be.clamped_swiglu_backward(f32(dgu), f32(dout), f32(gate_up), alpha, limit);
+  const ClampedRef ref = clamped_swiglu_ref(gate_up, dout, alpha, limit);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(out[i], ref.out[i], 2e-6 * std::max(1.0, std::abs(ref.out[i])))
+        << what << " out " << i << " (gate " << gate_up[2 * i] << ", up " << gate_up[2 * i + 1]
+        << ")";
+  }
+  for (int64_t i = 0; i < 2 * n; ++i) {
+    ASSERT_NEAR(dgu[i], ref.dgate_up[i], 2e-6 * std::max(1.0, std::abs(ref.dgate_up[i])))
+        << what << " dgate_up " << i << " (value " << gate_up[i] << ")";
+    if (ref.dgate_up[i] == 0.0) ASSERT_EQ(dgu[i], 0.0f) << what << " dgate_up " << i;
+  }
+  // finite differences; no perturbation crosses a bound
+  const int64_t m = static_cast<int64_t>(fd.size() / 2);
+  for (float x : fd) ASSERT_GE(std::abs(std::abs(x) - limit), 0.5f) << what << " fd value " << x;
+  const Vec Rw = random_vec(m, rng);
+  Vec dfd(2 * m, nan);
+  be.clamped_swiglu_backward(f32(dfd), f32(Rw), f32(fd), alpha, limit);
+  auto loss = [&] {
+    Vec o(m);
+    be.clamped_swiglu_forward(f32(o), f32(fd), alpha, limit);
+    return dot(o, Rw);
+  };
+  EXPECT_LT(rel_err(dfd, numeric_grad(fd, loss, 1e-2f)), 2e-4) << what;
+}
+
+// `n` pairs uniform in [lo, hi], each value resampled until it is at least `gap` away from
+// +-limit.
+Vec pairs_away_from(float limit, int64_t n, std::mt19937& rng, float lo, float hi, float gap) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  Vec v(2 * n);
+  for (auto& x : v) {
+    do x = d(rng);
+    while (std::abs(std::abs(x) - limit) < gap);
+  }
+  return v;
+}
+
+// HF GptOssExperts._apply_gate: gate clamped above only (min), up on both sides; the gradient
+// passes on a bound (torch.clamp) and is 0 beyond it. alpha and limit are honoured (a second
+// pair, alpha 1, limit 2.5).
+TEST_F(LlamaKernels, ClampedSwigluValuesAndGradientCheck) {
+  const float alpha = 1.702f, limit = 7.0f;
+  const int64_t n = 83;  // pairs
+  Vec gu = random_vec(2 * n, rng, -10.0f, 10.0f);  // pair i: gate gu[2i], up gu[2i + 1]
+  gu[0] = 7.0f;                       // pair 0: gate on the bound, passes its gradient
+  gu[2] = 7.5f, gu[3] = gu[1];        // pair 1: gate beyond (out uses 7, d gate 0), pair 0's up
+  gu[4] = 1.25f, gu[5] = -7.0f;       // pair 2: up on -limit, passes
+  gu[6] = 1.25f, gu[7] = 7.0f;        // pair 3: up on +limit, passes
+  gu[8] = 1.25f, gu[9] = -8.0f;       // pair 4: up below -limit, d up 0
+  gu[10] = 1.25f, gu[11] = 8.0f;      // pair 5: up above +limit, d up 0
+  gu[12] = -9.5f, gu[13] = 0.5f;      // pair 6: gate far below -limit, not clamped (min only)
+  gu[14] = 0.0f;                      // pair 7: gate 0
+  const Vec fd = pairs_away_from(limit, 40, rng, -9.0f, 9.0f, 0.5f);
+  check_clamped_swiglu(*be, rng, gu, fd, alpha, limit, "alpha 1.702 limit 7");
+
+  // the explicit cases, exactly
+  Vec out(n), dgu(2 * n);
+  const Vec ones(n, 1.0f);
+  be->clamped_swiglu_forward(f32(out), f32(gu), alpha, limit);
+  be->clamped_swiglu_backward(f32(dgu), f32(ones), f32(gu), alpha, limit);
+  EXPECT_EQ(bits(out[1]), bits(out[0])) << "gate 7.5 is computed as 7";
+  EXPECT_NE(dgu[0], 0.0f) << "gate = limit passes";
+  EXPECT_EQ(dgu[2], 0.0f) << "gate > limit: no gradient";
+  EXPECT_NE(dgu[3], 0.0f) << "up of a clamped gate still has one";
+  EXPECT_NE(dgu[5], 0.0f) << "up = -limit passes";
+  EXPECT_NE(dgu[7], 0.0f) << "up = limit passes";
+  EXPECT_EQ(dgu[9], 0.0f) << "up < -limit: no gradient";
+  EXPECT_EQ(dgu[11], 0.0f) << "up > limit: no gradient";
+  EXPECT_NE(dgu[12], 0.0f) << "gate < -limit is not clamped";
+  EXPECT_EQ(out[7], 0.0f) << "gate 0";
+  // up -8 and 8 compute as -7 and 7: the same as pairs 2 and 3 (the same gate 1.25)
+  EXPECT_EQ(bits(out[4]), bits(out[2])) << "up -8 is computed as -7";
+  EXPECT_EQ(bits(out[5]), bits(out[3])) << "up 8 is computed as 7";
+
+  // another alpha and limit
+  const float alpha2 = 1.0f, limit2 = 2.5f;
+  Vec gu2 = random_vec(2 * 37, rng, -5.0f, 5.0f);
+  gu2[0] = 2.5f, gu2[2] = 3.0f, gu2[3] = gu2[1];            // pairs 0, 1: gate on, beyond
+  gu2[4] = gu2[6] = 0.75f, gu2[5] = -2.5f, gu2[7] = -3.0f;  // pairs 2, 3: up on, beyond -limit
+  gu2[8] = gu2[10] = -1.5f, gu2[9] = 2.5f, gu2[11] = 3.0f;  // pairs 4, 5: and +limit
+  check_clamped_swiglu(*be, rng, gu2, pairs_away_from(limit2, 40, rng, -5.0f, 5.0f, 0.5f), alpha2,
+                       limit2, "alpha 1 limit 2.5");
+  Vec o2(37), o1(37), d2(2 * 37);
+  be->clamped_swiglu_forward(f32(o2), f32(gu2), alpha2, limit2);
+  be->clamped_swiglu_forward(f32(o1), f32(gu2), alpha, limit);
+  EXPECT_EQ(bits(o2[1]), bits(o2[0])) << "gate 3 computed as 2.5";
+  EXPECT_EQ(bits(o2[3]), bits(o2[2])) << "up -3 computed as -2.5";
+  EXPECT_EQ(bits(o2[5]), bits(o2[4])) << "up 3 computed as 2.5";
+  EXPECT_NE(o2[1], o1[1]) << "limit 2.5 vs 7 on gate 3";
+  EXPECT_NE(o2[6], o1[6]) << "alpha 1 vs 1.702";
+  const Vec ones2(37, 1.0f);
+  be->clamped_swiglu_backward(f32(d2), f32(ones2), f32(gu2), alpha2, limit2);
+  EXPECT_NE(d2[0], 0.0f);
+  EXPECT_EQ(d2[2], 0.0f);
+  EXPECT_NE(d2[5], 0.0f);
+  EXPECT_EQ(d2[7], 0.0f);
+  EXPECT_NE(d2[9], 0.0f);
+  EXPECT_EQ(d2[11], 0.0f);
+}
+
+// dgate_up = gate_up equals out of place bit for bit; 16-bit storage is round_to(the fp32
+// kernel on the rounded values), out of place and in place.
+TEST_F(LlamaKernels, ClampedSwigluInPlaceAndStoreContract) {
+  const float alpha = 1.702f, limit = 7.0f;
+  const int64_t n = 1000;
+  const Vec gu = random_vec(2 * n, rng, -10.0f, 10.0f), dout = random_vec(n, rng);
+  Vec dgu(2 * n), inplace = gu;
+  be->clamped_swiglu_backward(f32(dgu), f32(dout), f32(gu), alpha, limit);
+  be->clamped_swiglu_backward(f32(inplace), f32(dout), f32(inplace), alpha, limit);
+  expect_same_bits(dgu, inplace, "clamped_swiglu_backward dgate_up = gate_up");
+  for (DType dt : k16) {
+    const Vec g = rounded(gu, dt), d = rounded(dout, dt);
+    Vec ro(n), rd(2 * n);
+    be->clamped_swiglu_forward(f32(ro), f32(g), alpha, limit);
+    be->clamped_swiglu_backward(f32(rd), f32(d), f32(g), alpha, limit);
+    Store sg(dt, g), sd(dt, d), so(dt, Vec(n)), sdg(dt, Vec(2 * n));
+    be->clamped_swiglu_forward(so.view(), sg.view(), alpha, limit);
+    expect_rounded(dt, ro, so.values(), "clamped_swiglu_forward");
+    be->clamped_swiglu_backward(sdg.view(), sd.view(), sg.view(), alpha, limit);
+    expect_rounded(dt, rd, sdg.values(), "clamped_swiglu_backward");
+    be->clamped_swiglu_backward(sg.view(), sd.view(), sg.view(), alpha, limit);
+    expect_rounded(dt, rd, sg.values(), "clamped_swiglu_backward dgate_up = gate_up");
+  }
+}
+
+// The softmax with a sink column (HF eager_attention_forward with sinks), in double: per
+// (b, h, i), s_j = scale q_i . k_j over the visible j (j <= i, and j > i - window when
+// window > 0), p = softmax over [s..., sink], out = sum_j p_j v_j (the sink column dropped),
+// lse = log(sum_j exp(s_j) + exp(sink)).
+struct SinkRef {
+  DVec out, lse;
+};
+SinkRef sink_attention_ref(const GqaShape& s, int64_t window, float scale, const Vec& q,
+                           const Vec& k, const Vec& v, const Vec& sinks) {
+  const int64_t group = s.H / s.Hkv;
+  SinkRef r{DVec(s.B * s.T * s.H * s.D, 0.0), DVec(s.B * s.H * s.T)};
+  DVec sc(s.T);
+  for (int64_t b = 0; b < s.B; ++b) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < s.T; ++i) {
+        const int64_t j0 = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+        double mx = sinks[h];
+        for (int64_t j = j0; j <= i; ++j) {
+          double d = 0.0;
+          for (int64_t e = 0; e < s.D; ++e) {
+            d += double(q[((b * s.T + i) * s.H + h) * s.D + e]) *
+                 k[((b * s.T + j) * s.Hkv + g) * s.D + e];
+          }
+          sc[j] = double(scale) * d;
+          mx = std::max(mx, sc[j]);
+        }
+        double z = std::exp(double(sinks[h]) - mx);
+        for (int64_t j = j0; j <= i; ++j) z += std::exp(sc[j] - mx);
+        r.lse[(b * s.H + h) * s.T + i] = mx + std::log(z);
+        for (int64_t j = j0; j <= i; ++j) {
+          const double p = std::exp(sc[j] - mx) / z;
+          for (int64_t e = 0; e < s.D; ++e) {
+            r.out[((b * s.T + i) * s.H + h) * s.D + e] +=
+                p * v[((b * s.T + j) * s.Hkv + g) * s.D + e];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+Vec normal_vec(std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// gqa_attention_forward then attention_sink_forward is the softmax with a sink column (a
+// large sink and a very negative one take the two stable branches); the gradients of that
+// pair (attention_sink_backward, which adds to dsinks, then gqa_attention_backward on the
+// sinked out and lse) against finite differences with respect to q, k, v and sinks.
+TEST_F(LlamaKernels, AttentionSinkIsTheSoftmaxWithASinkColumn) {
+  for (const auto& [s, window] : std::vector<std::pair<GqaShape, int64_t>>{
+           {{2, 6, 4, 2, 4}, 0},
+           {{2, 6, 4, 2, 4}, 3},
+           {{1, 5, 4, 1, 6}, 0},  // MQA
+           {{1, 7, 3, 1, 4}, 2}}) {
+    const std::string what = describe(s) + " window=" + std::to_string(window);
+    const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
+        v = random_vec(nk, rng), sinks = normal_vec(s.H, rng);
+    sinks[0] = 20.0f;   // the sink takes nearly all: exp(L - s) branch
+    sinks[1] = -30.0f;  // the sink takes nearly nothing: exp(s - L) branch
+    auto forward = [&](Vec& out, Vec& lse) {
+      be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv,
+                                s.D, scale, window, 0.f);
+      be->attention_sink_forward(f32(out), f32(lse), f32(sinks), s.B, s.T, s.H, s.D);
+    };
+    Vec out(nq, nan), lse(nl, nan);
+    forward(out, lse);
+    const SinkRef ref = sink_attention_ref(s, window, scale, q, k, v, sinks);
+    for (int64_t i = 0; i < nq; ++i) ASSERT_NEAR(out[i], ref.out[i], 3e-6) << what << " out " << i;
+    for (int64_t i = 0; i < nl; ++i) ASSERT_NEAR(lse[i], ref.lse[i], 3e-6) << what << " lse " << i;
+    for (int64_t i = 0; i < nl; ++i) {  // head 0's lse is the sink's to within exp(L - 20)
+      if ((i / s.T) % s.H == 0) ASSERT_NEAR(lse[i], 20.0, 1e-5) << what << " " << i;
+    }
+
+    const Vec Rw = random_vec(nq, rng);
+    const float c = 0.75f;
+    Vec dsinks(s.H, c), dq(nq, nan), dk(nk, nan), dv(nk, nan);
+    be->attention_sink_backward(f32(dsinks), f32(Rw), f32(out), f32(lse), f32(sinks), s.B, s.T,
+                                s.H, s.D);
+    be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v),
+                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, 0.f);
+    Vec added(s.H);
+    for (int64_t h = 0; h < s.H; ++h) added[h] = dsinks[h] - c;
+    auto loss = [&] {
+      Vec o(nq), l(nl);
+      forward(o, l);
+      return dot(o, Rw);
+    };
+    EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4) << "dq " << what;
+    EXPECT_LT(rel_err(dk, numeric_grad(k, loss, 1e-2f)), 5e-4) << "dk " << what;
+    EXPECT_LT(rel_err(dv, numeric_grad(v, loss, 1e-2f)), 5e-4) << "dv " << what;
+    EXPECT_LT(rel_err(added, numeric_grad(sinks, loss, 1e-2f)), 5e-4) << "dsinks " << what;
+    // the documented sum in double: dsinks[h] - c = -sum over b, t of p_s (dout . out)
+    for (int64_t h = 0; h < s.H; ++h) {
+      double want = 0.0;
+      for (int64_t b = 0; b < s.B; ++b) {
+        for (int64_t t = 0; t < s.T; ++t) {
+          double d = 0.0;
+          for (int64_t e = 0; e < s.D; ++e) {
+            const int64_t at = ((b * s.T + t) * s.H + h) * s.D + e;
+            d += double(Rw[at]) * out[at];
+          }
+          want -= std::exp(double(sinks[h]) - lse[(b * s.H + h) * s.T + t]) * d;
+        }
+      }
+      EXPECT_NEAR(added[h], want, 1e-5 * std::max(1.0, std::abs(want))) << what << " h " << h;
+    }
+  }
+}
+
+// A row with lse = +inf (no visible key) is left as it is by forward and adds nothing to
+// dsinks; "store bf16/fp16, compute fp32" for out (forward, in place) and dsinks (backward,
+// accumulated onto the loaded value); lse stays fp32, equal bit for bit.
+TEST_F(LlamaKernels, AttentionSinkRowWithoutKeysAndStoreContract) {
+  const int64_t B = 2, T = 3, H = 2, D = 5, n = B * T * H * D, nl = B * H * T;
+  const float inf = std::numeric_limits<float>::infinity();
+  const Vec out0 = random_vec(n, rng), dout = random_vec(n, rng);
+  Vec lse0 = random_vec(nl, rng, -1.0f, 2.0f);
+  const int64_t b0 = 1, h0 = 1, t0 = 2;  // the row without keys
+  lse0[(b0 * H + h0) * T + t0] = inf;
+  const Vec sinks = {0.5f, 3.0f};  // head 1's sink above some lse values, head 0's mostly below
+  auto row = [&](int64_t b, int64_t t, int64_t h) { return ((b * T + t) * H + h) * D; };
+
+  Vec out = out0, lse = lse0;
+  be->attention_sink_forward(f32(out), f32(lse), f32(sinks), B, T, H, D);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t l = (b * H + h) * T + t;
+        if (b == b0 && h == h0 && t == t0) {
+          EXPECT_EQ(bits(lse[l]), bits(inf)) << "lse of the row without keys";
+          for (int64_t e = 0; e < D; ++e) {
+            EXPECT_EQ(bits(out[row(b, t, h) + e]), bits(out0[row(b, t, h) + e])) << e;
+          }
+          continue;
+        }
+        const double L = lse0[l], sk = sinks[h];
+        EXPECT_NEAR(lse[l], std::log(std::exp(L) + std::exp(sk)), 1e-6) << l;
+        const double f = 1.0 / (1.0 + std::exp(sk - L));
+        for (int64_t e = 0; e < D; ++e) {
+          EXPECT_NEAR(out[row(b, t, h) + e], f * out0[row(b, t, h) + e], 3e-7) << l << " " << e;
+        }
+      }
+    }
+  }
+  // backward: the row without keys contributes nothing (the same bits with its dout zeroed)
+  const float c = -0.375f;
+  Vec ds(H, c), ds0(H, c), dz = dout;
+  for (int64_t e = 0; e < D; ++e) dz[row(b0, t0, h0) + e] = 0.0f;
+  be->attention_sink_backward(f32(ds), f32(dout), f32(out), f32(lse), f32(sinks), B, T, H, D);
+  be->attention_sink_backward(f32(ds0), f32(dz), f32(out), f32(lse), f32(sinks), B, T, H, D);
+  expect_same_bits(ds, ds0, "dsinks with the row without keys");
+  for (int64_t h = 0; h < H; ++h) EXPECT_TRUE(std::isfinite(ds[h])) << h;
+
+  for (DType dt : k16) {
+    const std::string name(to_string(dt));
+    const Vec o_r = rounded(out0, dt), s_r = rounded(sinks, dt), d_r = rounded(dout, dt);
+    // fp32 on the rounded values
+    Vec ro = o_r, rl = lse0;
+    be->attention_sink_forward(f32(ro), f32(rl), f32(s_r), B, T, H, D);
+    Store so(dt, o_r), ss(dt, s_r), sd(dt, d_r);
+    Vec l16 = lse0;
+    be->attention_sink_forward(so.view(), f32(l16), ss.view(), B, T, H, D);
+    expect_rounded(dt, ro, so.values(), "attention_sink_forward out");
+    expect_same_bits(rl, l16, "attention_sink_forward lse " + name);
+    // backward reads out as stored; dsinks loaded, accumulated in fp32, rounded once
+    const Vec stored = so.values();
+    Vec rds(H, round_to(dt, 0.3f));
+    be->attention_sink_backward(f32(rds), f32(d_r), f32(stored), f32(l16), f32(s_r), B, T, H, D);
+    Store sds(dt, Vec(H, 0.3f));
+    be->attention_sink_backward(sds.view(), sd.view(), so.view(), f32(l16), ss.view(), B, T, H, D);
+    expect_rounded(dt, rds, sds.values(), "attention_sink_backward dsinks");
+  }
+}
+
+TEST_F(LlamaKernels, GptOssKernelsArgumentErrors) {
+  auto expect_error = [](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  Vec gu(8), out(4), dout(4), dgu(8), short_gu(7);
+  EXPECT_NO_THROW(be->clamped_swiglu_forward(f32(out), f32(gu), 1.702f, 7.0f));
+  EXPECT_NO_THROW(be->clamped_swiglu_backward(f32(dgu), f32(dout), f32(gu), 1.702f, 7.0f));
+  EXPECT_NO_THROW(be->clamped_swiglu_backward(f32(gu), f32(dout), f32(gu), 1.702f, 7.0f));
+  EXPECT_NO_THROW(be->clamped_swiglu_forward(f32(out), f32(gu), -1.0f, 1e-3f));  // any finite alpha
+  // limit 0, negative or infinite; alpha not finite
+  expect_error([&] { be->clamped_swiglu_forward(f32(out), f32(gu), 1.702f, 0.0f); },
+               "cpu backend: clamped_swiglu_forward: limit = 0");
+  expect_error([&] { be->clamped_swiglu_forward(f32(out), f32(gu), 1.702f, -7.0f); },
+               "clamped_swiglu_forward: limit = -7");
+  expect_error([&] { be->clamped_swiglu_forward(f32(out), f32(gu), 1.702f, inf); },
+               "clamped_swiglu_forward: limit = inf (expected > 0 and finite)");
+  expect_error([&] { be->clamped_swiglu_backward(f32(dgu), f32(dout), f32(gu), 1.702f, inf); },
+               "cpu backend: clamped_swiglu_backward: limit");
+  expect_error([&] { be->clamped_swiglu_backward(f32(dgu), f32(dout), f32(gu), 1.702f, nan); },
+               "clamped_swiglu_backward: limit");
+  expect_error([&] { be->clamped_swiglu_forward(f32(out), f32(gu), nan, 7.0f); },
+               "cpu backend: clamped_swiglu_forward: alpha");
+  expect_error([&] { be->clamped_swiglu_backward(f32(dgu), f32(dout), f32(gu), -inf, 7.0f); },
+               "clamped_swiglu_backward: alpha = -inf (not finite)");
+  // gate_up shorter than 2n; dgate_up too
+  expect_error([&] { be->clamped_swiglu_forward(f32(out), f32(short_gu), 1.702f, 7.0f); },
+               "clamped_swiglu_forward: gate_up is fp32 [7] but needs at least 8 elements");
+  expect_error(
+      [&] { be->clamped_swiglu_backward(f32(dgu), f32(dout), f32(short_gu), 1.702f, 7.0f); },
+      "clamped_swiglu_backward: gate_up is fp32 [7] but needs at least 8 elements");
+  expect_error(
+      [&] { be->clamped_swiglu_backward(f32(short_gu), f32(dout), f32(gu), 1.702f, 7.0f); },
+      "clamped_swiglu_backward: dgate_up is fp32 [7] but needs at least 8 elements");
+  // out overlapping gate_up (even partly); dout overlapping dgate_up or gate_up
+  expect_error(
+      [&] {
+        be->clamped_swiglu_forward(TensorView(gu.data(), DType::f32, {4}), f32(gu), 1.702f, 7.0f);
+      },
+      "clamped_swiglu_forward: out overlaps gate_up");
+  expect_error(
+      [&] {
+        be->clamped_swiglu_forward(TensorView(gu.data() + 6, DType::f32, {2}),
+                                   TensorView(gu.data(), DType::f32, {7}), 1.702f, 3.0f);
+      },
+      "clamped_swiglu_forward: out overlaps gate_up");
+  expect_error(
+      [&] {
+        be->clamped_swiglu_backward(f32(dgu), TensorView(dgu.data() + 4, DType::f32, {4}),
+                                    f32(gu), 1.702f, 7.0f);
+      },
+      "clamped_swiglu_backward: dout overlaps dgate_up");
+  expect_error(
+      [&] {
+        be->clamped_swiglu_backward(f32(dgu), TensorView(gu.data(), DType::f32, {4}), f32(gu),
+                                    1.702f, 7.0f);
+      },
+      "clamped_swiglu_backward: dout overlaps gate_up");
+
+  // attention sinks: B 1, T 2, H 2, D 3
+  const int64_t B = 1, T = 2, H = 2, D = 3;
+  Vec o(B * T * H * D), d(o.size()), lse(B * H * T), sinks(H), dsinks(H), short_sinks(H - 1);
+  EXPECT_NO_THROW(be->attention_sink_forward(f32(o), f32(lse), f32(sinks), B, T, H, D));
+  EXPECT_NO_THROW(
+      be->attention_sink_backward(f32(dsinks), f32(d), f32(o), f32(lse), f32(sinks), B, T, H, D));
+  std::vector<uint16_t> lse16(lse.size());
+  const TensorView lse_bf16(lse16.data(), DType::bf16, {B * H * T});
+  expect_error([&] { be->attention_sink_forward(f32(o), lse_bf16, f32(sinks), B, T, H, D); },
+               "cpu backend: attention_sink_forward: lse is bf16 [4] (expected fp32)");
+  expect_error(
+      [&] {
+        be->attention_sink_backward(f32(dsinks), f32(d), f32(o), lse_bf16, f32(sinks), B, T, H, D);
+      },
+      "attention_sink_backward: lse is bf16 [4] (expected fp32)");
+  expect_error([&] { be->attention_sink_forward(f32(o), f32(lse), f32(short_sinks), B, T, H, D); },
+               "attention_sink_forward: sinks is fp32 [1] but needs at least 2 elements");
+  expect_error(
+      [&] {
+        be->attention_sink_backward(f32(dsinks), f32(d), f32(o), f32(lse), f32(short_sinks), B, T,
+                                    H, D);
+      },
+      "attention_sink_backward: sinks is fp32 [1] but needs at least 2 elements");
+  expect_error(
+      [&] {
+        be->attention_sink_backward(f32(short_sinks), f32(d), f32(o), f32(lse), f32(sinks), B, T,
+                                    H, D);
+      },
+      "attention_sink_backward: dsinks is fp32 [1] but needs at least 2 elements");
+  expect_error([&] { be->attention_sink_forward(f32(o), f32(lse), f32(sinks), B, T + 1, H, D); },
+               "attention_sink_forward: out is fp32 [12] but needs at least 18 elements");
+  std::vector<int32_t> isinks(H);
+  expect_error(
+      [&] { be->attention_sink_forward(f32(o), f32(lse), i32(isinks), B, T, H, D); },
+      "attention_sink_forward: sinks is int32 [2] (expected fp32, bf16 or fp16)");
+  // dsinks overlapping dout (or the other inputs)
+  expect_error(
+      [&] {
+        be->attention_sink_backward(TensorView(d.data() + 3, DType::f32, {H}), f32(d), f32(o),
+                                    f32(lse), f32(sinks), B, T, H, D);
+      },
+      "cpu backend: attention_sink_backward: dsinks overlaps dout");
+  expect_error(
+      [&] {
+        be->attention_sink_backward(f32(sinks), f32(d), f32(o), f32(lse), f32(sinks), B, T, H, D);
+      },
+      "attention_sink_backward: dsinks overlaps sinks");
+  expect_error(
+      [&] {
+        be->attention_sink_backward(TensorView(lse.data(), DType::f32, {H}), f32(d), f32(o),
+                                    f32(lse), f32(sinks), B, T, H, D);
+      },
+      "attention_sink_backward: dsinks overlaps lse");
 }
 
 }  // namespace
