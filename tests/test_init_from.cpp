@@ -14,12 +14,15 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
+#include <random>
 #include <variant>
 
 #include <nlohmann/json.hpp>
@@ -878,6 +881,179 @@ TEST(InitFromPackedExperts, TransformersFiveLayoutLoadsAsThePerExpertOne) {
                         "], expected [" + std::to_string(E) + "," + std::to_string(C) + "," +
                         std::to_string(I) + "]"});
   }
+}
+
+// A safetensors file of raw tensors (F32 values or U8 bytes), written as the safetensors
+// format lays them out: the header's length, its JSON, the data in header order.
+struct RawTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+void write_raw_safetensors(const std::string& path, const std::vector<RawTensor>& ts) {
+  json header = {{"__metadata__", {{"format", "pt"}}}};
+  int64_t at = 0;
+  for (const RawTensor& t : ts) {
+    const auto n = static_cast<int64_t>(t.bytes.size());
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {at, at + n}}};
+    at += n;
+  }
+  const std::string text = header.dump();
+  const uint64_t len = text.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&len), 8);  // little-endian (x86, the test machines)
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const RawTensor& t : ts) {
+    out.write(reinterpret_cast<const char*>(t.bytes.data()),
+              static_cast<std::streamsize>(t.bytes.size()));
+  }
+}
+RawTensor raw_f32(const Tensor& t) {
+  RawTensor r{t.name, "F32", t.shape, std::vector<uint8_t>(t.data.size() * 4)};
+  std::memcpy(r.bytes.data(), t.data.data(), r.bytes.size());
+  return r;
+}
+
+// The Hub's gpt-oss checkpoints (openai/gpt-oss-20b, -120b) hold the experts' weights in MXFP4:
+// mlp.experts.gate_up_proj_blocks U8 [E, 2I, C / 32, 16] and _scales U8 [E, 2I, C / 32]
+// (down_proj's [E, C, I / 32, 16] and [E, C, I / 32]), config.json's quantization_config
+// {"quant_method": "mxfp4"}. init_from dequantizes them as transformers'
+// convert_moe_packed_tensors does (then .transpose(1, 2)): each rank's share is bit for bit
+// that of a checkpoint holding the dequantized values as F32 in transformers' layout, written
+// here from an independent decoding of the same bytes (e2m1 from its bits: sign, exponent,
+// mantissa); the fixed bytes 0x21 0xF7 0x08 0x9C at scale 127 read as transformers reads them
+// (0.5, 1, 6, -6, -0, 0, -2, -0.5). A scale of 255 (inf) and a blocks tensor of another dtype
+// are refused by name.
+TEST(InitFromMxfp4, GptOssHubExpertsDequantizeAsTransformersDoes) {
+  const Model m{"gpt_oss_mxfp4", [](const std::string& dir) {
+                  return tiny_from_hf_names("gpt_oss", dir,
+                                            {"model.hidden_size=32", "model.intermediate_size=64",
+                                             "model.num_local_experts=3"});
+                }};
+  const Source& src = source(m);
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(src.cfg.model);
+  const int64_t E = g.num_experts, I = g.expert_size(), C = g.hidden_size;
+  ASSERT_EQ(C % 32, 0);
+  ASSERT_EQ(I % 32, 0);
+  // e2m1 from its bits: (-1)^s 2^(e - 1) (1 + m / 2), e = 0: m / 2
+  auto e2m1 = [](int nib) {
+    const int sign = nib >> 3, e = (nib >> 1) & 3, mant = nib & 1;
+    const double mag = e == 0 ? mant * 0.5 : std::ldexp(1.0 + mant * 0.5, e - 1);
+    return static_cast<float>(sign ? -mag : mag);
+  };
+  // Random codes for one tensor [E, rows, cols] (rows: output features), its blocks and scales,
+  // and the dequantized values in ours = transformers' [E, cols, rows].
+  std::mt19937 gen(5);
+  struct Codes {
+    std::vector<uint8_t> blocks, scales;
+    std::vector<float> ours;
+  };
+  auto make = [&](int64_t rows, int64_t cols, bool fixed) {
+    const int64_t G = cols / 32;
+    Codes k{std::vector<uint8_t>(static_cast<std::size_t>(E * rows * G * 16)),
+            std::vector<uint8_t>(static_cast<std::size_t>(E * rows * G)),
+            std::vector<float>(static_cast<std::size_t>(E * cols * rows))};
+    for (auto& b : k.blocks) b = static_cast<uint8_t>(gen() & 0xFF);
+    for (auto& s : k.scales) s = static_cast<uint8_t>(124 + gen() % 5);  // 2^-3 .. 2^1
+    if (fixed) {  // row (0, 0): bytes 0x21 0xF7 0x08 0x9C at scale 127
+      const uint8_t bytes[4] = {0x21, 0xF7, 0x08, 0x9C};
+      std::copy(bytes, bytes + 4, k.blocks.begin());
+      k.scales[0] = 127;
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint8_t byte = k.blocks[static_cast<std::size_t>((e * rows + r) * G * 16 + c / 2)];
+          const int nib = c % 2 == 0 ? byte & 0x0F : byte >> 4;
+          const int s = k.scales[static_cast<std::size_t>((e * rows + r) * G + c / 32)];
+          k.ours[static_cast<std::size_t>((e * cols + c) * rows + r)] =
+              e2m1(nib) * static_cast<float>(std::pow(2.0, s - 127));
+        }
+      }
+    }
+    return k;
+  };
+  std::map<std::string, Codes> codes;
+  for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+    const std::string ex = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    codes[ex + "gate_up_proj"] = make(2 * I, C, l == 0);
+    codes[ex + "down_proj"] = make(C, I, false);
+  }
+  const std::vector<float> fixed = {0.5f, 1.0f, 6.0f, -6.0f, -0.0f, 0.0f, -2.0f, -0.5f};
+  const Codes& first = codes["model.layers.0.mlp.experts.gate_up_proj"];
+  for (std::size_t k = 0; k < fixed.size(); ++k) {  // ours (0, k, 0) = dequantized (0, 0, k)
+    const float v = first.ours[k * static_cast<std::size_t>(2 * I)];
+    EXPECT_EQ(std::memcmp(&v, &fixed[k], sizeof v), 0) << "input feature " << k << ": " << v;
+  }
+  // The dequantized values as F32 (transformers' layout), and the MXFP4 form of the same
+  const std::string plain = fresh_dir("init_mxfp4_plain"), quant = fresh_dir("init_mxfp4_hub");
+  const std::string bad_scale = fresh_dir("init_mxfp4_inf"), bad_dtype = fresh_dir("init_mxfp4_f32");
+  rewrite(src.hf, plain, [&](std::vector<Tensor>& ts) {
+    for (auto& t : ts) {
+      if (codes.count(t.name)) t.data = codes[t.name].ours;
+    }
+  });
+  if (world_rank() == 0) {
+    const fsdp::safetensors::SafetensorsFile in(plain + "/model.safetensors");
+    std::ifstream cin(plain + "/config.json");
+    json cfg = json::parse(cin);
+    cfg["quantization_config"] = {{"quant_method", "mxfp4"},
+                                  {"modules_to_not_convert",
+                                   {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                    "model.embed_tokens", "lm_head"}}};
+    for (const std::string& dir : {quant, bad_scale, bad_dtype}) {
+      fs::create_directories(dir);
+      std::ofstream(dir + "/config.json") << cfg.dump(2);
+      std::vector<RawTensor> raw;
+      for (const std::string& n : in.names()) {
+        const auto it = codes.find(n);
+        if (it == codes.end()) {
+          raw.push_back(raw_f32({n, in.entry(n).shape, in.read_f32(n)}));
+          continue;
+        }
+        const bool gate_up = n.find("gate_up_proj") != std::string::npos;
+        const int64_t rows = gate_up ? 2 * I : C, cols = gate_up ? C : I;
+        Codes k = it->second;
+        if (dir == bad_scale && n == "model.layers.1.mlp.experts.down_proj") {
+          std::fill(k.scales.begin(), k.scales.end(), uint8_t{255});  // 6 x 2^128: inf
+          std::fill(k.blocks.begin(), k.blocks.end(), uint8_t{0x77});
+        }
+        RawTensor blocks{n + "_blocks", "U8", {E, rows, cols / 32, 16}, k.blocks};
+        if (dir == bad_dtype && n == "model.layers.0.mlp.experts.gate_up_proj") {
+          blocks.dtype = "I8";
+        }
+        raw.push_back(std::move(blocks));
+        raw.push_back({n + "_scales", "U8", {E, rows, cols / 32}, k.scales});
+      }
+      write_raw_safetensors(dir + "/model.safetensors", raw);
+    }
+  }
+  barrier();
+  const Loaded a = load(plain, src.cfg), b = load(quant, src.cfg);
+  EXPECT_TRUE(same_bits(a.shards, b.shards));
+  EXPECT_TRUE(b.result.unused.empty()) << b.result.unused.front();
+  EXPECT_EQ(a.result.num_tensors, b.result.num_tensors);
+  // Every value of layer 1's down_proj is inf: refused by each rank whose shard holds some of it
+  const std::string victim = "model.layers.1.mlp.experts.down_proj";
+  bool reads = false;
+  for (const auto& u : layouts_of(src.cfg)) {
+    for (const auto& e : u.entries) {
+      if (e.spec.name != victim) continue;
+      reads = std::max(e.offset, u.shard_begin(world_rank())) <
+              std::min(e.offset + e.spec.numel(), u.shard_end(world_rank()));
+    }
+  }
+  if (reads) {
+    expect_input_error([&] { load(bad_scale, src.cfg); },
+                       {"tensor '" + victim + "_blocks': element [", "dequantizes to inf",
+                        "(scale 255; the gpt_oss parameter " + victim + ")"});
+  } else {
+    EXPECT_NO_THROW(load(bad_scale, src.cfg));
+  }
+  expect_input_error([&] { load(bad_dtype, src.cfg); },
+                     {"tensor 'model.layers.0.mlp.experts.gate_up_proj_blocks' is I8",
+                      "expected U8 [" + std::to_string(E) + "," + std::to_string(2 * I) + "," +
+                          std::to_string(C / 32) + ",16]"});
 }
 
 }  // namespace

@@ -1726,13 +1726,13 @@ TEST(Llama, DeepseekV2ConfigJson) {
                          "\"greedy\")");
 }
 
-// openai/gpt-oss-20b's config.json (its MXFP4 quantization_config left out: the bf16
-// checkpoint's) reads as written: 20,914,757,184 parameters (HF's count; the model card's
+// openai/gpt-oss-20b's config.json (with its MXFP4 quantization_config: init_from dequantizes
+// the experts, test_init_from's InitFromMxfp4) reads as written: 20,914,757,184 parameters (HF's count; the model card's
 // 20.9B; 116,829,156,672 for gpt-oss-120b's 36 layers of 128 experts), every layer sparse with
 // the router's bias and the packed experts, even layers sliding over 128 positions, yarn 32x
 // from 4096 not truncated, attention biases whatever attention_bias says; the merged
-// config.json reads back; a quantized file, another swiglu_limit and another layer_types list
-// are refused by name.
+// config.json reads back; another quantization method, another swiglu_limit and another
+// layer_types list are refused by name.
 TEST(Llama, GptOssConfigJson) {
   const fsdp::ModelFamily& oss = fsdp::model_family("gpt_oss");
   nlohmann::json types = nlohmann::json::array();
@@ -1751,7 +1751,12 @@ TEST(Llama, GptOssConfigJson) {
         {"original_max_position_embeddings", 4096}, {"rope_type", "yarn"}, {"truncate", false}}},
       {"rope_theta", 150000}, {"router_aux_loss_coef", 0.9}, {"sliding_window", 128},
       {"swiglu_limit", 7.0}, {"tie_word_embeddings", false}, {"transformers_version", "4.55.0"},
-      {"use_cache", true}, {"vocab_size", 201088}};
+      {"use_cache", true}, {"vocab_size", 201088},
+      {"quantization_config",
+       {{"modules_to_not_convert",
+         {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+          "lm_head"}},
+        {"quant_method", "mxfp4"}}}};
   const fsdp::ModelConfig mc = oss.from_hf_config(published, "config.json");
   const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
   const auto [params, buffers] = parameters_and_buffers(g);
@@ -1776,6 +1781,14 @@ TEST(Llama, GptOssConfigJson) {
   EXPECT_TRUE(oss.hf_tensor(mc, "model.layers.3.self_attn.sinks", {1}).has_value());
   EXPECT_TRUE(oss.hf_tensor(mc, "model.layers.3.mlp.router.bias", {1}).has_value());
   EXPECT_FALSE(oss.hf_packed(mc, "model.layers.3.mlp.experts.gate_up_proj").has_value());
+  const auto mx = oss.hf_mxfp4(mc, "model.layers.3.mlp.experts.down_proj");
+  ASSERT_TRUE(mx.has_value());
+  EXPECT_EQ(mx->blocks, "model.layers.3.mlp.experts.down_proj_blocks");
+  EXPECT_EQ(mx->scales, "model.layers.3.mlp.experts.down_proj_scales");
+  EXPECT_EQ(std::vector<int64_t>({mx->experts, mx->rows, mx->cols}),
+            std::vector<int64_t>({32, 2880, 2880}));
+  EXPECT_EQ(oss.hf_mxfp4(mc, "model.layers.3.mlp.experts.gate_up_proj")->rows, 5760);
+  EXPECT_FALSE(oss.hf_mxfp4(mc, "model.layers.3.mlp.router.weight").has_value());
   nlohmann::json back = oss.hf_config(mc);
   EXPECT_EQ(back["attention_bias"], true);
   EXPECT_EQ(back["swiglu_limit"], 7.0);
@@ -1786,8 +1799,9 @@ TEST(Llama, GptOssConfigJson) {
   hf["attention_bias"] = false;  // (GptOssConfig sets it true whatever it is given)
   EXPECT_TRUE(fsdp::LlamaConfig::from(oss.from_hf_config(hf, "b.json")).o_bias());
   hf = published;
-  hf["quantization_config"] = {{"quant_method", "mxfp4"}};
-  expect_refused(oss, hf, "config.json: \"quantization_config\" mxfp4 is not supported");
+  hf["quantization_config"] = {{"quant_method", "fp8"}};
+  expect_refused(oss, hf, "config.json: \"quantization_config\" fp8 is not supported (expected "
+                          "none, or the Hub's \"mxfp4\" experts)");
   hf = published;
   hf["swiglu_limit"] = 10.0;
   expect_refused(oss, hf, "\"swiglu_limit\" 10.0 is not supported (expected 7.0");

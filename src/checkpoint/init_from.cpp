@@ -41,7 +41,74 @@ struct Source {
   HfTensor hf;
   std::string stored;  // the name found in the files (hf.name, an alias or the packed tensor)
   int64_t offset = 0;  // packed (ModelFamily::hf_packed): where its elements start in `stored`
+  // MXFP4 (ModelFamily::hf_mxfp4; `stored` is its blocks): dequantized as it is read
+  std::optional<HfMxfp4> mxfp4;
 };
+
+// The e2m1 values of the 16 nibbles (OCP Microscaling: sign, 2 exponent bits, 1 mantissa
+// bit; transformers' FP4_VALUES).
+constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// The MXFP4 tensors `m` in the files, as HfMxfp4 describes them: both U8, of its shapes (cols a
+// multiple of 32). InputError naming the file and tensor otherwise.
+void check_mxfp4(const safetensors::SafetensorsCheckpoint& ckpt, const HfMxfp4& m,
+                 const std::string& param, const std::string& type, const std::string& dir) {
+  if (m.cols % 32 != 0) {
+    throw InputError(ckpt.file_of(m.blocks).path() + ": tensor '" + m.blocks +
+                     "': MXFP4 blocks of 32 do not divide the " + std::to_string(m.cols) +
+                     " input features of the " + type + " parameter " + param + origin_of(dir));
+  }
+  const int64_t G = m.cols / 32;
+  for (const auto& [name, shape] :
+       {std::pair{m.blocks, std::vector<int64_t>{m.experts, m.rows, G, 16}},
+        std::pair{m.scales, std::vector<int64_t>{m.experts, m.rows, G}}}) {
+    const safetensors::SafetensorsFile::Entry& info = ckpt.entry(name);
+    if (info.dtype != "U8" || info.shape != shape) {
+      throw InputError(ckpt.file_of(name).path() + ": tensor '" + name + "' is " + info.dtype +
+                       " " + shape_json(info.shape) + ", expected U8 " + shape_json(shape) +
+                       " (the MXFP4 form of the " + type + " parameter " + param + ")" +
+                       origin_of(dir));
+    }
+  }
+}
+
+// Elements [k0, k1) of our [experts, cols, rows] tensor from its MXFP4 blocks and scales
+// (transformers' convert_moe_packed_tensors, then .transpose(1, 2)): element (e, c, r) of ours
+// is the dequantized (e, r, c) = e2m1(nibble) * 2^(scale - 127), the nibble of input feature c
+// being byte c / 2 of row (e, r)'s blocks, its low half for an even c; the scale that of block
+// c / 32. Each expert the range touches is read whole (rows x cols / 2 bytes of blocks and
+// rows x cols / 32 scales) into dst[0 .. k1 - k0). A value beyond fp32 (a scale of 255, or 254
+// with 4 or 6) is an InputError naming the blocks tensor and the element.
+void read_mxfp4(const safetensors::SafetensorsCheckpoint& ckpt, const HfMxfp4& m, int64_t k0,
+                int64_t k1, float* dst, const std::string& param, const std::string& type,
+                const std::string& dir) {
+  const int64_t R = m.rows, Cc = m.cols, G = Cc / 32, per = R * Cc;
+  std::vector<uint8_t> blocks(static_cast<std::size_t>(R * G * 16));
+  std::vector<uint8_t> scales(static_cast<std::size_t>(R * G));
+  for (int64_t e = k0 / per; e * per < k1; ++e) {
+    const int64_t lo = std::max(k0, e * per) - e * per, hi = std::min(k1, (e + 1) * per) - e * per;
+    ckpt.read_raw(m.blocks, e * R * G * 16, R * G * 16, blocks.data());
+    ckpt.read_raw(m.scales, e * R * G, R * G, scales.data());
+    float* out = dst + (e * per + lo - k0);
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t c = i / R, r = i % R;
+      const uint8_t byte = blocks[static_cast<std::size_t>(r * G * 16 + c / 2)];
+      const float v = std::ldexp(kE2m1[(c & 1) != 0 ? byte >> 4 : byte & 0x0F],
+                                 static_cast<int>(scales[static_cast<std::size_t>(r * G + c / 32)]) -
+                                     127);
+      if (!std::isfinite(v)) {
+        throw InputError(ckpt.file_of(m.blocks).path() + ": tensor '" + m.blocks + "': element " +
+                         shape_json({e, r, c}) + " dequantizes to " + (v > 0 ? "inf" : "-inf") +
+                         " (scale " +
+                         std::to_string(scales[static_cast<std::size_t>(r * G + c / 32)]) +
+                         "; the " + type + " parameter " + param +
+                         "): the weights hold a non-finite value" + origin_of(dir));
+      }
+      out[i - lo] = v;
+    }
+  }
+}
 
 // The values just read: `count` fp32 values of tensor `s.stored`, the first being element
 // `first` (row-major, in the file's shape). A NaN or infinity is an input error naming the
@@ -218,10 +285,23 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
         s.offset = packed->offset;
         stored_shape = packed->shape;
       }
+      const std::optional<HfMxfp4> mx =
+          s.stored.empty() ? family.hf_mxfp4(config, hf->name) : std::nullopt;
+      if (mx && ckpt.has(mx->blocks) && ckpt.has(mx->scales)) {  // the Hub's gpt-oss experts
+        check_mxfp4(ckpt, *mx, e.spec.name, config.type, dir);
+        s.stored = mx->blocks;
+        s.mxfp4 = mx;
+        used.insert(mx->blocks);
+        used.insert(mx->scales);
+        result.num_tensors += 1;
+        result.model_bytes += 4 * e.spec.unpadded_numel();
+        continue;
+      }
       if (s.stored.empty()) {
         std::string also;
         for (const std::string& alias : family.hf_aliases(hf->name)) also += " or '" + alias + "'";
         if (packed) also += " or its elements of '" + packed->name + "'";
+        if (mx) also += " or its MXFP4 '" + mx->blocks + "' and '" + mx->scales + "'";
         throw InputError(where + ": no tensor '" + hf->name + "'" + also + " (the " +
                          config.type + " parameter " + e.spec.name + ")" + origin_of(dir));
       }
@@ -281,6 +361,10 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
       // Elements [k0, k1) of our row-major tensor go to out[lo - sb ...].
       const int64_t k0 = lo - e.offset, k1 = hi - e.offset;
       float* dst = out + (lo - sb);
+      if (s.mxfp4) {
+        read_mxfp4(ckpt, *s.mxfp4, k0, k1, dst, e.spec.name, config.type, dir);
+        continue;
+      }
       if (!s.hf.transpose) {
         ckpt.read_f32(s.stored, s.offset + k0, k1 - k0, dst);
         check_finite(ckpt, s, e.spec.name, config.type, dir, dst, k1 - k0, s.offset + k0);

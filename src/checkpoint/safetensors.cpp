@@ -619,6 +619,23 @@ void SafetensorsFile::read_f32(const std::string& name, int64_t elem_begin, int6
   }
 }
 
+void SafetensorsFile::read_raw(const std::string& name, int64_t elem_begin, int64_t elem_count,
+                               void* out) const {
+  const Entry& e = entry(name);
+  const std::string where = "tensor " + quote(name);
+  if (elem_begin < 0 || elem_count < 0 || elem_begin > e.numel || elem_count > e.numel - elem_begin)
+    throw InputError(path_ + ": " + where + ": elements [" + std::to_string(elem_begin) + ", +" +
+                     std::to_string(elem_count) + ") are outside the tensor's " +
+                     std::to_string(e.numel) + " elements");
+  if (fd_ < 0) throw Error(path_ + ": read from a moved-from SafetensorsFile");
+  const auto es = static_cast<uint64_t>(e.elem_size);
+  const uint64_t off =
+      8 + header_size_ + static_cast<uint64_t>(e.begin) + static_cast<uint64_t>(elem_begin) * es;
+  const uint64_t bytes = static_cast<uint64_t>(elem_count) * es;
+  pread_all(fd_, static_cast<char*>(out), bytes, off, path_, where);
+  bytes_read_ += bytes;
+}
+
 std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   const Entry& e = entry(name);
   if (!dtype_readable_as_float(e.dtype))
@@ -728,6 +745,11 @@ void SafetensorsCheckpoint::read_f32(const std::string& name, int64_t elem_begin
 
 std::vector<float> SafetensorsCheckpoint::read_f32(const std::string& name) const {
   return file_of(name).read_f32(name);
+}
+
+void SafetensorsCheckpoint::read_raw(const std::string& name, int64_t elem_begin,
+                                     int64_t elem_count, void* out) const {
+  file_of(name).read_raw(name, elem_begin, elem_count, out);
 }
 
 uint64_t SafetensorsCheckpoint::bytes_read() const {

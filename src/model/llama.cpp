@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fsdp/backend/buffer.hpp"
@@ -2639,6 +2640,24 @@ class LlamaFamily final : public ModelFamily {
     }
     return std::nullopt;
   }
+  // The Hub's gpt-oss checkpoints hold the experts' weights in MXFP4: gate_up_proj as
+  // gate_up_proj_blocks [E, 2I, C / 32, 16] and _scales [E, 2I, C / 32] (dequantized [E, 2I, C],
+  // ours [E, C, 2I]), down_proj as down_proj_blocks [E, C, I / 32, 16] (ours [E, I, C]).
+  std::optional<HfMxfp4> hf_mxfp4(const ModelConfig& c,
+                                  const std::string& hf_name) const override {
+    const LlamaConfig g = LlamaConfig::from(c);
+    if (!g.packed_experts()) return std::nullopt;
+    const int64_t E = g.num_experts, I = g.expert_size(), C = g.hidden_size;
+    for (const auto& [proj, rows, cols] : {std::tuple{".mlp.experts.gate_up_proj", 2 * I, C},
+                                           std::tuple{".mlp.experts.down_proj", C, I}}) {
+      const std::string p = proj;
+      if (hf_name.size() > p.size() &&
+          hf_name.compare(hf_name.size() - p.size(), p.size(), p) == 0) {
+        return HfMxfp4{hf_name + "_blocks", hf_name + "_scales", E, rows, cols};
+      }
+    }
+    return std::nullopt;
+  }
   nlohmann::json hf_config(const ModelConfig& c) const override {
     LlamaConfig g = LlamaConfig::from(c);
     // HF's None for the derived sizes is spelled out: the values every reader agrees on.
@@ -2870,17 +2889,21 @@ class LlamaFamily final : public ModelFamily {
   // The derived sizes spelled as HF's None (0) when they equal what None means, the
   // rope_scaling fields its rope_type does not read (rope_fields) at their defaults (a
   // config.json carries only the others, and they change nothing).
-  // GptOssConfig's attributes that are not keys: the Hub's MXFP4-quantized experts (the
-  // tensors init_from would need are gate_up_proj_blocks / _scales) are refused by name, and
-  // swiglu_limit, which GptOssExperts never reads (it clamps at 7), must be 7 when given (a
-  // file that says otherwise was not made by this class).
+  // GptOssConfig's attributes that are not keys: a quantization_config must be the Hub's
+  // MXFP4 experts (init_from dequantizes them, hf_mxfp4; another method is refused by name),
+  // and swiglu_limit, which GptOssExperts never reads (it clamps at 7), must be 7 when given
+  // (a file that says otherwise was not made by this class).
   void gpt_oss_from_hf(const nlohmann::json& hf, const std::string& origin) const {
-    if (hf.contains("quantization_config") && hf["quantization_config"].is_object()) {
-      throw InputError(origin + ": \"quantization_config\" " +
-                       hf["quantization_config"].value("quant_method", std::string("?")) +
-                       " is not supported (expected an unquantized checkpoint: the bf16 weights, "
-                       "e.g. transformers' Mxfp4Config(dequantize=True) saved with "
-                       "save_pretrained)");
+    if (hf.contains("quantization_config") && !hf["quantization_config"].is_null()) {
+      const nlohmann::json& q = hf["quantization_config"];
+      const std::string method =
+          q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+              ? q["quant_method"].get<std::string>()
+              : q.dump();
+      if (method != "mxfp4") {
+        throw InputError(origin + ": \"quantization_config\" " + method +
+                         " is not supported (expected none, or the Hub's \"mxfp4\" experts)");
+      }
     }
     const double limit = LlamaConfig::kClampedSwigluLimit;
     if (hf.contains("swiglu_limit") && !hf["swiglu_limit"].is_null() &&

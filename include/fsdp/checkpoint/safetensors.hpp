@@ -268,8 +268,13 @@ class SafetensorsFile {
                 float* out) const;
   // The whole tensor as floats (same conversions and errors).
   std::vector<float> read_f32(const std::string& name) const;
+  // Reads elements [elem_begin, elem_begin + elem_count) of tensor `name` as stored (no
+  // conversion: elem_count * its dtype size bytes) into `out`: an integer tensor's values (the
+  // U8 blocks and scales of an MXFP4 tensor). Errors as read_f32's, for any dtype.
+  void read_raw(const std::string& name, int64_t elem_begin, int64_t elem_count,
+                void* out) const;
 
-  // Payload bytes read by read_f32 since open (the header is not counted).
+  // Payload bytes read by read_f32 and read_raw since open (the header is not counted).
   uint64_t bytes_read() const { return bytes_read_; }
   void reset_bytes_read() { bytes_read_ = 0; }
 
@@ -317,6 +322,9 @@ class SafetensorsCheckpoint {
   void read_f32(const std::string& name, int64_t elem_begin, int64_t elem_count,
                 float* out) const;
   std::vector<float> read_f32(const std::string& name) const;
+  // As SafetensorsFile::read_raw, on the file holding `name`.
+  void read_raw(const std::string& name, int64_t elem_begin, int64_t elem_count,
+                void* out) const;
   // Sum of the files' bytes_read().
   uint64_t bytes_read() const;
   void reset_bytes_read();

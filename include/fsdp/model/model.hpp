@@ -72,6 +72,17 @@ struct HfPacked {
   int64_t offset = 0;
 };
 
+// Where a checkpoint may hold a tensor quantized to MXFP4 (OCP Microscaling, 4-bit e2m1 values
+// in blocks of 32 sharing an 8-bit power-of-two scale; the Hub's openai/gpt-oss-* experts):
+// `blocks` U8 [experts, rows, cols / 32, 16] (two values a byte, the low nibble first) and
+// `scales` U8 [experts, rows, cols / 32] (exponent + 127), the dequantized tensor [experts,
+// rows, cols] (rows: the output features) being ours transposed: ours is [experts, cols, rows]
+// (transformers' convert_moe_packed_tensors, then .transpose(1, 2)).
+struct HfMxfp4 {
+  std::string blocks, scales;
+  int64_t experts = 0, rows = 0, cols = 0;
+};
+
 // A model family: the schema config reads (fsdp/config/config.hpp ModelSchema: type, keys,
 // wrap classes, objectives, validate) and everything else the program asks of a model.
 class ModelFamily : public ModelSchema {
@@ -115,6 +126,13 @@ class ModelFamily : public ModelSchema {
   // (init_from reads it when neither the name nor an alias is stored). Default: none.
   virtual std::optional<HfPacked> hf_packed(const ModelConfig& config,
                                             const std::string& hf_name) const {
+    return std::nullopt;
+  }
+  // The MXFP4 form of the tensor `hf_name` (of `config`), when checkpoints may hold it so
+  // (init_from dequantizes it when neither the name, an alias nor a packed form is stored).
+  // Default: none.
+  virtual std::optional<HfMxfp4> hf_mxfp4(const ModelConfig& config,
+                                          const std::string& hf_name) const {
     return std::nullopt;
   }
   // The Hugging Face config.json for `config` (architectures, model_type, sizes, ...).
