@@ -161,6 +161,18 @@ void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true,
     m.n_shared_experts = 2;
     m.first_k_dense_replace = 1;
   }
+  if (arch == fsdp::LlamaArch::llama4_text) {
+    // Llama 4's tiny model: one expert a token; layer 0 dense with RoPE in chunks of 3 and q/k
+    // L2 norms, layer 1 sparse and NoPE with its queries' temperature (floor_scale 2: positions
+    // 1 .. T scaled)
+    m.num_experts_per_tok = 1;
+    m.intermediate_size_mlp = 40;
+    m.interleave_moe_layer_step = 2;
+    m.no_rope_layer_interval = 2;
+    m.attention_chunk_size = 3;
+    m.floor_scale = 2;
+    m.attn_scale = 0.5;
+  }
   if (arch == fsdp::LlamaArch::gpt_oss) {  // gpt-oss: layer 0 slides over 3 positions
     m.sliding_window = 3;
     m.rope_type = fsdp::LlamaConfig::RopeType::default_;
@@ -181,7 +193,8 @@ bool is_moe(fsdp::LlamaArch arch) {
   return arch == fsdp::LlamaArch::qwen3_moe || arch == fsdp::LlamaArch::mixtral ||
          arch == fsdp::LlamaArch::olmoe || arch == fsdp::LlamaArch::qwen2_moe ||
          arch == fsdp::LlamaArch::glm4_moe || arch == fsdp::LlamaArch::deepseek_v3 ||
-         arch == fsdp::LlamaArch::deepseek_v2 || arch == fsdp::LlamaArch::gpt_oss;
+         arch == fsdp::LlamaArch::deepseek_v2 || arch == fsdp::LlamaArch::gpt_oss ||
+         arch == fsdp::LlamaArch::llama4_text;
 }
 
 // Whether parameter `name` is a router's e_score_correction_bias (GLM-4.5, DeepSeek-V3): HF's
@@ -248,7 +261,7 @@ std::vector<std::vector<std::pair<float, int64_t>>> ranked_experts(
   if (v.data == nullptr || v.dtype != fsdp::DType::f32) return {};
   std::vector<float> z(static_cast<std::size_t>(v.numel()));
   f.be->copy_to_host(z.data(), v);
-  const std::vector<float> bias = m.sigmoid_routing()
+  const std::vector<float> bias = m.selection_bias()
                                       ? param_values(f, "model.layers." + std::to_string(l) +
                                                             ".mlp.gate.e_score_correction_bias")
                                       : std::vector<float>(static_cast<std::size_t>(E), 0.f);
@@ -389,7 +402,11 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"gpt-oss GQA untied, sinks, window 3, packed experts with biases", 2, false, false,
              false, false, LlamaArch::gpt_oss},
         Case{"gpt-oss MQA tied, llama3, load-balancing loss", 1, true, false, false, true,
-             LlamaArch::gpt_oss, 0, false, true}}) {
+             LlamaArch::gpt_oss, 0, false, true},
+        Case{"Llama 4 GQA untied, chunks of 3, q/k L2 norms, dense + sparse NoPE with temperature",
+             2, false, false, false, false, LlamaArch::llama4_text},
+        Case{"Llama 4 MQA tied, llama3, no q/k norms, both layers sparse with RoPE", 1, true,
+             false, false, true, LlamaArch::llama4_text}}) {
     ModelOptions o;
     if (is_moe(c.arch)) {
       make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias, c.aux);
@@ -407,6 +424,12 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     if (c.arch == LlamaArch::olmo3) make_olmo3(o.model);
     if (c.longrope) make_phi3_longrope(o.model);
     if (c.arch == LlamaArch::glm4_moe) o.model.use_qk_norm = c.tied;
+    if (c.arch == LlamaArch::llama4_text && c.tied) {  // (3 experts: each chosen by some token)
+      o.model.num_experts = 3;
+      o.model.use_qk_norm = false;
+      o.model.interleave_moe_layer_step = 1;
+      o.model.no_rope_layer_interval = 4;
+    }
     if (c.arch == LlamaArch::deepseek_v3) {  // (GLM-4.5's cases keep the groups)
       o.model.n_group = 1;
       o.model.topk_group = 1;
@@ -514,6 +537,9 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         // gpt-oss: q/k/v/o and their biases, sinks, the router and its bias, 4 packed expert
         // tensors, 2 norms
         : c.arch == LlamaArch::gpt_oss ? 2 * 17
+        // Llama 4: q/k/v/o and 2 norms; a dense layer's MLP (3), a sparse one's router, 2
+        // packed expert tensors and the shared expert's 3
+        : c.arch == LlamaArch::llama4_text ? (c.tied ? 12 + 12 : 9 + 12)
                                            : 2 * per_layer;
     EXPECT_EQ(checked, 1 + layers + 1 + (c.tied ? 0 : 1)) << c.what;
   }
@@ -630,7 +656,8 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
                     fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3,
-                    fsdp::LlamaArch::deepseek_v2, fsdp::LlamaArch::gpt_oss})
+                    fsdp::LlamaArch::deepseek_v2, fsdp::LlamaArch::gpt_oss,
+                    fsdp::LlamaArch::llama4_text})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -696,7 +723,8 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
                     fsdp::LlamaArch::gemma, fsdp::LlamaArch::exaone4, fsdp::LlamaArch::qwen3_moe,
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
                     fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3,
-                    fsdp::LlamaArch::deepseek_v2, fsdp::LlamaArch::gpt_oss})
+                    fsdp::LlamaArch::deepseek_v2, fsdp::LlamaArch::gpt_oss,
+                    fsdp::LlamaArch::llama4_text})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {

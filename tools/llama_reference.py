@@ -28,7 +28,8 @@ shared experts, DeepSeek-V3's Multi-head Latent Attention (rope_interleave again
 rows, the lora norms' eps, the yarn mscale factors), DeepSeek-V2's (its pairs against V3's
 rotate-half with permuted rows, no mscale^2) and its MoE block (norm_topk_prob ignored,
 routed_scaling_factor), GPT-OSS's attention sinks, router, clamped interleaved SwiGLU and
-untruncated yarn, the load-balancing loss's identities and finite differences):
+untruncated yarn, Llama 4's chunk mask, adjacent-pair RoPE, L2 norm, temperature, input-scaled
+experts and chunked gate / up, the load-balancing loss's identities and finite differences):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
@@ -174,7 +175,35 @@ routed values at each bound and none lies within 1e-2 of a kink (GPTOSS_MIN_CLAM
 GPTOSS_KINK_GAP; both re-checked after either re-draw). 1l_gqa_untied_yarn_gptoss: 4 experts,
 top 2, I 24, layer 0 sliding, yarn (max_position_embeddings 2048); 3l_mqa_tied_rope1e4_gptoss_swa_aux:
 5 experts, top 2, I 20, layers 0 and 2 sliding, the load-balancing loss (its twin without _aux is
-drawn for --selftest, not a fixture). The MoE
+drawn for --selftest, not a fixture). Or llama4 (Llama4ForCausalLM, model_type llama4_text,
+modeling_llama4.py: the text decoder of Llama 4 Scout / Maverick; llama4_config, sizes in MOE and
+LLAMA4): Llama's pre-norm layer, h = x + o_proj(attn(input_layernorm(x))), h +
+feed_forward(post_attention_layernorm(h)); q/k/v/o unbiased, head_dim 8; on the layers
+no_rope_layers marks 1 (layer l unless (l + 1) % no_rope_layer_interval == 0) RoPE on ADJACENT pairs
+(apply_rotary_emb: each head's D values as D/2 complex numbers x[2i] + i x[2i+1] times exp(i t
+inv_freq[i]); inv_freq llama3-scaled whenever rope_scaling is set), then under use_qk_norm
+Llama4TextL2Norm on each head of q and k (x rsqrt(mean(x^2) + rms_norm_eps), no weight; RoPE layers
+only); on the other (NoPE) layers under attn_temperature_tuning q times log(floor((t + 1) /
+floor_scale) + 1) attn_scale + 1 at position t; scores times head_dim^-1/2, GQA, causal, and on the
+"chunked_attention" layers (layer_types: the RoPE ones) key j visible to query i only when j //
+attention_chunk_size == i // attention_chunk_size; the NoPE ones "full_attention". feed_forward:
+on moe_layers (range(interleave_moe_layer_step - 1, L, step)) Llama4TextMoe: logits x
+router.weight^T (router.weight [E, C], no bias), the K largest (torch.topk), score = their sigmoid
+(0 for the other experts: HF scatters -inf and takes the sigmoid), each chosen expert on x * score
+(the input scaled, not the output): gate_up = (x score) experts.gate_up_proj[e] ([E, C, 2I]), gate
+its first I columns and up the next I (chunk(2): not interleaved), out_e = (up silu(gate))
+experts.down_proj[e] ([E, I, C]); the block sum_j out_j + shared_expert(x) (Llama4TextMLP of
+intermediate_size on x itself, unscaled); elsewhere Llama4TextMLP of intermediate_size_mlp; no
+auxiliary loss (Llama4ForCausalLM adds none); pad_token_id null. Names in state-dict order:
+self_attn.{q,k,v,o}_proj.weight, feed_forward.experts.gate_up_proj, feed_forward.experts.down_proj,
+feed_forward.router.weight, feed_forward.shared_expert.{gate_proj,up_proj,down_proj}.weight (dense
+layers feed_forward.{gate_proj,up_proj,down_proj}.weight), input_layernorm, post_attention_layernorm;
+the 3-D tensors row-major. The router re-drawn for ROUTE_MARGIN as the softmax classes' (on the
+softmax of the logits: the same order). 3l_gqa_untied_llama3_llama4: layers 0 and 1 RoPE (qk-normed,
+chunk 3 < T), layer 2 NoPE with the temperature (floor_scale 2, attn_scale 0.5: scales 1, 1.35,
+1.35, 1.55, 1.55, 1.69, 1.69), layer 1 sparse (4 experts, top 1, I 24), layers 0 and 2 dense
+(intermediate_size_mlp 40), llama3; 1l_mqa_tied_rope1e4_llama4: layer 0 RoPE, chunked (4 < T),
+sparse (3 experts, top 1, I 20), no qk norm, no temperature. The MoE
 block on a token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over the
 E experts (gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending)
 and their experts; w = those p, divided by their sum when renormalised; output sum_j w_j
@@ -246,12 +275,14 @@ The params and grads are listed in HF state-dict order; lm_head.weight only when
 
 Precision: this is the exact math in float64. HF itself, even for a float64 model, computes a few
 pieces in float32 (inv_freq, the llama3 rescaling and cos/sin; RMSNorm's normalisation; the eager
-softmax in recent versions; the MoE blocks' router softmax); those differences (~1e-7 relative)
+softmax in recent versions; the MoE blocks' router softmax; Llama 4's apply_rotary_emb (q and k cast
+to float32 for the complex product), its L2 norm, router sigmoid and temperature scales); those differences (~1e-7 relative)
 are far below what the tests resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
 params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-660 KB
 (MoE: 1-layer ~355-420 KB, 3-layer ~770 KB-1.1 MB; glm4moe's 8 experts and shared experts 1-layer
 ~660 KB, 3-layer ~1.1 MB; deepseekv3's 1-layer ~640 KB, 3-layer ~1.1 MB; deepseekv2's 1-layer
-~535 KB, 3-layer ~930 KB; gptoss's 1-layer ~400 KB, 3-layer ~1.0 MB).
+~535 KB, 3-layer ~930 KB; gptoss's 1-layer ~400 KB, 3-layer ~1.0 MB; llama4's 1-layer ~280 KB, 3-layer
+~730 KB).
 
 llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
 ~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
@@ -304,12 +335,13 @@ ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwe
          "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma",
          "exaone4": "Exaone4", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral", "olmoe": "Olmoe",
          "qwen2moe": "Qwen2Moe", "glm4moe": "Glm4Moe", "deepseekv3": "DeepseekV3",
-         "deepseekv2": "DeepseekV2", "gptoss": "GptOss"}  # HF class prefix
+         "deepseekv2": "DeepseekV2", "gptoss": "GptOss", "llama4": "Llama4"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                "glm4moe": "glm4_moe", "deepseekv3": "deepseek_v3",
-               "deepseekv2": "deepseek_v2", "gptoss": "gpt_oss"}  # HF model_type where it is not the variant's word
+               "deepseekv2": "deepseek_v2", "gptoss": "gpt_oss",
+               "llama4": "llama4_text"}  # HF model_type where it is not the variant's word
 MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe", "glm4moe", "deepseekv3", "deepseekv2",
-             "gptoss"}  # the Mixture-of-Experts classes' words
+             "gptoss", "llama4"}  # the Mixture-of-Experts classes' words
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
@@ -363,13 +395,17 @@ VARIANTS = [
     "3l_mha_tied_yarn_deepseekv2",
     "1l_gqa_untied_yarn_gptoss",
     "3l_mqa_tied_rope1e4_gptoss_swa_aux",
+    "3l_gqa_untied_llama3_llama4",
+    "1l_mqa_tied_rope1e4_llama4",
 ]
 # The Mixture-of-Experts variants' routers: (experts E, experts per token K, expert size,
-# norm_topk_prob; None: Mixtral and GPT-OSS, whose K weights are always renormalised[, Qwen2-MoE: the shared
+# norm_topk_prob; None: Mixtral and GPT-OSS, whose K weights are always renormalised, and Llama 4, whose
+# are the chosen logits' sigmoids[, Qwen2-MoE: the shared
 # expert's size; GLM-4.5: its GLM4_MOE row; DeepSeek-V3: its DEEPSEEK_V3 row; DeepSeek-V2: its
-# DEEPSEEK_V2 row (norm_topk_prob only written to config.json: DeepseekV2Moe never renormalises)]). The expert size is
+# DEEPSEEK_V2 row (norm_topk_prob only written to config.json: DeepseekV2Moe never renormalises);
+# Llama 4: its LLAMA4 row (the expert size is also the shared expert's)]). The expert size is
 # Qwen3MoeConfig's, Qwen2MoeConfig's, Glm4MoeConfig's and DeepseekV3Config's moe_intermediate_size,
-# MixtralConfig's and OlmoeConfig's
+# MixtralConfig's, OlmoeConfig's and Llama4TextConfig's
 # intermediate_size; the shared expert's Qwen2MoeConfig's shared_expert_intermediate_size.
 MOE = {
     "1l_gqa_untied_rope1e4_qwen3moe": (4, 2, 24, True),
@@ -391,6 +427,8 @@ MOE = {
     "1l_gqa_untied_yarn_gptoss": (4, 2, 24, None),
     "3l_mqa_tied_rope1e4_gptoss_swa_aux": (5, 2, 20, None),
     "3l_mqa_tied_rope1e4_gptoss_swa": (5, 2, 20, None),  # (the _aux variant's twin: drawn, not a fixture)
+    "3l_gqa_untied_llama3_llama4": (4, 1, 24, None, "3l_gqa_untied_llama3_llama4"),
+    "1l_mqa_tied_rope1e4_llama4": (3, 1, 20, None, "1l_mqa_tied_rope1e4_llama4"),
 }
 # The glm4moe variants' other Glm4MoeConfig attributes: the first first_k_dense_replace layers
 # dense (Llama's MLP, intermediate_size wide), the others sparse; n_shared_experts (the shared
@@ -474,6 +512,30 @@ GPTOSS_CHUNKED = False  # (--selftest only: gate / up as gate_up's two halves in
 GPTOSS_YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                "original_max_position_embeddings": 512}
 GPTOSS_YARN_MAX_POS = 2048
+# The llama4 variants' other Llama4TextConfig attributes: intermediate_size_mlp (the dense layers'
+# MLP; intermediate_size is each expert's and the shared expert's), interleave_moe_layer_step (layer
+# l sparse iff l in range(step - 1, L, step); moe_layers spelled out), no_rope_layer_interval (layer
+# l rotates iff (l + 1) % interval != 0; no_rope_layers spelled out), use_qk_norm (the weightless
+# L2 norm of each head of q and k, RoPE layers only), attention_chunk_size (the RoPE layers'
+# "chunked_attention": query i sees key j <= i only when j // chunk == i // chunk), and the NoPE
+# layers' attn_temperature_tuning: q times log(floor((t + 1) / floor_scale) + 1) * attn_scale + 1.
+# 3l: layers 0, 1 rotate and are chunked (chunk 3 < T), layer 2 NoPE with the temperature
+# (1, 1.35, 1.35, 1.55, 1.55, 1.69, 1.69 over T = 7), layer 1 sparse; 1l: layer 0 rotates, is
+# chunked (4 < T) and sparse, no qk norm, no temperature (floor_scale / attn_scale the class's
+# defaults, unused).
+LLAMA4 = {
+    "3l_gqa_untied_llama3_llama4": {"intermediate_size_mlp": 40, "interleave_moe_layer_step": 2,
+                                    "no_rope_layer_interval": 3, "use_qk_norm": True, "attention_chunk_size": 3,
+                                    "attn_temperature_tuning": True, "floor_scale": 2, "attn_scale": 0.5},
+    "1l_mqa_tied_rope1e4_llama4": {"intermediate_size_mlp": 40, "interleave_moe_layer_step": 1,
+                                   "no_rope_layer_interval": 4, "use_qk_norm": False, "attention_chunk_size": 4,
+                                   "attn_temperature_tuning": False, "floor_scale": 8192, "attn_scale": 0.1},
+}
+# (--selftest only) the llama4 variants run with one piece swapped for another: rotate_half (RoPE
+# in the rotate-half layout instead of adjacent pairs), gate_up_interleaved (gate / up as gate_up's
+# even / odd columns instead of its two halves), scale_output (the router score times the expert's
+# output instead of its input), qk_norm_nope (the L2 norm on the NoPE layers too).
+LLAMA4_ALT = {"rotate_half": False, "gate_up_interleaved": False, "scale_output": False, "qk_norm_nope": False}
 # The _aux variants' auxiliary load-balancing loss (output_router_logits true): its weight
 # router_aux_loss_coef (the classes' defaults, in the other MoE variants' config.json: Qwen3-MoE,
 # Qwen2-MoE and Mixtral 0.001, OLMoE 0.01). An _aux variant draws the weights, tokens and targets of its twin
@@ -511,7 +573,7 @@ def hf_config(variant):
         assert variant in MOE, variant
         moe_config = {"qwen3moe": qwen3moe_config, "mixtral": mixtral_config, "olmoe": olmoe_config,
                       "qwen2moe": qwen2moe_config, "glm4moe": glm4moe_config, "deepseekv3": deepseekv3_config,
-                      "deepseekv2": deepseekv2_config, "gptoss": gptoss_config}
+                      "deepseekv2": deepseekv2_config, "gptoss": gptoss_config, "llama4": llama4_config}
         return moe_config[archs.pop()](MOE[variant], int(layers[:-1]), attn, tied, rope, flags)
     if archs:
         return other_arch_config(archs.pop(), int(layers[:-1]), attn, tied, rope, flags)
@@ -865,6 +927,40 @@ def gptoss_config(sizes, layers, attn, tied, rope, flags):
             "use_cache": True}
 
 
+def llama4_config(sizes, layers, attn, tied, rope, flags):
+    """config.json of a Llama4ForCausalLM variant (Llama4TextConfig's attributes in its order, model_type
+    llama4_text): head_dim 8; num_local_experts / num_experts_per_tok / intermediate_size (each
+    expert's and the shared expert's) from MOE, the rest from LLAMA4, with the lists the class would
+    derive spelled out: moe_layers (range(step - 1, L, step)), no_rope_layers (1: RoPE, 0: NoPE every
+    no_rope_layer_interval-th layer) and layer_types ("chunked_attention" on the RoPE layers,
+    "full_attention" on the NoPE ones); rope1e4 (rope_scaling null) or llama3 (LLAMA3_SCALING: the
+    class rotates with llama3 whenever rope_scaling is set); no biases; pad_token_id null; no
+    auxiliary loss (Llama4ForCausalLM adds none: output_router_logits false, the class's
+    router_aux_loss_coef written, no _aux variant)."""
+    assert not flags & {"attnbias", "mlpbias", "swa", "aux"} and rope in ("rope1e4", "llama3"), (flags, rope)
+    E, K, size, norm, name = sizes
+    assert norm is None and K < E, sizes
+    l4 = LLAMA4[name]
+    step, interval = l4["interleave_moe_layer_step"], l4["no_rope_layer_interval"]
+    no_rope = [int((l + 1) % interval != 0) for l in range(layers)]
+    return {"architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": size, "intermediate_size_mlp": l4["intermediate_size_mlp"],
+            "num_hidden_layers": layers, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn],
+            "head_dim": HEAD_DIM, "hidden_act": "silu", "max_position_embeddings": MAX_POS,
+            "initializer_range": 0.02, "rms_norm_eps": EPS, "use_cache": True, "pad_token_id": None,
+            "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": tied == "tied", "attention_dropout": 0.0,
+            "num_experts_per_tok": K, "num_local_experts": E, "moe_layers": list(range(step - 1, layers, step)),
+            "interleave_moe_layer_step": step, "use_qk_norm": l4["use_qk_norm"], "output_router_logits": False,
+            "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+            "rope_theta": 500000.0 if rope == "llama3" else 10000.0,
+            "rope_scaling": dict(LLAMA3_SCALING) if rope == "llama3" else None,
+            "no_rope_layers": no_rope, "no_rope_layer_interval": interval,
+            "attention_chunk_size": l4["attention_chunk_size"],
+            "layer_types": ["chunked_attention" if r else "full_attention" for r in no_rope],
+            "attn_temperature_tuning": l4["attn_temperature_tuning"], "floor_scale": l4["floor_scale"],
+            "attn_scale": l4["attn_scale"], "attention_bias": False, "torch_dtype": "float32"}
+
+
 def sized_config(cls, model_type, layers, attn, rope):
     """The leading attributes every class without head_dim shares: class, sizes, norm epsilon
     and RoPE (rope1e4 / linear / yarn: theta 1e4; llama3: theta 5e5 with LLAMA3_SCALING)."""
@@ -923,10 +1019,11 @@ def granite(cfg):  # GraniteForCausalLM's four multipliers (1 for the other clas
 def uses_rope(cfg, layer):
     """SmolLM3Attention's use_rope: its no_rope_layers entry, else 0 on every
     no_rope_layer_interval-th layer; Exaone4Attention's: with a window, the sliding layers only
-    ("global NoPE for hybrid attention"); every other class rotates every layer."""
+    ("global NoPE for hybrid attention"); Llama4TextAttention's as SmolLM3's (its no_rope_layers entry,
+    else the interval rule); every other class rotates every layer."""
     if cfg["model_type"] == "exaone4":
         return cfg.get("sliding_window") is None or sliding(cfg, layer)
-    if cfg["model_type"] != "smollm3":
+    if cfg["model_type"] not in ("smollm3", "llama4_text"):
         return True
     if cfg.get("no_rope_layers"):
         return bool(cfg["no_rope_layers"][layer])
@@ -1053,7 +1150,7 @@ def post_norms(cfg):  # Olmo2DecoderLayer (OLMo 2, OLMo 3, EXAONE 4): sublayer o
 
 def moe(cfg):  # the Mixture-of-Experts classes
     return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2",
-                                 "gpt_oss")
+                                 "gpt_oss", "llama4_text")
 
 
 def gptoss(cfg):
@@ -1063,6 +1160,22 @@ def gptoss(cfg):
     weights, packed experts (gate_up_proj [E, C, 2I] with gate / up interleaved, down_proj [E, I,
     C], both biased) with the clamped SwiGLU (gptoss_glu)."""
     return cfg.get("model_type") == "gpt_oss"
+
+
+def llama4(cfg):
+    """Llama4ForCausalLM (model_type llama4_text): RoPE on adjacent pairs (2i, 2i+1) on the layers
+    no_rope_layers marks, then (use_qk_norm) the weightless L2 norm of each head of q and k there; the
+    NoPE layers' q times the temperature scale (attn_temperature_tuning); the RoPE layers
+    ("chunked_attention") see only their attention_chunk_size chunk; Llama4TextMoe (sigmoid of the
+    top-K router logits scaling each chosen expert's input, packed experts with gate / up chunked,
+    a shared expert) on moe_layers, Llama4TextMLP of intermediate_size_mlp elsewhere; all under
+    feed_forward."""
+    return cfg.get("model_type") == "llama4_text"
+
+
+def chunked_layer(cfg, layer):
+    """Llama 4: whether a layer's mask is "chunked_attention" (its layer_types entry)."""
+    return llama4(cfg) and cfg["layer_types"][layer] == "chunked_attention"
 
 
 def glm4moe(cfg):
@@ -1130,17 +1243,21 @@ def sparse_layer(cfg, layer):
         return layer >= cfg["first_k_dense_replace"]
     if cfg["model_type"] in ("qwen3_moe", "qwen2_moe"):
         return layer not in cfg.get("mlp_only_layers", []) and (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
+    if llama4(cfg):  # Llama4TextDecoderLayer: layer_idx in moe_layers
+        return layer in cfg["moe_layers"]
     return moe(cfg)
 
 
-def moe_prefix(cfg, layer):  # the block's module: Mixtral's block_sparse_moe, the others' mlp
+def moe_prefix(cfg, layer):  # the block's module: Mixtral's block_sparse_moe, Llama 4's feed_forward, the others' mlp
+    if llama4(cfg):
+        return f"model.layers.{layer}.feed_forward."
     return f"model.layers.{layer}." + ("block_sparse_moe." if cfg["model_type"] == "mixtral" else "mlp.")
 
 
 def num_experts(cfg):  # MixtralConfig's (GptOssConfig's) num_local_experts, Glm4MoeConfig's n_routed_experts, the others' num_experts
     if deepseek_moe(cfg) or deepseek_v2(cfg):
         return cfg["n_routed_experts"]
-    return cfg["num_local_experts"] if cfg["model_type"] in ("mixtral", "gpt_oss") else cfg["num_experts"]
+    return cfg["num_local_experts"] if cfg["model_type"] in ("mixtral", "gpt_oss", "llama4_text") else cfg["num_experts"]
 
 
 def expert_size(cfg):  # Qwen3-MoE's, Qwen2-MoE's, GLM-4.5's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
@@ -1241,6 +1358,16 @@ def param_shapes(cfg):
             shapes += [(x + "router.weight", (E, C)), (x + "router.bias", (E,)),
                        (x + "experts.gate_up_proj", (E, C, 2 * Im)), (x + "experts.gate_up_proj_bias", (E, 2 * Im)),
                        (x + "experts.down_proj", (E, Im, C)), (x + "experts.down_proj_bias", (E, C))]
+        elif llama4(cfg):  # feed_forward: Llama4TextMoe (experts, router, shared_expert) or Llama4TextMLP
+            f, Im = moe_prefix(cfg, l), expert_size(cfg)
+            if sparse_layer(cfg, l):
+                shapes += [(f + "experts.gate_up_proj", (num_experts(cfg), C, 2 * Im)),
+                           (f + "experts.down_proj", (num_experts(cfg), Im, C)),
+                           (f + "router.weight", (num_experts(cfg), C))]
+                f += "shared_expert."
+            else:
+                Im = cfg["intermediate_size_mlp"]
+            shapes += [(f + "gate_proj.weight", (Im, C)), (f + "up_proj.weight", (Im, C)), (f + "down_proj.weight", (C, Im))]
         elif sparse_layer(cfg, l) and deepseek_moe(cfg):  # the experts, the router and its bias, the shared experts
             x, Im, Is = moe_prefix(cfg, l), expert_size(cfg), expert_size(cfg) * cfg["n_shared_experts"]
             shapes += [(f"{x}experts.{e}.{name}.weight", dims) for e in range(num_experts(cfg))
@@ -1266,7 +1393,7 @@ def param_shapes(cfg):
                 Is = cfg["shared_expert_intermediate_size"]
                 shapes += [(x + "shared_expert.gate_proj.weight", (Is, C)), (x + "shared_expert.up_proj.weight", (Is, C)),
                            (x + "shared_expert.down_proj.weight", (C, Is)), (x + "shared_expert_gate.weight", (1, C))]
-        for name, out, inp in () if sparse_layer(cfg, l) else (("gate_proj", I, C), ("up_proj", I, C), ("down_proj", C, I)):
+        for name, out, inp in () if sparse_layer(cfg, l) or llama4(cfg) else (("gate_proj", I, C), ("up_proj", I, C), ("down_proj", C, I)):
             shapes.append((m + name + ".weight", (out, inp)))
             if mlp_bias(cfg):
                 shapes.append((m + name + ".bias", (out,)))
@@ -1631,6 +1758,92 @@ def sink_attention(q, k, v, sinks, visible, scale):
     return att @ v
 
 
+def rotate_pairs(x, inv):
+    """Llama 4's apply_rotary_emb on x [..., T, D]: each position's D values as D/2 complex numbers
+    x[2i] + i x[2i+1] (adjacent pairs), times exp(i t inv[i]) at position t; under
+    LLAMA4_ALT["rotate_half"] (--selftest only) Llama's rotate-half layout (pairs (i, i + D/2)) instead."""
+    freqs = torch.outer(torch.arange(x.shape[-2], dtype=torch.float64), inv)  # [T, D/2]
+    cos, sin = freqs.cos(), freqs.sin()
+    if LLAMA4_ALT["rotate_half"]:
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        return x * cos + rotate_half(x) * sin
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+
+
+def l2_norm(x, eps):
+    """Llama4TextL2Norm over the last dim: x * rsqrt(mean(x^2) + eps), no weight."""
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+def temperature_scales(cfg, Tn):
+    """Llama 4's NoPE-layer query scales [T]: log(floor((t + 1) / floor_scale) + 1) * attn_scale + 1 at
+    position t (Llama4TextAttention's attn_temperature_tuning; log1p as HF)."""
+    t = torch.arange(Tn, dtype=torch.float64)
+    return torch.log1p(torch.floor((t + 1.0) / cfg["floor_scale"])) * cfg["attn_scale"] + 1.0
+
+
+def chunk_visible(Tn, chunk):
+    """The "chunked_attention" mask [T, T]: key j visible to query i iff j <= i and j // chunk == i //
+    chunk (transformers' chunked_overlay and the causal mask, no padding)."""
+    pos = torch.arange(Tn)
+    return (pos[None, :] <= pos[:, None]) & (pos[None, :] // chunk == pos[:, None] // chunk)
+
+
+def llama4_qk(q, k, cfg, layer):
+    """Llama4TextAttention on q [B, H, T, D] and k [B, Hkv, T, D] before the scores: on a RoPE layer
+    (no_rope_layers) adjacent-pair RoPE (rotate_pairs, inv_freq: llama3-scaled when rope_scaling is
+    set), then under use_qk_norm the L2 norm of each head (eps rms_norm_eps); on a NoPE layer under
+    attn_temperature_tuning q times temperature_scales per position."""
+    rope = uses_rope(cfg, layer)
+    if rope:
+        inv = inv_freq(cfg)
+        q, k = rotate_pairs(q, inv), rotate_pairs(k, inv)
+    if cfg["use_qk_norm"] and (rope or LLAMA4_ALT["qk_norm_nope"]):
+        q, k = l2_norm(q, cfg["rms_norm_eps"]), l2_norm(k, cfg["rms_norm_eps"])
+    if cfg["attn_temperature_tuning"] and not rope:
+        q = q * temperature_scales(cfg, q.shape[-2])[:, None]
+    return q, k
+
+
+def llama4_gate_up(gu):
+    """Llama4TextExperts' gate and up of gate_up [..., 2I]: its first and second halves (chunk(2));
+    under LLAMA4_ALT["gate_up_interleaved"] (--selftest only) its even and odd columns."""
+    if LLAMA4_ALT["gate_up_interleaved"]:
+        return gu[..., 0::2], gu[..., 1::2]
+    return gu.chunk(2, dim=-1)
+
+
+def llama4_moe(x, p, cfg, m, probe=None, routers=None):
+    """Llama4TextMoe on x [N, C] (block prefix m, feed_forward.): router logits x router.weight^T [N, E];
+    the K largest (torch.topk) and their sigmoids as the scores (HF: -inf scattered elsewhere, so 0 for
+    the other experts); each chosen expert e on the scaled input x * score: gate_up = (x * score)
+    gate_up_proj[e] [2I], gate / up its two halves, (up * silu(gate)) down_proj[e]; their sum plus the
+    shared expert's SwiGLU MLP of x itself (unscaled), expert by expert over the tokens that chose it
+    (index_add). Under LLAMA4_ALT["scale_output"] (--selftest only) the score times the expert's
+    output instead. probe gets the softmax of the logits over the E experts (its topk is the choice),
+    routers the logits."""
+    logits = x @ p[m + "router.weight"].T  # [N, E]
+    if probe is not None:
+        probe.append(logits.softmax(-1).detach())
+    if routers is not None:
+        routers.append(logits)
+    top, idx = torch.topk(logits, cfg["num_experts_per_tok"], dim=-1)  # [N, K]
+    score = torch.sigmoid(top)
+    out = shared_mlp(x, p, m)
+    ex = m + "experts."
+    for e in range(num_experts(cfg)):
+        rows, slot = torch.where(idx == e)
+        if rows.numel() == 0:
+            continue
+        s = score[rows, slot, None]
+        xin = x[rows] if LLAMA4_ALT["scale_output"] else x[rows] * s
+        gate, up = llama4_gate_up(xin @ p[ex + "gate_up_proj"][e])
+        y = (up * (gate * torch.sigmoid(gate))) @ p[ex + "down_proj"][e]
+        out = out.index_add(0, rows, y * s if LLAMA4_ALT["scale_output"] else y)
+    return out
+
+
 def moe_block(h, p, cfg, layer, probe=None, routers=None, acts=None):
     """The sparse MoE block on h [B, T, C] (Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
     OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock; Glm4MoeMoE and DeepseekV3MoE: glm_route's sigmoid, bias, groups and
@@ -1643,6 +1856,8 @@ def moe_block(h, p, cfg, layer, probe=None, routers=None, acts=None):
     per token. probe: a list that gets the router softmax (detached); routers: a list that gets the
     router logits [B*T, E] (with their graph, for the aux loss)."""
     Bn, Tn, C = h.shape
+    if llama4(cfg):  # Llama4TextMoe
+        return llama4_moe(h.reshape(Bn * Tn, C), p, cfg, moe_prefix(cfg, layer), probe, routers).view(Bn, Tn, C)
     if gptoss(cfg):  # GptOssMLP
         return gptoss_moe(h.reshape(Bn * Tn, C), p, cfg, moe_prefix(cfg, layer), probe, routers, acts,
                           layer).view(Bn, Tn, C)
@@ -1771,13 +1986,17 @@ def forward(p, cfg, tokens, probe=None, routers=None, acts=None):
                 q, k = norm(q, a + "q_norm"), norm(k, a + "k_norm")
             q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
             v = linear(h, a + "v_proj", ab).view(Bn, Tn, Hkv, D).transpose(1, 2)
-            if uses_rope(cfg, l):  # not on SmolLM3's NoPE layers
+            if llama4(cfg):  # adjacent-pair RoPE, the L2 norm, the NoPE layers' temperature
+                q, k = llama4_qk(q, k, cfg, l)
+            elif uses_rope(cfg, l):  # not on SmolLM3's NoPE layers
                 q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             k = k.repeat_interleave(H // Hkv, dim=1)
             v = v.repeat_interleave(H // Hkv, dim=1)
             visible = causal
             if layer_window(cfg, l):
                 visible = causal & ~torch.tril(torch.ones(Tn, Tn, dtype=torch.bool), -layer_window(cfg, l))
+            if chunked_layer(cfg, l):  # Llama 4's chunked_attention layers
+                visible = chunk_visible(Tn, cfg["attention_chunk_size"])
             if gptoss(cfg):  # the attention sinks
                 y = sink_attention(q, k, v, p[a + "sinks"], visible, D ** -0.5).transpose(1, 2).reshape(Bn, Tn, H * D)
                 x = x + linear(y, a + "o_proj", o_bias(cfg))
@@ -1789,7 +2008,7 @@ def forward(p, cfg, tokens, probe=None, routers=None, acts=None):
                 att = softcaps(cfg)[0] * torch.tanh(att / softcaps(cfg)[0])
             att = att.masked_fill(~visible, float("-inf")).softmax(-1)
             y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
-        m, mb = pre + "mlp.", mlp_bias(cfg)
+        m, mb = pre + ("feed_forward." if llama4(cfg) else "mlp."), mlp_bias(cfg)
         if gemma2_layer(cfg):  # sandwich norms, GeGLU
             x = x + norm(linear(y, a + "o_proj", o_bias(cfg)), pre + "post_attention_layernorm")
             h = norm(x, pre + "pre_feedforward_layernorm")
@@ -1845,7 +2064,7 @@ def balance(probs, chosen, E):
 
 
 def aux_on(cfg):  # output_router_logits: the loss adds router_aux_loss_coef * the aux loss
-    return moe(cfg) and bool(cfg.get("output_router_logits", False))
+    return moe(cfg) and not llama4(cfg) and bool(cfg.get("output_router_logits", False))  # (Llama 4: never)
 
 
 def model_loss(p, cfg, tokens, targets, probe=None, aux=None):
@@ -2046,15 +2265,25 @@ def naive_loss(p, cfg, tokens, targets):
         return out
 
     def rope(x, t, l):  # x [D]: pairs (i, i + R/2) rotated by t * inv[i] of layer l's table,
-        if not uses_rope(cfg, l):  # columns R.. as they are
+        if not uses_rope(cfg, l):  # columns R.. as they are (Llama 4: pairs (2i, 2i+1))
             return x
         inv, scale = tables[l]
         out = [(j, x[j]) for j in range(R, D)]
         for i in range(R // 2):
             c, sn = scale * math.cos(t * inv[i]), scale * math.sin(t * inv[i])
-            out.append((i, x[i] * c - x[i + R // 2] * sn))
-            out.append((i + R // 2, x[i + R // 2] * c + x[i] * sn))
+            j, k = (2 * i, 2 * i + 1) if llama4(cfg) and not LLAMA4_ALT["rotate_half"] else (i, i + R // 2)
+            out.append((j, x[j] * c - x[k] * sn))
+            out.append((k, x[k] * c + x[j] * sn))
         return torch.stack([v for _, v in sorted(out, key=lambda e: e[0])])
+
+    def l4_head(x, t, l, is_q):  # Llama 4's head after RoPE: the L2 norm written out, the temperature
+        if not llama4(cfg):
+            return x
+        if cfg["use_qk_norm"] and (uses_rope(cfg, l) or LLAMA4_ALT["qk_norm_nope"]):
+            x = x / torch.sqrt(sum(x[c] * x[c] for c in range(D)) / D + eps)
+        if is_q and cfg["attn_temperature_tuning"] and not uses_rope(cfg, l):
+            x = x * (math.log(math.floor((t + 1) / cfg["floor_scale"]) + 1) * cfg["attn_scale"] + 1)
+        return x
 
     def act(g):  # SwiGLU's silu, or Gemma's gelu tanh written out
         if not is_gemma:
@@ -2125,11 +2354,39 @@ def naive_loss(p, cfg, tokens, targets):
             out = out + wj * y
         return out
 
+    def llama4_mlp(h, l):
+        """One token's Llama4TextMoe, loop by loop: the E router logits, the K largest picked one by
+        one, each one's logistic 1 / (1 + e^-z) scaling the token before that expert (after it under
+        LLAMA4_ALT["scale_output"]); the expert's gate_up column by column, gate the first I columns
+        and up the next I (the even / odd ones under LLAMA4_ALT["gate_up_interleaved"]), up * gate /
+        (1 + e^-gate), then its output column by column; plus the shared expert's MLP of h."""
+        m = moe_prefix(cfg, l)
+        z = [torch.dot(p[m + "router.weight"][e], h) for e in range(num_experts(cfg))]
+        chosen = []
+        for _ in range(cfg["num_experts_per_tok"]):
+            chosen.append(max((e for e in range(len(z)) if e not in chosen), key=lambda e: float(z[e])))
+        gu_w, dn_w, I = p[m + "experts.gate_up_proj"], p[m + "experts.down_proj"], expert_size(cfg)
+        out = swiglu(h, m + "shared_expert.")
+        for e in chosen:
+            score = 1 / (1 + torch.exp(-z[e]))
+            xin = h if LLAMA4_ALT["scale_output"] else h * score
+            gu = [torch.dot(xin, gu_w[e, :, j]) for j in range(2 * I)]
+            acts = []
+            for i in range(I):
+                g, u = (gu[2 * i], gu[2 * i + 1]) if LLAMA4_ALT["gate_up_interleaved"] else (gu[i], gu[I + i])
+                acts.append(u * g / (1 + torch.exp(-g)))
+            acts = torch.stack(acts)
+            y = torch.stack([torch.dot(acts, dn_w[e, :, c]) for c in range(C)])
+            out = out + (y * score if LLAMA4_ALT["scale_output"] else y)
+        return out
+
     def moe_mlp(h, l):  # one token's MoE block: the router softmax by hand, the K largest picked
         if deepseek_moe(cfg):  # one by one, each chosen expert's MLP
             return glm_mlp(h, l)
         if gptoss(cfg):
             return gptoss_mlp(h, l)
+        if llama4(cfg):
+            return llama4_mlp(h, l)
         m, (gate, up, down) = moe_prefix(cfg, l), expert_projs(cfg)[0]
         z = [torch.dot(p[m + "gate.weight"][e], h) for e in range(num_experts(cfg))]
         top = max(float(v) for v in z)
@@ -2192,10 +2449,13 @@ def naive_loss(p, cfg, tokens, targets):
                     heads = []
                     for hd in range(H):
                         kv = hd // group
-                        q = rope(head(qs[t], hd, "q"), t, l)
+                        q = l4_head(rope(head(qs[t], hd, "q"), t, l), t, l, True)
                         first = max(0, t - layer_window(cfg, l) + 1) if layer_window(cfg, l) else 0
+                        if chunked_layer(cfg, l):  # Llama 4: the keys of t's chunk up to t
+                            first = t // cfg["attention_chunk_size"] * cfg["attention_chunk_size"]
                         seen = range(first, t + 1)
-                        scores = [torch.dot(q, rope(head(ks[s], kv, "k"), s, l)) * sscale for s in seen]
+                        scores = [torch.dot(q, l4_head(rope(head(ks[s], kv, "k"), s, l), s, l, False)) * sscale
+                                  for s in seen]
                         if acap:  # tanh written out: (e^2u - 1) / (e^2u + 1)
                             scores = [acap * (torch.exp(2 * sc / acap) - 1) / (torch.exp(2 * sc / acap) + 1)
                                       for sc in scores]
@@ -2220,8 +2480,9 @@ def naive_loss(p, cfg, tokens, targets):
                 if sparse_layer(cfg, l):
                     new.append(x + moe_mlp(h, l))
                     continue
-                g, u = lin(h, pre + "mlp.gate_proj", mb), lin(h, pre + "mlp.up_proj", mb)
-                m = lin(act(g) * u, pre + "mlp.down_proj", mb)
+                f = pre + ("feed_forward." if llama4(cfg) else "mlp.")
+                g, u = lin(h, f + "gate_proj", mb), lin(h, f + "up_proj", mb)
+                m = lin(act(g) * u, f + "down_proj", mb)
                 if post_norms(cfg) or sandwich:
                     m = norm(m, p[pre + "post_feedforward_layernorm.weight"])
                 new.append(x + m * rmul)
@@ -2448,7 +2709,8 @@ def selftest():
               "1l_gqa_untied_rope1e4_qwen3",  # (not olmo2, olmoe: their k_norm spans all kv heads)
               "1l_gqa_tied_rope1e4_gemma3", "3l_mqa_tied_llama3_qwen3moe", "1l_gqa_untied_rope1e4_mixtral",
               "3l_mqa_tied_llama3_qwen2moe_swa", "1l_gqa_untied_rope1e4_glm4moe", "3l_mqa_tied_llama3_glm4moe",
-              "1l_gqa_untied_yarn_gptoss", "3l_mqa_tied_rope1e4_gptoss_swa_aux"):
+              "1l_gqa_untied_yarn_gptoss", "3l_mqa_tied_rope1e4_gptoss_swa_aux",
+              "3l_gqa_untied_llama3_llama4", "1l_mqa_tied_rope1e4_llama4"):
         cfg, params32, tokens, targets = make_case(v)
         H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
         mha = dict(cfg, num_key_value_heads=H)
@@ -2470,7 +2732,7 @@ def selftest():
     for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3",
               "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe", "3l_gqa_tied_llama3_olmoe_aux",
               "3l_mqa_tied_llama3_qwen2moe_swa", "3l_mqa_tied_llama3_glm4moe", "3l_mha_tied_yarn_deepseekv3",
-              "3l_mha_tied_yarn_deepseekv2", "3l_mqa_tied_rope1e4_gptoss_swa_aux"):
+              "3l_mha_tied_yarn_deepseekv2", "3l_mqa_tied_rope1e4_gptoss_swa_aux", "1l_mqa_tied_rope1e4_llama4"):
         cfg, params32, tokens, targets = make_case(v)
         untied = dict(cfg, tie_word_embeddings=False)
         p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
@@ -2650,7 +2912,7 @@ def selftest():
             l0 = min(l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l))
             names = [n for n in base64 if n.endswith(".gate.weight") or ".router." in n]
             names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, l0)}experts.{first}.")]
-            names += [n for n in base64 if gptoss(cfg) and n.startswith(f"{moe_prefix(cfg, l0)}experts.")]  # (packed)
+            names += [n for n in base64 if (gptoss(cfg) or llama4(cfg)) and n.startswith(f"{moe_prefix(cfg, l0)}experts.")]  # (packed)
             names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, l0)}shared_expert.")]
             names += [n for n in base64 if n.endswith(".shared_expert_gate.weight")]
             names += [n for n in base64 if n.startswith(f"{moe_prefix(cfg, l0)}shared_experts.")]
@@ -2660,7 +2922,7 @@ def selftest():
                 base64, names, 3, routed, routes, params, rng)
         expect(moved == 0 and worst_abs < 1e-9 and worst_rel < 1e-6,
                f"{v}: finite differences of the {'total ' if aux_on(cfg) else ''}loss, {count} router / "
-               f"{'packed experts (and router bias) / ' if gptoss(cfg) else f'expert {first} / '}"
+               f"{'packed experts (and router bias) / ' if gptoss(cfg) else 'packed experts / ' if llama4(cfg) else f'expert {first} / '}"
                f"{'shared expert / ' if shared_expert(cfg) else ''}"
                f"{'shared experts / router bias / ' if deepseek_moe(cfg) else ''}attention entries ({len(names)} "
                f"tensors): routing unchanged at all {4 * count} points ({moved} moved), worst abs err "
@@ -2670,6 +2932,14 @@ def selftest():
         x, (gate, up, down), err = hx.reshape(-1, C), expert_projs(cfg)[0], 0.0
         for l in (l for l in range(cfg["num_hidden_layers"]) if sparse_layer(cfg, l)):
             m = moe_prefix(cfg, l)
+            if llama4(cfg):  # the shared expert + every expert on x times its logit's sigmoid
+                sg, ex = torch.sigmoid(x @ base64[m + "router.weight"].T), m + "experts."
+                dense = shared_mlp(x, base64, m)
+                for e in range(E):
+                    g, u = ((x * sg[:, e:e + 1]) @ base64[ex + "gate_up_proj"][e]).chunk(2, dim=-1)
+                    dense = dense + (u * g * torch.sigmoid(g)) @ base64[ex + "down_proj"][e]
+                err = max(err, rel_err(moe_block(hx, base64, every, l).reshape(-1, C), dense))
+                continue
             if gptoss(cfg):  # the softmax of the biased logits over all E, each expert's clamped SwiGLU and biases
                 pr = (x @ base64[m + "router.weight"].T + base64[m + "router.bias"]).softmax(-1)
                 ex = m + "experts."
@@ -2694,7 +2964,9 @@ def selftest():
             if shared_expert(cfg):
                 dense = dense + torch.sigmoid(x @ base64[m + "shared_expert_gate.weight"].T) * shared_mlp(x, base64, m)
             err = max(err, rel_err(moe_block(hx, base64, every, l).reshape(-1, C), dense))
-        expect(err < 1e-14, f"{v}: with K = E = {E} and renormalised weights"
+        expect(err < 1e-14, f"{v}: with K = E = {E} the block is the shared expert plus every expert on its input "
+               f"times the sigmoid of its router logit (rel err {err:.1e})" if llama4(cfg) else
+               f"{v}: with K = E = {E} and renormalised weights"
                f"{' (DeepseekV2: never renormalised, the softmax of all E sums to 1)' if deepseek_v2(cfg) else ''} the block is the dense "
                f"{'sigmoid' if deepseek_moe(cfg) else 'softmax'}-weighted sum of all experts"
                f"{' plus the gated shared expert' if shared_expert(cfg) else ''}"
@@ -2731,7 +3003,8 @@ def selftest():
                    and all(torch.equal(flipped[0][n].grad, params[n].grad) for n in params) and float(sums.max()) < 0.999,
                    f"{v}: norm_topk_prob true in the config changes nothing (loss and grads bit-equal), though the "
                    f"K chosen probabilities sum to {float(sums.min()):.3f}..{float(sums.max()):.3f}, not 1")
-        elif cfg["model_type"] not in ("mixtral", "gpt_oss"):  # (Mixtral's, GPT-OSS's weights are always renormalised)
+        elif cfg["model_type"] not in ("mixtral", "gpt_oss", "llama4_text"):  # (Mixtral's, GPT-OSS's weights are always
+            # renormalised; Llama 4's the sigmoids, never)
             flipped = run(dict(cfg, norm_topk_prob=not cfg["norm_topk_prob"]), params32, tokens, targets)[2].item()
             expect(abs(flipped - loss.item()) > 1e-6,
                    f"{v}: norm_topk_prob {cfg['norm_topk_prob']} matters ({loss.item():.8f} vs {flipped:.8f})")
@@ -3155,6 +3428,181 @@ def selftest():
                f"factor {f:g} (= max_position_embeddings / original); truncated (0, 3) blends 1 and 2 by 1/3 and 2/3 "
                f"instead and gives the loss {t_loss:.8f} vs {loss:.8f}; the loop-by-loop frequencies agree with both; "
                f"cos/sin x 1 + 0.1 ln {f:g}")
+
+    # 4k. Llama 4 (llama4, Llama4ForCausalLM): the spelled-out lists of the config are
+    #     Llama4TextConfig's own rules (moe_layers, no_rope_layers, layer_types) and the layers'
+    #     parameters in state-dict order (feed_forward: experts.gate_up_proj, experts.down_proj,
+    #     router, shared_expert; the dense layers' MLP intermediate_size_mlp wide). Attention: the
+    #     chunk mask's masked softmax against a loop-by-loop one on random q, k, v (the whole model's
+    #     loop-by-loop twin in 2), a chunk >= T the plain causal mask exactly (the loss with every
+    #     layer "full_attention"), the variant's chunk another loss; adjacent-pair RoPE equal to
+    #     complex multiplication (view_as_complex) and to rotate-half with each head's q / k rows
+    #     de-interleaved (logits, permuted grads), rotate-half on the same rows another loss; the
+    #     llama3 branches; the L2 norm (each head's mean square ms / (ms + eps), commuting with RoPE)
+    #     on the RoPE layers only (use_qk_norm flipped, or the norm on the NoPE layer too: other
+    #     losses); the NoPE layer's temperature scales (1 at t = 0, > 1 after with floor_scale 2;
+    #     exactly 1 with floor_scale > T: the loss without tuning, bit-equal; no tuning another
+    #     loss; with no NoPE layer tuning changes nothing). MoE: the chosen experts' sigmoid scores
+    #     (not renormalised: < 1 with K = 1) scale each expert's input (its output instead: another
+    #     loss); gate / up the two halves of gate_up (interleaved: another loss; the loop-by-loop
+    #     model alike under each alternative); the shared expert unscaled (bit-equal with the routed
+    #     experts zeroed) and changing the loss.
+    for v in (x for x in VARIANTS if "_llama4" in x):
+        cfg, params32, tokens, targets = make_case(v)
+        L, H, Hkv, D, C = (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+                           head_dim(cfg), cfg["hidden_size"])
+        E, I, chunk, eps = num_experts(cfg), expert_size(cfg), cfg["attention_chunk_size"], cfg["rms_norm_eps"]
+        step, interval = cfg["interleave_moe_layer_step"], cfg["no_rope_layer_interval"]
+        no_rope = [int((l + 1) % interval != 0) for l in range(L)]
+        kinds = ["sparse" if sparse_layer(cfg, l) else "dense" for l in range(L)]
+        expect(cfg["moe_layers"] == list(range(step - 1, L, step)) and cfg["no_rope_layers"] == no_rope
+               and cfg["layer_types"] == ["chunked_attention" if r else "full_attention" for r in no_rope]
+               and [uses_rope(cfg, l) for l in range(L)] == [bool(r) for r in no_rope]
+               and [uses_rope(dict(cfg, no_rope_layers=None), l) for l in range(L)] == [bool(r) for r in no_rope]
+               and [chunked_layer(cfg, l) for l in range(L)] == [bool(r) for r in no_rope]
+               and kinds == ["sparse" if l in cfg["moe_layers"] else "dense" for l in range(L)],
+               f"{v}: moe_layers {cfg['moe_layers']} (interleave_moe_layer_step {step}: {', '.join(kinds)}), "
+               f"no_rope_layers {no_rope} (interval {interval}), layer_types {cfg['layer_types']}: Llama4TextConfig's rules")
+        want = []
+        for l in range(L):
+            a, f, w = f"model.layers.{l}.self_attn.", f"model.layers.{l}.feed_forward.", cfg["intermediate_size_mlp"]
+            want += [(a + "q_proj.weight", (H * D, C)), (a + "k_proj.weight", (Hkv * D, C)),
+                     (a + "v_proj.weight", (Hkv * D, C)), (a + "o_proj.weight", (C, H * D))]
+            if sparse_layer(cfg, l):
+                want += [(f + "experts.gate_up_proj", (E, C, 2 * I)), (f + "experts.down_proj", (E, I, C)),
+                         (f + "router.weight", (E, C))]
+                f, w = f + "shared_expert.", I
+            want += [(f + "gate_proj.weight", (w, C)), (f + "up_proj.weight", (w, C)), (f + "down_proj.weight", (C, w)),
+                     (f"model.layers.{l}.input_layernorm.weight", (C,)),
+                     (f"model.layers.{l}.post_attention_layernorm.weight", (C,))]
+        got = [(n, dims) for n, dims in param_shapes(cfg) if n.startswith("model.layers.")]
+        ls = cfg["moe_layers"][0]
+        expect(got == want, f"{v}: the layers' parameters in state-dict order; sparse layer {ls}: "
+               + ", ".join(f"{n[len(f'model.layers.{ls}.'):]} {list(dims)}" for n, dims in got if n.startswith(f"model.layers.{ls}.")))
+        params, logits, loss = run(cfg, params32, tokens, targets)
+        loss = loss.item()
+        # the chunked mask: vectorised against loops on random q, k, v
+        g = torch.Generator().manual_seed(6)
+        q, k, vv = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(3))
+        vis = chunk_visible(T, chunk)
+        fast = ((q @ k.transpose(-1, -2)) / math.sqrt(D)).masked_fill(~vis, float("-inf")).softmax(-1) @ vv
+        err, hidden = 0.0, 0
+        for b in range(B):
+            for hd in range(H):
+                for t in range(T):
+                    seen = [j for j in range(t + 1) if j // chunk == t // chunk]
+                    hidden += t + 1 - len(seen)
+                    sc = [float(torch.dot(q[b, hd, t], k[b, hd, j])) / math.sqrt(D) for j in seen]
+                    top = max(sc)
+                    ws = [math.exp(x - top) for x in sc]
+                    slow = sum(wj / sum(ws) * vv[b, hd, j] for wj, j in zip(ws, seen))
+                    err = max(err, float((slow - fast[b, hd, t]).abs().max()) / float(fast.abs().max()))
+        full = run(dict(cfg, layer_types=["full_attention"] * L), params32, tokens, targets)[2].item()
+        wide = [run(dict(cfg, attention_chunk_size=c), params32, tokens, targets)[2].item() for c in (T, MAX_POS)]
+        expect(err < 1e-14 and hidden > 0 and all(x == full for x in wide) and abs(full - loss) > 1e-3,
+               f"{v}: chunk {chunk}: the masked softmax equals a loop-by-loop one keeping keys j <= t with j // {chunk} == "
+               f"t // {chunk} (rel err {err:.1e}; {hidden // (B * H)} of the {T * (T + 1) // 2} causal pairs hidden); chunks "
+               f"{T} and {MAX_POS} (>= T) give the loss of every layer full_attention exactly ({full:.15f}), chunk "
+               f"{chunk} {loss:.15f}")
+        # adjacent-pair RoPE
+        x = torch.randn(B, H, T, D, generator=g, dtype=torch.float64)
+        inv = inv_freq(cfg)
+        freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+        cplx = torch.view_as_real(torch.view_as_complex(x.reshape(B, H, T, D // 2, 2).contiguous())
+                                  * torch.polar(torch.ones_like(freqs), freqs)).flatten(-2)
+        cerr = rel_err(rotate_pairs(x, inv), cplx)
+        perm = torch.cat((torch.arange(0, D, 2), torch.arange(1, D, 2)))  # pair (2i, 2i+1) -> (i, i + D/2)
+        qrows, krows = (torch.cat([hd * D + perm for hd in range(n)]) for n in (H, Hkv))
+
+        def deinterleaved(n):  # the rows of n to take, or None
+            return qrows if n.endswith(".q_proj.weight") else krows if n.endswith(".k_proj.weight") else None
+        other32 = {n: (t[deinterleaved(n)] if deinterleaved(n) is not None else t) for n, t in params32.items()}
+        try:
+            LLAMA4_ALT["rotate_half"] = True
+            po, lo, _ = run(cfg, other32, tokens, targets)
+            half = run(cfg, params32, tokens, targets)[2].item()
+            half_naive = naive_loss({n: t.to(torch.float64) for n, t in params32.items()}, cfg, tokens, targets).item()
+        finally:
+            LLAMA4_ALT["rotate_half"] = False
+        gerr = max(rel_err(po[n].grad, params[n].grad[deinterleaved(n)] if deinterleaved(n) is not None else params[n].grad)
+                   for n in params)
+        expect(cerr < 1e-15 and rel_err(lo, logits) < 1e-13 and gerr < 1e-11 and abs(half - loss) > 1e-3
+               and abs(half_naive - half) < 1e-12 * abs(half),
+               f"{v}: RoPE on adjacent pairs (2i, 2i+1) = complex multiplication by exp(i t inv_freq) (rel err {cerr:.1e}) "
+               f"= rotate-half with each head's q_proj / k_proj rows de-interleaved (logits {rel_err(lo, logits):.1e}, "
+               f"grads {gerr:.1e}); rotate-half on the same rows gives {half:.8f} (loop-by-loop alike) vs {loss:.8f}")
+        if scaling_type(cfg["rope_scaling"]) == "llama3":
+            base = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+            branches = [llama3_branch(cfg, wl) for wl in (2 * math.pi / base).tolist()]
+            unscaled = run(dict(cfg, rope_scaling=None), params32, tokens, targets)[2].item()
+            expect(branches == ["untouched", "smoothed", "scaled", "scaled"] and abs(unscaled - loss) > 1e-5,
+                   f"{v}: llama3 frequencies {', '.join(branches)}; rope_scaling null gives {unscaled:.8f} vs {loss:.8f}")
+        # the L2 norm
+        y = l2_norm(x, eps)
+        ms = (x * x).mean(-1)
+        nerr = rel_err((y * y).mean(-1), ms / (ms + eps))
+        commute = rel_err(l2_norm(rotate_pairs(x, inv), eps), rotate_pairs(l2_norm(x, eps), inv))
+        flipped = run(dict(cfg, use_qk_norm=not cfg["use_qk_norm"]), params32, tokens, targets)[2].item()
+        nope = [l for l in range(L) if not uses_rope(cfg, l)]
+        everywhere = loss
+        if nope and cfg["use_qk_norm"]:
+            try:
+                LLAMA4_ALT["qk_norm_nope"] = True
+                everywhere = run(cfg, params32, tokens, targets)[2].item()
+            finally:
+                LLAMA4_ALT["qk_norm_nope"] = False
+        expect(nerr < 1e-14 and commute < 1e-14 and abs(flipped - loss) > 1e-3
+               and (abs(everywhere - loss) > 1e-3 if nope and cfg["use_qk_norm"] else True),
+               f"{v}: use_qk_norm {cfg['use_qk_norm']}: each head's mean square after the L2 norm ms / (ms + eps) (rel err "
+               f"{nerr:.1e}), the norm commuting with the rotation (rel err {commute:.1e}); use_qk_norm "
+               f"{not cfg['use_qk_norm']} gives {flipped:.8f} vs {loss:.8f}"
+               + (f"; the norm on the NoPE layer(s) {nope} too {everywhere:.8f}" if nope and cfg["use_qk_norm"] else ""))
+        # the temperature
+        scales = temperature_scales(cfg, T).tolist()
+        untuned = run(dict(cfg, attn_temperature_tuning=False), params32, tokens, targets)[2].item()
+        floored_cfg = dict(cfg, attn_temperature_tuning=True, floor_scale=T + 1)
+        floored = run(floored_cfg, params32, tokens, targets)[2].item()
+        if nope:
+            expect(cfg["attn_temperature_tuning"] and scales[0] == 1.0 and min(scales[1:]) > 1.0
+                   and abs(untuned - loss) > 1e-3 and floored == untuned
+                   and temperature_scales(floored_cfg, T).tolist() == [1.0] * T,
+                   f"{v}: the NoPE layer(s) {nope}: query scales {', '.join(f'{x:.6f}' for x in scales)} (floor_scale "
+                   f"{cfg['floor_scale']}, attn_scale {cfg['attn_scale']:g}); without tuning {untuned:.8f} vs {loss:.8f}; "
+                   f"floor_scale {T + 1} > T: every scale exactly 1, the loss of no tuning exactly")
+        else:
+            tuned = run(dict(cfg, attn_temperature_tuning=True, floor_scale=2, attn_scale=0.5), params32, tokens, targets)[2].item()
+            expect(tuned == untuned == loss, f"{v}: no NoPE layer: attn_temperature_tuning (floor_scale 2, attn_scale 0.5) "
+                   f"changes nothing ({tuned:.15f})")
+        # the MoE block: scores, input scaling, chunked gate / up, the shared expert
+        probe, routers = [], []
+        with torch.no_grad():
+            forward({n: t.to(torch.float64) for n, t in params32.items()}, cfg, tokens, probe, routers)
+        chosen = torch.cat([torch.sigmoid(torch.topk(lg, cfg["num_experts_per_tok"], dim=-1).values).flatten() for lg in routers])
+        alts = {}
+        for key in ("scale_output", "gate_up_interleaved"):
+            try:
+                LLAMA4_ALT[key] = True
+                alts[key] = (run(cfg, params32, tokens, targets)[2].item(),
+                             naive_loss({n: t.to(torch.float64) for n, t in params32.items()}, cfg, tokens, targets).item())
+            finally:
+                LLAMA4_ALT[key] = False
+        hx = torch.randn(B, T, C, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+        base64 = {n: t.to(torch.float64) for n, t in params32.items()}
+        exact = True
+        for l in cfg["moe_layers"]:
+            m = moe_prefix(cfg, l)
+            no_routed = dict(base64, **{m + "experts.down_proj": torch.zeros_like(base64[m + "experts.down_proj"])})
+            exact = exact and torch.equal(moe_block(hx, no_routed, cfg, l).reshape(-1, C), shared_mlp(hx.reshape(-1, C), base64, m))
+        no_shared = run(cfg, {n: (torch.zeros_like(t) if ".shared_expert.down_proj." in n else t) for n, t in params32.items()},
+                        tokens, targets)[2].item()
+        expect(0 < float(chosen.min()) and float(chosen.max()) < 0.999
+               and all(abs(a - loss) > 1e-3 and abs(b - a) < 1e-12 * abs(a) for a, b in alts.values())
+               and exact and abs(no_shared - loss) > 1e-3,
+               f"{v}: the chosen experts' scores sigmoid(logit) {float(chosen.min()):.4f}..{float(chosen.max()):.4f} (K "
+               f"{cfg['num_experts_per_tok']}, not renormalised); the score on each expert's output instead of its input "
+               f"gives {alts['scale_output'][0]:.8f}, gate / up interleaved instead of chunked {alts['gate_up_interleaved'][0]:.8f} "
+               f"(the loop-by-loop model alike) vs {loss:.8f}; the shared expert alone (bit-equal) with the routed experts "
+               f"zeroed, without it {no_shared:.8f}")
 
     # 5. The fixture text parses back to the run's numbers.
     v = VARIANTS[0]

@@ -56,6 +56,8 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::deepseek_v3, "DeepseekV3", "DeepseekV3Config"},
     {LlamaArch::deepseek_v2, "DeepseekV2", "DeepseekV2Config"},
     {LlamaArch::gpt_oss, "GptOss", "GptOssConfig"},
+    // (its ForCausalLM is Llama4ForCausalLM: causal_lm_class)
+    {LlamaArch::llama4_text, "Llama4Text", "Llama4TextConfig", "llama4"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -103,7 +105,8 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool ds2 = arch == LlamaArch::deepseek_v2;  // DeepSeek-V2's: MLA, softmax routing
   const bool mla = ds || ds2, ds_moe = glm || mla;
   const bool oss = arch == LlamaArch::gpt_oss;  // gpt-oss's: its own defaults throughout
-  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || ds_moe || oss;
+  const bool l4 = arch == LlamaArch::llama4_text;  // Llama 4's: its own defaults throughout
+  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || ds_moe || oss || l4;
   const bool llama = arch == LlamaArch::llama || olmoe;
   const bool mistral = arch == LlamaArch::mistral || mixtral;
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3 || qwen3_moe || qwen2_moe;
@@ -133,6 +136,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
         olmo2 || olmoe ? I64{50304}
         : oss    ? I64{201088}
+        : l4     ? I64{202048}
         : glm    ? I64{151552}
         : ds     ? I64{129280}
         : ds2    ? I64{32000}
@@ -143,6 +147,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"hidden_size", &L::hidden_size, "Hidden size.", KeyRange::size(1), {}, true,
         smol || olmoe || qwen3_moe || qwen2_moe ? I64{2048}
         : oss    ? I64{2880}
+        : l4     ? I64{5120}
         : glm    ? I64{4096}
         : ds     ? I64{7168}
         : ds2    ? I64{4096}
@@ -154,11 +159,13 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                                    "layer is sparse; unused)."
         : ds_moe    ? "Width of the dense layers' SwiGLU MLP (the first first_k_dense_replace)."
         : oss       ? "Width of each expert's clamped SwiGLU MLP (gate_up_proj: 2x it)."
+        : l4        ? "Width of each expert's and the shared expert's SwiGLU MLP."
         : moe       ? "Width of each expert's SwiGLU MLP."
                     : "Width of the SwiGLU MLP.",
         KeyRange::size(1), {}, true,
         gemma1      ? I64{24576}
         : oss       ? I64{2880}
+        : l4        ? I64{8192}
         : exaone    ? I64{16384}
         : qwen3_moe ? I64{6144}
         : qwen2_moe ? I64{5632}
@@ -169,10 +176,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                  : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
         true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : qwen3_moe || qwen2_moe ? I64{24}
-              : olmoe ? I64{16} : glm ? I64{46} : ds ? I64{61} : oss ? I64{36} : I64{32}},
+              : olmoe ? I64{16} : glm ? I64{46} : ds ? I64{61} : oss ? I64{36}
+              : l4 ? I64{48} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
         true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe || qwen2_moe ? I64{16}
-              : glm ? I64{96} : ds ? I64{128} : oss ? I64{64} : I64{32}},
+              : glm ? I64{96} : ds ? I64{128} : oss ? I64{64} : l4 ? I64{40} : I64{32}},
       // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32,
       // Gemma 2's and 3's 4, Gemma 1's 16 (MHA).
       A{"num_key_value_heads", &L::num_key_value_heads,
@@ -180,7 +188,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         KeyRange::size(0), {}, true,
         smol || qwen3_moe ? I64{4}
         : gemma1 || qwen2_moe ? I64{16}
-        : glm || oss          ? I64{8}
+        : glm || oss || l4    ? I64{8}
         : ds                  ? I64{128}
         : ds2                 ? I64{0}
                  : by(I64{0}, I64{8}, I64{32}, I64{0}, I64{4})},
@@ -188,7 +196,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   if (has_head_dim_key(arch)) {
     rows.push_back(A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
                      "num_attention_heads.", KeyRange::size(0), {}, true,
-                     arch == LlamaArch::qwen3 ? I64{128} : gemma ? I64{256}
+                     arch == LlamaArch::qwen3 || l4 ? I64{128} : gemma ? I64{256}
                      : oss ? I64{64} : I64{0}});
   }
   rows.insert(rows.end(), {
@@ -197,24 +205,27 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         smol               ? I64{32768}
         : exaone           ? I64{2048}
         : olmoe            ? I64{4096}
-        : glm || oss       ? I64{131072}
+        : glm || oss || l4 ? I64{131072}
         : ds               ? I64{4096}
         : ds2              ? I64{2048}
         : gemma2 || gemma1 ? I64{8192}
                            : by(I64{2048}, I64{131072}, I64{32768}, I64{4096}, I64{131072})},
       A{"rms_norm_eps", &L::rms_norm_eps, "RMSNorm epsilon.", KeyRange::above(0), {}, true,
-        olmo2 || phi3 || exaone || mixtral || olmoe || glm || oss ? 1e-5 : 1e-6},
+        olmo2 || phi3 || exaone || mixtral || olmoe || glm || oss || l4 ? 1e-5 : 1e-6},
       A{"rope_theta", &L::rope_theta,
         gemma3 ? "RoPE base period of the global (full-attention) layers." : "RoPE base period.",
         KeyRange::above(0), {}, true,
-        gemma3 || mixtral ? 1e6 : smol ? 2e6 : oss ? 150000.0 : 10000.0},
+        gemma3 || mixtral ? 1e6 : smol ? 2e6 : oss ? 150000.0 : l4 ? 500000.0 : 10000.0},
       A{"rope_scaling.rope_type", enum_member<L, &L::rope_type>(),
         gemma3 ? "RoPE frequency scaling of the global layers: default (none), linear (position "
                  "interpolation), Llama 3.1's llama3 or yarn."
         : phi3 ? "RoPE frequency scaling: default (none) or longrope (Phi-3's LongRoPE)."
+        : l4   ? "RoPE frequency scaling: default (none) or Llama 3.1's llama3 (Llama 4's "
+                 "rotary embedding reads any rope_scaling as llama3)."
                : "RoPE frequency scaling: default (none), linear (position interpolation), Llama "
                  "3.1's llama3 or yarn.", {},
         phi3 ? std::vector<std::string>{"default", "longrope"}
+        : l4 ? std::vector<std::string>{"default", "llama3"}
              : std::vector<std::string>{"default", "linear", "llama3", "yarn"},
         true, std::string(enum_name(oss ? L::RopeType::yarn : L::RopeType::default_))},
       A{"rope_scaling.factor", &L::rope_factor, "linear, llama3, yarn: how much longer than "
@@ -306,10 +317,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
     rows.push_back(A{"rope_interleave", &L::rope_interleave, "RoPE rotates adjacent pairs (2i, "
                      "2i + 1) of the rope columns (else the two halves).", {}, {}, true, true});
   }
-  if (glm) {
+  if (glm || l4) {
     rows.push_back(A{"use_qk_norm", &L::use_qk_norm,
-                     "An RMSNorm over each head of q and k before RoPE (q_norm, k_norm).", {}, {},
-                     true, false});
+                     l4 ? "On the RoPE layers, a weightless L2 (RMS) norm over each head of q and "
+                          "k after RoPE (Llama4TextL2Norm, eps rms_norm_eps)."
+                        : "An RMSNorm over each head of q and k before RoPE (q_norm, k_norm).",
+                     {}, {}, true, l4});
   }
   if ((llama && !olmoe) || smol || granite) {
     rows.push_back(A{"mlp_bias", &L::mlp_bias, "Biases on gate_proj, up_proj and down_proj.", {},
@@ -350,10 +363,31 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
           KeyRange::above(0), {}, true, 1.0},
     });
   }
-  if (smol) {
+  if (smol || l4) {
     rows.push_back(A{"no_rope_layer_interval", &L::no_rope_layer_interval,
-                     "Layer l has no RoPE (NoPE) when l + 1 is a multiple of it.",
+                     l4 ? "Layer l has no RoPE (NoPE: global, temperature-tuned) when l + 1 is a "
+                          "multiple of it; the others rotate and attend within chunks."
+                        : "Layer l has no RoPE (NoPE) when l + 1 is a multiple of it.",
                      KeyRange::size(1), {}, true, I64{4}});
+  }
+  if (l4) {  // Llama4TextConfig's own
+    rows.insert(rows.end(), {
+        A{"intermediate_size_mlp", &L::intermediate_size_mlp,
+          "Width of the dense layers' SwiGLU MLP.", KeyRange::size(1), {}, true, I64{16384}},
+        A{"interleave_moe_layer_step", &L::interleave_moe_layer_step,
+          "Layer l is sparse (router, experts, shared expert) when l + 1 is a multiple of it; "
+          "the others dense.", KeyRange::size(1), {}, true, I64{1}},
+        A{"attention_chunk_size", &L::attention_chunk_size,
+          "The RoPE layers attend within chunks of this many positions (key j visible to query "
+          "i iff j // chunk == i // chunk); 0 = none.", KeyRange::size(0), {}, true, I64{8192}},
+        A{"attn_temperature_tuning", &L::attn_temperature_tuning,
+          "Scale the NoPE layers' queries by log(floor((t + 1) / floor_scale) + 1) * attn_scale "
+          "+ 1 at position t.", {}, {}, true, true},
+        A{"floor_scale", &L::floor_scale, "attn_temperature_tuning: positions per step of the "
+          "log.", KeyRange::size(1), {}, true, I64{8192}},
+        A{"attn_scale", &L::attn_scale, "attn_temperature_tuning: the log's factor.",
+          KeyRange::nonnegative(), {}, true, 0.1},
+    });
   }
   if (qwen) {
     rows.push_back(A{"max_window_layers", &L::max_window_layers,
@@ -389,13 +423,15 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   }
   if (moe) {  // the sparse MLP (Qwen3MoeConfig, MixtralConfig, OlmoeConfig)
     rows.insert(rows.end(), {
-        A{mixtral || oss ? "num_local_experts" : ds_moe ? "n_routed_experts" : "num_experts",
+        A{mixtral || oss || l4 ? "num_local_experts" : ds_moe ? "n_routed_experts" : "num_experts",
           &L::num_experts,
           ds_moe ? "Routed experts (SwiGLU MLPs) per sparse layer."
           : oss  ? "Experts (clamped SwiGLU MLPs with biases) per layer."
+          : l4   ? "Routed experts (SwiGLU MLPs) per sparse layer."
                  : "Experts (SwiGLU MLPs) per layer.",
           KeyRange::size(1), {}, true,
           qwen3_moe || glm || oss ? I64{128} : ds ? I64{256} : olmoe || ds2 ? I64{64}
+          : l4 ? I64{16}
                                       : qwen2_moe ? I64{60} : I64{8}},
         // (DeepseekV2Config's None means a dense model: a config.json must give it)
         A{"num_experts_per_tok", &L::num_experts_per_tok,
@@ -403,10 +439,13 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                            "scores plus e_score_correction_bias)."
           : oss          ? "Experts each token is routed to (the top k of the router's logits, "
                            "weighted by their softmax)."
+          : l4           ? "Experts each token is routed to (the top k of the router's logits; "
+                           "their sigmoids scale the experts' inputs). fsdp_train: 1."
                          : "Experts each token is routed to (the top k of the router's softmax).",
           KeyRange::size(1), {}, true,
           ds2 ? std::optional<ModelValue>()
-              : std::optional<ModelValue>(mixtral ? I64{2} : qwen2_moe || oss ? I64{4} : I64{8})},
+              : std::optional<ModelValue>(mixtral ? I64{2} : qwen2_moe || oss ? I64{4}
+                                          : l4 ? I64{1} : I64{8})},
     });
     if (qwen3_moe || qwen2_moe || ds_moe) {
       rows.push_back(A{"moe_intermediate_size", &L::moe_intermediate_size,
@@ -443,12 +482,14 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                        "Width of the shared expert's SwiGLU MLP (every token runs it, scaled by "
                        "sigmoid(shared_expert_gate)).", KeyRange::size(1), {}, true, I64{5632}});
     }
-    if (!mixtral && !ds2 && !oss) {  // Mixtral and gpt-oss always renormalise, DeepseekV2Moe never
+    // Mixtral and gpt-oss always renormalise, DeepseekV2Moe and Llama 4 never
+    if (!mixtral && !ds2 && !oss && !l4) {
       rows.push_back(A{"norm_topk_prob", &L::norm_topk_prob,
                        "Divide each token's top-k routing weights by their sum.", {}, {}, true,
                        ds_moe});
     }
-    if (!ds_moe) {  // (Glm4MoeForCausalLM and DeepseekV3ForCausalLM have no auxiliary loss)
+    // (Glm4MoeForCausalLM, DeepseekV3ForCausalLM and Llama4ForCausalLM have no auxiliary loss)
+    if (!ds_moe && !l4) {
       rows.insert(rows.end(), {
           A{"output_router_logits", &L::output_router_logits,
             "Add the auxiliary load-balancing loss (router_aux_loss_coef times it) to the loss.",
@@ -481,6 +522,10 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   defaults.arch = arch;
   if (phi3 || mixtral) defaults.sliding_window = 0;  // Phi3Config's, MixtralConfig's None
   if (olmoe) defaults.router_aux_loss_coef = 0.01;  // OlmoeConfig's
+  if (l4) {  // Llama4TextConfig's (one expert a token: what fsdp_train implements)
+    defaults.use_qk_norm = true;
+    defaults.num_experts_per_tok = 1;
+  }
   if (oss) {  // GptOssConfig's: yarn 32x from 4096 (not truncated), every other layer sliding
     defaults.router_aux_loss_coef = 0.9;
     defaults.rope_type = L::RopeType::yarn;
@@ -634,20 +679,28 @@ LayerIndex layer_index(const LlamaConfig& c, bool sparse) {
   }
   lin(x.o_w, x.o_b, c.o_bias());
   x.sinks = c.attention_sinks() ? n++ : -1;
-  x.q_norm = c.qk_norm() ? n++ : -1;
-  x.k_norm = c.qk_norm() ? n++ : -1;
+  // (Llama 4's q/k norms have no weight)
+  x.q_norm = c.qk_norm() && !c.llama4() ? n++ : -1;
+  x.k_norm = c.qk_norm() && !c.llama4() ? n++ : -1;
   if (sparse && c.packed_experts()) {  // gpt-oss: mlp.router.{weight,bias}, mlp.experts.*
+    // (Llama 4: feed_forward.router, feed_forward.experts without biases, the shared expert)
+    const bool biases = c.gpt_oss();
     x.gate_w = x.gate_b = x.up_w = x.up_b = x.down_w = x.down_b = -1;
     x.router = n++;
-    x.router_b = n++;
+    x.router_b = biases ? n++ : -1;
     x.px_gate_up = n++;
-    x.px_gate_up_b = n++;
+    x.px_gate_up_b = biases ? n++ : -1;
     x.px_down = n++;
-    x.px_down_b = n++;
+    x.px_down_b = biases ? n++ : -1;
+    if (c.shared_expert()) {
+      x.s_gate = n++;
+      x.s_up = n++;
+      x.s_down = n++;
+    }
   } else if (sparse) {
     x.gate_w = x.gate_b = x.up_w = x.up_b = x.down_w = x.down_b = -1;
     x.router = n++;
-    x.e_bias = c.sigmoid_routing() ? n++ : -1;
+    x.e_bias = c.selection_bias() ? n++ : -1;
     x.expert0 = n;
     n += static_cast<int>(3 * c.num_experts);
     if (c.arch == LlamaArch::mixtral) {  // w1, w2, w3
@@ -677,9 +730,8 @@ struct LayerParams {
   int p0;
 };
 LayerParams layer_params(const LlamaConfig& c, int64_t l) {
-  const int64_t dense_before = !c.moe() ? l
-                               : c.deepseek_moe() ? std::min(l, c.first_k_dense_replace)
-                                              : 0;
+  int64_t dense_before = 0;  // (DeepSeek's first layers, Llama 4's interleaved ones)
+  for (int64_t i = 0; i < l; ++i) dense_before += c.layer_sparse(i) ? 0 : 1;
   const int64_t dense = layer_index(c, false).count,
                 sparse = c.moe() ? layer_index(c, true).count : 0;
   const int64_t before = dense_before * dense + (l - dense_before) * sparse;
@@ -692,6 +744,7 @@ LayerParams layer_params(const LlamaConfig& c, int64_t l) {
 // [I, 2I) of gate_up_proj). Contiguous rows, so the GEMMs read and write them in place.
 template <class Param>
 TensorView layer_slot(const LlamaConfig& c, const LayerIndex& x, int k, Param&& param) {
+  if (k < 0) throw Error("layer_slot: the layer has no such parameter (slot " + std::to_string(k) + ")");
   if (k < x.count) return param(k);
   const int64_t C = c.hidden_size, I = c.intermediate_size;
   const int64_t Q = c.num_attention_heads * c.head_size(), KV = c.kv_heads() * c.head_size();
@@ -753,6 +806,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::glm4_moe:
     case LlamaArch::deepseek_v3:
     case LlamaArch::deepseek_v2:
+    case LlamaArch::llama4_text:  // (its chunks: layer_chunk)
     case LlamaArch::llama: break;
   }
   return 0;
@@ -762,7 +816,13 @@ bool LlamaConfig::layer_rope(int64_t layer) const {
   // EXAONE 4: with a window only the sliding layers rotate (Exaone4Attention's "global NoPE
   // for hybrid attention").
   if (arch == LlamaArch::exaone4) return sliding_window == 0 || layer_window(layer) > 0;
-  return arch != LlamaArch::smollm3 || (layer + 1) % no_rope_layer_interval != 0;
+  return (arch != LlamaArch::smollm3 && !llama4()) || (layer + 1) % no_rope_layer_interval != 0;
+}
+
+double LlamaConfig::temperature_scale(int64_t t) const {
+  // Llama4TextAttention: log(floor((cache_position + 1) / floor_scale) + 1) * attn_scale + 1
+  const double steps = std::floor(static_cast<double>(t + 1) / static_cast<double>(floor_scale));
+  return std::log(steps + 1.0) * attn_scale + 1.0;
 }
 
 bool LlamaConfig::layer_local_rope(int64_t layer) const {
@@ -890,9 +950,11 @@ InitKind norm_init_of(const LlamaConfig& c) {
 ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
   const int64_t C = c.hidden_size;
   const int64_t Q = c.num_attention_heads * c.head_size(), KV = c.kv_heads() * c.head_size();
-  const int64_t I = c.intermediate_size;
-  const float std0 = static_cast<float>(c.initializer_range);
   const bool sparse = c.layer_sparse(l);
+  const int64_t I = sparse ? c.intermediate_size : c.mlp_width(l);  // a dense layer's MLP
+  // Llama 4's MLP is its feed_forward (Llama4TextMoe, Llama4TextMLP)
+  const std::string ff = c.llama4() ? "feed_forward." : "mlp.";
+  const float std0 = static_cast<float>(c.initializer_range);
   const LayerIndex x = layer_index(c, sparse);
   const InitKind norm_init = norm_init_of(c);
   const std::string m = "model.layers." + std::to_string(l);
@@ -927,18 +989,22 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
     linear(x.q_w, x.q_b, "self_attn.q_proj", Q, C);
     linear(x.k_w, x.k_b, "self_attn.k_proj", KV, C);
     linear(x.v_w, x.v_b, "self_attn.v_proj", KV, C);
-    linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
-    linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
+    linear(x.gate_w, x.gate_b, ff + "gate_proj", I, C);
+    linear(x.up_w, x.up_b, ff + "up_proj", I, C);
   }
   put(x.sinks, "self_attn.sinks", {c.num_attention_heads}, InitKind::normal, false);
   if (sparse && c.packed_experts()) {  // gpt-oss: HF's GptOssTopKRouter and GptOssExperts
     const int64_t E = c.num_experts, Im = c.expert_size();
-    put(x.router, "mlp.router.weight", {E, C}, InitKind::normal, true);
-    put(x.router_b, "mlp.router.bias", {E}, InitKind::normal, false);  // (HF: normal too)
-    put(x.px_gate_up, "mlp.experts.gate_up_proj", {E, C, 2 * Im}, InitKind::normal, true);
-    put(x.px_gate_up_b, "mlp.experts.gate_up_proj_bias", {E, 2 * Im}, InitKind::zeros, false);
-    put(x.px_down, "mlp.experts.down_proj", {E, Im, C}, InitKind::normal, true);
-    put(x.px_down_b, "mlp.experts.down_proj_bias", {E, C}, InitKind::zeros, false);
+    put(x.router, ff + "router.weight", {E, C}, InitKind::normal, true);
+    put(x.router_b, ff + "router.bias", {E}, InitKind::normal, false);  // (HF: normal too)
+    put(x.px_gate_up, ff + "experts.gate_up_proj", {E, C, 2 * Im}, InitKind::normal, true);
+    put(x.px_gate_up_b, ff + "experts.gate_up_proj_bias", {E, 2 * Im}, InitKind::zeros, false);
+    put(x.px_down, ff + "experts.down_proj", {E, Im, C}, InitKind::normal, true);
+    put(x.px_down_b, ff + "experts.down_proj_bias", {E, C}, InitKind::zeros, false);
+    const int64_t Is = c.shared_size();  // Llama 4's shared expert
+    put(x.s_gate, ff + "shared_expert.gate_proj.weight", {Is, C}, InitKind::normal, true);
+    put(x.s_up, ff + "shared_expert.up_proj.weight", {Is, C}, InitKind::normal, true);
+    put(x.s_down, ff + "shared_expert.down_proj.weight", {C, Is}, InitKind::normal, true);
   } else if (sparse) {  // the router and the experts (HF's names: Mixtral's block_sparse_moe, w1-3)
     const bool mixtral = c.arch == LlamaArch::mixtral;
     const std::string moe = mixtral ? "block_sparse_moe" : "mlp";
@@ -969,7 +1035,7 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
   const bool per_head = c.qk_norm_per_head();
   put(x.q_norm, "self_attn.q_norm.weight", {per_head ? c.head_size() : Q}, norm_init, false);
   put(x.k_norm, "self_attn.k_norm.weight", {per_head ? c.head_size() : KV}, norm_init, false);
-  linear(x.down_w, x.down_b, "mlp.down_proj", C, I);
+  linear(x.down_w, x.down_b, ff + "down_proj", C, I);
   put(x.attn_in, "input_layernorm.weight", {C}, norm_init, false);
   put(x.attn_out, "post_attention_layernorm.weight", {C}, norm_init, false);
   put(x.mlp_in,
@@ -1072,6 +1138,33 @@ float embed_alpha(const LlamaConfig& c, DType weight_dtype) {
 }
 }  // namespace
 
+namespace {
+// The up projection's rows of a dense layer: its own buffer, or under packed_experts() (whose
+// gate buffer holds a sparse layer's [rows, 2I] and there is no up buffer; Llama 4's dense
+// layers) the second half of the gate buffer.
+TensorView dense_up(const DeviceBuffer& gate, const DeviceBuffer& up, int64_t rows,
+                    int64_t width) {
+  if (up.numel() > 0) return up.view({rows, width});
+  if (gate.numel() < 2 * rows * width) return TensorView{};  // (a sparse layer's: unused)
+  return gate.view().slice(rows * width, rows * width).reshape({rows, width});
+}
+// Llama 4's RoPE pairs: HF's adjacent columns (2i, 2i + 1) of each of G heads D wide (its
+// apply_rotary_emb's complex view) as ours (i, i + D/2), the rotate-half layout rope_forward
+// rotates (the evens, then the odds), or back (`to_ours` false). q.k is a sum over the columns,
+// so the attention reads the permuted q and k unchanged.
+void pair_layout(Kernels& k, const TensorView& ours, const TensorView& hf, int64_t R, int64_t G,
+                 int64_t D, bool to_ours) {
+  for (int64_t h = 0; h < 2; ++h) {
+    const Kernels::Strided o{G * D, h * (D / 2), D, 1}, f{G * D, h, D, 2};
+    if (to_ours) {
+      k.strided_copy(ours, o, hf, f, R, G, D / 2, false);
+    } else {
+      k.strided_copy(hf, f, ours, o, R, G, D / 2, false);
+    }
+  }
+}
+}  // namespace
+
 struct LlamaModel::Acts {
   int64_t B = 0, T = 0;  // capacity
   std::vector<DeviceBuffer> res;  // L+1 residual streams [BT,C]
@@ -1126,6 +1219,11 @@ struct LlamaModel::Acts {
   // moe_count), and d loss / d p [E] fp32 (the load-balancing loss's backward). Empty
   // otherwise.
   DeviceBuffer moe_psum, moe_counts, moe_dprobs;
+  // input_scaled_routing() (Llama 4): the scaled inputs [BT, C] (forward: w * ln2; backward: the
+  // same again, then their gradient) and d ln2 through the scaling [BT, C]; the identity slot
+  // 0 .. BT-1 [BT] int32; a zero selection bias [E] fp32 (moe_sigmoid_router_forward's). Empty
+  // otherwise.
+  DeviceBuffer moe_xs, moe_dxs, moe_identity, moe_zero_bias;
   // shared_expert(): scratch [BT, Is] x2 (forward: its activation; backward: d gate, d up),
   // d output [BT, C], d logit [BT].
   DeviceBuffer s_act, s_dup, s_dout, s_dlogit;
@@ -1139,6 +1237,10 @@ struct LlamaModel::Acts {
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, R/2], R = rotary_dim()
   // Gemma 3's sliding layers' RoPE (layer_local_rope), fp32 [T, R/2]; else empty.
   DeviceBuffer rope_local_cos, rope_local_sin;
+  // Llama 4's NoPE layers' query temperature as a rotation table (cos = the scale at position
+  // t, sin = 0: rope_forward multiplies q by it) fp32 [T, D/2], when some scale is not 1
+  // (temperature_table()); else empty.
+  DeviceBuffer temp_cos, temp_sin;
   // Gemma 3 (norm_weight_offset()): fp32 ones [max(C, D)], and the (1 + weight) of one
   // layer's norms [4C + 2D] (attn_in, attn_out, mlp_in, mlp_out, q_norm, k_norm; the final
   // norm's in its first C), rebuilt before each use (norm_weight, layer_norms). Its first C
@@ -1175,6 +1277,20 @@ std::vector<BufferSet> buffer_sets(const LlamaConfig& c, int64_t BT,
 DType router_dtype(const LlamaConfig& c, DType act) {
   return c.deepseek_moe() ? DType::f32 : act;
 }
+// Whether the model needs Acts::ones and Acts::norm_w (Gemma's (1 + weight) norms, a padding
+// row's kept gradient, Llama 4's weightless q/k norms).
+bool norm_scratch(const LlamaConfig& c) {
+  return c.norm_weight_offset() || c.pad_token_id >= 0 || (c.llama4() && c.use_qk_norm);
+}
+// Whether sequences of T tokens need Llama 4's temperature table: a NoPE layer, the tuning on,
+// and a position t < T whose scale is not 1 (t + 1 >= floor_scale).
+bool temperature_table(const LlamaConfig& c, int64_t T) {
+  if (!c.llama4() || !c.attn_temperature_tuning || T < c.floor_scale) return false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.layer_rope(l)) return true;
+  }
+  return false;
+}
 // Element counts of what ensure_buffers allocates, by storage class: one table for the
 // allocation and the memory plan.
 ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
@@ -1200,7 +1316,8 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
   const int64_t rope_tables = c.local_rope() ? 2 : 1;  // global (and the sliding layers')
   const int64_t R = c.rotary_dim();
   n.f32 = S * (norms * BT + B * H * T) + BT + rope_tables * 2 * T * (R / 2);  // rstd, lse; ...
-  if (c.norm_weight_offset() || c.pad_token_id >= 0) n.f32 += std::max(C, D) + 4 * C + 2 * D;
+  if (norm_scratch(c)) n.f32 += std::max(C, D) + 4 * C + 2 * D;
+  if (temperature_table(c, T)) n.f32 += 2 * T * (D / 2);
   if (c.qk_norm()) {
     n.act += S * BT * (Q + KV);                  // q_raw, k_raw
     n.f32 += S * BT * (c.qk_norm_per_head() ? H + c.kv_heads() : 2);  // q_rstd, k_rstd
@@ -1223,6 +1340,11 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
     n.f32 += sparse_sets * RK + RK;  // weights; d weights
     n.i32 += sparse_sets * 3 * RK;   // idx, src, slot
     if (c.aux_loss()) n.f32 += 3 * E;  // psum, counts, dprobs
+    if (c.input_scaled_routing()) {  // scaled inputs, d ln2 scratch; identity slot; zero bias
+      n.act += 2 * BT * C;
+      n.i32 += BT;
+      n.f32 += E;
+    }
     if (c.shared_expert()) {  // gate, up (Qwen2-MoE: output, logit); their scratch (d output)
       const int64_t Is = c.shared_size(), gated = c.shared_expert_gated() ? 1 : 0;
       n.act += (sparse_sets + 1) * 2 * BT * Is + (sparse_sets + 1) * gated * (BT * C + BT);
@@ -1321,6 +1443,15 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
       const int64_t E = cfg_.num_experts;
       a->moe_psum = f32(E); a->moe_counts = f32(E); a->moe_dprobs = f32(E);
     }
+    if (cfg_.input_scaled_routing()) {
+      a->moe_xs = f(BT * C); a->moe_dxs = f(BT * C);
+      a->moe_identity = DeviceBuffer(rt_, DType::i32, BT, cat);
+      std::vector<int32_t> ids(static_cast<std::size_t>(BT));
+      for (int64_t i = 0; i < BT; ++i) ids[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
+      rt_.copy_from_host(a->moe_identity.view({BT}), ids.data());
+      a->moe_zero_bias = f32(cfg_.num_experts);
+      rt_.fill_zero(a->moe_zero_bias.view());
+    }
     if (cfg_.shared_expert()) {
       const int64_t Is = cfg_.shared_size();
       a->s_act = f(BT * Is); a->s_dup = f(BT * Is);
@@ -1357,7 +1488,18 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   if (cfg_.local_rope()) {
     rope_table(llama_local_rope_config(cfg_), a->rope_local_cos, a->rope_local_sin);
   }
-  if (cfg_.norm_weight_offset() || cfg_.pad_token_id >= 0) {
+  if (temperature_table(cfg_, T)) {  // cos = the scale at t, sin = 0: q times the scale
+    const int64_t half = D / 2;
+    a->temp_cos = f32(T * half);
+    a->temp_sin = f32(T * half);
+    std::vector<float> cs(static_cast<std::size_t>(T * half));
+    for (int64_t t = 0; t < T; ++t) {
+      std::fill_n(cs.begin() + t * half, half, static_cast<float>(cfg_.temperature_scale(t)));
+    }
+    rt_.copy_from_host(a->temp_cos.view({T, half}), cs.data());
+    rt_.fill_zero(a->temp_sin.view());
+  }
+  if (norm_scratch(cfg_)) {
     const int64_t n1 = std::max(C, D);
     a->ones = f32(n1);
     const std::vector<float> one(static_cast<std::size_t>(n1), 1.f);
@@ -1484,8 +1626,7 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   const TensorView in = rows(a.res[l], C), n1 = rows(a.dln, C), q = rows(y.q, Q),
                    k = rows(y.k, KV), v = rows(y.v, KV), atty = rows(y.atty, Q),
                    res2 = rows(y.res2, C), gate = y.gate.view({MR, I}),
-                   up = cfg_.packed_experts() ? TensorView{} : y.up.view({MR, I}),
-                   act = a.dI1.view({MR, I});  // Acts::dI1
+                   up = dense_up(y.gate, y.up, MR, I), act = a.dI1.view({MR, I});  // Acts::dI1
   const bool local = cfg_.layer_local_rope(l);
   const int64_t R = cfg_.rotary_dim();  // RoPE's rotated columns of a head; R/2 frequencies
   const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, R / 2}),
@@ -1500,6 +1641,8 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   const TensorView xin = before ? n1 : in;
   if (cfg_.mla()) {
     mla_forward(l, B, T, hooks, xin);
+  } else if (cfg_.llama4()) {
+    llama4_attention_forward(l, B, T, hooks, xin);
   } else {
     if (cfg_.qk_norm()) {  // q = q_norm(q_proj(xin)) (Qwen3, Gemma 3: per head; OLMo 2: per row)
       const QkNormRows n = qk_norm_rows(cfg_, BT);
@@ -1816,8 +1959,10 @@ TensorView expert_rows(const DeviceBuffer& b, const std::vector<int64_t>& offset
   const int64_t n = offsets[static_cast<std::size_t>(e) + 1] - first;
   return b.view().slice(first * width, n * width).reshape({n, width});
 }
-// GLM-4.5's routing, as moe_sigmoid_router_* take it.
+// GLM-4.5's routing, as moe_sigmoid_router_* take it (Llama 4's: one group, the sigmoids as
+// they are).
 Kernels::SigmoidRouting sigmoid_routing(const LlamaConfig& c) {
+  if (c.llama4()) return {1, 1, false, 1.f};
   return {c.n_group, c.topk_group, c.norm_topk_prob, static_cast<float>(c.routed_scaling_factor)};
 }
 }  // namespace
@@ -1864,8 +2009,10 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
   linear_forward(be_, BT, logits, ln2, W(x.router), x.router_b >= 0 ? W(x.router_b) : TensorView{},
                  E, C);
   if (cfg_.sigmoid_routing()) {
+    // (Llama 4: no selection bias, a zero one)
     be_.moe_sigmoid_router_forward(y.moe_idx.view({RK}), y.moe_w.view({RK}), logits,
-                                   W(x.e_bias), BT, E, K, sigmoid_routing(cfg_));
+                                   x.e_bias >= 0 ? W(x.e_bias) : a.moe_zero_bias.view(), BT, E,
+                                   K, sigmoid_routing(cfg_));
   } else {
     be_.moe_router_forward(y.moe_idx.view({RK}), y.moe_w.view({RK}), logits, BT, E, K,
                            cfg_.normalize_top_k());
@@ -1891,8 +2038,17 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
   }
   // The routed rows: each token's ln2 once per expert it chose, grouped by expert; then each
   // expert's SwiGLU MLP on its rows: down(silu(gate(x)) * up(x)).
-  be_.embedding_lookup_forward(a.moe_rows.view({RK, C}), y.moe_src.view({RK}), ln2, RK, C);
-  if (cfg_.packed_experts()) {
+  // (Llama 4: each token's ln2 times its expert's score: one expert a token)
+  const bool scaled = cfg_.input_scaled_routing();
+  if (scaled) {
+    be_.moe_combine_forward(a.moe_xs.view({BT, C}), ln2, y.moe_w.view({RK}),
+                            a.moe_identity.view({BT}), BT, 1, C);
+  }
+  be_.embedding_lookup_forward(a.moe_rows.view({RK, C}), y.moe_src.view({RK}),
+                               scaled ? a.moe_xs.view({BT, C}) : ln2, RK, C);
+  if (cfg_.llama4()) {
+    llama4_experts_forward(l, BT, hooks);
+  } else if (cfg_.packed_experts()) {
     packed_experts_forward(l, BT, hooks);
   } else {
     for (int64_t e = 0; e < E; ++e) {
@@ -1934,8 +2090,10 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
   // res[l + 1] = res2 + sum_k weight_k * expert_k(ln2) (+ Qwen2-MoE's sigmoid(logit) * shared,
   // GLM-4.5's shared)
   const TensorView out = a.res[static_cast<std::size_t>(l + 1)].view({BT, C});
-  be_.moe_combine_forward(out, y.expert_out.view({RK, C}), y.moe_w.view({RK}),
-                          y.moe_slot.view({RK}), BT, K, C);
+  // (Llama 4: the outputs unweighted, their inputs were scaled)
+  be_.moe_combine_forward(out, y.expert_out.view({RK, C}),
+                          scaled ? TensorView{} : y.moe_w.view({RK}), y.moe_slot.view({RK}), BT,
+                          K, C);
   if (cfg_.shared_expert() && gated) {
     be_.moe_shared_gate_forward(out, y.shared_out.view({BT, C}), y.shared_logit.view({BT}), BT,
                                 C);
@@ -1967,7 +2125,17 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
                    slot = y.moe_slot.view({RK}), dw = a.moe_dw.view({RK}),
                    dlogits = a.moe_dlogits.view({BT, E});
   // d expert outputs (into the routed rows) and d weights from dres = d res[l + 1]
-  if (packed) {
+  if (cfg_.llama4()) {
+    // d expert outputs: each token's dres (unweighted, one expert a token); the experts'
+    // backward re-gathers their scaled inputs from ln2 (into dln); then d xs = each token's row
+    // gradient, through the scaling into d ln2 (moe_dxs) and d w
+    be_.embedding_lookup_forward(rows, y.moe_src.view({RK}), dres, RK, C);
+    if (!recompute) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, norm_weight, BT, C, eps);
+    llama4_experts_backward(l, BT, hooks, recompute);
+    be_.moe_combine_forward(a.moe_xs.view({BT, C}), rows, TensorView{}, slot, BT, 1, C);
+    be_.moe_combine_backward(a.moe_dxs.view({BT, C}), dw, a.moe_xs.view({BT, C}), dln, w,
+                             a.moe_identity.view({BT}), BT, 1, C);
+  } else if (packed) {
     if (!recompute) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, norm_weight, BT, C, eps);
     be_.moe_combine_backward(rows, dw, dres, y.expert_out.view({RK, C}), w, slot, BT, K, C);
     packed_experts_backward(l, BT, hooks, recompute);  // (ln2 in dln, kept)
@@ -2044,7 +2212,11 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
   }
   // d ln2 = each token's routed rows' gradients summed + d logits @ gate (+ the shared
   // expert's: through its gate and up projections and its sigmoid gate); then the norm
-  be_.moe_combine_forward(dln, rows, TensorView{}, slot, BT, K, C);
+  if (cfg_.input_scaled_routing()) {
+    rt_.cast(dln, a.moe_dxs.view({BT, C}));
+  } else {
+    be_.moe_combine_forward(dln, rows, TensorView{}, slot, BT, K, C);
+  }
   be_.gemm(false, false, BT, C, E, 1.f, dlogits, W(x.router), 1.f, dln);
   if (shared) {
     be_.gemm(false, false, BT, C, Is, 1.f, s_act, W(x.s_gate), 1.f, dln);
@@ -2135,6 +2307,227 @@ void LlamaModel::packed_experts_backward(int64_t l, int64_t BT, ModuleHooks& hoo
   }
 }
 
+namespace {
+// The calls of a causal attention over B sequences of T tokens in chunks of `chunk` positions
+// (0 or >= T: one call): `f(row0, b, t, lse0)` attends b sequences of t tokens from row row0,
+// their logsumexp from element lse0 ([b, H, t]). Whole chunks are sequences of their own (a
+// reshape); a shorter last chunk of each sequence is its own call.
+template <class F>
+void for_chunks(int64_t B, int64_t T, int64_t H, int64_t chunk, F&& f) {
+  if (chunk <= 0 || chunk >= T) {
+    f(0, B, T, 0);
+    return;
+  }
+  const int64_t whole = T / chunk, tail = T % chunk;
+  if (tail == 0) {
+    f(0, B * whole, chunk, 0);
+    return;
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    f(b * T, whole, chunk, b * H * T);
+    f(b * T + whole * chunk, 1, tail, b * H * T + whole * H * chunk);
+  }
+}
+}  // namespace
+
+void LlamaModel::chunked_attention_forward(int64_t l, int64_t B, int64_t T, const TensorView& out,
+                                           const TensorView& lse, const TensorView& q,
+                                           const TensorView& k, const TensorView& v) {
+  const int64_t H = cfg_.num_attention_heads, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
+  const int64_t Q = H * D, KV = Hkv * D;
+  const float scale = cfg_.attention_scale();
+  for_chunks(B, T, H, cfg_.layer_chunk(l), [&](int64_t r0, int64_t b, int64_t t, int64_t l0) {
+    be_.gqa_attention_forward(out.slice(r0 * Q, b * t * Q), lse.slice(l0, b * H * t),
+                              q.slice(r0 * Q, b * t * Q), k.slice(r0 * KV, b * t * KV),
+                              v.slice(r0 * KV, b * t * KV), b, t, H, Hkv, D, scale, 0, 0.f);
+  });
+}
+
+void LlamaModel::chunked_attention_backward(int64_t l, int64_t B, int64_t T, const TensorView& dq,
+                                            const TensorView& dk, const TensorView& dv,
+                                            const TensorView& dout, const TensorView& q,
+                                            const TensorView& k, const TensorView& v,
+                                            const TensorView& out, const TensorView& lse) {
+  const int64_t H = cfg_.num_attention_heads, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
+  const int64_t Q = H * D, KV = Hkv * D;
+  const float scale = cfg_.attention_scale();
+  for_chunks(B, T, H, cfg_.layer_chunk(l), [&](int64_t r0, int64_t b, int64_t t, int64_t l0) {
+    auto sq = [&](const TensorView& x) { return x.slice(r0 * Q, b * t * Q); };
+    auto skv = [&](const TensorView& x) { return x.slice(r0 * KV, b * t * KV); };
+    be_.gqa_attention_backward(sq(dq), skv(dk), skv(dv), sq(dout), sq(q), skv(k), skv(v), sq(out),
+                               lse.slice(l0, b * H * t), b, t, H, Hkv, D, scale, 0, 0.f);
+  });
+}
+
+void LlamaModel::llama4_attention_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                                          const TensorView& xin) {
+  Acts& a = *acts_;
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  auto W = [&](int k) { return hooks.param(lp.p0 + k); };
+  auto& y = a.layer(l);
+  const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads,
+                Hkv = cfg_.kv_heads(), D = cfg_.head_size(), Q = H * D, KV = Hkv * D;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const TensorView q = y.q.view({BT, Q}), k = y.k.view({BT, KV}), v = y.v.view({BT, KV});
+  auto proj = [&](const TensorView& out, int w, int64_t n) {  // (Llama 4: no biases)
+    be_.gemm(false, true, BT, n, C, 1.f, xin, W(w), 0.f, out);
+  };
+  proj(v, x.v_w, KV);
+  if (cfg_.layer_rope(l)) {
+    // q, k projected into the dq, dk scratch, de-interleaved into ours, rotated; then (qk_norm)
+    // L2-normed per head, the rotated values kept in q_raw, k_raw for the backward
+    const bool norm = cfg_.use_qk_norm;
+    const TensorView qr = norm ? y.q_raw.view({BT, Q}) : q, kr = norm ? y.k_raw.view({BT, KV}) : k;
+    const TensorView pq = a.dq.view({BT, Q}), pk = a.dk.view({BT, KV});
+    proj(pq, x.q_w, Q);
+    proj(pk, x.k_w, KV);
+    pair_layout(be_, qr, pq, BT, H, D, true);
+    pair_layout(be_, kr, pk, BT, Hkv, D, true);
+    const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
+    be_.rope_forward(qr, qr, cos, sin, B, T, H, D, D);
+    be_.rope_forward(kr, kr, cos, sin, B, T, Hkv, D, D);
+    if (norm) {
+      const TensorView ones = a.ones.view().slice(0, D);
+      be_.rmsnorm_forward(y.q.view({BT * H, D}), y.q_rstd.view({BT * H}),
+                          y.q_raw.view({BT * H, D}), ones, BT * H, D, eps);
+      be_.rmsnorm_forward(y.k.view({BT * Hkv, D}), y.k_rstd.view({BT * Hkv}),
+                          y.k_raw.view({BT * Hkv, D}), ones, BT * Hkv, D, eps);
+    }
+  } else {  // NoPE: q times the temperature where it is not 1
+    proj(q, x.q_w, Q);
+    proj(k, x.k_w, KV);
+    if (a.temp_cos.numel() > 0) {
+      be_.rope_forward(q, q, a.temp_cos.view({T, D / 2}), a.temp_sin.view({T, D / 2}), B, T, H, D,
+                       D);
+    }
+  }
+  chunked_attention_forward(l, B, T, y.atty.view({BT, Q}), y.lse.view({B, H, T}), q, k, v);
+}
+
+void LlamaModel::llama4_attention_backward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                                           const TensorView& xin, const TensorView& dxin) {
+  Acts& a = *acts_;
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  auto W = [&](int k) { return hooks.param(lp.p0 + k); };
+  auto G = [&](int k) { return hooks.grad(lp.p0 + k); };
+  auto& y = a.layer(l);
+  const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads,
+                Hkv = cfg_.kv_heads(), D = cfg_.head_size(), Q = H * D, KV = Hkv * D;
+  const TensorView q = y.q.view({BT, Q}), k = y.k.view({BT, KV}), v = y.v.view({BT, KV});
+  const TensorView datty = a.datty.view({BT, Q}), dq = a.dq.view({BT, Q}), dk = a.dk.view({BT, KV}),
+                   dv = a.dv.view({BT, KV});
+  chunked_attention_backward(l, B, T, dq, dk, dv, datty, q, k, v, y.atty.view({BT, Q}),
+                             y.lse.view({B, H, T}));
+  // The projections' output gradients in HF's layout: dq_proj, dk_proj
+  TensorView dq_proj = dq, dk_proj = dk;
+  if (cfg_.layer_rope(l)) {
+    const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
+    if (cfg_.use_qk_norm) {
+      // d q_raw into datty (free since the attention's backward; the norm's backward adds into
+      // zeros), back through RoPE, re-interleaved into dq; then k the same way through datty's
+      // first BT*KV values into dk. The weightless norm's weight gradient goes to scratch.
+      const TensorView ones = a.ones.view().slice(0, D), dw = a.norm_w.view().slice(4 * C, D);
+      rt_.fill_zero(datty);
+      be_.rmsnorm_backward(a.datty.view({BT * H, D}), dw, a.dq.view({BT * H, D}),
+                           y.q_raw.view({BT * H, D}), ones, y.q_rstd.view({BT * H}), BT * H, D);
+      be_.rope_backward(datty, datty, cos, sin, B, T, H, D, D);
+      pair_layout(be_, datty, dq, BT, H, D, false);
+      const TensorView dkr = a.datty.view().slice(0, BT * KV).reshape({BT, KV});
+      rt_.fill_zero(dkr);
+      be_.rmsnorm_backward(dkr.reshape({BT * Hkv, D}), dw, a.dk.view({BT * Hkv, D}),
+                           y.k_raw.view({BT * Hkv, D}), ones, y.k_rstd.view({BT * Hkv}),
+                           BT * Hkv, D);
+      be_.rope_backward(dkr, dkr, cos, sin, B, T, Hkv, D, D);
+      pair_layout(be_, dkr, dk, BT, Hkv, D, false);
+    } else {  // back through RoPE in place, re-interleaved: q into datty, k into dq (then free)
+      be_.rope_backward(dq, dq, cos, sin, B, T, H, D, D);
+      pair_layout(be_, dq, datty, BT, H, D, false);
+      dq_proj = datty;
+      be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D, D);
+      dk_proj = a.dq.view().slice(0, BT * KV).reshape({BT, KV});
+      pair_layout(be_, dk, dk_proj, BT, Hkv, D, false);
+    }
+  } else if (a.temp_cos.numel() > 0) {  // d q_proj = d q times the temperature
+    be_.rope_backward(dq, dq, a.temp_cos.view({T, D / 2}), a.temp_sin.view({T, D / 2}), B, T, H,
+                      D, D);
+  }
+  // the three weight gradients read xin before the input gradients replace it (dxin may be xin)
+  be_.gemm(true, false, Q, C, BT, 1.f, dq_proj, xin, 1.f, G(x.q_w));
+  be_.gemm(true, false, KV, C, BT, 1.f, dk_proj, xin, 1.f, G(x.k_w));
+  be_.gemm(true, false, KV, C, BT, 1.f, dv, xin, 1.f, G(x.v_w));
+  be_.gemm(false, false, BT, C, Q, 1.f, dq_proj, W(x.q_w), 0.f, dxin);
+  be_.gemm(false, false, BT, C, KV, 1.f, dk_proj, W(x.k_w), 1.f, dxin);
+  be_.gemm(false, false, BT, C, KV, 1.f, dv, W(x.v_w), 1.f, dxin);
+}
+
+void LlamaModel::llama4_experts_forward(int64_t l, int64_t BT, ModuleHooks& hooks) {
+  Acts& a = *acts_;
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  auto W = [&](int k) { return hooks.param(lp.p0 + k); };
+  auto& y = a.layer(l);
+  const int64_t C = cfg_.hidden_size, E = cfg_.num_experts, I = cfg_.expert_size();
+  const std::vector<int64_t>& off = y.moe_offsets;
+  // Expert e's n rows: gate_up^T [2I, n] = gate_up_proj[e]^T rows^T (HF's [C, 2I]; transposed
+  // so that gate's I rows and up's are contiguous), act^T [I, n] = silu(gate) * up, out [n, C]
+  // = act down_proj[e] ([I, C])
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView in = expert_rows(a.moe_rows, off, e, C);
+    if (in.numel() == 0) continue;
+    const int64_t n = in.shape[0];
+    const TensorView gu = expert_rows(y.gate, off, e, 2 * I).reshape({2 * I, n});
+    const TensorView act = expert_rows(a.dI1, off, e, I).reshape({I, n});
+    be_.gemm(true, true, 2 * I, n, C, 1.f, packed_slice(W(x.px_gate_up), e, C, 2 * I), in, 0.f, gu);
+    be_.swiglu_forward(act, gu.slice(0, I * n), gu.slice(I * n, I * n));
+    be_.gemm(true, false, n, C, I, 1.f, act, packed_slice(W(x.px_down), e, I, C), 0.f,
+             expert_rows(y.expert_out, off, e, C));
+  }
+}
+
+void LlamaModel::llama4_experts_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
+                                         bool recompute) {
+  Acts& a = *acts_;
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  auto W = [&](int k) { return hooks.param(lp.p0 + k); };
+  auto G = [&](int k) { return hooks.grad(lp.p0 + k); };
+  auto& y = a.layer(l);
+  const int64_t C = cfg_.hidden_size, E = cfg_.num_experts, I = cfg_.expert_size();
+  const int64_t RK = BT * cfg_.num_experts_per_tok;
+  const std::vector<int64_t>& off = y.moe_offsets;
+  // down: d W[e] += act^T dy (act^T [I, n] kept in dI1 or recomputed), d act^T = W[e] dy^T over
+  // it, then d gate and d up over gate_up^T itself (swiglu_backward in place)
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView dy = expert_rows(a.moe_rows, off, e, C);
+    if (dy.numel() == 0) continue;
+    const int64_t n = dy.shape[0];
+    const TensorView gu = expert_rows(y.gate, off, e, 2 * I).reshape({2 * I, n});
+    const TensorView act = expert_rows(a.dI1, off, e, I).reshape({I, n});
+    const TensorView gate = gu.slice(0, I * n), up = gu.slice(I * n, I * n);
+    if (!recompute) be_.swiglu_forward(act, gate, up);
+    be_.gemm(false, false, I, C, n, 1.f, act, dy, 1.f, packed_slice(G(x.px_down), e, I, C));
+    be_.gemm(false, true, I, n, C, 1.f, packed_slice(W(x.px_down), e, I, C), dy, 0.f, act);
+    be_.swiglu_backward(gate, up, act, gate, up);
+  }
+  // the scaled inputs again (ln2 in dln times each token's score), gathered into the rows, read
+  // by the gate_up weight gradients before each expert's input gradient replaces them
+  be_.moe_combine_forward(a.moe_xs.view({BT, C}), a.dln.view({BT, C}), y.moe_w.view({RK}),
+                          a.moe_identity.view({BT}), BT, 1, C);
+  be_.embedding_lookup_forward(a.moe_rows.view({RK, C}), y.moe_src.view({RK}),
+                               a.moe_xs.view({BT, C}), RK, C);
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorView in = expert_rows(a.moe_rows, off, e, C);
+    if (in.numel() == 0) continue;
+    const int64_t n = in.shape[0];
+    const TensorView dgu = expert_rows(y.gate, off, e, 2 * I).reshape({2 * I, n});
+    be_.gemm(true, true, C, 2 * I, n, 1.f, in, dgu, 1.f, packed_slice(G(x.px_gate_up), e, C, 2 * I));
+    be_.gemm(true, true, n, C, 2 * I, 1.f, dgu, packed_slice(W(x.px_gate_up), e, C, 2 * I), 0.f,
+             in);
+  }
+}
+
 LmHeadChunks LlamaModel::head_chunks(int64_t BT, const TensorView& weight) const {
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab();
   return {acts_->lnf.view({BT, C}), weight, acts_->targets_dev.view({BT}), acts_->logits.view(),
@@ -2146,7 +2539,7 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
                           const TensorView& loss) {
   Acts& a = *acts_;
   const int64_t BT = B * T, C = cfg_.hidden_size, H = cfg_.num_attention_heads,
-                Hkv = cfg_.kv_heads(), D = cfg_.head_size(), I = cfg_.intermediate_size;
+                Hkv = cfg_.kv_heads(), D = cfg_.head_size();
   const int64_t Q = H * D, KV = Hkv * D, Vp = cfg_.padded_vocab(), L = cfg_.num_hidden_layers;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
@@ -2184,8 +2577,10 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     const LayerParams lp = layer_params(cfg_, l);
     const LayerIndex& x = lp.x;
     const int p0 = lp.p0;
-    // The dense MLP's views (a sparse one's are moe_backward's)
+    // The dense MLP's views (a sparse one's are moe_backward's), I wide (Llama 4's dense layers:
+    // intermediate_size_mlp)
     const bool sparse = cfg_.layer_sparse(l);
+    const int64_t I = cfg_.mlp_width(l);
     auto mlp_rows = [&](const DeviceBuffer& b) { return sparse ? TensorView{} : rows(b, I); };
     const TensorView dI1 = mlp_rows(a.dI1), dI2 = mlp_rows(a.dI2);
     auto W = [&](int k) {
@@ -2226,7 +2621,8 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     // checkpointing recompute has just put it there); linear_backward reads it for the weight
     // gradient before it writes d act over it.
     const bool before = cfg_.norm_before(), after = cfg_.norm_after();
-    const TensorView gate = mlp_rows(y.gate), up = mlp_rows(y.up), res2 = rows(y.res2, C);
+    const TensorView gate = mlp_rows(y.gate), res2 = rows(y.res2, C),
+                     up = sparse ? TensorView{} : dense_up(y.gate, y.up, BT, I);
     if (sparse) {
       moe_backward(l, BT, hooks, nw.mlp_in, recompute);
     } else {
@@ -2287,6 +2683,14 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     }
     // attention: res2 = in + o_proj(atty) (OLMo 2, Gemma 3: d o in dln)
     linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false, rs);
+    if (cfg_.llama4()) {  // (a pre-norm layer: its input ln1 again into dln, d ln1 over it)
+      be_.rmsnorm_forward(dln, y.ln1_rstd.view({BT}), rows(a.res[l], C), nw.attn_in, BT, C, eps);
+      llama4_attention_backward(l, B, T, hooks, dln, dln);
+      be_.rmsnorm_backward(dres, G(x.attn_in), dln, rows(a.res[l], C), nw.attn_in,
+                           y.ln1_rstd.view({BT}), BT, C);
+      hooks.post_backward(m);
+      continue;
+    }
     if (cfg_.attention_sinks()) {  // d sinks from the sinked out and lse (attention_sink_forward)
       be_.attention_sink_backward(G(x.sinks), datty, rows(y.atty, Q), y.lse.view({B, H, T}),
                                   W(x.sinks), B, T, H, D);
@@ -2369,7 +2773,11 @@ std::string softcap_name(double LlamaConfig::*cap) {
 nlohmann::json layer_types_of(const LlamaConfig& g) {
   nlohmann::json types = nlohmann::json::array();
   for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
-    types.push_back(g.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+    if (g.llama4()) {  // Llama4TextConfig's: its RoPE layers chunked, whatever the chunk size
+      types.push_back(g.layer_rope(l) ? "chunked_attention" : "full_attention");
+    } else {
+      types.push_back(g.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+    }
   }
   return types;
 }
@@ -2494,7 +2902,13 @@ class LlamaFamily final : public ModelFamily {
                  n(g.num_experts_per_tok) + " exceeds " + a.key(&LlamaConfig::num_experts) +
                      " = " + n(g.num_experts));
     }
-    if (g.sigmoid_routing()) {  // moe_sigmoid_router_forward's groups
+    // Llama 4's input-scaled routing, implemented for one expert a token (its published models')
+    if (g.llama4() && g.num_experts_per_tok != 1) {
+      throw fail(a.key(&LlamaConfig::num_experts_per_tok),
+                 n(g.num_experts_per_tok) + " is not supported (expected 1: Llama 4's routing "
+                 "scales each expert's input, done here for one expert a token)");
+    }
+    if (g.selection_bias()) {  // moe_sigmoid_router_forward's groups
       const int64_t E = g.num_experts, G = g.n_group;
       if (E % G != 0 || (G > 1 && E / G < 2)) {
         throw fail(a.key(&LlamaConfig::n_group),
@@ -2646,7 +3060,7 @@ class LlamaFamily final : public ModelFamily {
   std::optional<HfMxfp4> hf_mxfp4(const ModelConfig& c,
                                   const std::string& hf_name) const override {
     const LlamaConfig g = LlamaConfig::from(c);
-    if (!g.packed_experts()) return std::nullopt;
+    if (!g.gpt_oss()) return std::nullopt;
     const int64_t E = g.num_experts, I = g.expert_size(), C = g.hidden_size;
     for (const auto& [proj, rows, cols] : {std::tuple{".mlp.experts.gate_up_proj", 2 * I, C},
                                            std::tuple{".mlp.experts.down_proj", C, I}}) {
@@ -2664,7 +3078,8 @@ class LlamaFamily final : public ModelFamily {
     g.num_key_value_heads = g.kv_heads();
     g.head_dim = g.head_size();
     nlohmann::json out = args().to_hf(g);
-    out["architectures"] = {prefix() + "ForCausalLM"};
+    // (Llama 4's decoder classes are Llama4Text*, its causal LM Llama4ForCausalLM)
+    out["architectures"] = {g.llama4() ? std::string("Llama4ForCausalLM") : prefix() + "ForCausalLM"};
     out["model_type"] = type();
     if (g.rope_type == LlamaConfig::RopeType::default_) {
       out["rope_scaling"] = nullptr;
@@ -2686,7 +3101,18 @@ class LlamaFamily final : public ModelFamily {
     if (window_may_be_null(arch_) && g.sliding_window == 0) {
       out[args().name(&LlamaConfig::sliding_window)] = nullptr;  // HF's spelling of none
     }
-    if (arch_ == LlamaArch::smollm3) {  // the lists SmolLM3Config would derive, spelled out
+    if (g.llama4()) {  // the lists Llama4TextConfig derives, spelled out; its fixed attributes
+      nlohmann::json moe = nlohmann::json::array();
+      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+        if (g.layer_sparse(l)) moe.push_back(l);
+      }
+      out["moe_layers"] = moe;
+      out[llama_args(LlamaArch::llama).name(&LlamaConfig::attention_bias)] = false;
+      if (g.attention_chunk_size == 0) {
+        out[args().name(&LlamaConfig::attention_chunk_size)] = nullptr;  // HF's None: none
+      }
+    }
+    if (arch_ == LlamaArch::smollm3 || g.llama4()) {  // the lists SmolLM3Config would derive
       nlohmann::json rope = nlohmann::json::array();
       for (int64_t l = 0; l < g.num_hidden_layers; ++l) rope.push_back(g.layer_rope(l) ? 1 : 0);
       out["no_rope_layers"] = rope;
@@ -2696,7 +3122,7 @@ class LlamaFamily final : public ModelFamily {
     if (g.mla() && g.q_lora_rank == 0) out[args().name(&LlamaConfig::q_lora_rank)] = nullptr;
     // Gemma 3: transformers >= 4.53 reads layer_types (older ones the pattern): both, agreeing;
     // OLMo 3: layer_types only; Gemma 2: the list its class derives.
-    if (g.patterned_window()) out["layer_types"] = layer_types_of(g);
+    if (g.patterned_window() || g.llama4()) out["layer_types"] = layer_types_of(g);
     if (gemma) {
       out["hidden_activation"] = "gelu_pytorch_tanh";
       if (!g.gemma3()) {
@@ -2846,6 +3272,14 @@ class LlamaFamily final : public ModelFamily {
     }
     if (cls.moe()) moe_from_hf(hf, origin);
     if (cls.gpt_oss()) gpt_oss_from_hf(hf, origin);
+    if (cls.llama4()) {
+      // Llama4TextConfig's attn_temperature_tuning is an int (default 4) read as a truth value;
+      // its null attention_chunk_size is no chunking (0)
+      const std::string tuning = args().name(&LlamaConfig::attn_temperature_tuning);
+      if (hf.contains(tuning) && hf[tuning].is_number()) hf[tuning] = hf[tuning].get<double>() != 0;
+      const std::string chunk = args().name(&LlamaConfig::attention_chunk_size);
+      if (hf.contains(chunk) && hf[chunk].is_null()) hf[chunk] = 0;
+    }
     // The keys config.json does not carry (OLMo 3's sliding_window_pattern) at the type's
     // defaults; every other one is read or takes its class's default.
     LlamaConfig g = args().from_hf(hf, origin, args().defaults());
@@ -2860,8 +3294,10 @@ class LlamaFamily final : public ModelFamily {
                     "sliding_attention", "full_attention", "layer_types",
                     args().name(&LlamaConfig::sliding_window_pattern), origin);
     }
-    const bool smol = arch_ == LlamaArch::smollm3;
-    if (smol && hf.contains("no_rope_layers") && !hf["no_rope_layers"].is_null()) {
+    const bool smol = arch_ == LlamaArch::smollm3, l4 = arch_ == LlamaArch::llama4_text;
+    // (Llama4TextConfig: an empty no_rope_layers means the default, as HF's `if no_rope_layers`)
+    if ((smol || l4) && hf.contains("no_rope_layers") && !hf["no_rope_layers"].is_null() &&
+        !(l4 && hf["no_rope_layers"].is_array() && hf["no_rope_layers"].empty())) {
       g.no_rope_layer_interval =
           period_of(hf["no_rope_layers"], g.no_rope_layer_interval, g.num_hidden_layers, 1, 0,
                     "no_rope_layers", args().name(&LlamaConfig::no_rope_layer_interval), origin);
@@ -2869,7 +3305,16 @@ class LlamaFamily final : public ModelFamily {
     const bool qwen = arch_ == LlamaArch::qwen2 || arch_ == LlamaArch::qwen3 ||
                       arch_ == LlamaArch::qwen3_moe || arch_ == LlamaArch::qwen2_moe;
     const bool oss = arch_ == LlamaArch::gpt_oss;
-    if ((qwen || smol || gemma2 || oss) && hf.contains("layer_types") &&
+    if (l4 && hf.contains("moe_layers") && !hf["moe_layers"].is_null()) {
+      nlohmann::json want = nlohmann::json::array();
+      for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
+        if (g.layer_sparse(l)) want.push_back(l);
+      }
+      if (hf["moe_layers"] != want) {
+        throw refuse("moe_layers", want.dump() + ", the layers interleave_moe_layer_step gives");
+      }
+    }
+    if ((qwen || smol || gemma2 || oss || l4) && hf.contains("layer_types") &&
         !hf["layer_types"].is_null()) {
       const nlohmann::json want = layer_types_of(g);
       if (hf["layer_types"] != want) {
@@ -2877,6 +3322,7 @@ class LlamaFamily final : public ModelFamily {
                                                           "max_window_layers give"
                                                    : gemma2 ? ", Gemma 2's even layers sliding"
                                                    : oss    ? ", gpt-oss's even layers sliding"
+                                                   : l4     ? ", the RoPE layers chunked"
                                                             : ", the layers use_sliding_window, "
                                                               "sliding_window and no_rope_layers "
                                                               "give"));

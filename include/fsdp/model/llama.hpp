@@ -104,7 +104,19 @@
 //    softmaxed, and experts stored packed in HF's layout (mlp.experts.gate_up_proj [E, C, 2I]
 //    with gate and up columns interleaved, gate_up_proj_bias [E, 2I], down_proj [E, I, C],
 //    down_proj_bias [E, C]) whose activation is the clamped SwiGLU (u + 1) g sigmoid(1.702 g),
-//    g = min(gate, 7), u = clamp(up, -7, 7) (kernels.hpp's clamped_swiglu_forward).
+//    g = min(gate, 7), u = clamp(up, -7, 7) (kernels.hpp's clamped_swiglu_forward);
+//  - "llama4_text": Llama4ForCausalLM (models/llama4; Meta 2025, Llama 4 Scout and Maverick,
+//    whose Llama4ForConditionalGeneration wraps this decoder as its text_config): RoPE on
+//    adjacent pairs (apply_rotary_emb's complex product) on all but every
+//    no_rope_layer_interval-th layer, those RoPE layers attending within chunks of
+//    attention_chunk_size positions ("chunked_attention": key j visible to query i iff they
+//    share a chunk) with a weightless per-head L2 norm of q and k after RoPE (use_qk_norm), the
+//    NoPE layers global with their queries scaled by log(floor((t + 1) / floor_scale) + 1) *
+//    attn_scale + 1 (attn_temperature_tuning); every interleave_moe_layer_step-th layer sparse:
+//    a router whose top num_experts_per_tok logits' sigmoids scale each chosen expert's INPUT,
+//    experts packed in HF's layout (feed_forward.experts.gate_up_proj [E, C, 2I], gate then up
+//    columns, down_proj [E, I, C]) and a shared expert (Llama's MLP of intermediate_size); the
+//    other layers Llama's MLP of intermediate_size_mlp (feed_forward.*).
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -170,7 +182,8 @@ enum class LlamaArch {
   glm4_moe,
   deepseek_v3,
   deepseek_v2,
-  gpt_oss
+  gpt_oss,
+  llama4_text
 };
 
 template <>
@@ -195,12 +208,14 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::glm4_moe, "glm4_moe"},
                                                   {LlamaArch::deepseek_v3, "deepseek_v3"},
                                                   {LlamaArch::deepseek_v2, "deepseek_v2"},
-                                                  {LlamaArch::gpt_oss, "gpt_oss"}};
+                                                  {LlamaArch::gpt_oss, "gpt_oss"},
+                                                  {LlamaArch::llama4_text, "llama4_text"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
 // "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma", "Exaone4", "Qwen3Moe",
-// "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe", "DeepseekV3", "DeepseekV2", "GptOss" (the classes
+// "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe", "DeepseekV3", "DeepseekV2", "GptOss",
+// "Llama4Text" (the classes
 // <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for Gemma 3's
 // Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
@@ -208,11 +223,11 @@ const char* llama_arch_prefix(LlamaArch arch);
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
 // Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
 // Gemma2Config, GemmaConfig, Exaone4Config, Qwen3MoeConfig, MixtralConfig, OlmoeConfig,
-// Qwen2MoeConfig, Glm4MoeConfig, DeepseekV3Config, DeepseekV2Config and GptOssConfig ([model]
-// with type =
+// Qwen2MoeConfig, Glm4MoeConfig, DeepseekV3Config, DeepseekV2Config, GptOssConfig and
+// Llama4TextConfig ([model] with type =
 // "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3", "granite",
 // "olmo3", "gemma2", "gemma", "exaone4", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe",
-// "glm4_moe", "deepseek_v3", "deepseek_v2" or "gpt_oss"; same
+// "glm4_moe", "deepseek_v3", "deepseek_v2", "gpt_oss" or "llama4_text"; same
 // names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
 // type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp:
 // a field that is not one of its type's keys keeps the default here (Qwen2 has no
@@ -342,6 +357,16 @@ struct LlamaConfig {
   // aux_loss()): loss + router_aux_loss_coef * E sum_e f_e P_e over all layers' tokens.
   bool output_router_logits = false;
   double router_aux_loss_coef = 0.001;
+  // Llama 4 (Llama4TextConfig; llama4()): the dense layers' MLP width, every
+  // interleave_moe_layer_step-th layer sparse (layer_sparse()), the RoPE layers' chunk
+  // (layer_chunk(); 0 = none), the NoPE layers' query temperature (attn_temperature_tuning:
+  // q times log(floor((t + 1) / floor_scale) + 1) * attn_scale + 1 at position t).
+  int64_t intermediate_size_mlp = 688;
+  int64_t interleave_moe_layer_step = 1;
+  int64_t attention_chunk_size = 8192;
+  bool attn_temperature_tuning = true;
+  int64_t floor_scale = 8192;
+  double attn_scale = 0.1;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
@@ -372,8 +397,22 @@ struct LlamaConfig {
   // experts (GLM-4.5's from layer first_k_dense_replace on: layer_sparse()).
   bool moe() const {
     return arch == LlamaArch::qwen3_moe || arch == LlamaArch::mixtral ||
-           arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe || deepseek_moe() || gpt_oss();
+           arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe || deepseek_moe() ||
+           gpt_oss() || llama4();
   }
+  // Llama 4's text decoder (Llama4TextConfig).
+  bool llama4() const { return arch == LlamaArch::llama4_text; }
+  // Llama 4's routing: the chosen experts' sigmoid scores scale each expert's input (not its
+  // output; Llama4TextMoe's routed_in), the outputs summed unweighted.
+  bool input_scaled_routing() const { return llama4(); }
+  // The chunk of decoder layer `layer`'s attention (Llama 4's RoPE layers: key j visible to
+  // query i iff j // chunk == i // chunk, besides causality; 0: none).
+  int64_t layer_chunk(int64_t layer) const {
+    return llama4() && layer_rope(layer) ? attention_chunk_size : 0;
+  }
+  // Llama 4's NoPE layers' query scale at position t (attn_temperature_tuning): exactly 1 while
+  // t + 1 < floor_scale.
+  double temperature_scale(int64_t t) const;
   // gpt-oss (GptOssForCausalLM): attention sinks, a router with a bias, packed experts with
   // biases and the clamped SwiGLU (packed_experts()).
   bool gpt_oss() const { return arch == LlamaArch::gpt_oss; }
@@ -382,7 +421,7 @@ struct LlamaConfig {
   // The router has a bias (mlp.router.bias [E], trained) and the experts are HF's packed
   // tensors with biases (GptOssExperts: gate_up_proj [E, C, 2I] read as x @ W[e], gate and up
   // columns interleaved; down_proj [E, I, C]) whose activation is clamped_swiglu_forward's.
-  bool packed_experts() const { return gpt_oss(); }
+  bool packed_experts() const { return gpt_oss() || llama4(); }
   // GptOssExperts' fixed constants (HF hard-codes them; config.json's swiglu_limit is not
   // read by the class).
   static constexpr float kClampedSwigluAlpha = 1.702f;
@@ -395,6 +434,7 @@ struct LlamaConfig {
   // MLP of intermediate_size: every layer of a moe() class but GLM-4.5's first
   // first_k_dense_replace.
   bool layer_sparse(int64_t layer) const {
+    if (llama4()) return (layer + 1) % interleave_moe_layer_step == 0;  // HF's moe_layers
     return moe() && (!deepseek_moe() || layer >= first_k_dense_replace);
   }
   int64_t expert_size() const {
@@ -405,16 +445,24 @@ struct LlamaConfig {
   // A shared expert beside the routed ones that every token runs: Qwen2-MoE's, scaled by a
   // per-token sigmoid gate (shared_expert_gated()), and GLM-4.5's n_shared_experts, unscaled;
   // shared_size() wide.
-  bool shared_expert() const { return arch == LlamaArch::qwen2_moe || deepseek_moe(); }
+  bool shared_expert() const { return arch == LlamaArch::qwen2_moe || deepseek_moe() || llama4(); }
   bool shared_expert_gated() const { return arch == LlamaArch::qwen2_moe; }
   int64_t shared_size() const {
     return deepseek_moe() ? n_shared_experts * moe_intermediate_size
-                      : shared_expert_intermediate_size;
+           : llama4()     ? intermediate_size
+                          : shared_expert_intermediate_size;
   }
   // DeepSeek-V3's routing (GLM-4.5): sigmoid scores, e_score_correction_bias, groups, the
   // scaling factor (moe_sigmoid_router_forward); the others: softmax top-k (moe_router_forward).
   // The router's logits are then fp32, as HF's DeepseekV3TopkRouter computes them.
-  bool sigmoid_routing() const { return deepseek_moe() && arch != LlamaArch::deepseek_v2; }
+  // Llama 4 routes by sigmoid too (the K largest logits' sigmoids, no groups, no bias, not
+  // renormalised).
+  bool sigmoid_routing() const {
+    return (deepseek_moe() && arch != LlamaArch::deepseek_v2) || llama4();
+  }
+  // DeepSeek-V3's e_score_correction_bias (GLM-4.5's too): the buffer the sigmoid routing
+  // chooses by, and its expert groups (n_group, topk_group).
+  bool selection_bias() const { return sigmoid_routing() && !llama4(); }
   // (HF's DeepseekV2Moe ignores norm_topk_prob: never.)
   // (gpt-oss softmaxes its top-k logits: the same weights, always.)
   bool normalize_top_k() const {
@@ -424,7 +472,8 @@ struct LlamaConfig {
   // Whether the loss has the load-balancing term (a coefficient of 0 adds nothing).
   // (GLM-4.5 has none: output_router_logits is not one of its keys.)
   bool aux_loss() const {
-    return moe() && !deepseek_moe() && output_router_logits && router_aux_loss_coef != 0.0;
+    return moe() && !deepseek_moe() && !llama4() && output_router_logits &&
+           router_aux_loss_coef != 0.0;
   }
   // The rows and width of layer `layer`'s MLP activations (gate, up, silu(gate) * up): BT
   // tokens of intermediate_size, or when layer_sparse(layer) BT * num_experts_per_tok routed
@@ -433,7 +482,7 @@ struct LlamaConfig {
     return layer_sparse(layer) ? num_experts_per_tok : 1;
   }
   int64_t mlp_width(int64_t layer) const {
-    return layer_sparse(layer) ? expert_size() : intermediate_size;
+    return layer_sparse(layer) ? expert_size() : llama4() ? intermediate_size_mlp : intermediate_size;
   }
   // Biases on q_proj, k_proj, v_proj (Qwen2 always; the others with attention_bias) and on
   // o_proj (attention_bias).
@@ -447,13 +496,14 @@ struct LlamaConfig {
   // An RMSNorm of q and k after their projections, before RoPE (self_attn.q_norm, k_norm):
   // Qwen3's (and Qwen3-MoE's) over each head's D values (weight [D]), OLMo 2's (and OLMoE's)
   // over the whole projection (weights [H*D], [Hkv*D]).
+  // (Llama 4's: on its RoPE layers, weightless and after RoPE: llama4_attention_forward)
   bool qk_norm() const {
     return qwen3_attention() || olmo_layer() || gemma3() || arch == LlamaArch::olmoe ||
-           (arch == LlamaArch::glm4_moe && use_qk_norm);
+           ((arch == LlamaArch::glm4_moe || llama4()) && use_qk_norm);
   }
   bool qk_norm_per_head() const {
     return qwen3_attention() || gemma3() || arch == LlamaArch::exaone4 ||
-           (arch == LlamaArch::glm4_moe && use_qk_norm);
+           ((arch == LlamaArch::glm4_moe || llama4()) && use_qk_norm);
   }
   // Qwen3's attention (per-head q_norm / k_norm): Qwen3 and Qwen3-MoE.
   bool qwen3_attention() const { return arch == LlamaArch::qwen3 || arch == LlamaArch::qwen3_moe; }
@@ -654,6 +704,31 @@ class LlamaModel final : public CausalLm {
   // Its backward from the experts' output gradients (in Acts::moe_rows; ln2 in Acts::dln): every
   // expert weight and bias gradient, and each routed row's input gradient into Acts::moe_rows.
   void packed_experts_backward(int64_t l, int64_t BT, ModuleHooks& hooks, bool recompute);
+  // llama4(): layer l's attention on xin [BT, C] (input_layernorm's output): q, k, v; on a
+  // RoPE layer q and k de-interleaved per head (adjacent pairs to rotate-half), rotated, then
+  // L2-normed per head (use_qk_norm; the pre-norm values kept in q_raw, k_raw); on a NoPE
+  // layer q scaled by the temperature; the attention within chunks (layer_chunk) into atty.
+  void llama4_attention_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                                const TensorView& xin);
+  // Its backward from datty (d atty): every projection's weight gradient and dxin (=, into
+  // the dln scratch that held xin; recomputed first) through them.
+  void llama4_attention_backward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                                 const TensorView& xin, const TensorView& dxin);
+  // The attention core of layer l over chunks of layer_chunk(l) positions (one call when the
+  // chunk is 0 or covers T): each chunk is a sequence of its own, the lse laid out per call.
+  void chunked_attention_forward(int64_t l, int64_t B, int64_t T, const TensorView& out,
+                                 const TensorView& lse, const TensorView& q, const TensorView& k,
+                                 const TensorView& v);
+  void chunked_attention_backward(int64_t l, int64_t B, int64_t T, const TensorView& dq,
+                                  const TensorView& dk, const TensorView& dv,
+                                  const TensorView& dout, const TensorView& q,
+                                  const TensorView& k, const TensorView& v,
+                                  const TensorView& out, const TensorView& lse);
+  // llama4(): the experts' part of moe_forward / moe_backward (the routed rows already scaled
+  // by their scores): gate_up as [2I, n] per expert (transposed GEMMs: gate and up rows
+  // contiguous), SwiGLU, down_proj.
+  void llama4_experts_forward(int64_t l, int64_t BT, ModuleHooks& hooks);
+  void llama4_experts_backward(int64_t l, int64_t BT, ModuleHooks& hooks, bool recompute);
   // mla(): layer l's Multi-head Latent Attention on xin [BT, C] (input_layernorm's output):
   // the projections and their norms, q and k laid out per head as [rope (de-interleaved under
   // rope_interleave) | nope] and rotated, v padded to D, the attention into the layer's atty
