@@ -541,6 +541,9 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
        {"input.toml: model.num_experts_per_tok: 5 exceeds model.num_experts = 4"}},
       {"[model]\ntype = \"mixtral\"\nnum_local_experts = 2\nnum_experts_per_tok = 3\n", {},
        {"input.toml: model.num_experts_per_tok: 3 exceeds model.num_local_experts = 2"}},
+      // (Llama 4's input-scaled routing: one expert a token)
+      {"[model]\ntype = \"llama4_text\"\nnum_experts_per_tok = 2\n", {},
+       {"input.toml: model.num_experts_per_tok: 2 is not supported (expected 1"}},
       {"[model]\ntype = \"olmoe\"\nrouter_aux_loss_coef = -0.1\n", {},
        {"input.toml: model.router_aux_loss_coef: -0.1 is out of range"}},
       {"[model]\ntype = \"mixtral\"\nnum_experts = 4\n", {},

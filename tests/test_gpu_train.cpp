@@ -213,7 +213,14 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
       // router's bias, the packed experts' GEMMs (no transpose) with biases, the clamped SwiGLU
       {"gpt_oss sinks packed experts",
        llama_config("", {"model.type=\"gpt_oss\"", "model.num_local_experts=8",
-                         "model.num_experts_per_tok=2", "model.sliding_window=5"})}};
+                         "model.num_experts_per_tok=2", "model.sliding_window=5"})},
+      // Llama 4: the strided copies of the adjacent RoPE pairs, the chunked attention's calls,
+      // the weightless q/k norms, the temperature table, the transposed expert GEMMs
+      {"llama4_text chunks norms temperature",
+       llama_config("", {"model.type=\"llama4_text\"", "model.num_local_experts=8",
+                         "model.intermediate_size_mlp=96", "model.interleave_moe_layer_step=2",
+                         "model.no_rope_layer_interval=2", "model.attention_chunk_size=5",
+                         "model.floor_scale=4", "model.attn_scale=0.5"})}};
   for (const auto& [what, c] : cases) expect_gpu_matches_cpu(c, "gpu_llama_lce", what);
 }
 

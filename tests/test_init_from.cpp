@@ -735,8 +735,9 @@ INSTANTIATE_TEST_SUITE_P(Families, MergedShards, testing::ValuesIn(family_types(
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // Gemma 3 4B, 12B and 27B ship as Gemma3ForConditionalGeneration and Mistral Small 3.1 / 3.2
-// as Mistral3ForConditionalGeneration: config.json's text_config is the decoder's config
-// (Gemma3TextConfig, MistralConfig), and the text decoder's tensors are prefixed
+// as Mistral3ForConditionalGeneration, Llama 4 Scout / Maverick as
+// Llama4ForConditionalGeneration: config.json's text_config is the decoder's config
+// (Gemma3TextConfig, MistralConfig, Llama4TextConfig), and the text decoder's tensors are prefixed
 // ("language_model.model." and "language_model.lm_head." in the Hub's files,
 // "model.language_model." and "lm_head." as transformers 5 saves them) beside the vision
 // tower's. init_from reads the decoder from either form bit for bit as from the text-only
@@ -751,7 +752,9 @@ TEST(InitFromMultimodal, ConditionalGenerationCheckpointsLoadTheirTextDecoder) {
   for (const Case& k : {Case{"gemma3_text", "gemma3", "Gemma3ForConditionalGeneration",
                              "siglip_vision_model"},
                         Case{"mistral", "mistral3", "Mistral3ForConditionalGeneration",
-                             "pixtral"}}) {
+                             "pixtral"},
+                        Case{"llama4_text", "llama4", "Llama4ForConditionalGeneration",
+                             "llama4_vision_model"}}) {
     SCOPED_TRACE(k.model_type);
     const Source& src = source(family_model(k.type));
     std::string dir;

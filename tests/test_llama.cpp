@@ -1838,6 +1838,86 @@ TEST(Llama, GptOssConfigJson) {
   expect_refused(oss, hf, "\"layer_types\"");
 }
 
+// Llama 4 Scout's config.json (meta-llama/Llama-4-Scout-17B-16E: Llama4ForConditionalGeneration,
+// its text_config read as the decoder) gives 107,769,861,120 text-decoder parameters (by hand:
+// 48 layers of attention 62.9M, router 82K, 16 experts 2.01B and the shared expert 126M, plus
+// both 202048 x 5120 embeddings; the published 109B adds the vision tower), every layer sparse,
+// layers 3, 7, ... NoPE (global, temperature-tuned), the others chunked by 8192 with q/k
+// norms, llama3 RoPE factor 16; Maverick's shape (interleave_moe_layer_step 2, 128 experts, no
+// q/k norm) 400,711,848,960 (the published 400B); the merged config.json reads back; another
+// moe_layers list is refused by name.
+TEST(Llama, Llama4ConfigJson) {
+  const fsdp::ModelFamily& l4 = fsdp::model_family("llama4_text");
+  nlohmann::json no_rope = nlohmann::json::array(), types = nlohmann::json::array(),
+                 moe = nlohmann::json::array();
+  for (int l = 0; l < 48; ++l) {
+    no_rope.push_back((l + 1) % 4 != 0 ? 1 : 0);
+    types.push_back((l + 1) % 4 != 0 ? "chunked_attention" : "full_attention");
+    moe.push_back(l);
+  }
+  const nlohmann::json text = {
+      {"attention_bias", false}, {"attention_chunk_size", 8192}, {"attention_dropout", 0.0},
+      {"attn_scale", 0.1}, {"attn_temperature_tuning", true}, {"bos_token_id", 200000},
+      {"eos_token_id", {200001, 200007, 200008}}, {"floor_scale", 8192}, {"for_llm_compressor", false},
+      {"head_dim", 128}, {"hidden_act", "silu"}, {"hidden_size", 5120},
+      {"initializer_range", 0.02}, {"interleave_moe_layer_step", 1},
+      {"intermediate_size", 8192}, {"intermediate_size_mlp", 16384},
+      {"max_position_embeddings", 10485760}, {"model_type", "llama4_text"},
+      {"moe_layers", moe}, {"no_rope_layers", no_rope}, {"num_attention_heads", 40},
+      {"num_experts_per_tok", 1}, {"num_hidden_layers", 48}, {"num_key_value_heads", 8},
+      {"num_local_experts", 16}, {"output_router_logits", false}, {"pad_token_id", 200018},
+      {"rms_norm_eps", 1e-05},
+      {"rope_scaling",
+       {{"factor", 16.0}, {"high_freq_factor", 1.0}, {"low_freq_factor", 1.0},
+        {"original_max_position_embeddings", 8192}, {"rope_type", "llama3"}}},
+      {"rope_theta", 500000.0}, {"router_aux_loss_coef", 0.001}, {"router_jitter_noise", 0.0},
+      {"torch_dtype", "bfloat16"}, {"use_cache", true}, {"use_qk_norm", true},
+      {"vocab_size", 202048}, {"layer_types", types}};
+  const nlohmann::json scout = {{"architectures", {"Llama4ForConditionalGeneration"}},
+                                {"model_type", "llama4"}, {"text_config", text},
+                                {"vision_config", {{"model_type", "llama4_vision_model"}}},
+                                {"tie_word_embeddings", false}};
+  const fsdp::ModelConfig mc = l4.from_hf_config(scout, "config.json");
+  const fsdp::LlamaConfig g = fsdp::LlamaConfig::from(mc);
+  EXPECT_EQ(parameters_and_buffers(g).first, 107769861120);
+  EXPECT_TRUE(g.layer_sparse(0) && g.layer_sparse(47));
+  EXPECT_TRUE(g.layer_rope(0) && g.layer_rope(2) && !g.layer_rope(3) && !g.layer_rope(47));
+  EXPECT_EQ(g.layer_chunk(0), 8192);
+  EXPECT_EQ(g.layer_chunk(3), 0);
+  EXPECT_EQ(g.pad_token_id, 200018);
+  EXPECT_EQ(g.rope_type, fsdp::LlamaConfig::RopeType::llama3);
+  EXPECT_EQ(g.rope_factor, 16.0);
+  EXPECT_TRUE(g.use_qk_norm && g.attn_temperature_tuning);
+  EXPECT_EQ(g.temperature_scale(8190), 1.0);
+  EXPECT_EQ(g.temperature_scale(8191), std::log(2.0) * 0.1 + 1.0);
+  EXPECT_TRUE(l4.hf_tensor(mc, "model.layers.5.feed_forward.experts.gate_up_proj", {1}));
+  EXPECT_TRUE(l4.hf_tensor(mc, "model.layers.5.feed_forward.shared_expert.down_proj.weight", {1}));
+  EXPECT_FALSE(l4.hf_tensor(mc, "model.layers.5.self_attn.q_norm.weight", {1}));
+  const nlohmann::json back = l4.hf_config(mc);
+  EXPECT_EQ(back["architectures"][0], "Llama4ForCausalLM");
+  EXPECT_EQ(back["model_type"], "llama4_text");
+  EXPECT_EQ(back["moe_layers"], moe);
+  EXPECT_EQ(back["no_rope_layers"], no_rope);
+  EXPECT_EQ(back["layer_types"], types);
+  EXPECT_EQ(l4.canonical(l4.from_hf_config(back, "merged.json")), l4.canonical(mc));
+  // Maverick's shape: dense and sparse layers alternate, 128 experts, no q/k norms
+  nlohmann::json mav = text;
+  mav["interleave_moe_layer_step"] = 2;
+  mav["num_local_experts"] = 128;
+  mav["use_qk_norm"] = false;
+  mav["attn_temperature_tuning"] = 4;  // (Llama4TextConfig's default: an int read as true)
+  nlohmann::json odd = nlohmann::json::array();
+  for (int l = 1; l < 48; l += 2) odd.push_back(l);
+  mav["moe_layers"] = odd;
+  const fsdp::LlamaConfig m = fsdp::LlamaConfig::from(l4.from_hf_config(mav, "m.json"));
+  EXPECT_EQ(parameters_and_buffers(m).first, 400711848960);
+  EXPECT_TRUE(!m.layer_sparse(0) && m.layer_sparse(1) && m.attn_temperature_tuning);
+  nlohmann::json hf = text;
+  hf["moe_layers"] = {0, 1};
+  expect_refused(l4, hf, "\"moe_layers\" [0,1] is not supported");
+  // (num_experts_per_tok 2: refused when the [model] is checked, test_config)
+}
+
 // The published MoE models' config.json (the attributes of Qwen/Qwen3-30B-A3B,
 // mistralai/Mixtral-8x7B-v0.1, allenai/OLMoE-1B-7B-0924 and Qwen/Qwen1.5-MoE-A2.7B): each
 // reads as written, declares the model's known parameter count (Mixtral 8x7B: 46,702,792,704;

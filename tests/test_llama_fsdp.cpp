@@ -314,7 +314,16 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                         Case{"gpt_oss",
                              {"model.num_local_experts=4", "model.num_experts_per_tok=2",
                               "model.sliding_window=5"},
-                             "GptOssForCausalLM", "model.layers.1.mlp.experts.gate_up_proj"}}) {
+                             "GptOssForCausalLM", "model.layers.1.mlp.experts.gate_up_proj"},
+                        // Llama 4: layer 0 dense with chunked RoPE and q/k norms, layer 1
+                        // sparse and NoPE with its temperature, one expert a token
+                        Case{"llama4_text",
+                             {"model.num_local_experts=4", "model.intermediate_size_mlp=40",
+                              "model.interleave_moe_layer_step=2",
+                              "model.no_rope_layer_interval=2", "model.attention_chunk_size=5",
+                              "model.floor_scale=4", "model.attn_scale=0.5"},
+                             "Llama4ForCausalLM",
+                             "model.layers.1.feed_forward.shared_expert.up_proj.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +
@@ -342,8 +351,10 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
     const std::string type = k.type;
     const bool moe = type == "qwen3_moe" || type == "mixtral" || type == "olmoe" ||
                      type == "qwen2_moe" || type == "glm4_moe" || type == "deepseek_v3" ||
-                     type == "deepseek_v2" || type == "gpt_oss";
-    const double max_load = type == "glm4_moe" || type == "deepseek_v3" ? 3.0 : 2.0;  // E / K
+                     type == "deepseek_v2" || type == "gpt_oss" || type == "llama4_text";
+    const double max_load = type == "glm4_moe" || type == "deepseek_v3" ? 3.0
+                            : type == "llama4_text"                      ? 4.0
+                                                                         : 2.0;  // E / K
     if (world_rank() == 0) {
       std::ifstream metrics(c.train.run_dir + "/metrics.jsonl");
       std::string line;
