@@ -792,6 +792,14 @@ TEST(Llama, Llama3RopeScalingRegimes) {
   EXPECT_NEAR(s[1], smoothed(1, 1024, 1, 32), 1e-15);
   EXPECT_DOUBLE_EQ(s[2], plain[2] / 8);
   EXPECT_DOUBLE_EQ(s[3], plain[3] / 8);
+  // Equal factors (Llama 4 Scout's 1 and 1): a cut-off at original / 1, no band between
+  c.rope_high_freq_factor = 1;
+  c.rope_original_max_position_embeddings = 1000;  // wavelengths ~6.3, ~167, ~4443, ~1.2e5
+  s = fsdp::llama_inv_freq(c);
+  EXPECT_DOUBLE_EQ(s[0], plain[0]);
+  EXPECT_DOUBLE_EQ(s[1], plain[1]);
+  EXPECT_DOUBLE_EQ(s[2], plain[2] / 8);
+  EXPECT_DOUBLE_EQ(s[3], plain[3] / 8);
 }
 
 // YaRN (transformers' _compute_yarn_parameters) at head_dim 8, theta 1e4, original 2048,

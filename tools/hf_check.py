@@ -6,7 +6,7 @@ bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCaus
 MistralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM,
 SmolLM3ForCausalLM, GraniteForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
 OlmoeForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM,
-DeepseekV2ForCausalLM, GptOssForCausalLM (LLAMA_CASES below)
+DeepseekV2ForCausalLM, GptOssForCausalLM, Llama4ForCausalLM (LLAMA_CASES below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -193,6 +193,16 @@ LLAMA_CASES = {
                                             "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                                              "original_max_position_embeddings": 256,
                                                              "truncate": False}},
+    # Llama 4 (Llama4ForCausalLM): layer 0 dense with RoPE on adjacent pairs in chunks of 8 and
+    # q/k L2 norms, layer 1 sparse (one of 4 experts a token, input-scaled, a shared expert)
+    # and NoPE with its queries' temperature (floor_scale 8: positions 7.. scaled).
+    "llama4 chunks nope temperature": {"type": "llama4_text", "hidden_size": 32, "head_dim": 8,
+                                       "num_local_experts": 4, "num_experts_per_tok": 1,
+                                       "intermediate_size_mlp": 64,
+                                       "interleave_moe_layer_step": 2,
+                                       "no_rope_layer_interval": 2, "attention_chunk_size": 8,
+                                       "floor_scale": 8, "attn_scale": 0.5,
+                                       "tie_word_embeddings": False},
     # OLMo 3: OLMo 2's layers, the first sliding over 8 positions with unscaled RoPE, the second
     # global with LLAMA_COMMON's llama3 scaling (Olmo3Model's rotary_embs).
     "olmo3 gqa untied window 8": {"type": "olmo3", "hidden_size": 32, "sliding_window": 8,

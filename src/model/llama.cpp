@@ -234,7 +234,8 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         "llama3: wavelengths above original / low_freq_factor are scaled by 1 / factor.",
         KeyRange::above(0), {}, true, 1.0},
       A{"rope_scaling.high_freq_factor", &L::rope_high_freq_factor,
-        "llama3: wavelengths below original / high_freq_factor are kept.", KeyRange::above(0), {},
+        "llama3: wavelengths below original / high_freq_factor are kept (>= low_freq_factor; "
+        "equal: no band between).", KeyRange::above(0), {},
         true, 4.0},
       A{"rope_scaling.original_max_position_embeddings", &L::rope_original_max_position_embeddings,
         "llama3, yarn: the context length the model was pre-trained with.", KeyRange::size(1), {},
@@ -915,7 +916,8 @@ std::vector<double> llama_inv_freq(const LlamaConfig& c, int64_t seq_len) {
     const double wl = 2 * pi / x;
     if (wl > low_wl) {
       x /= c.rope_factor;
-    } else if (wl >= high_wl) {
+    } else if (wl >= high_wl && c.rope_high_freq_factor > c.rope_low_freq_factor) {
+      // (equal factors, Llama 4 Scout's: no band between, the cut-off alone)
       const double s = (orig / wl - c.rope_low_freq_factor) /
                        (c.rope_high_freq_factor - c.rope_low_freq_factor);
       x = (1 - s) * x / c.rope_factor + s * x;
@@ -2873,10 +2875,11 @@ class LlamaFamily final : public ModelFamily {
         }
       }
     }
+    // (equal factors are a hard cut-off: Llama 4 Scout's 1 and 1)
     if (g.rope_type == LlamaConfig::RopeType::llama3 &&
-        !(g.rope_high_freq_factor > g.rope_low_freq_factor)) {
+        !(g.rope_high_freq_factor >= g.rope_low_freq_factor)) {
       throw fail(a.key(&LlamaConfig::rope_high_freq_factor),
-                 format_number(g.rope_high_freq_factor) + " is out of range (expected > " +
+                 format_number(g.rope_high_freq_factor) + " is out of range (expected >= " +
                      a.name(&LlamaConfig::rope_low_freq_factor) + " = " +
                      format_number(g.rope_low_freq_factor) + ")");
     }
