@@ -990,7 +990,8 @@ TEST(InitFromMxfp4, GptOssHubExpertsDequantizeAsTransformersDoes) {
   }
   // The dequantized values as F32 (transformers' layout), and the MXFP4 form of the same
   const std::string plain = fresh_dir("init_mxfp4_plain"), quant = fresh_dir("init_mxfp4_hub");
-  const std::string bad_scale = fresh_dir("init_mxfp4_inf"), bad_dtype = fresh_dir("init_mxfp4_f32");
+  const std::string bad_scale = fresh_dir("init_mxfp4_inf"),
+                    bad_dtype = fresh_dir("init_mxfp4_f32");
   rewrite(src.hf, plain, [&](std::vector<Tensor>& ts) {
     for (auto& t : ts) {
       if (codes.count(t.name)) t.data = codes[t.name].ours;

@@ -1763,11 +1763,11 @@ TEST(Llama, DeepseekV2ConfigJson) {
 }
 
 // openai/gpt-oss-20b's config.json (with its MXFP4 quantization_config: init_from dequantizes
-// the experts, test_init_from's InitFromMxfp4) reads as written: 20,914,757,184 parameters (HF's count; the model card's
-// 20.9B; 116,829,156,672 for gpt-oss-120b's 36 layers of 128 experts), every layer sparse with
-// the router's bias and the packed experts, even layers sliding over 128 positions, yarn 32x
-// from 4096 not truncated, attention biases whatever attention_bias says; the merged
-// config.json reads back; another quantization method, another swiglu_limit and another
+// the experts, test_init_from's InitFromMxfp4) reads as written: 20,914,757,184 parameters (HF's
+// count; the model card's 20.9B; 116,829,156,672 for gpt-oss-120b's 36 layers of 128 experts),
+// every layer sparse with the router's bias and the packed experts, even layers sliding over 128
+// positions, yarn 32x from 4096 not truncated, attention biases whatever attention_bias says; the
+// merged config.json reads back; another quantization method, another swiglu_limit and another
 // layer_types list are refused by name.
 TEST(Llama, GptOssConfigJson) {
   const fsdp::ModelFamily& oss = fsdp::model_family("gpt_oss");
@@ -1866,9 +1866,9 @@ TEST(Llama, Llama4ConfigJson) {
   const nlohmann::json text = {
       {"attention_bias", false}, {"attention_chunk_size", 8192}, {"attention_dropout", 0.0},
       {"attn_scale", 0.1}, {"attn_temperature_tuning", true}, {"bos_token_id", 200000},
-      {"eos_token_id", {200001, 200007, 200008}}, {"floor_scale", 8192}, {"for_llm_compressor", false},
-      {"head_dim", 128}, {"hidden_act", "silu"}, {"hidden_size", 5120},
-      {"initializer_range", 0.02}, {"interleave_moe_layer_step", 1},
+      {"eos_token_id", {200001, 200007, 200008}}, {"floor_scale", 8192},
+      {"for_llm_compressor", false}, {"head_dim", 128}, {"hidden_act", "silu"},
+      {"hidden_size", 5120}, {"initializer_range", 0.02}, {"interleave_moe_layer_step", 1},
       {"intermediate_size", 8192}, {"intermediate_size_mlp", 16384},
       {"max_position_embeddings", 10485760}, {"model_type", "llama4_text"},
       {"moe_layers", moe}, {"no_rope_layers", no_rope}, {"num_attention_heads", 40},

@@ -94,9 +94,9 @@ void read_mxfp4(const safetensors::SafetensorsCheckpoint& ckpt, const HfMxfp4& m
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t c = i / R, r = i % R;
       const uint8_t byte = blocks[static_cast<std::size_t>(r * G * 16 + c / 2)];
-      const float v = std::ldexp(kE2m1[(c & 1) != 0 ? byte >> 4 : byte & 0x0F],
-                                 static_cast<int>(scales[static_cast<std::size_t>(r * G + c / 32)]) -
-                                     127);
+      const float v =
+          std::ldexp(kE2m1[(c & 1) != 0 ? byte >> 4 : byte & 0x0F],
+                     static_cast<int>(scales[static_cast<std::size_t>(r * G + c / 32)]) - 127);
       if (!std::isfinite(v)) {
         throw InputError(ckpt.file_of(m.blocks).path() + ": tensor '" + m.blocks + "': element " +
                          shape_json({e, r, c}) + " dequantizes to " + (v > 0 ? "inf" : "-inf") +

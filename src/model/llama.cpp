@@ -745,7 +745,9 @@ LayerParams layer_params(const LlamaConfig& c, int64_t l) {
 // [I, 2I) of gate_up_proj). Contiguous rows, so the GEMMs read and write them in place.
 template <class Param>
 TensorView layer_slot(const LlamaConfig& c, const LayerIndex& x, int k, Param&& param) {
-  if (k < 0) throw Error("layer_slot: the layer has no such parameter (slot " + std::to_string(k) + ")");
+  if (k < 0) {
+    throw Error("layer_slot: the layer has no such parameter (slot " + std::to_string(k) + ")");
+  }
   if (k < x.count) return param(k);
   const int64_t C = c.hidden_size, I = c.intermediate_size;
   const int64_t Q = c.num_attention_heads * c.head_size(), KV = c.kv_heads() * c.head_size();
@@ -2524,7 +2526,8 @@ void LlamaModel::llama4_experts_backward(int64_t l, int64_t BT, ModuleHooks& hoo
     if (in.numel() == 0) continue;
     const int64_t n = in.shape[0];
     const TensorView dgu = expert_rows(y.gate, off, e, 2 * I).reshape({2 * I, n});
-    be_.gemm(true, true, C, 2 * I, n, 1.f, in, dgu, 1.f, packed_slice(G(x.px_gate_up), e, C, 2 * I));
+    be_.gemm(true, true, C, 2 * I, n, 1.f, in, dgu, 1.f,
+             packed_slice(G(x.px_gate_up), e, C, 2 * I));
     be_.gemm(true, true, n, C, 2 * I, 1.f, dgu, packed_slice(W(x.px_gate_up), e, C, 2 * I), 0.f,
              in);
   }
@@ -3082,7 +3085,8 @@ class LlamaFamily final : public ModelFamily {
     g.head_dim = g.head_size();
     nlohmann::json out = args().to_hf(g);
     // (Llama 4's decoder classes are Llama4Text*, its causal LM Llama4ForCausalLM)
-    out["architectures"] = {g.llama4() ? std::string("Llama4ForCausalLM") : prefix() + "ForCausalLM"};
+    out["architectures"] = {g.llama4() ? std::string("Llama4ForCausalLM")
+                                       : prefix() + "ForCausalLM"};
     out["model_type"] = type();
     if (g.rope_type == LlamaConfig::RopeType::default_) {
       out["rope_scaling"] = nullptr;

@@ -482,7 +482,9 @@ struct LlamaConfig {
     return layer_sparse(layer) ? num_experts_per_tok : 1;
   }
   int64_t mlp_width(int64_t layer) const {
-    return layer_sparse(layer) ? expert_size() : llama4() ? intermediate_size_mlp : intermediate_size;
+    return layer_sparse(layer) ? expert_size()
+           : llama4()          ? intermediate_size_mlp
+                               : intermediate_size;
   }
   // Biases on q_proj, k_proj, v_proj (Qwen2 always; the others with attention_bias) and on
   // o_proj (attention_bias).
