@@ -1923,6 +1923,14 @@ TEST(Llama, Llama4ConfigJson) {
   nlohmann::json hf = text;
   hf["moe_layers"] = {0, 1};
   expect_refused(l4, hf, "\"moe_layers\" [0,1] is not supported");
+  hf = text;  // layer 3 is NoPE: full attention, not chunked
+  hf["layer_types"][3] = "chunked_attention";
+  expect_refused(l4, hf, "\"layer_types\"");
+  hf = text;  // HF's None: no chunks, and the merge writes it back so
+  hf["attention_chunk_size"] = nullptr;
+  const fsdp::ModelConfig unchunked = l4.from_hf_config(hf, "n.json");
+  EXPECT_EQ(fsdp::LlamaConfig::from(unchunked).layer_chunk(0), 0);
+  EXPECT_TRUE(l4.hf_config(unchunked)["attention_chunk_size"].is_null());
   // (num_experts_per_tok 2: refused when the [model] is checked, test_config)
 }
 
