@@ -418,9 +418,10 @@ struct LlamaConfig {
   bool gpt_oss() const { return arch == LlamaArch::gpt_oss; }
   // A learned per-head sink logit in the attention's softmax (self_attn.sinks [H]).
   bool attention_sinks() const { return gpt_oss(); }
-  // The router has a bias (mlp.router.bias [E], trained) and the experts are HF's packed
-  // tensors with biases (GptOssExperts: gate_up_proj [E, C, 2I] read as x @ W[e], gate and up
-  // columns interleaved; down_proj [E, I, C]) whose activation is clamped_swiglu_forward's.
+  // The experts are HF's packed tensors, read as x @ W[e]: gate_up_proj [E, C, 2I] and
+  // down_proj [E, I, C]. gpt-oss's (GptOssExperts) have biases, their gate and up columns
+  // interleaved and clamped_swiglu_forward's activation, and the router a bias (mlp.router.bias
+  // [E], trained); Llama 4's (Llama4TextExperts) are gate then up columns, SwiGLU, no biases.
   bool packed_experts() const { return gpt_oss() || llama4(); }
   // GptOssExperts' fixed constants (HF hard-codes them; config.json's swiglu_limit is not
   // read by the class).
