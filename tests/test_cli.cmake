@@ -62,7 +62,8 @@ fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_inp
 # sentencepiece) trains the models and js-tiktoken (npm, tools/install_deps.sh) is the BPE
 # reference: exit 77 (skipped) without them.
 fsdp_cli_tests(tokenizers cli_tokenizers 2 sentencepiece_ok sentencepiece_errors token_files_ok
-  token_files_errors hf_bpe_gpt2 hf_bpe_llama3 hf_bpe_errors train SKIP_RETURN_CODE 77)
+  token_files_errors hf_bpe_gpt2 hf_bpe_llama3 hf_bpe_o200k hf_bpe_errors train
+  SKIP_RETURN_CODE 77)
 # A small tmpfs as train.run_dir: needs root and mount; exit 77 (skipped) otherwise.
 fsdp_cli_tests(disk_full cli_disk_full 2 save_enospc save_enospc_async metrics_enospc prepare_enospc
   save_too_big_warned merge_enospc SKIP_RETURN_CODE 77)

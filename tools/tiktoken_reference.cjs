@@ -4,7 +4,8 @@
 // reader (src/data/bpe_tokenizer.cpp). tests/cli/tokenizers.sh hf_bpe_* uses it.
 //
 //   node tools/tiktoken_reference.cjs tokenizer ENCODING LAYOUT OUT_DIR
-//       Writes OUT_DIR/tokenizer.json: the vocabulary of ENCODING (gpt2 | cl100k_base) in
+//       Writes OUT_DIR/tokenizer.json: the vocabulary of ENCODING (gpt2 | cl100k_base |
+//       o200k_base) in
 //       Hugging Face's byte-level BPE form, its merges recovered from the ranks, with
 //       LAYOUT's pre-tokenizer and options:
 //         gpt2:   ByteLevel(use_regex) with GPT-2's pattern, merges as "a b" strings, and a
@@ -12,7 +13,13 @@
 //         llama3: Split(Llama 3's pattern, Isolated) + ByteLevel(no regex), merges as
 //                 ["a", "b"], ignore_merges, added tokens <|begin_of_text|> and
 //                 <|end_of_text|> after the specials, and a TemplateProcessing that puts
-//                 <|begin_of_text|> first (Meta-Llama-3's tokenizer.json layout); no config.
+//                 <|begin_of_text|> first (Meta-Llama-3's tokenizer.json layout); no config;
+//         o200k:  Split(o200k's pattern as Hugging Face files spell it, with (?i:...) where
+//                 tiktoken's pat_str lists the cases, Isolated) + ByteLevel(no regex), merges
+//                 as ["a", "b"], no post-processor template, and a tokenizer_config.json with
+//                 no BOS and EOS <|endoftext|> (the layout of openai/gpt-oss's tokenizer.json,
+//                 whose o200k_harmony adds chat tokens to o200k_base; Llama 4's pattern is
+//                 this one too).
 //   node tools/tiktoken_reference.cjs time ENCODING FILE...
 //       Prints "SECONDS TOKENS": js-tiktoken's time to encode the files' texts (read first,
 //       ranks loaded first; one thread), for tools/bench_prepare.sh.
@@ -90,6 +97,15 @@ const LLAMA3_PATTERN =
   "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" +
   "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
+// o200k_base's pattern (tiktoken's pat_str) with the case-insensitive contractions written
+// (?i:...), as tokenizer.json files carry it.
+const O200K_PATTERN =
+  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" +
+  "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|" +
+  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" +
+  "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|" +
+  "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 function writeTokenizer(encoding, layout, outDir) {
   const spec = loadRanks(encoding);
   const ranks = parseRanks(spec.bpe_ranks);
@@ -110,7 +126,10 @@ function writeTokenizer(encoding, layout, outDir) {
     );
   }
   const specials = Object.entries(spec.special_tokens);
-  let next = Math.max(...Object.values(vocab), ...specials.map(([, id]) => id)) + 1;
+  // (a loop, not Math.max(...): o200k's 200k values overflow the call stack as arguments)
+  let next = 0;
+  for (const id of [...Object.values(vocab), ...specials.map(([, i]) => i)]) next = Math.max(next, id);
+  next += 1;
   if (layout === "llama3")
     specials.push(["<|begin_of_text|>", next++], ["<|end_of_text|>", next++]);
   const added = specials.map(([content, id]) => ({
@@ -143,7 +162,7 @@ function writeTokenizer(encoding, layout, outDir) {
             pretokenizers: [
               {
                 type: "Split",
-                pattern: { Regex: LLAMA3_PATTERN },
+                pattern: { Regex: layout === "o200k" ? O200K_PATTERN : LLAMA3_PATTERN },
                 behavior: "Isolated",
                 invert: false,
               },
@@ -153,6 +172,8 @@ function writeTokenizer(encoding, layout, outDir) {
     post_processor:
       layout === "gpt2"
         ? byteLevel(true)
+        : layout === "o200k"
+        ? null
         : {
             type: "TemplateProcessing",
             single: [
@@ -184,6 +205,10 @@ function writeTokenizer(encoding, layout, outDir) {
       eos_token: "<|endoftext|>",
       model_max_length: 1024,
     };
+    fs.writeFileSync(path.join(outDir, "tokenizer_config.json"), JSON.stringify(config));
+  }
+  if (layout === "o200k") {
+    const config = { bos_token: null, eos_token: "<|endoftext|>" };
     fs.writeFileSync(path.join(outDir, "tokenizer_config.json"), JSON.stringify(config));
   }
   console.log(

@@ -33,6 +33,11 @@
 #              threads: ids equal tiktoken's with <|begin_of_text|> first, uint32 ids;
 #              --document line with --eos-token '<|end_of_text|>' puts both around every
 #              non-empty line; --document jsonl --text-key content reads JSON Lines records.
+# CASE hf_bpe_o200k: o200k_base in openai/gpt-oss's tokenizer.json layout (o200k's Split pattern
+#              with its letter-case classes and (?i:...) contractions, ByteLevel, no template,
+#              tokenizer_config.json: no BOS, EOS <|endoftext|>; Llama 4's pattern is the same),
+#              encoded on 2 threads: ids equal tiktoken's o200k_base with EOS 199999 after each
+#              document, on the fortunes corpus and the Unicode stress corpus.
 # CASE hf_bpe_errors: tokenizer.json files that are not JSON, not BPE, not byte-level, with a
 #              Lowercase normalizer, a field of the wrong type, a merge of an unknown token, a
 #              bad regex; an unknown --bos-token, --add-eos without an EOS, --eos-token with a
@@ -483,6 +488,20 @@ want = [vocab[p] for p in ["a", "\u0120", "2", "0", "2", "6", "\u010a"]] + [1002
     [vocab[p] for p in ["b", "\u0120", "7", "\u010a"]] + [100257]
 assert got == want, (got, want)
 EOF
+    ;;
+  hf_bpe_o200k)
+    need_fortunes
+    tiktoken_reference tokenizer o200k_base o200k "$WORK/o200k"
+    make_stress_corpus "$WORK/stress"
+    for corpus in "$FORTUNES" "$WORK/stress"; do
+      run_prepare --tokenizer "$WORK/o200k" --num-threads 2 -o "$WORK/o.h5" "$corpus"
+      expect_rc 0
+      if ! grep -qF "hf-bpe $WORK/o200k, eos 199999 per document)" "$OUT"; then
+        fail "o200k summary line ($corpus): $(tail -1 "$OUT")"
+      fi
+      expect_tiktoken_ids "$WORK/o.h5" o200k_base -1 199999 "$corpus"
+      rm -f "$WORK/o.h5"
+    done
     ;;
   hf_bpe_errors)
     make_corpus "$WORK/corpus"
