@@ -86,26 +86,35 @@ void read_mxfp4(const safetensors::SafetensorsCheckpoint& ckpt, const HfMxfp4& m
   const int64_t R = m.rows, Cc = m.cols, G = Cc / 32, per = R * Cc;
   std::vector<uint8_t> blocks(static_cast<std::size_t>(R * G * 16));
   std::vector<uint8_t> scales(static_cast<std::size_t>(R * G));
+  float values[16];  // a block's 16 e2m1 values times its scale (ldexp: exact, inf beyond fp32)
   for (int64_t e = k0 / per; e * per < k1; ++e) {
     const int64_t lo = std::max(k0, e * per) - e * per, hi = std::min(k1, (e + 1) * per) - e * per;
     ckpt.read_raw(m.blocks, e * R * G * 16, R * G * 16, blocks.data());
     ckpt.read_raw(m.scales, e * R * G, R * G, scales.data());
-    float* out = dst + (e * per + lo - k0);
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t c = i / R, r = i % R;
-      const uint8_t byte = blocks[static_cast<std::size_t>(r * G * 16 + c / 2)];
-      const float v =
-          std::ldexp(kE2m1[(c & 1) != 0 ? byte >> 4 : byte & 0x0F],
-                     static_cast<int>(scales[static_cast<std::size_t>(r * G + c / 32)]) - 127);
-      if (!std::isfinite(v)) {
-        throw InputError(ckpt.file_of(m.blocks).path() + ": tensor '" + m.blocks + "': element " +
-                         shape_json({e, r, c}) + " dequantizes to " + (v > 0 ? "inf" : "-inf") +
-                         " (scale " +
-                         std::to_string(scales[static_cast<std::size_t>(r * G + c / 32)]) +
-                         "; the " + type + " parameter " + param +
-                         "): the weights hold a non-finite value" + origin_of(dir));
+    // ours (e, c, r) at dst[base + c * R + r], for c * R + r in [lo, hi)
+    const int64_t base = e * per - k0;
+    // The input features c of row r in [lo, hi): c * R + r in it
+    const int64_t c_first = lo / R, c_last = (hi - 1) / R;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t c_lo = c_first + (c_first * R + r < lo ? 1 : 0);
+      const int64_t c_hi = c_last + (c_last * R + r < hi ? 1 : 0);
+      for (int64_t g = c_lo / 32; g * 32 < c_hi; ++g) {
+        const uint8_t s = scales[static_cast<std::size_t>(r * G + g)];
+        for (int v = 0; v < 16; ++v) values[v] = std::ldexp(kE2m1[v], static_cast<int>(s) - 127);
+        const uint8_t* row = blocks.data() + (r * G + g) * 16;
+        for (int64_t c = std::max(c_lo, g * 32); c < std::min(c_hi, g * 32 + 32); ++c) {
+          const uint8_t byte = row[(c % 32) / 2];
+          const float x = values[(c & 1) != 0 ? byte >> 4 : byte & 0x0F];
+          if (!std::isfinite(x)) {
+            throw InputError(ckpt.file_of(m.blocks).path() + ": tensor '" + m.blocks +
+                             "': element " + shape_json({e, r, c}) + " dequantizes to " +
+                             (x > 0 ? "inf" : "-inf") + " (scale " + std::to_string(s) +
+                             "; the " + type + " parameter " + param +
+                             "): the weights hold a non-finite value" + origin_of(dir));
+          }
+          dst[base + c * R + r] = x;
+        }
       }
-      out[i - lo] = v;
     }
   }
 }
