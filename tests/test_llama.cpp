@@ -632,7 +632,10 @@ void check_reference(const std::string& file) {
         continue;
       }
       EXPECT_GT(gn, 0.0) << file << ": " << e.spec.name;
-      EXPECT_LE(std::sqrt(gd), 1e-5 * std::sqrt(gn)) << file << ": " << e.spec.name;
+      // (+ 1e-6: a k_proj bias's gradient is a sum of nearly cancelling O(1) terms, whose norm,
+      // ~0.02 here, is no scale for fp32's rounding of them: a Debug build's order of the sums
+      // lands 2 % beyond 1e-5 of it)
+      EXPECT_LE(std::sqrt(gd), 1e-5 * std::sqrt(gn) + 1e-6) << file << ": " << e.spec.name;
     }
   }
 }

@@ -1667,7 +1667,8 @@ inline uint16_t f32_to_f16_simd(float f) {
   // below 2^-14: m * 2^-24 with m = (1.mantissa * 2^23) / 2^(126 - e) rounded; a shift of 25
   // or more gives 0, as 31 does (and keeps the shift defined)
   const uint32_t e = a >> 23;
-  const uint32_t s = 126u - e < 31u ? 126u - e : 31u;
+  // (e >= 126: the normal branch below; 31 keeps 1u << (s - 1) defined)
+  const uint32_t s = e < 126u && 126u - e < 31u ? 126u - e : 31u;
   const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
   const uint32_t sub = (mant + (1u << (s - 1u)) - 1u + ((mant >> s) & 1u)) >> s;
   const uint32_t nan = a > 0x7f800000u ? 0x7e00u | ((a >> 13) & 0x3ffu) : 0x7c00u;
