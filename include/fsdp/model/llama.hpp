@@ -455,9 +455,9 @@ struct LlamaConfig {
   }
   // DeepSeek-V3's routing (GLM-4.5): sigmoid scores, e_score_correction_bias, groups, the
   // scaling factor (moe_sigmoid_router_forward); the others: softmax top-k (moe_router_forward).
-  // The router's logits are then fp32, as HF's DeepseekV3TopkRouter computes them.
-  // Llama 4 routes by sigmoid too (the K largest logits' sigmoids, no groups, no bias, not
-  // renormalised).
+  // The router's logits are then fp32, as HF's DeepseekV3TopkRouter computes them. Llama 4
+  // routes by sigmoid too (the K largest logits' sigmoids, no groups, no bias, not
+  // renormalised; its logits in the activations' dtype, as Llama4Router's).
   bool sigmoid_routing() const {
     return (deepseek_moe() && arch != LlamaArch::deepseek_v2) || llama4();
   }
