@@ -26,13 +26,15 @@ namespace {
 // (Gemma3ForConditionalGeneration: Gemma 3 4B-27B; Mistral3ForConditionalGeneration: Mistral
 // Small 3.1 and 3.2): its config.json holds the decoder's as text_config and its files the
 // decoder's tensors under "language_model.model." (transformers 4.5x, the Hub's) or
-// "model.language_model." (transformers 5). The one list the prefix, the key tables, the
-// families and the registry are made from.
+// "model.language_model." (transformers 5); and a causal LM class not named <prefix>ForCausalLM
+// (Llama 4's decoder classes are Llama4Text*, its causal LM Llama4ForCausalLM). The one list the
+// prefix, the key tables, the families and the registry are made from.
 struct ArchNames {
   LlamaArch arch;
   const char* prefix;
   const char* config_class;
   const char* multimodal = nullptr;
+  const char* causal_lm = nullptr;  // nullptr: <prefix>ForCausalLM
 };
 constexpr ArchNames kArchNames[] = {
     {LlamaArch::llama, "Llama", "LlamaConfig"},
@@ -56,8 +58,7 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::deepseek_v3, "DeepseekV3", "DeepseekV3Config"},
     {LlamaArch::deepseek_v2, "DeepseekV2", "DeepseekV2Config"},
     {LlamaArch::gpt_oss, "GptOss", "GptOssConfig"},
-    // (its ForCausalLM is Llama4ForCausalLM: causal_lm_class)
-    {LlamaArch::llama4_text, "Llama4Text", "Llama4TextConfig", "llama4"},
+    {LlamaArch::llama4_text, "Llama4Text", "Llama4TextConfig", "llama4", "Llama4ForCausalLM"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -2128,19 +2129,20 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
                    rows = a.moe_rows.view({RK, C}), w = y.moe_w.view({RK}),
                    slot = y.moe_slot.view({RK}), dw = a.moe_dw.view({RK}),
                    dlogits = a.moe_dlogits.view({BT, E});
+  // ln2 = post_attention_layernorm(res2) again into dln (the recompute has left it there),
+  // read below by the experts' gradients (their inputs gathered again from it) and the router's
+  if (!recompute) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, norm_weight, BT, C, eps);
   // d expert outputs (into the routed rows) and d weights from dres = d res[l + 1]
   if (cfg_.llama4()) {
     // d expert outputs: each token's dres (unweighted, one expert a token); the experts'
     // backward re-gathers their scaled inputs from ln2 (into dln); then d xs = each token's row
     // gradient, through the scaling into d ln2 (moe_dxs) and d w
     be_.embedding_lookup_forward(rows, y.moe_src.view({RK}), dres, RK, C);
-    if (!recompute) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, norm_weight, BT, C, eps);
     llama4_experts_backward(l, BT, hooks, recompute);
     be_.moe_combine_forward(a.moe_xs.view({BT, C}), rows, TensorView{}, slot, BT, 1, C);
     be_.moe_combine_backward(a.moe_dxs.view({BT, C}), dw, a.moe_xs.view({BT, C}), dln, w,
                              a.moe_identity.view({BT}), BT, 1, C);
   } else if (packed) {
-    if (!recompute) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, norm_weight, BT, C, eps);
     be_.moe_combine_backward(rows, dw, dres, y.expert_out.view({RK, C}), w, slot, BT, K, C);
     packed_experts_backward(l, BT, hooks, recompute);  // (ln2 in dln, kept)
   } else {
@@ -2157,10 +2159,8 @@ void LlamaModel::moe_backward(int64_t l, int64_t BT, ModuleHooks& hooks,
       be_.gemm(false, false, n, I, C, 1.f, dy, W(x.expert_down(e)), 0.f, act_e);
     }
     be_.swiglu_backward(act, dup, act, gate, up);  // d gate into dI1, d up into dI2
-    // ln2 = post_attention_layernorm(res2) again into dln, gathered again into the routed rows,
-    // read by the gate and up weight gradients before each expert's input gradient replaces
-    // its rows
-    if (!recompute) be_.rmsnorm_forward(dln, y.ln2_rstd.view({BT}), res2, norm_weight, BT, C, eps);
+    // ln2 (in dln) gathered again into the routed rows, read by the gate and up weight
+    // gradients before each expert's input gradient replaces its rows
     be_.embedding_lookup_forward(rows, y.moe_src.view({RK}), dln, RK, C);
     for (int64_t e = 0; e < E; ++e) {
       const TensorView in = expert_rows(a.moe_rows, off, e, C);
@@ -3084,9 +3084,8 @@ class LlamaFamily final : public ModelFamily {
     g.num_key_value_heads = g.kv_heads();
     g.head_dim = g.head_size();
     nlohmann::json out = args().to_hf(g);
-    // (Llama 4's decoder classes are Llama4Text*, its causal LM Llama4ForCausalLM)
-    out["architectures"] = {g.llama4() ? std::string("Llama4ForCausalLM")
-                                       : prefix() + "ForCausalLM"};
+    const char* causal_lm = arch_names(arch_).causal_lm;
+    out["architectures"] = {causal_lm ? std::string(causal_lm) : prefix() + "ForCausalLM"};
     out["model_type"] = type();
     if (g.rope_type == LlamaConfig::RopeType::default_) {
       out["rope_scaling"] = nullptr;
