@@ -14,6 +14,7 @@
 #include "fsdp/comm/device_mesh.hpp"
 #include "fsdp/comm/mpi_communicator.hpp"
 #include "fsdp/fsdp/engine.hpp"
+#include "fsdp/model/causal_lm.hpp"
 
 namespace test_util {
 
@@ -41,6 +42,9 @@ struct CausalLmFixture {
   fsdp::DeviceBuffer loss_dev{*be, fsdp::DType::f64, 1, fsdp::MemCategory::other};
   std::vector<int32_t> tokens, targets;
   int64_t B, T;
+  // Document masking of the batch (CausalLm::forward_backward's docs): none unless a test
+  // sets it (positions [B,T] pointing into the test's storage).
+  fsdp::Documents docs;
 
   CausalLmFixture(const CausalLmOptions<ModelConfig>& o, const fsdp::FsdpConfig& fc)
       : comm(o.comm),
@@ -65,16 +69,18 @@ struct CausalLmFixture {
   double loss() {
     be->fill_zero(loss_dev.view());
     engine.begin_step(false);
-    model.forward_loss(tokens.data(), targets.data(), B, T, engine, loss_dev.view());
+    model.forward_loss(tokens.data(), targets.data(), B, T, engine, loss_dev.view(), docs);
     engine.end_step();
     return read_loss();
   }
-  double loss_and_grads() {
+  // grad_scale 0: 1 / (B*T), the mean's.
+  double loss_and_grads(float grad_scale = 0.f) {
     be->fill_zero(loss_dev.view());
     engine.zero_grad();
     engine.begin_step(true);
-    model.forward_backward(tokens.data(), targets.data(), B, T, 1.f / static_cast<float>(B * T),
-                           engine, loss_dev.view());
+    model.forward_backward(tokens.data(), targets.data(), B, T,
+                           grad_scale != 0.f ? grad_scale : 1.f / static_cast<float>(B * T),
+                           engine, loss_dev.view(), docs);
     engine.end_step();
     return read_loss();
   }

@@ -77,8 +77,9 @@ void check_gpt2(Backend& be, std::mt19937& rng, int64_t B, int64_t T, int64_t H,
   const Vec qkv = random_vec(BT * 3 * C, rng, -1.5f, 1.5f), dout = random_vec(BT * C, rng);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   Vec out(BT * C, nan), lse(B * H * T, nan), dqkv(BT * 3 * C, nan);  // all written
-  be.attention_forward(f32(out), f32(lse), f32(qkv), B, T, C, H);
-  be.attention_backward(f32(dqkv), f32(dout), f32(qkv), f32(out), f32(lse), B, T, C, H);
+  be.attention_forward(f32(out), f32(lse), f32(qkv), B, T, C, H, TensorView{});
+  be.attention_backward(f32(dqkv), f32(dout), f32(qkv), f32(out), f32(lse), B, T, C, H,
+                        TensorView{});
   Vec q, k, v;
   test_util::split_qkv(qkv, BT, C, q, k, v);
   const AttnShape s{B, T, T, H, hs, 1.0f / std::sqrt(static_cast<float>(hs)), true};
@@ -157,6 +158,44 @@ TEST_F(BlockedAttention, Gpt2LongSequence) { check_gpt2(*be, rng, 1, 1024, 1, 8)
 
 TEST_F(BlockedAttention, Gpt2HeadSize64) { check_gpt2(*be, rng, 1, 100, 2, 64); }
 
+// GPT-2's attention with a document mask (doc_start) equals the grouped-query kernel's on the
+// same q, k, v (H key/value heads) with that mask, which tests/test_llama_kernels.cpp checks
+// against each document run alone; documents crossing the 64-query tiles.
+TEST_F(BlockedAttention, Gpt2DocumentMaskEqualsTheGqaKernels) {
+  const int64_t B = 2, T = 150, H = 2, hs = 8, C = H * hs, BT = B * T;
+  std::vector<int32_t> start;
+  for (const std::vector<int64_t>& docs : {std::vector<int64_t>{1, 70, 79}, {100, 50}}) {
+    int64_t t0 = 0;
+    for (int64_t n : docs) {
+      for (int64_t t = 0; t < n; ++t) start.push_back(static_cast<int32_t>(t0));
+      t0 += n;
+    }
+  }
+  const TensorView ds(start.data(), fsdp::DType::i32, {BT});
+  const Vec qkv = random_vec(BT * 3 * C, rng, -1.5f, 1.5f), dout = random_vec(BT * C, rng);
+  Vec out(BT * C), lse(B * H * T), dqkv(BT * 3 * C);
+  be->attention_forward(f32(out), f32(lse), f32(qkv), B, T, C, H, ds);
+  be->attention_backward(f32(dqkv), f32(dout), f32(qkv), f32(out), f32(lse), B, T, C, H, ds);
+  Vec q, k, v;
+  test_util::split_qkv(qkv, BT, C, q, k, v);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  Vec gout(BT * C), glse(B * H * T), dq(BT * C), dk(BT * C), dv(BT * C);
+  be->gqa_attention_forward(f32(gout), f32(glse), f32(q), f32(k), f32(v), B, T, H, H, hs, scale, 0,
+                            0.f, ds);
+  be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
+                             f32(gout), f32(glse), B, T, H, H, hs, scale, 0, 0.f, ds);
+  expect_close(out, std::vector<double>(gout.begin(), gout.end()), "gpt2 documents out");
+  expect_close(lse, std::vector<double>(glse.begin(), glse.end()), "gpt2 documents lse");
+  const std::vector<double> want = test_util::join_qkv(
+      std::vector<double>(dq.begin(), dq.end()), std::vector<double>(dk.begin(), dk.end()),
+      std::vector<double>(dv.begin(), dv.end()), BT, C);
+  expect_close(dqkv, want, "gpt2 documents dqkv");
+  // and the mask acts: the plain causal output differs
+  Vec plain(BT * C), plain_lse(B * H * T);
+  be->attention_forward(f32(plain), f32(plain_lse), f32(qkv), B, T, C, H, TensorView{});
+  EXPECT_NE(plain, out);
+}
+
 TEST_F(BlockedAttention, T5DecoderSelfAttentionCausalBias) {
   for (int64_t T : {1, 63, 64, 65}) check_mha(*be, rng, {{2, T, T, 2, 8, 1.0f, true}, true, false});
   check_mha(*be, rng, {{1, 1024, 1024, 1, 8, 1.0f, true}, true, false});
@@ -211,8 +250,9 @@ TEST_F(BlockedAttention, ResultsIndependentOfThreadCount) {
       o[r].assign(B * T * C, 0.0f);
       l[r].assign(B * H * T, 0.0f);
       g[r].assign(B * T * 3 * C, 0.0f);
-      bes[r]->attention_forward(f32(o[r]), f32(l[r]), f32(qkv), B, T, C, H);
-      bes[r]->attention_backward(f32(g[r]), f32(dout), f32(qkv), f32(o[r]), f32(l[r]), B, T, C, H);
+      bes[r]->attention_forward(f32(o[r]), f32(l[r]), f32(qkv), B, T, C, H, TensorView{});
+      bes[r]->attention_backward(f32(g[r]), f32(dout), f32(qkv), f32(o[r]), f32(l[r]), B, T, C, H,
+                                 TensorView{});
     }
     EXPECT_EQ(o[0], o[1]);
     EXPECT_EQ(l[0], l[1]);

@@ -39,7 +39,7 @@ endfunction()
 fsdp_cli_tests(bad_input cli_bad_input 2
   malformed_toml unknown_key unknown_key_set unknown_section wrong_type out_of_range_set
   negative_peak_flops pad_vocab_multiple
-  bad_set_syntax missing_config no_config_argument unknown_option mixture_errors missing_data_path
+  bad_set_syntax missing_config no_config_argument unknown_option mixture_errors document_masking_errors missing_data_path
   missing_data_file not_hdf5_file truncated_hdf5 missing_val_dataset vocab_mismatch seq_len_too_long
   seq_len_longer_than_data key_of_another_class unknown_strategy unknown_dtype micro_batch_not_dividing n_embd_not_divisible batch_not_divisible
   shard_size_not_dividing shard_size_not_dividing_full_shard world_size_without_dry_run

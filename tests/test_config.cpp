@@ -972,6 +972,114 @@ TEST(Config, ToTomlRoundTrips) {
 }
 
 
+// Document masking (docs/data.md "Document masking"): data.attn_mask_type, reset_position_ids
+// and eos_token_id, their defaults, values, the cross-key errors (each one line naming its key)
+// and their resume flags.
+TEST(Config, DocumentMaskingKeys) {
+  const Config d = parse_config(kMinimal, "min.toml", {});
+  EXPECT_EQ(d.data.attn_mask_type, AttnMaskType::causal);
+  EXPECT_FALSE(d.data.reset_position_ids);
+  EXPECT_EQ(d.data.eos_token_id, -1);
+  EXPECT_STREQ(to_string(AttnMaskType::block_causal), "block_causal");
+  const Config c = parse_config(
+      "[model]\ntype = \"llama\"\n[data]\npath = \"t.h5\"\nattn_mask_type = \"block_causal\"\n"
+      "reset_position_ids = true\n",
+      "in.toml", {"data.eos_token_id=2"});
+  EXPECT_EQ(c.data.attn_mask_type, AttnMaskType::block_causal);
+  EXPECT_TRUE(c.data.reset_position_ids);
+  EXPECT_EQ(c.data.eos_token_id, 2);
+  const std::string toml = to_toml(c);
+  EXPECT_THAT(toml, HasSubstr("attn_mask_type = \"block_causal\"\n"));
+  EXPECT_THAT(toml, HasSubstr("reset_position_ids = true\n"));
+  EXPECT_THAT(toml, HasSubstr("eos_token_id = 2\n"));
+  EXPECT_EQ(parse_config(toml, "round.toml", {}), [&] {
+    Config r = c;
+    r.source_path = "round.toml";
+    return r;
+  }());
+  // Block causal alone (positions run along the row) is valid; synthetic data too (the data
+  // side asks for data.eos_token_id).
+  const std::string llama = "[model]\ntype = \"llama\"\n" + kMinimal;
+  EXPECT_NO_THROW(parse_config(llama, "min.toml", {"data.attn_mask_type=block_causal"}));
+  // GPT-2 takes it too; Llama 4 does not; nor longrope with reset positions.
+  EXPECT_NO_THROW(parse_config(
+      kMinimal, "min.toml", {"data.attn_mask_type=block_causal", "data.reset_position_ids=true"}));
+  EXPECT_THAT(error_of("[model]\ntype = \"llama4_text\"\n" + kMinimal,
+                       {"data.attn_mask_type=block_causal"}),
+              HasSubstr("data.attn_mask_type: \"block_causal\" is not supported by model.type = "
+                        "\"llama4_text\""));
+  EXPECT_NO_THROW(parse_config("[model]\ntype = \"phi3\"\n" + kMinimal, "phi3.toml",
+                               {"data.attn_mask_type=block_causal"}));
+  EXPECT_THAT(error_of("[model]\ntype = \"phi3\"\nrope_scaling = { rope_type = \"longrope\", "
+                       "short_factor = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, "
+                       "1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, "
+                       "1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, "
+                       "1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], long_factor = [1.0, 1.0, 1.0, 1.0, "
+                       "1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, "
+                       "1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, "
+                       "1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0] }\n" +
+                           kMinimal,
+                       {"data.attn_mask_type=block_causal", "data.reset_position_ids=true"}),
+              HasSubstr("data.reset_position_ids: true is not supported with longrope"));
+
+  EXPECT_EQ(error_of(kMinimal, {"data.attn_mask_type=document"}),
+            "--set data.attn_mask_type=document: data.attn_mask_type: unknown value \"document\" "
+            "(expected one of causal, block_causal)");
+  EXPECT_EQ(
+      error_of(kMinimal + "reset_position_ids = true\n"),
+      "input.toml: data.reset_position_ids: true needs data.attn_mask_type = \"block_causal\" "
+      "(positions restart at each document only with document masking)");
+  EXPECT_EQ(error_of(kMinimal, {"data.reset_position_ids=true", "data.attn_mask_type=causal"}),
+            "--set data.reset_position_ids=true: data.reset_position_ids: true needs "
+            "data.attn_mask_type = \"block_causal\" (positions restart at each document only with "
+            "document masking)");
+  // Another objective: T5's seq2seq, a decoder's sft.
+  const std::string t5 =
+      error_of("[model]\ntype = \"t5\"\n" + kMinimal + "attn_mask_type = \"block_causal\"\n");
+  EXPECT_THAT(t5,
+              HasSubstr("input.toml: data.attn_mask_type: \"block_causal\" needs data.objective = "
+                        "\"causal_lm\" (got \"seq2seq\""));
+  EXPECT_THAT(
+      error_of(llama, {"data.objective=sft", "data.attn_mask_type=block_causal"}),
+      HasSubstr("data.attn_mask_type: \"block_causal\" needs data.objective = \"causal_lm\" "
+                "(got \"sft\""));
+  EXPECT_EQ(error_of(kMinimal, {"data.eos_token_id=-2"}),
+            "--set data.eos_token_id=-2: data.eos_token_id: -2 is out of range (expected an "
+            "integer >= -1)");
+  const int64_t V = d.model.integer("vocab_size");
+  EXPECT_EQ(error_of(kMinimal, {"data.eos_token_id=" + std::to_string(V)}),
+            "data.eos_token_id: " + std::to_string(V) +
+                " is out of range (expected -1 <= x < the model's vocabulary size " +
+                std::to_string(V) + ")");
+  EXPECT_NO_THROW(
+      parse_config(kMinimal, "min.toml", {"data.eos_token_id=" + std::to_string(V - 1)}));
+  // A Config built in code gets the same checks.
+  Config code = d;
+  code.data.reset_position_ids = true;
+  try {
+    check_config(code);
+    ADD_FAILURE() << "check_config passed reset_position_ids without block_causal";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), kExitInputError);
+    EXPECT_THAT(std::string(e.what()), HasSubstr("data.reset_position_ids: true needs"));
+  }
+  // --resume may change all three; --list-keys' type column lists the enum's values.
+  for (const char* key : {"data.attn_mask_type", "data.reset_position_ids", "data.eos_token_id"}) {
+    EXPECT_TRUE(resume_may_change(key)) << key;
+  }
+  bool listed = false;
+  for (const KeyDescription& k : describe_keys(model_schema(model_schemas(), "llama"))) {
+    if (k.key == "data.attn_mask_type") {
+      listed = true;
+      EXPECT_EQ(k.type, "one of causal, block_causal");
+      EXPECT_EQ(k.default_value, "\"causal\"");
+      EXPECT_EQ(k.peer, "torchtitan attn_mask_type");
+    }
+    if (k.key == "data.eos_token_id") EXPECT_EQ(k.type, "integer >= -1");
+  }
+  EXPECT_TRUE(listed);
+}
+
 // ---- docs/config.md against the key table ------------------------------------------------
 
 // "section.key" -> the value text of its line in `toml` (to_toml's output).

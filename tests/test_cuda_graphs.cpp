@@ -10,7 +10,8 @@
 //    sees the kernels before it done).
 //  - Every Kernels call is recorded as one call: the calls with default bodies (pairs of
 //    calls) are overridden, so the CUDA backend's fused version is what a graph captures.
-//  - Training: GPT-2, T5, Llama and Gemma 2 with train.cuda_graphs = "on" equal "off" bit for
+//  - Training: GPT-2, T5, Llama and Gemma 2 (and the other classes below, document masking
+//    among them) with train.cuda_graphs = "on" equal "off" bit for
 //    bit (losses, validation losses, parameters) at 1, 2 and 4 ranks, FULL_SHARD with
 //    micro-batches, at least 40% of the kernel calls inside graphs; also with activation
 //    checkpointing and CPU offload (GPT-2) and the fused linear + cross-entropy (Llama); a
@@ -300,6 +301,17 @@ TEST(CudaGraphsCpuTwin, GraphedTrainingEqualsEagerBitForBit) {
                                  "model.interleave_moe_layer_step=2",
                                  "model.no_rope_layer_interval=2", "model.attention_chunk_size=5",
                                  "model.floor_scale=4"}))},
+      // document masking with reset positions (Gemma 3: two RoPE tables gathered per token):
+      // the documents' uploads between the segments, their buffers among the arguments
+      {"gemma3_documents",
+       sharded(llama_config("", {"model.type=\"gemma3_text\"", "model.sliding_window=5",
+                                 "data.attn_mask_type=\"block_causal\"",
+                                 "data.reset_position_ids=true", "data.eos_token_id=32"}))},
+      // GPT-2's: wpe read at the documents' positions (two lookups and an add)
+      {"gpt2_documents",
+       sharded(small_run(kSmallGpt2, "", {"data.attn_mask_type=\"block_causal\"",
+                                          "data.reset_position_ids=true",
+                                          "data.eos_token_id=32"}))},
       // every block recomputed in backward, the optimizer on the host
       {"gpt2_recompute_offload",
        sharded(small_run(kSmallGpt2, "", {"fsdp.activation_checkpointing=true",

@@ -52,9 +52,9 @@ TEST(CudaBackend, KernelScratchComesFromTheCache) {
   Pair loss = make_f64({0.0});
   Backend& g = gpu();
   auto step = [&] {
-    g.attention_forward(out.v(kGpu), lse.v(kGpu), qkv.v(kGpu), B, T, C, H);
+    g.attention_forward(out.v(kGpu), lse.v(kGpu), qkv.v(kGpu), B, T, C, H, TensorView{});
     g.attention_backward(dqkv.v(kGpu), out.v(kGpu), qkv.v(kGpu), out.v(kGpu), lse.v(kGpu), B, T, C,
-                         H);
+                         H, TensorView{});
     g.layernorm_forward(x.v(kGpu), mean.v(kGpu), rstd.v(kGpu), x.v(kGpu), w.v(kGpu), w.v(kGpu), R,
                         C, 1e-5f);
     g.layernorm_backward(dx.v(kGpu), dw.v(kGpu), db.v(kGpu), x.v(kGpu), x.v(kGpu), w.v(kGpu),
@@ -125,9 +125,9 @@ TEST(CudaBackend, CapturedGraphReplaysTheEagerCallsBitForBit) {
     }
   };
   auto step = [&] {
-    g.attention_forward(out.v(kGpu), lse.v(kGpu), qkv.v(kGpu), B, T, C, H);
+    g.attention_forward(out.v(kGpu), lse.v(kGpu), qkv.v(kGpu), B, T, C, H, TensorView{});
     g.attention_backward(dqkv.v(kGpu), out.v(kGpu), qkv.v(kGpu), out.v(kGpu), lse.v(kGpu), B, T,
-                         C, H);
+                         C, H, TensorView{});
     g.layernorm_forward(x.v(kGpu), mean.v(kGpu), rstd.v(kGpu), out.v(kGpu), w.v(kGpu), w.v(kGpu),
                         R, C, 1e-5f);
     g.layernorm_backward(dx.v(kGpu), dw.v(kGpu), db.v(kGpu), x.v(kGpu), out.v(kGpu), w.v(kGpu),
@@ -532,17 +532,21 @@ TEST(CudaBackend, LayerNorm) {
 
 // Forward on both backends (out, and lse in fp32), then backward on both from the CPU's out and
 // lse. Head size hs = C / H: 64 and 128 with 16-bit storage run the tensor-core kernels, the
-// rest the SIMT ones.
+// rest the SIMT ones. doc: a document mask's doc_start [B,T], or empty for none.
 void run_attention(DType t, int64_t B, int64_t T, int64_t C, int64_t H, std::mt19937& rng,
-                   DType out_t) {
+                   DType out_t, const std::vector<int32_t>& doc = {}) {
   SCOPED_TRACE("qkv " + name(t) + " out " + name(out_t) + " B=" + std::to_string(B) + " T=" +
-               std::to_string(T) + " C=" + std::to_string(C) + " H=" + std::to_string(H));
+               std::to_string(T) + " C=" + std::to_string(C) + " H=" + std::to_string(H) +
+               (doc.empty() ? "" : " doc_start"));
   const Tol tol = attn_tol(t == DType::f32 ? out_t : t);
   Pair qkv = make(t, uniform(B * T * 3 * C, rng, -2.0f, 2.0f));
   Pair out = make(out_t, uniform(B * T * C, rng));  // garbage: written
   Pair lse = make(DType::f32, uniform(B * H * T, rng));
-  both(
-      [&](Backend& be, Side s) { be.attention_forward(out.v(s), lse.v(s), qkv.v(s), B, T, C, H); });
+  const Pair starts = make_i32(doc.empty() ? std::vector<int32_t>{0} : doc);
+  const auto ds = [&](Side s) { return doc.empty() ? TensorView{} : starts.v(s); };
+  both([&](Backend& be, Side s) {
+    be.attention_forward(out.v(s), lse.v(s), qkv.v(s), B, T, C, H, ds(s));
+  });
   check(out, tol, "out");
   check(lse, tol, "lse");
   // Backward from identical saved out and lse.
@@ -551,7 +555,8 @@ void run_attention(DType t, int64_t B, int64_t T, int64_t C, int64_t H, std::mt1
   Pair dout = make(out_t, uniform(B * T * C, rng));
   Pair dqkv = make(t, uniform(B * T * 3 * C, rng));  // garbage: written
   both([&](Backend& be, Side s) {
-    be.attention_backward(dqkv.v(s), dout.v(s), qkv.v(s), out.v(s), lse.v(s), B, T, C, H);
+    be.attention_backward(dqkv.v(s), dout.v(s), qkv.v(s), out.v(s), lse.v(s), B, T, C, H,
+                          ds(s));
   });
   check(dqkv, tol, "dqkv");
 }
@@ -578,7 +583,7 @@ TEST(CudaBackend, Attention) {
     Pair qkv = make(t, uniform(n + 1, rng, -2.0f, 2.0f)), out = make(t, Vec(no + 1));
     Pair lse = make(DType::f32, Vec(B * H * T));
     both([&](Backend& be, Side s) {
-      be.attention_forward(out.v(s, 1, no), lse.v(s), qkv.v(s, 1, n), B, T, C, H);
+      be.attention_forward(out.v(s, 1, no), lse.v(s), qkv.v(s, 1, n), B, T, C, H, TensorView{});
     });
     check(out, attn_tol(t), "out");
     check(lse, attn_tol(t), "lse");
@@ -587,7 +592,7 @@ TEST(CudaBackend, Attention) {
     Pair dout = make(t, uniform(no + 1, rng)), dqkv = make(t, Vec(n + 1));
     both([&](Backend& be, Side s) {
       be.attention_backward(dqkv.v(s, 1, n), dout.v(s, 1, no), qkv.v(s, 1, n), out.v(s, 1, no),
-                            lse.v(s), B, T, C, H);
+                            lse.v(s), B, T, C, H, TensorView{});
     });
     check(dqkv, attn_tol(t), "dqkv");
   }
@@ -704,9 +709,9 @@ TEST(CudaBackend, WrongDtypesAndSizesThrow) {
                "cuda backend: embedding_forward: tokens is fp32");
   expect_error([&] { g.cross_entropy_forward(F, F, I, 4, 4, 4, 0.f); },
                "cuda backend: cross_entropy_forward: loss is fp32");
-  expect_error([&] { g.attention_forward(F, F, F, 1, 2, 6, 4); },
+  expect_error([&] { g.attention_forward(F, F, F, 1, 2, 6, 4, TensorView{}); },
                "cuda backend: attention_forward: bad shape");
-  expect_error([&] { g.attention_backward(F, F, F, F, Hb, 1, 2, 4, 2); },
+  expect_error([&] { g.attention_backward(F, F, F, F, Hb, 1, 2, 4, 2, TensorView{}); },
                "cuda backend: attention_backward: lse is bf16");
   expect_error([&] { g.bias_gelu_forward(F, I, F, 2, 4); },
                "cuda backend: bias_gelu_forward: fc is int32");
@@ -1462,22 +1467,27 @@ TEST(CudaBackend, Swiglu) {
 
 // As run_mha for Llama's causal grouped-query attention: forward on both (out, lse), backward
 // on both from the CPU's out and lse (outputs pre-filled: they are written), then the GPU's
-// backward once more, bitwise equal (the dK/dV group sums have a fixed order).
+// backward once more, bitwise equal (the dK/dV group sums have a fixed order). doc: the
+// document mask's doc_start [B,T] (doc_starts), or empty for none (a null view).
 void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, std::mt19937& rng,
-             DType out_t, int64_t window = 0, float softcap = 0.f) {
+             DType out_t, int64_t window = 0, float softcap = 0.f,
+             const std::vector<int32_t>& doc = {}) {
   SCOPED_TRACE("q " + name(t) + " out " + name(out_t) + " B=" + std::to_string(B) +
                " T=" + std::to_string(T) + " H=" + std::to_string(H) +
                " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) +
-               " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap));
+               " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap) +
+               (doc.empty() ? "" : " doc_start"));
   const Tol tol = attn_tol(t == DType::f32 ? out_t : t);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
   Pair q = make(t, uniform(nq, rng, -1.5f, 1.5f)), k = make(t, uniform(nk, rng, -1.5f, 1.5f)),
        v = make(t, uniform(nk, rng));
   Pair out = make(out_t, uniform(nq, rng)), lse = make(DType::f32, uniform(nl, rng));
+  const Pair starts = make_i32(doc.empty() ? std::vector<int32_t>{0} : doc);
+  const auto ds = [&](Side s) { return doc.empty() ? TensorView{} : starts.v(s); };
   both([&](Backend& be, Side s) {
     be.gqa_attention_forward(out.v(s), lse.v(s), q.v(s), k.v(s), v.v(s), B, T, H, Hkv, D, scale,
-                             window, softcap);
+                             window, softcap, ds(s));
   });
   check(out, tol, "out");
   check(lse, tol, "lse");
@@ -1487,7 +1497,7 @@ void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, s
   Pair dq = make(t, uniform(nq, rng)), dk = make(t, uniform(nk, rng)), dv = make(t, uniform(nk, rng));
   both([&](Backend& be, Side s) {
     be.gqa_attention_backward(dq.v(s), dk.v(s), dv.v(s), dout.v(s), q.v(s), k.v(s), v.v(s),
-                              out.v(s), lse.v(s), B, T, H, Hkv, D, scale, window, softcap);
+                              out.v(s), lse.v(s), B, T, H, Hkv, D, scale, window, softcap, ds(s));
   });
   check(dq, tol, "dq");
   check(dk, tol, "dk");
@@ -1497,7 +1507,7 @@ void run_gqa(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, s
   Pair dq2 = make(t, Vec(nq)), dk2 = make(t, Vec(nk)), dv2 = make(t, Vec(nk));
   gpu().gqa_attention_backward(dq2.v(kGpu), dk2.v(kGpu), dv2.v(kGpu), dout.v(kGpu), q.v(kGpu),
                                k.v(kGpu), v.v(kGpu), out.v(kGpu), lse.v(kGpu), B, T, H, Hkv, D,
-                               scale, window, softcap);
+                               scale, window, softcap, ds(kGpu));
   expect_bytes(dq2, first[0], "dq rerun");
   expect_bytes(dk2, first[1], "dk rerun");
   expect_bytes(dv2, first[2], "dv rerun");
@@ -1528,6 +1538,159 @@ TEST(CudaBackend, GqaAttention) {
   run_gqa(DType::bf16, 2, 33, 4, 2, 64, rng, DType::f32);  // mixed storage: fp32 fallback
 }
 
+// Document masking's doc_start [B,T] from each batch row's document lengths (summing to T):
+// the positions of a document starting at s get s.
+std::vector<int32_t> doc_starts(int64_t T, const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<int32_t> starts;
+  for (const std::vector<int64_t>& lengths : rows) {
+    int64_t s = 0;
+    for (int64_t len : lengths) {
+      starts.insert(starts.end(), static_cast<std::size_t>(len), static_cast<int32_t>(s));
+      s += len;
+    }
+    EXPECT_EQ(s, T) << "document lengths must sum to T";
+  }
+  return starts;
+}
+
+// GPT-2's attention (packed qkv) with a document mask against the CPU backend: the tensor-core
+// kernels (16-bit, head size 64) and the SIMT ones.
+TEST(CudaBackend, AttentionDocumentMask) {
+  std::mt19937 rng(33);
+  const std::vector<int32_t> d150 = doc_starts(150, {{1, 70, 79}, {64, 64, 22}});
+  for (DType t : kFloatTypes) {
+    run_attention(t, 2, 150, 128, 2, rng, t, d150);  // hs 64
+    run_attention(t, 2, 150, 48, 2, rng, t, d150);   // hs 24: SIMT
+  }
+}
+
+TEST(CudaBackend, GqaAttentionDocumentMask) {
+  // Packed documents (block-causal masking) against the CPU backend: the tensor-core kernels
+  // (16-bit storage, D 64 and 128; 64-key tiles) and the SIMT ones (fp32, or D 40; 32-key
+  // tiles), with document boundaries inside, across and on the tiles' boundaries, one-token
+  // documents, a row of one document (the causal mask alone), a window within and across
+  // documents and a soft-cap. Key tiles left of a query tile's first start are skipped, as
+  // are (dK/dV) query tiles whose first start lies past a key tile.
+  std::mt19937 rng(31);
+  const std::vector<int32_t> d150 = doc_starts(150, {{1, 70, 79}, {150}});
+  const std::vector<int32_t> e150 = doc_starts(150, {{64, 64, 22}, {10, 20, 30, 40, 50}});
+  const std::vector<int32_t> d300 = doc_starts(300, {{130, 1, 1, 100, 68}, {63, 2, 200, 35}});
+  for (DType t : kFloatTypes) {
+    for (int64_t D : {64, 40}) {
+      run_gqa(t, 2, 150, 4, 2, D, rng, t, 0, 0.f, d150);
+      run_gqa(t, 2, 150, 4, 2, D, rng, t, 0, 0.f, e150);
+      run_gqa(t, 2, 300, 4, 2, D, rng, t, 0, 0.f, d300);
+      run_gqa(t, 2, 300, 4, 2, D, rng, t, 48, 0.f, d300);
+    }
+    run_gqa(t, 2, 300, 4, 1, 128, rng, t, 100, 0.5f, d300);  // MQA, D 128, window, soft-cap
+  }
+  run_gqa(DType::bf16, 2, 150, 4, 2, 64, rng, DType::f32, 0, 0.f, d150);  // fp32 fallback
+}
+
+TEST(CudaBackend, GqaAttentionZeroDocStartsAreNoMask) {
+  // doc_start all 0 (one document a row) masks nothing beyond causality and the window: the
+  // results of a null doc_start bit for bit, on both paths (the same tiles, the same order).
+  std::mt19937 rng(32);
+  Backend& g = gpu();
+  const int64_t B = 2, T = 150, H = 4, Hkv = 2;
+  const Pair zeros = make_i32(std::vector<int32_t>(B * T, 0));
+  struct Case {
+    DType t;
+    int64_t D;
+  };
+  for (const Case c : {Case{DType::bf16, 64}, Case{DType::f32, 40}}) {
+    const DType t = c.t;
+    const int64_t D = c.D;
+    for (int64_t window : {0, 48}) {
+      SCOPED_TRACE(name(t) + " D=" + std::to_string(D) + " window=" + std::to_string(window));
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      const int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
+      Pair q = make(t, uniform(nq, rng, -1.5f, 1.5f)), k = make(t, uniform(nk, rng, -1.5f, 1.5f)),
+           v = make(t, uniform(nk, rng)), dout = make(t, uniform(nq, rng));
+      Pair out = make(t, Vec(nq)), lse = make(DType::f32, Vec(nl)), out0 = make(t, Vec(nq)),
+           lse0 = make(DType::f32, Vec(nl));
+      Pair dq = make(t, Vec(nq)), dk = make(t, Vec(nk)), dv = make(t, Vec(nk)),
+           dq0 = make(t, Vec(nq)), dk0 = make(t, Vec(nk)), dv0 = make(t, Vec(nk));
+      const auto run = [&](Pair& o, Pair& l, Pair& gq, Pair& gk, Pair& gv, const TensorView& ds) {
+        g.gqa_attention_forward(o.v(kGpu), l.v(kGpu), q.v(kGpu), k.v(kGpu), v.v(kGpu), B, T, H,
+                                Hkv, D, scale, window, 0.f, ds);
+        g.gqa_attention_backward(gq.v(kGpu), gk.v(kGpu), gv.v(kGpu), dout.v(kGpu), q.v(kGpu),
+                                 k.v(kGpu), v.v(kGpu), o.v(kGpu), l.v(kGpu), B, T, H, Hkv, D,
+                                 scale, window, 0.f, ds);
+      };
+      run(out, lse, dq, dk, dv, TensorView{});
+      run(out0, lse0, dq0, dk0, dv0, zeros.v(kGpu));
+      expect_bytes(out0, read_bytes(g, out.v(kGpu)), "out, zero doc_start");
+      expect_bytes(lse0, read_bytes(g, lse.v(kGpu)), "lse, zero doc_start");
+      expect_bytes(dq0, read_bytes(g, dq.v(kGpu)), "dq, zero doc_start");
+      expect_bytes(dk0, read_bytes(g, dk.v(kGpu)), "dk, zero doc_start");
+      expect_bytes(dv0, read_bytes(g, dv.v(kGpu)), "dv, zero doc_start");
+    }
+  }
+}
+
+TEST(CudaBackend, GqaAttentionDocumentsAreSeparateSequences) {
+  // Independent of the CPU reference: under the document mask each document attends as a
+  // sequence of its own (the kernels see no positions), so its rows of out and lse equal a
+  // separate call on its rows alone (B = 1, T = its length, no doc_start), and so do its rows
+  // of dq, dk, dv given the same out and lse; to rounding (the tiles fall differently).
+  std::mt19937 rng(33);
+  Backend& g = gpu();
+  const int64_t B = 2, T = 150, H = 4, Hkv = 2;
+  const std::vector<std::vector<int64_t>> docs = {{1, 70, 79}, {30, 120}};
+  const Pair starts = make_i32(doc_starts(T, docs));
+  struct Case {
+    DType t;
+    int64_t D;
+  };
+  for (const Case c : {Case{DType::bf16, 64}, Case{DType::f32, 40}, Case{DType::f16, 128}}) {
+    const DType t = c.t;
+    const int64_t D = c.D;
+    SCOPED_TRACE(name(t) + " D=" + std::to_string(D));
+    const Tol tol = attn_tol(t);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const int64_t Q = H * D, KV = Hkv * D, nq = B * T * Q, nk = B * T * KV;
+    Pair q = make(t, uniform(nq, rng, -1.5f, 1.5f)), k = make(t, uniform(nk, rng, -1.5f, 1.5f)),
+         v = make(t, uniform(nk, rng)), dout = make(t, uniform(nq, rng));
+    Pair out = make(t, Vec(nq)), lse = make(DType::f32, Vec(B * H * T));
+    Pair dq = make(t, Vec(nq)), dk = make(t, Vec(nk)), dv = make(t, Vec(nk));
+    g.gqa_attention_forward(out.v(kGpu), lse.v(kGpu), q.v(kGpu), k.v(kGpu), v.v(kGpu), B, T, H,
+                            Hkv, D, scale, 0, 0.f, starts.v(kGpu));
+    g.gqa_attention_backward(dq.v(kGpu), dk.v(kGpu), dv.v(kGpu), dout.v(kGpu), q.v(kGpu),
+                             k.v(kGpu), v.v(kGpu), out.v(kGpu), lse.v(kGpu), B, T, H, Hkv, D,
+                             scale, 0, 0.f, starts.v(kGpu));
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t s = 0;
+      for (int64_t L : docs[static_cast<std::size_t>(b)]) {
+        SCOPED_TRACE("b=" + std::to_string(b) + " document [" + std::to_string(s) + ", " +
+                     std::to_string(s + L) + ")");
+        // The document's rows of x (row width w).
+        const auto rows = [&](const Pair& x, int64_t w) {
+          return x.v(kGpu).slice((b * T + s) * w, L * w);
+        };
+        Pair o1 = make(t, Vec(L * Q)), l1 = make(DType::f32, Vec(H * L));
+        Pair dq1 = make(t, Vec(L * Q)), dk1 = make(t, Vec(L * KV)), dv1 = make(t, Vec(L * KV));
+        g.gqa_attention_forward(o1.v(kGpu), l1.v(kGpu), rows(q, Q), rows(k, KV), rows(v, KV), 1,
+                                L, H, Hkv, D, scale, 0, 0.f, TensorView{});
+        expect_close(read(g, o1.v(kGpu)), read(g, rows(out, Q)), tol, "out");
+        for (int64_t h = 0; h < H; ++h) {
+          const TensorView masked = lse.v(kGpu).slice((b * H + h) * T + s, L);
+          expect_close(read(g, l1.v(kGpu).slice(h * L, L)), read(g, masked), tol, "lse");
+          g.copy(l1.v(kGpu).slice(h * L, L), masked);  // backward from the masked call's
+        }
+        g.copy(o1.v(kGpu), rows(out, Q));
+        g.gqa_attention_backward(dq1.v(kGpu), dk1.v(kGpu), dv1.v(kGpu), rows(dout, Q),
+                                 rows(q, Q), rows(k, KV), rows(v, KV), o1.v(kGpu), l1.v(kGpu), 1,
+                                 L, H, Hkv, D, scale, 0, 0.f, TensorView{});
+        expect_close(read(g, dq1.v(kGpu)), read(g, rows(dq, Q)), tol, "dq");
+        expect_close(read(g, dk1.v(kGpu)), read(g, rows(dk, KV)), tol, "dk");
+        expect_close(read(g, dv1.v(kGpu)), read(g, rows(dv, KV)), tol, "dv");
+        s += L;
+      }
+    }
+  }
+}
+
 TEST(CudaBackend, LlamaWrongArgumentsThrow) {
   Backend& g = gpu();
   DeviceBuffer f32(g, DType::f32, 256, MemCategory::other), bf(g, DType::bf16, 64, MemCategory::other);
@@ -1540,13 +1703,26 @@ TEST(CudaBackend, LlamaWrongArgumentsThrow) {
                "cuda backend: swiglu_forward: gate is fp32 [100]");
   expect_error([&] { g.swiglu_backward(F, F, F, F, F.slice(0, 3)); },
                "cuda backend: swiglu_backward: up is fp32 [3]");
-  expect_error([&] { g.gqa_attention_forward(F, F, F, F, F, 1, 2, 6, 4, 4, 0.5f, 0, 0.f); },
+  const TensorView none{};
+  expect_error([&] { g.gqa_attention_forward(F, F, F, F, F, 1, 2, 6, 4, 4, 0.5f, 0, 0.f, none); },
                "cuda backend: gqa_attention_forward: Hkv = 4");
   expect_error(
-      [&] { g.gqa_attention_backward(F, F, F, F, F, F, F, F, F, 1, 2, 6, 0, 4, 0.5f, 0, 0.f); },
+      [&] {
+        g.gqa_attention_backward(F, F, F, F, F, F, F, F, F, 1, 2, 6, 0, 4, 0.5f, 0, 0.f, none);
+      },
       "cuda backend: gqa_attention_backward: Hkv = 0");
-  expect_error([&] { g.gqa_attention_forward(F, Hb, F, F, F, 1, 2, 6, 3, 4, 0.5f, 0, 0.f); },
+  expect_error([&] { g.gqa_attention_forward(F, Hb, F, F, F, 1, 2, 6, 3, 4, 0.5f, 0, 0.f, none); },
                "cuda backend: gqa_attention_forward: lse is bf16");
+  // doc_start: int32 with B*T elements
+  DeviceBuffer i32(g, DType::i32, 8, MemCategory::other);
+  expect_error([&] { g.gqa_attention_forward(F, F, F, F, F, 1, 2, 6, 3, 4, 0.5f, 0, 0.f, Hb); },
+               "cuda backend: gqa_attention_forward: doc_start is bf16");
+  expect_error(
+      [&] {
+        g.gqa_attention_backward(F, F, F, F, F, F, F, F, F, 2, 3, 6, 3, 4, 0.5f, 0, 0.f,
+                                 i32.view().slice(0, 5));
+      },
+      "cuda backend: gqa_attention_backward: doc_start is int32");
   g.synchronize();
 }
 
@@ -1632,7 +1808,7 @@ void run_sink(DType t, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, 
   Pair out = make(t, uniform(nq, rng)), lse = make(DType::f32, uniform(nl, rng));
   both([&](Backend& be, Side s) {
     be.gqa_attention_forward(out.v(s), lse.v(s), q.v(s), k.v(s), v.v(s), B, T, H, Hkv, D, scale,
-                             0, 0.f);
+                             0, 0.f, TensorView{});
   });
   check_sync(out, attn_tol(t), "gqa out");
   check_sync(lse, attn_tol(t), "gqa lse");

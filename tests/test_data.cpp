@@ -580,6 +580,68 @@ TEST(Batch, ShiftedWindowsOfSamples) {
   expect_error([&] { fsdp::data::load_batch(ds, {12}, 8); }, 1, {"sample 12"});
 }
 
+// Document masking's positions (batch.hpp Batch::position_ids): 0 at a row's start and after
+// each EOS (which belongs to the document it ends), else the previous + 1.
+TEST(Batch, DocumentPositionsRestartAfterEachEos) {
+  constexpr int32_t E = 2;  // the EOS id
+  fsdp::data::Batch b;
+  b.B = 4;
+  b.L = 6;
+  b.target_len = 6;
+  b.inputs = {E, 5, 6, E, 7, 8,   // EOS at the row's start: a document of one token, then two
+              5, 6, 7, 8, 9, E,   // EOS at the row's end: one document
+              5, E, E, E, 6, 7,   // consecutive EOS: one-token documents
+              9, 9, 9, 9, 9, 9};  // no EOS
+  b.targets.assign(24, 1);
+  fsdp::data::set_document_positions(b, E);
+  EXPECT_EQ(b.position_ids, (std::vector<int32_t>{0, 0, 1, 2, 0, 1,  //
+                                                  0, 1, 2, 3, 4, 5,  //
+                                                  0, 1, 0, 0, 0, 1,  //
+                                                  0, 1, 2, 3, 4, 5}));
+  // The mask it stands for: key j visible to query t of its row iff j <= t and no EOS lies
+  // in inputs [j, t), i.e. pos[t] - pos[j] == t - j.
+  for (int64_t r = 0; r < b.B; ++r) {
+    for (int64_t t = 0; t < b.L; ++t) {
+      for (int64_t j = 0; j <= t; ++j) {
+        bool eos_between = false;
+        for (int64_t k = j; k < t; ++k) eos_between |= b.inputs[r * b.L + k] == E;
+        EXPECT_EQ(!eos_between, b.position_ids[r * b.L + t] - b.position_ids[r * b.L + j] == t - j)
+            << "row " << r << " query " << t << " key " << j;
+      }
+    }
+  }
+  // Another EOS id, the same tokens: only 9 ends documents now.
+  fsdp::data::set_document_positions(b, 9);
+  EXPECT_EQ(std::vector<int32_t>(b.position_ids.begin() + 18, b.position_ids.end()),
+            (std::vector<int32_t>{0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(std::vector<int32_t>(b.position_ids.begin(), b.position_ids.begin() + 6),
+            (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  fsdp::data::Batch empty;
+  fsdp::data::set_document_positions(empty, E);
+  EXPECT_TRUE(empty.position_ids.empty());
+  expect_error([&] { fsdp::data::set_document_positions(b, -1); }, 1, {"EOS id -1"});
+  b.inputs.pop_back();
+  expect_error([&] { fsdp::data::set_document_positions(b, E); }, 1,
+               {"23 inputs for a batch of 4 x 6"});
+}
+
+TEST(Batch, RowsSliceDocumentPositions) {
+  fsdp::data::SyntheticTokens s(4 * 10 + 1, 5, 7);  // 5 ids: EOS 0 comes often
+  auto b = fsdp::data::load_batch(s, {0, 1, 2, 3}, 10);
+  EXPECT_TRUE(b.rows(1, 2).position_ids.empty());  // causal: none to slice
+  fsdp::data::set_document_positions(b, 0);
+  const auto mid = b.rows(1, 2);
+  EXPECT_EQ(mid.position_ids,
+            std::vector<int32_t>(b.position_ids.begin() + 10, b.position_ids.begin() + 30));
+  EXPECT_EQ(mid.inputs, std::vector<int32_t>(b.inputs.begin() + 10, b.inputs.begin() + 30));
+  // A slice's positions are those its own rows give.
+  auto again = mid;
+  fsdp::data::set_document_positions(again, 0);
+  EXPECT_EQ(again.position_ids, mid.position_ids);
+  EXPECT_TRUE(b.rows(2, 0).position_ids.empty());
+  EXPECT_EQ(b.rows(0, 4).position_ids, b.position_ids);
+}
+
 TEST(Validation, WindowRangesCoverEveryWindowOnce) {
   EXPECT_EQ(fsdp::data::num_val_windows(1001, 10, 0), 100);
   EXPECT_EQ(fsdp::data::num_val_windows(1000, 10, 0), 99);
@@ -743,6 +805,260 @@ TEST(Samples, MixtureConcatenatesTheFilesSamples) {
   c.data.seq_len = 600;
   expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 1000); }, 2,
                {"data.paths[1]: data.seq_len: 600", "a.h5"});
+}
+
+namespace {
+
+// A token stream of n_docs documents as fsdp_prepare --tokenizer writes them: <s> = 0, ids in
+// [3, 63), </s> = 1 after each; lengths cycle from `seed`.
+std::vector<uint8_t> document_stream(int n_docs, int seed) {
+  std::vector<uint8_t> s;
+  const int lengths[] = {1, 5, 12, 3, 20, 2, 7, 30, 4};
+  for (int d = 0; d < n_docs; ++d) {
+    s.push_back(0);
+    const int n = lengths[(d + seed) % 9];
+    for (int k = 0; k < n; ++k) s.push_back(static_cast<uint8_t>(3 + (d * 7 + k * 3 + seed) % 60));
+    s.push_back(1);
+  }
+  return s;
+}
+
+// A token file of such streams (train 60 documents, val 20) with vocab_size 64, tokenizer
+// "sentencepiece" and the root attributes `attrs` (bos_id, eos_id, add_bos, add_eos: the
+// record fsdp_prepare writes, docs/data.md "File schema").
+std::string make_document_file(const TempDir& dir, const std::string& name,
+                               const std::vector<std::pair<std::string, int64_t>>& attrs,
+                               int seed = 0) {
+  const std::string path = dir.file(name);
+  auto f = fsdp::h5::File::create(path);
+  const auto train = document_stream(60, seed), val = document_stream(20, seed + 1);
+  f.write_u8("/train/tokens", train.data(), {static_cast<hsize_t>(train.size())});
+  f.write_u8("/val/tokens", val.data(), {static_cast<hsize_t>(val.size())});
+  f.set_attr("/", "vocab_size", int64_t{64});
+  f.set_attr("/", "tokenizer", std::string("sentencepiece"));
+  for (const auto& [k, v] : attrs) f.set_attr("/", k, v);
+  return path;
+}
+const std::vector<std::pair<std::string, int64_t>> kLlamaRecord = {
+    {"bos_id", 0}, {"eos_id", 1}, {"add_bos", 1}, {"add_eos", 1}};
+
+// Row positions of the windows `indices` of a split (stream windows [i*L, i*L + L)), computed
+// from the whole stream: a token's position in its document, capped by its place in the row.
+std::vector<int32_t> window_positions(const fsdp::data::TokenSource& src,
+                                      const std::vector<int64_t>& indices, int64_t L, int32_t eos) {
+  std::vector<int32_t> stream(static_cast<std::size_t>(src.num_tokens()));
+  src.read(0, src.num_tokens(), stream.data());
+  std::vector<int64_t> in_doc(stream.size());
+  for (std::size_t p = 0; p < stream.size(); ++p)
+    in_doc[p] = (p == 0 || stream[p - 1] == eos) ? 0 : in_doc[p - 1] + 1;
+  std::vector<int32_t> out;
+  for (int64_t i : indices) {
+    for (int64_t t = 0; t < L; ++t)
+      out.push_back(static_cast<int32_t>(std::min(t, in_doc[static_cast<std::size_t>(i * L + t)])));
+  }
+  return out;
+}
+
+std::vector<int64_t> all_indices(int64_t n) {
+  std::vector<int64_t> idx(static_cast<std::size_t>(n));
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  return idx;
+}
+
+}  // namespace
+
+// data.attn_mask_type = "block_causal": every causal_lm batch (train and val, one file, a
+// mixture, synthetic) carries the position_ids of its documents, with the EOS id of the file's
+// eos_id attribute or data.eos_token_id; causal batches carry none, and the tokens are the same.
+TEST(Samples, BlockCausalPositionsFromTheFilesEosId) {
+  TempDir dir("block_causal");
+  const auto path = make_document_file(dir, "d.h5", kLlamaRecord);
+  auto causal = data_config(fsdp::Objective::causal_lm, path);
+  causal.data.seq_len = 16;
+  auto c = causal;
+  c.data.attn_mask_type = fsdp::AttnMaskType::block_causal;
+  for (const auto split : {fsdp::data::Split::train, fsdp::data::Split::val}) {
+    SCOPED_TRACE(split == fsdp::data::Split::train ? "train" : "val");
+    const auto src = fsdp::data::open_samples(c, split, 64);
+    const auto plain = fsdp::data::open_samples(causal, split, 64);
+    const fsdp::data::TokenDataset ds(path, split);
+    auto idx = all_indices(src->num_samples());
+    std::reverse(idx.begin(), idx.end());
+    const auto b = src->load(idx), p = plain->load(idx);
+    EXPECT_EQ(b.inputs, p.inputs);
+    EXPECT_EQ(b.targets, p.targets);
+    EXPECT_TRUE(p.position_ids.empty());
+    EXPECT_FALSE(b.reset_position_ids);  // data.reset_position_ids = false
+    EXPECT_TRUE(src->shape().block_causal);
+    EXPECT_FALSE(src->shape().reset_position_ids);
+    EXPECT_FALSE(plain->shape().block_causal);
+    ASSERT_EQ(b.position_ids.size(), b.inputs.size());
+    EXPECT_EQ(b.position_ids, window_positions(ds, idx, 16, 1));
+    int64_t starts = 0;  // documents that start inside a row
+    for (std::size_t k = 0; k < b.position_ids.size(); ++k)
+      starts += k % 16 != 0 && b.position_ids[k] == 0;
+    EXPECT_GT(starts, 5);
+    // Gradient accumulation's micro-batches keep them.
+    EXPECT_EQ(b.rows(1, 2).position_ids,
+              std::vector<int32_t>(b.position_ids.begin() + 16, b.position_ids.begin() + 48));
+  }
+  EXPECT_TRUE(fsdp::data::batch_shape(c).block_causal);
+  EXPECT_FALSE(fsdp::data::batch_shape(causal).block_causal);
+  // data.reset_position_ids rides on every batch (the model's RoPE reads position_ids), its
+  // micro-batches and the plan's shape.
+  c.data.reset_position_ids = true;
+  {
+    const auto src = fsdp::data::open_samples(c, fsdp::data::Split::train, 64);
+    const auto b = src->load({4, 2, 0});
+    EXPECT_TRUE(b.reset_position_ids);
+    EXPECT_TRUE(b.rows(1, 1).reset_position_ids);
+    EXPECT_TRUE(src->shape().reset_position_ids);
+    EXPECT_TRUE(fsdp::data::batch_shape(c).reset_position_ids);
+  }
+  c.data.reset_position_ids = false;
+  // data.eos_token_id wins over the attribute (here the BOS, 0, ends the "documents").
+  c.data.eos_token_id = 0;
+  {
+    const auto src = fsdp::data::open_samples(c, fsdp::data::Split::train, 64);
+    const fsdp::data::TokenDataset ds(path, fsdp::data::Split::train);
+    const std::vector<int64_t> idx = {3, 0, 7};
+    EXPECT_EQ(src->load(idx).position_ids, window_positions(ds, idx, 16, 0));
+  }
+  c.data.eos_token_id = -1;
+  // One token before each document for both BOS and EOS (GPT-2's <|endoftext|>, add_eos = 0):
+  // it separates the documents, so it is taken.
+  const auto gpt2 = make_document_file(
+      dir, "gpt2.h5", {{"bos_id", 0}, {"eos_id", 0}, {"add_bos", 1}, {"add_eos", 0}});
+  c.data.path = gpt2;
+  {
+    const auto src = fsdp::data::open_samples(c, fsdp::data::Split::train, 64);
+    const fsdp::data::TokenDataset ds(gpt2, fsdp::data::Split::train);
+    EXPECT_EQ(src->load({2, 5}).position_ids, window_positions(ds, {2, 5}, 16, 0));
+  }
+  // A mixture: each row's positions are those its file gives it.
+  const auto other = make_document_file(dir, "e.h5", kLlamaRecord, /*seed=*/4);
+  c.data.path.clear();
+  c.data.paths = {path, other};
+  auto one = [&](const std::string& p) {
+    auto o = c;
+    o.data.paths.clear();
+    o.data.path = p;
+    return fsdp::data::open_samples(o, fsdp::data::Split::train, 64);
+  };
+  const auto mix = fsdp::data::open_samples(c, fsdp::data::Split::train, 64);
+  const auto a = one(path), e = one(other);
+  const int64_t na = a->num_samples();
+  const auto rows = mix->load({na + 3, 1, na, 4});
+  const auto ra = a->load({1, 4}), re = e->load({3, 0});
+  ASSERT_EQ(rows.position_ids.size(), rows.inputs.size());
+  EXPECT_EQ(rows.rows(0, 1).position_ids, re.rows(0, 1).position_ids);
+  EXPECT_EQ(rows.rows(1, 1).position_ids, ra.rows(0, 1).position_ids);
+  EXPECT_EQ(rows.rows(2, 1).position_ids, re.rows(1, 1).position_ids);
+  EXPECT_EQ(rows.rows(3, 1).position_ids, ra.rows(1, 1).position_ids);
+  EXPECT_EQ(rows.rows(0, 1).inputs, re.rows(0, 1).inputs);
+  EXPECT_EQ(fsdp::data::open_samples(c, fsdp::data::Split::val, 64)->load({0}).position_ids.size(),
+            16u);
+  EXPECT_TRUE(mix->shape().block_causal);
+  c.data.reset_position_ids = true;
+  EXPECT_TRUE(
+      fsdp::data::open_samples(c, fsdp::data::Split::train, 64)->load({na, 0}).reset_position_ids);
+  c.data.reset_position_ids = false;
+  // Synthetic data with data.eos_token_id: load_batch's rows, positions of that id.
+  auto s = data_config(fsdp::Objective::causal_lm, "");
+  s.data.seq_len = 8;
+  s.train.global_batch_size = 4;
+  s.data.attn_mask_type = fsdp::AttnMaskType::block_causal;
+  s.data.eos_token_id = 3;
+  const auto st = fsdp::data::open_samples(s, fsdp::data::Split::train, 6);
+  auto ref = fsdp::data::load_batch(fsdp::data::SyntheticTokens(1024 * 4 * 8 + 1, 6, s.train.seed),
+                                    {9, 4095, 0}, 8);
+  fsdp::data::set_document_positions(ref, 3);
+  const auto sb = st->load({9, 4095, 0});
+  EXPECT_EQ(sb.inputs, ref.inputs);
+  EXPECT_EQ(sb.position_ids, ref.position_ids);
+  EXPECT_EQ(fsdp::data::open_samples(s, fsdp::data::Split::val, 6)->load({63}).position_ids.size(),
+            8u);
+}
+
+// Each error of block_causal's EOS id is one InputError naming the key and the file.
+TEST(Samples, BlockCausalErrorsNameKeyAndFile) {
+  TempDir dir("block_causal_err");
+  const std::string key = "data.attn_mask_type = \"block_causal\": ";
+  write_text(dir.path() / "t.txt", std::string(300, 'a'));
+  fsdp::data::prepare_byte_dataset({dir.file("t.txt")}, dir.file("bytes.h5"), 0.25);
+  auto c = data_config(fsdp::Objective::causal_lm, dir.file("bytes.h5"));
+  c.data.seq_len = 16;
+  EXPECT_NO_THROW(
+      fsdp::data::open_samples(c, fsdp::data::Split::train, 256));  // causal: no EOS needed
+  c.data.attn_mask_type = fsdp::AttnMaskType::block_causal;
+  for (const auto split : {fsdp::data::Split::train, fsdp::data::Split::val}) {
+    expect_error([&] { fsdp::data::open_samples(c, split, 256); }, 2,
+                 {key + dir.file("bytes.h5") +
+                  " has no eos_id (byte-level or imported tokens); set data.eos_token_id"});
+  }
+  // With data.eos_token_id the byte file is read: every 'a' ends a document.
+  c.data.eos_token_id = 'a';
+  const auto b = fsdp::data::open_samples(c, fsdp::data::Split::train, 256)->load({0, 1});
+  EXPECT_EQ(b.position_ids, std::vector<int32_t>(32, 0));
+  c.data.eos_token_id = 256;
+  expect_error(
+      [&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 256); }, 2,
+      {"data.eos_token_id: 256 is out of range (expected -1 <= x < model.vocab_size = 256)"});
+  c.data.eos_token_id = -1;
+  // eos_id = -1 (a model without EOS); add_eos = 0 (prepared with --no-add-eos).
+  const auto none = make_document_file(
+      dir, "none.h5", {{"bos_id", 0}, {"eos_id", -1}, {"add_bos", 1}, {"add_eos", 0}});
+  c.data.path = none;
+  expect_error(
+      [&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 64); }, 2,
+      {key + none + " has no eos_id (byte-level or imported tokens); set data.eos_token_id"});
+  const auto no_add = make_document_file(
+      dir, "no_add.h5", {{"bos_id", 0}, {"eos_id", 1}, {"add_bos", 1}, {"add_eos", 0}});
+  c.data.path = no_add;
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 64); }, 2,
+               {key + no_add + " has eos_id 1 but no EOS after its documents", "--no-add-eos",
+                "set data.eos_token_id"});
+  // The file's eos_id outside the model's vocabulary.
+  const auto big = make_document_file(dir, "big.h5", {{"eos_id", 70}});
+  c.data.path = big;
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 64); }, 2,
+               {key + big + " has eos_id 70, outside model.vocab_size = 64"});
+  // Synthetic data has no EOS of its own.
+  auto s = data_config(fsdp::Objective::causal_lm, "");
+  s.data.attn_mask_type = fsdp::AttnMaskType::block_causal;
+  expect_error([&] { fsdp::data::open_samples(s, fsdp::data::Split::train, 100); }, 2,
+               {key + "synthetic data has no EOS; set data.eos_token_id"});
+  s.data.eos_token_id = 100;
+  expect_error([&] { fsdp::data::open_samples(s, fsdp::data::Split::val, 100); }, 2,
+               {"data.eos_token_id: 100 is out of range"});
+  // A mixture: the files' eos_id must agree (both named); a file without one is named as
+  // data.paths[d].
+  const auto a = make_document_file(dir, "a.h5", kLlamaRecord);
+  const auto e2 = make_document_file(
+      dir, "e2.h5", {{"bos_id", 0}, {"eos_id", 2}, {"add_bos", 1}, {"add_eos", 1}});
+  c.data.path.clear();
+  c.data.paths = {a, e2};
+  expect_error(
+      [&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 64); }, 2,
+      {key + "data.paths[0] " + a + " has eos_id 1 but data.paths[1] " + e2 + " has eos_id 2"});
+  c.data.paths = {a, none};
+  expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::val, 64); }, 2,
+               {"data.paths[1]: " + key + none + " has no eos_id"});
+  // data.eos_token_id settles it for every file (no attribute read).
+  c.data.eos_token_id = 1;
+  c.data.paths = {a, e2, none};
+  EXPECT_EQ(
+      fsdp::data::open_samples(c, fsdp::data::Split::train, 64)->load({0}).position_ids.size(),
+      16u);
+  // The objective: a config check (test_config), before any file is read.
+  auto q = data_config(fsdp::Objective::sft, "unused.h5");
+  q.model = fsdp::model_defaults("gpt2");
+  q.fsdp.transformer_layer_cls_to_wrap = {"GPT2Block"};
+  q.data.attn_mask_type = fsdp::AttnMaskType::block_causal;
+  q.data.seq_len = 16;
+  expect_error(
+      [&] { fsdp::check_config(q); }, 2,
+      {"data.attn_mask_type: \"block_causal\" needs data.objective = \"causal_lm\" (got \"sft\""});
 }
 
 namespace {

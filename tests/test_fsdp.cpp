@@ -109,6 +109,36 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(fsdp::to_string(info.param.strategy)) + "_" + info.param.optimizer;
     });
 
+// GPT-2 with document masking through the trainer (documents end at each space of the byte
+// text), wpe read at each token's position in its document: FULL_SHARD over the world equals
+// a 1-rank NO_SHARD run with the same mask (SGD: no Adam normalisation of rounding noise),
+// the mask changes the losses, and the plan counts its buffers.
+TEST(DocumentMasking, Gpt2ShardsAsOneRank) {
+  const std::vector<std::string> docs = {"data.attn_mask_type=block_causal",
+                                         "data.reset_position_ids=true", "data.eos_token_id=32",
+                                         "optim.name=sgd"};
+  Config r = small_run(kSmallGpt2,
+                       fresh_dir("gpt2_docs_ref") + "/rank" + std::to_string(world_rank()), docs);
+  r.fsdp.sharding_strategy = fsdp::ShardingStrategy::NO_SHARD;
+  const TrainResult ref = run(r, On::self);
+  EXPECT_LT(ref.losses.back(), ref.losses.front()) << "it trains";
+  EXPECT_NE(ref.losses.front(), reference("sgd").losses.front()) << "the mask acts";
+  Config c = small_run(kSmallGpt2, fresh_dir("gpt2_docs_full"), docs);
+  c.mesh.shard_size = std::min(2, world_size());
+  const TrainResult got = run(c, On::world);
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (std::size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i + 1;
+  }
+  std::vector<float> all_got, all_ref;
+  for (const auto& [pname, values] : ref.params) {
+    all_got.insert(all_got.end(), got.params.at(pname).begin(), got.params.at(pname).end());
+    all_ref.insert(all_ref.end(), values.begin(), values.end());
+  }
+  EXPECT_LE(rel_diff(all_got, all_ref), 1e-5);
+  expect_plan_equals_peak(got, "gpt2 documents");
+}
+
 // The initial normals are standard normal: a Kolmogorov-Smirnov distance below the 1 %
 // critical value 1.63 / sqrt(n), the mean, variance and kurtosis within ~5 standard errors,
 // the two halves of a Box-Muller pair and neighbouring pairs uncorrelated, and fill() of any

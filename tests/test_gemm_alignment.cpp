@@ -112,9 +112,10 @@ class GemmRecorder final : public fsdp::Kernels {
   void gelu_bias_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                           int64_t, int64_t) override {}
   void attention_forward(const TensorView&, const TensorView&, const TensorView&, int64_t, int64_t,
-                         int64_t, int64_t) override {}
+                         int64_t, int64_t, const TensorView&) override {}
   void attention_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                          const TensorView&, int64_t, int64_t, int64_t, int64_t) override {}
+                          const TensorView&, int64_t, int64_t, int64_t, int64_t,
+                          const TensorView&) override {}
   void cross_entropy_forward_backward(const TensorView&, const TensorView&, const TensorView&,
                                       int64_t, int64_t, int64_t, float, float) override {}
   void cross_entropy_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
@@ -153,11 +154,13 @@ class GemmRecorder final : public fsdp::Kernels {
                        const TensorView&) override {}
   void gqa_attention_forward(const TensorView&, const TensorView&, const TensorView&,
                              const TensorView&, const TensorView&, int64_t, int64_t, int64_t,
-                             int64_t, int64_t, float, int64_t, float) override {}
+                             int64_t, int64_t, float, int64_t, float,
+                             const TensorView&) override {}
   void gqa_attention_backward(const TensorView&, const TensorView&, const TensorView&,
                               const TensorView&, const TensorView&, const TensorView&,
                               const TensorView&, const TensorView&, const TensorView&, int64_t,
-                              int64_t, int64_t, int64_t, int64_t, float, int64_t, float) override {}
+                              int64_t, int64_t, int64_t, int64_t, float, int64_t, float,
+                              const TensorView&) override {}
   void moe_router_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
                           int64_t, int64_t, bool) override {}
   void moe_router_backward(const TensorView&, const TensorView&, const TensorView&,

@@ -214,6 +214,17 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
       {"gpt_oss sinks packed experts",
        llama_config("", {"model.type=\"gpt_oss\"", "model.num_local_experts=8",
                          "model.num_experts_per_tok=2", "model.sliding_window=5"})},
+      // document masking (documents end at each space): doc_start in the flash kernels,
+      // the per-token RoPE rows gathered from both of Gemma 3's tables
+      {"llama documents", llama_config("", {"data.attn_mask_type=\"block_causal\"",
+                                            "data.eos_token_id=32"})},
+      {"gpt2 documents reset", small_run(kSmallGpt2, "", {"data.attn_mask_type=\"block_causal\"",
+                                                         "data.reset_position_ids=true",
+                                                         "data.eos_token_id=32"})},
+      {"gemma3_text documents reset window 5",
+       llama_config("", {"model.type=\"gemma3_text\"", "model.sliding_window=5",
+                         "data.attn_mask_type=\"block_causal\"", "data.reset_position_ids=true",
+                         "data.eos_token_id=32"})},
       // Llama 4: the strided copies of the adjacent RoPE pairs, the chunked attention's calls,
       // the weightless q/k norms, the temperature table, the transposed expert GEMMs
       {"llama4_text chunks norms temperature",
@@ -635,6 +646,16 @@ TEST(GpuTrain, CudaGraphsEqualEagerBitForBit) {
   for (auto [ff, tied] : {std::pair{"relu", true}, std::pair{"gated-gelu", false}}) {
     both(t5_shape(t5_config(""), ff, tied), std::string("gpu_graphs_t5_") + ff, On::self);
   }
+  // Document masking on the tensor-core flash kernels (bf16, head dim 64), reset positions:
+  // the documents' uploads before the graphed segments
+  Config d =
+      llama_config("", {"model.hidden_size=128", "model.num_attention_heads=2",
+                        "model.num_key_value_heads=1", "data.attn_mask_type=\"block_causal\"",
+                        "data.reset_position_ids=true", "data.eos_token_id=32"});
+  d.mixed_precision.param_dtype = fsdp::DType::bf16;
+  d.mesh.shard_size = std::min(2, world_size());
+  d.train.micro_batch_size = d.train.global_batch_size / world_size() / 2;
+  both(d, "gpu_graphs_llama_documents", On::world);
 }
 
 TEST(GpuTrainT5, Bf16TracksFp32) {

@@ -377,7 +377,7 @@ void check_attention(Backend& be, std::mt19937& rng, int64_t B, int64_t T, int64
                      int64_t H, bool grad_check) {
   Vec qkv = random_vec(B * T * 3 * C, rng, -1.5f, 1.5f);
   Vec out(B * T * C), lse(B * H * T, std::numeric_limits<float>::quiet_NaN());
-  be.attention_forward(f32(out), f32(lse), f32(qkv), B, T, C, H);
+  be.attention_forward(f32(out), f32(lse), f32(qkv), B, T, C, H, TensorView{});
   Vec q, k, v;
   test_util::split_qkv(qkv, B * T, C, q, k, v);
   const int64_t hs = C / H;
@@ -392,11 +392,11 @@ void check_attention(Backend& be, std::mt19937& rng, int64_t B, int64_t T, int64
   auto single = make_cpu_backend(1);
   auto loss = [&] {
     Vec o(B * T * C), l(B * H * T);
-    single->attention_forward(f32(o), f32(l), f32(qkv), B, T, C, H);
+    single->attention_forward(f32(o), f32(l), f32(qkv), B, T, C, H, TensorView{});
     return dot(o, Rw);
   };
   Vec dqkv(B * T * 3 * C, std::numeric_limits<float>::quiet_NaN());  // written
-  be.attention_backward(f32(dqkv), f32(Rw), f32(qkv), f32(out), f32(lse), B, T, C, H);
+  be.attention_backward(f32(dqkv), f32(Rw), f32(qkv), f32(out), f32(lse), B, T, C, H, TensorView{});
   const auto num = numeric_grad(qkv, loss, 1e-2f);
   EXPECT_LT(rel_err(dqkv, num), 5e-4) << "B=" << B << " T=" << T << " C=" << C << " H=" << H;
   // each of q, k, v gets a gradient (no section silently zero)
@@ -415,7 +415,8 @@ TEST_F(Kernels, AttentionLargerForward) { check_attention(*be, rng, 3, 131, 64, 
 
 TEST_F(Kernels, AttentionRejectsBadHeads) {
   Vec qkv(3 * 10), out(10), lse(3);
-  EXPECT_THROW(be->attention_forward(f32(out), f32(lse), f32(qkv), 1, 1, 10, 3), Error);
+  EXPECT_THROW(be->attention_forward(f32(out), f32(lse), f32(qkv), 1, 1, 10, 3, TensorView{}),
+               Error);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1361,7 +1362,7 @@ TEST_F(Kernels, StoreContractAttention) {
       const Vec dout = rounded(random_vec(nout, rng), dt);
       // backward's out input: the forward output rounded to dt (lse is fp32 either way)
       Vec out(nout), lse(nl);
-      be->attention_forward(f32(out), f32(lse), f32(qkv), s.B, s.T, s.C, s.H);
+      be->attention_forward(f32(out), f32(lse), f32(qkv), s.B, s.T, s.C, s.H, TensorView{});
       out = rounded(out, dt);
       expect_store_contract(
           dt,
@@ -1369,9 +1370,9 @@ TEST_F(Kernels, StoreContractAttention) {
             Store q(st, qkv), o(st, Vec(nout, 0.0f)), d(st, dout), o_in(st, out),
                 dq(st, Vec(nqkv, 0.0f));
             Vec l(nl);
-            be->attention_forward(o.view(), f32(l), q.view(), s.B, s.T, s.C, s.H);
+            be->attention_forward(o.view(), f32(l), q.view(), s.B, s.T, s.C, s.H, TensorView{});
             be->attention_backward(dq.view(), d.view(), q.view(), o_in.view(), f32(lse), s.B, s.T,
-                                   s.C, s.H);
+                                   s.C, s.H, TensorView{});
             return Outputs{{o.values(), dq.values()}, {l}, {}};
           },
           "attention T=" + std::to_string(s.T));
@@ -1642,12 +1643,18 @@ TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
         be->layernorm_backward(f32(a), f32(b), f32(c), f32(d), f32(a), f32(b), f32(c), bf, 8, 8);
       },
       "layernorm_backward", "rstd");
-  expect_arg_error([&] { be->attention_backward(f32(a), f32(b), f32(c), f32(d), bf, 1, 2, 4, 2); },
-                   "attention_backward", "lse");
-  expect_arg_error([&] { be->attention_backward(f32(a), f32(b), f32(c), bf.slice(0, 7), f32(d), 1, 2, 4, 2); },
-                   "attention_backward", "out");
-  expect_arg_error([&] { be->attention_forward(f32(a), f32(b).slice(0, 3), f32(c), 1, 2, 4, 2); },
-                   "attention_forward", "lse");
+  expect_arg_error(
+      [&] { be->attention_backward(f32(a), f32(b), f32(c), f32(d), bf, 1, 2, 4, 2, TensorView{}); },
+      "attention_backward", "lse");
+  expect_arg_error(
+      [&] {
+        be->attention_backward(f32(a), f32(b), f32(c), bf.slice(0, 7), f32(d), 1, 2, 4, 2,
+                               TensorView{});
+      },
+      "attention_backward", "out");
+  expect_arg_error(
+      [&] { be->attention_forward(f32(a), f32(b).slice(0, 3), f32(c), 1, 2, 4, 2, TensorView{}); },
+      "attention_forward", "lse");
   expect_arg_error(
       [&] { be->embedding_forward(f32(a), f32(b).slice(0, 8), f32(c), f32(d), 1, 8, 8); },
       "embedding_forward", "tokens");
@@ -1671,7 +1678,8 @@ TEST_F(Kernels, RejectsWrongDtypesAndSmallViews) {
   // a 16-bit kernel that throws stores nothing (here C % H != 0, found by the fp32 kernel)
   Store out(DType::bf16, Vec(10, 3.0f)), qkv(DType::bf16, Vec(30, 1.0f));
   Vec lse(3, 3.0f);
-  EXPECT_THROW(be->attention_forward(out.view(), f32(lse), qkv.view(), 1, 1, 10, 3), Error);
+  EXPECT_THROW(be->attention_forward(out.view(), f32(lse), qkv.view(), 1, 1, 10, 3, TensorView{}),
+               Error);
   EXPECT_EQ(out.values(), Vec(10, 3.0f));
   EXPECT_EQ(lse, Vec(3, 3.0f));
   Store logits(DType::f16, Vec(6, 3.0f));

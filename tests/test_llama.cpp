@@ -719,6 +719,120 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
     }
 }
 
+// Document masking (data.attn_mask_type = "block_causal", with and without
+// reset_position_ids): one row packing documents of 5 and 7 tokens gives each document's
+// logits, loss and gradients as that document run alone (HF's padding-free packing equals the
+// padded batch): logits rows equal to rounding, the summed loss and the gradients (grad_scale
+// 1: sums) equal to the two documents' sums. Without the reset RoPE reads the positions in the
+// row, which changes nothing the relative rotation does not cancel: the same values to
+// rounding. Classes with every attention path: GQA, per-head q/k norms, sliding layers with
+// their own RoPE (Gemma 3), soft-caps (Gemma 2), partial RoPE (Phi-3 style), NoPE layers
+// (SmolLM3), MLA (DeepSeek-V3), sinks and windows (gpt-oss), experts without the
+// load-balancing loss (whose token sums the packing would mix).
+TEST(Llama, DocumentMaskingEqualsEachDocumentAlone) {
+  const std::vector<int64_t> lengths = {5, 7};
+  const int64_t T = 12;
+  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::gemma3_text,
+                    fsdp::LlamaArch::gemma2, fsdp::LlamaArch::phi3, fsdp::LlamaArch::smollm3,
+                    fsdp::LlamaArch::deepseek_v3, fsdp::LlamaArch::gpt_oss,
+                    fsdp::LlamaArch::qwen3_moe}) {
+    for (bool reset : {true, false}) {
+      const std::string what =
+          std::string(fsdp::llama_arch_prefix(arch)) + (reset ? " reset" : " row positions");
+      ModelOptions o;
+      if (arch == fsdp::LlamaArch::gemma3_text) make_gemma(o.model);
+      if (arch == fsdp::LlamaArch::gemma2) make_gemma2(o.model);
+      if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
+      if (arch == fsdp::LlamaArch::phi3) o.model.partial_rotary_factor = 0.5;
+      if (is_moe(arch)) make_moe(o.model, arch, true, /*aux=*/false);
+      o.model.arch = arch;
+      o.B = 1;
+      o.T = T;
+      Fixture packed(o);
+      perturb_shards(packed);
+      std::vector<int32_t> positions;
+      for (int64_t n : lengths) {
+        for (int64_t t = 0; t < n; ++t) positions.push_back(static_cast<int32_t>(t));
+      }
+      packed.docs = {positions.data(), reset};
+      const double packed_loss = packed.loss() * T;
+      const fsdp::TensorView lv = packed.model.last_logits();
+      const int64_t Vp = lv.shape[1];
+      std::vector<float> logits(static_cast<std::size_t>(T * Vp));
+      packed.be->copy_to_host(logits.data(), lv);
+      packed.loss_and_grads(1.f);
+      double doc_loss = 0;
+      std::vector<std::vector<float>> grads(static_cast<std::size_t>(packed.engine.num_units()));
+      int64_t t0 = 0;
+      for (int64_t n : lengths) {
+        o.T = n;
+        Fixture alone(o);
+        perturb_shards(alone);
+        alone.tokens.assign(packed.tokens.begin() + t0, packed.tokens.begin() + t0 + n);
+        alone.targets.assign(packed.targets.begin() + t0, packed.targets.begin() + t0 + n);
+        doc_loss += alone.loss() * n;
+        std::vector<float> l1(static_cast<std::size_t>(n * Vp));
+        alone.be->copy_to_host(l1.data(), alone.model.last_logits());
+        for (int64_t i = 0; i < n * Vp; ++i) {
+          ASSERT_NEAR(logits[static_cast<std::size_t>(t0 * Vp + i)],
+                      l1[static_cast<std::size_t>(i)], 2e-5)
+              << what << ": logit " << i << " of the document at " << t0;
+        }
+        alone.loss_and_grads(1.f);
+        for (int u = 0; u < alone.engine.num_units(); ++u) {
+          const float* g = alone.engine.shard_grad(u).f32();
+          auto& sum = grads[static_cast<std::size_t>(u)];
+          sum.resize(static_cast<std::size_t>(alone.engine.shard_numel(u)), 0.f);
+          for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
+        }
+        t0 += n;
+      }
+      EXPECT_NEAR(packed_loss, doc_loss, 1e-5 * std::abs(doc_loss)) << what;
+      for (int u = 0; u < packed.engine.num_units(); ++u) {
+        const float* g = packed.engine.shard_grad(u).f32();
+        const auto& want = grads[static_cast<std::size_t>(u)];
+        double err = 0, norm = 0;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          err = std::max(err, static_cast<double>(std::abs(g[i] - want[i])));
+          norm = std::max(norm, static_cast<double>(std::abs(want[i])));
+        }
+        EXPECT_GT(norm, 0.0) << what << ": unit " << u;
+        EXPECT_LE(err, 2e-5 * norm + 1e-7) << what << ": unit " << u << " gradient";
+      }
+    }
+  }
+}
+
+// Positions that do not count up from 0 are refused, naming the entry; a class without
+// document masking (Llama 4) refuses documents.
+TEST(Llama, DocumentMaskingRefusesBadPositions) {
+  ModelOptions o;
+  o.B = 1;
+  Fixture f(o);
+  for (const std::vector<int32_t>& bad : std::vector<std::vector<int32_t>>{
+           {1, 2, 3, 4, 5, 6}, {0, 1, 2, 4, 5, 6}, {0, 1, 0, 2, 3, 4}, {0, -1, 0, 1, 2, 3}}) {
+    f.docs = {bad.data(), true};
+    try {
+      f.loss();
+      ADD_FAILURE() << "no throw";
+    } catch (const fsdp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("position_ids[0, "), std::string::npos) << e.what();
+    }
+  }
+  ModelOptions l4;
+  make_moe(l4.model, fsdp::LlamaArch::llama4_text);
+  l4.B = 1;
+  Fixture g(l4);
+  const std::vector<int32_t> ok = {0, 1, 2, 0, 1, 2};
+  g.docs = {ok.data(), false};
+  try {
+    g.loss();
+    ADD_FAILURE() << "no throw";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("document masking"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::olmo2,
                     fsdp::LlamaArch::phi3, fsdp::LlamaArch::gemma3_text, fsdp::LlamaArch::smollm3,
@@ -753,6 +867,31 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
         }
       }
     }
+}
+
+// The buffers of document masking (positions and starts; under reset_position_ids the
+// per-token RoPE rows, two tables with Gemma 3's sliding layers) are in the plan.
+TEST(Llama, DocumentMaskingActivationBytesArePlannedAndMeasured) {
+  for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::gemma3_text,
+                    fsdp::LlamaArch::deepseek_v3}) {
+    for (bool reset : {false, true}) {
+      ModelOptions o;
+      if (arch == fsdp::LlamaArch::gemma3_text) make_gemma(o.model);
+      if (is_moe(arch)) make_moe(o.model, arch);
+      o.model.arch = arch;
+      Fixture f(o);
+      const std::vector<int32_t> positions = {0, 1, 2, 0, 1, 2, 0, 0, 1, 2, 3, 4};
+      f.docs = {positions.data(), reset};
+      f.loss_and_grads();
+      EXPECT_EQ(static_cast<int64_t>(f.be->memory().peak(fsdp::MemCategory::activations)),
+                fsdp::LlamaModel::activation_bytes(o.model, o.B, o.T, fsdp::DType::f32, {},
+                                                   {true, reset}))
+          << fsdp::llama_arch_prefix(arch) << " reset " << reset;
+      EXPECT_GT(fsdp::LlamaModel::activation_bytes(o.model, o.B, o.T, fsdp::DType::f32, {},
+                                                   {true, reset}),
+                fsdp::LlamaModel::activation_bytes(o.model, o.B, o.T, fsdp::DType::f32));
+    }
+  }
 }
 
 // Llama 3.1's scaling (transformers' _compute_llama3_parameters) at head_dim 8, theta 5e5:

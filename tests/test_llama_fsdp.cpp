@@ -157,6 +157,36 @@ TEST(LlamaFsdp, PlanEqualsTheMeasuredPeaks) {
   }
 }
 
+// Document masking through the trainer (data.attn_mask_type = "block_causal", documents
+// ending at each space of the byte text: data.eos_token_id = 32), with and without
+// reset_position_ids: FULL_SHARD and HYBRID_SHARD over the world equal a 1-rank NO_SHARD run
+// with the same mask, the mask changes the losses from the causal run's, and the memory plan
+// (its document buffers) equals the measured peaks.
+TEST(LlamaFsdp, DocumentMaskingShardsAsOneRank) {
+  for (const char* reset : {"true", "false"}) {
+    const std::vector<std::string> docs = {"data.attn_mask_type=block_causal",
+                                           std::string("data.reset_position_ids=") + reset,
+                                           "data.eos_token_id=32"};
+    const std::string tag = std::string("reset ") + reset;
+    Config r = llama_config(fresh_dir(std::string("llama_docs_ref_") + reset) + "/rank" +
+                                std::to_string(world_rank()),
+                            docs);
+    r.fsdp.sharding_strategy = ShardingStrategy::NO_SHARD;
+    const TrainResult ref = run(r, On::self);
+    EXPECT_LT(ref.losses.back(), ref.losses.front()) << tag << ": it trains";
+    EXPECT_NE(ref.losses.front(), reference(false).losses.front()) << tag << ": the mask acts";
+    for (auto s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::HYBRID_SHARD}) {
+      Config c = llama_config(
+          fresh_dir(std::string("llama_docs_") + fsdp::to_string(s) + "_" + reset), docs);
+      c.fsdp.sharding_strategy = s;
+      c.mesh.shard_size = std::min(2, world_size());
+      const TrainResult got = run(c, On::world);
+      expect_close(got, ref, 1e-5, tag + " " + fsdp::to_string(s));
+      expect_plan_equals_peak(got, tag + " " + fsdp::to_string(s));
+    }
+  }
+}
+
 TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
   Config c = llama_config(fresh_dir("llama_merge"));
   const TrainResult got = run(c, On::world);

@@ -416,7 +416,7 @@ void check_gqa_equals_repeated_mha(Backend& be, std::mt19937& rng, const GqaShap
 
   Vec out(nq, nan), lse(nl, nan), mout(nq, nan), mlse(nl, nan);
   be.gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                           scale, 0, 0.f);
+                           scale, 0, 0.f, TensorView{});
   be.mha_forward(f32(mout), f32(mlse), f32(q), f32(kr), f32(vr), TensorView{}, TensorView{}, s.B,
                  s.T, s.T, s.H, s.D, scale, true);
   expect_near_all(out, mout, 1e-6, "out vs mha " + what);
@@ -429,7 +429,7 @@ void check_gqa_equals_repeated_mha(Backend& be, std::mt19937& rng, const GqaShap
 
   Vec dq(nq, nan), dk(nk, nan), dv(nk, nan), mdq(nq, nan), mdk(nq, nan), mdv(nq, nan);
   be.gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v), f32(out),
-                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0, 0.f);
+                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0, 0.f, TensorView{});
   be.mha_backward(f32(mdq), f32(mdk), f32(mdv), TensorView{}, f32(dout), f32(q), f32(kr), f32(vr),
                   f32(mout), f32(mlse), TensorView{}, TensorView{}, s.B, s.T, s.T, s.H, s.D, scale,
                   true);
@@ -464,23 +464,25 @@ TEST_F(LlamaKernels, GqaLlamaHeadWidth) {  // D = 64, 8 query heads on 2 kv head
 // Finite differences of L = sum(out * Rw) with respect to q, k and v (with a sliding window
 // and a soft-cap when given).
 void gqa_gradient_check(Backend& be, std::mt19937& rng, const GqaShape& s, float scale,
-                        int64_t window = 0, float softcap = 0.f) {
+                        int64_t window = 0, float softcap = 0.f,
+                        const TensorView& doc_start = TensorView{}) {
   const std::string what = describe(s) + " window=" + std::to_string(window) +
-                           " softcap=" + std::to_string(softcap);
+                           " softcap=" + std::to_string(softcap) +
+                           (doc_start ? " with documents" : "");
   const int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.Hkv * s.D, nl = s.B * s.H * s.T;
   Vec q = random_vec(nq, rng, -1.5f, 1.5f), k = random_vec(nk, rng, -1.5f, 1.5f),
       v = random_vec(nk, rng);
   const Vec Rw = random_vec(nq, rng);
   Vec out(nq), lse(nl);
   be.gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                           scale, window, softcap);
+                           scale, window, softcap, doc_start);
   Vec dq(nq), dk(nk), dv(nk);
   be.gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
-                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, softcap);
+                            f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, softcap, doc_start);
   auto loss = [&] {
     Vec o(nq), l(nl);
     be.gqa_attention_forward(f32(o), f32(l), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                             scale, window, softcap);
+                             scale, window, softcap, doc_start);
     return dot(o, Rw);
   };
   EXPECT_LT(rel_err(dq, numeric_grad(q, loss, 1e-2f)), 5e-4) << "dq " << what;
@@ -530,9 +532,10 @@ TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
               v = random_vec(nk, rng), dout = random_vec(nq, rng);
     Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
     be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                              scale, window, 0.f);
+                              scale, window, 0.f, TensorView{});
     be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
-                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, 0.f);
+                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, 0.f,
+                               TensorView{});
     test_util::AttnShape as{s.B, s.T, s.T, s.H, s.D, scale, true};
     as.window = window;
     const test_util::AttnRef ref =
@@ -551,13 +554,132 @@ TEST_F(LlamaKernels, GqaSlidingWindowMasksKeysOutsideIt) {
     // A window of T (or more) masks nothing the causal mask does not.
     Vec full(nq), full_lse(nl), wide(nq), wide_lse(nl);
     be->gqa_attention_forward(f32(full), f32(full_lse), f32(q), f32(k), f32(v), s.B, s.T, s.H,
-                              s.Hkv, s.D, scale, 0, 0.f);
+                              s.Hkv, s.D, scale, 0, 0.f, TensorView{});
     be->gqa_attention_forward(f32(wide), f32(wide_lse), f32(q), f32(k), f32(v), s.B, s.T, s.H,
-                              s.Hkv, s.D, scale, s.T, 0.f);
+                              s.Hkv, s.D, scale, s.T, 0.f, TensorView{});
     expect_same_bits(wide, full, "window T vs none " + what);
     expect_same_bits(wide_lse, full_lse, "lse, window T vs none " + what);
   }
   gqa_gradient_check(*be, rng, {1, 6, 2, 1, 4}, 0.5f, /*window=*/2);  // through the window
+}
+
+// Document masking (doc_start; torchtitan's block_causal, HF's padding-free packing): a row
+// packing documents of lengths `docs` attends within each document only, so each document's
+// rows of out, lse, dq, dk and dv equal those of the document run alone (B = 1, T = its
+// length), to rounding (the tiles fall elsewhere); with a window, the window applies inside
+// the document. Documents cross the CPU's 64-query and 256-key tiles (T = 300); a document of
+// one token sees only itself. doc_start all 0 is the plain causal mask bit for bit, and
+// finite differences hold through the mask.
+std::vector<int32_t> doc_starts(const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<int32_t> start;
+  for (const auto& docs : rows) {
+    int64_t t0 = 0;
+    for (int64_t n : docs) {
+      for (int64_t t = 0; t < n; ++t) start.push_back(static_cast<int32_t>(t0));
+      t0 += n;
+    }
+  }
+  return start;
+}
+TensorView i32(const std::vector<int32_t>& v) {
+  return {v.data(), DType::i32, {static_cast<int64_t>(v.size())}};
+}
+TEST_F(LlamaKernels, GqaDocumentMaskEqualsEachDocumentAlone) {
+  struct Case {
+    GqaShape s;
+    std::vector<std::vector<int64_t>> docs;  // per row, lengths summing to T
+    int64_t window;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{2, 9, 4, 2, 8}, {{3, 1, 5}, {9}}, 0},
+           {{1, 300, 4, 2, 8}, {{1, 70, 190, 39}}, 0},
+           {{2, 300, 2, 1, 4}, {{257, 43}, {64, 64, 1, 171}}, 0},
+           {{1, 300, 4, 4, 8}, {{100, 200}}, 30}}) {
+    const GqaShape& s = c.s;
+    const std::string what = describe(s) + " window=" + std::to_string(c.window);
+    const int64_t Q = s.H * s.D, KV = s.Hkv * s.D, nq = s.B * s.T * Q, nk = s.B * s.T * KV;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+    const Vec q = random_vec(nq, rng, -2.0f, 2.0f), k = random_vec(nk, rng, -2.0f, 2.0f),
+              v = random_vec(nk, rng), dout = random_vec(nq, rng);
+    const std::vector<int32_t> start = doc_starts(c.docs);
+    ASSERT_EQ(static_cast<int64_t>(start.size()), s.B * s.T);
+    Vec out(nq), lse(s.B * s.H * s.T), dq(nq), dk(nk), dv(nk);
+    be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv,
+                              s.D, scale, c.window, 0.f, i32(start));
+    be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
+                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, c.window,
+                               0.f, i32(start));
+    for (int64_t b = 0; b < s.B; ++b) {
+      int64_t t0 = 0;
+      for (int64_t n : c.docs[static_cast<std::size_t>(b)]) {
+        auto rows = [&](const Vec& x, int64_t w) {
+          return Vec(x.begin() + (b * s.T + t0) * w, x.begin() + (b * s.T + t0 + n) * w);
+        };
+        const Vec dq1 = rows(q, Q), dk1 = rows(k, KV), dv1 = rows(v, KV), ddo = rows(dout, Q);
+        Vec o1(n * Q), l1(s.H * n), gq(n * Q), gk(n * KV), gv(n * KV);
+        be->gqa_attention_forward(f32(o1), f32(l1), f32(dq1), f32(dk1), f32(dv1), 1, n, s.H, s.Hkv,
+                                  s.D, scale, c.window, 0.f, TensorView{});
+        be->gqa_attention_backward(f32(gq), f32(gk), f32(gv), f32(ddo), f32(dq1), f32(dk1),
+                                   f32(dv1), f32(o1), f32(l1), 1, n, s.H, s.Hkv, s.D, scale,
+                                   c.window, 0.f, TensorView{});
+        const std::string doc = what + " row " + std::to_string(b) + " document at " +
+                                std::to_string(t0) + " of " + std::to_string(n);
+        expect_near_all(rows(out, Q), o1, 2e-6, "out " + doc);
+        expect_near_all(rows(dq, Q), gq, 1e-5, "dq " + doc);
+        expect_near_all(rows(dk, KV), gk, 1e-5, "dk " + doc);
+        expect_near_all(rows(dv, KV), gv, 1e-5, "dv " + doc);
+        for (int64_t h = 0; h < s.H; ++h) {
+          for (int64_t t = 0; t < n; ++t) {
+            ASSERT_NEAR(lse[(b * s.H + h) * s.T + t0 + t], l1[h * n + t], 2e-6) << "lse " << doc;
+          }
+        }
+        if (n == 1) {  // a document of one token: its own value
+          for (int64_t e = 0; e < Q; ++e) {
+            const int64_t h = e / s.D;
+            ASSERT_EQ(out[(b * s.T + t0) * Q + e],
+                      v[(b * s.T + t0) * KV + (h / (s.H / s.Hkv)) * s.D + e % s.D])
+                << doc;
+          }
+        }
+        t0 += n;
+      }
+    }
+    // Every token in document 0: the causal mask alone, bit for bit.
+    const std::vector<int32_t> zeros(static_cast<std::size_t>(s.B * s.T), 0);
+    Vec plain(nq), plain_lse(s.B * s.H * s.T), zero(nq), zero_lse(s.B * s.H * s.T);
+    be->gqa_attention_forward(f32(plain), f32(plain_lse), f32(q), f32(k), f32(v), s.B, s.T, s.H,
+                              s.Hkv, s.D, scale, c.window, 0.f, TensorView{});
+    be->gqa_attention_forward(f32(zero), f32(zero_lse), f32(q), f32(k), f32(v), s.B, s.T, s.H,
+                              s.Hkv, s.D, scale, c.window, 0.f, i32(zeros));
+    expect_same_bits(zero, plain, "doc_start 0 vs none " + what);
+    expect_same_bits(zero_lse, plain_lse, "lse, doc_start 0 vs none " + what);
+  }
+  const std::vector<int32_t> start = doc_starts({{2, 3, 1}, {6}});
+  gqa_gradient_check(*be, rng, {2, 6, 2, 1, 4}, 0.5f, 0, 0.f, i32(start));
+  gqa_gradient_check(*be, rng, {2, 6, 2, 2, 4}, 0.5f, /*window=*/2, 0.f, i32(start));
+}
+
+TEST_F(LlamaKernels, GqaDocumentMaskArgumentErrors) {
+  const int64_t B = 1, T = 4, H = 2, D = 4;
+  const Vec q(B * T * H * D, 0.1f), k(B * T * H * D, 0.2f), v(B * T * H * D, 0.3f);
+  Vec out(q.size()), lse(B * H * T);
+  const std::vector<int32_t> short_start(3, 0);
+  const std::vector<float> float_start(4, 0.f);
+  for (const TensorView& bad : {i32(short_start), f32(float_start)}) {
+    try {
+      be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), B, T, H, H, D, 0.5f,
+                                0, 0.f, bad);
+      ADD_FAILURE() << "no throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("gqa_attention_forward: doc_start"), std::string::npos)
+          << e.what();
+    }
+    Vec g(q.size());
+    EXPECT_THROW(be->gqa_attention_backward(f32(g), f32(g), f32(g), f32(q), f32(q), f32(k),
+                                            f32(v), f32(out), f32(lse), B, T, H, H, D, 0.5f, 0,
+                                            0.f, bad),
+                 Error);
+  }
 }
 
 // Gemma 2's attention soft-cap (attn_logit_softcapping): scores softcap tanh(scale q.k /
@@ -577,11 +699,12 @@ TEST_F(LlamaKernels, GqaSoftcapMatchesTanhCappedScores) {
               v = random_vec(nk, rng), dout = random_vec(nq, rng);
     Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk), plain(nq), plain_lse(nl);
     be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                              scale, window, cap);
+                              scale, window, cap, TensorView{});
     be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
-                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, cap);
+                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, cap,
+                               TensorView{});
     be->gqa_attention_forward(f32(plain), f32(plain_lse), f32(q), f32(k), f32(v), s.B, s.T, s.H,
-                              s.Hkv, s.D, scale, window, 0.f);
+                              s.Hkv, s.D, scale, window, 0.f, TensorView{});
     test_util::AttnShape as{s.B, s.T, s.T, s.H, s.D, scale, true};
     as.window = window;
     as.softcap = cap;
@@ -602,7 +725,7 @@ TEST_F(LlamaKernels, GqaSoftcapMatchesTanhCappedScores) {
   for (float bad :
        {-1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T,
-                                           s.H, s.Hkv, s.D, 1.0f, 0, bad),
+                                           s.H, s.Hkv, s.D, 1.0f, 0, bad, TensorView{}),
                  Error);
   }
 }
@@ -612,7 +735,7 @@ TEST_F(LlamaKernels, GqaCausalRowZeroSeesOnlyKeyZero) {
   const Vec q = {1, 2, -1, 0.5f, 3, 4, 0.25f, -2}, k = {0.5f, -1, 2, 0.25f}, v = {1, 2, 3, 4};
   Vec out(8), lse(4);
   be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), 1, 2, 2, 1, 2, 1.0f, 0,
-                            0.f);
+                            0.f, TensorView{});
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[1], 2.0f);
   EXPECT_EQ(out[2], 1.0f);
@@ -635,9 +758,10 @@ TEST_F(LlamaKernels, GqaResultsIndependentOfThreadCount) {
   auto run = [&](Backend& b) {
     std::vector<Vec> r = {Vec(nq), Vec(nl), Vec(nq), Vec(nk), Vec(nk)};
     b.gqa_attention_forward(f32(r[0]), f32(r[1]), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                            0.25f, 0, 0.f);
+                            0.25f, 0, 0.f, TensorView{});
     b.gqa_attention_backward(f32(r[2]), f32(r[3]), f32(r[4]), f32(dout), f32(q), f32(k), f32(v),
-                             f32(r[0]), f32(r[1]), s.B, s.T, s.H, s.Hkv, s.D, 0.25f, 0, 0.f);
+                             f32(r[0]), f32(r[1]), s.B, s.T, s.H, s.Hkv, s.D, 0.25f, 0, 0.f,
+                             TensorView{});
     return r;
   };
   auto one = make_cpu_backend(1), three = make_cpu_backend(3);
@@ -653,21 +777,22 @@ TEST_F(LlamaKernels, GqaArgumentErrors) {
   Vec q(B * T * 6 * D), kv(B * T * 6 * D), out(q.size()), lse(B * 6 * T), g(q.size());
   // H = 6 on Hkv = 4: 6 % 4 != 0
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 4,
-                                         D, 0.5f, 0, 0.f),
+                                         D, 0.5f, 0, 0.f, TensorView{}),
                Error);
-  EXPECT_THROW(be->gqa_attention_backward(f32(g), f32(g), f32(g), f32(g), f32(q), f32(kv), f32(kv),
-                                          f32(out), f32(lse), B, T, 6, 4, D, 0.5f, 0, 0.f),
-               Error);
+  EXPECT_THROW(
+      be->gqa_attention_backward(f32(g), f32(g), f32(g), f32(g), f32(q), f32(kv), f32(kv), f32(out),
+                                 f32(lse), B, T, 6, 4, D, 0.5f, 0, 0.f, TensorView{}),
+      Error);
   // Hkv = 0 and Hkv > H
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 0,
-                                         D, 0.5f, 0, 0.f),
+                                         D, 0.5f, 0, 0.f, TensorView{}),
                Error);
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 2, 4,
-                                         D, 0.5f, 0, 0.f),
+                                         D, 0.5f, 0, 0.f, TensorView{}),
                Error);
   try {
     be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6, 4, D, 0.5f, 0,
-                              0.f);
+                              0.f, TensorView{});
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("gqa_attention_forward: Hkv"), std::string::npos)
         << e.what();
@@ -675,19 +800,19 @@ TEST_F(LlamaKernels, GqaArgumentErrors) {
   // valid: 6 on 3, 2 and 1
   for (int64_t hkv : {6, 3, 2, 1}) {
     EXPECT_NO_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(kv), f32(kv), B, T, 6,
-                                              hkv, D, 0.5f, 0, 0.f))
+                                              hkv, D, 0.5f, 0, 0.f, TensorView{}))
         << hkv;
   }
   // k too small for Hkv = 3; lse not fp32
   Vec ksmall(B * T * 3 * D - 1);
   EXPECT_THROW(be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(ksmall), f32(kv), B, T, 6,
-                                         3, D, 0.5f, 0, 0.f),
+                                         3, D, 0.5f, 0, 0.f, TensorView{}),
                Error);
   std::vector<uint16_t> lse16(lse.size());
-  EXPECT_THROW(
-      be->gqa_attention_forward(f32(out), TensorView(lse16.data(), DType::bf16, {B * 6 * T}),
-                                f32(q), f32(kv), f32(kv), B, T, 6, 3, D, 0.5f, 0, 0.f),
-      Error);
+  EXPECT_THROW(be->gqa_attention_forward(
+                   f32(out), TensorView(lse16.data(), DType::bf16, {B * 6 * T}), f32(q), f32(kv),
+                   f32(kv), B, T, 6, 3, D, 0.5f, 0, 0.f, TensorView{}),
+               Error);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1220,20 +1345,21 @@ TEST_F(LlamaKernels, StoreContractGqaAttention) {
     // fp32 on the rounded values; backward reads out as stored (rounded)
     Vec out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
     be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv, s.D,
-                              scale, 0, 0.f);
+                              scale, 0, 0.f, TensorView{});
     const Vec out_r = rounded(out, dt);
     be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v),
-                               f32(out_r), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0, 0.f);
+                               f32(out_r), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, 0, 0.f,
+                               TensorView{});
     Store sq(dt, q), sk(dt, k), sv(dt, v), sd(dt, dout), so(dt, Vec(nq)), gq(dt, Vec(nq)),
         gk(dt, Vec(nk)), gv(dt, Vec(nk));
     Vec lse16(nl);
     be->gqa_attention_forward(so.view(), f32(lse16), sq.view(), sk.view(), sv.view(), s.B, s.T, s.H,
-                              s.Hkv, s.D, scale, 0, 0.f);
+                              s.Hkv, s.D, scale, 0, 0.f, TensorView{});
     expect_rounded(dt, out, so.values(), "gqa out");
     expect_same_bits(lse, lse16, std::string("gqa lse ") + std::string(to_string(dt)));
     be->gqa_attention_backward(gq.view(), gk.view(), gv.view(), sd.view(), sq.view(), sk.view(),
                                sv.view(), so.view(), f32(lse16), s.B, s.T, s.H, s.Hkv, s.D, scale,
-                               0, 0.f);
+                               0, 0.f, TensorView{});
     expect_rounded(dt, dq, gq.values(), "gqa dq");
     expect_rounded(dt, dk, gk.values(), "gqa dk");
     expect_rounded(dt, dv, gv.values(), "gqa dv");
@@ -1472,7 +1598,7 @@ TEST_F(LlamaKernels, AttentionSinkIsTheSoftmaxWithASinkColumn) {
     sinks[1] = -30.0f;  // the sink takes nearly nothing: exp(s - L) branch
     auto forward = [&](Vec& out, Vec& lse) {
       be->gqa_attention_forward(f32(out), f32(lse), f32(q), f32(k), f32(v), s.B, s.T, s.H, s.Hkv,
-                                s.D, scale, window, 0.f);
+                                s.D, scale, window, 0.f, TensorView{});
       be->attention_sink_forward(f32(out), f32(lse), f32(sinks), s.B, s.T, s.H, s.D);
     };
     Vec out(nq, nan), lse(nl, nan);
@@ -1489,8 +1615,9 @@ TEST_F(LlamaKernels, AttentionSinkIsTheSoftmaxWithASinkColumn) {
     Vec dsinks(s.H, c), dq(nq, nan), dk(nk, nan), dv(nk, nan);
     be->attention_sink_backward(f32(dsinks), f32(Rw), f32(out), f32(lse), f32(sinks), s.B, s.T,
                                 s.H, s.D);
-    be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v),
-                               f32(out), f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, 0.f);
+    be->gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(Rw), f32(q), f32(k), f32(v), f32(out),
+                               f32(lse), s.B, s.T, s.H, s.Hkv, s.D, scale, window, 0.f,
+                               TensorView{});
     Vec added(s.H);
     for (int64_t h = 0; h < s.H; ++h) added[h] = dsinks[h] - c;
     auto loss = [&] {

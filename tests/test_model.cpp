@@ -308,6 +308,81 @@ TEST(Gpt2, ActivationCheckpointingIsBitIdentical) {
   }
 }
 
+// Document masking (data.attn_mask_type = "block_causal"): one row packing documents of 3
+// and 5 tokens. With reset_position_ids (HF GPT2Model's position_ids restarting at each
+// document) each document's logits, loss and gradients are those of the document run alone
+// (logits and loss to rounding; gradients with grad_scale 1, summed over the documents).
+// Without the reset the second document reads wpe at 3..7: its logits differ from its run
+// alone while the first's still agree. The document buffers are in the plan.
+TEST(Gpt2, DocumentMaskingEqualsEachDocumentAlone) {
+  const std::vector<int64_t> lengths = {3, 5};
+  const int64_t T = 8;
+  for (bool reset : {true, false}) {
+    const std::string what = reset ? "reset" : "row positions";
+    ModelOptions o;
+    o.B = 1;
+    o.T = T;
+    Fixture packed(gpt2_wrap(), o);
+    perturb_shards(packed);
+    const std::vector<int32_t> positions = {0, 1, 2, 0, 1, 2, 3, 4};
+    packed.docs = {positions.data(), reset};
+    const double packed_loss = packed.loss() * T;
+    const int64_t Vp = packed.model.last_logits().shape[1];
+    std::vector<float> logits(static_cast<std::size_t>(T * Vp));
+    packed.be->copy_to_host(logits.data(), packed.model.last_logits());
+    packed.loss_and_grads(1.f);
+    EXPECT_EQ(static_cast<int64_t>(packed.be->memory().peak(fsdp::MemCategory::activations)),
+              fsdp::Gpt2Model::activation_bytes(o.model, 1, T, fsdp::DType::f32, {},
+                                                {true, reset}))
+        << what;
+    double doc_loss = 0;
+    std::vector<std::vector<float>> grads(static_cast<std::size_t>(packed.engine.num_units()));
+    int64_t t0 = 0;
+    for (int64_t n : lengths) {
+      o.T = n;
+      Fixture alone(gpt2_wrap(), o);
+      perturb_shards(alone);
+      alone.tokens.assign(packed.tokens.begin() + t0, packed.tokens.begin() + t0 + n);
+      alone.targets.assign(packed.targets.begin() + t0, packed.targets.begin() + t0 + n);
+      doc_loss += alone.loss() * n;
+      std::vector<float> l1(static_cast<std::size_t>(n * Vp));
+      alone.be->copy_to_host(l1.data(), alone.model.last_logits());
+      double worst = 0;
+      for (int64_t i = 0; i < n * Vp; ++i) {
+        worst = std::max(worst, static_cast<double>(std::abs(
+                                    logits[static_cast<std::size_t>(t0 * Vp + i)] -
+                                    l1[static_cast<std::size_t>(i)])));
+      }
+      if (reset || t0 == 0) {
+        EXPECT_LE(worst, 2e-5) << what << ": the document at " << t0;
+      } else {
+        EXPECT_GT(worst, 1e-2) << what << ": the document at " << t0 << " reads other positions";
+      }
+      alone.loss_and_grads(1.f);
+      for (int u = 0; u < alone.engine.num_units(); ++u) {
+        const float* g = alone.engine.shard_grad(u).f32();
+        auto& sum = grads[static_cast<std::size_t>(u)];
+        sum.resize(static_cast<std::size_t>(alone.engine.shard_numel(u)), 0.f);
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
+      }
+      t0 += n;
+    }
+    if (!reset) continue;
+    EXPECT_NEAR(packed_loss, doc_loss, 1e-5 * std::abs(doc_loss)) << what;
+    for (int u = 0; u < packed.engine.num_units(); ++u) {
+      const float* g = packed.engine.shard_grad(u).f32();
+      const auto& want = grads[static_cast<std::size_t>(u)];
+      double err = 0, norm = 0;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        err = std::max(err, static_cast<double>(std::abs(g[i] - want[i])));
+        norm = std::max(norm, static_cast<double>(std::abs(want[i])));
+      }
+      EXPECT_GT(norm, 0.0) << what << ": unit " << u;
+      EXPECT_LE(err, 2e-5 * norm + 1e-7) << what << ": unit " << u << " gradient";
+    }
+  }
+}
+
 TEST(Gpt2, ActivationBytesWithCheckpointingArePlannedAndMeasured) {
   const int64_t B = Fixture::kB, T = Fixture::kT;
   for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {

@@ -522,13 +522,14 @@ class DeferredKernels final : public fsdp::Kernels {
     later([=, this] { in_.gelu_bias_backward(dfc, dbias, fc, dout, R, C); });
   }
   void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& qkv,
-                         int64_t B, int64_t T, int64_t C, int64_t H) override {
-    later([=, this] { in_.attention_forward(out, lse, qkv, B, T, C, H); });
+                         int64_t B, int64_t T, int64_t C, int64_t H,
+                         const TensorView& doc_start) override {
+    later([=, this] { in_.attention_forward(out, lse, qkv, B, T, C, H, doc_start); });
   }
   void attention_backward(const TensorView& dqkv, const TensorView& dout, const TensorView& qkv,
                           const TensorView& out, const TensorView& lse, int64_t B, int64_t T,
-                          int64_t C, int64_t H) override {
-    later([=, this] { in_.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, H); });
+                          int64_t C, int64_t H, const TensorView& doc_start) override {
+    later([=, this] { in_.attention_backward(dqkv, dout, qkv, out, lse, B, T, C, H, doc_start); });
   }
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld,
@@ -625,19 +626,21 @@ class DeferredKernels final : public fsdp::Kernels {
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
                              int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
-                             float softcap) override {
+                             float softcap, const TensorView& doc_start) override {
     later([=, this] {
-      in_.gqa_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D, scale, window, softcap);
+      in_.gqa_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D, scale, window, softcap,
+                                doc_start);
     });
   }
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
-                              int64_t window, float softcap) override {
+                              int64_t window, float softcap,
+                              const TensorView& doc_start) override {
     later([=, this] {
       in_.gqa_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, scale,
-                                 window, softcap);
+                                 window, softcap, doc_start);
     });
   }
   void moe_router_forward(const TensorView& idx, const TensorView& weights,

@@ -67,8 +67,10 @@ int main(int argc, char** argv) {
       const TensorView vq(qkv.data(), DType::f32, {B, T, 3 * C}), vo(out.data(), DType::f32, {B, T, C}),
           vl(lse.data(), DType::f32, {B, H, T}), vdq(dqkv.data(), DType::f32, {B, T, 3 * C}),
           vdo(dout.data(), DType::f32, {B, T, C});
-      const Ms f = ms_per_call([&] { be->attention_forward(vo, vl, vq, B, T, C, H); }, 5);
-      const Ms b = ms_per_call([&] { be->attention_backward(vdq, vdo, vq, vo, vl, B, T, C, H); }, 5);
+      const Ms f =
+          ms_per_call([&] { be->attention_forward(vo, vl, vq, B, T, C, H, TensorView{}); }, 5);
+      const Ms b = ms_per_call(
+          [&] { be->attention_backward(vdq, vdo, vq, vo, vl, B, T, C, H, TensorView{}); }, 5);
       std::printf("| %lld | %lld | %lld | %lld | %.2f | %.2f | %.2f | %.2f | %.0f |\n",
                   static_cast<long long>(C), static_cast<long long>(T), static_cast<long long>(B),
                   static_cast<long long>(H), f.wall, b.wall, f.cpu, b.cpu,

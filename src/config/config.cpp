@@ -133,6 +133,18 @@ void visit_keys(C& c, F&& f) {
   f("data", "mean_noise_span_length", c.data.mean_noise_span_length,
     {kFixed, kAtLeastOne, "T5 span_corruption mean_noise_span_length",
      "`span_corruption`: mean length of a masked span (T5 paper)."});
+  f("data", "attn_mask_type", c.data.attn_mask_type,
+    {kMayChange, kAny, "torchtitan attn_mask_type",
+     "What a token attends to: `causal` (every earlier token of its row) or `block_causal` "
+     "(only earlier tokens of its own document)."});
+  f("data", "reset_position_ids", c.data.reset_position_ids,
+    {kMayChange, kAny, "Megatron-LM --reset-position-ids",
+     "With `block_causal`: positions (RoPE's; GPT-2's `wpe` rows) restart at 0 at each "
+     "document, as Hugging Face's padding-free packing's position_ids."});
+  f("data", "eos_token_id", c.data.eos_token_id,
+    {kMayChange, at_least(-1), "HF config.json eos_token_id",
+     "The token that ends a document for `block_causal`; -1: the data file's `eos_id` "
+     "attribute."});
   f("train", "global_batch_size", c.train.global_batch_size,
     {kFixed, at_least(1), "DeepSpeed train_batch_size",
      "Sequences per optimizer step over all data-parallel ranks."});
@@ -681,6 +693,17 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
                                        num(c.data.weights[i]) + " (expected > 0)");
       }
     }
+  }
+  if (c.data.attn_mask_type == AttnMaskType::block_causal &&
+      c.data.objective != Objective::causal_lm) {
+    throw fail("data.attn_mask_type",
+               std::string("\"block_causal\" needs data.objective = \"causal_lm\" (got \"") +
+                   to_string(c.data.objective) + "\"; or set data.attn_mask_type = \"causal\")");
+  }
+  if (c.data.reset_position_ids && c.data.attn_mask_type != AttnMaskType::block_causal) {
+    throw fail("data.reset_position_ids",
+               "true needs data.attn_mask_type = \"block_causal\" (positions restart at each "
+               "document only with document masking)");
   }
   if (c.data.source == DataSource::hdf5 && c.data.path.empty() && c.data.paths.empty()) {
     throw fail("data.path", "required (path to an HDF5 token file, see docs/data.md)");

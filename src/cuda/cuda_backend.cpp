@@ -240,10 +240,11 @@ class CudaBackend final : public Backend {
   void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias, const TensorView& fc,
                           const TensorView& dout, int64_t R, int64_t C) override;
   void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& qkv,
-                         int64_t B, int64_t T, int64_t C, int64_t H) override;
+                         int64_t B, int64_t T, int64_t C, int64_t H,
+                         const TensorView& doc_start) override;
   void attention_backward(const TensorView& dqkv, const TensorView& dout, const TensorView& qkv,
                           const TensorView& out, const TensorView& lse, int64_t B, int64_t T,
-                          int64_t C, int64_t H) override;
+                          int64_t C, int64_t H, const TensorView& doc_start) override;
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld,
                                       float grad_scale, float softcap) override;
@@ -301,12 +302,13 @@ class CudaBackend final : public Backend {
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
                              int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
-                             float softcap) override;
+                             float softcap, const TensorView& doc_start) override;
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
-                              int64_t window, float softcap) override;
+                              int64_t window, float softcap,
+                              const TensorView& doc_start) override;
   void attention_sink_forward(const TensorView& out, const TensorView& lse,
                               const TensorView& sinks, int64_t B, int64_t T, int64_t H,
                               int64_t D) override;
@@ -1100,42 +1102,46 @@ void CudaBackend::flash_backward(const k::FlashProblem& p, const void* q, const 
 
 namespace {
 // GPT-2's attention as a FlashProblem over qkv [B,T,3C] (q, k, v at column offsets 0, C, 2C).
-k::FlashProblem gpt2_problem(int64_t B, int64_t T, int64_t C, int64_t H, k::ST t) {
+k::FlashProblem gpt2_problem(int64_t B, int64_t T, int64_t C, int64_t H, k::ST t,
+                             const TensorView& doc_start) {
   const int64_t hs = C / H;
-  return {B, T, T, H, hs, 3 * C, 3 * C, 3 * C, C, 1.0f / std::sqrt(static_cast<float>(hs)), true,
-          nullptr, nullptr, t};
+  k::FlashProblem p{B,    T,    T,       H,       hs, 3 * C, 3 * C, 3 * C, C,
+                    1.0f / std::sqrt(static_cast<float>(hs)), true, nullptr, nullptr, t};
+  p.doc_start = doc_start ? static_cast<const int32_t*>(doc_start.data) : nullptr;
+  return p;
 }
 }  // namespace
 
 void CudaBackend::attention_forward(const TensorView& out_, const TensorView& lse,
                                     const TensorView& qkv, int64_t B, int64_t T, int64_t C,
-                                    int64_t H) {
-  // qkv: [B,T,3C]; out: [B,T,C]; lse: [B,H,T] fp32.
-  Chk::attention_forward(out_, lse, qkv, B, T, C, H);
+                                    int64_t H, const TensorView& doc_start) {
+  // qkv: [B,T,3C]; out: [B,T,C]; lse: [B,H,T] fp32; doc_start: int32 [B,T] or null.
+  Chk::attention_forward(out_, lse, qkv, B, T, C, H, doc_start);
   check_attention_shapes("attention_forward", B, T, C, H);
   if (B == 0 || T == 0) return;
   auto* l = static_cast<float*>(lse.data);
   if (out_.dtype == qkv.dtype) {
     const DType dt = qkv.dtype;
     const void* q = qkv.data;
-    k::flash_forward(gpt2_problem(B, T, C, H, st(dt)), q, at(q, dt, C), at(q, dt, 2 * C),
+    k::flash_forward(gpt2_problem(B, T, C, H, st(dt), doc_start), q, at(q, dt, C), at(q, dt, 2 * C),
                      out_.data, l, s());
     return;
   }
   // Mixed storage types: run in fp32 and round the output once.
   const F32Copy q(*this, qkv, B * T * 3 * C, true), o(*this, out_, B * T * C, false);
   const float* qf = static_cast<const float*>(q.view.data);
-  k::flash_forward(gpt2_problem(B, T, C, H, k::ST::f32), qf, qf + C, qf + 2 * C, o.view.data, l,
-                   s());
+  k::flash_forward(gpt2_problem(B, T, C, H, k::ST::f32, doc_start), qf, qf + C, qf + 2 * C,
+                   o.view.data, l, s());
   k::cast(out(out_), in(o.view), B * T * C, s());
 }
 
 void CudaBackend::attention_backward(const TensorView& dqkv, const TensorView& dout,
                                      const TensorView& qkv, const TensorView& out_,
                                      const TensorView& lse, int64_t B, int64_t T, int64_t C,
-                                     int64_t H) {
-  // dqkv: [B,T,3C] written; dout, out: [B,T,C]; qkv: [B,T,3C]; lse: [B,H,T] fp32.
-  Chk::attention_backward(dqkv, dout, qkv, out_, lse, B, T, C, H);
+                                     int64_t H, const TensorView& doc_start) {
+  // dqkv: [B,T,3C] written; dout, out: [B,T,C]; qkv: [B,T,3C]; lse: [B,H,T] fp32; doc_start
+  // as in forward.
+  Chk::attention_backward(dqkv, dout, qkv, out_, lse, B, T, C, H, doc_start);
   check_attention_shapes("attention_backward", B, T, C, H);
   if (B == 0 || T == 0) return;
   const auto* l = static_cast<const float*>(lse.data);
@@ -1143,8 +1149,8 @@ void CudaBackend::attention_backward(const TensorView& dqkv, const TensorView& d
   if (dqkv.dtype == dt && dout.dtype == dt && out_.dtype == dt) {
     const void* q = qkv.data;
     void* g = dqkv.data;
-    flash_backward(gpt2_problem(B, T, C, H, st(dt)), q, at(q, dt, C), at(q, dt, 2 * C), out_.data,
-                   l, dout.data, g, at(g, dt, C), at(g, dt, 2 * C), nullptr);
+    flash_backward(gpt2_problem(B, T, C, H, st(dt), doc_start), q, at(q, dt, C), at(q, dt, 2 * C),
+                   out_.data, l, dout.data, g, at(g, dt, C), at(g, dt, 2 * C), nullptr);
     return;
   }
   const F32Copy d(*this, dout, B * T * C, true), q(*this, qkv, B * T * 3 * C, true),
@@ -1152,8 +1158,8 @@ void CudaBackend::attention_backward(const TensorView& dqkv, const TensorView& d
   const F32Copy g(*this, dqkv, B * T * 3 * C, false);
   const float* qf = static_cast<const float*>(q.view.data);
   float* gf = static_cast<float*>(g.view.data);
-  flash_backward(gpt2_problem(B, T, C, H, k::ST::f32), qf, qf + C, qf + 2 * C, o.view.data, l,
-                 d.view.data, gf, gf + C, gf + 2 * C, nullptr);
+  flash_backward(gpt2_problem(B, T, C, H, k::ST::f32, doc_start), qf, qf + C, qf + 2 * C,
+                 o.view.data, l, d.view.data, gf, gf + C, gf + 2 * C, nullptr);
   k::cast(out(dqkv), in(g.view), B * T * 3 * C, s());
 }
 
@@ -1428,14 +1434,16 @@ void CudaBackend::clamped_swiglu_backward(const TensorView& dgate_up, const Tens
 
 namespace {
 // Llama's attention as a FlashProblem: q, out [B,T,H*D], k, v [B,T,Hkv*D], causal (within
-// `window` positions when window > 0), query head h on key/value head h / (H/Hkv).
+// `window` positions when window > 0, and within each query's document when doc_start is not
+// null), query head h on key/value head h / (H/Hkv).
 k::FlashProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
-                            k::ST t, int64_t window, float softcap) {
+                            k::ST t, int64_t window, float softcap, const TensorView& doc_start) {
   k::FlashProblem p{B,     T,    T,       H,       D, H * D, Hkv * D, Hkv * D, H * D,
                     scale, true, nullptr, nullptr, t};
   p.group = H / Hkv;
   p.window = window;
   p.softcap = softcap;
+  p.doc_start = static_cast<const int32_t*>(doc_start.data);  // int32 [B,T] or null
   return p;
 }
 }  // namespace
@@ -1444,23 +1452,23 @@ void CudaBackend::gqa_attention_forward(const TensorView& out_, const TensorView
                                         const TensorView& q, const TensorView& k,
                                         const TensorView& v, int64_t B, int64_t T, int64_t H,
                                         int64_t Hkv, int64_t D, float scale, int64_t window,
-                                        float softcap) {
-  // q, out: [B,T,H*D]; k, v: [B,T,Hkv*D]; lse: [B,H,T] fp32.
-  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, window, softcap,
+                                        float softcap, const TensorView& doc_start) {
+  // q, out: [B,T,H*D]; k, v: [B,T,Hkv*D]; lse: [B,H,T] fp32; doc_start: int32 [B,T] or null.
+  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, window, softcap, doc_start,
                              check_mha_limits);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   auto* l = static_cast<float*>(lse.data);
   const DType dt = q.dtype;
   if (k.dtype == dt && v.dtype == dt && out_.dtype == dt) {
-    k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, st(dt), window, softcap), q.data, k.data,
-                     v.data, out_.data, l, s());
+    k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, st(dt), window, softcap, doc_start),
+                     q.data, k.data, v.data, out_.data, l, s());
     return;
   }
   // Mixed storage types: run in fp32 and round the output once.
   const F32Copy fq(*this, q, nq, true), fk(*this, k, nk, true), fv(*this, v, nk, true);
   const F32Copy fo(*this, out_, nq, false);
-  k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window, softcap), fq.view.data,
-                   fk.view.data, fv.view.data, fo.view.data, l, s());
+  k::flash_forward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window, softcap, doc_start),
+                   fq.view.data, fk.view.data, fv.view.data, fo.view.data, l, s());
   if (nq > 0) k::cast(out(out_), in(fo.view), nq, s());
 }
 
@@ -1470,11 +1478,11 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
                                          const TensorView& v, const TensorView& out_,
                                          const TensorView& lse, int64_t B, int64_t T, int64_t H,
                                          int64_t Hkv, int64_t D, float scale, int64_t window,
-                                         float softcap) {
-  // dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] written; dout, out: [B,T,H*D]; q, k, v, lse as in
-  // forward.
+                                         float softcap, const TensorView& doc_start) {
+  // dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] written; dout, out: [B,T,H*D]; q, k, v, lse, doc_start
+  // as in forward.
   Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D, window,
-                              softcap, check_mha_limits);
+                              softcap, doc_start, check_mha_limits);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   if (H == 0) {  // no query head reads the key/value heads (the flash kernels write nothing)
     if (nk > 0) {
@@ -1488,16 +1496,17 @@ void CudaBackend::gqa_attention_backward(const TensorView& dq, const TensorView&
   bool same = true;
   for (const TensorView* x : {&dq, &dk, &dv, &dout, &k, &v, &out_}) same = same && x->dtype == dt;
   if (same) {
-    flash_backward(gqa_problem(B, T, H, Hkv, D, scale, st(dt), window, softcap), q.data, k.data,
-                   v.data, out_.data, l, dout.data, dq.data, dk.data, dv.data, nullptr);
+    flash_backward(gqa_problem(B, T, H, Hkv, D, scale, st(dt), window, softcap, doc_start),
+                   q.data, k.data, v.data, out_.data, l, dout.data, dq.data, dk.data, dv.data,
+                   nullptr);
     return;
   }
   const F32Copy fd(*this, dout, nq, true), fq(*this, q, nq, true), fk(*this, k, nk, true),
       fv(*this, v, nk, true), fo(*this, out_, nq, true);
   const F32Copy gq(*this, dq, nq, false), gk(*this, dk, nk, false), gv(*this, dv, nk, false);
-  flash_backward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window, softcap), fq.view.data,
-                 fk.view.data, fv.view.data, fo.view.data, l, fd.view.data, gq.view.data,
-                 gk.view.data, gv.view.data, nullptr);
+  flash_backward(gqa_problem(B, T, H, Hkv, D, scale, k::ST::f32, window, softcap, doc_start),
+                 fq.view.data, fk.view.data, fv.view.data, fo.view.data, l, fd.view.data,
+                 gq.view.data, gk.view.data, gv.view.data, nullptr);
   if (nq > 0) k::cast(out(dq), in(gq.view), nq, s());
   if (nk > 0) {
     k::cast(out(dk), in(gk.view), nk, s());

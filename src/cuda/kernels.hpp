@@ -299,6 +299,9 @@ struct FlashProblem {
   // > 0: the score is softcap * tanh(scale q.k / softcap) (+ bias), Gemma 2's
   // attn_logit_softcapping; backward multiplies dS by 1 - tanh^2 (not with a bias gradient).
   float softcap = 0.0f;
+  // int32 [B,Tq] (Tq == Tk, causal) or null: key j also masked for query i when
+  // j < doc_start[b*Tq + i] (document masking; each row nondecreasing, doc_start[b*Tq + i] <= i)
+  const int32_t* doc_start = nullptr;
 };
 // Writes out and lse. One launch.
 void flash_forward(const FlashProblem& p, const void* q, const void* k, const void* v, void* out,

@@ -9,10 +9,16 @@
 // launchers.
 //
 // Masking: key j is invisible to query i when j >= Tk, i >= Tq, key_mask[b, j] == 0, or
-// causal and j > i, or j <= i - window (a sliding window, window > 0); its score is -inf and
-// its probability exactly 0 (the kernels still visit the key tiles left of a window: they
-// cost time, not correctness). A row with no visible
-// key gets out 0 and lse +inf (flash-attention's softmax.h), so exp(s - lse) = 0 in backward.
+// causal and j > i, or j <= i - window (a sliding window, window > 0), or j < doc_start[b, i]
+// (document masking); its score is -inf and its probability exactly 0 (the kernels still
+// visit the key tiles left of a window: they cost time, not correctness). With doc_start
+// (rows nondecreasing, so a query tile's first row has its smallest start) forward and dQ
+// start at the key tile holding the query tile's first start (doc_begin), and dK/dV stop at
+// the first query tile whose first start lies past the key tile's last key; the per-element
+// mask covers the tiles they still visit. The kernels are instantiated with and without a
+// document mask (kDoc), so that without one their code is what it was before it. A row with
+// no visible key gets out 0 and lse +inf (flash-attention's softmax.h), so exp(s - lse) = 0
+// in backward.
 // Grouped-query attention: query head h reads the keys and values of head h / group.
 #pragma once
 
@@ -37,18 +43,30 @@ struct Dev {
   int64_t group;            // query heads per key/value head: head h reads k, v of h / group
   int64_t window;           // > 0: key j also masked for query i when j <= i - window
   float softcap;            // > 0: scores soft-capped (score, score_dcap)
+  const int32_t* doc_start;  // [B,Tq] or null: key j also masked for query i when j < start
 };
 
 inline Dev to_dev(const FlashProblem& p) {
   return {p.B,   p.Tq,    p.Tk,     p.H,    p.D,        p.ldq,   p.ldk,    p.ldv,
-          p.ldo, p.scale, p.causal, p.bias, p.key_mask, p.group, p.window, p.softcap};
+          p.ldo, p.scale, p.causal, p.bias, p.key_mask, p.group, p.window, p.softcap,
+          p.doc_start};
 }
 
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// kDoc (here and below): p.doc_start is not null. The kernels have it as a template argument,
+// so that without a document mask its tests compile away (the code of a kernel without one).
+template <bool kDoc>
 __device__ __forceinline__ bool visible(const Dev& p, int64_t b, int64_t i, int64_t j) {
   return i < p.Tq && j < p.Tk && !(p.causal && j > i) && !(p.window > 0 && j <= i - p.window) &&
-         !(p.key_mask && p.key_mask[b * p.Tk + j] == 0);
+         !(p.key_mask && p.key_mask[b * p.Tk + j] == 0) &&
+         !(kDoc && j < p.doc_start[b * p.Tq + i]);
+}
+// With document masking (kDoc), the first key a query tile starting at row i0 (< Tq) may see:
+// its first row's start (the tile's smallest: rows are nondecreasing). The kernels call it as
+// `kDoc ? doc_begin(...) : 0`, a constant without a mask.
+__device__ __forceinline__ int64_t doc_begin(const Dev& p, int64_t b, int64_t i0) {
+  return p.doc_start[b * p.Tq + i0];
 }
 // The score of a visible (i, j) from the raw dot product q_i . k_j.
 // The bias is stored by relative position (kernels.hpp, relative_positions): a row of

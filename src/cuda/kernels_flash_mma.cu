@@ -211,18 +211,50 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(kFullMask, x, 2);
 }
 
-// Whether no element of the (query tile i0, key tile j0) pair is masked: every key and query
-// in range, no padding mask, causal only strictly below the diagonal, and a sliding window
-// covering the whole tile (its first key within the window of its last query).
-__device__ __forceinline__ bool tile_unmasked(const Dev& p, int64_t i0, int64_t j0) {
+// Whether no element of the (query tile i0, key tile j0) pair of batch row b is masked: every
+// key and query in range, no padding mask, causal only strictly below the diagonal, a sliding
+// window covering the whole tile (its first key within the window of its last query), and
+// every document start at or left of the first key (rows are nondecreasing: the last row's
+// start is the largest).
+template <bool kDoc>
+__device__ __forceinline__ bool tile_unmasked(const Dev& p, int64_t b, int64_t i0, int64_t j0) {
   return !p.key_mask && j0 + kRows <= p.Tk && i0 + kRows <= p.Tq &&
-         !(p.causal && j0 + kRows - 1 > i0) && !(p.window > 0 && j0 <= i0 + kRows - 1 - p.window);
+         !(p.causal && j0 + kRows - 1 > i0) &&
+         !(p.window > 0 && j0 <= i0 + kRows - 1 - p.window) &&
+         !(kDoc && p.doc_start[b * p.Tq + imin(i0 + kRows, p.Tq) - 1] > j0);
+}
+
+// Document masking (the kernels call these under kDoc). The first key tile, of ntiles, that
+// query tile i0 of batch row b visits: the one holding its first row's start (doc_begin); the
+// tiles left of it are masked for every row.
+__device__ __forceinline__ int64_t doc_first_key_tile(const Dev& p, int64_t b, int64_t i0,
+                                                      int64_t ntiles) {
+  return imin(doc_begin(p, b, i0) / kRows, ntiles);
+}
+// Of the nit query tiles first, first + 64, ... of batch row b, those before the first whose
+// first row starts its document past last_key (rows are nondecreasing: that tile's rows and
+// all later ones see none of the keys up to last_key), by binary search over the tiles' first
+// rows.
+__device__ __forceinline__ int64_t doc_query_tiles(const Dev& p, int64_t b, int64_t first,
+                                                   int64_t nit, int64_t last_key) {
+  const int32_t* start = p.doc_start + b * p.Tq;
+  int64_t lo = 0, hi = nit;  // the first tile past last_key is in [lo, hi] (hi: none)
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (start[first + mid * kRows] <= last_key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
 }
 
 // ---- forward ---------------------------------------------------------------------------------
 
 // Block = (b, h, query tile), heaviest causal tiles first. Shared: Q, then K and V twice.
-template <class T, int D>
+// kDoc: whether p has a document mask (kernels_flash.cuh, visible).
+template <class T, int D, bool kDoc>
 __global__ void __launch_bounds__(kThreads)
     flash_fwd(Dev p, const T* q, const T* k, const T* v, T* out, float* lse, int64_t nqt) {
   using L = Lay<D>;
@@ -235,13 +267,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bh = static_cast<int64_t>(blockIdx.x) / nqt, b = bh / p.H, h = bh % p.H;
   const int64_t i0 = tile * kRows, rows = imin(kRows, p.Tq - i0);
   const int64_t ntiles = (key_end(p, i0, rows) + kRows - 1) / kRows;
+  // Key tiles [jt0, ntiles) (a constant 0 without a document mask: the code is as before it).
+  const int64_t jt0 = kDoc ? doc_first_key_tile(p, b, i0, ntiles) : 0;
   const int64_t hk = h / p.group;  // key/value head
   const T* kb = k + b * p.Tk * p.ldk + hk * D;
   const T* vb = v + b * p.Tk * p.ldv + hk * D;
   cp_tile<T, D>(sQ, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, rows);
-  if (ntiles > 0) {
-    cp_tile<T, D>(sK, kb, p.ldk, imin(kRows, p.Tk));
-    cp_tile<T, D>(sV, vb, p.ldv, imin(kRows, p.Tk));
+  if (ntiles > jt0) {
+    const int64_t jb = jt0 * kRows;
+    cp_tile<T, D>(sK, kb + jb * p.ldk, p.ldk, imin(kRows, p.Tk - jb));
+    cp_tile<T, D>(sV, vb + jb * p.ldv, p.ldv, imin(kRows, p.Tk - jb));
   }
   cp_commit();
   cp_wait_all();
@@ -252,8 +287,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for (int64_t jt = 0; jt < ntiles; ++jt) {
-    const int buf = static_cast<int>(jt & 1);
+  for (int64_t jt = jt0; jt < ntiles; ++jt) {
+    const int buf = static_cast<int>((jt - jt0) & 1);
     const T* cK = sK + buf * L::tile;
     const T* cV = sV + buf * L::tile;
     const int64_t j0 = jt * kRows;
@@ -265,14 +300,15 @@ __global__ void __launch_bounds__(kThreads)
     cp_commit();
     float s[8][4];
     warp_abt<T, D>(s, sQ, cK, w, g, t);  // raw q . k
-    const bool all_visible = tile_unmasked(p, i0, j0);
+    const bool all_visible = tile_unmasked<kDoc>(p, b, i0, j0);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t i = ia + 8 * (e >> 1), j = j0 + 8 * n + 2 * t + (e & 1);
-        const float x = all_visible || visible(p, b, i, j) ? score(p, h, i, j, s[n][e]) : -INFINITY;
+        const float x =
+            all_visible || visible<kDoc>(p, b, i, j) ? score(p, h, i, j, s[n][e]) : -INFINITY;
         s[n][e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
@@ -341,10 +377,10 @@ constexpr std::size_t fwd_smem(std::size_t t_size) {
 // Block = (b, h, query tile). Shared: Q, dO, then K and V twice; with the bias gradient
 // (kDbias) also the fp32 dS tile [64][kLdS], whose 127 diagonals threads 0..126 sum (rows
 // ascending) into the block's partial row (kernels_flash.cuh, DbiasPartials: chunk = b,
-// rows = 64, key tiles of 64).
+// rows = 64, key tiles of 64). kDoc as flash_fwd's.
 constexpr int kLdS = kRows + 1;  // fp32 dS tile row: diagonal reads conflict-free
 
-template <class T, int D, bool kDbias>
+template <class T, int D, bool kDbias, bool kDoc>
 __global__ void __launch_bounds__(kThreads)
     flash_bwd_dq(Dev p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
                  const float* di, T* dq, float* partials, int64_t nqt, int64_t stride) {
@@ -360,6 +396,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bh = static_cast<int64_t>(blockIdx.x) / nqt, b = bh / p.H, h = bh % p.H;
   const int64_t i0 = tile * kRows, rows = imin(kRows, p.Tq - i0);
   const int64_t ntiles = (key_end(p, i0, rows) + kRows - 1) / kRows;
+  const int64_t jt0 = kDoc ? doc_first_key_tile(p, b, i0, ntiles) : 0;  // as forward's
   const int64_t ia = i0 + 16 * w + g;
   const int64_t hk = h / p.group;  // key/value head
   float* part = kDbias ? partials + (bh * nqt + tile) * stride : nullptr;
@@ -370,9 +407,10 @@ __global__ void __launch_bounds__(kThreads)
   const T* vb = v + b * p.Tk * p.ldv + hk * D;
   cp_tile<T, D>(sQ, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, rows);
   cp_tile<T, D>(sdO, dout + (b * p.Tq + i0) * p.ldo + h * D, p.ldo, rows);
-  if (ntiles > 0) {
-    cp_tile<T, D>(sK, kb, p.ldk, imin(kRows, p.Tk));
-    cp_tile<T, D>(sV, vb, p.ldv, imin(kRows, p.Tk));
+  if (ntiles > jt0) {
+    const int64_t jb = jt0 * kRows;
+    cp_tile<T, D>(sK, kb + jb * p.ldk, p.ldk, imin(kRows, p.Tk - jb));
+    cp_tile<T, D>(sV, vb + jb * p.ldv, p.ldv, imin(kRows, p.Tk - jb));
   }
   cp_commit();
   float lse_r[2], di_r[2];
@@ -387,8 +425,8 @@ __global__ void __launch_bounds__(kThreads)
   float acc[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  for (int64_t jt = 0; jt < ntiles; ++jt) {
-    const int buf = static_cast<int>(jt & 1);
+  for (int64_t jt = jt0; jt < ntiles; ++jt) {
+    const int buf = static_cast<int>((jt - jt0) & 1);
     const T* cK = sK + buf * L::tile;
     const T* cV = sV + buf * L::tile;
     const int64_t j0 = jt * kRows;
@@ -401,7 +439,7 @@ __global__ void __launch_bounds__(kThreads)
     float s[8][4], dp[8][4];
     warp_abt<T, D>(s, sQ, cK, w, g, t);    // S = Q K^T (raw)
     warp_abt<T, D>(dp, sdO, cV, w, g, t);  // dP = dO V^T
-    const bool all_visible = tile_unmasked(p, i0, j0);
+    const bool all_visible = tile_unmasked<kDoc>(p, b, i0, j0);
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
 #pragma unroll
@@ -409,7 +447,7 @@ __global__ void __launch_bounds__(kThreads)
         const int r = e >> 1;
         const int64_t i = ia + 8 * r, j = j0 + 8 * n + 2 * t + (e & 1);
         float ds = 0.0f;
-        if (all_visible || visible(p, b, i, j)) {
+        if (all_visible || visible<kDoc>(p, b, i, j)) {
           const float pr = __expf(score(p, h, i, j, s[n][e]) - lse_r[r]);
           ds = pr * (dp[n][e] - di_r[r]);
         }
@@ -447,8 +485,8 @@ constexpr std::size_t dq_smem(std::size_t t_size, bool dbias) {
 // group, ascending; query tile), step s = (h - g*group) * nit + tile, the next step's tiles
 // loading during this one. On transposed tiles: S^T = K Q^T, dP^T = V dO^T, then
 // dV += P^T dO, dK += dS^T Q. Shared: K, V, then Q and dO twice, then lse and D_i of the
-// query tile twice.
-template <class T, int D>
+// query tile twice. kDoc as flash_fwd's.
+template <class T, int D, bool kDoc>
 __global__ void __launch_bounds__(kThreads)
     flash_bwd_dkdv(Dev p, const T* q, const T* k, const T* v, const T* dout, const float* lse,
                    const float* di, T* dk, T* dv, int64_t nkt) {
@@ -466,7 +504,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bg = static_cast<int64_t>(blockIdx.x) / nkt, b = bg / hkv, hk = bg % hkv;
   const int64_t j0 = tile * kRows, cols = imin(kRows, p.Tk - j0);
   const int64_t first = p.causal ? j0 : 0;  // causal: queries i < j0 see none of these keys
-  const int64_t nit = first < p.Tq ? (p.Tq - first + kRows - 1) / kRows : 0;
+  const int64_t all = first < p.Tq ? (p.Tq - first + kRows - 1) / kRows : 0;
+  // Document masking: nor do the query tiles from the first whose rows start past the keys.
+  const int64_t nit = kDoc ? doc_query_tiles(p, b, first, all, j0 + cols - 1) : all;
   const int64_t steps = p.group * nit;
   // Step st: query head h0 + st / nit, query tile i0 = first + (st % nit) * 64.
   const int64_t h0 = hk * p.group;
@@ -510,7 +550,7 @@ __global__ void __launch_bounds__(kThreads)
     float s[8][4], dp[8][4];
     warp_abt<T, D>(s, sK, cQ, w, g, t);    // S^T = K Q^T (raw)
     warp_abt<T, D>(dp, sV, cdO, w, g, t);  // dP^T = V dO^T
-    const bool all_visible = tile_unmasked(p, i0, j0);
+    const bool all_visible = tile_unmasked<kDoc>(p, b, i0, j0);
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
 #pragma unroll
@@ -518,7 +558,7 @@ __global__ void __launch_bounds__(kThreads)
         const int c = 8 * n + 2 * t + (e & 1);
         const int64_t j = ja + 8 * (e >> 1), i = i0 + c;
         float pr = 0.0f, ds = 0.0f;
-        if (all_visible || visible(p, b, i, j)) {
+        if (all_visible || visible<kDoc>(p, b, i, j)) {
           pr = __expf(score(p, h, i, j, s[n][e]) - cLse[c]);
           ds = pr * (dp[n][e] - cDi[c]) * score_dcap(p, s[n][e]);
         }
@@ -587,8 +627,9 @@ void mma_forward(const FlashProblem& p, const void* q, const void* k, const void
     constexpr int D = decltype(dim)::value;
     const int64_t nqt = (p.Tq + kRows - 1) / kRows;
     const std::size_t smem = fwd_smem<D>(sizeof(T));
-    set_smem(flash_fwd<T, D>, smem, "attention forward");
-    flash_fwd<T, D><<<grid_for(p.B * p.H * nqt, "attention forward"), kThreads, smem, s>>>(
+    const auto kernel = p.doc_start ? flash_fwd<T, D, true> : flash_fwd<T, D, false>;
+    set_smem(kernel, smem, "attention forward");
+    kernel<<<grid_for(p.B * p.H * nqt, "attention forward"), kThreads, smem, s>>>(
         d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
         static_cast<T*>(out), lse, nqt);
     FSDP_CHECK_LAUNCH();
@@ -600,6 +641,7 @@ void mma_backward(const FlashProblem& p, const void* q, const void* k, const voi
                   void* dv, float* dbias, float* partials, cudaStream_t s) {
   const Dev d = to_dev(p);
   const int64_t hkv = p.H / p.group;  // the dK/dV kernel's blocks are (b, kv head, key tile)
+  const bool doc = p.doc_start != nullptr;
   dispatch_mma(p, [&](auto tag, auto dim) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(dim)::value;
@@ -610,8 +652,9 @@ void mma_backward(const FlashProblem& p, const void* q, const void* k, const voi
     if (p.Tk > 0) {
       const int64_t nkt = (p.Tk + kRows - 1) / kRows;
       const std::size_t smem = dkdv_smem<D>(sizeof(T));
-      set_smem(flash_bwd_dkdv<T, D>, smem, "attention backward");
-      flash_bwd_dkdv<T, D><<<grid_for(p.B * hkv * nkt, "attention backward"), kThreads, smem, s>>>(
+      const auto kernel = doc ? flash_bwd_dkdv<T, D, true> : flash_bwd_dkdv<T, D, false>;
+      set_smem(kernel, smem, "attention backward");
+      kernel<<<grid_for(p.B * hkv * nkt, "attention backward"), kThreads, smem, s>>>(
           d, qt, kt, vt, dot, lse, di, static_cast<T*>(dk), static_cast<T*>(dv), nkt);
       FSDP_CHECK_LAUNCH();
     }
@@ -620,15 +663,17 @@ void mma_backward(const FlashProblem& p, const void* q, const void* k, const voi
       const unsigned grid = grid_for(p.B * p.H * nqt, "attention backward");
       if (dbias) {
         const std::size_t smem = dq_smem<D>(sizeof(T), true);
-        set_smem(flash_bwd_dq<T, D, true>, smem, "attention backward");
-        flash_bwd_dq<T, D, true><<<grid, kThreads, smem, s>>>(
-            d, qt, kt, vt, dot, lse, di, static_cast<T*>(dq), partials, nqt,
-            mma_dbias_partials(p).stride);
+        const auto kernel = doc ? flash_bwd_dq<T, D, true, true> : flash_bwd_dq<T, D, true, false>;
+        set_smem(kernel, smem, "attention backward");
+        kernel<<<grid, kThreads, smem, s>>>(d, qt, kt, vt, dot, lse, di, static_cast<T*>(dq),
+                                            partials, nqt, mma_dbias_partials(p).stride);
       } else {
         const std::size_t smem = dq_smem<D>(sizeof(T), false);
-        set_smem(flash_bwd_dq<T, D, false>, smem, "attention backward");
-        flash_bwd_dq<T, D, false><<<grid, kThreads, smem, s>>>(
-            d, qt, kt, vt, dot, lse, di, static_cast<T*>(dq), nullptr, nqt, 0);
+        const auto kernel =
+            doc ? flash_bwd_dq<T, D, false, true> : flash_bwd_dq<T, D, false, false>;
+        set_smem(kernel, smem, "attention backward");
+        kernel<<<grid, kThreads, smem, s>>>(d, qt, kt, vt, dot, lse, di, static_cast<T*>(dq),
+                                            nullptr, nqt, 0);
       }
       FSDP_CHECK_LAUNCH();
     }

@@ -28,7 +28,8 @@ __device__ void load_rows_f32(float* dst, int64_t ld_dst, const T* src, int64_t 
 }
 
 // Forward. Block = (b, h, 8 queries), a warp per query; lanes are the keys of a 32-key tile.
-template <class T>
+// kDoc: whether p has a document mask (kernels_flash.cuh, visible).
+template <class T, bool kDoc>
 __global__ void __launch_bounds__(kSimtThreads)
     flash_fwd_simt(Dev p, const T* q, const T* k, const T* v, T* out, float* lse, int64_t nqt) {
   extern __shared__ float fsm[];
@@ -50,7 +51,9 @@ __global__ void __launch_bounds__(kSimtThreads)
   float* ow = sO + w * D;
   float* pw = sP + w * kSimtTile;
   const int64_t jend = key_end(p, i0, rows);
-  for (int64_t j0 = 0; j0 < jend; j0 += kSimtTile) {
+  // From the key tile holding the first row's document start (kernels_flash.cuh, doc_begin).
+  const int64_t jbegin = kDoc ? doc_begin(p, b, i0) / kSimtTile * kSimtTile : 0;
+  for (int64_t j0 = jbegin; j0 < jend; j0 += kSimtTile) {
     const int64_t cols = imin(kSimtTile, p.Tk - j0);
     __syncthreads();
     load_rows_f32(sK, ldt, k + (b * p.Tk + j0) * p.ldk + hk * D, p.ldk, D, kSimtTile, cols);
@@ -58,7 +61,7 @@ __global__ void __launch_bounds__(kSimtThreads)
     __syncthreads();
     const int64_t j = j0 + lane;
     float s = -INFINITY;
-    if (visible(p, b, i, j)) {
+    if (visible<kDoc>(p, b, i, j)) {
       float dot = 0.0f;
       for (int64_t e = 0; e < D; ++e) dot += qw[e] * sK[lane * ldt + e];
       s = score(p, h, i, j, dot);
@@ -94,7 +97,8 @@ std::size_t simt_fwd_smem(int64_t D) {
 
 // Backward, dK and dV. Block = (b, key/value head g, 8 keys), a warp per key; lanes are the
 // queries of a 32-query tile; the group's query heads in ascending order, then their tiles.
-template <class T>
+// kDoc as flash_fwd_simt's.
+template <class T, bool kDoc>
 __global__ void __launch_bounds__(kSimtThreads)
     flash_bwd_dkdv_simt(Dev p, const T* q, const T* k, const T* v, const T* dout,
                         const float* lse, const float* di, T* dk, T* dv, int64_t nkt) {
@@ -129,8 +133,10 @@ __global__ void __launch_bounds__(kSimtThreads)
   float* dsw = sdS + w * kSimtTile;
   for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
     const int64_t bh = b * p.H + h;
-    // Causal: queries i < j0 see none of these keys.
+    // Causal: queries i < j0 see none of these keys; document masking: nor do the queries from
+    // the first tile whose first row starts past the last key (rows are nondecreasing).
     for (int64_t i0 = p.causal ? j0 / kSimtTile * kSimtTile : 0; i0 < p.Tq; i0 += kSimtTile) {
+      if (kDoc && doc_begin(p, b, i0) > j0 + cols - 1) break;  // uniform over the block
       const int64_t rows = imin(kSimtTile, p.Tq - i0);
       __syncthreads();
       load_rows_f32(sQ, ldt, q + (b * p.Tq + i0) * p.ldq + h * D, p.ldq, D, kSimtTile, rows);
@@ -138,7 +144,7 @@ __global__ void __launch_bounds__(kSimtThreads)
       __syncthreads();
       const int64_t i = i0 + lane;
       float pr = 0.0f, ds = 0.0f;
-      if (visible(p, b, i, j)) {
+      if (visible<kDoc>(p, b, i, j)) {
         float dot = 0.0f, dp = 0.0f;
         for (int64_t e = 0; e < D; ++e) {
           dot += sQ[lane * ldt + e] * kw[e];
@@ -181,8 +187,8 @@ std::size_t simt_dkdv_smem(int64_t D) {
 // over b in order; a warp per query, lanes are the keys of a 32-key tile. With dbias the
 // block's partial row (DbiasPartials: one chunk, rows = 8, key tiles of 32; `partials` at
 // the block's row, `stride` floats) gets, per key tile, the 39 diagonals of the [8 x 32] dS
-// tile (threads 0..38, warps ascending), b ascending.
-template <class T>
+// tile (threads 0..38, warps ascending), b ascending. kDoc as flash_fwd_simt's.
+template <class T, bool kDoc>
 __global__ void __launch_bounds__(kSimtThreads)
     flash_bwd_dq_simt(Dev p, const T* q, const T* k, const T* v, const T* dout,
                       const float* lse, const float* di, T* dq, float* partials,
@@ -221,7 +227,9 @@ __global__ void __launch_bounds__(kSimtThreads)
     __syncthreads();  // the zeros are read below even when no key tile is (Tk == 0)
     const float lse_i = i < p.Tq ? lse[bh * p.Tq + i] : INFINITY;
     const float di_i = i < p.Tq ? di[bh * p.Tq + i] : 0.0f;
-    for (int64_t j0 = 0; j0 < jend; j0 += kSimtTile) {
+    // From the key tile holding the first row's document start, as forward.
+    const int64_t jbegin = kDoc ? doc_begin(p, b, i0) / kSimtTile * kSimtTile : 0;
+    for (int64_t j0 = jbegin; j0 < jend; j0 += kSimtTile) {
       const int64_t cols = imin(kSimtTile, p.Tk - j0);
       __syncthreads();
       load_rows_f32(sK, ldt, k + (b * p.Tk + j0) * p.ldk + hk * D, p.ldk, D, kSimtTile, cols);
@@ -229,7 +237,7 @@ __global__ void __launch_bounds__(kSimtThreads)
       __syncthreads();
       const int64_t j = j0 + lane;
       float ds = 0.0f;
-      if (visible(p, b, i, j)) {
+      if (visible<kDoc>(p, b, i, j)) {
         float dot = 0.0f, dp = 0.0f;
         for (int64_t e = 0; e < D; ++e) {
           dot += qw[e] * sK[lane * ldt + e];
@@ -286,8 +294,9 @@ void simt_forward(const FlashProblem& p, const void* q, const void* k, const voi
     using T = typename decltype(tag)::type;
     const int64_t nqt = (p.Tq + kRowsPerBlock - 1) / kRowsPerBlock;
     const std::size_t smem = simt_fwd_smem(p.D);
-    set_smem(flash_fwd_simt<T>, smem, "attention forward");
-    flash_fwd_simt<T><<<grid_for(p.B * p.H * nqt, "attention forward"), kSimtThreads, smem, s>>>(
+    const auto kernel = p.doc_start ? flash_fwd_simt<T, true> : flash_fwd_simt<T, false>;
+    set_smem(kernel, smem, "attention forward");
+    kernel<<<grid_for(p.B * p.H * nqt, "attention forward"), kSimtThreads, smem, s>>>(
         d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
         static_cast<T*>(out), lse, nqt);
     FSDP_CHECK_LAUNCH();
@@ -304,19 +313,21 @@ void simt_backward(const FlashProblem& p, const void* q, const void* k, const vo
     if (p.Tk > 0) {
       const int64_t nkt = (p.Tk + kRowsPerBlock - 1) / kRowsPerBlock;
       const std::size_t smem = simt_dkdv_smem(p.D);
-      set_smem(flash_bwd_dkdv_simt<T>, smem, "attention backward");
-      flash_bwd_dkdv_simt<T>
-          <<<grid_for(p.B * hkv * nkt, "attention backward"), kSimtThreads, smem, s>>>(
-              d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-              static_cast<const T*>(dout), lse, di, static_cast<T*>(dk), static_cast<T*>(dv), nkt);
+      const auto kernel =
+          p.doc_start ? flash_bwd_dkdv_simt<T, true> : flash_bwd_dkdv_simt<T, false>;
+      set_smem(kernel, smem, "attention backward");
+      kernel<<<grid_for(p.B * hkv * nkt, "attention backward"), kSimtThreads, smem, s>>>(
+          d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+          static_cast<const T*>(dout), lse, di, static_cast<T*>(dk), static_cast<T*>(dv), nkt);
       FSDP_CHECK_LAUNCH();
     }
     if (p.Tq > 0) {
       const int64_t nqt = (p.Tq + kRowsPerBlock - 1) / kRowsPerBlock;
       const std::size_t smem = simt_dq_smem(p.D);
-      set_smem(flash_bwd_dq_simt<T>, smem, "attention backward");
+      const auto kernel = p.doc_start ? flash_bwd_dq_simt<T, true> : flash_bwd_dq_simt<T, false>;
+      set_smem(kernel, smem, "attention backward");
       const int64_t blocks = (dbias ? p.H : p.B * p.H) * nqt;
-      flash_bwd_dq_simt<T><<<grid_for(blocks, "attention backward"), kSimtThreads, smem, s>>>(
+      kernel<<<grid_for(blocks, "attention backward"), kSimtThreads, smem, s>>>(
           d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
           static_cast<const T*>(dout), lse, di, static_cast<T*>(dq), dbias ? partials : nullptr,
           simt_dbias_partials(p).stride, nqt);

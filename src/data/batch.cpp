@@ -26,7 +26,27 @@ Batch Batch::rows(int64_t begin, int64_t count) const {
   out.inputs.assign(inputs.begin() + begin * L, inputs.begin() + (begin + count) * L);
   out.targets.assign(targets.begin() + begin * target_len,
                      targets.begin() + (begin + count) * target_len);
+  if (!position_ids.empty()) {
+    out.position_ids.assign(position_ids.begin() + begin * L,
+                            position_ids.begin() + (begin + count) * L);
+  }
+  out.reset_position_ids = reset_position_ids;
   return out;
+}
+
+void set_document_positions(Batch& b, int32_t eos_id) {
+  if (eos_id < 0)
+    throw Error("set_document_positions: EOS id " + std::to_string(eos_id) + " (expected >= 0)");
+  if (b.B < 0 || b.L < 0 || static_cast<int64_t>(b.inputs.size()) != b.B * b.L) {
+    throw Error("set_document_positions: " + std::to_string(b.inputs.size()) +
+                " inputs for a batch of " + std::to_string(b.B) + " x " + std::to_string(b.L));
+  }
+  b.position_ids.resize(b.inputs.size());
+  for (int64_t r = 0; r < b.B; ++r) {
+    const int32_t* in = b.inputs.data() + r * b.L;
+    int32_t* pos = b.position_ids.data() + r * b.L;
+    for (int64_t t = 0; t < b.L; ++t) pos[t] = (t == 0 || in[t - 1] == eos_id) ? 0 : pos[t - 1] + 1;
+  }
 }
 
 Batch load_batch(const TokenSource& source, const std::vector<int64_t>& sample_indices, int64_t seq_len) {

@@ -43,23 +43,70 @@ uint64_t synthetic_seed(const Config& c, Split split) {
 
 // ---------------------------------------------------------------- causal_lm
 
+// eos_id >= 0: data.attn_mask_type = "block_causal", each batch gets the position_ids of
+// its documents (set_document_positions) and reset_position_ids (data.reset_position_ids);
+// -1: causal, none.
 class CausalLmSamples final : public SampleSource {
  public:
-  CausalLmSamples(std::unique_ptr<TokenSource> src, int64_t L, int64_t num_samples)
-      : src_(std::move(src)), L_(L), n_(num_samples) {}
+  CausalLmSamples(std::unique_ptr<TokenSource> src, int64_t L, int64_t num_samples, int32_t eos_id,
+                  bool reset_position_ids)
+      : src_(std::move(src)),
+        L_(L),
+        n_(num_samples),
+        eos_(eos_id),
+        reset_(eos_id >= 0 && reset_position_ids) {}
   int64_t num_samples() const override { return n_; }
   int64_t num_tokens() const override { return src_->num_tokens(); }
-  BatchShape shape() const override { return {L_, L_}; }
+  BatchShape shape() const override { return {L_, L_, eos_ >= 0, reset_}; }
   int64_t fixed_targets_per_sample() const override { return L_; }
   Batch load(const std::vector<int64_t>& indices) const override {
     for (int64_t i : indices) check_index("causal_lm", i, n_);
-    return load_batch(*src_, indices, L_);
+    Batch b = load_batch(*src_, indices, L_);
+    if (eos_ >= 0) {
+      set_document_positions(b, eos_);
+      b.reset_position_ids = reset_;
+    }
+    return b;
   }
 
  private:
   std::unique_ptr<TokenSource> src_;
   int64_t L_, n_;
+  int32_t eos_;
+  bool reset_;
 };
+
+const std::string kBlockCausal = "data.attn_mask_type = \"block_causal\": ";
+
+// An EOS id read from `path` (data.eos_token_id = -1) checked against the model's vocabulary.
+int32_t file_eos_below(const std::string& path, int64_t V) {
+  const int32_t eos = document_eos_id(path);
+  if (eos >= V) {
+    throw InputError(kBlockCausal + path + " has eos_id " + std::to_string(eos) +
+                     ", outside model.vocab_size = " + std::to_string(V) +
+                     " (expected eos_id < model.vocab_size)");
+  }
+  return eos;
+}
+
+// The token that ends a document for block_causal (docs/data.md "Document masking"):
+// data.eos_token_id when set, else the data file's eos_id; -1 for causal (no file read).
+int32_t block_causal_eos(const Config& c, int64_t V) {
+  if (c.data.attn_mask_type != AttnMaskType::block_causal) return -1;
+  const int64_t eos = c.data.eos_token_id;
+  if (eos >= 0) {
+    if (eos >= V) {
+      throw InputError(
+          "data.eos_token_id: " + std::to_string(eos) +
+          " is out of range (expected -1 <= x < model.vocab_size = " + std::to_string(V) + ")");
+    }
+    return static_cast<int32_t>(eos);
+  }
+  if (c.data.source == DataSource::synthetic) {
+    throw InputError(kBlockCausal + "synthetic data has no EOS; set data.eos_token_id");
+  }
+  return file_eos_below(c.data.path, V);
+}
 
 std::unique_ptr<SampleSource> open_causal_lm(const Config& c, Split split, int64_t V) {
   const int64_t L = c.data.seq_len;
@@ -70,9 +117,10 @@ std::unique_ptr<SampleSource> open_causal_lm(const Config& c, Split split, int64
   } else {
     src = std::make_unique<TokenDataset>(c.data.path, split, V, L);
   }
+  const int32_t eos = block_causal_eos(c, V);
   const int64_t n = split == Split::train ? num_samples_of(src->num_tokens(), L)
                                      : num_val_windows(src->num_tokens(), L, c.eval.max_windows);
-  return std::make_unique<CausalLmSamples>(std::move(src), L, n);
+  return std::make_unique<CausalLmSamples>(std::move(src), L, n, eos, c.data.reset_position_ids);
 }
 
 // ---------------------------------------------------------------- span_corruption
@@ -429,6 +477,7 @@ class ConcatSamples final : public SampleSource {
     b.target_len = sh.target_len;
     b.inputs.resize(static_cast<std::size_t>(b.B * b.L));
     b.targets.resize(static_cast<std::size_t>(b.B * b.target_len));
+    bool positions = false;  // the parts' batches carry position_ids (block_causal): all or none
     for (std::size_t d = 0; d < parts_.size(); ++d) {
       std::vector<int64_t> local, rows;  // part d's sample indices and their rows in b
       for (std::size_t r = 0; r < indices.size(); ++r) {
@@ -446,6 +495,15 @@ class ConcatSamples final : public SampleSource {
                     b.inputs.begin() + rows[k] * b.L);
         std::copy_n(part.targets.begin() + static_cast<std::ptrdiff_t>(k) * b.target_len,
                     b.target_len, b.targets.begin() + rows[k] * b.target_len);
+      }
+      if (!part.position_ids.empty()) {
+        if (!positions) b.position_ids.resize(b.inputs.size());
+        positions = true;
+        b.reset_position_ids = part.reset_position_ids;
+        for (std::size_t k = 0; k < rows.size(); ++k) {
+          std::copy_n(part.position_ids.begin() + static_cast<std::ptrdiff_t>(k) * b.L, b.L,
+                      b.position_ids.begin() + rows[k] * b.L);
+        }
       }
     }
     return b;
@@ -473,6 +531,8 @@ BatchShape batch_shape(const Config& config) {
   const DataConfig& d = config.data;
   switch (d.objective) {
     case Objective::causal_lm:
+      return {d.seq_len, d.seq_len, d.attn_mask_type == AttnMaskType::block_causal,
+              d.attn_mask_type == AttnMaskType::block_causal && d.reset_position_ids};
     case Objective::sft:
       return {d.seq_len, d.seq_len};
     case Objective::seq2seq:
@@ -488,6 +548,11 @@ BatchShape batch_shape(const Config& config) {
 std::unique_ptr<SampleSource> open_samples(const Config& config, Split split, int64_t vocab_size) {
   if (config.data.paths.empty()) return open_one(config, split, vocab_size);
   std::vector<std::unique_ptr<SampleSource>> parts;
+  // block_causal without data.eos_token_id: every file's eos_id, one for all.
+  const bool file_eos = config.data.objective == Objective::causal_lm &&
+                        config.data.attn_mask_type == AttnMaskType::block_causal &&
+                        config.data.eos_token_id < 0;
+  int32_t first_eos = -1;
   for (std::size_t d = 0; d < config.data.paths.size(); ++d) {
     // Each file opened as data.path would be; its errors name it as data.paths[d].
     const std::string key = "data.paths[" + std::to_string(d) + "]";
@@ -495,12 +560,24 @@ std::unique_ptr<SampleSource> open_samples(const Config& config, Split split, in
     one.data.path = config.data.paths[d];
     one.data.paths.clear();
     one.data.weights.clear();
+    int32_t eos = -1;
     try {
+      if (file_eos) {
+        eos = file_eos_below(one.data.path, vocab_size);
+        one.data.eos_token_id = eos;  // read once
+      }
       parts.push_back(open_one(one, split, vocab_size));
     } catch (const Error& e) {
       std::string m = e.what();
       if (m.rfind("data.path: ", 0) == 0) m.erase(0, 11);
       throw Error(key + ": " + m, e.exit_code());
+    }
+    if (d == 0) first_eos = eos;
+    if (file_eos && eos != first_eos) {
+      throw InputError(kBlockCausal + "data.paths[0] " + config.data.paths[0] + " has eos_id " +
+                       std::to_string(first_eos) + " but " + key + " " + one.data.path +
+                       " has eos_id " + std::to_string(eos) +
+                       " (expected one EOS id for every file: files of one tokenizer)");
     }
   }
   return std::make_unique<ConcatSamples>(std::move(parts));

@@ -60,6 +60,31 @@ TokenDataset::~TokenDataset() = default;
 TokenDataset::TokenDataset(TokenDataset&&) noexcept = default;
 TokenDataset& TokenDataset::operator=(TokenDataset&&) noexcept = default;
 
+int32_t document_eos_id(const std::string& path) {
+  const h5::File f = h5::File::open_read(path);
+  const std::string what = "data.attn_mask_type = \"block_causal\": " + path;
+  auto attr = [&](const char* name) {
+    return f.has_attr("/", name) ? f.attr_i64("/", name) : int64_t{-1};
+  };
+  const int64_t eos = attr("eos_id");
+  if (eos < 0) {
+    throw InputError(what +
+                     " has no eos_id (byte-level or imported tokens); set data.eos_token_id");
+  }
+  if (eos > INT32_MAX) {
+    throw InputError(what + " has eos_id " + std::to_string(eos) +
+                     " (expected an id below 2^31); set data.eos_token_id");
+  }
+  // add_eos = 0: the attribute is the model's EOS, not a separator of this stream, unless the
+  // BOS put before each document is that same token (one token for both: GPT-2).
+  if (attr("add_eos") == 0 && !(attr("add_bos") == 1 && attr("bos_id") == eos)) {
+    throw InputError(what + " has eos_id " + std::to_string(eos) +
+                     " but no EOS after its documents (add_eos = 0: prepared with --no-add-eos); "
+                     "set data.eos_token_id to the token that separates them");
+  }
+  return static_cast<int32_t>(eos);
+}
+
 void check_token_type(const h5::File& file, const std::string& dataset) {
   const std::size_t size = file.type_size(dataset);
   if (file.type_class(dataset) != H5T_INTEGER || (size != 1 && size != 2 && size != 4 && size != 8))

@@ -2,6 +2,7 @@
 #include "fsdp/model/causal_lm.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "fsdp/backend/kernels.hpp"
 #include "fsdp/core/error.hpp"
@@ -67,34 +68,77 @@ void lm_head_chunks_loss(Kernels& be, const LmHeadChunks& h, const TensorView& l
   }
 }
 
+std::vector<int32_t> document_starts(const int32_t* positions, int64_t B, int64_t T,
+                                     const char* family) {
+  std::vector<int32_t> start(static_cast<std::size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t i = b * T + t, p = positions[i];
+      if (!(p == 0 || (t > 0 && p == positions[i - 1] + 1))) {
+        throw Error(std::string(family) + ": position_ids[" + std::to_string(b) + ", " +
+                    std::to_string(t) + "] = " + std::to_string(p) +
+                    " (expected 0, or the previous position + 1)");
+      }
+      start[static_cast<std::size_t>(i)] = static_cast<int32_t>(t - p);
+    }
+  }
+  return start;
+}
+
 Error CausalLm::fused_logits_error() const {
   return Error(std::string(family_name()) +
                ": last_logits() is unavailable with model.fused_linear_cross_entropy = true (the "
                "LM head keeps no [tokens, vocabulary] logits; set it to false to read them)");
 }
 
+void CausalLm::set_documents(const Documents& docs) {
+  if (docs.positions && !supports_documents()) {
+    throw Error(std::string(family_name()) +
+                ": document masking (data.attn_mask_type = \"block_causal\") is not supported "
+                "by this model family");
+  }
+  docs_ = docs;
+}
+
 void CausalLm::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
                                 int64_t T, float grad_scale, ModuleHooks& hooks,
-                                const TensorView& loss) {
+                                const TensorView& loss, const Documents& docs) {
+  set_documents(docs);
   forward(tokens, targets, B, T, hooks, true, grad_scale, loss);
   backward(B, T, hooks, grad_scale, loss);
+  docs_ = {};
 }
 
 void CausalLm::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                            ModuleHooks& hooks, const TensorView& loss) {
+                            ModuleHooks& hooks, const TensorView& loss, const Documents& docs) {
+  set_documents(docs);
   forward(tokens, targets, B, T, hooks, false, 1.f, loss);
+  docs_ = {};
 }
+
+namespace {
+Documents documents_of(const data::Batch& batch) {
+  if (batch.position_ids.empty()) return {};
+  if (static_cast<int64_t>(batch.position_ids.size()) != batch.B * batch.L) {
+    throw Error("a batch's position_ids have " + std::to_string(batch.position_ids.size()) +
+                " entries for " + std::to_string(batch.B) + " rows of " +
+                std::to_string(batch.L) + " tokens");
+  }
+  return {batch.position_ids.data(), batch.reset_position_ids};
+}
+}  // namespace
 
 void CausalLm::forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
                                 const TensorView& loss) {
   require_causal(batch, family_name());
   forward_backward(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, grad_scale, hooks,
-                   loss);
+                   loss, documents_of(batch));
 }
 
 void CausalLm::forward_loss(const data::Batch& batch, ModuleHooks& hooks, const TensorView& loss) {
   require_causal(batch, family_name());
-  forward_loss(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, hooks, loss);
+  forward_loss(batch.inputs.data(), batch.targets.data(), batch.B, batch.L, hooks, loss,
+               documents_of(batch));
 }
 
 }  // namespace fsdp

@@ -50,6 +50,9 @@ struct Gpt2Model::Acts {
   Layer& layer(int64_t l) { return layers[static_cast<std::size_t>(checkpointing.buffer_set(l))]; }
   // logits [BT,Vp] (dlogits after CE); [chunk,Vp] under model.fused_linear_cross_entropy
   DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;
+  // Document masking (Documents; allocated by the first forward that has them): each token's
+  // position in its document and its document's first position in the row, int32 [BT].
+  DeviceBuffer doc_pos, doc_start;
   // Backward scratch. dfc [BT,4C] also holds GELU(fc) where only one block needs it: in
   // forward each block's, read by its c_proj GEMM; in backward the block's own, recomputed
   // from its fc for the c_proj weight gradient before dfc is overwritten (torch.compile's
@@ -109,7 +112,7 @@ struct ActCounts {
   int64_t act = 0, f32 = 0, i32 = 0;
 };
 ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T,
-                     ActivationCheckpointing checkpointing) {
+                     ActivationCheckpointing checkpointing, DocumentMasking docs) {
   const int64_t BT = B * T, C = c.n_embd, H = c.n_head, V = c.padded_vocab(), L = c.n_layer;
   const int64_t S = checkpointing.buffer_sets(L);
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, V);  // BT, or one chunk
@@ -120,13 +123,15 @@ ActCounts act_counts(const Gpt2Config& c, int64_t B, int64_t T,
           + BT * C * 2 + BT * 3 * C + BT * 4 * C;                        // backward scratch
   n.f32 = S * (4 * BT + B * H * T) + 2 * BT;  // LN mean/rstd, attention lse
   n.i32 = 2 * BT;                                 // tokens, targets
+  if (docs.enabled) n.i32 += 2 * BT;              // doc_pos, doc_start
   return n;
 }
 }  // namespace
 
 int64_t Gpt2Model::activation_bytes(const Gpt2Config& c, int64_t B, int64_t T, DType act,
-                                    ActivationCheckpointing activation_checkpointing) {
-  const ActCounts n = act_counts(c, B, T, activation_checkpointing);
+                                    ActivationCheckpointing activation_checkpointing,
+                                    DocumentMasking docs) {
+  const ActCounts n = act_counts(c, B, T, activation_checkpointing, docs);
   return n.act * static_cast<int64_t>(dtype_size(act)) + 4 * n.f32 + 4 * n.i32;
 }
 
@@ -162,6 +167,10 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
   acts_ = std::move(a);
 }
 
+TensorView Gpt2Model::doc_start(int64_t BT) const {
+  return docs_on_.enabled ? acts_->doc_start.view({BT}) : TensorView{};
+}
+
 void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host, int64_t B,
                         int64_t T, ModuleHooks& hooks, bool with_backward, float grad_scale,
                         const TensorView& loss) {
@@ -176,10 +185,30 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
   rt_.copy_from_host(tokens, tokens_host);
   rt_.copy_from_host(targets, targets_host);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
+  docs_on_ = {docs_.positions != nullptr, docs_.positions != nullptr && docs_.reset_positions};
+  if (docs_on_.enabled) {  // the documents' positions and starts (buffers sized as the rest)
+    if (!a.doc_start) {
+      a.doc_pos = DeviceBuffer(rt_, DType::i32, a.B * a.T, MemCategory::activations);
+      a.doc_start = DeviceBuffer(rt_, DType::i32, a.B * a.T, MemCategory::activations);
+    }
+    rt_.copy_from_host(a.doc_pos.view({BT}), docs_.positions);
+    rt_.copy_from_host(a.doc_start.view({BT}),
+                       document_starts(docs_.positions, B, T, family_name()).data());
+  }
 
-  // embeddings: res[0] [B,T,C] = wte[tokens] + wpe[0:T]
+  // embeddings: res[0] [B,T,C] = wte[tokens] + wpe[0:T], or under reset positions wte[tokens]
+  // + wpe[positions] (two lookups and an add, in the dln scratch: HF's inputs_embeds +
+  // position_embeds)
   hooks.pre_forward(0);
-  be_.embedding_forward(rows(a.res[0], C), tokens, hooks.param(kWte), hooks.param(kWpe), B, T, C);
+  if (docs_on_.reset_positions) {
+    be_.embedding_lookup_forward(rows(a.res[0], C), tokens.reshape({BT}), hooks.param(kWte), BT,
+                                 C);
+    be_.embedding_lookup_forward(rows(a.dln, C), a.doc_pos.view({BT}), hooks.param(kWpe), BT, C);
+    be_.add(rows(a.res[0], C), rows(a.res[0], C), rows(a.dln, C));
+  } else {
+    be_.embedding_forward(rows(a.res[0], C), tokens, hooks.param(kWte), hooks.param(kWpe), B, T,
+                          C);
+  }
   hooks.post_forward(0);
 
   for (int64_t l = 0; l < L; ++l) {
@@ -247,7 +276,7 @@ void Gpt2Model::block_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
                         W(kLn1B), BT, C, eps);
   // qkv [BT,3C] = ln1 [BT,C] @ c_attn.weight[3C,C]^T + bias (the bias in the GEMM's epilogue)
   be_.gemm_bias(false, true, BT, 3 * C, C, ln1, W(kAttnW), W(kAttnB), qkv);
-  be_.attention_forward(atty, ly.lse.view({B, H, T}), qkv, B, T, C, H);
+  be_.attention_forward(atty, ly.lse.view({B, H, T}), qkv, B, T, C, H, doc_start(BT));
   // res2 [BT,C] = x + atty @ c_proj.weight[C,C]^T + bias
   // ln2 = LayerNorm(res2), in the same pass as the bias and the residual
   be_.gemm(false, true, BT, C, C, 1.f, atty, W(kAttnProjW), 0.f, res2);
@@ -328,7 +357,7 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_sc
                               G(kAttnProjB));
     be_.gemm(false, false, BT, C, C, 1.f, dres, W(kAttnProjW), 0.f, dln);     // d atty
     be_.attention_backward(dqkv, dln, rows(ly.qkv, 3 * C), rows(ly.atty, C),
-                           ly.lse.view({B, H, T}), B, T, C, H);
+                           ly.lse.view({B, H, T}), B, T, C, H, doc_start(BT));
     // ln_1's output again (Acts::dln, free after attention_backward), for c_attn's gradients
     be_.layernorm_forward(dln, ly.ln1_mean.view({BT}), ly.ln1_rstd.view({BT}), rows(a.res[l], C),
                           W(kLn1W), W(kLn1B), BT, C, eps);
@@ -340,7 +369,12 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_sc
   }
 
   hooks.pre_backward(0);
-  be_.embedding_backward(hooks.grad(kWte), hooks.grad(kWpe), dres, tokens, B, T, C);
+  if (docs_on_.reset_positions) {
+    be_.embedding_lookup_backward(hooks.grad(kWte), dres, tokens.reshape({BT}), BT, C);
+    be_.embedding_lookup_backward(hooks.grad(kWpe), dres, a.doc_pos.view({BT}), BT, C);
+  } else {
+    be_.embedding_backward(hooks.grad(kWte), hooks.grad(kWpe), dres, tokens, B, T, C);
+  }
   hooks.post_backward(0);
 }
 
@@ -399,7 +433,8 @@ class Gpt2Family final : public ModelFamily {
   }
   int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
                            DType act, ActivationCheckpointing checkpointing) const override {
-    return Gpt2Model::activation_bytes(Gpt2Config::from(c), rows, shape.L, act, checkpointing);
+    return Gpt2Model::activation_bytes(Gpt2Config::from(c), rows, shape.L, act, checkpointing,
+                                       {shape.block_causal, shape.reset_position_ids});
   }
   int64_t vocab_size(const ModelConfig& c) const override { return Gpt2Config::from(c).vocab_size; }
   // Per token: c_attn 3C^2 + attn.c_proj C^2 + mlp 8C^2 per layer and the tied LM head V C

@@ -375,14 +375,14 @@ void GraphedKernels::gemm_weight_bias_grad(bool tb, int64_t M, int64_t N, int64_
 }
 void GraphedKernels::attention_forward(const TensorView& out, const TensorView& lse,
                                        const TensorView& qkv, int64_t B, int64_t T, int64_t C,
-                                       int64_t H) {
-  FSDP_RECORD(attention_forward, out, lse, qkv, B, T, C, H);
+                                       int64_t H, const TensorView& doc_start) {
+  FSDP_RECORD(attention_forward, out, lse, qkv, B, T, C, H, doc_start);
 }
 void GraphedKernels::attention_backward(const TensorView& dqkv, const TensorView& dout,
                                         const TensorView& qkv, const TensorView& out,
                                         const TensorView& lse, int64_t B, int64_t T, int64_t C,
-                                        int64_t H) {
-  FSDP_RECORD(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, H);
+                                        int64_t H, const TensorView& doc_start) {
+  FSDP_RECORD(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, H, doc_start);
 }
 void GraphedKernels::cross_entropy_forward_backward(const TensorView& loss,
                                                     const TensorView& logits,
@@ -488,8 +488,9 @@ void GraphedKernels::gqa_attention_forward(const TensorView& out, const TensorVi
                                            const TensorView& q, const TensorView& k,
                                            const TensorView& v, int64_t B, int64_t T, int64_t H,
                                            int64_t Hkv, int64_t D, float scale, int64_t window,
-                                           float softcap) {
-  FSDP_RECORD(gqa_attention_forward, out, lse, q, k, v, B, T, H, Hkv, D, scale, window, softcap);
+                                           float softcap, const TensorView& doc_start) {
+  FSDP_RECORD(gqa_attention_forward, out, lse, q, k, v, B, T, H, Hkv, D, scale, window, softcap,
+              doc_start);
 }
 void GraphedKernels::gqa_attention_backward(const TensorView& dq, const TensorView& dk,
                                             const TensorView& dv, const TensorView& dout,
@@ -497,9 +498,9 @@ void GraphedKernels::gqa_attention_backward(const TensorView& dq, const TensorVi
                                             const TensorView& v, const TensorView& out,
                                             const TensorView& lse, int64_t B, int64_t T, int64_t H,
                                             int64_t Hkv, int64_t D, float scale, int64_t window,
-                                            float softcap) {
+                                            float softcap, const TensorView& doc_start) {
   FSDP_RECORD(gqa_attention_backward, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, scale,
-              window, softcap);
+              window, softcap, doc_start);
 }
 void GraphedKernels::moe_router_forward(const TensorView& idx, const TensorView& weights,
                                         const TensorView& logits, int64_t R, int64_t E, int64_t K,

@@ -1253,6 +1253,12 @@ struct LlamaModel::Acts {
   // backward (pad_token_id). Empty otherwise.
   DeviceBuffer ones, norm_w;
   DeviceBuffer tokens_dev, targets_dev;          // [BT] int32
+  // Document masking (Documents; allocated by the first forward that has them): each
+  // token's position in its document and its document's first position in the row (t minus
+  // it: gqa_attention's doc_start), int32 [BT]; under reset_positions the RoPE tables' rows
+  // at those positions, fp32 [BT, R/2] (and the sliding layers' under local_rope()). Empty
+  // otherwise.
+  DeviceBuffer doc_pos, doc_start, pos_cos, pos_sin, pos_local_cos, pos_local_sin;
 };
 
 namespace {
@@ -1299,7 +1305,7 @@ bool temperature_table(const LlamaConfig& c, int64_t T) {
 // Element counts of what ensure_buffers allocates, by storage class: one table for the
 // allocation and the memory plan.
 ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
-                     ActivationCheckpointing checkpointing) {
+                     ActivationCheckpointing checkpointing, DocumentMasking docs) {
   const int64_t BT = B * T, C = c.hidden_size, H = c.num_attention_heads, D = c.head_size();
   const int64_t Q = H * D, KV = c.kv_heads() * D, Vp = c.padded_vocab();
   const std::vector<BufferSet> sets = buffer_sets(c, BT, checkpointing);
@@ -1328,6 +1334,8 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
     n.f32 += S * BT * (c.qk_norm_per_head() ? H + c.kv_heads() : 2);  // q_rstd, k_rstd
   }
   n.i32 = 2 * BT;
+  if (docs.enabled) n.i32 += 2 * BT;                                          // doc_pos, doc_start
+  if (docs.reset_positions) n.f32 += rope_tables * 2 * BT * (R / 2);          // pos_cos, pos_sin
   if (c.mla()) {  // per set: q_a_proj's output, c and their norms' statistics; the scratch
     const int64_t H = c.num_attention_heads, ql = c.q_lora_rank, r = c.kv_lora_rank;
     n.act += S * BT * (ql + r) +
@@ -1360,8 +1368,9 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
 }  // namespace
 
 int64_t LlamaModel::activation_bytes(const LlamaConfig& c, int64_t B, int64_t T, DType act,
-                                     ActivationCheckpointing checkpointing) {
-  const ActCounts n = act_counts(c, B, T, checkpointing);  // (router logits' dtype included)
+                                     ActivationCheckpointing checkpointing,
+                                     DocumentMasking docs) {
+  const ActCounts n = act_counts(c, B, T, checkpointing, docs);  // (router logits' dtype included)
   return n.act * static_cast<int64_t>(dtype_size(act)) + 4 * n.f32 + 4 * n.i32;
 }
 
@@ -1516,6 +1525,57 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   acts_ = std::move(a);
 }
 
+void LlamaModel::upload_documents(int64_t B, int64_t T) {
+  Acts& a = *acts_;
+  docs_on_ = {docs_.positions != nullptr, docs_.positions != nullptr && docs_.reset_positions};
+  if (!docs_on_.enabled) return;
+  const int64_t BT = B * T, NB = a.B * a.T, half = cfg_.rotary_dim() / 2;
+  const auto cat = MemCategory::activations;
+  if (!a.doc_start) {  // sized for the largest micro-batch, as ensure_buffers' buffers
+    a.doc_pos = DeviceBuffer(rt_, DType::i32, NB, cat);
+    a.doc_start = DeviceBuffer(rt_, DType::i32, NB, cat);
+  }
+  if (docs_on_.reset_positions && !a.pos_cos) {
+    a.pos_cos = DeviceBuffer(rt_, DType::f32, NB * half, cat);
+    a.pos_sin = DeviceBuffer(rt_, DType::f32, NB * half, cat);
+    if (cfg_.local_rope()) {
+      a.pos_local_cos = DeviceBuffer(rt_, DType::f32, NB * half, cat);
+      a.pos_local_sin = DeviceBuffer(rt_, DType::f32, NB * half, cat);
+    }
+  }
+  const std::vector<int32_t> start = document_starts(docs_.positions, B, T, family_name());
+  const TensorView positions = a.doc_pos.view({BT});
+  rt_.copy_from_host(positions, docs_.positions);
+  rt_.copy_from_host(a.doc_start.view({BT}), start.data());
+  if (docs_on_.reset_positions) {  // each token's row of the tables, at its position
+    auto gather = [&](const DeviceBuffer& out, const DeviceBuffer& table) {
+      be_.embedding_lookup_forward(out.view({BT, half}), positions, table.view({T, half}), BT,
+                                   half);
+    };
+    gather(a.pos_cos, a.rope_cos);
+    gather(a.pos_sin, a.rope_sin);
+    if (cfg_.local_rope()) {
+      gather(a.pos_local_cos, a.rope_local_cos);
+      gather(a.pos_local_sin, a.rope_local_sin);
+    }
+  }
+}
+
+LlamaModel::RopeTables LlamaModel::rope_tables(bool local, int64_t B, int64_t T) const {
+  const Acts& a = *acts_;
+  const int64_t half = cfg_.rotary_dim() / 2;
+  if (docs_on_.reset_positions) {
+    return {(local ? a.pos_local_cos : a.pos_cos).view({B * T, half}),
+            (local ? a.pos_local_sin : a.pos_sin).view({B * T, half}), 1, B * T};
+  }
+  return {(local ? a.rope_local_cos : a.rope_cos).view({T, half}),
+          (local ? a.rope_local_sin : a.rope_sin).view({T, half}), B, T};
+}
+
+TensorView LlamaModel::doc_start(int64_t BT) const {
+  return docs_on_.enabled ? acts_->doc_start.view({BT}) : TensorView{};
+}
+
 TensorView LlamaModel::last_logits() const {
   if (cfg_.fused_lce.enabled) throw fused_logits_error();
   if (!acts_ || last_rows_ == 0) return {};
@@ -1552,6 +1612,7 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
   const TensorView tokens = a.tokens_dev.view({BT}), targets = a.targets_dev.view({BT});
   rt_.copy_from_host(tokens, tokens_host);
   rt_.copy_from_host(targets, targets_host);
+  upload_documents(B, T);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
 
   training_forward_ = with_backward;
@@ -1632,10 +1693,8 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
                    k = rows(y.k, KV), v = rows(y.v, KV), atty = rows(y.atty, Q),
                    res2 = rows(y.res2, C), gate = y.gate.view({MR, I}),
                    up = dense_up(y.gate, y.up, MR, I), act = a.dI1.view({MR, I});  // Acts::dI1
-  const bool local = cfg_.layer_local_rope(l);
   const int64_t R = cfg_.rotary_dim();  // RoPE's rotated columns of a head; R/2 frequencies
-  const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, R / 2}),
-                   sin = (local ? a.rope_local_sin : a.rope_sin).view({T, R / 2});
+  const RopeTables rope = rope_tables(cfg_.layer_local_rope(l), B, T);
   // out [BT,n] = inp [BT,m] @ W[n,m]^T (+ b)
   auto linear = [&](const TensorView& out, const TensorView& inp, int w, int b, int64_t n,
                     int64_t m) {
@@ -1663,12 +1722,12 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
     }
     linear(v, xin, x.v_w, x.v_b, KV, C);
     if (cfg_.layer_rope(l)) {  // not on SmolLM3's NoPE layers
-      be_.rope_forward(q, q, cos, sin, B, T, H, D, R);
-      be_.rope_forward(k, k, cos, sin, B, T, Hkv, D, R);
+      be_.rope_forward(q, q, rope.cos, rope.sin, rope.B, rope.T, H, D, R);
+      be_.rope_forward(k, k, rope.cos, rope.sin, rope.B, rope.T, Hkv, D, R);
     }
     be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, Hkv, D,
                               cfg_.attention_scale(), cfg_.layer_window(l),
-                              cfg_.attention_softcap());
+                              cfg_.attention_softcap(), doc_start(BT));
     // gpt-oss's sinks: out and lse become the softmax-with-sink's (the backward reads both)
     if (cfg_.attention_sinks()) {
       be_.attention_sink_forward(atty, y.lse.view({B, H, T}), W(x.sinks), B, T, H, D);
@@ -1817,14 +1876,14 @@ void LlamaModel::mla_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks
                    H, m.dn, false);
   m.rope(be_, k, ckv, BT, ckv_w, m.r, /*hf_group=*/0, /*to_ours=*/true);  // one k_rope, H copies
   const int64_t R = cfg_.rotary_dim();
-  const TensorView cos = a.rope_cos.view({T, R / 2}), sin = a.rope_sin.view({T, R / 2});
-  be_.rope_forward(q, q, cos, sin, B, T, H, D, R);
-  be_.rope_forward(k, k, cos, sin, B, T, H, D, R);
+  const RopeTables rope = rope_tables(false, B, T);
+  be_.rope_forward(q, q, rope.cos, rope.sin, rope.B, rope.T, H, D, R);
+  be_.rope_forward(k, k, rope.cos, rope.sin, rope.B, rope.T, H, D, R);
   rt_.fill_zero(v);
   be_.strided_copy(v, MlaLayout::at(H * D, 0, D), kv, MlaLayout::at(kv_w, m.dn, m.dn + m.dv), BT,
                    H, m.dv, false);
   be_.gqa_attention_forward(atty, y.lse.view({B, H, T}), q, k, v, B, T, H, H, D,
-                            cfg_.attention_scale(), 0, 0.f);
+                            cfg_.attention_scale(), 0, 0.f, doc_start(BT));
   // o_proj's input: each head's first dv columns
   be_.strided_copy(a.mla_o.view({BT, H * m.dv}), MlaLayout::at(H * m.dv, 0, m.dv), atty,
                    MlaLayout::at(H * D, 0, D), BT, H, m.dv, false);
@@ -1868,11 +1927,11 @@ void LlamaModel::mla_backward(int64_t l, int64_t B, int64_t T, ModuleHooks& hook
   be_.strided_copy(datty, MlaLayout::at(H * D, 0, D), o, MlaLayout::at(Qo, 0, m.dv), BT, H, m.dv,
                    false);
   be_.gqa_attention_backward(dq, dk, dv, datty, q, k, v, atty, y.lse.view({B, H, T}), B, T, H, H,
-                             D, cfg_.attention_scale(), 0, 0.f);
+                             D, cfg_.attention_scale(), 0, 0.f, doc_start(BT));
   const int64_t R = cfg_.rotary_dim();
-  const TensorView cos = a.rope_cos.view({T, R / 2}), sin = a.rope_sin.view({T, R / 2});
-  be_.rope_backward(dq, dq, cos, sin, B, T, H, D, R);
-  be_.rope_backward(dk, dk, cos, sin, B, T, H, D, R);
+  const RopeTables rope = rope_tables(false, B, T);
+  be_.rope_backward(dq, dq, rope.cos, rope.sin, rope.B, rope.T, H, D, R);
+  be_.rope_backward(dk, dk, rope.cos, rope.sin, rope.B, rope.T, H, D, R);
   // d q in HF's layout (into the free datty); d kv (into mla_kv); d [c | k_rope] (mla_ckv):
   // k_rope's gradient summed over the heads
   const TensorView dq_hf = datty;
@@ -2343,7 +2402,8 @@ void LlamaModel::chunked_attention_forward(int64_t l, int64_t B, int64_t T, cons
   for_chunks(B, T, H, cfg_.layer_chunk(l), [&](int64_t r0, int64_t b, int64_t t, int64_t l0) {
     be_.gqa_attention_forward(out.slice(r0 * Q, b * t * Q), lse.slice(l0, b * H * t),
                               q.slice(r0 * Q, b * t * Q), k.slice(r0 * KV, b * t * KV),
-                              v.slice(r0 * KV, b * t * KV), b, t, H, Hkv, D, scale, 0, 0.f);
+                              v.slice(r0 * KV, b * t * KV), b, t, H, Hkv, D, scale, 0, 0.f,
+                              TensorView{});  // (Llama 4 has no document masking)
   });
 }
 
@@ -2359,7 +2419,8 @@ void LlamaModel::chunked_attention_backward(int64_t l, int64_t B, int64_t T, con
     auto sq = [&](const TensorView& x) { return x.slice(r0 * Q, b * t * Q); };
     auto skv = [&](const TensorView& x) { return x.slice(r0 * KV, b * t * KV); };
     be_.gqa_attention_backward(sq(dq), skv(dk), skv(dv), sq(dout), sq(q), skv(k), skv(v), sq(out),
-                               lse.slice(l0, b * H * t), b, t, H, Hkv, D, scale, 0, 0.f);
+                               lse.slice(l0, b * H * t), b, t, H, Hkv, D, scale, 0, 0.f,
+                               TensorView{});
   });
 }
 
@@ -2599,10 +2660,8 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     const bool recompute = checkpointing_.recomputes(l);
     if (recompute) layer_forward(l, B, T, hooks, /*write_output=*/false);
     const LayerNorms nw = layer_norms(rt_, cfg_, x, W, a.ones, a.norm_w);
-    const bool local = cfg_.layer_local_rope(l);
     const int64_t R = cfg_.rotary_dim();
-    const TensorView cos = (local ? a.rope_local_cos : a.rope_cos).view({T, R / 2}),
-                     sin = (local ? a.rope_local_sin : a.rope_sin).view({T, R / 2});
+    const RopeTables rope = rope_tables(cfg_.layer_local_rope(l), B, T);
     // Linear out = inp @ W^T + b, given dout: dW += dout^T inp, db += sum dout
     // (linear_wgrad), and din (=, or += when `accumulate`) dout @ W (linear_dgrad); `alpha`
     // scales dout (Granite's residual_multiplier on o_proj and down_proj; no bias then).
@@ -2703,10 +2762,10 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     be_.gqa_attention_backward(dq, dk, dv, datty, rows(y.q, Q), rows(y.k, KV), rows(y.v, KV),
                                rows(y.atty, Q), y.lse.view({B, H, T}), B, T, H, Hkv, D,
                                cfg_.attention_scale(), cfg_.layer_window(l),
-                               cfg_.attention_softcap());
+                               cfg_.attention_softcap(), doc_start(BT));
     if (cfg_.layer_rope(l)) {
-      be_.rope_backward(dq, dq, cos, sin, B, T, H, D, R);
-      be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D, R);
+      be_.rope_backward(dq, dq, rope.cos, rope.sin, rope.B, rope.T, H, D, R);
+      be_.rope_backward(dk, dk, rope.cos, rope.sin, rope.B, rope.T, Hkv, D, R);
     }
     // The projections' gradients: d q and d k, or under qk_norm() d q_raw into datty (free
     // since the attention's backward) and d k_raw into dq (free once q_norm's backward has
@@ -2825,6 +2884,20 @@ class LlamaFamily final : public ModelFamily {
     const LlamaConfig g = LlamaConfig::from(c.model);
     const auto& a = args();
     const auto n = [](int64_t v) { return std::to_string(v); };
+    // Document masking: not Llama 4's chunks and temperature (positions in the row); with
+    // reset positions not longrope, whose factors HF picks by the largest position id (ours:
+    // by the row's length)
+    if (c.data.attn_mask_type == AttnMaskType::block_causal && g.llama4()) {
+      throw fail("data.attn_mask_type",
+                 "\"block_causal\" is not supported by model.type = \"" + type() +
+                     "\" (its chunked attention and temperature read positions in the row; "
+                     "expected \"causal\")");
+    }
+    if (c.data.reset_position_ids && g.rope_type == LlamaConfig::RopeType::longrope) {
+      throw fail("data.reset_position_ids",
+                 "true is not supported with longrope (HF picks its factors by the largest "
+                 "position id; expected false)");
+    }
     const bool has_head_dim = has_head_dim_key(arch_);
     if (g.head_dim == 0 && g.hidden_size % g.num_attention_heads != 0) {
       throw fail(a.key(&LlamaConfig::hidden_size),
@@ -2938,7 +3011,8 @@ class LlamaFamily final : public ModelFamily {
   }
   int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
                            DType act, ActivationCheckpointing checkpointing) const override {
-    return LlamaModel::activation_bytes(LlamaConfig::from(c), rows, shape.L, act, checkpointing);
+    return LlamaModel::activation_bytes(LlamaConfig::from(c), rows, shape.L, act, checkpointing,
+                                        {shape.block_causal, shape.reset_position_ids});
   }
   int64_t vocab_size(const ModelConfig& c) const override { return LlamaConfig::from(c).vocab_size; }
   // Per token per layer: q, k, v, o (C (2Q + 2KV) multiply-adds; MLA's own projections) and the

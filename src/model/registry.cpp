@@ -94,22 +94,38 @@ void check_sizes(const Config& c) {
   }
 }
 
+namespace {
+// The data keys that must fit the model: an EOS id of document masking inside its vocabulary
+// (the family's, whatever key spells it). Throws InputError naming data.eos_token_id.
+void check_data_fits_model(const Config& c) {
+  const int64_t V = model_family(c.model.type).vocab_size(c.model);
+  if (c.data.eos_token_id >= V) {
+    throw InputError("data.eos_token_id: " + std::to_string(c.data.eos_token_id) +
+                     " is out of range (expected -1 <= x < the model's vocabulary size " +
+                     std::to_string(V) + ")");
+  }
+}
+}  // namespace
+
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides) {
   Config c = parse_config(toml_text, origin, overrides, model_schemas());
   check_sizes(c);
+  check_data_fits_model(c);
   return c;
 }
 
 Config load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
   Config c = load_config(toml_path, overrides, model_schemas());
   check_sizes(c);
+  check_data_fits_model(c);
   return c;
 }
 
 void check_config(const Config& config) {
   check_config(config, model_schemas());
   check_sizes(config);
+  check_data_fits_model(config);
 }
 
 nlohmann::json model_config_json(const ModelConfig& c) {

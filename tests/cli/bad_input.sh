@@ -120,6 +120,25 @@ case "$CASE" in
     expect_input_error "data.paths[0]: $WORK/tokens.h5" "vocab_size"
     if [ -e "$WORK/run/checkpoints" ]; then fail "a refused run created checkpoints"; fi
     ;;
+  document_masking_errors)
+    # data.attn_mask_type = "block_causal" (docs/data.md "Document masking"): a byte-level file
+    # has no eos_id, synthetic data no EOS, an EOS id outside the vocabulary, reset positions
+    # without the mask: each one line naming the key (and the file); nothing written.
+    make_token_file
+    tiny_config good.toml
+    run_train good.toml --set data.source=hdf5 --set data.path="$WORK/tokens.h5" \
+      --set data.attn_mask_type=block_causal
+    expect_input_error "data.attn_mask_type" "tokens.h5 has no eos_id"
+    run_train good.toml --set data.attn_mask_type=block_causal
+    expect_input_error "data.attn_mask_type" "synthetic data has no EOS; set data.eos_token_id"
+    run_train good.toml --set data.attn_mask_type=block_causal --set data.eos_token_id=256
+    expect_input_error "data.eos_token_id: 256 is out of range"
+    run_train good.toml --set data.reset_position_ids=true
+    expect_input_error "data.reset_position_ids" "block_causal"
+    run_train good.toml --set data.attn_mask_type=document
+    expect_input_error "data.attn_mask_type" "unknown value"
+    if [ -e "$WORK/run/checkpoints" ]; then fail "a refused run created checkpoints"; fi
+    ;;
   not_hdf5_file)
     tiny_config good.toml
     printf 'this is plain text, not an HDF5 file\n' >garbage.h5

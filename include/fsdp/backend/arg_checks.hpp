@@ -298,9 +298,10 @@ struct ArgChecks {
   }
   static void attention_forward(const TensorView& out, const TensorView& lse,
                                 const TensorView& qkv, int64_t B, int64_t T, int64_t C,
-                                int64_t H) {
+                                int64_t H, const TensorView& doc_start) {
     const char* k = "attention_forward";
     attention_dims(k, B, T, C, H);
+    if (doc_start) need_dtype(k, "doc_start", doc_start, DType::i32, B * T);
     need_float(k, "out", out, B * T * C);
     need_dtype(k, "lse", lse, DType::f32, B * H * T);
     need_float(k, "qkv", qkv, B * T * 3 * C);
@@ -308,9 +309,10 @@ struct ArgChecks {
   static void attention_backward(const TensorView& dqkv, const TensorView& dout,
                                  const TensorView& qkv, const TensorView& out,
                                  const TensorView& lse, int64_t B, int64_t T, int64_t C,
-                                 int64_t H) {
+                                 int64_t H, const TensorView& doc_start) {
     const char* k = "attention_backward";
     attention_dims(k, B, T, C, H);
+    if (doc_start) need_dtype(k, "doc_start", doc_start, DType::i32, B * T);
     need_float(k, "dqkv", dqkv, B * T * 3 * C);
     need_float(k, "dout", dout, B * T * C);
     need_float(k, "qkv", qkv, B * T * 3 * C);
@@ -546,8 +548,8 @@ struct ArgChecks {
     }
   }
   // gqa_attention_forward/backward: dimensions, the window, the soft-cap, Hkv >= 1 dividing H,
-  // then `limits` (may be null; the backend's own check of mha_forward, called with Tq = Tk =
-  // T), then the views.
+  // doc_start (null, or int32 [B,T]), then `limits` (may be null; the backend's own check of
+  // mha_forward, called with Tq = Tk = T), then the views.
   static void gqa_dims(const char* k, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
                        int64_t window, float softcap, MhaLimits limits) {
     dim(k, "B", B);
@@ -567,9 +569,10 @@ struct ArgChecks {
                                     const TensorView& q, const TensorView& kv_k,
                                     const TensorView& v, int64_t B, int64_t T, int64_t H,
                                     int64_t Hkv, int64_t D, int64_t window, float softcap,
-                                    MhaLimits limits = nullptr) {
+                                    const TensorView& doc_start, MhaLimits limits = nullptr) {
     const char* k = "gqa_attention_forward";
     gqa_dims(k, B, T, H, Hkv, D, window, softcap, limits);
+    if (doc_start) need_dtype(k, "doc_start", doc_start, DType::i32, B * T);
     const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
     need_float(k, "out", out, nq);
     need_dtype(k, "lse", lse, DType::f32, B * H * T);
@@ -583,9 +586,10 @@ struct ArgChecks {
                                      const TensorView& v, const TensorView& out,
                                      const TensorView& lse, int64_t B, int64_t T, int64_t H,
                                      int64_t Hkv, int64_t D, int64_t window, float softcap,
-                                     MhaLimits limits = nullptr) {
+                                     const TensorView& doc_start, MhaLimits limits = nullptr) {
     const char* k = "gqa_attention_backward";
     gqa_dims(k, B, T, H, Hkv, D, window, softcap, limits);
+    if (doc_start) need_dtype(k, "doc_start", doc_start, DType::i32, B * T);
     const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
     need_float(k, "dq", dq, nq);
     need_float(k, "dk", dk, nk);

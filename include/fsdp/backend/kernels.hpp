@@ -213,17 +213,18 @@ class Kernels {
   // Causal multi-head self-attention core (no projections), GPT-2 layout.
   // qkv: [B,T,3C] with q = qkv[..., 0:C], k = [C:2C], v = [2C:3C], head h uses columns
   // [h*hs, (h+1)*hs) of each, hs = C/H (C % H != 0 throws). Scores scaled by 1/sqrt(hs),
-  // key j visible to query i iff j <= i. Writes out: [B,T,C] (heads concatenated) and
-  // lse: fp32 [B,H,T], both saved for backward.
+  // key j visible to query i iff j <= i and, with doc_start (document masking: int32 [B,T]
+  // or a null view, as gqa_attention_forward's below), j >= doc_start[b,i]. Writes out:
+  // [B,T,C] (heads concatenated) and lse: fp32 [B,H,T], both saved for backward.
   virtual void attention_forward(const TensorView& out, const TensorView& lse,
                                  const TensorView& qkv, int64_t B, int64_t T, int64_t C,
-                                 int64_t H) = 0;
+                                 int64_t H, const TensorView& doc_start) = 0;
   // Writes dqkv: [B,T,3C] (dq, dk, dv in the layout of qkv) from dout: [B,T,C], using qkv,
-  // out and lse from forward.
+  // out and lse from forward (the same doc_start).
   virtual void attention_backward(const TensorView& dqkv, const TensorView& dout,
                                   const TensorView& qkv, const TensorView& out,
                                   const TensorView& lse, int64_t B, int64_t T, int64_t C,
-                                  int64_t H) = 0;
+                                  int64_t H, const TensorView& doc_start) = 0;
 
   // Softmax cross-entropy over V classes for R rows, fused with its gradient, in fp32.
   // logits: [R,ld] with row stride ld >= V: the first V columns of a row are its classes, the
@@ -425,21 +426,31 @@ class Kernels {
   // mask), Hkv == 1 is MQA. softcap > 0 (Gemma 2's attn_logit_softcapping; HF's eager
   // Gemma 2 attention: scores / cap, tanh, * cap before the mask) replaces each score s by
   // softcap * tanh(s / softcap); 0: none; negative or not finite throws.
+  // doc_start (document masking; torchtitan's "block_causal" mask, HF's padding-free packing
+  // with position_ids under flash_attention_2's varlen kernels): int32 [B,T], the first
+  // position of query t's document in row b; key j is also masked for query t when j <
+  // doc_start[b,t]. Each row must be nondecreasing with 0 <= doc_start[b,t] <= t (the model
+  // builds it so: t minus the token's position in its document); the kernels skip the key
+  // tiles left of a query tile's first start. A null view (TensorView{}): no document mask.
+  // A view that is not int32 or has fewer than B*T elements throws fsdp::Error.
   // Writes out: [B,T,H*D] and lse: fp32 [B,H,T] (saved for backward).
   virtual void gqa_attention_forward(const TensorView& out, const TensorView& lse,
                                      const TensorView& q, const TensorView& k, const TensorView& v,
                                      int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                                     float scale, int64_t window, float softcap) = 0;
+                                     float scale, int64_t window, float softcap,
+                                     const TensorView& doc_start) = 0;
   // WRITES dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] from dout: [B,T,H*D] using q, k, v, out, lse of
-  // forward (the same scale, window and softcap). dk/dv of a kv head are the sum over its group's
-  // H/Hkv query heads, in ascending head order, in fp32, deterministic (no atomics) on both
-  // backends (= mha_backward's dk/dv of k, v repeated H/Hkv times, summed over each group).
+  // forward (the same scale, window, softcap and doc_start). dk/dv of a kv head are the sum
+  // over its group's H/Hkv query heads, in ascending head order, in fp32, deterministic (no
+  // atomics) on both backends (= mha_backward's dk/dv of k, v repeated H/Hkv times, summed over
+  // each group).
   virtual void gqa_attention_backward(const TensorView& dq, const TensorView& dk,
                                       const TensorView& dv, const TensorView& dout,
                                       const TensorView& q, const TensorView& k, const TensorView& v,
                                       const TensorView& out, const TensorView& lse, int64_t B,
                                       int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
-                                      int64_t window, float softcap) = 0;
+                                      int64_t window, float softcap,
+                                      const TensorView& doc_start) = 0;
 
   // Attention sinks (gpt-oss; HF GptOssAttention's `sinks` [H] and eager_attention_forward:
   // a per-head logit joins every query's scores in the softmax, and its column is dropped

@@ -305,6 +305,18 @@ struct EnumNames<DataSource> {
                                                    {DataSource::synthetic, "synthetic"}};
 };
 
+// What a token of a causal_lm row attends to (data.attn_mask_type; torchtitan's
+// attn_mask_type): `causal`, every earlier token of its row; `block_causal` (document
+// masking), only the earlier tokens of its own document, documents ending at the EOS token
+// (data.eos_token_id). With block_causal every causal_lm Batch carries position_ids
+// (fsdp/data/batch.hpp), from which the model builds the mask.
+enum class AttnMaskType { causal, block_causal };
+template <>
+struct EnumNames<AttnMaskType> {
+  static constexpr EnumName<AttnMaskType> table[] = {{AttnMaskType::causal, "causal"},
+                                                     {AttnMaskType::block_causal, "block_causal"}};
+};
+
 struct DataConfig {
   DataSource source = DataSource::hdf5;
   std::string path;                   // HDF5 token file; required when source == hdf5
@@ -318,6 +330,16 @@ struct DataConfig {
   int64_t max_target_len = 32;        // seq2seq: target tokens per row (longer ones truncated)
   double noise_density = 0.15;        // span_corruption: fraction of tokens masked
   double mean_noise_span_length = 3.0;  // span_corruption: mean masked span length
+  // causal_lm only: causal, or block_causal (document masking; docs/data.md "Document
+  // masking"). block_causal with another objective is an InputError naming the key.
+  AttnMaskType attn_mask_type = AttnMaskType::causal;
+  // With block_causal: the model's RoPE positions are the batch's position_ids (restarting
+  // at 0 at each document, Megatron-LM's --reset-position-ids) instead of 0 .. L-1. true
+  // without block_causal is an InputError naming the key.
+  bool reset_position_ids = false;
+  // The token that ends a document for block_causal; -1: the data file's root attribute
+  // eos_id (fsdp_prepare --tokenizer writes it). Must be below model.vocab_size.
+  int64_t eos_token_id = -1;
   friend bool operator==(const DataConfig&, const DataConfig&) = default;
 };
 

@@ -21,6 +21,10 @@ inline constexpr int32_t kIgnoreIndex = -100;
 struct BatchShape {
   int64_t L = 0;
   int64_t target_len = 0;
+  // Whether the batches carry position_ids (data.attn_mask_type = "block_causal") and
+  // reset_position_ids: the model's document-masking buffers in the memory plan.
+  bool block_causal = false;
+  bool reset_position_ids = false;
 };
 
 // B rows. causal_lm: inputs[b,t] and targets[b,t] (the next token), both [B,L], target_len
@@ -34,11 +38,29 @@ struct Batch {
   int64_t target_len = 0;        // target tokens per row
   std::vector<int32_t> inputs;   // [B, L]
   std::vector<int32_t> targets;  // [B, target_len]
+  // causal_lm with data.attn_mask_type = "block_causal" (document masking): each input
+  // token's position in its document within its row: 0 at a row's first token and at every
+  // token whose previous input token (same row) is the EOS id, else the previous + 1 (Hugging
+  // Face's position_ids of padding-free packing, DataCollatorWithFlattening). The EOS token
+  // belongs to the document it ends; the token after it starts the next. Query t may attend
+  // to key j <= t of its row only where no EOS lies in inputs [j, t) (equivalently
+  // position_ids[t] - position_ids[j] == t - j). Empty otherwise (data.attn_mask_type =
+  // "causal", and the other objectives).
+  std::vector<int32_t> position_ids;  // [B, L] or empty
+  // With position_ids: whether RoPE reads them (data.reset_position_ids) instead of each
+  // token's position in its row (torchtitan's block_causal keeps the row's positions).
+  bool reset_position_ids = false;
   // Targets that carry loss (!= kIgnoreIndex).
   int64_t num_targets() const;
-  // Rows [begin, begin + count) as a Batch (gradient accumulation's micro-batches).
+  // Rows [begin, begin + count) as a Batch (gradient accumulation's micro-batches),
+  // position_ids included when present.
   Batch rows(int64_t begin, int64_t count) const;
 };
+
+// Fills b.position_ids ([B, L]) from b.inputs as documented at Batch::position_ids, with
+// `eos_id` the token that ends a document. Throws fsdp::Error if eos_id < 0 or b.inputs does
+// not hold B * L tokens.
+void set_document_positions(Batch& b, int32_t eos_id);
 
 // Loads samples `sample_indices` (each i with (i + 1) * seq_len + 1 <= num_tokens) as rows of
 // a Batch. Throws fsdp::Error if a window lies outside the source.

@@ -48,8 +48,9 @@ class SampleSource {
 };
 
 // The row lengths of config's batches (what activation memory is planned for):
-// causal_lm and sft {seq_len, seq_len}; seq2seq {max_input_len, max_target_len}; span_corruption
-// {L - num_noise + num_spans + 1, num_noise + num_spans + 1} (span_corruption.hpp).
+// causal_lm and sft {seq_len, seq_len} (causal_lm: block_causal and reset_position_ids from
+// data.attn_mask_type and data.reset_position_ids); seq2seq {max_input_len, max_target_len};
+// span_corruption {L - num_noise + num_spans + 1, num_noise + num_spans + 1} (span_corruption.hpp).
 // Throws InputError naming the data.* key for invalid span_corruption parameters.
 BatchShape batch_shape(const Config& config);
 
@@ -61,6 +62,14 @@ BatchShape batch_shape(const Config& config);
 //  causal_lm: TokenDataset or SyntheticTokens exactly as the trainer builds them (synthetic:
 //    train 1024 * global_batch * L + 1 tokens, seed train.seed; val 64 * L + 1, seed + 1);
 //    val num_samples = num_val_windows(tokens, L, eval.max_windows); load = load_batch.
+//    data.attn_mask_type = "block_causal" (docs/data.md "Document masking"): every batch also
+//    gets position_ids (set_document_positions) with the EOS id data.eos_token_id, or when
+//    that is -1 the file's eos_id attribute (document_eos_id, token_dataset.hpp; a mixture's
+//    files must agree). InputError naming data.attn_mask_type and the file for a file without
+//    one (a mixture's: the two files that differ), synthetic data with data.eos_token_id = -1,
+//    an EOS id >= vocab_size (naming data.eos_token_id when it came from there). "causal"
+//    reads nothing more and leaves position_ids empty. Batch::reset_position_ids is
+//    data.reset_position_ids on block_causal batches.
 //  sft: as seq2seq below (the pairs' inputs are the prompts, their targets the completions),
 //    rows of data.seq_len; an example longer than seq_len + 1 tokens counts in num_truncated().
 //  seq2seq: data.source must be "hdf5" (else InputError naming data.source); the split is

@@ -35,6 +35,16 @@ void check_token_type(const h5::File& file, const std::string& dataset);
                                     int64_t value, int64_t position, int64_t vocab_size,
                                     const char* bound = "vocab_size");
 
+// The token that ends each document of token file `path`, for data.attn_mask_type =
+// "block_causal": its root attribute eos_id (fsdp_prepare --tokenizer writes the model's).
+// Throws fsdp::InputError naming data.attn_mask_type, the file and data.eos_token_id when the
+// file has none: no eos_id attribute or -1 ("<path> has no eos_id (byte-level or imported
+// tokens); set data.eos_token_id"), or add_eos = 0 (prepared with --no-add-eos: the id is
+// the model's, not in the stream) unless the file's BOS, added before each document, is that
+// same token (GPT-2's <|endoftext|>, which then separates the documents). Also for an
+// unreadable file or an eos_id outside [0, 2^31).
+int32_t document_eos_id(const std::string& path);
+
 class TokenDataset final : public TokenSource {
  public:
   static constexpr int64_t kInMemoryLimit = int64_t{1} << 26;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fsdp/config/config.hpp"
 #include "fsdp/core/error.hpp"
@@ -69,10 +70,35 @@ void lm_head_chunks_backward(Kernels& kernels, const LmHeadChunks& h, float grad
 // Evaluation: loss[0] += the summed cross-entropy.
 void lm_head_chunks_loss(Kernels& kernels, const LmHeadChunks& h, const TensorView& loss);
 
+// Document masking of a packed causal-LM batch (data.attn_mask_type = "block_causal";
+// torchtitan's block_causal mask, Hugging Face's padding-free packing): `positions` [B,T] int32
+// host, each token's position in its document (data::Batch::position_ids: 0 at a row's first
+// token and after each EOS, else the previous + 1); a token attends only to the tokens of its
+// own document. `reset_positions` (data.reset_position_ids): RoPE reads these positions (HF's
+// position_ids) instead of the position in the row. positions null: no document mask.
+struct Documents {
+  const int32_t* positions = nullptr;
+  bool reset_positions = false;
+};
+// Whether a configuration's batches carry Documents, for the memory plan (the buffers they
+// take: the document starts, and the per-token RoPE tables under reset_positions).
+struct DocumentMasking {
+  bool enabled = false;
+  bool reset_positions = false;
+};
+
+// The document starts of `positions` ([B,T] host, Documents::positions): t - positions[b,t],
+// the attention kernels' doc_start. Throws fsdp::Error naming `family` and the entry
+// ("position_ids[b, t] = p") unless each row counts up from 0 and restarts only at 0 (so the
+// starts are nondecreasing along a row and <= t, as the kernels require).
+std::vector<int32_t> document_starts(const int32_t* positions, int64_t B, int64_t T,
+                                     const char* family);
+
 class CausalLm : public Model {
  public:
-  // Model interface on a causal-LM Batch; throws fsdp::Error naming the family when
-  // batch.target_len != batch.L.
+  // Model interface on a causal-LM Batch (its position_ids, when present, as Documents);
+  // throws fsdp::Error naming the family when batch.target_len != batch.L, or when the batch
+  // has position_ids and the family has no document masking (supports_documents()).
   void forward_backward(const data::Batch& batch, float grad_scale, ModuleHooks& hooks,
                         const TensorView& loss) override;
   void forward_loss(const data::Batch& batch, ModuleHooks& hooks, const TensorView& loss) override;
@@ -80,12 +106,14 @@ class CausalLm : public Model {
   // One training micro-batch: forward, loss, backward. tokens, targets: [B,T] int32 host
   // arrays. loss[0] (fp64 [1] device scalar) += the SUM over the B*T positions of the
   // cross-entropy (nats); gradients accumulate into hooks.grad() scaled by `grad_scale`
-  // (1/(B*T) for the local mean, times the loss scale under fp16).
+  // (1/(B*T) for the local mean, times the loss scale under fp16). `docs`: the batch's
+  // document masking (none by default); fsdp::Error as above when the family has none.
   void forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                        float grad_scale, ModuleHooks& hooks, const TensorView& loss);
+                        float grad_scale, ModuleHooks& hooks, const TensorView& loss,
+                        const Documents& docs = {});
   // Forward and loss only (evaluation): loss[0] += the summed cross-entropy over B*T positions.
   void forward_loss(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                    ModuleHooks& hooks, const TensorView& loss);
+                    ModuleHooks& hooks, const TensorView& loss, const Documents& docs = {});
 
   // The logits of the last forward_loss: [B*T, padded vocabulary] in the activation dtype, row
   // b*T + t for position t of sequence b; the columns past vocab_size are the vocabulary
@@ -98,6 +126,8 @@ class CausalLm : public Model {
  protected:
   // "GPT-2", "Llama": for messages.
   virtual const char* family_name() const = 0;
+  // Whether forward reads docs_ (document masking); false: a batch with Documents throws.
+  virtual bool supports_documents() const { return false; }
   // The family's forward (with the loss, and dlogits when `backward`) and backward passes.
   // Under model.fused_linear_cross_entropy a training forward leaves the loss to backward,
   // which takes the same grad_scale and loss.
@@ -108,6 +138,13 @@ class CausalLm : public Model {
                         const TensorView& loss) = 0;
   // The fsdp::Error last_logits() throws under model.fused_linear_cross_entropy.
   Error fused_logits_error() const;
+
+  // The running forward's documents (set by forward_backward / forward_loss before forward;
+  // the positions are the caller's, valid during that forward).
+  Documents docs_;
+
+ private:
+  void set_documents(const Documents& docs);
 };
 
 }  // namespace fsdp

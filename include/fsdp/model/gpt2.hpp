@@ -79,15 +79,22 @@ class Gpt2Model final : public CausalLm {
   // Bytes of activations (saved for backward, and their gradients) for a [B,T] micro-batch
   // with activations stored in `activation_dtype`, with or without activation
   // checkpointing; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
-  // them under config.fused_lce).
+  // them under config.fused_lce; with `docs`, the document positions and starts).
   static int64_t activation_bytes(const Gpt2Config& config, int64_t B, int64_t T,
                                   DType activation_dtype,
-                                  ActivationCheckpointing activation_checkpointing = {});
+                                  ActivationCheckpointing activation_checkpointing = {},
+                                  DocumentMasking docs = {});
 
  private:
   struct Acts;
   const char* family_name() const override { return "GPT-2"; }
+  // Document masking: the attention within documents; under reset_positions wpe is read at
+  // each token's position in its document (HF GPT2Model's position_ids).
+  bool supports_documents() const override { return true; }
   void ensure_buffers(int64_t B, int64_t T);
+  // The running micro-batch's document starts, int32 [BT], or a null view without document
+  // masking (the attention kernels' doc_start).
+  TensorView doc_start(int64_t BT) const;
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss) override;
   void backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
@@ -106,6 +113,7 @@ class Gpt2Model final : public CausalLm {
   std::vector<ModuleDecl> modules_;
   std::unique_ptr<Acts> acts_;
   int64_t last_rows_ = 0;  // B*T of the last forward
+  DocumentMasking docs_on_;  // the last forward's (its backward reads the same)
 };
 
 }  // namespace fsdp

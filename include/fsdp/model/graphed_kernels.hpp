@@ -130,10 +130,11 @@ class GraphedKernels final : public Kernels {
                              const TensorView& B, const TensorView& C,
                              const TensorView& dbias) override;
   void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& qkv,
-                         int64_t B, int64_t T, int64_t C, int64_t H) override;
+                         int64_t B, int64_t T, int64_t C, int64_t H,
+                         const TensorView& doc_start) override;
   void attention_backward(const TensorView& dqkv, const TensorView& dout, const TensorView& qkv,
                           const TensorView& out, const TensorView& lse, int64_t B, int64_t T,
-                          int64_t C, int64_t H) override;
+                          int64_t C, int64_t H, const TensorView& doc_start) override;
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld,
                                       float grad_scale, float softcap) override;
@@ -187,12 +188,12 @@ class GraphedKernels final : public Kernels {
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
                              int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
-                             float softcap) override;
+                             float softcap, const TensorView& doc_start) override;
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
-                              int64_t window, float softcap) override;
+                              int64_t window, float softcap, const TensorView& doc_start) override;
   void moe_router_forward(const TensorView& idx, const TensorView& weights,
                           const TensorView& logits, int64_t R, int64_t E, int64_t K,
                           bool normalize) override;

@@ -677,15 +677,34 @@ class LlamaModel final : public CausalLm {
 
   // Bytes of activations (saved for backward, their gradients, scratch, the RoPE tables) for a
   // [B,T] micro-batch; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
-  // them under config.fused_lce).
+  // them under config.fused_lce; with `docs`, the buffers of document masking).
   static int64_t activation_bytes(const LlamaConfig& config, int64_t B, int64_t T,
                                   DType activation_dtype,
-                                  ActivationCheckpointing activation_checkpointing = {});
+                                  ActivationCheckpointing activation_checkpointing = {},
+                                  DocumentMasking docs = {});
 
  private:
   struct Acts;
   const char* family_name() const override { return llama_arch_prefix(cfg_.arch); }
+  // Every class but Llama 4 (whose chunked attention and temperature read positions in the
+  // row; config validation refuses it there).
+  bool supports_documents() const override { return !cfg_.llama4(); }
   void ensure_buffers(int64_t B, int64_t T);
+  // RoPE's cos and sin tables for B rows of T tokens (the sliding layers' when `local`), and
+  // the (B, T) rope_forward indexes them with: [T, R/2] by position in the row, (B, T); under
+  // Documents::reset_positions one row per token [B*T, R/2], (1, B*T).
+  struct RopeTables {
+    TensorView cos, sin;
+    int64_t B, T;
+  };
+  RopeTables rope_tables(bool local, int64_t B, int64_t T) const;
+  // The running micro-batch's document starts, int32 [BT] (gqa_attention's doc_start), or a
+  // null view without document masking.
+  TensorView doc_start(int64_t BT) const;
+  // forward's start: from docs_, sets docs_on_ and uploads the documents' positions and
+  // starts (and under reset_positions gathers the RoPE tables' rows); throws fsdp::Error
+  // naming the entry when a row's positions do not count up from 0 (restarting only at 0).
+  void upload_documents(int64_t B, int64_t T);
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss) override;
   void backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
@@ -767,6 +786,8 @@ class LlamaModel final : public CausalLm {
   std::vector<ModuleDecl> modules_;
   std::unique_ptr<Acts> acts_;
   int64_t last_rows_ = 0;
+  // The document masking of the last forward (its backward reads the same).
+  DocumentMasking docs_on_;
 };
 
 }  // namespace fsdp

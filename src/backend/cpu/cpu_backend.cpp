@@ -261,10 +261,11 @@ class CpuBackend final : public Backend {
   void gelu_bias_backward(const TensorView& dfc, const TensorView& dbias, const TensorView& fc,
                           const TensorView& dout, int64_t R, int64_t C) override;
   void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& qkv,
-                         int64_t B, int64_t T, int64_t C, int64_t H) override;
+                         int64_t B, int64_t T, int64_t C, int64_t H,
+                         const TensorView& doc_start) override;
   void attention_backward(const TensorView& dqkv, const TensorView& dout, const TensorView& qkv,
                           const TensorView& out, const TensorView& lse, int64_t B, int64_t T,
-                          int64_t C, int64_t H) override;
+                          int64_t C, int64_t H, const TensorView& doc_start) override;
   void cross_entropy_forward_backward(const TensorView& loss, const TensorView& logits,
                                       const TensorView& targets, int64_t R, int64_t V, int64_t ld,
                                       float grad_scale, float softcap) override;
@@ -329,12 +330,12 @@ class CpuBackend final : public Backend {
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
                              int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
-                             float softcap) override;
+                             float softcap, const TensorView& doc_start) override;
   void gqa_attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                               const TensorView& dout, const TensorView& q, const TensorView& k,
                               const TensorView& v, const TensorView& out, const TensorView& lse,
                               int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
-                              int64_t window, float softcap) override;
+                              int64_t window, float softcap, const TensorView& doc_start) override;
 
   // ---- mixture of experts ----
   void moe_router_forward(const TensorView& idx, const TensorView& weights,
@@ -713,8 +714,10 @@ void CpuBackend::gelu_bias_backward(const TensorView& dfc, const TensorView& dbi
 
 namespace {
 // GPT-2's attention as an attention problem: head h of batch b is columns [h*hs, (h+1)*hs)
-// of the q, k, v blocks of qkv (row stride 3C) and of out (row stride C); causal, 1/sqrt(hs).
-cpu::AttentionProblem gpt2_attention(int64_t B, int64_t T, int64_t C, int64_t H) {
+// of the q, k, v blocks of qkv (row stride 3C) and of out (row stride C); causal, 1/sqrt(hs);
+// within each document under doc_start (or null).
+cpu::AttentionProblem gpt2_attention(int64_t B, int64_t T, int64_t C, int64_t H,
+                                     const TensorView& doc_start) {
   if (C <= 0 || H <= 0 || C % H != 0) {
     throw Error("cpu backend: attention: bad shape B=" + std::to_string(B) +
                 " T=" + std::to_string(T) + " C=" + std::to_string(C) + " H=" +
@@ -729,16 +732,17 @@ cpu::AttentionProblem gpt2_attention(int64_t B, int64_t T, int64_t C, int64_t H)
   p.ldo = C;
   p.scale = 1.0f / std::sqrt(static_cast<float>(p.D));
   p.causal = true;
+  p.doc_start = doc_start ? static_cast<const int32_t*>(doc_start.data) : nullptr;
   return p;
 }
 }  // namespace
 
 void CpuBackend::attention_forward(const TensorView& out_, const TensorView& lse,
                                    const TensorView& qkv, int64_t B, int64_t T, int64_t C,
-                                   int64_t H) {
-  // qkv: [B,T,3C]; out: [B,T,C]; lse: [B,H,T] fp32.
-  Chk::attention_forward(out_, lse, qkv, B, T, C, H);
-  const cpu::AttentionProblem p = gpt2_attention(B, T, C, H);
+                                   int64_t H, const TensorView& doc_start) {
+  // qkv: [B,T,3C]; out: [B,T,C]; lse: [B,H,T] fp32; doc_start: int32 [B,T] or null.
+  Chk::attention_forward(out_, lse, qkv, B, T, C, H, doc_start);
+  const cpu::AttentionProblem p = gpt2_attention(B, T, C, H, doc_start);
   const F32In q = in(qkv, B * T * 3 * C);
   const F32Out o = out(out_, B * T * C, false);
   k_.attention_forward(p, q, q + C, q + 2 * C, o, static_cast<float*>(lse.data));
@@ -747,10 +751,11 @@ void CpuBackend::attention_forward(const TensorView& out_, const TensorView& lse
 void CpuBackend::attention_backward(const TensorView& dqkv, const TensorView& dout,
                                     const TensorView& qkv, const TensorView& out_,
                                     const TensorView& lse, int64_t B, int64_t T, int64_t C,
-                                    int64_t H) {
-  // dqkv: [B,T,3C] written; dout, out: [B,T,C]; qkv: [B,T,3C]; lse: [B,H,T] fp32.
-  Chk::attention_backward(dqkv, dout, qkv, out_, lse, B, T, C, H);
-  const cpu::AttentionProblem p = gpt2_attention(B, T, C, H);
+                                    int64_t H, const TensorView& doc_start) {
+  // dqkv: [B,T,3C] written; dout, out: [B,T,C]; qkv: [B,T,3C]; lse: [B,H,T] fp32; doc_start
+  // as in forward.
+  Chk::attention_backward(dqkv, dout, qkv, out_, lse, B, T, C, H, doc_start);
+  const cpu::AttentionProblem p = gpt2_attention(B, T, C, H, doc_start);
   const F32In d = in(dout, B * T * C), q = in(qkv, B * T * 3 * C), o = in(out_, B * T * C);
   const F32Out g = out(dqkv, B * T * 3 * C, false);
   float* gp = g;
@@ -1043,9 +1048,10 @@ void CpuBackend::attention_sink_backward(const TensorView& dsinks, const TensorV
 
 namespace {
 // Llama's attention as an attention problem: q [B,T,H*D], k, v [B,T,Hkv*D], causal, within
-// `window` positions when window > 0.
+// `window` positions when window > 0, within each document under doc_start (or null).
 cpu::AttentionProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                                  float scale, int64_t window, float softcap) {
+                                  float scale, int64_t window, float softcap,
+                                  const TensorView& doc_start) {
   cpu::AttentionProblem p;
   p.B = B;
   p.Tq = p.Tk = T;
@@ -1058,6 +1064,7 @@ cpu::AttentionProblem gqa_problem(int64_t B, int64_t T, int64_t H, int64_t Hkv, 
   p.causal = true;
   p.window = window;
   p.softcap = softcap;
+  p.doc_start = doc_start ? static_cast<const int32_t*>(doc_start.data) : nullptr;
   return p;
 }
 }  // namespace
@@ -1066,13 +1073,14 @@ void CpuBackend::gqa_attention_forward(const TensorView& out_, const TensorView&
                                        const TensorView& q, const TensorView& k,
                                        const TensorView& v, int64_t B, int64_t T, int64_t H,
                                        int64_t Hkv, int64_t D, float scale, int64_t window,
-                                       float softcap) {
-  // q, out: [B,T,H*D]; k, v: [B,T,Hkv*D]; lse: [B,H,T] fp32.
-  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, window, softcap);
+                                       float softcap, const TensorView& doc_start) {
+  // q, out: [B,T,H*D]; k, v: [B,T,Hkv*D]; lse: [B,H,T] fp32; doc_start: int32 [B,T] or null.
+  Chk::gqa_attention_forward(out_, lse, q, k, v, B, T, H, Hkv, D, window, softcap, doc_start);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   const F32In fq = in(q, nq), fk = in(k, nk), fv = in(v, nk);
   const F32Out o = out(out_, nq, false);
-  k_.attention_forward(gqa_problem(B, T, H, Hkv, D, scale, window, softcap), fq, fk, fv, o,
+  k_.attention_forward(gqa_problem(B, T, H, Hkv, D, scale, window, softcap, doc_start), fq, fk,
+                       fv, o,
                        static_cast<float*>(lse.data));
 }
 
@@ -1082,15 +1090,16 @@ void CpuBackend::gqa_attention_backward(const TensorView& dq, const TensorView& 
                                         const TensorView& v, const TensorView& out_,
                                         const TensorView& lse, int64_t B, int64_t T, int64_t H,
                                         int64_t Hkv, int64_t D, float scale, int64_t window,
-                                        float softcap) {
-  // dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] written; dout, out: [B,T,H*D]; q, k, v, lse as in
-  // forward.
+                                        float softcap, const TensorView& doc_start) {
+  // dq: [B,T,H*D], dk, dv: [B,T,Hkv*D] written; dout, out: [B,T,H*D]; q, k, v, lse,
+  // doc_start as in forward.
   Chk::gqa_attention_backward(dq, dk, dv, dout, q, k, v, out_, lse, B, T, H, Hkv, D, window,
-                              softcap);
+                              softcap, doc_start);
   const int64_t nq = B * T * H * D, nk = B * T * Hkv * D;
   const F32In d = in(dout, nq), fq = in(q, nq), fk = in(k, nk), fv = in(v, nk), o = in(out_, nq);
   const F32Out gq = out(dq, nq, false), gk = out(dk, nk, false), gv = out(dv, nk, false);
-  k_.attention_backward(gqa_problem(B, T, H, Hkv, D, scale, window, softcap), fq, fk, fv, o,
+  k_.attention_backward(gqa_problem(B, T, H, Hkv, D, scale, window, softcap, doc_start), fq, fk,
+                        fv, o,
                         static_cast<const float*>(lse.data), d, gq, gk, gv, nullptr);
 }
 

@@ -1238,13 +1238,16 @@ int64_t check_attention_problem(const AttentionProblem& p) {
   return p.H > 0 ? p.H / hkv : 1;
 }
 
-// Keys [key_begin, key_end) that query tile [i0, i0 + rows) may see: causal, up to the tile's
-// last query; with a sliding window, from its first query's first key on.
+// Keys [key_begin, key_end) that query tile [i0, i0 + rows) of row b may see: causal, up to
+// the tile's last query; with a sliding window or a document mask, from its first query's
+// first key on (document starts are nondecreasing along a row).
 inline int64_t key_end(const AttentionProblem& p, int64_t i0, int64_t rows) {
   return p.causal ? std::min(p.Tk, i0 + rows) : p.Tk;
 }
-inline int64_t key_begin(const AttentionProblem& p, int64_t i0) {
-  return p.window > 0 ? std::max<int64_t>(0, i0 - p.window + 1) : 0;
+inline int64_t key_begin(const AttentionProblem& p, int64_t b, int64_t i0) {
+  int64_t j = p.window > 0 ? std::max<int64_t>(0, i0 - p.window + 1) : 0;
+  if (p.doc_start) j = std::max<int64_t>(j, p.doc_start[b * p.Tq + i0]);
+  return j;
 }
 
 // s[r, c] (row stride kAttnKTile) = the score of query i0 + r against key j0 + c of head h of
@@ -1285,6 +1288,10 @@ void score_tile(const AttentionProblem& p, const float* qh, const float* kh, int
     }
     if (p.window > 0) {  // keys j <= i - window: the columns before i - window + 1 - j0
       const int64_t end = std::min<int64_t>(cols, i - p.window + 1 - j0);
+      for (int64_t c = 0; c < end; ++c) row[c] = ninf;
+    }
+    if (p.doc_start) {  // keys of earlier documents: the columns before doc_start - j0
+      const int64_t end = std::min<int64_t>(cols, p.doc_start[b * p.Tq + i] - j0);
       for (int64_t c = 0; c < end; ++c) row[c] = ninf;
     }
   }
@@ -1352,7 +1359,7 @@ void CpuKernels::attention_forward(const AttentionProblem& p, const float* q, co
       std::fill(m, m + rows, ninf);
       std::fill(l, l + rows, 0.0f);
       const int64_t jend = key_end(p, i0, rows);
-      for (int64_t j0 = key_begin(p, i0); j0 < jend; j0 += kAttnKTile) {
+      for (int64_t j0 = key_begin(p, b, i0); j0 < jend; j0 += kAttnKTile) {
         const int64_t cols = std::min(kAttnKTile, jend - j0);
         score_tile(p, qh, kh, b, h, i0, rows, j0, cols, s);
         for (int64_t r = 0; r < rows; ++r) {
@@ -1455,7 +1462,7 @@ void CpuKernels::attention_backward(const AttentionProblem& p, const float* q, c
       }
       std::fill(dqt, dqt + rows * D, 0.0f);
       const int64_t jend = key_end(p, i0, rows);
-      for (int64_t j0 = key_begin(p, i0); j0 < jend; j0 += kAttnKTile) {
+      for (int64_t j0 = key_begin(p, b, i0); j0 < jend; j0 += kAttnKTile) {
         const int64_t cols = std::min(kAttnKTile, jend - j0);
         score_tile(p, qh, kh, b, h, i0, rows, j0, cols, s, dcap);
         for (int64_t r = 0; r < rows; ++r) {  // P (0 where masked)

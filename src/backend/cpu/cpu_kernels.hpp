@@ -48,6 +48,9 @@ struct AttentionProblem {
   // query i, key j is bias[h * P + j - i + Tq - 1]; or null.
   const float* bias = nullptr;
   const int32_t* key_mask = nullptr;  // [B,Tk] (0 = padding) or null
+  // Document masking (with causal, Tq == Tk): [B,Tq], key j also masked for query i of row b
+  // when j < doc_start[b * Tq + i]; rows nondecreasing, doc_start[b,i] <= i. Or null.
+  const int32_t* doc_start = nullptr;
 };
 
 class CpuKernels {
