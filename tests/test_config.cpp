@@ -1001,13 +1001,11 @@ TEST(Config, DocumentMaskingKeys) {
   // side asks for data.eos_token_id).
   const std::string llama = "[model]\ntype = \"llama\"\n" + kMinimal;
   EXPECT_NO_THROW(parse_config(llama, "min.toml", {"data.attn_mask_type=block_causal"}));
-  // GPT-2 takes it too; Llama 4 does not; nor longrope with reset positions.
+  // GPT-2 and Llama 4 take it too; longrope with reset positions does not.
   EXPECT_NO_THROW(parse_config(
       kMinimal, "min.toml", {"data.attn_mask_type=block_causal", "data.reset_position_ids=true"}));
-  EXPECT_THAT(error_of("[model]\ntype = \"llama4_text\"\n" + kMinimal,
-                       {"data.attn_mask_type=block_causal"}),
-              HasSubstr("data.attn_mask_type: \"block_causal\" is not supported by model.type = "
-                        "\"llama4_text\""));
+  EXPECT_NO_THROW(parse_config("[model]\ntype = \"llama4_text\"\n" + kMinimal, "l4.toml",
+                               {"data.attn_mask_type=block_causal"}));
   EXPECT_NO_THROW(parse_config("[model]\ntype = \"phi3\"\n" + kMinimal, "phi3.toml",
                                {"data.attn_mask_type=block_causal"}));
   EXPECT_THAT(error_of("[model]\ntype = \"phi3\"\nrope_scaling = { rope_type = \"longrope\", "

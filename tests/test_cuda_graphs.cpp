@@ -307,6 +307,14 @@ TEST(CudaGraphsCpuTwin, GraphedTrainingEqualsEagerBitForBit) {
        sharded(llama_config("", {"model.type=\"gemma3_text\"", "model.sliding_window=5",
                                  "data.attn_mask_type=\"block_causal\"",
                                  "data.reset_position_ids=true", "data.eos_token_id=32"}))},
+      // Llama 4's: one call a layer with the chunks' starts in the documents'
+      {"llama4_documents",
+       sharded(llama_config("", {"model.type=\"llama4_text\"", "model.num_local_experts=4",
+                                 "model.intermediate_size_mlp=40",
+                                 "model.interleave_moe_layer_step=2",
+                                 "model.no_rope_layer_interval=2", "model.attention_chunk_size=5",
+                                 "model.floor_scale=4", "data.attn_mask_type=\"block_causal\"",
+                                 "data.eos_token_id=32"}))},
       // GPT-2's: wpe read at the documents' positions (two lookups and an add)
       {"gpt2_documents",
        sharded(small_run(kSmallGpt2, "", {"data.attn_mask_type=\"block_causal\"",

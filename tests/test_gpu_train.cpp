@@ -218,6 +218,12 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
       // the per-token RoPE rows gathered from both of Gemma 3's tables
       {"llama documents", llama_config("", {"data.attn_mask_type=\"block_causal\"",
                                             "data.eos_token_id=32"})},
+      {"llama4_text documents chunks",
+       llama_config("", {"model.type=\"llama4_text\"", "model.num_local_experts=8",
+                         "model.intermediate_size_mlp=96", "model.interleave_moe_layer_step=2",
+                         "model.no_rope_layer_interval=2", "model.attention_chunk_size=5",
+                         "model.floor_scale=4", "data.attn_mask_type=\"block_causal\"",
+                         "data.eos_token_id=32"})},
       {"gpt2 documents reset", small_run(kSmallGpt2, "", {"data.attn_mask_type=\"block_causal\"",
                                                          "data.reset_position_ids=true",
                                                          "data.eos_token_id=32"})},

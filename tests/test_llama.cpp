@@ -728,14 +728,16 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
 // rounding. Classes with every attention path: GQA, per-head q/k norms, sliding layers with
 // their own RoPE (Gemma 3), soft-caps (Gemma 2), partial RoPE (Phi-3 style), NoPE layers
 // (SmolLM3), MLA (DeepSeek-V3), sinks and windows (gpt-oss), experts without the
-// load-balancing loss (whose token sums the packing would mix).
+// load-balancing loss (whose token sums the packing would mix), Llama 4 without chunks and
+// with its temperature 1 at these positions (both read positions in the row, as HF's
+// cache_position: DocumentMaskingLlama4ChunksAreTheRowsChunks checks them).
 TEST(Llama, DocumentMaskingEqualsEachDocumentAlone) {
   const std::vector<int64_t> lengths = {5, 7};
   const int64_t T = 12;
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::gemma3_text,
                     fsdp::LlamaArch::gemma2, fsdp::LlamaArch::phi3, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::deepseek_v3, fsdp::LlamaArch::gpt_oss,
-                    fsdp::LlamaArch::qwen3_moe}) {
+                    fsdp::LlamaArch::qwen3_moe, fsdp::LlamaArch::llama4_text}) {
     for (bool reset : {true, false}) {
       const std::string what =
           std::string(fsdp::llama_arch_prefix(arch)) + (reset ? " reset" : " row positions");
@@ -745,6 +747,10 @@ TEST(Llama, DocumentMaskingEqualsEachDocumentAlone) {
       if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
       if (arch == fsdp::LlamaArch::phi3) o.model.partial_rotary_factor = 0.5;
       if (is_moe(arch)) make_moe(o.model, arch, true, /*aux=*/false);
+      if (arch == fsdp::LlamaArch::llama4_text) {
+        o.model.attention_chunk_size = 0;
+        o.model.floor_scale = 100;
+      }
       o.model.arch = arch;
       o.B = 1;
       o.T = T;
@@ -803,8 +809,7 @@ TEST(Llama, DocumentMaskingEqualsEachDocumentAlone) {
   }
 }
 
-// Positions that do not count up from 0 are refused, naming the entry; a class without
-// document masking (Llama 4) refuses documents.
+// Positions that do not count up from 0 are refused, naming the entry.
 TEST(Llama, DocumentMaskingRefusesBadPositions) {
   ModelOptions o;
   o.B = 1;
@@ -819,18 +824,56 @@ TEST(Llama, DocumentMaskingRefusesBadPositions) {
       EXPECT_NE(std::string(e.what()).find("position_ids[0, "), std::string::npos) << e.what();
     }
   }
-  ModelOptions l4;
-  make_moe(l4.model, fsdp::LlamaArch::llama4_text);
-  l4.B = 1;
-  Fixture g(l4);
-  const std::vector<int32_t> ok = {0, 1, 2, 0, 1, 2};
-  g.docs = {ok.data(), false};
-  try {
-    g.loss();
-    ADD_FAILURE() << "no throw";
-  } catch (const fsdp::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("document masking"), std::string::npos) << e.what();
+}
+
+// Llama 4 under document masking attends in one call whose starts are the later of the
+// document's and the chunk's (HF's chunked and packed-sequence overlays): with one document a
+// row it equals the chunked calls of the run without documents (logits, loss, gradients, to
+// rounding), chunks of 3 in rows of 8 with the NoPE layers' temperature; with documents the
+// chunks still fall by position in the row (the mask differs from the documents' alone).
+TEST(Llama, DocumentMaskingLlama4ChunksAreTheRowsChunks) {
+  ModelOptions o;
+  make_moe(o.model, fsdp::LlamaArch::llama4_text);
+  o.B = 2;
+  o.T = 8;
+  for (bool reset : {false, true}) {
+    Fixture plain(o), docs(o);
+    perturb_shards(plain);
+    perturb_shards(docs);
+    std::vector<int32_t> positions;
+    for (int64_t b = 0; b < o.B; ++b) {
+      for (int64_t t = 0; t < o.T; ++t) positions.push_back(static_cast<int32_t>(t));
+    }
+    docs.docs = {positions.data(), reset};
+    const double l0 = plain.loss(), l1 = docs.loss();
+    EXPECT_NEAR(l1, l0, 1e-6 * std::abs(l0)) << "reset " << reset;
+    const int64_t n = plain.model.last_logits().numel();
+    std::vector<float> a(static_cast<std::size_t>(n)), b(a.size());
+    plain.be->copy_to_host(a.data(), plain.model.last_logits());
+    docs.be->copy_to_host(b.data(), docs.model.last_logits());
+    for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], 2e-5) << i;
+    plain.loss_and_grads();
+    docs.loss_and_grads();
+    for (int u = 0; u < plain.engine.num_units(); ++u) {
+      const float* g0 = plain.engine.shard_grad(u).f32();
+      const float* g1 = docs.engine.shard_grad(u).f32();
+      double err = 0, norm = 0;
+      for (int64_t i = 0; i < plain.engine.shard_numel(u); ++i) {
+        err = std::max(err, static_cast<double>(std::abs(g1[i] - g0[i])));
+        norm = std::max(norm, static_cast<double>(std::abs(g0[i])));
+      }
+      EXPECT_LE(err, 2e-5 * norm + 1e-7) << "reset " << reset << " unit " << u;
+    }
   }
+  // Two documents a row: the mask acts (a different loss from the one-document run).
+  Fixture one(o), two(o);
+  perturb_shards(one);
+  perturb_shards(two);
+  const std::vector<int32_t> whole = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+  const std::vector<int32_t> split = {0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 5};
+  one.docs = {whole.data(), false};
+  two.docs = {split.data(), false};
+  EXPECT_GT(std::abs(one.loss() - two.loss()), 1e-6);
 }
 
 TEST(Llama, ActivationBytesArePlannedAndMeasured) {
@@ -870,10 +913,11 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
 }
 
 // The buffers of document masking (positions and starts; under reset_position_ids the
-// per-token RoPE rows, two tables with Gemma 3's sliding layers) are in the plan.
+// per-token RoPE rows, two tables with Gemma 3's sliding layers; Llama 4's chunk starts) are
+// in the plan.
 TEST(Llama, DocumentMaskingActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::gemma3_text,
-                    fsdp::LlamaArch::deepseek_v3}) {
+                    fsdp::LlamaArch::deepseek_v3, fsdp::LlamaArch::llama4_text}) {
     for (bool reset : {false, true}) {
       ModelOptions o;
       if (arch == fsdp::LlamaArch::gemma3_text) make_gemma(o.model);

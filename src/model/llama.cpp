@@ -1259,6 +1259,9 @@ struct LlamaModel::Acts {
   // at those positions, fp32 [BT, R/2] (and the sliding layers' under local_rope()). Empty
   // otherwise.
   DeviceBuffer doc_pos, doc_start, pos_cos, pos_sin, pos_local_cos, pos_local_sin;
+  // Llama 4's chunked layers under document masking: each token's first visible key, the later
+  // of its document's start and its chunk's (attention_chunk_size), int32 [BT]; else empty.
+  DeviceBuffer chunk_start;
 };
 
 namespace {
@@ -1302,6 +1305,8 @@ bool temperature_table(const LlamaConfig& c, int64_t T) {
   }
   return false;
 }
+// Whether document masking needs Acts::chunk_start: Llama 4 with chunked attention layers.
+bool chunked_documents(const LlamaConfig& c) { return c.llama4() && c.attention_chunk_size > 0; }
 // Element counts of what ensure_buffers allocates, by storage class: one table for the
 // allocation and the memory plan.
 ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
@@ -1334,7 +1339,8 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
     n.f32 += S * BT * (c.qk_norm_per_head() ? H + c.kv_heads() : 2);  // q_rstd, k_rstd
   }
   n.i32 = 2 * BT;
-  if (docs.enabled) n.i32 += 2 * BT;                                          // doc_pos, doc_start
+  if (docs.enabled)
+    n.i32 += (chunked_documents(c) ? 3 : 2) * BT;  // doc_pos, doc_start, chunk_start
   if (docs.reset_positions) n.f32 += rope_tables * 2 * BT * (R / 2);          // pos_cos, pos_sin
   if (c.mla()) {  // per set: q_a_proj's output, c and their norms' statistics; the scratch
     const int64_t H = c.num_attention_heads, ql = c.q_lora_rank, r = c.kv_lora_rank;
@@ -1534,6 +1540,7 @@ void LlamaModel::upload_documents(int64_t B, int64_t T) {
   if (!a.doc_start) {  // sized for the largest micro-batch, as ensure_buffers' buffers
     a.doc_pos = DeviceBuffer(rt_, DType::i32, NB, cat);
     a.doc_start = DeviceBuffer(rt_, DType::i32, NB, cat);
+    if (chunked_documents(cfg_)) a.chunk_start = DeviceBuffer(rt_, DType::i32, NB, cat);
   }
   if (docs_on_.reset_positions && !a.pos_cos) {
     a.pos_cos = DeviceBuffer(rt_, DType::f32, NB * half, cat);
@@ -1547,6 +1554,16 @@ void LlamaModel::upload_documents(int64_t B, int64_t T) {
   const TensorView positions = a.doc_pos.view({BT});
   rt_.copy_from_host(positions, docs_.positions);
   rt_.copy_from_host(a.doc_start.view({BT}), start.data());
+  if (chunked_documents(cfg_)) {  // HF: the chunks by position in the row (cache_position)
+    const int64_t c = cfg_.attention_chunk_size;
+    std::vector<int32_t> chunk(start.size());
+    for (int64_t i = 0; i < BT; ++i) {
+      const int64_t t = i % T;
+      chunk[static_cast<std::size_t>(i)] =
+          std::max(start[static_cast<std::size_t>(i)], static_cast<int32_t>(t / c * c));
+    }
+    rt_.copy_from_host(a.chunk_start.view({BT}), chunk.data());
+  }
   if (docs_on_.reset_positions) {  // each token's row of the tables, at its position
     auto gather = [&](const DeviceBuffer& out, const DeviceBuffer& table) {
       be_.embedding_lookup_forward(out.view({BT, half}), positions, table.view({T, half}), BT,
@@ -1574,6 +1591,10 @@ LlamaModel::RopeTables LlamaModel::rope_tables(bool local, int64_t B, int64_t T)
 
 TensorView LlamaModel::doc_start(int64_t BT) const {
   return docs_on_.enabled ? acts_->doc_start.view({BT}) : TensorView{};
+}
+
+TensorView LlamaModel::chunk_doc_start(int64_t l, int64_t BT) const {
+  return cfg_.layer_chunk(l) > 0 ? acts_->chunk_start.view({BT}) : doc_start(BT);
 }
 
 TensorView LlamaModel::last_logits() const {
@@ -2399,11 +2420,16 @@ void LlamaModel::chunked_attention_forward(int64_t l, int64_t B, int64_t T, cons
   const int64_t H = cfg_.num_attention_heads, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
   const int64_t Q = H * D, KV = Hkv * D;
   const float scale = cfg_.attention_scale();
+  if (docs_on_.enabled) {  // one call: the chunks' starts in the documents' (chunk_doc_start)
+    be_.gqa_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D, scale, 0, 0.f,
+                              chunk_doc_start(l, B * T));
+    return;
+  }
   for_chunks(B, T, H, cfg_.layer_chunk(l), [&](int64_t r0, int64_t b, int64_t t, int64_t l0) {
     be_.gqa_attention_forward(out.slice(r0 * Q, b * t * Q), lse.slice(l0, b * H * t),
                               q.slice(r0 * Q, b * t * Q), k.slice(r0 * KV, b * t * KV),
                               v.slice(r0 * KV, b * t * KV), b, t, H, Hkv, D, scale, 0, 0.f,
-                              TensorView{});  // (Llama 4 has no document masking)
+                              TensorView{});
   });
 }
 
@@ -2415,6 +2441,11 @@ void LlamaModel::chunked_attention_backward(int64_t l, int64_t B, int64_t T, con
   const int64_t H = cfg_.num_attention_heads, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
   const int64_t Q = H * D, KV = Hkv * D;
   const float scale = cfg_.attention_scale();
+  if (docs_on_.enabled) {  // as forward's one call
+    be_.gqa_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, scale, 0,
+                               0.f, chunk_doc_start(l, B * T));
+    return;
+  }
   for_chunks(B, T, H, cfg_.layer_chunk(l), [&](int64_t r0, int64_t b, int64_t t, int64_t l0) {
     auto sq = [&](const TensorView& x) { return x.slice(r0 * Q, b * t * Q); };
     auto skv = [&](const TensorView& x) { return x.slice(r0 * KV, b * t * KV); };
@@ -2449,9 +2480,9 @@ void LlamaModel::llama4_attention_forward(int64_t l, int64_t B, int64_t T, Modul
     proj(pk, x.k_w, KV);
     pair_layout(be_, qr, pq, BT, H, D, true);
     pair_layout(be_, kr, pk, BT, Hkv, D, true);
-    const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
-    be_.rope_forward(qr, qr, cos, sin, B, T, H, D, D);
-    be_.rope_forward(kr, kr, cos, sin, B, T, Hkv, D, D);
+    const RopeTables rope = rope_tables(false, B, T);  // R = D
+    be_.rope_forward(qr, qr, rope.cos, rope.sin, rope.B, rope.T, H, D, D);
+    be_.rope_forward(kr, kr, rope.cos, rope.sin, rope.B, rope.T, Hkv, D, D);
     if (norm) {
       const TensorView ones = a.ones.view().slice(0, D);
       be_.rmsnorm_forward(y.q.view({BT * H, D}), y.q_rstd.view({BT * H}),
@@ -2488,7 +2519,7 @@ void LlamaModel::llama4_attention_backward(int64_t l, int64_t B, int64_t T, Modu
   // The projections' output gradients in HF's layout: dq_proj, dk_proj
   TensorView dq_proj = dq, dk_proj = dk;
   if (cfg_.layer_rope(l)) {
-    const TensorView cos = a.rope_cos.view({T, D / 2}), sin = a.rope_sin.view({T, D / 2});
+    const RopeTables rope = rope_tables(false, B, T);  // R = D
     if (cfg_.use_qk_norm) {
       // d q_raw into datty (free since the attention's backward; the norm's backward adds into
       // zeros), back through RoPE, re-interleaved into dq; then k the same way through datty's
@@ -2497,20 +2528,20 @@ void LlamaModel::llama4_attention_backward(int64_t l, int64_t B, int64_t T, Modu
       rt_.fill_zero(datty);
       be_.rmsnorm_backward(a.datty.view({BT * H, D}), dw, a.dq.view({BT * H, D}),
                            y.q_raw.view({BT * H, D}), ones, y.q_rstd.view({BT * H}), BT * H, D);
-      be_.rope_backward(datty, datty, cos, sin, B, T, H, D, D);
+      be_.rope_backward(datty, datty, rope.cos, rope.sin, rope.B, rope.T, H, D, D);
       pair_layout(be_, datty, dq, BT, H, D, false);
       const TensorView dkr = a.datty.view().slice(0, BT * KV).reshape({BT, KV});
       rt_.fill_zero(dkr);
       be_.rmsnorm_backward(dkr.reshape({BT * Hkv, D}), dw, a.dk.view({BT * Hkv, D}),
                            y.k_raw.view({BT * Hkv, D}), ones, y.k_rstd.view({BT * Hkv}),
                            BT * Hkv, D);
-      be_.rope_backward(dkr, dkr, cos, sin, B, T, Hkv, D, D);
+      be_.rope_backward(dkr, dkr, rope.cos, rope.sin, rope.B, rope.T, Hkv, D, D);
       pair_layout(be_, dkr, dk, BT, Hkv, D, false);
     } else {  // back through RoPE in place, re-interleaved: q into datty, k into dq (then free)
-      be_.rope_backward(dq, dq, cos, sin, B, T, H, D, D);
+      be_.rope_backward(dq, dq, rope.cos, rope.sin, rope.B, rope.T, H, D, D);
       pair_layout(be_, dq, datty, BT, H, D, false);
       dq_proj = datty;
-      be_.rope_backward(dk, dk, cos, sin, B, T, Hkv, D, D);
+      be_.rope_backward(dk, dk, rope.cos, rope.sin, rope.B, rope.T, Hkv, D, D);
       dk_proj = a.dq.view().slice(0, BT * KV).reshape({BT, KV});
       pair_layout(be_, dk, dk_proj, BT, Hkv, D, false);
     }
@@ -2884,15 +2915,8 @@ class LlamaFamily final : public ModelFamily {
     const LlamaConfig g = LlamaConfig::from(c.model);
     const auto& a = args();
     const auto n = [](int64_t v) { return std::to_string(v); };
-    // Document masking: not Llama 4's chunks and temperature (positions in the row); with
-    // reset positions not longrope, whose factors HF picks by the largest position id (ours:
-    // by the row's length)
-    if (c.data.attn_mask_type == AttnMaskType::block_causal && g.llama4()) {
-      throw fail("data.attn_mask_type",
-                 "\"block_causal\" is not supported by model.type = \"" + type() +
-                     "\" (its chunked attention and temperature read positions in the row; "
-                     "expected \"causal\")");
-    }
+    // Document masking with reset positions: not longrope, whose factors HF picks by the
+    // largest position id (ours: by the row's length)
     if (c.data.reset_position_ids && g.rope_type == LlamaConfig::RopeType::longrope) {
       throw fail("data.reset_position_ids",
                  "true is not supported with longrope (HF picks its factors by the largest "

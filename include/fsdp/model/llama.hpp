@@ -686,9 +686,7 @@ class LlamaModel final : public CausalLm {
  private:
   struct Acts;
   const char* family_name() const override { return llama_arch_prefix(cfg_.arch); }
-  // Every class but Llama 4 (whose chunked attention and temperature read positions in the
-  // row; config validation refuses it there).
-  bool supports_documents() const override { return !cfg_.llama4(); }
+  bool supports_documents() const override { return true; }
   void ensure_buffers(int64_t B, int64_t T);
   // RoPE's cos and sin tables for B rows of T tokens (the sliding layers' when `local`), and
   // the (B, T) rope_forward indexes them with: [T, R/2] by position in the row, (B, T); under
@@ -701,6 +699,11 @@ class LlamaModel final : public CausalLm {
   // The running micro-batch's document starts, int32 [BT] (gqa_attention's doc_start), or a
   // null view without document masking.
   TensorView doc_start(int64_t BT) const;
+  // Layer l's doc_start for Llama 4's chunked attention under document masking: one call over
+  // the row whose starts are the later of the document's and the chunk's (Acts::chunk_start),
+  // the masks of HF's chunked and packed-sequence overlays together; doc_start(BT) on a layer
+  // without chunks.
+  TensorView chunk_doc_start(int64_t l, int64_t BT) const;
   // forward's start: from docs_, sets docs_on_ and uploads the documents' positions and
   // starts (and under reset_positions gathers the RoPE tables' rows); throws fsdp::Error
   // naming the entry when a row's positions do not count up from 0 (restarting only at 0).
