@@ -1,7 +1,12 @@
 // tools/bench_attention.cpp: time the CPU backend's causal attention kernels alone, at the
 // shapes of `tools/bench_cpu.sh --scaling` (head size 32, 4096 tokens: B = 4096 / T).
 //
-//   build/bench_attention [THREADS [N_EMBD SEQ]]   (default 2 threads, every shape)
+//   build/bench_attention [THREADS [N_EMBD SEQ [DOC_LEN]]]   (default 2 threads, every shape)
+//
+// DOC_LEN > 0: document masking (data.attn_mask_type = "block_causal"): each row packs
+// documents of DOC_LEN tokens (the last one shorter), passed as doc_start; the kernels skip
+// the key tiles before a query tile's document, so short documents cost less than the causal
+// mask (DOC_LEN >= SEQ: one document a row, the causal mask's work plus the mask's test).
 //
 // Per shape: milliseconds per call of attention_forward and attention_backward (the mean of
 // 5 calls after one warm-up), wall clock and the calling thread's CPU time (with THREADS = 1
@@ -45,8 +50,12 @@ Ms ms_per_call(F&& f, int calls) {
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const int64_t only_c = argc > 3 ? std::atoll(argv[2]) : 0, only_t = argc > 3 ? std::atoll(argv[3]) : 0;
-  if (threads < 1 || argc == 3 || (argc > 3 && (only_c % 32 != 0 || only_c <= 0 || only_t <= 0))) {
-    std::fprintf(stderr, "usage: %s [THREADS >= 1 [N_EMBD (a multiple of 32) SEQ]]\n", argv[0]);
+  const int64_t doc_len = argc > 4 ? std::atoll(argv[4]) : 0;
+  if (threads < 1 || argc == 3 || argc > 5 ||
+      (argc > 3 && (only_c % 32 != 0 || only_c <= 0 || only_t <= 0)) || doc_len < 0) {
+    std::fprintf(stderr,
+                 "usage: %s [THREADS >= 1 [N_EMBD (a multiple of 32) SEQ [DOC_LEN >= 0]]]\n",
+                 argv[0]);
     return 2;
   }
   auto be = fsdp::make_cpu_backend(threads);
@@ -67,10 +76,16 @@ int main(int argc, char** argv) {
       const TensorView vq(qkv.data(), DType::f32, {B, T, 3 * C}), vo(out.data(), DType::f32, {B, T, C}),
           vl(lse.data(), DType::f32, {B, H, T}), vdq(dqkv.data(), DType::f32, {B, T, 3 * C}),
           vdo(dout.data(), DType::f32, {B, T, C});
-      const Ms f =
-          ms_per_call([&] { be->attention_forward(vo, vl, vq, B, T, C, H, TensorView{}); }, 5);
-      const Ms b = ms_per_call(
-          [&] { be->attention_backward(vdq, vdo, vq, vo, vl, B, T, C, H, TensorView{}); }, 5);
+      std::vector<int32_t> start(static_cast<std::size_t>(doc_len > 0 ? B * T : 0));
+      for (std::size_t i = 0; i < start.size(); ++i) {
+        const int64_t t = static_cast<int64_t>(i) % T;
+        start[i] = static_cast<int32_t>(t / doc_len * doc_len);
+      }
+      const TensorView ds =
+          doc_len > 0 ? TensorView(start.data(), DType::i32, {B * T}) : TensorView{};
+      const Ms f = ms_per_call([&] { be->attention_forward(vo, vl, vq, B, T, C, H, ds); }, 5);
+      const Ms b =
+          ms_per_call([&] { be->attention_backward(vdq, vdo, vq, vo, vl, B, T, C, H, ds); }, 5);
       std::printf("| %lld | %lld | %lld | %lld | %.2f | %.2f | %.2f | %.2f | %.0f |\n",
                   static_cast<long long>(C), static_cast<long long>(T), static_cast<long long>(B),
                   static_cast<long long>(H), f.wall, b.wall, f.cpu, b.cpu,

@@ -212,7 +212,17 @@ LLAMA_CASES = {
     "qwen3 gqa tied yarn": {"type": "qwen3", "hidden_size": 32, "head_dim": 8, "tie_word_embeddings": True,
                             "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                              "original_max_position_embeddings": 256}},
+    # Document masking (data.attn_mask_type = "block_causal", reset_position_ids, documents
+    # ending at each space byte): transformers is given the windows with position_ids that
+    # restart after each space (its padding-free packing: masking_utils finds the packed
+    # sequences and masks across them); the reference runs each document alone.
+    "llama gqa untied documents": {"hidden_size": 32, "tie_word_embeddings": False,
+                                   "documents": True},
 }
+# The [data] keys of a case with "documents": True, and its EOS (the space byte).
+DOCUMENTS_EOS = 32
+DOCUMENTS_DATA = ('attn_mask_type = "block_causal"\nreset_position_ids = true\n'
+                  'eos_token_id = %d\n' % DOCUMENTS_EOS)
 # Real text: the project's own words, repeated with variations (no download needed).
 SENTENCES = [
     "fully sharded data parallel training keeps one shard of every parameter per rank",
@@ -398,6 +408,7 @@ def llama_toml(name, work, h5, seq_len):
     """fsdp_train's configuration of a Llama case (LLAMA_CASES) on the byte corpus."""
     keys = dict(LLAMA_COMMON, **LLAMA_CASES[name])
     model_type = keys.pop("type", "llama")
+    documents = keys.pop("documents", False)
     if model_type in ("deepseek_v3", "deepseek_v2"):  # MLA's keys and values are per head
         keys["num_key_value_heads"] = keys["num_attention_heads"]
 
@@ -412,12 +423,23 @@ def llama_toml(name, work, h5, seq_len):
     model = "[model]\ntype = %s\n" % json.dumps(model_type) + "".join("%s = %s\n" % (k, value(v)) for k, v in keys.items())
     tag = name.replace(" ", "_")
     return (model + "[data]\npath = %s\nseq_len = %d\n" % (json.dumps(os.path.join(work, h5)), seq_len) +
-            common_toml(tag, work))
+            (DOCUMENTS_DATA if documents else "") + common_toml(tag, work))
+
+
+def document_positions(inputs, torch):
+    """HF's position_ids of padding-free packing for [N, L] inputs: 0 at a row's first token
+    and after each DOCUMENTS_EOS, else the previous + 1 (fsdp_train's Batch::position_ids)."""
+    pos = torch.zeros_like(inputs)
+    for r in range(inputs.shape[0]):
+        for t in range(1, inputs.shape[1]):
+            pos[r, t] = 0 if inputs[r, t - 1] == DOCUMENTS_EOS else pos[r, t - 1] + 1
+    return pos
 
 
 def check_llama(work, env_file, torch, name, impl):
     text, val = byte_corpus(work, env_file, "llama.h5")
     L = 32
+    documents = LLAMA_CASES[name].get("documents", False)
     tag = name.replace(" ", "_")
     run_dir, hf = train_and_merge(work, tag, llama_toml(name, work, "llama.h5", L), env_file)
     n = (len(val) - 1) // L
@@ -433,14 +455,27 @@ def check_llama(work, env_file, torch, name, impl):
         if type(model).__name__ != want:
             raise RuntimeError("from_pretrained made a %s, config.json names %s" % (type(model).__name__, want))
         with torch.no_grad():
-            logits = model(ids[:, :-1]).logits
+            if documents:
+                logits = model(ids[:, :-1], position_ids=document_positions(ids[:, :-1], torch)).logits
+            else:
+                logits = model(ids[:, :-1]).logits
     else:  # tools/llama_reference.py's float64 forward, on the merged weights and config.json
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import llama_reference
         cfg = json.load(open(os.path.join(hf, "config.json")))
         params = {k: v.double() for k, v in read_safetensors(os.path.join(hf, "model.safetensors"), torch).items()}
         with torch.no_grad():
-            logits = llama_reference.forward(params, cfg, ids[:, :-1])
+            if documents:  # each document of each window alone
+                inputs = ids[:, :-1]
+                pos = document_positions(inputs, torch)
+                rows = []
+                for r in range(inputs.shape[0]):
+                    starts = [t for t in range(inputs.shape[1]) if pos[r, t] == 0] + [inputs.shape[1]]
+                    rows.append(torch.cat([llama_reference.forward(params, cfg, inputs[r:r + 1, a:b])[0]
+                                           for a, b in zip(starts, starts[1:])]))
+                logits = torch.stack(rows)
+            else:
+                logits = llama_reference.forward(params, cfg, ids[:, :-1])
     V = LLAMA_COMMON["vocab_size"]
     if logits.shape[-1] != V:
         raise RuntimeError("the merged model has %d logits per token, expected vocab_size %d" % (logits.shape[-1], V))

@@ -1105,7 +1105,7 @@ namespace {
 k::FlashProblem gpt2_problem(int64_t B, int64_t T, int64_t C, int64_t H, k::ST t,
                              const TensorView& doc_start) {
   const int64_t hs = C / H;
-  k::FlashProblem p{B,    T,    T,       H,       hs, 3 * C, 3 * C, 3 * C, C,
+  k::FlashProblem p{B, T, T, H, hs, 3 * C, 3 * C, 3 * C, C,
                     1.0f / std::sqrt(static_cast<float>(hs)), true, nullptr, nullptr, t};
   p.doc_start = doc_start ? static_cast<const int32_t*>(doc_start.data) : nullptr;
   return p;
