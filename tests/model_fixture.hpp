@@ -5,9 +5,14 @@
 
 #include <mpi.h>
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "fsdp/backend/cpu_backend.hpp"
@@ -85,5 +90,39 @@ struct CausalLmFixture {
     return read_loss();
   }
 };
+
+// Gradient shards summed over runs (document masking's tests: a packed row's gradients are
+// the sum of its documents' run alone), one vector per unit.
+using UnitGrads = std::vector<std::vector<float>>;
+
+// sum[u] += fixture f's gradient shard of unit u (sized on first use).
+template <class F>
+void add_grads(F& f, UnitGrads& sum) {
+  sum.resize(static_cast<std::size_t>(f.engine.num_units()));
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    const float* g = f.engine.shard_grad(u).f32();
+    auto& s = sum[static_cast<std::size_t>(u)];
+    s.resize(static_cast<std::size_t>(f.engine.shard_numel(u)), 0.f);
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] += g[i];
+  }
+}
+
+// Fixture f's gradient shards equal `want` within tol times the unit's largest |want| (+1e-7
+// absolute), each unit's nonzero.
+template <class F>
+void expect_grads_near(F& f, const UnitGrads& want, double tol, const std::string& what) {
+  ASSERT_EQ(want.size(), static_cast<std::size_t>(f.engine.num_units())) << what;
+  for (int u = 0; u < f.engine.num_units(); ++u) {
+    const float* g = f.engine.shard_grad(u).f32();
+    const auto& w = want[static_cast<std::size_t>(u)];
+    double err = 0, norm = 0;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      err = std::max(err, static_cast<double>(std::abs(g[i] - w[i])));
+      norm = std::max(norm, static_cast<double>(std::abs(w[i])));
+    }
+    EXPECT_GT(norm, 0.0) << what << ": unit " << u;
+    EXPECT_LE(err, tol * norm + 1e-7) << what << ": unit " << u << " gradient";
+  }
+}
 
 }  // namespace test_util

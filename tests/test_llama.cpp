@@ -768,7 +768,7 @@ TEST(Llama, DocumentMaskingEqualsEachDocumentAlone) {
       packed.be->copy_to_host(logits.data(), lv);
       packed.loss_and_grads(1.f);
       double doc_loss = 0;
-      std::vector<std::vector<float>> grads(static_cast<std::size_t>(packed.engine.num_units()));
+      test_util::UnitGrads grads;
       int64_t t0 = 0;
       for (int64_t n : lengths) {
         o.T = n;
@@ -785,26 +785,11 @@ TEST(Llama, DocumentMaskingEqualsEachDocumentAlone) {
               << what << ": logit " << i << " of the document at " << t0;
         }
         alone.loss_and_grads(1.f);
-        for (int u = 0; u < alone.engine.num_units(); ++u) {
-          const float* g = alone.engine.shard_grad(u).f32();
-          auto& sum = grads[static_cast<std::size_t>(u)];
-          sum.resize(static_cast<std::size_t>(alone.engine.shard_numel(u)), 0.f);
-          for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
-        }
+        test_util::add_grads(alone, grads);
         t0 += n;
       }
       EXPECT_NEAR(packed_loss, doc_loss, 1e-5 * std::abs(doc_loss)) << what;
-      for (int u = 0; u < packed.engine.num_units(); ++u) {
-        const float* g = packed.engine.shard_grad(u).f32();
-        const auto& want = grads[static_cast<std::size_t>(u)];
-        double err = 0, norm = 0;
-        for (std::size_t i = 0; i < want.size(); ++i) {
-          err = std::max(err, static_cast<double>(std::abs(g[i] - want[i])));
-          norm = std::max(norm, static_cast<double>(std::abs(want[i])));
-        }
-        EXPECT_GT(norm, 0.0) << what << ": unit " << u;
-        EXPECT_LE(err, 2e-5 * norm + 1e-7) << what << ": unit " << u << " gradient";
-      }
+      test_util::expect_grads_near(packed, grads, 2e-5, what);
     }
   }
 }
@@ -854,16 +839,9 @@ TEST(Llama, DocumentMaskingLlama4ChunksAreTheRowsChunks) {
     for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], 2e-5) << i;
     plain.loss_and_grads();
     docs.loss_and_grads();
-    for (int u = 0; u < plain.engine.num_units(); ++u) {
-      const float* g0 = plain.engine.shard_grad(u).f32();
-      const float* g1 = docs.engine.shard_grad(u).f32();
-      double err = 0, norm = 0;
-      for (int64_t i = 0; i < plain.engine.shard_numel(u); ++i) {
-        err = std::max(err, static_cast<double>(std::abs(g1[i] - g0[i])));
-        norm = std::max(norm, static_cast<double>(std::abs(g0[i])));
-      }
-      EXPECT_LE(err, 2e-5 * norm + 1e-7) << "reset " << reset << " unit " << u;
-    }
+    test_util::UnitGrads want;
+    test_util::add_grads(plain, want);
+    test_util::expect_grads_near(docs, want, 2e-5, reset ? "reset" : "row positions");
   }
   // Two documents a row: the mask acts (a different loss from the one-document run).
   Fixture one(o), two(o);

@@ -336,7 +336,7 @@ TEST(Gpt2, DocumentMaskingEqualsEachDocumentAlone) {
                                                 {true, reset}))
         << what;
     double doc_loss = 0;
-    std::vector<std::vector<float>> grads(static_cast<std::size_t>(packed.engine.num_units()));
+    test_util::UnitGrads grads;
     int64_t t0 = 0;
     for (int64_t n : lengths) {
       o.T = n;
@@ -359,27 +359,12 @@ TEST(Gpt2, DocumentMaskingEqualsEachDocumentAlone) {
         EXPECT_GT(worst, 1e-2) << what << ": the document at " << t0 << " reads other positions";
       }
       alone.loss_and_grads(1.f);
-      for (int u = 0; u < alone.engine.num_units(); ++u) {
-        const float* g = alone.engine.shard_grad(u).f32();
-        auto& sum = grads[static_cast<std::size_t>(u)];
-        sum.resize(static_cast<std::size_t>(alone.engine.shard_numel(u)), 0.f);
-        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g[i];
-      }
+      test_util::add_grads(alone, grads);
       t0 += n;
     }
     if (!reset) continue;
     EXPECT_NEAR(packed_loss, doc_loss, 1e-5 * std::abs(doc_loss)) << what;
-    for (int u = 0; u < packed.engine.num_units(); ++u) {
-      const float* g = packed.engine.shard_grad(u).f32();
-      const auto& want = grads[static_cast<std::size_t>(u)];
-      double err = 0, norm = 0;
-      for (std::size_t i = 0; i < want.size(); ++i) {
-        err = std::max(err, static_cast<double>(std::abs(g[i] - want[i])));
-        norm = std::max(norm, static_cast<double>(std::abs(want[i])));
-      }
-      EXPECT_GT(norm, 0.0) << what << ": unit " << u;
-      EXPECT_LE(err, 2e-5 * norm + 1e-7) << what << ": unit " << u << " gradient";
-    }
+    test_util::expect_grads_near(packed, grads, 2e-5, what);
   }
 }
 
