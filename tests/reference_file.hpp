@@ -5,15 +5,19 @@
 //   param <name> <n> <n floats>       float32 values (parsed as float)
 //   grad <name> <n> <n numbers>       float64 values
 //   anything else <words>             kept as numbers ("batch", "inputs", "tokens", "loss", ...)
+// A path ending in ".xz" is read through `xz -dc` (tests/data/llama's fixtures are stored
+// compressed: 26 MB of text made the working tree too large to travel with the GPU bundle).
 // Header-only, like train_util.hpp.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -45,8 +49,20 @@ struct ReferenceFile {
 // fatal gtest failure naming `how` (the command that makes the fixture). Callers check
 // HasFatalFailure().
 inline void read_reference(const std::string& path, const std::string& how, ReferenceFile* out) {
-  std::ifstream in(path);
-  ASSERT_TRUE(in) << path << " missing (" << how << ")";
+  std::ifstream file(path);
+  ASSERT_TRUE(file) << path << " missing (" << how << ")";
+  std::stringstream text;
+  if (path.size() > 3 && path.compare(path.size() - 3, 3, ".xz") == 0) {
+    const std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(("xz -dc '" + path + "'").c_str(), "r"),
+                                                     pclose);
+    ASSERT_TRUE(pipe) << "xz -dc " << path;
+    char buf[1 << 16];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, pipe.get())) > 0;) text.write(buf, n);
+  } else {
+    text << file.rdbuf();
+  }
+  ASSERT_FALSE(text.str().empty()) << path << " is empty (or xz could not read it; " << how << ")";
+  std::istream& in = text;
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream s(line);

@@ -17,6 +17,7 @@ packages=(
   libonig-dev libutf8proc-dev           # fsdp_prepare --tokenizer tokenizer.json (regexes, NFC)
   python3-sentencepiece python3-h5py    # tests: the Python encoder cross-checks fsdp_prepare's ids
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
+  xz-utils                              # tests: the Llama reference fixtures (*.txt.xz)
   python3-torch                         # tests: tools_hf_check_reference (the float64 torch
                                         # models read fsdp_merge's files; exit 77 without it) and
                                         # tools_bench_shapes' Llama check (fails without it)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference values for a C++ Llama (tests/data/llama/*.txt), computed with PyTorch in float64
+"""Reference values for a C++ Llama (tests/data/llama/*.txt.xz, xz-compressed text), computed with PyTorch in float64
 following Hugging Face transformers' LlamaForCausalLM (models/llama/modeling_llama.py and the
 "llama3" branch of modeling_rope_utils.py) -- written from that description, not copied:
 token embeddings; per decoder layer an RMSNorm (x * rsqrt(mean(x^2) + eps) * weight), causal
@@ -18,7 +18,7 @@ pad_token_id 0 is looked up in 1l_gqa_untied_rope1e4_phi3).
 Regenerate the committed fixtures (Debian: apt-get install -y python3-torch; the Debian
 interpreter, /usr/bin/python3, not another one first on PATH) from the repository root:
     for v in $(/usr/bin/python3 tools/llama_reference.py --list); do
-      /usr/bin/python3 tools/llama_reference.py $v > tests/data/llama/reference_$v.txt
+      /usr/bin/python3 tools/llama_reference.py $v | xz -9e > tests/data/llama/reference_$v.txt.xz
     done
 Check that the committed fixtures are what this script makes, and the script's own self-tests
 (finite differences, a loop-by-loop second implementation, GQA/MHA and tied/untied identities,
@@ -303,6 +303,7 @@ explicit factor: with 4 = 16 / 4 both agree); cos and sin times (1 + 0.1 ln 4) /
 the same frequencies and cos/sin scale, its scores times D^-1/2 alone.
 """
 import json
+import lzma
 import math
 import os
 import random
@@ -2155,18 +2156,18 @@ def compare_text(want, got, rel=1e-8):
 
 def check(data_dir):
     ok = True
-    names = sorted(f for f in os.listdir(data_dir) if f.startswith("reference_") and f.endswith(".txt"))
-    expected = sorted(f"reference_{v}.txt" for v in VARIANTS)
+    names = sorted(f for f in os.listdir(data_dir) if f.startswith("reference_"))
+    expected = sorted(f"reference_{v}.txt.xz" for v in VARIANTS)
     if names != expected:
         print(f"FAIL {data_dir}: files {names}, expected {expected}")
         ok = False
     for v in VARIANTS:
-        path = os.path.join(data_dir, f"reference_{v}.txt")
+        path = os.path.join(data_dir, f"reference_{v}.txt.xz")
         if not os.path.exists(path):
             print(f"FAIL {path}: missing")
             ok = False
             continue
-        with open(path) as f:
+        with lzma.open(path, "rt") as f:
             want = f.read()
         got = fixture_text(v)
         if want == got:
