@@ -975,6 +975,25 @@ TEST(Config, ToTomlRoundTrips) {
 // Document masking (docs/data.md "Document masking"): data.attn_mask_type, reset_position_ids
 // and eos_token_id, their defaults, values, the cross-key errors (each one line naming its key)
 // and their resume flags.
+// optim.moe_router_bias_update_rate: only routers with a selection bias (GLM-4.5,
+// DeepSeek-V3) take it; another family or class is refused naming the key; negative refused.
+TEST(Config, RouterBiasUpdateNeedsASelectionBias) {
+  for (const char* type : {"glm4_moe", "deepseek_v3"}) {
+    EXPECT_NO_THROW(parse_config("[model]\ntype = \"" + std::string(type) + "\"\n" + kMinimal,
+                                 "in.toml", {"optim.moe_router_bias_update_rate=0.001"}))
+        << type;
+  }
+  for (const char* type : {"gpt2", "t5", "qwen3_moe", "llama"}) {
+    EXPECT_THAT(error_of("[model]\ntype = \"" + std::string(type) + "\"\n" + kMinimal,
+                         {"optim.moe_router_bias_update_rate=0.001"}),
+                HasSubstr("optim.moe_router_bias_update_rate: > 0 needs routers with a selection "
+                          "bias"))
+        << type;
+  }
+  EXPECT_THAT(error_of(kMinimal, {"optim.moe_router_bias_update_rate=-1"}),
+              HasSubstr("optim.moe_router_bias_update_rate: -1 is out of range"));
+}
+
 TEST(Config, DocumentMaskingKeys) {
   const Config d = parse_config(kMinimal, "min.toml", {});
   EXPECT_EQ(d.data.attn_mask_type, AttnMaskType::causal);

@@ -193,6 +193,12 @@ TEST(GpuTrain, LlamaAndFusedCrossEntropyMatchTheCpuBackend) {
                          "model.num_experts_per_tok=2", "model.moe_intermediate_size=12",
                          "model.n_group=4", "model.topk_group=2",
                          "model.routed_scaling_factor=2.5", "model.attention_bias=true"})},
+      // auxiliary-loss-free load balancing: the biases' update on the device shards
+      {"glm4_moe router bias update",
+       llama_config("", {"model.type=\"glm4_moe\"", "model.n_routed_experts=8",
+                         "model.num_experts_per_tok=2", "model.moe_intermediate_size=12",
+                         "model.n_group=4", "model.topk_group=2",
+                         "optim.moe_router_bias_update_rate=0.01"})},
       // DeepSeek-V3: MLA's strided copies (rope pairs de-interleaved, the shared key broadcast
       // and its gradient summed), values padded inside the attention
       {"deepseek_v3 mla interleaved",

@@ -30,6 +30,7 @@
 #include "fsdp/fsdp/engine.hpp"
 #include "fsdp/model/llama.hpp"
 #include "fsdp/model/model.hpp"
+#include "fsdp/train/router_bias.hpp"
 #include "model_fixture.hpp"
 #include "reference_file.hpp"
 
@@ -792,6 +793,60 @@ TEST(Llama, DocumentMaskingEqualsEachDocumentAlone) {
       test_util::expect_grads_near(packed, grads, 2e-5, what);
     }
   }
+}
+
+// Auxiliary-loss-free load balancing's counts (Model::take_router_loads): GLM-4.5's and
+// DeepSeek-V3's routers with a selection bias, one load per sparse layer named after its
+// e_score_correction_bias, each summing to the (token, pick) pairs of the training forwards
+// since the last call (two forwards: twice B*T*K); an evaluation forward adds nothing; a call
+// resets; a recompute under activation checkpointing does not count again; routers without
+// a selection bias (Qwen3-MoE) have none.
+TEST(Llama, RouterLoadsCountTheTrainingRouting) {
+  for (auto arch : {fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3}) {
+    ModelOptions o;
+    make_moe(o.model, arch);
+    o.model.num_hidden_layers = 3;  // layer 0 dense, 1 and 2 sparse
+    Fixture plain(o);
+    o.activation_checkpointing = fsdp::ActivationCheckpointing(true);
+    Fixture recompute(o);
+    const std::string what = fsdp::llama_arch_prefix(arch);
+    for (Fixture* f : {&plain, &recompute}) {
+      f->loss_and_grads();
+      f->loss();  // evaluation: not counted
+      f->loss_and_grads();
+    }
+    const auto loads = plain.model.take_router_loads();
+    ASSERT_EQ(loads.size(), 2u) << what;
+    const double pairs = static_cast<double>(2 * o.B * o.T * o.model.num_experts_per_tok);
+    for (std::size_t i = 0; i < loads.size(); ++i) {
+      EXPECT_EQ(loads[i].param, "model.layers." + std::to_string(i + 1) +
+                                    ".mlp.gate.e_score_correction_bias")
+          << what;
+      ASSERT_EQ(static_cast<int64_t>(loads[i].counts.size()), o.model.num_experts) << what;
+      double sum = 0;
+      for (double c : loads[i].counts) sum += c;
+      EXPECT_EQ(sum, pairs) << what << " layer " << i + 1;
+    }
+    EXPECT_EQ(recompute.model.take_router_loads().back().counts, loads.back().counts) << what;
+    for (const auto& l : plain.model.take_router_loads()) {
+      for (double c : l.counts) EXPECT_EQ(c, 0.0) << what << ": reset";
+    }
+    // The update lands on the named biases (zero before it): rate * sign(mean - count).
+    const fsdp::RouterBiasUpdate update(plain.engine, loads, 0.5);
+    for (int u = 0; u < plain.engine.num_units(); ++u) update.apply(u);
+    const auto full = plain.engine.gather_full_params();
+    bool moved = false;
+    for (const auto& l : loads) {
+      EXPECT_EQ(full.at(l.param), fsdp::router_bias_deltas(l.counts, 0.5)) << what << " " << l.param;
+      for (float x : full.at(l.param)) moved = moved || x != 0.0f;
+    }
+    EXPECT_TRUE(moved) << what << ": some expert off the mean";
+  }
+  ModelOptions q;
+  make_moe(q.model, fsdp::LlamaArch::qwen3_moe);
+  Fixture f(q);
+  f.loss_and_grads();
+  EXPECT_TRUE(f.model.take_router_loads().empty());
 }
 
 // Positions that do not count up from 0 are refused, naming the entry.

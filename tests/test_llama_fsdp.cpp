@@ -22,6 +22,7 @@
 #include "fsdp/checkpoint/safetensors.hpp"
 #include "fsdp/data/prepare.hpp"
 #include "fsdp/model/model.hpp"
+#include "fsdp/train/router_bias.hpp"
 #include "train_util.hpp"
 
 using fsdp::Config;
@@ -185,6 +186,87 @@ TEST(LlamaFsdp, DocumentMaskingShardsAsOneRank) {
       expect_plan_equals_peak(got, tag + " " + fsdp::to_string(s));
     }
   }
+}
+
+// The bias update's rule (fsdp/train/router_bias.hpp): rate times the sign of the mean minus
+// the count, 0 at the mean; a negative rate is refused.
+TEST(RouterBias, DeltasFollowTheSignOfTheImbalance) {
+  EXPECT_EQ(fsdp::router_bias_deltas({4, 0, 2, 2}, 0.5), (std::vector<float>{-0.5f, 0.5f, 0, 0}));
+  EXPECT_EQ(fsdp::router_bias_deltas({3, 3, 3}, 0.25), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(fsdp::router_bias_deltas({1, 2}, 0.0), (std::vector<float>{0, 0}));
+  EXPECT_THROW(fsdp::router_bias_deltas({1, 2}, -1e-3), fsdp::Error);
+}
+
+// Auxiliary-loss-free load balancing through the trainer (optim.moe_router_bias_update_rate):
+// GLM-4.5's routers (6 experts in 3 groups, 2 a token) over 5 steps at rate 0.01. Each bias
+// element ends a whole number of steps of 0.01 from 0, within 5 of them, and the biases move;
+// FULL_SHARD and HYBRID_SHARD over the world equal a 1-rank NO_SHARD run (the counts are summed
+// over the ranks); CPU offload (the update on the host thread) equals the device run bit for
+// bit; at rate 0 the biases stay 0; a stopped and resumed run continues bit for bit.
+TEST(RouterBias, UpdatesTheBiasesAsOneRankAndResumes) {
+  const std::vector<std::string> glm = {
+      "model.type=\"glm4_moe\"", "model.n_routed_experts=6", "model.num_experts_per_tok=2",
+      "model.moe_intermediate_size=12", "model.n_group=3", "model.topk_group=2",
+      "model.routed_scaling_factor=1.5", "model.num_hidden_layers=3", "optim.name=sgd"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), glm.begin(), glm.end());
+    return extra;
+  };
+  auto biases = [](const TrainResult& r) {
+    std::vector<float> b;
+    for (const auto& [name, values] : r.params) {
+      if (name.find("e_score_correction_bias") != std::string::npos) {
+        b.insert(b.end(), values.begin(), values.end());
+      }
+    }
+    return b;
+  };
+  Config r = llama_config(fresh_dir("router_bias_ref") + "/rank" + std::to_string(world_rank()),
+                          with({"optim.moe_router_bias_update_rate=0.01"}));
+  r.fsdp.sharding_strategy = ShardingStrategy::NO_SHARD;
+  const TrainResult ref = run(r, On::self);
+  const std::vector<float> b = biases(ref);
+  ASSERT_EQ(b.size(), 12u);  // two sparse layers of 6
+  bool moved = false;
+  for (float x : b) {
+    const double steps = x / 0.01;
+    EXPECT_NEAR(steps, std::round(steps), 1e-3) << x;
+    EXPECT_LE(std::abs(steps), 5.0 + 1e-3) << x;
+    moved = moved || x != 0.0f;
+  }
+  EXPECT_TRUE(moved);
+  for (auto s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::HYBRID_SHARD}) {
+    Config c = llama_config(fresh_dir(std::string("router_bias_") + fsdp::to_string(s)),
+                            with({"optim.moe_router_bias_update_rate=0.01"}));
+    c.fsdp.sharding_strategy = s;
+    c.mesh.shard_size = std::min(2, world_size());
+    const TrainResult got = run(c, On::world);
+    expect_close(got, ref, 1e-5, fsdp::to_string(s));
+    EXPECT_EQ(biases(got), b) << fsdp::to_string(s);
+  }
+  const TrainResult device = run(
+      llama_config(fresh_dir("router_bias_device"), with({"optim.moe_router_bias_update_rate=0.01"})),
+      On::world);
+  const TrainResult offload =
+      run(llama_config(fresh_dir("router_bias_offload"),
+                       with({"optim.moe_router_bias_update_rate=0.01", "fsdp.cpu_offload=true"})),
+          On::world);
+  EXPECT_EQ(offload.losses, device.losses);
+  for (const auto& [name, values] : device.params) EXPECT_EQ(offload.params.at(name), values) << name;
+  const TrainResult off = run(llama_config(fresh_dir("router_bias_off"), with({})), On::world);
+  for (float x : biases(off)) EXPECT_EQ(x, 0.0f);
+  // Resume: stopped after step 3 of 6 and resumed, bit for bit.
+  Config c = llama_config(fresh_dir("router_bias_full"),
+                          with({"optim.moe_router_bias_update_rate=0.01"}));
+  c.train.max_steps = 6;
+  c.checkpoint.every = 3;
+  const TrainResult full = run(c, On::world);
+  c.train.run_dir = fresh_dir("router_bias_part");
+  run(c, On::world, /*stop_after=*/3);
+  const TrainResult second = run(c, On::world, 0, /*resume=*/true);
+  ASSERT_EQ(second.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], full.losses[i + 3]) << "step " << i + 4;
+  for (const auto& [name, values] : full.params) EXPECT_EQ(second.params.at(name), values) << name;
 }
 
 TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {

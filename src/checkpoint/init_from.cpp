@@ -268,7 +268,7 @@ InitFromResult load_hf_shards(const std::string& dir, const ModelConfig& config,
                     config.type + " family");
       }
       own.insert(hf->name);
-      sources[u].push_back(Source{*hf, ""});
+      sources[u].push_back(Source{*hf, "", 0, std::nullopt});
     }
   }
   for (std::size_t u = 0; u < layouts.size(); ++u) {

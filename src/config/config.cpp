@@ -212,6 +212,10 @@ void visit_keys(C& c, F&& f) {
      "AdamW epsilon."});
   f("optim", "momentum", c.optim.momentum,
     {kFixed, unit_interval(), "torch.optim.SGD momentum", "SGD momentum (SGD only)."});
+  f("optim", "moe_router_bias_update_rate", c.optim.moe_router_bias_update_rate,
+    {kMayChange, nonnegative(), "Megatron-LM --moe-router-bias-update-rate",
+     "Auxiliary-loss-free load balancing: after each step every router's selection bias "
+     "(`e_score_correction_bias`) moves by this toward balance; 0 = off."});
   f("fsdp", "sharding_strategy", c.fsdp.sharding_strategy,
     {kMayChange, kAny, "PyTorch FSDP sharding_strategy", "What is sharded, and over which ranks."});
   f("fsdp", "auto_wrap_policy", c.fsdp.auto_wrap_policy,
@@ -783,6 +787,14 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
 }
 
 }  // namespace
+
+void check_router_bias_update(const Config& c, bool has_router_bias, const KeyFail& fail) {
+  if (c.optim.moe_router_bias_update_rate > 0 && !has_router_bias) {
+    throw fail("optim.moe_router_bias_update_rate",
+               "> 0 needs routers with a selection bias (e_score_correction_bias: model.type "
+               "glm4_moe or deepseek_v3; expected 0 for \"" + c.model.type + "\")");
+  }
+}
 
 void check_recompute_num_layers(const Config& c, int64_t num_blocks, const KeyFail& fail) {
   if (c.fsdp.activation_checkpointing && c.fsdp.recompute_num_layers > num_blocks) {

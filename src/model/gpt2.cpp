@@ -423,6 +423,7 @@ class Gpt2Family final : public ModelFamily {
                                      " (expected 1 <= seq_len <= n_positions)");
     }
     check_recompute_num_layers(c, g.n_layer, fail);
+    check_router_bias_update(c, false, fail);
   }
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
     return gpt2_modules(Gpt2Config::from(c));

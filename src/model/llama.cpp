@@ -1383,7 +1383,8 @@ int64_t LlamaModel::activation_bytes(const LlamaConfig& c, int64_t B, int64_t T,
 LlamaModel::LlamaModel(const LlamaConfig& config, Kernels& kernels, DType activation_dtype,
                        ActivationCheckpointing activation_checkpointing)
     : cfg_(config), be_(kernels), rt_(kernels.runtime()), act_dtype_(activation_dtype),
-      checkpointing_(activation_checkpointing), modules_(llama_modules(config)) {}
+      checkpointing_(activation_checkpointing), modules_(llama_modules(config)),
+      router_counts_(static_cast<std::size_t>(config.num_hidden_layers)) {}
 
 LlamaModel::~LlamaModel() = default;
 
@@ -1607,6 +1608,23 @@ double LlamaModel::take_max_expert_load() {
   const double load = max_expert_load_;
   max_expert_load_ = 0.0;
   return load;
+}
+
+std::vector<Model::RouterLoad> LlamaModel::take_router_loads() {
+  std::vector<RouterLoad> loads;
+  router_counts_.resize(static_cast<std::size_t>(cfg_.num_hidden_layers));
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    const LayerParams lp = layer_params(cfg_, l);
+    if (!cfg_.layer_sparse(l) || lp.x.e_bias < 0) continue;
+    auto& counts = router_counts_[static_cast<std::size_t>(l)];
+    counts.resize(static_cast<std::size_t>(cfg_.num_experts), 0.0);
+    loads.push_back({modules_[static_cast<std::size_t>(1 + l)]
+                         .params[static_cast<std::size_t>(lp.x.e_bias)]
+                         .name,
+                     counts});
+    std::fill(counts.begin(), counts.end(), 0.0);
+  }
+  return loads;
 }
 
 TensorView LlamaModel::router_logits(int64_t layer) const {
@@ -2117,6 +2135,11 @@ void LlamaModel::moe_forward(int64_t l, int64_t BT, ModuleHooks& hooks, bool wri
       if (training_forward_) {
         max_expert_load_ =
             std::max(max_expert_load_, n * static_cast<double>(E) / static_cast<double>(RK));
+        if (x.e_bias >= 0) {
+          auto& counts = router_counts_[static_cast<std::size_t>(l)];
+          counts.resize(static_cast<std::size_t>(E), 0.0);
+          counts[e] += n;
+        }
       }
       if (cfg_.aux_loss()) a.moe_count[e] += n;
     }
@@ -2915,6 +2938,7 @@ class LlamaFamily final : public ModelFamily {
     const LlamaConfig g = LlamaConfig::from(c.model);
     const auto& a = args();
     const auto n = [](int64_t v) { return std::to_string(v); };
+    check_router_bias_update(c, g.selection_bias(), fail);
     // Document masking with reset positions: not longrope, whose factors HF picks by the
     // largest position id (ours: by the row's length)
     if (c.data.reset_position_ids && g.rope_type == LlamaConfig::RopeType::longrope) {

@@ -184,6 +184,7 @@ class T5Family final : public ModelFamily {
                  "llama, chunk their LM head)");
     }
     check_recompute_num_layers(c, t.num_layers + t.num_decoder_layers, fail);
+    check_router_bias_update(c, false, fail);
   }
   std::vector<ModuleDecl> modules(const ModelConfig& c) const override {
     return t5_modules(T5Config::from(c));

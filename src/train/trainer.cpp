@@ -42,6 +42,7 @@
 #include "fsdp/train/collective_guard.hpp"
 #include "fsdp/train/memory_check.hpp"
 #include "fsdp/train/profiling.hpp"
+#include "fsdp/train/router_bias.hpp"
 #include "fsdp/train/run_dir.hpp"
 #include "fsdp/train/signals.hpp"
 #include "fsdp/train/watchdog.hpp"
@@ -743,16 +744,43 @@ StepOutcome train_step(Job& job, StepState& st, TrainResult& result) {
   result.loss_scales.push_back(job.scaler.scale());
   job.step = o.step;
   o.lr = learning_rate(cfg.optim, cfg.train.max_steps, job.step);
+  // Auxiliary-loss-free load balancing: the step's routing counts summed over the ranks
+  // (every rank, every step, so the counts never outlive their step), the router biases
+  // moved with the update (fsdp/train/router_bias.hpp).
+  std::shared_ptr<const RouterBiasUpdate> router_bias;
+  if (cfg.optim.moe_router_bias_update_rate > 0) {
+    std::vector<Model::RouterLoad> loads = job.model->take_router_loads();
+    std::vector<double> counts;
+    for (const auto& l : loads) counts.insert(counts.end(), l.counts.begin(), l.counts.end());
+    {
+      StepTimer::Scope waiting(&timer, Phase::comm_wait);
+      ProfileRange range(prof, "collective", "all_reduce router_counts");
+      job.host.all_reduce(counts.data(), counts.data(), static_cast<int64_t>(counts.size()),
+                          DType::f64, ReduceOp::sum)->wait();
+    }
+    std::size_t at = 0;
+    for (auto& l : loads) {
+      std::copy_n(counts.begin() + static_cast<std::ptrdiff_t>(at), l.counts.size(),
+                  l.counts.begin());
+      at += l.counts.size();
+    }
+    if (!o.skipped && !o.nonfinite) {
+      router_bias = std::make_shared<const RouterBiasUpdate>(
+          *job.engine, loads, cfg.optim.moe_router_bias_update_rate);
+    }
+  }
   if (o.skipped) {
     result.skipped_steps.push_back(o.step);
   } else if (!o.nonfinite) {
     job.optimizer->begin_update();  // optimizer shard u is unit u's (build_model)
     // By value: offloaded, the writes outlive this function. The clip coefficient is applied
     // as the update reads each gradient (it stays valid until the next clip), and an
-    // offloaded unit's upload copy is written in the same pass.
+    // offloaded unit's upload copy is written in the same pass. The router biases move first
+    // (no gradient, no decay: the optimizer's step leaves them as they are then).
     job.engine->update_shards(
-        [optimizer = job.optimizer.get(), lr = o.lr,
-         clipper = job.clipper.get()](int u, const TensorView& compute_copy) {
+        [optimizer = job.optimizer.get(), lr = o.lr, clipper = job.clipper.get(),
+         router_bias](int u, const TensorView& compute_copy) {
+          if (router_bias) router_bias->apply(u);
           optimizer->step_shard(u, lr, clipper->coefficient(u), compute_copy);
         },
         job.step > cfg.fsdp.delayed_parameter_update_warmup_steps);

@@ -390,6 +390,9 @@ struct OptimConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double momentum = 0.9;              // sgd only
+  // Auxiliary-loss-free load balancing (DeepSeek-V3): each step every router selection bias
+  // moves by this toward balance; 0 = off (fsdp/optim/router_bias.hpp)
+  double moe_router_bias_update_rate = 0.0;
   friend bool operator==(const OptimConfig&, const OptimConfig&) = default;
 };
 
@@ -602,6 +605,9 @@ class ModelSchema {
 // For a family's validate: throws fail("fsdp.recompute_num_layers", ...) when it names more
 // blocks than the model's `num_blocks` (with activation_checkpointing on).
 void check_recompute_num_layers(const Config& config, int64_t num_blocks, const KeyFail& fail);
+// For a family's validate: throws fail("optim.moe_router_bias_update_rate", ...) when it is
+// above 0 and the model (`has_router_bias` false) has no router with a selection bias.
+void check_router_bias_update(const Config& config, bool has_router_bias, const KeyFail& fail);
 // The families a configuration may name, in a fixed order.
 using ModelSchemas = std::vector<const ModelSchema*>;
 // The schema of model.type `type` among `models`; throws InputError `model.type: unknown

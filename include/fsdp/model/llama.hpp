@@ -674,6 +674,7 @@ class LlamaModel final : public CausalLm {
   // checkpointing).
   TensorView router_logits(int64_t layer) const;
   double take_max_expert_load() override;
+  std::vector<RouterLoad> take_router_loads() override;
 
   // Bytes of activations (saved for backward, their gradients, scratch, the RoPE tables) for a
   // [B,T] micro-batch; exactly what forward allocates (the logits [B*T, Vp], or one chunk of
@@ -789,6 +790,9 @@ class LlamaModel final : public CausalLm {
   std::vector<ModuleDecl> modules_;
   std::unique_ptr<Acts> acts_;
   int64_t last_rows_ = 0;
+  // selection_bias(): the training forwards' (token, pick) counts per expert of each sparse
+  // layer since take_router_loads, [layer][E] (empty for a dense layer).
+  std::vector<std::vector<double>> router_counts_;
   // The document masking of the last forward (its backward reads the same).
   DocumentMasking docs_on_;
 };

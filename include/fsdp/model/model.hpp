@@ -52,6 +52,17 @@ class Model {
   // counts MoE trainers log, reduced to their worst ratio). Resets. 0 for a model without
   // experts.
   virtual double take_max_expert_load() { return 0.0; }
+  // Auxiliary-loss-free load balancing (optim.moe_router_bias_update_rate; fsdp/optim/
+  // router_bias.hpp): for each router with a selection bias (GLM-4.5's and DeepSeek-V3's
+  // e_score_correction_bias), in layer order, the bias parameter's name and the (token, pick)
+  // pairs the training forwards since the last call routed to each of its experts (fp64 [E];
+  // a recompute under activation checkpointing does not count again). Resets. Empty for a
+  // model without such routers.
+  struct RouterLoad {
+    std::string param;
+    std::vector<double> counts;
+  };
+  virtual std::vector<RouterLoad> take_router_loads() { return {}; }
 };
 
 // How one of our parameters appears in a Hugging Face checkpoint.
