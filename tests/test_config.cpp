@@ -994,6 +994,21 @@ TEST(Config, RouterBiasUpdateNeedsASelectionBias) {
               HasSubstr("optim.moe_router_bias_update_rate: -1 is out of range"));
 }
 
+// data.packing: sft only, and with block_causal (else each example would see its row's
+// others); an error names the key.
+TEST(Config, PackingNeedsSftAndBlockCausal) {
+  const std::string llama = "[model]\ntype = \"llama\"\n" + kMinimal;
+  EXPECT_NO_THROW(parse_config(llama, "in.toml",
+                               {"data.objective=sft", "data.packing=true",
+                                "data.attn_mask_type=block_causal", "data.reset_position_ids=true"}));
+  EXPECT_THAT(error_of(llama, {"data.packing=true", "data.attn_mask_type=block_causal"}),
+              HasSubstr("data.packing: true needs data.objective = \"sft\" (got \"causal_lm\""));
+  EXPECT_THAT(error_of(llama, {"data.objective=sft", "data.packing=true"}),
+              HasSubstr("data.packing: true needs data.attn_mask_type = \"block_causal\""));
+  EXPECT_THAT(error_of(llama, {"data.objective=sft", "data.attn_mask_type=block_causal"}),
+              HasSubstr("or \"sft\" with data.packing = true"));
+}
+
 TEST(Config, DocumentMaskingKeys) {
   const Config d = parse_config(kMinimal, "min.toml", {});
   EXPECT_EQ(d.data.attn_mask_type, AttnMaskType::causal);

@@ -1209,6 +1209,61 @@ TEST(Samples, SftRowsMaskThePromptAndTruncateTheEnd) {
                {"data.source: \"synthetic\" is not supported with data.objective = \"sft\""});
 }
 
+// data.packing (TRL's SFTConfig packing="bfd" with padding_free): examples of 3, 4, 1, 2, 2
+// and 5 positions (their lengths less one; a 1-token example fills none and is left out) go
+// into rows of 6 by best-fit decreasing: 5 alone -> row 0 (1 left), 4 -> row 1 (2 left), 3 ->
+// row 2 (3 left), 2 -> row 1 (fits exactly), 2 -> row 2 (1 left), 1 -> row 0 (the least room
+// that fits). Each example keeps its tokens and its prompt mask; position_ids restart at each
+// example and at the padding; the shape says block_causal; without packing a row is one
+// example as before.
+TEST(Samples, SftPackingPlacesExamplesBestFitDecreasing) {
+  TempDir dir("sftpack");
+  fsdp::data::PairExamples train, val;
+  train.add({10, 11}, {12, 13});          // 0: 3 positions
+  train.add({20}, {21, 22, 23, 24});      // 1: 4
+  train.add({}, {30, 31});                // 2: 1
+  train.add({40}, {41, 42});              // 3: 2
+  train.add({50, 51, 52}, {});            // 4: 2 (no completion: no target)
+  train.add({60}, {61, 62, 63, 64, 65});  // 5: 5
+  train.add({}, {70});                    // 6: 0 positions: left out
+  val.add({1}, {2, 3});
+  fsdp::data::write_pairs_file(dir.file("p.h5"), {train, val}, "test");
+  auto c = data_config(fsdp::Objective::sft, dir.file("p.h5"));
+  c.data.seq_len = 6;
+  c.data.packing = true;
+  c.data.attn_mask_type = fsdp::AttnMaskType::block_causal;
+  c.data.reset_position_ids = true;
+  EXPECT_TRUE(fsdp::data::batch_shape(c).block_causal);
+  EXPECT_TRUE(fsdp::data::batch_shape(c).reset_position_ids);
+  const auto s = fsdp::data::open_samples(c, fsdp::data::Split::train, 300);
+  ASSERT_EQ(s->num_samples(), 3);
+  EXPECT_TRUE(s->shape().block_causal);
+  const auto b = s->load({0, 1, 2});
+  const int32_t I = fsdp::data::kIgnoreIndex;
+  auto pos_row = [&](int64_t r) {
+    return std::vector<int32_t>(b.position_ids.begin() + r * 6, b.position_ids.begin() + r * 6 + 6);
+  };
+  EXPECT_TRUE(b.reset_position_ids);
+  EXPECT_EQ(in_row(b, 0), (std::vector<int32_t>{60, 61, 62, 63, 64, 30}));
+  EXPECT_EQ(tgt_row(b, 0), (std::vector<int32_t>{61, 62, 63, 64, 65, 31}));
+  EXPECT_EQ(pos_row(0), (std::vector<int32_t>{0, 1, 2, 3, 4, 0}));
+  EXPECT_EQ(in_row(b, 1), (std::vector<int32_t>{20, 21, 22, 23, 40, 41}));
+  EXPECT_EQ(tgt_row(b, 1), (std::vector<int32_t>{21, 22, 23, 24, 41, 42}));
+  EXPECT_EQ(pos_row(1), (std::vector<int32_t>{0, 1, 2, 3, 0, 1}));
+  EXPECT_EQ(in_row(b, 2), (std::vector<int32_t>{10, 11, 12, 50, 51, 0}));
+  EXPECT_EQ(tgt_row(b, 2), (std::vector<int32_t>{I, 12, 13, I, I, I}));
+  EXPECT_EQ(pos_row(2), (std::vector<int32_t>{0, 1, 2, 0, 1, 0}));
+  EXPECT_EQ(b.num_targets(), 6 + 6 + 2);  // every completion token of the split, once
+  // The validation split is packed too; without packing one example a row, no position_ids.
+  const auto v = fsdp::data::open_samples(c, fsdp::data::Split::val, 300)->load({0});
+  EXPECT_EQ(in_row(v, 0), (std::vector<int32_t>{1, 2, 0, 0, 0, 0}));
+  EXPECT_EQ(v.position_ids, (std::vector<int32_t>{0, 1, 0, 1, 2, 3}));
+  c.data.packing = false;
+  const auto u = fsdp::data::open_samples(c, fsdp::data::Split::train, 300);
+  EXPECT_EQ(u->num_samples(), 7);
+  EXPECT_TRUE(u->load({0}).position_ids.empty());
+}
+
 TEST(Samples, Seq2SeqBadFilesAreInputErrorsNamingFileAndDataset) {
   TempDir dir("s2sbad");
   auto open = [](const std::string& path, fsdp::data::Split split = fsdp::data::Split::train, int64_t vocab = 384) {

@@ -560,6 +560,30 @@ std::string window_pairs(const std::string& name, int64_t L, int64_t prompt) {
   return path;
 }
 
+// A pairs file of varied lengths for packing: example i of a split is 2 + i % 11 tokens of
+// the text (a 2-token prompt, the rest the completion), taken one after the other.
+std::string varied_pairs(const std::string& name) {
+  const std::string path = fresh_dir(name) + "/pairs.h5";
+  if (world_rank() == 0) {
+    const std::string text = "Sharded data parallel training: all-gather, compute, reshard. ";
+    std::vector<int32_t> bytes;
+    for (int i = 0; i < 40; ++i) bytes.insert(bytes.end(), text.begin(), text.end());
+    auto examples = [&](int64_t begin, int64_t end) {
+      fsdp::data::PairExamples ex;
+      for (int64_t at = begin, i = 0; at + 2 + i % 11 <= end; at += 2 + i % 11, ++i) {
+        const auto* w = bytes.data() + at;
+        ex.add(std::vector<int32_t>(w, w + 2), std::vector<int32_t>(w + 2, w + 2 + i % 11));
+      }
+      return ex;
+    };
+    const auto cut = static_cast<int64_t>(bytes.size()) * 4 / 5;
+    fsdp::data::PairSplit split{examples(0, cut), examples(cut, static_cast<int64_t>(bytes.size()))};
+    fsdp::data::write_pairs_file(path, split, "test_llama_fsdp");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
 }  // namespace
 
 // data.objective = "sft" (TRL's completion-only loss on prompt-completion pairs). With empty
@@ -594,4 +618,39 @@ TEST(LlamaFsdp, SftOnWholeWindowsIsTheCausalLmRun) {
   ASSERT_EQ(p.losses.size(), 5u);
   EXPECT_NE(p.losses.front(), want.losses.front());
   EXPECT_LT(p.losses.back(), p.losses.front());
+}
+
+// data.packing (TRL's packing with padding_free): SFT examples of 2-12 tokens packed into
+// rows of 12 by best-fit decreasing, each attending only to itself with its own positions. The
+// validation loss before any step (eval.on_start) equals the unpacked run's: the same
+// examples and targets, batched otherwise (to rounding); packed runs train, and FULL_SHARD
+// over the world equals a 1-rank NO_SHARD run; the plan counts the document buffers.
+TEST(LlamaFsdp, SftPackingKeepsTheLossAndShardsAsOneRank) {
+  const std::string pairs = varied_pairs("sft_varied_pairs");
+  auto config = [&](const std::string& dir, bool packing) {
+    Config c = llama_config(dir, {"model.vocab_size=300", "data.objective=sft",
+                                  "eval.on_start=true"});
+    c.data.path = pairs;
+    if (packing) {
+      c.data.packing = true;
+      c.data.attn_mask_type = fsdp::AttnMaskType::block_causal;
+      c.data.reset_position_ids = true;
+    }
+    return c;
+  };
+  const TrainResult rows = run(config(fresh_dir("sft_unpacked"), false), On::world);
+  const TrainResult packed = run(config(fresh_dir("sft_packed"), true), On::world);
+  ASSERT_FALSE(rows.val_losses.empty());
+  ASSERT_FALSE(packed.val_losses.empty());
+  EXPECT_EQ(packed.val_losses.front().first, 0);
+  EXPECT_NEAR(packed.val_losses.front().second, rows.val_losses.front().second,
+              1e-6 * rows.val_losses.front().second);
+  EXPECT_LT(packed.losses.back(), packed.losses.front()) << "it trains";
+  expect_plan_equals_peak(packed, "sft packing");
+  Config r = config(fresh_dir("sft_packed_ref") + "/rank" + std::to_string(world_rank()), true);
+  r.fsdp.sharding_strategy = ShardingStrategy::NO_SHARD;
+  const TrainResult ref = run(r, On::self);
+  Config f = config(fresh_dir("sft_packed_full"), true);
+  f.mesh.shard_size = std::min(2, world_size());
+  expect_close(run(f, On::world), ref, 1e-5, "sft packing FULL_SHARD");
 }

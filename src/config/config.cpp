@@ -141,6 +141,10 @@ void visit_keys(C& c, F&& f) {
     {kMayChange, kAny, "Megatron-LM --reset-position-ids",
      "With `block_causal`: positions (RoPE's; GPT-2's `wpe` rows) restart at 0 at each "
      "document, as Hugging Face's padding-free packing's position_ids."});
+  f("data", "packing", c.data.packing,
+    {kFixed, kAny, "TRL SFTConfig.packing",
+     "`sft`: pack several examples into each row (best-fit decreasing), each attending only "
+     "to itself."});
   f("data", "eos_token_id", c.data.eos_token_id,
     {kMayChange, at_least(-1), "HF config.json eos_token_id",
      "The token that ends a document for `block_causal`; -1: the data file's `eos_id` "
@@ -698,11 +702,23 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
       }
     }
   }
+  if (c.data.packing && c.data.objective != Objective::sft) {
+    throw fail("data.packing", std::string("true needs data.objective = \"sft\" (got \"") +
+                                   to_string(c.data.objective) +
+                                   "\"; causal_lm windows are packed already)");
+  }
+  if (c.data.packing && c.data.attn_mask_type != AttnMaskType::block_causal) {
+    throw fail("data.packing",
+               "true needs data.attn_mask_type = \"block_causal\" (each packed example attends "
+               "only to itself, as TRL's padding_free; set it)");
+  }
   if (c.data.attn_mask_type == AttnMaskType::block_causal &&
-      c.data.objective != Objective::causal_lm) {
+      c.data.objective != Objective::causal_lm && !c.data.packing) {
     throw fail("data.attn_mask_type",
                std::string("\"block_causal\" needs data.objective = \"causal_lm\" (got \"") +
-                   to_string(c.data.objective) + "\"; or set data.attn_mask_type = \"causal\")");
+                   to_string(c.data.objective) +
+                   "\"; or \"sft\" with data.packing = true; or set data.attn_mask_type = "
+                   "\"causal\")");
   }
   if (c.data.reset_position_ids && c.data.attn_mask_type != AttnMaskType::block_causal) {
     throw fail("data.reset_position_ids",

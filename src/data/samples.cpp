@@ -3,6 +3,7 @@
 #include "fsdp/data/samples.hpp"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -341,46 +342,100 @@ class Seq2SeqSamples final : public SampleSource {
 // inputs are its first L tokens (padded with 0), targets[t] its token t + 1 where that token
 // is a completion token, kIgnoreIndex on the prompt and the padding. An example cut short is
 // counted in num_truncated().
+// Packing (data.packing; TRL's SFTConfig packing="bfd" with padding_free): example i fills m_i
+// = min(len_i, L + 1) - 1 positions (its inputs; its last token is only a target), and a row
+// holds several, placed by best-fit decreasing over the split at open (examples by m_i
+// descending, index ascending among equals, each into the open row with the least room that
+// fits it, else a new row; an example of one token fills nothing and is left out). A sample is
+// a row: its examples one after the other in the order they were placed, then padding, with
+// position_ids restarting at 0 at each example (and at the padding), so under block_causal
+// each attends only to itself; reset_position_ids is data.reset_position_ids.
 class SftSamples final : public SampleSource {
  public:
-  SftSamples(Side prompt, Side completion, int64_t num_samples, int64_t L)
-      : prompt_(std::move(prompt)), completion_(std::move(completion)), n_(num_samples), L_(L) {
-    for (int64_t i = 0; i < n_; ++i) {
+  SftSamples(Side prompt, Side completion, int64_t num_examples, int64_t L, bool packing,
+             bool reset_position_ids)
+      : prompt_(std::move(prompt)), completion_(std::move(completion)), L_(L),
+        packing_(packing), reset_(packing && reset_position_ids) {
+    for (int64_t i = 0; i < num_examples; ++i) {
       if (prompt_.len(i) + completion_.len(i) > L_ + 1) ++truncated_;
     }
+    if (!packing_) {
+      for (int64_t i = 0; i < num_examples; ++i) rows_.push_back({i});
+      return;
+    }
+    std::vector<int64_t> order;
+    for (int64_t i = 0; i < num_examples; ++i) {
+      if (positions(i) > 0) order.push_back(i);
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return positions(a) > positions(b); });
+    std::multimap<int64_t, std::size_t> room;  // free positions -> row (best fit: the least)
+    for (int64_t i : order) {
+      const auto it = room.lower_bound(positions(i));
+      std::size_t row = rows_.size();
+      int64_t left = L_;
+      if (it != room.end()) {
+        row = it->second;
+        left = it->first;
+        room.erase(it);
+      } else {
+        rows_.emplace_back();
+      }
+      rows_[row].push_back(i);
+      if (left - positions(i) > 0) room.emplace(left - positions(i), row);
+    }
   }
-  int64_t num_samples() const override { return n_; }
+  int64_t num_samples() const override { return static_cast<int64_t>(rows_.size()); }
   int64_t num_tokens() const override {
     return static_cast<int64_t>(prompt_.tokens.size() + completion_.tokens.size());
   }
-  BatchShape shape() const override { return {L_, L_}; }
+  BatchShape shape() const override { return {L_, L_, packing_, reset_}; }
   int64_t num_truncated() const override { return truncated_; }
   Batch load(const std::vector<int64_t>& indices) const override {
-    for (int64_t i : indices) check_index("sft", i, n_);
+    for (int64_t i : indices) check_index("sft", i, num_samples());
     Batch b;
     b.B = static_cast<int64_t>(indices.size());
     b.L = b.target_len = L_;
     b.inputs.assign(static_cast<std::size_t>(b.B * L_), kPadId);
     b.targets.assign(static_cast<std::size_t>(b.B * L_), kIgnoreIndex);
+    if (packing_) {
+      b.position_ids.assign(static_cast<std::size_t>(b.B * L_), 0);
+      b.reset_position_ids = reset_;
+    }
     for (int64_t r = 0; r < b.B; ++r) {
-      const int64_t i = indices[static_cast<std::size_t>(r)];
-      const int64_t np = prompt_.len(i), n = std::min(np + completion_.len(i), L_ + 1);
-      const int32_t* p = prompt_.tokens.data() + prompt_.offsets[static_cast<std::size_t>(i)];
-      const int32_t* c = completion_.tokens.data() + completion_.offsets[static_cast<std::size_t>(i)];
-      auto token = [&](int64_t k) { return k < np ? p[k] : c[k - np]; };
-      int32_t* in = b.inputs.data() + r * L_;
-      int32_t* tgt = b.targets.data() + r * L_;
-      for (int64_t t = 0; t + 1 < n; ++t) {
-        in[t] = token(t);
-        if (t + 1 >= np) tgt[t] = token(t + 1);  // a completion token: its loss counts
+      int64_t t0 = 0;  // the row's next position
+      for (int64_t i : rows_[static_cast<std::size_t>(indices[static_cast<std::size_t>(r)])]) {
+        const int64_t np = prompt_.len(i), m = positions(i);
+        const int32_t* p = prompt_.tokens.data() + prompt_.offsets[static_cast<std::size_t>(i)];
+        const int32_t* c =
+            completion_.tokens.data() + completion_.offsets[static_cast<std::size_t>(i)];
+        auto token = [&](int64_t k) { return k < np ? p[k] : c[k - np]; };
+        int32_t* in = b.inputs.data() + r * L_ + t0;
+        int32_t* tgt = b.targets.data() + r * L_ + t0;
+        for (int64_t t = 0; t < m; ++t) {
+          in[t] = token(t);
+          if (t + 1 >= np) tgt[t] = token(t + 1);  // a completion token: its loss counts
+          if (packing_) b.position_ids[static_cast<std::size_t>(r * L_ + t0 + t)] =
+              static_cast<int32_t>(t);
+        }
+        t0 += m;
+      }
+      for (int64_t t = t0; packing_ && t < L_; ++t) {  // the padding: a document of its own
+        b.position_ids[static_cast<std::size_t>(r * L_ + t)] = static_cast<int32_t>(t - t0);
       }
     }
     return b;
   }
 
  private:
+  // The positions example i fills: its first min(len, L + 1) tokens less the last.
+  int64_t positions(int64_t i) const {
+    return std::min(prompt_.len(i) + completion_.len(i), L_ + 1) - 1;
+  }
   Side prompt_, completion_;
-  int64_t n_, L_;
+  int64_t L_;
+  bool packing_, reset_;
+  std::vector<std::vector<int64_t>> rows_;  // each sample's examples
   int64_t truncated_ = 0;
 };
 
@@ -432,7 +487,8 @@ std::unique_ptr<SampleSource> open_seq2seq(const Config& c, Split split, int64_t
 
 std::unique_ptr<SampleSource> open_sft(const Config& c, Split split, int64_t V) {
   PairSides s = read_pair_split(c, split, V, "sft");
-  return std::make_unique<SftSamples>(std::move(s.in), std::move(s.tgt), s.n, c.data.seq_len);
+  return std::make_unique<SftSamples>(std::move(s.in), std::move(s.tgt), s.n, c.data.seq_len,
+                                      c.data.packing, c.data.reset_position_ids);
 }
 
 // ---------------------------------------------------------------- data mixtures
@@ -534,7 +590,7 @@ BatchShape batch_shape(const Config& config) {
       return {d.seq_len, d.seq_len, d.attn_mask_type == AttnMaskType::block_causal,
               d.attn_mask_type == AttnMaskType::block_causal && d.reset_position_ids};
     case Objective::sft:
-      return {d.seq_len, d.seq_len};
+      return {d.seq_len, d.seq_len, d.packing, d.packing && d.reset_position_ids};
     case Objective::seq2seq:
       return {d.max_input_len, d.max_target_len};
     case Objective::span_corruption: {

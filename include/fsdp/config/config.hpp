@@ -330,8 +330,8 @@ struct DataConfig {
   int64_t max_target_len = 32;        // seq2seq: target tokens per row (longer ones truncated)
   double noise_density = 0.15;        // span_corruption: fraction of tokens masked
   double mean_noise_span_length = 3.0;  // span_corruption: mean masked span length
-  // causal_lm only: causal, or block_causal (document masking; docs/data.md "Document
-  // masking"). block_causal with another objective is an InputError naming the key.
+  // causal, or block_causal (document masking; docs/data.md "Document masking"): causal_lm,
+  // or sft with packing. block_causal with another objective is an InputError naming the key.
   AttnMaskType attn_mask_type = AttnMaskType::causal;
   // With block_causal: the model's RoPE positions are the batch's position_ids (restarting
   // at 0 at each document, Megatron-LM's --reset-position-ids) instead of 0 .. L-1. true
@@ -340,6 +340,9 @@ struct DataConfig {
   // The token that ends a document for block_causal; -1: the data file's root attribute
   // eos_id (fsdp_prepare --tokenizer writes it). Must be below model.vocab_size.
   int64_t eos_token_id = -1;
+  // sft: several examples a row (best-fit decreasing), each attending only to itself (TRL's
+  // SFTConfig packing with padding_free); needs block_causal. false: one example a row.
+  bool packing = false;
   friend bool operator==(const DataConfig&, const DataConfig&) = default;
 };
 
