@@ -269,6 +269,28 @@ TEST(RouterBias, UpdatesTheBiasesAsOneRankAndResumes) {
   for (const auto& [name, values] : full.params) EXPECT_EQ(second.params.at(name), values) << name;
 }
 
+// --resume may switch document masking on (docs/checkpoint.md "Resume checks"): a run stopped
+// after 3 causal steps resumes with block_causal (no refusal), its step 4 differs from the
+// uninterrupted causal run's (the mask acts from there) and it goes on training.
+TEST(LlamaFsdp, ResumeMaySwitchDocumentMaskingOn) {
+  Config c = llama_config(fresh_dir("llama_switch_docs"));
+  c.train.max_steps = 6;
+  c.checkpoint.every = 3;
+  const TrainResult first = run(c, On::world, /*stop_after=*/3);
+  ASSERT_EQ(first.losses.size(), 3u);
+  Config d = c;
+  d.data.attn_mask_type = fsdp::AttnMaskType::block_causal;
+  d.data.reset_position_ids = true;
+  d.data.eos_token_id = 32;
+  const TrainResult docs = run(d, On::world, 0, /*resume=*/true);
+  ASSERT_EQ(docs.losses.size(), 3u);
+  Config full = c;
+  full.train.run_dir = fresh_dir("llama_switch_docs_causal");
+  const TrainResult causal = run(full, On::world);
+  EXPECT_NE(docs.losses.front(), causal.losses[3]) << "the mask acts from step 4";
+  EXPECT_LT(docs.losses.back(), first.losses.front());
+}
+
 TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
   Config c = llama_config(fresh_dir("llama_merge"));
   const TrainResult got = run(c, On::world);

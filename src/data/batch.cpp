@@ -35,8 +35,9 @@ Batch Batch::rows(int64_t begin, int64_t count) const {
 }
 
 void set_document_positions(Batch& b, int32_t eos_id) {
-  if (eos_id < 0)
+  if (eos_id < 0) {
     throw Error("set_document_positions: EOS id " + std::to_string(eos_id) + " (expected >= 0)");
+  }
   if (b.B < 0 || b.L < 0 || static_cast<int64_t>(b.inputs.size()) != b.B * b.L) {
     throw Error("set_document_positions: " + std::to_string(b.inputs.size()) +
                 " inputs for a batch of " + std::to_string(b.B) + " x " + std::to_string(b.L));
