@@ -291,6 +291,30 @@ TEST(LlamaFsdp, ResumeMaySwitchDocumentMaskingOn) {
   EXPECT_LT(docs.losses.back(), first.losses.front());
 }
 
+// A step whose update is skipped (a non-finite gradient under train.skip_nonfinite) moves no
+// router bias either: the parameters after a skipped step 3 equal those after step 2, the
+// biases included, while a clean step 3 moves them (so the comparison can fail).
+TEST(RouterBias, ASkippedStepLeavesTheBiases) {
+  Config c = llama_config(fresh_dir("router_bias_skip2"),
+                          {"model.type=\"glm4_moe\"", "model.n_routed_experts=6",
+                           "model.num_experts_per_tok=2", "model.moe_intermediate_size=12",
+                           "model.n_group=3", "model.topk_group=2", "model.num_hidden_layers=3",
+                           "optim.moe_router_bias_update_rate=0.01", "train.skip_nonfinite=true"});
+  fsdp::TrainOptions o;
+  o.inject_overflow_steps = {3};
+  o.inject_rank = world_size() - 1;
+  const TrainResult two = run(c, On::world, /*stop_after=*/2, false, o);
+  c.train.run_dir = fresh_dir("router_bias_skip3");
+  const TrainResult three = run(c, On::world, /*stop_after=*/3, false, o);
+  EXPECT_EQ(three.nonfinite_steps, std::vector<int64_t>{3});
+  const std::string bias = "model.layers.1.mlp.gate.e_score_correction_bias";
+  ASSERT_TRUE(two.params.count(bias));
+  for (const auto& [name, values] : two.params) EXPECT_EQ(three.params.at(name), values) << name;
+  c.train.run_dir = fresh_dir("router_bias_clean3");
+  const TrainResult clean = run(c, On::world, /*stop_after=*/3);
+  EXPECT_NE(clean.params.at(bias), two.params.at(bias));
+}
+
 TEST(LlamaFsdp, MergeWritesHfLlamaNamesAndConfig) {
   Config c = llama_config(fresh_dir("llama_merge"));
   const TrainResult got = run(c, On::world);
