@@ -1910,7 +1910,7 @@ TEST(ResumeConfig, OnlyTheListedKeysMayChange) {
                        "model.fused_linear_cross_entropy",
                        "model.fused_linear_cross_entropy_chunk_rows", "data.path",
                        "data.paths", "data.weights", "data.attn_mask_type",
-                       "data.reset_position_ids", "data.eos_token_id",
+                       "data.reset_position_ids", "data.eos_token_id", "data.eod_mask_loss",
                        "train.micro_batch_size", "train.max_steps", "train.run_dir",
                        "train.log_every", "train.num_threads", "train.device", "train.cuda_graphs",
                        "train.skip_nonfinite", "train.check_memory", "train.peak_flops",

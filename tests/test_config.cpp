@@ -1009,6 +1009,16 @@ TEST(Config, PackingNeedsSftAndBlockCausal) {
               HasSubstr("or \"sft\" with data.packing = true"));
 }
 
+// data.eod_mask_loss: causal_lm with block_causal only; an error names the key.
+TEST(Config, EodMaskLossNeedsBlockCausal) {
+  const std::string llama = "[model]\ntype = \"llama\"\n" + kMinimal;
+  EXPECT_NO_THROW(parse_config(llama, "in.toml",
+                               {"data.attn_mask_type=block_causal", "data.eod_mask_loss=true"}));
+  EXPECT_THAT(error_of(llama, {"data.eod_mask_loss=true"}),
+              HasSubstr("data.eod_mask_loss: true needs data.objective = \"causal_lm\" with "
+                        "data.attn_mask_type = \"block_causal\""));
+}
+
 TEST(Config, DocumentMaskingKeys) {
   const Config d = parse_config(kMinimal, "min.toml", {});
   EXPECT_EQ(d.data.attn_mask_type, AttnMaskType::causal);

@@ -1209,6 +1209,41 @@ TEST(Samples, SftRowsMaskThePromptAndTruncateTheEnd) {
                {"data.source: \"synthetic\" is not supported with data.objective = \"sft\""});
 }
 
+// data.eod_mask_loss (Megatron-LM's --eod-mask-loss) with block_causal: the target after each
+// EOS input (the next document's first token) is ignored and every other target is the
+// unmasked batch's; the number of targets then varies (no fixed count), train and val.
+TEST(Samples, EodMaskLossIgnoresTheTargetAfterEachEos) {
+  TempDir dir("eod_mask");
+  const auto path = make_document_file(dir, "d.h5", kLlamaRecord);
+  auto c = data_config(fsdp::Objective::causal_lm, path);
+  c.data.seq_len = 16;
+  c.data.attn_mask_type = fsdp::AttnMaskType::block_causal;
+  auto m = c;
+  m.data.eod_mask_loss = true;
+  for (const auto split : {fsdp::data::Split::train, fsdp::data::Split::val}) {
+    const auto plain = fsdp::data::open_samples(c, split, 64);
+    const auto masked = fsdp::data::open_samples(m, split, 64);
+    EXPECT_EQ(plain->fixed_targets_per_sample(), 16);
+    EXPECT_EQ(masked->fixed_targets_per_sample(), 0);
+    const auto idx = all_indices(masked->num_samples());
+    const auto p = plain->load(idx), b = masked->load(idx);
+    EXPECT_EQ(b.inputs, p.inputs);
+    EXPECT_EQ(b.position_ids, p.position_ids);
+    const int32_t eos = fsdp::data::document_eos_id(path);
+    int64_t masked_targets = 0;
+    for (std::size_t k = 0; k < b.inputs.size(); ++k) {
+      if (b.inputs[k] == eos) {
+        EXPECT_EQ(b.targets[k], fsdp::data::kIgnoreIndex) << k;
+        ++masked_targets;
+      } else {
+        EXPECT_EQ(b.targets[k], p.targets[k]) << k;
+      }
+    }
+    EXPECT_GT(masked_targets, 0);
+    EXPECT_EQ(b.num_targets(), p.num_targets() - masked_targets);
+  }
+}
+
 // data.packing (TRL's SFTConfig packing="bfd" with padding_free): examples of 3, 4, 1, 2, 2
 // and 5 positions (their lengths less one; a 1-token example fills none and is left out) go
 // into rows of 6 by best-fit decreasing: 5 alone -> row 0 (1 left), 4 -> row 1 (2 left), 3 ->

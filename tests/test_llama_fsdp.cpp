@@ -160,14 +160,16 @@ TEST(LlamaFsdp, PlanEqualsTheMeasuredPeaks) {
 
 // Document masking through the trainer (data.attn_mask_type = "block_causal", documents
 // ending at each space of the byte text: data.eos_token_id = 32), with and without
-// reset_position_ids: FULL_SHARD and HYBRID_SHARD over the world equal a 1-rank NO_SHARD run
-// with the same mask, the mask changes the losses from the causal run's, and the memory plan
-// (its document buffers) equals the measured peaks.
+// reset_position_ids, and with data.eod_mask_loss: FULL_SHARD and HYBRID_SHARD over the world equal
+// a 1-rank NO_SHARD run with the same mask, the mask changes the losses from the causal run's, and
+// the memory plan (its document buffers) equals the measured peaks.
 TEST(LlamaFsdp, DocumentMaskingShardsAsOneRank) {
-  for (const char* reset : {"true", "false"}) {
-    const std::vector<std::string> docs = {"data.attn_mask_type=block_causal",
-                                           std::string("data.reset_position_ids=") + reset,
-                                           "data.eos_token_id=32"};
+  for (const char* reset : {"true", "false", "eod_mask_loss"}) {
+    const bool eod = std::string(reset) == "eod_mask_loss";
+    std::vector<std::string> docs = {
+        "data.attn_mask_type=block_causal",
+        std::string("data.reset_position_ids=") + (eod ? "true" : reset), "data.eos_token_id=32"};
+    if (eod) docs.push_back("data.eod_mask_loss=true");  // a step's targets vary: all-reduced
     const std::string tag = std::string("reset ") + reset;
     Config r = llama_config(fresh_dir(std::string("llama_docs_ref_") + reset) + "/rank" +
                                 std::to_string(world_rank()),

@@ -141,6 +141,10 @@ void visit_keys(C& c, F&& f) {
     {kMayChange, kAny, "Megatron-LM --reset-position-ids",
      "With `block_causal`: positions (RoPE's; GPT-2's `wpe` rows) restart at 0 at each "
      "document, as Hugging Face's padding-free packing's position_ids."});
+  f("data", "eod_mask_loss", c.data.eod_mask_loss,
+    {kMayChange, kAny, "Megatron-LM --eod-mask-loss",
+     "With `block_causal`: no loss on the token after each EOS (the next document's first, "
+     "predicted across the boundary)."});
   f("data", "packing", c.data.packing,
     {kFixed, kAny, "TRL SFTConfig.packing",
      "`sft`: pack several examples into each row (best-fit decreasing), each attending only "
@@ -719,6 +723,12 @@ void validate(const Config& c, const ModelSchema& family, OriginOf&& origin_of) 
                    to_string(c.data.objective) +
                    "\"; or \"sft\" with data.packing = true; or set data.attn_mask_type = "
                    "\"causal\")");
+  }
+  if (c.data.eod_mask_loss && (c.data.attn_mask_type != AttnMaskType::block_causal ||
+                                c.data.objective != Objective::causal_lm)) {
+    throw fail("data.eod_mask_loss",
+               "true needs data.objective = \"causal_lm\" with data.attn_mask_type = "
+               "\"block_causal\" (the EOS that ends each document is what it masks after)");
   }
   if (c.data.reset_position_ids && c.data.attn_mask_type != AttnMaskType::block_causal) {
     throw fail("data.reset_position_ids",

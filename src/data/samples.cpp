@@ -45,27 +45,34 @@ uint64_t synthetic_seed(const Config& c, Split split) {
 // ---------------------------------------------------------------- causal_lm
 
 // eos_id >= 0: data.attn_mask_type = "block_causal", each batch gets the position_ids of
-// its documents (set_document_positions) and reset_position_ids (data.reset_position_ids);
-// -1: causal, none.
+// its documents (set_document_positions) and reset_position_ids (data.reset_position_ids),
+// and with eod_mask_loss (data.eod_mask_loss) the target after each EOS input is ignored (the
+// number of targets then varies); -1: causal, none.
 class CausalLmSamples final : public SampleSource {
  public:
   CausalLmSamples(std::unique_ptr<TokenSource> src, int64_t L, int64_t num_samples, int32_t eos_id,
-                  bool reset_position_ids)
+                  bool reset_position_ids, bool eod_mask_loss)
       : src_(std::move(src)),
         L_(L),
         n_(num_samples),
         eos_(eos_id),
-        reset_(eos_id >= 0 && reset_position_ids) {}
+        reset_(eos_id >= 0 && reset_position_ids),
+        mask_eod_(eos_id >= 0 && eod_mask_loss) {}
   int64_t num_samples() const override { return n_; }
   int64_t num_tokens() const override { return src_->num_tokens(); }
   BatchShape shape() const override { return {L_, L_, eos_ >= 0, reset_}; }
-  int64_t fixed_targets_per_sample() const override { return L_; }
+  int64_t fixed_targets_per_sample() const override { return mask_eod_ ? 0 : L_; }
   Batch load(const std::vector<int64_t>& indices) const override {
     for (int64_t i : indices) check_index("causal_lm", i, n_);
     Batch b = load_batch(*src_, indices, L_);
     if (eos_ >= 0) {
       set_document_positions(b, eos_);
       b.reset_position_ids = reset_;
+    }
+    if (mask_eod_) {
+      for (std::size_t i = 0; i < b.inputs.size(); ++i) {
+        if (b.inputs[i] == eos_) b.targets[i] = kIgnoreIndex;
+      }
     }
     return b;
   }
@@ -74,7 +81,7 @@ class CausalLmSamples final : public SampleSource {
   std::unique_ptr<TokenSource> src_;
   int64_t L_, n_;
   int32_t eos_;
-  bool reset_;
+  bool reset_, mask_eod_;
 };
 
 const std::string kBlockCausal = "data.attn_mask_type = \"block_causal\": ";
@@ -121,7 +128,8 @@ std::unique_ptr<SampleSource> open_causal_lm(const Config& c, Split split, int64
   const int32_t eos = block_causal_eos(c, V);
   const int64_t n = split == Split::train ? num_samples_of(src->num_tokens(), L)
                                      : num_val_windows(src->num_tokens(), L, c.eval.max_windows);
-  return std::make_unique<CausalLmSamples>(std::move(src), L, n, eos, c.data.reset_position_ids);
+  return std::make_unique<CausalLmSamples>(std::move(src), L, n, eos, c.data.reset_position_ids,
+                                           c.data.eod_mask_loss);
 }
 
 // ---------------------------------------------------------------- span_corruption

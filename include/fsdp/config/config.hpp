@@ -340,6 +340,9 @@ struct DataConfig {
   // The token that ends a document for block_causal; -1: the data file's root attribute
   // eos_id (fsdp_prepare --tokenizer writes it). Must be below model.vocab_size.
   int64_t eos_token_id = -1;
+  // With block_causal: no loss on the target after each EOS (a document's first token,
+  // predicted across the boundary); Megatron-LM's --eod-mask-loss.
+  bool eod_mask_loss = false;
   // sft: several examples a row (best-fit decreasing), each attending only to itself (TRL's
   // SFTConfig packing with padding_free); needs block_causal. false: one example a row.
   bool packing = false;
