@@ -1059,6 +1059,27 @@ TEST(Samples, BlockCausalErrorsNameKeyAndFile) {
   expect_error(
       [&] { fsdp::check_config(q); }, 2,
       {"data.attn_mask_type: \"block_causal\" needs data.objective = \"causal_lm\" (got \"sft\""});
+  // A hostile file: eos_id stored as a string, and one of 5000 for a vocabulary of 64.
+  c.data.paths.clear();
+  c.data.eos_token_id = -1;
+  for (const bool text : {true, false}) {
+    const std::string path = dir.file(text ? "str.h5" : "big.h5");
+    {
+      auto f = fsdp::h5::File::create(path);
+      const std::vector<uint8_t> toks(200, 5);
+      f.write_u8("/train/tokens", toks.data(), {200});
+      f.write_u8("/val/tokens", toks.data(), {100});
+      f.set_attr("/", "vocab_size", int64_t{64});
+      if (text) {
+        f.set_attr("/", "eos_id", std::string("two"));
+      } else {
+        f.set_attr("/", "eos_id", int64_t{5000});
+      }
+    }
+    c.data.path = path;
+    expect_error([&] { fsdp::data::open_samples(c, fsdp::data::Split::train, 64); }, 2,
+                 {path, "eos_id", text ? "expected an integer attribute" : "5000"});
+  }
 }
 
 namespace {
