@@ -85,6 +85,19 @@ std::vector<int32_t> document_starts(const int32_t* positions, int64_t B, int64_
   return start;
 }
 
+std::vector<int32_t> CausalLm::upload_documents(DeviceRuntime& rt, DeviceBuffer& positions,
+                                                DeviceBuffer& starts, int64_t B, int64_t T,
+                                                int64_t capacity) const {
+  std::vector<int32_t> start = document_starts(docs_.positions, B, T, family_name());
+  if (!starts) {
+    positions = DeviceBuffer(rt, DType::i32, capacity, MemCategory::activations);
+    starts = DeviceBuffer(rt, DType::i32, capacity, MemCategory::activations);
+  }
+  rt.copy_from_host(positions.view({B * T}), docs_.positions);
+  rt.copy_from_host(starts.view({B * T}), start.data());
+  return start;
+}
+
 Error CausalLm::fused_logits_error() const {
   return Error(std::string(family_name()) +
                ": last_logits() is unavailable with model.fused_linear_cross_entropy = true (the "

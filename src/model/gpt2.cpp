@@ -168,7 +168,7 @@ void Gpt2Model::ensure_buffers(int64_t B, int64_t T) {
 }
 
 TensorView Gpt2Model::doc_start(int64_t BT) const {
-  return docs_on_.enabled ? acts_->doc_start.view({BT}) : TensorView{};
+  return docs_.positions ? acts_->doc_start.view({BT}) : TensorView{};
 }
 
 void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host, int64_t B,
@@ -185,22 +185,14 @@ void Gpt2Model::forward(const int32_t* tokens_host, const int32_t* targets_host,
   rt_.copy_from_host(tokens, tokens_host);
   rt_.copy_from_host(targets, targets_host);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
-  docs_on_ = {docs_.positions != nullptr, docs_.positions != nullptr && docs_.reset_positions};
-  if (docs_on_.enabled) {  // the documents' positions and starts (buffers sized as the rest)
-    if (!a.doc_start) {
-      a.doc_pos = DeviceBuffer(rt_, DType::i32, a.B * a.T, MemCategory::activations);
-      a.doc_start = DeviceBuffer(rt_, DType::i32, a.B * a.T, MemCategory::activations);
-    }
-    rt_.copy_from_host(a.doc_pos.view({BT}), docs_.positions);
-    rt_.copy_from_host(a.doc_start.view({BT}),
-                       document_starts(docs_.positions, B, T, family_name()).data());
-  }
+  const DocumentMasking docs = document_masking();
+  if (docs.enabled) upload_documents(rt_, a.doc_pos, a.doc_start, B, T, a.B * a.T);
 
   // embeddings: res[0] [B,T,C] = wte[tokens] + wpe[0:T], or under reset positions wte[tokens]
   // + wpe[positions] (two lookups and an add, in the dln scratch: HF's inputs_embeds +
   // position_embeds)
   hooks.pre_forward(0);
-  if (docs_on_.reset_positions) {
+  if (docs.reset_positions) {
     be_.embedding_lookup_forward(rows(a.res[0], C), tokens.reshape({BT}), hooks.param(kWte), BT,
                                  C);
     be_.embedding_lookup_forward(rows(a.dln, C), a.doc_pos.view({BT}), hooks.param(kWpe), BT, C);
@@ -369,7 +361,7 @@ void Gpt2Model::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_sc
   }
 
   hooks.pre_backward(0);
-  if (docs_on_.reset_positions) {
+  if (document_masking().reset_positions) {
     be_.embedding_lookup_backward(hooks.grad(kWte), dres, tokens.reshape({BT}), BT, C);
     be_.embedding_lookup_backward(hooks.grad(kWpe), dres, a.doc_pos.view({BT}), BT, C);
   } else {

@@ -1532,18 +1532,18 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
   acts_ = std::move(a);
 }
 
-void LlamaModel::upload_documents(int64_t B, int64_t T) {
+void LlamaModel::prepare_documents(int64_t B, int64_t T) {
   Acts& a = *acts_;
-  docs_on_ = {docs_.positions != nullptr, docs_.positions != nullptr && docs_.reset_positions};
-  if (!docs_on_.enabled) return;
+  const DocumentMasking docs = document_masking();
+  if (!docs.enabled) return;
   const int64_t BT = B * T, NB = a.B * a.T, half = cfg_.rotary_dim() / 2;
   const auto cat = MemCategory::activations;
-  if (!a.doc_start) {  // sized for the largest micro-batch, as ensure_buffers' buffers
-    a.doc_pos = DeviceBuffer(rt_, DType::i32, NB, cat);
-    a.doc_start = DeviceBuffer(rt_, DType::i32, NB, cat);
-    if (chunked_documents(cfg_)) a.chunk_start = DeviceBuffer(rt_, DType::i32, NB, cat);
+  // sized for the largest micro-batch, as ensure_buffers' buffers
+  const std::vector<int32_t> start = upload_documents(rt_, a.doc_pos, a.doc_start, B, T, NB);
+  if (chunked_documents(cfg_) && !a.chunk_start) {
+    a.chunk_start = DeviceBuffer(rt_, DType::i32, NB, cat);
   }
-  if (docs_on_.reset_positions && !a.pos_cos) {
+  if (docs.reset_positions && !a.pos_cos) {
     a.pos_cos = DeviceBuffer(rt_, DType::f32, NB * half, cat);
     a.pos_sin = DeviceBuffer(rt_, DType::f32, NB * half, cat);
     if (cfg_.local_rope()) {
@@ -1551,10 +1551,6 @@ void LlamaModel::upload_documents(int64_t B, int64_t T) {
       a.pos_local_sin = DeviceBuffer(rt_, DType::f32, NB * half, cat);
     }
   }
-  const std::vector<int32_t> start = document_starts(docs_.positions, B, T, family_name());
-  const TensorView positions = a.doc_pos.view({BT});
-  rt_.copy_from_host(positions, docs_.positions);
-  rt_.copy_from_host(a.doc_start.view({BT}), start.data());
   if (chunked_documents(cfg_)) {  // HF: the chunks by position in the row (cache_position)
     const int64_t c = cfg_.attention_chunk_size;
     std::vector<int32_t> chunk(start.size());
@@ -1565,10 +1561,10 @@ void LlamaModel::upload_documents(int64_t B, int64_t T) {
     }
     rt_.copy_from_host(a.chunk_start.view({BT}), chunk.data());
   }
-  if (docs_on_.reset_positions) {  // each token's row of the tables, at its position
+  if (docs.reset_positions) {  // each token's row of the tables, at its position
     auto gather = [&](const DeviceBuffer& out, const DeviceBuffer& table) {
-      be_.embedding_lookup_forward(out.view({BT, half}), positions, table.view({T, half}), BT,
-                                   half);
+      be_.embedding_lookup_forward(out.view({BT, half}), a.doc_pos.view({BT}),
+                                   table.view({T, half}), BT, half);
     };
     gather(a.pos_cos, a.rope_cos);
     gather(a.pos_sin, a.rope_sin);
@@ -1582,7 +1578,7 @@ void LlamaModel::upload_documents(int64_t B, int64_t T) {
 LlamaModel::RopeTables LlamaModel::rope_tables(bool local, int64_t B, int64_t T) const {
   const Acts& a = *acts_;
   const int64_t half = cfg_.rotary_dim() / 2;
-  if (docs_on_.reset_positions) {
+  if (document_masking().reset_positions) {
     return {(local ? a.pos_local_cos : a.pos_cos).view({B * T, half}),
             (local ? a.pos_local_sin : a.pos_sin).view({B * T, half}), 1, B * T};
   }
@@ -1591,7 +1587,7 @@ LlamaModel::RopeTables LlamaModel::rope_tables(bool local, int64_t B, int64_t T)
 }
 
 TensorView LlamaModel::doc_start(int64_t BT) const {
-  return docs_on_.enabled ? acts_->doc_start.view({BT}) : TensorView{};
+  return docs_.positions ? acts_->doc_start.view({BT}) : TensorView{};
 }
 
 TensorView LlamaModel::chunk_doc_start(int64_t l, int64_t BT) const {
@@ -1651,7 +1647,7 @@ void LlamaModel::forward(const int32_t* tokens_host, const int32_t* targets_host
   const TensorView tokens = a.tokens_dev.view({BT}), targets = a.targets_dev.view({BT});
   rt_.copy_from_host(tokens, tokens_host);
   rt_.copy_from_host(targets, targets_host);
-  upload_documents(B, T);
+  prepare_documents(B, T);
   auto rows = [&](const DeviceBuffer& b, int64_t width) { return b.view({BT, width}); };
 
   training_forward_ = with_backward;
@@ -2443,7 +2439,7 @@ void LlamaModel::chunked_attention_forward(int64_t l, int64_t B, int64_t T, cons
   const int64_t H = cfg_.num_attention_heads, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
   const int64_t Q = H * D, KV = Hkv * D;
   const float scale = cfg_.attention_scale();
-  if (docs_on_.enabled) {  // one call: the chunks' starts in the documents' (chunk_doc_start)
+  if (docs_.positions) {  // one call: the chunks' starts in the documents' (chunk_doc_start)
     be_.gqa_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D, scale, 0, 0.f,
                               chunk_doc_start(l, B * T));
     return;
@@ -2464,7 +2460,7 @@ void LlamaModel::chunked_attention_backward(int64_t l, int64_t B, int64_t T, con
   const int64_t H = cfg_.num_attention_heads, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
   const int64_t Q = H * D, KV = Hkv * D;
   const float scale = cfg_.attention_scale();
-  if (docs_on_.enabled) {  // as forward's one call
+  if (docs_.positions) {  // as forward's one call
     be_.gqa_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, scale, 0,
                                0.f, chunk_doc_start(l, B * T));
     return;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/backend/buffer.hpp"
 #include "fsdp/config/config.hpp"
 #include "fsdp/core/error.hpp"
 #include "fsdp/core/tensor.hpp"
@@ -139,9 +140,21 @@ class CausalLm : public Model {
   // The fsdp::Error last_logits() throws under model.fused_linear_cross_entropy.
   Error fused_logits_error() const;
 
-  // The running forward's documents (set by forward_backward / forward_loss before forward;
-  // the positions are the caller's, valid during that forward).
+  // The running pass's documents (set by forward_backward / forward_loss before forward and
+  // cleared after its backward, so both read them; the positions are the caller's).
   Documents docs_;
+  // docs_ as the memory plan names it: whether the pass masks documents, and reads the
+  // positions as RoPE's / wpe's.
+  DocumentMasking document_masking() const {
+    return {docs_.positions != nullptr, docs_.positions != nullptr && docs_.reset_positions};
+  }
+  // With documents: uploads docs_'s positions and their starts (document_starts) into
+  // `positions` and `starts`, int32 [B*T] views of buffers allocated on first use with
+  // `capacity` elements (MemCategory::activations, as the model's other buffers); returns the
+  // starts (host). Throws as document_starts.
+  std::vector<int32_t> upload_documents(DeviceRuntime& rt, DeviceBuffer& positions,
+                                        DeviceBuffer& starts, int64_t B, int64_t T,
+                                        int64_t capacity) const;
 
  private:
   void set_documents(const Documents& docs);

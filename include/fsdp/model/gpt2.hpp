@@ -113,7 +113,6 @@ class Gpt2Model final : public CausalLm {
   std::vector<ModuleDecl> modules_;
   std::unique_ptr<Acts> acts_;
   int64_t last_rows_ = 0;  // B*T of the last forward
-  DocumentMasking docs_on_;  // the last forward's (its backward reads the same)
 };
 
 }  // namespace fsdp

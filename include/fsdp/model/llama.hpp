@@ -705,10 +705,11 @@ class LlamaModel final : public CausalLm {
   // the masks of HF's chunked and packed-sequence overlays together; doc_start(BT) on a layer
   // without chunks.
   TensorView chunk_doc_start(int64_t l, int64_t BT) const;
-  // forward's start: from docs_, sets docs_on_ and uploads the documents' positions and
-  // starts (and under reset_positions gathers the RoPE tables' rows); throws fsdp::Error
-  // naming the entry when a row's positions do not count up from 0 (restarting only at 0).
-  void upload_documents(int64_t B, int64_t T);
+  // forward's start, with documents (docs_): uploads their positions and starts
+  // (upload_documents), Llama 4's chunk starts, and under reset_positions gathers the RoPE
+  // tables' rows; throws fsdp::Error naming the entry when a row's positions do not count up
+  // from 0 (restarting only at 0).
+  void prepare_documents(int64_t B, int64_t T);
   void forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                ModuleHooks& hooks, bool backward, float grad_scale, const TensorView& loss) override;
   void backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_scale,
@@ -793,8 +794,6 @@ class LlamaModel final : public CausalLm {
   // selection_bias(): the training forwards' (token, pick) counts per expert of each sparse
   // layer since take_router_loads, [layer][E] (empty for a dense layer).
   std::vector<std::vector<double>> router_counts_;
-  // The document masking of the last forward (its backward reads the same).
-  DocumentMasking docs_on_;
 };
 
 }  // namespace fsdp
