@@ -1608,7 +1608,6 @@ double LlamaModel::take_max_expert_load() {
 
 std::vector<Model::RouterLoad> LlamaModel::take_router_loads() {
   std::vector<RouterLoad> loads;
-  router_counts_.resize(static_cast<std::size_t>(cfg_.num_hidden_layers));
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     const LayerParams lp = layer_params(cfg_, l);
     if (!cfg_.layer_sparse(l) || lp.x.e_bias < 0) continue;
