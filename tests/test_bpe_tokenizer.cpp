@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "fsdp/core/error.hpp"
 #include "fsdp/data/bpe_tokenizer.hpp"
 #include "fsdp/data/prepare.hpp"
+#include "compress_util.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -388,6 +390,15 @@ TEST_F(EncodeDocuments, JsonLinesAreTheTextFieldsOfTheirLines) {
   const Ids lines = run(files_, fsdp::data::DocumentUnit::line, 1);
   EXPECT_EQ(run(jsonl, fsdp::data::DocumentUnit::jsonl, 1), lines);
   EXPECT_EQ(run(jsonl, fsdp::data::DocumentUnit::jsonl, 3), lines);
+  // The same files compressed, as corpora ship (Dolma's *.jsonl.zst, C4's *.json.gz).
+  std::vector<fs::path> packed;
+  for (std::size_t i = 0; i < jsonl.size(); ++i) {
+    std::ifstream in(jsonl[i], std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    packed.push_back(jsonl[i].string() + (i % 2 == 0 ? ".zst" : ".gz"));
+    std::ofstream(packed.back(), std::ios::binary) << (i % 2 == 0 ? zstd(text) : gzip(text));
+  }
+  EXPECT_EQ(run(packed, fsdp::data::DocumentUnit::jsonl, 3), lines);
   // JSON escapes are decoded; another key by --text-key.
   const fs::path esc = dir_ / "esc.jsonl";
   std::ofstream(esc) << R"({"body": "caf\u00e9\nthe", "text": 7})"

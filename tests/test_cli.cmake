@@ -55,7 +55,7 @@ fsdp_cli_tests(run_dir cli_run_dir 2 refuse_fresh_run resume second_run_refused 
   save_total_limit not_shared)
 # A read-only tmpfs: needs root and mount; exit 77 (skipped) otherwise.
 set_tests_properties(cli_run_dir_checkpoints_read_only_fs PROPERTIES SKIP_RETURN_CODE 77)
-fsdp_cli_tests(prepare cli_prepare 1 ok errors output_is_input output_inside_input_dir fifo_input
+fsdp_cli_tests(prepare cli_prepare 1 ok compressed errors output_is_input output_inside_input_dir fifo_input
   fifo_data_path group_not_dataset corrupted_header concurrent_output)
 # fsdp_prepare --tokenizer (SentencePiece, tokenizer.json) and --token-file (llm.c, nanoGPT),
 # and training on their files (tests/cli/tokenizers.sh). spm_train (Debian package

@@ -137,7 +137,9 @@ int main(int argc, char** argv) {
     po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
     if (vm.count("help")) {
       std::cout << opts << "\nINPUT: files or folders (recursive); symlinks, *.dat and non-regular files "
-                           "(FIFOs, sockets, devices) are skipped.\n";
+                           "(FIFOs, sockets, devices) are skipped.\n"
+                   "       gzip and zstd files (*.gz, *.jsonl.zst; told by their first bytes) are read "
+                   "decompressed, also with --pairs.\n";
       return 0;
     }
     po::notify(vm);

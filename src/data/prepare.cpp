@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <fstream>
+#include <istream>
 #include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -29,6 +29,7 @@
 #include "fsdp/core/output_lock.hpp"
 #include "fsdp/core/process.hpp"
 #include "fsdp/core/progress.hpp"
+#include "fsdp/data/input_file.hpp"
 #include "fsdp/h5/hdf5.hpp"
 
 namespace fs = std::filesystem;
@@ -212,16 +213,19 @@ ByteSplit build_byte_split(const std::vector<fs::path>& files, double val_fracti
   // reservation above is never overshot by a last partial chunk.
   std::vector<char> chunk(std::size_t{1} << 20);
   for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw InputError(printable(f.string()) + ": cannot read input file");
+    InputFile file(f);  // gzip and zstd files are read as their decompressed bytes
+    std::istream& in = file.stream();
+    int64_t reported = 0;  // the file's bytes on disk added to progress so far
     for (;;) {
       in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
       const auto got = static_cast<std::size_t>(in.gcount());
       s.bytes.insert(s.bytes.end(), chunk.data(), chunk.data() + got);
-      if (progress && got > 0) progress->add(static_cast<int64_t>(got));
-      if (got < chunk.size()) break;  // end of file (or an error, checked below)
+      if (progress && file.disk_bytes_read() > reported) {
+        progress->add(file.disk_bytes_read() - reported);
+        reported = file.disk_bytes_read();
+      }
+      if (got < chunk.size()) break;  // end of file (errors throw InputError naming it)
     }
-    if (in.bad()) throw InputError(printable(f.string()) + ": error while reading input file");
   }
   s.num_files = static_cast<int64_t>(files.size());
   const auto n = static_cast<int64_t>(s.bytes.size());
@@ -295,25 +299,21 @@ PairExamples read_pairs_tsv(const std::string& path, ProgressMeter* progress) {
                      (fs::is_directory(st) ? std::string("a directory") : kind_of(st.type())) +
                      " (expected a regular TSV file)");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot read pairs file (expected a TSV of input<TAB>target lines)");
+  InputFile input(path);  // gzip and zstd files are read as their decompressed text
+  std::istream& in = input.stream();
   if (progress) {
     const auto size = fs::file_size(path, ec);
     progress->set_total(ec ? 0 : static_cast<int64_t>(size));
   }
-  int64_t unreported = 0;  // bytes read since the last progress->add (batched: one per MiB)
+  int64_t reported = 0;  // the file's bytes on disk added to progress so far (batched: a MiB)
   PairExamples ex;
   std::string line;
   int64_t lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
-    if (progress) {
-      // The line and its newline (getline sets eof when the last line has none).
-      unreported += static_cast<int64_t>(line.size()) + (in.eof() ? 0 : 1);
-      if (unreported >= (int64_t{1} << 20)) {
-        progress->add(unreported);
-        unreported = 0;
-      }
+    if (progress && input.disk_bytes_read() - reported >= (int64_t{1} << 20)) {
+      progress->add(input.disk_bytes_read() - reported);
+      reported = input.disk_bytes_read();
     }
     if (!line.empty() && line.back() == '\r') line.pop_back();
     const std::string where = path + ":" + std::to_string(lineno) + ": ";
@@ -328,8 +328,7 @@ PairExamples read_pairs_tsv(const std::string& path, ProgressMeter* progress) {
     if (tab + 1 == line.size()) throw InputError(where + "empty target (expected input<TAB>target, both non-empty)");
     ex.add(byt5_ids(line, 0, tab), byt5_ids(line, tab + 1, line.size()));
   }
-  if (in.bad()) throw InputError(path + ": error while reading pairs file");
-  if (progress) progress->add(unreported);
+  if (progress) progress->add(input.disk_bytes_read() - reported);
   if (ex.size() == 0) throw InputError(path + ": no lines (expected input<TAB>target lines)");
   return ex;
 }
@@ -667,6 +666,7 @@ TokenStreamCounts encode_documents(const std::vector<fs::path>& files, const Tex
   TokenStreamCounts counts;
   std::vector<Document> batch;
   std::size_t pending_bytes = 0;  // input bytes read for the batch (newlines included)
+  int64_t pending_disk = 0;       // the files' bytes on disk read for the batch (progress)
   std::vector<std::vector<int32_t>> ids;
   auto run_batch = [&] {
     encode_batch(batch, names, handles, ids);
@@ -677,9 +677,10 @@ TokenStreamCounts encode_documents(const std::vector<fs::path>& files, const Tex
       counts.tokens += static_cast<int64_t>(v.size()) + (add_bos ? 1 : 0) + (add_eos ? 1 : 0);
     }
     counts.documents += static_cast<int64_t>(batch.size());
-    if (progress) progress->add(static_cast<int64_t>(pending_bytes));
+    if (progress) progress->add(pending_disk);
     batch.clear();
     pending_bytes = 0;
+    pending_disk = 0;
   };
   auto add_document = [&](std::string&& text, int32_t file, int64_t line, std::size_t bytes_read) {
     pending_bytes += bytes_read;
@@ -688,12 +689,19 @@ TokenStreamCounts encode_documents(const std::vector<fs::path>& files, const Tex
   };
   for (std::size_t fi = 0; fi < files.size(); ++fi) {
     const auto file = static_cast<int32_t>(fi);
-    std::ifstream in(files[fi], std::ios::binary);
-    if (!in) throw InputError(names[fi] + ": cannot read input file");
+    InputFile input(files[fi]);  // gzip and zstd files are read as their decompressed text
+    std::istream& in = input.stream();
+    // Progress counts the files' bytes on disk (compressed ones' too), added once the batch
+    // that holds them is encoded; batches are sized by their text.
+    int64_t counted = 0;  // this file's bytes on disk already in pending_disk
+    const auto count_disk = [&] {
+      pending_disk += input.disk_bytes_read() - counted;
+      counted = input.disk_bytes_read();
+    };
     if (document.unit == DocumentUnit::file) {
       std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (in.bad()) throw InputError(names[fi] + ": error while reading input file");
       const std::size_t n = text.size();
+      count_disk();
       add_document(std::move(text), file, 0, n);
     } else {
       std::string line;
@@ -705,14 +713,15 @@ TokenStreamCounts encode_documents(const std::vector<fs::path>& files, const Tex
         if (document.unit == DocumentUnit::jsonl) {
           line = jsonl_text(line, document.text_key, names[fi] + ":" + std::to_string(lineno));
         }
+        count_disk();
         add_document(std::move(line), file, lineno, n);
         line = std::string();
       }
-      if (in.bad()) throw InputError(names[fi] + ": error while reading input file");
     }
+    count_disk();
     ++counts.files;
   }
-  if (!batch.empty() || pending_bytes > 0) run_batch();
+  if (!batch.empty() || pending_bytes > 0 || pending_disk > 0) run_batch();
   return counts;
 }
 
@@ -900,8 +909,8 @@ TokenFilesSummary prepare_token_file_dataset(const TokenFileOptions& options, co
 
 PairExamples read_prompt_completion_jsonl(const std::string& path, const TextTokenizer& tok,
                                           bool add_bos, bool add_eos) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open (expected JSON Lines of prompt and completion)");
+  InputFile input(path);  // gzip and zstd files are read as their decompressed text
+  std::istream& in = input.stream();
   PairExamples ex;
   std::string line;
   std::vector<int32_t> prompt, completion;
@@ -930,7 +939,6 @@ PairExamples read_prompt_completion_jsonl(const std::string& path, const TextTok
     if (add_eos) completion.push_back(tok.eos_id());
     ex.add(prompt, completion);
   }
-  if (in.bad()) throw InputError(path + ": read error");
   if (ex.size() == 0) throw InputError(path + ": no prompt-completion lines");
   return ex;
 }

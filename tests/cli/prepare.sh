@@ -31,6 +31,10 @@
 #              line naming -o/--output, OUT.h5 and the lock file; the earlier OUT.h5 and the
 #              holder's lock file are unchanged. A lock file left by a dead writer is taken
 #              over; no OUT.h5.lock or OUT.h5.tmp stays after a run.
+# CASE compressed: the same folder with its files compressed by the gzip and zstd commands
+#              (one left plain) gives the plain folder's summary line; a .zst cut short
+#              exits 2 with one line naming it and "ends inside a frame"; an xz file exits 2
+#              naming xz and how to decompress it. Nothing is written by either.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -75,6 +79,29 @@ case "$CASE" in
     expect_rc 0
     if ! grep -qF "p2.h5: 4 pairs (2 train, 2 val)" "$OUT"; then fail "--pairs -o: wrong counts"; fi
     if [ -s "$ERR" ]; then fail "stderr not empty on --pairs success"; fi
+    ;;
+  compressed)
+    make_text_dir "$WORK/text"  # 3000 + 2000 bytes
+    mkdir -p "$WORK/packed/sub"
+    gzip -c "$WORK/text/a.txt" >"$WORK/packed/a.txt.gz"
+    zstd -q -c "$WORK/text/sub/b.txt" >"$WORK/packed/sub/b.txt.zst"
+    printf 'plain tail\n' >"$WORK/packed/c.txt"
+    printf 'plain tail\n' >"$WORK/text/c.txt"
+    run_prepare -o "$WORK/plain.h5" --val-fraction 0.1 "$WORK/text"
+    expect_rc 0
+    want="3 files, 4510 train tokens, 501 val tokens (vocab 256, bytes)"
+    if ! grep -qF "$want" "$OUT"; then fail "plain folder: expected '$want'"; fi
+    run_prepare -o "$WORK/packed.h5" --val-fraction 0.1 "$WORK/packed"
+    expect_rc 0
+    if ! grep -qF "$want" "$OUT"; then fail "compressed folder: expected '$want' (got '$(cat "$OUT")')"; fi
+    if [ -s "$ERR" ]; then fail "stderr not empty on success"; fi
+    zstd -q -c "$WORK/text/a.txt" | head -c 20 >"$WORK/packed/sub/b.txt.zst"
+    run_prepare -o "$WORK/out.h5" "$WORK/packed"
+    expect_prepare_error "$WORK/packed/sub/b.txt.zst" "ends inside a frame"
+    rm "$WORK/packed/sub/b.txt.zst"
+    xz -c "$WORK/text/a.txt" >"$WORK/packed/d.xz"
+    run_prepare -o "$WORK/out.h5" "$WORK/packed"
+    expect_prepare_error "$WORK/packed/d.xz" "xz-compressed" "xz -dk"
     ;;
   errors)
     make_text_dir "$WORK/text"

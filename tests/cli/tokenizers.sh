@@ -270,7 +270,7 @@ EOF
     run_prepare --no-add-eos -o "$WORK/out.h5" "$WORK/corpus"
     expect_prepare_error "--no-add-eos" "without --tokenizer"
     run_prepare --tokenizer "$WORK/m.model" --pairs "$WORK/p.jsonl" -o "$WORK/out.h5"
-    expect_prepare_error "p.jsonl" "cannot open"
+    expect_prepare_error "p.jsonl" "cannot read input file (No such file or directory)"
     printf '{"prompt": "a", "completion": ""}\n' >"$WORK/empty_completion.jsonl"
     run_prepare --tokenizer "$WORK/m.model" --pairs "$WORK/empty_completion.jsonl" -o "$WORK/out.h5"
     expect_prepare_error "empty_completion.jsonl:1" '"completion" is empty'
