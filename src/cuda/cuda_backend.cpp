@@ -295,6 +295,23 @@ class CudaBackend final : public Backend {
   void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override;
   void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
                        const TensorView& gate, const TensorView& up) override;
+  void causal_conv1d_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
+                             int64_t B, int64_t T, int64_t C, int64_t K) override;
+  void causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
+                              const TensorView& dout, const TensorView& x,
+                              const TensorView& weight, int64_t B, int64_t T, int64_t C,
+                              int64_t K) override;
+  void gated_delta_rule_forward(const TensorView& out, const TensorView& qkv, const TensorView& a,
+                                const TensorView& b, const TensorView& A_log,
+                                const TensorView& dt_bias, int64_t B, int64_t T, int64_t Hk,
+                                int64_t Hv, int64_t Dk, int64_t Dv) override;
+  void gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
+                                 const TensorView& db, const TensorView& dA_log,
+                                 const TensorView& ddt_bias, const TensorView& dout,
+                                 const TensorView& qkv, const TensorView& a, const TensorView& b,
+                                 const TensorView& A_log, const TensorView& dt_bias, int64_t B,
+                                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
+                                 int64_t Dv) override;
   void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
                               float limit) override;
   void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
@@ -1414,6 +1431,49 @@ void CudaBackend::swiglu_backward(const TensorView& dgate, const TensorView& dup
   const int64_t n = dgate.numel();
   Chk::swiglu_backward(dgate, dup, dout, gate, up);
   k::swiglu_backward(out(dgate), out(dup), in(dout), in(gate), in(up), n, s());
+}
+
+// Gated DeltaNet (Qwen3.5's linear_attention layers): the CPU backend's kernels are the
+// reference; the CUDA kernels are not written yet, and no model calls these on CUDA yet.
+namespace {
+[[noreturn]] void no_cuda_kernel(const char* kernel) {
+  throw Error(std::string(kernel) +
+              ": not implemented on the CUDA backend yet (Gated DeltaNet runs on the CPU "
+              "backend, train.device = \"cpu\")");
+}
+}  // namespace
+
+void CudaBackend::causal_conv1d_forward(const TensorView& out_, const TensorView& x,
+                                        const TensorView& weight, int64_t B, int64_t T,
+                                        int64_t C, int64_t K) {
+  Chk::causal_conv1d_forward(out_, x, weight, B, T, C, K);
+  no_cuda_kernel("causal_conv1d_forward");
+}
+void CudaBackend::causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
+                                         const TensorView& dout, const TensorView& x,
+                                         const TensorView& weight, int64_t B, int64_t T,
+                                         int64_t C, int64_t K) {
+  Chk::causal_conv1d_backward(dx, dweight, dout, x, weight, B, T, C, K);
+  no_cuda_kernel("causal_conv1d_backward");
+}
+void CudaBackend::gated_delta_rule_forward(const TensorView& out_, const TensorView& qkv,
+                                           const TensorView& a, const TensorView& b,
+                                           const TensorView& A_log, const TensorView& dt_bias,
+                                           int64_t B, int64_t T, int64_t Hk, int64_t Hv,
+                                           int64_t Dk, int64_t Dv) {
+  Chk::gated_delta_rule_forward(out_, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv);
+  no_cuda_kernel("gated_delta_rule_forward");
+}
+void CudaBackend::gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
+                                            const TensorView& db, const TensorView& dA_log,
+                                            const TensorView& ddt_bias, const TensorView& dout,
+                                            const TensorView& qkv, const TensorView& a,
+                                            const TensorView& b, const TensorView& A_log,
+                                            const TensorView& dt_bias, int64_t B, int64_t T,
+                                            int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+  Chk::gated_delta_rule_backward(dqkv, da, db, dA_log, ddt_bias, dout, qkv, a, b, A_log,
+                                 dt_bias, B, T, Hk, Hv, Dk, Dv);
+  no_cuda_kernel("gated_delta_rule_backward");
 }
 
 void CudaBackend::clamped_swiglu_forward(const TensorView& out_, const TensorView& gate_up,

@@ -629,6 +629,104 @@ struct ArgChecks {
     }
   }
 
+  // causal_conv1d_forward/backward: B, T, C, K >= 1; x, out (dx, dout) [B,T,C]; weight
+  // (dweight) [C,K]; the outputs distinct from the inputs and each other.
+  static void conv1d_inputs(const char* k, const TensorView& x, const TensorView& weight,
+                            int64_t B, int64_t T, int64_t C, int64_t K) {
+    for (const auto& [name, v] : {std::pair{"B", B}, std::pair{"T", T}, std::pair{"C", C},
+                                  std::pair{"K", K}}) {
+      if (v < 1) error(k, name, "= " + std::to_string(v) + " (expected >= 1)");
+    }
+    need_float(k, "x", x, B * T * C);
+    need_float(k, "weight", weight, C * K);
+  }
+  static void causal_conv1d_forward(const TensorView& out, const TensorView& x,
+                                    const TensorView& weight, int64_t B, int64_t T, int64_t C,
+                                    int64_t K) {
+    const char* k = "causal_conv1d_forward";
+    conv1d_inputs(k, x, weight, B, T, C, K);
+    need_float(k, "out", out, B * T * C);
+    distinct(k, "out", out, "x", x);
+    distinct(k, "out", out, "weight", weight);
+  }
+  static void causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
+                                     const TensorView& dout, const TensorView& x,
+                                     const TensorView& weight, int64_t B, int64_t T, int64_t C,
+                                     int64_t K) {
+    const char* k = "causal_conv1d_backward";
+    conv1d_inputs(k, x, weight, B, T, C, K);
+    need_float(k, "dout", dout, B * T * C);
+    need_float(k, "dx", dx, B * T * C);
+    need_float(k, "dweight", dweight, C * K);
+    distinct(k, "dx", dx, "dweight", dweight);
+    for (const auto& [name, v] :
+         {std::pair{"dout", &dout}, std::pair{"x", &x}, std::pair{"weight", &weight}}) {
+      distinct(k, "dx", dx, name, *v);
+      distinct(k, "dweight", dweight, name, *v);
+    }
+  }
+  // gated_delta_rule_forward/backward: every dimension >= 1, Hv a multiple of Hk; qkv
+  // [B,T,2*Hk*Dk + Hv*Dv], a and b [B,T,Hv], A_log and dt_bias [Hv], out (dout) [B,T,Hv*Dv];
+  // the outputs distinct from the inputs and each other.
+  static void delta_rule_inputs(const char* k, const TensorView& qkv, const TensorView& a,
+                                const TensorView& b, const TensorView& A_log,
+                                const TensorView& dt_bias, int64_t B, int64_t T, int64_t Hk,
+                                int64_t Hv, int64_t Dk, int64_t Dv) {
+    for (const auto& [name, v] : {std::pair{"B", B}, std::pair{"T", T}, std::pair{"Hk", Hk},
+                                  std::pair{"Hv", Hv}, std::pair{"Dk", Dk}, std::pair{"Dv", Dv}}) {
+      if (v < 1) error(k, name, "= " + std::to_string(v) + " (expected >= 1)");
+    }
+    if (Hv % Hk != 0) {
+      error(k, "Hv", "= " + std::to_string(Hv) + " (expected a multiple of Hk = " +
+                         std::to_string(Hk) + ")");
+    }
+    need_float(k, "qkv", qkv, B * T * (2 * Hk * Dk + Hv * Dv));
+    need_float(k, "a", a, B * T * Hv);
+    need_float(k, "b", b, B * T * Hv);
+    need_float(k, "A_log", A_log, Hv);
+    need_float(k, "dt_bias", dt_bias, Hv);
+  }
+  static void gated_delta_rule_forward(const TensorView& out, const TensorView& qkv,
+                                       const TensorView& a, const TensorView& b,
+                                       const TensorView& A_log, const TensorView& dt_bias,
+                                       int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
+                                       int64_t Dv) {
+    const char* k = "gated_delta_rule_forward";
+    delta_rule_inputs(k, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv);
+    need_float(k, "out", out, B * T * Hv * Dv);
+    for (const auto& [name, v] : {std::pair{"qkv", &qkv}, std::pair{"a", &a}, std::pair{"b", &b},
+                                  std::pair{"A_log", &A_log}, std::pair{"dt_bias", &dt_bias}}) {
+      distinct(k, "out", out, name, *v);
+    }
+  }
+  static void gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
+                                        const TensorView& db, const TensorView& dA_log,
+                                        const TensorView& ddt_bias, const TensorView& dout,
+                                        const TensorView& qkv, const TensorView& a,
+                                        const TensorView& b, const TensorView& A_log,
+                                        const TensorView& dt_bias, int64_t B, int64_t T,
+                                        int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+    const char* k = "gated_delta_rule_backward";
+    delta_rule_inputs(k, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv);
+    need_float(k, "dout", dout, B * T * Hv * Dv);
+    need_float(k, "dqkv", dqkv, B * T * (2 * Hk * Dk + Hv * Dv));
+    need_float(k, "da", da, B * T * Hv);
+    need_float(k, "db", db, B * T * Hv);
+    need_float(k, "dA_log", dA_log, Hv);
+    need_float(k, "ddt_bias", ddt_bias, Hv);
+    const std::pair<const char*, const TensorView*> outs[] = {
+        {"dqkv", &dqkv}, {"da", &da}, {"db", &db}, {"dA_log", &dA_log}, {"ddt_bias", &ddt_bias}};
+    const std::pair<const char*, const TensorView*> ins[] = {
+        {"dout", &dout}, {"qkv", &qkv}, {"a", &a}, {"b", &b}, {"A_log", &A_log},
+        {"dt_bias", &dt_bias}};
+    for (const auto& [oname, o] : outs) {
+      for (const auto& [iname, i] : ins) distinct(k, oname, *o, iname, *i);
+      for (const auto& [o2name, o2] : outs) {
+        if (o2 != o) distinct(k, oname, *o, o2name, *o2);
+      }
+    }
+  }
+
   // strided_copy: every stride >= 0, dst.col >= 1, and each view long enough for its last
   // element.
   static void strided_copy(const TensorView& dst, const Kernels::Strided& d, const TensorView& src,

@@ -327,6 +327,24 @@ class CpuBackend final : public Backend {
                                int64_t D) override;
   void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
                        const TensorView& gate, const TensorView& up) override;
+  void causal_conv1d_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
+                             int64_t B, int64_t T, int64_t C, int64_t K) override;
+  void causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
+                              const TensorView& dout, const TensorView& x,
+                              const TensorView& weight, int64_t B, int64_t T, int64_t C,
+                              int64_t K) override;
+  void gated_delta_rule_forward(const TensorView& out, const TensorView& qkv, const TensorView& a,
+                                const TensorView& b, const TensorView& A_log,
+                                const TensorView& dt_bias, int64_t B, int64_t T, int64_t Hk,
+                                int64_t Hv, int64_t Dk, int64_t Dv) override;
+  void gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
+                                 const TensorView& db, const TensorView& dA_log,
+                                 const TensorView& ddt_bias, const TensorView& dout,
+                                 const TensorView& qkv, const TensorView& a, const TensorView& b,
+                                 const TensorView& A_log, const TensorView& dt_bias, int64_t B,
+                                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
+                                 int64_t Dv) override;
+
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
                              int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
@@ -1044,6 +1062,55 @@ void CpuBackend::attention_sink_backward(const TensorView& dsinks, const TensorV
   const F32In d = in(dout, n), o = in(out_, n), s = in(sinks, H);
   const F32Out g = out(dsinks, H, /*load=*/true);  // accumulated
   k_.attention_sink_backward(g, d, o, static_cast<const float*>(lse.data), s, B, T, H, D);
+}
+
+void CpuBackend::causal_conv1d_forward(const TensorView& out_, const TensorView& x,
+                                       const TensorView& weight, int64_t B, int64_t T, int64_t C,
+                                       int64_t K) {
+  Chk::causal_conv1d_forward(out_, x, weight, B, T, C, K);
+  const F32In xi = in(x, B * T * C), w = in(weight, C * K);
+  const F32Out o = out(out_, B * T * C, false);
+  k_.causal_conv1d_forward(o, xi, w, B, T, C, K);
+}
+
+void CpuBackend::causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
+                                        const TensorView& dout, const TensorView& x,
+                                        const TensorView& weight, int64_t B, int64_t T, int64_t C,
+                                        int64_t K) {
+  Chk::causal_conv1d_backward(dx, dweight, dout, x, weight, B, T, C, K);
+  const F32In d = in(dout, B * T * C), xi = in(x, B * T * C), w = in(weight, C * K);
+  const F32Out g = out(dx, B * T * C, false), gw = out(dweight, C * K, /*load=*/true);
+  k_.causal_conv1d_backward(g, gw, d, xi, w, B, T, C, K);
+}
+
+void CpuBackend::gated_delta_rule_forward(const TensorView& out_, const TensorView& qkv,
+                                          const TensorView& a, const TensorView& b,
+                                          const TensorView& A_log, const TensorView& dt_bias,
+                                          int64_t B, int64_t T, int64_t Hk, int64_t Hv,
+                                          int64_t Dk, int64_t Dv) {
+  Chk::gated_delta_rule_forward(out_, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv);
+  const F32In x = in(qkv, B * T * (2 * Hk * Dk + Hv * Dv)), ai = in(a, B * T * Hv),
+              bi = in(b, B * T * Hv), al = in(A_log, Hv), dt = in(dt_bias, Hv);
+  const F32Out o = out(out_, B * T * Hv * Dv, false);
+  k_.gated_delta_rule_forward(o, x, ai, bi, al, dt, B, T, Hk, Hv, Dk, Dv);
+}
+
+void CpuBackend::gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
+                                           const TensorView& db, const TensorView& dA_log,
+                                           const TensorView& ddt_bias, const TensorView& dout,
+                                           const TensorView& qkv, const TensorView& a,
+                                           const TensorView& b, const TensorView& A_log,
+                                           const TensorView& dt_bias, int64_t B, int64_t T,
+                                           int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+  Chk::gated_delta_rule_backward(dqkv, da, db, dA_log, ddt_bias, dout, qkv, a, b, A_log, dt_bias,
+                                 B, T, Hk, Hv, Dk, Dv);
+  const int64_t W = 2 * Hk * Dk + Hv * Dv;
+  const F32In d = in(dout, B * T * Hv * Dv), x = in(qkv, B * T * W), ai = in(a, B * T * Hv),
+              bi = in(b, B * T * Hv), al = in(A_log, Hv), dt = in(dt_bias, Hv);
+  const F32Out gx = out(dqkv, B * T * W, false), ga = out(da, B * T * Hv, false),
+               gb = out(db, B * T * Hv, false), gal = out(dA_log, Hv, /*load=*/true),
+               gdt = out(ddt_bias, Hv, /*load=*/true);
+  k_.gated_delta_rule_backward(gx, ga, gb, gal, gdt, d, x, ai, bi, al, dt, B, T, Hk, Hv, Dk, Dv);
 }
 
 namespace {

@@ -33,6 +33,7 @@
 #include <limits>
 #include <string>
 #include <system_error>
+#include <tuple>
 #include <vector>
 
 #include "fsdp/backend/kernels.hpp"
@@ -826,6 +827,303 @@ void CpuKernels::attention_sink_backward(float* dsinks, const float* dout, const
       }
     }
     dsinks[h] -= acc;
+  }
+}
+
+// ---- linear attention (Gated DeltaNet) ----
+
+namespace {
+
+float sigmoid1(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// torch.nn.functional.softplus (beta 1, threshold 20): x above 20 is x.
+float softplus_torch(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+constexpr int64_t kDeltaChunk = 64;  // tokens between the backward's state checkpoints
+constexpr float kL2NormEps = 1e-6f;  // HF l2norm's eps (use_qk_l2norm_in_kernel)
+
+// y[n] = x / sqrt(sum x^2 + eps) * scale; returns the 1 / sqrt(...) factor.
+float l2normalize(float* y, const float* x, int64_t n, float scale) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float r = 1.0f / std::sqrt(ss + kL2NormEps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * scale;
+  return r;
+}
+
+// The gates of value head h at one token: g = -exp(A_log) softplus(a + dt_bias), the decay
+// exp(g) and beta = sigmoid(b).
+struct DeltaGates {
+  float g, decay, beta;
+};
+DeltaGates delta_gates(float a, float b, float A_log, float dt_bias) {
+  DeltaGates r;
+  r.g = -std::exp(A_log) * softplus_torch(a + dt_bias);
+  r.decay = std::exp(r.g);
+  r.beta = sigmoid1(b);
+  return r;
+}
+
+// One step of the recurrence on S [Dk,Dv] (row i = key dimension): S = decay S; u = S^T k;
+// d = beta (v - u); S += k d^T. Writes u and d [Dv].
+void delta_step(float* S, const float* k, const float* v, float decay, float beta, float* u,
+                float* d, int64_t Dk, int64_t Dv) {
+  for (int64_t j = 0; j < Dv; ++j) u[j] = 0.0f;
+  for (int64_t i = 0; i < Dk; ++i) {
+    float* row = S + i * Dv;
+    for (int64_t j = 0; j < Dv; ++j) {
+      row[j] *= decay;
+      u[j] += row[j] * k[i];
+    }
+  }
+  for (int64_t j = 0; j < Dv; ++j) d[j] = beta * (v[j] - u[j]);
+  for (int64_t i = 0; i < Dk; ++i) {
+    float* row = S + i * Dv;
+    for (int64_t j = 0; j < Dv; ++j) row[j] += k[i] * d[j];
+  }
+}
+
+}  // namespace
+
+void CpuKernels::causal_conv1d_forward(float* out, const float* x, const float* weight, int64_t B,
+                                       int64_t T, int64_t C, int64_t K) const {
+#pragma omp parallel for num_threads(threads_for(B * T * C * K, kParallelMinElems)) \
+    schedule(static)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int64_t t = bt % T;
+    for (int64_t c = 0; c < C; ++c) {
+      float acc = 0.0f;
+      for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j) {
+        acc += weight[c * K + j] * x[(bt - (K - 1 - j)) * C + c];
+      }
+      out[bt * C + c] = acc * sigmoid1(acc);
+    }
+  }
+}
+
+void CpuKernels::causal_conv1d_backward(float* dx, float* dweight, const float* dout,
+                                        const float* x, const float* weight, int64_t B, int64_t T,
+                                        int64_t C, int64_t K) const {
+  // dpre = dout silu'(pre), the pre-activation recomputed; then dx[t] = sum_j w[j]
+  // dpre[t + K - 1 - j] and dweight[c,j] = sum over b, t of dpre[t] x[t - K + 1 + j].
+  std::vector<float> dpre(static_cast<std::size_t>(B * T * C));
+  const int nt = threads_for(B * T * C * K, kParallelMinElems);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int64_t t = bt % T;
+    for (int64_t c = 0; c < C; ++c) {
+      float acc = 0.0f;
+      for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j) {
+        acc += weight[c * K + j] * x[(bt - (K - 1 - j)) * C + c];
+      }
+      const float s = sigmoid1(acc);
+      dpre[bt * C + c] = dout[bt * C + c] * s * (1.0f + acc * (1.0f - s));
+    }
+  }
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const int64_t t = bt % T;
+    for (int64_t c = 0; c < C; ++c) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < K && t + K - 1 - j >= 0; ++j) {
+        const int64_t to = t + K - 1 - j;  // the output that reads x[t] through weight[c,j]
+        if (to < T) acc += weight[c * K + j] * dpre[(bt + K - 1 - j) * C + c];
+      }
+      dx[bt * C + c] = acc;
+    }
+  }
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t j = 0; j < K; ++j) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t t = std::max<int64_t>(0, K - 1 - j); t < T; ++t) {
+          acc += dpre[(b * T + t) * C + c] * x[(b * T + t - (K - 1 - j)) * C + c];
+        }
+      }
+      dweight[c * K + j] += acc;
+    }
+  }
+}
+
+void CpuKernels::gated_delta_rule_forward(float* out, const float* qkv, const float* a,
+                                          const float* b, const float* A_log,
+                                          const float* dt_bias, int64_t B, int64_t T, int64_t Hk,
+                                          int64_t Hv, int64_t Dk, int64_t Dv) const {
+  const int64_t W = 2 * Hk * Dk + Hv * Dv, group = Hv / Hk;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(Dk));
+#pragma omp parallel for num_threads(threads_for(B * Hv * T * Dk * Dv, kParallelMinElems)) \
+    schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < B * Hv; ++bh) {
+    const int64_t bi = bh / Hv, h = bh % Hv, kh = h / group;
+    std::vector<float> S(static_cast<std::size_t>(Dk * Dv), 0.0f), q(Dk), k(Dk), u(Dv), d(Dv);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t bt = bi * T + t;
+      const float* row = qkv + bt * W;
+      l2normalize(q.data(), row + kh * Dk, Dk, scale);
+      l2normalize(k.data(), row + Hk * Dk + kh * Dk, Dk, 1.0f);
+      const DeltaGates gt = delta_gates(a[bt * Hv + h], b[bt * Hv + h], A_log[h], dt_bias[h]);
+      delta_step(S.data(), k.data(), row + 2 * Hk * Dk + h * Dv, gt.decay, gt.beta, u.data(),
+                 d.data(), Dk, Dv);
+      float* o = out + bt * Hv * Dv + h * Dv;
+      for (int64_t j = 0; j < Dv; ++j) o[j] = 0.0f;
+      for (int64_t i = 0; i < Dk; ++i) {
+        const float* Srow = S.data() + i * Dv;
+        for (int64_t j = 0; j < Dv; ++j) o[j] += Srow[j] * q[i];
+      }
+    }
+  }
+}
+
+void CpuKernels::gated_delta_rule_backward(float* dqkv, float* da, float* db, float* dA_log,
+                                           float* ddt_bias, const float* dout, const float* qkv,
+                                           const float* a, const float* b, const float* A_log,
+                                           const float* dt_bias, int64_t B, int64_t T,
+                                           int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) const {
+  const int64_t W = 2 * Hk * Dk + Hv * Dv, group = Hv / Hk, SD = Dk * Dv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(Dk));
+  const int64_t chunks = (T + kDeltaChunk - 1) / kDeltaChunk;
+  // The (b, h) sums of dA_log and ddt_bias, added in b order after the loop.
+  std::vector<float> part_A(static_cast<std::size_t>(B * Hv)), part_dt(part_A.size());
+  // A task is one batch row's q/k head and its group of value heads: their q/k gradients
+  // are summed in the task, so no two tasks write the same element.
+#pragma omp parallel for num_threads(threads_for(B * Hv * T * Dk * Dv, kParallelMinElems)) \
+    schedule(dynamic, 1)
+  for (int64_t bk = 0; bk < B * Hk; ++bk) {
+    const int64_t bi = bk / Hk, kh = bk % Hk;
+    const auto n = [](int64_t v) { return static_cast<std::size_t>(v); };
+    std::vector<float> qn(n(T * Dk)), kn(n(T * Dk)), rq(n(T)), rk(n(T));
+    std::vector<float> dqn(n(T * Dk), 0.0f), dkn(n(T * Dk), 0.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = qkv + (bi * T + t) * W;
+      rq[t] = l2normalize(&qn[t * Dk], row + kh * Dk, Dk, scale);
+      rk[t] = l2normalize(&kn[t * Dk], row + Hk * Dk + kh * Dk, Dk, 1.0f);
+    }
+    std::vector<float> ck(n(chunks * SD)), St(n(kDeltaChunk * SD)), dS(n(SD));
+    std::vector<float> u(n(Dv)), d(n(Dv)), dd(n(Dv));
+    std::vector<DeltaGates> gates(n(T));
+    for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t bt = bi * T + t;
+        gates[t] = delta_gates(a[bt * Hv + h], b[bt * Hv + h], A_log[h], dt_bias[h]);
+      }
+      const auto v_at = [&](int64_t t) { return qkv + (bi * T + t) * W + 2 * Hk * Dk + h * Dv; };
+      // Forward sweep: the state before each chunk.
+      std::fill(ck.begin(), ck.begin() + SD, 0.0f);
+      {
+        std::vector<float> S(n(SD), 0.0f);
+        for (int64_t t = 0; t < (chunks - 1) * kDeltaChunk; ++t) {
+          delta_step(S.data(), &kn[t * Dk], v_at(t), gates[t].decay, gates[t].beta, u.data(),
+                     d.data(), Dk, Dv);
+          if ((t + 1) % kDeltaChunk == 0) {
+            std::copy(S.begin(), S.end(), ck.begin() + ((t + 1) / kDeltaChunk) * SD);
+          }
+        }
+      }
+      std::fill(dS.begin(), dS.end(), 0.0f);
+      float acc_A = 0.0f, acc_dt = 0.0f;
+      const float expA = std::exp(A_log[h]);
+      for (int64_t c = chunks - 1; c >= 0; --c) {
+        const int64_t t0 = c * kDeltaChunk, len = std::min(T, t0 + kDeltaChunk) - t0;
+        // The chunk's states after each of its steps, from its checkpoint.
+        for (int64_t i = 0; i < len; ++i) {
+          float* S = &St[i * SD];
+          std::copy_n(i == 0 ? &ck[c * SD] : &St[(i - 1) * SD], SD, S);
+          delta_step(S, &kn[(t0 + i) * Dk], v_at(t0 + i), gates[t0 + i].decay,
+                     gates[t0 + i].beta, u.data(), d.data(), Dk, Dv);
+        }
+        for (int64_t i = len - 1; i >= 0; --i) {
+          const int64_t t = t0 + i, bt = bi * T + t;
+          const float* Scur = &St[i * SD];
+          const float* Sprev = i == 0 ? &ck[c * SD] : &St[(i - 1) * SD];
+          const float* q = &qn[t * Dk];
+          const float* k = &kn[t * Dk];
+          const float* v = v_at(t);
+          const float* go = dout + bt * Hv * Dv + h * Dv;
+          const float decay = gates[t].decay, beta = gates[t].beta;
+          // out = S_t^T q: dS += q go^T, dq += S_t go.
+          for (int64_t r = 0; r < Dk; ++r) {
+            float* dSrow = &dS[r * Dv];
+            const float* Srow = Scur + r * Dv;
+            float acc = 0.0f;
+            for (int64_t j = 0; j < Dv; ++j) {
+              dSrow[j] += q[r] * go[j];
+              acc += Srow[j] * go[j];
+            }
+            dqn[t * Dk + r] += acc;
+          }
+          // u = (decay S_prev)^T k, d = beta (v - u).
+          for (int64_t j = 0; j < Dv; ++j) u[j] = 0.0f;
+          for (int64_t r = 0; r < Dk; ++r) {
+            const float* Srow = Sprev + r * Dv;
+            for (int64_t j = 0; j < Dv; ++j) u[j] += decay * Srow[j] * k[r];
+          }
+          for (int64_t j = 0; j < Dv; ++j) d[j] = beta * (v[j] - u[j]);
+          // S_t = S' + k d^T: dd = dS^T k, dk += dS d.
+          for (int64_t j = 0; j < Dv; ++j) dd[j] = 0.0f;
+          for (int64_t r = 0; r < Dk; ++r) {
+            const float* dSrow = &dS[r * Dv];
+            float acc = 0.0f;
+            for (int64_t j = 0; j < Dv; ++j) {
+              dd[j] += dSrow[j] * k[r];
+              acc += dSrow[j] * d[j];
+            }
+            dkn[t * Dk + r] += acc;
+          }
+          // d = beta (v - u): dbeta, dv, du = -beta dd.
+          float dbeta = 0.0f;
+          float* gv = dqkv + bt * W + 2 * Hk * Dk + h * Dv;
+          for (int64_t j = 0; j < Dv; ++j) {
+            dbeta += dd[j] * (v[j] - u[j]);
+            gv[j] = beta * dd[j];
+            dd[j] *= -beta;  // now du
+          }
+          // u = S'^T k: dS' = dS + k du^T, dk += S' du; S' = decay S_prev: ddecay = <dS',
+          // S_prev>, then dS_prev = decay dS'.
+          float ddecay = 0.0f;
+          for (int64_t r = 0; r < Dk; ++r) {
+            float* dSrow = &dS[r * Dv];
+            const float* Srow = Sprev + r * Dv;
+            float acc = 0.0f;
+            for (int64_t j = 0; j < Dv; ++j) {
+              dSrow[j] += k[r] * dd[j];
+              acc += Srow[j] * dd[j];
+              ddecay += dSrow[j] * Srow[j];
+              dSrow[j] *= decay;
+            }
+            dkn[t * Dk + r] += decay * acc;
+          }
+          // g = -exp(A_log) softplus(x), x = a + dt_bias; decay = exp(g).
+          const float dg = ddecay * decay;
+          const float x = a[bt * Hv + h] + dt_bias[h];
+          const float dx = dg * -expA * (x > 20.0f ? 1.0f : sigmoid1(x));
+          da[bt * Hv + h] = dx;
+          acc_dt += dx;
+          acc_A += dg * gates[t].g;
+          db[bt * Hv + h] = dbeta * beta * (1.0f - beta);
+        }
+      }
+      part_A[bi * Hv + h] = acc_A;
+      part_dt[bi * Hv + h] = acc_dt;
+    }
+    // Through the l2norms (q~ = l2norm(q) scale): dx = r (dy - y (y . dy)), y = l2norm(x).
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = dqkv + (bi * T + t) * W;
+      for (const auto& [yn, dy, r, ys, dst] :
+           {std::tuple{&qn[t * Dk], &dqn[t * Dk], rq[t], scale, row + kh * Dk},
+            std::tuple{&kn[t * Dk], &dkn[t * Dk], rk[t], 1.0f, row + Hk * Dk + kh * Dk}}) {
+        // y = yn / ys and dL/dy = dy ys.
+        float dot = 0.0f;
+        for (int64_t i = 0; i < Dk; ++i) dot += yn[i] * dy[i];  // = (y . dL/dy)
+        for (int64_t i = 0; i < Dk; ++i) dst[i] = r * (dy[i] * ys - yn[i] / ys * dot);
+      }
+    }
+  }
+  for (int64_t h = 0; h < Hv; ++h) {
+    for (int64_t bi = 0; bi < B; ++bi) {
+      dA_log[h] += part_A[bi * Hv + h];
+      ddt_bias[h] += part_dt[bi * Hv + h];
+    }
   }
 }
 
