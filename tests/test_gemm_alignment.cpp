@@ -168,18 +168,19 @@ class GemmRecorder final : public fsdp::Kernels {
   void strided_copy(const TensorView&, const Strided&, const TensorView&, const Strided&,
                     int64_t, int64_t, int64_t, bool) override {}
   void causal_conv1d_forward(const TensorView&, const TensorView&, const TensorView&, int64_t,
-                             int64_t, int64_t, int64_t) override {}
+                             int64_t, int64_t, int64_t, const TensorView&) override {}
   void causal_conv1d_backward(const TensorView&, const TensorView&, const TensorView&,
                               const TensorView&, const TensorView&, int64_t, int64_t, int64_t,
-                              int64_t) override {}
+                              int64_t, const TensorView&) override {}
   void gated_delta_rule_forward(const TensorView&, const TensorView&, const TensorView&,
                                 const TensorView&, const TensorView&, const TensorView&, int64_t,
-                                int64_t, int64_t, int64_t, int64_t, int64_t) override {}
+                                int64_t, int64_t, int64_t, int64_t, int64_t,
+                                const TensorView&) override {}
   void gated_delta_rule_backward(const TensorView&, const TensorView&, const TensorView&,
                                  const TensorView&, const TensorView&, const TensorView&,
                                  const TensorView&, const TensorView&, const TensorView&,
                                  const TensorView&, const TensorView&, int64_t, int64_t, int64_t,
-                                 int64_t, int64_t, int64_t) override {}
+                                 int64_t, int64_t, int64_t, const TensorView&) override {}
   void clamped_swiglu_forward(const TensorView&, const TensorView&, float, float) override {}
   void clamped_swiglu_backward(const TensorView&, const TensorView&, const TensorView&, float,
                                float) override {}

@@ -9,6 +9,7 @@
 //    grouped heads (Hv = 2 Hk); a gate past torch's softplus threshold. The gradients of qkv,
 //    a, b, A_log and dt_bias against central differences of the double reference (L = sum
 //    out * R, R fixed random); dA_log / ddt_bias accumulate, the rest are written.
+//  - Document masking (doc_start): each packed document equals its run alone, bit for bit.
 //  - One thread and three give the same bits; the argument errors name kernel and argument.
 #include <gtest/gtest.h>
 
@@ -185,7 +186,7 @@ TEST_F(LinearAttention, CausalConv1dValuesAndGradientCheck) {
   const int64_t B = 2, T = 9, C = 5, K = 4;  // T > K: full windows and the zero-padded start
   const Vec x = random_vec(B * T * C, rng, -2.0f, 2.0f), w = random_vec(C * K, rng);
   Vec out(B * T * C);
-  be->causal_conv1d_forward(f32(out), f32(x), f32(w), B, T, C, K);
+  be->causal_conv1d_forward(f32(out), f32(x), f32(w), B, T, C, K, {});
   const DVec ref = conv_ref(to_double(x), to_double(w), B, T, C, K);
   EXPECT_LT(rel_err(out, ref), 1e-6);
   // The first output reads x[0] alone: silu(w[c, K-1] x[b, 0, c]).
@@ -194,7 +195,7 @@ TEST_F(LinearAttention, CausalConv1dValuesAndGradientCheck) {
 
   const Vec R = random_vec(B * T * C, rng);
   Vec dx(B * T * C, 123.0f), dw(C * K, 0.5f);  // dx is written, dw accumulated
-  be->causal_conv1d_backward(f32(dx), f32(dw), f32(R), f32(x), f32(w), B, T, C, K);
+  be->causal_conv1d_backward(f32(dx), f32(dw), f32(R), f32(x), f32(w), B, T, C, K, {});
   const DVec xd = to_double(x), wd = to_double(w);
   const DVec ndx = numeric_grad(
       xd, all_of(x.size()), [&](const DVec& xx) { return dot(conv_ref(xx, wd, B, T, C, K), R); },
@@ -209,10 +210,10 @@ TEST_F(LinearAttention, CausalConv1dValuesAndGradientCheck) {
 
   // K = 1 (a per-channel scale) and T < K.
   Vec o1(B * 2 * C);
-  be->causal_conv1d_forward(f32(o1), f32(x), f32(w), B, 2, C, 1);
+  be->causal_conv1d_forward(f32(o1), f32(x), f32(w), B, 2, C, 1, {});
   EXPECT_LT(rel_err(o1, conv_ref(xd, DVec(wd.begin(), wd.begin() + C), B, 2, C, 1)), 1e-6);
   Vec o2(B * 2 * C);
-  be->causal_conv1d_forward(f32(o2), f32(x), f32(w), B, 2, C, K);
+  be->causal_conv1d_forward(f32(o2), f32(x), f32(w), B, 2, C, K, {});
   EXPECT_LT(rel_err(o2, conv_ref(xd, wd, B, 2, C, K)), 1e-6);
 }
 
@@ -233,7 +234,7 @@ class GatedDeltaRule : public LinearAttention {
   Vec forward() {
     Vec out(shape.B * shape.T * shape.Hv * shape.Dv);
     be->gated_delta_rule_forward(f32(out), f32(qkv), f32(a), f32(b), f32(A_log), f32(dt_bias),
-                                 shape.B, shape.T, shape.Hk, shape.Hv, shape.Dk, shape.Dv);
+                                 shape.B, shape.T, shape.Hk, shape.Hv, shape.Dk, shape.Dv, {});
     return out;
   }
   struct Grads {
@@ -245,7 +246,7 @@ class GatedDeltaRule : public LinearAttention {
             Vec(s.Hv, fill), Vec(s.Hv, fill)};
     backend.gated_delta_rule_backward(f32(g.dqkv), f32(g.da), f32(g.db), f32(g.dA_log),
                                       f32(g.ddt_bias), f32(dout), f32(qkv), f32(a), f32(b),
-                                      f32(A_log), f32(dt_bias), s.B, s.T, s.Hk, s.Hv, s.Dk, s.Dv);
+                                      f32(A_log), f32(dt_bias), s.B, s.T, s.Hk, s.Hv, s.Dk, s.Dv, {});
     return g;
   }
   DeltaShape shape{};
@@ -358,7 +359,7 @@ TEST_F(GatedDeltaRule, ThreadsGiveTheSameBits) {
   auto one = make_cpu_backend(1);
   Vec out1(out3.size());
   one->gated_delta_rule_forward(f32(out1), f32(qkv), f32(a), f32(b), f32(A_log), f32(dt_bias),
-                                shape.B, shape.T, shape.Hk, shape.Hv, shape.Dk, shape.Dv);
+                                shape.B, shape.T, shape.Hk, shape.Hv, shape.Dk, shape.Dv, {});
   const Grads g1 = backward(R, *one);
   EXPECT_EQ(out1, out3);
   EXPECT_EQ(g1.dqkv, g3.dqkv);
@@ -368,11 +369,97 @@ TEST_F(GatedDeltaRule, ThreadsGiveTheSameBits) {
   EXPECT_EQ(g1.ddt_bias, g3.ddt_bias);
   Vec dx1(shape.B * shape.T * 10), dx3(dx1.size()), dw1(40, 0.0f), dw3(40, 0.0f);
   const Vec x = random_vec(dx1.size(), rng), w = random_vec(40, rng);
-  one->causal_conv1d_backward(f32(dx1), f32(dw1), f32(x), f32(x), f32(w), shape.B, shape.T, 10, 4);
+  one->causal_conv1d_backward(f32(dx1), f32(dw1), f32(x), f32(x), f32(w), shape.B, shape.T, 10, 4, {});
   // (dout = x: a read-only input may be passed twice)
-  be->causal_conv1d_backward(f32(dx3), f32(dw3), f32(x), f32(x), f32(w), shape.B, shape.T, 10, 4);
+  be->causal_conv1d_backward(f32(dx3), f32(dw3), f32(x), f32(x), f32(w), shape.B, shape.T, 10, 4, {});
   EXPECT_EQ(dx1, dx3);
   EXPECT_EQ(dw1, dw3);
+}
+
+// Document masking: a row packing documents (starts 0, 40, 64 = a checkpoint, 100, 149 = a
+// one-token document) gives each document's outputs of that document run alone as its own
+// row, and gradients that are the sum of the documents' runs (A_log, dt_bias, the conv
+// weight) or each document's own (every per-token gradient). An all-zero doc_start is no
+// mask, bit for bit.
+TEST_F(GatedDeltaRule, DocumentsAreSeparateSequences) {
+  const DeltaShape row{1, 150, 2, 4, 8, 6};
+  make(row);
+  const std::vector<int64_t> starts = {0, 40, 64, 100, 149};
+  std::vector<int32_t> doc(row.T);
+  for (int64_t t = 0, k = 0; t < row.T; ++t) {
+    if (k + 1 < static_cast<int64_t>(starts.size()) && t == starts[k + 1]) ++k;
+    doc[t] = static_cast<int32_t>(starts[k]);
+  }
+  const TensorView ds{doc.data(), DType::i32, {row.T}};
+  const int64_t W = row.width(), C = 10, K = 4;
+  const Vec R = random_vec(row.T * row.Hv * row.Dv, rng), x = random_vec(row.T * C, rng),
+            w = random_vec(C * K, rng), Rc = random_vec(row.T * C, rng);
+  Vec out(row.T * row.Hv * row.Dv), cout(row.T * C);
+  be->gated_delta_rule_forward(f32(out), f32(qkv), f32(a), f32(b), f32(A_log), f32(dt_bias),
+                               row.B, row.T, row.Hk, row.Hv, row.Dk, row.Dv, ds);
+  be->causal_conv1d_forward(f32(cout), f32(x), f32(w), 1, row.T, C, K, ds);
+  Grads g{Vec(qkv.size()), Vec(a.size()), Vec(b.size()), Vec(row.Hv, 0.0f), Vec(row.Hv, 0.0f)};
+  be->gated_delta_rule_backward(f32(g.dqkv), f32(g.da), f32(g.db), f32(g.dA_log),
+                                f32(g.ddt_bias), f32(R), f32(qkv), f32(a), f32(b), f32(A_log),
+                                f32(dt_bias), row.B, row.T, row.Hk, row.Hv, row.Dk, row.Dv, ds);
+  Vec cdx(x.size()), cdw(w.size(), 0.0f);
+  be->causal_conv1d_backward(f32(cdx), f32(cdw), f32(Rc), f32(x), f32(w), 1, row.T, C, K, ds);
+
+  Vec sum_dA(row.Hv, 0.0f), sum_ddt(row.Hv, 0.0f), sum_dw(w.size(), 0.0f);
+  for (std::size_t k = 0; k < starts.size(); ++k) {
+    const int64_t t0 = starts[k], n = (k + 1 < starts.size() ? starts[k + 1] : row.T) - t0;
+    SCOPED_TRACE("document at " + std::to_string(t0) + " of " + std::to_string(n) + " tokens");
+    const auto part = [&](const Vec& v, int64_t width) {
+      return Vec(v.begin() + t0 * width, v.begin() + (t0 + n) * width);
+    };
+    const Vec q1 = part(qkv, W), a1 = part(a, row.Hv), b1 = part(b, row.Hv),
+              R1 = part(R, row.Hv * row.Dv), x1 = part(x, C), Rc1 = part(Rc, C);
+    Vec o1(n * row.Hv * row.Dv), co1(n * C);
+    be->gated_delta_rule_forward(f32(o1), f32(q1), f32(a1), f32(b1), f32(A_log), f32(dt_bias), 1,
+                                 n, row.Hk, row.Hv, row.Dk, row.Dv, {});
+    be->causal_conv1d_forward(f32(co1), f32(x1), f32(w), 1, n, C, K, {});
+    EXPECT_EQ(part(out, row.Hv * row.Dv), o1);
+    EXPECT_EQ(part(cout, C), co1);
+    Vec dq1(q1.size()), da1(a1.size()), db1(b1.size()), dA1(row.Hv, 0.0f), ddt1(row.Hv, 0.0f);
+    be->gated_delta_rule_backward(f32(dq1), f32(da1), f32(db1), f32(dA1), f32(ddt1), f32(R1),
+                                  f32(q1), f32(a1), f32(b1), f32(A_log), f32(dt_bias), 1, n,
+                                  row.Hk, row.Hv, row.Dk, row.Dv, {});
+    EXPECT_EQ(part(g.dqkv, W), dq1);
+    EXPECT_EQ(part(g.da, row.Hv), da1);
+    EXPECT_EQ(part(g.db, row.Hv), db1);
+    Vec dx1(x1.size()), dw1(w.size(), 0.0f);
+    be->causal_conv1d_backward(f32(dx1), f32(dw1), f32(Rc1), f32(x1), f32(w), 1, n, C, K, {});
+    EXPECT_EQ(part(cdx, C), dx1);
+    for (int64_t h = 0; h < row.Hv; ++h) {
+      sum_dA[h] += dA1[h];
+      sum_ddt[h] += ddt1[h];
+    }
+    for (std::size_t i = 0; i < w.size(); ++i) sum_dw[i] += dw1[i];
+  }
+  // (summed in another order: equal to rounding)
+  EXPECT_LT(rel_err(g.dA_log, to_double(sum_dA)), 1e-5);
+  EXPECT_LT(rel_err(g.ddt_bias, to_double(sum_ddt)), 1e-5);
+  EXPECT_LT(rel_err(cdw, to_double(sum_dw)), 1e-5);
+
+  // All-zero starts: one document, the unmasked kernels' bits.
+  std::vector<int32_t> zeros(row.T, 0);
+  const TensorView z{zeros.data(), DType::i32, {row.T}};
+  Vec o_z(out.size()), o_n(out.size());
+  be->gated_delta_rule_forward(f32(o_z), f32(qkv), f32(a), f32(b), f32(A_log), f32(dt_bias),
+                               row.B, row.T, row.Hk, row.Hv, row.Dk, row.Dv, z);
+  be->gated_delta_rule_forward(f32(o_n), f32(qkv), f32(a), f32(b), f32(A_log), f32(dt_bias),
+                               row.B, row.T, row.Hk, row.Hv, row.Dk, row.Dv, {});
+  EXPECT_EQ(o_z, o_n);
+  EXPECT_NE(o_n, out) << "the mask changes the outputs";
+  // A doc_start that is not int32 [B,T].
+  const Vec wrong(row.T);
+  expect_error(
+      [&] {
+        be->gated_delta_rule_forward(f32(o_z), f32(qkv), f32(a), f32(b), f32(A_log),
+                                     f32(dt_bias), row.B, row.T, row.Hk, row.Hv, row.Dk, row.Dv,
+                                     f32(wrong));
+      },
+      {"gated_delta_rule_forward", "doc_start", "expected int32"});
 }
 
 TEST_F(GatedDeltaRule, ArgumentErrors) {
@@ -384,13 +471,13 @@ TEST_F(GatedDeltaRule, ArgumentErrors) {
   expect_error(
       [&] {
         be->gated_delta_rule_forward(f32(out), f32(small), f32(a), f32(b), f32(A_log),
-                                     f32(dt_bias), 1, 4, 1, 2, 4, 4);
+                                     f32(dt_bias), 1, 4, 1, 2, 4, 4, {});
       },
       {"gated_delta_rule_forward", "qkv", "needs at least"});
   expect_error(
       [&] {
         be->gated_delta_rule_forward(f32(qkv), f32(qkv), f32(a), f32(b), f32(A_log),
-                                     f32(dt_bias), 1, 4, 1, 2, 4, 4);
+                                     f32(dt_bias), 1, 4, 1, 2, 4, 4, {});
       },
       {"gated_delta_rule_forward", "out", "overlaps qkv"});
   const Vec dout(1 * 4 * 2 * 4, 1.0f);
@@ -399,19 +486,19 @@ TEST_F(GatedDeltaRule, ArgumentErrors) {
       [&] {
         be->gated_delta_rule_backward(f32(qkv), f32(da), f32(db), f32(dA), f32(ddt), f32(dout),
                                       f32(qkv), f32(a), f32(b), f32(A_log), f32(dt_bias), 1, 4,
-                                      1, 2, 4, 4);
+                                      1, 2, 4, 4, {});
       },
       {"gated_delta_rule_backward", "dqkv", "overlaps qkv"});
   expect_error(
       [&] {
         Vec x(20), w(8);
-        be->causal_conv1d_forward(f32(x), f32(x), f32(w), 1, 5, 4, 2);
+        be->causal_conv1d_forward(f32(x), f32(x), f32(w), 1, 5, 4, 2, {});
       },
       {"causal_conv1d_forward", "out", "overlaps x"});
   expect_error(
       [&] {
         Vec x(20), o(20), w(8);
-        be->causal_conv1d_forward(f32(o), f32(x), f32(w), 1, 5, 4, 0);
+        be->causal_conv1d_forward(f32(o), f32(x), f32(w), 1, 5, 4, 0, {});
       },
       {"causal_conv1d_forward", "K", "expected >= 1"});
 }

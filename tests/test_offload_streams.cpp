@@ -661,21 +661,26 @@ class DeferredKernels final : public fsdp::Kernels {
     later([=, this] { in_.strided_copy(dst, dst_at, src, src_at, R, G, W, accumulate); });
   }
   void causal_conv1d_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
-                             int64_t B, int64_t T, int64_t C, int64_t K) override {
-    later([=, this] { in_.causal_conv1d_forward(out, x, weight, B, T, C, K); });
+                             int64_t B, int64_t T, int64_t C, int64_t K,
+                             const TensorView& doc_start) override {
+    later([=, this] { in_.causal_conv1d_forward(out, x, weight, B, T, C, K, doc_start); });
   }
   void causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
                               const TensorView& dout, const TensorView& x,
                               const TensorView& weight, int64_t B, int64_t T, int64_t C,
-                              int64_t K) override {
-    later([=, this] { in_.causal_conv1d_backward(dx, dweight, dout, x, weight, B, T, C, K); });
+                              int64_t K, const TensorView& doc_start) override {
+    later([=, this] {
+      in_.causal_conv1d_backward(dx, dweight, dout, x, weight, B, T, C, K, doc_start);
+    });
   }
   void gated_delta_rule_forward(const TensorView& out, const TensorView& qkv, const TensorView& a,
                                 const TensorView& b, const TensorView& A_log,
                                 const TensorView& dt_bias, int64_t B, int64_t T, int64_t Hk,
-                                int64_t Hv, int64_t Dk, int64_t Dv) override {
+                                int64_t Hv, int64_t Dk, int64_t Dv,
+                                const TensorView& doc_start) override {
     later([=, this] {
-      in_.gated_delta_rule_forward(out, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv);
+      in_.gated_delta_rule_forward(out, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv,
+                                   doc_start);
     });
   }
   void gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
@@ -683,11 +688,11 @@ class DeferredKernels final : public fsdp::Kernels {
                                  const TensorView& ddt_bias, const TensorView& dout,
                                  const TensorView& qkv, const TensorView& a, const TensorView& b,
                                  const TensorView& A_log, const TensorView& dt_bias, int64_t B,
-                                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
-                                 int64_t Dv) override {
+                                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                 const TensorView& doc_start) override {
     later([=, this] {
       in_.gated_delta_rule_backward(dqkv, da, db, dA_log, ddt_bias, dout, qkv, a, b, A_log,
-                                    dt_bias, B, T, Hk, Hv, Dk, Dv);
+                                    dt_bias, B, T, Hk, Hv, Dk, Dv, doc_start);
     });
   }
   void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,

@@ -296,22 +296,24 @@ class CudaBackend final : public Backend {
   void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
                        const TensorView& gate, const TensorView& up) override;
   void causal_conv1d_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
-                             int64_t B, int64_t T, int64_t C, int64_t K) override;
+                             int64_t B, int64_t T, int64_t C, int64_t K,
+                             const TensorView& doc_start) override;
   void causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
                               const TensorView& dout, const TensorView& x,
                               const TensorView& weight, int64_t B, int64_t T, int64_t C,
-                              int64_t K) override;
+                              int64_t K, const TensorView& doc_start) override;
   void gated_delta_rule_forward(const TensorView& out, const TensorView& qkv, const TensorView& a,
                                 const TensorView& b, const TensorView& A_log,
                                 const TensorView& dt_bias, int64_t B, int64_t T, int64_t Hk,
-                                int64_t Hv, int64_t Dk, int64_t Dv) override;
+                                int64_t Hv, int64_t Dk, int64_t Dv,
+                                const TensorView& doc_start) override;
   void gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
                                  const TensorView& db, const TensorView& dA_log,
                                  const TensorView& ddt_bias, const TensorView& dout,
                                  const TensorView& qkv, const TensorView& a, const TensorView& b,
                                  const TensorView& A_log, const TensorView& dt_bias, int64_t B,
-                                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
-                                 int64_t Dv) override;
+                                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                 const TensorView& doc_start) override;
   void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
                               float limit) override;
   void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
@@ -1445,23 +1447,24 @@ namespace {
 
 void CudaBackend::causal_conv1d_forward(const TensorView& out_, const TensorView& x,
                                         const TensorView& weight, int64_t B, int64_t T,
-                                        int64_t C, int64_t K) {
-  Chk::causal_conv1d_forward(out_, x, weight, B, T, C, K);
+                                        int64_t C, int64_t K, const TensorView& doc_start) {
+  Chk::causal_conv1d_forward(out_, x, weight, B, T, C, K, doc_start);
   no_cuda_kernel("causal_conv1d_forward");
 }
 void CudaBackend::causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
                                          const TensorView& dout, const TensorView& x,
                                          const TensorView& weight, int64_t B, int64_t T,
-                                         int64_t C, int64_t K) {
-  Chk::causal_conv1d_backward(dx, dweight, dout, x, weight, B, T, C, K);
+                                         int64_t C, int64_t K, const TensorView& doc_start) {
+  Chk::causal_conv1d_backward(dx, dweight, dout, x, weight, B, T, C, K, doc_start);
   no_cuda_kernel("causal_conv1d_backward");
 }
 void CudaBackend::gated_delta_rule_forward(const TensorView& out_, const TensorView& qkv,
                                            const TensorView& a, const TensorView& b,
                                            const TensorView& A_log, const TensorView& dt_bias,
                                            int64_t B, int64_t T, int64_t Hk, int64_t Hv,
-                                           int64_t Dk, int64_t Dv) {
-  Chk::gated_delta_rule_forward(out_, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv);
+                                           int64_t Dk, int64_t Dv, const TensorView& doc_start) {
+  Chk::gated_delta_rule_forward(out_, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv,
+                                doc_start);
   no_cuda_kernel("gated_delta_rule_forward");
 }
 void CudaBackend::gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
@@ -1470,9 +1473,10 @@ void CudaBackend::gated_delta_rule_backward(const TensorView& dqkv, const Tensor
                                             const TensorView& qkv, const TensorView& a,
                                             const TensorView& b, const TensorView& A_log,
                                             const TensorView& dt_bias, int64_t B, int64_t T,
-                                            int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+                                            int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                            const TensorView& doc_start) {
   Chk::gated_delta_rule_backward(dqkv, da, db, dA_log, ddt_bias, dout, qkv, a, b, A_log,
-                                 dt_bias, B, T, Hk, Hv, Dk, Dv);
+                                 dt_bias, B, T, Hk, Hv, Dk, Dv, doc_start);
   no_cuda_kernel("gated_delta_rule_backward");
 }
 

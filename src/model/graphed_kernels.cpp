@@ -519,29 +519,31 @@ void GraphedKernels::strided_copy(const TensorView& dst, const Strided& dst_at,
 }
 void GraphedKernels::causal_conv1d_forward(const TensorView& out, const TensorView& x,
                                            const TensorView& weight, int64_t B, int64_t T,
-                                           int64_t C, int64_t K) {
-  FSDP_RECORD(causal_conv1d_forward, out, x, weight, B, T, C, K);
+                                           int64_t C, int64_t K, const TensorView& doc_start) {
+  FSDP_RECORD(causal_conv1d_forward, out, x, weight, B, T, C, K, doc_start);
 }
 void GraphedKernels::causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
                                             const TensorView& dout, const TensorView& x,
                                             const TensorView& weight, int64_t B, int64_t T,
-                                            int64_t C, int64_t K) {
-  FSDP_RECORD(causal_conv1d_backward, dx, dweight, dout, x, weight, B, T, C, K);
+                                            int64_t C, int64_t K, const TensorView& doc_start) {
+  FSDP_RECORD(causal_conv1d_backward, dx, dweight, dout, x, weight, B, T, C, K, doc_start);
 }
 void GraphedKernels::gated_delta_rule_forward(const TensorView& out, const TensorView& qkv,
                                               const TensorView& a, const TensorView& b,
                                               const TensorView& A_log, const TensorView& dt_bias,
                                               int64_t B, int64_t T, int64_t Hk, int64_t Hv,
-                                              int64_t Dk, int64_t Dv) {
-  FSDP_RECORD(gated_delta_rule_forward, out, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv);
+                                              int64_t Dk, int64_t Dv, const TensorView& doc_start) {
+  FSDP_RECORD(gated_delta_rule_forward, out, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv,
+              doc_start);
 }
 void GraphedKernels::gated_delta_rule_backward(
     const TensorView& dqkv, const TensorView& da, const TensorView& db, const TensorView& dA_log,
     const TensorView& ddt_bias, const TensorView& dout, const TensorView& qkv,
     const TensorView& a, const TensorView& b, const TensorView& A_log, const TensorView& dt_bias,
-    int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+    int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+    const TensorView& doc_start) {
   FSDP_RECORD(gated_delta_rule_backward, dqkv, da, db, dA_log, ddt_bias, dout, qkv, a, b, A_log,
-              dt_bias, B, T, Hk, Hv, Dk, Dv);
+              dt_bias, B, T, Hk, Hv, Dk, Dv, doc_start);
 }
 void GraphedKernels::clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up,
                                             float alpha, float limit) {

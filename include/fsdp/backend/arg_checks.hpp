@@ -632,19 +632,21 @@ struct ArgChecks {
   // causal_conv1d_forward/backward: B, T, C, K >= 1; x, out (dx, dout) [B,T,C]; weight
   // (dweight) [C,K]; the outputs distinct from the inputs and each other.
   static void conv1d_inputs(const char* k, const TensorView& x, const TensorView& weight,
-                            int64_t B, int64_t T, int64_t C, int64_t K) {
+                            int64_t B, int64_t T, int64_t C, int64_t K,
+                            const TensorView& doc_start) {
     for (const auto& [name, v] : {std::pair{"B", B}, std::pair{"T", T}, std::pair{"C", C},
                                   std::pair{"K", K}}) {
       if (v < 1) error(k, name, "= " + std::to_string(v) + " (expected >= 1)");
     }
     need_float(k, "x", x, B * T * C);
     need_float(k, "weight", weight, C * K);
+    if (doc_start) need_dtype(k, "doc_start", doc_start, DType::i32, B * T);
   }
   static void causal_conv1d_forward(const TensorView& out, const TensorView& x,
                                     const TensorView& weight, int64_t B, int64_t T, int64_t C,
-                                    int64_t K) {
+                                    int64_t K, const TensorView& doc_start) {
     const char* k = "causal_conv1d_forward";
-    conv1d_inputs(k, x, weight, B, T, C, K);
+    conv1d_inputs(k, x, weight, B, T, C, K, doc_start);
     need_float(k, "out", out, B * T * C);
     distinct(k, "out", out, "x", x);
     distinct(k, "out", out, "weight", weight);
@@ -652,9 +654,9 @@ struct ArgChecks {
   static void causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
                                      const TensorView& dout, const TensorView& x,
                                      const TensorView& weight, int64_t B, int64_t T, int64_t C,
-                                     int64_t K) {
+                                     int64_t K, const TensorView& doc_start) {
     const char* k = "causal_conv1d_backward";
-    conv1d_inputs(k, x, weight, B, T, C, K);
+    conv1d_inputs(k, x, weight, B, T, C, K, doc_start);
     need_float(k, "dout", dout, B * T * C);
     need_float(k, "dx", dx, B * T * C);
     need_float(k, "dweight", dweight, C * K);
@@ -671,7 +673,7 @@ struct ArgChecks {
   static void delta_rule_inputs(const char* k, const TensorView& qkv, const TensorView& a,
                                 const TensorView& b, const TensorView& A_log,
                                 const TensorView& dt_bias, int64_t B, int64_t T, int64_t Hk,
-                                int64_t Hv, int64_t Dk, int64_t Dv) {
+                                int64_t Hv, int64_t Dk, int64_t Dv, const TensorView& doc_start) {
     for (const auto& [name, v] : {std::pair{"B", B}, std::pair{"T", T}, std::pair{"Hk", Hk},
                                   std::pair{"Hv", Hv}, std::pair{"Dk", Dk}, std::pair{"Dv", Dv}}) {
       if (v < 1) error(k, name, "= " + std::to_string(v) + " (expected >= 1)");
@@ -685,14 +687,15 @@ struct ArgChecks {
     need_float(k, "b", b, B * T * Hv);
     need_float(k, "A_log", A_log, Hv);
     need_float(k, "dt_bias", dt_bias, Hv);
+    if (doc_start) need_dtype(k, "doc_start", doc_start, DType::i32, B * T);
   }
   static void gated_delta_rule_forward(const TensorView& out, const TensorView& qkv,
                                        const TensorView& a, const TensorView& b,
                                        const TensorView& A_log, const TensorView& dt_bias,
                                        int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
-                                       int64_t Dv) {
+                                       int64_t Dv, const TensorView& doc_start) {
     const char* k = "gated_delta_rule_forward";
-    delta_rule_inputs(k, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv);
+    delta_rule_inputs(k, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv, doc_start);
     need_float(k, "out", out, B * T * Hv * Dv);
     for (const auto& [name, v] : {std::pair{"qkv", &qkv}, std::pair{"a", &a}, std::pair{"b", &b},
                                   std::pair{"A_log", &A_log}, std::pair{"dt_bias", &dt_bias}}) {
@@ -705,9 +708,10 @@ struct ArgChecks {
                                         const TensorView& qkv, const TensorView& a,
                                         const TensorView& b, const TensorView& A_log,
                                         const TensorView& dt_bias, int64_t B, int64_t T,
-                                        int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+                                        int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                        const TensorView& doc_start) {
     const char* k = "gated_delta_rule_backward";
-    delta_rule_inputs(k, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv);
+    delta_rule_inputs(k, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv, doc_start);
     need_float(k, "dout", dout, B * T * Hv * Dv);
     need_float(k, "dqkv", dqkv, B * T * (2 * Hk * Dk + Hv * Dv));
     need_float(k, "da", da, B * T * Hv);

@@ -479,18 +479,21 @@ class Kernels {
   // channels, padding K - 1, the first T outputs kept, no bias, then silu: causal_conv1d_fn
   // with activation "silu"): out[b,t,c] = silu(sum over j < K of weight[c,j] x[b,t-K+1+j,c]),
   // x taken as 0 before the row's first token. x, out: [B,T,C]; weight: [C,K] (HF's
-  // conv1d.weight [C,1,K]); fp32 math. out must not alias x. fsdp::Error on a dimension < 1
-  // (K >= 1), a short or non-float view, or out aliasing x.
+  // conv1d.weight [C,1,K]); fp32 math. doc_start (document masking, as gqa_attention_forward's:
+  // int32 [B,T], each row nondecreasing with 0 <= doc_start[b,t] <= t, or a null view): x is
+  // also taken as 0 before doc_start[b,t] (causal_conv1d_fn's seq_idx, each packed document
+  // convolved alone). out must not alias x. fsdp::Error on a dimension < 1 (K >= 1), a short
+  // or non-float view, a doc_start that is not int32 [B,T], or out aliasing x.
   virtual void causal_conv1d_forward(const TensorView& out, const TensorView& x,
                                      const TensorView& weight, int64_t B, int64_t T, int64_t C,
-                                     int64_t K) = 0;
+                                     int64_t K, const TensorView& doc_start) = 0;
   // WRITES dx[B,T,C] and ACCUMULATES dweight[C,K] (summed over b then t ascending, fp32),
   // from dout[B,T,C], x and weight (the pre-activation recomputed). dx must alias none of the
   // others. Errors as forward.
   virtual void causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
                                       const TensorView& dout, const TensorView& x,
                                       const TensorView& weight, int64_t B, int64_t T, int64_t C,
-                                      int64_t K) = 0;
+                                      int64_t K, const TensorView& doc_start) = 0;
   // The gated delta rule (Yang, Kautz, Hatamizadeh 2025, "Gated Delta Networks: Improving
   // Mamba2 with Delta Rule", eq. 10; HF's torch_recurrent_gated_delta_rule with
   // use_qk_l2norm_in_kernel, and the gating of Qwen3NextGatedDeltaNet.forward), from zero
@@ -501,16 +504,19 @@ class Kernels {
   // sqrt(sum x^2 + 1e-6)), g = -exp(A_log[h]) softplus(a + dt_bias[h]) (torch's softplus:
   // x above 20 is x), beta = sigmoid(b) and the state S [Dk,Dv] per (b, h):
   //   S = exp(g_t) S;  u = S^T k~_t;  S += k~_t (beta_t (v_t - u))^T;  out_t = S^T q~_t.
-  // out: [B,T,Hv*Dv]. Nothing is saved: backward recomputes the states. fsdp::Error on a
-  // dimension < 1, Hv not a multiple of Hk, a short or non-float view, out aliasing an input.
+  // out: [B,T,Hv*Dv]. doc_start (as causal_conv1d_forward's, or null): the state is zero
+  // again before each token that starts a document (doc_start[b,t] == t; the chunked kernel's
+  // cu_seqlens, each packed document its own sequence). Nothing is saved: backward recomputes
+  // the states. fsdp::Error on a dimension < 1, Hv not a multiple of Hk, a short or non-float
+  // view, a doc_start that is not int32 [B,T], out aliasing an input.
   virtual void gated_delta_rule_forward(const TensorView& out, const TensorView& qkv,
                                         const TensorView& a, const TensorView& b,
                                         const TensorView& A_log, const TensorView& dt_bias,
                                         int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
-                                        int64_t Dv) = 0;
+                                        int64_t Dv, const TensorView& doc_start) = 0;
   // WRITES dqkv [B,T,2*Hk*Dk + Hv*Dv] (a q/k head's gradient summed over its Hv/Hk value
-  // heads), da, db [B,T,Hv]; ACCUMULATES dA_log, ddt_bias [Hv] (summed over b, then the
-  // heads' t descending, fp32; deterministic). From dout [B,T,Hv*Dv] and forward's inputs;
+  // heads), da, db [B,T,Hv]; ACCUMULATES dA_log, ddt_bias [Hv] (for each head the sums over
+  // t descending, added over b ascending, fp32; deterministic). From dout [B,T,Hv*Dv] and forward's inputs;
   // the states are recomputed (checkpoints every 64 tokens, then each 64-token chunk's states
   // again). The outputs must alias none of the inputs. Errors as forward.
   virtual void gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
@@ -519,7 +525,8 @@ class Kernels {
                                          const TensorView& qkv, const TensorView& a,
                                          const TensorView& b, const TensorView& A_log,
                                          const TensorView& dt_bias, int64_t B, int64_t T,
-                                         int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) = 0;
+                                         int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                         const TensorView& doc_start) = 0;
 
   // ---- strided copies (torch's narrow / expand / sum over a dim, then copy_) ----
   // A view of a flat tensor as [R, G, W] elements at r * row + offset + g * group + c * col

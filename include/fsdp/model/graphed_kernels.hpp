@@ -204,22 +204,24 @@ class GraphedKernels final : public Kernels {
                     const Strided& src_at, int64_t R, int64_t G, int64_t W,
                     bool accumulate) override;
   void causal_conv1d_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
-                             int64_t B, int64_t T, int64_t C, int64_t K) override;
+                             int64_t B, int64_t T, int64_t C, int64_t K,
+                             const TensorView& doc_start) override;
   void causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
                               const TensorView& dout, const TensorView& x,
                               const TensorView& weight, int64_t B, int64_t T, int64_t C,
-                              int64_t K) override;
+                              int64_t K, const TensorView& doc_start) override;
   void gated_delta_rule_forward(const TensorView& out, const TensorView& qkv, const TensorView& a,
                                 const TensorView& b, const TensorView& A_log,
                                 const TensorView& dt_bias, int64_t B, int64_t T, int64_t Hk,
-                                int64_t Hv, int64_t Dk, int64_t Dv) override;
+                                int64_t Hv, int64_t Dk, int64_t Dv,
+                                const TensorView& doc_start) override;
   void gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
                                  const TensorView& db, const TensorView& dA_log,
                                  const TensorView& ddt_bias, const TensorView& dout,
                                  const TensorView& qkv, const TensorView& a, const TensorView& b,
                                  const TensorView& A_log, const TensorView& dt_bias, int64_t B,
-                                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
-                                 int64_t Dv) override;
+                                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                 const TensorView& doc_start) override;
   void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
                               float limit) override;
   void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,

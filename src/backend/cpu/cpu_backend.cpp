@@ -328,22 +328,24 @@ class CpuBackend final : public Backend {
   void swiglu_backward(const TensorView& dgate, const TensorView& dup, const TensorView& dout,
                        const TensorView& gate, const TensorView& up) override;
   void causal_conv1d_forward(const TensorView& out, const TensorView& x, const TensorView& weight,
-                             int64_t B, int64_t T, int64_t C, int64_t K) override;
+                             int64_t B, int64_t T, int64_t C, int64_t K,
+                             const TensorView& doc_start) override;
   void causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
                               const TensorView& dout, const TensorView& x,
                               const TensorView& weight, int64_t B, int64_t T, int64_t C,
-                              int64_t K) override;
+                              int64_t K, const TensorView& doc_start) override;
   void gated_delta_rule_forward(const TensorView& out, const TensorView& qkv, const TensorView& a,
                                 const TensorView& b, const TensorView& A_log,
                                 const TensorView& dt_bias, int64_t B, int64_t T, int64_t Hk,
-                                int64_t Hv, int64_t Dk, int64_t Dv) override;
+                                int64_t Hv, int64_t Dk, int64_t Dv,
+                                const TensorView& doc_start) override;
   void gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
                                  const TensorView& db, const TensorView& dA_log,
                                  const TensorView& ddt_bias, const TensorView& dout,
                                  const TensorView& qkv, const TensorView& a, const TensorView& b,
                                  const TensorView& A_log, const TensorView& dt_bias, int64_t B,
-                                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk,
-                                 int64_t Dv) override;
+                                 int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                 const TensorView& doc_start) override;
 
   void gqa_attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                              const TensorView& k, const TensorView& v, int64_t B, int64_t T,
@@ -1066,33 +1068,36 @@ void CpuBackend::attention_sink_backward(const TensorView& dsinks, const TensorV
 
 void CpuBackend::causal_conv1d_forward(const TensorView& out_, const TensorView& x,
                                        const TensorView& weight, int64_t B, int64_t T, int64_t C,
-                                       int64_t K) {
-  Chk::causal_conv1d_forward(out_, x, weight, B, T, C, K);
+                                       int64_t K, const TensorView& doc_start) {
+  Chk::causal_conv1d_forward(out_, x, weight, B, T, C, K, doc_start);
   const F32In xi = in(x, B * T * C), w = in(weight, C * K);
   const F32Out o = out(out_, B * T * C, false);
-  k_.causal_conv1d_forward(o, xi, w, B, T, C, K);
+  k_.causal_conv1d_forward(o, xi, w, B, T, C, K, static_cast<const int32_t*>(doc_start.data));
 }
 
 void CpuBackend::causal_conv1d_backward(const TensorView& dx, const TensorView& dweight,
                                         const TensorView& dout, const TensorView& x,
                                         const TensorView& weight, int64_t B, int64_t T, int64_t C,
-                                        int64_t K) {
-  Chk::causal_conv1d_backward(dx, dweight, dout, x, weight, B, T, C, K);
+                                        int64_t K, const TensorView& doc_start) {
+  Chk::causal_conv1d_backward(dx, dweight, dout, x, weight, B, T, C, K, doc_start);
   const F32In d = in(dout, B * T * C), xi = in(x, B * T * C), w = in(weight, C * K);
   const F32Out g = out(dx, B * T * C, false), gw = out(dweight, C * K, /*load=*/true);
-  k_.causal_conv1d_backward(g, gw, d, xi, w, B, T, C, K);
+  k_.causal_conv1d_backward(g, gw, d, xi, w, B, T, C, K,
+                            static_cast<const int32_t*>(doc_start.data));
 }
 
 void CpuBackend::gated_delta_rule_forward(const TensorView& out_, const TensorView& qkv,
                                           const TensorView& a, const TensorView& b,
                                           const TensorView& A_log, const TensorView& dt_bias,
                                           int64_t B, int64_t T, int64_t Hk, int64_t Hv,
-                                          int64_t Dk, int64_t Dv) {
-  Chk::gated_delta_rule_forward(out_, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv);
+                                          int64_t Dk, int64_t Dv, const TensorView& doc_start) {
+  Chk::gated_delta_rule_forward(out_, qkv, a, b, A_log, dt_bias, B, T, Hk, Hv, Dk, Dv,
+                                doc_start);
   const F32In x = in(qkv, B * T * (2 * Hk * Dk + Hv * Dv)), ai = in(a, B * T * Hv),
               bi = in(b, B * T * Hv), al = in(A_log, Hv), dt = in(dt_bias, Hv);
   const F32Out o = out(out_, B * T * Hv * Dv, false);
-  k_.gated_delta_rule_forward(o, x, ai, bi, al, dt, B, T, Hk, Hv, Dk, Dv);
+  k_.gated_delta_rule_forward(o, x, ai, bi, al, dt, B, T, Hk, Hv, Dk, Dv,
+                              static_cast<const int32_t*>(doc_start.data));
 }
 
 void CpuBackend::gated_delta_rule_backward(const TensorView& dqkv, const TensorView& da,
@@ -1101,16 +1106,18 @@ void CpuBackend::gated_delta_rule_backward(const TensorView& dqkv, const TensorV
                                            const TensorView& qkv, const TensorView& a,
                                            const TensorView& b, const TensorView& A_log,
                                            const TensorView& dt_bias, int64_t B, int64_t T,
-                                           int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) {
+                                           int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                           const TensorView& doc_start) {
   Chk::gated_delta_rule_backward(dqkv, da, db, dA_log, ddt_bias, dout, qkv, a, b, A_log, dt_bias,
-                                 B, T, Hk, Hv, Dk, Dv);
+                                 B, T, Hk, Hv, Dk, Dv, doc_start);
   const int64_t W = 2 * Hk * Dk + Hv * Dv;
   const F32In d = in(dout, B * T * Hv * Dv), x = in(qkv, B * T * W), ai = in(a, B * T * Hv),
               bi = in(b, B * T * Hv), al = in(A_log, Hv), dt = in(dt_bias, Hv);
   const F32Out gx = out(dqkv, B * T * W, false), ga = out(da, B * T * Hv, false),
                gb = out(db, B * T * Hv, false), gal = out(dA_log, Hv, /*load=*/true),
                gdt = out(ddt_bias, Hv, /*load=*/true);
-  k_.gated_delta_rule_backward(gx, ga, gb, gal, gdt, d, x, ai, bi, al, dt, B, T, Hk, Hv, Dk, Dv);
+  k_.gated_delta_rule_backward(gx, ga, gb, gal, gdt, d, x, ai, bi, al, dt, B, T, Hk, Hv, Dk, Dv,
+                               static_cast<const int32_t*>(doc_start.data));
 }
 
 namespace {

@@ -865,9 +865,11 @@ DeltaGates delta_gates(float a, float b, float A_log, float dt_bias) {
 }
 
 // One step of the recurrence on S [Dk,Dv] (row i = key dimension): S = decay S; u = S^T k;
-// d = beta (v - u); S += k d^T. Writes u and d [Dv].
+// d = beta (v - u); S += k d^T. Writes u and d [Dv]. `reset` (the token starts a document):
+// S is zero before the step.
 void delta_step(float* S, const float* k, const float* v, float decay, float beta, float* u,
-                float* d, int64_t Dk, int64_t Dv) {
+                float* d, int64_t Dk, int64_t Dv, bool reset) {
+  if (reset) std::fill(S, S + Dk * Dv, 0.0f);
   for (int64_t j = 0; j < Dv; ++j) u[j] = 0.0f;
   for (int64_t i = 0; i < Dk; ++i) {
     float* row = S + i * Dv;
@@ -885,15 +887,28 @@ void delta_step(float* S, const float* k, const float* v, float decay, float bet
 
 }  // namespace
 
+// The first tap of the causal conv's output t that reads inside its document: x[t - K + 1 + j]
+// for j >= it (the row's start, or doc_start[bt]).
+int64_t first_tap(int64_t t, int64_t K, const int32_t* doc_start, int64_t bt) {
+  const int64_t lo = doc_start != nullptr ? doc_start[bt] : 0;
+  return std::max<int64_t>(0, lo - t + K - 1);
+}
+
+// Whether token t (row-major index bt) starts a document after the row's first token.
+bool starts_document(const int32_t* doc_start, int64_t bt, int64_t t) {
+  return doc_start != nullptr && t > 0 && doc_start[bt] == t;
+}
+
 void CpuKernels::causal_conv1d_forward(float* out, const float* x, const float* weight, int64_t B,
-                                       int64_t T, int64_t C, int64_t K) const {
+                                       int64_t T, int64_t C, int64_t K,
+                                       const int32_t* doc_start) const {
 #pragma omp parallel for num_threads(threads_for(B * T * C * K, kParallelMinElems)) \
     schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
-    const int64_t t = bt % T;
+    const int64_t t = bt % T, j0 = first_tap(t, K, doc_start, bt);
     for (int64_t c = 0; c < C; ++c) {
       float acc = 0.0f;
-      for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j) {
+      for (int64_t j = j0; j < K; ++j) {
         acc += weight[c * K + j] * x[(bt - (K - 1 - j)) * C + c];
       }
       out[bt * C + c] = acc * sigmoid1(acc);
@@ -903,17 +918,17 @@ void CpuKernels::causal_conv1d_forward(float* out, const float* x, const float* 
 
 void CpuKernels::causal_conv1d_backward(float* dx, float* dweight, const float* dout,
                                         const float* x, const float* weight, int64_t B, int64_t T,
-                                        int64_t C, int64_t K) const {
+                                        int64_t C, int64_t K, const int32_t* doc_start) const {
   // dpre = dout silu'(pre), the pre-activation recomputed; then dx[t] = sum_j w[j]
   // dpre[t + K - 1 - j] and dweight[c,j] = sum over b, t of dpre[t] x[t - K + 1 + j].
   std::vector<float> dpre(static_cast<std::size_t>(B * T * C));
   const int nt = threads_for(B * T * C * K, kParallelMinElems);
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
-    const int64_t t = bt % T;
+    const int64_t t = bt % T, j0 = first_tap(t, K, doc_start, bt);
     for (int64_t c = 0; c < C; ++c) {
       float acc = 0.0f;
-      for (int64_t j = std::max<int64_t>(0, K - 1 - t); j < K; ++j) {
+      for (int64_t j = j0; j < K; ++j) {
         acc += weight[c * K + j] * x[(bt - (K - 1 - j)) * C + c];
       }
       const float s = sigmoid1(acc);
@@ -925,9 +940,11 @@ void CpuKernels::causal_conv1d_backward(float* dx, float* dweight, const float* 
     const int64_t t = bt % T;
     for (int64_t c = 0; c < C; ++c) {
       float acc = 0.0f;
-      for (int64_t j = 0; j < K && t + K - 1 - j >= 0; ++j) {
+      for (int64_t j = 0; j < K; ++j) {
         const int64_t to = t + K - 1 - j;  // the output that reads x[t] through weight[c,j]
-        if (to < T) acc += weight[c * K + j] * dpre[(bt + K - 1 - j) * C + c];
+        if (to < T && j >= first_tap(to, K, doc_start, bt + K - 1 - j)) {
+          acc += weight[c * K + j] * dpre[(bt + K - 1 - j) * C + c];
+        }
       }
       dx[bt * C + c] = acc;
     }
@@ -938,6 +955,7 @@ void CpuKernels::causal_conv1d_backward(float* dx, float* dweight, const float* 
       float acc = 0.0f;
       for (int64_t b = 0; b < B; ++b) {
         for (int64_t t = std::max<int64_t>(0, K - 1 - j); t < T; ++t) {
+          if (j < first_tap(t, K, doc_start, b * T + t)) continue;
           acc += dpre[(b * T + t) * C + c] * x[(b * T + t - (K - 1 - j)) * C + c];
         }
       }
@@ -949,7 +967,8 @@ void CpuKernels::causal_conv1d_backward(float* dx, float* dweight, const float* 
 void CpuKernels::gated_delta_rule_forward(float* out, const float* qkv, const float* a,
                                           const float* b, const float* A_log,
                                           const float* dt_bias, int64_t B, int64_t T, int64_t Hk,
-                                          int64_t Hv, int64_t Dk, int64_t Dv) const {
+                                          int64_t Hv, int64_t Dk, int64_t Dv,
+                                          const int32_t* doc_start) const {
   const int64_t W = 2 * Hk * Dk + Hv * Dv, group = Hv / Hk;
   const float scale = 1.0f / std::sqrt(static_cast<float>(Dk));
 #pragma omp parallel for num_threads(threads_for(B * Hv * T * Dk * Dv, kParallelMinElems)) \
@@ -964,7 +983,7 @@ void CpuKernels::gated_delta_rule_forward(float* out, const float* qkv, const fl
       l2normalize(k.data(), row + Hk * Dk + kh * Dk, Dk, 1.0f);
       const DeltaGates gt = delta_gates(a[bt * Hv + h], b[bt * Hv + h], A_log[h], dt_bias[h]);
       delta_step(S.data(), k.data(), row + 2 * Hk * Dk + h * Dv, gt.decay, gt.beta, u.data(),
-                 d.data(), Dk, Dv);
+                 d.data(), Dk, Dv, starts_document(doc_start, bt, t));
       float* o = out + bt * Hv * Dv + h * Dv;
       for (int64_t j = 0; j < Dv; ++j) o[j] = 0.0f;
       for (int64_t i = 0; i < Dk; ++i) {
@@ -979,7 +998,8 @@ void CpuKernels::gated_delta_rule_backward(float* dqkv, float* da, float* db, fl
                                            float* ddt_bias, const float* dout, const float* qkv,
                                            const float* a, const float* b, const float* A_log,
                                            const float* dt_bias, int64_t B, int64_t T,
-                                           int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) const {
+                                           int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                           const int32_t* doc_start) const {
   const int64_t W = 2 * Hk * Dk + Hv * Dv, group = Hv / Hk, SD = Dk * Dv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(Dk));
   const int64_t chunks = (T + kDeltaChunk - 1) / kDeltaChunk;
@@ -999,7 +1019,8 @@ void CpuKernels::gated_delta_rule_backward(float* dqkv, float* da, float* db, fl
       rq[t] = l2normalize(&qn[t * Dk], row + kh * Dk, Dk, scale);
       rk[t] = l2normalize(&kn[t * Dk], row + Hk * Dk + kh * Dk, Dk, 1.0f);
     }
-    std::vector<float> ck(n(chunks * SD)), St(n(kDeltaChunk * SD)), dS(n(SD));
+    std::vector<float> ck(n(chunks * SD)), St(n(kDeltaChunk * SD)), dS(n(SD)), zero(n(SD), 0.0f);
+    const auto reset = [&](int64_t t) { return starts_document(doc_start, bi * T + t, t); };
     std::vector<float> u(n(Dv)), d(n(Dv)), dd(n(Dv));
     std::vector<DeltaGates> gates(n(T));
     for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
@@ -1014,7 +1035,7 @@ void CpuKernels::gated_delta_rule_backward(float* dqkv, float* da, float* db, fl
         std::vector<float> S(n(SD), 0.0f);
         for (int64_t t = 0; t < (chunks - 1) * kDeltaChunk; ++t) {
           delta_step(S.data(), &kn[t * Dk], v_at(t), gates[t].decay, gates[t].beta, u.data(),
-                     d.data(), Dk, Dv);
+                     d.data(), Dk, Dv, reset(t));
           if ((t + 1) % kDeltaChunk == 0) {
             std::copy(S.begin(), S.end(), ck.begin() + ((t + 1) / kDeltaChunk) * SD);
           }
@@ -1030,12 +1051,13 @@ void CpuKernels::gated_delta_rule_backward(float* dqkv, float* da, float* db, fl
           float* S = &St[i * SD];
           std::copy_n(i == 0 ? &ck[c * SD] : &St[(i - 1) * SD], SD, S);
           delta_step(S, &kn[(t0 + i) * Dk], v_at(t0 + i), gates[t0 + i].decay,
-                     gates[t0 + i].beta, u.data(), d.data(), Dk, Dv);
+                     gates[t0 + i].beta, u.data(), d.data(), Dk, Dv, reset(t0 + i));
         }
         for (int64_t i = len - 1; i >= 0; --i) {
           const int64_t t = t0 + i, bt = bi * T + t;
           const float* Scur = &St[i * SD];
-          const float* Sprev = i == 0 ? &ck[c * SD] : &St[(i - 1) * SD];
+          // The state the step starts from: zero at a document's first token.
+          const float* Sprev = reset(t) ? zero.data() : i == 0 ? &ck[c * SD] : &St[(i - 1) * SD];
           const float* q = &qn[t * Dk];
           const float* k = &kn[t * Dk];
           const float* v = v_at(t);
@@ -1093,6 +1115,7 @@ void CpuKernels::gated_delta_rule_backward(float* dqkv, float* da, float* db, fl
             }
             dkn[t * Dk + r] += decay * acc;
           }
+          if (reset(t)) std::fill(dS.begin(), dS.end(), 0.0f);  // nothing flows to the last document
           // g = -exp(A_log) softplus(x), x = a + dt_bias; decay = exp(g).
           const float dg = ddecay * decay;
           const float x = a[bt * Hv + h] + dt_bias[h];

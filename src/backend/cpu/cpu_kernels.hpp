@@ -158,21 +158,24 @@ class CpuKernels {
                                const float* lse, const float* sinks, int64_t B, int64_t T,
                                int64_t H, int64_t D) const;
   // kernels.hpp's causal_conv1d_*: x, out, dx, dout [B,T,C]; weight, dweight [C,K].
+  // doc_start: int32 [B,T] or null (no document masking), in this and gated_delta_rule_*.
   void causal_conv1d_forward(float* out, const float* x, const float* weight, int64_t B,
-                             int64_t T, int64_t C, int64_t K) const;
+                             int64_t T, int64_t C, int64_t K, const int32_t* doc_start) const;
   void causal_conv1d_backward(float* dx, float* dweight, const float* dout, const float* x,
-                              const float* weight, int64_t B, int64_t T, int64_t C,
-                              int64_t K) const;
+                              const float* weight, int64_t B, int64_t T, int64_t C, int64_t K,
+                              const int32_t* doc_start) const;
   // kernels.hpp's gated_delta_rule_*: qkv, dqkv [B,T,2*Hk*Dk + Hv*Dv]; a, b, da, db [B,T,Hv];
   // A_log, dt_bias, dA_log, ddt_bias [Hv]; out, dout [B,T,Hv*Dv].
   void gated_delta_rule_forward(float* out, const float* qkv, const float* a, const float* b,
                                 const float* A_log, const float* dt_bias, int64_t B, int64_t T,
-                                int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv) const;
+                                int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                                const int32_t* doc_start) const;
   void gated_delta_rule_backward(float* dqkv, float* da, float* db, float* dA_log,
                                  float* ddt_bias, const float* dout, const float* qkv,
                                  const float* a, const float* b, const float* A_log,
                                  const float* dt_bias, int64_t B, int64_t T, int64_t Hk,
-                                 int64_t Hv, int64_t Dk, int64_t Dv) const;
+                                 int64_t Hv, int64_t Dk, int64_t Dv,
+                                 const int32_t* doc_start) const;
   // kernels.hpp's strided_copy on fp32 views: element (r, g, c) at r * row + offset + g *
   // group + c * col of each ({row, offset, group, col}); d_group 0 sums the groups.
   void strided_copy(float* dst, const int64_t d[4], const float* src, const int64_t s[4],
