@@ -1791,6 +1791,85 @@ TEST(CudaBackend, ClampedSwiglu) {
   check(dgate_up, kElemF32, "clamped_swiglu_backward mixed bf16, fp16 -> fp32");
 }
 
+// Gated attention's output gate (Qwen3-Next / Qwen3.5; HF Qwen3NextAttention: attn_output *
+// sigmoid(gate)): sigmoid_gate_forward / backward against the CPU backend for each storage
+// type, lengths around the 8-element packs, a misaligned view (the scalar path), saturated
+// gates; in place (out = x) and aliased (dx = dout, dgate = gate) equal out of place bit for
+// bit; mixed storage; the argument checks.
+TEST(CudaBackend, SigmoidGate) {
+  std::mt19937 rng(1234);
+  const float special[] = {0.0f, 40.0f, -40.0f, -100.0f, 100.0f, 8.0f, -8.0f};
+  for (DType t : kFloatTypes) {
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{13}, int64_t{1000},
+                      int64_t{100003}}) {
+      SCOPED_TRACE(name(t) + " n=" + std::to_string(n));
+      Vec gv = uniform(n, rng, -8.0f, 8.0f);
+      for (std::size_t i = 0; i < std::size(special) && i < gv.size(); ++i) gv[i] = special[i];
+      const Vec xv = uniform(n, rng, -3.0f, 3.0f), dv = uniform(n, rng);
+      Pair x = make(t, xv), gate = make(t, gv), dout = make(t, dv), out = make(t, Vec(n)),
+           dx = make(t, uniform(n, rng)), dgate = make(t, uniform(n, rng));
+      const Tol tol = tol_for(t, kElemF32);
+      both([&](Backend& be, Side s) {
+        be.sigmoid_gate_forward(out.v(s), x.v(s), gate.v(s));
+        be.sigmoid_gate_backward(dx.v(s), dgate.v(s), dout.v(s), x.v(s), gate.v(s));
+      });
+      check(out, tol, "sigmoid_gate_forward");
+      check(dx, tol, "sigmoid_gate_backward dx");
+      check(dgate, tol, "sigmoid_gate_backward dgate");
+      // in place: out = x; dx = dout and dgate = gate
+      Pair x2 = make(t, xv), d2 = make(t, dv), g2 = make(t, gv);
+      both([&](Backend& be, Side s) {
+        be.sigmoid_gate_forward(x2.v(s), x2.v(s), gate.v(s));
+        be.sigmoid_gate_backward(d2.v(s), g2.v(s), d2.v(s), x.v(s), g2.v(s));
+      });
+      check(x2, tol, "sigmoid_gate_forward out = x");
+      check(d2, tol, "sigmoid_gate_backward dx = dout");
+      check(g2, tol, "sigmoid_gate_backward dgate = gate");
+      expect_bytes(x2, read_bytes(gpu(), out.v(kGpu)), "forward in place equals out of place");
+      expect_bytes(d2, read_bytes(gpu(), dx.v(kGpu)), "dx = dout equals out of place");
+      expect_bytes(g2, read_bytes(gpu(), dgate.v(kGpu)), "dgate = gate equals out of place");
+      if (n > 1) {  // views one element in: not 16-byte aligned (the element-wise path)
+        const int64_t m = n - 1;
+        both([&](Backend& be, Side s) {
+          be.sigmoid_gate_forward(out.v(s, 1, m), x.v(s, 1, m), gate.v(s, 1, m));
+          be.sigmoid_gate_backward(dx.v(s, 1, m), dgate.v(s, 1, m), dout.v(s, 1, m),
+                                   x.v(s, 1, m), gate.v(s, 1, m));
+        });
+        check(out, tol, "sigmoid_gate_forward misaligned");
+        check(dx, tol, "sigmoid_gate_backward dx misaligned");
+        check(dgate, tol, "sigmoid_gate_backward dgate misaligned");
+      }
+    }
+  }
+  // Mixed storage: bf16 x, fp16 gate, fp32 out; fp16 dout, fp32 dx, bf16 dgate.
+  const int64_t n = 77;
+  Pair x = make(DType::bf16, uniform(n, rng, -3.0f, 3.0f)),
+       gate = make(DType::f16, uniform(n, rng, -6.0f, 6.0f)), out = make(DType::f32, Vec(n)),
+       dout = make(DType::f16, uniform(n, rng)), dx = make(DType::f32, Vec(n)),
+       dgate = make(DType::bf16, Vec(n));
+  both([&](Backend& be, Side s) {
+    be.sigmoid_gate_forward(out.v(s), x.v(s), gate.v(s));
+    be.sigmoid_gate_backward(dx.v(s), dgate.v(s), dout.v(s), x.v(s), gate.v(s));
+  });
+  check(out, kElemF32, "sigmoid_gate_forward mixed bf16, fp16 -> fp32");
+  check(dx, kElemF32, "sigmoid_gate_backward mixed dx fp32");
+  check(dgate, kBf16, "sigmoid_gate_backward mixed dgate bf16");
+
+  Backend& g = gpu();
+  DeviceBuffer f32(g, DType::f32, 256, MemCategory::other);
+  const TensorView F = f32.view(), a = F.slice(0, 16), b = F.slice(32, 16), c = F.slice(64, 16),
+                   d = F.slice(96, 16);
+  expect_error([&] { g.sigmoid_gate_forward(F.slice(40, 16), a, b); },
+               "cuda backend: sigmoid_gate_forward: out overlaps gate");
+  expect_error([&] { g.sigmoid_gate_forward(c, a, b.slice(0, 15)); },
+               "cuda backend: sigmoid_gate_forward: gate is fp32 [15] but needs at least 16");
+  expect_error([&] { g.sigmoid_gate_backward(a, c, d, a, b); },
+               "cuda backend: sigmoid_gate_backward: dx overlaps x");
+  expect_error([&] { g.sigmoid_gate_backward(c, d, d, a, b); },
+               "cuda backend: sigmoid_gate_backward: dgate overlaps dout");
+  g.synchronize();
+}
+
 // Attention sinks after Llama-style attention: gqa_attention_forward on both (out and lse
 // then made equal: the sink kernels' own differences are checked), attention_sink_forward,
 // then attention_sink_backward into dsinks pre-filled with nonzero values (it adds), and the

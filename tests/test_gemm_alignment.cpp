@@ -181,6 +181,9 @@ class GemmRecorder final : public fsdp::Kernels {
                                  const TensorView&, const TensorView&, const TensorView&,
                                  const TensorView&, const TensorView&, int64_t, int64_t, int64_t,
                                  int64_t, int64_t, int64_t, const TensorView&) override {}
+  void sigmoid_gate_forward(const TensorView&, const TensorView&, const TensorView&) override {}
+  void sigmoid_gate_backward(const TensorView&, const TensorView&, const TensorView&,
+                             const TensorView&, const TensorView&) override {}
   void clamped_swiglu_forward(const TensorView&, const TensorView&, float, float) override {}
   void clamped_swiglu_backward(const TensorView&, const TensorView&, const TensorView&, float,
                                float) override {}

@@ -11,6 +11,10 @@
 //    out * R, R fixed random); dA_log / ddt_bias accumulate, the rest are written.
 //  - Document masking (doc_start): each packed document equals its run alone, bit for bit.
 //  - One thread and three give the same bits; the argument errors name kernel and argument.
+//  - sigmoid_gate_*: gated attention's output gate (HF Qwen3NextAttention: attn_output *
+//    sigmoid(gate)): values and central-difference gradients of a double reference, in-place
+//    forward and aliased backward give the out-of-place bits, 16-bit storage is round_to(the
+//    fp32 kernel on the rounded inputs).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -215,6 +219,165 @@ TEST_F(LinearAttention, CausalConv1dValuesAndGradientCheck) {
   Vec o2(B * 2 * C);
   be->causal_conv1d_forward(f32(o2), f32(x), f32(w), B, 2, C, K, {});
   EXPECT_LT(rel_err(o2, conv_ref(xd, wd, B, 2, C, K)), 1e-6);
+}
+
+// kernels.hpp's sigmoid_gate_forward in double: out = x sigmoid(gate).
+DVec sigmoid_gate_ref(const DVec& x, const DVec& gate) {
+  DVec out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = x[i] * sigmoid(gate[i]);
+  return out;
+}
+
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+
+void expect_same_bits(const Vec& a, const Vec& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(bits(a[i]), bits(b[i])) << what << " element " << i << ": " << a[i] << " vs " << b[i];
+  }
+}
+
+// A vector stored as bf16 or fp16 (rounded to nearest even), read back as fp32.
+struct Stored16 {
+  DType t;
+  std::vector<uint16_t> h;
+  Stored16(DType type, const Vec& v) : t(type), h(v.size()) {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      h[i] = t == DType::bf16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+    }
+  }
+  TensorView view() { return {h.data(), t, {static_cast<int64_t>(h.size())}}; }
+  Vec values() const {
+    Vec v(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      v[i] = t == DType::bf16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+    }
+    return v;
+  }
+};
+
+Vec rounded(const Vec& v, DType t) {
+  Vec r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = round_to(t, v[i]);
+  return r;
+}
+
+// Every element of got is round_to(dt, ref[i]), bit for bit.
+void expect_rounded(DType dt, const Vec& ref, const Vec& got, const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_EQ(bits(round_to(dt, ref[i])), bits(got[i]))
+        << what << " (" << to_string(dt) << ") element " << i << ": got " << got[i]
+        << ", want round_to(" << ref[i] << ")";
+  }
+}
+
+TEST_F(LinearAttention, SigmoidGateValuesAndGradientCheck) {
+  const int64_t n = 1000;
+  const Vec x = random_vec(n, rng, -3.0f, 3.0f);
+  Vec gate = random_vec(n, rng, -8.0f, 8.0f);
+  gate[0] = 0.0f;    // s = 1/2
+  gate[1] = 40.0f;   // s = 1: out = x, no gate gradient
+  gate[2] = -40.0f;  // s ~ 0: exp(40) stays finite in fp32
+  gate[3] = -100.0f;  // exp(100) overflows to inf: s = 0
+  const DVec xd = to_double(x), gd = to_double(gate);
+
+  Vec out(n, 7.0f);
+  be->sigmoid_gate_forward(f32(out), f32(x), f32(gate));
+  const DVec ref = sigmoid_gate_ref(xd, gd);
+  EXPECT_LT(rel_err(out, ref), 1e-6);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(out[i], ref[i], 1e-6 * std::abs(ref[i]) + 1e-30) << "element " << i;
+  }
+  EXPECT_EQ(out[1], x[1]);
+  EXPECT_EQ(out[3], 0.0f);
+
+  // L = sum(out * R): dx = R s, dgate = R x s (1 - s). Both are written (not accumulated).
+  const Vec R = random_vec(n, rng);
+  Vec dx(n, 123.0f), dgate(n, -5.0f);
+  be->sigmoid_gate_backward(f32(dx), f32(dgate), f32(R), f32(x), f32(gate));
+  const DVec ndx = numeric_grad(
+      xd, all_of(n), [&](const DVec& xx) { return dot(sigmoid_gate_ref(xx, gd), R); }, 1e-6);
+  const DVec ndg = numeric_grad(
+      gd, all_of(n), [&](const DVec& gg) { return dot(sigmoid_gate_ref(xd, gg), R); }, 1e-6);
+  EXPECT_LT(rel_err(dx, ndx), 1e-5);
+  EXPECT_LT(rel_err(dgate, ndg), 1e-5);
+  for (int64_t i = 0; i < n; ++i) {
+    const double s = sigmoid(gd[i]);
+    ASSERT_NEAR(dx[i], R[i] * s, 1e-6 * std::abs(R[i] * s) + 1e-30) << "dx element " << i;
+    // fp32's 1 - s cancels where s is near 1: an absolute error of about an ulp of 1 in s.
+    const double want = R[i] * xd[i] * s * (1.0 - s);
+    ASSERT_NEAR(dgate[i], want, 1e-5 * std::abs(want) + 1.5e-7 * std::abs(R[i] * xd[i]))
+        << "dgate element " << i;
+  }
+  EXPECT_EQ(dx[0], 0.5f * R[0]);
+  EXPECT_EQ(dgate[1], 0.0f);
+  EXPECT_EQ(dgate[3], 0.0f);
+
+  // Aliasing: out = x in place; dx = dout and dgate = gate. 70000 elements: several threads.
+  const int64_t m = 70000;
+  const Vec bx = random_vec(m, rng, -3.0f, 3.0f), bg = random_vec(m, rng, -8.0f, 8.0f),
+            bd = random_vec(m, rng);
+  Vec bo(m), bdx(m), bdg(m);
+  be->sigmoid_gate_forward(f32(bo), f32(bx), f32(bg));
+  be->sigmoid_gate_backward(f32(bdx), f32(bdg), f32(bd), f32(bx), f32(bg));
+  Vec ip = bx;
+  be->sigmoid_gate_forward(f32(ip), f32(ip), f32(bg));
+  expect_same_bits(bo, ip, "sigmoid_gate_forward out = x");
+  Vec adx = bd, adg = bg;
+  be->sigmoid_gate_backward(f32(adx), f32(adg), f32(adx), f32(bx), f32(adg));
+  expect_same_bits(bdx, adx, "sigmoid_gate_backward dx = dout");
+  expect_same_bits(bdg, adg, "sigmoid_gate_backward dgate = gate");
+
+  // 16-bit storage: round_to(dtype, the fp32 kernel on the rounded inputs), out of place and
+  // aliased as above.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Vec rx = rounded(x, dt), rg = rounded(gate, dt), rR = rounded(R, dt);
+    Vec ro(n), rdx(n), rdg(n);
+    be->sigmoid_gate_forward(f32(ro), f32(rx), f32(rg));
+    be->sigmoid_gate_backward(f32(rdx), f32(rdg), f32(rR), f32(rx), f32(rg));
+    Stored16 sx(dt, x), sg(dt, gate), sR(dt, R), so(dt, Vec(n)), sdx(dt, Vec(n)),
+        sdg(dt, Vec(n));
+    be->sigmoid_gate_forward(so.view(), sx.view(), sg.view());
+    expect_rounded(dt, ro, so.values(), "sigmoid_gate_forward");
+    be->sigmoid_gate_backward(sdx.view(), sdg.view(), sR.view(), sx.view(), sg.view());
+    expect_rounded(dt, rdx, sdx.values(), "sigmoid_gate_backward dx");
+    expect_rounded(dt, rdg, sdg.values(), "sigmoid_gate_backward dgate");
+    Stored16 ix(dt, x);
+    be->sigmoid_gate_forward(ix.view(), ix.view(), sg.view());
+    expect_rounded(dt, ro, ix.values(), "sigmoid_gate_forward out = x");
+    be->sigmoid_gate_backward(sR.view(), sg.view(), sR.view(), sx.view(), sg.view());
+    expect_rounded(dt, rdx, sR.values(), "sigmoid_gate_backward dx = dout");
+    expect_rounded(dt, rdg, sg.values(), "sigmoid_gate_backward dgate = gate");
+  }
+  // Mixed storage: bf16 x, fp32 gate, fp32 out.
+  {
+    const Vec rx = rounded(x, DType::bf16);
+    Vec ro(n), mo(n);
+    be->sigmoid_gate_forward(f32(ro), f32(rx), f32(gate));
+    Stored16 sx(DType::bf16, x);
+    be->sigmoid_gate_forward(f32(mo), sx.view(), f32(gate));
+    expect_same_bits(ro, mo, "sigmoid_gate_forward bf16 x, fp32 gate and out");
+  }
+
+  // Argument errors name the kernel and the argument.
+  expect_error([&] { be->sigmoid_gate_forward(f32(gate), f32(x), f32(gate)); },
+               {"cpu backend: sigmoid_gate_forward: out overlaps gate"});
+  const Vec short_gate(n - 1);
+  expect_error([&] { be->sigmoid_gate_forward(f32(out), f32(x), f32(short_gate)); },
+               {"sigmoid_gate_forward: gate is fp32 [999] but needs at least 1000 elements"});
+  expect_error([&] { be->sigmoid_gate_backward(f32(x), f32(dgate), f32(R), f32(x), f32(gate)); },
+               {"cpu backend: sigmoid_gate_backward: dx overlaps x"});
+  expect_error([&] { be->sigmoid_gate_backward(f32(dx), f32(R), f32(R), f32(x), f32(gate)); },
+               {"sigmoid_gate_backward: dgate overlaps dout"});
+  expect_error([&] { be->sigmoid_gate_backward(f32(dx), f32(dx), f32(R), f32(x), f32(gate)); },
+               {"sigmoid_gate_backward: dx overlaps dgate"});
+  const std::vector<int32_t> ints(n);
+  expect_error(
+      [&] {
+        be->sigmoid_gate_forward(f32(out), TensorView(ints.data(), DType::i32, {n}), f32(gate));
+      },
+      {"sigmoid_gate_forward: x", "expected fp32, bf16 or fp16"});
 }
 
 class GatedDeltaRule : public LinearAttention {

@@ -113,6 +113,19 @@ void make_granite(fsdp::LlamaConfig& m) {
   m.logits_scaling = 4.0;
 }
 
+// Qwen3.5's tiny model: layer 0 linear attention (Gated DeltaNet: 1 key head of 4, 2 value
+// heads of 3, a conv of 3 taps), layer 1 gated full attention with half of each head rotated.
+void make_qwen35(fsdp::LlamaConfig& m) {
+  m.arch = fsdp::LlamaArch::qwen3_5_text;
+  m.full_attention_interval = 2;
+  m.partial_rotary_factor = 0.5;
+  m.linear_num_key_heads = 1;
+  m.linear_num_value_heads = 2;
+  m.linear_key_head_dim = 4;
+  m.linear_value_head_dim = 3;
+  m.linear_conv_kernel_dim = 3;
+}
+
 // Phi-3 with Phi-4-mini's RoPE on the tiny model: half of each head rotated (partial_rotary_
 // factor 0.5 of 4 columns: one frequency), LongRoPE's long factor (T > 4) and its scale.
 void make_phi3_longrope(fsdp::LlamaConfig& m) {
@@ -227,10 +240,19 @@ void perturb_shards(Fixture& f, unsigned seed = 7) {
     const int64_t n = f.engine.shard_numel(u), begin = f.engine.shard_index() * n;
     for (int64_t i = 0; i < n; ++i) p[i] += nd(gen);
     for (const auto& e : f.engine.layout(u).entries) {  // (the shard's part of each bias)
-      if (!is_router_bias(e.spec.name)) continue;
       const int64_t lo = std::max(e.offset, begin),
                     hi = std::min(e.offset + e.spec.numel(), begin + n);
-      for (int64_t i = lo; i < hi; ++i) p[i - begin] *= 0.1f;
+      if (is_router_bias(e.spec.name)) {
+        for (int64_t i = lo; i < hi; ++i) p[i - begin] *= 0.1f;
+      }
+      // Qwen3.5's A_log (initialised to log U(0.01, 16)): exp(A_log) near 0.4, so the linear
+      // layers' state decays slowly enough for its gates to carry gradients finite
+      // differences can see (with A up to 16 the state forgets each step and they vanish)
+      const std::string a_log = "linear_attn.A_log";
+      if (e.spec.name.size() > a_log.size() &&
+          e.spec.name.compare(e.spec.name.size() - a_log.size(), a_log.size(), a_log) == 0) {
+        for (int64_t i = lo; i < hi; ++i) p[i - begin] = -1.f + 0.1f * static_cast<float>(i % 3);
+      }
     }
   }
 }
@@ -407,7 +429,11 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"Llama 4 GQA untied, chunks of 3, q/k L2 norms, dense + sparse NoPE with temperature",
              2, false, false, false, false, LlamaArch::llama4_text},
         Case{"Llama 4 MQA tied, llama3, no q/k norms, both layers sparse with RoPE", 1, true,
-             false, false, true, LlamaArch::llama4_text}}) {
+             false, false, true, LlamaArch::llama4_text},
+        Case{"Qwen3.5 GQA untied, linear + gated full attention, attention bias", 2, false, true,
+             false, false, LlamaArch::qwen3_5_text},
+        Case{"Qwen3.5 MQA tied, llama3, linear + gated full attention", 1, true, false, false,
+             true, LlamaArch::qwen3_5_text}}) {
     ModelOptions o;
     if (is_moe(c.arch)) {
       make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias, c.aux);
@@ -423,6 +449,7 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
     if (c.arch == LlamaArch::smollm3) make_smollm3(o.model, /*window=*/c.tied);
     if (c.arch == LlamaArch::granite) make_granite(o.model);
     if (c.arch == LlamaArch::olmo3) make_olmo3(o.model);
+    if (c.arch == LlamaArch::qwen3_5_text) make_qwen35(o.model);
     if (c.longrope) make_phi3_longrope(o.model);
     if (c.arch == LlamaArch::glm4_moe) o.model.use_qk_norm = c.tied;
     if (c.arch == LlamaArch::llama4_text && c.tied) {  // (3 experts: each chosen by some token)
@@ -541,7 +568,10 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         // Llama 4: q/k/v/o and 2 norms; a dense layer's MLP (3), a sparse one's router, 2
         // packed expert tensors and the shared expert's 3
         : c.arch == LlamaArch::llama4_text ? (c.tied ? 12 + 12 : 9 + 12)
-                                           : 2 * per_layer;
+        // Qwen3.5: a linear layer's 9 linear_attn tensors, the MLP's 3 and 2 norms; a full
+        // layer's q/k/v/o (and biases), q/k norms, MLP and norms
+        : c.arch == LlamaArch::qwen3_5_text ? 14 + 11 + (c.attention_bias ? 4 : 0)
+                                            : 2 * per_layer;
     EXPECT_EQ(checked, 1 + layers + 1 + (c.tied ? 0 : 1)) << c.what;
   }
 }
@@ -661,7 +691,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
                     fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3,
                     fsdp::LlamaArch::deepseek_v2, fsdp::LlamaArch::gpt_oss,
-                    fsdp::LlamaArch::llama4_text})
+                    fsdp::LlamaArch::llama4_text, fsdp::LlamaArch::qwen3_5_text})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -680,6 +710,7 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
         if (arch == fsdp::LlamaArch::gemma2) make_gemma2(o.model);  // the soft-caps recomputed
         if (arch == fsdp::LlamaArch::gemma) o.model.pad_token_id = 3;
         if (arch == fsdp::LlamaArch::exaone4) make_exaone4(o.model);
+        if (arch == fsdp::LlamaArch::qwen3_5_text) make_qwen35(o.model);
         // (Qwen3-MoE and OLMoE with the load-balancing loss: a recompute adds nothing to it)
         if (is_moe(arch)) {
           make_moe(o.model, arch, arch != fsdp::LlamaArch::olmoe,
@@ -738,7 +769,8 @@ TEST(Llama, DocumentMaskingEqualsEachDocumentAlone) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::qwen3, fsdp::LlamaArch::gemma3_text,
                     fsdp::LlamaArch::gemma2, fsdp::LlamaArch::phi3, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::deepseek_v3, fsdp::LlamaArch::gpt_oss,
-                    fsdp::LlamaArch::qwen3_moe, fsdp::LlamaArch::llama4_text}) {
+                    fsdp::LlamaArch::qwen3_moe, fsdp::LlamaArch::llama4_text,
+                    fsdp::LlamaArch::qwen3_5_text}) {
     for (bool reset : {true, false}) {
       const std::string what =
           std::string(fsdp::llama_arch_prefix(arch)) + (reset ? " reset" : " row positions");
@@ -747,6 +779,7 @@ TEST(Llama, DocumentMaskingEqualsEachDocumentAlone) {
       if (arch == fsdp::LlamaArch::gemma2) make_gemma2(o.model);
       if (arch == fsdp::LlamaArch::smollm3) make_smollm3(o.model);
       if (arch == fsdp::LlamaArch::phi3) o.model.partial_rotary_factor = 0.5;
+      if (arch == fsdp::LlamaArch::qwen3_5_text) make_qwen35(o.model);
       if (is_moe(arch)) make_moe(o.model, arch, true, /*aux=*/false);
       if (arch == fsdp::LlamaArch::llama4_text) {
         o.model.attention_chunk_size = 0;
@@ -917,7 +950,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
                     fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3,
                     fsdp::LlamaArch::deepseek_v2, fsdp::LlamaArch::gpt_oss,
-                    fsdp::LlamaArch::llama4_text})
+                    fsdp::LlamaArch::llama4_text, fsdp::LlamaArch::qwen3_5_text})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {
@@ -928,6 +961,7 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
           if (arch == fsdp::LlamaArch::granite) make_granite(o.model);
           if (arch == fsdp::LlamaArch::olmo3) make_olmo3(o.model);
           if (arch == fsdp::LlamaArch::exaone4) make_exaone4(o.model);
+          if (arch == fsdp::LlamaArch::qwen3_5_text) make_qwen35(o.model);
           if (is_moe(arch)) make_moe(o.model, arch, true, arch != fsdp::LlamaArch::mixtral);
           o.model.arch = arch;
           o.model.tie_word_embeddings = tied;
@@ -950,10 +984,12 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
 // in the plan.
 TEST(Llama, DocumentMaskingActivationBytesArePlannedAndMeasured) {
   for (auto arch : {fsdp::LlamaArch::llama, fsdp::LlamaArch::gemma3_text,
-                    fsdp::LlamaArch::deepseek_v3, fsdp::LlamaArch::llama4_text}) {
+                    fsdp::LlamaArch::deepseek_v3, fsdp::LlamaArch::llama4_text,
+                    fsdp::LlamaArch::qwen3_5_text}) {
     for (bool reset : {false, true}) {
       ModelOptions o;
       if (arch == fsdp::LlamaArch::gemma3_text) make_gemma(o.model);
+      if (arch == fsdp::LlamaArch::qwen3_5_text) make_qwen35(o.model);
       if (is_moe(arch)) make_moe(o.model, arch);
       o.model.arch = arch;
       Fixture f(o);

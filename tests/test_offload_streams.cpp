@@ -695,6 +695,14 @@ class DeferredKernels final : public fsdp::Kernels {
                                     dt_bias, B, T, Hk, Hv, Dk, Dv, doc_start);
     });
   }
+  void sigmoid_gate_forward(const TensorView& out, const TensorView& x,
+                            const TensorView& gate) override {
+    later([=, this] { in_.sigmoid_gate_forward(out, x, gate); });
+  }
+  void sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate, const TensorView& dout,
+                             const TensorView& x, const TensorView& gate) override {
+    later([=, this] { in_.sigmoid_gate_backward(dx, dgate, dout, x, gate); });
+  }
   void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
                               float limit) override {
     later([=, this] { in_.clamped_swiglu_forward(out, gate_up, alpha, limit); });

@@ -314,6 +314,10 @@ class CudaBackend final : public Backend {
                                  const TensorView& A_log, const TensorView& dt_bias, int64_t B,
                                  int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
                                  const TensorView& doc_start) override;
+  void sigmoid_gate_forward(const TensorView& out, const TensorView& x,
+                            const TensorView& gate) override;
+  void sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate, const TensorView& dout,
+                             const TensorView& x, const TensorView& gate) override;
   void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
                               float limit) override;
   void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
@@ -1478,6 +1482,24 @@ void CudaBackend::gated_delta_rule_backward(const TensorView& dqkv, const Tensor
   Chk::gated_delta_rule_backward(dqkv, da, db, dA_log, ddt_bias, dout, qkv, a, b, A_log,
                                  dt_bias, B, T, Hk, Hv, Dk, Dv, doc_start);
   no_cuda_kernel("gated_delta_rule_backward");
+}
+
+void CudaBackend::sigmoid_gate_forward(const TensorView& out_, const TensorView& x,
+                                       const TensorView& gate) {
+  // out[n] = x[n] sigmoid(gate[n]), n = out.numel() (out may alias x)
+  const int64_t n = out_.numel();
+  Chk::sigmoid_gate_forward(out_, x, gate);
+  k::sigmoid_gate_forward(out(out_), in(x), in(gate), n, s());
+}
+
+void CudaBackend::sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate,
+                                        const TensorView& dout, const TensorView& x,
+                                        const TensorView& gate) {
+  // dx = dout s, dgate = dout x s (1 - s), s = sigmoid(gate), n = dout.numel() (dx may alias
+  // dout, dgate may alias gate)
+  const int64_t n = dout.numel();
+  Chk::sigmoid_gate_backward(dx, dgate, dout, x, gate);
+  k::sigmoid_gate_backward(out(dx), out(dgate), in(dout), in(x), in(gate), n, s());
 }
 
 void CudaBackend::clamped_swiglu_forward(const TensorView& out_, const TensorView& gate_up,

@@ -108,6 +108,12 @@ void geglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s);
 // dup = dout * gelu(gate) (rounded as above), dgate = gelu'(gate) * (dout * up, rounded to
 // dgate's type); dgate may alias dout.
 void geglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s);
+// Gated attention's output gate (Qwen3-Next): out = x * sigmoid(gate); out may alias x (not
+// gate).
+void sigmoid_gate_forward(Out out, In x, In gate, int64_t n, cudaStream_t s);
+// dx = dout * s, dgate = dout * x * s (1 - s), s = sigmoid(gate); dx may alias dout and dgate
+// may alias gate.
+void sigmoid_gate_backward(Out dx, Out dgate, In dout, In x, In gate, int64_t n, cudaStream_t s);
 // fsdp/backend/kernels.hpp's strided_copy: element (r, g, c) of a view at r * row + offset +
 // g * group + c * col (elements, all >= 0; dst.col >= 1). For r < R, g < G, c < W: dst(r, g,
 // c) = src(r, g, c), or += with `accumulate`, in fp32, rounded once to dst's type; src.group

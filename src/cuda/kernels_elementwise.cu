@@ -1,6 +1,7 @@
 // src/cuda/kernels_elementwise.cu: casts, add / axpy / scale, GELU, ReLU, mul, bias add, fused
 // bias + GELU, strided copies (column blocks, broadcasts and group sums), loss-scale
-// unscaling, and the device-side index check (see kernels.hpp).
+// unscaling, gated attention's sigmoid output gate, and the device-side index check (see
+// kernels.hpp).
 //
 // One grid-stride "map" kernel serves the elementwise ops: out[i] = op(a[i], b[i]) in fp32,
 // stored rounded to nearest even. When no argument is run-time typed and all pointers are
@@ -15,7 +16,9 @@
 // in 2 launches); add_bias_residual reads h and residual, writes h (3 R C s; add_bias + add:
 // 5 R C s in 2 launches); strided_copy reads each src element it names once per output
 // that uses it (R G W reads, summed or not) and writes dst once (R G W, or R W when summing
-// groups; accumulate reads it too); check_indices reads n int32 in one block.
+// groups; accumulate reads it too); sigmoid_gate_forward reads x, gate and writes out
+// (3 n s), sigmoid_gate_backward reads dout, x, gate and writes dx, dgate (5 n s);
+// check_indices reads n int32 in one block.
 #include <climits>
 #include <cstdint>
 #include <type_traits>
@@ -273,6 +276,25 @@ struct GegluOp {
   __device__ void bwd(float g, float u, float d, float& dg, float& du) const {
     du = d * round_as<T>(gelu(g), gate_t);
     dg = gelu_grad(g, round_as<T>(d * u, dgate_t));
+  }
+};
+
+// Gated attention's output gate (HF Qwen3NextAttention: attn_output * sigmoid(gate)) for
+// glu_fwd/bwd_kernel with (gate, up) = (x, gate): out = x s; dx = dout s, dgate = dout x s
+// (1 - s), s = sigmoid(gate), in fp32 as the CPU backend (expf here, std::exp there). The
+// kernels read an element's inputs before writing its outputs: out = x, dx = dout and dgate =
+// gate are safe.
+struct SigmoidGateOp {
+  __device__ static float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+  template <class T>
+  __device__ float fwd(float x, float g) const {
+    return x * sigmoid(g);
+  }
+  template <class T>
+  __device__ void bwd(float x, float g, float d, float& dx, float& dg) const {
+    const float s = sigmoid(g);
+    dx = d * s;
+    dg = d * x * (s * (1.0f - s));
   }
 };
 
@@ -543,6 +565,14 @@ void geglu_forward(Out out, In gate, In up, int64_t n, cudaStream_t s) {
 
 void geglu_backward(Out dgate, Out dup, In dout, In gate, In up, int64_t n, cudaStream_t s) {
   glu_backward("geglu_backward", dgate, dup, dout, gate, up, n, GegluOp{gate.t, dgate.t}, s);
+}
+
+void sigmoid_gate_forward(Out out, In x, In gate, int64_t n, cudaStream_t s) {
+  glu_forward("sigmoid_gate_forward", out, x, gate, n, SigmoidGateOp{}, s);
+}
+
+void sigmoid_gate_backward(Out dx, Out dgate, In dout, In x, In gate, int64_t n, cudaStream_t s) {
+  glu_backward("sigmoid_gate_backward", dx, dgate, dout, x, gate, n, SigmoidGateOp{}, s);
 }
 
 void add_bias_residual(Out h, In bias, In residual, int64_t R, int64_t C, cudaStream_t s) {

@@ -3,6 +3,7 @@
 #include "fsdp/fsdp/param_group.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "fsdp/core/error.hpp"
@@ -59,6 +60,17 @@ void init_elements(const FlatEntry& e, uint64_t seed, int64_t lo, int64_t hi, fl
       break;
     case InitKind::zeros: std::fill(out, out + own, 0.f); break;
     case InitKind::ones: std::fill(out, out + own, 1.f); break;
+    case InitKind::log_uniform: {  // log(low + (high - low) u), u in [0, 1) from 24 random bits
+      const uint64_t key = rng::key_of(e.spec.name);
+      const double lo = e.spec.init_low, hi = e.spec.init_high;
+      for (int64_t i = 0; i < own; ++i) {
+        const double u =
+            static_cast<double>(rng::bits(seed, key, static_cast<uint64_t>(k0 + i)) >> 40) /
+            static_cast<double>(uint64_t{1} << 24);
+        out[i] = static_cast<float>(std::log(lo + (hi - lo) * u));
+      }
+      break;
+    }
   }
   if (e.spec.zero_row >= 0 && !e.spec.shape.empty() && e.spec.shape[0] > 0) {
     const int64_t width = e.spec.numel() / e.spec.shape[0];

@@ -545,6 +545,15 @@ void GraphedKernels::gated_delta_rule_backward(
   FSDP_RECORD(gated_delta_rule_backward, dqkv, da, db, dA_log, ddt_bias, dout, qkv, a, b, A_log,
               dt_bias, B, T, Hk, Hv, Dk, Dv, doc_start);
 }
+void GraphedKernels::sigmoid_gate_forward(const TensorView& out, const TensorView& x,
+                                          const TensorView& gate) {
+  FSDP_RECORD(sigmoid_gate_forward, out, x, gate);
+}
+void GraphedKernels::sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate,
+                                           const TensorView& dout, const TensorView& x,
+                                           const TensorView& gate) {
+  FSDP_RECORD(sigmoid_gate_backward, dx, dgate, dout, x, gate);
+}
 void GraphedKernels::clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up,
                                             float alpha, float limit) {
   FSDP_RECORD(clamped_swiglu_forward, out, gate_up, alpha, limit);

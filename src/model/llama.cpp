@@ -59,6 +59,7 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::deepseek_v2, "DeepseekV2", "DeepseekV2Config"},
     {LlamaArch::gpt_oss, "GptOss", "GptOssConfig"},
     {LlamaArch::llama4_text, "Llama4Text", "Llama4TextConfig", "llama4", "Llama4ForCausalLM"},
+    {LlamaArch::qwen3_5_text, "Qwen3_5", "Qwen3_5TextConfig", "qwen3_5"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -107,6 +108,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool mla = ds || ds2, ds_moe = glm || mla;
   const bool oss = arch == LlamaArch::gpt_oss;  // gpt-oss's: its own defaults throughout
   const bool l4 = arch == LlamaArch::llama4_text;  // Llama 4's: its own defaults throughout
+  const bool q35 = arch == LlamaArch::qwen3_5_text;  // Qwen3.5's: its own defaults throughout
   const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || ds_moe || oss || l4;
   const bool llama = arch == LlamaArch::llama || olmoe;
   const bool mistral = arch == LlamaArch::mistral || mixtral;
@@ -136,6 +138,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   std::vector<A> rows = {
       A{"vocab_size", &L::vocab_size, "Token vocabulary.", KeyRange::size(1), {}, true,
         olmo2 || olmoe ? I64{50304}
+        : q35    ? I64{248320}
         : oss    ? I64{201088}
         : l4     ? I64{202048}
         : glm    ? I64{151552}
@@ -149,7 +152,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         smol || olmoe || qwen3_moe || qwen2_moe ? I64{2048}
         : oss    ? I64{2880}
         : l4     ? I64{5120}
-        : glm    ? I64{4096}
+        : glm || q35 ? I64{4096}
         : ds     ? I64{7168}
         : ds2    ? I64{4096}
         : gemma1 ? I64{3072}
@@ -165,6 +168,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                     : "Width of the SwiGLU MLP.",
         KeyRange::size(1), {}, true,
         gemma1      ? I64{24576}
+        : q35       ? I64{12288}
         : oss       ? I64{2880}
         : l4        ? I64{8192}
         : exaone    ? I64{16384}
@@ -180,14 +184,14 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
               : olmoe ? I64{16} : glm ? I64{46} : ds ? I64{61} : oss ? I64{36}
               : l4 ? I64{48} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
-        true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe || qwen2_moe ? I64{16}
+        true, gemma1 ? I64{16} : gemma ? I64{8} : smol || olmoe || qwen2_moe || q35 ? I64{16}
               : glm ? I64{96} : ds ? I64{128} : oss ? I64{64} : l4 ? I64{40} : I64{32}},
       // HF's absent num_key_value_heads: Llama's and Phi-3's None (MHA), Mistral's 8, Qwen's 32,
       // Gemma 2's and 3's 4, Gemma 1's 16 (MHA).
       A{"num_key_value_heads", &L::num_key_value_heads,
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
         KeyRange::size(0), {}, true,
-        smol || qwen3_moe ? I64{4}
+        smol || qwen3_moe || q35 ? I64{4}
         : gemma1 || qwen2_moe ? I64{16}
         : glm || oss || l4    ? I64{8}
         : ds                  ? I64{128}
@@ -197,7 +201,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   if (has_head_dim_key(arch)) {
     rows.push_back(A{"head_dim", &L::head_dim, "Width of one attention head; 0 = hidden_size / "
                      "num_attention_heads.", KeyRange::size(0), {}, true,
-                     arch == LlamaArch::qwen3 || l4 ? I64{128} : gemma ? I64{256}
+                     arch == LlamaArch::qwen3 || l4 ? I64{128} : gemma || q35 ? I64{256}
                      : oss ? I64{64} : I64{0}});
   }
   rows.insert(rows.end(), {
@@ -280,11 +284,11 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
           "1)^2 more; 0 = none.", KeyRange::nonnegative(), {}, true, 0.0},
     });
   }
-  if (phi3 || glm) {  // Phi3Config's and Glm4MoeConfig's partial rotary embedding
+  if (phi3 || glm || q35) {  // Phi3Config's, Glm4MoeConfig's, Qwen3_5TextConfig's partial RoPE
     rows.push_back(A{"partial_rotary_factor", &L::partial_rotary_factor,
                      "RoPE rotates the first int(head_dim * partial_rotary_factor) columns of "
                      "each q and k head; the rest pass through.", KeyRange::unit_above_zero(),
-                     {}, true, glm ? 0.5 : 1.0});
+                     {}, true, glm ? 0.5 : q35 ? 0.25 : 1.0});
   }
   if (gemma3) {
     rows.push_back(A{"rope_local_base_freq", &L::rope_local_base_freq,
@@ -292,7 +296,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                      {}, true, 10000.0});
   }
   if (llama || arch == LlamaArch::qwen3 || qwen3_moe || olmo2 || gemma || smol || granite ||
-      ds_moe) {
+      ds_moe || q35) {
     rows.push_back(A{"attention_bias", &L::attention_bias,
                      glm  ? "Biases on q_proj, k_proj and v_proj (o_proj has none)."
                      : mla ? "Biases on q_a_proj, kv_a_proj_with_mqa and o_proj."
@@ -389,6 +393,25 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
           "log.", KeyRange::size(1), {}, true, I64{8192}},
         A{"attn_scale", &L::attn_scale, "attn_temperature_tuning: the log's factor.",
           KeyRange::nonnegative(), {}, true, 0.1},
+    });
+  }
+  if (q35) {  // Qwen3_5TextConfig's linear attention (Qwen3NextConfig's attributes)
+    rows.insert(rows.end(), {
+        A{"full_attention_interval", &L::full_attention_interval,
+          "Layer l is full attention when l + 1 is a multiple of it, else linear attention "
+          "(Gated DeltaNet).", KeyRange::size(1), {}, false, I64{4}},
+        A{"linear_conv_kernel_dim", &L::linear_conv_kernel_dim,
+          "Taps of the linear layers' causal depthwise convolution.", KeyRange::size(1), {}, true,
+          I64{4}},
+        A{"linear_key_head_dim", &L::linear_key_head_dim,
+          "Width of each linear-attention q and k head.", KeyRange::size(1), {}, true, I64{128}},
+        A{"linear_value_head_dim", &L::linear_value_head_dim,
+          "Width of each linear-attention value head.", KeyRange::size(1), {}, true, I64{128}},
+        A{"linear_num_key_heads", &L::linear_num_key_heads,
+          "Linear-attention q and k heads.", KeyRange::size(1), {}, true, I64{16}},
+        A{"linear_num_value_heads", &L::linear_num_value_heads,
+          "Linear-attention value heads (each reads q and k head h / (value heads / key "
+          "heads)).", KeyRange::size(1), {}, true, I64{32}},
     });
   }
   if (qwen) {
@@ -539,6 +562,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   }
   if (ds_moe) defaults.norm_topk_prob = true;  // Glm4MoeConfig's, DeepseekV3Config's
   if (glm) defaults.partial_rotary_factor = 0.5;  // half of each head rotated
+  if (q35) defaults.partial_rotary_factor = 0.25;  // Qwen3NextConfig's
   if (gemma) {  // GemmaConfig's, Gemma2Config's and Gemma3TextConfig's: tied, padding token 0
     defaults.tie_word_embeddings = true;
     defaults.pad_token_id = 0;
@@ -630,12 +654,20 @@ struct LayerIndex {
   // experts as HF stores them: gate_up_proj [E, C, 2I], gate_up_proj_bias [E, 2I], down_proj
   // [E, I, C], down_proj_bias [E, C] (expert e's slice of each: packed_slice); else -1.
   int router_b = -1, px_gate_up = -1, px_gate_up_b = -1, px_down = -1, px_down_b = -1;
+  // A linear-attention layer (layer_linear(); q_w .. v_b, q_norm, k_norm -1, o_w its
+  // out_proj): linear_attn's conv1d.weight [CD, 1, K], dt_bias [Hv], A_log [Hv], norm.weight
+  // [Dv], in_proj_qkv [CD, C], in_proj_z [Vd, C], in_proj_b and in_proj_a [Hv, C] (HF's
+  // order: conv1d, dt_bias, A_log, norm, out_proj, then the projections Qwen3_5GatedDeltaNet
+  // adds); else -1.
+  int la_conv = -1, la_dt = -1, la_A = -1, la_norm = -1, la_qkv = -1, la_z = -1, la_b = -1,
+      la_a = -1;
   int expert_gate(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_gate; }
   int expert_up(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_up; }
   int expert_down(int64_t e) const { return expert0 + 3 * static_cast<int>(e) + e_down; }
 };
-// The parameters of a layer: a sparse one (layer_sparse()) or a dense one.
-LayerIndex layer_index(const LlamaConfig& c, bool sparse) {
+// The parameters of a layer: a sparse one (layer_sparse()) or a dense one; a linear-attention
+// one (layer_linear()).
+LayerIndex layer_index(const LlamaConfig& c, bool sparse, bool linear = false) {
   LayerIndex x{};
   int n = 0;
   auto lin = [&](int& w, int& b, bool bias) {
@@ -648,6 +680,24 @@ LayerIndex layer_index(const LlamaConfig& c, bool sparse) {
     x.mlp_in = c.norm_before() ? n++ : -1;
     x.mlp_out = c.norm_after() ? n++ : -1;
   };
+  if (linear) {  // Qwen3.5's Gated DeltaNet, then a dense MLP
+    x.q_w = x.q_b = x.k_w = x.k_b = x.v_w = x.v_b = x.o_b = x.q_norm = x.k_norm = -1;
+    x.la_conv = n++;
+    x.la_dt = n++;
+    x.la_A = n++;
+    x.la_norm = n++;
+    x.o_w = n++;
+    x.la_qkv = n++;
+    x.la_z = n++;
+    x.la_b = n++;
+    x.la_a = n++;
+    lin(x.gate_w, x.gate_b, false);
+    lin(x.up_w, x.up_b, false);
+    lin(x.down_w, x.down_b, false);
+    norms();
+    x.count = n;
+    return x;
+  }
   if (c.fused_projections()) {  // HF's order: qkv_proj, o_proj, gate_up_proj, down_proj, norms
     x.qkv = n++;
     x.q_b = x.k_b = x.v_b = x.gate_b = x.up_b = x.down_b = x.o_b = -1;
@@ -732,6 +782,12 @@ struct LayerParams {
   int p0;
 };
 LayerParams layer_params(const LlamaConfig& c, int64_t l) {
+  if (c.qwen3_5()) {  // layers of two kinds: their counts summed
+    int64_t before = 0;
+    for (int64_t i = 0; i < l; ++i) before += layer_index(c, false, c.layer_linear(i)).count;
+    return {layer_index(c, false, l < c.num_hidden_layers && c.layer_linear(l)),
+            static_cast<int>(1 + before)};
+  }
   int64_t dense_before = 0;  // (DeepSeek's first layers, Llama 4's interleaved ones)
   for (int64_t i = 0; i < l; ++i) dense_before += c.layer_sparse(i) ? 0 : 1;
   const int64_t dense = layer_index(c, false).count,
@@ -811,6 +867,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::deepseek_v3:
     case LlamaArch::deepseek_v2:
     case LlamaArch::llama4_text:  // (its chunks: layer_chunk)
+    case LlamaArch::qwen3_5_text:
     case LlamaArch::llama: break;
   }
   return 0;
@@ -960,7 +1017,8 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
   // Llama 4's MLP is its feed_forward (Llama4TextMoe, Llama4TextMLP)
   const std::string ff = c.llama4() ? "feed_forward." : "mlp.";
   const float std0 = static_cast<float>(c.initializer_range);
-  const LayerIndex x = layer_index(c, sparse);
+  const bool linear_layer = c.layer_linear(l);
+  const LayerIndex x = layer_index(c, sparse, linear_layer);
   const InitKind norm_init = norm_init_of(c);
   const std::string m = "model.layers." + std::to_string(l);
   ModuleDecl layer{m, layer_class(c.arch), {}};
@@ -977,7 +1035,26 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
     put(w, name + ".weight", {out, in}, InitKind::normal, true);
     put(b, name + ".bias", {out}, InitKind::zeros, false);
   };
-  if (c.fused_projections()) {  // the slots q_w .. up_w are rows of these (layer_slot)
+  if (linear_layer) {  // Qwen3_5GatedDeltaNet: HF's parameters and their initialisation
+    const int64_t CD = c.linear_conv_dim(), Vd = c.linear_value_dim();
+    const int64_t Hv = c.linear_num_value_heads;
+    put(x.la_conv, "linear_attn.conv1d.weight", {CD, 1, c.linear_conv_kernel_dim},
+        InitKind::normal, true);
+    put(x.la_dt, "linear_attn.dt_bias", {Hv}, InitKind::ones, false);
+    // A = exp(A_log) uniform in [0.01, 16] (Qwen3_5PreTrainedModel._init_weights)
+    put(x.la_A, "linear_attn.A_log", {Hv}, InitKind::log_uniform, false);
+    layer.params[static_cast<std::size_t>(x.la_A)].init_low = 0.01f;
+    layer.params[static_cast<std::size_t>(x.la_A)].init_high = 16.f;
+    // (Qwen3NextRMSNormGated: a plain weight, initialised to 1)
+    put(x.la_norm, "linear_attn.norm.weight", {c.linear_value_head_dim}, InitKind::ones, false);
+    linear(x.o_w, -1, "linear_attn.out_proj", C, Vd);
+    linear(x.la_qkv, -1, "linear_attn.in_proj_qkv", CD, C);
+    linear(x.la_z, -1, "linear_attn.in_proj_z", Vd, C);
+    linear(x.la_b, -1, "linear_attn.in_proj_b", Hv, C);
+    linear(x.la_a, -1, "linear_attn.in_proj_a", Hv, C);
+    linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
+    linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
+  } else if (c.fused_projections()) {  // the slots q_w .. up_w are rows of these (layer_slot)
     put(x.qkv, "self_attn.qkv_proj.weight", {Q + 2 * KV, C}, InitKind::normal, true);
     put(x.gate_up, "mlp.gate_up_proj.weight", {2 * I, C}, InitKind::normal, true);
   } else if (c.mla()) {  // DeepSeek-V3's Multi-head Latent Attention
@@ -991,7 +1068,8 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
     linear(x.gate_w, x.gate_b, "mlp.gate_proj", I, C);
     linear(x.up_w, x.up_b, "mlp.up_proj", I, C);
   } else {
-    linear(x.q_w, x.q_b, "self_attn.q_proj", Q, C);
+    // (Qwen3.5's gated attention: each head's query, then its gate)
+    linear(x.q_w, x.q_b, "self_attn.q_proj", c.gated_attention() ? 2 * Q : Q, C);
     linear(x.k_w, x.k_b, "self_attn.k_proj", KV, C);
     linear(x.v_w, x.v_b, "self_attn.v_proj", KV, C);
     linear(x.gate_w, x.gate_b, ff + "gate_proj", I, C);
@@ -1036,7 +1114,9 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
     put(x.s_down, sh + "down_proj.weight", {C, Is}, InitKind::normal, true);
     put(x.s_sigmoid, "mlp.shared_expert_gate.weight", {1, C}, InitKind::normal, true);
   }
-  linear(x.o_w, x.o_b, "self_attn.o_proj", C, c.num_attention_heads * c.value_head_size());
+  if (!linear_layer) {
+    linear(x.o_w, x.o_b, "self_attn.o_proj", C, c.num_attention_heads * c.value_head_size());
+  }
   const bool per_head = c.qk_norm_per_head();
   put(x.q_norm, "self_attn.q_norm.weight", {per_head ? c.head_size() : Q}, norm_init, false);
   put(x.k_norm, "self_attn.k_norm.weight", {per_head ? c.head_size() : KV}, norm_init, false);
@@ -1198,6 +1278,15 @@ struct LlamaModel::Acts {
     // [BT, q_lora_rank] and q_a_layernorm's statistics fp32 [BT] (under q_lora_rank), the
     // compressed kv c [BT, kv_lora_rank] and kv_a_layernorm's statistics fp32 [BT].
     DeviceBuffer mla_qa, mla_qa_rstd, mla_c, mla_c_rstd;
+    // gated_attention() (Qwen3.5's full layers): the gate [BT, Q] (q_proj's second half of
+    // each head; the attention's output is atty, its gated product Acts::o_in).
+    DeviceBuffer attn_gate;
+    // Qwen3.5's linear layers (layer_linear; every set of a qwen3_5 model holds them):
+    // in_proj_qkv's output [BT, CD] (the conv's input) and the conv's output [BT, CD] (the
+    // delta rule's q, k, v), in_proj_z's [BT, Vd], in_proj_a's and in_proj_b's [BT, Hv], the
+    // delta rule's output [BT, Vd], the gated norm's output [BT, Vd] and statistics fp32
+    // [BT*Hv] (CD = linear_conv_dim(), Vd = linear_value_dim(), Hv its heads).
+    DeviceBuffer la_qkv_pre, la_qkv, la_z, la_a, la_b, la_core, la_normed, la_rstd;
   };
   // One shared by the layers that recompute (activation checkpointing), one per other layer.
   std::vector<Layer> layers;
@@ -1238,6 +1327,12 @@ struct LlamaModel::Acts {
   // kv_a_proj_with_mqa's output (backward: its gradient) [BT, kv_lora_rank + dr]. Empty
   // otherwise.
   DeviceBuffer mla_kv, mla_n, mla_dn, mla_dc, mla_o, mla_ckv;
+  // qwen3_5(): o_proj's (out_proj's) input [BT, max(Q, Vd)] (forward: the gated attention's
+  // output, or the linear layer's; backward: it again for the weight gradient, then its
+  // gradient, then the gate's); q_proj's output [BT, 2Q] (backward: its gradient); the linear
+  // layers' backward scratch: d z, d normed, d core [BT, Vd], d qkv, d qkv_pre [BT, CD], d a,
+  // d b [BT, Hv]. Empty otherwise.
+  DeviceBuffer o_in, qg, la_dz, la_dn, la_dcore, la_dqkv, la_dqkv_pre, la_da, la_db;
   std::vector<double> moe_count;  // host: this forward's counts per expert, all layers
   DeviceBuffer rope_cos, rope_sin;               // fp32 [T, R/2], R = rotary_dim()
   // Gemma 3's sliding layers' RoPE (layer_local_rope), fp32 [T, R/2]; else empty.
@@ -1342,6 +1437,13 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
   if (docs.enabled)
     n.i32 += (chunked_documents(c) ? 3 : 2) * BT;  // doc_pos, doc_start, chunk_start
   if (docs.reset_positions) n.f32 += rope_tables * 2 * BT * (R / 2);          // pos_cos, pos_sin
+  if (c.qwen3_5()) {  // per set: the gate, the linear layers' buffers; the scratch (Acts::o_in ..)
+    const int64_t CD = c.linear_conv_dim(), Vd = c.linear_value_dim(),
+                  Hv = c.linear_num_value_heads;
+    n.act += S * BT * (Q + 2 * CD + 3 * Vd + 2 * Hv) +
+             BT * (std::max(Q, Vd) + 2 * Q + 3 * Vd + 2 * CD + 2 * Hv);
+    n.f32 += S * BT * Hv;
+  }
   if (c.mla()) {  // per set: q_a_proj's output, c and their norms' statistics; the scratch
     const int64_t H = c.num_attention_heads, ql = c.q_lora_rank, r = c.kv_lora_rank;
     n.act += S * BT * (ql + r) +
@@ -1446,6 +1548,14 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
       if (ql > 0) { y.mla_qa = f(BT * ql); y.mla_qa_rstd = f32(BT); }
       y.mla_c = f(BT * cfg_.kv_lora_rank); y.mla_c_rstd = f32(BT);
     }
+    if (cfg_.qwen3_5()) {
+      const int64_t CD = cfg_.linear_conv_dim(), Vd = cfg_.linear_value_dim(),
+                    Hv = cfg_.linear_num_value_heads;
+      y.attn_gate = f(BT * Q);
+      y.la_qkv_pre = f(BT * CD); y.la_qkv = f(BT * CD); y.la_z = f(BT * Vd);
+      y.la_a = f(BT * Hv); y.la_b = f(BT * Hv); y.la_core = f(BT * Vd);
+      y.la_normed = f(BT * Vd); y.la_rstd = f32(BT * Hv);
+    }
     if (cfg_.qk_norm()) {
       y.q_raw = f(BT * Q); y.k_raw = f(BT * KV);
       const bool per_head = cfg_.qk_norm_per_head();
@@ -1480,6 +1590,14 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
     }
   }
   a->datty = f(BT * Q); a->dq = f(BT * Q); a->dk = f(BT * KV); a->dv = f(BT * KV);
+  if (cfg_.qwen3_5()) {
+    const int64_t CD = cfg_.linear_conv_dim(), Vd = cfg_.linear_value_dim(),
+                  Hv = cfg_.linear_num_value_heads;
+    a->o_in = f(BT * std::max(Q, Vd)); a->qg = f(BT * 2 * Q);
+    a->la_dz = f(BT * Vd); a->la_dn = f(BT * Vd); a->la_dcore = f(BT * Vd);
+    a->la_dqkv = f(BT * CD); a->la_dqkv_pre = f(BT * CD); a->la_da = f(BT * Hv);
+    a->la_db = f(BT * Hv);
+  }
   if (cfg_.mla()) {
     const int64_t r = cfg_.kv_lora_rank, lora = std::max(cfg_.q_lora_rank, r);
     a->mla_kv = f(BT * H * (cfg_.qk_nope_head_dim + cfg_.v_head_dim));
@@ -1737,14 +1855,25 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   // The projections read input_layernorm(in), or `in` itself without input norms (OLMo 2).
   if (before) be_.rmsnorm_forward(n1, y.ln1_rstd.view({BT}), in, nw.attn_in, BT, C, eps);
   const TensorView xin = before ? n1 : in;
+  const bool linear_layer = cfg_.layer_linear(l), gated = cfg_.gated_attention() && !linear_layer;
   if (cfg_.mla()) {
     mla_forward(l, B, T, hooks, xin);
   } else if (cfg_.llama4()) {
     llama4_attention_forward(l, B, T, hooks, xin);
+  } else if (linear_layer) {
+    linear_attention_forward(l, B, T, hooks, xin);
   } else {
     if (cfg_.qk_norm()) {  // q = q_norm(q_proj(xin)) (Qwen3, Gemma 3: per head; OLMo 2: per row)
       const QkNormRows n = qk_norm_rows(cfg_, BT);
-      linear(rows(y.q_raw, Q), xin, x.q_w, x.q_b, Q, C);
+      if (gated) {  // q_proj's head h: [query | gate], D each: the queries to q_raw, the gates kept
+        linear(rows(a.qg, 2 * Q), xin, x.q_w, x.q_b, 2 * Q, C);
+        const Kernels::Strided both{2 * Q, 0, 2 * D, 1}, gates{2 * Q, D, 2 * D, 1},
+            heads{Q, 0, D, 1};
+        be_.strided_copy(rows(y.q_raw, Q), heads, rows(a.qg, 2 * Q), both, BT, H, D, false);
+        be_.strided_copy(rows(y.attn_gate, Q), heads, rows(a.qg, 2 * Q), gates, BT, H, D, false);
+      } else {
+        linear(rows(y.q_raw, Q), xin, x.q_w, x.q_b, Q, C);
+      }
       linear(rows(y.k_raw, KV), xin, x.k_w, x.k_b, KV, C);
       be_.rmsnorm_forward(y.q.view({n.q, n.q_width}), y.q_rstd.view({n.q}),
                           y.q_raw.view({n.q, n.q_width}), nw.q, n.q, n.q_width, eps);
@@ -1767,9 +1896,13 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
       be_.attention_sink_forward(atty, y.lse.view({B, H, T}), W(x.sinks), B, T, H, D);
     }
   }
-  // o_proj's input: the attention's output, or MLA's heads of v_head_dim (Acts::mla_o)
-  const int64_t Qo = H * cfg_.value_head_size();
-  const TensorView o_in = cfg_.mla() ? a.mla_o.view({BT, Qo}) : atty;
+  // o_proj's input: the attention's output, or MLA's heads of v_head_dim (Acts::mla_o), or
+  // Qwen3.5's gated output or linear layer's (Acts::o_in)
+  const int64_t Qo = linear_layer ? cfg_.linear_value_dim() : H * cfg_.value_head_size();
+  const TensorView o_in = cfg_.mla()                 ? a.mla_o.view({BT, Qo})
+                          : linear_layer || gated ? a.o_in.view({BT, Qo})
+                                                  : atty;
+  if (gated) be_.sigmoid_gate_forward(o_in, atty, rows(y.attn_gate, Q));
   // The MLP's gated activation into `out`: silu(gate) * up, or Gemma 3's gelu_tanh(gate) * up.
   auto mlp_act = [&](const TensorView& out) {
     if (cfg_.gelu_mlp()) {
@@ -2643,6 +2776,85 @@ void LlamaModel::llama4_experts_backward(int64_t l, int64_t BT, ModuleHooks& hoo
   }
 }
 
+void LlamaModel::linear_attention_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                                          const TensorView& xin) {
+  Acts& a = *acts_;
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  auto W = [&](int k) { return hooks.param(lp.p0 + k); };
+  auto& y = a.layer(l);
+  const int64_t BT = B * T, C = cfg_.hidden_size, CD = cfg_.linear_conv_dim(),
+                Vd = cfg_.linear_value_dim(), Hv = cfg_.linear_num_value_heads,
+                Dv = cfg_.linear_value_head_dim, K = cfg_.linear_conv_kernel_dim;
+  auto proj = [&](const DeviceBuffer& out, int w, int64_t n) {
+    be_.gemm(false, true, BT, n, C, 1.f, xin, W(w), 0.f, out.view({BT, n}));
+  };
+  proj(y.la_qkv_pre, x.la_qkv, CD);
+  proj(y.la_z, x.la_z, Vd);
+  proj(y.la_b, x.la_b, Hv);
+  proj(y.la_a, x.la_a, Hv);
+  // conv1d.weight [CD, 1, K] is the kernel's [CD, K]
+  be_.causal_conv1d_forward(y.la_qkv.view({BT, CD}), y.la_qkv_pre.view({BT, CD}),
+                            W(x.la_conv).reshape({CD, K}), B, T, CD, K, doc_start(BT));
+  be_.gated_delta_rule_forward(y.la_core.view({BT, Vd}), y.la_qkv.view({BT, CD}),
+                               y.la_a.view({BT, Hv}), y.la_b.view({BT, Hv}), W(x.la_A),
+                               W(x.la_dt), B, T, cfg_.linear_num_key_heads, Hv,
+                               cfg_.linear_key_head_dim, Dv, doc_start(BT));
+  // each head's RMSNorm (a plain weight), times silu(z)
+  be_.rmsnorm_forward(y.la_normed.view({BT * Hv, Dv}), y.la_rstd.view({BT * Hv}),
+                      y.la_core.view({BT * Hv, Dv}), W(x.la_norm), BT * Hv, Dv,
+                      static_cast<float>(cfg_.rms_norm_eps));
+  be_.swiglu_forward(a.o_in.view({BT, Vd}), y.la_z.view({BT, Vd}), y.la_normed.view({BT, Vd}));
+}
+
+void LlamaModel::linear_attention_backward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                                           const TensorView& dres, const TensorView& xin,
+                                           const TensorView& dxin) {
+  Acts& a = *acts_;
+  const LayerParams lp = layer_params(cfg_, l);
+  const LayerIndex& x = lp.x;
+  auto W = [&](int k) { return hooks.param(lp.p0 + k); };
+  auto G = [&](int k) { return hooks.grad(lp.p0 + k); };
+  auto& y = a.layer(l);
+  const int64_t BT = B * T, C = cfg_.hidden_size, CD = cfg_.linear_conv_dim(),
+                Vd = cfg_.linear_value_dim(), Hv = cfg_.linear_num_value_heads,
+                Dv = cfg_.linear_value_head_dim, K = cfg_.linear_conv_kernel_dim;
+  const TensorView o_in = a.o_in.view({BT, Vd}), z = y.la_z.view({BT, Vd}),
+                   normed = y.la_normed.view({BT, Vd}), dz = a.la_dz.view({BT, Vd}),
+                   dn = a.la_dn.view({BT, Vd}), dcore = a.la_dcore.view({BT, Vd}),
+                   dqkv = a.la_dqkv.view({BT, CD}), dqkv_pre = a.la_dqkv_pre.view({BT, CD}),
+                   da = a.la_da.view({BT, Hv}), db = a.la_db.view({BT, Hv});
+  // out_proj: its input silu(z) * normed again into o_in, read by the weight gradient, then
+  // d o_in over it
+  be_.swiglu_forward(o_in, z, normed);
+  linear_weight_grad(be_, BT, dres, o_in, G(x.o_w), TensorView{}, C, Vd);
+  be_.gemm(false, false, BT, Vd, C, 1.f, dres, W(x.o_w), 0.f, o_in);
+  be_.swiglu_backward(dz, dn, o_in, z, normed);
+  rt_.fill_zero(dcore);  // (rmsnorm_backward accumulates)
+  be_.rmsnorm_backward(dcore.reshape({BT * Hv, Dv}), G(x.la_norm), dn.reshape({BT * Hv, Dv}),
+                       y.la_core.view({BT * Hv, Dv}), W(x.la_norm), y.la_rstd.view({BT * Hv}),
+                       BT * Hv, Dv);
+  be_.gated_delta_rule_backward(dqkv, da, db, G(x.la_A), G(x.la_dt), dcore,
+                                y.la_qkv.view({BT, CD}), y.la_a.view({BT, Hv}),
+                                y.la_b.view({BT, Hv}), W(x.la_A), W(x.la_dt), B, T,
+                                cfg_.linear_num_key_heads, Hv, cfg_.linear_key_head_dim, Dv,
+                                doc_start(BT));
+  be_.causal_conv1d_backward(dqkv_pre, G(x.la_conv).reshape({CD, K}), dqkv,
+                             y.la_qkv_pre.view({BT, CD}), W(x.la_conv).reshape({CD, K}), B, T,
+                             CD, K, doc_start(BT));
+  // the four projections of xin: weight gradients (xin read), then d xin
+  for (const auto& [d, w, n] : {std::tuple{dqkv_pre, x.la_qkv, CD}, std::tuple{dz, x.la_z, Vd},
+                                std::tuple{db, x.la_b, Hv}, std::tuple{da, x.la_a, Hv}}) {
+    linear_weight_grad(be_, BT, d, xin, G(w), TensorView{}, n, C);
+  }
+  bool first = true;
+  for (const auto& [d, w, n] : {std::tuple{dqkv_pre, x.la_qkv, CD}, std::tuple{dz, x.la_z, Vd},
+                                std::tuple{db, x.la_b, Hv}, std::tuple{da, x.la_a, Hv}}) {
+    be_.gemm(false, false, BT, C, n, 1.f, d, W(w), first ? 0.f : 1.f, dxin);
+    first = false;
+  }
+}
+
 LmHeadChunks LlamaModel::head_chunks(int64_t BT, const TensorView& weight) const {
   const int64_t C = cfg_.hidden_size, Vp = cfg_.padded_vocab();
   return {acts_->lnf.view({BT, C}), weight, acts_->targets_dev.view({BT}), acts_->logits.view(),
@@ -2794,8 +3006,23 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
       hooks.post_backward(m);
       continue;
     }
-    // attention: res2 = in + o_proj(atty) (OLMo 2, Gemma 3: d o in dln)
-    linear_backward(datty, after ? dln : dres, rows(y.atty, Q), x.o_w, x.o_b, C, Q, false, rs);
+    if (cfg_.layer_linear(l)) {  // (a pre-norm layer: its input ln1 again into dln, d ln1 over it)
+      be_.rmsnorm_forward(dln, y.ln1_rstd.view({BT}), rows(a.res[l], C), nw.attn_in, BT, C, eps);
+      linear_attention_backward(l, B, T, hooks, dres, dln, dln);
+      be_.rmsnorm_backward(dres, G(x.attn_in), dln, rows(a.res[l], C), nw.attn_in,
+                           y.ln1_rstd.view({BT}), BT, C);
+      hooks.post_backward(m);
+      continue;
+    }
+    // attention: res2 = in + o_proj(atty) (OLMo 2, Gemma 3: d o in dln); Qwen3.5's o_proj
+    // reads atty * sigmoid(gate), recomputed into Acts::o_in, whose gradient goes through the
+    // gate (d gate into o_in: o_proj's weight gradient has read it)
+    const bool gated = cfg_.gated_attention();
+    const TensorView gate_in = gated ? rows(y.attn_gate, Q) : TensorView{},
+                     o_in = gated ? rows(a.o_in, Q) : rows(y.atty, Q);
+    if (gated) be_.sigmoid_gate_forward(o_in, rows(y.atty, Q), gate_in);
+    linear_backward(datty, after ? dln : dres, o_in, x.o_w, x.o_b, C, Q, false, rs);
+    if (gated) be_.sigmoid_gate_backward(datty, o_in, datty, rows(y.atty, Q), gate_in);
     if (cfg_.llama4()) {  // (a pre-norm layer: its input ln1 again into dln, d ln1 over it)
       be_.rmsnorm_forward(dln, y.ln1_rstd.view({BT}), rows(a.res[l], C), nw.attn_in, BT, C, eps);
       llama4_attention_backward(l, B, T, hooks, dln, dln);
@@ -2840,10 +3067,19 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
       be_.rmsnorm_forward(dln, y.ln1_rstd.view({BT}), rows(a.res[l], C), nw.attn_in, BT, C, eps);
     }
     const TensorView xin = before ? dln : rows(a.res[l], C), dxin = before ? dln : dres;
-    linear_wgrad(dq_proj, xin, x.q_w, x.q_b, Q, C);
+    int64_t q_rows = Q;  // q_proj's output width
+    if (gated) {  // d q_proj's output: each head's [d query | d gate] (d gate in o_in)
+      const Kernels::Strided both{2 * Q, 0, 2 * D, 1}, gates{2 * Q, D, 2 * D, 1},
+          heads{Q, 0, D, 1};
+      be_.strided_copy(rows(a.qg, 2 * Q), both, dq_proj, heads, BT, H, D, false);
+      be_.strided_copy(rows(a.qg, 2 * Q), gates, o_in, heads, BT, H, D, false);
+      dq_proj = rows(a.qg, 2 * Q);
+      q_rows = 2 * Q;
+    }
+    linear_wgrad(dq_proj, xin, x.q_w, x.q_b, q_rows, C);
     linear_wgrad(dk_proj, xin, x.k_w, x.k_b, KV, C);
     linear_wgrad(dv, xin, x.v_w, x.v_b, KV, C);
-    linear_dgrad(dxin, dq_proj, x.q_w, Q, C, !before);
+    linear_dgrad(dxin, dq_proj, x.q_w, q_rows, C, !before);
     linear_dgrad(dxin, dk_proj, x.k_w, KV, C, true);
     linear_dgrad(dxin, dv, x.v_w, KV, C, true);                                      // d xin
     if (before) {
@@ -2888,6 +3124,8 @@ nlohmann::json layer_types_of(const LlamaConfig& g) {
   for (int64_t l = 0; l < g.num_hidden_layers; ++l) {
     if (g.llama4()) {  // Llama4TextConfig's: its RoPE layers chunked, whatever the chunk size
       types.push_back(g.layer_rope(l) ? "chunked_attention" : "full_attention");
+    } else if (g.qwen3_5()) {  // Qwen3_5TextConfig's, from full_attention_interval
+      types.push_back(g.layer_linear(l) ? "linear_attention" : "full_attention");
     } else {
       types.push_back(g.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
     }
@@ -2934,6 +3172,19 @@ class LlamaFamily final : public ModelFamily {
     const auto& a = args();
     const auto n = [](int64_t v) { return std::to_string(v); };
     check_router_bias_update(c, g.selection_bias(), fail);
+    if (g.qwen3_5()) {
+      if (g.linear_num_value_heads % g.linear_num_key_heads != 0) {
+        throw fail(a.key(&LlamaConfig::linear_num_value_heads),
+                   n(g.linear_num_value_heads) + " is not a multiple of " +
+                       a.key(&LlamaConfig::linear_num_key_heads) + " = " +
+                       n(g.linear_num_key_heads) + " (each key head serves a group of value heads)");
+      }
+      if (c.train.device == DeviceKind::cuda) {
+        throw fail("train.device", "\"cuda\" is not supported for qwen3_5_text yet (the CUDA "
+                                   "kernels of its linear attention are not written; expected "
+                                   "\"cpu\")");
+      }
+    }
     // Document masking with reset positions: not longrope, whose factors HF picks by the
     // largest position id (ours: by the row's length)
     if (c.data.reset_position_ids && g.rope_type == LlamaConfig::RopeType::longrope) {
@@ -3091,7 +3342,22 @@ class LlamaFamily final : public ModelFamily {
       proj = (ql > 0 ? C * ql + ql * Q : C * Q) + C * (r + dr) + r * H * (dn + dv) + H * dv * C;
       scores = Q + H * dv;
     }
-    const double macs = T * (L * proj + mlp + V * C) + L * T * T * scores;
+    double layers_proj = L * proj, attn_layers = L;
+    if (g.qwen3_5()) {  // full layers: q_proj's gates too; linear layers: their projections,
+                        // conv and the delta rule's 4 Dk Dv a token and value head
+      const double CD = static_cast<double>(g.linear_conv_dim()),
+                   Vd = static_cast<double>(g.linear_value_dim()),
+                   Hv = static_cast<double>(g.linear_num_value_heads),
+                   Dk = static_cast<double>(g.linear_key_head_dim),
+                   Dv = static_cast<double>(g.linear_value_head_dim),
+                   K = static_cast<double>(g.linear_conv_kernel_dim);
+      const double lin = C * (CD + 2 * Vd + 2 * Hv) + CD * K + Hv * 4 * Dk * Dv;
+      double linear_layers = 0;
+      for (int64_t l = 0; l < g.num_hidden_layers; ++l) linear_layers += g.layer_linear(l) ? 1 : 0;
+      attn_layers = L - linear_layers;
+      layers_proj = attn_layers * (proj + C * Q) + linear_layers * lin;
+    }
+    const double macs = T * (layers_proj + mlp + V * C) + attn_layers * T * T * scores;
     return 6.0 * macs;
   }
   // Our names are HF's state-dict names and nn.Linear layouts. A layer's parameter is looked
@@ -3245,7 +3511,7 @@ class LlamaFamily final : public ModelFamily {
     if (g.mla() && g.q_lora_rank == 0) out[args().name(&LlamaConfig::q_lora_rank)] = nullptr;
     // Gemma 3: transformers >= 4.53 reads layer_types (older ones the pattern): both, agreeing;
     // OLMo 3: layer_types only; Gemma 2: the list its class derives.
-    if (g.patterned_window() || g.llama4()) out["layer_types"] = layer_types_of(g);
+    if (g.patterned_window() || g.llama4() || g.qwen3_5()) out["layer_types"] = layer_types_of(g);
     if (gemma) {
       out["hidden_activation"] = "gelu_pytorch_tanh";
       if (!g.gemma3()) {
@@ -3357,8 +3623,11 @@ class LlamaFamily final : public ModelFamily {
       if (!hf.contains(theta) && rp.contains(theta)) hf[theta] = rp[theta];
       if (!hf.contains("rope_scaling") || hf["rope_scaling"].is_null()) hf["rope_scaling"] = rp;
     }
-    if (arch_ == LlamaArch::phi3 || arch_ == LlamaArch::glm4_moe)
+    if (arch_ == LlamaArch::phi3 || arch_ == LlamaArch::glm4_moe ||
+        arch_ == LlamaArch::qwen3_5_text) {
       partial_rotary_from_hf(hf, origin);
+    }
+    if (arch_ == LlamaArch::qwen3_5_text) qwen3_5_from_hf(hf, origin);
     if (arch_ == LlamaArch::phi3) phi3_rope_from_hf(hf, origin);
     if (hf.contains("rope_scaling") && hf["rope_scaling"].is_object()) {
       nlohmann::json& rs = hf["rope_scaling"];
@@ -3416,6 +3685,20 @@ class LlamaFamily final : public ModelFamily {
           period_of(hf["layer_types"], g.sliding_window_pattern, g.num_hidden_layers,
                     "sliding_attention", "full_attention", "layer_types",
                     args().name(&LlamaConfig::sliding_window_pattern), origin);
+    }
+    if (arch_ == LlamaArch::qwen3_5_text) {
+      // HF builds layer_types from the full_attention_interval kwarg (default 4) when a
+      // config.json has no list; ours is the list's period
+      const std::string interval = args().name(&LlamaConfig::full_attention_interval);
+      if (hf.contains(interval) && hf[interval].is_number_integer() && hf[interval].get<int64_t>() >= 1) {
+        g.full_attention_interval = hf[interval].get<int64_t>();
+      }
+      if (hf.contains("layer_types") && !hf["layer_types"].is_null()) {
+        g.full_attention_interval =
+            period_of(hf["layer_types"], g.full_attention_interval, g.num_hidden_layers,
+                      "linear_attention", "full_attention", "layer_types",
+                      args().name(&LlamaConfig::full_attention_interval), origin);
+      }
     }
     const bool smol = arch_ == LlamaArch::smollm3, l4 = arch_ == LlamaArch::llama4_text;
     // (Llama4TextConfig: an empty no_rope_layers means the default, as HF's `if no_rope_layers`)
@@ -3480,6 +3763,36 @@ class LlamaFamily final : public ModelFamily {
       throw unsupported(origin, "swiglu_limit", hf["swiglu_limit"],
                         "7.0 (GptOssExperts' fixed clamp)");
     }
+  }
+  // Qwen3.5's rope_parameters, in place: its multimodal RoPE's sections (mrope_section,
+  // mrope_interleaved; Qwen3_5TextRotaryEmbedding) rotate the text's positions as plain RoPE
+  // (a text token's temporal, height and width positions are one), so they are read and
+  // dropped; the sections must still cover the rotated frequencies (rotary_dim / 2 in all).
+  // The multi-token-prediction layers (mtp_*) are neither built nor trained, as HF's
+  // Qwen3_5ForCausalLM ignores them.
+  void qwen3_5_from_hf(nlohmann::json& hf, const std::string& origin) const {
+    if (!hf.contains("rope_scaling") || !hf["rope_scaling"].is_object()) return;
+    nlohmann::json& rs = hf["rope_scaling"];
+    if (rs.contains("mrope_section") && !rs["mrope_section"].is_null()) {
+      const nlohmann::json& sec = rs["mrope_section"];
+      int64_t sum = 0;
+      bool ok = sec.is_array();
+      for (const auto& v : sec) {
+        ok = ok && v.is_number_integer() && v.get<int64_t>() >= 0;
+        if (ok) sum += v.get<int64_t>();
+      }
+      const LlamaConfig& d = args().defaults();
+      const int64_t D = hf.value(args().name(&LlamaConfig::head_dim), d.head_size());
+      const double f = hf.value(args().name(&LlamaConfig::partial_rotary_factor),
+                                d.partial_rotary_factor);
+      const auto half = static_cast<int64_t>(static_cast<double>(D) * f) / 2;
+      if (!ok || sum != half) {
+        throw unsupported(origin, "rope_parameters.mrope_section", sec,
+                          "sections summing to rotary_dim / 2 = " + std::to_string(half));
+      }
+    }
+    rs.erase("mrope_section");
+    rs.erase("mrope_interleaved");
   }
   // partial_rotary_factor, in place (Phi3Config, Glm4MoeConfig): transformers 5 keeps it in
   // rope_parameters (the top-level one wins, and must agree).

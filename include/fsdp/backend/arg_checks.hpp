@@ -514,6 +514,31 @@ struct ArgChecks {
     need_float(k, "gate", gate, n);
     need_float(k, "up", up, n);
   }
+  static void sigmoid_gate_forward(const TensorView& out, const TensorView& x,
+                                   const TensorView& gate) {
+    const char* k = "sigmoid_gate_forward";
+    const int64_t n = out.numel();
+    need_float(k, "out", out, n);
+    need_float(k, "x", x, n);
+    need_float(k, "gate", gate, n);
+    distinct(k, "out", out, "gate", gate);
+  }
+  static void sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate,
+                                    const TensorView& dout, const TensorView& x,
+                                    const TensorView& gate) {
+    const char* k = "sigmoid_gate_backward";
+    const int64_t n = dout.numel();
+    need_float(k, "dx", dx, n);
+    need_float(k, "dgate", dgate, n);
+    need_float(k, "dout", dout, n);
+    need_float(k, "x", x, n);
+    need_float(k, "gate", gate, n);
+    distinct(k, "dx", dx, "x", x);
+    distinct(k, "dx", dx, "gate", gate);
+    distinct(k, "dx", dx, "dgate", dgate);
+    distinct(k, "dgate", dgate, "dout", dout);
+    distinct(k, "dgate", dgate, "x", x);
+  }
   // clamped_swiglu_forward/backward: finite alpha, a finite positive limit, gate_up [2n].
   static void clamp_values(const char* k, float alpha, float limit) {
     if (!std::isfinite(alpha)) error(k, "alpha", "= " + std::to_string(alpha) + " (not finite)");

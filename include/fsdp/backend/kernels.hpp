@@ -398,6 +398,20 @@ class Kernels {
                                const TensorView& dout, const TensorView& gate,
                                const TensorView& up) = 0;
 
+  // Output gate of gated attention (Qiu et al. 2025, "Gated Attention for Large Language
+  // Models"; HF Qwen3NextAttention, Qwen3-Next / Qwen3.5: attn_output = attn_output *
+  // torch.sigmoid(gate)): out[n] = x[n] * sigmoid(gate[n]), fp32 math, n = out.numel() (x,
+  // gate: at least n elements). out may alias x (in place) but must not overlap gate.
+  virtual void sigmoid_gate_forward(const TensorView& out, const TensorView& x,
+                                    const TensorView& gate) = 0;
+  // WRITES dx[n] = dout[n] * s and dgate[n] = dout[n] * x[n] * s * (1 - s), s =
+  // sigmoid(gate[n]), n = dout.numel() (dx, dgate, x, gate: at least n elements). dx may alias
+  // dout and dgate may alias gate (each element's inputs are read before its outputs are
+  // written); dx must not overlap x, gate or dgate; dgate must not overlap dout or x.
+  virtual void sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate,
+                                     const TensorView& dout, const TensorView& x,
+                                     const TensorView& gate) = 0;
+
   // gpt-oss's clamped SwiGLU (HF GptOssExperts._apply_gate; OpenAI 2025, "gpt-oss-120b &
   // gpt-oss-20b Model Card") on interleaved pairs: for i < n = out.numel(), with g =
   // min(gate_up[2i], limit) and u = clamp(gate_up[2i + 1], -limit, limit), out[i] = (u + 1) g

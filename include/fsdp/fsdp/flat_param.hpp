@@ -14,7 +14,9 @@
 namespace fsdp {
 
 // How a parameter is initialised (GPT-2 initialisation, counter-based RNG).
-enum class InitKind : int { normal = 0, zeros = 1, ones = 2 };
+// normal: N(0, init_std); zeros; ones; log_uniform: log(U(init_low, init_high)) (Qwen3.5's
+// A_log: HF's torch.empty(n).uniform_(0.01, 16).log_()).
+enum class InitKind : int { normal = 0, zeros = 1, ones = 2, log_uniform = 3 };
 
 // One original parameter inside a FlatParameter.
 struct ParamSpec {
@@ -33,6 +35,7 @@ struct ParamSpec {
   // A row initialised to 0 whatever `init` says (nn.Embedding's padding_idx: HF's
   // _init_weights zeroes it); -1: none. Initialisation only: training changes it like any row.
   int64_t zero_row = -1;
+  float init_low = 0.f, init_high = 1.f;  // for InitKind::log_uniform
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

@@ -222,6 +222,10 @@ class GraphedKernels final : public Kernels {
                                  const TensorView& A_log, const TensorView& dt_bias, int64_t B,
                                  int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
                                  const TensorView& doc_start) override;
+  void sigmoid_gate_forward(const TensorView& out, const TensorView& x,
+                            const TensorView& gate) override;
+  void sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate, const TensorView& dout,
+                             const TensorView& x, const TensorView& gate) override;
   void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
                               float limit) override;
   void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,

@@ -116,7 +116,23 @@
 //    a router whose top num_experts_per_tok logits' sigmoids scale each chosen expert's INPUT,
 //    experts packed in HF's layout (feed_forward.experts.gate_up_proj [E, C, 2I], gate then up
 //    columns, down_proj [E, I, C]) and a shared expert (Llama's MLP of intermediate_size); the
-//    other layers Llama's MLP of intermediate_size_mlp (feed_forward.*).
+//    other layers Llama's MLP of intermediate_size_mlp (feed_forward.*);
+//  - "qwen3_5_text": Qwen3_5ForCausalLM (models/qwen3_5, the text decoder of Qwen3.5, whose
+//    Qwen3_5ForConditionalGeneration wraps it as its text_config; layers of Qwen3-Next's,
+//    models/qwen3_next), a hybrid of linear and full attention: layer l is a Gated DeltaNet
+//    (Yang et al. 2025, "Gated Delta Networks"; Qwen3_5GatedDeltaNet, layer_linear()) unless
+//    (l + 1) % full_attention_interval == 0 (HF's layer_types). A linear layer's token mixer:
+//    in_proj_qkv(n1) through a causal depthwise conv1d of linear_conv_kernel_dim taps and
+//    SiLU, split into q, k (linear_num_key_heads of linear_key_head_dim) and v
+//    (linear_num_value_heads of linear_value_head_dim); the gated delta rule over them with
+//    beta = sigmoid(in_proj_b(n1)) and decay exp(-exp(A_log) softplus(in_proj_a(n1) +
+//    dt_bias)) (kernels.hpp's causal_conv1d_forward, gated_delta_rule_forward); each head's
+//    output RMSNormed (linear_attn.norm, a plain weight) times silu(in_proj_z(n1)); out_proj.
+//    A full layer: Qwen3's attention (per-head q_norm / k_norm, partial_rotary_factor of each
+//    head rotated) whose q_proj also gives a per-head gate, the attention's output times
+//    sigmoid(gate) before o_proj (Qwen3NextAttention; gated_attention()). Every RMSNorm but
+//    the linear layers' scales by (1 + weight) (Qwen3_5RMSNorm is Gemma3RMSNorm); the MLP is
+//    Llama's SwiGLU.
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -183,7 +199,8 @@ enum class LlamaArch {
   deepseek_v3,
   deepseek_v2,
   gpt_oss,
-  llama4_text
+  llama4_text,
+  qwen3_5_text
 };
 
 template <>
@@ -209,13 +226,14 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::deepseek_v3, "deepseek_v3"},
                                                   {LlamaArch::deepseek_v2, "deepseek_v2"},
                                                   {LlamaArch::gpt_oss, "gpt_oss"},
-                                                  {LlamaArch::llama4_text, "llama4_text"}};
+                                                  {LlamaArch::llama4_text, "llama4_text"},
+                                                  {LlamaArch::qwen3_5_text, "qwen3_5_text"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
 // "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma", "Exaone4", "Qwen3Moe",
 // "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe", "DeepseekV3", "DeepseekV2", "GptOss",
-// "Llama4Text" (the classes
+// "Llama4Text", "Qwen3_5" (the classes
 // <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for Gemma 3's
 // Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
@@ -223,11 +241,11 @@ const char* llama_arch_prefix(LlamaArch arch);
 // Hugging Face LlamaConfig's fields, and those of MistralConfig, Qwen2Config, Qwen3Config,
 // Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
 // Gemma2Config, GemmaConfig, Exaone4Config, Qwen3MoeConfig, MixtralConfig, OlmoeConfig,
-// Qwen2MoeConfig, Glm4MoeConfig, DeepseekV3Config, DeepseekV2Config, GptOssConfig and
-// Llama4TextConfig ([model] with type =
+// Qwen2MoeConfig, Glm4MoeConfig, DeepseekV3Config, DeepseekV2Config, GptOssConfig,
+// Llama4TextConfig and Qwen3_5TextConfig ([model] with type =
 // "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3", "granite",
 // "olmo3", "gemma2", "gemma", "exaone4", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe",
-// "glm4_moe", "deepseek_v3", "deepseek_v2", "gpt_oss" or "llama4_text"; same
+// "glm4_moe", "deepseek_v3", "deepseek_v2", "gpt_oss", "llama4_text" or "qwen3_5_text"; same
 // names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
 // type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp:
 // a field that is not one of its type's keys keeps the default here (Qwen2 has no
@@ -367,6 +385,17 @@ struct LlamaConfig {
   bool attn_temperature_tuning = true;
   int64_t floor_scale = 8192;
   double attn_scale = 0.1;
+  // Qwen3.5 (Qwen3_5TextConfig; qwen3_5()): layer l is linear attention (layer_linear) unless
+  // (l + 1) % full_attention_interval == 0 (HF derives layer_types from it); the linear
+  // layers' heads (linear_num_key_heads q/k heads of linear_key_head_dim, each shared by
+  // linear_num_value_heads / linear_num_key_heads value heads of linear_value_head_dim) and
+  // their causal conv's taps.
+  int64_t full_attention_interval = 4;
+  int64_t linear_conv_kernel_dim = 4;
+  int64_t linear_key_head_dim = 128;
+  int64_t linear_value_head_dim = 128;
+  int64_t linear_num_key_heads = 16;
+  int64_t linear_num_value_heads = 32;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
@@ -402,6 +431,22 @@ struct LlamaConfig {
   }
   // Llama 4's text decoder (Llama4TextConfig).
   bool llama4() const { return arch == LlamaArch::llama4_text; }
+  // Qwen3.5's text decoder (Qwen3_5TextConfig).
+  bool qwen3_5() const { return arch == LlamaArch::qwen3_5_text; }
+  // Whether decoder layer `layer` is Qwen3.5's Gated DeltaNet (linear_attn.*) rather than
+  // attention (self_attn.*): HF's layer_types "linear_attention".
+  bool layer_linear(int64_t layer) const {
+    return qwen3_5() && (layer + 1) % full_attention_interval != 0;
+  }
+  // Qwen3-Next's gated attention: q_proj's rows give each head its query and then a gate of
+  // the same width ([H, 2D] per token), and the attention's output is multiplied by
+  // sigmoid(gate) before o_proj (kernels.hpp's sigmoid_gate_forward).
+  bool gated_attention() const { return qwen3_5(); }
+  // The linear layers' widths: q and k (each linear_key_dim()), v and the output
+  // (linear_value_dim()), and the conv's channels q, k, v (linear_conv_dim()).
+  int64_t linear_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
+  int64_t linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
+  int64_t linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }
   // Llama 4's routing: the chosen experts' sigmoid scores scale each expert's input (not its
   // output; Llama4TextMoe's routed_in), the outputs summed unweighted.
   bool input_scaled_routing() const { return llama4(); }
@@ -501,11 +546,11 @@ struct LlamaConfig {
   // over the whole projection (weights [H*D], [Hkv*D]).
   // (Llama 4's: on its RoPE layers, weightless and after RoPE: llama4_attention_forward)
   bool qk_norm() const {
-    return qwen3_attention() || olmo_layer() || gemma3() || arch == LlamaArch::olmoe ||
+    return qwen3_attention() || olmo_layer() || gemma3() || qwen3_5() || arch == LlamaArch::olmoe ||
            ((arch == LlamaArch::glm4_moe || llama4()) && use_qk_norm);
   }
   bool qk_norm_per_head() const {
-    return qwen3_attention() || gemma3() || arch == LlamaArch::exaone4 ||
+    return qwen3_attention() || gemma3() || qwen3_5() || arch == LlamaArch::exaone4 ||
            ((arch == LlamaArch::glm4_moe || llama4()) && use_qk_norm);
   }
   // Qwen3's attention (per-head q_norm / k_norm): Qwen3 and Qwen3-MoE.
@@ -536,9 +581,9 @@ struct LlamaConfig {
   bool patterned_window() const {
     return gemma2_layer() || arch == LlamaArch::olmo3 || arch == LlamaArch::exaone4 || gpt_oss();
   }
-  // Every RMSNorm multiplies by (1 + weight) (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm), its
-  // weights initialised to 0.
-  bool norm_weight_offset() const { return gemma(); }
+  // Every RMSNorm multiplies by (1 + weight) (GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm;
+  // Qwen3_5RMSNorm, but for the linear layers' gated norm), its weights initialised to 0.
+  bool norm_weight_offset() const { return gemma() || qwen3_5(); }
   // The MLP's activation: gelu_tanh(gate) * up ("gelu_pytorch_tanh", GeGLU), not SwiGLU.
   bool gelu_mlp() const { return gemma(); }
   // What the token embedding's output is multiplied by: sqrt(hidden_size) for Gemma (HF
@@ -766,6 +811,17 @@ class LlamaModel final : public CausalLm {
   // through input_layernorm (weight `norm_weight`, its gradient `norm_grad`).
   void mla_backward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
                     const TensorView& norm_weight, const TensorView& norm_grad);
+  // layer_linear(l) (Qwen3.5): layer l's Gated DeltaNet on xin [BT, C] (input_layernorm's
+  // output): in_proj_qkv, the causal conv, in_proj_z / b / a, the gated delta rule, the gated
+  // RMSNorm, into out_proj's input (Acts::o_in [BT, linear_value_dim()]).
+  void linear_attention_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                                const TensorView& xin);
+  // Its backward from dres = d res2 (out_proj's output gradient): every weight gradient of
+  // linear_attn and dxin (=, into the scratch that held xin; xin is read first) through the
+  // projections.
+  void linear_attention_backward(int64_t l, int64_t B, int64_t T, ModuleHooks& hooks,
+                                 const TensorView& dres, const TensorView& xin,
+                                 const TensorView& dxin);
   // Copies layer l's routing (idx) to the host, groups the BT * K routed rows by expert
   // (expert-major, then token and k ascending) and uploads each row's token (src) and each
   // (token, k)'s row (slot); the experts' row ranges stay on the host (Acts::Layer).

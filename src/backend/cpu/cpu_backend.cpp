@@ -314,6 +314,10 @@ class CpuBackend final : public Backend {
                      const TensorView& sin, int64_t B, int64_t T, int64_t H, int64_t D,
                      int64_t R) override;
   void swiglu_forward(const TensorView& out, const TensorView& gate, const TensorView& up) override;
+  void sigmoid_gate_forward(const TensorView& out, const TensorView& x,
+                            const TensorView& gate) override;
+  void sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate, const TensorView& dout,
+                             const TensorView& x, const TensorView& gate) override;
   void clamped_swiglu_forward(const TensorView& out, const TensorView& gate_up, float alpha,
                               float limit) override;
   void clamped_swiglu_backward(const TensorView& dgate_up, const TensorView& dout,
@@ -1025,6 +1029,28 @@ void CpuBackend::swiglu_backward(const TensorView& dgate, const TensorView& dup,
   const F32In d = in(dout, n), g = in(gate, n), u = in(up, n);
   const F32Out gg = out(dgate, n, false), gu = out(dup, n, false);
   k_.swiglu_backward(gg, gu, d, g, u, n);
+}
+
+void CpuBackend::sigmoid_gate_forward(const TensorView& out_, const TensorView& x,
+                                      const TensorView& gate) {
+  // out[n] = x[n] sigmoid(gate[n]), n = out.numel() (out may alias x)
+  const int64_t n = out_.numel();
+  Chk::sigmoid_gate_forward(out_, x, gate);
+  const F32In xi = in(x, n), g = in(gate, n);
+  const F32Out o = out(out_, n, false);
+  k_.sigmoid_gate_forward(o, xi, g, n);
+}
+
+void CpuBackend::sigmoid_gate_backward(const TensorView& dx, const TensorView& dgate,
+                                       const TensorView& dout, const TensorView& x,
+                                       const TensorView& gate) {
+  // dx = dout s, dgate = dout x s (1 - s), s = sigmoid(gate), n = dout.numel() (dx may be
+  // dout, dgate may be gate: F32In copies a 16-bit input before the outputs are written)
+  const int64_t n = dout.numel();
+  Chk::sigmoid_gate_backward(dx, dgate, dout, x, gate);
+  const F32In d = in(dout, n), xi = in(x, n), g = in(gate, n);
+  const F32Out ox = out(dx, n, false), og = out(dgate, n, false);
+  k_.sigmoid_gate_backward(ox, og, d, xi, g, n);
 }
 
 void CpuBackend::clamped_swiglu_forward(const TensorView& out_, const TensorView& gate_up,

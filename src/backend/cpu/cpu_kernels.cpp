@@ -756,6 +756,27 @@ void CpuKernels::swiglu_forward(float* out, const float* gate, const float* up, 
   }
 }
 
+void CpuKernels::sigmoid_gate_forward(float* out, const float* x, const float* gate,
+                                      int64_t n) const {
+#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = 1.0f / (1.0f + std::exp(-gate[i]));
+    out[i] = x[i] * s;
+  }
+}
+
+void CpuKernels::sigmoid_gate_backward(float* dx, float* dgate, const float* dout, const float* x,
+                                       const float* gate, int64_t n) const {
+  // Each element's inputs are read before its outputs are written: dx may be dout, dgate gate.
+#pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = dout[i], xv = x[i];
+    const float s = 1.0f / (1.0f + std::exp(-gate[i]));
+    dx[i] = d * s;
+    dgate[i] = d * xv * (s * (1.0f - s));
+  }
+}
+
 void CpuKernels::clamped_swiglu_forward(float* out, const float* gate_up, int64_t n,
                                         float alpha, float limit) const {
 #pragma omp parallel for num_threads(threads_for(n, kParallelMinElems)) schedule(static)

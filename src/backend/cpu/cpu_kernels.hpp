@@ -145,6 +145,11 @@ class CpuKernels {
   // dgate = dout up silu'(gate), dup = dout silu(gate) (dgate may be gate or dout, dup up).
   void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                        const float* up, int64_t n) const;
+  // kernels.hpp's sigmoid_gate_*: out = x sigmoid(gate) (out may be x); dx = dout s, dgate =
+  // dout x s (1 - s), s = sigmoid(gate) (dx may be dout, dgate may be gate).
+  void sigmoid_gate_forward(float* out, const float* x, const float* gate, int64_t n) const;
+  void sigmoid_gate_backward(float* dx, float* dgate, const float* dout, const float* x,
+                             const float* gate, int64_t n) const;
   // kernels.hpp's clamped_swiglu_*: out [n] from interleaved gate_up [2n]; dgate_up [2n] (may
   // be gate_up) from dout [n].
   void clamped_swiglu_forward(float* out, const float* gate_up, int64_t n, float alpha,
