@@ -483,7 +483,14 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                               "model.no_rope_layer_interval=2", "model.attention_chunk_size=5",
                               "model.floor_scale=4", "model.attn_scale=0.5"},
                              "Llama4ForCausalLM",
-                             "model.layers.1.feed_forward.shared_expert.up_proj.weight"}}) {
+                             "model.layers.1.feed_forward.shared_expert.up_proj.weight"},
+                        // Qwen3.5: layer 0 linear attention (Gated DeltaNet), layer 1 gated
+                        // full attention with half of each head rotated
+                        Case{"qwen3_5_text",
+                             {"model.full_attention_interval=2", "model.linear_num_key_heads=1",
+                              "model.linear_num_value_heads=2", "model.linear_key_head_dim=4",
+                              "model.linear_value_head_dim=3", "model.partial_rotary_factor=0.5"},
+                             "Qwen3_5ForCausalLM", "model.layers.0.linear_attn.A_log"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +

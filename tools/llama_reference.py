@@ -29,7 +29,9 @@ rows, the lora norms' eps, the yarn mscale factors), DeepSeek-V2's (its pairs ag
 rotate-half with permuted rows, no mscale^2) and its MoE block (norm_topk_prob ignored,
 routed_scaling_factor), GPT-OSS's attention sinks, router, clamped interleaved SwiGLU and
 untruncated yarn, Llama 4's chunk mask, adjacent-pair RoPE, L2 norm, temperature, input-scaled
-experts and chunked gate / up, the load-balancing loss's identities and finite differences):
+experts and chunked gate / up, the load-balancing loss's identities and finite differences,
+Qwen3.5's gated delta rule against HF's chunked algorithm, its short convolution, gates and
+output gate, and the float32 conditioning of its fixtures):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
@@ -203,7 +205,42 @@ softmax of the logits: the same order). 3l_gqa_untied_llama3_llama4: layers 0 an
 chunk 3 < T), layer 2 NoPE with the temperature (floor_scale 2, attn_scale 0.5: scales 1, 1.35,
 1.35, 1.55, 1.55, 1.69, 1.69), layer 1 sparse (4 experts, top 1, I 24), layers 0 and 2 dense
 (intermediate_size_mlp 40), llama3; 1l_mqa_tied_rope1e4_llama4: layer 0 RoPE, chunked (4 < T),
-sparse (3 experts, top 1, I 20), no qk norm, no temperature. The MoE
+sparse (3 experts, top 1, I 20), no qk norm, no temperature. Or qwen35 (Qwen3_5ForCausalLM,
+model_type qwen3_5_text, models/qwen3_5/modular_qwen3_5.py over models/qwen3_next: the Qwen3.5 text
+decoder; qwen35_config, layer_types per variant in QWEN35_LAYER_TYPES, sizes in QWEN35_LINEAR):
+Llama's pre-norm layer, h = x + mixer(input_layernorm(x)), h + mlp(post_attention_layernorm(h))
+(Llama's SwiGLU, no biases), the mixer per layer_types; every RMSNorm (input_layernorm,
+post_attention_layernorm, model.norm, q_norm, k_norm) Qwen3_5RMSNorm = Gemma 3's x rsqrt(mean(x^2)
++ eps) (1 + w) (the weights drawn as N(0, 0.3) offsets); no embedding scale, pad_token_id null;
+RoPE from rope_parameters (transformers 5: {"rope_type": "default", "rope_theta": 1e4,
+"partial_rotary_factor": 0.5}, no top-level rope_theta; qwen35_rope): rotate-half on the first R =
+6 of each head's 12 columns, the rest passed through (the three mrope grids of text positions are
+equal: plain RoPE). "full_attention" (Qwen3NextAttention, gated_attention): q_proj [H 2D, C] viewed
+[B, T, H, 2D] and chunked: each head's first D columns its query, the next D its gate; query and
+key (k_proj [Hkv D, C]) through the per-head q_norm / k_norm (1 + w, over D), v_proj [Hkv D, C];
+RoPE; causal GQA softmax of q.k times D^-1/2; the heads' output [B, T, H D] times sigmoid(gate);
+o_proj [C, H D]. "linear_attention" (Qwen3_5GatedDeltaNet, gated_deltanet; Kd = Hk Dk, Vd = Hv Dv
+with Hk linear_num_key_heads 2, Dk linear_key_head_dim 8, Hv linear_num_value_heads 4, Dv
+linear_value_head_dim 6, K linear_conv_kernel_dim 4): mixed = in_proj_qkv(x) [B, T, 2 Kd + Vd];
+the depthwise causal conv1d (weight [2 Kd + Vd, 1, K], no bias, padding K - 1, the first T
+outputs: out[t, c] = sum_j w[c, 0, j] mixed[t - K + 1 + j, c], zeros before t = 0) then silu;
+split into q [B, T, Hk, Dk] (the first Kd columns), k (the next Kd), v [B, T, Hv, Dv]; z =
+in_proj_z(x) [B, T, Hv, Dv]; beta = sigmoid(in_proj_b(x)), g = -exp(A_log) softplus(in_proj_a(x) +
+dt_bias) [B, T, Hv]; q, k repeat_interleave'd Hv / Hk times (value head j reads key head j //
+(Hv / Hk)); q, k l2-normalised (x rsqrt(sum(x^2) + 1e-6)), q times Dk^-1/2; the gated delta rule
+per (batch, value head) from S = 0 [Dk, Dv]: S = S exp(g_t); delta = (v_t - S^T k_t) beta_t; S =
+S + k_t delta^T; o_t = S^T q_t; per token and head Qwen3_5RMSNormGated: rms_norm(o, norm.weight,
+rms_norm_eps) (a plain weight [Dv], not 1 + w) times silu(z); [B, T, Vd]; out_proj [C, Vd]. Names
+per layer in state-dict order: the mixer's (self_attn.{q,k,v,o}_proj.weight, self_attn.q_norm,
+k_norm; or linear_attn.dt_bias, A_log (the module's own parameters first), conv1d.weight (3-D,
+row-major), norm.weight, out_proj.weight, in_proj_qkv.weight, in_proj_z.weight, in_proj_b.weight,
+in_proj_a.weight), mlp.{gate,up,down}_proj.weight, input_layernorm, post_attention_layernorm. Draws:
+A_log, dt_bias U(-1, 1) (decays exp(g) from ~0 to ~1, QWEN35_GATE_RANGE), linear_attn.norm 1 + N(0,
+0.3); the linear_attn parameters re-drawn (crc32("<variant>/linear<n>")) until the float32 rounding
+of the parameters barely moves the gradients (QWEN35_SENSITIVITY: o's RMSNorm discards its scale,
+so where o = S^T q is small against its terms float32's rounding is amplified).
+3l_gqa_untied_rope1e4_qwen35: layers linear, full, linear; 1l_mqa_tied_rope1e4_qwen35: one
+full_attention layer, MQA, tied. The MoE
 block on a token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over the
 E experts (gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending)
 and their experts; w = those p, divided by their sum when renormalised; output sum_j w_j
@@ -254,7 +291,7 @@ every expert chosen in every sparse layer, the float64 forward's choices, and th
 some token's choice against a zero bias; its e_score_correction_bias is drawn N(0, 0.1), rounded
 to 1e-3, from crc32("<variant>/bias") (not from the variant's seed, whose draws skip it); only
 the routers are re-drawn.
-A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe, gptoss: 12; deepseekv3, deepseekv2: MLA's
+A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe, gptoss, qwen35: 12; deepseekv3, deepseekv2: MLA's
 q/k 12 = 8 nope + 4 rope, v 6 or 8, kv_lora_rank 16), intermediate 40, vocab 37: not a multiple
 of anything, so the C++ model pads it; max_position_embeddings 16 (1l_gqa_untied_yarn_gptoss:
 2048, GPTOSS_YARN), rms_norm_eps 1e-6 (deepseekv3,
@@ -276,13 +313,14 @@ The params and grads are listed in HF state-dict order; lm_head.weight only when
 Precision: this is the exact math in float64. HF itself, even for a float64 model, computes a few
 pieces in float32 (inv_freq, the llama3 rescaling and cos/sin; RMSNorm's normalisation; the eager
 softmax in recent versions; the MoE blocks' router softmax; Llama 4's apply_rotary_emb (q and k cast
-to float32 for the complex product), its L2 norm, router sigmoid and temperature scales); those differences (~1e-7 relative)
+to float32 for the complex product), its L2 norm, router sigmoid and temperature scales; Qwen3.5's
+gated delta rule, its l2 norms, gates and gated RMSNorm); those differences (~1e-7 relative)
 are far below what the tests resolve. The grads are printed to 10 significant digits (gpt2_reference.py prints 18) and the
 params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-layer ~490-660 KB
 (MoE: 1-layer ~355-420 KB, 3-layer ~770 KB-1.1 MB; glm4moe's 8 experts and shared experts 1-layer
 ~660 KB, 3-layer ~1.1 MB; deepseekv3's 1-layer ~640 KB, 3-layer ~1.1 MB; deepseekv2's 1-layer
 ~535 KB, 3-layer ~930 KB; gptoss's 1-layer ~400 KB, 3-layer ~1.0 MB; llama4's 1-layer ~280 KB, 3-layer
-~730 KB).
+~730 KB; qwen35's 1-layer ~255 KB, 3-layer ~655 KB).
 
 llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
 ~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
@@ -336,11 +374,12 @@ ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwe
          "granite": "Granite", "olmo3": "Olmo3", "gemma2": "Gemma2", "gemma": "Gemma",
          "exaone4": "Exaone4", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral", "olmoe": "Olmoe",
          "qwen2moe": "Qwen2Moe", "glm4moe": "Glm4Moe", "deepseekv3": "DeepseekV3",
-         "deepseekv2": "DeepseekV2", "gptoss": "GptOss", "llama4": "Llama4"}  # HF class prefix
+         "deepseekv2": "DeepseekV2", "gptoss": "GptOss", "llama4": "Llama4",
+         "qwen35": "Qwen3_5"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                "glm4moe": "glm4_moe", "deepseekv3": "deepseek_v3",
                "deepseekv2": "deepseek_v2", "gptoss": "gpt_oss",
-               "llama4": "llama4_text"}  # HF model_type where it is not the variant's word
+               "llama4": "llama4_text", "qwen35": "qwen3_5_text"}  # HF model_type where it is not the variant's word
 MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe", "glm4moe", "deepseekv3", "deepseekv2",
              "gptoss", "llama4"}  # the Mixture-of-Experts classes' words
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
@@ -398,6 +437,8 @@ VARIANTS = [
     "3l_mqa_tied_rope1e4_gptoss_swa_aux",
     "3l_gqa_untied_llama3_llama4",
     "1l_mqa_tied_rope1e4_llama4",
+    "3l_gqa_untied_rope1e4_qwen35",
+    "1l_mqa_tied_rope1e4_qwen35",
 ]
 # The Mixture-of-Experts variants' routers: (experts E, experts per token K, expert size,
 # norm_topk_prob; None: Mixtral and GPT-OSS, whose K weights are always renormalised, and Llama 4, whose
@@ -532,6 +573,35 @@ LLAMA4 = {
                                    "no_rope_layer_interval": 4, "use_qk_norm": False, "attention_chunk_size": 4,
                                    "attn_temperature_tuning": False, "floor_scale": 8192, "attn_scale": 0.1},
 }
+# The qwen35 variants' layer_types (Qwen3_5TextConfig's: each layer's token mixer, "linear_attention"
+# (Qwen3_5GatedDeltaNet) or "full_attention" (the gated Qwen3NextAttention)): 3l linear, full,
+# linear; 1l a full_attention layer alone (the other file has both kinds).
+QWEN35_LAYER_TYPES = {
+    "3l_gqa_untied_rope1e4_qwen35": ["linear_attention", "full_attention", "linear_attention"],
+    "1l_mqa_tied_rope1e4_qwen35": ["full_attention"],
+}
+# Qwen3_5TextConfig's linear-attention sizes (every qwen35 variant): 2 key heads of 8 (q and k) and 4
+# value heads of 6 (each key head serves 2 consecutive value heads), the depthwise causal conv over
+# 4 positions (< T); partial_rotary_factor 0.5 of head_dim 12 (6 columns rotated, 3 frequencies);
+# A_log and dt_bias drawn U(-1, 1) (QWEN35_GATE_RANGE; HF initialises dt_bias 1 and A_log ln U(0.01,
+# 16)): decays exp(g) from ~0 to ~1 across tokens and heads.
+QWEN35_LINEAR = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 6,
+                 "linear_num_key_heads": 2, "linear_num_value_heads": 4}
+QWEN35_PARTIAL_ROTARY = 0.5
+QWEN35_GATE_RANGE = 1.0
+QWEN35_QK_L2_EPS = 1e-6  # the l2norm of q and k in the gated delta rule (HF's fixed eps, FLA's)
+# A qwen35 fixture the C++ model's float32 can reproduce: the Gated DeltaNet's output is an RMSNorm of
+# o = S^T q, whose scale it discards, so wherever o is small against its terms (q . k ~ 0 in 8
+# dimensions, deltas v - S^T k cancelling) the float32 rounding of the inputs comes out amplified
+# (some draws of the 3-layer variant move float32's gradients by 20x tests/test_llama.cpp's bound
+# 1e-5 |grad| + 1e-6). make_case re-draws the linear_attn parameters (seed
+# crc32("<variant>/linear<n>"), n = 1, 2, ...) until perturbation_sensitivity, in float64: every
+# parameter times 1 + QWEN35_PERTURBATION N(0, 1) (float32's rounding, two fixed draws), moves no
+# gradient tensor by more than QWEN35_SENSITIVITY times that bound (torch's float32 forward/backward
+# then lands within ~0.2-0.5 of it, as the 3-layer Llama variants do).
+QWEN35_PERTURBATION = 6e-8
+QWEN35_SENSITIVITY = 0.3
+LINEAR_REDRAWS = {}  # variant -> the linear_attn re-draws make_case needed (printed by --selftest)
 # (--selftest only) the llama4 variants run with one piece swapped for another: rotate_half (RoPE
 # in the rotate-half layout instead of adjacent pairs), gate_up_interleaved (gate / up as gate_up's
 # even / odd columns instead of its two halves), scale_output (the router score times the expert's
@@ -576,6 +646,9 @@ def hf_config(variant):
                       "qwen2moe": qwen2moe_config, "glm4moe": glm4moe_config, "deepseekv3": deepseekv3_config,
                       "deepseekv2": deepseekv2_config, "gptoss": gptoss_config, "llama4": llama4_config}
         return moe_config[archs.pop()](MOE[variant], int(layers[:-1]), attn, tied, rope, flags)
+    if archs == {"qwen35"}:  # (its layer_types per variant: QWEN35_LAYER_TYPES)
+        assert variant in QWEN35_LAYER_TYPES, variant
+        return qwen35_config(QWEN35_LAYER_TYPES[variant], int(layers[:-1]), attn, tied, rope, flags)
     if archs:
         return other_arch_config(archs.pop(), int(layers[:-1]), attn, tied, rope, flags)
     return {
@@ -962,6 +1035,27 @@ def llama4_config(sizes, layers, attn, tied, rope, flags):
             "attn_scale": l4["attn_scale"], "attention_bias": False, "torch_dtype": "float32"}
 
 
+def qwen35_config(layer_types, layers, attn, tied, rope, flags):
+    """config.json of a Qwen3_5ForCausalLM variant (model_type qwen3_5_text; Qwen3_5TextConfig's
+    attributes as transformers 5's to_dict() writes them): head_dim 12 != hidden / heads; RoPE in
+    rope_parameters (rope_type default, rope_theta 1e4, partial_rotary_factor 0.5: no top-level
+    rope_theta or rope_scaling); layer_types (the token mixer of each layer) and the linear-attention
+    sizes of QWEN35_LINEAR; no biases (attention_bias false); pad_token_id null (the class's
+    default)."""
+    assert rope == "rope1e4" and not flags - {"qwen35"} and len(layer_types) == layers, (rope, flags, layer_types)
+    assert set(layer_types) <= {"linear_attention", "full_attention"}, layer_types
+    return {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE, "num_hidden_layers": layers,
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS[attn], "head_dim": HEAD_DIM_QWEN3,
+            "max_position_embeddings": MAX_POS, "rms_norm_eps": EPS,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "partial_rotary_factor": QWEN35_PARTIAL_ROTARY},
+            "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": tied == "tied",
+            "hidden_act": "silu", "initializer_range": 0.02, "layer_types": list(layer_types),
+            **QWEN35_LINEAR, "pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2, "use_cache": True,
+            "torch_dtype": "float32"}
+
+
 def sized_config(cls, model_type, layers, attn, rope):
     """The leading attributes every class without head_dim shares: class, sizes, norm epsilon
     and RoPE (rope1e4 / linear / yarn: theta 1e4; llama3: theta 5e5 with LLAMA3_SCALING)."""
@@ -1039,6 +1133,8 @@ def head_dim(cfg):  # (DeepseekV3Config sets head_dim = qk_rope_head_dim: its Ro
 
 
 def rotary_dim(cfg):  # the columns of a head RoPE rotates (Phi3's partial_rotary_factor)
+    if qwen35(cfg) and "partial_rotary_factor" not in cfg:  # (transformers 5: inside rope_parameters)
+        return int(head_dim(cfg) * qwen35_rope(cfg)["partial_rotary_factor"])
     return int(head_dim(cfg) * cfg.get("partial_rotary_factor", 1.0))
 
 
@@ -1111,8 +1207,8 @@ def pad_token(cfg):
     return cfg.get("pad_token_id", default)
 
 
-def norm_weight(cfg, w):  # what an RMSNorm multiplies by: Gemma3RMSNorm's 1 + w
-    return 1.0 + w if gemma(cfg) else w
+def norm_weight(cfg, w):  # what an RMSNorm multiplies by: Gemma3RMSNorm's 1 + w (Qwen3_5RMSNorm's too)
+    return 1.0 + w if gemma(cfg) or qwen35(cfg) else w
 
 
 def embed_scale(cfg):  # Gemma3TextScaledWordEmbedding: sqrt(hidden) as a float32 tensor
@@ -1132,9 +1228,35 @@ def rope_cfg(cfg, layer):
     scaling (Gemma3TextModel's rotary_emb_local), every other layer the config itself."""
     if gemma3(cfg) and sliding(cfg, layer):
         return dict(cfg, rope_theta=cfg["rope_local_base_freq"], rope_scaling=None)
+    if qwen35(cfg):  # (its rope_parameters, flattened)
+        return qwen35_rope(cfg)
     if cfg["model_type"] == "olmo3" and sliding(cfg, layer):  # rotary_embs["sliding_attention"]
         return dict(cfg, rope_scaling=None)
     return cfg
+
+
+def qwen35(cfg):
+    """Qwen3_5ForCausalLM (model_type qwen3_5_text, the Qwen3.5 text decoder): each layer's token
+    mixer per layer_types, the gated attention (gated_attention) or the Gated DeltaNet
+    (gated_deltanet); Llama's pre-norm layer and SwiGLU MLP otherwise; every RMSNorm but the
+    DeltaNet's gated one times 1 + w; RoPE from rope_parameters (qwen35_rope)."""
+    return cfg.get("model_type") == "qwen3_5_text"
+
+
+def qwen35_rope(cfg):
+    """The config with Qwen3_5TextConfig's rope_parameters flattened into the attributes inv_freq,
+    rotary_dim and naive_frequencies read: rope_theta, rope_scaling null (rope_type default only:
+    Qwen3_5TextRotaryEmbedding's compute_default_rope_parameters), partial_rotary_factor (the class's
+    0.25 when rope_parameters has none). Text-only positions: the three mrope grids (t, h, w) are
+    the same positions, so the interleaved mrope sections pick the same angles: plain RoPE."""
+    rp = cfg["rope_parameters"]
+    assert rp.get("rope_type", "default") == "default", rp
+    return dict(cfg, rope_theta=rp["rope_theta"], rope_scaling=None,
+                partial_rotary_factor=rp.get("partial_rotary_factor", 0.25))
+
+
+def qwen35_mixer(cfg, layer):  # a qwen35 layer's token mixer module: linear_attn or self_attn
+    return "linear_attn" if cfg["layer_types"][layer] == "linear_attention" else "self_attn"
 
 
 def gelu_tanh(g):  # "gelu_pytorch_tanh"
@@ -1334,6 +1456,12 @@ def param_shapes(cfg):
     shapes = [("model.embed_tokens.weight", (V, C))]
     for l in range(cfg["num_hidden_layers"]):
         a, m = f"model.layers.{l}.self_attn.", f"model.layers.{l}.mlp."
+        if qwen35(cfg):  # the token mixer, Llama's MLP, the two norms
+            shapes += qwen35_mixer_shapes(cfg, l)
+            shapes += [(m + name + ".weight", dims) for name, dims in
+                       (("gate_proj", (I, C)), ("up_proj", (I, C)), ("down_proj", (C, I)))]
+            shapes += [(f"model.layers.{l}.{norm}.weight", (C,)) for norm in layer_norm_names(cfg)]
+            continue
         if phi3(cfg):
             shapes += [(a + "qkv_proj.weight", ((H + 2 * Hkv) * D, C)), (a + "o_proj.weight", (C, H * D)),
                        (m + "gate_up_proj.weight", (2 * I, C)), (m + "down_proj.weight", (C, I))]
@@ -1406,6 +1534,30 @@ def param_shapes(cfg):
     return shapes
 
 
+def qwen35_mixer_shapes(cfg, layer):
+    """A qwen35 layer's token mixer in state-dict order (name, shape). full_attention
+    (Qwen3_5Attention): self_attn.q_proj [H 2D, C] (each head's query and then its gate),
+    k_proj, v_proj [Hkv D, C], o_proj [C, H D], q_norm, k_norm [D]; linear_attention
+    (Qwen3_5GatedDeltaNet: the module's own parameters before its submodules', these in
+    registration order): linear_attn.dt_bias, A_log [Hv], conv1d.weight [2 Kd + Vd, 1, K],
+    norm.weight [Dv], out_proj.weight [C, Vd], in_proj_qkv.weight [2 Kd + Vd, C], in_proj_z.weight
+    [Vd, C], in_proj_b.weight, in_proj_a.weight [Hv, C] (Kd = linear_num_key_heads *
+    linear_key_head_dim, Vd = linear_num_value_heads * linear_value_head_dim, Hv =
+    linear_num_value_heads)."""
+    C, H, Hkv, D = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    pre = f"model.layers.{layer}.{qwen35_mixer(cfg, layer)}."
+    if qwen35_mixer(cfg, layer) == "self_attn":
+        return [(pre + "q_proj.weight", (H * 2 * D, C)), (pre + "k_proj.weight", (Hkv * D, C)),
+                (pre + "v_proj.weight", (Hkv * D, C)), (pre + "o_proj.weight", (C, H * D)),
+                (pre + "q_norm.weight", (D,)), (pre + "k_norm.weight", (D,))]
+    Hv, Dv = cfg["linear_num_value_heads"], cfg["linear_value_head_dim"]
+    Kd, Vd = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"], Hv * Dv
+    return [(pre + "dt_bias", (Hv,)), (pre + "A_log", (Hv,)),
+            (pre + "conv1d.weight", (2 * Kd + Vd, 1, cfg["linear_conv_kernel_dim"])), (pre + "norm.weight", (Dv,)),
+            (pre + "out_proj.weight", (C, Vd)), (pre + "in_proj_qkv.weight", (2 * Kd + Vd, C)),
+            (pre + "in_proj_z.weight", (Vd, C)), (pre + "in_proj_b.weight", (Hv, C)), (pre + "in_proj_a.weight", (Hv, C))]
+
+
 def mla_shapes(cfg):
     """DeepseekV3Attention's modules in state-dict order: (name, out, in (None: an RMSNorm of out),
     bias): q_proj [H D, C] (never biased), or q_a_proj [q_lora_rank, C] (+ bias under
@@ -1425,15 +1577,20 @@ def mla_shapes(cfg):
 
 def draw(cfg, name, shape, gen):
     """One float32 tensor, each value a multiple of 1e-3 (printed exactly by fmt_param): N(0, 0.3)
-    (RMSNorm weights 1 + N(0, 0.3)); GPT-OSS's sinks N(0, GPTOSS_SINK_STD), gate_up_proj_bias
-    N(0, GPTOSS_GATE_UP_BIAS_STD)."""
+    (RMSNorm weights 1 + N(0, 0.3); Gemma's and Qwen3.5's N(0, 0.3) offsets from 1, Qwen3.5's gated
+    linear_attn.norm 1 + N(0, 0.3)); GPT-OSS's sinks N(0, GPTOSS_SINK_STD), gate_up_proj_bias
+    N(0, GPTOSS_GATE_UP_BIAS_STD); Qwen3.5's A_log and dt_bias U(-1, 1) (QWEN35_GATE_RANGE)."""
     std = 0.3
     if gptoss(cfg) and name.endswith(".sinks"):
         std = GPTOSS_SINK_STD
     if gptoss(cfg) and name.endswith(".gate_up_proj_bias"):
         std = GPTOSS_GATE_UP_BIAS_STD
-    x = torch.randn(*shape, generator=gen, dtype=torch.float32) * std
-    if name.endswith("norm.weight") and not gemma(cfg):  # Gemma's are offsets from 1
+    if qwen35(cfg) and (name.endswith(".A_log") or name.endswith(".dt_bias")):  # U(-1, 1)
+        x = (torch.rand(*shape, generator=gen, dtype=torch.float32) * 2 - 1) * QWEN35_GATE_RANGE
+    else:
+        x = torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+    # Gemma's and Qwen3.5's are offsets from 1 (Qwen3.5's gated linear_attn.norm excepted: a plain weight)
+    if name.endswith("norm.weight") and not (gemma(cfg) or (qwen35(cfg) and not name.endswith(".linear_attn.norm.weight"))):
         x = 1.0 + x
     return (torch.round(x.to(torch.float64) * 1000.0) / 1000.0 + 0.0).to(torch.float32)
 
@@ -1462,7 +1619,8 @@ def make_case(variant):
     (seed_name). MoE variants: the router weights re-drawn until the routing is unambiguous
     (ROUTE_MARGIN); GPT-OSS's router weights and biases, and then its gate_up_proj_bias until the
     clamps are exercised and unambiguous (clamps_ok), each re-draw re-checking both. GLM-4.5: the e_score_correction_bias drawn from crc32("<variant>/bias")
-    (the other draws as without it)."""
+    (the other draws as without it). Qwen3.5: the linear_attn parameters re-drawn from
+    crc32("<variant>/linear<n>") until perturbation_sensitivity <= QWEN35_SENSITIVITY."""
     cfg = hf_config(variant)
     seed = seed_name(variant)
     gen = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
@@ -1472,6 +1630,16 @@ def make_case(variant):
     targets = torch.randint(0, VOCAB, (B, T), generator=gen)
     if gemma(cfg):  # the padding row is looked up (and gets no gradient from it)
         tokens[0, 2] = tokens[1, 4] = cfg["pad_token_id"]
+    if qwen35(cfg):  # well-conditioned for float32 (QWEN35_SENSITIVITY)
+        attempt = 0
+        while perturbation_sensitivity(cfg, params, tokens, targets) > QWEN35_SENSITIVITY:
+            attempt += 1
+            assert attempt <= 200 and any(".linear_attn." in n for n in params), variant
+            redraw = torch.Generator().manual_seed(zlib.crc32(f"{seed}/linear{attempt}".encode()))
+            for name, shape in param_shapes(cfg):
+                if ".linear_attn." in name:
+                    params[name] = draw(cfg, name, shape, redraw)
+        LINEAR_REDRAWS[variant] = attempt
     if moe(cfg):
         attempt, clamp_attempt = 0, 0
         while True:
@@ -1497,6 +1665,23 @@ def make_case(variant):
         if gptoss(cfg):
             CLAMP_REDRAWS[variant] = clamp_attempt
     return cfg, params, tokens, targets
+
+
+def perturbation_sensitivity(cfg, params32, tokens, targets):
+    """How far float32-sized perturbations move the gradients, in float64: the largest ||grad(p (1 +
+    QWEN35_PERTURBATION xi)) - grad(p)|| / (1e-5 ||grad(p)|| + 1e-6) over the parameter tensors and
+    two draws of xi ~ N(0, 1) (seeds crc32("perturb0"), crc32("perturb1")), tests/test_llama.cpp's
+    per-tensor bound as the unit."""
+    base, _, _ = run(cfg, params32, tokens, targets)
+    worst = 0.0
+    for s in range(2):
+        gen = torch.Generator().manual_seed(zlib.crc32(f"perturb{s}".encode()))
+        moved = {n: t.to(torch.float64) * (1 + QWEN35_PERTURBATION * torch.randn(t.shape, generator=gen, dtype=torch.float64))
+                 for n, t in params32.items()}
+        other, _, _ = run(cfg, moved, tokens, targets)
+        worst = max(worst, max(float((other[n].grad - base[n].grad).norm()) / (1e-5 * float(base[n].grad.norm()) + 1e-6)
+                               for n in base))
+    return worst
 
 
 def router_probs(cfg, params32, tokens):
@@ -1940,6 +2125,99 @@ def mla_attention(h, p, cfg, a, cos, sin, causal):
     return (att @ v).transpose(1, 2).reshape(Bn, Tn, H * dv)
 
 
+def gated_attention(h, p, cfg, a, cos, sin, causal):
+    """Qwen3_5Attention (Qwen3NextAttention) on h [B, T, C] (the input_layernorm output), eval: its
+    o_proj output [B, T, C]. q_proj(h) viewed [B, T, H, 2D], chunked in two along the last dim: each
+    head's first D columns its query, the next D its gate (gate reshaped [B, T, H D]); query and key
+    (k_proj(h) [B, T, Hkv, D]) through the per-head q_norm / k_norm (1 + w); RoPE (cos / sin [T, R])
+    rotate-half on each head's first R = rotary_dim columns, the rest passed through; causal GQA
+    softmax of q.k times D^-1/2; the heads' P @ v [B, T, H D] times sigmoid(gate); o_proj. No
+    biases (attention_bias false)."""
+    Bn, Tn, _ = h.shape
+    H, Hkv, D, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg), cfg["rms_norm_eps"]
+    R, cos, sin = cos.shape[-1], cos.to(h.dtype), sin.to(h.dtype)  # (h float32: --selftest's float32 run)
+    assert not cfg.get("attention_bias", False), "qwen35: attention_bias"
+    qg = (h @ p[a + "q_proj.weight"].T).view(Bn, Tn, H, 2 * D)
+    q, gate = torch.chunk(qg, 2, dim=-1)
+    gate = gate.reshape(Bn, Tn, H * D)
+    q = rms_norm(q, 1.0 + p[a + "q_norm.weight"], eps).transpose(1, 2)  # [B, H, T, D]
+    k = rms_norm((h @ p[a + "k_proj.weight"].T).view(Bn, Tn, Hkv, D), 1.0 + p[a + "k_norm.weight"], eps).transpose(1, 2)
+    v = (h @ p[a + "v_proj.weight"].T).view(Bn, Tn, Hkv, D).transpose(1, 2)
+
+    def rotate(x):  # the first R columns rotated, the rest kept (apply_rotary_pos_emb's q_pass / k_pass)
+        r, rest = x[..., :R], x[..., R:]
+        return torch.cat((r * cos + rotate_half(r) * sin, rest), dim=-1)
+
+    q, k = rotate(q), rotate(k)
+    k = k.repeat_interleave(H // Hkv, dim=1)
+    v = v.repeat_interleave(H // Hkv, dim=1)
+    att = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+    att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+    y = (att @ v).transpose(1, 2).reshape(Bn, Tn, H * D)
+    return (y * torch.sigmoid(gate)) @ p[a + "o_proj.weight"].T
+
+
+def causal_conv_silu(x, w):
+    """The Gated DeltaNet's short convolution on x [B, T, N] (torch_causal_conv1d_fn, no bias, hidden_act
+    silu): the depthwise nn.Conv1d of weight w [N, 1, K] with K - 1 zeros of padding on each side, the
+    first T outputs kept, then silu: out[t, c] = silu(sum_j w[c, 0, j] x[t - K + 1 + j, c]), the x before
+    t = 0 zero."""
+    Tn, K = x.shape[1], w.shape[-1]
+    y = torch.nn.functional.conv1d(x.transpose(1, 2), w, padding=K - 1, groups=x.shape[-1])[..., :Tn]
+    return torch.nn.functional.silu(y).transpose(1, 2)
+
+
+def qk_l2norm(x, eps=QWEN35_QK_L2_EPS):
+    """The gated delta rule's l2norm over the last dim (FLA's): x * rsqrt(sum(x^2) + eps)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def gated_delta_rule(q, k, v, g, beta):
+    """The gated delta rule, token by token (torch_recurrent_gated_delta_rule with
+    use_qk_l2norm_in_kernel): q, k [B, T, Hv, Dk] (already repeated to the value heads), v [B, T, Hv,
+    Dv], g (log decays, <= 0) and beta [B, T, Hv]. q and k l2-normalised (qk_l2norm), q times
+    Dk^-1/2; per (batch, head) from S = 0 [Dk, Dv]: S = S exp(g_t); kv_mem = S^T k_t; delta = (v_t -
+    kv_mem) beta_t; S = S + k_t delta^T; o_t = S^T q_t. Returns o [B, T, Hv, Dv]."""
+    q, k = qk_l2norm(q) / math.sqrt(q.shape[-1]), qk_l2norm(k)
+    Bn, Tn, Hv, Dk = k.shape
+    S = torch.zeros(Bn, Hv, Dk, v.shape[-1], dtype=v.dtype)
+    out = []
+    for t in range(Tn):
+        S = S * torch.exp(g[:, t])[..., None, None]
+        kv_mem = (S * k[:, t, :, :, None]).sum(-2)  # [B, Hv, Dv]
+        delta = (v[:, t] - kv_mem) * beta[:, t, :, None]
+        S = S + k[:, t, :, :, None] * delta[:, :, None, :]
+        out.append((S * q[:, t, :, :, None]).sum(-2))
+    return torch.stack(out, dim=1)
+
+
+def gated_deltanet(h, p, cfg, a, acts=None):
+    """Qwen3_5GatedDeltaNet on h [B, T, C] (the input_layernorm output), no cache, eval: its
+    out_proj output [B, T, C]. mixed = causal_conv_silu(in_proj_qkv(h), conv1d.weight) [B, T, 2 Kd +
+    Vd], split into q [B, T, Hk, Dk] (its first Kd columns), k (the next Kd), v [B, T, Hv, Dv] (the
+    last Vd); z = in_proj_z(h) [B, T, Hv, Dv]; beta = sigmoid(in_proj_b(h)); g = -exp(A_log)
+    softplus(in_proj_a(h) + dt_bias) [B, T, Hv]; q and k repeat_interleave'd Hv / Hk times over the
+    heads (value head j reads key head j // (Hv / Hk)); o = gated_delta_rule; per token and value
+    head Qwen3_5RMSNormGated: rms_norm(o, norm.weight, rms_norm_eps) (plain weight, not 1 + w) times
+    silu(z); reshaped [B, T, Vd]; out_proj. acts: a list that gets o (detached) [B, T, Hv, Dv]."""
+    Bn, Tn, _ = h.shape
+    Hk, Hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    Dk, Dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    Kd = Hk * Dk
+    mixed = causal_conv_silu(h @ p[a + "in_proj_qkv.weight"].T, p[a + "conv1d.weight"])
+    q = mixed[..., :Kd].reshape(Bn, Tn, Hk, Dk).repeat_interleave(Hv // Hk, dim=2)
+    k = mixed[..., Kd:2 * Kd].reshape(Bn, Tn, Hk, Dk).repeat_interleave(Hv // Hk, dim=2)
+    v = mixed[..., 2 * Kd:].reshape(Bn, Tn, Hv, Dv)
+    z = (h @ p[a + "in_proj_z.weight"].T).reshape(Bn, Tn, Hv, Dv)
+    beta = torch.sigmoid(h @ p[a + "in_proj_b.weight"].T)
+    g = -torch.exp(p[a + "A_log"]) * torch.nn.functional.softplus(h @ p[a + "in_proj_a.weight"].T + p[a + "dt_bias"])
+    o = gated_delta_rule(q, k, v, g, beta)
+    if acts is not None:
+        acts.append(o.detach())
+    o = rms_norm(o, p[a + "norm.weight"], cfg["rms_norm_eps"]) * torch.nn.functional.silu(z)
+    return o.reshape(Bn, Tn, Hv * Dv) @ p[a + "out_proj.weight"].T
+
+
 def forward(p, cfg, tokens, probe=None, routers=None, acts=None):
     """Logits [B, T, V] of LlamaForCausalLM (eval: no dropout), float64. probe: a list that gets
     each sparse MoE layer's router softmax [B*T, E]; routers: one that gets its router logits;
@@ -1976,6 +2254,15 @@ def forward(p, cfg, tokens, probe=None, routers=None, acts=None):
         a, ab = pre + "self_attn.", qkv_bias(cfg)
         cos, sin = cos_sin(rope_cfg(cfg, l))
         h = x if post_norms(cfg) else norm(x, pre + "input_layernorm")
+        if qwen35(cfg):  # the layer's token mixer, then Llama's MLP (no biases)
+            if qwen35_mixer(cfg, l) == "linear_attn":
+                x = x + gated_deltanet(h, p, cfg, pre + "linear_attn.", acts)
+            else:
+                x = x + gated_attention(h, p, cfg, a, cos, sin, causal)
+            h = norm(x, pre + "post_attention_layernorm")
+            g = linear(h, pre + "mlp.gate_proj", False)
+            x = x + linear(g * torch.sigmoid(g) * linear(h, pre + "mlp.up_proj", False), pre + "mlp.down_proj", False)
+            continue
         if mla(cfg):  # DeepSeek-V3's Multi-head Latent Attention: y [B, T, H dv]
             y = mla_attention(h, p, cfg, a, cos, sin, causal)
         else:
@@ -2191,6 +2478,8 @@ def naive_loss(p, cfg, tokens, targets):
     loss from per-expert counts and sums over every token of every sparse layer; DeepSeek-V3's
     Multi-head Latent Attention token by token and head by head (naive_mla). Slow; a check of the
     vectorised forward only."""
+    if qwen35(cfg):
+        return naive_qwen35_loss(p, cfg, tokens, targets)
     p = unfused(p, cfg)
     H, D, C = cfg["num_attention_heads"], head_dim(cfg), cfg["hidden_size"]
     eps, group = cfg["rms_norm_eps"], cfg["num_attention_heads"] // cfg["num_key_value_heads"]
@@ -2505,6 +2794,114 @@ def naive_loss(p, cfg, tokens, targets):
     return total / tokens.numel() + cfg["router_aux_loss_coef"] * (E * lb)
 
 
+def naive_qwen35_loss(p, cfg, tokens, targets):
+    """Qwen3_5ForCausalLM again, token by token and head by head (naive_loss's qwen35 part): the
+    norms' sums written out (1 + w; the gated norm w); the full_attention layers' per-head query
+    (rows h 2D .. h 2D + D of q_proj), gate (the next D rows) and key / value head h // (H / Hkv),
+    each pair (i, i + R/2) of the first R columns turned by t * inv[i] (naive_frequencies), a
+    hand-written softmax, each head's output times 1 / (1 + e^-gate); the linear_attention layers'
+    convolution as a sum over the K taps of the tokens t - K + 1 .. t, the l2 norms, exp / log1p
+    of the gates, and the delta rule on the state's Dk rows one by one: row i decayed, the memory
+    sum_i S_i k_i, the delta, each row plus k_i delta, the output sum_i S_i q_i. Slow."""
+    H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    eps, group = cfg["rms_norm_eps"], H // Hkv
+    rc = qwen35_rope(cfg)
+    R = int(D * rc["partial_rotary_factor"])
+    inv, _ = naive_frequencies(rc, R, tokens.shape[1])
+    Hk, Hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    Dk, Dv, K = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]
+    Kd = Hk * Dk
+
+    def norm(x, w, plus_one=True):
+        n = x.shape[0]
+        return x / torch.sqrt(sum(x[c] * x[c] for c in range(n)) / n + eps) * ((1.0 + w) if plus_one else w)
+
+    def lin(x, name):
+        return torch.mv(p[name + ".weight"], x)
+
+    def silu(u):
+        return u / (1 + torch.exp(-u))
+
+    def rope(x, t):  # x [D]: pairs (i, i + R/2) of the first R columns turned by t * inv[i]
+        out = [x[j] for j in range(D)]
+        for i in range(R // 2):
+            c, sn = math.cos(t * inv[i]), math.sin(t * inv[i])
+            out[i], out[i + R // 2] = x[i] * c - x[i + R // 2] * sn, x[i + R // 2] * c + x[i] * sn
+        return torch.stack(out)
+
+    def attention(hs, a):
+        qs = [lin(h, a + "q_proj") for h in hs]
+        ks = [lin(h, a + "k_proj") for h in hs]
+        vs = [lin(h, a + "v_proj") for h in hs]
+        out = []
+        for t in range(len(hs)):
+            heads = []
+            for hd in range(H):
+                kv = hd // group
+                q = rope(norm(qs[t][hd * 2 * D:hd * 2 * D + D], p[a + "q_norm.weight"]), t)
+                gate = qs[t][hd * 2 * D + D:(hd + 1) * 2 * D]
+                scores = [torch.dot(q, rope(norm(ks[s][kv * D:(kv + 1) * D], p[a + "k_norm.weight"]), s)) / math.sqrt(D)
+                          for s in range(t + 1)]
+                top = max(float(sc) for sc in scores)
+                w = [torch.exp(sc - top) for sc in scores]
+                y = sum(w[s] / sum(w) * vs[s][kv * D:(kv + 1) * D] for s in range(t + 1))
+                heads.append(y / (1 + torch.exp(-gate)))
+            out.append(lin(torch.cat(heads), a + "o_proj"))
+        return out
+
+    def deltanet(hs, a):
+        mixed = [lin(h, a + "in_proj_qkv") for h in hs]
+        w = p[a + "conv1d.weight"]  # [N, 1, K]
+        conv = [silu(sum(w[:, 0, j] * mixed[t - K + 1 + j] for j in range(K) if t - K + 1 + j >= 0))
+                for t in range(len(hs))]
+        A = [torch.exp(p[a + "A_log"][j]) for j in range(Hv)]
+        states = [[torch.zeros(Dv, dtype=torch.float64) for _ in range(Dk)] for _ in range(Hv)]  # per head: Dk rows
+        out = []
+        for t, h in enumerate(hs):
+            b, av, z = lin(h, a + "in_proj_b"), lin(h, a + "in_proj_a"), lin(h, a + "in_proj_z")
+            heads = []
+            for j in range(Hv):
+                kh = j // (Hv // Hk)
+                q = conv[t][kh * Dk:(kh + 1) * Dk]
+                k = conv[t][Kd + kh * Dk:Kd + (kh + 1) * Dk]
+                v = conv[t][2 * Kd + j * Dv:2 * Kd + (j + 1) * Dv]
+                q = q / torch.sqrt(sum(q[i] * q[i] for i in range(Dk)) + QWEN35_QK_L2_EPS) / math.sqrt(Dk)
+                k = k / torch.sqrt(sum(k[i] * k[i] for i in range(Dk)) + QWEN35_QK_L2_EPS)
+                u = av[j] + p[a + "dt_bias"][j]
+                decay = torch.exp(-A[j] * torch.log1p(torch.exp(u)))  # exp(g): softplus written out
+                beta = 1 / (1 + torch.exp(-b[j]))
+                S = [row * decay for row in states[j]]
+                mem = sum(S[i] * k[i] for i in range(Dk))
+                delta = (v - mem) * beta
+                S = [S[i] + k[i] * delta for i in range(Dk)]
+                states[j] = S
+                o = sum(S[i] * q[i] for i in range(Dk))
+                heads.append(norm(o, p[a + "norm.weight"], plus_one=False) * silu(z[j * Dv:(j + 1) * Dv]))
+            out.append(lin(torch.cat(heads), a + "out_proj"))
+        return out
+
+    emb, pad = p["model.embed_tokens.weight"], pad_token(cfg)
+    head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
+    total = 0.0
+    for bi in range(tokens.shape[0]):
+        xs = [emb[int(tk)].detach() if int(tk) == pad else emb[int(tk)] for tk in tokens[bi]]
+        for l in range(cfg["num_hidden_layers"]):
+            pre = f"model.layers.{l}."
+            hs = [norm(x, p[pre + "input_layernorm.weight"]) for x in xs]
+            mix = deltanet(hs, pre + "linear_attn.") if cfg["layer_types"][l] == "linear_attention" else attention(hs, pre + "self_attn.")
+            xs = [x + o for x, o in zip(xs, mix)]
+            new = []
+            for x in xs:
+                h = norm(x, p[pre + "post_attention_layernorm.weight"])
+                new.append(x + lin(silu(lin(h, pre + "mlp.gate_proj")) * lin(h, pre + "mlp.up_proj"), pre + "mlp.down_proj"))
+            xs = new
+        for t, x in enumerate(xs):
+            z = torch.mv(head, norm(x, p["model.norm.weight"]))
+            top = float(z.max())
+            total = total + (top + torch.log(torch.exp(z - top).sum()) - z[int(targets[bi, t])])
+    return total / tokens.numel()
+
+
 def naive_frequencies(cfg, D, T):
     """(the D/2 RoPE frequencies, the cos/sin scale) of `cfg` for sequences of T tokens from
     Python floats, rule by rule."""
@@ -2555,6 +2952,44 @@ def shared_mlp(x, p, m, module="shared_expert."):
     s = m + module
     g = x @ p[s + "gate_proj.weight"].T
     return (g * torch.sigmoid(g) * (x @ p[s + "up_proj.weight"].T)) @ p[s + "down_proj.weight"].T
+
+
+def chunked_gated_delta_rule(q, k, v, g, beta, chunk=64):
+    """HF's torch_chunk_gated_delta_rule (use_qk_l2norm_in_kernel), re-derived for --selftest: the
+    same outputs as gated_delta_rule by another route. q, k l2-normalised, q times Dk^-1/2; [B, H, T,
+    .]; T padded with zeros to a multiple of `chunk` (g 0, beta 0: later positions touch nothing
+    earlier). Within a chunk with state S0 at its start and G = cumsum(g) (from the chunk's start),
+    unrolling the recurrence gives S_i = e^G_i S0 + sum_{j <= i} e^(G_i - G_j) k_j u_j^T with the
+    deltas u_i = beta_i (v_i - e^G_i S0^T k_i - sum_{j < i} e^(G_i - G_j) (k_i . k_j) u_j), i.e.
+    (I + L) U = V_beta - (K_beta e^G) S0, L the strictly lower beta_i e^(G_i - G_j) k_i . k_j: U =
+    new - w S0 with new = (I + L)^-1 V_beta, w = (I + L)^-1 (K_beta e^G) (solve_triangular,
+    unitriangular); o_i = e^G_i S0^T q_i + sum_{j <= i} e^(G_i - G_j) (q_i . k_j) u_j; the state
+    after the chunk e^G_last S0 + sum_j e^(G_last - G_j) k_j u_j^T."""
+    q, k = qk_l2norm(q) / math.sqrt(q.shape[-1]), qk_l2norm(k)
+    q, k, v, beta, g = (x.transpose(1, 2) for x in (q, k, v, beta, g))  # [B, H, T, .]
+    Bn, Hn, Tn, Dk = k.shape
+    Dv = v.shape[-1]
+    pad = (chunk - Tn % chunk) % chunk
+    q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    beta, g = (torch.nn.functional.pad(x, (0, pad)) for x in (beta, g))
+    n = (Tn + pad) // chunk
+    q, k, v = (x.reshape(Bn, Hn, n, chunk, x.shape[-1]) for x in (q, k, v))
+    beta, G = beta.reshape(Bn, Hn, n, chunk), g.reshape(Bn, Hn, n, chunk).cumsum(-1)
+    lower = torch.tril(torch.ones(chunk, chunk, dtype=torch.bool))  # j <= i
+    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # e^(G_i - G_j), j <= i
+    kb, vb = k * beta[..., None], v * beta[..., None]
+    system = (kb @ k.transpose(-1, -2)) * decay  # its strictly lower part L (the diagonal: unitriangular)
+    new = torch.linalg.solve_triangular(system, vb, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, kb * G.exp()[..., None], upper=False, unitriangular=True)
+    S = torch.zeros(Bn, Hn, Dk, Dv, dtype=v.dtype)
+    out = []
+    for c in range(n):
+        u = new[:, :, c] - w[:, :, c] @ S
+        intra = (q[:, :, c] @ k[:, :, c].transpose(-1, -2)) * decay[:, :, c]
+        out.append((q[:, :, c] * G[:, :, c, :, None].exp()) @ S + intra @ u)
+        last = G[:, :, c, -1]
+        S = S * last.exp()[..., None, None] + (k[:, :, c] * (last[..., None] - G[:, :, c]).exp()[..., None]).transpose(-1, -2) @ u
+    return torch.cat(out, dim=2)[:, :, :Tn].transpose(1, 2)
 
 
 def rel_err(a, b):
@@ -2711,7 +3146,8 @@ def selftest():
               "1l_gqa_tied_rope1e4_gemma3", "3l_mqa_tied_llama3_qwen3moe", "1l_gqa_untied_rope1e4_mixtral",
               "3l_mqa_tied_llama3_qwen2moe_swa", "1l_gqa_untied_rope1e4_glm4moe", "3l_mqa_tied_llama3_glm4moe",
               "1l_gqa_untied_yarn_gptoss", "3l_mqa_tied_rope1e4_gptoss_swa_aux",
-              "3l_gqa_untied_llama3_llama4", "1l_mqa_tied_rope1e4_llama4"):
+              "3l_gqa_untied_llama3_llama4", "1l_mqa_tied_rope1e4_llama4",
+              "3l_gqa_untied_rope1e4_qwen35", "1l_mqa_tied_rope1e4_qwen35"):
         cfg, params32, tokens, targets = make_case(v)
         H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
         mha = dict(cfg, num_key_value_heads=H)
@@ -2733,7 +3169,8 @@ def selftest():
     for v in ("1l_gqa_tied_llama3", "3l_mqa_tied_rope1e4_attnbias_mlpbias", "1l_gqa_tied_rope1e4_gemma3",
               "3l_mqa_tied_llama3_qwen3moe", "3l_gqa_tied_llama3_olmoe", "3l_gqa_tied_llama3_olmoe_aux",
               "3l_mqa_tied_llama3_qwen2moe_swa", "3l_mqa_tied_llama3_glm4moe", "3l_mha_tied_yarn_deepseekv3",
-              "3l_mha_tied_yarn_deepseekv2", "3l_mqa_tied_rope1e4_gptoss_swa_aux", "1l_mqa_tied_rope1e4_llama4"):
+              "3l_mha_tied_yarn_deepseekv2", "3l_mqa_tied_rope1e4_gptoss_swa_aux", "1l_mqa_tied_rope1e4_llama4",
+              "1l_mqa_tied_rope1e4_qwen35"):
         cfg, params32, tokens, targets = make_case(v)
         untied = dict(cfg, tie_word_embeddings=False)
         p_untied = dict(params32, **{"lm_head.weight": params32["model.embed_tokens.weight"].clone()})
@@ -3604,6 +4041,168 @@ def selftest():
                f"gives {alts['scale_output'][0]:.8f}, gate / up interleaved instead of chunked {alts['gate_up_interleaved'][0]:.8f} "
                f"(the loop-by-loop model alike) vs {loss:.8f}; the shared expert alone (bit-equal) with the routed experts "
                f"zeroed, without it {no_shared:.8f}")
+
+    # 4l. Qwen3.5 (qwen35, Qwen3_5ForCausalLM): the state dict per layer_types (linear_attn's or
+    #     self_attn's modules, never both); the gated delta rule against HF's chunked algorithm
+    #     (chunked_gated_delta_rule, chunk 64) on T = 70 > one chunk, outputs and input gradients;
+    #     the short convolution: K = 1 is silu(w x), K = 4 the sum over the taps of the tokens t - 3
+    #     .. t (nothing later: causal); finite differences of the loss on every A_log and dt_bias
+    #     element and on conv1d / in_proj_a / in_proj_b / norm entries; the gates non-trivial (exp(g)
+    #     and beta spread over (0, 1)); RoPE on 6 of 12 columns (all 12 change the loss); the full
+    #     attention layer with its gate rows zeroed (sigmoid 0.5) and o_proj doubled equals
+    #     Qwen3ForCausalLM's attention (the generic path, partial_rotary_factor 0.5, the 1 + w
+    #     norms passed as plain weights) on the query rows.
+    for v in (x for x in VARIANTS if "_qwen35" in x):
+        cfg, params32, tokens, targets = make_case(v)
+        L, C = cfg["num_hidden_layers"], cfg["hidden_size"]
+        names = list(params32)
+        kinds_ok = all((any(n.startswith(f"model.layers.{l}.linear_attn.") for n in names)
+                        == (cfg["layer_types"][l] == "linear_attention"))
+                       and (any(n.startswith(f"model.layers.{l}.self_attn.") for n in names)
+                            == (cfg["layer_types"][l] == "full_attention")) for l in range(L))
+        expect(kinds_ok and [n for n, _ in param_shapes(cfg)] == names and rotary_dim(cfg) == 6 and head_dim(cfg) == 12
+               and torch.equal(inv_freq(qwen35_rope(cfg)), 1.0 / (10000.0 ** (torch.arange(0, 6, 2, dtype=torch.float64) / 6))),
+               f"{v}: layer_types {cfg['layer_types']}: each layer's token mixer (linear_attn or self_attn) alone in the "
+               f"state dict; RoPE on {rotary_dim(cfg)} of {head_dim(cfg)} columns at 1 / 1e4^(2i/6)")
+        params, _, loss = run(cfg, params32, tokens, targets)
+        loss = loss.item()
+        whole = run(dict(cfg, rope_parameters=dict(cfg["rope_parameters"], partial_rotary_factor=1.0)),
+                    params32, tokens, targets)[2].item()
+        expect(abs(whole - loss) > 1e-6, f"{v}: rotating all 12 columns changes the loss ({loss:.8f} vs {whole:.8f})")
+        linear_layers = [l for l in range(L) if cfg["layer_types"][l] == "linear_attention"]
+        full_layers = [l for l in range(L) if cfg["layer_types"][l] == "full_attention"]
+        if L == 1 and full_layers:  # the gated attention against Qwen3's with the gate at 0.5
+            H, D = cfg["num_attention_heads"], head_dim(cfg)
+            a = "model.layers.0.self_attn."
+            rows = torch.arange(H * 2 * D).view(H, 2, D)
+            q3 = dict(other_arch_config("qwen3", 1, "mqa" if cfg["num_key_value_heads"] == 1 else "gqa",
+                                        "tied" if cfg["tie_word_embeddings"] else "untied", "rope1e4", set()),
+                      partial_rotary_factor=0.5)
+            assert q3["num_key_value_heads"] == cfg["num_key_value_heads"]
+            plain = {n: (1.0 + t.to(torch.float64) if n.endswith("norm.weight") else t) for n, t in params32.items()}
+            plain[a + "q_proj.weight"] = params32[a + "q_proj.weight"][rows[:, 0].flatten()]
+            plain[a + "o_proj.weight"] = params32[a + "o_proj.weight"] * 0.5
+            gated = dict(params32)
+            gated[a + "q_proj.weight"] = params32[a + "q_proj.weight"].clone()
+            gated[a + "q_proj.weight"][rows[:, 1].flatten()] = 0.0
+            l_gated, l_plain = run(cfg, gated, tokens, targets)[2].item(), run(q3, plain, tokens, targets)[2].item()
+            expect(abs(l_gated - l_plain) < 1e-13 * abs(l_plain) and abs(l_gated - loss) > 1e-3,
+                   f"{v}: the gate rows (each head's second {D} of q_proj's {2 * D}) zeroed: sigmoid 0.5 times the heads = "
+                   f"Qwen3ForCausalLM's attention on the query rows with o_proj halved ({l_gated:.15f} vs {l_plain:.15f}; "
+                   f"the drawn gate gives {loss:.8f})")
+        # float32: the same forward / backward in float32 (torch's, on this CPU) against the fixture's
+        # float64, in units of tests/test_llama.cpp's bounds (logits and loss 1e-5 relative, each
+        # gradient tensor 1e-5 |grad| + 1e-6); and the float64 sensitivity make_case bounds
+        p32g = {n: t.clone().requires_grad_(True) for n, t in params32.items()}
+        logits32, loss32 = model_loss(p32g, cfg, tokens, targets)
+        loss32.backward()
+        logits64 = model_loss({n: t.to(torch.float64) for n, t in params32.items()}, cfg, tokens, targets)[0]
+        f32_logits = rel_err(logits32.detach().to(torch.float64), logits64) / 1e-5
+        f32_grads = max((float((p32g[n].grad.to(torch.float64) - params[n].grad).norm())
+                         / (1e-5 * float(params[n].grad.norm()) + 1e-6), n) for n in params)
+        sens = perturbation_sensitivity(cfg, params32, tokens, targets)
+        expect(logits32.dtype == torch.float32 and f32_logits < 1 and f32_grads[0] < 1 and abs(loss32.item() - loss) < 1e-5 * loss
+               and sens <= QWEN35_SENSITIVITY,
+               f"{v}: float32 forward / backward within tests/test_llama.cpp's bounds: logits {f32_logits:.2f}, worst "
+               f"gradient {f32_grads[0]:.2f} of them ({f32_grads[1]}); float64 sensitivity to float32-sized perturbations "
+               f"{sens:.3f} <= {QWEN35_SENSITIVITY} (linear_attn re-drawn {LINEAR_REDRAWS[v]} time(s))")
+        if not linear_layers:
+            continue
+        # the gates of the linear layers: spread over (0, 1)
+        base64 = {n: t.to(torch.float64) for n, t in params32.items()}
+        decays, betas = [], []
+        with torch.no_grad():
+            x = torch.nn.functional.embedding(tokens, base64["model.embed_tokens.weight"])
+            for l in range(L):  # (the linear layers' inputs: run the layers in order)
+                pre = f"model.layers.{l}."
+                h = rms_norm(x, 1.0 + base64[pre + "input_layernorm.weight"], cfg["rms_norm_eps"])
+                if l in linear_layers:
+                    a = pre + "linear_attn."
+                    decays.append(torch.exp(-torch.exp(base64[a + "A_log"]) * torch.nn.functional.softplus(
+                        h @ base64[a + "in_proj_a.weight"].T + base64[a + "dt_bias"])).flatten())
+                    betas.append(torch.sigmoid(h @ base64[a + "in_proj_b.weight"].T).flatten())
+                    x = x + gated_deltanet(h, base64, cfg, a)
+                else:
+                    cos_sin_cfg = qwen35_rope(cfg)
+                    fr = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq(cos_sin_cfg))
+                    emb = torch.cat((fr, fr), dim=-1)
+                    x = x + gated_attention(h, base64, cfg, pre + "self_attn.", emb.cos(), emb.sin(),
+                                            torch.tril(torch.ones(T, T, dtype=torch.bool)))
+                h = rms_norm(x, 1.0 + base64[pre + "post_attention_layernorm.weight"], cfg["rms_norm_eps"])
+                g = h @ base64[pre + "mlp.gate_proj.weight"].T
+                x = x + (g * torch.sigmoid(g) * (h @ base64[pre + "mlp.up_proj.weight"].T)) @ base64[pre + "mlp.down_proj.weight"].T
+            again = model_loss(base64, cfg, tokens, targets)[1].item()
+        decays, betas = torch.cat(decays), torch.cat(betas)
+        expect(abs(again - loss) < 1e-14 * abs(loss) and float(decays.min()) < 0.1 and float(decays.max()) > 0.9
+               and float(betas.min()) < 0.1 and float(betas.max()) > 0.9,
+               f"{v}: the linear layers' decays exp(g) {float(decays.min()):.4f}..{float(decays.max()):.4f}, beta "
+               f"{float(betas.min()):.4f}..{float(betas.max()):.4f} (A_log, dt_bias U(-1, 1))")
+        # finite differences on the gates and the short convolution
+        rng_q = random.Random(35)
+        picked = []
+        for l in linear_layers:
+            a = f"model.layers.{l}.linear_attn."
+            picked += [(a + "A_log", i) for i in range(base64[a + "A_log"].numel())]
+            picked += [(a + "dt_bias", i) for i in range(base64[a + "dt_bias"].numel())]
+            for n, count in (("conv1d.weight", 8), ("in_proj_a.weight", 6), ("in_proj_b.weight", 4), ("norm.weight", 3)):
+                picked += [(a + n, rng_q.randrange(base64[a + n].numel())) for _ in range(count)]
+        h_step, worst_abs, worst_rel = 1e-4, 0.0, 0.0
+        with torch.no_grad():
+            for n, i in picked:
+                flat = base64[n].view(-1)
+                old, f = flat[i].item(), {}
+                for step in (h_step, -h_step, h_step / 2, -h_step / 2):
+                    flat[i] = old + step
+                    f[step] = model_loss(base64, cfg, tokens, targets)[1].item()
+                flat[i] = old
+                numeric = (4 * (f[h_step / 2] - f[-h_step / 2]) / h_step - (f[h_step] - f[-h_step]) / (2 * h_step)) / 3
+                analytic = params[n].grad.view(-1)[i].item()
+                worst_abs = max(worst_abs, abs(numeric - analytic))
+                worst_rel = max(worst_rel, abs(numeric - analytic) / max(abs(analytic), 1e-4))
+        expect(worst_abs < 1e-9 and worst_rel < 1e-6,
+               f"{v}: finite differences of the loss on {len(picked)} linear_attn entries (every A_log and dt_bias, "
+               f"conv1d, in_proj_a, in_proj_b, norm): worst abs err {worst_abs:.1e}, worst rel err {worst_rel:.1e}")
+
+    # the gated delta rule: the recurrence against HF's chunked algorithm on T = 70 (two chunks of 64)
+    gen_q = torch.Generator().manual_seed(3535)
+    Bq, Tq, Hq, Dkq, Dvq = 2, 70, 4, 8, 6
+    qq = torch.randn(Bq, Tq, Hq, Dkq, generator=gen_q, dtype=torch.float64).requires_grad_(True)
+    kq = torch.randn(Bq, Tq, Hq, Dkq, generator=gen_q, dtype=torch.float64).requires_grad_(True)
+    vq = torch.randn(Bq, Tq, Hq, Dvq, generator=gen_q, dtype=torch.float64).requires_grad_(True)
+    a_log = torch.rand(Hq, generator=gen_q, dtype=torch.float64) * 2 - 1
+    gq = (-torch.exp(a_log) * torch.nn.functional.softplus(
+        torch.randn(Bq, Tq, Hq, generator=gen_q, dtype=torch.float64) * 1.5 + torch.rand(Hq, generator=gen_q, dtype=torch.float64) * 2 - 1)
+          ).requires_grad_(True)
+    bq = torch.sigmoid(torch.randn(Bq, Tq, Hq, generator=gen_q, dtype=torch.float64) * 1.5).requires_grad_(True)
+    cot = torch.randn(Bq, Tq, Hq, Dvq, generator=gen_q, dtype=torch.float64)
+    rec = gated_delta_rule(qq, kq, vq, gq, bq)
+    grads_rec = torch.autograd.grad((rec * cot).sum(), (qq, kq, vq, gq, bq))
+    chk = chunked_gated_delta_rule(qq, kq, vq, gq, bq, 64)
+    grads_chk = torch.autograd.grad((chk * cot).sum(), (qq, kq, vq, gq, bq))
+    gerr = max(rel_err(x, y) for x, y in zip(grads_chk, grads_rec))
+    chk7 = chunked_gated_delta_rule(qq[:, :7], kq[:, :7], vq[:, :7], gq[:, :7], bq[:, :7], 4)
+    expect(rel_err(chk, rec) < 1e-12 and gerr < 1e-12 and rel_err(chk7, rec[:, :7]) < 1e-12
+           and float(torch.exp(gq).min()) < 0.05 and float(torch.exp(gq).max()) > 0.95,
+           f"gated delta rule (B 2, T 70, 4 heads, Dk 8, Dv 6; exp(g) {float(torch.exp(gq).min()):.3f}.."
+           f"{float(torch.exp(gq).max()):.3f}): the token-by-token recurrence = HF's chunked algorithm with chunk 64 "
+           f"(two chunks, the second padded) to {rel_err(chk, rec):.1e} (input grads {gerr:.1e}); T 7 in chunks of 4 "
+           f"{rel_err(chk7, rec[:, :7]):.1e}")
+    # the short convolution: K = 1, K = 4 against the taps, causality
+    xc = torch.randn(2, 9, 5, generator=gen_q, dtype=torch.float64)
+    w1 = torch.randn(5, 1, 1, generator=gen_q, dtype=torch.float64)
+    one = causal_conv_silu(xc, w1)
+    w4 = torch.randn(5, 1, 4, generator=gen_q, dtype=torch.float64)
+    taps = torch.nn.functional.silu(sum(w4[:, 0, j] * torch.nn.functional.pad(xc, (0, 0, 3 - j, 0))[:, :9] for j in range(4)))
+    moved = xc.clone()
+    moved[:, 5] += 1.0
+    diff = (causal_conv_silu(moved, w4) - causal_conv_silu(xc, w4)).abs().amax(dim=(0, 2))
+    expect(rel_err(one, torch.nn.functional.silu(xc * w1[:, 0, 0])) < 1e-15
+           and rel_err(causal_conv_silu(xc, w4), taps) < 1e-14
+           and float(diff[:5].max()) == 0.0 and float(diff[5:].min()) > 0.0,
+           "short convolution: K = 1 is silu(w x) (rel err "
+           f"{rel_err(one, torch.nn.functional.silu(xc * w1[:, 0, 0])):.1e}); K = 4 is silu(sum_j w[:, 0, j] x[t - 3 + j]) "
+           f"over the taps before t, zeros before 0 ({rel_err(causal_conv_silu(xc, w4), taps):.1e}); a change at t = 5 "
+           f"moves the outputs from t = 5 on only")
 
     # 5. The fixture text parses back to the run's numbers.
     v = VARIANTS[0]

@@ -3559,6 +3559,19 @@ class LlamaFamily final : public ModelFamily {
         out["swiglu_limit"] = static_cast<double>(LlamaConfig::kClampedSwigluLimit);
       }
     }
+    if (g.qwen3_5()) {
+      // Qwen3_5TextConfig exists in transformers 5 only: its rope_parameters, as to_dict writes
+      // them (rope_theta, partial_rotary_factor and the scaling in one dict)
+      nlohmann::json rp = out["rope_scaling"].is_object() ? out["rope_scaling"]
+                                                          : nlohmann::json{{"rope_type", "default"}};
+      for (const std::string& attr : {args().name(&LlamaConfig::rope_theta),
+                                     args().name(&LlamaConfig::partial_rotary_factor)}) {
+        rp[attr] = out[attr];
+        out.erase(attr);
+      }
+      out.erase("rope_scaling");
+      out["rope_parameters"] = rp;
+    }
     if (!gemma) out["hidden_act"] = "silu";
     out["attention_dropout"] = 0.0;
     if (arch_ == LlamaArch::llama) out["pretraining_tp"] = 1;
