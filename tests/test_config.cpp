@@ -533,7 +533,7 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
        {"input.toml: model.type: unknown value \"t6\" (expected one of gpt2, t5, llama, mistral, "
         "qwen2, qwen3, olmo2, phi3, gemma3_text, smollm3, granite, olmo3, gemma2, gemma, "
         "exaone4, qwen3_moe, mixtral, olmoe, qwen2_moe, glm4_moe, deepseek_v3, deepseek_v2, "
-        "gpt_oss, llama4_text, qwen3_5_text)"}},
+        "gpt_oss, llama4_text, qwen3_5_text, qwen3_5_moe_text)"}},
       {"", {"model.type=bert"}, {"--set model.type=bert: model.type: unknown value \"bert\""}},
       // Mixture of experts: more experts per token than experts (each class's key names), a
       // negative load-balancing coefficient

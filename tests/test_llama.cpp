@@ -114,9 +114,10 @@ void make_granite(fsdp::LlamaConfig& m) {
 }
 
 // Qwen3.5's tiny model: layer 0 linear attention (Gated DeltaNet: 1 key head of 4, 2 value
-// heads of 3, a conv of 3 taps), layer 1 gated full attention with half of each head rotated.
-void make_qwen35(fsdp::LlamaConfig& m) {
-  m.arch = fsdp::LlamaArch::qwen3_5_text;
+// heads of 3, a conv of 3 taps), layer 1 gated full attention with half of each head rotated
+// (Qwen3.5-MoE's layers too).
+void make_qwen35(fsdp::LlamaConfig& m, fsdp::LlamaArch arch = fsdp::LlamaArch::qwen3_5_text) {
+  m.arch = arch;
   m.full_attention_interval = 2;
   m.partial_rotary_factor = 0.5;
   m.linear_num_key_heads = 1;
@@ -187,6 +188,7 @@ void make_moe(fsdp::LlamaConfig& m, fsdp::LlamaArch arch, bool normalize = true,
     m.floor_scale = 2;
     m.attn_scale = 0.5;
   }
+  if (arch == fsdp::LlamaArch::qwen3_5_moe_text) make_qwen35(m, arch);  // (Qwen2-MoE's block)
   if (arch == fsdp::LlamaArch::gpt_oss) {  // gpt-oss: layer 0 slides over 3 positions
     m.sliding_window = 3;
     m.rope_type = fsdp::LlamaConfig::RopeType::default_;
@@ -208,7 +210,7 @@ bool is_moe(fsdp::LlamaArch arch) {
          arch == fsdp::LlamaArch::olmoe || arch == fsdp::LlamaArch::qwen2_moe ||
          arch == fsdp::LlamaArch::glm4_moe || arch == fsdp::LlamaArch::deepseek_v3 ||
          arch == fsdp::LlamaArch::deepseek_v2 || arch == fsdp::LlamaArch::gpt_oss ||
-         arch == fsdp::LlamaArch::llama4_text;
+         arch == fsdp::LlamaArch::llama4_text || arch == fsdp::LlamaArch::qwen3_5_moe_text;
 }
 
 // Whether parameter `name` is a router's e_score_correction_bias (GLM-4.5, DeepSeek-V3): HF's
@@ -433,7 +435,10 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         Case{"Qwen3.5 GQA untied, linear + gated full attention, attention bias", 2, false, true,
              false, false, LlamaArch::qwen3_5_text},
         Case{"Qwen3.5 MQA tied, llama3, linear + gated full attention", 1, true, false, false,
-             true, LlamaArch::qwen3_5_text}}) {
+             true, LlamaArch::qwen3_5_text},
+        Case{"Qwen3.5-MoE GQA untied, linear + gated full, 4 experts top 2, shared expert, "
+             "load-balancing loss",
+             2, false, false, false, false, LlamaArch::qwen3_5_moe_text, 0, false, true}}) {
     ModelOptions o;
     if (is_moe(c.arch)) {
       make_moe(o.model, c.arch, /*normalize=*/!c.tied && !c.attention_bias, c.aux);
@@ -571,6 +576,9 @@ TEST(Llama, FiniteDifferenceGradientOfEveryParameter) {
         // Qwen3.5: a linear layer's 9 linear_attn tensors, the MLP's 3 and 2 norms; a full
         // layer's q/k/v/o (and biases), q/k norms, MLP and norms
         : c.arch == LlamaArch::qwen3_5_text ? 14 + 11 + (c.attention_bias ? 4 : 0)
+        // Qwen3.5-MoE: each layer's MLP a router, 4 experts' 12, the shared expert's 3 and its
+        // gate instead of 3
+        : c.arch == LlamaArch::qwen3_5_moe_text ? 14 + 11 + 2 * (1 + 12 + 4 - 3)
                                             : 2 * per_layer;
     EXPECT_EQ(checked, 1 + layers + 1 + (c.tied ? 0 : 1)) << c.what;
   }
@@ -691,7 +699,8 @@ TEST(Llama, ActivationCheckpointingIsBitIdentical) {
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
                     fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3,
                     fsdp::LlamaArch::deepseek_v2, fsdp::LlamaArch::gpt_oss,
-                    fsdp::LlamaArch::llama4_text, fsdp::LlamaArch::qwen3_5_text})
+                    fsdp::LlamaArch::llama4_text, fsdp::LlamaArch::qwen3_5_text,
+                    fsdp::LlamaArch::qwen3_5_moe_text})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (MPI_Comm comm : {MPI_COMM_SELF, MPI_COMM_WORLD}) {
         const std::string what = std::string(fsdp::llama_arch_prefix(arch)) + " " +
@@ -770,7 +779,7 @@ TEST(Llama, DocumentMaskingEqualsEachDocumentAlone) {
                     fsdp::LlamaArch::gemma2, fsdp::LlamaArch::phi3, fsdp::LlamaArch::smollm3,
                     fsdp::LlamaArch::deepseek_v3, fsdp::LlamaArch::gpt_oss,
                     fsdp::LlamaArch::qwen3_moe, fsdp::LlamaArch::llama4_text,
-                    fsdp::LlamaArch::qwen3_5_text}) {
+                    fsdp::LlamaArch::qwen3_5_text, fsdp::LlamaArch::qwen3_5_moe_text}) {
     for (bool reset : {true, false}) {
       const std::string what =
           std::string(fsdp::llama_arch_prefix(arch)) + (reset ? " reset" : " row positions");
@@ -950,7 +959,8 @@ TEST(Llama, ActivationBytesArePlannedAndMeasured) {
                     fsdp::LlamaArch::mixtral, fsdp::LlamaArch::olmoe, fsdp::LlamaArch::qwen2_moe,
                     fsdp::LlamaArch::glm4_moe, fsdp::LlamaArch::deepseek_v3,
                     fsdp::LlamaArch::deepseek_v2, fsdp::LlamaArch::gpt_oss,
-                    fsdp::LlamaArch::llama4_text, fsdp::LlamaArch::qwen3_5_text})
+                    fsdp::LlamaArch::llama4_text, fsdp::LlamaArch::qwen3_5_text,
+                    fsdp::LlamaArch::qwen3_5_moe_text})
     for (auto dtype : {fsdp::DType::f32, fsdp::DType::bf16}) {
       for (auto ckpt : {fsdp::ActivationCheckpointing(false), fsdp::ActivationCheckpointing(true),
                         fsdp::ActivationCheckpointing::first_blocks(2)}) {

@@ -490,7 +490,17 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
                              {"model.full_attention_interval=2", "model.linear_num_key_heads=1",
                               "model.linear_num_value_heads=2", "model.linear_key_head_dim=4",
                               "model.linear_value_head_dim=3", "model.partial_rotary_factor=0.5"},
-                             "Qwen3_5ForCausalLM", "model.layers.0.linear_attn.A_log"}}) {
+                             "Qwen3_5ForCausalLM", "model.layers.0.linear_attn.A_log"},
+                        // Qwen3.5-MoE: the same layers, each MLP Qwen2-MoE's sparse block
+                        Case{"qwen3_5_moe_text",
+                             {"model.full_attention_interval=2", "model.linear_num_key_heads=1",
+                              "model.linear_num_value_heads=2", "model.linear_key_head_dim=4",
+                              "model.linear_value_head_dim=3", "model.partial_rotary_factor=0.5",
+                              "model.num_experts=4", "model.num_experts_per_tok=2",
+                              "model.moe_intermediate_size=12",
+                              "model.shared_expert_intermediate_size=20"},
+                             "Qwen3_5MoeForCausalLM",
+                             "model.layers.0.mlp.shared_expert_gate.weight"}}) {
     std::vector<std::string> keys = k.keys;
     keys.push_back(std::string("model.type=\"") + k.type + "\"");
     Config one = llama_config(fresh_dir(std::string(k.type) + "_one") + "/rank" +
@@ -518,7 +528,8 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
     const std::string type = k.type;
     const bool moe = type == "qwen3_moe" || type == "mixtral" || type == "olmoe" ||
                      type == "qwen2_moe" || type == "glm4_moe" || type == "deepseek_v3" ||
-                     type == "deepseek_v2" || type == "gpt_oss" || type == "llama4_text";
+                     type == "deepseek_v2" || type == "gpt_oss" || type == "llama4_text" ||
+                     type == "qwen3_5_moe_text";
     const double max_load = type == "glm4_moe" || type == "deepseek_v3" ? 3.0
                             : type == "llama4_text"                      ? 4.0
                                                                          : 2.0;  // E / K
@@ -553,8 +564,14 @@ TEST(LlamaFsdp, OtherClassesShardAsOneRankAndMergeUnderTheirNames) {
       EXPECT_EQ(family.canonical(family.from_hf_config(hf, "config.json")),
                 family.canonical(c.model));
       // init_from's check: the same [model] passes; another head_dim is named with the value
-      // the file holds (4, which the canonical form spells 0) and the key's.
-      fsdp::ckpt::check_hf_config(out, c.model);
+      // the file holds (4, which the canonical form spells 0) and the key's. (Caught here: an
+      // exception out of rank 0's part would leave the other ranks in the next case's
+      // collectives, a hang instead of a failure.)
+      try {
+        fsdp::ckpt::check_hf_config(out, c.model);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << k.type << ": " << e.what();
+      }
       // (DeepSeek-V3's heads share nothing: its kv_lora_rank instead)
       const bool mla = std::string(k.type) == "deepseek_v3" || std::string(k.type) == "deepseek_v2";
       fsdp::ModelConfig other = c.model;

@@ -6,7 +6,8 @@ bytes, seq2seq; gated-gelu untied and relu tied), Qwen2ForCausalLM, Qwen3ForCaus
 MistralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM,
 SmolLM3ForCausalLM, GraniteForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
 OlmoeForCausalLM, Qwen2MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM,
-DeepseekV2ForCausalLM, GptOssForCausalLM, Llama4ForCausalLM, Qwen3_5ForCausalLM (LLAMA_CASES below)
+DeepseekV2ForCausalLM, GptOssForCausalLM, Llama4ForCausalLM, Qwen3_5ForCausalLM,
+Qwen3_5MoeForCausalLM (LLAMA_CASES below)
 and Llama (LlamaForCausalLM, causal LM on the
 same bytes with a 300-token vocabulary, padded by fsdp_train to 384 rows; two cases, both
 grouped-query attention (4 query heads, 2 K/V heads) and RoPE theta 5e5 with Llama 3.1's llama3
@@ -213,6 +214,20 @@ LLAMA_CASES = {
                              "linear_value_head_dim": 8, "partial_rotary_factor": 0.5,
                              "rope_scaling": {"rope_type": "default"},
                              "tie_word_embeddings": False},
+    # Qwen3.5-MoE (Qwen3_5MoeForCausalLM): the same layers, each MLP Qwen2-MoE's sparse block
+    # (4 experts, 2 a token, always renormalised; a sigmoid-gated shared expert).
+    "qwen3_5_moe linear gated 4 experts": {"type": "qwen3_5_moe_text", "hidden_size": 32,
+                                           "head_dim": 8, "full_attention_interval": 2,
+                                           "linear_num_key_heads": 2,
+                                           "linear_num_value_heads": 4,
+                                           "linear_key_head_dim": 8,
+                                           "linear_value_head_dim": 8,
+                                           "partial_rotary_factor": 0.5,
+                                           "num_experts": 4, "num_experts_per_tok": 2,
+                                           "moe_intermediate_size": 32,
+                                           "shared_expert_intermediate_size": 48,
+                                           "rope_scaling": {"rope_type": "default"},
+                                           "tie_word_embeddings": False},
     # OLMo 3: OLMo 2's layers, the first sliding over 8 positions with unscaled RoPE, the second
     # global with LLAMA_COMMON's llama3 scaling (Olmo3Model's rotary_embs).
     "olmo3 gqa untied window 8": {"type": "olmo3", "hidden_size": 32, "sliding_window": 8,

@@ -31,7 +31,9 @@ routed_scaling_factor), GPT-OSS's attention sinks, router, clamped interleaved S
 untruncated yarn, Llama 4's chunk mask, adjacent-pair RoPE, L2 norm, temperature, input-scaled
 experts and chunked gate / up, the load-balancing loss's identities and finite differences,
 Qwen3.5's gated delta rule against HF's chunked algorithm, its short convolution, gates and
-output gate, and the float32 conditioning of its fixtures):
+output gate, and the float32 conditioning of its fixtures; Qwen3.5-MoE's always-renormalised router
+(a norm_topk_prob key changes nothing) and its layers against Qwen3.5's with every expert one copied
+MLP):
     /usr/bin/python3 tools/llama_reference.py --check       # exit status 0 when all match
     /usr/bin/python3 tools/llama_reference.py --selftest
 
@@ -240,14 +242,36 @@ A_log, dt_bias U(-1, 1) (decays exp(g) from ~0 to ~1, QWEN35_GATE_RANGE), linear
 of the parameters barely moves the gradients (QWEN35_SENSITIVITY: o's RMSNorm discards its scale,
 so where o = S^T q is small against its terms float32's rounding is amplified).
 3l_gqa_untied_rope1e4_qwen35: layers linear, full, linear; 1l_mqa_tied_rope1e4_qwen35: one
-full_attention layer, MQA, tied. The MoE
+full_attention layer, MQA, tied. Or qwen35moe (Qwen3_5MoeForCausalLM, model_type qwen3_5_moe_text,
+models/qwen3_5_moe/modular_qwen3_5_moe.py: the Qwen3.5 MoE text decoder, e.g. Qwen3.5-35B-A3B's;
+qwen35moe_config, layer_types in QWEN35_LAYER_TYPES, sizes in MOE and QWEN35_LINEAR): qwen35's layers
+exactly (the same token mixers, (1 + w) norms, rope_parameters, draws of A_log / dt_bias and the
+same names for them) except that EVERY layer's mlp is Qwen3_5MoeSparseMoeBlock (Qwen2-MoE's block
+with Qwen3VLMoeTextTopKRouter): p = softmax(x mlp.gate.weight^T) over the E = num_experts experts
+(gate.weight [E, C], no bias; HF in float32, here float64), the K = num_experts_per_tok largest
+(torch.topk), their weights ALWAYS divided by their sum (the router has no norm_topk_prob: the
+config class deletes that attribute, with intermediate_size, decoder_sparse_step and
+mlp_only_layers, so config.json has none of them); experts SwiGLU MLPs of moe_intermediate_size,
+mlp.experts.{e}.{gate_proj, up_proj, down_proj}.weight [I, C], [I, C], [C, I] (the per-expert names,
+as Qwen2-MoE's; transformers 5 packs them on load into experts.gate_up_proj [E, 2I, C] and
+experts.down_proj [E, C, I]); plus the shared expert, a SwiGLU MLP of
+shared_expert_intermediate_size on every token times sigmoid(x mlp.shared_expert_gate.weight^T)
+([1, C]). No auxiliary loss (output_router_logits false, router_aux_loss_coef 0.001). Names per
+layer in state-dict order: the mixer's (as qwen35's), mlp.gate.weight, mlp.experts.{e}.{gate_proj,
+up_proj, down_proj}.weight for e = 0..E-1, mlp.shared_expert.{gate_proj, up_proj, down_proj}.weight,
+mlp.shared_expert_gate.weight, input_layernorm, post_attention_layernorm. make_case re-draws the
+routers (ROUTE_MARGIN, crc32("<variant>/router<n>")) and the linear_attn parameters
+(QWEN35_SENSITIVITY, crc32("<variant>/linear<n>")) until both hold at once (each re-draw re-checks
+both). 3l_gqa_untied_rope1e4_qwen35moe: layers linear, full, linear, GQA, untied; 4 experts, top 2,
+moe_intermediate_size 12, shared_expert_intermediate_size 16. The MoE
 block on a token x (the post_attention_layernorm output): p = softmax(x gate.weight^T) over the
 E experts (gate.weight [E, C]); the K = num_experts_per_tok largest p (torch.topk, descending)
 and their experts; w = those p, divided by their sum when renormalised; output sum_j w_j
 down(silu(gate(x)) * up(x)) of expert j, no biases; Qwen2-MoE adds its shared expert, a SwiGLU
 MLP shared_expert_intermediate_size wide run on every token, times the token's
 sigmoid(x shared_expert_gate.weight^T) (shared_expert_gate.weight [1, C]): routed sum +
-sigmoid(gate) * shared_expert(x) (Qwen3-MoE, Mixtral and OLMoE have no shared expert). GLM-4.5's
+sigmoid(gate) * shared_expert(x) (Qwen3.5-MoE the same; Qwen3-MoE, Mixtral and OLMoE have no shared
+expert). GLM-4.5's
 block is DeepseekV3's instead: s = sigmoid(x gate.weight^T) (HF's GEMM in float32); choice
 scores c = s + gate.e_score_correction_bias (a float32 buffer [E], in the state dict, never
 trained); the E experts are n_group groups of E / n_group consecutive ones, a group's score the
@@ -258,8 +282,8 @@ w_j expert_j(x) + shared_experts(x), a SwiGLU MLP moe_intermediate_size * n_shar
 every token, ungated and unscaled. The choice carries no gradient: the weights' flows through s,
 and the bias gets none (its grad line is zeros, the C++ model's never-trained parameter). No auxiliary
 load-balancing loss (output_router_logits false: the loss is the plain cross-entropy) unless
-_aux (MoE only): output_router_logits true and router_aux_loss_coef 0.1 (else the class's
-default, 0.001, or OLMoE's 0.01), the loss then HF's mean cross-entropy + 0.1 aux, where aux is
+_aux (MoE only; no qwen35moe variant has it): output_router_logits true and router_aux_loss_coef
+0.1 (else the class's default, 0.001, or OLMoE's 0.01), the loss then HF's mean cross-entropy + 0.1 aux, where aux is
 transformers' load_balancing_loss_func without an attention mask (Switch Transformer): every
 sparse layer's router logits [B*T, E] stacked into [L*B*T, E], p their softmax over the E
 experts (the raw router softmax, not the renormalised top-K weights; the routers only, not
@@ -270,7 +294,7 @@ everything before them (not the last layer's experts, the final norm or the head
 every `grad` line are the total's, `logits` unchanged. An _aux variant draws the weights,
 tokens and targets of its twin without _aux (seed_name): the same logits and routing. Names:
 model.layers.{l}.mlp.gate.weight and mlp.experts.{e}.{gate_proj, up_proj, down_proj}.weight
-(Qwen3-MoE, OLMoE, Qwen2-MoE; Qwen2-MoE's then mlp.shared_expert.{gate_proj, up_proj,
+(Qwen3-MoE, OLMoE, Qwen2-MoE, Qwen3.5-MoE; Qwen2-MoE's and Qwen3.5-MoE's then mlp.shared_expert.{gate_proj, up_proj,
 down_proj}.weight [Is, C], [Is, C], [C, Is] and mlp.shared_expert_gate.weight [1, C]); GLM-4.5's
 in another order: mlp.experts.{e}.{gate_proj, up_proj, down_proj}.weight for e = 0..E-1, then
 mlp.gate.weight [E, C], mlp.gate.e_score_correction_bias [E], mlp.shared_experts.{gate_proj,
@@ -291,7 +315,7 @@ every expert chosen in every sparse layer, the float64 forward's choices, and th
 some token's choice against a zero bias; its e_score_correction_bias is drawn N(0, 0.1), rounded
 to 1e-3, from crc32("<variant>/bias") (not from the variant's seed, whose draws skip it); only
 the routers are re-drawn.
-A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe, gptoss, qwen35: 12; deepseekv3, deepseekv2: MLA's
+A tiny Llama (hidden 32, 4 heads of head_dim 8 (qwen3, qwen3moe, gemma3, glm4moe, gptoss, qwen35, qwen35moe: 12; deepseekv3, deepseekv2: MLA's
 q/k 12 = 8 nope + 4 rope, v 6 or 8, kv_lora_rank 16), intermediate 40, vocab 37: not a multiple
 of anything, so the C++ model pads it; max_position_embeddings 16 (1l_gqa_untied_yarn_gptoss:
 2048, GPTOSS_YARN), rms_norm_eps 1e-6 (deepseekv3,
@@ -320,7 +344,7 @@ params as short decimals to keep the files small: 1-layer files ~200-265 KB, 3-l
 (MoE: 1-layer ~355-420 KB, 3-layer ~770 KB-1.1 MB; glm4moe's 8 experts and shared experts 1-layer
 ~660 KB, 3-layer ~1.1 MB; deepseekv3's 1-layer ~640 KB, 3-layer ~1.1 MB; deepseekv2's 1-layer
 ~535 KB, 3-layer ~930 KB; gptoss's 1-layer ~400 KB, 3-layer ~1.0 MB; llama4's 1-layer ~280 KB, 3-layer
-~730 KB; qwen35's 1-layer ~255 KB, 3-layer ~655 KB).
+~730 KB; qwen35's 1-layer ~255 KB, 3-layer ~655 KB; qwen35moe's 3-layer ~830 KB).
 
 llama3 numbers: head_dim 8 and rope_theta 5e5 give wavelengths 2*pi/inv_freq of
 ~6.28, ~167, ~4443, ~1.2e5; original_max_position_embeddings 8 (< max_position_embeddings 16,
@@ -375,13 +399,14 @@ ARCHS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwe
          "exaone4": "Exaone4", "qwen3moe": "Qwen3Moe", "mixtral": "Mixtral", "olmoe": "Olmoe",
          "qwen2moe": "Qwen2Moe", "glm4moe": "Glm4Moe", "deepseekv3": "DeepseekV3",
          "deepseekv2": "DeepseekV2", "gptoss": "GptOss", "llama4": "Llama4",
-         "qwen35": "Qwen3_5"}  # HF class prefix
+         "qwen35": "Qwen3_5", "qwen35moe": "Qwen3_5Moe"}  # HF class prefix
 MODEL_TYPES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
                "glm4moe": "glm4_moe", "deepseekv3": "deepseek_v3",
                "deepseekv2": "deepseek_v2", "gptoss": "gpt_oss",
-               "llama4": "llama4_text", "qwen35": "qwen3_5_text"}  # HF model_type where it is not the variant's word
+               "llama4": "llama4_text", "qwen35": "qwen3_5_text",
+               "qwen35moe": "qwen3_5_moe_text"}  # HF model_type where it is not the variant's word
 MOE_ARCHS = {"qwen3moe", "mixtral", "olmoe", "qwen2moe", "glm4moe", "deepseekv3", "deepseekv2",
-             "gptoss", "llama4"}  # the Mixture-of-Experts classes' words
+             "gptoss", "llama4", "qwen35moe"}  # the Mixture-of-Experts classes' words
 GEMMA_PAD = 5  # the gemma3 variants' pad_token_id; the batch holds it twice (make_case)
 HEAD_DIM_QWEN3 = 12  # != hidden / heads, as Qwen3-0.6B's 128 against 1024 / 16
 VARIANTS = [
@@ -439,16 +464,17 @@ VARIANTS = [
     "1l_mqa_tied_rope1e4_llama4",
     "3l_gqa_untied_rope1e4_qwen35",
     "1l_mqa_tied_rope1e4_qwen35",
+    "3l_gqa_untied_rope1e4_qwen35moe",
 ]
 # The Mixture-of-Experts variants' routers: (experts E, experts per token K, expert size,
-# norm_topk_prob; None: Mixtral and GPT-OSS, whose K weights are always renormalised, and Llama 4, whose
-# are the chosen logits' sigmoids[, Qwen2-MoE: the shared
+# norm_topk_prob; None: Mixtral, GPT-OSS and Qwen3.5-MoE, whose K weights are always renormalised, and Llama 4, whose
+# are the chosen logits' sigmoids[, Qwen2-MoE and Qwen3.5-MoE: the shared
 # expert's size; GLM-4.5: its GLM4_MOE row; DeepSeek-V3: its DEEPSEEK_V3 row; DeepSeek-V2: its
 # DEEPSEEK_V2 row (norm_topk_prob only written to config.json: DeepseekV2Moe never renormalises);
 # Llama 4: its LLAMA4 row (the expert size is also the shared expert's)]). The expert size is
-# Qwen3MoeConfig's, Qwen2MoeConfig's, Glm4MoeConfig's and DeepseekV3Config's moe_intermediate_size,
-# MixtralConfig's, OlmoeConfig's and Llama4TextConfig's
-# intermediate_size; the shared expert's Qwen2MoeConfig's shared_expert_intermediate_size.
+# Qwen3MoeConfig's, Qwen2MoeConfig's, Qwen3_5MoeTextConfig's, Glm4MoeConfig's and DeepseekV3Config's
+# moe_intermediate_size, MixtralConfig's, OlmoeConfig's and Llama4TextConfig's intermediate_size; the
+# shared expert's Qwen2MoeConfig's (Qwen3_5MoeTextConfig's) shared_expert_intermediate_size.
 MOE = {
     "1l_gqa_untied_rope1e4_qwen3moe": (4, 2, 24, True),
     "3l_mqa_tied_llama3_qwen3moe": (5, 3, 20, False),
@@ -471,6 +497,7 @@ MOE = {
     "3l_mqa_tied_rope1e4_gptoss_swa": (5, 2, 20, None),  # (the _aux variant's twin: drawn, not a fixture)
     "3l_gqa_untied_llama3_llama4": (4, 1, 24, None, "3l_gqa_untied_llama3_llama4"),
     "1l_mqa_tied_rope1e4_llama4": (3, 1, 20, None, "1l_mqa_tied_rope1e4_llama4"),
+    "3l_gqa_untied_rope1e4_qwen35moe": (4, 2, 12, None, 16),
 }
 # The glm4moe variants' other Glm4MoeConfig attributes: the first first_k_dense_replace layers
 # dense (Llama's MLP, intermediate_size wide), the others sparse; n_shared_experts (the shared
@@ -573,14 +600,15 @@ LLAMA4 = {
                                    "no_rope_layer_interval": 4, "use_qk_norm": False, "attention_chunk_size": 4,
                                    "attn_temperature_tuning": False, "floor_scale": 8192, "attn_scale": 0.1},
 }
-# The qwen35 variants' layer_types (Qwen3_5TextConfig's: each layer's token mixer, "linear_attention"
-# (Qwen3_5GatedDeltaNet) or "full_attention" (the gated Qwen3NextAttention)): 3l linear, full,
-# linear; 1l a full_attention layer alone (the other file has both kinds).
+# The qwen35 (and qwen35moe) variants' layer_types (Qwen3_5TextConfig's: each layer's token mixer,
+# "linear_attention" (Qwen3_5GatedDeltaNet) or "full_attention" (the gated Qwen3NextAttention)): 3l
+# linear, full, linear; 1l a full_attention layer alone (the other file has both kinds).
 QWEN35_LAYER_TYPES = {
     "3l_gqa_untied_rope1e4_qwen35": ["linear_attention", "full_attention", "linear_attention"],
     "1l_mqa_tied_rope1e4_qwen35": ["full_attention"],
+    "3l_gqa_untied_rope1e4_qwen35moe": ["linear_attention", "full_attention", "linear_attention"],
 }
-# Qwen3_5TextConfig's linear-attention sizes (every qwen35 variant): 2 key heads of 8 (q and k) and 4
+# Qwen3_5TextConfig's linear-attention sizes (every qwen35 and qwen35moe variant): 2 key heads of 8 (q and k) and 4
 # value heads of 6 (each key head serves 2 consecutive value heads), the depthwise causal conv over
 # 4 positions (< T); partial_rotary_factor 0.5 of head_dim 12 (6 columns rotated, 3 frequencies);
 # A_log and dt_bias drawn U(-1, 1) (QWEN35_GATE_RANGE; HF initialises dt_bias 1 and A_log ln U(0.01,
@@ -612,7 +640,8 @@ LLAMA4_ALT = {"rotate_half": False, "gate_up_interleaved": False, "scale_output"
 # Qwen2-MoE and Mixtral 0.001, OLMoE 0.01). An _aux variant draws the weights, tokens and targets of its twin
 # without _aux (seed_name): the same logits, the loss and the grads those plus the aux term's.
 AUX_COEF = 0.1
-AUX_DEFAULT_COEF = {"qwen3moe": 0.001, "mixtral": 0.001, "olmoe": 0.01, "qwen2moe": 0.001, "gptoss": 0.001}
+AUX_DEFAULT_COEF = {"qwen3moe": 0.001, "mixtral": 0.001, "olmoe": 0.01, "qwen2moe": 0.001, "gptoss": 0.001,
+                    "qwen35moe": 0.001}
 # Routing that float32 reproduces: for every token of every MoE layer the sorted softmax
 # probabilities p1 >= p2 >= ... differ by at least ROUTE_MARGIN relative (p_j - p_j+1 >= margin
 # * p_j) for j = 1..K (the K chosen ones among themselves, and the K-th from the (K+1)-th), and
@@ -640,6 +669,9 @@ def hf_config(variant):
     archs = flags & set(ARCHS)
     assert len(archs) <= 1, variant
     assert "aux" not in flags or archs & MOE_ARCHS, variant  # (MoE only)
+    if archs == {"qwen35moe"}:  # (sized by MOE[variant], its layer_types in QWEN35_LAYER_TYPES)
+        assert variant in MOE and variant in QWEN35_LAYER_TYPES, variant
+        return qwen35moe_config(MOE[variant], QWEN35_LAYER_TYPES[variant], int(layers[:-1]), attn, tied, rope, flags)
     if archs & MOE_ARCHS:  # sized by MOE[variant]
         assert variant in MOE, variant
         moe_config = {"qwen3moe": qwen3moe_config, "mixtral": mixtral_config, "olmoe": olmoe_config,
@@ -1056,6 +1088,29 @@ def qwen35_config(layer_types, layers, attn, tied, rope, flags):
             "torch_dtype": "float32"}
 
 
+def qwen35moe_config(sizes, layer_types, layers, attn, tied, rope, flags):
+    """config.json of a Qwen3_5MoeForCausalLM variant (model_type qwen3_5_moe_text;
+    Qwen3_5MoeTextConfig's attributes as transformers 5's to_dict() writes them): qwen35_config's
+    (head_dim 12, rope_parameters with partial_rotary_factor 0.5, layer_types, QWEN35_LINEAR's sizes,
+    no biases, pad_token_id null) less intermediate_size, and the MoE block's num_experts /
+    num_experts_per_tok / moe_intermediate_size / shared_expert_intermediate_size from MOE; no
+    auxiliary loss (output_router_logits false, the class's router_aux_loss_coef 0.001). No
+    decoder_sparse_step, norm_topk_prob or mlp_only_layers: the class deletes them (every layer
+    sparse, the top-K weights always renormalised)."""
+    assert not flags - {"qwen35moe"} and len(sizes) == 5 and sizes[3] is None, (flags, sizes)
+    E, K, size, _, shared = sizes
+    assert K < E, sizes
+    cfg = {}
+    for key, value in qwen35_config(layer_types, layers, attn, tied, rope, set()).items():
+        if key == "intermediate_size":
+            continue
+        cfg[key] = value
+        if key == "linear_num_value_heads":
+            cfg.update({"num_experts": E, "num_experts_per_tok": K, "moe_intermediate_size": size,
+                        "shared_expert_intermediate_size": shared, **aux_attributes("qwen35moe", flags)})
+    return dict(cfg, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text")
+
+
 def sized_config(cls, model_type, layers, attn, rope):
     """The leading attributes every class without head_dim shares: class, sizes, norm epsilon
     and RoPE (rope1e4 / linear / yarn: theta 1e4; llama3: theta 5e5 with LLAMA3_SCALING)."""
@@ -1236,11 +1291,20 @@ def rope_cfg(cfg, layer):
 
 
 def qwen35(cfg):
-    """Qwen3_5ForCausalLM (model_type qwen3_5_text, the Qwen3.5 text decoder): each layer's token
-    mixer per layer_types, the gated attention (gated_attention) or the Gated DeltaNet
-    (gated_deltanet); Llama's pre-norm layer and SwiGLU MLP otherwise; every RMSNorm but the
-    DeltaNet's gated one times 1 + w; RoPE from rope_parameters (qwen35_rope)."""
-    return cfg.get("model_type") == "qwen3_5_text"
+    """Qwen3_5ForCausalLM (model_type qwen3_5_text, the Qwen3.5 text decoder) and
+    Qwen3_5MoeForCausalLM (qwen3_5_moe_text: the same layers, the MLP replaced by the sparse block,
+    qwen35moe): each layer's token mixer per layer_types, the gated attention (gated_attention) or
+    the Gated DeltaNet (gated_deltanet); Llama's pre-norm layer and SwiGLU MLP otherwise; every
+    RMSNorm but the DeltaNet's gated one times 1 + w; RoPE from rope_parameters (qwen35_rope)."""
+    return cfg.get("model_type") in ("qwen3_5_text", "qwen3_5_moe_text")
+
+
+def qwen35moe(cfg):
+    """Qwen3_5MoeForCausalLM (model_type qwen3_5_moe_text): qwen35's layers with
+    Qwen3_5MoeSparseMoeBlock as every layer's MLP (Qwen2-MoE's block with Qwen3VLMoeTextTopKRouter:
+    softmax router, torch.topk, the K weights always renormalised; SwiGLU experts of
+    moe_intermediate_size; a shared expert times sigmoid(shared_expert_gate))."""
+    return cfg.get("model_type") == "qwen3_5_moe_text"
 
 
 def qwen35_rope(cfg):
@@ -1273,7 +1337,7 @@ def post_norms(cfg):  # Olmo2DecoderLayer (OLMo 2, OLMo 3, EXAONE 4): sublayer o
 
 def moe(cfg):  # the Mixture-of-Experts classes
     return cfg["model_type"] in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2",
-                                 "gpt_oss", "llama4_text")
+                                 "gpt_oss", "llama4_text", "qwen3_5_moe_text")
 
 
 def gptoss(cfg):
@@ -1353,15 +1417,17 @@ def get_mscale(factor, m=1.0):  # YaRN's 0.1 m ln(factor) + 1 (1 for factor <= 1
 
 
 def shared_expert(cfg):
-    """Qwen2-MoE's shared expert: a SwiGLU MLP of shared_expert_intermediate_size on every token
-    of a sparse layer, times sigmoid(x shared_expert_gate.weight^T), added to the routed sum."""
-    return cfg["model_type"] == "qwen2_moe"
+    """Qwen2-MoE's (Qwen3.5-MoE's) shared expert: a SwiGLU MLP of shared_expert_intermediate_size on
+    every token of a sparse layer, times sigmoid(x shared_expert_gate.weight^T), added to the routed
+    sum."""
+    return cfg["model_type"] in ("qwen2_moe", "qwen3_5_moe_text")
 
 
 def sparse_layer(cfg, layer):
     """Whether a layer has the sparse MoE block in place of the MLP: Qwen3MoeDecoderLayer's and
     Qwen2MoeDecoderLayer's rule (not in mlp_only_layers, and (layer + 1) % decoder_sparse_step
-    == 0); Glm4MoeDecoderLayer's: from first_k_dense_replace on; every layer of Mixtral and OLMoE."""
+    == 0); Glm4MoeDecoderLayer's: from first_k_dense_replace on; every layer of Mixtral, OLMoE and
+    Qwen3.5-MoE (Qwen3_5MoeDecoderLayer always builds the sparse block)."""
     if deepseek_moe(cfg) or deepseek_v2(cfg):
         return layer >= cfg["first_k_dense_replace"]
     if cfg["model_type"] in ("qwen3_moe", "qwen2_moe"):
@@ -1383,8 +1449,8 @@ def num_experts(cfg):  # MixtralConfig's (GptOssConfig's) num_local_experts, Glm
     return cfg["num_local_experts"] if cfg["model_type"] in ("mixtral", "gpt_oss", "llama4_text") else cfg["num_experts"]
 
 
-def expert_size(cfg):  # Qwen3-MoE's, Qwen2-MoE's, GLM-4.5's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
-    moe_sized = cfg["model_type"] in ("qwen3_moe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2")
+def expert_size(cfg):  # Qwen3-MoE's, Qwen2-MoE's, Qwen3.5-MoE's, GLM-4.5's moe_intermediate_size; Mixtral's and OLMoE's intermediate_size
+    moe_sized = cfg["model_type"] in ("qwen3_moe", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2", "qwen3_5_moe_text")
     return cfg["moe_intermediate_size"] if moe_sized else cfg["intermediate_size"]
 
 
@@ -1396,10 +1462,11 @@ def expert_projs(cfg):
     return ("gate_proj", "up_proj", "down_proj"), ("gate_proj", "up_proj", "down_proj")
 
 
-def renormalise(cfg):  # the K weights divided by their sum: Mixtral always, the others norm_topk_prob
+def renormalise(cfg):  # the K weights divided by their sum: Mixtral, Qwen3.5-MoE always, the others norm_topk_prob
     if deepseek_v2(cfg):  # (DeepseekV2Moe never: norm_topk_prob is read by no code of the class)
         return False
-    return cfg["model_type"] == "mixtral" or cfg.get("norm_topk_prob", False)
+    # (Qwen3VLMoeTextTopKRouter has no norm_topk_prob: it always divides by the sum)
+    return cfg["model_type"] in ("mixtral", "qwen3_5_moe_text") or cfg.get("norm_topk_prob", False)
 
 
 def layer_window(cfg, layer):
@@ -1451,15 +1518,18 @@ def layer_norm_names(cfg):  # a decoder layer's RMSNorms, in state-dict order
 
 def param_shapes(cfg):
     """HF state-dict names and shapes of the variant's class, in state-dict order."""
-    C, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    C, I, V = cfg["hidden_size"], cfg.get("intermediate_size"), cfg["vocab_size"]  # (Qwen3.5-MoE: no intermediate_size)
     H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     shapes = [("model.embed_tokens.weight", (V, C))]
     for l in range(cfg["num_hidden_layers"]):
         a, m = f"model.layers.{l}.self_attn.", f"model.layers.{l}.mlp."
-        if qwen35(cfg):  # the token mixer, Llama's MLP, the two norms
+        if qwen35(cfg):  # the token mixer, Llama's MLP (Qwen3.5-MoE: the sparse block), the two norms
             shapes += qwen35_mixer_shapes(cfg, l)
-            shapes += [(m + name + ".weight", dims) for name, dims in
-                       (("gate_proj", (I, C)), ("up_proj", (I, C)), ("down_proj", (C, I)))]
+            if sparse_layer(cfg, l):
+                shapes += softmax_moe_shapes(cfg, l)
+            else:
+                shapes += [(m + name + ".weight", dims) for name, dims in
+                           (("gate_proj", (I, C)), ("up_proj", (I, C)), ("down_proj", (C, I)))]
             shapes += [(f"model.layers.{l}.{norm}.weight", (C,)) for norm in layer_norm_names(cfg)]
             continue
         if phi3(cfg):
@@ -1513,15 +1583,7 @@ def param_shapes(cfg):
             shapes += [(x + "shared_experts.gate_proj.weight", (Is, C)), (x + "shared_experts.up_proj.weight", (Is, C)),
                        (x + "shared_experts.down_proj.weight", (C, Is))]
         elif sparse_layer(cfg, l):  # the router, then each expert's three matrices
-            x, Im = moe_prefix(cfg, l), expert_size(cfg)
-            shapes.append((x + "gate.weight", (num_experts(cfg), C)))
-            dims = dict(zip(expert_projs(cfg)[0], ((Im, C), (Im, C), (C, Im))))
-            shapes += [(f"{x}experts.{e}.{name}.weight", dims[name])
-                       for e in range(num_experts(cfg)) for name in expert_projs(cfg)[1]]
-            if shared_expert(cfg):  # Qwen2-MoE: then the shared expert and its sigmoid gate
-                Is = cfg["shared_expert_intermediate_size"]
-                shapes += [(x + "shared_expert.gate_proj.weight", (Is, C)), (x + "shared_expert.up_proj.weight", (Is, C)),
-                           (x + "shared_expert.down_proj.weight", (C, Is)), (x + "shared_expert_gate.weight", (1, C))]
+            shapes += softmax_moe_shapes(cfg, l)
         for name, out, inp in () if sparse_layer(cfg, l) or llama4(cfg) else (("gate_proj", I, C), ("up_proj", I, C), ("down_proj", C, I)):
             shapes.append((m + name + ".weight", (out, inp)))
             if mlp_bias(cfg):
@@ -1531,6 +1593,23 @@ def param_shapes(cfg):
     shapes.append(("model.norm.weight", (C,)))
     if not cfg["tie_word_embeddings"]:
         shapes.append(("lm_head.weight", (V, C)))
+    return shapes
+
+
+def softmax_moe_shapes(cfg, layer):
+    """A softmax-routed sparse block in state-dict order (name, shape): the router gate.weight [E,
+    C], then each expert's three matrices (expert_projs' order), and under shared_expert (Qwen2-MoE,
+    Qwen3.5-MoE) shared_expert.{gate_proj, up_proj, down_proj}.weight [Is, C], [Is, C], [C, Is] and
+    shared_expert_gate.weight [1, C]."""
+    C, x, Im = cfg["hidden_size"], moe_prefix(cfg, layer), expert_size(cfg)
+    shapes = [(x + "gate.weight", (num_experts(cfg), C))]
+    dims = dict(zip(expert_projs(cfg)[0], ((Im, C), (Im, C), (C, Im))))
+    shapes += [(f"{x}experts.{e}.{name}.weight", dims[name])
+               for e in range(num_experts(cfg)) for name in expert_projs(cfg)[1]]
+    if shared_expert(cfg):  # Qwen2-MoE, Qwen3.5-MoE: then the shared expert and its sigmoid gate
+        Is = cfg["shared_expert_intermediate_size"]
+        shapes += [(x + "shared_expert.gate_proj.weight", (Is, C)), (x + "shared_expert.up_proj.weight", (Is, C)),
+                   (x + "shared_expert.down_proj.weight", (C, Is)), (x + "shared_expert_gate.weight", (1, C))]
     return shapes
 
 
@@ -1620,7 +1699,8 @@ def make_case(variant):
     (ROUTE_MARGIN); GPT-OSS's router weights and biases, and then its gate_up_proj_bias until the
     clamps are exercised and unambiguous (clamps_ok), each re-draw re-checking both. GLM-4.5: the e_score_correction_bias drawn from crc32("<variant>/bias")
     (the other draws as without it). Qwen3.5: the linear_attn parameters re-drawn from
-    crc32("<variant>/linear<n>") until perturbation_sensitivity <= QWEN35_SENSITIVITY."""
+    crc32("<variant>/linear<n>") until perturbation_sensitivity <= QWEN35_SENSITIVITY. Qwen3.5-MoE:
+    both re-draws (the routers' and the linear_attn parameters') until both hold at once."""
     cfg = hf_config(variant)
     seed = seed_name(variant)
     gen = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
@@ -1630,6 +1710,28 @@ def make_case(variant):
     targets = torch.randint(0, VOCAB, (B, T), generator=gen)
     if gemma(cfg):  # the padding row is looked up (and gets no gradient from it)
         tokens[0, 2] = tokens[1, 4] = cfg["pad_token_id"]
+    if qwen35moe(cfg):  # both: the routing (ROUTE_MARGIN) and float32's conditioning (QWEN35_SENSITIVITY)
+        router_attempt, linear_attempt = 0, 0
+        while True:  # (each re-draw re-checks both: the linear layers feed the routers, the routers the gradients)
+            if not routing_ok(cfg, params, tokens):
+                router_attempt += 1
+                assert router_attempt <= 100, variant
+                redraw = torch.Generator().manual_seed(zlib.crc32(f"{seed}/router{router_attempt}".encode()))
+                for name, shape in param_shapes(cfg):
+                    if name.endswith(".gate.weight"):
+                        params[name] = draw(cfg, name, shape, redraw)
+                continue
+            if perturbation_sensitivity(cfg, params, tokens, targets) > QWEN35_SENSITIVITY:
+                linear_attempt += 1
+                assert linear_attempt <= 200 and any(".linear_attn." in n for n in params), variant
+                redraw = torch.Generator().manual_seed(zlib.crc32(f"{seed}/linear{linear_attempt}".encode()))
+                for name, shape in param_shapes(cfg):
+                    if ".linear_attn." in name:
+                        params[name] = draw(cfg, name, shape, redraw)
+                continue
+            break
+        ROUTER_REDRAWS[variant], LINEAR_REDRAWS[variant] = router_attempt, linear_attempt
+        return cfg, params, tokens, targets
     if qwen35(cfg):  # well-conditioned for float32 (QWEN35_SENSITIVITY)
         attempt = 0
         while perturbation_sensitivity(cfg, params, tokens, targets) > QWEN35_SENSITIVITY:
@@ -2032,12 +2134,12 @@ def llama4_moe(x, p, cfg, m, probe=None, routers=None):
 
 def moe_block(h, p, cfg, layer, probe=None, routers=None, acts=None):
     """The sparse MoE block on h [B, T, C] (Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock,
-    OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock; Glm4MoeMoE and DeepseekV3MoE: glm_route's sigmoid, bias, groups and
+    OlmoeSparseMoeBlock, Qwen2MoeSparseMoeBlock, Qwen3_5MoeSparseMoeBlock; Glm4MoeMoE and DeepseekV3MoE: glm_route's sigmoid, bias, groups and
     scaled weights in place of the softmax, plus its shared experts, ungated, and probe gets the
     masked choice scores): router softmax over the E experts, its K largest
     (torch.topk, in descending order) as the weights, divided by their sum when renormalise(cfg);
     each token's output the weighted sum of its K experts' SwiGLU MLPs, computed expert by expert
-    over the tokens that chose it (index_add, as HF); Qwen2-MoE adds to that sum its shared
+    over the tokens that chose it (index_add, as HF); Qwen2-MoE (Qwen3.5-MoE) adds to that sum its shared
     expert's SwiGLU MLP of every token times sigmoid(x shared_expert_gate.weight^T), one gate value
     per token. probe: a list that gets the router softmax (detached); routers: a list that gets the
     router logits [B*T, E] (with their graph, for the aux loss)."""
@@ -2254,12 +2356,15 @@ def forward(p, cfg, tokens, probe=None, routers=None, acts=None):
         a, ab = pre + "self_attn.", qkv_bias(cfg)
         cos, sin = cos_sin(rope_cfg(cfg, l))
         h = x if post_norms(cfg) else norm(x, pre + "input_layernorm")
-        if qwen35(cfg):  # the layer's token mixer, then Llama's MLP (no biases)
+        if qwen35(cfg):  # the layer's token mixer, then Llama's MLP (no biases; Qwen3.5-MoE: the sparse block)
             if qwen35_mixer(cfg, l) == "linear_attn":
                 x = x + gated_deltanet(h, p, cfg, pre + "linear_attn.", acts)
             else:
                 x = x + gated_attention(h, p, cfg, a, cos, sin, causal)
             h = norm(x, pre + "post_attention_layernorm")
+            if sparse_layer(cfg, l):  # Qwen3_5MoeSparseMoeBlock
+                x = x + moe_block(h, p, cfg, l, probe, routers)
+                continue
             g = linear(h, pre + "mlp.gate_proj", False)
             x = x + linear(g * torch.sigmoid(g) * linear(h, pre + "mlp.up_proj", False), pre + "mlp.down_proj", False)
             continue
@@ -2802,7 +2907,11 @@ def naive_qwen35_loss(p, cfg, tokens, targets):
     hand-written softmax, each head's output times 1 / (1 + e^-gate); the linear_attention layers'
     convolution as a sum over the K taps of the tokens t - K + 1 .. t, the l2 norms, exp / log1p
     of the gates, and the delta rule on the state's Dk rows one by one: row i decayed, the memory
-    sum_i S_i k_i, the delta, each row plus k_i delta, the output sum_i S_i q_i. Slow."""
+    sum_i S_i k_i, the delta, each row plus k_i delta, the output sum_i S_i q_i. Qwen3.5-MoE's sparse
+    block token by token: the E router dot products, their softmax by hand, the K largest picked one
+    by one, their weights divided by their sum, each chosen expert's MLP, plus the shared expert's
+    times 1 / (1 + e^-(shared_expert_gate . h)); under output_router_logits the load-balancing loss
+    from per-expert counts and sums (as naive_loss). Slow."""
     H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     eps, group = cfg["rms_norm_eps"], H // Hkv
     rc = qwen35_rope(cfg)
@@ -2880,6 +2989,26 @@ def naive_qwen35_loss(p, cfg, tokens, targets):
             out.append(lin(torch.cat(heads), a + "out_proj"))
         return out
 
+    def swiglu(h, pre):  # down(silu(gate h) * up h) of the MLP named pre
+        return lin(silu(lin(h, pre + "gate_proj")) * lin(h, pre + "up_proj"), pre + "down_proj")
+
+    routing = []  # (the E probabilities, the K chosen experts) per token per sparse layer
+
+    def sparse_mlp(h, m):  # one token's Qwen3_5MoeSparseMoeBlock (block prefix m)
+        z = [torch.dot(p[m + "gate.weight"][e], h) for e in range(num_experts(cfg))]
+        top = max(float(v) for v in z)
+        ez = [torch.exp(v - top) for v in z]
+        prob = [v / sum(ez) for v in ez]
+        chosen = []
+        for _ in range(cfg["num_experts_per_tok"]):
+            chosen.append(max((e for e in range(len(z)) if e not in chosen), key=lambda e: float(prob[e])))
+        routing.append((prob, chosen))
+        w = [prob[e] for e in chosen]
+        out = swiglu(h, m + "shared_expert.") / (1 + torch.exp(-torch.dot(p[m + "shared_expert_gate.weight"][0], h)))
+        for wj, e in zip(w, chosen):  # (always renormalised: Qwen3VLMoeTextTopKRouter)
+            out = out + wj / sum(w) * swiglu(h, f"{m}experts.{e}.")
+        return out
+
     emb, pad = p["model.embed_tokens.weight"], pad_token(cfg)
     head = p["model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"]
     total = 0.0
@@ -2893,13 +3022,20 @@ def naive_qwen35_loss(p, cfg, tokens, targets):
             new = []
             for x in xs:
                 h = norm(x, p[pre + "post_attention_layernorm.weight"])
-                new.append(x + lin(silu(lin(h, pre + "mlp.gate_proj")) * lin(h, pre + "mlp.up_proj"), pre + "mlp.down_proj"))
+                new.append(x + (sparse_mlp(h, pre + "mlp.") if sparse_layer(cfg, l) else swiglu(h, pre + "mlp.")))
             xs = new
         for t, x in enumerate(xs):
             z = torch.mv(head, norm(x, p["model.norm.weight"]))
             top = float(z.max())
             total = total + (top + torch.log(torch.exp(z - top).sum()) - z[int(targets[bi, t])])
-    return total / tokens.numel()
+    if not aux_on(cfg):
+        return total / tokens.numel()
+    E, n = num_experts(cfg), len(routing)  # n = sparse layers * B * T
+    lb = 0.0
+    for e in range(E):
+        picks = sum(1 for _, chosen in routing for c in chosen if c == e)
+        lb = lb + (picks / n) * (sum(prob[e] for prob, _ in routing) / n)
+    return total / tokens.numel() + cfg["router_aux_loss_coef"] * (E * lb)
 
 
 def naive_frequencies(cfg, D, T):
@@ -3147,7 +3283,7 @@ def selftest():
               "3l_mqa_tied_llama3_qwen2moe_swa", "1l_gqa_untied_rope1e4_glm4moe", "3l_mqa_tied_llama3_glm4moe",
               "1l_gqa_untied_yarn_gptoss", "3l_mqa_tied_rope1e4_gptoss_swa_aux",
               "3l_gqa_untied_llama3_llama4", "1l_mqa_tied_rope1e4_llama4",
-              "3l_gqa_untied_rope1e4_qwen35", "1l_mqa_tied_rope1e4_qwen35"):
+              "3l_gqa_untied_rope1e4_qwen35", "1l_mqa_tied_rope1e4_qwen35", "3l_gqa_untied_rope1e4_qwen35moe"):
         cfg, params32, tokens, targets = make_case(v)
         H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
         mha = dict(cfg, num_key_value_heads=H)
@@ -3441,6 +3577,17 @@ def selftest():
                    and all(torch.equal(flipped[0][n].grad, params[n].grad) for n in params) and float(sums.max()) < 0.999,
                    f"{v}: norm_topk_prob true in the config changes nothing (loss and grads bit-equal), though the "
                    f"K chosen probabilities sum to {float(sums.min()):.3f}..{float(sums.max()):.3f}, not 1")
+        elif qwen35moe(cfg):  # Qwen3VLMoeTextTopKRouter always renormalises: a norm_topk_prob key changes nothing
+            sums = torch.cat([torch.topk(pr, K, dim=-1).values.sum(-1) for pr in router_probs(cfg, params32, tokens)])
+            same = True
+            for flag in (False, True):
+                flipped = run(dict(cfg, norm_topk_prob=flag), params32, tokens, targets)
+                same = same and flipped[2].item() == loss.item() and all(torch.equal(flipped[0][n].grad, params[n].grad)
+                                                                         for n in params)
+            expect("norm_topk_prob" not in cfg and renormalise(cfg) and same and float(sums.max()) < 0.999,
+                   f"{v}: no norm_topk_prob in config.json, and norm_topk_prob false or true added to it changes nothing "
+                   f"(loss and grads bit-equal): the K weights always renormalised, though the K chosen probabilities "
+                   f"sum to {float(sums.min()):.3f}..{float(sums.max()):.3f}, not 1")
         elif cfg["model_type"] not in ("mixtral", "gpt_oss", "llama4_text"):  # (Mixtral's, GPT-OSS's weights are always
             # renormalised; Llama 4's the sigmoids, never)
             flipped = run(dict(cfg, norm_topk_prob=not cfg["norm_topk_prob"]), params32, tokens, targets)[2].item()
@@ -4129,6 +4276,9 @@ def selftest():
                     x = x + gated_attention(h, base64, cfg, pre + "self_attn.", emb.cos(), emb.sin(),
                                             torch.tril(torch.ones(T, T, dtype=torch.bool)))
                 h = rms_norm(x, 1.0 + base64[pre + "post_attention_layernorm.weight"], cfg["rms_norm_eps"])
+                if sparse_layer(cfg, l):  # (Qwen3.5-MoE's sparse block)
+                    x = x + moe_block(h, base64, cfg, l)
+                    continue
                 g = h @ base64[pre + "mlp.gate_proj.weight"].T
                 x = x + (g * torch.sigmoid(g) * (h @ base64[pre + "mlp.up_proj.weight"].T)) @ base64[pre + "mlp.down_proj.weight"].T
             again = model_loss(base64, cfg, tokens, targets)[1].item()
@@ -4162,6 +4312,58 @@ def selftest():
         expect(worst_abs < 1e-9 and worst_rel < 1e-6,
                f"{v}: finite differences of the loss on {len(picked)} linear_attn entries (every A_log and dt_bias, "
                f"conv1d, in_proj_a, in_proj_b, norm): worst abs err {worst_abs:.1e}, worst rel err {worst_rel:.1e}")
+
+    # 4m. Qwen3.5-MoE (qwen35moe, Qwen3_5MoeForCausalLM): config.json without the attributes the class
+    #     deletes (intermediate_size, decoder_sparse_step, norm_topk_prob, mlp_only_layers), every layer
+    #     sparse; and qwen35's layers exactly: with every expert of a layer a copy of one SwiGLU MLP and
+    #     the shared expert's down_proj zeroed, the model is Qwen3_5ForCausalLM (qwen35) with that MLP
+    #     (intermediate_size = moe_intermediate_size) -- the renormalised K weights sum to 1 whatever the
+    #     routing (the K chosen probabilities alone do not: 4g) -- in loss, logits and every gradient
+    #     (the dense MLP's the sum of the experts' copies; the routers' and shared_expert_gate's ~0).
+    for v in (x for x in VARIANTS if "_qwen35moe" in x):
+        cfg, params32, tokens, targets = make_case(v)
+        L, E, Im = cfg["num_hidden_layers"], num_experts(cfg), expert_size(cfg)
+        absent = [k for k in ("intermediate_size", "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers") if k in cfg]
+        expect(not absent and all(sparse_layer(cfg, l) for l in range(L)) and renormalise(cfg) and shared_expert(cfg)
+               and cfg["architectures"] == ["Qwen3_5MoeForCausalLM"] and not aux_on(cfg),
+               f"{v}: config.json has no {', '.join(absent) or 'intermediate_size, decoder_sparse_step, norm_topk_prob, mlp_only_layers'}"
+               f"; all {L} layers sparse (E {E}, K {cfg['num_experts_per_tok']}, experts {Im} wide, shared expert "
+               f"{cfg['shared_expert_intermediate_size']}), always renormalised, no aux loss")
+        dense_cfg = dict(cfg, model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], intermediate_size=Im)
+        copies, dense = dict(params32), {}
+        for n, t in params32.items():
+            if ".mlp." not in n:
+                dense[n] = t
+        for l in range(L):
+            m = f"model.layers.{l}.mlp."
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                one = params32[f"{m}experts.0.{proj}.weight"]
+                dense[f"{m}{proj}.weight"] = one
+                for e in range(E):
+                    copies[f"{m}experts.{e}.{proj}.weight"] = one.clone()
+            copies[m + "shared_expert.down_proj.weight"] = torch.zeros_like(params32[m + "shared_expert.down_proj.weight"])
+        dense = {n: dense[n] for n, _ in param_shapes(dense_cfg)}  # (its state-dict order)
+        pm, lm, lossm = run(cfg, copies, tokens, targets)
+        pd, ld, lossd = run(dense_cfg, dense, tokens, targets)
+        gerr, quiet = 0.0, 0.0
+        for n in pd:
+            if ".mlp." in n:  # the dense MLP's gradient: the sum of its E copies'
+                l, proj = n.split(".")[2], n.split(".")[-2]
+                got = sum(pm[f"model.layers.{l}.mlp.experts.{e}.{proj}.weight"].grad for e in range(E))
+            else:
+                got = pm[n].grad
+            gerr = max(gerr, rel_err(got, pd[n].grad))
+        scale = max(float(t.grad.norm()) for t in pm.values())
+        for n in pm:
+            if n.endswith(".mlp.gate.weight") or n.endswith(".shared_expert_gate.weight"):
+                quiet = max(quiet, float(pm[n].grad.norm()) / scale)
+        own_loss = run(cfg, params32, tokens, targets)[2].item()
+        expect(abs(lossm.item() - lossd.item()) < 1e-13 * abs(lossd.item()) and rel_err(lm, ld) < 1e-13 and gerr < 1e-10
+               and quiet < 1e-13 and abs(own_loss - lossd.item()) > 1e-3,
+               f"{v}: every expert a copy of one MLP, the shared expert's down_proj zeroed: Qwen3_5ForCausalLM with that "
+               f"MLP (loss {lossm.item():.15f} vs {lossd.item():.15f}, logits {rel_err(lm, ld):.1e}, grads {gerr:.1e}, "
+               f"the dense MLP's the sum of the copies'; routers' and shared_expert_gate's {quiet:.1e} of the largest); "
+               f"the drawn experts give {own_loss:.8f}")
 
     # the gated delta rule: the recurrence against HF's chunked algorithm on T = 70 (two chunks of 64)
     gen_q = torch.Generator().manual_seed(3535)

@@ -60,12 +60,13 @@ void init_elements(const FlatEntry& e, uint64_t seed, int64_t lo, int64_t hi, fl
       break;
     case InitKind::zeros: std::fill(out, out + own, 0.f); break;
     case InitKind::ones: std::fill(out, out + own, 1.f); break;
-    case InitKind::log_uniform: {  // log(low + (high - low) u), u in [0, 1) from 24 random bits
-      const uint64_t key = rng::key_of(e.spec.name);
+    case InitKind::log_uniform: {  // log(low + (high - low) u), u in (0, 1): 24 random bits
+      const uint64_t key = rng::key_of(e.spec.name);  // + 1/2 (finite at low = 0, HF's MoE's)
       const double lo = e.spec.init_low, hi = e.spec.init_high;
       for (int64_t i = 0; i < own; ++i) {
         const double u =
-            static_cast<double>(rng::bits(seed, key, static_cast<uint64_t>(k0 + i)) >> 40) /
+            (static_cast<double>(rng::bits(seed, key, static_cast<uint64_t>(k0 + i)) >> 40) +
+             0.5) /
             static_cast<double>(uint64_t{1} << 24);
         out[i] = static_cast<float>(std::log(lo + (hi - lo) * u));
       }

@@ -60,6 +60,7 @@ constexpr ArchNames kArchNames[] = {
     {LlamaArch::gpt_oss, "GptOss", "GptOssConfig"},
     {LlamaArch::llama4_text, "Llama4Text", "Llama4TextConfig", "llama4", "Llama4ForCausalLM"},
     {LlamaArch::qwen3_5_text, "Qwen3_5", "Qwen3_5TextConfig", "qwen3_5"},
+    {LlamaArch::qwen3_5_moe_text, "Qwen3_5Moe", "Qwen3_5MoeTextConfig", "qwen3_5_moe"},
 };
 constexpr bool arch_names_in_enum_order() {
   if (std::size(kArchNames) != std::size(EnumNames<LlamaArch>::table)) return false;
@@ -108,8 +109,10 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
   const bool mla = ds || ds2, ds_moe = glm || mla;
   const bool oss = arch == LlamaArch::gpt_oss;  // gpt-oss's: its own defaults throughout
   const bool l4 = arch == LlamaArch::llama4_text;  // Llama 4's: its own defaults throughout
-  const bool q35 = arch == LlamaArch::qwen3_5_text;  // Qwen3.5's: its own defaults throughout
-  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || ds_moe || oss || l4;
+  // Qwen3.5's (dense and MoE): their own defaults throughout
+  const bool q35moe = arch == LlamaArch::qwen3_5_moe_text;
+  const bool q35 = arch == LlamaArch::qwen3_5_text || q35moe;
+  const bool moe = mixtral || olmoe || qwen3_moe || qwen2_moe || ds_moe || oss || l4 || q35moe;
   const bool llama = arch == LlamaArch::llama || olmoe;
   const bool mistral = arch == LlamaArch::mistral || mixtral;
   const bool qwen = arch == LlamaArch::qwen2 || arch == LlamaArch::qwen3 || qwen3_moe || qwen2_moe;
@@ -152,6 +155,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
         smol || olmoe || qwen3_moe || qwen2_moe ? I64{2048}
         : oss    ? I64{2880}
         : l4     ? I64{5120}
+        : q35moe ? I64{2048}
         : glm || q35 ? I64{4096}
         : ds     ? I64{7168}
         : ds2    ? I64{4096}
@@ -159,14 +163,14 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                  : by(I64{4096}, I64{4096}, I64{4096}, I64{3072}, I64{2304})},
       A{"intermediate_size", &L::intermediate_size,
         gemma       ? "Width of the GeGLU MLP."
-        : qwen3_moe || qwen2_moe ? "Width of a dense MLP (mlp_only_layers: none here, every "
-                                   "layer is sparse; unused)."
+        : qwen3_moe || qwen2_moe || q35moe ? "Width of a dense MLP (mlp_only_layers: none here, "
+                                             "every layer is sparse; unused)."
         : ds_moe    ? "Width of the dense layers' SwiGLU MLP (the first first_k_dense_replace)."
         : oss       ? "Width of each expert's clamped SwiGLU MLP (gate_up_proj: 2x it)."
         : l4        ? "Width of each expert's and the shared expert's SwiGLU MLP."
         : moe       ? "Width of each expert's SwiGLU MLP."
                     : "Width of the SwiGLU MLP.",
-        KeyRange::size(1), {}, true,
+        KeyRange::size(1), {}, !q35moe,  // (Qwen3_5MoeTextConfig has no intermediate_size)
         gemma1      ? I64{24576}
         : q35       ? I64{12288}
         : oss       ? I64{2880}
@@ -181,6 +185,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
                  : by(I64{11008}, I64{14336}, I64{22016}, I64{8192}, I64{9216})},
       A{"num_hidden_layers", &L::num_hidden_layers, layers_doc, KeyRange::layers(), {},
         true, gemma1 ? I64{28} : gemma ? I64{26} : smol ? I64{36} : qwen3_moe || qwen2_moe ? I64{24}
+              : q35moe ? I64{40}
               : olmoe ? I64{16} : glm ? I64{46} : ds ? I64{61} : oss ? I64{36}
               : l4 ? I64{48} : I64{32}},
       A{"num_attention_heads", &L::num_attention_heads, "Query heads per layer.", KeyRange::size(1), {},
@@ -191,7 +196,8 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
       A{"num_key_value_heads", &L::num_key_value_heads,
         "Key/value heads (grouped-query attention); 0 = num_attention_heads (MHA), 1 = MQA.",
         KeyRange::size(0), {}, true,
-        smol || qwen3_moe || q35 ? I64{4}
+        q35moe                   ? I64{2}
+        : smol || qwen3_moe || q35 ? I64{4}
         : gemma1 || qwen2_moe ? I64{16}
         : glm || oss || l4    ? I64{8}
         : ds                  ? I64{128}
@@ -455,7 +461,7 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
           : l4   ? "Routed experts (SwiGLU MLPs) per sparse layer."
                  : "Experts (SwiGLU MLPs) per layer.",
           KeyRange::size(1), {}, true,
-          qwen3_moe || glm || oss ? I64{128} : ds ? I64{256} : olmoe || ds2 ? I64{64}
+          qwen3_moe || glm || oss ? I64{128} : ds || q35moe ? I64{256} : olmoe || ds2 ? I64{64}
           : l4 ? I64{16}
                                       : qwen2_moe ? I64{60} : I64{8}},
         // (DeepseekV2Config's None means a dense model: a config.json must give it)
@@ -472,11 +478,12 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
               : std::optional<ModelValue>(mixtral ? I64{2} : qwen2_moe || oss ? I64{4}
                                           : l4 ? I64{1} : I64{8})},
     });
-    if (qwen3_moe || qwen2_moe || ds_moe) {
+    if (qwen3_moe || qwen2_moe || ds_moe || q35moe) {
       rows.push_back(A{"moe_intermediate_size", &L::moe_intermediate_size,
                        "Width of each expert's SwiGLU MLP.", KeyRange::size(1), {}, true,
                        qwen2_moe || glm ? I64{1408} : ds ? I64{2048} : ds2 ? I64{1407}
-                                                                            : I64{768}});
+                       : q35moe ? I64{512}
+                                : I64{768}});
     }
     if (ds_moe) {  // Glm4MoeConfig's, DeepseekV3Config's and DeepseekV2Config's routing, layers
       rows.insert(rows.end(), {
@@ -502,13 +509,14 @@ ModelArgs<LlamaConfig> make_llama_args(LlamaArch arch) {
             KeyRange::size(1), {}, true, ds ? I64{4} : I64{1}},
       });
     }
-    if (qwen2_moe) {
+    if (qwen2_moe || q35moe) {
       rows.push_back(A{"shared_expert_intermediate_size", &L::shared_expert_intermediate_size,
                        "Width of the shared expert's SwiGLU MLP (every token runs it, scaled by "
-                       "sigmoid(shared_expert_gate)).", KeyRange::size(1), {}, true, I64{5632}});
+                       "sigmoid(shared_expert_gate)).", KeyRange::size(1), {}, true,
+                       q35moe ? I64{512} : I64{5632}});
     }
-    // Mixtral and gpt-oss always renormalise, DeepseekV2Moe and Llama 4 never
-    if (!mixtral && !ds2 && !oss && !l4) {
+    // Mixtral, gpt-oss and Qwen3.5-MoE always renormalise, DeepseekV2Moe and Llama 4 never
+    if (!mixtral && !ds2 && !oss && !l4 && !q35moe) {
       rows.push_back(A{"norm_topk_prob", &L::norm_topk_prob,
                        "Divide each token's top-k routing weights by their sum.", {}, {}, true,
                        ds_moe});
@@ -680,7 +688,7 @@ LayerIndex layer_index(const LlamaConfig& c, bool sparse, bool linear = false) {
     x.mlp_in = c.norm_before() ? n++ : -1;
     x.mlp_out = c.norm_after() ? n++ : -1;
   };
-  if (linear) {  // Qwen3.5's Gated DeltaNet, then a dense MLP
+  if (linear && !sparse) {  // Qwen3.5's Gated DeltaNet, then a dense MLP
     x.q_w = x.q_b = x.k_w = x.k_b = x.v_w = x.v_b = x.o_b = x.q_norm = x.k_norm = -1;
     x.la_conv = n++;
     x.la_dt = n++;
@@ -698,6 +706,18 @@ LayerIndex layer_index(const LlamaConfig& c, bool sparse, bool linear = false) {
     x.count = n;
     return x;
   }
+  if (linear) {  // Qwen3.5-MoE: the Gated DeltaNet, then the sparse block below
+    x.q_w = x.q_b = x.k_w = x.k_b = x.v_w = x.v_b = x.o_b = -1;
+    x.la_conv = n++;
+    x.la_dt = n++;
+    x.la_A = n++;
+    x.la_norm = n++;
+    x.o_w = n++;
+    x.la_qkv = n++;
+    x.la_z = n++;
+    x.la_b = n++;
+    x.la_a = n++;
+  }
   if (c.fused_projections()) {  // HF's order: qkv_proj, o_proj, gate_up_proj, down_proj, norms
     x.qkv = n++;
     x.q_b = x.k_b = x.v_b = x.gate_b = x.up_b = x.down_b = x.o_b = -1;
@@ -714,7 +734,9 @@ LayerIndex layer_index(const LlamaConfig& c, bool sparse, bool linear = false) {
     x.up_w = n;
     return x;
   }
-  if (c.mla()) {  // (q_proj and q_b_proj have no bias)
+  if (linear) {
+    // (the linear layer's parameters above)
+  } else if (c.mla()) {  // (q_proj and q_b_proj have no bias)
     if (c.q_lora_rank > 0) {
       lin(x.qa_w, x.qa_b, c.attention_bias);
       x.qa_norm = n++;
@@ -729,11 +751,11 @@ LayerIndex layer_index(const LlamaConfig& c, bool sparse, bool linear = false) {
     lin(x.k_w, x.k_b, c.qkv_bias());
     lin(x.v_w, x.v_b, c.qkv_bias());
   }
-  lin(x.o_w, x.o_b, c.o_bias());
+  if (!linear) lin(x.o_w, x.o_b, c.o_bias());
   x.sinks = c.attention_sinks() ? n++ : -1;
-  // (Llama 4's q/k norms have no weight)
-  x.q_norm = c.qk_norm() && !c.llama4() ? n++ : -1;
-  x.k_norm = c.qk_norm() && !c.llama4() ? n++ : -1;
+  // (Llama 4's q/k norms have no weight; a linear layer has none)
+  x.q_norm = c.qk_norm() && !c.llama4() && !linear ? n++ : -1;
+  x.k_norm = c.qk_norm() && !c.llama4() && !linear ? n++ : -1;
   if (sparse && c.packed_experts()) {  // gpt-oss: mlp.router.{weight,bias}, mlp.experts.*
     // (Llama 4: feed_forward.router, feed_forward.experts without biases, the shared expert)
     const bool biases = c.gpt_oss();
@@ -784,8 +806,11 @@ struct LayerParams {
 LayerParams layer_params(const LlamaConfig& c, int64_t l) {
   if (c.qwen3_5()) {  // layers of two kinds: their counts summed
     int64_t before = 0;
-    for (int64_t i = 0; i < l; ++i) before += layer_index(c, false, c.layer_linear(i)).count;
-    return {layer_index(c, false, l < c.num_hidden_layers && c.layer_linear(l)),
+    for (int64_t i = 0; i < l; ++i) {
+      before += layer_index(c, c.layer_sparse(i), c.layer_linear(i)).count;
+    }
+    const bool layer = l < c.num_hidden_layers;  // (l == L: the final norm's id)
+    return {layer_index(c, layer && c.layer_sparse(l), layer && c.layer_linear(l)),
             static_cast<int>(1 + before)};
   }
   int64_t dense_before = 0;  // (DeepSeek's first layers, Llama 4's interleaved ones)
@@ -868,6 +893,7 @@ int64_t LlamaConfig::layer_window(int64_t layer) const {
     case LlamaArch::deepseek_v2:
     case LlamaArch::llama4_text:  // (its chunks: layer_chunk)
     case LlamaArch::qwen3_5_text:
+    case LlamaArch::qwen3_5_moe_text:
     case LlamaArch::llama: break;
   }
   return 0;
@@ -1041,9 +1067,11 @@ ModuleDecl layer_module(const LlamaConfig& c, int64_t l) {
     put(x.la_conv, "linear_attn.conv1d.weight", {CD, 1, c.linear_conv_kernel_dim},
         InitKind::normal, true);
     put(x.la_dt, "linear_attn.dt_bias", {Hv}, InitKind::ones, false);
-    // A = exp(A_log) uniform in [0.01, 16] (Qwen3_5PreTrainedModel._init_weights)
+    // A = exp(A_log) uniform in [0.01, 16] (Qwen3_5PreTrainedModel._init_weights; MoE: [0, 16])
     put(x.la_A, "linear_attn.A_log", {Hv}, InitKind::log_uniform, false);
-    layer.params[static_cast<std::size_t>(x.la_A)].init_low = 0.01f;
+    // (Qwen3_5MoePreTrainedModel: U(0, 16))
+    layer.params[static_cast<std::size_t>(x.la_A)].init_low =
+        c.arch == LlamaArch::qwen3_5_moe_text ? 0.f : 0.01f;
     layer.params[static_cast<std::size_t>(x.la_A)].init_high = 16.f;
     // (Qwen3NextRMSNormGated: a plain weight, initialised to 1)
     put(x.la_norm, "linear_attn.norm.weight", {c.linear_value_head_dim}, InitKind::ones, false);
@@ -3545,7 +3573,7 @@ class LlamaFamily final : public ModelFamily {
         out["mlp_only_layers"] = nlohmann::json::array();
       }
       if (arch_ == LlamaArch::mixtral) out["router_jitter_noise"] = 0.0;
-      if (g.shared_expert()) {
+      if (arch_ == LlamaArch::qwen2_moe) {
         // Qwen2MoeConfig's q/k/v biases (always ours), and its layer_types spelled out: newer
         // transformers derive another default list for this class than Qwen2's
         out["qkv_bias"] = true;
@@ -3636,11 +3664,10 @@ class LlamaFamily final : public ModelFamily {
       if (!hf.contains(theta) && rp.contains(theta)) hf[theta] = rp[theta];
       if (!hf.contains("rope_scaling") || hf["rope_scaling"].is_null()) hf["rope_scaling"] = rp;
     }
-    if (arch_ == LlamaArch::phi3 || arch_ == LlamaArch::glm4_moe ||
-        arch_ == LlamaArch::qwen3_5_text) {
+    if (arch_ == LlamaArch::phi3 || arch_ == LlamaArch::glm4_moe || cls.qwen3_5()) {
       partial_rotary_from_hf(hf, origin);
     }
-    if (arch_ == LlamaArch::qwen3_5_text) qwen3_5_from_hf(hf, origin);
+    if (cls.qwen3_5()) qwen3_5_from_hf(hf, origin);
     if (arch_ == LlamaArch::phi3) phi3_rope_from_hf(hf, origin);
     if (hf.contains("rope_scaling") && hf["rope_scaling"].is_object()) {
       nlohmann::json& rs = hf["rope_scaling"];
@@ -3699,7 +3726,7 @@ class LlamaFamily final : public ModelFamily {
                     "sliding_attention", "full_attention", "layer_types",
                     args().name(&LlamaConfig::sliding_window_pattern), origin);
     }
-    if (arch_ == LlamaArch::qwen3_5_text) {
+    if (cls.qwen3_5()) {
       // HF builds layer_types from the full_attention_interval kwarg (default 4) when a
       // config.json has no list; ours is the list's period
       const std::string interval = args().name(&LlamaConfig::full_attention_interval);
@@ -4026,6 +4053,9 @@ class LlamaFamily final : public ModelFamily {
       g.rope_original_max_position_embeddings = d.rope_original_max_position_embeddings;
     }
     if (unread(&L::rope_truncate)) g.rope_truncate = d.rope_truncate;
+    // Qwen3.5-MoE's intermediate_size: not an attribute of its class, and unused (every layer
+    // sparse): its default, whatever was given
+    if (arch_ == LlamaArch::qwen3_5_moe_text) g.intermediate_size = args().defaults().intermediate_size;
     if (arch_ == LlamaArch::phi3) {  // (the only type with LongRoPE's rows)
       for (std::vector<double> L::*m : {&L::rope_short_factor, &L::rope_long_factor}) {
         if (unread(m)) (g.*m).clear();

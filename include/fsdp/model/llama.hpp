@@ -132,7 +132,11 @@
 //    head rotated) whose q_proj also gives a per-head gate, the attention's output times
 //    sigmoid(gate) before o_proj (Qwen3NextAttention; gated_attention()). Every RMSNorm but
 //    the linear layers' scales by (1 + weight) (Qwen3_5RMSNorm is Gemma3RMSNorm); the MLP is
-//    Llama's SwiGLU.
+//    Llama's SwiGLU;
+//  - "qwen3_5_moe_text": Qwen3_5MoeForCausalLM (models/qwen3_5_moe; Qwen3.5's MoE models, e.g.
+//    Qwen3.5-35B-A3B): Qwen3.5's layers with every MLP sparse as Qwen2-MoE's block (a softmax
+//    top-k router whose weights are always renormalised, Qwen3VLMoeTextTopKRouter; experts of
+//    moe_intermediate_size; a shared expert scaled by sigmoid(shared_expert_gate)).
 //
 // The decoder:
 //  - embed_tokens [V, C] (no position embedding), nn.Embedding with padding_idx =
@@ -200,7 +204,8 @@ enum class LlamaArch {
   deepseek_v2,
   gpt_oss,
   llama4_text,
-  qwen3_5_text
+  qwen3_5_text,
+  qwen3_5_moe_text
 };
 
 template <>
@@ -227,13 +232,14 @@ struct EnumNames<LlamaArch> {
                                                   {LlamaArch::deepseek_v2, "deepseek_v2"},
                                                   {LlamaArch::gpt_oss, "gpt_oss"},
                                                   {LlamaArch::llama4_text, "llama4_text"},
-                                                  {LlamaArch::qwen3_5_text, "qwen3_5_text"}};
+                                                  {LlamaArch::qwen3_5_text, "qwen3_5_text"},
+                                                  {LlamaArch::qwen3_5_moe_text, "qwen3_5_moe_text"}};
 };
 
 // HF's class-name prefix of `arch`: "Llama", "Mistral", "Qwen2", "Qwen3", "Olmo2", "Phi3",
 // "Gemma3", "SmolLM3", "Granite", "Olmo3", "Gemma2", "Gemma", "Exaone4", "Qwen3Moe",
 // "Mixtral", "Olmoe", "Qwen2Moe", "Glm4Moe", "DeepseekV3", "DeepseekV2", "GptOss",
-// "Llama4Text", "Qwen3_5" (the classes
+// "Llama4Text", "Qwen3_5", "Qwen3_5Moe" (the classes
 // <prefix>DecoderLayer, <prefix>RMSNorm, <prefix>ForCausalLM and, but for Gemma 3's
 // Gemma3TextConfig, <prefix>Config).
 const char* llama_arch_prefix(LlamaArch arch);
@@ -242,10 +248,11 @@ const char* llama_arch_prefix(LlamaArch arch);
 // Olmo2Config, Phi3Config, Gemma3TextConfig, SmolLM3Config, GraniteConfig, Olmo3Config,
 // Gemma2Config, GemmaConfig, Exaone4Config, Qwen3MoeConfig, MixtralConfig, OlmoeConfig,
 // Qwen2MoeConfig, Glm4MoeConfig, DeepseekV3Config, DeepseekV2Config, GptOssConfig,
-// Llama4TextConfig and Qwen3_5TextConfig ([model] with type =
+// Llama4TextConfig, Qwen3_5TextConfig and Qwen3_5MoeTextConfig ([model] with type =
 // "llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma3_text", "smollm3", "granite",
 // "olmo3", "gemma2", "gemma", "exaone4", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe",
-// "glm4_moe", "deepseek_v3", "deepseek_v2", "gpt_oss", "llama4_text" or "qwen3_5_text"; same
+// "glm4_moe", "deepseek_v3", "deepseek_v2", "gpt_oss", "llama4_text", "qwen3_5_text" or
+// "qwen3_5_moe_text"; same
 // names, meanings and, where HF has them, defaults; sizes default to a small CPU model). Each
 // type's [model] key table, with docs and ranges, is llama_args(arch) in src/model/llama.cpp:
 // a field that is not one of its type's keys keeps the default here (Qwen2 has no
@@ -427,12 +434,15 @@ struct LlamaConfig {
   bool moe() const {
     return arch == LlamaArch::qwen3_moe || arch == LlamaArch::mixtral ||
            arch == LlamaArch::olmoe || arch == LlamaArch::qwen2_moe || deepseek_moe() ||
-           gpt_oss() || llama4();
+           gpt_oss() || llama4() || arch == LlamaArch::qwen3_5_moe_text;
   }
   // Llama 4's text decoder (Llama4TextConfig).
   bool llama4() const { return arch == LlamaArch::llama4_text; }
-  // Qwen3.5's text decoder (Qwen3_5TextConfig).
-  bool qwen3_5() const { return arch == LlamaArch::qwen3_5_text; }
+  // Qwen3.5's text decoders (Qwen3_5TextConfig, Qwen3_5MoeTextConfig: its layers with
+  // Qwen2-MoE's sparse block as every MLP).
+  bool qwen3_5() const {
+    return arch == LlamaArch::qwen3_5_text || arch == LlamaArch::qwen3_5_moe_text;
+  }
   // Whether decoder layer `layer` is Qwen3.5's Gated DeltaNet (linear_attn.*) rather than
   // attention (self_attn.*): HF's layer_types "linear_attention".
   bool layer_linear(int64_t layer) const {
@@ -484,15 +494,21 @@ struct LlamaConfig {
     return moe() && (!deepseek_moe() || layer >= first_k_dense_replace);
   }
   int64_t expert_size() const {
-    return arch == LlamaArch::qwen3_moe || arch == LlamaArch::qwen2_moe || deepseek_moe()
+    return arch == LlamaArch::qwen3_moe || arch == LlamaArch::qwen2_moe || deepseek_moe() ||
+                   arch == LlamaArch::qwen3_5_moe_text
                ? moe_intermediate_size
                : intermediate_size;
   }
   // A shared expert beside the routed ones that every token runs: Qwen2-MoE's, scaled by a
   // per-token sigmoid gate (shared_expert_gated()), and GLM-4.5's n_shared_experts, unscaled;
   // shared_size() wide.
-  bool shared_expert() const { return arch == LlamaArch::qwen2_moe || deepseek_moe() || llama4(); }
-  bool shared_expert_gated() const { return arch == LlamaArch::qwen2_moe; }
+  bool shared_expert() const {
+    return shared_expert_gated() || deepseek_moe() || llama4();
+  }
+  // (Qwen3.5-MoE's block is Qwen2-MoE's)
+  bool shared_expert_gated() const {
+    return arch == LlamaArch::qwen2_moe || arch == LlamaArch::qwen3_5_moe_text;
+  }
   int64_t shared_size() const {
     return deepseek_moe() ? n_shared_experts * moe_intermediate_size
            : llama4()     ? intermediate_size
@@ -510,9 +526,10 @@ struct LlamaConfig {
   // chooses by, and its expert groups (n_group, topk_group).
   bool selection_bias() const { return sigmoid_routing() && !llama4(); }
   // (HF's DeepseekV2Moe ignores norm_topk_prob: never.)
+  // (Qwen3.5-MoE's router, Qwen3VLMoeTextTopKRouter, has no norm_topk_prob: always.)
   // (gpt-oss softmaxes its top-k logits: the same weights, always.)
   bool normalize_top_k() const {
-    return arch == LlamaArch::mixtral || gpt_oss() ||
+    return arch == LlamaArch::mixtral || gpt_oss() || arch == LlamaArch::qwen3_5_moe_text ||
            (norm_topk_prob && arch != LlamaArch::deepseek_v2);
   }
   // Whether the loss has the load-balancing term (a coefficient of 0 adds nothing).
