@@ -736,8 +736,10 @@ INSTANTIATE_TEST_SUITE_P(Families, MergedShards, testing::ValuesIn(family_types(
 
 // Gemma 3 4B, 12B and 27B ship as Gemma3ForConditionalGeneration and Mistral Small 3.1 / 3.2
 // as Mistral3ForConditionalGeneration, Llama 4 Scout / Maverick as
-// Llama4ForConditionalGeneration: config.json's text_config is the decoder's config
-// (Gemma3TextConfig, MistralConfig, Llama4TextConfig), and the text decoder's tensors are prefixed
+// Llama4ForConditionalGeneration, Qwen3.5 as Qwen3_5ForConditionalGeneration and
+// Qwen3_5MoeForConditionalGeneration: config.json's text_config is the decoder's config
+// (Gemma3TextConfig, MistralConfig, Llama4TextConfig, Qwen3_5TextConfig, Qwen3_5MoeTextConfig),
+// and the text decoder's tensors are prefixed
 // ("language_model.model." and "language_model.lm_head." in the Hub's files,
 // "model.language_model." and "lm_head." as transformers 5 saves them) beside the vision
 // tower's. init_from reads the decoder from either form bit for bit as from the text-only
@@ -754,7 +756,12 @@ TEST(InitFromMultimodal, ConditionalGenerationCheckpointsLoadTheirTextDecoder) {
                         Case{"mistral", "mistral3", "Mistral3ForConditionalGeneration",
                              "pixtral"},
                         Case{"llama4_text", "llama4", "Llama4ForConditionalGeneration",
-                             "llama4_vision_model"}}) {
+                             "llama4_vision_model"},
+                        // (Qwen3.5's Hub files: transformers 5's names, beside model.visual.*)
+                        Case{"qwen3_5_text", "qwen3_5", "Qwen3_5ForConditionalGeneration",
+                             "qwen3_5"},
+                        Case{"qwen3_5_moe_text", "qwen3_5_moe",
+                             "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"}}) {
     SCOPED_TRACE(k.model_type);
     const Source& src = source(family_model(k.type));
     std::string dir;

@@ -397,12 +397,14 @@ struct LlamaConfig {
   // layers' heads (linear_num_key_heads q/k heads of linear_key_head_dim, each shared by
   // linear_num_value_heads / linear_num_key_heads value heads of linear_value_head_dim) and
   // their causal conv's taps.
+  // (small CPU-model sizes, as above; a config.json without them means HF's 16 and 32 heads
+  // of 128)
   int64_t full_attention_interval = 4;
   int64_t linear_conv_kernel_dim = 4;
-  int64_t linear_key_head_dim = 128;
-  int64_t linear_value_head_dim = 128;
-  int64_t linear_num_key_heads = 16;
-  int64_t linear_num_value_heads = 32;
+  int64_t linear_key_head_dim = 16;
+  int64_t linear_value_head_dim = 16;
+  int64_t linear_num_key_heads = 2;
+  int64_t linear_num_value_heads = 4;
   int64_t pad_vocab_multiple = kDefaultPadVocabMultiple;
   // model.fused_linear_cross_entropy[_chunk_rows] (not LlamaConfig keys): the chunked LM head.
   FusedLinearCrossEntropy fused_lce;
