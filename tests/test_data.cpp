@@ -22,31 +22,13 @@
 #include "fsdp/data/token_source.hpp"
 #include "fsdp/h5/hdf5.hpp"
 #include "fsdp/model/model.hpp"  // check_config, model_defaults
+#include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder under the build dir, removed at the end of the test.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    static int counter = 0;
-    path_ = fs::path(FSDP_BINARY_DIR) / "test_tmp" /
-            ("data_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test_util::TempDir;
 
 // Expects `f` to throw fsdp::Error with `exit_code` and a message containing every `parts`.
 template <class F>

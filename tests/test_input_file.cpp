@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
+#include "temp_dir.hpp"
 #include "fsdp/core/rng.hpp"
 #include "fsdp/data/input_file.hpp"
 #include "fsdp/data/prepare.hpp"
@@ -30,24 +31,7 @@ using fsdp::data::InputFile;
 
 namespace {
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    static int counter = 0;
-    path_ = fs::path(FSDP_BINARY_DIR) / "test_tmp" /
-            ("input_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using test_util::TempDir;
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fsdp/core/error.hpp"
+#include "temp_dir.hpp"
 #include "fsdp/data/prepare.hpp"
 #include "fsdp/data/token_dataset.hpp"
 #include "fsdp/data/tokenizer.hpp"
@@ -31,26 +32,7 @@ using fsdp::data::Split;
 
 namespace {
 
-// A fresh folder under the build dir, removed at the end.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    static int counter = 0;
-    path_ = fs::path(FSDP_BINARY_DIR) / "test_tmp" /
-            ("tok_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test_util::TempDir;
 
 void write_file(const std::string& path, const std::string& bytes) {
   fs::create_directories(fs::path(path).parent_path());
