@@ -1309,7 +1309,7 @@ struct LlamaModel::Acts {
     // gated_attention() (Qwen3.5's full layers): the gate [BT, Q] (q_proj's second half of
     // each head; the attention's output is atty, its gated product Acts::o_in).
     DeviceBuffer attn_gate;
-    // Qwen3.5's linear layers (layer_linear; every set of a qwen3_5 model holds them):
+    // Qwen3.5's linear layers (layer_linear; the sets that serve one):
     // in_proj_qkv's output [BT, CD] (the conv's input) and the conv's output [BT, CD] (the
     // delta rule's q, k, v), in_proj_z's [BT, Vd], in_proj_a's and in_proj_b's [BT, Hv], the
     // delta rule's output [BT, Vd], the gated norm's output [BT, Vd] and statistics fp32
@@ -1393,10 +1393,11 @@ struct ActCounts {
 };
 // What one set of per-layer buffers (Acts::Layer; activation checkpointing's recomputed
 // layers share one) holds for the MLP of the layers it serves: gate and up of `mlp` elements
-// each (the largest layer's), and the sparse layers' routing buffers when one is sparse.
+// each (the largest layer's), and the sparse layers' routing buffers when one is sparse; the
+// attention's buffers when one of them attends, Qwen3.5's linear layers' when one is linear.
 struct BufferSet {
   int64_t mlp = 0;
-  bool sparse = false;
+  bool sparse = false, attention = false, linear = false;
 };
 std::vector<BufferSet> buffer_sets(const LlamaConfig& c, int64_t BT,
                                    ActivationCheckpointing checkpointing) {
@@ -1406,6 +1407,8 @@ std::vector<BufferSet> buffer_sets(const LlamaConfig& c, int64_t BT,
     BufferSet& b = sets[static_cast<std::size_t>(checkpointing.buffer_set(l))];
     b.mlp = std::max(b.mlp, BT * c.mlp_rows_per_token(l) * c.mlp_width(l));
     b.sparse = b.sparse || c.layer_sparse(l);
+    b.linear = b.linear || c.layer_linear(l);
+    b.attention = b.attention || !c.layer_linear(l);
   }
   return sets;
 }
@@ -1438,28 +1441,31 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
   const int64_t Q = H * D, KV = c.kv_heads() * D, Vp = c.padded_vocab();
   const std::vector<BufferSet> sets = buffer_sets(c, BT, checkpointing);
   const auto S = static_cast<int64_t>(sets.size());
-  int64_t MI = 0, set_mlp = 0, sparse_sets = 0;  // dI1, dI2 each; gate and up; routing
+  // dI1, dI2 each; gate and up; routing; the attention's and the linear layers' buffers
+  int64_t MI = 0, set_mlp = 0, sparse_sets = 0, A = 0, Ls = 0;
   for (const BufferSet& b : sets) {
     MI = std::max(MI, b.mlp);
     set_mlp += 2 * b.mlp;
     sparse_sets += b.sparse ? 1 : 0;
+    A += b.attention ? 1 : 0;
+    Ls += b.linear ? 1 : 0;
   }
   const int64_t logit_rows = c.fused_lce.logits_rows(BT, C, Vp);  // BT, or one chunk
   ActCounts n;
   n.act = (c.num_hidden_layers + 1) * BT * C                            // residual streams
-          + S * BT * (Q + 2 * KV + Q + C) + set_mlp        // q k v atty res2 gate up
+          + A * BT * (Q + 2 * KV + Q) + S * BT * C + set_mlp  // q k v atty; res2; gate up
           + (c.norm_after() ? S * BT * 2 * C : 0)           // ln1 ln2 (output norms' inputs)
           + BT * C + logit_rows * Vp                                      // norm, logits
           + BT * (2 * C + 2 * Q + 2 * KV) + 2 * MI;                       // backward scratch
   const int64_t norms = (c.norm_before() ? 2 : 0) + (c.norm_after() ? 2 : 0);
   const int64_t rope_tables = c.local_rope() ? 2 : 1;  // global (and the sliding layers')
   const int64_t R = c.rotary_dim();
-  n.f32 = S * (norms * BT + B * H * T) + BT + rope_tables * 2 * T * (R / 2);  // rstd, lse; ...
+  n.f32 = S * norms * BT + A * B * H * T + BT + rope_tables * 2 * T * (R / 2);  // rstd, lse; ...
   if (norm_scratch(c)) n.f32 += std::max(C, D) + 4 * C + 2 * D;
   if (temperature_table(c, T)) n.f32 += 2 * T * (D / 2);
   if (c.qk_norm()) {
-    n.act += S * BT * (Q + KV);                  // q_raw, k_raw
-    n.f32 += S * BT * (c.qk_norm_per_head() ? H + c.kv_heads() : 2);  // q_rstd, k_rstd
+    n.act += A * BT * (Q + KV);                  // q_raw, k_raw
+    n.f32 += A * BT * (c.qk_norm_per_head() ? H + c.kv_heads() : 2);  // q_rstd, k_rstd
   }
   n.i32 = 2 * BT;
   if (docs.enabled)
@@ -1468,9 +1474,9 @@ ActCounts act_counts(const LlamaConfig& c, int64_t B, int64_t T,
   if (c.qwen3_5()) {  // per set: the gate, the linear layers' buffers; the scratch (Acts::o_in ..)
     const int64_t CD = c.linear_conv_dim(), Vd = c.linear_value_dim(),
                   Hv = c.linear_num_value_heads;
-    n.act += S * BT * (Q + 2 * CD + 3 * Vd + 2 * Hv) +
+    n.act += A * BT * Q + Ls * BT * (2 * CD + 3 * Vd + 2 * Hv) +
              BT * (std::max(Q, Vd) + 2 * Q + 3 * Vd + 2 * CD + 2 * Hv);
-    n.f32 += S * BT * Hv;
+    n.f32 += Ls * BT * Hv;
   }
   if (c.mla()) {  // per set: q_a_proj's output, c and their norms' statistics; the scratch
     const int64_t H = c.num_attention_heads, ql = c.q_lora_rank, r = c.kv_lora_rank;
@@ -1553,8 +1559,11 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
       y.ln1 = f(BT * C); y.ln2 = f(BT * C); y.o_rstd = f32(BT); y.m_rstd = f32(BT);
     }
     if (cfg_.norm_before()) { y.ln1_rstd = f32(BT); y.ln2_rstd = f32(BT); }
-    y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
-    y.lse = f32(B * H * T); y.atty = f(BT * Q); y.res2 = f(BT * C);
+    if (set.attention) {
+      y.q = f(BT * Q); y.k = f(BT * KV); y.v = f(BT * KV);
+      y.lse = f32(B * H * T); y.atty = f(BT * Q);
+    }
+    y.res2 = f(BT * C);
     if (cfg_.packed_experts()) {  // gate_up [BT*K, 2I] (interleaved), no separate up
       y.gate = f(2 * set.mlp);
     } else {
@@ -1576,15 +1585,15 @@ void LlamaModel::ensure_buffers(int64_t B, int64_t T) {
       if (ql > 0) { y.mla_qa = f(BT * ql); y.mla_qa_rstd = f32(BT); }
       y.mla_c = f(BT * cfg_.kv_lora_rank); y.mla_c_rstd = f32(BT);
     }
-    if (cfg_.qwen3_5()) {
+    if (cfg_.qwen3_5() && set.attention) y.attn_gate = f(BT * Q);
+    if (set.linear) {
       const int64_t CD = cfg_.linear_conv_dim(), Vd = cfg_.linear_value_dim(),
                     Hv = cfg_.linear_num_value_heads;
-      y.attn_gate = f(BT * Q);
       y.la_qkv_pre = f(BT * CD); y.la_qkv = f(BT * CD); y.la_z = f(BT * Vd);
       y.la_a = f(BT * Hv); y.la_b = f(BT * Hv); y.la_core = f(BT * Vd);
       y.la_normed = f(BT * Vd); y.la_rstd = f32(BT * Hv);
     }
-    if (cfg_.qk_norm()) {
+    if (cfg_.qk_norm() && set.attention) {
       y.q_raw = f(BT * Q); y.k_raw = f(BT * KV);
       const bool per_head = cfg_.qk_norm_per_head();
       y.q_rstd = f32(per_head ? BT * H : BT); y.k_rstd = f32(per_head ? BT * cfg_.kv_heads() : BT);
@@ -1869,8 +1878,13 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   // The input norms' outputs in the dln scratch (Acts::dln); the output norms' inputs kept
   // (ln1: o_proj's output, ln2: down_proj's; norm_after()).
   const bool before = cfg_.norm_before(), after = cfg_.norm_after();
-  const TensorView in = rows(a.res[l], C), n1 = rows(a.dln, C), q = rows(y.q, Q),
-                   k = rows(y.k, KV), v = rows(y.v, KV), atty = rows(y.atty, Q),
+  // (a linear layer's set may hold no attention buffers: BufferSet::attention)
+  const bool linear_layer = cfg_.layer_linear(l), gated = cfg_.gated_attention() && !linear_layer;
+  auto attn_rows = [&](const DeviceBuffer& b, int64_t width) {
+    return linear_layer ? TensorView{} : rows(b, width);
+  };
+  const TensorView in = rows(a.res[l], C), n1 = rows(a.dln, C), q = attn_rows(y.q, Q),
+                   k = attn_rows(y.k, KV), v = attn_rows(y.v, KV), atty = attn_rows(y.atty, Q),
                    res2 = rows(y.res2, C), gate = y.gate.view({MR, I}),
                    up = dense_up(y.gate, y.up, MR, I), act = a.dI1.view({MR, I});  // Acts::dI1
   const int64_t R = cfg_.rotary_dim();  // RoPE's rotated columns of a head; R/2 frequencies
@@ -1883,7 +1897,6 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
   // The projections read input_layernorm(in), or `in` itself without input norms (OLMo 2).
   if (before) be_.rmsnorm_forward(n1, y.ln1_rstd.view({BT}), in, nw.attn_in, BT, C, eps);
   const TensorView xin = before ? n1 : in;
-  const bool linear_layer = cfg_.layer_linear(l), gated = cfg_.gated_attention() && !linear_layer;
   if (cfg_.mla()) {
     mla_forward(l, B, T, hooks, xin);
   } else if (cfg_.llama4()) {
