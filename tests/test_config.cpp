@@ -544,6 +544,12 @@ TEST(Config, EachErrorIsOneLineNamingTheKey) {
       // (Llama 4's input-scaled routing: one expert a token)
       {"[model]\ntype = \"llama4_text\"\nnum_experts_per_tok = 2\n", {},
        {"input.toml: model.num_experts_per_tok: 2 is not supported (expected 1"}},
+      // (Qwen3.5's linear layers: CPU only; their key and value heads must group)
+      {"[model]\ntype = \"qwen3_5_text\"\n[train]\ndevice = \"cuda\"\n", {},
+       {"input.toml: train.device: \"cuda\" is not supported for qwen3_5_text yet"}},
+      {"[model]\ntype = \"qwen3_5_moe_text\"\nlinear_num_key_heads = 3\n", {},
+       {"input.toml: model.linear_num_value_heads: 4 is not a multiple of "
+        "model.linear_num_key_heads = 3"}},
       {"[model]\ntype = \"olmoe\"\nrouter_aux_loss_coef = -0.1\n", {},
        {"input.toml: model.router_aux_loss_coef: -0.1 is out of range"}},
       {"[model]\ntype = \"mixtral\"\nnum_experts = 4\n", {},

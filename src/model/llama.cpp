@@ -3342,6 +3342,12 @@ class LlamaFamily final : public ModelFamily {
   }
   std::unique_ptr<Model> create(const ModelConfig& c, Kernels& kernels, DType act,
                                 ActivationCheckpointing checkpointing) const override {
+    // (validate refuses train.device = "cuda"; "auto" may still resolve to a GPU)
+    if (args().defaults().qwen3_5() && kernels.runtime().device() == Device::cuda) {
+      throw InputError("model.type = \"" + type() +
+                       "\": the CUDA kernels of its linear attention are not written yet "
+                       "(expected train.device = \"cpu\")");
+    }
     return std::make_unique<LlamaModel>(LlamaConfig::from(c), kernels, act, checkpointing);
   }
   int64_t activation_bytes(const ModelConfig& c, int64_t rows, const data::BatchShape& shape,
