@@ -1,8 +1,10 @@
-// tests/compress_util.hpp: gzip and zstd files written in a test (zlib, libzstd), as the
-// `gzip` and `zstd` commands write them; the test links ZLIB::ZLIB and PkgConfig::ZSTD.
+// tests/compress_util.hpp: gzip, zstd and xz files written in a test (zlib, libzstd,
+// liblzma), as the `gzip`, `zstd` and `xz` commands write them; a test calling them links
+// ZLIB::ZLIB, PkgConfig::ZSTD and (xz) PkgConfig::LZMA.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <lzma.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -43,4 +45,16 @@ inline std::string skippable_frame(const std::string& payload) {
   const auto n = static_cast<uint32_t>(payload.size());
   for (int i = 0; i < 4; ++i) f.push_back(static_cast<char>((n >> (8 * i)) & 0xFF));
   return f + payload;
+}
+
+// One xz stream (the .xz container, CRC-64 check, preset 6) of `text`, as `xz` writes it.
+inline std::string xz(const std::string& text) {
+  std::string out(lzma_stream_buffer_bound(text.size()), '\0');
+  std::size_t pos = 0;
+  EXPECT_EQ(lzma_easy_buffer_encode(6, LZMA_CHECK_CRC64, nullptr,
+                                    reinterpret_cast<const uint8_t*>(text.data()), text.size(),
+                                    reinterpret_cast<uint8_t*>(out.data()), &pos, out.size()),
+            LZMA_OK);
+  out.resize(pos);
+  return out;
 }

@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
     if (vm.count("help")) {
       std::cout << opts << "\nINPUT: files or folders (recursive); symlinks, *.dat and non-regular files "
                            "(FIFOs, sockets, devices) are skipped.\n"
-                   "       gzip and zstd files (*.gz, *.jsonl.zst; told by their first bytes) are read "
+                   "       gzip, zstd and xz files (*.gz, *.jsonl.zst, *.xz; told by their first bytes) are read "
                    "decompressed, also with --pairs.\n";
       return 0;
     }

@@ -15,7 +15,7 @@ packages=(
   libtomlplusplus-dev nlohmann-json3-dev libboost-program-options-dev
   libsentencepiece-dev sentencepiece    # fsdp_prepare --tokenizer (SentencePiece; spm_train for tests)
   libonig-dev libutf8proc-dev           # fsdp_prepare --tokenizer tokenizer.json (regexes, NFC)
-  zlib1g-dev libzstd-dev zstd           # fsdp_prepare's gzip / zstd inputs (zstd: the tests' files)
+  zlib1g-dev libzstd-dev zstd liblzma-dev  # fsdp_prepare's gzip / zstd / xz inputs (zstd: tests)
   python3-sentencepiece python3-h5py    # tests: the Python encoder cross-checks fsdp_prepare's ids
   libgtest-dev python3-numpy             # tests (python3-numpy: tests/check_merge.py)
   xz-utils                              # tests: the Llama reference fixtures (*.txt.xz)

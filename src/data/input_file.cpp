@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#include <lzma.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -21,6 +22,7 @@ const char* compression_name(Compression c) {
   switch (c) {
     case Compression::gzip: return "gzip";
     case Compression::zstd: return "zstd";
+    case Compression::xz: return "xz";
     case Compression::none: break;
   }
   return "plain";
@@ -51,9 +53,8 @@ struct Foreign {
 };
 
 const Foreign* foreign_format(const std::vector<char>& buf, std::size_t n) {
-  static const Foreign xz{"xz", "xz -dk FILE"}, bzip2{"bzip2", "bzip2 -dk FILE"},
-      zip{"zip", "unzip FILE"}, sevenz{"7z", "7z x FILE"}, lz4{"lz4", "lz4 -d FILE"};
-  if (starts_with(buf, n, {0xFD, '7', 'z', 'X', 'Z', 0x00})) return &xz;
+  static const Foreign bzip2{"bzip2", "bzip2 -dk FILE"}, zip{"zip", "unzip FILE"},
+      sevenz{"7z", "7z x FILE"}, lz4{"lz4", "lz4 -d FILE"};
   // "BZh", a block size digit, then a block's or the end's 48-bit magic (pi or sqrt(pi)).
   if (n >= 10 && starts_with(buf, n, {'B', 'Z', 'h'}) && buf[3] >= '1' && buf[3] <= '9' &&
       (std::memcmp(&buf[4], "\x31\x41\x59\x26\x53\x59", 6) == 0 ||
@@ -87,14 +88,21 @@ class InputFile::Buffer : public std::streambuf {
       compression_ = Compression::zstd;
       zstd_ = ZSTD_createDStream();
       if (zstd_ == nullptr) throw InputError(name_ + ": ZSTD_createDStream failed");
+    } else if (starts_with(in_, in_len_, {0xFD, '7', 'z', 'X', 'Z', 0x00})) {
+      compression_ = Compression::xz;  // (.xz: every stream of the file, as `xz -d` reads it)
+      if (lzma_stream_decoder(&xz_, UINT64_MAX, LZMA_CONCATENATED) != LZMA_OK) {
+        throw InputError(name_ + ": liblzma lzma_stream_decoder failed");
+      }
+      xz_open_ = true;
     } else if (const Foreign* f = foreign_format(in_, in_len_)) {
       throw InputError(name_ + ": " + f->name +
-                       "-compressed (fsdp_prepare reads plain text and gzip or zstd files; "
+                       "-compressed (fsdp_prepare reads plain text and gzip, zstd or xz files; "
                        "decompress it first: " + f->command + ")");
     }
     out_.resize(compression_ == Compression::none ? 0 : kChunk);
   }
   ~Buffer() override {
+    if (xz_open_) lzma_end(&xz_);
     if (z_open_) inflateEnd(&z_);
     if (zstd_ != nullptr) ZSTD_freeDStream(zstd_);
   }
@@ -125,6 +133,10 @@ class InputFile::Buffer : public std::streambuf {
       case Compression::zstd:
         base = out_.data();
         n = zstd_some();
+        break;
+      case Compression::xz:
+        base = out_.data();
+        n = xz_some();
         break;
     }
     if (n == 0) return traits_type::eof();
@@ -201,6 +213,46 @@ class InputFile::Buffer : public std::streambuf {
     return out.pos;
   }
 
+  // Decompresses into out_ until it is full or the file ends; 0 only at the clean end of the
+  // last stream (LZMA_CONCATENATED: with LZMA_FINISH at the file's end, lzma_code returns
+  // LZMA_STREAM_END only after a whole stream; a cut-short one is LZMA_BUF_ERROR or
+  // LZMA_DATA_ERROR).
+  std::size_t xz_some() {
+    if (xz_done_) return 0;
+    xz_.next_out = reinterpret_cast<uint8_t*>(out_.data());
+    xz_.avail_out = out_.size();
+    while (xz_.avail_out > 0) {
+      if (in_pos_ == in_len_ && !at_end_) refill();
+      xz_.next_in = reinterpret_cast<const uint8_t*>(in_.data() + in_pos_);
+      xz_.avail_in = in_len_ - in_pos_;
+      const lzma_action action = in_pos_ == in_len_ && at_end_ ? LZMA_FINISH : LZMA_RUN;
+      const std::size_t before_out = xz_.avail_out;
+      const lzma_ret ret = lzma_code(&xz_, action);
+      const std::size_t used = (in_len_ - in_pos_) - xz_.avail_in;
+      in_pos_ += used;
+      consumed_ += static_cast<int64_t>(used);
+      if (ret == LZMA_STREAM_END) {
+        xz_done_ = true;
+        break;
+      }
+      if (ret == LZMA_BUF_ERROR || (action == LZMA_FINISH && ret == LZMA_OK &&
+                                    xz_.avail_out == before_out)) {
+        fail("xz data ends inside a stream");
+      }
+      if (ret != LZMA_OK) fail(std::string("xz: ") + xz_error(ret));
+    }
+    return out_.size() - xz_.avail_out;
+  }
+  static const char* xz_error(lzma_ret r) {
+    switch (r) {
+      case LZMA_DATA_ERROR: return "corrupt data";
+      case LZMA_FORMAT_ERROR: return "not an xz stream";
+      case LZMA_OPTIONS_ERROR: return "unsupported options";
+      case LZMA_MEM_ERROR: return "out of memory";
+      default: return "decoder error";
+    }
+  }
+
   std::filesystem::path path_;
   std::string name_;
   UniqueFd fd_;
@@ -213,6 +265,8 @@ class InputFile::Buffer : public std::streambuf {
   bool z_open_ = false;
   bool member_open_ = false;  // gzip: inside a member (its end not yet seen)
   ZSTD_DStream* zstd_ = nullptr;
+  lzma_stream xz_ = LZMA_STREAM_INIT;
+  bool xz_open_ = false, xz_done_ = false;
   bool frame_done_ = true;  // zstd: the last call ended a frame and flushed it
 };
 

@@ -31,10 +31,10 @@
 #              line naming -o/--output, OUT.h5 and the lock file; the earlier OUT.h5 and the
 #              holder's lock file are unchanged. A lock file left by a dead writer is taken
 #              over; no OUT.h5.lock or OUT.h5.tmp stays after a run.
-# CASE compressed: the same folder with its files compressed by the gzip and zstd commands
-#              (one left plain) gives the plain folder's summary line; a .zst cut short
-#              exits 2 with one line naming it and "ends inside a frame"; an xz file exits 2
-#              naming xz and how to decompress it. Nothing is written by either.
+# CASE compressed: the same folder with its files compressed by the gzip, zstd and xz
+#              commands gives the plain folder's summary line; a .zst cut short exits 2 with
+#              one line naming it and "ends inside a frame"; a bzip2 file exits 2 naming bzip2
+#              and how to decompress it. Nothing is written by either.
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -85,7 +85,7 @@ case "$CASE" in
     mkdir -p "$WORK/packed/sub"
     gzip -c "$WORK/text/a.txt" >"$WORK/packed/a.txt.gz"
     zstd -q -c "$WORK/text/sub/b.txt" >"$WORK/packed/sub/b.txt.zst"
-    printf 'plain tail\n' >"$WORK/packed/c.txt"
+    printf 'plain tail\n' | xz -c >"$WORK/packed/c.txt"
     printf 'plain tail\n' >"$WORK/text/c.txt"
     run_prepare -o "$WORK/plain.h5" --val-fraction 0.1 "$WORK/text"
     expect_rc 0
@@ -99,9 +99,9 @@ case "$CASE" in
     run_prepare -o "$WORK/out.h5" "$WORK/packed"
     expect_prepare_error "$WORK/packed/sub/b.txt.zst" "ends inside a frame"
     rm "$WORK/packed/sub/b.txt.zst"
-    xz -c "$WORK/text/a.txt" >"$WORK/packed/d.xz"
+    printf 'BZh91AY&SY\001\002' >"$WORK/packed/d.bz2"  # a bzip2 header
     run_prepare -o "$WORK/out.h5" "$WORK/packed"
-    expect_prepare_error "$WORK/packed/d.xz" "xz-compressed" "xz -dk"
+    expect_prepare_error "$WORK/packed/d.bz2" "bzip2-compressed" "bzip2 -dk"
     ;;
   errors)
     make_text_dir "$WORK/text"

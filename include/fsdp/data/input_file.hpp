@@ -5,18 +5,18 @@
 // such a file as its decompressed bytes, so `fsdp_prepare --document jsonl data/*.jsonl.zst`
 // needs no decompressed copy on disk. The format is told by the file's first bytes, not its
 // name (`zcat` and `zstdcat` do the same with -f): gzip (RFC 1952: 1f 8b 08) and zstd
-// (RFC 8878: a frame or a skippable frame) are decompressed; every other file is
-// read as it is.
+// (RFC 8878: a frame or a skippable frame) and xz (the .xz container, `xz` / `*.jsonl.xz`)
+// are decompressed; every other file is read as it is.
 //
 // Nothing is lost silently (the point of this reader over boost::iostreams' zstd filter, which
 // returns a truncated file's first frames as if they were all): a file that ends inside a
-// gzip member or a zstd frame, a checksum or data error, and bytes after the last gzip member
-// that are not another member are each one InputError naming the file and the compressed byte
-// offset. Several gzip members (`cat a.gz b.gz`, pigz, bgzip) and zstd frames (`zstd
+// gzip member, a zstd frame or an xz stream, a checksum or data error, and bytes after the last
+// gzip member that are not another member are each one InputError naming the file and the
+// compressed byte offset. Several gzip members (`cat a.gz b.gz`, pigz, bgzip) and zstd frames (`zstd
 // --rsyncable`, pzstd) are read one after another, as `gzip -d` and `zstd -d` do.
 //
-// Files in a compressed format it does not read (xz, bzip2, zip, 7z, lz4) are refused by name
-// with the command that decompresses them, rather than taken for text.
+// Files in a compressed format it does not read (bzip2, zip, 7z, lz4) are refused by name with
+// the command that decompresses them, rather than taken for text.
 #pragma once
 
 #include <cstdint>
@@ -27,17 +27,17 @@
 
 namespace fsdp::data {
 
-enum class Compression { none, gzip, zstd };
+enum class Compression { none, gzip, zstd, xz };
 
-// "plain", "gzip" or "zstd".
+// "plain", "gzip", "zstd" or "xz".
 const char* compression_name(Compression c);
 
 class InputFile {
  public:
   // Opens `path` and reads its first bytes to tell its format. Throws InputError (exit 2)
   // "<path>: cannot read input file (<strerror>)" if it cannot be opened or read, and
-  // "<path>: <format>-compressed (fsdp_prepare reads plain, gzip and zstd files; ...)" for
-  // xz, bzip2, zip, 7z and lz4 files.
+  // "<path>: <format>-compressed (fsdp_prepare reads plain text and gzip, zstd or xz files;
+  // ...)" for bzip2, zip, 7z and lz4 files.
   explicit InputFile(const std::filesystem::path& path);
   ~InputFile();
   InputFile(const InputFile&) = delete;
