@@ -688,25 +688,7 @@ LayerIndex layer_index(const LlamaConfig& c, bool sparse, bool linear = false) {
     x.mlp_in = c.norm_before() ? n++ : -1;
     x.mlp_out = c.norm_after() ? n++ : -1;
   };
-  if (linear && !sparse) {  // Qwen3.5's Gated DeltaNet, then a dense MLP
-    x.q_w = x.q_b = x.k_w = x.k_b = x.v_w = x.v_b = x.o_b = x.q_norm = x.k_norm = -1;
-    x.la_conv = n++;
-    x.la_dt = n++;
-    x.la_A = n++;
-    x.la_norm = n++;
-    x.o_w = n++;
-    x.la_qkv = n++;
-    x.la_z = n++;
-    x.la_b = n++;
-    x.la_a = n++;
-    lin(x.gate_w, x.gate_b, false);
-    lin(x.up_w, x.up_b, false);
-    lin(x.down_w, x.down_b, false);
-    norms();
-    x.count = n;
-    return x;
-  }
-  if (linear) {  // Qwen3.5-MoE: the Gated DeltaNet, then the sparse block below
+  if (linear) {  // Qwen3.5's Gated DeltaNet, then the MLP (dense or sparse) below
     x.q_w = x.q_b = x.k_w = x.k_b = x.v_w = x.v_b = x.o_b = -1;
     x.la_conv = n++;
     x.la_dt = n++;
@@ -842,6 +824,15 @@ TensorView layer_slot(const LlamaConfig& c, const LayerIndex& x, int k, Param&& 
   if (k == x.gate_w) return rows(x.gate_up, 0, I);
   if (k == x.up_w) return rows(x.gate_up, I, I);
   throw Error("layer_slot: no slot " + std::to_string(k));
+}
+
+// Qwen3.5's gated q_proj output [BT, H, 2D] (each head's query, then its gate) and the
+// [BT, H, D] views its halves are copied to and from (Kernels::strided_copy's layouts).
+struct GatedQ {
+  Kernels::Strided queries, gates, heads;
+};
+GatedQ gated_q(int64_t Q, int64_t D) {
+  return {{2 * Q, 0, 2 * D, 1}, {2 * Q, D, 2 * D, 1}, {Q, 0, D, 1}};
 }
 
 // The row views of the q/k norms over BT tokens: Qwen3's rows are heads (BT*H rows of D),
@@ -1908,10 +1899,10 @@ void LlamaModel::layer_forward(int64_t l, int64_t B, int64_t T, ModuleHooks& hoo
       const QkNormRows n = qk_norm_rows(cfg_, BT);
       if (gated) {  // q_proj's head h: [query | gate], D each: the queries to q_raw, the gates kept
         linear(rows(a.qg, 2 * Q), xin, x.q_w, x.q_b, 2 * Q, C);
-        const Kernels::Strided both{2 * Q, 0, 2 * D, 1}, gates{2 * Q, D, 2 * D, 1},
-            heads{Q, 0, D, 1};
-        be_.strided_copy(rows(y.q_raw, Q), heads, rows(a.qg, 2 * Q), both, BT, H, D, false);
-        be_.strided_copy(rows(y.attn_gate, Q), heads, rows(a.qg, 2 * Q), gates, BT, H, D, false);
+        const GatedQ g = gated_q(Q, D);
+        be_.strided_copy(rows(y.q_raw, Q), g.heads, rows(a.qg, 2 * Q), g.queries, BT, H, D, false);
+        be_.strided_copy(rows(y.attn_gate, Q), g.heads, rows(a.qg, 2 * Q), g.gates, BT, H, D,
+                         false);
       } else {
         linear(rows(y.q_raw, Q), xin, x.q_w, x.q_b, Q, C);
       }
@@ -2828,7 +2819,7 @@ void LlamaModel::linear_attention_forward(int64_t l, int64_t B, int64_t T, Modul
                 Vd = cfg_.linear_value_dim(), Hv = cfg_.linear_num_value_heads,
                 Dv = cfg_.linear_value_head_dim, K = cfg_.linear_conv_kernel_dim;
   auto proj = [&](const DeviceBuffer& out, int w, int64_t n) {
-    be_.gemm(false, true, BT, n, C, 1.f, xin, W(w), 0.f, out.view({BT, n}));
+    linear_forward(be_, BT, out.view({BT, n}), xin, W(w), TensorView{}, n, C);
   };
   proj(y.la_qkv_pre, x.la_qkv, CD);
   proj(y.la_z, x.la_z, Vd);
@@ -2884,15 +2875,14 @@ void LlamaModel::linear_attention_backward(int64_t l, int64_t B, int64_t T, Modu
                              y.la_qkv_pre.view({BT, CD}), W(x.la_conv).reshape({CD, K}), B, T,
                              CD, K, doc_start(BT));
   // the four projections of xin: weight gradients (xin read), then d xin
-  for (const auto& [d, w, n] : {std::tuple{dqkv_pre, x.la_qkv, CD}, std::tuple{dz, x.la_z, Vd},
-                                std::tuple{db, x.la_b, Hv}, std::tuple{da, x.la_a, Hv}}) {
+  const std::tuple<TensorView, int, int64_t> projections[] = {
+      {dqkv_pre, x.la_qkv, CD}, {dz, x.la_z, Vd}, {db, x.la_b, Hv}, {da, x.la_a, Hv}};
+  for (const auto& [d, w, n] : projections) {
     linear_weight_grad(be_, BT, d, xin, G(w), TensorView{}, n, C);
   }
-  bool first = true;
-  for (const auto& [d, w, n] : {std::tuple{dqkv_pre, x.la_qkv, CD}, std::tuple{dz, x.la_z, Vd},
-                                std::tuple{db, x.la_b, Hv}, std::tuple{da, x.la_a, Hv}}) {
-    be_.gemm(false, false, BT, C, n, 1.f, d, W(w), first ? 0.f : 1.f, dxin);
-    first = false;
+  for (std::size_t i = 0; i < std::size(projections); ++i) {  // (= the first, += the others)
+    const auto& [d, w, n] = projections[i];
+    be_.gemm(false, false, BT, C, n, 1.f, d, W(w), i == 0 ? 0.f : 1.f, dxin);
   }
 }
 
@@ -3110,10 +3100,9 @@ void LlamaModel::backward(int64_t B, int64_t T, ModuleHooks& hooks, float grad_s
     const TensorView xin = before ? dln : rows(a.res[l], C), dxin = before ? dln : dres;
     int64_t q_rows = Q;  // q_proj's output width
     if (gated) {  // d q_proj's output: each head's [d query | d gate] (d gate in o_in)
-      const Kernels::Strided both{2 * Q, 0, 2 * D, 1}, gates{2 * Q, D, 2 * D, 1},
-          heads{Q, 0, D, 1};
-      be_.strided_copy(rows(a.qg, 2 * Q), both, dq_proj, heads, BT, H, D, false);
-      be_.strided_copy(rows(a.qg, 2 * Q), gates, o_in, heads, BT, H, D, false);
+      const GatedQ g = gated_q(Q, D);
+      be_.strided_copy(rows(a.qg, 2 * Q), g.queries, dq_proj, g.heads, BT, H, D, false);
+      be_.strided_copy(rows(a.qg, 2 * Q), g.gates, o_in, g.heads, BT, H, D, false);
       dq_proj = rows(a.qg, 2 * Q);
       q_rows = 2 * Q;
     }
