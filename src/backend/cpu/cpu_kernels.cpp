@@ -906,8 +906,6 @@ void delta_step(float* S, const float* k, const float* v, float decay, float bet
   }
 }
 
-}  // namespace
-
 // The first tap of the causal conv's output t that reads inside its document: x[t - K + 1 + j]
 // for j >= it (the row's start, or doc_start[bt]).
 int64_t first_tap(int64_t t, int64_t K, const int32_t* doc_start, int64_t bt) {
@@ -915,10 +913,20 @@ int64_t first_tap(int64_t t, int64_t K, const int32_t* doc_start, int64_t bt) {
   return std::max<int64_t>(0, lo - t + K - 1);
 }
 
+// The conv's pre-activation at row-major token bt, channel c: its taps j >= j0 (first_tap).
+float conv_pre(const float* x, const float* weight, int64_t bt, int64_t c, int64_t C, int64_t K,
+               int64_t j0) {
+  float acc = 0.0f;
+  for (int64_t j = j0; j < K; ++j) acc += weight[c * K + j] * x[(bt - (K - 1 - j)) * C + c];
+  return acc;
+}
+
 // Whether token t (row-major index bt) starts a document after the row's first token.
 bool starts_document(const int32_t* doc_start, int64_t bt, int64_t t) {
   return doc_start != nullptr && t > 0 && doc_start[bt] == t;
 }
+
+}  // namespace
 
 void CpuKernels::causal_conv1d_forward(float* out, const float* x, const float* weight, int64_t B,
                                        int64_t T, int64_t C, int64_t K,
@@ -928,10 +936,7 @@ void CpuKernels::causal_conv1d_forward(float* out, const float* x, const float* 
   for (int64_t bt = 0; bt < B * T; ++bt) {
     const int64_t t = bt % T, j0 = first_tap(t, K, doc_start, bt);
     for (int64_t c = 0; c < C; ++c) {
-      float acc = 0.0f;
-      for (int64_t j = j0; j < K; ++j) {
-        acc += weight[c * K + j] * x[(bt - (K - 1 - j)) * C + c];
-      }
+      const float acc = conv_pre(x, weight, bt, c, C, K, j0);
       out[bt * C + c] = acc * sigmoid1(acc);
     }
   }
@@ -948,10 +953,7 @@ void CpuKernels::causal_conv1d_backward(float* dx, float* dweight, const float* 
   for (int64_t bt = 0; bt < B * T; ++bt) {
     const int64_t t = bt % T, j0 = first_tap(t, K, doc_start, bt);
     for (int64_t c = 0; c < C; ++c) {
-      float acc = 0.0f;
-      for (int64_t j = j0; j < K; ++j) {
-        acc += weight[c * K + j] * x[(bt - (K - 1 - j)) * C + c];
-      }
+      const float acc = conv_pre(x, weight, bt, c, C, K, j0);
       const float s = sigmoid1(acc);
       dpre[bt * C + c] = dout[bt * C + c] * s * (1.0f + acc * (1.0f - s));
     }
